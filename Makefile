@@ -1,0 +1,92 @@
+# Makefile — builds libl2l (shared and static), the l2l executable, the C tests and the
+# benchmarks, and runs them. The two commands a user needs: `make demo` and `make test`.
+# Targets that need system packages first run scripts/deps.sh, which installs what is
+# missing. Knobs: SANITIZE=1 (AddressSanitizer + UBSan build in build-san/), ARCH=<gcc
+# -march> (default native: l2l is built where it runs), NO_CUDA=1, L2L_THREADS=<n>.
+
+SANITIZE ?= 0
+ARCH ?= native
+ifeq ($(SANITIZE),1)
+  BUILD ?= build-san
+  SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+  OPT := -O1 -DL2L_SANITIZE
+else
+  BUILD ?= build
+  SANFLAGS :=
+  OPT := -O3
+endif
+
+CC ?= cc
+LUAJIT_CFLAGS := -I/usr/include/luajit-2.1
+CFLAGS := -std=c11 -D_GNU_SOURCE $(OPT) -g -march=$(ARCH) -fPIC -fopenmp -fno-math-errno \
+          -fno-trapping-math -Wall -Wextra -Wshadow -Wstrict-prototypes -Isrc $(SANFLAGS) \
+          $(EXTRA_CFLAGS)
+LDFLAGS := -fopenmp $(SANFLAGS)
+LIB_LIBS := -lopenblas -ljemalloc -lm -lpthread
+# The executable and test programs link libl2l.so from their own folder.
+RPATH := -Wl,-rpath,'$$ORIGIN' -Wl,--no-as-needed
+
+# CUDA is found for the CUDA backend (its own issue); a CPU-only build is complete.
+ifneq ($(NO_CUDA),1)
+  NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+endif
+
+LIB_SRC := src/error.c src/mem.c src/runtime.c src/dtype.c src/rng.c src/tensor.c src/ops.c \
+           src/backend_cpu.c
+LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
+CTEST_SRC := $(wildcard spec/c/*.c)
+CTEST_OBJ := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%.o)
+DEPS_STAMP := $(BUILD)/.deps-ok
+
+.PHONY: all deps lib test demo bench clean cdef check-cdef
+all: $(BUILD)/libl2l.so $(BUILD)/libl2l.a $(BUILD)/l2l $(BUILD)/l2l_ctest lua/l2l/cdef.lua
+
+deps: $(DEPS_STAMP)
+$(DEPS_STAMP): scripts/deps.sh
+	@bash scripts/deps.sh
+	@mkdir -p $(BUILD) && touch $@
+
+$(BUILD)/obj/%.o: src/%.c | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/libl2l.so: $(LIB_OBJ)
+	$(CC) -shared -o $@ $^ $(LDFLAGS) $(LIB_LIBS)
+
+$(BUILD)/libl2l.a: $(LIB_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/obj/main.o: src/main.c | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LUAJIT_CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/l2l: $(BUILD)/obj/main.o $(BUILD)/libl2l.so
+	$(CC) -o $@ $< $(LDFLAGS) $(RPATH) -L$(BUILD) -ll2l -lluajit-5.1 -ljemalloc -lm -ldl
+
+$(BUILD)/ctest/%.o: spec/c/%.c | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/l2l_ctest: $(CTEST_OBJ) $(BUILD)/libl2l.so
+	$(CC) -o $@ $(CTEST_OBJ) $(LDFLAGS) $(RPATH) -L$(BUILD) -ll2l -lopenblas -lm
+
+# The FFI declarations are generated from the public header (and checked by a spec).
+lua/l2l/cdef.lua: src/l2l.h scripts/gen_cdef.lua | $(DEPS_STAMP)
+	luajit scripts/gen_cdef.lua src/l2l.h $@
+
+test: all
+	@bash scripts/test.sh $(BUILD)
+
+demo: all
+	$(BUILD)/l2l examples/demo.lua
+
+$(BUILD)/bench_ops: bench/ops.c $(BUILD)/libl2l.so
+	$(CC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(RPATH) -L$(BUILD) -ll2l -lopenblas -lm
+
+bench: $(BUILD)/bench_ops
+	$(BUILD)/bench_ops
+
+clean:
+	rm -rf build build-san
+
+-include $(LIB_OBJ:.o=.d) $(CTEST_OBJ:.o=.d) $(BUILD)/obj/main.d

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# deps.sh — install the Debian packages l2l needs, if any are missing.
+# Run by the Makefile before the first build. As root it installs with apt-get; otherwise
+# it prints the exact command to run and fails. CUDA is not a Debian package here: when
+# nvcc is found, this only reports whether cuBLAS is beside it (the CUDA backend needs it).
+set -euo pipefail
+
+packages=(
+  luajit libluajit-5.1-dev   # LuaJIT 2.1: the front end and the l2l executable
+  libjemalloc-dev            # host memory pools
+  libopenblas-dev            # CPU GEMMs
+  lua-busted                 # the spec runner (run under the l2l executable)
+  pkg-config
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  [[ $p == \#* ]] && continue
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [[ $status == "install ok installed" ]] || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  cmd="apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ${missing[*]}"
+  if [[ $(id -u) -eq 0 ]]; then
+    echo "deps: installing ${missing[*]}"
+    bash -c "$cmd"
+  else
+    echo "deps: missing packages: ${missing[*]}" >&2
+    echo "deps: install them as root with:  sudo sh -c '$cmd'" >&2
+    exit 1
+  fi
+fi
+
+nvcc=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+if [[ -n $nvcc ]]; then
+  cuda=$(dirname "$(dirname "$nvcc")")
+  if ls "$cuda"/include/cublas_v2.h >/dev/null 2>&1; then
+    echo "deps: CUDA toolkit at $cuda with cuBLAS"
+  else
+    echo "deps: CUDA toolkit at $cuda has no cuBLAS headers; the CUDA backend will need them"
+  fi
+fi
+echo "deps: all present"

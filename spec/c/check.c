@@ -1,0 +1,163 @@
+/* check.c — the runner and helpers declared in check.h. */
+#include "check.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { MAX_TESTS = 512 };
+static struct {
+  const char *name;
+  check_test_fn fn;
+} tests[MAX_TESTS];
+static int test_count;
+static int current_failures;
+static uint64_t run_seed;
+static uint64_t rng_state[4];
+
+void check_register(const char *name, check_test_fn fn) {
+  if (test_count == MAX_TESTS) {
+    fprintf(stderr, "check: more than %d tests\n", MAX_TESTS);
+    exit(2);
+  }
+  tests[test_count].name = name;
+  tests[test_count].fn = fn;
+  test_count++;
+}
+
+bool check_that(bool cond, const char *file, int line, const char *expr, const char *fmt, ...) {
+  if (cond) return true;
+  current_failures++;
+  fprintf(stderr, "  FAIL %s:%d: %s: ", file, line, expr);
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+  return false;
+}
+
+bool check_fails(l2l_status got, l2l_status want, const char *needle, const char *file, int line,
+                 const char *expr) {
+  const char *msg = l2l_last_error();
+  bool ok = got == want && strstr(msg, needle) != NULL;
+  return check_that(ok, file, line, expr, "want status %d with \"%s\", got %d: \"%s\"", want,
+                    needle, got, msg);
+}
+
+/* ---------------------------------------------------------------- random inputs */
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t splitmix(uint64_t *x) {
+  uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static void seed_rng(uint64_t seed) {
+  for (int i = 0; i < 4; i++) rng_state[i] = splitmix(&seed);
+}
+
+uint64_t check_rand_u64(void) {
+  uint64_t *s = rng_state;
+  uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+  s[2] ^= s[0], s[3] ^= s[1], s[1] ^= s[2], s[0] ^= s[3], s[2] ^= t, s[3] = rotl(s[3], 45);
+  return result;
+}
+
+double check_rand_uniform(double lo, double hi) {
+  return lo + (hi - lo) * ((double)(check_rand_u64() >> 11) * 0x1p-53);
+}
+
+double check_rand_normal(void) {
+  double u1 = ((double)(check_rand_u64() >> 11) + 1.0) * 0x1p-53;
+  double u2 = (double)(check_rand_u64() >> 11) * 0x1p-53;
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+int64_t check_rand_int(int64_t lo, int64_t hi) {
+  return lo + (int64_t)(check_rand_u64() % (uint64_t)(hi - lo + 1));
+}
+
+/* ---------------------------------------------------------------- tensors */
+
+l2l_tensor *check_tensor(l2l_pool_kind pool, l2l_dtype dtype, int ndim, const int64_t *shape) {
+  l2l_tensor *t = NULL;
+  if (l2l_tensor_new(&t, pool, dtype, ndim, shape) != L2L_OK) {
+    fprintf(stderr, "check: cannot create a test tensor: %s\n", l2l_last_error());
+    exit(2);
+  }
+  return t;
+}
+
+static l2l_tensor *f32_from_dims(int ndim, va_list ap) {
+  int64_t shape[L2L_MAX_DIMS];
+  for (int i = 0; i < ndim; i++) shape[i] = va_arg(ap, int64_t);
+  return check_tensor(L2L_POOL_HOST, L2L_F32, ndim, shape);
+}
+
+l2l_tensor *check_f32(int ndim, ...) {
+  va_list ap;
+  va_start(ap, ndim);
+  l2l_tensor *t = f32_from_dims(ndim, ap);
+  va_end(ap);
+  return t;
+}
+
+l2l_tensor *check_randn(double scale, int ndim, ...) {
+  va_list ap;
+  va_start(ap, ndim);
+  l2l_tensor *t = f32_from_dims(ndim, ap);
+  va_end(ap);
+  float *d = check_data(t);
+  for (int64_t i = 0; i < l2l_tensor_numel(t); i++) d[i] = (float)(scale * check_rand_normal());
+  return t;
+}
+
+void check_poison(l2l_tensor *t) {
+  float *d = check_data(t);
+  for (int64_t i = 0; i < l2l_tensor_numel(t); i++) d[i] = NAN;
+}
+
+float *check_data(const l2l_tensor *t) { return (float *)l2l_tensor_data(t); }
+
+double check_rel_err(const float *got, const double *want, int64_t n, double floor) {
+  double worst = 0.0;
+  for (int64_t i = 0; i < n; i++) {
+    if (isnan(got[i]) && !isnan(want[i])) return INFINITY;
+    double err = fabs((double)got[i] - want[i]) / (fabs(want[i]) + floor);
+    if (err > worst) worst = err;
+  }
+  return worst;
+}
+
+/* ---------------------------------------------------------------- runner */
+
+int main(int argc, char **argv) {
+  const char *env = getenv("L2L_TEST_SEED");
+  run_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
+  const char *only = argc > 1 ? argv[1] : NULL;
+  printf("ctest: seed %llu (set L2L_TEST_SEED to repeat)\n", (unsigned long long)run_seed);
+  int passed = 0, failed = 0;
+  for (int i = 0; i < test_count; i++) {
+    if (only && strstr(tests[i].name, only) == NULL) continue;
+    uint64_t test_seed = run_seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(i + 1));
+    seed_rng(test_seed);
+    current_failures = 0;
+    l2l_clear_error();
+    tests[i].fn();
+    if (current_failures == 0) {
+      passed++;
+      printf("  ok   %s\n", tests[i].name);
+    } else {
+      failed++;
+      printf("  FAIL %s (%d checks)\n", tests[i].name, current_failures);
+    }
+    fflush(stdout);
+  }
+  printf("ctest: %d passed, %d failed\n", passed, failed);
+  return failed == 0 && passed > 0 ? 0 : 1;
+}

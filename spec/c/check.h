@@ -1,0 +1,63 @@
+/* check.h — the small harness behind l2l's C tests (spec/c/).
+ *
+ * Purpose: register tests with TEST(name), check conditions with CHECK (a failed check
+ * marks the test failed, prints where and why, and the test goes on), and give tests
+ * what every op test needs: fresh random inputs from a generator independent of l2l's
+ * own, NaN-poisoned outputs, and float64 comparison helpers. The runner prints
+ * "ctest: N passed, M failed" as its last line.
+ * Random inputs are drawn from a seed taken from the clock (printed at start), or from
+ * L2L_TEST_SEED to repeat a run.
+ */
+#ifndef L2L_CHECK_H
+#define L2L_CHECK_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "l2l.h"
+
+typedef void (*check_test_fn)(void);
+void check_register(const char *name, check_test_fn fn);
+
+#define TEST(name)                                                                   \
+  static void name(void);                                                            \
+  __attribute__((constructor)) static void register_##name(void) {                   \
+    check_register(#name, name);                                                     \
+  }                                                                                  \
+  static void name(void)
+
+/* Records a failure (and returns false) when cond is false. */
+bool check_that(bool cond, const char *file, int line, const char *expr, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+#define CHECK(cond, ...) check_that((cond), __FILE__, __LINE__, #cond, __VA_ARGS__)
+/* An l2l call that must succeed; on failure prints l2l_last_error(). */
+#define CHECK_OK(call) \
+  check_that((call) == L2L_OK, __FILE__, __LINE__, #call, "failed: %s", l2l_last_error())
+/* An l2l call that must fail with `status` and a message containing `needle`. */
+#define CHECK_FAILS(call, status, needle) \
+  check_fails((call), (status), (needle), __FILE__, __LINE__, #call)
+bool check_fails(l2l_status got, l2l_status want, const char *needle, const char *file, int line,
+                 const char *expr);
+
+/* ---------------------------------------------------------------- test data */
+
+/* xoshiro256** seeded per test from the run's seed: independent of l2l's Philox. */
+uint64_t check_rand_u64(void);
+double check_rand_uniform(double lo, double hi);
+double check_rand_normal(void);
+int64_t check_rand_int(int64_t lo, int64_t hi); /* inclusive */
+
+/* New tensors; a failure aborts the test run (tests cannot go on without their inputs). */
+l2l_tensor *check_tensor(l2l_pool_kind pool, l2l_dtype dtype, int ndim, const int64_t *shape);
+l2l_tensor *check_f32(int ndim, ...);          /* host f32 tensor with the given dims */
+l2l_tensor *check_randn(double scale, int ndim, ...); /* host f32, N(0, scale^2) entries */
+void check_poison(l2l_tensor *t);              /* every f32 element := NaN */
+float *check_data(const l2l_tensor *t);
+
+/* max_i |got_i - want_i| / (|want_i| + floor): a relative error that does not blow up
+   near zero. NaN in got gives +inf. */
+double check_rel_err(const float *got, const double *want, int64_t n, double floor);
+
+#endif /* L2L_CHECK_H */

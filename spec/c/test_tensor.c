@@ -1,0 +1,423 @@
+/* test_tensor.c — tensors, views, casts, fills, the random generator and the pools.
+ *
+ * How: shapes and views against the arithmetic they promise; f16/bf16 casts against
+ * round-to-nearest-even worked out in double by the test (every one of the 65536 f16
+ * values, and random f32s including subnormals, halfway cases and overflow); Philox
+ * against the published known-answer vectors (Salmon et al. 2011, Random123's kat set);
+ * random fills for split invariance and moments; pool accounting to the byte.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+
+static const int64_t shape_2x3[2] = {2, 3};
+
+/* ---------------------------------------------------------------- handles and views */
+
+TEST(tensor_new_reports_shape_dtype_pool) {
+  int64_t shape[4] = {2, 3, 5, 7};
+  l2l_tensor *t = check_tensor(L2L_POOL_HOST, L2L_BF16, 4, shape);
+  CHECK(l2l_tensor_ndim(t) == 4, "ndim %d", l2l_tensor_ndim(t));
+  for (int i = 0; i < 4; i++)
+    CHECK(l2l_tensor_dim(t, i) == shape[i], "dim %d is %lld", i, (long long)l2l_tensor_dim(t, i));
+  CHECK(l2l_tensor_dim(t, 4) == -1 && l2l_tensor_dim(t, -1) == -1, "out-of-range axis");
+  CHECK(l2l_tensor_numel(t) == 210, "numel %lld", (long long)l2l_tensor_numel(t));
+  CHECK(l2l_tensor_dtype(t) == L2L_BF16, "dtype");
+  CHECK(l2l_tensor_pool(t) == L2L_POOL_HOST, "pool");
+  CHECK(((uintptr_t)l2l_tensor_data(t) % L2L_ALIGN) == 0, "data is %d-byte aligned", L2L_ALIGN);
+  l2l_tensor_free(t);
+  l2l_tensor_free(NULL); /* destructors accept NULL */
+  CHECK(l2l_tensor_ndim(NULL) == -1 && l2l_tensor_data(NULL) == NULL, "NULL accessors");
+}
+
+TEST(tensor_new_refuses_bad_arguments) {
+  l2l_tensor *t = NULL;
+  int64_t zero[2] = {3, 0}, neg[1] = {-4}, huge[4] = {1 << 20, 1 << 20, 1 << 20, 1 << 20};
+  CHECK_FAILS(l2l_tensor_new(NULL, L2L_POOL_HOST, L2L_F32, 2, shape_2x3), L2L_ERR_INVALID, "out");
+  CHECK_FAILS(l2l_tensor_new(&t, 7, L2L_F32, 2, shape_2x3), L2L_ERR_INVALID, "pool");
+  CHECK_FAILS(l2l_tensor_new(&t, L2L_POOL_HOST, 9, 2, shape_2x3), L2L_ERR_INVALID, "dtype");
+  CHECK_FAILS(l2l_tensor_new(&t, L2L_POOL_HOST, L2L_F32, 0, shape_2x3), L2L_ERR_INVALID, "ndim");
+  CHECK_FAILS(l2l_tensor_new(&t, L2L_POOL_HOST, L2L_F32, 5, shape_2x3), L2L_ERR_INVALID, "ndim");
+  CHECK_FAILS(l2l_tensor_new(&t, L2L_POOL_HOST, L2L_F32, 2, NULL), L2L_ERR_INVALID, "shape");
+  CHECK_FAILS(l2l_tensor_new(&t, L2L_POOL_HOST, L2L_F32, 2, zero), L2L_ERR_INVALID, "dim 1");
+  CHECK_FAILS(l2l_tensor_new(&t, L2L_POOL_HOST, L2L_F32, 1, neg), L2L_ERR_INVALID, "dim 0");
+  CHECK_FAILS(l2l_tensor_new(&t, L2L_POOL_HOST, L2L_F32, 4, huge), L2L_ERR_INVALID, "2^48");
+  CHECK(t == NULL, "no tensor came out of failed calls");
+}
+
+TEST(views_share_storage_and_count_references) {
+  int64_t rows = check_rand_int(5, 40), cols = check_rand_int(1, 9);
+  l2l_tensor *t = check_randn(1.0, 2, rows, cols);
+  int64_t first = check_rand_int(0, rows - 2), count = check_rand_int(1, rows - first);
+  l2l_tensor *v = NULL, *w = NULL, *r = NULL;
+  CHECK_OK(l2l_tensor_view_rows(&v, t, first, count));
+  CHECK(l2l_tensor_data(v) == check_data(t) + first * cols, "view points into the storage");
+  CHECK(l2l_tensor_offset(v) == first * cols, "offset %lld", (long long)l2l_tensor_offset(v));
+  CHECK(l2l_tensor_dim(v, 0) == count && l2l_tensor_dim(v, 1) == cols, "view shape");
+  CHECK(l2l_tensor_storage_refs(t) == 2, "two handles on one storage");
+  /* a view of a view: offsets compose */
+  CHECK_OK(l2l_tensor_view_rows(&w, v, count - 1, 1));
+  CHECK(l2l_tensor_offset(w) == (first + count - 1) * cols, "nested offset");
+  int64_t flat[1] = {rows * cols};
+  CHECK_OK(l2l_tensor_reshape(&r, t, 1, flat));
+  CHECK(l2l_tensor_data(r) == check_data(t) && l2l_tensor_numel(r) == rows * cols, "reshape");
+  CHECK(l2l_tensor_storage_refs(t) == 4, "four handles");
+  /* the storage outlives the handle it came from */
+  uint64_t before;
+  l2l_pool_stats s;
+  CHECK_OK(l2l_pool_get_stats(&s, L2L_POOL_HOST));
+  before = s.current;
+  l2l_tensor_free(t);
+  CHECK_OK(l2l_pool_get_stats(&s, L2L_POOL_HOST));
+  CHECK(s.current == before, "storage kept while views live");
+  check_data(w)[0] = 42.0f;
+  CHECK(check_data(r)[(first + count - 1) * cols] == 42.0f, "writes through a view are shared");
+  CHECK(l2l_tensor_storage_refs(v) == 3, "three left");
+  l2l_tensor_free(v);
+  l2l_tensor_free(w);
+  l2l_tensor_free(r);
+  CHECK_OK(l2l_pool_get_stats(&s, L2L_POOL_HOST));
+  CHECK(s.current == before - (uint64_t)((rows * cols * 4 + 63) / 64 * 64), "storage freed last");
+}
+
+TEST(views_refuse_bad_ranges) {
+  l2l_tensor *t = check_f32(2, (int64_t)6, (int64_t)4), *v = NULL;
+  CHECK_FAILS(l2l_tensor_view_rows(&v, t, 5, 2), L2L_ERR_INVALID, "[5, 7)");
+  CHECK_FAILS(l2l_tensor_view_rows(&v, t, -1, 2), L2L_ERR_INVALID, "not within dim 0");
+  CHECK_FAILS(l2l_tensor_view_rows(&v, t, 0, 0), L2L_ERR_INVALID, "not within");
+  int64_t bad[2] = {5, 5};
+  CHECK_FAILS(l2l_tensor_reshape(&v, t, 2, bad), L2L_ERR_INVALID, "24 elements into 25");
+  CHECK_FAILS(l2l_tensor_view_rows(&v, NULL, 0, 1), L2L_ERR_INVALID, "t is NULL");
+  CHECK(v == NULL && l2l_tensor_storage_refs(t) == 1, "nothing leaked");
+  l2l_tensor_free(t);
+}
+
+/* ---------------------------------------------------------------- casts */
+
+/* Nearest f16 to x by exhaustive search over the neighbours, ties to even, in double. */
+static double f16_value(uint16_t h) {
+  int e = (h >> 10) & 31, m = h & 1023;
+  double mag = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
+  return (h & 0x8000) ? -mag : mag;
+}
+
+static uint16_t f16_nearest(float xf) {
+  double x = xf;
+  if (isnan(x)) return 0x7e00;
+  uint16_t sign = signbit(x) ? 0x8000 : 0;
+  double a = fabs(x);
+  if (a >= 65520.0) return sign | 0x7c00; /* halfway to 2^16 and beyond rounds to inf */
+  uint16_t best = 0;
+  for (uint16_t h = 0; h < 0x7c00; h++) { /* monotone in h: stop at the first above */
+    if (f16_value(h) > a) {
+      double below = a - f16_value((uint16_t)(h - 1)), above = f16_value(h) - a;
+      best = (above < below || (above == below && (h & 1) == 0)) ? h : (uint16_t)(h - 1);
+      return sign | best;
+    }
+  }
+  return sign | 0x7bff;
+}
+
+TEST(f16_round_trips_every_value_exactly) {
+  int bad = 0;
+  for (uint32_t h = 0; h < 65536; h++) {
+    float f = l2l_f16_to_f32((uint16_t)h);
+    double want = f16_value((uint16_t)h);
+    if (isnan(want)) {
+      bad += !isnan(f) || !isnan(l2l_f16_to_f32(l2l_f32_to_f16(f)));
+      continue;
+    }
+    bad += (double)f != want;
+    bad += l2l_f32_to_f16(f) != h;
+  }
+  CHECK(bad == 0, "%d f16 values do not round-trip", bad);
+}
+
+TEST(f16_rounds_to_nearest_even) {
+  int bad = 0, cases = 0;
+  for (int i = 0; i < 3000; i++) {
+    float x;
+    int kind = i % 3;
+    if (kind == 0) x = (float)(check_rand_normal() * ldexp(1.0, (int)check_rand_int(-26, 16)));
+    else { /* exactly halfway between two neighbouring f16 values */
+      uint16_t h = (uint16_t)check_rand_int(0, 0x7bfe);
+      x = (float)((f16_value(h) + f16_value((uint16_t)(h + 1))) / 2);
+      if (kind == 2) x = -x;
+    }
+    uint16_t got = l2l_f32_to_f16(x), want = f16_nearest(x);
+    cases++;
+    if (got != want && bad++ < 5)
+      fprintf(stderr, "    f16(%a) = %04x, want %04x\n", (double)x, got, want);
+  }
+  CHECK(bad == 0, "%d of %d conversions off", bad, cases);
+  CHECK(l2l_f32_to_f16(65519.0f) == 0x7bff && l2l_f32_to_f16(65520.0f) == 0x7c00, "overflow edge");
+  CHECK(l2l_f32_to_f16(INFINITY) == 0x7c00 && l2l_f32_to_f16(-INFINITY) == 0xfc00, "inf");
+  CHECK(isnan(l2l_f16_to_f32(l2l_f32_to_f16(NAN))), "NaN stays NaN");
+}
+
+TEST(bf16_rounds_to_nearest_even) {
+  int bad = 0;
+  for (int i = 0; i < 20000; i++) {
+    uint32_t bits = (uint32_t)check_rand_u64();
+    if (i % 4 == 0) bits = (bits & 0xffff0000u) | 0x8000u; /* exact halfway */
+    float x;
+    memcpy(&x, &bits, 4);
+    if (isnan(x)) continue;
+    /* neighbours: truncation and the next bf16 away from zero */
+    uint32_t lo_bits = bits & 0xffff0000u, hi_bits = lo_bits + 0x10000u;
+    float lo, hi;
+    memcpy(&lo, &lo_bits, 4);
+    memcpy(&hi, &hi_bits, 4);
+    /* Past the largest finite bf16 the next value is infinity, which rounding treats as
+       2^128 (IEEE 754 overflow rule). */
+    double hi_value = isinf(hi) ? copysign(ldexp(1.0, 128), x) : (double)hi;
+    double dlo = fabs((double)x - lo), dhi = fabs(hi_value - x);
+    uint16_t want = (uint16_t)((dhi < dlo || (dhi == dlo && ((lo_bits >> 16) & 1))) ? hi_bits >> 16
+                                                                                    : lo_bits >> 16);
+    if (isinf(lo)) want = (uint16_t)(lo_bits >> 16);
+    if (l2l_f32_to_bf16(x) != want && bad < 5)
+      fprintf(stderr, "    bf16(%a) = %04x, want %04x\n", (double)x, l2l_f32_to_bf16(x), want);
+    bad += l2l_f32_to_bf16(x) != want;
+    bad += l2l_bf16_to_f32(want) != (isinf(lo) ? lo : (want == (hi_bits >> 16) ? hi : lo));
+  }
+  CHECK(bad == 0, "%d bf16 conversions off", bad);
+  CHECK(isnan(l2l_bf16_to_f32(l2l_f32_to_bf16(NAN))), "NaN stays NaN");
+  CHECK(l2l_f32_to_bf16(3.4e38f) == 0x7f80, "rounds up to infinity past the largest bf16");
+}
+
+TEST(tensor_cast_matches_scalar_conversions) {
+  int64_t n = check_rand_int(1000, 5000);
+  l2l_tensor *x = check_randn(100.0, 1, n);
+  int64_t shape[1] = {n};
+  l2l_tensor *h = check_tensor(L2L_POOL_HOST, L2L_F16, 1, shape);
+  l2l_tensor *b = check_tensor(L2L_POOL_PINNED, L2L_BF16, 1, shape);
+  l2l_tensor *back = check_f32(1, n);
+  CHECK_OK(l2l_tensor_cast(h, x));
+  CHECK_OK(l2l_tensor_cast(b, x));
+  const uint16_t *hd = l2l_tensor_data(h), *bd = l2l_tensor_data(b);
+  int bad = 0;
+  for (int64_t i = 0; i < n; i++) {
+    bad += hd[i] != l2l_f32_to_f16(check_data(x)[i]);
+    bad += bd[i] != l2l_f32_to_bf16(check_data(x)[i]);
+  }
+  CHECK(bad == 0, "%d elements differ from the scalar conversions", bad);
+  check_poison(back);
+  CHECK_OK(l2l_tensor_cast(back, b));
+  for (int64_t i = 0; i < n; i++) bad += check_data(back)[i] != l2l_bf16_to_f32(bd[i]);
+  CHECK(bad == 0, "bf16 -> f32");
+  l2l_tensor_free(x), l2l_tensor_free(h), l2l_tensor_free(b), l2l_tensor_free(back);
+}
+
+TEST(tensor_cast_to_int_refuses_non_integers_and_writes_nothing) {
+  l2l_tensor *x = check_f32(1, (int64_t)5), *ids = check_tensor(L2L_POOL_HOST, L2L_I32, 1,
+                                                               (int64_t[]){5});
+  float vals[5] = {0, 7, -3, 2.5f, 1};
+  memcpy(check_data(x), vals, sizeof vals);
+  int32_t *d = l2l_tensor_data(ids);
+  for (int i = 0; i < 5; i++) d[i] = 99;
+  CHECK_FAILS(l2l_tensor_cast(ids, x), L2L_ERR_INVALID, "element 3");
+  for (int i = 0; i < 5; i++) CHECK(d[i] == 99, "element %d untouched", i);
+  check_data(x)[3] = 3e9f;
+  CHECK_FAILS(l2l_tensor_cast(ids, x), L2L_ERR_INVALID, "int32");
+  check_data(x)[3] = 4;
+  CHECK_OK(l2l_tensor_cast(ids, x));
+  CHECK(d[0] == 0 && d[1] == 7 && d[2] == -3 && d[3] == 4 && d[4] == 1, "exact integers");
+  l2l_tensor *u8 = check_tensor(L2L_POOL_HOST, L2L_U8, 1, (int64_t[]){5});
+  CHECK_FAILS(l2l_tensor_cast(u8, x), L2L_ERR_INVALID, "cannot cast f32 to u8");
+  l2l_tensor *dev = check_tensor(L2L_POOL_DEVICE, L2L_F16, 1, (int64_t[]){5});
+  CHECK_FAILS(l2l_tensor_cast(dev, x), L2L_ERR_INVALID, "'device'");
+  l2l_tensor_free(x), l2l_tensor_free(ids), l2l_tensor_free(u8), l2l_tensor_free(dev);
+}
+
+TEST(copy_and_fill) {
+  int64_t n = check_rand_int(1, 3000);
+  l2l_tensor *a = check_randn(1.0, 2, n, (int64_t)3), *d = NULL;
+  int64_t shape[2] = {n, 3};
+  d = check_tensor(L2L_POOL_DEVICE, L2L_F32, 2, shape);
+  check_poison(d);
+  CHECK_OK(l2l_tensor_copy(d, a)); /* host -> device is a transfer: allowed */
+  CHECK(memcmp(check_data(d), check_data(a), (size_t)n * 12) == 0, "copied bytes");
+  CHECK_OK(l2l_tensor_fill(d, -2.5));
+  int bad = 0;
+  for (int64_t i = 0; i < 3 * n; i++) bad += check_data(d)[i] != -2.5f;
+  CHECK(bad == 0, "fill");
+  l2l_tensor *ids = check_tensor(L2L_POOL_HOST, L2L_I32, 1, (int64_t[]){7});
+  CHECK_FAILS(l2l_tensor_fill(ids, 1.5), L2L_ERR_INVALID, "not an int32");
+  CHECK_FAILS(l2l_tensor_copy(ids, a), L2L_ERR_INVALID, "l2l_tensor_cast");
+  CHECK_OK(l2l_tensor_fill(ids, -7));
+  CHECK(((int32_t *)l2l_tensor_data(ids))[6] == -7, "i32 fill");
+  l2l_tensor *h = check_tensor(L2L_POOL_HOST, L2L_BF16, 1, (int64_t[]){9});
+  CHECK_OK(l2l_tensor_fill(h, 1.0 / 3.0));
+  CHECK(((uint16_t *)l2l_tensor_data(h))[8] == l2l_f32_to_bf16(1.0f / 3.0f), "bf16 fill");
+  l2l_tensor *v = NULL;
+  CHECK_OK(l2l_tensor_view_rows(&v, a, 0, n > 1 ? n - 1 : 1));
+  if (n > 1) {
+    l2l_tensor *w = NULL;
+    CHECK_OK(l2l_tensor_view_rows(&w, a, 1, n - 1));
+    CHECK_FAILS(l2l_tensor_copy(w, v), L2L_ERR_INVALID, "overlap");
+    l2l_tensor_free(w);
+  }
+  l2l_tensor_free(v), l2l_tensor_free(a), l2l_tensor_free(d), l2l_tensor_free(ids);
+  l2l_tensor_free(h);
+}
+
+/* ---------------------------------------------------------------- random numbers */
+
+TEST(philox_matches_published_known_answers) {
+  struct {
+    uint32_t ctr[4], key[2], out[4];
+  } kat[3] = {
+      {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+      {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+       {0xffffffff, 0xffffffff},
+       {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+      {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+       {0xa4093822, 0x299f31d0},
+       {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
+  };
+  for (int k = 0; k < 3; k++) {
+    uint32_t out[4];
+    l2l_philox4x32(out, kat[k].ctr, kat[k].key);
+    CHECK(memcmp(out, kat[k].out, sizeof out) == 0, "vector %d: %08x %08x %08x %08x", k, out[0],
+          out[1], out[2], out[3]);
+  }
+}
+
+static void check_split_invariance(bool normal) {
+  uint64_t seed = check_rand_u64(), stream = check_rand_u64();
+  int64_t rows = check_rand_int(3, 17), cols = check_rand_int(1, 13);
+  l2l_tensor *whole = check_f32(2, rows, cols), *parts = check_f32(2, rows, cols);
+  check_poison(parts);
+  CHECK_OK(normal ? l2l_tensor_normal(whole, seed, stream, 0, 0.5, 2.0)
+                  : l2l_tensor_uniform(whole, seed, stream, 0, -1.0, 3.0));
+  for (int64_t r = 0; r < rows;) { /* uneven micro-batches */
+    int64_t count = check_rand_int(1, rows - r);
+    l2l_tensor *v = NULL;
+    CHECK_OK(l2l_tensor_view_rows(&v, parts, r, count));
+    int64_t first = l2l_tensor_offset(v);
+    CHECK_OK(normal ? l2l_tensor_normal(v, seed, stream, first, 0.5, 2.0)
+                    : l2l_tensor_uniform(v, seed, stream, first, -1.0, 3.0));
+    l2l_tensor_free(v);
+    r += count;
+  }
+  CHECK(memcmp(check_data(whole), check_data(parts), (size_t)(rows * cols) * 4) == 0,
+        "%s draws change with the split", normal ? "normal" : "uniform");
+  l2l_tensor_free(whole), l2l_tensor_free(parts);
+}
+
+TEST(random_fills_do_not_depend_on_the_split) {
+  check_split_invariance(false);
+  check_split_invariance(true);
+}
+
+TEST(random_fills_have_the_right_moments_and_differ_by_key) {
+  int64_t n = 1 << 20;
+  uint64_t seed = check_rand_u64();
+  l2l_tensor *u = check_f32(1, n), *z = check_f32(1, n), *z2 = check_f32(1, n);
+  CHECK_OK(l2l_tensor_uniform(u, seed, 1, 0, 2.0, 6.0));
+  CHECK_OK(l2l_tensor_normal(z, seed, 1, 0, -1.0, 3.0));
+  CHECK_OK(l2l_tensor_normal(z2, seed, 2, 0, -1.0, 3.0));
+  double su = 0, sz = 0, szz = 0, lo = 1e9, hi = -1e9, same = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double a = check_data(u)[i], b = check_data(z)[i];
+    su += a, sz += b, szz += (b + 1) * (b + 1);
+    lo = fmin(lo, a), hi = fmax(hi, a);
+    same += check_data(z)[i] == check_data(z2)[i];
+  }
+  /* 1M samples: standard errors are 0.0011 (uniform mean), 0.003 (normal mean), 0.009
+     (normal variance); bounds are ~5 standard errors. */
+  CHECK(fabs(su / n - 4.0) < 0.006, "uniform mean %g", su / n);
+  CHECK(lo >= 2.0 && hi < 6.0 && hi > 5.99 && lo < 2.01, "uniform range [%g, %g]", lo, hi);
+  CHECK(fabs(sz / n + 1.0) < 0.015, "normal mean %g", sz / n);
+  CHECK(fabs(szz / n - 9.0) < 0.05, "normal variance %g", szz / n);
+  CHECK(same < 10, "another stream gives other numbers (%g equal)", same);
+  CHECK_FAILS(l2l_tensor_uniform(u, 1, 1, 0, 3.0, 2.0), L2L_ERR_INVALID, "lo <= hi");
+  CHECK_FAILS(l2l_tensor_normal(u, 1, 1, -1, 0.0, 1.0), L2L_ERR_INVALID, "first");
+  l2l_tensor_free(u), l2l_tensor_free(z), l2l_tensor_free(z2);
+}
+
+/* ---------------------------------------------------------------- pools */
+
+static l2l_pool_stats stats_of(l2l_pool_kind pool) {
+  l2l_pool_stats s;
+  memset(&s, 0, sizeof s);
+  CHECK_OK(l2l_pool_get_stats(&s, pool));
+  return s;
+}
+
+TEST(pool_accounting_is_exact) {
+  for (int pool = 0; pool < 3; pool++) {
+    l2l_pool_stats start = stats_of(pool);
+    CHECK_OK(l2l_pool_reset_peak(pool));
+    l2l_tensor *live[40] = {0};
+    uint64_t expect = start.current, peak = start.current;
+    uint64_t allocs = 0, frees = 0;
+    for (int step = 0; step < 200; step++) {
+      int slot = (int)check_rand_int(0, 39);
+      if (live[slot]) {
+        expect -= (uint64_t)((l2l_tensor_numel(live[slot]) * 2 + 63) / 64 * 64);
+        l2l_tensor_free(live[slot]);
+        live[slot] = NULL;
+        frees++;
+      } else {
+        int64_t n = check_rand_int(1, 5000);
+        live[slot] = check_tensor(pool, L2L_F16, 1, &n);
+        expect += (uint64_t)((n * 2 + 63) / 64 * 64);
+        allocs++;
+        if (expect > peak) peak = expect;
+      }
+      l2l_pool_stats s = stats_of(pool);
+      if (!CHECK(s.current == expect && s.peak == peak, "%s step %d: current %llu peak %llu, "
+                 "want %llu %llu", l2l_pool_name(pool), step, (unsigned long long)s.current,
+                 (unsigned long long)s.peak, (unsigned long long)expect,
+                 (unsigned long long)peak))
+        break;
+    }
+    for (int i = 0; i < 40; i++)
+      if (live[i]) l2l_tensor_free(live[i]), frees++;
+    l2l_pool_stats end = stats_of(pool);
+    CHECK(end.current == start.current, "all returned");
+    CHECK(end.allocs - start.allocs == allocs && end.frees - start.frees == frees, "counts");
+  }
+}
+
+TEST(pool_budget_refuses_with_the_numbers) {
+  l2l_pool_stats start = stats_of(L2L_POOL_DEVICE);
+  uint64_t budget = start.current + 10000;
+  CHECK_OK(l2l_pool_set_budget(L2L_POOL_DEVICE, budget));
+  int64_t n = 2000; /* 8000 bytes: fits */
+  l2l_tensor *a = check_tensor(L2L_POOL_DEVICE, L2L_F32, 1, &n), *b = NULL;
+  int64_t m = 600;  /* 2432 accounted: does not */
+  char want[200];
+  snprintf(want, sizeof want, "device pool: cannot allocate 2432 bytes (2.38 KiB): %llu bytes",
+           (unsigned long long)(start.current + 8000));
+  CHECK_FAILS(l2l_tensor_new(&b, L2L_POOL_DEVICE, L2L_F32, 1, &m), L2L_ERR_BUDGET, want);
+  snprintf(want, sizeof want, "budget %llu bytes", (unsigned long long)budget);
+  CHECK(strstr(l2l_last_error(), want) != NULL, "names the budget: %s", l2l_last_error());
+  l2l_pool_stats s = stats_of(L2L_POOL_DEVICE);
+  CHECK(s.current == start.current + 8000 && s.refused == start.refused + 1,
+        "a refusal changes nothing but the count");
+  CHECK(b == NULL, "no tensor");
+  CHECK_FAILS(l2l_pool_set_budget(L2L_POOL_DEVICE, start.current + 100), L2L_ERR_STATE,
+              "below");
+  l2l_tensor_free(a);
+  m = 2400; /* 9600 now fits */
+  CHECK_OK(l2l_tensor_new(&b, L2L_POOL_DEVICE, L2L_F32, 1, &m));
+  l2l_tensor_free(b);
+  CHECK_OK(l2l_pool_set_budget(L2L_POOL_DEVICE, 0));
+  CHECK_FAILS(l2l_pool_get_stats(NULL, L2L_POOL_HOST), L2L_ERR_INVALID, "out is NULL");
+  CHECK_FAILS(l2l_pool_set_budget(3, 1), L2L_ERR_INVALID, "pool");
+  CHECK(l2l_pool_name(L2L_POOL_PINNED) && strcmp(l2l_pool_name(L2L_POOL_PINNED), "pinned") == 0,
+        "names");
+}
+
+TEST(errors_are_per_thread_and_statuses_have_names) {
+  l2l_clear_error();
+  CHECK(strcmp(l2l_last_error(), "") == 0, "cleared");
+  CHECK(strcmp(l2l_status_name(L2L_ERR_BUDGET), "over budget") == 0, "status names");
+  CHECK(l2l_set_threads(0) == L2L_ERR_INVALID, "threads >= 1");
+  int threads = l2l_get_threads();
+  CHECK(threads >= 1, "threads %d", threads);
+  CHECK_OK(l2l_set_threads(threads));
+}

@@ -1,0 +1,664 @@
+/* backend_cpu.c — the CPU ops table: OpenBLAS for GEMMs, OpenMP loops for the rest.
+ *
+ * Purpose: the reference semantics of every op (the CUDA backend must match it) at close
+ * to the machine's speed: GEMMs go to cblas_sgemm; every other loop is written so that
+ * GCC vectorizes it (no calls into libm in hot loops: exp is the polynomial below, sqrt
+ * vectorizes under -fno-math-errno) and is split across the compute threads with a static
+ * schedule, so results are the same from run to run for a given thread count.
+ * Must never: call BLAS from inside an OpenMP region (the two thread pools would
+ * oversubscribe the cores), allocate from a pool, or read an output before writing it
+ * unless the op accumulates.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "half.h"
+
+/* ---------------------------------------------------------------- helpers */
+
+/* Threads for a loop of `work` simple operations: one below ~32k, where waking a team
+   costs more than it saves. */
+static int threads_for(int64_t work) {
+  return work < 32768 ? 1 : atomic_load_explicit(&l2l_compute_threads, memory_order_relaxed);
+}
+
+/* e^x for x in about [-87, 80], to ~2 ulp: Cody-Waite reduction x = n ln2 + r and a
+   degree-6 polynomial for e^r (Cephes' expf coefficients), scaled by 2^n through the
+   exponent bits. Inputs are clamped so that 2^n stays a normal float (no inf, no
+   denormals: both slow or poison the loops that use this); callers only need e^x there. */
+static inline float vexp(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 80.0f ? 80.0f : x;
+  float n = __builtin_rintf(x * 1.44269504088896341f);
+  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  float y = p * r * r + r + 1.0f;
+  union {
+    uint32_t u;
+    float f;
+  } scale = {.u = (uint32_t)((int32_t)n + 127) << 23};
+  return y * scale.f;
+}
+
+/* GELU, tanh form, written as x * sigmoid(2u) (since (1 + tanh u)/2 = sigmoid(2u)): no
+   cancellation for large negative x, where 1 + tanh(u) would lose every digit. */
+#define GELU_K0 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_K1 0.044715f
+
+/* ---------------------------------------------------------------- GEMM */
+
+static l2l_status cpu_gemm_batched(float *c, const float *a, const float *b, int64_t batch,
+                                   int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
+                                   float alpha, float beta) {
+  /* Row-major: the leading dimension is a stored matrix's column count. */
+  int lda = (int)(trans_a ? m : k), ldb = (int)(trans_b ? k : n), ldc = (int)n;
+  for (int64_t i = 0; i < batch; i++)
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha,
+                a + i * m * k, lda, b + i * k * n, ldb, beta, c + i * m * n, ldc);
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- element-wise */
+
+static l2l_status cpu_add(float *out, const float *a, const float *b, int64_t n) {
+  int nt = threads_for(n);
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+  for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+  return L2L_OK;
+}
+
+static l2l_status cpu_bias_add(float *y, const float *bias, int64_t rows, int64_t cols) {
+  int nt = threads_for(rows * cols);
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t r = 0; r < rows; r++) {
+    float *row = y + r * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; j++) row[j] += bias[j];
+  }
+  return L2L_OK;
+}
+
+/* Column sums of `rows` rows added into out (cols) and, if out2 is given, column sums of
+   a second matrix src2 too. Each thread sums its static block of rows into a private
+   buffer; the buffers are then added in thread order, so the result does not depend on
+   timing. */
+static l2l_status column_sums(float *out, const float *src, float *out2, const float *src2,
+                              int64_t rows, int64_t cols) {
+  int nt = threads_for(rows * cols);
+  if (nt > rows) nt = (int)rows;
+  int per = out2 ? 2 : 1;
+  float *partial = calloc((size_t)nt * (size_t)per * (size_t)cols, sizeof *partial);
+  if (partial == NULL)
+    return l2l_fail(L2L_ERR_NOMEM, "cpu backend: no memory for %d column-sum buffers", nt);
+#pragma omp parallel num_threads(nt)
+  {
+    int t = nt > 1 ? omp_get_thread_num() : 0;
+    int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
+    float *acc = partial + (size_t)t * (size_t)per * (size_t)cols;
+    for (int64_t r = r0; r < r1; r++) {
+      const float *row = src + r * cols;
+#pragma omp simd
+      for (int64_t j = 0; j < cols; j++) acc[j] += row[j];
+      if (src2) {
+        const float *row2 = src2 + r * cols;
+        float *acc2 = acc + cols;
+#pragma omp simd
+        for (int64_t j = 0; j < cols; j++) acc2[j] += row2[j];
+      }
+    }
+  }
+  for (int t = 0; t < nt; t++) {
+    const float *acc = partial + (size_t)t * (size_t)per * (size_t)cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; j++) out[j] += acc[j];
+    if (out2)
+#pragma omp simd
+      for (int64_t j = 0; j < cols; j++) out2[j] += acc[cols + j];
+  }
+  free(partial);
+  return L2L_OK;
+}
+
+static l2l_status cpu_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols) {
+  return column_sums(dbias, dy, NULL, NULL, rows, cols);
+}
+
+static l2l_status cpu_gelu_forward(float *y, const float *x, int64_t n) {
+  int nt = threads_for(n * 8);
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+  for (int64_t i = 0; i < n; i++) {
+    float v = x[i];
+    float u = GELU_K0 * (v + GELU_K1 * v * v * v);
+    y[i] = v / (1.0f + vexp(-2.0f * u));
+  }
+  return L2L_OK;
+}
+
+/* d/dx [x s(2u)] = s + x * 2u' * s (1 - s), with s = sigmoid(2u), u' = k0 (1 + 3 k1 x^2). */
+static l2l_status cpu_gelu_backward(float *dx, const float *dy, const float *x, int64_t n) {
+  int nt = threads_for(n * 8);
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+  for (int64_t i = 0; i < n; i++) {
+    float v = x[i];
+    float u = GELU_K0 * (v + GELU_K1 * v * v * v);
+    float du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * v * v);
+    float s = 1.0f / (1.0f + vexp(-2.0f * u));
+    dx[i] = dy[i] * (s + v * 2.0f * du * s * (1.0f - s));
+  }
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- LayerNorm */
+
+static l2l_status cpu_layernorm_forward(float *y, float *mean_out, float *rstd_out,
+                                        const float *x, const float *weight, const float *bias,
+                                        float eps, int64_t rows, int64_t cols) {
+  int nt = threads_for(rows * cols * 4);
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * cols;
+    float *yr = y + r * cols;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < cols; j++) sum += xr[j];
+    float mean = sum / (float)cols;
+    float sq = 0.0f; /* two passes: no cancellation when |mean| >> std */
+#pragma omp simd reduction(+ : sq)
+    for (int64_t j = 0; j < cols; j++) sq += (xr[j] - mean) * (xr[j] - mean);
+    float rstd = 1.0f / sqrtf(sq / (float)cols + eps);
+#pragma omp simd
+    for (int64_t j = 0; j < cols; j++) yr[j] = (xr[j] - mean) * rstd * weight[j] + bias[j];
+    if (mean_out) mean_out[r] = mean;
+    if (rstd_out) rstd_out[r] = rstd;
+  }
+  return L2L_OK;
+}
+
+/* With x^ = (x - mean) rstd and g = dy * weight:
+   dx = rstd (g - mean(g) - x^ mean(g x^)),  dweight += sum_r dy x^,  dbias += sum_r dy. */
+static l2l_status cpu_layernorm_backward(float *dx, float *dweight, float *dbias,
+                                         const float *dy, const float *x, const float *weight,
+                                         const float *mean, const float *rstd, int64_t rows,
+                                         int64_t cols) {
+  /* The parameter gradients need x^ * dy per element: computed here into a scratch matrix
+     only when asked, then column-summed deterministically. */
+  float *dy_xhat = NULL;
+  if (dweight) {
+    dy_xhat = malloc((size_t)rows * (size_t)cols * sizeof *dy_xhat);
+    if (dy_xhat == NULL)
+      return l2l_fail(L2L_ERR_NOMEM, "cpu backend: no memory for LayerNorm scratch (%lld x %lld)",
+                      (long long)rows, (long long)cols);
+  }
+  if (dbias) {
+    l2l_status status = column_sums(dbias, dy, NULL, NULL, rows, cols);
+    if (status != L2L_OK) {
+      free(dy_xhat);
+      return status;
+    }
+  }
+  int nt = threads_for(rows * cols * 6);
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * cols, *dyr = dy + r * cols;
+    float *dxr = dx + r * cols;
+    float mu = mean[r], rs = rstd[r];
+    float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+    for (int64_t j = 0; j < cols; j++) {
+      float xhat = (xr[j] - mu) * rs;
+      float g = dyr[j] * weight[j];
+      sum_g += g;
+      sum_gx += g * xhat;
+    }
+    float mean_g = sum_g / (float)cols, mean_gx = sum_gx / (float)cols;
+    if (dy_xhat) {
+      float *pr = dy_xhat + r * cols;
+#pragma omp simd
+      for (int64_t j = 0; j < cols; j++) pr[j] = dyr[j] * (xr[j] - mu) * rs;
+    }
+    /* dx may be dy: every read of dyr above is done before this write. */
+#pragma omp simd
+    for (int64_t j = 0; j < cols; j++) {
+      float xhat = (xr[j] - mu) * rs;
+      dxr[j] = rs * (dyr[j] * weight[j] - mean_g - xhat * mean_gx);
+    }
+  }
+  l2l_status status = L2L_OK;
+  if (dy_xhat) status = column_sums(dweight, dy_xhat, NULL, NULL, rows, cols);
+  free(dy_xhat);
+  return status;
+}
+
+/* ---------------------------------------------------------------- softmax */
+
+static l2l_status cpu_softmax_forward(float *y, const float *x, const uint8_t *key_mask,
+                                      int causal, float scale, int64_t samples,
+                                      int64_t rows_per_sample, int64_t tq, int64_t tk) {
+  int64_t rows = samples * rows_per_sample;
+  int nt = threads_for(rows * tk * 6);
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * tk;
+    float *yr = y + r * tk;
+    const uint8_t *mask = key_mask ? key_mask + (r / rows_per_sample) * tk : NULL;
+    int64_t query = r % tq;
+    int64_t limit = causal ? query + (tk - tq) + 1 : tk; /* keys [0, limit) are visible */
+    if (limit > tk) limit = tk;
+    if (limit < 0) limit = 0;
+    float mx = -INFINITY;
+    if (mask) {
+#pragma omp simd reduction(max : mx)
+      for (int64_t j = 0; j < limit; j++) {
+        float z = mask[j] ? scale * xr[j] : -INFINITY;
+        mx = z > mx ? z : mx;
+      }
+    } else {
+#pragma omp simd reduction(max : mx)
+      for (int64_t j = 0; j < limit; j++) {
+        float z = scale * xr[j];
+        mx = z > mx ? z : mx;
+      }
+    }
+    if (mx == -INFINITY) { /* every key hidden */
+      memset(yr, 0, (size_t)tk * sizeof *yr);
+      continue;
+    }
+    float sum = 0.0f;
+    if (mask) {
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < limit; j++) {
+        float e = mask[j] ? vexp(scale * xr[j] - mx) : 0.0f;
+        yr[j] = e;
+        sum += e;
+      }
+    } else {
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < limit; j++) {
+        float e = vexp(scale * xr[j] - mx);
+        yr[j] = e;
+        sum += e;
+      }
+    }
+    float inv = 1.0f / sum;
+#pragma omp simd
+    for (int64_t j = 0; j < limit; j++) yr[j] *= inv;
+    for (int64_t j = limit; j < tk; j++) yr[j] = 0.0f;
+  }
+  return L2L_OK;
+}
+
+static l2l_status cpu_softmax_backward(float *dx, const float *dy, const float *y, float scale,
+                                       int64_t rows, int64_t cols) {
+  int nt = threads_for(rows * cols * 4);
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *dyr = dy + r * cols, *yr = y + r * cols;
+    float *dxr = dx + r * cols;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t j = 0; j < cols; j++) dot += dyr[j] * yr[j];
+#pragma omp simd
+    for (int64_t j = 0; j < cols; j++) dxr[j] = scale * yr[j] * (dyr[j] - dot);
+  }
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- embedding */
+
+static l2l_status cpu_embedding_forward(float *out, const int32_t *ids, const float *table,
+                                        int64_t n, int64_t cols) {
+  int nt = threads_for(n * cols);
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t i = 0; i < n; i++)
+    memcpy(out + i * cols, table + (int64_t)ids[i] * cols, (size_t)cols * sizeof *out);
+  return L2L_OK;
+}
+
+/* Threads split the columns, not the tokens: each table element has one writer, so
+   repeated ids need no atomics and the sums come in token order. */
+static l2l_status cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids,
+                                         int64_t n, int64_t vocab, int64_t cols) {
+  (void)vocab;
+  int nt = threads_for(n * cols);
+  if (nt > cols / 16) nt = cols >= 32 ? (int)(cols / 16) : 1;
+#pragma omp parallel num_threads(nt)
+  {
+    int t = nt > 1 ? omp_get_thread_num() : 0;
+    int64_t c0 = cols * t / nt, c1 = cols * (t + 1) / nt;
+    for (int64_t i = 0; i < n; i++) {
+      float *dst = dtable + (int64_t)ids[i] * cols;
+      const float *src = dout + i * cols;
+#pragma omp simd
+      for (int64_t j = c0; j < c1; j++) dst[j] += src[j];
+    }
+  }
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- cross-entropy */
+
+/* max and log-sum-exp of one row */
+static inline void row_logsumexp(const float *row, int64_t v, float *max_out, float *lse_out) {
+  float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < v; j++) mx = row[j] > mx ? row[j] : mx;
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < v; j++) sum += vexp(row[j] - mx);
+  *max_out = mx;
+  *lse_out = mx + logf(sum);
+}
+
+static l2l_status cpu_cross_entropy_forward(float *losses, const float *logits,
+                                            const int32_t *targets, int32_t ignore_index,
+                                            int64_t rows, int64_t vocab) {
+  int nt = threads_for(rows * vocab * 4);
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t r = 0; r < rows; r++) {
+    if (targets[r] == ignore_index) {
+      losses[r] = 0.0f;
+      continue;
+    }
+    const float *row = logits + r * vocab;
+    float mx, lse;
+    row_logsumexp(row, vocab, &mx, &lse);
+    losses[r] = lse - row[targets[r]];
+  }
+  return L2L_OK;
+}
+
+static l2l_status cpu_cross_entropy_backward(float *dlogits, const float *logits,
+                                             const int32_t *targets, int32_t ignore_index,
+                                             float scale, int64_t rows, int64_t vocab) {
+  int nt = threads_for(rows * vocab * 6);
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t r = 0; r < rows; r++) {
+    float *drow = dlogits + r * vocab;
+    if (targets[r] == ignore_index) {
+      memset(drow, 0, (size_t)vocab * sizeof *drow);
+      continue;
+    }
+    const float *row = logits + r * vocab;
+    float mx, lse;
+    row_logsumexp(row, vocab, &mx, &lse);
+#pragma omp simd
+    for (int64_t j = 0; j < vocab; j++) drow[j] = scale * vexp(row[j] - lse);
+    drow[targets[r]] -= scale;
+  }
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- dropout */
+
+/* Element kept when its 24 random bits are below (1 - p) 2^24. */
+static uint32_t keep_threshold(float p) {
+  return (uint32_t)llround((1.0 - (double)p) * 16777216.0);
+}
+
+static l2l_status cpu_dropout_forward(float *y, uint8_t *mask, const float *x, float p,
+                                      uint64_t seed, uint64_t stream, int64_t first, int64_t n) {
+  uint32_t threshold = keep_threshold(p);
+  float keep_scale = 1.0f / (1.0f - p);
+  int64_t bytes = (n + 7) / 8;
+  uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+  int nt = threads_for(n * 16);
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t byte = 0; byte < bytes; byte++) {
+    uint64_t cached_block = UINT64_MAX;
+    uint32_t words[4] = {0, 0, 0, 0};
+    uint8_t bits = 0;
+    int64_t end = byte * 8 + 8 < n ? byte * 8 + 8 : n;
+    for (int64_t i = byte * 8; i < end; i++) {
+      uint64_t index = (uint64_t)first + (uint64_t)i, block = index >> 2;
+      if (block != cached_block) { /* one Philox call serves four elements */
+        uint32_t counter[4] = {(uint32_t)block, (uint32_t)(block >> 32), (uint32_t)stream,
+                               (uint32_t)(stream >> 32)};
+        l2l_philox4x32(words, counter, key);
+        cached_block = block;
+      }
+      int kept = (words[index & 3] >> 8) < threshold;
+      bits |= (uint8_t)(kept << (i & 7));
+      y[i] = kept ? x[i] * keep_scale : 0.0f;
+    }
+    mask[byte] = bits;
+  }
+  return L2L_OK;
+}
+
+static l2l_status cpu_dropout_backward(float *dx, const float *dy, const uint8_t *mask, float p,
+                                       int64_t n) {
+  float keep_scale = 1.0f / (1.0f - p);
+  int nt = threads_for(n * 2);
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+  for (int64_t i = 0; i < n; i++)
+    dx[i] = ((mask[i >> 3] >> (i & 7)) & 1) ? dy[i] * keep_scale : 0.0f;
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- reductions, AdamW */
+
+static l2l_status cpu_reduce(double *out, enum l2l_reduction kind, const float *x, int64_t n) {
+  int nt = threads_for(n);
+  double acc = 0.0;
+  if (kind == L2L_REDUCE_MAX_ABS) {
+    float mx = 0.0f;
+    int nan_seen = 0; /* max ignores NaN; a NaN must not hide */
+#pragma omp parallel for simd schedule(static) num_threads(nt) reduction(max : mx) \
+    reduction(| : nan_seen)
+    for (int64_t i = 0; i < n; i++) {
+      float a = fabsf(x[i]);
+      mx = a > mx ? a : mx;
+      nan_seen |= a != a;
+    }
+    *out = nan_seen ? NAN : (double)mx;
+    return L2L_OK;
+  }
+  if (kind == L2L_REDUCE_SUM) {
+#pragma omp parallel for simd schedule(static) num_threads(nt) reduction(+ : acc)
+    for (int64_t i = 0; i < n; i++) acc += (double)x[i];
+  } else {
+#pragma omp parallel for simd schedule(static) num_threads(nt) reduction(+ : acc)
+    for (int64_t i = 0; i < n; i++) acc += (double)x[i] * (double)x[i];
+  }
+  *out = acc;
+  return L2L_OK;
+}
+
+static l2l_status cpu_adamw(float *param, float *m, float *v, const float *grad, int64_t n,
+                            const l2l_adamw_config *c, float bias_correction1,
+                            float bias_correction2) {
+  const float lr = c->lr, b1 = c->beta1, b2 = c->beta2, eps = c->eps, wd = c->weight_decay;
+  const float step_size = lr / bias_correction1, inv_sqrt_bc2 = 1.0f / sqrtf(bias_correction2);
+  int nt = threads_for(n * 4);
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+  for (int64_t i = 0; i < n; i++) {
+    float g = grad[i];
+    float mi = b1 * m[i] + (1.0f - b1) * g;
+    float vi = b2 * v[i] + (1.0f - b2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    float p = param[i];
+    param[i] = p - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps) - lr * wd * p;
+  }
+  return L2L_OK;
+}
+
+static l2l_status cpu_find_out_of_range(int64_t *out, const int32_t *values, int64_t n,
+                                        int32_t lo, int32_t hi, int32_t except) {
+  *out = -1;
+  for (int64_t i = 0; i < n; i++) {
+    int32_t value = values[i];
+    if ((value < lo || value >= hi) && value != except) {
+      *out = i;
+      break;
+    }
+  }
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- whole-tensor helpers */
+
+static l2l_status cpu_fill(void *dst, l2l_dtype dtype, double value, int64_t n) {
+  int nt = threads_for(n);
+  switch (dtype) {
+    case L2L_F32: {
+      float *d = dst, f = (float)value;
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+      for (int64_t i = 0; i < n; i++) d[i] = f;
+      break;
+    }
+    case L2L_F16:
+    case L2L_BF16: {
+      uint16_t *d = dst;
+      uint16_t h = dtype == L2L_F16 ? half_from_f32_f16((float)value)
+                                    : half_from_f32_bf16((float)value);
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+      for (int64_t i = 0; i < n; i++) d[i] = h;
+      break;
+    }
+    case L2L_I32: {
+      int32_t *d = dst, iv = (int32_t)value;
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+      for (int64_t i = 0; i < n; i++) d[i] = iv;
+      break;
+    }
+    case L2L_U8: memset(dst, (int)value, (size_t)n); break;
+  }
+  return L2L_OK;
+}
+
+static inline float load_as_f32(const void *src, l2l_dtype dtype, int64_t i) {
+  switch (dtype) {
+    case L2L_F32: return ((const float *)src)[i];
+    case L2L_F16: return half_f16_to_f32(((const uint16_t *)src)[i]);
+    case L2L_BF16: return half_bf16_to_f32(((const uint16_t *)src)[i]);
+    case L2L_I32: return (float)((const int32_t *)src)[i];
+    default: return 0.0f;
+  }
+}
+
+static inline void store_f32(void *dst, l2l_dtype dtype, int64_t i, float value) {
+  switch (dtype) {
+    case L2L_F32: ((float *)dst)[i] = value; break;
+    case L2L_F16: ((uint16_t *)dst)[i] = half_from_f32_f16(value); break;
+    case L2L_BF16: ((uint16_t *)dst)[i] = half_from_f32_bf16(value); break;
+    case L2L_I32: ((int32_t *)dst)[i] = (int32_t)value; break; /* checked integral first */
+    default: break;
+  }
+}
+
+static l2l_status cpu_convert(void *dst, l2l_dtype dst_dtype, const void *src,
+                              l2l_dtype src_dtype, int64_t n, int64_t *bad) {
+  *bad = -1;
+  if (dst_dtype == L2L_I32 && src_dtype != L2L_I32) {
+    for (int64_t i = 0; i < n; i++) { /* refuse before writing anything */
+      float value = load_as_f32(src, src_dtype, i);
+      if (!(value == floorf(value) && value >= -2147483648.0f && value < 2147483648.0f)) {
+        *bad = i;
+        return L2L_OK;
+      }
+    }
+  }
+  if (dst_dtype == src_dtype) {
+    if (dst != src) memmove(dst, src, (size_t)n * l2l_dtype_size(dst_dtype));
+    return L2L_OK;
+  }
+  int nt = threads_for(n * 4);
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t i = 0; i < n; i++) store_f32(dst, dst_dtype, i, load_as_f32(src, src_dtype, i));
+  return L2L_OK;
+}
+
+/* Uniform: element i is the 24-bit draw first+i (rng.c layout) scaled into [lo, hi).
+   Normal: element i uses both 32-bit halves of words 2(i%2), 2(i%2)+1 of block i/2 for
+   Box-Muller (u1 in (0, 1], u2 in [0, 1)), so each element is its own pair of draws. */
+static l2l_status cpu_random(void *dst, l2l_dtype dtype, int64_t n, enum l2l_distribution dist,
+                             uint64_t seed, uint64_t stream, int64_t first, double a, double b) {
+  uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+  const int64_t chunk = 4096;
+  int64_t chunks = (n + chunk - 1) / chunk;
+  int nt = threads_for(n * 32);
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t c = 0; c < chunks; c++) {
+    uint64_t cached_block = UINT64_MAX;
+    uint32_t words[4] = {0, 0, 0, 0};
+    int64_t end = (c + 1) * chunk < n ? (c + 1) * chunk : n;
+    for (int64_t i = c * chunk; i < end; i++) {
+      uint64_t index = (uint64_t)first + (uint64_t)i;
+      uint64_t block = dist == L2L_UNIFORM ? index >> 2 : index >> 1;
+      if (block != cached_block) {
+        uint32_t counter[4] = {(uint32_t)block, (uint32_t)(block >> 32), (uint32_t)stream,
+                               (uint32_t)(stream >> 32)};
+        l2l_philox4x32(words, counter, key);
+        cached_block = block;
+      }
+      double value;
+      if (dist == L2L_UNIFORM) {
+        double u = (double)(words[index & 3] >> 8) * 0x1p-24;
+        value = a + (b - a) * u;
+      } else {
+        int pair = (int)(index & 1) * 2;
+        double u1 = ((double)words[pair] + 1.0) * 0x1p-32;
+        double u2 = (double)words[pair + 1] * 0x1p-32;
+        value = a + b * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+      }
+      store_f32(dst, dtype, i, (float)value);
+    }
+  }
+  return L2L_OK;
+}
+
+static l2l_status cpu_copy(void *dst, l2l_pool_kind dst_pool, const void *src,
+                           l2l_pool_kind src_pool, uint64_t bytes) {
+  (void)dst_pool, (void)src_pool;
+  memcpy(dst, src, bytes);
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- the table */
+
+const struct l2l_backend_ops l2l_cpu_backend = {
+    .name = "cpu",
+    .gemm_batched = cpu_gemm_batched,
+    .bias_add = cpu_bias_add,
+    .bias_backward = cpu_bias_backward,
+    .add = cpu_add,
+    .gelu_forward = cpu_gelu_forward,
+    .gelu_backward = cpu_gelu_backward,
+    .layernorm_forward = cpu_layernorm_forward,
+    .layernorm_backward = cpu_layernorm_backward,
+    .softmax_forward = cpu_softmax_forward,
+    .softmax_backward = cpu_softmax_backward,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .cross_entropy_forward = cpu_cross_entropy_forward,
+    .cross_entropy_backward = cpu_cross_entropy_backward,
+    .dropout_forward = cpu_dropout_forward,
+    .dropout_backward = cpu_dropout_backward,
+    .reduce = cpu_reduce,
+    .adamw = cpu_adamw,
+    .find_out_of_range = cpu_find_out_of_range,
+    .fill = cpu_fill,
+    .convert = cpu_convert,
+    .random = cpu_random,
+    .copy = cpu_copy,
+};
+
+/* On a CPU-only build every pool belongs to the CPU; the device pool is still its own
+   domain so that host/device mixing is refused exactly as on a GPU build. */
+const struct l2l_backend_ops *l2l_backend_for(l2l_pool_kind pool) {
+  (void)pool;
+  return &l2l_cpu_backend;
+}
+
+int l2l_pool_domain(l2l_pool_kind pool) { return pool == L2L_POOL_DEVICE ? 1 : 0; }

@@ -1,0 +1,68 @@
+/* error.c — the per-thread last-error message and the status names.
+ *
+ * Purpose: give every failing call a place to say, in words, what was wrong (shape,
+ * dtype, pool, bytes requested / in use / budget). It must never print, exit or abort:
+ * reporting is the caller's choice.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "internal.h"
+
+enum { MESSAGE_CAPACITY = 1024 };
+static _Thread_local char last_message[MESSAGE_CAPACITY];
+
+const char *l2l_last_error(void) { return last_message; }
+
+void l2l_clear_error(void) { last_message[0] = '\0'; }
+
+static l2l_status record(const char *prefix, l2l_status status, const char *fmt, va_list ap) {
+  int used = prefix ? snprintf(last_message, MESSAGE_CAPACITY, "%s: ", prefix) : 0;
+  if (used < 0 || used >= MESSAGE_CAPACITY) used = 0;
+  vsnprintf(last_message + used, MESSAGE_CAPACITY - (size_t)used, fmt, ap);
+  return status;
+}
+
+l2l_status l2l_fail(l2l_status status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  record(NULL, status, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+l2l_status l2l_fail_in(const char *func, l2l_status status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  record(func, status, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+const char *l2l_status_name(l2l_status status) {
+  switch (status) {
+    case L2L_OK: return "ok";
+    case L2L_ERR_INVALID: return "invalid argument";
+    case L2L_ERR_NOMEM: return "out of memory";
+    case L2L_ERR_BUDGET: return "over budget";
+    case L2L_ERR_STATE: return "invalid state";
+    case L2L_ERR_UNSUPPORTED: return "unsupported";
+    case L2L_ERR_BACKEND: return "backend failure";
+  }
+  return "unknown status";
+}
+
+const char *l2l_version(void) { return "0.1.0"; }
+
+const char *l2l_human_bytes(char *buf, size_t len, uint64_t bytes) {
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = (double)bytes;
+  int unit = 0;
+  while (value >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    unit++;
+  }
+  if (unit == 0) snprintf(buf, len, "%llu B", (unsigned long long)bytes);
+  else snprintf(buf, len, "%.2f %s", value, units[unit]);
+  return buf;
+}

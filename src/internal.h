@@ -1,0 +1,91 @@
+/* internal.h — what the files of libl2l share and users never see.
+ *
+ * Purpose: the error helpers every public function uses to report failure, the layout
+ * of a tensor handle and its storage, the pool allocator calls, and lazy start-up of the
+ * runtime (threads). Nothing here may be included by code outside src/.
+ */
+#ifndef L2L_INTERNAL_H
+#define L2L_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "l2l.h"
+
+/* ---------------------------------------------------------------- errors */
+
+/* Records a formatted message as this thread's last error and returns `status`, so that
+   a check reads `if (bad) return l2l_fail(L2L_ERR_INVALID, "...", ...);`. */
+l2l_status l2l_fail(l2l_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* The same, prefixed with the calling function's name. */
+#define FAIL(status, ...) l2l_fail_in(__func__, (status), __VA_ARGS__)
+l2l_status l2l_fail_in(const char *func, l2l_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Propagate a failed status unchanged (its message is already set). */
+#define TRY(expr)                                   \
+  do {                                              \
+    l2l_status try_status_ = (expr);                \
+    if (try_status_ != L2L_OK) return try_status_;  \
+  } while (0)
+
+/* "1.50 MiB" into buf (for messages beside the exact byte count). */
+const char *l2l_human_bytes(char *buf, size_t len, uint64_t bytes);
+
+/* ---------------------------------------------------------------- runtime */
+
+/* Sets compute threads from L2L_THREADS or the core count, once; safe from any thread. */
+void l2l_runtime_init(void);
+
+/* ---------------------------------------------------------------- pools */
+
+/* Bytes an allocation of `bytes` is counted as (rounded up to L2L_ALIGN); 0 on overflow. */
+uint64_t l2l_pool_accounted(uint64_t bytes);
+/* Allocates L2L_ALIGN-aligned memory counted against the pool's budget. */
+l2l_status l2l_pool_alloc(void **out, l2l_pool_kind pool, uint64_t bytes);
+/* Returns memory from l2l_pool_alloc; `bytes` must be the size that was asked for. */
+void l2l_pool_free(l2l_pool_kind pool, void *ptr, uint64_t bytes);
+bool l2l_pool_valid(int pool);
+
+/* ---------------------------------------------------------------- tensors */
+
+#define L2L_TENSOR_MAGIC 0x6c326c74u  /* "l2lt": catches freed or foreign handles */
+
+struct l2l_storage {
+  atomic_int refs;       /* tensor handles (views included) using this storage */
+  l2l_pool_kind pool;
+  uint64_t bytes;        /* as asked of the pool */
+  void *data;
+};
+
+struct l2l_tensor {
+  uint32_t magic;
+  l2l_dtype dtype;
+  int ndim;
+  int64_t shape[L2L_MAX_DIMS];
+  int64_t numel;
+  int64_t offset;        /* in elements, from the start of the storage */
+  struct l2l_storage *storage;
+};
+
+static inline bool l2l_tensor_ok(const l2l_tensor *t) {
+  return t != NULL && t->magic == L2L_TENSOR_MAGIC;
+}
+
+/* The first element of a tensor already checked with l2l_tensor_ok. */
+static inline void *l2l_tensor_ptr(const l2l_tensor *t) {
+  return (char *)t->storage->data + (size_t)t->offset * l2l_dtype_size(t->dtype);
+}
+
+/* Rows and columns of a tensor seen as a matrix (see l2l.h). */
+static inline int64_t l2l_tensor_cols(const l2l_tensor *t) { return t->shape[t->ndim - 1]; }
+static inline int64_t l2l_tensor_rows(const l2l_tensor *t) {
+  return t->numel / l2l_tensor_cols(t);
+}
+
+/* "(2,3,5)" into buf, for messages. */
+const char *l2l_shape_str(char *buf, size_t len, const l2l_tensor *t);
+
+#endif /* L2L_INTERNAL_H */

@@ -1,0 +1,175 @@
+/* mem.c — the three memory pools: host, pinned and device.
+ *
+ * Purpose: hand out aligned memory for tensors and account for every byte (current, peak,
+ * budget), so that claims like "device peak stays constant in depth" are measurable on any
+ * build. On a CPU-only build the device pool is host memory with the same budget and the
+ * same over-budget message a GPU build gives.
+ *
+ * Host memory comes from jemalloc through its explicit API (mallocx/dallocx) in arenas
+ * that l2l creates for itself, one per pool: jemalloc never replaces malloc here (libl2l
+ * links it as an ordinary dependency, and glibc's malloc stays first in symbol lookup).
+ * A sanitizer build (L2L_SANITIZE) uses aligned_alloc instead, so that AddressSanitizer
+ * sees every buffer.
+ *
+ * Must never: exit or abort when memory runs out, or let a refused allocation change the
+ * statistics other than the `refused` count.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+
+#ifndef L2L_SANITIZE
+#include <jemalloc/jemalloc.h>
+#endif
+
+#include "internal.h"
+
+enum { POOL_COUNT = 3 };
+
+struct pool {
+  pthread_mutex_t lock;
+  l2l_pool_stats stats;
+  unsigned arena;        /* jemalloc arena index */
+  bool arena_ready;
+};
+
+static struct pool pools[POOL_COUNT] = {
+    {.lock = PTHREAD_MUTEX_INITIALIZER},
+    {.lock = PTHREAD_MUTEX_INITIALIZER},
+    {.lock = PTHREAD_MUTEX_INITIALIZER},
+};
+
+static const char *const pool_names[POOL_COUNT] = {"host", "pinned", "device"};
+
+bool l2l_pool_valid(int pool) { return pool >= 0 && pool < POOL_COUNT; }
+
+const char *l2l_pool_name(l2l_pool_kind pool) {
+  return l2l_pool_valid((int)pool) ? pool_names[pool] : NULL;
+}
+
+uint64_t l2l_pool_accounted(uint64_t bytes) {
+  if (bytes > UINT64_MAX - (L2L_ALIGN - 1)) return 0;
+  return (bytes + (L2L_ALIGN - 1)) / L2L_ALIGN * L2L_ALIGN;
+}
+
+#ifndef L2L_SANITIZE
+/* Called with the pool's lock held. */
+static l2l_status ensure_arena(struct pool *p, const char *name) {
+  if (p->arena_ready) return L2L_OK;
+  size_t size = sizeof(p->arena);
+  int err = mallctl("arenas.create", &p->arena, &size, NULL, 0);
+  if (err != 0)
+    return l2l_fail(L2L_ERR_NOMEM, "%s pool: jemalloc could not create an arena (error %d)", name,
+                    err);
+  p->arena_ready = true;
+  return L2L_OK;
+}
+#endif
+
+l2l_status l2l_pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
+  char want[32], used[32], limit[32];
+  if (!l2l_pool_valid((int)kind)) return l2l_fail(L2L_ERR_INVALID, "no pool with number %d", kind);
+  struct pool *p = &pools[kind];
+  const char *name = pool_names[kind];
+  uint64_t accounted = l2l_pool_accounted(bytes);
+  if (bytes == 0 || accounted == 0 || accounted > (uint64_t)PTRDIFF_MAX)
+    return l2l_fail(L2L_ERR_INVALID, "%s pool: cannot allocate %llu bytes", name,
+                    (unsigned long long)bytes);
+
+  /* Reserve the bytes under the lock, allocate outside it. */
+  pthread_mutex_lock(&p->lock);
+  uint64_t budget = p->stats.budget, current = p->stats.current;
+  if (budget != 0 && accounted > budget - current) {
+    p->stats.refused++;
+    pthread_mutex_unlock(&p->lock);
+    return l2l_fail(L2L_ERR_BUDGET,
+                    "%s pool: cannot allocate %llu bytes (%s): %llu bytes (%s) in use, budget "
+                    "%llu bytes (%s)",
+                    name, (unsigned long long)accounted, l2l_human_bytes(want, 32, accounted),
+                    (unsigned long long)current, l2l_human_bytes(used, 32, current),
+                    (unsigned long long)budget, l2l_human_bytes(limit, 32, budget));
+  }
+#ifndef L2L_SANITIZE
+  l2l_status arena_status = ensure_arena(p, name);
+  if (arena_status != L2L_OK) {
+    p->stats.refused++;
+    pthread_mutex_unlock(&p->lock);
+    return arena_status;
+  }
+#endif
+  p->stats.current += accounted;
+  pthread_mutex_unlock(&p->lock);
+
+#ifdef L2L_SANITIZE
+  void *ptr = aligned_alloc(L2L_ALIGN, accounted);
+#else
+  void *ptr = mallocx(accounted, MALLOCX_ALIGN(L2L_ALIGN) | MALLOCX_ARENA(p->arena) |
+                                     MALLOCX_TCACHE_NONE);
+#endif
+
+  pthread_mutex_lock(&p->lock);
+  if (ptr == NULL) {
+    p->stats.current -= accounted;
+    p->stats.refused++;
+    current = p->stats.current;
+    pthread_mutex_unlock(&p->lock);
+    return l2l_fail(L2L_ERR_NOMEM,
+                    "%s pool: the system refused %llu bytes (%s); %llu bytes (%s) in use", name,
+                    (unsigned long long)accounted, l2l_human_bytes(want, 32, accounted),
+                    (unsigned long long)current, l2l_human_bytes(used, 32, current));
+  }
+  p->stats.allocs++;
+  if (p->stats.current > p->stats.peak) p->stats.peak = p->stats.current;
+  pthread_mutex_unlock(&p->lock);
+  *out = ptr;
+  return L2L_OK;
+}
+
+void l2l_pool_free(l2l_pool_kind kind, void *ptr, uint64_t bytes) {
+  if (ptr == NULL || !l2l_pool_valid((int)kind)) return;
+  struct pool *p = &pools[kind];
+  uint64_t accounted = l2l_pool_accounted(bytes);
+#ifdef L2L_SANITIZE
+  free(ptr);
+#else
+  dallocx(ptr, MALLOCX_TCACHE_NONE);
+#endif
+  pthread_mutex_lock(&p->lock);
+  p->stats.current -= accounted;
+  p->stats.frees++;
+  pthread_mutex_unlock(&p->lock);
+}
+
+l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind kind) {
+  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  if (!l2l_pool_valid((int)kind)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", kind);
+  pthread_mutex_lock(&pools[kind].lock);
+  *out = pools[kind].stats;
+  pthread_mutex_unlock(&pools[kind].lock);
+  return L2L_OK;
+}
+
+l2l_status l2l_pool_set_budget(l2l_pool_kind kind, uint64_t bytes) {
+  char used[32], limit[32];
+  if (!l2l_pool_valid((int)kind)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", kind);
+  struct pool *p = &pools[kind];
+  pthread_mutex_lock(&p->lock);
+  uint64_t current = p->stats.current;
+  if (bytes != 0 && bytes < current) {
+    pthread_mutex_unlock(&p->lock);
+    return FAIL(L2L_ERR_STATE,
+                "%s pool: budget %llu bytes (%s) is below the %llu bytes (%s) in use",
+                pool_names[kind], (unsigned long long)bytes, l2l_human_bytes(limit, 32, bytes),
+                (unsigned long long)current, l2l_human_bytes(used, 32, current));
+  }
+  p->stats.budget = bytes;
+  pthread_mutex_unlock(&p->lock);
+  return L2L_OK;
+}
+
+l2l_status l2l_pool_reset_peak(l2l_pool_kind kind) {
+  if (!l2l_pool_valid((int)kind)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", kind);
+  pthread_mutex_lock(&pools[kind].lock);
+  pools[kind].stats.peak = pools[kind].stats.current;
+  pthread_mutex_unlock(&pools[kind].lock);
+  return L2L_OK;
+}

@@ -1,0 +1,43 @@
+/* rng.c — Philox4x32-10, the counter-based generator behind every random number in l2l.
+ *
+ * Purpose: make each draw a pure function of (seed, stream, index), so that splitting a
+ * batch into micro-batches, recomputing a layer, or running on another backend yields the
+ * very same numbers. Layout: draw `index` is word index%4 of the block with counter
+ * (index/4 as 64 bits, stream as 64 bits) under key = seed.
+ * Must never: keep hidden state between calls.
+ */
+#include "backend.h"
+
+enum {
+  PHILOX_M0 = 0xD2511F53u,
+  PHILOX_M1 = 0xCD9E8D57u,
+  PHILOX_W0 = 0x9E3779B9u,
+  PHILOX_W1 = 0xBB67AE85u,
+};
+
+void l2l_philox4x32(uint32_t *out4, const uint32_t *counter4, const uint32_t *key2) {
+  uint32_t c0 = counter4[0], c1 = counter4[1], c2 = counter4[2], c3 = counter4[3];
+  uint32_t k0 = key2[0], k1 = key2[1];
+  for (int round = 0; round < 10; round++) {
+    uint64_t p0 = (uint64_t)PHILOX_M0 * c0;
+    uint64_t p1 = (uint64_t)PHILOX_M1 * c2;
+    uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
+    uint32_t n1 = (uint32_t)p1;
+    uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+    uint32_t n3 = (uint32_t)p0;
+    c0 = n0, c1 = n1, c2 = n2, c3 = n3;
+    k0 += PHILOX_W0;
+    k1 += PHILOX_W1;
+  }
+  out4[0] = c0, out4[1] = c1, out4[2] = c2, out4[3] = c3;
+}
+
+uint32_t l2l_random_bits24(uint64_t seed, uint64_t stream, uint64_t index) {
+  uint64_t block = index >> 2;
+  uint32_t counter[4] = {(uint32_t)block, (uint32_t)(block >> 32), (uint32_t)stream,
+                         (uint32_t)(stream >> 32)};
+  uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+  uint32_t words[4];
+  l2l_philox4x32(words, counter, key);
+  return words[index & 3] >> 8;
+}
