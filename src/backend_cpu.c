@@ -185,58 +185,67 @@ static l2l_status cpu_layernorm_forward(float *y, float *mean_out, float *rstd_o
 }
 
 /* With x^ = (x - mean) rstd and g = dy * weight:
-   dx = rstd (g - mean(g) - x^ mean(g x^)),  dweight += sum_r dy x^,  dbias += sum_r dy. */
+   dx = rstd (g - mean(g) - x^ mean(g x^)),  dweight += sum_r dy x^,  dbias += sum_r dy.
+   One pass per row; each thread sums its static block of rows' parameter gradients into
+   private buffers, added in thread order afterwards (deterministic, no atomics). */
 static l2l_status cpu_layernorm_backward(float *dx, float *dweight, float *dbias,
                                          const float *dy, const float *x, const float *weight,
                                          const float *mean, const float *rstd, int64_t rows,
                                          int64_t cols) {
-  /* The parameter gradients need x^ * dy per element: computed here into a scratch matrix
-     only when asked, then column-summed deterministically. */
-  float *dy_xhat = NULL;
-  if (dweight) {
-    dy_xhat = malloc((size_t)rows * (size_t)cols * sizeof *dy_xhat);
-    if (dy_xhat == NULL)
-      return l2l_fail(L2L_ERR_NOMEM, "cpu backend: no memory for LayerNorm scratch (%lld x %lld)",
-                      (long long)rows, (long long)cols);
-  }
-  if (dbias) {
-    l2l_status status = column_sums(dbias, dy, NULL, NULL, rows, cols);
-    if (status != L2L_OK) {
-      free(dy_xhat);
-      return status;
-    }
-  }
   int nt = threads_for(rows * cols * 6);
-#pragma omp parallel for schedule(static) num_threads(nt)
-  for (int64_t r = 0; r < rows; r++) {
-    const float *xr = x + r * cols, *dyr = dy + r * cols;
-    float *dxr = dx + r * cols;
-    float mu = mean[r], rs = rstd[r];
-    float sum_g = 0.0f, sum_gx = 0.0f;
+  if (nt > rows) nt = (int)rows;
+  float *partial = NULL;
+  if (dweight || dbias) {
+    partial = calloc((size_t)nt * 2 * (size_t)cols, sizeof *partial);
+    if (partial == NULL)
+      return l2l_fail(L2L_ERR_NOMEM, "cpu backend: no memory for LayerNorm partial sums");
+  }
+#pragma omp parallel num_threads(nt)
+  {
+    int t = nt > 1 ? omp_get_thread_num() : 0;
+    float *pw = partial ? partial + (size_t)t * 2 * (size_t)cols : NULL;
+    float *pb = pw ? pw + cols : NULL;
+    for (int64_t r = rows * t / nt; r < rows * (t + 1) / nt; r++) {
+      const float *xr = x + r * cols, *dyr = dy + r * cols;
+      float *dxr = dx + r * cols;
+      float mu = mean[r], rs = rstd[r];
+      float sum_g = 0.0f, sum_gx = 0.0f;
 #pragma omp simd reduction(+ : sum_g, sum_gx)
-    for (int64_t j = 0; j < cols; j++) {
-      float xhat = (xr[j] - mu) * rs;
-      float g = dyr[j] * weight[j];
-      sum_g += g;
-      sum_gx += g * xhat;
-    }
-    float mean_g = sum_g / (float)cols, mean_gx = sum_gx / (float)cols;
-    if (dy_xhat) {
-      float *pr = dy_xhat + r * cols;
+      for (int64_t j = 0; j < cols; j++) {
+        float g = dyr[j] * weight[j];
+        sum_g += g;
+        sum_gx += g * (xr[j] - mu) * rs;
+      }
+      float mean_g = sum_g / (float)cols, mean_gx = sum_gx / (float)cols;
+      /* dx may be dy: element j of dy is read before element j of dx is written. */
+      if (pw) {
 #pragma omp simd
-      for (int64_t j = 0; j < cols; j++) pr[j] = dyr[j] * (xr[j] - mu) * rs;
-    }
-    /* dx may be dy: every read of dyr above is done before this write. */
+        for (int64_t j = 0; j < cols; j++) {
+          float xhat = (xr[j] - mu) * rs, d = dyr[j];
+          pw[j] += d * xhat;
+          pb[j] += d;
+          dxr[j] = rs * (d * weight[j] - mean_g - xhat * mean_gx);
+        }
+      } else {
 #pragma omp simd
-    for (int64_t j = 0; j < cols; j++) {
-      float xhat = (xr[j] - mu) * rs;
-      dxr[j] = rs * (dyr[j] * weight[j] - mean_g - xhat * mean_gx);
+        for (int64_t j = 0; j < cols; j++) {
+          float xhat = (xr[j] - mu) * rs;
+          dxr[j] = rs * (dyr[j] * weight[j] - mean_g - xhat * mean_gx);
+        }
+      }
     }
   }
-  l2l_status status = L2L_OK;
-  if (dy_xhat) status = column_sums(dweight, dy_xhat, NULL, NULL, rows, cols);
-  free(dy_xhat);
-  return status;
+  for (int t = 0; t < nt && partial; t++) {
+    const float *pw = partial + (size_t)t * 2 * (size_t)cols, *pb = pw + cols;
+    if (dweight)
+#pragma omp simd
+      for (int64_t j = 0; j < cols; j++) dweight[j] += pw[j];
+    if (dbias)
+#pragma omp simd
+      for (int64_t j = 0; j < cols; j++) dbias[j] += pb[j];
+  }
+  free(partial);
+  return L2L_OK;
 }
 
 /* ---------------------------------------------------------------- softmax */

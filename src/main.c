@@ -23,7 +23,10 @@
 
 static const char *program = "l2l";
 
+/* A nil error object stays nil: `error()` with no value ends a script quietly with status
+   1 (busted exits that way). */
 static int traceback(lua_State *L) {
+  if (lua_isnil(L, 1)) return 1;
   const char *msg = lua_tostring(L, 1);
   if (msg == NULL) msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
   lua_getglobal(L, "debug");

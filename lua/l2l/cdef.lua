@@ -1,0 +1,154 @@
+-- Generated from src/l2l.h by scripts/gen_cdef.lua: do not edit.
+return [==[
+typedef enum l2l_status {
+  L2L_OK = 0,
+  L2L_ERR_INVALID = 1,
+  L2L_ERR_NOMEM = 2,
+  L2L_ERR_BUDGET = 3,
+  L2L_ERR_STATE = 4,
+  L2L_ERR_UNSUPPORTED = 5,
+  L2L_ERR_BACKEND = 6
+} l2l_status;
+
+enum { L2L_MAX_DIMS = 4, L2L_ALIGN = 64 };
+
+const char *l2l_last_error(void);
+void l2l_clear_error(void);
+const char *l2l_status_name(l2l_status status);
+const char *l2l_version(void);
+
+l2l_status l2l_set_threads(int threads);
+int l2l_get_threads(void);
+
+typedef enum l2l_pool_kind {
+  L2L_POOL_HOST = 0,
+  L2L_POOL_PINNED = 1,
+  L2L_POOL_DEVICE = 2
+} l2l_pool_kind;
+
+typedef struct l2l_pool_stats {
+  uint64_t current;
+  uint64_t peak;
+  uint64_t budget;
+  uint64_t allocs;
+  uint64_t frees;
+  uint64_t refused;
+} l2l_pool_stats;
+
+l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind pool);
+
+l2l_status l2l_pool_set_budget(l2l_pool_kind pool, uint64_t bytes);
+l2l_status l2l_pool_reset_peak(l2l_pool_kind pool);
+const char *l2l_pool_name(l2l_pool_kind pool);
+
+typedef enum l2l_dtype {
+  L2L_F32 = 0,
+  L2L_F16 = 1,
+  L2L_BF16 = 2,
+  L2L_I32 = 3,
+  L2L_U8 = 4
+} l2l_dtype;
+
+typedef struct l2l_tensor l2l_tensor;
+
+size_t l2l_dtype_size(l2l_dtype dtype);
+const char *l2l_dtype_name(l2l_dtype dtype);
+
+l2l_status l2l_tensor_new(l2l_tensor **out, l2l_pool_kind pool, l2l_dtype dtype, int ndim,
+                          const int64_t *shape);
+
+void l2l_tensor_free(l2l_tensor *t);
+
+l2l_status l2l_tensor_view_rows(l2l_tensor **out, const l2l_tensor *t, int64_t first,
+                                int64_t count);
+
+l2l_status l2l_tensor_reshape(l2l_tensor **out, const l2l_tensor *t, int ndim,
+                              const int64_t *shape);
+
+int l2l_tensor_ndim(const l2l_tensor *t);
+int64_t l2l_tensor_dim(const l2l_tensor *t, int axis);
+int64_t l2l_tensor_numel(const l2l_tensor *t);
+int l2l_tensor_dtype(const l2l_tensor *t);
+int l2l_tensor_pool(const l2l_tensor *t);
+void *l2l_tensor_data(const l2l_tensor *t);
+int64_t l2l_tensor_offset(const l2l_tensor *t);
+int l2l_tensor_storage_refs(const l2l_tensor *t);
+
+l2l_status l2l_tensor_copy(l2l_tensor *dst, const l2l_tensor *src);
+
+l2l_status l2l_tensor_cast(l2l_tensor *dst, const l2l_tensor *src);
+
+l2l_status l2l_tensor_fill(l2l_tensor *t, double value);
+
+void l2l_philox4x32(uint32_t *out4, const uint32_t *counter4, const uint32_t *key2);
+
+l2l_status l2l_tensor_uniform(l2l_tensor *t, uint64_t seed, uint64_t stream, int64_t first,
+                              double lo, double hi);
+l2l_status l2l_tensor_normal(l2l_tensor *t, uint64_t seed, uint64_t stream, int64_t first,
+                             double mean, double std);
+
+uint16_t l2l_f32_to_bf16(float x);
+float l2l_bf16_to_f32(uint16_t x);
+uint16_t l2l_f32_to_f16(float x);
+float l2l_f16_to_f32(uint16_t x);
+
+l2l_status l2l_gemm(l2l_tensor *c, const l2l_tensor *a, const l2l_tensor *b, int trans_a,
+                    int trans_b, float alpha, float beta);
+
+l2l_status l2l_gemm_batched(l2l_tensor *c, const l2l_tensor *a, const l2l_tensor *b,
+                            int trans_a, int trans_b, float alpha, float beta);
+
+l2l_status l2l_bias_add(l2l_tensor *y, const l2l_tensor *bias);
+l2l_status l2l_bias_backward(l2l_tensor *dbias, const l2l_tensor *dy);
+
+l2l_status l2l_add(l2l_tensor *out, const l2l_tensor *a, const l2l_tensor *b);
+
+l2l_status l2l_gelu_forward(l2l_tensor *y, const l2l_tensor *x);
+l2l_status l2l_gelu_backward(l2l_tensor *dx, const l2l_tensor *dy, const l2l_tensor *x);
+
+l2l_status l2l_layernorm_forward(l2l_tensor *y, l2l_tensor *mean, l2l_tensor *rstd,
+                                 const l2l_tensor *x, const l2l_tensor *weight,
+                                 const l2l_tensor *bias, float eps);
+
+l2l_status l2l_layernorm_backward(l2l_tensor *dx, l2l_tensor *dweight, l2l_tensor *dbias,
+                                  const l2l_tensor *dy, const l2l_tensor *x,
+                                  const l2l_tensor *weight, const l2l_tensor *mean,
+                                  const l2l_tensor *rstd);
+
+l2l_status l2l_softmax_forward(l2l_tensor *y, const l2l_tensor *x, const l2l_tensor *key_mask,
+                               int causal, float scale);
+
+l2l_status l2l_softmax_backward(l2l_tensor *dx, const l2l_tensor *dy, const l2l_tensor *y,
+                                float scale);
+
+l2l_status l2l_embedding_forward(l2l_tensor *out, const l2l_tensor *ids, const l2l_tensor *table);
+
+l2l_status l2l_embedding_backward(l2l_tensor *dtable, const l2l_tensor *dout,
+                                  const l2l_tensor *ids);
+
+l2l_status l2l_cross_entropy_forward(l2l_tensor *losses, const l2l_tensor *logits,
+                                     const l2l_tensor *targets, int32_t ignore_index);
+
+l2l_status l2l_cross_entropy_backward(l2l_tensor *dlogits, const l2l_tensor *logits,
+                                      const l2l_tensor *targets, int32_t ignore_index,
+                                      float scale);
+
+l2l_status l2l_dropout_forward(l2l_tensor *y, l2l_tensor *mask, const l2l_tensor *x, float p,
+                               uint64_t seed, uint64_t stream, int64_t first);
+l2l_status l2l_dropout_backward(l2l_tensor *dx, const l2l_tensor *dy, const l2l_tensor *mask,
+                                float p);
+
+l2l_status l2l_sum(double *out, const l2l_tensor *x);
+l2l_status l2l_max_abs(double *out, const l2l_tensor *x);
+l2l_status l2l_norm2(double *out, const l2l_tensor *x);
+
+typedef struct l2l_adamw_config {
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float weight_decay;
+} l2l_adamw_config;
+l2l_status l2l_adamw_update(l2l_tensor *param, l2l_tensor *m, l2l_tensor *v,
+                            const l2l_tensor *grad, const l2l_adamw_config *config, int64_t step);
+]==]

@@ -1,0 +1,61 @@
+-- l2l — the LuaJIT front end: `local l2l = require("l2l")`.
+--
+-- Purpose: gather the modules into the one table users meet: tensor constructors
+-- (l2l.tensor, l2l.zeros, ...), l2l.ops, memory pool statistics and budgets, compute
+-- threads. Later front-end parts (layers, Sequential, optimizers, Relay) join here.
+-- Must never: hold logic of its own beyond argument checks of the functions below.
+local lib = require("l2l.lib")
+local tensor = require("l2l.tensor")
+local ffi = require("ffi")
+
+local C, check = lib.C, lib.check
+
+local l2l = {
+  ops = require("l2l.ops"),
+  tensor = tensor.tensor,
+  empty = tensor.empty,
+  zeros = tensor.zeros,
+  ones = tensor.ones,
+  full = tensor.full,
+  rand = tensor.rand,
+  randn = tensor.randn,
+  is_tensor = tensor.is_tensor,
+  Tensor = tensor.Tensor,
+  version = ffi.string(C.l2l_version()),
+  library = lib.path,   -- where libl2l came from ("(linked in)" inside the l2l executable)
+  C = C,                -- the raw C API, for what the Lua layer does not wrap
+}
+
+-- l2l.pool_stats("device") -> {current=, peak=, budget=, allocs=, frees=, refused=} (bytes)
+local stats = ffi.new("l2l_pool_stats")
+function l2l.pool_stats(pool)
+  check(C.l2l_pool_get_stats(stats, lib.pool_id(pool, "l2l.pool_stats", 2)), "l2l.pool_stats", 2)
+  return {
+    current = tonumber(stats.current), peak = tonumber(stats.peak),
+    budget = tonumber(stats.budget), allocs = tonumber(stats.allocs),
+    frees = tonumber(stats.frees), refused = tonumber(stats.refused),
+  }
+end
+
+-- l2l.set_budget("device", bytes): 0 removes the budget.
+function l2l.set_budget(pool, bytes)
+  if type(bytes) ~= "number" or bytes < 0 or bytes ~= math.floor(bytes) then
+    error("l2l.set_budget: bytes must be an integer >= 0, got " .. tostring(bytes), 2)
+  end
+  check(C.l2l_pool_set_budget(lib.pool_id(pool, "l2l.set_budget", 2), bytes), "l2l.set_budget", 2)
+end
+
+function l2l.reset_peak(pool)
+  check(C.l2l_pool_reset_peak(lib.pool_id(pool, "l2l.reset_peak", 2)), "l2l.reset_peak", 2)
+end
+
+-- l2l.threads() -> count; l2l.threads(n) sets it.
+function l2l.threads(n)
+  if n ~= nil then
+    if type(n) ~= "number" then error("l2l.threads: n must be a number", 2) end
+    check(C.l2l_set_threads(n), "l2l.threads", 2)
+  end
+  return C.l2l_get_threads()
+end
+
+return l2l

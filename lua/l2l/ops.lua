@@ -1,0 +1,238 @@
+-- l2l.ops — the backend's ops, callable from Lua with their backward counterparts.
+--
+-- Purpose: let layers be written in Lua (Torch style, no autograd): each function is a
+-- thin checked call of the C op of the same name in src/l2l.h, same argument order
+-- (outputs first, then inputs, then parameters), same accumulation contract (parameter
+-- gradients +=, activation gradients =). Optional tensors may be nil. Options that C
+-- takes as plain numbers come in a trailing table where there are several.
+-- Must never: compute anything in Lua, or let a C failure pass silently.
+local ffi = require("ffi")
+local lib = require("l2l.lib")
+local tensor = require("l2l.tensor")
+
+local C, check, handle_of = lib.C, lib.check, tensor.handle_of
+local type, tostring, floor = type, tostring, math.floor
+
+local M = {}
+
+local function T(x, name, fname) return handle_of(x, name, "l2l.ops." .. fname, 3) end
+
+local function opt_T(x, name, fname)
+  if x == nil then return nil end
+  return handle_of(x, name, "l2l.ops." .. fname, 3)
+end
+
+-- A number argument; nil gives `default`, or an error when there is no default. Errors
+-- are raised at the level of the op's caller.
+local function number(x, default, name, fname, level)
+  level = level or 3
+  if x == nil then
+    if default == nil then error(("l2l.ops.%s: %s is required"):format(fname, name), level) end
+    return default
+  end
+  if type(x) ~= "number" then
+    error(("l2l.ops.%s: %s must be a number, got %s"):format(fname, name, type(x)), level)
+  end
+  return x
+end
+
+local function integer(x, default, name, fname, min)
+  x = number(x, default, name, fname, 4)
+  if x ~= floor(x) or x < min then
+    error(("l2l.ops.%s: %s must be an integer >= %d, got %s"):format(fname, name, min,
+          tostring(x)), 3)
+  end
+  return x
+end
+
+local function flag(x, name, fname)
+  if x == nil or x == false then return 0 end
+  if x == true then return 1 end
+  error(("l2l.ops.%s: %s must be a boolean, got %s"):format(fname, name, type(x)), 3)
+end
+
+local function options(x, fname)
+  if x == nil then return {} end
+  if type(x) ~= "table" then
+    error(("l2l.ops.%s: options must be a table, got %s"):format(fname, type(x)), 3)
+  end
+  return x
+end
+
+local function run(status, fname) check(status, "l2l.ops." .. fname, 2) end
+
+----------------------------------------------------------------- GEMM
+
+-- gemm(c, a, b [, {trans_a=, trans_b=, alpha=1, beta=0}]): c = alpha op(a) op(b) + beta c
+local function gemm(fname, cfunc)
+  return function(c, a, b, opts)
+    opts = options(opts, fname)
+    local hc, ha, hb = T(c, "c", fname), T(a, "a", fname), T(b, "b", fname)
+    run(cfunc(hc, ha, hb, flag(opts.trans_a, "trans_a", fname), flag(opts.trans_b, "trans_b", fname),
+              number(opts.alpha, 1, "alpha", fname), number(opts.beta, 0, "beta", fname)), fname)
+    return c
+  end
+end
+M.gemm = gemm("gemm", C.l2l_gemm)
+M.gemm_batched = gemm("gemm_batched", C.l2l_gemm_batched)
+
+----------------------------------------------------------------- element-wise
+
+function M.bias_add(y, bias)
+  run(C.l2l_bias_add(T(y, "y", "bias_add"), T(bias, "bias", "bias_add")), "bias_add")
+  return y
+end
+
+function M.bias_backward(dbias, dy)
+  run(C.l2l_bias_backward(T(dbias, "dbias", "bias_backward"), T(dy, "dy", "bias_backward")),
+      "bias_backward")
+  return dbias
+end
+
+function M.add(out, a, b)
+  run(C.l2l_add(T(out, "out", "add"), T(a, "a", "add"), T(b, "b", "add")), "add")
+  return out
+end
+
+function M.gelu(y, x)
+  run(C.l2l_gelu_forward(T(y, "y", "gelu"), T(x, "x", "gelu")), "gelu")
+  return y
+end
+
+function M.gelu_backward(dx, dy, x)
+  local f = "gelu_backward"
+  run(C.l2l_gelu_backward(T(dx, "dx", f), T(dy, "dy", f), T(x, "x", f)), f)
+  return dx
+end
+
+----------------------------------------------------------------- LayerNorm
+
+-- layernorm(y, mean, rstd, x, weight, bias [, eps = 1e-5]); mean and rstd may be nil.
+function M.layernorm(y, mean, rstd, x, weight, bias, eps)
+  local f = "layernorm"
+  run(C.l2l_layernorm_forward(T(y, "y", f), opt_T(mean, "mean", f), opt_T(rstd, "rstd", f),
+                              T(x, "x", f), T(weight, "weight", f), T(bias, "bias", f),
+                              number(eps, 1e-5, "eps", f)), f)
+  return y
+end
+
+-- layernorm_backward(dx, dweight, dbias, dy, x, weight, mean, rstd); dweight/dbias may be nil.
+function M.layernorm_backward(dx, dweight, dbias, dy, x, weight, mean, rstd)
+  local f = "layernorm_backward"
+  run(C.l2l_layernorm_backward(T(dx, "dx", f), opt_T(dweight, "dweight", f),
+                               opt_T(dbias, "dbias", f), T(dy, "dy", f), T(x, "x", f),
+                               T(weight, "weight", f), T(mean, "mean", f), T(rstd, "rstd", f)), f)
+  return dx
+end
+
+----------------------------------------------------------------- softmax
+
+-- softmax(y, x [, {key_mask=, causal=false, scale=1}])
+function M.softmax(y, x, opts)
+  local f = "softmax"
+  opts = options(opts, f)
+  run(C.l2l_softmax_forward(T(y, "y", f), T(x, "x", f), opt_T(opts.key_mask, "key_mask", f),
+                            flag(opts.causal, "causal", f), number(opts.scale, 1, "scale", f)), f)
+  return y
+end
+
+function M.softmax_backward(dx, dy, y, scale)
+  local f = "softmax_backward"
+  run(C.l2l_softmax_backward(T(dx, "dx", f), T(dy, "dy", f), T(y, "y", f),
+                             number(scale, 1, "scale", f)), f)
+  return dx
+end
+
+----------------------------------------------------------------- embedding
+
+function M.embedding(out, ids, table_)
+  local f = "embedding"
+  run(C.l2l_embedding_forward(T(out, "out", f), T(ids, "ids", f), T(table_, "table", f)), f)
+  return out
+end
+
+function M.embedding_backward(dtable, dout, ids)
+  local f = "embedding_backward"
+  run(C.l2l_embedding_backward(T(dtable, "dtable", f), T(dout, "dout", f), T(ids, "ids", f)), f)
+  return dtable
+end
+
+----------------------------------------------------------------- cross-entropy
+
+local IGNORE_DEFAULT = -1
+
+-- cross_entropy(losses, logits, targets [, ignore_index = -1])
+function M.cross_entropy(losses, logits, targets, ignore_index)
+  local f = "cross_entropy"
+  run(C.l2l_cross_entropy_forward(T(losses, "losses", f), T(logits, "logits", f),
+                                  T(targets, "targets", f),
+                                  integer(ignore_index, IGNORE_DEFAULT, "ignore_index", f,
+                                          -2147483648)), f)
+  return losses
+end
+
+-- cross_entropy_backward(dlogits, logits, targets [, ignore_index = -1 [, scale = 1]])
+function M.cross_entropy_backward(dlogits, logits, targets, ignore_index, scale)
+  local f = "cross_entropy_backward"
+  run(C.l2l_cross_entropy_backward(T(dlogits, "dlogits", f), T(logits, "logits", f),
+                                   T(targets, "targets", f),
+                                   integer(ignore_index, IGNORE_DEFAULT, "ignore_index", f,
+                                           -2147483648),
+                                   number(scale, 1, "scale", f)), f)
+  return dlogits
+end
+
+----------------------------------------------------------------- dropout
+
+-- dropout(y, mask, x, p [, {seed=0, stream=0, first=x:offset()}])
+function M.dropout(y, mask, x, p, opts)
+  local f = "dropout"
+  opts = options(opts, f)
+  local hx = T(x, "x", f)
+  run(C.l2l_dropout_forward(T(y, "y", f), T(mask, "mask", f), hx, number(p, nil, "p", f),
+                            integer(opts.seed, 0, "seed", f, 0),
+                            integer(opts.stream, 0, "stream", f, 0),
+                            integer(opts.first, tonumber(C.l2l_tensor_offset(hx)), "first", f, 0)),
+      f)
+  return y
+end
+
+function M.dropout_backward(dx, dy, mask, p)
+  local f = "dropout_backward"
+  run(C.l2l_dropout_backward(T(dx, "dx", f), T(dy, "dy", f), T(mask, "mask", f),
+                             number(p, nil, "p", f)), f)
+  return dx
+end
+
+----------------------------------------------------------------- reductions
+
+local reduce_out = ffi.new("double[1]")
+local function reduction(fname, cfunc)
+  return function(x)
+    run(cfunc(reduce_out, T(x, "x", fname)), fname)
+    return tonumber(reduce_out[0])
+  end
+end
+M.sum = reduction("sum", C.l2l_sum)
+M.max_abs = reduction("max_abs", C.l2l_max_abs)
+M.norm2 = reduction("norm2", C.l2l_norm2)
+
+----------------------------------------------------------------- AdamW
+
+-- adamw(param, m, v, grad, {lr=, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0}, step)
+function M.adamw(param, m, v, grad, config, step)
+  local f = "adamw"
+  config = options(config, f)
+  local c = ffi.new("l2l_adamw_config", {
+    lr = number(config.lr, nil, "lr", f),
+    beta1 = number(config.beta1, 0.9, "beta1", f),
+    beta2 = number(config.beta2, 0.999, "beta2", f),
+    eps = number(config.eps, 1e-8, "eps", f),
+    weight_decay = number(config.weight_decay, 0, "weight_decay", f),
+  })
+  run(C.l2l_adamw_update(T(param, "param", f), T(m, "m", f), T(v, "v", f), T(grad, "grad", f), c,
+                         integer(step, nil, "step", f, 1)), f)
+  return param
+end
+
+return M

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# test.sh — run every C test and every spec; end with one line "N passed, M failed".
+# Usage: scripts/test.sh BUILD_DIR   (called by `make test`; BUILD_DIR holds l2l, l2l_ctest)
+# The specs run under the l2l executable (busted --lua), which has jemalloc loaded from
+# the start. A runner that dies before printing its summary counts as one failure, so a
+# crash can never look like a pass. Skipped (pending) specs are reported, not passed.
+set -uo pipefail
+build=${1:-build}
+export L2L_BUILD=$build
+log=$(mktemp -d)
+trap 'rm -rf "$log"' EXIT
+
+passed=0 failed=0 skipped=0
+
+# A runner that reported no failures but exited non-zero (a sanitizer's leak or error
+# report comes after the summary) counts one failure.
+exited_badly() {
+  local what=$1 rc=$2 reported=$3
+  if ((rc != 0 && reported == 0)); then
+    echo "test: the $what exited with status $rc after reporting no failures (sanitizer report above?)"
+    failed=$((failed + 1))
+  fi
+}
+
+echo "== C tests ($build/l2l_ctest)"
+"$build/l2l_ctest" 2>&1 | tee "$log/ctest"
+ctest_rc=${PIPESTATUS[0]}
+summary=$(grep -E '^ctest: [0-9]+ passed, [0-9]+ failed$' "$log/ctest" | tail -n 1)
+if [[ -n $summary ]]; then
+  read -r p f < <(sed -E 's/^ctest: ([0-9]+) passed, ([0-9]+) failed$/\1 \2/' <<<"$summary")
+  passed=$((passed + p)) failed=$((failed + f))
+  exited_badly "C tests" "$ctest_rc" "$f"
+else
+  echo "test: the C tests stopped before their summary (crash?)"
+  failed=$((failed + 1))
+fi
+
+echo "== specs (busted under $build/l2l)"
+busted --lua="$build/l2l" -o plainTerminal spec 2>&1 | tee "$log/busted"
+busted_rc=${PIPESTATUS[0]}
+summary=$(grep -E '^[0-9]+ successes? / [0-9]+ failures? / [0-9]+ errors? / [0-9]+ pending' \
+          "$log/busted" | tail -n 1)
+if [[ -n $summary ]]; then
+  read -r s f e p < <(sed -E 's#^([0-9]+) successes? / ([0-9]+) failures? / ([0-9]+) errors? / ([0-9]+) pending.*#\1 \2 \3 \4#' <<<"$summary")
+  passed=$((passed + s)) failed=$((failed + f + e)) skipped=$((skipped + p))
+  exited_badly "specs" "$busted_rc" "$((f + e))"
+else
+  echo "test: the specs stopped before their summary (crash?)"
+  failed=$((failed + 1))
+fi
+
+if ((skipped)); then echo "$passed passed, $failed failed, $skipped skipped"
+else echo "$passed passed, $failed failed"; fi
+((failed == 0 && passed > 0))

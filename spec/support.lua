@@ -1,0 +1,63 @@
+-- spec/support.lua — helpers shared by the specs: fresh random data from a seed that
+-- changes every run (printed on failure through the messages that use it), float64
+-- comparison, running a shell command, and where the build is.
+local M = {}
+
+M.build = os.getenv("L2L_BUILD") or "build"
+M.root = (function()
+  local p = io.popen("pwd")
+  local d = p:read("*l")
+  p:close()
+  return d
+end)()
+
+-- A generator independent of l2l's own (xorshift-multiply on 53-bit doubles).
+M.seed = tonumber(os.getenv("L2L_TEST_SEED")) or (os.time() % 1000003)
+math.randomseed(M.seed)
+function M.uniform(lo, hi) return lo + (hi - lo) * math.random() end
+function M.normal()
+  local u1, u2 = 1 - math.random(), math.random()
+  return math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
+end
+function M.int(lo, hi) return math.random(lo, hi) end
+
+-- Nested table of random normals with the given shape.
+function M.random_table(shape, depth)
+  depth = depth or 1
+  local t = {}
+  for i = 1, shape[depth] do
+    t[i] = depth == #shape and M.normal() or M.random_table(shape, depth + 1)
+  end
+  return t
+end
+
+function M.flatten(t, out)
+  out = out or {}
+  for _, v in ipairs(t) do
+    if type(v) == "table" then M.flatten(v, out) else out[#out + 1] = v end
+  end
+  return out
+end
+
+-- Largest |got - want| / (|want| + floor) over two flat lists.
+function M.rel_err(got, want, floor)
+  assert(#got == #want, ("lengths differ: %d vs %d"):format(#got, #want))
+  local worst = 0
+  for i = 1, #got do
+    if got[i] ~= got[i] then return math.huge end
+    local e = math.abs(got[i] - want[i]) / (math.abs(want[i]) + (floor or 1e-6))
+    if e > worst then worst = e end
+  end
+  return worst
+end
+
+-- Runs a shell command; returns its exit status (0 = success) and combined output.
+function M.sh(cmd)
+  local p = io.popen("(" .. cmd .. ") 2>&1; echo \"__status=$?\"")
+  local out = p:read("*a")
+  p:close()
+  local status = tonumber(out:match("__status=(%d+)%s*$"))
+  return status, (out:gsub("__status=%d+%s*$", ""))
+end
+
+return M
