@@ -40,7 +40,7 @@ CTEST_SRC := $(wildcard spec/c/*.c)
 CTEST_OBJ := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%.o)
 DEPS_STAMP := $(BUILD)/.deps-ok
 
-.PHONY: all deps lib test demo bench clean cdef check-cdef
+.PHONY: all deps test demo bench vecreport clean
 all: $(BUILD)/libl2l.so $(BUILD)/libl2l.a $(BUILD)/l2l $(BUILD)/l2l_ctest $(BUILD)/hello \
      lua/l2l/cdef.lua
 
@@ -92,6 +92,11 @@ $(BUILD)/bench_ops: bench/ops.c $(BUILD)/libl2l.so
 
 bench: $(BUILD)/bench_ops
 	$(BUILD)/bench_ops
+
+# Which loops of the CPU backend GCC vectorized (the hot loops must all appear).
+vecreport: | $(DEPS_STAMP)
+	@$(CC) $(CFLAGS) -fopt-info-vec-optimized -c src/backend_cpu.c -o /dev/null 2>&1 | \
+	  grep -E '^src/backend_cpu.c:[0-9]+' | sed -E 's/:[0-9]+: optimized://' | sort -t: -k2 -n -u
 
 clean:
 	rm -rf build build-san

@@ -86,8 +86,7 @@ int l2l_pool_domain(l2l_pool_kind pool);
 /* Compute threads for OpenMP loops (runtime.c). */
 extern atomic_int l2l_compute_threads;
 
-/* The uniform draw `index` of (seed, stream) as 24 random bits (rng.c), and the same
-   decision the dropout kernels make. Shared so every backend draws identically. */
-uint32_t l2l_random_bits24(uint64_t seed, uint64_t stream, uint64_t index);
+/* Philox4x32-10 without argument checks, for hot loops (rng.c). */
+void l2l_philox_block(uint32_t *out4, const uint32_t *counter4, const uint32_t *key2);
 
 #endif /* L2L_BACKEND_H */

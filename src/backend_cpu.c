@@ -432,7 +432,7 @@ static l2l_status cpu_dropout_forward(float *y, uint8_t *mask, const float *x, f
       if (block != cached_block) { /* one Philox call serves four elements */
         uint32_t counter[4] = {(uint32_t)block, (uint32_t)(block >> 32), (uint32_t)stream,
                                (uint32_t)(stream >> 32)};
-        l2l_philox4x32(words, counter, key);
+        l2l_philox_block(words, counter, key);
         cached_block = block;
       }
       int kept = (words[index & 3] >> 8) < threshold;
@@ -608,7 +608,7 @@ static l2l_status cpu_random(void *dst, l2l_dtype dtype, int64_t n, enum l2l_dis
       if (block != cached_block) {
         uint32_t counter[4] = {(uint32_t)block, (uint32_t)(block >> 32), (uint32_t)stream,
                                (uint32_t)(stream >> 32)};
-        l2l_philox4x32(words, counter, key);
+        l2l_philox_block(words, counter, key);
         cached_block = block;
       }
       double value;

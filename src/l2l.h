@@ -146,7 +146,7 @@ l2l_status l2l_tensor_fill(l2l_tensor *t, double value);
 /* Philox4x32-10 (Salmon et al., SC 2011): out = 10 rounds of the bijection of `counter`
    keyed by `key`. Every random number in l2l is a function of (seed, stream, index), so
    splitting a batch into micro-batches never changes a draw. */
-void l2l_philox4x32(uint32_t *out4, const uint32_t *counter4, const uint32_t *key2);
+l2l_status l2l_philox4x32(uint32_t *out4, const uint32_t *counter4, const uint32_t *key2);
 
 /* Element i of t gets the draw with index first+i of (seed, stream). Pass the element's
    position in the whole batch as `first` and any split gives the same numbers. */

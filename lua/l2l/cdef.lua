@@ -80,7 +80,7 @@ l2l_status l2l_tensor_cast(l2l_tensor *dst, const l2l_tensor *src);
 
 l2l_status l2l_tensor_fill(l2l_tensor *t, double value);
 
-void l2l_philox4x32(uint32_t *out4, const uint32_t *counter4, const uint32_t *key2);
+l2l_status l2l_philox4x32(uint32_t *out4, const uint32_t *counter4, const uint32_t *key2);
 
 l2l_status l2l_tensor_uniform(l2l_tensor *t, uint64_t seed, uint64_t stream, int64_t first,
                               double lo, double hi);

@@ -278,10 +278,12 @@ TEST(philox_matches_published_known_answers) {
   };
   for (int k = 0; k < 3; k++) {
     uint32_t out[4];
-    l2l_philox4x32(out, kat[k].ctr, kat[k].key);
+    CHECK_OK(l2l_philox4x32(out, kat[k].ctr, kat[k].key));
     CHECK(memcmp(out, kat[k].out, sizeof out) == 0, "vector %d: %08x %08x %08x %08x", k, out[0],
           out[1], out[2], out[3]);
   }
+  uint32_t out[4];
+  CHECK_FAILS(l2l_philox4x32(out, NULL, kat[0].key), L2L_ERR_INVALID, "must not be NULL");
 }
 
 static void check_split_invariance(bool normal) {
