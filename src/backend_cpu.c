@@ -588,6 +588,23 @@ static l2l_status cpu_convert(void *dst, l2l_dtype dst_dtype, const void *src,
   return L2L_OK;
 }
 
+/* Stores a uniform draw rounded to dtype, stepping down to the largest representable value
+   below hi if rounding reached it: draws are in [lo, hi) whatever the dtype's spacing. */
+static void store_uniform(void *dst, l2l_dtype dtype, int64_t i, double value, double lo,
+                          double hi) {
+  store_f32(dst, dtype, i, (float)value);
+  if (hi <= lo) return;
+  for (int guard = 0; guard < 4 && (double)load_as_f32(dst, dtype, i) >= hi; guard++) {
+    if (dtype == L2L_F32) {
+      float *d = dst;
+      d[i] = nextafterf(d[i], -INFINITY);
+    } else { /* f16 / bf16: one step toward -inf in the bit pattern */
+      uint16_t *d = dst;
+      d[i] = d[i] == 0 ? 0x8001u : (d[i] & 0x8000u) ? (uint16_t)(d[i] + 1) : (uint16_t)(d[i] - 1);
+    }
+  }
+}
+
 /* Uniform: element i is the 24-bit draw first+i (rng.c layout) scaled into [lo, hi).
    Normal: element i uses both 32-bit halves of words 2(i%2), 2(i%2)+1 of block i/2 for
    Box-Muller (u1 in (0, 1], u2 in [0, 1)), so each element is its own pair of draws. */
@@ -611,17 +628,15 @@ static l2l_status cpu_random(void *dst, l2l_dtype dtype, int64_t n, enum l2l_dis
         l2l_philox_block(words, counter, key);
         cached_block = block;
       }
-      double value;
       if (dist == L2L_UNIFORM) {
         double u = (double)(words[index & 3] >> 8) * 0x1p-24;
-        value = a + (b - a) * u;
+        store_uniform(dst, dtype, i, a + (b - a) * u, a, b);
       } else {
         int pair = (int)(index & 1) * 2;
         double u1 = ((double)words[pair] + 1.0) * 0x1p-32;
         double u2 = (double)words[pair + 1] * 0x1p-32;
-        value = a + b * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+        store_f32(dst, dtype, i, (float)(a + b * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2)));
       }
-      store_f32(dst, dtype, i, (float)value);
     }
   }
   return L2L_OK;

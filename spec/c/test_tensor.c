@@ -313,6 +313,25 @@ TEST(random_fills_do_not_depend_on_the_split) {
   check_split_invariance(true);
 }
 
+/* Rounding to the dtype must not reach hi: with bf16 over [1, 1.0625) (16 representable
+   values), about 1 draw in 32 would round up to hi without the step down. */
+TEST(uniform_fills_stay_below_hi_after_rounding) {
+  int64_t n = 100000;
+  l2l_tensor *b = check_tensor(L2L_POOL_HOST, L2L_BF16, 1, &n), *f = check_f32(1, n);
+  CHECK_OK(l2l_tensor_uniform(b, check_rand_u64(), 3, 0, 1.0, 1.0625));
+  CHECK_OK(l2l_tensor_uniform(f, check_rand_u64(), 3, 0, 2.0, 6.0));
+  const uint16_t *bd = l2l_tensor_data(b);
+  int over = 0, top = 0;
+  for (int64_t i = 0; i < n; i++) {
+    float v = l2l_bf16_to_f32(bd[i]);
+    over += v >= 1.0625f || v < 1.0f;
+    top += v == 1.0625f - 0x1p-7f;          /* the largest bf16 below hi is reached */
+    over += check_data(f)[i] >= 6.0f || check_data(f)[i] < 2.0f;
+  }
+  CHECK(over == 0 && top > 0, "%d draws outside [lo, hi); %d at the top value", over, top);
+  l2l_tensor_free(b), l2l_tensor_free(f);
+}
+
 TEST(random_fills_have_the_right_moments_and_differ_by_key) {
   int64_t n = 1 << 20;
   uint64_t seed = check_rand_u64();
