@@ -164,8 +164,9 @@ float l2l_f16_to_f32(uint16_t x);
 /* ---------------------------------------------------------------- ops
    f32 tensors unless stated. Shapes in comments: R = rows, C = columns. */
 
-/* c = alpha * op(a) @ op(b) + beta * c, op(x) = x or x^T. As matrices: op(a) (M,K),
-   op(b) (K,N), c (M,N). With beta = 0, c is not read (NaN in c does not propagate). */
+/* c = alpha * op(a) @ op(b) + beta * c, op(x) = x^T when trans_x is 1, x when 0 (other
+   values are refused). As matrices: op(a) (M,K), op(b) (K,N), c (M,N); alpha and beta
+   finite. With beta = 0, c is not read (NaN in c does not propagate). */
 l2l_status l2l_gemm(l2l_tensor *c, const l2l_tensor *a, const l2l_tensor *b, int trans_a,
                     int trans_b, float alpha, float beta);
 /* The same for a batch of matrices: each tensor is (batch..., rows, cols) with the batch
@@ -183,7 +184,8 @@ l2l_status l2l_gelu_forward(l2l_tensor *y, const l2l_tensor *x);
 l2l_status l2l_gelu_backward(l2l_tensor *dx, const l2l_tensor *dy, const l2l_tensor *x);
 
 /* LayerNorm over the last dim: y = (x - mean) * rstd * weight + bias, rstd = 1/sqrt(var+eps)
-   with the biased variance. mean and rstd (R) are saved for backward (NULL to skip). */
+   with the biased variance; eps finite and > 0. mean and rstd (R) are saved for backward
+   (NULL to skip). */
 l2l_status l2l_layernorm_forward(l2l_tensor *y, l2l_tensor *mean, l2l_tensor *rstd,
                                  const l2l_tensor *x, const l2l_tensor *weight,
                                  const l2l_tensor *bias, float eps);
@@ -193,8 +195,8 @@ l2l_status l2l_layernorm_backward(l2l_tensor *dx, l2l_tensor *dweight, l2l_tenso
                                   const l2l_tensor *weight, const l2l_tensor *mean,
                                   const l2l_tensor *rstd);
 
-/* Row softmax of scale * x over the last dim (Tk), x (..., Tq, Tk). causal != 0 hides key j
-   from query i when j > i + (Tk - Tq). key_mask (B, Tk) u8, 1 = real token, 0 = padding,
+/* Row softmax of scale * x over the last dim (Tk), x (..., Tq, Tk). causal is 0 or 1; 1
+   hides key j from query i when j > i + (Tk - Tq). key_mask (B, Tk) u8, 1 = real token, 0 = padding,
    hides padded keys of sample b, where b is x's first index (x needs at least 3 dims);
    NULL for none. A row whose keys are all hidden is all zeros. y may be x. */
 l2l_status l2l_softmax_forward(l2l_tensor *y, const l2l_tensor *x, const l2l_tensor *key_mask,
@@ -235,7 +237,8 @@ l2l_status l2l_norm2(double *out, const l2l_tensor *x);   /* sqrt(sum x^2) */
 
 /* AdamW (Loshchilov & Hutter), one step t >= 1, bias-corrected, decoupled weight decay:
    m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
-   p -= lr * ( m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + weight_decay * p ). */
+   p -= lr * ( m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + weight_decay * p ).
+   Refused: lr < 0, beta outside [0, 1), eps <= 0, weight_decay < 0, anything not finite. */
 typedef struct l2l_adamw_config {
   float lr;
   float beta1;
