@@ -379,52 +379,48 @@ static l2l_status ids_in_range(const char *func, const struct l2l_backend_ops *o
                      (long long)bad, value, hi, has_except ? " and not the ignore index" : "");
 }
 
-l2l_status l2l_embedding_forward(l2l_tensor *out, const l2l_tensor *ids, const l2l_tensor *table) {
-  const char *f = __func__;
-  TRY(need(f, "out", out, L2L_F32));
+/* The checks both embedding ops share: a (V, C) table, rows (N..., C) with one row per id,
+   ids within [0, V), and the op's output (the table or the rows) overlapping nothing. */
+static l2l_status check_embedding(const char *f, const struct l2l_backend_ops **ops,
+                                  const char *table_name, const l2l_tensor *table,
+                                  const char *rows_name, const l2l_tensor *rows,
+                                  const l2l_tensor *ids, bool table_is_output) {
+  TRY(need(f, table_name, table, L2L_F32));
+  TRY(need(f, rows_name, rows, L2L_F32));
   TRY(need(f, "ids", ids, L2L_I32));
-  TRY(need(f, "table", table, L2L_F32));
-  const struct l2l_backend_ops *ops = NULL;
-  struct arg args[] = {{"out", out}, {"ids", ids}, {"table", table}};
-  TRY(one_backend(f, &ops, args, 3));
+  struct arg args[] = {{table_name, table}, {rows_name, rows}, {"ids", ids}};
+  TRY(one_backend(f, ops, args, 3));
   char st[64];
   if (table->ndim != 2)
-    return l2l_fail_in(f, L2L_ERR_INVALID, "table has shape %s, need (V, C)",
+    return l2l_fail_in(f, L2L_ERR_INVALID, "%s has shape %s, need (V, C)", table_name,
                        l2l_shape_str(st, 64, table));
   int64_t vocab = table->shape[0], cols = table->shape[1];
   if (vocab > INT32_MAX) return l2l_fail_in(f, L2L_ERR_INVALID, "vocabulary above 2^31-1");
-  TRY(numel_is(f, "out", out, ids->numel * cols, "ids elements times table columns"));
-  if (l2l_tensor_cols(out) != cols)
-    return l2l_fail_in(f, L2L_ERR_INVALID, "out's last dim is %lld, need %lld (table columns)",
-                       (long long)l2l_tensor_cols(out), (long long)cols);
-  TRY(distinct(f, "out", out, "ids", ids, false));
-  TRY(distinct(f, "out", out, "table", table, false));
-  TRY(ids_in_range(f, ops, "ids", ids, (int32_t)vocab, false, 0));
+  TRY(numel_is(f, rows_name, rows, ids->numel * cols, "ids elements times table columns"));
+  if (l2l_tensor_cols(rows) != cols)
+    return l2l_fail_in(f, L2L_ERR_INVALID, "%s's last dim is %lld, need %lld (table columns)",
+                       rows_name, (long long)l2l_tensor_cols(rows), (long long)cols);
+  const char *out_name = table_is_output ? table_name : rows_name;
+  const l2l_tensor *out = table_is_output ? table : rows;
+  TRY(distinct(f, out_name, out, "ids", ids, false));
+  TRY(distinct(f, table_name, table, rows_name, rows, false));
+  return ids_in_range(f, *ops, "ids", ids, (int32_t)vocab, false, 0);
+}
+
+l2l_status l2l_embedding_forward(l2l_tensor *out, const l2l_tensor *ids, const l2l_tensor *table) {
+  const struct l2l_backend_ops *ops = NULL;
+  TRY(check_embedding(__func__, &ops, "table", table, "out", out, ids, false));
   return ops->embedding_forward(l2l_tensor_ptr(out), l2l_tensor_ptr(ids), l2l_tensor_ptr(table),
-                                ids->numel, cols);
+                                ids->numel, table->shape[1]);
 }
 
 l2l_status l2l_embedding_backward(l2l_tensor *dtable, const l2l_tensor *dout,
                                   const l2l_tensor *ids) {
-  const char *f = __func__;
-  TRY(need(f, "dtable", dtable, L2L_F32));
-  TRY(need(f, "dout", dout, L2L_F32));
-  TRY(need(f, "ids", ids, L2L_I32));
   const struct l2l_backend_ops *ops = NULL;
-  struct arg args[] = {{"dtable", dtable}, {"dout", dout}, {"ids", ids}};
-  TRY(one_backend(f, &ops, args, 3));
-  char st[64];
-  if (dtable->ndim != 2)
-    return l2l_fail_in(f, L2L_ERR_INVALID, "dtable has shape %s, need (V, C)",
-                       l2l_shape_str(st, 64, dtable));
-  int64_t vocab = dtable->shape[0], cols = dtable->shape[1];
-  if (vocab > INT32_MAX) return l2l_fail_in(f, L2L_ERR_INVALID, "vocabulary above 2^31-1");
-  TRY(numel_is(f, "dout", dout, ids->numel * cols, "ids elements times table columns"));
-  TRY(distinct(f, "dtable", dtable, "dout", dout, false));
-  TRY(distinct(f, "dtable", dtable, "ids", ids, false));
-  TRY(ids_in_range(f, ops, "ids", ids, (int32_t)vocab, false, 0));
+  TRY(check_embedding(__func__, &ops, "dtable", dtable, "dout", dout, ids, true));
   return ops->embedding_backward(l2l_tensor_ptr(dtable), l2l_tensor_ptr(dout),
-                                 l2l_tensor_ptr(ids), ids->numel, vocab, cols);
+                                 l2l_tensor_ptr(ids), ids->numel, dtable->shape[0],
+                                 dtable->shape[1]);
 }
 
 /* ---------------------------------------------------------------- cross-entropy */

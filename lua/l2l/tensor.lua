@@ -140,20 +140,24 @@ function M.full(shape, value, opts)
   return t
 end
 
+-- A new tensor filled by `method` (Tensor.uniform or Tensor.normal); freed on failure.
+local function random_tensor(shape, opts, fname, method, a, b)
+  local t = new_tensor(shape, opts, fname, 3)
+  local ok, err = pcall(method, t, a, b, opts)
+  if not ok then t:free(); error(err, 3) end
+  return t
+end
+
 -- Random tensors: opts.seed (default 0), opts.stream (default 0), opts.first (default 0).
 function M.rand(shape, opts)
   opts = opts or {}
-  local t = new_tensor(shape, opts, "l2l.rand", 2)
-  local ok, err = pcall(Tensor.uniform, t, opts.lo or 0, opts.hi or 1, opts)
-  if not ok then t:free(); error(err, 2) end
+  local t = random_tensor(shape, opts, "l2l.rand", Tensor.uniform, opts.lo or 0, opts.hi or 1)
   return t
 end
 
 function M.randn(shape, opts)
   opts = opts or {}
-  local t = new_tensor(shape, opts, "l2l.randn", 2)
-  local ok, err = pcall(Tensor.normal, t, opts.mean or 0, opts.std or 1, opts)
-  if not ok then t:free(); error(err, 2) end
+  local t = random_tensor(shape, opts, "l2l.randn", Tensor.normal, opts.mean or 0, opts.std or 1)
   return t
 end
 
