@@ -86,7 +86,8 @@ int l2l_pool_domain(l2l_pool_kind pool);
 /* Compute threads for OpenMP loops (runtime.c). */
 extern atomic_int l2l_compute_threads;
 
-/* Philox4x32-10 without argument checks, for hot loops (rng.c). */
-void l2l_philox_block(uint32_t *out4, const uint32_t *counter4, const uint32_t *key2);
+/* The four 32-bit draws of Philox block `block` of (seed, stream): counter = (block,
+   stream), key = seed, as rng.c states. Every backend draws through this layout. */
+void l2l_philox_draws(uint32_t *out4, uint64_t seed, uint64_t stream, uint64_t block);
 
 #endif /* L2L_BACKEND_H */

@@ -88,49 +88,36 @@ static l2l_status cpu_bias_add(float *y, const float *bias, int64_t rows, int64_
   return L2L_OK;
 }
 
-/* Column sums of `rows` rows added into out (cols) and, if out2 is given, column sums of
-   a second matrix src2 too. Each thread sums its static block of rows into a private
-   buffer; the buffers are then added in thread order, so the result does not depend on
-   timing. */
-static l2l_status column_sums(float *out, const float *src, float *out2, const float *src2,
-                              int64_t rows, int64_t cols) {
+/* Column sums of a (rows, cols) matrix added into out (cols). Each thread sums its static
+   block of rows into a private buffer; the buffers are then added in thread order, so the
+   result does not depend on timing. */
+static l2l_status column_sums(float *out, const float *src, int64_t rows, int64_t cols) {
   int nt = threads_for(rows * cols);
   if (nt > rows) nt = (int)rows;
-  int per = out2 ? 2 : 1;
-  float *partial = calloc((size_t)nt * (size_t)per * (size_t)cols, sizeof *partial);
+  float *partial = calloc((size_t)nt * (size_t)cols, sizeof *partial);
   if (partial == NULL)
     return l2l_fail(L2L_ERR_NOMEM, "cpu backend: no memory for %d column-sum buffers", nt);
 #pragma omp parallel num_threads(nt)
   {
     int t = nt > 1 ? omp_get_thread_num() : 0;
-    int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
-    float *acc = partial + (size_t)t * (size_t)per * (size_t)cols;
-    for (int64_t r = r0; r < r1; r++) {
+    float *acc = partial + (size_t)t * (size_t)cols;
+    for (int64_t r = rows * t / nt; r < rows * (t + 1) / nt; r++) {
       const float *row = src + r * cols;
 #pragma omp simd
       for (int64_t j = 0; j < cols; j++) acc[j] += row[j];
-      if (src2) {
-        const float *row2 = src2 + r * cols;
-        float *acc2 = acc + cols;
-#pragma omp simd
-        for (int64_t j = 0; j < cols; j++) acc2[j] += row2[j];
-      }
     }
   }
   for (int t = 0; t < nt; t++) {
-    const float *acc = partial + (size_t)t * (size_t)per * (size_t)cols;
+    const float *acc = partial + (size_t)t * (size_t)cols;
 #pragma omp simd
     for (int64_t j = 0; j < cols; j++) out[j] += acc[j];
-    if (out2)
-#pragma omp simd
-      for (int64_t j = 0; j < cols; j++) out2[j] += acc[cols + j];
   }
   free(partial);
   return L2L_OK;
 }
 
 static l2l_status cpu_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols) {
-  return column_sums(dbias, dy, NULL, NULL, rows, cols);
+  return column_sums(dbias, dy, rows, cols);
 }
 
 static l2l_status cpu_gelu_forward(float *y, const float *x, int64_t n) {
@@ -419,7 +406,6 @@ static l2l_status cpu_dropout_forward(float *y, uint8_t *mask, const float *x, f
   uint32_t threshold = keep_threshold(p);
   float keep_scale = 1.0f / (1.0f - p);
   int64_t bytes = (n + 7) / 8;
-  uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
   int nt = threads_for(n * 16);
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t byte = 0; byte < bytes; byte++) {
@@ -430,9 +416,7 @@ static l2l_status cpu_dropout_forward(float *y, uint8_t *mask, const float *x, f
     for (int64_t i = byte * 8; i < end; i++) {
       uint64_t index = (uint64_t)first + (uint64_t)i, block = index >> 2;
       if (block != cached_block) { /* one Philox call serves four elements */
-        uint32_t counter[4] = {(uint32_t)block, (uint32_t)(block >> 32), (uint32_t)stream,
-                               (uint32_t)(stream >> 32)};
-        l2l_philox_block(words, counter, key);
+        l2l_philox_draws(words, seed, stream, block);
         cached_block = block;
       }
       int kept = (words[index & 3] >> 8) < threshold;
@@ -610,7 +594,6 @@ static void store_uniform(void *dst, l2l_dtype dtype, int64_t i, double value, d
    Box-Muller (u1 in (0, 1], u2 in [0, 1)), so each element is its own pair of draws. */
 static l2l_status cpu_random(void *dst, l2l_dtype dtype, int64_t n, enum l2l_distribution dist,
                              uint64_t seed, uint64_t stream, int64_t first, double a, double b) {
-  uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
   const int64_t chunk = 4096;
   int64_t chunks = (n + chunk - 1) / chunk;
   int nt = threads_for(n * 32);
@@ -623,9 +606,7 @@ static l2l_status cpu_random(void *dst, l2l_dtype dtype, int64_t n, enum l2l_dis
       uint64_t index = (uint64_t)first + (uint64_t)i;
       uint64_t block = dist == L2L_UNIFORM ? index >> 2 : index >> 1;
       if (block != cached_block) {
-        uint32_t counter[4] = {(uint32_t)block, (uint32_t)(block >> 32), (uint32_t)stream,
-                               (uint32_t)(stream >> 32)};
-        l2l_philox_block(words, counter, key);
+        l2l_philox_draws(words, seed, stream, block);
         cached_block = block;
       }
       if (dist == L2L_UNIFORM) {

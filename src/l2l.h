@@ -196,9 +196,9 @@ l2l_status l2l_layernorm_backward(l2l_tensor *dx, l2l_tensor *dweight, l2l_tenso
                                   const l2l_tensor *rstd);
 
 /* Row softmax of scale * x over the last dim (Tk), x (..., Tq, Tk). causal is 0 or 1; 1
-   hides key j from query i when j > i + (Tk - Tq). key_mask (B, Tk) u8, 1 = real token, 0 = padding,
-   hides padded keys of sample b, where b is x's first index (x needs at least 3 dims);
-   NULL for none. A row whose keys are all hidden is all zeros. y may be x. */
+   hides key j from query i when j > i + (Tk - Tq). key_mask (B, Tk) u8, 1 = real token,
+   0 = padding, hides padded keys of sample b, where b is x's first index (x needs at least
+   3 dims); NULL for none. A row whose keys are all hidden is all zeros. y may be x. */
 l2l_status l2l_softmax_forward(l2l_tensor *y, const l2l_tensor *x, const l2l_tensor *key_mask,
                                int causal, float scale);
 /* dx = scale * y * (dy - sum(dy * y)) per row; masked entries (y = 0) get 0. */

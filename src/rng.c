@@ -15,7 +15,7 @@ enum {
   PHILOX_W1 = 0xBB67AE85u,
 };
 
-void l2l_philox_block(uint32_t *out4, const uint32_t *counter4, const uint32_t *key2) {
+static void philox_block(uint32_t *out4, const uint32_t *counter4, const uint32_t *key2) {
   uint32_t c0 = counter4[0], c1 = counter4[1], c2 = counter4[2], c3 = counter4[3];
   uint32_t k0 = key2[0], k1 = key2[1];
   for (int round = 0; round < 10; round++) {
@@ -35,6 +35,13 @@ void l2l_philox_block(uint32_t *out4, const uint32_t *counter4, const uint32_t *
 l2l_status l2l_philox4x32(uint32_t *out4, const uint32_t *counter4, const uint32_t *key2) {
   if (out4 == NULL || counter4 == NULL || key2 == NULL)
     return FAIL(L2L_ERR_INVALID, "out4, counter4 and key2 must not be NULL");
-  l2l_philox_block(out4, counter4, key2);
+  philox_block(out4, counter4, key2);
   return L2L_OK;
+}
+
+void l2l_philox_draws(uint32_t *out4, uint64_t seed, uint64_t stream, uint64_t block) {
+  uint32_t counter[4] = {(uint32_t)block, (uint32_t)(block >> 32), (uint32_t)stream,
+                         (uint32_t)(stream >> 32)};
+  uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+  philox_block(out4, counter, key);
 }

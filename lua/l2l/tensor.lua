@@ -63,10 +63,11 @@ local writers = {
 
 ----------------------------------------------------------------- construction
 
+local write_all   -- defined under "reading and writing" (it needs with_host)
+
 function M.is_tensor(x) return ffi.istype(TensorCT, x) end
 
 local function wrap(handle) return TensorCT(handle) end
-M.wrap = wrap
 
 -- The C handle of a live tensor, or a Lua error naming the argument.
 local function handle_of(t, name, fname, level)
@@ -204,7 +205,7 @@ function M.tensor(data, opts)
   end
   local t = new_tensor(shape, { dtype = lib.dtype_names[tonumber(dtype)], pool = pool },
                        "l2l.tensor", 2)
-  t:_write_all(values)
+  write_all(t, values)
   return t
 end
 
@@ -223,8 +224,10 @@ local function with_host(t, fname, write_back, f)
   return result
 end
 
-function Tensor:_write_all(values)
-  with_host(self, "l2l.tensor", true, function(h)
+
+-- Writes a flat list of checked values into t.
+write_all = function(t, values)
+  with_host(t, "l2l.tensor", true, function(h)
     local dtype = tonumber(C.l2l_tensor_dtype(h))
     local p, write = ffi.cast(pointer_types[dtype], C.l2l_tensor_data(h)), writers[dtype]
     for i = 1, #values do write(p, i - 1, values[i]) end
