@@ -34,6 +34,7 @@ ifneq ($(NO_CUDA),1)
 endif
 
 LIB_SRC := src/error.c src/mem.c src/runtime.c src/dtype.c src/rng.c src/tensor.c src/ops.c \
+           src/backend_cpu_attention.c $(wildcard src/layers/*.c) \
            src/backend_cpu.c
 LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
 CTEST_SRC := $(wildcard spec/c/*.c)

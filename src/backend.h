@@ -11,10 +11,27 @@
 #ifndef L2L_BACKEND_H
 #define L2L_BACKEND_H
 
+#include <math.h>
+
 #include "internal.h"
 
 enum l2l_reduction { L2L_REDUCE_SUM, L2L_REDUCE_MAX_ABS, L2L_REDUCE_SUMSQ };
 enum l2l_distribution { L2L_UNIFORM, L2L_NORMAL };
+
+/* The x where the tanh-form GELU has its minimum (and that minimum). */
+#define L2L_GELU_XMIN (-0.75246142f)
+#define L2L_GELU_YMIN (-0.17004075f)
+
+/* Sizes and random stream of one attention call (see attention_forward). */
+struct l2l_attention_shape {
+  int64_t batch, heads, seq, head_dim;
+  int64_t ld_qkv, ld_o;  /* row strides in floats */
+  int causal;
+  float scale;
+  float dropout;         /* p in [0, 1) */
+  uint64_t seed, stream;
+  int64_t first_sample;
+};
 
 struct l2l_backend_ops {
   const char *name;
@@ -56,6 +73,47 @@ struct l2l_backend_ops {
                                 uint64_t seed, uint64_t stream, int64_t first, int64_t n);
   l2l_status (*dropout_backward)(float *dx, const float *dy, const uint8_t *mask, float p,
                                  int64_t n);
+
+  /* ---- memory-frugal pieces and attention, used by the layers (src/layers/) */
+
+  /* y = gelu(x) and bit i%8 of bits[i/8] := (x[i] >= L2L_GELU_XMIN), the side of GELU's
+     minimum x was on. y may be x. */
+  l2l_status (*gelu_forward_bits)(float *y, uint8_t *bits, const float *x, int64_t n);
+  /* dx = dy * gelu'(x), x recovered from y = gelu(x) and its side bit. dx may be dy. */
+  l2l_status (*gelu_backward_from_output)(float *dx, const float *dy, const float *y,
+                                          const uint8_t *bits, int64_t n);
+  /* LayerNorm backward with x^ = (y - bias) / weight instead of (x - mean) rstd; weight
+     must have no zero channel (the layers fall back to the standard backward first). */
+  l2l_status (*layernorm_backward_from_output)(float *dx, float *dweight, float *dbias,
+                                               const float *dy, const float *y,
+                                               const float *weight, const float *bias,
+                                               const float *rstd, int64_t rows, int64_t cols);
+
+  /* Multi-head self-attention on heads laid out in columns: for sample b, position i and
+     head h, q's row starts at q + (b*seq + i)*ld_qkv + h*head_dim (k, v alike); o, do at
+     (b*seq + i)*ld_o + h*head_dim. S = scale q k^T with causal / key_mask hiding as
+     l2l_softmax_forward; P = softmax(S) (hidden entries 0; a row with every key hidden is
+     0 and its lse -inf); dropout on P as l2l.h's block site 0 (stream, first_sample); o =
+     P' v. lse (batch, heads, seq) gets each row's log-sum-exp of its visible scores.
+     probs / dropped / mask, when not NULL, get P, P' and the kept bits for every (b, h, i,
+     j < seq) (standard mode keeps them; frugal passes NULL and the backward recomputes
+     P from q, k and lse tile by tile). workspace: `workspace_floats` floats, at least
+     attention_workspace(seq, backward) per thread used. */
+  l2l_status (*attention_forward)(float *o, float *lse, float *probs, float *dropped,
+                                  uint8_t *mask, const float *q, const float *k,
+                                  const float *v, const uint8_t *key_mask,
+                                  const struct l2l_attention_shape *shape, float *workspace,
+                                  int64_t workspace_floats);
+  /* dq, dk, dv (same layout as q, k, v; written) from do, given what the forward kept
+     (probs / dropped / mask, or NULL to recompute them from q, k, lse and the generator). */
+  l2l_status (*attention_backward)(float *dq, float *dk, float *dv, const float *d_o,
+                                   const float *o, const float *lse, const float *probs,
+                                   const float *dropped, const uint8_t *mask, const float *q,
+                                   const float *k, const float *v, const uint8_t *key_mask,
+                                   const struct l2l_attention_shape *shape, float *workspace,
+                                   int64_t workspace_floats);
+  /* Workspace floats one thread needs for a forward (backward = 0) or backward. */
+  int64_t (*attention_workspace)(int64_t seq, int backward);
   l2l_status (*reduce)(double *out, enum l2l_reduction kind, const float *x, int64_t n);
   l2l_status (*adamw)(float *param, float *m, float *v, const float *grad, int64_t n,
                       const l2l_adamw_config *config, float bias_correction1,
@@ -78,6 +136,21 @@ struct l2l_backend_ops {
 
 extern const struct l2l_backend_ops l2l_cpu_backend;
 
+/* The CPU backend's attention (backend_cpu_attention.c), entries of l2l_cpu_backend. */
+l2l_status l2l_cpu_attention_forward(float *o, float *lse, float *probs, float *dropped,
+                                     uint8_t *mask, const float *q, const float *k,
+                                     const float *v, const uint8_t *key_mask,
+                                     const struct l2l_attention_shape *shape, float *workspace,
+                                     int64_t workspace_floats);
+l2l_status l2l_cpu_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
+                                      const float *o, const float *lse, const float *probs,
+                                      const float *dropped, const uint8_t *mask,
+                                      const float *q, const float *k, const float *v,
+                                      const uint8_t *key_mask,
+                                      const struct l2l_attention_shape *shape,
+                                      float *workspace, int64_t workspace_floats);
+int64_t l2l_cpu_attention_workspace(int64_t seq, int backward);
+
 /* The backend that runs ops on tensors of `pool`. */
 const struct l2l_backend_ops *l2l_backend_for(l2l_pool_kind pool);
 /* Which backend's memory a pool is: pools of one domain can meet in one op. */
@@ -89,5 +162,10 @@ extern atomic_int l2l_compute_threads;
 /* The four 32-bit draws of Philox block `block` of (seed, stream): counter = (block,
    stream), key = seed, as rng.c states. Every backend draws through this layout. */
 void l2l_philox_draws(uint32_t *out4, uint64_t seed, uint64_t stream, uint64_t block);
+
+/* Dropout keeps an element when the top 24 bits of its draw are below this. */
+static inline uint32_t l2l_keep_threshold(float p) {
+  return (uint32_t)llround((1.0 - (double)p) * 16777216.0);
+}
 
 #endif /* L2L_BACKEND_H */

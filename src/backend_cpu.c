@@ -2,12 +2,13 @@
  *
  * Purpose: the reference semantics of every op (the CUDA backend must match it) at close
  * to the machine's speed: GEMMs go to cblas_sgemm; every other loop is written so that
- * GCC vectorizes it (no calls into libm in hot loops: exp is the polynomial below, sqrt
+ * GCC vectorizes it (no calls into libm in hot loops: exp and log come from vmath.h, sqrt
  * vectorizes under -fno-math-errno) and is split across the compute threads with a static
  * schedule, so results are the same from run to run for a given thread count.
- * Must never: call BLAS from inside an OpenMP region (the two thread pools would
- * oversubscribe the cores), allocate from a pool, or read an output before writing it
- * unless the op accumulates.
+ * Must never: call BLAS from inside an OpenMP region while OpenBLAS has its own threads
+ * (the two pools would oversubscribe the cores; attention, in backend_cpu_attention.c,
+ * drops OpenBLAS to one thread for its region), allocate from a pool, or read an output
+ * before writing it unless the op accumulates.
  */
 #include <cblas.h>
 #include <math.h>
@@ -17,6 +18,7 @@
 
 #include "backend.h"
 #include "half.h"
+#include "vmath.h"
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -24,29 +26,6 @@
    costs more than it saves. */
 static int threads_for(int64_t work) {
   return work < 32768 ? 1 : atomic_load_explicit(&l2l_compute_threads, memory_order_relaxed);
-}
-
-/* e^x for x in about [-87, 80], to ~2 ulp: Cody-Waite reduction x = n ln2 + r and a
-   degree-6 polynomial for e^r (Cephes' expf coefficients), scaled by 2^n through the
-   exponent bits. Inputs are clamped so that 2^n stays a normal float (no inf, no
-   denormals: both slow or poison the loops that use this); callers only need e^x there. */
-static inline float vexp(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  x = x > 80.0f ? 80.0f : x;
-  float n = __builtin_rintf(x * 1.44269504088896341f);
-  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  float y = p * r * r + r + 1.0f;
-  union {
-    uint32_t u;
-    float f;
-  } scale = {.u = (uint32_t)((int32_t)n + 127) << 23};
-  return y * scale.f;
 }
 
 /* GELU, tanh form, written as x * sigmoid(2u) (since (1 + tanh u)/2 = sigmoid(2u)): no
@@ -145,6 +124,79 @@ static l2l_status cpu_gelu_backward(float *dx, const float *dy, const float *x, 
   return L2L_OK;
 }
 
+/* ---- GELU from its output (memory-frugal mode)
+   GELU is not monotonic: y = gelu(x) has its minimum Y_MIN at X_MIN, so y alone does not
+   give x; one bit per element (x >= X_MIN) picks the branch. Backward inverts y on that
+   branch by Newton steps and evaluates gelu' there.
+   Near the minimum gelu' -> 0 and x(y) has a square-root singularity, so Newton runs on
+   T(x) = +-sqrt(gelu(x) - Y_MIN) (sign = branch), which is smooth with slope -> C there.
+   Far out on the left branch (t < -0.2, x < about -1.5) y -> 0- exponentially; there
+   Newton runs on ln(-gelu(x)) = ln(-x) + ln s, nearly a cubic, which converges from the
+   right. Four steps from x0 = X_MIN + t/C (or x0 = y right of the minimum when larger,
+   since gelu(x) <= x there) bring gelu' within 2.1e-6 of the float64 value of the
+   original x everywhere except within ~0.05 of the minimum, where the float rounding of y
+   itself limits it to about sqrt(2 gelu''(X_MIN) ulp(y)) ~ 1.4e-4 (densely tested over
+   [-30, 30] in spec/c/test_layers.c). */
+#define GELU_C 0.46389659f    /* sqrt(gelu''(X_MIN) / 2): dT/dx at the minimum */
+#define GELU_NEWTON_STEPS 4
+#define GELU_CHUNK 512        /* elements whose side bits are unpacked at once */
+
+static l2l_status cpu_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_t n) {
+  int64_t bytes = (n + 7) / 8;
+  int nt = threads_for(n * 8);
+  /* Bits first: y may be x. */
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t byte = 0; byte < bytes; byte++) {
+    uint8_t b = 0;
+    int64_t end = byte * 8 + 8 < n ? byte * 8 + 8 : n;
+    for (int64_t i = byte * 8; i < end; i++) b |= (uint8_t)((x[i] >= L2L_GELU_XMIN) << (i & 7));
+    bits[byte] = b;
+  }
+  return cpu_gelu_forward(y, x, n);
+}
+
+static inline float gelu_prime_from_output(float y, float right) {
+  float t = sqrtf(fmaxf(y - L2L_GELU_YMIN, 0.0f));
+  t = right != 0.0f ? t : -t;
+  float x = L2L_GELU_XMIN + t / GELU_C;
+  if (right != 0.0f && y > x) x = y;
+  int log_space = right == 0.0f && t < -0.2f;
+  float log_target = vlog(fmaxf(-y, 1e-37f));
+  float s = 0.0f, du = 0.0f;
+  for (int step = 0; step <= GELU_NEWTON_STEPS; step++) {
+    float u = GELU_K0 * (x + GELU_K1 * x * x * x);
+    du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * x * x);
+    s = 1.0f / (1.0f + vexp(-2.0f * u));
+    if (step == GELU_NEWTON_STEPS) break; /* s, du now belong to the final x */
+    float g = x * s, g1 = s + x * 2.0f * du * s * (1.0f - s);
+    float e = fmaxf(g - L2L_GELU_YMIN, 0.0f), tx = sqrtf(e);
+    tx = x >= L2L_GELU_XMIN ? tx : -tx;
+    float slope_t = e > 1e-6f ? g1 / (2.0f * tx) : GELU_C;
+    float step_t = (tx - t) / slope_t;
+    float step_log = (vlog(-x) + vlog(s) - log_target) / (1.0f / x + 2.0f * du * (1.0f - s));
+    float next = x - (log_space ? step_log : step_t);
+    x = right != 0.0f ? fmaxf(next, L2L_GELU_XMIN) : fminf(next, L2L_GELU_XMIN);
+  }
+  return s + x * 2.0f * du * s * (1.0f - s);
+}
+
+static l2l_status cpu_gelu_backward_from_output(float *dx, const float *dy, const float *y,
+                                                const uint8_t *bits, int64_t n) {
+  int64_t chunks = (n + GELU_CHUNK - 1) / GELU_CHUNK;
+  int nt = threads_for(n * 64);
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t c = 0; c < chunks; c++) {
+    int64_t first = c * GELU_CHUNK, count = n - first < GELU_CHUNK ? n - first : GELU_CHUNK;
+    float right[GELU_CHUNK]; /* the side bits as floats, so the math loop vectorizes */
+    for (int64_t i = 0; i < count; i++)
+      right[i] = (float)((bits[(first + i) >> 3] >> ((first + i) & 7)) & 1);
+#pragma omp simd
+    for (int64_t i = 0; i < count; i++)
+      dx[first + i] = dy[first + i] * gelu_prime_from_output(y[first + i], right[i]);
+  }
+  return L2L_OK;
+}
+
 /* ---------------------------------------------------------------- LayerNorm */
 
 static l2l_status cpu_layernorm_forward(float *y, float *mean_out, float *rstd_out,
@@ -173,12 +225,16 @@ static l2l_status cpu_layernorm_forward(float *y, float *mean_out, float *rstd_o
 
 /* With x^ = (x - mean) rstd and g = dy * weight:
    dx = rstd (g - mean(g) - x^ mean(g x^)),  dweight += sum_r dy x^,  dbias += sum_r dy.
-   One pass per row; each thread sums its static block of rows' parameter gradients into
-   private buffers, added in thread order afterwards (deterministic, no atomics). */
-static l2l_status cpu_layernorm_backward(float *dx, float *dweight, float *dbias,
-                                         const float *dy, const float *x, const float *weight,
-                                         const float *mean, const float *rstd, int64_t rows,
-                                         int64_t cols) {
+   x^ comes from the input, (x - mean) rstd, or in the frugal mode from the output,
+   (y - bias) / weight (src = y, shift = bias, inv_weight = 1/weight per channel; mean is
+   then NULL). One pass per row; each thread sums its static block of rows' parameter
+   gradients into private buffers, added in thread order afterwards (deterministic, no
+   atomics). */
+static l2l_status layernorm_backward_rows(float *dx, float *dweight, float *dbias,
+                                         const float *dy, const float *src,
+                                         const float *weight, const float *mean,
+                                         const float *shift, const float *inv_weight,
+                                         const float *rstd, int64_t rows, int64_t cols) {
   int nt = threads_for(rows * cols * 6);
   if (nt > rows) nt = (int)rows;
   float *partial = NULL;
@@ -187,39 +243,40 @@ static l2l_status cpu_layernorm_backward(float *dx, float *dweight, float *dbias
     if (partial == NULL)
       return l2l_fail(L2L_ERR_NOMEM, "cpu backend: no memory for LayerNorm partial sums");
   }
+  const bool from_output = mean == NULL;
 #pragma omp parallel num_threads(nt)
   {
     int t = nt > 1 ? omp_get_thread_num() : 0;
     float *pw = partial ? partial + (size_t)t * 2 * (size_t)cols : NULL;
     float *pb = pw ? pw + cols : NULL;
     for (int64_t r = rows * t / nt; r < rows * (t + 1) / nt; r++) {
-      const float *xr = x + r * cols, *dyr = dy + r * cols;
+      const float *sr = src + r * cols, *dyr = dy + r * cols;
       float *dxr = dx + r * cols;
-      float mu = mean[r], rs = rstd[r];
+      float mu = from_output ? 0.0f : mean[r], rs = rstd[r];
+#define XHAT(j) (from_output ? (sr[j] - shift[j]) * inv_weight[j] : (sr[j] - mu) * rs)
       float sum_g = 0.0f, sum_gx = 0.0f;
 #pragma omp simd reduction(+ : sum_g, sum_gx)
       for (int64_t j = 0; j < cols; j++) {
         float g = dyr[j] * weight[j];
         sum_g += g;
-        sum_gx += g * (xr[j] - mu) * rs;
+        sum_gx += g * XHAT(j);
       }
       float mean_g = sum_g / (float)cols, mean_gx = sum_gx / (float)cols;
       /* dx may be dy: element j of dy is read before element j of dx is written. */
       if (pw) {
 #pragma omp simd
         for (int64_t j = 0; j < cols; j++) {
-          float xhat = (xr[j] - mu) * rs, d = dyr[j];
+          float xhat = XHAT(j), d = dyr[j];
           pw[j] += d * xhat;
           pb[j] += d;
           dxr[j] = rs * (d * weight[j] - mean_g - xhat * mean_gx);
         }
       } else {
 #pragma omp simd
-        for (int64_t j = 0; j < cols; j++) {
-          float xhat = (xr[j] - mu) * rs;
-          dxr[j] = rs * (dyr[j] * weight[j] - mean_g - xhat * mean_gx);
-        }
+        for (int64_t j = 0; j < cols; j++)
+          dxr[j] = rs * (dyr[j] * weight[j] - mean_g - XHAT(j) * mean_gx);
       }
+#undef XHAT
     }
   }
   for (int t = 0; t < nt && partial; t++) {
@@ -233,6 +290,29 @@ static l2l_status cpu_layernorm_backward(float *dx, float *dweight, float *dbias
   }
   free(partial);
   return L2L_OK;
+}
+
+static l2l_status cpu_layernorm_backward(float *dx, float *dweight, float *dbias,
+                                         const float *dy, const float *x, const float *weight,
+                                         const float *mean, const float *rstd, int64_t rows,
+                                         int64_t cols) {
+  return layernorm_backward_rows(dx, dweight, dbias, dy, x, weight, mean, NULL, NULL, rstd,
+                                 rows, cols);
+}
+
+static l2l_status cpu_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
+                                                     const float *dy, const float *y,
+                                                     const float *weight, const float *bias,
+                                                     const float *rstd, int64_t rows,
+                                                     int64_t cols) {
+  float *inv_weight = malloc((size_t)cols * sizeof *inv_weight);
+  if (inv_weight == NULL)
+    return l2l_fail(L2L_ERR_NOMEM, "cpu backend: no memory for LayerNorm inverse weights");
+  for (int64_t j = 0; j < cols; j++) inv_weight[j] = 1.0f / weight[j];
+  l2l_status status = layernorm_backward_rows(dx, dweight, dbias, dy, y, weight, NULL, bias,
+                                              inv_weight, rstd, rows, cols);
+  free(inv_weight);
+  return status;
 }
 
 /* ---------------------------------------------------------------- softmax */
@@ -396,14 +476,10 @@ static l2l_status cpu_cross_entropy_backward(float *dlogits, const float *logits
 
 /* ---------------------------------------------------------------- dropout */
 
-/* Element kept when its 24 random bits are below (1 - p) 2^24. */
-static uint32_t keep_threshold(float p) {
-  return (uint32_t)llround((1.0 - (double)p) * 16777216.0);
-}
-
+/* Element kept when its 24 random bits are below (1 - p) 2^24 (l2l_keep_threshold). */
 static l2l_status cpu_dropout_forward(float *y, uint8_t *mask, const float *x, float p,
                                       uint64_t seed, uint64_t stream, int64_t first, int64_t n) {
-  uint32_t threshold = keep_threshold(p);
+  uint32_t threshold = l2l_keep_threshold(p);
   float keep_scale = 1.0f / (1.0f - p);
   int64_t bytes = (n + 7) / 8;
   int nt = threads_for(n * 16);
@@ -423,7 +499,7 @@ static l2l_status cpu_dropout_forward(float *y, uint8_t *mask, const float *x, f
       bits |= (uint8_t)(kept << (i & 7));
       y[i] = kept ? x[i] * keep_scale : 0.0f;
     }
-    mask[byte] = bits;
+    if (mask) mask[byte] = bits; /* NULL: regenerating a backward's mask */
   }
   return L2L_OK;
 }
@@ -650,6 +726,12 @@ const struct l2l_backend_ops l2l_cpu_backend = {
     .cross_entropy_backward = cpu_cross_entropy_backward,
     .dropout_forward = cpu_dropout_forward,
     .dropout_backward = cpu_dropout_backward,
+    .gelu_forward_bits = cpu_gelu_forward_bits,
+    .gelu_backward_from_output = cpu_gelu_backward_from_output,
+    .layernorm_backward_from_output = cpu_layernorm_backward_from_output,
+    .attention_forward = l2l_cpu_attention_forward,
+    .attention_backward = l2l_cpu_attention_backward,
+    .attention_workspace = l2l_cpu_attention_workspace,
     .reduce = cpu_reduce,
     .adamw = cpu_adamw,
     .find_out_of_range = cpu_find_out_of_range,

@@ -249,6 +249,165 @@ typedef struct l2l_adamw_config {
 l2l_status l2l_adamw_update(l2l_tensor *param, l2l_tensor *m, l2l_tensor *v,
                             const l2l_tensor *grad, const l2l_adamw_config *config, int64_t step);
 
+/* ---------------------------------------------------------------- layers
+   A layer is a self-contained unit the relay can run one at a time: its parameters, a
+   forward, a backward and an exact account of what the forward keeps for the backward.
+   Shapes: B samples (a micro-batch), S positions, D = dim, H heads, F = MLP width,
+   V = vocab, N = B*S rows. Every layer's forward and backward run on the backend of the
+   tensors passed in; the layer's parameters must live in a pool of that backend. */
+
+typedef enum l2l_layer_kind {
+  L2L_LAYER_EMBEDDING = 0,  /* tokens (B,S) -> (B,S,D) */
+  L2L_LAYER_BLOCK = 1,      /* (B,S,D) -> (B,S,D) */
+  L2L_LAYER_LM_HEAD = 2,    /* (B,S,D) + targets (B,S) -> per-token losses (B,S) */
+  L2L_LAYER_CLASSIFIER = 3  /* (B,S,D) + targets (B) -> per-sample losses (B) */
+} l2l_layer_kind;
+
+/* What a block keeps for its backward (see the README's layer section):
+   standard: what a textbook backward reads: LayerNorm inputs with mean and rstd, the GELU
+             input and output, the S x S attention probabilities (after softmax and after
+             dropout) and dropout masks as bits.
+   frugal:   strictly less, same gradients: LayerNorm output and rstd (x^ = (y - b)/w in
+             backward), GELU output plus one bit per element (which side of the minimum
+             x = -0.7518 the input was on), attention's row log-sum-exp instead of any S x S
+             matrix (recomputed tile by tile in backward), no dropout masks (regenerated
+             from the counter-based generator). A LayerNorm whose weight has a channel with
+             |w| < 1e-6 or |w| < |b|/64, where x^ cannot be recovered from y to float
+             precision, falls back to standard for that LayerNorm in that call. */
+typedef enum l2l_memory_mode {
+  L2L_MEMORY_STANDARD = 0,
+  L2L_MEMORY_FRUGAL = 1
+} l2l_memory_mode;
+
+/* Fields a kind does not use are ignored. Parameter shapes (row-major, inputs first so
+   that y = x @ W):
+   embedding:  wte (V,D), wpe (max_seq,D), wtt (type_vocab,D) when type_vocab > 0.
+   block:      ln1.weight, ln1.bias (D); attn.qkv.weight (D,3D), attn.qkv.bias (3D) with
+               columns [q | k | v], head h using columns h*D/H .. (h+1)*D/H - 1 of each;
+               attn.proj.weight (D,D), attn.proj.bias (D); ln2.weight, ln2.bias (D);
+               mlp.fc.weight (D,F), mlp.fc.bias (F); mlp.proj.weight (F,D), mlp.proj.bias
+               (D). Biases of linear maps only when bias = 1. Pre-LN (GPT-2):
+               h = x + drop(attn(ln1(x))); y = h + drop(mlp(ln2(h))). Post-LN (BERT):
+               h = ln1(x + drop(attn(x))); y = ln2(h + drop(mlp(h))).
+   LM head:    ln.weight, ln.bias (D) when final_ln = 1; proj.weight (V,D), logits =
+               ln(x) @ proj.weight^T (no bias), unless tied to an embedding's wte.
+   classifier: weight (D,C), bias (C) on the first position's features.
+   Initial values: linear weights and embeddings N(0, init_std^2) (the two residual
+   projections N(0, resid_std^2), e.g. init_std/sqrt(2 layers) as in GPT-2), biases 0,
+   LayerNorm weights 1; drawn from (init_seed, the layer's rng id). */
+typedef struct l2l_layer_config {
+  l2l_layer_kind kind;
+  int64_t dim;           /* D */
+  int64_t heads;         /* block: H, dividing D */
+  int64_t mlp;           /* block: F */
+  int64_t vocab;         /* embedding, LM head: V */
+  int64_t max_seq;       /* embedding: positions */
+  int64_t type_vocab;    /* embedding: token types (0: none) */
+  int64_t classes;       /* classifier: C */
+  int causal;            /* block: 1 hides later positions */
+  int post_ln;           /* block: 0 pre-LN (GPT-2), 1 post-LN (BERT) */
+  int bias;              /* block: 1 gives the linear maps biases */
+  int final_ln;          /* LM head: 1 applies a LayerNorm before the projection */
+  float dropout;         /* embedding output, both residual branches; in [0, 1) */
+  float attn_dropout;    /* block: attention probabilities; in [0, 1) */
+  float eps;             /* LayerNorm epsilon, > 0 */
+  l2l_memory_mode memory;
+  float init_std;        /* > 0 */
+  float resid_std;       /* > 0 */
+  uint64_t init_seed;
+} l2l_layer_config;
+
+/* A parameter record: the value, its gradient accumulator (same shape, f32) and a name.
+   One record may be used by several layers (an LM head tied to the embedding): every user
+   adds into the same gradient, so whoever updates the record sees their sum. */
+typedef struct l2l_param l2l_param;
+typedef struct l2l_layer l2l_layer;
+/* What a forward kept for its backward; owned by the caller. */
+typedef struct l2l_saved l2l_saved;
+
+/* What a layer call sees beyond its input tensor. Backward must get the same batch (and
+   rng fields) as the forward it undoes. Dropout draws are the Philox draws (see
+   l2l_tensor_uniform) of (seed, stream, index) with
+     stream = step * 2^32 + rng_id * 2^8 + site,
+     index  = (first_sample + b) * E + e,
+   e the element's place in sample b and E the elements per sample at that site; an
+   element is kept when its draw's top 24 bits are below round((1 - p) 2^24). Sites:
+   embedding 0 (output, E = S*D); block 0 (attention probabilities, E = H*S*S, e =
+   (h*S + i)*S + j), 1 (attention branch, E = S*D), 2 (MLP branch, E = S*D). */
+typedef struct l2l_layer_batch {
+  const l2l_tensor *tokens;       /* embedding: (B,S) i32 in [0, V) */
+  const l2l_tensor *token_types;  /* embedding with type_vocab > 0: (B,S) i32; else NULL */
+  const l2l_tensor *targets;      /* LM head (B,S), classifier (B): i32, -1 = ignored.
+                                     NULL: the head writes logits instead of losses */
+  const l2l_tensor *key_mask;     /* block: (B,S) u8, 1 = real token, 0 = padding; NULL */
+  int64_t first_sample;           /* index of this micro-batch's first sample, >= 0 */
+  uint64_t seed;
+  uint64_t step;
+  int training;                   /* 0: no dropout */
+  float loss_scale;               /* heads' backward: d(loss)/d(each loss), e.g.
+                                     1/(real targets in the whole minibatch) */
+} l2l_layer_batch;
+
+/* Bytes a layer needs for one call on B samples of S positions (f32, this build's
+   threads). The forward allocates `saved` (kept until l2l_saved_free) and `work_forward`
+   (freed before it returns) from the pool of its output; the backward allocates
+   `work_backward`. So beyond x, y, dy, dx and the parameters the pool holds at most
+   peak = saved + max(work_forward, work_backward) during a forward and backward.
+   input_kept / output_kept: bytes of x / y the saved state holds by reference (the caller
+   must not change them before the backward). */
+typedef struct l2l_layer_memory {
+  uint64_t params;
+  uint64_t saved;
+  uint64_t input_kept;
+  uint64_t output_kept;
+  uint64_t work_forward;
+  uint64_t work_backward;
+  uint64_t peak;
+} l2l_layer_memory;
+
+/* A layer with freshly initialized parameters (and zero gradients) in `pool`. */
+l2l_status l2l_layer_new(l2l_layer **out, const l2l_layer_config *config, l2l_pool_kind pool);
+void l2l_layer_free(l2l_layer *layer);
+/* A deep copy: new parameter records (values copied, gradients zero) and a new rng id. */
+l2l_status l2l_layer_clone(l2l_layer **out, const l2l_layer *layer);
+/* The LM head's projection becomes the embedding's wte record (same D and V needed). */
+l2l_status l2l_layer_tie(l2l_layer *head, l2l_layer *embedding);
+l2l_status l2l_layer_get_config(l2l_layer_config *out, const l2l_layer *layer);
+/* Switches a block between standard and frugal (parameters unchanged). */
+l2l_status l2l_layer_set_memory(l2l_layer *layer, l2l_memory_mode memory);
+/* The id that keys this layer's dropout draws: unique per process by default, < 2^24. */
+uint32_t l2l_layer_rng_id(const l2l_layer *layer);
+l2l_status l2l_layer_set_rng_id(l2l_layer *layer, uint32_t rng_id);
+
+int l2l_layer_param_count(const l2l_layer *layer);              /* -1 if not a layer */
+l2l_param *l2l_layer_param(const l2l_layer *layer, int index);  /* NULL if out of range */
+int64_t l2l_layer_nparams(const l2l_layer *layer);              /* scalars, tied ones included */
+l2l_status l2l_layer_zero_grad(l2l_layer *layer);
+l2l_status l2l_layer_memory_use(l2l_layer_memory *out, const l2l_layer *layer,
+                                int64_t micro_batch, int64_t seq);
+
+const char *l2l_param_name(const l2l_param *param);
+l2l_tensor *l2l_param_value(const l2l_param *param);   /* borrowed: do not free */
+l2l_tensor *l2l_param_grad(const l2l_param *param);    /* borrowed: do not free */
+int l2l_param_users(const l2l_param *param);            /* layers using this record */
+/* 1 for the weights of linear maps (weight decay applies by default); 0 for biases,
+   LayerNorm and embedding tables. */
+int l2l_param_decays(const l2l_param *param);
+
+/* y := layer(x). x is NULL for the embedding (it reads batch->tokens); y is (B,S,D), or for
+   a head the losses ((B,S) or (B)), or with batch->targets NULL the logits ((B,S,V) or
+   (B,C)). saved NULL: inference, nothing kept. Otherwise *saved gets what the backward
+   needs (NULL for a head called without targets). */
+l2l_status l2l_layer_forward(l2l_saved **saved, l2l_layer *layer, l2l_tensor *y,
+                             const l2l_tensor *x, const l2l_layer_batch *batch);
+/* dx := d(loss)/dx (NULL for the embedding) and every parameter gradient += its share,
+   given dy = d(loss)/dy (NULL for heads: batch->loss_scale is used). Consumes `saved`'s
+   contents: a saved state serves one backward. */
+l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
+                              l2l_saved *saved, const l2l_layer_batch *batch);
+void l2l_saved_free(l2l_saved *saved);
+uint64_t l2l_saved_bytes(const l2l_saved *saved);   /* pool bytes it holds; 0 for NULL */
+
 /* L2L_FFI_END */
 
 #ifdef __cplusplus

@@ -151,4 +151,100 @@ typedef struct l2l_adamw_config {
 } l2l_adamw_config;
 l2l_status l2l_adamw_update(l2l_tensor *param, l2l_tensor *m, l2l_tensor *v,
                             const l2l_tensor *grad, const l2l_adamw_config *config, int64_t step);
+
+typedef enum l2l_layer_kind {
+  L2L_LAYER_EMBEDDING = 0,
+  L2L_LAYER_BLOCK = 1,
+  L2L_LAYER_LM_HEAD = 2,
+  L2L_LAYER_CLASSIFIER = 3
+} l2l_layer_kind;
+
+typedef enum l2l_memory_mode {
+  L2L_MEMORY_STANDARD = 0,
+  L2L_MEMORY_FRUGAL = 1
+} l2l_memory_mode;
+
+typedef struct l2l_layer_config {
+  l2l_layer_kind kind;
+  int64_t dim;
+  int64_t heads;
+  int64_t mlp;
+  int64_t vocab;
+  int64_t max_seq;
+  int64_t type_vocab;
+  int64_t classes;
+  int causal;
+  int post_ln;
+  int bias;
+  int final_ln;
+  float dropout;
+  float attn_dropout;
+  float eps;
+  l2l_memory_mode memory;
+  float init_std;
+  float resid_std;
+  uint64_t init_seed;
+} l2l_layer_config;
+
+typedef struct l2l_param l2l_param;
+typedef struct l2l_layer l2l_layer;
+
+typedef struct l2l_saved l2l_saved;
+
+typedef struct l2l_layer_batch {
+  const l2l_tensor *tokens;
+  const l2l_tensor *token_types;
+  const l2l_tensor *targets;
+  const l2l_tensor *key_mask;
+  int64_t first_sample;
+  uint64_t seed;
+  uint64_t step;
+  int training;
+  float loss_scale;
+} l2l_layer_batch;
+
+typedef struct l2l_layer_memory {
+  uint64_t params;
+  uint64_t saved;
+  uint64_t input_kept;
+  uint64_t output_kept;
+  uint64_t work_forward;
+  uint64_t work_backward;
+  uint64_t peak;
+} l2l_layer_memory;
+
+l2l_status l2l_layer_new(l2l_layer **out, const l2l_layer_config *config, l2l_pool_kind pool);
+void l2l_layer_free(l2l_layer *layer);
+
+l2l_status l2l_layer_clone(l2l_layer **out, const l2l_layer *layer);
+
+l2l_status l2l_layer_tie(l2l_layer *head, l2l_layer *embedding);
+l2l_status l2l_layer_get_config(l2l_layer_config *out, const l2l_layer *layer);
+
+l2l_status l2l_layer_set_memory(l2l_layer *layer, l2l_memory_mode memory);
+
+uint32_t l2l_layer_rng_id(const l2l_layer *layer);
+l2l_status l2l_layer_set_rng_id(l2l_layer *layer, uint32_t rng_id);
+
+int l2l_layer_param_count(const l2l_layer *layer);
+l2l_param *l2l_layer_param(const l2l_layer *layer, int index);
+int64_t l2l_layer_nparams(const l2l_layer *layer);
+l2l_status l2l_layer_zero_grad(l2l_layer *layer);
+l2l_status l2l_layer_memory_use(l2l_layer_memory *out, const l2l_layer *layer,
+                                int64_t micro_batch, int64_t seq);
+
+const char *l2l_param_name(const l2l_param *param);
+l2l_tensor *l2l_param_value(const l2l_param *param);
+l2l_tensor *l2l_param_grad(const l2l_param *param);
+int l2l_param_users(const l2l_param *param);
+
+int l2l_param_decays(const l2l_param *param);
+
+l2l_status l2l_layer_forward(l2l_saved **saved, l2l_layer *layer, l2l_tensor *y,
+                             const l2l_tensor *x, const l2l_layer_batch *batch);
+
+l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
+                              l2l_saved *saved, const l2l_layer_batch *batch);
+void l2l_saved_free(l2l_saved *saved);
+uint64_t l2l_saved_bytes(const l2l_saved *saved);
 ]==]

@@ -1,0 +1,281 @@
+/* backend_cpu_attention.c — multi-head self-attention for the CPU backend, flash style.
+ *
+ * Purpose: attention forward and backward that never need an S x S matrix per head beyond
+ * one tile of query rows per thread, so that the memory-frugal block keeps only the row
+ * log-sum-exp for backward and recomputes the probabilities tile by tile (Dao et al.,
+ * FlashAttention, 2022). The standard block passes buffers for P, the dropped P' and the
+ * dropout bits, and then the same code keeps them and its backward reads them instead of
+ * recomputing: both modes run one implementation.
+ *
+ * Work is split over (sample, head[, query tile]) with OpenMP; each tile's products are
+ * single-threaded cblas_sgemm calls on strided views (heads live in columns, so no
+ * permutes are needed). OpenBLAS is set to one thread for the region and restored after,
+ * so the two thread pools never nest.
+ *
+ * Backward per tile of query rows i and all visible keys j (dropout mask M, keep = 1-p):
+ *   P = exp(scale q k^T - lse),  P' = P M / keep,  dv += P'^T do,  dP' = do v^T,
+ *   dS = P (dP' M / keep - D) with D_i = sum_j P'_ij dP'_ij = do_i . o_i,
+ *   dq = scale dS k,  dk += scale dS^T q.
+ * Must never: allocate (the caller passes the workspace), or let two threads write one
+ * head's dk/dv (a head's key gradients belong to the thread that owns the head).
+ */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "backend.h"
+#include "vmath.h"
+
+void openblas_set_num_threads(int threads);
+
+enum { TILE_Q = 64 }; /* query rows per tile: a tile row of scores stays in cache */
+
+int64_t l2l_cpu_attention_workspace(int64_t seq, int backward) {
+  /* forward: one score tile; backward: P, P' and dP' tiles. */
+  return (backward ? 3 : 1) * (int64_t)TILE_Q * seq;
+}
+
+/* Threads that fit the workspace, at most the compute threads and `items`. */
+static int attention_threads(int64_t seq, int backward, int64_t workspace_floats,
+                             int64_t items) {
+  int64_t fit = workspace_floats / l2l_cpu_attention_workspace(seq, backward);
+  int64_t nt = atomic_load_explicit(&l2l_compute_threads, memory_order_relaxed);
+  if (nt > fit) nt = fit;
+  if (nt > items) nt = items;
+  return nt < 1 ? 1 : (int)nt;
+}
+
+/* Keys visible to query i lie in [0, key_end(i)): causal self-attention stops at i. */
+static inline int64_t tile_key_end(const struct l2l_attention_shape *sh, int64_t last_row) {
+  return sh->causal ? last_row + 1 : sh->seq;
+}
+
+static inline bool key_hidden(const struct l2l_attention_shape *sh, const uint8_t *key_mask,
+                              int64_t b, int64_t i, int64_t j) {
+  return (sh->causal && j > i) || (key_mask != NULL && key_mask[b * sh->seq + j] == 0);
+}
+
+/* Bit j of row (b, h, i) of a standard-mode mask: rows start on bytes, so that threads
+   owning different rows never share a byte. */
+static inline int64_t mask_row_bytes(int64_t seq) { return (seq + 7) / 8; }
+
+/* row[j] *= kept_j / keep for j < count, kept_j from draw index0 + j; kept bits go to
+   bits (NULL: not kept). */
+static void dropout_row(float *row, uint8_t *bits, int64_t count, uint64_t index0,
+                        const struct l2l_attention_shape *sh) {
+  uint32_t threshold = l2l_keep_threshold(sh->dropout), words[4] = {0, 0, 0, 0};
+  float keep_scale = 1.0f / (1.0f - sh->dropout);
+  uint64_t cached = UINT64_MAX;
+  if (bits) memset(bits, 0, (size_t)mask_row_bytes(count));
+  for (int64_t j = 0; j < count; j++) {
+    uint64_t index = index0 + (uint64_t)j;
+    if (index >> 2 != cached) {
+      cached = index >> 2;
+      l2l_philox_draws(words, sh->seed, sh->stream, cached);
+    }
+    bool kept = (words[index & 3] >> 8) < threshold;
+    row[j] = kept ? row[j] * keep_scale : 0.0f;
+    if (bits && kept) bits[j >> 3] |= (uint8_t)(1u << (j & 7));
+  }
+}
+
+/* Same as dropout_row, with the kept bits read from a standard-mode mask row. */
+static void dropout_row_from_bits(float *row, const uint8_t *bits, int64_t count, float p) {
+  float keep_scale = 1.0f / (1.0f - p);
+  for (int64_t j = 0; j < count; j++)
+    row[j] = (bits[j >> 3] >> (j & 7)) & 1 ? row[j] * keep_scale : 0.0f;
+}
+
+/* Draw index of element (b, h, i, 0) at block site 0 (l2l.h). */
+static inline uint64_t draw_index(const struct l2l_attention_shape *sh, int64_t b, int64_t h,
+                                  int64_t i) {
+  return ((uint64_t)(sh->first_sample + b) * (uint64_t)sh->heads + (uint64_t)h) *
+             (uint64_t)(sh->seq * sh->seq) + (uint64_t)(i * sh->seq);
+}
+
+/* ---------------------------------------------------------------- forward */
+
+static void forward_tile(float *o, float *lse, float *probs, float *dropped, uint8_t *mask,
+                         const float *q, const float *k, const float *v,
+                         const uint8_t *key_mask, const struct l2l_attention_shape *sh,
+                         int64_t b, int64_t h, int64_t i0, float *scratch) {
+  const int64_t S = sh->seq, hd = sh->head_dim, ld = sh->ld_qkv;
+  const int64_t rows = S - i0 < TILE_Q ? S - i0 : TILE_Q, kend = tile_key_end(sh, i0 + rows - 1);
+  const int64_t head = b * sh->heads + h;
+  const float *qt = q + (b * S + i0) * ld + h * hd, *kb = k + b * S * ld + h * hd;
+  const float *vb = v + b * S * ld + h * hd;
+  /* Scores and probabilities of this tile live in the standard mode's P rows, else in
+     the thread's scratch tile; both have row stride S. */
+  float *pt = probs ? probs + (head * S + i0) * S : scratch;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)kend, (int)hd,
+              sh->scale, qt, (int)ld, kb, (int)ld, 0.0f, pt, (int)S);
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t i = i0 + r;
+    float *row = pt + r * S, mx = -INFINITY;
+    for (int64_t j = 0; j < kend; j++)
+      if (key_hidden(sh, key_mask, b, i, j)) row[j] = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < kend; j++) mx = row[j] > mx ? row[j] : mx;
+    if (mx == -INFINITY) { /* every key hidden: the row is zeros */
+      memset(row, 0, (size_t)S * sizeof *row);
+      lse[head * S + i] = -INFINITY;
+      continue;
+    }
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < kend; j++) {
+      float e = row[j] == -INFINITY ? 0.0f : vexp(row[j] - mx);
+      row[j] = e;
+      sum += e;
+    }
+    float inv = 1.0f / sum;
+#pragma omp simd
+    for (int64_t j = 0; j < kend; j++) row[j] *= inv;
+    for (int64_t j = kend; j < S; j++) row[j] = 0.0f;
+    lse[head * S + i] = mx + logf(sum);
+  }
+  float *dt = pt; /* P' (dropped) rows */
+  if (sh->dropout > 0.0f) {
+    if (dropped) {
+      dt = dropped + (head * S + i0) * S;
+      memcpy(dt, pt, (size_t)(rows * S) * sizeof *dt);
+    }
+    for (int64_t r = 0; r < rows; r++)
+      dropout_row(dt + r * S, mask ? mask + (head * S + i0 + r) * mask_row_bytes(S) : NULL,
+                  kend, draw_index(sh, b, h, i0 + r), sh);
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)hd, (int)kend, 1.0f,
+              dt, (int)S, vb, (int)ld, 0.0f, o + (b * S + i0) * sh->ld_o + h * hd,
+              (int)sh->ld_o);
+}
+
+l2l_status l2l_cpu_attention_forward(float *o, float *lse, float *probs, float *dropped,
+                                     uint8_t *mask, const float *q, const float *k,
+                                     const float *v, const uint8_t *key_mask,
+                                     const struct l2l_attention_shape *sh, float *workspace,
+                                     int64_t workspace_floats) {
+  const int64_t tiles = (sh->seq + TILE_Q - 1) / TILE_Q;
+  const int64_t items = sh->batch * sh->heads * tiles;
+  const int64_t per_thread = l2l_cpu_attention_workspace(sh->seq, 0);
+  int nt = attention_threads(sh->seq, 0, workspace_floats, items);
+  openblas_set_num_threads(1);
+#pragma omp parallel for schedule(dynamic) num_threads(nt)
+  for (int64_t item = 0; item < items; item++) {
+    int t = nt > 1 ? omp_get_thread_num() : 0;
+    int64_t bh = item / tiles, tile = item % tiles;
+    forward_tile(o, lse, probs, dropped, mask, q, k, v, key_mask, sh, bh / sh->heads,
+                 bh % sh->heads, tile * TILE_Q, workspace + t * per_thread);
+  }
+  openblas_set_num_threads(atomic_load(&l2l_compute_threads));
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- backward */
+
+static void backward_head(float *dq, float *dk, float *dv, const float *d_o, const float *o,
+                          const float *lse, const float *probs, const float *dropped,
+                          const uint8_t *mask, const float *q, const float *k, const float *v,
+                          const uint8_t *key_mask, const struct l2l_attention_shape *sh,
+                          int64_t b, int64_t h, float *scratch) {
+  const int64_t S = sh->seq, hd = sh->head_dim, ld = sh->ld_qkv, ldo = sh->ld_o;
+  const int64_t head = b * sh->heads + h;
+  const float keep_scale = 1.0f / (1.0f - sh->dropout);
+  const float *kb = k + b * S * ld + h * hd, *vb = v + b * S * ld + h * hd;
+  float *dkb = dk + b * S * ld + h * hd, *dvb = dv + b * S * ld + h * hd;
+  float *p_tile = scratch, *pd_tile = scratch + TILE_Q * S, *dp_tile = scratch + 2 * TILE_Q * S;
+  for (int64_t j = 0; j < S; j++) {
+    memset(dkb + j * ld, 0, (size_t)hd * sizeof *dkb);
+    memset(dvb + j * ld, 0, (size_t)hd * sizeof *dvb);
+  }
+  for (int64_t i0 = 0; i0 < S; i0 += TILE_Q) {
+    const int64_t rows = S - i0 < TILE_Q ? S - i0 : TILE_Q;
+    const int64_t kend = tile_key_end(sh, i0 + rows - 1);
+    const float *qt = q + (b * S + i0) * ld + h * hd;
+    const float *dot = d_o + (b * S + i0) * ldo + h * hd, *ot = o + (b * S + i0) * ldo + h * hd;
+    float *dqt = dq + (b * S + i0) * ld + h * hd;
+
+    /* P of the tile: kept (standard) or recomputed from q, k and lse (frugal). */
+    const float *pt = p_tile;
+    if (probs) {
+      pt = probs + (head * S + i0) * S;
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)kend, (int)hd,
+                  sh->scale, qt, (int)ld, kb, (int)ld, 0.0f, p_tile, (int)S);
+      for (int64_t r = 0; r < rows; r++) {
+        int64_t i = i0 + r;
+        float *row = p_tile + r * S, l = lse[head * S + i];
+        for (int64_t j = 0; j < kend; j++)
+          if (l == -INFINITY || key_hidden(sh, key_mask, b, i, j)) row[j] = -INFINITY;
+#pragma omp simd
+        for (int64_t j = 0; j < kend; j++)
+          row[j] = row[j] == -INFINITY ? 0.0f : vexp(row[j] - l);
+      }
+    }
+    /* P' = P M / keep: kept, or rebuilt from the mask bits or the generator. */
+    const float *pdt = pt;
+    if (sh->dropout > 0.0f) {
+      if (dropped) {
+        pdt = dropped + (head * S + i0) * S;
+      } else {
+        for (int64_t r = 0; r < rows; r++) {
+          memcpy(pd_tile + r * S, pt + r * S, (size_t)kend * sizeof *pd_tile);
+          if (mask)
+            dropout_row_from_bits(pd_tile + r * S, mask + (head * S + i0 + r) * mask_row_bytes(S),
+                                  kend, sh->dropout);
+          else
+            dropout_row(pd_tile + r * S, NULL, kend, draw_index(sh, b, h, i0 + r), sh);
+        }
+        pdt = pd_tile;
+      }
+    }
+    /* dv += P'^T do;  dP' = do v^T */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kend, (int)hd, (int)rows, 1.0f,
+                pdt, (int)S, dot, (int)ldo, 1.0f, dvb, (int)ld);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)kend, (int)hd, 1.0f,
+                dot, (int)ldo, vb, (int)ld, 0.0f, dp_tile, (int)S);
+    /* dS = P (dP' M / keep - D), in place of dP'. M / keep is P'/P where P > 0; where the
+       dropout dropped an element P' = 0 and so is its gradient. */
+    for (int64_t r = 0; r < rows; r++) {
+      const float *prow = pt + r * S, *pdrow = pdt + r * S;
+      float *drow = dp_tile + r * S, d = 0.0f;
+      const float *dor = dot + r * ldo, *orow = ot + r * ldo;
+#pragma omp simd reduction(+ : d)
+      for (int64_t c = 0; c < hd; c++) d += dor[c] * orow[c];
+      if (sh->dropout > 0.0f) {
+#pragma omp simd
+        for (int64_t j = 0; j < kend; j++)
+          drow[j] = prow[j] * ((pdrow[j] != 0.0f ? drow[j] * keep_scale : 0.0f) - d);
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < kend; j++) drow[j] = prow[j] * (drow[j] - d);
+      }
+    }
+    /* dq = scale dS k;  dk += scale dS^T q */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)hd, (int)kend,
+                sh->scale, dp_tile, (int)S, kb, (int)ld, 0.0f, dqt, (int)ld);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kend, (int)hd, (int)rows,
+                sh->scale, dp_tile, (int)S, qt, (int)ld, 1.0f, dkb, (int)ld);
+  }
+}
+
+l2l_status l2l_cpu_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
+                                      const float *o, const float *lse, const float *probs,
+                                      const float *dropped, const uint8_t *mask,
+                                      const float *q, const float *k, const float *v,
+                                      const uint8_t *key_mask,
+                                      const struct l2l_attention_shape *sh, float *workspace,
+                                      int64_t workspace_floats) {
+  const int64_t items = sh->batch * sh->heads;
+  const int64_t per_thread = l2l_cpu_attention_workspace(sh->seq, 1);
+  int nt = attention_threads(sh->seq, 1, workspace_floats, items);
+  openblas_set_num_threads(1);
+#pragma omp parallel for schedule(dynamic) num_threads(nt)
+  for (int64_t item = 0; item < items; item++) {
+    int t = nt > 1 ? omp_get_thread_num() : 0;
+    backward_head(dq, dk, dv, d_o, o, lse, probs, dropped, mask, q, k, v, key_mask, sh,
+                  item / sh->heads, item % sh->heads, workspace + t * per_thread);
+  }
+  openblas_set_num_threads(atomic_load(&l2l_compute_threads));
+  return L2L_OK;
+}

@@ -1,0 +1,413 @@
+/* block.c — the transformer block: pre-LN (GPT-2) or post-LN (BERT), multi-head
+ * self-attention, GELU MLP, residuals, dropout; standard or memory-frugal saved state.
+ *
+ * Purpose: one block as a self-contained unit for the relay, with an exact plan of every
+ * buffer its forward keeps and its forward and backward use (block_plan), so that the
+ * bytes reported are the bytes allocated. Both memory modes run the same code; only where
+ * a buffer lives and which backward formula reads it differ:
+ *                         standard                      frugal
+ *   LayerNorm             input, mean, rstd             output, rstd (input if guarded)
+ *   GELU                  input and output              output + 1 bit per element
+ *   attention             P and P' (S x S per head)     row log-sum-exp
+ *   dropout masks         bits                          none (regenerated)
+ * Pre-LN:  a = ln1(x); ctx = attn(a); h = x + drop1(ctx Wp); c = ln2(h);
+ *          g = gelu(c Wf); y = h + drop2(g Wf2).
+ * Post-LN: ctx = attn(x); r1 = x + drop1(ctx Wp); h = ln1(r1); g = gelu(h Wf);
+ *          r2 = h + drop2(g Wf2); y = ln2(r2).
+ * Accumulation: parameter gradients +=, dx written.
+ * Must never: keep a buffer the plan does not list, or read one the plan put elsewhere.
+ */
+#include <math.h>
+
+#include "layers.h"
+
+enum block_param {
+  LN1_W, LN1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, LN2_W, LN2_B, FC_W, FC_B, FC2_W, FC2_B
+};
+
+enum block_flag {
+  FRUGAL = 1,         /* memory mode of the forward */
+  LN1_GUARDED = 2,    /* frugal, but ln1's weight cannot give x^ back: keep its input */
+  LN2_GUARDED = 4,
+  RESID_DROPOUT = 8,  /* training with dropout > 0 */
+  ATTN_DROPOUT = 16   /* training with attn_dropout > 0 */
+};
+
+/* ---------------------------------------------------------------- parameters */
+
+static l2l_status block_create(l2l_layer *layer) {
+  const l2l_layer_config *c = &layer->config;
+  int64_t d = c->dim, f = c->mlp;
+  struct {
+    const char *name;
+    int64_t rows, cols; /* cols 0: a vector of `rows` */
+    char init;
+    float std;
+    int decays;
+  } spec[] = {
+      {"ln1.weight", d, 0, '1', 0, 0},         {"ln1.bias", d, 0, '0', 0, 0},
+      {"attn.qkv.weight", d, 3 * d, 'n', c->init_std, 1},
+      {"attn.qkv.bias", 3 * d, 0, '0', 0, 0},
+      {"attn.proj.weight", d, d, 'n', c->resid_std, 1},
+      {"attn.proj.bias", d, 0, '0', 0, 0},     {"ln2.weight", d, 0, '1', 0, 0},
+      {"ln2.bias", d, 0, '0', 0, 0},           {"mlp.fc.weight", d, f, 'n', c->init_std, 1},
+      {"mlp.fc.bias", f, 0, '0', 0, 0},        {"mlp.proj.weight", f, d, 'n', c->resid_std, 1},
+      {"mlp.proj.bias", d, 0, '0', 0, 0},
+  };
+  for (int role = 0; role < (int)(sizeof spec / sizeof spec[0]); role++) {
+    bool linear_bias = role == QKV_B || role == PROJ_B || role == FC_B || role == FC2_B;
+    if (linear_bias && !c->bias) continue;
+    int64_t shape[2] = {spec[role].rows, spec[role].cols};
+    TRY(l2l_layer_add_param(layer, role, spec[role].name, spec[role].cols ? 2 : 1, shape,
+                            spec[role].init, spec[role].std, spec[role].decays));
+  }
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- the plan */
+
+/* Where a buffer lives: none, the saved arena, or the forward's or backward's work. */
+enum where { NONE, SAVED, WORK };
+struct slot {
+  enum where where;
+  int64_t offset;
+};
+
+struct block_plan {
+  int64_t B, S, N, D, F, H;
+  uint32_t flags;
+  struct arena saved, fwd, bwd;
+  /* forward state */
+  struct slot mean1, rstd1, ln1_in, ln1_out, qkv, lse, probs, dropped, attn_mask, ctx,
+      drop1_mask, mean2, rstd2, ln2_in, ln2_out, fc, gelu, gelu_bits, drop2_mask, scratch_d,
+      attn_work;
+  /* backward temporaries */
+  struct slot t1, t2, t3, tf, tqkv, attn_back_work;
+  int64_t attn_work_floats, attn_back_work_floats;
+};
+
+static struct slot put(struct arena *a, enum where where, uint64_t bytes) {
+  struct slot s = {NONE, NO_BUFFER};
+  if (where == NONE || bytes == 0) return s;
+  s.where = where;
+  s.offset = l2l_arena_reserve(a, bytes);
+  return s;
+}
+
+static void block_plan(struct block_plan *p, const l2l_layer *layer, int64_t B, int64_t S,
+                       uint32_t flags) {
+  const l2l_layer_config *c = &layer->config;
+  const struct l2l_backend_ops *ops = l2l_backend_for(layer->pool);
+  *p = (struct block_plan){.B = B, .S = S, .N = B * S, .D = c->dim, .F = c->mlp,
+                           .H = c->heads, .flags = flags};
+  const uint64_t f4 = sizeof(float), nd = (uint64_t)(p->N * p->D) * f4;
+  const uint64_t rows = (uint64_t)p->N * f4, nf = (uint64_t)(p->N * p->F) * f4;
+  const uint64_t ss = (uint64_t)(B * p->H * S) * (uint64_t)S * f4;
+  const bool frugal = flags & FRUGAL, post = c->post_ln;
+  const bool std1 = !frugal || (flags & LN1_GUARDED), std2 = !frugal || (flags & LN2_GUARDED);
+  struct arena *sv = &p->saved, *fw = &p->fwd, *bw = &p->bwd;
+  int nt = l2l_get_threads();
+
+  /* LayerNorm 1: pre-LN normalizes x (the input, kept by reference when needed);
+     post-LN normalizes r1 = x + drop1(...), which the forward builds. */
+  p->mean1 = std1 ? put(sv, SAVED, rows) : put(NULL, NONE, 0);
+  p->rstd1 = put(sv, SAVED, rows);
+  if (post) p->ln1_in = put(std1 ? sv : fw, std1 ? SAVED : NONE, nd); /* frugal: built in ln1_out */
+  p->ln1_out = put(sv, SAVED, nd);
+  p->qkv = put(sv, SAVED, 3 * nd);
+  p->lse = put(frugal ? sv : fw, frugal ? SAVED : WORK, (uint64_t)(B * p->H * S) * f4);
+  p->probs = put(sv, frugal ? NONE : SAVED, ss);
+  bool attn_drop = flags & ATTN_DROPOUT, resid_drop = flags & RESID_DROPOUT;
+  p->dropped = put(sv, !frugal && attn_drop ? SAVED : NONE, ss);
+  p->attn_mask = put(sv, !frugal && attn_drop ? SAVED : NONE,
+                     (uint64_t)(B * p->H * S) * (uint64_t)((S + 7) / 8));
+  p->ctx = put(sv, SAVED, nd);
+  uint64_t nd_bits = (uint64_t)(p->N * p->D + 7) / 8, nf_bits = (uint64_t)(p->N * p->F + 7) / 8;
+  p->drop1_mask = put(sv, !frugal && resid_drop ? SAVED : NONE, nd_bits);
+  /* LayerNorm 2: pre-LN normalizes h (built in ln2_in); post-LN normalizes r2. */
+  p->mean2 = std2 ? put(sv, SAVED, rows) : put(NULL, NONE, 0);
+  p->rstd2 = put(sv, SAVED, rows);
+  if (!post) {
+    p->ln2_in = std2 ? put(sv, SAVED, nd) : put(fw, WORK, nd);
+    p->ln2_out = put(sv, SAVED, nd);
+  } else {
+    p->ln2_in = put(sv, std2 ? SAVED : NONE, nd); /* frugal: r2 is built in y itself */
+  }
+  p->fc = put(sv, frugal ? NONE : SAVED, nf); /* frugal: GELU runs in place */
+  p->gelu = put(sv, SAVED, nf);
+  p->gelu_bits = put(sv, frugal ? SAVED : NONE, nf_bits);
+  p->drop2_mask = put(sv, !frugal && resid_drop ? SAVED : NONE, nd_bits);
+  if (!post) p->scratch_d = put(fw, WORK, nd); /* the MLP branch before y = h + it */
+  p->attn_work_floats = nt * ops->attention_workspace(S, 0);
+  p->attn_back_work_floats = nt * ops->attention_workspace(S, 1);
+  p->attn_work = put(fw, WORK, (uint64_t)p->attn_work_floats * f4);
+
+  p->t1 = put(bw, WORK, nd);
+  p->t2 = put(bw, WORK, nd);
+  p->t3 = put(bw, WORK, nd);
+  p->tf = put(bw, WORK, nf);
+  p->tqkv = put(bw, WORK, 3 * nd);
+  p->attn_back_work = put(bw, WORK, (uint64_t)p->attn_back_work_floats * f4);
+}
+
+static uint32_t ln_guarded(const float *w, const float *b, int64_t n) {
+  for (int64_t j = 0; j < n; j++) {
+    float aw = fabsf(w[j]);
+    if (!(aw >= 1e-6f) || aw * 64.0f < fabsf(b[j])) return 1;
+  }
+  return 0;
+}
+
+static uint32_t block_flags(const l2l_layer *layer, const l2l_layer_batch *batch) {
+  const l2l_layer_config *c = &layer->config;
+  bool training = batch == NULL || batch->training;
+  uint32_t flags = 0;
+  if (training && c->dropout > 0) flags |= RESID_DROPOUT;
+  if (training && c->attn_dropout > 0) flags |= ATTN_DROPOUT;
+  if (c->memory == L2L_MEMORY_FRUGAL) {
+    flags |= FRUGAL;
+    if (ln_guarded(l2l_param_f32(layer, LN1_W), l2l_param_f32(layer, LN1_B), c->dim))
+      flags |= LN1_GUARDED;
+    if (ln_guarded(l2l_param_f32(layer, LN2_W), l2l_param_f32(layer, LN2_B), c->dim))
+      flags |= LN2_GUARDED;
+  }
+  return flags;
+}
+
+static void block_memory(l2l_layer_memory *out, const l2l_layer *layer, int64_t B, int64_t S,
+                         uint32_t flags) {
+  struct block_plan p;
+  block_plan(&p, layer, B, S, flags);
+  const bool frugal = flags & FRUGAL;
+  uint64_t nd = (uint64_t)(p.N * p.D) * sizeof(float);
+  out->saved = p.saved.bytes;
+  out->work_forward = p.fwd.bytes;
+  out->work_backward = p.bwd.bytes;
+  /* Pre-LN reads x only for ln1's standard backward; post-LN always (x feeds the qkv
+     map). Post-LN frugal reads y = ln2's output unless ln2 is guarded. */
+  bool pre_reads_x = !frugal || (flags & LN1_GUARDED);
+  out->input_kept = layer->config.post_ln || pre_reads_x ? nd : 0;
+  out->output_kept = layer->config.post_ln && frugal && !(flags & LN2_GUARDED) ? nd : 0;
+}
+
+/* ---------------------------------------------------------------- forward */
+
+struct block_buffers {
+  void *saved, *work;
+};
+static float *at(const struct block_buffers *m, struct slot s) {
+  return s.where == NONE ? NULL : (float *)((char *)(s.where == SAVED ? m->saved : m->work) + s.offset);
+}
+#define BUF(name) at(&mem, p.name)
+
+static const float *param(const l2l_layer *layer, int role) { return l2l_param_f32(layer, role); }
+
+static void attention_shape(struct l2l_attention_shape *sh, const struct block_plan *p,
+                            const l2l_layer *layer, const l2l_layer_batch *b) {
+  const l2l_layer_config *c = &layer->config;
+  *sh = (struct l2l_attention_shape){
+      .batch = p->B, .heads = p->H, .seq = p->S, .head_dim = p->D / p->H,
+      .ld_qkv = 3 * p->D, .ld_o = p->D, .causal = c->causal,
+      .scale = 1.0f / sqrtf((float)(p->D / p->H)),
+      .dropout = (p->flags & ATTN_DROPOUT) ? c->attn_dropout : 0.0f, .seed = b->seed,
+      .stream = l2l_dropout_stream(layer, b, 0), .first_sample = b->first_sample};
+}
+
+/* branch := drop(branch) at residual site `site` (bits: the kept mask, or NULL). The
+   backward regenerates with bits NULL and branch = the incoming gradient. */
+static l2l_status residual_dropout(const struct layer_call *call, const l2l_layer *layer,
+                                   const struct block_plan *p, float *branch, uint8_t *bits,
+                                   int site) {
+  if (!(p->flags & RESID_DROPOUT)) return L2L_OK;
+  const l2l_layer_batch *b = call->b;
+  uint64_t per_sample = (uint64_t)(p->S * p->D);
+  return call->ops->dropout_forward(branch, bits, branch, layer->config.dropout, b->seed,
+                                    l2l_dropout_stream(layer, b, site),
+                                    (int64_t)((uint64_t)b->first_sample * per_sample), p->N * p->D);
+}
+
+static l2l_status layernorm(const struct layer_call *call, const struct block_plan *p,
+                            float *out, float *mean, float *rstd, const float *in,
+                            const l2l_layer *layer, int w) {
+  return call->ops->layernorm_forward(out, mean, rstd, in, param(layer, w), param(layer, w + 1),
+                                      layer->config.eps, p->N, p->D);
+}
+
+static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer, float *y,
+                                const float *x, struct l2l_saved *saved, void *work) {
+  const struct l2l_backend_ops *ops = call->ops;
+  const l2l_layer_config *c = &layer->config;
+  struct block_plan p;
+  block_plan(&p, layer, call->batch, call->seq, saved->flags);
+  const uint32_t flags = saved->flags;
+  struct block_buffers mem = {l2l_saved_base(saved), work};
+  const int64_t N = p.N, D = p.D, F = p.F;
+  const uint8_t *key_mask = call->b->key_mask ? l2l_tensor_ptr(call->b->key_mask) : NULL;
+  struct l2l_attention_shape sh;
+  attention_shape(&sh, &p, layer, call->b);
+  float *qkv = BUF(qkv), *ctx = BUF(ctx);
+
+  /* attention on its input */
+  const float *attn_in = x;
+  if (!c->post_ln) {
+    TRY(layernorm(call, &p, BUF(ln1_out), BUF(mean1), BUF(rstd1), x, layer, LN1_W));
+    attn_in = BUF(ln1_out);
+  }
+  TRY(l2l_linear_forward(ops, qkv, attn_in, param(layer, QKV_W), param(layer, QKV_B), N, D, 3 * D));
+  TRY(ops->attention_forward(ctx, BUF(lse), BUF(probs), BUF(dropped), (uint8_t *)BUF(attn_mask),
+                             qkv, qkv + D, qkv + 2 * D, key_mask, &sh, BUF(attn_work),
+                             p.attn_work_floats));
+  /* first residual: r = x + drop1(ctx Wp) */
+  float *r1 = c->post_ln ? (BUF(ln1_in) ? BUF(ln1_in) : BUF(ln1_out)) : BUF(ln2_in);
+  TRY(l2l_linear_forward(ops, r1, ctx, param(layer, PROJ_W), param(layer, PROJ_B), N, D, D));
+  TRY(residual_dropout(call, layer, &p, r1, (uint8_t *)BUF(drop1_mask), 1));
+  TRY(ops->add(r1, r1, x, N * D));
+  const float *mlp_in;
+  if (c->post_ln) { /* h = ln1(r1), in place when frugal keeps no r1 */
+    TRY(layernorm(call, &p, BUF(ln1_out), BUF(mean1), BUF(rstd1), r1, layer, LN1_W));
+    mlp_in = BUF(ln1_out);
+  } else {
+    TRY(layernorm(call, &p, BUF(ln2_out), BUF(mean2), BUF(rstd2), r1, layer, LN2_W));
+    mlp_in = BUF(ln2_out);
+  }
+  /* MLP */
+  float *fc = BUF(fc) ? BUF(fc) : BUF(gelu), *g = BUF(gelu);
+  TRY(l2l_linear_forward(ops, fc, mlp_in, param(layer, FC_W), param(layer, FC_B), N, D, F));
+  if (flags & FRUGAL)
+    TRY(ops->gelu_forward_bits(g, (uint8_t *)BUF(gelu_bits), fc, N * F));
+  else
+    TRY(ops->gelu_forward(g, fc, N * F));
+  if (c->post_ln) { /* y = ln2(r2), r2 = h + drop2(g Wf2), built in y when not kept */
+    float *r2 = BUF(ln2_in) ? BUF(ln2_in) : y;
+    TRY(l2l_linear_forward(ops, r2, g, param(layer, FC2_W), param(layer, FC2_B), N, F, D));
+    TRY(residual_dropout(call, layer, &p, r2, (uint8_t *)BUF(drop2_mask), 2));
+    TRY(ops->add(r2, r2, mlp_in, N * D));
+    TRY(layernorm(call, &p, y, BUF(mean2), BUF(rstd2), r2, layer, LN2_W));
+  } else { /* y = h + drop2(g Wf2) */
+    float *m = BUF(scratch_d);
+    TRY(l2l_linear_forward(ops, m, g, param(layer, FC2_W), param(layer, FC2_B), N, F, D));
+    TRY(residual_dropout(call, layer, &p, m, (uint8_t *)BUF(drop2_mask), 2));
+    TRY(ops->add(y, r1, m, N * D));
+  }
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- backward */
+
+/* out := d(branch) given d(drop(branch)) = in at residual site `site`: the kept bits, or
+   (frugal) the same draws again. Without dropout, returns `in` itself. */
+static l2l_status residual_dropout_backward(const float **out, float *dst,
+                                            const struct layer_call *call,
+                                            const l2l_layer *layer, const struct block_plan *p,
+                                            const float *in, const uint8_t *bits, int site) {
+  if (!(p->flags & RESID_DROPOUT)) {
+    *out = in;
+    return L2L_OK;
+  }
+  *out = dst;
+  float rate = layer->config.dropout;
+  if (bits) return call->ops->dropout_backward(dst, in, bits, rate, p->N * p->D);
+  const l2l_layer_batch *b = call->b;
+  return call->ops->dropout_forward(dst, NULL, in, rate, b->seed, l2l_dropout_stream(layer, b, site),
+                                    b->first_sample * p->S * p->D, p->N * p->D);
+}
+
+/* dx := LayerNorm backward of dy, from the input (kept) or from the output (frugal). */
+static l2l_status layernorm_backward(const struct layer_call *call, const struct block_plan *p,
+                                     l2l_layer *layer, int w, float *dx, const float *dy,
+                                     const float *in, const float *mean, const float *out,
+                                     const float *rstd) {
+  float *dw = l2l_grad_f32(layer, w), *db = l2l_grad_f32(layer, w + 1);
+  if (mean) /* the standard path, also frugal's guarded LayerNorm */
+    return call->ops->layernorm_backward(dx, dw, db, dy, in, param(layer, w), mean, rstd, p->N, p->D);
+  return call->ops->layernorm_backward_from_output(dx, dw, db, dy, out, param(layer, w),
+                                                   param(layer, w + 1), rstd, p->N, p->D);
+}
+
+static float *grad(const l2l_layer *layer, int role) { return l2l_grad_f32(layer, role); }
+
+/* The MLP's backward: dh := d(mlp input) from dm = d(mlp output); in: the MLP's input. */
+static l2l_status mlp_backward(const struct layer_call *call, const struct block_plan *p,
+                               l2l_layer *layer, const struct block_buffers *m, float *dh,
+                               const float *dm, const float *in) {
+  const struct l2l_backend_ops *ops = call->ops;
+  const int64_t N = p->N, D = p->D, F = p->F;
+  float *df = at(m, p->tf);
+  const float *g = at(m, p->gelu);
+  TRY(l2l_linear_backward(ops, df, grad(layer, FC2_W), grad(layer, FC2_B), dm, g,
+                          param(layer, FC2_W), N, F, D, 0.0f));
+  if (p->flags & FRUGAL)
+    TRY(ops->gelu_backward_from_output(df, df, g, (const uint8_t *)at(m, p->gelu_bits), N * F));
+  else
+    TRY(ops->gelu_backward(df, df, at(m, p->fc), N * F));
+  return l2l_linear_backward(ops, dh, grad(layer, FC_W), grad(layer, FC_B), df, in,
+                             param(layer, FC_W), N, D, F, 0.0f);
+}
+
+/* The attention branch's backward: da := d(attention input) from dz = d(ctx Wp + bp). */
+static l2l_status attention_branch_backward(const struct layer_call *call,
+                                            const struct block_plan *p, l2l_layer *layer,
+                                            const struct block_buffers *m, float *da,
+                                            const float *dz, const float *in) {
+  const struct l2l_backend_ops *ops = call->ops;
+  const int64_t N = p->N, D = p->D;
+  float *dctx = at(m, p->t3), *dqkv = at(m, p->tqkv), *qkv = at(m, p->qkv), *ctx = at(m, p->ctx);
+  TRY(l2l_linear_backward(ops, dctx, grad(layer, PROJ_W), grad(layer, PROJ_B), dz, ctx,
+                          param(layer, PROJ_W), N, D, D, 0.0f));
+  struct l2l_attention_shape sh;
+  attention_shape(&sh, p, layer, call->b);
+  const uint8_t *key_mask = call->b->key_mask ? l2l_tensor_ptr(call->b->key_mask) : NULL;
+  TRY(ops->attention_backward(dqkv, dqkv + D, dqkv + 2 * D, dctx, ctx, at(m, p->lse),
+                              at(m, p->probs), at(m, p->dropped),
+                              (const uint8_t *)at(m, p->attn_mask), qkv, qkv + D, qkv + 2 * D,
+                              key_mask, &sh, at(m, p->attn_back_work), p->attn_back_work_floats));
+  return l2l_linear_backward(ops, da, grad(layer, QKV_W), grad(layer, QKV_B), dqkv, in,
+                             param(layer, QKV_W), N, D, 3 * D, 0.0f);
+}
+
+static l2l_status block_backward(const struct layer_call *call, l2l_layer *layer, float *dx,
+                                 const float *dy, struct l2l_saved *saved, void *work) {
+  const struct l2l_backend_ops *ops = call->ops;
+  struct block_plan p;
+  block_plan(&p, layer, call->batch, call->seq, saved->flags);
+  struct block_buffers mem = {l2l_saved_base(saved), work};
+  const int64_t N = p.N, D = p.D;
+  const float *x = saved->input ? l2l_tensor_ptr(saved->input) : NULL;
+  float *t1 = BUF(t1), *t2 = BUF(t2), *t3 = BUF(t3);
+  const float *dm, *dz;
+  if (!layer->config.post_ln) {
+    TRY(residual_dropout_backward(&dm, t1, call, layer, &p, dy, (uint8_t *)BUF(drop2_mask), 2));
+    TRY(mlp_backward(call, &p, layer, &mem, t3, dm, BUF(ln2_out)));
+    /* dh = ln2'(dc) + dy */
+    TRY(layernorm_backward(call, &p, layer, LN2_W, t2, t3, BUF(ln2_in), BUF(mean2),
+                           BUF(ln2_out), BUF(rstd2)));
+    TRY(ops->add(t2, t2, dy, N * D));
+    TRY(residual_dropout_backward(&dz, t1, call, layer, &p, t2, (uint8_t *)BUF(drop1_mask), 1));
+    TRY(attention_branch_backward(call, &p, layer, &mem, t1, dz, BUF(ln1_out)));
+    /* dx = ln1'(da) + dh */
+    TRY(layernorm_backward(call, &p, layer, LN1_W, dx, t1, x, BUF(mean1), BUF(ln1_out),
+                           BUF(rstd1)));
+    return ops->add(dx, dx, t2, N * D);
+  }
+  const float *y = saved->output ? l2l_tensor_ptr(saved->output) : NULL;
+  /* dr2 = ln2'(dy); dh = mlp'(drop2'(dr2)) + dr2 */
+  TRY(layernorm_backward(call, &p, layer, LN2_W, t1, dy, BUF(ln2_in), BUF(mean2), y, BUF(rstd2)));
+  TRY(residual_dropout_backward(&dm, t2, call, layer, &p, t1, (uint8_t *)BUF(drop2_mask), 2));
+  TRY(mlp_backward(call, &p, layer, &mem, t3, dm, BUF(ln1_out)));
+  TRY(ops->add(t3, t3, t1, N * D));
+  /* dr1 = ln1'(dh); dx = attn'(drop1'(dr1)) + dr1 */
+  TRY(layernorm_backward(call, &p, layer, LN1_W, t1, t3, BUF(ln1_in), BUF(mean1), BUF(ln1_out),
+                         BUF(rstd1)));
+  TRY(residual_dropout_backward(&dz, t2, call, layer, &p, t1, (uint8_t *)BUF(drop1_mask), 1));
+  TRY(attention_branch_backward(call, &p, layer, &mem, dx, dz, x));
+  return ops->add(dx, dx, t1, N * D);
+}
+
+const struct layer_kind_ops l2l_block_kind = {
+    .name = "block",
+    .create_params = block_create,
+    .choose_flags = block_flags,
+    .memory = block_memory,
+    .forward = block_forward,
+    .backward = block_backward,
+};

@@ -1,0 +1,96 @@
+/* embedding.c — token + learned position (+ token type) embeddings, then dropout.
+ *
+ * Purpose: the first layer of a GPT (tokens, positions) or BERT (plus token types):
+ * y[b,s] = wte[tokens[b,s]] + wpe[s] (+ wtt[types[b,s]]), then inverted dropout (site 0).
+ * It keeps nothing for backward: the ids come with the batch and the dropout mask is
+ * regenerated from the counter-based generator.
+ * Accumulation: parameter gradients += (repeated ids sum); there is no dx.
+ * Must never: read ids that layer.c has not range-checked.
+ */
+#include "layers.h"
+
+enum { DROPOUT = 1 };
+
+static l2l_status embedding_create(l2l_layer *layer) {
+  const l2l_layer_config *c = &layer->config;
+  int64_t wte[2] = {c->vocab, c->dim}, wpe[2] = {c->max_seq, c->dim},
+          wtt[2] = {c->type_vocab, c->dim};
+  TRY(l2l_layer_add_param(layer, EMBED_WTE, "wte", 2, wte, 'n', c->init_std, 0));
+  TRY(l2l_layer_add_param(layer, EMBED_WPE, "wpe", 2, wpe, 'n', c->init_std, 0));
+  if (c->type_vocab > 0)
+    TRY(l2l_layer_add_param(layer, EMBED_WTT, "wtt", 2, wtt, 'n', c->init_std, 0));
+  return L2L_OK;
+}
+
+static uint32_t embedding_flags(const l2l_layer *layer, const l2l_layer_batch *batch) {
+  bool training = batch == NULL || batch->training;
+  return training && layer->config.dropout > 0 ? DROPOUT : 0;
+}
+
+static void embedding_memory(l2l_layer_memory *out, const l2l_layer *layer, int64_t B,
+                             int64_t S, uint32_t flags) {
+  struct arena fwd = {0}, bwd = {0};
+  uint64_t nd = (uint64_t)(B * S * layer->config.dim) * sizeof(float);
+  if (layer->config.type_vocab > 0) l2l_arena_reserve(&fwd, nd); /* type embeddings */
+  if (flags & DROPOUT) l2l_arena_reserve(&bwd, nd);                /* d(before dropout) */
+  out->work_forward = fwd.bytes;
+  out->work_backward = bwd.bytes;
+}
+
+static uint64_t dropout_first(const struct layer_call *call, int64_t dim) {
+  return (uint64_t)call->b->first_sample * (uint64_t)(call->seq * dim);
+}
+
+static l2l_status embedding_forward(const struct layer_call *call, l2l_layer *layer, float *y,
+                                    const float *x, struct l2l_saved *saved, void *work) {
+  (void)x;
+  const struct l2l_backend_ops *ops = call->ops;
+  const l2l_layer_config *c = &layer->config;
+  const l2l_layer_batch *b = call->b;
+  const int64_t B = call->batch, S = call->seq, D = c->dim, N = B * S;
+  TRY(ops->embedding_forward(y, l2l_tensor_ptr(b->tokens), l2l_param_f32(layer, EMBED_WTE), N, D));
+  /* positions: y viewed as (B, S*D) plus wpe's first S rows as one (S*D) bias row */
+  TRY(ops->bias_add(y, l2l_param_f32(layer, EMBED_WPE), B, S * D));
+  if (c->type_vocab > 0) {
+    float *types = work; /* (N,D) */
+    TRY(ops->embedding_forward(types, l2l_tensor_ptr(b->token_types),
+                               l2l_param_f32(layer, EMBED_WTT), N, D));
+    TRY(ops->add(y, y, types, N * D));
+  }
+  if (saved->flags & DROPOUT)
+    TRY(ops->dropout_forward(y, NULL, y, c->dropout, b->seed, l2l_dropout_stream(layer, b, 0),
+                             (int64_t)dropout_first(call, D), N * D));
+  return L2L_OK;
+}
+
+static l2l_status embedding_backward(const struct layer_call *call, l2l_layer *layer, float *dx,
+                                     const float *dy, struct l2l_saved *saved, void *work) {
+  (void)dx;
+  const struct l2l_backend_ops *ops = call->ops;
+  const l2l_layer_config *c = &layer->config;
+  const l2l_layer_batch *b = call->b;
+  const int64_t B = call->batch, S = call->seq, D = c->dim, N = B * S;
+  const float *d = dy;
+  if (saved->flags & DROPOUT) { /* the same draws again give d(before dropout) */
+    float *undropped = work;
+    TRY(ops->dropout_forward(undropped, NULL, dy, c->dropout, b->seed,
+                             l2l_dropout_stream(layer, b, 0), (int64_t)dropout_first(call, D), N * D));
+    d = undropped;
+  }
+  TRY(ops->embedding_backward(l2l_grad_f32(layer, EMBED_WTE), d, l2l_tensor_ptr(b->tokens), N,
+                              c->vocab, D));
+  TRY(ops->bias_backward(l2l_grad_f32(layer, EMBED_WPE), d, B, S * D));
+  if (c->type_vocab > 0)
+    TRY(ops->embedding_backward(l2l_grad_f32(layer, EMBED_WTT), d,
+                                l2l_tensor_ptr(b->token_types), N, c->type_vocab, D));
+  return L2L_OK;
+}
+
+const struct layer_kind_ops l2l_embedding_kind = {
+    .name = "embedding",
+    .create_params = embedding_create,
+    .choose_flags = embedding_flags,
+    .memory = embedding_memory,
+    .forward = embedding_forward,
+    .backward = embedding_backward,
+};

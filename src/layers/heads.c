@@ -1,0 +1,209 @@
+/* heads.c — the LM head and the classification head: features to per-token or
+ * per-sample cross-entropy losses (or, without targets, to logits).
+ *
+ * Purpose: the last layer of a model. LM head: h = ln(x) (optional), logits = h wte^T
+ * with the (V,D) projection possibly tied to the embedding's table, losses = CE(logits,
+ * targets) with -1 ignored. Classifier: the first position's features f, logits = f W + b,
+ * losses = CE per sample. Backward starts from d(loss)/d(each loss) = batch->loss_scale.
+ * The LM head keeps h and the logits; its LayerNorm is kept the frugal way (output and
+ * rstd, h being needed anyway) when the layer's memory mode is frugal and the weights
+ * allow it.
+ * Accumulation: parameter gradients += (a tied table gets both users' shares), dx written.
+ * Must never: write dx rows the head did not compute (the classifier zeroes the rest).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "layers.h"
+
+enum { LOGITS = 1, FRUGAL_LN = 2 };
+enum { CLS_W = 0, CLS_B = 1 };
+
+/* ---------------------------------------------------------------- LM head */
+
+static l2l_status lm_head_create(l2l_layer *layer) {
+  const l2l_layer_config *c = &layer->config;
+  int64_t d[1] = {c->dim}, proj[2] = {c->vocab, c->dim};
+  if (c->final_ln) {
+    TRY(l2l_layer_add_param(layer, HEAD_LN_W, "ln.weight", 1, d, '1', 0, 0));
+    TRY(l2l_layer_add_param(layer, HEAD_LN_B, "ln.bias", 1, d, '0', 0, 0));
+  }
+  return l2l_layer_add_param(layer, HEAD_PROJ, "proj.weight", 2, proj, 'n', c->init_std, 1);
+}
+
+static uint32_t lm_head_flags(const l2l_layer *layer, const l2l_layer_batch *batch) {
+  const l2l_layer_config *c = &layer->config;
+  uint32_t flags = batch && batch->targets == NULL ? LOGITS : 0;
+  if (c->final_ln && c->memory == L2L_MEMORY_FRUGAL) {
+    const float *w = l2l_param_f32(layer, HEAD_LN_W), *b = l2l_param_f32(layer, HEAD_LN_B);
+    bool guarded = false;
+    for (int64_t j = 0; j < c->dim && !guarded; j++)
+      guarded = !(fabsf(w[j]) >= 1e-6f) || fabsf(w[j]) * 64.0f < fabsf(b[j]);
+    if (!guarded) flags |= FRUGAL_LN;
+  }
+  return flags;
+}
+
+struct lm_head_plan {
+  struct arena saved, fwd, bwd;
+  int64_t h, mean, rstd, logits, dh;
+};
+
+static void lm_head_plan(struct lm_head_plan *p, const l2l_layer *layer, int64_t N,
+                         uint32_t flags) {
+  const l2l_layer_config *c = &layer->config;
+  const uint64_t nd = (uint64_t)(N * c->dim) * sizeof(float), rows = (uint64_t)N * sizeof(float);
+  memset(p, 0, sizeof *p);
+  p->h = p->mean = p->rstd = p->logits = p->dh = NO_BUFFER;
+  if (c->final_ln) {
+    p->h = l2l_arena_reserve(&p->saved, nd);
+    if (!(flags & FRUGAL_LN)) p->mean = l2l_arena_reserve(&p->saved, rows);
+    p->rstd = l2l_arena_reserve(&p->saved, rows);
+    p->dh = l2l_arena_reserve(&p->bwd, nd);
+  }
+  if (!(flags & LOGITS)) p->logits = l2l_arena_reserve(&p->saved, (uint64_t)(N * c->vocab) * sizeof(float));
+}
+
+static void lm_head_memory(l2l_layer_memory *out, const l2l_layer *layer, int64_t B, int64_t S,
+                           uint32_t flags) {
+  struct lm_head_plan p;
+  lm_head_plan(&p, layer, B * S, flags);
+  out->saved = p.saved.bytes;
+  out->work_forward = p.fwd.bytes;
+  out->work_backward = p.bwd.bytes;
+  /* x is read by the backward when it is h itself or ln's standard backward needs it */
+  bool reads_x = !layer->config.final_ln || !(flags & FRUGAL_LN);
+  out->input_kept = reads_x ? (uint64_t)(B * S * layer->config.dim) * sizeof(float) : 0;
+}
+
+static l2l_status lm_head_forward(const struct layer_call *call, l2l_layer *layer, float *y,
+                                  const float *x, struct l2l_saved *saved, void *work) {
+  (void)work;
+  const struct l2l_backend_ops *ops = call->ops;
+  const l2l_layer_config *c = &layer->config;
+  const int64_t N = call->batch * call->seq, D = c->dim, V = c->vocab;
+  struct lm_head_plan p;
+  lm_head_plan(&p, layer, N, saved->flags);
+  void *base = l2l_saved_base(saved);
+  const float *h = x;
+  if (c->final_ln) {
+    float *hn = l2l_arena_at(base, p.h);
+    TRY(ops->layernorm_forward(hn, l2l_arena_at(base, p.mean), l2l_arena_at(base, p.rstd), x,
+                               l2l_param_f32(layer, HEAD_LN_W), l2l_param_f32(layer, HEAD_LN_B),
+                               c->eps, N, D));
+    h = hn;
+  }
+  float *logits = saved->flags & LOGITS ? y : l2l_arena_at(base, p.logits); /* (N,V) */
+  TRY(ops->gemm_batched(logits, h, l2l_param_f32(layer, HEAD_PROJ), 1, N, V, D, 0, 1, 1.0f, 0.0f));
+  if (saved->flags & LOGITS) return L2L_OK;
+  return ops->cross_entropy_forward(y, logits, l2l_tensor_ptr(call->b->targets), -1, N, V);
+}
+
+static l2l_status lm_head_backward(const struct layer_call *call, l2l_layer *layer, float *dx,
+                                   const float *dy, struct l2l_saved *saved, void *work) {
+  (void)dy;
+  const struct l2l_backend_ops *ops = call->ops;
+  const l2l_layer_config *c = &layer->config;
+  const int64_t N = call->batch * call->seq, D = c->dim, V = c->vocab;
+  struct lm_head_plan p;
+  lm_head_plan(&p, layer, N, saved->flags);
+  void *base = l2l_saved_base(saved);
+  const float *x = saved->input ? l2l_tensor_ptr(saved->input) : NULL;
+  const float *h = c->final_ln ? l2l_arena_at(base, p.h) : x;
+  float *dlogits = l2l_arena_at(base, p.logits); /* in place: the saved state serves once */
+  TRY(ops->cross_entropy_backward(dlogits, dlogits, l2l_tensor_ptr(call->b->targets), -1,
+                                  call->b->loss_scale, N, V));
+  TRY(ops->gemm_batched(l2l_grad_f32(layer, HEAD_PROJ), dlogits, h, 1, V, D, N, 1, 0, 1.0f, 1.0f));
+  float *dh = c->final_ln ? l2l_arena_at(work, p.dh) : dx;
+  TRY(ops->gemm_batched(dh, dlogits, l2l_param_f32(layer, HEAD_PROJ), 1, N, D, V, 0, 0, 1.0f, 0.0f));
+  if (!c->final_ln) return L2L_OK;
+  float *dw = l2l_grad_f32(layer, HEAD_LN_W), *db = l2l_grad_f32(layer, HEAD_LN_B);
+  const float *w = l2l_param_f32(layer, HEAD_LN_W), *rstd = l2l_arena_at(base, p.rstd);
+  if (saved->flags & FRUGAL_LN)
+    return ops->layernorm_backward_from_output(dx, dw, db, dh, h, w,
+                                               l2l_param_f32(layer, HEAD_LN_B), rstd, N, D);
+  return ops->layernorm_backward(dx, dw, db, dh, x, w, l2l_arena_at(base, p.mean), rstd, N, D);
+}
+
+const struct layer_kind_ops l2l_lm_head_kind = {
+    .name = "LM head",
+    .create_params = lm_head_create,
+    .choose_flags = lm_head_flags,
+    .memory = lm_head_memory,
+    .forward = lm_head_forward,
+    .backward = lm_head_backward,
+};
+
+/* ---------------------------------------------------------------- classifier */
+
+static l2l_status classifier_create(l2l_layer *layer) {
+  const l2l_layer_config *c = &layer->config;
+  int64_t w[2] = {c->dim, c->classes}, b[1] = {c->classes};
+  TRY(l2l_layer_add_param(layer, CLS_W, "weight", 2, w, 'n', c->init_std, 1));
+  return l2l_layer_add_param(layer, CLS_B, "bias", 1, b, '0', 0, 0);
+}
+
+static uint32_t classifier_flags(const l2l_layer *layer, const l2l_layer_batch *batch) {
+  (void)layer;
+  return batch && batch->targets == NULL ? LOGITS : 0;
+}
+
+/* saved: first-position features f (B,D), then logits (B,C); backward work: df (B,D). */
+static void classifier_memory(l2l_layer_memory *out, const l2l_layer *layer, int64_t B,
+                              int64_t S, uint32_t flags) {
+  (void)S;
+  const l2l_layer_config *c = &layer->config;
+  struct arena saved = {0}, bwd = {0};
+  l2l_arena_reserve(&saved, (uint64_t)(B * c->dim) * sizeof(float));
+  if (!(flags & LOGITS)) l2l_arena_reserve(&saved, (uint64_t)(B * c->classes) * sizeof(float));
+  l2l_arena_reserve(&bwd, (uint64_t)(B * c->dim) * sizeof(float));
+  out->saved = saved.bytes;
+  out->work_backward = bwd.bytes;
+}
+
+static float *classifier_logits(void *base, const l2l_layer *layer, int64_t B) {
+  struct arena a = {0};
+  l2l_arena_reserve(&a, (uint64_t)(B * layer->config.dim) * sizeof(float));
+  return (float *)((char *)base + a.bytes);
+}
+
+static l2l_status classifier_forward(const struct layer_call *call, l2l_layer *layer, float *y,
+                                     const float *x, struct l2l_saved *saved, void *work) {
+  (void)work;
+  const struct l2l_backend_ops *ops = call->ops;
+  const int64_t B = call->batch, S = call->seq, D = layer->config.dim, C = layer->config.classes;
+  float *f = l2l_saved_base(saved);
+  for (int64_t b = 0; b < B; b++)
+    TRY(ops->copy(f + b * D, call->pool, x + b * S * D, call->pool, (uint64_t)D * sizeof(float)));
+  float *logits = saved->flags & LOGITS ? y : classifier_logits(f, layer, B);
+  TRY(l2l_linear_forward(ops, logits, f, l2l_param_f32(layer, CLS_W), l2l_param_f32(layer, CLS_B),
+                         B, D, C));
+  if (saved->flags & LOGITS) return L2L_OK;
+  return ops->cross_entropy_forward(y, logits, l2l_tensor_ptr(call->b->targets), -1, B, C);
+}
+
+static l2l_status classifier_backward(const struct layer_call *call, l2l_layer *layer,
+                                      float *dx, const float *dy, struct l2l_saved *saved,
+                                      void *work) {
+  (void)dy;
+  const struct l2l_backend_ops *ops = call->ops;
+  const int64_t B = call->batch, S = call->seq, D = layer->config.dim, C = layer->config.classes;
+  float *f = l2l_saved_base(saved), *dlogits = classifier_logits(f, layer, B), *df = work;
+  TRY(ops->cross_entropy_backward(dlogits, dlogits, l2l_tensor_ptr(call->b->targets), -1,
+                                  call->b->loss_scale, B, C));
+  TRY(l2l_linear_backward(ops, df, l2l_grad_f32(layer, CLS_W), l2l_grad_f32(layer, CLS_B),
+                          dlogits, f, l2l_param_f32(layer, CLS_W), B, D, C, 0.0f));
+  TRY(ops->fill(dx, L2L_F32, 0.0, B * S * D));
+  for (int64_t b = 0; b < B; b++)
+    TRY(ops->copy(dx + b * S * D, call->pool, df + b * D, call->pool, (uint64_t)D * sizeof(float)));
+  return L2L_OK;
+}
+
+const struct layer_kind_ops l2l_classifier_kind = {
+    .name = "classifier",
+    .create_params = classifier_create,
+    .choose_flags = classifier_flags,
+    .memory = classifier_memory,
+    .forward = classifier_forward,
+    .backward = classifier_backward,
+};

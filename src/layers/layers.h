@@ -1,0 +1,132 @@
+/* layers.h — what the layer files share: the layer, parameter and saved-state records,
+ * the per-kind operations table, and buffer planning.
+ *
+ * Purpose: layer.c does everything common to all kinds (checking calls, parameters,
+ * ties, clones, saved states); each kind's file (embedding.c, block.c, heads.c) supplies
+ * its parameter layout, its forward and backward on raw buffers, and a plan of the
+ * buffers those need. Forward and memory reports use one plan, so the bytes a layer
+ * reports are the bytes it allocates.
+ * Accumulation contract for every kind: parameter gradients accumulate (+=), activation
+ * gradients are written (=).
+ * Must never: be included outside src/layers/.
+ */
+#ifndef L2L_LAYERS_H
+#define L2L_LAYERS_H
+
+#include "../backend.h"
+
+#define L2L_PARAM_MAGIC 0x6c326c70u  /* "l2lp" */
+#define L2L_LAYER_MAGIC 0x6c326c6cu  /* "l2ll" */
+#define L2L_SAVED_MAGIC 0x6c326c73u  /* "l2ls" */
+enum { L2L_LAYER_MAX_PARAMS = 12, L2L_PARAM_NAME = 24 };
+
+struct l2l_param {
+  uint32_t magic;
+  atomic_int users;             /* layers holding this record */
+  char name[L2L_PARAM_NAME];
+  int decays;
+  l2l_tensor *value, *grad;     /* same shape, f32, one pool */
+};
+
+struct l2l_layer {
+  uint32_t magic;
+  l2l_layer_config config;
+  uint32_t rng_id;
+  l2l_pool_kind pool;
+  int nparams;
+  l2l_param *params[L2L_LAYER_MAX_PARAMS];
+  /* A kind's parameter roles (its own enum) -> index in params; -1: absent (a bias
+     switched off). */
+  int8_t role[L2L_LAYER_MAX_PARAMS];
+};
+
+/* Bytes carved out of one pool allocation: every buffer starts on L2L_ALIGN. */
+struct arena {
+  uint64_t bytes;
+};
+enum { NO_BUFFER = -1 };
+/* Reserves `bytes` (0: none) and returns the offset, or NO_BUFFER. */
+int64_t l2l_arena_reserve(struct arena *a, uint64_t bytes);
+static inline void *l2l_arena_at(void *base, int64_t offset) {
+  return offset == NO_BUFFER ? NULL : (char *)base + offset;
+}
+
+/* Parameter roles of the kinds that layer.c needs to know (ties). */
+enum { EMBED_WTE = 0, EMBED_WPE = 1, EMBED_WTT = 2 };
+enum { HEAD_LN_W = 0, HEAD_LN_B = 1, HEAD_PROJ = 2 };
+
+struct l2l_saved {
+  uint32_t magic;
+  l2l_layer_kind kind;
+  int64_t batch, seq;           /* the forward's B and S */
+  uint32_t flags;               /* kind-specific choices made in forward (e.g. fallbacks) */
+  bool used;                    /* a backward has consumed it */
+  l2l_tensor *buffer;           /* the saved arena (u8), NULL when empty */
+  l2l_tensor *input, *output;   /* references to x and y when the backward reads them */
+};
+
+/* One call's view of its tensors, checked by layer.c. */
+struct layer_call {
+  const struct l2l_backend_ops *ops;
+  l2l_pool_kind pool;           /* where saved and work arenas go (y's pool) */
+  int64_t batch, seq;
+  const l2l_layer_batch *b;
+};
+
+/* Draw stream of a dropout site (l2l.h). */
+static inline uint64_t l2l_dropout_stream(const l2l_layer *layer, const l2l_layer_batch *b,
+                                          int site) {
+  return (b->step << 32) + ((uint64_t)layer->rng_id << 8) + (uint64_t)site;
+}
+
+struct layer_kind_ops {
+  const char *name;
+  /* Creates the kind's parameters (layer->config already checked). */
+  l2l_status (*create_params)(l2l_layer *layer);
+  /* Choices a forward makes from the present parameters and the batch (memory mode,
+     LayerNorm fallbacks, whether dropout runs), recorded in the saved state so that its
+     backward plans the same buffers. batch NULL: a training call (for reports). */
+  uint32_t (*choose_flags)(const l2l_layer *layer, const l2l_layer_batch *batch);
+  /* Bytes for B, S under `flags`, params excluded: what forward and backward allocate. */
+  void (*memory)(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch, int64_t seq,
+                 uint32_t flags);
+  /* y from x. saved NULL: inference (nothing kept); else its buffer is allocated as
+     memory() says. work: work_forward bytes. */
+  l2l_status (*forward)(const struct layer_call *call, l2l_layer *layer, float *y,
+                        const float *x, struct l2l_saved *saved, void *work);
+  /* dx (NULL for the embedding) from dy (NULL for heads). work: work_backward bytes. */
+  l2l_status (*backward)(const struct layer_call *call, l2l_layer *layer, float *dx,
+                         const float *dy, struct l2l_saved *saved, void *work);
+};
+
+extern const struct layer_kind_ops l2l_embedding_kind, l2l_block_kind, l2l_lm_head_kind,
+    l2l_classifier_kind;
+
+/* Linear maps on row-major buffers, shared by the kinds: y (n,out) = x (n,in) @ w (in,out)
+   [+ bias]; the backward adds x^T dy into dw and column sums of dy into db (NULL: none)
+   and sets dx = dy w^T + dx_beta * dx (dx NULL: skipped). */
+l2l_status l2l_linear_forward(const struct l2l_backend_ops *ops, float *y, const float *x,
+                              const float *w, const float *bias, int64_t n, int64_t in,
+                              int64_t out);
+l2l_status l2l_linear_backward(const struct l2l_backend_ops *ops, float *dx, float *dw,
+                               float *db, const float *dy, const float *x, const float *w,
+                               int64_t n, int64_t in, int64_t out, float dx_beta);
+
+/* Adds the parameter of `role` for create_params (layer.c). init: 'n' normal(0, std),
+   '0' zeros, '1' ones. */
+l2l_status l2l_layer_add_param(l2l_layer *layer, int role, const char *name, int ndim,
+                               const int64_t *shape, char init, float std, int decays);
+/* The value / gradient of a role, NULL when the layer has none. */
+static inline float *l2l_param_f32(const l2l_layer *layer, int role) {
+  int i = layer->role[role];
+  return i < 0 ? NULL : (float *)l2l_tensor_ptr(layer->params[i]->value);
+}
+static inline float *l2l_grad_f32(const l2l_layer *layer, int role) {
+  int i = layer->role[role];
+  return i < 0 ? NULL : (float *)l2l_tensor_ptr(layer->params[i]->grad);
+}
+static inline void *l2l_saved_base(const struct l2l_saved *s) {
+  return s && s->buffer ? l2l_tensor_ptr(s->buffer) : NULL;
+}
+
+#endif /* L2L_LAYERS_H */
