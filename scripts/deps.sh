@@ -8,7 +8,8 @@ set -euo pipefail
 packages=(
   luajit libluajit-5.1-dev   # LuaJIT 2.1: the front end and the l2l executable
   libjemalloc-dev            # host memory pools
-  libopenblas-dev            # CPU GEMMs
+  libopenblas-dev            # CPU GEMMs: cblas.h
+  libopenblas0-openmp        # OpenBLAS's OpenMP build, which libl2l links (see Makefile)
   lua-busted                 # the spec runner (run under the l2l executable)
   pkg-config
 )

@@ -5,10 +5,10 @@
  * GCC vectorizes it (no calls into libm in hot loops: exp and log come from vmath.h, sqrt
  * vectorizes under -fno-math-errno) and is split across the compute threads with a static
  * schedule, so results are the same from run to run for a given thread count.
- * Must never: call BLAS from inside an OpenMP region while OpenBLAS has its own threads
- * (the two pools would oversubscribe the cores; attention, in backend_cpu_attention.c,
- * drops OpenBLAS to one thread for its region), allocate from a pool, or read an output
- * before writing it unless the op accumulates.
+ * l2l links OpenBLAS's OpenMP build, so BLAS and these loops share one thread pool (and
+ * BLAS inside a parallel region, as attention does, runs single-threaded).
+ * Must never: allocate from a pool, or read an output before writing it unless the op
+ * accumulates.
  */
 #include <cblas.h>
 #include <math.h>
@@ -155,28 +155,38 @@ static l2l_status cpu_gelu_forward_bits(float *y, uint8_t *bits, const float *x,
   return cpu_gelu_forward(y, x, n);
 }
 
+static inline float max0(float v) { return v > 0.0f ? v : 0.0f; }
+
 static inline float gelu_prime_from_output(float y, float right) {
-  float t = sqrtf(fmaxf(y - L2L_GELU_YMIN, 0.0f));
-  t = right != 0.0f ? t : -t;
+  /* Branch logic as arithmetic on right (0 or 1) and single-condition float selects:
+     GCC does not vectorize nested or combined conditions here. */
+  float side = 2.0f * right - 1.0f;
+  float t = side * sqrtf(max0(y - L2L_GELU_YMIN));
   float x = L2L_GELU_XMIN + t / GELU_C;
-  if (right != 0.0f && y > x) x = y;
-  int log_space = right == 0.0f && t < -0.2f;
-  float log_target = vlog(fmaxf(-y, 1e-37f));
-  float s = 0.0f, du = 0.0f;
-  for (int step = 0; step <= GELU_NEWTON_STEPS; step++) {
+  x += right * max0(y - x);  /* right of the minimum gelu(x) <= x, so x >= y */
+  float left_far = t < -0.2f ? 1.0f : 0.0f; /* t < -0.2 only happens on the left branch */
+  float log_target = vlog(max0(-y) + 1e-37f);
+#pragma GCC unroll 8
+  for (int step = 0; step < GELU_NEWTON_STEPS; step++) {
     float u = GELU_K0 * (x + GELU_K1 * x * x * x);
-    du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * x * x);
-    s = 1.0f / (1.0f + vexp(-2.0f * u));
-    if (step == GELU_NEWTON_STEPS) break; /* s, du now belong to the final x */
+    float du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * x * x);
+    float s = 1.0f / (1.0f + vexp(-2.0f * u));
     float g = x * s, g1 = s + x * 2.0f * du * s * (1.0f - s);
-    float e = fmaxf(g - L2L_GELU_YMIN, 0.0f), tx = sqrtf(e);
-    tx = x >= L2L_GELU_XMIN ? tx : -tx;
+    float e = max0(g - L2L_GELU_YMIN);
+    float tx = (x >= L2L_GELU_XMIN ? 1.0f : -1.0f) * sqrtf(e);
     float slope_t = e > 1e-6f ? g1 / (2.0f * tx) : GELU_C;
     float step_t = (tx - t) / slope_t;
-    float step_log = (vlog(-x) + vlog(s) - log_target) / (1.0f / x + 2.0f * du * (1.0f - s));
-    float next = x - (log_space ? step_log : step_t);
-    x = right != 0.0f ? fmaxf(next, L2L_GELU_XMIN) : fminf(next, L2L_GELU_XMIN);
+    float step_log = (vlog(max0(-x) + 1e-37f) + vlog(s) - log_target) /
+                     (1.0f / x + 2.0f * du * (1.0f - s));
+    float next = x - (left_far > 0.5f ? step_log : step_t);
+    /* stay on the bit's branch */
+    float above = next > L2L_GELU_XMIN ? next : L2L_GELU_XMIN;
+    float below = next < L2L_GELU_XMIN ? next : L2L_GELU_XMIN;
+    x = right > 0.5f ? above : below;
   }
+  float u = GELU_K0 * (x + GELU_K1 * x * x * x);
+  float du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * x * x);
+  float s = 1.0f / (1.0f + vexp(-2.0f * u));
   return s + x * 2.0f * du * s * (1.0f - s);
 }
 

@@ -8,9 +8,8 @@
  * recomputing: both modes run one implementation.
  *
  * Work is split over (sample, head[, query tile]) with OpenMP; each tile's products are
- * single-threaded cblas_sgemm calls on strided views (heads live in columns, so no
- * permutes are needed). OpenBLAS is set to one thread for the region and restored after,
- * so the two thread pools never nest.
+ * cblas_sgemm calls on strided views (heads live in columns, so no permutes are needed),
+ * which OpenBLAS's OpenMP build runs single-threaded inside the parallel region.
  *
  * Backward per tile of query rows i and all visible keys j (dropout mask M, keep = 1-p):
  *   P = exp(scale q k^T - lse),  P' = P M / keep,  dv += P'^T do,  dP' = do v^T,
@@ -27,8 +26,6 @@
 #include "backend.h"
 #include "vmath.h"
 
-void openblas_set_num_threads(int threads);
-
 enum { TILE_Q = 64 }; /* query rows per tile: a tile row of scores stays in cache */
 
 int64_t l2l_cpu_attention_workspace(int64_t seq, int backward) {
@@ -36,11 +33,13 @@ int64_t l2l_cpu_attention_workspace(int64_t seq, int backward) {
   return (backward ? 3 : 1) * (int64_t)TILE_Q * seq;
 }
 
-/* Threads that fit the workspace, at most the compute threads and `items`. */
-static int attention_threads(int64_t seq, int backward, int64_t workspace_floats,
-                             int64_t items) {
-  int64_t fit = workspace_floats / l2l_cpu_attention_workspace(seq, backward);
-  int64_t nt = atomic_load_explicit(&l2l_compute_threads, memory_order_relaxed);
+/* Threads that fit the workspace, at most the compute threads and `items`; one for
+   small problems, where waking a team costs more than it saves. */
+static int attention_threads(const struct l2l_attention_shape *sh, int backward,
+                             int64_t workspace_floats, int64_t items) {
+  int64_t fit = workspace_floats / l2l_cpu_attention_workspace(sh->seq, backward);
+  int64_t flops = sh->batch * sh->heads * sh->seq * sh->seq * sh->head_dim;
+  int64_t nt = flops < (1 << 18) ? 1 : atomic_load_explicit(&l2l_compute_threads, memory_order_relaxed);
   if (nt > fit) nt = fit;
   if (nt > items) nt = items;
   return nt < 1 ? 1 : (int)nt;
@@ -158,8 +157,7 @@ l2l_status l2l_cpu_attention_forward(float *o, float *lse, float *probs, float *
   const int64_t tiles = (sh->seq + TILE_Q - 1) / TILE_Q;
   const int64_t items = sh->batch * sh->heads * tiles;
   const int64_t per_thread = l2l_cpu_attention_workspace(sh->seq, 0);
-  int nt = attention_threads(sh->seq, 0, workspace_floats, items);
-  openblas_set_num_threads(1);
+  int nt = attention_threads(sh, 0, workspace_floats, items);
 #pragma omp parallel for schedule(dynamic) num_threads(nt)
   for (int64_t item = 0; item < items; item++) {
     int t = nt > 1 ? omp_get_thread_num() : 0;
@@ -167,7 +165,6 @@ l2l_status l2l_cpu_attention_forward(float *o, float *lse, float *probs, float *
     forward_tile(o, lse, probs, dropped, mask, q, k, v, key_mask, sh, bh / sh->heads,
                  bh % sh->heads, tile * TILE_Q, workspace + t * per_thread);
   }
-  openblas_set_num_threads(atomic_load(&l2l_compute_threads));
   return L2L_OK;
 }
 
@@ -268,14 +265,12 @@ l2l_status l2l_cpu_attention_backward(float *dq, float *dk, float *dv, const flo
                                       int64_t workspace_floats) {
   const int64_t items = sh->batch * sh->heads;
   const int64_t per_thread = l2l_cpu_attention_workspace(sh->seq, 1);
-  int nt = attention_threads(sh->seq, 1, workspace_floats, items);
-  openblas_set_num_threads(1);
+  int nt = attention_threads(sh, 1, workspace_floats, items);
 #pragma omp parallel for schedule(dynamic) num_threads(nt)
   for (int64_t item = 0; item < items; item++) {
     int t = nt > 1 ? omp_get_thread_num() : 0;
     backward_head(dq, dk, dv, d_o, o, lse, probs, dropped, mask, q, k, v, key_mask, sh,
                   item / sh->heads, item % sh->heads, workspace + t * per_thread);
   }
-  openblas_set_num_threads(atomic_load(&l2l_compute_threads));
   return L2L_OK;
 }

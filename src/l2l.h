@@ -268,12 +268,13 @@ typedef enum l2l_layer_kind {
              input and output, the S x S attention probabilities (after softmax and after
              dropout) and dropout masks as bits.
    frugal:   strictly less, same gradients: LayerNorm output and rstd (x^ = (y - b)/w in
-             backward), GELU output plus one bit per element (which side of the minimum
-             x = -0.7518 the input was on), attention's row log-sum-exp instead of any S x S
-             matrix (recomputed tile by tile in backward), no dropout masks (regenerated
-             from the counter-based generator). A LayerNorm whose weight has a channel with
-             |w| < 1e-6 or |w| < |b|/64, where x^ cannot be recovered from y to float
-             precision, falls back to standard for that LayerNorm in that call. */
+             backward), GELU output plus one bit per element (which side of the tanh-form
+             GELU's minimum, x = -0.7525, the input was on), attention's row log-sum-exp
+             instead of any S x S matrix (recomputed tile by tile in backward), no dropout
+             masks (regenerated from the counter-based generator). A LayerNorm whose
+             weight has a channel with |w| < 1e-6 or |w| < |b|/64, where x^ cannot be
+             recovered from y to float precision, falls back to standard for that
+             LayerNorm in that call. The LM head's LayerNorm follows its layer's mode too. */
 typedef enum l2l_memory_mode {
   L2L_MEMORY_STANDARD = 0,
   L2L_MEMORY_FRUGAL = 1
@@ -294,7 +295,8 @@ typedef enum l2l_memory_mode {
    classifier: weight (D,C), bias (C) on the first position's features.
    Initial values: linear weights and embeddings N(0, init_std^2) (the two residual
    projections N(0, resid_std^2), e.g. init_std/sqrt(2 layers) as in GPT-2), biases 0,
-   LayerNorm weights 1; drawn from (init_seed, the layer's rng id). */
+   LayerNorm weights 1; drawn from (init_seed, the parameter's place in the list above),
+   so layers of one kind and seed start equal. */
 typedef struct l2l_layer_config {
   l2l_layer_kind kind;
   int64_t dim;           /* D */

@@ -2,7 +2,7 @@
 --
 -- Purpose: gather the modules into the one table users meet: tensor constructors
 -- (l2l.tensor, l2l.zeros, ...), l2l.ops, memory pool statistics and budgets, compute
--- threads. Later front-end parts (layers, Sequential, optimizers, Relay) join here.
+-- threads, layers and l2l.Sequential. Later parts (optimizers, Relay) join here.
 -- Must never: hold logic of its own beyond argument checks of the functions below.
 local lib = require("l2l.lib")
 local tensor = require("l2l.tensor")
@@ -25,6 +25,13 @@ local l2l = {
   library = lib.path,   -- where libl2l came from ("(linked in)" inside the l2l executable)
   C = C,                -- the raw C API, for what the Lua layer does not wrap
 }
+
+-- Layers and the whole-model container.
+local layers, model = require("l2l.layers"), require("l2l.model")
+l2l.Embedding, l2l.Block, l2l.LMHead, l2l.Classifier = layers.Embedding, layers.Block,
+    layers.LMHead, layers.Classifier
+l2l.is_layer = layers.is_layer
+l2l.Sequential, l2l.is_sequential = model.Sequential, model.is_sequential
 
 -- l2l.pool_stats("device") -> {current=, peak=, budget=, allocs=, frees=, refused=} (bytes)
 local stats = ffi.new("l2l_pool_stats")

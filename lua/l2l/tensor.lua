@@ -79,6 +79,7 @@ local function handle_of(t, name, fname, level)
   return h
 end
 M.handle_of = handle_of
+M.wrap = wrap   -- a Lua tensor owning a C handle (for other front-end modules)
 
 local function check_shape(shape, fname, level)
   if type(shape) ~= "table" then

@@ -77,9 +77,9 @@ l2l_status l2l_layer_add_param(l2l_layer *layer, int role, const char *name, int
   TRY(param_new(&param, name, layer->pool, ndim, shape, decays));
   layer->params[layer->nparams++] = param;
   layer->role[role] = (int8_t)index;
-  /* Each parameter has its own stream: the top bit keeps init streams apart from dropout
-     streams (step << 32 + rng_id << 8 + site). */
-  uint64_t stream = (UINT64_C(1) << 63) + ((uint64_t)layer->rng_id << 8) + (uint64_t)index;
+  /* Each parameter role has its own stream; the top bit keeps init streams apart from
+     dropout streams (step << 32 + rng_id << 8 + site). Layers of one seed start equal. */
+  uint64_t stream = (UINT64_C(1) << 63) + (uint64_t)role;
   switch (init) {
     case 'n': return l2l_tensor_normal(param->value, layer->config.init_seed, stream, 0, 0.0, std);
     case '1': return l2l_tensor_fill(param->value, 1.0);

@@ -1,0 +1,296 @@
+-- l2l.layers — layer constructors (Embedding, Block, LMHead, Classifier) and their methods.
+--
+-- Purpose: the C layers of src/l2l.h as Lua objects, Torch style: `y = layer:forward(x,
+-- batch)` keeps what the backward needs inside the layer; `dx = layer:backward(dy, batch)`
+-- uses it (once) and adds into the parameter gradients. Options are tables with defaults
+-- a GPT-2 user would expect; misuse raises an error naming the option.
+-- A batch is a table: tokens, targets, token_types, key_mask (tensors), seed, step,
+-- first_sample, training (boolean, default true), loss_scale (heads' backward).
+-- Must never: keep a C object without a finalizer, or let a failed C call pass silently.
+local ffi = require("ffi")
+local lib = require("l2l.lib")
+local tensor = require("l2l.tensor")
+
+local C, check, handle_of = lib.C, lib.check, tensor.handle_of
+local type, tostring, pairs, floor, unpack = type, tostring, pairs, math.floor, unpack
+
+local M = {}
+
+local Layer = {}
+Layer.__index = Layer
+M.Layer = Layer
+
+local kinds = {
+  embedding = C.L2L_LAYER_EMBEDDING, block = C.L2L_LAYER_BLOCK,
+  lm_head = C.L2L_LAYER_LM_HEAD, classifier = C.L2L_LAYER_CLASSIFIER,
+}
+local kind_names = {}
+for name, id in pairs(kinds) do kind_names[tonumber(id)] = name end
+local memory_modes = { standard = C.L2L_MEMORY_STANDARD, frugal = C.L2L_MEMORY_FRUGAL }
+local memory_names = { [0] = "standard", [1] = "frugal" }
+
+local function layer_gc(box) C.l2l_layer_free(box[0]) end
+local function saved_gc(box) C.l2l_saved_free(box[0]) end
+
+----------------------------------------------------------------- options
+
+local function opt_number(o, key, default, fname, ok, what)
+  local v = o[key]
+  if v == nil then v = default end
+  if v == nil then error(("%s: option '%s' is required"):format(fname, key), 4) end
+  if type(v) ~= "number" or not ok(v) then
+    error(("%s: option '%s' must be %s, got %s"):format(fname, key, what, tostring(v)), 4)
+  end
+  return v
+end
+local function positive_int(o, key, default, fname)
+  return opt_number(o, key, default, fname, function(v) return v >= 1 and v == floor(v) end,
+                    "an integer >= 1")
+end
+local function rate(o, key, default, fname)
+  return opt_number(o, key, default, fname, function(v) return v >= 0 and v < 1 end, "in [0, 1)")
+end
+local function positive(o, key, default, fname)
+  return opt_number(o, key, default, fname, function(v) return v > 0 and v < math.huge end,
+                    "a finite number > 0")
+end
+local function flag(o, key, default, fname)
+  local v = o[key]
+  if v == nil then v = default end
+  if type(v) ~= "boolean" then
+    error(("%s: option '%s' must be true or false, got %s"):format(fname, key, tostring(v)), 4)
+  end
+  return v and 1 or 0
+end
+
+local allowed = {
+  embedding = { vocab = 1, dim = 1, max_seq = 1, type_vocab = 1, dropout = 1, init_std = 1, seed = 1, pool = 1 },
+  block = { dim = 1, heads = 1, mlp = 1, causal = 1, post_ln = 1, bias = 1, dropout = 1,
+            attn_dropout = 1, eps = 1, memory = 1, init_std = 1, resid_std = 1, seed = 1, pool = 1 },
+  lm_head = { vocab = 1, dim = 1, final_ln = 1, tie = 1, eps = 1, memory = 1, init_std = 1, seed = 1, pool = 1 },
+  classifier = { dim = 1, classes = 1, init_std = 1, seed = 1, pool = 1 },
+}
+
+local seed_counter = 0
+local function new_layer(kind, fname, o)
+  if type(o) ~= "table" then error(fname .. ": expects an options table", 3) end
+  for key in pairs(o) do
+    if not allowed[kind][key] then error(("%s: unknown option '%s'"):format(fname, tostring(key)), 3) end
+  end
+  local c = ffi.new("l2l_layer_config")
+  c.kind = kinds[kind]
+  local dim = positive_int(o, "dim", nil, fname)
+  c.dim = dim
+  local init_std = positive(o, "init_std", 0.02, fname)
+  c.init_std = init_std
+  c.eps = positive(o, "eps", 1e-5, fname)
+  local mem = o.memory or "standard"
+  if memory_modes[mem] == nil then
+    error(("%s: option 'memory' must be \"standard\" or \"frugal\", got %s"):format(fname, tostring(mem)), 3)
+  end
+  c.memory = memory_modes[mem]
+  if o.seed ~= nil and (type(o.seed) ~= "number" or o.seed < 0 or o.seed ~= floor(o.seed)) then
+    error(fname .. ": option 'seed' must be an integer >= 0", 3)
+  end
+  seed_counter = seed_counter + 1
+  c.init_seed = o.seed or seed_counter   -- distinct layers differ even without seeds
+  if kind == "embedding" then
+    c.vocab = positive_int(o, "vocab", nil, fname)
+    c.max_seq = positive_int(o, "max_seq", nil, fname)
+    c.type_vocab = o.type_vocab or 0
+    c.dropout = rate(o, "dropout", 0, fname)
+  elseif kind == "block" then
+    c.heads = positive_int(o, "heads", nil, fname)
+    c.mlp = positive_int(o, "mlp", 4 * dim, fname)
+    c.causal = flag(o, "causal", false, fname)
+    c.post_ln = flag(o, "post_ln", false, fname)
+    c.bias = flag(o, "bias", true, fname)
+    c.dropout = rate(o, "dropout", 0, fname)
+    c.attn_dropout = rate(o, "attn_dropout", o.dropout or 0, fname)
+    c.resid_std = positive(o, "resid_std", init_std, fname)
+  elseif kind == "lm_head" then
+    c.vocab = positive_int(o, "vocab", nil, fname)
+    c.final_ln = flag(o, "final_ln", true, fname)
+  else
+    c.classes = positive_int(o, "classes", nil, fname)
+  end
+  local pool = lib.pool_id(o.pool or "host", fname, 3)
+  local out = ffi.new("l2l_layer *[1]")
+  check(C.l2l_layer_new(out, c, pool), fname, 3)
+  local layer = setmetatable({
+    kind = kind,
+    handle = ffi.gc(out, layer_gc),   -- a one-element box: the finalizer frees its content
+    tie = kind == "lm_head" and o.tie or nil,
+  }, Layer)
+  return layer
+end
+
+function M.Embedding(o) return new_layer("embedding", "l2l.Embedding", o) end
+function M.Block(o) return new_layer("block", "l2l.Block", o) end
+function M.LMHead(o) return new_layer("lm_head", "l2l.LMHead", o) end
+function M.Classifier(o) return new_layer("classifier", "l2l.Classifier", o) end
+
+function M.is_layer(x) return getmetatable(x) == Layer end
+
+----------------------------------------------------------------- methods
+
+local function H(layer, fname)
+  if getmetatable(layer) ~= Layer then error(fname .. ": self must be a layer", 3) end
+  return layer.handle[0]
+end
+
+function Layer:config()
+  local c = ffi.new("l2l_layer_config")
+  check(C.l2l_layer_get_config(c, H(self, "layer:config")), "layer:config", 2)
+  return {
+    kind = kind_names[tonumber(c.kind)], dim = tonumber(c.dim), heads = tonumber(c.heads),
+    mlp = tonumber(c.mlp), vocab = tonumber(c.vocab), max_seq = tonumber(c.max_seq),
+    type_vocab = tonumber(c.type_vocab), classes = tonumber(c.classes),
+    causal = c.causal == 1, post_ln = c.post_ln == 1, bias = c.bias == 1,
+    final_ln = c.final_ln == 1, dropout = c.dropout, attn_dropout = c.attn_dropout,
+    eps = c.eps, memory = memory_names[tonumber(c.memory)],
+  }
+end
+
+function Layer:nparams() return tonumber(C.l2l_layer_nparams(H(self, "layer:nparams"))) end
+
+-- {name=, value=, grad=, decays=, users=, id=} per parameter record; value and grad are
+-- tensors sharing the record's storage. `id` identifies the record (tied layers share it).
+function Layer:params()
+  local h = H(self, "layer:params")
+  local list = {}
+  for i = 0, C.l2l_layer_param_count(h) - 1 do
+    local p = C.l2l_layer_param(h, i)
+    local function view(t)
+      local out = ffi.new("l2l_tensor *[1]")
+      check(C.l2l_tensor_view_rows(out, t, 0, C.l2l_tensor_dim(t, 0)), "layer:params", 3)
+      return tensor.wrap(out[0])
+    end
+    list[#list + 1] = {
+      name = ffi.string(C.l2l_param_name(p)), value = view(C.l2l_param_value(p)),
+      grad = view(C.l2l_param_grad(p)), decays = C.l2l_param_decays(p) == 1,
+      users = C.l2l_param_users(p), id = tonumber(ffi.cast("intptr_t", p)),
+    }
+  end
+  return list
+end
+
+function Layer:zero_grad() check(C.l2l_layer_zero_grad(H(self, "layer:zero_grad")), "layer:zero_grad", 2) end
+
+function Layer:set_memory(mode)
+  if memory_modes[mode] == nil then
+    error("layer:set_memory: mode must be \"standard\" or \"frugal\", got " .. tostring(mode), 2)
+  end
+  check(C.l2l_layer_set_memory(H(self, "layer:set_memory"), memory_modes[mode]), "layer:set_memory", 2)
+end
+
+-- Bytes for a micro-batch of B samples of S positions: {params, saved, input_kept,
+-- output_kept, work_forward, work_backward, peak}.
+function Layer:memory(micro_batch, seq)
+  local m = ffi.new("l2l_layer_memory")
+  check(C.l2l_layer_memory_use(m, H(self, "layer:memory"), micro_batch or 0, seq or 0), "layer:memory", 2)
+  return {
+    params = tonumber(m.params), saved = tonumber(m.saved), input_kept = tonumber(m.input_kept),
+    output_kept = tonumber(m.output_kept), work_forward = tonumber(m.work_forward),
+    work_backward = tonumber(m.work_backward), peak = tonumber(m.peak),
+  }
+end
+
+-- Bytes this layer's backward holds from its forward: its saved state plus its input
+-- when it reads it (the output belongs to the next layer as its input).
+function Layer:saved_bytes(micro_batch, seq)
+  local m = self:memory(micro_batch, seq)
+  return m.saved + m.input_kept
+end
+
+function Layer:clone()
+  local out = ffi.new("l2l_layer *[1]")
+  check(C.l2l_layer_clone(out, H(self, "layer:clone")), "layer:clone", 2)
+  return setmetatable({ kind = self.kind, handle = ffi.gc(out, layer_gc), tie = self.tie }, Layer)
+end
+
+-- head:tie_to(embedding): the LM head's projection becomes the embedding's table.
+function Layer:tie_to(embedding)
+  if not M.is_layer(embedding) then error("layer:tie_to: embedding must be a layer", 2) end
+  check(C.l2l_layer_tie(H(self, "layer:tie_to"), embedding.handle[0]), "layer:tie_to", 2)
+  self.tied_to = embedding   -- keeps the embedding's record alive as long as the head
+end
+
+----------------------------------------------------------------- forward and backward
+
+local function opt_handle(t, name, fname)
+  if t == nil then return nil end
+  return handle_of(t, name, fname, 4)
+end
+
+local function batch_struct(b, fname)
+  if type(b) ~= "table" then error(fname .. ": batch must be a table", 3) end
+  local s = ffi.new("l2l_layer_batch")
+  s.tokens = opt_handle(b.tokens, "batch.tokens", fname)
+  s.token_types = opt_handle(b.token_types, "batch.token_types", fname)
+  s.targets = opt_handle(b.targets, "batch.targets", fname)
+  s.key_mask = opt_handle(b.key_mask, "batch.key_mask", fname)
+  s.first_sample = b.first_sample or 0
+  s.seed = b.seed or 0
+  s.step = b.step or 0
+  if b.training ~= nil and type(b.training) ~= "boolean" then
+    error(fname .. ": batch.training must be true or false", 3)
+  end
+  s.training = b.training == false and 0 or 1
+  s.loss_scale = b.loss_scale or 1
+  return s
+end
+
+-- The output shape for input x (or tokens) and the batch.
+local function output_shape(self, x, b)
+  local c = self:config()
+  local ref = self.kind == "embedding" and b.tokens or x
+  local B, S = ref:dim(1), ref:dim(2)
+  if self.kind == "lm_head" then return b.targets and { B, S } or { B, S, c.vocab } end
+  if self.kind == "classifier" then return b.targets and { B } or { B, c.classes } end
+  return { B, S, c.dim }
+end
+
+-- y = layer:forward(x, batch): x nil for an embedding; heads return per-token (or per-
+-- sample) losses, or logits when batch.targets is nil. Keeps what backward needs unless
+-- batch.training is false.
+function Layer:forward(x, batch)
+  local fname = "layer:forward"
+  local h = H(self, fname)
+  local s = batch_struct(batch, fname)
+  local xh = x ~= nil and handle_of(x, "x", fname, 2) or nil
+  local ref = self.kind == "embedding" and batch.tokens or x
+  if ref == nil then error(fname .. (self.kind == "embedding" and ": batch.tokens is required" or ": x is required"), 2) end
+  handle_of(ref, self.kind == "embedding" and "batch.tokens" or "x", fname, 2)
+  local y = tensor.empty(output_shape(self, x, batch), { pool = ref:pool() })
+  local keep = batch.training ~= false
+  local saved = keep and ffi.gc(ffi.new("l2l_saved *[1]"), saved_gc) or nil
+  check(C.l2l_layer_forward(saved, h, handle_of(y, "y", fname, 2), xh, s), fname, 2)
+  self.saved = saved
+  self.saved_input = { ref:dim(1), ref:dim(2), ref:pool() }   -- for dx's shape
+  return y
+end
+
+-- dx = layer:backward(dy, batch): dy nil for heads (batch.loss_scale scales the losses'
+-- gradient); dx nil for the embedding. Parameter gradients accumulate.
+function Layer:backward(dy, batch)
+  local fname = "layer:backward"
+  local h = H(self, fname)
+  local s = batch_struct(batch, fname)
+  if self.saved == nil or self.saved[0] == nil then
+    error(fname .. ": no saved state (run forward with training first)", 2)
+  end
+  local dx
+  if self.kind ~= "embedding" then
+    local B, S, pool = unpack(self.saved_input)
+    dx = tensor.empty({ B, S, self:config().dim }, { pool = pool })
+  end
+  check(C.l2l_layer_backward(h, dx and handle_of(dx, "dx", fname, 2) or nil,
+                             dy ~= nil and handle_of(dy, "dy", fname, 2) or nil, self.saved[0], s),
+        fname, 2)
+  C.l2l_saved_free(self.saved[0])
+  self.saved[0] = nil
+  return dx
+end
+
+return M
