@@ -16,26 +16,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "l2l.h"
+#include "bench.h"
 
 enum { REPEATS = 9 };
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int compare_doubles(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, compare_doubles);
-  return v[n / 2];
-}
-
 static l2l_tensor *tensor(int ndim, int64_t d0, int64_t d1, int64_t d2) {
   int64_t shape[3] = {d0, d1, d2};
   l2l_tensor *t = NULL;
@@ -45,13 +28,6 @@ static l2l_tensor *tensor(int ndim, int64_t d0, int64_t d1, int64_t d2) {
     exit(1);
   }
   return t;
-}
-
-static void ok(l2l_status status) {
-  if (status != L2L_OK) {
-    fprintf(stderr, "bench: %s\n", l2l_last_error());
-    exit(1);
-  }
 }
 
 /* ---------------------------------------------------------------- GEMM */
