@@ -176,8 +176,7 @@ static inline float gelu_prime_from_output(float y, float right) {
     float tx = (x >= L2L_GELU_XMIN ? 1.0f : -1.0f) * sqrtf(e);
     float slope_t = e > 1e-6f ? g1 / (2.0f * tx) : GELU_C;
     float step_t = (tx - t) / slope_t;
-    float step_log = (vlog(max0(-x) + 1e-37f) + vlog(s) - log_target) /
-                     (1.0f / x + 2.0f * du * (1.0f - s));
+    float step_log = (vlog(max0(-g) + 1e-37f) - log_target) / (1.0f / x + 2.0f * du * (1.0f - s));
     float next = x - (left_far > 0.5f ? step_log : step_t);
     /* stay on the bit's branch */
     float above = next > L2L_GELU_XMIN ? next : L2L_GELU_XMIN;
