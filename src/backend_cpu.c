@@ -162,7 +162,7 @@ static inline float gelu_prime_from_output(float y, float right) {
      GCC does not vectorize nested or combined conditions here. */
   float side = 2.0f * right - 1.0f;
   float t = side * sqrtf(max0(y - L2L_GELU_YMIN));
-  float x = L2L_GELU_XMIN + t / GELU_C;
+  float x = L2L_GELU_XMIN + t * (1.0f / GELU_C);
   x += right * max0(y - x);  /* right of the minimum gelu(x) <= x, so x >= y */
   float left_far = t < -0.2f ? 1.0f : 0.0f; /* t < -0.2 only happens on the left branch */
   float log_target = vlog(max0(-y) + 1e-37f);
@@ -174,10 +174,14 @@ static inline float gelu_prime_from_output(float y, float right) {
     float g = x * s, g1 = s + x * 2.0f * du * s * (1.0f - s);
     float e = max0(g - L2L_GELU_YMIN);
     float tx = (x >= L2L_GELU_XMIN ? 1.0f : -1.0f) * sqrtf(e);
-    float slope_t = e > 1e-6f ? g1 / (2.0f * tx) : GELU_C;
-    float step_t = (tx - t) / slope_t;
-    float step_log = (vlog(max0(-g) + 1e-37f) - log_target) / (1.0f / x + 2.0f * du * (1.0f - s));
-    float next = x - (left_far > 0.5f ? step_log : step_t);
+    /* One division for whichever step applies (divisions dominate this loop's cost):
+       T-space step (tx - t) / (g1 / 2tx), or (tx - t) / C right at the minimum;
+       log-space step (ln(-g) - ln(-y)) / (1/x + 2u'(1 - s)), multiplied through by x. */
+    float num_t = e > 1e-6f ? (tx - t) * 2.0f * tx : (tx - t) * (1.0f / GELU_C);
+    float den_t = e > 1e-6f ? g1 : 1.0f;
+    float num_log = (vlog(max0(-g) + 1e-37f) - log_target) * x;
+    float den_log = 1.0f + 2.0f * x * du * (1.0f - s);
+    float next = x - (left_far > 0.5f ? num_log : num_t) / (left_far > 0.5f ? den_log : den_t);
     /* stay on the bit's branch */
     float above = next > L2L_GELU_XMIN ? next : L2L_GELU_XMIN;
     float below = next < L2L_GELU_XMIN ? next : L2L_GELU_XMIN;
