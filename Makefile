@@ -98,11 +98,12 @@ test: all
 demo: all
 	$(BUILD)/l2l examples/demo.lua
 
-$(BUILD)/bench_ops: bench/ops.c $(BUILD)/libl2l.so
+$(BUILD)/bench_%: bench/%.c bench/bench.h $(BUILD)/libl2l.so
 	$(CC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(RPATH) -L$(BUILD) -ll2l $(BLAS_LIBS) -lm
 
-bench: $(BUILD)/bench_ops
+bench: $(BUILD)/bench_ops $(BUILD)/bench_layers
 	$(BUILD)/bench_ops
+	$(BUILD)/bench_layers
 
 # Which loops of the CPU backend GCC vectorized (the hot loops must all appear).
 vecreport: | $(DEPS_STAMP)

@@ -1582,7 +1582,8 @@ TEST(layer_frugal_saves_less_and_no_s_by_s) {
   /* memory_use of one block in both modes: frugal keeps strictly less, and nothing that
      grows like S^2 (f(2S) - 2 f(S) cancels every term linear in S; what is left is
      allocation rounding, a few 64-byte blocks per buffer), while standard keeps the S x S
-     probabilities: at least B H S^2 f32 per doubling. */
+     probabilities: at least one f32 matrix per sample and head, which leaves
+     2 B H S^2 f32 in f(2S) - 2 f(S). */
   l2l_layer_config c = base_config(L2L_LAYER_BLOCK);
   c.dim = 16, c.heads = 4, c.mlp = 24, c.causal = 1, c.dropout = 0.1f, c.attn_dropout = 0.1f;
   l2l_layer *layer = new_layer(&c, L2L_POOL_HOST);
