@@ -131,7 +131,8 @@ static void forward_tile(float *o, float *lse, float *probs, float *dropped, uin
     float inv = 1.0f / sum;
 #pragma omp simd
     for (int64_t j = 0; j < kend; j++) row[j] *= inv;
-    for (int64_t j = kend; j < S; j++) row[j] = 0.0f;
+    if (probs) /* kept P is whole rows; the scratch tile is only read up to kend */
+      for (int64_t j = kend; j < S; j++) row[j] = 0.0f;
     lse[head * S + i] = mx + logf(sum);
   }
   float *dt = pt; /* P' (dropped) rows */

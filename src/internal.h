@@ -85,6 +85,15 @@ static inline int64_t l2l_tensor_rows(const l2l_tensor *t) {
   return t->numel / l2l_tensor_cols(t);
 }
 
+/* Whether two tensors share any byte of storage. */
+static inline bool l2l_tensors_overlap(const l2l_tensor *a, const l2l_tensor *b) {
+  if (a == NULL || b == NULL || a->storage != b->storage) return false;
+  int64_t sa = (int64_t)l2l_dtype_size(a->dtype), sb = (int64_t)l2l_dtype_size(b->dtype);
+  int64_t a0 = a->offset * sa, a1 = a0 + a->numel * sa;
+  int64_t b0 = b->offset * sb, b1 = b0 + b->numel * sb;
+  return a0 < b1 && b0 < a1;
+}
+
 /* "(2,3,5)" into buf, for messages. */
 const char *l2l_shape_str(char *buf, size_t len, const l2l_tensor *t);
 

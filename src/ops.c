@@ -51,19 +51,11 @@ static l2l_status one_backend(const char *func, const struct l2l_backend_ops **o
   return L2L_OK;
 }
 
-static bool overlap(const l2l_tensor *a, const l2l_tensor *b) {
-  if (a == NULL || b == NULL || a->storage != b->storage) return false;
-  size_t sa = l2l_dtype_size(a->dtype), sb = l2l_dtype_size(b->dtype);
-  int64_t a0 = a->offset * (int64_t)sa, a1 = a0 + a->numel * (int64_t)sa;
-  int64_t b0 = b->offset * (int64_t)sb, b1 = b0 + b->numel * (int64_t)sb;
-  return a0 < b1 && b0 < a1;
-}
-
 /* An output must not overlap an input, unless `same_ok` and they are exactly the same
    elements (the in-place form an op allows). */
 static l2l_status distinct(const char *func, const char *out_name, const l2l_tensor *out,
                            const char *in_name, const l2l_tensor *in, bool same_ok) {
-  if (!overlap(out, in)) return L2L_OK;
+  if (!l2l_tensors_overlap(out, in)) return L2L_OK;
   if (same_ok && out->offset == in->offset && out->numel == in->numel) return L2L_OK;
   return l2l_fail_in(func, L2L_ERR_INVALID, "%s overlaps %s in memory%s", out_name, in_name,
                      same_ok ? " (only exactly the same tensor is allowed)" : "");

@@ -110,9 +110,9 @@ static void block_plan(struct block_plan *p, const l2l_layer *layer, int64_t B, 
 
   /* LayerNorm 1: pre-LN normalizes x (the input, kept by reference when needed);
      post-LN normalizes r1 = x + drop1(...), which the forward builds. */
-  p->mean1 = std1 ? put(sv, SAVED, rows) : put(NULL, NONE, 0);
+  p->mean1 = put(sv, std1 ? SAVED : NONE, rows);
   p->rstd1 = put(sv, SAVED, rows);
-  if (post) p->ln1_in = put(std1 ? sv : fw, std1 ? SAVED : NONE, nd); /* frugal: built in ln1_out */
+  if (post) p->ln1_in = put(sv, std1 ? SAVED : NONE, nd); /* frugal: built in ln1_out */
   p->ln1_out = put(sv, SAVED, nd);
   p->qkv = put(sv, SAVED, 3 * nd);
   p->lse = put(frugal ? sv : fw, frugal ? SAVED : WORK, (uint64_t)(B * p->H * S) * f4);
@@ -125,7 +125,7 @@ static void block_plan(struct block_plan *p, const l2l_layer *layer, int64_t B, 
   uint64_t nd_bits = (uint64_t)(p->N * p->D + 7) / 8, nf_bits = (uint64_t)(p->N * p->F + 7) / 8;
   p->drop1_mask = put(sv, !frugal && resid_drop ? SAVED : NONE, nd_bits);
   /* LayerNorm 2: pre-LN normalizes h (built in ln2_in); post-LN normalizes r2. */
-  p->mean2 = std2 ? put(sv, SAVED, rows) : put(NULL, NONE, 0);
+  p->mean2 = put(sv, std2 ? SAVED : NONE, rows);
   p->rstd2 = put(sv, SAVED, rows);
   if (!post) {
     p->ln2_in = std2 ? put(sv, SAVED, nd) : put(fw, WORK, nd);
@@ -150,14 +150,6 @@ static void block_plan(struct block_plan *p, const l2l_layer *layer, int64_t B, 
   p->attn_back_work = put(bw, WORK, (uint64_t)p->attn_back_work_floats * f4);
 }
 
-static uint32_t ln_guarded(const float *w, const float *b, int64_t n) {
-  for (int64_t j = 0; j < n; j++) {
-    float aw = fabsf(w[j]);
-    if (!(aw >= 1e-6f) || aw * 64.0f < fabsf(b[j])) return 1;
-  }
-  return 0;
-}
-
 static uint32_t block_flags(const l2l_layer *layer, const l2l_layer_batch *batch) {
   const l2l_layer_config *c = &layer->config;
   bool training = batch == NULL || batch->training;
@@ -166,9 +158,9 @@ static uint32_t block_flags(const l2l_layer *layer, const l2l_layer_batch *batch
   if (training && c->attn_dropout > 0) flags |= ATTN_DROPOUT;
   if (c->memory == L2L_MEMORY_FRUGAL) {
     flags |= FRUGAL;
-    if (ln_guarded(l2l_param_f32(layer, LN1_W), l2l_param_f32(layer, LN1_B), c->dim))
+    if (l2l_layernorm_guarded(l2l_param_f32(layer, LN1_W), l2l_param_f32(layer, LN1_B), c->dim))
       flags |= LN1_GUARDED;
-    if (ln_guarded(l2l_param_f32(layer, LN2_W), l2l_param_f32(layer, LN2_B), c->dim))
+    if (l2l_layernorm_guarded(l2l_param_f32(layer, LN2_W), l2l_param_f32(layer, LN2_B), c->dim))
       flags |= LN2_GUARDED;
   }
   return flags;

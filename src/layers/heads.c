@@ -11,7 +11,6 @@
  * Accumulation: parameter gradients += (a tied table gets both users' shares), dx written.
  * Must never: write dx rows the head did not compute (the classifier zeroes the rest).
  */
-#include <math.h>
 #include <string.h>
 
 #include "layers.h"
@@ -34,13 +33,10 @@ static l2l_status lm_head_create(l2l_layer *layer) {
 static uint32_t lm_head_flags(const l2l_layer *layer, const l2l_layer_batch *batch) {
   const l2l_layer_config *c = &layer->config;
   uint32_t flags = batch && batch->targets == NULL ? LOGITS : 0;
-  if (c->final_ln && c->memory == L2L_MEMORY_FRUGAL) {
-    const float *w = l2l_param_f32(layer, HEAD_LN_W), *b = l2l_param_f32(layer, HEAD_LN_B);
-    bool guarded = false;
-    for (int64_t j = 0; j < c->dim && !guarded; j++)
-      guarded = !(fabsf(w[j]) >= 1e-6f) || fabsf(w[j]) * 64.0f < fabsf(b[j]);
-    if (!guarded) flags |= FRUGAL_LN;
-  }
+  if (c->final_ln && c->memory == L2L_MEMORY_FRUGAL &&
+      !l2l_layernorm_guarded(l2l_param_f32(layer, HEAD_LN_W), l2l_param_f32(layer, HEAD_LN_B),
+                             c->dim))
+    flags |= FRUGAL_LN;
   return flags;
 }
 

@@ -305,6 +305,14 @@ static uint32_t flags_now(const l2l_layer *layer, const l2l_layer_batch *batch) 
   return k->choose_flags ? k->choose_flags(layer, batch) : 0;
 }
 
+bool l2l_layernorm_guarded(const float *weight, const float *bias, int64_t n) {
+  for (int64_t j = 0; j < n; j++) {
+    float w = fabsf(weight[j]);
+    if (!(w >= 1e-6f) || w * 64.0f < fabsf(bias[j])) return true;
+  }
+  return false;
+}
+
 l2l_status l2l_linear_forward(const struct l2l_backend_ops *ops, float *y, const float *x,
                               const float *w, const float *bias, int64_t n, int64_t in,
                               int64_t out) {
@@ -351,14 +359,6 @@ static l2l_status need_shape(const char *func, const char *name, const l2l_tenso
                        l2l_dtype_name(t->dtype), l2l_shape_str(have, sizeof have, t),
                        l2l_dtype_name(dtype), want);
   return L2L_OK;
-}
-
-static bool overlaps(const l2l_tensor *a, const l2l_tensor *b) {
-  if (a == NULL || b == NULL || a->storage != b->storage) return false;
-  size_t sa = l2l_dtype_size(a->dtype), sb = l2l_dtype_size(b->dtype);
-  int64_t a0 = a->offset * (int64_t)sa, a1 = a0 + a->numel * (int64_t)sa;
-  int64_t b0 = b->offset * (int64_t)sb, b1 = b0 + b->numel * (int64_t)sb;
-  return a0 < b1 && b0 < a1;
 }
 
 /* B and S of a call: from tokens for the embedding, else from x (B,S,D). */
@@ -532,7 +532,7 @@ l2l_status l2l_layer_forward(l2l_saved **saved_out, l2l_layer *layer, l2l_tensor
   TRY(call_shape(f, layer, x, batch, &B, &S));
   int ndim = output_dims(layer, batch, B, S, dims);
   TRY(need_shape(f, "y", y, L2L_F32, ndim, dims));
-  if (overlaps(x, y)) return FAIL(L2L_ERR_INVALID, "x and y overlap");
+  if (l2l_tensors_overlap(x, y)) return FAIL(L2L_ERR_INVALID, "x and y overlap");
   int domain = l2l_pool_domain(y->storage->pool);
   if (x && l2l_pool_domain(x->storage->pool) != domain)
     return FAIL(L2L_ERR_INVALID, "x is in pool '%s' but y in '%s'",
@@ -601,7 +601,7 @@ l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor
   } else {
     TRY(need_shape(f, "dx", dx, L2L_F32, 3, dims));
   }
-  if (overlaps(dx, dy)) return FAIL(L2L_ERR_INVALID, "dx and dy overlap");
+  if (l2l_tensors_overlap(dx, dy)) return FAIL(L2L_ERR_INVALID, "dx and dy overlap");
   const l2l_tensor *any = dx ? dx : dy;
   l2l_pool_kind pool = any ? any->storage->pool : saved->buffer ? saved->buffer->storage->pool
                                                                  : layer->pool;
@@ -616,7 +616,7 @@ l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor
   TRY(check_batch(f, layer, batch, B, S, domain, true));
   if (c->kind == L2L_LAYER_EMBEDDING && (batch->tokens->shape[0] != B || batch->tokens->shape[1] != S))
     return FAIL(L2L_ERR_INVALID, "batch->tokens is not the forward's shape");
-  if (overlaps(dx, saved->input) || overlaps(dx, saved->output))
+  if (l2l_tensors_overlap(dx, saved->input) || l2l_tensors_overlap(dx, saved->output))
     return FAIL(L2L_ERR_INVALID, "dx overlaps a tensor the saved state reads");
 
   l2l_layer_memory mem;

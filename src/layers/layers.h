@@ -102,6 +102,11 @@ struct layer_kind_ops {
 extern const struct layer_kind_ops l2l_embedding_kind, l2l_block_kind, l2l_lm_head_kind,
     l2l_classifier_kind;
 
+/* Whether a LayerNorm's x^ cannot be recovered from its output y = x^ w + b to float
+   precision: a channel with |w| < 1e-6 or |w| < |b|/64 (or NaN). The frugal modes then
+   keep that LayerNorm the standard way (its input, mean and rstd). */
+bool l2l_layernorm_guarded(const float *weight, const float *bias, int64_t n);
+
 /* Linear maps on row-major buffers, shared by the kinds: y (n,out) = x (n,in) @ w (in,out)
    [+ bias]; the backward adds x^T dy into dw and column sums of dy into db (NULL: none)
    and sets dx = dy w^T + dx_beta * dx (dx NULL: skipped). */
