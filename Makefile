@@ -41,7 +41,7 @@ endif
 
 LIB_SRC := src/error.c src/mem.c src/runtime.c src/dtype.c src/rng.c src/tensor.c src/ops.c \
            src/backend_cpu_attention.c $(wildcard src/layers/*.c) \
-           src/backend_cpu.c
+           src/backend_cpu.c src/eps_optim.c src/eps.c src/relay.c
 LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
 CTEST_SRC := $(wildcard spec/c/*.c)
 CTEST_OBJ := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%.o)
@@ -101,9 +101,11 @@ demo: all
 $(BUILD)/bench_%: bench/%.c bench/bench.h $(BUILD)/libl2l.so
 	$(CC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(RPATH) -L$(BUILD) -ll2l $(BLAS_LIBS) -lm
 
-bench: $(BUILD)/bench_ops $(BUILD)/bench_layers
+bench: $(BUILD)/bench_ops $(BUILD)/bench_layers $(BUILD)/bench_optim $(BUILD)/bench_relay
 	$(BUILD)/bench_ops
 	$(BUILD)/bench_layers
+	$(BUILD)/bench_optim
+	$(BUILD)/bench_relay
 
 # Which loops of the CPU backend GCC vectorized (the hot loops must all appear).
 vecreport: | $(DEPS_STAMP)

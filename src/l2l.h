@@ -260,7 +260,8 @@ typedef enum l2l_layer_kind {
   L2L_LAYER_EMBEDDING = 0,  /* tokens (B,S) -> (B,S,D) */
   L2L_LAYER_BLOCK = 1,      /* (B,S,D) -> (B,S,D) */
   L2L_LAYER_LM_HEAD = 2,    /* (B,S,D) + targets (B,S) -> per-token losses (B,S) */
-  L2L_LAYER_CLASSIFIER = 3  /* (B,S,D) + targets (B) -> per-sample losses (B) */
+  L2L_LAYER_CLASSIFIER = 3, /* (B,S,D) + targets (B) -> per-sample losses (B) */
+  L2L_LAYER_CUSTOM = 4      /* (B,S,D) -> (B,S,D), written elsewhere (l2l_layer_new_custom) */
 } l2l_layer_kind;
 
 /* What a block keeps for its backward (see the README's layer section):
@@ -409,6 +410,251 @@ l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor
                               l2l_saved *saved, const l2l_layer_batch *batch);
 void l2l_saved_free(l2l_saved *saved);
 uint64_t l2l_saved_bytes(const l2l_saved *saved);   /* pool bytes it holds; 0 for NULL */
+
+/* ---------------------------------------------------------------- layers written elsewhere
+   A custom layer kind (e.g. written in Lua with l2l's ops): (B,S,D) -> (B,S,D), with
+   parameter records like a built-in kind. The relay streams, stashes, recomputes and
+   updates it like any block. Its forward keeps nothing but a reference to x: its backward
+   gets x again and recomputes what it needs. The functions are called on the thread that
+   called l2l (never on a copy or optimizer thread), with the layer's parameters bound to
+   tensors in the pool of x (l2l_param_value / l2l_param_grad return those during the
+   call). They return 0 on success; anything else fails the l2l call with
+   L2L_ERR_BACKEND, naming the layer (the caller keeps its own message). */
+typedef int (*l2l_custom_forward_fn)(void *user, l2l_layer *layer, l2l_tensor *y,
+                                     const l2l_tensor *x, const l2l_layer_batch *batch);
+typedef int (*l2l_custom_backward_fn)(void *user, l2l_layer *layer, l2l_tensor *dx,
+                                      const l2l_tensor *dy, const l2l_tensor *x,
+                                      const l2l_layer_batch *batch);
+typedef struct l2l_custom_param {
+  const char *name;        /* < 24 bytes */
+  int ndim;
+  int64_t shape[4];
+  float init_std;          /* > 0: N(0, init_std^2); 0: the constant init_value */
+  float init_value;
+  int decays;              /* 1: weight decay applies by default */
+} l2l_custom_param;
+/* kind is L2L_LAYER_CUSTOM in l2l_layer_get_config; config.dim = dim. At most 12
+   parameters. */
+l2l_status l2l_layer_new_custom(l2l_layer **out, const char *name, int64_t dim,
+                                const l2l_custom_param *params, int nparams,
+                                l2l_custom_forward_fn forward, l2l_custom_backward_fn backward,
+                                void *user, uint64_t init_seed, l2l_pool_kind pool);
+/* The name given to l2l_layer_new_custom, or the kind's name ("block", ...). */
+const char *l2l_layer_name(const l2l_layer *layer);
+
+/* ---------------------------------------------------------------- optimizers
+   Host optimizers of the EPS, applied per parameter record in fp32 on worker threads.
+   g below is the gradient after accumulation and clipping; t counts updates from 1.
+   SGD:   b = momentum b + g (b = g at t = 1); p -= lr (g + momentum b) with nesterov,
+          else lr b; weight decay (decoupled): p -= lr weight_decay p first.
+   AdamW: as l2l_adamw_update.
+   LAMB:  r = m^/(sqrt(v^) + eps) + weight_decay p (m^, v^ as AdamW);
+          p -= lr * trust * r, trust = |p| / |r| (1 when either norm is 0), per record.
+   Weight decay applies to the records l2l_param_decays marks (linear weights) unless
+   decay_all = 1. */
+typedef enum l2l_optimizer_kind {
+  L2L_OPTIMIZER_SGD = 0,
+  L2L_OPTIMIZER_ADAMW = 1,
+  L2L_OPTIMIZER_LAMB = 2
+} l2l_optimizer_kind;
+
+typedef struct l2l_optimizer_config {
+  l2l_optimizer_kind kind;
+  float lr;              /* >= 0, the base rate the schedule scales */
+  float momentum;        /* SGD, in [0, 1) */
+  int nesterov;          /* SGD, 0 or 1 (needs momentum > 0) */
+  float beta1, beta2;    /* AdamW, LAMB: in [0, 1) */
+  float eps;             /* AdamW, LAMB: > 0 */
+  float weight_decay;    /* >= 0 */
+  int decay_all;         /* 1: decay biases, LayerNorm and embeddings too */
+} l2l_optimizer_config;
+
+/* Learning rate at update t (1-based): base * factor(t).
+   constant: 1 after warm-up. cosine: after warm-up, from 1 down to final_ratio at t =
+   total along half a cosine. linear: likewise along a straight line. Warm-up: factor
+   t / warmup for t <= warmup. After total: final_ratio. */
+typedef enum l2l_schedule_kind {
+  L2L_SCHEDULE_CONSTANT = 0,
+  L2L_SCHEDULE_COSINE = 1,
+  L2L_SCHEDULE_LINEAR = 2
+} l2l_schedule_kind;
+
+typedef struct l2l_schedule_config {
+  l2l_schedule_kind kind;
+  int64_t warmup;        /* >= 0 updates */
+  int64_t total;         /* cosine, linear: > warmup */
+  float final_ratio;     /* in [0, 1] */
+} l2l_schedule_config;
+
+l2l_status l2l_schedule_lr(double *out, const l2l_schedule_config *schedule, double base_lr,
+                           int64_t t);
+
+/* ---------------------------------------------------------------- the relay and the EPS
+   A relay trains a list of layers whose parameters live in the host pool: the eager
+   parameter server (EPS) keeps, per parameter record, the fp32 master (the record's value
+   tensor), the gradient accumulator (the record's grad tensor), the optimizer state and
+   a staging copy in the pinned pool. A step runs the layers one at a time on the device
+   pool's backend: forward over layers with a micro-batch inner loop, then backward in
+   reverse; each layer's parameters are copied into one of two device slots while the
+   previous layer computes; when a layer's gradient is complete for the minibatch, its
+   update runs on the optimizer threads while the device goes on with earlier layers.
+   The next step's forward of a layer waits only for that layer's update.
+   The relay borrows its layers: they must outlive it or their removal from it. A layer
+   may be in one relay at a time. Between steps the model may change (insert, remove,
+   replace, freeze); every other record keeps its weights and optimizer state.
+   Result: the same as plain whole-batch training (one pass, every activation kept) to
+   float rounding, for any micro-batch size and any policy. */
+typedef struct l2l_relay l2l_relay;
+
+/* Where the activations at a layer boundary (the input of layer l, l >= 1) wait for the
+   backward: device (memory grows with depth), host (copied out and back, overlapped:
+   device memory constant in depth), or recompute (dropped; rebuilt in backward from the
+   nearest earlier boundary that is kept). The gradient crossing a host boundary goes
+   through the host too. */
+typedef enum l2l_stash_policy {
+  L2L_STASH_DEVICE = 0,
+  L2L_STASH_HOST = 1,
+  L2L_STASH_RECOMPUTE = 2
+} l2l_stash_policy;
+
+/* What a layer's backward needs from its forward: recompute (rerun the forward from the
+   stashed input, L2L's default), keep (the saved state stays in the device pool from
+   forward to backward), swap (the saved state goes to the host after forward and comes
+   back before backward, overlapped with other work: KARMA's swap). */
+typedef enum l2l_inner_policy {
+  L2L_INNER_RECOMPUTE = 0,
+  L2L_INNER_KEEP = 1,
+  L2L_INNER_SWAP = 2
+} l2l_inner_policy;
+
+typedef struct l2l_relay_config {
+  int64_t micro_batch;          /* samples per micro-batch, >= 1; the last may be smaller */
+  l2l_stash_policy stash;       /* every boundary's policy to begin with */
+  int recompute_every;          /* stash = recompute: boundaries k, 2k, ... stay on the
+                                   device, the others are rebuilt; >= 1 */
+  l2l_inner_policy inner;       /* every layer's policy to begin with */
+  l2l_optimizer_config optimizer;
+  l2l_schedule_config schedule;
+  float clip_global_norm;       /* > 0: scale all gradients to this global norm at most;
+                                   updates then wait for the end of backward. 0: off */
+  float clip_layer_norm;        /* > 0: each layer's gradient (its visit's contribution)
+                                   to this norm at most; updates stay eager. 0: off */
+  int accumulate;               /* minibatches whose mean gradient makes one update, >= 1 */
+  int optimizer_threads;        /* EPS worker threads, >= 1; 0: the number of cores */
+  uint64_t seed;                /* dropout draws (l2l_layer_batch.seed) */
+} l2l_relay_config;
+
+/* AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant schedule, micro-
+   batch 1, stash host, every 1, inner recompute, no clipping, accumulate 1, threads 0. */
+void l2l_relay_config_default(l2l_relay_config *out);
+
+/* What one step (or evaluation) gets. tokens (B,S) i32 in [0, V) and targets ((B,S) for an
+   LM head, (B) for a classifier; i32, -1 = ignored) in the host or pinned pool; optional
+   token_types (B,S) i32 and key_mask (B,S) u8 likewise. skip: NULL, or one byte per layer,
+   1 = skip that block this step (LayerDrop: it acts as the identity and is not updated;
+   only blocks and custom layers can be skipped). */
+typedef struct l2l_relay_batch {
+  const l2l_tensor *tokens;
+  const l2l_tensor *targets;
+  const l2l_tensor *token_types;
+  const l2l_tensor *key_mask;
+  const uint8_t *skip;
+} l2l_relay_batch;
+
+/* Work the relay records for a timeline: every unit of work with its layer (-1: none),
+   micro-batch (-1: none), phase, thread (0 the calling thread, 1 the host-to-device copy
+   thread, 2 the device-to-host copy thread, 3.. optimizer workers) and times in seconds
+   since the relay was made. */
+typedef enum l2l_relay_phase {
+  L2L_PHASE_FORWARD = 0,
+  L2L_PHASE_BACKWARD = 1,     /* includes the forward rerun of inner = recompute */
+  L2L_PHASE_REBUILD = 2,      /* a dropped boundary rebuilt by rerunning forward */
+  L2L_PHASE_PARAMS_IN = 3,    /* parameters into a device slot */
+  L2L_PHASE_GRADS_OUT = 4,    /* a layer's gradient out of the device */
+  L2L_PHASE_STASH_OUT = 5,    /* boundary activations or gradients to the host */
+  L2L_PHASE_STASH_IN = 6,
+  L2L_PHASE_SWAP_OUT = 7,     /* a saved state to the host */
+  L2L_PHASE_SWAP_IN = 8,
+  L2L_PHASE_UPDATE = 9,       /* the optimizer on one parameter record */
+  L2L_PHASE_WAIT_COPY = 10,   /* the calling thread waited for a copy */
+  L2L_PHASE_WAIT_UPDATE = 11  /* the calling thread waited for an update */
+} l2l_relay_phase;
+
+typedef struct l2l_relay_event {
+  int32_t layer;
+  int32_t micro_batch;
+  int32_t phase;
+  int32_t thread;
+  double start, end;
+} l2l_relay_event;
+
+/* After each step (figures of that step unless "total"). Seconds are wall time on the
+   thread that did the work. */
+typedef struct l2l_relay_stats {
+  int64_t steps;                /* total steps run */
+  int64_t updates;              /* total optimizer updates (of the whole model) */
+  double loss;                  /* the last step's loss */
+  double lr;                    /* the rate of the last update */
+  double grad_norm;             /* global gradient norm before clipping (-1: not computed) */
+  int updates_deferred;         /* 1: updates waited for the end of backward (clipping) */
+  uint64_t device_peak;         /* the device pool's peak during the step */
+  uint64_t device_current;      /* in use after it */
+  uint64_t host_eps_bytes;      /* EPS: masters, accumulators, optimizer state, staging */
+  uint64_t host_stash_peak;     /* most host bytes holding stashed activations or states */
+  uint64_t h2d_bytes, d2h_bytes;
+  double step_seconds;
+  double compute_seconds;       /* layers' forward and backward on the calling thread */
+  double wait_copy_seconds;     /* the calling thread waiting for copies */
+  double wait_update_seconds;   /* the calling thread waiting for updates */
+  double optimizer_seconds;     /* summed over optimizer threads */
+  int64_t events;               /* events recorded in the step (l2l_relay_events) */
+} l2l_relay_stats;
+
+/* A relay over layers[0..nlayers) (the list may be empty only until the first step):
+   checks the config and the layers (parameters in the host pool, f32; a layer's output
+   dim matches the next one's input) and makes the EPS records. */
+l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
+                         const l2l_relay_config *config);
+/* Waits for pending work, then frees the EPS's state (not the layers). NULL is fine. */
+void l2l_relay_free(l2l_relay *run);
+
+int l2l_relay_layer_count(const l2l_relay *run);                /* -1 if not a relay */
+l2l_layer *l2l_relay_layer(const l2l_relay *run, int index);    /* NULL if out of range */
+/* Dynamic architecture, between steps. insert: the layer goes to position index (0..n),
+   its new records start with fresh optimizer state. remove: the layer leaves the relay
+   (not freed); records nobody else uses leave the EPS. replace: remove + insert. */
+l2l_status l2l_relay_insert(l2l_relay *run, int index, l2l_layer *layer);
+l2l_status l2l_relay_remove(l2l_relay *run, int index);
+l2l_status l2l_relay_replace(l2l_relay *run, int index, l2l_layer *layer);
+/* A frozen layer still passes gradients back but its records are not updated (a record
+   shared with a trainable layer is updated from that layer's gradient alone). */
+l2l_status l2l_relay_set_frozen(l2l_relay *run, int index, int frozen);
+int l2l_relay_frozen(const l2l_relay *run, int index);           /* -1 if out of range */
+/* Boundary b is the input of layer b, 1 <= b < layers. Policies follow their boundary or
+   layer through insertions and removals; new ones get the config's default. */
+l2l_status l2l_relay_set_stash(l2l_relay *run, int boundary, l2l_stash_policy policy);
+l2l_status l2l_relay_set_inner(l2l_relay *run, int index, l2l_inner_policy policy);
+l2l_status l2l_relay_set_micro_batch(l2l_relay *run, int64_t micro_batch);
+
+/* One training step on a minibatch: *loss = mean loss over all real targets. The update
+   (on the last of `accumulate` minibatches) may still be running on the optimizer threads
+   when this returns; the next step, l2l_relay_sync and reading a parameter through the
+   relay's functions wait for it. */
+l2l_status l2l_relay_step(double *loss, l2l_relay *run, const l2l_relay_batch *batch);
+/* Forward only, no dropout, nothing stashed, no update: the mean loss. */
+l2l_status l2l_relay_evaluate(double *loss, l2l_relay *run, const l2l_relay_batch *batch);
+/* Waits until every queued update is done (parameters readable and stable). */
+l2l_status l2l_relay_sync(l2l_relay *run);
+
+l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run);
+/* Copies events first .. first+count-1 of the last step (count <= stats.events - first). */
+l2l_status l2l_relay_events(l2l_relay_event *out, const l2l_relay *run, int64_t first,
+                            int64_t count);
+/* The optimizer state of a record in the relay: which = 0 the first moment (SGD: the
+   momentum buffer), 1 the second moment. *out is borrowed (NULL while the record has none
+   yet, e.g. before its first update). Waits for pending updates. */
+l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_param *param,
+                                 int which);
 
 /* L2L_FFI_END */
 

@@ -156,7 +156,8 @@ typedef enum l2l_layer_kind {
   L2L_LAYER_EMBEDDING = 0,
   L2L_LAYER_BLOCK = 1,
   L2L_LAYER_LM_HEAD = 2,
-  L2L_LAYER_CLASSIFIER = 3
+  L2L_LAYER_CLASSIFIER = 3,
+  L2L_LAYER_CUSTOM = 4
 } l2l_layer_kind;
 
 typedef enum l2l_memory_mode {
@@ -247,4 +248,172 @@ l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor
                               l2l_saved *saved, const l2l_layer_batch *batch);
 void l2l_saved_free(l2l_saved *saved);
 uint64_t l2l_saved_bytes(const l2l_saved *saved);
+
+typedef int (*l2l_custom_forward_fn)(void *user, l2l_layer *layer, l2l_tensor *y,
+                                     const l2l_tensor *x, const l2l_layer_batch *batch);
+typedef int (*l2l_custom_backward_fn)(void *user, l2l_layer *layer, l2l_tensor *dx,
+                                      const l2l_tensor *dy, const l2l_tensor *x,
+                                      const l2l_layer_batch *batch);
+typedef struct l2l_custom_param {
+  const char *name;
+  int ndim;
+  int64_t shape[4];
+  float init_std;
+  float init_value;
+  int decays;
+} l2l_custom_param;
+
+l2l_status l2l_layer_new_custom(l2l_layer **out, const char *name, int64_t dim,
+                                const l2l_custom_param *params, int nparams,
+                                l2l_custom_forward_fn forward, l2l_custom_backward_fn backward,
+                                void *user, uint64_t init_seed, l2l_pool_kind pool);
+
+const char *l2l_layer_name(const l2l_layer *layer);
+
+typedef enum l2l_optimizer_kind {
+  L2L_OPTIMIZER_SGD = 0,
+  L2L_OPTIMIZER_ADAMW = 1,
+  L2L_OPTIMIZER_LAMB = 2
+} l2l_optimizer_kind;
+
+typedef struct l2l_optimizer_config {
+  l2l_optimizer_kind kind;
+  float lr;
+  float momentum;
+  int nesterov;
+  float beta1, beta2;
+  float eps;
+  float weight_decay;
+  int decay_all;
+} l2l_optimizer_config;
+
+typedef enum l2l_schedule_kind {
+  L2L_SCHEDULE_CONSTANT = 0,
+  L2L_SCHEDULE_COSINE = 1,
+  L2L_SCHEDULE_LINEAR = 2
+} l2l_schedule_kind;
+
+typedef struct l2l_schedule_config {
+  l2l_schedule_kind kind;
+  int64_t warmup;
+  int64_t total;
+  float final_ratio;
+} l2l_schedule_config;
+
+l2l_status l2l_schedule_lr(double *out, const l2l_schedule_config *schedule, double base_lr,
+                           int64_t t);
+
+typedef struct l2l_relay l2l_relay;
+
+typedef enum l2l_stash_policy {
+  L2L_STASH_DEVICE = 0,
+  L2L_STASH_HOST = 1,
+  L2L_STASH_RECOMPUTE = 2
+} l2l_stash_policy;
+
+typedef enum l2l_inner_policy {
+  L2L_INNER_RECOMPUTE = 0,
+  L2L_INNER_KEEP = 1,
+  L2L_INNER_SWAP = 2
+} l2l_inner_policy;
+
+typedef struct l2l_relay_config {
+  int64_t micro_batch;
+  l2l_stash_policy stash;
+  int recompute_every;
+  l2l_inner_policy inner;
+  l2l_optimizer_config optimizer;
+  l2l_schedule_config schedule;
+  float clip_global_norm;
+  float clip_layer_norm;
+  int accumulate;
+  int optimizer_threads;
+  uint64_t seed;
+} l2l_relay_config;
+
+void l2l_relay_config_default(l2l_relay_config *out);
+
+typedef struct l2l_relay_batch {
+  const l2l_tensor *tokens;
+  const l2l_tensor *targets;
+  const l2l_tensor *token_types;
+  const l2l_tensor *key_mask;
+  const uint8_t *skip;
+} l2l_relay_batch;
+
+typedef enum l2l_relay_phase {
+  L2L_PHASE_FORWARD = 0,
+  L2L_PHASE_BACKWARD = 1,
+  L2L_PHASE_REBUILD = 2,
+  L2L_PHASE_PARAMS_IN = 3,
+  L2L_PHASE_GRADS_OUT = 4,
+  L2L_PHASE_STASH_OUT = 5,
+  L2L_PHASE_STASH_IN = 6,
+  L2L_PHASE_SWAP_OUT = 7,
+  L2L_PHASE_SWAP_IN = 8,
+  L2L_PHASE_UPDATE = 9,
+  L2L_PHASE_WAIT_COPY = 10,
+  L2L_PHASE_WAIT_UPDATE = 11
+} l2l_relay_phase;
+
+typedef struct l2l_relay_event {
+  int32_t layer;
+  int32_t micro_batch;
+  int32_t phase;
+  int32_t thread;
+  double start, end;
+} l2l_relay_event;
+
+typedef struct l2l_relay_stats {
+  int64_t steps;
+  int64_t updates;
+  double loss;
+  double lr;
+  double grad_norm;
+  int updates_deferred;
+  uint64_t device_peak;
+  uint64_t device_current;
+  uint64_t host_eps_bytes;
+  uint64_t host_stash_peak;
+  uint64_t h2d_bytes, d2h_bytes;
+  double step_seconds;
+  double compute_seconds;
+  double wait_copy_seconds;
+  double wait_update_seconds;
+  double optimizer_seconds;
+  int64_t events;
+} l2l_relay_stats;
+
+l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
+                         const l2l_relay_config *config);
+
+void l2l_relay_free(l2l_relay *run);
+
+int l2l_relay_layer_count(const l2l_relay *run);
+l2l_layer *l2l_relay_layer(const l2l_relay *run, int index);
+
+l2l_status l2l_relay_insert(l2l_relay *run, int index, l2l_layer *layer);
+l2l_status l2l_relay_remove(l2l_relay *run, int index);
+l2l_status l2l_relay_replace(l2l_relay *run, int index, l2l_layer *layer);
+
+l2l_status l2l_relay_set_frozen(l2l_relay *run, int index, int frozen);
+int l2l_relay_frozen(const l2l_relay *run, int index);
+
+l2l_status l2l_relay_set_stash(l2l_relay *run, int boundary, l2l_stash_policy policy);
+l2l_status l2l_relay_set_inner(l2l_relay *run, int index, l2l_inner_policy policy);
+l2l_status l2l_relay_set_micro_batch(l2l_relay *run, int64_t micro_batch);
+
+l2l_status l2l_relay_step(double *loss, l2l_relay *run, const l2l_relay_batch *batch);
+
+l2l_status l2l_relay_evaluate(double *loss, l2l_relay *run, const l2l_relay_batch *batch);
+
+l2l_status l2l_relay_sync(l2l_relay *run);
+
+l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run);
+
+l2l_status l2l_relay_events(l2l_relay_event *out, const l2l_relay *run, int64_t first,
+                            int64_t count);
+
+l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_param *param,
+                                 int which);
 ]==]

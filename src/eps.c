@@ -1,0 +1,2 @@
+/* eps.c — the eager parameter server (being written). */
+#include "internal.h"
