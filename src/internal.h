@@ -94,6 +94,17 @@ static inline bool l2l_tensors_overlap(const l2l_tensor *a, const l2l_tensor *b)
   return a0 < b1 && b0 < a1;
 }
 
+/* ---------------------------------------------------------------- layers, for the relay */
+
+/* Points a parameter record at other tensors (same shape, f32) for the layer calls that
+   follow: the relay's device copies. value NULL points it back at its own tensors. */
+void l2l_param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad);
+/* Moves everything a saved state holds (its buffer and the inputs and outputs it refers
+   to) into `pool` (KARMA's swap); the other pool's bytes go with their last handle. */
+l2l_status l2l_saved_move(l2l_saved *saved, l2l_pool_kind pool);
+/* Bytes of pool memory a saved state holds, its references to x and y included. */
+uint64_t l2l_saved_pool_bytes(const l2l_saved *saved);
+
 /* "(2,3,5)" into buf, for messages. */
 const char *l2l_shape_str(char *buf, size_t len, const l2l_tensor *t);
 

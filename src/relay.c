@@ -2,14 +2,6 @@
 #include "internal.h"
 
 #define STUB(...) return FAIL(L2L_ERR_UNSUPPORTED, "not written yet")
-l2l_status l2l_layer_new_custom(l2l_layer **out, const char *name, int64_t dim,
-                                const l2l_custom_param *params, int nparams,
-                                l2l_custom_forward_fn forward, l2l_custom_backward_fn backward,
-                                void *user, uint64_t init_seed, l2l_pool_kind pool) {
-  (void)out; (void)name; (void)dim; (void)params; (void)nparams; (void)forward; (void)backward;
-  (void)user; (void)init_seed; (void)pool; STUB();
-}
-const char *l2l_layer_name(const l2l_layer *layer) { (void)layer; return NULL; }
 void l2l_relay_config_default(l2l_relay_config *out) { (void)out; }
 l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
                          const l2l_relay_config *config) { (void)out; (void)layers; (void)nlayers; (void)config; STUB(); }

@@ -22,6 +22,7 @@ static const struct layer_kind_ops *kind_ops(l2l_layer_kind kind) {
     case L2L_LAYER_BLOCK: return &l2l_block_kind;
     case L2L_LAYER_LM_HEAD: return &l2l_lm_head_kind;
     case L2L_LAYER_CLASSIFIER: return &l2l_classifier_kind;
+    case L2L_LAYER_CUSTOM: return &l2l_custom_kind;
   }
   return NULL;
 }
@@ -44,6 +45,7 @@ int64_t l2l_arena_reserve(struct arena *a, uint64_t bytes) {
 
 static void param_release(l2l_param *param) {
   if (param == NULL || atomic_fetch_sub(&param->users, 1) != 1) return;
+  l2l_param_bind(param, NULL, NULL);
   l2l_tensor_free(param->value);
   l2l_tensor_free(param->grad);
   param->magic = 0;
@@ -94,6 +96,21 @@ int l2l_param_users(const l2l_param *param) {
   return param_ok(param) ? atomic_load(&param->users) : -1;
 }
 int l2l_param_decays(const l2l_param *param) { return param_ok(param) ? param->decays : -1; }
+
+void l2l_param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad) {
+  if (value != NULL) {
+    if (param->home_value == NULL) {
+      param->home_value = param->value;
+      param->home_grad = param->grad;
+    }
+    param->value = value;
+    param->grad = grad;
+  } else if (param->home_value != NULL) {
+    param->value = param->home_value;
+    param->grad = param->home_grad;
+    param->home_value = param->home_grad = NULL;
+  }
+}
 
 /* ---------------------------------------------------------------- construction */
 
@@ -152,6 +169,8 @@ static l2l_status check_config(const l2l_layer_config *c) {
     case L2L_LAYER_CLASSIFIER:
       SIZE(classes);
       break;
+    case L2L_LAYER_CUSTOM:
+      NEED(false, "custom layers are made with l2l_layer_new_custom");
   }
 #undef NEED
 #undef SIZE
@@ -162,11 +181,12 @@ static l2l_status check_config(const l2l_layer_config *c) {
 void l2l_layer_free(l2l_layer *layer) {
   if (!layer_ok(layer)) return;
   for (int i = 0; i < layer->nparams; i++) param_release(layer->params[i]);
+  l2l_custom_kind_release(layer->custom);
   layer->magic = 0;
   free(layer);
 }
 
-static l2l_status layer_alloc(l2l_layer **out, const l2l_layer_config *config,
+l2l_status l2l_layer_alloc(l2l_layer **out, const l2l_layer_config *config,
                               l2l_pool_kind pool) {
   l2l_layer *layer = calloc(1, sizeof *layer);
   if (layer == NULL) return l2l_fail(L2L_ERR_NOMEM, "no memory for a layer");
@@ -185,7 +205,7 @@ l2l_status l2l_layer_new(l2l_layer **out, const l2l_layer_config *config, l2l_po
   TRY(check_config(config));
   if (!l2l_pool_valid((int)pool)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", pool);
   l2l_layer *layer = NULL;
-  TRY(layer_alloc(&layer, config, pool));
+  TRY(l2l_layer_alloc(&layer, config, pool));
   l2l_status status = kind_ops(config->kind)->create_params(layer);
   if (status != L2L_OK) {
     l2l_layer_free(layer);
@@ -199,8 +219,12 @@ l2l_status l2l_layer_clone(l2l_layer **out, const l2l_layer *layer) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   if (!layer_ok(layer)) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
   l2l_layer *copy = NULL;
-  TRY(layer_alloc(&copy, &layer->config, layer->pool));
+  TRY(l2l_layer_alloc(&copy, &layer->config, layer->pool));
   memcpy(copy->role, layer->role, sizeof copy->role);
+  if (layer->custom) {
+    atomic_fetch_add(&((struct custom_kind *)layer->custom)->refs, 1);
+    copy->custom = layer->custom;
+  }
   l2l_status status = L2L_OK;
   for (int i = 0; i < layer->nparams && status == L2L_OK; i++) {
     const l2l_param *p = layer->params[i];
@@ -412,6 +436,7 @@ static l2l_status check_batch(const char *func, const l2l_layer *layer,
       }
       break;
     case L2L_LAYER_BLOCK:
+    case L2L_LAYER_CUSTOM:
       if (b->key_mask != NULL) {
         TRY(need_shape(func, "batch->key_mask", b->key_mask, L2L_U8, 2, bs));
         used[0] = b->key_mask;
@@ -518,6 +543,39 @@ void l2l_saved_free(l2l_saved *saved) {
   free(saved);
 }
 
+/* t moved into `pool`: a copy there replaces the handle (the old storage goes with its
+   last handle). */
+static l2l_status move_tensor(l2l_tensor **t, l2l_pool_kind pool) {
+  if (*t == NULL || (*t)->storage->pool == pool) return L2L_OK;
+  l2l_tensor *copy = NULL;
+  TRY(l2l_tensor_new(&copy, pool, (*t)->dtype, (*t)->ndim, (*t)->shape));
+  l2l_status status = l2l_tensor_copy(copy, *t);
+  if (status != L2L_OK) {
+    l2l_tensor_free(copy);
+    return status;
+  }
+  l2l_tensor_free(*t);
+  *t = copy;
+  return L2L_OK;
+}
+
+l2l_status l2l_saved_move(l2l_saved *saved, l2l_pool_kind pool) {
+  if (saved == NULL) return L2L_OK;
+  if (saved->magic != L2L_SAVED_MAGIC) return FAIL(L2L_ERR_INVALID, "saved is not a live saved state");
+  TRY(move_tensor(&saved->buffer, pool));
+  TRY(move_tensor(&saved->input, pool));
+  return move_tensor(&saved->output, pool);
+}
+
+uint64_t l2l_saved_pool_bytes(const l2l_saved *saved) {
+  if (saved == NULL || saved->magic != L2L_SAVED_MAGIC) return 0;
+  uint64_t bytes = 0;
+  const l2l_tensor *held[3] = {saved->buffer, saved->input, saved->output};
+  for (int i = 0; i < 3; i++)
+    if (held[i]) bytes += l2l_pool_accounted(held[i]->storage->bytes);
+  return bytes;
+}
+
 uint64_t l2l_saved_bytes(const l2l_saved *saved) {
   if (saved == NULL || saved->magic != L2L_SAVED_MAGIC || saved->buffer == NULL) return 0;
   return saved->buffer->storage->bytes;
@@ -562,7 +620,8 @@ l2l_status l2l_layer_forward(l2l_saved **saved_out, l2l_layer *layer, l2l_tensor
   if (status == L2L_OK && keep && mem.output_kept) status = reference(&saved->output, y);
   if (status == L2L_OK) status = arena_new(&work, y->storage->pool, mem.work_forward);
   if (status == L2L_OK) {
-    struct layer_call call = {l2l_backend_for(y->storage->pool), y->storage->pool, B, S, batch};
+    struct layer_call call = {l2l_backend_for(y->storage->pool), y->storage->pool, B, S, batch,
+                              .y = y, .x = x};
     status = kind_ops(layer->config.kind)->forward(
         &call, layer, l2l_tensor_ptr(y), x ? l2l_tensor_ptr(x) : NULL, saved,
         work ? l2l_tensor_ptr(work) : NULL);
@@ -623,7 +682,7 @@ l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor
   memory_for(&mem, layer, B, S, saved->flags);
   l2l_tensor *work = NULL;
   TRY(arena_new(&work, pool, mem.work_backward));
-  struct layer_call call = {l2l_backend_for(pool), pool, B, S, batch};
+  struct layer_call call = {l2l_backend_for(pool), pool, B, S, batch, .dx = dx, .dy = dy};
   l2l_status status = kind_ops(c->kind)->backward(
       &call, layer, dx ? l2l_tensor_ptr(dx) : NULL, dy ? l2l_tensor_ptr(dy) : NULL, saved,
       work ? l2l_tensor_ptr(work) : NULL);

@@ -25,7 +25,9 @@ struct l2l_param {
   atomic_int users;             /* layers holding this record */
   char name[L2L_PARAM_NAME];
   int decays;
-  l2l_tensor *value, *grad;     /* same shape, f32, one pool */
+  l2l_tensor *value, *grad;     /* same shape, f32, one pool; while bound (the relay), the
+                                   device tensors the layer computes with */
+  l2l_tensor *home_value, *home_grad;  /* the record's own tensors while bound, else NULL */
 };
 
 struct l2l_layer {
@@ -38,6 +40,17 @@ struct l2l_layer {
   /* A kind's parameter roles (its own enum) -> index in params; -1: absent (a bias
      switched off). */
   int8_t role[L2L_LAYER_MAX_PARAMS];
+  /* A custom kind's name and functions (NULL for the built-in kinds). */
+  const struct custom_kind *custom;
+};
+
+/* A kind written elsewhere (l2l_layer_new_custom); shared by a layer and its clones. */
+struct custom_kind {
+  atomic_int refs;
+  char name[L2L_PARAM_NAME];
+  l2l_custom_forward_fn forward;
+  l2l_custom_backward_fn backward;
+  void *user;
 };
 
 /* Bytes carved out of one pool allocation: every buffer starts on L2L_ALIGN. */
@@ -71,6 +84,9 @@ struct layer_call {
   l2l_pool_kind pool;           /* where saved and work arenas go (y's pool) */
   int64_t batch, seq;
   const l2l_layer_batch *b;
+  /* The call's tensors, for kinds that work on tensors rather than buffers (custom). */
+  l2l_tensor *y, *dx;
+  const l2l_tensor *x, *dy;
 };
 
 /* Draw stream of a dropout site (l2l.h). */
@@ -100,7 +116,8 @@ struct layer_kind_ops {
 };
 
 extern const struct layer_kind_ops l2l_embedding_kind, l2l_block_kind, l2l_lm_head_kind,
-    l2l_classifier_kind;
+    l2l_classifier_kind, l2l_custom_kind;
+void l2l_custom_kind_release(const struct custom_kind *custom);
 
 /* Whether a LayerNorm's x^ cannot be recovered from its output y = x^ w + b to float
    precision: a channel with |w| < 1e-6 or |w| < |b|/64 (or NaN). The frugal modes then
@@ -117,6 +134,8 @@ l2l_status l2l_linear_backward(const struct l2l_backend_ops *ops, float *dx, flo
                                float *db, const float *dy, const float *x, const float *w,
                                int64_t n, int64_t in, int64_t out, float dx_beta);
 
+/* A layer record with no parameters yet and a fresh rng id (config already checked). */
+l2l_status l2l_layer_alloc(l2l_layer **out, const l2l_layer_config *config, l2l_pool_kind pool);
 /* Adds the parameter of `role` for create_params (layer.c). init: 'n' normal(0, std),
    '0' zeros, '1' ones. */
 l2l_status l2l_layer_add_param(l2l_layer *layer, int role, const char *name, int ndim,
