@@ -1,2 +1,373 @@
-/* eps.c — the eager parameter server (being written). */
-#include "internal.h"
+/* eps.c — the eager parameter server (see eps.h).
+ *
+ * Purpose: records, gradient arrivals and updates. An arrival is one job on the worker
+ * queue (add into the accumulator); the arrival that completes a record splits its update
+ * into chunks of CHUNK elements so a large record (an embedding table) keeps every worker
+ * busy. LAMB needs whole-record norms, so its chunks run in two waves: moments (summing
+ * the norms), then apply. The last chunk of a record clears its accumulator, counts the
+ * update and wakes whoever waits for the record.
+ * Must never: update a record before all its gradients for the minibatch have arrived,
+ * or change anything of a record that the step does not update.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eps.h"
+
+enum { CHUNK = 1 << 18 };
+
+void l2l_timeline_add(struct l2l_timeline *t, int layer, int micro_batch, int phase, int thread,
+                      double start, double end) {
+  pthread_mutex_lock(&t->lock);
+  if (t->count == t->cap) {
+    int64_t cap = t->cap ? 2 * t->cap : 1024;
+    l2l_relay_event *events = realloc(t->events, (size_t)cap * sizeof *events);
+    if (events == NULL) {   /* the timeline is best effort: drop the event */
+      pthread_mutex_unlock(&t->lock);
+      return;
+    }
+    t->events = events;
+    t->cap = cap;
+  }
+  t->events[t->count++] = (l2l_relay_event){layer, micro_batch, phase, thread,
+                                            start - t->origin, end - t->origin};
+  if (phase == L2L_PHASE_UPDATE) t->optimizer_seconds += end - start;
+  pthread_mutex_unlock(&t->lock);
+}
+
+/* ---------------------------------------------------------------- records */
+
+l2l_status l2l_eps_init(struct l2l_eps *eps, const l2l_optimizer_config *optimizer,
+                        int threads, struct l2l_timeline *timeline) {
+  memset(eps, 0, sizeof *eps);
+  eps->optimizer = *optimizer;
+  eps->timeline = timeline;
+  pthread_mutex_init(&eps->lock, NULL);
+  pthread_cond_init(&eps->changed, NULL);
+  l2l_status status = l2l_queue_start(&eps->workers, threads, 3, "optimizer");
+  if (status != L2L_OK) {
+    pthread_mutex_destroy(&eps->lock);
+    pthread_cond_destroy(&eps->changed);
+  }
+  return status;
+}
+
+static void record_free(struct eps_record *rec) {
+  l2l_tensor_free(rec->state[0]);
+  l2l_tensor_free(rec->state[1]);
+  pthread_mutex_destroy(&rec->absorb_lock);
+  free(rec);
+}
+
+void l2l_eps_free(struct l2l_eps *eps) {
+  l2l_queue_stop(&eps->workers);
+  for (int i = 0; i < eps->count; i++) record_free(eps->records[i]);
+  free(eps->records);
+  pthread_mutex_destroy(&eps->lock);
+  pthread_cond_destroy(&eps->changed);
+}
+
+struct eps_record *l2l_eps_find(const struct l2l_eps *eps, const l2l_param *param) {
+  for (int i = 0; i < eps->count; i++)
+    if (eps->records[i]->param == param) return eps->records[i];
+  return NULL;
+}
+
+l2l_status l2l_eps_add_layer(struct l2l_eps *eps, l2l_layer *layer) {
+  int n = l2l_layer_param_count(layer);
+  /* Room first, so that a failure leaves every count as it was. */
+  if (eps->count + n > eps->cap) {
+    int cap = eps->cap ? 2 * eps->cap : 64;
+    while (cap < eps->count + n) cap *= 2;
+    struct eps_record **records = realloc(eps->records, (size_t)cap * sizeof *records);
+    if (records == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for the EPS's records");
+    eps->records = records;
+    eps->cap = cap;
+  }
+  struct eps_record *fresh[16] = {0};   /* a layer has at most 12 records */
+  int nfresh = 0;
+  for (int i = 0; i < n; i++) {
+    l2l_param *p = l2l_layer_param(layer, i);
+    if (l2l_eps_find(eps, p) != NULL) continue;
+    bool twice = false;   /* a record listed twice by one layer counts once */
+    for (int j = 0; j < nfresh; j++) twice |= fresh[j]->param == p;
+    if (twice) continue;
+    struct eps_record *rec = calloc(1, sizeof *rec);
+    if (rec == NULL) {
+      for (int j = 0; j < nfresh; j++) record_free(fresh[j]);
+      return FAIL(L2L_ERR_NOMEM, "no memory for an EPS record");
+    }
+    rec->param = p;
+    rec->master = l2l_param_value(p);
+    rec->grad = l2l_param_grad(p);
+    pthread_mutex_init(&rec->absorb_lock, NULL);
+    fresh[nfresh++] = rec;
+  }
+  for (int j = 0; j < nfresh; j++) eps->records[eps->count++] = fresh[j];
+  for (int i = 0; i < n; i++) l2l_eps_find(eps, l2l_layer_param(layer, i))->users++;
+  return L2L_OK;
+}
+
+void l2l_eps_remove_layer(struct l2l_eps *eps, l2l_layer *layer) {
+  int n = l2l_layer_param_count(layer);
+  for (int i = 0; i < n; i++) l2l_eps_find(eps, l2l_layer_param(layer, i))->users--;
+  int kept = 0;
+  for (int i = 0; i < eps->count; i++) {
+    if (eps->records[i]->users > 0) eps->records[kept++] = eps->records[i];
+    else record_free(eps->records[i]);
+  }
+  eps->count = kept;
+}
+
+uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps) {
+  uint64_t bytes = 0;
+  for (int i = 0; i < eps->count; i++) {
+    const struct eps_record *rec = eps->records[i];
+    uint64_t one = l2l_pool_accounted((uint64_t)l2l_tensor_numel(rec->master) * sizeof(float));
+    int arrays = 2 + (rec->state[0] != NULL) + (rec->state[1] != NULL);
+    bytes += one * (uint64_t)arrays;
+  }
+  return bytes;
+}
+
+/* ---------------------------------------------------------------- a step */
+
+void l2l_eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr) {
+  pthread_mutex_lock(&eps->lock);
+  eps->defer = defer;
+  eps->lr = lr;
+  for (int i = 0; i < eps->count; i++) {
+    struct eps_record *rec = eps->records[i];
+    rec->expected = rec->arrived = 0;
+    rec->update_due = update;
+    rec->sumsq = 0;
+  }
+  pthread_mutex_unlock(&eps->lock);
+}
+
+void l2l_eps_expect(struct l2l_eps *eps, struct eps_record *rec) {
+  pthread_mutex_lock(&eps->lock);
+  rec->expected++;
+  pthread_mutex_unlock(&eps->lock);
+}
+
+l2l_status l2l_eps_prepare(struct l2l_eps *eps) {
+  int arrays = l2l_optim_state_count(&eps->optimizer);
+  for (int i = 0; i < eps->count; i++) {
+    struct eps_record *rec = eps->records[i];
+    if (!rec->update_due || rec->expected == 0) continue;
+    for (int a = 0; a < arrays; a++) {
+      if (rec->state[a] != NULL) continue;
+      const l2l_tensor *m = rec->master;
+      int64_t shape[L2L_MAX_DIMS];
+      for (int d = 0; d < l2l_tensor_ndim(m); d++) shape[d] = l2l_tensor_dim(m, d);
+      TRY(l2l_tensor_new(&rec->state[a], L2L_POOL_HOST, L2L_F32, l2l_tensor_ndim(m), shape));
+      TRY(l2l_tensor_fill(rec->state[a], 0.0));
+    }
+  }
+  return L2L_OK;
+}
+
+/* One chunk of one record's update; freed by the worker. */
+struct chunk_job {
+  struct l2l_job job;
+  struct l2l_eps *eps;
+  struct eps_record *rec;
+  int64_t begin, end;
+  int wave;            /* LAMB: 0 moments, 1 apply; other optimizers: 1 */
+};
+
+static void chunk_release(struct l2l_job *job) { free(job); }
+static void chunk_run(struct l2l_job *job, int thread);
+
+/* Queues the chunks of one wave of rec's update (rec's chunks_left set under the lock). */
+static void queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave) {
+  int64_t n = l2l_tensor_numel(rec->master);
+  int chunks = (int)((n + CHUNK - 1) / CHUNK);
+  pthread_mutex_lock(&eps->lock);
+  rec->chunks_left = chunks;
+  pthread_mutex_unlock(&eps->lock);
+  for (int c = 0; c < chunks; c++) {
+    struct chunk_job *cj = calloc(1, sizeof *cj);
+    if (cj == NULL) {   /* finish the wave inline rather than lose it */
+      struct chunk_job local = {.eps = eps, .rec = rec, .begin = (int64_t)c * CHUNK,
+                                .end = n < (int64_t)(c + 1) * CHUNK ? n : (int64_t)(c + 1) * CHUNK,
+                                .wave = wave};
+      chunk_run(&local.job, 0);
+      continue;
+    }
+    *cj = (struct chunk_job){.eps = eps, .rec = rec, .begin = (int64_t)c * CHUNK,
+                             .end = n < (int64_t)(c + 1) * CHUNK ? n : (int64_t)(c + 1) * CHUNK,
+                             .wave = wave};
+    cj->job.run = chunk_run;
+    cj->job.free_when_done = true;
+    cj->job.release = chunk_release;
+    l2l_queue_push(&eps->workers, &cj->job);
+  }
+}
+
+static void start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
+  const l2l_optimizer_config *o = &eps->optimizer;
+  bool decays = o->decay_all || l2l_param_decays(rec->param) == 1;
+  rec->hyper = (struct l2l_optim_hyper){
+      .kind = o->kind, .lr = (float)eps->lr, .weight_decay = decays ? o->weight_decay : 0.0f,
+      .momentum = o->momentum, .nesterov = o->nesterov, .beta1 = o->beta1, .beta2 = o->beta2,
+      .eps = o->eps, .t = rec->updates + 1, .grad_scale = grad_scale};
+  rec->lamb_norms[0] = rec->lamb_norms[1] = 0;
+  pthread_mutex_lock(&eps->lock);
+  rec->pending = true;
+  pthread_mutex_unlock(&eps->lock);
+  queue_wave(eps, rec, o->kind == L2L_OPTIMIZER_LAMB ? 0 : 1);
+}
+
+static void chunk_run(struct l2l_job *job, int thread) {
+  struct chunk_job *cj = (struct chunk_job *)job;
+  struct l2l_eps *eps = cj->eps;
+  struct eps_record *rec = cj->rec;
+  double t0 = l2l_now();
+  int64_t n = cj->end - cj->begin;
+  float *p = (float *)l2l_tensor_data(rec->master) + cj->begin;
+  float *g = (float *)l2l_tensor_data(rec->grad) + cj->begin;
+  float *s0 = rec->state[0] ? (float *)l2l_tensor_data(rec->state[0]) + cj->begin : NULL;
+  float *s1 = rec->state[1] ? (float *)l2l_tensor_data(rec->state[1]) + cj->begin : NULL;
+  const struct l2l_optim_hyper *h = &rec->hyper;
+  double norms[2] = {0, 0};
+  bool last_wave = cj->wave == 1;
+  switch (h->kind) {
+    case L2L_OPTIMIZER_SGD: l2l_optim_sgd(p, s0, g, n, h); break;
+    case L2L_OPTIMIZER_ADAMW: l2l_optim_adamw(p, s0, s1, g, n, h); break;
+    case L2L_OPTIMIZER_LAMB:
+      if (cj->wave == 0) {
+        l2l_optim_lamb_moments(s0, s1, p, g, n, h, norms);
+      } else {
+        float trust = l2l_optim_lamb_trust(rec->lamb_norms);
+        l2l_optim_lamb_apply(p, s0, s1, n, h, trust);
+      }
+      break;
+  }
+  if (last_wave) memset(g, 0, (size_t)n * sizeof *g);   /* the next minibatch starts at 0 */
+  l2l_timeline_add(eps->timeline, rec->last_layer, -1, L2L_PHASE_UPDATE, thread, t0, l2l_now());
+
+  pthread_mutex_lock(&eps->lock);
+  rec->lamb_norms[0] += norms[0];
+  rec->lamb_norms[1] += norms[1];
+  bool wave_done = --rec->chunks_left == 0;
+  if (wave_done && last_wave) {
+    rec->updates++;
+    rec->pending = false;
+    pthread_cond_broadcast(&eps->changed);
+  }
+  pthread_mutex_unlock(&eps->lock);
+  if (wave_done && !last_wave) queue_wave(eps, rec, 1);
+}
+
+/* One gradient arrival; freed by the worker. */
+struct absorb_job {
+  struct l2l_job job;
+  struct l2l_eps *eps;
+  struct eps_record *rec;
+  l2l_tensor *incoming;
+  float scale;
+  int layer;
+};
+
+static void absorb_release(struct l2l_job *job) { free(job); }
+
+static void absorb_run(struct l2l_job *job, int thread) {
+  (void)thread;
+  struct absorb_job *aj = (struct absorb_job *)job;
+  struct l2l_eps *eps = aj->eps;
+  struct eps_record *rec = aj->rec;
+  int64_t n = l2l_tensor_numel(rec->grad);
+  float *g = l2l_tensor_data(rec->grad);
+  pthread_mutex_lock(&rec->absorb_lock);
+  l2l_optim_axpy(g, l2l_tensor_data(aj->incoming), aj->scale, n);
+  pthread_mutex_unlock(&rec->absorb_lock);
+  l2l_tensor_free(aj->incoming);
+
+  pthread_mutex_lock(&eps->lock);
+  bool complete = rec->arrived + 1 == rec->expected && rec->update_due;
+  if (complete) rec->last_layer = aj->layer;
+  bool defer = eps->defer;
+  pthread_mutex_unlock(&eps->lock);
+  double sumsq = complete && defer ? l2l_optim_sumsq(g, n) : 0;
+  if (complete && !defer) start_update(eps, rec, 1.0f);
+  /* Counted last: whoever waits for arrivals then finds the record's norm (or its update
+     queued) in place. */
+  pthread_mutex_lock(&eps->lock);
+  rec->arrived++;
+  rec->sumsq = sumsq;
+  eps->arrivals_in_flight--;
+  pthread_cond_broadcast(&eps->changed);
+  pthread_mutex_unlock(&eps->lock);
+}
+
+void l2l_eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incoming,
+                  float scale, int layer) {
+  pthread_mutex_lock(&eps->lock);
+  eps->arrivals_in_flight++;
+  pthread_mutex_unlock(&eps->lock);
+  struct absorb_job *aj = calloc(1, sizeof *aj);
+  if (aj == NULL) {
+    struct absorb_job local = {.eps = eps, .rec = rec, .incoming = incoming, .scale = scale,
+                               .layer = layer};
+    absorb_run(&local.job, 0);
+    return;
+  }
+  *aj = (struct absorb_job){.eps = eps, .rec = rec, .incoming = incoming, .scale = scale,
+                            .layer = layer};
+  aj->job.run = absorb_run;
+  aj->job.free_when_done = true;
+  aj->job.release = absorb_release;
+  l2l_queue_push(&eps->workers, &aj->job);
+}
+
+l2l_status l2l_eps_wait_record(struct l2l_eps *eps, struct eps_record *rec) {
+  pthread_mutex_lock(&eps->lock);
+  while (rec->pending) pthread_cond_wait(&eps->changed, &eps->lock);
+  pthread_mutex_unlock(&eps->lock);
+  return L2L_OK;
+}
+
+/* Complete this step and due for an update. */
+static bool due(const struct eps_record *rec) {
+  return rec->update_due && rec->expected > 0 && rec->arrived == rec->expected;
+}
+
+void l2l_eps_abandon_step(struct l2l_eps *eps) {
+  l2l_eps_wait_arrivals(eps);
+  for (int i = 0; i < eps->count; i++) {
+    struct eps_record *rec = eps->records[i];
+    if (rec->arrived > 0 && rec->arrived < rec->expected) l2l_tensor_fill(rec->grad, 0.0);
+    rec->expected = rec->arrived = 0;
+    rec->update_due = false;
+  }
+}
+
+l2l_status l2l_eps_release_updates(struct l2l_eps *eps, float clip, double *norm) {
+  double sumsq = 0;
+  l2l_eps_wait_arrivals(eps);
+  for (int i = 0; i < eps->count; i++)
+    if (due(eps->records[i])) sumsq += eps->records[i]->sumsq;
+  *norm = sqrt(sumsq);
+  float scale = *norm > clip ? (float)(clip / *norm) : 1.0f;
+  pthread_mutex_lock(&eps->lock);
+  eps->defer = false;
+  pthread_mutex_unlock(&eps->lock);
+  for (int i = 0; i < eps->count; i++)
+    if (due(eps->records[i])) start_update(eps, eps->records[i], scale);
+  return L2L_OK;
+}
+
+void l2l_eps_wait_arrivals(struct l2l_eps *eps) {
+  pthread_mutex_lock(&eps->lock);
+  while (eps->arrivals_in_flight > 0) pthread_cond_wait(&eps->changed, &eps->lock);
+  pthread_mutex_unlock(&eps->lock);
+}
+
+l2l_status l2l_eps_sync(struct l2l_eps *eps) {
+  l2l_queue_drain(&eps->workers);
+  return L2L_OK;
+}

@@ -1,24 +1,1453 @@
-/* relay.c — STUB while the relay is being written: every call refuses. */
-#include "internal.h"
+/* relay.c — the relay: runs a model one layer at a time on the device pool, micro-batch
+ * by micro-batch, with the parameters streamed from the EPS (see l2l.h, "the relay").
+ *
+ * Purpose: the order of work of a step and its overlap. A step is a list of layer
+ * visits made before anything runs: forward 0 .. L-2, the head (forward and backward of
+ * each micro-batch at once: the turnaround), then backward L-2 .. lowest, with rebuild
+ * visits (a forward rerun of a stretch of layers) before a backward whose input boundary
+ * was dropped. While a visit computes on this thread, the host-to-device thread copies
+ * the next visit's parameters and the next micro-batch's stashed input, the device-to-
+ * host thread stashes outputs and sends finished gradients to the EPS, and the EPS's
+ * workers update layers whose gradient is complete.
+ * Every device tensor of a step is made and freed by this thread; a job that frees one
+ * (a stash-out) owns it from the moment it is queued.
+ * Must never: change a layer, a record or the EPS when a step is refused (every check
+ * runs before the first visit; updates only begin in backward), let a copy thread touch
+ * Lua (custom layers run here only), or keep more than two micro-batches of a
+ * host-stashed boundary on the device.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
-#define STUB(...) return FAIL(L2L_ERR_UNSUPPORTED, "not written yet")
-void l2l_relay_config_default(l2l_relay_config *out) { (void)out; }
+#include "eps.h"
+
+#define RELAY_MAGIC 0x6c326c72u  /* "l2lr" */
+enum { MAX_RECORDS = 16, THREAD_COMPUTE = 0, THREAD_H2D = 1, THREAD_D2H = 2 };
+
+struct relay_layer {
+  l2l_layer *layer;
+  bool frozen;
+  l2l_stash_policy stash;     /* the boundary before it (its input) */
+  l2l_inner_policy inner;
+};
+
+struct l2l_relay {
+  uint32_t magic;
+  l2l_relay_config config;
+  struct relay_layer *layers;
+  int count, cap;
+  struct l2l_eps eps;
+  struct l2l_queue h2d, d2h;
+  struct l2l_timeline timeline;
+  int64_t steps, minibatches, updates;
+  l2l_relay_stats stats;
+  /* Filled by jobs on the copy threads; read between steps. */
+  pthread_mutex_t lock;
+  uint64_t h2d_bytes, d2h_bytes, stash_now, stash_peak;
+  l2l_status async_status;    /* a job nobody waits for failed (gradients out) */
+  char async_message[256];
+};
+
+static bool relay_ok(const l2l_relay *run) { return run != NULL && run->magic == RELAY_MAGIC; }
+
+static void count_bytes(l2l_relay *run, uint64_t *counter, uint64_t bytes) {
+  pthread_mutex_lock(&run->lock);
+  *counter += bytes;
+  pthread_mutex_unlock(&run->lock);
+}
+
+/* Host bytes holding stashed activations or saved states (signed change). */
+static void count_stash(l2l_relay *run, int64_t bytes) {
+  pthread_mutex_lock(&run->lock);
+  run->stash_now += (uint64_t)bytes;
+  if (run->stash_now > run->stash_peak) run->stash_peak = run->stash_now;
+  pthread_mutex_unlock(&run->lock);
+}
+
+static uint64_t tensor_bytes(const l2l_tensor *t) {
+  return (uint64_t)l2l_tensor_numel(t) * l2l_dtype_size((l2l_dtype)l2l_tensor_dtype(t));
+}
+
+static l2l_status tensor_like(l2l_tensor **out, l2l_pool_kind pool, const l2l_tensor *t) {
+  int64_t shape[L2L_MAX_DIMS];
+  int ndim = l2l_tensor_ndim(t);
+  for (int d = 0; d < ndim; d++) shape[d] = l2l_tensor_dim(t, d);
+  return l2l_tensor_new(out, pool, (l2l_dtype)l2l_tensor_dtype(t), ndim, shape);
+}
+
+/* ---------------------------------------------------------------- copy jobs */
+
+/* dst := src on a copy thread. The tensors stay the queuing thread's: it frees them
+   after waiting, at points of its choosing, so device memory does not depend on when a
+   copy thread gets to run. */
+struct copy_job {
+  struct l2l_job job;
+  l2l_relay *run;
+  l2l_tensor *dst, *src;
+  int layer, micro_batch, phase;
+};
+
+static void copy_run(struct l2l_job *job, int thread) {
+  struct copy_job *cj = (struct copy_job *)job;
+  double t0 = l2l_now();
+  l2l_status status = l2l_tensor_copy(cj->dst, cj->src);
+  if (status != L2L_OK) l2l_job_fail(job, status);
+  uint64_t bytes = tensor_bytes(cj->src);
+  count_bytes(cj->run, thread == THREAD_H2D ? &cj->run->h2d_bytes : &cj->run->d2h_bytes, bytes);
+  l2l_timeline_add(&cj->run->timeline, cj->layer, cj->micro_batch, cj->phase, thread, t0,
+                   l2l_now());
+}
+
+static l2l_status copy_queue(struct copy_job **out, l2l_relay *run, struct l2l_queue *q,
+                             l2l_tensor *dst, l2l_tensor *src, int layer, int micro_batch,
+                             int phase) {
+  struct copy_job *cj = calloc(1, sizeof *cj);
+  if (cj == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a copy job");
+  *cj = (struct copy_job){.run = run, .dst = dst, .src = src, .layer = layer,
+                          .micro_batch = micro_batch, .phase = phase};
+  cj->job.run = copy_run;
+  l2l_queue_push(q, &cj->job);
+  *out = cj;
+  return L2L_OK;
+}
+
+/* A saved state moved between pools on a copy thread (KARMA's swap). */
+struct swap_job {
+  struct l2l_job job;
+  l2l_relay *run;
+  l2l_saved *saved;
+  l2l_pool_kind pool;
+  int layer, micro_batch, phase;
+};
+
+static void swap_run(struct l2l_job *job, int thread) {
+  struct swap_job *sj = (struct swap_job *)job;
+  double t0 = l2l_now();
+  uint64_t bytes = l2l_saved_pool_bytes(sj->saved);
+  l2l_status status = l2l_saved_move(sj->saved, sj->pool);
+  if (status != L2L_OK) l2l_job_fail(job, status);
+  count_bytes(sj->run, thread == THREAD_H2D ? &sj->run->h2d_bytes : &sj->run->d2h_bytes, bytes);
+  if (status == L2L_OK) count_stash(sj->run, sj->pool == L2L_POOL_HOST ? (int64_t)bytes : -(int64_t)bytes);
+  l2l_timeline_add(&sj->run->timeline, sj->layer, sj->micro_batch, sj->phase, thread, t0,
+                   l2l_now());
+}
+
+/* Queues the move of saved[k][u] to `pool` (no-op if it is there or on its way). */
+static l2l_status swap_queue(l2l_relay *run, struct l2l_queue *q, struct swap_job **slot,
+                             l2l_saved *saved, l2l_pool_kind pool, int layer, int64_t u) {
+  if (*slot != NULL) return L2L_OK;
+  struct swap_job *sj = calloc(1, sizeof *sj);
+  if (sj == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a swap job");
+  *sj = (struct swap_job){.run = run, .saved = saved, .pool = pool, .layer = layer,
+                          .micro_batch = (int)u,
+                          .phase = pool == L2L_POOL_HOST ? L2L_PHASE_SWAP_OUT : L2L_PHASE_SWAP_IN};
+  sj->job.run = swap_run;
+  *slot = sj;
+  l2l_queue_push(q, &sj->job);
+  return L2L_OK;
+}
+
+/* Waits for a swap in flight; the saved state is then where the job took it. */
+static l2l_status swap_wait(double *waited, struct swap_job **slot) {
+  if (*slot == NULL) return L2L_OK;
+  double t0 = l2l_now();
+  l2l_status status = l2l_job_wait(&(*slot)->job);
+  *waited += l2l_now() - t0;
+  free(*slot);
+  *slot = NULL;
+  return status;
+}
+
+/* A layer's parameters into their device tensors, after the layer's pending updates. */
+struct params_job {
+  struct l2l_job job;
+  l2l_relay *run;
+  int layer, nrec;
+  struct eps_record *rec[MAX_RECORDS];
+  l2l_tensor *value[MAX_RECORDS];
+};
+
+static void params_run(struct l2l_job *job, int thread) {
+  struct params_job *pj = (struct params_job *)job;
+  double t0 = l2l_now();
+  for (int i = 0; i < pj->nrec; i++) {
+    l2l_eps_wait_record(&pj->run->eps, pj->rec[i]);
+    l2l_status status = l2l_tensor_copy(pj->value[i], pj->rec[i]->master);
+    if (status != L2L_OK) {
+      l2l_job_fail(job, status);
+      break;
+    }
+    count_bytes(pj->run, &pj->run->h2d_bytes, tensor_bytes(pj->value[i]));
+  }
+  l2l_timeline_add(&pj->run->timeline, pj->layer, -1, L2L_PHASE_PARAMS_IN, thread, t0,
+                   l2l_now());
+}
+
+/* A visit's gradients out to the EPS; owns the device gradients; nobody waits for it. */
+struct grads_job {
+  struct l2l_job job;
+  l2l_relay *run;
+  int layer, nrec;
+  float clip;                 /* per-layer clipping, 0: off */
+  struct eps_record *rec[MAX_RECORDS];
+  l2l_tensor *grad[MAX_RECORDS];
+};
+
+static void grads_release(struct l2l_job *job) {
+  struct grads_job *gj = (struct grads_job *)job;
+  for (int i = 0; i < gj->nrec; i++) l2l_tensor_free(gj->grad[i]);
+  free(gj);
+}
+
+/* Waits for the gradients of slot `slot`'s last visit to be out (the slot is then free). */
+struct step;
+static l2l_status grads_wait(struct step *s, int slot);
+
+static void grads_run(struct l2l_job *job, int thread) {
+  struct grads_job *gj = (struct grads_job *)job;
+  l2l_relay *run = gj->run;
+  double t0 = l2l_now();
+  l2l_tensor *incoming[MAX_RECORDS] = {0};
+  l2l_status status = L2L_OK;
+  double sumsq = 0;
+  for (int i = 0; i < gj->nrec && status == L2L_OK; i++) {
+    status = tensor_like(&incoming[i], L2L_POOL_PINNED, gj->grad[i]);
+    if (status == L2L_OK) status = l2l_tensor_copy(incoming[i], gj->grad[i]);
+    if (status == L2L_OK) count_bytes(run, &run->d2h_bytes, tensor_bytes(gj->grad[i]));
+    if (status == L2L_OK && gj->clip > 0)
+      sumsq += l2l_optim_sumsq(l2l_tensor_data(incoming[i]), l2l_tensor_numel(incoming[i]));
+  }
+  l2l_timeline_add(&run->timeline, gj->layer, -1, L2L_PHASE_GRADS_OUT, thread, t0, l2l_now());
+  if (status != L2L_OK) {
+    for (int i = 0; i < gj->nrec; i++) l2l_tensor_free(incoming[i]);
+    pthread_mutex_lock(&run->lock);
+    if (run->async_status == L2L_OK) {
+      run->async_status = status;
+      snprintf(run->async_message, sizeof run->async_message, "%s", l2l_last_error());
+    }
+    pthread_mutex_unlock(&run->lock);
+    return;   /* the step fails at its end (check_async) and abandons its gradients */
+  }
+  double norm = sqrt(sumsq);
+  float scale = gj->clip > 0 && norm > gj->clip ? (float)(gj->clip / norm) : 1.0f;
+  for (int i = 0; i < gj->nrec; i++) l2l_eps_give(&run->eps, gj->rec[i], incoming[i], scale, gj->layer);
+}
+
+/* ---------------------------------------------------------------- a step's state */
+
+/* One micro-batch's activations (or their gradients) at one boundary. */
+struct act {
+  l2l_tensor *dev;            /* on the device (NULL when only on the host) */
+  l2l_tensor *host;           /* the host stash (pinned) */
+  struct copy_job *in;        /* host -> dev in flight */
+};
+
+enum visit_kind { V_FORWARD, V_HEAD, V_BACKWARD, V_REBUILD };
+struct visit {
+  int k;                      /* index among the step's active layers */
+  enum visit_kind kind;
+};
+
+struct step {
+  l2l_relay *run;
+  const l2l_relay_batch *in;
+  bool training;
+  int64_t B, S, D, mb, nmb;
+  int L;                      /* active layers */
+  int *active;                /* -> index in run->layers */
+  struct act **x;             /* x[k][u]: input of active layer k (k >= 1) */
+  struct act **g;             /* g[k][u]: gradient of the loss for x[k][u] */
+  l2l_saved ***saved;         /* saved[k][u] of keep and swap layers */
+  struct swap_job ***swap;    /* swap[k][u] in flight */
+  uint8_t **where;            /* where[k][u]: 1 while saved[k][u] is on the host */
+  bool *rebuilt;              /* boundary k rebuilt on the device for the backward */
+  bool *reread;               /* x[k] is read again after forward (backward or rebuild) */
+  struct visit *visits;
+  int nvisits, lowest;
+  /* The visit running and the next one's parameters. */
+  struct params_job *params[2];
+  l2l_tensor *grads[MAX_RECORDS];
+  int ngrads;
+  /* Two device slots of parameters and two of gradients, each the size of the largest
+     layer: visit i uses slot i % 2, so the next visit's parameters copy in beside it. */
+  l2l_tensor *pslot[2], *gslot[2];
+  struct grads_job *gout[2];  /* the gradients out of the last visit of each slot */
+  int slot;
+  struct copy_job *out[2];    /* stash-outs in flight (oldest first) */
+  double loss_sum;
+  int64_t real;               /* targets that count */
+  float loss_scale;
+  double compute, wait_copy, wait_update;
+};
+
+static struct relay_layer *active_layer(const struct step *s, int k) {
+  return &s->run->layers[s->active[k]];
+}
+static l2l_layer_kind kind_of(const l2l_layer *layer) {
+  l2l_layer_config c;
+  l2l_layer_get_config(&c, layer);
+  return c.kind;
+}
+
+/* Whether boundary k (k >= 1) is dropped in forward (rebuilt for the backward). */
+static bool dropped(const struct step *s, int k) {
+  return active_layer(s, k)->stash == L2L_STASH_RECOMPUTE;
+}
+
+static void act_free(l2l_relay *run, struct act *a) {
+  if (a->in) {
+    l2l_job_wait(&a->in->job);
+    free(a->in);
+    a->in = NULL;
+  }
+  if (a->host) count_stash(run, -(int64_t)l2l_pool_accounted(tensor_bytes(a->host)));
+  l2l_tensor_free(a->dev);
+  l2l_tensor_free(a->host);
+  a->dev = a->host = NULL;
+}
+
+static void step_free(struct step *s) {
+  l2l_relay *run = s->run;
+  /* Jobs first: they may still read or free what is below. */
+  l2l_queue_drain(&run->h2d);
+  l2l_queue_drain(&run->d2h);
+  for (int i = 0; i < 2; i++) {
+    if (s->out[i]) l2l_tensor_free(s->out[i]->src);
+    free(s->out[i]);
+    if (s->params[i]) {
+      for (int r = 0; r < s->params[i]->nrec; r++) l2l_tensor_free(s->params[i]->value[r]);
+      free(s->params[i]);
+    }
+    if (s->gout[i]) grads_release(&s->gout[i]->job);
+    l2l_tensor_free(s->pslot[i]);
+    l2l_tensor_free(s->gslot[i]);
+  }
+  for (int r = 0; r < s->ngrads; r++) l2l_tensor_free(s->grads[r]);
+  for (int k = 0; k <= s->L; k++) {
+    for (int64_t u = 0; u < s->nmb; u++) {
+      if (s->x && s->x[k]) act_free(run, &s->x[k][u]);
+      if (s->g && s->g[k]) act_free(run, &s->g[k][u]);
+      if (s->swap && s->swap[k] && s->swap[k][u]) free(s->swap[k][u]);
+      if (s->saved && s->saved[k] && s->saved[k][u]) {
+        if (s->where[k][u]) count_stash(run, -(int64_t)l2l_saved_pool_bytes(s->saved[k][u]));
+        l2l_saved_free(s->saved[k][u]);
+      }
+    }
+    if (s->x) free(s->x[k]);
+    if (s->g) free(s->g[k]);
+    if (s->saved) free(s->saved[k]);
+    if (s->swap) free(s->swap[k]);
+    if (s->where) free(s->where[k]);
+  }
+  free(s->where);
+  free(s->x);
+  free(s->g);
+  free(s->saved);
+  free(s->swap);
+  free(s->rebuilt);
+  free(s->reread);
+  free(s->visits);
+  free(s->active);
+  /* Parameters back to their own tensors whatever happened. */
+  for (int i = 0; i < run->count; i++) {
+    l2l_layer *layer = run->layers[i].layer;
+    for (int r = 0; r < l2l_layer_param_count(layer); r++)
+      l2l_param_bind(l2l_layer_param(layer, r), NULL, NULL);
+  }
+}
+
+/* ---------------------------------------------------------------- checks */
+
+static l2l_status check_tensor(const char *what, const l2l_tensor *t, l2l_dtype dtype, int ndim,
+                               const int64_t *dims) {
+  if (t == NULL) return FAIL(L2L_ERR_INVALID, "%s is NULL", what);
+  if (l2l_tensor_ndim(t) < 0) return FAIL(L2L_ERR_INVALID, "%s is not a live tensor", what);
+  int pool = l2l_tensor_pool(t);
+  if (pool != L2L_POOL_HOST && pool != L2L_POOL_PINNED)
+    return FAIL(L2L_ERR_INVALID, "%s must be in the host or pinned pool, not '%s'", what,
+                l2l_pool_name((l2l_pool_kind)pool));
+  bool match = l2l_tensor_dtype(t) == (int)dtype && l2l_tensor_ndim(t) == ndim;
+  for (int d = 0; match && d < ndim; d++) match = l2l_tensor_dim(t, d) == dims[d];
+  if (!match) {
+    char have[80] = "(", want[80] = "(";
+    for (int d = 0; d < l2l_tensor_ndim(t); d++)
+      snprintf(have + strlen(have), sizeof have - strlen(have), "%s%lld", d ? "," : "",
+               (long long)l2l_tensor_dim(t, d));
+    for (int d = 0; d < ndim; d++)
+      snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? "," : "",
+               (long long)dims[d]);
+    return FAIL(L2L_ERR_INVALID, "%s is %s %s), need %s %s)", what,
+                l2l_dtype_name((l2l_dtype)l2l_tensor_dtype(t)), have, l2l_dtype_name(dtype), want);
+  }
+  return L2L_OK;
+}
+
+/* Values of an i32 tensor outside [lo, hi) other than `allowed`. */
+static l2l_status check_range(const char *what, const l2l_tensor *t, int64_t hi, int32_t allowed) {
+  const int32_t *v = l2l_tensor_data(t);
+  for (int64_t i = 0; i < l2l_tensor_numel(t); i++)
+    if ((v[i] < 0 || v[i] >= hi) && v[i] != allowed)
+      return FAIL(L2L_ERR_INVALID, "%s[%lld] = %d is outside [0, %lld)%s", what, (long long)i,
+                  v[i], (long long)hi, allowed == -1 ? " and not -1" : "");
+  return L2L_OK;
+}
+
+/* The model's shape and the batch, before anything runs. */
+static l2l_status check_step(struct step *s, const l2l_relay_batch *in) {
+  l2l_relay *run = s->run;
+  if (in == NULL) return FAIL(L2L_ERR_INVALID, "batch is NULL");
+  if (run->count < 2)
+    return FAIL(L2L_ERR_INVALID, "the model has %d layers: it needs at least an embedding and a head",
+                run->count);
+  l2l_layer_config first, last;
+  l2l_layer_get_config(&first, run->layers[0].layer);
+  l2l_layer_get_config(&last, run->layers[run->count - 1].layer);
+  if (first.kind != L2L_LAYER_EMBEDDING)
+    return FAIL(L2L_ERR_INVALID, "layer 0 must be an embedding (it reads the tokens)");
+  if (last.kind != L2L_LAYER_LM_HEAD && last.kind != L2L_LAYER_CLASSIFIER)
+    return FAIL(L2L_ERR_INVALID, "layer %d (the last) must be an LM head or a classifier",
+                run->count - 1);
+  for (int i = 1; i < run->count; i++) {
+    l2l_layer_config c;
+    l2l_layer_get_config(&c, run->layers[i].layer);
+    if (i < run->count - 1 && c.kind != L2L_LAYER_BLOCK && c.kind != L2L_LAYER_CUSTOM)
+      return FAIL(L2L_ERR_INVALID, "layer %d is a %s: only blocks and custom layers go between the embedding and the head",
+                  i, l2l_layer_name(run->layers[i].layer));
+    if (c.dim != first.dim)
+      return FAIL(L2L_ERR_INVALID, "layer %d has dim %lld but the embedding has %lld", i,
+                  (long long)c.dim, (long long)first.dim);
+  }
+  const l2l_tensor *tokens = in->tokens;
+  if (tokens == NULL || l2l_tensor_ndim(tokens) != 2)
+    return FAIL(L2L_ERR_INVALID, "batch->tokens must be a (B,S) i32 tensor%s",
+                tokens == NULL ? " (it is NULL)" : "");
+  s->B = l2l_tensor_dim(tokens, 0);
+  s->S = l2l_tensor_dim(tokens, 1);
+  s->D = first.dim;
+  int64_t bs[2] = {s->B, s->S};
+  TRY(check_tensor("batch->tokens", tokens, L2L_I32, 2, bs));
+  if (s->S > first.max_seq)
+    return FAIL(L2L_ERR_INVALID, "batch->tokens has %lld positions but the embedding's max_seq is %lld",
+                (long long)s->S, (long long)first.max_seq);
+  TRY(check_range("batch->tokens", tokens, first.vocab, 0));
+  if (first.type_vocab > 0) {
+    TRY(check_tensor("batch->token_types", in->token_types, L2L_I32, 2, bs));
+    TRY(check_range("batch->token_types", in->token_types, first.type_vocab, 0));
+  } else if (in->token_types != NULL) {
+    return FAIL(L2L_ERR_INVALID, "batch->token_types given but the embedding has type_vocab 0");
+  }
+  if (in->key_mask) TRY(check_tensor("batch->key_mask", in->key_mask, L2L_U8, 2, bs));
+  bool lm = last.kind == L2L_LAYER_LM_HEAD;
+  TRY(check_tensor("batch->targets", in->targets, L2L_I32, lm ? 2 : 1, bs));
+  TRY(check_range("batch->targets", in->targets, lm ? last.vocab : last.classes, -1));
+  s->real = 0;
+  const int32_t *t = l2l_tensor_data(in->targets);
+  for (int64_t i = 0; i < l2l_tensor_numel(in->targets); i++) s->real += t[i] != -1;
+  if (s->real == 0) return FAIL(L2L_ERR_INVALID, "batch->targets has no target other than -1");
+
+  /* The active layers: all but the skipped ones. */
+  s->active = malloc((size_t)run->count * sizeof *s->active);
+  if (s->active == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a step");
+  for (int i = 0; i < run->count; i++) {
+    bool skip = in->skip && in->skip[i];
+    if (skip && (i == 0 || i == run->count - 1))
+      return FAIL(L2L_ERR_INVALID, "batch->skip[%d]: the embedding and the head cannot be skipped", i);
+    if (in->skip && in->skip[i] > 1)
+      return FAIL(L2L_ERR_INVALID, "batch->skip[%d] must be 0 or 1, got %d", i, in->skip[i]);
+    if (!skip) s->active[s->L++] = i;
+  }
+  s->mb = run->config.micro_batch < s->B ? run->config.micro_batch : s->B;
+  s->nmb = (s->B + s->mb - 1) / s->mb;
+
+  /* The device must hold one layer's visit: its parameters and gradients, the next
+     layer's parameters, a micro-batch's input, output and gradients, its working memory. */
+  l2l_pool_stats device;
+  l2l_pool_get_stats(&device, L2L_POOL_DEVICE);
+  if (device.budget > 0) {
+    for (int k = 0; k < s->L; k++) {
+      l2l_layer *layer = active_layer(s, k)->layer;
+      l2l_layer_memory m;
+      TRY(l2l_layer_memory_use(&m, layer, s->mb, s->S));
+      uint64_t act = l2l_pool_accounted((uint64_t)(s->mb * s->S * s->D) * sizeof(float));
+      uint64_t need = 2 * m.params + m.peak + 3 * act;
+      if (need > device.budget - device.current) {
+        char a[32], b[32];
+        return FAIL(L2L_ERR_BUDGET,
+                    "the device budget (%llu bytes, %s free) is too small for layer %d (%s): one "
+                    "micro-batch of %lld needs at least %llu bytes (%s) for its parameters, "
+                    "gradients, activations and working memory",
+                    (unsigned long long)device.budget,
+                    l2l_human_bytes(a, sizeof a, device.budget - device.current), s->active[k],
+                    l2l_layer_name(layer), (long long)s->mb, (unsigned long long)need,
+                    l2l_human_bytes(b, sizeof b, need));
+      }
+    }
+  }
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- the plan of visits */
+
+static l2l_status plan_visits(struct step *s) {
+  int L = s->L;
+  s->visits = calloc((size_t)(4 * L + 4), sizeof *s->visits);
+  s->rebuilt = calloc((size_t)L + 1, sizeof *s->rebuilt);
+  s->reread = calloc((size_t)L + 1, sizeof *s->reread);
+  if (s->visits == NULL || s->rebuilt == NULL || s->reread == NULL)
+    return FAIL(L2L_ERR_NOMEM, "no memory for a step");
+  for (int k = 0; k < L - 1; k++) s->visits[s->nvisits++] = (struct visit){k, V_FORWARD};
+  s->visits[s->nvisits++] = (struct visit){L - 1, V_HEAD};
+  if (!s->training) return L2L_OK;
+  /* Backward reaches down to the lowest trainable layer: below it nobody needs a gradient. */
+  s->lowest = L;
+  for (int k = 0; k < L; k++)
+    if (!active_layer(s, k)->frozen) {
+      s->lowest = k;
+      break;
+    }
+  for (int k = L - 2; k >= s->lowest; k--) {
+    bool recompute = active_layer(s, k)->inner == L2L_INNER_RECOMPUTE;
+    if (k >= 1 && recompute && dropped(s, k) && !s->rebuilt[k]) {
+      int j = k - 1;
+      while (j >= 1 && dropped(s, j) && !s->rebuilt[j]) j--;
+      for (int m = j; m < k; m++) s->visits[s->nvisits++] = (struct visit){m, V_REBUILD};
+      for (int m = j + 1; m <= k; m++) s->rebuilt[m] = true;
+      if (!s->rebuilt[j]) s->reread[j] = true;
+    }
+    if (recompute && !s->rebuilt[k]) s->reread[k] = true;
+    s->visits[s->nvisits++] = (struct visit){k, V_BACKWARD};
+  }
+  return L2L_OK;
+}
+
+static l2l_status step_alloc(struct step *s) {
+  int n = s->L + 1;
+  s->x = calloc((size_t)n, sizeof *s->x);
+  s->g = calloc((size_t)n, sizeof *s->g);
+  s->saved = calloc((size_t)n, sizeof *s->saved);
+  s->swap = calloc((size_t)n, sizeof *s->swap);
+  s->where = calloc((size_t)n, sizeof *s->where);
+  if (!s->x || !s->g || !s->saved || !s->swap || !s->where)
+    return FAIL(L2L_ERR_NOMEM, "no memory for a step");
+  for (int k = 0; k < n; k++) {
+    s->x[k] = calloc((size_t)s->nmb, sizeof **s->x);
+    s->g[k] = calloc((size_t)s->nmb, sizeof **s->g);
+    s->saved[k] = calloc((size_t)s->nmb, sizeof **s->saved);
+    s->swap[k] = calloc((size_t)s->nmb, sizeof **s->swap);
+    s->where[k] = calloc((size_t)s->nmb, sizeof **s->where);
+    if (!s->x[k] || !s->g[k] || !s->saved[k] || !s->swap[k] || !s->where[k])
+      return FAIL(L2L_ERR_NOMEM, "no memory for a step");
+  }
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- parameters */
+
+/* Floats a record takes in a slot (rounded so every record starts on L2L_ALIGN). */
+static int64_t slot_floats(const l2l_tensor *t) {
+  int64_t align = L2L_ALIGN / (int64_t)sizeof(float);
+  return (l2l_tensor_numel(t) + align - 1) / align * align;
+}
+
+/* A tensor shaped like t at *offset of a slot; *offset moves past it. */
+static l2l_status slot_view(l2l_tensor **out, const l2l_tensor *slot, int64_t *offset,
+                            const l2l_tensor *t) {
+  l2l_tensor *flat = NULL;
+  TRY(l2l_tensor_view_rows(&flat, slot, *offset, l2l_tensor_numel(t)));
+  int64_t shape[L2L_MAX_DIMS];
+  for (int d = 0; d < l2l_tensor_ndim(t); d++) shape[d] = l2l_tensor_dim(t, d);
+  l2l_status status = l2l_tensor_reshape(out, flat, l2l_tensor_ndim(t), shape);
+  l2l_tensor_free(flat);
+  *offset += slot_floats(t);
+  return status;
+}
+
+/* The slots, sized for the largest active layer. */
+static l2l_status slots_new(struct step *s) {
+  int64_t most = 1;
+  for (int k = 0; k < s->L; k++) {
+    l2l_layer *layer = active_layer(s, k)->layer;
+    int64_t n = 0;
+    for (int r = 0; r < l2l_layer_param_count(layer); r++)
+      n += slot_floats(l2l_param_value(l2l_layer_param(layer, r)));
+    if (n > most) most = n;
+  }
+  int64_t shape[1] = {most};
+  for (int i = 0; i < 2; i++) {
+    TRY(l2l_tensor_new(&s->pslot[i], L2L_POOL_DEVICE, L2L_F32, 1, shape));
+    if (s->training) TRY(l2l_tensor_new(&s->gslot[i], L2L_POOL_DEVICE, L2L_F32, 1, shape));
+  }
+  return L2L_OK;
+}
+
+/* Queues the copy of layer k's parameters into parameter slot `slot`. */
+static l2l_status params_queue(struct step *s, int which, int k) {
+  l2l_relay *run = s->run;
+  l2l_layer *layer = active_layer(s, k)->layer;
+  struct params_job *pj = calloc(1, sizeof *pj);
+  if (pj == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a copy job");
+  s->params[which] = pj;
+  /* which 0: the visit about to run (slot s->slot); 1: the one after it (the other). */
+  int slot = which == 0 ? s->slot : 1 - s->slot;
+  pj->run = run;
+  pj->layer = s->active[k];
+  pj->nrec = l2l_layer_param_count(layer);
+  int64_t offset = 0;
+  for (int r = 0; r < pj->nrec; r++) {
+    pj->rec[r] = l2l_eps_find(&run->eps, l2l_layer_param(layer, r));
+    TRY(slot_view(&pj->value[r], s->pslot[slot], &offset, pj->rec[r]->master));
+  }
+  pj->job.run = params_run;
+  l2l_queue_push(&run->h2d, &pj->job);
+  return L2L_OK;
+}
+
+/* Waits for slot 0's parameters (the visit about to run) and binds them with device
+   gradients when the visit computes any. */
+static l2l_status params_bind(struct step *s, int k, bool grads) {
+  l2l_relay *run = s->run;
+  struct params_job *pj = s->params[0];
+  l2l_layer *layer = active_layer(s, k)->layer;
+  double t0 = l2l_now();
+  for (int r = 0; r < pj->nrec; r++) TRY(l2l_eps_wait_record(&run->eps, pj->rec[r]));
+  double t1 = l2l_now();
+  l2l_status status = l2l_job_wait(&pj->job);
+  double t2 = l2l_now();
+  s->wait_update += t1 - t0;
+  s->wait_copy += t2 - t1;
+  if (t1 - t0 > 1e-5)
+    l2l_timeline_add(&run->timeline, s->active[k], -1, L2L_PHASE_WAIT_UPDATE, THREAD_COMPUTE, t0, t1);
+  if (t2 - t1 > 1e-5)
+    l2l_timeline_add(&run->timeline, s->active[k], -1, L2L_PHASE_WAIT_COPY, THREAD_COMPUTE, t1, t2);
+  TRY(status);
+  s->ngrads = 0;
+  if (grads) TRY(grads_wait(s, s->slot));
+  int64_t offset = 0;
+  for (int r = 0; r < pj->nrec; r++) {
+    if (grads) {
+      TRY(slot_view(&s->grads[r], s->gslot[s->slot], &offset, pj->value[r]));
+      s->ngrads = r + 1;
+      TRY(l2l_tensor_fill(s->grads[r], 0.0));
+    }
+    l2l_param_bind(l2l_layer_param(layer, r), pj->value[r], grads ? s->grads[r] : NULL);
+  }
+  return L2L_OK;
+}
+
+/* After a visit: parameters unbound and freed; gradients of a trainable visit go out to
+   the EPS (the job owns them from here), others are dropped. */
+static l2l_status params_done(struct step *s, int k, bool give) {
+  l2l_relay *run = s->run;
+  struct params_job *pj = s->params[0];
+  l2l_layer *layer = active_layer(s, k)->layer;
+  for (int r = 0; r < pj->nrec; r++) {
+    l2l_param_bind(l2l_layer_param(layer, r), NULL, NULL);
+    l2l_tensor_free(pj->value[r]);
+  }
+  free(pj);
+  s->params[0] = s->params[1];
+  s->params[1] = NULL;
+  if (!give) {
+    for (int r = 0; r < s->ngrads; r++) l2l_tensor_free(s->grads[r]);
+    s->ngrads = 0;
+    return L2L_OK;
+  }
+  struct grads_job *gj = calloc(1, sizeof *gj);
+  if (gj == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a copy job");
+  gj->run = run;
+  gj->layer = s->active[k];
+  gj->clip = run->config.clip_layer_norm;
+  gj->nrec = s->ngrads;
+  for (int r = 0; r < s->ngrads; r++) {
+    gj->rec[r] = l2l_eps_find(&run->eps, l2l_layer_param(layer, r));
+    gj->grad[r] = s->grads[r];
+  }
+  s->ngrads = 0;
+  gj->job.run = grads_run;
+  s->gout[s->slot] = gj;
+  l2l_queue_push(&run->d2h, &gj->job);
+  return L2L_OK;
+}
+
+static l2l_status grads_wait(struct step *s, int slot) {
+  struct grads_job *gj = s->gout[slot];
+  if (gj == NULL) return L2L_OK;
+  double t0 = l2l_now();
+  l2l_job_wait(&gj->job);   /* a failure is the run's (check_async), not this visit's */
+  s->wait_copy += l2l_now() - t0;
+  grads_release(&gj->job);
+  s->gout[slot] = NULL;
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- activations */
+
+/* Starts bringing a[u] to the device if it is only on the host. */
+static l2l_status act_prefetch(struct step *s, struct act *a, int layer, int64_t u) {
+  if (a->dev != NULL || a->in != NULL || a->host == NULL) return L2L_OK;
+  l2l_tensor *dev = NULL;
+  TRY(tensor_like(&dev, L2L_POOL_DEVICE, a->host));
+  l2l_status status = copy_queue(&a->in, s->run, &s->run->h2d, dev, a->host, layer, (int)u,
+                                 L2L_PHASE_STASH_IN);
+  if (status != L2L_OK) l2l_tensor_free(dev);
+  return status;
+}
+
+/* a[u] on the device, waiting for its copy if need be. */
+static l2l_status act_on_device(struct step *s, struct act *a, int layer, int64_t u,
+                                l2l_tensor **out) {
+  TRY(act_prefetch(s, a, layer, u));
+  if (a->in) {
+    double t0 = l2l_now();
+    l2l_status status = l2l_job_wait(&a->in->job);
+    double t1 = l2l_now();
+    s->wait_copy += t1 - t0;
+    if (t1 - t0 > 1e-5)
+      l2l_timeline_add(&s->run->timeline, layer, (int)u, L2L_PHASE_WAIT_COPY, THREAD_COMPUTE, t0, t1);
+    a->dev = a->in->dst;
+    free(a->in);
+    a->in = NULL;
+    TRY(status);
+  }
+  if (a->dev == NULL) return FAIL(L2L_ERR_STATE, "layer %d, micro-batch %lld: an input is missing (relay bug)",
+                                  layer, (long long)u);
+  *out = a->dev;
+  return L2L_OK;
+}
+
+/* The device copy of a[u] is no longer needed (the host copy, if any, stays). */
+static void act_release_device(struct act *a) {
+  l2l_tensor_free(a->dev);
+  a->dev = NULL;
+}
+
+/* Retires the oldest stash-outs until at most `keep` are in flight: each one's device
+   tensor is freed once it is copied, so no more than two micro-batches of a host-stashed
+   boundary wait on the device. */
+static l2l_status out_throttle(struct step *s, int keep) {
+  while ((s->out[0] != NULL) + (s->out[1] != NULL) > keep) {
+    double t0 = l2l_now();
+    l2l_status status = l2l_job_wait(&s->out[0]->job);
+    s->wait_copy += l2l_now() - t0;
+    l2l_tensor_free(s->out[0]->src);
+    free(s->out[0]);
+    s->out[0] = s->out[1];
+    s->out[1] = NULL;
+    TRY(status);
+  }
+  return L2L_OK;
+}
+
+/* Sends a[u]'s device tensor to a new host stash; the device tensor goes when copied. */
+static l2l_status act_stash_out(struct step *s, struct act *a, int layer, int64_t u) {
+  TRY(out_throttle(s, 1));
+  l2l_tensor *host = NULL;
+  TRY(tensor_like(&host, L2L_POOL_PINNED, a->dev));
+  struct copy_job *cj = NULL;
+  l2l_status status = copy_queue(&cj, s->run, &s->run->d2h, host, a->dev, layer, (int)u,
+                                 L2L_PHASE_STASH_OUT);
+  if (status != L2L_OK) {
+    l2l_tensor_free(host);
+    return status;
+  }
+  count_stash(s->run, (int64_t)l2l_pool_accounted(tensor_bytes(host)));
+  a->host = host;
+  a->dev = NULL;
+  s->out[s->out[0] ? 1 : 0] = cj;
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- one micro-batch's inputs */
+
+struct mb_inputs {
+  l2l_tensor *tokens, *types, *targets, *mask;
+  l2l_layer_batch batch;
+};
+
+/* Rows [u*mb, ...) of a host tensor copied to the device (small: ids and masks). */
+static l2l_status rows_to_device(struct step *s, l2l_tensor **out, const l2l_tensor *t, int64_t u) {
+  if (t == NULL) return L2L_OK;
+  int64_t first = u * s->mb, count = s->mb < s->B - first ? s->mb : s->B - first;
+  l2l_tensor *view = NULL;
+  TRY(l2l_tensor_view_rows(&view, t, first, count));
+  l2l_status status = tensor_like(out, L2L_POOL_DEVICE, view);
+  if (status == L2L_OK) status = l2l_tensor_copy(*out, view);
+  if (status == L2L_OK) count_bytes(s->run, &s->run->h2d_bytes, tensor_bytes(view));
+  l2l_tensor_free(view);
+  return status;
+}
+
+static void mb_inputs_free(struct mb_inputs *m) {
+  l2l_tensor_free(m->tokens);
+  l2l_tensor_free(m->types);
+  l2l_tensor_free(m->targets);
+  l2l_tensor_free(m->mask);
+  memset(m, 0, sizeof *m);
+}
+
+static l2l_status mb_inputs(struct step *s, struct mb_inputs *m, int k, int64_t u, bool training) {
+  memset(m, 0, sizeof *m);
+  l2l_layer_kind kind = kind_of(active_layer(s, k)->layer);
+  l2l_status status = L2L_OK;
+  if (kind == L2L_LAYER_EMBEDDING) {
+    status = rows_to_device(s, &m->tokens, s->in->tokens, u);
+    if (status == L2L_OK) status = rows_to_device(s, &m->types, s->in->token_types, u);
+  } else if (kind == L2L_LAYER_LM_HEAD || kind == L2L_LAYER_CLASSIFIER) {
+    status = rows_to_device(s, &m->targets, s->in->targets, u);
+  } else {
+    status = rows_to_device(s, &m->mask, s->in->key_mask, u);
+  }
+  if (status != L2L_OK) {
+    mb_inputs_free(m);
+    return status;
+  }
+  m->batch = (l2l_layer_batch){.tokens = m->tokens, .token_types = m->types,
+                               .targets = m->targets, .key_mask = m->mask,
+                               .first_sample = u * s->mb, .seed = s->run->config.seed,
+                               .step = (uint64_t)s->run->steps, .training = training,
+                               .loss_scale = s->loss_scale};
+  return L2L_OK;
+}
+
+static int64_t mb_rows(const struct step *s, int64_t u) {
+  int64_t first = u * s->mb;
+  return s->mb < s->B - first ? s->mb : s->B - first;
+}
+
+static l2l_status new_activation(struct step *s, l2l_tensor **out, int64_t u) {
+  int64_t shape[3] = {mb_rows(s, u), s->S, s->D};
+  return l2l_tensor_new(out, L2L_POOL_DEVICE, L2L_F32, 3, shape);
+}
+
+/* Runs one layer call on this thread, timed. */
+#define TIMED(s, layer_index, u, phase, call)                                              \
+  do {                                                                                     \
+    double t0_ = l2l_now();                                                                \
+    l2l_status st_ = (call);                                                               \
+    double t1_ = l2l_now();                                                                \
+    (s)->compute += t1_ - t0_;                                                             \
+    l2l_timeline_add(&(s)->run->timeline, (layer_index), (int)(u), (phase), THREAD_COMPUTE, \
+                     t0_, t1_);                                                            \
+    if (st_ != L2L_OK) return st_;                                                         \
+  } while (0)
+
+/* ---------------------------------------------------------------- visits */
+
+/* Forward (or rebuild) of active layer k over every micro-batch: x[k] -> x[k+1]. */
+static l2l_status visit_forward(struct step *s, int k, bool rebuild) {
+  struct relay_layer *rl = active_layer(s, k);
+  int li = s->active[k];
+  bool keep = !rebuild && s->training && rl->inner != L2L_INNER_RECOMPUTE && k >= s->lowest;
+  /* Whether x[k] is read again (by its backward or a rebuild), and whether it then waits
+     on the device (stash device, or rebuilt for the backward) rather than on the host. */
+  bool input_needed = rebuild ? s->training && rl->inner == L2L_INNER_RECOMPUTE && k >= s->lowest
+                              : s->reread[k];
+  bool input_home_device = rl->stash == L2L_STASH_DEVICE || (rebuild && s->rebuilt[k]);
+  /* The output boundary: host-stashed in forward when its policy says so (never when
+     rebuilding: rebuilt boundaries stay on the device until their backward). */
+  bool out_host = !rebuild && active_layer(s, k + 1)->stash == L2L_STASH_HOST;
+  for (int64_t u = 0; u < s->nmb; u++) {
+    l2l_tensor *x = NULL, *y = NULL;
+    if (k > 0) {
+      if (u + 1 < s->nmb) TRY(act_prefetch(s, &s->x[k][u + 1], li, u + 1));
+      TRY(act_on_device(s, &s->x[k][u], li, u, &x));
+    }
+    struct mb_inputs m;
+    TRY(mb_inputs(s, &m, k, u, s->training));
+    l2l_status status = new_activation(s, &y, u);
+    if (status != L2L_OK) {
+      mb_inputs_free(&m);
+      return status;
+    }
+    s->x[k + 1][u].dev = y;
+    l2l_saved **saved = keep ? &s->saved[k][u] : NULL;
+    double t0 = l2l_now();
+    status = l2l_layer_forward(saved, rl->layer, y, x, &m.batch);
+    double t1 = l2l_now();
+    mb_inputs_free(&m);
+    s->compute += t1 - t0;
+    l2l_timeline_add(&s->run->timeline, li, (int)u, rebuild ? L2L_PHASE_REBUILD : L2L_PHASE_FORWARD,
+                     THREAD_COMPUTE, t0, t1);
+    if (status != L2L_OK) {
+      char message[256];
+      snprintf(message, sizeof message, "%s", l2l_last_error());
+      return l2l_fail(status, "layer %d (%s), micro-batch %lld: %s", li,
+                      l2l_layer_name(rl->layer), (long long)u, message);
+    }
+    if (keep && rl->inner == L2L_INNER_SWAP) {
+      TRY(swap_queue(s->run, &s->run->d2h, &s->swap[k][u], s->saved[k][u], L2L_POOL_HOST, li, u));
+      s->where[k][u] = 1;
+    }
+    /* The input: freed when nobody reads it again; else its device copy goes unless the
+       device is where it waits (a host stash stays; a dropped one is rebuilt later). */
+    if (k > 0) {
+      if (!input_needed || (!input_home_device && rl->stash == L2L_STASH_RECOMPUTE))
+        act_free(s->run, &s->x[k][u]);
+      else if (!input_home_device)
+        act_release_device(&s->x[k][u]);
+    }
+    if (out_host) TRY(act_stash_out(s, &s->x[k + 1][u], li, u));
+  }
+  /* A swap finishes before the visit's end: its device bytes then are free. */
+  if (keep && rl->inner == L2L_INNER_SWAP)
+    for (int64_t u = 0; u < s->nmb; u++) TRY(swap_wait(&s->wait_copy, &s->swap[k][u]));
+  return out_throttle(s, 0);
+}
+
+/* The head: forward of each micro-batch, its loss, and (training) its backward at once. */
+static l2l_status visit_head(struct step *s, int k) {
+  struct relay_layer *rl = active_layer(s, k);
+  int li = s->active[k];
+  bool backward = s->training && s->lowest < s->L;
+  bool keep_dx = backward && k > s->lowest;   /* a layer below wants the gradient */
+  bool grad_host = active_layer(s, k)->stash == L2L_STASH_HOST;
+  for (int64_t u = 0; u < s->nmb; u++) {
+    l2l_tensor *x = NULL, *losses = NULL, *dx = NULL;
+    if (u + 1 < s->nmb) TRY(act_prefetch(s, &s->x[k][u + 1], li, u + 1));
+    TRY(act_on_device(s, &s->x[k][u], li, u, &x));
+    struct mb_inputs m;
+    TRY(mb_inputs(s, &m, k, u, s->training));
+    int64_t lshape[2] = {mb_rows(s, u), s->S};
+    bool lm = kind_of(rl->layer) == L2L_LAYER_LM_HEAD;
+    l2l_saved *saved = NULL;
+    double loss = 0;
+    l2l_status status = l2l_tensor_new(&losses, L2L_POOL_DEVICE, L2L_F32, lm ? 2 : 1, lshape);
+    if (status == L2L_OK && backward) status = new_activation(s, &dx, u);
+    double t0 = l2l_now();
+    if (status == L2L_OK)
+      status = l2l_layer_forward(backward ? &saved : NULL, rl->layer, losses, x, &m.batch);
+    if (status == L2L_OK) status = l2l_sum(&loss, losses);
+    if (status == L2L_OK && backward) status = l2l_layer_backward(rl->layer, dx, NULL, saved, &m.batch);
+    double t1 = l2l_now();
+    s->compute += t1 - t0;
+    l2l_timeline_add(&s->run->timeline, li, (int)u, backward ? L2L_PHASE_BACKWARD : L2L_PHASE_FORWARD,
+                     THREAD_COMPUTE, t0, t1);
+    l2l_saved_free(saved);
+    l2l_tensor_free(losses);
+    mb_inputs_free(&m);
+    if (status != L2L_OK) {
+      l2l_tensor_free(dx);
+      return status;
+    }
+    s->loss_sum += loss;
+    act_free(s->run, &s->x[k][u]);
+    if (keep_dx) {
+      s->g[k][u].dev = dx;
+      if (grad_host) TRY(act_stash_out(s, &s->g[k][u], li, u));
+    } else {
+      l2l_tensor_free(dx);
+    }
+  }
+  return out_throttle(s, 0);
+}
+
+/* Backward of active layer k over every micro-batch: g[k+1] -> g[k], gradients summed
+   over micro-batches on the device. */
+static l2l_status visit_backward(struct step *s, int k) {
+  struct relay_layer *rl = active_layer(s, k);
+  int li = s->active[k];
+  bool recompute = rl->inner == L2L_INNER_RECOMPUTE;
+  bool keep_dx = k > s->lowest;    /* a layer below wants the gradient */
+  bool grad_host = k > 0 && rl->stash == L2L_STASH_HOST;
+  for (int64_t u = 0; u < s->nmb; u++) {
+    l2l_tensor *x = NULL, *dy = NULL, *dx = NULL, *scratch = NULL;
+    if (u + 1 < s->nmb) {
+      TRY(act_prefetch(s, &s->g[k + 1][u + 1], li, u + 1));
+      if (recompute && k > 0) TRY(act_prefetch(s, &s->x[k][u + 1], li, u + 1));
+    }
+    TRY(act_on_device(s, &s->g[k + 1][u], li, u, &dy));
+    /* A swapped state comes back one micro-batch ahead of its use. */
+    for (int64_t v = u; v < s->nmb && v <= u + 1; v++)
+      if (s->where[k][v]) {
+        TRY(swap_queue(s->run, &s->run->h2d, &s->swap[k][v], s->saved[k][v], L2L_POOL_DEVICE, li, v));
+        s->where[k][v] = 0;
+      }
+    TRY(swap_wait(&s->wait_copy, &s->swap[k][u]));
+    l2l_saved *saved = s->saved[k][u];
+    struct mb_inputs m;
+    TRY(mb_inputs(s, &m, k, u, true));
+    l2l_status status = L2L_OK;
+    if (recompute) {
+      if (k > 0) status = act_on_device(s, &s->x[k][u], li, u, &x);
+      if (status == L2L_OK) status = new_activation(s, &scratch, u);
+    }
+    if (status == L2L_OK && k > 0) status = new_activation(s, &dx, u);
+    double t0 = l2l_now();
+    if (status == L2L_OK && recompute)
+      status = l2l_layer_forward(&saved, rl->layer, scratch, x, &m.batch);
+    if (status == L2L_OK)
+      status = l2l_layer_backward(rl->layer, dx, dy, saved, &m.batch);
+    double t1 = l2l_now();
+    s->compute += t1 - t0;
+    l2l_timeline_add(&s->run->timeline, li, (int)u, L2L_PHASE_BACKWARD, THREAD_COMPUTE, t0, t1);
+    mb_inputs_free(&m);
+    l2l_saved_free(saved);
+    s->saved[k][u] = NULL;
+    l2l_tensor_free(scratch);
+    if (status != L2L_OK) {
+      l2l_tensor_free(dx);
+      return status;
+    }
+    act_free(s->run, &s->g[k + 1][u]);
+    if (k > 0) act_free(s->run, &s->x[k][u]);
+    if (keep_dx) {
+      s->g[k][u].dev = dx;
+      if (grad_host) TRY(act_stash_out(s, &s->g[k][u], li, u));
+    } else {
+      l2l_tensor_free(dx);
+    }
+  }
+  return out_throttle(s, 0);
+}
+
+/* ---------------------------------------------------------------- a step */
+
+static l2l_status check_async(l2l_relay *run) {
+  pthread_mutex_lock(&run->lock);
+  l2l_status status = run->async_status;
+  char message[256];
+  snprintf(message, sizeof message, "%s", run->async_message);
+  run->async_status = L2L_OK;
+  pthread_mutex_unlock(&run->lock);
+  return status == L2L_OK ? L2L_OK : l2l_fail(status, "%s", message);
+}
+
+static l2l_status run_visits(struct step *s) {
+  l2l_relay *run = s->run;
+  TRY(slots_new(s));
+  if (s->nvisits > 0) TRY(params_queue(s, 0, s->visits[0].k));
+  for (int i = 0; i < s->nvisits; i++) {
+    const struct visit *v = &s->visits[i];
+    s->slot = i % 2;
+    /* The next visit's parameters copy in while this one computes. */
+    if (i + 1 < s->nvisits) TRY(params_queue(s, 1, s->visits[i + 1].k));
+    struct relay_layer *rl = active_layer(s, v->k);
+    bool grads = s->training && (v->kind == V_BACKWARD || (v->kind == V_HEAD && s->lowest < s->L));
+    TRY(params_bind(s, v->k, grads));
+    switch (v->kind) {
+      case V_FORWARD: TRY(visit_forward(s, v->k, false)); break;
+      case V_REBUILD: TRY(visit_forward(s, v->k, true)); break;
+      case V_HEAD: TRY(visit_head(s, v->k)); break;
+      case V_BACKWARD: TRY(visit_backward(s, v->k)); break;
+    }
+    TRY(params_done(s, v->k, grads && !rl->frozen));
+  }
+  (void)run;
+  TRY(grads_wait(s, 0));
+  return grads_wait(s, 1);
+}
+
+static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch *batch,
+                            bool training) {
+  if (loss == NULL) return FAIL(L2L_ERR_INVALID, "loss is NULL");
+  if (!relay_ok(run)) return FAIL(L2L_ERR_INVALID, "run is not a live relay");
+  /* Updates of the last step may still run (each layer's forward waits for its own);
+     its gradient arrivals must be counted before this step's bookkeeping starts. */
+  l2l_eps_wait_arrivals(&run->eps);
+  TRY(check_async(run));
+  struct step s = {.run = run, .in = batch, .training = training};
+  l2l_status status = check_step(&s, batch);
+  if (status == L2L_OK) status = plan_visits(&s);
+  if (status == L2L_OK) status = step_alloc(&s);
+  if (status != L2L_OK) {
+    step_free(&s);
+    return status;
+  }
+  const l2l_relay_config *c = &run->config;
+  bool update = training && (run->minibatches + 1) % c->accumulate == 0;
+  double lr = 0;
+  if (update) {
+    status = l2l_schedule_lr(&lr, &c->schedule, c->optimizer.lr, run->updates + 1);
+    if (status != L2L_OK) {
+      step_free(&s);
+      return status;
+    }
+  }
+  s.loss_scale = (float)(1.0 / ((double)s.real * c->accumulate));
+
+  /* Which records expect gradients this step: one arrival per trainable visit. */
+  bool defer = update && c->clip_global_norm > 0;
+  if (training) {
+    l2l_eps_begin_step(&run->eps, update, defer, lr);
+    for (int k = s.lowest; k < s.L; k++) {
+      struct relay_layer *rl = active_layer(&s, k);
+      if (rl->frozen) continue;
+      for (int r = 0; r < l2l_layer_param_count(rl->layer); r++)
+        l2l_eps_expect(&run->eps, l2l_eps_find(&run->eps, l2l_layer_param(rl->layer, r)));
+    }
+    status = l2l_eps_prepare(&run->eps);
+    if (status != L2L_OK) {
+      l2l_eps_begin_step(&run->eps, false, false, 0);
+      step_free(&s);
+      return status;
+    }
+  }
+
+  pthread_mutex_lock(&run->timeline.lock);
+  run->timeline.count = 0;
+  run->timeline.optimizer_seconds = 0;
+  pthread_mutex_unlock(&run->timeline.lock);
+  pthread_mutex_lock(&run->lock);
+  run->h2d_bytes = run->d2h_bytes = 0;
+  run->stash_peak = run->stash_now;
+  pthread_mutex_unlock(&run->lock);
+  l2l_pool_reset_peak(L2L_POOL_DEVICE);
+
+  double t0 = l2l_now();
+  status = run_visits(&s);
+  double norm = -1;
+  if (status == L2L_OK && defer) {
+    l2l_queue_drain(&run->d2h);   /* every gradient given before the norm is taken */
+    status = check_async(run);
+    if (status == L2L_OK) status = l2l_eps_release_updates(&run->eps, c->clip_global_norm, &norm);
+  }
+  step_free(&s);   /* drains the copy threads: every gradient has been given */
+  if (status == L2L_OK) status = check_async(run);
+  if (status != L2L_OK) {
+    if (training) l2l_eps_abandon_step(&run->eps);
+    return status;
+  }
+
+  *loss = s.loss_sum / (double)s.real;
+  if (training) {
+    run->steps++;
+    run->minibatches++;
+    if (update) run->updates++;
+  }
+  l2l_relay_stats *st = &run->stats;
+  l2l_pool_stats device;
+  l2l_pool_get_stats(&device, L2L_POOL_DEVICE);
+  st->steps = run->steps;
+  st->updates = run->updates;
+  st->loss = *loss;
+  if (update) st->lr = lr;
+  st->grad_norm = norm;
+  st->updates_deferred = defer;
+  st->device_peak = device.peak;
+  st->device_current = device.current;
+  st->step_seconds = l2l_now() - t0;
+  st->compute_seconds = s.compute;
+  st->wait_copy_seconds = s.wait_copy;
+  st->wait_update_seconds = s.wait_update;
+  pthread_mutex_lock(&run->lock);
+  st->h2d_bytes = run->h2d_bytes;
+  st->d2h_bytes = run->d2h_bytes;
+  st->host_stash_peak = run->stash_peak;
+  pthread_mutex_unlock(&run->lock);
+  return L2L_OK;
+}
+
+l2l_status l2l_relay_step(double *loss, l2l_relay *run, const l2l_relay_batch *batch) {
+  return relay_run(loss, run, batch, true);
+}
+
+l2l_status l2l_relay_evaluate(double *loss, l2l_relay *run, const l2l_relay_batch *batch) {
+  return relay_run(loss, run, batch, false);
+}
+
+/* ---------------------------------------------------------------- the relay object */
+
+void l2l_relay_config_default(l2l_relay_config *out) {
+  if (out == NULL) return;
+  *out = (l2l_relay_config){
+      .micro_batch = 1, .stash = L2L_STASH_HOST, .recompute_every = 1,
+      .inner = L2L_INNER_RECOMPUTE,
+      .optimizer = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
+                    .eps = 1e-8f, .weight_decay = 0.01f},
+      .schedule = {.kind = L2L_SCHEDULE_CONSTANT, .final_ratio = 1.0f},
+      .accumulate = 1};
+}
+
+static l2l_status check_config(const l2l_relay_config *c) {
+  if (c == NULL) return FAIL(L2L_ERR_INVALID, "config is NULL");
+  if (c->micro_batch < 1)
+    return FAIL(L2L_ERR_INVALID, "config->micro_batch must be >= 1, got %lld", (long long)c->micro_batch);
+  if (c->stash < L2L_STASH_DEVICE || c->stash > L2L_STASH_RECOMPUTE)
+    return FAIL(L2L_ERR_INVALID, "config->stash must be device (0), host (1) or recompute (2), got %d", c->stash);
+  if (c->recompute_every < 1)
+    return FAIL(L2L_ERR_INVALID, "config->recompute_every must be >= 1, got %d", c->recompute_every);
+  if (c->inner < L2L_INNER_RECOMPUTE || c->inner > L2L_INNER_SWAP)
+    return FAIL(L2L_ERR_INVALID, "config->inner must be recompute (0), keep (1) or swap (2), got %d", c->inner);
+  TRY(l2l_optimizer_check(&c->optimizer));
+  TRY(l2l_schedule_check(&c->schedule));
+  if (!(c->clip_global_norm >= 0) || !isfinite(c->clip_global_norm))
+    return FAIL(L2L_ERR_INVALID, "config->clip_global_norm must be finite and >= 0, got %g", c->clip_global_norm);
+  if (!(c->clip_layer_norm >= 0) || !isfinite(c->clip_layer_norm))
+    return FAIL(L2L_ERR_INVALID, "config->clip_layer_norm must be finite and >= 0, got %g", c->clip_layer_norm);
+  if (c->accumulate < 1)
+    return FAIL(L2L_ERR_INVALID, "config->accumulate must be >= 1, got %d", c->accumulate);
+  if (c->optimizer_threads < 0 || c->optimizer_threads > 1024)
+    return FAIL(L2L_ERR_INVALID, "config->optimizer_threads must be 0 to 1024, got %d", c->optimizer_threads);
+  return L2L_OK;
+}
+
+/* The policy of boundary `index` (the input of that layer) by the config's default. */
+static l2l_stash_policy default_stash(const l2l_relay_config *c, int index) {
+  if (c->stash != L2L_STASH_RECOMPUTE) return c->stash;
+  return index % c->recompute_every == 0 ? L2L_STASH_DEVICE : L2L_STASH_RECOMPUTE;
+}
+
+static l2l_status check_layer(const l2l_relay *run, l2l_layer *layer, int replacing) {
+  if (l2l_layer_param_count(layer) < 0) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
+  for (int i = 0; i < run->count; i++)
+    if (run->layers[i].layer == layer && i != replacing)
+      return FAIL(L2L_ERR_INVALID, "the layer is already in the relay (position %d)", i);
+  if (!l2l_layer_claim(layer, run)) {
+    return FAIL(L2L_ERR_STATE, "the layer is in another relay (remove it there first)");
+  }
+  l2l_layer_unclaim(layer, run);
+  l2l_layer_config c, other;
+  l2l_layer_get_config(&c, layer);
+  for (int i = 0; i < run->count; i++) {
+    if (i == replacing) continue;
+    l2l_layer_get_config(&other, run->layers[i].layer);
+    if (other.dim != c.dim)
+      return FAIL(L2L_ERR_INVALID, "the layer has dim %lld but layer %d of the relay has dim %lld",
+                  (long long)c.dim, i, (long long)other.dim);
+    break;
+  }
+  for (int r = 0; r < l2l_layer_param_count(layer); r++) {
+    const l2l_tensor *v = l2l_param_value(l2l_layer_param(layer, r));
+    if (l2l_tensor_pool(v) != L2L_POOL_HOST)
+      return FAIL(L2L_ERR_INVALID, "the layer's parameter '%s' is in pool '%s': a relay's layers "
+                  "keep their parameters in the host pool (the EPS)",
+                  l2l_param_name(l2l_layer_param(layer, r)),
+                  l2l_pool_name((l2l_pool_kind)l2l_tensor_pool(v)));
+  }
+  return L2L_OK;
+}
+
+static l2l_status grow(l2l_relay *run) {
+  if (run->count < run->cap) return L2L_OK;
+  int cap = run->cap ? 2 * run->cap : 16;
+  struct relay_layer *layers = realloc(run->layers, (size_t)cap * sizeof *layers);
+  if (layers == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for the relay's layer list");
+  run->layers = layers;
+  run->cap = cap;
+  return L2L_OK;
+}
+
+static l2l_status insert_at(l2l_relay *run, int index, l2l_layer *layer) {
+  TRY(grow(run));
+  TRY(l2l_eps_add_layer(&run->eps, layer));
+  l2l_layer_claim(layer, run);
+  memmove(&run->layers[index + 1], &run->layers[index],
+          (size_t)(run->count - index) * sizeof *run->layers);
+  run->layers[index] = (struct relay_layer){.layer = layer, .frozen = false,
+                                            .stash = default_stash(&run->config, index),
+                                            .inner = run->config.inner};
+  run->count++;
+  return L2L_OK;
+}
+
 l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
-                         const l2l_relay_config *config) { (void)out; (void)layers; (void)nlayers; (void)config; STUB(); }
-void l2l_relay_free(l2l_relay *run) { (void)run; }
-int l2l_relay_layer_count(const l2l_relay *run) { (void)run; return -1; }
-l2l_layer *l2l_relay_layer(const l2l_relay *run, int index) { (void)run; (void)index; return NULL; }
-l2l_status l2l_relay_insert(l2l_relay *run, int index, l2l_layer *layer) { (void)run; (void)index; (void)layer; STUB(); }
-l2l_status l2l_relay_remove(l2l_relay *run, int index) { (void)run; (void)index; STUB(); }
-l2l_status l2l_relay_replace(l2l_relay *run, int index, l2l_layer *layer) { (void)run; (void)index; (void)layer; STUB(); }
-l2l_status l2l_relay_set_frozen(l2l_relay *run, int index, int frozen) { (void)run; (void)index; (void)frozen; STUB(); }
-int l2l_relay_frozen(const l2l_relay *run, int index) { (void)run; (void)index; return -1; }
-l2l_status l2l_relay_set_stash(l2l_relay *run, int boundary, l2l_stash_policy policy) { (void)run; (void)boundary; (void)policy; STUB(); }
-l2l_status l2l_relay_set_inner(l2l_relay *run, int index, l2l_inner_policy policy) { (void)run; (void)index; (void)policy; STUB(); }
-l2l_status l2l_relay_set_micro_batch(l2l_relay *run, int64_t micro_batch) { (void)run; (void)micro_batch; STUB(); }
-l2l_status l2l_relay_step(double *loss, l2l_relay *run, const l2l_relay_batch *batch) { (void)loss; (void)run; (void)batch; STUB(); }
-l2l_status l2l_relay_evaluate(double *loss, l2l_relay *run, const l2l_relay_batch *batch) { (void)loss; (void)run; (void)batch; STUB(); }
-l2l_status l2l_relay_sync(l2l_relay *run) { (void)run; STUB(); }
-l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run) { (void)out; (void)run; STUB(); }
-l2l_status l2l_relay_events(l2l_relay_event *out, const l2l_relay *run, int64_t first, int64_t count) { (void)out; (void)run; (void)first; (void)count; STUB(); }
-l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_param *param, int which) { (void)out; (void)run; (void)param; (void)which; STUB(); }
+                         const l2l_relay_config *config) {
+  l2l_runtime_init();
+  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  TRY(check_config(config));
+  if (nlayers < 0 || (nlayers > 0 && layers == NULL))
+    return FAIL(L2L_ERR_INVALID, "layers must list nlayers >= 0 layers, got %d", nlayers);
+  l2l_relay *run = calloc(1, sizeof *run);
+  if (run == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a relay");
+  run->config = *config;
+  pthread_mutex_init(&run->lock, NULL);
+  pthread_mutex_init(&run->timeline.lock, NULL);
+  run->timeline.origin = l2l_now();
+  run->stats.grad_norm = -1;
+  int threads = config->optimizer_threads;
+  if (threads == 0) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    threads = cores > 0 ? (int)cores : 1;
+  }
+  bool eps_up = false, h2d_up = false, d2h_up = false;
+  l2l_status status = l2l_eps_init(&run->eps, &config->optimizer, threads, &run->timeline);
+  eps_up = status == L2L_OK;
+  if (status == L2L_OK) status = l2l_queue_start(&run->h2d, 1, THREAD_H2D, "host-to-device copy");
+  h2d_up = status == L2L_OK;
+  if (status == L2L_OK) status = l2l_queue_start(&run->d2h, 1, THREAD_D2H, "device-to-host copy");
+  d2h_up = status == L2L_OK;
+  run->magic = RELAY_MAGIC;
+  for (int i = 0; i < nlayers && status == L2L_OK; i++) {
+    status = check_layer(run, layers[i], -1);
+    if (status == L2L_OK) status = insert_at(run, run->count, layers[i]);
+    if (status != L2L_OK) {
+      char message[256];
+      snprintf(message, sizeof message, "%s", l2l_last_error());
+      status = l2l_fail(status, "layers[%d]: %s", i, message);
+    }
+  }
+  if (status != L2L_OK) {
+    if (d2h_up && h2d_up && eps_up) {
+      l2l_relay_free(run);
+    } else {
+      if (h2d_up) l2l_queue_stop(&run->h2d);
+      if (eps_up) l2l_eps_free(&run->eps);
+      free(run);
+    }
+    return status;
+  }
+  *out = run;
+  return L2L_OK;
+}
+
+void l2l_relay_free(l2l_relay *run) {
+  if (!relay_ok(run)) return;
+  l2l_queue_stop(&run->h2d);
+  l2l_queue_stop(&run->d2h);
+  l2l_eps_free(&run->eps);
+  for (int i = 0; i < run->count; i++) l2l_layer_unclaim(run->layers[i].layer, run);
+  pthread_mutex_destroy(&run->lock);
+  pthread_mutex_destroy(&run->timeline.lock);
+  free(run->timeline.events);
+  free(run->layers);
+  run->magic = 0;
+  free(run);
+}
+
+int l2l_relay_layer_count(const l2l_relay *run) { return relay_ok(run) ? run->count : -1; }
+
+l2l_layer *l2l_relay_layer(const l2l_relay *run, int index) {
+  if (!relay_ok(run) || index < 0 || index >= run->count) return NULL;
+  return run->layers[index].layer;
+}
+
+#define CHECK_RUN(run)                                                             \
+  do {                                                                             \
+    if (!relay_ok(run)) return FAIL(L2L_ERR_INVALID, "run is not a live relay");   \
+  } while (0)
+#define CHECK_INDEX(index, lo, hi, what)                                                   \
+  do {                                                                                     \
+    if ((index) < (lo) || (index) > (hi))                                                  \
+      return FAIL(L2L_ERR_INVALID, what " must be %d to %d, got %d", (lo), (hi), (index)); \
+  } while (0)
+
+l2l_status l2l_relay_insert(l2l_relay *run, int index, l2l_layer *layer) {
+  CHECK_RUN(run);
+  CHECK_INDEX(index, 0, run->count, "index");
+  TRY(check_layer(run, layer, -1));
+  TRY(l2l_eps_sync(&run->eps));
+  return insert_at(run, index, layer);
+}
+
+l2l_status l2l_relay_remove(l2l_relay *run, int index) {
+  CHECK_RUN(run);
+  CHECK_INDEX(index, 0, run->count - 1, "index");
+  TRY(l2l_eps_sync(&run->eps));
+  l2l_eps_remove_layer(&run->eps, run->layers[index].layer);
+  l2l_layer_unclaim(run->layers[index].layer, run);
+  memmove(&run->layers[index], &run->layers[index + 1],
+          (size_t)(run->count - index - 1) * sizeof *run->layers);
+  run->count--;
+  return L2L_OK;
+}
+
+l2l_status l2l_relay_replace(l2l_relay *run, int index, l2l_layer *layer) {
+  CHECK_RUN(run);
+  CHECK_INDEX(index, 0, run->count - 1, "index");
+  TRY(check_layer(run, layer, index));
+  TRY(l2l_eps_sync(&run->eps));
+  /* The new layer's records join before the old one's leave: records they share keep
+     their state. */
+  struct relay_layer old = run->layers[index];
+  TRY(l2l_eps_add_layer(&run->eps, layer));
+  l2l_eps_remove_layer(&run->eps, old.layer);
+  l2l_layer_unclaim(old.layer, run);
+  l2l_layer_claim(layer, run);
+  run->layers[index].layer = layer;
+  run->layers[index].frozen = false;
+  return L2L_OK;
+}
+
+l2l_status l2l_relay_set_frozen(l2l_relay *run, int index, int frozen) {
+  CHECK_RUN(run);
+  CHECK_INDEX(index, 0, run->count - 1, "index");
+  if (frozen != 0 && frozen != 1) return FAIL(L2L_ERR_INVALID, "frozen must be 0 or 1, got %d", frozen);
+  run->layers[index].frozen = frozen;
+  return L2L_OK;
+}
+
+int l2l_relay_frozen(const l2l_relay *run, int index) {
+  if (!relay_ok(run) || index < 0 || index >= run->count) return -1;
+  return run->layers[index].frozen;
+}
+
+l2l_status l2l_relay_set_stash(l2l_relay *run, int boundary, l2l_stash_policy policy) {
+  CHECK_RUN(run);
+  if (run->count < 2) return FAIL(L2L_ERR_INVALID, "the relay has no boundary (fewer than 2 layers)");
+  CHECK_INDEX(boundary, 1, run->count - 1, "boundary");
+  if (policy < L2L_STASH_DEVICE || policy > L2L_STASH_RECOMPUTE)
+    return FAIL(L2L_ERR_INVALID, "policy must be device (0), host (1) or recompute (2), got %d", policy);
+  run->layers[boundary].stash = policy;
+  return L2L_OK;
+}
+
+l2l_status l2l_relay_set_inner(l2l_relay *run, int index, l2l_inner_policy policy) {
+  CHECK_RUN(run);
+  CHECK_INDEX(index, 0, run->count - 1, "index");
+  if (policy < L2L_INNER_RECOMPUTE || policy > L2L_INNER_SWAP)
+    return FAIL(L2L_ERR_INVALID, "policy must be recompute (0), keep (1) or swap (2), got %d", policy);
+  run->layers[index].inner = policy;
+  return L2L_OK;
+}
+
+l2l_status l2l_relay_set_micro_batch(l2l_relay *run, int64_t micro_batch) {
+  CHECK_RUN(run);
+  if (micro_batch < 1)
+    return FAIL(L2L_ERR_INVALID, "micro_batch must be >= 1, got %lld", (long long)micro_batch);
+  run->config.micro_batch = micro_batch;
+  return L2L_OK;
+}
+
+l2l_status l2l_relay_sync(l2l_relay *run) {
+  CHECK_RUN(run);
+  l2l_queue_drain(&run->d2h);
+  TRY(l2l_eps_sync(&run->eps));
+  return check_async(run);
+}
+
+l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run) {
+  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  CHECK_RUN(run);
+  l2l_relay *r = (l2l_relay *)run;
+  l2l_eps_sync(&r->eps);   /* optimizer time is complete only when the updates are */
+  *out = run->stats;
+  out->host_eps_bytes = l2l_eps_host_bytes(&run->eps);
+  pthread_mutex_lock(&r->timeline.lock);
+  out->events = run->timeline.count;
+  out->optimizer_seconds = run->timeline.optimizer_seconds;
+  pthread_mutex_unlock(&r->timeline.lock);
+  return L2L_OK;
+}
+
+l2l_status l2l_relay_events(l2l_relay_event *out, const l2l_relay *run, int64_t first,
+                            int64_t count) {
+  CHECK_RUN(run);
+  if (count == 0) return L2L_OK;
+  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  l2l_relay *r = (l2l_relay *)run;
+  pthread_mutex_lock(&r->timeline.lock);
+  int64_t n = run->timeline.count;
+  bool ok = first >= 0 && count >= 0 && first <= n && count <= n - first;
+  if (ok) memcpy(out, run->timeline.events + first, (size_t)count * sizeof *out);
+  pthread_mutex_unlock(&r->timeline.lock);
+  if (first < 0) return FAIL(L2L_ERR_INVALID, "first must be >= 0, got %lld", (long long)first);
+  if (!ok)
+    return FAIL(L2L_ERR_INVALID, "first %lld + count %lld goes past the %lld events of the last step",
+                (long long)first, (long long)count, (long long)n);
+  return L2L_OK;
+}
+
+l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_param *param,
+                                 int which) {
+  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  CHECK_RUN(run);
+  if (which != 0 && which != 1) return FAIL(L2L_ERR_INVALID, "which must be 0 or 1, got %d", which);
+  TRY(l2l_relay_sync(run));
+  struct eps_record *rec = l2l_eps_find(&run->eps, param);
+  if (rec == NULL) return FAIL(L2L_ERR_INVALID, "param is not a record of this relay's layers");
+  *out = rec->updates > 0 ? rec->state[which] : NULL;
+  return L2L_OK;
+}

@@ -559,6 +559,16 @@ static l2l_status move_tensor(l2l_tensor **t, l2l_pool_kind pool) {
   return L2L_OK;
 }
 
+bool l2l_layer_claim(l2l_layer *layer, const void *owner) {
+  if (layer->owner != NULL && layer->owner != owner) return false;
+  layer->owner = owner;
+  return true;
+}
+
+void l2l_layer_unclaim(l2l_layer *layer, const void *owner) {
+  if (layer_ok(layer) && layer->owner == owner) layer->owner = NULL;
+}
+
 l2l_status l2l_saved_move(l2l_saved *saved, l2l_pool_kind pool) {
   if (saved == NULL) return L2L_OK;
   if (saved->magic != L2L_SAVED_MAGIC) return FAIL(L2L_ERR_INVALID, "saved is not a live saved state");

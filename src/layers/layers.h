@@ -42,6 +42,7 @@ struct l2l_layer {
   int8_t role[L2L_LAYER_MAX_PARAMS];
   /* A custom kind's name and functions (NULL for the built-in kinds). */
   const struct custom_kind *custom;
+  const void *owner;            /* the relay holding the layer, NULL if none */
 };
 
 /* A kind written elsewhere (l2l_layer_new_custom); shared by a layer and its clones. */

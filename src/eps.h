@@ -1,0 +1,98 @@
+/* eps.h — the eager parameter server (internal to libl2l; the relay is its one user).
+ *
+ * Purpose: per parameter record, what lives on the host between steps: the fp32 master
+ * (the record's value tensor), the fp32 gradient accumulator (its grad tensor), the
+ * optimizer state and the update count. Gradients arrive one layer visit at a time from
+ * the device-to-host copy thread; once a record has all the gradients of its minibatch
+ * (every trainable user has given), its update is queued on the EPS's worker threads,
+ * split into chunks, while the device goes on with earlier layers. The relay waits for a
+ * record only when it next copies that record to the device.
+ * The staging copy in device precision is the master itself while the device computes in
+ * f32 (this build): a second f32 copy would only cost host memory. The CUDA issue adds a
+ * 16-bit staging tensor written by the chunk that updates the master.
+ * Must never: know a layer's internals (only its records), or run on the compute thread.
+ */
+#ifndef L2L_EPS_H
+#define L2L_EPS_H
+
+#include "eps_optim.h"
+#include "jobs.h"
+
+/* The relay's timeline: every unit of work, appended from any thread. */
+struct l2l_timeline {
+  pthread_mutex_t lock;
+  l2l_relay_event *events;
+  int64_t count, cap;
+  double origin;             /* l2l_now() when the relay was made */
+  double optimizer_seconds;  /* summed over workers since the last reset */
+};
+void l2l_timeline_add(struct l2l_timeline *t, int layer, int micro_batch, int phase, int thread,
+                      double start, double end);
+
+struct eps_record {
+  l2l_param *param;
+  l2l_tensor *master, *grad;   /* the record's own tensors (host pool) */
+  l2l_tensor *state[2];        /* optimizer state (host pool), NULL until the first update */
+  int users;                   /* relay layers holding the record */
+  int64_t updates;             /* t of its last update */
+  pthread_mutex_t absorb_lock; /* gradient arrivals add into grad one at a time */
+  /* This step's bookkeeping, under the EPS lock. */
+  int expected, arrived;       /* gradient visits due and done */
+  bool update_due;             /* this step ends a minibatch accumulation for it */
+  bool pending;                /* an update is queued or running */
+  int last_layer;              /* the layer whose gradient completed it */
+  double sumsq;                /* |grad|^2 once complete (global clipping) */
+  int chunks_left;
+  double lamb_norms[2];
+  struct l2l_optim_hyper hyper;
+};
+
+struct l2l_eps {
+  l2l_optimizer_config optimizer;
+  struct eps_record **records;
+  int count, cap;
+  struct l2l_queue workers;
+  struct l2l_timeline *timeline;
+  pthread_mutex_t lock;
+  pthread_cond_t changed;
+  bool defer;                  /* global clipping: updates wait for eps_release_updates */
+  int arrivals_in_flight;      /* gradients given and not yet added */
+  double lr;
+};
+
+l2l_status l2l_eps_init(struct l2l_eps *eps, const l2l_optimizer_config *optimizer,
+                        int threads, struct l2l_timeline *timeline);
+void l2l_eps_free(struct l2l_eps *eps);
+struct eps_record *l2l_eps_find(const struct l2l_eps *eps, const l2l_param *param);
+/* A layer joins or leaves: its records' user counts change; new records start with no
+   optimizer state, records nobody uses any more leave (their state freed). */
+l2l_status l2l_eps_add_layer(struct l2l_eps *eps, l2l_layer *layer);
+void l2l_eps_remove_layer(struct l2l_eps *eps, l2l_layer *layer);
+uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps);
+
+/* Before a step's backward (no worker is busy): every record's counts reset; then the
+   relay calls eps_expect once per trainable visit of each record. update: this step ends
+   an accumulation; defer: updates wait for eps_release_updates (global clipping).
+   eps_prepare allocates missing optimizer state for records due (so a failure comes
+   before anything has changed). */
+void l2l_eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr);
+void l2l_eps_expect(struct l2l_eps *eps, struct eps_record *rec);
+l2l_status l2l_eps_prepare(struct l2l_eps *eps);
+/* On the device-to-host thread: adds scale * incoming (pinned, owned from here on) into
+   rec's accumulator on a worker, then starts its update when it is complete. */
+void l2l_eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incoming,
+                  float scale, int layer);
+/* A step failed after gradients began to arrive: accumulators that got part of this
+   step's gradients are cleared (an update from a part would be wrong), nothing updates. */
+void l2l_eps_abandon_step(struct l2l_eps *eps);
+/* Waits until rec has no pending update. */
+l2l_status l2l_eps_wait_record(struct l2l_eps *eps, struct eps_record *rec);
+/* Global clipping: waits for every due record to be complete, returns the global norm,
+   scales every due update by min(1, clip / norm) and starts them. */
+l2l_status l2l_eps_release_updates(struct l2l_eps *eps, float clip, double *norm);
+/* Waits until every gradient given has been added (updates may still run). */
+void l2l_eps_wait_arrivals(struct l2l_eps *eps);
+/* Waits until every queued absorb and update has finished. */
+l2l_status l2l_eps_sync(struct l2l_eps *eps);
+
+#endif /* L2L_EPS_H */

@@ -1,0 +1,122 @@
+/* jobs.c — queues of jobs served by threads (see jobs.h).
+ *
+ * Purpose: the smallest thing that gives the relay CUDA-stream-like ordering on the CPU:
+ * a locked FIFO, worker threads that take jobs in order, and a condition variable that
+ * wakes whoever waits for a job. Jobs are owned by their waiter, or freed by the worker
+ * when nobody waits (free_when_done).
+ * Must never: hold the queue's lock while a job runs.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "jobs.h"
+
+double l2l_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+struct worker_arg {
+  struct l2l_queue *q;
+  int id;
+};
+
+static void *worker_main(void *p) {
+  struct worker_arg arg = *(struct worker_arg *)p;
+  free(p);
+  struct l2l_queue *q = arg.q;
+  pthread_mutex_lock(&q->lock);
+  for (;;) {
+    while (q->head == NULL && !q->stop) pthread_cond_wait(&q->work, &q->lock);
+    if (q->head == NULL) break;   /* stopping, and nothing is left */
+    struct l2l_job *job = q->head;
+    q->head = job->next;
+    if (q->head == NULL) q->tail = NULL;
+    q->busy++;
+    pthread_mutex_unlock(&q->lock);
+    job->run(job, arg.id);
+    pthread_mutex_lock(&q->lock);
+    q->busy--;
+    if (job->free_when_done) {
+      pthread_mutex_unlock(&q->lock);
+      job->release(job);
+      pthread_mutex_lock(&q->lock);
+    } else {
+      job->done = true;
+    }
+    pthread_cond_broadcast(&q->finished);
+  }
+  pthread_mutex_unlock(&q->lock);
+  return NULL;
+}
+
+l2l_status l2l_queue_start(struct l2l_queue *q, int threads, int first_id, const char *what) {
+  memset(q, 0, sizeof *q);
+  pthread_mutex_init(&q->lock, NULL);
+  pthread_cond_init(&q->work, NULL);
+  pthread_cond_init(&q->finished, NULL);
+  q->first_id = first_id;
+  q->tids = calloc((size_t)threads, sizeof *q->tids);
+  if (q->tids == NULL) return l2l_fail(L2L_ERR_NOMEM, "no memory for %s threads", what);
+  for (int i = 0; i < threads; i++) {
+    struct worker_arg *arg = malloc(sizeof *arg);
+    if (arg == NULL || pthread_create(&q->tids[i], NULL, worker_main,
+                                      (*arg = (struct worker_arg){q, first_id + i}, arg)) != 0) {
+      free(arg);
+      l2l_queue_stop(q);
+      return l2l_fail(L2L_ERR_NOMEM, "cannot start %s thread %d", what, i);
+    }
+    q->threads++;
+  }
+  return L2L_OK;
+}
+
+void l2l_queue_stop(struct l2l_queue *q) {
+  if (q->tids == NULL) return;
+  pthread_mutex_lock(&q->lock);
+  q->stop = true;
+  pthread_cond_broadcast(&q->work);
+  pthread_mutex_unlock(&q->lock);
+  for (int i = 0; i < q->threads; i++) pthread_join(q->tids[i], NULL);
+  free(q->tids);
+  q->tids = NULL;
+  pthread_mutex_destroy(&q->lock);
+  pthread_cond_destroy(&q->work);
+  pthread_cond_destroy(&q->finished);
+}
+
+void l2l_queue_push(struct l2l_queue *q, struct l2l_job *job) {
+  job->next = NULL;
+  job->queue = q;
+  job->done = false;
+  job->status = L2L_OK;
+  pthread_mutex_lock(&q->lock);
+  if (q->tail) q->tail->next = job;
+  else q->head = job;
+  q->tail = job;
+  pthread_cond_signal(&q->work);
+  pthread_mutex_unlock(&q->lock);
+}
+
+l2l_status l2l_job_wait(struct l2l_job *job) {
+  struct l2l_queue *q = job->queue;
+  pthread_mutex_lock(&q->lock);
+  while (!job->done) pthread_cond_wait(&q->finished, &q->lock);
+  pthread_mutex_unlock(&q->lock);
+  if (job->status != L2L_OK) return l2l_fail(job->status, "%s", job->message);
+  return L2L_OK;
+}
+
+void l2l_queue_drain(struct l2l_queue *q) {
+  pthread_mutex_lock(&q->lock);
+  while (q->head != NULL || q->busy > 0) pthread_cond_wait(&q->finished, &q->lock);
+  pthread_mutex_unlock(&q->lock);
+}
+
+void l2l_job_fail(struct l2l_job *job, l2l_status status) {
+  job->status = status;
+  snprintf(job->message, sizeof job->message, "%s", l2l_last_error());
+}
