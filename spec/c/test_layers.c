@@ -294,6 +294,7 @@ static int expected_params(struct expected *e, const l2l_layer_config *c) {
       WANT("weight", 2, D, c->classes, 'n', 1);
       WANT("bias", 1, c->classes, 0, '0', 0);
       break;
+    case L2L_LAYER_CUSTOM: break;   /* not made by these tests */
   }
 #undef WANT
   return n;
@@ -449,6 +450,7 @@ static void run_init(struct run *r, l2l_layer *layer, int64_t B, int64_t S, l2l_
       r->dx = NEW(pool, L2L_F32, B, S, D);
       break;
     }
+    case L2L_LAYER_CUSTOM: break;   /* not made by these tests */
   }
   if (c.kind != L2L_LAYER_EMBEDDING) r->x = fill_normal(NEW(pool, L2L_F32, B, S, D), 1.0);
   r->batch.tokens = r->tokens;
@@ -753,6 +755,7 @@ static double ref_forward(struct mirror *m) {
     case L2L_LAYER_BLOCK: ref_block(m); break;
     case L2L_LAYER_LM_HEAD: ref_lm_head(m); break;
     case L2L_LAYER_CLASSIFIER: ref_classifier(m); break;
+    case L2L_LAYER_CUSTOM: break;   /* not made by these tests */
   }
   m->ny = mirror_outputs(m);
   double L = 0.0;
@@ -1043,6 +1046,7 @@ static bool same_config(const l2l_layer_config *a, const l2l_layer_config *b) {
       return same && a->vocab == b->vocab && a->final_ln == b->final_ln &&
              (!a->final_ln || a->eps == b->eps);
     case L2L_LAYER_CLASSIFIER: return same && a->classes == b->classes;
+    case L2L_LAYER_CUSTOM: break;   /* not made by these tests */
   }
   return false;
 }
