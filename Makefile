@@ -49,6 +49,7 @@ DEPS_STAMP := $(BUILD)/.deps-ok
 
 .PHONY: all deps test demo bench vecreport clean
 all: $(BUILD)/libl2l.so $(BUILD)/libl2l.a $(BUILD)/l2l $(BUILD)/l2l_ctest $(BUILD)/hello \
+     $(BUILD)/train_gpt \
      lua/l2l/cdef.lua
 
 deps: $(DEPS_STAMP)
@@ -82,6 +83,8 @@ $(BUILD)/l2l_ctest: $(CTEST_OBJ) $(BUILD)/libl2l.so
 
 # The C embedding example, built like a user would build it (only src/l2l.h and -ll2l).
 $(BUILD)/hello: examples/hello.c src/l2l.h $(BUILD)/libl2l.so
+	$(CC) -std=c11 -Wall -Wextra $(SANFLAGS) -Isrc -o $@ $< $(RPATH) -L$(BUILD) -ll2l
+$(BUILD)/train_gpt: examples/train_gpt.c src/l2l.h $(BUILD)/libl2l.so
 	$(CC) -std=c11 -Wall -Wextra $(SANFLAGS) -Isrc -o $@ $< $(RPATH) -L$(BUILD) -ll2l
 
 # The FFI declarations are generated from the public header (and checked by a spec).

@@ -300,6 +300,7 @@ static bool dropped(const struct step *s, int k) {
 static void act_free(l2l_relay *run, struct act *a) {
   if (a->in) {
     l2l_job_wait(&a->in->job);
+    l2l_tensor_free(a->in->dst);
     free(a->in);
     a->in = NULL;
   }
@@ -1016,7 +1017,6 @@ static l2l_status check_async(l2l_relay *run) {
 }
 
 static l2l_status run_visits(struct step *s) {
-  l2l_relay *run = s->run;
   TRY(slots_new(s));
   if (s->nvisits > 0) TRY(params_queue(s, 0, s->visits[0].k));
   for (int i = 0; i < s->nvisits; i++) {
@@ -1035,7 +1035,6 @@ static l2l_status run_visits(struct step *s) {
     }
     TRY(params_done(s, v->k, grads && !rl->frozen));
   }
-  (void)run;
   TRY(grads_wait(s, 0));
   return grads_wait(s, 1);
 }

@@ -2,7 +2,8 @@
 --
 -- Purpose: gather the modules into the one table users meet: tensor constructors
 -- (l2l.tensor, l2l.zeros, ...), l2l.ops, memory pool statistics and budgets, compute
--- threads, layers and l2l.Sequential. Later parts (optimizers, Relay) join here.
+-- threads, layers (built-in and l2l.layer_kind for layers written in Lua), l2l.Sequential,
+-- optimizers and schedules, and l2l.Relay.
 -- Must never: hold logic of its own beyond argument checks of the functions below.
 local lib = require("l2l.lib")
 local tensor = require("l2l.tensor")
@@ -32,6 +33,14 @@ l2l.Embedding, l2l.Block, l2l.LMHead, l2l.Classifier = layers.Embedding, layers.
     layers.LMHead, layers.Classifier
 l2l.is_layer = layers.is_layer
 l2l.Sequential, l2l.is_sequential = model.Sequential, model.is_sequential
+l2l.layer_kind = require("l2l.custom").layer_kind
+
+-- Optimizers, schedules and the relay.
+local optim, relay = require("l2l.optim"), require("l2l.relay")
+l2l.SGD, l2l.AdamW, l2l.LAMB = optim.SGD, optim.AdamW, optim.LAMB
+l2l.Constant, l2l.Cosine, l2l.Linear = optim.Constant, optim.Cosine, optim.Linear
+l2l.is_optimizer, l2l.is_schedule = optim.is_optimizer, optim.is_schedule
+l2l.Relay, l2l.is_relay = relay.Relay, relay.is_relay
 
 -- l2l.pool_stats("device") -> {current=, peak=, budget=, allocs=, frees=, refused=} (bytes)
 local stats = ffi.new("l2l_pool_stats")

@@ -6,12 +6,17 @@
 -- a GPT-2 user would expect; misuse raises an error naming the option.
 -- A batch is a table: tokens, targets, token_types, key_mask (tensors), seed, step,
 -- first_sample, training (boolean, default true), loss_scale (heads' backward).
--- Must never: keep a C object without a finalizer, or let a failed C call pass silently.
+-- Layers written in Lua (l2l.layer_kind, lua/l2l/custom.lua) are Layers of kind "custom"
+-- made here too; a C call that may run their Lua code goes through check_call, which
+-- re-raises the Lua error a callback saved.
+-- Must never: keep a C object without a finalizer, let a failed C call pass silently, or
+-- free a layer that a relay still holds (see `held` below).
 local ffi = require("ffi")
 local lib = require("l2l.lib")
 local tensor = require("l2l.tensor")
 
 local C, check, handle_of = lib.C, lib.check, tensor.handle_of
+local jit = require("jit")
 local type, tostring, pairs, floor, unpack = type, tostring, pairs, math.floor, unpack
 
 local M = {}
@@ -23,14 +28,92 @@ M.Layer = Layer
 local kinds = {
   embedding = C.L2L_LAYER_EMBEDDING, block = C.L2L_LAYER_BLOCK,
   lm_head = C.L2L_LAYER_LM_HEAD, classifier = C.L2L_LAYER_CLASSIFIER,
+  custom = C.L2L_LAYER_CUSTOM,
 }
 local kind_names = {}
 for name, id in pairs(kinds) do kind_names[tonumber(id)] = name end
 local memory_modes = { standard = C.L2L_MEMORY_STANDARD, frugal = C.L2L_MEMORY_FRUGAL }
 local memory_names = { [0] = "standard", [1] = "frugal" }
 
-local function layer_gc(box) C.l2l_layer_free(box[0]) end
 local function saved_gc(box) C.l2l_saved_free(box[0]) end
+
+----------------------------------------------------------------- lifetime
+-- A relay borrows its layers (l2l_relay_free may still touch them), and when a relay and
+-- its layers become garbage in the same cycle their finalizers run in no fixed order. So
+-- a layer's finalizer never frees a layer that a relay holds: it parks the pointer in
+-- `orphans`, and the relay frees the orphans after l2l_relay_free (release below).
+-- Tables are keyed by the layer's address (a number), never by Lua objects, so nothing
+-- here keeps a layer alive.
+
+local function address(p) return tonumber(ffi.cast("intptr_t", p)) end
+M.address = address
+
+local held = {}      -- address -> the address of the relay holding the layer (one at most)
+local orphans = {}   -- address -> l2l_layer * whose Lua object is gone while held
+M.custom_info = {}   -- address -> {def =, names = {param name -> index}, options =} (custom.lua)
+M.objects = setmetatable({}, { __mode = "v" })   -- address -> Lua layer object (weak)
+
+local function free_now(p)
+  local a = address(p)
+  M.custom_info[a], M.objects[a] = nil, nil
+  C.l2l_layer_free(p)
+end
+
+local function layer_gc(box)
+  local p = box[0]
+  if p == nil then return end
+  local a = address(p)
+  if held[a] then orphans[a] = p else free_now(p) end
+end
+
+-- The relay at address `owner` took (hold) or gave back (release) the layer at address a.
+-- A layer is in one relay at a time: holder(a) says which (nil: none).
+function M.hold(a, owner)
+  assert(held[a] == nil or held[a] == owner, "a layer is in one relay at a time")
+  held[a] = owner
+end
+function M.release(a)
+  held[a] = nil
+  if orphans[a] ~= nil then
+    local p = orphans[a]
+    orphans[a] = nil
+    free_now(p)
+  end
+end
+function M.holder(a) return held[a] end
+
+-- A Lua layer object around a new C layer (out: a fresh l2l_layer *[1] box).
+local function wrap(out, kind, fields)
+  local layer = fields or {}
+  layer.kind, layer.handle = kind, ffi.gc(out, layer_gc)
+  M.objects[address(out[0])] = layer
+  return setmetatable(layer, Layer)
+end
+M.wrap = wrap
+
+----------------------------------------------------------------- callbacks' errors
+-- A layer written in Lua runs inside a C call; its Lua error cannot cross the C frames, so
+-- the callback saves it here and returns nonzero; check_call raises it once C returns.
+
+local callback = { message = nil, layer = nil }
+function M.set_callback_error(message, layer_address)
+  if callback.message == nil then callback.message, callback.layer = message, layer_address end
+end
+function M.clear_callback_error() callback.message, callback.layer = nil, nil end
+
+-- Like lib.check, but a saved callback error wins over C's own message. With `locate`,
+-- locate(layer_address) may return a prefix such as "layer 3 (GatedMLP): "; with
+-- `translate`, C's message goes through translate(message) first.
+function M.check_call(status, fname, level, locate, translate)
+  local message, where = callback.message, callback.layer
+  callback.message, callback.layer = nil, nil
+  if status == 0 then return end
+  local prefix = (locate and where) and locate(where) or ""
+  if message ~= nil then error(fname .. ": " .. prefix .. message, level + 1) end
+  local c_message = lib.last_error()
+  error(fname .. ": " .. (translate and translate(c_message) or c_message), level + 1)
+end
+local check_call = M.check_call
 
 ----------------------------------------------------------------- options
 
@@ -72,6 +155,11 @@ local allowed = {
 }
 
 local seed_counter = 0
+function M.next_seed()   -- distinct layers differ even without seeds
+  seed_counter = seed_counter + 1
+  return seed_counter
+end
+
 local function new_layer(kind, fname, o)
   if type(o) ~= "table" then error(fname .. ": expects an options table", 3) end
   for key in pairs(o) do
@@ -92,8 +180,7 @@ local function new_layer(kind, fname, o)
   if o.seed ~= nil and (type(o.seed) ~= "number" or o.seed < 0 or o.seed ~= floor(o.seed)) then
     error(fname .. ": option 'seed' must be an integer >= 0", 3)
   end
-  seed_counter = seed_counter + 1
-  c.init_seed = o.seed or seed_counter   -- distinct layers differ even without seeds
+  c.init_seed = o.seed or M.next_seed()
   if kind == "embedding" then
     c.vocab = positive_int(o, "vocab", nil, fname)
     c.max_seq = positive_int(o, "max_seq", nil, fname)
@@ -117,11 +204,8 @@ local function new_layer(kind, fname, o)
   local pool = lib.pool_id(o.pool or "host", fname, 3)
   local out = ffi.new("l2l_layer *[1]")
   check(C.l2l_layer_new(out, c, pool), fname, 3)
-  local layer = setmetatable({
-    kind = kind,
-    handle = ffi.gc(out, layer_gc),   -- a one-element box: the finalizer frees its content
-    tie = kind == "lm_head" and o.tie or nil,
-  }, Layer)
+  -- handle: a one-element box; its finalizer frees the content (layer_gc)
+  local layer = wrap(out, kind, { tie = kind == "lm_head" and o.tie or nil })
   return layer
 end
 
@@ -136,14 +220,56 @@ function M.is_layer(x) return getmetatable(x) == Layer end
 
 local function H(layer, fname)
   if getmetatable(layer) ~= Layer then error(fname .. ": self must be a layer", 3) end
-  return layer.handle[0]
+  local h = layer.handle[0]
+  if h == nil then error(fname .. ": the layer was freed", 3) end
+  return h
+end
+M.H = H
+
+-- "block", "lm_head", ... or a custom kind's name ("GatedMLP").
+function Layer:label()
+  if self.kind == "custom" then
+    return self.custom and self.custom.name or ffi.string(C.l2l_layer_name(H(self, "layer:label")))
+  end
+  return self.kind
+end
+
+-- The layer's C name (l2l_layer_name): the kind's name, or a custom kind's own.
+function Layer:name()
+  local p = C.l2l_layer_name(H(self, "layer:name"))
+  return p ~= nil and ffi.string(p) or self:label()
+end
+
+-- The id that keys this layer's dropout draws; layer:rng_id(n) sets it (two layers with
+-- one id and one seed draw the same masks).
+function Layer:rng_id(id)
+  local h = H(self, "layer:rng_id")
+  if id ~= nil then
+    if type(id) ~= "number" or id ~= floor(id) or id < 0 then
+      error("layer:rng_id: id must be an integer >= 0, got " .. tostring(id), 2)
+    end
+    check(C.l2l_layer_set_rng_id(h, id), "layer:rng_id", 2)
+  end
+  return tonumber(C.l2l_layer_rng_id(h))
+end
+
+-- Frees the C layer now (safe twice). A layer inside a relay cannot be freed: remove it
+-- from the model (and let a step or run:free() take it out of the relay) first.
+function Layer:free()
+  local h = self.handle[0]
+  if h == nil then return end
+  if held[address(h)] then
+    error("layer:free: the layer is in a relay; remove it from the model and step, or free the relay, first", 2)
+  end
+  self.handle[0] = nil
+  free_now(h)
 end
 
 function Layer:config()
   local c = ffi.new("l2l_layer_config")
   check(C.l2l_layer_get_config(c, H(self, "layer:config")), "layer:config", 2)
   return {
-    kind = kind_names[tonumber(c.kind)], dim = tonumber(c.dim), heads = tonumber(c.heads),
+    kind = kind_names[tonumber(c.kind)], name = self:name(), dim = tonumber(c.dim), heads = tonumber(c.heads),
     mlp = tonumber(c.mlp), vocab = tonumber(c.vocab), max_seq = tonumber(c.max_seq),
     type_vocab = tonumber(c.type_vocab), classes = tonumber(c.classes),
     causal = c.causal == 1, post_ln = c.post_ln == 1, bias = c.bias == 1,
@@ -154,8 +280,10 @@ end
 
 function Layer:nparams() return tonumber(C.l2l_layer_nparams(H(self, "layer:nparams"))) end
 
--- {name=, value=, grad=, decays=, users=, id=} per parameter record; value and grad are
--- tensors sharing the record's storage. `id` identifies the record (tied layers share it).
+-- {name=, value=, grad=, decays=, users=, id=, handle=, layer=} per parameter record;
+-- value and grad are tensors sharing the record's storage. `id` identifies the record
+-- (tied layers share it); `handle` is its l2l_param * (valid while `layer` lives, which
+-- the record keeps alive).
 function Layer:params()
   local h = H(self, "layer:params")
   local list = {}
@@ -170,6 +298,7 @@ function Layer:params()
       name = ffi.string(C.l2l_param_name(p)), value = view(C.l2l_param_value(p)),
       grad = view(C.l2l_param_grad(p)), decays = C.l2l_param_decays(p) == 1,
       users = C.l2l_param_users(p), id = tonumber(ffi.cast("intptr_t", p)),
+      handle = p, layer = self,
     }
   end
   return list
@@ -203,10 +332,16 @@ function Layer:saved_bytes(micro_batch, seq)
   return m.saved + m.input_kept
 end
 
+-- A deep copy: the same values in new records (gradients zero), a new rng id. A custom
+-- layer's copy keeps its kind and options.
 function Layer:clone()
+  local h = H(self, "layer:clone")
   local out = ffi.new("l2l_layer *[1]")
-  check(C.l2l_layer_clone(out, H(self, "layer:clone")), "layer:clone", 2)
-  return setmetatable({ kind = self.kind, handle = ffi.gc(out, layer_gc), tie = self.tie }, Layer)
+  check(C.l2l_layer_clone(out, h), "layer:clone", 2)
+  local twin = wrap(out, self.kind, { tie = self.tie, custom = self.custom, options = self.options })
+  local info = M.custom_info[address(h)]
+  if info ~= nil then M.custom_info[address(out[0])] = info end
+  return twin
 end
 
 -- head:tie_to(embedding): the LM head's projection becomes the embedding's table.
@@ -265,8 +400,10 @@ function Layer:forward(x, batch)
   local y = tensor.empty(output_shape(self, x, batch), { pool = ref:pool() })
   local keep = batch.training ~= false
   local saved = keep and ffi.gc(ffi.new("l2l_saved *[1]"), saved_gc) or nil
-  check(C.l2l_layer_forward(saved, h, handle_of(y, "y", fname, 2), xh, s), fname, 2)
+  M.clear_callback_error()
+  check_call(C.l2l_layer_forward(saved, h, handle_of(y, "y", fname, 2), xh, s), fname, 2)
   self.saved = saved
+  self.saved_x = keep and x or nil   -- what the saved state may refer to stays alive
   self.saved_input = { ref:dim(1), ref:dim(2), ref:pool() }   -- for dx's shape
   return y
 end
@@ -285,12 +422,21 @@ function Layer:backward(dy, batch)
     local B, S, pool = unpack(self.saved_input)
     dx = tensor.empty({ B, S, self:config().dim }, { pool = pool })
   end
-  check(C.l2l_layer_backward(h, dx and handle_of(dx, "dx", fname, 2) or nil,
-                             dy ~= nil and handle_of(dy, "dy", fname, 2) or nil, self.saved[0], s),
-        fname, 2)
+  M.clear_callback_error()
+  local status = C.l2l_layer_backward(h, dx and handle_of(dx, "dx", fname, 2) or nil,
+                                      dy ~= nil and handle_of(dy, "dy", fname, 2) or nil,
+                                      self.saved[0], s)
   C.l2l_saved_free(self.saved[0])
-  self.saved[0] = nil
+  self.saved[0], self.saved_x = nil, nil
+  check_call(status, fname, 2)
   return dx
 end
+
+-- l2l_layer_forward and l2l_layer_backward may call back into Lua (layers written in Lua,
+-- custom.lua). LuaJIT cannot enter a callback from a C call made by JIT-compiled code (it
+-- fails with "bad callback"), so these two functions always run in the interpreter: a
+-- trace that reaches them stops there. Their cost is the C call, not the Lua around it.
+jit.off(Layer.forward)
+jit.off(Layer.backward)
 
 return M

@@ -1,14 +1,21 @@
--- l2l.model — l2l.Sequential: a model as a list of layers, run whole (no relay).
+-- l2l.model — l2l.Sequential: a model as a list of layers, run whole (no relay), and
+-- changed between steps (insert, remove, replace, clone, freeze).
 --
 -- Purpose: the plain reference way to train a model made of l2l layers: one forward over
 -- every layer keeping every activation, the loss as the mean over all real (non-ignored)
 -- targets, one backward in reverse. The relay must agree with it. An LMHead made with
 -- `tie = true` is tied to the model's first Embedding here, so the pair shares one
--- parameter record whose gradient sums both uses.
--- Must never: count a shared parameter record twice (params(), nparams()).
+-- parameter record whose gradient sums both uses. The list is also what l2l.Relay trains:
+-- the relay brings its own list in line with the model before every step, so the script
+-- changes the model, never the relay.
+-- The layers are the model's array part (model[i], also model.layers[i]), so `#model`
+-- works without __len (LuaJIT without 5.2 compatibility ignores __len on tables).
+-- Must never: count a shared parameter record twice (params(), nparams()), or hold one
+-- layer twice (its saved state and its place in a relay are single).
 local layers = require("l2l.layers")
 
-local type, ipairs, pairs, tostring = type, ipairs, pairs, tostring
+local type, ipairs, pairs, tostring, floor = type, ipairs, pairs, tostring, math.floor
+local insert, remove, concat = table.insert, table.remove, table.concat
 
 local M = {}
 local Sequential = {}
@@ -20,31 +27,145 @@ local function check_layer(layer, index, fname)
   end
 end
 
+local function first_embedding(self)
+  for _, layer in ipairs(self) do
+    if layer.kind == "embedding" then return layer end
+  end
+end
+
 function M.Sequential(list)
   local fname = "l2l.Sequential"
   if type(list) ~= "table" then error(fname .. ": expects a list of layers", 2) end
-  local self = setmetatable({ layers = {} }, Sequential)
-  local embedding
+  local self = setmetatable({}, Sequential)
+  self.layers = self                                   -- model.layers[i] == model[i]
+  self.frozen_set = setmetatable({}, { __mode = "k" }) -- layer -> true (follows the layer)
+  local embedding, seen = nil, {}
   for i, layer in ipairs(list) do
     check_layer(layer, i, fname)
+    if seen[layer] then error(("%s: entry %d is entry %d again (a layer goes in once)"):format(fname, i, seen[layer]), 2) end
+    seen[layer] = i
     if layer.kind == "embedding" and embedding == nil then embedding = layer end
-    if layer.tie then
+    if layer.tie and not layer.tied_to then
       if embedding == nil then error(("%s: layer %d wants tie = true but no Embedding comes before it"):format(fname, i), 2) end
       layer:tie_to(embedding)
     end
-    self.layers[i] = layer
+    self[i] = layer
   end
   return self
 end
 
 function M.is_sequential(x) return getmetatable(x) == Sequential end
 
-function Sequential:__len() return #self.layers end
+----------------------------------------------------------------- the list
+
+-- An integer index in [1, n]; `what` names the argument in errors.
+local function index_arg(self, i, fname, what, n)
+  n = n or #self
+  if type(i) ~= "number" or i ~= floor(i) or i < 1 or i > n then
+    if n < 1 then error(("%s: the model has no layers (%s = %s)"):format(fname, what, tostring(i)), 3) end
+    error(("%s: %s must be an integer in [1, %d], got %s"):format(fname, what, n, tostring(i)), 3)
+  end
+  return i
+end
+
+local function position_of(self, layer)
+  for i, l in ipairs(self) do
+    if l == layer then return i end
+  end
+end
+
+-- A layer about to enter the model: a layer, not already in it; an LMHead with tie =
+-- true gets tied to the model's first Embedding.
+local function admit(self, layer, fname)
+  if not layers.is_layer(layer) then error(("%s: layer must be a layer, got %s"):format(fname, type(layer)), 3) end
+  local at = position_of(self, layer)
+  if at then error(("%s: the layer is already in the model (layer %d)"):format(fname, at), 3) end
+  if layer.tie and not layer.tied_to then
+    local embedding = first_embedding(self)
+    if embedding == nil then error(fname .. ": the layer wants tie = true but the model has no Embedding", 3) end
+    layer:tie_to(embedding)
+  end
+end
+
+function Sequential:layer(i)
+  index_arg(self, i, "model:layer", "index")
+  return self[i]
+end
+
+-- model:insert(index, layer): the layer becomes layer `index` (1 .. #model + 1).
+function Sequential:insert(index, layer)
+  local fname = "model:insert"
+  index_arg(self, index, fname, "index", #self + 1)
+  admit(self, layer, fname)
+  insert(self, index, layer)
+  return layer
+end
+
+-- model:add(layer): appends.
+function Sequential:add(layer)
+  admit(self, layer, "model:add")
+  self[#self + 1] = layer
+  return layer
+end
+
+-- model:remove(index) -> the layer (no longer in the model; not freed).
+function Sequential:remove(index)
+  index_arg(self, index, "model:remove", "index")
+  local layer = remove(self, index)
+  self.frozen_set[layer] = nil
+  return layer
+end
+
+-- model:replace(index, layer) -> the layer that was there.
+function Sequential:replace(index, layer)
+  local fname = "model:replace"
+  index_arg(self, index, fname, "index")
+  local old = self[index]
+  if layer ~= old then
+    admit(self, layer, fname)
+    self[index] = layer
+    self.frozen_set[old] = nil
+  end
+  return old
+end
+
+-- model:clone(from [, to = from + 1]) -> the copy of layer `from` (same weights, new
+-- records: in a relay it starts with fresh optimizer state), inserted as layer `to`.
+function Sequential:clone(from, to)
+  local fname = "model:clone"
+  index_arg(self, from, fname, "from")
+  if to == nil then to = from + 1 end
+  index_arg(self, to, fname, "to", #self + 1)
+  local ok, twin = pcall(self[from].clone, self[from])
+  if not ok then error(fname .. ": " .. tostring(twin):gsub("^[^:]+:%d+: ", ""), 2) end
+  if twin.tie then twin.tied_to = nil end
+  admit(self, twin, fname)
+  insert(self, to, twin)
+  return twin
+end
+
+-- A frozen layer passes gradients through but is not updated (by l2l.Relay).
+function Sequential:freeze(index)
+  index_arg(self, index, "model:freeze", "index")
+  self.frozen_set[self[index]] = true
+end
+
+function Sequential:unfreeze(index)
+  index_arg(self, index, "model:unfreeze", "index")
+  self.frozen_set[self[index]] = nil
+end
+
+function Sequential:frozen(index)
+  index_arg(self, index, "model:frozen", "index")
+  return self.frozen_set[self[index]] == true
+end
+
+----------------------------------------------------------------- parameters
 
 -- Unique parameter records, in layer order: {name = "<layer>.<param>", value, grad, decays}.
 function Sequential:params()
   local seen, list = {}, {}
-  for i, layer in ipairs(self.layers) do
+  for i, layer in ipairs(self) do
     for _, p in ipairs(layer:params()) do
       if not seen[p.id] then
         seen[p.id] = true
@@ -63,14 +184,16 @@ function Sequential:nparams()
 end
 
 function Sequential:zero_grad()
-  for _, layer in ipairs(self.layers) do layer:zero_grad() end
+  for _, layer in ipairs(self) do layer:zero_grad() end
 end
+
+----------------------------------------------------------------- forward and backward
 
 -- Errors inside a layer name its index (like torch/nn's containers).
 local function run_layer(i, layer, f)
   local ok, result = pcall(f)
   if not ok then
-    error(("layer %d (%s): %s"):format(i, layer.kind, tostring(result):gsub("^[^:]+:%d+: ", "")), 0)
+    error(("layer %d (%s): %s"):format(i, layer:label(), tostring(result):gsub("^[^:]+:%d+: ", "")), 0)
   end
   return result
 end
@@ -84,15 +207,38 @@ local function real_targets(targets)
   return n
 end
 
+-- batch.skip = {indices}: those blocks act as the identity (LayerDrop), as in the relay.
+local function skip_set(self, batch, fname)
+  if batch.skip == nil then return {} end
+  if type(batch.skip) ~= "table" then error(fname .. ": batch.skip must be a list of layer indices", 3) end
+  local set = {}
+  for _, i in ipairs(batch.skip) do
+    if type(i) ~= "number" or i ~= floor(i) or i < 1 or i > #self then
+      error(("%s: batch.skip: %s is not a layer index in [1, %d]"):format(fname, tostring(i), #self), 3)
+    end
+    local kind = self[i].kind
+    if kind ~= "block" and kind ~= "custom" then
+      error(("%s: batch.skip: layer %d (%s) cannot be skipped: only blocks and custom layers can"):format(fname, i, kind), 3)
+    end
+    set[i] = true
+  end
+  return set
+end
+
 -- loss = model:forward(batch): batch.tokens through every layer; with batch.targets the
 -- last layer (a head) gives per-target losses, and the result is their mean over real
 -- targets; without targets, the last layer's output (logits) is returned.
 function Sequential:forward(batch)
   if type(batch) ~= "table" then error("model:forward: batch must be a table", 2) end
+  if #self == 0 then error("model:forward: the model has no layers", 2) end
+  local skip = skip_set(self, batch, "model:forward")
   local x
-  for i, layer in ipairs(self.layers) do
-    x = run_layer(i, layer, function() return layer:forward(x, batch) end)
+  for i, layer in ipairs(self) do
+    if not skip[i] then
+      x = run_layer(i, layer, function() return layer:forward(x, batch) end)
+    end
   end
+  self.skipped = skip
   if batch.targets == nil then return x end
   local count = real_targets(batch.targets)
   self.loss_scale = count > 0 and 1 / count or 0
@@ -109,12 +255,64 @@ function Sequential:backward(batch)
   local plain = {}
   for k, v in pairs(batch) do plain[k] = v end
   plain.loss_scale = self.loss_scale
+  local skip = self.skipped or {}
   local dy
-  for i = #self.layers, 1, -1 do
-    local layer = self.layers[i]
-    dy = run_layer(i, layer, function() return layer:backward(dy, plain) end)
+  for i = #self, 1, -1 do
+    local layer = self[i]
+    if not skip[i] then
+      dy = run_layer(i, layer, function() return layer:backward(dy, plain) end)
+    end
   end
-  self.loss_scale = nil
+  self.loss_scale, self.skipped = nil, nil
+end
+
+----------------------------------------------------------------- printing
+
+local function shape_of(layer)
+  local c = layer:config()
+  if c.kind == "embedding" then
+    return ("vocab %d -> dim %d, max_seq %d%s"):format(c.vocab, c.dim, c.max_seq,
+           c.type_vocab > 0 and (", types " .. c.type_vocab) or "")
+  elseif c.kind == "block" then
+    return ("dim %d, heads %d, mlp %d, %s, %s"):format(c.dim, c.heads, c.mlp,
+           c.causal and "causal" or "bidirectional", c.post_ln and "post-LN" or "pre-LN")
+  elseif c.kind == "lm_head" then
+    return ("dim %d -> vocab %d%s"):format(c.dim, c.vocab, layer.tied_to and " (tied)" or "")
+  elseif c.kind == "classifier" then
+    return ("dim %d -> classes %d"):format(c.dim, c.classes)
+  end
+  return ("dim %d"):format(c.dim)
+end
+
+local function memory_of(layer)
+  if layer.kind == "block" or layer.kind == "lm_head" then return layer:config().memory end
+  return "-"
+end
+
+-- print(model): one row per layer (index, kind, shape, parameters, frozen, memory mode).
+function Sequential:__tostring()
+  local rows = { { "#", "kind", "shape", "params", "frozen", "memory" } }
+  for i, layer in ipairs(self) do
+    local freed = layer.handle[0] == nil
+    rows[#rows + 1] = {
+      tostring(i), freed and "(freed)" or layer:label(), freed and "" or shape_of(layer),
+      freed and "" or tostring(layer:nparams()), self.frozen_set[layer] and "yes" or "",
+      freed and "" or memory_of(layer),
+    }
+  end
+  local widths = {}
+  for _, row in ipairs(rows) do
+    for c, cell in ipairs(row) do widths[c] = math.max(widths[c] or 0, #cell) end
+  end
+  local lines = { ("Sequential: %d layers, %d parameters"):format(#self, #self > 0 and self:nparams() or 0) }
+  for _, row in ipairs(rows) do
+    local cells = {}
+    for c, cell in ipairs(row) do
+      cells[c] = (c == 1 or c == 4) and (" "):rep(widths[c] - #cell) .. cell or cell .. (" "):rep(widths[c] - #cell)
+    end
+    lines[#lines + 1] = "  " .. concat(cells, "  "):gsub("%s+$", "")
+  end
+  return concat(lines, "\n")
 end
 
 return M

@@ -1510,8 +1510,12 @@ TEST(relay_updates_are_eager) {
      does the backward of earlier layers: for every block l >= 2, an UPDATE event of
      layer l starts before the last BACKWARD event of layer l - 1 ends. The blocks are
      big enough (D 192, F 768, 4 micro-batches per visit) that one layer's backward takes
-     milliseconds while an update is queued at once. Also: UPDATE events name real
-     layers, and every layer with trainable records has some. */
+     milliseconds while an update is queued at once. A busy machine can hold the
+     optimizer thread back for a whole step (seen once in 30 runs beside another test
+     job), so up to four steps are tried and one must show it; updates that wait for the
+     end of backward never do. Also: UPDATE and BACKWARD events name real layers, and
+     every layer has both. */
+  enum { TRIES = 4 };
   struct shape g = stack_shape(4);
   g.D = 192, g.H = 4, g.F = 768, g.S = 32;
   struct model m;
@@ -1523,8 +1527,12 @@ TEST(relay_updates_are_eager) {
   cfg.optimizer_threads = 1;
   l2l_relay *r = relay_new(&m, &cfg);
   double loss;
-  if (r && relay_step(&loss, r, &d, NULL) && relay_step(&loss, r, &d, NULL)) {
-    CHECK_OK(l2l_relay_sync(r));
+  bool eager = false;
+  char why[TRIES][160];
+  int tries = 0;
+  if (r == NULL || !relay_step(&loss, r, &d, NULL)) goto done;
+  for (; tries < TRIES && !eager; tries++) {
+    if (!relay_step(&loss, r, &d, NULL) || !CHECK_OK(l2l_relay_sync(r))) goto done;
     l2l_relay_stats s = relay_stats(r);
     CHECK(s.updates_deferred == 0, "updates deferred without clipping");
     int64_t n;
@@ -1534,26 +1542,34 @@ TEST(relay_updates_are_eager) {
     for (int l = 0; l < m.n; l++) first_update[l] = INFINITY, last_backward[l] = -INFINITY;
     for (int64_t i = 0; i < n; i++) {
       int l = ev[i].layer;
-      if (ev[i].phase == L2L_PHASE_UPDATE || ev[i].phase == L2L_PHASE_BACKWARD) {
-        if (l < 0 || l >= m.n) {
-          bad_layer++;
-          continue;
-        }
+      if (ev[i].phase != L2L_PHASE_UPDATE && ev[i].phase != L2L_PHASE_BACKWARD) continue;
+      if (l < 0 || l >= m.n) {
+        bad_layer++;
+        continue;
       }
       if (ev[i].phase == L2L_PHASE_UPDATE) first_update[l] = fmin(first_update[l], ev[i].start);
       if (ev[i].phase == L2L_PHASE_BACKWARD) last_backward[l] = fmax(last_backward[l], ev[i].end);
     }
-    CHECK(bad_layer == 0, "%d UPDATE or BACKWARD events name no layer of the model", bad_layer);
-    for (int l = 0; l < m.n; l++)
-      CHECK(isfinite(first_update[l]) && isfinite(last_backward[l]),
-            "layer %d: no UPDATE (%g) or no BACKWARD (%g) event", l, first_update[l],
-            last_backward[l]);
-    for (int l = 2; l < m.n - 1; l++)
-      CHECK(first_update[l] < last_backward[l - 1],
-            "block %d's first update starts at %.6f s, after block %d's backward ended at "
-            "%.6f s", l, first_update[l], l - 1, last_backward[l - 1]);
     free(ev);
+    CHECK(bad_layer == 0, "%d UPDATE or BACKWARD events name no layer of the model", bad_layer);
+    bool all = true;
+    for (int l = 0; l < m.n; l++)
+      all &= CHECK(isfinite(first_update[l]) && isfinite(last_backward[l]),
+                   "layer %d: no UPDATE (%g) or no BACKWARD (%g) event", l, first_update[l],
+                   last_backward[l]);
+    if (!all) goto done;
+    eager = true;
+    snprintf(why[tries], sizeof why[tries], "eager");
+    for (int l = 2; l < m.n - 1 && eager; l++)
+      if (!(first_update[l] < last_backward[l - 1])) {
+        eager = false;
+        snprintf(why[tries], sizeof why[tries], "block %d's first update at %.6f s, block %d's "
+                 "backward ended at %.6f s", l, first_update[l], l - 1, last_backward[l - 1]);
+      }
   }
+  CHECK(eager, "in %d steps no step had every block's update start before the backward of "
+        "the block below ended; last: %s", tries, tries > 0 ? why[tries - 1] : "no step");
+done:
   l2l_relay_free(r);
   data_free(&d);
   model_free(&m);
@@ -1570,7 +1586,31 @@ struct pair {
   int64_t micro;
 };
 
-/* `steps` steps on both; losses must agree and stay finite. */
+/* Makes the plain executor's weights and optimizer states the relay's, record by record
+   (update counts stay the plain executor's own), so that each phase of a long test
+   starts both from one state and rounding differences do not compound over more steps
+   than the tolerances were measured for (ten steps grew them to ~2e-3). */
+static void plain_take_relay_state(struct plain *p, l2l_relay *r, const struct model *rm) {
+  CHECK_OK(l2l_relay_sync(r));
+  for (int l = 0; l < rm->n && l < p->model.n; l++)
+    for (int j = 0; j < l2l_layer_param_count(rm->layer[l]); j++) {
+      l2l_param *rp = l2l_layer_param(rm->layer[l], j), *pp = l2l_layer_param(p->model.layer[l], j);
+      l2l_tensor *pv = l2l_param_value(pp);
+      memcpy(l2l_tensor_data(pv), l2l_tensor_data(l2l_param_value(rp)), tensor_bytes(pv));
+      struct prec *pr = plain_rec(p, pp);
+      for (int w = 0; w < 2; w++) {
+        l2l_tensor *st = NULL, *mine = w == 0 ? pr->m : pr->v;
+        CHECK_OK(l2l_relay_param_state(&st, r, rp, w));
+        if (st)
+          memcpy(l2l_tensor_data(mine), l2l_tensor_data(st), tensor_bytes(mine));
+        else
+          memset(l2l_tensor_data(mine), 0, tensor_bytes(mine));
+      }
+    }
+}
+
+/* `steps` steps on both: losses must agree and stay finite, and then every weight and
+   optimizer state; the plain executor then takes the relay's state for the next phase. */
 static bool pair_steps(struct pair *x, int steps, const uint8_t *skip, const char *what) {
   bool ok = true;
   for (int k = 0; k < steps; k++) {
@@ -1581,6 +1621,8 @@ static bool pair_steps(struct pair *x, int steps, const uint8_t *skip, const cha
     ok &= CHECK(isfinite(loss) && rel_close(loss, want, TOL_LOSS),
                 "%s: loss %.9g, plain training %.9g", what, loss, want);
   }
+  ok &= compare_to_plain(x->r, &x->rm, &x->p, what);
+  plain_take_relay_state(&x->p, x->r, &x->rm);
   return ok;
 }
 
@@ -1617,8 +1659,8 @@ TEST(relay_dynamic_architecture) {
      change does not touch is bit for bit what it was (values and both AdamW moments), a
      new layer's records have no optimizer state until their first update, and two more
      steps match plain training of the changed model (losses, then all weights and
-     states at the end). Policies are mixed so that boundaries and layers of every
-     policy move with the list. */
+     states). Policies are mixed so that boundaries and layers of every policy move with
+     the list. */
   struct shape g = gpt_shape();
   struct model init;
   model_new(&init, &g);
@@ -1708,7 +1750,6 @@ TEST(relay_dynamic_architecture) {
     snapshot_free(&s);
     pair_steps(&x, 2, NULL, "after clone");
   }
-  compare_to_plain(x.r, &x.rm, &x.p, "after insert, remove, replace and clone");
 done:
   l2l_relay_free(x.r);
   plain_free(&x.p);
@@ -1763,7 +1804,6 @@ TEST(relay_freeze_and_skip) {
   check_all_changed(x.r, &others, "layers after a skipped block");
   snapshot_free(&frozen);
   snapshot_free(&others);
-  compare_to_plain(x.r, &x.rm, &x.p, "after freeze and skip");
 done:
   l2l_relay_free(x.r);
   plain_free(&x.p);

@@ -1,0 +1,246 @@
+-- l2l.optim — optimizers (SGD, AdamW, LAMB) and learning-rate schedules (Constant,
+-- Cosine, Linear) as checked Lua values for l2l.Relay.
+--
+-- Purpose: turn an options table into the C config the EPS runs (l2l_optimizer_config,
+-- l2l_schedule_config in src/l2l.h, "optimizers"), refusing bad values in Lua with an
+-- error that names the option, before any C object exists. The maths lives in C, stated
+-- once in l2l.h; schedule:lr(base, t) asks C (l2l_schedule_lr) so Lua never has a second
+-- copy of it.
+-- Must never: compute an update in Lua, or accept an option it does not know.
+local ffi = require("ffi")
+local lib = require("l2l.lib")
+
+local C, check = lib.C, lib.check
+local type, tostring, pairs, floor, huge = type, tostring, pairs, math.floor, math.huge
+
+local M = {}
+
+local Optimizer = {}
+Optimizer.__index = Optimizer
+local Schedule = {}
+Schedule.__index = Schedule
+
+----------------------------------------------------------------- option checks
+-- Checks raise plain messages (level 0); each public constructor runs its body under
+-- pcall and re-raises at level 2, so the error points at the user's call whatever the
+-- depth of the helper that found the problem.
+
+local function fail(msg) error(msg, 0) end
+
+-- f(...) with errors re-raised at the caller of the public function.
+local function checked(f, ...)
+  local ok, result = pcall(f, ...)
+  if not ok then error(result, 3) end
+  return result
+end
+
+local function finite(v) return type(v) == "number" and v == v and v > -huge and v < huge end
+
+local function option(o, key, default, fname, ok, what)
+  local v = o[key]
+  if v == nil then v = default end
+  if v == nil then fail(("%s: option '%s' is required"):format(fname, key)) end
+  if not ok(v) then
+    fail(("%s: option '%s' must be %s, got %s"):format(fname, key, what, tostring(v)))
+  end
+  return v
+end
+
+local function nonneg(o, key, default, fname)
+  return option(o, key, default, fname, function(v) return finite(v) and v >= 0 end,
+                "a finite number >= 0")
+end
+local function unit(o, key, default, fname)   -- [0, 1)
+  return option(o, key, default, fname, function(v) return finite(v) and v >= 0 and v < 1 end,
+                "a number in [0, 1)")
+end
+local function positive(o, key, default, fname)
+  return option(o, key, default, fname, function(v) return finite(v) and v > 0 end,
+                "a finite number > 0")
+end
+local function boolean(o, key, default, fname)
+  return option(o, key, default, fname, function(v) return type(v) == "boolean" end,
+                "true or false")
+end
+local function count(o, key, default, fname, min)
+  return option(o, key, default, fname,
+                function(v) return finite(v) and v == floor(v) and v >= min end,
+                "an integer >= " .. min)
+end
+
+local function known(o, allowed, fname)
+  if o == nil then return {} end
+  if type(o) ~= "table" then fail(fname .. ": expects an options table") end
+  for key in pairs(o) do
+    if not allowed[key] then fail(("%s: unknown option '%s'"):format(fname, tostring(key))) end
+  end
+  return o
+end
+
+----------------------------------------------------------------- optimizers
+
+local kinds = { sgd = C.L2L_OPTIMIZER_SGD, adamw = C.L2L_OPTIMIZER_ADAMW, lamb = C.L2L_OPTIMIZER_LAMB }
+
+-- betas = {b1, b2} or beta1 = , beta2 = (not both ways at once).
+local function betas(o, fname)
+  if o.betas ~= nil then
+    if o.beta1 ~= nil or o.beta2 ~= nil then
+      fail(fname .. ": give option 'betas' or options 'beta1'/'beta2', not both")
+    end
+    if type(o.betas) ~= "table" or #o.betas ~= 2 then
+      fail(fname .. ": option 'betas' must be a table {beta1, beta2}, got " .. tostring(o.betas))
+    end
+    local b = { beta1 = o.betas[1], beta2 = o.betas[2] }
+    return unit(b, "beta1", nil, fname), unit(b, "beta2", nil, fname)
+  end
+  return unit(o, "beta1", 0.9, fname), unit(o, "beta2", 0.999, fname)
+end
+
+local ADAM_OPTIONS = { lr = 1, betas = 1, beta1 = 1, beta2 = 1, eps = 1, weight_decay = 1, decay_all = 1 }
+
+local function adam_like(kind, fname, o, decay_default)
+  o = known(o, ADAM_OPTIONS, fname)
+  local self = { kind = kind, lr = nonneg(o, "lr", 1e-3, fname) }
+  self.beta1, self.beta2 = betas(o, fname)
+  self.eps = positive(o, "eps", 1e-8, fname)
+  self.weight_decay = nonneg(o, "weight_decay", decay_default, fname)
+  self.decay_all = boolean(o, "decay_all", false, fname)
+  return setmetatable(self, Optimizer)
+end
+
+-- l2l.SGD{lr = 0.01, momentum = 0, nesterov = false, weight_decay = 0, decay_all = false}
+local function sgd(o)
+  local fname = "l2l.SGD"
+  o = known(o, { lr = 1, momentum = 1, nesterov = 1, weight_decay = 1, decay_all = 1 }, fname)
+  local self = { kind = "sgd", lr = nonneg(o, "lr", 0.01, fname) }
+  self.momentum = unit(o, "momentum", 0, fname)
+  self.nesterov = boolean(o, "nesterov", false, fname)
+  if self.nesterov and self.momentum == 0 then
+    fail(fname .. ": option 'nesterov' needs option 'momentum' > 0")
+  end
+  self.weight_decay = nonneg(o, "weight_decay", 0, fname)
+  self.decay_all = boolean(o, "decay_all", false, fname)
+  return setmetatable(self, Optimizer)
+end
+function M.SGD(o)
+  local self = checked(sgd, o)
+  return self
+end
+
+-- l2l.AdamW{lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0.01, decay_all = false}
+function M.AdamW(o)
+  local self = checked(adam_like, "adamw", "l2l.AdamW", o, 0.01)
+  return self
+end
+
+-- l2l.LAMB{lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0.01, decay_all = false}
+function M.LAMB(o)
+  local self = checked(adam_like, "lamb", "l2l.LAMB", o, 0.01)
+  return self
+end
+
+function M.is_optimizer(x) return getmetatable(x) == Optimizer end
+
+-- Fills an l2l_optimizer_config (cdata) from the optimizer.
+function Optimizer:fill(c)
+  c.kind = kinds[self.kind]
+  c.lr = self.lr
+  c.momentum = self.momentum or 0
+  c.nesterov = self.nesterov and 1 or 0
+  c.beta1 = self.beta1 or 0.9
+  c.beta2 = self.beta2 or 0.999
+  c.eps = self.eps or 1e-8
+  c.weight_decay = self.weight_decay
+  c.decay_all = self.decay_all and 1 or 0
+  return c
+end
+
+function Optimizer:config() return self:fill(ffi.new("l2l_optimizer_config")) end
+
+local NAMES = { sgd = "SGD", adamw = "AdamW", lamb = "LAMB" }
+function Optimizer:__tostring()
+  if self.kind == "sgd" then
+    return ("SGD{lr = %g, momentum = %g, nesterov = %s, weight_decay = %g, decay_all = %s}"):format(
+      self.lr, self.momentum, tostring(self.nesterov), self.weight_decay, tostring(self.decay_all))
+  end
+  return ("%s{lr = %g, betas = {%g, %g}, eps = %g, weight_decay = %g, decay_all = %s}"):format(
+    NAMES[self.kind], self.lr, self.beta1, self.beta2, self.eps, self.weight_decay,
+    tostring(self.decay_all))
+end
+
+----------------------------------------------------------------- schedules
+
+local schedule_kinds = { constant = C.L2L_SCHEDULE_CONSTANT, cosine = C.L2L_SCHEDULE_COSINE,
+                         linear = C.L2L_SCHEDULE_LINEAR }
+
+-- l2l.Constant{warmup = 0}: factor t/warmup during warm-up, then 1.
+local function constant(o)
+  local fname = "l2l.Constant"
+  o = known(o, { warmup = 1 }, fname)
+  return setmetatable({ kind = "constant", warmup = count(o, "warmup", 0, fname, 0),
+                        total = 0, final_ratio = 1 }, Schedule)
+end
+function M.Constant(o)
+  local self = checked(constant, o)
+  return self
+end
+
+local function decaying(kind, fname, o)
+  o = known(o, { warmup = 1, total = 1, final_ratio = 1 }, fname)
+  local self = { kind = kind, warmup = count(o, "warmup", 0, fname, 0),
+                 total = count(o, "total", nil, fname, 1) }
+  if self.total <= self.warmup then
+    fail(("%s: option 'total' (%d) must exceed option 'warmup' (%d)"):format(fname, self.total,
+         self.warmup))
+  end
+  self.final_ratio = option(o, "final_ratio", 0, fname,
+                            function(v) return finite(v) and v >= 0 and v <= 1 end, "in [0, 1]")
+  return setmetatable(self, Schedule)
+end
+
+-- l2l.Cosine{warmup = 0, total = (required), final_ratio = 0}
+function M.Cosine(o)
+  local self = checked(decaying, "cosine", "l2l.Cosine", o)
+  return self
+end
+
+-- l2l.Linear{warmup = 0, total = (required), final_ratio = 0}
+function M.Linear(o)
+  local self = checked(decaying, "linear", "l2l.Linear", o)
+  return self
+end
+
+function M.is_schedule(x) return getmetatable(x) == Schedule end
+
+function Schedule:fill(c)
+  c.kind = schedule_kinds[self.kind]
+  c.warmup = self.warmup
+  c.total = self.total
+  c.final_ratio = self.final_ratio
+  return c
+end
+
+function Schedule:config() return self:fill(ffi.new("l2l_schedule_config")) end
+
+-- schedule:lr(base, t): the learning rate of update t (1-based) for base rate `base`.
+local lr_out = ffi.new("double[1]")
+function Schedule:lr(base, t)
+  local fname = "schedule:lr"
+  if getmetatable(self) ~= Schedule then error(fname .. ": self must be a schedule", 2) end
+  if not finite(base) or base < 0 then
+    error(fname .. ": base must be a finite number >= 0, got " .. tostring(base), 2)
+  end
+  if not finite(t) or t ~= floor(t) or t < 1 then
+    error(fname .. ": t must be an integer >= 1, got " .. tostring(t), 2)
+  end
+  check(C.l2l_schedule_lr(lr_out, self:config(), base, t), fname, 2)
+  return tonumber(lr_out[0])
+end
+
+function Schedule:__tostring()
+  if self.kind == "constant" then return ("Constant{warmup = %d}"):format(self.warmup) end
+  return ("%s{warmup = %d, total = %d, final_ratio = %g}"):format(
+    self.kind == "cosine" and "Cosine" or "Linear", self.warmup, self.total, self.final_ratio)
+end
+
+return M

@@ -1,0 +1,584 @@
+-- l2l.relay — l2l.Relay: training a Sequential layer to layer through the eager parameter
+-- server (the C relay of src/l2l.h, "the relay and the EPS").
+--
+--   local run = l2l.Relay{ model = model, micro_batch = 8, stash = "host",
+--                          optimizer = l2l.AdamW{ lr = 3e-4 }, schedule = l2l.Cosine{ total = 1000 } }
+--   local loss = run:step(tokens, targets)          -- (B,S) i32 host tensors; -1 ignored
+--
+-- Purpose: options checked in Lua (an error names the option), the C relay kept alive
+-- and freed (ffi.gc and run:free()), and the model as the one source of truth: before
+-- every step, evaluation or policy change the C relay's layer list is brought in line
+-- with the model's (insertions, removals, replacements by identity; frozen flags), so a
+-- script changes the model between steps and the relay follows. Lua indices are 1-based
+-- (layer i is C's layer i-1; boundary i is the input of layer i); errors name the layer.
+-- The relay borrows its layers: they stay referenced here while in the C relay, and a
+-- layer whose Lua object is collected while a relay holds it is freed only after that
+-- relay (layers.hold/release).
+-- Must never: compute anything of the step in Lua, leave the C list out of step with the
+-- model when a step starts, or free a layer the C relay still holds.
+local ffi = require("ffi")
+local jit = require("jit")
+local lib = require("l2l.lib")
+local tensor = require("l2l.tensor")
+local layers = require("l2l.layers")
+local model_mod = require("l2l.model")
+local optim = require("l2l.optim")
+
+local C, check, handle_of, check_call = lib.C, lib.check, tensor.handle_of, layers.check_call
+local address = layers.address
+local type, tostring, pairs, ipairs, floor, huge = type, tostring, pairs, ipairs, math.floor, math.huge
+
+local M = {}
+local Relay = {}
+Relay.__index = Relay
+
+local stash_ids = { device = C.L2L_STASH_DEVICE, host = C.L2L_STASH_HOST, recompute = C.L2L_STASH_RECOMPUTE }
+local inner_ids = { recompute = C.L2L_INNER_RECOMPUTE, keep = C.L2L_INNER_KEEP, swap = C.L2L_INNER_SWAP }
+local phase_names = {
+  [0] = "forward", "backward", "rebuild", "params_in", "grads_out", "stash_out", "stash_in",
+  "swap_out", "swap_in", "update", "wait_copy", "wait_update",
+}
+M.phase_names = phase_names
+
+-- relay address -> the addresses of the layers it holds, in order (numbers only: the
+-- finalizer must not keep anything alive).
+local held_by = {}
+
+local function release_all(ra)
+  local list = held_by[ra]
+  held_by[ra] = nil
+  if list then
+    for _, a in ipairs(list) do layers.release(a) end
+  end
+end
+
+local function relay_gc(box)
+  local r = box[0]
+  if r == nil then return end
+  box[0] = nil
+  C.l2l_relay_free(r)   -- waits for pending updates, then frees the EPS (not the layers)
+  release_all(address(r))
+end
+
+----------------------------------------------------------------- options
+
+local function fail(msg) error(msg, 0) end
+local function finite(v) return type(v) == "number" and v == v and v > -huge and v < huge end
+
+local function int_option(o, key, default, min, fname)
+  local v = o[key]
+  if v == nil then return default end
+  if not finite(v) or v ~= floor(v) or v < min then
+    fail(("%s: option '%s' must be an integer >= %d, got %s"):format(fname, key, min, tostring(v)))
+  end
+  return v
+end
+
+local function nonneg_option(o, key, fname)
+  local v = o[key]
+  if v == nil then return 0 end
+  if not finite(v) or v < 0 then
+    fail(("%s: option '%s' must be a finite number >= 0, got %s"):format(fname, key, tostring(v)))
+  end
+  return v
+end
+
+local function enum_option(o, key, ids, default, fname)
+  local v = o[key]
+  if v == nil then v = default end
+  if ids[v] == nil then
+    local names = {}
+    for k in pairs(ids) do names[#names + 1] = '"' .. k .. '"' end
+    table.sort(names)
+    fail(("%s: option '%s' must be one of %s, got %s"):format(fname, key, table.concat(names, ", "), tostring(v)))
+  end
+  return v
+end
+
+local OPTIONS = {
+  model = true, micro_batch = true, stash = true, recompute_every = true, inner = true,
+  optimizer = true, schedule = true, clip_global_norm = true, clip_layer_norm = true,
+  accumulate = true, optimizer_threads = true, seed = true, device_budget = true,
+}
+
+local function read_options(o, fname)
+  if type(o) ~= "table" then fail(fname .. ": expects an options table") end
+  for key in pairs(o) do
+    if not OPTIONS[key] then fail(("%s: unknown option '%s'"):format(fname, tostring(key))) end
+  end
+  local s = {}
+  local model = o.model
+  if model == nil then fail(fname .. ": option 'model' is required (an l2l.Sequential or a list of layers)") end
+  if not model_mod.is_sequential(model) then
+    if type(model) ~= "table" or layers.is_layer(model) then
+      fail(fname .. ": option 'model' must be an l2l.Sequential or a list of layers, got " .. type(model))
+    end
+    local ok, seq = pcall(model_mod.Sequential, model)
+    if not ok then fail(fname .. ": option 'model': " .. tostring(seq):gsub("^l2l%.Sequential: ", "")) end
+    model = seq
+  end
+  s.model = model
+  s.micro_batch = int_option(o, "micro_batch", 1, 1, fname)
+  s.stash = enum_option(o, "stash", stash_ids, "host", fname)
+  s.recompute_every = int_option(o, "recompute_every", 1, 1, fname)
+  s.inner = enum_option(o, "inner", inner_ids, "recompute", fname)
+  s.optimizer = o.optimizer or optim.AdamW{}
+  if not optim.is_optimizer(s.optimizer) then
+    fail(fname .. ": option 'optimizer' must be l2l.SGD{...}, l2l.AdamW{...} or l2l.LAMB{...}, got " .. tostring(o.optimizer))
+  end
+  s.schedule = o.schedule or optim.Constant{}
+  if not optim.is_schedule(s.schedule) then
+    fail(fname .. ": option 'schedule' must be l2l.Constant{...}, l2l.Cosine{...} or l2l.Linear{...}, got " .. tostring(o.schedule))
+  end
+  s.clip_global_norm = nonneg_option(o, "clip_global_norm", fname)
+  s.clip_layer_norm = nonneg_option(o, "clip_layer_norm", fname)
+  s.accumulate = int_option(o, "accumulate", 1, 1, fname)
+  s.optimizer_threads = int_option(o, "optimizer_threads", 0, 0, fname)
+  s.seed = int_option(o, "seed", 0, 0, fname)
+  s.device_budget = int_option(o, "device_budget", nil, 0, fname)
+  return s
+end
+
+local function config_of(s)
+  local c = ffi.new("l2l_relay_config")
+  C.l2l_relay_config_default(c)
+  c.micro_batch = s.micro_batch
+  c.stash = stash_ids[s.stash]
+  c.recompute_every = s.recompute_every
+  c.inner = inner_ids[s.inner]
+  s.optimizer:fill(c.optimizer)
+  s.schedule:fill(c.schedule)
+  c.clip_global_norm = s.clip_global_norm
+  c.clip_layer_norm = s.clip_layer_norm
+  c.accumulate = s.accumulate
+  c.optimizer_threads = s.optimizer_threads
+  c.seed = s.seed
+  return c
+end
+
+----------------------------------------------------------------- C's messages in Lua's terms
+-- The C relay counts layers, boundaries and micro-batches from 0 and names the fields of
+-- l2l_relay_batch; a Lua user counts from 1 and passed tokens, targets and opts. Its
+-- messages are rewritten accordingly (and an internal function's name in front of a
+-- message, e.g. "check_step: ", is dropped).
+
+local function plus_one(d) return tostring(tonumber(d) + 1) end
+
+local function lua_message(msg)
+  msg = msg:gsub("^[%l%d]+_[%l%d_]+: ", "")
+  -- "layer N" first: the two rewrites below produce "layer N" already counted from 1
+  msg = msg:gsub("([Ll]ayer )(%d+)", function(w, d) return w .. plus_one(d) end)
+  msg = msg:gsub("layers%[(%d+)%]", function(d) return "layer " .. plus_one(d) end)
+  msg = msg:gsub("batch%->skip%[(%d+)%]", function(d) return "opts.skip: layer " .. plus_one(d) end)
+  msg = msg:gsub("batch%->tokens", "tokens"):gsub("batch%->targets", "targets")
+  msg = msg:gsub("batch%->token_types", "opts.token_types"):gsub("batch%->key_mask", "opts.key_mask")
+  msg = msg:gsub("(micro%-batch )(%d+)", function(w, d) return w .. plus_one(d) end)
+  msg = msg:gsub("(position )(%d+)", function(w, d) return w .. plus_one(d) end)
+  return msg
+end
+M.lua_message = lua_message
+
+-- lib.check for the relay's own calls: the message in Lua's terms.
+local function rcheck(status, fname, level)
+  if status ~= 0 then error(fname .. ": " .. lua_message(lib.last_error()), (level or 2) + 1) end
+end
+
+----------------------------------------------------------------- making one
+
+-- The C relay; errors at `level` (default 2: the caller of the method calling live).
+local function live(self, fname, level)
+  level = (level or 2) + 1
+  if getmetatable(self) ~= Relay then error(fname .. ": self must be a relay (use run:method)", level) end
+  local r = self.box[0]
+  if r == nil then error(fname .. ": the relay was freed", level) end
+  return r
+end
+
+-- The C handle of model layer i, refused when freed or held by another relay than `owner`.
+local function layer_handle(layer, i, fname, owner)
+  local h = layer.handle[0]
+  if h == nil then fail(("%s: layer %d (%s) was freed"):format(fname, i, layer.kind)) end
+  local holder = layers.holder(address(h))
+  if holder ~= nil and holder ~= owner then
+    fail(("%s: layer %d (%s) is in another relay (a layer is in one relay at a time)"):format(fname, i, layer:label()))
+  end
+  return h
+end
+
+-- "layer 3 (block): " for the C relay's layer at Lua index i.
+local function where(layer, i)
+  return ("layer %d (%s): "):format(i, layer:label())
+end
+
+-- l2l.Relay{model =, micro_batch = 1, stash = "host", recompute_every = 1, inner =
+-- "recompute", optimizer = l2l.AdamW{}, schedule = l2l.Constant{}, clip_global_norm = 0,
+-- clip_layer_norm = 0, accumulate = 1, optimizer_threads = 0 (every core), seed = 0,
+-- device_budget = (bytes: sets the device pool's budget, process-wide)}
+function M.Relay(o)
+  local fname = "l2l.Relay"
+  local ok, s = pcall(read_options, o, fname)
+  if not ok then error(s, 2) end
+  local model = s.model
+  local n = #model
+  local list = ffi.new("l2l_layer *[?]", n > 0 and n or 1)
+  for i, layer in ipairs(model) do
+    if not layers.is_layer(layer) then error(("%s: model entry %d is not a layer"):format(fname, i), 2) end
+    local okh, h = pcall(layer_handle, layer, i, fname)
+    if not okh then error(h, 2) end
+    list[i - 1] = h
+  end
+  if s.device_budget ~= nil then
+    check(C.l2l_pool_set_budget(C.L2L_POOL_DEVICE, s.device_budget), fname .. ": option 'device_budget'", 2)
+  end
+  local out = ffi.new("l2l_relay *[1]")
+  rcheck(C.l2l_relay_new(out, list, n, config_of(s)), fname, 2)
+  local ra = address(out[0])
+  local addrs = {}
+  held_by[ra] = addrs
+  local box = ffi.gc(out, relay_gc)
+  local self = setmetatable({ box = box, model = model, mirror = {}, addrs = addrs, options = s,
+                              address = ra }, Relay)
+  for i, layer in ipairs(model) do
+    local a = address(layer.handle[0])
+    self.mirror[i], addrs[i] = layer, a
+    layers.hold(a, ra)
+  end
+  local oks, err = pcall(self.sync_layers, self, fname)
+  if not oks then self:free(); error(err, 2) end
+  return self
+end
+
+function M.is_relay(x) return getmetatable(x) == Relay end
+
+-- Frees the C relay now (waiting for pending updates); safe twice. The layers stay.
+function Relay:free()
+  if getmetatable(self) ~= Relay then error("run:free: self must be a relay", 2) end
+  local box = self.box
+  if box[0] ~= nil then
+    ffi.gc(box, nil)
+    relay_gc(box)
+  end
+  self.mirror = {}
+end
+
+----------------------------------------------------------------- following the model
+
+-- Brings the C relay's list in line with self.model: replacements in place, removals,
+-- insertions (a layer that moved is removed and inserted: it starts its optimizer state
+-- afresh, as C's remove + insert do), then frozen flags. Raises plain messages naming
+-- the Lua layer index.
+function Relay:sync_layers(fname)
+  local r = self.box[0]
+  local model, mirror, addrs = self.model, self.mirror, self.addrs
+  local in_model = {}
+  for i, layer in ipairs(model) do
+    if not layers.is_layer(layer) then fail(("%s: model entry %d is not a layer"):format(fname, i)) end
+    layer_handle(layer, i, fname, self.address)
+    if in_model[layer] then fail(("%s: the model holds one layer twice (layers %d and %d)"):format(fname, in_model[layer], i)) end
+    in_model[layer] = i
+  end
+  local in_mirror = {}
+  for i, layer in ipairs(mirror) do in_mirror[layer] = i end
+
+  local function c_fail(i, layer, what)
+    fail(("%s: %s%s: %s"):format(fname, where(layer, i), what, lua_message(lib.last_error())))
+  end
+
+  -- 1. a layer that left and another that arrived at the same place: replace
+  for i = 1, math.min(#mirror, #model) do
+    local old, new = mirror[i], model[i]
+    if old ~= new and not in_model[old] and not in_mirror[new] then
+      if C.l2l_relay_replace(r, i - 1, new.handle[0]) ~= 0 then c_fail(i, new, "cannot replace") end
+      local a = address(new.handle[0])
+      layers.release(addrs[i])
+      layers.hold(a, self.address)
+      in_mirror[old], in_mirror[new] = nil, i
+      mirror[i], addrs[i] = new, a
+    end
+  end
+  -- 2. layers no longer in the model leave, from the end
+  for i = #mirror, 1, -1 do
+    if not in_model[mirror[i]] then
+      if C.l2l_relay_remove(r, i - 1) ~= 0 then c_fail(i, mirror[i], "cannot remove") end
+      layers.release(addrs[i])
+      table.remove(mirror, i)
+      table.remove(addrs, i)
+    end
+  end
+  -- 3. insertions (and moves)
+  for i, want in ipairs(model) do
+    if mirror[i] ~= want then
+      for j = i + 1, #mirror do
+        if mirror[j] == want then
+          if C.l2l_relay_remove(r, j - 1) ~= 0 then c_fail(i, want, "cannot move") end
+          layers.release(addrs[j])
+          table.remove(mirror, j)
+          table.remove(addrs, j)
+          break
+        end
+      end
+      if C.l2l_relay_insert(r, i - 1, want.handle[0]) ~= 0 then c_fail(i, want, "cannot insert") end
+      local a = address(want.handle[0])
+      layers.hold(a, self.address)
+      table.insert(mirror, i, want)
+      table.insert(addrs, i, a)
+    end
+  end
+  -- 4. frozen flags (they follow the layer in the model)
+  for i, layer in ipairs(model) do
+    local want = model.frozen_set[layer] == true and 1 or 0
+    if C.l2l_relay_frozen(r, i - 1) ~= want then
+      if C.l2l_relay_set_frozen(r, i - 1, want) ~= 0 then c_fail(i, layer, "cannot freeze") end
+    end
+  end
+end
+
+local function sync(self, fname, level)
+  local ok, err = pcall(self.sync_layers, self, fname)
+  if not ok then error(err, (level or 2) + 1) end
+end
+
+-- For check_call: the Lua index of the layer at a C address.
+local function locator(self)
+  return function(a)
+    for i, x in ipairs(self.addrs) do
+      if x == a then return where(self.mirror[i], i) end
+    end
+    return ""
+  end
+end
+
+----------------------------------------------------------------- steps
+
+local BATCH_OPTIONS = { token_types = true, key_mask = true, skip = true }
+
+local function describe(t)
+  return ("%s (%s)"):format(t:dtype(), table.concat(t:shape(), ","))
+end
+
+-- The l2l_relay_batch for (tokens, targets, opts), checked; `keep` collects what must
+-- stay alive during the C call.
+local function batch_of(self, fname, tokens, targets, opts)
+  local b = ffi.new("l2l_relay_batch")
+  b.tokens = handle_of(tokens, "tokens", fname, 4)
+  b.targets = handle_of(targets, "targets", fname, 4)
+  if tokens:dtype() ~= "i32" or tokens:ndim() ~= 2 then
+    error(("%s: tokens must be i32 (B,S), got %s"):format(fname, describe(tokens)), 4)
+  end
+  if targets:dtype() ~= "i32" or targets:ndim() > 2 then
+    error(("%s: targets must be i32 (B,S) or (B), got %s"):format(fname, describe(targets)), 4)
+  end
+  local skip
+  if opts ~= nil then
+    if type(opts) ~= "table" then error(fname .. ": opts must be a table", 4) end
+    for key in pairs(opts) do
+      if not BATCH_OPTIONS[key] then error(("%s: unknown option '%s'"):format(fname, tostring(key)), 4) end
+    end
+    if opts.token_types ~= nil then b.token_types = handle_of(opts.token_types, "opts.token_types", fname, 4) end
+    if opts.key_mask ~= nil then b.key_mask = handle_of(opts.key_mask, "opts.key_mask", fname, 4) end
+    if opts.skip ~= nil then
+      local n = #self.model
+      if type(opts.skip) ~= "table" then error(fname .. ": opts.skip must be a list of layer indices", 4) end
+      skip = ffi.new("uint8_t[?]", n > 0 and n or 1)
+      for _, i in ipairs(opts.skip) do
+        if type(i) ~= "number" or i ~= floor(i) or i < 1 or i > n then
+          error(("%s: opts.skip: %s is not a layer index in [1, %d]"):format(fname, tostring(i), n), 4)
+        end
+        local kind = self.model[i].kind
+        if kind ~= "block" and kind ~= "custom" then
+          error(("%s: opts.skip: layer %d (%s) cannot be skipped: only blocks and custom layers can"):format(
+            fname, i, kind), 4)
+        end
+        skip[i - 1] = 1
+      end
+      b.skip = skip
+    end
+  end
+  return b, skip
+end
+
+local loss_out = ffi.new("double[1]")
+
+-- The C call that runs layers (which may be written in Lua). LuaJIT cannot enter a Lua
+-- callback from a C call made by JIT-compiled code ("bad callback"), so this function is
+-- kept out of traces (jit.off below): a trace that reaches it ends there, and the C call
+-- is always made from the interpreter. Its cost is the step, not the Lua around it.
+-- (skip: the array b.skip points to, passed along so that it stays alive for the call;
+-- the tensors stay alive as the caller's arguments.)
+local function run_layers(cfunc, r, b, skip)
+  layers.clear_callback_error()
+  local status = cfunc(loss_out, r, b)
+  return status, skip
+end
+jit.off(run_layers)
+
+local function step_or_evaluate(self, fname, cfunc, tokens, targets, opts)
+  local r = live(self, fname, 3)
+  local b, skip = batch_of(self, fname, tokens, targets, opts)
+  if #self.model == 0 then error(fname .. ": the model has no layers", 4) end
+  sync(self, fname, 3)
+  local status = run_layers(cfunc, r, b, skip)
+  check_call(status, fname, 3, locator(self), lua_message)
+  return tonumber(loss_out[0])
+end
+
+-- loss = run:step(tokens, targets [, {token_types =, key_mask =, skip = {layer indices}}]):
+-- one training step on the minibatch; the mean loss over its real targets.
+function Relay:step(tokens, targets, opts)
+  local loss = step_or_evaluate(self, "run:step", C.l2l_relay_step, tokens, targets, opts)
+  return loss
+end
+
+-- loss = run:evaluate(tokens, targets [, opts]): forward only, no dropout, no update.
+function Relay:evaluate(tokens, targets, opts)
+  local loss = step_or_evaluate(self, "run:evaluate", C.l2l_relay_evaluate, tokens, targets, opts)
+  return loss
+end
+jit.off(step_or_evaluate)
+
+-- Waits until every queued update is done (parameters readable through the model).
+function Relay:sync()
+  rcheck(C.l2l_relay_sync(live(self, "run:sync")), "run:sync", 2)
+end
+
+----------------------------------------------------------------- policies
+
+local function policy_arg(ids, value, fname, what)
+  if ids[value] == nil then
+    local names = {}
+    for k in pairs(ids) do names[#names + 1] = '"' .. k .. '"' end
+    table.sort(names)
+    error(("%s: %s must be one of %s, got %s"):format(fname, what, table.concat(names, ", "), tostring(value)), 3)
+  end
+  return ids[value]
+end
+
+-- A layer index (1-based) from a number or a layer of the model.
+local function layer_index(self, layer, fname, what)
+  if layers.is_layer(layer) then
+    for i, l in ipairs(self.model) do
+      if l == layer then return i end
+    end
+    error(("%s: %s is not in the model"):format(fname, what), 3)
+  end
+  local n = #self.model
+  if type(layer) ~= "number" or layer ~= floor(layer) or layer < 1 or layer > n then
+    error(("%s: %s must be a layer of the model or an index in [1, %d], got %s"):format(fname, what, n, tostring(layer)), 3)
+  end
+  return layer
+end
+
+-- run:set_stash(i, policy): where the activations entering layer i (2 <= i <= #model)
+-- wait for the backward: "device", "host" or "recompute".
+function Relay:set_stash(boundary, policy)
+  local fname = "run:set_stash"
+  local r = live(self, fname)
+  local id = policy_arg(stash_ids, policy, fname, "policy")
+  local n = #self.model
+  if type(boundary) ~= "number" or boundary ~= floor(boundary) or boundary < 2 or boundary > n then
+    error(("%s: boundary must be an integer in [2, %d] (the input of that layer), got %s"):format(
+      fname, n, tostring(boundary)), 2)
+  end
+  sync(self, fname)
+  rcheck(C.l2l_relay_set_stash(r, boundary - 1, id), fname, 2)
+end
+
+-- run:set_inner(layer, policy): "recompute", "keep" or "swap" for a layer (index or object).
+function Relay:set_inner(layer, policy)
+  local fname = "run:set_inner"
+  local r = live(self, fname)
+  local id = policy_arg(inner_ids, policy, fname, "policy")
+  local i = layer_index(self, layer, fname, "layer")
+  sync(self, fname)
+  rcheck(C.l2l_relay_set_inner(r, i - 1, id), fname, 2)
+end
+
+function Relay:set_micro_batch(n)
+  local fname = "run:set_micro_batch"
+  local r = live(self, fname)
+  if type(n) ~= "number" or n ~= floor(n) or n < 1 then
+    error(fname .. ": n must be an integer >= 1, got " .. tostring(n), 2)
+  end
+  rcheck(C.l2l_relay_set_micro_batch(r, n), fname, 2)
+  self.options.micro_batch = n
+end
+
+----------------------------------------------------------------- reading back
+
+local STATS = {
+  "steps", "updates", "loss", "lr", "grad_norm", "updates_deferred", "device_peak",
+  "device_current", "host_eps_bytes", "host_stash_peak", "h2d_bytes", "d2h_bytes",
+  "step_seconds", "compute_seconds", "wait_copy_seconds", "wait_update_seconds",
+  "optimizer_seconds", "events",
+}
+M.stats_fields = STATS
+
+-- run:stats() -> a table of every l2l_relay_stats field, as numbers (bytes, seconds).
+function Relay:stats()
+  local fname = "run:stats"
+  local s = ffi.new("l2l_relay_stats")
+  check(C.l2l_relay_get_stats(s, live(self, fname)), fname, 2)
+  local out = {}
+  for _, k in ipairs(STATS) do out[k] = tonumber(s[k]) end
+  return out
+end
+
+-- run:events() -> the last step's work: a list of {layer =, micro_batch = (1-based, nil
+-- when none), phase = "forward" | "backward" | "rebuild" | "params_in" | "grads_out" |
+-- "stash_out" | "stash_in" | "swap_out" | "swap_in" | "update" | "wait_copy" |
+-- "wait_update", thread = (0 the caller, 1 host-to-device copies, 2 device-to-host, 3..
+-- optimizer workers), start =, finish = (seconds since the relay was made)}.
+function Relay:events()
+  local fname = "run:events"
+  local r = live(self, fname)
+  local s = ffi.new("l2l_relay_stats")
+  check(C.l2l_relay_get_stats(s, r), fname, 2)
+  local n = tonumber(s.events)
+  local list = {}
+  if n <= 0 then return list end
+  local buf = ffi.new("l2l_relay_event[?]", n)
+  check(C.l2l_relay_events(buf, r, 0, n), fname, 2)
+  for i = 0, n - 1 do
+    local e = buf[i]
+    list[i + 1] = {
+      layer = e.layer >= 0 and e.layer + 1 or nil,
+      micro_batch = e.micro_batch >= 0 and e.micro_batch + 1 or nil,
+      phase = phase_names[e.phase] or tostring(e.phase), thread = e.thread,
+      start = e.start, finish = e["end"],
+    }
+  end
+  return list
+end
+
+local state_ids = { m = 0, first = 0, momentum = 0, [1] = 0, v = 1, second = 1, [2] = 1 }
+
+-- run:state(record, which) -> a copy (host tensor) of a parameter record's optimizer
+-- state, or nil before its first update. record: an entry of model:params() or
+-- layer:params(); which: "m" (SGD: "momentum") / 1, or "v" / 2.
+function Relay:state(record, which)
+  local fname = "run:state"
+  local r = live(self, fname)
+  if type(record) ~= "table" or record.handle == nil or record.layer == nil then
+    error(fname .. ": record must be an entry of model:params() or layer:params()", 2)
+  end
+  if record.layer.handle[0] == nil then error(fname .. ": the record's layer was freed", 2) end
+  local w = state_ids[which == nil and "m" or which]
+  if w == nil then error(fname .. ": which must be \"m\" (or \"momentum\", 1) or \"v\" (or 2), got " .. tostring(which), 2) end
+  local out = ffi.new("l2l_tensor *[1]")
+  rcheck(C.l2l_relay_param_state(out, r, record.handle, w), fname, 2)
+  if out[0] == nil then return nil end
+  local borrowed = tensor.wrap(out[0])
+  local ok, copy = pcall(borrowed.to, borrowed, "host")
+  borrowed.handle = nil   -- borrowed: the relay owns it
+  if not ok then error(fname .. ": " .. tostring(copy), 2) end
+  return copy
+end
+
+function Relay:__tostring()
+  local s = self.options
+  return ("Relay: %d layers, micro_batch %d, stash %s, inner %s, %s, %s%s"):format(
+    #self.model, s.micro_batch, s.stash, s.inner, tostring(s.optimizer), tostring(s.schedule),
+    self.box[0] == nil and " (freed)" or "")
+end
+
+return M

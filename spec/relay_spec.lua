@@ -1,0 +1,425 @@
+-- relay_spec — l2l.Relay from Lua: the tiny GPT of layers_spec learns through the relay
+-- with every stash and inner policy; relay steps equal plain whole-batch training (the
+-- Sequential path plus an optimizer written here in Lua) for micro-batches of 1 and of
+-- uneven sizes; the statistics and the timeline are there and sane; the model changes
+-- between steps (insert, remove, clone, freeze, skip) and the relay follows; misuse
+-- raises errors that name the argument; the README's relay script runs.
+local support = dofile("spec/support.lua")
+local l2l = require("l2l")
+
+----------------------------------------------------------------- data and models
+
+local V, n = 12, 6
+local S, SEP = 2 * n + 1, V - 1
+
+-- Sequence reversal: n tokens, a separator, the n tokens reversed; only the answer counts.
+local function reversal(B)
+  local tok, tgt = {}, {}
+  for b = 1, B do
+    local t, g = {}, {}
+    for i = 1, n do t[i] = support.int(0, SEP - 1) end
+    t[n + 1] = SEP
+    for i = 1, n do t[n + 1 + i] = t[n + 1 - i] end
+    for i = 1, S do g[i] = (i > n and i < S) and t[i + 1] or -1 end
+    tok[b], tgt[b] = t, g
+  end
+  return l2l.tensor(tok, { dtype = "i32" }), l2l.tensor(tgt, { dtype = "i32" })
+end
+
+-- The tiny GPT of layers_spec (pre-LN, causal, tied head, one frugal block, dropout).
+-- Equal seeds give equal weights.
+local function tiny_gpt(seed, dropout)
+  return l2l.Sequential {
+    l2l.Embedding { vocab = V, dim = 32, max_seq = S, seed = seed },
+    l2l.Block { dim = 32, heads = 4, causal = true, memory = "frugal", dropout = dropout or 0.05, seed = seed + 1 },
+    l2l.Block { dim = 32, heads = 4, causal = true, seed = seed + 2 },
+    l2l.LMHead { vocab = V, dim = 32, tie = true, seed = seed + 3 },
+  }
+end
+
+local function mean(list, first, last)
+  local s = 0
+  for i = first, last do s = s + list[i] end
+  return s / (last - first + 1)
+end
+
+local function flat(t) return support.flatten(t:totable()) end
+
+local function max_diff(a, b)
+  local worst = 0
+  for i = 1, #a do worst = math.max(worst, math.abs(a[i] - b[i])) end
+  return worst
+end
+
+local function fails(pattern, f)
+  local ok, err = pcall(f)
+  assert.is_false(ok, "expected an error matching " .. pattern)
+  assert.is_truthy(tostring(err):find(pattern), tostring(err))
+end
+
+-- Whole-batch training of `model` with the optimizer of l2l.h written out in Lua over the
+-- records' host values (AdamW as l2l_adamw_update; SGD with decoupled decay first, then
+-- b = momentum b + g, p -= lr b). One call = one step k (0-based, as the relay counts).
+local function reference_trainer(model, opt, seed)
+  local params, state = model:params(), {}
+  return function(tokens, targets, k, skip)
+    model:zero_grad()
+    local batch = { tokens = tokens, targets = targets, seed = seed, step = k, skip = skip }
+    local loss = model:forward(batch)
+    model:backward(batch)
+    for i, p in ipairs(params) do
+      local wd = (p.decays or opt.decay_all) and opt.weight_decay or 0
+      local st = state[i] or { t = 0, m = {}, v = {} }
+      state[i] = st
+      local P, G, count = p.value:data(), p.grad:data(), p.value:numel()
+      local skipped = false
+      if skip then   -- a skipped layer's own records get no update this step
+        for _, j in ipairs(skip) do
+          if p.name:match("^(%d+)%.") == tostring(j) then skipped = true end
+        end
+      end
+      if not skipped then
+        st.t = st.t + 1
+        local t = st.t
+        if opt.kind == "adamw" then
+          local b1, b2 = opt.beta1, opt.beta2
+          local c1, c2 = 1 - b1 ^ t, 1 - b2 ^ t
+          for e = 0, count - 1 do
+            local g = G[e]
+            local m = b1 * (st.m[e] or 0) + (1 - b1) * g
+            local v = b2 * (st.v[e] or 0) + (1 - b2) * g * g
+            st.m[e], st.v[e] = m, v
+            P[e] = P[e] - opt.lr * ((m / c1) / (math.sqrt(v / c2) + opt.eps) + wd * P[e])
+          end
+        else
+          for e = 0, count - 1 do
+            local g = G[e]
+            P[e] = P[e] - opt.lr * wd * P[e]
+            local b = g
+            if opt.momentum > 0 then
+              b = t == 1 and g or opt.momentum * st.m[e] + g
+              st.m[e] = b
+            end
+            P[e] = P[e] - opt.lr * b
+          end
+        end
+      end
+    end
+    return loss
+  end, state
+end
+
+----------------------------------------------------------------- specs
+
+describe("l2l.Relay", function()
+  it("trains the tiny GPT with every stash policy and every inner policy", function()
+    local configs = {
+      { stash = "device", inner = "recompute" },
+      { stash = "host", inner = "recompute" },
+      { stash = "recompute", recompute_every = 2, inner = "recompute" },
+      { stash = "host", inner = "keep" },
+      { stash = "device", inner = "swap" },
+    }
+    for c, cfg in ipairs(configs) do
+      local model = tiny_gpt(support.seed % 1000 + 10 * c)
+      local run = l2l.Relay { model = model, micro_batch = 5, stash = cfg.stash, inner = cfg.inner,
+                              recompute_every = cfg.recompute_every,
+                              optimizer = l2l.AdamW { lr = 3e-3 }, seed = support.seed }
+      local losses = {}
+      for s = 1, 150 do losses[s] = run:step(reversal(16)) end   -- micro-batches 5, 5, 5, 1
+      local first, last = mean(losses, 1, 10), mean(losses, 141, 150)
+      local what = ("stash %s, inner %s (seed %d)"):format(cfg.stash, cfg.inner, support.seed)
+      assert.is_true(first > 2.0, ("starting loss %g should be near ln 11 = 2.4: %s"):format(first, what))
+      assert.is_true(last < 0.15 * first, ("loss fell only from %g to %g: %s"):format(first, last, what))
+      local eval = run:evaluate(reversal(16))
+      assert.is_true(eval < 0.4 * first, ("evaluation loss %g after training: %s"):format(eval, what))
+      run:free()
+    end
+  end)
+
+  it("equals plain whole-batch training with an optimizer written in Lua, for any micro-batching", function()
+    local cases = {
+      { micro_batch = 1, stash = "host", opt = l2l.SGD { lr = 0.1, momentum = 0.9, weight_decay = 0.1 } },
+      { micro_batch = 2, stash = "device", inner = "keep", opt = l2l.SGD { lr = 0.1 } },
+      { micro_batch = 2, stash = "recompute", inner = "swap", opt = l2l.SGD { lr = 0.05, momentum = 0.5, decay_all = true, weight_decay = 0.2 } },
+      -- eps 1e-6, not 1e-8: an update m^/(sqrt(v^) + eps) of a gradient element near 0 moves
+      -- by up to lr |dg| / eps for a rounding difference dg in it (~1e-9 between one pass and
+      -- micro-batch sums); eps = 1e-6 keeps that below 1e-3 lr.
+      { micro_batch = 1, stash = "recompute", opt = l2l.AdamW { lr = 1e-2, eps = 1e-6, weight_decay = 0.1 } },
+      { micro_batch = 3, stash = "host", inner = "swap", opt = l2l.AdamW { lr = 1e-2, eps = 1e-6, betas = { 0.8, 0.99 } } },
+    }
+    local B, steps = 5, 3
+    for c, case in ipairs(cases) do
+      local seed = support.seed % 1000 + 100 * c
+      local relay_model, plain_model = tiny_gpt(seed, 0.1), tiny_gpt(seed, 0.1)
+      for i = 1, #relay_model do plain_model[i]:rng_id(relay_model[i]:rng_id()) end   -- same dropout masks
+      local run = l2l.Relay { model = relay_model, micro_batch = case.micro_batch, stash = case.stash,
+                              inner = case.inner, optimizer = case.opt, seed = 42 }
+      local reference, ref_state = reference_trainer(plain_model, case.opt, 42)
+      local what = ("case %d (micro_batch %d of %d, stash %s, %s; seed %d)"):format(c, case.micro_batch, B,
+                   case.stash, tostring(case.opt), support.seed)
+      for k = 0, steps - 1 do
+        local tokens, targets = reversal(B)
+        local got = run:step(tokens, targets)
+        local want = reference(tokens, targets, k)
+        assert.is_true(math.abs(got - want) <= 1e-5 * math.max(1, want),
+                       ("step %d: relay loss %.9g, plain %.9g: %s"):format(k + 1, got, want, what))
+      end
+      run:sync()
+      -- SGD moves a weight by lr |g| ~ 1e-3; rounding (micro-batch sums in another order)
+      -- changes that by ~1e-7 relative: differences seen are a few f32 ulps of the weights
+      -- (<= 1.2e-7), so 1e-6 passes any correct relay, while a gradient off by one
+      -- micro-batch or by a scale is off by ~1e-4 or more. AdamW's updates are ~lr = 1e-2
+      -- per element and the eps-limited differences described above reach ~1e-5: 1e-4.
+      local tol = case.opt.kind == "sgd" and 1e-6 or 1e-4
+      local got, want = relay_model:params(), plain_model:params()
+      assert.are.equal(#want, #got)
+      for i, p in ipairs(want) do
+        local e = max_diff(flat(got[i].value), flat(p.value))
+        assert.is_true(e <= tol, ("%s differs by %g after %d steps: %s"):format(p.name, e, steps, what))
+      end
+      -- the optimizer state is readable through the relay (SGD without momentum has none)
+      for i = 1, #got, 3 do
+        local m = run:state(got[i], "m")
+        if case.opt.kind == "sgd" and case.opt.momentum == 0 then
+          assert.is_nil(m, "plain SGD keeps no state")
+        else
+          assert.is_truthy(m, "a record has a first moment after its updates")
+          assert.are.same(got[i].value:shape(), m:shape())
+          local mine, theirs, e = ref_state[i].m, flat(m), 0
+          for k = 1, #theirs do e = math.max(e, math.abs(theirs[k] - mine[k - 1])) end
+          assert.is_true(e <= tol, ("%s: first moment differs by %g: %s"):format(want[i].name, e, what))
+        end
+        if case.opt.kind == "adamw" then assert.is_truthy(run:state(got[i], "v")) end
+      end
+      run:free()
+    end
+  end)
+
+  it("reports statistics and a timeline of named phases", function()
+    local model = tiny_gpt(support.seed % 1000)
+    local run = l2l.Relay { model = model, micro_batch = 4, stash = "host", seed = 3 }
+    local loss
+    for _ = 1, 2 do loss = run:step(reversal(8)) end
+    run:sync()
+    local s = run:stats()
+    local want = { "steps", "updates", "loss", "lr", "grad_norm", "updates_deferred", "device_peak",
+                   "device_current", "host_eps_bytes", "host_stash_peak", "h2d_bytes", "d2h_bytes",
+                   "step_seconds", "compute_seconds", "wait_copy_seconds", "wait_update_seconds",
+                   "optimizer_seconds", "events" }
+    for _, k in ipairs(want) do assert.are.equal("number", type(s[k]), "stats." .. k) end
+    assert.are.equal(2, s.steps)
+    assert.are.equal(2, s.updates)
+    assert.is_true(math.abs(s.loss - loss) <= 1e-12 * math.abs(loss), "stats.loss is the last step's")
+    assert.is_true(math.abs(s.lr - 1e-3) < 1e-9, "default AdamW rate 1e-3, constant schedule: " .. s.lr)
+    assert.is_true(s.device_peak > 0, "device_peak > 0")
+    assert.is_true(s.device_peak >= s.device_current, "device_peak >= device_current")
+    assert.is_true(s.h2d_bytes > 0 and s.d2h_bytes > 0, "stash host moves bytes both ways")
+    assert.is_true(s.host_eps_bytes >= 4 * model:nparams(), "the EPS holds at least the fp32 masters")
+    assert.is_true(s.host_stash_peak > 0, "stash host keeps activations on the host")
+    assert.is_true(s.step_seconds > 0 and s.compute_seconds > 0 and s.compute_seconds <= s.step_seconds * 1.01)
+    assert.is_true(s.events > 0)
+    local events = run:events()
+    assert.are.equal(s.events, #events)
+    local names = {}
+    for _, name in pairs(require("l2l.relay").phase_names) do names[name] = true end
+    local seen = {}
+    for _, e in ipairs(events) do
+      assert.is_true(names[e.phase] == true, "phase " .. tostring(e.phase))
+      seen[e.phase] = true
+      assert.is_true(e.finish >= e.start, "an event ends after it starts")
+      assert.is_true(e.layer == nil or (e.layer >= 1 and e.layer <= #model), "event layer " .. tostring(e.layer))
+      assert.is_true(e.micro_batch == nil or (e.micro_batch >= 1 and e.micro_batch <= 2))
+      assert.is_true(e.thread >= 0)
+    end
+    for _, phase in ipairs({ "forward", "backward", "params_in", "update", "stash_out", "stash_in" }) do
+      assert.is_true(seen[phase] == true, "the timeline has " .. phase .. " events")
+    end
+    assert.is_truthy(tostring(run):find("Relay: 4 layers, micro_batch 4, stash host"))
+    run:free()
+    fails("run:stats: the relay was freed", function() run:stats() end)
+  end)
+
+  it("follows the model as it changes between steps: insert, remove, clone, freeze, skip", function()
+    local seed = support.seed % 1000
+    local model = tiny_gpt(seed)
+    local run = l2l.Relay { model = model, micro_batch = 8, optimizer = l2l.AdamW { lr = 3e-3 }, seed = 1 }
+    local losses = {}
+    for s = 1, 60 do losses[s] = run:step(reversal(16)) end
+    local before = mean(losses, 51, 60)
+    local function snapshot(layer)
+      local out = {}
+      for _, p in ipairs(layer:params()) do out[p.name] = flat(p.value) end
+      return out
+    end
+    local function same(a, b)
+      for name, values in pairs(a) do
+        if max_diff(values, b[name]) ~= 0 then return false end
+      end
+      return true
+    end
+    local count = function() return l2l.C.l2l_relay_layer_count(run.box[0]) end
+
+    -- grow: a fresh block at 3, a clone of block 2 at 4 (same weights, own records)
+    local fresh = model:insert(3, l2l.Block { dim = 32, heads = 4, causal = true, resid_std = 1e-3 })
+    local twin = model:clone(2, 4)
+    assert.are.equal(6, #model)
+    assert.is_true(same(snapshot(model[2]), snapshot(twin)), "a clone starts with the same weights")
+    assert.are_not.equal(model[2]:params()[1].id, twin:params()[1].id)
+    -- freeze the original of the clone, and skip the clone for one step
+    model:freeze(2)
+    assert.is_true(model:frozen(2))
+    local frozen_before, twin_before, fresh_before = snapshot(model[2]), snapshot(twin), snapshot(fresh)
+    local tokens, targets = reversal(16)
+    run:step(tokens, targets, { skip = { 4 } })
+    assert.are.equal(6, count())
+    run:sync()
+    assert.is_true(same(frozen_before, snapshot(model[2])), "a frozen layer is not updated")
+    assert.is_true(same(twin_before, snapshot(twin)), "a skipped layer is not updated")
+    assert.is_false(same(fresh_before, snapshot(fresh)), "an inserted layer is trained")
+    -- a skipped layer acts as the identity, as in the plain path
+    local evaluated = run:evaluate(tokens, targets, { skip = { 4 } })
+    local plain = model:forward { tokens = tokens, targets = targets, training = false, skip = { 4 } }
+    assert.is_true(math.abs(evaluated - plain) <= 1e-5 * math.max(1, plain),
+                   ("evaluate with skip %.8g, plain forward with skip %.8g"):format(evaluated, plain))
+
+    -- shrink and swap: the fresh block leaves, block 5 is replaced; a layer still in the
+    -- relay cannot be freed, one that left can
+    model:remove(3)
+    fails("in a relay", function() fresh:free() end)
+    local old5 = model:replace(4, l2l.Block { dim = 32, heads = 4, causal = true })
+    model:unfreeze(2)
+    assert.is_false(model:frozen(2))
+    for s = 1, 60 do losses[60 + s] = run:step(reversal(16)) end
+    assert.are.equal(5, count())
+    assert.are.equal(#model, count())
+    for i = 1, #model do
+      assert.is_true(l2l.C.l2l_relay_layer(run.box[0], i - 1) == model[i].handle[0], "relay layer " .. i .. " is model layer " .. i)
+      assert.are.equal(0, l2l.C.l2l_relay_frozen(run.box[0], i - 1))
+    end
+    fresh:free()
+    old5:free()
+    local after = mean(losses, 111, 120)
+    assert.is_true(after < 0.5 * before,
+                   ("loss after the changes %g (before them %g, seed %d)"):format(after, before, support.seed))
+    assert.is_truthy(tostring(model):find("Sequential: 5 layers"))
+    run:free()
+  end)
+
+  it("refuses bad input with errors naming the argument", function()
+    local model = tiny_gpt(support.seed % 1000)
+    fails("l2l.Relay: unknown option 'micro_batches'", function() l2l.Relay { model = model, micro_batches = 2 } end)
+    fails("option 'micro_batch' must be an integer >= 1, got 0", function() l2l.Relay { model = model, micro_batch = 0 } end)
+    fails("option 'stash' must be one of \"device\", \"host\", \"recompute\", got disk", function()
+      l2l.Relay { model = model, stash = "disk" }
+    end)
+    fails("option 'inner' must be one of", function() l2l.Relay { model = model, inner = "never" } end)
+    fails("option 'model' is required", function() l2l.Relay {} end)
+    fails("option 'optimizer' must be", function() l2l.Relay { model = model, optimizer = { lr = 1 } } end)
+    fails("option 'clip_global_norm' must be a finite number >= 0", function() l2l.Relay { model = model, clip_global_norm = -1 } end)
+    fails("l2l.AdamW: option 'eps' must be a finite number > 0", function() l2l.AdamW { eps = 0 } end)
+    fails("l2l.AdamW: option 'betas'", function() l2l.AdamW { betas = { 0.9 } } end)
+    fails("l2l.SGD: unknown option 'betas'", function() l2l.SGD { betas = { 0.9, 0.99 } } end)
+    fails("l2l.Cosine: option 'total' is required", function() l2l.Cosine { warmup = 3 } end)
+    fails("l2l.Linear: option 'final_ratio' must be in %[0, 1%]", function() l2l.Linear { total = 9, final_ratio = 2 } end)
+
+    local run = l2l.Relay { model = model, micro_batch = 2 }
+    local tokens, targets = reversal(4)
+    fails("run:step: tokens must be i32 %(B,S%), got f32 %(4,13%)", function() run:step(l2l.zeros { 4, S }, targets) end)
+    fails("run:step: tokens must be i32 %(B,S%), got i32 %(52%)", function() run:step(tokens:reshape { 4 * S }, targets) end)
+    fails("run:step: tokens must be a tensor", function() run:step({ 1, 2 }, targets) end)
+    fails("run:step: targets must be a tensor", function() run:step(tokens) end)
+    fails("targets", function() run:step(tokens, l2l.zeros({ 3, S }, { dtype = "i32" })) end)
+    local bad = tokens:clone()
+    bad:set(2, 3, V)
+    fails("run:step: .*outside %[0, 12%)", function() run:step(bad, targets) end)
+    fails("run:evaluate: .*outside %[0, 12%)", function() run:evaluate(bad, targets) end)
+    fails("run:step: unknown option 'skp'", function() run:step(tokens, targets, { skp = { 2 } }) end)
+    fails("run:step: opts.skip: 9 is not a layer index in %[1, 4%]", function() run:step(tokens, targets, { skip = { 9 } }) end)
+    fails("run:step: opts.skip: layer 1 %(embedding%) cannot be skipped", function() run:step(tokens, targets, { skip = { 1 } }) end)
+    fails("run:set_micro_batch: n must be an integer >= 1, got 0", function() run:set_micro_batch(0) end)
+    fails("run:set_stash: boundary must be an integer in %[2, 4%]", function() run:set_stash(1, "host") end)
+    fails("run:set_stash: policy must be one of", function() run:set_stash(2, "disk") end)
+    fails("run:set_inner: policy must be one of", function() run:set_inner(2, "disk") end)
+    fails("run:set_inner: layer must be a layer of the model or an index in %[1, 4%]", function() run:set_inner(7, "keep") end)
+    fails("run:state: record must be an entry", function() run:state({}, "m") end)
+    run:set_stash(3, "device")
+    run:set_inner(model[2], "keep")
+    run:set_micro_batch(3)
+    assert.is_true(run:step(tokens, targets) > 0, "a good step after the refusals")
+
+    -- a model the relay cannot run is refused at the step, naming the layer
+    model:insert(2, l2l.Block { dim = 16, heads = 2 })
+    fails("run:step: layer 2 .*dim 16", function() run:step(tokens, targets) end)
+    model:remove(2)
+    assert.is_true(run:step(tokens, targets) > 0, "the step works again once the model is right")
+
+    -- one layer cannot be in two relays
+    fails("l2l.Relay: layer 1 %(embedding%) is in another relay", function() l2l.Relay { model = model } end)
+
+    -- a device budget too small for the step
+    run:sync()
+    local in_use = l2l.pool_stats("device").current
+    l2l.set_budget("device", in_use + 4096)
+    local ok, err = pcall(run.step, run, tokens, targets)
+    l2l.set_budget("device", 0)
+    assert.is_false(ok, "a step within 4 KiB of device memory")
+    assert.is_truthy(tostring(err):find("run:step: .*budget"), tostring(err))
+    assert.is_true(run:step(tokens, targets) > 0, "a step works again with the budget lifted")
+    run:free()
+    fails("run:step: the relay was freed", function() run:step(tokens, targets) end)
+
+    -- an empty model may make a relay, but not a step
+    local empty = l2l.Relay { model = l2l.Sequential {} }
+    fails("run:step: the model has no layers", function() empty:step(tokens, targets) end)
+    empty:free()
+  end)
+
+  it("frees relays and their layers in whatever order the garbage collector picks", function()
+    collectgarbage()
+    collectgarbage()
+    local device = l2l.pool_stats("device").current
+    for round = 1, 4 do
+      local model = tiny_gpt(round)
+      local run = l2l.Relay { model = model, micro_batch = 3, stash = round % 2 == 0 and "host" or "device" }
+      run:step(reversal(5))
+      if round == 2 then   -- a removed layer leaves the relay at the next step
+        model:remove(2)
+        run:step(reversal(5))
+      elseif round == 3 then
+        run:free()
+      elseif round == 4 then   -- layers outlive their relay
+        local keep = model
+        run = nil
+        collectgarbage()
+        collectgarbage()
+        assert.is_true(keep[2]:nparams() > 0)
+      end
+      model, run = nil, nil
+      collectgarbage()
+      collectgarbage()
+    end
+    assert.are.equal(device, l2l.pool_stats("device").current, "every relay gave its device memory back")
+  end)
+
+  it("runs the README's relay script", function()
+    local f = assert(io.open("README.md", "rb"))
+    local readme = f:read("*a")
+    f:close()
+    local section = readme:match("\n## Training with the relay\n(.-)\n## ")
+    assert.is_truthy(section, "README has a 'Training with the relay' section")
+    local script = section:match("```lua\n(.-)```")
+    assert.is_truthy(script, "the section has a lua block")
+    local path = os.tmpname()
+    local out = assert(io.open(path, "wb"))
+    out:write(script)
+    out:close()
+    local status, output = support.sh(("%s/l2l %s"):format(support.build, path))
+    os.remove(path)
+    assert.are.equal(0, status, output)
+    local first, last = output:match("^step%s+%d+%s+loss%s+([%d%.]+)"), nil
+    for loss in output:gmatch("step%s+%d+%s+loss%s+([%d%.]+)") do last = loss end
+    assert.is_truthy(first and last, output)
+    assert.is_true(tonumber(last) < 0.5 * tonumber(first), "the README's script learns:\n" .. output)
+  end)
+end)
