@@ -11,7 +11,7 @@
  *
  * How: the internal kernels are called directly (libl2l.so exports them). Inputs are
  * drawn fresh each run from check.h's generator, at sizes 1, 7, 33, a random one and
- * 1000003 (beyond any cache). Each array sits between guard elements that must come back
+ * 1000003 (beyond any cache; one random flag combination there, for run time). Each array sits between guard elements that must come back
  * untouched, and the gradient must come back bit for bit. Every step's expected values
  * are computed in double by a plain loop written from l2l.h's maths, from the kernel's
  * own previous (float) state, so each step is checked on its own; an element's error is

@@ -1,0 +1,211 @@
+/* bench/optim.c — the EPS's host optimizer kernels against the machine's memory bandwidth.
+ *
+ * Prints, in one run: for N = 16 Mi parameters (448 MiB of AdamW state, far beyond any
+ * cache), the time of one update of the whole record by l2l_optim_adamw, l2l_optim_sgd
+ * (momentum) and LAMB (l2l_optim_lamb_moments, the trust ratio, l2l_optim_lamb_apply), run
+ * as the EPS runs them: the record cut into chunks of 64 Ki parameters, an OpenMP
+ * `parallel for` over the chunks, on 1 thread and on all (omp_get_max_threads()). Next to
+ * each, a plain copy (memcpy per chunk, same chunk count, same threads) of 14 bytes per
+ * parameter, i.e. 28 bytes of traffic per parameter counting read and write, exactly
+ * AdamW's. Rates: Gparam/s and the implied bandwidth (bytes each kernel must move: AdamW
+ * 28 = read p g m v, write p m v; SGD 20 = read p g b, write p b; LAMB 40 = pass one
+ * reads p g m v and writes m v, pass two reads p m v and writes p). Every repeat times the
+ * copy and the three kernels in turn; the table shows medians of REPEATS.
+ * Target (NOTES.md "Host memory bandwidth is the host optimizer's limit"): AdamW on all
+ * threads at >= 70 % of the copy's bandwidth.
+ * Note: a copy with ordinary stores also reads each destination line before writing it
+ * (write-allocate), which the count above leaves out; the in-place kernels pay no such
+ * read. So "vs copy" can exceed 100 % with nothing wrong, and a second baseline row, an
+ * in-place x = a x + b over the same bytes, shows the rate in-place kernels can reach.
+ * Last, each kernel's rate with its state in L2 (one thread): the compute ceiling.
+ * Run: make build/bench_optim && build/bench_optim   (OMP_PROC_BIND=close pins threads)
+ */
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "bench.h"
+#include "eps_optim.h"
+
+enum { N = 16 << 20, CHUNK = 64 << 10, NCHUNKS = N / CHUNK, REPEATS = 9, COPY_BYTES = 14 };
+
+static float *p, *g, *m, *v, *b;
+static char *src, *dst;
+static double norms[NCHUNKS][2];
+
+static void *alloc_or_die(size_t bytes) {
+  void *ptr = aligned_alloc(64, bytes);
+  if (ptr == NULL) {
+    fprintf(stderr, "bench_optim: cannot allocate %zu bytes\n", bytes);
+    exit(1);
+  }
+  return ptr;
+}
+
+/* ---------------------------------------------------------------- the timed passes */
+
+static double time_copy(int threads) {
+  const size_t chunk = (size_t)COPY_BYTES * CHUNK;
+  double t0 = now();
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int c = 0; c < NCHUNKS; c++) memcpy(dst + (size_t)c * chunk, src + (size_t)c * chunk, chunk);
+  return now() - t0;
+}
+
+/* Read-modify-write in place (x = a x + b) over the copy's source, 28 bytes of traffic per
+   parameter like the copy, but no separate destination: the rate in-place kernels see. */
+static double time_rmw(int threads) {
+  float *x = (float *)src;
+  const size_t chunk = (size_t)COPY_BYTES * CHUNK / sizeof(float);
+  double t0 = now();
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int c = 0; c < NCHUNKS; c++) {
+    float *restrict y = x + (size_t)c * chunk;
+#pragma omp simd
+    for (size_t i = 0; i < chunk; i++) y[i] = 0.5f * y[i] + 0.25f;
+  }
+  return now() - t0;
+}
+
+static double time_adamw(int threads, const struct l2l_optim_hyper *h) {
+  double t0 = now();
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int c = 0; c < NCHUNKS; c++) {
+    size_t o = (size_t)c * CHUNK;
+    l2l_optim_adamw(p + o, m + o, v + o, g + o, CHUNK, h);
+  }
+  return now() - t0;
+}
+
+static double time_sgd(int threads, const struct l2l_optim_hyper *h) {
+  double t0 = now();
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int c = 0; c < NCHUNKS; c++) {
+    size_t o = (size_t)c * CHUNK;
+    l2l_optim_sgd(p + o, b + o, g + o, CHUNK, h);
+  }
+  return now() - t0;
+}
+
+/* LAMB as the EPS must run it: every chunk's moments (each adding into its own norms),
+   then the record's trust ratio, then every chunk's apply. */
+static double time_lamb(int threads, const struct l2l_optim_hyper *h) {
+  double t0 = now();
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int c = 0; c < NCHUNKS; c++) {
+    size_t o = (size_t)c * CHUNK;
+    norms[c][0] = norms[c][1] = 0.0;
+    l2l_optim_lamb_moments(m + o, v + o, p + o, g + o, CHUNK, h, norms[c]);
+  }
+  double total[2] = {0.0, 0.0};
+  for (int c = 0; c < NCHUNKS; c++) total[0] += norms[c][0], total[1] += norms[c][1];
+  float trust = l2l_optim_lamb_trust(total);
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int c = 0; c < NCHUNKS; c++) {
+    size_t o = (size_t)c * CHUNK;
+    l2l_optim_lamb_apply(p + o, m + o, v + o, CHUNK, h, trust);
+  }
+  return now() - t0;
+}
+
+/* ---------------------------------------------------------------- the table */
+
+enum { COPY, RMW, ADAMW, SGD, LAMB, NROWS };
+static const char *const NAMES[NROWS] = {"copy (memcpy)", "in-place x = a x + b", "AdamW",
+                                         "SGD momentum", "LAMB"};
+static const double BYTES_PER_PARAM[NROWS] = {2.0 * COPY_BYTES, 2.0 * COPY_BYTES, 28.0, 20.0,
+                                              40.0};
+
+static void run(int threads) {
+  struct l2l_optim_hyper adam = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-3f,
+                                 .weight_decay = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
+                                 .eps = 1e-8f, .grad_scale = 1.0f};
+  struct l2l_optim_hyper sgd = {.kind = L2L_OPTIMIZER_SGD, .lr = 1e-3f, .weight_decay = 0.01f,
+                                .momentum = 0.9f, .grad_scale = 1.0f};
+  struct l2l_optim_hyper lamb = adam;
+  lamb.kind = L2L_OPTIMIZER_LAMB;
+  double secs[NROWS][REPEATS];
+  for (int r = -1; r < REPEATS; r++) { /* r = -1: one untimed warm-up pass */
+    adam.t = sgd.t = lamb.t = r + 2;
+    double t[NROWS];
+    t[COPY] = time_copy(threads);
+    t[RMW] = time_rmw(threads);
+    t[ADAMW] = time_adamw(threads, &adam);
+    t[SGD] = time_sgd(threads, &sgd);
+    t[LAMB] = time_lamb(threads, &lamb);
+    if (r >= 0)
+      for (int k = 0; k < NROWS; k++) secs[k][r] = t[k];
+  }
+  double med[NROWS], gbs[NROWS];
+  for (int k = 0; k < NROWS; k++) {
+    med[k] = median(secs[k], REPEATS);
+    gbs[k] = (double)N / med[k] * 1e-9 * BYTES_PER_PARAM[k];
+  }
+  for (int k = 0; k < NROWS; k++)
+    printf("| %d | %s | %.0f | %.2f | %.2f | %.1f | %.0f %% | %.0f %% |\n", threads, NAMES[k],
+           BYTES_PER_PARAM[k], med[k] * 1e3, (double)N / med[k] * 1e-9, gbs[k],
+           100.0 * gbs[k] / gbs[COPY], 100.0 * gbs[k] / gbs[RMW]);
+}
+
+/* The kernels' own speed, their state in L2 (32 Ki parameters, 512 KiB for AdamW), on one
+   thread: what each core can do when memory is not the limit. */
+static void in_cache(void) {
+  enum { SMALL = 32 << 10, CALLS = 200 };
+  struct l2l_optim_hyper h = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-3f, .weight_decay = 0.01f,
+                              .momentum = 0.9f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                              .t = 2, .grad_scale = 1.0f};
+  double secs[3][REPEATS];
+  for (int r = -1; r < REPEATS; r++) {
+    double t[3], t0 = now();
+    for (int i = 0; i < CALLS; i++) l2l_optim_adamw(p, m, v, g, SMALL, &h);
+    t[0] = now() - t0, t0 = now();
+    for (int i = 0; i < CALLS; i++) l2l_optim_sgd(p, b, g, SMALL, &h);
+    t[1] = now() - t0, t0 = now();
+    for (int i = 0; i < CALLS; i++) {
+      double nn[2] = {0.0, 0.0};
+      l2l_optim_lamb_moments(m, v, p, g, SMALL, &h, nn);
+      l2l_optim_lamb_apply(p, m, v, SMALL, &h, l2l_optim_lamb_trust(nn));
+    }
+    t[2] = now() - t0;
+    if (r >= 0)
+      for (int k = 0; k < 3; k++) secs[k][r] = t[k];
+  }
+  printf("\nIn cache (32 Ki parameters, 1 thread): ");
+  const char *names[3] = {"AdamW", "SGD momentum", "LAMB"};
+  for (int k = 0; k < 3; k++)
+    printf("%s %.2f Gparam/s%s", names[k],
+           (double)SMALL * CALLS / median(secs[k], REPEATS) * 1e-9, k < 2 ? ", " : "\n");
+}
+
+int main(void) {
+  p = alloc_or_die(sizeof(float) * N), g = alloc_or_die(sizeof(float) * N);
+  m = alloc_or_die(sizeof(float) * N), v = alloc_or_die(sizeof(float) * N);
+  b = alloc_or_die(sizeof(float) * N);
+  src = alloc_or_die((size_t)COPY_BYTES * N), dst = alloc_or_die((size_t)COPY_BYTES * N);
+  int all = omp_get_max_threads();
+  /* First touch by the same static schedule the timed loops use; values that keep every
+     kernel on normal floats (no denormals, v > 0). */
+#pragma omp parallel for schedule(static) num_threads(all)
+  for (int c = 0; c < NCHUNKS; c++) {
+    uint32_t x = 2463534242u + (uint32_t)c;
+    for (size_t i = (size_t)c * CHUNK; i < (size_t)(c + 1) * CHUNK; i++) {
+      x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+      float u = (float)(x >> 8) * 0x1p-24f - 0.5f;
+      p[i] = u, g[i] = 0.5f * u + 0.01f, m[i] = 0.0f, v[i] = 0.0f, b[i] = 0.0f;
+    }
+    memset(src + (size_t)c * CHUNK * COPY_BYTES, 1, (size_t)CHUNK * COPY_BYTES);
+    memset(dst + (size_t)c * CHUNK * COPY_BYTES, 0, (size_t)CHUNK * COPY_BYTES);
+  }
+  printf("Host optimizer kernels, N = %d Mi fp32 parameters in chunks of %d Ki, OpenMP "
+         "static over chunks; medians of %d; copy = memcpy of %d B/param (read + write "
+         "counted)\n\n",
+         N >> 20, CHUNK >> 10, REPEATS, COPY_BYTES);
+  printf("| threads | kernel | B/param | ms | Gparam/s | GB/s | vs copy | vs in-place |\n");
+  printf("|---:|---|---:|---:|---:|---:|---:|---:|\n");
+  run(1);
+  if (all > 1) run(all);
+  in_cache();
+  printf("\nTarget: AdamW on %d threads >= 70 %% of the copy's bandwidth.\n", all);
+  free(p), free(g), free(m), free(v), free(b), free(src), free(dst);
+  return 0;
+}
