@@ -10,12 +10,15 @@
  * Build (after `make`):  cc examples/train_gpt.c -Isrc -Lbuild -ll2l -Wl,-rpath,$PWD/build
  *                           -o train_gpt
  * (`make` also builds it as build/train_gpt.)  Run: build/train_gpt [file] — a few
- * seconds; the loss falls from ln 256 = 5.5 to well under 2.
+ * seconds; on the built-in text the loss falls from about 6 to well under 1 and the
+ * continuation recites the passage.
  * Must never: reach below l2l.h (it is what a user's program looks like).
  */
+#define _POSIX_C_SOURCE 200809L /* setenv, execv */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "l2l.h"
 
@@ -47,6 +50,16 @@ static void ok(l2l_status status, const char *what) {
   }
 }
 
+/* OpenMP's threads spin between parallel regions by default and then starve the relay's
+   copy and optimizer threads (steps ran up to 60x slower on 2 cores). libgomp reads its
+   policy before main, so the program restarts itself once with OMP_WAIT_POLICY=PASSIVE
+   unless the user chose a policy (the l2l executable does the same). */
+static void prefer_passive_openmp_threads(char **argv) {
+  if (getenv("OMP_WAIT_POLICY") != NULL || getenv("GOMP_SPINCOUNT") != NULL) return;
+  if (setenv("OMP_WAIT_POLICY", "PASSIVE", 1) != 0) return;
+  execv("/proc/self/exe", argv); /* returns only on failure: then run as we are */
+}
+
 static unsigned char *read_file(const char *path, long *len) {
   FILE *f = fopen(path, "rb");
   if (f == NULL) return NULL;
@@ -68,8 +81,11 @@ static uint64_t next_random(void) { /* xorshift64* */
 static l2l_layer *new_layer(l2l_layer_kind kind, uint64_t seed) {
   l2l_layer_config c = {.kind = kind, .dim = DIM, .heads = HEADS, .mlp = MLP, .vocab = VOCAB,
                         .max_seq = SEQ, .causal = 1, .bias = 1, .final_ln = 1,
-                        .eps = 1e-5f, .memory = L2L_MEMORY_FRUGAL, .init_std = 0.02f,
-                        .resid_std = 0.01f, /* init_std / sqrt(2 * BLOCKS), as GPT-2 */
+                        .eps = 1e-5f, .memory = L2L_MEMORY_FRUGAL,
+                        /* GPT-2's 0.02 is for width 768; a model this narrow needs larger
+                           initial weights to learn quickly. */
+                        .init_std = 0.1f,
+                        .resid_std = 0.05f, /* init_std / sqrt(2 * BLOCKS), as GPT-2 */
                         .init_seed = seed};
   l2l_layer *layer = NULL;
   ok(l2l_layer_new(&layer, &c, L2L_POOL_HOST), "making a layer");
@@ -101,6 +117,7 @@ static int predict(l2l_layer **layers, int n, const unsigned char *context, int 
 }
 
 int main(int argc, char **argv) {
+  prefer_passive_openmp_threads(argv);
   long len = (long)strlen(default_text);
   unsigned char *text = (unsigned char *)default_text, *owned = NULL;
   if (argc > 1) {
@@ -127,7 +144,7 @@ int main(int argc, char **argv) {
   l2l_relay_config_default(&config);
   config.micro_batch = MICRO;
   config.stash = L2L_STASH_HOST;
-  config.optimizer = (l2l_optimizer_config){.kind = L2L_OPTIMIZER_ADAMW, .lr = 3e-3f,
+  config.optimizer = (l2l_optimizer_config){.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-2f,
                                             .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f,
                                             .weight_decay = 0.1f};
   config.schedule = (l2l_schedule_config){.kind = L2L_SCHEDULE_COSINE, .warmup = 10,

@@ -56,7 +56,8 @@
    not see it) but moves m by that factor, and SGD's weights (both are compared). */
 #define TOL_LOSS 2e-5     /* relative, per step */
 #define TOL_WEIGHT 5e-4   /* relative to the record's RMS */
-#define TOL_STATE 1e-3    /* m and v (their relative noise is larger: v ~ g^2, m ~ g) */
+#define TOL_STATE 1e-3    /* m and v, relative to the record's RMS (a missed step or a
+                             wrong scale moves m by 1e-1 or more) */
 /* stats.grad_norm against the plain norm (one sum of squares in double of f32 values). */
 #define TOL_NORM 1e-5
 

@@ -1,0 +1,305 @@
+/* bench/relay.c — what the relay costs against plain whole-batch training.
+ *
+ * Prints, in one run, on the CPU backend: a 6-block GPT (dim 768, 12 heads, MLP 3072,
+ * pre-LN causal, dropout 0.1, vocab 512, LM head tied to the embedding) trained on
+ * minibatches of 4 sequences of 256 tokens, one step at a time by:
+ *  (a) a plain executor written here: the whole batch through every layer with every
+ *      saved state kept, backward in reverse, then AdamW per record (l2l_adamw_update);
+ *  (b) the relay with inner keep, stash device, micro-batch = batch: the same work as
+ *      (a) plus the relay's copies and bookkeeping; target (b)/(a) <= 1.05;
+ *  (c) the plain executor doing the relay's per-layer recomputation: forward keeping
+ *      nothing, then for each layer in reverse its forward again from the stored input
+ *      (whole batch) and its backward (the head's forward and backward at once);
+ *  (d) the relay with inner recompute, stash host, 4 micro-batches (micro-batch 1):
+ *      L2L's constant-memory configuration; target (d)/(c) <= 1.10, and (d)/(a) is
+ *      reported (about 4/3 by design: one more forward per layer);
+ *  (e) for diagnosis, the plain executor doing (d)'s arithmetic: (c) in 4 micro-batches
+ *      of one sample, layer by layer. (e)/(c) is what the smaller layer calls cost by
+ *      themselves; (d)/(e) is what the relay adds to them.
+ * The five run in turn, REPEATS times after a warm-up each, and medians are compared.
+ * All apply the same AdamW (lr 1e-4, betas 0.9/0.999, eps 1e-8, weight decay 0.01 on
+ * linear weights, constant schedule). The relay's statistics of its last step are shown:
+ * compute, waiting for copies and updates, optimizer seconds (summed over its threads)
+ * and the device pool's peak, and its events' busy time per phase and thread.
+ * Run: make bench_relay && build/bench_relay   (L2L_THREADS=n pins the threads)
+ * Must never: be used by the library or the tests (benchmarks only).
+ */
+#include <stdbool.h>
+#include <string.h>
+
+#include "bench.h"
+
+enum { BLOCKS = 6, DIM = 768, HEADS = 12, MLP = 3072, SEQ = 256, BATCH = 4, VOCAB = 512,
+       LAYERS = BLOCKS + 2, REPEATS = 5, MAX_RECORDS = 128 };
+
+static const l2l_optimizer_config adamw = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-4f,
+                                           .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                                           .weight_decay = 0.01f};
+
+static l2l_layer *new_layer(l2l_layer_kind kind, uint64_t seed) {
+  l2l_layer_config c = {.kind = kind, .dim = DIM, .heads = HEADS, .mlp = MLP, .vocab = VOCAB,
+                        .max_seq = SEQ, .causal = 1, .bias = 1, .final_ln = 1,
+                        .dropout = 0.1f, .attn_dropout = 0.1f, .eps = 1e-5f,
+                        .memory = L2L_MEMORY_STANDARD, .init_std = 0.02f, .resid_std = 0.0058f,
+                        .init_seed = seed};
+  l2l_layer *layer = NULL;
+  ok(l2l_layer_new(&layer, &c, L2L_POOL_HOST));
+  return layer;
+}
+
+static void new_model(l2l_layer **layers) {
+  layers[0] = new_layer(L2L_LAYER_EMBEDDING, 1);
+  for (int b = 0; b < BLOCKS; b++) layers[1 + b] = new_layer(L2L_LAYER_BLOCK, 2 + (uint64_t)b);
+  layers[LAYERS - 1] = new_layer(L2L_LAYER_LM_HEAD, 99);
+  ok(l2l_layer_tie(layers[LAYERS - 1], layers[0]));
+}
+
+static l2l_tensor *new_tensor(l2l_dtype dtype, int ndim, int64_t d0, int64_t d1, int64_t d2) {
+  int64_t shape[3] = {d0, d1, d2};
+  l2l_tensor *t = NULL;
+  ok(l2l_tensor_new(&t, L2L_POOL_HOST, dtype, ndim, shape));
+  return t;
+}
+
+/* ---------------------------------------------------------------- the plain executor */
+
+struct plain {
+  l2l_layer *layers[LAYERS];
+  int nrec;
+  l2l_param *rec[MAX_RECORDS];
+  l2l_tensor *m[MAX_RECORDS], *v[MAX_RECORDS];
+  int64_t t;
+};
+
+static void plain_init(struct plain *p) {
+  memset(p, 0, sizeof *p);
+  new_model(p->layers);
+  for (int l = 0; l < LAYERS; l++)
+    for (int j = 0; j < l2l_layer_param_count(p->layers[l]); j++) {
+      l2l_param *param = l2l_layer_param(p->layers[l], j);
+      bool seen = false;
+      for (int i = 0; i < p->nrec; i++) seen = seen || p->rec[i] == param;
+      if (seen) continue;
+      l2l_tensor *value = l2l_param_value(param);
+      int64_t n = l2l_tensor_numel(value);
+      p->rec[p->nrec] = param;
+      p->m[p->nrec] = new_tensor(L2L_F32, 1, n, 0, 0);
+      p->v[p->nrec] = new_tensor(L2L_F32, 1, n, 0, 0);
+      ok(l2l_tensor_fill(p->m[p->nrec], 0.0));
+      ok(l2l_tensor_fill(p->v[p->nrec], 0.0));
+      p->nrec++;
+    }
+}
+
+static void plain_free(struct plain *p) {
+  for (int i = 0; i < p->nrec; i++) l2l_tensor_free(p->m[i]), l2l_tensor_free(p->v[i]);
+  for (int l = 0; l < LAYERS; l++) l2l_layer_free(p->layers[l]);
+}
+
+static l2l_tensor *rows_of(const l2l_tensor *t, int64_t first, int64_t count) {
+  l2l_tensor *v = NULL;
+  if (t != NULL) ok(l2l_tensor_view_rows(&v, t, first, count));
+  return v;
+}
+
+/* One training step in micro-batches of `micro` samples (BATCH: the whole batch in one
+   call per layer), layer by layer like the relay. recompute = 0: every saved state kept
+   from the forward; 1: the forward keeps nothing, and each layer below the head reruns
+   its forward from its stored input right before its backward (the head's forward and
+   backward keep as usual). Then AdamW on every record. */
+static double plain_step(struct plain *p, const l2l_layer_batch *whole, int recompute,
+                         int micro) {
+  enum { MAX_U = BATCH };
+  const int U = (BATCH + micro - 1) / micro;
+  l2l_layer_batch batch[MAX_U];
+  for (int u = 0; u < U; u++) {
+    batch[u] = *whole;
+    batch[u].first_sample = (int64_t)u * micro;
+    batch[u].tokens = rows_of(whole->tokens, (int64_t)u * micro, micro);
+    batch[u].targets = rows_of(whole->targets, (int64_t)u * micro, micro);
+  }
+  l2l_tensor *act[LAYERS + 1] = {NULL};     /* act[l]: input of layer l, (B,S,D) */
+  l2l_saved *saved[LAYERS][MAX_U] = {{NULL}};
+  for (int l = 0; l < LAYERS; l++) {
+    bool head = l == LAYERS - 1;
+    act[l + 1] = head ? new_tensor(L2L_F32, 2, BATCH, SEQ, 0)    /* losses (B,S) */
+                      : new_tensor(L2L_F32, 3, BATCH, SEQ, DIM);
+    for (int u = 0; u < U; u++) {
+      l2l_tensor *x = rows_of(act[l], (int64_t)u * micro, micro);
+      l2l_tensor *y = rows_of(act[l + 1], (int64_t)u * micro, micro);
+      ok(l2l_layer_forward(recompute && !head ? NULL : &saved[l][u], p->layers[l], y, x,
+                           &batch[u]));
+      l2l_tensor_free(x);
+      l2l_tensor_free(y);
+    }
+  }
+  double loss = 0;
+  ok(l2l_sum(&loss, act[LAYERS]));
+  loss *= whole->loss_scale;
+  l2l_tensor *dy = NULL, *redo = recompute ? new_tensor(L2L_F32, 3, micro, SEQ, DIM) : NULL;
+  for (int l = LAYERS - 1; l >= 0; l--) {
+    l2l_tensor *dx = l > 0 ? new_tensor(L2L_F32, 3, BATCH, SEQ, DIM) : NULL;
+    for (int u = 0; u < U; u++) {
+      l2l_tensor *x = rows_of(act[l], (int64_t)u * micro, micro);
+      l2l_tensor *dxu = rows_of(dx, (int64_t)u * micro, micro);
+      l2l_tensor *dyu = rows_of(dy, (int64_t)u * micro, micro);
+      if (saved[l][u] == NULL) ok(l2l_layer_forward(&saved[l][u], p->layers[l], redo, x, &batch[u]));
+      ok(l2l_layer_backward(p->layers[l], dxu, dyu, saved[l][u], &batch[u]));
+      l2l_saved_free(saved[l][u]);
+      l2l_tensor_free(x);
+      l2l_tensor_free(dxu);
+      l2l_tensor_free(dyu);
+    }
+    l2l_tensor_free(dy);
+    dy = dx;
+  }
+  l2l_tensor_free(redo);
+  for (int l = 1; l <= LAYERS; l++) l2l_tensor_free(act[l]);
+  for (int u = 0; u < U; u++) {
+    l2l_tensor_free((l2l_tensor *)batch[u].tokens);
+    l2l_tensor_free((l2l_tensor *)batch[u].targets);
+  }
+  p->t++;
+  for (int i = 0; i < p->nrec; i++) {
+    l2l_adamw_config c = {adamw.lr, adamw.beta1, adamw.beta2, adamw.eps,
+                          l2l_param_decays(p->rec[i]) ? adamw.weight_decay : 0.0f};
+    ok(l2l_adamw_update(l2l_param_value(p->rec[i]), p->m[i], p->v[i],
+                        l2l_param_grad(p->rec[i]), &c, p->t));
+    ok(l2l_tensor_fill(l2l_param_grad(p->rec[i]), 0.0));
+  }
+  return loss;
+}
+
+/* ---------------------------------------------------------------- the relays */
+
+struct relay {
+  l2l_layer *layers[LAYERS];
+  l2l_relay *run;
+};
+
+static void relay_init(struct relay *r, int64_t micro, l2l_stash_policy stash,
+                       l2l_inner_policy inner) {
+  new_model(r->layers);
+  l2l_relay_config c;
+  l2l_relay_config_default(&c);
+  c.micro_batch = micro;
+  c.stash = stash;
+  c.inner = inner;
+  c.optimizer = adamw;
+  c.schedule = (l2l_schedule_config){.kind = L2L_SCHEDULE_CONSTANT};
+  c.seed = 1;
+  ok(l2l_relay_new(&r->run, r->layers, LAYERS, &c));
+}
+
+static void relay_free(struct relay *r) {
+  l2l_relay_free(r->run);
+  for (int l = 0; l < LAYERS; l++) l2l_layer_free(r->layers[l]);
+}
+
+static void print_stats(const char *name, const struct relay *r, double median_s) {
+  l2l_relay_stats s;
+  ok(l2l_relay_get_stats(&s, r->run));
+  printf("| %s | %.0f ms | %.0f ms | %.1f ms | %.1f ms | %.0f ms | %.1f MiB | %.1f MiB |\n", name,
+         1e3 * median_s, 1e3 * s.compute_seconds, 1e3 * s.wait_copy_seconds,
+         1e3 * s.wait_update_seconds, 1e3 * s.optimizer_seconds, s.device_peak / 1048576.0,
+         s.host_stash_peak / 1048576.0);
+}
+
+/* Where the relay's last step went: busy seconds per phase, summed over the calling
+   thread (0), the copy threads (1, 2) and the optimizer workers (3..), from its events. */
+static void print_phases(const char *name, const struct relay *r) {
+  static const char *const phases[] = {"forward", "backward", "rebuild", "params in",
+                                       "grads out", "stash out", "stash in", "swap out",
+                                       "swap in", "update", "wait copy", "wait update"};
+  enum { PHASES = 12 };
+  l2l_relay_stats s;
+  ok(l2l_relay_get_stats(&s, r->run));
+  l2l_relay_event *ev = malloc((size_t)(s.events > 0 ? s.events : 1) * sizeof *ev);
+  if (ev == NULL) return;
+  if (s.events > 0) ok(l2l_relay_events(ev, r->run, 0, s.events));
+  double busy[PHASES][3] = {{0}}, first = 1e300, last = -1e300;
+  for (int64_t i = 0; i < s.events; i++) {
+    int ph = ev[i].phase, th = ev[i].thread < 1 ? 0 : ev[i].thread < 3 ? 1 : 2;
+    if (ph >= 0 && ph < PHASES) busy[ph][th] += ev[i].end - ev[i].start;
+    if (ev[i].start < first) first = ev[i].start;
+    if (ev[i].end > last) last = ev[i].end;
+  }
+  printf("| %s: events span %.0f ms |", name, 1e3 * (last - first));
+  for (int ph = 0; ph < PHASES; ph++)
+    if (busy[ph][0] + busy[ph][1] + busy[ph][2] > 0)
+      printf(" %s %.0f/%.0f/%.0f;", phases[ph], 1e3 * busy[ph][0], 1e3 * busy[ph][1],
+             1e3 * busy[ph][2]);
+  printf(" |\n");
+  free(ev);
+}
+
+int main(void) {
+  printf("l2l %s bench/relay: CPU backend, %d threads, %d repeats after a warm-up (medians)\n",
+         l2l_version(), l2l_get_threads(), REPEATS);
+  printf("Model: GPT, %d pre-LN causal blocks, dim %d, %d heads, MLP %d, vocab %d, dropout "
+         "0.1, tied LM head. Minibatch: %d sequences x %d tokens. AdamW.\n\n",
+         BLOCKS, DIM, HEADS, MLP, VOCAB, BATCH, SEQ);
+
+  l2l_tensor *tokens = new_tensor(L2L_I32, 2, BATCH, SEQ, 0);
+  l2l_tensor *targets = new_tensor(L2L_I32, 2, BATCH, SEQ, 0);
+  int32_t *tok = l2l_tensor_data(tokens), *tgt = l2l_tensor_data(targets);
+  srand(5);
+  for (int i = 0; i < BATCH * SEQ; i++) tok[i] = rand() % VOCAB, tgt[i] = rand() % VOCAB;
+  l2l_layer_batch lb = {.tokens = tokens, .targets = targets, .seed = 1, .step = 0,
+                        .training = 1, .loss_scale = 1.0f / (BATCH * SEQ)};
+  l2l_relay_batch rb = {.tokens = tokens, .targets = targets};
+
+  struct plain plain;
+  plain_init(&plain);
+  struct relay keep, constant;
+  relay_init(&keep, BATCH, L2L_STASH_DEVICE, L2L_INNER_KEEP);
+  relay_init(&constant, 1, L2L_STASH_HOST, L2L_INNER_RECOMPUTE);
+
+  double t[5][REPEATS], loss;
+  for (int r = -1; r < REPEATS; r++) { /* r = -1: warm-up */
+    double t0 = now();
+    plain_step(&plain, &lb, 0, BATCH);
+    double t1 = now();
+    ok(l2l_relay_step(&loss, keep.run, &rb));
+    ok(l2l_relay_sync(keep.run));
+    double t2 = now();
+    plain_step(&plain, &lb, 1, BATCH);
+    double t3 = now();
+    ok(l2l_relay_step(&loss, constant.run, &rb));
+    ok(l2l_relay_sync(constant.run));
+    double t4 = now();
+    plain_step(&plain, &lb, 1, 1);
+    double t5 = now();
+    if (r < 0) continue;
+    t[0][r] = t1 - t0, t[1][r] = t2 - t1, t[2][r] = t3 - t2, t[3][r] = t4 - t3, t[4][r] = t5 - t4;
+  }
+  double a = median(t[0], REPEATS), b = median(t[1], REPEATS), c = median(t[2], REPEATS),
+         d = median(t[3], REPEATS), e = median(t[4], REPEATS);
+
+  printf("| executor | time per step | ratio | target |\n|---|---:|---:|---|\n");
+  printf("| (a) plain, whole batch, every activation kept | %.0f ms | 1.00 (a) | |\n", 1e3 * a);
+  printf("| (b) relay, inner keep, stash device, micro-batch %d | %.0f ms | %.3f (b)/(a) | <= 1.05: %s |\n",
+         BATCH, 1e3 * b, b / a, b / a <= 1.05 ? "met" : "NOT met");
+  printf("| (c) plain, per-layer recompute, whole batch | %.0f ms | %.3f (c)/(a) | |\n", 1e3 * c,
+         c / a);
+  printf("| (d) relay, inner recompute, stash host, 4 micro-batches | %.0f ms | %.3f (d)/(c), %.3f (d)/(a) | (d)/(c) <= 1.10: %s; (d)/(a) ~ 4/3 |\n",
+         1e3 * d, d / c, d / a, d / c <= 1.10 ? "met" : "NOT met");
+  printf("| (e) plain, per-layer recompute, 4 micro-batches (d's arithmetic, no relay) | %.0f ms | %.3f (d)/(e), %.3f (e)/(c) | |\n",
+         1e3 * e, d / e, e / c);
+  printf("\nThe relays' last step (step time as measured above):\n\n");
+  printf("| relay | step | compute | wait copy | wait update | optimizer (all threads) | "
+         "device peak | host stash peak |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  print_stats("(b) keep, device, micro 4", &keep, b);
+  print_stats("(d) recompute, host, micro 1", &constant, d);
+
+  printf("\nBusy ms per phase in that step, calling thread / copy threads / optimizer threads:\n\n");
+  print_phases("(b)", &keep);
+  print_phases("(d)", &constant);
+
+  relay_free(&keep);
+  relay_free(&constant);
+  plain_free(&plain);
+  l2l_tensor_free(tokens);
+  l2l_tensor_free(targets);
+  return 0;
+}
