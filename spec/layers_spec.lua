@@ -73,13 +73,14 @@ describe("layers", function()
     local S, MASK, PAD = 2 * n + 2, V - 1, V - 2
     local model = l2l.Sequential{
       l2l.Embedding{ vocab = V, dim = 32, max_seq = S, type_vocab = 2, seed = support.seed },
-      l2l.Block{ dim = 32, heads = 4, post_ln = true, memory = "frugal" },
-      l2l.Block{ dim = 32, heads = 4, post_ln = true, dropout = 0.05 },
-      l2l.LMHead{ vocab = V, dim = 32, tie = true },
+      -- Seeded from the run's seed, so the start does not depend on which specs ran first.
+      l2l.Block{ dim = 32, heads = 4, post_ln = true, memory = "frugal", seed = support.seed + 1 },
+      l2l.Block{ dim = 32, heads = 4, post_ln = true, dropout = 0.05, seed = support.seed + 2 },
+      l2l.LMHead{ vocab = V, dim = 32, tie = true, seed = support.seed + 3 },
     }
     local step = trainer(model, 3e-3)
     local losses = {}
-    for s = 1, 200 do
+    for s = 1, 400 do
       local tok, typ, tgt, mask = {}, {}, {}, {}
       for b = 1, B do
         local first, second, pad = support.int(0, PAD - 1), support.int(0, PAD - 1), support.int(0, 2)
@@ -101,7 +102,7 @@ describe("layers", function()
                          targets = l2l.tensor(tgt, { dtype = "i32" }),
                          key_mask = l2l.tensor(mask, { dtype = "u8" }), seed = support.seed })
     end
-    local first, last = mean(losses, 1, 10), mean(losses, 191, 200)
+    local first, last = mean(losses, 1, 10), mean(losses, 391, 400)
     assert.is_true(first > 2.0, ("starting loss %g should be near ln 10 = 2.3"):format(first))
     assert.is_true(last < 0.3 * first,
                    ("loss fell only from %g to %g (seed %d)"):format(first, last, support.seed))
