@@ -119,19 +119,10 @@ end
 ----------------------------------------------------------------- models for the relay
 
 local V, n = 12, 5
-local S, SEP = 2 * n + 1, V - 1
+local S = 2 * n + 1
 
--- Sequence reversal: n tokens, a separator, the n tokens reversed; only the answer counts.
 local function reversal(B)
-  local tok, tgt = {}, {}
-  for b = 1, B do
-    local t, g = {}, {}
-    for i = 1, n do t[i] = support.int(0, SEP - 1) end
-    t[n + 1] = SEP
-    for i = 1, n do t[n + 1 + i] = t[n + 1 - i] end
-    for i = 1, S do g[i] = (i > n and i < S) and t[i + 1] or -1 end
-    tok[b], tgt[b] = t, g
-  end
+  local tok, tgt = support.reversal(B, n, V)
   return l2l.tensor(tok, { dtype = "i32" }), l2l.tensor(tgt, { dtype = "i32" })
 end
 

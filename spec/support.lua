@@ -21,6 +21,22 @@ function M.normal()
 end
 function M.int(lo, hi) return math.random(lo, hi) end
 
+-- Sequence reversal for B samples: n tokens from [0, V-1), the separator V-1, the n tokens
+-- reversed; targets (-1 = ignored) ask only for the answer. Tables of rows (tokens, targets).
+function M.reversal(B, n, V)
+  local S, SEP = 2 * n + 1, V - 1
+  local tok, tgt = {}, {}
+  for b = 1, B do
+    local t, g = {}, {}
+    for i = 1, n do t[i] = M.int(0, SEP - 1) end
+    t[n + 1] = SEP
+    for i = 1, n do t[n + 1 + i] = t[n + 1 - i] end
+    for i = 1, S do g[i] = (i > n and i < S) and t[i + 1] or -1 end
+    tok[b], tgt[b] = t, g
+  end
+  return tok, tgt
+end
+
 -- Nested table of random normals with the given shape.
 function M.random_table(shape, depth)
   depth = depth or 1
