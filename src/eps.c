@@ -190,17 +190,14 @@ static void queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave) {
   rec->chunks_left = chunks;
   pthread_mutex_unlock(&eps->lock);
   for (int c = 0; c < chunks; c++) {
+    int64_t begin = (int64_t)c * CHUNK, end = n - begin < CHUNK ? n : begin + CHUNK;
+    struct chunk_job chunk = {.eps = eps, .rec = rec, .begin = begin, .end = end, .wave = wave};
     struct chunk_job *cj = calloc(1, sizeof *cj);
     if (cj == NULL) {   /* finish the wave inline rather than lose it */
-      struct chunk_job local = {.eps = eps, .rec = rec, .begin = (int64_t)c * CHUNK,
-                                .end = n < (int64_t)(c + 1) * CHUNK ? n : (int64_t)(c + 1) * CHUNK,
-                                .wave = wave};
-      chunk_run(&local.job, 0);
+      chunk_run(&chunk.job, 0);
       continue;
     }
-    *cj = (struct chunk_job){.eps = eps, .rec = rec, .begin = (int64_t)c * CHUNK,
-                             .end = n < (int64_t)(c + 1) * CHUNK ? n : (int64_t)(c + 1) * CHUNK,
-                             .wave = wave};
+    *cj = chunk;
     cj->job.run = chunk_run;
     cj->job.free_when_done = true;
     cj->job.release = chunk_release;
@@ -287,18 +284,20 @@ static void absorb_run(struct l2l_job *job, int thread) {
   pthread_mutex_unlock(&rec->absorb_lock);
   l2l_tensor_free(aj->incoming);
 
+  /* Counted under the lock right after this arrival's add, so the one arrival that
+     completes the record is the last to have added (two users' gradients may arrive at
+     once). */
   pthread_mutex_lock(&eps->lock);
-  bool complete = rec->arrived + 1 == rec->expected && rec->update_due;
+  bool complete = ++rec->arrived == rec->expected && rec->update_due;
   if (complete) rec->last_layer = aj->layer;
   bool defer = eps->defer;
   pthread_mutex_unlock(&eps->lock);
   double sumsq = complete && defer ? l2l_optim_sumsq(g, n) : 0;
   if (complete && !defer) start_update(eps, rec, 1.0f);
-  /* Counted last: whoever waits for arrivals then finds the record's norm (or its update
-     queued) in place. */
+  /* Counted out last: whoever waits for arrivals then finds the record's norm (or its
+     update queued) in place. */
   pthread_mutex_lock(&eps->lock);
-  rec->arrived++;
-  rec->sumsq = sumsq;
+  if (complete) rec->sumsq = sumsq;
   eps->arrivals_in_flight--;
   pthread_cond_broadcast(&eps->changed);
   pthread_mutex_unlock(&eps->lock);
@@ -309,26 +308,24 @@ void l2l_eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incom
   pthread_mutex_lock(&eps->lock);
   eps->arrivals_in_flight++;
   pthread_mutex_unlock(&eps->lock);
-  struct absorb_job *aj = calloc(1, sizeof *aj);
-  if (aj == NULL) {
-    struct absorb_job local = {.eps = eps, .rec = rec, .incoming = incoming, .scale = scale,
+  struct absorb_job arrival = {.eps = eps, .rec = rec, .incoming = incoming, .scale = scale,
                                .layer = layer};
-    absorb_run(&local.job, 0);
+  struct absorb_job *aj = calloc(1, sizeof *aj);
+  if (aj == NULL) {   /* add it here rather than lose it */
+    absorb_run(&arrival.job, 0);
     return;
   }
-  *aj = (struct absorb_job){.eps = eps, .rec = rec, .incoming = incoming, .scale = scale,
-                            .layer = layer};
+  *aj = arrival;
   aj->job.run = absorb_run;
   aj->job.free_when_done = true;
   aj->job.release = absorb_release;
   l2l_queue_push(&eps->workers, &aj->job);
 }
 
-l2l_status l2l_eps_wait_record(struct l2l_eps *eps, struct eps_record *rec) {
+void l2l_eps_wait_record(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   while (rec->pending) pthread_cond_wait(&eps->changed, &eps->lock);
   pthread_mutex_unlock(&eps->lock);
-  return L2L_OK;
 }
 
 /* Complete this step and due for an update. */
@@ -346,7 +343,7 @@ void l2l_eps_abandon_step(struct l2l_eps *eps) {
   }
 }
 
-l2l_status l2l_eps_release_updates(struct l2l_eps *eps, float clip, double *norm) {
+void l2l_eps_release_updates(struct l2l_eps *eps, float clip, double *norm) {
   double sumsq = 0;
   l2l_eps_wait_arrivals(eps);
   for (int i = 0; i < eps->count; i++)
@@ -358,7 +355,6 @@ l2l_status l2l_eps_release_updates(struct l2l_eps *eps, float clip, double *norm
   pthread_mutex_unlock(&eps->lock);
   for (int i = 0; i < eps->count; i++)
     if (due(eps->records[i])) start_update(eps, eps->records[i], scale);
-  return L2L_OK;
 }
 
 void l2l_eps_wait_arrivals(struct l2l_eps *eps) {
@@ -367,7 +363,4 @@ void l2l_eps_wait_arrivals(struct l2l_eps *eps) {
   pthread_mutex_unlock(&eps->lock);
 }
 
-l2l_status l2l_eps_sync(struct l2l_eps *eps) {
-  l2l_queue_drain(&eps->workers);
-  return L2L_OK;
-}
+void l2l_eps_sync(struct l2l_eps *eps) { l2l_queue_drain(&eps->workers); }

@@ -86,13 +86,13 @@ void l2l_eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incom
    step's gradients are cleared (an update from a part would be wrong), nothing updates. */
 void l2l_eps_abandon_step(struct l2l_eps *eps);
 /* Waits until rec has no pending update. */
-l2l_status l2l_eps_wait_record(struct l2l_eps *eps, struct eps_record *rec);
+void l2l_eps_wait_record(struct l2l_eps *eps, struct eps_record *rec);
 /* Global clipping: waits for every due record to be complete, returns the global norm,
    scales every due update by min(1, clip / norm) and starts them. */
-l2l_status l2l_eps_release_updates(struct l2l_eps *eps, float clip, double *norm);
+void l2l_eps_release_updates(struct l2l_eps *eps, float clip, double *norm);
 /* Waits until every gradient given has been added (updates may still run). */
 void l2l_eps_wait_arrivals(struct l2l_eps *eps);
 /* Waits until every queued absorb and update has finished. */
-l2l_status l2l_eps_sync(struct l2l_eps *eps);
+void l2l_eps_sync(struct l2l_eps *eps);
 
 #endif /* L2L_EPS_H */

@@ -99,9 +99,9 @@ static inline bool l2l_tensors_overlap(const l2l_tensor *a, const l2l_tensor *b)
 /* Points a parameter record at other tensors (same shape, f32) for the layer calls that
    follow: the relay's device copies. value NULL points it back at its own tensors. */
 void l2l_param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad);
-/* A relay takes a layer (false if another owner has it) and gives it back. */
-bool l2l_layer_claim(l2l_layer *layer, const void *owner);
-void l2l_layer_unclaim(l2l_layer *layer, const void *owner);
+/* The relay holding a live layer (NULL if none), and setting it. */
+const void *l2l_layer_owner(const l2l_layer *layer);
+void l2l_layer_set_owner(l2l_layer *layer, const void *owner);
 /* Moves everything a saved state holds (its buffer and the inputs and outputs it refers
    to) into `pool` (KARMA's swap); the other pool's bytes go with their last handle. */
 l2l_status l2l_saved_move(l2l_saved *saved, l2l_pool_kind pool);
@@ -110,5 +110,9 @@ uint64_t l2l_saved_pool_bytes(const l2l_saved *saved);
 
 /* "(2,3,5)" into buf, for messages. */
 const char *l2l_shape_str(char *buf, size_t len, const l2l_tensor *t);
+/* t is a live tensor of `dtype` with exactly the dims given (ndim of them); else
+   L2L_ERR_INVALID naming `name`, with func's name in front. */
+l2l_status l2l_need_shape(const char *func, const char *name, const l2l_tensor *t,
+                          l2l_dtype dtype, int ndim, const int64_t *dims);
 
 #endif /* L2L_INTERNAL_H */

@@ -9,8 +9,8 @@
  * the next visit's parameters and the next micro-batch's stashed input, the device-to-
  * host thread stashes outputs and sends finished gradients to the EPS, and the EPS's
  * workers update layers whose gradient is complete.
- * Every device tensor of a step is made and freed by this thread; a job that frees one
- * (a stash-out) owns it from the moment it is queued.
+ * Every device tensor of a step is made and freed by this thread, at points of its own
+ * choosing, so device memory never depends on when a copy thread gets to run.
  * Must never: change a layer, a record or the EPS when a step is refused (every check
  * runs before the first visit; updates only begin in backward), let a copy thread touch
  * Lua (custom layers run here only), or keep more than two micro-batches of a
@@ -22,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "eps.h"
 
 #define RELAY_MAGIC 0x6c326c72u  /* "l2lr" */
@@ -42,7 +43,7 @@ struct l2l_relay {
   struct l2l_eps eps;
   struct l2l_queue h2d, d2h;
   struct l2l_timeline timeline;
-  int64_t steps, minibatches, updates;
+  int64_t steps, updates;     /* every step is one minibatch of an accumulation */
   l2l_relay_stats stats;
   /* Filled by jobs on the copy threads; read between steps. */
   pthread_mutex_t lock;
@@ -186,7 +187,8 @@ static void params_run(struct l2l_job *job, int thread) {
                    l2l_now());
 }
 
-/* A visit's gradients out to the EPS; owns the device gradients; nobody waits for it. */
+/* A visit's gradients out to the EPS: copied to pinned buffers the EPS then owns. The
+   compute thread waits for it before the gradient slot serves another visit. */
 struct grads_job {
   struct l2l_job job;
   l2l_relay *run;
@@ -201,10 +203,6 @@ static void grads_release(struct l2l_job *job) {
   for (int i = 0; i < gj->nrec; i++) l2l_tensor_free(gj->grad[i]);
   free(gj);
 }
-
-/* Waits for the gradients of slot `slot`'s last visit to be out (the slot is then free). */
-struct step;
-static l2l_status grads_wait(struct step *s, int slot);
 
 static void grads_run(struct l2l_job *job, int thread) {
   struct grads_job *gj = (struct grads_job *)job;
@@ -362,37 +360,28 @@ static void step_free(struct step *s) {
 
 /* ---------------------------------------------------------------- checks */
 
+/* A batch tensor: its shape and dtype, in the host or pinned pool (the relay copies each
+   micro-batch's rows to the device itself). */
 static l2l_status check_tensor(const char *what, const l2l_tensor *t, l2l_dtype dtype, int ndim,
                                const int64_t *dims) {
-  if (t == NULL) return FAIL(L2L_ERR_INVALID, "%s is NULL", what);
-  if (l2l_tensor_ndim(t) < 0) return FAIL(L2L_ERR_INVALID, "%s is not a live tensor", what);
+  TRY(l2l_need_shape(__func__, what, t, dtype, ndim, dims));
   int pool = l2l_tensor_pool(t);
   if (pool != L2L_POOL_HOST && pool != L2L_POOL_PINNED)
     return FAIL(L2L_ERR_INVALID, "%s must be in the host or pinned pool, not '%s'", what,
                 l2l_pool_name((l2l_pool_kind)pool));
-  bool match = l2l_tensor_dtype(t) == (int)dtype && l2l_tensor_ndim(t) == ndim;
-  for (int d = 0; match && d < ndim; d++) match = l2l_tensor_dim(t, d) == dims[d];
-  if (!match) {
-    char have[80] = "(", want[80] = "(";
-    for (int d = 0; d < l2l_tensor_ndim(t); d++)
-      snprintf(have + strlen(have), sizeof have - strlen(have), "%s%lld", d ? "," : "",
-               (long long)l2l_tensor_dim(t, d));
-    for (int d = 0; d < ndim; d++)
-      snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? "," : "",
-               (long long)dims[d]);
-    return FAIL(L2L_ERR_INVALID, "%s is %s %s), need %s %s)", what,
-                l2l_dtype_name((l2l_dtype)l2l_tensor_dtype(t)), have, l2l_dtype_name(dtype), want);
-  }
   return L2L_OK;
 }
 
-/* Values of an i32 tensor outside [lo, hi) other than `allowed`. */
+/* Values of an i32 tensor outside [0, hi) other than `allowed`, found by the backend's
+   check (the one the layers use). */
 static l2l_status check_range(const char *what, const l2l_tensor *t, int64_t hi, int32_t allowed) {
   const int32_t *v = l2l_tensor_data(t);
-  for (int64_t i = 0; i < l2l_tensor_numel(t); i++)
-    if ((v[i] < 0 || v[i] >= hi) && v[i] != allowed)
-      return FAIL(L2L_ERR_INVALID, "%s[%lld] = %d is outside [0, %lld)%s", what, (long long)i,
-                  v[i], (long long)hi, allowed == -1 ? " and not -1" : "");
+  int64_t bad = -1;
+  TRY(l2l_backend_for(L2L_POOL_HOST)->find_out_of_range(&bad, v, l2l_tensor_numel(t), 0,
+                                                         (int32_t)hi, allowed));
+  if (bad >= 0)
+    return FAIL(L2L_ERR_INVALID, "%s[%lld] = %d is outside [0, %lld)%s", what, (long long)bad,
+                v[bad], (long long)hi, allowed == -1 ? " and not -1" : "");
   return L2L_OK;
 }
 
@@ -606,6 +595,18 @@ static l2l_status params_queue(struct step *s, int which, int k) {
   return L2L_OK;
 }
 
+/* Waits for the gradients of slot `slot`'s last visit to be out (the slot is then free).
+   A failure there is the run's (check_async), not this visit's. */
+static void grads_wait(struct step *s, int slot) {
+  struct grads_job *gj = s->gout[slot];
+  if (gj == NULL) return;
+  double t0 = l2l_now();
+  l2l_job_wait(&gj->job);
+  s->wait_copy += l2l_now() - t0;
+  grads_release(&gj->job);
+  s->gout[slot] = NULL;
+}
+
 /* Waits for slot 0's parameters (the visit about to run) and binds them with device
    gradients when the visit computes any. */
 static l2l_status params_bind(struct step *s, int k, bool grads) {
@@ -613,7 +614,8 @@ static l2l_status params_bind(struct step *s, int k, bool grads) {
   struct params_job *pj = s->params[0];
   l2l_layer *layer = active_layer(s, k)->layer;
   double t0 = l2l_now();
-  for (int r = 0; r < pj->nrec; r++) TRY(l2l_eps_wait_record(&run->eps, pj->rec[r]));
+  /* The copy job waits for the updates too; waiting here first tells the two waits apart. */
+  for (int r = 0; r < pj->nrec; r++) l2l_eps_wait_record(&run->eps, pj->rec[r]);
   double t1 = l2l_now();
   l2l_status status = l2l_job_wait(&pj->job);
   double t2 = l2l_now();
@@ -625,7 +627,7 @@ static l2l_status params_bind(struct step *s, int k, bool grads) {
     l2l_timeline_add(&run->timeline, s->active[k], -1, L2L_PHASE_WAIT_COPY, THREAD_COMPUTE, t1, t2);
   TRY(status);
   s->ngrads = 0;
-  if (grads) TRY(grads_wait(s, s->slot));
+  if (grads) grads_wait(s, s->slot);
   int64_t offset = 0;
   for (int r = 0; r < pj->nrec; r++) {
     if (grads) {
@@ -670,17 +672,6 @@ static l2l_status params_done(struct step *s, int k, bool give) {
   gj->job.run = grads_run;
   s->gout[s->slot] = gj;
   l2l_queue_push(&run->d2h, &gj->job);
-  return L2L_OK;
-}
-
-static l2l_status grads_wait(struct step *s, int slot) {
-  struct grads_job *gj = s->gout[slot];
-  if (gj == NULL) return L2L_OK;
-  double t0 = l2l_now();
-  l2l_job_wait(&gj->job);   /* a failure is the run's (check_async), not this visit's */
-  s->wait_copy += l2l_now() - t0;
-  grads_release(&gj->job);
-  s->gout[slot] = NULL;
   return L2L_OK;
 }
 
@@ -768,12 +759,17 @@ struct mb_inputs {
   l2l_layer_batch batch;
 };
 
-/* Rows [u*mb, ...) of a host tensor copied to the device (small: ids and masks). */
+/* Samples in micro-batch u (the last may be smaller). */
+static int64_t mb_rows(const struct step *s, int64_t u) {
+  int64_t first = u * s->mb;
+  return s->mb < s->B - first ? s->mb : s->B - first;
+}
+
+/* Micro-batch u's rows of a host tensor copied to the device (small: ids and masks). */
 static l2l_status rows_to_device(struct step *s, l2l_tensor **out, const l2l_tensor *t, int64_t u) {
   if (t == NULL) return L2L_OK;
-  int64_t first = u * s->mb, count = s->mb < s->B - first ? s->mb : s->B - first;
   l2l_tensor *view = NULL;
-  TRY(l2l_tensor_view_rows(&view, t, first, count));
+  TRY(l2l_tensor_view_rows(&view, t, u * s->mb, mb_rows(s, u)));
   l2l_status status = tensor_like(out, L2L_POOL_DEVICE, view);
   if (status == L2L_OK) status = l2l_tensor_copy(*out, view);
   if (status == L2L_OK) count_bytes(s->run, &s->run->h2d_bytes, tensor_bytes(view));
@@ -813,27 +809,17 @@ static l2l_status mb_inputs(struct step *s, struct mb_inputs *m, int k, int64_t 
   return L2L_OK;
 }
 
-static int64_t mb_rows(const struct step *s, int64_t u) {
-  int64_t first = u * s->mb;
-  return s->mb < s->B - first ? s->mb : s->B - first;
-}
-
 static l2l_status new_activation(struct step *s, l2l_tensor **out, int64_t u) {
   int64_t shape[3] = {mb_rows(s, u), s->S, s->D};
   return l2l_tensor_new(out, L2L_POOL_DEVICE, L2L_F32, 3, shape);
 }
 
-/* Runs one layer call on this thread, timed. */
-#define TIMED(s, layer_index, u, phase, call)                                              \
-  do {                                                                                     \
-    double t0_ = l2l_now();                                                                \
-    l2l_status st_ = (call);                                                               \
-    double t1_ = l2l_now();                                                                \
-    (s)->compute += t1_ - t0_;                                                             \
-    l2l_timeline_add(&(s)->run->timeline, (layer_index), (int)(u), (phase), THREAD_COMPUTE, \
-                     t0_, t1_);                                                            \
-    if (st_ != L2L_OK) return st_;                                                         \
-  } while (0)
+/* Layer calls on this thread since t0: counted as compute and put on the timeline. */
+static void compute_done(struct step *s, int layer, int64_t u, int phase, double t0) {
+  double t1 = l2l_now();
+  s->compute += t1 - t0;
+  l2l_timeline_add(&s->run->timeline, layer, (int)u, phase, THREAD_COMPUTE, t0, t1);
+}
 
 /* ---------------------------------------------------------------- visits */
 
@@ -867,11 +853,8 @@ static l2l_status visit_forward(struct step *s, int k, bool rebuild) {
     l2l_saved **saved = keep ? &s->saved[k][u] : NULL;
     double t0 = l2l_now();
     status = l2l_layer_forward(saved, rl->layer, y, x, &m.batch);
-    double t1 = l2l_now();
+    compute_done(s, li, u, rebuild ? L2L_PHASE_REBUILD : L2L_PHASE_FORWARD, t0);
     mb_inputs_free(&m);
-    s->compute += t1 - t0;
-    l2l_timeline_add(&s->run->timeline, li, (int)u, rebuild ? L2L_PHASE_REBUILD : L2L_PHASE_FORWARD,
-                     THREAD_COMPUTE, t0, t1);
     if (status != L2L_OK) {
       char message[256];
       snprintf(message, sizeof message, "%s", l2l_last_error());
@@ -904,7 +887,7 @@ static l2l_status visit_head(struct step *s, int k) {
   int li = s->active[k];
   bool backward = s->training && s->lowest < s->L;
   bool keep_dx = backward && k > s->lowest;   /* a layer below wants the gradient */
-  bool grad_host = active_layer(s, k)->stash == L2L_STASH_HOST;
+  bool grad_host = rl->stash == L2L_STASH_HOST;
   for (int64_t u = 0; u < s->nmb; u++) {
     l2l_tensor *x = NULL, *losses = NULL, *dx = NULL;
     if (u + 1 < s->nmb) TRY(act_prefetch(s, &s->x[k][u + 1], li, u + 1));
@@ -922,10 +905,7 @@ static l2l_status visit_head(struct step *s, int k) {
       status = l2l_layer_forward(backward ? &saved : NULL, rl->layer, losses, x, &m.batch);
     if (status == L2L_OK) status = l2l_sum(&loss, losses);
     if (status == L2L_OK && backward) status = l2l_layer_backward(rl->layer, dx, NULL, saved, &m.batch);
-    double t1 = l2l_now();
-    s->compute += t1 - t0;
-    l2l_timeline_add(&s->run->timeline, li, (int)u, backward ? L2L_PHASE_BACKWARD : L2L_PHASE_FORWARD,
-                     THREAD_COMPUTE, t0, t1);
+    compute_done(s, li, u, backward ? L2L_PHASE_BACKWARD : L2L_PHASE_FORWARD, t0);
     l2l_saved_free(saved);
     l2l_tensor_free(losses);
     mb_inputs_free(&m);
@@ -981,9 +961,7 @@ static l2l_status visit_backward(struct step *s, int k) {
       status = l2l_layer_forward(&saved, rl->layer, scratch, x, &m.batch);
     if (status == L2L_OK)
       status = l2l_layer_backward(rl->layer, dx, dy, saved, &m.batch);
-    double t1 = l2l_now();
-    s->compute += t1 - t0;
-    l2l_timeline_add(&s->run->timeline, li, (int)u, L2L_PHASE_BACKWARD, THREAD_COMPUTE, t0, t1);
+    compute_done(s, li, u, L2L_PHASE_BACKWARD, t0);
     mb_inputs_free(&m);
     l2l_saved_free(saved);
     s->saved[k][u] = NULL;
@@ -1035,8 +1013,9 @@ static l2l_status run_visits(struct step *s) {
     }
     TRY(params_done(s, v->k, grads && !rl->frozen));
   }
-  TRY(grads_wait(s, 0));
-  return grads_wait(s, 1);
+  grads_wait(s, 0);
+  grads_wait(s, 1);
+  return L2L_OK;
 }
 
 static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch *batch,
@@ -1056,7 +1035,7 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
     return status;
   }
   const l2l_relay_config *c = &run->config;
-  bool update = training && (run->minibatches + 1) % c->accumulate == 0;
+  bool update = training && (run->steps + 1) % c->accumulate == 0;
   double lr = 0;
   if (update) {
     status = l2l_schedule_lr(&lr, &c->schedule, c->optimizer.lr, run->updates + 1);
@@ -1099,9 +1078,9 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
   status = run_visits(&s);
   double norm = -1;
   if (status == L2L_OK && defer) {
-    l2l_queue_drain(&run->d2h);   /* every gradient given before the norm is taken */
+    /* run_visits waited for every gradient job, so every gradient has been given. */
     status = check_async(run);
-    if (status == L2L_OK) status = l2l_eps_release_updates(&run->eps, c->clip_global_norm, &norm);
+    if (status == L2L_OK) l2l_eps_release_updates(&run->eps, c->clip_global_norm, &norm);
   }
   step_free(&s);   /* drains the copy threads: every gradient has been given */
   if (status == L2L_OK) status = check_async(run);
@@ -1113,7 +1092,6 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
   *loss = s.loss_sum / (double)s.real;
   if (training) {
     run->steps++;
-    run->minibatches++;
     if (update) run->updates++;
   }
   l2l_relay_stats *st = &run->stats;
@@ -1189,15 +1167,14 @@ static l2l_stash_policy default_stash(const l2l_relay_config *c, int index) {
   return index % c->recompute_every == 0 ? L2L_STASH_DEVICE : L2L_STASH_RECOMPUTE;
 }
 
-static l2l_status check_layer(const l2l_relay *run, l2l_layer *layer, int replacing) {
+static l2l_status check_layer(const l2l_relay *run, const l2l_layer *layer, int replacing) {
   if (l2l_layer_param_count(layer) < 0) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
   for (int i = 0; i < run->count; i++)
     if (run->layers[i].layer == layer && i != replacing)
       return FAIL(L2L_ERR_INVALID, "the layer is already in the relay (position %d)", i);
-  if (!l2l_layer_claim(layer, run)) {
+  const void *owner = l2l_layer_owner(layer);
+  if (owner != NULL && owner != run)
     return FAIL(L2L_ERR_STATE, "the layer is in another relay (remove it there first)");
-  }
-  l2l_layer_unclaim(layer, run);
   l2l_layer_config c, other;
   l2l_layer_get_config(&c, layer);
   for (int i = 0; i < run->count; i++) {
@@ -1232,7 +1209,7 @@ static l2l_status grow(l2l_relay *run) {
 static l2l_status insert_at(l2l_relay *run, int index, l2l_layer *layer) {
   TRY(grow(run));
   TRY(l2l_eps_add_layer(&run->eps, layer));
-  l2l_layer_claim(layer, run);
+  l2l_layer_set_owner(layer, run);
   memmove(&run->layers[index + 1], &run->layers[index],
           (size_t)(run->count - index) * sizeof *run->layers);
   run->layers[index] = (struct relay_layer){.layer = layer, .frozen = false,
@@ -1297,7 +1274,7 @@ void l2l_relay_free(l2l_relay *run) {
   l2l_queue_stop(&run->h2d);
   l2l_queue_stop(&run->d2h);
   l2l_eps_free(&run->eps);
-  for (int i = 0; i < run->count; i++) l2l_layer_unclaim(run->layers[i].layer, run);
+  for (int i = 0; i < run->count; i++) l2l_layer_set_owner(run->layers[i].layer, NULL);
   pthread_mutex_destroy(&run->lock);
   pthread_mutex_destroy(&run->timeline.lock);
   free(run->timeline.events);
@@ -1327,16 +1304,16 @@ l2l_status l2l_relay_insert(l2l_relay *run, int index, l2l_layer *layer) {
   CHECK_RUN(run);
   CHECK_INDEX(index, 0, run->count, "index");
   TRY(check_layer(run, layer, -1));
-  TRY(l2l_eps_sync(&run->eps));
+  l2l_eps_sync(&run->eps);
   return insert_at(run, index, layer);
 }
 
 l2l_status l2l_relay_remove(l2l_relay *run, int index) {
   CHECK_RUN(run);
   CHECK_INDEX(index, 0, run->count - 1, "index");
-  TRY(l2l_eps_sync(&run->eps));
+  l2l_eps_sync(&run->eps);
   l2l_eps_remove_layer(&run->eps, run->layers[index].layer);
-  l2l_layer_unclaim(run->layers[index].layer, run);
+  l2l_layer_set_owner(run->layers[index].layer, NULL);
   memmove(&run->layers[index], &run->layers[index + 1],
           (size_t)(run->count - index - 1) * sizeof *run->layers);
   run->count--;
@@ -1347,14 +1324,14 @@ l2l_status l2l_relay_replace(l2l_relay *run, int index, l2l_layer *layer) {
   CHECK_RUN(run);
   CHECK_INDEX(index, 0, run->count - 1, "index");
   TRY(check_layer(run, layer, index));
-  TRY(l2l_eps_sync(&run->eps));
+  l2l_eps_sync(&run->eps);
   /* The new layer's records join before the old one's leave: records they share keep
      their state. */
   struct relay_layer old = run->layers[index];
   TRY(l2l_eps_add_layer(&run->eps, layer));
   l2l_eps_remove_layer(&run->eps, old.layer);
-  l2l_layer_unclaim(old.layer, run);
-  l2l_layer_claim(layer, run);
+  l2l_layer_set_owner(old.layer, NULL);
+  l2l_layer_set_owner(layer, run);
   run->layers[index].layer = layer;
   run->layers[index].frozen = false;
   return L2L_OK;
@@ -1403,7 +1380,7 @@ l2l_status l2l_relay_set_micro_batch(l2l_relay *run, int64_t micro_batch) {
 l2l_status l2l_relay_sync(l2l_relay *run) {
   CHECK_RUN(run);
   l2l_queue_drain(&run->d2h);
-  TRY(l2l_eps_sync(&run->eps));
+  l2l_eps_sync(&run->eps);
   return check_async(run);
 }
 

@@ -24,6 +24,25 @@ const char *l2l_shape_str(char *buf, size_t len, const l2l_tensor *t) {
   return buf;
 }
 
+l2l_status l2l_need_shape(const char *func, const char *name, const l2l_tensor *t,
+                          l2l_dtype dtype, int ndim, const int64_t *dims) {
+  if (t == NULL) return l2l_fail_in(func, L2L_ERR_INVALID, "%s is NULL", name);
+  if (!l2l_tensor_ok(t))
+    return l2l_fail_in(func, L2L_ERR_INVALID, "%s is not a live tensor (freed?)", name);
+  char have[64], want[64] = "(";
+  for (int i = 0; i < ndim; i++)
+    snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? "," : "",
+             (long long)dims[i]);
+  strcat(want, ")");
+  bool match = t->dtype == dtype && t->ndim == ndim;
+  for (int i = 0; match && i < ndim; i++) match = t->shape[i] == dims[i];
+  if (!match)
+    return l2l_fail_in(func, L2L_ERR_INVALID, "%s is %s %s, need %s %s", name,
+                       l2l_dtype_name(t->dtype), l2l_shape_str(have, sizeof have, t),
+                       l2l_dtype_name(dtype), want);
+  return L2L_OK;
+}
+
 /* Checks ndim and shape and returns the element count through *numel. */
 static l2l_status check_shape(const char *func, int ndim, const int64_t *shape, int64_t *numel) {
   if (ndim < 1 || ndim > L2L_MAX_DIMS)

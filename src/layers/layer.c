@@ -365,26 +365,6 @@ l2l_status l2l_layer_memory_use(l2l_layer_memory *out, const l2l_layer *layer,
 
 /* ---------------------------------------------------------------- call checks */
 
-/* t is a live tensor of `dtype` with exactly the dims given (ndim of them). */
-static l2l_status need_shape(const char *func, const char *name, const l2l_tensor *t,
-                             l2l_dtype dtype, int ndim, const int64_t *dims) {
-  if (t == NULL) return l2l_fail_in(func, L2L_ERR_INVALID, "%s is NULL", name);
-  if (!l2l_tensor_ok(t))
-    return l2l_fail_in(func, L2L_ERR_INVALID, "%s is not a live tensor (freed?)", name);
-  char have[64], want[64] = "(";
-  for (int i = 0; i < ndim; i++)
-    snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? "," : "",
-             (long long)dims[i]);
-  strcat(want, ")");
-  bool match = t->dtype == dtype && t->ndim == ndim;
-  for (int i = 0; match && i < ndim; i++) match = t->shape[i] == dims[i];
-  if (!match)
-    return l2l_fail_in(func, L2L_ERR_INVALID, "%s is %s %s, need %s %s", name,
-                       l2l_dtype_name(t->dtype), l2l_shape_str(have, sizeof have, t),
-                       l2l_dtype_name(dtype), want);
-  return L2L_OK;
-}
-
 /* B and S of a call: from tokens for the embedding, else from x (B,S,D). */
 static l2l_status call_shape(const char *func, const l2l_layer *layer, const l2l_tensor *x,
                              const l2l_layer_batch *b, int64_t *batch, int64_t *seq) {
@@ -407,7 +387,7 @@ static l2l_status call_shape(const char *func, const l2l_layer *layer, const l2l
   *batch = x->shape[0];
   *seq = x->shape[1];
   int64_t dims[3] = {*batch, *seq, c->dim};
-  return need_shape(func, "x", x, L2L_F32, 3, dims);
+  return l2l_need_shape(func, "x", x, L2L_F32, 3, dims);
 }
 
 /* Every batch field this kind reads, for B samples of S positions. */
@@ -426,10 +406,10 @@ static l2l_status check_batch(const char *func, const l2l_layer *layer,
   int64_t bad = -1;
   switch (c->kind) {
     case L2L_LAYER_EMBEDDING:
-      TRY(need_shape(func, "batch->tokens", b->tokens, L2L_I32, 2, bs));
+      TRY(l2l_need_shape(func, "batch->tokens", b->tokens, L2L_I32, 2, bs));
       used[0] = b->tokens;
       if (c->type_vocab > 0) {
-        TRY(need_shape(func, "batch->token_types", b->token_types, L2L_I32, 2, bs));
+        TRY(l2l_need_shape(func, "batch->token_types", b->token_types, L2L_I32, 2, bs));
         used[1] = b->token_types;
       } else if (b->token_types != NULL) {
         return l2l_fail_in(func, L2L_ERR_INVALID, "batch->token_types given but the embedding has type_vocab 0");
@@ -438,14 +418,14 @@ static l2l_status check_batch(const char *func, const l2l_layer *layer,
     case L2L_LAYER_BLOCK:
     case L2L_LAYER_CUSTOM:
       if (b->key_mask != NULL) {
-        TRY(need_shape(func, "batch->key_mask", b->key_mask, L2L_U8, 2, bs));
+        TRY(l2l_need_shape(func, "batch->key_mask", b->key_mask, L2L_U8, 2, bs));
         used[0] = b->key_mask;
       }
       break;
     case L2L_LAYER_LM_HEAD:
     case L2L_LAYER_CLASSIFIER:
       if (b->targets != NULL) {
-        TRY(need_shape(func, "batch->targets", b->targets, L2L_I32,
+        TRY(l2l_need_shape(func, "batch->targets", b->targets, L2L_I32,
                        c->kind == L2L_LAYER_LM_HEAD ? 2 : 1, bs));
         used[0] = b->targets;
       } else if (backward) {
@@ -559,15 +539,8 @@ static l2l_status move_tensor(l2l_tensor **t, l2l_pool_kind pool) {
   return L2L_OK;
 }
 
-bool l2l_layer_claim(l2l_layer *layer, const void *owner) {
-  if (layer->owner != NULL && layer->owner != owner) return false;
-  layer->owner = owner;
-  return true;
-}
-
-void l2l_layer_unclaim(l2l_layer *layer, const void *owner) {
-  if (layer_ok(layer) && layer->owner == owner) layer->owner = NULL;
-}
+const void *l2l_layer_owner(const l2l_layer *layer) { return layer->owner; }
+void l2l_layer_set_owner(l2l_layer *layer, const void *owner) { layer->owner = owner; }
 
 l2l_status l2l_saved_move(l2l_saved *saved, l2l_pool_kind pool) {
   if (saved == NULL) return L2L_OK;
@@ -599,7 +572,7 @@ l2l_status l2l_layer_forward(l2l_saved **saved_out, l2l_layer *layer, l2l_tensor
   int64_t B = 0, S = 0, dims[3];
   TRY(call_shape(f, layer, x, batch, &B, &S));
   int ndim = output_dims(layer, batch, B, S, dims);
-  TRY(need_shape(f, "y", y, L2L_F32, ndim, dims));
+  TRY(l2l_need_shape(f, "y", y, L2L_F32, ndim, dims));
   if (l2l_tensors_overlap(x, y)) return FAIL(L2L_ERR_INVALID, "x and y overlap");
   int domain = l2l_pool_domain(y->storage->pool);
   if (x && l2l_pool_domain(x->storage->pool) != domain)
@@ -663,12 +636,12 @@ l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor
   if (is_head) {
     if (dy != NULL) return FAIL(L2L_ERR_INVALID, "dy must be NULL for a head (batch->loss_scale is used)");
   } else {
-    TRY(need_shape(f, "dy", dy, L2L_F32, 3, dims));
+    TRY(l2l_need_shape(f, "dy", dy, L2L_F32, 3, dims));
   }
   if (c->kind == L2L_LAYER_EMBEDDING) {
     if (dx != NULL) return FAIL(L2L_ERR_INVALID, "dx must be NULL for an embedding");
   } else {
-    TRY(need_shape(f, "dx", dx, L2L_F32, 3, dims));
+    TRY(l2l_need_shape(f, "dx", dx, L2L_F32, 3, dims));
   }
   if (l2l_tensors_overlap(dx, dy)) return FAIL(L2L_ERR_INVALID, "dx and dy overlap");
   const l2l_tensor *any = dx ? dx : dy;
