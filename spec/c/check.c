@@ -134,6 +134,15 @@ double check_rel_err(const float *got, const double *want, int64_t n, double flo
   return worst;
 }
 
+bool starts_with(const char *s, const char *prefix) {
+  return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), k = strlen(suffix);
+  return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
 /* ---------------------------------------------------------------- runner */
 
 int main(int argc, char **argv) {

@@ -60,4 +60,8 @@ float *check_data(const l2l_tensor *t);
    near zero. NaN in got gives +inf. */
 double check_rel_err(const float *got, const double *want, int64_t n, double floor);
 
+/* String tests for parameter names and messages. */
+bool starts_with(const char *s, const char *prefix);
+bool ends_with(const char *s, const char *suffix);
+
 #endif /* L2L_CHECK_H */

@@ -314,15 +314,6 @@ static l2l_param *find_param(const l2l_layer *layer, const char *name) {
   return NULL;
 }
 
-static bool starts_with(const char *s, const char *prefix) {
-  return strncmp(s, prefix, strlen(prefix)) == 0;
-}
-
-static bool ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), k = strlen(suffix);
-  return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
 /* Random values in place of the initial ones (biases 0 and LayerNorm weights 1 would hide
    a bias never added or a LayerNorm weight never applied), scaled so that every
    activation is of order one: LayerNorm weights 1 + N(0, 0.09), biases N(0, 0.09),

@@ -257,15 +257,6 @@ static l2l_layer *new_layer(const l2l_layer_config *c) {
   return layer;
 }
 
-static bool starts_with(const char *s, const char *prefix) {
-  return strncmp(s, prefix, strlen(prefix)) == 0;
-}
-
-static bool ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), k = strlen(suffix);
-  return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
 /* Random values in place of the initial ones, so that every parameter matters from the
    first step (a bias of 0 or a LayerNorm weight of 1 would hide a relay that loses it):
    LayerNorm weights 1 + N(0, 0.01), biases N(0, 0.01), tables N(0, 0.25), linear weights
