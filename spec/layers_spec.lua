@@ -71,13 +71,20 @@ describe("layers", function()
     -- from the unmasked ones of their own half.
     local V, n, B = 12, 5, 16
     local S, MASK, PAD = 2 * n + 2, V - 1, V - 2
+    -- Weights, dropout draws (rng ids) and data all come from the run's seed, so the run
+    -- does not depend on which specs ran before it in the same process. The blocks start at
+    -- init_std 0.1: at the default 0.02 these narrow blocks stalled near loss 1 for 2 seeds
+    -- in 31 (0 of 91 at 0.1).
+    math.randomseed(support.seed)
     local model = l2l.Sequential{
       l2l.Embedding{ vocab = V, dim = 32, max_seq = S, type_vocab = 2, seed = support.seed },
-      -- Seeded from the run's seed, so the start does not depend on which specs ran first.
-      l2l.Block{ dim = 32, heads = 4, post_ln = true, memory = "frugal", seed = support.seed + 1 },
-      l2l.Block{ dim = 32, heads = 4, post_ln = true, dropout = 0.05, seed = support.seed + 2 },
+      l2l.Block{ dim = 32, heads = 4, post_ln = true, memory = "frugal", seed = support.seed + 1,
+                 init_std = 0.1 },
+      l2l.Block{ dim = 32, heads = 4, post_ln = true, dropout = 0.05, seed = support.seed + 2,
+                 init_std = 0.1 },
       l2l.LMHead{ vocab = V, dim = 32, tie = true, seed = support.seed + 3 },
     }
+    for i = 1, #model do model:layer(i):rng_id(1000 + i) end
     local step = trainer(model, 3e-3)
     local losses = {}
     for s = 1, 400 do
