@@ -11,6 +11,8 @@ packages=(
   libopenblas-dev            # CPU GEMMs: cblas.h
   libopenblas0-openmp        # OpenBLAS's OpenMP build, which libl2l links (see Makefile)
   lua-busted                 # the spec runner (run under the l2l executable)
+  lua-cjson                  # JSON for checkpoints' metadata and the metrics log
+  libedit-dev                # line editing and history for the l2l REPL
   pkg-config
 )
 

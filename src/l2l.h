@@ -635,6 +635,10 @@ int l2l_relay_frozen(const l2l_relay *run, int index);           /* -1 if out of
 l2l_status l2l_relay_set_stash(l2l_relay *run, int boundary, l2l_stash_policy policy);
 l2l_status l2l_relay_set_inner(l2l_relay *run, int index, l2l_inner_policy policy);
 l2l_status l2l_relay_set_micro_batch(l2l_relay *run, int64_t micro_batch);
+/* The policy of a boundary or layer (an l2l_stash_policy / l2l_inner_policy), -1 if out
+   of range. */
+int l2l_relay_stash(const l2l_relay *run, int boundary);
+int l2l_relay_inner(const l2l_relay *run, int index);
 
 /* One training step on a minibatch: *loss = mean loss over all real targets. The update
    (on the last of `accumulate` minibatches) may still be running on the optimizer threads
@@ -655,6 +659,18 @@ l2l_status l2l_relay_events(l2l_relay_event *out, const l2l_relay *run, int64_t 
    yet, e.g. before its first update). Waits for pending updates. */
 l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_param *param,
                                  int which);
+
+/* Checkpoints: what a relay holds beyond its layers' parameters, read and restored, so a
+   run rebuilt from saved layers continues exactly. A record's update count is the t of its
+   last update (0 before the first); l2l_relay_restore_param gives a record that count and
+   copies of its optimizer state (first, second: f32 with the parameter's element count,
+   NULL for arrays the optimizer does not keep, both NULL when updates is 0).
+   l2l_relay_restore_progress sets the steps and updates done, which place the schedule and
+   the dropout draws. All wait for pending updates; a refused call changes nothing. */
+l2l_status l2l_relay_param_updates(int64_t *out, l2l_relay *run, const l2l_param *param);
+l2l_status l2l_relay_restore_param(l2l_relay *run, const l2l_param *param, int64_t updates,
+                                   const l2l_tensor *first, const l2l_tensor *second);
+l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int64_t updates);
 
 /* L2L_FFI_END */
 

@@ -1369,6 +1369,16 @@ l2l_status l2l_relay_set_inner(l2l_relay *run, int index, l2l_inner_policy polic
   return L2L_OK;
 }
 
+int l2l_relay_stash(const l2l_relay *run, int boundary) {
+  if (!relay_ok(run) || boundary < 1 || boundary >= run->count) return -1;
+  return (int)run->layers[boundary].stash;
+}
+
+int l2l_relay_inner(const l2l_relay *run, int index) {
+  if (!relay_ok(run) || index < 0 || index >= run->count) return -1;
+  return (int)run->layers[index].inner;
+}
+
 l2l_status l2l_relay_set_micro_batch(l2l_relay *run, int64_t micro_batch) {
   CHECK_RUN(run);
   if (micro_batch < 1)
@@ -1425,5 +1435,77 @@ l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_par
   struct eps_record *rec = l2l_eps_find(&run->eps, param);
   if (rec == NULL) return FAIL(L2L_ERR_INVALID, "param is not a record of this relay's layers");
   *out = rec->updates > 0 ? rec->state[which] : NULL;
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- checkpoints */
+
+l2l_status l2l_relay_param_updates(int64_t *out, l2l_relay *run, const l2l_param *param) {
+  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  CHECK_RUN(run);
+  TRY(l2l_relay_sync(run));
+  struct eps_record *rec = l2l_eps_find(&run->eps, param);
+  if (rec == NULL) return FAIL(L2L_ERR_INVALID, "param is not a record of this relay's layers");
+  *out = rec->updates;
+  return L2L_OK;
+}
+
+/* Every check comes before the first change, so a refused restore leaves the record as
+   it was; the new state is allocated whole before the old one is freed. */
+l2l_status l2l_relay_restore_param(l2l_relay *run, const l2l_param *param, int64_t updates,
+                                   const l2l_tensor *first, const l2l_tensor *second) {
+  CHECK_RUN(run);
+  if (updates < 0) return FAIL(L2L_ERR_INVALID, "updates must be >= 0, got %lld", (long long)updates);
+  TRY(l2l_relay_sync(run));
+  struct eps_record *rec = l2l_eps_find(&run->eps, param);
+  if (rec == NULL) return FAIL(L2L_ERR_INVALID, "param is not a record of this relay's layers");
+  const l2l_tensor *given[2] = {first, second};
+  const char *names[2] = {"first", "second"};
+  int arrays = updates > 0 ? l2l_optim_state_count(&run->config.optimizer) : 0;
+  for (int a = 0; a < 2; a++) {
+    if (a >= arrays) {
+      if (given[a] != NULL)
+        return FAIL(L2L_ERR_INVALID, "%s must be NULL: the optimizer keeps %d state arrays%s", names[a],
+                    l2l_optim_state_count(&run->config.optimizer),
+                    updates == 0 ? " and none before the first update" : "");
+      continue;
+    }
+    if (given[a] == NULL)
+      return FAIL(L2L_ERR_INVALID, "%s is NULL: the optimizer keeps %d state arrays", names[a], arrays);
+    if (l2l_tensor_dtype(given[a]) != L2L_F32)
+      return FAIL(L2L_ERR_INVALID, "%s must be f32, got %s", names[a],
+                  l2l_dtype_name((l2l_dtype)l2l_tensor_dtype(given[a])));
+    if (l2l_tensor_numel(given[a]) != l2l_tensor_numel(rec->master))
+      return FAIL(L2L_ERR_INVALID, "%s has %lld elements, the parameter %lld", names[a],
+                  (long long)l2l_tensor_numel(given[a]), (long long)l2l_tensor_numel(rec->master));
+  }
+  l2l_tensor *fresh[2] = {NULL, NULL};
+  for (int a = 0; a < arrays; a++) {
+    l2l_status status = tensor_like(&fresh[a], L2L_POOL_HOST, rec->master);
+    if (status == L2L_OK) status = l2l_tensor_copy(fresh[a], given[a]);
+    if (status != L2L_OK) {
+      l2l_tensor_free(fresh[0]);
+      l2l_tensor_free(fresh[1]);
+      return status;
+    }
+  }
+  for (int a = 0; a < 2; a++) {
+    l2l_tensor_free(rec->state[a]);
+    rec->state[a] = fresh[a];
+  }
+  rec->updates = updates;
+  return L2L_OK;
+}
+
+l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int64_t updates) {
+  CHECK_RUN(run);
+  if (steps < 0 || updates < 0 || updates > steps)
+    return FAIL(L2L_ERR_INVALID, "need 0 <= updates <= steps, got steps %lld, updates %lld",
+                (long long)steps, (long long)updates);
+  TRY(l2l_relay_sync(run));
+  run->steps = steps;
+  run->updates = updates;
+  run->stats.steps = steps;
+  run->stats.updates = updates;
   return L2L_OK;
 }

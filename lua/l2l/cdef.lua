@@ -403,6 +403,9 @@ l2l_status l2l_relay_set_stash(l2l_relay *run, int boundary, l2l_stash_policy po
 l2l_status l2l_relay_set_inner(l2l_relay *run, int index, l2l_inner_policy policy);
 l2l_status l2l_relay_set_micro_batch(l2l_relay *run, int64_t micro_batch);
 
+int l2l_relay_stash(const l2l_relay *run, int boundary);
+int l2l_relay_inner(const l2l_relay *run, int index);
+
 l2l_status l2l_relay_step(double *loss, l2l_relay *run, const l2l_relay_batch *batch);
 
 l2l_status l2l_relay_evaluate(double *loss, l2l_relay *run, const l2l_relay_batch *batch);
@@ -416,4 +419,9 @@ l2l_status l2l_relay_events(l2l_relay_event *out, const l2l_relay *run, int64_t 
 
 l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_param *param,
                                  int which);
+
+l2l_status l2l_relay_param_updates(int64_t *out, l2l_relay *run, const l2l_param *param);
+l2l_status l2l_relay_restore_param(l2l_relay *run, const l2l_param *param, int64_t updates,
+                                   const l2l_tensor *first, const l2l_tensor *second);
+l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int64_t updates);
 ]==]

@@ -3,7 +3,7 @@
 -- Purpose: gather the modules into the one table users meet: tensor constructors
 -- (l2l.tensor, l2l.zeros, ...), l2l.ops, memory pool statistics and budgets, compute
 -- threads, layers (built-in and l2l.layer_kind for layers written in Lua), l2l.Sequential,
--- optimizers and schedules, and l2l.Relay.
+-- optimizers and schedules, l2l.Relay, checkpoints (l2l.load) and safetensors files.
 -- Must never: hold logic of its own beyond argument checks of the functions below.
 local lib = require("l2l.lib")
 local tensor = require("l2l.tensor")
@@ -41,6 +41,12 @@ l2l.SGD, l2l.AdamW, l2l.LAMB = optim.SGD, optim.AdamW, optim.LAMB
 l2l.Constant, l2l.Cosine, l2l.Linear = optim.Constant, optim.Cosine, optim.Linear
 l2l.is_optimizer, l2l.is_schedule = optim.is_optimizer, optim.is_schedule
 l2l.Relay, l2l.is_relay = relay.Relay, relay.is_relay
+
+-- Checkpoints (run:save is a relay method) and safetensors files.
+local checkpoint = require("l2l.checkpoint")
+l2l.load, l2l.load_weights = checkpoint.load, checkpoint.load_weights
+l2l.safetensors = require("l2l.safetensors")
+l2l.import_gpt2 = require("l2l.gpt2").import
 
 -- l2l.pool_stats("device") -> {current=, peak=, budget=, allocs=, frees=, refused=} (bytes)
 local stats = ffi.new("l2l_pool_stats")

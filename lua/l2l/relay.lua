@@ -574,6 +574,13 @@ function Relay:state(record, which)
   return copy
 end
 
+-- run:save(path [, extra]): the whole run in one file, written atomically (l2l.checkpoint;
+-- l2l.load(path) brings it back, with `extra` as run.extra).
+function Relay:save(path, extra)
+  local ok, err = pcall(require("l2l.checkpoint").save, self, path, extra)
+  if not ok then error(err, 2) end
+end
+
 function Relay:__tostring()
   local s = self.options
   return ("Relay: %d layers, micro_batch %d, stash %s, inner %s, %s, %s%s"):format(

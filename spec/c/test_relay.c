@@ -2057,3 +2057,77 @@ TEST(relay_refuses_bad_configs_and_models) {
   l2l_layer_free(on_device);
   model_free(&m);
 }
+
+TEST(relay_restores_optimizer_state_and_progress) {
+  /* A second relay over copies of the first one's layers, given every record's optimizer
+     state and update count and the steps done, continues bit for bit like the first
+     (what checkpoints rely on); bad restores are refused and change nothing. */
+  struct shape g = gpt_shape();
+  struct model a, b;
+  model_new(&a, &g);
+  model_new(&b, &g);
+  struct data d;
+  data_new(&d, &g, 5, g.S, 1, 1.0);
+  l2l_relay_config cfg = adamw_config();
+  cfg.micro_batch = 2;
+  cfg.schedule.kind = L2L_SCHEDULE_COSINE, cfg.schedule.warmup = 2, cfg.schedule.total = 20;
+  l2l_relay *ra = relay_new(&a, &cfg), *rb = relay_new(&b, &cfg);
+  double la, lb;
+  if (ra == NULL || rb == NULL) goto done;
+  for (int i = 0; i < 3; i++)
+    if (!relay_step(&la, ra, &d, NULL)) goto done;
+  CHECK_OK(l2l_relay_sync(ra));
+  for (int l = 0; l < a.n; l++) {
+    CHECK_OK(l2l_layer_set_rng_id(b.layer[l], l2l_layer_rng_id(a.layer[l])));
+    for (int i = 0; i < l2l_layer_param_count(a.layer[l]); i++) {
+      l2l_param *pa = l2l_layer_param(a.layer[l], i), *pb = l2l_layer_param(b.layer[l], i);
+      CHECK_OK(l2l_tensor_copy(l2l_param_value(pb), l2l_param_value(pa)));
+      int64_t t = -1;
+      l2l_tensor *m = NULL, *v = NULL;
+      CHECK_OK(l2l_relay_param_updates(&t, ra, pa));
+      CHECK(t == 3, "layer %d param %d: %lld updates after 3 steps", l, i, (long long)t);
+      CHECK_OK(l2l_relay_param_state(&m, ra, pa, 0));
+      CHECK_OK(l2l_relay_param_state(&v, ra, pa, 1));
+      CHECK_OK(l2l_relay_restore_param(rb, pb, t, m, v));
+    }
+  }
+  /* refusals, after which the restored state is intact */
+  l2l_param *p0 = l2l_layer_param(a.layer[1], 2), *q0 = l2l_layer_param(b.layer[1], 2);
+  l2l_tensor *m0 = NULL, *v0 = NULL;
+  CHECK_OK(l2l_relay_param_state(&m0, ra, p0, 0));
+  CHECK_OK(l2l_relay_param_state(&v0, ra, p0, 1));
+  l2l_tensor *short_m = rows(m0, 0, l2l_tensor_dim(m0, 0) - 1);
+  l2l_tensor *ints = NEW(L2L_POOL_HOST, L2L_I32, l2l_tensor_numel(m0));
+  CHECK_FAILS(l2l_relay_restore_param(rb, q0, 3, short_m, v0), L2L_ERR_INVALID, "first");
+  CHECK_FAILS(l2l_relay_restore_param(rb, q0, 3, m0, ints), L2L_ERR_INVALID, "second");
+  CHECK_FAILS(l2l_relay_restore_param(rb, q0, 3, m0, NULL), L2L_ERR_INVALID, "second");
+  CHECK_FAILS(l2l_relay_restore_param(rb, q0, 0, m0, v0), L2L_ERR_INVALID, "first");
+  CHECK_FAILS(l2l_relay_restore_param(rb, q0, -1, NULL, NULL), L2L_ERR_INVALID, "updates");
+  CHECK_FAILS(l2l_relay_restore_param(rb, p0, 3, m0, v0), L2L_ERR_INVALID, "param");
+  CHECK_FAILS(l2l_relay_restore_param(NULL, q0, 3, m0, v0), L2L_ERR_INVALID, "run");
+  CHECK_FAILS(l2l_relay_restore_progress(rb, 2, 3), L2L_ERR_INVALID, "updates");
+  CHECK_FAILS(l2l_relay_restore_progress(rb, -1, 0), L2L_ERR_INVALID, "steps");
+  int64_t t = 0;
+  CHECK_FAILS(l2l_relay_param_updates(NULL, rb, q0), L2L_ERR_INVALID, "out");
+  CHECK_FAILS(l2l_relay_param_updates(&t, rb, p0), L2L_ERR_INVALID, "param");
+  CHECK_OK(l2l_relay_restore_progress(rb, 3, 3));
+  CHECK(l2l_relay_stash(rb, 0) == -1 && l2l_relay_stash(rb, 1) == L2L_STASH_HOST &&
+        l2l_relay_inner(rb, b.n) == -1 && l2l_relay_inner(rb, 0) == L2L_INNER_RECOMPUTE,
+        "policy getters");
+  for (int i = 0; i < 4; i++) {
+    if (!relay_step(&la, ra, &d, NULL) || !relay_step(&lb, rb, &d, NULL)) break;
+    CHECK(la == lb, "step %d after the restore: %.17g on the first relay, %.17g on the second",
+          4 + i, la, lb);
+  }
+  l2l_relay_stats sb = relay_stats(rb);
+  CHECK(sb.steps == 7 && sb.updates == 7, "steps %lld, updates %lld", (long long)sb.steps,
+        (long long)sb.updates);
+  l2l_tensor_free(short_m);
+  l2l_tensor_free(ints);
+done:
+  l2l_relay_free(ra);
+  l2l_relay_free(rb);
+  data_free(&d);
+  model_free(&a);
+  model_free(&b);
+}

@@ -1,0 +1,379 @@
+-- l2l.checkpoint — run:save(path [, extra]) and l2l.load(path [, overrides]): a training
+-- run in one file, resumed exactly; l2l.load_weights(model, path) for weights alone.
+--
+-- The file is safetensors (l2l.safetensors): the tensors, and under the header's
+-- __metadata__ key "l2l" one JSON document describing the rest:
+--   { format = "l2l-checkpoint", version = 1, l2l = <library version>,
+--     layers = { {kind =, options = {constructor options}, rng_id =, frozen =, inner =,
+--                 stash = (the policy of the boundary entering it, from layer 2 on),
+--                 custom = <kind name>} ... },
+--     records = { {name = "<layer>.<param>", updates = t, state = <arrays saved>,
+--                  grad = <saved: true mid-accumulation>} ... },
+--     relay = {micro_batch, stash, recompute_every, inner, optimizer = {...},
+--              schedule = {...}, clip_global_norm, clip_layer_norm, accumulate,
+--              optimizer_threads, seed, device_budget},
+--     progress = {steps =, updates =}, extra = <the caller's table> }
+-- Tensor names: "<layer>.<param>" for each parameter record's fp32 master (a record
+-- shared by two layers, the tied embedding, is saved once under its first layer),
+-- "<name>.m" / "<name>.v" for its optimizer state, "<name>.grad" for a gradient
+-- accumulated part way through `accumulate` minibatches.
+-- Purpose: a resumed run produces bit for bit the losses the uninterrupted one would: the
+-- weights, the optimizer state and each record's update count (bias correction), the
+-- steps and updates done (the schedule's position and the dropout draws, which are a
+-- function of seed, step and each layer's rng id), every policy and option. Data order
+-- is the script's: draw batches as a function of (seed, step) and it resumes too.
+-- Loading checks the whole description and every tensor's shape against the rebuilt
+-- model before anything is read into it, so a damaged or mismatched file is an error and
+-- no half-loaded run is returned.
+-- Must never: write anything but through safetensors.write (atomic), or return a run
+-- whose state differs from the one saved.
+local ffi = require("ffi")
+local cjson = require("cjson").new()
+local lib = require("l2l.lib")
+local tensor = require("l2l.tensor")
+local layers = require("l2l.layers")
+local model_mod = require("l2l.model")
+local optim = require("l2l.optim")
+local relay = require("l2l.relay")
+local safetensors = require("l2l.safetensors")
+
+local C = lib.C
+local type, tostring, ipairs, pairs, next = type, tostring, ipairs, pairs, next
+
+cjson.encode_sparse_array(false)
+
+-- lua-cjson writes numbers with at most 14 significant digits, which can change an lr or
+-- a dropout rate in its last bits. A number that 14 digits do not give back exactly is
+-- written as {__f64 = "<17 digits>"} and read back by `exact_numbers`.
+local EXACT = "__f64"
+local function exact_json(v)
+  if type(v) == "number" then
+    if v == v and tonumber(("%.14g"):format(v)) ~= v then return { [EXACT] = ("%.17g"):format(v) } end
+    return v
+  elseif type(v) == "table" then
+    local out = {}
+    for k, x in pairs(v) do out[k] = exact_json(x) end
+    return out
+  end
+  return v
+end
+
+local function exact_numbers(v)
+  if type(v) ~= "table" then return v end
+  if type(v[EXACT]) == "string" and next(v, next(v)) == nil then return tonumber(v[EXACT]) end
+  for k, x in pairs(v) do v[k] = exact_numbers(x) end
+  return v
+end
+
+local M = {}
+local FORMAT, VERSION = "l2l-checkpoint", 1
+
+local stash_names = { [0] = "device", "host", "recompute" }
+local inner_names = { [0] = "recompute", "keep", "swap" }
+
+----------------------------------------------------------------- describing
+
+-- The constructor options that rebuild a built-in layer (the weights come from the file).
+local OPTION_KEYS = {
+  embedding = { "vocab", "dim", "max_seq", "type_vocab", "dropout" },
+  block = { "dim", "heads", "mlp", "causal", "post_ln", "bias", "dropout", "attn_dropout", "eps", "memory" },
+  lm_head = { "vocab", "dim", "final_ln", "eps", "memory" },
+  classifier = { "dim", "classes" },
+}
+
+local function describe_layer(layer, i, fname)
+  local d = { kind = layer.kind, rng_id = layer:rng_id() }
+  if layer.kind == "custom" then
+    d.custom = layer:label()
+    local ok, json = pcall(cjson.encode, layer.options or {})
+    if not ok then
+      error(("%s: layer %d (%s): its options cannot be written as JSON (%s)"):format(fname, i, d.custom, json), 0)
+    end
+    d.options = layer.options or {}
+    return d
+  end
+  local c = layer:config()
+  d.options = {}
+  for _, k in ipairs(OPTION_KEYS[layer.kind]) do d.options[k] = c[k] end
+  if layer.kind == "lm_head" and layer.tied_to then d.options.tie = true end
+  return d
+end
+
+local OPTIMIZER_KEYS = { "kind", "lr", "momentum", "nesterov", "beta1", "beta2", "eps", "weight_decay", "decay_all" }
+local SCHEDULE_KEYS = { "kind", "warmup", "total", "final_ratio" }
+local RELAY_KEYS = { "micro_batch", "stash", "recompute_every", "inner", "clip_global_norm",
+                     "clip_layer_norm", "accumulate", "optimizer_threads", "seed", "device_budget" }
+
+local function pick(t, keys)
+  local out = {}
+  for _, k in ipairs(keys) do out[k] = t[k] end
+  return out
+end
+
+-- The C relay of a Lua run, live and in line with its model.
+local function c_relay(run, fname)
+  if not relay.is_relay(run) then error(fname .. ": self must be a relay (use run:save)", 3) end
+  local r = run.box[0]
+  if r == nil then error(fname .. ": the relay was freed", 3) end
+  local ok, err = pcall(run.sync_layers, run, fname)
+  if not ok then error(err, 3) end
+  return r
+end
+
+-- run:save(path [, extra]): extra is any JSON-encodable table, returned as run.extra.
+function M.save(run, path, extra)
+  local fname = "run:save"
+  local r = c_relay(run, fname)
+  if type(path) ~= "string" or path == "" then error(fname .. ": path must be a non-empty string", 2) end
+  if extra ~= nil and type(extra) ~= "table" then error(fname .. ": extra must be a table or nil", 2) end
+  lib.check(C.l2l_relay_sync(r), fname, 2)
+  local stats = run:stats()
+  local s = run.options
+  local desc = {
+    format = FORMAT, version = VERSION, l2l = ffi.string(C.l2l_version()),
+    layers = {}, records = {},
+    relay = pick(s, RELAY_KEYS),
+    progress = { steps = stats.steps, updates = stats.updates },
+    extra = extra,
+  }
+  desc.relay.optimizer = pick(s.optimizer, OPTIMIZER_KEYS)
+  desc.relay.schedule = pick(s.schedule, SCHEDULE_KEYS)
+  local mid_accumulation = stats.steps % s.accumulate ~= 0
+  local entries, seen = {}, {}
+  local updates_out = ffi.new("int64_t[1]")
+  for i, layer in ipairs(run.model) do
+    local ok, d = pcall(describe_layer, layer, i, fname)
+    if not ok then error(d, 2) end
+    d.frozen = run.model.frozen_set[layer] == true
+    d.inner = inner_names[C.l2l_relay_inner(r, i - 1)]
+    if i >= 2 then d.stash = stash_names[C.l2l_relay_stash(r, i - 1)] end
+    desc.layers[i] = d
+    for _, p in ipairs(layer:params()) do
+      if not seen[p.id] then
+        seen[p.id] = true
+        local name = i .. "." .. p.name
+        lib.check(C.l2l_relay_param_updates(updates_out, r, p.handle), fname, 2)
+        local rec = { name = name, updates = tonumber(updates_out[0]), state = 0, grad = mid_accumulation }
+        entries[#entries + 1] = { name = name, tensor = p.value }
+        for k, which in ipairs({ "m", "v" }) do
+          local st = run:state(p, which)
+          if st ~= nil then
+            entries[#entries + 1] = { name = name .. "." .. which, tensor = st }
+            rec.state = k
+          end
+        end
+        if mid_accumulation then entries[#entries + 1] = { name = name .. ".grad", tensor = p.grad } end
+        desc.records[#desc.records + 1] = rec
+      end
+    end
+  end
+  local okj, json = pcall(cjson.encode, exact_json(desc))
+  if not okj then error(fname .. ": extra cannot be written as JSON: " .. tostring(json), 2) end
+  local okw, err = pcall(safetensors.write, path, entries, { l2l = json, format = FORMAT })
+  if not okw then error(fname .. ": " .. tostring(err):gsub("^safetensors%.write: ", ""), 2) end
+end
+
+----------------------------------------------------------------- loading
+
+local function rebuild_optimizer(o)
+  if o.kind == "sgd" then
+    return optim.SGD{ lr = o.lr, momentum = o.momentum, nesterov = o.nesterov,
+                      weight_decay = o.weight_decay, decay_all = o.decay_all }
+  end
+  local make = o.kind == "adamw" and optim.AdamW or o.kind == "lamb" and optim.LAMB
+  if not make then error("unknown optimizer kind " .. tostring(o.kind), 0) end
+  return make{ lr = o.lr, betas = { o.beta1, o.beta2 }, eps = o.eps, weight_decay = o.weight_decay,
+               decay_all = o.decay_all }
+end
+
+local function rebuild_schedule(o)
+  if o.kind == "constant" then return optim.Constant{ warmup = o.warmup } end
+  local make = o.kind == "cosine" and optim.Cosine or o.kind == "linear" and optim.Linear
+  if not make then error("unknown schedule kind " .. tostring(o.kind), 0) end
+  return make{ warmup = o.warmup, total = o.total, final_ratio = o.final_ratio }
+end
+
+local CONSTRUCTORS = { embedding = layers.Embedding, block = layers.Block, lm_head = layers.LMHead,
+                       classifier = layers.Classifier }
+
+local function rebuild_layer(d, i, kinds)
+  if type(d) ~= "table" or type(d.options) ~= "table" then error(("layer %d: no description"):format(i), 0) end
+  local make = CONSTRUCTORS[d.kind]
+  if d.kind == "custom" then
+    make = kinds and kinds[d.custom]
+    if make == nil then
+      error(("layer %d is of the custom kind '%s': pass its constructor as kinds = {%s = ...} (from l2l.layer_kind)"):format(
+        i, tostring(d.custom), tostring(d.custom)), 0)
+    end
+  elseif make == nil then
+    error(("layer %d has the unknown kind %s"):format(i, tostring(d.kind)), 0)
+  end
+  local ok, layer = pcall(make, d.options)
+  if not ok then error(("layer %d (%s): %s"):format(i, tostring(d.custom or d.kind), tostring(layer)), 0) end
+  if type(d.rng_id) == "number" then layer:rng_id(d.rng_id) end
+  return layer
+end
+
+-- Every record of the model with the file's entry for it, shapes checked.
+local function match_records(model, file, fname)
+  local list, seen = {}, {}
+  for i, layer in ipairs(model) do
+    for _, p in ipairs(layer:params()) do
+      if not seen[p.id] then
+        seen[p.id] = true
+        local name = i .. "." .. p.name
+        local e = file.entries[name]
+        if e == nil then error(("%s: %s has no tensor '%s' for layer %d (%s)"):format(fname, file.path, name, i, layer:label()), 0) end
+        local want = p.value:shape()
+        if e.dtype ~= "f32" or table.concat(e.shape, ",") ~= table.concat(want, ",") then
+          error(("%s: %s: '%s' is %s (%s) but layer %d (%s) needs f32 (%s)"):format(fname, file.path, name,
+                e.dtype, table.concat(e.shape, ","), i, layer:label(), table.concat(want, ",")), 0)
+        end
+        list[#list + 1] = { name = name, param = p }
+      end
+    end
+  end
+  return list
+end
+
+local function decode_description(file, fname)
+  local text = file.metadata.l2l
+  if text == nil then
+    error(("%s: %s is a safetensors file but not an l2l checkpoint (no l2l metadata; for weights alone see l2l.load_weights)"):format(
+      fname, file.path), 0)
+  end
+  local ok, desc = pcall(cjson.decode, text)
+  if ok then desc = exact_numbers(desc) end
+  if not ok or type(desc) ~= "table" or desc.format ~= FORMAT then
+    error(("%s: %s: the l2l metadata is damaged"):format(fname, file.path), 0)
+  end
+  if desc.version ~= VERSION then
+    error(("%s: %s: checkpoint version %s, this l2l reads version %d"):format(fname, file.path, tostring(desc.version), VERSION), 0)
+  end
+  if type(desc.layers) ~= "table" or #desc.layers == 0 or type(desc.records) ~= "table"
+     or type(desc.relay) ~= "table" or type(desc.progress) ~= "table" then
+    error(("%s: %s: the l2l metadata is incomplete"):format(fname, file.path), 0)
+  end
+  return desc
+end
+
+local function opened(path, fname)
+  if type(path) ~= "string" or path == "" then error(fname .. ": path must be a non-empty string", 0) end
+  local ok, file = pcall(safetensors.open, path)
+  if not ok then error(fname .. ": " .. tostring(file):gsub("^safetensors%.open: ", ""), 0) end
+  return file
+end
+
+local LOAD_OVERRIDES = { micro_batch = true, optimizer_threads = true, device_budget = true, kinds = true }
+
+local function load(path, overrides)
+  local fname = "l2l.load"
+  if overrides ~= nil and type(overrides) ~= "table" then error(fname .. ": overrides must be a table", 0) end
+  overrides = overrides or {}
+  for k in pairs(overrides) do
+    if not LOAD_OVERRIDES[k] then
+      error(("%s: unknown override '%s' (micro_batch, optimizer_threads, device_budget, kinds)"):format(fname, tostring(k)), 0)
+    end
+  end
+  local file = opened(path, fname)
+  local ok, run = pcall(function()
+    local desc = decode_description(file, fname)
+    -- 1. the model and the relay, as described (nothing read from the data yet)
+    local list = {}
+    for i, d in ipairs(desc.layers) do list[i] = rebuild_layer(d, i, overrides.kinds) end
+    local model = model_mod.Sequential(list)
+    for i, d in ipairs(desc.layers) do
+      if d.frozen then model:freeze(i) end
+    end
+    local o = {}
+    for k, v in pairs(desc.relay) do o[k] = v end
+    for _, k in ipairs({ "micro_batch", "optimizer_threads", "device_budget" }) do
+      if overrides[k] ~= nil then o[k] = overrides[k] end
+    end
+    o.optimizer = rebuild_optimizer(desc.relay.optimizer or {})
+    o.schedule = rebuild_schedule(desc.relay.schedule or {})
+    o.model = model
+    -- 2. every tensor the description names, present and of the right shape
+    local records = match_records(model, file, fname)
+    if #records ~= #desc.records then
+      error(("%s: %s describes %d parameter records, the model it describes has %d"):format(
+        fname, path, #desc.records, #records), 0)
+    end
+    for k, rec in ipairs(records) do
+      local saved = desc.records[k]
+      if type(saved) ~= "table" or saved.name ~= rec.name or type(saved.updates) ~= "number" then
+        error(("%s: %s: record %d is not %s"):format(fname, path, k, rec.name), 0)
+      end
+      rec.updates, rec.grad = saved.updates, saved.grad == true
+      rec.state = {}
+      for a = 1, (type(saved.state) == "number" and saved.state or 0) do
+        local name = rec.name .. "." .. ({ "m", "v" })[a]
+        local e = file.entries[name]
+        if e == nil or e.dtype ~= "f32" or e.numel ~= rec.param.value:numel() then
+          error(("%s: %s: the optimizer state '%s' is missing or of the wrong size"):format(fname, path, name), 0)
+        end
+        rec.state[a] = name
+      end
+      if rec.grad and file.entries[rec.name .. ".grad"] == nil then
+        error(("%s: %s: the gradient '%s.grad' is missing"):format(fname, path, rec.name), 0)
+      end
+    end
+    -- 3. read and restore
+    local new = relay.Relay(o)
+    local r = new.box[0]
+    for i, d in ipairs(desc.layers) do
+      if d.inner then new:set_inner(i, d.inner) end
+      if i >= 2 and d.stash then new:set_stash(i, d.stash) end
+    end
+    for _, rec in ipairs(records) do
+      file:read(rec.name, rec.param.value)
+      local st = {}
+      for a, name in ipairs(rec.state) do st[a] = file:read(name) end
+      local status = C.l2l_relay_restore_param(r, rec.param.handle, rec.updates,
+                                               st[1] and tensor.handle_of(st[1]) or nil,
+                                               st[2] and tensor.handle_of(st[2]) or nil)
+      if status ~= 0 then error(("%s: %s: '%s': %s"):format(fname, path, rec.name, lib.last_error()), 0) end
+      if rec.grad then file:read(rec.name .. ".grad", rec.param.grad) end
+    end
+    local p = desc.progress
+    if C.l2l_relay_restore_progress(r, p.steps or -1, p.updates or -1) ~= 0 then
+      error(("%s: %s: progress: %s"):format(fname, path, lib.last_error()), 0)
+    end
+    new.extra = desc.extra
+    return new
+  end)
+  file:close()
+  if not ok then
+    local msg = tostring(run)
+    if not msg:find("^" .. fname:gsub("%.", "%%.")) then msg = ("%s: %s: %s"):format(fname, path, msg) end
+    error(msg, 0)
+  end
+  return run
+end
+
+-- l2l.load(path [, {micro_batch =, optimizer_threads =, device_budget =, kinds = {name =
+-- constructor}}]) -> a run (run.model its model, run.extra what run:save was given).
+function M.load(path, overrides)
+  local ok, run = pcall(load, path, overrides)
+  if not ok then error(run, 2) end
+  return run
+end
+
+-- l2l.load_weights(model, path): the weights of a checkpoint (or of any safetensors file
+-- with l2l's names, "<layer>.<param>") into a model of the same shapes; nothing changes
+-- unless every tensor matches.
+function M.load_weights(model, path)
+  local fname = "l2l.load_weights"
+  if not model_mod.is_sequential(model) then error(fname .. ": model must be an l2l.Sequential", 2) end
+  local ok, err = pcall(function()
+    local file = opened(path, fname)
+    local okr, e = pcall(function()
+      for _, rec in ipairs(match_records(model, file, fname)) do file:read(rec.name, rec.param.value) end
+    end)
+    file:close()
+    if not okr then error(e, 0) end
+  end)
+  if not ok then error(err, 2) end
+end
+
+return M

@@ -1,0 +1,279 @@
+-- l2l.safetensors — reading and writing tensors in the safetensors format, atomically.
+--
+--   safetensors.write(path, { {name =, tensor =}, ... } [, metadata = {key = "string"}])
+--   local file = safetensors.open(path)      -- header read and checked, data not yet
+--   file.names, file.entries[name] = {dtype =, shape =, offset =, bytes =}, file.metadata
+--   file:read(name [, into]) -> a host tensor (into: an existing tensor of that shape)
+--   file:close()
+--
+-- The format (as Hugging Face defines it): an unsigned 64-bit little-endian header length
+-- N, N bytes of JSON {"name": {"dtype": "F32", "shape": [...], "data_offsets": [b, e]},
+-- ..., "__metadata__": {"key": "string value"}}, then the raw little-endian data, offsets
+-- counted from its start. The header is padded with spaces to a multiple of 8 bytes so
+-- every tensor's data stays aligned.
+-- Purpose: one place that knows the byte layout, for checkpoints (l2l.checkpoint) and
+-- imports (l2l.gpt2). Writing goes to a temporary file in the same folder, fsync, rename,
+-- fsync of the folder: a crash or kill at any moment leaves either the old file or the
+-- new one whole. Reading checks the whole header against the file's size before any
+-- data is read (lengths, offsets inside the file, no overlaps or holes, known dtypes,
+-- element counts matching the byte ranges), so a damaged, truncated or foreign file is a
+-- clear error naming the file, never a crash or a read out of bounds.
+-- JSON goes through lua-cjson (Debian's lua-cjson), never by hand.
+-- Must never: leave a partial file under the final name, or trust a number from a file
+-- before checking it.
+local ffi = require("ffi")
+local cjson = require("cjson").new()   -- a private instance: its settings are ours
+local lib = require("l2l.lib")
+local tensor = require("l2l.tensor")
+
+local C = ffi.C
+local type, tostring, ipairs, pairs, floor = type, tostring, ipairs, pairs, math.floor
+
+-- libc, with FILE kept opaque (other modules may declare FILE differently).
+ffi.cdef [[
+void *fopen(const char *path, const char *mode);
+int fclose(void *stream);
+size_t fread(void *ptr, size_t size, size_t n, void *stream);
+size_t fwrite(const void *ptr, size_t size, size_t n, void *stream);
+int fflush(void *stream);
+int fileno(void *stream);
+int fseeko(void *stream, int64_t offset, int whence);
+int64_t ftello(void *stream);
+int fsync(int fd);
+int open(const char *path, int flags, ...);
+int close(int fd);
+int rename(const char *from, const char *to);
+int unlink(const char *path);
+int getpid(void);
+char *strerror(int errnum);
+]]
+
+local M = {}
+
+-- safetensors dtype <-> l2l dtype and element size. (The format's other dtypes, e.g.
+-- F64 or I64, are refused by name when read.)
+local DTYPES = { F32 = "f32", F16 = "f16", BF16 = "bf16", I32 = "i32", U8 = "u8" }
+local SIZES = { f32 = 4, f16 = 2, bf16 = 2, i32 = 4, u8 = 1 }
+local FORMAT_NAMES = {}
+for st, l in pairs(DTYPES) do FORMAT_NAMES[l] = st end
+M.format_dtype = FORMAT_NAMES
+
+local MAX_HEADER = 100 * 2^20   -- the format's own limit on the header
+local SEEK_SET, SEEK_END = 0, 2
+local O_RDONLY, O_DIRECTORY = 0, 0x10000
+
+local function os_error(what, path)
+  local e = ffi.errno()
+  return ("%s %s: %s"):format(what, path, ffi.string(C.strerror(e)))
+end
+
+----------------------------------------------------------------- writing
+
+local function u64_le(n)
+  local bytes = {}
+  for i = 1, 8 do
+    bytes[i] = string.char(n % 256)
+    n = floor(n / 256)
+  end
+  return table.concat(bytes)
+end
+
+local function folder_of(path)
+  return path:match("^(.*)/[^/]*$") or "."
+end
+
+-- The file's data must reach the disk before the rename makes it the file; the folder's
+-- entry must reach it after, or a power cut could bring back the old name.
+local function sync_folder(folder)
+  local fd = C.open(folder, O_RDONLY + O_DIRECTORY)
+  if fd >= 0 then
+    C.fsync(fd)
+    C.close(fd)
+  end
+end
+
+-- entries: { {name = string, tensor = host or device tensor}, ... } in file order;
+-- metadata: a table of string values (or nil).
+function M.write(path, entries, metadata)
+  local fname = "safetensors.write"
+  if type(path) ~= "string" or path == "" then error(fname .. ": path must be a non-empty string", 2) end
+  if type(entries) ~= "table" then error(fname .. ": entries must be a list of {name =, tensor =}", 2) end
+  local header, offset, seen = {}, 0, {}
+  local datas = {}
+  for i, e in ipairs(entries) do
+    if type(e) ~= "table" or type(e.name) ~= "string" or e.name == "" or e.name == "__metadata__" then
+      error(("%s: entry %d must have a name (a non-empty string other than __metadata__)"):format(fname, i), 2)
+    end
+    if seen[e.name] then error(("%s: name '%s' appears twice"):format(fname, e.name), 2) end
+    seen[e.name] = true
+    local t = e.tensor
+    if not tensor.is_tensor(t) then error(("%s: entry '%s' has no tensor"):format(fname, e.name), 2) end
+    if t:pool() ~= "host" then t = t:to("host") end
+    local bytes = t:numel() * SIZES[t:dtype()]
+    header[e.name] = { dtype = FORMAT_NAMES[t:dtype()], shape = t:shape(),
+                       data_offsets = { offset, offset + bytes } }
+    datas[#datas + 1] = { t = t, bytes = bytes }
+    offset = offset + bytes
+  end
+  if metadata ~= nil then
+    if type(metadata) ~= "table" then error(fname .. ": metadata must be a table of strings", 2) end
+    for k, v in pairs(metadata) do
+      if type(k) ~= "string" or type(v) ~= "string" then
+        error(fname .. ": metadata must map strings to strings (encode other values as JSON)", 2)
+      end
+    end
+    header.__metadata__ = metadata
+  end
+  local json = cjson.encode(header)
+  json = json .. (" "):rep((8 - #json % 8) % 8)
+
+  local tmp = ("%s.tmp.%d"):format(path, C.getpid())
+  local f = C.fopen(tmp, "wb")
+  if f == nil then error(fname .. ": " .. os_error("cannot create", tmp), 2) end
+  local ok, err = pcall(function()
+    local function put(ptr, n)
+      if n > 0 and C.fwrite(ptr, 1, n, f) ~= n then error(os_error("cannot write", tmp), 0) end
+    end
+    local head = u64_le(#json) .. json
+    put(head, #head)
+    for _, d in ipairs(datas) do put(d.t:data(), d.bytes) end
+    if C.fflush(f) ~= 0 then error(os_error("cannot write", tmp), 0) end
+    if C.fsync(C.fileno(f)) ~= 0 then error(os_error("cannot sync", tmp), 0) end
+  end)
+  if C.fclose(f) ~= 0 and ok then ok, err = false, os_error("cannot close", tmp) end
+  if ok and C.rename(tmp, path) ~= 0 then ok, err = false, os_error("cannot rename to", path) end
+  if not ok then
+    C.unlink(tmp)
+    error(fname .. ": " .. tostring(err), 2)
+  end
+  sync_folder(folder_of(path))
+end
+
+----------------------------------------------------------------- reading
+
+local File = {}
+File.__index = File
+
+-- A non-negative integer that a double holds exactly.
+local function count(v) return type(v) == "number" and v >= 0 and v == floor(v) and v < 2^53 end
+
+local function check_entry(name, e, data_len, bad)
+  if type(e) ~= "table" then bad("entry '%s' is not an object", name) end
+  local dtype = DTYPES[e.dtype]
+  if dtype == nil then bad("entry '%s' has dtype %s, which l2l does not read", name, tostring(e.dtype)) end
+  if type(e.shape) ~= "table" then bad("entry '%s' has no shape list", name) end
+  local numel = 1
+  for i, d in ipairs(e.shape) do
+    if not count(d) then bad("entry '%s': shape[%d] = %s is not a size", name, i, tostring(d)) end
+    numel = numel * d
+  end
+  if #e.shape > 8 then bad("entry '%s' has %d dimensions (at most 8)", name, #e.shape) end
+  local o = e.data_offsets
+  if type(o) ~= "table" or #o ~= 2 or not count(o[1]) or not count(o[2]) or o[2] < o[1] then
+    bad("entry '%s' has bad data_offsets", name)
+  end
+  if o[2] > data_len then
+    bad("entry '%s' ends at byte %d of the data but the file holds %d (truncated?)", name, o[2], data_len)
+  end
+  if o[2] - o[1] ~= numel * SIZES[dtype] then
+    bad("entry '%s': %d bytes for %d %s elements", name, o[2] - o[1], numel, dtype)
+  end
+  local shape = {}
+  for i, d in ipairs(e.shape) do shape[i] = d end
+  return { dtype = dtype, shape = shape, numel = numel, offset = o[1], bytes = o[2] - o[1] }
+end
+
+-- Opens and checks a file; raises "safetensors.open: <path>: <what is wrong>".
+function M.open(path)
+  local fname = "safetensors.open"
+  if type(path) ~= "string" or path == "" then error(fname .. ": path must be a non-empty string", 2) end
+  local function bad(fmt, ...) error(("%s: %s: " .. fmt):format(fname, path, ...), 0) end
+  local f = C.fopen(path, "rb")
+  if f == nil then error(fname .. ": " .. os_error("cannot open", path), 2) end
+  f = ffi.gc(f, C.fclose)   -- closed by file:close(), or by the collector if forgotten
+  local ok, result = pcall(function()
+    if C.fseeko(f, 0, SEEK_END) ~= 0 then bad("cannot seek") end
+    local size = tonumber(C.ftello(f))
+    C.fseeko(f, 0, SEEK_SET)
+    if size < 8 then bad("%d bytes: too short to be a safetensors file", size) end
+    local len8 = ffi.new("uint8_t[8]")
+    if C.fread(len8, 1, 8, f) ~= 8 then bad("cannot read the header length") end
+    local n = 0
+    for i = 7, 0, -1 do n = n * 256 + len8[i] end
+    if n < 2 or n > MAX_HEADER then bad("header length %.0f is not plausible: not a safetensors file", n) end
+    if 8 + n > size then bad("header of %d bytes but the file has %d (truncated)", n, size) end
+    local buf = ffi.new("char[?]", n)
+    if C.fread(buf, 1, n, f) ~= n then bad("cannot read the header") end
+    local okj, header = pcall(cjson.decode, ffi.string(buf, n))
+    if not okj or type(header) ~= "table" then bad("the header is not a JSON object: not a safetensors file (or damaged)") end
+    local file = setmetatable({ path = path, handle = f, data_start = 8 + n, entries = {}, names = {},
+                                metadata = {} }, File)
+    local data_len = size - 8 - n
+    local list = {}
+    for name, e in pairs(header) do
+      if name == "__metadata__" then
+        if type(e) ~= "table" then bad("__metadata__ is not an object") end
+        for k, v in pairs(e) do
+          if type(v) ~= "string" then bad("__metadata__.%s is not a string", tostring(k)) end
+          file.metadata[k] = v
+        end
+      else
+        local entry = check_entry(name, e, data_len, bad)
+        entry.name = name
+        file.entries[name] = entry
+        list[#list + 1] = entry
+      end
+    end
+    -- The data is the entries' byte ranges end to end: no overlaps, no holes.
+    table.sort(list, function(a, b) return a.offset < b.offset or (a.offset == b.offset and a.bytes < b.bytes) end)
+    local at = 0
+    for _, e in ipairs(list) do
+      if e.offset ~= at then
+        bad("entry '%s' starts at byte %d of the data, expected %d (overlap or hole)", e.name, e.offset, at)
+      end
+      at = e.offset + e.bytes
+      file.names[#file.names + 1] = e.name
+    end
+    if at ~= data_len then bad("%d bytes of data after the last tensor", data_len - at) end
+    return file
+  end)
+  if not ok then
+    C.fclose(ffi.gc(f, nil))
+    error(result, 2)
+  end
+  return result
+end
+
+-- file:read(name [, into]) -> the tensor, in the host pool. `into` (a host tensor of the same dtype and element count) receives it instead of a new one.
+function File:read(name, into)
+  local fname = "file:read"
+  if getmetatable(self) ~= File then error(fname .. ": self must be an open file", 2) end
+  if self.handle == nil then error(fname .. ": the file was closed", 2) end
+  local e = self.entries[name]
+  if e == nil then error(("%s: %s has no tensor '%s'"):format(fname, self.path, tostring(name)), 2) end
+  local t = into
+  if t == nil then
+    t = tensor.empty(#e.shape > 0 and e.shape or { 1 }, { dtype = e.dtype })
+  elseif not tensor.is_tensor(t) or t:dtype() ~= e.dtype or t:numel() ~= e.numel or t:pool() ~= "host" then
+    error(("%s: into must be a host %s tensor of %d elements for '%s'"):format(
+      fname, e.dtype, e.numel, name), 2)
+  end
+  if e.bytes > 0 then
+    if C.fseeko(self.handle, self.data_start + e.offset, SEEK_SET) ~= 0
+       or C.fread(t:data(), 1, e.bytes, self.handle) ~= e.bytes then
+      error(("%s: %s: cannot read '%s' (the file changed or is damaged)"):format(fname, self.path, name), 2)
+    end
+  end
+  return t
+end
+
+function File:close()
+  if self.handle ~= nil then
+    C.fclose(ffi.gc(self.handle, nil))
+    self.handle = nil
+  end
+end
+
+M.File = File
+
+return M

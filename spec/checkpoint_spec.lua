@@ -1,0 +1,509 @@
+-- checkpoint_spec — run:save / l2l.load, the safetensors files under them, and GPT-2 import.
+-- References are independent of what they test: safetensors bytes are written and read
+-- here by hand, a resumed run is compared bit for bit with the run that never stopped,
+-- and an imported GPT-2 is compared with a float64 GPT-2 forward written in this file.
+local l2l = require("l2l")
+local ffi = require("ffi")
+local cjson = require("cjson").new()
+local support = dofile("spec/support.lua")
+
+local seed = support.seed
+local exe = support.build .. "/l2l"
+
+local function tmp_path(tag)
+  return ("%s/l2l-ck-%s-%d-%d.safetensors"):format(os.getenv("TMPDIR") or "/tmp", tag, seed, math.random(1, 1e9))
+end
+
+local function read_bytes(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function write_bytes(path, s)
+  local f = assert(io.open(path, "wb"))
+  f:write(s)
+  f:close()
+end
+
+local function le64(n)
+  local t = {}
+  for i = 1, 8 do t[i] = string.char(n % 256); n = math.floor(n / 256) end
+  return table.concat(t)
+end
+
+-- A safetensors file written without l2l: tensors = { {name, dtype ("F32"/"I32"), shape,
+-- values (flat list)} }, metadata (table or nil).
+local function write_by_hand(path, tensors, metadata)
+  local header, blobs, at = {}, {}, 0
+  for _, t in ipairs(tensors) do
+    local n = #t.values
+    local ctype = t.dtype == "F32" and "float[?]" or "int32_t[?]"
+    local blob = ffi.string(ffi.new(ctype, n, t.values), 4 * n)
+    header[t.name] = { dtype = t.dtype, shape = t.shape, data_offsets = { at, at + #blob } }
+    blobs[#blobs + 1] = blob
+    at = at + #blob
+  end
+  header.__metadata__ = metadata
+  local json = cjson.encode(header)
+  write_bytes(path, le64(#json) .. json .. table.concat(blobs))
+end
+
+local function flat(t)
+  local out, p = {}, t:data()
+  for i = 0, t:numel() - 1 do out[i + 1] = p[i] end
+  return out
+end
+
+local function same_values(a, b)
+  local pa, pb = a:data(), b:data()
+  if a:numel() ~= b:numel() then return false end
+  for i = 0, a:numel() - 1 do
+    if pa[i] ~= pb[i] then return false end
+  end
+  return true
+end
+
+describe("safetensors files (seed " .. seed .. ")", function()
+  it("reads a file written by hand and writes what a hand-written reader expects", function()
+    local path = tmp_path("format")
+    local rows, cols = support.int(1, 7), support.int(1, 9)
+    local a, ids = {}, {}
+    for i = 1, rows * cols do a[i] = support.normal() end
+    for i = 1, support.int(1, 11) do ids[i] = support.int(-5, 5000) end
+    write_by_hand(path, { { name = "a", dtype = "F32", shape = { rows, cols }, values = a },
+                          { name = "ids", dtype = "I32", shape = { #ids }, values = ids } }, { note = "x" })
+    local file = l2l.safetensors.open(path)
+    assert.are.same({ rows, cols }, file.entries.a.shape)
+    assert.are.equal("x", file.metadata.note)
+    local ta, ti = file:read("a"), file:read("ids")
+    file:close()
+    assert.are.same({ rows, cols }, ta:shape())
+    assert.are.equal("i32", ti:dtype())
+    local want = ffi.new("float[?]", #a, a)       -- the f32 roundings of the doubles
+    for i = 1, #a do assert.are.equal(want[i - 1], ta:data()[i - 1]) end
+    assert.are.same(ids, flat(ti))
+
+    -- l2l writes; this file's reader checks the layout byte by byte.
+    local x = l2l.randn({ support.int(1, 5), support.int(1, 6) }, { seed = seed })
+    local y = l2l.tensor({ 3, -1, 7 }, { dtype = "i32" })
+    l2l.safetensors.write(path, { { name = "x", tensor = x }, { name = "y", tensor = y } }, { k = "v" })
+    local bytes = read_bytes(path)
+    local n = 0
+    for i = 8, 1, -1 do n = n * 256 + bytes:byte(i) end
+    assert.are.equal(0, (8 + n) % 8, "the data starts 8-byte aligned")
+    local header = cjson.decode(bytes:sub(9, 8 + n))
+    assert.are.equal("v", header.__metadata__.k)
+    assert.are.equal("F32", header.x.dtype)
+    assert.are.same(x:shape(), header.x.shape)
+    local data = bytes:sub(9 + n)
+    local xo, yo = header.x.data_offsets, header.y.data_offsets
+    assert.are.equal(#data, math.max(xo[2], yo[2]))
+    local xs = ffi.cast("const float *", data:sub(xo[1] + 1, xo[2]))
+    for i = 0, x:numel() - 1 do assert.are.equal(x:data()[i], xs[i]) end
+    local ys = ffi.cast("const int32_t *", data:sub(yo[1] + 1, yo[2]))
+    assert.are.same({ 3, -1, 7 }, { ys[0], ys[1], ys[2] })
+    os.remove(path)
+  end)
+
+  it("refuses damaged, truncated and foreign files with a message naming them", function()
+    local path = tmp_path("damage")
+    l2l.safetensors.write(path, { { name = "w", tensor = l2l.randn({ 5, 3 }, { seed = seed }) } })
+    local good = read_bytes(path)
+    local cuts = { 0, 1, 7, 8, 9, #good - 1 }
+    for _ = 1, 20 do cuts[#cuts + 1] = support.int(0, #good - 1) end
+    for _, cut in ipairs(cuts) do
+      write_bytes(path, good:sub(1, cut))
+      local ok, err = pcall(l2l.safetensors.open, path)
+      assert.is_false(ok, "truncated at " .. cut)
+      assert.is_truthy(tostring(err):find(path, 1, true), err)
+    end
+    -- a header length that points past the end, a header that is not JSON, a hole
+    write_bytes(path, le64(2^40) .. good:sub(9))
+    assert.has_error(function() l2l.safetensors.open(path) end)
+    write_bytes(path, le64(6) .. "{nope}" .. "\0\0\0\0")
+    local ok, err = pcall(l2l.safetensors.open, path)
+    assert.is_false(ok)
+    assert.is_truthy(err:find("not a JSON object"), err)
+    write_by_hand(path, { { name = "a", dtype = "F32", shape = { 2 }, values = { 1, 2 } } })
+    local with_hole = read_bytes(path) .. "\0\0\0\0"
+    write_bytes(path, with_hole)
+    ok, err = pcall(l2l.safetensors.open, path)
+    assert.is_false(ok)
+    assert.is_truthy(err:find("after the last tensor"), err)
+    write_bytes(path, "#include <stdio.h>\nint main(void) { return 0; }\n")
+    assert.has_error(function() l2l.safetensors.open(path) end)
+    os.remove(path)
+    ok, err = pcall(l2l.safetensors.open, path)
+    assert.is_false(ok)
+    assert.is_truthy(err:find("cannot open", 1, true), err)
+  end)
+
+  it("leaves nothing behind when it cannot write", function()
+    local ok, err = pcall(l2l.safetensors.write, "/nonexistent-dir-l2l/x.safetensors",
+                          { { name = "w", tensor = l2l.zeros({ 2 }) } })
+    assert.is_false(ok)
+    assert.is_truthy(err:find("/nonexistent-dir-l2l/x.safetensors", 1, true), err)
+    assert.has_error(function() l2l.safetensors.write("", {}) end)
+    assert.has_error(function() l2l.safetensors.write("/tmp/x", { { name = "w" } }) end)
+  end)
+end)
+
+----------------------------------------------------------------- checkpoints of a run
+
+local V, S = 13, 9
+
+-- A fresh run of a random configuration `cfg`, layers seeded by cfg.layer_seed.
+local function make_run(cfg)
+  local D = 16
+  local list = { l2l.Embedding{ vocab = V, dim = D, max_seq = S, dropout = cfg.dropout, seed = cfg.layer_seed } }
+  for b = 1, cfg.blocks do
+    list[#list + 1] = l2l.Block{ dim = D, heads = 2, mlp = 24, causal = true, dropout = cfg.dropout,
+                                 memory = b % 2 == 0 and "frugal" or "standard", seed = cfg.layer_seed + b }
+  end
+  list[#list + 1] = l2l.LMHead{ vocab = V, dim = D, tie = cfg.tie, seed = cfg.layer_seed + 99 }
+  local model = l2l.Sequential(list)
+  if cfg.freeze then model:freeze(2) end
+  local optimizer = ({ l2l.AdamW{ lr = 0.01, weight_decay = 0.1 },
+                       l2l.SGD{ lr = 0.05, momentum = 0.9, nesterov = true },
+                       l2l.LAMB{ lr = 0.01 } })[cfg.optimizer]
+  local run = l2l.Relay{ model = model, micro_batch = cfg.micro_batch, stash = cfg.stash,
+                         optimizer = optimizer, schedule = l2l.Cosine{ warmup = 3, total = 40, final_ratio = 0.1 },
+                         accumulate = cfg.accumulate, clip_global_norm = cfg.clip, seed = cfg.seed }
+  if cfg.blocks >= 2 then run:set_stash(3, "recompute"); run:set_inner(2, "keep") end
+  return run
+end
+
+local function batch_for(step, data_seed, B)
+  local tok, tgt = l2l.zeros({ B, S }, { dtype = "i32" }), l2l.zeros({ B, S }, { dtype = "i32" })
+  local r = l2l.rand({ B, 2 }, { seed = data_seed, stream = step })
+  for b = 1, B do
+    local t0, stride = math.floor(r:get(b, 1) * V), 1 + math.floor(r:get(b, 2) * 3)
+    for s = 1, S do
+      tok:set(b, s, (t0 + stride * s) % V)
+      tgt:set(b, s, s == 1 and -1 or (t0 + stride * (s + 1)) % V)
+    end
+  end
+  return tok, tgt
+end
+
+local function random_config()
+  return {
+    blocks = support.int(1, 3), dropout = support.int(0, 1) * 0.1, tie = support.int(0, 1) == 1,
+    freeze = support.int(0, 3) == 0, optimizer = support.int(1, 3), micro_batch = support.int(1, 4),
+    stash = ({ "host", "device", "recompute" })[support.int(1, 3)], accumulate = support.int(1, 2),
+    clip = support.int(0, 1) * 0.5, seed = support.int(0, 1000), layer_seed = support.int(1, 1000),
+    B = support.int(3, 7), data_seed = support.int(1, 1e6),
+  }
+end
+
+describe("run:save and l2l.load (seed " .. seed .. ")", function()
+  it("resume bit for bit, whatever the configuration (also part way through an accumulation)", function()
+    for trial = 1, 3 do
+      local cfg = random_config()
+      local what = ("trial %d: %s"):format(trial, cjson.encode(cfg))
+      local total, at = 12, support.int(1, 11)
+      local path = tmp_path("resume")
+      local run = make_run(cfg)
+      local want = {}
+      for step = 1, total do
+        if step == at + 1 then run:save(path, { at = at, cfg = cfg }) end
+        want[step] = run:step(batch_for(step, cfg.data_seed, cfg.B))
+      end
+      run:sync()
+      local final = {}
+      for _, p in ipairs(run.model:params()) do final[#final + 1] = p.value:clone() end
+      local model_text = tostring(run.model)
+      run:free()
+
+      local back = l2l.load(path)
+      assert.are.equal(at, back.extra.at, what)
+      assert.are.equal(at, back:stats().steps, what)
+      assert.are.equal(model_text, tostring(back.model), what)
+      assert.are.equal(cfg.micro_batch, back.options.micro_batch, what)
+      for step = at + 1, total do
+        local loss = back:step(batch_for(step, cfg.data_seed, cfg.B))
+        assert.are.equal(want[step], loss, ("%s: step %d"):format(what, step))
+      end
+      back:sync()
+      for k, p in ipairs(back.model:params()) do
+        assert.is_true(same_values(final[k], p.value), ("%s: record %s"):format(what, p.name))
+      end
+      back:free()
+      os.remove(path)
+    end
+  end)
+
+  it("refuse a damaged or truncated checkpoint without a crash", function()
+    local cfg = random_config()
+    local path = tmp_path("ckdamage")
+    local run = make_run(cfg)
+    run:step(batch_for(1, cfg.data_seed, cfg.B))
+    run:save(path)
+    run:free()
+    local good = read_bytes(path)
+    for _ = 1, 12 do
+      local cut = support.int(0, #good - 1)
+      write_bytes(path, good:sub(1, cut))
+      local ok, err = pcall(l2l.load, path)
+      assert.is_false(ok, "truncated at " .. cut)
+      assert.is_truthy(tostring(err):find("^l2l%.load: "), err)
+    end
+    -- bytes changed in the header: an error, or (where JSON stays valid) a loaded run
+    for _ = 1, 12 do
+      local at = support.int(9, 8 + 200)
+      local damaged = good:sub(1, at - 1) .. string.char(support.int(0, 255)) .. good:sub(at + 1)
+      write_bytes(path, damaged)
+      local ok, result = pcall(l2l.load, path)
+      assert.is_true(ok or type(result) == "string", tostring(result))
+      if ok then result:free() end
+    end
+    -- a safetensors file that is not a checkpoint
+    l2l.safetensors.write(path, { { name = "w", tensor = l2l.zeros({ 3 }) } })
+    local ok, err = pcall(l2l.load, path)
+    assert.is_false(ok)
+    assert.is_truthy(err:find("not an l2l checkpoint"), err)
+    os.remove(path)
+  end)
+
+  it("load_weights refuses shapes that do not match and leaves the model as it was", function()
+    local cfg = random_config()
+    cfg.blocks = 1
+    local path = tmp_path("weights")
+    local run = make_run(cfg)
+    run:save(path)
+    run:free()
+    local other = l2l.Sequential{ l2l.Embedding{ vocab = V + 1, dim = 16, max_seq = S },
+                                  l2l.Block{ dim = 16, heads = 2, mlp = 24, causal = true },
+                                  l2l.LMHead{ vocab = V + 1, dim = 16 } }
+    local before = other[2]:params()[3].value:clone()
+    local ok, err = pcall(l2l.load_weights, other, path)
+    assert.is_false(ok)
+    assert.is_truthy(err:find("1.wte", 1, true), err)
+    assert.is_true(same_values(before, other[2]:params()[3].value))
+    -- the same shapes load
+    local twin = make_run(cfg)
+    for _, p in ipairs(twin.model:params()) do p.value:fill(0) end
+    l2l.load_weights(twin.model, path)
+    local back = l2l.load(path)
+    for k, p in ipairs(twin.model:params()) do
+      assert.is_true(same_values(back.model:params()[k].value, p.value), p.name)
+    end
+    os.remove(path)
+  end)
+
+  it("check their arguments", function()
+    local cfg = random_config()
+    local run = make_run(cfg)
+    assert.has_error(function() run:save(42) end, "run:save: path must be a non-empty string")
+    assert.has_error(function() run:save("/tmp/x", 5) end, "run:save: extra must be a table or nil")
+    local ok, err = pcall(run.save, run, "/nonexistent-dir-l2l/run.safetensors")
+    assert.is_false(ok)
+    assert.is_truthy(err:find("^run:save: .*nonexistent%-dir%-l2l"), err)
+    assert.has_error(function() l2l.load(nil) end, "l2l.load: path must be a non-empty string")
+    ok, err = pcall(l2l.load, "/nonexistent-dir-l2l/run.safetensors")
+    assert.is_false(ok)
+    assert.is_truthy(err:find("^l2l%.load: cannot open"), err)
+    ok, err = pcall(l2l.load, "x", { lr = 1 })
+    assert.is_false(ok)
+    assert.is_truthy(err:find("unknown override 'lr'"), err)
+    run:free()
+  end)
+
+  it("survive a process killed at any moment while saving: the file is the old one or the new one", function()
+    local path = tmp_path("kill")
+    -- The child saves, in a loop, a run whose every weight equals the save's number n,
+    -- with n in extra; a file that loads must be whole: all weights equal to its n.
+    local script = tmp_path("killer") .. ".lua"
+    write_bytes(script, ([[
+      local l2l = require("l2l")
+      local model = l2l.Sequential{ l2l.Embedding{ vocab = 64, dim = 256, max_seq = 8 },
+                                    l2l.Block{ dim = 256, heads = 4, causal = true },
+                                    l2l.LMHead{ vocab = 64, dim = 256 } }
+      local run = l2l.Relay{ model = model }
+      for n = 1, 1e9 do
+        for _, p in ipairs(model:params()) do p.value:fill(n) end
+        run:save(%q, { n = n })
+      end
+    ]]):format(path))
+    local status = support.sh(("timeout --foreground -s KILL 1.5 %s %s"):format(exe, script))   -- a first file
+    assert.is_truthy(status ~= 0)
+    local kills, loads = 0, 0
+    for _ = 1, 6 do
+      local delay = support.uniform(0.05, 0.6)
+      support.sh(("timeout --foreground -s KILL %.3f %s %s"):format(delay, exe, script))
+      kills = kills + 1
+      local run = l2l.load(path)    -- must not fail: the last complete save is there
+      loads = loads + 1
+      local n = run.extra.n
+      assert.is_truthy(n >= 1, "n = " .. tostring(n))
+      for _, p in ipairs(run.model:params()) do
+        local v = p.value:data()
+        for i = 0, p.value:numel() - 1, 97 do
+          assert.are.equal(n, v[i], ("%s after a kill at %.3f s"):format(p.name, delay))
+        end
+      end
+      run:free()
+    end
+    assert.are.equal(kills, loads)
+    os.remove(path)
+    os.remove(script)
+    os.execute(("rm -f %s.tmp.*"):format(path))
+  end)
+end)
+
+----------------------------------------------------------------- GPT-2 import
+
+-- float64 GPT-2 forward: logits[b][s][v] for tokens[b][s] (0-based ids), weights W[name]
+-- as flat lists in the file's row-major layouts.
+local function gpt2_reference(W, tokens, cfg)
+  local D, H, V, L, F = cfg.dim, cfg.heads, cfg.vocab, cfg.blocks, cfg.mlp
+  local hd = D / H
+  local function at(name, r, c, cols) return W[name][(r - 1) * cols + c] end
+  local function layernorm(x, g, b)
+    local mean, var = 0, 0
+    for i = 1, D do mean = mean + x[i] end
+    mean = mean / D
+    for i = 1, D do var = var + (x[i] - mean) ^ 2 end
+    local rstd = 1 / math.sqrt(var / D + 1e-5)
+    local y = {}
+    for i = 1, D do y[i] = (x[i] - mean) * rstd * W[g][i] + W[b][i] end
+    return y
+  end
+  local function linear(x, w, b, n_in, n_out)
+    local y = {}
+    for o = 1, n_out do
+      local s = W[b][o]
+      for i = 1, n_in do s = s + x[i] * at(w, i, o, n_out) end
+      y[o] = s
+    end
+    return y
+  end
+  local function gelu(x)
+    return 0.5 * x * (1 + math.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ^ 3)))
+  end
+  local out = {}
+  for b, row in ipairs(tokens) do
+    local xs = {}
+    for s, t in ipairs(row) do
+      local x = {}
+      for i = 1, D do x[i] = at("wte.weight", t + 1, i, D) + at("wpe.weight", s, i, D) end
+      xs[s] = x
+    end
+    for l = 0, L - 1 do
+      local p = "h." .. l .. "."
+      local qkv = {}
+      for s = 1, #row do qkv[s] = linear(layernorm(xs[s], p .. "ln_1.weight", p .. "ln_1.bias"),
+                                          p .. "attn.c_attn.weight", p .. "attn.c_attn.bias", D, 3 * D) end
+      for s = 1, #row do
+        local ctx = {}
+        for h = 0, H - 1 do
+          local scores, top = {}, -math.huge
+          for u = 1, s do
+            local dot = 0
+            for i = 1, hd do dot = dot + qkv[s][h * hd + i] * qkv[u][D + h * hd + i] end
+            scores[u] = dot / math.sqrt(hd)
+            top = math.max(top, scores[u])
+          end
+          local sum = 0
+          for u = 1, s do scores[u] = math.exp(scores[u] - top); sum = sum + scores[u] end
+          for i = 1, hd do
+            local c = 0
+            for u = 1, s do c = c + scores[u] / sum * qkv[u][2 * D + h * hd + i] end
+            ctx[h * hd + i] = c
+          end
+        end
+        local a = linear(ctx, p .. "attn.c_proj.weight", p .. "attn.c_proj.bias", D, D)
+        for i = 1, D do xs[s][i] = xs[s][i] + a[i] end
+      end
+      for s = 1, #row do
+        local hid = linear(layernorm(xs[s], p .. "ln_2.weight", p .. "ln_2.bias"), p .. "mlp.c_fc.weight",
+                           p .. "mlp.c_fc.bias", D, F)
+        for i = 1, F do hid[i] = gelu(hid[i]) end
+        local m = linear(hid, p .. "mlp.c_proj.weight", p .. "mlp.c_proj.bias", F, D)
+        for i = 1, D do xs[s][i] = xs[s][i] + m[i] end
+      end
+    end
+    out[b] = {}
+    for s = 1, #row do
+      local y = layernorm(xs[s], "ln_f.weight", "ln_f.bias")
+      local logits = {}
+      for v = 1, V do
+        local z = 0
+        for i = 1, D do z = z + y[i] * at("wte.weight", v, i, D) end
+        logits[v] = z
+      end
+      out[b][s] = logits
+    end
+  end
+  return out
+end
+
+describe("l2l.import_gpt2 (seed " .. seed .. ")", function()
+  it("builds the model a GPT-2 file describes and computes GPT-2's logits", function()
+    local cfg = { dim = 8 * support.int(1, 3), heads = 2, vocab = support.int(11, 30), blocks = support.int(1, 2),
+                  positions = support.int(6, 12) }
+    cfg.mlp = 4 * cfg.dim
+    local D, V = cfg.dim, cfg.vocab
+    local tensors, W = {}, {}
+    local prefix = support.int(0, 1) == 1 and "transformer." or ""
+    local function add(name, shape, std, mean)
+      local n = 1
+      for _, d in ipairs(shape) do n = n * d end
+      local values = {}
+      for i = 1, n do values[i] = (mean or 0) + std * support.normal() end
+      -- the reference computes with the f32 values the file holds
+      local f = ffi.new("float[?]", n, values)
+      for i = 1, n do values[i] = f[i - 1] end
+      W[name] = values
+      tensors[#tensors + 1] = { name = prefix .. name, dtype = "F32", shape = shape, values = values }
+    end
+    add("wte.weight", { V, D }, 0.5)
+    add("wpe.weight", { cfg.positions, D }, 0.3)
+    for l = 0, cfg.blocks - 1 do
+      local p = "h." .. l .. "."
+      add(p .. "ln_1.weight", { D }, 0.2, 1); add(p .. "ln_1.bias", { D }, 0.2)
+      add(p .. "attn.c_attn.weight", { D, 3 * D }, 0.4); add(p .. "attn.c_attn.bias", { 3 * D }, 0.2)
+      add(p .. "attn.c_proj.weight", { D, D }, 0.3); add(p .. "attn.c_proj.bias", { D }, 0.2)
+      add(p .. "ln_2.weight", { D }, 0.2, 1); add(p .. "ln_2.bias", { D }, 0.2)
+      add(p .. "mlp.c_fc.weight", { D, cfg.mlp }, 0.3); add(p .. "mlp.c_fc.bias", { cfg.mlp }, 0.2)
+      add(p .. "mlp.c_proj.weight", { cfg.mlp, D }, 0.2); add(p .. "mlp.c_proj.bias", { D }, 0.2)
+      -- the causal-mask buffer older files carry
+      tensors[#tensors + 1] = { name = prefix .. p .. "attn.bias", dtype = "F32", shape = { 1 }, values = { 1 } }
+    end
+    add("ln_f.weight", { D }, 0.2, 1); add("ln_f.bias", { D }, 0.2)
+    local path = tmp_path("gpt2")
+    write_by_hand(path, tensors, { format = "pt" })
+
+    local model = l2l.import_gpt2(path, { heads = cfg.heads })
+    assert.are.equal(cfg.blocks + 2, #model)
+    assert.are.equal(cfg.positions, model[1]:config().max_seq)
+    local B, S = support.int(1, 2), support.int(2, cfg.positions)
+    local rows = {}
+    local tok = l2l.zeros({ B, S }, { dtype = "i32" })
+    for b = 1, B do
+      rows[b] = {}
+      for s = 1, S do rows[b][s] = support.int(0, V - 1); tok:set(b, s, rows[b][s]) end
+    end
+    local logits = model:forward({ tokens = tok, training = false })
+    local want = gpt2_reference(W, rows, cfg)
+    local got_flat, want_flat = flat(logits), {}
+    for b = 1, B do for s = 1, S do for v = 1, V do want_flat[#want_flat + 1] = want[b][s][v] end end end
+    local err = support.rel_err(got_flat, want_flat, 1e-2)
+    assert.is_true(err < 1e-4, ("relative error %.3g"):format(err))
+
+    -- max_seq keeps the first positions; a wrong head count or a missing tensor is an error
+    local short = l2l.import_gpt2(path, { heads = cfg.heads, max_seq = 3 })
+    assert.are.equal(3, short[1]:config().max_seq)
+    assert.has_error(function() l2l.import_gpt2(path, { heads = 5 }) end)
+    assert.has_error(function() l2l.import_gpt2(path, { heads = cfg.heads, max_seq = cfg.positions + 1 }) end)
+    assert.has_error(function() l2l.import_gpt2(path, { head = 2 }) end)
+    table.remove(tensors, 5)
+    write_by_hand(path, tensors)
+    local ok, msg = pcall(l2l.import_gpt2, path, { heads = cfg.heads })
+    assert.is_false(ok)
+    assert.is_truthy(msg:find("has no tensor"), msg)
+    os.remove(path)
+  end)
+end)
