@@ -293,6 +293,44 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
     os.remove(path)
   end)
 
+  it("keep layers written in Lua, rebuilt from the constructor given at load", function()
+    -- y = x + x W: a custom kind with one (D,D) parameter
+    local Mix = l2l.layer_kind {
+      name = "Mix", options = { "std" },
+      params = function(o) return { { name = "w", shape = { o.dim, o.dim }, std = o.std } } end,
+      forward = function(self, y, x)
+        local n = x:dim(1) * x:dim(2)
+        local y2 = self:reshape(y, { n, self.dim })
+        y2:copy(self:reshape(x, { n, self.dim }))
+        l2l.ops.gemm(y2, self:reshape(x, { n, self.dim }), self:param("w"), { beta = 1 })
+      end,
+      backward = function(self, dx, dy, x)
+        local n = x:dim(1) * x:dim(2)
+        local dx2, dy2 = self:reshape(dx, { n, self.dim }), self:reshape(dy, { n, self.dim })
+        dx2:copy(dy2)
+        l2l.ops.gemm(dx2, dy2, self:param("w"), { trans_b = true, beta = 1 })
+        l2l.ops.gemm(self:grad("w"), self:reshape(x, { n, self.dim }), dy2, { trans_a = true, beta = 1 })
+      end,
+    }
+    local model = l2l.Sequential{ l2l.Embedding{ vocab = V, dim = 16, max_seq = S },
+                                  Mix{ dim = 16, std = 0.1 }, l2l.LMHead{ vocab = V, dim = 16 } }
+    local run = l2l.Relay{ model = model, micro_batch = 2, optimizer = l2l.AdamW{ lr = 0.01 } }
+    local path = tmp_path("custom")
+    local data_seed = support.int(1, 1e6)
+    run:step(batch_for(1, data_seed, 4))
+    run:save(path)
+    local want = run:step(batch_for(2, data_seed, 4))
+    run:free()
+    local ok, err = pcall(l2l.load, path)
+    assert.is_false(ok)
+    assert.is_truthy(err:find("custom kind 'Mix'"), err)
+    local back = l2l.load(path, { kinds = { Mix = Mix } })
+    assert.are.equal("Mix", back.model[2]:label())
+    assert.are.equal(want, back:step(batch_for(2, data_seed, 4)))
+    back:free()
+    os.remove(path)
+  end)
+
   it("check their arguments", function()
     local cfg = random_config()
     local run = make_run(cfg)
