@@ -49,7 +49,7 @@ DEPS_STAMP := $(BUILD)/.deps-ok
 
 .PHONY: all deps test demo bench vecreport clean
 all: $(BUILD)/libl2l.so $(BUILD)/libl2l.a $(BUILD)/l2l $(BUILD)/l2l_ctest $(BUILD)/hello \
-     $(BUILD)/train_gpt \
+     $(BUILD)/embed $(BUILD)/embed_lua \
      lua/l2l/cdef.lua
 
 deps: $(DEPS_STAMP)
@@ -72,7 +72,7 @@ $(BUILD)/obj/main.o: src/main.c | $(DEPS_STAMP)
 	$(CC) $(CFLAGS) $(LUAJIT_CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/l2l: $(BUILD)/obj/main.o $(BUILD)/libl2l.so
-	$(CC) -o $@ $< $(LDFLAGS) $(RPATH) -L$(BUILD) -ll2l -lluajit-5.1 -ljemalloc -lm -ldl
+	$(CC) -o $@ $< $(LDFLAGS) $(RPATH) -L$(BUILD) -ll2l -lluajit-5.1 -ledit -ljemalloc -lm -ldl
 
 $(BUILD)/ctest/%.o: spec/c/%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
@@ -81,11 +81,16 @@ $(BUILD)/ctest/%.o: spec/c/%.c | $(DEPS_STAMP)
 $(BUILD)/l2l_ctest: $(CTEST_OBJ) $(BUILD)/libl2l.so
 	$(CC) -o $@ $(CTEST_OBJ) $(LDFLAGS) $(RPATH) -L$(BUILD) -ll2l $(BLAS_LIBS) -lm
 
-# The C embedding example, built like a user would build it (only src/l2l.h and -ll2l).
+# The C examples, built as a user would build them (only src/l2l.h, -ll2l and LuaJIT).
 $(BUILD)/hello: examples/hello.c src/l2l.h $(BUILD)/libl2l.so
 	$(CC) -std=c11 -Wall -Wextra $(SANFLAGS) -Isrc -o $@ $< $(RPATH) -L$(BUILD) -ll2l
-$(BUILD)/train_gpt: examples/train_gpt.c src/l2l.h $(BUILD)/libl2l.so
+$(BUILD)/embed: examples/embed.c src/l2l.h $(BUILD)/libl2l.so
 	$(CC) -std=c11 -Wall -Wextra $(SANFLAGS) -Isrc -o $@ $< $(RPATH) -L$(BUILD) -ll2l
+# embed_lua finds this checkout's lua/ through a path compiled in (the environment
+# variable L2L_LUA_DIR overrides it).
+$(BUILD)/embed_lua: examples/embed_lua.c src/l2l.h $(BUILD)/libl2l.so
+	$(CC) -std=c11 -Wall -Wextra $(SANFLAGS) -Isrc $(LUAJIT_CFLAGS) -DL2L_LUA_DIR='"$(CURDIR)/lua"' \
+	  -o $@ $< $(RPATH) -L$(BUILD) -ll2l -lluajit-5.1
 
 # The FFI declarations are generated from the public header (and checked by a spec).
 lua/l2l/cdef.lua: src/l2l.h scripts/gen_cdef.lua | $(DEPS_STAMP)

@@ -1,0 +1,129 @@
+-- embed_spec — the two embedding examples users copy: build/embed (a byte-level GPT
+-- trained with the C API alone, examples/embed.c) and build/embed_lua (a C program that
+-- embeds LuaJIT and runs an l2l training script, examples/embed_lua.c). Each run takes a
+-- few seconds; losses are read back from what the programs print.
+local support = dofile("spec/support.lua")
+local sh = support.sh
+local sanitized = os.getenv("L2L_SANITIZE") == "1"
+-- Absolute, so that a program can run from another directory.
+local build = support.build:sub(1, 1) == "/" and support.build or (support.root .. "/" .. support.build)
+
+local function write_temp(text)
+  local path = os.tmpname()
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+  return path
+end
+
+-- The {step, loss, text} of every "step N  loss X" line, in order.
+local function step_losses(out)
+  local list = {}
+  for step, loss in out:gmatch("step%s+(%d+)%s+loss ([%d%.]+)") do
+    list[#list + 1] = { step = tonumber(step), loss = tonumber(loss), text = loss }
+  end
+  return list
+end
+
+describe("examples/embed.c (the C API alone)", function()
+  local exe = build .. "/embed"
+
+  -- The losses of a run of `steps`: printed at step 1, every 15 and the last step; the
+  -- first about ln 256 = 5.5 (a uniform guess over bytes), the last below `below`.
+  local function check_training(out, steps, below, prompt)
+    local losses = step_losses(out)
+    assert.are.equal(1 + math.ceil(steps / 15), #losses, out)
+    assert.are.equal(1, losses[1].step, out)
+    assert.are.equal(steps, losses[#losses].step, out)
+    local first, last = losses[1].loss, losses[#losses].loss
+    assert.is_true(first > 4.5 and first < 7, out)
+    assert.is_true(last < below, out)
+    assert.is_truthy(out:find(("\nloss %.3f -> %.3f\n"):format(first, last), 1, true), out)
+    assert.is_truthy(out:find('continuation: "' .. prompt, 1, true), out)
+  end
+
+  it("trains on its built-in text: the loss falls from about ln 256 to under 1", function()
+    -- A sanitized build runs about 15 times slower: fewer steps, a looser bound.
+    local steps, below = 150, 1
+    if sanitized then steps, below = 30, 3.5 end
+    local status, out = sh(("%s %d"):format(exe, steps))
+    assert.are.equal(0, status, out)
+    assert.is_truthy(out:find(("on 376 bytes of built-in text, %d steps\n"):format(steps), 1, true), out)
+    check_training(out, steps, below, "It is a truth")
+  end)
+
+  it("trains on a file given on the command line, and refuses one too short", function()
+    local text = ("Twinkle, twinkle, little star, how I wonder what you are! "):rep(8)
+    local path = write_temp(text)
+    local status, out = sh(("%s 40 %s"):format(exe, path))
+    os.remove(path)
+    assert.are.equal(0, status, out)
+    assert.is_truthy(out:find(("on %d bytes of %s, 40 steps\n"):format(#text, path), 1, true), out)
+    check_training(out, 40, 1, "Twinkle, twi")
+
+    path = write_temp("too short")
+    status, out = sh(("%s 40 %s"):format(exe, path))
+    os.remove(path)
+    assert.are.equal(1, status, out)
+    assert.are.equal(("embed: cannot read at least 34 bytes from %s\n"):format(path), out)
+    status, out = sh(exe .. " 40 /nonexistent/text")
+    assert.are.equal(1, status, out)
+    assert.are.equal("embed: cannot read at least 34 bytes from /nonexistent/text\n", out)
+  end)
+
+  it("prints l2l_last_error() when a call is refused, and its usage for bad arguments", function()
+    -- 5 steps: the relay refuses a cosine schedule no longer than its 10 steps of warm-up.
+    local status, out = sh(exe .. " 5")
+    assert.are.equal(1, status, out)
+    assert.is_truthy(out:find("\nembed: making the relay: ", 1, true), out)
+    assert.is_truthy(out:find("schedule total must be > warmup (10) for cosine, got 5\n", 1, true), out)
+    assert.is_falsy(out:find("\nstep ", 1, true), out)
+    for _, args in ipairs({ "0", "ten", "10 file extra" }) do
+      status, out = sh(exe .. " " .. args)
+      assert.are.equal(2, status, args .. ": " .. out)
+      assert.is_truthy(out:find("^usage: %S+ %[steps %[file%]%]"), args .. ": " .. out)
+    end
+  end)
+end)
+
+describe("examples/embed_lua.c (LuaJIT embedded in C)", function()
+  local exe = build .. "/embed_lua"
+
+  it("runs its script with libl2l linked in, from any directory: the loss falls and the "
+     .. "steps go in and come back out", function()
+    local steps = support.int(41, 79)   -- not a default the program could print by itself
+    -- From /tmp without L2L_LUA_DIR: require("l2l") must use the compiled-in folder.
+    local status, out = sh(("cd /tmp && env -u L2L_LUA_DIR %s %d"):format(exe, steps))
+    assert.are.equal(0, status, out)
+    assert.is_truthy(out:find(("library (linked in), %d steps\n"):format(steps), 1, true), out)
+    local losses = step_losses(out)
+    assert.is_true(#losses >= 3, out)
+    assert.are.equal(1, losses[1].step, out)
+    assert.are.equal(steps, losses[#losses].step, out)
+    -- Counting modulo 16: from about ln 16 = 2.8 to nearly certain.
+    local first, last = losses[1].loss, losses[#losses].loss
+    assert.is_true(first > 2 and first < 4, out)
+    assert.is_true(last < 0.2, out)
+    -- What C read off the Lua stack: the steps it passed in, and the script's last loss.
+    assert.is_truthy(out:find(("\nembed_lua: the script ran %d steps; final loss %s\n"):format(
+      steps, losses[#losses].text), 1, true), out)
+  end)
+
+  it("prints a Lua error raised in the script with its traceback and exits 1", function()
+    local status, out = sh(exe .. " 0")
+    assert.are.equal(1, status, out)
+    assert.is_truthy(out:find("embed_lua: embedded script:3: steps must be a number >= 1, got 0\n"
+                              .. "stack traceback:", 1, true), out)
+    assert.is_falsy(out:find("the script ran", 1, true), out)
+  end)
+
+  it("takes the Lua folder from L2L_LUA_DIR, and says so when require fails", function()
+    local status, out = sh(("L2L_LUA_DIR=/nonexistent/l2l-lua %s 5"):format(exe))
+    assert.are.equal(1, status, out)
+    assert.is_truthy(out:find("module 'l2l' not found", 1, true), out)
+    assert.is_truthy(out:find("no file '/nonexistent/l2l-lua/l2l/init.lua'", 1, true), out)
+    status, out = sh(exe .. " 5x")
+    assert.are.equal(2, status, out)
+    assert.is_truthy(out:find("usage: ", 1, true), out)
+  end)
+end)
