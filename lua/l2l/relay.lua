@@ -550,6 +550,31 @@ function Relay:events()
   return list
 end
 
+-- run:trace(path [, {events =, name =}]) -> the number of events written: the last
+-- step's timeline (run:events()) as Chrome trace JSON in the file `path` (replaced), to
+-- open in Perfetto or chrome://tracing; lua/l2l/trace.lua says what is in it. opts.events:
+-- a list to write instead, e.g. several steps' run:events() joined (they share one clock);
+-- opts.name: the process's name in the viewer. Required lazily: most runs never trace.
+function Relay:trace(path, opts)
+  local fname = "run:trace"
+  live(self, fname)
+  if type(path) ~= "string" or path == "" then
+    error(fname .. ": path must be a file name (a non-empty string), got " .. tostring(path), 2)
+  end
+  if opts ~= nil and type(opts) ~= "table" then error(fname .. ": opts must be a table, got " .. type(opts), 2) end
+  local events, rest = nil, {}
+  for k, v in pairs(opts or {}) do
+    if k == "events" then events = v else rest[k] = v end
+  end
+  if events == nil then events = self:events() end
+  local ok, n = pcall(require("l2l.trace").write, path, events, rest)
+  if not ok then
+    local msg = tostring(n):gsub("^events", "opts.events")
+    error(fname .. ": " .. msg, 2)
+  end
+  return n
+end
+
 local state_ids = { m = 0, first = 0, momentum = 0, [1] = 0, v = 1, second = 1, [2] = 1 }
 
 -- run:state(record, which) -> a copy (host tensor) of a parameter record's optimizer
