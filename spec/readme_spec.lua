@@ -1,5 +1,6 @@
--- readme_spec — the README's 15-line training script runs as printed (shortened to 50
--- steps, writing into a temporary folder) and its loss falls: the README cannot rot.
+-- readme_spec — the README's 15-line training script ("Training with the relay") runs as
+-- printed (shortened to 50 steps, in a temporary folder), learns, and writes its
+-- checkpoint and trace: the README cannot rot.
 local support = dofile("spec/support.lua")
 
 local function readme_script()
