@@ -104,7 +104,7 @@ test: all
 	@L2L_SANITIZE=$(SANITIZE) bash scripts/test.sh $(BUILD)
 
 demo: all
-	$(BUILD)/l2l examples/demo.lua
+	$(BUILD)/l2l examples/train_gpt.lua --out $(BUILD)/demo
 
 $(BUILD)/bench_%: bench/%.c bench/bench.h $(BUILD)/libl2l.so
 	$(CC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(RPATH) -L$(BUILD) -ll2l $(BLAS_LIBS) -lm

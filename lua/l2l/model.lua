@@ -315,4 +315,153 @@ function Sequential:__tostring()
   return concat(lines, "\n")
 end
 
+----------------------------------------------------------------- generating text
+-- Sampling continues a prompt one token at a time: each new token comes from the plain
+-- whole-model forward (no targets: the head gives logits) over the last max_seq tokens,
+-- with training off (no dropout, nothing kept for a backward). The random numbers are
+-- l2l's counter-based draws of (opts.seed, GENERATE_STREAM), one per new token, so a
+-- seed gives the same text on any machine and whatever else the script drew before.
+-- With a relay training this model, call run:sync() first: the layers' parameters are
+-- then the updated host masters that this forward reads (it changes none of them).
+
+local GENERATE_STREAM = 0x67656e   -- "gen": a stream of its own for sampling draws
+local GENERATE_OPTIONS = { temperature = true, top_k = true, seed = true }
+
+-- The first Embedding (for vocab and max_seq), after checking the model can generate.
+local function generator_parts(self, fname)
+  if #self == 0 then error(fname .. ": the model has no layers", 3) end
+  local embedding = first_embedding(self)
+  if embedding == nil then error(fname .. ": the model has no Embedding", 3) end
+  if self[#self].kind ~= "lm_head" then
+    error(("%s: the last layer must be an LMHead (it is layer %d, %s)"):format(fname, #self, self[#self]:label()), 3)
+  end
+  local c = embedding:config()
+  return c.vocab, c.max_seq
+end
+
+-- The prompt as a list of token ids, checked against the vocabulary.
+local function prompt_ids(prompt, vocab, fname)
+  local ids = {}
+  if type(prompt) == "string" then
+    if #prompt == 0 then error(fname .. ": prompt must not be empty", 3) end
+    if vocab > 256 then
+      error(("%s: prompt: a string prompt needs a byte-level model (vocab <= 256), this one has vocab %d; pass a list of token ids"):format(fname, vocab), 3)
+    end
+    for i = 1, #prompt do
+      local b = prompt:byte(i)
+      if b >= vocab then
+        error(("%s: prompt: byte %d at position %d is outside the vocabulary [0, %d)"):format(fname, b, i, vocab), 3)
+      end
+      ids[i] = b
+    end
+  elseif type(prompt) == "table" then
+    if #prompt == 0 then error(fname .. ": prompt must not be empty", 3) end
+    for i, t in ipairs(prompt) do
+      if type(t) ~= "number" or t ~= floor(t) or t < 0 or t >= vocab then
+        error(("%s: prompt[%d] must be a token id in [0, %d), got %s"):format(fname, i, vocab, tostring(t)), 3)
+      end
+      ids[i] = t
+    end
+  else
+    error(fname .. ": prompt must be a string or a list of token ids, got " .. type(prompt), 3)
+  end
+  return ids
+end
+
+local function generate_options(opts, vocab, fname)
+  if opts == nil then opts = {} end
+  if type(opts) ~= "table" then error(fname .. ": opts must be a table, got " .. type(opts), 3) end
+  for key in pairs(opts) do
+    if not GENERATE_OPTIONS[key] then error(("%s: unknown option '%s'"):format(fname, tostring(key)), 3) end
+  end
+  local t = opts.temperature == nil and 1 or opts.temperature
+  if type(t) ~= "number" or t ~= t or t < 0 or t == math.huge then
+    error(fname .. ": option 'temperature' must be a finite number >= 0 (0: always the likeliest), got " .. tostring(opts.temperature), 3)
+  end
+  local k = opts.top_k == nil and vocab or opts.top_k
+  if type(k) ~= "number" or k ~= floor(k) or k < 1 or k > vocab then
+    error(("%s: option 'top_k' must be an integer in [1, %d], got %s"):format(fname, vocab, tostring(opts.top_k)), 3)
+  end
+  local seed = opts.seed == nil and 0 or opts.seed
+  if type(seed) ~= "number" or seed ~= floor(seed) or seed < 0 then
+    error(fname .. ": option 'seed' must be an integer >= 0, got " .. tostring(opts.seed), 3)
+  end
+  return t, k, seed
+end
+
+-- The next token from one row of logits (p[0 .. vocab-1]) and a uniform draw u in [0, 1).
+-- top_k = 1 or temperature 0 is the argmax (the lowest id among equal maxima); otherwise
+-- the k likeliest ids are kept and drawn from softmax(logit / temperature) over them.
+local function pick(p, vocab, temperature, top_k, u)
+  if top_k == 1 or temperature == 0 then
+    local best = 0
+    for v = 1, vocab - 1 do
+      if p[v] > p[best] then best = v end
+    end
+    return best
+  end
+  local order = {}
+  for v = 0, vocab - 1 do order[v + 1] = v end
+  if top_k < vocab then
+    table.sort(order, function(a, b)
+      if p[a] ~= p[b] then return p[a] > p[b] end
+      return a < b
+    end)
+  end
+  local top = -math.huge
+  for i = 1, top_k do
+    if p[order[i]] > top then top = p[order[i]] end
+  end
+  local weights, total = {}, 0
+  for i = 1, top_k do
+    local w = math.exp((p[order[i]] - top) / temperature)
+    weights[i], total = w, total + w
+  end
+  local target, sum = u * total, 0
+  for i = 1, top_k do
+    sum = sum + weights[i]
+    if target < sum then return order[i] end
+  end
+  return order[top_k]   -- u * total rounded up to the sum itself
+end
+
+-- model:generate(prompt, n [, {temperature = 1, top_k = vocab, seed = 0}]): n new tokens
+-- after the prompt. prompt: a string (byte-level models; returns a string of the n new
+-- bytes, then their ids) or a list of token ids (returns the list of the n new ids).
+function Sequential:generate(prompt, n, opts)
+  local fname = "model:generate"
+  if getmetatable(self) ~= Sequential then error(fname .. ": self must be a model (use model:generate)", 2) end
+  local vocab, max_seq = generator_parts(self, fname)
+  local ids = prompt_ids(prompt, vocab, fname)
+  if type(n) ~= "number" or n ~= floor(n) or n < 0 then
+    error(fname .. ": n must be an integer >= 0, got " .. tostring(n), 2)
+  end
+  local temperature, top_k, seed = generate_options(opts, vocab, fname)
+  local tensor = require("l2l.tensor")
+  local draws = n > 0 and tensor.rand({ n }, { seed = seed, stream = GENERATE_STREAM }) or nil
+  local u = draws and draws:data()
+  local new = {}
+  for step = 1, n do
+    local first = math.max(1, #ids - max_seq + 1)
+    local width = #ids - first + 1
+    local tokens = tensor.empty({ 1, width }, { dtype = "i32" })
+    local tp = tokens:data()
+    for i = 0, width - 1 do tp[i] = ids[first + i] end
+    local ok, logits = pcall(self.forward, self, { tokens = tokens, training = false })
+    tokens:free()
+    if not ok then error(fname .. ": " .. tostring(logits):gsub("^model:forward: ", ""), 2) end
+    local row = logits:data() + (width - 1) * vocab
+    local id = pick(row, vocab, temperature, top_k, u[step - 1])
+    logits:free()
+    ids[#ids + 1], new[step] = id, id
+  end
+  if draws then draws:free() end
+  if type(prompt) == "string" then
+    local chars = {}
+    for i, id in ipairs(new) do chars[i] = string.char(id) end
+    return concat(chars), new
+  end
+  return new
+end
+
 return M

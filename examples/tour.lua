@@ -1,10 +1,11 @@
--- demo.lua — what `make demo` runs: l2l's tensors and ops from Lua, ending in a small
--- model trained with hand-written backward passes (no autograd: every op has its
--- backward counterpart in l2l.ops). Later issues replace this with the relay trainer.
+-- tour.lua — a tour of l2l's tensors and ops from Lua, ending in a small model trained
+-- with hand-written backward passes (no autograd: every op has its backward counterpart
+-- in l2l.ops). It was the first `make demo`; the demo is now examples/train_gpt.lua (the
+-- relay training a GPT), and this stays as the lowest-level example: no layers, no relay.
 --
 -- The model predicts the next byte of real text (src/l2l.h, or a file given as arg[1]):
 --   e = Embed[byte] -> n = LayerNorm(e) -> h = GELU(n W1 + b1) -> logits = h W2 + b2
--- trained with AdamW on the mean cross-entropy. Run: build/l2l examples/demo.lua [file] [steps]
+-- trained with AdamW on the mean cross-entropy. Run: build/l2l examples/tour.lua [file] [steps]
 local l2l = require("l2l")
 local ops = l2l.ops
 

@@ -1,0 +1,352 @@
+-- l2l.plot — line charts of a training run (loss curves, memory over steps) as a picture:
+-- a PNG through gnuplot when it is installed, otherwise an SVG written here.
+--
+--   local plot = require("l2l.plot")
+--   local path = plot.write("build/demo/curves", {
+--     title = "byte-level GPT",
+--     panels = {
+--       { title = "loss", xlabel = "step", ylabel = "nats per byte",
+--         series = { { name = "train", x = steps, y = losses },
+--                    { name = "validation", x = eval_steps, y = val_losses, marks = true } } },
+--       { title = "memory", xlabel = "step", ylabel = "MiB",
+--         series = { { name = "device peak", x = steps, y = peaks } },
+--         hlines = { { name = "device budget", y = budget } } },
+--     } }, { format = "auto" })          -- "auto" | "png" | "svg"; returns the file written
+--
+-- Purpose: a picture of a run with no dependency beyond what a Debian machine with a C
+-- toolchain has. Panels are stacked vertically and share nothing but the figure; each has
+-- axes with "nice" ticks (1, 2 or 5 times a power of ten), tick labels, axis labels, a
+-- title, a legend (a row above the plot area, so it never hides a line), one polyline
+-- per series (markers where asked) and dashed horizontal reference lines. gnuplot gets the same description (data files plus a script in a
+-- temporary folder); if it fails, the SVG is written instead and the reason returned.
+-- Must never: leave temporary files behind, write text into the SVG without escaping it,
+-- or draw a non-finite value (such points are skipped: a diverged run still plots).
+local type, tostring, ipairs, floor, abs, max, min = type, tostring, ipairs, math.floor, math.abs,
+                                                     math.max, math.min
+local format, concat = string.format, table.concat
+
+local M = {}
+
+-- Colours of series in order (colour-blind friendly, Okabe–Ito), then reference lines.
+local COLOURS = { "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000" }
+local REFERENCE = "#7f7f7f"
+
+local function finite(v) return type(v) == "number" and v == v and v > -math.huge and v < math.huge end
+
+----------------------------------------------------------------- checking the figure
+
+local function check_figure(fig, fname)
+  if type(fig) ~= "table" then error(fname .. ": figure must be a table", 3) end
+  if type(fig.panels) ~= "table" or #fig.panels == 0 then
+    error(fname .. ": figure.panels must be a non-empty list of panels", 3)
+  end
+  for p, panel in ipairs(fig.panels) do
+    if type(panel) ~= "table" then error(("%s: figure.panels[%d] must be a table"):format(fname, p), 3) end
+    for s, series in ipairs(panel.series or {}) do
+      local where = ("%s: figure.panels[%d].series[%d]"):format(fname, p, s)
+      if type(series) ~= "table" or type(series.x) ~= "table" or type(series.y) ~= "table" then
+        error(where .. " must be a table with lists x and y", 3)
+      end
+      if #series.x ~= #series.y then
+        error(("%s: x has %d values but y has %d"):format(where, #series.x, #series.y), 3)
+      end
+    end
+    for h, line in ipairs(panel.hlines or {}) do
+      if type(line) ~= "table" or not finite(line.y) then
+        error(("%s: figure.panels[%d].hlines[%d] must be a table with a finite number y"):format(fname, p, h), 3)
+      end
+    end
+  end
+end
+
+-- The finite points of a series, as two lists.
+local function points(series)
+  local xs, ys = {}, {}
+  for i = 1, #series.x do
+    local x, y = series.x[i], series.y[i]
+    if finite(x) and finite(y) then xs[#xs + 1], ys[#ys + 1] = x, y end
+  end
+  return xs, ys
+end
+
+----------------------------------------------------------------- axes
+
+-- A "nice" step near range/target: 1, 2 or 5 times a power of ten.
+local function nice_step(range, target)
+  if range <= 0 then return 1 end
+  local raw = range / target
+  local p = 10 ^ floor(math.log10(raw))
+  local f = raw / p
+  return (f < 1.5 and 1 or f < 3.5 and 2 or f < 7.5 and 5 or 10) * p
+end
+
+-- Axis limits widened to whole ticks, and the ticks: lo, hi, step.
+local function axis(lo, hi, target)
+  if lo == nil then lo, hi = 0, 1 end
+  if hi - lo < 1e-12 * max(abs(lo), abs(hi), 1) then   -- one value: a unit around it
+    local pad = max(abs(lo) * 0.1, 0.5)
+    lo, hi = lo - pad, hi + pad
+  end
+  local step = nice_step(hi - lo, target)
+  return floor(lo / step + 1e-9) * step, math.ceil(hi / step - 1e-9) * step, step
+end
+M.axis = axis
+
+-- Tick label: no trailing zeros, no "-0".
+local function tick_label(v, step)
+  if abs(v) < step * 1e-6 then return "0" end
+  local decimals = min(max(0, -floor(math.log10(step) + 1e-9)), 6)
+  local s = format("%." .. format("%d", decimals) .. "f", v)   -- %d: never "-0"
+  if abs(v) >= 1e6 then s = format("%g", v) end
+  return s
+end
+
+-- Data ranges of a panel: xlo, xhi, ylo, yhi (nil when it has no finite point).
+local function ranges(panel)
+  local xlo, xhi, ylo, yhi
+  for _, series in ipairs(panel.series or {}) do
+    local xs, ys = points(series)
+    for i = 1, #xs do
+      xlo, xhi = min(xlo or xs[i], xs[i]), max(xhi or xs[i], xs[i])
+      ylo, yhi = min(ylo or ys[i], ys[i]), max(yhi or ys[i], ys[i])
+    end
+  end
+  for _, line in ipairs(panel.hlines or {}) do
+    ylo, yhi = min(ylo or line.y, line.y), max(yhi or line.y, line.y)
+  end
+  if panel.ymin ~= nil then ylo = panel.ymin end
+  return xlo, xhi, ylo, yhi
+end
+
+----------------------------------------------------------------- SVG
+
+local function esc(s)
+  return (tostring(s):gsub("&", "&amp;"):gsub("<", "&lt;"):gsub(">", "&gt;"):gsub('"', "&quot;"))
+end
+
+local function num(v) return format("%.1f", v) end
+
+-- The SVG text of a figure.
+function M.svg(fig, opts)
+  check_figure(fig, "plot.svg")
+  opts = opts or {}
+  local W, PH = opts.width or 900, opts.panel_height or 340
+  local top = fig.title and 40 or 10
+  local H = top + PH * #fig.panels
+  local out = {}
+  local function add(...) out[#out + 1] = concat({ ... }) end
+  add(format('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" ', W, H, W, H),
+      'font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="12">')
+  add(format('<rect x="0" y="0" width="%d" height="%d" fill="white"/>', W, H))
+  if fig.title then
+    add(format('<text x="%d" y="26" text-anchor="middle" font-size="16" font-weight="bold">%s</text>', W / 2, esc(fig.title)))
+  end
+  for p, panel in ipairs(fig.panels) do
+    -- plot area of this panel
+    -- title, then a row of legend entries, then the plot area: the legend never hides data
+    local y0 = top + (p - 1) * PH
+    local L, R, T, B = 80, W - 30, y0 + 50, y0 + PH - 50
+    local xlo, xhi, ylo, yhi = ranges(panel)
+    local xstep, ystep
+    xlo, xhi, xstep = axis(xlo, xhi, 8)
+    if yhi ~= nil then yhi = yhi + 0.04 * (yhi - ylo) end   -- a line at the maximum stays inside
+    ylo, yhi, ystep = axis(ylo, yhi, 5)
+    local function X(v) return L + (v - xlo) / (xhi - xlo) * (R - L) end
+    local function Y(v) return B - (v - ylo) / (yhi - ylo) * (B - T) end
+    add(format('<g class="panel" id="panel%d">', p))
+    if panel.title then
+      add(format('<text x="%s" y="%s" text-anchor="middle" font-size="14">%s</text>', num((L + R) / 2), num(T - 30), esc(panel.title)))
+    end
+    -- grid and ticks
+    local v = xlo
+    while v <= xhi + xstep * 1e-6 do
+      local x = X(v)
+      add(format('<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="#e5e5e5"/>', num(x), num(T), num(x), num(B)))
+      add(format('<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="black"/>', num(x), num(B), num(x), num(B + 5)))
+      add(format('<text x="%s" y="%s" text-anchor="middle">%s</text>', num(x), num(B + 18), tick_label(v, xstep)))
+      v = v + xstep
+    end
+    v = ylo
+    while v <= yhi + ystep * 1e-6 do
+      local y = Y(v)
+      add(format('<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="#e5e5e5"/>', num(L), num(y), num(R), num(y)))
+      add(format('<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="black"/>', num(L - 5), num(y), num(L), num(y)))
+      add(format('<text x="%s" y="%s" text-anchor="end">%s</text>', num(L - 8), num(y + 4), tick_label(v, ystep)))
+      v = v + ystep
+    end
+    add(format('<rect x="%s" y="%s" width="%s" height="%s" fill="none" stroke="black"/>', num(L), num(T), num(R - L), num(B - T)))
+    -- axis labels
+    if panel.xlabel then
+      add(format('<text x="%s" y="%s" text-anchor="middle">%s</text>', num((L + R) / 2), num(B + 38), esc(panel.xlabel)))
+    end
+    if panel.ylabel then
+      add(format('<text x="20" y="%s" text-anchor="middle" transform="rotate(-90 20 %s)">%s</text>',
+                 num((T + B) / 2), num((T + B) / 2), esc(panel.ylabel)))
+    end
+    -- reference lines, then series (clipped to the plot area)
+    add(format('<clipPath id="clip%d"><rect x="%s" y="%s" width="%s" height="%s"/></clipPath>', p, num(L), num(T), num(R - L), num(B - T)))
+    add(format('<g clip-path="url(#clip%d)">', p))
+    local legend = {}
+    for _, line in ipairs(panel.hlines or {}) do
+      add(format('<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="%s" stroke-width="1.5" stroke-dasharray="6,4"/>',
+                 num(L), num(Y(line.y)), num(R), num(Y(line.y)), REFERENCE))
+      if line.name then legend[#legend + 1] = { name = line.name, colour = REFERENCE, dashed = true } end
+    end
+    for s, series in ipairs(panel.series or {}) do
+      local colour = series.colour or COLOURS[(s - 1) % #COLOURS + 1]
+      local xs, ys = points(series)
+      if #xs > 0 then
+        local pts = {}
+        for i = 1, #xs do pts[i] = num(X(xs[i])) .. "," .. num(Y(ys[i])) end
+        add(format('<polyline fill="none" stroke="%s" stroke-width="1.8" stroke-linejoin="round" points="%s"/>',
+                   colour, concat(pts, " ")))
+        if series.marks then
+          for i = 1, #xs do
+            add(format('<circle cx="%s" cy="%s" r="3" fill="%s"/>', num(X(xs[i])), num(Y(ys[i])), colour))
+          end
+        end
+      end
+      if series.name then legend[#legend + 1] = { name = series.name, colour = colour, marks = series.marks } end
+    end
+    add("</g>")
+    -- legend: one row above the plot area, entries side by side from the right
+    if #legend > 0 then
+      add('<g class="legend">')
+      local x = R
+      for i = #legend, 1, -1 do
+        local e = legend[i]
+        local w = 36 + #e.name * 7 + 16
+        x = x - w
+        local cy = T - 10
+        add(format('<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="%s" stroke-width="2"%s/>', num(x), num(cy),
+                   num(x + 28), num(cy), e.colour, e.dashed and ' stroke-dasharray="6,4"' or ""))
+        if e.marks then add(format('<circle cx="%s" cy="%s" r="3" fill="%s"/>', num(x + 14), num(cy), e.colour)) end
+        add(format('<text x="%s" y="%s">%s</text>', num(x + 34), num(cy + 4), esc(e.name)))
+      end
+      add("</g>")
+    end
+    add("</g>")
+  end
+  add("</svg>")
+  return concat(out, "\n") .. "\n"
+end
+
+----------------------------------------------------------------- gnuplot
+
+local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local function gp_quote(s) return "'" .. tostring(s):gsub("'", "''") .. "'" end   -- gnuplot: '' is '
+
+function M.have_gnuplot()
+  local p = io.popen("command -v gnuplot 2>/dev/null")
+  local found = p:read("*l")
+  p:close()
+  return found ~= nil and found ~= ""
+end
+
+local function remove_tree(dir)
+  os.execute("rm -rf " .. shell_quote(dir))
+end
+
+-- Writes `path` (a PNG) through gnuplot; returns true, or nil and why not.
+local function gnuplot_png(fig, path)
+  local dir = os.tmpname()
+  os.remove(dir)
+  if not os.execute("mkdir -p " .. shell_quote(dir)) then return nil, "cannot make a temporary folder" end
+  local ok, why = pcall(function()
+    local script = {}
+    local function add(line) script[#script + 1] = line end
+    -- a terminal list: pngcairo (anti-aliased) if this gnuplot has it, else png
+    add("set terminal pngcairo size 900," .. (40 + 340 * #fig.panels) .. " font ',10'")
+    add("set output " .. gp_quote(path))
+    add(("set multiplot layout %d,1%s"):format(#fig.panels, fig.title and (" title " .. gp_quote(fig.title) .. " font ',13'") or ""))
+    for p, panel in ipairs(fig.panels) do
+      -- the key in a row above the plot (as in the SVG), and 5 % headroom for the top line
+      add("set grid; set key outside top right horizontal noautotitle")
+      add("set offsets 0, 0, graph 0.05, 0")
+      add("set title " .. gp_quote(panel.title or ""))
+      add("set xlabel " .. gp_quote(panel.xlabel or ""))
+      add("set ylabel " .. gp_quote(panel.ylabel or ""))
+      add(panel.ymin ~= nil and ("set yrange [%g:*]"):format(panel.ymin) or "set yrange [*:*]")
+      local terms = {}
+      for s, series in ipairs(panel.series or {}) do
+        local xs, ys = points(series)
+        if #xs > 0 then
+          local file = ("%s/p%d_s%d.dat"):format(dir, p, s)
+          local f = assert(io.open(file, "w"))
+          for i = 1, #xs do f:write(("%.9g %.9g\n"):format(xs[i], ys[i])) end
+          f:close()
+          local colour = series.colour or COLOURS[(s - 1) % #COLOURS + 1]
+          terms[#terms + 1] = ("%s using 1:2 with %s lw 2 lc rgb '%s' title %s"):format(gp_quote(file),
+            series.marks and "linespoints pt 7 ps 0.6" or "lines", colour, gp_quote(series.name or ""))
+        end
+      end
+      for _, line in ipairs(panel.hlines or {}) do
+        terms[#terms + 1] = ("%.9g with lines dt 2 lw 1.5 lc rgb '%s' title %s"):format(line.y, REFERENCE,
+          gp_quote(line.name or ""))
+      end
+      if #terms == 0 then terms[1] = "NaN notitle" end
+      add("plot " .. concat(terms, ", \\\n     "))
+    end
+    add("unset multiplot")
+    add("set output")
+    local gp = dir .. "/figure.gp"
+    local f = assert(io.open(gp, "w"))
+    f:write(concat(script, "\n"), "\n")
+    f:close()
+    local run = "gnuplot " .. shell_quote(gp) .. " > " .. shell_quote(dir .. "/log") .. " 2>&1"
+    if not os.execute(run) then
+      -- an older or minimal gnuplot without cairo: the GD "png" terminal
+      local f2 = assert(io.open(gp, "w"))
+      f2:write((concat(script, "\n"):gsub("set terminal pngcairo", "set terminal png")), "\n")
+      f2:close()
+      if not os.execute(run) then
+        local lf = io.open(dir .. "/log")
+        local log = lf and lf:read("*a") or ""
+        if lf then lf:close() end
+        error("gnuplot failed: " .. (log:match("[^\n]*\n?[^\n]*$") or log), 0)
+      end
+    end
+  end)
+  remove_tree(dir)
+  if not ok then return nil, tostring(why) end
+  local f = io.open(path, "rb")
+  local head = f and f:read(8) or ""
+  if f then f:close() end
+  if head ~= "\137PNG\r\n\26\n" then return nil, "gnuplot wrote no PNG" end
+  return true
+end
+
+----------------------------------------------------------------- writing
+
+-- plot.write(base, figure [, {format = "auto" | "png" | "svg"}]) -> path written, format,
+-- note (why a PNG was asked for and an SVG written, else nil). base: the path without
+-- extension (".png" or ".svg" is added).
+function M.write(base, fig, opts)
+  local fname = "plot.write"
+  if type(base) ~= "string" or base == "" then error(fname .. ": base must be a non-empty path", 2) end
+  check_figure(fig, fname)
+  opts = opts or {}
+  if type(opts) ~= "table" then error(fname .. ": opts must be a table", 2) end
+  local fmt = opts.format or "auto"
+  if fmt ~= "auto" and fmt ~= "png" and fmt ~= "svg" then
+    error(fname .. ': opts.format must be "auto", "png" or "svg", got ' .. tostring(fmt), 2)
+  end
+  local note
+  if fmt ~= "svg" then
+    if M.have_gnuplot() then
+      local ok, why = gnuplot_png(fig, base .. ".png")
+      if ok then return base .. ".png", "png" end
+      note = why
+    else
+      note = "gnuplot is not installed"
+    end
+  end
+  local path = base .. ".svg"
+  local f, err = io.open(path, "w")
+  if not f then error(fname .. ": cannot write " .. path .. ": " .. tostring(err), 2) end
+  f:write(M.svg(fig, opts))
+  f:close()
+  return path, "svg", note
+end
+
+return M

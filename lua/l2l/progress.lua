@@ -1,0 +1,197 @@
+-- l2l.progress — a training run's progress display: one updating line on a terminal,
+-- plain lines elsewhere, with human units for bytes, counts and durations.
+--
+--   local progress = require("l2l.progress")
+--   local bar = progress.new{ total = 300, first = 0, every = 25 }
+--   bar:update(step, { loss = 2.31, tokens_per_s = 5120, device_peak = 9e6, host = 4e7 })
+--   bar:print("step 100  val loss 2.12")     -- a line that stays (clears the updating one)
+--   bar:finish()
+--
+-- Purpose: show a long loop's state without flooding the output. On a terminal the line
+-- is redrawn in place ("\r" then the line then "ESC[K" to clear what a longer line left);
+-- when the output is a file or a pipe (make's log, a spec reading it) the same fields go
+-- out as plain lines every `every` steps and at the last step, so logs stay readable.
+-- Whether stdout is a terminal comes from isatty(1); L2L_PROGRESS=tty or =plain
+-- overrides it (for scripts under a pseudo-terminal, and to test both modes).
+-- The ETA is the remaining steps times the mean time per step of this run so far (steps
+-- done before a resume are not timed, so they do not count).
+-- Must never: write "\r" or escape sequences when the output is not a terminal, or
+-- raise on a missing field (a field that is nil is simply left out of the line).
+local ffi = require("ffi")
+
+local type, tostring, floor, format, concat = type, tostring, math.floor, string.format, table.concat
+
+local M = {}
+local Bar = {}
+Bar.__index = Bar
+
+-- One declaration at a time: another module may have declared a libc function already
+-- (a second declaration is an error that would stop the ones after it).
+for _, decl in ipairs({
+  "int isatty(int fd);",
+  "struct l2l_progress_timespec { long tv_sec; long tv_nsec; };",
+  "int clock_gettime(int clock_id, struct l2l_progress_timespec *tp);",
+  "struct l2l_progress_winsize { unsigned short rows, cols, xpixel, ypixel; };",
+  "int ioctl(int fd, unsigned long request, ...);",
+}) do pcall(ffi.cdef, decl) end
+
+----------------------------------------------------------------- clocks and terminals
+
+local ts = ffi.new("struct l2l_progress_timespec")
+local CLOCK_MONOTONIC = 1
+
+-- Seconds on a monotonic clock (wall time: os.clock() counts CPU time of every thread,
+-- which overstates a multi-threaded step).
+local function monotonic()
+  if ffi.C.clock_gettime(CLOCK_MONOTONIC, ts) ~= 0 then error("clock_gettime failed") end
+  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+end
+-- (If clock_gettime was declared elsewhere with another struct, whole seconds it is.)
+M.now = pcall(monotonic) and monotonic or function() return os.time() end
+
+-- true when the progress line should update in place: L2L_PROGRESS=tty|plain decides,
+-- else whether file descriptor 1 is a terminal.
+function M.is_terminal()
+  local forced = os.getenv("L2L_PROGRESS")
+  if forced == "tty" then return true end
+  if forced == "plain" then return false end
+  local ok, r = pcall(function() return ffi.C.isatty(1) end)
+  return ok and r == 1
+end
+
+-- Columns of the terminal on stdout: $COLUMNS if exported, else the terminal's own size
+-- (ioctl TIOCGWINSZ, Linux's number), else 80. A line longer than this would wrap, and
+-- "\r" would then redraw only its last row.
+local TIOCGWINSZ = 0x5413
+function M.columns()
+  local env = tonumber(os.getenv("COLUMNS"))
+  if env and env >= 20 then return env end
+  local ok, cols = pcall(function()
+    local ws = ffi.new("struct l2l_progress_winsize")
+    if ffi.os == "Linux" and ffi.C.ioctl(1, TIOCGWINSZ, ws) == 0 then return ws.cols end
+    return 0
+  end)
+  if ok and cols >= 20 then return cols end
+  return 80
+end
+
+----------------------------------------------------------------- human units
+
+-- 1536 -> "1.5 KiB", 3.2e7 -> "30.5 MiB" (binary units, as the pools count).
+function M.bytes(n)
+  if type(n) ~= "number" then error("progress.bytes: n must be a number, got " .. type(n), 2) end
+  local units = { "B", "KiB", "MiB", "GiB", "TiB" }
+  local u, v = 1, n
+  while math.abs(v) >= 1024 and u < #units do v, u = v / 1024, u + 1 end
+  if u == 1 then return format("%d B", v) end
+  return format(v >= 100 and "%.0f %s" or v >= 10 and "%.1f %s" or "%.2f %s", v, units[u])
+end
+
+-- 950 -> "950", 12345 -> "12.3k", 4.2e6 -> "4.20M" (decimal units, for tokens).
+function M.count(n)
+  if type(n) ~= "number" then error("progress.count: n must be a number, got " .. type(n), 2) end
+  local a = math.abs(n)
+  if a < 1e3 then return format("%.0f", n) end
+  local v, s
+  if a < 1e6 then v, s = n / 1e3, "k" elseif a < 1e9 then v, s = n / 1e6, "M" else v, s = n / 1e9, "G" end
+  return format(math.abs(v) >= 100 and "%.0f%s" or math.abs(v) >= 10 and "%.1f%s" or "%.2f%s", v, s)
+end
+
+-- 7.3 -> "7.3s", 95 -> "1m35s", 7300 -> "2h01m".
+function M.duration(s)
+  if type(s) ~= "number" then error("progress.duration: s must be a number, got " .. type(s), 2) end
+  if s ~= s or s == math.huge then return "?" end
+  if s < 60 then return format("%.1fs", s) end
+  s = floor(s + 0.5)
+  if s < 3600 then return format("%dm%02ds", floor(s / 60), s % 60) end
+  return format("%dh%02dm", floor(s / 3600), floor(s % 3600 / 60))
+end
+
+----------------------------------------------------------------- the bar
+
+-- progress.new{total =, first = 0 (steps already done: a resumed run), every = 10 (plain
+-- lines: one per `every` steps), tty = (default M.is_terminal()), out = io.stdout,
+-- width = (columns; default: the terminal's, see M.columns)}
+function M.new(o)
+  o = o or {}
+  if type(o) ~= "table" then error("progress.new: expects an options table", 2) end
+  local function int(key, default, min)
+    local v = o[key]
+    if v == nil then return default end
+    if type(v) ~= "number" or v ~= floor(v) or v < min then
+      error(("progress.new: option '%s' must be an integer >= %d, got %s"):format(key, min, tostring(v)), 3)
+    end
+    return v
+  end
+  local self = setmetatable({}, Bar)
+  self.total = int("total", nil, 1)
+  if self.total == nil then error("progress.new: option 'total' is required", 2) end
+  self.first = int("first", 0, 0)
+  self.every = int("every", 10, 1)
+  self.width = int("width", nil, 20)
+  if o.tty ~= nil and type(o.tty) ~= "boolean" then error("progress.new: option 'tty' must be true or false", 2) end
+  self.tty = o.tty
+  if self.tty == nil then self.tty = M.is_terminal() end
+  self.out = o.out or io.stdout
+  if self.width == nil then self.width = self.tty and M.columns() or 1000 end
+  self.start = M.now()
+  self.drawn = false   -- an updating line is on the screen
+  return self
+end
+
+-- Seconds left: the mean time per step of this run times the steps to go.
+function Bar:eta(step)
+  local done = step - self.first
+  if done <= 0 then return math.huge end
+  return (M.now() - self.start) / done * (self.total - step)
+end
+
+-- The line for `step` with fields f: loss, val_loss, tokens_per_s, device_peak,
+-- device_budget, host (bytes).
+function Bar:line(step, f)
+  f = f or {}
+  local digits = #tostring(self.total)
+  local parts = { format("step %" .. digits .. "d/%d", step, self.total) }
+  if f.loss then parts[#parts + 1] = format("loss %.3f", f.loss) end
+  if f.val_loss then parts[#parts + 1] = format("val %.3f", f.val_loss) end
+  if f.tokens_per_s then parts[#parts + 1] = M.count(f.tokens_per_s) .. " tok/s" end
+  if f.device_peak then
+    parts[#parts + 1] = "dev peak " .. M.bytes(f.device_peak) ..
+                        (f.device_budget and f.device_budget > 0 and ("/" .. M.bytes(f.device_budget)) or "")
+  end
+  if f.host then parts[#parts + 1] = "host " .. M.bytes(f.host) end
+  parts[#parts + 1] = (step >= self.total and "took " .. M.duration(M.now() - self.start))
+                      or "ETA " .. M.duration(self:eta(step))
+  return concat(parts, "  ")
+end
+
+-- Shows step `step` (on a terminal: redraws the line; otherwise a plain line every
+-- `every` steps, at the first step of the run and at the last).
+function Bar:update(step, fields)
+  if type(step) ~= "number" then error("bar:update: step must be a number, got " .. type(step), 2) end
+  local text = self:line(step, fields)
+  if self.tty then
+    if #text > self.width - 1 then text = text:sub(1, self.width - 1) end
+    self.out:write("\r", text, "\27[K")
+    self.drawn = true
+  elseif step == self.first + 1 or step % self.every == 0 or step >= self.total then
+    self.out:write(text, "\n")
+  end
+  self.out:flush()
+end
+
+-- A line that stays: on a terminal the updating line is cleared first (it is redrawn at
+-- the next update).
+function Bar:print(text)
+  if self.tty and self.drawn then self.out:write("\r\27[K") ; self.drawn = false end
+  self.out:write(tostring(text), "\n")
+  self.out:flush()
+end
+
+-- Ends the updating line (a newline after it on a terminal).
+function Bar:finish()
+  if self.tty and self.drawn then self.out:write("\n"); self.drawn = false end
+  self.out:flush()
+end
+
+return M
