@@ -386,6 +386,24 @@ static l2l_status check_range(const char *what, const l2l_tensor *t, int64_t hi,
 }
 
 /* The model's shape and the batch, before anything runs. */
+static int64_t slot_floats(const l2l_tensor *t) {
+  int64_t align = L2L_ALIGN / (int64_t)sizeof(float);
+  return (l2l_tensor_numel(t) + align - 1) / align * align;
+}
+
+/* Floats in a device slot: the largest active layer's parameters, each aligned. */
+static int64_t slot_size(const struct step *s) {
+  int64_t most = 1;
+  for (int k = 0; k < s->L; k++) {
+    l2l_layer *layer = s->run->layers[s->active[k]].layer;
+    int64_t n = 0;
+    for (int r = 0; r < l2l_layer_param_count(layer); r++)
+      n += slot_floats(l2l_param_value(l2l_layer_param(layer, r)));
+    if (n > most) most = n;
+  }
+  return most;
+}
+
 static l2l_status check_step(struct step *s, const l2l_relay_batch *in) {
   l2l_relay *run = s->run;
   if (in == NULL) return FAIL(L2L_ERR_INVALID, "batch is NULL");
@@ -452,17 +470,19 @@ static l2l_status check_step(struct step *s, const l2l_relay_batch *in) {
   s->mb = run->config.micro_batch < s->B ? run->config.micro_batch : s->B;
   s->nmb = (s->B + s->mb - 1) / s->mb;
 
-  /* The device must hold one layer's visit: its parameters and gradients, the next
-     layer's parameters, a micro-batch's input, output and gradients, its working memory. */
+  /* The device must hold one layer's visit: the parameter slots (the visit's and the
+     next one's) and, in training, the two gradient slots, each the size of the largest
+     layer; a micro-batch's input, output and gradients; the layer's working memory. */
   l2l_pool_stats device;
   l2l_pool_get_stats(&device, L2L_POOL_DEVICE);
   if (device.budget > 0) {
+    uint64_t slots = (s->training ? 4u : 2u) * l2l_pool_accounted((uint64_t)slot_size(s) * sizeof(float));
     for (int k = 0; k < s->L; k++) {
       l2l_layer *layer = active_layer(s, k)->layer;
       l2l_layer_memory m;
       TRY(l2l_layer_memory_use(&m, layer, s->mb, s->S));
       uint64_t act = l2l_pool_accounted((uint64_t)(s->mb * s->S * s->D) * sizeof(float));
-      uint64_t need = 2 * m.params + m.peak + 3 * act;
+      uint64_t need = slots + m.peak + 3 * act;
       if (need > device.budget - device.current) {
         char a[32], b[32];
         return FAIL(L2L_ERR_BUDGET,
@@ -537,11 +557,6 @@ static l2l_status step_alloc(struct step *s) {
 /* ---------------------------------------------------------------- parameters */
 
 /* Floats a record takes in a slot (rounded so every record starts on L2L_ALIGN). */
-static int64_t slot_floats(const l2l_tensor *t) {
-  int64_t align = L2L_ALIGN / (int64_t)sizeof(float);
-  return (l2l_tensor_numel(t) + align - 1) / align * align;
-}
-
 /* A tensor shaped like t at *offset of a slot; *offset moves past it. */
 static l2l_status slot_view(l2l_tensor **out, const l2l_tensor *slot, int64_t *offset,
                             const l2l_tensor *t) {
@@ -557,15 +572,7 @@ static l2l_status slot_view(l2l_tensor **out, const l2l_tensor *slot, int64_t *o
 
 /* The slots, sized for the largest active layer. */
 static l2l_status slots_new(struct step *s) {
-  int64_t most = 1;
-  for (int k = 0; k < s->L; k++) {
-    l2l_layer *layer = active_layer(s, k)->layer;
-    int64_t n = 0;
-    for (int r = 0; r < l2l_layer_param_count(layer); r++)
-      n += slot_floats(l2l_param_value(l2l_layer_param(layer, r)));
-    if (n > most) most = n;
-  }
-  int64_t shape[1] = {most};
+  int64_t shape[1] = {slot_size(s)};
   for (int i = 0; i < 2; i++) {
     TRY(l2l_tensor_new(&s->pslot[i], L2L_POOL_DEVICE, L2L_F32, 1, shape));
     if (s->training) TRY(l2l_tensor_new(&s->gslot[i], L2L_POOL_DEVICE, L2L_F32, 1, shape));
