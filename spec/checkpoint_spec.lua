@@ -15,17 +15,11 @@ local function tmp_path(tag)
 end
 
 local function read_bytes(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
+  local text = support.read_file(path)
+  assert(text, "cannot read " .. path)
+  return text
 end
-
-local function write_bytes(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
+local write_bytes = support.write_file
 
 local function le64(n)
   local t = {}

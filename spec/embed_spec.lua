@@ -6,15 +6,9 @@ local support = dofile("spec/support.lua")
 local sh = support.sh
 local sanitized = os.getenv("L2L_SANITIZE") == "1"
 -- Absolute, so that a program can run from another directory.
-local build = support.build:sub(1, 1) == "/" and support.build or (support.root .. "/" .. support.build)
+local build = support.build_dir
 
-local function write_temp(text)
-  local path = os.tmpname()
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-  return path
-end
+local write_temp = support.write_temp
 
 -- The {step, loss, text} of every "step N  loss X" line, in order.
 local function step_losses(out)

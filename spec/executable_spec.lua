@@ -5,13 +5,7 @@ local support = dofile("spec/support.lua")
 local sh, build = support.sh, support.build
 local sanitized = os.getenv("L2L_SANITIZE") == "1"
 
-local function write_temp(text)
-  local path = os.tmpname()
-  local f = assert(io.open(path, "w"))
-  f:write(text)
-  f:close()
-  return path
-end
+local write_temp = support.write_temp
 
 describe("the l2l executable", function()
   local exe = build .. "/l2l"

@@ -4,9 +4,8 @@
 local support = dofile("spec/support.lua")
 
 local function readme_script()
-  local f = assert(io.open("README.md"))
-  local text = f:read("*a")
-  f:close()
+  local text = support.read_file("README.md")
+  assert(text, "cannot read README.md")
   local at = assert(text:find("A whole training job in 15 lines", 1, true), "the README lost its script")
   return assert(text:match("```lua\n(.-)```", at))
 end
@@ -21,12 +20,8 @@ describe("the README's training script", function()
     local dir = os.tmpname()
     os.remove(dir)
     assert(os.execute("mkdir -p " .. dir) == 0)
-    local path = dir .. "/script.lua"
-    local f = assert(io.open(path, "w"))
-    f:write(short)
-    f:close()
-    local build = support.build:sub(1, 1) == "/" and support.build or support.root .. "/" .. support.build
-    local status, out = support.sh(("cd %s && %s/l2l script.lua"):format(dir, build))
+    support.write_file(dir .. "/script.lua", short)
+    local status, out = support.sh(("cd %s && %s/l2l script.lua"):format(dir, support.build_dir))
     assert.are.equal(0, status, out)
     local loss, valid = out:match("step  50  loss ([%d.]+)  device peak [%d.]+ MiB  valid ([%d.]+)")
     assert.is_truthy(loss, out)

@@ -7,21 +7,9 @@ local support = dofile("spec/support.lua")
 local sh, build = support.sh, support.build
 local exe = build .. "/l2l"
 
-local function write_temp(text)
-  local path = os.tmpname()
-  local f = assert(io.open(path, "w"))
-  f:write(text)
-  f:close()
-  return path
-end
+local write_temp = support.write_temp
 
-local function slurp(path)
-  local f = io.open(path, "r")
-  if f == nil then return nil end
-  local text = f:read("*a")
-  f:close()
-  return text
-end
+local slurp = support.read_file
 
 -- Runs `l2l -i <args>` on the lines through a pipe; returns the exit status, standard
 -- output (the values and what the session printed) and standard error (banner, prompts,

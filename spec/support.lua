@@ -67,6 +67,31 @@ function M.rel_err(got, want, floor)
   return worst
 end
 
+-- The build folder as an absolute path (for programs run from another folder).
+M.build_dir = M.build:sub(1, 1) == "/" and M.build or (M.root .. "/" .. M.build)
+
+-- A file's bytes, or nil when it cannot be opened; writing a file; a new temporary file
+-- holding `text` (its path).
+function M.read_file(path)
+  local f = io.open(path, "rb")
+  if f == nil then return nil end
+  local text = f:read("*a")
+  f:close()
+  return text
+end
+
+function M.write_file(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
+function M.write_temp(text)
+  local path = os.tmpname()
+  M.write_file(path, text)
+  return path
+end
+
 -- Runs a shell command; returns its exit status (0 = success) and combined output.
 function M.sh(cmd)
   local p = io.popen("(" .. cmd .. ") 2>&1; echo \"__status=$?\"")

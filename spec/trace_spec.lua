@@ -32,9 +32,8 @@ local function batch()
 end
 
 local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local text = f:read("*a")
-  f:close()
+  local text = support.read_file(path)
+  assert(text, "cannot read " .. path)
   return text
 end
 
