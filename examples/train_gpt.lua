@@ -28,8 +28,8 @@
 local l2l = require("l2l")
 local progress = require("l2l.progress")
 local plot = require("l2l.plot")
+local text = require("l2l.text")
 local cjson = require("cjson")
-local ffi = require("ffi")
 local bit = require("bit")
 
 local floor, format, concat = math.floor, string.format, table.concat
@@ -92,15 +92,15 @@ local function usage()
       help = ("%s (default: %s)"):format(help, default == "" and "none" or tostring(default))
     end
     -- the help text wrapped at 96 columns, continuation lines under its start
-    local width, text, first = 96 - 32, help, true
-    while #text > 0 do
-      local piece = text
-      if #text > width then
-        local cut = text:sub(1, width):match("^.*() ")
-        piece = text:sub(1, (cut or width + 1) - 1)
+    local width, rest, first = 96 - 32, help, true
+    while #rest > 0 do
+      local piece = rest
+      if #rest > width then
+        local cut = rest:sub(1, width):match("^.*() ")
+        piece = rest:sub(1, (cut or width + 1) - 1)
       end
       lines[#lines + 1] = ("%-31s %s"):format(first and left or "", piece)
-      text, first = text:sub(#piece + 1):gsub("^ +", ""), false
+      rest, first = rest:sub(#piece + 1):gsub("^ +", ""), false
     end
   end
   return concat(lines, "\n")
@@ -277,22 +277,10 @@ end
 
 ----------------------------------------------------------------- batches
 
--- Fills tokens/targets (B,S) with windows of `text` starting at positions drawn from
--- l2l.rand keyed by (seed, stream): a batch is a function of them alone.
-local function fill_batch(tokens, targets, text, seed, stream, first)
-  local B, S = tokens:dim(1), tokens:dim(2)
-  local u = l2l.rand({ B }, { seed = seed, stream = stream, first = first or 0 })
-  local up, tp, gp = u:data(), tokens:data(), targets:data()
-  local bytes = ffi.cast("const uint8_t *", text)
-  local span = #text - S   -- the last window's target is text's last byte
-  for b = 0, B - 1 do
-    local pos = floor(up[b] * span)
-    for s = 0, S - 1 do
-      tp[b * S + s] = bytes[pos + s]
-      gp[b * S + s] = bytes[pos + s + 1]
-    end
-  end
-  u:free()
+-- Batches come from l2l.text.batch: windows at positions drawn from l2l.rand keyed by
+-- (seed, stream), so a batch is a function of them alone (a resumed run sees the same).
+local function fill_batch(tokens, targets, s, seed, stream, first)
+  text.batch(s, tokens:dim(1), tokens:dim(2), seed, stream, { first = first, tokens = tokens, targets = targets })
 end
 
 -- The validation batches' stream: far above any step number, so never a training batch's.

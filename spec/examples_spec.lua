@@ -139,6 +139,22 @@ describe("l2l.text", function()
     -- another step draws other windows (the chance that all five starts repeat is nil)
     assert.are_not.same(t, text.batch(s, B, S, seed, 4):totable())
     assert.are_not.same(t, text.batch(s, B, S, seed + 1, 3):totable())
+    -- opts.first: batches further along one stream are the rows of one bigger batch;
+    -- opts.tokens/targets: filled in place (poisoned first), the same rows
+    local big_t, big_g = text.batch(s, 2 * B, S, seed, 3)
+    local into_t = l2l.full({ B, S }, -7, { dtype = "i32" })
+    local into_g = l2l.full({ B, S }, -7, { dtype = "i32" })
+    local got_t, got_g = text.batch(s, B, S, seed, 3, { first = B, tokens = into_t, targets = into_g })
+    assert.are.equal(into_t, got_t)
+    assert.are.equal(into_g, got_g)
+    local bt, bg = big_t:totable(), big_g:totable()
+    local it_, ig = into_t:totable(), into_g:totable()
+    for b = 1, B do
+      assert.are.same(bt[B + b], it_[b])
+      assert.are.same(bg[B + b], ig[b])
+    end
+    local ok, err = pcall(text.batch, s, B, S, seed, 3, { tokens = l2l.zeros({ B, S + 1 }, { dtype = "i32" }) })
+    assert.is_truthy(not ok and tostring(err):find("text.batch: opts.tokens must be an i32"), err)
   end)
 
   it("splits off the validation part and loads files, or names what is wrong", function()

@@ -10,9 +10,12 @@
 --   back to l2l's own src/*.c and src/*.h (relative to the current folder) when there are
 --   none; stops after max_bytes.
 -- text.split(s, fraction) -> train, valid: the last `fraction` of s is the validation part.
--- text.batch(s, B, S, seed, step) -> tokens, targets: B windows of S bytes at offsets drawn
---   by l2l's counter-based generator keyed by (seed, step), so a batch depends only on
---   them; targets are the next bytes (targets[b][s] = tokens[b][s + 1] within the text).
+-- text.batch(s, B, S, seed, step [, opts]) -> tokens, targets: B windows of S bytes at
+--   offsets drawn by l2l's counter-based generator keyed by (seed, step), so a batch
+--   depends only on them; targets are the next bytes (targets[b][s] = tokens[b][s + 1]
+--   within the text). opts.first: the first draw of the stream to use (several batches
+--   from one stream); opts.tokens / opts.targets: (B,S) i32 tensors to fill instead of
+--   new ones (a training loop reuses its own).
 -- Must never: depend on the order a folder lists its files in, or draw from a generator
 -- whose state other code shares (math.random): a run is repeatable from its seed.
 local tensor = require("l2l.tensor")
@@ -75,18 +78,26 @@ function M.split(s, fraction)
   return s:sub(1, cut), s:sub(cut + 1)
 end
 
-function M.batch(s, B, S, seed, step)
+function M.batch(s, B, S, seed, step, opts)
   if type(s) ~= "string" then error("text.batch: s must be a string", 2) end
+  if opts ~= nil and type(opts) ~= "table" then error("text.batch: opts must be a table", 2) end
+  opts = opts or {}
   for name, v in pairs({ B = B, S = S }) do
     if type(v) ~= "number" or v < 1 or v ~= floor(v) then
       error(("text.batch: %s must be an integer >= 1, got %s"):format(name, tostring(v)), 2)
     end
   end
   if #s < S + 1 then error(("text.batch: the text (%d bytes) is shorter than S + 1 = %d"):format(#s, S + 1), 2) end
-  local starts = tensor.rand({ B }, { seed = seed or 0, stream = step or 0 })
+  local starts = tensor.rand({ B }, { seed = seed or 0, stream = step or 0, first = opts.first or 0 })
   local u = starts:data()
-  local tokens = tensor.empty({ B, S }, { dtype = "i32" })
-  local targets = tensor.empty({ B, S }, { dtype = "i32" })
+  local tokens, targets = opts.tokens, opts.targets
+  for name, t in pairs({ tokens = tokens, targets = targets }) do
+    if t ~= nil and not (tensor.is_tensor(t) and t:dtype() == "i32" and t:ndim() == 2 and t:dim(1) == B and t:dim(2) == S) then
+      error(("text.batch: opts.%s must be an i32 (%d,%d) tensor"):format(name, B, S), 2)
+    end
+  end
+  tokens = tokens or tensor.empty({ B, S }, { dtype = "i32" })
+  targets = targets or tensor.empty({ B, S }, { dtype = "i32" })
   local tk, tg = tokens:data(), targets:data()
   local span = #s - S   -- window starts 1 .. span leave room for the last target
   for b = 0, B - 1 do
