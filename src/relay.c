@@ -395,7 +395,7 @@ static int64_t slot_floats(const l2l_tensor *t) {
 static int64_t slot_size(const struct step *s) {
   int64_t most = 1;
   for (int k = 0; k < s->L; k++) {
-    l2l_layer *layer = s->run->layers[s->active[k]].layer;
+    l2l_layer *layer = active_layer(s, k)->layer;
     int64_t n = 0;
     for (int r = 0; r < l2l_layer_param_count(layer); r++)
       n += slot_floats(l2l_param_value(l2l_layer_param(layer, r)));
