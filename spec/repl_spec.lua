@@ -241,7 +241,9 @@ describe("l2l in a terminal (a pseudo-terminal from script)", function()
     for _, k in ipairs(keys) do
       feed[#feed + 1] = type(k) == "number" and ("sleep %g"):format(k) or ("printf '%s'"):format(k)
     end
-    local cmd = ("(%s) | env -u L2L_HISTORY TERM=xterm %s timeout 60 script -qec '%s' /dev/null"):format(
+    -- `exec`: script runs the command through $SHELL, and a shell left waiting (dash does
+    -- not exec a lone command) takes the Ctrl-C too and dies of it, exit status 130
+    local cmd = ("(%s) | env -u L2L_HISTORY TERM=xterm SHELL=/bin/sh %s timeout 60 script -qec 'exec %s' /dev/null"):format(
       table.concat(feed, "; "), env or "", exe)
     return sh(cmd)
   end
