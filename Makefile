@@ -2,7 +2,8 @@
 # benchmarks, and runs them. The two commands a user needs: `make demo` and `make test`.
 # Targets that need system packages first run scripts/deps.sh, which installs what is
 # missing. Knobs: SANITIZE=1 (AddressSanitizer + UBSan build in build-san/), ARCH=<gcc
-# -march> (default native: l2l is built where it runs), NO_CUDA=1, L2L_THREADS=<n>.
+# -march> (default native: l2l is built where it runs), NO_CUDA=1, CUDA_ARCH="80 90",
+# L2L_THREADS=<n>.
 
 SANITIZE ?= 0
 ARCH ?= native
@@ -34,15 +35,40 @@ LIB_LIBS := $(BLAS_LIBS) -ljemalloc -lm -lpthread
 # The executable and test programs link libl2l.so from their own folder.
 RPATH := -Wl,-rpath,'$$ORIGIN' -Wl,--no-as-needed
 
-# CUDA is found for the CUDA backend (its own issue); a CPU-only build is complete.
+# The CUDA backend is built wherever nvcc is found (a GPU is only needed to run it);
+# NO_CUDA=1 leaves it out, and so does the sanitizer build (AddressSanitizer and the CUDA
+# runtime do not mix). A CPU-only build is complete. CUDA_ARCH lists the GPU generations
+# to build machine code for; PTX for the last one lets newer GPUs compile it at load.
+ifeq ($(SANITIZE),1)
+  NO_CUDA := 1
+endif
 ifneq ($(NO_CUDA),1)
   NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+endif
+CUDA_ARCH ?= 80 90
+ifneq ($(NVCC),)
+  CUDA_HOME ?= $(realpath $(dir $(realpath $(NVCC)))..)
+  ifeq ($(wildcard $(CUDA_HOME)/include/cublas_v2.h),)
+    NVCC :=   # a toolkit without cuBLAS: no CUDA backend (scripts/deps.sh says so)
+  endif
+endif
+ifneq ($(NVCC),)
+  NVCC_FLAGS := -std=c++17 -O3 -g -lineinfo -Xcompiler -fPIC,-Wall,-Wextra -Ikernels -Isrc \
+                $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
+                -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH)) \
+                $(EXTRA_NVCC_FLAGS)
+  KERNEL_OBJ := $(patsubst kernels/%.cu,$(BUILD)/kernels/%.o,$(wildcard kernels/*.cu))
+  # cuBLAS is opened at run time (backend_cuda.c says why), from the toolkit's folder.
+  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -ldl -lstdc++
+  $(BUILD)/obj/backend_cuda.o: CFLAGS += -DL2L_CUDA -I$(CUDA_HOME)/include \
+                                         -DL2L_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
 endif
 
 LIB_SRC := src/error.c src/mem.c src/runtime.c src/dtype.c src/rng.c src/tensor.c src/ops.c \
            src/backend_cpu_attention.c $(wildcard src/layers/*.c) \
-           src/backend_cpu.c src/jobs.c src/eps_optim.c src/eps.c src/relay.c
-LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
+           src/backend_cpu.c src/backend_cuda.c src/device.c src/jobs.c src/eps_optim.c \
+           src/eps.c src/relay.c
+LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o) $(KERNEL_OBJ)
 CTEST_SRC := $(wildcard spec/c/*.c)
 CTEST_OBJ := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%.o)
 DEPS_STAMP := $(BUILD)/.deps-ok
@@ -61,8 +87,12 @@ $(BUILD)/obj/%.o: src/%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
+$(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.cuh kernels/*.h) | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+
 $(BUILD)/libl2l.so: $(LIB_OBJ)
-	$(CC) -shared -o $@ $^ $(LDFLAGS) $(LIB_LIBS)
+	$(CC) -shared -o $@ $^ $(LDFLAGS) $(LIB_LIBS) $(CUDA_LIBS)
 
 $(BUILD)/libl2l.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^

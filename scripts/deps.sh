@@ -37,11 +37,11 @@ fi
 
 nvcc=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
 if [[ -n $nvcc ]]; then
-  cuda=$(dirname "$(dirname "$nvcc")")
+  cuda=$(dirname "$(dirname "$(readlink -f "$nvcc")")")   # nvcc may be a link in /usr/local/bin
   if ls "$cuda"/include/cublas_v2.h >/dev/null 2>&1; then
-    echo "deps: CUDA toolkit at $cuda with cuBLAS"
+    echo "deps: CUDA toolkit at $cuda with cuBLAS: the CUDA backend is built"
   else
-    echo "deps: CUDA toolkit at $cuda has no cuBLAS headers; the CUDA backend will need them"
+    echo "deps: CUDA toolkit at $cuda has no cuBLAS headers: the CUDA backend is left out"
   fi
 fi
 echo "deps: all present"

@@ -37,10 +37,11 @@ struct l2l_backend_ops {
   const char *name;
 
   /* c[i] = alpha op(a[i]) op(b[i]) + beta c[i] for i < batch; a[i] op'd is (m,k), b[i] op'd
-     (k,n), c[i] (m,n); beta = 0 must not read c. */
-  l2l_status (*gemm_batched)(float *c, const float *a, const float *b, int64_t batch,
-                             int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
-                             float alpha, float beta);
+     (k,n), c[i] (m,n); beta = 0 must not read c. a and b are both ab_dtype (f32, f16 or
+     bf16); c and the accumulation are f32. */
+  l2l_status (*gemm_batched)(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
+                             int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
+                             int trans_b, float alpha, float beta);
   l2l_status (*bias_add)(float *y, const float *bias, int64_t rows, int64_t cols);
   l2l_status (*bias_backward)(float *dbias, const float *dy, int64_t rows, int64_t cols);
   l2l_status (*add)(float *out, const float *a, const float *b, int64_t n); /* out may alias */
@@ -118,9 +119,10 @@ struct l2l_backend_ops {
   l2l_status (*adamw)(float *param, float *m, float *v, const float *grad, int64_t n,
                       const l2l_adamw_config *config, float bias_correction1,
                       float bias_correction2);
-  /* First index whose value is outside [lo, hi) and not `except`, or -1 (*out). */
-  l2l_status (*find_out_of_range)(int64_t *out, const int32_t *values, int64_t n, int32_t lo,
-                                  int32_t hi, int32_t except);
+  /* First index whose value is outside [lo, hi) and not `except`, or -1 (*index), and
+     that value (*value, when found): both on the host, whatever memory values is in. */
+  l2l_status (*find_out_of_range)(int64_t *index, int32_t *value, const int32_t *values,
+                                  int64_t n, int32_t lo, int32_t hi, int32_t except);
 
   /* Whole-tensor helpers used by tensor.c. */
   l2l_status (*fill)(void *dst, l2l_dtype dtype, double value, int64_t n);
@@ -151,10 +153,28 @@ l2l_status l2l_cpu_attention_backward(float *dq, float *dk, float *dv, const flo
                                       float *workspace, int64_t workspace_floats);
 int64_t l2l_cpu_attention_workspace(int64_t seq, int backward);
 
-/* The backend that runs ops on tensors of `pool`. */
+/* The backend that runs ops on tensors of `pool` (device.c): the CPU's for host and
+   pinned memory; for the device pool, the CUDA backend's when it serves it. */
 const struct l2l_backend_ops *l2l_backend_for(l2l_pool_kind pool);
 /* Which backend's memory a pool is: pools of one domain can meet in one op. */
 int l2l_pool_domain(l2l_pool_kind pool);
+/* Whether the device pool is GPU memory run by the CUDA backend (decided on first use). */
+bool l2l_device_is_cuda(void);
+
+/* ---- the CUDA backend (backend_cuda.c; a build without CUDA has stubs that say so) */
+
+/* 1 if a GPU can be used (probed once); else 0 with the reason in why (may be NULL). */
+int l2l_cuda_probe(char *why, size_t len);
+const struct l2l_backend_ops *l2l_cuda_ops(void);
+/* The device pool's memory on the GPU: a caching allocator over cudaMalloc, so that a
+   training step's steady state makes no cudaMalloc or cudaFree calls. bytes as counted
+   by the pool (a multiple of L2L_ALIGN). */
+l2l_status l2l_cuda_malloc(void **out, uint64_t bytes);
+void l2l_cuda_free(void *ptr, uint64_t bytes);
+/* Bytes held from cudaMalloc (in use and cached) and the number of cudaMalloc calls. */
+void l2l_cuda_pool_counts(uint64_t *reserved, uint64_t *system_allocs);
+l2l_status l2l_cuda_release_cache(void);
+l2l_status l2l_cuda_synchronize(void);
 
 /* Compute threads for OpenMP loops (runtime.c). */
 extern atomic_int l2l_compute_threads;

@@ -35,15 +35,36 @@ static int threads_for(int64_t work) {
 
 /* ---------------------------------------------------------------- GEMM */
 
-static l2l_status cpu_gemm_batched(float *c, const float *a, const float *b, int64_t batch,
-                                   int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
-                                   float alpha, float beta) {
+/* f16 / bf16 inputs are widened to f32 (exactly) one matrix pair at a time, in memory of
+   the backend's own: OpenBLAS has no 16-bit GEMM with f32 accumulation. */
+static l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
+                                   int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
+                                   int trans_b, float alpha, float beta) {
   /* Row-major: the leading dimension is a stored matrix's column count. */
   int lda = (int)(trans_a ? m : k), ldb = (int)(trans_b ? k : n), ldc = (int)n;
-  for (int64_t i = 0; i < batch; i++)
+  float *wide = NULL;
+  if (ab_dtype != L2L_F32) {
+    wide = malloc((size_t)(m * k + k * n) * sizeof *wide);
+    if (wide == NULL)
+      return l2l_fail(L2L_ERR_NOMEM, "cpu backend: no memory to widen a %s GEMM's inputs",
+                      l2l_dtype_name(ab_dtype));
+  }
+  for (int64_t i = 0; i < batch; i++) {
+    const float *ai = (const float *)a + i * m * k, *bi = (const float *)b + i * k * n;
+    if (wide != NULL) {
+      const uint16_t *a16 = (const uint16_t *)a + i * m * k, *b16 = (const uint16_t *)b + i * k * n;
+      float *aw = wide, *bw = wide + m * k;
+      for (int64_t j = 0; j < m * k; j++)
+        aw[j] = ab_dtype == L2L_F16 ? half_f16_to_f32(a16[j]) : half_bf16_to_f32(a16[j]);
+      for (int64_t j = 0; j < k * n; j++)
+        bw[j] = ab_dtype == L2L_F16 ? half_f16_to_f32(b16[j]) : half_bf16_to_f32(b16[j]);
+      ai = aw, bi = bw;
+    }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha,
-                a + i * m * k, lda, b + i * k * n, ldb, beta, c + i * m * n, ldc);
+                trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, ai, lda, bi,
+                ldb, beta, c + i * m * n, ldc);
+  }
+  free(wide);
   return L2L_OK;
 }
 
@@ -575,13 +596,14 @@ static l2l_status cpu_adamw(float *param, float *m, float *v, const float *grad,
   return L2L_OK;
 }
 
-static l2l_status cpu_find_out_of_range(int64_t *out, const int32_t *values, int64_t n,
-                                        int32_t lo, int32_t hi, int32_t except) {
-  *out = -1;
+static l2l_status cpu_find_out_of_range(int64_t *index, int32_t *value, const int32_t *values,
+                                        int64_t n, int32_t lo, int32_t hi, int32_t except) {
+  *index = -1;
   for (int64_t i = 0; i < n; i++) {
-    int32_t value = values[i];
-    if ((value < lo || value >= hi) && value != except) {
-      *out = i;
+    int32_t v = values[i];
+    if ((v < lo || v >= hi) && v != except) {
+      *index = i;
+      *value = v;
       break;
     }
   }
@@ -753,12 +775,3 @@ const struct l2l_backend_ops l2l_cpu_backend = {
     .random = cpu_random,
     .copy = cpu_copy,
 };
-
-/* On a CPU-only build every pool belongs to the CPU; the device pool is still its own
-   domain so that host/device mixing is refused exactly as on a GPU build. */
-const struct l2l_backend_ops *l2l_backend_for(l2l_pool_kind pool) {
-  (void)pool;
-  return &l2l_cpu_backend;
-}
-
-int l2l_pool_domain(l2l_pool_kind pool) { return pool == L2L_POOL_DEVICE ? 1 : 0; }

@@ -86,6 +86,10 @@ typedef struct l2l_pool_stats {
   uint64_t allocs;   /* allocations served */
   uint64_t frees;
   uint64_t refused;  /* allocations refused (budget or out of memory) */
+  uint64_t reserved;       /* bytes held from the system: current, plus what a caching
+                              allocator keeps for reuse (the CUDA device pool) */
+  uint64_t system_allocs;  /* calls to the system allocator (cudaMalloc on CUDA): flat
+                              in a training loop's steady state */
 } l2l_pool_stats;
 
 l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind pool);
@@ -93,6 +97,37 @@ l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind pool);
 l2l_status l2l_pool_set_budget(l2l_pool_kind pool, uint64_t bytes);
 l2l_status l2l_pool_reset_peak(l2l_pool_kind pool);  /* peak := current */
 const char *l2l_pool_name(l2l_pool_kind pool);      /* "host", "pinned", "device"; NULL if invalid */
+
+/* ---------------------------------------------------------------- the device
+
+   The device pool's memory and ops belong to one backend, chosen on first use: "cuda"
+   (GPU memory through a caching allocator, CUDA kernels and cuBLAS) when this build has
+   CUDA and a GPU is present, else "cpu" (host memory with the device pool's budget and
+   accounting). The environment variable L2L_DEVICE=cpu|cuda overrides the choice. */
+const char *l2l_device_backend(void);               /* "cpu" or "cuda" */
+/* Serve the device pool from `backend` ("cpu" or "cuda") from now on. Refused while
+   device tensors exist, and for "cuda" when it cannot run here (the message says why). */
+l2l_status l2l_device_use(const char *backend);
+/* 1 if the CUDA backend can run here; else 0, with the reason (built without CUDA, no
+   GPU, driver too old, ...) in why[0..len) when why is not NULL. */
+int l2l_cuda_available(char *why, size_t len);
+
+typedef struct l2l_cuda_info {
+  char name[256];          /* e.g. "NVIDIA H100 80GB HBM3" */
+  int major, minor;        /* compute capability */
+  int multiprocessors;
+  uint64_t total_bytes, free_bytes;
+  int runtime_version, driver_version;  /* as CUDA encodes them: 13000 is 13.0 */
+} l2l_cuda_info;
+l2l_status l2l_cuda_get_info(l2l_cuda_info *out);
+/* f32 GEMMs on the GPU through TF32 tensor cores (about 1e-3 relative error instead of
+   fp32's 1e-6; off by default). */
+l2l_status l2l_cuda_set_tf32(int enable);
+/* Waits for all queued GPU work; a failure of that work is reported here. The CPU
+   device backend has nothing queued: always L2L_OK. */
+l2l_status l2l_device_synchronize(void);
+/* Returns the device pool's cached, unused memory to the system (cudaFree). */
+l2l_status l2l_device_release_cache(void);
 
 /* ---------------------------------------------------------------- tensors */
 
@@ -166,7 +201,8 @@ float l2l_f16_to_f32(uint16_t x);
 
 /* c = alpha * op(a) @ op(b) + beta * c, op(x) = x^T when trans_x is 1, x when 0 (other
    values are refused). As matrices: op(a) (M,K), op(b) (K,N), c (M,N); alpha and beta
-   finite. With beta = 0, c is not read (NaN in c does not propagate). */
+   finite. With beta = 0, c is not read (NaN in c does not propagate). a and b may both
+   be f16 or both bf16 (mixed precision): products accumulate in f32 into c (f32). */
 l2l_status l2l_gemm(l2l_tensor *c, const l2l_tensor *a, const l2l_tensor *b, int trans_a,
                     int trans_b, float alpha, float beta);
 /* The same for a batch of matrices: each tensor is (batch..., rows, cols) with the batch

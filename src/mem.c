@@ -2,8 +2,9 @@
  *
  * Purpose: hand out aligned memory for tensors and account for every byte (current, peak,
  * budget), so that claims like "device peak stays constant in depth" are measurable on any
- * build. On a CPU-only build the device pool is host memory with the same budget and the
- * same over-budget message a GPU build gives.
+ * build. The device pool is GPU memory when the CUDA backend serves it (backend_cuda.c's
+ * caching allocator; the budget and accounting stay here), and otherwise host memory
+ * with the same budget and the same over-budget message.
  *
  * Host memory comes from jemalloc through its explicit API (mallocx/dallocx) in arenas
  * that l2l creates for itself, one per pool: jemalloc never replaces malloc here (libl2l
@@ -21,7 +22,7 @@
 #include <jemalloc/jemalloc.h>
 #endif
 
-#include "internal.h"
+#include "backend.h"
 
 enum { POOL_COUNT = 3 };
 
@@ -88,8 +89,9 @@ l2l_status l2l_pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
                     (unsigned long long)current, l2l_human_bytes(used, 32, current),
                     (unsigned long long)budget, l2l_human_bytes(limit, 32, budget));
   }
+  const bool on_gpu = kind == L2L_POOL_DEVICE && l2l_device_is_cuda();
 #ifndef L2L_SANITIZE
-  l2l_status arena_status = ensure_arena(p, name);
+  l2l_status arena_status = on_gpu ? L2L_OK : ensure_arena(p, name);
   if (arena_status != L2L_OK) {
     p->stats.refused++;
     pthread_mutex_unlock(&p->lock);
@@ -99,12 +101,23 @@ l2l_status l2l_pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
   p->stats.current += accounted;
   pthread_mutex_unlock(&p->lock);
 
+  void *ptr = NULL;
+  if (on_gpu) {
+    if (l2l_cuda_malloc(&ptr, accounted) != L2L_OK) { /* its message says why */
+      pthread_mutex_lock(&p->lock);
+      p->stats.current -= accounted;
+      p->stats.refused++;
+      pthread_mutex_unlock(&p->lock);
+      return L2L_ERR_NOMEM;
+    }
+  } else {
 #ifdef L2L_SANITIZE
-  void *ptr = aligned_alloc(L2L_ALIGN, accounted);
+    ptr = aligned_alloc(L2L_ALIGN, accounted);
 #else
-  void *ptr = mallocx(accounted, MALLOCX_ALIGN(L2L_ALIGN) | MALLOCX_ARENA(p->arena) |
-                                     MALLOCX_TCACHE_NONE);
+    ptr = mallocx(accounted, MALLOCX_ALIGN(L2L_ALIGN) | MALLOCX_ARENA(p->arena) |
+                                 MALLOCX_TCACHE_NONE);
 #endif
+  }
 
   pthread_mutex_lock(&p->lock);
   if (ptr == NULL) {
@@ -128,11 +141,15 @@ void l2l_pool_free(l2l_pool_kind kind, void *ptr, uint64_t bytes) {
   if (ptr == NULL || !l2l_pool_valid((int)kind)) return;
   struct pool *p = &pools[kind];
   uint64_t accounted = l2l_pool_accounted(bytes);
+  if (kind == L2L_POOL_DEVICE && l2l_device_is_cuda()) {
+    l2l_cuda_free(ptr, accounted);
+  } else {
 #ifdef L2L_SANITIZE
-  free(ptr);
+    free(ptr);
 #else
-  dallocx(ptr, MALLOCX_TCACHE_NONE);
+    dallocx(ptr, MALLOCX_TCACHE_NONE);
 #endif
+  }
   pthread_mutex_lock(&p->lock);
   p->stats.current -= accounted;
   p->stats.frees++;
@@ -145,6 +162,11 @@ l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind kind) {
   pthread_mutex_lock(&pools[kind].lock);
   *out = pools[kind].stats;
   pthread_mutex_unlock(&pools[kind].lock);
+  /* jemalloc's own caching is not counted: host memory is "reserved" as it is used. */
+  out->reserved = out->current;
+  out->system_allocs = out->allocs;
+  if (kind == L2L_POOL_DEVICE && l2l_device_is_cuda())
+    l2l_cuda_pool_counts(&out->reserved, &out->system_allocs);
   return L2L_OK;
 }
 

@@ -96,8 +96,12 @@ static l2l_status gemm_common(const char *func, l2l_tensor *c, const l2l_tensor 
                               const l2l_tensor *b, int trans_a, int trans_b, float alpha,
                               float beta, bool batched) {
   TRY(need(func, "c", c, L2L_F32));
-  TRY(need(func, "a", a, L2L_F32));
-  TRY(need(func, "b", b, L2L_F32));
+  if (a != NULL && l2l_tensor_ok(a) && (a->dtype == L2L_F16 || a->dtype == L2L_BF16)) {
+    TRY(need(func, "b", b, a->dtype)); /* 16-bit inputs, both of one kind */
+  } else {
+    TRY(need(func, "a", a, L2L_F32));
+    TRY(need(func, "b", b, L2L_F32));
+  }
   if ((trans_a != 0 && trans_a != 1) || (trans_b != 0 && trans_b != 1))
     return l2l_fail_in(func, L2L_ERR_INVALID, "trans_a and trans_b must be 0 or 1, got %d, %d",
                        trans_a, trans_b);
@@ -137,8 +141,8 @@ static l2l_status gemm_common(const char *func, l2l_tensor *c, const l2l_tensor 
                        (long long)cr, (long long)cc, (long long)m, (long long)n);
   if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
     return l2l_fail_in(func, L2L_ERR_INVALID, "matrix dims above 2^31-1 are not supported");
-  return ops->gemm_batched(l2l_tensor_ptr(c), l2l_tensor_ptr(a), l2l_tensor_ptr(b), ba, m, n, k,
-                           trans_a, trans_b, alpha, beta);
+  return ops->gemm_batched(l2l_tensor_ptr(c), l2l_tensor_ptr(a), l2l_tensor_ptr(b), a->dtype, ba,
+                           m, n, k, trans_a, trans_b, alpha, beta);
 }
 
 l2l_status l2l_gemm(l2l_tensor *c, const l2l_tensor *a, const l2l_tensor *b, int trans_a,
@@ -362,11 +366,11 @@ static l2l_status ids_in_range(const char *func, const struct l2l_backend_ops *o
                                const char *name, const l2l_tensor *ids, int32_t hi,
                                bool has_except, int32_t except) {
   int64_t bad = -1;
+  int32_t value = 0;
   /* With nothing excepted, pass 0: an in-range value is never reported anyway. */
-  TRY(ops->find_out_of_range(&bad, l2l_tensor_ptr(ids), ids->numel, 0, hi,
+  TRY(ops->find_out_of_range(&bad, &value, l2l_tensor_ptr(ids), ids->numel, 0, hi,
                              has_except ? except : 0));
   if (bad < 0) return L2L_OK;
-  int32_t value = ((const int32_t *)l2l_tensor_ptr(ids))[bad];
   return l2l_fail_in(func, L2L_ERR_INVALID, "%s[%lld] = %d is outside [0, %d)%s", name,
                      (long long)bad, value, hi, has_except ? " and not the ignore index" : "");
 }

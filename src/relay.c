@@ -375,13 +375,14 @@ static l2l_status check_tensor(const char *what, const l2l_tensor *t, l2l_dtype 
 /* Values of an i32 tensor outside [0, hi) other than `allowed`, found by the backend's
    check (the one the layers use). */
 static l2l_status check_range(const char *what, const l2l_tensor *t, int64_t hi, int32_t allowed) {
-  const int32_t *v = l2l_tensor_data(t);
   int64_t bad = -1;
-  TRY(l2l_backend_for(L2L_POOL_HOST)->find_out_of_range(&bad, v, l2l_tensor_numel(t), 0,
-                                                         (int32_t)hi, allowed));
+  int32_t value = 0;
+  TRY(l2l_backend_for(L2L_POOL_HOST)->find_out_of_range(&bad, &value, l2l_tensor_data(t),
+                                                         l2l_tensor_numel(t), 0, (int32_t)hi,
+                                                         allowed));
   if (bad >= 0)
     return FAIL(L2L_ERR_INVALID, "%s[%lld] = %d is outside [0, %lld)%s", what, (long long)bad,
-                v[bad], (long long)hi, allowed == -1 ? " and not -1" : "");
+                value, (long long)hi, allowed == -1 ? " and not -1" : "");
   return L2L_OK;
 }
 

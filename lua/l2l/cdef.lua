@@ -33,6 +33,8 @@ typedef struct l2l_pool_stats {
   uint64_t allocs;
   uint64_t frees;
   uint64_t refused;
+  uint64_t reserved;
+  uint64_t system_allocs;
 } l2l_pool_stats;
 
 l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind pool);
@@ -40,6 +42,27 @@ l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind pool);
 l2l_status l2l_pool_set_budget(l2l_pool_kind pool, uint64_t bytes);
 l2l_status l2l_pool_reset_peak(l2l_pool_kind pool);
 const char *l2l_pool_name(l2l_pool_kind pool);
+
+const char *l2l_device_backend(void);
+
+l2l_status l2l_device_use(const char *backend);
+
+int l2l_cuda_available(char *why, size_t len);
+
+typedef struct l2l_cuda_info {
+  char name[256];
+  int major, minor;
+  int multiprocessors;
+  uint64_t total_bytes, free_bytes;
+  int runtime_version, driver_version;
+} l2l_cuda_info;
+l2l_status l2l_cuda_get_info(l2l_cuda_info *out);
+
+l2l_status l2l_cuda_set_tf32(int enable);
+
+l2l_status l2l_device_synchronize(void);
+
+l2l_status l2l_device_release_cache(void);
 
 typedef enum l2l_dtype {
   L2L_F32 = 0,

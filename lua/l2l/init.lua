@@ -48,7 +48,9 @@ l2l.load, l2l.load_weights = checkpoint.load, checkpoint.load_weights
 l2l.safetensors = require("l2l.safetensors")
 l2l.import_gpt2 = require("l2l.gpt2").import
 
--- l2l.pool_stats("device") -> {current=, peak=, budget=, allocs=, frees=, refused=} (bytes)
+-- l2l.pool_stats("device") -> {current=, peak=, budget=, allocs=, frees=, refused=,
+-- reserved=, system_allocs=} (bytes and counts; reserved and system_allocs show the CUDA
+-- caching allocator: memory held from the GPU, and cudaMalloc calls)
 local stats = ffi.new("l2l_pool_stats")
 function l2l.pool_stats(pool)
   check(C.l2l_pool_get_stats(stats, lib.pool_id(pool, "l2l.pool_stats", 2)), "l2l.pool_stats", 2)
@@ -56,8 +58,39 @@ function l2l.pool_stats(pool)
     current = tonumber(stats.current), peak = tonumber(stats.peak),
     budget = tonumber(stats.budget), allocs = tonumber(stats.allocs),
     frees = tonumber(stats.frees), refused = tonumber(stats.refused),
+    reserved = tonumber(stats.reserved), system_allocs = tonumber(stats.system_allocs),
   }
 end
+
+-- l2l.device() -> {backend = "cpu" | "cuda", cuda = bool, why = reason when not, and on
+-- CUDA name=, capability= "9.0", memory=, free=, multiprocessors=}
+function l2l.device()
+  local why = ffi.new("char[256]")
+  local out = { backend = ffi.string(C.l2l_device_backend()) }
+  out.cuda = C.l2l_cuda_available(why, 256) == 1
+  if not out.cuda then
+    out.why = ffi.string(why)
+    return out
+  end
+  local info = ffi.new("l2l_cuda_info")
+  check(C.l2l_cuda_get_info(info), "l2l.device", 2)
+  out.name = ffi.string(info.name)
+  out.capability = ("%d.%d"):format(info.major, info.minor)
+  out.memory, out.free = tonumber(info.total_bytes), tonumber(info.free_bytes)
+  out.multiprocessors = info.multiprocessors
+  return out
+end
+
+-- l2l.device_use("cpu" | "cuda"): which backend serves the device pool (no device
+-- tensors may be alive); l2l.synchronize() waits for queued GPU work.
+function l2l.device_use(backend)
+  if type(backend) ~= "string" then
+    error("l2l.device_use: backend must be 'cpu' or 'cuda', got " .. tostring(backend), 2)
+  end
+  check(C.l2l_device_use(backend), "l2l.device_use", 2)
+end
+
+function l2l.synchronize() check(C.l2l_device_synchronize(), "l2l.synchronize", 2) end
 
 -- l2l.set_budget("device", bytes): 0 removes the budget.
 function l2l.set_budget(pool, bytes)

@@ -75,7 +75,17 @@ function M.dtype_id(value, fname, level)
   return id
 end
 
+-- "cuda" names the device pool where the CUDA backend serves it, so that t:to("cuda")
+-- says what it means (and fails, saying why, where the device is the CPU).
 function M.pool_id(value, fname, level)
+  if value == "cuda" then
+    if ffi.string(C.l2l_device_backend()) == "cuda" then return C.L2L_POOL_DEVICE end
+    local why = ffi.new("char[256]")
+    local reason = C.l2l_cuda_available(why, 256) == 1
+      and "the device pool is on the CPU backend (L2L_DEVICE=cpu); l2l.device_use('cuda') switches it"
+      or ffi.string(why)
+    error(("%s: pool 'cuda' cannot be used: %s"):format(fname, reason), (level or 2) + 1)
+  end
   local id = M.pools[value]
   if id == nil then enum_error("pool", value, M.pools, fname, (level or 2) + 1) end
   return id

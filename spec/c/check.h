@@ -4,7 +4,7 @@
  * marks the test failed, prints where and why, and the test goes on), and give tests
  * what every op test needs: fresh random inputs from a generator independent of l2l's
  * own, NaN-poisoned outputs, and float64 comparison helpers. The runner prints
- * "ctest: N passed, M failed" as its last line.
+ * "ctest: N passed, M failed, K skipped" as its last line.
  * Random inputs are drawn from a seed taken from the clock (printed at start), or from
  * L2L_TEST_SEED to repeat a run.
  */
@@ -40,6 +40,10 @@ bool check_that(bool cond, const char *file, int line, const char *expr, const c
   check_fails((call), (status), (needle), __FILE__, __LINE__, #call)
 bool check_fails(l2l_status got, l2l_status want, const char *needle, const char *file, int line,
                  const char *expr);
+
+/* Marks the running test skipped, with the reason (printed; counted apart from passes).
+   The test should return right after. A test that also failed a check counts as failed. */
+void check_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ---------------------------------------------------------------- test data */
 

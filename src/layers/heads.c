@@ -90,7 +90,7 @@ static l2l_status lm_head_forward(const struct layer_call *call, l2l_layer *laye
     h = hn;
   }
   float *logits = saved->flags & LOGITS ? y : l2l_arena_at(base, p.logits); /* (N,V) */
-  TRY(ops->gemm_batched(logits, h, l2l_param_f32(layer, HEAD_PROJ), 1, N, V, D, 0, 1, 1.0f, 0.0f));
+  TRY(ops->gemm_batched(logits, h, l2l_param_f32(layer, HEAD_PROJ), L2L_F32, 1, N, V, D, 0, 1, 1.0f, 0.0f));
   if (saved->flags & LOGITS) return L2L_OK;
   return ops->cross_entropy_forward(y, logits, l2l_tensor_ptr(call->b->targets), -1, N, V);
 }
@@ -109,9 +109,9 @@ static l2l_status lm_head_backward(const struct layer_call *call, l2l_layer *lay
   float *dlogits = l2l_arena_at(base, p.logits); /* in place: the saved state serves once */
   TRY(ops->cross_entropy_backward(dlogits, dlogits, l2l_tensor_ptr(call->b->targets), -1,
                                   call->b->loss_scale, N, V));
-  TRY(ops->gemm_batched(l2l_grad_f32(layer, HEAD_PROJ), dlogits, h, 1, V, D, N, 1, 0, 1.0f, 1.0f));
+  TRY(ops->gemm_batched(l2l_grad_f32(layer, HEAD_PROJ), dlogits, h, L2L_F32, 1, V, D, N, 1, 0, 1.0f, 1.0f));
   float *dh = c->final_ln ? l2l_arena_at(work, p.dh) : dx;
-  TRY(ops->gemm_batched(dh, dlogits, l2l_param_f32(layer, HEAD_PROJ), 1, N, D, V, 0, 0, 1.0f, 0.0f));
+  TRY(ops->gemm_batched(dh, dlogits, l2l_param_f32(layer, HEAD_PROJ), L2L_F32, 1, N, D, V, 0, 0, 1.0f, 0.0f));
   if (!c->final_ln) return L2L_OK;
   float *dw = l2l_grad_f32(layer, HEAD_LN_W), *db = l2l_grad_f32(layer, HEAD_LN_B);
   const float *w = l2l_param_f32(layer, HEAD_LN_W), *rstd = l2l_arena_at(base, p.rstd);

@@ -340,16 +340,16 @@ bool l2l_layernorm_guarded(const float *weight, const float *bias, int64_t n) {
 l2l_status l2l_linear_forward(const struct l2l_backend_ops *ops, float *y, const float *x,
                               const float *w, const float *bias, int64_t n, int64_t in,
                               int64_t out) {
-  TRY(ops->gemm_batched(y, x, w, 1, n, out, in, 0, 0, 1.0f, 0.0f));
+  TRY(ops->gemm_batched(y, x, w, L2L_F32, 1, n, out, in, 0, 0, 1.0f, 0.0f));
   return bias ? ops->bias_add(y, bias, n, out) : L2L_OK;
 }
 
 l2l_status l2l_linear_backward(const struct l2l_backend_ops *ops, float *dx, float *dw,
                                float *db, const float *dy, const float *x, const float *w,
                                int64_t n, int64_t in, int64_t out, float dx_beta) {
-  TRY(ops->gemm_batched(dw, x, dy, 1, in, out, n, 1, 0, 1.0f, 1.0f));
+  TRY(ops->gemm_batched(dw, x, dy, L2L_F32, 1, in, out, n, 1, 0, 1.0f, 1.0f));
   if (db) TRY(ops->bias_backward(db, dy, n, out));
-  return dx ? ops->gemm_batched(dx, dy, w, 1, n, in, out, 0, 1, 1.0f, dx_beta) : L2L_OK;
+  return dx ? ops->gemm_batched(dx, dy, w, L2L_F32, 1, n, in, out, 0, 1, 1.0f, dx_beta) : L2L_OK;
 }
 
 l2l_status l2l_layer_memory_use(l2l_layer_memory *out, const l2l_layer *layer,
@@ -404,6 +404,7 @@ static l2l_status check_batch(const char *func, const l2l_layer *layer,
   const l2l_tensor *used[3] = {NULL, NULL, NULL};
   const struct l2l_backend_ops *ops = l2l_backend_for(layer->pool);
   int64_t bad = -1;
+  int32_t value = 0;
   switch (c->kind) {
     case L2L_LAYER_EMBEDDING:
       TRY(l2l_need_shape(func, "batch->tokens", b->tokens, L2L_I32, 2, bs));
@@ -442,27 +443,25 @@ static l2l_status check_batch(const char *func, const l2l_layer *layer,
                          l2l_pool_name(used[i]->storage->pool));
   /* Ids out of range are refused before anything runs. */
   if (c->kind == L2L_LAYER_EMBEDDING) {
-    TRY(ops->find_out_of_range(&bad, l2l_tensor_ptr(b->tokens), b->tokens->numel, 0,
+    TRY(ops->find_out_of_range(&bad, &value, l2l_tensor_ptr(b->tokens), b->tokens->numel, 0,
                                (int32_t)c->vocab, 0));
     if (bad >= 0)
       return l2l_fail_in(func, L2L_ERR_INVALID, "batch->tokens[%lld] = %d is outside [0, %lld)",
-                         (long long)bad, ((const int32_t *)l2l_tensor_ptr(b->tokens))[bad],
-                         (long long)c->vocab);
+                         (long long)bad, value, (long long)c->vocab);
     if (c->type_vocab > 0) {
-      TRY(ops->find_out_of_range(&bad, l2l_tensor_ptr(b->token_types), b->token_types->numel, 0,
-                                 (int32_t)c->type_vocab, 0));
+      TRY(ops->find_out_of_range(&bad, &value, l2l_tensor_ptr(b->token_types),
+                                 b->token_types->numel, 0, (int32_t)c->type_vocab, 0));
       if (bad >= 0)
         return l2l_fail_in(func, L2L_ERR_INVALID, "batch->token_types[%lld] is outside [0, %lld)",
                            (long long)bad, (long long)c->type_vocab);
     }
   } else if (used[0] && used[0] == b->targets) {
     int64_t classes = c->kind == L2L_LAYER_LM_HEAD ? c->vocab : c->classes;
-    TRY(ops->find_out_of_range(&bad, l2l_tensor_ptr(b->targets), b->targets->numel, 0,
+    TRY(ops->find_out_of_range(&bad, &value, l2l_tensor_ptr(b->targets), b->targets->numel, 0,
                                (int32_t)classes, -1));
     if (bad >= 0)
       return l2l_fail_in(func, L2L_ERR_INVALID, "batch->targets[%lld] = %d is outside [0, %lld) and not -1",
-                         (long long)bad, ((const int32_t *)l2l_tensor_ptr(b->targets))[bad],
-                         (long long)classes);
+                         (long long)bad, value, (long long)classes);
   }
   return L2L_OK;
 }

@@ -1,0 +1,366 @@
+/* reduce.cu — the CUDA backend's reductions (bias gradient, whole-tensor sum / max|x| /
+ * sum of squares), the index range check, and embedding gather / scatter-add.
+ *
+ * Purpose: device versions of src/backend_cpu.c's cpu_bias_backward, cpu_reduce,
+ * cpu_find_out_of_range, cpu_embedding_forward and cpu_embedding_backward (the CPU
+ * defines every result). Sums that feed parameter gradients or the loss scaler use a
+ * fixed partition and a fixed combining order (two passes through a caller-provided
+ * scratch buffer), so a rerun on the same inputs gives the same bits; only the embedding
+ * scatter-add uses atomics (see reduce.h). Launchers are declared in reduce.h.
+ * Must never: synchronize, allocate, print or exit; make a result depend on timing
+ * (except the documented embedding_backward atomics) or on pointer alignment.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "common.cuh"
+#include "reduce.h"
+
+static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+static inline int invalid_argument(void) { return (int)cudaErrorInvalidValue; }
+
+static __device__ __forceinline__ int64_t thread_index(void) {
+  return (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+}
+static __device__ __forceinline__ int64_t grid_threads(void) {
+  return (int64_t)gridDim.x * blockDim.x;
+}
+
+/* ---------------------------------------------------------------- bias_backward
+   A block is 32 columns x 8 row lanes (each warp reads 32 consecutive floats of a row).
+   Rows are split into `chunks` chunks of rows_per_chunk rows; block (tile, chunk) sums
+   its chunk's rows of its 32 columns: lane y takes rows y, y+8, ... in order, then lane 0
+   adds the 8 lane sums in order. With one chunk the block adds straight into dbias;
+   otherwise it writes partial[chunk][col] and a second kernel adds each column's
+   partials in chunk order. The plan depends only on (rows, cols). */
+
+enum { BIAS_TILE_COLS = 32, BIAS_ROW_LANES = 8, BIAS_TARGET_BLOCKS = 2048, BIAS_MIN_ROWS = 32 };
+
+struct bias_plan {
+  int64_t chunks, rows_per_chunk, col_tiles;
+};
+
+static bias_plan plan_bias_backward(int64_t rows, int64_t cols) {
+  bias_plan plan;
+  plan.col_tiles = (cols + BIAS_TILE_COLS - 1) / BIAS_TILE_COLS;
+  int64_t wanted = (BIAS_TARGET_BLOCKS + plan.col_tiles - 1) / plan.col_tiles;
+  int64_t most = (rows + BIAS_MIN_ROWS - 1) / BIAS_MIN_ROWS; /* keep chunks worth a block */
+  int64_t chunks = wanted < most ? wanted : most;
+  if (chunks < 1) chunks = 1;
+  plan.rows_per_chunk = (rows + chunks - 1) / chunks;
+  if (plan.rows_per_chunk < 1) plan.rows_per_chunk = 1;
+  plan.chunks = (rows + plan.rows_per_chunk - 1) / plan.rows_per_chunk;
+  if (plan.chunks < 1) plan.chunks = 1;
+  return plan;
+}
+
+extern "C" int64_t l2l_k_bias_backward_scratch_floats(int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return 0;
+  bias_plan plan = plan_bias_backward(rows, cols);
+  return plan.chunks == 1 ? 0 : plan.chunks * cols;
+}
+
+__global__ void __launch_bounds__(BIAS_TILE_COLS * BIAS_ROW_LANES)
+    column_chunk_sums(float *dst, bool add_into_dst, const float *dy, int64_t rows,
+                      int64_t cols, int64_t rows_per_chunk) {
+  __shared__ float lane_sums[BIAS_ROW_LANES][BIAS_TILE_COLS];
+  const int64_t col = (int64_t)blockIdx.x * BIAS_TILE_COLS + threadIdx.x;
+  const int64_t first = (int64_t)blockIdx.y * rows_per_chunk;
+  const int64_t end = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
+  float acc = 0.0f;
+  if (col < cols) {
+#pragma unroll 4
+    for (int64_t r = first + threadIdx.y; r < end; r += BIAS_ROW_LANES) acc += dy[r * cols + col];
+  }
+  lane_sums[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    float total = lane_sums[0][threadIdx.x];
+#pragma unroll
+    for (int lane = 1; lane < BIAS_ROW_LANES; lane++) total += lane_sums[lane][threadIdx.x];
+    if (add_into_dst) dst[col] += total;
+    else dst[(int64_t)blockIdx.y * cols + col] = total;
+  }
+}
+
+__global__ void __launch_bounds__(L2L_THREADS)
+    add_chunk_sums(float *dbias, const float *partial, int64_t chunks, int64_t cols) {
+  for (int64_t col = thread_index(); col < cols; col += grid_threads()) {
+    float total = 0.0f;
+    for (int64_t k = 0; k < chunks; k++) total += partial[k * cols + col];
+    dbias[col] += total;
+  }
+}
+
+extern "C" int l2l_k_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols,
+                                   float *scratch, void *stream) {
+  if (rows < 0 || cols < 0) return invalid_argument();
+  if (rows == 0 || cols == 0) return 0; /* dbias += nothing */
+  cudaStream_t s = (cudaStream_t)stream;
+  bias_plan plan = plan_bias_backward(rows, cols);
+  if (plan.chunks > 1 && scratch == NULL) return invalid_argument();
+  /* col_tiles <= 2^31-1 holds for any matrix that fits in memory; chunks <= 2048 */
+  if (plan.col_tiles > 0x7fffffff) return invalid_argument();
+  dim3 grid((unsigned)plan.col_tiles, (unsigned)plan.chunks);
+  dim3 block(BIAS_TILE_COLS, BIAS_ROW_LANES);
+  if (plan.chunks == 1) {
+    column_chunk_sums<<<grid, block, 0, s>>>(dbias, true, dy, rows, cols, plan.rows_per_chunk);
+    return l2l_launched();
+  }
+  column_chunk_sums<<<grid, block, 0, s>>>(scratch, false, dy, rows, cols, plan.rows_per_chunk);
+  int status = l2l_launched();
+  if (status != 0) return status;
+  add_chunk_sums<<<l2l_blocks_for(cols), L2L_THREADS, 0, s>>>(dbias, scratch, plan.chunks, cols);
+  return l2l_launched();
+}
+
+/* ---------------------------------------------------------------- reduce
+   Pass 1: `parts` blocks (a function of n only, at most 1024); thread t of the grid takes
+   the groups of four elements t, t + threads, t + 2 threads, ... (one float4 when x is
+   aligned, four loads otherwise: the same elements in the same order either way, so the
+   result does not depend on x's alignment), then each block combines its threads in a
+   fixed tree into scratch[block]. Pass 2: one block combines the parts in a fixed order
+   into *out. One part (n <= REDUCE_PER_PART) writes *out directly. */
+
+enum { REDUCE_SUM = 0, REDUCE_MAX_ABS = 1, REDUCE_SUMSQ = 2 };
+enum { REDUCE_PER_PART = 4096 };
+
+/* The max that keeps a NaN once seen (fmax would drop it): the CPU's max_abs is NaN as
+   soon as any element is. */
+static __device__ __forceinline__ double nan_sticky_max(double acc, double v) {
+  return (v > acc || v != v) ? v : acc;
+}
+
+template <int KIND>
+static __device__ __forceinline__ double combine(double a, double b) {
+  if constexpr (KIND == REDUCE_MAX_ABS) return nan_sticky_max(a, b);
+  else return a + b;
+}
+
+template <int KIND>
+static __device__ __forceinline__ double element_term(float v) {
+  if constexpr (KIND == REDUCE_SUM) return (double)v;
+  else if constexpr (KIND == REDUCE_MAX_ABS) return (double)fabsf(v);
+  else return (double)v * (double)v;
+}
+
+/* Every thread gets the block's combined value; `shared` holds 32 doubles. Fixed order:
+   a butterfly within each warp, then warp 0 over the warp results. */
+template <int KIND>
+static __device__ double block_combine(double v, double *shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = combine<KIND>(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < warps ? shared[lane] : 0.0; /* 0 is neutral for both + and max of |x| */
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = combine<KIND>(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  __syncthreads();
+  return v;
+}
+
+/* The CPU reports NAN itself, not the NaN it met: give the same bits. */
+template <int KIND>
+static __device__ __forceinline__ double final_value(double v) {
+  if (KIND == REDUCE_MAX_ABS && v != v) return __longlong_as_double(0x7ff8000000000000ll);
+  return v;
+}
+
+template <int KIND>
+__global__ void __launch_bounds__(L2L_THREADS)
+    reduce_parts(double *dst, const float *x, int64_t n, bool vectorized) {
+  __shared__ double shared[32];
+  const int64_t groups = (n + 3) >> 2, stride = grid_threads();
+  double acc = 0.0;
+  for (int64_t g = thread_index(); g < groups; g += stride) {
+    const int64_t i = g << 2;
+    float v0, v1, v2, v3;
+    if (vectorized && i + 4 <= n) {
+      float4 q = reinterpret_cast<const float4 *>(x)[g];
+      v0 = q.x, v1 = q.y, v2 = q.z, v3 = q.w;
+    } else { /* missing elements of the last group add nothing: 0 is neutral */
+      v0 = x[i];
+      v1 = i + 1 < n ? x[i + 1] : 0.0f;
+      v2 = i + 2 < n ? x[i + 2] : 0.0f;
+      v3 = i + 3 < n ? x[i + 3] : 0.0f;
+    }
+    acc = combine<KIND>(acc, element_term<KIND>(v0));
+    acc = combine<KIND>(acc, element_term<KIND>(v1));
+    acc = combine<KIND>(acc, element_term<KIND>(v2));
+    acc = combine<KIND>(acc, element_term<KIND>(v3));
+  }
+  acc = block_combine<KIND>(acc, shared);
+  if (threadIdx.x == 0) dst[blockIdx.x] = gridDim.x == 1 ? final_value<KIND>(acc) : acc;
+}
+
+template <int KIND>
+__global__ void __launch_bounds__(L2L_THREADS)
+    reduce_finish(double *out, const double *parts, int64_t count) {
+  __shared__ double shared[32];
+  double acc = 0.0;
+  for (int64_t k = threadIdx.x; k < count; k += blockDim.x) acc = combine<KIND>(acc, parts[k]);
+  acc = block_combine<KIND>(acc, shared);
+  if (threadIdx.x == 0) *out = final_value<KIND>(acc);
+}
+
+template <int KIND>
+static int launch_reduce(double *out, const float *x, int64_t n, double *scratch,
+                         cudaStream_t s) {
+  if (n == 0) { /* the CPU's result for no elements: 0 for every kind */
+    reduce_finish<KIND><<<1, L2L_THREADS, 0, s>>>(out, NULL, 0);
+    return l2l_launched();
+  }
+  int64_t parts = (n + REDUCE_PER_PART - 1) / REDUCE_PER_PART;
+  if (parts > L2L_K_REDUCE_SCRATCH_DOUBLES) parts = L2L_K_REDUCE_SCRATCH_DOUBLES;
+  if (parts == 1) {
+    reduce_parts<KIND><<<1, L2L_THREADS, 0, s>>>(out, x, n, aligned16(x));
+    return l2l_launched();
+  }
+  if (scratch == NULL) return invalid_argument();
+  reduce_parts<KIND><<<(unsigned)parts, L2L_THREADS, 0, s>>>(scratch, x, n, aligned16(x));
+  int status = l2l_launched();
+  if (status != 0) return status;
+  reduce_finish<KIND><<<1, L2L_THREADS, 0, s>>>(out, scratch, parts);
+  return l2l_launched();
+}
+
+extern "C" int l2l_k_reduce(double *out, int kind, const float *x, int64_t n, double *scratch,
+                            void *stream) {
+  if (n < 0 || out == NULL) return invalid_argument();
+  cudaStream_t s = (cudaStream_t)stream;
+  switch (kind) {
+    case REDUCE_SUM: return launch_reduce<REDUCE_SUM>(out, x, n, scratch, s);
+    case REDUCE_MAX_ABS: return launch_reduce<REDUCE_MAX_ABS>(out, x, n, scratch, s);
+    case REDUCE_SUMSQ: return launch_reduce<REDUCE_SUMSQ>(out, x, n, scratch, s);
+    default: return invalid_argument();
+  }
+}
+
+/* ---------------------------------------------------------------- find_out_of_range
+   *out starts as all ones: -1 read as int64 and the largest value for the unsigned
+   atomicMin, so it stays -1 unless some index is smaller; no finishing pass. */
+
+__global__ void set_all_ones(unsigned long long *out) { *out = ~0ull; }
+
+__global__ void __launch_bounds__(L2L_THREADS)
+    find_out_of_range_kernel(unsigned long long *out, const int32_t *values, int64_t n,
+                             int32_t lo, int32_t hi, int32_t except) {
+  for (int64_t i = thread_index(); i < n; i += grid_threads()) {
+    const int32_t value = values[i];
+    if ((value < lo || value >= hi) && value != except) {
+      atomicMin(out, (unsigned long long)i);
+      return; /* this thread's later indices are larger */
+    }
+  }
+}
+
+extern "C" int l2l_k_find_out_of_range(int64_t *out, const int32_t *values, int64_t n,
+                                       int32_t lo, int32_t hi, int32_t except, void *stream) {
+  if (n < 0 || out == NULL) return invalid_argument();
+  cudaStream_t s = (cudaStream_t)stream;
+  unsigned long long *first = reinterpret_cast<unsigned long long *>(out);
+  set_all_ones<<<1, 1, 0, s>>>(first);
+  if (n == 0) return l2l_launched();
+  find_out_of_range_kernel<<<l2l_blocks_for(n), L2L_THREADS, 0, s>>>(first, values, n, lo, hi,
+                                                                    except);
+  return l2l_launched();
+}
+
+/* ---------------------------------------------------------------- embedding
+   A block of 256 threads serves 256 / threads_per_row token rows at a time, each row's
+   columns (float4s when cols % 4 == 0 and the pointers are aligned) spread over its
+   threads_per_row threads, so narrow rows do not leave most of a block idle. */
+
+struct row_layout {
+  int threads_per_row; /* 32, 64, 128 or 256 */
+  bool vectorized;
+};
+
+static row_layout plan_rows(int64_t cols, const void *a, const void *b) {
+  row_layout layout;
+  layout.vectorized = (cols & 3) == 0 && aligned16(a) && aligned16(b);
+  int64_t units = layout.vectorized ? cols >> 2 : cols;
+  layout.threads_per_row = 32;
+  while (layout.threads_per_row < L2L_THREADS && layout.threads_per_row < units)
+    layout.threads_per_row *= 2;
+  return layout;
+}
+
+static unsigned row_blocks(int64_t n, int threads_per_row) {
+  int64_t rows_per_block = L2L_THREADS / threads_per_row;
+  int64_t blocks = (n + rows_per_block - 1) / rows_per_block;
+  if (blocks > 65535 * 8) blocks = 65535 * 8; /* row loops cover the rest */
+  return (unsigned)blocks;
+}
+
+__global__ void __launch_bounds__(L2L_THREADS)
+    embedding_forward_kernel(float *out, const int32_t *ids, const float *table, int64_t n,
+                             int64_t cols, int threads_per_row, bool vectorized) {
+  const int rows_per_block = blockDim.x / threads_per_row;
+  const int lane = threadIdx.x % threads_per_row;
+  const int64_t units = vectorized ? cols >> 2 : cols;
+  for (int64_t i = (int64_t)blockIdx.x * rows_per_block + threadIdx.x / threads_per_row; i < n;
+       i += (int64_t)gridDim.x * rows_per_block) {
+    const int64_t src_row = (int64_t)ids[i] * units, dst_row = i * units;
+    if (vectorized) {
+      const float4 *src = reinterpret_cast<const float4 *>(table) + src_row;
+      float4 *dst = reinterpret_cast<float4 *>(out) + dst_row;
+      for (int64_t c = lane; c < units; c += threads_per_row) dst[c] = src[c];
+    } else {
+      for (int64_t c = lane; c < units; c += threads_per_row) out[dst_row + c] = table[src_row + c];
+    }
+  }
+}
+
+__global__ void __launch_bounds__(L2L_THREADS)
+    embedding_backward_kernel(float *dtable, const float *dout, const int32_t *ids, int64_t n,
+                              int64_t cols, int threads_per_row, bool vectorized) {
+  const int rows_per_block = blockDim.x / threads_per_row;
+  const int lane = threadIdx.x % threads_per_row;
+  const int64_t units = vectorized ? cols >> 2 : cols;
+  for (int64_t i = (int64_t)blockIdx.x * rows_per_block + threadIdx.x / threads_per_row; i < n;
+       i += (int64_t)gridDim.x * rows_per_block) {
+    float *dst = dtable + (int64_t)ids[i] * cols;
+    const float *src = dout + i * cols;
+    if (vectorized) {
+      for (int64_t c = lane; c < units; c += threads_per_row) {
+        float4 g = reinterpret_cast<const float4 *>(src)[c];
+        atomicAdd(dst + 4 * c, g.x);
+        atomicAdd(dst + 4 * c + 1, g.y);
+        atomicAdd(dst + 4 * c + 2, g.z);
+        atomicAdd(dst + 4 * c + 3, g.w);
+      }
+    } else {
+      for (int64_t c = lane; c < units; c += threads_per_row) atomicAdd(dst + c, src[c]);
+    }
+  }
+}
+
+extern "C" int l2l_k_embedding_forward(float *out, const int32_t *ids, const float *table,
+                                       int64_t n, int64_t cols, void *stream) {
+  if (n < 0 || cols < 0) return invalid_argument();
+  if (n == 0 || cols == 0) return 0;
+  row_layout layout = plan_rows(cols, out, table);
+  embedding_forward_kernel<<<row_blocks(n, layout.threads_per_row), L2L_THREADS, 0,
+                             (cudaStream_t)stream>>>(out, ids, table, n, cols,
+                                                     layout.threads_per_row, layout.vectorized);
+  return l2l_launched();
+}
+
+extern "C" int l2l_k_embedding_backward(float *dtable, const float *dout, const int32_t *ids,
+                                        int64_t n, int64_t vocab, int64_t cols, void *stream) {
+  (void)vocab;
+  if (n < 0 || cols < 0) return invalid_argument();
+  if (n == 0 || cols == 0) return 0;
+  /* only dout is read as float4s; dtable takes scalar atomics */
+  row_layout layout = plan_rows(cols, dout, dout);
+  embedding_backward_kernel<<<row_blocks(n, layout.threads_per_row), L2L_THREADS, 0,
+                              (cudaStream_t)stream>>>(dtable, dout, ids, n, cols,
+                                                      layout.threads_per_row, layout.vectorized);
+  return l2l_launched();
+}
