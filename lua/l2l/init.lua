@@ -92,6 +92,13 @@ end
 
 function l2l.synchronize() check(C.l2l_device_synchronize(), "l2l.synchronize", 2) end
 
+-- l2l.cuda_tf32(true | false): f32 GEMMs on the GPU through TF32 tensor cores (off by
+-- default; about 1e-3 relative error instead of fp32's 1e-6).
+function l2l.cuda_tf32(on)
+  if type(on) ~= "boolean" then error("l2l.cuda_tf32: on must be true or false, got " .. tostring(on), 2) end
+  check(C.l2l_cuda_set_tf32(on and 1 or 0), "l2l.cuda_tf32", 2)
+end
+
 -- l2l.set_budget("device", bytes): 0 removes the budget.
 function l2l.set_budget(pool, bytes)
   if type(bytes) ~= "number" or bytes < 0 or bytes ~= math.floor(bytes) then
