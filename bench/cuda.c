@@ -1,0 +1,467 @@
+/* bench/cuda.c — speed of the CUDA backend's ops, side by side with what bounds them.
+ *
+ * Prints, in one run on a GPU:
+ *  - the device's copy bandwidth: l2l_tensor_copy of a 1 GiB device tensor, 2 x bytes /
+ *    time (a read and a write of every byte);
+ *  - for each kernel-backed op at large sizes (64M-element element-wise ops; LayerNorm,
+ *    softmax and cross-entropy on (16384, 1024), (8192, 4096) and (4096, 50257)), the
+ *    bytes it must move (each input read once, each output written once) per second,
+ *    beside that copy rate and as a share of it. Target: element-wise and normalization
+ *    ops >= 70 % of copy bandwidth;
+ *  - GEMM TFLOP/s with f32 inputs (TF32 off and on) and bf16 inputs at 4096^3 and at the
+ *    shapes of a GPT-2 small block over 8192 tokens (768 -> 2304, 768 -> 3072,
+ *    3072 -> 768);
+ *  - attention, causal fp32: the device backend's flash-style forward (and backward) in
+ *    the frugal mode (no S x S buffer: probs NULL), against an unfused reference built
+ *    from public ops (scores by l2l_gemm_batched with the scale as alpha, causal
+ *    l2l_softmax_forward in place, P V by l2l_gemm_batched), at seq 1024 and 4096, head
+ *    dims 64 and 128, in ms and TFLOP/s (forward: 4 B H S^2 hd / 2 flops for causal;
+ *    backward: 2.5x that), and the forward's rate as a share of the bf16 GEMM rate at
+ *    4096^3. Target: flash forward >= 40 % of the bf16 GEMM rate at seq 4096. The
+ *    unfused reference keeps B H S^2 floats of scores, so it runs on fewer heads where
+ *    that would not fit (its rate does not depend on the head count once the GPU is full).
+ * Each figure is the median of SAMPLES timed samples after a warm-up; a sample times
+ * `inner` back-to-back calls between l2l_device_synchronize calls, inner chosen so that a
+ * sample lasts at least ~2 ms (launch and synchronization costs then count little).
+ * Without a usable GPU it prints why and exits 0.
+ * Run: make build/bench_cuda && build/bench_cuda
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h" /* the device backend's attention entries (white box) */
+#include "bench.h"
+
+enum { SAMPLES = 21 };
+#define MIN_SAMPLE_SECONDS 2e-3
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+/* ---------------------------------------------------------------- timing */
+
+typedef void (*bench_fn)(void *ctx);
+
+/* Median seconds per call of fn(ctx), after two warm-up calls. */
+static double time_call(bench_fn fn, void *ctx) {
+  fn(ctx);
+  fn(ctx);
+  ok(l2l_device_synchronize());
+  double t0 = now();
+  fn(ctx);
+  ok(l2l_device_synchronize());
+  double once = now() - t0;
+  int inner = once >= MIN_SAMPLE_SECONDS ? 1 : (int)(MIN_SAMPLE_SECONDS / (once > 1e-7 ? once : 1e-7)) + 1;
+  if (inner > 1000) inner = 1000;
+  double s[SAMPLES];
+  for (int r = 0; r < SAMPLES; r++) {
+    ok(l2l_device_synchronize());
+    double a = now();
+    for (int i = 0; i < inner; i++) fn(ctx);
+    ok(l2l_device_synchronize());
+    s[r] = (now() - a) / inner;
+  }
+  return median(s, SAMPLES);
+}
+
+/* ---------------------------------------------------------------- tensors */
+
+static l2l_tensor *dev(l2l_dtype dtype, int ndim, int64_t d0, int64_t d1, int64_t d2) {
+  int64_t shape[3] = {d0, d1, d2};
+  l2l_tensor *t = NULL;
+  ok(l2l_tensor_new(&t, L2L_POOL_DEVICE, dtype, ndim, shape));
+  return t;
+}
+
+static uint64_t stream_counter = 1;
+
+/* A device f32 tensor of N(0, std^2) values (drawn on the device). */
+static l2l_tensor *dev_normal(int ndim, int64_t d0, int64_t d1, int64_t d2, double std) {
+  l2l_tensor *t = dev(L2L_F32, ndim, d0, d1, d2);
+  ok(l2l_tensor_normal(t, 12345, stream_counter++, 0, 0.0, std));
+  return t;
+}
+
+/* A device i32 tensor of n ids in [0, hi) (drawn on the host, copied). */
+static l2l_tensor *dev_ids(int64_t n, int64_t hi) {
+  int64_t shape[1] = {n};
+  l2l_tensor *h = NULL, *d = dev(L2L_I32, 1, n, 0, 0);
+  ok(l2l_tensor_new(&h, L2L_POOL_HOST, L2L_I32, 1, shape));
+  int32_t *p = l2l_tensor_data(h);
+  for (int64_t i = 0; i < n; i++) p[i] = (int32_t)(((uint64_t)rand() * 2654435761u + (uint64_t)i) % (uint64_t)hi);
+  ok(l2l_tensor_copy(d, h));
+  l2l_tensor_free(h);
+  return d;
+}
+
+static void free_all(l2l_tensor **t, int n) {
+  for (int i = 0; i < n; i++) l2l_tensor_free(t[i]), t[i] = NULL;
+}
+
+/* ---------------------------------------------------------------- memory-bound ops */
+
+enum op_kind {
+  OP_COPY, OP_ADD, OP_BIAS_ADD, OP_BIAS_BACKWARD, OP_GELU_FORWARD, OP_GELU_BACKWARD,
+  OP_DROPOUT_FORWARD, OP_DROPOUT_BACKWARD, OP_SUM, OP_MAX_ABS, OP_NORM2, OP_ADAMW,
+  OP_CAST_BF16, OP_FILL, OP_UNIFORM, OP_LN_FORWARD, OP_LN_BACKWARD, OP_SOFTMAX_FORWARD,
+  OP_SOFTMAX_BACKWARD, OP_CE_FORWARD, OP_CE_BACKWARD, OP_EMBEDDING_FORWARD,
+  OP_EMBEDDING_BACKWARD
+};
+
+/* One op call: its tensors (roles per kind, see run_op) and a float parameter. */
+struct op {
+  enum op_kind kind;
+  l2l_tensor *t[8];
+  float f;
+};
+
+static void run_op(void *ctx) {
+  struct op *o = ctx;
+  l2l_tensor **t = o->t;
+  double out = 0.0;
+  const l2l_adamw_config adamw = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f};
+  switch (o->kind) {
+    case OP_COPY: ok(l2l_tensor_copy(t[0], t[1])); break;
+    case OP_ADD: ok(l2l_add(t[0], t[1], t[2])); break;
+    case OP_BIAS_ADD: ok(l2l_bias_add(t[0], t[1])); break;
+    case OP_BIAS_BACKWARD: ok(l2l_bias_backward(t[0], t[1])); break;
+    case OP_GELU_FORWARD: ok(l2l_gelu_forward(t[0], t[1])); break;
+    case OP_GELU_BACKWARD: ok(l2l_gelu_backward(t[0], t[1], t[2])); break;
+    case OP_DROPOUT_FORWARD: ok(l2l_dropout_forward(t[0], t[1], t[2], o->f, 7, 11, 0)); break;
+    case OP_DROPOUT_BACKWARD: ok(l2l_dropout_backward(t[0], t[1], t[2], o->f)); break;
+    case OP_SUM: ok(l2l_sum(&out, t[0])); break;
+    case OP_MAX_ABS: ok(l2l_max_abs(&out, t[0])); break;
+    case OP_NORM2: ok(l2l_norm2(&out, t[0])); break;
+    case OP_ADAMW: ok(l2l_adamw_update(t[0], t[1], t[2], t[3], &adamw, 10)); break;
+    case OP_CAST_BF16: ok(l2l_tensor_cast(t[0], t[1])); break;
+    case OP_FILL: ok(l2l_tensor_fill(t[0], 0.5)); break;
+    case OP_UNIFORM: ok(l2l_tensor_uniform(t[0], 7, 13, 0, -1.0, 1.0)); break;
+    case OP_LN_FORWARD: ok(l2l_layernorm_forward(t[0], t[1], t[2], t[3], t[4], t[5], o->f)); break;
+    case OP_LN_BACKWARD:
+      ok(l2l_layernorm_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]));
+      break;
+    case OP_SOFTMAX_FORWARD: ok(l2l_softmax_forward(t[0], t[1], NULL, 0, o->f)); break;
+    case OP_SOFTMAX_BACKWARD: ok(l2l_softmax_backward(t[0], t[1], t[2], o->f)); break;
+    case OP_CE_FORWARD: ok(l2l_cross_entropy_forward(t[0], t[1], t[2], -100)); break;
+    case OP_CE_BACKWARD: ok(l2l_cross_entropy_backward(t[0], t[1], t[2], -100, o->f)); break;
+    case OP_EMBEDDING_FORWARD: ok(l2l_embedding_forward(t[0], t[1], t[2])); break;
+    case OP_EMBEDDING_BACKWARD: ok(l2l_embedding_backward(t[0], t[1], t[2])); break;
+  }
+}
+
+static double copy_gbs; /* the device's copy bandwidth, GB/s */
+
+/* Times the op, prints its rate beside the copy bandwidth, frees its tensors. */
+static void report(const char *name, const char *shape, struct op *o, double bytes,
+                   double target) {
+  double s = time_call(run_op, o);
+  double gbs = bytes / s / 1e9, share = 100.0 * gbs / copy_gbs;
+  char goal[32] = "";
+  if (target > 0) snprintf(goal, sizeof goal, ">= %.0f %% %s", target, share >= target ? "met" : "MISSED");
+  printf("%-24s %-16s %9.3f %9.1f %9.1f %7.1f %%  %s\n", name, shape, s * 1e3, gbs, copy_gbs,
+         share, goal);
+  free_all(o->t, 8);
+  ok(l2l_device_release_cache());
+}
+
+static void bench_copy(void) {
+  int64_t n = (int64_t)(GIB / 4);
+  struct op o = {OP_COPY, {dev(L2L_F32, 1, n, 0, 0), dev_normal(1, n, 0, 0, 1.0)}, 0};
+  double s = time_call(run_op, &o);
+  copy_gbs = 2.0 * (double)n * 4.0 / s / 1e9;
+  printf("device copy (l2l_tensor_copy of 1 GiB): %.3f ms, %.1f GB/s (2 x bytes / time)\n\n",
+         s * 1e3, copy_gbs);
+  free_all(o.t, 8);
+  ok(l2l_device_release_cache());
+}
+
+static void bench_elementwise(void) {
+  /* the 70 % target is for element-wise ops; reductions, fills and gathers get none */
+  const double target = 70.0;
+  const int64_t n = INT64_C(1) << 26, rows = 16384, cols = n / rows; /* 64M elements */
+  const double N = (double)n;
+  printf("%-24s %-16s %9s %9s %9s %9s   %s\n", "memory-bound op", "shape", "ms", "GB/s",
+         "copy GB/s", "of copy", "target");
+  struct op o;
+
+  o = (struct op){OP_ADD, {dev(L2L_F32, 1, n, 0, 0), dev_normal(1, n, 0, 0, 1), dev_normal(1, n, 0, 0, 1)}, 0};
+  report("add", "64M", &o, 12 * N, target);
+  o = (struct op){OP_BIAS_ADD, {dev_normal(2, rows, cols, 0, 1), dev_normal(1, cols, 0, 0, 1)}, 0};
+  report("bias_add", "16384x4096", &o, 8 * N, target);
+  o = (struct op){OP_BIAS_BACKWARD, {dev_normal(1, cols, 0, 0, 1), dev_normal(2, rows, cols, 0, 1)}, 0};
+  report("bias_backward", "16384x4096", &o, 4 * N, 0);
+  o = (struct op){OP_GELU_FORWARD, {dev(L2L_F32, 1, n, 0, 0), dev_normal(1, n, 0, 0, 1)}, 0};
+  report("gelu_forward", "64M", &o, 8 * N, target);
+  o = (struct op){OP_GELU_BACKWARD, {dev(L2L_F32, 1, n, 0, 0), dev_normal(1, n, 0, 0, 1), dev_normal(1, n, 0, 0, 1)}, 0};
+  report("gelu_backward", "64M", &o, 12 * N, target);
+  o = (struct op){OP_DROPOUT_FORWARD, {dev(L2L_F32, 1, n, 0, 0), dev(L2L_U8, 1, n / 8, 0, 0), dev_normal(1, n, 0, 0, 1)}, 0.1f};
+  report("dropout_forward p=0.1", "64M", &o, 8.125 * N, target);
+  {
+    l2l_tensor *mask = dev(L2L_U8, 1, n / 8, 0, 0), *x = dev_normal(1, n, 0, 0, 1);
+    l2l_tensor *y = dev(L2L_F32, 1, n, 0, 0);
+    ok(l2l_dropout_forward(y, mask, x, 0.1f, 7, 11, 0));
+    l2l_tensor_free(y);
+    o = (struct op){OP_DROPOUT_BACKWARD, {dev(L2L_F32, 1, n, 0, 0), x, mask}, 0.1f};
+    report("dropout_backward p=0.1", "64M", &o, 8.125 * N, target);
+  }
+  o = (struct op){OP_SUM, {dev_normal(1, n, 0, 0, 1)}, 0};
+  report("sum", "64M", &o, 4 * N, 0);
+  o = (struct op){OP_MAX_ABS, {dev_normal(1, n, 0, 0, 1)}, 0};
+  report("max_abs", "64M", &o, 4 * N, 0);
+  o = (struct op){OP_NORM2, {dev_normal(1, n, 0, 0, 1)}, 0};
+  report("norm2", "64M", &o, 4 * N, 0);
+  {
+    l2l_tensor *m = dev(L2L_F32, 1, n, 0, 0), *v = dev(L2L_F32, 1, n, 0, 0);
+    ok(l2l_tensor_fill(m, 0.0));
+    ok(l2l_tensor_fill(v, 0.0));
+    o = (struct op){OP_ADAMW, {dev_normal(1, n, 0, 0, 1), m, v, dev_normal(1, n, 0, 0, 1)}, 0};
+    report("adamw_update", "64M", &o, 28 * N, target); /* reads p, m, v, g; writes p, m, v */
+  }
+  o = (struct op){OP_CAST_BF16, {dev(L2L_BF16, 1, n, 0, 0), dev_normal(1, n, 0, 0, 1)}, 0};
+  report("cast f32 -> bf16", "64M", &o, 6 * N, target);
+  o = (struct op){OP_FILL, {dev(L2L_F32, 1, n, 0, 0)}, 0};
+  report("fill f32", "64M", &o, 4 * N, 0);
+  o = (struct op){OP_UNIFORM, {dev(L2L_F32, 1, n, 0, 0)}, 0};
+  report("uniform f32", "64M", &o, 4 * N, 0);
+  {
+    /* GPT-2's vocabulary: 16384 tokens' rows of a (50257, 1024) table; ids spread */
+    int64_t tokens = 16384, vocab = 50257, dim = 1024;
+    double moved = 8.0 * (double)(tokens * dim); /* read a row, write a row */
+    o = (struct op){OP_EMBEDDING_FORWARD, {dev(L2L_F32, 2, tokens, dim, 0), dev_ids(tokens, vocab),
+                                           dev_normal(2, vocab, dim, 0, 1)}, 0};
+    report("embedding_forward", "16384 of 50257", &o, moved, 0);
+    o = (struct op){OP_EMBEDDING_BACKWARD, {dev_normal(2, vocab, dim, 0, 1), dev_normal(2, tokens, dim, 0, 1),
+                                            dev_ids(tokens, vocab)}, 0};
+    report("embedding_backward", "16384 of 50257", &o, 12.0 * (double)(tokens * dim), 0);
+  }
+  printf("\n");
+}
+
+static void bench_rows(void) {
+  const double target = 70.0;
+  static const int64_t shapes[][2] = {{16384, 1024}, {8192, 4096}, {4096, 50257}};
+  printf("%-24s %-16s %9s %9s %9s %9s   %s\n", "row-wise op", "shape", "ms", "GB/s",
+         "copy GB/s", "of copy", "target");
+  for (int s = 0; s < 3; s++) {
+    int64_t R = shapes[s][0], C = shapes[s][1];
+    double RC = (double)(R * C);
+    char shape[32];
+    snprintf(shape, sizeof shape, "%lldx%lld", (long long)R, (long long)C);
+    struct op o;
+    /* LayerNorm: reads x, writes y (mean and rstd are R floats each) */
+    o = (struct op){OP_LN_FORWARD, {dev(L2L_F32, 2, R, C, 0), dev(L2L_F32, 1, R, 0, 0), dev(L2L_F32, 1, R, 0, 0),
+                                    dev_normal(2, R, C, 0, 1), dev_normal(1, C, 0, 0, 1), dev_normal(1, C, 0, 0, 1)}, 1e-5f};
+    report("layernorm_forward", shape, &o, 8 * RC + 8.0 * (double)R, target);
+    {
+      l2l_tensor *x = dev_normal(2, R, C, 0, 1), *w = dev_normal(1, C, 0, 0, 1);
+      l2l_tensor *b = dev_normal(1, C, 0, 0, 1), *y = dev(L2L_F32, 2, R, C, 0);
+      l2l_tensor *mean = dev(L2L_F32, 1, R, 0, 0), *rstd = dev(L2L_F32, 1, R, 0, 0);
+      ok(l2l_layernorm_forward(y, mean, rstd, x, w, b, 1e-5f));
+      l2l_tensor_free(y);
+      l2l_tensor_free(b);
+      /* reads dy and x, writes dx; dweight and dbias accumulate C floats each */
+      o = (struct op){OP_LN_BACKWARD, {dev(L2L_F32, 2, R, C, 0), dev_normal(1, C, 0, 0, 1), dev_normal(1, C, 0, 0, 1),
+                                       dev_normal(2, R, C, 0, 1), x, w, mean, rstd}, 0};
+      report("layernorm_backward", shape, &o, 12 * RC + 8.0 * (double)R, target);
+    }
+    o = (struct op){OP_SOFTMAX_FORWARD, {dev(L2L_F32, 2, R, C, 0), dev_normal(2, R, C, 0, 1)}, 0.125f};
+    report("softmax_forward", shape, &o, 8 * RC, target);
+    {
+      l2l_tensor *y = dev(L2L_F32, 2, R, C, 0), *x = dev_normal(2, R, C, 0, 1);
+      ok(l2l_softmax_forward(y, x, NULL, 0, 0.125f));
+      l2l_tensor_free(x);
+      o = (struct op){OP_SOFTMAX_BACKWARD, {dev(L2L_F32, 2, R, C, 0), dev_normal(2, R, C, 0, 1), y}, 0.125f};
+      report("softmax_backward", shape, &o, 12 * RC, target);
+    }
+    /* cross-entropy: reads the logits (the targets and losses are R values) */
+    o = (struct op){OP_CE_FORWARD, {dev(L2L_F32, 1, R, 0, 0), dev_normal(2, R, C, 0, 2), dev_ids(R, C)}, 0};
+    report("cross_entropy_forward", shape, &o, 4 * RC + 8.0 * (double)R, target);
+    o = (struct op){OP_CE_BACKWARD, {dev(L2L_F32, 2, R, C, 0), dev_normal(2, R, C, 0, 2), dev_ids(R, C)}, 1.0f / (float)R};
+    report("cross_entropy_backward", shape, &o, 8 * RC + 4.0 * (double)R, target);
+  }
+  printf("\n");
+}
+
+/* ---------------------------------------------------------------- GEMM */
+
+struct gemm {
+  l2l_tensor *c, *a, *b;
+};
+
+static void run_gemm(void *ctx) {
+  struct gemm *g = ctx;
+  ok(l2l_gemm(g->c, g->a, g->b, 0, 0, 1.0f, 0.0f));
+}
+
+/* TFLOP/s of c (m,n) = a (m,k) @ b (k,n): f32 with TF32 off, on, and bf16 inputs. */
+static double bench_gemm(const char *name, int64_t m, int64_t n, int64_t k, double *bf16_rate) {
+  l2l_tensor *a = dev_normal(2, m, k, 0, 1), *b = dev_normal(2, k, n, 0, 1);
+  l2l_tensor *a16 = dev(L2L_BF16, 2, m, k, 0), *b16 = dev(L2L_BF16, 2, k, n, 0);
+  l2l_tensor *c = dev(L2L_F32, 2, m, n, 0);
+  ok(l2l_tensor_cast(a16, a));
+  ok(l2l_tensor_cast(b16, b));
+  double flops = 2.0 * (double)m * (double)n * (double)k, rate[3];
+  struct gemm g32 = {c, a, b}, g16 = {c, a16, b16};
+  ok(l2l_cuda_set_tf32(0));
+  rate[0] = flops / time_call(run_gemm, &g32) / 1e12;
+  ok(l2l_cuda_set_tf32(1));
+  rate[1] = flops / time_call(run_gemm, &g32) / 1e12;
+  ok(l2l_cuda_set_tf32(0));
+  rate[2] = flops / time_call(run_gemm, &g16) / 1e12;
+  printf("%-34s %9.1f %9.1f %9.1f\n", name, rate[0], rate[1], rate[2]);
+  if (bf16_rate) *bf16_rate = rate[2];
+  l2l_tensor *all[] = {a, b, a16, b16, c};
+  free_all(all, 5);
+  ok(l2l_device_release_cache());
+  return rate[2];
+}
+
+/* ---------------------------------------------------------------- attention */
+
+struct flash {
+  const struct l2l_backend_ops *ops;
+  struct l2l_attention_shape sh;
+  int64_t D;
+  float *qkv, *o, *lse, *d_o, *dqkv, *work, *back_work;
+  int64_t work_floats, back_work_floats;
+};
+
+static void run_flash_forward(void *ctx) {
+  struct flash *f = ctx;
+  ok(f->ops->attention_forward(f->o, f->lse, NULL, NULL, NULL, f->qkv, f->qkv + f->D,
+                               f->qkv + 2 * f->D, NULL, &f->sh, f->work, f->work_floats));
+}
+
+static void run_flash_backward(void *ctx) {
+  struct flash *f = ctx;
+  ok(f->ops->attention_backward(f->dqkv, f->dqkv + f->D, f->dqkv + 2 * f->D, f->d_o, f->o,
+                                f->lse, NULL, NULL, NULL, f->qkv, f->qkv + f->D,
+                                f->qkv + 2 * f->D, NULL, &f->sh, f->back_work,
+                                f->back_work_floats));
+}
+
+struct unfused {
+  l2l_tensor *q, *k, *v, *scores, *o;
+  float scale;
+};
+
+static void run_unfused(void *ctx) {
+  struct unfused *u = ctx;
+  ok(l2l_gemm_batched(u->scores, u->q, u->k, 0, 1, u->scale, 0.0f));
+  ok(l2l_softmax_forward(u->scores, u->scores, NULL, 1, 1.0f));
+  ok(l2l_gemm_batched(u->o, u->scores, u->v, 0, 0, 1.0f, 0.0f));
+}
+
+/* Device workspace for the flash entries (NULL when the backend asks for none). */
+static l2l_tensor *flash_workspace(const struct l2l_backend_ops *ops, int64_t seq, int backward,
+                                   int64_t *floats) {
+  *floats = ops->attention_workspace(seq, backward);
+  if (*floats <= 0) {
+    *floats = 0;
+    return NULL;
+  }
+  return dev(L2L_F32, 1, *floats, 0, 0);
+}
+
+static void bench_attention(int64_t batch, int64_t heads, int64_t seq, int64_t hd,
+                            double bf16_rate, uint64_t free_bytes, double target) {
+  const struct l2l_backend_ops *ops = l2l_backend_for(L2L_POOL_DEVICE);
+  const int64_t D = heads * hd, N = batch * seq, bh = batch * heads;
+  const double causal_flops = 4.0 * (double)bh * (double)seq * (double)seq * (double)hd / 2.0;
+  struct flash f;
+  memset(&f, 0, sizeof f);
+  f.ops = ops;
+  f.D = D;
+  f.sh = (struct l2l_attention_shape){.batch = batch, .heads = heads, .seq = seq, .head_dim = hd,
+                                      .ld_qkv = 3 * D, .ld_o = D, .causal = 1,
+                                      .scale = 1.0f / sqrtf((float)hd), .dropout = 0.0f,
+                                      .seed = 1, .stream = 2, .first_sample = 0};
+  l2l_tensor *qkv = dev_normal(2, N, 3 * D, 0, 1), *o = dev(L2L_F32, 2, N, D, 0);
+  l2l_tensor *lse = dev(L2L_F32, 1, bh * seq, 0, 0), *d_o = dev_normal(2, N, D, 0, 1);
+  l2l_tensor *dqkv = dev(L2L_F32, 2, N, 3 * D, 0);
+  f.qkv = l2l_tensor_data(qkv), f.o = l2l_tensor_data(o), f.lse = l2l_tensor_data(lse);
+  f.d_o = l2l_tensor_data(d_o), f.dqkv = l2l_tensor_data(dqkv);
+  l2l_tensor *work = flash_workspace(ops, seq, 0, &f.work_floats);
+  l2l_tensor *back_work = flash_workspace(ops, seq, 1, &f.back_work_floats);
+  f.work = work ? l2l_tensor_data(work) : NULL;
+  f.back_work = back_work ? l2l_tensor_data(back_work) : NULL;
+  double fwd = time_call(run_flash_forward, &f); /* leaves o and lse for the backward */
+  double bwd = time_call(run_flash_backward, &f);
+  l2l_tensor *all[] = {qkv, o, lse, d_o, dqkv, work, back_work};
+  free_all(all, 7);
+  ok(l2l_device_release_cache());
+
+  /* The unfused reference on as many heads as fit in a quarter of free memory (4 GiB at
+     most): its scores are (heads, S, S) floats. */
+  int64_t ref_bh = bh;
+  double cap = (double)free_bytes / 4.0 < 4.0 * GIB ? (double)free_bytes / 4.0 : 4.0 * GIB;
+  while (ref_bh > 1 && (double)ref_bh * (double)seq * (double)seq * 4.0 > cap) ref_bh /= 2;
+  struct unfused u = {dev_normal(3, ref_bh, seq, hd, 1), dev_normal(3, ref_bh, seq, hd, 1),
+                      dev_normal(3, ref_bh, seq, hd, 1), dev(L2L_F32, 3, ref_bh, seq, seq),
+                      dev(L2L_F32, 3, ref_bh, seq, hd), 1.0f / sqrtf((float)hd)};
+  double ref = time_call(run_unfused, &u);
+  double ref_flops = causal_flops * (double)ref_bh / (double)bh;
+  l2l_tensor *uall[] = {u.q, u.k, u.v, u.scores, u.o};
+  free_all(uall, 5);
+  ok(l2l_device_release_cache());
+
+  double fwd_rate = causal_flops / fwd / 1e12, ref_rate = ref_flops / ref / 1e12;
+  double share = 100.0 * fwd_rate / bf16_rate;
+  char goal[48] = "";
+  if (target > 0)
+    snprintf(goal, sizeof goal, ">= %.0f %% %s", target, share >= target ? "met" : "MISSED");
+  printf("S=%-5lld hd=%-4lld B*H=%-4lld %9.3f %8.1f %7.1f %%  %9.3f %8.1f  %5lld %9.3f %8.1f %6.1fx  %s\n",
+         (long long)seq, (long long)hd, (long long)bh, fwd * 1e3, fwd_rate, share, bwd * 1e3,
+         2.5 * causal_flops / bwd / 1e12, (long long)ref_bh, ref * 1e3, ref_rate,
+         fwd_rate / ref_rate, goal);
+}
+
+/* ---------------------------------------------------------------- main */
+
+int main(void) {
+  char why[512] = "";
+  if (!l2l_cuda_available(why, sizeof why)) {
+    printf("bench/cuda: no GPU: %s\n", why[0] ? why : "(no reason given)");
+    return 0;
+  }
+  (void)l2l_device_backend(); /* make the device pool's first choice before switching */
+  ok(l2l_device_use("cuda"));
+  l2l_cuda_info info;
+  ok(l2l_cuda_get_info(&info));
+  printf("l2l %s bench/cuda: %s (compute capability %d.%d, %d SMs, %.1f GiB, %.1f GiB free), "
+         "CUDA runtime %d.%d, driver %d.%d\n",
+         l2l_version(), info.name, info.major, info.minor, info.multiprocessors,
+         (double)info.total_bytes / GIB, (double)info.free_bytes / GIB,
+         info.runtime_version / 1000, info.runtime_version % 1000 / 10,
+         info.driver_version / 1000, info.driver_version % 1000 / 10);
+  printf("each figure: the median of %d samples; a sample times back-to-back calls between "
+         "synchronizations (>= %.0f ms)\n\n", SAMPLES, MIN_SAMPLE_SECONDS * 1e3);
+
+  bench_copy();
+  bench_elementwise();
+  bench_rows();
+
+  printf("%-34s %9s %9s %9s\n", "GEMM (TFLOP/s), c f32", "f32", "tf32", "bf16");
+  double bf16_rate = 0.0;
+  bench_gemm("4096 x 4096 x 4096", 4096, 4096, 4096, &bf16_rate);
+  bench_gemm("qkv: 8192x768 @ 768x2304", 8192, 2304, 768, NULL);
+  bench_gemm("mlp up: 8192x768 @ 768x3072", 8192, 3072, 768, NULL);
+  bench_gemm("mlp down: 8192x3072 @ 3072x768", 8192, 768, 3072, NULL);
+  printf("\n");
+
+  printf("attention, causal fp32: flash forward (ms, TFLOP/s, of the bf16 GEMM rate at 4096^3: "
+         "%.1f TFLOP/s), flash backward,\nunfused forward (gemm_batched + softmax + "
+         "gemm_batched, on B*H heads), flash/unfused\n", bf16_rate);
+  printf("%-26s %9s %8s %9s  %9s %8s  %5s %9s %8s %7s  %s\n", "", "fwd ms", "TFLOP/s",
+         "of bf16", "bwd ms", "TFLOP/s", "B*H", "ref ms", "TFLOP/s", "speedup", "target");
+  ok(l2l_cuda_get_info(&info));
+  bench_attention(16, 16, 1024, 64, bf16_rate, info.free_bytes, 0);
+  bench_attention(16, 16, 1024, 128, bf16_rate, info.free_bytes, 0);
+  bench_attention(4, 16, 4096, 64, bf16_rate, info.free_bytes, 40.0);
+  bench_attention(4, 16, 4096, 128, bf16_rate, info.free_bytes, 40.0);
+  printf("\nflops: forward 4 B H S^2 hd / 2 (causal: half the score matrix), backward 2.5x "
+         "that; bytes of memory-bound ops: each input read and each output written once.\n");
+
+  ok(l2l_device_use("cpu"));
+  return 0;
+}
