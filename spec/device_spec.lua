@@ -52,6 +52,13 @@ describe("l2l.device", function()
     t:free()
   end)
 
+  it("can be switched by the very first device call of a process", function()
+    local status, out = support.sh(("timeout 20 %s/l2l -e 'require(\"l2l\").device_use(\"cpu\") print(\"switched\")'")
+                                   :format(support.build_dir))
+    assert.are.equal(0, status, out)
+    assert.is_truthy(out:find("switched", 1, true), out)
+  end)
+
   it("counts the device pool's reserved bytes and system allocations", function()
     local before = l2l.pool_stats("device")
     local t = l2l.zeros({ 1000 }, { pool = "device" })

@@ -56,6 +56,7 @@ l2l_status l2l_device_use(const char *backend) {
   } else {
     return FAIL(L2L_ERR_INVALID, "backend must be \"cpu\" or \"cuda\", got \"%s\"", backend);
   }
+  l2l_device_is_cuda(); /* decide the first choice now: the lock below is not reentrant */
   pthread_mutex_lock(&choice_lock);
   int now = atomic_load(&device_choice);
   if (now != want) {

@@ -43,7 +43,10 @@
 /* ---------------------------------------------------------------- tolerances
    Relative errors |got - want| / (|want| + floor) with the floor at the scale of the
    compared tensor (RMS: the root mean square of the reference's finite elements), so an
-   element far below the tensor's scale is held to an absolute error at that scale. */
+   element far below the tensor's scale is held to an absolute error at that scale. Where
+   a tensor's own rms can be rounding noise (a 1x1x1 GEMM that cancels, GELU' at its
+   minimum, dq of a query that sees one key), the floor is the scale its inputs give it
+   instead, stated at the comparison. */
 
 /* fp32 element-wise math on both sides (exp, tanh-form GELU, divisions; a few ulp each,
    in another evaluation order or with FMA contraction): ~1e-6; 1e-5 leaves a margin of
