@@ -55,6 +55,19 @@ void check_skip(const char *fmt, ...) {
   if (skip_reason[0] == '\0') snprintf(skip_reason, sizeof skip_reason, "(no reason given)");
 }
 
+void check_free_tensors(l2l_tensor *const *ts, size_t n) {
+  for (size_t i = 0; i < n; i++) l2l_tensor_free(ts[i]);
+}
+
+void *xmalloc(size_t bytes) {
+  void *p = calloc(1, bytes ? bytes : 1);
+  if (p == NULL) {
+    fprintf(stderr, "check: out of memory (%zu bytes)\n", bytes);
+    exit(2);
+  }
+  return p;
+}
+
 /* ---------------------------------------------------------------- random inputs */
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
@@ -75,6 +88,10 @@ uint64_t check_rand_u64(void) {
   uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
   s[2] ^= s[0], s[3] ^= s[1], s[1] ^= s[2], s[0] ^= s[3], s[2] ^= t, s[3] = rotl(s[3], 45);
   return result;
+}
+
+int64_t check_pick(const int64_t *sizes, int count) {
+  return sizes[check_rand_int(0, count - 1)];
 }
 
 double check_rand_uniform(double lo, double hi) {

@@ -53,6 +53,27 @@ double check_rand_uniform(double lo, double hi);
 double check_rand_normal(void);
 int64_t check_rand_int(int64_t lo, int64_t hi); /* inclusive */
 
+/* Shapes written inline: check_tensor(pool, dtype, DIMS(2, 3)), or NEW(pool, dtype, 2, 3). */
+#define DIMS(...)                                                  \
+  (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), \
+      (const int64_t[]) { __VA_ARGS__ }
+#define NEW(pool, dtype, ...) check_tensor((pool), (dtype), DIMS(__VA_ARGS__))
+
+/* Frees every tensor listed: FREE(a, b, c). */
+void check_free_tensors(l2l_tensor *const *ts, size_t n);
+#define FREE(...)                                         \
+  check_free_tensors((l2l_tensor *const[]){__VA_ARGS__},  \
+                     sizeof((l2l_tensor *const[]){__VA_ARGS__}) / sizeof(l2l_tensor *))
+
+/* Zeroed memory; running out ends the run (tests cannot go on without it). */
+void *xmalloc(size_t bytes);
+
+/* One of the sizes listed, drawn at random: PICK(1, 7, 33, 257). */
+int64_t check_pick(const int64_t *sizes, int count);
+#define PICK(...)                                \
+  check_pick((const int64_t[]){__VA_ARGS__},     \
+             (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
+
 /* New tensors; a failure aborts the test run (tests cannot go on without their inputs). */
 l2l_tensor *check_tensor(l2l_pool_kind pool, l2l_dtype dtype, int ndim, const int64_t *shape);
 l2l_tensor *check_f32(int ndim, ...);          /* host f32 tensor with the given dims */

@@ -97,39 +97,16 @@ static double tol_sum(int64_t terms) { return terms > LONG_SUM ? TOL_LONG_SUM : 
 
 /* ---------------------------------------------------------------- tensors */
 
-#define DIMS(...)                                                  \
-  (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), \
-      (const int64_t[]) { __VA_ARGS__ }
 #define HOST(dtype, ...) check_tensor(L2L_POOL_HOST, (dtype), DIMS(__VA_ARGS__))
 #define DEV(dtype, ...) check_tensor(L2L_POOL_DEVICE, (dtype), DIMS(__VA_ARGS__))
 #define RANDN(scale, ...) fill_normal(HOST(L2L_F32, __VA_ARGS__), (scale))
 #define NANS(...) poisoned(HOST(L2L_F32, __VA_ARGS__))
-#define PICK(...)                      \
-  pick((const int64_t[]){__VA_ARGS__}, \
-       (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
-
-static void free_list(l2l_tensor *const *ts, size_t n) {
-  for (size_t i = 0; i < n; i++) l2l_tensor_free(ts[i]);
-}
-#define FREE(...)                               \
-  free_list((l2l_tensor *const[]){__VA_ARGS__}, \
-            sizeof((l2l_tensor *const[]){__VA_ARGS__}) / sizeof(l2l_tensor *))
-
-static void *xmalloc(size_t bytes) {
-  void *p = malloc(bytes ? bytes : 1);
-  if (p == NULL) {
-    fprintf(stderr, "test_cuda: out of memory (%zu bytes)\n", bytes);
-    exit(2);
-  }
-  return p;
-}
 
 static int64_t numel(const l2l_tensor *t) { return l2l_tensor_numel(t); }
 static size_t elem_size(const l2l_tensor *t) {
   return l2l_dtype_size((l2l_dtype)l2l_tensor_dtype(t));
 }
 static size_t tensor_bytes(const l2l_tensor *t) { return (size_t)numel(t) * elem_size(t); }
-static int64_t pick(const int64_t *sizes, int count) { return sizes[check_rand_int(0, count - 1)]; }
 
 /* The first element's address: host memory to read, or a device pointer to hand to a
    device backend entry (never dereferenced here). NULL for a NULL tensor. */
@@ -590,7 +567,7 @@ TEST(cuda_gemm) {
           if (failed >= 8) continue; /* enough to see what is wrong */
           int64_t batch = batched ? PICK(1, 3, 7) : 0, m, n, k;
           do {
-            m = pick(sizes, 5), n = pick(sizes, 5), k = pick(sizes, 5);
+            m = check_pick(sizes, 5), n = check_pick(sizes, 5), k = check_pick(sizes, 5);
           } while (m * n * k * (batch ? batch : 1) > (INT64_C(1) << 27));
           float alpha = (float)(check_rand_int(0, 1) ? 1 : -1) * (float)check_rand_uniform(0.5, 1.5);
           failed += !gemm_case((enum gemm_kind)kind, batch, m, n, k, t >> 1, t & 1, alpha,

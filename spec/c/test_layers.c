@@ -68,35 +68,11 @@ enum { FD_ALL = 128, FD_SOME = 48, MAX_PARAMS = 12 };
 
 /* ---------------------------------------------------------------- tensors */
 
-#define DIMS(...)                                                  \
-  (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), \
-      (const int64_t[]) { __VA_ARGS__ }
-#define NEW(pool, dtype, ...) check_tensor((pool), (dtype), DIMS(__VA_ARGS__))
 #define F32(...) NEW(L2L_POOL_HOST, L2L_F32, __VA_ARGS__)
 #define U8(...) NEW(L2L_POOL_HOST, L2L_U8, __VA_ARGS__)
-#define PICK(...)                          \
-  pick((const int64_t[]){__VA_ARGS__},     \
-       (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
-
-static void free_list(l2l_tensor *const *ts, size_t n) {
-  for (size_t i = 0; i < n; i++) l2l_tensor_free(ts[i]);
-}
-#define FREE(...)                               \
-  free_list((l2l_tensor *const[]){__VA_ARGS__}, \
-            sizeof((l2l_tensor *const[]){__VA_ARGS__}) / sizeof(l2l_tensor *))
-
-static void *xmalloc(size_t bytes) {
-  void *p = malloc(bytes ? bytes : 1);
-  if (p == NULL) {
-    fprintf(stderr, "test_layers: out of memory (%zu bytes)\n", bytes);
-    exit(2);
-  }
-  return p;
-}
 
 static double *doubles(int64_t n) { return xmalloc((size_t)n * sizeof(double)); }
 static int64_t numel(const l2l_tensor *t) { return l2l_tensor_numel(t); }
-static int64_t pick(const int64_t *sizes, int count) { return sizes[check_rand_int(0, count - 1)]; }
 
 static size_t tensor_bytes(const l2l_tensor *t) {
   return (size_t)numel(t) * l2l_dtype_size((l2l_dtype)l2l_tensor_dtype(t));

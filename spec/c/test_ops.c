@@ -40,31 +40,11 @@
 
 /* ---------------------------------------------------------------- tensors */
 
-#define DIMS(...)                                             \
-  (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), \
-      (const int64_t[]) { __VA_ARGS__ }
-#define NEW(pool, dtype, ...) check_tensor((pool), (dtype), DIMS(__VA_ARGS__))
 #define F32(...) NEW(L2L_POOL_HOST, L2L_F32, __VA_ARGS__)
 #define I32(...) NEW(L2L_POOL_HOST, L2L_I32, __VA_ARGS__)
 #define U8(...) NEW(L2L_POOL_HOST, L2L_U8, __VA_ARGS__)
 #define DEV_F32(...) NEW(L2L_POOL_DEVICE, L2L_F32, __VA_ARGS__)
 #define RANDN(scale, ...) fill_normal(F32(__VA_ARGS__), (scale))
-
-static void free_list(l2l_tensor *const *ts, size_t n) {
-  for (size_t i = 0; i < n; i++) l2l_tensor_free(ts[i]);
-}
-#define FREE(...)                                 \
-  free_list((l2l_tensor *const[]){__VA_ARGS__}, \
-            sizeof((l2l_tensor *const[]){__VA_ARGS__}) / sizeof(l2l_tensor *))
-
-static void *xmalloc(size_t bytes) {
-  void *p = malloc(bytes ? bytes : 1);
-  if (p == NULL) {
-    fprintf(stderr, "test_ops: out of memory (%zu bytes)\n", bytes);
-    exit(2);
-  }
-  return p;
-}
 
 static int64_t numel(const l2l_tensor *t) { return l2l_tensor_numel(t); }
 
@@ -101,7 +81,6 @@ static bool same_bytes(const l2l_tensor *t, const void *snap) {
 static double *doubles(int64_t n) { return xmalloc((size_t)n * sizeof(double)); }
 
 /* A random entry of a list of awkward sizes. */
-static int64_t pick(const int64_t *sizes, int count) { return sizes[check_rand_int(0, count - 1)]; }
 
 /* ---------------------------------------------------------------- comparisons */
 
@@ -189,7 +168,7 @@ TEST(op_gemm_transposes) {
         float alpha = (float)check_rand_uniform(-2, 2);
         float beta = rep % 2 ? (float)check_rand_uniform(-1.5, 1.5) : 0.0f;
         /* k <= 127: a dot of at most 127 terms is good to ~sqrt(127) ulp of its size. */
-        gemm_case(pick(sizes, 7), pick(sizes, 7), pick(sizes, 7), ta, tb, alpha, beta,
+        gemm_case(check_pick(sizes, 7), check_pick(sizes, 7), check_pick(sizes, 7), ta, tb, alpha, beta,
                   TOL_ELEMENTWISE);
         cases++;
       }
@@ -257,8 +236,8 @@ TEST(op_gemm_batched) {
   for (int ta = 0; ta < 2; ta++)
     for (int tb = 0; tb < 2; tb++)
       for (int rep = 0; rep < 2; rep++) {
-        int64_t bt = pick((const int64_t[]){1, 3, 5}, 3);
-        int64_t m = pick(sizes, 5), n = pick(sizes, 5), k = pick(sizes, 5);
+        int64_t bt = check_pick((const int64_t[]){1, 3, 5}, 3);
+        int64_t m = check_pick(sizes, 5), n = check_pick(sizes, 5), k = check_pick(sizes, 5);
         int64_t as[3] = {bt, ta ? k : m, ta ? m : k}, bs[3] = {bt, tb ? n : k, tb ? k : n};
         int64_t cs[3] = {bt, m, n};
         gemm_batched_case(as, 3, bs, 3, cs, 3, ta, tb, (float)check_rand_uniform(-2, 2),

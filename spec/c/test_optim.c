@@ -44,15 +44,6 @@ static const float SENTINEL = 12345.5f;
 static const int64_t SIZES[] = {1, 7, 33, -1 /* random */, 1000003};
 enum { NSIZES = sizeof SIZES / sizeof SIZES[0] };
 
-static void *xmalloc(size_t bytes) {
-  void *p = malloc(bytes ? bytes : 1);
-  if (p == NULL) {
-    fprintf(stderr, "test_optim: out of memory (%zu bytes)\n", bytes);
-    exit(2);
-  }
-  return p;
-}
-
 static int64_t size_at(int k) { return SIZES[k] > 0 ? SIZES[k] : check_rand_int(2, 5000); }
 
 /* The size beyond cache runs one of the four flag combinations (weight decay, grad_scale),

@@ -65,20 +65,6 @@ enum { MAX_LAYERS = 40, MAX_RECORDS = 512, MAX_STEPS = 8 };
 
 /* ---------------------------------------------------------------- small helpers */
 
-#define DIMS(...)                                                  \
-  (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), \
-      (const int64_t[]) { __VA_ARGS__ }
-#define NEW(pool, dtype, ...) check_tensor((pool), (dtype), DIMS(__VA_ARGS__))
-
-static void *xmalloc(size_t bytes) {
-  void *p = calloc(1, bytes ? bytes : 1);
-  if (p == NULL) {
-    fprintf(stderr, "test_relay: out of memory (%zu bytes)\n", bytes);
-    exit(2);
-  }
-  return p;
-}
-
 static int64_t numel(const l2l_tensor *t) { return l2l_tensor_numel(t); }
 
 static size_t tensor_bytes(const l2l_tensor *t) {
