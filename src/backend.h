@@ -175,6 +175,10 @@ void l2l_cuda_free(void *ptr, uint64_t bytes);
 void l2l_cuda_pool_counts(uint64_t *reserved, uint64_t *system_allocs);
 l2l_status l2l_cuda_release_cache(void);
 l2l_status l2l_cuda_synchronize(void);
+/* What l2l_cuda_set_tf32 and l2l_cuda_get_info (device.c) do once their arguments are
+   checked and CUDA is known to run. */
+void l2l_cuda_use_tf32(int enable);
+l2l_status l2l_cuda_fill_info(l2l_cuda_info *out);
 
 /* Compute threads for OpenMP loops (runtime.c). */
 extern atomic_int l2l_compute_threads;

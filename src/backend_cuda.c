@@ -206,15 +206,9 @@ l2l_status l2l_cuda_synchronize(void) {
   return wait_stream();
 }
 
-l2l_status l2l_cuda_set_tf32(int enable) {
-  if (enable != 0 && enable != 1) return FAIL(L2L_ERR_INVALID, "enable must be 0 or 1, got %d", enable);
-  atomic_store(&rt.tf32, enable);
-  return L2L_OK;
-}
+void l2l_cuda_use_tf32(int enable) { atomic_store(&rt.tf32, enable); }
 
-l2l_status l2l_cuda_get_info(l2l_cuda_info *out) {
-  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  TRY(need_runtime());
+l2l_status l2l_cuda_fill_info(l2l_cuda_info *out) {
   struct cudaDeviceProp prop;
   l2l_cuda_info info;
   memset(&info, 0, sizeof info);
@@ -788,14 +782,11 @@ l2l_status l2l_cuda_release_cache(void) { return L2L_OK; }
 
 l2l_status l2l_cuda_synchronize(void) { return L2L_OK; }
 
-l2l_status l2l_cuda_set_tf32(int enable) {
-  if (enable != 0 && enable != 1) return FAIL(L2L_ERR_INVALID, "enable must be 0 or 1, got %d", enable);
-  return L2L_OK; /* nothing to switch; the setting matters only where CUDA runs */
-}
+void l2l_cuda_use_tf32(int enable) { (void)enable; } /* matters only where CUDA runs */
 
-l2l_status l2l_cuda_get_info(l2l_cuda_info *out) {
-  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  return FAIL(L2L_ERR_UNSUPPORTED, "%s", no_cuda);
+l2l_status l2l_cuda_fill_info(l2l_cuda_info *out) {
+  (void)out;
+  return l2l_fail(L2L_ERR_UNSUPPORTED, "%s", no_cuda);
 }
 
 #endif /* L2L_CUDA */

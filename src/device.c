@@ -91,6 +91,22 @@ int l2l_pool_domain(l2l_pool_kind pool) { return pool == L2L_POOL_DEVICE ? 1 : 0
 
 int l2l_cuda_available(char *why, size_t len) { return l2l_cuda_probe(why, len); }
 
+l2l_status l2l_cuda_get_info(l2l_cuda_info *out) {
+  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  char why[256];
+  if (!l2l_cuda_probe(why, sizeof why))
+    return FAIL(L2L_ERR_UNSUPPORTED, "CUDA cannot run here: %s", why);
+  return l2l_cuda_fill_info(out);
+}
+
+/* Accepted on any build: the setting matters only where CUDA runs. */
+l2l_status l2l_cuda_set_tf32(int enable) {
+  if (enable != 0 && enable != 1)
+    return FAIL(L2L_ERR_INVALID, "enable must be 0 or 1, got %d", enable);
+  l2l_cuda_use_tf32(enable);
+  return L2L_OK;
+}
+
 l2l_status l2l_device_synchronize(void) {
   return l2l_device_is_cuda() ? l2l_cuda_synchronize() : L2L_OK;
 }
