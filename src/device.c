@@ -112,5 +112,6 @@ l2l_status l2l_device_synchronize(void) {
 }
 
 l2l_status l2l_device_release_cache(void) {
+  l2l_pool_release_cached();
   return l2l_device_is_cuda() ? l2l_cuda_release_cache() : L2L_OK;
 }

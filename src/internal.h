@@ -48,6 +48,9 @@ l2l_status l2l_pool_alloc(void **out, l2l_pool_kind pool, uint64_t bytes);
 /* Returns memory from l2l_pool_alloc; `bytes` must be the size that was asked for. */
 void l2l_pool_free(l2l_pool_kind pool, void *ptr, uint64_t bytes);
 bool l2l_pool_valid(int pool);
+/* Gives the pages that freed tensors left cached in the pools' jemalloc arenas back to the
+   system (the CUDA cache is backend_cuda.c's). */
+void l2l_pool_release_cached(void);
 
 /* ---------------------------------------------------------------- tensors */
 

@@ -126,7 +126,8 @@ l2l_status l2l_cuda_set_tf32(int enable);
 /* Waits for all queued GPU work; a failure of that work is reported here. The CPU
    device backend has nothing queued: always L2L_OK. */
 l2l_status l2l_device_synchronize(void);
-/* Returns the device pool's cached, unused memory to the system (cudaFree). */
+/* Returns the memory that freed tensors left cached, in every pool, to the system: the
+   device cache (cudaFree) and the host-side arenas' pages. */
 l2l_status l2l_device_release_cache(void);
 
 /* ---------------------------------------------------------------- tensors */
