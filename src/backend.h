@@ -186,6 +186,9 @@ extern atomic_int l2l_compute_threads;
 /* The four 32-bit draws of Philox block `block` of (seed, stream): counter = (block,
    stream), key = seed, as rng.c states. Every backend draws through this layout. */
 void l2l_philox_draws(uint32_t *out4, uint64_t seed, uint64_t stream, uint64_t block);
+/* out[i] := draw first + i of (seed, stream) for i < n (word (first+i)%4 of block
+   (first+i)/4): the same numbers as l2l_philox_draws, many blocks per SIMD pass. */
+void l2l_philox_range(uint32_t *out, uint64_t seed, uint64_t stream, uint64_t first, int64_t n);
 
 /* Dropout keeps an element when the top 24 bits of its draw are below this. */
 static inline uint32_t l2l_keep_threshold(float p) {

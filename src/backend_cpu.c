@@ -553,30 +553,35 @@ static l2l_status cpu_cross_entropy_backward(float *dlogits, const float *logits
 
 /* ---------------------------------------------------------------- dropout */
 
-/* Element kept when its 24 random bits are below (1 - p) 2^24 (l2l_keep_threshold). */
+/* Element kept when its 24 random bits are below (1 - p) 2^24 (l2l_keep_threshold).
+   Chunks of DROPOUT_CHUNK elements (whole mask bytes): their draws in one vectorized
+   Philox pass, then the scaling and the mask bits in loops that vectorize too. */
+#define DROPOUT_CHUNK 2048
+
 static l2l_status cpu_dropout_forward(float *y, uint8_t *mask, const float *x, float p,
                                       uint64_t seed, uint64_t stream, int64_t first, int64_t n) {
-  uint32_t threshold = l2l_keep_threshold(p);
-  float keep_scale = 1.0f / (1.0f - p);
-  int64_t bytes = (n + 7) / 8;
+  const uint32_t threshold = l2l_keep_threshold(p);
+  const float keep_scale = 1.0f / (1.0f - p);
+  int64_t chunks = (n + DROPOUT_CHUNK - 1) / DROPOUT_CHUNK;
   int nt = threads_for(n * 16);
 #pragma omp parallel for schedule(static) num_threads(nt)
-  for (int64_t byte = 0; byte < bytes; byte++) {
-    uint64_t cached_block = UINT64_MAX;
-    uint32_t words[4] = {0, 0, 0, 0};
-    uint8_t bits = 0;
-    int64_t end = byte * 8 + 8 < n ? byte * 8 + 8 : n;
-    for (int64_t i = byte * 8; i < end; i++) {
-      uint64_t index = (uint64_t)first + (uint64_t)i, block = index >> 2;
-      if (block != cached_block) { /* one Philox call serves four elements */
-        l2l_philox_draws(words, seed, stream, block);
-        cached_block = block;
-      }
-      int kept = (words[index & 3] >> 8) < threshold;
-      bits |= (uint8_t)(kept << (i & 7));
-      y[i] = kept ? x[i] * keep_scale : 0.0f;
+  for (int64_t c = 0; c < chunks; c++) {
+    int64_t start = c * DROPOUT_CHUNK, count = n - start < DROPOUT_CHUNK ? n - start : DROPOUT_CHUNK;
+    uint32_t draws[DROPOUT_CHUNK];
+    uint8_t kept[DROPOUT_CHUNK + 8];
+    l2l_philox_range(draws, seed, stream, (uint64_t)first + (uint64_t)start, count);
+#pragma omp simd
+    for (int64_t i = 0; i < count; i++) {
+      kept[i] = (draws[i] >> 8) < threshold;
+      y[start + i] = kept[i] ? x[start + i] * keep_scale : 0.0f;
     }
-    if (mask) mask[byte] = bits; /* NULL: regenerating a backward's mask */
+    if (mask == NULL) continue; /* regenerating a backward's mask */
+    memset(kept + count, 0, 8);
+    for (int64_t byte = 0; byte < (count + 7) / 8; byte++) {
+      const uint8_t *k = kept + 8 * byte;
+      mask[start / 8 + byte] = (uint8_t)(k[0] | k[1] << 1 | k[2] << 2 | k[3] << 3 | k[4] << 4 |
+                                         k[5] << 5 | k[6] << 6 | k[7] << 7);
+    }
   }
   return L2L_OK;
 }
@@ -744,33 +749,29 @@ static void store_uniform(void *dst, l2l_dtype dtype, int64_t i, double value, d
 }
 
 /* Uniform: element i is the 24-bit draw first+i (rng.c layout) scaled into [lo, hi).
-   Normal: element i uses both 32-bit halves of words 2(i%2), 2(i%2)+1 of block i/2 for
+   Normal: element i uses draws 2i and 2i + 1 (words 2(i%2), 2(i%2)+1 of block i/2) for
    Box-Muller (u1 in (0, 1], u2 in [0, 1)), so each element is its own pair of draws. */
 static l2l_status cpu_random(void *dst, l2l_dtype dtype, int64_t n, enum l2l_distribution dist,
                              uint64_t seed, uint64_t stream, int64_t first, double a, double b) {
-  const int64_t chunk = 4096;
-  int64_t chunks = (n + chunk - 1) / chunk;
+  enum { CHUNK = 2048 };
+  const int per = dist == L2L_UNIFORM ? 1 : 2;
+  int64_t chunks = (n + CHUNK - 1) / CHUNK;
   int nt = threads_for(n * 32);
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t c = 0; c < chunks; c++) {
-    uint64_t cached_block = UINT64_MAX;
-    uint32_t words[4] = {0, 0, 0, 0};
-    int64_t end = (c + 1) * chunk < n ? (c + 1) * chunk : n;
-    for (int64_t i = c * chunk; i < end; i++) {
-      uint64_t index = (uint64_t)first + (uint64_t)i;
-      uint64_t block = dist == L2L_UNIFORM ? index >> 2 : index >> 1;
-      if (block != cached_block) {
-        l2l_philox_draws(words, seed, stream, block);
-        cached_block = block;
-      }
+    int64_t start = c * CHUNK, count = n - start < CHUNK ? n - start : CHUNK;
+    uint32_t draws[2 * CHUNK];
+    l2l_philox_range(draws, seed, stream, (uint64_t)per * ((uint64_t)first + (uint64_t)start),
+                     per * count);
+    for (int64_t i = 0; i < count; i++) {
       if (dist == L2L_UNIFORM) {
-        double u = (double)(words[index & 3] >> 8) * 0x1p-24;
-        store_uniform(dst, dtype, i, a + (b - a) * u, a, b);
+        double u = (double)(draws[i] >> 8) * 0x1p-24;
+        store_uniform(dst, dtype, start + i, a + (b - a) * u, a, b);
       } else {
-        int pair = (int)(index & 1) * 2;
-        double u1 = ((double)words[pair] + 1.0) * 0x1p-32;
-        double u2 = (double)words[pair + 1] * 0x1p-32;
-        store_f32(dst, dtype, i, (float)(a + b * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2)));
+        double u1 = ((double)draws[2 * i] + 1.0) * 0x1p-32;
+        double u2 = (double)draws[2 * i + 1] * 0x1p-32;
+        store_f32(dst, dtype, start + i,
+                  (float)(a + b * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2)));
       }
     }
   }

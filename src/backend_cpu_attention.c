@@ -60,22 +60,24 @@ static inline bool key_hidden(const struct l2l_attention_shape *sh, const uint8_
 static inline int64_t mask_row_bytes(int64_t seq) { return (seq + 7) / 8; }
 
 /* row[j] *= kept_j / keep for j < count, kept_j from draw index0 + j; kept bits go to
-   bits (NULL: not kept). */
+   bits (NULL: not kept). Draws come DROP_CHUNK at a time from the vectorized Philox. */
+enum { DROP_CHUNK = 256 };
+
 static void dropout_row(float *row, uint8_t *bits, int64_t count, uint64_t index0,
                         const struct l2l_attention_shape *sh) {
-  uint32_t threshold = l2l_keep_threshold(sh->dropout), words[4] = {0, 0, 0, 0};
-  float keep_scale = 1.0f / (1.0f - sh->dropout);
-  uint64_t cached = UINT64_MAX;
+  const uint32_t threshold = l2l_keep_threshold(sh->dropout);
+  const float keep_scale = 1.0f / (1.0f - sh->dropout);
+  uint32_t draws[DROP_CHUNK];
   if (bits) memset(bits, 0, (size_t)mask_row_bytes(count));
-  for (int64_t j = 0; j < count; j++) {
-    uint64_t index = index0 + (uint64_t)j;
-    if (index >> 2 != cached) {
-      cached = index >> 2;
-      l2l_philox_draws(words, sh->seed, sh->stream, cached);
-    }
-    bool kept = (words[index & 3] >> 8) < threshold;
-    row[j] = kept ? row[j] * keep_scale : 0.0f;
-    if (bits && kept) bits[j >> 3] |= (uint8_t)(1u << (j & 7));
+  for (int64_t start = 0; start < count; start += DROP_CHUNK) {
+    int64_t n = count - start < DROP_CHUNK ? count - start : DROP_CHUNK;
+    float *r = row + start;
+    l2l_philox_range(draws, sh->seed, sh->stream, index0 + (uint64_t)start, n);
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) r[j] = (draws[j] >> 8) < threshold ? r[j] * keep_scale : 0.0f;
+    if (bits)
+      for (int64_t j = 0; j < n; j++)
+        bits[(start + j) >> 3] |= (uint8_t)(((draws[j] >> 8) < threshold) << ((start + j) & 7));
   }
 }
 

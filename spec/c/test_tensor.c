@@ -403,6 +403,41 @@ TEST(pool_accounting_is_exact) {
   }
 }
 
+/* The pools keep the pages of freed tensors for the next allocation (a training step
+   frees and allocates the same sizes every step) and count them in `reserved`;
+   l2l_device_release_cache gives them back. A sanitizer build allocates with
+   aligned_alloc and caches nothing of its own. */
+TEST(pools_cache_freed_pages_until_released) {
+  for (int pool = 0; pool < 3; pool++) {
+    CHECK_OK(l2l_device_release_cache());
+    l2l_pool_stats start = stats_of(pool);
+    CHECK(start.reserved == start.current, "%s after release: reserved %llu, current %llu",
+          l2l_pool_name(pool), (unsigned long long)start.reserved,
+          (unsigned long long)start.current);
+    int64_t n = check_rand_int(3, 9) << 20; /* 12-36 MiB: whole pages */
+    l2l_tensor *t = check_tensor(pool, L2L_F32, 1, &n);
+    if (!t) continue;
+    CHECK_OK(l2l_tensor_fill(t, 1.0)); /* touch every page */
+    l2l_tensor_free(t);
+    l2l_pool_stats freed = stats_of(pool);
+    uint64_t cached = freed.reserved - freed.current;
+    CHECK(freed.current == start.current, "%s: current back to %llu", l2l_pool_name(pool),
+          (unsigned long long)start.current);
+#ifdef L2L_SANITIZE
+    CHECK(cached == 0, "%s: a sanitizer build caches nothing, got %llu", l2l_pool_name(pool),
+          (unsigned long long)cached);
+#else
+    CHECK(cached >= (uint64_t)n * 4, "%s: %llu bytes freed, %llu counted as cached",
+          l2l_pool_name(pool), (unsigned long long)n * 4, (unsigned long long)cached);
+#endif
+    CHECK_OK(l2l_device_release_cache());
+    l2l_pool_stats released = stats_of(pool);
+    CHECK(released.reserved == released.current, "%s after release: reserved %llu, current %llu",
+          l2l_pool_name(pool), (unsigned long long)released.reserved,
+          (unsigned long long)released.current);
+  }
+}
+
 TEST(pool_budget_refuses_with_the_numbers) {
   l2l_pool_stats start = stats_of(L2L_POOL_DEVICE);
   uint64_t budget = start.current + 10000;
