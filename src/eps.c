@@ -272,24 +272,22 @@ struct absorb_job {
 
 static void absorb_release(struct l2l_job *job) { free(job); }
 
-static void absorb_run(struct l2l_job *job, int thread) {
-  (void)thread;
-  struct absorb_job *aj = (struct absorb_job *)job;
-  struct l2l_eps *eps = aj->eps;
-  struct eps_record *rec = aj->rec;
+/* Adds scale * incoming into rec's accumulator; the arrival that completes the record
+   starts its update (or leaves its norm for global clipping). */
+static void absorb(struct l2l_eps *eps, struct eps_record *rec, const float *incoming,
+                   float scale, int layer) {
   int64_t n = l2l_tensor_numel(rec->grad);
   float *g = l2l_tensor_data(rec->grad);
   pthread_mutex_lock(&rec->absorb_lock);
-  l2l_optim_axpy(g, l2l_tensor_data(aj->incoming), aj->scale, n);
+  l2l_optim_axpy(g, incoming, scale, n);
   pthread_mutex_unlock(&rec->absorb_lock);
-  l2l_tensor_free(aj->incoming);
 
   /* Counted under the lock right after this arrival's add, so the one arrival that
      completes the record is the last to have added (two users' gradients may arrive at
      once). */
   pthread_mutex_lock(&eps->lock);
   bool complete = ++rec->arrived == rec->expected && rec->update_due;
-  if (complete) rec->last_layer = aj->layer;
+  if (complete) rec->last_layer = layer;
   bool defer = eps->defer;
   pthread_mutex_unlock(&eps->lock);
   double sumsq = complete && defer ? l2l_optim_sumsq(g, n) : 0;
@@ -303,23 +301,40 @@ static void absorb_run(struct l2l_job *job, int thread) {
   pthread_mutex_unlock(&eps->lock);
 }
 
-void l2l_eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incoming,
-                  float scale, int layer) {
+static void absorb_run(struct l2l_job *job, int thread) {
+  (void)thread;
+  struct absorb_job *aj = (struct absorb_job *)job;
+  absorb(aj->eps, aj->rec, l2l_tensor_data(aj->incoming), aj->scale, aj->layer);
+  l2l_tensor_free(aj->incoming);
+}
+
+static void arrival_begins(struct l2l_eps *eps) {
   pthread_mutex_lock(&eps->lock);
   eps->arrivals_in_flight++;
   pthread_mutex_unlock(&eps->lock);
-  struct absorb_job arrival = {.eps = eps, .rec = rec, .incoming = incoming, .scale = scale,
-                               .layer = layer};
+}
+
+void l2l_eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incoming,
+                  float scale, int layer) {
+  arrival_begins(eps);
   struct absorb_job *aj = calloc(1, sizeof *aj);
   if (aj == NULL) {   /* add it here rather than lose it */
-    absorb_run(&arrival.job, 0);
+    absorb(eps, rec, l2l_tensor_data(incoming), scale, layer);
+    l2l_tensor_free(incoming);
     return;
   }
-  *aj = arrival;
+  *aj = (struct absorb_job){.eps = eps, .rec = rec, .incoming = incoming, .scale = scale,
+                            .layer = layer};
   aj->job.run = absorb_run;
   aj->job.free_when_done = true;
   aj->job.release = absorb_release;
   l2l_queue_push(&eps->workers, &aj->job);
+}
+
+void l2l_eps_absorb(struct l2l_eps *eps, struct eps_record *rec, const l2l_tensor *grad,
+                    float scale, int layer) {
+  arrival_begins(eps);
+  absorb(eps, rec, l2l_tensor_data(grad), scale, layer);
 }
 
 void l2l_eps_wait_record(struct l2l_eps *eps, struct eps_record *rec) {

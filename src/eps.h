@@ -82,6 +82,10 @@ l2l_status l2l_eps_prepare(struct l2l_eps *eps);
    rec's accumulator on a worker, then starts its update when it is complete. */
 void l2l_eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incoming,
                   float scale, int layer);
+/* The same, added now on the calling thread from memory the host can read (a device
+   tensor of the CPU backend), which the caller keeps. */
+void l2l_eps_absorb(struct l2l_eps *eps, struct eps_record *rec, const l2l_tensor *grad,
+                    float scale, int layer);
 /* A step failed after gradients began to arrive: accumulators that got part of this
    step's gradients are cleared (an update from a part would be wrong), nothing updates. */
 void l2l_eps_abandon_step(struct l2l_eps *eps);

@@ -187,8 +187,11 @@ static void params_run(struct l2l_job *job, int thread) {
                    l2l_now());
 }
 
-/* A visit's gradients out to the EPS: copied to pinned buffers the EPS then owns. The
-   compute thread waits for it before the gradient slot serves another visit. */
+/* A visit's gradients out to the EPS: copied to pinned buffers the EPS then owns and
+   adds up on its workers. When the device pool is host memory (the CPU backend) there is
+   nothing to copy: this thread adds the gradient slot into the EPS's accumulators
+   directly, which saves a pass over the gradient and a buffer. The compute thread waits
+   for this job before the gradient slot serves another visit. */
 struct grads_job {
   struct l2l_job job;
   l2l_relay *run;
@@ -207,19 +210,24 @@ static void grads_release(struct l2l_job *job) {
 static void grads_run(struct l2l_job *job, int thread) {
   struct grads_job *gj = (struct grads_job *)job;
   l2l_relay *run = gj->run;
+  const bool host_readable = !l2l_device_is_cuda();
   double t0 = l2l_now();
   l2l_tensor *incoming[MAX_RECORDS] = {0};
   l2l_status status = L2L_OK;
   double sumsq = 0;
   for (int i = 0; i < gj->nrec && status == L2L_OK; i++) {
-    status = tensor_like(&incoming[i], L2L_POOL_PINNED, gj->grad[i]);
-    if (status == L2L_OK) status = l2l_tensor_copy(incoming[i], gj->grad[i]);
+    const l2l_tensor *host = gj->grad[i];
+    if (!host_readable) {
+      status = tensor_like(&incoming[i], L2L_POOL_PINNED, gj->grad[i]);
+      if (status == L2L_OK) status = l2l_tensor_copy(incoming[i], gj->grad[i]);
+      host = incoming[i];
+    }
     if (status == L2L_OK) count_bytes(run, &run->d2h_bytes, tensor_bytes(gj->grad[i]));
     if (status == L2L_OK && gj->clip > 0)
-      sumsq += l2l_optim_sumsq(l2l_tensor_data(incoming[i]), l2l_tensor_numel(incoming[i]));
+      sumsq += l2l_optim_sumsq(l2l_tensor_data(host), l2l_tensor_numel(host));
   }
-  l2l_timeline_add(&run->timeline, gj->layer, -1, L2L_PHASE_GRADS_OUT, thread, t0, l2l_now());
   if (status != L2L_OK) {
+    l2l_timeline_add(&run->timeline, gj->layer, -1, L2L_PHASE_GRADS_OUT, thread, t0, l2l_now());
     for (int i = 0; i < gj->nrec; i++) l2l_tensor_free(incoming[i]);
     pthread_mutex_lock(&run->lock);
     if (run->async_status == L2L_OK) {
@@ -231,7 +239,11 @@ static void grads_run(struct l2l_job *job, int thread) {
   }
   double norm = sqrt(sumsq);
   float scale = gj->clip > 0 && norm > gj->clip ? (float)(gj->clip / norm) : 1.0f;
-  for (int i = 0; i < gj->nrec; i++) l2l_eps_give(&run->eps, gj->rec[i], incoming[i], scale, gj->layer);
+  for (int i = 0; i < gj->nrec; i++) {
+    if (host_readable) l2l_eps_absorb(&run->eps, gj->rec[i], gj->grad[i], scale, gj->layer);
+    else l2l_eps_give(&run->eps, gj->rec[i], incoming[i], scale, gj->layer);
+  }
+  l2l_timeline_add(&run->timeline, gj->layer, -1, L2L_PHASE_GRADS_OUT, thread, t0, l2l_now());
 }
 
 /* ---------------------------------------------------------------- a step's state */
