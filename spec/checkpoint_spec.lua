@@ -522,8 +522,12 @@ describe("l2l.import_gpt2 (seed " .. seed .. ")", function()
     local want = gpt2_reference(W, rows, cfg)
     local got_flat, want_flat = flat(logits), {}
     for b = 1, B do for s = 1, S do for v = 1, V do want_flat[#want_flat + 1] = want[b][s][v] end end end
-    local err = support.rel_err(got_flat, want_flat, 1e-2)
-    assert.is_true(err < 1e-4, ("relative error %.3g"):format(err))
+    -- relative to each logit and to the logits' scale (their RMS): a logit near 0 is a
+    -- difference of larger terms, its rounding is of their size, not its own
+    local sq = 0
+    for _, w in ipairs(want_flat) do sq = sq + w * w end
+    local err = support.rel_err(got_flat, want_flat, math.sqrt(sq / #want_flat))
+    assert.is_true(err < 1e-5, ("relative error %.3g"):format(err))
 
     -- max_seq keeps the first positions; a wrong head count or a missing tensor is an error
     local short = l2l.import_gpt2(path, { heads = cfg.heads, max_seq = 3 })

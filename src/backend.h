@@ -83,6 +83,22 @@ struct l2l_backend_ops {
   /* dx = dy * gelu'(x), x recovered from y = gelu(x) and its side bit. dx may be dy. */
   l2l_status (*gelu_backward_from_output)(float *dx, const float *dy, const float *y,
                                           const uint8_t *bits, int64_t n);
+  /* ---- fused forms (one pass over memory; the same results as the sequences named) */
+  /* pre (rows, cols) += bias per column (kept: standard mode saves it), y = gelu(pre),
+     bits = pre's side bits as gelu_forward_bits, or not written when NULL: bias_add then
+     gelu_forward_bits / gelu_forward. y may be pre. */
+  l2l_status (*bias_gelu_forward)(float *pre, float *y, uint8_t *bits, const float *bias,
+                                  int64_t rows, int64_t cols);
+  /* sum = a + b (sum may be a or b), y, mean, rstd = LayerNorm of sum: add then
+     layernorm_forward. y must not overlap sum; mean, rstd may be NULL. */
+  l2l_status (*add_layernorm_forward)(float *sum, float *y, float *mean, float *rstd,
+                                      const float *a, const float *b, const float *weight,
+                                      const float *bias, float eps, int64_t rows, int64_t cols);
+  /* losses and dlogits (either may be NULL) from one log-sum-exp per row:
+     cross_entropy_forward and cross_entropy_backward. dlogits may be logits. */
+  l2l_status (*cross_entropy_fused)(float *losses, float *dlogits, const float *logits,
+                                    const int32_t *targets, int32_t ignore_index, float scale,
+                                    int64_t rows, int64_t vocab);
   /* LayerNorm backward with x^ = (y - bias) / weight instead of (x - mean) rstd; weight
      must have no zero channel (the layers fall back to the standard backward first). */
   l2l_status (*layernorm_backward_from_output)(float *dx, float *dweight, float *dbias,

@@ -122,14 +122,15 @@ static l2l_status cpu_bias_backward(float *dbias, const float *dy, int64_t rows,
   return column_sums(dbias, dy, rows, cols);
 }
 
+static inline float gelu_of(float v) {
+  float u = GELU_K0 * (v + GELU_K1 * v * v * v);
+  return v / (1.0f + vexp(-2.0f * u));
+}
+
 static l2l_status cpu_gelu_forward(float *y, const float *x, int64_t n) {
   int nt = threads_for(n * 8);
 #pragma omp parallel for simd schedule(static) num_threads(nt)
-  for (int64_t i = 0; i < n; i++) {
-    float v = x[i];
-    float u = GELU_K0 * (v + GELU_K1 * v * v * v);
-    y[i] = v / (1.0f + vexp(-2.0f * u));
-  }
+  for (int64_t i = 0; i < n; i++) y[i] = gelu_of(x[i]);
   return L2L_OK;
 }
 
@@ -274,28 +275,89 @@ static l2l_status cpu_gelu_backward_from_output(float *dx, const float *dy, cons
   return L2L_OK;
 }
 
+/* pre += bias per column, y = gelu(pre), bits = pre's side bits (may be NULL), in one pass:
+   the sequence bias_add, gelu_forward_bits (or gelu_forward) with the same results. Flat
+   chunks of whole mask bytes, each walked row segment by row segment. y may be pre. */
+static l2l_status cpu_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
+                                        int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols, chunks = (n + GELU_CHUNK - 1) / GELU_CHUNK;
+  int nt = threads_for(n * 10);
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t c = 0; c < chunks; c++) {
+    const int64_t start = c * GELU_CHUNK, end = n - start < GELU_CHUNK ? n : start + GELU_CHUNK;
+    uint8_t side[GELU_CHUNK + 8];
+    for (int64_t i = start; i < end;) {
+      const int64_t col = i % cols, len = cols - col < end - i ? cols - col : end - i;
+      float *p = pre + i, *out = y + i;
+      const float *b = bias + col;
+      uint8_t *sd = side + (i - start);
+#pragma omp simd
+      for (int64_t j = 0; j < len; j++) {
+        float v = p[j] + b[j];
+        sd[j] = v >= L2L_GELU_XMIN;
+        p[j] = v;
+        out[j] = gelu_of(v);
+      }
+      i += len;
+    }
+    if (bits == NULL) continue;
+    const int64_t count = end - start;
+    memset(side + count, 0, 8);
+    for (int64_t byte = 0; byte < (count + 7) / 8; byte++) {
+      const uint8_t *k = side + 8 * byte;
+      bits[start / 8 + byte] = (uint8_t)(k[0] | k[1] << 1 | k[2] << 2 | k[3] << 3 | k[4] << 4 |
+                                         k[5] << 5 | k[6] << 6 | k[7] << 7);
+    }
+  }
+  return L2L_OK;
+}
+
 /* ---------------------------------------------------------------- LayerNorm */
+
+static inline void layernorm_row(float *yr, float *mean_out, float *rstd_out, const float *xr,
+                                 const float *weight, const float *bias, float eps,
+                                 int64_t cols) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < cols; j++) sum += xr[j];
+  float mean = sum / (float)cols;
+  float sq = 0.0f; /* two passes: no cancellation when |mean| >> std */
+#pragma omp simd reduction(+ : sq)
+  for (int64_t j = 0; j < cols; j++) sq += (xr[j] - mean) * (xr[j] - mean);
+  float rstd = 1.0f / sqrtf(sq / (float)cols + eps);
+#pragma omp simd
+  for (int64_t j = 0; j < cols; j++) yr[j] = (xr[j] - mean) * rstd * weight[j] + bias[j];
+  if (mean_out) *mean_out = mean;
+  if (rstd_out) *rstd_out = rstd;
+}
 
 static l2l_status cpu_layernorm_forward(float *y, float *mean_out, float *rstd_out,
                                         const float *x, const float *weight, const float *bias,
                                         float eps, int64_t rows, int64_t cols) {
   int nt = threads_for(rows * cols * 4);
 #pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t r = 0; r < rows; r++)
+    layernorm_row(y + r * cols, mean_out ? mean_out + r : NULL, rstd_out ? rstd_out + r : NULL,
+                  x + r * cols, weight, bias, eps, cols);
+  return L2L_OK;
+}
+
+/* sum = a + b, then LayerNorm of sum, row by row while the row is in cache: the sequence
+   add, layernorm_forward with the same results. sum may be a or b; y must not overlap
+   sum. */
+static l2l_status cpu_add_layernorm_forward(float *sum, float *y, float *mean_out,
+                                            float *rstd_out, const float *a, const float *b,
+                                            const float *weight, const float *bias, float eps,
+                                            int64_t rows, int64_t cols) {
+  int nt = threads_for(rows * cols * 5);
+#pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t r = 0; r < rows; r++) {
-    const float *xr = x + r * cols;
-    float *yr = y + r * cols;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < cols; j++) sum += xr[j];
-    float mean = sum / (float)cols;
-    float sq = 0.0f; /* two passes: no cancellation when |mean| >> std */
-#pragma omp simd reduction(+ : sq)
-    for (int64_t j = 0; j < cols; j++) sq += (xr[j] - mean) * (xr[j] - mean);
-    float rstd = 1.0f / sqrtf(sq / (float)cols + eps);
+    float *sr = sum + r * cols;
+    const float *ar = a + r * cols, *br = b + r * cols;
 #pragma omp simd
-    for (int64_t j = 0; j < cols; j++) yr[j] = (xr[j] - mean) * rstd * weight[j] + bias[j];
-    if (mean_out) mean_out[r] = mean;
-    if (rstd_out) rstd_out[r] = rstd;
+    for (int64_t j = 0; j < cols; j++) sr[j] = ar[j] + br[j];
+    layernorm_row(y + r * cols, mean_out ? mean_out + r : NULL, rstd_out ? rstd_out + r : NULL,
+                  sr, weight, bias, eps, cols);
   }
   return L2L_OK;
 }
@@ -544,6 +606,33 @@ static l2l_status cpu_cross_entropy_backward(float *dlogits, const float *logits
     const float *row = logits + r * vocab;
     float mx, lse;
     row_logsumexp(row, vocab, &mx, &lse);
+#pragma omp simd
+    for (int64_t j = 0; j < vocab; j++) drow[j] = scale * vexp(row[j] - lse);
+    drow[targets[r]] -= scale;
+  }
+  return L2L_OK;
+}
+
+/* losses and dlogits (either may be NULL) from one log-sum-exp per row: the same results
+   as cross_entropy_forward and cross_entropy_backward. dlogits may be logits (the row's
+   target logit is read before the row is overwritten). */
+static l2l_status cpu_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
+                                          const int32_t *targets, int32_t ignore_index,
+                                          float scale, int64_t rows, int64_t vocab) {
+  int nt = threads_for(rows * vocab * 6);
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t r = 0; r < rows; r++) {
+    if (targets[r] == ignore_index) {
+      if (losses) losses[r] = 0.0f;
+      if (dlogits) memset(dlogits + r * vocab, 0, (size_t)vocab * sizeof *dlogits);
+      continue;
+    }
+    const float *row = logits + r * vocab;
+    float mx, lse;
+    row_logsumexp(row, vocab, &mx, &lse);
+    if (losses) losses[r] = lse - row[targets[r]];
+    if (dlogits == NULL) continue;
+    float *drow = dlogits + r * vocab;
 #pragma omp simd
     for (int64_t j = 0; j < vocab; j++) drow[j] = scale * vexp(row[j] - lse);
     drow[targets[r]] -= scale;
@@ -807,6 +896,9 @@ const struct l2l_backend_ops l2l_cpu_backend = {
     .dropout_backward = cpu_dropout_backward,
     .gelu_forward_bits = cpu_gelu_forward_bits,
     .gelu_backward_from_output = cpu_gelu_backward_from_output,
+    .bias_gelu_forward = cpu_bias_gelu_forward,
+    .add_layernorm_forward = cpu_add_layernorm_forward,
+    .cross_entropy_fused = cpu_cross_entropy_fused,
     .layernorm_backward_from_output = cpu_layernorm_backward_from_output,
     .attention_forward = l2l_cpu_attention_forward,
     .attention_backward = l2l_cpu_attention_backward,

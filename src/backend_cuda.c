@@ -482,6 +482,12 @@ static l2l_status cuda_gelu_backward_from_output(float *dx, const float *dy, con
   return L2L_OK;
 }
 
+static l2l_status cuda_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
+                                         int64_t rows, int64_t cols) {
+  LAUNCH(l2l_k_bias_gelu_forward(pre, y, bits, bias, rows, cols, rt.compute));
+  return L2L_OK;
+}
+
 static l2l_status cuda_dropout_forward(float *y, uint8_t *mask, const float *x, float p,
                                        uint64_t seed, uint64_t stream, int64_t first, int64_t n) {
   LAUNCH(l2l_k_dropout_forward(y, mask, x, p, l2l_keep_threshold(p), seed, stream, first, n,
@@ -509,6 +515,15 @@ static l2l_status cuda_layernorm_forward(float *y, float *mean, float *rstd, con
                                          const float *weight, const float *bias, float eps,
                                          int64_t rows, int64_t cols) {
   LAUNCH(l2l_k_layernorm_forward(y, mean, rstd, x, weight, bias, eps, rows, cols, rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_add_layernorm_forward(float *sum, float *y, float *mean, float *rstd,
+                                             const float *a, const float *b, const float *weight,
+                                             const float *bias, float eps, int64_t rows,
+                                             int64_t cols) {
+  LAUNCH(l2l_k_add_layernorm_forward(sum, y, mean, rstd, a, b, weight, bias, eps, rows, cols,
+                                     rt.compute));
   return L2L_OK;
 }
 
@@ -587,6 +602,14 @@ static l2l_status cuda_cross_entropy_backward(float *dlogits, const float *logit
                                               float scale, int64_t rows, int64_t vocab) {
   LAUNCH(l2l_k_cross_entropy_backward(dlogits, logits, targets, ignore_index, scale, rows, vocab,
                                       rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
+                                           const int32_t *targets, int32_t ignore_index,
+                                           float scale, int64_t rows, int64_t vocab) {
+  LAUNCH(l2l_k_cross_entropy_fused(losses, dlogits, logits, targets, ignore_index, scale, rows,
+                                   vocab, rt.compute));
   return L2L_OK;
 }
 
@@ -739,6 +762,9 @@ static const struct l2l_backend_ops cuda_backend = {
     .dropout_backward = cuda_dropout_backward,
     .gelu_forward_bits = cuda_gelu_forward_bits,
     .gelu_backward_from_output = cuda_gelu_backward_from_output,
+    .bias_gelu_forward = cuda_bias_gelu_forward,
+    .add_layernorm_forward = cuda_add_layernorm_forward,
+    .cross_entropy_fused = cuda_cross_entropy_fused,
     .layernorm_backward_from_output = cuda_layernorm_backward_from_output,
     .attention_forward = cuda_attention_forward,
     .attention_backward = cuda_attention_backward,

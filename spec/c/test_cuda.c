@@ -365,6 +365,9 @@ static bool ops_complete(const struct l2l_backend_ops *ops) {
       {"gelu_forward_bits", ops->gelu_forward_bits != NULL},
       {"gelu_backward_from_output", ops->gelu_backward_from_output != NULL},
       {"layernorm_backward_from_output", ops->layernorm_backward_from_output != NULL},
+      {"bias_gelu_forward", ops->bias_gelu_forward != NULL},
+      {"add_layernorm_forward", ops->add_layernorm_forward != NULL},
+      {"cross_entropy_fused", ops->cross_entropy_fused != NULL},
       {"attention_forward", ops->attention_forward != NULL},
       {"attention_backward", ops->attention_backward != NULL},
       {"attention_workspace", ops->attention_workspace != NULL},
@@ -1429,6 +1432,79 @@ TEST(cuda_backend_gelu_side_bits) {
     snprintf(what, sizeof what, "gelu_backward_from_output in place n=%lld", (long long)n);
     CHECK_TWIN(what, pair(dx.h, dyc.d), 1.0, TOL_GELU_FROM_OUTPUT);
     TWIN_FREE(&x, &y, &bits, &dy, &dx, &dyc);
+  }
+  end_gpu();
+}
+
+/* The fused forms the layers use, on the GPU against the CPU's (which test_fused_ops.c
+   holds equal to the unfused sequences): odd shapes, poisoned outputs, the in-place and
+   NULL variants. */
+TEST(cuda_backend_fused_ops) {
+  if (!use_gpu()) return;
+  const struct l2l_backend_ops *hops = l2l_backend_for(L2L_POOL_HOST);
+  const struct l2l_backend_ops *dops = l2l_backend_for(L2L_POOL_DEVICE);
+  static const int64_t shapes[][2] = {{1, 1}, {7, 33}, {13, 3072}, {1031, 257}};
+  for (int s = 0; s < 4; s++) {
+    int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols, nb = (n + 7) / 8;
+    char what[160];
+    /* bias + GELU (+ side bits), pre kept and in place */
+    for (int in_place = 0; in_place < 2; in_place++) {
+      struct twin pre = twin_of(RANDN(2.0, rows, cols)), bias = twin_of(RANDN(1.0, cols));
+      struct twin y = twin_of(NANS(rows, cols)), bits = twin_of(bytes_of(nb, 0xA5));
+      float *yh = in_place ? fdata(pre.h) : fdata(y.h), *yd = in_place ? fdata(pre.d) : fdata(y.d);
+      CHECK_OK(hops->bias_gelu_forward(fdata(pre.h), yh, bdata(bits.h), fdata(bias.h), rows, cols));
+      CHECK_OK(dops->bias_gelu_forward(fdata(pre.d), yd, bdata(bits.d), fdata(bias.d), rows, cols));
+      CHECK_OK(l2l_device_synchronize());
+      snprintf(what, sizeof what, "bias_gelu_forward %lldx%lld%s", (long long)rows,
+               (long long)cols, in_place ? " in place" : "");
+      CHECK_TWIN(what, in_place ? pre : y, RMS, TOL_F32);
+      if (!in_place) CHECK_TWIN(what, pre, RMS, TOL_F32);
+      CHECK_TWIN_BITS(what, bits);
+      TWIN_FREE(&pre, &bias, &y, &bits);
+    }
+    /* residual add + LayerNorm, with and without mean, sum over one of the inputs */
+    for (int with_mean = 0; with_mean < 2; with_mean++) {
+      l2l_tensor *a0 = HOST(L2L_F32, rows, cols), *w0 = HOST(L2L_F32, cols), *b0 = HOST(L2L_F32, cols);
+      layernorm_inputs(a0, w0, b0);
+      struct twin a = twin_of(a0), b = twin_of(RANDN(1.0, rows, cols)), w = twin_of(w0),
+                  bb = twin_of(b0), y = twin_of(NANS(rows, cols)), mean = twin_of(NANS(rows)),
+                  rstd = twin_of(NANS(rows));
+      for (int side = 0; side < 2; side++) {
+        const struct l2l_backend_ops *ops = side ? dops : hops;
+        CHECK_OK(ops->add_layernorm_forward(
+            fdata(side ? a.d : a.h), fdata(side ? y.d : y.h),
+            with_mean ? fdata(side ? mean.d : mean.h) : NULL, fdata(side ? rstd.d : rstd.h),
+            fdata(side ? a.d : a.h), fdata(side ? b.d : b.h), fdata(side ? w.d : w.h),
+            fdata(side ? bb.d : bb.h), 1e-5f, rows, cols));
+      }
+      CHECK_OK(l2l_device_synchronize());
+      snprintf(what, sizeof what, "add_layernorm_forward %lldx%lld", (long long)rows, (long long)cols);
+      CHECK_TWIN(what, a, RMS, TOL_F32);
+      CHECK_TWIN(what, y, RMS, tol_sum(cols));
+      CHECK_TWIN(what, rstd, RMS, tol_sum(cols));
+      if (with_mean) CHECK_TWIN(what, mean, RMS, tol_sum(cols));
+      TWIN_FREE(&a, &b, &w, &bb, &y, &mean, &rstd);
+    }
+    /* cross-entropy loss and gradient at once, the gradient over the logits or beside them */
+    for (int in_place = 0; in_place < 2; in_place++) {
+      l2l_tensor *targets0 = HOST(L2L_I32, rows);
+      int64_t real = random_targets(targets0, (int32_t)cols, -1);
+      struct twin logits = twin_of(RANDN(3.0, rows, cols)), targets = twin_of(targets0),
+                  losses = twin_of(NANS(rows)), dlogits = twin_of(NANS(rows, cols));
+      float scale = 1.0f / (float)(real > 0 ? real : 1);
+      for (int side = 0; side < 2; side++) {
+        const struct l2l_backend_ops *ops = side ? dops : hops;
+        float *lg = fdata(side ? logits.d : logits.h), *dl = fdata(side ? dlogits.d : dlogits.h);
+        CHECK_OK(ops->cross_entropy_fused(fdata(side ? losses.d : losses.h), in_place ? lg : dl, lg,
+                                          idata(side ? targets.d : targets.h), -1, scale, rows, cols));
+      }
+      CHECK_OK(l2l_device_synchronize());
+      snprintf(what, sizeof what, "cross_entropy_fused %lldx%lld%s", (long long)rows,
+               (long long)cols, in_place ? " in place" : "");
+      CHECK_TWIN(what, losses, RMS, tol_sum(cols));
+      CHECK_TWIN(what, in_place ? logits : dlogits, RMS, tol_sum(cols));
+      TWIN_FREE(&logits, &targets, &losses, &dlogits);
+    }
   }
   end_gpu();
 }

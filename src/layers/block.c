@@ -225,6 +225,19 @@ static l2l_status layernorm(const struct layer_call *call, const struct block_pl
                                       layer->config.eps, p->N, p->D);
 }
 
+/* sum := a + b, then out = LayerNorm(sum): one fused pass, or add then an in-place
+   LayerNorm when out is sum (post-LN frugal mode keeps no separate sum). */
+static l2l_status add_layernorm(const struct layer_call *call, const struct block_plan *p,
+                                float *out, float *mean, float *rstd, float *sum, const float *a,
+                                const float *b, const l2l_layer *layer, int w) {
+  if (out == sum) {
+    TRY(call->ops->add(sum, a, b, p->N * p->D));
+    return layernorm(call, p, out, mean, rstd, sum, layer, w);
+  }
+  return call->ops->add_layernorm_forward(sum, out, mean, rstd, a, b, param(layer, w),
+                                          param(layer, w + 1), layer->config.eps, p->N, p->D);
+}
+
 static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer, float *y,
                                 const float *x, struct l2l_saved *saved, void *work) {
   const struct l2l_backend_ops *ops = call->ops;
@@ -253,28 +266,30 @@ static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer,
   float *r1 = c->post_ln ? (BUF(ln1_in) ? BUF(ln1_in) : BUF(ln1_out)) : BUF(ln2_in);
   TRY(l2l_linear_forward(ops, r1, ctx, param(layer, PROJ_W), param(layer, PROJ_B), N, D, D));
   TRY(residual_dropout(call, layer, &p, r1, (uint8_t *)BUF(drop1_mask), 1));
-  TRY(ops->add(r1, r1, x, N * D));
   const float *mlp_in;
   if (c->post_ln) { /* h = ln1(r1), in place when frugal keeps no r1 */
-    TRY(layernorm(call, &p, BUF(ln1_out), BUF(mean1), BUF(rstd1), r1, layer, LN1_W));
+    TRY(add_layernorm(call, &p, BUF(ln1_out), BUF(mean1), BUF(rstd1), r1, r1, x, layer, LN1_W));
     mlp_in = BUF(ln1_out);
   } else {
-    TRY(layernorm(call, &p, BUF(ln2_out), BUF(mean2), BUF(rstd2), r1, layer, LN2_W));
+    TRY(add_layernorm(call, &p, BUF(ln2_out), BUF(mean2), BUF(rstd2), r1, r1, x, layer, LN2_W));
     mlp_in = BUF(ln2_out);
   }
-  /* MLP */
+  /* MLP: the bias and GELU (and frugal mode's side bits) in one pass after the GEMM */
   float *fc = BUF(fc) ? BUF(fc) : BUF(gelu), *g = BUF(gelu);
-  TRY(l2l_linear_forward(ops, fc, mlp_in, param(layer, FC_W), param(layer, FC_B), N, D, F));
-  if (flags & FRUGAL)
-    TRY(ops->gelu_forward_bits(g, (uint8_t *)BUF(gelu_bits), fc, N * F));
+  uint8_t *side_bits = flags & FRUGAL ? (uint8_t *)BUF(gelu_bits) : NULL;
+  const float *fc_bias = param(layer, FC_B);
+  TRY(l2l_linear_forward(ops, fc, mlp_in, param(layer, FC_W), NULL, N, D, F));
+  if (fc_bias)
+    TRY(ops->bias_gelu_forward(fc, g, side_bits, fc_bias, N, F));
+  else if (side_bits)
+    TRY(ops->gelu_forward_bits(g, side_bits, fc, N * F));
   else
     TRY(ops->gelu_forward(g, fc, N * F));
   if (c->post_ln) { /* y = ln2(r2), r2 = h + drop2(g Wf2), built in y when not kept */
     float *r2 = BUF(ln2_in) ? BUF(ln2_in) : y;
     TRY(l2l_linear_forward(ops, r2, g, param(layer, FC2_W), param(layer, FC2_B), N, F, D));
     TRY(residual_dropout(call, layer, &p, r2, (uint8_t *)BUF(drop2_mask), 2));
-    TRY(ops->add(r2, r2, mlp_in, N * D));
-    TRY(layernorm(call, &p, y, BUF(mean2), BUF(rstd2), r2, layer, LN2_W));
+    TRY(add_layernorm(call, &p, y, BUF(mean2), BUF(rstd2), r2, r2, mlp_in, layer, LN2_W));
   } else { /* y = h + drop2(g Wf2) */
     float *m = BUF(scratch_d);
     TRY(l2l_linear_forward(ops, m, g, param(layer, FC2_W), param(layer, FC2_B), N, F, D));

@@ -5,6 +5,8 @@
  * with the (V,D) projection possibly tied to the embedding's table, losses = CE(logits,
  * targets) with -1 ignored. Classifier: the first position's features f, logits = f W + b,
  * losses = CE per sample. Backward starts from d(loss)/d(each loss) = batch->loss_scale.
+ * The LM head's forward, when a backward will follow, computes the losses and the logits'
+ * gradient (softmax - one-hot) in one pass and keeps the gradient in place of the logits.
  * The LM head keeps h and the logits; its LayerNorm is kept the frugal way (output and
  * rstd, h being needed anyway) when the layer's memory mode is frugal and the weights
  * allow it.
@@ -17,6 +19,18 @@
 
 enum { LOGITS = 1, FRUGAL_LN = 2 };
 enum { CLS_W = 0, CLS_B = 1 };
+
+/* Losses from the logits; when a backward will follow, also the logits' gradient for a
+   unit loss scale (softmax - one-hot) in place of the kept logits: one log-sum-exp per row
+   serves both. The backward applies batch->loss_scale as its GEMMs' alpha (the scale may
+   only be known after the forward: Lua's Sequential counts the real targets then). */
+static l2l_status lm_head_losses(const struct layer_call *call, float *losses, float *logits,
+                                 int64_t rows, int64_t vocab) {
+  const int32_t *targets = l2l_tensor_ptr(call->b->targets);
+  if (call->keep)
+    return call->ops->cross_entropy_fused(losses, logits, logits, targets, -1, 1.0f, rows, vocab);
+  return call->ops->cross_entropy_forward(losses, logits, targets, -1, rows, vocab);
+}
 
 /* ---------------------------------------------------------------- LM head */
 
@@ -92,7 +106,7 @@ static l2l_status lm_head_forward(const struct layer_call *call, l2l_layer *laye
   float *logits = saved->flags & LOGITS ? y : l2l_arena_at(base, p.logits); /* (N,V) */
   TRY(ops->gemm_batched(logits, h, l2l_param_f32(layer, HEAD_PROJ), L2L_F32, 1, N, V, D, 0, 1, 1.0f, 0.0f));
   if (saved->flags & LOGITS) return L2L_OK;
-  return ops->cross_entropy_forward(y, logits, l2l_tensor_ptr(call->b->targets), -1, N, V);
+  return lm_head_losses(call, y, logits, N, V);
 }
 
 static l2l_status lm_head_backward(const struct layer_call *call, l2l_layer *layer, float *dx,
@@ -106,12 +120,11 @@ static l2l_status lm_head_backward(const struct layer_call *call, l2l_layer *lay
   void *base = l2l_saved_base(saved);
   const float *x = saved->input ? l2l_tensor_ptr(saved->input) : NULL;
   const float *h = c->final_ln ? l2l_arena_at(base, p.h) : x;
-  float *dlogits = l2l_arena_at(base, p.logits); /* in place: the saved state serves once */
-  TRY(ops->cross_entropy_backward(dlogits, dlogits, l2l_tensor_ptr(call->b->targets), -1,
-                                  call->b->loss_scale, N, V));
-  TRY(ops->gemm_batched(l2l_grad_f32(layer, HEAD_PROJ), dlogits, h, L2L_F32, 1, V, D, N, 1, 0, 1.0f, 1.0f));
+  /* the forward's lm_head_losses left softmax - one-hot here; scaled in the GEMMs */
+  const float *dlogits = l2l_arena_at(base, p.logits), scale = call->b->loss_scale;
+  TRY(ops->gemm_batched(l2l_grad_f32(layer, HEAD_PROJ), dlogits, h, L2L_F32, 1, V, D, N, 1, 0, scale, 1.0f));
   float *dh = c->final_ln ? l2l_arena_at(work, p.dh) : dx;
-  TRY(ops->gemm_batched(dh, dlogits, l2l_param_f32(layer, HEAD_PROJ), L2L_F32, 1, N, D, V, 0, 0, 1.0f, 0.0f));
+  TRY(ops->gemm_batched(dh, dlogits, l2l_param_f32(layer, HEAD_PROJ), L2L_F32, 1, N, D, V, 0, 0, scale, 0.0f));
   if (!c->final_ln) return L2L_OK;
   float *dw = l2l_grad_f32(layer, HEAD_LN_W), *db = l2l_grad_f32(layer, HEAD_LN_B);
   const float *w = l2l_param_f32(layer, HEAD_LN_W), *rstd = l2l_arena_at(base, p.rstd);

@@ -603,7 +603,7 @@ l2l_status l2l_layer_forward(l2l_saved **saved_out, l2l_layer *layer, l2l_tensor
   if (status == L2L_OK) status = arena_new(&work, y->storage->pool, mem.work_forward);
   if (status == L2L_OK) {
     struct layer_call call = {l2l_backend_for(y->storage->pool), y->storage->pool, B, S, batch,
-                              .y = y, .x = x};
+                              .keep = keep, .y = y, .x = x};
     status = kind_ops(layer->config.kind)->forward(
         &call, layer, l2l_tensor_ptr(y), x ? l2l_tensor_ptr(x) : NULL, saved,
         work ? l2l_tensor_ptr(work) : NULL);

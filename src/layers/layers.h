@@ -85,6 +85,7 @@ struct layer_call {
   l2l_pool_kind pool;           /* where saved and work arenas go (y's pool) */
   int64_t batch, seq;
   const l2l_layer_batch *b;
+  bool keep;                    /* forward: a backward will consume this saved state */
   /* The call's tensors, for kinds that work on tensors rather than buffers (custom). */
   l2l_tensor *y, *dx;
   const l2l_tensor *x, *dy;

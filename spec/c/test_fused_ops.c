@@ -1,0 +1,142 @@
+/* test_fused_ops.c — the CPU backend's fused ops give exactly what the sequences they
+ * replace give.
+ *
+ * Purpose: the layers call bias_gelu_forward, add_layernorm_forward and
+ * cross_entropy_fused instead of the op sequences whose results the public ops (and
+ * their float64 tests in test_ops.c) define; backend.h promises the same results, so they
+ * are held to the sequences bit for bit, on fresh random inputs with awkward shapes (rows
+ * and columns not multiples of 8, so side bits straddle rows; a single element), outputs
+ * poisoned first, and the in-place and NULL variants the layers use. White box: the ops
+ * table is called directly. The GPU's fused kernels are held to these in test_cuda.c.
+ * Must never: compare a fused op with itself only.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "check.h"
+
+static const int64_t shapes[][2] = {{1, 1}, {3, 5}, {7, 33}, {13, 3072}, {257, 771}};
+enum { SHAPES = sizeof shapes / sizeof shapes[0] };
+
+static float *randn(int64_t n, double scale) {
+  float *v = xmalloc((size_t)n * sizeof *v);
+  for (int64_t i = 0; i < n; i++) v[i] = (float)(scale * check_rand_normal());
+  return v;
+}
+
+static float *poison(int64_t n) {
+  float *v = xmalloc((size_t)n * sizeof *v);
+  for (int64_t i = 0; i < n; i++) v[i] = NAN;
+  return v;
+}
+
+static float *copy_of(const float *src, int64_t n) {
+  float *v = xmalloc((size_t)n * sizeof *v);
+  memcpy(v, src, (size_t)n * sizeof *v);
+  return v;
+}
+
+/* Bit-for-bit equality (NaN never equal: a poisoned output left unwritten fails). */
+static bool same_bits(const char *what, const float *got, const float *want, int64_t n,
+                      int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < n; i++)
+    if (memcmp(&got[i], &want[i], sizeof got[i]) != 0 || got[i] != got[i])
+      return CHECK(false, "%s %lldx%lld: element %lld is %.9g, the sequence gives %.9g", what,
+                   (long long)rows, (long long)cols, (long long)i, (double)got[i],
+                   (double)want[i]);
+  return true;
+}
+
+TEST(fused_bias_gelu_equals_bias_add_then_gelu) {
+  const struct l2l_backend_ops *ops = &l2l_cpu_backend;
+  for (int s = 0; s < SHAPES; s++) {
+    const int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols, nb = (n + 7) / 8;
+    float *x = randn(n, 2.0), *bias = randn(cols, 1.0);
+    /* a band right at GELU's minimum, where the side bit decides */
+    for (int64_t i = 0; i < n; i += 3) x[i] = L2L_GELU_XMIN - bias[i % cols] + (float)check_rand_uniform(-1e-3, 1e-3);
+    /* the sequence */
+    float *pre_seq = copy_of(x, n), *y_seq = poison(n);
+    uint8_t *bits_seq = xmalloc((size_t)nb);
+    CHECK_OK(ops->bias_add(pre_seq, bias, rows, cols));
+    CHECK_OK(ops->gelu_forward_bits(y_seq, bits_seq, pre_seq, n));
+    /* fused, y beside pre, with and without bits */
+    float *pre = copy_of(x, n), *y = poison(n);
+    uint8_t *bits = xmalloc((size_t)nb);
+    memset(bits, 0xA5, (size_t)nb);
+    CHECK_OK(ops->bias_gelu_forward(pre, y, bits, bias, rows, cols));
+    same_bits("bias_gelu_forward: pre", pre, pre_seq, n, rows, cols);
+    same_bits("bias_gelu_forward: y", y, y_seq, n, rows, cols);
+    CHECK(memcmp(bits, bits_seq, (size_t)nb) == 0, "bias_gelu_forward %lldx%lld: side bits differ",
+          (long long)rows, (long long)cols);
+    float *pre2 = copy_of(x, n), *y2 = poison(n);
+    CHECK_OK(ops->bias_gelu_forward(pre2, y2, NULL, bias, rows, cols));
+    same_bits("bias_gelu_forward without bits: y", y2, y_seq, n, rows, cols);
+    /* in place: pre ends up holding gelu(pre + bias) */
+    float *inplace = copy_of(x, n);
+    CHECK_OK(ops->bias_gelu_forward(inplace, inplace, bits, bias, rows, cols));
+    same_bits("bias_gelu_forward in place", inplace, y_seq, n, rows, cols);
+    CHECK(memcmp(bits, bits_seq, (size_t)nb) == 0, "bias_gelu_forward in place %lldx%lld: side "
+          "bits differ", (long long)rows, (long long)cols);
+    free(x), free(bias), free(pre_seq), free(y_seq), free(bits_seq), free(pre), free(y);
+    free(bits), free(pre2), free(y2), free(inplace);
+  }
+}
+
+TEST(fused_add_layernorm_equals_add_then_layernorm) {
+  const struct l2l_backend_ops *ops = &l2l_cpu_backend;
+  for (int s = 0; s < SHAPES; s++) {
+    const int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
+    float *a = randn(n, 1.0), *b = randn(n, 1.0), *w = randn(cols, 1.0), *bias = randn(cols, 0.5);
+    for (int64_t i = 0; i < n; i++) a[i] += 3.0f; /* a mean far from 0 */
+    float *sum_seq = poison(n), *y_seq = poison(n), *mean_seq = poison(rows), *rstd_seq = poison(rows);
+    CHECK_OK(ops->add(sum_seq, a, b, n));
+    CHECK_OK(ops->layernorm_forward(y_seq, mean_seq, rstd_seq, sum_seq, w, bias, 1e-5f, rows, cols));
+    /* fused into a third buffer, then over a (the block's r1 = r1 + x), without mean */
+    float *sum = poison(n), *y = poison(n), *mean = poison(rows), *rstd = poison(rows);
+    CHECK_OK(ops->add_layernorm_forward(sum, y, mean, rstd, a, b, w, bias, 1e-5f, rows, cols));
+    same_bits("add_layernorm_forward: sum", sum, sum_seq, n, rows, cols);
+    same_bits("add_layernorm_forward: y", y, y_seq, n, rows, cols);
+    same_bits("add_layernorm_forward: mean", mean, mean_seq, rows, rows, cols);
+    same_bits("add_layernorm_forward: rstd", rstd, rstd_seq, rows, rows, cols);
+    float *y2 = poison(n), *rstd2 = poison(rows);
+    CHECK_OK(ops->add_layernorm_forward(a, y2, NULL, rstd2, a, b, w, bias, 1e-5f, rows, cols));
+    same_bits("add_layernorm_forward over a: sum", a, sum_seq, n, rows, cols);
+    same_bits("add_layernorm_forward over a: y", y2, y_seq, n, rows, cols);
+    same_bits("add_layernorm_forward over a: rstd", rstd2, rstd_seq, rows, rows, cols);
+    free(a), free(b), free(w), free(bias), free(sum_seq), free(y_seq), free(mean_seq);
+    free(rstd_seq), free(sum), free(y), free(mean), free(rstd), free(y2), free(rstd2);
+  }
+}
+
+TEST(fused_cross_entropy_equals_forward_and_backward) {
+  const struct l2l_backend_ops *ops = &l2l_cpu_backend;
+  for (int s = 0; s < SHAPES; s++) {
+    const int64_t rows = shapes[s][0], vocab = shapes[s][1], n = rows * vocab;
+    const int32_t ignore = -1;
+    float *logits = randn(n, 3.0);
+    int32_t *targets = xmalloc((size_t)rows * sizeof *targets);
+    for (int64_t r = 0; r < rows; r++)
+      targets[r] = check_rand_int(0, 4) == 0 ? ignore : (int32_t)check_rand_int(0, vocab - 1);
+    float scale = (float)check_rand_uniform(0.01, 1.0);
+    float *losses_seq = poison(rows), *dlogits_seq = poison(n);
+    CHECK_OK(ops->cross_entropy_forward(losses_seq, logits, targets, ignore, rows, vocab));
+    CHECK_OK(ops->cross_entropy_backward(dlogits_seq, logits, targets, ignore, scale, rows, vocab));
+    float *losses = poison(rows), *dlogits = poison(n);
+    CHECK_OK(ops->cross_entropy_fused(losses, dlogits, logits, targets, ignore, scale, rows, vocab));
+    same_bits("cross_entropy_fused: losses", losses, losses_seq, rows, rows, vocab);
+    same_bits("cross_entropy_fused: dlogits", dlogits, dlogits_seq, n, rows, vocab);
+    /* the heads' way: the gradient over the logits; and each output alone */
+    float *inplace = copy_of(logits, n), *losses2 = poison(rows), *losses3 = poison(rows);
+    CHECK_OK(ops->cross_entropy_fused(losses2, inplace, inplace, targets, ignore, scale, rows, vocab));
+    same_bits("cross_entropy_fused in place: losses", losses2, losses_seq, rows, rows, vocab);
+    same_bits("cross_entropy_fused in place: dlogits", inplace, dlogits_seq, n, rows, vocab);
+    CHECK_OK(ops->cross_entropy_fused(losses3, NULL, logits, targets, ignore, scale, rows, vocab));
+    same_bits("cross_entropy_fused, losses only", losses3, losses_seq, rows, rows, vocab);
+    float *dlogits2 = poison(n);
+    CHECK_OK(ops->cross_entropy_fused(NULL, dlogits2, logits, targets, ignore, scale, rows, vocab));
+    same_bits("cross_entropy_fused, gradient only", dlogits2, dlogits_seq, n, rows, vocab);
+    free(logits), free(targets), free(losses_seq), free(dlogits_seq), free(losses), free(dlogits);
+    free(inplace), free(losses2), free(losses3), free(dlogits2);
+  }
+}
