@@ -43,7 +43,7 @@ int l2l_k_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_t n, 
 int l2l_k_gelu_backward_from_output(float *dx, const float *dy, const float *y,
                                     const uint8_t *bits, int64_t n, void *stream);
 
-/* Fused bias + GELU for the layers (no CPU counterpart; defined as the sequence
+/* Fused bias + GELU for the layers (the ops table's bias_gelu_forward; defined as the sequence
    l2l_k_bias_add(pre, bias, rows, cols) then l2l_k_gelu_forward_bits(y, bits, pre,
    rows*cols), or l2l_k_gelu_forward(y, pre, rows*cols) when bits is NULL, with identical
    results, in one pass over memory):
