@@ -206,6 +206,21 @@ void l2l_philox_draws(uint32_t *out4, uint64_t seed, uint64_t stream, uint64_t b
    (first+i)/4): the same numbers as l2l_philox_draws, many blocks per SIMD pass. */
 void l2l_philox_range(uint32_t *out, uint64_t seed, uint64_t stream, uint64_t first, int64_t n);
 
+/* bits[i/8] bit i%8 := flags[i] (each 0 or 1) for i < count; the last byte's unused high
+   bits 0. The CPU loops decide per element into a byte array (that vectorizes), then pack. */
+static inline void l2l_pack_bits(uint8_t *bits, const uint8_t *flags, int64_t count) {
+  const int64_t full = count / 8;
+  for (int64_t b = 0; b < full; b++) {
+    const uint8_t *k = flags + 8 * b;
+    bits[b] = (uint8_t)(k[0] | k[1] << 1 | k[2] << 2 | k[3] << 3 | k[4] << 4 | k[5] << 5 |
+                        k[6] << 6 | k[7] << 7);
+  }
+  if (count % 8 == 0) return;
+  uint8_t last = 0;
+  for (int64_t i = full * 8; i < count; i++) last |= (uint8_t)(flags[i] << (i & 7));
+  bits[full] = last;
+}
+
 /* Dropout keeps an element when the top 24 bits of its draw are below this. */
 static inline uint32_t l2l_keep_threshold(float p) {
   return (uint32_t)llround((1.0 - (double)p) * 16777216.0);

@@ -285,7 +285,7 @@ static l2l_status cpu_bias_gelu_forward(float *pre, float *y, uint8_t *bits, con
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t c = 0; c < chunks; c++) {
     const int64_t start = c * GELU_CHUNK, end = n - start < GELU_CHUNK ? n : start + GELU_CHUNK;
-    uint8_t side[GELU_CHUNK + 8];
+    uint8_t side[GELU_CHUNK];
     for (int64_t i = start; i < end;) {
       const int64_t col = i % cols, len = cols - col < end - i ? cols - col : end - i;
       float *p = pre + i, *out = y + i;
@@ -300,14 +300,7 @@ static l2l_status cpu_bias_gelu_forward(float *pre, float *y, uint8_t *bits, con
       }
       i += len;
     }
-    if (bits == NULL) continue;
-    const int64_t count = end - start;
-    memset(side + count, 0, 8);
-    for (int64_t byte = 0; byte < (count + 7) / 8; byte++) {
-      const uint8_t *k = side + 8 * byte;
-      bits[start / 8 + byte] = (uint8_t)(k[0] | k[1] << 1 | k[2] << 2 | k[3] << 3 | k[4] << 4 |
-                                         k[5] << 5 | k[6] << 6 | k[7] << 7);
-    }
+    if (bits) l2l_pack_bits(bits + start / 8, side, end - start);
   }
   return L2L_OK;
 }
@@ -574,48 +567,9 @@ static inline void row_logsumexp(const float *row, int64_t v, float *max_out, fl
   *lse_out = mx + logf(sum);
 }
 
-static l2l_status cpu_cross_entropy_forward(float *losses, const float *logits,
-                                            const int32_t *targets, int32_t ignore_index,
-                                            int64_t rows, int64_t vocab) {
-  int nt = threads_for(rows * vocab * 4);
-#pragma omp parallel for schedule(static) num_threads(nt)
-  for (int64_t r = 0; r < rows; r++) {
-    if (targets[r] == ignore_index) {
-      losses[r] = 0.0f;
-      continue;
-    }
-    const float *row = logits + r * vocab;
-    float mx, lse;
-    row_logsumexp(row, vocab, &mx, &lse);
-    losses[r] = lse - row[targets[r]];
-  }
-  return L2L_OK;
-}
-
-static l2l_status cpu_cross_entropy_backward(float *dlogits, const float *logits,
-                                             const int32_t *targets, int32_t ignore_index,
-                                             float scale, int64_t rows, int64_t vocab) {
-  int nt = threads_for(rows * vocab * 6);
-#pragma omp parallel for schedule(static) num_threads(nt)
-  for (int64_t r = 0; r < rows; r++) {
-    float *drow = dlogits + r * vocab;
-    if (targets[r] == ignore_index) {
-      memset(drow, 0, (size_t)vocab * sizeof *drow);
-      continue;
-    }
-    const float *row = logits + r * vocab;
-    float mx, lse;
-    row_logsumexp(row, vocab, &mx, &lse);
-#pragma omp simd
-    for (int64_t j = 0; j < vocab; j++) drow[j] = scale * vexp(row[j] - lse);
-    drow[targets[r]] -= scale;
-  }
-  return L2L_OK;
-}
-
-/* losses and dlogits (either may be NULL) from one log-sum-exp per row: the same results
-   as cross_entropy_forward and cross_entropy_backward. dlogits may be logits (the row's
-   target logit is read before the row is overwritten). */
+/* losses and dlogits (either may be NULL) from one log-sum-exp per row; the forward and
+   backward entries are its two halves. dlogits may be logits (the row's target logit is
+   read before the row is overwritten). */
 static l2l_status cpu_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
                                           const int32_t *targets, int32_t ignore_index,
                                           float scale, int64_t rows, int64_t vocab) {
@@ -640,6 +594,18 @@ static l2l_status cpu_cross_entropy_fused(float *losses, float *dlogits, const f
   return L2L_OK;
 }
 
+static l2l_status cpu_cross_entropy_forward(float *losses, const float *logits,
+                                            const int32_t *targets, int32_t ignore_index,
+                                            int64_t rows, int64_t vocab) {
+  return cpu_cross_entropy_fused(losses, NULL, logits, targets, ignore_index, 0.0f, rows, vocab);
+}
+
+static l2l_status cpu_cross_entropy_backward(float *dlogits, const float *logits,
+                                             const int32_t *targets, int32_t ignore_index,
+                                             float scale, int64_t rows, int64_t vocab) {
+  return cpu_cross_entropy_fused(NULL, dlogits, logits, targets, ignore_index, scale, rows, vocab);
+}
+
 /* ---------------------------------------------------------------- dropout */
 
 /* Element kept when its 24 random bits are below (1 - p) 2^24 (l2l_keep_threshold).
@@ -657,20 +623,14 @@ static l2l_status cpu_dropout_forward(float *y, uint8_t *mask, const float *x, f
   for (int64_t c = 0; c < chunks; c++) {
     int64_t start = c * DROPOUT_CHUNK, count = n - start < DROPOUT_CHUNK ? n - start : DROPOUT_CHUNK;
     uint32_t draws[DROPOUT_CHUNK];
-    uint8_t kept[DROPOUT_CHUNK + 8];
+    uint8_t kept[DROPOUT_CHUNK];
     l2l_philox_range(draws, seed, stream, (uint64_t)first + (uint64_t)start, count);
 #pragma omp simd
     for (int64_t i = 0; i < count; i++) {
       kept[i] = (draws[i] >> 8) < threshold;
       y[start + i] = kept[i] ? x[start + i] * keep_scale : 0.0f;
     }
-    if (mask == NULL) continue; /* regenerating a backward's mask */
-    memset(kept + count, 0, 8);
-    for (int64_t byte = 0; byte < (count + 7) / 8; byte++) {
-      const uint8_t *k = kept + 8 * byte;
-      mask[start / 8 + byte] = (uint8_t)(k[0] | k[1] << 1 | k[2] << 2 | k[3] << 3 | k[4] << 4 |
-                                         k[5] << 5 | k[6] << 6 | k[7] << 7);
-    }
+    if (mask) l2l_pack_bits(mask + start / 8, kept, count); /* NULL: a backward regenerates */
   }
   return L2L_OK;
 }

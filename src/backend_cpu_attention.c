@@ -68,16 +68,17 @@ static void dropout_row(float *row, uint8_t *bits, int64_t count, uint64_t index
   const uint32_t threshold = l2l_keep_threshold(sh->dropout);
   const float keep_scale = 1.0f / (1.0f - sh->dropout);
   uint32_t draws[DROP_CHUNK];
-  if (bits) memset(bits, 0, (size_t)mask_row_bytes(count));
-  for (int64_t start = 0; start < count; start += DROP_CHUNK) {
+  uint8_t kept[DROP_CHUNK];
+  for (int64_t start = 0; start < count; start += DROP_CHUNK) { /* whole bytes of bits */
     int64_t n = count - start < DROP_CHUNK ? count - start : DROP_CHUNK;
     float *r = row + start;
     l2l_philox_range(draws, sh->seed, sh->stream, index0 + (uint64_t)start, n);
 #pragma omp simd
-    for (int64_t j = 0; j < n; j++) r[j] = (draws[j] >> 8) < threshold ? r[j] * keep_scale : 0.0f;
-    if (bits)
-      for (int64_t j = 0; j < n; j++)
-        bits[(start + j) >> 3] |= (uint8_t)(((draws[j] >> 8) < threshold) << ((start + j) & 7));
+    for (int64_t j = 0; j < n; j++) {
+      kept[j] = (draws[j] >> 8) < threshold;
+      r[j] = kept[j] ? r[j] * keep_scale : 0.0f;
+    }
+    if (bits) l2l_pack_bits(bits + start / 8, kept, n);
   }
 }
 

@@ -6,8 +6,11 @@
  * their float64 tests in test_ops.c) define; backend.h promises the same results, so they
  * are held to the sequences bit for bit, on fresh random inputs with awkward shapes (rows
  * and columns not multiples of 8, so side bits straddle rows; a single element), outputs
- * poisoned first, and the in-place and NULL variants the layers use. White box: the ops
- * table is called directly. The GPU's fused kernels are held to these in test_cuda.c.
+ * poisoned first, and the in-place and NULL variants the layers use. (The CPU's
+ * cross-entropy forward and backward are the fused op's two halves, held to float64 in
+ * test_ops.c; here the fused call with both outputs, and over its own logits, must agree
+ * with them.) White box: the ops table is called directly. The GPU's fused kernels are
+ * held to these in test_cuda.c.
  * Must never: compare a fused op with itself only.
  */
 #include <stdlib.h>
