@@ -60,6 +60,20 @@ uint64_t l2l_pool_accounted(uint64_t bytes) {
   return (bytes + (L2L_ALIGN - 1)) / L2L_ALIGN * L2L_ALIGN;
 }
 
+/* mallctl on the pool's own arena: `leaf` names the setting under "arena.<i>." (or, with
+   stats = true, "stats.arenas.<i>."). A sanitizer build has no arenas: always -1. */
+static int arena_ctl(const struct pool *p, bool stats, const char *leaf, void *old,
+                     size_t *old_len, void *new_value, size_t new_len) {
+#ifdef L2L_SANITIZE
+  (void)p, (void)stats, (void)leaf, (void)old, (void)old_len, (void)new_value, (void)new_len;
+  return -1;
+#else
+  char key[64];
+  snprintf(key, sizeof key, "%s.%u.%s", stats ? "stats.arenas" : "arena", p->arena, leaf);
+  return mallctl(key, old, old_len, new_value, new_len);
+#endif
+}
+
 #ifndef L2L_SANITIZE
 /* Called with the pool's lock held. */
 static l2l_status ensure_arena(struct pool *p, const char *name) {
@@ -72,44 +86,36 @@ static l2l_status ensure_arena(struct pool *p, const char *name) {
   p->arena_ready = true;
   /* Never decay: freed pages stay for the next step (see the top of this file). Should
      jemalloc refuse, the arena still works with its default decay. */
-  char key[64];
   ssize_t never = -1;
-  snprintf(key, sizeof key, "arena.%u.dirty_decay_ms", p->arena);
-  mallctl(key, NULL, NULL, &never, sizeof never);
-  snprintf(key, sizeof key, "arena.%u.muzzy_decay_ms", p->arena);
-  mallctl(key, NULL, NULL, &never, sizeof never);
+  arena_ctl(p, false, "dirty_decay_ms", NULL, NULL, &never, sizeof never);
+  arena_ctl(p, false, "muzzy_decay_ms", NULL, NULL, &never, sizeof never);
   return L2L_OK;
 }
+#endif
 
-/* Bytes of freed tensors the pool's arena keeps for reuse (0 if jemalloc cannot say). */
+/* Bytes of freed tensors the pool's arena keeps for reuse (0 if jemalloc cannot say, or
+   there is no arena). */
 static uint64_t arena_cached_bytes(const struct pool *p) {
   if (!p->arena_ready) return 0;
   uint64_t epoch = 1;
   size_t size = sizeof epoch, pages = 0, page = 0;
+#ifndef L2L_SANITIZE
   if (mallctl("epoch", &epoch, &size, &epoch, sizeof epoch) != 0) return 0;
-  char key[64];
-  snprintf(key, sizeof key, "stats.arenas.%u.pdirty", p->arena);
-  size = sizeof pages;
-  if (mallctl(key, &pages, &size, NULL, 0) != 0) return 0;
   size = sizeof page;
   if (mallctl("arenas.page", &page, &size, NULL, 0) != 0) return 0;
+#endif
+  size = sizeof pages;
+  if (arena_ctl(p, true, "pdirty", &pages, &size, NULL, 0) != 0) return 0;
   return (uint64_t)pages * page;
 }
-#endif
 
 void l2l_pool_release_cached(void) {
-#ifndef L2L_SANITIZE
   for (int kind = 0; kind < POOL_COUNT; kind++) {
     struct pool *p = &pools[kind];
     pthread_mutex_lock(&p->lock);
-    if (p->arena_ready) {
-      char key[64];
-      snprintf(key, sizeof key, "arena.%u.purge", p->arena);
-      mallctl(key, NULL, NULL, NULL, 0);
-    }
+    if (p->arena_ready) arena_ctl(p, false, "purge", NULL, NULL, NULL, 0);
     pthread_mutex_unlock(&p->lock);
   }
-#endif
 }
 
 l2l_status l2l_pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
@@ -207,11 +213,7 @@ l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind kind) {
   if (!l2l_pool_valid((int)kind)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", kind);
   pthread_mutex_lock(&pools[kind].lock);
   *out = pools[kind].stats;
-#ifndef L2L_SANITIZE
   out->reserved = out->current + arena_cached_bytes(&pools[kind]);
-#else
-  out->reserved = out->current;
-#endif
   pthread_mutex_unlock(&pools[kind].lock);
   out->system_allocs = out->allocs;
   if (kind == L2L_POOL_DEVICE && l2l_device_is_cuda())
