@@ -272,14 +272,16 @@ struct absorb_job {
 
 static void absorb_release(struct l2l_job *job) { free(job); }
 
-/* Adds scale * incoming into rec's accumulator; the arrival that completes the record
-   starts its update (or leaves its norm for global clipping). */
-static void absorb(struct l2l_eps *eps, struct eps_record *rec, const float *incoming,
+/* Adds scale * incoming into rec's accumulator (drain: and zeroes incoming in the same
+   pass); the arrival that completes the record starts its update (or leaves its norm
+   for global clipping). */
+static void absorb(struct l2l_eps *eps, struct eps_record *rec, float *incoming, bool drain,
                    float scale, int layer) {
   int64_t n = l2l_tensor_numel(rec->grad);
   float *g = l2l_tensor_data(rec->grad);
   pthread_mutex_lock(&rec->absorb_lock);
-  l2l_optim_axpy(g, incoming, scale, n);
+  if (drain) l2l_optim_axpy_drain(g, incoming, scale, n);
+  else l2l_optim_axpy(g, incoming, scale, n);
   pthread_mutex_unlock(&rec->absorb_lock);
 
   /* Counted under the lock right after this arrival's add, so the one arrival that
@@ -304,7 +306,7 @@ static void absorb(struct l2l_eps *eps, struct eps_record *rec, const float *inc
 static void absorb_run(struct l2l_job *job, int thread) {
   (void)thread;
   struct absorb_job *aj = (struct absorb_job *)job;
-  absorb(aj->eps, aj->rec, l2l_tensor_data(aj->incoming), aj->scale, aj->layer);
+  absorb(aj->eps, aj->rec, l2l_tensor_data(aj->incoming), false, aj->scale, aj->layer);
   l2l_tensor_free(aj->incoming);
 }
 
@@ -319,7 +321,7 @@ void l2l_eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incom
   arrival_begins(eps);
   struct absorb_job *aj = calloc(1, sizeof *aj);
   if (aj == NULL) {   /* add it here rather than lose it */
-    absorb(eps, rec, l2l_tensor_data(incoming), scale, layer);
+    absorb(eps, rec, l2l_tensor_data(incoming), false, scale, layer);
     l2l_tensor_free(incoming);
     return;
   }
@@ -331,16 +333,23 @@ void l2l_eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incom
   l2l_queue_push(&eps->workers, &aj->job);
 }
 
-void l2l_eps_absorb(struct l2l_eps *eps, struct eps_record *rec, const l2l_tensor *grad,
+void l2l_eps_absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *grad,
                     float scale, int layer) {
   arrival_begins(eps);
-  absorb(eps, rec, l2l_tensor_data(grad), scale, layer);
+  absorb(eps, rec, l2l_tensor_data(grad), true, scale, layer);
 }
 
 void l2l_eps_wait_record(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   while (rec->pending) pthread_cond_wait(&eps->changed, &eps->lock);
   pthread_mutex_unlock(&eps->lock);
+}
+
+int64_t l2l_eps_settled_updates(struct l2l_eps *eps, struct eps_record *rec) {
+  pthread_mutex_lock(&eps->lock);
+  int64_t updates = rec->pending ? -1 : rec->updates;
+  pthread_mutex_unlock(&eps->lock);
+  return updates;
 }
 
 /* Complete this step and due for an update. */

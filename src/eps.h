@@ -83,14 +83,18 @@ l2l_status l2l_eps_prepare(struct l2l_eps *eps);
 void l2l_eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incoming,
                   float scale, int layer);
 /* The same, added now on the calling thread from memory the host can read (a device
-   tensor of the CPU backend), which the caller keeps. */
-void l2l_eps_absorb(struct l2l_eps *eps, struct eps_record *rec, const l2l_tensor *grad,
+   tensor of the CPU backend), which the caller keeps: the add leaves grad zero, ready
+   to accumulate the next visit's gradient. */
+void l2l_eps_absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *grad,
                     float scale, int layer);
 /* A step failed after gradients began to arrive: accumulators that got part of this
    step's gradients are cleared (an update from a part would be wrong), nothing updates. */
 void l2l_eps_abandon_step(struct l2l_eps *eps);
 /* Waits until rec has no pending update. */
 void l2l_eps_wait_record(struct l2l_eps *eps, struct eps_record *rec);
+/* rec's update count when no update is pending or running, else -1: a copy of the
+   master made at count c is still current while this returns c. */
+int64_t l2l_eps_settled_updates(struct l2l_eps *eps, struct eps_record *rec);
 /* Global clipping: waits for every due record to be complete, returns the global norm,
    scales every due update by min(1, clip / norm) and starts them. */
 void l2l_eps_release_updates(struct l2l_eps *eps, float clip, double *norm);

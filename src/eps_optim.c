@@ -253,3 +253,11 @@ void l2l_optim_axpy(float *restrict dst, const float *restrict src, float scale,
 #pragma omp simd
   for (int64_t i = 0; i < n; i++) dst[i] += scale * src[i];
 }
+
+void l2l_optim_axpy_drain(float *restrict dst, float *restrict src, float scale, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) {
+    dst[i] += scale * src[i];
+    src[i] = 0.0f;
+  }
+}

@@ -51,5 +51,7 @@ float l2l_optim_lamb_trust(const double norms[2]);
 double l2l_optim_sumsq(const float *x, int64_t n);
 /* dst += scale * src (absorbing a gradient into the accumulator). */
 void l2l_optim_axpy(float *dst, const float *src, float scale, int64_t n);
+/* The same, and src := 0 in the same pass (a gradient slot emptied for its next use). */
+void l2l_optim_axpy_drain(float *dst, float *src, float scale, int64_t n);
 
 #endif /* L2L_EPS_OPTIM_H */

@@ -169,6 +169,7 @@ struct params_job {
   int layer, nrec;
   struct eps_record *rec[MAX_RECORDS];
   l2l_tensor *value[MAX_RECORDS];
+  int64_t updates[MAX_RECORDS];   /* each record's update count when copied */
 };
 
 static void params_run(struct l2l_job *job, int thread) {
@@ -176,6 +177,7 @@ static void params_run(struct l2l_job *job, int thread) {
   double t0 = l2l_now();
   for (int i = 0; i < pj->nrec; i++) {
     l2l_eps_wait_record(&pj->run->eps, pj->rec[i]);
+    pj->updates[i] = l2l_eps_settled_updates(&pj->run->eps, pj->rec[i]);
     l2l_status status = l2l_tensor_copy(pj->value[i], pj->rec[i]->master);
     if (status != L2L_OK) {
       l2l_job_fail(job, status);
@@ -239,7 +241,7 @@ static void grads_run(struct l2l_job *job, int thread) {
   }
   double norm = sqrt(sumsq);
   float scale = gj->clip > 0 && norm > gj->clip ? (float)(gj->clip / norm) : 1.0f;
-  for (int i = 0; i < gj->nrec; i++) {
+  for (int i = 0; i < gj->nrec; i++) {   /* absorbing leaves the slot zero for its next visit */
     if (host_readable) l2l_eps_absorb(&run->eps, gj->rec[i], gj->grad[i], scale, gj->layer);
     else l2l_eps_give(&run->eps, gj->rec[i], incoming[i], scale, gj->layer);
   }
@@ -286,6 +288,16 @@ struct step {
   l2l_tensor *pslot[2], *gslot[2];
   struct grads_job *gout[2];  /* the gradients out of the last visit of each slot */
   int slot;
+  /* What a parameter slot holds after its visit: active layer held[i] (-1: nothing
+     reusable) at its records' update counts. A visit two after one of the same layer
+     (the last block around the head's turnaround, a layer after its own rebuild) finds
+     its parameters still there if no update came in between, and copies nothing. */
+  int held[2];
+  int64_t held_updates[2][MAX_RECORDS];
+  /* Device memory the host can read (the CPU backend): the copy thread adds a gradient
+     slot into the EPS and zeroes it in the same pass, so a slot is all zero between
+     visits (gzero) and the next visit need not clear it. */
+  bool host_device, gzero[2];
   struct copy_job *out[2];    /* stash-outs in flight (oldest first) */
   double loss_sum;
   int64_t real;               /* targets that count */
@@ -586,11 +598,28 @@ static l2l_status slot_view(l2l_tensor **out, const l2l_tensor *slot, int64_t *o
 /* The slots, sized for the largest active layer. */
 static l2l_status slots_new(struct step *s) {
   int64_t shape[1] = {slot_size(s)};
+  s->host_device = !l2l_device_is_cuda();
   for (int i = 0; i < 2; i++) {
+    s->held[i] = -1;
     TRY(l2l_tensor_new(&s->pslot[i], L2L_POOL_DEVICE, L2L_F32, 1, shape));
-    if (s->training) TRY(l2l_tensor_new(&s->gslot[i], L2L_POOL_DEVICE, L2L_F32, 1, shape));
+    if (!s->training) continue;
+    TRY(l2l_tensor_new(&s->gslot[i], L2L_POOL_DEVICE, L2L_F32, 1, shape));
+    if (s->host_device) {
+      TRY(l2l_tensor_fill(s->gslot[i], 0.0));
+      s->gzero[i] = true;
+    }
   }
   return L2L_OK;
+}
+
+/* Whether parameter slot `slot` still holds active layer k as the EPS has it now. */
+static bool slot_current(struct step *s, int slot, int k, const struct params_job *pj) {
+  if (s->held[slot] != k) return false;
+  for (int r = 0; r < pj->nrec; r++) {
+    int64_t now = l2l_eps_settled_updates(&s->run->eps, pj->rec[r]);
+    if (now < 0 || now != s->held_updates[slot][r]) return false;
+  }
+  return true;
 }
 
 /* Queues the copy of layer k's parameters into parameter slot `slot`. */
@@ -611,6 +640,13 @@ static l2l_status params_queue(struct step *s, int which, int k) {
     TRY(slot_view(&pj->value[r], s->pslot[slot], &offset, pj->rec[r]->master));
   }
   pj->job.run = params_run;
+  if (slot_current(s, slot, k, pj)) {   /* done already: nothing to copy */
+    memcpy(pj->updates, s->held_updates[slot], sizeof pj->updates);
+    pj->job.queue = &run->h2d;
+    pj->job.done = true;
+    return L2L_OK;
+  }
+  s->held[slot] = -1;
   l2l_queue_push(&run->h2d, &pj->job);
   return L2L_OK;
 }
@@ -621,8 +657,9 @@ static void grads_wait(struct step *s, int slot) {
   struct grads_job *gj = s->gout[slot];
   if (gj == NULL) return;
   double t0 = l2l_now();
-  l2l_job_wait(&gj->job);
+  l2l_status status = l2l_job_wait(&gj->job);
   s->wait_copy += l2l_now() - t0;
+  if (status == L2L_OK && s->host_device) s->gzero[slot] = true;
   grads_release(&gj->job);
   s->gout[slot] = NULL;
 }
@@ -653,10 +690,11 @@ static l2l_status params_bind(struct step *s, int k, bool grads) {
     if (grads) {
       TRY(slot_view(&s->grads[r], s->gslot[s->slot], &offset, pj->value[r]));
       s->ngrads = r + 1;
-      TRY(l2l_tensor_fill(s->grads[r], 0.0));
+      if (!s->gzero[s->slot]) TRY(l2l_tensor_fill(s->grads[r], 0.0));
     }
     l2l_param_bind(l2l_layer_param(layer, r), pj->value[r], grads ? s->grads[r] : NULL);
   }
+  if (grads) s->gzero[s->slot] = false;
   return L2L_OK;
 }
 
@@ -670,11 +708,19 @@ static l2l_status params_done(struct step *s, int k, bool give) {
     l2l_param_bind(l2l_layer_param(layer, r), NULL, NULL);
     l2l_tensor_free(pj->value[r]);
   }
+  s->held[s->slot] = k;
+  memcpy(s->held_updates[s->slot], pj->updates, sizeof pj->updates);
   free(pj);
   s->params[0] = s->params[1];
   s->params[1] = NULL;
   if (!give) {
-    for (int r = 0; r < s->ngrads; r++) l2l_tensor_free(s->grads[r]);
+    /* Dropped gradients (a frozen layer's): the slot is zeroed here instead. */
+    bool zeroed = s->host_device;
+    for (int r = 0; r < s->ngrads; r++) {
+      if (zeroed) zeroed = l2l_tensor_fill(s->grads[r], 0.0) == L2L_OK;
+      l2l_tensor_free(s->grads[r]);
+    }
+    if (s->ngrads > 0) s->gzero[s->slot] = zeroed;
     s->ngrads = 0;
     return L2L_OK;
   }

@@ -4,10 +4,10 @@
  * What it tests: SGD (no momentum, momentum, nesterov), AdamW and LAMB (two passes, any
  * chunking) over steps t = 1..5, with weight decay on and off and grad_scale != 1; SGD
  * against PyTorch's momentum convention written out by hand; AdamW against the public
- * l2l_adamw_update; the LAMB trust ratio (1 when a norm is 0); sumsq and axpy; the
- * schedules at warm-up steps, midpoints, the end and beyond, against closed forms; every
- * refusal of l2l_optimizer_check, l2l_schedule_check and l2l_schedule_lr (status, field
- * name and value in the message); l2l_optim_state_count.
+ * l2l_adamw_update; the LAMB trust ratio (1 when a norm is 0); sumsq, axpy and its
+ * draining form; the schedules at warm-up steps, midpoints, the end and beyond, against
+ * closed forms; every refusal of l2l_optimizer_check, l2l_schedule_check and
+ * l2l_schedule_lr (status, field name and value in the message); l2l_optim_state_count.
  *
  * How: the internal kernels are called directly (libl2l.so exports them). Inputs are
  * drawn fresh each run from check.h's generator, at sizes 1, 7, 33, a random one and
@@ -482,6 +482,18 @@ TEST(optim_sumsq_axpy) {
     int64_t t = 0; /* for CHECK_CLOSE's message */
     CHECK_CLOSE("axpy", dst, w, mag, n, TOL_KERNEL);
     CHECK(guards_intact(dst, n) && guards_intact(x, n), "axpy wrote outside [0, n)");
+    /* The draining form: the same sum again, and x left zero. */
+    for (int64_t i = 0; i < n; i++) {
+      w[i] = dst[i] + (double)scale * x[i];
+      mag[i] = fabs(dst[i]) + fabs((double)scale * x[i]);
+    }
+    l2l_optim_axpy_drain(dst, x, scale, n);
+    CHECK_CLOSE("axpy_drain", dst, w, mag, n, TOL_KERNEL);
+    int64_t left = 0;
+    for (int64_t i = 0; i < n; i++) left += x[i] != 0.0f;
+    CHECK(left == 0, "axpy_drain n=%lld left %lld source entries non-zero", (long long)n,
+          (long long)left);
+    CHECK(guards_intact(dst, n) && guards_intact(x, n), "axpy_drain wrote outside [0, n)");
     guarded_free(x), guarded_free(dst);
     free(w), free(mag);
   }

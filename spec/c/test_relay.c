@@ -10,9 +10,10 @@
  * with momentum (plain and Nesterov) and LAMB against float64 updates written here;
  * schedules; gradient accumulation; global and per-layer clipping; evaluation. Then what
  * the relay promises beyond the result: device memory constant in depth with host
- * stashing and growing per block with device stashing; updates that start while earlier
- * layers are still in backward; dynamic architecture (insert, remove, replace, clone,
- * freeze, skip) that leaves every other record's weights and optimizer state untouched,
+ * stashing and growing per block with device stashing; the bytes each visit moves (a
+ * slot that still holds a layer's parameters is not copied again); updates that start
+ * while earlier layers are still in backward; dynamic architecture (insert, remove,
+ * replace, clone, freeze, skip) that leaves every other record's weights and optimizer state untouched,
  * bit for bit, and still trains like plain training of the changed model; and refusals
  * of bad input and configs that name the problem and change nothing.
  *
@@ -1479,6 +1480,55 @@ TEST(relay_stash_device_memory_linear_in_depth) {
           (unsigned long long)peaks[3], boundary);
   printf("    stash device, device peak per block: %.0f, %.0f, %.0f bytes (boundary %.0f)\n",
          inc[0], inc[1], inc[2], boundary);
+}
+
+/* ---------------------------------------------------------------- bytes moved */
+
+static uint64_t layer_param_bytes(l2l_layer *layer) {
+  uint64_t n = 0;
+  for (int r = 0; r < l2l_layer_param_count(layer); r++)
+    n += tensor_bytes(l2l_param_value(l2l_layer_param(layer, r)));
+  return n;
+}
+
+TEST(relay_moves_what_each_visit_needs) {
+  /* Stash device, inner keep, one micro-batch: nothing but parameters, gradients and the
+     batch's rows cross. Visits: forward of every layer but the head, the head, backward
+     from the last block down. Each copies its layer's parameters in, except the last
+     block's backward: it comes two visits after that block's forward, in the same slot,
+     with no update in between, so the slot still holds them (a relay that copied them
+     again, or skipped another copy, moves a different count). The embedding's forward
+     and backward read the tokens, the head the targets; every trainable visit's
+     gradients go out. Two steps: the second finds the first one's updates done. */
+  struct shape g = gpt_shape();
+  struct model m;
+  model_new(&m, &g);
+  struct data d;
+  data_new(&d, &g, 3, g.S, 0, 1.0);
+  l2l_relay_config c = adamw_config();
+  c.micro_batch = 3;
+  c.stash = L2L_STASH_DEVICE;
+  c.inner = L2L_INNER_KEEP;
+  l2l_relay *r = relay_new(&m, &c);
+  uint64_t params = 0, grads = 0;
+  for (int l = 0; l < m.n; l++) {
+    uint64_t p = layer_param_bytes(m.layer[l]);
+    grads += p;
+    params += p * (l == m.n - 1 || l == m.n - 2 ? 1 : 2);   /* head once, last block reused */
+  }
+  uint64_t h2d = params + 2 * tensor_bytes(d.tokens) + tensor_bytes(d.targets);
+  for (int step = 0; r != NULL && step < 2; step++) {
+    double loss;
+    if (!relay_step(&loss, r, &d, NULL)) break;
+    l2l_relay_stats s = relay_stats(r);
+    CHECK(s.h2d_bytes == h2d && s.d2h_bytes == grads,
+          "step %d moved %llu bytes in and %llu out: want %llu and %llu", step,
+          (unsigned long long)s.h2d_bytes, (unsigned long long)s.d2h_bytes,
+          (unsigned long long)h2d, (unsigned long long)grads);
+  }
+  l2l_relay_free(r);
+  data_free(&d);
+  model_free(&m);
 }
 
 /* ---------------------------------------------------------------- eager updates */
