@@ -67,7 +67,7 @@ endif
 LIB_SRC := src/error.c src/mem.c src/runtime.c src/dtype.c src/rng.c src/tensor.c src/ops.c \
            src/backend_cpu_attention.c $(wildcard src/layers/*.c) \
            src/backend_cpu.c src/backend_cuda.c src/device.c src/jobs.c src/eps_optim.c \
-           src/eps.c src/relay.c
+           src/eps.c src/relay.c src/blocks.c
 LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o) $(KERNEL_OBJ)
 CTEST_SRC := $(wildcard spec/c/*.c)
 CTEST_OBJ := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%.o)

@@ -195,6 +195,36 @@ describe("pools", function()
     assert.are.equal(base.current + 64 + 128, s.peak)
   end)
 
+  it("keep the pinned pool under its cap, falling back to pageable memory with one warning", function()
+    -- In a process of its own: the warning comes once per process.
+    local script = support.write_temp([[
+      local l2l = require("l2l")
+      local cap = 1048576 * tonumber(arg[1])
+      l2l.set_pinned_cap(cap)
+      local ts = {}
+      for i = 1, 6 do ts[i] = l2l.full({ 131072 }, i, { pool = "pinned" }) end  -- 512 KiB each
+      local s = l2l.pool_stats("pinned")
+      local sum = 0
+      for i = 1, 6 do sum = sum + l2l.ops.sum(ts[i]) end
+      print(("cap %d fallback %d allocs %d reserved %d sum %d"):format(s.cap, s.fallback,
+            s.fallback_allocs, s.reserved, sum))
+    ]])
+    local mib = support.int(1, 2)
+    local status, out = support.sh(("%s/l2l %s %d"):format(support.build, script, mib))
+    os.remove(script)
+    assert.are.equal(0, status, out)
+    local cap, fallback, allocs, reserved, sum =
+      out:match("cap (%d+) fallback (%d+) allocs (%d+) reserved (%d+) sum (%d+)")
+    assert.are.equal(mib * 1048576, tonumber(cap), out)
+    assert.is_true(tonumber(fallback) >= (6 - 2 * mib) * 524288, out)
+    assert.is_true(tonumber(reserved) - tonumber(fallback) <= tonumber(cap) + 6 * 64, out)
+    assert.are.equal(131072 * 21, tonumber(sum), out)
+    local _, warnings = out:gsub("warning: the pinned pool is at its cap", "")
+    assert.are.equal(1, warnings, out)
+    assert.has_error(function() l2l.set_pinned_cap(-1) end,
+                     "l2l.set_pinned_cap: bytes must be an integer >= 0, got -1")
+  end)
+
   it("set compute threads", function()
     local n = l2l.threads()
     assert.is_true(n >= 1)

@@ -189,6 +189,10 @@ l2l_status l2l_cuda_malloc(void **out, uint64_t bytes);
 void l2l_cuda_free(void *ptr, uint64_t bytes);
 /* Bytes held from cudaMalloc (in use and cached) and the number of cudaMalloc calls. */
 void l2l_cuda_pool_counts(uint64_t *reserved, uint64_t *system_allocs);
+/* Page-locked host memory (cudaHostAlloc) for the pinned pool: 0, or CUDA's error code
+   (a build without CUDA: always refused). */
+int l2l_cuda_host_alloc(void **out, uint64_t bytes);
+void l2l_cuda_host_free(void *ptr);
 l2l_status l2l_cuda_release_cache(void);
 l2l_status l2l_cuda_synchronize(void);
 /* What l2l_cuda_set_tf32 and l2l_cuda_get_info (device.c) do once their arguments are

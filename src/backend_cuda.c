@@ -33,6 +33,7 @@
 #include "../kernels/elementwise.h"
 #include "../kernels/norm.h"
 #include "../kernels/reduce.h"
+#include "blocks.h"
 #include "half.h"
 
 /* ---------------------------------------------------------------- errors */
@@ -227,126 +228,52 @@ l2l_status l2l_cuda_fill_info(l2l_cuda_info *out) {
 
 /* ---------------------------------------------------------------- caching allocator */
 
-/* Free blocks are kept per exact size: the pool already rounds to L2L_ALIGN, and a
-   training step asks for the same few sizes again and again. Small sizes are rounded
-   up further so that near sizes share blocks. */
-struct free_list {
-  uint64_t size;
-  void **blocks;
-  int count, capacity;
-};
-
-static struct {
-  pthread_mutex_t lock;
-  struct free_list *lists;
-  int list_count, list_capacity;
-  uint64_t reserved, cached, system_allocs;
-} cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
-
-static uint64_t block_size(uint64_t bytes) {
-  const uint64_t small = 512, large = 2u << 20;
-  uint64_t unit = bytes < (1u << 20) ? small : large;
-  return (bytes + unit - 1) / unit * unit;
+/* Device memory through a block cache (blocks.h): after a training step's first round
+   nothing reaches cudaMalloc. */
+static int device_block_alloc(void **out, uint64_t size) {
+  int err = (int)cudaMalloc(out, size);
+  if (err != cudaSuccess) cudaGetLastError();   /* clear it: the caller explains it */
+  return err;
 }
-
-/* The free list for `size`, made if missing (NULL when out of host memory). Called with
-   cache.lock held. */
-static struct free_list *list_for(uint64_t size, bool make) {
-  for (int i = 0; i < cache.list_count; i++)
-    if (cache.lists[i].size == size) return &cache.lists[i];
-  if (!make) return NULL;
-  if (cache.list_count == cache.list_capacity) {
-    int capacity = cache.list_capacity ? 2 * cache.list_capacity : 16;
-    struct free_list *grown = realloc(cache.lists, (size_t)capacity * sizeof *grown);
-    if (grown == NULL) return NULL;
-    cache.lists = grown, cache.list_capacity = capacity;
-  }
-  struct free_list *list = &cache.lists[cache.list_count++];
-  *list = (struct free_list){.size = size};
-  return list;
-}
-
-/* cudaFree of every cached block. Called with cache.lock held. */
-static void drop_cached(void) {
-  for (int i = 0; i < cache.list_count; i++) {
-    struct free_list *list = &cache.lists[i];
-    for (int b = 0; b < list->count; b++) cudaFree(list->blocks[b]);
-    cache.reserved -= (uint64_t)list->count * list->size;
-    cache.cached -= (uint64_t)list->count * list->size;
-    list->count = 0;
-  }
-}
+static void device_block_free(void *ptr) { cudaFree(ptr); }
+static const struct l2l_block_source device_blocks = {device_block_alloc, device_block_free};
+static struct l2l_block_cache cache = L2L_BLOCK_CACHE(&device_blocks);
 
 l2l_status l2l_cuda_malloc(void **out, uint64_t bytes) {
   char want[32], held[32];
   TRY(need_runtime());
-  uint64_t size = block_size(bytes);
-  pthread_mutex_lock(&cache.lock);
-  struct free_list *list = list_for(size, false);
-  if (list != NULL && list->count > 0) {
-    *out = list->blocks[--list->count];
-    cache.cached -= size;
-    pthread_mutex_unlock(&cache.lock);
-    return L2L_OK;
-  }
-  void *ptr = NULL;
-  cudaError_t err = cudaMalloc(&ptr, size);
-  if (err == cudaErrorMemoryAllocation && cache.cached > 0) {
-    cudaGetLastError(); /* clear it, give the cache back and try once more */
-    drop_cached();
-    err = cudaMalloc(&ptr, size);
-  }
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    uint64_t reserved = cache.reserved;
-    pthread_mutex_unlock(&cache.lock);
+  int err = l2l_blocks_get(&cache, out, bytes);
+  if (err != 0) {
+    uint64_t size = l2l_block_size(bytes), reserved = 0;
+    l2l_blocks_counts(&cache, &reserved, NULL, NULL);
     return l2l_fail(L2L_ERR_NOMEM,
                     "device pool: the GPU refused %llu bytes (%s): %s; l2l holds %llu bytes (%s) "
                     "of device memory",
                     (unsigned long long)size, l2l_human_bytes(want, 32, size),
-                    cudaGetErrorString(err), (unsigned long long)reserved,
+                    cudaGetErrorString((cudaError_t)err), (unsigned long long)reserved,
                     l2l_human_bytes(held, 32, reserved));
   }
-  cache.reserved += size;
-  cache.system_allocs++;
-  pthread_mutex_unlock(&cache.lock);
-  *out = ptr;
   return L2L_OK;
 }
 
-void l2l_cuda_free(void *ptr, uint64_t bytes) {
-  if (ptr == NULL) return;
-  uint64_t size = block_size(bytes);
-  pthread_mutex_lock(&cache.lock);
-  struct free_list *list = list_for(size, true);
-  if (list != NULL && list->count == list->capacity) {
-    int capacity = list->capacity ? 2 * list->capacity : 8;
-    void **grown = realloc(list->blocks, (size_t)capacity * sizeof *grown);
-    if (grown != NULL) list->blocks = grown, list->capacity = capacity;
-  }
-  if (list != NULL && list->count < list->capacity) {
-    list->blocks[list->count++] = ptr;
-    cache.cached += size;
-  } else { /* no host memory for the list: give the block back instead */
-    cudaFree(ptr);
-    cache.reserved -= size;
-  }
-  pthread_mutex_unlock(&cache.lock);
-}
+void l2l_cuda_free(void *ptr, uint64_t bytes) { l2l_blocks_put(&cache, ptr, bytes); }
 
 void l2l_cuda_pool_counts(uint64_t *reserved, uint64_t *system_allocs) {
-  pthread_mutex_lock(&cache.lock);
-  *reserved = cache.reserved;
-  *system_allocs = cache.system_allocs;
-  pthread_mutex_unlock(&cache.lock);
+  l2l_blocks_counts(&cache, reserved, NULL, system_allocs);
 }
+
+int l2l_cuda_host_alloc(void **out, uint64_t bytes) {
+  int err = (int)cudaHostAlloc(out, bytes, cudaHostAllocPortable);
+  if (err != cudaSuccess) cudaGetLastError();
+  return err;
+}
+
+void l2l_cuda_host_free(void *ptr) { cudaFreeHost(ptr); }
 
 l2l_status l2l_cuda_release_cache(void) {
   TRY(need_runtime());
   TRY(wait_stream());
-  pthread_mutex_lock(&cache.lock);
-  drop_cached();
-  pthread_mutex_unlock(&cache.lock);
+  l2l_blocks_release_cached(&cache);
   return L2L_OK;
 }
 
@@ -803,6 +730,13 @@ void l2l_cuda_free(void *ptr, uint64_t bytes) { (void)ptr, (void)bytes; }
 void l2l_cuda_pool_counts(uint64_t *reserved, uint64_t *system_allocs) {
   *reserved = 0, *system_allocs = 0;
 }
+
+int l2l_cuda_host_alloc(void **out, uint64_t bytes) {
+  (void)out, (void)bytes;
+  return -1;
+}
+
+void l2l_cuda_host_free(void *ptr) { (void)ptr; }
 
 l2l_status l2l_cuda_release_cache(void) { return L2L_OK; }
 

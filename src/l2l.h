@@ -68,8 +68,9 @@ int l2l_get_threads(void);
 
 /* host:   jemalloc, called explicitly (mallocx/dallocx in an arena of l2l's own;
            jemalloc never replaces malloc).
-   pinned: page-locked host memory for transfers (its own jemalloc arena; on a GPU build
-           the arena's extents come from the CUDA pinned allocator).
+   pinned: host memory for transfers: page-locked (cudaHostAlloc) when CUDA serves the
+           device pool, plain host memory otherwise; kept for reuse up to a cap
+           (l2l_pinned_set_cap), past which it falls back to pageable memory.
    device: the accelerator's memory; on a CPU-only build a host-backed pool with the same
            budget and accounting, so device-memory claims are testable without a GPU.
    Every allocation is counted as its size rounded up to L2L_ALIGN bytes. */
@@ -90,12 +91,22 @@ typedef struct l2l_pool_stats {
                               allocator keeps for reuse (the CUDA device pool) */
   uint64_t system_allocs;  /* calls to the system allocator (cudaMalloc on CUDA): flat
                               in a training loop's steady state */
+  uint64_t cap;            /* pinned: the most it holds page-locked (0: no cap) */
+  uint64_t fallback;       /* pinned: bytes in use that came from pageable memory because
+                              the cap was reached or the system refused to lock more */
+  uint64_t fallback_allocs;
 } l2l_pool_stats;
 
 l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind pool);
 /* 0 removes the budget; a budget below the bytes now in use is refused. */
 l2l_status l2l_pool_set_budget(l2l_pool_kind pool, uint64_t bytes);
 l2l_status l2l_pool_reset_peak(l2l_pool_kind pool);  /* peak := current */
+/* The pinned pool holds at most `bytes` from the system (blocks in use and blocks kept
+   for reuse; 0: no cap). Default: a quarter of the machine's memory. Past the cap a
+   pinned allocation still succeeds, from pageable memory (copies from it are slower),
+   and l2l warns on stderr the first time; stats.fallback counts those bytes. A lower cap
+   gives cached blocks back at once; blocks in use stay until freed. */
+l2l_status l2l_pinned_set_cap(uint64_t bytes);
 const char *l2l_pool_name(l2l_pool_kind pool);      /* "host", "pinned", "device"; NULL if invalid */
 
 /* ---------------------------------------------------------------- the device

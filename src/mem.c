@@ -17,6 +17,13 @@
  * gives it back.
  * A sanitizer build (L2L_SANITIZE) uses aligned_alloc instead, so that AddressSanitizer
  * sees every buffer.
+ * The pinned pool hands out blocks of a block cache (blocks.h) whose memory is page-
+ * locked by CUDA (cudaHostAlloc) when CUDA serves the device pool, else plain host memory
+ * (nothing to lock for: the copies are memcpy). Locked memory is taken from every other
+ * program on the machine, so the pool holds at most a cap of it (a quarter of the
+ * machine's memory unless set); past the cap, or when the system refuses to lock more, a
+ * pinned allocation comes from pageable memory instead, with a warning the first time:
+ * it works, only its copies are slower. Each block carries a header that says which it is.
  *
  * Must never: exit or abort when memory runs out, or let a refused allocation change the
  * statistics other than the `refused` count.
@@ -25,12 +32,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #ifndef L2L_SANITIZE
 #include <jemalloc/jemalloc.h>
 #endif
 
 #include "backend.h"
+#include "blocks.h"
 
 enum { POOL_COUNT = 3 };
 
@@ -39,6 +48,7 @@ struct pool {
   l2l_pool_stats stats;
   unsigned arena;        /* jemalloc arena index */
   bool arena_ready;
+  uint64_t fallback_held;  /* pinned: bytes of pageable blocks in use (headers included) */
 };
 
 static struct pool pools[POOL_COUNT] = {
@@ -48,6 +58,13 @@ static struct pool pools[POOL_COUNT] = {
 };
 
 static const char *const pool_names[POOL_COUNT] = {"host", "pinned", "device"};
+
+/* The pinned pool's blocks (see the top of this file and "the pinned pool" below). */
+static int pinned_block_alloc(void **out, uint64_t size);
+static void pinned_block_free(void *block);
+static const struct l2l_block_source pinned_source = {pinned_block_alloc, pinned_block_free};
+static struct l2l_block_cache pinned_blocks = L2L_BLOCK_CACHE(&pinned_source);
+static pthread_once_t pinned_cap_once = PTHREAD_ONCE_INIT;
 
 bool l2l_pool_valid(int pool) { return pool >= 0 && pool < POOL_COUNT; }
 
@@ -110,6 +127,7 @@ static uint64_t arena_cached_bytes(const struct pool *p) {
 }
 
 void l2l_pool_release_cached(void) {
+  l2l_blocks_release_cached(&pinned_blocks);
   for (int kind = 0; kind < POOL_COUNT; kind++) {
     struct pool *p = &pools[kind];
     pthread_mutex_lock(&p->lock);
@@ -117,6 +135,131 @@ void l2l_pool_release_cached(void) {
     pthread_mutex_unlock(&p->lock);
   }
 }
+
+/* Host memory of pool p's arena (aligned_alloc in a sanitizer build); NULL if refused.
+   The arena exists: l2l_pool_alloc made it before. */
+static void *arena_alloc(const struct pool *p, uint64_t bytes) {
+#ifdef L2L_SANITIZE
+  (void)p;
+  return aligned_alloc(L2L_ALIGN, bytes);
+#else
+  return mallocx(bytes, MALLOCX_ALIGN(L2L_ALIGN) | MALLOCX_ARENA(p->arena) | MALLOCX_TCACHE_NONE);
+#endif
+}
+
+static void arena_free(void *ptr) {
+#ifdef L2L_SANITIZE
+  free(ptr);
+#else
+  dallocx(ptr, MALLOCX_TCACHE_NONE);
+#endif
+}
+
+/* ---------------------------------------------------------------- the pinned pool */
+
+enum { PINNED_MAGIC = 0x6c32706eu,  /* "l2pn" */
+       FROM_CUDA = 1, FROM_HOST = 2, FROM_PAGEABLE = 3 };
+
+/* Before each pinned block's data (L2L_ALIGN bytes, so the data stays aligned). */
+struct pinned_header {
+  uint32_t magic;
+  uint32_t from;
+};
+
+static struct pinned_header *header_of(void *block) { return (struct pinned_header *)block; }
+
+static int pinned_block_alloc(void **out, uint64_t size) {
+  void *block = NULL;
+  uint32_t from = FROM_HOST;
+  if (l2l_device_is_cuda()) {
+    int err = l2l_cuda_host_alloc(&block, size);
+    if (err != 0) return err;
+    from = FROM_CUDA;
+  } else {
+    block = arena_alloc(&pools[L2L_POOL_PINNED], size);
+    if (block == NULL) return -2;
+  }
+  *header_of(block) = (struct pinned_header){PINNED_MAGIC, from};
+  *out = block;
+  return 0;
+}
+
+static void pinned_block_free(void *block) {
+  if (header_of(block)->from == FROM_CUDA) l2l_cuda_host_free(block);
+  else arena_free(block);
+}
+
+
+/* The default cap: a quarter of the machine's memory (no cap if it cannot be told). */
+static void pinned_default_cap(void) {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0) l2l_blocks_set_cap(&pinned_blocks, (uint64_t)pages * (uint64_t)page / 4);
+}
+
+l2l_status l2l_pinned_set_cap(uint64_t bytes) {
+  pthread_once(&pinned_cap_once, pinned_default_cap);
+  l2l_blocks_set_cap(&pinned_blocks, bytes);
+  return L2L_OK;
+}
+
+/* Said once per process: a pinned allocation that had to come from pageable memory. */
+static void warn_pageable(int err, uint64_t bytes) {
+  static atomic_flag warned = ATOMIC_FLAG_INIT;
+  if (atomic_flag_test_and_set(&warned)) return;
+  char size[32], cap[32];
+  uint64_t limit = l2l_blocks_cap(&pinned_blocks);
+  if (err == L2L_BLOCKS_OVER_CAP)
+    fprintf(stderr, "l2l: warning: the pinned pool is at its cap (%s): %s and later pinned "
+            "allocations past it come from pageable memory (slower copies); raise the cap "
+            "with l2l_pinned_set_cap (Lua: l2l.set_pinned_cap)\n",
+            l2l_human_bytes(cap, sizeof cap, limit), l2l_human_bytes(size, sizeof size, bytes));
+  else
+    fprintf(stderr, "l2l: warning: the system refused to page-lock %s (error %d): pinned "
+            "allocations it refuses come from pageable memory (slower copies)\n",
+            l2l_human_bytes(size, sizeof size, bytes), err);
+}
+
+/* A pinned allocation of `accounted` bytes: a block of the cache, or a pageable one. */
+static void *pinned_alloc(struct pool *p, uint64_t accounted) {
+  uint64_t size = accounted + L2L_ALIGN;
+  pthread_once(&pinned_cap_once, pinned_default_cap);
+  void *block = NULL;
+  int err = l2l_blocks_get(&pinned_blocks, &block, size);
+  if (err != 0) {
+    warn_pageable(err, size);
+    struct pool *host = &pools[L2L_POOL_HOST];
+    pthread_mutex_lock(&host->lock);
+    l2l_status made = L2L_OK;
+#ifndef L2L_SANITIZE
+    made = ensure_arena(host, pool_names[L2L_POOL_HOST]);
+#endif
+    pthread_mutex_unlock(&host->lock);
+    block = made == L2L_OK ? arena_alloc(host, size) : NULL;
+    if (block == NULL) return NULL;
+    *header_of(block) = (struct pinned_header){PINNED_MAGIC, FROM_PAGEABLE};
+    pthread_mutex_lock(&p->lock);
+    p->stats.fallback += accounted;
+    p->stats.fallback_allocs++;
+    p->fallback_held += size;
+    pthread_mutex_unlock(&p->lock);
+  }
+  return (char *)block + L2L_ALIGN;
+}
+
+static void pinned_free(struct pool *p, void *ptr, uint64_t accounted) {
+  void *block = (char *)ptr - L2L_ALIGN;
+  if (header_of(block)->from != FROM_PAGEABLE) {
+    l2l_blocks_put(&pinned_blocks, block, accounted + L2L_ALIGN);
+    return;
+  }
+  arena_free(block);
+  pthread_mutex_lock(&p->lock);
+  p->stats.fallback -= accounted;
+  p->fallback_held -= accounted + L2L_ALIGN;
+  pthread_mutex_unlock(&p->lock);
+}
+
+/* ---------------------------------------------------------------- allocation */
 
 l2l_status l2l_pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
   char want[32], used[32], limit[32];
@@ -162,13 +305,10 @@ l2l_status l2l_pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
       pthread_mutex_unlock(&p->lock);
       return L2L_ERR_NOMEM;
     }
+  } else if (kind == L2L_POOL_PINNED) {
+    ptr = pinned_alloc(p, accounted);
   } else {
-#ifdef L2L_SANITIZE
-    ptr = aligned_alloc(L2L_ALIGN, accounted);
-#else
-    ptr = mallocx(accounted, MALLOCX_ALIGN(L2L_ALIGN) | MALLOCX_ARENA(p->arena) |
-                                 MALLOCX_TCACHE_NONE);
-#endif
+    ptr = arena_alloc(p, accounted);
   }
 
   pthread_mutex_lock(&p->lock);
@@ -193,15 +333,9 @@ void l2l_pool_free(l2l_pool_kind kind, void *ptr, uint64_t bytes) {
   if (ptr == NULL || !l2l_pool_valid((int)kind)) return;
   struct pool *p = &pools[kind];
   uint64_t accounted = l2l_pool_accounted(bytes);
-  if (kind == L2L_POOL_DEVICE && l2l_device_is_cuda()) {
-    l2l_cuda_free(ptr, accounted);
-  } else {
-#ifdef L2L_SANITIZE
-    free(ptr);
-#else
-    dallocx(ptr, MALLOCX_TCACHE_NONE);
-#endif
-  }
+  if (kind == L2L_POOL_DEVICE && l2l_device_is_cuda()) l2l_cuda_free(ptr, accounted);
+  else if (kind == L2L_POOL_PINNED) pinned_free(p, ptr, accounted);
+  else arena_free(ptr);
   pthread_mutex_lock(&p->lock);
   p->stats.current -= accounted;
   p->stats.frees++;
@@ -214,10 +348,19 @@ l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind kind) {
   pthread_mutex_lock(&pools[kind].lock);
   *out = pools[kind].stats;
   out->reserved = out->current + arena_cached_bytes(&pools[kind]);
+  uint64_t fallback_held = pools[kind].fallback_held;
   pthread_mutex_unlock(&pools[kind].lock);
   out->system_allocs = out->allocs;
   if (kind == L2L_POOL_DEVICE && l2l_device_is_cuda())
     l2l_cuda_pool_counts(&out->reserved, &out->system_allocs);
+  if (kind == L2L_POOL_PINNED) {
+    pthread_once(&pinned_cap_once, pinned_default_cap);
+    uint64_t held = 0, made = 0;
+    l2l_blocks_counts(&pinned_blocks, &held, NULL, &made);
+    out->reserved = held + fallback_held;
+    out->system_allocs = made + out->fallback_allocs;
+    out->cap = l2l_blocks_cap(&pinned_blocks);
+  }
   return L2L_OK;
 }
 

@@ -35,12 +35,17 @@ typedef struct l2l_pool_stats {
   uint64_t refused;
   uint64_t reserved;
   uint64_t system_allocs;
+  uint64_t cap;
+  uint64_t fallback;
+  uint64_t fallback_allocs;
 } l2l_pool_stats;
 
 l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind pool);
 
 l2l_status l2l_pool_set_budget(l2l_pool_kind pool, uint64_t bytes);
 l2l_status l2l_pool_reset_peak(l2l_pool_kind pool);
+
+l2l_status l2l_pinned_set_cap(uint64_t bytes);
 const char *l2l_pool_name(l2l_pool_kind pool);
 
 const char *l2l_device_backend(void);

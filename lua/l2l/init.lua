@@ -49,8 +49,9 @@ l2l.safetensors = require("l2l.safetensors")
 l2l.import_gpt2 = require("l2l.gpt2").import
 
 -- l2l.pool_stats("device") -> {current=, peak=, budget=, allocs=, frees=, refused=,
--- reserved=, system_allocs=} (bytes and counts; reserved and system_allocs show the CUDA
--- caching allocator: memory held from the GPU, and cudaMalloc calls)
+-- reserved=, system_allocs=, cap=, fallback=, fallback_allocs=} (bytes and counts;
+-- reserved and system_allocs show the caching allocators: memory held from the system,
+-- and calls to it; cap and fallback are the pinned pool's: see l2l.set_pinned_cap)
 local stats = ffi.new("l2l_pool_stats")
 function l2l.pool_stats(pool)
   check(C.l2l_pool_get_stats(stats, lib.pool_id(pool, "l2l.pool_stats", 2)), "l2l.pool_stats", 2)
@@ -59,7 +60,19 @@ function l2l.pool_stats(pool)
     budget = tonumber(stats.budget), allocs = tonumber(stats.allocs),
     frees = tonumber(stats.frees), refused = tonumber(stats.refused),
     reserved = tonumber(stats.reserved), system_allocs = tonumber(stats.system_allocs),
+    cap = tonumber(stats.cap), fallback = tonumber(stats.fallback),
+    fallback_allocs = tonumber(stats.fallback_allocs),
   }
+end
+
+-- l2l.set_pinned_cap(bytes): the most the pinned pool holds (0: no cap; default a quarter
+-- of the machine's memory); past it pinned tensors come from pageable memory, with a
+-- warning the first time.
+function l2l.set_pinned_cap(bytes)
+  if type(bytes) ~= "number" or bytes < 0 or bytes % 1 ~= 0 then
+    error("l2l.set_pinned_cap: bytes must be an integer >= 0, got " .. tostring(bytes), 2)
+  end
+  check(C.l2l_pinned_set_cap(bytes), "l2l.set_pinned_cap", 2)
 end
 
 -- l2l.device() -> {backend = "cpu" | "cuda", cuda = bool, why = reason when not, and on
