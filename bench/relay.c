@@ -201,10 +201,12 @@ static void relay_free(struct relay *r) {
 static void print_stats(const char *name, const struct relay *r, double median_s) {
   l2l_relay_stats s;
   ok(l2l_relay_get_stats(&s, r->run));
-  printf("| %s | %.0f ms | %.0f ms | %.1f ms | %.1f ms | %.0f ms | %.1f MiB | %.1f MiB |\n", name,
+  printf("| %s | %.0f ms | %.0f ms | %.1f ms | %.1f ms | %.0f ms | %.0f MiB in %.0f ms, %.0f MiB "
+         "out %.0f ms | %.1f MiB | %.1f MiB |\n", name,
          1e3 * median_s, 1e3 * s.compute_seconds, 1e3 * s.wait_copy_seconds,
-         1e3 * s.wait_update_seconds, 1e3 * s.optimizer_seconds, s.device_peak / 1048576.0,
-         s.host_stash_peak / 1048576.0);
+         1e3 * s.wait_update_seconds, 1e3 * s.optimizer_seconds, s.h2d_bytes / 1048576.0,
+         1e3 * s.h2d_seconds, s.d2h_bytes / 1048576.0, 1e3 * s.d2h_seconds,
+         s.device_peak / 1048576.0, s.host_stash_peak / 1048576.0);
 }
 
 /* Where the relay's last step went: busy seconds per phase, summed over the calling
@@ -300,7 +302,8 @@ int main(void) {
          1e3 * e, de, ec);
   printf("\nThe relays' last step (step time as measured above):\n\n");
   printf("| relay | step | compute | wait copy | wait update | optimizer (all threads) | "
-         "device peak | host stash peak |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+         "copies (bytes, busy time) | device peak | host stash peak |\n"
+         "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   print_stats("(b) keep, device, micro 4", &keep, b);
   print_stats("(d) recompute, host, micro 1", &constant, d);
 

@@ -197,7 +197,7 @@ describe("l2l.Relay", function()
     local want = { "steps", "updates", "loss", "lr", "grad_norm", "updates_deferred", "device_peak",
                    "device_current", "host_eps_bytes", "host_stash_peak", "h2d_bytes", "d2h_bytes",
                    "step_seconds", "compute_seconds", "wait_copy_seconds", "wait_update_seconds",
-                   "optimizer_seconds", "events" }
+                   "optimizer_seconds", "h2d_seconds", "d2h_seconds", "events" }
     for _, k in ipairs(want) do assert.are.equal("number", type(s[k]), "stats." .. k) end
     assert.are.equal(2, s.steps)
     assert.are.equal(2, s.updates)
@@ -206,6 +206,9 @@ describe("l2l.Relay", function()
     assert.is_true(s.device_peak > 0, "device_peak > 0")
     assert.is_true(s.device_peak >= s.device_current, "device_peak >= device_current")
     assert.is_true(s.h2d_bytes > 0 and s.d2h_bytes > 0, "stash host moves bytes both ways")
+    assert.is_true(s.h2d_seconds > 0 and s.d2h_seconds > 0, "both copy threads were busy")
+    assert.is_true(s.h2d_seconds <= s.step_seconds * 1.01 and s.d2h_seconds <= s.step_seconds * 1.01,
+                   "a copy thread is busy at most the step's time")
     assert.is_true(s.host_eps_bytes >= 4 * model:nparams(), "the EPS holds at least the fp32 masters")
     assert.is_true(s.host_stash_peak > 0, "stash host keeps activations on the host")
     assert.is_true(s.step_seconds > 0 and s.compute_seconds > 0 and s.compute_seconds <= s.step_seconds * 1.01)

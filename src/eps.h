@@ -25,6 +25,8 @@ struct l2l_timeline {
   int64_t count, cap;
   double origin;             /* l2l_now() when the relay was made */
   double optimizer_seconds;  /* summed over workers since the last reset */
+  double copy_seconds[2];    /* busy on the host-to-device and device-to-host threads
+                                (threads 1 and 2) since the last reset */
 };
 void l2l_timeline_add(struct l2l_timeline *t, int layer, int micro_batch, int phase, int thread,
                       double start, double end);

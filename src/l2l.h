@@ -652,9 +652,13 @@ typedef struct l2l_relay_stats {
   uint64_t h2d_bytes, d2h_bytes;
   double step_seconds;
   double compute_seconds;       /* layers' forward and backward on the calling thread */
-  double wait_copy_seconds;     /* the calling thread waiting for copies */
-  double wait_update_seconds;   /* the calling thread waiting for updates */
+  double wait_copy_seconds;     /* the calling thread waiting for copies: the copy time
+                                   compute did not hide */
+  double wait_update_seconds;   /* the calling thread waiting for updates: the optimizer
+                                   time compute did not hide */
   double optimizer_seconds;     /* summed over optimizer threads */
+  double h2d_seconds, d2h_seconds;  /* busy on each copy thread (its bytes / its seconds:
+                                       the rate that direction reached) */
   int64_t events;               /* events recorded in the step (l2l_relay_events) */
 } l2l_relay_stats;
 

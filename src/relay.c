@@ -1133,6 +1133,7 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
   pthread_mutex_lock(&run->timeline.lock);
   run->timeline.count = 0;
   run->timeline.optimizer_seconds = 0;
+  run->timeline.copy_seconds[0] = run->timeline.copy_seconds[1] = 0;
   pthread_mutex_unlock(&run->timeline.lock);
   pthread_mutex_lock(&run->lock);
   run->h2d_bytes = run->d2h_bytes = 0;
@@ -1470,6 +1471,8 @@ l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run) {
   pthread_mutex_lock(&r->timeline.lock);
   out->events = run->timeline.count;
   out->optimizer_seconds = run->timeline.optimizer_seconds;
+  out->h2d_seconds = run->timeline.copy_seconds[0];
+  out->d2h_seconds = run->timeline.copy_seconds[1];
   pthread_mutex_unlock(&r->timeline.lock);
   return L2L_OK;
 }

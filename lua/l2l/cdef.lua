@@ -409,6 +409,7 @@ typedef struct l2l_relay_stats {
   double wait_copy_seconds;
   double wait_update_seconds;
   double optimizer_seconds;
+  double h2d_seconds, d2h_seconds;
   int64_t events;
 } l2l_relay_stats;
 

@@ -509,7 +509,7 @@ local STATS = {
   "steps", "updates", "loss", "lr", "grad_norm", "updates_deferred", "device_peak",
   "device_current", "host_eps_bytes", "host_stash_peak", "h2d_bytes", "d2h_bytes",
   "step_seconds", "compute_seconds", "wait_copy_seconds", "wait_update_seconds",
-  "optimizer_seconds", "events",
+  "optimizer_seconds", "h2d_seconds", "d2h_seconds", "events",
 }
 M.stats_fields = STATS
 

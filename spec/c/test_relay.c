@@ -1525,6 +1525,10 @@ TEST(relay_moves_what_each_visit_needs) {
           "step %d moved %llu bytes in and %llu out: want %llu and %llu", step,
           (unsigned long long)s.h2d_bytes, (unsigned long long)s.d2h_bytes,
           (unsigned long long)h2d, (unsigned long long)grads);
+    CHECK(s.h2d_seconds > 0 && s.d2h_seconds > 0 && s.h2d_seconds <= s.step_seconds * 1.01 &&
+              s.d2h_seconds <= s.step_seconds * 1.01,
+          "step %d: copy threads busy %g s and %g s in a %g s step", step, s.h2d_seconds,
+          s.d2h_seconds, s.step_seconds);
   }
   l2l_relay_free(r);
   data_free(&d);
