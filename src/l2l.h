@@ -87,10 +87,12 @@ typedef struct l2l_pool_stats {
   uint64_t allocs;   /* allocations served */
   uint64_t frees;
   uint64_t refused;  /* allocations refused (budget or out of memory) */
-  uint64_t reserved;       /* bytes held from the system: current, plus what a caching
-                              allocator keeps for reuse (the CUDA device pool) */
-  uint64_t system_allocs;  /* calls to the system allocator (cudaMalloc on CUDA): flat
-                              in a training loop's steady state */
+  uint64_t reserved;       /* bytes held from the system: current, plus what is kept
+                              for reuse (freed pages; the CUDA device pool's and the
+                              pinned pool's cached blocks) */
+  uint64_t system_allocs;  /* calls to the system allocator (cudaMalloc on CUDA,
+                              cudaHostAlloc for pinned): flat in a training loop's steady
+                              state */
   uint64_t cap;            /* pinned: the most it holds page-locked (0: no cap) */
   uint64_t fallback;       /* pinned: bytes in use that came from pageable memory because
                               the cap was reached or the system refused to lock more */

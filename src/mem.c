@@ -189,7 +189,6 @@ static void pinned_block_free(void *block) {
   else arena_free(block);
 }
 
-
 /* The default cap: a quarter of the machine's memory (no cap if it cannot be told). */
 static void pinned_default_cap(void) {
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
