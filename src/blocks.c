@@ -52,7 +52,7 @@ static void drop_cached(struct l2l_block_cache *c) {
 }
 
 static bool over_cap(const struct l2l_block_cache *c, uint64_t size) {
-  return c->cap != 0 && size > c->cap - (c->reserved < c->cap ? c->reserved : c->cap);
+  return c->cap != 0 && (c->reserved > c->cap || size > c->cap - c->reserved);
 }
 
 int l2l_blocks_get(struct l2l_block_cache *c, void **out, uint64_t bytes) {

@@ -64,7 +64,7 @@ static int pinned_block_alloc(void **out, uint64_t size);
 static void pinned_block_free(void *block);
 static const struct l2l_block_source pinned_source = {pinned_block_alloc, pinned_block_free};
 static struct l2l_block_cache pinned_blocks = L2L_BLOCK_CACHE(&pinned_source);
-static pthread_once_t pinned_cap_once = PTHREAD_ONCE_INIT;
+static struct l2l_block_cache *pinned_cache(void);   /* with its default cap set */
 
 bool l2l_pool_valid(int pool) { return pool >= 0 && pool < POOL_COUNT; }
 
@@ -127,7 +127,7 @@ static uint64_t arena_cached_bytes(const struct pool *p) {
 }
 
 void l2l_pool_release_cached(void) {
-  l2l_blocks_release_cached(&pinned_blocks);
+  l2l_blocks_release_cached(pinned_cache());
   for (int kind = 0; kind < POOL_COUNT; kind++) {
     struct pool *p = &pools[kind];
     pthread_mutex_lock(&p->lock);
@@ -192,12 +192,20 @@ static void pinned_block_free(void *block) {
 /* The default cap: a quarter of the machine's memory (no cap if it cannot be told). */
 static void pinned_default_cap(void) {
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  if (pages > 0 && page > 0) l2l_blocks_set_cap(&pinned_blocks, (uint64_t)pages * (uint64_t)page / 4);
+  if (pages > 0 && page > 0)
+    l2l_blocks_set_cap(&pinned_blocks, (uint64_t)pages * (uint64_t)page / 4);
+}
+
+/* Every use goes through here, so the default is set before anything reads or changes
+   the cap (and never after a cap the caller set). */
+static struct l2l_block_cache *pinned_cache(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, pinned_default_cap);
+  return &pinned_blocks;
 }
 
 l2l_status l2l_pinned_set_cap(uint64_t bytes) {
-  pthread_once(&pinned_cap_once, pinned_default_cap);
-  l2l_blocks_set_cap(&pinned_blocks, bytes);
+  l2l_blocks_set_cap(pinned_cache(), bytes);
   return L2L_OK;
 }
 
@@ -206,7 +214,7 @@ static void warn_pageable(int err, uint64_t bytes) {
   static atomic_flag warned = ATOMIC_FLAG_INIT;
   if (atomic_flag_test_and_set(&warned)) return;
   char size[32], cap[32];
-  uint64_t limit = l2l_blocks_cap(&pinned_blocks);
+  uint64_t limit = l2l_blocks_cap(pinned_cache());
   if (err == L2L_BLOCKS_OVER_CAP)
     fprintf(stderr, "l2l: warning: the pinned pool is at its cap (%s): %s and later pinned "
             "allocations past it come from pageable memory (slower copies); raise the cap "
@@ -221,9 +229,8 @@ static void warn_pageable(int err, uint64_t bytes) {
 /* A pinned allocation of `accounted` bytes: a block of the cache, or a pageable one. */
 static void *pinned_alloc(struct pool *p, uint64_t accounted) {
   uint64_t size = accounted + L2L_ALIGN;
-  pthread_once(&pinned_cap_once, pinned_default_cap);
   void *block = NULL;
-  int err = l2l_blocks_get(&pinned_blocks, &block, size);
+  int err = l2l_blocks_get(pinned_cache(), &block, size);
   if (err != 0) {
     warn_pageable(err, size);
     struct pool *host = &pools[L2L_POOL_HOST];
@@ -248,7 +255,7 @@ static void *pinned_alloc(struct pool *p, uint64_t accounted) {
 static void pinned_free(struct pool *p, void *ptr, uint64_t accounted) {
   void *block = (char *)ptr - L2L_ALIGN;
   if (header_of(block)->from != FROM_PAGEABLE) {
-    l2l_blocks_put(&pinned_blocks, block, accounted + L2L_ALIGN);
+    l2l_blocks_put(pinned_cache(), block, accounted + L2L_ALIGN);
     return;
   }
   arena_free(block);
@@ -353,12 +360,11 @@ l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind kind) {
   if (kind == L2L_POOL_DEVICE && l2l_device_is_cuda())
     l2l_cuda_pool_counts(&out->reserved, &out->system_allocs);
   if (kind == L2L_POOL_PINNED) {
-    pthread_once(&pinned_cap_once, pinned_default_cap);
     uint64_t held = 0, made = 0;
-    l2l_blocks_counts(&pinned_blocks, &held, NULL, &made);
+    l2l_blocks_counts(pinned_cache(), &held, NULL, &made);
     out->reserved = held + fallback_held;
     out->system_allocs = made + out->fallback_allocs;
-    out->cap = l2l_blocks_cap(&pinned_blocks);
+    out->cap = l2l_blocks_cap(pinned_cache());
   }
   return L2L_OK;
 }

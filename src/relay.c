@@ -192,13 +192,14 @@ static void params_run(struct l2l_job *job, int thread) {
 /* A visit's gradients out to the EPS: copied to pinned buffers the EPS then owns and
    adds up on its workers. When the device pool is host memory (the CPU backend) there is
    nothing to copy: this thread adds the gradient slot into the EPS's accumulators
-   directly, which saves a pass over the gradient and a buffer. The compute thread waits
-   for this job before the gradient slot serves another visit. */
+   directly, which saves a pass over the gradient and a buffer, and leaves the slot zero.
+   The compute thread waits for this job before the gradient slot serves another visit. */
 struct grads_job {
   struct l2l_job job;
   l2l_relay *run;
   int layer, nrec;
   float clip;                 /* per-layer clipping, 0: off */
+  bool host_readable;         /* the step's host_device: absorb (and zero) in place */
   struct eps_record *rec[MAX_RECORDS];
   l2l_tensor *grad[MAX_RECORDS];
 };
@@ -212,7 +213,7 @@ static void grads_release(struct l2l_job *job) {
 static void grads_run(struct l2l_job *job, int thread) {
   struct grads_job *gj = (struct grads_job *)job;
   l2l_relay *run = gj->run;
-  const bool host_readable = !l2l_device_is_cuda();
+  const bool host_readable = gj->host_readable;
   double t0 = l2l_now();
   l2l_tensor *incoming[MAX_RECORDS] = {0};
   l2l_status status = L2L_OK;
@@ -729,6 +730,7 @@ static l2l_status params_done(struct step *s, int k, bool give) {
   gj->run = run;
   gj->layer = s->active[k];
   gj->clip = run->config.clip_layer_norm;
+  gj->host_readable = s->host_device;
   gj->nrec = s->ngrads;
   for (int r = 0; r < s->ngrads; r++) {
     gj->rec[r] = l2l_eps_find(&run->eps, l2l_layer_param(layer, r));
