@@ -6,7 +6,10 @@
  *  (a) a plain executor written here: the whole batch through every layer with every
  *      saved state kept, backward in reverse, then AdamW per record (l2l_adamw_update);
  *  (b) the relay with inner keep, stash device, micro-batch = batch: the same work as
- *      (a) plus the relay's copies and bookkeeping; target (b)/(a) <= 1.05;
+ *      (a) plus the relay's copies and bookkeeping; target (b)/(a) <= 1.05; with the
+ *      default two parameter slots, the backward copies every layer in again;
+ *  (f) (b) with a parameter slot per layer (param_slots 8): each layer is copied in
+ *      once a step, as a model that fits on the device would run;
  *  (c) the plain executor doing the relay's per-layer recomputation: forward keeping
  *      nothing, then for each layer in reverse its forward again from the stored input
  *      (whole batch) and its backward (the head's forward and backward at once);
@@ -16,14 +19,14 @@
  *  (e) for diagnosis, the plain executor doing (d)'s arithmetic: (c) in 4 micro-batches
  *      of one sample, layer by layer. (e)/(c) is what the smaller layer calls cost by
  *      themselves; (d)/(e) is what the relay adds to them.
- * The five run in turn, REPEATS rounds after a warm-up round. Times are medians; ratios
+ * The six run in turn (a, b, f, c, d, e), REPEATS rounds after a warm-up round. Times are medians; ratios
  * are medians of each round's ratio, so that a change in the machine's load between
  * rounds (these are shared machines) cancels between neighbours measured seconds apart.
  * All apply the same AdamW (lr 1e-4, betas 0.9/0.999, eps 1e-8, weight decay 0.01 on
  * linear weights, constant schedule). The relay's statistics of its last step are shown:
  * compute, waiting for copies and updates, optimizer seconds (summed over its threads)
  * and the device pool's peak, and its events' busy time per phase and thread.
- * Run: make bench_relay && build/bench_relay   (L2L_THREADS=n pins the threads)
+ * Run: make build/bench_relay && build/bench_relay   (L2L_THREADS=n pins the threads)
  * Must never: be used by the library or the tests (benchmarks only).
  */
 #include <stdbool.h>
@@ -180,7 +183,7 @@ struct relay {
 };
 
 static void relay_init(struct relay *r, int64_t micro, l2l_stash_policy stash,
-                       l2l_inner_policy inner) {
+                       l2l_inner_policy inner, int param_slots) {
   new_model(r->layers);
   l2l_relay_config c;
   l2l_relay_config_default(&c);
@@ -190,6 +193,7 @@ static void relay_init(struct relay *r, int64_t micro, l2l_stash_policy stash,
   c.optimizer = adamw;
   c.schedule = (l2l_schedule_config){.kind = L2L_SCHEDULE_CONSTANT};
   c.seed = 1;
+  c.param_slots = param_slots;
   ok(l2l_relay_new(&r->run, r->layers, LAYERS, &c));
 }
 
@@ -255,11 +259,12 @@ int main(void) {
 
   struct plain plain;
   plain_init(&plain);
-  struct relay keep, constant;
-  relay_init(&keep, BATCH, L2L_STASH_DEVICE, L2L_INNER_KEEP);
-  relay_init(&constant, 1, L2L_STASH_HOST, L2L_INNER_RECOMPUTE);
+  struct relay keep, constant, resident;
+  relay_init(&keep, BATCH, L2L_STASH_DEVICE, L2L_INNER_KEEP, 2);
+  relay_init(&constant, 1, L2L_STASH_HOST, L2L_INNER_RECOMPUTE, 2);
+  relay_init(&resident, BATCH, L2L_STASH_DEVICE, L2L_INNER_KEEP, LAYERS);
 
-  double t[5][REPEATS], loss;
+  double t[6][REPEATS], loss;
   for (int r = -1; r < REPEATS; r++) { /* r = -1: warm-up */
     double t0 = now();
     plain_step(&plain, &lb, 0, BATCH);
@@ -267,33 +272,41 @@ int main(void) {
     ok(l2l_relay_step(&loss, keep.run, &rb));
     ok(l2l_relay_sync(keep.run));
     double t2 = now();
-    plain_step(&plain, &lb, 1, BATCH);
+    ok(l2l_relay_step(&loss, resident.run, &rb));
+    ok(l2l_relay_sync(resident.run));
     double t3 = now();
+    plain_step(&plain, &lb, 1, BATCH);
+    double t4 = now();
     ok(l2l_relay_step(&loss, constant.run, &rb));
     ok(l2l_relay_sync(constant.run));
-    double t4 = now();
-    plain_step(&plain, &lb, 1, 1);
     double t5 = now();
+    plain_step(&plain, &lb, 1, 1);
+    double t6 = now();
     if (r < 0) continue;
-    t[0][r] = t1 - t0, t[1][r] = t2 - t1, t[2][r] = t3 - t2, t[3][r] = t4 - t3, t[4][r] = t5 - t4;
+    t[0][r] = t1 - t0, t[1][r] = t2 - t1, t[5][r] = t3 - t2, t[2][r] = t4 - t3, t[3][r] = t5 - t4;
+    t[4][r] = t6 - t5;
   }
   /* Ratios per round first (median() sorts its argument). */
-  double ratio[6][REPEATS];
+  double ratio[7][REPEATS];
   for (int r = 0; r < REPEATS; r++) {
     ratio[0][r] = t[1][r] / t[0][r], ratio[1][r] = t[2][r] / t[0][r];
     ratio[2][r] = t[3][r] / t[2][r], ratio[3][r] = t[3][r] / t[0][r];
     ratio[4][r] = t[3][r] / t[4][r], ratio[5][r] = t[4][r] / t[2][r];
+    ratio[6][r] = t[5][r] / t[0][r];
   }
   double ba = median(ratio[0], REPEATS), ca = median(ratio[1], REPEATS),
          dc = median(ratio[2], REPEATS), da = median(ratio[3], REPEATS),
-         de = median(ratio[4], REPEATS), ec = median(ratio[5], REPEATS);
+         de = median(ratio[4], REPEATS), ec = median(ratio[5], REPEATS),
+         fa = median(ratio[6], REPEATS);
   double a = median(t[0], REPEATS), b = median(t[1], REPEATS), c = median(t[2], REPEATS),
-         d = median(t[3], REPEATS), e = median(t[4], REPEATS);
+         d = median(t[3], REPEATS), e = median(t[4], REPEATS), f = median(t[5], REPEATS);
 
   printf("| executor | time per step | ratio | target |\n|---|---:|---:|---|\n");
   printf("| (a) plain, whole batch, every activation kept | %.0f ms | 1.00 (a) | |\n", 1e3 * a);
-  printf("| (b) relay, inner keep, stash device, micro-batch %d | %.0f ms | %.3f (b)/(a) | <= 1.05: %s |\n",
+  printf("| (b) relay, inner keep, stash device, micro-batch %d, 2 parameter slots | %.0f ms | %.3f (b)/(a) | <= 1.05: %s |\n",
          BATCH, 1e3 * b, ba, ba <= 1.05 ? "met" : "NOT met");
+  printf("| (f) (b) with a parameter slot per layer | %.0f ms | %.3f (f)/(a) | <= 1.05: %s |\n",
+         1e3 * f, fa, fa <= 1.05 ? "met" : "NOT met");
   printf("| (c) plain, per-layer recompute, whole batch | %.0f ms | %.3f (c)/(a) | |\n", 1e3 * c,
          ca);
   printf("| (d) relay, inner recompute, stash host, 4 micro-batches | %.0f ms | %.3f (d)/(c), %.3f (d)/(a) | (d)/(c) <= 1.10: %s; (d)/(a) ~ 4/3 |\n",
@@ -306,13 +319,16 @@ int main(void) {
          "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   print_stats("(b) keep, device, micro 4", &keep, b);
   print_stats("(d) recompute, host, micro 1", &constant, d);
+  print_stats("(f) keep, device, micro 4, 8 slots", &resident, f);
 
   printf("\nBusy ms per phase in that step, calling thread / copy threads / optimizer threads:\n\n");
   print_phases("(b)", &keep);
   print_phases("(d)", &constant);
+  print_phases("(f)", &resident);
 
   relay_free(&keep);
   relay_free(&constant);
+  relay_free(&resident);
   plain_free(&plain);
   l2l_tensor_free(tokens);
   l2l_tensor_free(targets);

@@ -300,6 +300,34 @@ describe("l2l.Relay", function()
     run:free()
   end)
 
+  it("keeps more layers on the device with more parameter slots, for the same result", function()
+    -- stash device, inner keep, one micro-batch: with the default two slots the backward
+    -- copies every layer in again but the last block (still in its slot after the head);
+    -- with a slot per layer it copies none: the bytes in drop by the embedding's and the
+    -- first block's parameters, and the losses and weights are the same bits.
+    local seed = support.seed % 1000
+    local runs, losses, stats, models = {}, {}, {}, {}
+    local batches = { { reversal(8) }, { reversal(8) } }
+    for i, slots in ipairs({ 2, 4 }) do
+      models[i] = tiny_gpt(seed)
+      for j = 1, #models[i] do models[i][j]:rng_id(models[1][j]:rng_id()) end   -- same dropout
+      runs[i] = l2l.Relay { model = models[i], micro_batch = 8, stash = "device", inner = "keep",
+                            param_slots = slots, seed = 5 }
+      losses[i] = {}
+      for k = 1, 2 do losses[i][k] = runs[i]:step(batches[k][1], batches[k][2]) end
+      runs[i]:sync()
+      stats[i] = runs[i]:stats()
+    end
+    assert.are.same(losses[1], losses[2])
+    local saved = 4 * (models[1][1]:nparams() + models[1][2]:nparams())
+    assert.are.equal(saved, stats[1].h2d_bytes - stats[2].h2d_bytes)
+    assert.are.equal(stats[1].d2h_bytes, stats[2].d2h_bytes)
+    assert.is_true(stats[2].device_peak > stats[1].device_peak, "two more slots take device memory")
+    local a, b = models[1]:params(), models[2]:params()
+    for j = 1, #a do assert.are.same(flat(a[j].value), flat(b[j].value)) end
+    for i = 1, 2 do runs[i]:free() end
+  end)
+
   it("refuses bad input with errors naming the argument", function()
     local model = tiny_gpt(support.seed % 1000)
     fails("l2l.Relay: unknown option 'micro_batches'", function() l2l.Relay { model = model, micro_batches = 2 } end)
@@ -311,6 +339,8 @@ describe("l2l.Relay", function()
     fails("option 'model' is required", function() l2l.Relay {} end)
     fails("option 'optimizer' must be", function() l2l.Relay { model = model, optimizer = { lr = 1 } } end)
     fails("option 'clip_global_norm' must be a finite number >= 0", function() l2l.Relay { model = model, clip_global_norm = -1 } end)
+    fails("option 'param_slots' must be an integer >= 2, got 1", function() l2l.Relay { model = model, param_slots = 1 } end)
+    fails("option 'param_slots' must be at most 4096, got 5000", function() l2l.Relay { model = model, param_slots = 5000 } end)
     fails("l2l.AdamW: option 'eps' must be a finite number > 0", function() l2l.AdamW { eps = 0 } end)
     fails("l2l.AdamW: option 'betas'", function() l2l.AdamW { betas = { 0.9 } } end)
     fails("l2l.SGD: unknown option 'betas'", function() l2l.SGD { betas = { 0.9, 0.99 } } end)

@@ -592,10 +592,17 @@ typedef struct l2l_relay_config {
   int accumulate;               /* minibatches whose mean gradient makes one update, >= 1 */
   int optimizer_threads;        /* EPS worker threads, >= 1; 0: the number of cores */
   uint64_t seed;                /* dropout draws (l2l_layer_batch.seed) */
+  int param_slots;              /* device buffers for layer parameters, each the size of the
+                                   largest layer: 2 (L2L's double buffer: the visit's and
+                                   the next one's; 0 means 2) to 4096. Each more one keeps
+                                   one more of the forward's last layers on the device for
+                                   their backward, which then copies nothing for them;
+                                   slots >= layers copy each layer in once a step. */
 } l2l_relay_config;
 
 /* AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant schedule, micro-
-   batch 1, stash host, every 1, inner recompute, no clipping, accumulate 1, threads 0. */
+   batch 1, stash host, every 1, inner recompute, no clipping, accumulate 1, threads 0,
+   param slots 2. */
 void l2l_relay_config_default(l2l_relay_config *out);
 
 /* What one step (or evaluation) gets. tokens (B,S) i32 in [0, V) and targets ((B,S) for an

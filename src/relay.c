@@ -26,7 +26,8 @@
 #include "eps.h"
 
 #define RELAY_MAGIC 0x6c326c72u  /* "l2lr" */
-enum { MAX_RECORDS = 16, THREAD_COMPUTE = 0, THREAD_H2D = 1, THREAD_D2H = 2 };
+enum { MAX_RECORDS = 16, MAX_PARAM_SLOTS = 4096, THREAD_COMPUTE = 0, THREAD_H2D = 1,
+       THREAD_D2H = 2 };
 
 struct relay_layer {
   l2l_layer *layer;
@@ -170,6 +171,7 @@ struct params_job {
   struct eps_record *rec[MAX_RECORDS];
   l2l_tensor *value[MAX_RECORDS];
   int64_t updates[MAX_RECORDS];   /* each record's update count when copied */
+  int slot;                       /* the parameter slot it fills */
 };
 
 static void params_run(struct l2l_job *job, int thread) {
@@ -264,6 +266,13 @@ struct visit {
   enum visit_kind kind;
 };
 
+struct param_slot {
+  l2l_tensor *t;
+  int held;                   /* active layer whose parameters it holds, -1: none */
+  int64_t last_used;          /* slot_ticks when last chosen */
+  int64_t updates[MAX_RECORDS];   /* held's records' update counts when copied */
+};
+
 struct step {
   l2l_relay *run;
   const l2l_relay_batch *in;
@@ -284,17 +293,21 @@ struct step {
   struct params_job *params[2];
   l2l_tensor *grads[MAX_RECORDS];
   int ngrads;
-  /* Two device slots of parameters and two of gradients, each the size of the largest
-     layer: visit i uses slot i % 2, so the next visit's parameters copy in beside it. */
-  l2l_tensor *pslot[2], *gslot[2];
+  /* Parameter slots (config.param_slots, each the size of the largest layer): the visit
+     running holds one while the next visit's parameters copy into the least recently
+     used other one. A slot remembers the active layer it holds (-1: nothing reusable) at
+     its records' update counts, so a visit whose layer is still there as the EPS has it
+     now copies nothing: with two slots (L2L's double buffer) the last block's backward
+     right after the head and a layer's backward after its own rebuild; each more slot
+     keeps one more of the forward's last layers for the backward. */
+  struct param_slot *pslots;
+  int nslots;
+  int64_t slot_ticks;         /* counts slot choices, for least recently used */
+  /* Two gradient slots, the size of a parameter slot: visit i computes into slot
+     gs = i % 2 while the other's gradients go out to the EPS. */
+  l2l_tensor *gslot[2];
   struct grads_job *gout[2];  /* the gradients out of the last visit of each slot */
-  int slot;
-  /* What a parameter slot holds after its visit: active layer held[i] (-1: nothing
-     reusable) at its records' update counts. A visit two after one of the same layer
-     (the last block around the head's turnaround, a layer after its own rebuild) finds
-     its parameters still there if no update came in between, and copies nothing. */
-  int held[2];
-  int64_t held_updates[2][MAX_RECORDS];
+  int gs;
   /* Device memory the host can read (the CPU backend): the copy thread adds a gradient
      slot into the EPS and zeroes it in the same pass, so a slot is all zero between
      visits (gzero) and the next visit need not clear it. */
@@ -346,9 +359,10 @@ static void step_free(struct step *s) {
       free(s->params[i]);
     }
     if (s->gout[i]) grads_release(&s->gout[i]->job);
-    l2l_tensor_free(s->pslot[i]);
     l2l_tensor_free(s->gslot[i]);
   }
+  for (int i = 0; i < s->nslots; i++) l2l_tensor_free(s->pslots[i].t);
+  free(s->pslots);
   for (int r = 0; r < s->ngrads; r++) l2l_tensor_free(s->grads[r]);
   for (int k = 0; k <= s->L; k++) {
     for (int64_t u = 0; u < s->nmb; u++) {
@@ -496,13 +510,15 @@ static l2l_status check_step(struct step *s, const l2l_relay_batch *in) {
   s->mb = run->config.micro_batch < s->B ? run->config.micro_batch : s->B;
   s->nmb = (s->B + s->mb - 1) / s->mb;
 
-  /* The device must hold one layer's visit: the parameter slots (the visit's and the
-     next one's) and, in training, the two gradient slots, each the size of the largest
-     layer; a micro-batch's input, output and gradients; the layer's working memory. */
+  /* The device must hold one layer's visit: the parameter slots (at least the visit's
+     and the next one's) and, in training, the two gradient slots, each the size of the
+     largest layer; a micro-batch's input, output and gradients; the layer's working
+     memory. */
   l2l_pool_stats device;
   l2l_pool_get_stats(&device, L2L_POOL_DEVICE);
   if (device.budget > 0) {
-    uint64_t slots = (s->training ? 4u : 2u) * l2l_pool_accounted((uint64_t)slot_size(s) * sizeof(float));
+    uint64_t slots = (uint64_t)(run->config.param_slots + (s->training ? 2 : 0)) *
+                     l2l_pool_accounted((uint64_t)slot_size(s) * sizeof(float));
     for (int k = 0; k < s->L; k++) {
       l2l_layer *layer = active_layer(s, k)->layer;
       l2l_layer_memory m;
@@ -600,10 +616,15 @@ static l2l_status slot_view(l2l_tensor **out, const l2l_tensor *slot, int64_t *o
 static l2l_status slots_new(struct step *s) {
   int64_t shape[1] = {slot_size(s)};
   s->host_device = !l2l_device_is_cuda();
-  for (int i = 0; i < 2; i++) {
-    s->held[i] = -1;
-    TRY(l2l_tensor_new(&s->pslot[i], L2L_POOL_DEVICE, L2L_F32, 1, shape));
-    if (!s->training) continue;
+  s->nslots = s->run->config.param_slots;
+  s->pslots = calloc((size_t)s->nslots, sizeof *s->pslots);
+  if (s->pslots == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a step");
+  for (int i = 0; i < s->nslots; i++) {
+    s->pslots[i].held = -1;
+    s->pslots[i].last_used = -1;
+    TRY(l2l_tensor_new(&s->pslots[i].t, L2L_POOL_DEVICE, L2L_F32, 1, shape));
+  }
+  for (int i = 0; s->training && i < 2; i++) {
     TRY(l2l_tensor_new(&s->gslot[i], L2L_POOL_DEVICE, L2L_F32, 1, shape));
     if (s->host_device) {
       TRY(l2l_tensor_fill(s->gslot[i], 0.0));
@@ -613,41 +634,61 @@ static l2l_status slots_new(struct step *s) {
   return L2L_OK;
 }
 
-/* Whether parameter slot `slot` still holds active layer k as the EPS has it now. */
-static bool slot_current(struct step *s, int slot, int k, const struct params_job *pj) {
-  if (s->held[slot] != k) return false;
+/* Whether parameter slot i still holds active layer k as the EPS has it now. */
+static bool slot_current(struct step *s, int i, int k, const struct params_job *pj) {
+  if (s->pslots[i].held != k) return false;
   for (int r = 0; r < pj->nrec; r++) {
     int64_t now = l2l_eps_settled_updates(&s->run->eps, pj->rec[r]);
-    if (now < 0 || now != s->held_updates[slot][r]) return false;
+    if (now < 0 || now != s->pslots[i].updates[r]) return false;
   }
   return true;
 }
 
-/* Queues the copy of layer k's parameters into parameter slot `slot`. */
+/* The slot for layer k's next visit, other than `busy` (the running visit's, -1: none):
+   one that holds k as it is now, else the least recently used. *current: the former. */
+static int slot_choose(struct step *s, int k, const struct params_job *pj, int busy,
+                       bool *current) {
+  int pick = -1;
+  for (int i = 0; i < s->nslots; i++) {
+    if (i == busy) continue;
+    if (slot_current(s, i, k, pj)) {
+      *current = true;
+      pick = i;
+      break;
+    }
+    if (pick < 0 || s->pslots[i].last_used < s->pslots[pick].last_used) pick = i;
+  }
+  if (!*current) s->pslots[pick].held = -1;   /* its contents are about to change */
+  s->pslots[pick].last_used = s->slot_ticks++;
+  return pick;
+}
+
+/* Queues the copy of layer k's parameters into a parameter slot for the visit about to
+   run (which 0) or the one after it (which 1; the running visit keeps its slot). */
 static l2l_status params_queue(struct step *s, int which, int k) {
   l2l_relay *run = s->run;
   l2l_layer *layer = active_layer(s, k)->layer;
   struct params_job *pj = calloc(1, sizeof *pj);
   if (pj == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a copy job");
   s->params[which] = pj;
-  /* which 0: the visit about to run (slot s->slot); 1: the one after it (the other). */
-  int slot = which == 0 ? s->slot : 1 - s->slot;
   pj->run = run;
   pj->layer = s->active[k];
   pj->nrec = l2l_layer_param_count(layer);
-  int64_t offset = 0;
-  for (int r = 0; r < pj->nrec; r++) {
+  for (int r = 0; r < pj->nrec; r++)
     pj->rec[r] = l2l_eps_find(&run->eps, l2l_layer_param(layer, r));
-    TRY(slot_view(&pj->value[r], s->pslot[slot], &offset, pj->rec[r]->master));
-  }
+  bool current = false;
+  int busy = which == 1 && s->params[0] != NULL ? s->params[0]->slot : -1;
+  pj->slot = slot_choose(s, k, pj, busy, &current);
+  int64_t offset = 0;
+  for (int r = 0; r < pj->nrec; r++)
+    TRY(slot_view(&pj->value[r], s->pslots[pj->slot].t, &offset, pj->rec[r]->master));
   pj->job.run = params_run;
-  if (slot_current(s, slot, k, pj)) {   /* done already: nothing to copy */
-    memcpy(pj->updates, s->held_updates[slot], sizeof pj->updates);
+  if (current) {   /* done already: nothing to copy */
+    memcpy(pj->updates, s->pslots[pj->slot].updates, sizeof pj->updates);
     pj->job.queue = &run->h2d;
     pj->job.done = true;
     return L2L_OK;
   }
-  s->held[slot] = -1;
   l2l_queue_push(&run->h2d, &pj->job);
   return L2L_OK;
 }
@@ -685,17 +726,17 @@ static l2l_status params_bind(struct step *s, int k, bool grads) {
     l2l_timeline_add(&run->timeline, s->active[k], -1, L2L_PHASE_WAIT_COPY, THREAD_COMPUTE, t1, t2);
   TRY(status);
   s->ngrads = 0;
-  if (grads) grads_wait(s, s->slot);
+  if (grads) grads_wait(s, s->gs);
   int64_t offset = 0;
   for (int r = 0; r < pj->nrec; r++) {
     if (grads) {
-      TRY(slot_view(&s->grads[r], s->gslot[s->slot], &offset, pj->value[r]));
+      TRY(slot_view(&s->grads[r], s->gslot[s->gs], &offset, pj->value[r]));
       s->ngrads = r + 1;
-      if (!s->gzero[s->slot]) TRY(l2l_tensor_fill(s->grads[r], 0.0));
+      if (!s->gzero[s->gs]) TRY(l2l_tensor_fill(s->grads[r], 0.0));
     }
     l2l_param_bind(l2l_layer_param(layer, r), pj->value[r], grads ? s->grads[r] : NULL);
   }
-  if (grads) s->gzero[s->slot] = false;
+  if (grads) s->gzero[s->gs] = false;
   return L2L_OK;
 }
 
@@ -709,8 +750,8 @@ static l2l_status params_done(struct step *s, int k, bool give) {
     l2l_param_bind(l2l_layer_param(layer, r), NULL, NULL);
     l2l_tensor_free(pj->value[r]);
   }
-  s->held[s->slot] = k;
-  memcpy(s->held_updates[s->slot], pj->updates, sizeof pj->updates);
+  s->pslots[pj->slot].held = k;
+  memcpy(s->pslots[pj->slot].updates, pj->updates, sizeof pj->updates);
   free(pj);
   s->params[0] = s->params[1];
   s->params[1] = NULL;
@@ -721,7 +762,7 @@ static l2l_status params_done(struct step *s, int k, bool give) {
       if (zeroed) zeroed = l2l_tensor_fill(s->grads[r], 0.0) == L2L_OK;
       l2l_tensor_free(s->grads[r]);
     }
-    if (s->ngrads > 0) s->gzero[s->slot] = zeroed;
+    if (s->ngrads > 0) s->gzero[s->gs] = zeroed;
     s->ngrads = 0;
     return L2L_OK;
   }
@@ -738,7 +779,7 @@ static l2l_status params_done(struct step *s, int k, bool give) {
   }
   s->ngrads = 0;
   gj->job.run = grads_run;
-  s->gout[s->slot] = gj;
+  s->gout[s->gs] = gj;
   l2l_queue_push(&run->d2h, &gj->job);
   return L2L_OK;
 }
@@ -1067,7 +1108,7 @@ static l2l_status run_visits(struct step *s) {
   if (s->nvisits > 0) TRY(params_queue(s, 0, s->visits[0].k));
   for (int i = 0; i < s->nvisits; i++) {
     const struct visit *v = &s->visits[i];
-    s->slot = i % 2;
+    s->gs = i % 2;
     /* The next visit's parameters copy in while this one computes. */
     if (i + 1 < s->nvisits) TRY(params_queue(s, 1, s->visits[i + 1].k));
     struct relay_layer *rl = active_layer(s, v->k);
@@ -1204,7 +1245,7 @@ void l2l_relay_config_default(l2l_relay_config *out) {
       .optimizer = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
                     .eps = 1e-8f, .weight_decay = 0.01f},
       .schedule = {.kind = L2L_SCHEDULE_CONSTANT, .final_ratio = 1.0f},
-      .accumulate = 1};
+      .accumulate = 1, .param_slots = 2};
 }
 
 static l2l_status check_config(const l2l_relay_config *c) {
@@ -1227,6 +1268,9 @@ static l2l_status check_config(const l2l_relay_config *c) {
     return FAIL(L2L_ERR_INVALID, "config->accumulate must be >= 1, got %d", c->accumulate);
   if (c->optimizer_threads < 0 || c->optimizer_threads > 1024)
     return FAIL(L2L_ERR_INVALID, "config->optimizer_threads must be 0 to 1024, got %d", c->optimizer_threads);
+  if (c->param_slots < 0 || c->param_slots == 1 || c->param_slots > MAX_PARAM_SLOTS)
+    return FAIL(L2L_ERR_INVALID, "config->param_slots must be 0 (two) or 2 to %d, got %d",
+                MAX_PARAM_SLOTS, c->param_slots);
   return L2L_OK;
 }
 
@@ -1298,6 +1342,7 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
   l2l_relay *run = calloc(1, sizeof *run);
   if (run == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a relay");
   run->config = *config;
+  if (run->config.param_slots == 0) run->config.param_slots = 2;
   pthread_mutex_init(&run->lock, NULL);
   pthread_mutex_init(&run->timeline.lock, NULL);
   run->timeline.origin = l2l_now();

@@ -357,6 +357,7 @@ typedef struct l2l_relay_config {
   int accumulate;
   int optimizer_threads;
   uint64_t seed;
+  int param_slots;
 } l2l_relay_config;
 
 void l2l_relay_config_default(l2l_relay_config *out);

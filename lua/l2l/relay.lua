@@ -99,6 +99,7 @@ local OPTIONS = {
   model = true, micro_batch = true, stash = true, recompute_every = true, inner = true,
   optimizer = true, schedule = true, clip_global_norm = true, clip_layer_norm = true,
   accumulate = true, optimizer_threads = true, seed = true, device_budget = true,
+  param_slots = true,
 }
 
 local function read_options(o, fname)
@@ -135,6 +136,10 @@ local function read_options(o, fname)
   s.accumulate = int_option(o, "accumulate", 1, 1, fname)
   s.optimizer_threads = int_option(o, "optimizer_threads", 0, 0, fname)
   s.seed = int_option(o, "seed", 0, 0, fname)
+  s.param_slots = int_option(o, "param_slots", 2, 2, fname)
+  if s.param_slots > 4096 then
+    fail(("%s: option 'param_slots' must be at most 4096, got %d"):format(fname, s.param_slots))
+  end
   s.device_budget = int_option(o, "device_budget", nil, 0, fname)
   return s
 end
@@ -153,6 +158,7 @@ local function config_of(s)
   c.accumulate = s.accumulate
   c.optimizer_threads = s.optimizer_threads
   c.seed = s.seed
+  c.param_slots = s.param_slots
   return c
 end
 
@@ -213,7 +219,9 @@ end
 -- l2l.Relay{model =, micro_batch = 1, stash = "host", recompute_every = 1, inner =
 -- "recompute", optimizer = l2l.AdamW{}, schedule = l2l.Constant{}, clip_global_norm = 0,
 -- clip_layer_norm = 0, accumulate = 1, optimizer_threads = 0 (every core), seed = 0,
--- device_budget = (bytes: sets the device pool's budget, process-wide)}
+-- param_slots = 2 (device buffers of layer parameters: each more keeps one more of the
+-- forward's last layers on the device for its backward), device_budget = (bytes: sets
+-- the device pool's budget, process-wide)}
 function M.Relay(o)
   local fname = "l2l.Relay"
   local ok, s = pcall(read_options, o, fname)

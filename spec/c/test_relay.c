@@ -1064,7 +1064,9 @@ TEST(relay_gpt_matches_plain_training) {
      tied to the embedding), B 7 with padded tails; AdamW with weight decay under a
      cosine schedule with warm-up; 5 steps on fresh minibatches. The relay with micro-
      batches of 1, 3 (last one 1) and 7, under every stash policy (recompute keeps every
-     2nd boundary) and every inner policy, and once with per-boundary mixed policies. */
+     2nd boundary) and every inner policy, and once with per-boundary mixed policies; the
+     configurations cycle through 2 to 6 parameter slots (6: every layer stays), so
+     slots reused across rebuilds and backward visits meet every policy. */
   enum { STEPS = 5 };
   struct shape g = gpt_shape();
   struct model init;
@@ -1086,14 +1088,16 @@ TEST(relay_gpt_matches_plain_training) {
         c.stash = (l2l_stash_policy)stash;
         c.recompute_every = 2;
         c.inner = (l2l_inner_policy)inner;
+        c.param_slots = 2 + (mi * 9 + stash * 3 + inner) % 5;
         char what[96];
-        snprintf(what, sizeof what, "micro %lld, stash %s, inner %s", (long long)micros[mi],
-                 stash_name(stash), inner_name(inner));
+        snprintf(what, sizeof what, "micro %lld, stash %s, inner %s, %d slots",
+                 (long long)micros[mi], stash_name(stash), inner_name(inner), c.param_slots);
         failed += !relay_matches(&init, &c, NULL, batches, STEPS, &ref, what);
       }
   l2l_relay_config c = cfg;
   c.micro_batch = 2;
   c.recompute_every = 3;
+  c.param_slots = (int)check_rand_int(2, 6);
   failed += !relay_matches(&init, &c, mixed_policies, batches, STEPS, &ref,
                            "micro 2, mixed policies");
   CHECK(failed == 0, "%d of 28 configurations differ from plain training", failed);
@@ -1494,45 +1498,93 @@ static uint64_t layer_param_bytes(l2l_layer *layer) {
 TEST(relay_moves_what_each_visit_needs) {
   /* Stash device, inner keep, one micro-batch: nothing but parameters, gradients and the
      batch's rows cross. Visits: forward of every layer but the head, the head, backward
-     from the last block down. Each copies its layer's parameters in, except the last
-     block's backward: it comes two visits after that block's forward, in the same slot,
-     with no update in between, so the slot still holds them (a relay that copied them
-     again, or skipped another copy, moves a different count). The embedding's forward
-     and backward read the tokens, the head the targets; every trainable visit's
-     gradients go out. Two steps: the second finds the first one's updates done. */
+     from the last block down to the embedding. Each copies its layer's parameters in,
+     unless a parameter slot still holds them with no update in between. The slots are
+     reused least recently used first, so a backward visit finds its layer when fewer
+     than `slots` distinct layers were visited since its forward: layer l of n has n-1-l
+     (l+1 .. the head), so layers l >= n - slots copy nothing at their backward. With two
+     slots that is the last block alone; with as many slots as layers, every backward.
+     The embedding's forward and backward read the tokens, the head the targets; every
+     trainable visit's gradients go out. Two steps: the second finds the first one's
+     updates done. The slot count changes what moves, never the result: losses and
+     weights are the same bits for every count, and each slot more adds one slot's bytes
+     to the device peak. */
   struct shape g = gpt_shape();
-  struct model m;
-  model_new(&m, &g);
+  g.blocks = (int)check_rand_int(4, 6);
+  struct model base;
+  model_new(&base, &g);
+  const int n = base.n;
+  int counts[4] = {2, 3, (int)check_rand_int(3, n), n + 1};
   struct data d;
   data_new(&d, &g, 3, g.S, 0, 1.0);
-  l2l_relay_config c = adamw_config();
-  c.micro_batch = 3;
-  c.stash = L2L_STASH_DEVICE;
-  c.inner = L2L_INNER_KEEP;
-  l2l_relay *r = relay_new(&m, &c);
-  uint64_t params = 0, grads = 0;
-  for (int l = 0; l < m.n; l++) {
-    uint64_t p = layer_param_bytes(m.layer[l]);
-    grads += p;
-    params += p * (l == m.n - 1 || l == m.n - 2 ? 1 : 2);   /* head once, last block reused */
+  l2l_relay_config config = adamw_config();   /* one dropout seed for all */
+  config.micro_batch = 3;
+  config.stash = L2L_STASH_DEVICE;
+  config.inner = L2L_INNER_KEEP;
+  double first_loss[2] = {0, 0};
+  uint64_t peak2 = 0, peak3 = 0;
+  struct model first;
+  memset(&first, 0, sizeof first);
+  for (int c = 0; c < 4; c++) {
+    const int slots = counts[c];
+    struct model m;
+    model_clone(&m, &base);
+    l2l_relay_config cfg = config;
+    cfg.param_slots = slots;
+    l2l_relay *r = relay_new(&m, &cfg);
+    uint64_t params = 0, grads = 0;
+    for (int l = 0; l < n; l++) {
+      uint64_t p = layer_param_bytes(m.layer[l]);
+      grads += p;
+      bool backward_copies = l <= n - 2 && l < n - slots;
+      params += p * (backward_copies ? 2 : 1);
+    }
+    uint64_t h2d = params + 2 * tensor_bytes(d.tokens) + tensor_bytes(d.targets);
+    for (int step = 0; r != NULL && step < 2; step++) {
+      double loss;
+      if (!relay_step(&loss, r, &d, NULL)) break;
+      l2l_relay_stats s = relay_stats(r);
+      CHECK(s.h2d_bytes == h2d && s.d2h_bytes == grads,
+            "%d slots, step %d moved %llu bytes in and %llu out: want %llu and %llu", slots,
+            step, (unsigned long long)s.h2d_bytes, (unsigned long long)s.d2h_bytes,
+            (unsigned long long)h2d, (unsigned long long)grads);
+      CHECK(s.h2d_seconds > 0 && s.d2h_seconds > 0 && s.h2d_seconds <= s.step_seconds * 1.01 &&
+                s.d2h_seconds <= s.step_seconds * 1.01,
+            "%d slots, step %d: copy threads busy %g s and %g s in a %g s step", slots, step,
+            s.h2d_seconds, s.d2h_seconds, s.step_seconds);
+      if (c == 0) first_loss[step] = loss;
+      CHECK(memcmp(&loss, &first_loss[step], sizeof loss) == 0,
+            "%d slots, step %d: loss %.17g, with 2 slots %.17g", slots, step, loss,
+            first_loss[step]);
+      if (step == 1 && c == 0) peak2 = s.device_peak;
+      if (step == 1 && c == 1) peak3 = s.device_peak;
+      if (step == 1 && c > 0)
+        CHECK(s.device_peak - peak2 == (uint64_t)(slots - 2) * (peak3 - peak2),
+              "%d slots: device peak %llu, with 2 slots %llu and with 3 %llu", slots,
+              (unsigned long long)s.device_peak, (unsigned long long)peak2,
+              (unsigned long long)peak3);
+    }
+    if (r != NULL) CHECK_OK(l2l_relay_sync(r));
+    l2l_relay_free(r);
+    if (c == 0) {
+      first = m;
+      continue;
+    }
+    for (int l = 0; l < n; l++)
+      for (int p = 0; p < l2l_layer_param_count(m.layer[l]); p++) {
+        const l2l_tensor *got = l2l_param_value(l2l_layer_param(m.layer[l], p));
+        const l2l_tensor *want = l2l_param_value(l2l_layer_param(first.layer[l], p));
+        CHECK(memcmp(l2l_tensor_data(got), l2l_tensor_data(want), tensor_bytes(got)) == 0,
+              "%d slots: layer %d parameter %d differs from the 2-slot run's", slots, l, p);
+      }
+    model_free(&m);
   }
-  uint64_t h2d = params + 2 * tensor_bytes(d.tokens) + tensor_bytes(d.targets);
-  for (int step = 0; r != NULL && step < 2; step++) {
-    double loss;
-    if (!relay_step(&loss, r, &d, NULL)) break;
-    l2l_relay_stats s = relay_stats(r);
-    CHECK(s.h2d_bytes == h2d && s.d2h_bytes == grads,
-          "step %d moved %llu bytes in and %llu out: want %llu and %llu", step,
-          (unsigned long long)s.h2d_bytes, (unsigned long long)s.d2h_bytes,
-          (unsigned long long)h2d, (unsigned long long)grads);
-    CHECK(s.h2d_seconds > 0 && s.d2h_seconds > 0 && s.h2d_seconds <= s.step_seconds * 1.01 &&
-              s.d2h_seconds <= s.step_seconds * 1.01,
-          "step %d: copy threads busy %g s and %g s in a %g s step", step, s.h2d_seconds,
-          s.d2h_seconds, s.step_seconds);
-  }
-  l2l_relay_free(r);
+  CHECK(peak3 - peak2 >= layer_param_bytes(base.layer[1]),
+        "a third slot adds %llu bytes to the device peak, less than a block's parameters",
+        (unsigned long long)(peak3 - peak2));
+  model_free(&first);
   data_free(&d);
-  model_free(&m);
+  model_free(&base);
 }
 
 /* ---------------------------------------------------------------- eager updates */
@@ -2044,6 +2096,9 @@ TEST(relay_refuses_bad_configs_and_models) {
   BAD("clip_layer_norm", c->clip_layer_norm = -1.0f);
   BAD("accumulate", c->accumulate = 0);
   BAD("optimizer_threads", c->optimizer_threads = -1);
+  BAD("param_slots", c->param_slots = 1);
+  BAD("param_slots", c->param_slots = -2);
+  BAD("param_slots", c->param_slots = 4097);
 #undef BAD
   for (int i = 0; i < nb; i++) {
     l2l_relay *out = r;
