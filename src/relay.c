@@ -1103,13 +1103,26 @@ static l2l_status check_async(l2l_relay *run) {
   return status == L2L_OK ? L2L_OK : l2l_fail(status, "%s", message);
 }
 
+/* Starts bringing in what a visit's first micro-batch reads from the host stash. */
+static l2l_status visit_prefetch(struct step *s, const struct visit *v) {
+  int li = s->active[v->k];
+  bool reads_input = v->kind != V_BACKWARD ||
+                     active_layer(s, v->k)->inner == L2L_INNER_RECOMPUTE;
+  if (v->kind == V_BACKWARD) TRY(act_prefetch(s, &s->g[v->k + 1][0], li, 0));
+  if (reads_input && v->k > 0) TRY(act_prefetch(s, &s->x[v->k][0], li, 0));
+  return L2L_OK;
+}
+
 static l2l_status run_visits(struct step *s) {
   TRY(slots_new(s));
   if (s->nvisits > 0) TRY(params_queue(s, 0, s->visits[0].k));
   for (int i = 0; i < s->nvisits; i++) {
     const struct visit *v = &s->visits[i];
     s->gs = i % 2;
-    /* The next visit's parameters copy in while this one computes. */
+    /* The next visit's parameters copy in while this one computes, behind this visit's
+       first input: one copy thread serves both, and a layer's parameters take far longer
+       than a micro-batch's activations. */
+    TRY(visit_prefetch(s, v));
     if (i + 1 < s->nvisits) TRY(params_queue(s, 1, s->visits[i + 1].k));
     struct relay_layer *rl = active_layer(s, v->k);
     bool grads = s->training && (v->kind == V_BACKWARD || (v->kind == V_HEAD && s->lowest < s->L));
