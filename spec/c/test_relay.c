@@ -1587,6 +1587,50 @@ TEST(relay_moves_what_each_visit_needs) {
   model_free(&base);
 }
 
+TEST(relay_first_input_before_next_parameters) {
+  /* Stash host, 3 micro-batches: every block's input goes to the host in the forward and
+     comes back for the block's visit, one micro-batch ahead, on the copy thread that
+     also brings the next visit's parameters. A visit's first micro-batch is queued
+     before the next layer's parameters, so compute never waits behind a whole layer's
+     copy for it: on the host-to-device thread (which runs its jobs in order), the
+     forward's first STASH_IN of layer l, micro-batch 0, comes before the first
+     PARAMS_IN of layer l + 1, for every block l. */
+  struct shape g = stack_shape((int)check_rand_int(2, 5));
+  struct model m;
+  model_new(&m, &g);
+  struct data d;
+  data_new(&d, &g, 6, g.S, 0, 1.0);
+  l2l_relay_config cfg = adamw_config();
+  cfg.micro_batch = 2;
+  cfg.stash = L2L_STASH_HOST;
+  l2l_relay *r = relay_new(&m, &cfg);
+  double loss;
+  for (int step = 0; r != NULL && step < 2; step++) {
+    if (!relay_step(&loss, r, &d, NULL)) break;
+    int64_t n;
+    l2l_relay_event *ev = relay_events(r, &n);
+    int64_t first_in[MAX_LAYERS], first_params[MAX_LAYERS], order = 0;
+    for (int l = 0; l < m.n; l++) first_in[l] = first_params[l] = -1;
+    for (int64_t i = 0; i < n; i++) {
+      if (ev[i].thread != 1 || ev[i].layer < 0 || ev[i].layer >= m.n) continue;
+      int l = ev[i].layer;
+      if (ev[i].phase == L2L_PHASE_STASH_IN && ev[i].micro_batch == 0 && first_in[l] < 0)
+        first_in[l] = order;
+      if (ev[i].phase == L2L_PHASE_PARAMS_IN && first_params[l] < 0) first_params[l] = order;
+      order++;
+    }
+    for (int l = 1; l < m.n - 1; l++)
+      CHECK(first_in[l] >= 0 && first_params[l + 1] >= 0 && first_in[l] < first_params[l + 1],
+            "step %d, %d layers: layer %d's first input is copy %lld, layer %d's parameters "
+            "copy %lld", step, m.n, l, (long long)first_in[l], l + 1,
+            (long long)first_params[l + 1]);
+    free(ev);
+  }
+  l2l_relay_free(r);
+  data_free(&d);
+  model_free(&m);
+}
+
 /* ---------------------------------------------------------------- eager updates */
 
 TEST(relay_updates_are_eager) {
