@@ -19,7 +19,8 @@
  *  (e) for diagnosis, the plain executor doing (d)'s arithmetic: (c) in 4 micro-batches
  *      of one sample, layer by layer. (e)/(c) is what the smaller layer calls cost by
  *      themselves; (d)/(e) is what the relay adds to them.
- * The six run in turn (a, b, f, c, d, e), REPEATS rounds after a warm-up round. Times are medians; ratios
+ * The six run in turn (a, b, f, c, d, e), 7 rounds (L2L_BENCH_REPEATS=n: n, odd, up to
+ * 63) after a warm-up round. Times are medians; ratios
  * are medians of each round's ratio, so that a change in the machine's load between
  * rounds (these are shared machines) cancels between neighbours measured seconds apart.
  * All apply the same AdamW (lr 1e-4, betas 0.9/0.999, eps 1e-8, weight decay 0.01 on
@@ -35,7 +36,7 @@
 #include "bench.h"
 
 enum { BLOCKS = 6, DIM = 768, HEADS = 12, MLP = 3072, SEQ = 256, BATCH = 4, VOCAB = 512,
-       LAYERS = BLOCKS + 2, REPEATS = 7, MAX_RECORDS = 128 };
+       LAYERS = BLOCKS + 2, MAX_REPEATS = 63, MAX_RECORDS = 128 };
 
 static const l2l_optimizer_config adamw = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-4f,
                                            .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
@@ -242,6 +243,8 @@ static void print_phases(const char *name, const struct relay *r) {
 }
 
 int main(void) {
+  const char *env = getenv("L2L_BENCH_REPEATS");
+  const int REPEATS = env != NULL && atoi(env) >= 1 && atoi(env) <= MAX_REPEATS ? atoi(env) : 7;
   printf("l2l %s bench/relay: CPU backend, %d threads, %d repeats after a warm-up (medians)\n",
          l2l_version(), l2l_get_threads(), REPEATS);
   printf("Model: GPT, %d pre-LN causal blocks, dim %d, %d heads, MLP %d, vocab %d, dropout "
@@ -264,7 +267,7 @@ int main(void) {
   relay_init(&constant, 1, L2L_STASH_HOST, L2L_INNER_RECOMPUTE, 2);
   relay_init(&resident, BATCH, L2L_STASH_DEVICE, L2L_INNER_KEEP, LAYERS);
 
-  double t[6][REPEATS], loss;
+  double t[6][MAX_REPEATS], loss;
   for (int r = -1; r < REPEATS; r++) { /* r = -1: warm-up */
     double t0 = now();
     plain_step(&plain, &lb, 0, BATCH);
@@ -287,7 +290,7 @@ int main(void) {
     t[4][r] = t6 - t5;
   }
   /* Ratios per round first (median() sorts its argument). */
-  double ratio[7][REPEATS];
+  double ratio[7][MAX_REPEATS];
   for (int r = 0; r < REPEATS; r++) {
     ratio[0][r] = t[1][r] / t[0][r], ratio[1][r] = t[2][r] / t[0][r];
     ratio[2][r] = t[3][r] / t[2][r], ratio[3][r] = t[3][r] / t[0][r];
