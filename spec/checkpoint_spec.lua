@@ -164,7 +164,9 @@ local function make_run(cfg)
                        l2l.LAMB{ lr = 0.01 } })[cfg.optimizer]
   local run = l2l.Relay{ model = model, micro_batch = cfg.micro_batch, stash = cfg.stash,
                          optimizer = optimizer, schedule = l2l.Cosine{ warmup = 3, total = 40, final_ratio = 0.1 },
-                         accumulate = cfg.accumulate, clip_global_norm = cfg.clip, seed = cfg.seed }
+                         accumulate = cfg.accumulate, clip_global_norm = cfg.clip, seed = cfg.seed,
+                         param_slots = cfg.param_slots, loss_scale = cfg.loss_scale,
+                         loss_scale_window = 3 }
   if cfg.blocks >= 2 then run:set_stash(3, "recompute"); run:set_inner(2, "keep") end
   return run
 end
@@ -188,7 +190,10 @@ local function random_config()
     freeze = support.int(0, 3) == 0, optimizer = support.int(1, 3), micro_batch = support.int(1, 4),
     stash = ({ "host", "device", "recompute" })[support.int(1, 3)], accumulate = support.int(1, 2),
     clip = support.int(0, 1) * 0.5, seed = support.int(0, 1000), layer_seed = support.int(1, 1000),
-    B = support.int(3, 7), data_seed = support.int(1, 1e6),
+    B = support.int(3, 7), data_seed = support.int(1, 1e6), param_slots = support.int(2, 5),
+    -- any scale (not only powers of two, which change nothing but the scale): a resumed run
+    -- must go on with the very scale and count of good updates
+    loss_scale = support.int(0, 1) * support.int(1, 5000),
   }
 end
 
@@ -200,9 +205,12 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
       local total, at = 12, support.int(1, 11)
       local path = tmp_path("resume")
       local run = make_run(cfg)
-      local want = {}
+      local want, scale_at = {}, nil
       for step = 1, total do
-        if step == at + 1 then run:save(path, { at = at, cfg = cfg }) end
+        if step == at + 1 then
+          run:save(path, { at = at, cfg = cfg })
+          scale_at = run:stats()
+        end
         want[step] = run:step(batch_for(step, cfg.data_seed, cfg.B))
       end
       run:sync()
@@ -216,6 +224,10 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
       assert.are.equal(at, back:stats().steps, what)
       assert.are.equal(model_text, tostring(back.model), what)
       assert.are.equal(cfg.micro_batch, back.options.micro_batch, what)
+      local st = back:stats()
+      for _, k in ipairs({ "loss_scale", "loss_scale_good", "skipped_updates" }) do
+        assert.are.equal(scale_at[k], st[k], what .. ": " .. k)
+      end
       for step = at + 1, total do
         local loss = back:step(batch_for(step, cfg.data_seed, cfg.B))
         assert.are.equal(want[step], loss, ("%s: step %d"):format(what, step))

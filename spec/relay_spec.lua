@@ -197,7 +197,8 @@ describe("l2l.Relay", function()
     local want = { "steps", "updates", "loss", "lr", "grad_norm", "updates_deferred", "device_peak",
                    "device_current", "host_eps_bytes", "host_stash_peak", "h2d_bytes", "d2h_bytes",
                    "step_seconds", "compute_seconds", "wait_copy_seconds", "wait_update_seconds",
-                   "optimizer_seconds", "h2d_seconds", "d2h_seconds", "events" }
+                   "optimizer_seconds", "h2d_seconds", "d2h_seconds", "events", "loss_scale",
+                   "loss_scale_good", "skipped_updates", "overflow" }
     for _, k in ipairs(want) do assert.are.equal("number", type(s[k]), "stats." .. k) end
     assert.are.equal(2, s.steps)
     assert.are.equal(2, s.updates)
@@ -328,6 +329,77 @@ describe("l2l.Relay", function()
     for i = 1, 2 do runs[i]:free() end
   end)
 
+  it("skips a minibatch whose gradients overflow under dynamic loss scaling, and halves the scale", function()
+    -- A layer written here passes x through with a bias, and on request writes inf into
+    -- the gradient it passes back: every layer below it gets inf or NaN gradients. That
+    -- step's loss is still returned, nothing is updated (weights and optimizer state keep
+    -- their bits), the scale halves and stats count the skip; the next step trains again.
+    local ops = l2l.ops
+    local poison = false
+    local Poison = l2l.layer_kind {
+      name = "Poison",
+      params = function(o) return { { name = "b", shape = { o.dim }, value = 0 } } end,
+      forward = function(self, y, x)
+        y:copy(x)
+        ops.bias_add(y, self:param("b"))
+      end,
+      backward = function(self, dx, dy)
+        ops.bias_backward(self:grad("b"), dy)
+        dx:copy(dy)
+        if poison then dx:fill(math.huge) end
+      end,
+    }
+    local model = tiny_gpt(support.seed % 1000)
+    model:insert(3, Poison { dim = 32 })
+    local scale = 2 ^ support.int(0, 30)
+    local run = l2l.Relay { model = model, micro_batch = 3, loss_scale = scale, loss_scale_window = 2 }
+    local function snapshot()
+      run:sync()
+      local values, states = {}, {}
+      for i, p in ipairs(model:params()) do
+        values[i] = flat(p.value)
+        states[i] = flat(run:state(p, "m"))
+      end
+      return values, states
+    end
+    for _ = 1, 3 do run:step(reversal(6)) end
+    local s = run:stats()
+    assert.are.equal(scale * 2, s.loss_scale)
+    assert.are.equal(1, s.loss_scale_good)
+    assert.are.equal(0, s.overflow)
+    local values, states = snapshot()
+    poison = true
+    local loss = run:step(reversal(6))
+    poison = false
+    assert.is_true(loss > 0 and loss < math.huge, "the overflowed step's loss: " .. loss)
+    s = run:stats()
+    assert.are.equal(1, s.overflow)
+    assert.are.equal(1, s.skipped_updates)
+    assert.are.equal(3, s.updates)
+    assert.are.equal(4, s.steps)
+    assert.are.equal(scale, s.loss_scale)
+    assert.are.equal(0, s.loss_scale_good)
+    local after, states_after = snapshot()
+    for i = 1, #values do
+      assert.are.same(values[i], after[i])
+      assert.are.same(states[i], states_after[i])
+    end
+    run:step(reversal(6))
+    s = run:stats()
+    assert.are.equal(0, s.overflow)
+    assert.are.equal(4, s.updates)
+    local trained = snapshot()
+    local moved = 0
+    for i = 1, #values do
+      for j = 1, #values[i] do
+        assert.is_true(trained[i][j] == trained[i][j] and math.abs(trained[i][j]) < math.huge)
+        if trained[i][j] ~= values[i][j] then moved = moved + 1 end
+      end
+    end
+    assert.is_true(moved > 0, "the step after the overflow updates the weights")
+    run:free()
+  end)
+
   it("refuses bad input with errors naming the argument", function()
     local model = tiny_gpt(support.seed % 1000)
     fails("l2l.Relay: unknown option 'micro_batches'", function() l2l.Relay { model = model, micro_batches = 2 } end)
@@ -340,6 +412,9 @@ describe("l2l.Relay", function()
     fails("option 'optimizer' must be", function() l2l.Relay { model = model, optimizer = { lr = 1 } } end)
     fails("option 'clip_global_norm' must be a finite number >= 0", function() l2l.Relay { model = model, clip_global_norm = -1 } end)
     fails("option 'param_slots' must be an integer >= 2, got 1", function() l2l.Relay { model = model, param_slots = 1 } end)
+    fails("option 'loss_scale' must be a finite number >= 0", function() l2l.Relay { model = model, loss_scale = -2 } end)
+    fails("option 'loss_scale' must be 0 %(off%) or 2%^%-64 to 2%^100", function() l2l.Relay { model = model, loss_scale = 2 ^ 101 } end)
+    fails("option 'loss_scale_window' must be an integer >= 1, got 0", function() l2l.Relay { model = model, loss_scale_window = 0 } end)
     fails("option 'param_slots' must be at most 4096, got 5000", function() l2l.Relay { model = model, param_slots = 5000 } end)
     fails("l2l.AdamW: option 'eps' must be a finite number > 0", function() l2l.AdamW { eps = 0 } end)
     fails("l2l.AdamW: option 'betas'", function() l2l.AdamW { betas = { 0.9 } } end)

@@ -368,18 +368,29 @@ void l2l_eps_abandon_step(struct l2l_eps *eps) {
   }
 }
 
-void l2l_eps_release_updates(struct l2l_eps *eps, float clip, double *norm) {
+bool l2l_eps_release_updates(struct l2l_eps *eps, float clip, double unscale, double *norm) {
   double sumsq = 0;
   l2l_eps_wait_arrivals(eps);
   for (int i = 0; i < eps->count; i++)
     if (due(eps->records[i])) sumsq += eps->records[i]->sumsq;
-  *norm = sqrt(sumsq);
-  float scale = *norm > clip ? (float)(clip / *norm) : 1.0f;
+  *norm = sqrt(sumsq) * unscale;
+  bool finite = isfinite(*norm);
+  float scale = (float)unscale;
+  if (clip > 0 && *norm > clip) scale = (float)(unscale * (clip / *norm));
   pthread_mutex_lock(&eps->lock);
   eps->defer = false;
   pthread_mutex_unlock(&eps->lock);
-  for (int i = 0; i < eps->count; i++)
-    if (due(eps->records[i])) start_update(eps, eps->records[i], scale);
+  for (int i = 0; i < eps->count; i++) {
+    struct eps_record *rec = eps->records[i];
+    if (!due(rec)) continue;
+    if (finite) {
+      start_update(eps, rec, scale);
+    } else {   /* an overflow: this minibatch's gradients are dropped, nothing updates */
+      l2l_tensor_fill(rec->grad, 0.0);
+      rec->update_due = false;
+    }
+  }
+  return finite;
 }
 
 void l2l_eps_wait_arrivals(struct l2l_eps *eps) {

@@ -97,9 +97,12 @@ void l2l_eps_wait_record(struct l2l_eps *eps, struct eps_record *rec);
 /* rec's update count when no update is pending or running, else -1: a copy of the
    master made at count c is still current while this returns c. */
 int64_t l2l_eps_settled_updates(struct l2l_eps *eps, struct eps_record *rec);
-/* Global clipping: waits for every due record to be complete, returns the global norm,
-   scales every due update by min(1, clip / norm) and starts them. */
-void l2l_eps_release_updates(struct l2l_eps *eps, float clip, double *norm);
+/* Deferred updates (global clipping, loss scaling): waits for every due record to be
+   complete; *norm is the global norm of their gradients times unscale. If it is finite,
+   every due update starts with its gradient scaled by unscale * min(1, clip / norm) (clip
+   0: no clipping) and true is returned. If not (an inf or NaN anywhere: a loss-scaling
+   overflow), nothing updates: every due accumulator is cleared, and false returned. */
+bool l2l_eps_release_updates(struct l2l_eps *eps, float clip, double unscale, double *norm);
 /* Waits until every gradient given has been added (updates may still run). */
 void l2l_eps_wait_arrivals(struct l2l_eps *eps);
 /* Waits until every queued absorb and update has finished. */

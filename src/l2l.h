@@ -598,6 +598,16 @@ typedef struct l2l_relay_config {
                                    one more of the forward's last layers on the device for
                                    their backward, which then copies nothing for them;
                                    slots >= layers copy each layer in once a step. */
+  float loss_scale;             /* > 0: dynamic loss scaling (for 16-bit gradients; works on
+                                   any device) starting at this scale: the loss gradient is
+                                   multiplied by it and the update divides it out; a
+                                   minibatch whose gradients hold an inf or NaN anywhere
+                                   updates nothing (stats.skipped_updates) and halves the
+                                   scale, loss_scale_window updates in a row without one
+                                   double it (within 2^-64 .. 2^100). Updates then wait for
+                                   the end of backward. 0: off */
+  int loss_scale_window;        /* updates without overflow before the scale doubles,
+                                   >= 1; 0: 2000 */
 } l2l_relay_config;
 
 /* AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant schedule, micro-
@@ -669,6 +679,11 @@ typedef struct l2l_relay_stats {
   double h2d_seconds, d2h_seconds;  /* busy on each copy thread (its bytes / its seconds:
                                        the rate that direction reached) */
   int64_t events;               /* events recorded in the step (l2l_relay_events) */
+  double loss_scale;            /* dynamic loss scaling: the scale the next step uses (0:
+                                   off) */
+  int64_t loss_scale_good;      /* updates without overflow since the scale last changed */
+  int64_t skipped_updates;      /* total updates skipped for an overflow */
+  int overflow;                 /* 1: the last step's gradients overflowed (no update) */
 } l2l_relay_stats;
 
 /* A relay over layers[0..nlayers) (the list may be empty only until the first step):
@@ -727,11 +742,15 @@ l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_par
    copies of its optimizer state (first, second: f32 with the parameter's element count,
    NULL for arrays the optimizer does not keep, both NULL when updates is 0).
    l2l_relay_restore_progress sets the steps and updates done, which place the schedule and
-   the dropout draws. All wait for pending updates; a refused call changes nothing. */
+   the dropout draws; l2l_relay_restore_loss_scale the dynamic loss scale, its count of good
+   updates and the skipped updates (as stats report them; the relay must scale its loss).
+   All wait for pending updates; a refused call changes nothing. */
 l2l_status l2l_relay_param_updates(int64_t *out, l2l_relay *run, const l2l_param *param);
 l2l_status l2l_relay_restore_param(l2l_relay *run, const l2l_param *param, int64_t updates,
                                    const l2l_tensor *first, const l2l_tensor *second);
 l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int64_t updates);
+l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t good,
+                                        int64_t skipped);
 
 /* L2L_FFI_END */
 

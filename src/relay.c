@@ -28,6 +28,8 @@
 #define RELAY_MAGIC 0x6c326c72u  /* "l2lr" */
 enum { MAX_RECORDS = 16, MAX_PARAM_SLOTS = 4096, THREAD_COMPUTE = 0, THREAD_H2D = 1,
        THREAD_D2H = 2 };
+#define MIN_LOSS_SCALE 0x1p-64
+#define MAX_LOSS_SCALE 0x1p100
 
 struct relay_layer {
   l2l_layer *layer;
@@ -45,6 +47,10 @@ struct l2l_relay {
   struct l2l_queue h2d, d2h;
   struct l2l_timeline timeline;
   int64_t steps, updates;     /* every step is one minibatch of an accumulation */
+  /* Dynamic loss scaling (config.loss_scale > 0): the scale, updates since it last
+     changed, updates skipped for an overflow. */
+  double scale;
+  int64_t scale_good, skipped;
   l2l_relay_stats stats;
   /* Filled by jobs on the copy threads; read between steps. */
   pthread_mutex_t lock;
@@ -315,7 +321,8 @@ struct step {
   struct copy_job *out[2];    /* stash-outs in flight (oldest first) */
   double loss_sum;
   int64_t real;               /* targets that count */
-  float loss_scale;
+  float loss_scale;           /* the loss gradient's seed (see relay_run) */
+  float clip_layer;           /* per-layer clipping, in the loss scale's units */
   double compute, wait_copy, wait_update;
 };
 
@@ -770,7 +777,7 @@ static l2l_status params_done(struct step *s, int k, bool give) {
   if (gj == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a copy job");
   gj->run = run;
   gj->layer = s->active[k];
-  gj->clip = run->config.clip_layer_norm;
+  gj->clip = s->clip_layer;
   gj->host_readable = s->host_device;
   gj->nrec = s->ngrads;
   for (int r = 0; r < s->ngrads; r++) {
@@ -1166,10 +1173,16 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
       return status;
     }
   }
-  s.loss_scale = (float)(1.0 / ((double)s.real * c->accumulate));
+  /* The loss gradient's seed: the mean over the minibatch's real targets (and over the
+     accumulation), times the dynamic loss scale. The scale changes only at an update, so
+     every minibatch of an accumulation has the same. */
+  double dynamic = c->loss_scale > 0 ? run->scale : 1.0;
+  s.loss_scale = (float)(dynamic / ((double)s.real * c->accumulate));
+  s.clip_layer = (float)(c->clip_layer_norm * dynamic);
 
-  /* Which records expect gradients this step: one arrival per trainable visit. */
-  bool defer = update && c->clip_global_norm > 0;
+  /* Which records expect gradients this step: one arrival per trainable visit. Global
+     clipping and loss scaling need every gradient before any update. */
+  bool defer = update && (c->clip_global_norm > 0 || c->loss_scale > 0);
   if (training) {
     l2l_eps_begin_step(&run->eps, update, defer, lr);
     for (int k = s.lowest; k < s.L; k++) {
@@ -1200,10 +1213,12 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
   double t0 = l2l_now();
   status = run_visits(&s);
   double norm = -1;
+  bool applied = update;
   if (status == L2L_OK && defer) {
     /* run_visits waited for every gradient job, so every gradient has been given. */
     status = check_async(run);
-    if (status == L2L_OK) l2l_eps_release_updates(&run->eps, c->clip_global_norm, &norm);
+    if (status == L2L_OK)
+      applied = l2l_eps_release_updates(&run->eps, c->clip_global_norm, 1.0 / dynamic, &norm);
   }
   step_free(&s);   /* drains the copy threads: every gradient has been given */
   if (status == L2L_OK) status = check_async(run);
@@ -1215,7 +1230,17 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
   *loss = s.loss_sum / (double)s.real;
   if (training) {
     run->steps++;
-    if (update) run->updates++;
+    if (applied) run->updates++;
+  }
+  if (update && c->loss_scale > 0) {
+    if (!applied) {
+      run->scale = fmax(run->scale / 2, MIN_LOSS_SCALE);
+      run->scale_good = 0;
+      run->skipped++;
+    } else if (++run->scale_good >= c->loss_scale_window) {
+      run->scale = fmin(run->scale * 2, MAX_LOSS_SCALE);
+      run->scale_good = 0;
+    }
   }
   l2l_relay_stats *st = &run->stats;
   l2l_pool_stats device;
@@ -1223,7 +1248,11 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
   st->steps = run->steps;
   st->updates = run->updates;
   st->loss = *loss;
-  if (update) st->lr = lr;
+  if (applied) st->lr = lr;
+  st->loss_scale = c->loss_scale > 0 ? run->scale : 0;
+  st->loss_scale_good = run->scale_good;
+  st->skipped_updates = run->skipped;
+  st->overflow = update && !applied;
   st->grad_norm = norm;
   st->updates_deferred = defer;
   st->device_peak = device.peak;
@@ -1281,6 +1310,13 @@ static l2l_status check_config(const l2l_relay_config *c) {
     return FAIL(L2L_ERR_INVALID, "config->accumulate must be >= 1, got %d", c->accumulate);
   if (c->optimizer_threads < 0 || c->optimizer_threads > 1024)
     return FAIL(L2L_ERR_INVALID, "config->optimizer_threads must be 0 to 1024, got %d", c->optimizer_threads);
+  if (!(c->loss_scale >= 0) || !isfinite(c->loss_scale) ||
+      (c->loss_scale > 0 && (c->loss_scale < MIN_LOSS_SCALE || c->loss_scale > MAX_LOSS_SCALE)))
+    return FAIL(L2L_ERR_INVALID, "config->loss_scale must be 0 (off) or 2^-64 to 2^100, got %g",
+                c->loss_scale);
+  if (c->loss_scale_window < 0)
+    return FAIL(L2L_ERR_INVALID, "config->loss_scale_window must be >= 0, got %d",
+                c->loss_scale_window);
   if (c->param_slots < 0 || c->param_slots == 1 || c->param_slots > MAX_PARAM_SLOTS)
     return FAIL(L2L_ERR_INVALID, "config->param_slots must be 0 (two) or 2 to %d, got %d",
                 MAX_PARAM_SLOTS, c->param_slots);
@@ -1356,6 +1392,9 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
   if (run == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a relay");
   run->config = *config;
   if (run->config.param_slots == 0) run->config.param_slots = 2;
+  if (run->config.loss_scale_window == 0) run->config.loss_scale_window = 2000;
+  run->scale = run->config.loss_scale;
+  run->stats.loss_scale = run->scale;
   pthread_mutex_init(&run->lock, NULL);
   pthread_mutex_init(&run->timeline.lock, NULL);
   run->timeline.origin = l2l_now();
@@ -1623,6 +1662,27 @@ l2l_status l2l_relay_restore_param(l2l_relay *run, const l2l_param *param, int64
     rec->state[a] = fresh[a];
   }
   rec->updates = updates;
+  return L2L_OK;
+}
+
+l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t good,
+                                        int64_t skipped) {
+  CHECK_RUN(run);
+  if (run->config.loss_scale == 0)
+    return FAIL(L2L_ERR_STATE, "the relay does not scale its loss (config->loss_scale is 0)");
+  if (!(scale >= MIN_LOSS_SCALE && scale <= MAX_LOSS_SCALE))
+    return FAIL(L2L_ERR_INVALID, "scale must be 2^-64 to 2^100, got %g", scale);
+  if (good < 0 || good >= run->config.loss_scale_window || skipped < 0)
+    return FAIL(L2L_ERR_INVALID, "need 0 <= good < loss_scale_window (%d) and skipped >= 0, "
+                "got good %lld, skipped %lld", run->config.loss_scale_window, (long long)good,
+                (long long)skipped);
+  TRY(l2l_relay_sync(run));
+  run->scale = scale;
+  run->scale_good = good;
+  run->skipped = skipped;
+  run->stats.loss_scale = scale;
+  run->stats.loss_scale_good = good;
+  run->stats.skipped_updates = skipped;
   return L2L_OK;
 }
 

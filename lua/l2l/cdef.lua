@@ -358,6 +358,8 @@ typedef struct l2l_relay_config {
   int optimizer_threads;
   uint64_t seed;
   int param_slots;
+  float loss_scale;
+  int loss_scale_window;
 } l2l_relay_config;
 
 void l2l_relay_config_default(l2l_relay_config *out);
@@ -412,6 +414,10 @@ typedef struct l2l_relay_stats {
   double optimizer_seconds;
   double h2d_seconds, d2h_seconds;
   int64_t events;
+  double loss_scale;
+  int64_t loss_scale_good;
+  int64_t skipped_updates;
+  int overflow;
 } l2l_relay_stats;
 
 l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
@@ -454,4 +460,6 @@ l2l_status l2l_relay_param_updates(int64_t *out, l2l_relay *run, const l2l_param
 l2l_status l2l_relay_restore_param(l2l_relay *run, const l2l_param *param, int64_t updates,
                                    const l2l_tensor *first, const l2l_tensor *second);
 l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int64_t updates);
+l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t good,
+                                        int64_t skipped);
 ]==]

@@ -102,7 +102,8 @@ end
 local OPTIMIZER_KEYS = { "kind", "lr", "momentum", "nesterov", "beta1", "beta2", "eps", "weight_decay", "decay_all" }
 local SCHEDULE_KEYS = { "kind", "warmup", "total", "final_ratio" }
 local RELAY_KEYS = { "micro_batch", "stash", "recompute_every", "inner", "clip_global_norm",
-                     "clip_layer_norm", "accumulate", "optimizer_threads", "seed", "device_budget" }
+                     "clip_layer_norm", "accumulate", "optimizer_threads", "seed", "device_budget",
+                     "param_slots", "loss_scale", "loss_scale_window" }
 
 local function pick(t, keys)
   local out = {}
@@ -136,6 +137,12 @@ function M.save(run, path, extra)
     progress = { steps = stats.steps, updates = stats.updates },
     extra = extra,
   }
+  if s.loss_scale > 0 then
+    -- where dynamic loss scaling is: the scale (as a hex float: JSON numbers here keep 14
+    -- digits, and the scale must come back to the bit) and its counts
+    desc.progress.loss_scale = { scale = string.format("%a", stats.loss_scale),
+                                 good = stats.loss_scale_good, skipped = stats.skipped_updates }
+  end
   desc.relay.optimizer = pick(s.optimizer, OPTIMIZER_KEYS)
   desc.relay.schedule = pick(s.schedule, SCHEDULE_KEYS)
   local mid_accumulation = stats.steps % s.accumulate ~= 0
@@ -338,6 +345,13 @@ local function load(path, overrides)
     local p = desc.progress
     if C.l2l_relay_restore_progress(r, p.steps or -1, p.updates or -1) ~= 0 then
       error(("%s: %s: progress: %s"):format(fname, path, lib.last_error()), 0)
+    end
+    local ls = p.loss_scale
+    if ls ~= nil and (type(ls) ~= "table" or
+        C.l2l_relay_restore_loss_scale(r, tonumber(ls.scale) or -1, tonumber(ls.good) or -1,
+                                       tonumber(ls.skipped) or -1) ~= 0) then
+      error(("%s: %s: progress: loss_scale: %s"):format(fname, path,
+            type(ls) ~= "table" and "not a table" or lib.last_error()), 0)
     end
     new.extra = desc.extra
     return new

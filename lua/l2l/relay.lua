@@ -99,7 +99,7 @@ local OPTIONS = {
   model = true, micro_batch = true, stash = true, recompute_every = true, inner = true,
   optimizer = true, schedule = true, clip_global_norm = true, clip_layer_norm = true,
   accumulate = true, optimizer_threads = true, seed = true, device_budget = true,
-  param_slots = true,
+  param_slots = true, loss_scale = true, loss_scale_window = true,
 }
 
 local function read_options(o, fname)
@@ -137,6 +137,14 @@ local function read_options(o, fname)
   s.optimizer_threads = int_option(o, "optimizer_threads", 0, 0, fname)
   s.seed = int_option(o, "seed", 0, 0, fname)
   s.param_slots = int_option(o, "param_slots", 2, 2, fname)
+  s.loss_scale = nonneg_option(o, "loss_scale", fname)
+  if s.loss_scale > 0 and (s.loss_scale < 2 ^ -64 or s.loss_scale > 2 ^ 100) then
+    fail(("%s: option 'loss_scale' must be 0 (off) or 2^-64 to 2^100, got %s"):format(fname, tostring(s.loss_scale)))
+  end
+  s.loss_scale_window = int_option(o, "loss_scale_window", 2000, 1, fname)
+  if s.loss_scale_window > 2 ^ 31 - 1 then
+    fail(("%s: option 'loss_scale_window' must be below 2^31, got %s"):format(fname, tostring(s.loss_scale_window)))
+  end
   if s.param_slots > 4096 then
     fail(("%s: option 'param_slots' must be at most 4096, got %d"):format(fname, s.param_slots))
   end
@@ -159,6 +167,8 @@ local function config_of(s)
   c.optimizer_threads = s.optimizer_threads
   c.seed = s.seed
   c.param_slots = s.param_slots
+  c.loss_scale = s.loss_scale
+  c.loss_scale_window = s.loss_scale_window
   return c
 end
 
@@ -220,8 +230,10 @@ end
 -- "recompute", optimizer = l2l.AdamW{}, schedule = l2l.Constant{}, clip_global_norm = 0,
 -- clip_layer_norm = 0, accumulate = 1, optimizer_threads = 0 (every core), seed = 0,
 -- param_slots = 2 (device buffers of layer parameters: each more keeps one more of the
--- forward's last layers on the device for its backward), device_budget = (bytes: sets
--- the device pool's budget, process-wide)}
+-- forward's last layers on the device for its backward), loss_scale = 0 (> 0: dynamic
+-- loss scaling from this scale), loss_scale_window = 2000 (updates without overflow
+-- before the scale doubles), device_budget = (bytes: sets the device pool's budget,
+-- process-wide)}
 function M.Relay(o)
   local fname = "l2l.Relay"
   local ok, s = pcall(read_options, o, fname)
@@ -517,7 +529,8 @@ local STATS = {
   "steps", "updates", "loss", "lr", "grad_norm", "updates_deferred", "device_peak",
   "device_current", "host_eps_bytes", "host_stash_peak", "h2d_bytes", "d2h_bytes",
   "step_seconds", "compute_seconds", "wait_copy_seconds", "wait_update_seconds",
-  "optimizer_seconds", "h2d_seconds", "d2h_seconds", "events",
+  "optimizer_seconds", "h2d_seconds", "d2h_seconds", "events", "loss_scale",
+  "loss_scale_good", "skipped_updates", "overflow",
 }
 M.stats_fields = STATS
 

@@ -1631,6 +1631,92 @@ TEST(relay_first_input_before_next_parameters) {
   model_free(&m);
 }
 
+TEST(relay_loss_scaling_changes_only_the_scale) {
+  /* A power-of-two loss scale multiplies every gradient exactly and the update divides it
+     out exactly, so with nothing overflowing the relay with dynamic loss scaling gives
+     the same bits as without: the losses, every weight and every optimizer state, with
+     per-layer clipping, with global clipping (its norm in the unscaled units) or neither.
+     Every update waits for the end of backward; window 2 doubles the scale every second
+     update. */
+  enum { STEPS = 5 };
+  struct shape g = gpt_shape();
+  struct model init;
+  model_new(&init, &g);
+  struct data batches[STEPS];
+  make_batches(batches, STEPS, &g, 5, 1, 1.0);
+  l2l_relay_config plain = adamw_config();
+  plain.micro_batch = 2;
+  int clipping = (int)check_rand_int(0, 2);
+  if (clipping == 1) plain.clip_layer_norm = 0.05f;
+  if (clipping == 2) plain.clip_global_norm = 0.1f;
+  l2l_relay_config scaled = plain;
+  int k = (int)check_rand_int(4, 24);
+  scaled.loss_scale = ldexpf(1.0f, k);
+  scaled.loss_scale_window = 2;
+  struct model m[2];
+  l2l_relay *r[2];
+  for (int i = 0; i < 2; i++) {
+    model_clone(&m[i], &init);
+    r[i] = relay_new(&m[i], i == 0 ? &plain : &scaled);
+  }
+  for (int step = 0; r[0] && r[1] && step < STEPS; step++) {
+    double loss[2];
+    if (!relay_step(&loss[0], r[0], &batches[step], NULL) ||
+        !relay_step(&loss[1], r[1], &batches[step], NULL))
+      break;
+    CHECK(memcmp(&loss[0], &loss[1], sizeof loss[0]) == 0,
+          "clipping %d, scale 2^%d, step %d: loss %.17g, unscaled %.17g", clipping, k, step,
+          loss[1], loss[0]);
+    l2l_relay_stats s = relay_stats(r[1]), s0 = relay_stats(r[0]);
+    double want = ldexp(1.0, k + (step + 1) / 2);
+    CHECK(s.loss_scale == want && s.loss_scale_good == (step + 1) % 2 && s.skipped_updates == 0 &&
+              s.overflow == 0 && s.updates == step + 1 && s.updates_deferred == 1,
+          "step %d: loss_scale %g (want %g), good %lld, skipped %lld, overflow %d, updates "
+          "%lld, deferred %d", step, s.loss_scale, want, (long long)s.loss_scale_good,
+          (long long)s.skipped_updates, s.overflow, (long long)s.updates, s.updates_deferred);
+    CHECK(s0.loss_scale == 0 && s0.skipped_updates == 0, "unscaled run: loss_scale %g",
+          s0.loss_scale);
+    if (clipping == 2)
+      CHECK(s.grad_norm == s0.grad_norm, "step %d: global norm %.17g, unscaled %.17g", step,
+            s.grad_norm, s0.grad_norm);
+  }
+  for (int i = 0; i < 2; i++)
+    if (r[i]) CHECK_OK(l2l_relay_sync(r[i]));
+  for (int l = 0; r[0] && r[1] && l < m[0].n; l++)
+    for (int p = 0; p < l2l_layer_param_count(m[0].layer[l]); p++) {
+      l2l_param *a = l2l_layer_param(m[0].layer[l], p), *b = l2l_layer_param(m[1].layer[l], p);
+      const l2l_tensor *va = l2l_param_value(a), *vb = l2l_param_value(b);
+      CHECK(memcmp(l2l_tensor_data(va), l2l_tensor_data(vb), tensor_bytes(va)) == 0,
+            "clipping %d, scale 2^%d: layer %d parameter %d differs", clipping, k, l, p);
+      for (int which = 0; which < 2; which++) {
+        l2l_tensor *sa = NULL, *sb = NULL;
+        CHECK_OK(l2l_relay_param_state(&sa, r[0], a, which));
+        CHECK_OK(l2l_relay_param_state(&sb, r[1], b, which));
+        CHECK(sa && sb && memcmp(l2l_tensor_data(sa), l2l_tensor_data(sb), tensor_bytes(sa)) == 0,
+              "layer %d parameter %d: optimizer state %d differs", l, p, which);
+        l2l_tensor_free(sa);
+        l2l_tensor_free(sb);
+      }
+    }
+  /* Restoring the scale: checked, and a relay without scaling refuses it. */
+  if (r[0] && r[1]) {
+    CHECK_FAILS(l2l_relay_restore_loss_scale(r[0], 1024, 0, 0), L2L_ERR_STATE, "loss_scale");
+    CHECK_FAILS(l2l_relay_restore_loss_scale(r[1], 0, 0, 0), L2L_ERR_INVALID, "scale");
+    CHECK_FAILS(l2l_relay_restore_loss_scale(r[1], 8, 2, 0), L2L_ERR_INVALID, "good");
+    CHECK_OK(l2l_relay_restore_loss_scale(r[1], 0.5, 1, 7));
+    l2l_relay_stats s = relay_stats(r[1]);
+    CHECK(s.loss_scale == 0.5 && s.loss_scale_good == 1 && s.skipped_updates == 7,
+          "restored: loss_scale %g, good %lld, skipped %lld", s.loss_scale,
+          (long long)s.loss_scale_good, (long long)s.skipped_updates);
+  }
+  for (int i = 0; i < 2; i++) {
+    l2l_relay_free(r[i]);
+    model_free(&m[i]);
+  }
+  free_batches(batches, STEPS);
+  model_free(&init);
+}
+
 /* ---------------------------------------------------------------- eager updates */
 
 TEST(relay_updates_are_eager) {
@@ -2140,6 +2226,10 @@ TEST(relay_refuses_bad_configs_and_models) {
   BAD("clip_layer_norm", c->clip_layer_norm = -1.0f);
   BAD("accumulate", c->accumulate = 0);
   BAD("optimizer_threads", c->optimizer_threads = -1);
+  BAD("loss_scale", c->loss_scale = -1.0f);
+  BAD("loss_scale", c->loss_scale = INFINITY);
+  BAD("loss_scale", c->loss_scale = 1e-30f);
+  BAD("loss_scale_window", (c->loss_scale = 1024.0f, c->loss_scale_window = -1));
   BAD("param_slots", c->param_slots = 1);
   BAD("param_slots", c->param_slots = -2);
   BAD("param_slots", c->param_slots = 4097);
