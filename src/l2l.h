@@ -662,8 +662,11 @@ typedef struct l2l_relay_stats {
   int64_t updates;              /* total optimizer updates (of the whole model) */
   double loss;                  /* the last step's loss */
   double lr;                    /* the rate of the last update */
-  double grad_norm;             /* global gradient norm before clipping (-1: not computed) */
-  int updates_deferred;         /* 1: updates waited for the end of backward (clipping) */
+  double grad_norm;             /* global gradient norm before clipping, computed with global
+                                   clipping or loss scaling (inf or NaN: an overflow; -1:
+                                   not computed) */
+  int updates_deferred;         /* 1: updates waited for the end of backward (global
+                                   clipping, loss scaling) */
   uint64_t device_peak;         /* the device pool's peak during the step */
   uint64_t device_current;      /* in use after it */
   uint64_t host_eps_bytes;      /* EPS: masters, accumulators, optimizer state, staging */
