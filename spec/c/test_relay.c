@@ -1693,9 +1693,7 @@ TEST(relay_loss_scaling_changes_only_the_scale) {
         CHECK_OK(l2l_relay_param_state(&sa, r[0], a, which));
         CHECK_OK(l2l_relay_param_state(&sb, r[1], b, which));
         CHECK(sa && sb && memcmp(l2l_tensor_data(sa), l2l_tensor_data(sb), tensor_bytes(sa)) == 0,
-              "layer %d parameter %d: optimizer state %d differs", l, p, which);
-        l2l_tensor_free(sa);
-        l2l_tensor_free(sb);
+              "layer %d parameter %d: optimizer state %d differs", l, p, which);   /* borrowed */
       }
     }
   /* Restoring the scale: checked, and a relay without scaling refuses it. */
