@@ -65,11 +65,15 @@ end
 local function fail(msg) error(msg, 0) end
 local function finite(v) return type(v) == "number" and v == v and v > -huge and v < huge end
 
-local function int_option(o, key, default, min, fname)
+-- An integer option >= min (and <= max where one is given).
+local function int_option(o, key, default, min, fname, max)
   local v = o[key]
   if v == nil then return default end
   if not finite(v) or v ~= floor(v) or v < min then
     fail(("%s: option '%s' must be an integer >= %d, got %s"):format(fname, key, min, tostring(v)))
+  end
+  if max and v > max then
+    fail(("%s: option '%s' must be at most %d, got %s"):format(fname, key, max, tostring(v)))
   end
   return v
 end
@@ -136,18 +140,12 @@ local function read_options(o, fname)
   s.accumulate = int_option(o, "accumulate", 1, 1, fname)
   s.optimizer_threads = int_option(o, "optimizer_threads", 0, 0, fname)
   s.seed = int_option(o, "seed", 0, 0, fname)
-  s.param_slots = int_option(o, "param_slots", 2, 2, fname)
+  s.param_slots = int_option(o, "param_slots", 2, 2, fname, 4096)
   s.loss_scale = nonneg_option(o, "loss_scale", fname)
   if s.loss_scale > 0 and (s.loss_scale < 2 ^ -64 or s.loss_scale > 2 ^ 100) then
     fail(("%s: option 'loss_scale' must be 0 (off) or 2^-64 to 2^100, got %s"):format(fname, tostring(s.loss_scale)))
   end
-  s.loss_scale_window = int_option(o, "loss_scale_window", 2000, 1, fname)
-  if s.loss_scale_window > 2 ^ 31 - 1 then
-    fail(("%s: option 'loss_scale_window' must be below 2^31, got %s"):format(fname, tostring(s.loss_scale_window)))
-  end
-  if s.param_slots > 4096 then
-    fail(("%s: option 'param_slots' must be at most 4096, got %d"):format(fname, s.param_slots))
-  end
+  s.loss_scale_window = int_option(o, "loss_scale_window", 2000, 1, fname, 2 ^ 31 - 1)
   s.device_budget = int_option(o, "device_budget", nil, 0, fname)
   return s
 end
