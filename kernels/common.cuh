@@ -9,6 +9,7 @@
 #ifndef L2L_KERNELS_COMMON_CUH
 #define L2L_KERNELS_COMMON_CUH
 
+#include <string.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -125,6 +126,70 @@ __device__ __forceinline__ float l2l_block_max(float v, float *shared) {
   v = l2l_warp_max(v);
   __syncthreads();
   return v;
+}
+
+/* l2l_dtype's values (src/l2l.h), which the launchers take as ints. */
+enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_I32 = 3, DT_U8 = 4 };
+
+/* ---------------------------------------------------------------- f32 <-> f16 / bf16
+   A port of src/half.h (integer round to nearest even; NaN kept and quieted; subnormals
+   kept), __host__ __device__ so the same code could be checked against half.h on a host.
+   Only the bit moves differ: memcpy is what both compilers turn into a register move. */
+
+static __host__ __device__ __forceinline__ uint32_t f32_bits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+static __host__ __device__ __forceinline__ float bits_f32(uint32_t u) {
+  float x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+static __host__ __device__ __forceinline__ uint16_t f32_to_bf16(float x) {
+  uint32_t u = f32_bits(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN */
+  u += 0x7fffu + ((u >> 16) & 1u); /* ties to even; a carry correctly bumps the exponent */
+  return (uint16_t)(u >> 16);
+}
+
+static __host__ __device__ __forceinline__ float bf16_to_f32(uint16_t x) {
+  return bits_f32((uint32_t)x << 16);
+}
+
+/* value >> shift rounded to nearest, ties to even (shift >= 1) */
+static __host__ __device__ __forceinline__ uint32_t shift_round_even(uint32_t value, int shift) {
+  uint32_t kept = value >> shift;
+  uint32_t rest = value & ((1u << shift) - 1u);
+  uint32_t half = 1u << (shift - 1);
+  if (rest > half || (rest == half && (kept & 1u))) kept++;
+  return kept;
+}
+
+static __host__ __device__ __forceinline__ uint16_t f32_to_f16(float x) {
+  uint32_t u = f32_bits(x);
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a >= 0x7f800000u) return sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u);
+  if (a >= 0x477ff000u) return sign | 0x7c00u; /* >= 65520 rounds past 65504: infinity */
+  if (a >= 0x38800000u) return sign | (uint16_t)shift_round_even(a - 0x38000000u, 13);
+  int e = (int)(a >> 23); /* subnormal f16 or zero: units of 2^-24 */
+  if (e < 102) return sign;
+  uint32_t m = (a & 0x7fffffu) | 0x800000u;
+  return sign | (uint16_t)shift_round_even(m, 126 - e);
+}
+
+static __host__ __device__ __forceinline__ float f16_to_f32(uint16_t x) {
+  uint32_t sign = (uint32_t)(x & 0x8000u) << 16;
+  uint32_t e = (x >> 10) & 0x1fu, m = x & 0x3ffu;
+  if (e == 0) {
+    float magnitude = (float)m * 0x1p-24f; /* exact: m < 2^10 */
+    return sign ? -magnitude : magnitude;
+  }
+  if (e == 31) return bits_f32(sign | 0x7f800000u | (m << 13));
+  return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
 }
 
 #endif /* L2L_KERNELS_COMMON_CUH */

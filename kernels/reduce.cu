@@ -317,6 +317,22 @@ __global__ void __launch_bounds__(L2L_THREADS)
   }
 }
 
+/* The same from a 16-bit table (a device copy in bf16 or f16), widened exactly. */
+template <int DT>
+__global__ void __launch_bounds__(L2L_THREADS)
+    embedding_forward_half_kernel(float *out, const int32_t *ids, const uint16_t *table,
+                                  int64_t n, int64_t cols, int threads_per_row) {
+  const int rows_per_block = blockDim.x / threads_per_row;
+  const int lane = threadIdx.x % threads_per_row;
+  for (int64_t i = (int64_t)blockIdx.x * rows_per_block + threadIdx.x / threads_per_row; i < n;
+       i += (int64_t)gridDim.x * rows_per_block) {
+    const uint16_t *src = table + (int64_t)ids[i] * cols;
+    float *dst = out + i * cols;
+    for (int64_t c = lane; c < cols; c += threads_per_row)
+      dst[c] = DT == DT_F16 ? f16_to_f32(src[c]) : bf16_to_f32(src[c]);
+  }
+}
+
 __global__ void __launch_bounds__(L2L_THREADS)
     embedding_backward_kernel(float *dtable, const float *dout, const int32_t *ids, int64_t n,
                               int64_t cols, int threads_per_row, bool vectorized) {
@@ -341,14 +357,26 @@ __global__ void __launch_bounds__(L2L_THREADS)
   }
 }
 
-extern "C" int l2l_k_embedding_forward(float *out, const int32_t *ids, const float *table,
-                                       int64_t n, int64_t cols, void *stream) {
+extern "C" int l2l_k_embedding_forward(float *out, const int32_t *ids, const void *table,
+                                       int table_dtype, int64_t n, int64_t cols, void *stream) {
   if (n < 0 || cols < 0) return invalid_argument();
+  if (table_dtype != DT_F32 && table_dtype != DT_F16 && table_dtype != DT_BF16)
+    return invalid_argument();
   if (n == 0 || cols == 0) return 0;
   row_layout layout = plan_rows(cols, out, table);
-  embedding_forward_kernel<<<row_blocks(n, layout.threads_per_row), L2L_THREADS, 0,
-                             (cudaStream_t)stream>>>(out, ids, table, n, cols,
-                                                     layout.threads_per_row, layout.vectorized);
+  unsigned blocks = row_blocks(n, layout.threads_per_row);
+  cudaStream_t s = (cudaStream_t)stream;
+  const uint16_t *half = static_cast<const uint16_t *>(table);
+  if (table_dtype == DT_F16)
+    embedding_forward_half_kernel<DT_F16><<<blocks, L2L_THREADS, 0, s>>>(
+        out, ids, half, n, cols, layout.threads_per_row);
+  else if (table_dtype == DT_BF16)
+    embedding_forward_half_kernel<DT_BF16><<<blocks, L2L_THREADS, 0, s>>>(
+        out, ids, half, n, cols, layout.threads_per_row);
+  else
+    embedding_forward_kernel<<<blocks, L2L_THREADS, 0, s>>>(
+        out, ids, static_cast<const float *>(table), n, cols, layout.threads_per_row,
+        layout.vectorized);
   return l2l_launched();
 }
 

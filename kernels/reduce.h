@@ -46,9 +46,10 @@ int l2l_k_reduce(double *out, int kind, const float *x, int64_t n, double *scrat
 int l2l_k_find_out_of_range(int64_t *out, const int32_t *values, int64_t n, int32_t lo,
                             int32_t hi, int32_t except, void *stream);
 
-/* out (n, cols) row i := table row ids[i]. ids must be valid (checked by the caller). */
-int l2l_k_embedding_forward(float *out, const int32_t *ids, const float *table, int64_t n,
-                            int64_t cols, void *stream);
+/* out (n, cols) row i := table row ids[i], the table f32 or f16 / bf16 (table_dtype as
+   l2l_dtype's values; widened exactly). ids must be valid (checked by the caller). */
+int l2l_k_embedding_forward(float *out, const int32_t *ids, const void *table, int table_dtype,
+                            int64_t n, int64_t cols, void *stream);
 
 /* dtable (vocab, cols) row ids[i] += dout row i, for every i. Uses float atomicAdd: for an
    id that appears more than once the additions land in no fixed order, so the sum can

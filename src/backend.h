@@ -60,8 +60,9 @@ struct l2l_backend_ops {
                                 int64_t tq, int64_t tk);
   l2l_status (*softmax_backward)(float *dx, const float *dy, const float *y, float scale,
                                  int64_t rows, int64_t cols);
-  l2l_status (*embedding_forward)(float *out, const int32_t *ids, const float *table,
-                                  int64_t n, int64_t cols);
+  /* table is table_dtype: f32, or f16 / bf16 (a 16-bit device copy), widened exactly. */
+  l2l_status (*embedding_forward)(float *out, const int32_t *ids, const void *table,
+                                  l2l_dtype table_dtype, int64_t n, int64_t cols);
   l2l_status (*embedding_backward)(float *dtable, const float *dout, const int32_t *ids,
                                    int64_t n, int64_t vocab, int64_t cols);
   l2l_status (*cross_entropy_forward)(float *losses, const float *logits,

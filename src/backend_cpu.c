@@ -523,12 +523,26 @@ static l2l_status cpu_softmax_backward(float *dx, const float *dy, const float *
 
 /* ---------------------------------------------------------------- embedding */
 
-static l2l_status cpu_embedding_forward(float *out, const int32_t *ids, const float *table,
-                                        int64_t n, int64_t cols) {
+static l2l_status cpu_embedding_forward(float *out, const int32_t *ids, const void *table,
+                                        l2l_dtype table_dtype, int64_t n, int64_t cols) {
   int nt = threads_for(n * cols);
+  if (table_dtype == L2L_F32) {
 #pragma omp parallel for schedule(static) num_threads(nt)
-  for (int64_t i = 0; i < n; i++)
-    memcpy(out + i * cols, table + (int64_t)ids[i] * cols, (size_t)cols * sizeof *out);
+    for (int64_t i = 0; i < n; i++)
+      memcpy(out + i * cols, (const float *)table + (int64_t)ids[i] * cols,
+             (size_t)cols * sizeof *out);
+    return L2L_OK;
+  }
+  const bool f16 = table_dtype == L2L_F16;
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t i = 0; i < n; i++) {
+    const uint16_t *row = (const uint16_t *)table + (int64_t)ids[i] * cols;
+    float *o = out + i * cols;
+    if (f16)
+      for (int64_t c = 0; c < cols; c++) o[c] = half_f16_to_f32(row[c]);
+    else
+      for (int64_t c = 0; c < cols; c++) o[c] = half_bf16_to_f32(row[c]);
+  }
   return L2L_OK;
 }
 

@@ -504,9 +504,9 @@ static l2l_status cuda_softmax_backward(float *dx, const float *dy, const float 
 
 /* ---------------------------------------------------------------- embedding, loss */
 
-static l2l_status cuda_embedding_forward(float *out, const int32_t *ids, const float *table,
-                                         int64_t n, int64_t cols) {
-  LAUNCH(l2l_k_embedding_forward(out, ids, table, n, cols, rt.compute));
+static l2l_status cuda_embedding_forward(float *out, const int32_t *ids, const void *table,
+                                         l2l_dtype table_dtype, int64_t n, int64_t cols) {
+  LAUNCH(l2l_k_embedding_forward(out, ids, table, (int)table_dtype, n, cols, rt.compute));
   return L2L_OK;
 }
 

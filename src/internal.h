@@ -99,9 +99,17 @@ static inline bool l2l_tensors_overlap(const l2l_tensor *a, const l2l_tensor *b)
 
 /* ---------------------------------------------------------------- layers, for the relay */
 
-/* Points a parameter record at other tensors (same shape, f32) for the layer calls that
-   follow: the relay's device copies. value NULL points it back at its own tensors. */
+/* Points a parameter record at other tensors (same shape; grad f32, value f32 or, for a
+   low-precision parameter, f16 / bf16) for the layer calls that follow: the relay's
+   device copies. value NULL points it back at its own tensors. */
 void l2l_param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad);
+/* Whether the relay may bind a 16-bit copy of the parameter (a GEMM weight or a gathered
+   table); the others stay f32 on the device. */
+bool l2l_param_low_precision(const l2l_param *param);
+/* What l2l_layer_memory_use reports for a training call of a layer whose low-precision
+   parameters are bound in `precision` (f32: all f32): the relay's plans. */
+void l2l_layer_memory_in(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
+                         int64_t seq, l2l_dtype precision);
 /* The relay holding a live layer (NULL if none), and setting it. */
 const void *l2l_layer_owner(const l2l_layer *layer);
 void l2l_layer_set_owner(l2l_layer *layer, const void *owner);

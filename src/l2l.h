@@ -255,8 +255,9 @@ l2l_status l2l_softmax_forward(l2l_tensor *y, const l2l_tensor *x, const l2l_ten
 l2l_status l2l_softmax_backward(l2l_tensor *dx, const l2l_tensor *dy, const l2l_tensor *y,
                                 float scale);
 
-/* out (N..., C) = table (V, C) rows picked by ids (N...) i32. Ids outside [0, V) are refused
-   before anything is written. */
+/* out (N..., C) = table (V, C) rows picked by ids (N...) i32. The table may also be f16 or
+   bf16 (widened exactly into out). Ids outside [0, V) are refused before anything is
+   written. */
 l2l_status l2l_embedding_forward(l2l_tensor *out, const l2l_tensor *ids, const l2l_tensor *table);
 /* dtable[ids[n]] += dout[n] (scatter-add; repeated ids sum). */
 l2l_status l2l_embedding_backward(l2l_tensor *dtable, const l2l_tensor *dout,

@@ -381,7 +381,10 @@ static l2l_status check_embedding(const char *f, const struct l2l_backend_ops **
                                   const char *table_name, const l2l_tensor *table,
                                   const char *rows_name, const l2l_tensor *rows,
                                   const l2l_tensor *ids, bool table_is_output) {
-  TRY(need(f, table_name, table, L2L_F32));
+  /* a gathered table may be a 16-bit copy; a gradient table is f32 */
+  bool half_table = !table_is_output && l2l_tensor_ok(table) &&
+                    (table->dtype == L2L_F16 || table->dtype == L2L_BF16);
+  if (!half_table) TRY(need(f, table_name, table, L2L_F32));
   TRY(need(f, rows_name, rows, L2L_F32));
   TRY(need(f, "ids", ids, L2L_I32));
   struct arg args[] = {{table_name, table}, {rows_name, rows}, {"ids", ids}};
@@ -407,7 +410,7 @@ l2l_status l2l_embedding_forward(l2l_tensor *out, const l2l_tensor *ids, const l
   const struct l2l_backend_ops *ops = NULL;
   TRY(check_embedding(__func__, &ops, "table", table, "out", out, ids, false));
   return ops->embedding_forward(l2l_tensor_ptr(out), l2l_tensor_ptr(ids), l2l_tensor_ptr(table),
-                                ids->numel, table->shape[1]);
+                                table->dtype, ids->numel, table->shape[1]);
 }
 
 l2l_status l2l_embedding_backward(l2l_tensor *dtable, const l2l_tensor *dout,

@@ -837,6 +837,18 @@ TEST(cuda_embedding) {
     snprintf(what, sizeof what, "embedding_forward n=%lld V=%lld C=%lld", (long long)n,
              (long long)v, (long long)cols);
     CHECK_TWIN_BITS(what, out); /* a copy of rows: exact */
+    for (int h = 0; h < 2; h++) { /* from a 16-bit copy of the table (the relay's bf16/f16) */
+      l2l_dtype dt = h ? L2L_BF16 : L2L_F16;
+      int64_t tshape[2] = {v, cols};
+      l2l_tensor *half0 = check_tensor(L2L_POOL_HOST, dt, 2, tshape);
+      CHECK_OK(l2l_tensor_cast(half0, table.h));
+      struct twin half = twin_of(half0);
+      SIDES OK_ON(l2l_embedding_forward(AT(out), AT(ids), AT(half)));
+      snprintf(what, sizeof what, "embedding_forward from %s n=%lld C=%lld", l2l_dtype_name(dt),
+               (long long)n, (long long)cols);
+      CHECK_TWIN_BITS(what, out);
+      TWIN_FREE(&half);
+    }
     SIDES OK_ON(l2l_embedding_backward(AT(dtable), AT(dout), AT(ids)));
     snprintf(what, sizeof what, "embedding_backward n=%lld V=%lld C=%lld (an id repeats %lld times)",
              (long long)n, (long long)v, (long long)cols, (long long)max_repeat);

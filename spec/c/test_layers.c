@@ -1185,6 +1185,95 @@ static void compare_runs(const char *what, struct run *a, struct run *b, const c
   }
 }
 
+/* ---------------------------------------------------------------- 16-bit weights */
+
+/* The relay's binding (src/internal.h): a parameter record pointed at other tensors. */
+void l2l_param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad);
+
+/* The parameters the relay binds in 16 bits: the GEMM weights and the token table. */
+static bool low_precision_name(const l2l_layer_config *c, const char *name) {
+  switch (c->kind) {
+    case L2L_LAYER_EMBEDDING: return strcmp(name, "wte") == 0;
+    case L2L_LAYER_BLOCK: return ends_with(name, "weight") && !starts_with(name, "ln");
+    case L2L_LAYER_LM_HEAD: return strcmp(name, "proj.weight") == 0;
+    case L2L_LAYER_CLASSIFIER: return strcmp(name, "weight") == 0;
+    case L2L_LAYER_CUSTOM: break;
+  }
+  return false;
+}
+
+/* A layer computing with 16-bit copies of its weights (as the relay binds them) against
+   the same layer in f32 with those weights rounded to 16 bits beforehand: the two differ
+   only where the 16-bit layer rounds a GEMM's activations, so they agree to the 16-bit
+   precision (and a weight read with the wrong dtype or an activation not rounded to the
+   weight's dtype gives garbage). */
+TEST(layer_16bit_weights_match_rounded_f32) {
+  static const l2l_layer_kind kinds[] = {L2L_LAYER_EMBEDDING, L2L_LAYER_BLOCK, L2L_LAYER_BLOCK,
+                                         L2L_LAYER_LM_HEAD, L2L_LAYER_CLASSIFIER};
+  for (int dt = 0; dt < 2; dt++) {
+    const l2l_dtype dtype = dt ? L2L_BF16 : L2L_F16;
+    const double tol = dtype == L2L_BF16 ? 3e-2 : 4e-3;   /* 2^-8 and 2^-11, and sums */
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+      l2l_layer_config c = base_config(kinds[k]);
+      if (k == 2) {   /* the other block options */
+        c.post_ln = 1, c.causal = 0, c.bias = 0;
+        c.memory = L2L_MEMORY_FRUGAL;
+        c.dropout = c.attn_dropout = 0.2f;
+      }
+      l2l_layer *layer = new_layer(&c, L2L_POOL_HOST), *twin_layer = NULL;
+      if (layer == NULL) continue;
+      randomize_params(layer);
+      if (!CHECK_OK(l2l_layer_clone(&twin_layer, layer))) {
+        l2l_layer_free(layer);
+        continue;
+      }
+      struct run r, twin;
+      run_init(&r, layer, PICK(2, 3), PICK(5, 9), L2L_POOL_HOST, kinds[k] == L2L_LAYER_BLOCK);
+      CHECK_OK(l2l_layer_set_rng_id(twin_layer, l2l_layer_rng_id(layer)));
+      twin = r;
+      twin.layer = twin_layer;
+      twin.y = like(r.y), twin.dx = r.dx ? like(r.dx) : NULL;
+      l2l_tensor *half[MAX_PARAMS] = {0};
+      int bound = 0;
+      for (int i = 0; i < l2l_layer_param_count(layer); i++) {
+        l2l_param *p = l2l_layer_param(layer, i), *q = find_param(twin_layer, l2l_param_name(p));
+        if (!low_precision_name(&c, l2l_param_name(p))) continue;
+        l2l_tensor *v = l2l_param_value(p), *w = l2l_param_value(q);
+        half[i] = check_tensor(L2L_POOL_HOST, dtype, l2l_tensor_ndim(v),
+                               (int64_t[]){l2l_tensor_dim(v, 0), l2l_tensor_dim(v, 1)});
+        CHECK_OK(l2l_tensor_cast(half[i], v));
+        CHECK_OK(l2l_tensor_cast(w, half[i]));   /* the twin's weight: the same values, f32 */
+        l2l_param_bind(p, half[i], l2l_param_grad(p));
+        bound++;
+      }
+      static const char *const kind_names[] = {"embedding", "block", "LM head", "classifier"};
+      CHECK(bound > 0, "%s: no 16-bit weight", kind_names[kinds[k]]);
+      check_poison(r.y);
+      if (r.dx) check_poison(r.dx);
+      char what[128];
+      snprintf(what, sizeof what, "%s %s weights%s", kind_names[kinds[k]],
+               l2l_dtype_name(dtype), k == 2 ? " (post-LN, frugal, dropout)" : "");
+      if (forward_backward(&r) && forward_backward(&twin)) {
+        compare_tensor(what, "y", r.y, twin.y, tol);
+        if (r.dx) compare_tensor(what, "dx", r.dx, twin.dx, 2 * tol);
+        for (int i = 0; i < l2l_layer_param_count(layer); i++) {
+          l2l_param *p = l2l_layer_param(layer, i), *q = find_param(twin_layer, l2l_param_name(p));
+          compare_tensor(what, l2l_param_name(p), l2l_param_grad(p), l2l_param_grad(q), 2 * tol);
+        }
+      }
+      for (int i = 0; i < l2l_layer_param_count(layer); i++) {
+        if (half[i]) l2l_param_bind(l2l_layer_param(layer, i), NULL, NULL);
+        l2l_tensor_free(half[i]);
+      }
+      FREE(twin.y, twin.dx);
+      run_free(&r);
+      l2l_layer_free(twin_layer);
+      l2l_layer_free(layer);
+    }
+  }
+}
+
+
 /* A frugal copy of r's layer drawing the same dropout, on r's inputs with outputs of its
    own. A block is cloned and switched (set_memory is promised for blocks); an LM head is
    made frugal from its config and given r's values. */

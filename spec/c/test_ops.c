@@ -1156,12 +1156,26 @@ TEST(op_embedding_forward) {
     int64_t n = numel(ids);
     double *want = doubles(n * cols);
     const int32_t *id = l2l_tensor_data(ids);
-    for (int64_t i = 0; i < n; i++)
-      for (int64_t j = 0; j < cols; j++) want[i * cols + j] = check_data(table)[id[i] * cols + j];
-    check_poison(out);
-    CHECK_OK(l2l_embedding_forward(out, ids, table));
-    /* A copy: exact. */
-    CHECK_CLOSE("embedding_forward", check_data(out), want, n * cols, 1e-30, 0.0);
+    /* the f32 table, then 16-bit copies of it (a relay's device copies), widened exactly */
+    l2l_dtype dtypes[3] = {L2L_F32, L2L_F16, L2L_BF16};
+    for (int t = 0; t < 3; t++) {
+      int64_t shape[2] = {v, cols};
+      l2l_tensor *tab = check_tensor(L2L_POOL_HOST, dtypes[t], 2, shape);
+      CHECK_OK(l2l_tensor_cast(tab, table));
+      const uint16_t *bits = l2l_tensor_data(tab);
+      for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < cols; j++) {
+          int64_t e = id[i] * cols + j;
+          want[i * cols + j] = dtypes[t] == L2L_F32   ? check_data(table)[e]
+                               : dtypes[t] == L2L_F16 ? l2l_f16_to_f32(bits[e])
+                                                      : l2l_bf16_to_f32(bits[e]);
+        }
+      check_poison(out);
+      CHECK_OK(l2l_embedding_forward(out, ids, tab));
+      /* A copy: exact. */
+      CHECK_CLOSE(l2l_dtype_name(dtypes[t]), check_data(out), want, n * cols, 1e-30, 0.0);
+      l2l_tensor_free(tab);
+    }
     free(want);
     FREE(ids, table, out);
   }

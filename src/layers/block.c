@@ -60,8 +60,15 @@ static l2l_status block_create(l2l_layer *layer) {
     int64_t shape[2] = {spec[role].rows, spec[role].cols};
     TRY(l2l_layer_add_param(layer, role, spec[role].name, spec[role].cols ? 2 : 1, shape,
                             spec[role].init, spec[role].std, spec[role].decays));
+    if (spec[role].cols) l2l_layer_mark_low_precision(layer, role);   /* the four GEMM weights */
   }
   return L2L_OK;
+}
+
+/* The widest linear map's x and dy: qkv (D in, 3D out) or the MLP's (D, F). */
+static int64_t block_cast_elements(const l2l_layer *layer, int64_t B, int64_t S) {
+  const int64_t D = layer->config.dim, F = layer->config.mlp;
+  return B * S * (4 * D > D + F ? 4 * D : D + F);
 }
 
 /* ---------------------------------------------------------------- the plan */
@@ -258,13 +265,13 @@ static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer,
     TRY(layernorm(call, &p, BUF(ln1_out), BUF(mean1), BUF(rstd1), x, layer, LN1_W));
     attn_in = BUF(ln1_out);
   }
-  TRY(l2l_linear_forward(ops, qkv, attn_in, param(layer, QKV_W), param(layer, QKV_B), N, D, 3 * D));
+  TRY(l2l_linear_forward(call, qkv, attn_in, l2l_weight(layer, QKV_W), param(layer, QKV_B), N, D, 3 * D));
   TRY(ops->attention_forward(ctx, BUF(lse), BUF(probs), BUF(dropped), (uint8_t *)BUF(attn_mask),
                              qkv, qkv + D, qkv + 2 * D, key_mask, &sh, BUF(attn_work),
                              p.attn_work_floats));
   /* first residual: r = x + drop1(ctx Wp) */
   float *r1 = c->post_ln ? (BUF(ln1_in) ? BUF(ln1_in) : BUF(ln1_out)) : BUF(ln2_in);
-  TRY(l2l_linear_forward(ops, r1, ctx, param(layer, PROJ_W), param(layer, PROJ_B), N, D, D));
+  TRY(l2l_linear_forward(call, r1, ctx, l2l_weight(layer, PROJ_W), param(layer, PROJ_B), N, D, D));
   TRY(residual_dropout(call, layer, &p, r1, (uint8_t *)BUF(drop1_mask), 1));
   const float *mlp_in;
   if (c->post_ln) { /* h = ln1(r1), in place when frugal keeps no r1 */
@@ -278,7 +285,7 @@ static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer,
   float *fc = BUF(fc) ? BUF(fc) : BUF(gelu), *g = BUF(gelu);
   uint8_t *side_bits = flags & FRUGAL ? (uint8_t *)BUF(gelu_bits) : NULL;
   const float *fc_bias = param(layer, FC_B);
-  TRY(l2l_linear_forward(ops, fc, mlp_in, param(layer, FC_W), NULL, N, D, F));
+  TRY(l2l_linear_forward(call, fc, mlp_in, l2l_weight(layer, FC_W), NULL, N, D, F));
   if (fc_bias)
     TRY(ops->bias_gelu_forward(fc, g, side_bits, fc_bias, N, F));
   else if (side_bits)
@@ -287,12 +294,12 @@ static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer,
     TRY(ops->gelu_forward(g, fc, N * F));
   if (c->post_ln) { /* y = ln2(r2), r2 = h + drop2(g Wf2), built in y when not kept */
     float *r2 = BUF(ln2_in) ? BUF(ln2_in) : y;
-    TRY(l2l_linear_forward(ops, r2, g, param(layer, FC2_W), param(layer, FC2_B), N, F, D));
+    TRY(l2l_linear_forward(call, r2, g, l2l_weight(layer, FC2_W), param(layer, FC2_B), N, F, D));
     TRY(residual_dropout(call, layer, &p, r2, (uint8_t *)BUF(drop2_mask), 2));
     TRY(add_layernorm(call, &p, y, BUF(mean2), BUF(rstd2), r2, r2, mlp_in, layer, LN2_W));
   } else { /* y = h + drop2(g Wf2) */
     float *m = BUF(scratch_d);
-    TRY(l2l_linear_forward(ops, m, g, param(layer, FC2_W), param(layer, FC2_B), N, F, D));
+    TRY(l2l_linear_forward(call, m, g, l2l_weight(layer, FC2_W), param(layer, FC2_B), N, F, D));
     TRY(residual_dropout(call, layer, &p, m, (uint8_t *)BUF(drop2_mask), 2));
     TRY(ops->add(y, r1, m, N * D));
   }
@@ -341,14 +348,14 @@ static l2l_status mlp_backward(const struct layer_call *call, const struct block
   const int64_t N = p->N, D = p->D, F = p->F;
   float *df = at(m, p->tf);
   const float *g = at(m, p->gelu);
-  TRY(l2l_linear_backward(ops, df, grad(layer, FC2_W), grad(layer, FC2_B), dm, g,
-                          param(layer, FC2_W), N, F, D, 0.0f));
+  TRY(l2l_linear_backward(call, df, grad(layer, FC2_W), grad(layer, FC2_B), dm, g,
+                          l2l_weight(layer, FC2_W), N, F, D, 0.0f));
   if (p->flags & FRUGAL)
     TRY(ops->gelu_backward_from_output(df, df, g, (const uint8_t *)at(m, p->gelu_bits), N * F));
   else
     TRY(ops->gelu_backward(df, df, at(m, p->fc), N * F));
-  return l2l_linear_backward(ops, dh, grad(layer, FC_W), grad(layer, FC_B), df, in,
-                             param(layer, FC_W), N, D, F, 0.0f);
+  return l2l_linear_backward(call, dh, grad(layer, FC_W), grad(layer, FC_B), df, in,
+                             l2l_weight(layer, FC_W), N, D, F, 0.0f);
 }
 
 /* The attention branch's backward: da := d(attention input) from dz = d(ctx Wp + bp). */
@@ -359,8 +366,8 @@ static l2l_status attention_branch_backward(const struct layer_call *call,
   const struct l2l_backend_ops *ops = call->ops;
   const int64_t N = p->N, D = p->D;
   float *dctx = at(m, p->t3), *dqkv = at(m, p->tqkv), *qkv = at(m, p->qkv), *ctx = at(m, p->ctx);
-  TRY(l2l_linear_backward(ops, dctx, grad(layer, PROJ_W), grad(layer, PROJ_B), dz, ctx,
-                          param(layer, PROJ_W), N, D, D, 0.0f));
+  TRY(l2l_linear_backward(call, dctx, grad(layer, PROJ_W), grad(layer, PROJ_B), dz, ctx,
+                          l2l_weight(layer, PROJ_W), N, D, D, 0.0f));
   struct l2l_attention_shape sh;
   attention_shape(&sh, p, layer, call->b);
   const uint8_t *key_mask = call->b->key_mask ? l2l_tensor_ptr(call->b->key_mask) : NULL;
@@ -368,8 +375,8 @@ static l2l_status attention_branch_backward(const struct layer_call *call,
                               at(m, p->probs), at(m, p->dropped),
                               (const uint8_t *)at(m, p->attn_mask), qkv, qkv + D, qkv + 2 * D,
                               key_mask, &sh, at(m, p->attn_back_work), p->attn_back_work_floats));
-  return l2l_linear_backward(ops, da, grad(layer, QKV_W), grad(layer, QKV_B), dqkv, in,
-                             param(layer, QKV_W), N, D, 3 * D, 0.0f);
+  return l2l_linear_backward(call, da, grad(layer, QKV_W), grad(layer, QKV_B), dqkv, in,
+                             l2l_weight(layer, QKV_W), N, D, 3 * D, 0.0f);
 }
 
 static l2l_status block_backward(const struct layer_call *call, l2l_layer *layer, float *dx,
@@ -414,6 +421,7 @@ const struct layer_kind_ops l2l_block_kind = {
     .name = "block",
     .create_params = block_create,
     .choose_flags = block_flags,
+    .cast_elements = block_cast_elements,
     .memory = block_memory,
     .forward = block_forward,
     .backward = block_backward,

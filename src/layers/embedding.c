@@ -16,6 +16,7 @@ static l2l_status embedding_create(l2l_layer *layer) {
   int64_t wte[2] = {c->vocab, c->dim}, wpe[2] = {c->max_seq, c->dim},
           wtt[2] = {c->type_vocab, c->dim};
   TRY(l2l_layer_add_param(layer, EMBED_WTE, "wte", 2, wte, 'n', c->init_std, 0));
+  l2l_layer_mark_low_precision(layer, EMBED_WTE);   /* the tied LM head's GEMM weight too */
   TRY(l2l_layer_add_param(layer, EMBED_WPE, "wpe", 2, wpe, 'n', c->init_std, 0));
   if (c->type_vocab > 0)
     TRY(l2l_layer_add_param(layer, EMBED_WTT, "wtt", 2, wtt, 'n', c->init_std, 0));
@@ -48,13 +49,14 @@ static l2l_status embedding_forward(const struct layer_call *call, l2l_layer *la
   const l2l_layer_config *c = &layer->config;
   const l2l_layer_batch *b = call->b;
   const int64_t B = call->batch, S = call->seq, D = c->dim, N = B * S;
-  TRY(ops->embedding_forward(y, l2l_tensor_ptr(b->tokens), l2l_param_f32(layer, EMBED_WTE), N, D));
+  const struct weight wte = l2l_weight(layer, EMBED_WTE);
+  TRY(ops->embedding_forward(y, l2l_tensor_ptr(b->tokens), wte.data, wte.dtype, N, D));
   /* positions: y viewed as (B, S*D) plus wpe's first S rows as one (S*D) bias row */
   TRY(ops->bias_add(y, l2l_param_f32(layer, EMBED_WPE), B, S * D));
   if (c->type_vocab > 0) {
     float *types = work; /* (N,D) */
     TRY(ops->embedding_forward(types, l2l_tensor_ptr(b->token_types),
-                               l2l_param_f32(layer, EMBED_WTT), N, D));
+                               l2l_param_f32(layer, EMBED_WTT), L2L_F32, N, D));
     TRY(ops->add(y, y, types, N * D));
   }
   if (saved->flags & DROPOUT)

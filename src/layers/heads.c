@@ -41,7 +41,9 @@ static l2l_status lm_head_create(l2l_layer *layer) {
     TRY(l2l_layer_add_param(layer, HEAD_LN_W, "ln.weight", 1, d, '1', 0, 0));
     TRY(l2l_layer_add_param(layer, HEAD_LN_B, "ln.bias", 1, d, '0', 0, 0));
   }
-  return l2l_layer_add_param(layer, HEAD_PROJ, "proj.weight", 2, proj, 'n', c->init_std, 1);
+  TRY(l2l_layer_add_param(layer, HEAD_PROJ, "proj.weight", 2, proj, 'n', c->init_std, 1));
+  l2l_layer_mark_low_precision(layer, HEAD_PROJ);
+  return L2L_OK;
 }
 
 static uint32_t lm_head_flags(const l2l_layer *layer, const l2l_layer_batch *batch) {
@@ -104,7 +106,7 @@ static l2l_status lm_head_forward(const struct layer_call *call, l2l_layer *laye
     h = hn;
   }
   float *logits = saved->flags & LOGITS ? y : l2l_arena_at(base, p.logits); /* (N,V) */
-  TRY(ops->gemm_batched(logits, h, l2l_param_f32(layer, HEAD_PROJ), L2L_F32, 1, N, V, D, 0, 1, 1.0f, 0.0f));
+  TRY(l2l_gemm_weight(call, logits, h, l2l_weight(layer, HEAD_PROJ), 0, N, V, D, 0, 1, 1.0f, 0.0f));
   if (saved->flags & LOGITS) return L2L_OK;
   return lm_head_losses(call, y, logits, N, V);
 }
@@ -122,9 +124,15 @@ static l2l_status lm_head_backward(const struct layer_call *call, l2l_layer *lay
   const float *h = c->final_ln ? l2l_arena_at(base, p.h) : x;
   /* the forward's lm_head_losses left softmax - one-hot here; scaled in the GEMMs */
   const float *dlogits = l2l_arena_at(base, p.logits), scale = call->b->loss_scale;
-  TRY(ops->gemm_batched(l2l_grad_f32(layer, HEAD_PROJ), dlogits, h, L2L_F32, 1, V, D, N, 1, 0, scale, 1.0f));
+  /* with a 16-bit projection, dlogits and h are rounded to its dtype like any GEMM input */
+  const struct weight proj = l2l_weight(layer, HEAD_PROJ);
+  const void *dl = NULL, *hr = NULL;
+  TRY(l2l_cast_activation(call, &dl, dlogits, N * V, proj.dtype, 0));
+  TRY(l2l_cast_activation(call, &hr, h, N * D, proj.dtype, N * V));
+  TRY(ops->gemm_batched(l2l_grad_f32(layer, HEAD_PROJ), dl, hr, proj.dtype, 1, V, D, N, 1, 0,
+                        scale, 1.0f));
   float *dh = c->final_ln ? l2l_arena_at(work, p.dh) : dx;
-  TRY(ops->gemm_batched(dh, dlogits, l2l_param_f32(layer, HEAD_PROJ), L2L_F32, 1, N, D, V, 0, 0, scale, 0.0f));
+  TRY(ops->gemm_batched(dh, dl, proj.data, proj.dtype, 1, N, D, V, 0, 0, scale, 0.0f));
   if (!c->final_ln) return L2L_OK;
   float *dw = l2l_grad_f32(layer, HEAD_LN_W), *db = l2l_grad_f32(layer, HEAD_LN_B);
   const float *w = l2l_param_f32(layer, HEAD_LN_W), *rstd = l2l_arena_at(base, p.rstd);
@@ -134,10 +142,16 @@ static l2l_status lm_head_backward(const struct layer_call *call, l2l_layer *lay
   return ops->layernorm_backward(dx, dw, db, dh, x, w, l2l_arena_at(base, p.mean), rstd, N, D);
 }
 
+/* The backward's dlogits (N,V) and h (N,D). */
+static int64_t lm_head_cast_elements(const l2l_layer *layer, int64_t B, int64_t S) {
+  return B * S * (layer->config.vocab + layer->config.dim);
+}
+
 const struct layer_kind_ops l2l_lm_head_kind = {
     .name = "LM head",
     .create_params = lm_head_create,
     .choose_flags = lm_head_flags,
+    .cast_elements = lm_head_cast_elements,
     .memory = lm_head_memory,
     .forward = lm_head_forward,
     .backward = lm_head_backward,
@@ -149,6 +163,7 @@ static l2l_status classifier_create(l2l_layer *layer) {
   const l2l_layer_config *c = &layer->config;
   int64_t w[2] = {c->dim, c->classes}, b[1] = {c->classes};
   TRY(l2l_layer_add_param(layer, CLS_W, "weight", 2, w, 'n', c->init_std, 1));
+  l2l_layer_mark_low_precision(layer, CLS_W);
   return l2l_layer_add_param(layer, CLS_B, "bias", 1, b, '0', 0, 0);
 }
 
@@ -185,7 +200,7 @@ static l2l_status classifier_forward(const struct layer_call *call, l2l_layer *l
   for (int64_t b = 0; b < B; b++)
     TRY(ops->copy(f + b * D, call->pool, x + b * S * D, call->pool, (uint64_t)D * sizeof(float)));
   float *logits = saved->flags & LOGITS ? y : classifier_logits(f, layer, B);
-  TRY(l2l_linear_forward(ops, logits, f, l2l_param_f32(layer, CLS_W), l2l_param_f32(layer, CLS_B),
+  TRY(l2l_linear_forward(call, logits, f, l2l_weight(layer, CLS_W), l2l_param_f32(layer, CLS_B),
                          B, D, C));
   if (saved->flags & LOGITS) return L2L_OK;
   return ops->cross_entropy_forward(y, logits, l2l_tensor_ptr(call->b->targets), -1, B, C);
@@ -200,18 +215,24 @@ static l2l_status classifier_backward(const struct layer_call *call, l2l_layer *
   float *f = l2l_saved_base(saved), *dlogits = classifier_logits(f, layer, B), *df = work;
   TRY(ops->cross_entropy_backward(dlogits, dlogits, l2l_tensor_ptr(call->b->targets), -1,
                                   call->b->loss_scale, B, C));
-  TRY(l2l_linear_backward(ops, df, l2l_grad_f32(layer, CLS_W), l2l_grad_f32(layer, CLS_B),
-                          dlogits, f, l2l_param_f32(layer, CLS_W), B, D, C, 0.0f));
+  TRY(l2l_linear_backward(call, df, l2l_grad_f32(layer, CLS_W), l2l_grad_f32(layer, CLS_B),
+                          dlogits, f, l2l_weight(layer, CLS_W), B, D, C, 0.0f));
   TRY(ops->fill(dx, L2L_F32, 0.0, B * S * D));
   for (int64_t b = 0; b < B; b++)
     TRY(ops->copy(dx + b * S * D, call->pool, df + b * D, call->pool, (uint64_t)D * sizeof(float)));
   return L2L_OK;
 }
 
+static int64_t classifier_cast_elements(const l2l_layer *layer, int64_t B, int64_t S) {
+  (void)S;
+  return B * (layer->config.dim + layer->config.classes);
+}
+
 const struct layer_kind_ops l2l_classifier_kind = {
     .name = "classifier",
     .create_params = classifier_create,
     .choose_flags = classifier_flags,
+    .cast_elements = classifier_cast_elements,
     .memory = classifier_memory,
     .forward = classifier_forward,
     .backward = classifier_backward,

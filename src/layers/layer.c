@@ -96,6 +96,11 @@ int l2l_param_users(const l2l_param *param) {
   return param_ok(param) ? atomic_load(&param->users) : -1;
 }
 int l2l_param_decays(const l2l_param *param) { return param_ok(param) ? param->decays : -1; }
+bool l2l_param_low_precision(const l2l_param *param) { return param->low_precision; }
+
+void l2l_layer_mark_low_precision(l2l_layer *layer, int role) {
+  layer->params[layer->role[role]]->low_precision = true;
+}
 
 void l2l_param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad) {
   if (value != NULL) {
@@ -231,6 +236,7 @@ l2l_status l2l_layer_clone(l2l_layer **out, const l2l_layer *layer) {
     l2l_param *q = NULL;
     status = param_new(&q, p->name, layer->pool, p->value->ndim, p->value->shape, p->decays);
     if (status != L2L_OK) break;
+    q->low_precision = p->low_precision;
     copy->params[copy->nparams++] = q;
     status = l2l_tensor_copy(q->value, p->value);
   }
@@ -315,10 +321,34 @@ static uint64_t param_bytes(const l2l_layer *layer) {
   return bytes;
 }
 
+/* Bytes of the cast scratch for 16-bit weights of `precision` (f32: none). */
+static uint64_t cast_bytes(const l2l_layer *layer, int64_t batch, int64_t seq,
+                           l2l_dtype precision) {
+  const struct layer_kind_ops *k = kind_ops(layer->config.kind);
+  if (precision == L2L_F32 || k->cast_elements == NULL) return 0;
+  struct arena a = {0};
+  l2l_arena_reserve(&a, (uint64_t)k->cast_elements(layer, batch, seq) * l2l_dtype_size(precision));
+  return a.bytes;
+}
+
+/* The dtype of the layer's bound 16-bit weights, f32 when none is. */
+static l2l_dtype layer_precision(const l2l_layer *layer) {
+  for (int i = 0; i < layer->nparams; i++)
+    if (layer->params[i]->value->dtype != L2L_F32) return layer->params[i]->value->dtype;
+  return L2L_F32;
+}
+
+/* Work arenas: the kind's buffers first, then the cast scratch. */
 static void memory_for(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
-                       int64_t seq, uint32_t flags) {
+                       int64_t seq, uint32_t flags, l2l_dtype precision) {
   memset(out, 0, sizeof *out);
   kind_ops(layer->config.kind)->memory(out, layer, batch, seq, flags);
+  struct arena fwd = {out->work_forward}, bwd = {out->work_backward};
+  uint64_t cast = cast_bytes(layer, batch, seq, precision);
+  l2l_arena_reserve(&fwd, cast);
+  l2l_arena_reserve(&bwd, cast);
+  out->work_forward = fwd.bytes;
+  out->work_backward = bwd.bytes;
   out->params = param_bytes(layer);
   uint64_t work = out->work_forward > out->work_backward ? out->work_forward : out->work_backward;
   out->peak = out->saved + work;
@@ -337,19 +367,47 @@ bool l2l_layernorm_guarded(const float *weight, const float *bias, int64_t n) {
   return false;
 }
 
-l2l_status l2l_linear_forward(const struct l2l_backend_ops *ops, float *y, const float *x,
-                              const float *w, const float *bias, int64_t n, int64_t in,
-                              int64_t out) {
-  TRY(ops->gemm_batched(y, x, w, L2L_F32, 1, n, out, in, 0, 0, 1.0f, 0.0f));
-  return bias ? ops->bias_add(y, bias, n, out) : L2L_OK;
+l2l_status l2l_cast_activation(const struct layer_call *call, const void **out, const float *a,
+                               int64_t n, l2l_dtype dtype, int64_t at) {
+  if (dtype == L2L_F32) {
+    *out = a;
+    return L2L_OK;
+  }
+  void *dst = (uint16_t *)call->cast + at;
+  int64_t bad = -1;
+  TRY(call->ops->convert(dst, dtype, a, L2L_F32, n, &bad));
+  *out = dst;
+  return L2L_OK;
 }
 
-l2l_status l2l_linear_backward(const struct l2l_backend_ops *ops, float *dx, float *dw,
-                               float *db, const float *dy, const float *x, const float *w,
-                               int64_t n, int64_t in, int64_t out, float dx_beta) {
-  TRY(ops->gemm_batched(dw, x, dy, L2L_F32, 1, in, out, n, 1, 0, 1.0f, 1.0f));
+l2l_status l2l_gemm_weight(const struct layer_call *call, float *c, const float *a,
+                           struct weight w, int64_t at, int64_t m, int64_t n, int64_t k,
+                           int trans_a, int trans_w, float alpha, float beta) {
+  const void *ar = NULL;
+  TRY(l2l_cast_activation(call, &ar, a, m * k, w.dtype, at));
+  return call->ops->gemm_batched(c, ar, w.data, w.dtype, 1, m, n, k, trans_a, trans_w, alpha,
+                                 beta);
+}
+
+l2l_status l2l_linear_forward(const struct layer_call *call, float *y, const float *x,
+                              struct weight w, const float *bias, int64_t n, int64_t in,
+                              int64_t out) {
+  TRY(l2l_gemm_weight(call, y, x, w, 0, n, out, in, 0, 0, 1.0f, 0.0f));
+  return bias ? call->ops->bias_add(y, bias, n, out) : L2L_OK;
+}
+
+l2l_status l2l_linear_backward(const struct layer_call *call, float *dx, float *dw, float *db,
+                               const float *dy, const float *x, struct weight w, int64_t n,
+                               int64_t in, int64_t out, float dx_beta) {
+  const struct l2l_backend_ops *ops = call->ops;
+  /* dw accumulates in f32 from x and dy rounded like the weight (both 16-bit, or both f32) */
+  const void *xr = NULL, *dyr = NULL;
+  TRY(l2l_cast_activation(call, &dyr, dy, n * out, w.dtype, 0));
+  TRY(l2l_cast_activation(call, &xr, x, n * in, w.dtype, n * out));
+  TRY(ops->gemm_batched(dw, xr, dyr, w.dtype, 1, in, out, n, 1, 0, 1.0f, 1.0f));
   if (db) TRY(ops->bias_backward(db, dy, n, out));
-  return dx ? ops->gemm_batched(dx, dy, w, L2L_F32, 1, n, in, out, 0, 1, 1.0f, dx_beta) : L2L_OK;
+  return dx ? ops->gemm_batched(dx, dyr, w.data, w.dtype, 1, n, in, out, 0, 1, 1.0f, dx_beta)
+            : L2L_OK;
 }
 
 l2l_status l2l_layer_memory_use(l2l_layer_memory *out, const l2l_layer *layer,
@@ -359,8 +417,13 @@ l2l_status l2l_layer_memory_use(l2l_layer_memory *out, const l2l_layer *layer,
   if (micro_batch < 1 || seq < 1 || micro_batch > (INT64_C(1) << 24) || seq > (INT64_C(1) << 24))
     return FAIL(L2L_ERR_INVALID, "micro_batch and seq must be 1 to 2^24, got %lld and %lld",
                 (long long)micro_batch, (long long)seq);
-  memory_for(out, layer, micro_batch, seq, flags_now(layer, NULL));
+  memory_for(out, layer, micro_batch, seq, flags_now(layer, NULL), L2L_F32);
   return L2L_OK;
+}
+
+void l2l_layer_memory_in(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
+                         int64_t seq, l2l_dtype precision) {
+  memory_for(out, layer, batch, seq, flags_now(layer, NULL), precision);
 }
 
 /* ---------------------------------------------------------------- call checks */
@@ -506,6 +569,14 @@ static l2l_status arena_new(l2l_tensor **out, l2l_pool_kind pool, uint64_t bytes
   return l2l_tensor_new(out, pool, L2L_U8, 1, shape);
 }
 
+/* The cast scratch at the end of a work arena (memory_for put it there). */
+static void *cast_scratch(const l2l_tensor *work, const l2l_layer *layer, int64_t B, int64_t S,
+                          l2l_dtype precision) {
+  uint64_t bytes = cast_bytes(layer, B, S, precision);
+  if (bytes == 0) return NULL;
+  return (char *)l2l_tensor_ptr(work) + (work->storage->bytes - bytes);
+}
+
 /* A handle on the same storage as t (the saved state's reference). */
 static l2l_status reference(l2l_tensor **out, const l2l_tensor *t) {
   return l2l_tensor_view_rows(out, t, 0, t->shape[0]);
@@ -587,8 +658,9 @@ l2l_status l2l_layer_forward(l2l_saved **saved_out, l2l_layer *layer, l2l_tensor
   /* The forward always fills a saved state (its buffers are where it computes); an
      inference call drops it on return. */
   uint32_t flags = flags_now(layer, batch);
+  l2l_dtype precision = layer_precision(layer);
   l2l_layer_memory mem;
-  memory_for(&mem, layer, B, S, flags);
+  memory_for(&mem, layer, B, S, flags, precision);
   struct l2l_saved *saved = calloc(1, sizeof *saved);
   if (saved == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a saved state");
   saved->magic = L2L_SAVED_MAGIC;
@@ -603,7 +675,8 @@ l2l_status l2l_layer_forward(l2l_saved **saved_out, l2l_layer *layer, l2l_tensor
   if (status == L2L_OK) status = arena_new(&work, y->storage->pool, mem.work_forward);
   if (status == L2L_OK) {
     struct layer_call call = {l2l_backend_for(y->storage->pool), y->storage->pool, B, S, batch,
-                              .keep = keep, .y = y, .x = x};
+                              .keep = keep, .y = y, .x = x, .precision = precision,
+                              .cast = cast_scratch(work, layer, B, S, precision)};
     status = kind_ops(layer->config.kind)->forward(
         &call, layer, l2l_tensor_ptr(y), x ? l2l_tensor_ptr(x) : NULL, saved,
         work ? l2l_tensor_ptr(work) : NULL);
@@ -660,11 +733,14 @@ l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor
   if (l2l_tensors_overlap(dx, saved->input) || l2l_tensors_overlap(dx, saved->output))
     return FAIL(L2L_ERR_INVALID, "dx overlaps a tensor the saved state reads");
 
+  l2l_dtype precision = layer_precision(layer);
   l2l_layer_memory mem;
-  memory_for(&mem, layer, B, S, saved->flags);
+  memory_for(&mem, layer, B, S, saved->flags, precision);
   l2l_tensor *work = NULL;
   TRY(arena_new(&work, pool, mem.work_backward));
-  struct layer_call call = {l2l_backend_for(pool), pool, B, S, batch, .dx = dx, .dy = dy};
+  struct layer_call call = {l2l_backend_for(pool), pool, B, S, batch, .dx = dx, .dy = dy,
+                            .precision = precision,
+                            .cast = cast_scratch(work, layer, B, S, precision)};
   l2l_status status = kind_ops(c->kind)->backward(
       &call, layer, dx ? l2l_tensor_ptr(dx) : NULL, dy ? l2l_tensor_ptr(dy) : NULL, saved,
       work ? l2l_tensor_ptr(work) : NULL);

@@ -25,8 +25,12 @@ struct l2l_param {
   atomic_int users;             /* layers holding this record */
   char name[L2L_PARAM_NAME];
   int decays;
+  /* A GEMM weight or a gathered table: the relay may bind a 16-bit device copy of it (its
+     precision option); every other parameter is bound in f32. */
+  bool low_precision;
   l2l_tensor *value, *grad;     /* same shape, f32, one pool; while bound (the relay), the
-                                   device tensors the layer computes with */
+                                   device tensors the layer computes with (the value may
+                                   then be f16 / bf16 when low_precision; grad stays f32) */
   l2l_tensor *home_value, *home_grad;  /* the record's own tensors while bound, else NULL */
 };
 
@@ -89,6 +93,10 @@ struct layer_call {
   /* The call's tensors, for kinds that work on tensors rather than buffers (custom). */
   l2l_tensor *y, *dx;
   const l2l_tensor *x, *dy;
+  /* The layer's 16-bit weights' dtype (f32: none) and scratch for the activations a GEMM
+     with them reads, rounded to that dtype (cast_elements of the kind). */
+  l2l_dtype precision;
+  void *cast;
 };
 
 /* Draw stream of a dropout site (l2l.h). */
@@ -112,6 +120,9 @@ struct layer_kind_ops {
      memory() says. work: work_forward bytes. */
   l2l_status (*forward)(const struct layer_call *call, l2l_layer *layer, float *y,
                         const float *x, struct l2l_saved *saved, void *work);
+  /* Elements of activations that the kind's widest GEMM with a 16-bit weight reads (the
+     call's cast scratch); NULL: the kind has no such GEMM. */
+  int64_t (*cast_elements)(const l2l_layer *layer, int64_t batch, int64_t seq);
   /* dx (NULL for the embedding) from dy (NULL for heads). work: work_backward bytes. */
   l2l_status (*backward)(const struct layer_call *call, l2l_layer *layer, float *dx,
                          const float *dy, struct l2l_saved *saved, void *work);
@@ -126,15 +137,36 @@ void l2l_custom_kind_release(const struct custom_kind *custom);
    keep that LayerNorm the standard way (its input, mean and rstd). */
 bool l2l_layernorm_guarded(const float *weight, const float *bias, int64_t n);
 
+/* A weight as a GEMM reads it: f32, or the relay's 16-bit device copy. */
+struct weight {
+  const void *data;
+  l2l_dtype dtype;
+};
+static inline struct weight l2l_weight(const l2l_layer *layer, int role) {
+  const l2l_tensor *v = layer->params[layer->role[role]]->value;
+  return (struct weight){l2l_tensor_ptr(v), v->dtype};
+}
+/* c = alpha op(a) op(w) + beta c for an activation a (f32) and a weight w: with a 16-bit
+   w, a is first rounded to w's dtype into the call's cast scratch at element `at` (the
+   products then accumulate in f32, as on a GPU's tensor cores). Shapes as gemm_batched. */
+l2l_status l2l_gemm_weight(const struct layer_call *call, float *c, const float *a,
+                           struct weight w, int64_t at, int64_t m, int64_t n, int64_t k,
+                           int trans_a, int trans_w, float alpha, float beta);
+/* a rounded to `dtype` in the call's cast scratch at element `at` (f32: a itself). */
+l2l_status l2l_cast_activation(const struct layer_call *call, const void **out, const float *a,
+                               int64_t n, l2l_dtype dtype, int64_t at);
 /* Linear maps on row-major buffers, shared by the kinds: y (n,out) = x (n,in) @ w (in,out)
    [+ bias]; the backward adds x^T dy into dw and column sums of dy into db (NULL: none)
-   and sets dx = dy w^T + dx_beta * dx (dx NULL: skipped). */
-l2l_status l2l_linear_forward(const struct l2l_backend_ops *ops, float *y, const float *x,
-                              const float *w, const float *bias, int64_t n, int64_t in,
+   and sets dx = dy w^T + dx_beta * dx (dx NULL: skipped). With a 16-bit w, x and dy are
+   rounded to its dtype first (cast scratch: n * (in + out) elements). */
+l2l_status l2l_linear_forward(const struct layer_call *call, float *y, const float *x,
+                              struct weight w, const float *bias, int64_t n, int64_t in,
                               int64_t out);
-l2l_status l2l_linear_backward(const struct l2l_backend_ops *ops, float *dx, float *dw,
-                               float *db, const float *dy, const float *x, const float *w,
-                               int64_t n, int64_t in, int64_t out, float dx_beta);
+l2l_status l2l_linear_backward(const struct layer_call *call, float *dx, float *dw, float *db,
+                               const float *dy, const float *x, struct weight w, int64_t n,
+                               int64_t in, int64_t out, float dx_beta);
+/* Marks the parameter of `role` as one the relay may bind in 16 bits (create_params). */
+void l2l_layer_mark_low_precision(l2l_layer *layer, int role);
 
 /* A layer record with no parameters yet and a fresh rng id (config already checked). */
 l2l_status l2l_layer_alloc(l2l_layer **out, const l2l_layer_config *config, l2l_pool_kind pool);
