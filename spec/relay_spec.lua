@@ -329,6 +329,104 @@ describe("l2l.Relay", function()
     for i = 1, 2 do runs[i]:free() end
   end)
 
+  -- The parameters a 16-bit relay keeps in 16 bits on the device: the token table (and
+  -- the tied head's projection, the same record) and the blocks' GEMM weights.
+  local function low_precision(name, shape)
+    return name == "wte" or (#shape == 2 and name ~= "wpe" and not name:find("^ln"))
+  end
+
+  for _, precision in ipairs({ "bf16", "f16" }) do
+    it("trains with " .. precision .. " weights on the device and f32 masters on the host", function()
+      local seed = support.seed % 1000
+      local function relay(model, o)
+        o.model, o.precision, o.seed = model, o.precision or precision, 5
+        if (o.precision == "f16") then o.loss_scale = 1024 end
+        return l2l.Relay(o)
+      end
+      local function same_dropout(model, as) for j = 1, #model do model[j]:rng_id(as[j]:rng_id()) end end
+
+      -- Bytes: with a slot per layer each layer comes in once a step; the 16-bit run moves
+      -- 2 bytes less for every element of a 16-bit parameter, per layer that lists it.
+      local tokens, targets = reversal(8)
+      local models, stats = { tiny_gpt(seed), tiny_gpt(seed) }, {}
+      same_dropout(models[2], models[1])
+      for i, p in ipairs({ "f32", precision }) do
+        local run = relay(models[i], { micro_batch = 8, stash = "device", inner = "keep",
+                                       param_slots = 5, precision = p })
+        run:step(tokens, targets)
+        run:sync()
+        stats[i] = run:stats()
+        run:free()
+      end
+      local halved = 0
+      for j = 1, #models[1] do
+        for _, p in ipairs(models[1][j]:params()) do
+          if low_precision(p.name, p.value:shape()) then halved = halved + 2 * p.value:numel() end
+        end
+      end
+      assert.is_true(halved > 0)
+      assert.are.equal(halved, stats[1].h2d_bytes - stats[2].h2d_bytes)
+      assert.are.equal(stats[1].d2h_bytes, stats[2].d2h_bytes)   -- gradients come back in f32
+
+      -- The split: rounding is per element, so micro-batches of 1 and the whole batch give
+      -- the same losses and weights up to summation order (SGD: no division by tiny
+      -- moments), which can move an activation across a 16-bit rounding boundary: a 16-bit
+      -- ulp in one element, so the bounds are the 16-bit precision's.
+      local ulp = precision == "bf16" and 2 ^ -8 or 2 ^ -11
+      local split = { tiny_gpt(seed), tiny_gpt(seed) }
+      same_dropout(split[2], split[1])
+      local runs = {}
+      for i, mb in ipairs({ 1, 8 }) do
+        runs[i] = relay(split[i], { micro_batch = mb, optimizer = l2l.SGD { lr = 0.1, momentum = 0.9 } })
+      end
+      for _ = 1, 3 do
+        local tok, tgt = reversal(8)
+        local a, b = runs[1]:step(tok, tgt), runs[2]:step(tok, tgt)
+        assert.is_true(math.abs(a - b) <= ulp * math.abs(b), ("split: %.9g vs %.9g"):format(a, b))
+      end
+      for i = 1, 2 do runs[i]:sync() end
+      local a, b = split[1]:params(), split[2]:params()
+      for j = 1, #a do
+        local d = max_diff(flat(a[j].value), flat(b[j].value))
+        assert.is_true(d <= ulp, ("split: %s differs by %g"):format(a[j].name, d))
+      end
+      for i = 1, 2 do runs[i]:free() end
+
+      -- Against f32 training: within the 16-bit precision for 20 steps, and not f32 itself.
+      local twins = { tiny_gpt(seed), tiny_gpt(seed) }
+      same_dropout(twins[2], twins[1])
+      runs = { relay(twins[1], { micro_batch = 4, precision = "f32", optimizer = l2l.AdamW { lr = 3e-3 } }),
+               relay(twins[2], { micro_batch = 4, optimizer = l2l.AdamW { lr = 3e-3 } }) }
+      local differs = false
+      for _ = 1, 20 do
+        local tok, tgt = reversal(8)
+        local f, h = runs[1]:step(tok, tgt), runs[2]:step(tok, tgt)
+        assert.is_true(math.abs(f - h) <= 0.03 * f, ("f32 %.6g, %s %.6g"):format(f, precision, h))
+        differs = differs or f ~= h
+      end
+      assert.is_true(differs, "the 16-bit run gave f32's losses bit for bit")
+
+      -- An edit of the masters between steps reaches the device: afterwards the run
+      -- evaluates like a fresh relay made from the edited model.
+      local run = runs[2]
+      run:sync()
+      local model = twins[2]
+      local before = run:evaluate(tokens, targets)
+      for _, p in ipairs(model[2]:params()) do
+        if low_precision(p.name, p.value:shape()) then p.value:normal(0, 0.3, { seed = seed }) end
+      end
+      local after = run:evaluate(tokens, targets)
+      assert.are_not.equal(before, after)
+      local copy = tiny_gpt(seed)
+      local mine = model:params()
+      for j, p in ipairs(copy:params()) do p.value:copy(mine[j].value) end
+      local fresh = relay(copy, { micro_batch = 4 })
+      assert.are.equal(after, fresh:evaluate(tokens, targets))
+      fresh:free()
+      for i = 1, 2 do runs[i]:free() end
+    end)
+  end
+
   it("skips a minibatch whose gradients overflow under dynamic loss scaling, and halves the scale", function()
     -- A layer written here passes x through with a bias, and on request writes inf into
     -- the gradient it passes back: every layer below it gets inf or NaN gradients. That
@@ -415,6 +513,7 @@ describe("l2l.Relay", function()
     fails("option 'loss_scale' must be a finite number >= 0", function() l2l.Relay { model = model, loss_scale = -2 } end)
     fails("option 'loss_scale' must be 0 %(off%) or 2%^%-64 to 2%^100", function() l2l.Relay { model = model, loss_scale = 2 ^ 101 } end)
     fails("option 'loss_scale_window' must be an integer >= 1, got 0", function() l2l.Relay { model = model, loss_scale_window = 0 } end)
+    fails("option 'precision' must be one of \"bf16\", \"f16\", \"f32\", got fp8", function() l2l.Relay { model = model, precision = "fp8" } end)
     fails("option 'param_slots' must be at most 4096, got 5000", function() l2l.Relay { model = model, param_slots = 5000 } end)
     fails("l2l.AdamW: option 'eps' must be a finite number > 0", function() l2l.AdamW { eps = 0 } end)
     fails("l2l.AdamW: option 'betas'", function() l2l.AdamW { betas = { 0.9 } } end)

@@ -41,9 +41,10 @@ void l2l_timeline_add(struct l2l_timeline *t, int layer, int micro_batch, int ph
 /* ---------------------------------------------------------------- records */
 
 l2l_status l2l_eps_init(struct l2l_eps *eps, const l2l_optimizer_config *optimizer,
-                        int threads, struct l2l_timeline *timeline) {
+                        l2l_dtype precision, int threads, struct l2l_timeline *timeline) {
   memset(eps, 0, sizeof *eps);
   eps->optimizer = *optimizer;
+  eps->precision = precision;
   eps->timeline = timeline;
   pthread_mutex_init(&eps->lock, NULL);
   pthread_cond_init(&eps->changed, NULL);
@@ -56,6 +57,7 @@ l2l_status l2l_eps_init(struct l2l_eps *eps, const l2l_optimizer_config *optimiz
 }
 
 static void record_free(struct eps_record *rec) {
+  l2l_tensor_free(rec->staging);
   l2l_tensor_free(rec->state[0]);
   l2l_tensor_free(rec->state[1]);
   pthread_mutex_destroy(&rec->absorb_lock);
@@ -105,6 +107,17 @@ l2l_status l2l_eps_add_layer(struct l2l_eps *eps, l2l_layer *layer) {
     rec->grad = l2l_param_grad(p);
     pthread_mutex_init(&rec->absorb_lock, NULL);
     fresh[nfresh++] = rec;
+    if (eps->precision != L2L_F32 && l2l_param_low_precision(p)) {
+      const l2l_tensor *m = rec->master;
+      int64_t shape[L2L_MAX_DIMS];
+      for (int d = 0; d < l2l_tensor_ndim(m); d++) shape[d] = l2l_tensor_dim(m, d);
+      l2l_status status = l2l_tensor_new(&rec->staging, L2L_POOL_PINNED, eps->precision,
+                                         l2l_tensor_ndim(m), shape);
+      if (status != L2L_OK) {
+        for (int j = 0; j < nfresh; j++) record_free(fresh[j]);
+        return status;
+      }
+    }
   }
   for (int j = 0; j < nfresh; j++) eps->records[eps->count++] = fresh[j];
   for (int i = 0; i < n; i++) l2l_eps_find(eps, l2l_layer_param(layer, i))->users++;
@@ -129,6 +142,9 @@ uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps) {
     uint64_t one = l2l_pool_accounted((uint64_t)l2l_tensor_numel(rec->master) * sizeof(float));
     int arrays = 2 + (rec->state[0] != NULL) + (rec->state[1] != NULL);
     bytes += one * (uint64_t)arrays;
+    if (rec->staging)
+      bytes += l2l_pool_accounted((uint64_t)l2l_tensor_numel(rec->staging) *
+                                  l2l_dtype_size(eps->precision));
   }
   return bytes;
 }
@@ -177,11 +193,15 @@ struct chunk_job {
   struct l2l_eps *eps;
   struct eps_record *rec;
   int64_t begin, end;
-  int wave;            /* LAMB: 0 moments, 1 apply; other optimizers: 1 */
+  int wave;            /* LAMB: 0 moments, 1 apply; other optimizers: 1; STAGE_WAVE: the
+                          staging copy from the master */
 };
+enum { STAGE_WAVE = 2 };
 
 static void chunk_release(struct l2l_job *job) { free(job); }
 static void chunk_run(struct l2l_job *job, int thread);
+static void stage_chunk(struct l2l_eps *eps, struct eps_record *rec, int64_t begin, int64_t n,
+                        int thread, double t0);
 
 /* Queues the chunks of one wave of rec's update (rec's chunks_left set under the lock). */
 static void queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave) {
@@ -226,6 +246,10 @@ static void chunk_run(struct l2l_job *job, int thread) {
   struct eps_record *rec = cj->rec;
   double t0 = l2l_now();
   int64_t n = cj->end - cj->begin;
+  if (cj->wave == STAGE_WAVE) {
+    stage_chunk(eps, rec, cj->begin, n, thread, t0);
+    return;
+  }
   float *p = (float *)l2l_tensor_data(rec->master) + cj->begin;
   float *g = (float *)l2l_tensor_data(rec->grad) + cj->begin;
   float *s0 = rec->state[0] ? (float *)l2l_tensor_data(rec->state[0]) + cj->begin : NULL;
@@ -252,13 +276,48 @@ static void chunk_run(struct l2l_job *job, int thread) {
   rec->lamb_norms[0] += norms[0];
   rec->lamb_norms[1] += norms[1];
   bool wave_done = --rec->chunks_left == 0;
+  bool stage = wave_done && last_wave && rec->stage_after;
   if (wave_done && last_wave) {
     rec->updates++;
-    rec->pending = false;
+    rec->stage_after = false;
+    rec->pending = stage;   /* still pending while its staging copy is rewritten */
     pthread_cond_broadcast(&eps->changed);
   }
   pthread_mutex_unlock(&eps->lock);
   if (wave_done && !last_wave) queue_wave(eps, rec, 1);
+  if (stage) queue_wave(eps, rec, STAGE_WAVE);
+}
+
+/* One chunk of a staging rewrite: the master's elements rounded to the device precision. */
+static void stage_chunk(struct l2l_eps *eps, struct eps_record *rec, int64_t begin, int64_t n,
+                        int thread, double t0) {
+  const float *p = (const float *)l2l_tensor_data(rec->master) + begin;
+  uint16_t *h = (uint16_t *)l2l_tensor_data(rec->staging) + begin;
+  if (eps->precision == L2L_BF16)
+    for (int64_t i = 0; i < n; i++) h[i] = l2l_f32_to_bf16(p[i]);
+  else
+    for (int64_t i = 0; i < n; i++) h[i] = l2l_f32_to_f16(p[i]);
+  l2l_timeline_add(eps->timeline, rec->last_layer, -1, L2L_PHASE_UPDATE, thread, t0, l2l_now());
+  pthread_mutex_lock(&eps->lock);
+  if (--rec->chunks_left == 0) {
+    rec->pending = false;
+    rec->stage_after = false;   /* a second request while this ran: nothing changed since */
+    pthread_cond_broadcast(&eps->changed);
+  }
+  pthread_mutex_unlock(&eps->lock);
+}
+
+void l2l_eps_stage(struct l2l_eps *eps) {
+  for (int i = 0; i < eps->count; i++) {
+    struct eps_record *rec = eps->records[i];
+    if (rec->staging == NULL) continue;
+    pthread_mutex_lock(&eps->lock);
+    bool now = !rec->pending;
+    if (now) rec->pending = true;
+    else rec->stage_after = true;   /* its update's last chunk queues the rewrite */
+    pthread_mutex_unlock(&eps->lock);
+    if (now) queue_wave(eps, rec, STAGE_WAVE);
+  }
 }
 
 /* One gradient arrival; freed by the worker. */

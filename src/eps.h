@@ -7,9 +7,13 @@
  * (every trainable user has given), its update is queued on the EPS's worker threads,
  * split into chunks, while the device goes on with earlier layers. The relay waits for a
  * record only when it next copies that record to the device.
- * The staging copy in device precision is the master itself while the device computes in
- * f32 (this build): a second f32 copy would only cost host memory. The CUDA issue adds a
- * 16-bit staging tensor written by the chunk that updates the master.
+ * The staging copy in device precision: with an f32 device, or for a parameter that stays
+ * f32 on the device, the master itself (a second f32 copy would only cost host memory).
+ * With a 16-bit device precision, each low-precision record (a GEMM weight or token
+ * table) has a 16-bit staging tensor in the pinned pool, which the workers rewrite from the
+ * master at the start of every step (after the record's pending update, if any), so that
+ * every transfer moves 16-bit weights and a script's edits of the masters between steps
+ * always reach the device.
  * Must never: know a layer's internals (only its records), or run on the compute thread.
  */
 #ifndef L2L_EPS_H
@@ -35,13 +39,15 @@ struct eps_record {
   l2l_param *param;
   l2l_tensor *master, *grad;   /* the record's own tensors (host pool) */
   l2l_tensor *state[2];        /* optimizer state (host pool), NULL until the first update */
+  l2l_tensor *staging;         /* device-precision copy (pinned), NULL: the master is it */
   int users;                   /* relay layers holding the record */
   int64_t updates;             /* t of its last update */
   pthread_mutex_t absorb_lock; /* gradient arrivals add into grad one at a time */
   /* This step's bookkeeping, under the EPS lock. */
   int expected, arrived;       /* gradient visits due and done */
   bool update_due;             /* this step ends a minibatch accumulation for it */
-  bool pending;                /* an update is queued or running */
+  bool pending;                /* an update or a staging rewrite is queued or running */
+  bool stage_after;            /* rewrite the staging copy once the pending update ends */
   int last_layer;              /* the layer whose gradient completed it */
   double sumsq;                /* |grad|^2 once complete (global clipping) */
   int chunks_left;
@@ -51,6 +57,7 @@ struct eps_record {
 
 struct l2l_eps {
   l2l_optimizer_config optimizer;
+  l2l_dtype precision;         /* the device's: f32, or f16 / bf16 for staging copies */
   struct eps_record **records;
   int count, cap;
   struct l2l_queue workers;
@@ -63,11 +70,12 @@ struct l2l_eps {
 };
 
 l2l_status l2l_eps_init(struct l2l_eps *eps, const l2l_optimizer_config *optimizer,
-                        int threads, struct l2l_timeline *timeline);
+                        l2l_dtype precision, int threads, struct l2l_timeline *timeline);
 void l2l_eps_free(struct l2l_eps *eps);
 struct eps_record *l2l_eps_find(const struct l2l_eps *eps, const l2l_param *param);
 /* A layer joins or leaves: its records' user counts change; new records start with no
-   optimizer state, records nobody uses any more leave (their state freed). */
+   optimizer state (and, for a 16-bit precision, a staging tensor when low-precision),
+   records nobody uses any more leave (their state freed). */
 l2l_status l2l_eps_add_layer(struct l2l_eps *eps, l2l_layer *layer);
 void l2l_eps_remove_layer(struct l2l_eps *eps, l2l_layer *layer);
 uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps);
@@ -92,7 +100,11 @@ void l2l_eps_absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *gra
 /* A step failed after gradients began to arrive: accumulators that got part of this
    step's gradients are cleared (an update from a part would be wrong), nothing updates. */
 void l2l_eps_abandon_step(struct l2l_eps *eps);
-/* Waits until rec has no pending update. */
+/* With a 16-bit precision, before a step's first copy to the device: every staging copy
+   is rewritten from its master on the workers (after a pending update). The copies wait
+   for it as for an update (eps_wait_record). */
+void l2l_eps_stage(struct l2l_eps *eps);
+/* Waits until rec has no pending update or staging rewrite. */
 void l2l_eps_wait_record(struct l2l_eps *eps, struct eps_record *rec);
 /* rec's update count when no update is pending or running, else -1: a copy of the
    master made at count c is still current while this returns c. */

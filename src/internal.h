@@ -97,6 +97,12 @@ static inline bool l2l_tensors_overlap(const l2l_tensor *a, const l2l_tensor *b)
   return a0 < b1 && b0 < a1;
 }
 
+/* A view of `dtype` and `shape` on t's storage starting byte_offset bytes after t's first
+   element (aligned to the dtype's size, within the storage): the relay's slots hold
+   records of several dtypes. */
+l2l_status l2l_tensor_view_bytes(l2l_tensor **out, const l2l_tensor *t, uint64_t byte_offset,
+                                 l2l_dtype dtype, int ndim, const int64_t *shape);
+
 /* ---------------------------------------------------------------- layers, for the relay */
 
 /* Points a parameter record at other tensors (same shape; grad f32, value f32 or, for a

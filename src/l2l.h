@@ -609,6 +609,15 @@ typedef struct l2l_relay_config {
                                    the end of backward. 0: off */
   int loss_scale_window;        /* updates without overflow before the scale doubles,
                                    >= 1; 0: 2000 */
+  l2l_dtype precision;          /* the device's weights: f32 (0, the default), or bf16 /
+                                   f16 ("cross mixed precision"): the masters and optimizer
+                                   state stay f32 on the host; each GEMM weight and token
+                                   table has a 16-bit staging copy the EPS workers rewrite
+                                   at every step's start, so transfers move 16-bit weights
+                                   and the layers' GEMMs read 16-bit weights and 16-bit-
+                                   rounded activations, accumulating in f32. Gradients
+                                   come back in f32 and accumulate in f32. f16 wants
+                                   loss_scale. */
 } l2l_relay_config;
 
 /* AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant schedule, micro-

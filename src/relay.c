@@ -186,7 +186,8 @@ static void params_run(struct l2l_job *job, int thread) {
   for (int i = 0; i < pj->nrec; i++) {
     l2l_eps_wait_record(&pj->run->eps, pj->rec[i]);
     pj->updates[i] = l2l_eps_settled_updates(&pj->run->eps, pj->rec[i]);
-    l2l_status status = l2l_tensor_copy(pj->value[i], pj->rec[i]->master);
+    const struct eps_record *rec = pj->rec[i];
+    l2l_status status = l2l_tensor_copy(pj->value[i], rec->staging ? rec->staging : rec->master);
     if (status != L2L_OK) {
       l2l_job_fail(job, status);
       break;
@@ -433,19 +434,28 @@ static l2l_status check_range(const char *what, const l2l_tensor *t, int64_t hi,
 }
 
 /* The model's shape and the batch, before anything runs. */
-static int64_t slot_floats(const l2l_tensor *t) {
-  int64_t align = L2L_ALIGN / (int64_t)sizeof(float);
-  return (l2l_tensor_numel(t) + align - 1) / align * align;
+
+/* A record's dtype on the device: its staging copy's (16-bit), else f32. */
+static l2l_dtype device_dtype(const struct eps_record *rec) {
+  return rec->staging ? (l2l_dtype)l2l_tensor_dtype(rec->staging) : L2L_F32;
 }
 
-/* Floats in a device slot: the largest active layer's parameters, each aligned. */
-static int64_t slot_size(const struct step *s) {
-  int64_t most = 1;
+/* Bytes a record takes in a slot of values (grads false: in its device dtype) or of
+   gradients (f32), rounded so that every record starts on L2L_ALIGN. */
+static uint64_t slot_bytes(const struct eps_record *rec, bool grads) {
+  uint64_t size = grads ? sizeof(float) : l2l_dtype_size(device_dtype(rec));
+  uint64_t bytes = (uint64_t)l2l_tensor_numel(rec->master) * size;
+  return (bytes + L2L_ALIGN - 1) / L2L_ALIGN * L2L_ALIGN;
+}
+
+/* Bytes of a device slot: the largest active layer's parameters (or gradients). */
+static uint64_t slot_size(const struct step *s, bool grads) {
+  uint64_t most = L2L_ALIGN;
   for (int k = 0; k < s->L; k++) {
     l2l_layer *layer = active_layer(s, k)->layer;
-    int64_t n = 0;
+    uint64_t n = 0;
     for (int r = 0; r < l2l_layer_param_count(layer); r++)
-      n += slot_floats(l2l_param_value(l2l_layer_param(layer, r)));
+      n += slot_bytes(l2l_eps_find(&s->run->eps, l2l_layer_param(layer, r)), grads);
     if (n > most) most = n;
   }
   return most;
@@ -524,12 +534,12 @@ static l2l_status check_step(struct step *s, const l2l_relay_batch *in) {
   l2l_pool_stats device;
   l2l_pool_get_stats(&device, L2L_POOL_DEVICE);
   if (device.budget > 0) {
-    uint64_t slots = (uint64_t)(run->config.param_slots + (s->training ? 2 : 0)) *
-                     l2l_pool_accounted((uint64_t)slot_size(s) * sizeof(float));
+    uint64_t slots = (uint64_t)run->config.param_slots * l2l_pool_accounted(slot_size(s, false)) +
+                     (s->training ? 2 : 0) * l2l_pool_accounted(slot_size(s, true));
     for (int k = 0; k < s->L; k++) {
       l2l_layer *layer = active_layer(s, k)->layer;
       l2l_layer_memory m;
-      TRY(l2l_layer_memory_use(&m, layer, s->mb, s->S));
+      l2l_layer_memory_in(&m, layer, s->mb, s->S, run->config.precision);
       uint64_t act = l2l_pool_accounted((uint64_t)(s->mb * s->S * s->D) * sizeof(float));
       uint64_t need = slots + m.peak + 3 * act;
       if (need > device.budget - device.current) {
@@ -605,23 +615,22 @@ static l2l_status step_alloc(struct step *s) {
 
 /* ---------------------------------------------------------------- parameters */
 
-/* Floats a record takes in a slot (rounded so every record starts on L2L_ALIGN). */
-/* A tensor shaped like t at *offset of a slot; *offset moves past it. */
-static l2l_status slot_view(l2l_tensor **out, const l2l_tensor *slot, int64_t *offset,
-                            const l2l_tensor *t) {
-  l2l_tensor *flat = NULL;
-  TRY(l2l_tensor_view_rows(&flat, slot, *offset, l2l_tensor_numel(t)));
+/* A tensor for rec at byte *offset of a slot, shaped like its master, in its device
+   dtype (grads: f32); *offset moves past it. */
+static l2l_status slot_view(l2l_tensor **out, const l2l_tensor *slot, uint64_t *offset,
+                            const struct eps_record *rec, bool grads) {
+  const l2l_tensor *m = rec->master;
   int64_t shape[L2L_MAX_DIMS];
-  for (int d = 0; d < l2l_tensor_ndim(t); d++) shape[d] = l2l_tensor_dim(t, d);
-  l2l_status status = l2l_tensor_reshape(out, flat, l2l_tensor_ndim(t), shape);
-  l2l_tensor_free(flat);
-  *offset += slot_floats(t);
-  return status;
+  for (int d = 0; d < l2l_tensor_ndim(m); d++) shape[d] = l2l_tensor_dim(m, d);
+  TRY(l2l_tensor_view_bytes(out, slot, *offset, grads ? L2L_F32 : device_dtype(rec),
+                            l2l_tensor_ndim(m), shape));
+  *offset += slot_bytes(rec, grads);
+  return L2L_OK;
 }
 
-/* The slots, sized for the largest active layer. */
+/* The slots (bytes), sized for the largest active layer. */
 static l2l_status slots_new(struct step *s) {
-  int64_t shape[1] = {slot_size(s)};
+  int64_t shape[1] = {(int64_t)slot_size(s, false)}, gshape[1] = {(int64_t)slot_size(s, true)};
   s->host_device = !l2l_device_is_cuda();
   s->nslots = s->run->config.param_slots;
   s->pslots = calloc((size_t)s->nslots, sizeof *s->pslots);
@@ -629,10 +638,10 @@ static l2l_status slots_new(struct step *s) {
   for (int i = 0; i < s->nslots; i++) {
     s->pslots[i].held = -1;
     s->pslots[i].last_used = -1;
-    TRY(l2l_tensor_new(&s->pslots[i].t, L2L_POOL_DEVICE, L2L_F32, 1, shape));
+    TRY(l2l_tensor_new(&s->pslots[i].t, L2L_POOL_DEVICE, L2L_U8, 1, shape));
   }
   for (int i = 0; s->training && i < 2; i++) {
-    TRY(l2l_tensor_new(&s->gslot[i], L2L_POOL_DEVICE, L2L_F32, 1, shape));
+    TRY(l2l_tensor_new(&s->gslot[i], L2L_POOL_DEVICE, L2L_U8, 1, gshape));
     if (s->host_device) {
       TRY(l2l_tensor_fill(s->gslot[i], 0.0));
       s->gzero[i] = true;
@@ -686,9 +695,9 @@ static l2l_status params_queue(struct step *s, int which, int k) {
   bool current = false;
   int busy = which == 1 && s->params[0] != NULL ? s->params[0]->slot : -1;
   pj->slot = slot_choose(s, k, pj, busy, &current);
-  int64_t offset = 0;
+  uint64_t offset = 0;
   for (int r = 0; r < pj->nrec; r++)
-    TRY(slot_view(&pj->value[r], s->pslots[pj->slot].t, &offset, pj->rec[r]->master));
+    TRY(slot_view(&pj->value[r], s->pslots[pj->slot].t, &offset, pj->rec[r], false));
   pj->job.run = params_run;
   if (current) {   /* done already: nothing to copy */
     memcpy(pj->updates, s->pslots[pj->slot].updates, sizeof pj->updates);
@@ -734,10 +743,10 @@ static l2l_status params_bind(struct step *s, int k, bool grads) {
   TRY(status);
   s->ngrads = 0;
   if (grads) grads_wait(s, s->gs);
-  int64_t offset = 0;
+  uint64_t offset = 0;
   for (int r = 0; r < pj->nrec; r++) {
     if (grads) {
-      TRY(slot_view(&s->grads[r], s->gslot[s->gs], &offset, pj->value[r]));
+      TRY(slot_view(&s->grads[r], s->gslot[s->gs], &offset, pj->rec[r], true));
       s->ngrads = r + 1;
       if (!s->gzero[s->gs]) TRY(l2l_tensor_fill(s->grads[r], 0.0));
     }
@@ -1122,6 +1131,9 @@ static l2l_status visit_prefetch(struct step *s, const struct visit *v) {
 
 static l2l_status run_visits(struct step *s) {
   TRY(slots_new(s));
+  /* 16-bit staging copies from the masters as they are now (a script may have edited
+     them since the last step), each behind its record's pending update */
+  if (s->run->config.precision != L2L_F32) l2l_eps_stage(&s->run->eps);
   if (s->nvisits > 0) TRY(params_queue(s, 0, s->visits[0].k));
   for (int i = 0; i < s->nvisits; i++) {
     const struct visit *v = &s->visits[i];
@@ -1320,6 +1332,9 @@ static l2l_status check_config(const l2l_relay_config *c) {
   if (c->param_slots < 0 || c->param_slots == 1 || c->param_slots > MAX_PARAM_SLOTS)
     return FAIL(L2L_ERR_INVALID, "config->param_slots must be 0 (two) or 2 to %d, got %d",
                 MAX_PARAM_SLOTS, c->param_slots);
+  if (c->precision != L2L_F32 && c->precision != L2L_F16 && c->precision != L2L_BF16)
+    return FAIL(L2L_ERR_INVALID, "config->precision must be f32 (%d), f16 (%d) or bf16 (%d), got %d",
+                L2L_F32, L2L_F16, L2L_BF16, (int)c->precision);
   return L2L_OK;
 }
 
@@ -1405,7 +1420,8 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
     threads = cores > 0 ? (int)cores : 1;
   }
   bool eps_up = false, h2d_up = false, d2h_up = false;
-  l2l_status status = l2l_eps_init(&run->eps, &config->optimizer, threads, &run->timeline);
+  l2l_status status = l2l_eps_init(&run->eps, &config->optimizer, config->precision, threads,
+                                   &run->timeline);
   eps_up = status == L2L_OK;
   if (status == L2L_OK) status = l2l_queue_start(&run->h2d, 1, THREAD_H2D, "host-to-device copy");
   h2d_up = status == L2L_OK;

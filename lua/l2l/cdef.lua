@@ -360,6 +360,7 @@ typedef struct l2l_relay_config {
   int param_slots;
   float loss_scale;
   int loss_scale_window;
+  l2l_dtype precision;
 } l2l_relay_config;
 
 void l2l_relay_config_default(l2l_relay_config *out);

@@ -34,6 +34,7 @@ Relay.__index = Relay
 
 local stash_ids = { device = C.L2L_STASH_DEVICE, host = C.L2L_STASH_HOST, recompute = C.L2L_STASH_RECOMPUTE }
 local inner_ids = { recompute = C.L2L_INNER_RECOMPUTE, keep = C.L2L_INNER_KEEP, swap = C.L2L_INNER_SWAP }
+local precision_ids = { f32 = C.L2L_F32, bf16 = C.L2L_BF16, f16 = C.L2L_F16 }
 local phase_names = {
   [0] = "forward", "backward", "rebuild", "params_in", "grads_out", "stash_out", "stash_in",
   "swap_out", "swap_in", "update", "wait_copy", "wait_update",
@@ -103,7 +104,7 @@ local OPTIONS = {
   model = true, micro_batch = true, stash = true, recompute_every = true, inner = true,
   optimizer = true, schedule = true, clip_global_norm = true, clip_layer_norm = true,
   accumulate = true, optimizer_threads = true, seed = true, device_budget = true,
-  param_slots = true, loss_scale = true, loss_scale_window = true,
+  param_slots = true, loss_scale = true, loss_scale_window = true, precision = true,
 }
 
 local function read_options(o, fname)
@@ -147,6 +148,7 @@ local function read_options(o, fname)
   end
   s.loss_scale_window = int_option(o, "loss_scale_window", 2000, 1, fname, 2 ^ 31 - 1)
   s.device_budget = int_option(o, "device_budget", nil, 0, fname)
+  s.precision = enum_option(o, "precision", precision_ids, "f32", fname)
   return s
 end
 
@@ -167,6 +169,7 @@ local function config_of(s)
   c.param_slots = s.param_slots
   c.loss_scale = s.loss_scale
   c.loss_scale_window = s.loss_scale_window
+  c.precision = precision_ids[s.precision]
   return c
 end
 
@@ -230,8 +233,9 @@ end
 -- param_slots = 2 (device buffers of layer parameters: each more keeps one more of the
 -- forward's last layers on the device for its backward), loss_scale = 0 (> 0: dynamic
 -- loss scaling from this scale), loss_scale_window = 2000 (updates without overflow
--- before the scale doubles), device_budget = (bytes: sets the device pool's budget,
--- process-wide)}
+-- before the scale doubles), precision = "f32" ("bf16" or "f16": 16-bit weights on the
+-- device, f32 masters and optimizer state on the host), device_budget = (bytes: sets the
+-- device pool's budget, process-wide)}
 function M.Relay(o)
   local fname = "l2l.Relay"
   local ok, s = pcall(read_options, o, fname)

@@ -2231,6 +2231,8 @@ TEST(relay_refuses_bad_configs_and_models) {
   BAD("param_slots", c->param_slots = 1);
   BAD("param_slots", c->param_slots = -2);
   BAD("param_slots", c->param_slots = 4097);
+  BAD("precision", c->precision = L2L_I32);
+  BAD("precision", c->precision = (l2l_dtype)7);
 #undef BAD
   for (int i = 0; i < nb; i++) {
     l2l_relay *out = r;
