@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "eps.h"
+#include "half.h"
 
 enum { CHUNK = 1 << 18 };
 
@@ -108,11 +109,8 @@ l2l_status l2l_eps_add_layer(struct l2l_eps *eps, l2l_layer *layer) {
     pthread_mutex_init(&rec->absorb_lock, NULL);
     fresh[nfresh++] = rec;
     if (eps->precision != L2L_F32 && l2l_param_low_precision(p)) {
-      const l2l_tensor *m = rec->master;
-      int64_t shape[L2L_MAX_DIMS];
-      for (int d = 0; d < l2l_tensor_ndim(m); d++) shape[d] = l2l_tensor_dim(m, d);
-      l2l_status status = l2l_tensor_new(&rec->staging, L2L_POOL_PINNED, eps->precision,
-                                         l2l_tensor_ndim(m), shape);
+      l2l_status status =
+          l2l_tensor_new_like(&rec->staging, L2L_POOL_PINNED, eps->precision, rec->master);
       if (status != L2L_OK) {
         for (int j = 0; j < nfresh; j++) record_free(fresh[j]);
         return status;
@@ -177,10 +175,7 @@ l2l_status l2l_eps_prepare(struct l2l_eps *eps) {
     if (!rec->update_due || rec->expected == 0) continue;
     for (int a = 0; a < arrays; a++) {
       if (rec->state[a] != NULL) continue;
-      const l2l_tensor *m = rec->master;
-      int64_t shape[L2L_MAX_DIMS];
-      for (int d = 0; d < l2l_tensor_ndim(m); d++) shape[d] = l2l_tensor_dim(m, d);
-      TRY(l2l_tensor_new(&rec->state[a], L2L_POOL_HOST, L2L_F32, l2l_tensor_ndim(m), shape));
+      TRY(l2l_tensor_new_like(&rec->state[a], L2L_POOL_HOST, L2L_F32, rec->master));
       TRY(l2l_tensor_fill(rec->state[a], 0.0));
     }
   }
@@ -294,9 +289,9 @@ static void stage_chunk(struct l2l_eps *eps, struct eps_record *rec, int64_t beg
   const float *p = (const float *)l2l_tensor_data(rec->master) + begin;
   uint16_t *h = (uint16_t *)l2l_tensor_data(rec->staging) + begin;
   if (eps->precision == L2L_BF16)
-    for (int64_t i = 0; i < n; i++) h[i] = l2l_f32_to_bf16(p[i]);
+    for (int64_t i = 0; i < n; i++) h[i] = half_from_f32_bf16(p[i]);
   else
-    for (int64_t i = 0; i < n; i++) h[i] = l2l_f32_to_f16(p[i]);
+    for (int64_t i = 0; i < n; i++) h[i] = half_from_f32_f16(p[i]);
   l2l_timeline_add(eps->timeline, rec->last_layer, -1, L2L_PHASE_UPDATE, thread, t0, l2l_now());
   pthread_mutex_lock(&eps->lock);
   if (--rec->chunks_left == 0) {

@@ -97,11 +97,14 @@ static inline bool l2l_tensors_overlap(const l2l_tensor *a, const l2l_tensor *b)
   return a0 < b1 && b0 < a1;
 }
 
-/* A view of `dtype` and `shape` on t's storage starting byte_offset bytes after t's first
-   element (aligned to the dtype's size, within the storage): the relay's slots hold
+/* A new tensor of `like`'s shape with its own dtype and pool (contents undefined). */
+l2l_status l2l_tensor_new_like(l2l_tensor **out, l2l_pool_kind pool, l2l_dtype dtype,
+                               const l2l_tensor *like);
+/* A view of `dtype` in `like`'s shape on t's storage starting byte_offset bytes after t's
+   first element (aligned to the dtype's size, within the storage): the relay's slots hold
    records of several dtypes. */
 l2l_status l2l_tensor_view_bytes(l2l_tensor **out, const l2l_tensor *t, uint64_t byte_offset,
-                                 l2l_dtype dtype, int ndim, const int64_t *shape);
+                                 l2l_dtype dtype, const l2l_tensor *like);
 
 /* ---------------------------------------------------------------- layers, for the relay */
 

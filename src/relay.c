@@ -80,10 +80,7 @@ static uint64_t tensor_bytes(const l2l_tensor *t) {
 }
 
 static l2l_status tensor_like(l2l_tensor **out, l2l_pool_kind pool, const l2l_tensor *t) {
-  int64_t shape[L2L_MAX_DIMS];
-  int ndim = l2l_tensor_ndim(t);
-  for (int d = 0; d < ndim; d++) shape[d] = l2l_tensor_dim(t, d);
-  return l2l_tensor_new(out, pool, (l2l_dtype)l2l_tensor_dtype(t), ndim, shape);
+  return l2l_tensor_new_like(out, pool, (l2l_dtype)l2l_tensor_dtype(t), t);
 }
 
 /* ---------------------------------------------------------------- copy jobs */
@@ -619,11 +616,8 @@ static l2l_status step_alloc(struct step *s) {
    dtype (grads: f32); *offset moves past it. */
 static l2l_status slot_view(l2l_tensor **out, const l2l_tensor *slot, uint64_t *offset,
                             const struct eps_record *rec, bool grads) {
-  const l2l_tensor *m = rec->master;
-  int64_t shape[L2L_MAX_DIMS];
-  for (int d = 0; d < l2l_tensor_ndim(m); d++) shape[d] = l2l_tensor_dim(m, d);
   TRY(l2l_tensor_view_bytes(out, slot, *offset, grads ? L2L_F32 : device_dtype(rec),
-                            l2l_tensor_ndim(m), shape));
+                            rec->master));
   *offset += slot_bytes(rec, grads);
   return L2L_OK;
 }

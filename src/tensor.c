@@ -145,16 +145,20 @@ l2l_status l2l_tensor_view_rows(l2l_tensor **out, const l2l_tensor *t, int64_t f
   return make_view(out, t, t->ndim, shape, count * row, t->offset + first * row);
 }
 
+l2l_status l2l_tensor_new_like(l2l_tensor **out, l2l_pool_kind pool, l2l_dtype dtype,
+                               const l2l_tensor *like) {
+  return l2l_tensor_new(out, pool, dtype, like->ndim, like->shape);
+}
+
 l2l_status l2l_tensor_view_bytes(l2l_tensor **out, const l2l_tensor *t, uint64_t byte_offset,
-                                 l2l_dtype dtype, int ndim, const int64_t *shape) {
-  int64_t numel;
-  TRY(check_shape(__func__, ndim, shape, &numel));
+                                 l2l_dtype dtype, const l2l_tensor *like) {
+  const int64_t numel = like->numel;
   uint64_t size = l2l_dtype_size(dtype), start = (uint64_t)t->offset * l2l_dtype_size(t->dtype);
   if (size == 0 || byte_offset % size != 0 || (start + byte_offset) % size != 0 ||
       start + byte_offset + (uint64_t)numel * size > t->storage->bytes)
     return FAIL(L2L_ERR_INVALID, "a %s view of %lld elements at byte %llu does not fit",
                 l2l_dtype_name(dtype), (long long)numel, (unsigned long long)byte_offset);
-  TRY(make_view(out, t, ndim, shape, numel, (int64_t)((start + byte_offset) / size)));
+  TRY(make_view(out, t, like->ndim, like->shape, numel, (int64_t)((start + byte_offset) / size)));
   (*out)->dtype = dtype;
   return L2L_OK;
 }
