@@ -427,6 +427,130 @@ describe("l2l.Relay", function()
     end)
   end
 
+  -- x rounded to a 16-bit float with `mant` stored mantissa bits, smallest normal exponent
+  -- min_exp and largest finite value `max`, to nearest, ties to even: written here with
+  -- frexp, independent of l2l's integer conversions.
+  local function round16(x, mant, min_exp, max)
+    if x == 0 or x ~= x or math.abs(x) == math.huge then return x end
+    local _, e = math.frexp(x)                    -- |x| in [2^(e-1), 2^e)
+    local ulp = 2 ^ (math.max(e - 1, min_exp) - mant)
+    local q = x / ulp
+    local r = math.floor(q + 0.5)
+    if r - q == 0.5 and r % 2 ~= 0 then r = r - 1 end
+    local y = r * ulp
+    if math.abs(y) > max then return y > 0 and math.huge or -math.huge end
+    return y
+  end
+  local rounding = {
+    bf16 = function(x) return round16(x, 7, -126, (2 - 2 ^ -7) * 2 ^ 127) end,
+    f16 = function(x) return round16(x, 10, -14, 65504) end,
+  }
+
+  for _, precision in ipairs({ "bf16", "f16" }) do
+    it("sends " .. precision .. " gradients back, rounded once per visit, and accumulates them in f32", function()
+      local seed = support.seed % 1000
+      -- Untied, so that every record gets one gradient a step: the accumulator then holds
+      -- exactly what crossed.
+      local function untied()
+        local m = tiny_gpt(seed)
+        m:remove(4)
+        m:insert(4, l2l.LMHead { vocab = V, dim = 32, tie = false, seed = seed + 3 })
+        return m
+      end
+      local models, stats, runs = { untied(), untied() }, {}, {}
+      for j = 1, #models[2] do models[2][j]:rng_id(models[1][j]:rng_id()) end
+      local tokens, targets = reversal(7)
+      for i, g in ipairs({ "f32", precision }) do
+        -- accumulate = 2: the first step updates nothing and leaves its gradients in the
+        -- EPS's accumulators.
+        runs[i] = l2l.Relay { model = models[i], micro_batch = 3, seed = 5, accumulate = 2,
+                              grad_precision = g }
+        for _, p in ipairs(models[i]:params()) do p.grad:fill(0 / 0) end   -- poisoned ...
+        models[i]:zero_grad()                                             -- ... then cleared
+        runs[i]:step(tokens, targets)
+        runs[i]:sync()
+        stats[i] = runs[i]:stats()
+      end
+      local round = rounding[precision]
+      local halved, rounded, moved = 0, 0, 0
+      local a, b = models[1]:params(), models[2]:params()
+      for j = 1, #a do
+        local g32, g16 = flat(a[j].grad), flat(b[j].grad)
+        if low_precision(a[j].name:gsub("^%d+%.", ""), a[j].value:shape()) then
+          halved = halved + 2 * a[j].value:numel()
+          rounded = rounded + 1
+          for e = 1, #g32 do
+            local want = round(g32[e])
+            if want ~= g16[e] then
+              error(("%s[%d]: f32 gradient %.9g, want %.9g, got %.9g"):format(a[j].name, e, g32[e], want, g16[e]))
+            end
+            if g16[e] ~= g32[e] then moved = moved + 1 end
+          end
+        else
+          assert.are.same(g32, g16, a[j].name .. " stays f32")
+        end
+      end
+      assert.are.equal(5 * 2, rounded, "wte, four GEMM weights per block and the head's projection")
+      assert.is_true(moved > 0, "rounding changed some gradient")
+      assert.are.equal(halved, stats[1].d2h_bytes - stats[2].d2h_bytes)
+      assert.are.equal(stats[1].h2d_bytes, stats[2].h2d_bytes)
+
+      -- Training with 16-bit weights and gradients stays within the 16-bit precision of f32
+      -- training for 20 steps, and is not f32 itself.
+      local twins = { tiny_gpt(seed), tiny_gpt(seed) }
+      for j = 1, #twins[2] do twins[2][j]:rng_id(twins[1][j]:rng_id()) end
+      local train = {
+        l2l.Relay { model = twins[1], micro_batch = 4, seed = 5, optimizer = l2l.AdamW { lr = 3e-3 } },
+        l2l.Relay { model = twins[2], micro_batch = 4, seed = 5, optimizer = l2l.AdamW { lr = 3e-3 },
+                    precision = precision, grad_precision = precision,
+                    loss_scale = precision == "f16" and 1024 or 0 },
+      }
+      local differs = false
+      for _ = 1, 20 do
+        local tok, tgt = reversal(8)
+        local f, h = train[1]:step(tok, tgt), train[2]:step(tok, tgt)
+        assert.is_true(math.abs(f - h) <= 0.03 * f, ("f32 %.6g, %s %.6g"):format(f, precision, h))
+        differs = differs or f ~= h
+      end
+      assert.is_true(differs, "the 16-bit run gave f32's losses bit for bit")
+      for _, r in ipairs(train) do r:free() end
+      for _, r in ipairs(runs) do r:free() end
+    end)
+  end
+
+  it("treats an f16 gradient beyond f16's range as an overflow under loss scaling", function()
+    -- At a scale of 2^30 the scaled gradients fit f32 easily but not f16 (largest 65504):
+    -- with f32 gradients the first step updates; with f16 ones it is skipped and the scale
+    -- halves until the gradients fit, and then it trains.
+    local seed = support.seed % 1000
+    local tokens, targets = reversal(6)
+    for _, g in ipairs({ "f32", "f16" }) do
+      local model = tiny_gpt(seed)
+      local run = l2l.Relay { model = model, micro_batch = 2, loss_scale = 2 ^ 30, grad_precision = g }
+      run:step(tokens, targets)
+      local s = run:stats()
+      if g == "f32" then
+        assert.are.equal(0, s.overflow)
+        assert.are.equal(1, s.updates)
+        assert.are.equal(2 ^ 30, s.loss_scale)
+      else
+        assert.are.equal(1, s.overflow)
+        assert.are.equal(0, s.updates)
+        assert.are.equal(2 ^ 29, s.loss_scale)
+        local steps = 1
+        while s.updates == 0 and steps < 40 do
+          run:step(tokens, targets)
+          s, steps = run:stats(), steps + 1
+        end
+        assert.are.equal(1, s.updates, "trains once the scaled gradients fit f16")
+        assert.are.equal(steps - 1, s.skipped_updates)
+        assert.are.equal(2 ^ (30 - (steps - 1)), s.loss_scale)
+        assert.is_true(s.loss_scale < 2 ^ 25, "f16 needs a much smaller scale: " .. s.loss_scale)
+      end
+      run:free()
+    end
+  end)
+
   it("skips a minibatch whose gradients overflow under dynamic loss scaling, and halves the scale", function()
     -- A layer written here passes x through with a bias, and on request writes inf into
     -- the gradient it passes back: every layer below it gets inf or NaN gradients. That
@@ -514,6 +638,7 @@ describe("l2l.Relay", function()
     fails("option 'loss_scale' must be 0 %(off%) or 2%^%-64 to 2%^100", function() l2l.Relay { model = model, loss_scale = 2 ^ 101 } end)
     fails("option 'loss_scale_window' must be an integer >= 1, got 0", function() l2l.Relay { model = model, loss_scale_window = 0 } end)
     fails("option 'precision' must be one of \"bf16\", \"f16\", \"f32\", got fp8", function() l2l.Relay { model = model, precision = "fp8" } end)
+    fails("option 'grad_precision' must be one of \"bf16\", \"f16\", \"f32\", got f64", function() l2l.Relay { model = model, grad_precision = "f64" } end)
     fails("option 'param_slots' must be at most 4096, got 5000", function() l2l.Relay { model = model, param_slots = 5000 } end)
     fails("l2l.AdamW: option 'eps' must be a finite number > 0", function() l2l.AdamW { eps = 0 } end)
     fails("l2l.AdamW: option 'betas'", function() l2l.AdamW { betas = { 0.9 } } end)

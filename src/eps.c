@@ -327,16 +327,18 @@ struct absorb_job {
 
 static void absorb_release(struct l2l_job *job) { free(job); }
 
-/* Adds scale * incoming into rec's accumulator (drain: and zeroes incoming in the same
-   pass); the arrival that completes the record starts its update (or leaves its norm
-   for global clipping). */
-static void absorb(struct l2l_eps *eps, struct eps_record *rec, float *incoming, bool drain,
-                   float scale, int layer) {
+/* Adds scale * incoming (f32, or a 16-bit gradient widened) into rec's accumulator
+   (drain: and zeroes an f32 incoming in the same pass); the arrival that completes the
+   record starts its update (or leaves its norm for global clipping). */
+static void absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incoming,
+                   bool drain, float scale, int layer) {
   int64_t n = l2l_tensor_numel(rec->grad);
   float *g = l2l_tensor_data(rec->grad);
+  l2l_dtype dtype = (l2l_dtype)l2l_tensor_dtype(incoming);
   pthread_mutex_lock(&rec->absorb_lock);
-  if (drain) l2l_optim_axpy_drain(g, incoming, scale, n);
-  else l2l_optim_axpy(g, incoming, scale, n);
+  if (dtype != L2L_F32) l2l_optim_axpy_half(g, l2l_tensor_data(incoming), dtype, scale, n);
+  else if (drain) l2l_optim_axpy_drain(g, l2l_tensor_data(incoming), scale, n);
+  else l2l_optim_axpy(g, l2l_tensor_data(incoming), scale, n);
   pthread_mutex_unlock(&rec->absorb_lock);
 
   /* Counted under the lock right after this arrival's add, so the one arrival that
@@ -361,7 +363,7 @@ static void absorb(struct l2l_eps *eps, struct eps_record *rec, float *incoming,
 static void absorb_run(struct l2l_job *job, int thread) {
   (void)thread;
   struct absorb_job *aj = (struct absorb_job *)job;
-  absorb(aj->eps, aj->rec, l2l_tensor_data(aj->incoming), false, aj->scale, aj->layer);
+  absorb(aj->eps, aj->rec, aj->incoming, false, aj->scale, aj->layer);
   l2l_tensor_free(aj->incoming);
 }
 
@@ -376,7 +378,7 @@ void l2l_eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incom
   arrival_begins(eps);
   struct absorb_job *aj = calloc(1, sizeof *aj);
   if (aj == NULL) {   /* add it here rather than lose it */
-    absorb(eps, rec, l2l_tensor_data(incoming), false, scale, layer);
+    absorb(eps, rec, incoming, false, scale, layer);
     l2l_tensor_free(incoming);
     return;
   }
@@ -391,7 +393,7 @@ void l2l_eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incom
 void l2l_eps_absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *grad,
                     float scale, int layer) {
   arrival_begins(eps);
-  absorb(eps, rec, l2l_tensor_data(grad), true, scale, layer);
+  absorb(eps, rec, grad, true, scale, layer);
 }
 
 void l2l_eps_wait_record(struct l2l_eps *eps, struct eps_record *rec) {

@@ -88,13 +88,14 @@ uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps);
 void l2l_eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr);
 void l2l_eps_expect(struct l2l_eps *eps, struct eps_record *rec);
 l2l_status l2l_eps_prepare(struct l2l_eps *eps);
-/* On the device-to-host thread: adds scale * incoming (pinned, owned from here on) into
-   rec's accumulator on a worker, then starts its update when it is complete. */
+/* On the device-to-host thread: adds scale * incoming (pinned, owned from here on; f32,
+   or a 16-bit gradient the add widens) into rec's accumulator on a worker, then starts
+   its update when it is complete. */
 void l2l_eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incoming,
                   float scale, int layer);
 /* The same, added now on the calling thread from memory the host can read (a device
-   tensor of the CPU backend), which the caller keeps: the add leaves grad zero, ready
-   to accumulate the next visit's gradient. */
+   tensor of the CPU backend), which the caller keeps: the add leaves an f32 grad zero,
+   ready to accumulate the next visit's gradient (a 16-bit one is left as it was). */
 void l2l_eps_absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *grad,
                     float scale, int layer);
 /* A step failed after gradients began to arrive: accumulators that got part of this

@@ -20,6 +20,8 @@
 
 #include <math.h>
 
+#include "half.h"
+
 /* ---------------------------------------------------------------- config checks */
 
 /* A float field that must be finite and lie in [lo, hi) (hi_open) or [lo, hi]. */
@@ -259,5 +261,36 @@ void l2l_optim_axpy_drain(float *restrict dst, float *restrict src, float scale,
   for (int64_t i = 0; i < n; i++) {
     dst[i] += scale * src[i];
     src[i] = 0.0f;
+  }
+}
+
+/* Widening is a shift for bf16 and half.h's exact conversion for f16, one loop per dtype so
+   that each vectorizes without a per-element branch. */
+double l2l_optim_sumsq_half(const uint16_t *restrict x, l2l_dtype dtype, int64_t n) {
+  double acc = 0.0;
+  if (dtype == L2L_BF16) {
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = 0; i < n; i++) {
+      double v = half_bf16_to_f32(x[i]);
+      acc += v * v;
+    }
+  } else {
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = 0; i < n; i++) {
+      double v = half_f16_to_f32(x[i]);
+      acc += v * v;
+    }
+  }
+  return acc;
+}
+
+void l2l_optim_axpy_half(float *restrict dst, const uint16_t *restrict src, l2l_dtype dtype,
+                         float scale, int64_t n) {
+  if (dtype == L2L_BF16) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) dst[i] += scale * half_bf16_to_f32(src[i]);
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) dst[i] += scale * half_f16_to_f32(src[i]);
   }
 }

@@ -53,5 +53,10 @@ double l2l_optim_sumsq(const float *x, int64_t n);
 void l2l_optim_axpy(float *dst, const float *src, float scale, int64_t n);
 /* The same, and src := 0 in the same pass (a gradient slot emptied for its next use). */
 void l2l_optim_axpy_drain(float *dst, float *src, float scale, int64_t n);
+/* sum x^2 and dst += scale * x for x a 16-bit gradient (dtype bf16 or f16), widened
+   exactly to f32 first. */
+double l2l_optim_sumsq_half(const uint16_t *x, l2l_dtype dtype, int64_t n);
+void l2l_optim_axpy_half(float *dst, const uint16_t *src, l2l_dtype dtype, float scale,
+                         int64_t n);
 
 #endif /* L2L_EPS_OPTIM_H */

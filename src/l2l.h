@@ -615,9 +615,17 @@ typedef struct l2l_relay_config {
                                    table has a 16-bit staging copy the EPS workers rewrite
                                    at every step's start, so transfers move 16-bit weights
                                    and the layers' GEMMs read 16-bit weights and 16-bit-
-                                   rounded activations, accumulating in f32. Gradients
-                                   come back in f32 and accumulate in f32. f16 wants
+                                   rounded activations, accumulating in f32. f16 wants
                                    loss_scale. */
+  l2l_dtype grad_precision;     /* gradients out of the device: f32 (0, the default), or
+                                   bf16 / f16: the gradient of each GEMM weight and token
+                                   table (the parameters `precision` makes 16-bit, whatever
+                                   `precision` is) still accumulates over the visit's
+                                   micro-batches in f32 on the device, is rounded once to
+                                   16 bits and crosses at half the bytes; the host widens
+                                   it and accumulates in f32. Other gradients stay f32. A
+                                   gradient beyond f16's range becomes inf, which loss_scale
+                                   treats as an overflow. */
 } l2l_relay_config;
 
 /* AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant schedule, micro-

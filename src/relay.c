@@ -199,13 +199,17 @@ static void params_run(struct l2l_job *job, int thread) {
    adds up on its workers. When the device pool is host memory (the CPU backend) there is
    nothing to copy: this thread adds the gradient slot into the EPS's accumulators
    directly, which saves a pass over the gradient and a buffer, and leaves the slot zero.
-   The compute thread waits for this job before the gradient slot serves another visit. */
+   Gradients rounded to a 16-bit grad_precision come from the out slot instead, and the
+   EPS widens them as it adds. The compute thread waits for this job before the gradient
+   slot serves another visit. */
 struct grads_job {
   struct l2l_job job;
   l2l_relay *run;
   int layer, nrec;
   float clip;                 /* per-layer clipping, 0: off */
   bool host_readable;         /* the step's host_device: absorb (and zero) in place */
+  bool drains;                /* every gradient is the f32 slot's (none rounded to 16 bits):
+                                 absorbing in place leaves the whole slot zero */
   struct eps_record *rec[MAX_RECORDS];
   l2l_tensor *grad[MAX_RECORDS];
 };
@@ -214,6 +218,12 @@ static void grads_release(struct l2l_job *job) {
   struct grads_job *gj = (struct grads_job *)job;
   for (int i = 0; i < gj->nrec; i++) l2l_tensor_free(gj->grad[i]);
   free(gj);
+}
+
+static double grad_sumsq(const l2l_tensor *grad) {
+  l2l_dtype dtype = (l2l_dtype)l2l_tensor_dtype(grad);
+  if (dtype == L2L_F32) return l2l_optim_sumsq(l2l_tensor_data(grad), l2l_tensor_numel(grad));
+  return l2l_optim_sumsq_half(l2l_tensor_data(grad), dtype, l2l_tensor_numel(grad));
 }
 
 static void grads_run(struct l2l_job *job, int thread) {
@@ -232,8 +242,7 @@ static void grads_run(struct l2l_job *job, int thread) {
       host = incoming[i];
     }
     if (status == L2L_OK) count_bytes(run, &run->d2h_bytes, tensor_bytes(gj->grad[i]));
-    if (status == L2L_OK && gj->clip > 0)
-      sumsq += l2l_optim_sumsq(l2l_tensor_data(host), l2l_tensor_numel(host));
+    if (status == L2L_OK && gj->clip > 0) sumsq += grad_sumsq(host);
   }
   if (status != L2L_OK) {
     l2l_timeline_add(&run->timeline, gj->layer, -1, L2L_PHASE_GRADS_OUT, thread, t0, l2l_now());
@@ -308,8 +317,9 @@ struct step {
   int nslots;
   int64_t slot_ticks;         /* counts slot choices, for least recently used */
   /* Two gradient slots, the size of a parameter slot: visit i computes into slot
-     gs = i % 2 while the other's gradients go out to the EPS. */
-  l2l_tensor *gslot[2];
+     gs = i % 2 while the other's gradients go out to the EPS. With a 16-bit
+     grad_precision, each has an out slot for the 16-bit copies that leave the device. */
+  l2l_tensor *gslot[2], *gout_slot[2];
   struct grads_job *gout[2];  /* the gradients out of the last visit of each slot */
   int gs;
   /* Device memory the host can read (the CPU backend): the copy thread adds a gradient
@@ -365,6 +375,7 @@ static void step_free(struct step *s) {
     }
     if (s->gout[i]) grads_release(&s->gout[i]->job);
     l2l_tensor_free(s->gslot[i]);
+    l2l_tensor_free(s->gout_slot[i]);
   }
   for (int i = 0; i < s->nslots; i++) l2l_tensor_free(s->pslots[i].t);
   free(s->pslots);
@@ -437,22 +448,37 @@ static l2l_dtype device_dtype(const struct eps_record *rec) {
   return rec->staging ? (l2l_dtype)l2l_tensor_dtype(rec->staging) : L2L_F32;
 }
 
-/* Bytes a record takes in a slot of values (grads false: in its device dtype) or of
-   gradients (f32), rounded so that every record starts on L2L_ALIGN. */
-static uint64_t slot_bytes(const struct eps_record *rec, bool grads) {
-  uint64_t size = grads ? sizeof(float) : l2l_dtype_size(device_dtype(rec));
+/* The dtype a record's gradient leaves the device in: grad_precision for the parameters
+   that go 16-bit (GEMM weights, token tables), else f32. */
+static l2l_dtype grads_out_dtype(const l2l_relay *run, const struct eps_record *rec) {
+  return l2l_param_low_precision(rec->param) ? run->config.grad_precision : L2L_F32;
+}
+
+/* What a device slot holds for each record: its values in their device dtype, its f32
+   gradient, or the 16-bit copy of a gradient made to leave the device (f32 gradients
+   leave from the gradient slot itself: 0 bytes). */
+enum slot_content { SLOT_VALUES, SLOT_GRADS, SLOT_GRADS_OUT };
+
+/* Bytes a record takes in a slot, rounded so that every record starts on L2L_ALIGN. */
+static uint64_t slot_bytes(const l2l_relay *run, const struct eps_record *rec,
+                           enum slot_content content) {
+  l2l_dtype out = grads_out_dtype(run, rec);
+  uint64_t size = content == SLOT_VALUES ? l2l_dtype_size(device_dtype(rec))
+                  : content == SLOT_GRADS ? sizeof(float)
+                  : out == L2L_F32        ? 0
+                                          : l2l_dtype_size(out);
   uint64_t bytes = (uint64_t)l2l_tensor_numel(rec->master) * size;
   return (bytes + L2L_ALIGN - 1) / L2L_ALIGN * L2L_ALIGN;
 }
 
-/* Bytes of a device slot: the largest active layer's parameters (or gradients). */
-static uint64_t slot_size(const struct step *s, bool grads) {
+/* Bytes of a device slot: the largest active layer's. */
+static uint64_t slot_size(const struct step *s, enum slot_content content) {
   uint64_t most = L2L_ALIGN;
   for (int k = 0; k < s->L; k++) {
     l2l_layer *layer = active_layer(s, k)->layer;
     uint64_t n = 0;
     for (int r = 0; r < l2l_layer_param_count(layer); r++)
-      n += slot_bytes(l2l_eps_find(&s->run->eps, l2l_layer_param(layer, r)), grads);
+      n += slot_bytes(s->run, l2l_eps_find(&s->run->eps, l2l_layer_param(layer, r)), content);
     if (n > most) most = n;
   }
   return most;
@@ -525,14 +551,18 @@ static l2l_status check_step(struct step *s, const l2l_relay_batch *in) {
   s->nmb = (s->B + s->mb - 1) / s->mb;
 
   /* The device must hold one layer's visit: the parameter slots (at least the visit's
-     and the next one's) and, in training, the two gradient slots, each the size of the
-     largest layer; a micro-batch's input, output and gradients; the layer's working
-     memory. */
+     and the next one's) and, in training, the two gradient slots and their 16-bit copies
+     on the way out, each the size of the largest layer; a micro-batch's input, output and
+     gradients; the layer's working memory. */
   l2l_pool_stats device;
   l2l_pool_get_stats(&device, L2L_POOL_DEVICE);
   if (device.budget > 0) {
-    uint64_t slots = (uint64_t)run->config.param_slots * l2l_pool_accounted(slot_size(s, false)) +
-                     (s->training ? 2 : 0) * l2l_pool_accounted(slot_size(s, true));
+    uint64_t grads = l2l_pool_accounted(slot_size(s, SLOT_GRADS));
+    if (run->config.grad_precision != L2L_F32)
+      grads += l2l_pool_accounted(slot_size(s, SLOT_GRADS_OUT));
+    uint64_t slots = (uint64_t)run->config.param_slots *
+                         l2l_pool_accounted(slot_size(s, SLOT_VALUES)) +
+                     (s->training ? 2 * grads : 0);
     for (int k = 0; k < s->L; k++) {
       l2l_layer *layer = active_layer(s, k)->layer;
       l2l_layer_memory m;
@@ -612,19 +642,24 @@ static l2l_status step_alloc(struct step *s) {
 
 /* ---------------------------------------------------------------- parameters */
 
-/* A tensor for rec at byte *offset of a slot, shaped like its master, in its device
-   dtype (grads: f32); *offset moves past it. */
-static l2l_status slot_view(l2l_tensor **out, const l2l_tensor *slot, uint64_t *offset,
-                            const struct eps_record *rec, bool grads) {
-  TRY(l2l_tensor_view_bytes(out, slot, *offset, grads ? L2L_F32 : device_dtype(rec),
-                            rec->master));
-  *offset += slot_bytes(rec, grads);
+/* A tensor for rec at byte *offset of a slot holding `content`, shaped like its master;
+   *offset moves past it. */
+static l2l_status slot_view(l2l_tensor **out, const struct step *s, const l2l_tensor *slot,
+                            uint64_t *offset, const struct eps_record *rec,
+                            enum slot_content content) {
+  l2l_dtype dtype = content == SLOT_VALUES ? device_dtype(rec)
+                    : content == SLOT_GRADS ? L2L_F32
+                                            : grads_out_dtype(s->run, rec);
+  TRY(l2l_tensor_view_bytes(out, slot, *offset, dtype, rec->master));
+  *offset += slot_bytes(s->run, rec, content);
   return L2L_OK;
 }
 
 /* The slots (bytes), sized for the largest active layer. */
 static l2l_status slots_new(struct step *s) {
-  int64_t shape[1] = {(int64_t)slot_size(s, false)}, gshape[1] = {(int64_t)slot_size(s, true)};
+  int64_t shape[1] = {(int64_t)slot_size(s, SLOT_VALUES)};
+  int64_t gshape[1] = {(int64_t)slot_size(s, SLOT_GRADS)};
+  int64_t oshape[1] = {(int64_t)slot_size(s, SLOT_GRADS_OUT)};
   s->host_device = !l2l_device_is_cuda();
   s->nslots = s->run->config.param_slots;
   s->pslots = calloc((size_t)s->nslots, sizeof *s->pslots);
@@ -636,6 +671,8 @@ static l2l_status slots_new(struct step *s) {
   }
   for (int i = 0; s->training && i < 2; i++) {
     TRY(l2l_tensor_new(&s->gslot[i], L2L_POOL_DEVICE, L2L_U8, 1, gshape));
+    if (s->run->config.grad_precision != L2L_F32)
+      TRY(l2l_tensor_new(&s->gout_slot[i], L2L_POOL_DEVICE, L2L_U8, 1, oshape));
     if (s->host_device) {
       TRY(l2l_tensor_fill(s->gslot[i], 0.0));
       s->gzero[i] = true;
@@ -691,7 +728,7 @@ static l2l_status params_queue(struct step *s, int which, int k) {
   pj->slot = slot_choose(s, k, pj, busy, &current);
   uint64_t offset = 0;
   for (int r = 0; r < pj->nrec; r++)
-    TRY(slot_view(&pj->value[r], s->pslots[pj->slot].t, &offset, pj->rec[r], false));
+    TRY(slot_view(&pj->value[r], s, s->pslots[pj->slot].t, &offset, pj->rec[r], SLOT_VALUES));
   pj->job.run = params_run;
   if (current) {   /* done already: nothing to copy */
     memcpy(pj->updates, s->pslots[pj->slot].updates, sizeof pj->updates);
@@ -711,7 +748,7 @@ static void grads_wait(struct step *s, int slot) {
   double t0 = l2l_now();
   l2l_status status = l2l_job_wait(&gj->job);
   s->wait_copy += l2l_now() - t0;
-  if (status == L2L_OK && s->host_device) s->gzero[slot] = true;
+  if (status == L2L_OK && s->host_device && gj->drains) s->gzero[slot] = true;
   grads_release(&gj->job);
   s->gout[slot] = NULL;
 }
@@ -740,7 +777,7 @@ static l2l_status params_bind(struct step *s, int k, bool grads) {
   uint64_t offset = 0;
   for (int r = 0; r < pj->nrec; r++) {
     if (grads) {
-      TRY(slot_view(&s->grads[r], s->gslot[s->gs], &offset, pj->rec[r], true));
+      TRY(slot_view(&s->grads[r], s, s->gslot[s->gs], &offset, pj->rec[r], SLOT_GRADS));
       s->ngrads = r + 1;
       if (!s->gzero[s->gs]) TRY(l2l_tensor_fill(s->grads[r], 0.0));
     }
@@ -783,11 +820,29 @@ static l2l_status params_done(struct step *s, int k, bool give) {
   gj->clip = s->clip_layer;
   gj->host_readable = s->host_device;
   gj->nrec = s->ngrads;
+  gj->drains = true;
   for (int r = 0; r < s->ngrads; r++) {
     gj->rec[r] = l2l_eps_find(&run->eps, l2l_layer_param(layer, r));
     gj->grad[r] = s->grads[r];
   }
   s->ngrads = 0;
+  /* 16-bit gradients: rounded here, on the device, into the slot's out slot, so that the
+     copy moves half the bytes; the f32 slot is then cleared by its next visit. */
+  uint64_t offset = 0;
+  for (int r = 0; r < gj->nrec; r++) {
+    if (grads_out_dtype(run, gj->rec[r]) == L2L_F32) continue;
+    l2l_tensor *out = NULL;
+    l2l_status status =
+        slot_view(&out, s, s->gout_slot[s->gs], &offset, gj->rec[r], SLOT_GRADS_OUT);
+    if (status == L2L_OK) status = l2l_tensor_cast(out, gj->grad[r]);
+    l2l_tensor_free(gj->grad[r]);
+    gj->grad[r] = out;
+    gj->drains = false;
+    if (status != L2L_OK) {
+      grads_release(&gj->job);
+      return status;
+    }
+  }
   gj->job.run = grads_run;
   s->gout[s->gs] = gj;
   l2l_queue_push(&run->d2h, &gj->job);
@@ -1329,6 +1384,9 @@ static l2l_status check_config(const l2l_relay_config *c) {
   if (c->precision != L2L_F32 && c->precision != L2L_F16 && c->precision != L2L_BF16)
     return FAIL(L2L_ERR_INVALID, "config->precision must be f32 (%d), f16 (%d) or bf16 (%d), got %d",
                 L2L_F32, L2L_F16, L2L_BF16, (int)c->precision);
+  if (c->grad_precision != L2L_F32 && c->grad_precision != L2L_F16 && c->grad_precision != L2L_BF16)
+    return FAIL(L2L_ERR_INVALID, "config->grad_precision must be f32 (%d), f16 (%d) or bf16 (%d), got %d",
+                L2L_F32, L2L_F16, L2L_BF16, (int)c->grad_precision);
   return L2L_OK;
 }
 

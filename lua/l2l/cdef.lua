@@ -361,6 +361,7 @@ typedef struct l2l_relay_config {
   float loss_scale;
   int loss_scale_window;
   l2l_dtype precision;
+  l2l_dtype grad_precision;
 } l2l_relay_config;
 
 void l2l_relay_config_default(l2l_relay_config *out);

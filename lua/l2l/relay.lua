@@ -105,6 +105,7 @@ local OPTIONS = {
   optimizer = true, schedule = true, clip_global_norm = true, clip_layer_norm = true,
   accumulate = true, optimizer_threads = true, seed = true, device_budget = true,
   param_slots = true, loss_scale = true, loss_scale_window = true, precision = true,
+  grad_precision = true,
 }
 
 local function read_options(o, fname)
@@ -149,6 +150,7 @@ local function read_options(o, fname)
   s.loss_scale_window = int_option(o, "loss_scale_window", 2000, 1, fname, 2 ^ 31 - 1)
   s.device_budget = int_option(o, "device_budget", nil, 0, fname)
   s.precision = enum_option(o, "precision", precision_ids, "f32", fname)
+  s.grad_precision = enum_option(o, "grad_precision", precision_ids, "f32", fname)
   return s
 end
 
@@ -170,6 +172,7 @@ local function config_of(s)
   c.loss_scale = s.loss_scale
   c.loss_scale_window = s.loss_scale_window
   c.precision = precision_ids[s.precision]
+  c.grad_precision = precision_ids[s.grad_precision]
   return c
 end
 
@@ -234,7 +237,9 @@ end
 -- forward's last layers on the device for its backward), loss_scale = 0 (> 0: dynamic
 -- loss scaling from this scale), loss_scale_window = 2000 (updates without overflow
 -- before the scale doubles), precision = "f32" ("bf16" or "f16": 16-bit weights on the
--- device, f32 masters and optimizer state on the host), device_budget = (bytes: sets the
+-- device, f32 masters and optimizer state on the host), grad_precision = "f32" ("bf16" or
+-- "f16": the GEMM weights' and token tables' gradients leave the device rounded to 16
+-- bits, at half the bytes, and accumulate in f32 on the host), device_budget = (bytes: sets the
 -- device pool's budget, process-wide)}
 function M.Relay(o)
   local fname = "l2l.Relay"

@@ -2233,6 +2233,8 @@ TEST(relay_refuses_bad_configs_and_models) {
   BAD("param_slots", c->param_slots = 4097);
   BAD("precision", c->precision = L2L_I32);
   BAD("precision", c->precision = (l2l_dtype)7);
+  BAD("grad_precision", c->grad_precision = L2L_U8);
+  BAD("grad_precision", c->grad_precision = (l2l_dtype)-1);
 #undef BAD
   for (int i = 0; i < nb; i++) {
     l2l_relay *out = r;
