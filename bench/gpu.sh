@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# gpu.sh — the GPU checks in one run: build (with CUDA), the GPU tests, compute-sanitizer's
-# memcheck and racecheck over them, then the kernel benchmark (bench/cuda.c), whose table
-# goes into bench/RESULTS.md with the GPU's name and the date.
+# gpu.sh — the GPU checks in one run: build (with CUDA), the GPU tests (ops, layers, the
+# relay), compute-sanitizer's memcheck and racecheck over the op tests, then the kernel
+# benchmark (bench/cuda.c), whose table goes into bench/RESULTS.md with the GPU's name and
+# the date.
 # Usage: bench/gpu.sh [--no-sanitizer]     (from any folder; needs nvcc and a GPU)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,8 @@ echo "== GPU tests (build/l2l_ctest cuda_)"
 # The runner's other tests read device memory from the CPU: only the cuda_ ones here.
 L2L_DEVICE=cpu build/l2l_ctest cuda_ || status=1
 L2L_DEVICE=cpu busted --lua=build/l2l -o plainTerminal spec/device_spec.lua || status=1
+echo "== the relay on the GPU (spec/gpu_relay_spec.lua)"
+L2L_DEVICE=cpu busted --lua=build/l2l -o plainTerminal spec/gpu_relay_spec.lua || status=1
 
 if ((sanitizer)) && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do

@@ -196,6 +196,11 @@ int l2l_cuda_host_alloc(void **out, uint64_t bytes);
 void l2l_cuda_host_free(void *ptr);
 l2l_status l2l_cuda_release_cache(void);
 l2l_status l2l_cuda_synchronize(void);
+/* Copy lanes (l2l_device_mark): an event after the compute stream's work so far, or
+   NULL once the stream has been waited for (CUDA could not make an event, or does not
+   run); waiting for one on the host makes the calling thread a lane, and frees it. */
+void *l2l_cuda_mark(void);
+l2l_status l2l_cuda_wait_mark(void *mark);
 /* What l2l_cuda_set_tf32 and l2l_cuda_get_info (device.c) do once their arguments are
    checked and CUDA is known to run. */
 void l2l_cuda_use_tf32(int enable);

@@ -4,11 +4,17 @@
  * Purpose: run every op of the ops table on the GPU with the meaning the CPU backend
  * (backend_cpu.c) defines, so that a layer computes the same numbers on either. Work is
  * queued on one compute stream in call order; an op that hands a result to the host
- * (a reduction, a range check, a copy to host memory) waits for the stream first. Device
- * memory comes from a caching allocator over cudaMalloc: a block freed by a tensor goes
- * to a list of free blocks of its size and serves the next request of that size, so a
- * training step's steady state calls neither cudaMalloc nor cudaFree. Reuse is safe
- * because every use of a block is queued on the same stream, in order.
+ * (a reduction, a range check, a copy to host memory) waits for the stream first.
+ * The relay's copy threads are "lanes": each copies on a stream of its own, so that
+ * transfers in both directions overlap the kernels. A lane copy first waits for a mark
+ * (an event recorded on the compute stream when the relay queued the copy: everything
+ * it depends on, or whose memory it overwrites, was queued before), and returns when
+ * the copy is done. Device memory comes from a caching allocator over cudaMalloc: a
+ * block freed by a tensor goes to a list of free blocks of its size and serves the next
+ * request of that size, so a training step's steady state calls neither cudaMalloc nor
+ * cudaFree. Reuse is safe because a block is freed in the compute stream's order (its
+ * kernels queued before the free) and a lane that takes a block first waits for the
+ * compute stream as it is at that moment.
  *
  * Every CUDA, cuBLAS or launch error becomes L2L_ERR_BACKEND with file, line, the call
  * and CUDA's own words. A build without CUDA (NO_CUDA=1, no nvcc, or SANITIZE=1) compiles
@@ -226,6 +232,69 @@ l2l_status l2l_cuda_fill_info(l2l_cuda_info *out) {
   return L2L_OK;
 }
 
+/* ---------------------------------------------------------------- copy lanes */
+
+/* A lane: the calling thread's stream and an event to wait on its copies, made when the
+   thread first waits for a mark, destroyed when the thread exits. Events block (the
+   host thread sleeps rather than spins: the EPS's optimizer threads want the cores). */
+struct lane {
+  cudaStream_t stream;
+  cudaEvent_t done;
+};
+static pthread_key_t lane_key;
+static pthread_once_t lane_key_once = PTHREAD_ONCE_INIT;
+static _Thread_local struct lane *this_lane;
+
+static void lane_end(void *p) {
+  struct lane *lane = p;
+  cudaEventDestroy(lane->done);
+  cudaStreamDestroy(lane->stream);
+  free(lane);
+}
+static void lane_key_make(void) { pthread_key_create(&lane_key, lane_end); }
+
+static const unsigned MARK_FLAGS = cudaEventDisableTiming | cudaEventBlockingSync;
+
+static l2l_status lane_start(void) {
+  if (this_lane != NULL) return L2L_OK;
+  pthread_once(&lane_key_once, lane_key_make);
+  struct lane *lane = calloc(1, sizeof *lane);
+  if (lane == NULL) return l2l_fail(L2L_ERR_NOMEM, "no memory for a copy lane");
+  cudaError_t err = cudaStreamCreateWithFlags(&lane->stream, cudaStreamNonBlocking);
+  if (err == cudaSuccess) err = cudaEventCreateWithFlags(&lane->done, MARK_FLAGS);
+  if (err != cudaSuccess) {
+    if (lane->stream) cudaStreamDestroy(lane->stream);
+    free(lane);
+    return cuda_error(err, __FILE__, __LINE__, "making a copy lane (stream, event)");
+  }
+  pthread_setspecific(lane_key, lane);
+  this_lane = lane;
+  return L2L_OK;
+}
+
+void *l2l_cuda_mark(void) {
+  if (!l2l_cuda_probe(NULL, 0)) return NULL;
+  cudaEvent_t mark;
+  if (cudaEventCreateWithFlags(&mark, MARK_FLAGS) == cudaSuccess) {
+    if (cudaEventRecord(mark, rt.compute) == cudaSuccess) return mark;
+    cudaEventDestroy(mark);
+  }
+  cudaGetLastError();
+  cudaStreamSynchronize(rt.compute);   /* no mark: the order then holds by waiting now */
+  return NULL;
+}
+
+l2l_status l2l_cuda_wait_mark(void *mark) {
+  TRY(need_runtime());
+  l2l_status status = lane_start();
+  if (mark == NULL) return status;
+  cudaError_t err = cudaEventSynchronize((cudaEvent_t)mark);
+  cudaEventDestroy((cudaEvent_t)mark);
+  TRY(status);
+  CUDA_TRY(err);
+  return L2L_OK;
+}
+
 /* ---------------------------------------------------------------- caching allocator */
 
 /* Device memory through a block cache (blocks.h): after a training step's first round
@@ -243,6 +312,15 @@ l2l_status l2l_cuda_malloc(void **out, uint64_t bytes) {
   char want[32], held[32];
   TRY(need_runtime());
   int err = l2l_blocks_get(&cache, out, bytes);
+  if (err == 0 && this_lane != NULL) {
+    /* The block may still be read or written by kernels queued before its free: a lane
+       (whose copies do not follow the compute stream) waits for them. */
+    l2l_status status = l2l_cuda_wait_mark(l2l_cuda_mark());
+    if (status != L2L_OK) {
+      l2l_blocks_put(&cache, *out, bytes);
+      return status;
+    }
+  }
   if (err != 0) {
     uint64_t size = l2l_block_size(bytes), reserved = 0;
     l2l_blocks_counts(&cache, &reserved, NULL, NULL);
@@ -311,9 +389,17 @@ static l2l_status cuda_gemm_batched(float *c, const void *a, const void *b, l2l_
 /* ---------------------------------------------------------------- copies */
 
 /* Between any two pools; the host side may be pageable (jemalloc) or pinned memory.
-   A copy that touches host memory waits for it: the caller may reuse that memory next. */
+   A copy that touches host memory waits for it: the caller may reuse that memory next.
+   On a lane: on the lane's stream, and done when this returns. */
 static l2l_status cuda_copy(void *dst, l2l_pool_kind dst_pool, const void *src,
                             l2l_pool_kind src_pool, uint64_t bytes) {
+  struct lane *lane = this_lane;
+  if (lane != NULL) {
+    CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, lane->stream));
+    CUDA_TRY(cudaEventRecord(lane->done, lane->stream));
+    CUDA_TRY(cudaEventSynchronize(lane->done));
+    return L2L_OK;
+  }
   CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, rt.compute));
   if (dst_pool != L2L_POOL_DEVICE || src_pool != L2L_POOL_DEVICE) TRY(wait_stream());
   return L2L_OK;
@@ -741,6 +827,13 @@ void l2l_cuda_host_free(void *ptr) { (void)ptr; }
 l2l_status l2l_cuda_release_cache(void) { return L2L_OK; }
 
 l2l_status l2l_cuda_synchronize(void) { return L2L_OK; }
+
+void *l2l_cuda_mark(void) { return NULL; }
+
+l2l_status l2l_cuda_wait_mark(void *mark) {
+  (void)mark;
+  return L2L_OK;
+}
 
 void l2l_cuda_use_tf32(int enable) { (void)enable; } /* matters only where CUDA runs */
 

@@ -111,6 +111,14 @@ l2l_status l2l_device_synchronize(void) {
   return l2l_device_is_cuda() ? l2l_cuda_synchronize() : L2L_OK;
 }
 
+struct l2l_device_mark *l2l_device_mark(void) {
+  return l2l_device_is_cuda() ? (struct l2l_device_mark *)l2l_cuda_mark() : NULL;
+}
+
+l2l_status l2l_device_wait_mark(struct l2l_device_mark *mark) {
+  return l2l_device_is_cuda() ? l2l_cuda_wait_mark(mark) : L2L_OK;
+}
+
 l2l_status l2l_device_release_cache(void) {
   l2l_pool_release_cached();
   return l2l_device_is_cuda() ? l2l_cuda_release_cache() : L2L_OK;

@@ -106,6 +106,19 @@ l2l_status l2l_tensor_new_like(l2l_tensor **out, l2l_pool_kind pool, l2l_dtype d
 l2l_status l2l_tensor_view_bytes(l2l_tensor **out, const l2l_tensor *t, uint64_t byte_offset,
                                  l2l_dtype dtype, const l2l_tensor *like);
 
+/* ---------------------------------------------------------------- copy threads (device.c) */
+
+/* A mark stands after everything queued on the device's compute stream so far: a CUDA
+   event, or NULL where the device's ops are done when they return (the CPU backend). A
+   thread that waits for a mark becomes a copy lane: on a GPU its copies then run on a
+   stream of its own, overlapping the kernels, and are done when the copy returns. The
+   relay marks every job it queues for its copy threads, and the worker waits for the
+   mark before it runs the job (jobs.c). */
+struct l2l_device_mark;
+struct l2l_device_mark *l2l_device_mark(void);
+/* Waits for the mark and frees it (NULL: nothing to wait for). */
+l2l_status l2l_device_wait_mark(struct l2l_device_mark *mark);
+
 /* ---------------------------------------------------------------- layers, for the relay */
 
 /* Points a parameter record at other tensors (same shape; grad f32, value f32 or, for a

@@ -37,6 +37,11 @@ static void *worker_main(void *p) {
     if (q->head == NULL) q->tail = NULL;
     q->busy++;
     pthread_mutex_unlock(&q->lock);
+    if (job->after != NULL) {
+      l2l_status ordered = l2l_device_wait_mark(job->after);
+      job->after = NULL;
+      if (ordered != L2L_OK) l2l_job_fail(job, ordered);   /* the run's copies fail too */
+    }
     job->run(job, arg.id);
     pthread_mutex_lock(&q->lock);
     q->busy--;

@@ -4,8 +4,9 @@
  * threads: one thread per copy direction (host to device, device to host) so copies in
  * one direction stay in order like a CUDA stream, several for the optimizer. A job is
  * embedded in the struct of its kind; the thread that queued it waits for it with
- * l2l_job_wait, which is where the CUDA issue puts cudaEventSynchronize. Errors on a
- * worker are recorded in the job and surface on the waiting thread.
+ * l2l_job_wait. A copy job carries a device mark (internal.h) that its worker waits for
+ * first: on a GPU, the kernels it depends on run after the queuing thread has moved on.
+ * Errors on a worker are recorded in the job and surface on the waiting thread.
  * Must never: run a job on the thread that queued it, or touch Lua.
  */
 #ifndef L2L_JOBS_H
@@ -24,6 +25,7 @@ struct l2l_job {
   bool done;                  /* under the queue's lock */
   bool free_when_done;        /* nobody waits: the worker frees it (with `release`) */
   void (*release)(struct l2l_job *job);
+  struct l2l_device_mark *after;  /* the worker waits for it before run() (NULL: no wait) */
   l2l_status status;          /* set by run(); message below when not OK */
   char message[256];
 };

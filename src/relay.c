@@ -85,6 +85,14 @@ static l2l_status tensor_like(l2l_tensor **out, l2l_pool_kind pool, const l2l_te
 
 /* ---------------------------------------------------------------- copy jobs */
 
+/* Queues a job for a copy thread. On a GPU the kernels queued so far (which write what
+   the job copies out, or still read what it overwrites) may not have run yet: the job
+   carries a mark after them, which its worker waits for (jobs.c). */
+static void copy_thread_push(struct l2l_queue *q, struct l2l_job *job) {
+  job->after = l2l_device_mark();
+  l2l_queue_push(q, job);
+}
+
 /* dst := src on a copy thread. The tensors stay the queuing thread's: it frees them
    after waiting, at points of its choosing, so device memory does not depend on when a
    copy thread gets to run. */
@@ -114,7 +122,7 @@ static l2l_status copy_queue(struct copy_job **out, l2l_relay *run, struct l2l_q
   *cj = (struct copy_job){.run = run, .dst = dst, .src = src, .layer = layer,
                           .micro_batch = micro_batch, .phase = phase};
   cj->job.run = copy_run;
-  l2l_queue_push(q, &cj->job);
+  copy_thread_push(q, &cj->job);
   *out = cj;
   return L2L_OK;
 }
@@ -151,7 +159,7 @@ static l2l_status swap_queue(l2l_relay *run, struct l2l_queue *q, struct swap_jo
                           .phase = pool == L2L_POOL_HOST ? L2L_PHASE_SWAP_OUT : L2L_PHASE_SWAP_IN};
   sj->job.run = swap_run;
   *slot = sj;
-  l2l_queue_push(q, &sj->job);
+  copy_thread_push(q, &sj->job);
   return L2L_OK;
 }
 
@@ -736,7 +744,7 @@ static l2l_status params_queue(struct step *s, int which, int k) {
     pj->job.done = true;
     return L2L_OK;
   }
-  l2l_queue_push(&run->h2d, &pj->job);
+  copy_thread_push(&run->h2d, &pj->job);
   return L2L_OK;
 }
 
@@ -845,7 +853,7 @@ static l2l_status params_done(struct step *s, int k, bool give) {
   }
   gj->job.run = grads_run;
   s->gout[s->gs] = gj;
-  l2l_queue_push(&run->d2h, &gj->job);
+  copy_thread_push(&run->d2h, &gj->job);
   return L2L_OK;
 }
 
