@@ -1,0 +1,76 @@
+-- l2l_gpt.lua — the l2l side of bench/vs_torch.sh: the GPT-2-shaped model of
+-- bench/torch_gpt.py (pre-LN, tanh GELU, learned positions, tied LM head, no dropout)
+-- trained through the relay on random tokens, weights streamed from the EPS, and one JSON
+-- line out: tokens/s, seconds a step, the device pool's peak, and where the copy time went.
+--
+--   build/l2l bench/l2l_gpt.lua layers=12 dim=768 batch=8 [seq=1024 steps=5
+--       micro_batch=4 precision=bf16 grad_precision=bf16 stash=host device=cuda]
+--
+-- The timed steps follow one warm-up step (the caching allocator's first round, the
+-- pinned pool's first extents). Its own speed is the point, so nothing here checks loss.
+local l2l = require("l2l")
+local cjson = require("cjson")
+
+local o = { layers = 12, dim = 768, vocab = 50257, seq = 1024, batch = 8, steps = 5,
+            micro_batch = 4, precision = "bf16", grad_precision = "bf16", stash = "host",
+            device = "cuda", param_slots = 2 }
+for _, a in ipairs(arg or {}) do
+  local k, v = a:match("^([%w_]+)=(.+)$")
+  if k == nil or o[k] == nil then error("l2l_gpt.lua: expected key=value with a known key, got " .. a) end
+  o[k] = tonumber(v) or v
+end
+
+l2l.device_use(o.device)
+local layers = { l2l.Embedding { vocab = o.vocab, dim = o.dim, max_seq = o.seq, seed = 1 } }
+for b = 1, o.layers do
+  layers[#layers + 1] = l2l.Block { dim = o.dim, heads = o.dim / 64, causal = true, dropout = 0,
+                                    seed = 1 + b }
+end
+layers[#layers + 1] = l2l.LMHead { vocab = o.vocab, dim = o.dim, tie = true, seed = 2 + o.layers }
+local model = l2l.Sequential(layers)
+
+local run = l2l.Relay { model = model, micro_batch = o.micro_batch, stash = o.stash,
+                        precision = o.precision, grad_precision = o.grad_precision,
+                        param_slots = o.param_slots,
+                        optimizer = l2l.AdamW { lr = 1e-4, weight_decay = 0.01 } }
+
+local ids, next_ids = {}, {}
+for b = 1, o.batch do
+  ids[b], next_ids[b] = {}, {}
+  for s = 1, o.seq do ids[b][s] = math.random(0, o.vocab - 1) end
+  for s = 1, o.seq do next_ids[b][s] = ids[b][s % o.seq + 1] end
+end
+local tokens = l2l.tensor(ids, { dtype = "i32" })
+local targets = l2l.tensor(next_ids, { dtype = "i32" })
+
+run:step(tokens, targets)   -- warm-up
+run:sync()
+local totals = { step = 0, compute = 0, wait_copy = 0, wait_update = 0, h2d = 0, d2h = 0,
+                 h2d_bytes = 0, d2h_bytes = 0, peak = 0 }
+local loss
+for _ = 1, o.steps do
+  loss = run:step(tokens, targets)
+  local s = run:stats()
+  totals.step = totals.step + s.step_seconds
+  totals.compute = totals.compute + s.compute_seconds
+  totals.wait_copy = totals.wait_copy + s.wait_copy_seconds
+  totals.wait_update = totals.wait_update + s.wait_update_seconds
+  totals.h2d, totals.d2h = totals.h2d + s.h2d_seconds, totals.d2h + s.d2h_seconds
+  totals.h2d_bytes, totals.d2h_bytes = totals.h2d_bytes + s.h2d_bytes, totals.d2h_bytes + s.d2h_bytes
+  totals.peak = math.max(totals.peak, s.device_peak)
+end
+run:sync()
+
+local params = 0
+for _, p in ipairs(model:params()) do params = params + p.value:numel() end
+local n = o.steps
+print(cjson.encode({
+  params = params, step_seconds = totals.step / n,
+  tokens_per_second = o.batch * o.seq * n / totals.step,
+  device_peak = totals.peak, host_eps_bytes = run:stats().host_eps_bytes,
+  compute_seconds = totals.compute / n, wait_copy_seconds = totals.wait_copy / n,
+  wait_update_seconds = totals.wait_update / n,
+  h2d_seconds = totals.h2d / n, d2h_seconds = totals.d2h / n,
+  h2d_bytes = totals.h2d_bytes / n, d2h_bytes = totals.d2h_bytes / n, loss = loss,
+}))
+run:free()

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# vs_torch.sh — l2l against PyTorch on the same GPU in one run (CUDA part 2's benchmark):
+# GPT-2 shapes, sequence length 1024, bf16, AdamW, random tokens.
+#   1. Fits on the GPU (124M and 350M): tokens/s and peak device memory, PyTorch eager with
+#      everything on the GPU against l2l streaming weights from the EPS.
+#      Target: l2l >= 0.9x PyTorch's tokens/s with at most half its device memory.
+#   2. Does not fit: the largest width-4096 GPT-2 shape whose EPS (fp32 masters, gradients,
+#      AdamW state, bf16 staging: 18 bytes a parameter) fits in 80 % of host memory: l2l's
+#      tokens/s and MFU (6 N tokens/s over the measured bf16 GEMM rate; target >= 40 %), and
+#      PyTorch's result for the same model (out of memory, or its rate if it fits).
+#   3. The crossover: the exposed copy time of a 1.3B model against tokens per minibatch,
+#      beside the prediction T* = (h2d bytes a parameter a step) x GEMM rate / (6 x h2d
+#      bandwidth), where streaming the weights in takes as long as computing with them.
+# Prints markdown tables for bench/RESULTS.md; raw JSON lines go to $OUT or /tmp.
+# Usage: bench/vs_torch.sh [--quick]     (needs a GPU, python3 with torch, and the build)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+quick=0
+[[ ${1:-} == --quick ]] && quick=1
+log=${OUT:-/tmp}/vs_torch.jsonl
+: > "$log"
+
+make -j"$(nproc)" all >/dev/null || exit 1
+export OMP_WAIT_POLICY=PASSIVE
+
+# run NAME CMD...: one JSON line, tagged with NAME, appended to the log
+run() {
+  local name=$1
+  shift
+  local line
+  line=$("$@" 2>"$log.$name.err" | tail -n 1)
+  [[ $line == \{* ]] || line="{\"failed\": true, \"error\": \"see $log.$name.err\"}"
+  echo "{\"case\": \"$name\", \"result\": $line}" >> "$log"
+  echo "$name: $line" >&2
+}
+
+run probe python3 bench/torch_gpt.py --probe
+
+for shape in "124M 12 768" "350M 24 1024"; do
+  read -r name layers dim <<< "$shape"
+  run "torch-$name" python3 bench/torch_gpt.py --layers "$layers" --dim "$dim" --batch 8
+  run "l2l-$name" build/l2l bench/l2l_gpt.lua layers="$layers" dim="$dim" batch=8 micro_batch=4
+done
+
+# The largest width-4096 model whose EPS fits in 80 % of host memory.
+host_bytes=$(awk '/MemTotal/ {print $2 * 1024}' /proc/meminfo)
+big_layers=$(python3 -c "d=4096; print(max(1, int((0.8*$host_bytes/18 - 51200*d) // (12*d*d + 13*d))))")
+((quick)) && big_layers=4
+run "l2l-big" build/l2l bench/l2l_gpt.lua layers="$big_layers" dim=4096 batch=16 micro_batch=4 steps=3
+run "torch-big" python3 bench/torch_gpt.py --layers "$big_layers" --dim 4096 --batch 16 --steps 3
+
+for batch in 1 2 4 8 16 32; do
+  run "cross-$batch" build/l2l bench/l2l_gpt.lua layers=24 dim=2048 batch="$batch" \
+    micro_batch=$((batch < 4 ? batch : 4)) steps=3
+done
+
+python3 - "$log" "$big_layers" <<'EOF'
+import json, sys
+rows = {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    rows[r["case"]] = r["result"]
+probe = rows.get("probe", {})
+R, bw = probe.get("bf16_gemm_flops", float("nan")), probe.get("h2d_bytes_per_second", float("nan"))
+gib = lambda b: "%.2f GiB" % (b / 2**30) if isinstance(b, (int, float)) else "-"
+print("GPU: %s, PyTorch %s; bf16 GEMM (8192^3) %.0f TFLOP/s; pinned h2d %.1f GB/s, d2h %.1f GB/s\n"
+      % (probe.get("gpu"), probe.get("torch"), R / 1e12, bw / 1e9,
+         probe.get("d2h_bytes_per_second", float("nan")) / 1e9))
+print("| model | PyTorch tokens/s | PyTorch peak | l2l tokens/s | l2l peak | l2l / PyTorch speed | l2l / PyTorch memory |")
+print("|---|---:|---:|---:|---:|---:|---:|")
+for name in ("124M", "350M"):
+    t, l = rows.get("torch-" + name, {}), rows.get("l2l-" + name, {})
+    ts, ls = t.get("tokens_per_second"), l.get("tokens_per_second")
+    tm, lm = t.get("device_peak"), l.get("device_peak")
+    print("| GPT-2 %s | %s | %s | %s | %s | %s | %s |" % (
+        name, "%.0f" % ts if ts else "-", gib(tm), "%.0f" % ls if ls else "-", gib(lm),
+        "%.2f" % (ls / ts) if ts and ls else "-", "%.2f" % (lm / tm) if tm and lm else "-"))
+big, tbig = rows.get("l2l-big", {}), rows.get("torch-big", {})
+if "tokens_per_second" in big:
+    mfu = 6 * big["params"] * big["tokens_per_second"] / R
+    print("\nDoes not fit: %d blocks of width 4096, %.2f B parameters, EPS %s on the host: l2l %.0f tokens/s, "
+          "MFU %.1f %%, device peak %s; PyTorch: %s" % (
+              int(sys.argv[2]), big["params"] / 1e9, gib(big["host_eps_bytes"]), big["tokens_per_second"],
+              100 * mfu, gib(big["device_peak"]),
+              "out of memory" if tbig.get("oom") else
+              "%.0f tokens/s, peak %s" % (tbig["tokens_per_second"], gib(tbig["device_peak"]))
+              if "tokens_per_second" in tbig else "failed"))
+print("\n| tokens per minibatch | step | exposed copy | exposed share | predicted crossover |")
+print("|---:|---:|---:|---:|---:|")
+for batch in (1, 2, 4, 8, 16, 32):
+    c = rows.get("cross-%d" % batch, {})
+    if "step_seconds" not in c:
+        print("| %d | - | - | - | - |" % (batch * 1024))
+        continue
+    predicted = c["h2d_bytes"] / c["params"] * R / (6 * bw)
+    print("| %d | %.3f s | %.3f s | %.0f %% | %.0f tokens |" % (
+        batch * 1024, c["step_seconds"], c["wait_copy_seconds"],
+        100 * c["wait_copy_seconds"] / c["step_seconds"], predicted))
+EOF
