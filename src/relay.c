@@ -127,7 +127,8 @@ static l2l_status copy_queue(struct copy_job **out, l2l_relay *run, struct l2l_q
   return L2L_OK;
 }
 
-/* A saved state moved between pools on a copy thread (KARMA's swap). */
+/* A saved state moved between the device and pinned host memory on a copy thread
+   (KARMA's swap). */
 struct swap_job {
   struct l2l_job job;
   l2l_relay *run;
@@ -143,7 +144,7 @@ static void swap_run(struct l2l_job *job, int thread) {
   l2l_status status = l2l_saved_move(sj->saved, sj->pool);
   if (status != L2L_OK) l2l_job_fail(job, status);
   count_bytes(sj->run, thread == THREAD_H2D ? &sj->run->h2d_bytes : &sj->run->d2h_bytes, bytes);
-  if (status == L2L_OK) count_stash(sj->run, sj->pool == L2L_POOL_HOST ? (int64_t)bytes : -(int64_t)bytes);
+  if (status == L2L_OK) count_stash(sj->run, sj->pool != L2L_POOL_DEVICE ? (int64_t)bytes : -(int64_t)bytes);
   l2l_timeline_add(&sj->run->timeline, sj->layer, sj->micro_batch, sj->phase, thread, t0,
                    l2l_now());
 }
@@ -156,7 +157,7 @@ static l2l_status swap_queue(l2l_relay *run, struct l2l_queue *q, struct swap_jo
   if (sj == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a swap job");
   *sj = (struct swap_job){.run = run, .saved = saved, .pool = pool, .layer = layer,
                           .micro_batch = (int)u,
-                          .phase = pool == L2L_POOL_HOST ? L2L_PHASE_SWAP_OUT : L2L_PHASE_SWAP_IN};
+                          .phase = pool != L2L_POOL_DEVICE ? L2L_PHASE_SWAP_OUT : L2L_PHASE_SWAP_IN};
   sj->job.run = swap_run;
   *slot = sj;
   copy_thread_push(q, &sj->job);
@@ -1044,7 +1045,7 @@ static l2l_status visit_forward(struct step *s, int k, bool rebuild) {
                       l2l_layer_name(rl->layer), (long long)u, message);
     }
     if (keep && rl->inner == L2L_INNER_SWAP) {
-      TRY(swap_queue(s->run, &s->run->d2h, &s->swap[k][u], s->saved[k][u], L2L_POOL_HOST, li, u));
+      TRY(swap_queue(s->run, &s->run->d2h, &s->swap[k][u], s->saved[k][u], L2L_POOL_PINNED, li, u));
       s->where[k][u] = 1;
     }
     /* The input: freed when nobody reads it again; else its device copy goes unless the
