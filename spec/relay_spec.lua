@@ -463,8 +463,10 @@ describe("l2l.Relay", function()
       for i, g in ipairs({ "f32", precision }) do
         -- accumulate = 2: the first step updates nothing and leaves its gradients in the
         -- EPS's accumulators.
+        -- The same power-of-two loss scale on both (f16 needs one) scales every gradient
+        -- exactly.
         runs[i] = l2l.Relay { model = models[i], micro_batch = 3, seed = 5, accumulate = 2,
-                              grad_precision = g }
+                              grad_precision = g, loss_scale = 64 }
         for _, p in ipairs(models[i]:params()) do p.grad:fill(0 / 0) end   -- poisoned ...
         models[i]:zero_grad()                                             -- ... then cleared
         runs[i]:step(tokens, targets)
@@ -638,6 +640,7 @@ describe("l2l.Relay", function()
     fails("option 'loss_scale' must be 0 %(off%) or 2%^%-64 to 2%^100", function() l2l.Relay { model = model, loss_scale = 2 ^ 101 } end)
     fails("option 'loss_scale_window' must be an integer >= 1, got 0", function() l2l.Relay { model = model, loss_scale_window = 0 } end)
     fails("option 'precision' must be one of \"bf16\", \"f16\", \"f32\", got fp8", function() l2l.Relay { model = model, precision = "fp8" } end)
+    fails("grad_precision f16 needs loss_scale > 0", function() l2l.Relay { model = model, grad_precision = "f16" } end)
     fails("option 'grad_precision' must be one of \"bf16\", \"f16\", \"f32\", got f64", function() l2l.Relay { model = model, grad_precision = "f64" } end)
     fails("option 'param_slots' must be at most 4096, got 5000", function() l2l.Relay { model = model, param_slots = 5000 } end)
     fails("l2l.AdamW: option 'eps' must be a finite number > 0", function() l2l.AdamW { eps = 0 } end)

@@ -251,25 +251,29 @@ static void lane_end(void *p) {
   cudaStreamDestroy(lane->stream);
   free(lane);
 }
-static void lane_key_make(void) { pthread_key_create(&lane_key, lane_end); }
+static bool lane_key_made;
+static void lane_key_make(void) { lane_key_made = pthread_key_create(&lane_key, lane_end) == 0; }
 
 static const unsigned MARK_FLAGS = cudaEventDisableTiming | cudaEventBlockingSync;
 
-static l2l_status lane_start(void) {
-  if (this_lane != NULL) return L2L_OK;
+/* Makes the calling thread a lane. Failing is harmless: its copies then stay on the
+   compute stream, in order, only without overlap. */
+static void lane_start(void) {
+  if (this_lane != NULL) return;
   pthread_once(&lane_key_once, lane_key_make);
-  struct lane *lane = calloc(1, sizeof *lane);
-  if (lane == NULL) return l2l_fail(L2L_ERR_NOMEM, "no memory for a copy lane");
-  cudaError_t err = cudaStreamCreateWithFlags(&lane->stream, cudaStreamNonBlocking);
+  struct lane *lane = lane_key_made ? calloc(1, sizeof *lane) : NULL;
+  if (lane == NULL) return;
+  cudaError_t err = cudaSetDevice(rt.device);
+  if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&lane->stream, cudaStreamNonBlocking);
   if (err == cudaSuccess) err = cudaEventCreateWithFlags(&lane->done, MARK_FLAGS);
-  if (err != cudaSuccess) {
+  if (err != cudaSuccess || pthread_setspecific(lane_key, lane) != 0) {
+    cudaGetLastError();
+    if (lane->done) cudaEventDestroy(lane->done);
     if (lane->stream) cudaStreamDestroy(lane->stream);
     free(lane);
-    return cuda_error(err, __FILE__, __LINE__, "making a copy lane (stream, event)");
+    return;
   }
-  pthread_setspecific(lane_key, lane);
   this_lane = lane;
-  return L2L_OK;
 }
 
 void *l2l_cuda_mark(void) {
@@ -286,11 +290,10 @@ void *l2l_cuda_mark(void) {
 
 l2l_status l2l_cuda_wait_mark(void *mark) {
   TRY(need_runtime());
-  l2l_status status = lane_start();
-  if (mark == NULL) return status;
+  lane_start();
+  if (mark == NULL) return L2L_OK;
   cudaError_t err = cudaEventSynchronize((cudaEvent_t)mark);
   cudaEventDestroy((cudaEvent_t)mark);
-  TRY(status);
   CUDA_TRY(err);
   return L2L_OK;
 }
@@ -313,8 +316,9 @@ l2l_status l2l_cuda_malloc(void **out, uint64_t bytes) {
   TRY(need_runtime());
   int err = l2l_blocks_get(&cache, out, bytes);
   if (err == 0 && this_lane != NULL) {
-    /* The block may still be read or written by kernels queued before its free: a lane
-       (whose copies do not follow the compute stream) waits for them. */
+    /* A cached block may still be read or written by kernels queued before its free: a
+       lane (whose copies do not follow the compute stream) waits for them. (A KARMA
+       swap-in allocates here, so it waits for the compute stream queued so far.) */
     l2l_status status = l2l_cuda_wait_mark(l2l_cuda_mark());
     if (status != L2L_OK) {
       l2l_blocks_put(&cache, *out, bytes);
@@ -396,8 +400,12 @@ static l2l_status cuda_copy(void *dst, l2l_pool_kind dst_pool, const void *src,
   struct lane *lane = this_lane;
   if (lane != NULL) {
     CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, lane->stream));
-    CUDA_TRY(cudaEventRecord(lane->done, lane->stream));
-    CUDA_TRY(cudaEventSynchronize(lane->done));
+    cudaError_t err = cudaEventRecord(lane->done, lane->stream);
+    if (err == cudaSuccess) err = cudaEventSynchronize(lane->done);
+    if (err != cudaSuccess) {
+      cudaStreamSynchronize(lane->stream);   /* the caller frees the buffers next */
+      return cuda_error(err, __FILE__, __LINE__, "waiting for a copy lane's copy");
+    }
     return L2L_OK;
   }
   CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, rt.compute));

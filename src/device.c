@@ -116,7 +116,7 @@ struct l2l_device_mark *l2l_device_mark(void) {
 }
 
 l2l_status l2l_device_wait_mark(struct l2l_device_mark *mark) {
-  return l2l_device_is_cuda() ? l2l_cuda_wait_mark(mark) : L2L_OK;
+  return mark != NULL ? l2l_cuda_wait_mark(mark) : L2L_OK;
 }
 
 l2l_status l2l_device_release_cache(void) {

@@ -623,9 +623,9 @@ typedef struct l2l_relay_config {
                                    `precision` is) still accumulates over the visit's
                                    micro-batches in f32 on the device, is rounded once to
                                    16 bits and crosses at half the bytes; the host widens
-                                   it and accumulates in f32. Other gradients stay f32. A
-                                   gradient beyond f16's range becomes inf, which loss_scale
-                                   treats as an overflow. */
+                                   it and accumulates in f32. Other gradients stay f32. f16
+                                   needs loss_scale, which keeps gradients in f16's range and
+                                   skips a step where one became inf. */
 } l2l_relay_config;
 
 /* AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant schedule, micro-

@@ -304,12 +304,13 @@ l2l_status l2l_pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
 
   void *ptr = NULL;
   if (on_gpu) {
-    if (l2l_cuda_malloc(&ptr, accounted) != L2L_OK) { /* its message says why */
+    l2l_status status = l2l_cuda_malloc(&ptr, accounted);
+    if (status != L2L_OK) { /* its message says why */
       pthread_mutex_lock(&p->lock);
       p->stats.current -= accounted;
       p->stats.refused++;
       pthread_mutex_unlock(&p->lock);
-      return L2L_ERR_NOMEM;
+      return status;
     }
   } else if (kind == L2L_POOL_PINNED) {
     ptr = pinned_alloc(p, accounted);

@@ -2235,6 +2235,7 @@ TEST(relay_refuses_bad_configs_and_models) {
   BAD("precision", c->precision = (l2l_dtype)7);
   BAD("grad_precision", c->grad_precision = L2L_U8);
   BAD("grad_precision", c->grad_precision = (l2l_dtype)-1);
+  BAD("grad_precision f16 needs loss_scale", c->grad_precision = L2L_F16);
 #undef BAD
   for (int i = 0; i < nb; i++) {
     l2l_relay *out = r;
