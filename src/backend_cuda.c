@@ -247,8 +247,8 @@ static _Thread_local struct lane *this_lane;
 
 static void lane_end(void *p) {
   struct lane *lane = p;
-  cudaEventDestroy(lane->done);
-  cudaStreamDestroy(lane->stream);
+  if (lane->done) cudaEventDestroy(lane->done);
+  if (lane->stream) cudaStreamDestroy(lane->stream);
   free(lane);
 }
 static bool lane_key_made;
@@ -268,9 +268,7 @@ static void lane_start(void) {
   if (err == cudaSuccess) err = cudaEventCreateWithFlags(&lane->done, MARK_FLAGS);
   if (err != cudaSuccess || pthread_setspecific(lane_key, lane) != 0) {
     cudaGetLastError();
-    if (lane->done) cudaEventDestroy(lane->done);
-    if (lane->stream) cudaStreamDestroy(lane->stream);
-    free(lane);
+    lane_end(lane);
     return;
   }
   this_lane = lane;

@@ -468,14 +468,18 @@ static l2l_dtype grads_out_dtype(const l2l_relay *run, const struct eps_record *
    leave from the gradient slot itself: 0 bytes). */
 enum slot_content { SLOT_VALUES, SLOT_GRADS, SLOT_GRADS_OUT };
 
+static l2l_dtype slot_dtype(const l2l_relay *run, const struct eps_record *rec,
+                            enum slot_content content) {
+  return content == SLOT_VALUES ? device_dtype(rec)
+         : content == SLOT_GRADS ? L2L_F32
+                                 : grads_out_dtype(run, rec);
+}
+
 /* Bytes a record takes in a slot, rounded so that every record starts on L2L_ALIGN. */
 static uint64_t slot_bytes(const l2l_relay *run, const struct eps_record *rec,
                            enum slot_content content) {
-  l2l_dtype out = grads_out_dtype(run, rec);
-  uint64_t size = content == SLOT_VALUES ? l2l_dtype_size(device_dtype(rec))
-                  : content == SLOT_GRADS ? sizeof(float)
-                  : out == L2L_F32        ? 0
-                                          : l2l_dtype_size(out);
+  l2l_dtype dtype = slot_dtype(run, rec, content);
+  uint64_t size = content == SLOT_GRADS_OUT && dtype == L2L_F32 ? 0 : l2l_dtype_size(dtype);
   uint64_t bytes = (uint64_t)l2l_tensor_numel(rec->master) * size;
   return (bytes + L2L_ALIGN - 1) / L2L_ALIGN * L2L_ALIGN;
 }
@@ -656,10 +660,8 @@ static l2l_status step_alloc(struct step *s) {
 static l2l_status slot_view(l2l_tensor **out, const struct step *s, const l2l_tensor *slot,
                             uint64_t *offset, const struct eps_record *rec,
                             enum slot_content content) {
-  l2l_dtype dtype = content == SLOT_VALUES ? device_dtype(rec)
-                    : content == SLOT_GRADS ? L2L_F32
-                                            : grads_out_dtype(s->run, rec);
-  TRY(l2l_tensor_view_bytes(out, slot, *offset, dtype, rec->master));
+  TRY(l2l_tensor_view_bytes(out, slot, *offset, slot_dtype(s->run, rec, content),
+                            rec->master));
   *offset += slot_bytes(s->run, rec, content);
   return L2L_OK;
 }
