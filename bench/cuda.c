@@ -340,8 +340,10 @@ static void run_flash_backward(void *ctx) {
                                 f->back_work_floats));
 }
 
+/* The unfused reference: scores materialized. With 16-bit products (probs16 not NULL), q,
+   k, v are 16-bit and P is rounded into probs16 for the second product. */
 struct unfused {
-  l2l_tensor *q, *k, *v, *scores, *o;
+  l2l_tensor *q, *k, *v, *scores, *probs16, *o;
   float scale;
 };
 
@@ -349,7 +351,18 @@ static void run_unfused(void *ctx) {
   struct unfused *u = ctx;
   ok(l2l_gemm_batched(u->scores, u->q, u->k, 0, 1, u->scale, 0.0f));
   ok(l2l_softmax_forward(u->scores, u->scores, NULL, 1, 1.0f));
-  ok(l2l_gemm_batched(u->o, u->scores, u->v, 0, 0, 1.0f, 0.0f));
+  if (u->probs16) ok(l2l_tensor_cast(u->probs16, u->scores));
+  ok(l2l_gemm_batched(u->o, u->probs16 ? u->probs16 : u->scores, u->v, 0, 0, 1.0f, 0.0f));
+}
+
+/* A (d0, d1, d2) device tensor of normal draws, of `dtype` (16-bit: rounded from f32). */
+static l2l_tensor *dev_normal_as(l2l_dtype dtype, int64_t d0, int64_t d1, int64_t d2) {
+  l2l_tensor *x = dev_normal(3, d0, d1, d2, 1);
+  if (dtype == L2L_F32) return x;
+  l2l_tensor *y = dev(dtype, 3, d0, d1, d2);
+  ok(l2l_tensor_cast(y, x));
+  l2l_tensor_free(x);
+  return y;
 }
 
 /* Device workspace for the flash entries (NULL when the backend asks for none). */
@@ -363,8 +376,11 @@ static l2l_tensor *flash_workspace(const struct l2l_backend_ops *ops, int64_t se
   return dev(L2L_F32, 1, *floats, 0, 0);
 }
 
+/* One row of the attention table; precision bf16: 16-bit products (the tensor-core
+   kernels) on both the flash and the unfused side. */
 static void bench_attention(int64_t batch, int64_t heads, int64_t seq, int64_t hd,
-                            double bf16_rate, uint64_t free_bytes, double target) {
+                            l2l_dtype precision, double bf16_rate, uint64_t free_bytes,
+                            double target) {
   const struct l2l_backend_ops *ops = l2l_backend_for(L2L_POOL_DEVICE);
   const int64_t D = heads * hd, N = batch * seq, bh = batch * heads;
   const double causal_flops = 4.0 * (double)bh * (double)seq * (double)seq * (double)hd / 2.0;
@@ -375,7 +391,8 @@ static void bench_attention(int64_t batch, int64_t heads, int64_t seq, int64_t h
   f.sh = (struct l2l_attention_shape){.batch = batch, .heads = heads, .seq = seq, .head_dim = hd,
                                       .ld_qkv = 3 * D, .ld_o = D, .causal = 1,
                                       .scale = 1.0f / sqrtf((float)hd), .dropout = 0.0f,
-                                      .seed = 1, .stream = 2, .first_sample = 0};
+                                      .seed = 1, .stream = 2, .first_sample = 0,
+                                      .precision = precision};
   l2l_tensor *qkv = dev_normal(2, N, 3 * D, 0, 1), *o = dev(L2L_F32, 2, N, D, 0);
   l2l_tensor *lse = dev(L2L_F32, 1, bh * seq, 0, 0), *d_o = dev_normal(2, N, D, 0, 1);
   l2l_tensor *dqkv = dev(L2L_F32, 2, N, 3 * D, 0);
@@ -396,13 +413,15 @@ static void bench_attention(int64_t batch, int64_t heads, int64_t seq, int64_t h
   int64_t ref_bh = bh;
   double cap = (double)free_bytes / 4.0 < 4.0 * GIB ? (double)free_bytes / 4.0 : 4.0 * GIB;
   while (ref_bh > 1 && (double)ref_bh * (double)seq * (double)seq * 4.0 > cap) ref_bh /= 2;
-  struct unfused u = {dev_normal(3, ref_bh, seq, hd, 1), dev_normal(3, ref_bh, seq, hd, 1),
-                      dev_normal(3, ref_bh, seq, hd, 1), dev(L2L_F32, 3, ref_bh, seq, seq),
+  struct unfused u = {dev_normal_as(precision, ref_bh, seq, hd),
+                      dev_normal_as(precision, ref_bh, seq, hd),
+                      dev_normal_as(precision, ref_bh, seq, hd), dev(L2L_F32, 3, ref_bh, seq, seq),
+                      precision == L2L_F32 ? NULL : dev(precision, 3, ref_bh, seq, seq),
                       dev(L2L_F32, 3, ref_bh, seq, hd), 1.0f / sqrtf((float)hd)};
   double ref = time_call(run_unfused, &u);
   double ref_flops = causal_flops * (double)ref_bh / (double)bh;
-  l2l_tensor *uall[] = {u.q, u.k, u.v, u.scores, u.o};
-  free_all(uall, 5);
+  l2l_tensor *uall[] = {u.q, u.k, u.v, u.scores, u.probs16, u.o};
+  free_all(uall, 6);
   ok(l2l_device_release_cache());
 
   double fwd_rate = causal_flops / fwd / 1e12, ref_rate = ref_flops / ref / 1e12;
@@ -410,8 +429,10 @@ static void bench_attention(int64_t batch, int64_t heads, int64_t seq, int64_t h
   char goal[48] = "";
   if (target > 0)
     snprintf(goal, sizeof goal, ">= %.0f %% %s", target, share >= target ? "met" : "MISSED");
-  printf("S=%-5lld hd=%-4lld B*H=%-4lld %9.3f %8.1f %7.1f %%  %9.3f %8.1f  %5lld %9.3f %8.1f %6.1fx  %s\n",
-         (long long)seq, (long long)hd, (long long)bh, fwd * 1e3, fwd_rate, share, bwd * 1e3,
+  printf("%-4s S=%-5lld hd=%-4lld B*H=%-4lld %9.3f %8.1f %7.1f %%  %9.3f %8.1f  %5lld %9.3f "
+         "%8.1f %6.1fx  %s\n",
+         precision == L2L_F32 ? "f32" : "bf16", (long long)seq, (long long)hd, (long long)bh,
+         fwd * 1e3, fwd_rate, share, bwd * 1e3,
          2.5 * causal_flops / bwd / 1e12, (long long)ref_bh, ref * 1e3, ref_rate,
          fwd_rate / ref_rate, goal);
 }
@@ -449,16 +470,22 @@ int main(void) {
   bench_gemm("mlp down: 8192x3072 @ 3072x768", 8192, 768, 3072, NULL);
   printf("\n");
 
-  printf("attention, causal fp32: flash forward (ms, TFLOP/s, of the bf16 GEMM rate at 4096^3: "
-         "%.1f TFLOP/s), flash backward,\nunfused forward (gemm_batched + softmax + "
-         "gemm_batched, on B*H heads), flash/unfused\n", bf16_rate);
-  printf("%-26s %9s %8s %9s  %9s %8s  %5s %9s %8s %7s  %s\n", "", "fwd ms", "TFLOP/s",
+  printf("attention, causal, products in f32 (CUDA cores) or bf16 (tensor cores): flash "
+         "forward (ms, TFLOP/s, of the bf16 GEMM rate at 4096^3: %.1f TFLOP/s), flash "
+         "backward,\nunfused forward (gemm_batched + softmax + gemm_batched, same product "
+         "dtype, on B*H heads), flash/unfused\n", bf16_rate);
+  printf("%-31s %9s %8s %9s  %9s %8s  %5s %9s %8s %7s  %s\n", "", "fwd ms", "TFLOP/s",
          "of bf16", "bwd ms", "TFLOP/s", "B*H", "ref ms", "TFLOP/s", "speedup", "target");
   ok(l2l_cuda_get_info(&info));
-  bench_attention(16, 16, 1024, 64, bf16_rate, info.free_bytes, 0);
-  bench_attention(16, 16, 1024, 128, bf16_rate, info.free_bytes, 0);
-  bench_attention(4, 16, 4096, 64, bf16_rate, info.free_bytes, 40.0);
-  bench_attention(4, 16, 4096, 128, bf16_rate, info.free_bytes, 40.0);
+  static const l2l_dtype products[] = {L2L_F32, L2L_BF16};
+  for (int p = 0; p < 2; p++) {
+    /* the 40 % is for the tensor-core path: fp32 products cannot reach it */
+    double target = products[p] == L2L_BF16 ? 40.0 : 0.0;
+    bench_attention(16, 16, 1024, 64, products[p], bf16_rate, info.free_bytes, 0);
+    bench_attention(16, 16, 1024, 128, products[p], bf16_rate, info.free_bytes, 0);
+    bench_attention(4, 16, 4096, 64, products[p], bf16_rate, info.free_bytes, target);
+    bench_attention(4, 16, 4096, 128, products[p], bf16_rate, info.free_bytes, target);
+  }
   printf("\nflops: forward 4 B H S^2 hd / 2 (causal: half the score matrix), backward 2.5x "
          "that; bytes of memory-bound ops: each input read and each output written once.\n");
 

@@ -4,7 +4,12 @@
 -- line out: tokens/s, seconds a step, the device pool's peak, and where the copy time went.
 --
 --   build/l2l bench/l2l_gpt.lua layers=12 dim=768 batch=8 [seq=1024 steps=5
---       micro_batch=4 precision=bf16 grad_precision=bf16 stash=host device=cuda]
+--       micro_batch=4 precision=bf16 grad_precision=bf16 stash=host inner=recompute
+--       memory=frugal device=cuda]
+--
+-- memory=frugal by default: its attention keeps only the row log-sum-exp, and with 16-bit
+-- precision runs on tensor cores (kernels/attention_mma.cu); standard keeps S x S
+-- probabilities, which only the fp32 attention kernels write.
 --
 -- The timed steps follow one warm-up step (the caching allocator's first round, the
 -- pinned pool's first extents). Its own speed is the point, so nothing here checks loss.
@@ -13,7 +18,7 @@ local cjson = require("cjson")
 
 local o = { layers = 12, dim = 768, vocab = 50257, seq = 1024, batch = 8, steps = 5,
             micro_batch = 4, precision = "bf16", grad_precision = "bf16", stash = "host",
-            device = "cuda", param_slots = 2 }
+            device = "cuda", param_slots = 2, inner = "recompute", memory = "frugal" }
 for _, a in ipairs(arg or {}) do
   local k, v = a:match("^([%w_]+)=(.+)$")
   if k == nil or o[k] == nil then error("l2l_gpt.lua: expected key=value with a known key, got " .. a) end
@@ -24,12 +29,14 @@ l2l.device_use(o.device)
 local layers = { l2l.Embedding { vocab = o.vocab, dim = o.dim, max_seq = o.seq, seed = 1 } }
 for b = 1, o.layers do
   layers[#layers + 1] = l2l.Block { dim = o.dim, heads = o.dim / 64, causal = true, dropout = 0,
-                                    seed = 1 + b }
+                                    memory = o.memory, seed = 1 + b }
 end
-layers[#layers + 1] = l2l.LMHead { vocab = o.vocab, dim = o.dim, tie = true, seed = 2 + o.layers }
+layers[#layers + 1] = l2l.LMHead { vocab = o.vocab, dim = o.dim, tie = true, memory = o.memory,
+                                   seed = 2 + o.layers }
 local model = l2l.Sequential(layers)
 
 local run = l2l.Relay { model = model, micro_batch = o.micro_batch, stash = o.stash,
+                        inner = o.inner,
                         precision = o.precision, grad_precision = o.grad_precision,
                         param_slots = o.param_slots,
                         optimizer = l2l.AdamW { lr = 1e-4, weight_decay = 0.01 } }

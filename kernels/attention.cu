@@ -8,7 +8,8 @@
  * dk / dv rows in registers and loops over the query tiles that can see them, recomputing
  * P from lse (or reading the standard mode's probs), and adds its share of dq with float
  * atomics. Heads live in columns (row stride ld), so tiles are read straight from the
- * strided q, k, v, o, do matrices.
+ * strided q, k, v, o, do matrices. The launchers at the end send calls that allow 16-bit
+ * products to the tensor-core kernels of attention_mma.cu when those can serve them.
  *
  * Layout of the work: 256 threads as a 16 x 16 grid (ty, tx). A score tile's entry
  * (row, col) belongs to the thread with ty = row / RPT and tx = col % 16, so the 16
@@ -33,7 +34,9 @@
 #include <stdint.h>
 
 #include "attention.h"
-#include "common.cuh"
+#include "attention_tiles.cuh"
+
+using namespace l2l_attention;
 
 namespace {
 
@@ -42,47 +45,7 @@ constexpr int kThreads = 256; /* a 16 x 16 grid of threads per block */
    a row end at its CPU tile's key end (causal), so the forward's tiles are the CPU's. */
 constexpr int kForwardRows = 64;
 
-struct AttentionShape {
-  int64_t batch, heads, seq, head_dim, ld_qkv, ld_o, first_sample;
-  uint64_t seed, stream;
-  float scale, dropout, keep_scale; /* keep_scale = 1.0f / (1.0f - dropout), as the CPU */
-  uint32_t threshold;
-  int causal;
-};
-
-struct ForwardArgs {
-  float *o, *lse, *probs, *dropped;
-  uint8_t *mask;
-  const float *q, *k, *v;
-  const uint8_t *key_mask;
-  AttentionShape sh;
-};
-
-struct BackwardArgs {
-  float *dq, *dk, *dv;
-  const float *d_o, *lse, *probs, *dropped;
-  const uint8_t *mask;
-  const float *q, *k, *v;
-  const uint8_t *key_mask;
-  const float *d_rows; /* D_i = do_i . o_i, (batch, heads, seq) */
-  AttentionShape sh;
-};
-
 /* ---------------------------------------------------------------- device helpers */
-
-/* Draw index of element (b, h, i, j) at block site 0, with the CPU's uint64 arithmetic. */
-__device__ __forceinline__ uint64_t draw_index(const AttentionShape &sh, int64_t b, int64_t h,
-                                               int64_t i, int64_t j) {
-  return ((uint64_t)(sh.first_sample + b) * (uint64_t)sh.heads + (uint64_t)h) *
-             (uint64_t)(sh.seq * sh.seq) +
-         (uint64_t)(i * sh.seq) + (uint64_t)j;
-}
-
-/* Key j hidden from query i: causal future or masked-out key (the CPU's key_hidden). */
-__device__ __forceinline__ bool key_visible(const AttentionShape &sh, const uint8_t *key_mask,
-                                            int64_t b, int64_t i, int64_t j) {
-  return !(sh.causal && j > i) && (key_mask == nullptr || key_mask[b * sh.seq + j] != 0);
-}
 
 /* Max and sum over the 16 lanes of a half warp (one score row); every lane gets the
    same bits, so the replicated running max and sum never drift apart. All 32 lanes must
@@ -142,29 +105,6 @@ __device__ __forceinline__ void dot_tile(float (&acc)[RPT][CPT], const float *a,
   }
 }
 
-/* kept[r][c] := whether draw first + r*row_stride + c survives dropout, for r < rows_valid
-   and c < COLS. One thread per Philox block of a row (COLS/4 + 1 cover an unaligned run
-   of COLS draws), so each block is computed once instead of once per word. */
-template <int ROWS, int COLS>
-__device__ __forceinline__ void fill_kept(uint8_t *kept, uint64_t first, uint64_t row_stride,
-                                          int rows_valid, const AttentionShape &sh) {
-  constexpr int kBlocksPerRow = COLS / 4 + 1;
-  for (int t = threadIdx.x; t < ROWS * kBlocksPerRow; t += kThreads) {
-    const int r = t / kBlocksPerRow, block_in_row = t % kBlocksPerRow;
-    if (r >= rows_valid) continue;
-    const uint64_t row_first = first + (uint64_t)r * row_stride;
-    const uint64_t block = (row_first >> 2) + (uint64_t)block_in_row;
-    const uint4 w = l2l_philox(sh.seed, sh.stream, block);
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-      /* column of word u: from -3 (before the row's first draw) to COLS + 3 */
-      const int64_t col = (int64_t)(block * 4u + (uint64_t)u - row_first);
-      if (col >= 0 && col < COLS) kept[r * COLS + col] = l2l_kept(words[u], sh.threshold) ? 1 : 0;
-    }
-  }
-}
-
 /* ---------------------------------------------------------------- forward */
 
 template <int HD, int BK>
@@ -217,7 +157,8 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(ForwardArgs
       __syncthreads(); /* the previous key tile's readers are done with k_s, v_s, p_s */
       load_rows<BK, HD>(k_s, a.k + (b * S + j0) * ld + col0, ld, keys_valid, (int)hd);
       load_rows<BK, HD>(v_s, a.v + (b * S + j0) * ld + col0, ld, keys_valid, (int)hd);
-      if (dropout) fill_kept<BQ, BK>(kept_s, draw0 + (uint64_t)j0, (uint64_t)S, rows_valid, sh);
+      if (dropout)
+        fill_kept<BQ, BK, kThreads>(kept_s, draw0 + (uint64_t)j0, (uint64_t)S, rows_valid, sh);
       __syncthreads();
 
       float s[RPT][CPT];
@@ -312,7 +253,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(ForwardArgs
         if (in_reach) {
           load_rows<BK, HD>(k_s, a.k + (b * S + j0) * ld + col0, ld, keys_valid, (int)hd);
           if (write_dropped || write_mask)
-            fill_kept<BQ, BK>(kept_s, draw0 + (uint64_t)j0, (uint64_t)S, rows_valid, sh);
+            fill_kept<BQ, BK, kThreads>(kept_s, draw0 + (uint64_t)j0, (uint64_t)S, rows_valid, sh);
         }
         __syncthreads();
 
@@ -446,7 +387,8 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(BackwardAr
         dr_s[t] = valid ? a.d_rows[bh * S + i0 + t] : 0.0f;
       }
       if (regenerate)
-        fill_kept<BQ, BK>(kept_s, draw_index(sh, b, h, i0, j0), (uint64_t)S, rows_valid, sh);
+        fill_kept<BQ, BK, kThreads>(kept_s, draw_index(sh, b, h, i0, j0), (uint64_t)S,
+                                    rows_valid, sh);
       __syncthreads();
 
       float s[RPT][CPT], dp[RPT][CPT];
@@ -573,25 +515,6 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(BackwardAr
 
 /* ---------------------------------------------------------------- launch helpers */
 
-/* Blocks for `items` work items (kernels loop over items, so a capped grid is fine). */
-unsigned grid_for(int64_t items) { return (unsigned)(items < 0x7fffffff ? items : 0x7fffffff); }
-
-/* Allow `smem` bytes of dynamic shared memory, then launch one block per item. An
-   attribute failure is cleared from the runtime's last error, so that it does not leak
-   into the next launcher's status. */
-template <typename Args>
-int launch_tiles(void (*kernel)(Args), size_t smem, int64_t items, cudaStream_t stream,
-                 const Args &args) {
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return (int)err;
-  }
-  kernel<<<grid_for(items), kThreads, smem, stream>>>(args);
-  return l2l_launched();
-}
-
 template <int HD>
 int forward_for(const ForwardArgs &args, bool write_rows, cudaStream_t stream) {
   constexpr int BK = HD >= 128 ? 32 : 64; /* keeps shared memory and registers in bounds */
@@ -599,8 +522,10 @@ int forward_for(const ForwardArgs &args, bool write_rows, cudaStream_t stream) {
   const int64_t items = (sh.seq + kForwardRows - 1) / kForwardRows * sh.batch * sh.heads;
   constexpr size_t smem = forward_smem_bytes<HD, BK>();
   if (write_rows)
-    return launch_tiles(attention_forward_kernel<HD, BK, true>, smem, items, stream, args);
-  return launch_tiles(attention_forward_kernel<HD, BK, false>, smem, items, stream, args);
+    return launch_tiles(attention_forward_kernel<HD, BK, true>, kThreads, smem, items, stream,
+                        args);
+  return launch_tiles(attention_forward_kernel<HD, BK, false>, kThreads, smem, items, stream,
+                      args);
 }
 
 template <int HD>
@@ -609,8 +534,8 @@ int backward_for(const BackwardArgs &args, cudaStream_t stream) {
   constexpr int BQ = HD >= 128 ? 32 : 64, BK = HD >= 256 ? 32 : 64;
   const AttentionShape &sh = args.sh;
   const int64_t items = (sh.seq + BK - 1) / BK * sh.batch * sh.heads;
-  return launch_tiles(attention_backward_kernel<HD, BQ, BK>, backward_smem_bytes<HD, BQ, BK>(),
-                      items, stream, args);
+  return launch_tiles(attention_backward_kernel<HD, BQ, BK>, kThreads,
+                      backward_smem_bytes<HD, BQ, BK>(), items, stream, args);
 }
 
 /* Validates the shape shared by both launchers: 0 when usable, 1 when empty (nothing to
@@ -618,7 +543,8 @@ int backward_for(const BackwardArgs &args, cudaStream_t stream) {
 int check_shape(AttentionShape *sh, int64_t batch, int64_t heads, int64_t seq,
                 int64_t head_dim, int64_t ld_qkv, int64_t ld_o, int causal, float scale,
                 float dropout, uint32_t keep_threshold, uint64_t seed, uint64_t stream_id,
-                int64_t first_sample) {
+                int64_t first_sample, int product_dtype) {
+  if (product_dtype != DT_F32 && product_dtype != DT_F16 && product_dtype != DT_BF16) return -1;
   if (batch < 0 || heads < 0 || seq < 0 || first_sample < 0) return -1;
   if (head_dim <= 0 || head_dim > 256) return -1;
   if (!(dropout >= 0.0f && dropout < 1.0f)) return -1;
@@ -647,11 +573,12 @@ extern "C" int l2l_k_attention_forward(float *o, float *lse, float *probs, float
                                        int64_t ld_qkv, int64_t ld_o, int causal, float scale,
                                        float dropout, uint32_t keep_threshold, uint64_t seed,
                                        uint64_t stream_id, int64_t first_sample,
-                                       float *scratch, void *stream) {
+                                       int product_dtype, float *scratch, void *stream) {
   (void)scratch; /* the forward needs none */
   ForwardArgs args;
   int state = check_shape(&args.sh, batch, heads, seq, head_dim, ld_qkv, ld_o, causal, scale,
-                          dropout, keep_threshold, seed, stream_id, first_sample);
+                          dropout, keep_threshold, seed, stream_id, first_sample,
+                          product_dtype);
   if (state < 0) return (int)cudaErrorInvalidValue;
   if (state > 0) return 0;
   if (!o || !lse || !q || !k || !v) return (int)cudaErrorInvalidValue;
@@ -659,6 +586,8 @@ extern "C" int l2l_k_attention_forward(float *o, float *lse, float *probs, float
   args.q = q, args.k = k, args.v = v, args.key_mask = key_mask;
   const bool write_rows = probs != nullptr || (dropout > 0.0f && (dropped || mask));
   cudaStream_t s = (cudaStream_t)stream;
+  if (!write_rows && mma_serves(product_dtype, head_dim))
+    return mma_forward(args, product_dtype, s);
   if (head_dim <= 32) return forward_for<32>(args, write_rows, s);
   if (head_dim <= 64) return forward_for<64>(args, write_rows, s);
   if (head_dim <= 128) return forward_for<128>(args, write_rows, s);
@@ -674,10 +603,11 @@ extern "C" int l2l_k_attention_backward(float *dq, float *dk, float *dv, const f
                                         int64_t ld_o, int causal, float scale, float dropout,
                                         uint32_t keep_threshold, uint64_t seed,
                                         uint64_t stream_id, int64_t first_sample,
-                                        float *scratch, void *stream) {
+                                        int product_dtype, float *scratch, void *stream) {
   BackwardArgs args;
   int state = check_shape(&args.sh, batch, heads, seq, head_dim, ld_qkv, ld_o, causal, scale,
-                          dropout, keep_threshold, seed, stream_id, first_sample);
+                          dropout, keep_threshold, seed, stream_id, first_sample,
+                          product_dtype);
   if (state < 0) return (int)cudaErrorInvalidValue;
   if (state > 0) return 0;
   if (!dq || !dk || !dv || !d_o || !o || !q || !k || !v || !scratch || (!lse && !probs))
@@ -694,6 +624,8 @@ extern "C" int l2l_k_attention_backward(float *dq, float *dk, float *dv, const f
   args.dq = dq, args.dk = dk, args.dv = dv, args.d_o = d_o, args.lse = lse;
   args.probs = probs, args.dropped = dropped, args.mask = mask;
   args.q = q, args.k = k, args.v = v, args.key_mask = key_mask, args.d_rows = scratch;
+  if (!probs && !dropped && !mask && mma_serves(product_dtype, head_dim))
+    return mma_backward(args, product_dtype, s);
   if (head_dim <= 32) return backward_for<32>(args, s);
   if (head_dim <= 64) return backward_for<64>(args, s);
   if (head_dim <= 128) return backward_for<128>(args, s);

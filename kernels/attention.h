@@ -1,11 +1,17 @@
 /* attention.h — launchers of the CUDA backend's multi-head self-attention (attention.cu).
  *
- * Purpose: the plain-C face of the flash-style fp32 attention kernels, so that
+ * Purpose: the plain-C face of the flash-style attention kernels, so that
  * src/backend_cuda.c can call them without CUDA headers. Arguments mean exactly what
  * attention_forward / attention_backward in src/backend.h say (struct l2l_attention_shape
  * spread into its fields), and the results match l2l_cpu_attention_forward / _backward.
  * Must never: name a CUDA type (a stream is a cudaStream_t passed as void *, NULL = the
  * default stream), synchronize, allocate, print or exit.
+ *
+ * product_dtype: 0 (f32) computes every product in fp32. DT_BF16 (2) or DT_F16 (1), as
+ * l2l_dtype numbers them, lets the products read q, k, v, P (and, in the backward, do and
+ * dS) rounded to that 16-bit type, summing in fp32, on tensor cores (attention_mma.cu):
+ * where the GPU has them (compute capability 8.0 on), head_dim <= 128, and the call asks
+ * for no standard-mode rows (forward) and reads none (backward). Other calls run fp32.
  *
  * Every launcher returns the cudaError_t of its launches as an int (0 = queued), or
  * cudaErrorInvalidValue (1) for arguments it cannot serve: head_dim outside [1, 256],
@@ -38,7 +44,7 @@ int l2l_k_attention_forward(float *o, float *lse, float *probs, float *dropped, 
                             int64_t seq, int64_t head_dim, int64_t ld_qkv, int64_t ld_o,
                             int causal, float scale, float dropout, uint32_t keep_threshold,
                             uint64_t seed, uint64_t stream_id, int64_t first_sample,
-                            float *scratch, void *stream);
+                            int product_dtype, float *scratch, void *stream);
 
 /* dq, dk, dv (written; only their (b, i, h, 0..head_dim) entries are touched) from d_o,
    given the forward's o and lse, and its probs / dropped / mask when kept (NULL: P is
@@ -51,7 +57,8 @@ int l2l_k_attention_backward(float *dq, float *dk, float *dv, const float *d_o, 
                              int64_t heads, int64_t seq, int64_t head_dim, int64_t ld_qkv,
                              int64_t ld_o, int causal, float scale, float dropout,
                              uint32_t keep_threshold, uint64_t seed, uint64_t stream_id,
-                             int64_t first_sample, float *scratch, void *stream);
+                             int64_t first_sample, int product_dtype, float *scratch,
+                             void *stream);
 
 #ifdef __cplusplus
 }

@@ -31,6 +31,10 @@ struct l2l_attention_shape {
   float dropout;         /* p in [0, 1) */
   uint64_t seed, stream;
   int64_t first_sample;
+  l2l_dtype precision;   /* f32 (0): fp32 products. bf16 / f16: the products may read q, k,
+                            v, P (backward: also do, dS) rounded to it, summing in fp32 (the
+                            CUDA backend's tensor cores, kernels/attention.h); the CPU
+                            backend computes in fp32 whatever this says */
 };
 
 struct l2l_backend_ops {

@@ -651,7 +651,7 @@ static l2l_status cuda_attention_forward(float *o, float *lse, float *probs, flo
                                  sh->heads, sh->seq, sh->head_dim, sh->ld_qkv, sh->ld_o,
                                  sh->causal, sh->scale, sh->dropout,
                                  l2l_keep_threshold(sh->dropout), sh->seed, sh->stream,
-                                 sh->first_sample, NULL, rt.compute));
+                                 sh->first_sample, (int)sh->precision, NULL, rt.compute));
   return L2L_OK;
 }
 
@@ -667,7 +667,7 @@ static l2l_status attention_backward_locked(float *dq, float *dk, float *dv, con
                                   key_mask, sh->batch, sh->heads, sh->seq, sh->head_dim,
                                   sh->ld_qkv, sh->ld_o, sh->causal, sh->scale, sh->dropout,
                                   l2l_keep_threshold(sh->dropout), sh->seed, sh->stream,
-                                  sh->first_sample, scratch, rt.compute));
+                                  sh->first_sample, (int)sh->precision, scratch, rt.compute));
   return L2L_OK;
 }
 

@@ -87,6 +87,19 @@
    shape against the CPU's 64-row tiles and BLAS calls: sums of up to S terms in another
    order, plus exp at a few ulp: 1e-4 of each output's scale. */
 #define TOL_ATTENTION 1e-4
+/* Attention with 16-bit products (tensor cores): q, k, v, P, do, P' and dS rounded to bf16
+   (8 significant bits) or f16 (11), summed in f32, against the CPU's fp32. Sized by
+   emulating those roundings in float64 at this file's shapes (8 seeds): bf16 normwise o
+   0.004, dv 0.009, lse 0.016, dq and dk 0.063 (a query that sees one key has dS = dP - D,
+   rounding noise on the GPU's side, held to a tenth of dv's scale as below); the worst
+   element o 0.043, lse 0.015, dv 0.081, dq and dk 0.29; f16 about an eighth of bf16.
+   Tolerances: two to two and a half times those for bf16, a quarter of bf16's for f16. A
+   wrong tile, mask or index is off by O(1). The same emulation's smallest worst element
+   of o is 1.3e-3 (bf16) and 1.9e-4 (f16), so an o within TOL_ATTENTION / 2 of fp32 means
+   the fp32 kernels ran instead: that is checked too. */
+enum attention_output { ATTN_VALUES /* o, dv */, ATTN_LSE, ATTN_DQK };
+static const double TOL_ATTN16_ELEMENT[3] = {0.2, 0.05, 0.6};
+static const double TOL_ATTN16_NORM[3] = {0.025, 0.04, 0.15};
 /* Whole layers: a chain of the ops above (GEMMs with K up to the MLP width, LayerNorm,
    softmax or flash attention, GELU): 1e-4 of each output's scale. */
 #define TOL_LAYER 1e-4
@@ -1576,7 +1589,36 @@ struct attention_case {
   int64_t seq, head_dim, heads;
   int causal, masked, standard;
   float dropout;
+  l2l_dtype precision; /* the device side's products; the host's are fp32 */
 };
+
+/* An attention output brought back from the device (got) against the host's (want):
+   (rows, cols) with row stride ld, floor as compare_at's. fp32 products: TOL_ATTENTION per
+   element. 16-bit products: per element and normwise (over want's finite elements, with
+   the floor as the least scale) within the kind's TOL_ATTN16. */
+static bool attention_close(const char *what, const float *got, const float *want,
+                            int64_t rows, int64_t cols, int64_t ld, double floor,
+                            l2l_dtype precision, enum attention_output kind) {
+  if (precision == L2L_F32)
+    return CHECK_COLS(what, got, want, rows, cols, ld, floor, TOL_ATTENTION);
+  double scale = precision == L2L_F16 ? 0.25 : 1.0;
+  bool ok = CHECK_COLS(what, got, want, rows, cols, ld, floor, scale * TOL_ATTN16_ELEMENT[kind]);
+  double floor_abs = floor < 0.0 ? -floor * rms_of(want, rows, cols, ld) : floor;
+  double se = 0.0, sw = 0.0;
+  int64_t finite = 0;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) {
+      double w = want[r * ld + c], g = got[r * ld + c];
+      if (!isfinite(w)) continue;
+      se += (g - w) * (g - w), sw += w * w, finite++;
+    }
+  double want_rms = finite > 0 ? sqrt(sw / (double)finite) : 0.0;
+  double denom = want_rms > floor_abs ? want_rms : floor_abs;
+  double e = finite > 0 ? sqrt(se / (double)finite) / (denom > 0.0 ? denom : 1e-30) : 0.0;
+  double tol = scale * TOL_ATTN16_NORM[kind];
+  ok &= CHECK(e <= tol, "%s: normwise relative error %.3g > %.3g", what, e, tol);
+  return ok;
+}
 
 /* The kept bits of a standard-mode mask (rows of (S+7)/8 bytes) for the keys each query
    sees by position (j <= i when causal; every key otherwise, padded ones included: their
@@ -1622,10 +1664,14 @@ static bool attention_case(const struct attention_case *c) {
   sh.causal = c->causal, sh.scale = 1.0f / sqrtf((float)hd), sh.dropout = c->dropout;
   sh.seed = check_rand_u64(), sh.stream = check_rand_u64();
   sh.first_sample = check_rand_int(0, 1000);
+  struct l2l_attention_shape dsh = sh; /* the device's: its product dtype */
+  dsh.precision = c->precision;
   char what[200], label[260];
-  snprintf(what, sizeof what, "attention %s S=%lld hd=%lld H=%lld B=%lld%s%s dropout=%g",
+  snprintf(what, sizeof what, "attention %s S=%lld hd=%lld H=%lld B=%lld%s%s dropout=%g%s%s",
            c->standard ? "standard" : "frugal", (long long)S, (long long)hd, (long long)H,
-           (long long)B, c->causal ? " causal" : "", c->masked ? " masked" : "", c->dropout);
+           (long long)B, c->causal ? " causal" : "", c->masked ? " masked" : "", c->dropout,
+           c->precision == L2L_F32 ? "" : " products ",
+           c->precision == L2L_F32 ? "" : l2l_dtype_name(c->precision));
 
   struct twin qkv = twin_of(RANDN(1.0, N, 3 * D)), key_mask = {NULL, NULL};
   if (c->masked) { /* sample 0 whole, sample 1 a random tail of padding, sample 2 all padding */
@@ -1654,14 +1700,29 @@ static bool attention_case(const struct attention_case *c) {
                                          bdata(key_mask.h), &sh, fdata(hws), hw));
   ok &= CHECK_OK(dops->attention_forward(fdata(o.d), fdata(lse.d), fdata(probs.d),
                                          fdata(dropped.d), bdata(mask.d), qd, qd + D, qd + 2 * D,
-                                         bdata(key_mask.d), &sh, fdata(dws), dw));
+                                         bdata(key_mask.d), &dsh, fdata(dws), dw));
   ok &= CHECK_OK(l2l_device_synchronize());
   FREE(hws, dws);
   if (ok) {
+    l2l_tensor *o_back = copied_to(o.d, L2L_POOL_HOST);
+    l2l_tensor *lse_back = copied_to(lse.d, L2L_POOL_HOST);
     snprintf(label, sizeof label, "%s: o", what);
-    ok &= CHECK_TWIN(label, o, RMS, TOL_ATTENTION);
+    ok &= attention_close(label, fdata(o_back), fdata(o.h), N, D, D, RMS, c->precision,
+                          ATTN_VALUES);
+    if (c->precision != L2L_F32) {
+      double worst = 0.0, floor = rms_tensor(o.h);
+      for (int64_t i = 0; i < N * D; i++) {
+        double e = fabs(fdata(o_back)[i] - fdata(o.h)[i]) / (fabs(fdata(o.h)[i]) + floor);
+        if (e > worst) worst = e;
+      }
+      ok &= CHECK(worst > TOL_ATTENTION / 2,
+                  "%s: o is within %.3g of fp32's: the 16-bit products did not run", what, worst);
+    }
     snprintf(label, sizeof label, "%s: lse (-inf where every key is hidden)", what);
-    ok &= CHECK_TWIN(label, lse, RMS, TOL_ATTENTION);
+    ok &= attention_close(label, fdata(lse_back), fdata(lse.h), 1, rows, rows, RMS, c->precision,
+                          ATTN_LSE);
+    l2l_tensor_free(o_back);
+    l2l_tensor_free(lse_back);
     if (probs.h) {
       snprintf(label, sizeof label, "%s: probs", what);
       ok &= CHECK_TWIN(label, probs, RMS, TOL_ATTENTION);
@@ -1690,7 +1751,7 @@ static bool attention_case(const struct attention_case *c) {
     ok &= CHECK_OK(dops->attention_backward(gd, gd + D, gd + 2 * D, fdata(d_o.d), fdata(o.d),
                                             fdata(lse.d), fdata(probs.d), fdata(dropped.d),
                                             bdata(mask.d), qd, qd + D, qd + 2 * D,
-                                            bdata(key_mask.d), &sh, fdata(dws), dw));
+                                            bdata(key_mask.d), &dsh, fdata(dws), dw));
     ok &= CHECK_OK(l2l_device_synchronize());
     FREE(hws, dws);
     if (ok) {
@@ -1704,8 +1765,9 @@ static bool attention_case(const struct attention_case *c) {
         double part_scale = rms_of(fdata(dqkv.h) + part * D, N, D, 3 * D);
         double floor = part_scale > 0.1 * dv_scale ? part_scale : 0.1 * dv_scale;
         snprintf(label, sizeof label, "%s: %s", what, parts[part]);
-        ok &= CHECK_COLS(label, fdata(back) + part * D, fdata(dqkv.h) + part * D, N, D, 3 * D,
-                         floor > 0.0 ? floor : RMS, TOL_ATTENTION);
+        ok &= attention_close(label, fdata(back) + part * D, fdata(dqkv.h) + part * D, N, D,
+                              3 * D, floor > 0.0 ? floor : RMS, c->precision,
+                              part == 2 ? ATTN_VALUES : ATTN_DQK);
       }
       l2l_tensor_free(back);
     }
@@ -1726,10 +1788,33 @@ TEST(cuda_backend_attention) {
         for (int opts = 0; opts < 16; opts++) {
           if (failed >= 5) continue; /* enough to see what is wrong */
           struct attention_case c = {seqs[s], dims[d], heads[h], opts & 1, (opts >> 1) & 1,
-                                     (opts >> 2) & 1, (opts >> 3) & 1 ? 0.1f : 0.0f};
+                                     (opts >> 2) & 1, (opts >> 3) & 1 ? 0.1f : 0.0f, L2L_F32};
           failed += !attention_case(&c);
           cases++;
         }
+  CHECK(cases == 768 || failed >= 5, "ran %d cases", cases);
+  end_gpu();
+}
+
+/* The flash mode with 16-bit products (the tensor-core kernels) against the CPU's fp32:
+   the same shapes, masks and dropout as above, bf16 and f16. */
+TEST(cuda_backend_attention_16bit_products) {
+  if (!use_gpu()) return;
+  static const int64_t seqs[] = {1, 5, 63, 64, 65, 200}, dims[] = {16, 64, 80, 128};
+  static const int64_t heads[] = {1, 3};
+  static const l2l_dtype precisions[] = {L2L_BF16, L2L_F16};
+  int failed = 0, cases = 0;
+  for (int p = 0; p < 2; p++)
+    for (int s = 0; s < 6; s++)
+      for (int d = 0; d < 4; d++)
+        for (int h = 0; h < 2; h++)
+          for (int opts = 0; opts < 8; opts++) {
+            if (failed >= 5) continue;
+            struct attention_case c = {seqs[s], dims[d], heads[h], opts & 1, (opts >> 1) & 1, 0,
+                                       (opts >> 2) & 1 ? 0.1f : 0.0f, precisions[p]};
+            failed += !attention_case(&c);
+            cases++;
+          }
   CHECK(cases == 768 || failed >= 5, "ran %d cases", cases);
   end_gpu();
 }

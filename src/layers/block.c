@@ -202,14 +202,16 @@ static float *at(const struct block_buffers *m, struct slot s) {
 static const float *param(const l2l_layer *layer, int role) { return l2l_param_f32(layer, role); }
 
 static void attention_shape(struct l2l_attention_shape *sh, const struct block_plan *p,
-                            const l2l_layer *layer, const l2l_layer_batch *b) {
+                            const l2l_layer *layer, const struct layer_call *call) {
+  const l2l_layer_batch *b = call->b;
   const l2l_layer_config *c = &layer->config;
   *sh = (struct l2l_attention_shape){
       .batch = p->B, .heads = p->H, .seq = p->S, .head_dim = p->D / p->H,
       .ld_qkv = 3 * p->D, .ld_o = p->D, .causal = c->causal,
       .scale = 1.0f / sqrtf((float)(p->D / p->H)),
       .dropout = (p->flags & ATTN_DROPOUT) ? c->attn_dropout : 0.0f, .seed = b->seed,
-      .stream = l2l_dropout_stream(layer, b, 0), .first_sample = b->first_sample};
+      .stream = l2l_dropout_stream(layer, b, 0), .first_sample = b->first_sample,
+      .precision = call->precision}; /* 16-bit weights: 16-bit attention products too */
 }
 
 /* branch := drop(branch) at residual site `site` (bits: the kept mask, or NULL). The
@@ -256,7 +258,7 @@ static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer,
   const int64_t N = p.N, D = p.D, F = p.F;
   const uint8_t *key_mask = call->b->key_mask ? l2l_tensor_ptr(call->b->key_mask) : NULL;
   struct l2l_attention_shape sh;
-  attention_shape(&sh, &p, layer, call->b);
+  attention_shape(&sh, &p, layer, call);
   float *qkv = BUF(qkv), *ctx = BUF(ctx);
 
   /* attention on its input */
@@ -369,7 +371,7 @@ static l2l_status attention_branch_backward(const struct layer_call *call,
   TRY(l2l_linear_backward(call, dctx, grad(layer, PROJ_W), grad(layer, PROJ_B), dz, ctx,
                           l2l_weight(layer, PROJ_W), N, D, D, 0.0f));
   struct l2l_attention_shape sh;
-  attention_shape(&sh, p, layer, call->b);
+  attention_shape(&sh, p, layer, call);
   const uint8_t *key_mask = call->b->key_mask ? l2l_tensor_ptr(call->b->key_mask) : NULL;
   TRY(ops->attention_backward(dqkv, dqkv + D, dqkv + 2 * D, dctx, ctx, at(m, p->lse),
                               at(m, p->probs), at(m, p->dropped),
