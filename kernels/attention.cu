@@ -586,7 +586,7 @@ extern "C" int l2l_k_attention_forward(float *o, float *lse, float *probs, float
   args.q = q, args.k = k, args.v = v, args.key_mask = key_mask;
   const bool write_rows = probs != nullptr || (dropout > 0.0f && (dropped || mask));
   cudaStream_t s = (cudaStream_t)stream;
-  if (!write_rows && mma_serves(product_dtype, head_dim))
+  if (!write_rows && mma_serves(product_dtype, head_dim, false))
     return mma_forward(args, product_dtype, s);
   if (head_dim <= 32) return forward_for<32>(args, write_rows, s);
   if (head_dim <= 64) return forward_for<64>(args, write_rows, s);
@@ -624,7 +624,7 @@ extern "C" int l2l_k_attention_backward(float *dq, float *dk, float *dv, const f
   args.dq = dq, args.dk = dk, args.dv = dv, args.d_o = d_o, args.lse = lse;
   args.probs = probs, args.dropped = dropped, args.mask = mask;
   args.q = q, args.k = k, args.v = v, args.key_mask = key_mask, args.d_rows = scratch;
-  if (!probs && !dropped && !mask && mma_serves(product_dtype, head_dim))
+  if (!probs && !dropped && !mask && mma_serves(product_dtype, head_dim, true))
     return mma_backward(args, product_dtype, s);
   if (head_dim <= 32) return backward_for<32>(args, s);
   if (head_dim <= 64) return backward_for<64>(args, s);

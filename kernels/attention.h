@@ -12,6 +12,8 @@
  * dS) rounded to that 16-bit type, summing in fp32, on tensor cores (attention_mma.cu):
  * where the GPU has them (compute capability 8.0 on), head_dim <= 128, and the call asks
  * for no standard-mode rows (forward) and reads none (backward). Other calls run fp32.
+ * f16's range is narrow: do and dS, rounded to it, can underflow without loss scaling;
+ * bf16 (the relay's default on a GPU) has f32's range.
  *
  * Every launcher returns the cudaError_t of its launches as an int (0 = queued), or
  * cudaErrorInvalidValue (1) for arguments it cannot serve: head_dim outside [1, 256],

@@ -113,11 +113,10 @@ __device__ __forceinline__ void load_rounded(T *tile, const float *src, int64_t 
    first_row + r < seq. */
 __device__ __forceinline__ void write_warp_rows(float *dst, int64_t ld, const float *stage,
                                                 int stage_stride, int64_t first_row,
-                                                int64_t seq, int64_t head_dim) {
-  for (int64_t e = threadIdx.x & 31; e < 16 * head_dim; e += 32) {
-    const int64_t r = e / head_dim, d = e % head_dim;
-    if (first_row + r < seq) dst[(first_row + r) * ld + d] = stage[r * stage_stride + d];
-  }
+                                                int64_t seq, int head_dim) {
+  for (int r = 0; r < 16 && first_row + r < seq; r++)
+    for (int d = threadIdx.x & 31; d < head_dim; d += 32)
+      dst[(first_row + r) * ld + d] = stage[r * stage_stride + d];
 }
 
 template <typename T>
@@ -138,8 +137,7 @@ __global__ void __launch_bounds__(kThreads) mma_forward_kernel(ForwardArgs a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   using L = ForwardLayout<HD>;
   using St = Strides<HD>;
-  extern __shared__ float4 smem_f4[];
-  unsigned char *smem = reinterpret_cast<unsigned char *>(smem_f4);
+  extern __shared__ __align__(128) unsigned char smem[];
   T *q_s = at<T>(smem, L::q), *k_s = at<T>(smem, L::k), *v_s = at<T>(smem, L::v);
   T *p_s = at<T>(smem, L::p);
   float *s_s = at<float>(smem, L::s), *o_s = at<float>(smem, L::o);
@@ -147,7 +145,7 @@ __global__ void __launch_bounds__(kThreads) mma_forward_kernel(ForwardArgs a) {
 
   const AttentionShape &sh = a.sh;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row = 16 * warp + (lane >> 1), half = lane & 1; /* this lane's softmax row */
+  const int row = 16 * warp + (lane >> 1), side = lane & 1; /* this lane's softmax row */
   const int64_t S = sh.seq, H = sh.heads, BH = sh.batch * H, hd = sh.head_dim;
   const int64_t ld = sh.ld_qkv, q_tiles = (S + kTile - 1) / kTile, items = q_tiles * BH;
   const bool dropout = sh.dropout > 0.0f;
@@ -201,7 +199,7 @@ __global__ void __launch_bounds__(kThreads) mma_forward_kernel(ForwardArgs a) {
       float tile_max = -INFINITY;
 #pragma unroll 8
       for (int c = 0; c < kTile / 2; c++) {
-        const int jl = 2 * c + half;
+        const int jl = 2 * c + side;
         const int64_t j = j0 + jl;
         const bool visible = j < S && key_visible(sh, a.key_mask, b, i, j);
         const float x = visible ? srow[jl] * sh.scale : -INFINITY;
@@ -215,7 +213,7 @@ __global__ void __launch_bounds__(kThreads) mma_forward_kernel(ForwardArgs a) {
       float sum = 0.0f;
 #pragma unroll 8
       for (int c = 0; c < kTile / 2; c++) {
-        const int jl = 2 * c + half;
+        const int jl = 2 * c + side;
         const float x = srow[jl];
         const float p = x == -INFINITY ? 0.0f : expf(x - m_new);
         sum += p;
@@ -225,7 +223,7 @@ __global__ void __launch_bounds__(kThreads) mma_forward_kernel(ForwardArgs a) {
       l = l * alpha + sum;
       m = m_new;
       float *orow = o_s + row * St::kHead32;
-      for (int d = half; d < HD; d += 2) orow[d] *= alpha;
+      for (int d = side; d < HD; d += 2) orow[d] *= alpha;
       __syncwarp();
 
       /* o += P v for this warp's rows, the accumulator kept in shared memory */
@@ -247,13 +245,13 @@ __global__ void __launch_bounds__(kThreads) mma_forward_kernel(ForwardArgs a) {
 
     /* o = acc / l / (1-p); lse = m + log l, or o = 0 and lse = -inf with no visible key */
     const bool seen = l > 0.0f;
-    if (half == 0 && i < S) a.lse[bh * S + i] = seen ? m + logf(l) : -INFINITY;
+    if (side == 0 && i < S) a.lse[bh * S + i] = seen ? m + logf(l) : -INFINITY;
     __syncwarp(); /* the last P v is in o_s */
     const float out_scale = seen ? (1.0f / l) * sh.keep_scale : 0.0f;
-    for (int d = half; d < HD; d += 2) o_s[row * St::kHead32 + d] *= out_scale;
+    for (int d = side; d < HD; d += 2) o_s[row * St::kHead32 + d] *= out_scale;
     __syncwarp();
     write_warp_rows(a.o + b * S * sh.ld_o + col0, sh.ld_o, o_w, St::kHead32, i0 + 16 * warp, S,
-                    hd);
+                    (int)hd);
   }
 #endif
 }
@@ -267,8 +265,7 @@ __global__ void __launch_bounds__(kThreads) mma_backward_kernel(BackwardArgs a) 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   using L = BackwardLayout<HD>;
   using St = Strides<HD>;
-  extern __shared__ float4 smem_f4[];
-  unsigned char *smem = reinterpret_cast<unsigned char *>(smem_f4);
+  extern __shared__ __align__(128) unsigned char smem[];
   T *k_s = at<T>(smem, L::k), *v_s = at<T>(smem, L::v), *q_s = at<T>(smem, L::q);
   T *do_s = at<T>(smem, L::d_o), *pd_s = at<T>(smem, L::pd), *ds_s = at<T>(smem, L::ds);
   float *s_s = at<float>(smem, L::s), *dp_s = at<float>(smem, L::dp);
@@ -278,7 +275,7 @@ __global__ void __launch_bounds__(kThreads) mma_backward_kernel(BackwardArgs a) 
 
   const AttentionShape &sh = a.sh;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row = 16 * warp + (lane >> 1), half = lane & 1; /* this lane's score row */
+  const int row = 16 * warp + (lane >> 1), side = lane & 1; /* this lane's score row */
   const int64_t S = sh.seq, H = sh.heads, BH = sh.batch * H, hd = sh.head_dim;
   const int64_t ld = sh.ld_qkv, ldo = sh.ld_o;
   const int64_t tiles = (S + kTile - 1) / kTile, items = tiles * BH;
@@ -347,7 +344,7 @@ __global__ void __launch_bounds__(kThreads) mma_backward_kernel(BackwardArgs a) 
       const float row_lse = lse_s[row], row_d = dr_s[row];
 #pragma unroll 8
       for (int c = 0; c < kTile / 2; c++) {
-        const int jl = 2 * c + half;
+        const int jl = 2 * c + side;
         const int64_t j = j0 + jl;
         float pd = 0.0f, ds = 0.0f;
         if (i < S && j < S && key_visible(sh, a.key_mask, b, i, j)) {
@@ -402,10 +399,9 @@ __global__ void __launch_bounds__(kThreads) mma_backward_kernel(BackwardArgs a) 
       }
       __syncwarp();
       const int64_t first_query = i0 + 16 * warp;
-      for (int64_t e = lane; e < 16 * hd; e += 32) {
-        const int64_t r = e / hd, d = e % hd;
-        if (first_query + r < S)
-          atomicAdd(a.dq + (b * S + first_query + r) * ld + col0 + d, stage_w[r * St::kHead32 + d]);
+      for (int r = 0; r < 16 && first_query + r < S; r++) {
+        float *dqrow = a.dq + (b * S + first_query + r) * ld + col0;
+        for (int d = lane; d < (int)hd; d += 32) atomicAdd(dqrow + d, stage_w[r * St::kHead32 + d]);
       }
     }
 
@@ -417,31 +413,38 @@ __global__ void __launch_bounds__(kThreads) mma_backward_kernel(BackwardArgs a) 
     for (int n = 0; n < HD / 16; n++)
       wmma::store_matrix_sync(stage_w + 16 * n, dk_acc[n], St::kHead32, wmma::mem_row_major);
     __syncwarp();
-    write_warp_rows(dk_out, ld, stage_w, St::kHead32, first_key, S, hd);
+    write_warp_rows(dk_out, ld, stage_w, St::kHead32, first_key, S, (int)hd);
     __syncwarp();
 #pragma unroll
     for (int n = 0; n < HD / 16; n++)
       wmma::store_matrix_sync(stage_w + 16 * n, dv_acc[n], St::kHead32, wmma::mem_row_major);
     __syncwarp();
-    write_warp_rows(dv_out, ld, stage_w, St::kHead32, first_key, S, hd);
+    write_warp_rows(dv_out, ld, stage_w, St::kHead32, first_key, S, (int)hd);
   }
 #endif
 }
 
 /* ---------------------------------------------------------------- launch */
 
+/* Shared bytes of a call: the kept bits come last, and only dropout reads them (without,
+   the HD = 128 forward fits twice in an H100 SM's 227 KiB). */
+template <typename Layout>
+size_t shared_bytes(const AttentionShape &sh) {
+  return sh.dropout > 0.0f ? Layout::bytes : Layout::kept;
+}
+
 template <typename T, int HD>
 int forward_as(const ForwardArgs &args, cudaStream_t stream) {
   const int64_t items = (args.sh.seq + kTile - 1) / kTile * args.sh.batch * args.sh.heads;
-  return launch_tiles(mma_forward_kernel<T, HD>, kThreads, ForwardLayout<HD>::bytes, items,
-                      stream, args);
+  return launch_tiles(mma_forward_kernel<T, HD>, kThreads, shared_bytes<ForwardLayout<HD>>(args.sh),
+                      items, stream, args);
 }
 
 template <typename T, int HD>
 int backward_as(const BackwardArgs &args, cudaStream_t stream) {
   const int64_t items = (args.sh.seq + kTile - 1) / kTile * args.sh.batch * args.sh.heads;
-  return launch_tiles(mma_backward_kernel<T, HD>, kThreads, BackwardLayout<HD>::bytes, items,
-                      stream, args);
+  return launch_tiles(mma_backward_kernel<T, HD>, kThreads,
+                      shared_bytes<BackwardLayout<HD>>(args.sh), items, stream, args);
 }
 
 template <typename T>
@@ -458,25 +461,49 @@ int backward_typed(const BackwardArgs &args, cudaStream_t stream) {
   return backward_as<T, 128>(args, stream);
 }
 
-/* Whether the current device has bf16 / f16 tensor cores for WMMA (compute capability 8.0
-   on), asked once: a process uses one GPU. A failed query says no (fp32 then serves). */
-bool device_has_mma() {
-  static const bool has = [] {
-    int device = 0, major = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
+/* What the current device allows, asked once (a process uses one GPU): whether these
+   kernels have bodies for it (compiled from compute_80 or later PTX: a build whose
+   CUDA_ARCH stops below 80 has empty ones, which a newer GPU would JIT and run), and the
+   shared bytes one block may opt in to (99 KiB on compute capability 8.6 / 8.9 parts, 227
+   KiB on an H100). A failed query says no: fp32 then serves. */
+struct MmaDevice {
+  bool bodies;
+  size_t shared_optin;
+};
+
+const MmaDevice &mma_device() {
+  static const MmaDevice dev = [] {
+    MmaDevice d = {false, 0};
+    int device = 0, major = 0, optin = 0;
+    cudaFuncAttributes attrs;
+    if (cudaGetDevice(&device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) ==
+            cudaSuccess &&
+        cudaFuncGetAttributes(&attrs, mma_forward_kernel<__half, 32>) == cudaSuccess) {
+      d.bodies = major >= 8 && attrs.ptxVersion >= 80;
+      d.shared_optin = (size_t)optin;
     }
-    return major >= 8;
+    (void)cudaGetLastError(); /* a failed query must not reach the next launcher's status */
+    return d;
   }();
-  return has;
+  return dev;
+}
+
+template <int HD>
+bool fits(size_t optin, bool backward) {
+  return (backward ? BackwardLayout<HD>::bytes : ForwardLayout<HD>::bytes) <= optin;
 }
 
 } /* namespace */
 
-bool mma_serves(int dtype, int64_t head_dim) {
-  return (dtype == DT_BF16 || dtype == DT_F16) && head_dim <= 128 && device_has_mma();
+bool mma_serves(int dtype, int64_t head_dim, bool backward) {
+  if (dtype != DT_BF16 && dtype != DT_F16) return false;
+  const MmaDevice &dev = mma_device();
+  if (!dev.bodies) return false;
+  if (head_dim <= 32) return fits<32>(dev.shared_optin, backward);
+  if (head_dim <= 64) return fits<64>(dev.shared_optin, backward);
+  return head_dim <= 128 && fits<128>(dev.shared_optin, backward);
 }
 
 int mma_forward(const ForwardArgs &args, int dtype, cudaStream_t stream) {

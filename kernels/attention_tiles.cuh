@@ -97,10 +97,12 @@ inline int launch_tiles(void (*kernel)(Args), int threads, size_t smem, int64_t 
 }
 
 /* The tensor-core flash kernels (attention_mma.cu) for 16-bit products, dtype DT_BF16 or
-   DT_F16: whether they serve a call (a GPU of compute capability 8.0 or later, head_dim
-   <= 128, and for the forward no standard-mode rows; for the backward P recomputed, not
-   read), and their launchers, which take arguments the fp32 launchers have checked. */
-bool mma_serves(int dtype, int64_t head_dim);
+   DT_F16: whether they serve a forward or backward of head_dim on this GPU (compute
+   capability 8.0 or later, a build with their bodies, head_dim <= 128, and the shared
+   memory their tiles take), and their launchers, which take arguments the fp32
+   launchers have checked. The caller also keeps standard-mode calls (rows of P written
+   or read) on fp32. */
+bool mma_serves(int dtype, int64_t head_dim, bool backward);
 int mma_forward(const ForwardArgs &args, int dtype, cudaStream_t stream);
 int mma_backward(const BackwardArgs &args, int dtype, cudaStream_t stream);
 

@@ -1,6 +1,6 @@
 -- gpu_relay_spec — the relay on a GPU (CUDA part 2): its loss curve against the CPU
 -- relay's on the same batches (f32: tight; bf16 weights and gradients: a band over 200
--- steps), device memory constant in depth with stash = "host", and copies hidden under
+-- steps), bf16 as the GPU's default precision, device memory constant in depth with stash = "host", and copies hidden under
 -- compute (the copy threads' streams overlap the kernels). Every test reports itself
 -- pending with the reason where no GPU can be used.
 -- The test runner sets L2L_DEVICE=cpu: each test switches to CUDA and back.
@@ -77,7 +77,8 @@ end
 describe("the relay on a GPU", function()
   it("reproduces the CPU relay's f32 loss curve", gpu(function()
     local data, a, b = batches(30, 6), twins(support.seed % 1000)
-    local opts = { micro_batch = 4, stash = "host" }   -- an uneven last micro-batch
+    -- an uneven last micro-batch; f32 named, as a GPU's default is bf16
+    local opts = { micro_batch = 4, stash = "host", precision = "f32" }
     local cpu, cuda = curve("cpu", a, data, opts), curve("cuda", b, data, opts)
     for i = 1, #data do
       local d = math.abs(cpu[i] - cuda[i]) / cpu[i]
@@ -90,8 +91,8 @@ describe("the relay on a GPU", function()
 
   it("stays within a band of the f32 curve with bf16 weights and gradients for 200 steps", gpu(function()
     local data, a, b = batches(200, 8), twins(support.seed % 1000)
-    local cpu = curve("cpu", a, data, { micro_batch = 4 })
-    local cuda = curve("cuda", b, data, { micro_batch = 4, precision = "bf16", grad_precision = "bf16" })
+    local cpu = curve("cpu", a, data, { micro_batch = 4, precision = "f32" })
+    local cuda = curve("cuda", b, data, { micro_batch = 4, grad_precision = "bf16" }) -- bf16: the default
     -- Step by step within 10 %, and the mean of every 20 steps within 3 %.
     for i = 1, #data do
       assert.is_true(math.abs(cpu[i] - cuda[i]) <= 0.1 * cpu[i],
@@ -102,6 +103,26 @@ describe("the relay on a GPU", function()
       for i = first, first + 19 do a, b = a + cpu[i], b + cuda[i] end
       assert.is_true(math.abs(a - b) <= 0.03 * a, ("steps %d-%d: f32 %.6g, bf16 %.6g"):format(first, first + 19, a / 20, b / 20))
     end
+  end))
+
+  it("streams bf16 weights by default on a GPU, half the bytes of f32", gpu(function()
+    local data = batches(1, 8)
+    local function h2d(opts)
+      return on("cuda", function()
+        local o = { model = gpt(support.seed % 1000, 3, 64), micro_batch = 4 }
+        for k, v in pairs(opts) do o[k] = v end
+        local run = l2l.Relay(o)
+        run:step(data[1][1], data[1][2])
+        local bytes, precision = run:stats().h2d_bytes, run.options.precision
+        run:free()
+        return bytes, precision
+      end)
+    end
+    local default_bytes, default_precision = h2d({})
+    local f32_bytes = h2d({ precision = "f32" })
+    assert.are.equal("bf16", default_precision)
+    assert.is_true(default_bytes < f32_bytes,
+                   ("default %d bytes in, f32 %d"):format(default_bytes, f32_bytes))
   end))
 
   it("keeps device memory constant in depth with stash = 'host'", gpu(function()
@@ -126,11 +147,13 @@ describe("the relay on a GPU", function()
   it("hides copies under compute: both directions overlap the kernels", gpu(function()
     -- Weights and gradients cross every step (two slots for 8 blocks); f32 compute on
     -- 4096 tokens a step takes longer than the copies, so little of them is exposed.
+    -- (bf16, the default, halves both; f32 keeps the ratio the comment above gives.)
     local stats = on("cuda", function()
       local layers = { l2l.Embedding { vocab = 512, dim = 1024, max_seq = 512, seed = 1 } }
       for b = 1, 8 do layers[#layers + 1] = l2l.Block { dim = 1024, heads = 16, causal = true, seed = 1 + b } end
       layers[#layers + 1] = l2l.LMHead { vocab = 512, dim = 1024, tie = true, seed = 20 }
-      local run = l2l.Relay { model = l2l.Sequential(layers), micro_batch = 2, stash = "host" }
+      local run = l2l.Relay { model = l2l.Sequential(layers), micro_batch = 2, stash = "host",
+                              precision = "f32" }
       local ids = {}
       for i = 1, 8 do
         ids[i] = {}

@@ -348,6 +348,13 @@ describe("l2l.Relay", function()
     assert.is_true(differs, "the 16-bit run gave f32's losses bit for bit")
   end
 
+  it("keeps f32 weights on the device by default on the CPU backend (bf16 is a GPU's)", function()
+    local run = l2l.Relay { model = tiny_gpt(support.seed % 1000) }
+    assert.are.equal("f32", run.options.precision)
+    assert.are.equal("f32", run.options.grad_precision)
+    run:free()
+  end)
+
   for _, precision in ipairs({ "bf16", "f16" }) do
     it("trains with " .. precision .. " weights on the device and f32 masters on the host", function()
       local seed = support.seed % 1000

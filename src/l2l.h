@@ -609,14 +609,16 @@ typedef struct l2l_relay_config {
                                    the end of backward. 0: off */
   int loss_scale_window;        /* updates without overflow before the scale doubles,
                                    >= 1; 0: 2000 */
-  l2l_dtype precision;          /* the device's weights: f32 (0, the default), or bf16 /
-                                   f16 ("cross mixed precision"): the masters and optimizer
+  l2l_dtype precision;          /* the device's weights: f32, or bf16 / f16 ("cross mixed
+                                   precision"; l2l_relay_config_default picks bf16 when the
+                                   device pool is a GPU's, f32 on the CPU backend): the
+                                   masters and optimizer
                                    state stay f32 on the host; each GEMM weight and token
                                    table has a 16-bit staging copy the EPS workers rewrite
                                    at every step's start, so transfers move 16-bit weights
                                    and the layers' GEMMs read 16-bit weights and 16-bit-
-                                   rounded activations, accumulating in f32. f16 wants
-                                   loss_scale. */
+                                   rounded activations, accumulating in f32 (so do the
+                                   attention products on a GPU). f16 wants loss_scale. */
   l2l_dtype grad_precision;     /* gradients out of the device: f32 (0, the default), or
                                    bf16 / f16: the gradient of each GEMM weight and token
                                    table (the parameters `precision` makes 16-bit, whatever
@@ -630,7 +632,8 @@ typedef struct l2l_relay_config {
 
 /* AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant schedule, micro-
    batch 1, stash host, every 1, inner recompute, no clipping, accumulate 1, threads 0,
-   param slots 2. */
+   param slots 2, precision bf16 when the device pool is on a GPU (f32 on the CPU backend),
+   grad_precision f32. */
 void l2l_relay_config_default(l2l_relay_config *out);
 
 /* What one step (or evaluation) gets. tokens (B,S) i32 in [0, V) and targets ((B,S) for an

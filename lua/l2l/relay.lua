@@ -88,6 +88,15 @@ local function nonneg_option(o, key, fname)
   return v
 end
 
+-- C's default precision: bf16 when the device pool is on a GPU, f32 on the CPU backend.
+local function default_precision()
+  local c = ffi.new("l2l_relay_config")
+  C.l2l_relay_config_default(c)
+  for name, id in pairs(precision_ids) do
+    if id == c.precision then return name end
+  end
+end
+
 local function enum_option(o, key, ids, default, fname)
   local v = o[key]
   if v == nil then v = default end
@@ -149,7 +158,7 @@ local function read_options(o, fname)
   end
   s.loss_scale_window = int_option(o, "loss_scale_window", 2000, 1, fname, 2 ^ 31 - 1)
   s.device_budget = int_option(o, "device_budget", nil, 0, fname)
-  s.precision = enum_option(o, "precision", precision_ids, "f32", fname)
+  s.precision = enum_option(o, "precision", precision_ids, default_precision(), fname)
   s.grad_precision = enum_option(o, "grad_precision", precision_ids, "f32", fname)
   return s
 end
@@ -236,8 +245,9 @@ end
 -- param_slots = 2 (device buffers of layer parameters: each more keeps one more of the
 -- forward's last layers on the device for its backward), loss_scale = 0 (> 0: dynamic
 -- loss scaling from this scale), loss_scale_window = 2000 (updates without overflow
--- before the scale doubles), precision = "f32" ("bf16" or "f16": 16-bit weights on the
--- device, f32 masters and optimizer state on the host), grad_precision = "f32" ("bf16" or
+-- before the scale doubles), precision = "bf16" on a GPU, "f32" on the CPU backend
+-- ("bf16" or "f16": 16-bit weights on the device, f32 masters and optimizer state on the
+-- host), grad_precision = "f32" ("bf16" or
 -- "f16": the GEMM weights' and token tables' gradients leave the device rounded to 16
 -- bits, at half the bytes, and accumulate in f32 on the host), device_budget = (bytes: sets the
 -- device pool's budget, process-wide)}
