@@ -28,8 +28,9 @@ LDFLAGS := -fopenmp $(SANFLAGS)
 # OpenBLAS's OpenMP build (Debian's libopenblas0-openmp), not the default pthread one: with
 # one OpenMP thread pool for BLAS and l2l's loops, neither spins on the cores the other
 # needs (with both pools, a tiny model ran 11x slower on 2 threads than on 1), and BLAS
-# called inside an OpenMP region runs single-threaded by itself.
-BLAS_DIR := /usr/lib/x86_64-linux-gnu/openblas-openmp
+# called inside an OpenMP region runs single-threaded by itself. BLAS_DIR is that build's
+# folder (scripts/gpu-host.sh points it at packages unpacked where none can be installed).
+BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
 BLAS_LIBS := -L$(BLAS_DIR) -l:libopenblas.so.0 -Wl,-rpath,$(BLAS_DIR)
 LIB_LIBS := $(BLAS_LIBS) -ljemalloc -lm -lpthread
 # The executable and test programs link libl2l.so from their own folder.

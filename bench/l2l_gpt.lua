@@ -52,7 +52,7 @@ local targets = l2l.tensor(next_ids, { dtype = "i32" })
 
 run:step(tokens, targets)   -- warm-up
 run:sync()
-local totals = { step = 0, compute = 0, wait_copy = 0, wait_update = 0, h2d = 0, d2h = 0,
+local totals = { step = 0, compute = 0, wait_copy = 0, exposed_copy = 0, wait_update = 0, h2d = 0, d2h = 0,
                  h2d_bytes = 0, d2h_bytes = 0, peak = 0 }
 local loss
 for _ = 1, o.steps do
@@ -61,6 +61,7 @@ for _ = 1, o.steps do
   totals.step = totals.step + s.step_seconds
   totals.compute = totals.compute + s.compute_seconds
   totals.wait_copy = totals.wait_copy + s.wait_copy_seconds
+  totals.exposed_copy = totals.exposed_copy + s.exposed_copy_seconds
   totals.wait_update = totals.wait_update + s.wait_update_seconds
   totals.h2d, totals.d2h = totals.h2d + s.h2d_seconds, totals.d2h + s.d2h_seconds
   totals.h2d_bytes, totals.d2h_bytes = totals.h2d_bytes + s.h2d_bytes, totals.d2h_bytes + s.d2h_bytes
@@ -76,6 +77,7 @@ print(cjson.encode({
   tokens_per_second = o.batch * o.seq * n / totals.step,
   device_peak = totals.peak, host_eps_bytes = run:stats().host_eps_bytes,
   compute_seconds = totals.compute / n, wait_copy_seconds = totals.wait_copy / n,
+  exposed_copy_seconds = totals.exposed_copy / n,
   wait_update_seconds = totals.wait_update / n,
   h2d_seconds = totals.h2d / n, d2h_seconds = totals.d2h / n,
   h2d_bytes = totals.h2d_bytes / n, d2h_bytes = totals.d2h_bytes / n, loss = loss,

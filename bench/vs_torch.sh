@@ -94,6 +94,6 @@ for batch in (1, 2, 4, 8, 16, 32):
         continue
     predicted = c["h2d_bytes"] / c["params"] * R / (6 * bw)
     print("| %d | %.3f s | %.3f s | %.0f %% | %.0f tokens |" % (
-        batch * 1024, c["step_seconds"], c["wait_copy_seconds"],
-        100 * c["wait_copy_seconds"] / c["step_seconds"], predicted))
+        batch * 1024, c["step_seconds"], c["exposed_copy_seconds"],
+        100 * c["exposed_copy_seconds"] / c["step_seconds"], predicted))
 EOF

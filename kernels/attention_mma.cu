@@ -129,6 +129,32 @@ template <typename T>
 using FragBt = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
+/* out := (accumulate ? out : 0) + a b for one warp: out (16, HD) fp32 with stride
+   kHead32, a (16, kTile) with stride kKeys16 (a warp's rows of P or dS), b (kTile, HD)
+   with stride kHead16 (v or k). o += P v in the forward, dq = dS k in the backward. */
+template <typename T, int HD>
+__device__ __forceinline__ void warp_rows_times_tile(float *out, const T *a, const T *b,
+                                                     bool accumulate) {
+  using St = Strides<HD>;
+#pragma unroll
+  for (int n = 0; n < HD / 16; n++) {
+    FragC acc;
+    if (accumulate)
+      wmma::load_matrix_sync(acc, out + 16 * n, St::kHead32, wmma::mem_row_major);
+    else
+      wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; kk++) {
+      FragA<T> a_frag;
+      FragB<T> b_frag;
+      wmma::load_matrix_sync(a_frag, a + 16 * kk, St::kKeys16);
+      wmma::load_matrix_sync(b_frag, b + 16 * kk * St::kHead16 + 16 * n, St::kHead16);
+      wmma::mma_sync(acc, a_frag, b_frag, acc);
+    }
+    wmma::store_matrix_sync(out + 16 * n, acc, St::kHead32, wmma::mem_row_major);
+  }
+}
+
 /* ---------------------------------------------------------------- forward */
 
 /* One block per (query tile, head, sample), heaviest causal tiles first, as attention.cu. */
@@ -227,20 +253,7 @@ __global__ void __launch_bounds__(kThreads) mma_forward_kernel(ForwardArgs a) {
       __syncwarp();
 
       /* o += P v for this warp's rows, the accumulator kept in shared memory */
-#pragma unroll
-      for (int n = 0; n < HD / 16; n++) {
-        FragC acc;
-        wmma::load_matrix_sync(acc, o_w + 16 * n, St::kHead32, wmma::mem_row_major);
-#pragma unroll
-        for (int kk = 0; kk < kTile / 16; kk++) {
-          FragA<T> p_frag;
-          FragB<T> v_frag;
-          wmma::load_matrix_sync(p_frag, p_s + 16 * warp * St::kKeys16 + 16 * kk, St::kKeys16);
-          wmma::load_matrix_sync(v_frag, v_s + 16 * kk * St::kHead16 + 16 * n, St::kHead16);
-          wmma::mma_sync(acc, p_frag, v_frag, acc);
-        }
-        wmma::store_matrix_sync(o_w + 16 * n, acc, St::kHead32, wmma::mem_row_major);
-      }
+      warp_rows_times_tile<T, HD>(o_w, p_s + 16 * warp * St::kKeys16, v_s, true);
     }
 
     /* o = acc / l / (1-p); lse = m + log l, or o = 0 and lse = -inf with no visible key */
@@ -383,20 +396,7 @@ __global__ void __launch_bounds__(kThreads) mma_backward_kernel(BackwardArgs a) 
 
       /* dq += dS k for this warp's query rows: through this warp's rows of stage_s (the
          room of s_s / dp_s, which every warp has read), then float atomics */
-#pragma unroll
-      for (int n = 0; n < HD / 16; n++) {
-        FragC acc;
-        wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-        for (int kk = 0; kk < kTile / 16; kk++) {
-          FragA<T> ds_frag;
-          FragB<T> k_frag;
-          wmma::load_matrix_sync(ds_frag, ds_s + 16 * warp * St::kKeys16 + 16 * kk, St::kKeys16);
-          wmma::load_matrix_sync(k_frag, k_s + 16 * kk * St::kHead16 + 16 * n, St::kHead16);
-          wmma::mma_sync(acc, ds_frag, k_frag, acc);
-        }
-        wmma::store_matrix_sync(stage_w + 16 * n, acc, St::kHead32, wmma::mem_row_major);
-      }
+      warp_rows_times_tile<T, HD>(stage_w, ds_s + 16 * warp * St::kKeys16, k_s, false);
       __syncwarp();
       const int64_t first_query = i0 + 16 * warp;
       for (int r = 0; r < 16 && first_query + r < S; r++) {

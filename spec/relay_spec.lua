@@ -196,8 +196,8 @@ describe("l2l.Relay", function()
     local s = run:stats()
     local want = { "steps", "updates", "loss", "lr", "grad_norm", "updates_deferred", "device_peak",
                    "device_current", "host_eps_bytes", "host_stash_peak", "h2d_bytes", "d2h_bytes",
-                   "step_seconds", "compute_seconds", "wait_copy_seconds", "wait_update_seconds",
-                   "optimizer_seconds", "h2d_seconds", "d2h_seconds", "events", "loss_scale",
+                   "step_seconds", "compute_seconds", "wait_copy_seconds", "exposed_copy_seconds",
+                   "wait_update_seconds", "optimizer_seconds", "h2d_seconds", "d2h_seconds", "events", "loss_scale",
                    "loss_scale_good", "skipped_updates", "overflow" }
     for _, k in ipairs(want) do assert.are.equal("number", type(s[k]), "stats." .. k) end
     assert.are.equal(2, s.steps)
@@ -216,6 +216,22 @@ describe("l2l.Relay", function()
     assert.is_true(s.events > 0)
     local events = run:events()
     assert.are.equal(s.events, #events)
+    -- compute_seconds and exposed_copy_seconds are the step's compute and wait_copy events
+    -- on the calling thread (lane 0), summed; the exposed part of a wait lies within it.
+    local compute, exposed = 0, 0
+    for _, e in ipairs(events) do
+      if e.thread == 0 and (e.phase == "forward" or e.phase == "backward" or e.phase == "rebuild") then
+        compute = compute + (e.finish - e.start)
+      elseif e.thread == 0 and e.phase == "wait_copy" then
+        exposed = exposed + (e.finish - e.start)
+      end
+    end
+    assert.is_true(math.abs(compute - s.compute_seconds) <= 1e-6 * s.step_seconds + 1e-9,
+                   ("compute events %.9g s, stats %.9g s"):format(compute, s.compute_seconds))
+    assert.is_true(math.abs(exposed - s.exposed_copy_seconds) <= 1e-6 * s.step_seconds + 1e-9,
+                   ("wait_copy events %.9g s, stats %.9g s"):format(exposed, s.exposed_copy_seconds))
+    assert.is_true(s.exposed_copy_seconds >= 0 and s.exposed_copy_seconds <= s.wait_copy_seconds + 1e-3,
+                   ("exposed %.6f s, waited %.6f s"):format(s.exposed_copy_seconds, s.wait_copy_seconds))
     local names = {}
     for _, name in pairs(require("l2l.relay").phase_names) do names[name] = true end
     local seen = {}

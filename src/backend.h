@@ -205,6 +205,14 @@ l2l_status l2l_cuda_synchronize(void);
    run); waiting for one on the host makes the calling thread a lane, and frees it. */
 void *l2l_cuda_mark(void);
 l2l_status l2l_cuda_wait_mark(void *mark);
+/* Stamps (l2l_device_stamp): a timing event from a pool, recorded on the calling thread's
+   stream (its lane's, else the compute stream), or NULL; whether it has happened after
+   waiting for it; seconds between two that have happened (false otherwise); back to the
+   pool. */
+void *l2l_cuda_stamp(void);
+bool l2l_cuda_stamp_wait(void *stamp);
+bool l2l_cuda_stamp_seconds(double *out, void *from, void *to);
+void l2l_cuda_stamp_release(void *stamp);
 /* What l2l_cuda_set_tf32 and l2l_cuda_get_info (device.c) do once their arguments are
    checked and CUDA is known to run. */
 void l2l_cuda_use_tf32(int enable);

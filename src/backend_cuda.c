@@ -296,6 +296,60 @@ l2l_status l2l_cuda_wait_mark(void *mark) {
   return L2L_OK;
 }
 
+/* ---------------------------------------------------------------- stamps */
+
+/* Timing events kept for reuse: a relay step takes a few per layer visit, and making and
+   destroying one each time would cost more than the work it times. */
+enum { STAMP_POOL_MAX = 4096 };
+static cudaEvent_t stamp_pool[STAMP_POOL_MAX];
+static int stamp_pool_count;
+static pthread_mutex_t stamp_pool_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void *l2l_cuda_stamp(void) {
+  if (!l2l_cuda_probe(NULL, 0)) return NULL;
+  cudaEvent_t ev = NULL;
+  pthread_mutex_lock(&stamp_pool_lock);
+  if (stamp_pool_count > 0) ev = stamp_pool[--stamp_pool_count];
+  pthread_mutex_unlock(&stamp_pool_lock);
+  if (ev == NULL && cudaEventCreateWithFlags(&ev, cudaEventBlockingSync) != cudaSuccess) {
+    cudaGetLastError();
+    return NULL;
+  }
+  if (cudaEventRecord(ev, this_lane != NULL ? this_lane->stream : rt.compute) != cudaSuccess) {
+    cudaGetLastError();
+    cudaEventDestroy(ev);
+    return NULL;
+  }
+  return ev;
+}
+
+bool l2l_cuda_stamp_wait(void *stamp) {
+  if (cudaEventSynchronize((cudaEvent_t)stamp) == cudaSuccess) return true;
+  cudaGetLastError();
+  return false;
+}
+
+bool l2l_cuda_stamp_seconds(double *out, void *from, void *to) {
+  float ms = 0.0f;
+  /* cudaErrorNotReady from either: not happened yet (not an error to keep) */
+  if (cudaEventQuery((cudaEvent_t)from) != cudaSuccess ||
+      cudaEventQuery((cudaEvent_t)to) != cudaSuccess ||
+      cudaEventElapsedTime(&ms, (cudaEvent_t)from, (cudaEvent_t)to) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  *out = (double)ms * 1e-3;
+  return true;
+}
+
+void l2l_cuda_stamp_release(void *stamp) {
+  pthread_mutex_lock(&stamp_pool_lock);
+  bool kept = stamp_pool_count < STAMP_POOL_MAX;
+  if (kept) stamp_pool[stamp_pool_count++] = (cudaEvent_t)stamp;
+  pthread_mutex_unlock(&stamp_pool_lock);
+  if (!kept) cudaEventDestroy((cudaEvent_t)stamp);
+}
+
 /* ---------------------------------------------------------------- caching allocator */
 
 /* Device memory through a block cache (blocks.h): after a training step's first round
@@ -835,6 +889,20 @@ l2l_status l2l_cuda_release_cache(void) { return L2L_OK; }
 l2l_status l2l_cuda_synchronize(void) { return L2L_OK; }
 
 void *l2l_cuda_mark(void) { return NULL; }
+
+void *l2l_cuda_stamp(void) { return NULL; }
+
+bool l2l_cuda_stamp_wait(void *stamp) {
+  (void)stamp;
+  return false;
+}
+
+bool l2l_cuda_stamp_seconds(double *out, void *from, void *to) {
+  (void)out, (void)from, (void)to;
+  return false;
+}
+
+void l2l_cuda_stamp_release(void *stamp) { (void)stamp; }
 
 l2l_status l2l_cuda_wait_mark(void *mark) {
   (void)mark;

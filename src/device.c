@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "jobs.h"
 
 /* 0: not decided yet; 1: cpu; 2: cuda. Read on every op, so atomic. */
 enum { UNDECIDED = 0, ON_CPU = 1, ON_CUDA = 2 };
@@ -117,6 +118,38 @@ struct l2l_device_mark *l2l_device_mark(void) {
 
 l2l_status l2l_device_wait_mark(struct l2l_device_mark *mark) {
   return mark != NULL ? l2l_cuda_wait_mark(mark) : L2L_OK;
+}
+
+void l2l_device_stamp(struct l2l_stamp *out) {
+  out->event = l2l_device_is_cuda() ? l2l_cuda_stamp() : NULL;
+  out->host = l2l_now();
+}
+
+void l2l_device_stamp_anchor(struct l2l_stamp *out) {
+  out->event = NULL;
+  if (l2l_device_is_cuda()) {
+    out->event = l2l_cuda_stamp();
+    if (out->event != NULL && !l2l_cuda_stamp_wait(out->event)) {
+      l2l_cuda_stamp_release(out->event);
+      out->event = NULL;
+    }
+  }
+  out->host = l2l_now();
+}
+
+bool l2l_device_stamp_seconds(double *out, const struct l2l_stamp *from,
+                              const struct l2l_stamp *to) {
+  if (from->event == NULL && to->event == NULL && !l2l_device_is_cuda()) {
+    *out = to->host - from->host;
+    return true;
+  }
+  if (from->event == NULL || to->event == NULL) return false;
+  return l2l_cuda_stamp_seconds(out, from->event, to->event);
+}
+
+void l2l_device_stamp_release(struct l2l_stamp *stamp) {
+  if (stamp->event != NULL) l2l_cuda_stamp_release(stamp->event);
+  stamp->event = NULL;
 }
 
 l2l_status l2l_device_release_cache(void) {

@@ -119,6 +119,26 @@ struct l2l_device_mark *l2l_device_mark(void);
 /* Waits for the mark and frees it (NULL: nothing to wait for). */
 l2l_status l2l_device_wait_mark(struct l2l_device_mark *mark);
 
+/* A stamp is a moment on the device's clock, taken in the calling thread's order: on a
+   GPU a timing event recorded on its stream (the compute stream, or a copy lane's), so it
+   happens when the GPU reaches it; on the CPU backend, where ops are done when they
+   return, the host clock now. The relay times compute and exposed copies with them: on
+   a GPU the host only queues kernels, and its clock says when, not when they ran. */
+struct l2l_stamp {
+  double host;  /* l2l_now() when taken */
+  void *event;  /* the GPU's event; NULL on the CPU backend, or when none could be made
+                   (the stamp then never happens) */
+};
+void l2l_device_stamp(struct l2l_stamp *out);
+/* A stamp to relate the device's clock to the host's: taken when the device has done
+   everything queued before it, so its host time is its device time. */
+void l2l_device_stamp_anchor(struct l2l_stamp *out);
+/* Seconds from `from` to `to` on the device's clock (negative when `to` came first), or
+   false when either has not happened (yet). */
+bool l2l_device_stamp_seconds(double *out, const struct l2l_stamp *from,
+                              const struct l2l_stamp *to);
+void l2l_device_stamp_release(struct l2l_stamp *stamp);
+
 /* ---------------------------------------------------------------- layers, for the relay */
 
 /* Points a parameter record at other tensors (same shape; grad f32, value f32 or, for a

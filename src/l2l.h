@@ -694,9 +694,15 @@ typedef struct l2l_relay_stats {
   uint64_t host_stash_peak;     /* most host bytes holding stashed activations or states */
   uint64_t h2d_bytes, d2h_bytes;
   double step_seconds;
-  double compute_seconds;       /* layers' forward and backward on the calling thread */
-  double wait_copy_seconds;     /* the calling thread waiting for copies: the copy time
-                                   compute did not hide */
+  double compute_seconds;       /* layers' forward and backward: on the CPU backend the
+                                   calling thread's time in them, on a GPU the device's
+                                   (timed by events on its compute stream) */
+  double wait_copy_seconds;     /* the calling thread waiting for copies (on a GPU the
+                                   device may still be computing meanwhile) */
+  double exposed_copy_seconds;  /* the copy time compute did not hide: compute idle until
+                                   parameters or activations it needed were in (on the CPU
+                                   backend the calling thread's waits for them, on a GPU
+                                   the device's idle time before those copies ended) */
   double wait_update_seconds;   /* the calling thread waiting for updates: the optimizer
                                    time compute did not hide */
   double optimizer_seconds;     /* summed over optimizer threads */

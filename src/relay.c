@@ -101,7 +101,14 @@ struct copy_job {
   l2l_relay *run;
   l2l_tensor *dst, *src;
   int layer, micro_batch, phase;
+  struct l2l_stamp done;  /* the copy's end on the device's clock (copy_wait takes it) */
 };
+
+static void copy_job_free(struct copy_job *cj) {
+  if (cj == NULL) return;
+  l2l_device_stamp_release(&cj->done);
+  free(cj);
+}
 
 static void copy_run(struct l2l_job *job, int thread) {
   struct copy_job *cj = (struct copy_job *)job;
@@ -112,6 +119,7 @@ static void copy_run(struct l2l_job *job, int thread) {
   count_bytes(cj->run, thread == THREAD_H2D ? &cj->run->h2d_bytes : &cj->run->d2h_bytes, bytes);
   l2l_timeline_add(&cj->run->timeline, cj->layer, cj->micro_batch, cj->phase, thread, t0,
                    l2l_now());
+  l2l_device_stamp(&cj->done);
 }
 
 static l2l_status copy_queue(struct copy_job **out, l2l_relay *run, struct l2l_queue *q,
@@ -184,7 +192,13 @@ struct params_job {
   l2l_tensor *value[MAX_RECORDS];
   int64_t updates[MAX_RECORDS];   /* each record's update count when copied */
   int slot;                       /* the parameter slot it fills */
+  struct l2l_stamp done;          /* as copy_job's */
 };
+
+static void params_job_free(struct params_job *pj) {
+  l2l_device_stamp_release(&pj->done);
+  free(pj);
+}
 
 static void params_run(struct l2l_job *job, int thread) {
   struct params_job *pj = (struct params_job *)job;
@@ -202,6 +216,7 @@ static void params_run(struct l2l_job *job, int thread) {
   }
   l2l_timeline_add(&pj->run->timeline, pj->layer, -1, L2L_PHASE_PARAMS_IN, thread, t0,
                    l2l_now());
+  l2l_device_stamp(&pj->done);
 }
 
 /* A visit's gradients out to the EPS: copied to pinned buffers the EPS then owns and
@@ -340,8 +355,74 @@ struct step {
   int64_t real;               /* targets that count */
   float loss_scale;           /* the loss gradient's seed (see relay_run) */
   float clip_layer;           /* per-layer clipping, in the loss scale's units */
-  double compute, wait_copy, wait_update;
+  double compute, wait_copy, wait_update, exposed_copy;
+  /* The compute thread's work and its waits for copies, between stamps: on the timeline
+     and in compute / exposed_copy once the step is done and the device's clock can be
+     read (stamped_resolve), against the anchor taken as the step began. */
+  struct l2l_stamp anchor;
+  struct stamped *stamped;
+  int64_t nstamped, stamped_cap;
 };
+
+/* One unit of the compute thread's work (or of its waiting for a copy) on the device's
+   clock: on a GPU the host only queues kernels, so its clock says when they were queued,
+   not when they ran. */
+struct stamped {
+  struct l2l_stamp start, end;
+  int layer, micro_batch, phase;
+};
+
+/* Keeps [start, end) for stamped_resolve, which releases both; without memory for it,
+   releases them now (the unit then misses the timeline and the sums). */
+static void stamped_add(struct step *s, struct l2l_stamp *start, struct l2l_stamp *end,
+                        int layer, int micro_batch, int phase) {
+  if (s->nstamped == s->stamped_cap) {
+    int64_t cap = s->stamped_cap ? 2 * s->stamped_cap : 256;
+    struct stamped *grown = realloc(s->stamped, (size_t)cap * sizeof *grown);
+    if (grown == NULL) {
+      l2l_device_stamp_release(start);
+      l2l_device_stamp_release(end);
+      return;
+    }
+    s->stamped = grown, s->stamped_cap = cap;
+  }
+  s->stamped[s->nstamped++] = (struct stamped){*start, *end, layer, micro_batch, phase};
+  start->event = end->event = NULL; /* released by stamped_resolve */
+}
+
+/* The step's stamped units onto the timeline, in host seconds: the anchor's host time
+   plus their offsets from it on the device's clock (on the CPU backend that is their own
+   host time). Compute units add up into compute; a wait for a copy counts as exposed
+   copy time for the part the device spent idle: from when it had done the work queued
+   before the wait to the copy's end, when that came later. */
+static void stamped_resolve(struct step *s) {
+  l2l_relay *run = s->run;
+  (void)l2l_device_synchronize(); /* every stamp has happened (a failure: those not, drop) */
+  for (int64_t i = 0; i < s->nstamped; i++) {
+    struct stamped *e = &s->stamped[i];
+    double from = 0, to = 0;
+    if (l2l_device_stamp_seconds(&from, &s->anchor, &e->start) &&
+        l2l_device_stamp_seconds(&to, &s->anchor, &e->end)) {
+      double t0 = s->anchor.host + from, t1 = s->anchor.host + to;
+      if (e->phase != L2L_PHASE_WAIT_COPY) {
+        if (t1 < t0) t1 = t0;
+        s->compute += t1 - t0;
+        l2l_timeline_add(&run->timeline, e->layer, e->micro_batch, e->phase, THREAD_COMPUTE,
+                         t0, t1);
+      } else if (t1 - t0 > 1e-5) {
+        s->exposed_copy += t1 - t0;
+        l2l_timeline_add(&run->timeline, e->layer, e->micro_batch, e->phase, THREAD_COMPUTE,
+                         t0, t1);
+      }
+    }
+    l2l_device_stamp_release(&e->start);
+    l2l_device_stamp_release(&e->end);
+  }
+  free(s->stamped);
+  s->stamped = NULL;
+  s->nstamped = s->stamped_cap = 0;
+  l2l_device_stamp_release(&s->anchor);
+}
 
 static struct relay_layer *active_layer(const struct step *s, int k) {
   return &s->run->layers[s->active[k]];
@@ -361,7 +442,7 @@ static void act_free(l2l_relay *run, struct act *a) {
   if (a->in) {
     l2l_job_wait(&a->in->job);
     l2l_tensor_free(a->in->dst);
-    free(a->in);
+    copy_job_free(a->in);
     a->in = NULL;
   }
   if (a->host) count_stash(run, -(int64_t)l2l_pool_accounted(tensor_bytes(a->host)));
@@ -375,12 +456,13 @@ static void step_free(struct step *s) {
   /* Jobs first: they may still read or free what is below. */
   l2l_queue_drain(&run->h2d);
   l2l_queue_drain(&run->d2h);
+  stamped_resolve(s);
   for (int i = 0; i < 2; i++) {
     if (s->out[i]) l2l_tensor_free(s->out[i]->src);
-    free(s->out[i]);
+    copy_job_free(s->out[i]);
     if (s->params[i]) {
       for (int r = 0; r < s->params[i]->nrec; r++) l2l_tensor_free(s->params[i]->value[r]);
-      free(s->params[i]);
+      params_job_free(s->params[i]);
     }
     if (s->gout[i]) grads_release(&s->gout[i]->job);
     l2l_tensor_free(s->gslot[i]);
@@ -764,6 +846,23 @@ static void grads_wait(struct step *s, int slot) {
   s->gout[slot] = NULL;
 }
 
+/* The compute thread waits for a copy job whose copy ended at `done` (taken over). The
+   host's wait counts in wait_copy; whether the device waited too is known once the step
+   is done (stamped_resolve): from a stamp queued now, after the work the copy hides
+   under, to `done`. */
+static l2l_status copy_wait(struct step *s, struct l2l_job *job, struct l2l_stamp *done,
+                            int layer, int micro_batch) {
+  struct l2l_stamp before;
+  l2l_device_stamp(&before);
+  l2l_status status = l2l_job_wait(job);
+  s->wait_copy += l2l_now() - before.host;
+  if (done->host > 0) /* a copy that ran, not parameters already in their slot */
+    stamped_add(s, &before, done, layer, micro_batch, L2L_PHASE_WAIT_COPY);
+  else
+    l2l_device_stamp_release(&before);
+  return status;
+}
+
 /* Waits for slot 0's parameters (the visit about to run) and binds them with device
    gradients when the visit computes any. */
 static l2l_status params_bind(struct step *s, int k, bool grads) {
@@ -774,15 +873,10 @@ static l2l_status params_bind(struct step *s, int k, bool grads) {
   /* The copy job waits for the updates too; waiting here first tells the two waits apart. */
   for (int r = 0; r < pj->nrec; r++) l2l_eps_wait_record(&run->eps, pj->rec[r]);
   double t1 = l2l_now();
-  l2l_status status = l2l_job_wait(&pj->job);
-  double t2 = l2l_now();
   s->wait_update += t1 - t0;
-  s->wait_copy += t2 - t1;
   if (t1 - t0 > 1e-5)
     l2l_timeline_add(&run->timeline, s->active[k], -1, L2L_PHASE_WAIT_UPDATE, THREAD_COMPUTE, t0, t1);
-  if (t2 - t1 > 1e-5)
-    l2l_timeline_add(&run->timeline, s->active[k], -1, L2L_PHASE_WAIT_COPY, THREAD_COMPUTE, t1, t2);
-  TRY(status);
+  TRY(copy_wait(s, &pj->job, &pj->done, s->active[k], -1));
   s->ngrads = 0;
   if (grads) grads_wait(s, s->gs);
   uint64_t offset = 0;
@@ -810,7 +904,7 @@ static l2l_status params_done(struct step *s, int k, bool give) {
   }
   s->pslots[pj->slot].held = k;
   memcpy(s->pslots[pj->slot].updates, pj->updates, sizeof pj->updates);
-  free(pj);
+  params_job_free(pj);
   s->params[0] = s->params[1];
   s->params[1] = NULL;
   if (!give) {
@@ -878,14 +972,9 @@ static l2l_status act_on_device(struct step *s, struct act *a, int layer, int64_
                                 l2l_tensor **out) {
   TRY(act_prefetch(s, a, layer, u));
   if (a->in) {
-    double t0 = l2l_now();
-    l2l_status status = l2l_job_wait(&a->in->job);
-    double t1 = l2l_now();
-    s->wait_copy += t1 - t0;
-    if (t1 - t0 > 1e-5)
-      l2l_timeline_add(&s->run->timeline, layer, (int)u, L2L_PHASE_WAIT_COPY, THREAD_COMPUTE, t0, t1);
+    l2l_status status = copy_wait(s, &a->in->job, &a->in->done, layer, (int)u);
     a->dev = a->in->dst;
-    free(a->in);
+    copy_job_free(a->in);
     a->in = NULL;
     TRY(status);
   }
@@ -910,7 +999,7 @@ static l2l_status out_throttle(struct step *s, int keep) {
     l2l_status status = l2l_job_wait(&s->out[0]->job);
     s->wait_copy += l2l_now() - t0;
     l2l_tensor_free(s->out[0]->src);
-    free(s->out[0]);
+    copy_job_free(s->out[0]);
     s->out[0] = s->out[1];
     s->out[1] = NULL;
     TRY(status);
@@ -999,11 +1088,12 @@ static l2l_status new_activation(struct step *s, l2l_tensor **out, int64_t u) {
   return l2l_tensor_new(out, L2L_POOL_DEVICE, L2L_F32, 3, shape);
 }
 
-/* Layer calls on this thread since t0: counted as compute and put on the timeline. */
-static void compute_done(struct step *s, int layer, int64_t u, int phase, double t0) {
-  double t1 = l2l_now();
-  s->compute += t1 - t0;
-  l2l_timeline_add(&s->run->timeline, layer, (int)u, phase, THREAD_COMPUTE, t0, t1);
+/* Layer calls on this thread since `start`: compute, timed on the device's clock. */
+static void compute_done(struct step *s, int layer, int64_t u, int phase,
+                         struct l2l_stamp *start) {
+  struct l2l_stamp end;
+  l2l_device_stamp(&end);
+  stamped_add(s, start, &end, layer, (int)u, phase);
 }
 
 /* ---------------------------------------------------------------- visits */
@@ -1036,9 +1126,10 @@ static l2l_status visit_forward(struct step *s, int k, bool rebuild) {
     }
     s->x[k + 1][u].dev = y;
     l2l_saved **saved = keep ? &s->saved[k][u] : NULL;
-    double t0 = l2l_now();
+    struct l2l_stamp t0;
+    l2l_device_stamp(&t0);
     status = l2l_layer_forward(saved, rl->layer, y, x, &m.batch);
-    compute_done(s, li, u, rebuild ? L2L_PHASE_REBUILD : L2L_PHASE_FORWARD, t0);
+    compute_done(s, li, u, rebuild ? L2L_PHASE_REBUILD : L2L_PHASE_FORWARD, &t0);
     mb_inputs_free(&m);
     if (status != L2L_OK) {
       char message[256];
@@ -1085,12 +1176,13 @@ static l2l_status visit_head(struct step *s, int k) {
     double loss = 0;
     l2l_status status = l2l_tensor_new(&losses, L2L_POOL_DEVICE, L2L_F32, lm ? 2 : 1, lshape);
     if (status == L2L_OK && backward) status = new_activation(s, &dx, u);
-    double t0 = l2l_now();
+    struct l2l_stamp t0;
+    l2l_device_stamp(&t0);
     if (status == L2L_OK)
       status = l2l_layer_forward(backward ? &saved : NULL, rl->layer, losses, x, &m.batch);
     if (status == L2L_OK) status = l2l_sum(&loss, losses);
     if (status == L2L_OK && backward) status = l2l_layer_backward(rl->layer, dx, NULL, saved, &m.batch);
-    compute_done(s, li, u, backward ? L2L_PHASE_BACKWARD : L2L_PHASE_FORWARD, t0);
+    compute_done(s, li, u, backward ? L2L_PHASE_BACKWARD : L2L_PHASE_FORWARD, &t0);
     l2l_saved_free(saved);
     l2l_tensor_free(losses);
     mb_inputs_free(&m);
@@ -1141,12 +1233,13 @@ static l2l_status visit_backward(struct step *s, int k) {
       if (status == L2L_OK) status = new_activation(s, &scratch, u);
     }
     if (status == L2L_OK && k > 0) status = new_activation(s, &dx, u);
-    double t0 = l2l_now();
+    struct l2l_stamp t0;
+    l2l_device_stamp(&t0);
     if (status == L2L_OK && recompute)
       status = l2l_layer_forward(&saved, rl->layer, scratch, x, &m.batch);
     if (status == L2L_OK)
       status = l2l_layer_backward(rl->layer, dx, dy, saved, &m.batch);
-    compute_done(s, li, u, L2L_PHASE_BACKWARD, t0);
+    compute_done(s, li, u, L2L_PHASE_BACKWARD, &t0);
     mb_inputs_free(&m);
     l2l_saved_free(saved);
     s->saved[k][u] = NULL;
@@ -1283,6 +1376,7 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
   l2l_pool_reset_peak(L2L_POOL_DEVICE);
 
   double t0 = l2l_now();
+  l2l_device_stamp_anchor(&s.anchor);
   status = run_visits(&s);
   double norm = -1;
   bool applied = update;
@@ -1332,6 +1426,7 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
   st->step_seconds = l2l_now() - t0;
   st->compute_seconds = s.compute;
   st->wait_copy_seconds = s.wait_copy;
+  st->exposed_copy_seconds = s.exposed_copy;
   st->wait_update_seconds = s.wait_update;
   pthread_mutex_lock(&run->lock);
   st->h2d_bytes = run->h2d_bytes;

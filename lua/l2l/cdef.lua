@@ -412,6 +412,7 @@ typedef struct l2l_relay_stats {
   double step_seconds;
   double compute_seconds;
   double wait_copy_seconds;
+  double exposed_copy_seconds;
   double wait_update_seconds;
   double optimizer_seconds;
   double h2d_seconds, d2h_seconds;

@@ -545,8 +545,8 @@ end
 local STATS = {
   "steps", "updates", "loss", "lr", "grad_norm", "updates_deferred", "device_peak",
   "device_current", "host_eps_bytes", "host_stash_peak", "h2d_bytes", "d2h_bytes",
-  "step_seconds", "compute_seconds", "wait_copy_seconds", "wait_update_seconds",
-  "optimizer_seconds", "h2d_seconds", "d2h_seconds", "events", "loss_scale",
+  "step_seconds", "compute_seconds", "wait_copy_seconds", "exposed_copy_seconds",
+  "wait_update_seconds", "optimizer_seconds", "h2d_seconds", "d2h_seconds", "events", "loss_scale",
   "loss_scale_good", "skipped_updates", "overflow",
 }
 M.stats_fields = STATS
