@@ -254,7 +254,7 @@ static void lane_end(void *p) {
 static bool lane_key_made;
 static void lane_key_make(void) { lane_key_made = pthread_key_create(&lane_key, lane_end) == 0; }
 
-static const unsigned MARK_FLAGS = cudaEventDisableTiming | cudaEventBlockingSync;
+static const unsigned LANE_EVENT_FLAGS = cudaEventDisableTiming | cudaEventBlockingSync;
 
 /* Makes the calling thread a lane. Failing is harmless: its copies then stay on the
    compute stream, in order, only without overlap. */
@@ -265,7 +265,7 @@ static void lane_start(void) {
   if (lane == NULL) return;
   cudaError_t err = cudaSetDevice(rt.device);
   if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&lane->stream, cudaStreamNonBlocking);
-  if (err == cudaSuccess) err = cudaEventCreateWithFlags(&lane->done, MARK_FLAGS);
+  if (err == cudaSuccess) err = cudaEventCreateWithFlags(&lane->done, LANE_EVENT_FLAGS);
   if (err != cudaSuccess || pthread_setspecific(lane_key, lane) != 0) {
     cudaGetLastError();
     lane_end(lane);
@@ -274,16 +274,46 @@ static void lane_start(void) {
   this_lane = lane;
 }
 
-void *l2l_cuda_mark(void) {
+/* Events recorded once and then waited for or read (marks, stamps), kept for reuse: a
+   step takes several per layer visit, and making one each time costs more than what it
+   orders or times. Blocking-sync (a waiting thread sleeps), with timing (stamps read it). */
+enum { EVENT_POOL_MAX = 4096 };
+static cudaEvent_t event_pool[EVENT_POOL_MAX];
+static int event_pool_count;
+static pthread_mutex_t event_pool_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* An event from the pool recorded on `stream`, or NULL (the error cleared). */
+static cudaEvent_t event_record(cudaStream_t stream) {
   if (!l2l_cuda_probe(NULL, 0)) return NULL;
-  cudaEvent_t mark;
-  if (cudaEventCreateWithFlags(&mark, MARK_FLAGS) == cudaSuccess) {
-    if (cudaEventRecord(mark, rt.compute) == cudaSuccess) return mark;
-    cudaEventDestroy(mark);
+  cudaEvent_t ev = NULL;
+  pthread_mutex_lock(&event_pool_lock);
+  if (event_pool_count > 0) ev = event_pool[--event_pool_count];
+  pthread_mutex_unlock(&event_pool_lock);
+  if (ev == NULL && cudaEventCreateWithFlags(&ev, cudaEventBlockingSync) != cudaSuccess) {
+    cudaGetLastError();
+    return NULL;
   }
-  cudaGetLastError();
-  cudaStreamSynchronize(rt.compute);   /* no mark: the order then holds by waiting now */
-  return NULL;
+  if (cudaEventRecord(ev, stream) != cudaSuccess) {
+    cudaGetLastError();
+    cudaEventDestroy(ev);
+    return NULL;
+  }
+  return ev;
+}
+
+static void event_give_back(cudaEvent_t ev) {
+  pthread_mutex_lock(&event_pool_lock);
+  bool kept = event_pool_count < EVENT_POOL_MAX;
+  if (kept) event_pool[event_pool_count++] = ev;
+  pthread_mutex_unlock(&event_pool_lock);
+  if (!kept) cudaEventDestroy(ev);
+}
+
+void *l2l_cuda_mark(void) {
+  cudaEvent_t mark = event_record(rt.compute);
+  if (mark == NULL && l2l_cuda_probe(NULL, 0))
+    cudaStreamSynchronize(rt.compute); /* no mark: the order then holds by waiting now */
+  return mark;
 }
 
 l2l_status l2l_cuda_wait_mark(void *mark) {
@@ -291,36 +321,18 @@ l2l_status l2l_cuda_wait_mark(void *mark) {
   lane_start();
   if (mark == NULL) return L2L_OK;
   cudaError_t err = cudaEventSynchronize((cudaEvent_t)mark);
-  cudaEventDestroy((cudaEvent_t)mark);
+  if (err == cudaSuccess)
+    event_give_back((cudaEvent_t)mark);
+  else
+    cudaEventDestroy((cudaEvent_t)mark);
   CUDA_TRY(err);
   return L2L_OK;
 }
 
 /* ---------------------------------------------------------------- stamps */
 
-/* Timing events kept for reuse: a relay step takes a few per layer visit, and making and
-   destroying one each time would cost more than the work it times. */
-enum { STAMP_POOL_MAX = 4096 };
-static cudaEvent_t stamp_pool[STAMP_POOL_MAX];
-static int stamp_pool_count;
-static pthread_mutex_t stamp_pool_lock = PTHREAD_MUTEX_INITIALIZER;
-
 void *l2l_cuda_stamp(void) {
-  if (!l2l_cuda_probe(NULL, 0)) return NULL;
-  cudaEvent_t ev = NULL;
-  pthread_mutex_lock(&stamp_pool_lock);
-  if (stamp_pool_count > 0) ev = stamp_pool[--stamp_pool_count];
-  pthread_mutex_unlock(&stamp_pool_lock);
-  if (ev == NULL && cudaEventCreateWithFlags(&ev, cudaEventBlockingSync) != cudaSuccess) {
-    cudaGetLastError();
-    return NULL;
-  }
-  if (cudaEventRecord(ev, this_lane != NULL ? this_lane->stream : rt.compute) != cudaSuccess) {
-    cudaGetLastError();
-    cudaEventDestroy(ev);
-    return NULL;
-  }
-  return ev;
+  return event_record(this_lane != NULL ? this_lane->stream : rt.compute);
 }
 
 bool l2l_cuda_stamp_wait(void *stamp) {
@@ -342,13 +354,7 @@ bool l2l_cuda_stamp_seconds(double *out, void *from, void *to) {
   return true;
 }
 
-void l2l_cuda_stamp_release(void *stamp) {
-  pthread_mutex_lock(&stamp_pool_lock);
-  bool kept = stamp_pool_count < STAMP_POOL_MAX;
-  if (kept) stamp_pool[stamp_pool_count++] = (cudaEvent_t)stamp;
-  pthread_mutex_unlock(&stamp_pool_lock);
-  if (!kept) cudaEventDestroy((cudaEvent_t)stamp);
-}
+void l2l_cuda_stamp_release(void *stamp) { event_give_back((cudaEvent_t)stamp); }
 
 /* ---------------------------------------------------------------- caching allocator */
 

@@ -101,7 +101,8 @@ struct copy_job {
   l2l_relay *run;
   l2l_tensor *dst, *src;
   int layer, micro_batch, phase;
-  struct l2l_stamp done;  /* the copy's end on the device's clock (copy_wait takes it) */
+  struct l2l_stamp done;  /* a copy onto the device: its end on the device's clock
+                             (copy_wait takes it) */
 };
 
 static void copy_job_free(struct copy_job *cj) {
@@ -119,7 +120,8 @@ static void copy_run(struct l2l_job *job, int thread) {
   count_bytes(cj->run, thread == THREAD_H2D ? &cj->run->h2d_bytes : &cj->run->d2h_bytes, bytes);
   l2l_timeline_add(&cj->run->timeline, cj->layer, cj->micro_batch, cj->phase, thread, t0,
                    l2l_now());
-  l2l_device_stamp(&cj->done);
+  /* compute waits only for copies onto the device (copy_wait reads this) */
+  if (thread == THREAD_H2D) l2l_device_stamp(&cj->done);
 }
 
 static l2l_status copy_queue(struct copy_job **out, l2l_relay *run, struct l2l_queue *q,
@@ -404,13 +406,10 @@ static void stamped_resolve(struct step *s) {
     if (l2l_device_stamp_seconds(&from, &s->anchor, &e->start) &&
         l2l_device_stamp_seconds(&to, &s->anchor, &e->end)) {
       double t0 = s->anchor.host + from, t1 = s->anchor.host + to;
-      if (e->phase != L2L_PHASE_WAIT_COPY) {
-        if (t1 < t0) t1 = t0;
-        s->compute += t1 - t0;
-        l2l_timeline_add(&run->timeline, e->layer, e->micro_batch, e->phase, THREAD_COMPUTE,
-                         t0, t1);
-      } else if (t1 - t0 > 1e-5) {
-        s->exposed_copy += t1 - t0;
+      bool wait = e->phase == L2L_PHASE_WAIT_COPY;
+      if (!wait && t1 < t0) t1 = t0;
+      if (!wait || t1 - t0 > 1e-5) {
+        *(wait ? &s->exposed_copy : &s->compute) += t1 - t0;
         l2l_timeline_add(&run->timeline, e->layer, e->micro_batch, e->phase, THREAD_COMPUTE,
                          t0, t1);
       }
