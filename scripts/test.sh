@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # test.sh — run every C test and every spec; end with one line "N passed, M failed".
 # Usage: scripts/test.sh BUILD_DIR   (called by `make test`; BUILD_DIR holds l2l, l2l_ctest)
-# The specs run under the l2l executable (busted --lua), which has jemalloc loaded from
-# the start. A runner that dies before printing its summary counts as one failure, so a
-# crash can never look like a pass. Skipped (pending) specs are reported, not passed.
+# The specs run under the l2l executable, which has jemalloc loaded from the start; it runs
+# busted's script itself (`busted --lua` would need a `lua` on the PATH for the launcher,
+# which a machine with only the carried packages lacks). A runner that dies before
+# printing its summary counts as one failure, so a crash can never look like a pass. Skipped (pending) specs are reported, not passed.
 set -uo pipefail
 build=${1:-build}
 export L2L_BUILD=$build
@@ -40,8 +41,13 @@ else
 fi
 
 echo "== specs (busted under $build/l2l)"
-busted --lua="$build/l2l" -o plainTerminal spec 2>&1 | tee "$log/busted"
-busted_rc=${PIPESTATUS[0]}
+if busted=$(command -v busted); then
+  "$build/l2l" "$busted" -o plainTerminal spec 2>&1 | tee "$log/busted"
+  busted_rc=${PIPESTATUS[0]}
+else
+  echo "test: busted is not on the PATH (scripts/deps.sh installs it)" | tee "$log/busted"
+  busted_rc=1
+fi
 summary=$(grep -E '^[0-9]+ successes? / [0-9]+ failures? / [0-9]+ errors? / [0-9]+ pending' \
           "$log/busted" | tail -n 1)
 if [[ -n $summary ]]; then
