@@ -5,7 +5,7 @@
 # the date.
 # Usage: bench/gpu.sh [--no-sanitizer]     (from any folder; needs nvcc and a GPU)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 sanitizer=1
 [[ ${1:-} == --no-sanitizer ]] && sanitizer=0
 status=0

@@ -14,7 +14,7 @@
 # Prints markdown tables for bench/RESULTS.md; raw JSON lines go to $OUT or /tmp.
 # Usage: bench/vs_torch.sh [--quick]     (needs a GPU, python3 with torch, and the build)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 quick=0
 [[ ${1:-} == --quick ]] && quick=1
 log=${OUT:-/tmp}/vs_torch.jsonl

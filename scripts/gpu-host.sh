@@ -20,7 +20,7 @@
 # make they are present (scripts/deps.sh asks dpkg, which has never heard of them) and
 # points BLAS_DIR at the unpacked OpenMP OpenBLAS. A machine's description goes to $OUT/machine.txt.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 prefix=/tmp/l2l-deps
 (($#)) || { echo "usage: scripts/gpu-host.sh COMMAND [ARG...]" >&2; exit 2; }
 
