@@ -18,7 +18,8 @@
 # libbsd0 and libmd0 as the base system's, but libedit needs them and a bare image may
 # have neither (build/l2l then fails to link). Every call then loads their paths, tells
 # make they are present (scripts/deps.sh asks dpkg, which has never heard of them) and
-# points BLAS_DIR at the unpacked OpenMP OpenBLAS. A machine's description goes to $OUT/machine.txt.
+# points BLAS_DIR at the unpacked OpenMP OpenBLAS. A machine's description goes to
+# $OUT/machine.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 prefix=/tmp/l2l-deps

@@ -4,7 +4,8 @@
 # The specs run under the l2l executable, which has jemalloc loaded from the start; it runs
 # busted's script itself (`busted --lua` would need a `lua` on the PATH for the launcher,
 # which a machine with only the carried packages lacks). A runner that dies before
-# printing its summary counts as one failure, so a crash can never look like a pass. Skipped (pending) specs are reported, not passed.
+# printing its summary counts as one failure, so a crash can never look like a pass.
+# Skipped (pending) specs are reported, not passed.
 set -uo pipefail
 build=${1:-build}
 export L2L_BUILD=$build
