@@ -61,14 +61,18 @@ ifneq ($(NVCC),)
   KERNEL_OBJ := $(patsubst kernels/%.cu,$(BUILD)/kernels/%.o,$(wildcard kernels/*.cu))
   # cuBLAS is opened at run time (backend_cuda.c says why), from the toolkit's folder.
   CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -ldl -lstdc++
-  $(BUILD)/obj/backend_cuda.o: CFLAGS += -DL2L_CUDA -I$(CUDA_HOME)/include \
-                                         -DL2L_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
+  $(BUILD)/obj/backend/cuda/%.o: CFLAGS += -DL2L_CUDA -I$(CUDA_HOME)/include -I. \
+                                          -DL2L_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
 endif
 
-LIB_SRC := src/error.c src/mem.c src/runtime.c src/dtype.c src/rng.c src/tensor.c src/ops.c \
-           src/backend_cpu_attention.c $(wildcard src/layers/*.c) \
-           src/backend_cpu.c src/backend_cuda.c src/device.c src/jobs.c src/eps_optim.c \
-           src/eps.c src/relay.c src/blocks.c
+# One source list per part (src/<part>/, see README.md's layout); the parts build the
+# library together. src/main.c is the l2l executable.
+CORE_SRC := $(wildcard src/core/*.c)
+BACKEND_SRC := $(wildcard src/backend/*.c src/backend/cpu/*.c src/backend/cuda/*.c)
+LAYERS_SRC := $(wildcard src/layers/*.c)
+EPS_SRC := $(wildcard src/eps/*.c)
+RELAY_SRC := $(wildcard src/relay/*.c)
+LIB_SRC := $(CORE_SRC) $(BACKEND_SRC) $(LAYERS_SRC) $(EPS_SRC) $(RELAY_SRC)
 LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o) $(KERNEL_OBJ)
 CTEST_SRC := $(wildcard spec/c/*.c)
 CTEST_OBJ := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%.o)
@@ -148,8 +152,8 @@ bench: $(BUILD)/bench_ops $(BUILD)/bench_layers $(BUILD)/bench_optim $(BUILD)/be
 
 # Which loops of the CPU backend GCC vectorized (the hot loops must all appear).
 vecreport: | $(DEPS_STAMP)
-	@$(CC) $(CFLAGS) -fopt-info-vec-optimized -c src/backend_cpu.c -o /dev/null 2>&1 | \
-	  grep -E '^src/backend_cpu.c:[0-9]+' | sed -E 's/:[0-9]+: optimized://' | sort -t: -k2 -n -u
+	@for f in src/backend/cpu/*.c; do $(CC) $(CFLAGS) -fopt-info-vec-optimized -c $$f -o /dev/null 2>&1 | \
+	  grep -E "^$$f:[0-9]+" | sed -E 's/:[0-9]+: optimized://' | sort -t: -k2 -n -u; done
 
 clean:
 	rm -rf build build-san

@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h" /* the device backend's attention entries (white box) */
+#include "backend/backend.h" /* the device backend's attention entries (white box) */
 #include "bench.h"
 
 enum { SAMPLES = 21 };

@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "bench.h"
-#include "eps_optim.h"
+#include "eps/eps.h"
 
 enum { N = 16 << 20, CHUNK = 64 << 10, NCHUNKS = N / CHUNK, REPEATS = 9, COPY_BYTES = 14 };
 

@@ -37,7 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "backend/backend.h"
 #include "check.h"
 
 /* ---------------------------------------------------------------- tolerances

@@ -14,7 +14,7 @@
  */
 #include <stdlib.h>
 
-#include "backend.h"
+#include "backend/backend.h"
 #include "check.h"
 
 static double gelu_slope(double x) {

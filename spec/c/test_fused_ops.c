@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "backend/backend.h"
 #include "check.h"
 
 static const int64_t shapes[][2] = {{1, 1}, {3, 5}, {7, 33}, {13, 3072}, {257, 771}};

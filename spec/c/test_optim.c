@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "eps_optim.h"
+#include "eps/eps.h"
 
 /* ---------------------------------------------------------------- tolerances */
 

@@ -19,7 +19,7 @@
  */
 #include <math.h>
 
-#include "layers.h"
+#include "kind.h"
 
 enum block_param {
   LN1_W, LN1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, LN2_W, LN2_B, FC_W, FC_B, FC2_W, FC2_B

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "layers.h"
+#include "kind.h"
 
 void l2l_custom_kind_release(const struct custom_kind *custom) {
   if (custom != NULL && atomic_fetch_sub(&((struct custom_kind *)custom)->refs, 1) == 1)

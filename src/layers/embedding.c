@@ -7,7 +7,7 @@
  * Accumulation: parameter gradients += (repeated ids sum); there is no dx.
  * Must never: read ids that layer.c has not range-checked.
  */
-#include "layers.h"
+#include "kind.h"
 
 enum { DROPOUT = 1 };
 

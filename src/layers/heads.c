@@ -15,7 +15,7 @@
  */
 #include <string.h>
 
-#include "layers.h"
+#include "kind.h"
 
 enum { LOGITS = 1, FRUGAL_LN = 2 };
 enum { CLS_W = 0, CLS_B = 1 };

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "layers.h"
+#include "kind.h"
 
 static const struct layer_kind_ops *kind_ops(l2l_layer_kind kind) {
   switch (kind) {

@@ -1,190 +1,35 @@
-/* layers.h — what the layer files share: the layer, parameter and saved-state records,
- * the per-kind operations table, and buffer planning.
+/* layers.h — the layers' interface: what the parts above (the relay) use of a layer
+ * beyond the public API.
  *
- * Purpose: layer.c does everything common to all kinds (checking calls, parameters,
- * ties, clones, saved states); each kind's file (embedding.c, block.c, heads.c) supplies
- * its parameter layout, its forward and backward on raw buffers, and a plan of the
- * buffers those need. Forward and memory reports use one plan, so the bytes a layer
- * reports are the bytes it allocates.
- * Accumulation contract for every kind: parameter gradients accumulate (+=), activation
- * gradients are written (=).
- * Must never: be included outside src/layers/.
+ * Purpose: let the relay bind device copies of a layer's parameters, plan its memory in
+ * the precision it will bind, hold it, and move its saved state between pools (KARMA's
+ * swap), without knowing any kind's internals. What the kind files share among
+ * themselves is kind.h's.
+ * Must never: include a header of the parts above it (eps, relay).
  */
 #ifndef L2L_LAYERS_H
 #define L2L_LAYERS_H
 
-#include "../backend.h"
+#include "backend/backend.h"
 
-#define L2L_PARAM_MAGIC 0x6c326c70u  /* "l2lp" */
-#define L2L_LAYER_MAGIC 0x6c326c6cu  /* "l2ll" */
-#define L2L_SAVED_MAGIC 0x6c326c73u  /* "l2ls" */
-enum { L2L_LAYER_MAX_PARAMS = 12, L2L_PARAM_NAME = 24 };
-
-struct l2l_param {
-  uint32_t magic;
-  atomic_int users;             /* layers holding this record */
-  char name[L2L_PARAM_NAME];
-  int decays;
-  /* A GEMM weight or a gathered table: the relay may bind a 16-bit device copy of it (its
-     precision option); every other parameter is bound in f32. */
-  bool low_precision;
-  l2l_tensor *value, *grad;     /* same shape, f32, one pool; while bound (the relay), the
-                                   device tensors the layer computes with (the value may
-                                   then be f16 / bf16 when low_precision; grad stays f32) */
-  l2l_tensor *home_value, *home_grad;  /* the record's own tensors while bound, else NULL */
-};
-
-struct l2l_layer {
-  uint32_t magic;
-  l2l_layer_config config;
-  uint32_t rng_id;
-  l2l_pool_kind pool;
-  int nparams;
-  l2l_param *params[L2L_LAYER_MAX_PARAMS];
-  /* A kind's parameter roles (its own enum) -> index in params; -1: absent (a bias
-     switched off). */
-  int8_t role[L2L_LAYER_MAX_PARAMS];
-  /* A custom kind's name and functions (NULL for the built-in kinds). */
-  const struct custom_kind *custom;
-  const void *owner;            /* the relay holding the layer, NULL if none */
-};
-
-/* A kind written elsewhere (l2l_layer_new_custom); shared by a layer and its clones. */
-struct custom_kind {
-  atomic_int refs;
-  char name[L2L_PARAM_NAME];
-  l2l_custom_forward_fn forward;
-  l2l_custom_backward_fn backward;
-  void *user;
-};
-
-/* Bytes carved out of one pool allocation: every buffer starts on L2L_ALIGN. */
-struct arena {
-  uint64_t bytes;
-};
-enum { NO_BUFFER = -1 };
-/* Reserves `bytes` (0: none) and returns the offset, or NO_BUFFER. */
-int64_t l2l_arena_reserve(struct arena *a, uint64_t bytes);
-static inline void *l2l_arena_at(void *base, int64_t offset) {
-  return offset == NO_BUFFER ? NULL : (char *)base + offset;
-}
-
-/* Parameter roles of the kinds that layer.c needs to know (ties). */
-enum { EMBED_WTE = 0, EMBED_WPE = 1, EMBED_WTT = 2 };
-enum { HEAD_LN_W = 0, HEAD_LN_B = 1, HEAD_PROJ = 2 };
-
-struct l2l_saved {
-  uint32_t magic;
-  l2l_layer_kind kind;
-  int64_t batch, seq;           /* the forward's B and S */
-  uint32_t flags;               /* kind-specific choices made in forward (e.g. fallbacks) */
-  bool used;                    /* a backward has consumed it */
-  l2l_tensor *buffer;           /* the saved arena (u8), NULL when empty */
-  l2l_tensor *input, *output;   /* references to x and y when the backward reads them */
-};
-
-/* One call's view of its tensors, checked by layer.c. */
-struct layer_call {
-  const struct l2l_backend_ops *ops;
-  l2l_pool_kind pool;           /* where saved and work arenas go (y's pool) */
-  int64_t batch, seq;
-  const l2l_layer_batch *b;
-  bool keep;                    /* forward: a backward will consume this saved state */
-  /* The call's tensors, for kinds that work on tensors rather than buffers (custom). */
-  l2l_tensor *y, *dx;
-  const l2l_tensor *x, *dy;
-  /* The layer's 16-bit weights' dtype (f32: none) and scratch for the activations a GEMM
-     with them reads, rounded to that dtype (cast_elements of the kind). */
-  l2l_dtype precision;
-  void *cast;
-};
-
-/* Draw stream of a dropout site (l2l.h). */
-static inline uint64_t l2l_dropout_stream(const l2l_layer *layer, const l2l_layer_batch *b,
-                                          int site) {
-  return (b->step << 32) + ((uint64_t)layer->rng_id << 8) + (uint64_t)site;
-}
-
-struct layer_kind_ops {
-  const char *name;
-  /* Creates the kind's parameters (layer->config already checked). */
-  l2l_status (*create_params)(l2l_layer *layer);
-  /* Choices a forward makes from the present parameters and the batch (memory mode,
-     LayerNorm fallbacks, whether dropout runs), recorded in the saved state so that its
-     backward plans the same buffers. batch NULL: a training call (for reports). */
-  uint32_t (*choose_flags)(const l2l_layer *layer, const l2l_layer_batch *batch);
-  /* Bytes for B, S under `flags`, params excluded: what forward and backward allocate. */
-  void (*memory)(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch, int64_t seq,
-                 uint32_t flags);
-  /* y from x. saved NULL: inference (nothing kept); else its buffer is allocated as
-     memory() says. work: work_forward bytes. */
-  l2l_status (*forward)(const struct layer_call *call, l2l_layer *layer, float *y,
-                        const float *x, struct l2l_saved *saved, void *work);
-  /* Elements of activations that the kind's widest GEMM with a 16-bit weight reads (the
-     call's cast scratch); NULL: the kind has no such GEMM. */
-  int64_t (*cast_elements)(const l2l_layer *layer, int64_t batch, int64_t seq);
-  /* dx (NULL for the embedding) from dy (NULL for heads). work: work_backward bytes. */
-  l2l_status (*backward)(const struct layer_call *call, l2l_layer *layer, float *dx,
-                         const float *dy, struct l2l_saved *saved, void *work);
-};
-
-extern const struct layer_kind_ops l2l_embedding_kind, l2l_block_kind, l2l_lm_head_kind,
-    l2l_classifier_kind, l2l_custom_kind;
-void l2l_custom_kind_release(const struct custom_kind *custom);
-
-/* Whether a LayerNorm's x^ cannot be recovered from its output y = x^ w + b to float
-   precision: a channel with |w| < 1e-6 or |w| < |b|/64 (or NaN). The frugal modes then
-   keep that LayerNorm the standard way (its input, mean and rstd). */
-bool l2l_layernorm_guarded(const float *weight, const float *bias, int64_t n);
-
-/* A weight as a GEMM reads it: f32, or the relay's 16-bit device copy. */
-struct weight {
-  const void *data;
-  l2l_dtype dtype;
-};
-static inline struct weight l2l_weight(const l2l_layer *layer, int role) {
-  const l2l_tensor *v = layer->params[layer->role[role]]->value;
-  return (struct weight){l2l_tensor_ptr(v), v->dtype};
-}
-/* c = alpha op(a) op(w) + beta c for an activation a (f32) and a weight w: with a 16-bit
-   w, a is first rounded to w's dtype into the call's cast scratch at element `at` (the
-   products then accumulate in f32, as on a GPU's tensor cores). Shapes as gemm_batched. */
-l2l_status l2l_gemm_weight(const struct layer_call *call, float *c, const float *a,
-                           struct weight w, int64_t at, int64_t m, int64_t n, int64_t k,
-                           int trans_a, int trans_w, float alpha, float beta);
-/* a rounded to `dtype` in the call's cast scratch at element `at` (f32: a itself). */
-l2l_status l2l_cast_activation(const struct layer_call *call, const void **out, const float *a,
-                               int64_t n, l2l_dtype dtype, int64_t at);
-/* Linear maps on row-major buffers, shared by the kinds: y (n,out) = x (n,in) @ w (in,out)
-   [+ bias]; the backward adds x^T dy into dw and column sums of dy into db (NULL: none)
-   and sets dx = dy w^T + dx_beta * dx (dx NULL: skipped). With a 16-bit w, x and dy are
-   rounded to its dtype first (cast scratch: n * (in + out) elements). */
-l2l_status l2l_linear_forward(const struct layer_call *call, float *y, const float *x,
-                              struct weight w, const float *bias, int64_t n, int64_t in,
-                              int64_t out);
-l2l_status l2l_linear_backward(const struct layer_call *call, float *dx, float *dw, float *db,
-                               const float *dy, const float *x, struct weight w, int64_t n,
-                               int64_t in, int64_t out, float dx_beta);
-/* Marks the parameter of `role` as one the relay may bind in 16 bits (create_params). */
-void l2l_layer_mark_low_precision(l2l_layer *layer, int role);
-
-/* A layer record with no parameters yet and a fresh rng id (config already checked). */
-l2l_status l2l_layer_alloc(l2l_layer **out, const l2l_layer_config *config, l2l_pool_kind pool);
-/* Adds the parameter of `role` for create_params (layer.c). init: 'n' normal(0, std),
-   '0' zeros, '1' ones. */
-l2l_status l2l_layer_add_param(l2l_layer *layer, int role, const char *name, int ndim,
-                               const int64_t *shape, char init, float std, int decays);
-/* The value / gradient of a role, NULL when the layer has none. */
-static inline float *l2l_param_f32(const l2l_layer *layer, int role) {
-  int i = layer->role[role];
-  return i < 0 ? NULL : (float *)l2l_tensor_ptr(layer->params[i]->value);
-}
-static inline float *l2l_grad_f32(const l2l_layer *layer, int role) {
-  int i = layer->role[role];
-  return i < 0 ? NULL : (float *)l2l_tensor_ptr(layer->params[i]->grad);
-}
-static inline void *l2l_saved_base(const struct l2l_saved *s) {
-  return s && s->buffer ? l2l_tensor_ptr(s->buffer) : NULL;
-}
+/* Points a parameter record at other tensors (same shape; grad f32, value f32 or, for a
+   low-precision parameter, f16 / bf16) for the layer calls that follow: the relay's
+   device copies. value NULL points it back at its own tensors. */
+void l2l_param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad);
+/* Whether the relay may bind a 16-bit copy of the parameter (a GEMM weight or a gathered
+   table); the others stay f32 on the device. */
+bool l2l_param_low_precision(const l2l_param *param);
+/* What l2l_layer_memory_use reports for a training call of a layer whose low-precision
+   parameters are bound in `precision` (f32: all f32): the relay's plans. */
+void l2l_layer_memory_in(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
+                         int64_t seq, l2l_dtype precision);
+/* The relay holding a live layer (NULL if none), and setting it. */
+const void *l2l_layer_owner(const l2l_layer *layer);
+void l2l_layer_set_owner(l2l_layer *layer, const void *owner);
+/* Moves everything a saved state holds (its buffer and the inputs and outputs it refers
+   to) into `pool` (KARMA's swap); the other pool's bytes go with their last handle. */
+l2l_status l2l_saved_move(l2l_saved *saved, l2l_pool_kind pool);
+/* Bytes of pool memory a saved state holds, its references to x and y included. */
+uint64_t l2l_saved_pool_bytes(const l2l_saved *saved);
 
 #endif /* L2L_LAYERS_H */

@@ -1,16 +1,17 @@
-/* runtime.c — compute threads for the CPU backend and OpenBLAS.
+/* threads.c — compute threads for the CPU backend and OpenBLAS.
  *
  * Purpose: one place that decides how many threads the CPU's loops (OpenMP) and OpenBLAS
- * use. The two pools are never nested (no BLAS call inside an OpenMP loop), and OpenBLAS's
- * count is set explicitly so the two do not oversubscribe the cores between them.
+ * use. l2l links OpenBLAS's OpenMP build, so both draw on one OpenMP thread pool: a BLAS
+ * call made inside an OpenMP loop (the CPU attention does, one small GEMM per thread)
+ * runs single-threaded there, and OpenBLAS's count is set explicitly so that the two
+ * never oversubscribe the cores between them.
  * Must never: read the environment more than once or change threads behind a running op.
  */
 #include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "internal.h"
-#include "backend.h"
+#include "cpu.h"
 
 /* openblas_set_num_threads is OpenBLAS's own extension of the BLAS interface. */
 void openblas_set_num_threads(int threads);

@@ -16,11 +16,10 @@
  * chunk each), read or write beyond the n elements given, or write the gradient
  * (grad_scale is applied on the fly).
  */
-#include "eps_optim.h"
+#include "eps.h"
 
 #include <math.h>
 
-#include "half.h"
 
 /* ---------------------------------------------------------------- config checks */
 

@@ -8,7 +8,7 @@
  */
 #include <string.h>
 
-#include "backend.h"
+#include "core.h"
 
 enum {
   PHILOX_M0 = 0xD2511F53u,

@@ -1,18 +1,17 @@
-/* tensor.c — tensor handles, refcounted storage, views, copies, casts and random fills.
+/* tensor.c — tensor handles, refcounted storage and views.
  *
  * Purpose: the one data structure everything else passes around. A handle owns a
  * reference to its storage; views (rows along dim 0, reshapes) are new handles on the
- * same storage, so a micro-batch is a view of its batch without a copy. Element-wise work
- * is done by the backend that owns the storage's pool.
- * Must never: free storage that another handle still uses, or write into a tensor before
- * every argument has been checked.
+ * same storage, so a micro-batch is a view of its batch without a copy. What reads or
+ * writes elements (copies, casts, fills) is the backend's (backend/tensor_ops.c).
+ * Must never: free storage that another handle still uses, or touch an element.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "core.h"
 
 const char *l2l_shape_str(char *buf, size_t len, const l2l_tensor *t) {
   size_t used = 0;
@@ -61,7 +60,7 @@ static l2l_status check_shape(const char *func, int ndim, const int64_t *shape, 
   return L2L_OK;
 }
 
-static l2l_status check_handle(const char *func, const char *name, const l2l_tensor *t) {
+l2l_status l2l_tensor_check(const char *func, const char *name, const l2l_tensor *t) {
   if (t == NULL) return l2l_fail_in(func, L2L_ERR_INVALID, "%s is NULL", name);
   if (!l2l_tensor_ok(t))
     return l2l_fail_in(func, L2L_ERR_INVALID, "%s is not a live tensor (freed?)", name);
@@ -70,7 +69,6 @@ static l2l_status check_handle(const char *func, const char *name, const l2l_ten
 
 l2l_status l2l_tensor_new(l2l_tensor **out, l2l_pool_kind pool, l2l_dtype dtype, int ndim,
                           const int64_t *shape) {
-  l2l_runtime_init();
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   if (!l2l_pool_valid((int)pool)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", pool);
   if (l2l_dtype_size(dtype) == 0) return FAIL(L2L_ERR_INVALID, "no dtype with number %d", dtype);
@@ -134,7 +132,7 @@ static l2l_status make_view(l2l_tensor **out, const l2l_tensor *t, int ndim,
 l2l_status l2l_tensor_view_rows(l2l_tensor **out, const l2l_tensor *t, int64_t first,
                                 int64_t count) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  TRY(check_handle(__func__, "t", t));
+  TRY(l2l_tensor_check(__func__, "t", t));
   if (first < 0 || count < 1 || first > t->shape[0] - count)
     return FAIL(L2L_ERR_INVALID, "rows [%lld, %lld) are not within dim 0 of size %lld",
                 (long long)first, (long long)first + (long long)count, (long long)t->shape[0]);
@@ -166,7 +164,7 @@ l2l_status l2l_tensor_view_bytes(l2l_tensor **out, const l2l_tensor *t, uint64_t
 l2l_status l2l_tensor_reshape(l2l_tensor **out, const l2l_tensor *t, int ndim,
                               const int64_t *shape) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  TRY(check_handle(__func__, "t", t));
+  TRY(l2l_tensor_check(__func__, "t", t));
   int64_t numel;
   TRY(check_shape(__func__, ndim, shape, &numel));
   if (numel != t->numel)
@@ -190,97 +188,4 @@ int64_t l2l_tensor_offset(const l2l_tensor *t) { return l2l_tensor_ok(t) ? t->of
 
 int l2l_tensor_storage_refs(const l2l_tensor *t) {
   return l2l_tensor_ok(t) ? atomic_load(&t->storage->refs) : -1;
-}
-
-/* ---------------------------------------------------------------- whole-tensor work */
-
-static bool is_float(l2l_dtype d) { return d == L2L_F32 || d == L2L_F16 || d == L2L_BF16; }
-
-l2l_status l2l_tensor_copy(l2l_tensor *dst, const l2l_tensor *src) {
-  TRY(check_handle(__func__, "dst", dst));
-  TRY(check_handle(__func__, "src", src));
-  if (dst->dtype != src->dtype)
-    return FAIL(L2L_ERR_INVALID, "dst is %s but src is %s (use l2l_tensor_cast)",
-                l2l_dtype_name(dst->dtype), l2l_dtype_name(src->dtype));
-  if (dst->numel != src->numel)
-    return FAIL(L2L_ERR_INVALID, "dst has %lld elements but src has %lld",
-                (long long)dst->numel, (long long)src->numel);
-  if (dst->storage == src->storage && dst->offset == src->offset) return L2L_OK;
-  if (dst->storage == src->storage &&
-      dst->offset < src->offset + src->numel && src->offset < dst->offset + dst->numel)
-    return FAIL(L2L_ERR_INVALID, "dst and src overlap in one storage");
-  /* A copy between domains is a transfer; the backend of the accelerator side runs it. */
-  l2l_pool_kind side = l2l_pool_domain(dst->storage->pool) ? dst->storage->pool
-                                                             : src->storage->pool;
-  return l2l_backend_for(side)->copy(l2l_tensor_ptr(dst), dst->storage->pool,
-                                     l2l_tensor_ptr(src), src->storage->pool,
-                                     (uint64_t)dst->numel * l2l_dtype_size(dst->dtype));
-}
-
-l2l_status l2l_tensor_cast(l2l_tensor *dst, const l2l_tensor *src) {
-  TRY(check_handle(__func__, "dst", dst));
-  TRY(check_handle(__func__, "src", src));
-  bool numeric_dst = is_float(dst->dtype) || dst->dtype == L2L_I32;
-  bool numeric_src = is_float(src->dtype) || src->dtype == L2L_I32;
-  if (!numeric_dst || !numeric_src || (!is_float(dst->dtype) && !is_float(src->dtype) &&
-                                       dst->dtype != src->dtype))
-    return FAIL(L2L_ERR_INVALID, "cannot cast %s to %s (casts are among f32, f16, bf16, i32)",
-                l2l_dtype_name(src->dtype), l2l_dtype_name(dst->dtype));
-  if (dst->numel != src->numel)
-    return FAIL(L2L_ERR_INVALID, "dst has %lld elements but src has %lld",
-                (long long)dst->numel, (long long)src->numel);
-  if (l2l_pool_domain(dst->storage->pool) != l2l_pool_domain(src->storage->pool))
-    return FAIL(L2L_ERR_INVALID, "dst is in pool '%s' and src in pool '%s': cast within one "
-                "backend, then copy", l2l_pool_name(dst->storage->pool),
-                l2l_pool_name(src->storage->pool));
-  if (dst->storage == src->storage && l2l_tensor_ptr(dst) != l2l_tensor_ptr(src) &&
-      dst->offset < src->offset + src->numel && src->offset < dst->offset + dst->numel)
-    return FAIL(L2L_ERR_INVALID, "dst and src overlap in one storage");
-  if (dst->storage == src->storage && dst->dtype != src->dtype &&
-      l2l_dtype_size(dst->dtype) != l2l_dtype_size(src->dtype))
-    return FAIL(L2L_ERR_INVALID, "dst and src share storage but differ in element size");
-  int64_t bad = -1;
-  TRY(l2l_backend_for(dst->storage->pool)
-          ->convert(l2l_tensor_ptr(dst), dst->dtype, l2l_tensor_ptr(src), src->dtype, dst->numel,
-                    &bad));
-  if (bad >= 0)
-    return FAIL(L2L_ERR_INVALID, "src element %lld is not an integer within int32 range",
-                (long long)bad);
-  return L2L_OK;
-}
-
-l2l_status l2l_tensor_fill(l2l_tensor *t, double value) {
-  TRY(check_handle(__func__, "t", t));
-  if (t->dtype == L2L_I32 && !(value == floor(value) && value >= INT32_MIN && value <= INT32_MAX))
-    return FAIL(L2L_ERR_INVALID, "t is i32 but value %g is not an int32", value);
-  if (t->dtype == L2L_U8 && !(value == floor(value) && value >= 0 && value <= 255))
-    return FAIL(L2L_ERR_INVALID, "t is u8 but value %g is not an integer in [0, 255]", value);
-  return l2l_backend_for(t->storage->pool)->fill(l2l_tensor_ptr(t), t->dtype, value, t->numel);
-}
-
-static l2l_status random_fill(const char *func, l2l_tensor *t, enum l2l_distribution dist,
-                              uint64_t seed, uint64_t stream, int64_t first, double a, double b) {
-  TRY(check_handle(func, "t", t));
-  if (!is_float(t->dtype))
-    return l2l_fail_in(func, L2L_ERR_INVALID, "t is %s; random fills need f32, f16 or bf16",
-                       l2l_dtype_name(t->dtype));
-  if (first < 0) return l2l_fail_in(func, L2L_ERR_INVALID, "first must be >= 0, got %lld",
-                                    (long long)first);
-  return l2l_backend_for(t->storage->pool)
-      ->random(l2l_tensor_ptr(t), t->dtype, t->numel, dist, seed, stream, first, a, b);
-}
-
-l2l_status l2l_tensor_uniform(l2l_tensor *t, uint64_t seed, uint64_t stream, int64_t first,
-                              double lo, double hi) {
-  if (!isfinite(lo) || !isfinite(hi) || lo > hi)
-    return FAIL(L2L_ERR_INVALID, "need finite lo <= hi, got lo = %g, hi = %g", lo, hi);
-  return random_fill(__func__, t, L2L_UNIFORM, seed, stream, first, lo, hi);
-}
-
-l2l_status l2l_tensor_normal(l2l_tensor *t, uint64_t seed, uint64_t stream, int64_t first,
-                             double mean, double std) {
-  if (!isfinite(mean) || !isfinite(std) || std < 0)
-    return FAIL(L2L_ERR_INVALID, "need a finite mean and std >= 0, got mean = %g, std = %g",
-                mean, std);
-  return random_fill(__func__, t, L2L_NORMAL, seed, stream, first, mean, std);
 }

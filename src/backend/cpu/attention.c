@@ -1,4 +1,4 @@
-/* backend_cpu_attention.c — multi-head self-attention for the CPU backend, flash style.
+/* attention.c — multi-head self-attention for the CPU backend, flash style.
  *
  * Purpose: attention forward and backward that never need an S x S matrix per head beyond
  * one tile of query rows per thread, so that the memory-frugal block keeps only the row
@@ -23,7 +23,7 @@
 #include <omp.h>
 #include <string.h>
 
-#include "backend.h"
+#include "cpu.h"
 #include "vmath.h"
 
 enum { TILE_Q = 64 }; /* query rows per tile: a tile row of scores stays in cache */

@@ -7,7 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "internal.h"
+#include "core.h"
 
 enum { MESSAGE_CAPACITY = 1024 };
 static _Thread_local char last_message[MESSAGE_CAPACITY];

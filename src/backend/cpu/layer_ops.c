@@ -1,12 +1,10 @@
-/* backend_cpu.c — the CPU ops table: OpenBLAS for GEMMs, OpenMP loops for the rest.
+/* layer_ops.c — the CPU backend's ops that layers run: GEMMs (OpenBLAS), bias, GELU
+ * (with its memory-frugal form from the output), LayerNorm, softmax, embedding,
+ * cross-entropy and dropout, as entries of l2l_cpu_backend (cpu/ops.c).
  *
- * Purpose: the reference semantics of every op (the CUDA backend must match it) at close
- * to the machine's speed: GEMMs go to cblas_sgemm; every other loop is written so that
- * GCC vectorizes it (no calls into libm in hot loops: exp and log come from vmath.h, sqrt
- * vectorizes under -fno-math-errno) and is split across the compute threads with a static
- * schedule, so results are the same from run to run for a given thread count.
- * l2l links OpenBLAS's OpenMP build, so BLAS and these loops share one thread pool (and
- * BLAS inside a parallel region, as attention does, runs single-threaded).
+ * Purpose and rules: as cpu/ops.c says for the whole backend: every loop vectorizes and
+ * splits across the compute threads with a static schedule, so results are the same from
+ * run to run for a given thread count.
  * Must never: allocate from a pool, or read an output before writing it unless the op
  * accumulates.
  */
@@ -18,17 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "half.h"
+#include "cpu.h"
 #include "vmath.h"
-
-/* ---------------------------------------------------------------- helpers */
-
-/* Threads for a loop of `work` simple operations: one below ~32k, where waking a team
-   costs more than it saves. */
-static int threads_for(int64_t work) {
-  return work < 32768 ? 1 : atomic_load_explicit(&l2l_compute_threads, memory_order_relaxed);
-}
 
 /* GELU, tanh form, written as x * sigmoid(2u) (since (1 + tanh u)/2 = sigmoid(2u)): no
    cancellation for large negative x, where 1 + tanh(u) would lose every digit. */
@@ -39,9 +28,9 @@ static int threads_for(int64_t work) {
 
 /* f16 / bf16 inputs are widened to f32 (exactly) one matrix pair at a time, in memory of
    the backend's own: OpenBLAS has no 16-bit GEMM with f32 accumulation. */
-static l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
-                                   int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
-                                   int trans_b, float alpha, float beta) {
+l2l_status l2l_cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
+                                int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
+                                int trans_b, float alpha, float beta) {
   /* Row-major: the leading dimension is a stored matrix's column count. */
   int lda = (int)(trans_a ? m : k), ldb = (int)(trans_b ? k : n), ldc = (int)n;
   float *wide = NULL;
@@ -72,14 +61,14 @@ static l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_d
 
 /* ---------------------------------------------------------------- element-wise */
 
-static l2l_status cpu_add(float *out, const float *a, const float *b, int64_t n) {
+l2l_status l2l_cpu_add(float *out, const float *a, const float *b, int64_t n) {
   int nt = threads_for(n);
 #pragma omp parallel for simd schedule(static) num_threads(nt)
   for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
   return L2L_OK;
 }
 
-static l2l_status cpu_bias_add(float *y, const float *bias, int64_t rows, int64_t cols) {
+l2l_status l2l_cpu_bias_add(float *y, const float *bias, int64_t rows, int64_t cols) {
   int nt = threads_for(rows * cols);
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t r = 0; r < rows; r++) {
@@ -118,7 +107,7 @@ static l2l_status column_sums(float *out, const float *src, int64_t rows, int64_
   return L2L_OK;
 }
 
-static l2l_status cpu_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols) {
+l2l_status l2l_cpu_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols) {
   return column_sums(dbias, dy, rows, cols);
 }
 
@@ -127,7 +116,7 @@ static inline float gelu_of(float v) {
   return v / (1.0f + vexp(-2.0f * u));
 }
 
-static l2l_status cpu_gelu_forward(float *y, const float *x, int64_t n) {
+l2l_status l2l_cpu_gelu_forward(float *y, const float *x, int64_t n) {
   int nt = threads_for(n * 8);
 #pragma omp parallel for simd schedule(static) num_threads(nt)
   for (int64_t i = 0; i < n; i++) y[i] = gelu_of(x[i]);
@@ -135,7 +124,7 @@ static l2l_status cpu_gelu_forward(float *y, const float *x, int64_t n) {
 }
 
 /* d/dx [x s(2u)] = s + x * 2u' * s (1 - s), with s = sigmoid(2u), u' = k0 (1 + 3 k1 x^2). */
-static l2l_status cpu_gelu_backward(float *dx, const float *dy, const float *x, int64_t n) {
+l2l_status l2l_cpu_gelu_backward(float *dx, const float *dy, const float *x, int64_t n) {
   int nt = threads_for(n * 8);
 #pragma omp parallel for simd schedule(static) num_threads(nt)
   for (int64_t i = 0; i < n; i++) {
@@ -226,7 +215,7 @@ static void gelu_tables_build(void) {
   gelu_tables.y_left = (float)y_left;
 }
 
-static l2l_status cpu_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_t n) {
+l2l_status l2l_cpu_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_t n) {
   int64_t bytes = (n + 7) / 8;
   int nt = threads_for(n * 8);
   /* Bits first: y may be x. */
@@ -237,11 +226,11 @@ static l2l_status cpu_gelu_forward_bits(float *y, uint8_t *bits, const float *x,
     for (int64_t i = byte * 8; i < end; i++) b |= (uint8_t)((x[i] >= L2L_GELU_XMIN) << (i & 7));
     bits[byte] = b;
   }
-  return cpu_gelu_forward(y, x, n);
+  return l2l_cpu_gelu_forward(y, x, n);
 }
 
-static l2l_status cpu_gelu_backward_from_output(float *dx, const float *dy, const float *y,
-                                                const uint8_t *bits, int64_t n) {
+l2l_status l2l_cpu_gelu_backward_from_output(float *dx, const float *dy, const float *y,
+                                             const uint8_t *bits, int64_t n) {
   pthread_once(&gelu_tables_once, gelu_tables_build);
   const float *table = &gelu_tables.slope[0][0];
   const float y_left = gelu_tables.y_left, last = (float)(GELU_TABLE - 1);
@@ -278,8 +267,8 @@ static l2l_status cpu_gelu_backward_from_output(float *dx, const float *dy, cons
 /* pre += bias per column, y = gelu(pre), bits = pre's side bits (may be NULL), in one pass:
    the sequence bias_add, gelu_forward_bits (or gelu_forward) with the same results. Flat
    chunks of whole mask bytes, each walked row segment by row segment. y may be pre. */
-static l2l_status cpu_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
-                                        int64_t rows, int64_t cols) {
+l2l_status l2l_cpu_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
+                                     int64_t rows, int64_t cols) {
   const int64_t n = rows * cols, chunks = (n + GELU_CHUNK - 1) / GELU_CHUNK;
   int nt = threads_for(n * 10);
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -324,9 +313,9 @@ static inline void layernorm_row(float *yr, float *mean_out, float *rstd_out, co
   if (rstd_out) *rstd_out = rstd;
 }
 
-static l2l_status cpu_layernorm_forward(float *y, float *mean_out, float *rstd_out,
-                                        const float *x, const float *weight, const float *bias,
-                                        float eps, int64_t rows, int64_t cols) {
+l2l_status l2l_cpu_layernorm_forward(float *y, float *mean_out, float *rstd_out,
+                                     const float *x, const float *weight, const float *bias,
+                                     float eps, int64_t rows, int64_t cols) {
   int nt = threads_for(rows * cols * 4);
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t r = 0; r < rows; r++)
@@ -338,10 +327,10 @@ static l2l_status cpu_layernorm_forward(float *y, float *mean_out, float *rstd_o
 /* sum = a + b, then LayerNorm of sum, row by row while the row is in cache: the sequence
    add, layernorm_forward with the same results. sum may be a or b; y must not overlap
    sum. */
-static l2l_status cpu_add_layernorm_forward(float *sum, float *y, float *mean_out,
-                                            float *rstd_out, const float *a, const float *b,
-                                            const float *weight, const float *bias, float eps,
-                                            int64_t rows, int64_t cols) {
+l2l_status l2l_cpu_add_layernorm_forward(float *sum, float *y, float *mean_out,
+                                         float *rstd_out, const float *a, const float *b,
+                                         const float *weight, const float *bias, float eps,
+                                         int64_t rows, int64_t cols) {
   int nt = threads_for(rows * cols * 5);
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t r = 0; r < rows; r++) {
@@ -424,19 +413,19 @@ static l2l_status layernorm_backward_rows(float *dx, float *dweight, float *dbia
   return L2L_OK;
 }
 
-static l2l_status cpu_layernorm_backward(float *dx, float *dweight, float *dbias,
-                                         const float *dy, const float *x, const float *weight,
-                                         const float *mean, const float *rstd, int64_t rows,
-                                         int64_t cols) {
+l2l_status l2l_cpu_layernorm_backward(float *dx, float *dweight, float *dbias,
+                                      const float *dy, const float *x, const float *weight,
+                                      const float *mean, const float *rstd, int64_t rows,
+                                      int64_t cols) {
   return layernorm_backward_rows(dx, dweight, dbias, dy, x, weight, mean, NULL, NULL, rstd,
                                  rows, cols);
 }
 
-static l2l_status cpu_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
-                                                     const float *dy, const float *y,
-                                                     const float *weight, const float *bias,
-                                                     const float *rstd, int64_t rows,
-                                                     int64_t cols) {
+l2l_status l2l_cpu_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
+                                                  const float *dy, const float *y,
+                                                  const float *weight, const float *bias,
+                                                  const float *rstd, int64_t rows,
+                                                  int64_t cols) {
   float *inv_weight = malloc((size_t)cols * sizeof *inv_weight);
   if (inv_weight == NULL)
     return l2l_fail(L2L_ERR_NOMEM, "cpu backend: no memory for LayerNorm inverse weights");
@@ -449,9 +438,9 @@ static l2l_status cpu_layernorm_backward_from_output(float *dx, float *dweight, 
 
 /* ---------------------------------------------------------------- softmax */
 
-static l2l_status cpu_softmax_forward(float *y, const float *x, const uint8_t *key_mask,
-                                      int causal, float scale, int64_t samples,
-                                      int64_t rows_per_sample, int64_t tq, int64_t tk) {
+l2l_status l2l_cpu_softmax_forward(float *y, const float *x, const uint8_t *key_mask,
+                                   int causal, float scale, int64_t samples,
+                                   int64_t rows_per_sample, int64_t tq, int64_t tk) {
   int64_t rows = samples * rows_per_sample;
   int nt = threads_for(rows * tk * 6);
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -505,8 +494,8 @@ static l2l_status cpu_softmax_forward(float *y, const float *x, const uint8_t *k
   return L2L_OK;
 }
 
-static l2l_status cpu_softmax_backward(float *dx, const float *dy, const float *y, float scale,
-                                       int64_t rows, int64_t cols) {
+l2l_status l2l_cpu_softmax_backward(float *dx, const float *dy, const float *y, float scale,
+                                    int64_t rows, int64_t cols) {
   int nt = threads_for(rows * cols * 4);
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t r = 0; r < rows; r++) {
@@ -523,8 +512,8 @@ static l2l_status cpu_softmax_backward(float *dx, const float *dy, const float *
 
 /* ---------------------------------------------------------------- embedding */
 
-static l2l_status cpu_embedding_forward(float *out, const int32_t *ids, const void *table,
-                                        l2l_dtype table_dtype, int64_t n, int64_t cols) {
+l2l_status l2l_cpu_embedding_forward(float *out, const int32_t *ids, const void *table,
+                                     l2l_dtype table_dtype, int64_t n, int64_t cols) {
   int nt = threads_for(n * cols);
   if (table_dtype == L2L_F32) {
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -548,8 +537,8 @@ static l2l_status cpu_embedding_forward(float *out, const int32_t *ids, const vo
 
 /* Threads split the columns, not the tokens: each table element has one writer, so
    repeated ids need no atomics and the sums come in token order. */
-static l2l_status cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids,
-                                         int64_t n, int64_t vocab, int64_t cols) {
+l2l_status l2l_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids,
+                                      int64_t n, int64_t vocab, int64_t cols) {
   (void)vocab;
   int nt = threads_for(n * cols);
   if (nt > cols / 16) nt = cols >= 32 ? (int)(cols / 16) : 1;
@@ -584,9 +573,9 @@ static inline void row_logsumexp(const float *row, int64_t v, float *max_out, fl
 /* losses and dlogits (either may be NULL) from one log-sum-exp per row; the forward and
    backward entries are its two halves. dlogits may be logits (the row's target logit is
    read before the row is overwritten). */
-static l2l_status cpu_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
-                                          const int32_t *targets, int32_t ignore_index,
-                                          float scale, int64_t rows, int64_t vocab) {
+l2l_status l2l_cpu_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
+                                       const int32_t *targets, int32_t ignore_index,
+                                       float scale, int64_t rows, int64_t vocab) {
   int nt = threads_for(rows * vocab * 6);
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t r = 0; r < rows; r++) {
@@ -608,16 +597,16 @@ static l2l_status cpu_cross_entropy_fused(float *losses, float *dlogits, const f
   return L2L_OK;
 }
 
-static l2l_status cpu_cross_entropy_forward(float *losses, const float *logits,
-                                            const int32_t *targets, int32_t ignore_index,
-                                            int64_t rows, int64_t vocab) {
-  return cpu_cross_entropy_fused(losses, NULL, logits, targets, ignore_index, 0.0f, rows, vocab);
+l2l_status l2l_cpu_cross_entropy_forward(float *losses, const float *logits,
+                                         const int32_t *targets, int32_t ignore_index,
+                                         int64_t rows, int64_t vocab) {
+  return l2l_cpu_cross_entropy_fused(losses, NULL, logits, targets, ignore_index, 0.0f, rows, vocab);
 }
 
-static l2l_status cpu_cross_entropy_backward(float *dlogits, const float *logits,
-                                             const int32_t *targets, int32_t ignore_index,
-                                             float scale, int64_t rows, int64_t vocab) {
-  return cpu_cross_entropy_fused(NULL, dlogits, logits, targets, ignore_index, scale, rows, vocab);
+l2l_status l2l_cpu_cross_entropy_backward(float *dlogits, const float *logits,
+                                          const int32_t *targets, int32_t ignore_index,
+                                          float scale, int64_t rows, int64_t vocab) {
+  return l2l_cpu_cross_entropy_fused(NULL, dlogits, logits, targets, ignore_index, scale, rows, vocab);
 }
 
 /* ---------------------------------------------------------------- dropout */
@@ -627,8 +616,8 @@ static l2l_status cpu_cross_entropy_backward(float *dlogits, const float *logits
    Philox pass, then the scaling and the mask bits in loops that vectorize too. */
 #define DROPOUT_CHUNK 2048
 
-static l2l_status cpu_dropout_forward(float *y, uint8_t *mask, const float *x, float p,
-                                      uint64_t seed, uint64_t stream, int64_t first, int64_t n) {
+l2l_status l2l_cpu_dropout_forward(float *y, uint8_t *mask, const float *x, float p,
+                                   uint64_t seed, uint64_t stream, int64_t first, int64_t n) {
   const uint32_t threshold = l2l_keep_threshold(p);
   const float keep_scale = 1.0f / (1.0f - p);
   int64_t chunks = (n + DROPOUT_CHUNK - 1) / DROPOUT_CHUNK;
@@ -649,8 +638,8 @@ static l2l_status cpu_dropout_forward(float *y, uint8_t *mask, const float *x, f
   return L2L_OK;
 }
 
-static l2l_status cpu_dropout_backward(float *dx, const float *dy, const uint8_t *mask, float p,
-                                       int64_t n) {
+l2l_status l2l_cpu_dropout_backward(float *dx, const float *dy, const uint8_t *mask, float p,
+                                    int64_t n) {
   float keep_scale = 1.0f / (1.0f - p);
   int nt = threads_for(n * 2);
 #pragma omp parallel for simd schedule(static) num_threads(nt)
@@ -659,229 +648,3 @@ static l2l_status cpu_dropout_backward(float *dx, const float *dy, const uint8_t
   return L2L_OK;
 }
 
-/* ---------------------------------------------------------------- reductions, AdamW */
-
-static l2l_status cpu_reduce(double *out, enum l2l_reduction kind, const float *x, int64_t n) {
-  int nt = threads_for(n);
-  double acc = 0.0;
-  if (kind == L2L_REDUCE_MAX_ABS) {
-    float mx = 0.0f;
-    int nan_seen = 0; /* max ignores NaN; a NaN must not hide */
-#pragma omp parallel for simd schedule(static) num_threads(nt) reduction(max : mx) \
-    reduction(| : nan_seen)
-    for (int64_t i = 0; i < n; i++) {
-      float a = fabsf(x[i]);
-      mx = a > mx ? a : mx;
-      nan_seen |= a != a;
-    }
-    *out = nan_seen ? NAN : (double)mx;
-    return L2L_OK;
-  }
-  if (kind == L2L_REDUCE_SUM) {
-#pragma omp parallel for simd schedule(static) num_threads(nt) reduction(+ : acc)
-    for (int64_t i = 0; i < n; i++) acc += (double)x[i];
-  } else {
-#pragma omp parallel for simd schedule(static) num_threads(nt) reduction(+ : acc)
-    for (int64_t i = 0; i < n; i++) acc += (double)x[i] * (double)x[i];
-  }
-  *out = acc;
-  return L2L_OK;
-}
-
-static l2l_status cpu_adamw(float *param, float *m, float *v, const float *grad, int64_t n,
-                            const l2l_adamw_config *c, float bias_correction1,
-                            float bias_correction2) {
-  const float lr = c->lr, b1 = c->beta1, b2 = c->beta2, eps = c->eps, wd = c->weight_decay;
-  const float step_size = lr / bias_correction1, inv_sqrt_bc2 = 1.0f / sqrtf(bias_correction2);
-  int nt = threads_for(n * 4);
-#pragma omp parallel for simd schedule(static) num_threads(nt)
-  for (int64_t i = 0; i < n; i++) {
-    float g = grad[i];
-    float mi = b1 * m[i] + (1.0f - b1) * g;
-    float vi = b2 * v[i] + (1.0f - b2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    float p = param[i];
-    param[i] = p - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps) - lr * wd * p;
-  }
-  return L2L_OK;
-}
-
-static l2l_status cpu_find_out_of_range(int64_t *index, int32_t *value, const int32_t *values,
-                                        int64_t n, int32_t lo, int32_t hi, int32_t except) {
-  *index = -1;
-  for (int64_t i = 0; i < n; i++) {
-    int32_t v = values[i];
-    if ((v < lo || v >= hi) && v != except) {
-      *index = i;
-      *value = v;
-      break;
-    }
-  }
-  return L2L_OK;
-}
-
-/* ---------------------------------------------------------------- whole-tensor helpers */
-
-static l2l_status cpu_fill(void *dst, l2l_dtype dtype, double value, int64_t n) {
-  int nt = threads_for(n);
-  switch (dtype) {
-    case L2L_F32: {
-      float *d = dst, f = (float)value;
-#pragma omp parallel for simd schedule(static) num_threads(nt)
-      for (int64_t i = 0; i < n; i++) d[i] = f;
-      break;
-    }
-    case L2L_F16:
-    case L2L_BF16: {
-      uint16_t *d = dst;
-      uint16_t h = dtype == L2L_F16 ? half_from_f32_f16((float)value)
-                                    : half_from_f32_bf16((float)value);
-#pragma omp parallel for simd schedule(static) num_threads(nt)
-      for (int64_t i = 0; i < n; i++) d[i] = h;
-      break;
-    }
-    case L2L_I32: {
-      int32_t *d = dst, iv = (int32_t)value;
-#pragma omp parallel for simd schedule(static) num_threads(nt)
-      for (int64_t i = 0; i < n; i++) d[i] = iv;
-      break;
-    }
-    case L2L_U8: memset(dst, (int)value, (size_t)n); break;
-  }
-  return L2L_OK;
-}
-
-static inline float load_as_f32(const void *src, l2l_dtype dtype, int64_t i) {
-  switch (dtype) {
-    case L2L_F32: return ((const float *)src)[i];
-    case L2L_F16: return half_f16_to_f32(((const uint16_t *)src)[i]);
-    case L2L_BF16: return half_bf16_to_f32(((const uint16_t *)src)[i]);
-    case L2L_I32: return (float)((const int32_t *)src)[i];
-    default: return 0.0f;
-  }
-}
-
-static inline void store_f32(void *dst, l2l_dtype dtype, int64_t i, float value) {
-  switch (dtype) {
-    case L2L_F32: ((float *)dst)[i] = value; break;
-    case L2L_F16: ((uint16_t *)dst)[i] = half_from_f32_f16(value); break;
-    case L2L_BF16: ((uint16_t *)dst)[i] = half_from_f32_bf16(value); break;
-    case L2L_I32: ((int32_t *)dst)[i] = (int32_t)value; break; /* checked integral first */
-    default: break;
-  }
-}
-
-static l2l_status cpu_convert(void *dst, l2l_dtype dst_dtype, const void *src,
-                              l2l_dtype src_dtype, int64_t n, int64_t *bad) {
-  *bad = -1;
-  if (dst_dtype == L2L_I32 && src_dtype != L2L_I32) {
-    for (int64_t i = 0; i < n; i++) { /* refuse before writing anything */
-      float value = load_as_f32(src, src_dtype, i);
-      if (!(value == floorf(value) && value >= -2147483648.0f && value < 2147483648.0f)) {
-        *bad = i;
-        return L2L_OK;
-      }
-    }
-  }
-  if (dst_dtype == src_dtype) {
-    if (dst != src) memmove(dst, src, (size_t)n * l2l_dtype_size(dst_dtype));
-    return L2L_OK;
-  }
-  int nt = threads_for(n * 4);
-#pragma omp parallel for schedule(static) num_threads(nt)
-  for (int64_t i = 0; i < n; i++) store_f32(dst, dst_dtype, i, load_as_f32(src, src_dtype, i));
-  return L2L_OK;
-}
-
-/* Stores a uniform draw rounded to dtype, stepping down to the largest representable value
-   below hi if rounding reached it: draws are in [lo, hi) whatever the dtype's spacing. */
-static void store_uniform(void *dst, l2l_dtype dtype, int64_t i, double value, double lo,
-                          double hi) {
-  store_f32(dst, dtype, i, (float)value);
-  if (hi <= lo) return;
-  for (int guard = 0; guard < 4 && (double)load_as_f32(dst, dtype, i) >= hi; guard++) {
-    if (dtype == L2L_F32) {
-      float *d = dst;
-      d[i] = nextafterf(d[i], -INFINITY);
-    } else { /* f16 / bf16: one step toward -inf in the bit pattern */
-      uint16_t *d = dst;
-      d[i] = d[i] == 0 ? 0x8001u : (d[i] & 0x8000u) ? (uint16_t)(d[i] + 1) : (uint16_t)(d[i] - 1);
-    }
-  }
-}
-
-/* Uniform: element i is the 24-bit draw first+i (rng.c layout) scaled into [lo, hi).
-   Normal: element i uses draws 2i and 2i + 1 (words 2(i%2), 2(i%2)+1 of block i/2) for
-   Box-Muller (u1 in (0, 1], u2 in [0, 1)), so each element is its own pair of draws. */
-static l2l_status cpu_random(void *dst, l2l_dtype dtype, int64_t n, enum l2l_distribution dist,
-                             uint64_t seed, uint64_t stream, int64_t first, double a, double b) {
-  enum { CHUNK = 2048 };
-  const int per = dist == L2L_UNIFORM ? 1 : 2;
-  int64_t chunks = (n + CHUNK - 1) / CHUNK;
-  int nt = threads_for(n * 32);
-#pragma omp parallel for schedule(static) num_threads(nt)
-  for (int64_t c = 0; c < chunks; c++) {
-    int64_t start = c * CHUNK, count = n - start < CHUNK ? n - start : CHUNK;
-    uint32_t draws[2 * CHUNK];
-    l2l_philox_range(draws, seed, stream, (uint64_t)per * ((uint64_t)first + (uint64_t)start),
-                     per * count);
-    for (int64_t i = 0; i < count; i++) {
-      if (dist == L2L_UNIFORM) {
-        double u = (double)(draws[i] >> 8) * 0x1p-24;
-        store_uniform(dst, dtype, start + i, a + (b - a) * u, a, b);
-      } else {
-        double u1 = ((double)draws[2 * i] + 1.0) * 0x1p-32;
-        double u2 = (double)draws[2 * i + 1] * 0x1p-32;
-        store_f32(dst, dtype, start + i,
-                  (float)(a + b * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2)));
-      }
-    }
-  }
-  return L2L_OK;
-}
-
-static l2l_status cpu_copy(void *dst, l2l_pool_kind dst_pool, const void *src,
-                           l2l_pool_kind src_pool, uint64_t bytes) {
-  (void)dst_pool, (void)src_pool;
-  memcpy(dst, src, bytes);
-  return L2L_OK;
-}
-
-/* ---------------------------------------------------------------- the table */
-
-const struct l2l_backend_ops l2l_cpu_backend = {
-    .name = "cpu",
-    .gemm_batched = cpu_gemm_batched,
-    .bias_add = cpu_bias_add,
-    .bias_backward = cpu_bias_backward,
-    .add = cpu_add,
-    .gelu_forward = cpu_gelu_forward,
-    .gelu_backward = cpu_gelu_backward,
-    .layernorm_forward = cpu_layernorm_forward,
-    .layernorm_backward = cpu_layernorm_backward,
-    .softmax_forward = cpu_softmax_forward,
-    .softmax_backward = cpu_softmax_backward,
-    .embedding_forward = cpu_embedding_forward,
-    .embedding_backward = cpu_embedding_backward,
-    .cross_entropy_forward = cpu_cross_entropy_forward,
-    .cross_entropy_backward = cpu_cross_entropy_backward,
-    .dropout_forward = cpu_dropout_forward,
-    .dropout_backward = cpu_dropout_backward,
-    .gelu_forward_bits = cpu_gelu_forward_bits,
-    .gelu_backward_from_output = cpu_gelu_backward_from_output,
-    .bias_gelu_forward = cpu_bias_gelu_forward,
-    .add_layernorm_forward = cpu_add_layernorm_forward,
-    .cross_entropy_fused = cpu_cross_entropy_fused,
-    .layernorm_backward_from_output = cpu_layernorm_backward_from_output,
-    .attention_forward = l2l_cpu_attention_forward,
-    .attention_backward = l2l_cpu_attention_backward,
-    .attention_workspace = l2l_cpu_attention_workspace,
-    .reduce = cpu_reduce,
-    .adamw = cpu_adamw,
-    .find_out_of_range = cpu_find_out_of_range,
-    .fill = cpu_fill,
-    .convert = cpu_convert,
-    .random = cpu_random,
-    .copy = cpu_copy,
-};

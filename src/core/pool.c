@@ -1,10 +1,10 @@
-/* mem.c — the three memory pools: host, pinned and device.
+/* pool.c — the three memory pools: host, pinned and device.
  *
  * Purpose: hand out aligned memory for tensors and account for every byte (current, peak,
  * budget), so that claims like "device peak stays constant in depth" are measurable on any
- * build. The device pool is GPU memory when the CUDA backend serves it (backend_cuda.c's
- * caching allocator; the budget and accounting stay here), and otherwise host memory
- * with the same budget and the same over-budget message.
+ * build. The device pool is the installed device table's memory when a backend installed
+ * one (a GPU's caching allocator; the budget and accounting stay here), and otherwise
+ * host memory with the same budget and the same over-budget message.
  *
  * Host memory comes from jemalloc through its explicit API (mallocx/dallocx) in arenas
  * that l2l creates for itself, one per pool: jemalloc never replaces malloc here (libl2l
@@ -12,14 +12,14 @@
  * These arenas keep the pages of freed tensors instead of decaying them back to the
  * system: a training step frees and allocates the same sizes every step, and with
  * jemalloc's default 10 s decay a fraction of them went back and was faulted in again
- * each step (bench/relay: about 12 % of a step on the CPU backend). Like the CUDA
+ * each step (bench/relay: about 12 % of a step on the CPU backend). Like a GPU's
  * caching allocator, the cache is counted in `reserved` and l2l_device_release_cache
  * gives it back.
  * A sanitizer build (L2L_SANITIZE) uses aligned_alloc instead, so that AddressSanitizer
  * sees every buffer.
- * The pinned pool hands out blocks of a block cache (blocks.h) whose memory is page-
- * locked by CUDA (cudaHostAlloc) when CUDA serves the device pool, else plain host memory
- * (nothing to lock for: the copies are memcpy). Locked memory is taken from every other
+ * The pinned pool hands out blocks of a block cache (core.h) whose memory the device
+ * table page-locks when one is installed, else plain host memory (nothing to lock for:
+ * the copies are memcpy). Locked memory is taken from every other
  * program on the machine, so the pool holds at most a cap of it (a quarter of the
  * machine's memory unless set); past the cap, or when the system refuses to lock more, a
  * pinned allocation comes from pageable memory instead, with a warning the first time:
@@ -38,8 +38,7 @@
 #include <jemalloc/jemalloc.h>
 #endif
 
-#include "backend.h"
-#include "blocks.h"
+#include "core.h"
 
 enum { POOL_COUNT = 3 };
 
@@ -158,34 +157,37 @@ static void arena_free(void *ptr) {
 /* ---------------------------------------------------------------- the pinned pool */
 
 enum { PINNED_MAGIC = 0x6c32706eu,  /* "l2pn" */
-       FROM_CUDA = 1, FROM_HOST = 2, FROM_PAGEABLE = 3 };
+       FROM_DEVICE = 1, FROM_HOST = 2, FROM_PAGEABLE = 3 };
 
 /* Before each pinned block's data (L2L_ALIGN bytes, so the data stays aligned). */
 struct pinned_header {
   uint32_t magic;
   uint32_t from;
+  const struct l2l_device_ops *device;  /* FROM_DEVICE: the table that page-locked it */
 };
+_Static_assert(sizeof(struct pinned_header) <= L2L_ALIGN, "the header fits before the data");
 
 static struct pinned_header *header_of(void *block) { return (struct pinned_header *)block; }
 
 static int pinned_block_alloc(void **out, uint64_t size) {
   void *block = NULL;
   uint32_t from = FROM_HOST;
-  if (l2l_device_is_cuda()) {
-    int err = l2l_cuda_host_alloc(&block, size);
+  const struct l2l_device_ops *device = l2l_device();
+  if (device != NULL) {
+    int err = device->host_alloc(&block, size);
     if (err != 0) return err;
-    from = FROM_CUDA;
+    from = FROM_DEVICE;
   } else {
     block = arena_alloc(&pools[L2L_POOL_PINNED], size);
     if (block == NULL) return -2;
   }
-  *header_of(block) = (struct pinned_header){PINNED_MAGIC, from};
+  *header_of(block) = (struct pinned_header){PINNED_MAGIC, from, device};
   *out = block;
   return 0;
 }
 
 static void pinned_block_free(void *block) {
-  if (header_of(block)->from == FROM_CUDA) l2l_cuda_host_free(block);
+  if (header_of(block)->from == FROM_DEVICE) header_of(block)->device->host_free(block);
   else arena_free(block);
 }
 
@@ -242,7 +244,7 @@ static void *pinned_alloc(struct pool *p, uint64_t accounted) {
     pthread_mutex_unlock(&host->lock);
     block = made == L2L_OK ? arena_alloc(host, size) : NULL;
     if (block == NULL) return NULL;
-    *header_of(block) = (struct pinned_header){PINNED_MAGIC, FROM_PAGEABLE};
+    *header_of(block) = (struct pinned_header){PINNED_MAGIC, FROM_PAGEABLE, NULL};
     pthread_mutex_lock(&p->lock);
     p->stats.fallback += accounted;
     p->stats.fallback_allocs++;
@@ -290,9 +292,9 @@ l2l_status l2l_pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
                     (unsigned long long)current, l2l_human_bytes(used, 32, current),
                     (unsigned long long)budget, l2l_human_bytes(limit, 32, budget));
   }
-  const bool on_gpu = kind == L2L_POOL_DEVICE && l2l_device_is_cuda();
+  const struct l2l_device_ops *device = kind == L2L_POOL_DEVICE ? l2l_device() : NULL;
 #ifndef L2L_SANITIZE
-  l2l_status arena_status = on_gpu ? L2L_OK : ensure_arena(p, name);
+  l2l_status arena_status = device != NULL ? L2L_OK : ensure_arena(p, name);
   if (arena_status != L2L_OK) {
     p->stats.refused++;
     pthread_mutex_unlock(&p->lock);
@@ -303,8 +305,8 @@ l2l_status l2l_pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
   pthread_mutex_unlock(&p->lock);
 
   void *ptr = NULL;
-  if (on_gpu) {
-    l2l_status status = l2l_cuda_malloc(&ptr, accounted);
+  if (device != NULL) {
+    l2l_status status = device->alloc(&ptr, accounted);
     if (status != L2L_OK) { /* its message says why */
       pthread_mutex_lock(&p->lock);
       p->stats.current -= accounted;
@@ -340,7 +342,8 @@ void l2l_pool_free(l2l_pool_kind kind, void *ptr, uint64_t bytes) {
   if (ptr == NULL || !l2l_pool_valid((int)kind)) return;
   struct pool *p = &pools[kind];
   uint64_t accounted = l2l_pool_accounted(bytes);
-  if (kind == L2L_POOL_DEVICE && l2l_device_is_cuda()) l2l_cuda_free(ptr, accounted);
+  const struct l2l_device_ops *device = kind == L2L_POOL_DEVICE ? l2l_device() : NULL;
+  if (device != NULL) device->free(ptr, accounted);
   else if (kind == L2L_POOL_PINNED) pinned_free(p, ptr, accounted);
   else arena_free(ptr);
   pthread_mutex_lock(&p->lock);
@@ -358,8 +361,8 @@ l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind kind) {
   uint64_t fallback_held = pools[kind].fallback_held;
   pthread_mutex_unlock(&pools[kind].lock);
   out->system_allocs = out->allocs;
-  if (kind == L2L_POOL_DEVICE && l2l_device_is_cuda())
-    l2l_cuda_pool_counts(&out->reserved, &out->system_allocs);
+  const struct l2l_device_ops *device = kind == L2L_POOL_DEVICE ? l2l_device() : NULL;
+  if (device != NULL) device->counts(&out->reserved, &out->system_allocs);
   if (kind == L2L_POOL_PINNED) {
     uint64_t held = 0, made = 0;
     l2l_blocks_counts(pinned_cache(), &held, NULL, &made);

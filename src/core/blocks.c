@@ -1,7 +1,7 @@
-/* blocks.c — the block cache of blocks.h: free lists by exact size over a system
+/* blocks.c — the block cache of core.h: free lists by exact size over a system
  * allocator, with a cap on what is held from the system.
  *
- * Purpose and rules: see blocks.h. The lists are searched linearly: a model asks for a
+ * Purpose and rules: see core.h ("the block cache"). The lists are searched linearly: a model asks for a
  * few dozen distinct sizes at most.
  * Must never: lose a block (one that cannot be listed for lack of host memory goes back
  * to the system instead).
@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
-#include "blocks.h"
+#include "core.h"
 
 struct l2l_block_list {
   uint64_t size;

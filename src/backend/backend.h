@@ -1,10 +1,15 @@
-/* backend.h — the ops table: one per backend (cpu now; cuda with its own issue).
+/* backend.h — the backend's interface: the ops table, and the dispatch from pools to the
+ * backend that runs them.
  *
- * Purpose: the only place that knows which device runs an op. Public functions (ops.c,
- * tensor.c) check their tensors, then call the table of the backend that owns the
- * tensors' pool with raw pointers and sizes. Entries may assume valid, non-overlapping
- * arguments (except where noted) and must never allocate from a pool, print or exit;
- * they return a status because a GPU launch can fail.
+ * Purpose: the only place that knows which device runs an op. Each backend has an ops
+ * table (cpu/: OpenBLAS and OpenMP; cuda/: cuBLAS and kernels/, built where nvcc is
+ * found) and, for an accelerator, a device table it installs in the core (core.h, "the
+ * device"). Public functions (ops.c, tensor_ops.c) check their tensors, then call the
+ * table of the backend that owns the tensors' pool with raw pointers and sizes. Entries
+ * may assume valid, non-overlapping arguments (except where noted) and must never
+ * allocate from a pool, print or exit; they return a status because a GPU launch can
+ * fail.
+ * Must never: include a header of the parts above it (layers, eps, relay).
  *
  * Sizes: rows/cols describe matrices; n counts elements. Layouts are contiguous.
  */
@@ -13,7 +18,7 @@
 
 #include <math.h>
 
-#include "internal.h"
+#include "core/core.h"
 
 enum l2l_reduction { L2L_REDUCE_SUM, L2L_REDUCE_MAX_ABS, L2L_REDUCE_SUMSQ };
 enum l2l_distribution { L2L_UNIFORM, L2L_NORMAL };
@@ -157,76 +162,26 @@ struct l2l_backend_ops {
                      l2l_pool_kind src_pool, uint64_t bytes);
 };
 
+/* The CPU backend's table (cpu/ops.c): host and pinned memory, and the device pool when no
+   device table is installed. */
 extern const struct l2l_backend_ops l2l_cpu_backend;
 
-/* The CPU backend's attention (backend_cpu_attention.c), entries of l2l_cpu_backend. */
-l2l_status l2l_cpu_attention_forward(float *o, float *lse, float *probs, float *dropped,
-                                     uint8_t *mask, const float *q, const float *k,
-                                     const float *v, const uint8_t *key_mask,
-                                     const struct l2l_attention_shape *shape, float *workspace,
-                                     int64_t workspace_floats);
-l2l_status l2l_cpu_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
-                                      const float *o, const float *lse, const float *probs,
-                                      const float *dropped, const uint8_t *mask,
-                                      const float *q, const float *k, const float *v,
-                                      const uint8_t *key_mask,
-                                      const struct l2l_attention_shape *shape,
-                                      float *workspace, int64_t workspace_floats);
-int64_t l2l_cpu_attention_workspace(int64_t seq, int backward);
+/* ---------------------------------------------------------------- dispatch (dispatch.c) */
 
-/* The backend that runs ops on tensors of `pool` (device.c): the CPU's for host and
-   pinned memory; for the device pool, the CUDA backend's when it serves it. */
+/* Sets compute threads from L2L_THREADS or the core count (cpu/threads.c), once; safe
+   from any thread. Every public entry that computes calls it (l2l_backend_for does). */
+void l2l_runtime_init(void);
+/* Compute threads for OpenMP loops (cpu/threads.c). */
+extern atomic_int l2l_compute_threads;
+
+/* The backend that runs ops on tensors of `pool`: the CPU's for host and pinned memory;
+   for the device pool, the backend whose device table is installed (the CPU's when
+   none is). */
 const struct l2l_backend_ops *l2l_backend_for(l2l_pool_kind pool);
 /* Which backend's memory a pool is: pools of one domain can meet in one op. */
 int l2l_pool_domain(l2l_pool_kind pool);
-/* Whether the device pool is GPU memory run by the CUDA backend (decided on first use). */
-bool l2l_device_is_cuda(void);
-
-/* ---- the CUDA backend (backend_cuda.c; a build without CUDA has stubs that say so) */
-
-/* 1 if a GPU can be used (probed once); else 0 with the reason in why (may be NULL). */
-int l2l_cuda_probe(char *why, size_t len);
-const struct l2l_backend_ops *l2l_cuda_ops(void);
-/* The device pool's memory on the GPU: a caching allocator over cudaMalloc, so that a
-   training step's steady state makes no cudaMalloc or cudaFree calls. bytes as counted
-   by the pool (a multiple of L2L_ALIGN). */
-l2l_status l2l_cuda_malloc(void **out, uint64_t bytes);
-void l2l_cuda_free(void *ptr, uint64_t bytes);
-/* Bytes held from cudaMalloc (in use and cached) and the number of cudaMalloc calls. */
-void l2l_cuda_pool_counts(uint64_t *reserved, uint64_t *system_allocs);
-/* Page-locked host memory (cudaHostAlloc) for the pinned pool: 0, or CUDA's error code
-   (a build without CUDA: always refused). */
-int l2l_cuda_host_alloc(void **out, uint64_t bytes);
-void l2l_cuda_host_free(void *ptr);
-l2l_status l2l_cuda_release_cache(void);
-l2l_status l2l_cuda_synchronize(void);
-/* Copy lanes (l2l_device_mark): an event after the compute stream's work so far, or
-   NULL once the stream has been waited for (CUDA could not make an event, or does not
-   run); waiting for one on the host makes the calling thread a lane, and frees it. */
-void *l2l_cuda_mark(void);
-l2l_status l2l_cuda_wait_mark(void *mark);
-/* Stamps (l2l_device_stamp): a timing event from a pool, recorded on the calling thread's
-   stream (its lane's, else the compute stream), or NULL; whether it has happened after
-   waiting for it; seconds between two that have happened (false otherwise); back to the
-   pool. */
-void *l2l_cuda_stamp(void);
-bool l2l_cuda_stamp_wait(void *stamp);
-bool l2l_cuda_stamp_seconds(double *out, void *from, void *to);
-void l2l_cuda_stamp_release(void *stamp);
-/* What l2l_cuda_set_tf32 and l2l_cuda_get_info (device.c) do once their arguments are
-   checked and CUDA is known to run. */
-void l2l_cuda_use_tf32(int enable);
-l2l_status l2l_cuda_fill_info(l2l_cuda_info *out);
-
-/* Compute threads for OpenMP loops (runtime.c). */
-extern atomic_int l2l_compute_threads;
-
-/* The four 32-bit draws of Philox block `block` of (seed, stream): counter = (block,
-   stream), key = seed, as rng.c states. Every backend draws through this layout. */
-void l2l_philox_draws(uint32_t *out4, uint64_t seed, uint64_t stream, uint64_t block);
-/* out[i] := draw first + i of (seed, stream) for i < n (word (first+i)%4 of block
-   (first+i)/4): the same numbers as l2l_philox_draws, many blocks per SIMD pass. */
-void l2l_philox_range(uint32_t *out, uint64_t seed, uint64_t stream, uint64_t first, int64_t n);
+/* Whether the device pool is host memory the host can read (the CPU backend serves it). */
+bool l2l_device_is_host(void);
 
 /* bits[i/8] bit i%8 := flags[i] (each 0 or 1) for i < count; the last byte's unused high
    bits 0. The CPU loops decide per element into a byte array (that vectorizes), then pack. */

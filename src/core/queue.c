@@ -1,4 +1,4 @@
-/* jobs.c — queues of jobs served by threads (see jobs.h).
+/* queue.c — queues of jobs served by threads (see core.h), and the clock.
  *
  * Purpose: the smallest thing that gives the relay CUDA-stream-like ordering on the CPU:
  * a locked FIFO, worker threads that take jobs in order, and a condition variable that
@@ -11,7 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "jobs.h"
+#include "core.h"
 
 double l2l_now(void) {
   struct timespec ts;

@@ -15,29 +15,9 @@
 #include <string.h>
 
 #include "eps.h"
-#include "half.h"
+#include "layers/layers.h"  /* temporary: l2l_param_low_precision until add_records */
 
 enum { CHUNK = 1 << 18 };
-
-void l2l_timeline_add(struct l2l_timeline *t, int layer, int micro_batch, int phase, int thread,
-                      double start, double end) {
-  pthread_mutex_lock(&t->lock);
-  if (phase == L2L_PHASE_UPDATE) t->optimizer_seconds += end - start;
-  if (thread == 1 || thread == 2) t->copy_seconds[thread - 1] += end - start;
-  if (t->count == t->cap) {
-    int64_t cap = t->cap ? 2 * t->cap : 1024;
-    l2l_relay_event *events = realloc(t->events, (size_t)cap * sizeof *events);
-    if (events == NULL) {   /* the timeline is best effort: drop the event */
-      pthread_mutex_unlock(&t->lock);
-      return;
-    }
-    t->events = events;
-    t->cap = cap;
-  }
-  t->events[t->count++] = (l2l_relay_event){layer, micro_batch, phase, thread,
-                                            start - t->origin, end - t->origin};
-  pthread_mutex_unlock(&t->lock);
-}
 
 /* ---------------------------------------------------------------- records */
 

@@ -1,10 +1,10 @@
 /* dtype.c — element types: sizes, names, scalar 16-bit float conversions.
  *
- * Purpose: the public names for the type table and the scalar conversions of half.h.
- * Must never: hold conversion logic of its own (half.h is the one copy).
+ * Purpose: the public names for the type table and the scalar conversions of core.h's
+ * half floats.
+ * Must never: hold conversion logic of its own (core.h's inline functions are the one copy).
  */
-#include "half.h"
-#include "internal.h"
+#include "core.h"
 
 size_t l2l_dtype_size(l2l_dtype dtype) {
   switch (dtype) {

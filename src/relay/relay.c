@@ -22,8 +22,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "eps.h"
+#include "backend/backend.h"
+#include "eps/eps.h"
+#include "layers/layers.h"
 
 #define RELAY_MAGIC 0x6c326c72u  /* "l2lr" */
 enum { MAX_RECORDS = 16, MAX_PARAM_SLOTS = 4096, THREAD_COMPUTE = 0, THREAD_H2D = 1,
@@ -752,7 +753,7 @@ static l2l_status slots_new(struct step *s) {
   int64_t shape[1] = {(int64_t)slot_size(s, SLOT_VALUES)};
   int64_t gshape[1] = {(int64_t)slot_size(s, SLOT_GRADS)};
   int64_t oshape[1] = {(int64_t)slot_size(s, SLOT_GRADS_OUT)};
-  s->host_device = !l2l_device_is_cuda();
+  s->host_device = l2l_device_is_host();
   s->nslots = s->run->config.param_slots;
   s->pslots = calloc((size_t)s->nslots, sizeof *s->pslots);
   if (s->pslots == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a step");
@@ -1363,11 +1364,7 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
     }
   }
 
-  pthread_mutex_lock(&run->timeline.lock);
-  run->timeline.count = 0;
-  run->timeline.optimizer_seconds = 0;
-  run->timeline.copy_seconds[0] = run->timeline.copy_seconds[1] = 0;
-  pthread_mutex_unlock(&run->timeline.lock);
+  l2l_timeline_reset(&run->timeline);
   pthread_mutex_lock(&run->lock);
   run->h2d_bytes = run->d2h_bytes = 0;
   run->stash_peak = run->stash_now;
@@ -1455,7 +1452,7 @@ void l2l_relay_config_default(l2l_relay_config *out) {
       .schedule = {.kind = L2L_SCHEDULE_CONSTANT, .final_ratio = 1.0f},
       .accumulate = 1, .param_slots = 2,
       /* a GPU runs 16-bit products at many times its fp32 rate; a CPU gains nothing */
-      .precision = l2l_device_is_cuda() ? L2L_BF16 : L2L_F32};
+      .precision = l2l_device_is_host() ? L2L_F32 : L2L_BF16};
 }
 
 static l2l_status check_config(const l2l_relay_config *c) {
@@ -1574,8 +1571,7 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
   run->scale = run->config.loss_scale;
   run->stats.loss_scale = run->scale;
   pthread_mutex_init(&run->lock, NULL);
-  pthread_mutex_init(&run->timeline.lock, NULL);
-  run->timeline.origin = l2l_now();
+  l2l_timeline_init(&run->timeline);
   run->stats.grad_norm = -1;
   int threads = config->optimizer_threads;
   if (threads == 0) {
@@ -1621,8 +1617,7 @@ void l2l_relay_free(l2l_relay *run) {
   l2l_eps_free(&run->eps);
   for (int i = 0; i < run->count; i++) l2l_layer_set_owner(run->layers[i].layer, NULL);
   pthread_mutex_destroy(&run->lock);
-  pthread_mutex_destroy(&run->timeline.lock);
-  free(run->timeline.events);
+  l2l_timeline_free(&run->timeline);
   free(run->layers);
   run->magic = 0;
   free(run);

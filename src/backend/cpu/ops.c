@@ -1,0 +1,247 @@
+/* ops.c — the CPU ops table (its reductions, AdamW, and whole-tensor entries here; the
+ * ops the layers run in layer_ops.c, attention in attention.c): OpenBLAS for GEMMs,
+ * OpenMP loops for the rest.
+ *
+ * Purpose: the reference semantics of every op (the CUDA backend must match it) at close
+ * to the machine's speed: GEMMs go to cblas_sgemm; every other loop is written so that
+ * GCC vectorizes it (no calls into libm in hot loops: exp and log come from vmath.h, sqrt
+ * vectorizes under -fno-math-errno) and is split across the compute threads with a static
+ * schedule, so results are the same from run to run for a given thread count.
+ * l2l links OpenBLAS's OpenMP build, so BLAS and these loops share one thread pool (and
+ * BLAS inside a parallel region, as attention does, runs single-threaded).
+ * Must never: allocate from a pool, or read an output before writing it unless the op
+ * accumulates.
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+
+/* ---------------------------------------------------------------- reductions, AdamW */
+
+static l2l_status cpu_reduce(double *out, enum l2l_reduction kind, const float *x, int64_t n) {
+  int nt = threads_for(n);
+  double acc = 0.0;
+  if (kind == L2L_REDUCE_MAX_ABS) {
+    float mx = 0.0f;
+    int nan_seen = 0; /* max ignores NaN; a NaN must not hide */
+#pragma omp parallel for simd schedule(static) num_threads(nt) reduction(max : mx) \
+    reduction(| : nan_seen)
+    for (int64_t i = 0; i < n; i++) {
+      float a = fabsf(x[i]);
+      mx = a > mx ? a : mx;
+      nan_seen |= a != a;
+    }
+    *out = nan_seen ? NAN : (double)mx;
+    return L2L_OK;
+  }
+  if (kind == L2L_REDUCE_SUM) {
+#pragma omp parallel for simd schedule(static) num_threads(nt) reduction(+ : acc)
+    for (int64_t i = 0; i < n; i++) acc += (double)x[i];
+  } else {
+#pragma omp parallel for simd schedule(static) num_threads(nt) reduction(+ : acc)
+    for (int64_t i = 0; i < n; i++) acc += (double)x[i] * (double)x[i];
+  }
+  *out = acc;
+  return L2L_OK;
+}
+
+static l2l_status cpu_adamw(float *param, float *m, float *v, const float *grad, int64_t n,
+                            const l2l_adamw_config *c, float bias_correction1,
+                            float bias_correction2) {
+  const float lr = c->lr, b1 = c->beta1, b2 = c->beta2, eps = c->eps, wd = c->weight_decay;
+  const float step_size = lr / bias_correction1, inv_sqrt_bc2 = 1.0f / sqrtf(bias_correction2);
+  int nt = threads_for(n * 4);
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+  for (int64_t i = 0; i < n; i++) {
+    float g = grad[i];
+    float mi = b1 * m[i] + (1.0f - b1) * g;
+    float vi = b2 * v[i] + (1.0f - b2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    float p = param[i];
+    param[i] = p - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps) - lr * wd * p;
+  }
+  return L2L_OK;
+}
+
+static l2l_status cpu_find_out_of_range(int64_t *index, int32_t *value, const int32_t *values,
+                                        int64_t n, int32_t lo, int32_t hi, int32_t except) {
+  *index = -1;
+  for (int64_t i = 0; i < n; i++) {
+    int32_t v = values[i];
+    if ((v < lo || v >= hi) && v != except) {
+      *index = i;
+      *value = v;
+      break;
+    }
+  }
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- whole-tensor helpers */
+
+static l2l_status cpu_fill(void *dst, l2l_dtype dtype, double value, int64_t n) {
+  int nt = threads_for(n);
+  switch (dtype) {
+    case L2L_F32: {
+      float *d = dst, f = (float)value;
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+      for (int64_t i = 0; i < n; i++) d[i] = f;
+      break;
+    }
+    case L2L_F16:
+    case L2L_BF16: {
+      uint16_t *d = dst;
+      uint16_t h = dtype == L2L_F16 ? half_from_f32_f16((float)value)
+                                    : half_from_f32_bf16((float)value);
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+      for (int64_t i = 0; i < n; i++) d[i] = h;
+      break;
+    }
+    case L2L_I32: {
+      int32_t *d = dst, iv = (int32_t)value;
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+      for (int64_t i = 0; i < n; i++) d[i] = iv;
+      break;
+    }
+    case L2L_U8: memset(dst, (int)value, (size_t)n); break;
+  }
+  return L2L_OK;
+}
+
+static inline float load_as_f32(const void *src, l2l_dtype dtype, int64_t i) {
+  switch (dtype) {
+    case L2L_F32: return ((const float *)src)[i];
+    case L2L_F16: return half_f16_to_f32(((const uint16_t *)src)[i]);
+    case L2L_BF16: return half_bf16_to_f32(((const uint16_t *)src)[i]);
+    case L2L_I32: return (float)((const int32_t *)src)[i];
+    default: return 0.0f;
+  }
+}
+
+static inline void store_f32(void *dst, l2l_dtype dtype, int64_t i, float value) {
+  switch (dtype) {
+    case L2L_F32: ((float *)dst)[i] = value; break;
+    case L2L_F16: ((uint16_t *)dst)[i] = half_from_f32_f16(value); break;
+    case L2L_BF16: ((uint16_t *)dst)[i] = half_from_f32_bf16(value); break;
+    case L2L_I32: ((int32_t *)dst)[i] = (int32_t)value; break; /* checked integral first */
+    default: break;
+  }
+}
+
+static l2l_status cpu_convert(void *dst, l2l_dtype dst_dtype, const void *src,
+                              l2l_dtype src_dtype, int64_t n, int64_t *bad) {
+  *bad = -1;
+  if (dst_dtype == L2L_I32 && src_dtype != L2L_I32) {
+    for (int64_t i = 0; i < n; i++) { /* refuse before writing anything */
+      float value = load_as_f32(src, src_dtype, i);
+      if (!(value == floorf(value) && value >= -2147483648.0f && value < 2147483648.0f)) {
+        *bad = i;
+        return L2L_OK;
+      }
+    }
+  }
+  if (dst_dtype == src_dtype) {
+    if (dst != src) memmove(dst, src, (size_t)n * l2l_dtype_size(dst_dtype));
+    return L2L_OK;
+  }
+  int nt = threads_for(n * 4);
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t i = 0; i < n; i++) store_f32(dst, dst_dtype, i, load_as_f32(src, src_dtype, i));
+  return L2L_OK;
+}
+
+/* Stores a uniform draw rounded to dtype, stepping down to the largest representable value
+   below hi if rounding reached it: draws are in [lo, hi) whatever the dtype's spacing. */
+static void store_uniform(void *dst, l2l_dtype dtype, int64_t i, double value, double lo,
+                          double hi) {
+  store_f32(dst, dtype, i, (float)value);
+  if (hi <= lo) return;
+  for (int guard = 0; guard < 4 && (double)load_as_f32(dst, dtype, i) >= hi; guard++) {
+    if (dtype == L2L_F32) {
+      float *d = dst;
+      d[i] = nextafterf(d[i], -INFINITY);
+    } else { /* f16 / bf16: one step toward -inf in the bit pattern */
+      uint16_t *d = dst;
+      d[i] = d[i] == 0 ? 0x8001u : (d[i] & 0x8000u) ? (uint16_t)(d[i] + 1) : (uint16_t)(d[i] - 1);
+    }
+  }
+}
+
+/* Uniform: element i is the 24-bit draw first+i (rng.c layout) scaled into [lo, hi).
+   Normal: element i uses draws 2i and 2i + 1 (words 2(i%2), 2(i%2)+1 of block i/2) for
+   Box-Muller (u1 in (0, 1], u2 in [0, 1)), so each element is its own pair of draws. */
+static l2l_status cpu_random(void *dst, l2l_dtype dtype, int64_t n, enum l2l_distribution dist,
+                             uint64_t seed, uint64_t stream, int64_t first, double a, double b) {
+  enum { CHUNK = 2048 };
+  const int per = dist == L2L_UNIFORM ? 1 : 2;
+  int64_t chunks = (n + CHUNK - 1) / CHUNK;
+  int nt = threads_for(n * 32);
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t c = 0; c < chunks; c++) {
+    int64_t start = c * CHUNK, count = n - start < CHUNK ? n - start : CHUNK;
+    uint32_t draws[2 * CHUNK];
+    l2l_philox_range(draws, seed, stream, (uint64_t)per * ((uint64_t)first + (uint64_t)start),
+                     per * count);
+    for (int64_t i = 0; i < count; i++) {
+      if (dist == L2L_UNIFORM) {
+        double u = (double)(draws[i] >> 8) * 0x1p-24;
+        store_uniform(dst, dtype, start + i, a + (b - a) * u, a, b);
+      } else {
+        double u1 = ((double)draws[2 * i] + 1.0) * 0x1p-32;
+        double u2 = (double)draws[2 * i + 1] * 0x1p-32;
+        store_f32(dst, dtype, start + i,
+                  (float)(a + b * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2)));
+      }
+    }
+  }
+  return L2L_OK;
+}
+
+static l2l_status cpu_copy(void *dst, l2l_pool_kind dst_pool, const void *src,
+                           l2l_pool_kind src_pool, uint64_t bytes) {
+  (void)dst_pool, (void)src_pool;
+  memcpy(dst, src, bytes);
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- the table */
+
+const struct l2l_backend_ops l2l_cpu_backend = {
+    .name = "cpu",
+    .gemm_batched = l2l_cpu_gemm_batched,
+    .bias_add = l2l_cpu_bias_add,
+    .bias_backward = l2l_cpu_bias_backward,
+    .add = l2l_cpu_add,
+    .gelu_forward = l2l_cpu_gelu_forward,
+    .gelu_backward = l2l_cpu_gelu_backward,
+    .layernorm_forward = l2l_cpu_layernorm_forward,
+    .layernorm_backward = l2l_cpu_layernorm_backward,
+    .softmax_forward = l2l_cpu_softmax_forward,
+    .softmax_backward = l2l_cpu_softmax_backward,
+    .embedding_forward = l2l_cpu_embedding_forward,
+    .embedding_backward = l2l_cpu_embedding_backward,
+    .cross_entropy_forward = l2l_cpu_cross_entropy_forward,
+    .cross_entropy_backward = l2l_cpu_cross_entropy_backward,
+    .dropout_forward = l2l_cpu_dropout_forward,
+    .dropout_backward = l2l_cpu_dropout_backward,
+    .gelu_forward_bits = l2l_cpu_gelu_forward_bits,
+    .gelu_backward_from_output = l2l_cpu_gelu_backward_from_output,
+    .bias_gelu_forward = l2l_cpu_bias_gelu_forward,
+    .add_layernorm_forward = l2l_cpu_add_layernorm_forward,
+    .cross_entropy_fused = l2l_cpu_cross_entropy_fused,
+    .layernorm_backward_from_output = l2l_cpu_layernorm_backward_from_output,
+    .attention_forward = l2l_cpu_attention_forward,
+    .attention_backward = l2l_cpu_attention_backward,
+    .attention_workspace = l2l_cpu_attention_workspace,
+    .reduce = cpu_reduce,
+    .adamw = cpu_adamw,
+    .find_out_of_range = cpu_find_out_of_range,
+    .fill = cpu_fill,
+    .convert = cpu_convert,
+    .random = cpu_random,
+    .copy = cpu_copy,
+};

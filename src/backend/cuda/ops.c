@@ -1,0 +1,468 @@
+/* ops.c — the CUDA ops table: cuBLAS for GEMMs, kernels/ for everything else.
+ *
+ * Purpose: run every op of the ops table on the GPU with the meaning the CPU backend
+ * (backend/cpu/) defines, so that a layer computes the same numbers on either. Work is
+ * queued on one compute stream in call order; an op that hands a result to the host
+ * (a reduction, a range check, a copy to host memory) waits for the stream first; a copy
+ * on a copy lane (runtime.c) runs on the lane's stream and is done when it returns.
+ * Every CUDA, cuBLAS or launch error becomes L2L_ERR_BACKEND with file, line, the call
+ * and CUDA's own words.
+ * Must never: exit or abort on a CUDA error, or allocate from a pool.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef L2L_CUDA
+
+#include "runtime.h"
+
+#include "kernels/attention.h"
+#include "kernels/elementwise.h"
+#include "kernels/norm.h"
+#include "kernels/reduce.h"
+
+/* ---------------------------------------------------------------- GEMM */
+
+/* Row-major c = alpha op(a) op(b) + beta c is column-major c^T = alpha op(b)^T op(a)^T
+   + beta c^T: cuBLAS gets b first, and the same transposes (a row-major matrix read as
+   column-major is already its transpose). a and b are f32, f16 or bf16 (both the same);
+   c and the accumulation are f32. */
+static l2l_status cuda_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
+                                    int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
+                                    int trans_b, float alpha, float beta) {
+  int lda = (int)(trans_a ? m : k), ldb = (int)(trans_b ? k : n), ldc = (int)n;
+  cudaDataType_t type = ab_dtype == L2L_BF16 ? CUDA_R_16BF
+                        : ab_dtype == L2L_F16 ? CUDA_R_16F
+                                              : CUDA_R_32F;
+  cublasComputeType_t compute = ab_dtype == L2L_F32 && atomic_load(&cuda_rt.tf32)
+                                    ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                    : CUBLAS_COMPUTE_32F;
+  cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (batch == 1) {
+    CUBLAS_TRY(cublas.gemm(cuda_rt.blas, op_b, op_a, (int)n, (int)m, (int)k, &alpha, b, type, ldb,
+                            a, type, lda, &beta, c, CUDA_R_32F, ldc, compute,
+                            CUBLAS_GEMM_DEFAULT));
+  } else {
+    CUBLAS_TRY(cublas.gemm_strided_batched(cuda_rt.blas, op_b, op_a, (int)n, (int)m, (int)k, &alpha,
+                                          b, type, ldb, k * n, a, type, lda, m * k, &beta, c,
+                                          CUDA_R_32F, ldc, m * n, (int)batch, compute,
+                                          CUBLAS_GEMM_DEFAULT));
+  }
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- copies */
+
+/* Between any two pools; the host side may be pageable (jemalloc) or pinned memory.
+   A copy that touches host memory waits for it: the caller may reuse that memory next.
+   On a lane: on the lane's stream, and done when this returns. */
+static l2l_status cuda_copy(void *dst, l2l_pool_kind dst_pool, const void *src,
+                            l2l_pool_kind src_pool, uint64_t bytes) {
+  struct lane *lane = cuda_lane;
+  if (lane != NULL) {
+    CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, lane->stream));
+    cudaError_t err = cudaEventRecord(lane->done, lane->stream);
+    if (err == cudaSuccess) err = cudaEventSynchronize(lane->done);
+    if (err != cudaSuccess) {
+      cudaStreamSynchronize(lane->stream);   /* the caller frees the buffers next */
+      return cuda_error(err, __FILE__, __LINE__, "waiting for a copy lane's copy");
+    }
+    return L2L_OK;
+  }
+  CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda_rt.compute));
+  if (dst_pool != L2L_POOL_DEVICE || src_pool != L2L_POOL_DEVICE) TRY(cuda_wait_stream());
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- scratch */
+
+/* The backend's own device scratch: results the host reads back (a double, an index)
+   and partial sums of the ops that need them. It grows when an op needs more (rarely:
+   at the first call of a larger shape), never in the steady state. Ops that use it hold
+   cuda_rt.lock from their first launch to their last read, so that two host threads' ops
+   never interleave on it. */
+enum { RESULT_BYTES = 256, REDUCE_BYTES = L2L_K_REDUCE_SCRATCH_DOUBLES * sizeof(double) };
+static uint64_t scratch_bytes = SCRATCH_BYTES;
+
+/* Floats of scratch after the result and reduction areas, at least `floats` of them.
+   Called with cuda_rt.lock held. */
+static l2l_status scratch_floats(float **out, int64_t floats) {
+  uint64_t need = RESULT_BYTES + REDUCE_BYTES + (uint64_t)floats * sizeof(float);
+  if (need > scratch_bytes) {
+    TRY(cuda_wait_stream());
+    void *grown = NULL;
+    CUDA_TRY(cudaMalloc(&grown, need));
+    cudaFree(cuda_rt.scratch);
+    cuda_rt.scratch = grown, scratch_bytes = need;
+  }
+  *out = (float *)((char *)cuda_rt.scratch + RESULT_BYTES + REDUCE_BYTES);
+  return L2L_OK;
+}
+
+static double *scratch_reduce(void) { return (double *)((char *)cuda_rt.scratch + RESULT_BYTES); }
+
+/* Copies `bytes` of the result area to the host, after everything queued. */
+static l2l_status read_result(void *host, uint64_t bytes) {
+  CUDA_TRY(cudaMemcpyAsync(host, cuda_rt.scratch, bytes, cudaMemcpyDeviceToHost, cuda_rt.compute));
+  return cuda_wait_stream();
+}
+
+/* A launcher's returned cudaError_t, with where it was called. */
+#define LAUNCH(call) CUDA_TRY(call)
+
+/* Returns `call` (an op body that uses the scratch), run with cuda_rt.lock held. */
+#define WITH_SCRATCH(call)                      \
+  do {                                          \
+    pthread_mutex_lock(&cuda_rt.lock);               \
+    l2l_status locked_status_ = (call);         \
+    pthread_mutex_unlock(&cuda_rt.lock);             \
+    return locked_status_;                      \
+  } while (0)
+
+/* ---------------------------------------------------------------- element-wise */
+
+static l2l_status cuda_add(float *out, const float *a, const float *b, int64_t n) {
+  LAUNCH(l2l_k_add(out, a, b, n, cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_bias_add(float *y, const float *bias, int64_t rows, int64_t cols) {
+  LAUNCH(l2l_k_bias_add(y, bias, rows, cols, cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status bias_backward_locked(float *dbias, const float *dy, int64_t rows,
+                                       int64_t cols) {
+  float *scratch = NULL;
+  TRY(scratch_floats(&scratch, l2l_k_bias_backward_scratch_floats(rows, cols)));
+  LAUNCH(l2l_k_bias_backward(dbias, dy, rows, cols, scratch, cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols) {
+  WITH_SCRATCH(bias_backward_locked(dbias, dy, rows, cols));
+}
+
+static l2l_status cuda_gelu_forward(float *y, const float *x, int64_t n) {
+  LAUNCH(l2l_k_gelu_forward(y, x, n, cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_gelu_backward(float *dx, const float *dy, const float *x, int64_t n) {
+  LAUNCH(l2l_k_gelu_backward(dx, dy, x, n, cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_t n) {
+  LAUNCH(l2l_k_gelu_forward_bits(y, bits, x, n, cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_gelu_backward_from_output(float *dx, const float *dy, const float *y,
+                                                 const uint8_t *bits, int64_t n) {
+  LAUNCH(l2l_k_gelu_backward_from_output(dx, dy, y, bits, n, cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
+                                         int64_t rows, int64_t cols) {
+  LAUNCH(l2l_k_bias_gelu_forward(pre, y, bits, bias, rows, cols, cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_dropout_forward(float *y, uint8_t *mask, const float *x, float p,
+                                       uint64_t seed, uint64_t stream, int64_t first, int64_t n) {
+  LAUNCH(l2l_k_dropout_forward(y, mask, x, p, l2l_keep_threshold(p), seed, stream, first, n,
+                               cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_dropout_backward(float *dx, const float *dy, const uint8_t *mask, float p,
+                                        int64_t n) {
+  LAUNCH(l2l_k_dropout_backward(dx, dy, mask, p, n, cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_adamw(float *param, float *m, float *v, const float *grad, int64_t n,
+                             const l2l_adamw_config *c, float bias_correction1,
+                             float bias_correction2) {
+  LAUNCH(l2l_k_adamw(param, m, v, grad, n, c->lr, c->beta1, c->beta2, c->eps, c->weight_decay,
+                     bias_correction1, bias_correction2, cuda_rt.compute));
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- LayerNorm, softmax */
+
+static l2l_status cuda_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
+                                         const float *weight, const float *bias, float eps,
+                                         int64_t rows, int64_t cols) {
+  LAUNCH(l2l_k_layernorm_forward(y, mean, rstd, x, weight, bias, eps, rows, cols, cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_add_layernorm_forward(float *sum, float *y, float *mean, float *rstd,
+                                             const float *a, const float *b, const float *weight,
+                                             const float *bias, float eps, int64_t rows,
+                                             int64_t cols) {
+  LAUNCH(l2l_k_add_layernorm_forward(sum, y, mean, rstd, a, b, weight, bias, eps, rows, cols,
+                                     cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status layernorm_backward_locked(float *dx, float *dweight, float *dbias,
+                                            const float *dy, const float *src,
+                                            const float *weight, const float *mean,
+                                            const float *bias, const float *rstd, int64_t rows,
+                                            int64_t cols) {
+  float *scratch = NULL;
+  if (dweight != NULL || dbias != NULL)
+    TRY(scratch_floats(&scratch, l2l_k_layernorm_backward_scratch_floats(rows, cols)));
+  if (mean != NULL)
+    LAUNCH(l2l_k_layernorm_backward(dx, dweight, dbias, dy, src, weight, mean, rstd, rows, cols,
+                                    scratch, cuda_rt.compute));
+  else
+    LAUNCH(l2l_k_layernorm_backward_from_output(dx, dweight, dbias, dy, src, weight, bias, rstd,
+                                                rows, cols, scratch, cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_layernorm_backward(float *dx, float *dweight, float *dbias,
+                                          const float *dy, const float *x, const float *weight,
+                                          const float *mean, const float *rstd, int64_t rows,
+                                          int64_t cols) {
+  WITH_SCRATCH(layernorm_backward_locked(dx, dweight, dbias, dy, x, weight, mean, NULL, rstd,
+                                         rows, cols));
+}
+
+static l2l_status cuda_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
+                                                      const float *dy, const float *y,
+                                                      const float *weight, const float *bias,
+                                                      const float *rstd, int64_t rows,
+                                                      int64_t cols) {
+  WITH_SCRATCH(layernorm_backward_locked(dx, dweight, dbias, dy, y, weight, NULL, bias, rstd,
+                                         rows, cols));
+}
+
+static l2l_status cuda_softmax_forward(float *y, const float *x, const uint8_t *key_mask,
+                                       int causal, float scale, int64_t samples,
+                                       int64_t rows_per_sample, int64_t tq, int64_t tk) {
+  LAUNCH(l2l_k_softmax_forward(y, x, key_mask, causal, scale, samples, rows_per_sample, tq, tk,
+                               cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_softmax_backward(float *dx, const float *dy, const float *y, float scale,
+                                        int64_t rows, int64_t cols) {
+  LAUNCH(l2l_k_softmax_backward(dx, dy, y, scale, rows, cols, cuda_rt.compute));
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- embedding, loss */
+
+static l2l_status cuda_embedding_forward(float *out, const int32_t *ids, const void *table,
+                                         l2l_dtype table_dtype, int64_t n, int64_t cols) {
+  LAUNCH(l2l_k_embedding_forward(out, ids, table, (int)table_dtype, n, cols, cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_embedding_backward(float *dtable, const float *dout, const int32_t *ids,
+                                          int64_t n, int64_t vocab, int64_t cols) {
+  LAUNCH(l2l_k_embedding_backward(dtable, dout, ids, n, vocab, cols, cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_cross_entropy_forward(float *losses, const float *logits,
+                                             const int32_t *targets, int32_t ignore_index,
+                                             int64_t rows, int64_t vocab) {
+  LAUNCH(l2l_k_cross_entropy_forward(losses, logits, targets, ignore_index, rows, vocab,
+                                     cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_cross_entropy_backward(float *dlogits, const float *logits,
+                                              const int32_t *targets, int32_t ignore_index,
+                                              float scale, int64_t rows, int64_t vocab) {
+  LAUNCH(l2l_k_cross_entropy_backward(dlogits, logits, targets, ignore_index, scale, rows, vocab,
+                                      cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
+                                           const int32_t *targets, int32_t ignore_index,
+                                           float scale, int64_t rows, int64_t vocab) {
+  LAUNCH(l2l_k_cross_entropy_fused(losses, dlogits, logits, targets, ignore_index, scale, rows,
+                                   vocab, cuda_rt.compute));
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- attention */
+
+/* The launchers take no per-thread workspace: the backward's row terms D = do . o go to
+   the backend's scratch. */
+static int64_t cuda_attention_workspace(int64_t seq, int backward) {
+  (void)seq, (void)backward;
+  return 0;
+}
+
+static l2l_status cuda_attention_forward(float *o, float *lse, float *probs, float *dropped,
+                                         uint8_t *mask, const float *q, const float *k,
+                                         const float *v, const uint8_t *key_mask,
+                                         const struct l2l_attention_shape *sh, float *workspace,
+                                         int64_t workspace_floats) {
+  (void)workspace, (void)workspace_floats;
+  LAUNCH(l2l_k_attention_forward(o, lse, probs, dropped, mask, q, k, v, key_mask, sh->batch,
+                                 sh->heads, sh->seq, sh->head_dim, sh->ld_qkv, sh->ld_o,
+                                 sh->causal, sh->scale, sh->dropout,
+                                 l2l_keep_threshold(sh->dropout), sh->seed, sh->stream,
+                                 sh->first_sample, (int)sh->precision, NULL, cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status attention_backward_locked(float *dq, float *dk, float *dv, const float *d_o,
+                                            const float *o, const float *lse, const float *probs,
+                                            const float *dropped, const uint8_t *mask,
+                                            const float *q, const float *k, const float *v,
+                                            const uint8_t *key_mask,
+                                            const struct l2l_attention_shape *sh) {
+  float *scratch = NULL;
+  TRY(scratch_floats(&scratch, l2l_k_attention_scratch_floats(sh->batch, sh->heads, sh->seq, 1)));
+  LAUNCH(l2l_k_attention_backward(dq, dk, dv, d_o, o, lse, probs, dropped, mask, q, k, v,
+                                  key_mask, sh->batch, sh->heads, sh->seq, sh->head_dim,
+                                  sh->ld_qkv, sh->ld_o, sh->causal, sh->scale, sh->dropout,
+                                  l2l_keep_threshold(sh->dropout), sh->seed, sh->stream,
+                                  sh->first_sample, (int)sh->precision, scratch, cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
+                                          const float *o, const float *lse, const float *probs,
+                                          const float *dropped, const uint8_t *mask,
+                                          const float *q, const float *k, const float *v,
+                                          const uint8_t *key_mask,
+                                          const struct l2l_attention_shape *sh,
+                                          float *workspace, int64_t workspace_floats) {
+  (void)workspace, (void)workspace_floats;
+  WITH_SCRATCH(attention_backward_locked(dq, dk, dv, d_o, o, lse, probs, dropped, mask, q, k, v,
+                                         key_mask, sh));
+}
+
+/* ---------------------------------------------------------------- results for the host */
+
+static l2l_status reduce_locked(double *out, enum l2l_reduction kind, const float *x,
+                                int64_t n) {
+  LAUNCH(l2l_k_reduce((double *)cuda_rt.scratch, (int)kind, x, n, scratch_reduce(), cuda_rt.compute));
+  return read_result(out, sizeof *out);
+}
+
+static l2l_status cuda_reduce(double *out, enum l2l_reduction kind, const float *x, int64_t n) {
+  WITH_SCRATCH(reduce_locked(out, kind, x, n));
+}
+
+static l2l_status find_out_of_range_locked(int64_t *index, int32_t *value,
+                                           const int32_t *values, int64_t n, int32_t lo,
+                                           int32_t hi, int32_t except) {
+  LAUNCH(l2l_k_find_out_of_range((int64_t *)cuda_rt.scratch, values, n, lo, hi, except, cuda_rt.compute));
+  TRY(read_result(index, sizeof *index));
+  if (*index >= 0) {
+    CUDA_TRY(cudaMemcpyAsync(value, values + *index, sizeof *value, cudaMemcpyDeviceToHost,
+                             cuda_rt.compute));
+    TRY(cuda_wait_stream());
+  }
+  return L2L_OK;
+}
+
+static l2l_status cuda_find_out_of_range(int64_t *index, int32_t *value, const int32_t *values,
+                                         int64_t n, int32_t lo, int32_t hi, int32_t except) {
+  WITH_SCRATCH(find_out_of_range_locked(index, value, values, n, lo, hi, except));
+}
+
+/* ---------------------------------------------------------------- whole tensors */
+
+/* The element's bit pattern made on the host, as cpu_fill converts the value. */
+static l2l_status cuda_fill(void *dst, l2l_dtype dtype, double value, int64_t n) {
+  uint32_t pattern = 0;
+  switch (dtype) {
+    case L2L_F32: {
+      float f = (float)value;
+      memcpy(&pattern, &f, sizeof f);
+      break;
+    }
+    case L2L_F16: pattern = half_from_f32_f16((float)value); break;
+    case L2L_BF16: pattern = half_from_f32_bf16((float)value); break;
+    case L2L_I32: pattern = (uint32_t)(int32_t)value; break;
+    case L2L_U8: pattern = (uint8_t)(int)value; break;
+  }
+  LAUNCH(l2l_k_fill(dst, (int)dtype, pattern, n, cuda_rt.compute));
+  return L2L_OK;
+}
+
+/* A float-to-i32 conversion is refused, before anything is written, at the first value
+   that is not an integer in range: the check runs and is read back first. */
+static l2l_status convert_locked(void *dst, l2l_dtype dst_dtype, const void *src,
+                                 l2l_dtype src_dtype, int64_t n, int64_t *bad) {
+  *bad = -1;
+  if (dst_dtype == L2L_I32 && src_dtype != L2L_I32) {
+    LAUNCH(l2l_k_find_non_i32((int64_t *)cuda_rt.scratch, src, (int)src_dtype, n, cuda_rt.compute));
+    TRY(read_result(bad, sizeof *bad));
+    if (*bad >= 0) return L2L_OK;
+  }
+  LAUNCH(l2l_k_convert(dst, (int)dst_dtype, src, (int)src_dtype, n, cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_convert(void *dst, l2l_dtype dst_dtype, const void *src,
+                               l2l_dtype src_dtype, int64_t n, int64_t *bad) {
+  WITH_SCRATCH(convert_locked(dst, dst_dtype, src, src_dtype, n, bad));
+}
+
+static l2l_status cuda_random(void *dst, l2l_dtype dtype, int64_t n, enum l2l_distribution dist,
+                              uint64_t seed, uint64_t stream, int64_t first, double a, double b) {
+  LAUNCH(l2l_k_random(dst, (int)dtype, n, dist == L2L_NORMAL ? 1 : 0, seed, stream, first, a, b,
+                      cuda_rt.compute));
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- the table */
+
+static const struct l2l_backend_ops cuda_backend = {
+    .name = "cuda",
+    .gemm_batched = cuda_gemm_batched,
+    .bias_add = cuda_bias_add,
+    .bias_backward = cuda_bias_backward,
+    .add = cuda_add,
+    .gelu_forward = cuda_gelu_forward,
+    .gelu_backward = cuda_gelu_backward,
+    .layernorm_forward = cuda_layernorm_forward,
+    .layernorm_backward = cuda_layernorm_backward,
+    .softmax_forward = cuda_softmax_forward,
+    .softmax_backward = cuda_softmax_backward,
+    .embedding_forward = cuda_embedding_forward,
+    .embedding_backward = cuda_embedding_backward,
+    .cross_entropy_forward = cuda_cross_entropy_forward,
+    .cross_entropy_backward = cuda_cross_entropy_backward,
+    .dropout_forward = cuda_dropout_forward,
+    .dropout_backward = cuda_dropout_backward,
+    .gelu_forward_bits = cuda_gelu_forward_bits,
+    .gelu_backward_from_output = cuda_gelu_backward_from_output,
+    .bias_gelu_forward = cuda_bias_gelu_forward,
+    .add_layernorm_forward = cuda_add_layernorm_forward,
+    .cross_entropy_fused = cuda_cross_entropy_fused,
+    .layernorm_backward_from_output = cuda_layernorm_backward_from_output,
+    .attention_forward = cuda_attention_forward,
+    .attention_backward = cuda_attention_backward,
+    .attention_workspace = cuda_attention_workspace,
+    .reduce = cuda_reduce,
+    .adamw = cuda_adamw,
+    .find_out_of_range = cuda_find_out_of_range,
+    .fill = cuda_fill,
+    .convert = cuda_convert,
+    .random = cuda_random,
+    .copy = cuda_copy,
+};
+
+const struct l2l_backend_ops *l2l_cuda_ops(void) { return &cuda_backend; }
+
+#endif /* L2L_CUDA */

@@ -1,0 +1,378 @@
+/* runtime.c — the CUDA backend's runtime: start-up (device, stream, scratch, cuBLAS),
+ * copy lanes, marks and stamps, the caching allocator over cudaMalloc, page-locked host
+ * memory, and the device table it installs in the core (l2l_cuda_device).
+ *
+ * Purpose: the relay's copy threads are "lanes": each copies on a stream of its own, so
+ * that transfers in both directions overlap the kernels. A lane copy first waits for a
+ * mark (an event recorded on the compute stream when the relay queued the copy:
+ * everything it depends on, or whose memory it overwrites, was queued before), and
+ * returns when the copy is done. Device memory comes from a caching allocator over
+ * cudaMalloc: a block freed by a tensor goes to a list of free blocks of its size and
+ * serves the next request of that size, so a training step's steady state calls neither
+ * cudaMalloc nor cudaFree. Reuse is safe because a block is freed in the compute
+ * stream's order (its kernels queued before the free) and a lane that takes a block
+ * first waits for the compute stream as it is at that moment.
+ * Every CUDA or cuBLAS error becomes L2L_ERR_BACKEND with file, line, the call and CUDA's
+ * own words.
+ * Must never: exit or abort on a CUDA error, or allocate from a pool.
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef L2L_CUDA
+
+#include "runtime.h"
+
+/* ---------------------------------------------------------------- errors */
+
+l2l_status cuda_error(cudaError_t err, const char *file, int line, const char *call) {
+  return l2l_fail(L2L_ERR_BACKEND, "%s:%d: %s failed: %s (%s)", file, line, call,
+                  cudaGetErrorString(err), cudaGetErrorName(err));
+}
+
+
+l2l_status cublas_error(cublasStatus_t err, const char *file, int line,
+                               const char *call) {
+  return l2l_fail(L2L_ERR_BACKEND, "%s:%d: %s failed: %s (%s)", file, line, call,
+                  cublas.status_string(err), cublas.status_name(err));
+}
+
+/* ---------------------------------------------------------------- the runtime */
+
+struct cuda_cublas cublas;
+struct cuda_runtime cuda_rt = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void runtime_say(const char *what, cudaError_t err) {
+  snprintf(cuda_rt.why, sizeof cuda_rt.why, "%s: %s (%s)", what, cudaGetErrorString(err),
+           cudaGetErrorName(err));
+}
+
+/* libcublas of the toolkit l2l was built with: from its lib folder (compiled in), else
+   wherever the dynamic loader finds that version. */
+static bool open_cublas(void) {
+  char path[512];
+  void *lib = NULL;
+#ifdef L2L_CUDA_LIBDIR
+  snprintf(path, sizeof path, "%s/libcublas.so.%d", L2L_CUDA_LIBDIR, CUBLAS_VER_MAJOR);
+  lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+#endif
+  if (lib == NULL) {
+    snprintf(path, sizeof path, "libcublas.so.%d", CUBLAS_VER_MAJOR);
+    lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  }
+  if (lib == NULL) {
+    snprintf(cuda_rt.why, sizeof cuda_rt.why, "cannot open %.200s: %.250s", path, dlerror());
+    return false;
+  }
+  void *fns[] = {
+      dlsym(lib, "cublasCreate_v2"),         dlsym(lib, "cublasSetStream_v2"),
+      dlsym(lib, "cublasSetWorkspace_v2"),   dlsym(lib, "cublasSetPointerMode_v2"),
+      dlsym(lib, "cublasGemmEx"),            dlsym(lib, "cublasGemmStridedBatchedEx"),
+      dlsym(lib, "cublasGetStatusString"),   dlsym(lib, "cublasGetStatusName"),
+  };
+  for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
+    if (fns[i] == NULL) {
+      snprintf(cuda_rt.why, sizeof cuda_rt.why, "%.200s lacks a function l2l needs (number %zu)", path, i);
+      return false;
+    }
+  /* POSIX lets a void * from dlsym become a function pointer; memcpy says so to C. */
+  memcpy(&cublas.create, &fns[0], sizeof fns[0]);
+  memcpy(&cublas.set_stream, &fns[1], sizeof fns[1]);
+  memcpy(&cublas.set_workspace, &fns[2], sizeof fns[2]);
+  memcpy(&cublas.set_pointer_mode, &fns[3], sizeof fns[3]);
+  memcpy(&cublas.gemm, &fns[4], sizeof fns[4]);
+  memcpy(&cublas.gemm_strided_batched, &fns[5], sizeof fns[5]);
+  memcpy(&cublas.status_string, &fns[6], sizeof fns[6]);
+  memcpy(&cublas.status_name, &fns[7], sizeof fns[7]);
+  return true;
+}
+
+static void runtime_start(void) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    runtime_say("cudaGetDeviceCount", err);
+    return;
+  }
+  if (count == 0) {
+    snprintf(cuda_rt.why, sizeof cuda_rt.why, "no CUDA device is present");
+    return;
+  }
+  struct cudaDeviceProp prop;
+  if ((err = cudaGetDeviceProperties(&prop, 0)) != cudaSuccess) {
+    runtime_say("cudaGetDeviceProperties", err);
+    return;
+  }
+  /* kernels/ are built for sm_80 and sm_90 (plus PTX for newer GPUs): older GPUs would
+     fail at the first launch with "no kernel image". */
+  if (prop.major < 8) {
+    snprintf(cuda_rt.why, sizeof cuda_rt.why,
+             "%.200s has compute capability %d.%d; l2l's kernels need 8.0 or newer", prop.name,
+             prop.major, prop.minor);
+    return;
+  }
+  cuda_rt.device = 0;
+  if ((err = cudaSetDevice(cuda_rt.device)) != cudaSuccess ||
+      (err = cudaStreamCreateWithFlags(&cuda_rt.compute, cudaStreamNonBlocking)) != cudaSuccess ||
+      (err = cudaMalloc(&cuda_rt.scratch, SCRATCH_BYTES)) != cudaSuccess ||
+      (err = cudaMalloc(&cuda_rt.cublas_workspace, CUBLAS_WORKSPACE_BYTES)) != cudaSuccess) {
+    runtime_say("setting up the device (stream, scratch)", err);
+    return;
+  }
+  if (!open_cublas()) return;
+  cublasStatus_t st = cublas.create(&cuda_rt.blas);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublas.set_stream(cuda_rt.blas, cuda_rt.compute);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublas.set_workspace(cuda_rt.blas, cuda_rt.cublas_workspace, CUBLAS_WORKSPACE_BYTES);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublas.set_pointer_mode(cuda_rt.blas, CUBLAS_POINTER_MODE_HOST);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    snprintf(cuda_rt.why, sizeof cuda_rt.why, "cuBLAS could not start: %s", cublas.status_string(st));
+    return;
+  }
+  cuda_rt.usable = 1;
+}
+
+int l2l_cuda_probe(char *why, size_t len) {
+  pthread_once(&cuda_rt.once, runtime_start);
+  if (!cuda_rt.usable && why != NULL && len > 0) snprintf(why, len, "%s", cuda_rt.why);
+  return cuda_rt.usable;
+}
+
+l2l_status cuda_need_runtime(void) {
+  if (l2l_cuda_probe(NULL, 0)) return L2L_OK;
+  return l2l_fail(L2L_ERR_UNSUPPORTED, "CUDA cannot run here: %s", cuda_rt.why);
+}
+
+l2l_status cuda_wait_stream(void) {
+  CUDA_TRY(cudaStreamSynchronize(cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_synchronize(void) {
+  TRY(cuda_need_runtime());
+  return cuda_wait_stream();
+}
+
+void l2l_cuda_use_tf32(int enable) { atomic_store(&cuda_rt.tf32, enable); }
+
+l2l_status l2l_cuda_fill_info(l2l_cuda_info *out) {
+  struct cudaDeviceProp prop;
+  l2l_cuda_info info;
+  memset(&info, 0, sizeof info);
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_TRY(cudaGetDeviceProperties(&prop, cuda_rt.device));
+  CUDA_TRY(cudaMemGetInfo(&free_bytes, &total_bytes));
+  CUDA_TRY(cudaRuntimeGetVersion(&info.runtime_version));
+  CUDA_TRY(cudaDriverGetVersion(&info.driver_version));
+  snprintf(info.name, sizeof info.name, "%s", prop.name);
+  info.major = prop.major, info.minor = prop.minor;
+  info.multiprocessors = prop.multiProcessorCount;
+  info.total_bytes = total_bytes, info.free_bytes = free_bytes;
+  *out = info;
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- copy lanes */
+
+/* A lane: the calling thread's stream and an event to wait on its copies, made when the
+   thread first waits for a mark, destroyed when the thread exits. Events block (the
+   host thread sleeps rather than spins: the EPS's optimizer threads want the cores). */
+static pthread_key_t lane_key;
+static pthread_once_t lane_key_once = PTHREAD_ONCE_INIT;
+_Thread_local struct lane *cuda_lane;
+
+static void lane_end(void *p) {
+  struct lane *lane = p;
+  if (lane->done) cudaEventDestroy(lane->done);
+  if (lane->stream) cudaStreamDestroy(lane->stream);
+  free(lane);
+}
+static bool lane_key_made;
+static void lane_key_make(void) { lane_key_made = pthread_key_create(&lane_key, lane_end) == 0; }
+
+static const unsigned LANE_EVENT_FLAGS = cudaEventDisableTiming | cudaEventBlockingSync;
+
+/* Makes the calling thread a lane. Failing is harmless: its copies then stay on the
+   compute stream, in order, only without overlap. */
+static void lane_start(void) {
+  if (cuda_lane != NULL) return;
+  pthread_once(&lane_key_once, lane_key_make);
+  struct lane *lane = lane_key_made ? calloc(1, sizeof *lane) : NULL;
+  if (lane == NULL) return;
+  cudaError_t err = cudaSetDevice(cuda_rt.device);
+  if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&lane->stream, cudaStreamNonBlocking);
+  if (err == cudaSuccess) err = cudaEventCreateWithFlags(&lane->done, LANE_EVENT_FLAGS);
+  if (err != cudaSuccess || pthread_setspecific(lane_key, lane) != 0) {
+    cudaGetLastError();
+    lane_end(lane);
+    return;
+  }
+  cuda_lane = lane;
+}
+
+/* Events recorded once and then waited for or read (marks, stamps), kept for reuse: a
+   step takes several per layer visit, and making one each time costs more than what it
+   orders or times. Blocking-sync (a waiting thread sleeps), with timing (stamps read it). */
+enum { EVENT_POOL_MAX = 4096 };
+static cudaEvent_t event_pool[EVENT_POOL_MAX];
+static int event_pool_count;
+static pthread_mutex_t event_pool_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* An event from the pool recorded on `stream`, or NULL (the error cleared). */
+static cudaEvent_t event_record(cudaStream_t stream) {
+  if (!l2l_cuda_probe(NULL, 0)) return NULL;
+  cudaEvent_t ev = NULL;
+  pthread_mutex_lock(&event_pool_lock);
+  if (event_pool_count > 0) ev = event_pool[--event_pool_count];
+  pthread_mutex_unlock(&event_pool_lock);
+  if (ev == NULL && cudaEventCreateWithFlags(&ev, cudaEventBlockingSync) != cudaSuccess) {
+    cudaGetLastError();
+    return NULL;
+  }
+  if (cudaEventRecord(ev, stream) != cudaSuccess) {
+    cudaGetLastError();
+    cudaEventDestroy(ev);
+    return NULL;
+  }
+  return ev;
+}
+
+static void event_give_back(cudaEvent_t ev) {
+  pthread_mutex_lock(&event_pool_lock);
+  bool kept = event_pool_count < EVENT_POOL_MAX;
+  if (kept) event_pool[event_pool_count++] = ev;
+  pthread_mutex_unlock(&event_pool_lock);
+  if (!kept) cudaEventDestroy(ev);
+}
+
+static void *cuda_mark(void) {
+  cudaEvent_t mark = event_record(cuda_rt.compute);
+  if (mark == NULL && l2l_cuda_probe(NULL, 0))
+    cudaStreamSynchronize(cuda_rt.compute); /* no mark: the order then holds by waiting now */
+  return mark;
+}
+
+static l2l_status cuda_wait_mark(void *mark) {
+  TRY(cuda_need_runtime());
+  lane_start();
+  if (mark == NULL) return L2L_OK;
+  cudaError_t err = cudaEventSynchronize((cudaEvent_t)mark);
+  if (err == cudaSuccess)
+    event_give_back((cudaEvent_t)mark);
+  else
+    cudaEventDestroy((cudaEvent_t)mark);
+  CUDA_TRY(err);
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- stamps */
+
+static void *cuda_stamp(void) {
+  return event_record(cuda_lane != NULL ? cuda_lane->stream : cuda_rt.compute);
+}
+
+static bool cuda_stamp_wait(void *stamp) {
+  if (cudaEventSynchronize((cudaEvent_t)stamp) == cudaSuccess) return true;
+  cudaGetLastError();
+  return false;
+}
+
+static bool cuda_stamp_seconds(double *out, void *from, void *to) {
+  float ms = 0.0f;
+  /* cudaErrorNotReady from either: not happened yet (not an error to keep) */
+  if (cudaEventQuery((cudaEvent_t)from) != cudaSuccess ||
+      cudaEventQuery((cudaEvent_t)to) != cudaSuccess ||
+      cudaEventElapsedTime(&ms, (cudaEvent_t)from, (cudaEvent_t)to) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  *out = (double)ms * 1e-3;
+  return true;
+}
+
+static void cuda_stamp_release(void *stamp) { event_give_back((cudaEvent_t)stamp); }
+
+/* ---------------------------------------------------------------- caching allocator */
+
+/* Device memory through a block cache (blocks.h): after a training step's first round
+   nothing reaches cudaMalloc. */
+static int device_block_alloc(void **out, uint64_t size) {
+  int err = (int)cudaMalloc(out, size);
+  if (err != cudaSuccess) cudaGetLastError();   /* clear it: the caller explains it */
+  return err;
+}
+static void device_block_free(void *ptr) { cudaFree(ptr); }
+static const struct l2l_block_source device_blocks = {device_block_alloc, device_block_free};
+static struct l2l_block_cache cache = L2L_BLOCK_CACHE(&device_blocks);
+
+static l2l_status cuda_malloc(void **out, uint64_t bytes) {
+  char want[32], held[32];
+  TRY(cuda_need_runtime());
+  int err = l2l_blocks_get(&cache, out, bytes);
+  if (err == 0 && cuda_lane != NULL) {
+    /* A cached block may still be read or written by kernels queued before its free: a
+       lane (whose copies do not follow the compute stream) waits for them. (A KARMA
+       swap-in allocates here, so it waits for the compute stream queued so far.) */
+    l2l_status status = cuda_wait_mark(cuda_mark());
+    if (status != L2L_OK) {
+      l2l_blocks_put(&cache, *out, bytes);
+      return status;
+    }
+  }
+  if (err != 0) {
+    uint64_t size = l2l_block_size(bytes), reserved = 0;
+    l2l_blocks_counts(&cache, &reserved, NULL, NULL);
+    return l2l_fail(L2L_ERR_NOMEM,
+                    "device pool: the GPU refused %llu bytes (%s): %s; l2l holds %llu bytes (%s) "
+                    "of device memory",
+                    (unsigned long long)size, l2l_human_bytes(want, 32, size),
+                    cudaGetErrorString((cudaError_t)err), (unsigned long long)reserved,
+                    l2l_human_bytes(held, 32, reserved));
+  }
+  return L2L_OK;
+}
+
+static void cuda_free(void *ptr, uint64_t bytes) { l2l_blocks_put(&cache, ptr, bytes); }
+
+static void cuda_pool_counts(uint64_t *reserved, uint64_t *system_allocs) {
+  l2l_blocks_counts(&cache, reserved, NULL, system_allocs);
+}
+
+static int cuda_host_alloc(void **out, uint64_t bytes) {
+  int err = (int)cudaHostAlloc(out, bytes, cudaHostAllocPortable);
+  if (err != cudaSuccess) cudaGetLastError();
+  return err;
+}
+
+static void cuda_host_free(void *ptr) { cudaFreeHost(ptr); }
+
+static l2l_status cuda_release_cache(void) {
+  TRY(cuda_need_runtime());
+  TRY(cuda_wait_stream());
+  l2l_blocks_release_cached(&cache);
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- the device table */
+
+const struct l2l_device_ops l2l_cuda_device = {
+    .name = "cuda",
+    .alloc = cuda_malloc,
+    .free = cuda_free,
+    .counts = cuda_pool_counts,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .release_cache = cuda_release_cache,
+    .synchronize = cuda_synchronize,
+    .mark = cuda_mark,
+    .wait_mark = cuda_wait_mark,
+    .stamp = cuda_stamp,
+    .stamp_wait = cuda_stamp_wait,
+    .stamp_seconds = cuda_stamp_seconds,
+    .stamp_release = cuda_stamp_release,
+};
+
+#endif /* L2L_CUDA */

@@ -1,0 +1,86 @@
+/* runtime.h — what the CUDA backend's files share (private to backend/cuda/; built with
+ * L2L_CUDA only).
+ *
+ * Purpose: the runtime state both runtime.c (start-up, copy lanes, stamps, the caching
+ * allocator, the device table) and ops.c (the ops table) use: the compute stream,
+ * cuBLAS's functions, the scratch, the calling thread's lane, and turning CUDA's and
+ * cuBLAS's errors into statuses with messages. Everything here has hidden visibility:
+ * none of it leaves libl2l.
+ * Must never: be included outside backend/cuda/ (no other part sees a CUDA header).
+ */
+#ifndef L2L_CUDA_RUNTIME_H
+#define L2L_CUDA_RUNTIME_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "backend/backend.h"
+#include "cuda_backend.h"
+
+#define CUDA_INTERNAL __attribute__((visibility("hidden")))
+
+/* cuBLAS is opened when CUDA first starts, not linked: its libraries are some 700 MB,
+   and mapping them cost every l2l process about 0.45 s at start-up, GPU or not. */
+struct cuda_cublas {
+  __typeof__(cublasCreate_v2) *create;
+  __typeof__(cublasSetStream_v2) *set_stream;
+  __typeof__(cublasSetWorkspace_v2) *set_workspace;
+  __typeof__(cublasSetPointerMode_v2) *set_pointer_mode;
+  __typeof__(cublasGemmEx) *gemm;
+  __typeof__(cublasGemmStridedBatchedEx) *gemm_strided_batched;
+  __typeof__(cublasGetStatusString) *status_string;
+  __typeof__(cublasGetStatusName) *status_name;
+};
+extern CUDA_INTERNAL struct cuda_cublas cublas;
+
+/* Bytes of device scratch the backend keeps for ops that need a little (reduction
+   partials, a result to copy back, column-sum partials) and for cuBLAS's workspace. */
+enum { SCRATCH_BYTES = 32 << 20, CUBLAS_WORKSPACE_BYTES = 32 << 20 };
+
+struct cuda_runtime {
+  pthread_once_t once;
+  int usable;
+  char why[512];            /* when not usable */
+  int device;
+  cudaStream_t compute;
+  cublasHandle_t blas;
+  void *cublas_workspace;
+  void *scratch;            /* SCRATCH_BYTES */
+  atomic_int tf32;
+  pthread_mutex_t lock;     /* serializes ops that use the scratch */
+};
+extern CUDA_INTERNAL struct cuda_runtime cuda_rt;
+
+/* A lane: the calling thread's stream and an event to wait on its copies, made when the
+   thread first waits for a mark (runtime.c), destroyed when the thread exits. */
+struct lane {
+  cudaStream_t stream;
+  cudaEvent_t done;
+};
+extern CUDA_INTERNAL _Thread_local struct lane *cuda_lane;   /* NULL: not a lane */
+
+CUDA_INTERNAL l2l_status cuda_error(cudaError_t err, const char *file, int line,
+                                    const char *call);
+CUDA_INTERNAL l2l_status cublas_error(cublasStatus_t err, const char *file, int line,
+                                      const char *call);
+
+/* A CUDA runtime call, or a launcher's returned cudaError_t. */
+#define CUDA_TRY(call)                                                          \
+  do {                                                                          \
+    cudaError_t cuda_err_ = (cudaError_t)(call);                                \
+    if (cuda_err_ != cudaSuccess) return cuda_error(cuda_err_, __FILE__, __LINE__, #call); \
+  } while (0)
+
+#define CUBLAS_TRY(call)                                                        \
+  do {                                                                          \
+    cublasStatus_t cublas_err_ = (call);                                        \
+    if (cublas_err_ != CUBLAS_STATUS_SUCCESS)                                   \
+      return cublas_error(cublas_err_, __FILE__, __LINE__, #call);              \
+  } while (0)
+
+/* L2L_ERR_UNSUPPORTED with the reason when CUDA cannot run here. */
+CUDA_INTERNAL l2l_status cuda_need_runtime(void);
+/* Waits for the compute stream: before the host reads what the GPU wrote. */
+CUDA_INTERNAL l2l_status cuda_wait_stream(void);
+
+#endif /* L2L_CUDA_RUNTIME_H */

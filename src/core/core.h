@@ -1,0 +1,396 @@
+/* core.h — the core's interface: what every part of libl2l builds on, and users never see.
+ *
+ * Purpose: errors with messages, half floats, the counter-based generator, tensor handles
+ * and their layout, the memory pools and the device table they get device memory from,
+ * the block cache, queues of jobs served by threads, the clock and the relay's timeline.
+ * The core knows the device only through the table a backend installs (struct
+ * l2l_device_ops): it never names a backend, never runs an op, and never includes a
+ * header of the parts above it (backend, layers, eps, relay); scripts/archcheck keeps it
+ * so.
+ * Must never: print, exit or abort on user input or a refused allocation; be included by
+ * code outside src/ (the tests' white-box files aside).
+ */
+#ifndef L2L_CORE_H
+#define L2L_CORE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "l2l.h"
+
+/* ---------------------------------------------------------------- errors */
+
+/* Records a formatted message as this thread's last error and returns `status`, so that
+   a check reads `if (bad) return l2l_fail(L2L_ERR_INVALID, "...", ...);`. */
+l2l_status l2l_fail(l2l_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* The same, prefixed with the calling function's name. */
+#define FAIL(status, ...) l2l_fail_in(__func__, (status), __VA_ARGS__)
+l2l_status l2l_fail_in(const char *func, l2l_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Propagate a failed status unchanged (its message is already set). */
+#define TRY(expr)                                   \
+  do {                                              \
+    l2l_status try_status_ = (expr);                \
+    if (try_status_ != L2L_OK) return try_status_;  \
+  } while (0)
+
+/* "1.50 MiB" into buf (for messages beside the exact byte count). */
+const char *l2l_human_bytes(char *buf, size_t len, uint64_t bytes);
+
+/* ---------------------------------------------------------------- half floats */
+
+/* f32 <-> bf16 / f16, round to nearest even, as inline functions: exact conversions (what
+   cross mixed precision's 16-bit device copies rely on), done with integer arithmetic so
+   the result never depends on the compiler's or the CPU's rounding mode; inline so cast
+   loops vectorize. The one copy of this logic in l2l: never flush subnormals or turn NaN
+   into a number. */
+static inline uint32_t float_bits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+static inline float bits_float(uint32_t u) {
+  float x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+static inline uint16_t half_from_f32_bf16(float x) {
+  uint32_t u = float_bits(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN */
+  /* Adding 0x7fff plus the lowest kept bit rounds to nearest, ties to even; a carry out of
+     the mantissa correctly bumps the exponent (up to infinity). */
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static inline float half_bf16_to_f32(uint16_t x) { return bits_float((uint32_t)x << 16); }
+
+/* Rounds `value >> shift` to nearest, ties to even (shift >= 1). */
+static inline uint32_t shift_round_even(uint32_t value, int shift) {
+  uint32_t kept = value >> shift;
+  uint32_t rest = value & ((1u << shift) - 1u);
+  uint32_t half = 1u << (shift - 1);
+  if (rest > half || (rest == half && (kept & 1u))) kept++;
+  return kept;
+}
+
+static inline uint16_t half_from_f32_f16(float x) {
+  uint32_t u = float_bits(x);
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a >= 0x7f800000u) return sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u);
+  if (a >= 0x477ff000u) return sign | 0x7c00u;  /* >= 65520 rounds past 65504: infinity */
+  if (a >= 0x38800000u) {                        /* normal f16: rebias exponent by 127-15 */
+    return sign | (uint16_t)shift_round_even(a - 0x38000000u, 13);
+  }
+  /* Subnormal f16 (units of 2^-24), or zero: the f32 significand m * 2^(e-150) is
+     m * 2^(e-126) units, i.e. m shifted right by 126-e. */
+  int e = (int)(a >> 23);
+  if (e < 102) return sign;                      /* below 2^-25: rounds to zero */
+  uint32_t m = (a & 0x7fffffu) | 0x800000u;
+  return sign | (uint16_t)shift_round_even(m, 126 - e);
+}
+
+static inline float half_f16_to_f32(uint16_t x) {
+  uint32_t sign = (uint32_t)(x & 0x8000u) << 16;
+  uint32_t e = (x >> 10) & 0x1fu, m = x & 0x3ffu;
+  if (e == 0) {
+    float magnitude = (float)m * 0x1p-24f;       /* exact: m < 2^10 */
+    return sign ? -magnitude : magnitude;
+  }
+  if (e == 31) return bits_float(sign | 0x7f800000u | (m << 13));
+  return bits_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+/* ---------------------------------------------------------------- Philox (rng.c) */
+
+/* The four 32-bit draws of Philox block `block` of (seed, stream): counter = (block,
+   stream), key = seed, as rng.c states. Every backend draws through this layout. */
+void l2l_philox_draws(uint32_t *out4, uint64_t seed, uint64_t stream, uint64_t block);
+/* out[i] := draw first + i of (seed, stream) for i < n (word (first+i)%4 of block
+   (first+i)/4): the same numbers as l2l_philox_draws, many blocks per SIMD pass. */
+void l2l_philox_range(uint32_t *out, uint64_t seed, uint64_t stream, uint64_t first, int64_t n);
+
+/* ---------------------------------------------------------------- pools (pool.c) */
+
+/* Bytes an allocation of `bytes` is counted as (rounded up to L2L_ALIGN); 0 on overflow. */
+uint64_t l2l_pool_accounted(uint64_t bytes);
+/* Allocates L2L_ALIGN-aligned memory counted against the pool's budget. */
+l2l_status l2l_pool_alloc(void **out, l2l_pool_kind pool, uint64_t bytes);
+/* Returns memory from l2l_pool_alloc; `bytes` must be the size that was asked for. */
+void l2l_pool_free(l2l_pool_kind pool, void *ptr, uint64_t bytes);
+bool l2l_pool_valid(int pool);
+/* Gives the pages that freed tensors left cached in the pools' jemalloc arenas and the
+   pinned pool's blocks back to the system (the device's own cache is its table's). */
+void l2l_pool_release_cached(void);
+
+/* ---------------------------------------------------------------- the device (device.c) */
+
+/* What the core needs of an accelerator, installed by the backend that runs it: device
+   memory for the device pool (behind the backend's own cache), page-locked host memory
+   for the pinned pool, and the ordering and timing of its queued work. No table
+   installed (NULL) means the device pool is host memory run by the CPU backend: ops are
+   done when they return, copies are memcpy, and the pools use their own arenas. */
+struct l2l_device_ops {
+  const char *name;
+  /* Device memory of `bytes` (a multiple of L2L_ALIGN, as counted by the pool); a refusal
+     says why in its message. */
+  l2l_status (*alloc)(void **out, uint64_t bytes);
+  void (*free)(void *ptr, uint64_t bytes);
+  /* Bytes held from the system (in use and cached) and the number of system allocations. */
+  void (*counts)(uint64_t *reserved, uint64_t *system_allocs);
+  /* Page-locked host memory for the pinned pool: 0, or the device's own error code. */
+  int (*host_alloc)(void **out, uint64_t bytes);
+  void (*host_free)(void *ptr);
+  l2l_status (*release_cache)(void);
+  l2l_status (*synchronize)(void);
+  /* Copy lanes (l2l_device_mark): an event after the compute stream's work so far, or NULL
+     once the stream has been waited for; waiting for one makes the calling thread a lane,
+     and frees it. */
+  void *(*mark)(void);
+  l2l_status (*wait_mark)(void *mark);
+  /* Stamps (l2l_device_stamp): a timing event recorded on the calling thread's stream, or
+     NULL; whether it has happened after waiting for it; seconds between two that have
+     happened (false otherwise); back to the table's pool. */
+  void *(*stamp)(void);
+  bool (*stamp_wait)(void *stamp);
+  bool (*stamp_seconds)(double *out, void *from, void *to);
+  void (*stamp_release)(void *stamp);
+};
+
+/* The installed table, or NULL while the device pool is host memory. The first call asks
+   the chooser the backend registered (l2l_device_set_chooser), once: until then nothing
+   of the device has been used, so the choice cannot change a pointer's meaning. */
+const struct l2l_device_ops *l2l_device(void);
+/* The backend registers how the first choice is made (at load: it only keeps the
+   function; the choice itself waits for the first use of the device). */
+void l2l_device_set_chooser(const struct l2l_device_ops *(*choose)(void));
+/* Installs `to` (NULL: host memory) when the device pool holds no tensor; otherwise
+   L2L_ERR_STATE naming the bytes in use and both backends (`to_name` for the message). */
+l2l_status l2l_device_switch(const struct l2l_device_ops *to, const char *to_name);
+
+/* A mark stands after everything queued on the device's compute stream so far: an event
+   of the table, or NULL where the device's ops are done when they return (no table). A
+   thread that waits for a mark becomes a copy lane: on a GPU its copies then run on a
+   stream of its own, overlapping the kernels, and are done when the copy returns. The
+   relay marks every job it queues for its copy threads, and the worker waits for the
+   mark before it runs the job (queue.c). */
+struct l2l_device_mark;
+struct l2l_device_mark *l2l_device_mark(void);
+/* Waits for the mark and frees it (NULL: nothing to wait for). */
+l2l_status l2l_device_wait_mark(struct l2l_device_mark *mark);
+
+/* A stamp is a moment on the device's clock, taken in the calling thread's order: on a
+   GPU a timing event recorded on its stream (the compute stream, or a copy lane's), so it
+   happens when the GPU reaches it; with no table, where ops are done when they return,
+   the host clock now. The relay times compute and exposed copies with them: on a GPU the
+   host only queues kernels, and its clock says when, not when they ran. */
+struct l2l_stamp {
+  double host;  /* l2l_now() when taken */
+  void *event;  /* the table's event; NULL with no table, or when none could be made (the
+                   stamp then never happens) */
+};
+void l2l_device_stamp(struct l2l_stamp *out);
+/* A stamp to relate the device's clock to the host's: taken when the device has done
+   everything queued before it, so its host time is its device time. */
+void l2l_device_stamp_anchor(struct l2l_stamp *out);
+/* Seconds from `from` to `to` on the device's clock (negative when `to` came first), or
+   false when either has not happened (yet). */
+bool l2l_device_stamp_seconds(double *out, const struct l2l_stamp *from,
+                              const struct l2l_stamp *to);
+void l2l_device_stamp_release(struct l2l_stamp *stamp);
+
+/* ---------------------------------------------------------------- tensors (tensor.c) */
+
+#define L2L_TENSOR_MAGIC 0x6c326c74u  /* "l2lt": catches freed or foreign handles */
+
+struct l2l_storage {
+  atomic_int refs;       /* tensor handles (views included) using this storage */
+  l2l_pool_kind pool;
+  uint64_t bytes;        /* as asked of the pool */
+  void *data;
+};
+
+struct l2l_tensor {
+  uint32_t magic;
+  l2l_dtype dtype;
+  int ndim;
+  int64_t shape[L2L_MAX_DIMS];
+  int64_t numel;
+  int64_t offset;        /* in elements, from the start of the storage */
+  struct l2l_storage *storage;
+};
+
+static inline bool l2l_tensor_ok(const l2l_tensor *t) {
+  return t != NULL && t->magic == L2L_TENSOR_MAGIC;
+}
+
+/* The first element of a tensor already checked with l2l_tensor_ok. */
+static inline void *l2l_tensor_ptr(const l2l_tensor *t) {
+  return (char *)t->storage->data + (size_t)t->offset * l2l_dtype_size(t->dtype);
+}
+
+/* Rows and columns of a tensor seen as a matrix (see l2l.h). */
+static inline int64_t l2l_tensor_cols(const l2l_tensor *t) { return t->shape[t->ndim - 1]; }
+static inline int64_t l2l_tensor_rows(const l2l_tensor *t) {
+  return t->numel / l2l_tensor_cols(t);
+}
+
+/* Whether two tensors share any byte of storage. */
+static inline bool l2l_tensors_overlap(const l2l_tensor *a, const l2l_tensor *b) {
+  if (a == NULL || b == NULL || a->storage != b->storage) return false;
+  int64_t sa = (int64_t)l2l_dtype_size(a->dtype), sb = (int64_t)l2l_dtype_size(b->dtype);
+  int64_t a0 = a->offset * sa, a1 = a0 + a->numel * sa;
+  int64_t b0 = b->offset * sb, b1 = b0 + b->numel * sb;
+  return a0 < b1 && b0 < a1;
+}
+
+/* A new tensor of `like`'s shape with its own dtype and pool (contents undefined). */
+l2l_status l2l_tensor_new_like(l2l_tensor **out, l2l_pool_kind pool, l2l_dtype dtype,
+                               const l2l_tensor *like);
+/* A view of `dtype` in `like`'s shape on t's storage starting byte_offset bytes after t's
+   first element (aligned to the dtype's size, within the storage): the relay's slots hold
+   records of several dtypes. */
+l2l_status l2l_tensor_view_bytes(l2l_tensor **out, const l2l_tensor *t, uint64_t byte_offset,
+                                 l2l_dtype dtype, const l2l_tensor *like);
+/* t is a live tensor; else L2L_ERR_INVALID naming `name`, with func's name in front. */
+l2l_status l2l_tensor_check(const char *func, const char *name, const l2l_tensor *t);
+/* "(2,3,5)" into buf, for messages. */
+const char *l2l_shape_str(char *buf, size_t len, const l2l_tensor *t);
+/* t is a live tensor of `dtype` with exactly the dims given (ndim of them); else
+   L2L_ERR_INVALID naming `name`, with func's name in front. */
+l2l_status l2l_need_shape(const char *func, const char *name, const l2l_tensor *t,
+                          l2l_dtype dtype, int ndim, const int64_t *dims);
+
+/* ---------------------------------------------------------------- the block cache (blocks.c) */
+
+/* A cache of memory blocks by exact size over a system allocator. Memory whose system
+   allocator is slow (cudaMalloc, cudaHostAlloc) is kept for reuse instead of given back:
+   a training step asks for the same few sizes every step, so after the first one nothing
+   reaches the system. One cache serves a GPU backend's device memory, another the pinned
+   pool (pool.c). A cap bounds what a cache holds from the system (blocks in use plus
+   cached ones): past it, cached blocks of other sizes are given back first, then the
+   request is refused with L2L_BLOCKS_OVER_CAP and the caller decides what to do (the
+   pinned pool falls back to pageable memory). It never calls the system allocator for a
+   size it holds a cached block of, nor holds more than its cap. */
+/* The system side. alloc returns 0 and a block of at least `size` bytes, or a code of
+   its own (e.g. a cudaError_t) that the caller explains; both are called with the
+   cache's lock held. */
+struct l2l_block_source {
+  int (*alloc)(void **out, uint64_t size);
+  void (*free)(void *ptr);
+};
+
+struct l2l_block_list;
+
+struct l2l_block_cache {
+  pthread_mutex_t lock;
+  const struct l2l_block_source *source;
+  uint64_t cap;                /* reserved stays at or below it; 0: no cap */
+  struct l2l_block_list *lists;
+  int list_count, list_capacity;
+  uint64_t reserved;           /* from the system: in use plus cached */
+  uint64_t cached;
+  uint64_t system_allocs;      /* calls to source->alloc that succeeded */
+};
+
+#define L2L_BLOCK_CACHE(src) \
+  { .lock = PTHREAD_MUTEX_INITIALIZER, .source = (src) }
+
+enum { L2L_BLOCKS_OVER_CAP = -1 };
+
+/* The size a request of `bytes` is served with: rounded up (512 B below 1 MiB, 2 MiB
+   above) so that near sizes share blocks. */
+uint64_t l2l_block_size(uint64_t bytes);
+/* A block of l2l_block_size(bytes): a cached one, else one from the system; when the
+   system refuses or the cap would be passed, the cache is given back and the system
+   asked once more. Returns 0, the source's code, or L2L_BLOCKS_OVER_CAP. */
+int l2l_blocks_get(struct l2l_block_cache *c, void **out, uint64_t bytes);
+/* Takes back a block from l2l_blocks_get (the same `bytes`) for reuse. */
+void l2l_blocks_put(struct l2l_block_cache *c, void *ptr, uint64_t bytes);
+/* Gives every cached block back to the system. */
+void l2l_blocks_release_cached(struct l2l_block_cache *c);
+/* A new cap (0: none); cached blocks go back until reserved fits under it if they can. */
+void l2l_blocks_set_cap(struct l2l_block_cache *c, uint64_t cap);
+uint64_t l2l_blocks_cap(struct l2l_block_cache *c);
+void l2l_blocks_counts(struct l2l_block_cache *c, uint64_t *reserved, uint64_t *cached,
+                       uint64_t *system_allocs);
+
+/* ---------------------------------------------------------------- queues and threads (queue.c) */
+
+/* The relay's and the EPS's asynchronous units of work. A queue is a FIFO served by its
+   own threads: one thread per copy direction (host to device, device to host) so copies
+   in one direction stay in order like a CUDA stream, several for the optimizer. A job is
+   embedded in the struct of its kind; the thread that queued it waits for it with
+   l2l_job_wait. A copy job carries a device mark that its worker waits for first: on a
+   GPU, the kernels it depends on run after the queuing thread has moved on. Errors on a
+   worker are recorded in the job and surface on the waiting thread. A job never runs on
+   the thread that queued it, and never touches Lua. */
+struct l2l_queue;
+
+struct l2l_job {
+  void (*run)(struct l2l_job *job, int thread);   /* thread: the worker's id */
+  struct l2l_job *next;
+  struct l2l_queue *queue;
+  bool done;                  /* under the queue's lock */
+  bool free_when_done;        /* nobody waits: the worker frees it (with `release`) */
+  void (*release)(struct l2l_job *job);
+  struct l2l_device_mark *after;  /* the worker waits for it before run() (NULL: no wait) */
+  l2l_status status;          /* set by run(); message below when not OK */
+  char message[256];
+};
+
+struct l2l_queue {
+  pthread_mutex_t lock;
+  pthread_cond_t work, finished;
+  struct l2l_job *head, *tail;
+  int threads, first_id;      /* worker ids first_id .. first_id + threads - 1 */
+  int busy;                   /* jobs taken and not done */
+  bool stop;
+  pthread_t *tids;
+};
+
+/* Starts `threads` workers whose ids begin at first_id. */
+l2l_status l2l_queue_start(struct l2l_queue *q, int threads, int first_id, const char *what);
+/* Finishes every queued job, then stops the workers. */
+void l2l_queue_stop(struct l2l_queue *q);
+void l2l_queue_push(struct l2l_queue *q, struct l2l_job *job);
+/* Blocks until job is done; returns its status (this thread's last error gets its message). */
+l2l_status l2l_job_wait(struct l2l_job *job);
+/* Blocks until the queue is empty and idle. */
+void l2l_queue_drain(struct l2l_queue *q);
+/* Records a failed status and this thread's message in the job (for run()). */
+void l2l_job_fail(struct l2l_job *job, l2l_status status);
+
+/* Seconds on a monotonic clock. */
+double l2l_now(void);
+
+/* ---------------------------------------------------------------- the timeline (timeline.c) */
+
+/* A relay's record of every unit of work, appended from any thread (best effort: an event
+   that finds no memory is dropped), with the busy seconds the stats report. */
+struct l2l_timeline {
+  pthread_mutex_t lock;
+  l2l_relay_event *events;
+  int64_t count, cap;
+  double origin;             /* l2l_now() when the timeline began */
+  double optimizer_seconds;  /* summed over workers since the last reset */
+  double copy_seconds[2];    /* busy on the host-to-device and device-to-host threads
+                                (threads 1 and 2) since the last reset */
+};
+void l2l_timeline_init(struct l2l_timeline *t);
+void l2l_timeline_free(struct l2l_timeline *t);
+/* Forgets the events and sums of the last step. */
+void l2l_timeline_reset(struct l2l_timeline *t);
+void l2l_timeline_add(struct l2l_timeline *t, int layer, int micro_batch, int phase, int thread,
+                      double start, double end);
+
+#endif /* L2L_CORE_H */

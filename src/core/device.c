@@ -1,0 +1,122 @@
+/* device.c — the device table the core gets device memory and ordering from, and the
+ * marks and stamps built on it.
+ *
+ * Purpose: one decision, made once and visible to every file: which table (if any) the
+ * device pool's memory, the pinned pool's page-locking and the ordering of queued work
+ * come from. The backend registers a chooser at load; the first use of the device asks
+ * it. No table means the device pool is host memory run by the CPU backend (a CPU-only
+ * build, a machine without a GPU, or L2L_DEVICE=cpu): ops are done when they return, so
+ * marks are nothing to wait for and stamps read the host clock.
+ * Must never: change the table while device memory is in use (a pointer would change
+ * meaning under its tensor), or name a backend.
+ */
+#include "core.h"
+
+/* The installed table, once `decided`; read on every device allocation, so atomic. */
+static _Atomic(const struct l2l_device_ops *) installed = NULL;
+static atomic_bool decided = false;
+static pthread_mutex_t choice_lock = PTHREAD_MUTEX_INITIALIZER;
+static const struct l2l_device_ops *(*chooser)(void) = NULL;
+
+void l2l_device_set_chooser(const struct l2l_device_ops *(*choose)(void)) {
+  pthread_mutex_lock(&choice_lock);
+  chooser = choose;
+  pthread_mutex_unlock(&choice_lock);
+}
+
+/* Called with choice_lock held. */
+static void decide_locked(void) {
+  if (atomic_load(&decided)) return;
+  atomic_store(&installed, chooser != NULL ? chooser() : NULL);
+  atomic_store_explicit(&decided, true, memory_order_release);
+}
+
+const struct l2l_device_ops *l2l_device(void) {
+  if (!atomic_load_explicit(&decided, memory_order_acquire)) {
+    pthread_mutex_lock(&choice_lock);
+    decide_locked();
+    pthread_mutex_unlock(&choice_lock);
+  }
+  return atomic_load_explicit(&installed, memory_order_acquire);
+}
+
+l2l_status l2l_device_switch(const struct l2l_device_ops *to, const char *to_name) {
+  pthread_mutex_lock(&choice_lock);
+  decide_locked();
+  const struct l2l_device_ops *now = atomic_load(&installed);
+  if (now != to) {
+    l2l_pool_stats stats;
+    l2l_pool_get_stats(&stats, L2L_POOL_DEVICE);
+    if (stats.current != 0) {
+      pthread_mutex_unlock(&choice_lock);
+      char held[32];
+      return FAIL(L2L_ERR_STATE,
+                  "the device pool holds %llu bytes (%s) of tensors on the %s backend: free "
+                  "them before switching to %s",
+                  (unsigned long long)stats.current,
+                  l2l_human_bytes(held, sizeof held, stats.current),
+                  now != NULL ? now->name : "cpu", to_name);
+    }
+    if (now != NULL) now->release_cache();
+    atomic_store_explicit(&installed, to, memory_order_release);
+  }
+  pthread_mutex_unlock(&choice_lock);
+  return L2L_OK;
+}
+
+l2l_status l2l_device_synchronize(void) {
+  const struct l2l_device_ops *device = l2l_device();
+  return device != NULL ? device->synchronize() : L2L_OK;
+}
+
+l2l_status l2l_device_release_cache(void) {
+  l2l_pool_release_cached();
+  const struct l2l_device_ops *device = l2l_device();
+  return device != NULL ? device->release_cache() : L2L_OK;
+}
+
+/* ---------------------------------------------------------------- marks and stamps */
+
+struct l2l_device_mark *l2l_device_mark(void) {
+  const struct l2l_device_ops *device = l2l_device();
+  return device != NULL ? (struct l2l_device_mark *)device->mark() : NULL;
+}
+
+l2l_status l2l_device_wait_mark(struct l2l_device_mark *mark) {
+  return mark != NULL ? l2l_device()->wait_mark(mark) : L2L_OK;
+}
+
+void l2l_device_stamp(struct l2l_stamp *out) {
+  const struct l2l_device_ops *device = l2l_device();
+  out->event = device != NULL ? device->stamp() : NULL;
+  out->host = l2l_now();
+}
+
+void l2l_device_stamp_anchor(struct l2l_stamp *out) {
+  const struct l2l_device_ops *device = l2l_device();
+  out->event = NULL;
+  if (device != NULL) {
+    out->event = device->stamp();
+    if (out->event != NULL && !device->stamp_wait(out->event)) {
+      device->stamp_release(out->event);
+      out->event = NULL;
+    }
+  }
+  out->host = l2l_now();
+}
+
+bool l2l_device_stamp_seconds(double *out, const struct l2l_stamp *from,
+                              const struct l2l_stamp *to) {
+  const struct l2l_device_ops *device = l2l_device();
+  if (from->event == NULL && to->event == NULL && device == NULL) {
+    *out = to->host - from->host;
+    return true;
+  }
+  if (from->event == NULL || to->event == NULL) return false;
+  return device->stamp_seconds(out, from->event, to->event);
+}
+
+void l2l_device_stamp_release(struct l2l_stamp *stamp) {
+  if (stamp->event != NULL) l2l_device()->stamp_release(stamp->event);
+  stamp->event = NULL;
+}

@@ -1,0 +1,49 @@
+/* timeline.c — a relay's record of its units of work (see core.h, "the timeline").
+ *
+ * Purpose: let every thread (compute, copies, optimizer workers) append what it did and
+ * when, under one lock, for Chrome-trace export and the stats' busy seconds.
+ * Must never: fail a step: without memory for an event, the event is dropped.
+ */
+#include <stdlib.h>
+
+#include "core.h"
+
+void l2l_timeline_init(struct l2l_timeline *t) {
+  memset(t, 0, sizeof *t);
+  pthread_mutex_init(&t->lock, NULL);
+  t->origin = l2l_now();
+}
+
+void l2l_timeline_free(struct l2l_timeline *t) {
+  pthread_mutex_destroy(&t->lock);
+  free(t->events);
+  t->events = NULL;
+}
+
+void l2l_timeline_reset(struct l2l_timeline *t) {
+  pthread_mutex_lock(&t->lock);
+  t->count = 0;
+  t->optimizer_seconds = 0;
+  t->copy_seconds[0] = t->copy_seconds[1] = 0;
+  pthread_mutex_unlock(&t->lock);
+}
+
+void l2l_timeline_add(struct l2l_timeline *t, int layer, int micro_batch, int phase, int thread,
+                      double start, double end) {
+  pthread_mutex_lock(&t->lock);
+  if (phase == L2L_PHASE_UPDATE) t->optimizer_seconds += end - start;
+  if (thread == 1 || thread == 2) t->copy_seconds[thread - 1] += end - start;
+  if (t->count == t->cap) {
+    int64_t cap = t->cap ? 2 * t->cap : 1024;
+    l2l_relay_event *events = realloc(t->events, (size_t)cap * sizeof *events);
+    if (events == NULL) {   /* the timeline is best effort: drop the event */
+      pthread_mutex_unlock(&t->lock);
+      return;
+    }
+    t->events = events;
+    t->cap = cap;
+  }
+  t->events[t->count++] = (l2l_relay_event){layer, micro_batch, phase, thread,
+                                            start - t->origin, end - t->origin};
+  pthread_mutex_unlock(&t->lock);
+}
