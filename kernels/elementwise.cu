@@ -401,10 +401,11 @@ struct AdamwOp {
   float *param, *m, *v;
   const float *grad;
   float b1, b2, eps, lr_wd, step_size, inv_sqrt_bc2;
-  /* cpu_adamw's loop body, expression for expression */
+  /* core.h's l2l_adamw_element (the CPU backend's and the EPS's), expression for
+     expression: device code cannot call that host function, so it is written again here */
   __device__ __forceinline__ void update(float &p, float &mi, float &vi, float g) const {
     mi = b1 * mi + (1.0f - b1) * g;
-    vi = b2 * vi + (1.0f - b2) * g * g;
+    vi = b2 * vi + (1.0f - b2) * (g * g);
     p = p - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps) - lr_wd * p;
   }
   __device__ void scalar(int64_t i) const {
@@ -429,10 +430,11 @@ struct AdamwOp {
 extern "C" int l2l_k_adamw(float *param, float *m, float *v, const float *grad, int64_t n,
                            float lr, float beta1, float beta2, float eps, float weight_decay,
                            float bias_correction1, float bias_correction2, void *stream) {
-  /* The per-step constants, in float on the host exactly as cpu_adamw computes them
-     (lr * wd * p associates as (lr * wd) * p there too). */
-  const float step_size = lr / bias_correction1;
-  const float inv_sqrt_bc2 = 1.0f / sqrtf(bias_correction2);
+  /* The per-step constants as l2l_adamw_consts makes them on the host: in double,
+     rounded once (1.0f - b is that already: a float's 1 - b is exact in double); lr * wd
+     * p associates as (lr * wd) * p there too. */
+  const float step_size = (float)((double)lr / (double)bias_correction1);
+  const float inv_sqrt_bc2 = (float)(1.0 / sqrt((double)bias_correction2));
   AdamwOp op{param, m, v, grad, beta1, beta2, eps, lr * weight_decay, step_size, inv_sqrt_bc2};
   bool vec = aligned16(param) && aligned16(m) && aligned16(v) && aligned16(grad);
   return launch_map(op, n, vec, stream);

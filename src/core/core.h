@@ -13,6 +13,7 @@
 #ifndef L2L_CORE_H
 #define L2L_CORE_H
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -108,6 +109,52 @@ static inline float half_f16_to_f32(uint16_t x) {
   }
   if (e == 31) return bits_float(sign | 0x7f800000u | (m << 13));
   return bits_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+/* ---------------------------------------------------------------- AdamW's arithmetic */
+
+/* One AdamW step of one element: the expression of l2l.h's "optimizers" as the host
+   evaluates it. The EPS's optimizer (eps/optim.c) and the CPU backend's entry behind
+   l2l_adamw_update both run this one, so the two agree to the bit given the same
+   constants. (The CUDA kernel, kernels/elementwise.cu, writes the same expression again:
+   device code cannot call host code.) Inline, so the loops that call it vectorize. */
+struct l2l_adamw_consts {
+  float step;            /* lr / (1 - b1^t) */
+  float rsb2;            /* 1 / sqrt(1 - b2^t) */
+  float b1, c1, b2, c2;  /* moment coefficients: m = b1 m + c1 g, v = b2 v + c2 g^2 */
+  float eps;
+  float decay;           /* lr * weight_decay: decoupled decay, p -= decay p */
+};
+
+/* The constants of a step from lr, the betas, eps, weight decay and the bias corrections
+   bc = 1 - b^t, in double and rounded once, so that m^/(sqrt(v^) + eps) becomes
+   (m / bc1) / (sqrt(v) rsb2 + eps) with no per-element division by a bias correction.
+   grad_scale s (the EPS's accumulation mean and clipping) folds into the coefficients:
+   (1 - b1) (s g) and (1 - b2) (s g)^2. */
+static inline struct l2l_adamw_consts l2l_adamw_consts(double lr, float beta1, float beta2,
+                                                       float eps, float weight_decay,
+                                                       double bc1, double bc2,
+                                                       double grad_scale) {
+  return (struct l2l_adamw_consts){
+      .step = (float)(lr / bc1),
+      .rsb2 = (float)(1.0 / sqrt(bc2)),
+      .b1 = beta1,
+      .c1 = (float)((1.0 - (double)beta1) * grad_scale),
+      .b2 = beta2,
+      .c2 = (float)((1.0 - (double)beta2) * grad_scale * grad_scale),
+      .eps = eps,
+      .decay = (float)lr * weight_decay,
+  };
+}
+
+/* The new value of p, with *m and *v moved on by the gradient g. */
+static inline float l2l_adamw_element(float p, float g, float *m, float *v,
+                                      const struct l2l_adamw_consts *k) {
+  float mi = k->b1 * *m + k->c1 * g;
+  float vi = k->b2 * *v + k->c2 * (g * g);
+  *m = mi;
+  *v = vi;
+  return p - k->step * mi / (sqrtf(vi) * k->rsb2 + k->eps) - k->decay * p;
 }
 
 /* ---------------------------------------------------------------- Philox (rng.c) */

@@ -3,9 +3,10 @@
  * Purpose: records, gradient arrivals and updates. An arrival is one job on the worker
  * queue (add into the accumulator); the arrival that completes a record splits its update
  * into chunks of CHUNK elements so a large record (an embedding table) keeps every worker
- * busy. LAMB needs whole-record norms, so its chunks run in two waves: moments (summing
- * the norms), then apply. The last chunk of a record clears its accumulator, counts the
- * update and wakes whoever waits for the record.
+ * busy. The optimizer is an entry of optim.c's table: its chunks run in one wave, or in two
+ * when it needs whole-record sums between them (LAMB's norms: moments, then apply). The
+ * last chunk of a record clears its accumulator, counts the update and wakes whoever
+ * waits for the record.
  * Must never: update a record before all its gradients for the minibatch have arrived,
  * or change anything of a record that the step does not update.
  */
@@ -15,9 +16,28 @@
 #include <string.h>
 
 #include "eps.h"
-#include "layers/layers.h"  /* temporary: l2l_param_low_precision until add_records */
 
-enum { CHUNK = 1 << 18 };
+enum { CHUNK = 1 << 18, MAX_ADDED = 16 };
+
+struct eps_record {
+  l2l_param *param;
+  l2l_tensor *master, *grad;   /* the record's own tensors (host pool) */
+  l2l_tensor *state[2];        /* optimizer state (host pool), NULL until the first update */
+  l2l_tensor *staging;         /* device-precision copy (pinned), NULL: the master is it */
+  int users;                   /* relay layers holding the record */
+  int64_t updates;             /* t of its last update */
+  pthread_mutex_t absorb_lock; /* gradient arrivals add into grad one at a time */
+  /* This step's bookkeeping, under the EPS lock. */
+  int expected, arrived;       /* gradient visits due and done */
+  bool update_due;             /* this step ends a minibatch accumulation for it */
+  bool pending;                /* an update or a staging rewrite is queued or running */
+  bool stage_after;            /* rewrite the staging copy once the pending update ends */
+  int last_layer;              /* the layer whose gradient completed it */
+  double sumsq;                /* |grad|^2 once complete (global clipping) */
+  int chunks_left;
+  double wave_sums[2];         /* a first wave's whole-record sums (LAMB's norms) */
+  struct l2l_optim_hyper hyper;
+};
 
 /* ---------------------------------------------------------------- records */
 
@@ -25,6 +45,7 @@ l2l_status l2l_eps_init(struct l2l_eps *eps, const l2l_optimizer_config *optimiz
                         l2l_dtype precision, int threads, struct l2l_timeline *timeline) {
   memset(eps, 0, sizeof *eps);
   eps->optimizer = *optimizer;
+  eps->optim = l2l_optimizer_ops(optimizer->kind);
   eps->precision = precision;
   eps->timeline = timeline;
   pthread_mutex_init(&eps->lock, NULL);
@@ -59,8 +80,9 @@ struct eps_record *l2l_eps_find(const struct l2l_eps *eps, const l2l_param *para
   return NULL;
 }
 
-l2l_status l2l_eps_add_layer(struct l2l_eps *eps, l2l_layer *layer) {
-  int n = l2l_layer_param_count(layer);
+l2l_status l2l_eps_add_records(struct l2l_eps *eps, l2l_param *const *params,
+                               const bool *low_precision, int n) {
+  if (n > MAX_ADDED) return FAIL(L2L_ERR_INVALID, "%d records at once (at most %d)", n, MAX_ADDED);
   /* Room first, so that a failure leaves every count as it was. */
   if (eps->count + n > eps->cap) {
     int cap = eps->cap ? 2 * eps->cap : 64;
@@ -70,12 +92,12 @@ l2l_status l2l_eps_add_layer(struct l2l_eps *eps, l2l_layer *layer) {
     eps->records = records;
     eps->cap = cap;
   }
-  struct eps_record *fresh[16] = {0};   /* a layer has at most 12 records */
+  struct eps_record *fresh[MAX_ADDED] = {0};
   int nfresh = 0;
   for (int i = 0; i < n; i++) {
-    l2l_param *p = l2l_layer_param(layer, i);
+    l2l_param *p = params[i];
     if (l2l_eps_find(eps, p) != NULL) continue;
-    bool twice = false;   /* a record listed twice by one layer counts once */
+    bool twice = false;   /* a record listed twice counts once */
     for (int j = 0; j < nfresh; j++) twice |= fresh[j]->param == p;
     if (twice) continue;
     struct eps_record *rec = calloc(1, sizeof *rec);
@@ -88,7 +110,7 @@ l2l_status l2l_eps_add_layer(struct l2l_eps *eps, l2l_layer *layer) {
     rec->grad = l2l_param_grad(p);
     pthread_mutex_init(&rec->absorb_lock, NULL);
     fresh[nfresh++] = rec;
-    if (eps->precision != L2L_F32 && l2l_param_low_precision(p)) {
+    if (eps->precision != L2L_F32 && low_precision[i]) {
       l2l_status status =
           l2l_tensor_new_like(&rec->staging, L2L_POOL_PINNED, eps->precision, rec->master);
       if (status != L2L_OK) {
@@ -98,13 +120,12 @@ l2l_status l2l_eps_add_layer(struct l2l_eps *eps, l2l_layer *layer) {
     }
   }
   for (int j = 0; j < nfresh; j++) eps->records[eps->count++] = fresh[j];
-  for (int i = 0; i < n; i++) l2l_eps_find(eps, l2l_layer_param(layer, i))->users++;
+  for (int i = 0; i < n; i++) l2l_eps_find(eps, params[i])->users++;
   return L2L_OK;
 }
 
-void l2l_eps_remove_layer(struct l2l_eps *eps, l2l_layer *layer) {
-  int n = l2l_layer_param_count(layer);
-  for (int i = 0; i < n; i++) l2l_eps_find(eps, l2l_layer_param(layer, i))->users--;
+void l2l_eps_remove_records(struct l2l_eps *eps, l2l_param *const *params, int n) {
+  for (int i = 0; i < n; i++) l2l_eps_find(eps, params[i])->users--;
   int kept = 0;
   for (int i = 0; i < eps->count; i++) {
     if (eps->records[i]->users > 0) eps->records[kept++] = eps->records[i];
@@ -125,6 +146,59 @@ uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps) {
                                   l2l_dtype_size(eps->precision));
   }
   return bytes;
+}
+
+const l2l_tensor *l2l_eps_device_source(const struct eps_record *rec) {
+  return rec->staging ? rec->staging : rec->master;
+}
+const l2l_tensor *l2l_eps_master(const struct eps_record *rec) { return rec->master; }
+l2l_param *l2l_eps_param(const struct eps_record *rec) { return rec->param; }
+int64_t l2l_eps_updates(const struct eps_record *rec) { return rec->updates; }
+l2l_tensor *l2l_eps_state(const struct eps_record *rec, int which) {
+  return rec->updates > 0 ? rec->state[which] : NULL;
+}
+
+l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_record *rec,
+                           int64_t updates, const l2l_tensor *first, const l2l_tensor *second) {
+  const l2l_tensor *given[2] = {first, second};
+  const char *names[2] = {"first", "second"};
+  int count = l2l_optim_state_count(&eps->optimizer);
+  int arrays = updates > 0 ? count : 0;
+  for (int a = 0; a < 2; a++) {
+    if (a >= arrays) {
+      if (given[a] != NULL)
+        return l2l_fail_in(func, L2L_ERR_INVALID,
+                           "%s must be NULL: the optimizer keeps %d state arrays%s", names[a],
+                           count, updates == 0 ? " and none before the first update" : "");
+      continue;
+    }
+    if (given[a] == NULL)
+      return l2l_fail_in(func, L2L_ERR_INVALID, "%s is NULL: the optimizer keeps %d state arrays",
+                         names[a], arrays);
+    if (l2l_tensor_dtype(given[a]) != L2L_F32)
+      return l2l_fail_in(func, L2L_ERR_INVALID, "%s must be f32, got %s", names[a],
+                         l2l_dtype_name((l2l_dtype)l2l_tensor_dtype(given[a])));
+    if (l2l_tensor_numel(given[a]) != l2l_tensor_numel(rec->master))
+      return l2l_fail_in(func, L2L_ERR_INVALID, "%s has %lld elements, the parameter %lld",
+                         names[a], (long long)l2l_tensor_numel(given[a]),
+                         (long long)l2l_tensor_numel(rec->master));
+  }
+  l2l_tensor *fresh[2] = {NULL, NULL};
+  for (int a = 0; a < arrays; a++) {
+    l2l_status status = l2l_tensor_new_like(&fresh[a], L2L_POOL_HOST, L2L_F32, rec->master);
+    if (status == L2L_OK) status = l2l_tensor_copy(fresh[a], given[a]);
+    if (status != L2L_OK) {
+      l2l_tensor_free(fresh[0]);
+      l2l_tensor_free(fresh[1]);
+      return status;
+    }
+  }
+  for (int a = 0; a < 2; a++) {
+    l2l_tensor_free(rec->state[a]);
+    rec->state[a] = fresh[a];
+  }
+  rec->updates = updates;
+  return L2L_OK;
 }
 
 /* ---------------------------------------------------------------- a step */
@@ -168,10 +242,10 @@ struct chunk_job {
   struct l2l_eps *eps;
   struct eps_record *rec;
   int64_t begin, end;
-  int wave;            /* LAMB: 0 moments, 1 apply; other optimizers: 1; STAGE_WAVE: the
-                          staging copy from the master */
+  int wave;            /* 0 .. the optimizer's waves - 1; STAGE_WAVE: the staging copy
+                          from the master */
 };
-enum { STAGE_WAVE = 2 };
+enum { STAGE_WAVE = -1 };
 
 static void chunk_release(struct l2l_job *job) { free(job); }
 static void chunk_run(struct l2l_job *job, int thread);
@@ -208,11 +282,11 @@ static void start_update(struct l2l_eps *eps, struct eps_record *rec, float grad
       .kind = o->kind, .lr = (float)eps->lr, .weight_decay = decays ? o->weight_decay : 0.0f,
       .momentum = o->momentum, .nesterov = o->nesterov, .beta1 = o->beta1, .beta2 = o->beta2,
       .eps = o->eps, .t = rec->updates + 1, .grad_scale = grad_scale};
-  rec->lamb_norms[0] = rec->lamb_norms[1] = 0;
+  rec->wave_sums[0] = rec->wave_sums[1] = 0;
   pthread_mutex_lock(&eps->lock);
   rec->pending = true;
   pthread_mutex_unlock(&eps->lock);
-  queue_wave(eps, rec, o->kind == L2L_OPTIMIZER_LAMB ? 0 : 1);
+  queue_wave(eps, rec, 0);
 }
 
 static void chunk_run(struct l2l_job *job, int thread) {
@@ -225,31 +299,23 @@ static void chunk_run(struct l2l_job *job, int thread) {
     stage_chunk(eps, rec, cj->begin, n, thread, t0);
     return;
   }
-  float *p = (float *)l2l_tensor_data(rec->master) + cj->begin;
   float *g = (float *)l2l_tensor_data(rec->grad) + cj->begin;
-  float *s0 = rec->state[0] ? (float *)l2l_tensor_data(rec->state[0]) + cj->begin : NULL;
-  float *s1 = rec->state[1] ? (float *)l2l_tensor_data(rec->state[1]) + cj->begin : NULL;
-  const struct l2l_optim_hyper *h = &rec->hyper;
-  double norms[2] = {0, 0};
-  bool last_wave = cj->wave == 1;
-  switch (h->kind) {
-    case L2L_OPTIMIZER_SGD: l2l_optim_sgd(p, s0, g, n, h); break;
-    case L2L_OPTIMIZER_ADAMW: l2l_optim_adamw(p, s0, s1, g, n, h); break;
-    case L2L_OPTIMIZER_LAMB:
-      if (cj->wave == 0) {
-        l2l_optim_lamb_moments(s0, s1, p, g, n, h, norms);
-      } else {
-        float trust = l2l_optim_lamb_trust(rec->lamb_norms);
-        l2l_optim_lamb_apply(p, s0, s1, n, h, trust);
-      }
-      break;
-  }
+  double sums[2] = {0, 0};
+  struct l2l_optim_chunk chunk = {
+      .p = (float *)l2l_tensor_data(rec->master) + cj->begin, .grad = g, .n = n,
+      .h = &rec->hyper, .wave = cj->wave, .sums = sums, .record_sums = rec->wave_sums};
+  for (int a = 0; a < 2; a++)
+    chunk.state[a] = rec->state[a] ? (float *)l2l_tensor_data(rec->state[a]) + cj->begin : NULL;
+  eps->optim->chunk(&chunk);
+  bool last_wave = cj->wave == eps->optim->waves - 1;
   if (last_wave) memset(g, 0, (size_t)n * sizeof *g);   /* the next minibatch starts at 0 */
   l2l_timeline_add(eps->timeline, rec->last_layer, -1, L2L_PHASE_UPDATE, thread, t0, l2l_now());
 
   pthread_mutex_lock(&eps->lock);
-  rec->lamb_norms[0] += norms[0];
-  rec->lamb_norms[1] += norms[1];
+  if (!last_wave) {   /* the last wave reads the sums: nothing writes them then */
+    rec->wave_sums[0] += sums[0];
+    rec->wave_sums[1] += sums[1];
+  }
   bool wave_done = --rec->chunks_left == 0;
   bool stage = wave_done && last_wave && rec->stage_after;
   if (wave_done && last_wave) {
@@ -259,7 +325,7 @@ static void chunk_run(struct l2l_job *job, int thread) {
     pthread_cond_broadcast(&eps->changed);
   }
   pthread_mutex_unlock(&eps->lock);
-  if (wave_done && !last_wave) queue_wave(eps, rec, 1);
+  if (wave_done && !last_wave) queue_wave(eps, rec, cj->wave + 1);
   if (stage) queue_wave(eps, rec, STAGE_WAVE);
 }
 
@@ -293,6 +359,14 @@ void l2l_eps_stage(struct l2l_eps *eps) {
     pthread_mutex_unlock(&eps->lock);
     if (now) queue_wave(eps, rec, STAGE_WAVE);
   }
+}
+
+float l2l_eps_clip_scale(const l2l_tensor *const *grads, int n, float clip) {
+  if (!(clip > 0)) return 1.0f;
+  double sumsq = 0;
+  for (int i = 0; i < n; i++) sumsq += l2l_optim_tensor_sumsq(grads[i]);
+  double norm = sqrt(sumsq);
+  return norm > clip ? (float)(clip / norm) : 1.0f;
 }
 
 /* One gradient arrival; freed by the worker. */

@@ -14,7 +14,10 @@
  * master at the start of every step (after the record's pending update, if any), so that
  * every transfer moves 16-bit weights and a script's edits of the masters between steps
  * always reach the device.
- * Must never: know a layer's internals (only its records), or run on the compute thread.
+ * The optimizers are a table (optim.c); gradient norms for clipping, per layer or global,
+ * are computed here; the relay reads a record only through the accessors below.
+ * Must never: include a header of the parts above it (layers, relay): it knows parameter
+ * records (l2l.h's handles), never a layer; or run on the compute thread.
  */
 #ifndef L2L_EPS_H
 #define L2L_EPS_H
@@ -41,16 +44,45 @@ struct l2l_optim_hyper {
                             clipping), without writing grad */
 };
 
+/* One chunk of one wave of a record's update: the arrays from `begin`, n elements. */
+struct l2l_optim_chunk {
+  float *p;                    /* the master */
+  float *state[2];             /* the optimizer state arrays (NULL beyond its count) */
+  const float *grad;
+  int64_t n;
+  const struct l2l_optim_hyper *h;
+  int wave;                    /* 0 .. waves - 1 */
+  double *sums;                /* a first wave adds its whole-record sums here (two) */
+  const double *record_sums;   /* a later wave reads the sums of every chunk (two) */
+};
+
+/* An optimizer: one entry of the table in optim.c. Adding one is its kernels, an entry
+   there, its kind in l2l.h and its constructor in lua/l2l/optim.lua. */
+struct l2l_optimizer_ops {
+  const char *name;
+  /* Passes over a record: 1, or 2 when the update needs whole-record sums between them
+     (LAMB's trust ratio). The EPS starts a wave once every chunk of the last is done. */
+  int waves;
+  /* State arrays per record (at most 2). */
+  int (*state_count)(const l2l_optimizer_config *config);
+  /* The config's fields of this kind (the shared ones are checked before). */
+  l2l_status (*check)(const l2l_optimizer_config *config);
+  void (*chunk)(const struct l2l_optim_chunk *chunk);
+};
+/* The table's entry for a kind, or NULL for an unknown kind. */
+const struct l2l_optimizer_ops *l2l_optimizer_ops(l2l_optimizer_kind kind);
+
 /* Config checks: L2L_ERR_INVALID naming the field and its value, or L2L_OK. */
 l2l_status l2l_optimizer_check(const l2l_optimizer_config *config);
 l2l_status l2l_schedule_check(const l2l_schedule_config *schedule);
-/* State arrays per record: SGD 1 when momentum > 0 else 0; AdamW and LAMB 2. */
+/* State arrays per record (the table's state_count): SGD 1 when momentum > 0 else 0;
+   AdamW and LAMB 2; -1 for an unchecked config of an unknown kind. */
 int l2l_optim_state_count(const l2l_optimizer_config *config);
 
 /* SGD on n elements; buf is NULL when momentum = 0 (state arrays start at zero). */
 void l2l_optim_sgd(float *p, float *buf, const float *grad, int64_t n,
                    const struct l2l_optim_hyper *h);
-/* AdamW on n elements (same maths as l2l_adamw_update). */
+/* AdamW on n elements (core.h's AdamW arithmetic, which l2l_adamw_update also runs). */
 void l2l_optim_adamw(float *p, float *m, float *v, const float *grad, int64_t n,
                      const struct l2l_optim_hyper *h);
 /* LAMB in two passes, because its trust ratio needs whole-record norms: moments updates
@@ -65,6 +97,8 @@ float l2l_optim_lamb_trust(const double norms[2]);
 
 /* sum x^2 in double (gradient norms for clipping). */
 double l2l_optim_sumsq(const float *x, int64_t n);
+/* The same over a gradient tensor the host can read: f32, or 16-bit widened exactly. */
+double l2l_optim_tensor_sumsq(const l2l_tensor *grad);
 /* dst += scale * src (absorbing a gradient into the accumulator). */
 void l2l_optim_axpy(float *dst, const float *src, float scale, int64_t n);
 /* The same, and src := 0 in the same pass (a gradient slot emptied for its next use). */
@@ -77,28 +111,13 @@ void l2l_optim_axpy_half(float *dst, const uint16_t *src, l2l_dtype dtype, float
 
 /* ---------------------------------------------------------------- records and steps (eps.c) */
 
-struct eps_record {
-  l2l_param *param;
-  l2l_tensor *master, *grad;   /* the record's own tensors (host pool) */
-  l2l_tensor *state[2];        /* optimizer state (host pool), NULL until the first update */
-  l2l_tensor *staging;         /* device-precision copy (pinned), NULL: the master is it */
-  int users;                   /* relay layers holding the record */
-  int64_t updates;             /* t of its last update */
-  pthread_mutex_t absorb_lock; /* gradient arrivals add into grad one at a time */
-  /* This step's bookkeeping, under the EPS lock. */
-  int expected, arrived;       /* gradient visits due and done */
-  bool update_due;             /* this step ends a minibatch accumulation for it */
-  bool pending;                /* an update or a staging rewrite is queued or running */
-  bool stage_after;            /* rewrite the staging copy once the pending update ends */
-  int last_layer;              /* the layer whose gradient completed it */
-  double sumsq;                /* |grad|^2 once complete (global clipping) */
-  int chunks_left;
-  double lamb_norms[2];
-  struct l2l_optim_hyper hyper;
-};
+/* A parameter record as the EPS holds it (eps.c); the relay reads it only through the
+   accessors below. */
+struct eps_record;
 
 struct l2l_eps {
   l2l_optimizer_config optimizer;
+  const struct l2l_optimizer_ops *optim;   /* the optimizer's entry of the table */
   l2l_dtype precision;         /* the device's: f32, or f16 / bf16 for staging copies */
   struct eps_record **records;
   int count, cap;
@@ -111,16 +130,36 @@ struct l2l_eps {
   double lr;
 };
 
+/* optimizer: checked already. */
 l2l_status l2l_eps_init(struct l2l_eps *eps, const l2l_optimizer_config *optimizer,
                         l2l_dtype precision, int threads, struct l2l_timeline *timeline);
 void l2l_eps_free(struct l2l_eps *eps);
 struct eps_record *l2l_eps_find(const struct l2l_eps *eps, const l2l_param *param);
-/* A layer joins or leaves: its records' user counts change; new records start with no
-   optimizer state (and, for a 16-bit precision, a staging tensor when low-precision),
-   records nobody uses any more leave (their state freed). */
-l2l_status l2l_eps_add_layer(struct l2l_eps *eps, l2l_layer *layer);
-void l2l_eps_remove_layer(struct l2l_eps *eps, l2l_layer *layer);
+/* The records of a layer join or leave (a record listed twice counts once): their user
+   counts change; new records start with no optimizer state (and, for a 16-bit precision,
+   a staging tensor when low_precision[i] says the device may hold params[i] in 16 bits);
+   records nobody uses any more leave (their state freed). Adding fails having changed
+   nothing. At most 16 records at a time. */
+l2l_status l2l_eps_add_records(struct l2l_eps *eps, l2l_param *const *params,
+                               const bool *low_precision, int n);
+void l2l_eps_remove_records(struct l2l_eps *eps, l2l_param *const *params, int n);
 uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps);
+
+/* What the device copies of a record: its staging copy in device precision, or the f32
+   master itself (whose shape every copy has). */
+const l2l_tensor *l2l_eps_device_source(const struct eps_record *rec);
+const l2l_tensor *l2l_eps_master(const struct eps_record *rec);
+l2l_param *l2l_eps_param(const struct eps_record *rec);
+/* The record's updates so far, and its optimizer state array `which` (NULL before the
+   first update); call between steps (after l2l_eps_sync). */
+int64_t l2l_eps_updates(const struct eps_record *rec);
+l2l_tensor *l2l_eps_state(const struct eps_record *rec, int which);
+/* A checkpoint's state for rec: `updates` so far and the optimizer's state arrays
+   (NULL beyond the optimizer's count, and all NULL for updates 0), checked against the
+   record, then copied in whole before the old state is freed: a refusal changes
+   nothing; its message names `func`, the public call. Between steps. */
+l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_record *rec,
+                           int64_t updates, const l2l_tensor *first, const l2l_tensor *second);
 
 /* Before a step's backward (no worker is busy): every record's counts reset; then the
    relay calls eps_expect once per trainable visit of each record. update: this step ends
@@ -130,6 +169,9 @@ uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps);
 void l2l_eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr);
 void l2l_eps_expect(struct l2l_eps *eps, struct eps_record *rec);
 l2l_status l2l_eps_prepare(struct l2l_eps *eps);
+/* Per-layer clipping of a visit's gradients (host-readable, f32 or 16-bit): the scale
+   that brings their joint norm down to clip, 1 when it is within (or clip is 0). */
+float l2l_eps_clip_scale(const l2l_tensor *const *grads, int n, float clip);
 /* On the device-to-host thread: adds scale * incoming (pinned, owned from here on; f32,
    or a 16-bit gradient the add widens) into rec's accumulator on a worker, then starts
    its update when it is complete. */

@@ -1,10 +1,11 @@
-/* eps_optim.c — the EPS's host optimizer kernels (SGD with momentum, AdamW, LAMB), the
- * checks of optimizer and schedule configs, and l2l_schedule_lr.
+/* optim.c — the EPS's optimizers as a table (SGD with momentum, AdamW, LAMB): their host
+ * kernels, their state counts and config checks; the checks of schedule configs, and
+ * l2l_schedule_lr.
  *
  * Purpose: update one chunk [0, n) of one parameter record in fp32 as fast as host memory
  * allows. AdamW moves 28 bytes per parameter (read p, g, m, v; write p, m, v) and does a
- * handful of flops, so these loops are bandwidth-bound once they vectorize (see NOTES.md,
- * "Host memory bandwidth is the host optimizer's limit"). Every hot loop is therefore a
+ * handful of flops, so these loops are bound by host memory bandwidth once they vectorize
+ * (bench/optim measures them against that bound). Every hot loop is therefore a
  * plain counted loop over restrict pointers that GCC vectorizes with the project's flags
  * (-fno-math-errno lets sqrtf vectorize; `omp simd reduction` lets the double sums
  * vectorize without -ffast-math): everything that depends only on the step (bias
@@ -16,10 +17,9 @@
  * chunk each), read or write beyond the n elements given, or write the gradient
  * (grad_scale is applied on the fly).
  */
-#include "eps.h"
-
 #include <math.h>
 
+#include "eps.h"
 
 /* ---------------------------------------------------------------- config checks */
 
@@ -32,11 +32,35 @@ static l2l_status check_range(const char *func, const char *what, const char *fi
                      lo, hi, hi_open ? ")" : "]", (double)value);
 }
 
+/* The kind-specific checks of the table's entries; their messages name the public check. */
+static const char CHECKER[] = "l2l_optimizer_check";
+
+static l2l_status sgd_check(const l2l_optimizer_config *c) {
+  TRY(check_range(CHECKER, "optimizer", "momentum", c->momentum, 0.0, 1.0, 1));
+  if (c->nesterov != 0 && c->nesterov != 1)
+    return l2l_fail_in(CHECKER, L2L_ERR_INVALID, "optimizer nesterov must be 0 or 1, got %d",
+                       c->nesterov);
+  if (c->nesterov && c->momentum == 0.0f)
+    return l2l_fail_in(CHECKER, L2L_ERR_INVALID,
+                       "optimizer nesterov = 1 needs momentum > 0, got momentum %g",
+                       (double)c->momentum);
+  return L2L_OK;
+}
+
+static l2l_status adam_check(const l2l_optimizer_config *c) {
+  TRY(check_range(CHECKER, "optimizer", "beta1", c->beta1, 0.0, 1.0, 1));
+  TRY(check_range(CHECKER, "optimizer", "beta2", c->beta2, 0.0, 1.0, 1));
+  if (!(c->eps > 0.0f))
+    return l2l_fail_in(CHECKER, L2L_ERR_INVALID, "optimizer eps must be > 0, got %g",
+                       (double)c->eps);
+  return L2L_OK;
+}
+
 l2l_status l2l_optimizer_check(const l2l_optimizer_config *c) {
   const char *f = __func__, *o = "optimizer";
   if (c == NULL) return FAIL(L2L_ERR_INVALID, "optimizer config is NULL");
-  if (c->kind != L2L_OPTIMIZER_SGD && c->kind != L2L_OPTIMIZER_ADAMW &&
-      c->kind != L2L_OPTIMIZER_LAMB)
+  const struct l2l_optimizer_ops *ops = l2l_optimizer_ops(c->kind);
+  if (ops == NULL)
     return FAIL(L2L_ERR_INVALID, "optimizer kind %d is unknown (0 sgd, 1 adamw, 2 lamb)",
                 (int)c->kind);
   /* Garbage in a field the kind does not use is still garbage: no NaN or inf anywhere. */
@@ -53,20 +77,7 @@ l2l_status l2l_optimizer_check(const l2l_optimizer_config *c) {
   TRY(check_range(f, o, "weight_decay", c->weight_decay, 0.0, INFINITY, 1));
   if (c->decay_all != 0 && c->decay_all != 1)
     return FAIL(L2L_ERR_INVALID, "optimizer decay_all must be 0 or 1, got %d", c->decay_all);
-  if (c->kind == L2L_OPTIMIZER_SGD) {
-    TRY(check_range(f, o, "momentum", c->momentum, 0.0, 1.0, 1));
-    if (c->nesterov != 0 && c->nesterov != 1)
-      return FAIL(L2L_ERR_INVALID, "optimizer nesterov must be 0 or 1, got %d", c->nesterov);
-    if (c->nesterov && c->momentum == 0.0f)
-      return FAIL(L2L_ERR_INVALID, "optimizer nesterov = 1 needs momentum > 0, got momentum %g",
-                  (double)c->momentum);
-  } else {
-    TRY(check_range(f, o, "beta1", c->beta1, 0.0, 1.0, 1));
-    TRY(check_range(f, o, "beta2", c->beta2, 0.0, 1.0, 1));
-    if (!(c->eps > 0.0f))
-      return FAIL(L2L_ERR_INVALID, "optimizer eps must be > 0, got %g", (double)c->eps);
-  }
-  return L2L_OK;
+  return ops->check(c);
 }
 
 l2l_status l2l_schedule_check(const l2l_schedule_config *s) {
@@ -86,13 +97,8 @@ l2l_status l2l_schedule_check(const l2l_schedule_config *s) {
 }
 
 int l2l_optim_state_count(const l2l_optimizer_config *c) {
-  if (c == NULL) return -1;
-  switch (c->kind) {
-    case L2L_OPTIMIZER_SGD: return c->momentum > 0.0f ? 1 : 0;
-    case L2L_OPTIMIZER_ADAMW:
-    case L2L_OPTIMIZER_LAMB: return 2;
-  }
-  return -1; /* unknown kind: the config was not checked */
+  const struct l2l_optimizer_ops *ops = c != NULL ? l2l_optimizer_ops(c->kind) : NULL;
+  return ops != NULL ? ops->state_count(c) : -1; /* unknown kind: the config was not checked */
 }
 
 /* ---------------------------------------------------------------- schedules */
@@ -124,29 +130,14 @@ l2l_status l2l_schedule_lr(double *out, const l2l_schedule_config *schedule, dou
 
 /* ---------------------------------------------------------------- kernels */
 
-/* Adam's bias corrections for step t, in double (b^t underflows gracefully there) and
-   folded into the two constants the loops use: step = lr / (1 - b1^t) and
-   rsb2 = 1 / sqrt(1 - b2^t), so that m^/(sqrt(v^) + eps) = (m / (1-b1^t)) /
-   (sqrt(v) * rsb2 + eps) with no per-element division by a bias correction. */
-struct adam_consts {
-  float step;   /* lr / (1 - b1^t), or 1 / (1 - b1^t) for LAMB (lr applied later) */
-  float rsb2;   /* 1 / sqrt(1 - b2^t) */
-  float b1, c1, b2, c2; /* moment coefficients: m = b1 m + c1 g, v = b2 v + c2 g^2 */
-};
-
-static struct adam_consts adam_consts(const struct l2l_optim_hyper *h, double lr) {
+/* Adam's constants for step t (core.h's AdamW arithmetic), the bias corrections in double
+   (b^t underflows gracefully there); lr 1 for LAMB, which applies lr after its trust
+   ratio. */
+static struct l2l_adamw_consts adam_consts(const struct l2l_optim_hyper *h, double lr) {
   double t = (double)(h->t < 1 ? 1 : h->t);
   double bc1 = 1.0 - pow((double)h->beta1, t), bc2 = 1.0 - pow((double)h->beta2, t);
-  struct adam_consts k = {
-      .step = (float)(lr / bc1),
-      .rsb2 = (float)(1.0 / sqrt(bc2)),
-      .b1 = h->beta1,
-      .b2 = h->beta2,
-      /* grad_scale folds into the coefficients: (1-b1) (s g) and (1-b2) (s g)^2. */
-      .c1 = (float)((1.0 - (double)h->beta1) * (double)h->grad_scale),
-      .c2 = (float)((1.0 - (double)h->beta2) * (double)h->grad_scale * (double)h->grad_scale),
-  };
-  return k;
+  return l2l_adamw_consts(lr, h->beta1, h->beta2, h->eps, h->weight_decay, bc1, bc2,
+                          (double)h->grad_scale);
 }
 
 void l2l_optim_sgd(float *restrict p, float *restrict buf, const float *restrict grad, int64_t n,
@@ -185,16 +176,13 @@ void l2l_optim_sgd(float *restrict p, float *restrict buf, const float *restrict
 
 void l2l_optim_adamw(float *restrict p, float *restrict m, float *restrict v,
                      const float *restrict grad, int64_t n, const struct l2l_optim_hyper *h) {
-  const struct adam_consts k = adam_consts(h, (double)h->lr);
-  const float eps = h->eps, decay = h->lr * h->weight_decay;
+  const struct l2l_adamw_consts k = adam_consts(h, (double)h->lr);
 #pragma omp simd
   for (int64_t i = 0; i < n; i++) {
-    float g = grad[i], pi = p[i];
-    float mi = k.b1 * m[i] + k.c1 * g;
-    float vi = k.b2 * v[i] + k.c2 * (g * g);
+    float mi = m[i], vi = v[i];
+    p[i] = l2l_adamw_element(p[i], grad[i], &mi, &vi, &k);
     m[i] = mi;
     v[i] = vi;
-    p[i] = pi - k.step * mi / (sqrtf(vi) * k.rsb2 + eps) - decay * pi;
   }
 }
 
@@ -208,7 +196,7 @@ static inline float lamb_r(float m, float v, float p, float step, float rsb2, fl
 void l2l_optim_lamb_moments(float *restrict m, float *restrict v, const float *restrict p,
                             const float *restrict grad, int64_t n,
                             const struct l2l_optim_hyper *h, double norms[2]) {
-  const struct adam_consts k = adam_consts(h, 1.0);
+  const struct l2l_adamw_consts k = adam_consts(h, 1.0);
   const float eps = h->eps, wd = h->weight_decay;
   double pp = 0.0, rr = 0.0;
 #pragma omp simd reduction(+ : pp, rr)
@@ -228,7 +216,7 @@ void l2l_optim_lamb_moments(float *restrict m, float *restrict v, const float *r
 
 void l2l_optim_lamb_apply(float *restrict p, const float *restrict m, const float *restrict v,
                           int64_t n, const struct l2l_optim_hyper *h, float trust) {
-  const struct adam_consts k = adam_consts(h, 1.0);
+  const struct l2l_adamw_consts k = adam_consts(h, 1.0);
   const float eps = h->eps, wd = h->weight_decay, rate = h->lr * trust;
 #pragma omp simd
   for (int64_t i = 0; i < n; i++) {
@@ -292,4 +280,47 @@ void l2l_optim_axpy_half(float *restrict dst, const uint16_t *restrict src, l2l_
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) dst[i] += scale * half_f16_to_f32(src[i]);
   }
+}
+
+double l2l_optim_tensor_sumsq(const l2l_tensor *grad) {
+  l2l_dtype dtype = (l2l_dtype)l2l_tensor_dtype(grad);
+  if (dtype == L2L_F32) return l2l_optim_sumsq(l2l_tensor_data(grad), l2l_tensor_numel(grad));
+  return l2l_optim_sumsq_half(l2l_tensor_data(grad), dtype, l2l_tensor_numel(grad));
+}
+
+/* ---------------------------------------------------------------- the table */
+
+static int sgd_state_count(const l2l_optimizer_config *c) { return c->momentum > 0.0f ? 1 : 0; }
+static int adam_state_count(const l2l_optimizer_config *c) {
+  (void)c;
+  return 2;
+}
+
+static void sgd_chunk(const struct l2l_optim_chunk *c) {
+  l2l_optim_sgd(c->p, c->state[0], c->grad, c->n, c->h);
+}
+
+static void adamw_chunk(const struct l2l_optim_chunk *c) {
+  l2l_optim_adamw(c->p, c->state[0], c->state[1], c->grad, c->n, c->h);
+}
+
+/* Wave 0: the moments and the norms of p and r; wave 1: the step with the trust ratio of
+   the whole record's norms. */
+static void lamb_chunk(const struct l2l_optim_chunk *c) {
+  if (c->wave == 0)
+    l2l_optim_lamb_moments(c->state[0], c->state[1], c->p, c->grad, c->n, c->h, c->sums);
+  else
+    l2l_optim_lamb_apply(c->p, c->state[0], c->state[1], c->n, c->h,
+                         l2l_optim_lamb_trust(c->record_sums));
+}
+
+static const struct l2l_optimizer_ops optimizers[] = {
+    [L2L_OPTIMIZER_SGD] = {"sgd", 1, sgd_state_count, sgd_check, sgd_chunk},
+    [L2L_OPTIMIZER_ADAMW] = {"adamw", 1, adam_state_count, adam_check, adamw_chunk},
+    [L2L_OPTIMIZER_LAMB] = {"lamb", 2, adam_state_count, adam_check, lamb_chunk},
+};
+
+const struct l2l_optimizer_ops *l2l_optimizer_ops(l2l_optimizer_kind kind) {
+  if ((int)kind < 0 || (size_t)kind >= sizeof optimizers / sizeof optimizers[0]) return NULL;
+  return optimizers[kind].name != NULL ? &optimizers[kind] : NULL;
 }

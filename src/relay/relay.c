@@ -209,8 +209,7 @@ static void params_run(struct l2l_job *job, int thread) {
   for (int i = 0; i < pj->nrec; i++) {
     l2l_eps_wait_record(&pj->run->eps, pj->rec[i]);
     pj->updates[i] = l2l_eps_settled_updates(&pj->run->eps, pj->rec[i]);
-    const struct eps_record *rec = pj->rec[i];
-    l2l_status status = l2l_tensor_copy(pj->value[i], rec->staging ? rec->staging : rec->master);
+    l2l_status status = l2l_tensor_copy(pj->value[i], l2l_eps_device_source(pj->rec[i]));
     if (status != L2L_OK) {
       l2l_job_fail(job, status);
       break;
@@ -247,29 +246,22 @@ static void grads_release(struct l2l_job *job) {
   free(gj);
 }
 
-static double grad_sumsq(const l2l_tensor *grad) {
-  l2l_dtype dtype = (l2l_dtype)l2l_tensor_dtype(grad);
-  if (dtype == L2L_F32) return l2l_optim_sumsq(l2l_tensor_data(grad), l2l_tensor_numel(grad));
-  return l2l_optim_sumsq_half(l2l_tensor_data(grad), dtype, l2l_tensor_numel(grad));
-}
-
 static void grads_run(struct l2l_job *job, int thread) {
   struct grads_job *gj = (struct grads_job *)job;
   l2l_relay *run = gj->run;
   const bool host_readable = gj->host_readable;
   double t0 = l2l_now();
   l2l_tensor *incoming[MAX_RECORDS] = {0};
+  const l2l_tensor *host[MAX_RECORDS] = {0};
   l2l_status status = L2L_OK;
-  double sumsq = 0;
   for (int i = 0; i < gj->nrec && status == L2L_OK; i++) {
-    const l2l_tensor *host = gj->grad[i];
+    host[i] = gj->grad[i];
     if (!host_readable) {
       status = tensor_like(&incoming[i], L2L_POOL_PINNED, gj->grad[i]);
       if (status == L2L_OK) status = l2l_tensor_copy(incoming[i], gj->grad[i]);
-      host = incoming[i];
+      host[i] = incoming[i];
     }
     if (status == L2L_OK) count_bytes(run, &run->d2h_bytes, tensor_bytes(gj->grad[i]));
-    if (status == L2L_OK && gj->clip > 0) sumsq += grad_sumsq(host);
   }
   if (status != L2L_OK) {
     l2l_timeline_add(&run->timeline, gj->layer, -1, L2L_PHASE_GRADS_OUT, thread, t0, l2l_now());
@@ -282,8 +274,7 @@ static void grads_run(struct l2l_job *job, int thread) {
     pthread_mutex_unlock(&run->lock);
     return;   /* the step fails at its end (check_async) and abandons its gradients */
   }
-  double norm = sqrt(sumsq);
-  float scale = gj->clip > 0 && norm > gj->clip ? (float)(gj->clip / norm) : 1.0f;
+  float scale = l2l_eps_clip_scale(host, gj->nrec, gj->clip);
   for (int i = 0; i < gj->nrec; i++) {   /* absorbing leaves the slot zero for its next visit */
     if (host_readable) l2l_eps_absorb(&run->eps, gj->rec[i], gj->grad[i], scale, gj->layer);
     else l2l_eps_give(&run->eps, gj->rec[i], incoming[i], scale, gj->layer);
@@ -536,13 +527,13 @@ static l2l_status check_range(const char *what, const l2l_tensor *t, int64_t hi,
 
 /* A record's dtype on the device: its staging copy's (16-bit), else f32. */
 static l2l_dtype device_dtype(const struct eps_record *rec) {
-  return rec->staging ? (l2l_dtype)l2l_tensor_dtype(rec->staging) : L2L_F32;
+  return (l2l_dtype)l2l_tensor_dtype(l2l_eps_device_source(rec));
 }
 
 /* The dtype a record's gradient leaves the device in: grad_precision for the parameters
    that go 16-bit (GEMM weights, token tables), else f32. */
 static l2l_dtype grads_out_dtype(const l2l_relay *run, const struct eps_record *rec) {
-  return l2l_param_low_precision(rec->param) ? run->config.grad_precision : L2L_F32;
+  return l2l_param_low_precision(l2l_eps_param(rec)) ? run->config.grad_precision : L2L_F32;
 }
 
 /* What a device slot holds for each record: its values in their device dtype, its f32
@@ -562,7 +553,7 @@ static uint64_t slot_bytes(const l2l_relay *run, const struct eps_record *rec,
                            enum slot_content content) {
   l2l_dtype dtype = slot_dtype(run, rec, content);
   uint64_t size = content == SLOT_GRADS_OUT && dtype == L2L_F32 ? 0 : l2l_dtype_size(dtype);
-  uint64_t bytes = (uint64_t)l2l_tensor_numel(rec->master) * size;
+  uint64_t bytes = (uint64_t)l2l_tensor_numel(l2l_eps_master(rec)) * size;
   return (bytes + L2L_ALIGN - 1) / L2L_ALIGN * L2L_ALIGN;
 }
 
@@ -743,7 +734,7 @@ static l2l_status slot_view(l2l_tensor **out, const struct step *s, const l2l_te
                             uint64_t *offset, const struct eps_record *rec,
                             enum slot_content content) {
   TRY(l2l_tensor_view_bytes(out, slot, *offset, slot_dtype(s->run, rec, content),
-                            rec->master));
+                            l2l_eps_master(rec)));
   *offset += slot_bytes(s->run, rec, content);
   return L2L_OK;
 }
@@ -1543,9 +1534,28 @@ static l2l_status grow(l2l_relay *run) {
   return L2L_OK;
 }
 
+/* A layer's records join the EPS, or leave it. */
+static l2l_status eps_join(l2l_relay *run, l2l_layer *layer) {
+  l2l_param *params[MAX_RECORDS];
+  bool low_precision[MAX_RECORDS];
+  int n = l2l_layer_param_count(layer);
+  for (int r = 0; r < n; r++) {
+    params[r] = l2l_layer_param(layer, r);
+    low_precision[r] = l2l_param_low_precision(params[r]);
+  }
+  return l2l_eps_add_records(&run->eps, params, low_precision, n);
+}
+
+static void eps_leave(l2l_relay *run, l2l_layer *layer) {
+  l2l_param *params[MAX_RECORDS];
+  int n = l2l_layer_param_count(layer);
+  for (int r = 0; r < n; r++) params[r] = l2l_layer_param(layer, r);
+  l2l_eps_remove_records(&run->eps, params, n);
+}
+
 static l2l_status insert_at(l2l_relay *run, int index, l2l_layer *layer) {
   TRY(grow(run));
-  TRY(l2l_eps_add_layer(&run->eps, layer));
+  TRY(eps_join(run, layer));
   l2l_layer_set_owner(layer, run);
   memmove(&run->layers[index + 1], &run->layers[index],
           (size_t)(run->count - index) * sizeof *run->layers);
@@ -1652,7 +1662,7 @@ l2l_status l2l_relay_remove(l2l_relay *run, int index) {
   CHECK_RUN(run);
   CHECK_INDEX(index, 0, run->count - 1, "index");
   l2l_eps_sync(&run->eps);
-  l2l_eps_remove_layer(&run->eps, run->layers[index].layer);
+  eps_leave(run, run->layers[index].layer);
   l2l_layer_set_owner(run->layers[index].layer, NULL);
   memmove(&run->layers[index], &run->layers[index + 1],
           (size_t)(run->count - index - 1) * sizeof *run->layers);
@@ -1668,8 +1678,8 @@ l2l_status l2l_relay_replace(l2l_relay *run, int index, l2l_layer *layer) {
   /* The new layer's records join before the old one's leave: records they share keep
      their state. */
   struct relay_layer old = run->layers[index];
-  TRY(l2l_eps_add_layer(&run->eps, layer));
-  l2l_eps_remove_layer(&run->eps, old.layer);
+  TRY(eps_join(run, layer));
+  eps_leave(run, old.layer);
   l2l_layer_set_owner(old.layer, NULL);
   l2l_layer_set_owner(layer, run);
   run->layers[index].layer = layer;
@@ -1776,7 +1786,7 @@ l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_par
   TRY(l2l_relay_sync(run));
   struct eps_record *rec = l2l_eps_find(&run->eps, param);
   if (rec == NULL) return FAIL(L2L_ERR_INVALID, "param is not a record of this relay's layers");
-  *out = rec->updates > 0 ? rec->state[which] : NULL;
+  *out = l2l_eps_state(rec, which);
   return L2L_OK;
 }
 
@@ -1788,7 +1798,7 @@ l2l_status l2l_relay_param_updates(int64_t *out, l2l_relay *run, const l2l_param
   TRY(l2l_relay_sync(run));
   struct eps_record *rec = l2l_eps_find(&run->eps, param);
   if (rec == NULL) return FAIL(L2L_ERR_INVALID, "param is not a record of this relay's layers");
-  *out = rec->updates;
+  *out = l2l_eps_updates(rec);
   return L2L_OK;
 }
 
@@ -1801,42 +1811,7 @@ l2l_status l2l_relay_restore_param(l2l_relay *run, const l2l_param *param, int64
   TRY(l2l_relay_sync(run));
   struct eps_record *rec = l2l_eps_find(&run->eps, param);
   if (rec == NULL) return FAIL(L2L_ERR_INVALID, "param is not a record of this relay's layers");
-  const l2l_tensor *given[2] = {first, second};
-  const char *names[2] = {"first", "second"};
-  int arrays = updates > 0 ? l2l_optim_state_count(&run->config.optimizer) : 0;
-  for (int a = 0; a < 2; a++) {
-    if (a >= arrays) {
-      if (given[a] != NULL)
-        return FAIL(L2L_ERR_INVALID, "%s must be NULL: the optimizer keeps %d state arrays%s", names[a],
-                    l2l_optim_state_count(&run->config.optimizer),
-                    updates == 0 ? " and none before the first update" : "");
-      continue;
-    }
-    if (given[a] == NULL)
-      return FAIL(L2L_ERR_INVALID, "%s is NULL: the optimizer keeps %d state arrays", names[a], arrays);
-    if (l2l_tensor_dtype(given[a]) != L2L_F32)
-      return FAIL(L2L_ERR_INVALID, "%s must be f32, got %s", names[a],
-                  l2l_dtype_name((l2l_dtype)l2l_tensor_dtype(given[a])));
-    if (l2l_tensor_numel(given[a]) != l2l_tensor_numel(rec->master))
-      return FAIL(L2L_ERR_INVALID, "%s has %lld elements, the parameter %lld", names[a],
-                  (long long)l2l_tensor_numel(given[a]), (long long)l2l_tensor_numel(rec->master));
-  }
-  l2l_tensor *fresh[2] = {NULL, NULL};
-  for (int a = 0; a < arrays; a++) {
-    l2l_status status = tensor_like(&fresh[a], L2L_POOL_HOST, rec->master);
-    if (status == L2L_OK) status = l2l_tensor_copy(fresh[a], given[a]);
-    if (status != L2L_OK) {
-      l2l_tensor_free(fresh[0]);
-      l2l_tensor_free(fresh[1]);
-      return status;
-    }
-  }
-  for (int a = 0; a < 2; a++) {
-    l2l_tensor_free(rec->state[a]);
-    rec->state[a] = fresh[a];
-  }
-  rec->updates = updates;
-  return L2L_OK;
+  return l2l_eps_restore(__func__, &run->eps, rec, updates, first, second);
 }
 
 l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t good,

@@ -51,18 +51,17 @@ static l2l_status cpu_reduce(double *out, enum l2l_reduction kind, const float *
 static l2l_status cpu_adamw(float *param, float *m, float *v, const float *grad, int64_t n,
                             const l2l_adamw_config *c, float bias_correction1,
                             float bias_correction2) {
-  const float lr = c->lr, b1 = c->beta1, b2 = c->beta2, eps = c->eps, wd = c->weight_decay;
-  const float step_size = lr / bias_correction1, inv_sqrt_bc2 = 1.0f / sqrtf(bias_correction2);
+  /* core.h's AdamW arithmetic, the EPS's own, split across the compute threads */
+  const struct l2l_adamw_consts k =
+      l2l_adamw_consts(c->lr, c->beta1, c->beta2, c->eps, c->weight_decay, bias_correction1,
+                       bias_correction2, 1.0);
   int nt = threads_for(n * 4);
 #pragma omp parallel for simd schedule(static) num_threads(nt)
   for (int64_t i = 0; i < n; i++) {
-    float g = grad[i];
-    float mi = b1 * m[i] + (1.0f - b1) * g;
-    float vi = b2 * v[i] + (1.0f - b2) * g * g;
+    float mi = m[i], vi = v[i];
+    param[i] = l2l_adamw_element(param[i], grad[i], &mi, &vi, &k);
     m[i] = mi;
     v[i] = vi;
-    float p = param[i];
-    param[i] = p - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps) - lr * wd * p;
   }
   return L2L_OK;
 }
