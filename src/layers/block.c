@@ -419,8 +419,29 @@ static l2l_status block_backward(const struct layer_call *call, l2l_layer *layer
   return ops->add(dx, dx, t1, N * D);
 }
 
+static l2l_status block_check_config(const l2l_layer_config *c) {
+  CONFIG_SIZE(heads);
+  CONFIG_SIZE(mlp);
+  CONFIG_NEED(c->dim % c->heads == 0, "heads (%lld) must divide dim (%lld)", (long long)c->heads,
+              (long long)c->dim);
+  CONFIG_FLAG(causal);
+  CONFIG_FLAG(post_ln);
+  CONFIG_FLAG(bias);
+  CONFIG_NEED(c->memory == L2L_MEMORY_STANDARD || c->memory == L2L_MEMORY_FRUGAL,
+              "memory must be standard (0) or frugal (1), got %d", c->memory);
+  CONFIG_NEED(isfinite(c->attn_dropout) && c->attn_dropout >= 0 && c->attn_dropout < 1,
+              "attn_dropout must be in [0, 1), got %g", c->attn_dropout);
+  CONFIG_NEED(isfinite(c->resid_std) && c->resid_std > 0,
+              "resid_std must be finite and > 0, got %g", c->resid_std);
+  CONFIG_EPS();
+  return L2L_OK;
+}
+
 const struct layer_kind_ops l2l_block_kind = {
     .name = "block",
+    .role = L2L_ROLE_BODY,
+    .check_config = block_check_config,
+    .check_batch = l2l_check_key_mask,
     .create_params = block_create,
     .choose_flags = block_flags,
     .cast_elements = block_cast_elements,

@@ -15,9 +15,14 @@
 
 #include "kind.h"
 
-void l2l_custom_kind_release(const struct custom_kind *custom) {
+static void custom_release(l2l_layer *layer) {
+  const struct custom_kind *custom = layer->custom;
   if (custom != NULL && atomic_fetch_sub(&((struct custom_kind *)custom)->refs, 1) == 1)
     free((void *)custom);
+}
+
+static l2l_status custom_check_config(const l2l_layer_config *c) {
+  return l2l_config_fail(c, "custom layers are made with l2l_layer_new_custom");
 }
 
 static void custom_memory(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
@@ -48,11 +53,15 @@ static l2l_status custom_backward(const struct layer_call *call, l2l_layer *laye
 
 const struct layer_kind_ops l2l_custom_kind = {
     .name = "custom",
+    .role = L2L_ROLE_BODY,
+    .check_config = custom_check_config,
+    .check_batch = l2l_check_key_mask,
     .create_params = NULL,   /* l2l_layer_new_custom makes them from the caller's list */
     .choose_flags = NULL,
     .memory = custom_memory,
     .forward = custom_forward,
     .backward = custom_backward,
+    .release = custom_release,
 };
 
 l2l_status l2l_layer_new_custom(l2l_layer **out, const char *name, int64_t dim,
@@ -123,17 +132,4 @@ l2l_status l2l_layer_new_custom(l2l_layer **out, const char *name, int64_t dim,
   }
   *out = layer;
   return L2L_OK;
-}
-
-const char *l2l_layer_name(const l2l_layer *layer) {
-  if (layer == NULL || layer->magic != L2L_LAYER_MAGIC) return NULL;
-  if (layer->custom) return layer->custom->name;
-  switch (layer->config.kind) {
-    case L2L_LAYER_EMBEDDING: return l2l_embedding_kind.name;
-    case L2L_LAYER_BLOCK: return l2l_block_kind.name;
-    case L2L_LAYER_LM_HEAD: return l2l_lm_head_kind.name;
-    case L2L_LAYER_CLASSIFIER: return l2l_classifier_kind.name;
-    case L2L_LAYER_CUSTOM: break;
-  }
-  return NULL;
 }

@@ -88,8 +88,40 @@ static l2l_status embedding_backward(const struct layer_call *call, l2l_layer *l
   return L2L_OK;
 }
 
+static l2l_status embedding_check_config(const l2l_layer_config *c) {
+  CONFIG_SIZE(vocab);
+  CONFIG_SIZE(max_seq);
+  CONFIG_NEED(c->type_vocab >= 0 && c->type_vocab <= (INT64_C(1) << 24),
+              "type_vocab must be 0 to 2^24, got %lld", (long long)c->type_vocab);
+  return L2L_OK;
+}
+
+/* Tokens (and token types when the layer has a type table), their ids in range, and no
+   more positions than the position table. */
+static l2l_status embedding_check_batch(const struct batch_check *bc) {
+  const l2l_layer_config *c = &bc->layer->config;
+  const l2l_layer_batch *b = bc->b;
+  TRY(l2l_batch_tensor(bc, "batch->tokens", b->tokens, L2L_I32, 2));
+  if (bc->seq > c->max_seq)
+    return l2l_fail_in(bc->func, L2L_ERR_INVALID,
+                       "batch->tokens: sequence length %lld exceeds max_seq %lld",
+                       (long long)bc->seq, (long long)c->max_seq);
+  if (c->type_vocab > 0)
+    TRY(l2l_batch_tensor(bc, "batch->token_types", b->token_types, L2L_I32, 2));
+  else if (b->token_types != NULL)
+    return l2l_fail_in(bc->func, L2L_ERR_INVALID,
+                       "batch->token_types given but the embedding has type_vocab 0");
+  /* Ids out of range are refused before anything runs. */
+  TRY(l2l_batch_ids(bc, "batch->tokens", b->tokens, c->vocab, 0));
+  if (c->type_vocab > 0) TRY(l2l_batch_ids(bc, "batch->token_types", b->token_types, c->type_vocab, 0));
+  return L2L_OK;
+}
+
 const struct layer_kind_ops l2l_embedding_kind = {
     .name = "embedding",
+    .role = L2L_ROLE_INPUT,
+    .check_config = embedding_check_config,
+    .check_batch = embedding_check_batch,
     .create_params = embedding_create,
     .choose_flags = embedding_flags,
     .memory = embedding_memory,

@@ -147,8 +147,46 @@ static int64_t lm_head_cast_elements(const l2l_layer *layer, int64_t B, int64_t 
   return B * S * (layer->config.vocab + layer->config.dim);
 }
 
+/* Targets, when given: (B,S) for an LM head (ndim 2), (B) for a classifier (ndim 1), each a
+   class or -1; a backward needs them, and a finite loss scale. */
+static l2l_status head_check_batch(const struct batch_check *bc, int ndim, int64_t classes) {
+  const l2l_layer_batch *b = bc->b;
+  if (b->targets != NULL) {
+    TRY(l2l_batch_tensor(bc, "batch->targets", b->targets, L2L_I32, ndim));
+  } else if (bc->backward) {
+    return l2l_fail_in(bc->func, L2L_ERR_INVALID,
+                       "batch->targets is NULL: a head's backward needs targets");
+  }
+  if (bc->backward && !isfinite(b->loss_scale))
+    return l2l_fail_in(bc->func, L2L_ERR_INVALID, "batch->loss_scale must be finite, got %g",
+                       b->loss_scale);
+  return b->targets != NULL ? l2l_batch_ids(bc, "batch->targets", b->targets, classes, -1) : L2L_OK;
+}
+
+static l2l_status lm_head_check_config(const l2l_layer_config *c) {
+  CONFIG_SIZE(vocab);
+  CONFIG_FLAG(final_ln);
+  if (c->final_ln) CONFIG_EPS();
+  return L2L_OK;
+}
+
+static l2l_status lm_head_check_batch(const struct batch_check *bc) {
+  return head_check_batch(bc, 2, bc->layer->config.vocab);
+}
+
+/* (B,S) losses with targets, else (B,S,V) logits. */
+static int lm_head_output_dims(int64_t *dims, const l2l_layer *layer,
+                               const l2l_layer_batch *batch, int64_t B, int64_t S) {
+  dims[0] = B, dims[1] = S, dims[2] = layer->config.vocab;
+  return batch->targets ? 2 : 3;
+}
+
 const struct layer_kind_ops l2l_lm_head_kind = {
     .name = "LM head",
+    .role = L2L_ROLE_HEAD,
+    .check_config = lm_head_check_config,
+    .check_batch = lm_head_check_batch,
+    .output_dims = lm_head_output_dims,
     .create_params = lm_head_create,
     .choose_flags = lm_head_flags,
     .cast_elements = lm_head_cast_elements,
@@ -228,8 +266,29 @@ static int64_t classifier_cast_elements(const l2l_layer *layer, int64_t B, int64
   return B * (layer->config.dim + layer->config.classes);
 }
 
+static l2l_status classifier_check_config(const l2l_layer_config *c) {
+  CONFIG_SIZE(classes);
+  return L2L_OK;
+}
+
+static l2l_status classifier_check_batch(const struct batch_check *bc) {
+  return head_check_batch(bc, 1, bc->layer->config.classes);
+}
+
+/* (B) losses with targets, else (B, classes) logits. */
+static int classifier_output_dims(int64_t *dims, const l2l_layer *layer,
+                                  const l2l_layer_batch *batch, int64_t B, int64_t S) {
+  (void)S;
+  dims[0] = B, dims[1] = layer->config.classes;
+  return batch->targets ? 1 : 2;
+}
+
 const struct layer_kind_ops l2l_classifier_kind = {
     .name = "classifier",
+    .role = L2L_ROLE_HEAD,
+    .check_config = classifier_check_config,
+    .check_batch = classifier_check_batch,
+    .output_dims = classifier_output_dims,
     .create_params = classifier_create,
     .choose_flags = classifier_flags,
     .cast_elements = classifier_cast_elements,

@@ -49,6 +49,13 @@ struct l2l_layer {
   const void *owner;            /* the relay holding the layer, NULL if none */
 };
 
+static inline bool l2l_layer_live(const l2l_layer *layer) {
+  return layer != NULL && layer->magic == L2L_LAYER_MAGIC;
+}
+static inline bool l2l_param_live(const l2l_param *param) {
+  return param != NULL && param->magic == L2L_PARAM_MAGIC;
+}
+
 /* A kind written elsewhere (l2l_layer_new_custom); shared by a layer and its clones. */
 struct custom_kind {
   atomic_int refs;
@@ -105,8 +112,41 @@ static inline uint64_t l2l_dropout_stream(const l2l_layer *layer, const l2l_laye
   return (b->step << 32) + ((uint64_t)layer->rng_id << 8) + (uint64_t)site;
 }
 
+/* What a kind's batch check works with: the call's B and S, the domain of pools its
+   tensors must be in, and the backend that reads ids there. */
+struct batch_check {
+  const char *func;            /* the public call, named in messages */
+  const l2l_layer *layer;
+  const l2l_layer_batch *b;
+  int64_t batch, seq;
+  int domain;                  /* l2l_pool_domain of the call */
+  const struct l2l_backend_ops *ops;
+  bool backward;
+};
+/* A batch field `name` (e.g. "batch->tokens"): `dtype` with dims (B, S) (ndim 2) or (B)
+   (ndim 1), in the call's domain of pools. */
+l2l_status l2l_batch_tensor(const struct batch_check *bc, const char *name, const l2l_tensor *t,
+                            l2l_dtype dtype, int ndim);
+/* The batch check of a (B,S,D) -> (B,S,D) kind that attends: an optional (B,S) u8 key mask. */
+l2l_status l2l_check_key_mask(const struct batch_check *bc);
+/* Every id of an i32 field within [0, hi), or `except` (-1: ignored targets; 0: none). */
+l2l_status l2l_batch_ids(const struct batch_check *bc, const char *name, const l2l_tensor *t,
+                         int64_t hi, int32_t except);
+
+/* A layer kind: one entry of the registry (registry.c). Adding a kind is its C file with
+   one of these, one line in the registry, its number in l2l.h's l2l_layer_kind, and its
+   entry in lua/l2l/layers.lua's table of kinds. */
 struct layer_kind_ops {
   const char *name;
+  enum l2l_layer_role role;
+  /* The config fields of this kind (the shared ones, dim, init_std and dropout, are
+     checked before); refusals through l2l_config_fail. */
+  l2l_status (*check_config)(const l2l_layer_config *c);
+  /* The batch fields the kind reads (l2l_batch_tensor, l2l_batch_ids); NULL: none. */
+  l2l_status (*check_batch)(const struct batch_check *bc);
+  /* The dims of the output for B, S (activations by default: NULL gives (B, S, dim)). */
+  int (*output_dims)(int64_t *dims, const l2l_layer *layer, const l2l_layer_batch *batch,
+                     int64_t B, int64_t S);
   /* Creates the kind's parameters (layer->config already checked). */
   l2l_status (*create_params)(l2l_layer *layer);
   /* Choices a forward makes from the present parameters and the batch (memory mode,
@@ -126,11 +166,39 @@ struct layer_kind_ops {
   /* dx (NULL for the embedding) from dy (NULL for heads). work: work_backward bytes. */
   l2l_status (*backward)(const struct layer_call *call, l2l_layer *layer, float *dx,
                          const float *dy, struct l2l_saved *saved, void *work);
+  /* What the layer holds of its kind beyond its parameters, let go when it is freed (a
+     custom kind's functions); NULL: nothing. */
+  void (*release)(l2l_layer *layer);
 };
+
+/* The config's shared fields, then its kind's (registry.c). */
+l2l_status l2l_layer_check_config(const l2l_layer_config *c);
+/* The registry's entry for a kind number, or NULL. */
+const struct layer_kind_ops *l2l_kind_ops(l2l_layer_kind kind);
+/* A kind's entry, for a live layer. */
+static inline const struct layer_kind_ops *l2l_layer_kind_of(const l2l_layer *layer) {
+  return l2l_kind_ops(layer->config.kind);
+}
 
 extern const struct layer_kind_ops l2l_embedding_kind, l2l_block_kind, l2l_lm_head_kind,
     l2l_classifier_kind, l2l_custom_kind;
-void l2l_custom_kind_release(const struct custom_kind *custom);
+
+/* For a kind's check_config: L2L_ERR_INVALID "l2l_layer_new (<kind>): <message>". */
+l2l_status l2l_config_fail(const l2l_layer_config *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+#define CONFIG_NEED(cond, ...)                                     \
+  do {                                                             \
+    if (!(cond)) return l2l_config_fail(c, __VA_ARGS__);           \
+  } while (0)
+#define CONFIG_SIZE(field)                                                           \
+  CONFIG_NEED(c->field >= 1 && c->field <= (INT64_C(1) << 24),                       \
+              #field " must be 1 to 2^24, got %lld", (long long)c->field)
+#define CONFIG_FLAG(field) \
+  CONFIG_NEED(c->field == 0 || c->field == 1, #field " must be 0 or 1, got %d", c->field)
+/* A LayerNorm's eps (the block's, a final LayerNorm's). */
+#define CONFIG_EPS() \
+  CONFIG_NEED(isfinite(c->eps) && c->eps > 0, "eps must be finite and > 0, got %g", c->eps)
+
 
 /* Whether a LayerNorm's x^ cannot be recovered from its output y = x^ w + b to float
    precision: a channel with |w| < 1e-6 or |w| < |b|/64 (or NaN). The frugal modes then

@@ -12,6 +12,23 @@
 
 #include "backend/backend.h"
 
+/* What a kind does in a model: the input (reads batch->tokens; no x), a body layer
+   ((B,S,D) -> (B,S,D)), or a head (per-target losses, or logits without targets). The
+   relay checks a model's shape and feeds each layer its batch fields by role. */
+enum l2l_layer_role { L2L_ROLE_INPUT, L2L_ROLE_BODY, L2L_ROLE_HEAD };
+enum l2l_layer_role l2l_layer_role(const l2l_layer *layer);
+/* The batch fields a live layer reads, for B samples of S positions in the pools of
+   `pool`'s domain (l2l_pool_domain): shapes, dtypes, pools, ids in range; a head's backward
+   also needs targets and a finite loss scale. The message names func and the field. The
+   relay checks a whole batch with it (host pool) before a step runs. */
+l2l_status l2l_layer_check_batch(const char *func, const l2l_layer *layer,
+                                 const l2l_layer_batch *batch, int64_t B, int64_t S,
+                                 l2l_pool_kind pool, bool backward);
+/* The dims (returned: how many) of a live layer's output for B, S and this batch (a head's
+   depend on whether it has targets). */
+int l2l_layer_output_dims(int64_t *dims, const l2l_layer *layer, const l2l_layer_batch *batch,
+                          int64_t B, int64_t S);
+
 /* Points a parameter record at other tensors (same shape; grad f32, value f32 or, for a
    low-precision parameter, f16 / bf16) for the layer calls that follow: the relay's
    device copies. value NULL points it back at its own tensors. */

@@ -1,0 +1,357 @@
+/* call.c — a layer's forward and backward calls: their checks, the memory plan they
+ * allocate by, and the saved state that carries one to the other.
+ *
+ * Purpose: a layer call from C or Lua either runs completely or fails having changed
+ * nothing: every tensor, shape, pool and batch field is checked here (the batch fields by
+ * the kind's own check) before the kind's code runs on raw buffers. The saved state and
+ * the scratch buffers come from the pool of the call's output, each as one allocation
+ * sized by the kind's memory plan, so what l2l_layer_memory_use reports is what is
+ * allocated.
+ * Must never: let a kind's code see an unchecked tensor.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kind.h"
+
+/* ---------------------------------------------------------------- memory plans */
+
+static uint64_t param_bytes(const l2l_layer *layer) {
+  uint64_t bytes = 0;
+  for (int i = 0; i < layer->nparams; i++)
+    bytes += l2l_pool_accounted((uint64_t)layer->params[i]->value->numel * sizeof(float));
+  return bytes;
+}
+
+/* Bytes of the cast scratch for 16-bit weights of `precision` (f32: none). */
+static uint64_t cast_bytes(const l2l_layer *layer, int64_t batch, int64_t seq,
+                           l2l_dtype precision) {
+  const struct layer_kind_ops *k = l2l_layer_kind_of(layer);
+  if (precision == L2L_F32 || k->cast_elements == NULL) return 0;
+  struct arena a = {0};
+  l2l_arena_reserve(&a, (uint64_t)k->cast_elements(layer, batch, seq) * l2l_dtype_size(precision));
+  return a.bytes;
+}
+
+/* The dtype of the layer's bound 16-bit weights, f32 when none is. */
+static l2l_dtype layer_precision(const l2l_layer *layer) {
+  for (int i = 0; i < layer->nparams; i++)
+    if (layer->params[i]->value->dtype != L2L_F32) return layer->params[i]->value->dtype;
+  return L2L_F32;
+}
+
+/* Work arenas: the kind's buffers first, then the cast scratch. */
+static void memory_for(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
+                       int64_t seq, uint32_t flags, l2l_dtype precision) {
+  memset(out, 0, sizeof *out);
+  l2l_layer_kind_of(layer)->memory(out, layer, batch, seq, flags);
+  struct arena fwd = {out->work_forward}, bwd = {out->work_backward};
+  uint64_t cast = cast_bytes(layer, batch, seq, precision);
+  l2l_arena_reserve(&fwd, cast);
+  l2l_arena_reserve(&bwd, cast);
+  out->work_forward = fwd.bytes;
+  out->work_backward = bwd.bytes;
+  out->params = param_bytes(layer);
+  uint64_t work = out->work_forward > out->work_backward ? out->work_forward : out->work_backward;
+  out->peak = out->saved + work;
+}
+
+static uint32_t flags_now(const l2l_layer *layer, const l2l_layer_batch *batch) {
+  const struct layer_kind_ops *k = l2l_layer_kind_of(layer);
+  return k->choose_flags ? k->choose_flags(layer, batch) : 0;
+}
+
+l2l_status l2l_layer_memory_use(l2l_layer_memory *out, const l2l_layer *layer,
+                                int64_t micro_batch, int64_t seq) {
+  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  if (!l2l_layer_live(layer)) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
+  if (micro_batch < 1 || seq < 1 || micro_batch > (INT64_C(1) << 24) || seq > (INT64_C(1) << 24))
+    return FAIL(L2L_ERR_INVALID, "micro_batch and seq must be 1 to 2^24, got %lld and %lld",
+                (long long)micro_batch, (long long)seq);
+  memory_for(out, layer, micro_batch, seq, flags_now(layer, NULL), L2L_F32);
+  return L2L_OK;
+}
+
+void l2l_layer_memory_in(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
+                         int64_t seq, l2l_dtype precision) {
+  memory_for(out, layer, batch, seq, flags_now(layer, NULL), precision);
+}
+
+/* ---------------------------------------------------------------- call checks */
+
+/* B and S of a call: from batch->tokens for the input layer, else from x (B,S,D). */
+static l2l_status call_shape(const char *func, const l2l_layer *layer, const l2l_tensor *x,
+                             const l2l_layer_batch *b, int64_t *batch, int64_t *seq) {
+  const l2l_layer_config *c = &layer->config;
+  if (l2l_layer_role(layer) == L2L_ROLE_INPUT) {
+    if (x != NULL)
+      return l2l_fail_in(func, L2L_ERR_INVALID, "x must be NULL for an %s (it reads batch->tokens)",
+                         l2l_layer_name(layer));
+    const l2l_tensor *t = b->tokens;
+    if (t == NULL || !l2l_tensor_ok(t) || t->ndim != 2 || t->dtype != L2L_I32)
+      return l2l_fail_in(func, L2L_ERR_INVALID, "batch->tokens must be a live (B,S) i32 tensor");
+    *batch = t->shape[0];
+    *seq = t->shape[1];
+    return L2L_OK;
+  }
+  if (x == NULL || !l2l_tensor_ok(x) || x->ndim != 3)
+    return l2l_fail_in(func, L2L_ERR_INVALID, "x must be a live (B,S,%lld) f32 tensor",
+                       (long long)c->dim);
+  *batch = x->shape[0];
+  *seq = x->shape[1];
+  int64_t dims[3] = {*batch, *seq, c->dim};
+  return l2l_need_shape(func, "x", x, L2L_F32, 3, dims);
+}
+
+l2l_status l2l_batch_tensor(const struct batch_check *bc, const char *name, const l2l_tensor *t,
+                            l2l_dtype dtype, int ndim) {
+  int64_t dims[2] = {bc->batch, bc->seq};
+  TRY(l2l_need_shape(bc->func, name, t, dtype, ndim, dims));
+  if (l2l_pool_domain(t->storage->pool) != bc->domain)
+    return l2l_fail_in(bc->func, L2L_ERR_INVALID, "%s must be in %s, not '%s'", name,
+                       bc->domain == l2l_pool_domain(L2L_POOL_HOST) ? "the host or pinned pool"
+                                                                    : "the device pool",
+                       l2l_pool_name(t->storage->pool));
+  return L2L_OK;
+}
+
+l2l_status l2l_batch_ids(const struct batch_check *bc, const char *name, const l2l_tensor *t,
+                         int64_t hi, int32_t except) {
+  int64_t bad = -1;
+  int32_t value = 0;
+  TRY(bc->ops->find_out_of_range(&bad, &value, l2l_tensor_ptr(t), t->numel, 0, (int32_t)hi,
+                                 except));
+  if (bad >= 0)
+    return l2l_fail_in(bc->func, L2L_ERR_INVALID, "%s[%lld] = %d is outside [0, %lld)%s", name,
+                       (long long)bad, value, (long long)hi, except == -1 ? " and not -1" : "");
+  return L2L_OK;
+}
+
+l2l_status l2l_layer_check_batch(const char *func, const l2l_layer *layer,
+                                 const l2l_layer_batch *b, int64_t B, int64_t S,
+                                 l2l_pool_kind pool, bool backward) {
+  if (b->first_sample < 0)
+    return l2l_fail_in(func, L2L_ERR_INVALID, "batch->first_sample must be >= 0, got %lld",
+                       (long long)b->first_sample);
+  if (b->training != 0 && b->training != 1)
+    return l2l_fail_in(func, L2L_ERR_INVALID, "batch->training must be 0 or 1, got %d",
+                       b->training);
+  const struct layer_kind_ops *kind = l2l_layer_kind_of(layer);
+  if (kind->check_batch == NULL) return L2L_OK;
+  struct batch_check bc = {func, layer, b, B, S, l2l_pool_domain(pool), l2l_backend_for(pool),
+                           backward};
+  return kind->check_batch(&bc);
+}
+
+l2l_status l2l_check_key_mask(const struct batch_check *bc) {
+  const l2l_tensor *mask = bc->b->key_mask;
+  return mask != NULL ? l2l_batch_tensor(bc, "batch->key_mask", mask, L2L_U8, 2) : L2L_OK;
+}
+
+int l2l_layer_output_dims(int64_t *dims, const l2l_layer *layer, const l2l_layer_batch *batch,
+                          int64_t B, int64_t S) {
+  const struct layer_kind_ops *kind = l2l_layer_kind_of(layer);
+  if (kind->output_dims) return kind->output_dims(dims, layer, batch, B, S);
+  dims[0] = B, dims[1] = S, dims[2] = layer->config.dim;
+  return 3;
+}
+
+static l2l_status check_params_domain(const char *func, const l2l_layer *layer, int domain) {
+  for (int i = 0; i < layer->nparams; i++)
+    if (l2l_pool_domain(layer->params[i]->value->storage->pool) != domain)
+      return l2l_fail_in(func, L2L_ERR_INVALID,
+                         "parameter '%s' is in pool '%s', not of the call's backend (copy the "
+                         "layer's parameters or the activations first)",
+                         layer->params[i]->name,
+                         l2l_pool_name(layer->params[i]->value->storage->pool));
+  return L2L_OK;
+}
+
+/* A scratch allocation of `bytes` in `pool` (NULL tensor for 0). */
+static l2l_status arena_new(l2l_tensor **out, l2l_pool_kind pool, uint64_t bytes) {
+  *out = NULL;
+  if (bytes == 0) return L2L_OK;
+  int64_t shape[1] = {(int64_t)bytes};
+  return l2l_tensor_new(out, pool, L2L_U8, 1, shape);
+}
+
+/* The cast scratch at the end of a work arena (memory_for put it there). */
+static void *cast_scratch(const l2l_tensor *work, const l2l_layer *layer, int64_t B, int64_t S,
+                          l2l_dtype precision) {
+  uint64_t bytes = cast_bytes(layer, B, S, precision);
+  if (bytes == 0) return NULL;
+  return (char *)l2l_tensor_ptr(work) + (work->storage->bytes - bytes);
+}
+
+/* A handle on the same storage as t (the saved state's reference). */
+static l2l_status reference(l2l_tensor **out, const l2l_tensor *t) {
+  return l2l_tensor_view_rows(out, t, 0, t->shape[0]);
+}
+
+/* ---------------------------------------------------------------- forward and backward */
+
+void l2l_saved_free(l2l_saved *saved) {
+  if (saved == NULL || saved->magic != L2L_SAVED_MAGIC) return;
+  l2l_tensor_free(saved->buffer);
+  l2l_tensor_free(saved->input);
+  l2l_tensor_free(saved->output);
+  saved->magic = 0;
+  free(saved);
+}
+
+/* t moved into `pool`: a copy there replaces the handle (the old storage goes with its
+   last handle). */
+static l2l_status move_tensor(l2l_tensor **t, l2l_pool_kind pool) {
+  if (*t == NULL || (*t)->storage->pool == pool) return L2L_OK;
+  l2l_tensor *copy = NULL;
+  TRY(l2l_tensor_new(&copy, pool, (*t)->dtype, (*t)->ndim, (*t)->shape));
+  l2l_status status = l2l_tensor_copy(copy, *t);
+  if (status != L2L_OK) {
+    l2l_tensor_free(copy);
+    return status;
+  }
+  l2l_tensor_free(*t);
+  *t = copy;
+  return L2L_OK;
+}
+
+const void *l2l_layer_owner(const l2l_layer *layer) { return layer->owner; }
+void l2l_layer_set_owner(l2l_layer *layer, const void *owner) { layer->owner = owner; }
+
+l2l_status l2l_saved_move(l2l_saved *saved, l2l_pool_kind pool) {
+  if (saved == NULL) return L2L_OK;
+  if (saved->magic != L2L_SAVED_MAGIC) return FAIL(L2L_ERR_INVALID, "saved is not a live saved state");
+  TRY(move_tensor(&saved->buffer, pool));
+  TRY(move_tensor(&saved->input, pool));
+  return move_tensor(&saved->output, pool);
+}
+
+uint64_t l2l_saved_pool_bytes(const l2l_saved *saved) {
+  if (saved == NULL || saved->magic != L2L_SAVED_MAGIC) return 0;
+  uint64_t bytes = 0;
+  const l2l_tensor *held[3] = {saved->buffer, saved->input, saved->output};
+  for (int i = 0; i < 3; i++)
+    if (held[i]) bytes += l2l_pool_accounted(held[i]->storage->bytes);
+  return bytes;
+}
+
+uint64_t l2l_saved_bytes(const l2l_saved *saved) {
+  if (saved == NULL || saved->magic != L2L_SAVED_MAGIC || saved->buffer == NULL) return 0;
+  return saved->buffer->storage->bytes;
+}
+
+l2l_status l2l_layer_forward(l2l_saved **saved_out, l2l_layer *layer, l2l_tensor *y,
+                             const l2l_tensor *x, const l2l_layer_batch *batch) {
+  const char *f = __func__;
+  if (!l2l_layer_live(layer)) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
+  if (batch == NULL) return FAIL(L2L_ERR_INVALID, "batch is NULL");
+  int64_t B = 0, S = 0, dims[3];
+  TRY(call_shape(f, layer, x, batch, &B, &S));
+  int ndim = l2l_layer_output_dims(dims, layer, batch, B, S);
+  TRY(l2l_need_shape(f, "y", y, L2L_F32, ndim, dims));
+  if (l2l_tensors_overlap(x, y)) return FAIL(L2L_ERR_INVALID, "x and y overlap");
+  int domain = l2l_pool_domain(y->storage->pool);
+  if (x && l2l_pool_domain(x->storage->pool) != domain)
+    return FAIL(L2L_ERR_INVALID, "x is in pool '%s' but y in '%s'",
+                l2l_pool_name(x->storage->pool), l2l_pool_name(y->storage->pool));
+  TRY(check_params_domain(f, layer, domain));
+  TRY(l2l_layer_check_batch(f, layer, batch, B, S, y->storage->pool, false));
+  bool is_head = l2l_layer_role(layer) == L2L_ROLE_HEAD;
+  bool keep = saved_out != NULL && !(is_head && batch->targets == NULL);
+  if (saved_out) *saved_out = NULL;
+
+  /* The forward always fills a saved state (its buffers are where it computes); an
+     inference call drops it on return. */
+  uint32_t flags = flags_now(layer, batch);
+  l2l_dtype precision = layer_precision(layer);
+  l2l_layer_memory mem;
+  memory_for(&mem, layer, B, S, flags, precision);
+  struct l2l_saved *saved = calloc(1, sizeof *saved);
+  if (saved == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a saved state");
+  saved->magic = L2L_SAVED_MAGIC;
+  saved->kind = layer->config.kind;
+  saved->batch = B;
+  saved->seq = S;
+  saved->flags = flags;
+  l2l_tensor *work = NULL;
+  l2l_status status = arena_new(&saved->buffer, y->storage->pool, mem.saved);
+  if (status == L2L_OK && keep && mem.input_kept) status = reference(&saved->input, x);
+  if (status == L2L_OK && keep && mem.output_kept) status = reference(&saved->output, y);
+  if (status == L2L_OK) status = arena_new(&work, y->storage->pool, mem.work_forward);
+  if (status == L2L_OK) {
+    struct layer_call call = {l2l_backend_for(y->storage->pool), y->storage->pool, B, S, batch,
+                              .keep = keep, .y = y, .x = x, .precision = precision,
+                              .cast = cast_scratch(work, layer, B, S, precision)};
+    status = l2l_layer_kind_of(layer)->forward(
+        &call, layer, l2l_tensor_ptr(y), x ? l2l_tensor_ptr(x) : NULL, saved,
+        work ? l2l_tensor_ptr(work) : NULL);
+  }
+  l2l_tensor_free(work);
+  if (status != L2L_OK || !keep) {
+    l2l_saved_free(saved);
+    return status;
+  }
+  *saved_out = saved;
+  return L2L_OK;
+}
+
+l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
+                              l2l_saved *saved, const l2l_layer_batch *batch) {
+  const char *f = __func__;
+  if (!l2l_layer_live(layer)) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
+  if (batch == NULL) return FAIL(L2L_ERR_INVALID, "batch is NULL");
+  if (saved == NULL || saved->magic != L2L_SAVED_MAGIC)
+    return FAIL(L2L_ERR_INVALID, "saved is not a live saved state");
+  if (saved->kind != layer->config.kind)
+    return FAIL(L2L_ERR_INVALID, "saved comes from a %s layer, not a %s",
+                l2l_kind_ops(saved->kind)->name, l2l_layer_kind_of(layer)->name);
+  if (saved->used)
+    return FAIL(L2L_ERR_STATE, "saved has already served a backward (run the forward again)");
+  const l2l_layer_config *c = &layer->config;
+  int64_t B = saved->batch, S = saved->seq, dims[3] = {B, S, c->dim};
+  enum l2l_layer_role role = l2l_layer_role(layer);
+  if (role == L2L_ROLE_HEAD) {
+    if (dy != NULL) return FAIL(L2L_ERR_INVALID, "dy must be NULL for a head (batch->loss_scale is used)");
+  } else {
+    TRY(l2l_need_shape(f, "dy", dy, L2L_F32, 3, dims));
+  }
+  if (role == L2L_ROLE_INPUT) {
+    if (dx != NULL) return FAIL(L2L_ERR_INVALID, "dx must be NULL for an embedding");
+  } else {
+    TRY(l2l_need_shape(f, "dx", dx, L2L_F32, 3, dims));
+  }
+  if (l2l_tensors_overlap(dx, dy)) return FAIL(L2L_ERR_INVALID, "dx and dy overlap");
+  const l2l_tensor *any = dx ? dx : dy;
+  l2l_pool_kind pool = any ? any->storage->pool : saved->buffer ? saved->buffer->storage->pool
+                                                                 : layer->pool;
+  int domain = l2l_pool_domain(pool);
+  if (dx && dy && l2l_pool_domain(dy->storage->pool) != domain)
+    return FAIL(L2L_ERR_INVALID, "dx is in pool '%s' but dy in '%s'",
+                l2l_pool_name(dx->storage->pool), l2l_pool_name(dy->storage->pool));
+  if (saved->buffer && l2l_pool_domain(saved->buffer->storage->pool) != domain)
+    return FAIL(L2L_ERR_INVALID, "saved is in pool '%s', not of the backend of dx/dy",
+                l2l_pool_name(saved->buffer->storage->pool));
+  TRY(check_params_domain(f, layer, domain));
+  TRY(l2l_layer_check_batch(f, layer, batch, B, S, pool, true));
+  if (role == L2L_ROLE_INPUT && (batch->tokens->shape[0] != B || batch->tokens->shape[1] != S))
+    return FAIL(L2L_ERR_INVALID, "batch->tokens is not the forward's shape");
+  if (l2l_tensors_overlap(dx, saved->input) || l2l_tensors_overlap(dx, saved->output))
+    return FAIL(L2L_ERR_INVALID, "dx overlaps a tensor the saved state reads");
+
+  l2l_dtype precision = layer_precision(layer);
+  l2l_layer_memory mem;
+  memory_for(&mem, layer, B, S, saved->flags, precision);
+  l2l_tensor *work = NULL;
+  TRY(arena_new(&work, pool, mem.work_backward));
+  struct layer_call call = {l2l_backend_for(pool), pool, B, S, batch, .dx = dx, .dy = dy,
+                            .precision = precision,
+                            .cast = cast_scratch(work, layer, B, S, precision)};
+  l2l_status status = l2l_layer_kind_of(layer)->backward(
+      &call, layer, dx ? l2l_tensor_ptr(dx) : NULL, dy ? l2l_tensor_ptr(dy) : NULL, saved,
+      work ? l2l_tensor_ptr(work) : NULL);
+  l2l_tensor_free(work);
+  if (status == L2L_OK) saved->used = true;
+  return status;
+}

@@ -1,0 +1,69 @@
+/* linear.c — the arithmetic the kinds share: carving buffers out of an arena, linear maps
+ * whose weight may be the relay's 16-bit copy, and the LayerNorm guard of the frugal modes.
+ *
+ * Purpose: one copy of the GEMM calls every kind makes, with activations rounded to a
+ * 16-bit weight's dtype into the call's cast scratch (as a GPU's tensor cores read them)
+ * and products accumulated in f32.
+ * Must never: allocate (the call's arenas are made by call.c, sized by the kind's plan).
+ */
+#include <math.h>
+
+#include "kind.h"
+
+int64_t l2l_arena_reserve(struct arena *a, uint64_t bytes) {
+  if (bytes == 0) return NO_BUFFER;
+  int64_t offset = (int64_t)a->bytes;
+  a->bytes += (bytes + L2L_ALIGN - 1) / L2L_ALIGN * L2L_ALIGN;
+  return offset;
+}
+
+bool l2l_layernorm_guarded(const float *weight, const float *bias, int64_t n) {
+  for (int64_t j = 0; j < n; j++) {
+    float w = fabsf(weight[j]);
+    if (!(w >= 1e-6f) || w * 64.0f < fabsf(bias[j])) return true;
+  }
+  return false;
+}
+
+l2l_status l2l_cast_activation(const struct layer_call *call, const void **out, const float *a,
+                               int64_t n, l2l_dtype dtype, int64_t at) {
+  if (dtype == L2L_F32) {
+    *out = a;
+    return L2L_OK;
+  }
+  void *dst = (uint16_t *)call->cast + at;
+  int64_t bad = -1;
+  TRY(call->ops->convert(dst, dtype, a, L2L_F32, n, &bad));
+  *out = dst;
+  return L2L_OK;
+}
+
+l2l_status l2l_gemm_weight(const struct layer_call *call, float *c, const float *a,
+                           struct weight w, int64_t at, int64_t m, int64_t n, int64_t k,
+                           int trans_a, int trans_w, float alpha, float beta) {
+  const void *ar = NULL;
+  TRY(l2l_cast_activation(call, &ar, a, m * k, w.dtype, at));
+  return call->ops->gemm_batched(c, ar, w.data, w.dtype, 1, m, n, k, trans_a, trans_w, alpha,
+                                 beta);
+}
+
+l2l_status l2l_linear_forward(const struct layer_call *call, float *y, const float *x,
+                              struct weight w, const float *bias, int64_t n, int64_t in,
+                              int64_t out) {
+  TRY(l2l_gemm_weight(call, y, x, w, 0, n, out, in, 0, 0, 1.0f, 0.0f));
+  return bias ? call->ops->bias_add(y, bias, n, out) : L2L_OK;
+}
+
+l2l_status l2l_linear_backward(const struct layer_call *call, float *dx, float *dw, float *db,
+                               const float *dy, const float *x, struct weight w, int64_t n,
+                               int64_t in, int64_t out, float dx_beta) {
+  const struct l2l_backend_ops *ops = call->ops;
+  /* dw accumulates in f32 from x and dy rounded like the weight (both 16-bit, or both f32) */
+  const void *xr = NULL, *dyr = NULL;
+  TRY(l2l_cast_activation(call, &dyr, dy, n * out, w.dtype, 0));
+  TRY(l2l_cast_activation(call, &xr, x, n * in, w.dtype, n * out));
+  TRY(ops->gemm_batched(dw, xr, dyr, w.dtype, 1, in, out, n, 1, 0, 1.0f, 1.0f));
+  if (db) TRY(ops->bias_backward(db, dy, n, out));
+  return dx ? ops->gemm_batched(dx, dyr, w.data, w.dtype, 1, n, in, out, 0, 1, 1.0f, dx_beta)
+            : L2L_OK;
+}

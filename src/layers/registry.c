@@ -1,0 +1,57 @@
+/* registry.c — the layer kinds l2l knows, and what every kind's config shares.
+ *
+ * Purpose: the one table from a kind's number to its operations (kind.h), so that no other
+ * file dispatches on a kind with a switch: adding a kind is its file and its line here.
+ * The checks every config gets (dim, init_std, dropout) come before the kind's own.
+ * Must never: hold a kind's own logic.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "kind.h"
+
+static const struct layer_kind_ops *const kinds[] = {
+    [L2L_LAYER_EMBEDDING] = &l2l_embedding_kind,
+    [L2L_LAYER_BLOCK] = &l2l_block_kind,
+    [L2L_LAYER_LM_HEAD] = &l2l_lm_head_kind,
+    [L2L_LAYER_CLASSIFIER] = &l2l_classifier_kind,
+    [L2L_LAYER_CUSTOM] = &l2l_custom_kind,
+};
+
+const struct layer_kind_ops *l2l_kind_ops(l2l_layer_kind kind) {
+  if ((int)kind < 0 || (size_t)kind >= sizeof kinds / sizeof kinds[0]) return NULL;
+  return kinds[kind];
+}
+
+l2l_status l2l_config_fail(const l2l_layer_config *c, const char *fmt, ...) {
+  char message[160];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(message, sizeof message, fmt, ap);
+  va_end(ap);
+  return l2l_fail(L2L_ERR_INVALID, "l2l_layer_new (%s): %s", l2l_kind_ops(c->kind)->name,
+                  message);
+}
+
+l2l_status l2l_layer_check_config(const l2l_layer_config *c) {
+  if (c == NULL) return l2l_fail(L2L_ERR_INVALID, "l2l_layer_new: config is NULL");
+  const struct layer_kind_ops *kind = l2l_kind_ops(c->kind);
+  if (kind == NULL)
+    return l2l_fail(L2L_ERR_INVALID, "l2l_layer_new: no layer kind with number %d", c->kind);
+  CONFIG_SIZE(dim);
+  CONFIG_NEED(isfinite(c->init_std) && c->init_std > 0, "init_std must be finite and > 0, got %g",
+              c->init_std);
+  CONFIG_NEED(isfinite(c->dropout) && c->dropout >= 0 && c->dropout < 1,
+              "dropout must be in [0, 1), got %g", c->dropout);
+  return kind->check_config(c);
+}
+
+const char *l2l_layer_name(const l2l_layer *layer) {
+  if (!l2l_layer_live(layer)) return NULL;
+  if (layer->custom) return layer->custom->name;
+  return l2l_layer_kind_of(layer)->name;
+}
+
+enum l2l_layer_role l2l_layer_role(const l2l_layer *layer) {
+  return l2l_layer_kind_of(layer)->role;
+}

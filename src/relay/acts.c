@@ -1,0 +1,149 @@
+/* acts.c — activations and stashes: a micro-batch's input on the device (fetched from
+ * the host stash ahead of its use), outputs stashed out to pinned host memory, and a
+ * micro-batch's rows of the batch's tokens, targets and masks.
+ *
+ * Purpose: keep no more than two micro-batches of a host-stashed boundary on the device,
+ * and overlap every copy with the compute of the micro-batch before.
+ * Must never: free a device tensor a copy still reads (stash-outs are retired in order).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "relay.h"
+
+/* Starts bringing a[u] to the device if it is only on the host. */
+l2l_status relay_act_prefetch(struct step *s, struct act *a, int layer, int64_t u) {
+  if (a->dev != NULL || a->in != NULL || a->host == NULL) return L2L_OK;
+  l2l_tensor *dev = NULL;
+  TRY(relay_tensor_like(&dev, L2L_POOL_DEVICE, a->host));
+  l2l_status status = relay_copy_queue(&a->in, s->run, &s->run->h2d, dev, a->host, layer, (int)u,
+                                 L2L_PHASE_STASH_IN);
+  if (status != L2L_OK) l2l_tensor_free(dev);
+  return status;
+}
+
+/* a[u] on the device, waiting for its copy if need be. */
+l2l_status relay_act_on_device(struct step *s, struct act *a, int layer, int64_t u,
+                               l2l_tensor **out) {
+  TRY(relay_act_prefetch(s, a, layer, u));
+  if (a->in) {
+    l2l_status status = relay_copy_wait(s, &a->in->job, &a->in->done, layer, (int)u);
+    a->dev = a->in->dst;
+    relay_copy_job_free(a->in);
+    a->in = NULL;
+    TRY(status);
+  }
+  if (a->dev == NULL) return FAIL(L2L_ERR_STATE, "layer %d, micro-batch %lld: an input is missing (relay bug)",
+                                  layer, (long long)u);
+  *out = a->dev;
+  return L2L_OK;
+}
+
+/* The device copy of a[u] is no longer needed (the host copy, if any, stays). */
+void relay_act_release_device(struct act *a) {
+  l2l_tensor_free(a->dev);
+  a->dev = NULL;
+}
+
+/* Retires the oldest stash-outs until at most `keep` are in flight: each one's device
+   tensor is freed once it is copied, so no more than two micro-batches of a host-stashed
+   boundary wait on the device. */
+l2l_status relay_out_throttle(struct step *s, int keep) {
+  while ((s->out[0] != NULL) + (s->out[1] != NULL) > keep) {
+    double t0 = l2l_now();
+    l2l_status status = l2l_job_wait(&s->out[0]->job);
+    s->wait_copy += l2l_now() - t0;
+    l2l_tensor_free(s->out[0]->src);
+    relay_copy_job_free(s->out[0]);
+    s->out[0] = s->out[1];
+    s->out[1] = NULL;
+    TRY(status);
+  }
+  return L2L_OK;
+}
+
+/* Sends a[u]'s device tensor to a new host stash; the device tensor goes when copied. */
+l2l_status relay_act_stash_out(struct step *s, struct act *a, int layer, int64_t u) {
+  TRY(relay_out_throttle(s, 1));
+  l2l_tensor *host = NULL;
+  TRY(relay_tensor_like(&host, L2L_POOL_PINNED, a->dev));
+  struct copy_job *cj = NULL;
+  l2l_status status = relay_copy_queue(&cj, s->run, &s->run->d2h, host, a->dev, layer, (int)u,
+                                 L2L_PHASE_STASH_OUT);
+  if (status != L2L_OK) {
+    l2l_tensor_free(host);
+    return status;
+  }
+  relay_count_stash(s->run, (int64_t)l2l_pool_accounted(relay_tensor_bytes(host)));
+  a->host = host;
+  a->dev = NULL;
+  s->out[s->out[0] ? 1 : 0] = cj;
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- one micro-batch's inputs */
+
+
+/* Samples in micro-batch u (the last may be smaller). */
+int64_t relay_mb_rows(const struct step *s, int64_t u) {
+  int64_t first = u * s->mb;
+  return s->mb < s->B - first ? s->mb : s->B - first;
+}
+
+/* Micro-batch u's rows of a host tensor copied to the device (small: ids and masks). */
+static l2l_status rows_to_device(struct step *s, l2l_tensor **out, const l2l_tensor *t, int64_t u) {
+  if (t == NULL) return L2L_OK;
+  l2l_tensor *view = NULL;
+  TRY(l2l_tensor_view_rows(&view, t, u * s->mb, relay_mb_rows(s, u)));
+  l2l_status status = relay_tensor_like(out, L2L_POOL_DEVICE, view);
+  if (status == L2L_OK) status = l2l_tensor_copy(*out, view);
+  if (status == L2L_OK) relay_count_bytes(s->run, &s->run->h2d_bytes, relay_tensor_bytes(view));
+  l2l_tensor_free(view);
+  return status;
+}
+
+void relay_mb_inputs_free(struct mb_inputs *m) {
+  l2l_tensor_free(m->tokens);
+  l2l_tensor_free(m->types);
+  l2l_tensor_free(m->targets);
+  l2l_tensor_free(m->mask);
+  memset(m, 0, sizeof *m);
+}
+
+l2l_status relay_mb_inputs(struct step *s, struct mb_inputs *m, int k, int64_t u, bool training) {
+  memset(m, 0, sizeof *m);
+  /* each layer gets the batch fields of its role: tokens, targets, or the key mask */
+  enum l2l_layer_role role = l2l_layer_role(active_layer(s, k)->layer);
+  l2l_status status = L2L_OK;
+  if (role == L2L_ROLE_INPUT) {
+    status = rows_to_device(s, &m->tokens, s->in->tokens, u);
+    if (status == L2L_OK) status = rows_to_device(s, &m->types, s->in->token_types, u);
+  } else if (role == L2L_ROLE_HEAD) {
+    status = rows_to_device(s, &m->targets, s->in->targets, u);
+  } else {
+    status = rows_to_device(s, &m->mask, s->in->key_mask, u);
+  }
+  if (status != L2L_OK) {
+    relay_mb_inputs_free(m);
+    return status;
+  }
+  m->batch = (l2l_layer_batch){.tokens = m->tokens, .token_types = m->types,
+                               .targets = m->targets, .key_mask = m->mask,
+                               .first_sample = u * s->mb, .seed = s->run->config.seed,
+                               .step = (uint64_t)s->run->steps, .training = training,
+                               .loss_scale = s->loss_scale};
+  return L2L_OK;
+}
+
+l2l_status relay_new_activation(struct step *s, l2l_tensor **out, int64_t u) {
+  int64_t shape[3] = {relay_mb_rows(s, u), s->S, s->D};
+  return l2l_tensor_new(out, L2L_POOL_DEVICE, L2L_F32, 3, shape);
+}
+
+/* Layer calls on this thread since `start`: compute, timed on the device's clock. */
+void relay_compute_done(struct step *s, int layer, int64_t u, int phase,
+                        struct l2l_stamp *start) {
+  struct l2l_stamp end;
+  l2l_device_stamp(&end);
+  relay_stamped_add(s, start, &end, layer, (int)u, phase);
+}

@@ -1,0 +1,300 @@
+/* relay.h — what the relay's files share (private to src/relay/).
+ *
+ * Purpose: the relay object, a step's state, the jobs its copy threads run, and the
+ * functions one file of the relay calls in another. The relay runs a model one layer at
+ * a time on the device pool, micro-batch by micro-batch, with the parameters streamed
+ * from the EPS (see l2l.h, "the relay"). A step is a list of layer visits made before
+ * anything runs (visit_plan.c): forward 0 .. L-2, the head (forward and backward of each
+ * micro-batch at once: the turnaround), then backward L-2 .. lowest, with rebuild visits
+ * (a forward rerun of a stretch of layers) before a backward whose input boundary was
+ * dropped. While a visit computes on the compute thread (visits.c), the host-to-device
+ * thread copies the next visit's parameters (slots.c) and the next micro-batch's stashed
+ * input (acts.c), the device-to-host thread stashes outputs and sends finished gradients
+ * to the EPS (transfer.c), and the EPS's workers update layers whose gradient is
+ * complete. step.c drives a step; relay.c is the object, its dynamic architecture and
+ * its restores.
+ * Every device tensor of a step is made and freed by the compute thread, at points of its
+ * own choosing, so device memory never depends on when a copy thread gets to run.
+ * Must never: change a layer, a record or the EPS when a step is refused (every check
+ * runs before the first visit; updates only begin in backward), let a copy thread touch
+ * Lua (custom layers run on the compute thread only), keep more than two micro-batches of
+ * a host-stashed boundary on the device, or read a record other than through eps.h's
+ * accessors.
+ */
+#ifndef L2L_RELAY_H
+#define L2L_RELAY_H
+
+#include "backend/backend.h"
+#include "eps/eps.h"
+#include "layers/layers.h"
+
+#define RELAY_MAGIC 0x6c326c72u  /* "l2lr" */
+enum { MAX_RECORDS = 16, MAX_PARAM_SLOTS = 4096, THREAD_COMPUTE = 0, THREAD_H2D = 1,
+       THREAD_D2H = 2 };
+#define MIN_LOSS_SCALE 0x1p-64
+#define MAX_LOSS_SCALE 0x1p100
+
+struct relay_layer {
+  l2l_layer *layer;
+  bool frozen;
+  l2l_stash_policy stash;     /* the boundary before it (its input) */
+  l2l_inner_policy inner;
+};
+
+struct l2l_relay {
+  uint32_t magic;
+  l2l_relay_config config;
+  struct relay_layer *layers;
+  int count, cap;
+  struct l2l_eps eps;
+  struct l2l_queue h2d, d2h;
+  struct l2l_timeline timeline;
+  int64_t steps, updates;     /* every step is one minibatch of an accumulation */
+  /* Dynamic loss scaling (config.loss_scale > 0): the scale, updates since it last
+     changed, updates skipped for an overflow. */
+  double scale;
+  int64_t scale_good, skipped;
+  l2l_relay_stats stats;
+  /* Filled by jobs on the copy threads; read between steps. */
+  pthread_mutex_t lock;
+  uint64_t h2d_bytes, d2h_bytes, stash_now, stash_peak;
+  l2l_status async_status;    /* a job nobody waits for failed (gradients out) */
+  char async_message[256];
+};
+
+static inline bool relay_ok(const l2l_relay *run) {
+  return run != NULL && run->magic == RELAY_MAGIC;
+}
+
+/* ---------------------------------------------------------------- jobs of the copy threads */
+
+/* dst := src on a copy thread. The tensors stay the queuing thread's: it frees them
+   after waiting, at points of its choosing, so device memory does not depend on when a
+   copy thread gets to run. */
+struct copy_job {
+  struct l2l_job job;
+  l2l_relay *run;
+  l2l_tensor *dst, *src;
+  int layer, micro_batch, phase;
+  struct l2l_stamp done;  /* a copy onto the device: its end on the device's clock
+                             (copy_wait takes it) */
+};
+
+/* A saved state moved between the device and pinned host memory on a copy thread
+   (KARMA's swap). */
+struct swap_job {
+  struct l2l_job job;
+  l2l_relay *run;
+  l2l_saved *saved;
+  l2l_pool_kind pool;
+  int layer, micro_batch, phase;
+};
+
+/* A layer's parameters into their device tensors, after the layer's pending updates. */
+struct params_job {
+  struct l2l_job job;
+  l2l_relay *run;
+  int layer, nrec;
+  struct eps_record *rec[MAX_RECORDS];
+  l2l_tensor *value[MAX_RECORDS];
+  int64_t updates[MAX_RECORDS];   /* each record's update count when copied */
+  int slot;                       /* the parameter slot it fills */
+  struct l2l_stamp done;          /* as copy_job's */
+};
+
+/* A visit's gradients out to the EPS: copied to pinned buffers the EPS then owns and
+   adds up on its workers. When the device pool is host memory (the CPU backend) there is
+   nothing to copy: this thread adds the gradient slot into the EPS's accumulators
+   directly, which saves a pass over the gradient and a buffer, and leaves the slot zero.
+   Gradients rounded to a 16-bit grad_precision come from the out slot instead, and the
+   EPS widens them as it adds. The compute thread waits for this job before the gradient
+   slot serves another visit. */
+struct grads_job {
+  struct l2l_job job;
+  l2l_relay *run;
+  int layer, nrec;
+  float clip;                 /* per-layer clipping, 0: off */
+  bool host_readable;         /* the step's host_device: absorb (and zero) in place */
+  bool drains;                /* every gradient is the f32 slot's (none rounded to 16 bits):
+                                 absorbing in place leaves the whole slot zero */
+  struct eps_record *rec[MAX_RECORDS];
+  l2l_tensor *grad[MAX_RECORDS];
+};
+
+/* ---------------------------------------------------------------- a step's state */
+
+/* One micro-batch's activations (or their gradients) at one boundary. */
+struct act {
+  l2l_tensor *dev;            /* on the device (NULL when only on the host) */
+  l2l_tensor *host;           /* the host stash (pinned) */
+  struct copy_job *in;        /* host -> dev in flight */
+};
+
+enum visit_kind { V_FORWARD, V_HEAD, V_BACKWARD, V_REBUILD };
+struct visit {
+  int k;                      /* index among the step's active layers */
+  enum visit_kind kind;
+};
+
+struct param_slot {
+  l2l_tensor *t;
+  int held;                   /* active layer whose parameters it holds, -1: none */
+  int64_t last_used;          /* slot_ticks when last chosen */
+  int64_t updates[MAX_RECORDS];   /* held's records' update counts when copied */
+};
+
+struct step {
+  l2l_relay *run;
+  const l2l_relay_batch *in;
+  bool training;
+  int64_t B, S, D, mb, nmb;
+  int L;                      /* active layers */
+  int *active;                /* -> index in run->layers */
+  struct act **x;             /* x[k][u]: input of active layer k (k >= 1) */
+  struct act **g;             /* g[k][u]: gradient of the loss for x[k][u] */
+  l2l_saved ***saved;         /* saved[k][u] of keep and swap layers */
+  struct swap_job ***swap;    /* swap[k][u] in flight */
+  uint8_t **where;            /* where[k][u]: 1 while saved[k][u] is on the host */
+  bool *rebuilt;              /* boundary k rebuilt on the device for the backward */
+  bool *reread;               /* x[k] is read again after forward (backward or rebuild) */
+  struct visit *visits;
+  int nvisits, lowest;
+  /* The visit running and the next one's parameters. */
+  struct params_job *params[2];
+  l2l_tensor *grads[MAX_RECORDS];
+  int ngrads;
+  /* Parameter slots (config.param_slots, each the size of the largest layer): the visit
+     running holds one while the next visit's parameters copy into the least recently
+     used other one. A slot remembers the active layer it holds (-1: nothing reusable) at
+     its records' update counts, so a visit whose layer is still there as the EPS has it
+     now copies nothing: with two slots (L2L's double buffer) the last block's backward
+     right after the head and a layer's backward after its own rebuild; each more slot
+     keeps one more of the forward's last layers for the backward. */
+  struct param_slot *pslots;
+  int nslots;
+  int64_t slot_ticks;         /* counts slot choices, for least recently used */
+  /* Two gradient slots, the size of a parameter slot: visit i computes into slot
+     gs = i % 2 while the other's gradients go out to the EPS. With a 16-bit
+     grad_precision, each has an out slot for the 16-bit copies that leave the device. */
+  l2l_tensor *gslot[2], *gout_slot[2];
+  struct grads_job *gout[2];  /* the gradients out of the last visit of each slot */
+  int gs;
+  /* Device memory the host can read (the CPU backend): the copy thread adds a gradient
+     slot into the EPS and zeroes it in the same pass, so a slot is all zero between
+     visits (gzero) and the next visit need not clear it. */
+  bool host_device, gzero[2];
+  struct copy_job *out[2];    /* stash-outs in flight (oldest first) */
+  double loss_sum;
+  int64_t real;               /* targets that count */
+  float loss_scale;           /* the loss gradient's seed (see relay_run) */
+  float clip_layer;           /* per-layer clipping, in the loss scale's units */
+  double compute, wait_copy, wait_update, exposed_copy;
+  /* The compute thread's work and its waits for copies, between stamps: on the timeline
+     and in compute / exposed_copy once the step is done and the device's clock can be
+     read (stamped_resolve), against the anchor taken as the step began. */
+  struct l2l_stamp anchor;
+  struct stamped *stamped;
+  int64_t nstamped, stamped_cap;
+};
+
+/* One unit of the compute thread's work (or of its waiting for a copy) on the device's
+   clock: on a GPU the host only queues kernels, so its clock says when they were queued,
+   not when they ran. */
+struct stamped {
+  struct l2l_stamp start, end;
+  int layer, micro_batch, phase;
+};
+
+/* What a device slot holds for each record: its values in their device dtype, its f32
+   gradient, or the 16-bit copy of a gradient made to leave the device (f32 gradients
+   leave from the gradient slot itself: 0 bytes). */
+enum slot_content { SLOT_VALUES, SLOT_GRADS, SLOT_GRADS_OUT };
+
+struct mb_inputs {
+  l2l_tensor *tokens, *types, *targets, *mask;
+  l2l_layer_batch batch;
+};
+
+static inline struct relay_layer *active_layer(const struct step *s, int k) {
+  return &s->run->layers[s->active[k]];
+}
+/* Whether boundary k (k >= 1) is dropped in forward (rebuilt for the backward). */
+static inline bool dropped(const struct step *s, int k) {
+  return active_layer(s, k)->stash == L2L_STASH_RECOMPUTE;
+}
+
+/* ---------------------------------------------------------------- transfer.c */
+
+void relay_copy_job_free(struct copy_job *cj);
+l2l_status relay_copy_queue(struct copy_job **out, l2l_relay *run, struct l2l_queue *q,
+                            l2l_tensor *dst, l2l_tensor *src, int layer, int micro_batch,
+                            int phase);
+void relay_copy_thread_push(struct l2l_queue *q, struct l2l_job *job);
+void relay_count_bytes(l2l_relay *run, uint64_t *counter, uint64_t bytes);
+void relay_count_stash(l2l_relay *run, int64_t bytes);
+void relay_grads_release(struct l2l_job *job);
+void relay_grads_run(struct l2l_job *job, int thread);
+void relay_params_job_free(struct params_job *pj);
+void relay_params_run(struct l2l_job *job, int thread);
+l2l_status relay_swap_queue(l2l_relay *run, struct l2l_queue *q, struct swap_job **slot,
+                            l2l_saved *saved, l2l_pool_kind pool, int layer, int64_t u);
+l2l_status relay_swap_wait(double *waited, struct swap_job **slot);
+uint64_t relay_tensor_bytes(const l2l_tensor *t);
+l2l_status relay_tensor_like(l2l_tensor **out, l2l_pool_kind pool, const l2l_tensor *t);
+
+/* ---------------------------------------------------------------- state.c */
+
+void relay_act_free(l2l_relay *run, struct act *a);
+void relay_stamped_add(struct step *s, struct l2l_stamp *start, struct l2l_stamp *end,
+                       int layer, int micro_batch, int phase);
+void relay_stamped_resolve(struct step *s);
+l2l_status relay_step_alloc(struct step *s);
+void relay_step_free(struct step *s);
+
+/* ---------------------------------------------------------------- checks.c */
+
+l2l_status relay_check_step(struct step *s, const l2l_relay_batch *in);
+
+/* ---------------------------------------------------------------- budget.c */
+
+l2l_status relay_check_budget(const struct step *s);
+
+/* ---------------------------------------------------------------- slots.c */
+
+l2l_status relay_copy_wait(struct step *s, struct l2l_job *job, struct l2l_stamp *done,
+                           int layer, int micro_batch);
+void relay_grads_wait(struct step *s, int slot);
+l2l_status relay_params_bind(struct step *s, int k, bool grads);
+l2l_status relay_params_done(struct step *s, int k, bool give);
+l2l_status relay_params_queue(struct step *s, int which, int k);
+uint64_t relay_slot_size(const struct step *s, enum slot_content content);
+l2l_status relay_slots_new(struct step *s);
+
+/* ---------------------------------------------------------------- visit_plan.c */
+
+l2l_status relay_plan_visits(struct step *s);
+
+/* ---------------------------------------------------------------- acts.c */
+
+l2l_status relay_act_on_device(struct step *s, struct act *a, int layer, int64_t u,
+                               l2l_tensor **out);
+l2l_status relay_act_prefetch(struct step *s, struct act *a, int layer, int64_t u);
+void relay_act_release_device(struct act *a);
+l2l_status relay_act_stash_out(struct step *s, struct act *a, int layer, int64_t u);
+void relay_compute_done(struct step *s, int layer, int64_t u, int phase,
+                        struct l2l_stamp *start);
+l2l_status relay_mb_inputs(struct step *s, struct mb_inputs *m, int k, int64_t u, bool training);
+void relay_mb_inputs_free(struct mb_inputs *m);
+int64_t relay_mb_rows(const struct step *s, int64_t u);
+l2l_status relay_new_activation(struct step *s, l2l_tensor **out, int64_t u);
+l2l_status relay_out_throttle(struct step *s, int keep);
+
+/* ---------------------------------------------------------------- visits.c */
+
+l2l_status relay_run_visits(struct step *s);
+
+/* ---------------------------------------------------------------- step.c */
+
+l2l_status relay_check_async(l2l_relay *run);
+
+#endif /* L2L_RELAY_H */

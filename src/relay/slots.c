@@ -1,0 +1,274 @@
+/* slots.c — parameter and gradient slots on the device: their sizes, which slot a visit's
+ * parameters copy into, binding them to the layer, and sending the gradients out.
+ *
+ * Purpose: L2L's double buffer. The visit running holds one parameter slot while the next
+ * visit's parameters copy into the least recently used other one; a slot that still
+ * holds a layer as the EPS has it now is reused without a copy. Two gradient slots
+ * alternate between visits: one computes while the other's gradients go to the EPS.
+ * Must never: copy a record before its pending update is done, or reuse a gradient slot
+ * before its gradients are out.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "relay.h"
+
+/* A record's dtype on the device: its staging copy's (16-bit), else f32. */
+static l2l_dtype device_dtype(const struct eps_record *rec) {
+  return (l2l_dtype)l2l_tensor_dtype(l2l_eps_device_source(rec));
+}
+
+/* The dtype a record's gradient leaves the device in: grad_precision for the parameters
+   that go 16-bit (GEMM weights, token tables), else f32. */
+static l2l_dtype grads_out_dtype(const l2l_relay *run, const struct eps_record *rec) {
+  return l2l_param_low_precision(l2l_eps_param(rec)) ? run->config.grad_precision : L2L_F32;
+}
+
+
+static l2l_dtype slot_dtype(const l2l_relay *run, const struct eps_record *rec,
+                            enum slot_content content) {
+  return content == SLOT_VALUES ? device_dtype(rec)
+         : content == SLOT_GRADS ? L2L_F32
+                                 : grads_out_dtype(run, rec);
+}
+
+/* Bytes a record takes in a slot, rounded so that every record starts on L2L_ALIGN. */
+static uint64_t slot_bytes(const l2l_relay *run, const struct eps_record *rec,
+                           enum slot_content content) {
+  l2l_dtype dtype = slot_dtype(run, rec, content);
+  uint64_t size = content == SLOT_GRADS_OUT && dtype == L2L_F32 ? 0 : l2l_dtype_size(dtype);
+  uint64_t bytes = (uint64_t)l2l_tensor_numel(l2l_eps_master(rec)) * size;
+  return (bytes + L2L_ALIGN - 1) / L2L_ALIGN * L2L_ALIGN;
+}
+
+/* Bytes of a device slot: the largest active layer's. */
+uint64_t relay_slot_size(const struct step *s, enum slot_content content) {
+  uint64_t most = L2L_ALIGN;
+  for (int k = 0; k < s->L; k++) {
+    l2l_layer *layer = active_layer(s, k)->layer;
+    uint64_t n = 0;
+    for (int r = 0; r < l2l_layer_param_count(layer); r++)
+      n += slot_bytes(s->run, l2l_eps_find(&s->run->eps, l2l_layer_param(layer, r)), content);
+    if (n > most) most = n;
+  }
+  return most;
+}
+
+/* ---------------------------------------------------------------- parameters */
+
+/* A tensor for rec at byte *offset of a slot holding `content`, shaped like its master;
+   *offset moves past it. */
+static l2l_status slot_view(l2l_tensor **out, const struct step *s, const l2l_tensor *slot,
+                            uint64_t *offset, const struct eps_record *rec,
+                            enum slot_content content) {
+  TRY(l2l_tensor_view_bytes(out, slot, *offset, slot_dtype(s->run, rec, content),
+                            l2l_eps_master(rec)));
+  *offset += slot_bytes(s->run, rec, content);
+  return L2L_OK;
+}
+
+/* The slots (bytes), sized for the largest active layer. */
+l2l_status relay_slots_new(struct step *s) {
+  int64_t shape[1] = {(int64_t)relay_slot_size(s, SLOT_VALUES)};
+  int64_t gshape[1] = {(int64_t)relay_slot_size(s, SLOT_GRADS)};
+  int64_t oshape[1] = {(int64_t)relay_slot_size(s, SLOT_GRADS_OUT)};
+  s->host_device = l2l_device_is_host();
+  s->nslots = s->run->config.param_slots;
+  s->pslots = calloc((size_t)s->nslots, sizeof *s->pslots);
+  if (s->pslots == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a step");
+  for (int i = 0; i < s->nslots; i++) {
+    s->pslots[i].held = -1;
+    s->pslots[i].last_used = -1;
+    TRY(l2l_tensor_new(&s->pslots[i].t, L2L_POOL_DEVICE, L2L_U8, 1, shape));
+  }
+  for (int i = 0; s->training && i < 2; i++) {
+    TRY(l2l_tensor_new(&s->gslot[i], L2L_POOL_DEVICE, L2L_U8, 1, gshape));
+    if (s->run->config.grad_precision != L2L_F32)
+      TRY(l2l_tensor_new(&s->gout_slot[i], L2L_POOL_DEVICE, L2L_U8, 1, oshape));
+    if (s->host_device) {
+      TRY(l2l_tensor_fill(s->gslot[i], 0.0));
+      s->gzero[i] = true;
+    }
+  }
+  return L2L_OK;
+}
+
+/* Whether parameter slot i still holds active layer k as the EPS has it now. */
+static bool slot_current(struct step *s, int i, int k, const struct params_job *pj) {
+  if (s->pslots[i].held != k) return false;
+  for (int r = 0; r < pj->nrec; r++) {
+    int64_t now = l2l_eps_settled_updates(&s->run->eps, pj->rec[r]);
+    if (now < 0 || now != s->pslots[i].updates[r]) return false;
+  }
+  return true;
+}
+
+/* The slot for layer k's next visit, other than `busy` (the running visit's, -1: none):
+   one that holds k as it is now, else the least recently used. *current: the former. */
+static int slot_choose(struct step *s, int k, const struct params_job *pj, int busy,
+                       bool *current) {
+  int pick = -1;
+  for (int i = 0; i < s->nslots; i++) {
+    if (i == busy) continue;
+    if (slot_current(s, i, k, pj)) {
+      *current = true;
+      pick = i;
+      break;
+    }
+    if (pick < 0 || s->pslots[i].last_used < s->pslots[pick].last_used) pick = i;
+  }
+  if (!*current) s->pslots[pick].held = -1;   /* its contents are about to change */
+  s->pslots[pick].last_used = s->slot_ticks++;
+  return pick;
+}
+
+/* Queues the copy of layer k's parameters into a parameter slot for the visit about to
+   run (which 0) or the one after it (which 1; the running visit keeps its slot). */
+l2l_status relay_params_queue(struct step *s, int which, int k) {
+  l2l_relay *run = s->run;
+  l2l_layer *layer = active_layer(s, k)->layer;
+  struct params_job *pj = calloc(1, sizeof *pj);
+  if (pj == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a copy job");
+  s->params[which] = pj;
+  pj->run = run;
+  pj->layer = s->active[k];
+  pj->nrec = l2l_layer_param_count(layer);
+  for (int r = 0; r < pj->nrec; r++)
+    pj->rec[r] = l2l_eps_find(&run->eps, l2l_layer_param(layer, r));
+  bool current = false;
+  int busy = which == 1 && s->params[0] != NULL ? s->params[0]->slot : -1;
+  pj->slot = slot_choose(s, k, pj, busy, &current);
+  uint64_t offset = 0;
+  for (int r = 0; r < pj->nrec; r++)
+    TRY(slot_view(&pj->value[r], s, s->pslots[pj->slot].t, &offset, pj->rec[r], SLOT_VALUES));
+  pj->job.run = relay_params_run;
+  if (current) {   /* done already: nothing to copy */
+    memcpy(pj->updates, s->pslots[pj->slot].updates, sizeof pj->updates);
+    pj->job.queue = &run->h2d;
+    pj->job.done = true;
+    return L2L_OK;
+  }
+  relay_copy_thread_push(&run->h2d, &pj->job);
+  return L2L_OK;
+}
+
+/* Waits for the gradients of slot `slot`'s last visit to be out (the slot is then free).
+   A failure there is the run's (relay_check_async), not this visit's. */
+void relay_grads_wait(struct step *s, int slot) {
+  struct grads_job *gj = s->gout[slot];
+  if (gj == NULL) return;
+  double t0 = l2l_now();
+  l2l_status status = l2l_job_wait(&gj->job);
+  s->wait_copy += l2l_now() - t0;
+  if (status == L2L_OK && s->host_device && gj->drains) s->gzero[slot] = true;
+  relay_grads_release(&gj->job);
+  s->gout[slot] = NULL;
+}
+
+/* The compute thread waits for a copy job whose copy ended at `done` (taken over). The
+   host's wait counts in wait_copy; whether the device waited too is known once the step
+   is done (relay_stamped_resolve): from a stamp queued now, after the work the copy hides
+   under, to `done`. */
+l2l_status relay_copy_wait(struct step *s, struct l2l_job *job, struct l2l_stamp *done,
+                           int layer, int micro_batch) {
+  struct l2l_stamp before;
+  l2l_device_stamp(&before);
+  l2l_status status = l2l_job_wait(job);
+  s->wait_copy += l2l_now() - before.host;
+  if (done->host > 0) /* a copy that ran, not parameters already in their slot */
+    relay_stamped_add(s, &before, done, layer, micro_batch, L2L_PHASE_WAIT_COPY);
+  else
+    l2l_device_stamp_release(&before);
+  return status;
+}
+
+/* Waits for slot 0's parameters (the visit about to run) and binds them with device
+   gradients when the visit computes any. */
+l2l_status relay_params_bind(struct step *s, int k, bool grads) {
+  l2l_relay *run = s->run;
+  struct params_job *pj = s->params[0];
+  l2l_layer *layer = active_layer(s, k)->layer;
+  double t0 = l2l_now();
+  /* The copy job waits for the updates too; waiting here first tells the two waits apart. */
+  for (int r = 0; r < pj->nrec; r++) l2l_eps_wait_record(&run->eps, pj->rec[r]);
+  double t1 = l2l_now();
+  s->wait_update += t1 - t0;
+  if (t1 - t0 > 1e-5)
+    l2l_timeline_add(&run->timeline, s->active[k], -1, L2L_PHASE_WAIT_UPDATE, THREAD_COMPUTE, t0, t1);
+  TRY(relay_copy_wait(s, &pj->job, &pj->done, s->active[k], -1));
+  s->ngrads = 0;
+  if (grads) relay_grads_wait(s, s->gs);
+  uint64_t offset = 0;
+  for (int r = 0; r < pj->nrec; r++) {
+    if (grads) {
+      TRY(slot_view(&s->grads[r], s, s->gslot[s->gs], &offset, pj->rec[r], SLOT_GRADS));
+      s->ngrads = r + 1;
+      if (!s->gzero[s->gs]) TRY(l2l_tensor_fill(s->grads[r], 0.0));
+    }
+    l2l_param_bind(l2l_layer_param(layer, r), pj->value[r], grads ? s->grads[r] : NULL);
+  }
+  if (grads) s->gzero[s->gs] = false;
+  return L2L_OK;
+}
+
+/* After a visit: parameters unbound and freed; gradients of a trainable visit go out to
+   the EPS (the job owns them from here), others are dropped. */
+l2l_status relay_params_done(struct step *s, int k, bool give) {
+  l2l_relay *run = s->run;
+  struct params_job *pj = s->params[0];
+  l2l_layer *layer = active_layer(s, k)->layer;
+  for (int r = 0; r < pj->nrec; r++) {
+    l2l_param_bind(l2l_layer_param(layer, r), NULL, NULL);
+    l2l_tensor_free(pj->value[r]);
+  }
+  s->pslots[pj->slot].held = k;
+  memcpy(s->pslots[pj->slot].updates, pj->updates, sizeof pj->updates);
+  relay_params_job_free(pj);
+  s->params[0] = s->params[1];
+  s->params[1] = NULL;
+  if (!give) {
+    /* Dropped gradients (a frozen layer's): the slot is zeroed here instead. */
+    bool zeroed = s->host_device;
+    for (int r = 0; r < s->ngrads; r++) {
+      if (zeroed) zeroed = l2l_tensor_fill(s->grads[r], 0.0) == L2L_OK;
+      l2l_tensor_free(s->grads[r]);
+    }
+    if (s->ngrads > 0) s->gzero[s->gs] = zeroed;
+    s->ngrads = 0;
+    return L2L_OK;
+  }
+  struct grads_job *gj = calloc(1, sizeof *gj);
+  if (gj == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a copy job");
+  gj->run = run;
+  gj->layer = s->active[k];
+  gj->clip = s->clip_layer;
+  gj->host_readable = s->host_device;
+  gj->nrec = s->ngrads;
+  gj->drains = true;
+  for (int r = 0; r < s->ngrads; r++) {
+    gj->rec[r] = l2l_eps_find(&run->eps, l2l_layer_param(layer, r));
+    gj->grad[r] = s->grads[r];
+  }
+  s->ngrads = 0;
+  /* 16-bit gradients: rounded here, on the device, into the slot's out slot, so that the
+     copy moves half the bytes; the f32 slot is then cleared by its next visit. */
+  uint64_t offset = 0;
+  for (int r = 0; r < gj->nrec; r++) {
+    if (grads_out_dtype(run, gj->rec[r]) == L2L_F32) continue;
+    l2l_tensor *out = NULL;
+    l2l_status status =
+        slot_view(&out, s, s->gout_slot[s->gs], &offset, gj->rec[r], SLOT_GRADS_OUT);
+    if (status == L2L_OK) status = l2l_tensor_cast(out, gj->grad[r]);
+    l2l_tensor_free(gj->grad[r]);
+    gj->grad[r] = out;
+    gj->drains = false;
+    if (status != L2L_OK) {
+      relay_grads_release(&gj->job);
+      return status;
+    }
+  }
+  gj->job.run = relay_grads_run;
+  s->gout[s->gs] = gj;
+  relay_copy_thread_push(&run->d2h, &gj->job);
+  return L2L_OK;
+}

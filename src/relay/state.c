@@ -1,0 +1,147 @@
+/* state.c — a step's state: its arrays of activations, saved states and swaps, the stamps
+ * of its compute, and freeing all of it whatever happened.
+ *
+ * Purpose: one place that makes and unmakes a step, so that a step refused or failed
+ * half-way leaves no tensor, job or binding behind.
+ * Must never: free what a copy job may still use (the queues are drained first).
+ */
+#include <stdlib.h>
+
+#include "relay.h"
+
+/* Keeps [start, end) for relay_stamped_resolve, which releases both; without memory for it,
+   releases them now (the unit then misses the timeline and the sums). */
+void relay_stamped_add(struct step *s, struct l2l_stamp *start, struct l2l_stamp *end,
+                       int layer, int micro_batch, int phase) {
+  if (s->nstamped == s->stamped_cap) {
+    int64_t cap = s->stamped_cap ? 2 * s->stamped_cap : 256;
+    struct stamped *grown = realloc(s->stamped, (size_t)cap * sizeof *grown);
+    if (grown == NULL) {
+      l2l_device_stamp_release(start);
+      l2l_device_stamp_release(end);
+      return;
+    }
+    s->stamped = grown, s->stamped_cap = cap;
+  }
+  s->stamped[s->nstamped++] = (struct stamped){*start, *end, layer, micro_batch, phase};
+  start->event = end->event = NULL; /* released by relay_stamped_resolve */
+}
+
+/* The step's stamped units onto the timeline, in host seconds: the anchor's host time
+   plus their offsets from it on the device's clock (on the CPU backend that is their own
+   host time). Compute units add up into compute; a wait for a copy counts as exposed
+   copy time for the part the device spent idle: from when it had done the work queued
+   before the wait to the copy's end, when that came later. */
+void relay_stamped_resolve(struct step *s) {
+  l2l_relay *run = s->run;
+  (void)l2l_device_synchronize(); /* every stamp has happened (a failure: those not, drop) */
+  for (int64_t i = 0; i < s->nstamped; i++) {
+    struct stamped *e = &s->stamped[i];
+    double from = 0, to = 0;
+    if (l2l_device_stamp_seconds(&from, &s->anchor, &e->start) &&
+        l2l_device_stamp_seconds(&to, &s->anchor, &e->end)) {
+      double t0 = s->anchor.host + from, t1 = s->anchor.host + to;
+      bool wait = e->phase == L2L_PHASE_WAIT_COPY;
+      if (!wait && t1 < t0) t1 = t0;
+      if (!wait || t1 - t0 > 1e-5) {
+        *(wait ? &s->exposed_copy : &s->compute) += t1 - t0;
+        l2l_timeline_add(&run->timeline, e->layer, e->micro_batch, e->phase, THREAD_COMPUTE,
+                         t0, t1);
+      }
+    }
+    l2l_device_stamp_release(&e->start);
+    l2l_device_stamp_release(&e->end);
+  }
+  free(s->stamped);
+  s->stamped = NULL;
+  s->nstamped = s->stamped_cap = 0;
+  l2l_device_stamp_release(&s->anchor);
+}
+
+
+void relay_act_free(l2l_relay *run, struct act *a) {
+  if (a->in) {
+    l2l_job_wait(&a->in->job);
+    l2l_tensor_free(a->in->dst);
+    relay_copy_job_free(a->in);
+    a->in = NULL;
+  }
+  if (a->host) relay_count_stash(run, -(int64_t)l2l_pool_accounted(relay_tensor_bytes(a->host)));
+  l2l_tensor_free(a->dev);
+  l2l_tensor_free(a->host);
+  a->dev = a->host = NULL;
+}
+
+void relay_step_free(struct step *s) {
+  l2l_relay *run = s->run;
+  /* Jobs first: they may still read or free what is below. */
+  l2l_queue_drain(&run->h2d);
+  l2l_queue_drain(&run->d2h);
+  relay_stamped_resolve(s);
+  for (int i = 0; i < 2; i++) {
+    if (s->out[i]) l2l_tensor_free(s->out[i]->src);
+    relay_copy_job_free(s->out[i]);
+    if (s->params[i]) {
+      for (int r = 0; r < s->params[i]->nrec; r++) l2l_tensor_free(s->params[i]->value[r]);
+      relay_params_job_free(s->params[i]);
+    }
+    if (s->gout[i]) relay_grads_release(&s->gout[i]->job);
+    l2l_tensor_free(s->gslot[i]);
+    l2l_tensor_free(s->gout_slot[i]);
+  }
+  for (int i = 0; i < s->nslots; i++) l2l_tensor_free(s->pslots[i].t);
+  free(s->pslots);
+  for (int r = 0; r < s->ngrads; r++) l2l_tensor_free(s->grads[r]);
+  for (int k = 0; k <= s->L; k++) {
+    for (int64_t u = 0; u < s->nmb; u++) {
+      if (s->x && s->x[k]) relay_act_free(run, &s->x[k][u]);
+      if (s->g && s->g[k]) relay_act_free(run, &s->g[k][u]);
+      if (s->swap && s->swap[k] && s->swap[k][u]) free(s->swap[k][u]);
+      if (s->saved && s->saved[k] && s->saved[k][u]) {
+        if (s->where[k][u]) relay_count_stash(run, -(int64_t)l2l_saved_pool_bytes(s->saved[k][u]));
+        l2l_saved_free(s->saved[k][u]);
+      }
+    }
+    if (s->x) free(s->x[k]);
+    if (s->g) free(s->g[k]);
+    if (s->saved) free(s->saved[k]);
+    if (s->swap) free(s->swap[k]);
+    if (s->where) free(s->where[k]);
+  }
+  free(s->where);
+  free(s->x);
+  free(s->g);
+  free(s->saved);
+  free(s->swap);
+  free(s->rebuilt);
+  free(s->reread);
+  free(s->visits);
+  free(s->active);
+  /* Parameters back to their own tensors whatever happened. */
+  for (int i = 0; i < run->count; i++) {
+    l2l_layer *layer = run->layers[i].layer;
+    for (int r = 0; r < l2l_layer_param_count(layer); r++)
+      l2l_param_bind(l2l_layer_param(layer, r), NULL, NULL);
+  }
+}
+
+l2l_status relay_step_alloc(struct step *s) {
+  int n = s->L + 1;
+  s->x = calloc((size_t)n, sizeof *s->x);
+  s->g = calloc((size_t)n, sizeof *s->g);
+  s->saved = calloc((size_t)n, sizeof *s->saved);
+  s->swap = calloc((size_t)n, sizeof *s->swap);
+  s->where = calloc((size_t)n, sizeof *s->where);
+  if (!s->x || !s->g || !s->saved || !s->swap || !s->where)
+    return FAIL(L2L_ERR_NOMEM, "no memory for a step");
+  for (int k = 0; k < n; k++) {
+    s->x[k] = calloc((size_t)s->nmb, sizeof **s->x);
+    s->g[k] = calloc((size_t)s->nmb, sizeof **s->g);
+    s->saved[k] = calloc((size_t)s->nmb, sizeof **s->saved);
+    s->swap[k] = calloc((size_t)s->nmb, sizeof **s->swap);
+    s->where[k] = calloc((size_t)s->nmb, sizeof **s->where);
+    if (!s->x[k] || !s->g[k] || !s->saved[k] || !s->swap[k] || !s->where[k])
+      return FAIL(L2L_ERR_NOMEM, "no memory for a step");
+  }
+  return L2L_OK;
+}

@@ -1,0 +1,177 @@
+/* step.c — a training or evaluation step from start to end: checks, the visit plan, the
+ * learning rate and loss scale, the EPS's bookkeeping, the visits, deferred updates, and
+ * the stats.
+ *
+ * Purpose: the relay's one public action, each of its phases a function of its own.
+ * Must never: leave the EPS half-way through a step: a failure abandons the step's
+ * gradients, and nothing updates.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "relay.h"
+
+l2l_status relay_check_async(l2l_relay *run) {
+  pthread_mutex_lock(&run->lock);
+  l2l_status status = run->async_status;
+  char message[256];
+  snprintf(message, sizeof message, "%s", run->async_message);
+  run->async_status = L2L_OK;
+  pthread_mutex_unlock(&run->lock);
+  return status == L2L_OK ? L2L_OK : l2l_fail(status, "%s", message);
+}
+
+/* What a step decides before it runs, from the config and the relay's counts. */
+struct step_plan {
+  bool update;     /* this step ends an accumulation: the EPS updates */
+  bool defer;      /* updates wait for every gradient (global clipping, loss scaling) */
+  double lr;       /* the schedule's, for this update */
+  double dynamic;  /* the dynamic loss scale (1 without loss scaling) */
+};
+
+static l2l_status plan_step(struct step_plan *p, struct step *s) {
+  const l2l_relay *run = s->run;
+  const l2l_relay_config *c = &run->config;
+  *p = (struct step_plan){.update = s->training && (run->steps + 1) % c->accumulate == 0,
+                          .dynamic = c->loss_scale > 0 ? run->scale : 1.0};
+  p->defer = p->update && (c->clip_global_norm > 0 || c->loss_scale > 0);
+  if (p->update) TRY(l2l_schedule_lr(&p->lr, &c->schedule, c->optimizer.lr, run->updates + 1));
+  /* The loss gradient's seed: the mean over the minibatch's real targets (and over the
+     accumulation), times the dynamic loss scale. The scale changes only at an update, so
+     every minibatch of an accumulation has the same. */
+  s->loss_scale = (float)(p->dynamic / ((double)s->real * c->accumulate));
+  s->clip_layer = (float)(c->clip_layer_norm * p->dynamic);
+  return L2L_OK;
+}
+
+/* Which records expect gradients this step: one arrival per trainable visit; their
+   missing optimizer state is allocated now, so that a failure comes before any change. */
+static l2l_status eps_begin(struct step *s, const struct step_plan *p) {
+  struct l2l_eps *eps = &s->run->eps;
+  l2l_eps_begin_step(eps, p->update, p->defer, p->lr);
+  for (int k = s->lowest; k < s->L; k++) {
+    struct relay_layer *rl = active_layer(s, k);
+    if (rl->frozen) continue;
+    for (int r = 0; r < l2l_layer_param_count(rl->layer); r++)
+      l2l_eps_expect(eps, l2l_eps_find(eps, l2l_layer_param(rl->layer, r)));
+  }
+  l2l_status status = l2l_eps_prepare(eps);
+  if (status != L2L_OK) l2l_eps_begin_step(eps, false, false, 0);
+  return status;
+}
+
+/* The last step's timeline, transfer counts and device peak are forgotten. */
+static void counters_reset(l2l_relay *run) {
+  l2l_timeline_reset(&run->timeline);
+  pthread_mutex_lock(&run->lock);
+  run->h2d_bytes = run->d2h_bytes = 0;
+  run->stash_peak = run->stash_now;
+  pthread_mutex_unlock(&run->lock);
+  l2l_pool_reset_peak(L2L_POOL_DEVICE);
+}
+
+/* Dynamic loss scaling after an update: halve on an overflow (the update was skipped),
+   double after loss_scale_window good updates in a row. */
+static void loss_scale_adjust(l2l_relay *run, bool applied) {
+  const l2l_relay_config *c = &run->config;
+  if (!applied) {
+    run->scale = fmax(run->scale / 2, MIN_LOSS_SCALE);
+    run->scale_good = 0;
+    run->skipped++;
+  } else if (++run->scale_good >= c->loss_scale_window) {
+    run->scale = fmin(run->scale * 2, MAX_LOSS_SCALE);
+    run->scale_good = 0;
+  }
+}
+
+static void stats_record(l2l_relay *run, const struct step *s, const struct step_plan *p,
+                         double loss, bool applied, double norm, double seconds) {
+  l2l_relay_stats *st = &run->stats;
+  l2l_pool_stats device;
+  l2l_pool_get_stats(&device, L2L_POOL_DEVICE);
+  st->steps = run->steps;
+  st->updates = run->updates;
+  st->loss = loss;
+  if (applied) st->lr = p->lr;
+  st->loss_scale = run->config.loss_scale > 0 ? run->scale : 0;
+  st->loss_scale_good = run->scale_good;
+  st->skipped_updates = run->skipped;
+  st->overflow = p->update && !applied;
+  st->grad_norm = norm;
+  st->updates_deferred = p->defer;
+  st->device_peak = device.peak;
+  st->device_current = device.current;
+  st->step_seconds = seconds;
+  st->compute_seconds = s->compute;
+  st->wait_copy_seconds = s->wait_copy;
+  st->exposed_copy_seconds = s->exposed_copy;
+  st->wait_update_seconds = s->wait_update;
+  pthread_mutex_lock(&run->lock);
+  st->h2d_bytes = run->h2d_bytes;
+  st->d2h_bytes = run->d2h_bytes;
+  st->host_stash_peak = run->stash_peak;
+  pthread_mutex_unlock(&run->lock);
+}
+
+/* Everything before the first visit: checks, the plan of visits, the step's arrays, the
+   schedule, the EPS's bookkeeping. A failure frees the step and changes nothing. */
+static l2l_status step_begin(struct step *s, struct step_plan *p) {
+  l2l_status status = relay_check_step(s, s->in);
+  if (status == L2L_OK) status = relay_plan_visits(s);
+  if (status == L2L_OK) status = relay_step_alloc(s);
+  if (status == L2L_OK) status = plan_step(p, s);
+  if (status == L2L_OK && s->training) status = eps_begin(s, p);
+  if (status != L2L_OK) relay_step_free(s);
+  return status;
+}
+
+static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch *batch,
+                            bool training) {
+  if (loss == NULL) return FAIL(L2L_ERR_INVALID, "loss is NULL");
+  if (!relay_ok(run)) return FAIL(L2L_ERR_INVALID, "run is not a live relay");
+  /* Updates of the last step may still run (each layer's forward waits for its own);
+     its gradient arrivals must be counted before this step's bookkeeping starts. */
+  l2l_eps_wait_arrivals(&run->eps);
+  TRY(relay_check_async(run));
+  struct step s = {.run = run, .in = batch, .training = training};
+  struct step_plan p;
+  TRY(step_begin(&s, &p));
+  counters_reset(run);
+
+  double t0 = l2l_now();
+  l2l_device_stamp_anchor(&s.anchor);
+  l2l_status status = relay_run_visits(&s);
+  double norm = -1;
+  bool applied = p.update;
+  if (status == L2L_OK && p.defer) {
+    /* relay_run_visits waited for every gradient job, so every gradient has been given. */
+    status = relay_check_async(run);
+    if (status == L2L_OK)
+      applied = l2l_eps_release_updates(&run->eps, run->config.clip_global_norm,
+                                        1.0 / p.dynamic, &norm);
+  }
+  relay_step_free(&s);   /* drains the copy threads: every gradient has been given */
+  if (status == L2L_OK) status = relay_check_async(run);
+  if (status != L2L_OK) {
+    if (training) l2l_eps_abandon_step(&run->eps);
+    return status;
+  }
+
+  *loss = s.loss_sum / (double)s.real;
+  if (training) {
+    run->steps++;
+    if (applied) run->updates++;
+  }
+  if (p.update && run->config.loss_scale > 0) loss_scale_adjust(run, applied);
+  stats_record(run, &s, &p, *loss, applied, norm, l2l_now() - t0);
+  return L2L_OK;
+}
+
+l2l_status l2l_relay_step(double *loss, l2l_relay *run, const l2l_relay_batch *batch) {
+  return relay_run(loss, run, batch, true);
+}
+
+l2l_status l2l_relay_evaluate(double *loss, l2l_relay *run, const l2l_relay_batch *batch) {
+  return relay_run(loss, run, batch, false);
+}
