@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# test.sh — run every C test and every spec; end with one line "N passed, M failed".
+# test.sh — run the architecture check, every C test and every spec; end with one line
+# "N passed, M failed".
 # Usage: scripts/test.sh BUILD_DIR   (called by `make test`; BUILD_DIR holds l2l, l2l_ctest)
 # The specs run under the l2l executable, which has jemalloc loaded from the start; it runs
 # busted's script itself (`busted --lua` would need a `lua` on the PATH for the launcher,
@@ -27,6 +28,9 @@ exited_badly() {
     failed=$((failed + 1))
   fi
 }
+
+echo "== architecture (scripts/archcheck under $build/l2l)"
+if "$build/l2l" scripts/archcheck; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 
 echo "== C tests ($build/l2l_ctest)"
 "$build/l2l_ctest" 2>&1 | tee "$log/ctest"

@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include "backend.h"
-#include "cuda/cuda_backend.h"
 
 struct accelerator {
   const char *name;

@@ -15,7 +15,6 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/backend.h"
-#include "cuda_backend.h"
 
 #define CUDA_INTERNAL __attribute__((visibility("hidden")))
 

@@ -1,6 +1,6 @@
 /* stub.c — the CUDA backend of a build without CUDA (NO_CUDA=1, SANITIZE=1, or no nvcc).
  *
- * Purpose: answer every question of cuda_backend.h truthfully: the probe says why CUDA
+ * Purpose: answer every question backend.h asks of the CUDA backend truthfully: the probe says why CUDA
  * cannot run, so dispatch.c never installs these tables.
  * Must never: pretend to run anything.
  */
@@ -8,7 +8,7 @@
 
 #include <stdio.h>
 
-#include "cuda_backend.h"
+#include "backend/backend.h"
 
 static const char no_cuda[] =
     "this build of l2l has no CUDA backend (built with NO_CUDA=1 or SANITIZE=1, or without "

@@ -1,0 +1,120 @@
+-- archcheck_spec — scripts/archcheck passes on this tree, and fails, naming the file and
+-- the line, on each kind of breach added to a copy of it: an include pointing upward, a
+-- part reached past its interface, an include cycle between folders, CUDA named above the
+-- backend, a file over 800 lines.
+local support = dofile("spec/support.lua")
+local sh, build = support.sh, support.build
+
+-- archcheck runs under the l2l executable (LuaJIT), as scripts/test.sh runs it.
+local function archcheck(root)
+  return sh(("%s scripts/archcheck '%s'"):format(build .. "/l2l", root))
+end
+
+-- A copy of the tree's src/, kernels/ and lua/ in a fresh folder.
+local function copy_tree()
+  local dir = os.tmpname()
+  os.remove(dir)
+  local status, out = sh(("mkdir -p '%s' && cp -R src kernels lua '%s'/"):format(dir, dir))
+  assert.are.equal(0, status, out)
+  return dir
+end
+
+local function append(path, text)
+  local f = assert(io.open(path, "a"))
+  f:write(text)
+  f:close()
+end
+
+-- A line inserted after the first #include of a file.
+local function add_include(path, line)
+  local text = assert(support.read_file(path))
+  local patched, n = text:gsub('(#include [^\n]*\n)', "%1" .. line .. "\n", 1)
+  assert.are.equal(1, n, path)
+  support.write_file(path, patched)
+end
+
+describe("scripts/archcheck", function()
+  it("passes on this tree and says what it checked", function()
+    local status, out = archcheck(".")
+    assert.are.equal(0, status, out)
+    assert.is_truthy(out:find("parts: backend, core, eps, kernels, layers", 1, true), out)
+    assert.is_truthy(out:find("within 800 lines", 1, true), out)
+    assert.is_truthy(out:match("archcheck: ok\n$"), out)
+  end)
+
+  it("fails on an include that points upward, naming the file and the line", function()
+    local dir = copy_tree()
+    add_include(dir .. "/src/core/tensor.c", '#include "relay/relay.h"')
+    local status, out = archcheck(dir)
+    sh("rm -rf '" .. dir .. "'")
+    assert.are_not.equal(0, status, out)
+    assert.is_truthy(out:find("src/core/tensor.c:%d+: core includes relay/relay.h"), out)
+    assert.is_truthy(out:find("the core part may not depend on the relay part", 1, true), out)
+  end)
+
+  it("fails on each forbidden arrow between the parts below the relay", function()
+    for _, case in ipairs {
+      { file = "src/backend/ops.c", include = "layers/layers.h", words = "backend part may not depend on the layers part" },
+      { file = "src/layers/call.c", include = "eps/eps.h", words = "layers part may not depend on the eps part" },
+      { file = "src/eps/eps.c", include = "layers/layers.h", words = "eps part may not depend on the layers part" },
+      { file = "src/eps/optim.c", include = "relay/relay.h", words = "eps part may not depend on the relay part" },
+    } do
+      local dir = copy_tree()
+      add_include(dir .. "/" .. case.file, ('#include "%s"'):format(case.include))
+      local status, out = archcheck(dir)
+      sh("rm -rf '" .. dir .. "'")
+      assert.are_not.equal(0, status, case.file .. ": " .. out)
+      assert.is_truthy(out:find(case.words, 1, true), out)
+    end
+  end)
+
+  it("fails on a part reached past its interface header", function()
+    local dir = copy_tree()
+    add_include(dir .. "/src/relay/visits.c", '#include "layers/kind.h"')
+    local status, out = archcheck(dir)
+    sh("rm -rf '" .. dir .. "'")
+    assert.are_not.equal(0, status, out)
+    assert.is_truthy(out:find("inside the layers part: other parts include only its interface, " ..
+                              "src/layers/layers.h", 1, true), out)
+  end)
+
+  it("fails on an include cycle between folders", function()
+    local dir = copy_tree()
+    -- core.h including a header of src/ that includes core.h back: src/core <-> src
+    support.write_file(dir .. "/src/loop.h", '#include "core/core.h"\n')
+    add_include(dir .. "/src/core/core.h", '#include "loop.h"')
+    local status, out = archcheck(dir)
+    sh("rm -rf '" .. dir .. "'")
+    assert.are_not.equal(0, status, out)
+    assert.is_truthy(out:find("include cycle between folders: src/core -> src -> src/core", 1, true)
+                     or out:find("include cycle between folders: src -> src/core -> src", 1, true), out)
+  end)
+
+  it("fails on CUDA named in the code of a part above the backend, not in its comments", function()
+    local dir = copy_tree()
+    append(dir .. "/src/relay/step.c", "/* a comment may say why CUDA matters */\n")
+    local status, out = archcheck(dir)
+    assert.are.equal(0, status, out)
+    append(dir .. "/src/relay/step.c", "static int uses_cuda_here(void) { return 1; }\n")
+    add_include(dir .. "/src/eps/eps.c", "#include <cuda_runtime_api.h>")
+    status, out = archcheck(dir)
+    sh("rm -rf '" .. dir .. "'")
+    assert.are_not.equal(0, status, out)
+    assert.is_truthy(out:find("src/relay/step.c: names uses_cuda_here in code", 1, true), out)
+    assert.is_truthy(out:find("src/eps/eps.c:%d+: includes <cuda_runtime_api.h>"), out)
+  end)
+
+  it("fails on a file of src/ or lua/ over 800 lines, and leaves generated files alone", function()
+    local dir = copy_tree()
+    append(dir .. "/lua/l2l/cdef.lua", string.rep("-- generated\n", 900))
+    local status, out = archcheck(dir)
+    assert.are.equal(0, status, out)
+    local lines = {}
+    for i = 1, 801 do lines[i] = "-- line " .. i end
+    support.write_file(dir .. "/lua/l2l/long.lua", table.concat(lines, "\n") .. "\n")
+    status, out = archcheck(dir)
+    sh("rm -rf '" .. dir .. "'")
+    assert.are_not.equal(0, status, out)
+    assert.is_truthy(out:find("lua/l2l/long.lua has 801 lines (at most 800", 1, true), out)
+  end)
+end)
