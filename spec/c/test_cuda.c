@@ -402,7 +402,7 @@ static bool ops_complete(const struct l2l_backend_ops *ops) {
 /* Serves the device pool from CUDA for one test. false: the test was marked skipped (no
    GPU) or failed, and must return right away (nothing to undo). */
 static bool use_gpu(void) {
-  /* Let the device pool's first choice be made before l2l_device_use: device.c's
+  /* Let the device pool's first choice be made before l2l_device_use: core/device.c's
      l2l_device_use holds its choice lock while it reads the pool's stats, which make the
      first choice under the same lock when none was made yet (a self-deadlock when
      l2l_device_use is the process's first device call). */

@@ -150,7 +150,7 @@ struct l2l_backend_ops {
   l2l_status (*find_out_of_range)(int64_t *index, int32_t *value, const int32_t *values,
                                   int64_t n, int32_t lo, int32_t hi, int32_t except);
 
-  /* Whole-tensor helpers used by tensor.c. */
+  /* Whole-tensor helpers used by tensor_ops.c. */
   l2l_status (*fill)(void *dst, l2l_dtype dtype, double value, int64_t n);
   /* f32 <-> f16/bf16/i32 and between any of those; *bad gets the first element an f32->i32
      conversion could not represent, or -1, checked before anything is written. */

@@ -251,7 +251,7 @@ void l2l_optim_axpy_drain(float *restrict dst, float *restrict src, float scale,
   }
 }
 
-/* Widening is a shift for bf16 and half.h's exact conversion for f16, one loop per dtype so
+/* Widening is a shift for bf16 and core.h's exact conversion for f16, one loop per dtype so
    that each vectorizes without a per-element branch. */
 double l2l_optim_sumsq_half(const uint16_t *restrict x, l2l_dtype dtype, int64_t n) {
   double acc = 0.0;

@@ -5,7 +5,7 @@
  * about except its parameter records. The forward keeps only a reference to x; the
  * backward gets x back and recomputes what it needs, so the saved state is exact (zero
  * bytes of its own) whatever the functions do with temporaries.
- * Must never: call the functions on any thread but the caller's (layer.c only runs them
+ * Must never: call the functions on any thread but the caller's (call.c only runs them
  * inside l2l_layer_forward / l2l_layer_backward), or hide their failure.
  */
 #include <math.h>

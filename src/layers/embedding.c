@@ -5,7 +5,7 @@
  * It keeps nothing for backward: the ids come with the batch and the dropout mask is
  * regenerated from the counter-based generator.
  * Accumulation: parameter gradients += (repeated ids sum); there is no dx.
- * Must never: read ids that layer.c has not range-checked.
+ * Must never: read ids that its batch check has not range-checked.
  */
 #include "kind.h"
 

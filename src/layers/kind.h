@@ -1,11 +1,12 @@
 /* kind.h — what the layer files share (private to src/layers/): the layer, parameter and
  * saved-state records, the per-kind operations table, and buffer planning.
  *
- * Purpose: layer.c does everything common to all kinds (checking calls, parameters,
- * ties, clones, saved states); each kind's file (embedding.c, block.c, heads.c) supplies
- * its parameter layout, its forward and backward on raw buffers, and a plan of the
- * buffers those need. Forward and memory reports use one plan, so the bytes a layer
- * reports are the bytes it allocates.
+ * Purpose: layer.c (parameters, ties, clones), call.c (checking calls, memory plans, saved
+ * states) and linear.c (the GEMMs) do everything common to all kinds; each kind's file
+ * (embedding.c, block.c, heads.c, custom.c) is an entry of the registry (registry.c) that
+ * supplies its role, its config and batch checks, its parameter layout, its forward and
+ * backward on raw buffers, and a plan of the buffers those need. Forward and memory
+ * reports use one plan, so the bytes a layer reports are the bytes it allocates.
  * Accumulation contract for every kind: parameter gradients accumulate (+=), activation
  * gradients are written (=).
  * Must never: be included outside src/layers/ (the other parts see layers.h).
@@ -76,7 +77,7 @@ static inline void *l2l_arena_at(void *base, int64_t offset) {
   return offset == NO_BUFFER ? NULL : (char *)base + offset;
 }
 
-/* Parameter roles of the kinds that layer.c needs to know (ties). */
+/* Parameter roles of the kinds that layer.c needs to know (l2l_layer_tie). */
 enum { EMBED_WTE = 0, EMBED_WPE = 1, EMBED_WTT = 2 };
 enum { HEAD_LN_W = 0, HEAD_LN_B = 1, HEAD_PROJ = 2 };
 
@@ -90,7 +91,7 @@ struct l2l_saved {
   l2l_tensor *input, *output;   /* references to x and y when the backward reads them */
 };
 
-/* One call's view of its tensors, checked by layer.c. */
+/* One call's view of its tensors, checked by call.c. */
 struct layer_call {
   const struct l2l_backend_ops *ops;
   l2l_pool_kind pool;           /* where saved and work arenas go (y's pool) */

@@ -40,7 +40,7 @@ l2l_status relay_tensor_like(l2l_tensor **out, l2l_pool_kind pool, const l2l_ten
 
 /* Queues a job for a copy thread. On a GPU the kernels queued so far (which write what
    the job copies out, or still read what it overwrites) may not have run yet: the job
-   carries a mark after them, which its worker waits for (jobs.c). */
+   carries a mark after them, which its worker waits for (core/queue.c). */
 void relay_copy_thread_push(struct l2l_queue *q, struct l2l_job *job) {
   job->after = l2l_device_mark();
   l2l_queue_push(q, job);

@@ -297,7 +297,7 @@ static void cuda_stamp_release(void *stamp) { event_give_back((cudaEvent_t)stamp
 
 /* ---------------------------------------------------------------- caching allocator */
 
-/* Device memory through a block cache (blocks.h): after a training step's first round
+/* Device memory through a block cache (core.h): after a training step's first round
    nothing reaches cudaMalloc. */
 static int device_block_alloc(void **out, uint64_t size) {
   int err = (int)cudaMalloc(out, size);
