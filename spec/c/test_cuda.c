@@ -39,6 +39,7 @@
 
 #include "backend/backend.h"
 #include "check.h"
+#include "reference.h"
 
 /* ---------------------------------------------------------------- tolerances
    Relative errors |got - want| / (|want| + floor) with the floor at the scale of the
@@ -115,23 +116,14 @@ static double tol_sum(int64_t terms) { return terms > LONG_SUM ? TOL_LONG_SUM : 
 #define RANDN(scale, ...) fill_normal(HOST(L2L_F32, __VA_ARGS__), (scale))
 #define NANS(...) poisoned(HOST(L2L_F32, __VA_ARGS__))
 
-static int64_t numel(const l2l_tensor *t) { return l2l_tensor_numel(t); }
 static size_t elem_size(const l2l_tensor *t) {
   return l2l_dtype_size((l2l_dtype)l2l_tensor_dtype(t));
 }
-static size_t tensor_bytes(const l2l_tensor *t) { return (size_t)numel(t) * elem_size(t); }
-
 /* The first element's address: host memory to read, or a device pointer to hand to a
    device backend entry (never dereferenced here). NULL for a NULL tensor. */
 static float *fdata(const l2l_tensor *t) { return t ? (float *)l2l_tensor_data(t) : NULL; }
 static uint8_t *bdata(const l2l_tensor *t) { return t ? (uint8_t *)l2l_tensor_data(t) : NULL; }
 static int32_t *idata(const l2l_tensor *t) { return (int32_t *)l2l_tensor_data(t); }
-
-static l2l_tensor *fill_normal(l2l_tensor *t, double scale) {
-  float *d = fdata(t);
-  for (int64_t i = 0; i < numel(t); i++) d[i] = (float)(scale * check_rand_normal());
-  return t;
-}
 
 static l2l_tensor *poisoned(l2l_tensor *t) {
   check_poison(t);
@@ -145,17 +137,9 @@ static l2l_tensor *bytes_of(int64_t n, uint8_t value) {
   return t;
 }
 
-/* A new tensor of t's shape and dtype in `pool` (contents undefined). */
-static l2l_tensor *like(const l2l_tensor *t, l2l_pool_kind pool) {
-  int64_t shape[L2L_MAX_DIMS];
-  int nd = l2l_tensor_ndim(t);
-  for (int i = 0; i < nd; i++) shape[i] = l2l_tensor_dim(t, i);
-  return check_tensor(pool, (l2l_dtype)l2l_tensor_dtype(t), nd, shape);
-}
-
 /* A copy of t in `pool` (a transfer when the pools differ). */
 static l2l_tensor *copied_to(const l2l_tensor *t, l2l_pool_kind pool) {
-  l2l_tensor *c = like(t, pool);
+  l2l_tensor *c = like_in(t, pool);
   CHECK_OK(l2l_tensor_copy(c, t));
   return c;
 }
@@ -526,7 +510,7 @@ static bool gemm_case(enum gemm_kind kind, int64_t batch, int64_t m, int64_t n, 
   struct twin in_b = twin_of(half ? cast_on_host(b, dt16) : copied_to(b, L2L_POOL_HOST));
   bool ok = true;
   if (half) {
-    l2l_tensor *a_dev = copied_to(a, L2L_POOL_DEVICE), *a16_dev = like(in_a.h, L2L_POOL_DEVICE);
+    l2l_tensor *a_dev = copied_to(a, L2L_POOL_DEVICE), *a16_dev = like_in(in_a.h, L2L_POOL_DEVICE);
     ok &= CHECK_OK(l2l_tensor_cast(a16_dev, a_dev));
     char label[320];
     snprintf(label, sizeof label, "%s: the device's cast of a", what);
@@ -620,7 +604,7 @@ TEST(cuda_bias_add_and_backward) {
     snprintf(what, sizeof what, "bias_add %s", dims);
     CHECK_TWIN_BITS(what, y); /* one f32 add per element: exact */
     struct twin dbias = twin_of(RANDN(1.0, cols)); /* accumulated onto */
-    struct twin dy = twin_of(fill_normal(like(y.h, L2L_POOL_HOST), 1.0));
+    struct twin dy = twin_of(fill_normal(like_in(y.h, L2L_POOL_HOST), 1.0));
     SIDES OK_ON(l2l_bias_backward(AT(dbias), AT(dy)));
     snprintf(what, sizeof what, "bias_backward %s", dims);
     CHECK_TWIN(what, dbias, RMS, tol_sum(rows));
@@ -634,8 +618,8 @@ TEST(cuda_add) {
   static const int64_t sizes[] = {1, 7, 33, 1000, 1000003};
   for (int s = 0; s < 6; s++) {
     l2l_tensor *a0 = s < 5 ? RANDN(1.0, sizes[s]) : RANDN(1.0, 2, 3, 5, 7);
-    struct twin a = twin_of(a0), b = twin_of(fill_normal(like(a0, L2L_POOL_HOST), 1.0));
-    struct twin out = twin_of(poisoned(like(a0, L2L_POOL_HOST)));
+    struct twin a = twin_of(a0), b = twin_of(fill_normal(like_in(a0, L2L_POOL_HOST), 1.0));
+    struct twin out = twin_of(poisoned(like_in(a0, L2L_POOL_HOST)));
     char what[96];
     snprintf(what, sizeof what, "add n=%lld", (long long)numel(a0));
     SIDES OK_ON(l2l_add(AT(out), AT(a), AT(b)));
@@ -718,8 +702,8 @@ TEST(cuda_layernorm) {
     l2l_tensor *w0 = HOST(L2L_F32, cols), *b0 = HOST(L2L_F32, cols);
     layernorm_inputs(x0, w0, b0);
     struct twin x = twin_of(x0), w = twin_of(w0), b = twin_of(b0);
-    struct twin y = twin_of(poisoned(like(x0, L2L_POOL_HOST))), mean = twin_of(NANS(rows));
-    struct twin rstd = twin_of(NANS(rows)), y2 = twin_of(poisoned(like(x0, L2L_POOL_HOST)));
+    struct twin y = twin_of(poisoned(like_in(x0, L2L_POOL_HOST))), mean = twin_of(NANS(rows));
+    struct twin rstd = twin_of(NANS(rows)), y2 = twin_of(poisoned(like_in(x0, L2L_POOL_HOST)));
     char what[160], dims[64];
     dims_str(dims, sizeof dims, x0);
     SIDES OK_ON(l2l_layernorm_forward(AT(y), AT(mean), AT(rstd), AT(x), AT(w), AT(b), eps));
@@ -736,9 +720,9 @@ TEST(cuda_layernorm) {
     /* Backward from the host's mean and rstd on both sides. */
     CHECK_OK(l2l_tensor_copy(mean.d, mean.h));
     CHECK_OK(l2l_tensor_copy(rstd.d, rstd.h));
-    struct twin dy = twin_of(fill_normal(like(x0, L2L_POOL_HOST), 1.0));
-    struct twin dx = twin_of(poisoned(like(x0, L2L_POOL_HOST)));
-    struct twin dx2 = twin_of(poisoned(like(x0, L2L_POOL_HOST)));
+    struct twin dy = twin_of(fill_normal(like_in(x0, L2L_POOL_HOST), 1.0));
+    struct twin dx = twin_of(poisoned(like_in(x0, L2L_POOL_HOST)));
+    struct twin dx2 = twin_of(poisoned(like_in(x0, L2L_POOL_HOST)));
     struct twin dw = twin_of(RANDN(1.0, cols)), db = twin_of(RANDN(1.0, cols)); /* += */
     SIDES OK_ON(l2l_layernorm_backward(AT(dx), AT(dw), AT(db), AT(dy), AT(x), AT(w), AT(mean),
                                        AT(rstd)));
@@ -790,7 +774,7 @@ TEST(cuda_softmax) {
     int64_t tk = cases[s].d[nd - 1];
     float scale = (float)check_rand_uniform(0.1, 1.5);
     l2l_tensor *x0 = fill_normal(check_tensor(L2L_POOL_HOST, L2L_F32, nd, cases[s].d), 3.0);
-    struct twin x = twin_of(x0), y = twin_of(poisoned(like(x0, L2L_POOL_HOST)));
+    struct twin x = twin_of(x0), y = twin_of(poisoned(like_in(x0, L2L_POOL_HOST)));
     struct twin xc = twin_of(copied_to(x0, L2L_POOL_HOST));
     struct twin mask = twin_of(cases[s].masked ? random_key_mask(cases[s].d[0], tk) : NULL);
     char what[160], dims[64];
@@ -805,8 +789,8 @@ TEST(cuda_softmax) {
     CHECK_TWIN(what, pair(y.h, xc.d), RMS, tol_sum(tk));
 
     struct twin probs = twin_of(copied_to(y.h, L2L_POOL_HOST)); /* the host's y on both */
-    struct twin dy = twin_of(fill_normal(like(x0, L2L_POOL_HOST), 1.0));
-    struct twin dx = twin_of(poisoned(like(x0, L2L_POOL_HOST)));
+    struct twin dy = twin_of(fill_normal(like_in(x0, L2L_POOL_HOST), 1.0));
+    struct twin dx = twin_of(poisoned(like_in(x0, L2L_POOL_HOST)));
     SIDES OK_ON(l2l_softmax_backward(AT(dx), AT(dy), AT(probs), scale));
     snprintf(what, sizeof what, "softmax_backward %s", dims);
     CHECK_TWIN(what, dx, RMS, tol_sum(tk));
@@ -873,20 +857,6 @@ TEST(cuda_embedding) {
 
 /* ================================================================ cross-entropy */
 
-/* Targets in [0, V) with about a quarter of the rows (at least one when rows > 1, never
-   all) set to ignore_index. Returns the number of real rows. */
-static int64_t random_targets(l2l_tensor *targets, int32_t vocab, int32_t ignore_index) {
-  int32_t *t = idata(targets);
-  int64_t rows = numel(targets), real = 0;
-  for (int64_t r = 0; r < rows; r++) {
-    bool ignore = rows > 1 && (r == 0 || check_rand_int(0, 3) == 0) && r != rows - 1;
-    do t[r] = ignore ? ignore_index : (int32_t)check_rand_int(0, vocab - 1);
-    while (!ignore && t[r] == ignore_index);
-    real += !ignore;
-  }
-  return real;
-}
-
 TEST(cuda_cross_entropy) {
   if (!use_gpu()) return;
   static const struct {
@@ -906,7 +876,7 @@ TEST(cuda_cross_entropy) {
     int64_t real = random_targets(targets0, (int32_t)v, cases[s].ignore_index);
     struct twin logits = twin_of(logits0), targets = twin_of(targets0);
     struct twin losses = twin_of(poisoned(check_tensor(L2L_POOL_HOST, L2L_F32, nd - 1, cases[s].d)));
-    struct twin dlogits = twin_of(poisoned(like(logits0, L2L_POOL_HOST)));
+    struct twin dlogits = twin_of(poisoned(like_in(logits0, L2L_POOL_HOST)));
     float scale = 1.0f / (float)(real > 0 ? real : 1);
     char what[160], dims[64];
     dims_str(dims, sizeof dims, logits0);
@@ -1324,13 +1294,6 @@ TEST(cuda_random) {
 
 /* ================================================================ refusals */
 
-/* The last error names both pools. */
-static bool pools_named(const char *file, int line) {
-  const char *msg = l2l_last_error();
-  return check_that(strstr(msg, "host") != NULL && strstr(msg, "device") != NULL, file, line,
-                    "pool mixing message", "should name the host and device pools: \"%s\"",
-                    msg);
-}
 #define CHECK_POOLS_NAMED() pools_named(__FILE__, __LINE__)
 
 TEST(cuda_refusals) {
@@ -1821,36 +1784,6 @@ TEST(cuda_backend_attention_16bit_products) {
 
 /* ================================================================ layers */
 
-/* Random values in place of the initial ones (so that a bias never added or a LayerNorm
-   weight never applied would show), every activation of order one: LayerNorm weights
-   1 + N(0, 0.09), biases N(0, 0.09), tables N(0, 0.49), linear weights N(0, 1/fan_in). */
-static void randomize_params(l2l_layer *layer) {
-  l2l_layer_config c;
-  CHECK_OK(l2l_layer_get_config(&c, layer));
-  for (int i = 0; i < l2l_layer_param_count(layer); i++) {
-    l2l_param *p = l2l_layer_param(layer, i);
-    l2l_tensor *v = l2l_param_value(p);
-    const char *name = l2l_param_name(p);
-    if (v == NULL || name == NULL) continue;
-    float *d = fdata(v);
-    if (l2l_tensor_ndim(v) == 1) {
-      double base = starts_with(name, "ln") && ends_with(name, "weight") ? 1.0 : 0.0;
-      for (int64_t k = 0; k < numel(v); k++) d[k] = (float)(base + 0.3 * check_rand_normal());
-    } else if (c.kind == L2L_LAYER_EMBEDDING) {
-      fill_normal(v, 0.7);
-    } else { /* y = x @ W for (in, out) weights; the LM head's (V, D) is used transposed */
-      int64_t fan_in = l2l_tensor_dim(v, c.kind == L2L_LAYER_LM_HEAD ? 1 : 0);
-      fill_normal(v, 1.0 / sqrt((double)fan_in));
-    }
-  }
-}
-
-static l2l_tensor *random_ids(int64_t B, int64_t S, int64_t hi) {
-  l2l_tensor *t = HOST(L2L_I32, B, S);
-  for (int64_t i = 0; i < B * S; i++) idata(t)[i] = (int32_t)check_rand_int(0, hi);
-  return t;
-}
-
 /* One layer config made in the host pool and in the device pool, the device twin given
    the host layer's (randomized) parameters and gradient starts and its rng id; then
    forward and backward on both with the same batch: y, dx and every parameter gradient
@@ -1886,10 +1819,10 @@ static void layer_case(const l2l_layer_config *c, int64_t B, int64_t S, int mask
   struct twin key_mask = {NULL, NULL};
   switch (c->kind) {
     case L2L_LAYER_EMBEDDING: {
-      l2l_tensor *t = random_ids(B, S, c->vocab - 1);
+      l2l_tensor *t = random_ids(HOST(L2L_I32, B, S), 0, c->vocab - 1);
       idata(t)[B * S - 1] = idata(t)[0]; /* a repeated id: its gradient rows sum */
       tokens = twin_of(t);
-      if (c->type_vocab > 0) types = twin_of(random_ids(B, S, c->type_vocab - 1));
+      if (c->type_vocab > 0) types = twin_of(random_ids(HOST(L2L_I32, B, S), 0, c->type_vocab - 1));
       y = twin_of(NANS(B, S, D));
       dy = twin_of(RANDN(1.0, B, S, D));
       break;
@@ -1902,7 +1835,7 @@ static void layer_case(const l2l_layer_config *c, int64_t B, int64_t S, int mask
       if (masked) key_mask = twin_of(random_key_mask(B, S));
       break;
     case L2L_LAYER_LM_HEAD: {
-      l2l_tensor *t = random_ids(B, S, c->vocab - 1);
+      l2l_tensor *t = random_ids(HOST(L2L_I32, B, S), 0, c->vocab - 1);
       for (int64_t i = 0; i < B * S; i++)
         if (check_rand_int(0, 3) == 0) idata(t)[i] = -1;
       idata(t)[0] = -1, idata(t)[1] = 0;
@@ -1965,19 +1898,6 @@ static void layer_case(const l2l_layer_config *c, int64_t B, int64_t S, int mask
   l2l_layer_free(dl);
 }
 
-static l2l_layer_config layer_config(l2l_layer_kind kind) {
-  l2l_layer_config c;
-  memset(&c, 0, sizeof c);
-  c.kind = kind;
-  c.bias = 1;
-  c.eps = 1e-5f;
-  c.memory = L2L_MEMORY_STANDARD;
-  c.init_std = 0.02f;
-  c.resid_std = 0.01f;
-  c.init_seed = check_rand_u64();
-  return c;
-}
-
 TEST(cuda_layers) {
   if (!use_gpu()) return;
   static const struct {
@@ -1993,7 +1913,7 @@ TEST(cuda_layers) {
       {64, 1, 256, 64, 1, 1, 0, 0, 0, 0.2f},  /* post-LN causal, head_dim 64, S a tile */
   };
   for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) {
-    l2l_layer_config c = layer_config(L2L_LAYER_BLOCK);
+    l2l_layer_config c = default_layer_config(L2L_LAYER_BLOCK);
     c.dim = blocks[i].dim, c.heads = blocks[i].heads, c.mlp = blocks[i].mlp;
     c.post_ln = blocks[i].post_ln, c.causal = blocks[i].causal, c.bias = blocks[i].bias;
     c.memory = blocks[i].frugal ? L2L_MEMORY_FRUGAL : L2L_MEMORY_STANDARD;
@@ -2008,7 +1928,7 @@ TEST(cuda_layers) {
     layer_case(&c, B, blocks[i].seq, blocks[i].masked, what);
   }
   for (int i = 0; i < 3; i++) {
-    l2l_layer_config c = layer_config(L2L_LAYER_LM_HEAD);
+    l2l_layer_config c = default_layer_config(L2L_LAYER_LM_HEAD);
     c.dim = 96, c.vocab = 1001, c.final_ln = i < 2;
     c.memory = i == 1 ? L2L_MEMORY_FRUGAL : L2L_MEMORY_STANDARD;
     char what[160];
@@ -2017,7 +1937,7 @@ TEST(cuda_layers) {
     layer_case(&c, 3, 37, 0, what);
   }
   for (int i = 0; i < 2; i++) {
-    l2l_layer_config c = layer_config(L2L_LAYER_EMBEDDING);
+    l2l_layer_config c = default_layer_config(L2L_LAYER_EMBEDDING);
     c.dim = 96, c.vocab = 1001, c.max_seq = 40, c.type_vocab = i ? 2 : 0;
     c.dropout = i ? 0.1f : 0.0f;
     char what[160];

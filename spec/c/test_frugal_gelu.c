@@ -16,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "check.h"
+#include "reference.h"
 
 static double gelu_slope(double x) {
   const double k = 0.7978845608028654, a = 0.044715;

@@ -18,6 +18,7 @@
 
 #include "backend/backend.h"
 #include "check.h"
+#include "reference.h"
 
 static const int64_t shapes[][2] = {{1, 1}, {3, 5}, {7, 33}, {13, 3072}, {257, 771}};
 enum { SHAPES = sizeof shapes / sizeof shapes[0] };

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "reference.h"
 
 /* ---------------------------------------------------------------- tolerances */
 
@@ -71,82 +72,14 @@ enum { FD_ALL = 128, FD_SOME = 48, MAX_PARAMS = 12 };
 #define F32(...) NEW(L2L_POOL_HOST, L2L_F32, __VA_ARGS__)
 #define U8(...) NEW(L2L_POOL_HOST, L2L_U8, __VA_ARGS__)
 
-static double *doubles(int64_t n) { return xmalloc((size_t)n * sizeof(double)); }
-static int64_t numel(const l2l_tensor *t) { return l2l_tensor_numel(t); }
-
-static size_t tensor_bytes(const l2l_tensor *t) {
-  return (size_t)numel(t) * l2l_dtype_size((l2l_dtype)l2l_tensor_dtype(t));
-}
-
-/* The bytes of a tensor, to verify later that a refused call left it alone. */
-static void *snapshot(const l2l_tensor *t) {
-  void *copy = xmalloc(tensor_bytes(t));
-  memcpy(copy, l2l_tensor_data(t), tensor_bytes(t));
-  return copy;
-}
-
-static bool same_bytes(const l2l_tensor *t, const void *snap) {
-  return memcmp(l2l_tensor_data(t), snap, tensor_bytes(t)) == 0;
-}
-
-static l2l_tensor *fill_normal(l2l_tensor *t, double scale) {
-  float *d = check_data(t);
-  for (int64_t i = 0; i < numel(t); i++) d[i] = (float)(scale * check_rand_normal());
-  return t;
-}
-
-/* A new tensor of t's shape, dtype and pool. */
-static l2l_tensor *like(const l2l_tensor *t) {
-  int64_t shape[L2L_MAX_DIMS];
-  int nd = l2l_tensor_ndim(t);
-  for (int i = 0; i < nd; i++) shape[i] = l2l_tensor_dim(t, i);
-  return check_tensor((l2l_pool_kind)l2l_tensor_pool(t), (l2l_dtype)l2l_tensor_dtype(t), nd,
-                      shape);
-}
-
-static double *to_doubles(const l2l_tensor *t) {
-  double *v = doubles(numel(t));
-  const float *d = check_data(t);
-  for (int64_t i = 0; i < numel(t); i++) v[i] = d[i];
-  return v;
-}
-
 static double rms(const double *v, int64_t n) {
   double s = 0.0;
   for (int64_t i = 0; i < n; i++) s += v[i] * v[i];
   return n > 0 ? sqrt(s / (double)n) : 0.0;
 }
 
-static l2l_pool_stats stats_of(l2l_pool_kind pool) {
-  l2l_pool_stats s;
-  memset(&s, 0, sizeof s);
-  CHECK_OK(l2l_pool_get_stats(&s, pool));
-  return s;
-}
-
 /* ---------------------------------------------------------------- comparisons */
 
-/* got vs want with check_rel_err; on failure, prints the worst element. */
-static bool close_at(const char *file, int line, const char *what, const float *got,
-                     const double *want, int64_t n, double floor, double tol) {
-  if (!check_that(n > 0, file, line, what, "nothing to compare")) return false;
-  for (int64_t i = 0; i < n; i++)
-    if (!isfinite(want[i]))
-      return check_that(false, file, line, what, "reference not finite at [%lld]", (long long)i);
-  double err = check_rel_err(got, want, n, floor);
-  if (err <= tol) return true;
-  int64_t worst = 0;
-  double worst_err = -1.0;
-  for (int64_t i = 0; i < n; i++) {
-    double e = isnan(got[i]) ? INFINITY : fabs((double)got[i] - want[i]) / (fabs(want[i]) + floor);
-    if (e > worst_err) worst_err = e, worst = i;
-  }
-  return check_that(false, file, line, what,
-                    "relative error %.3g > %.3g (floor %.3g), worst at [%lld] of %lld: got %.9g, "
-                    "want %.9g",
-                    err, tol, floor, (long long)worst, (long long)n, (double)got[worst],
-                    want[worst]);
-}
 #define CHECK_CLOSE(what, got, want, n, floor, tol) \
   close_at(__FILE__, __LINE__, (what), (got), (want), (n), (floor), (tol))
 
@@ -290,48 +223,14 @@ static l2l_param *find_param(const l2l_layer *layer, const char *name) {
   return NULL;
 }
 
-/* Random values in place of the initial ones (biases 0 and LayerNorm weights 1 would hide
-   a bias never added or a LayerNorm weight never applied), scaled so that every
-   activation is of order one: LayerNorm weights 1 + N(0, 0.09), biases N(0, 0.09),
-   tables N(0, 0.49), linear weights N(0, 1/fan_in). */
-static void randomize_params(l2l_layer *layer) {
-  l2l_layer_config c;
-  CHECK_OK(l2l_layer_get_config(&c, layer));
-  for (int i = 0; i < l2l_layer_param_count(layer); i++) {
-    l2l_param *p = l2l_layer_param(layer, i);
-    l2l_tensor *v = l2l_param_value(p);
-    const char *name = l2l_param_name(p);
-    if (v == NULL || name == NULL) continue; /* mirror_load reports what is missing */
-    float *d = check_data(v);
-    if (l2l_tensor_ndim(v) == 1) {
-      double base = starts_with(name, "ln") && ends_with(name, "weight") ? 1.0 : 0.0;
-      for (int64_t k = 0; k < numel(v); k++) d[k] = (float)(base + 0.3 * check_rand_normal());
-    } else if (c.kind == L2L_LAYER_EMBEDDING) {
-      fill_normal(v, 0.7);
-    } else {
-      /* y = x @ W for (in, out) weights; the LM head's (V, D) is used transposed. */
-      int64_t fan_in = l2l_tensor_dim(v, c.kind == L2L_LAYER_LM_HEAD ? 1 : 0);
-      fill_normal(v, 1.0 / sqrt((double)fan_in));
-    }
-  }
-}
-
 static l2l_layer_config base_config(l2l_layer_kind kind) {
-  l2l_layer_config c;
-  memset(&c, 0, sizeof c);
-  c.kind = kind;
+  l2l_layer_config c = default_layer_config(kind);
   c.dim = 12;
   c.heads = 2;
   c.mlp = 20;
   c.vocab = 11;
   c.max_seq = 9;
   c.classes = 5;
-  c.bias = 1;
-  c.eps = 1e-5f;
-  c.memory = L2L_MEMORY_STANDARD;
-  c.init_std = 0.02f;
-  c.resid_std = 0.01f;
-  c.init_seed = check_rand_u64();
   return c;
 }
 
@@ -354,13 +253,6 @@ struct run {
   l2l_layer_batch batch;
 };
 
-static l2l_tensor *random_ids(l2l_pool_kind pool, int64_t B, int64_t S, int64_t lo, int64_t hi) {
-  l2l_tensor *t = NEW(pool, L2L_I32, B, S);
-  int32_t *d = l2l_tensor_data(t);
-  for (int64_t i = 0; i < B * S; i++) d[i] = (int32_t)check_rand_int(lo, hi);
-  return t;
-}
-
 /* Inputs for `layer` on B samples of S positions: random x and dy, NaN y and dx, tokens
    with a repeated id (embedding scatter-adds must sum), targets with ignored ones, and a
    key mask (when asked) where sample 0 is whole, sample 1 loses a random tail and any
@@ -377,10 +269,10 @@ static void run_init(struct run *r, l2l_layer *layer, int64_t B, int64_t S, l2l_
   r->B = B, r->S = S;
   switch (c.kind) {
     case L2L_LAYER_EMBEDDING: {
-      r->tokens = random_ids(pool, B, S, 0, c.vocab - 1);
+      r->tokens = random_ids(NEW(pool, L2L_I32, B, S), 0, c.vocab - 1);
       int32_t *tok = l2l_tensor_data(r->tokens);
       tok[S * B - 1] = tok[0];
-      if (c.type_vocab > 0) r->types = random_ids(pool, B, S, 0, c.type_vocab - 1);
+      if (c.type_vocab > 0) r->types = random_ids(NEW(pool, L2L_I32, B, S), 0, c.type_vocab - 1);
       r->y = NEW(pool, L2L_F32, B, S, D);
       r->dy = fill_normal(NEW(pool, L2L_F32, B, S, D), 1.0);
       break;
@@ -399,7 +291,7 @@ static void run_init(struct run *r, l2l_layer *layer, int64_t B, int64_t S, l2l_
       }
       break;
     case L2L_LAYER_LM_HEAD: {
-      r->targets = random_ids(pool, B, S, 0, c.vocab - 1);
+      r->targets = random_ids(NEW(pool, L2L_I32, B, S), 0, c.vocab - 1);
       int32_t *t = l2l_tensor_data(r->targets);
       for (int64_t i = 0; i < B * S; i++)
         if (check_rand_int(0, 3) == 0) t[i] = -1;
@@ -524,12 +416,12 @@ static bool mirror_load(struct mirror *m, const struct run *r) {
       return false;
     m->role[i] = e[i].name;
     m->param[i] = p;
-    m->val[i] = to_doubles(l2l_param_value(p));
+    m->val[i] = to_doubles(check_data(l2l_param_value(p)), numel(l2l_param_value(p)));
     m->n[i] = numel(l2l_param_value(p));
     m->np = i + 1;
   }
-  if (r->x) m->x = to_doubles(r->x), m->nx = numel(r->x);
-  if (r->dy) m->w = to_doubles(r->dy);
+  if (r->x) m->x = to_doubles(check_data(r->x), numel(r->x)), m->nx = numel(r->x);
+  if (r->dy) m->w = to_doubles(check_data(r->dy), numel(r->dy));
   m->tokens = r->tokens ? l2l_tensor_data(r->tokens) : NULL;
   m->types = r->types ? l2l_tensor_data(r->types) : NULL;
   m->targets = r->targets ? l2l_tensor_data(r->targets) : NULL;
@@ -568,10 +460,6 @@ static void ref_linear(double *y, const double *x, const double *w, const double
       for (int64_t i = 0; i < in; i++) acc += x[r * in + i] * w[i * out + o];
       y[r * out + o] = acc;
     }
-}
-
-static double ref_gelu(double x) {
-  return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
 }
 
 static void scale_by(double *v, const double *scales, int64_t n) {
@@ -1163,7 +1051,7 @@ static bool forward_backward(struct run *r) {
 static void compare_tensor(const char *what, const char *name, const l2l_tensor *got,
                            const l2l_tensor *want, double tol) {
   char label[256];
-  double *w = to_doubles(want);
+  double *w = to_doubles(check_data(want), numel(want));
   snprintf(label, sizeof label, "%s: %s", what, name);
   CHECK_CLOSE(label, check_data(got), w, numel(want), rms(w, numel(want)) + 1e-30, tol);
   free(w);
@@ -1801,11 +1689,11 @@ TEST(layer_forward_refuses_bad_calls) {
 
     /* Embedding (V 11, max_seq 6, 2 types). */
     const l2l_pool_kind host = L2L_POOL_HOST;
-    l2l_tensor *tok = random_ids(host, B, S, 0, V - 1), *types = random_ids(host, B, S, 0, 1);
-    l2l_tensor *tok_f = F32(B, S), *tok_long = random_ids(host, B, 7, 0, V - 1);
-    l2l_tensor *types_long = random_ids(host, B, 7, 0, 1), *y7 = F32(B, 7, D);
-    l2l_tensor *tok_bad = random_ids(host, B, S, 0, V - 1);
-    l2l_tensor *types_bad = random_ids(host, B, S, 0, 1);
+    l2l_tensor *tok = random_ids(NEW(host, L2L_I32, B, S), 0, V - 1), *types = random_ids(NEW(host, L2L_I32, B, S), 0, 1);
+    l2l_tensor *tok_f = F32(B, S), *tok_long = random_ids(NEW(host, L2L_I32, B, 7), 0, V - 1);
+    l2l_tensor *types_long = random_ids(NEW(host, L2L_I32, B, 7), 0, 1), *y7 = F32(B, 7, D);
+    l2l_tensor *tok_bad = random_ids(NEW(host, L2L_I32, B, S), 0, V - 1);
+    l2l_tensor *types_bad = random_ids(NEW(host, L2L_I32, B, S), 0, 1);
     check_poison(y7);
     l2l_layer_batch eb = ok;
     eb.tokens = tok, eb.token_types = types;
@@ -1830,8 +1718,8 @@ TEST(layer_forward_refuses_bad_calls) {
     FORWARD_REFUSED("y", emb, y_long, NULL, &eb);
 
     /* LM head (V 11) and classifier (C 5). */
-    l2l_tensor *targets = random_ids(host, B, S, 0, V - 1), *targets_b = NEW(host, L2L_I32, B);
-    l2l_tensor *targets_f = F32(B, S), *targets_bad = random_ids(host, B, S, 0, V - 1);
+    l2l_tensor *targets = random_ids(NEW(host, L2L_I32, B, S), 0, V - 1), *targets_b = NEW(host, L2L_I32, B);
+    l2l_tensor *targets_f = F32(B, S), *targets_bad = random_ids(NEW(host, L2L_I32, B, S), 0, V - 1);
     l2l_tensor *losses = F32(B, S), *logits = F32(B, S, V);
     l2l_tensor *cls_targets = NEW(host, L2L_I32, B), *cls_losses = F32(B);
     check_poison(losses), check_poison(logits), check_poison(cls_losses);

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "reference.h"
 
 /* ---------------------------------------------------------------- tolerances */
 
@@ -46,14 +47,6 @@
 #define DEV_F32(...) NEW(L2L_POOL_DEVICE, L2L_F32, __VA_ARGS__)
 #define RANDN(scale, ...) fill_normal(F32(__VA_ARGS__), (scale))
 
-static int64_t numel(const l2l_tensor *t) { return l2l_tensor_numel(t); }
-
-static l2l_tensor *fill_normal(l2l_tensor *t, double scale) {
-  float *d = check_data(t);
-  for (int64_t i = 0; i < numel(t); i++) d[i] = (float)(scale * check_rand_normal());
-  return t;
-}
-
 static l2l_tensor *fill_uniform(l2l_tensor *t, double lo, double hi) {
   float *d = check_data(t);
   for (int64_t i = 0; i < numel(t); i++) d[i] = (float)check_rand_uniform(lo, hi);
@@ -65,55 +58,13 @@ static void fill_value(l2l_tensor *t, float value) {
   for (int64_t i = 0; i < numel(t); i++) d[i] = value;
 }
 
-/* The bytes of a tensor, to verify later that a refused call left it alone. */
-static void *snapshot(const l2l_tensor *t) {
-  size_t bytes = (size_t)numel(t) * l2l_dtype_size((l2l_dtype)l2l_tensor_dtype(t));
-  void *copy = xmalloc(bytes);
-  memcpy(copy, l2l_tensor_data(t), bytes);
-  return copy;
-}
-
-static bool same_bytes(const l2l_tensor *t, const void *snap) {
-  size_t bytes = (size_t)numel(t) * l2l_dtype_size((l2l_dtype)l2l_tensor_dtype(t));
-  return memcmp(l2l_tensor_data(t), snap, bytes) == 0;
-}
-
-static double *doubles(int64_t n) { return xmalloc((size_t)n * sizeof(double)); }
-
 /* A random entry of a list of awkward sizes. */
 
 /* ---------------------------------------------------------------- comparisons */
 
-/* got vs want with check_rel_err; on failure, prints the worst element. */
-static bool close_at(const char *file, int line, const char *what, const float *got,
-                     const double *want, int64_t n, double floor, double tol) {
-  if (!check_that(n > 0, file, line, what, "nothing to compare")) return false;
-  for (int64_t i = 0; i < n; i++)
-    if (!isfinite(want[i]))
-      return check_that(false, file, line, what, "reference not finite at [%lld]", (long long)i);
-  double err = check_rel_err(got, want, n, floor);
-  if (err <= tol) return true;
-  int64_t worst = 0;
-  double worst_err = -1.0;
-  for (int64_t i = 0; i < n; i++) {
-    double e = isnan(got[i]) ? INFINITY : fabs((double)got[i] - want[i]) / (fabs(want[i]) + floor);
-    if (e > worst_err) worst_err = e, worst = i;
-  }
-  return check_that(false, file, line, what,
-                    "relative error %.3g > %.3g (floor %g), worst at [%lld] of %lld: got %.9g, "
-                    "want %.9g",
-                    err, tol, floor, (long long)worst, (long long)n, (double)got[worst],
-                    want[worst]);
-}
 #define CHECK_CLOSE(what, got, want, n, floor, tol) \
   close_at(__FILE__, __LINE__, (what), (got), (want), (n), (floor), (tol))
 
-/* After a refused call that mixed pools: the message must name both. */
-static void pools_named(const char *file, int line) {
-  const char *msg = l2l_last_error();
-  check_that(strstr(msg, "host") != NULL && strstr(msg, "device") != NULL, file, line,
-             "pool mixing message", "should name the host and device pools: \"%s\"", msg);
-}
 #define CHECK_POOLS_NAMED() pools_named(__FILE__, __LINE__)
 
 /* ================================================================ GEMM */
@@ -470,10 +421,6 @@ TEST(op_add_errors) {
 
 static const double GELU_K = 0.79788456080286535588; /* sqrt(2/pi) */
 
-static double ref_gelu(double x) {
-  return 0.5 * x * (1.0 + tanh(GELU_K * (x + 0.044715 * x * x * x)));
-}
-
 /* d/dx of ref_gelu: 1/2 (1 + tanh u) + x/2 sech^2(u) u', u' = k (1 + 3 * 0.044715 x^2). */
 static double ref_gelu_grad(double x) {
   double t = tanh(GELU_K * (x + 0.044715 * x * x * x));
@@ -597,12 +544,6 @@ static void ref_layernorm_row(double *y, double *mean_out, double *rstd_out, con
   for (int64_t j = 0; j < cols; j++) y[j] = (x[j] - mean) * rstd * w[j] + b[j];
   if (mean_out) *mean_out = mean;
   if (rstd_out) *rstd_out = rstd;
-}
-
-static double *to_doubles(const float *src, int64_t n) {
-  double *d = doubles(n);
-  for (int64_t i = 0; i < n; i++) d[i] = src[i];
-  return d;
 }
 
 /* Rows with their own mean and spread, so the mean matters. */
@@ -1131,12 +1072,6 @@ TEST(op_softmax_errors) {
 
 /* ================================================================ embedding */
 
-static l2l_tensor *random_ids(l2l_tensor *ids, int32_t lo, int32_t hi) {
-  int32_t *d = l2l_tensor_data(ids);
-  for (int64_t i = 0; i < numel(ids); i++) d[i] = (int32_t)check_rand_int(lo, hi);
-  return ids;
-}
-
 TEST(op_embedding_forward) {
   struct {
     int nd;
@@ -1264,20 +1199,6 @@ TEST(op_embedding_errors) {
 }
 
 /* ================================================================ cross-entropy */
-
-/* Targets in [0, V) with about a quarter of the rows (at least one when rows > 1, never
-   all) set to ignore_index. Returns the number of real rows. */
-static int64_t random_targets(l2l_tensor *targets, int32_t vocab, int32_t ignore_index) {
-  int32_t *t = l2l_tensor_data(targets);
-  int64_t rows = numel(targets), real = 0;
-  for (int64_t r = 0; r < rows; r++) {
-    bool ignore = rows > 1 && (r == 0 || check_rand_int(0, 3) == 0) && r != rows - 1;
-    do t[r] = ignore ? ignore_index : (int32_t)check_rand_int(0, vocab - 1);
-    while (!ignore && t[r] == ignore_index);
-    real += !ignore;
-  }
-  return real;
-}
 
 static double ref_logsumexp(const float *row, int64_t v) {
   double mx = -INFINITY, sum = 0.0;
@@ -1830,18 +1751,6 @@ TEST(op_reductions_errors) {
 }
 
 /* ================================================================ AdamW */
-
-/* One step t in double, exactly as l2l.h states it (p on the right is the old p). */
-static void ref_adamw(double *p, double *m, double *v, const float *g, int64_t n,
-                      const l2l_adamw_config *c, int64_t t) {
-  double b1 = c->beta1, b2 = c->beta2, lr = c->lr, eps = c->eps, wd = c->weight_decay;
-  double bc1 = 1.0 - pow(b1, (double)t), bc2 = 1.0 - pow(b2, (double)t);
-  for (int64_t i = 0; i < n; i++) {
-    m[i] = b1 * m[i] + (1.0 - b1) * g[i];
-    v[i] = b2 * v[i] + (1.0 - b2) * (double)g[i] * g[i];
-    p[i] -= lr * ((m[i] / bc1) / (sqrt(v[i] / bc2) + eps) + wd * p[i]);
-  }
-}
 
 TEST(op_adamw) {
   static const int64_t sizes[] = {1, 7 * 13, 257 * 31};

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "reference.h"
 #include "eps/eps.h"
 
 /* ---------------------------------------------------------------- tolerances */
@@ -65,7 +66,7 @@ static bool guards_intact(const float *x, int64_t n) {
   return true;
 }
 
-static void fill_normal(float *x, int64_t n, double scale) {
+static void fill_floats_normal(float *x, int64_t n, double scale) {
   for (int64_t i = 0; i < n; i++) x[i] = (float)(scale * check_rand_normal());
 }
 
@@ -133,9 +134,11 @@ static void ref_moments(double *m, double *mmag, double *v, double *dir, double 
   }
 }
 
-static void ref_adamw(double *p, double *pmag, double *m, double *mmag, double *v,
-                      const float *p0, const float *m0, const float *v0, const float *grad,
-                      int64_t n, const struct l2l_optim_hyper *h) {
+/* AdamW with grad_scale, and the size of each term (for scaled_err): reference.h's
+   ref_adamw is l2l.h's statement for the public op, without sizes. */
+static void ref_adamw_sized(double *p, double *pmag, double *m, double *mmag, double *v,
+                            const float *p0, const float *m0, const float *v0,
+                            const float *grad, int64_t n, const struct l2l_optim_hyper *h) {
   double *dir = dalloc(n), *dirmag = dalloc(n);
   ref_moments(m, mmag, v, dir, dirmag, m0, v0, grad, n, h);
   double lr = h->lr, wd = h->weight_decay;
@@ -196,7 +199,7 @@ struct grad {
 };
 static struct grad new_grad(int64_t n) {
   struct grad gr = {guarded(n), xmalloc(sizeof(float) * (size_t)n)};
-  fill_normal(gr.g, n, check_rand_uniform(0.1, 3.0));
+  fill_floats_normal(gr.g, n, check_rand_uniform(0.1, 3.0));
   memcpy(gr.copy, gr.g, sizeof(float) * (size_t)n);
   return gr;
 }
@@ -225,7 +228,7 @@ TEST(optim_sgd) {
             .grad_scale = flags & 2 ? (float)check_rand_uniform(0.2, 0.9) : 1.0f,
         };
         float *p = guarded(n), *b = variant ? guarded(n) : NULL;
-        fill_normal(p, n, 1.0);
+        fill_floats_normal(p, n, 1.0);
         if (b) memset(b, 0, sizeof(float) * (size_t)n); /* state starts at zero */
         double *pw = dalloc(n), *pm = dalloc(n), *bw = dalloc(n), *bm = dalloc(n);
         for (int64_t t = 1; t <= 5; t++) {
@@ -285,7 +288,7 @@ TEST(optim_adamw) {
       if (skip_big(n, flags, drawn)) continue;
       struct l2l_optim_hyper h = random_adam_hyper(L2L_OPTIMIZER_ADAMW, flags & 1, flags & 2);
       float *p = guarded(n), *m = guarded(n), *v = guarded(n);
-      fill_normal(p, n, 1.0);
+      fill_floats_normal(p, n, 1.0);
       memset(m, 0, sizeof(float) * (size_t)n);
       memset(v, 0, sizeof(float) * (size_t)n);
       double *pw = dalloc(n), *pm = dalloc(n), *mw = dalloc(n), *mm = dalloc(n),
@@ -293,7 +296,7 @@ TEST(optim_adamw) {
       for (int64_t t = 1; t <= 5; t++) {
         struct grad gr = new_grad(n);
         h.t = t;
-        ref_adamw(pw, pm, mw, mm, vw, p, m, v, gr.g, n, &h);
+        ref_adamw_sized(pw, pm, mw, mm, vw, p, m, v, gr.g, n, &h);
         l2l_optim_adamw(p, m, v, gr.g, n, &h);
         CHECK_CLOSE("adamw p", p, pw, pm, n, TOL_KERNEL);
         CHECK_CLOSE("adamw m", m, mw, mm, n, TOL_KERNEL);
@@ -324,12 +327,12 @@ TEST(optim_adamw_matches_public_update) {
   float *p2 = xmalloc(bytes), *m2 = xmalloc(bytes), *v2 = xmalloc(bytes);
   double *pw = dalloc(n), *pm = dalloc(n), *mw = dalloc(n), *mm = dalloc(n), *vw = dalloc(n);
   for (int64_t t = 1; t <= 5; t++) {
-    fill_normal(check_data(g), n, 1.0);
+    fill_floats_normal(check_data(g), n, 1.0);
     h.t = t;
     memcpy(p2, check_data(p), bytes);
     memcpy(m2, check_data(m), bytes);
     memcpy(v2, check_data(v), bytes);
-    ref_adamw(pw, pm, mw, mm, vw, p2, m2, v2, check_data(g), n, &h);
+    ref_adamw_sized(pw, pm, mw, mm, vw, p2, m2, v2, check_data(g), n, &h);
     CHECK_OK(l2l_adamw_update(p, m, v, g, &c, t));
     l2l_optim_adamw(p2, m2, v2, check_data(g), n, &h);
     CHECK_CLOSE("l2l_adamw_update p", check_data(p), pw, pm, n, TOL_KERNEL);
@@ -372,7 +375,7 @@ TEST(optim_lamb) {
          so some chunks may be empty or one element). */
       float *p = guarded(n), *m = guarded(n), *v = guarded(n);
       float *p1 = guarded(n), *m1 = guarded(n), *v1 = guarded(n);
-      fill_normal(p, n, 1.0);
+      fill_floats_normal(p, n, 1.0);
       memset(m, 0, sizeof(float) * (size_t)n);
       memset(v, 0, sizeof(float) * (size_t)n);
       memcpy(p1, p, sizeof(float) * (size_t)n);
@@ -465,8 +468,8 @@ TEST(optim_sumsq_axpy) {
   for (int k = 0; k < NSIZES; k++) {
     int64_t n = size_at(k);
     float *x = guarded(n), *dst = guarded(n);
-    fill_normal(x, n, check_rand_uniform(1e-3, 1e3));
-    fill_normal(dst, n, 1.0);
+    fill_floats_normal(x, n, check_rand_uniform(1e-3, 1e3));
+    fill_floats_normal(dst, n, 1.0);
     double want = 0.0;
     for (int64_t i = 0; i < n; i++) want += (double)x[i] * x[i];
     double got = l2l_optim_sumsq(x, n);

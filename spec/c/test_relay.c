@@ -17,14 +17,14 @@
  * bit for bit, and still trains like plain training of the changed model; and refusals
  * of bad input and configs that name the problem and change nothing.
  *
- * How: a plain executor written here is the reference: it runs clones of the relay's
- * layers (same values, same rng ids, ties re-made) in the host pool with
+ * How: the plain executor (plain.c, reference.h) is the reference: it runs clones of the
+ * relay's layers (same values, same rng ids, ties re-made) in the host pool with
  * l2l_layer_forward / l2l_layer_backward, the whole minibatch in one call per layer with
  * every saved state kept, folds each layer's gradient into per-record accumulators, and
- * updates with l2l_adamw_update (or the float64 SGD / LAMB below), the schedule computed
- * here from the header's formulas. Each layer call gets the batch fields the relay
- * promises (seed, step = the step's index, first_sample, the key mask's rows,
- * loss_scale = 1 / (real targets x accumulate)), so both see the same dropout masks.
+ * updates with l2l_adamw_update (or float64 SGD / LAMB), the schedule computed from the
+ * header's formulas. Each layer call gets the batch fields the relay promises (seed,
+ * step = the step's index, first_sample, the key mask's rows, loss_scale = 1 / (real
+ * targets x accumulate)), so both see the same dropout masks.
  * All test names start with "relay_", so `l2l_ctest relay_` runs just this file.
  * Must never: take an expected value from the relay or the EPS (the reference uses only
  * the layers, l2l_adamw_update and formulas written here), or leave the device pool's
@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "reference.h"
 
 /* ---------------------------------------------------------------- tolerances */
 
@@ -62,51 +63,9 @@
 /* stats.grad_norm against the plain norm (one sum of squares in double of f32 values). */
 #define TOL_NORM 1e-5
 
-enum { MAX_LAYERS = 40, MAX_RECORDS = 512, MAX_STEPS = 8 };
+enum { MAX_STEPS = 8 };
 
 /* ---------------------------------------------------------------- small helpers */
-
-static int64_t numel(const l2l_tensor *t) { return l2l_tensor_numel(t); }
-
-static size_t tensor_bytes(const l2l_tensor *t) {
-  return (size_t)numel(t) * l2l_dtype_size((l2l_dtype)l2l_tensor_dtype(t));
-}
-
-static void *copy_bytes(const l2l_tensor *t) {
-  void *c = xmalloc(tensor_bytes(t));
-  memcpy(c, l2l_tensor_data(t), tensor_bytes(t));
-  return c;
-}
-
-/* A new host tensor of t's shape and dtype. */
-static l2l_tensor *like(const l2l_tensor *t) {
-  int64_t shape[L2L_MAX_DIMS];
-  int nd = l2l_tensor_ndim(t);
-  for (int i = 0; i < nd; i++) shape[i] = l2l_tensor_dim(t, i);
-  return check_tensor(L2L_POOL_HOST, (l2l_dtype)l2l_tensor_dtype(t), nd, shape);
-}
-
-static l2l_tensor *zeros_like(const l2l_tensor *t) {
-  l2l_tensor *z = like(t);
-  memset(l2l_tensor_data(z), 0, tensor_bytes(z));
-  return z;
-}
-
-static l2l_tensor *rows(const l2l_tensor *t, int64_t first, int64_t count) {
-  if (t == NULL) return NULL;
-  l2l_tensor *v = NULL;
-  if (l2l_tensor_view_rows(&v, t, first, count) != L2L_OK) {
-    fprintf(stderr, "test_relay: cannot view rows: %s\n", l2l_last_error());
-    exit(2);
-  }
-  return v;
-}
-
-static double sumsq_f32(const float *v, int64_t n) {
-  double s = 0.0;
-  for (int64_t i = 0; i < n; i++) s += (double)v[i] * v[i];
-  return s;
-}
 
 /* max_i |got_i - want_i| / (|want_i| + floor) over i outside [skip_from, skip_to), with
    floor = the RMS of those want_i (at least 1e-30): relative to the tensor's scale, so
@@ -174,564 +133,9 @@ static const char *inner_name(int s) {
   return s == L2L_INNER_RECOMPUTE ? "recompute" : s == L2L_INNER_KEEP ? "keep" : "swap";
 }
 
-/* ---------------------------------------------------------------- models */
-
-/* A model: layers in order, and which are frozen (the plain executor's own flag; the
-   relay's is l2l_relay_set_frozen). */
-struct model {
-  int n;
-  l2l_layer *layer[MAX_LAYERS];
-  uint8_t frozen[MAX_LAYERS];
-};
-
-struct shape {
-  int64_t D, H, F, V, S; /* S = max_seq */
-  int blocks;
-  int post_ln, causal;
-  int64_t type_vocab;
-  l2l_layer_kind head;   /* LM head or classifier */
-  int64_t classes;
-  int tie;
-  float dropout, attn_dropout;
-  int frugal_block;      /* index among blocks in frugal mode (-1: none) */
-};
-
-static struct shape gpt_shape(void) {
-  struct shape g = {.D = 24, .H = 3, .F = 40, .V = 37, .S = 11, .blocks = 3, .post_ln = 0,
-                    .causal = 1, .type_vocab = 0, .head = L2L_LAYER_LM_HEAD, .classes = 0,
-                    .tie = 1, .dropout = 0.1f, .attn_dropout = 0.15f, .frugal_block = 1};
-  return g;
-}
-
-static struct shape bert_shape(void) {
-  struct shape g = {.D = 20, .H = 4, .F = 36, .V = 29, .S = 9, .blocks = 2, .post_ln = 1,
-                    .causal = 0, .type_vocab = 2, .head = L2L_LAYER_LM_HEAD, .classes = 0,
-                    .tie = 1, .dropout = 0.1f, .attn_dropout = 0.1f, .frugal_block = -1};
-  return g;
-}
-
-static l2l_layer_config layer_config(const struct shape *g, l2l_layer_kind kind) {
-  l2l_layer_config c;
-  memset(&c, 0, sizeof c);
-  c.kind = kind;
-  c.dim = g->D;
-  c.heads = g->H;
-  c.mlp = g->F;
-  c.vocab = g->V;
-  c.max_seq = g->S;
-  c.type_vocab = g->type_vocab;
-  c.classes = g->classes;
-  c.causal = g->causal;
-  c.post_ln = g->post_ln;
-  c.bias = 1;
-  c.final_ln = g->post_ln ? 0 : 1;
-  c.dropout = g->dropout;
-  c.attn_dropout = g->attn_dropout;
-  c.eps = 1e-5f;
-  c.memory = L2L_MEMORY_STANDARD;
-  c.init_std = 0.02f;
-  c.resid_std = 0.01f;
-  c.init_seed = check_rand_u64();
-  return c;
-}
-
-static l2l_layer *new_layer(const l2l_layer_config *c) {
-  l2l_layer *layer = NULL;
-  if (l2l_layer_new(&layer, c, L2L_POOL_HOST) != L2L_OK) {
-    fprintf(stderr, "test_relay: cannot make a layer: %s\n", l2l_last_error());
-    exit(2);
-  }
-  return layer;
-}
-
-/* Random values in place of the initial ones, so that every parameter matters from the
-   first step (a bias of 0 or a LayerNorm weight of 1 would hide a relay that loses it):
-   LayerNorm weights 1 + N(0, 0.01), biases N(0, 0.01), tables N(0, 0.25), linear weights
-   N(0, 1/fan_in). */
-static void randomize(l2l_layer *layer) {
-  l2l_layer_config c;
-  CHECK_OK(l2l_layer_get_config(&c, layer));
-  for (int i = 0; i < l2l_layer_param_count(layer); i++) {
-    l2l_param *p = l2l_layer_param(layer, i);
-    l2l_tensor *v = l2l_param_value(p);
-    const char *name = l2l_param_name(p);
-    float *d = check_data(v);
-    double base = 0.0, scale;
-    if (l2l_tensor_ndim(v) == 1) {
-      base = starts_with(name, "ln") && ends_with(name, "weight") ? 1.0 : 0.0;
-      scale = 0.1;
-    } else if (c.kind == L2L_LAYER_EMBEDDING) {
-      scale = 0.5;
-    } else {
-      int64_t fan_in = l2l_tensor_dim(v, c.kind == L2L_LAYER_LM_HEAD ? 1 : 0);
-      scale = 1.0 / sqrt((double)fan_in);
-    }
-    for (int64_t k = 0; k < numel(v); k++) d[k] = (float)(base + scale * check_rand_normal());
-  }
-}
-
-static l2l_layer *new_block(const struct shape *g, int frugal) {
-  l2l_layer_config c = layer_config(g, L2L_LAYER_BLOCK);
-  c.memory = frugal ? L2L_MEMORY_FRUGAL : L2L_MEMORY_STANDARD;
-  l2l_layer *b = new_layer(&c);
-  randomize(b);
-  return b;
-}
-
-/* Embedding, g->blocks blocks, head (tied to the embedding when g->tie and an LM head). */
-static void model_new(struct model *m, const struct shape *g) {
-  memset(m, 0, sizeof *m);
-  l2l_layer_config c = layer_config(g, L2L_LAYER_EMBEDDING);
-  m->layer[m->n++] = new_layer(&c);
-  for (int b = 0; b < g->blocks; b++) m->layer[m->n++] = new_block(g, b == g->frugal_block);
-  c = layer_config(g, g->head);
-  l2l_layer *head = new_layer(&c);
-  m->layer[m->n++] = head;
-  for (int i = 0; i < m->n; i++) randomize(m->layer[i]);
-  if (g->tie && g->head == L2L_LAYER_LM_HEAD) CHECK_OK(l2l_layer_tie(head, m->layer[0]));
-}
-
-static void model_free(struct model *m) {
-  for (int i = 0; i < m->n; i++) l2l_layer_free(m->layer[i]);
-  memset(m, 0, sizeof *m);
-}
-
-/* Index in m of the layer that owns `param` as its embedding table, or -1. */
-static int embedding_with(const struct model *m, const l2l_param *param) {
-  for (int i = 0; i < m->n; i++) {
-    l2l_layer_config c;
-    if (l2l_layer_get_config(&c, m->layer[i]) != L2L_OK || c.kind != L2L_LAYER_EMBEDDING) continue;
-    for (int j = 0; j < l2l_layer_param_count(m->layer[i]); j++)
-      if (l2l_layer_param(m->layer[i], j) == param) return i;
-  }
-  return -1;
-}
-
-/* A clone with the same rng ids (so the same dropout masks) and the same ties. */
-static l2l_layer *clone_same_rng(const l2l_layer *layer) {
-  l2l_layer *c = NULL;
-  if (l2l_layer_clone(&c, layer) != L2L_OK) {
-    fprintf(stderr, "test_relay: cannot clone a layer: %s\n", l2l_last_error());
-    exit(2);
-  }
-  CHECK_OK(l2l_layer_set_rng_id(c, l2l_layer_rng_id(layer)));
-  return c;
-}
-
-static void model_clone(struct model *dst, const struct model *src) {
-  memset(dst, 0, sizeof *dst);
-  for (int i = 0; i < src->n; i++) {
-    dst->layer[i] = clone_same_rng(src->layer[i]);
-    dst->frozen[i] = src->frozen[i];
-  }
-  dst->n = src->n;
-  for (int i = 0; i < src->n; i++) {
-    l2l_layer_config c;
-    CHECK_OK(l2l_layer_get_config(&c, src->layer[i]));
-    if (c.kind != L2L_LAYER_LM_HEAD) continue;
-    for (int j = 0; j < l2l_layer_param_count(src->layer[i]); j++) {
-      int e = embedding_with(src, l2l_layer_param(src->layer[i], j));
-      if (e >= 0) CHECK_OK(l2l_layer_tie(dst->layer[i], dst->layer[e]));
-    }
-  }
-}
-
-/* ---------------------------------------------------------------- minibatches */
-
-struct data {
-  int64_t B, S;
-  l2l_tensor *tokens, *targets, *types, *key_mask; /* host; types, key_mask may be NULL */
-  int64_t real;                                     /* targets != -1 */
-};
-
-/* B samples of S tokens. pad: sample b keeps a random length in [S/2, S] (sample 1 at
-   most S - 3, sample 0 whole) with key_mask 0 and targets -1 beyond it. mask_frac < 1:
-   each real position has a target with that probability (masked LM), else -1. The
-   classifier gets one target per sample (one of them -1 when B > 2). */
-static void data_new(struct data *d, const struct shape *g, int64_t B, int64_t S, int pad,
-                     double mask_frac) {
-  memset(d, 0, sizeof *d);
-  d->B = B, d->S = S;
-  d->tokens = NEW(L2L_POOL_HOST, L2L_I32, B, S);
-  int32_t *tok = l2l_tensor_data(d->tokens);
-  for (int64_t i = 0; i < B * S; i++) tok[i] = (int32_t)check_rand_int(0, g->V - 1);
-  int64_t *len = xmalloc((size_t)B * sizeof *len);
-  for (int64_t b = 0; b < B; b++) {
-    len[b] = pad ? check_rand_int(S / 2, S) : S;
-    if (pad && b == 0) len[b] = S;
-    if (pad && b == 1) len[b] = check_rand_int(S / 2, S - 3);
-  }
-  if (pad) {
-    d->key_mask = NEW(L2L_POOL_HOST, L2L_U8, B, S);
-    uint8_t *km = l2l_tensor_data(d->key_mask);
-    for (int64_t b = 0; b < B; b++)
-      for (int64_t s = 0; s < S; s++) km[b * S + s] = s < len[b];
-  }
-  if (g->type_vocab > 0) {
-    d->types = NEW(L2L_POOL_HOST, L2L_I32, B, S);
-    int32_t *ty = l2l_tensor_data(d->types);
-    for (int64_t b = 0; b < B; b++)
-      for (int64_t s = 0; s < S; s++) ty[b * S + s] = s >= len[b] / 2;
-  }
-  if (g->head == L2L_LAYER_CLASSIFIER) {
-    d->targets = NEW(L2L_POOL_HOST, L2L_I32, B);
-    int32_t *t = l2l_tensor_data(d->targets);
-    for (int64_t b = 0; b < B; b++) t[b] = (int32_t)check_rand_int(0, g->classes - 1);
-    if (B > 2) t[B - 2] = -1;
-    for (int64_t b = 0; b < B; b++) d->real += t[b] != -1;
-  } else {
-    d->targets = NEW(L2L_POOL_HOST, L2L_I32, B, S);
-    int32_t *t = l2l_tensor_data(d->targets);
-    for (int64_t b = 0; b < B; b++)
-      for (int64_t s = 0; s < S; s++) {
-        bool real = s < len[b] && check_rand_uniform(0, 1) < mask_frac;
-        t[b * S + s] = real ? (int32_t)check_rand_int(0, g->V - 1) : -1;
-      }
-    t[0] = (int32_t)check_rand_int(0, g->V - 1); /* at least one real target */
-    for (int64_t i = 0; i < B * S; i++) d->real += t[i] != -1;
-  }
-  free(len);
-}
-
-static void data_free(struct data *d) {
-  l2l_tensor_free(d->tokens);
-  l2l_tensor_free(d->targets);
-  l2l_tensor_free(d->types);
-  l2l_tensor_free(d->key_mask);
-  memset(d, 0, sizeof *d);
-}
-
 static l2l_relay_batch relay_batch(const struct data *d, const uint8_t *skip) {
   l2l_relay_batch b = {d->tokens, d->targets, d->types, d->key_mask, skip};
   return b;
-}
-
-/* ---------------------------------------------------------------- schedules */
-
-/* factor(t) of l2l.h's schedules, written from the header. */
-static double schedule_factor(const l2l_schedule_config *s, int64_t t) {
-  if (s->warmup > 0 && t <= s->warmup) return (double)t / (double)s->warmup;
-  if (s->kind == L2L_SCHEDULE_CONSTANT) return 1.0;
-  if (t >= s->total) return s->final_ratio;
-  double x = (double)(t - s->warmup) / (double)(s->total - s->warmup);
-  double f = s->final_ratio;
-  if (s->kind == L2L_SCHEDULE_COSINE) return f + (1.0 - f) * 0.5 * (1.0 + cos(M_PI * x));
-  return 1.0 - (1.0 - f) * x;
-}
-
-/* ---------------------------------------------------------------- the plain executor */
-
-/* A record's state in the plain executor: the gradient accumulated for the next update,
-   the optimizer's arrays (m, v; SGD's momentum buffer in m) and its update count. */
-struct prec {
-  l2l_param *param;
-  l2l_tensor *acc, *m, *v;
-  int64_t t;
-  int touched;           /* a layer folded a gradient into acc since the last update */
-};
-
-struct plain {
-  struct model model;
-  l2l_relay_config cfg;  /* optimizer, schedule, clipping, accumulate, seed */
-  int nrec;
-  struct prec rec[MAX_RECORDS];
-  int64_t steps, updates;
-  double grad_norm, lr;  /* of the last update */
-};
-
-static struct prec *plain_rec(struct plain *p, l2l_param *param) {
-  for (int i = 0; i < p->nrec; i++)
-    if (p->rec[i].param == param) return &p->rec[i];
-  if (p->nrec == MAX_RECORDS) {
-    fprintf(stderr, "test_relay: more than %d records\n", MAX_RECORDS);
-    exit(2);
-  }
-  struct prec *r = &p->rec[p->nrec++];
-  memset(r, 0, sizeof *r);
-  r->param = param;
-  r->acc = zeros_like(l2l_param_value(param));
-  r->m = zeros_like(l2l_param_value(param));
-  r->v = zeros_like(l2l_param_value(param));
-  return r;
-}
-
-static void plain_init(struct plain *p, const struct model *src, const l2l_relay_config *cfg) {
-  memset(p, 0, sizeof *p);
-  model_clone(&p->model, src);
-  p->cfg = *cfg;
-  p->grad_norm = -1.0;
-}
-
-/* Drops the records of layer `index` that no other layer of the model uses. */
-static void plain_forget(struct plain *p, int index) {
-  l2l_layer *layer = p->model.layer[index];
-  for (int j = 0; j < l2l_layer_param_count(layer); j++) {
-    l2l_param *param = l2l_layer_param(layer, j);
-    bool shared = false;
-    for (int i = 0; i < p->model.n; i++)
-      for (int k = 0; i != index && k < l2l_layer_param_count(p->model.layer[i]); k++)
-        shared = shared || l2l_layer_param(p->model.layer[i], k) == param;
-    for (int r = 0; !shared && r < p->nrec; r++)
-      if (p->rec[r].param == param) {
-        l2l_tensor_free(p->rec[r].acc);
-        l2l_tensor_free(p->rec[r].m);
-        l2l_tensor_free(p->rec[r].v);
-        p->rec[r] = p->rec[--p->nrec];
-        break;
-      }
-  }
-}
-
-static void plain_free(struct plain *p) {
-  for (int r = 0; r < p->nrec; r++) {
-    l2l_tensor_free(p->rec[r].acc);
-    l2l_tensor_free(p->rec[r].m);
-    l2l_tensor_free(p->rec[r].v);
-  }
-  model_free(&p->model);
-  memset(p, 0, sizeof *p);
-}
-
-static void model_insert(struct model *m, int index, l2l_layer *layer) {
-  memmove(&m->layer[index + 1], &m->layer[index], (size_t)(m->n - index) * sizeof m->layer[0]);
-  memmove(&m->frozen[index + 1], &m->frozen[index], (size_t)(m->n - index));
-  m->layer[index] = layer;
-  m->frozen[index] = 0;
-  m->n++;
-}
-
-/* Takes layer `index` out of m and returns it. */
-static l2l_layer *model_take(struct model *m, int index) {
-  l2l_layer *layer = m->layer[index];
-  memmove(&m->layer[index], &m->layer[index + 1], (size_t)(m->n - index - 1) * sizeof m->layer[0]);
-  memmove(&m->frozen[index], &m->frozen[index + 1], (size_t)(m->n - index - 1));
-  m->n--;
-  return layer;
-}
-
-static void plain_remove(struct plain *p, int index) {
-  plain_forget(p, index);
-  l2l_layer_free(model_take(&p->model, index));
-}
-
-/* Folds layer l's gradient (what its backward just added) into the records'
-   accumulators: clipped to clip_layer_norm over the layer's records when that is set;
-   dropped when the layer is frozen. The layer's gradients are zero afterwards. */
-static void plain_fold(struct plain *p, int l) {
-  l2l_layer *layer = p->model.layer[l];
-  int np = l2l_layer_param_count(layer);
-  if (!p->model.frozen[l]) {
-    double scale = 1.0;
-    if (p->cfg.clip_layer_norm > 0) {
-      double sq = 0.0;
-      for (int j = 0; j < np; j++) {
-        l2l_tensor *g = l2l_param_grad(l2l_layer_param(layer, j));
-        sq += sumsq_f32(check_data(g), numel(g));
-      }
-      double norm = sqrt(sq);
-      if (norm > p->cfg.clip_layer_norm) scale = p->cfg.clip_layer_norm / norm;
-    }
-    for (int j = 0; j < np; j++) {
-      l2l_param *param = l2l_layer_param(layer, j);
-      struct prec *r = plain_rec(p, param);
-      float *acc = check_data(r->acc);
-      const float *g = check_data(l2l_param_grad(param));
-      for (int64_t i = 0; i < numel(r->acc); i++) acc[i] += (float)(scale * g[i]);
-      r->touched = 1;
-    }
-  }
-  CHECK_OK(l2l_layer_zero_grad(layer));
-}
-
-/* One minibatch: forward of every layer over micro-batches of `micro` samples (0: the
-   whole batch in one call), every saved state kept; the loss; backward in reverse, each
-   layer's gradient folded when its backward is done. Layers with skip[l] = 1 are the
-   identity. Returns the mean loss over real targets. */
-static double plain_pass(struct plain *p, const struct data *d, int64_t micro,
-                         const uint8_t *skip) {
-  struct model *m = &p->model;
-  int L = m->n;
-  int64_t B = d->B, S = d->S;
-  if (micro <= 0 || micro > B) micro = B;
-  int U = (int)((B + micro - 1) / micro);
-  l2l_layer_batch *lb = xmalloc((size_t)U * sizeof *lb);
-  for (int u = 0; u < U; u++) {
-    int64_t first = u * micro, n = first + micro <= B ? micro : B - first;
-    lb[u] = (l2l_layer_batch){.tokens = rows(d->tokens, first, n),
-                              .token_types = rows(d->types, first, n),
-                              .targets = rows(d->targets, first, n),
-                              .key_mask = rows(d->key_mask, first, n),
-                              .first_sample = first,
-                              .seed = p->cfg.seed,
-                              .step = (uint64_t)p->steps,
-                              .training = 1,
-                              .loss_scale = (float)(1.0 / ((double)d->real * p->cfg.accumulate))};
-  }
-  l2l_tensor *act[MAX_LAYERS + 1] = {NULL};   /* act[l]: input of layer l (B,S,D) */
-  bool owned[MAX_LAYERS + 1] = {false};
-  l2l_saved **saved = xmalloc((size_t)(L * U) * sizeof *saved);
-  double loss = NAN;
-  for (int l = 0; l < L; l++) {
-    if (skip && skip[l]) {
-      act[l + 1] = act[l];
-      continue;
-    }
-    l2l_layer_config c;
-    CHECK_OK(l2l_layer_get_config(&c, m->layer[l]));
-    l2l_tensor *out = c.kind == L2L_LAYER_LM_HEAD     ? NEW(L2L_POOL_HOST, L2L_F32, B, S)
-                      : c.kind == L2L_LAYER_CLASSIFIER ? NEW(L2L_POOL_HOST, L2L_F32, B)
-                                                       : NEW(L2L_POOL_HOST, L2L_F32, B, S, c.dim);
-    for (int u = 0; u < U; u++) {
-      int64_t first = u * micro, n = first + micro <= B ? micro : B - first;
-      l2l_tensor *x = rows(act[l], first, n), *y = rows(out, first, n);
-      CHECK_OK(l2l_layer_forward(&saved[l * U + u], m->layer[l], y, x, &lb[u]));
-      l2l_tensor_free(x);
-      l2l_tensor_free(y);
-    }
-    act[l + 1] = out;
-    owned[l + 1] = true;
-    if (l == L - 1) {
-      double sum = 0.0;
-      CHECK_OK(l2l_sum(&sum, out));
-      loss = sum / (double)d->real;
-    }
-  }
-  l2l_tensor *dy = NULL; /* d(loss)/d(act[l + 1]); NULL above the head */
-  for (int l = L - 1; l >= 0; l--) {
-    if (skip && skip[l]) continue;
-    CHECK_OK(l2l_layer_zero_grad(m->layer[l]));
-    l2l_tensor *dx = l > 0 ? like(act[l]) : NULL;
-    for (int u = 0; u < U; u++) {
-      int64_t first = u * micro, n = first + micro <= B ? micro : B - first;
-      l2l_tensor *dxu = rows(dx, first, n), *dyu = rows(dy, first, n);
-      CHECK_OK(l2l_layer_backward(m->layer[l], dxu, dyu, saved[l * U + u], &lb[u]));
-      l2l_tensor_free(dxu);
-      l2l_tensor_free(dyu);
-      l2l_saved_free(saved[l * U + u]);
-    }
-    plain_fold(p, l);
-    l2l_tensor_free(dy);
-    dy = dx;
-  }
-  l2l_tensor_free(dy);
-  for (int l = 0; l <= L; l++)
-    if (owned[l]) l2l_tensor_free(act[l]);
-  for (int u = 0; u < U; u++) {
-    l2l_tensor_free((l2l_tensor *)lb[u].tokens);
-    l2l_tensor_free((l2l_tensor *)lb[u].token_types);
-    l2l_tensor_free((l2l_tensor *)lb[u].targets);
-    l2l_tensor_free((l2l_tensor *)lb[u].key_mask);
-  }
-  free(lb);
-  free(saved);
-  return loss;
-}
-
-/* SGD of l2l.h in float64 on f32 storage. */
-static void sgd_update(struct prec *r, const float *g, double lr, double wd,
-                       const l2l_optimizer_config *o) {
-  float *p = check_data(l2l_param_value(r->param)), *b = check_data(r->m);
-  for (int64_t i = 0; i < numel(r->m); i++) {
-    double pi = p[i], gi = g[i];
-    pi -= lr * wd * pi;
-    double step = gi;
-    if (o->momentum > 0) {
-      double bi = r->t == 1 ? gi : (double)o->momentum * b[i] + gi;
-      b[i] = (float)bi;
-      step = o->nesterov ? gi + (double)o->momentum * b[i] : b[i];
-    }
-    p[i] = (float)(pi - lr * step);
-  }
-}
-
-/* LAMB of l2l.h in float64 on f32 storage: the trust ratio over the whole record. */
-static void lamb_update(struct prec *r, const float *g, double lr, double wd,
-                        const l2l_optimizer_config *o) {
-  int64_t n = numel(r->m);
-  float *p = check_data(l2l_param_value(r->param)), *m = check_data(r->m), *v = check_data(r->v);
-  double b1 = o->beta1, b2 = o->beta2;
-  double c1 = 1.0 - pow(b1, (double)r->t), c2 = 1.0 - pow(b2, (double)r->t);
-  double *u = xmalloc((size_t)n * sizeof *u), pn = 0.0, un = 0.0;
-  for (int64_t i = 0; i < n; i++) {
-    m[i] = (float)(b1 * m[i] + (1.0 - b1) * g[i]);
-    v[i] = (float)(b2 * v[i] + (1.0 - b2) * (double)g[i] * g[i]);
-    u[i] = (m[i] / c1) / (sqrt(v[i] / c2) + o->eps) + wd * p[i];
-    pn += (double)p[i] * p[i];
-    un += u[i] * u[i];
-  }
-  double trust = pn > 0 && un > 0 ? sqrt(pn) / sqrt(un) : 1.0;
-  for (int64_t i = 0; i < n; i++) p[i] = (float)(p[i] - lr * trust * u[i]);
-  free(u);
-}
-
-/* The update of every record a layer folded a gradient into: global clipping over
-   those records, then the optimizer at the schedule's rate for this update count. */
-static void plain_update(struct plain *p) {
-  const l2l_optimizer_config *o = &p->cfg.optimizer;
-  p->updates++;
-  p->lr = o->lr * schedule_factor(&p->cfg.schedule, p->updates);
-  double sq = 0.0;
-  for (int i = 0; i < p->nrec; i++)
-    if (p->rec[i].touched) sq += sumsq_f32(check_data(p->rec[i].acc), numel(p->rec[i].acc));
-  p->grad_norm = sqrt(sq);
-  double scale = 1.0;
-  if (p->cfg.clip_global_norm > 0 && p->grad_norm > p->cfg.clip_global_norm)
-    scale = p->cfg.clip_global_norm / p->grad_norm;
-  for (int i = 0; i < p->nrec; i++) {
-    struct prec *r = &p->rec[i];
-    if (!r->touched) continue;
-    r->t++;
-    float *acc = check_data(r->acc);
-    l2l_tensor *g = like(r->acc);
-    float *gd = check_data(g);
-    for (int64_t k = 0; k < numel(g); k++) gd[k] = (float)(scale * acc[k]);
-    double wd = (o->decay_all || l2l_param_decays(r->param) == 1) ? o->weight_decay : 0.0;
-    if (o->kind == L2L_OPTIMIZER_ADAMW) {
-      l2l_adamw_config c = {(float)p->lr, o->beta1, o->beta2, o->eps, (float)wd};
-      CHECK_OK(l2l_adamw_update(l2l_param_value(r->param), r->m, r->v, g, &c, r->t));
-    } else if (o->kind == L2L_OPTIMIZER_SGD) {
-      sgd_update(r, gd, p->lr, wd, o);
-    } else {
-      lamb_update(r, gd, p->lr, wd, o);
-    }
-    l2l_tensor_free(g);
-    memset(acc, 0, tensor_bytes(r->acc));
-    r->touched = 0;
-  }
-}
-
-/* One step of the plain executor: the pass, then the update on the last of `accumulate`
-   minibatches. */
-static double plain_step(struct plain *p, const struct data *d, int64_t micro,
-                         const uint8_t *skip) {
-  double loss = plain_pass(p, d, micro, skip);
-  p->steps++;
-  if (p->steps % p->cfg.accumulate == 0) plain_update(p);
-  return loss;
-}
-
-/* Mean loss of the forward alone, no dropout. */
-static double plain_evaluate(struct plain *p, const struct data *d) {
-  struct model *m = &p->model;
-  l2l_layer_batch lb = {.tokens = d->tokens, .token_types = d->types, .targets = d->targets,
-                        .key_mask = d->key_mask, .seed = p->cfg.seed, .training = 0};
-  l2l_tensor *x = NULL;
-  double loss = NAN;
-  for (int l = 0; l < m->n; l++) {
-    l2l_layer_config c;
-    CHECK_OK(l2l_layer_get_config(&c, m->layer[l]));
-    l2l_tensor *y = c.kind == L2L_LAYER_LM_HEAD     ? NEW(L2L_POOL_HOST, L2L_F32, d->B, d->S)
-                    : c.kind == L2L_LAYER_CLASSIFIER ? NEW(L2L_POOL_HOST, L2L_F32, d->B)
-                                                     : NEW(L2L_POOL_HOST, L2L_F32, d->B, d->S, c.dim);
-    CHECK_OK(l2l_layer_forward(NULL, m->layer[l], y, x, &lb));
-    l2l_tensor_free(x);
-    x = y;
-  }
-  double sum = 0.0;
-  CHECK_OK(l2l_sum(&sum, x));
-  loss = sum / (double)d->real;
-  l2l_tensor_free(x);
-  return loss;
 }
 
 /* ---------------------------------------------------------------- configs and relays */
@@ -863,12 +267,12 @@ static void snapshot_take(struct snapshot *s, l2l_relay *r, int from, int to) {
       struct rec_snap *e = &s->r[s->n++];
       e->param = param;
       e->layer = l, e->index = j;
-      e->value = copy_bytes(l2l_param_value(param));
+      e->value = snapshot(l2l_param_value(param));
       e->bytes = tensor_bytes(l2l_param_value(param));
       for (int w = 0; w < 2; w++) {
         l2l_tensor *st = NULL;
         CHECK_OK(l2l_relay_param_state(&st, r, param, w));
-        e->state[w] = st ? copy_bytes(st) : NULL;
+        e->state[w] = st ? snapshot(st) : NULL;
       }
     }
   }
@@ -1893,7 +1297,7 @@ TEST(relay_dynamic_architecture) {
   /* insert a new block at 2 */
   {
     snapshot_take(&s, x.r, 0, x.rm.n);
-    l2l_layer *b = new_block(&g, 0);
+    l2l_layer *b = model_block_new(&g, 0);
     if (CHECK_OK(l2l_relay_insert(x.r, 2, b))) {
       model_insert(&x.rm, 2, b);
       model_insert(&x.p.model, 2, clone_same_rng(b));
@@ -1922,7 +1326,7 @@ TEST(relay_dynamic_architecture) {
   /* replace block 2 with a new one */
   {
     snapshot_take(&s, x.r, 0, x.rm.n);
-    l2l_layer *b = new_block(&g, 1);
+    l2l_layer *b = model_block_new(&g, 1);
     if (CHECK_OK(l2l_relay_replace(x.r, 2, b))) {
       l2l_layer *gone = model_take(&x.rm, 2);
       model_insert(&x.rm, 2, b);
@@ -2055,7 +1459,7 @@ TEST(relay_refuses_bad_input) {
   memset(l2l_tensor_data(ftok), 0, tensor_bytes(ftok));
   b = relay_batch(&d, NULL), b.tokens = ftok;
   CHECK_FAILS(l2l_relay_step(&loss, r, &b), L2L_ERR_INVALID, "tokens");
-  l2l_tensor *big = like(d.tokens);
+  l2l_tensor *big = like_in(d.tokens, L2L_POOL_HOST);
   memcpy(l2l_tensor_data(big), l2l_tensor_data(d.tokens), tensor_bytes(big));
   ((int32_t *)l2l_tensor_data(big))[3 * g.S + 2] = (int32_t)g.V;
   b = relay_batch(&d, NULL), b.tokens = big;
@@ -2074,7 +1478,7 @@ TEST(relay_refuses_bad_input) {
   memset(l2l_tensor_data(short_t), 0, tensor_bytes(short_t));
   b = relay_batch(&d, NULL), b.targets = short_t;
   CHECK_FAILS(l2l_relay_step(&loss, r, &b), L2L_ERR_INVALID, "targets");
-  l2l_tensor *bad_t = like(d.targets);
+  l2l_tensor *bad_t = like_in(d.targets, L2L_POOL_HOST);
   memcpy(l2l_tensor_data(bad_t), l2l_tensor_data(d.targets), tensor_bytes(bad_t));
   ((int32_t *)l2l_tensor_data(bad_t))[2 * g.S] = (int32_t)g.V + 3;
   b = relay_batch(&d, NULL), b.targets = bad_t;
@@ -2107,7 +1511,7 @@ TEST(relay_refuses_bad_input) {
         "accessors out of range");
 
   /* indexes and policies out of range */
-  l2l_layer *extra = new_block(&g, 0);
+  l2l_layer *extra = model_block_new(&g, 0);
   CHECK_FAILS(l2l_relay_insert(r, n + 1, extra), L2L_ERR_INVALID, "index");
   CHECK_FAILS(l2l_relay_insert(r, -1, extra), L2L_ERR_INVALID, "index");
   CHECK_FAILS(l2l_relay_remove(r, n), L2L_ERR_INVALID, "index");
@@ -2127,7 +1531,7 @@ TEST(relay_refuses_bad_input) {
   CHECK_FAILS2(l2l_relay_insert(r, 1, m.layer[2]), L2L_ERR_INVALID, L2L_ERR_STATE, "relay");
   struct shape wide = g;
   wide.D = 30, wide.H = 3;
-  l2l_layer *misfit = new_block(&wide, 0);
+  l2l_layer *misfit = model_block_new(&wide, 0);
   CHECK_FAILS(l2l_relay_insert(r, 1, misfit), L2L_ERR_INVALID, "dim");
   /* events and states out of range */
   l2l_relay_event ev[2];
@@ -2253,10 +1657,10 @@ TEST(relay_refuses_bad_configs_and_models) {
   CHECK_FAILS(l2l_relay_new(&out, holes, 3, &base), L2L_ERR_INVALID, "layer");
   struct shape wide = g;
   wide.D = 30, wide.H = 3;
-  l2l_layer *misfit = new_block(&wide, 0);
+  l2l_layer *misfit = model_block_new(&wide, 0);
   l2l_layer *mixed[3] = {m.layer[0], misfit, m.layer[m.n - 1]};
   CHECK_FAILS(l2l_relay_new(&out, mixed, 3, &base), L2L_ERR_INVALID, "dim");
-  l2l_layer_config dc = layer_config(&g, L2L_LAYER_BLOCK);
+  l2l_layer_config dc = model_layer_config(&g, L2L_LAYER_BLOCK);
   l2l_layer *on_device = NULL;
   CHECK_OK(l2l_layer_new(&on_device, &dc, L2L_POOL_DEVICE));
   l2l_layer *dev_list[3] = {m.layer[0], on_device, m.layer[m.n - 1]};
@@ -2328,7 +1732,7 @@ TEST(relay_restores_optimizer_state_and_progress) {
   l2l_tensor *m0 = NULL, *v0 = NULL;
   CHECK_OK(l2l_relay_param_state(&m0, ra, p0, 0));
   CHECK_OK(l2l_relay_param_state(&v0, ra, p0, 1));
-  l2l_tensor *short_m = rows(m0, 0, l2l_tensor_dim(m0, 0) - 1);
+  l2l_tensor *short_m = view_rows(m0, 0, l2l_tensor_dim(m0, 0) - 1);
   l2l_tensor *ints = NEW(L2L_POOL_HOST, L2L_I32, l2l_tensor_numel(m0));
   CHECK_FAILS(l2l_relay_restore_param(rb, q0, 3, short_m, v0), L2L_ERR_INVALID, "first");
   CHECK_FAILS(l2l_relay_restore_param(rb, q0, 3, m0, ints), L2L_ERR_INVALID, "second");

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "reference.h"
 
 static const int64_t shape_2x3[2] = {2, 3};
 
@@ -359,13 +360,6 @@ TEST(random_fills_have_the_right_moments_and_differ_by_key) {
 }
 
 /* ---------------------------------------------------------------- pools */
-
-static l2l_pool_stats stats_of(l2l_pool_kind pool) {
-  l2l_pool_stats s;
-  memset(&s, 0, sizeof s);
-  CHECK_OK(l2l_pool_get_stats(&s, pool));
-  return s;
-}
 
 TEST(pool_accounting_is_exact) {
   for (int pool = 0; pool < 3; pool++) {
