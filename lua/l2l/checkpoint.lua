@@ -73,17 +73,13 @@ local inner_names = { [0] = "recompute", "keep", "swap" }
 
 ----------------------------------------------------------------- describing
 
--- The constructor options that rebuild a built-in layer (the weights come from the file).
-local OPTION_KEYS = {
-  embedding = { "vocab", "dim", "max_seq", "type_vocab", "dropout" },
-  block = { "dim", "heads", "mlp", "causal", "post_ln", "bias", "dropout", "attn_dropout", "eps", "memory" },
-  lm_head = { "vocab", "dim", "final_ln", "eps", "memory" },
-  classifier = { "dim", "classes" },
-}
-
+-- A built-in layer is described by the constructor options that rebuild it (its kind's
+-- `saved` in layers.kinds; the weights come from the file), a custom one by its kind's
+-- name and its own options.
 local function describe_layer(layer, i, fname)
   local d = { kind = layer.kind, rng_id = layer:rng_id() }
-  if layer.kind == "custom" then
+  local kind = layers.kinds[layer.kind]
+  if kind.saved == nil then
     d.custom = layer:label()
     local ok, json = pcall(cjson.encode, layer.options or {})
     if not ok then
@@ -94,8 +90,8 @@ local function describe_layer(layer, i, fname)
   end
   local c = layer:config()
   d.options = {}
-  for _, k in ipairs(OPTION_KEYS[layer.kind]) do d.options[k] = c[k] end
-  if layer.kind == "lm_head" and layer.tied_to then d.options.tie = true end
+  for _, k in ipairs(kind.saved) do d.options[k] = c[k] end
+  if layer.tied_to then d.options.tie = true end
   return d
 end
 
@@ -200,13 +196,11 @@ local function rebuild_schedule(o)
   return make{ warmup = o.warmup, total = o.total, final_ratio = o.final_ratio }
 end
 
-local CONSTRUCTORS = { embedding = layers.Embedding, block = layers.Block, lm_head = layers.LMHead,
-                       classifier = layers.Classifier }
-
 local function rebuild_layer(d, i, kinds)
   if type(d) ~= "table" or type(d.options) ~= "table" then error(("layer %d: no description"):format(i), 0) end
-  local make = CONSTRUCTORS[d.kind]
-  if d.kind == "custom" then
+  local kind = type(d.kind) == "string" and layers.kinds[d.kind] or nil
+  local make = kind and kind.constructor and layers[kind.constructor]
+  if kind and kind.constructor == nil then
     make = kinds and kinds[d.custom]
     if make == nil then
       error(("layer %d is of the custom kind '%s': pass its constructor as kinds = {%s = ...} (from l2l.layer_kind)"):format(

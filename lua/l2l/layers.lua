@@ -17,7 +17,7 @@ local tensor = require("l2l.tensor")
 
 local C, check, handle_of = lib.C, lib.check, tensor.handle_of
 local jit = require("jit")
-local type, tostring, pairs, floor, unpack = type, tostring, pairs, math.floor, unpack
+local type, tostring, pairs, ipairs, floor, unpack = type, tostring, pairs, ipairs, math.floor, unpack
 
 local M = {}
 
@@ -25,13 +25,6 @@ local Layer = {}
 Layer.__index = Layer
 M.Layer = Layer
 
-local kinds = {
-  embedding = C.L2L_LAYER_EMBEDDING, block = C.L2L_LAYER_BLOCK,
-  lm_head = C.L2L_LAYER_LM_HEAD, classifier = C.L2L_LAYER_CLASSIFIER,
-  custom = C.L2L_LAYER_CUSTOM,
-}
-local kind_names = {}
-for name, id in pairs(kinds) do kind_names[tonumber(id)] = name end
 local memory_modes = { standard = C.L2L_MEMORY_STANDARD, frugal = C.L2L_MEMORY_FRUGAL }
 local memory_names = { [0] = "standard", [1] = "frugal" }
 
@@ -146,31 +139,97 @@ local function flag(o, key, default, fname)
   return v and 1 or 0
 end
 
-local allowed = {
-  embedding = { vocab = 1, dim = 1, max_seq = 1, type_vocab = 1, dropout = 1, init_std = 1, seed = 1, pool = 1 },
-  block = { dim = 1, heads = 1, mlp = 1, causal = 1, post_ln = 1, bias = 1, dropout = 1,
-            attn_dropout = 1, eps = 1, memory = 1, init_std = 1, resid_std = 1, seed = 1, pool = 1 },
-  lm_head = { vocab = 1, dim = 1, final_ln = 1, tie = 1, eps = 1, memory = 1, init_std = 1, seed = 1, pool = 1 },
-  classifier = { dim = 1, classes = 1, init_std = 1, seed = 1, pool = 1 },
-}
-
 local seed_counter = 0
 function M.next_seed()   -- distinct layers differ even without seeds
   seed_counter = seed_counter + 1
   return seed_counter
 end
 
+----------------------------------------------------------------- the kinds
+
+-- The layer kinds, one entry each (the C side's registry is src/layers/registry.c): its
+-- C number; its role (the C kind's: "input" reads the tokens, "body" maps (B,S,D) to
+-- (B,S,D), "head" gives losses or logits); the constructor's name in l2l; the options it
+-- takes, and those a checkpoint keeps to rebuild it (the weights come from the file); the
+-- fields of its config filled from the options (beyond those every kind has); the shape
+-- print(model) shows; its output's shape (a body's is x's). model.lua, relay.lua and
+-- checkpoint.lua ask this table, never a kind's name. Adding a kind: its entry here and
+-- its C file (see src/layers/kind.h).
+local COMMON = { dim = 1, init_std = 1, seed = 1, pool = 1 }
+local function with_common(t)
+  for k in pairs(COMMON) do t[k] = 1 end
+  return t
+end
+
+-- A field: the config's name, the check of its option, and its default (a function of
+-- the options, dim and init_std where it depends on them).
+local function given(o, key, default) if o[key] == nil then return default end return o[key] end
+
+local KINDS = {
+  embedding = {
+    id = C.L2L_LAYER_EMBEDDING, role = "input", constructor = "Embedding",
+    options = with_common { vocab = 1, max_seq = 1, type_vocab = 1, dropout = 1 },
+    saved = { "vocab", "dim", "max_seq", "type_vocab", "dropout" },
+    fields = { { "vocab", positive_int }, { "max_seq", positive_int }, { "type_vocab", given, 0 },
+               { "dropout", rate, 0 } },
+    shape = function(c)
+      return ("vocab %d -> dim %d, max_seq %d%s"):format(c.vocab, c.dim, c.max_seq,
+             c.type_vocab > 0 and (", types " .. c.type_vocab) or "")
+    end,
+  },
+  block = {
+    id = C.L2L_LAYER_BLOCK, role = "body", constructor = "Block",
+    options = with_common { heads = 1, mlp = 1, causal = 1, post_ln = 1, bias = 1, dropout = 1,
+                            attn_dropout = 1, eps = 1, memory = 1, resid_std = 1 },
+    saved = { "dim", "heads", "mlp", "causal", "post_ln", "bias", "dropout", "attn_dropout", "eps",
+              "memory" },
+    fields = { { "heads", positive_int }, { "mlp", positive_int, function(_, dim) return 4 * dim end },
+               { "causal", flag, false }, { "post_ln", flag, false }, { "bias", flag, true },
+               { "dropout", rate, 0 },
+               { "attn_dropout", rate, function(o) return o.dropout or 0 end },
+               { "resid_std", positive, function(_, _, init_std) return init_std end } },
+    shape = function(c)
+      return ("dim %d, heads %d, mlp %d, %s, %s"):format(c.dim, c.heads, c.mlp,
+             c.causal and "causal" or "bidirectional", c.post_ln and "post-LN" or "pre-LN")
+    end,
+  },
+  lm_head = {
+    id = C.L2L_LAYER_LM_HEAD, role = "head", constructor = "LMHead",
+    options = with_common { vocab = 1, final_ln = 1, tie = 1, eps = 1, memory = 1 },
+    saved = { "vocab", "dim", "final_ln", "eps", "memory" },
+    fields = { { "vocab", positive_int }, { "final_ln", flag, true } },
+    shape = function(c, layer)
+      return ("dim %d -> vocab %d%s"):format(c.dim, c.vocab, layer.tied_to and " (tied)" or "")
+    end,
+    -- per-position losses, or logits over the vocabulary
+    output = function(c, B, S, targets) return targets and { B, S } or { B, S, c.vocab } end,
+  },
+  classifier = {
+    id = C.L2L_LAYER_CLASSIFIER, role = "head", constructor = "Classifier",
+    options = with_common { classes = 1 },
+    saved = { "dim", "classes" },
+    fields = { { "classes", positive_int } },
+    shape = function(c) return ("dim %d -> classes %d"):format(c.dim, c.classes) end,
+    output = function(c, B, _, targets) return targets and { B } or { B, c.classes } end,
+  },
+  -- made by l2l.layer_kind (custom.lua); its options are its own
+  custom = { id = C.L2L_LAYER_CUSTOM, role = "body",
+             shape = function(c) return ("dim %d"):format(c.dim) end },
+}
+M.kinds = KINDS
+local kind_names = {}
+for name, k in pairs(KINDS) do kind_names[tonumber(k.id)] = name end
+
 local function new_layer(kind, fname, o)
   if type(o) ~= "table" then error(fname .. ": expects an options table", 3) end
+  local k = KINDS[kind]
   for key in pairs(o) do
-    if not allowed[kind][key] then error(("%s: unknown option '%s'"):format(fname, tostring(key)), 3) end
+    if not k.options[key] then error(("%s: unknown option '%s'"):format(fname, tostring(key)), 3) end
   end
   local c = ffi.new("l2l_layer_config")
-  c.kind = kinds[kind]
-  local dim = positive_int(o, "dim", nil, fname)
-  c.dim = dim
-  local init_std = positive(o, "init_std", 0.02, fname)
-  c.init_std = init_std
+  c.kind = k.id
+  local dim, init_std = positive_int(o, "dim", nil, fname), positive(o, "init_std", 0.02, fname)
+  c.dim, c.init_std = dim, init_std
   c.eps = positive(o, "eps", 1e-5, fname)
   local mem = o.memory or "standard"
   if memory_modes[mem] == nil then
@@ -181,38 +240,26 @@ local function new_layer(kind, fname, o)
     error(fname .. ": option 'seed' must be an integer >= 0", 3)
   end
   c.init_seed = o.seed or M.next_seed()
-  if kind == "embedding" then
-    c.vocab = positive_int(o, "vocab", nil, fname)
-    c.max_seq = positive_int(o, "max_seq", nil, fname)
-    c.type_vocab = o.type_vocab or 0
-    c.dropout = rate(o, "dropout", 0, fname)
-  elseif kind == "block" then
-    c.heads = positive_int(o, "heads", nil, fname)
-    c.mlp = positive_int(o, "mlp", 4 * dim, fname)
-    c.causal = flag(o, "causal", false, fname)
-    c.post_ln = flag(o, "post_ln", false, fname)
-    c.bias = flag(o, "bias", true, fname)
-    c.dropout = rate(o, "dropout", 0, fname)
-    c.attn_dropout = rate(o, "attn_dropout", o.dropout or 0, fname)
-    c.resid_std = positive(o, "resid_std", init_std, fname)
-  elseif kind == "lm_head" then
-    c.vocab = positive_int(o, "vocab", nil, fname)
-    c.final_ln = flag(o, "final_ln", true, fname)
-  else
-    c.classes = positive_int(o, "classes", nil, fname)
+  for _, f in ipairs(k.fields) do
+    local name, read, default = f[1], f[2], f[3]
+    if type(default) == "function" then default = default(o, dim, init_std) end
+    c[name] = read(o, name, default, fname)
   end
   local pool = lib.pool_id(o.pool or "host", fname, 3)
   local out = ffi.new("l2l_layer *[1]")
   check(C.l2l_layer_new(out, c, pool), fname, 3)
   -- handle: a one-element box; its finalizer frees the content (layer_gc)
-  local layer = wrap(out, kind, { tie = kind == "lm_head" and o.tie or nil })
-  return layer
+  return wrap(out, kind, { tie = k.options.tie and o.tie or nil })
 end
 
-function M.Embedding(o) return new_layer("embedding", "l2l.Embedding", o) end
-function M.Block(o) return new_layer("block", "l2l.Block", o) end
-function M.LMHead(o) return new_layer("lm_head", "l2l.LMHead", o) end
-function M.Classifier(o) return new_layer("classifier", "l2l.Classifier", o) end
+for kind, k in pairs(KINDS) do
+  if k.constructor then
+    M[k.constructor] = function(o) return new_layer(kind, "l2l." .. k.constructor, o) end
+  end
+end
+
+-- The role of a layer's kind: "input", "body" or "head".
+function M.role(layer) return KINDS[layer.kind].role end
 
 function M.is_layer(x) return getmetatable(x) == Layer end
 
@@ -378,11 +425,10 @@ end
 
 -- The output shape for input x (or tokens) and the batch.
 local function output_shape(self, x, b)
-  local c = self:config()
-  local ref = self.kind == "embedding" and b.tokens or x
+  local c, k = self:config(), KINDS[self.kind]
+  local ref = k.role == "input" and b.tokens or x
   local B, S = ref:dim(1), ref:dim(2)
-  if self.kind == "lm_head" then return b.targets and { B, S } or { B, S, c.vocab } end
-  if self.kind == "classifier" then return b.targets and { B } or { B, c.classes } end
+  if k.output then return k.output(c, B, S, b.targets ~= nil) end
   return { B, S, c.dim }
 end
 
@@ -394,9 +440,10 @@ function Layer:forward(x, batch)
   local h = H(self, fname)
   local s = batch_struct(batch, fname)
   local xh = x ~= nil and handle_of(x, "x", fname, 2) or nil
-  local ref = self.kind == "embedding" and batch.tokens or x
-  if ref == nil then error(fname .. (self.kind == "embedding" and ": batch.tokens is required" or ": x is required"), 2) end
-  handle_of(ref, self.kind == "embedding" and "batch.tokens" or "x", fname, 2)
+  local input = KINDS[self.kind].role == "input"
+  local ref = input and batch.tokens or x
+  if ref == nil then error(fname .. (input and ": batch.tokens is required" or ": x is required"), 2) end
+  handle_of(ref, input and "batch.tokens" or "x", fname, 2)
   local y = tensor.empty(output_shape(self, x, batch), { pool = ref:pool() })
   local keep = batch.training ~= false
   local saved = keep and ffi.gc(ffi.new("l2l_saved *[1]"), saved_gc) or nil
@@ -418,7 +465,7 @@ function Layer:backward(dy, batch)
     error(fname .. ": no saved state (run forward with training first)", 2)
   end
   local dx
-  if self.kind ~= "embedding" then
+  if KINDS[self.kind].role ~= "input" then
     local B, S, pool = unpack(self.saved_input)
     dx = tensor.empty({ B, S, self:config().dim }, { pool = pool })
   end

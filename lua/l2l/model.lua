@@ -29,7 +29,7 @@ end
 
 local function first_embedding(self)
   for _, layer in ipairs(self) do
-    if layer.kind == "embedding" then return layer end
+    if layers.role(layer) == "input" then return layer end
   end
 end
 
@@ -44,7 +44,7 @@ function M.Sequential(list)
     check_layer(layer, i, fname)
     if seen[layer] then error(("%s: entry %d is entry %d again (a layer goes in once)"):format(fname, i, seen[layer]), 2) end
     seen[layer] = i
-    if layer.kind == "embedding" and embedding == nil then embedding = layer end
+    if layers.role(layer) == "input" and embedding == nil then embedding = layer end
     if layer.tie and not layer.tied_to then
       if embedding == nil then error(("%s: layer %d wants tie = true but no Embedding comes before it"):format(fname, i), 2) end
       layer:tie_to(embedding)
@@ -216,9 +216,8 @@ local function skip_set(self, batch, fname)
     if type(i) ~= "number" or i ~= floor(i) or i < 1 or i > #self then
       error(("%s: batch.skip: %s is not a layer index in [1, %d]"):format(fname, tostring(i), #self), 3)
     end
-    local kind = self[i].kind
-    if kind ~= "block" and kind ~= "custom" then
-      error(("%s: batch.skip: layer %d (%s) cannot be skipped: only blocks and custom layers can"):format(fname, i, kind), 3)
+    if layers.role(self[i]) ~= "body" then
+      error(("%s: batch.skip: layer %d (%s) cannot be skipped: only blocks and custom layers can"):format(fname, i, self[i].kind), 3)
     end
     set[i] = true
   end
@@ -269,24 +268,13 @@ end
 ----------------------------------------------------------------- printing
 
 local function shape_of(layer)
-  local c = layer:config()
-  if c.kind == "embedding" then
-    return ("vocab %d -> dim %d, max_seq %d%s"):format(c.vocab, c.dim, c.max_seq,
-           c.type_vocab > 0 and (", types " .. c.type_vocab) or "")
-  elseif c.kind == "block" then
-    return ("dim %d, heads %d, mlp %d, %s, %s"):format(c.dim, c.heads, c.mlp,
-           c.causal and "causal" or "bidirectional", c.post_ln and "post-LN" or "pre-LN")
-  elseif c.kind == "lm_head" then
-    return ("dim %d -> vocab %d%s"):format(c.dim, c.vocab, layer.tied_to and " (tied)" or "")
-  elseif c.kind == "classifier" then
-    return ("dim %d -> classes %d"):format(c.dim, c.classes)
-  end
-  return ("dim %d"):format(c.dim)
+  return layers.kinds[layer.kind].shape(layer:config(), layer)
 end
 
+-- The memory mode of the kinds that have one (their constructor takes `memory`).
 local function memory_of(layer)
-  if layer.kind == "block" or layer.kind == "lm_head" then return layer:config().memory end
-  return "-"
+  local options = layers.kinds[layer.kind].options
+  return options and options.memory and layer:config().memory or "-"
 end
 
 -- print(model): one row per layer (index, kind, shape, parameters, frozen, memory mode).

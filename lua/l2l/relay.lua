@@ -421,10 +421,9 @@ local function batch_of(self, fname, tokens, targets, opts)
         if type(i) ~= "number" or i ~= floor(i) or i < 1 or i > n then
           error(("%s: opts.skip: %s is not a layer index in [1, %d]"):format(fname, tostring(i), n), 4)
         end
-        local kind = self.model[i].kind
-        if kind ~= "block" and kind ~= "custom" then
+        if layers.role(self.model[i]) ~= "body" then
           error(("%s: opts.skip: layer %d (%s) cannot be skipped: only blocks and custom layers can"):format(
-            fname, i, kind), 4)
+            fname, i, self.model[i].kind), 4)
         end
         skip[i - 1] = 1
       end
