@@ -1161,7 +1161,6 @@ TEST(layer_16bit_weights_match_rounded_f32) {
   }
 }
 
-
 /* A frugal copy of r's layer drawing the same dropout, on r's inputs with outputs of its
    own. A block is cloned and switched (set_memory is promised for blocks); an LM head is
    made frugal from its config and given r's values. */

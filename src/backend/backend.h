@@ -4,11 +4,11 @@
  * Purpose: the only place that knows which device runs an op. Each backend has an ops
  * table (cpu/: OpenBLAS and OpenMP; cuda/: cuBLAS and kernels/, built where nvcc is
  * found) and, for an accelerator, a device table it installs in the core (core.h, "the
- * device"). Public functions (ops.c, tensor_ops.c) check their tensors, then call the
- * table of the backend that owns the tensors' pool with raw pointers and sizes. Entries
- * may assume valid, non-overlapping arguments (except where noted) and must never
- * allocate from a pool, print or exit; they return a status because a GPU launch can
- * fail.
+ * device"); dispatch.c registers the accelerators (accelerators.h, private to this part).
+ * Public functions (ops.c, tensor_ops.c) check their tensors, then call the table of the
+ * backend that owns the tensors' pool with raw pointers and sizes. Entries may assume
+ * valid, non-overlapping arguments (except where noted) and must never allocate from a
+ * pool, print or exit; they return a status because a GPU launch can fail.
  * Must never: include a header of the parts above it (layers, eps, relay).
  *
  * Sizes: rows/cols describe matrices; n counts elements. Layouts are contiguous.
@@ -182,24 +182,6 @@ const struct l2l_backend_ops *l2l_backend_for(l2l_pool_kind pool);
 int l2l_pool_domain(l2l_pool_kind pool);
 /* Whether the device pool is host memory the host can read (the CPU backend serves it). */
 bool l2l_device_is_host(void);
-
-/* ---------------------------------------------------------------- the CUDA backend (cuda/) */
-
-/* What dispatch.c registers of the CUDA backend and what api.c's public calls reach; every
-   build has them: with CUDA (L2L_CUDA: cuda/runtime.c and cuda/ops.c, the only files that
-   include a CUDA header, through cuda/runtime.h), or without (cuda/stub.c, whose probe
-   says why and whose tables are never installed). */
-/* 1 if a GPU can be used (probed once); else 0 with the reason in why (may be NULL). */
-int l2l_cuda_probe(char *why, size_t len);
-const struct l2l_backend_ops *l2l_cuda_ops(void);
-/* The device pool's memory on the GPU through a caching allocator (a training step's
-   steady state makes no cudaMalloc or cudaFree calls), pinned memory from cudaHostAlloc,
-   copy lanes' marks and stamps as events. */
-extern const struct l2l_device_ops l2l_cuda_device;
-/* What l2l_cuda_set_tf32 and l2l_cuda_get_info (api.c) do once their arguments are
-   checked and CUDA is known to run. */
-void l2l_cuda_use_tf32(int enable);
-l2l_status l2l_cuda_fill_info(l2l_cuda_info *out);
 
 /* ---------------------------------------------------------------- shared by the backends */
 

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "accelerators.h"
 
 struct accelerator {
   const char *name;

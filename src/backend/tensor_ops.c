@@ -10,7 +10,6 @@
 
 #include "backend.h"
 
-
 static bool is_float(l2l_dtype d) { return d == L2L_F32 || d == L2L_F16 || d == L2L_BF16; }
 
 l2l_status l2l_tensor_copy(l2l_tensor *dst, const l2l_tensor *src) {

@@ -135,8 +135,9 @@ l2l_status l2l_batch_ids(const struct batch_check *bc, const char *name, const l
                          int64_t hi, int32_t except);
 
 /* A layer kind: one entry of the registry (registry.c). Adding a kind is its C file with
-   one of these, one line in the registry, its number in l2l.h's l2l_layer_kind, and its
-   entry in lua/l2l/layers.lua's table of kinds. */
+   one of these (const struct layer_kind_ops l2l_<name>_kind), one line in the registry's
+   LAYER_KINDS, its number in l2l.h's l2l_layer_kind, and its entry in
+   lua/l2l/layers.lua's table of kinds. */
 struct layer_kind_ops {
   const char *name;
   enum l2l_layer_role role;
@@ -181,9 +182,6 @@ static inline const struct layer_kind_ops *l2l_layer_kind_of(const l2l_layer *la
   return l2l_kind_ops(layer->config.kind);
 }
 
-extern const struct layer_kind_ops l2l_embedding_kind, l2l_block_kind, l2l_lm_head_kind,
-    l2l_classifier_kind, l2l_custom_kind;
-
 /* For a kind's check_config: L2L_ERR_INVALID "l2l_layer_new (<kind>): <message>". */
 l2l_status l2l_config_fail(const l2l_layer_config *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -199,7 +197,6 @@ l2l_status l2l_config_fail(const l2l_layer_config *c, const char *fmt, ...)
 /* A LayerNorm's eps (the block's, a final LayerNorm's). */
 #define CONFIG_EPS() \
   CONFIG_NEED(isfinite(c->eps) && c->eps > 0, "eps must be finite and > 0, got %g", c->eps)
-
 
 /* Whether a LayerNorm's x^ cannot be recovered from its output y = x^ w + b to float
    precision: a channel with |w| < 1e-6 or |w| < |b|/64 (or NaN). The frugal modes then

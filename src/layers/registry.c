@@ -10,13 +10,18 @@
 
 #include "kind.h"
 
-static const struct layer_kind_ops *const kinds[] = {
-    [L2L_LAYER_EMBEDDING] = &l2l_embedding_kind,
-    [L2L_LAYER_BLOCK] = &l2l_block_kind,
-    [L2L_LAYER_LM_HEAD] = &l2l_lm_head_kind,
-    [L2L_LAYER_CLASSIFIER] = &l2l_classifier_kind,
-    [L2L_LAYER_CUSTOM] = &l2l_custom_kind,
-};
+/* One line per kind: its number in l2l.h, and its operations (defined in its own file). */
+#define LAYER_KINDS(X)                         \
+  X(L2L_LAYER_EMBEDDING, l2l_embedding_kind)   \
+  X(L2L_LAYER_BLOCK, l2l_block_kind)           \
+  X(L2L_LAYER_LM_HEAD, l2l_lm_head_kind)       \
+  X(L2L_LAYER_CLASSIFIER, l2l_classifier_kind) \
+  X(L2L_LAYER_CUSTOM, l2l_custom_kind)
+
+#define DECLARE(number, ops) extern const struct layer_kind_ops ops;
+LAYER_KINDS(DECLARE)
+#define ENTRY(number, ops) [number] = &ops,
+static const struct layer_kind_ops *const kinds[] = {LAYER_KINDS(ENTRY)};
 
 const struct layer_kind_ops *l2l_kind_ops(l2l_layer_kind kind) {
   if ((int)kind < 0 || (size_t)kind >= sizeof kinds / sizeof kinds[0]) return NULL;

@@ -83,7 +83,6 @@ l2l_status relay_act_stash_out(struct step *s, struct act *a, int layer, int64_t
 
 /* ---------------------------------------------------------------- one micro-batch's inputs */
 
-
 /* Samples in micro-batch u (the last may be smaller). */
 int64_t relay_mb_rows(const struct step *s, int64_t u) {
   int64_t first = u * s->mb;

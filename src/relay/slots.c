@@ -24,7 +24,7 @@ static l2l_dtype grads_out_dtype(const l2l_relay *run, const struct eps_record *
   return l2l_param_low_precision(l2l_eps_param(rec)) ? run->config.grad_precision : L2L_F32;
 }
 
-
+/* What a slot holds of rec (relay.h's slot_content) in which dtype. */
 static l2l_dtype slot_dtype(const l2l_relay *run, const struct eps_record *rec,
                             enum slot_content content) {
   return content == SLOT_VALUES ? device_dtype(rec)

@@ -58,7 +58,6 @@ void relay_stamped_resolve(struct step *s) {
   l2l_device_stamp_release(&s->anchor);
 }
 
-
 void relay_act_free(l2l_relay *run, struct act *a) {
   if (a->in) {
     l2l_job_wait(&a->in->job);

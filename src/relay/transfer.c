@@ -46,7 +46,6 @@ void relay_copy_thread_push(struct l2l_queue *q, struct l2l_job *job) {
   l2l_queue_push(q, job);
 }
 
-
 void relay_copy_job_free(struct copy_job *cj) {
   if (cj == NULL) return;
   l2l_device_stamp_release(&cj->done);
@@ -78,7 +77,6 @@ l2l_status relay_copy_queue(struct copy_job **out, l2l_relay *run, struct l2l_qu
   *out = cj;
   return L2L_OK;
 }
-
 
 static void swap_run(struct l2l_job *job, int thread) {
   struct swap_job *sj = (struct swap_job *)job;
@@ -118,7 +116,6 @@ l2l_status relay_swap_wait(double *waited, struct swap_job **slot) {
   return status;
 }
 
-
 void relay_params_job_free(struct params_job *pj) {
   l2l_device_stamp_release(&pj->done);
   free(pj);
@@ -141,7 +138,6 @@ void relay_params_run(struct l2l_job *job, int thread) {
                    l2l_now());
   l2l_device_stamp(&pj->done);
 }
-
 
 void relay_grads_release(struct l2l_job *job) {
   struct grads_job *gj = (struct grads_job *)job;

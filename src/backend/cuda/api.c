@@ -4,7 +4,7 @@
  * build without CUDA), which says why when it cannot run.
  * Must never: start CUDA for a call that only sets something (tf32 is kept for later).
  */
-#include "backend/backend.h"
+#include "backend/accelerators.h"
 
 int l2l_cuda_available(char *why, size_t len) { return l2l_cuda_probe(why, len); }
 

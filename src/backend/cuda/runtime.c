@@ -33,7 +33,6 @@ l2l_status cuda_error(cudaError_t err, const char *file, int line, const char *c
                   cudaGetErrorString(err), cudaGetErrorName(err));
 }
 
-
 l2l_status cublas_error(cublasStatus_t err, const char *file, int line,
                                const char *call) {
   return l2l_fail(L2L_ERR_BACKEND, "%s:%d: %s failed: %s (%s)", file, line, call,

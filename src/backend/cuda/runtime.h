@@ -14,7 +14,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "backend/backend.h"
+#include "backend/accelerators.h"
 
 #define CUDA_INTERNAL __attribute__((visibility("hidden")))
 

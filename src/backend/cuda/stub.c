@@ -1,14 +1,14 @@
 /* stub.c — the CUDA backend of a build without CUDA (NO_CUDA=1, SANITIZE=1, or no nvcc).
  *
- * Purpose: answer every question backend.h asks of the CUDA backend truthfully: the probe says why CUDA
- * cannot run, so dispatch.c never installs these tables.
+ * Purpose: answer every question accelerators.h asks of the CUDA backend truthfully: the
+ * probe says why CUDA cannot run, so dispatch.c never installs these tables.
  * Must never: pretend to run anything.
  */
 #ifndef L2L_CUDA
 
 #include <stdio.h>
 
-#include "backend/backend.h"
+#include "backend/accelerators.h"
 
 static const char no_cuda[] =
     "this build of l2l has no CUDA backend (built with NO_CUDA=1 or SANITIZE=1, or without "
