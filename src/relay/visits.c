@@ -75,6 +75,19 @@ static l2l_status visit_forward(struct step *s, int k, bool rebuild) {
   return relay_out_throttle(s, 0);
 }
 
+/* dx of micro-batch u, the gradient for x[k]: kept on the device for the layer below
+   (and stashed to the host when boundary k's policy says so), or freed when no layer
+   below wants it. */
+static l2l_status pass_down(struct step *s, int k, int64_t u, l2l_tensor *dx, bool keep_dx,
+                            bool grad_host) {
+  if (!keep_dx) {
+    l2l_tensor_free(dx);
+    return L2L_OK;
+  }
+  s->g[k][u].dev = dx;
+  return grad_host ? relay_act_stash_out(s, &s->g[k][u], s->active[k], u) : L2L_OK;
+}
+
 /* The head: forward of each micro-batch, its loss, and (training) its backward at once. */
 static l2l_status visit_head(struct step *s, int k) {
   struct relay_layer *rl = active_layer(s, k);
@@ -110,12 +123,7 @@ static l2l_status visit_head(struct step *s, int k) {
     }
     s->loss_sum += loss;
     relay_act_free(s->run, &s->x[k][u]);
-    if (keep_dx) {
-      s->g[k][u].dev = dx;
-      if (grad_host) TRY(relay_act_stash_out(s, &s->g[k][u], li, u));
-    } else {
-      l2l_tensor_free(dx);
-    }
+    TRY(pass_down(s, k, u, dx, keep_dx, grad_host));
   }
   return relay_out_throttle(s, 0);
 }
@@ -168,12 +176,7 @@ static l2l_status visit_backward(struct step *s, int k) {
     }
     relay_act_free(s->run, &s->g[k + 1][u]);
     if (k > 0) relay_act_free(s->run, &s->x[k][u]);
-    if (keep_dx) {
-      s->g[k][u].dev = dx;
-      if (grad_host) TRY(relay_act_stash_out(s, &s->g[k][u], li, u));
-    } else {
-      l2l_tensor_free(dx);
-    }
+    TRY(pass_down(s, k, u, dx, keep_dx, grad_host));
   }
   return relay_out_throttle(s, 0);
 }
