@@ -94,9 +94,17 @@ describe("safetensors files (seed " .. seed .. ")", function()
     local data = bytes:sub(9 + n)
     local xo, yo = header.x.data_offsets, header.y.data_offsets
     assert.are.equal(#data, math.max(xo[2], yo[2]))
-    local xs = ffi.cast("const float *", data:sub(xo[1] + 1, xo[2]))
+    -- copied out of the file's bytes: a pointer into a temporary Lua string would read
+    -- freed memory once the collector takes the string
+    local function values(ctype, from, to)
+      local n = to - from
+      local out = ffi.new(ctype .. "[?]", n / ffi.sizeof(ctype))
+      ffi.copy(out, data:sub(from + 1, to), n)
+      return out
+    end
+    local xs = values("float", xo[1], xo[2])
     for i = 0, x:numel() - 1 do assert.are.equal(x:data()[i], xs[i]) end
-    local ys = ffi.cast("const int32_t *", data:sub(yo[1] + 1, yo[2]))
+    local ys = values("int32_t", yo[1], yo[2])
     assert.are.same({ 3, -1, 7 }, { ys[0], ys[1], ys[2] })
     os.remove(path)
   end)
