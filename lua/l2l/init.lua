@@ -29,8 +29,9 @@ local l2l = {
 
 -- Layers and the whole-model container.
 local layers, model = require("l2l.layers"), require("l2l.model")
-l2l.Embedding, l2l.Block, l2l.LMHead, l2l.Classifier = layers.Embedding, layers.Block,
-    layers.LMHead, layers.Classifier
+for _, kind in pairs(layers.kinds) do   -- l2l.Embedding, l2l.Block, l2l.LMHead, ...
+  if kind.constructor then l2l[kind.constructor] = layers[kind.constructor] end
+end
 l2l.is_layer = layers.is_layer
 l2l.Sequential, l2l.is_sequential = model.Sequential, model.is_sequential
 l2l.layer_kind = require("l2l.custom").layer_kind
