@@ -25,6 +25,15 @@ local function append(path, text)
   f:close()
 end
 
+-- archcheck on a copy of the tree that `breach(dir)` changed; the copy is removed.
+local function archcheck_changed(breach)
+  local dir = copy_tree()
+  breach(dir)
+  local status, out = archcheck(dir)
+  sh("rm -rf '" .. dir .. "'")
+  return status, out
+end
+
 -- A line inserted after the first #include of a file.
 local function add_include(path, line)
   local text = assert(support.read_file(path))
@@ -43,10 +52,9 @@ describe("scripts/archcheck", function()
   end)
 
   it("fails on an include that points upward, naming the file and the line", function()
-    local dir = copy_tree()
-    add_include(dir .. "/src/core/tensor.c", '#include "relay/relay.h"')
-    local status, out = archcheck(dir)
-    sh("rm -rf '" .. dir .. "'")
+    local status, out = archcheck_changed(function(dir)
+      add_include(dir .. "/src/core/tensor.c", '#include "relay/relay.h"')
+    end)
     assert.are_not.equal(0, status, out)
     assert.is_truthy(out:find("src/core/tensor.c:%d+: core includes relay/relay.h"), out)
     assert.is_truthy(out:find("the core part may not depend on the relay part", 1, true), out)
@@ -59,32 +67,29 @@ describe("scripts/archcheck", function()
       { file = "src/eps/eps.c", include = "layers/layers.h", words = "eps part may not depend on the layers part" },
       { file = "src/eps/optim.c", include = "relay/relay.h", words = "eps part may not depend on the relay part" },
     } do
-      local dir = copy_tree()
-      add_include(dir .. "/" .. case.file, ('#include "%s"'):format(case.include))
-      local status, out = archcheck(dir)
-      sh("rm -rf '" .. dir .. "'")
+      local status, out = archcheck_changed(function(dir)
+        add_include(dir .. "/" .. case.file, ('#include "%s"'):format(case.include))
+      end)
       assert.are_not.equal(0, status, case.file .. ": " .. out)
       assert.is_truthy(out:find(case.words, 1, true), out)
     end
   end)
 
   it("fails on a part reached past its interface header", function()
-    local dir = copy_tree()
-    add_include(dir .. "/src/relay/visits.c", '#include "layers/kind.h"')
-    local status, out = archcheck(dir)
-    sh("rm -rf '" .. dir .. "'")
+    local status, out = archcheck_changed(function(dir)
+      add_include(dir .. "/src/relay/visits.c", '#include "layers/kind.h"')
+    end)
     assert.are_not.equal(0, status, out)
     assert.is_truthy(out:find("inside the layers part: other parts include only its interface, " ..
                               "src/layers/layers.h", 1, true), out)
   end)
 
   it("fails on an include cycle between folders", function()
-    local dir = copy_tree()
-    -- core.h including a header of src/ that includes core.h back: src/core <-> src
-    support.write_file(dir .. "/src/loop.h", '#include "core/core.h"\n')
-    add_include(dir .. "/src/core/core.h", '#include "loop.h"')
-    local status, out = archcheck(dir)
-    sh("rm -rf '" .. dir .. "'")
+    local status, out = archcheck_changed(function(dir)
+      -- core.h including a header of src/ that includes core.h back: src/core <-> src
+      support.write_file(dir .. "/src/loop.h", '#include "core/core.h"\n')
+      add_include(dir .. "/src/core/core.h", '#include "loop.h"')
+    end)
     assert.are_not.equal(0, status, out)
     assert.is_truthy(out:find("include cycle between folders: src/core -> src -> src/core", 1, true)
                      or out:find("include cycle between folders: src -> src/core -> src", 1, true), out)
