@@ -1830,6 +1830,48 @@ TEST(layer_backward_refuses_bad_calls) {
   l2l_layer_free(layer);
 }
 
+/* A saved state's buffers are laid out for the layer and config that made it: a block of
+   the same kind but a wider MLP, more heads, or the other memory mode would read them out
+   of bounds, and a clone (same config) is still another layer. Each is refused, changes no
+   gradient of either layer, and the saved state then serves its own layer's backward. */
+TEST(layer_backward_refuses_a_saved_state_of_another_layer) {
+  l2l_layer_config c = base_config(L2L_LAYER_BLOCK);
+  c.dropout = 0.1f;
+  l2l_layer *layer = new_layer(&c, L2L_POOL_HOST);
+  if (layer == NULL) return;
+  randomize_params(layer);
+  l2l_layer_config wider = c, more_heads = c, frugal = c;
+  wider.mlp = 2 * c.mlp;
+  more_heads.heads = 2 * c.heads;
+  frugal.memory = L2L_MEMORY_FRUGAL;
+  l2l_layer *others[4] = {new_layer(&wider, L2L_POOL_HOST), new_layer(&more_heads, L2L_POOL_HOST),
+                          new_layer(&frugal, L2L_POOL_HOST), NULL};
+  CHECK_OK(l2l_layer_clone(&others[3], layer));
+  struct run r;
+  run_init(&r, layer, 3, 7, L2L_POOL_HOST, 1);
+  l2l_saved *saved = NULL;
+  if (CHECK_OK(l2l_layer_forward(&saved, layer, r.y, r.x, &r.batch))) {
+    check_poison(r.dx);
+    for (int i = 0; i < 4; i++) {
+      if (others[i] == NULL) continue;
+      void **theirs = grads_snapshot(others[i]);
+      BACKWARD_REFUSED(&r, L2L_ERR_INVALID, "another", others[i], r.dx, r.dy, saved, &r.batch);
+      CHECK(grads_unchanged(others[i], theirs), "layer %d's gradients moved", i);
+      grads_free(others[i], theirs);
+    }
+    /* The layer itself, its config changed since the forward, then changed back. */
+    CHECK_OK(l2l_layer_set_memory(layer, L2L_MEMORY_FRUGAL));
+    BACKWARD_REFUSED(&r, L2L_ERR_STATE, "changed", layer, r.dx, r.dy, saved, &r.batch);
+    CHECK_OK(l2l_layer_set_memory(layer, L2L_MEMORY_STANDARD));
+    CHECK_OK(l2l_layer_backward(layer, r.dx, r.dy, saved, &r.batch));
+    check_poison(r.dx);
+  }
+  l2l_saved_free(saved);
+  run_free(&r);
+  for (int i = 0; i < 4; i++) l2l_layer_free(others[i]);
+  l2l_layer_free(layer);
+}
+
 TEST(layer_tie_refuses_mismatches) {
   l2l_layer_config hc = base_config(L2L_LAYER_LM_HEAD);
   hc.final_ln = 1;

@@ -272,6 +272,8 @@ l2l_status l2l_layer_forward(l2l_saved **saved_out, l2l_layer *layer, l2l_tensor
   if (saved == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a saved state");
   saved->magic = L2L_SAVED_MAGIC;
   saved->kind = layer->config.kind;
+  saved->layer_serial = layer->serial;
+  memcpy(&saved->config, &layer->config, sizeof saved->config);
   saved->batch = B;
   saved->seq = S;
   saved->flags = flags;
@@ -307,6 +309,15 @@ l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor
   if (saved->kind != layer->config.kind)
     return FAIL(L2L_ERR_INVALID, "saved comes from a %s layer, not a %s",
                 l2l_kind_ops(saved->kind)->name, l2l_layer_kind_of(layer)->name);
+  /* Its buffers are laid out for the layer and config that made it: another layer of the
+     same kind (a wider MLP, more heads, the other memory mode), or this one changed since,
+     would read them out of bounds. */
+  if (saved->layer_serial != layer->serial)
+    return FAIL(L2L_ERR_INVALID, "saved comes from another %s layer's forward, not this "
+                "layer's (run this layer's forward)", l2l_layer_name(layer));
+  if (memcmp(&saved->config, &layer->config, sizeof saved->config) != 0)
+    return FAIL(L2L_ERR_STATE, "the layer's config changed since the forward that made saved "
+                "(its memory mode?): run the forward again");
   if (saved->used)
     return FAIL(L2L_ERR_STATE, "saved has already served a backward (run the forward again)");
   const l2l_layer_config *c = &layer->config;

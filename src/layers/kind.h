@@ -38,6 +38,8 @@ struct l2l_param {
 struct l2l_layer {
   uint32_t magic;
   l2l_layer_config config;
+  uint64_t serial;              /* unique among the layers this process made (never reused,
+                                   unlike an address): a saved state names its maker by it */
   uint32_t rng_id;
   l2l_pool_kind pool;
   int nparams;
@@ -84,6 +86,9 @@ enum { HEAD_LN_W = 0, HEAD_LN_B = 1, HEAD_PROJ = 2 };
 struct l2l_saved {
   uint32_t magic;
   l2l_layer_kind kind;
+  uint64_t layer_serial;        /* the layer whose forward made it */
+  l2l_layer_config config;      /* that layer's config then (byte for byte): its buffers are
+                                   laid out for it */
   int64_t batch, seq;           /* the forward's B and S */
   uint32_t flags;               /* kind-specific choices made in forward (e.g. fallbacks) */
   bool used;                    /* a backward has consumed it */

@@ -99,6 +99,7 @@ void l2l_param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad) {
 /* ---------------------------------------------------------------- construction */
 
 static atomic_uint next_rng_id = 1;
+static atomic_uint_fast64_t next_serial = 1;
 
 void l2l_layer_free(l2l_layer *layer) {
   if (!l2l_layer_live(layer)) return;
@@ -117,6 +118,7 @@ l2l_status l2l_layer_alloc(l2l_layer **out, const l2l_layer_config *config,
   layer->config = *config;
   layer->pool = pool;
   layer->rng_id = atomic_fetch_add(&next_rng_id, 1) & 0xffffffu;
+  layer->serial = atomic_fetch_add(&next_serial, 1);
   memset(layer->role, -1, sizeof layer->role);
   *out = layer;
   return L2L_OK;
