@@ -1921,6 +1921,18 @@ TEST(layer_setters_and_queries_refuse_bad_values) {
     CHECK_REFUSED(l2l_layer_memory_use(&mem, layer, 2, -5), L2L_ERR_INVALID, "seq");
     CHECK_REFUSED(l2l_layer_memory_use(&mem, NULL, 2, 5), L2L_ERR_INVALID, "layer");
     CHECK_REFUSED(l2l_layer_memory_use(NULL, layer, 2, 5), L2L_ERR_INVALID, "out");
+    /* sizes within 2^24 each whose products overflow the plan's int64 arithmetic */
+    CHECK_REFUSED(l2l_layer_memory_use(&mem, layer, 1 << 24, 1 << 24), L2L_ERR_INVALID,
+                  "more than a tensor can hold");
+    l2l_layer_config ec = base_config(L2L_LAYER_EMBEDDING);
+    l2l_layer *embedding = new_layer(&ec, L2L_POOL_HOST);
+    if (embedding) {
+      l2l_layer_memory fits;
+      CHECK_OK(l2l_layer_memory_use(&fits, embedding, 2, ec.max_seq));
+      CHECK_REFUSED(l2l_layer_memory_use(&mem, embedding, 2, ec.max_seq + 1), L2L_ERR_INVALID,
+                    "max_seq");
+      l2l_layer_free(embedding);
+    }
     CHECK(memcmp(&mem, &mem0, sizeof mem) == 0, "a refused memory_use wrote its output");
     l2l_layer *copy = NULL;
     CHECK_REFUSED(l2l_layer_clone(&copy, NULL), L2L_ERR_INVALID, "layer");

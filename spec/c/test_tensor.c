@@ -87,6 +87,10 @@ TEST(views_refuse_bad_ranges) {
   CHECK_FAILS(l2l_tensor_view_rows(&v, t, 5, 2), L2L_ERR_INVALID, "[5, 7)");
   CHECK_FAILS(l2l_tensor_view_rows(&v, t, -1, 2), L2L_ERR_INVALID, "not within dim 0");
   CHECK_FAILS(l2l_tensor_view_rows(&v, t, 0, 0), L2L_ERR_INVALID, "not within");
+  /* first + count beyond int64: refused without computing it (UBSan aborted here) */
+  CHECK_FAILS(l2l_tensor_view_rows(&v, t, INT64_MAX, 1), L2L_ERR_INVALID, "not within");
+  CHECK_FAILS(l2l_tensor_view_rows(&v, t, 1, INT64_MAX), L2L_ERR_INVALID, "not within");
+  CHECK_FAILS(l2l_tensor_view_rows(&v, t, INT64_MIN, -1), L2L_ERR_INVALID, "not within");
   int64_t bad[2] = {5, 5};
   CHECK_FAILS(l2l_tensor_reshape(&v, t, 2, bad), L2L_ERR_INVALID, "24 elements into 25");
   CHECK_FAILS(l2l_tensor_view_rows(&v, NULL, 0, 1), L2L_ERR_INVALID, "t is NULL");

@@ -133,9 +133,14 @@ l2l_status l2l_tensor_view_rows(l2l_tensor **out, const l2l_tensor *t, int64_t f
                                 int64_t count) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   TRY(l2l_tensor_check(__func__, "t", t));
-  if (first < 0 || count < 1 || first > t->shape[0] - count)
+  if (first < 0 || count < 1 || first > t->shape[0] - count) {
+    int64_t end;
+    if (__builtin_add_overflow(first, count, &end))   /* first + count is not an int64 */
+      return FAIL(L2L_ERR_INVALID, "rows [%lld, %lld + %lld) are not within dim 0 of size %lld",
+                  (long long)first, (long long)first, (long long)count, (long long)t->shape[0]);
     return FAIL(L2L_ERR_INVALID, "rows [%lld, %lld) are not within dim 0 of size %lld",
-                (long long)first, (long long)first + (long long)count, (long long)t->shape[0]);
+                (long long)first, (long long)end, (long long)t->shape[0]);
+  }
   int64_t row = t->numel / t->shape[0];
   int64_t shape[L2L_MAX_DIMS];
   memcpy(shape, t->shape, sizeof shape);

@@ -70,6 +70,19 @@ l2l_status l2l_layer_memory_use(l2l_layer_memory *out, const l2l_layer *layer,
   if (micro_batch < 1 || seq < 1 || micro_batch > (INT64_C(1) << 24) || seq > (INT64_C(1) << 24))
     return FAIL(L2L_ERR_INVALID, "micro_batch and seq must be 1 to 2^24, got %lld and %lld",
                 (long long)micro_batch, (long long)seq);
+  const l2l_layer_config *c = &layer->config;
+  if (l2l_layer_role(layer) == L2L_ROLE_INPUT && seq > c->max_seq)
+    return FAIL(L2L_ERR_INVALID, "seq %lld exceeds the embedding's max_seq %lld",
+                (long long)seq, (long long)c->max_seq);
+  /* The kinds plan in int64 elements (B x S x the widest row, B x heads x S x S): sizes
+     that no call could have are refused before those products can overflow. */
+  double rows = (double)micro_batch * (double)seq;
+  double widest = (double)c->dim + (double)c->mlp + (double)c->vocab + (double)c->classes;
+  double elements = rows * widest + rows * (double)c->heads * (double)seq;
+  if (elements > 0x1p48)
+    return FAIL(L2L_ERR_INVALID, "micro_batch %lld x seq %lld needs about %.3g elements per "
+                "call, more than a tensor can hold (2^48)", (long long)micro_batch,
+                (long long)seq, elements);
   memory_for(out, layer, micro_batch, seq, flags_now(layer, NULL), L2L_F32);
   return L2L_OK;
 }
