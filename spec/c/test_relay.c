@@ -1119,6 +1119,62 @@ TEST(relay_loss_scaling_changes_only_the_scale) {
   model_free(&init);
 }
 
+TEST(relay_loss_scales_up_to_the_limit_change_nothing) {
+  /* The same at the scales that dynamic scaling reaches by itself (2^71 to 2^100), for
+     AdamW and LAMB: unscaling each gradient before anything squares it keeps the step
+     exact, where (1 - b2) s^2 folded into a coefficient underflowed and wrote NaN. */
+  enum { STEPS = 3 };
+  struct shape g = gpt_shape();
+  struct model init;
+  model_new(&init, &g);
+  struct data batches[STEPS];
+  make_batches(batches, STEPS, &g, 4, 1, 1.0);
+  l2l_relay_config plain = adamw_config();
+  plain.micro_batch = 2;
+  bool lamb = check_rand_int(0, 1) == 1;
+  if (lamb) plain.optimizer.kind = L2L_OPTIMIZER_LAMB;
+  l2l_relay_config scaled = plain;
+  int k = (int)check_rand_int(71, 100);
+  scaled.loss_scale = ldexp(1.0, k);
+  scaled.loss_scale_window = 1000;
+  struct model m[2];
+  l2l_relay *r[2];
+  for (int i = 0; i < 2; i++) {
+    model_clone(&m[i], &init);
+    r[i] = relay_new(&m[i], i == 0 ? &plain : &scaled);
+  }
+  for (int step = 0; r[0] && r[1] && step < STEPS; step++) {
+    double loss[2];
+    if (!relay_step(&loss[0], r[0], &batches[step], NULL) ||
+        !relay_step(&loss[1], r[1], &batches[step], NULL))
+      break;
+    l2l_relay_stats st = relay_stats(r[1]);
+    CHECK(loss[0] == loss[1] && st.overflow == 0 && st.updates == step + 1 && isfinite(st.grad_norm),
+          "%s, scale 2^%d, step %d: loss %.17g (unscaled %.17g), overflow %d, updates %lld, "
+          "grad_norm %g", lamb ? "LAMB" : "AdamW", k, step, loss[1], loss[0], st.overflow,
+          (long long)st.updates, st.grad_norm);
+  }
+  for (int i = 0; i < 2; i++)
+    if (r[i]) CHECK_OK(l2l_relay_sync(r[i]));
+  for (int l = 0; r[0] && r[1] && l < m[0].n; l++)
+    for (int p = 0; p < l2l_layer_param_count(m[0].layer[l]); p++) {
+      const l2l_tensor *va = l2l_param_value(l2l_layer_param(m[0].layer[l], p));
+      const l2l_tensor *vb = l2l_param_value(l2l_layer_param(m[1].layer[l], p));
+      const float *b = l2l_tensor_data(vb);
+      bool finite = true;
+      for (int64_t i = 0; i < numel(vb); i++) finite &= isfinite(b[i]) != 0;
+      CHECK(finite && memcmp(l2l_tensor_data(va), b, tensor_bytes(va)) == 0,
+            "%s, scale 2^%d: layer %d parameter %d %s", lamb ? "LAMB" : "AdamW", k, l, p,
+            finite ? "differs from the unscaled run" : "has a non-finite value");
+    }
+  for (int i = 0; i < 2; i++) {
+    l2l_relay_free(r[i]);
+    model_free(&m[i]);
+  }
+  free_batches(batches, STEPS);
+  model_free(&init);
+}
+
 /* ---------------------------------------------------------------- eager updates */
 
 TEST(relay_updates_are_eager) {

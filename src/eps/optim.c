@@ -201,7 +201,7 @@ void l2l_optim_lamb_moments(float *restrict m, float *restrict v, const float *r
   double pp = 0.0, rr = 0.0;
 #pragma omp simd reduction(+ : pp, rr)
   for (int64_t i = 0; i < n; i++) {
-    float g = grad[i], pi = p[i];
+    float g = k.scale * grad[i], pi = p[i];   /* unscaled first: see l2l_adamw_consts */
     float mi = k.b1 * m[i] + k.c1 * g;
     float vi = k.b2 * v[i] + k.c2 * (g * g);
     m[i] = mi;

@@ -31,6 +31,12 @@
 #define RELAY_MAGIC 0x6c326c72u  /* "l2lr" */
 enum { MAX_RECORDS = 16, MAX_PARAM_SLOTS = 4096, THREAD_COMPUTE = 0, THREAD_H2D = 1,
        THREAD_D2H = 2 };
+/* The loss scales the arithmetic carries. A gradient is unscaled (times 1/scale, and a
+   global clipping factor) before anything squares it, in f32: 1/scale must stay a normal
+   f32 with room for that factor, so scale <= 2^100 (1/scale >= 2^-100, 26 binades above
+   f32's smallest normal), and at 2^100 gradients up to 2^28 still fit in f32 (a larger one
+   is an overflow: the dynamic scale halves). 2^-64 keeps 1/scale = 2^64 as far from f32's
+   largest. */
 #define MIN_LOSS_SCALE 0x1p-64
 #define MAX_LOSS_SCALE 0x1p100
 
