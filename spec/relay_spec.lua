@@ -646,6 +646,63 @@ describe("l2l.Relay", function()
     run:free()
   end)
 
+  it("keeps an inf or NaN gradient out of the masters without loss scaling: skipped, said once, or an error", function()
+    -- The Poison layer writes inf into the gradient it passes back: every record below it
+    -- gets a non-finite gradient. By default their updates are skipped (the others', above
+    -- it, are made), stats count them, and stderr says so once per relay; with nonfinite =
+    -- "error" the step raises after it is done.
+    local script = support.write_temp([[
+      local l2l = require("l2l")
+      local poison = false
+      local Poison = l2l.layer_kind {
+        name = "Poison",
+        params = function(o) return { { name = "b", shape = { o.dim }, value = 0 } } end,
+        forward = function(self, y, x) y:copy(x) end,
+        backward = function(self, dx, dy) dx:copy(dy); if poison then dx:fill(math.huge) end end,
+      }
+      local model = l2l.Sequential { l2l.Embedding { vocab = 8, dim = 16, max_seq = 6 },
+        Poison { dim = 16 }, l2l.Block { dim = 16, heads = 2, causal = true },
+        l2l.LMHead { vocab = 8, dim = 16 } }
+      local mode = ...
+      local run = l2l.Relay { model = model, micro_batch = 2, nonfinite = mode }
+      local tok, tgt = l2l.zeros({ 4, 6 }, { dtype = "i32" }), l2l.zeros({ 4, 6 }, { dtype = "i32" })
+      for b = 1, 4 do for s = 1, 6 do tok:set(b, s, (b + s) % 8); tgt:set(b, s, (b * s) % 8) end end
+      run:step(tok, tgt)
+      run:sync()
+      local wte = model[1]:params()[1].value:clone()
+      poison = true
+      for _ = 1, 2 do
+        local ok, err = pcall(run.step, run, tok, tgt)
+        run:sync()
+        local st = run:stats()
+        print(ok, ok or err:match("inf or NaN") ~= nil, st.skipped_records, st.skipped_updates, st.updates)
+      end
+      local same = true
+      local a, b = wte:data(), model[1]:params()[1].value:data()
+      for i = 0, wte:numel() - 1 do same = same and a[i] == b[i] end
+      print("embedding unchanged", same)
+    ]])
+    for _, mode in ipairs { "skip", "error" } do
+      local status, out = support.sh(("%s %s %s"):format(support.build .. "/l2l", script, mode))
+      assert.are.equal(0, status, out)
+      local _, warnings = out:gsub("l2l: warning: the gradient of", "")
+      local lines = {}
+      for line in out:gmatch("[^\n]+") do
+        if not line:match("^l2l: warning") then lines[#lines + 1] = line end
+      end
+      if mode == "skip" then
+        assert.are.equal(1, warnings, out)
+        assert.are.same({ "true\ttrue\t2\t1\t2", "true\ttrue\t2\t2\t3",
+                          "embedding unchanged\ttrue" }, lines)
+      else
+        assert.are.equal(0, warnings, out)
+        assert.are.same({ "false\ttrue\t2\t1\t2", "false\ttrue\t2\t2\t3",
+                          "embedding unchanged\ttrue" }, lines)
+      end
+    end
+    os.remove(script)
+  end)
+
   it("refuses bad input with errors naming the argument", function()
     local model = tiny_gpt(support.seed % 1000)
     fails("l2l.Relay: unknown option 'micro_batches'", function() l2l.Relay { model = model, micro_batches = 2 } end)

@@ -628,6 +628,9 @@ typedef struct l2l_relay_config {
                                    it and accumulates in f32. Other gradients stay f32. f16
                                    needs loss_scale, which keeps gradients in f16's range and
                                    skips a step where one became inf. */
+  int nonfinite_error;          /* a record whose gradient holds an inf or NaN is not updated
+                                   (with loss scaling or global clipping: no record is). 0: said
+                                   once on stderr; 1: the step then returns L2L_ERR_STATE */
 } l2l_relay_config;
 
 /* AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant schedule, micro-
@@ -712,8 +715,11 @@ typedef struct l2l_relay_stats {
   double loss_scale;            /* dynamic loss scaling: the scale the next step uses (0:
                                    off) */
   int64_t loss_scale_good;      /* updates without overflow since the scale last changed */
-  int64_t skipped_updates;      /* total updates skipped for an overflow */
+  int64_t skipped_updates;      /* total steps whose update was skipped for an inf or NaN:
+                                   in whole (overflow) or for some records (skipped_records) */
   int overflow;                 /* 1: the last step's gradients overflowed (no update) */
+  int64_t skipped_records;      /* last step: records whose inf or NaN gradient was dropped
+                                   and their update skipped (see nonfinite_error) */
 } l2l_relay_stats;
 
 /* A relay over layers[0..nlayers) (the list may be empty only until the first step):

@@ -362,6 +362,7 @@ typedef struct l2l_relay_config {
   int loss_scale_window;
   l2l_dtype precision;
   l2l_dtype grad_precision;
+  int nonfinite_error;
 } l2l_relay_config;
 
 void l2l_relay_config_default(l2l_relay_config *out);
@@ -421,6 +422,7 @@ typedef struct l2l_relay_stats {
   int64_t loss_scale_good;
   int64_t skipped_updates;
   int overflow;
+  int64_t skipped_records;
 } l2l_relay_stats;
 
 l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,

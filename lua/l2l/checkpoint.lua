@@ -99,7 +99,7 @@ local OPTIMIZER_KEYS = { "kind", "lr", "momentum", "nesterov", "beta1", "beta2",
 local SCHEDULE_KEYS = { "kind", "warmup", "total", "final_ratio" }
 local RELAY_KEYS = { "micro_batch", "stash", "recompute_every", "inner", "clip_global_norm",
                      "clip_layer_norm", "accumulate", "optimizer_threads", "seed", "device_budget",
-                     "param_slots", "loss_scale", "loss_scale_window" }
+                     "param_slots", "loss_scale", "loss_scale_window", "nonfinite" }
 
 local function pick(t, keys)
   local out = {}

@@ -114,8 +114,9 @@ local OPTIONS = {
   optimizer = true, schedule = true, clip_global_norm = true, clip_layer_norm = true,
   accumulate = true, optimizer_threads = true, seed = true, device_budget = true,
   param_slots = true, loss_scale = true, loss_scale_window = true, precision = true,
-  grad_precision = true,
+  grad_precision = true, nonfinite = true,
 }
+local nonfinite_ids = { skip = 0, error = 1 }
 
 local function read_options(o, fname)
   if type(o) ~= "table" then fail(fname .. ": expects an options table") end
@@ -160,6 +161,7 @@ local function read_options(o, fname)
   s.device_budget = int_option(o, "device_budget", nil, 0, fname)
   s.precision = enum_option(o, "precision", precision_ids, default_precision(), fname)
   s.grad_precision = enum_option(o, "grad_precision", precision_ids, "f32", fname)
+  s.nonfinite = enum_option(o, "nonfinite", nonfinite_ids, "skip", fname)
   return s
 end
 
@@ -182,6 +184,7 @@ local function config_of(s)
   c.loss_scale_window = s.loss_scale_window
   c.precision = precision_ids[s.precision]
   c.grad_precision = precision_ids[s.grad_precision]
+  c.nonfinite_error = nonfinite_ids[s.nonfinite]
   return c
 end
 
@@ -249,8 +252,10 @@ end
 -- ("bf16" or "f16": 16-bit weights on the device, f32 masters and optimizer state on the
 -- host), grad_precision = "f32" ("bf16" or
 -- "f16": the GEMM weights' and token tables' gradients leave the device rounded to 16
--- bits, at half the bytes, and accumulate in f32 on the host), device_budget = (bytes: sets the
--- device pool's budget, process-wide)}
+-- bits, at half the bytes, and accumulate in f32 on the host), nonfinite = "skip" (a
+-- record whose gradient holds an inf or NaN is not updated, said once on stderr; "error":
+-- the step raises after it is done), device_budget = (bytes: sets the device pool's
+-- budget, process-wide)}
 function M.Relay(o)
   local fname = "l2l.Relay"
   local ok, s = pcall(read_options, o, fname)
@@ -546,7 +551,7 @@ local STATS = {
   "device_current", "host_eps_bytes", "host_stash_peak", "h2d_bytes", "d2h_bytes",
   "step_seconds", "compute_seconds", "wait_copy_seconds", "exposed_copy_seconds",
   "wait_update_seconds", "optimizer_seconds", "h2d_seconds", "d2h_seconds", "events", "loss_scale",
-  "loss_scale_good", "skipped_updates", "overflow",
+  "loss_scale_good", "skipped_updates", "overflow", "skipped_records",
 }
 M.stats_fields = STATS
 

@@ -1175,6 +1175,100 @@ TEST(relay_loss_scales_up_to_the_limit_change_nothing) {
   model_free(&init);
 }
 
+/* Every master and optimizer state of a relay's model is finite. */
+static bool all_finite(l2l_relay *r, const struct model *m, const char *what) {
+  bool ok = true;
+  for (int l = 0; l < m->n; l++)
+    for (int p = 0; p < l2l_layer_param_count(m->layer[l]); p++) {
+      l2l_param *param = l2l_layer_param(m->layer[l], p);
+      const l2l_tensor *t[3] = {l2l_param_value(param), NULL, NULL};
+      CHECK_OK(l2l_relay_param_state((l2l_tensor **)&t[1], r, param, 0));
+      CHECK_OK(l2l_relay_param_state((l2l_tensor **)&t[2], r, param, 1));
+      for (int k = 0; k < 3; k++) {
+        const float *d = t[k] ? l2l_tensor_data(t[k]) : NULL;
+        for (int64_t i = 0; d && i < numel(t[k]); i++)
+          if (!isfinite(d[i])) {
+            ok = CHECK(false, "%s: layer %d parameter %d: %s [%lld] = %g", what, l, p,
+                       k ? "optimizer state" : "master", (long long)i, d[i]);
+            break;
+          }
+      }
+    }
+  return ok;
+}
+
+TEST(relay_never_writes_a_nonfinite_value) {
+  /* A NaN in one weight makes every gradient NaN; without loss scaling or global clipping
+     each record's update is skipped (its gradient dropped) rather than writing NaN into
+     every master and moment; skipped_records and skipped_updates say so, and once the
+     weight is mended training goes on. With nonfinite_error the step says it as an error;
+     with global clipping the whole update is skipped and counted too. An lr of 1e30 makes
+     the weights huge, and the gradients then overflow: no master ever holds an inf. */
+  struct shape g = gpt_shape();
+  struct model init;
+  model_new(&init, &g);
+  struct data batch;
+  data_new(&batch, &g, 4, g.S, 0, 1.0);
+  for (int mode = 0; mode < 4; mode++) {
+    l2l_relay_config c = adamw_config();
+    c.micro_batch = 2;
+    if (mode == 1) c.nonfinite_error = 1;
+    if (mode == 2) c.clip_global_norm = 1.0f;
+    if (mode == 3) c.optimizer.lr = 1e30f;
+    struct model m;
+    model_clone(&m, &init);
+    l2l_relay *r = relay_new(&m, &c);
+    if (r == NULL) {
+      model_free(&m);
+      continue;
+    }
+    double loss;
+    if (mode == 3) {
+      for (int step = 0; step < 4; step++) {
+        l2l_relay_batch b = relay_batch(&batch, NULL);
+        l2l_status st = l2l_relay_step(&loss, r, &b);
+        CHECK(st == L2L_OK, "lr 1e30, step %d: %s", step, l2l_last_error());
+        CHECK_OK(l2l_relay_sync(r));
+        all_finite(r, &m, "lr 1e30");
+      }
+      CHECK(relay_stats(r).skipped_records > 0, "lr 1e30: no record was skipped");
+    } else {
+      CHECK(relay_step(&loss, r, &batch, NULL), "mode %d: the first step", mode);
+      /* one weight of the first block poisoned */
+      float *w = l2l_tensor_data(l2l_param_value(l2l_layer_param(m.layer[1], 0)));
+      float kept = w[0];
+      w[0] = NAN;
+      l2l_relay_batch b = relay_batch(&batch, NULL);
+      l2l_status st = l2l_relay_step(&loss, r, &b);
+      l2l_relay_stats s = relay_stats(r);
+      if (mode == 1)
+        CHECK_FAILS(st, L2L_ERR_STATE, "inf or NaN");
+      else
+        CHECK(st == L2L_OK, "mode %d: %s", mode, l2l_last_error());
+      CHECK(s.skipped_updates == 1 && s.steps == 2,
+            "mode %d: skipped_updates %lld, steps %lld", mode, (long long)s.skipped_updates,
+            (long long)s.steps);
+      CHECK(mode == 2 ? s.overflow == 1 && s.updates == 1 : s.skipped_records > 0,
+            "mode %d: overflow %d, updates %lld, skipped_records %lld", mode, s.overflow,
+            (long long)s.updates, (long long)s.skipped_records);
+      CHECK_OK(l2l_relay_sync(r));
+      w[0] = kept;
+      all_finite(r, &m, "after a NaN weight");
+      CHECK(relay_step(&loss, r, &batch, NULL) && isfinite(loss), "mode %d: mended step", mode);
+      CHECK_OK(l2l_relay_sync(r));
+      s = relay_stats(r);
+      CHECK(s.skipped_records == 0 && s.skipped_updates == 1, "mode %d, mended: skipped %lld "
+            "records, %lld updates", mode, (long long)s.skipped_records,
+            (long long)s.skipped_updates);
+      all_finite(r, &m, "mended");
+    }
+    l2l_relay_free(r);
+    model_free(&m);
+  }
+  data_free(&batch);
+  model_free(&init);
+}
+
 /* ---------------------------------------------------------------- eager updates */
 
 TEST(relay_updates_are_eager) {

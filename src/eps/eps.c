@@ -34,6 +34,7 @@ struct eps_record {
   bool stage_after;            /* rewrite the staging copy once the pending update ends */
   int last_layer;              /* the layer whose gradient completed it */
   double sumsq;                /* |grad|^2 once complete (global clipping) */
+  bool nonfinite;              /* the accumulator holds an inf or NaN (until cleared) */
   int chunks_left;
   double wave_sums[2];         /* a first wave's whole-record sums (LAMB's norms) */
   struct l2l_optim_hyper hyper;
@@ -207,6 +208,7 @@ void l2l_eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr)
   pthread_mutex_lock(&eps->lock);
   eps->defer = defer;
   eps->lr = lr;
+  eps->nonfinite_skips = 0;
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     rec->expected = rec->arrived = 0;
@@ -389,22 +391,35 @@ static void absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *inco
   int64_t n = l2l_tensor_numel(rec->grad);
   float *g = l2l_tensor_data(rec->grad);
   l2l_dtype dtype = (l2l_dtype)l2l_tensor_dtype(incoming);
+  bool finite;
   pthread_mutex_lock(&rec->absorb_lock);
-  if (dtype != L2L_F32) l2l_optim_axpy_half(g, l2l_tensor_data(incoming), dtype, scale, n);
-  else if (drain) l2l_optim_axpy_drain(g, l2l_tensor_data(incoming), scale, n);
-  else l2l_optim_axpy(g, l2l_tensor_data(incoming), scale, n);
+  if (dtype != L2L_F32) finite = l2l_optim_axpy_half(g, l2l_tensor_data(incoming), dtype, scale, n);
+  else if (drain) finite = l2l_optim_axpy_drain(g, l2l_tensor_data(incoming), scale, n);
+  else finite = l2l_optim_axpy(g, l2l_tensor_data(incoming), scale, n);
   pthread_mutex_unlock(&rec->absorb_lock);
 
   /* Counted under the lock right after this arrival's add, so the one arrival that
      completes the record is the last to have added (two users' gradients may arrive at
      once). */
   pthread_mutex_lock(&eps->lock);
+  if (!finite) rec->nonfinite = true;
   bool complete = ++rec->arrived == rec->expected && rec->update_due;
   if (complete) rec->last_layer = layer;
   bool defer = eps->defer;
+  /* An eager update of a non-finite gradient would write inf or NaN into the master and
+     the optimizer state for good: skipped, and the accumulator cleared for the next. */
+  bool skip = complete && !defer && rec->nonfinite;
+  if (skip) {
+    if (eps->nonfinite_skips++ == 0) {
+      eps->nonfinite_name = l2l_param_name(rec->param);
+      eps->nonfinite_layer = layer;
+    }
+    rec->nonfinite = false;
+  }
   pthread_mutex_unlock(&eps->lock);
   double sumsq = complete && defer ? l2l_optim_sumsq(g, n) : 0;
-  if (complete && !defer) start_update(eps, rec, 1.0f);
+  if (skip) memset(g, 0, (size_t)n * sizeof *g);
+  else if (complete && !defer) start_update(eps, rec, 1.0f);
   /* Counted out last: whoever waits for arrivals then finds the record's norm (or its
      update queued) in place. */
   pthread_mutex_lock(&eps->lock);
@@ -472,7 +487,10 @@ void l2l_eps_abandon_step(struct l2l_eps *eps) {
   l2l_eps_wait_arrivals(eps);
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
-    if (rec->arrived > 0 && rec->arrived < rec->expected) l2l_tensor_fill(rec->grad, 0.0);
+    if (rec->arrived > 0 && rec->arrived < rec->expected) {
+      l2l_tensor_fill(rec->grad, 0.0);
+      rec->nonfinite = false;
+    }
     rec->expected = rec->arrived = 0;
     rec->update_due = false;
   }
@@ -497,10 +515,21 @@ bool l2l_eps_release_updates(struct l2l_eps *eps, float clip, double unscale, do
       start_update(eps, rec, scale);
     } else {   /* an overflow: this minibatch's gradients are dropped, nothing updates */
       l2l_tensor_fill(rec->grad, 0.0);
+      rec->nonfinite = false;
       rec->update_due = false;
     }
   }
   return finite;
+}
+
+int l2l_eps_nonfinite_skips(struct l2l_eps *eps, const char **name, int *layer) {
+  l2l_eps_wait_arrivals(eps);   /* the last arrival's add decides its record */
+  pthread_mutex_lock(&eps->lock);
+  int skips = eps->nonfinite_skips;
+  *name = eps->nonfinite_name;
+  *layer = eps->nonfinite_layer;
+  pthread_mutex_unlock(&eps->lock);
+  return skips;
 }
 
 void l2l_eps_wait_arrivals(struct l2l_eps *eps) {

@@ -15,7 +15,9 @@
  * every transfer moves 16-bit weights and a script's edits of the masters between steps
  * always reach the device.
  * The optimizers are a table (optim.c); gradient norms for clipping, per layer or global,
- * are computed here; the relay reads a record only through the accessors below.
+ * are computed here; the relay reads a record only through the accessors below. A record
+ * whose accumulated gradient holds an inf or a NaN is never updated: the pass that adds a
+ * gradient in says so, and the update is skipped and the accumulator cleared instead.
  * Must never: include a header of the parts above it (layers, relay): it knows parameter
  * records (l2l.h's handles), never a layer; or run on the compute thread.
  */
@@ -99,14 +101,15 @@ float l2l_optim_lamb_trust(const double norms[2]);
 double l2l_optim_sumsq(const float *x, int64_t n);
 /* The same over a gradient tensor the host can read: f32, or 16-bit widened exactly. */
 double l2l_optim_tensor_sumsq(const l2l_tensor *grad);
-/* dst += scale * src (absorbing a gradient into the accumulator). */
-void l2l_optim_axpy(float *dst, const float *src, float scale, int64_t n);
+/* dst += scale * src (absorbing a gradient into the accumulator); returns whether every
+   sum is finite. */
+bool l2l_optim_axpy(float *dst, const float *src, float scale, int64_t n);
 /* The same, and src := 0 in the same pass (a gradient slot emptied for its next use). */
-void l2l_optim_axpy_drain(float *dst, float *src, float scale, int64_t n);
+bool l2l_optim_axpy_drain(float *dst, float *src, float scale, int64_t n);
 /* sum x^2 and dst += scale * x for x a 16-bit gradient (dtype bf16 or f16), widened
    exactly to f32 first. */
 double l2l_optim_sumsq_half(const uint16_t *x, l2l_dtype dtype, int64_t n);
-void l2l_optim_axpy_half(float *dst, const uint16_t *src, l2l_dtype dtype, float scale,
+bool l2l_optim_axpy_half(float *dst, const uint16_t *src, l2l_dtype dtype, float scale,
                          int64_t n);
 
 /* ---------------------------------------------------------------- records and steps (eps.c) */
@@ -128,6 +131,12 @@ struct l2l_eps {
   bool defer;                  /* global clipping: updates wait for eps_release_updates */
   int arrivals_in_flight;      /* gradients given and not yet added */
   double lr;
+  /* This step's records whose accumulated gradient held an inf or NaN: their updates
+     skipped, their accumulators cleared (under the lock); the first one's name and the
+     layer whose gradient completed it. */
+  int nonfinite_skips;
+  const char *nonfinite_name;
+  int nonfinite_layer;
 };
 
 /* optimizer: checked already. */
@@ -200,6 +209,10 @@ int64_t l2l_eps_settled_updates(struct l2l_eps *eps, struct eps_record *rec);
    0: no clipping) and true is returned. If not (an inf or NaN anywhere: a loss-scaling
    overflow), nothing updates: every due accumulator is cleared, and false returned. */
 bool l2l_eps_release_updates(struct l2l_eps *eps, float clip, double unscale, double *norm);
+/* This step's records skipped for a non-finite gradient (eager updates; deferred ones are
+   skipped whole by eps_release_updates), and the first one's record name and layer, once
+   every gradient given has been added. */
+int l2l_eps_nonfinite_skips(struct l2l_eps *eps, const char **name, int *layer);
 /* Waits until every gradient given has been added (updates may still run). */
 void l2l_eps_wait_arrivals(struct l2l_eps *eps);
 /* Waits until every queued absorb and update has finished. */

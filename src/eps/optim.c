@@ -238,17 +238,30 @@ double l2l_optim_sumsq(const float *restrict x, int64_t n) {
   return acc;
 }
 
-void l2l_optim_axpy(float *restrict dst, const float *restrict src, float scale, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; i++) dst[i] += scale * src[i];
+/* The axpy kernels return whether every sum they wrote is finite: x - x is 0 for a finite
+   x and NaN for an inf or a NaN, and their sum vectorizes (a comparison per element would
+   not without -ffinite-math-only), in the pass that writes them anyway. */
+bool l2l_optim_axpy(float *restrict dst, const float *restrict src, float scale, int64_t n) {
+  float nonfinite = 0.0f;
+#pragma omp simd reduction(+ : nonfinite)
+  for (int64_t i = 0; i < n; i++) {
+    float d = dst[i] + scale * src[i];
+    dst[i] = d;
+    nonfinite += d - d;
+  }
+  return nonfinite == 0.0f;
 }
 
-void l2l_optim_axpy_drain(float *restrict dst, float *restrict src, float scale, int64_t n) {
-#pragma omp simd
+bool l2l_optim_axpy_drain(float *restrict dst, float *restrict src, float scale, int64_t n) {
+  float nonfinite = 0.0f;
+#pragma omp simd reduction(+ : nonfinite)
   for (int64_t i = 0; i < n; i++) {
-    dst[i] += scale * src[i];
+    float d = dst[i] + scale * src[i];
+    dst[i] = d;
     src[i] = 0.0f;
+    nonfinite += d - d;
   }
+  return nonfinite == 0.0f;
 }
 
 /* Widening is a shift for bf16 and core.h's exact conversion for f16, one loop per dtype so
@@ -271,15 +284,25 @@ double l2l_optim_sumsq_half(const uint16_t *restrict x, l2l_dtype dtype, int64_t
   return acc;
 }
 
-void l2l_optim_axpy_half(float *restrict dst, const uint16_t *restrict src, l2l_dtype dtype,
+bool l2l_optim_axpy_half(float *restrict dst, const uint16_t *restrict src, l2l_dtype dtype,
                          float scale, int64_t n) {
+  float nonfinite = 0.0f;
   if (dtype == L2L_BF16) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) dst[i] += scale * half_bf16_to_f32(src[i]);
+#pragma omp simd reduction(+ : nonfinite)
+    for (int64_t i = 0; i < n; i++) {
+      float d = dst[i] + scale * half_bf16_to_f32(src[i]);
+      dst[i] = d;
+      nonfinite += d - d;
+    }
   } else {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) dst[i] += scale * half_f16_to_f32(src[i]);
+#pragma omp simd reduction(+ : nonfinite)
+    for (int64_t i = 0; i < n; i++) {
+      float d = dst[i] + scale * half_f16_to_f32(src[i]);
+      dst[i] = d;
+      nonfinite += d - d;
+    }
   }
+  return nonfinite == 0.0f;
 }
 
 double l2l_optim_tensor_sumsq(const l2l_tensor *grad) {

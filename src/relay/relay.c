@@ -64,6 +64,9 @@ static l2l_status check_config(const l2l_relay_config *c) {
   if (c->grad_precision != L2L_F32 && c->grad_precision != L2L_F16 && c->grad_precision != L2L_BF16)
     return FAIL(L2L_ERR_INVALID, "config->grad_precision must be f32 (%d), f16 (%d) or bf16 (%d), got %d",
                 L2L_F32, L2L_F16, L2L_BF16, (int)c->grad_precision);
+  if (c->nonfinite_error != 0 && c->nonfinite_error != 1)
+    return FAIL(L2L_ERR_INVALID, "config->nonfinite_error must be 0 or 1, got %d",
+                c->nonfinite_error);
   if (c->grad_precision == L2L_F16 && c->loss_scale == 0)
     return FAIL(L2L_ERR_INVALID, "config->grad_precision f16 needs loss_scale > 0 (f16 gradients "
                 "flush below 6e-8 and turn inf above 65504: loss scaling keeps them in range and "

@@ -66,6 +66,7 @@ struct l2l_relay {
   uint64_t h2d_bytes, d2h_bytes, stash_now, stash_peak;
   l2l_status async_status;    /* a job nobody waits for failed (gradients out) */
   char async_message[256];
+  bool warned_nonfinite;      /* a non-finite gradient's skip has been said on stderr */
 };
 
 static inline bool relay_ok(const l2l_relay *run) {

@@ -78,11 +78,27 @@ static void loss_scale_adjust(l2l_relay *run, bool applied) {
   if (!applied) {
     run->scale = fmax(run->scale / 2, MIN_LOSS_SCALE);
     run->scale_good = 0;
-    run->skipped++;
   } else if (++run->scale_good >= c->loss_scale_window) {
     run->scale = fmin(run->scale * 2, MAX_LOSS_SCALE);
     run->scale_good = 0;
   }
+}
+
+/* The records whose inf or NaN gradient the EPS kept out of their masters this step: said
+   on stderr once per relay, or an error when the config asks for one. */
+static l2l_status nonfinite_report(l2l_relay *run, int skips, const char *name, int layer) {
+  if (skips == 0) return L2L_OK;
+  if (run->config.nonfinite_error)
+    return l2l_fail(L2L_ERR_STATE, "the gradient of %d parameter record%s held an inf or NaN "
+                    "(the first: '%s' of layer %d): %s updates skipped", skips,
+                    skips == 1 ? "" : "s", name ? name : "?", layer, skips == 1 ? "its" : "their");
+  if (!run->warned_nonfinite) {
+    run->warned_nonfinite = true;
+    fprintf(stderr, "l2l: warning: the gradient of '%s' (layer %d) held an inf or NaN: its "
+            "update was skipped and the gradient dropped (stats skipped_records; said once; "
+            "nonfinite_error = 1 makes it an error)\n", name ? name : "?", layer);
+  }
+  return L2L_OK;
 }
 
 static void stats_record(l2l_relay *run, const struct step *s, const struct step_plan *p,
@@ -159,13 +175,17 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
   }
 
   *loss = s.loss_sum / (double)s.real;
+  const char *name = NULL;
+  int layer = -1, skips = training ? l2l_eps_nonfinite_skips(&run->eps, &name, &layer) : 0;
   if (training) {
     run->steps++;
     if (applied) run->updates++;
+    if ((p.update && !applied) || skips > 0) run->skipped++;
   }
   if (p.update && run->config.loss_scale > 0) loss_scale_adjust(run, applied);
   stats_record(run, &s, &p, *loss, applied, norm, l2l_now() - t0);
-  return L2L_OK;
+  run->stats.skipped_records = skips;
+  return nonfinite_report(run, skips, name, layer);
 }
 
 l2l_status l2l_relay_step(double *loss, l2l_relay *run, const l2l_relay_batch *batch) {
