@@ -173,3 +173,26 @@ describe("layers", function()
     end)
   end)
 end)
+
+describe("layers the garbage collector frees", function()
+  it("leave the host pool's cache bounded by what was ever in use at once", function()
+    -- Freed in whatever order the collector picks, the pages of a thousand layers used to
+    -- stay cached and unreusable (jemalloc does not serve small requests from the large
+    -- extents they coalesce into): the cache grew by the whole working set each round.
+    local l2l = require("l2l")
+    local host = function() return l2l.pool_stats("host") end
+    collectgarbage(); collectgarbage()
+    local base = host().current
+    local first, worst
+    for round = 1, 6 do
+      for _ = 1, 1000 do local _ = l2l.Block { dim = 32, heads = 2 } end
+      collectgarbage(); collectgarbage()
+      local s = host()
+      assert.are.equal(base, s.current)
+      if round == 1 then first = s.reserved end
+      worst = math.max(worst or 0, s.reserved)
+    end
+    assert.is_true(worst <= 2 * first + 64 * 2 ^ 20,
+                   ("reserved reached %.1f MiB, %.1f MiB after the first round"):format(worst / 2 ^ 20, first / 2 ^ 20))
+  end)
+end)

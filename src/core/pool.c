@@ -48,7 +48,14 @@ struct pool {
   unsigned arena;        /* jemalloc arena index */
   bool arena_ready;
   uint64_t fallback_held;  /* pinned: bytes of pageable blocks in use (headers included) */
+  uint64_t window_peak;    /* most bytes in use since the arena was last trimmed */
+  uint64_t freed_unchecked;  /* bytes freed into the arena since its cache was last looked at */
 };
+
+/* The arena's cache is looked at once per this many bytes freed into it, and trimmed when
+   in use plus cached has grown past the most ever in use since the last trim by this much
+   (or an eighth of it): see trim_if_fragmented. */
+enum { TRIM_CHECK_BYTES = 64 << 20, TRIM_SLACK_BYTES = 64 << 20 };
 
 static struct pool pools[POOL_COUNT] = {
     {.lock = PTHREAD_MUTEX_INITIALIZER},
@@ -123,6 +130,21 @@ static uint64_t arena_cached_bytes(const struct pool *p) {
   size = sizeof pages;
   if (arena_ctl(p, true, "pdirty", &pages, &size, NULL, 0) != 0) return 0;
   return (uint64_t)pages * page;
+}
+
+/* The arenas never decay (see the top of this file), so that a step's freed pages serve the
+   next step; but jemalloc does not serve a small request from a much larger free extent
+   (opt.lg_extent_max_active_fit), and pages freed in an order unlike their allocation's
+   (layers the Lua collector frees in whatever order) coalesce into extents too large to
+   reuse: the cache then grew by a whole working set each time, without bound. A cache
+   holding more than the most bytes ever in use at once (plus slack) is such garbage: given
+   back. A training step's cache stays below that bound, and is kept. Called with p's lock
+   held, for an arena that exists. */
+static void trim_if_fragmented(struct pool *p) {
+  uint64_t slack = p->window_peak / 8 > TRIM_SLACK_BYTES ? p->window_peak / 8 : TRIM_SLACK_BYTES;
+  if (p->stats.current + arena_cached_bytes(p) <= p->window_peak + slack) return;
+  arena_ctl(p, false, "purge", NULL, NULL, NULL, 0);
+  p->window_peak = p->stats.current;
 }
 
 void l2l_pool_release_cached(void) {
@@ -333,6 +355,7 @@ l2l_status l2l_pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
   }
   p->stats.allocs++;
   if (p->stats.current > p->stats.peak) p->stats.peak = p->stats.current;
+  if (p->stats.current > p->window_peak) p->window_peak = p->stats.current;
   pthread_mutex_unlock(&p->lock);
   *out = ptr;
   return L2L_OK;
@@ -343,12 +366,17 @@ void l2l_pool_free(l2l_pool_kind kind, void *ptr, uint64_t bytes) {
   struct pool *p = &pools[kind];
   uint64_t accounted = l2l_pool_accounted(bytes);
   const struct l2l_device_ops *device = kind == L2L_POOL_DEVICE ? l2l_device() : NULL;
+  bool to_arena = device == NULL && kind != L2L_POOL_PINNED;
   if (device != NULL) device->free(ptr, accounted);
   else if (kind == L2L_POOL_PINNED) pinned_free(p, ptr, accounted);
   else arena_free(ptr);
   pthread_mutex_lock(&p->lock);
   p->stats.current -= accounted;
   p->stats.frees++;
+  if (to_arena && p->arena_ready && (p->freed_unchecked += accounted) >= TRIM_CHECK_BYTES) {
+    p->freed_unchecked = 0;
+    trim_if_fragmented(p);
+  }
   pthread_mutex_unlock(&p->lock);
 }
 
