@@ -249,6 +249,25 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
     end
   end)
 
+  it("free what a save made before it returns (the host pool is where it was)", function()
+    local cfg = random_config()
+    cfg.accumulate = 1   -- an update has made optimizer state, which a save copies out
+    local run = make_run(cfg)
+    for step = 1, 2 do run:step(batch_for(step, cfg.data_seed, cfg.B)) end
+    run:sync()
+    assert.is_truthy(run:state(run.model:params()[1], "m"), "no optimizer state to save")
+    local path = tmp_path("frees")
+    collectgarbage("stop")   -- only what save frees itself counts
+    local before = l2l.pool_stats("host").current
+    for _ = 1, 3 do
+      run:save(path)
+      assert.are.equal(before, l2l.pool_stats("host").current, "bytes kept by a save")
+    end
+    collectgarbage("restart")
+    run:free()
+    os.remove(path)
+  end)
+
   it("refuse a damaged or truncated checkpoint without a crash", function()
     local cfg = random_config()
     local path = tmp_path("ckdamage")

@@ -143,6 +143,7 @@ function M.save(run, path, extra)
   desc.relay.schedule = pick(s.schedule, SCHEDULE_KEYS)
   local mid_accumulation = stats.steps % s.accumulate ~= 0
   local entries, seen = {}, {}
+  local copies = {}   -- the optimizer state's host copies, freed before save returns
   local updates_out = ffi.new("int64_t[1]")
   for i, layer in ipairs(run.model) do
     local ok, d = pcall(describe_layer, layer, i, fname)
@@ -161,6 +162,7 @@ function M.save(run, path, extra)
         for k, which in ipairs({ "m", "v" }) do
           local st = run:state(p, which)
           if st ~= nil then
+            copies[#copies + 1] = st
             entries[#entries + 1] = { name = name .. "." .. which, tensor = st }
             rec.state = k
           end
@@ -171,8 +173,10 @@ function M.save(run, path, extra)
     end
   end
   local okj, json = pcall(cjson.encode, exact_json(desc))
+  local okw, err = okj, nil
+  if okj then okw, err = pcall(safetensors.write, path, entries, { l2l = json, format = FORMAT }) end
+  for _, t in ipairs(copies) do t:free() end
   if not okj then error(fname .. ": extra cannot be written as JSON: " .. tostring(json), 2) end
-  local okw, err = pcall(safetensors.write, path, entries, { l2l = json, format = FORMAT })
   if not okw then error(fname .. ": " .. tostring(err):gsub("^safetensors%.write: ", ""), 2) end
 end
 
