@@ -268,6 +268,50 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
     os.remove(path)
   end)
 
+  it("refuse numbers in the description that would be truncated, and bound the threads it asks for", function()
+    local cfg = random_config()
+    cfg.accumulate = 1
+    local path = tmp_path("numbers")
+    local run = make_run(cfg)
+    run:step(batch_for(1, cfg.data_seed, cfg.B))
+    run:save(path)
+    run:free()
+    local good = read_bytes(path)
+    -- the file with its l2l description changed by edit(desc)
+    local function edited(edit)
+      local n = 0
+      for i = 8, 1, -1 do n = n * 256 + good:byte(i) end
+      local header = cjson.decode(good:sub(9, 8 + n))
+      local desc = cjson.decode(header.__metadata__.l2l)
+      edit(desc)
+      header.__metadata__.l2l = cjson.encode(desc)
+      local json = cjson.encode(header)
+      json = json .. string.rep(" ", (8 - #json % 8) % 8)
+      write_bytes(path, le64(#json) .. json .. good:sub(9 + n))
+    end
+    for _, case in ipairs {
+      { function(d) d.layers[2].rng_id = 2 ^ 32 + 5 end, "rng_id must be an integer from 0 to" },
+      { function(d) d.layers[1].rng_id = -1 end, "rng_id must be an integer" },
+      { function(d) d.records[1].updates = 1.5 end, "updates must be an integer" },
+      { function(d) d.records[1].updates = 2 ^ 53 end, "updates must be an integer" },
+      { function(d) d.progress.steps = 2.5 end, "progress: steps must be an integer" },
+      { function(d) d.relay.seed = 2 ^ 64 end, "option 'seed' must be at most" },
+      { function(d) d.relay.device_budget = 2 ^ 64 end, "option 'device_budget' must be at most" },
+      { function(d) d.relay.accumulate = 2 ^ 40 end, "option 'accumulate' must be at most" },
+    } do
+      edited(case[1])
+      local ok, err = pcall(l2l.load, path)
+      assert.is_false(ok, case[2])
+      assert.is_truthy(tostring(err):find(case[2], 1, true), err)
+    end
+    -- a thread count beyond this machine's cores gives way to one per core
+    edited(function(d) d.relay.optimizer_threads = 1024 end)
+    local back = l2l.load(path)
+    assert.are.equal(l2l.threads() >= 1024 and 1024 or 0, back.options.optimizer_threads)
+    back:free()
+    os.remove(path)
+  end)
+
   it("refuse a damaged or truncated checkpoint without a crash", function()
     local cfg = random_config()
     local path = tmp_path("ckdamage")

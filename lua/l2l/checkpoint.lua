@@ -200,6 +200,16 @@ local function rebuild_schedule(o)
   return make{ warmup = o.warmup, total = o.total, final_ratio = o.final_ratio }
 end
 
+-- An integer count or id from the file, in [0, max]: checked here, before anything
+-- converts it (a C integer would take 2^32 + 5 as 5, and 1.5 as 1).
+local function count_of(v, max, what)
+  if type(v) ~= "number" or v ~= math.floor(v) or v < 0 or v > max then
+    error(("%s must be an integer from 0 to %.17g, got %s"):format(what, max, tostring(v)), 0)
+  end
+  return v
+end
+local EXACT_MAX = 2 ^ 53 - 1   -- the last integer a JSON number read into Lua holds exactly
+
 local function rebuild_layer(d, i, kinds)
   if type(d) ~= "table" or type(d.options) ~= "table" then error(("layer %d: no description"):format(i), 0) end
   local kind = type(d.kind) == "string" and layers.kinds[d.kind] or nil
@@ -215,7 +225,7 @@ local function rebuild_layer(d, i, kinds)
   end
   local ok, layer = pcall(make, d.options)
   if not ok then error(("layer %d (%s): %s"):format(i, tostring(d.custom or d.kind), tostring(layer)), 0) end
-  if type(d.rng_id) == "number" then layer:rng_id(d.rng_id) end
+  if d.rng_id ~= nil then layer:rng_id(count_of(d.rng_id, 2 ^ 24 - 1, ("layer %d: rng_id"):format(i))) end
   return layer
 end
 
@@ -292,6 +302,11 @@ local function load(path, overrides)
     end
     local o = {}
     for k, v in pairs(desc.relay) do o[k] = v end
+    -- worker threads are this machine's to give: a file's count beyond its cores (it may
+    -- come from a bigger machine, or be anything) gives way to one per core
+    if type(o.optimizer_threads) == "number" and o.optimizer_threads > C.l2l_get_threads() then
+      o.optimizer_threads = 0
+    end
     for _, k in ipairs({ "micro_batch", "optimizer_threads", "device_budget" }) do
       if overrides[k] ~= nil then o[k] = overrides[k] end
     end
@@ -306,10 +321,11 @@ local function load(path, overrides)
     end
     for k, rec in ipairs(records) do
       local saved = desc.records[k]
-      if type(saved) ~= "table" or saved.name ~= rec.name or type(saved.updates) ~= "number" then
+      if type(saved) ~= "table" or saved.name ~= rec.name then
         error(("%s: %s: record %d is not %s"):format(fname, path, k, rec.name), 0)
       end
-      rec.updates, rec.grad = saved.updates, saved.grad == true
+      rec.updates = count_of(saved.updates, EXACT_MAX, ("record %s: updates"):format(rec.name))
+      rec.grad = saved.grad == true
       rec.state = {}
       for a = 1, (type(saved.state) == "number" and saved.state or 0) do
         local name = rec.name .. "." .. ({ "m", "v" })[a]
@@ -341,13 +357,15 @@ local function load(path, overrides)
       if rec.grad then file:read(rec.name .. ".grad", rec.param.grad) end
     end
     local p = desc.progress
-    if C.l2l_relay_restore_progress(r, p.steps or -1, p.updates or -1) ~= 0 then
+    if C.l2l_relay_restore_progress(r, count_of(p.steps, EXACT_MAX, "progress: steps"),
+                                    count_of(p.updates, EXACT_MAX, "progress: updates")) ~= 0 then
       error(("%s: %s: progress: %s"):format(fname, path, lib.last_error()), 0)
     end
     local ls = p.loss_scale
     if ls ~= nil and (type(ls) ~= "table" or
-        C.l2l_relay_restore_loss_scale(r, tonumber(ls.scale) or -1, tonumber(ls.good) or -1,
-                                       tonumber(ls.skipped) or -1) ~= 0) then
+        C.l2l_relay_restore_loss_scale(r, tonumber(ls.scale) or -1,
+                                       count_of(ls.good, EXACT_MAX, "progress: loss_scale: good"),
+                                       count_of(ls.skipped, EXACT_MAX, "progress: loss_scale: skipped")) ~= 0) then
       error(("%s: %s: progress: loss_scale: %s"):format(fname, path,
             type(ls) ~= "table" and "not a table" or lib.last_error()), 0)
     end

@@ -292,8 +292,8 @@ end
 function Layer:rng_id(id)
   local h = H(self, "layer:rng_id")
   if id ~= nil then
-    if type(id) ~= "number" or id ~= floor(id) or id < 0 then
-      error("layer:rng_id: id must be an integer >= 0, got " .. tostring(id), 2)
+    if type(id) ~= "number" or id ~= floor(id) or id < 0 or id >= 2 ^ 24 then
+      error("layer:rng_id: id must be an integer from 0 to 2^24 - 1, got " .. tostring(id), 2)
     end
     check(C.l2l_layer_set_rng_id(h, id), "layer:rng_id", 2)
   end

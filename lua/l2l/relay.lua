@@ -66,14 +66,19 @@ end
 local function fail(msg) error(msg, 0) end
 local function finite(v) return type(v) == "number" and v == v and v > -huge and v < huge end
 
--- An integer option >= min (and <= max where one is given).
+-- The largest integers the options' C fields take exactly: an int's, and for 64-bit
+-- fields the last integer a Lua number holds exactly (the FFI would truncate the rest).
+local INT_MAX, EXACT_MAX = 2 ^ 31 - 1, 2 ^ 53 - 1
+
+-- An integer option >= min and <= max (EXACT_MAX where none is given).
 local function int_option(o, key, default, min, fname, max)
   local v = o[key]
   if v == nil then return default end
+  max = max or EXACT_MAX
   if not finite(v) or v ~= floor(v) or v < min then
     fail(("%s: option '%s' must be an integer >= %d, got %s"):format(fname, key, min, tostring(v)))
   end
-  if max and v > max then
+  if v > max then
     fail(("%s: option '%s' must be at most %d, got %s"):format(fname, key, max, tostring(v)))
   end
   return v
@@ -137,7 +142,7 @@ local function read_options(o, fname)
   s.model = model
   s.micro_batch = int_option(o, "micro_batch", 1, 1, fname)
   s.stash = enum_option(o, "stash", stash_ids, "host", fname)
-  s.recompute_every = int_option(o, "recompute_every", 1, 1, fname)
+  s.recompute_every = int_option(o, "recompute_every", 1, 1, fname, INT_MAX)
   s.inner = enum_option(o, "inner", inner_ids, "recompute", fname)
   s.optimizer = o.optimizer or optim.AdamW{}
   if not optim.is_optimizer(s.optimizer) then
@@ -149,15 +154,15 @@ local function read_options(o, fname)
   end
   s.clip_global_norm = nonneg_option(o, "clip_global_norm", fname)
   s.clip_layer_norm = nonneg_option(o, "clip_layer_norm", fname)
-  s.accumulate = int_option(o, "accumulate", 1, 1, fname)
-  s.optimizer_threads = int_option(o, "optimizer_threads", 0, 0, fname)
+  s.accumulate = int_option(o, "accumulate", 1, 1, fname, INT_MAX)
+  s.optimizer_threads = int_option(o, "optimizer_threads", 0, 0, fname, 1024)
   s.seed = int_option(o, "seed", 0, 0, fname)
   s.param_slots = int_option(o, "param_slots", 2, 2, fname, 4096)
   s.loss_scale = nonneg_option(o, "loss_scale", fname)
   if s.loss_scale > 0 and (s.loss_scale < 2 ^ -64 or s.loss_scale > 2 ^ 100) then
     fail(("%s: option 'loss_scale' must be 0 (off) or 2^-64 to 2^100, got %s"):format(fname, tostring(s.loss_scale)))
   end
-  s.loss_scale_window = int_option(o, "loss_scale_window", 2000, 1, fname, 2 ^ 31 - 1)
+  s.loss_scale_window = int_option(o, "loss_scale_window", 2000, 1, fname, INT_MAX)
   s.device_budget = int_option(o, "device_budget", nil, 0, fname)
   s.precision = enum_option(o, "precision", precision_ids, default_precision(), fname)
   s.grad_precision = enum_option(o, "grad_precision", precision_ids, "f32", fname)
