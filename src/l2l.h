@@ -11,6 +11,8 @@
  *    in full before anything is written.
  *  - Constructors return their object through `T **out`, which comes first; op arguments
  *    come outputs first, then inputs, then parameters, then sizes. Destructors accept NULL.
+ *    A handle is valid until its destructor: a freed one must not be passed again (its
+ *    memory is gone; a check may catch it, but that is not promised).
  *  - Tensors are contiguous and row-major with 1 to 4 dims, each at least 1. Where an op
  *    treats a tensor as a matrix, its columns are the last dim and its rows are the product
  *    of the others ("rows" below).
@@ -170,7 +172,7 @@ l2l_status l2l_tensor_view_rows(l2l_tensor **out, const l2l_tensor *t, int64_t f
 l2l_status l2l_tensor_reshape(l2l_tensor **out, const l2l_tensor *t, int ndim,
                               const int64_t *shape);
 
-/* Accessors never fail: for a NULL or freed tensor they return -1 / NULL. */
+/* Accessors never fail: for a NULL tensor (or a pointer that is no tensor) -1 / NULL. */
 int l2l_tensor_ndim(const l2l_tensor *t);
 int64_t l2l_tensor_dim(const l2l_tensor *t, int axis);
 int64_t l2l_tensor_numel(const l2l_tensor *t);
