@@ -85,7 +85,8 @@ typedef enum l2l_pool_kind {
 typedef struct l2l_pool_stats {
   uint64_t current;  /* bytes in use now */
   uint64_t peak;     /* most bytes in use since start or the last reset_peak */
-  uint64_t budget;   /* 0: no budget */
+  uint64_t budget;   /* 0: no budget. The host pool's starts at the machine's memory, so
+                        an allocation that can never succeed is refused at once */
   uint64_t allocs;   /* allocations served */
   uint64_t frees;
   uint64_t refused;  /* allocations refused (budget or out of memory) */

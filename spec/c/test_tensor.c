@@ -8,6 +8,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "reference.h"
@@ -524,6 +525,34 @@ TEST(pool_budget_refuses_with_the_numbers) {
   CHECK_FAILS(l2l_pool_set_budget(3, 1), L2L_ERR_INVALID, "pool");
   CHECK(l2l_pool_name(L2L_POOL_PINNED) && strcmp(l2l_pool_name(L2L_POOL_PINNED), "pinned") == 0,
         "names");
+}
+
+/* The host pool starts with the machine's memory as its budget: an allocation that can
+   never succeed is refused at once with the numbers, instead of being mapped and then
+   killing the process when touched (a layer of dim and mlp 2^20 reached the OOM killer). */
+TEST(pool_host_budget_refuses_what_can_never_fit) {
+  l2l_pool_stats start = stats_of(L2L_POOL_HOST);
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  CHECK(start.budget == (uint64_t)pages * (uint64_t)page, "host budget %llu, memory %llu",
+        (unsigned long long)start.budget, (unsigned long long)((uint64_t)pages * (uint64_t)page));
+  int64_t huge[2] = {INT64_C(1) << 24, INT64_C(1) << 24};   /* 2^48 floats: 1 PiB */
+  l2l_tensor *t = NULL;
+  CHECK_FAILS(l2l_tensor_new(&t, L2L_POOL_HOST, L2L_F32, 2, huge), L2L_ERR_BUDGET, "budget");
+  CHECK(t == NULL, "no tensor");
+  l2l_layer_config c = default_layer_config(L2L_LAYER_BLOCK);
+  c.dim = c.mlp = INT64_C(1) << 20;
+  c.heads = 16;
+  l2l_layer *layer = NULL;
+  CHECK_FAILS(l2l_layer_new(&layer, &c, L2L_POOL_HOST), L2L_ERR_BUDGET, "host pool");
+  CHECK(layer == NULL, "no layer");
+  l2l_pool_stats end = stats_of(L2L_POOL_HOST);
+  CHECK(end.current == start.current, "refusals left %lld bytes in use",
+        (long long)(end.current - start.current));
+  /* settable like any pool's, 0 removing it */
+  CHECK_OK(l2l_pool_set_budget(L2L_POOL_HOST, start.current + (1 << 20)));
+  int64_t n = 1 << 19;   /* 2 MiB */
+  CHECK_FAILS(l2l_tensor_new(&t, L2L_POOL_HOST, L2L_F32, 1, &n), L2L_ERR_BUDGET, "budget");
+  CHECK_OK(l2l_pool_set_budget(L2L_POOL_HOST, start.budget));
 }
 
 TEST(errors_are_per_thread_and_statuses_have_names) {

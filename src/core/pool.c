@@ -74,6 +74,22 @@ static struct l2l_block_cache *pinned_cache(void);   /* with its default cap set
 
 bool l2l_pool_valid(int pool) { return pool >= 0 && pool < POOL_COUNT; }
 
+/* The host pool's budget starts at the machine's physical memory: an allocation larger
+   than what is left of it can never be served, and asking the system anyway (jemalloc maps
+   it, overcommitted, and the first touch brings the OOM killer) would end the process
+   instead of returning a status. Set once, before anything reads or changes the budget. */
+static void host_default_budget(void) {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0) pools[L2L_POOL_HOST].stats.budget = (uint64_t)pages * (uint64_t)page;
+}
+
+/* The pool, with its defaults in place. */
+static struct pool *pool_of(l2l_pool_kind kind) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, host_default_budget);
+  return &pools[kind];
+}
+
 const char *l2l_pool_name(l2l_pool_kind pool) {
   return l2l_pool_valid((int)pool) ? pool_names[pool] : NULL;
 }
@@ -294,7 +310,7 @@ static void pinned_free(struct pool *p, void *ptr, uint64_t accounted) {
 l2l_status l2l_pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
   char want[32], used[32], limit[32];
   if (!l2l_pool_valid((int)kind)) return l2l_fail(L2L_ERR_INVALID, "no pool with number %d", kind);
-  struct pool *p = &pools[kind];
+  struct pool *p = pool_of(kind);
   const char *name = pool_names[kind];
   uint64_t accounted = l2l_pool_accounted(bytes);
   if (bytes == 0 || accounted == 0 || accounted > (uint64_t)PTRDIFF_MAX)
@@ -383,6 +399,7 @@ void l2l_pool_free(l2l_pool_kind kind, void *ptr, uint64_t bytes) {
 l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind kind) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   if (!l2l_pool_valid((int)kind)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", kind);
+  pool_of(kind);
   pthread_mutex_lock(&pools[kind].lock);
   *out = pools[kind].stats;
   out->reserved = out->current + arena_cached_bytes(&pools[kind]);
@@ -404,7 +421,7 @@ l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind kind) {
 l2l_status l2l_pool_set_budget(l2l_pool_kind kind, uint64_t bytes) {
   char used[32], limit[32];
   if (!l2l_pool_valid((int)kind)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", kind);
-  struct pool *p = &pools[kind];
+  struct pool *p = pool_of(kind);
   pthread_mutex_lock(&p->lock);
   uint64_t current = p->stats.current;
   if (bytes != 0 && bytes < current) {
