@@ -268,16 +268,17 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
     os.remove(path)
   end)
 
-  it("refuse numbers in the description that would be truncated, and bound the threads it asks for", function()
+  -- A saved run of a random configuration (one update done) and edited(edit), which
+  -- writes the file again with its l2l description changed by edit(desc).
+  local function saved_for_editing(name)
     local cfg = random_config()
     cfg.accumulate = 1
-    local path = tmp_path("numbers")
+    local path = tmp_path(name)
     local run = make_run(cfg)
     run:step(batch_for(1, cfg.data_seed, cfg.B))
     run:save(path)
     run:free()
     local good = read_bytes(path)
-    -- the file with its l2l description changed by edit(desc)
     local function edited(edit)
       local n = 0
       for i = 8, 1, -1 do n = n * 256 + good:byte(i) end
@@ -289,6 +290,11 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
       json = json .. string.rep(" ", (8 - #json % 8) % 8)
       write_bytes(path, le64(#json) .. json .. good:sub(9 + n))
     end
+    return path, edited, cfg
+  end
+
+  it("refuse numbers in the description that would be truncated, and bound the threads it asks for", function()
+    local path, edited = saved_for_editing("numbers")
     for _, case in ipairs {
       { function(d) d.layers[2].rng_id = 2 ^ 32 + 5 end, "rng_id must be an integer from 0 to" },
       { function(d) d.layers[1].rng_id = -1 end, "rng_id must be an integer" },
@@ -309,6 +315,46 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
     local back = l2l.load(path)
     assert.are.equal(l2l.threads() >= 1024 and 1024 or 0, back.options.optimizer_threads)
     back:free()
+    os.remove(path)
+  end)
+
+  it("refuse a description that asks for more than the file holds before building anything", function()
+    local path, edited, cfg = saved_for_editing("sizes")
+    local last = cfg.blocks + 2
+    local huge = 2 ^ 20
+    for _, case in ipairs {
+      -- 2^20 x 4 * 2^20 floats (and as many for gradients and optimizer state): 16 TiB
+      { function(d) d.layers[2].options.dim = huge; d.layers[2].options.mlp = 4 * huge end, "'2.ln1.weight' is f32 (16) but" },
+      { function(d) d.layers[2].options.mlp = 4 * huge end, "'2.mlp.fc.weight' is f32 (16,24) but layer 2 (block) needs f32 (16,4194304)" },
+      { function(d) d.layers[1].options.vocab = 2 ^ 24; d.layers[last].options.vocab = 2 ^ 24 end, "'1.wte' is f32 (13,16) but" },
+      { function(d) d.layers[1].options.max_seq = 2 ^ 24 end, "'1.wpe' is f32 (9,16) but" },
+      { function(d) d.layers[2].options.dim = 2 ^ 24 end, "needs f32 (16777216)" },
+      { function(d) d.layers[1].options.type_vocab = 2 ^ 24 end, "has no tensor '1.wtt'" },
+      { function(d) table.insert(d.layers, 2, d.layers[2]) end, "has no tensor '" },
+      { function(d) d.layers[2].options.heads = 0 end, "layer 2 (block): l2l.Block: option 'heads' must be an integer >= 1" },
+    } do
+      edited(case[1])
+      collectgarbage()
+      l2l.reset_peak("host")
+      local before = l2l.pool_stats("host")
+      local ok, err = pcall(l2l.load, path)
+      assert.is_false(ok, case[2])
+      assert.is_truthy(tostring(err):find(case[2], 1, true), err)
+      assert.is_truthy(tostring(err):find("^l2l%.load: "), err)
+      -- refused before the model was built: the host pool never grew by a layer's worth
+      local grew = l2l.pool_stats("host").peak - before.current
+      assert.is_true(grew < 2 ^ 20, ("%s: the host pool grew by %d bytes before the refusal"):format(case[2], grew))
+    end
+    -- a tied head's projection is its embedding's table: a vocabulary that differs from
+    -- the embedding's is refused before the (V, D) projection is made
+    if cfg.tie then
+      edited(function(d) d.layers[last].options.vocab = 2 ^ 24 end)
+      local ok, err = pcall(l2l.load, path)
+      assert.is_false(ok)
+      assert.is_truthy(err:find("'1.wte' is f32 (13,16) but layer " .. last .. " (lm_head) needs f32 (16777216,16)", 1, true), err)
+    end
+    edited(function() end)   -- unchanged, it loads
+    l2l.load(path):free()
     os.remove(path)
   end)
 
@@ -401,6 +447,16 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
     local ok, err = pcall(l2l.load, path)
     assert.is_false(ok)
     assert.is_truthy(err:find("custom kind 'Mix'"), err)
+    -- a constructor whose parameters differ from the file's is refused before it builds
+    local Wide = l2l.layer_kind { name = "Mix", options = { "std" }, forward = function() end,
+                                  backward = function() end,
+                                  params = function(o) return { { name = "w", shape = { o.dim, 2 ^ 24 }, std = 1 } } end }
+    ok, err = pcall(l2l.load, path, { kinds = { Mix = Wide } })
+    assert.is_false(ok)
+    assert.is_truthy(err:find("'2.w' is f32 (16,16) but layer 2 (Mix) needs f32 (16,16777216)", 1, true), err)
+    ok, err = pcall(l2l.load, path, { kinds = { Mix = print } })
+    assert.is_false(ok)
+    assert.is_truthy(err:find("layer 2 (Mix): not a constructor from l2l.layer_kind", 1, true), err)
     local back = l2l.load(path, { kinds = { Mix = Mix } })
     assert.are.equal("Mix", back.model[2]:label())
     assert.are.equal(want, back:step(batch_for(2, data_seed, 4)))

@@ -50,7 +50,7 @@ typedef enum l2l_status {
   L2L_ERR_BACKEND = 6      /* a library below (BLAS, CUDA) failed */
 } l2l_status;
 
-enum { L2L_MAX_DIMS = 4, L2L_ALIGN = 64 };
+enum { L2L_MAX_DIMS = 4, L2L_ALIGN = 64, L2L_MAX_PARAMS = 12, L2L_PARAM_NAME_MAX = 24 };
 
 /* The message of this thread's last failed call ("" if none). Valid until the next call
    into l2l on this thread. */
@@ -424,6 +424,20 @@ typedef struct l2l_layer_memory {
 
 /* A layer with freshly initialized parameters (and zero gradients) in `pool`. */
 l2l_status l2l_layer_new(l2l_layer **out, const l2l_layer_config *config, l2l_pool_kind pool);
+/* The parameter records l2l_layer_new would make for `config` (checked as it checks it),
+   in its order, without allocating them: so that a loader can compare a file's tensors
+   with what a description asks for before it builds anything (a few bytes of metadata
+   can describe terabytes). *count gets the number of records (at most L2L_MAX_PARAMS);
+   `out` must have room for them (capacity). Not for the custom kind, whose records are
+   its caller's list (l2l_layer_new_custom). */
+typedef struct l2l_param_info {
+  char name[L2L_PARAM_NAME_MAX];
+  int ndim;
+  int64_t shape[L2L_MAX_DIMS];
+  int decays;
+} l2l_param_info;
+l2l_status l2l_layer_config_params(l2l_param_info *out, int capacity, int *count,
+                                   const l2l_layer_config *config);
 void l2l_layer_free(l2l_layer *layer);
 /* A deep copy: new parameter records (values copied, gradients zero) and a new rng id. */
 l2l_status l2l_layer_clone(l2l_layer **out, const l2l_layer *layer);

@@ -10,7 +10,7 @@ typedef enum l2l_status {
   L2L_ERR_BACKEND = 6
 } l2l_status;
 
-enum { L2L_MAX_DIMS = 4, L2L_ALIGN = 64 };
+enum { L2L_MAX_DIMS = 4, L2L_ALIGN = 64, L2L_MAX_PARAMS = 12, L2L_PARAM_NAME_MAX = 24 };
 
 const char *l2l_last_error(void);
 void l2l_clear_error(void);
@@ -243,6 +243,15 @@ typedef struct l2l_layer_memory {
 } l2l_layer_memory;
 
 l2l_status l2l_layer_new(l2l_layer **out, const l2l_layer_config *config, l2l_pool_kind pool);
+
+typedef struct l2l_param_info {
+  char name[L2L_PARAM_NAME_MAX];
+  int ndim;
+  int64_t shape[L2L_MAX_DIMS];
+  int decays;
+} l2l_param_info;
+l2l_status l2l_layer_config_params(l2l_param_info *out, int capacity, int *count,
+                                   const l2l_layer_config *config);
 void l2l_layer_free(l2l_layer *layer);
 
 l2l_status l2l_layer_clone(l2l_layer **out, const l2l_layer *layer);

@@ -36,6 +36,7 @@ local model_mod = require("l2l.model")
 local optim = require("l2l.optim")
 local relay = require("l2l.relay")
 local safetensors = require("l2l.safetensors")
+local custom = require("l2l.custom")
 
 local C = lib.C
 local type, tostring, ipairs, pairs, next = type, tostring, ipairs, pairs, next
@@ -210,21 +211,73 @@ local function count_of(v, max, what)
 end
 local EXACT_MAX = 2 ^ 53 - 1   -- the last integer a JSON number read into Lua holds exactly
 
-local function rebuild_layer(d, i, kinds)
+-- The constructor of a described layer, and the function that lists the records it
+-- would make (layers.records, custom.records) without making them.
+local function constructor_of(d, i, kinds)
   if type(d) ~= "table" or type(d.options) ~= "table" then error(("layer %d: no description"):format(i), 0) end
   local kind = type(d.kind) == "string" and layers.kinds[d.kind] or nil
-  local make = kind and kind.constructor and layers[kind.constructor]
   if kind and kind.constructor == nil then
-    make = kinds and kinds[d.custom]
+    local make = kinds and kinds[d.custom]
     if make == nil then
       error(("layer %d is of the custom kind '%s': pass its constructor as kinds = {%s = ...} (from l2l.layer_kind)"):format(
         i, tostring(d.custom), tostring(d.custom)), 0)
     end
-  elseif make == nil then
+    return make, function(o) return custom.records(make, o) end
+  elseif kind == nil then
     error(("layer %d has the unknown kind %s"):format(i, tostring(d.kind)), 0)
   end
+  return layers[kind.constructor], layers.records[d.kind]
+end
+
+local function shape_text(shape) return table.concat(shape, ",") end
+
+-- A constructor's error, raised at its caller's level, without the position inside this
+-- file that the level points at when the caller is a pcall here.
+local function layer_error(i, d, message)
+  message = tostring(message):gsub("^[^:]*checkpoint%.lua:%d+: ", "")
+  error(("layer %d (%s): %s"):format(i, tostring(d.custom or d.kind), message), 0)
+end
+
+-- The file's f32 tensor `name` of shape `want`, for layer i (label): present and shaped.
+local function entry_for(file, name, want, i, label, fname)
+  local e = file.entries[name]
+  if e == nil then error(("%s: %s has no tensor '%s' for layer %d (%s)"):format(fname, file.path, name, i, label), 0) end
+  if e.dtype ~= "f32" or shape_text(e.shape) ~= shape_text(want) then
+    error(("%s: %s: '%s' is %s (%s) but layer %d (%s) needs f32 (%s)"):format(fname, file.path, name,
+          e.dtype, shape_text(e.shape), i, label, shape_text(want)), 0)
+  end
+  return e
+end
+
+-- Every tensor the description's layers would have, present in the file with the same
+-- shape, checked before anything is built: a few bytes of metadata may describe a model
+-- of terabytes, and building it first would allocate (and initialize) all of it. A file
+-- that passes holds every parameter's data, so what loading builds is bounded by the
+-- file's own size. A tied LM head's projection is its embedding's table (saved under
+-- the embedding): it must match that table.
+local function check_described_records(desc, file, kinds, fname)
+  local first_embedding
+  for i, d in ipairs(desc.layers) do
+    local _, records_of = constructor_of(d, i, kinds)
+    local ok, records = pcall(records_of, d.options)
+    if not ok or records == nil then layer_error(i, d, records or "not a constructor from l2l.layer_kind") end
+    local tied = d.kind == "lm_head" and d.options.tie == true
+    for _, r in ipairs(records) do
+      local name = i .. "." .. r.name
+      if tied and r.name == "proj.weight" then
+        name = first_embedding and first_embedding .. ".wte"
+        if name == nil then error(("layer %d wants tie = true but no Embedding comes before it"):format(i), 0) end
+      end
+      entry_for(file, name, r.shape, i, tostring(d.custom or d.kind), fname)
+    end
+    if d.kind == "embedding" and first_embedding == nil then first_embedding = i end
+  end
+end
+
+local function rebuild_layer(d, i, kinds)
+  local make = constructor_of(d, i, kinds)
   local ok, layer = pcall(make, d.options)
-  if not ok then error(("layer %d (%s): %s"):format(i, tostring(d.custom or d.kind), tostring(layer)), 0) end
+  if not ok then layer_error(i, d, layer) end
   if d.rng_id ~= nil then layer:rng_id(count_of(d.rng_id, 2 ^ 24 - 1, ("layer %d: rng_id"):format(i))) end
   return layer
 end
@@ -237,13 +290,7 @@ local function match_records(model, file, fname)
       if not seen[p.id] then
         seen[p.id] = true
         local name = i .. "." .. p.name
-        local e = file.entries[name]
-        if e == nil then error(("%s: %s has no tensor '%s' for layer %d (%s)"):format(fname, file.path, name, i, layer:label()), 0) end
-        local want = p.value:shape()
-        if e.dtype ~= "f32" or table.concat(e.shape, ",") ~= table.concat(want, ",") then
-          error(("%s: %s: '%s' is %s (%s) but layer %d (%s) needs f32 (%s)"):format(fname, file.path, name,
-                e.dtype, table.concat(e.shape, ","), i, layer:label(), table.concat(want, ",")), 0)
-        end
+        entry_for(file, name, p.value:shape(), i, layer:label(), fname)
         list[#list + 1] = { name = name, param = p }
       end
     end
@@ -293,7 +340,9 @@ local function load(path, overrides)
   local file = opened(path, fname)
   local ok, run = pcall(function()
     local desc = decode_description(file, fname)
-    -- 1. the model and the relay, as described (nothing read from the data yet)
+    -- 1. the model and the relay, as described (nothing read from the data yet), once the
+    -- file is known to hold every tensor the description asks for
+    check_described_records(desc, file, overrides.kinds, fname)
     local list = {}
     for i, d in ipairs(desc.layers) do list[i] = rebuild_layer(d, i, overrides.kinds) end
     local model = model_mod.Sequential(list)

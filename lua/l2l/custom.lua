@@ -44,6 +44,7 @@ local MAX_PARAMS = 12     -- l2l_layer_new_custom's limit
 local MAX_NAME = 23       -- names are < 24 bytes
 
 local defs = {}           -- kind number -> definition (kinds live as long as the process)
+local records_of = setmetatable({}, { __mode = "k" })   -- constructor -> its definition
 
 ----------------------------------------------------------------- the call context
 
@@ -224,7 +225,8 @@ end
 
 local BUILTIN_OPTIONS = { dim = true, seed = true, pool = true }
 
-local function construct(def, o)
+-- The options checked, and the kind's parameter list for them.
+local function described(def, o)
   local fname = def.name
   if type(o) ~= "table" then fail(fname .. ": expects an options table") end
   for key in pairs(o) do
@@ -241,6 +243,12 @@ local function construct(def, o)
   local ok, list = pcall(def.params, o)
   if not ok then fail(fname .. ": params(): " .. tostring(list)) end
   local specs, n, names, anchors = param_specs(list, fname)
+  return pool, specs, n, names, anchors
+end
+
+local function construct(def, o)
+  local pool, specs, n, names, anchors = described(def, o)
+  local fname = def.name
   local out = ffi.new("l2l_layer *[1]")
   local status = C.l2l_layer_new_custom(out, def.name, o.dim, specs, n, forward_cb, backward_cb,
                                         ffi.cast("void *", def.id), o.seed or layers.next_seed(), pool)
@@ -280,11 +288,29 @@ function M.layer_kind(def)
   local kind = { id = #defs + 1, name = def.name, params = def.params, forward = def.forward,
                  backward = def.backward, allowed = allowed }
   defs[kind.id] = kind
-  return function(o)
+  local constructor = function(o)
     local ok, layer = pcall(construct, kind, o)
     if not ok then error(layer, 2) end
     return layer
   end
+  records_of[constructor] = kind
+  return constructor
+end
+
+-- M.records(constructor, options): for a constructor made by l2l.layer_kind, the records
+-- its layer would have ({name =, shape =} each), nothing allocated; nil for any other
+-- function.
+function M.records(constructor, o)
+  local def = records_of[constructor]
+  if def == nil then return nil end
+  local _, specs, n, names = described(def, o)
+  local records = {}
+  for name, i in pairs(names) do
+    local shape = {}
+    for d = 0, specs[i].ndim - 1 do shape[d + 1] = tonumber(specs[i].shape[d]) end
+    records[i + 1] = { name = name, shape = shape }
+  end
+  return records
 end
 
 return M

@@ -220,7 +220,9 @@ M.kinds = KINDS
 local kind_names = {}
 for name, k in pairs(KINDS) do kind_names[tonumber(k.id)] = name end
 
-local function new_layer(kind, fname, o)
+-- A layer of `kind` made from the options o, or with `describe` only the records it
+-- would have ({name =, shape =} each, as l2l_layer_config_params says), nothing allocated.
+local function new_layer(kind, fname, o, describe)
   if type(o) ~= "table" then error(fname .. ": expects an options table", 3) end
   local k = KINDS[kind]
   for key in pairs(o) do
@@ -246,15 +248,30 @@ local function new_layer(kind, fname, o)
     c[name] = read(o, name, default, fname)
   end
   local pool = lib.pool_id(o.pool or "host", fname, 3)
+  if describe then
+    local infos, count = ffi.new("l2l_param_info[?]", C.L2L_MAX_PARAMS), ffi.new("int[1]")
+    check(C.l2l_layer_config_params(infos, C.L2L_MAX_PARAMS, count, c), fname, 3)
+    local records = {}
+    for i = 0, count[0] - 1 do
+      local shape = {}
+      for d = 0, infos[i].ndim - 1 do shape[d + 1] = tonumber(infos[i].shape[d]) end
+      records[i + 1] = { name = ffi.string(infos[i].name), shape = shape }
+    end
+    return records
+  end
   local out = ffi.new("l2l_layer *[1]")
   check(C.l2l_layer_new(out, c, pool), fname, 3)
   -- handle: a one-element box; its finalizer frees the content (layer_gc)
   return wrap(out, kind, { tie = k.options.tie and o.tie or nil })
 end
 
+-- M.records[kind](options): the records a layer made with these options would have,
+-- without making it (checkpoint.lua compares them with a file before building anything).
+M.records = {}
 for kind, k in pairs(KINDS) do
   if k.constructor then
     M[k.constructor] = function(o) return new_layer(kind, "l2l." .. k.constructor, o) end
+    M.records[kind] = function(o) return new_layer(kind, "l2l." .. k.constructor, o, true) end
   end
 end
 

@@ -991,6 +991,31 @@ TEST(layer_new_has_the_promised_parameters) {
     }
     CHECK(l2l_layer_nparams(layer) == total, "config %d: nparams %lld, want %lld", i,
           (long long)l2l_layer_nparams(layer), (long long)total);
+    /* The records described without making them are the ones made, in order, and
+       describing them allocates nothing. */
+    l2l_param_info infos[L2L_MAX_PARAMS + 1];
+    memset(infos, 0x5a, sizeof infos);
+    int count = -1;
+    uint64_t host = stats_of(L2L_POOL_HOST).current;
+    CHECK_OK(l2l_layer_config_params(infos, L2L_MAX_PARAMS, &count, &c));
+    CHECK(stats_of(L2L_POOL_HOST).current == host, "config %d: describing allocated", i);
+    if (CHECK(count == l2l_layer_param_count(layer), "config %d: %d described, %d made", i,
+              count, l2l_layer_param_count(layer))) {
+      for (int k = 0; k < count; k++) {
+        l2l_param *p = l2l_layer_param(layer, k);
+        l2l_tensor *v = l2l_param_value(p);
+        bool same = strcmp(infos[k].name, l2l_param_name(p)) == 0 &&
+                    infos[k].ndim == l2l_tensor_ndim(v) && infos[k].decays == l2l_param_decays(p);
+        for (int d = 0; same && d < infos[k].ndim; d++) same = infos[k].shape[d] == l2l_tensor_dim(v, d);
+        CHECK(same, "config %d: record %d described as %s (%d dims) but made as %s", i, k,
+              infos[k].name, infos[k].ndim, l2l_param_name(p));
+      }
+    }
+    CHECK(infos[L2L_MAX_PARAMS].ndim == 0x5a5a5a5a, "config_params wrote past its capacity");
+    if (count > 1) {
+      CHECK_REFUSED(l2l_layer_config_params(infos, count - 1, &count, &c), L2L_ERR_INVALID,
+                    "room for");
+    }
     l2l_layer_free(layer);
     l2l_layer_free(twin);
     l2l_layer_free(other);
@@ -1588,6 +1613,11 @@ TEST(layer_new_refuses_bad_configs) {
     l2l_layer *out = NULL;
     if (!CHECK_REFUSED(l2l_layer_new(&out, &c, L2L_POOL_HOST), L2L_ERR_INVALID, needle))
       fprintf(stderr, "    (bad config %d)\n", i);
+    l2l_param_info infos[L2L_MAX_PARAMS];
+    int count = -1;
+    if (!CHECK_REFUSED(l2l_layer_config_params(infos, L2L_MAX_PARAMS, &count, &c),
+                       L2L_ERR_INVALID, needle))
+      fprintf(stderr, "    (bad config %d, described)\n", i);
     CHECK(out == NULL && stats_of(L2L_POOL_HOST).current == host,
           "bad config %d: a refused layer_new wrote *out or kept memory", i);
     l2l_layer_free(out);
@@ -1598,6 +1628,21 @@ TEST(layer_new_refuses_bad_configs) {
   CHECK_REFUSED(l2l_layer_new(&out, NULL, L2L_POOL_HOST), L2L_ERR_INVALID, "config");
   CHECK_REFUSED(l2l_layer_new(&out, &c, (l2l_pool_kind)9), L2L_ERR_INVALID, "pool");
   CHECK(out == NULL, "a refused layer_new wrote *out");
+  l2l_param_info infos[L2L_MAX_PARAMS];
+  int count = -1;
+  CHECK_REFUSED(l2l_layer_config_params(infos, L2L_MAX_PARAMS, NULL, &c), L2L_ERR_INVALID, "count");
+  CHECK_REFUSED(l2l_layer_config_params(NULL, L2L_MAX_PARAMS, &count, &c), L2L_ERR_INVALID, "out");
+  CHECK_REFUSED(l2l_layer_config_params(infos, L2L_MAX_PARAMS, &count, NULL), L2L_ERR_INVALID, "config");
+  c.kind = L2L_LAYER_CUSTOM;
+  CHECK_REFUSED(l2l_layer_config_params(infos, L2L_MAX_PARAMS, &count, &c), L2L_ERR_INVALID,
+                "l2l_layer_new_custom");
+  /* sizes a layer_new would refuse only when it cannot allocate them are described */
+  c = base_config(L2L_LAYER_BLOCK);
+  c.dim = INT64_C(1) << 20, c.heads = 1, c.mlp = INT64_C(1) << 22;
+  CHECK_OK(l2l_layer_config_params(infos, L2L_MAX_PARAMS, &count, &c));
+  CHECK(count == 12 && infos[8].shape[0] == c.dim && infos[8].shape[1] == c.mlp,
+        "a block of dim 2^20: %d records, mlp.fc.weight (%lld, %lld)", count,
+        (long long)infos[8].shape[0], (long long)infos[8].shape[1]);
 }
 
 TEST(layer_new_ignores_fields_its_kind_does_not_use) {

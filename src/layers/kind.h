@@ -19,7 +19,7 @@
 #define L2L_PARAM_MAGIC 0x6c326c70u  /* "l2lp" */
 #define L2L_LAYER_MAGIC 0x6c326c6cu  /* "l2ll" */
 #define L2L_SAVED_MAGIC 0x6c326c73u  /* "l2ls" */
-enum { L2L_LAYER_MAX_PARAMS = 12, L2L_PARAM_NAME = 24 };
+enum { L2L_LAYER_MAX_PARAMS = L2L_MAX_PARAMS, L2L_PARAM_NAME = L2L_PARAM_NAME_MAX };
 
 struct l2l_param {
   uint32_t magic;
@@ -49,6 +49,9 @@ struct l2l_layer {
   int8_t role[L2L_LAYER_MAX_PARAMS];
   /* A custom kind's name and functions (NULL for the built-in kinds). */
   const struct custom_kind *custom;
+  /* Set only on the stand-in layer of l2l_layer_config_params: l2l_layer_add_param then
+     writes each record's name and shape here instead of making it. */
+  l2l_param_info *describe;
   const void *owner;            /* the relay holding the layer, NULL if none */
 };
 

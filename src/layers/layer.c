@@ -48,6 +48,15 @@ static l2l_status param_new(l2l_param **out, const char *name, l2l_pool_kind poo
 l2l_status l2l_layer_add_param(l2l_layer *layer, int role, const char *name, int ndim,
                                const int64_t *shape, char init, float std, int decays) {
   int index = layer->nparams;
+  if (layer->describe != NULL) {   /* l2l_layer_config_params: the record's description only */
+    l2l_param_info *info = &layer->describe[layer->nparams++];
+    snprintf(info->name, sizeof info->name, "%s", name);
+    info->ndim = ndim;
+    for (int i = 0; i < ndim; i++) info->shape[i] = shape[i];
+    info->decays = decays;
+    layer->role[role] = (int8_t)index;
+    return L2L_OK;
+  }
   l2l_param *param = NULL;
   TRY(param_new(&param, name, layer->pool, ndim, shape, decays));
   layer->params[layer->nparams++] = param;
@@ -78,6 +87,7 @@ int l2l_param_decays(const l2l_param *param) { return l2l_param_live(param) ? pa
 bool l2l_param_low_precision(const l2l_param *param) { return param->low_precision; }
 
 void l2l_layer_mark_low_precision(l2l_layer *layer, int role) {
+  if (layer->describe != NULL) return;
   layer->params[layer->role[role]]->low_precision = true;
 }
 
@@ -137,6 +147,25 @@ l2l_status l2l_layer_new(l2l_layer **out, const l2l_layer_config *config, l2l_po
     return status;
   }
   *out = layer;
+  return L2L_OK;
+}
+
+l2l_status l2l_layer_config_params(l2l_param_info *out, int capacity, int *count,
+                                   const l2l_layer_config *config) {
+  if (count == NULL) return FAIL(L2L_ERR_INVALID, "count is NULL");
+  if (out == NULL && capacity != 0) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  TRY(l2l_layer_check_config(config));
+  /* The kind's own create_params runs on a stand-in layer that describes instead of
+     allocating, so the names and shapes cannot drift from what l2l_layer_new makes. */
+  l2l_param_info infos[L2L_LAYER_MAX_PARAMS];
+  l2l_layer stand_in = {.config = *config, .describe = infos};
+  memset(stand_in.role, -1, sizeof stand_in.role);
+  TRY(l2l_kind_ops(config->kind)->create_params(&stand_in));
+  *count = stand_in.nparams;
+  if (capacity < stand_in.nparams)
+    return FAIL(L2L_ERR_INVALID, "out has room for %d records, the layer has %d", capacity,
+                stand_in.nparams);
+  memcpy(out, infos, (size_t)stand_in.nparams * sizeof *infos);
   return L2L_OK;
 }
 
