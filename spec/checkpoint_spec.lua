@@ -142,6 +142,84 @@ describe("safetensors files (seed " .. seed .. ")", function()
     assert.is_truthy(err:find("cannot open", 1, true), err)
   end)
 
+  it("refuses tensors of more dimensions than l2l has, and reads those it has", function()
+    local path = tmp_path("ranks")
+    for ndim = 1, 8 do
+      local shape = {}
+      for d = 1, ndim do shape[d] = d % 3 + 1 end
+      local n = 1
+      for _, d in ipairs(shape) do n = n * d end
+      local values = {}
+      for i = 1, n do values[i] = support.uniform(-1, 1) end
+      write_by_hand(path, { { name = "t", dtype = "F32", shape = shape, values = values } })
+      local ok, file = pcall(l2l.safetensors.open, path)
+      if ndim <= 4 then
+        assert.is_true(ok, file)
+        local t = file:read("t")
+        assert.are.same(shape, t:shape())
+        for i = 1, n do assert.are.equal(ffi.new("float", values[i]), ffi.new("float", t:data()[i - 1])) end
+        file:close()
+      else
+        assert.is_false(ok, ndim .. " dimensions")
+        assert.is_truthy(file:find(("entry 't' has %d dimensions; l2l's tensors have at most 4"):format(ndim), 1, true), file)
+      end
+    end
+    os.remove(path)
+  end)
+
+  it("refuses a header that is not UTF-8, byte for byte as the standard defines it", function()
+    -- The reference decodes each sequence to its code point and checks what RFC 3629
+    -- forbids: a stray or missing continuation byte, an overlong form, a surrogate, a
+    -- code point past U+10FFFF.
+    local function valid_utf8(s)
+      local i = 1
+      while i <= #s do
+        local c = s:byte(i)
+        local len = c < 0x80 and 1 or c >= 0xF0 and c < 0xF8 and 4 or c >= 0xE0 and c < 0xF0 and 3
+                    or c >= 0xC0 and c < 0xE0 and 2 or nil
+        if len == nil or i + len - 1 > #s then return false end
+        local cp = len == 1 and c or bit.band(c, ({ 0, 0x1F, 0x0F, 0x07 })[len])
+        for k = 1, len - 1 do
+          local b = s:byte(i + k)
+          if bit.band(b, 0xC0) ~= 0x80 then return false end
+          cp = cp * 64 + bit.band(b, 0x3F)
+        end
+        local least = ({ 0, 0x80, 0x800, 0x10000 })[len]
+        if cp < least or cp > 0x10FFFF or (cp >= 0xD800 and cp <= 0xDFFF) then return false end
+        i = i + len
+      end
+      return true
+    end
+    local path = tmp_path("utf8")
+    local pieces = { "a", "\195\169", "\226\130\172", "\240\157\132\158", "\244\143\191\191",
+                     "\128", "\191", "\192\175", "\193\191", "\224\128\175", "\224\159\191",
+                     "\237\160\128", "\237\159\191", "\240\128\128\128", "\244\144\128\128",
+                     "\245", "\255", "\194", "\226\130", "\240\157\132" }
+    local seen = { [true] = 0, [false] = 0 }
+    for _ = 1, 300 do
+      local parts = {}
+      for k = 1, support.int(1, 4) do
+        parts[k] = support.int(0, 2) == 0 and string.char(support.int(0x80, 0xFF)) or pieces[support.int(1, #pieces)]
+      end
+      local text = table.concat(parts)
+      -- the bytes inside a metadata value (a JSON string takes any byte above 0x1F)
+      local json = '{"__metadata__":{"note":"' .. text .. '"}}'
+      write_bytes(path, le64(#json) .. json)
+      local ok, err = pcall(l2l.safetensors.open, path)
+      local want = valid_utf8(text)
+      seen[want] = seen[want] + 1
+      assert.are.equal(want, ok, ("%q: %s"):format(text, tostring(err)))
+      if ok then
+        assert.are.equal(text, err.metadata.note)
+        err:close()
+      else
+        assert.is_truthy(err:find("the header is not valid UTF-8", 1, true), err)
+      end
+    end
+    assert.is_true(seen[true] > 10 and seen[false] > 10, "both kinds drawn")
+    os.remove(path)
+  end)
+
   it("leaves nothing behind when it cannot write", function()
     local ok, err = pcall(l2l.safetensors.write, "/nonexistent-dir-l2l/x.safetensors",
                           { { name = "w", tensor = l2l.zeros({ 2 }) } })
@@ -301,6 +379,8 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
       { function(d) d.records[1].updates = 1.5 end, "updates must be an integer" },
       { function(d) d.records[1].updates = 2 ^ 53 end, "updates must be an integer" },
       { function(d) d.progress.steps = 2.5 end, "progress: steps must be an integer" },
+      { function(d) d.progress.steps = cjson.null end, "progress: steps must be an integer from 0 to 9007199254740991, got userdata" },
+      { function(d) d.records[1].updates = cjson.null end, "updates must be an integer" },
       { function(d) d.relay.seed = 2 ^ 64 end, "option 'seed' must be at most" },
       { function(d) d.relay.device_budget = 2 ^ 64 end, "option 'device_budget' must be at most" },
       { function(d) d.relay.accumulate = 2 ^ 40 end, "option 'accumulate' must be at most" },
@@ -518,6 +598,23 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
       run:free()
     end
     assert.are.equal(kills, loads)
+    -- A kill leaves its temporary; the next save to the path removes those of processes
+    -- that are gone, and only those: a dead pid's (a child that has exited) goes, a live
+    -- one's (pid 1, or a save in progress) and another host's stay.
+    local host = io.popen("hostname"):read("*l"):gsub("[^%w%-]", "_")
+    local dead = tonumber(io.popen("sh -c 'echo $$'"):read("*l"))
+    local stale, live, other = ("%s.tmp.%s.%d"):format(path, host, dead), ("%s.tmp.%s.1"):format(path, host),
+                               ("%s.tmp.%s-elsewhere.%d"):format(path, host, dead)
+    for _, name in ipairs({ stale, live, other }) do write_bytes(name, "partial") end
+    local run = l2l.load(path)
+    run:save(path)
+    run:free()
+    local left = {}
+    for name in io.popen(("ls %s.tmp.* 2>/dev/null"):format(path)):lines() do left[#left + 1] = name end
+    table.sort(left)
+    local want = { live, other }
+    table.sort(want)
+    assert.are.same(want, left)
     os.remove(path)
     os.remove(script)
     os.execute(("rm -f %s.tmp.*"):format(path))

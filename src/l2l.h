@@ -293,13 +293,7 @@ l2l_status l2l_norm2(double *out, const l2l_tensor *x);   /* sqrt(sum x^2) */
    m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
    p -= lr * ( m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + weight_decay * p ).
    Refused: lr < 0, beta outside [0, 1), eps <= 0, weight_decay < 0, anything not finite. */
-typedef struct l2l_adamw_config {
-  float lr;
-  float beta1;
-  float beta2;
-  float eps;
-  float weight_decay;
-} l2l_adamw_config;
+typedef struct l2l_adamw_config { float lr, beta1, beta2, eps, weight_decay; } l2l_adamw_config;
 l2l_status l2l_adamw_update(l2l_tensor *param, l2l_tensor *m, l2l_tensor *v,
                             const l2l_tensor *grad, const l2l_adamw_config *config, int64_t step);
 
@@ -424,18 +418,11 @@ typedef struct l2l_layer_memory {
 
 /* A layer with freshly initialized parameters (and zero gradients) in `pool`. */
 l2l_status l2l_layer_new(l2l_layer **out, const l2l_layer_config *config, l2l_pool_kind pool);
-/* The parameter records l2l_layer_new would make for `config` (checked as it checks it),
-   in its order, without allocating them: so that a loader can compare a file's tensors
-   with what a description asks for before it builds anything (a few bytes of metadata
-   can describe terabytes). *count gets the number of records (at most L2L_MAX_PARAMS);
-   `out` must have room for them (capacity). Not for the custom kind, whose records are
-   its caller's list (l2l_layer_new_custom). */
-typedef struct l2l_param_info {
-  char name[L2L_PARAM_NAME_MAX];
-  int ndim;
-  int64_t shape[L2L_MAX_DIMS];
-  int decays;
-} l2l_param_info;
+/* The records l2l_layer_new would make for `config` (same checks, same order), without
+   allocating: a loader checks a file against a description (a few bytes may describe
+   terabytes) before it builds. *count: their number; out has room for `capacity`. Not
+   for the custom kind (its records are its caller's list). */
+typedef struct l2l_param_info { char name[L2L_PARAM_NAME_MAX]; int ndim; int64_t shape[L2L_MAX_DIMS]; int decays; } l2l_param_info;
 l2l_status l2l_layer_config_params(l2l_param_info *out, int capacity, int *count,
                                    const l2l_layer_config *config);
 void l2l_layer_free(l2l_layer *layer);

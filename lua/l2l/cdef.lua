@@ -170,13 +170,7 @@ l2l_status l2l_sum(double *out, const l2l_tensor *x);
 l2l_status l2l_max_abs(double *out, const l2l_tensor *x);
 l2l_status l2l_norm2(double *out, const l2l_tensor *x);
 
-typedef struct l2l_adamw_config {
-  float lr;
-  float beta1;
-  float beta2;
-  float eps;
-  float weight_decay;
-} l2l_adamw_config;
+typedef struct l2l_adamw_config { float lr, beta1, beta2, eps, weight_decay; } l2l_adamw_config;
 l2l_status l2l_adamw_update(l2l_tensor *param, l2l_tensor *m, l2l_tensor *v,
                             const l2l_tensor *grad, const l2l_adamw_config *config, int64_t step);
 
@@ -244,12 +238,7 @@ typedef struct l2l_layer_memory {
 
 l2l_status l2l_layer_new(l2l_layer **out, const l2l_layer_config *config, l2l_pool_kind pool);
 
-typedef struct l2l_param_info {
-  char name[L2L_PARAM_NAME_MAX];
-  int ndim;
-  int64_t shape[L2L_MAX_DIMS];
-  int decays;
-} l2l_param_info;
+typedef struct l2l_param_info { char name[L2L_PARAM_NAME_MAX]; int ndim; int64_t shape[L2L_MAX_DIMS]; int decays; } l2l_param_info;
 l2l_status l2l_layer_config_params(l2l_param_info *out, int capacity, int *count,
                                    const l2l_layer_config *config);
 void l2l_layer_free(l2l_layer *layer);

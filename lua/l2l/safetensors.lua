@@ -14,10 +14,11 @@
 -- Purpose: one place that knows the byte layout, for checkpoints (l2l.checkpoint) and
 -- imports (l2l.gpt2). Writing goes to a temporary file in the same folder, fsync, rename,
 -- fsync of the folder: a crash or kill at any moment leaves either the old file or the
--- new one whole. Reading checks the whole header against the file's size before any
--- data is read (lengths, offsets inside the file, no overlaps or holes, known dtypes,
--- element counts matching the byte ranges), so a damaged, truncated or foreign file is a
--- clear error naming the file, never a crash or a read out of bounds.
+-- new one whole (and the next save to that path removes a killed save's temporary).
+-- Reading checks the whole header against the file's size before any data is read
+-- (valid UTF-8 JSON, lengths, offsets inside the file, no overlaps or holes, dtypes and
+-- ranks l2l has, element counts matching the byte ranges), so a damaged, truncated or
+-- foreign file is a clear error naming the file, never a crash or a read out of bounds.
 -- JSON goes through lua-cjson (Debian's lua-cjson), never by hand.
 -- Must never: leave a partial file under the final name, or trust a number from a file
 -- before checking it.
@@ -46,6 +47,16 @@ int rename(const char *from, const char *to);
 int unlink(const char *path);
 int getpid(void);
 char *strerror(int errnum);
+int gethostname(char *name, size_t len);
+int kill(int pid, int sig);
+void *opendir(const char *name);
+int closedir(void *dir);
+]]
+-- readdir's entry as glibc lays it out on 64-bit Linux (the platforms l2l builds for:
+-- Debian's amd64 and arm64), declared under a name of our own.
+ffi.cdef [[
+struct l2l_dirent { uint64_t d_ino; int64_t d_off; unsigned short d_reclen; unsigned char d_type; char d_name[256]; };
+struct l2l_dirent *readdir(void *dir);
 ]]
 
 local M = {}
@@ -59,6 +70,7 @@ for st, l in pairs(DTYPES) do FORMAT_NAMES[l] = st end
 M.format_dtype = FORMAT_NAMES
 
 local MAX_HEADER = 100 * 2^20   -- the format's own limit on the header
+local MAX_DIMS = 4               -- l2l's tensors (L2L_MAX_DIMS)
 local SEEK_SET, SEEK_END = 0, 2
 local O_RDONLY, O_DIRECTORY = 0, 0x10000
 
@@ -80,6 +92,40 @@ end
 
 local function folder_of(path)
   return path:match("^(.*)/[^/]*$") or "."
+end
+
+local ESRCH = 3   -- kill(pid, 0): no such process
+
+local function host_name()
+  local buf = ffi.new("char[256]")
+  if C.gethostname(buf, 255) ~= 0 then return "host" end
+  return (ffi.string(buf):gsub("[^%w%-]", "_"))
+end
+
+-- The temporary name of a save: "<path>.tmp.<host>.<pid>", so that a sweep knows whose it is.
+local function temporary_name(path) return ("%s.tmp.%s.%d"):format(path, host_name(), C.getpid()) end
+
+-- Removes what saves to `path` on this host left behind when they were killed (a kill -9
+-- cannot clean up): "<path>.tmp.<host>.<pid>" files whose process is gone. A live
+-- process's file (a save in progress elsewhere) and other hosts' files (a shared
+-- folder) are left alone.
+local function sweep_temporaries(path)
+  local folder, base = folder_of(path), path:match("[^/]*$")
+  local prefix = ("%s.tmp.%s."):format(base, host_name())
+  local dir = C.opendir(folder)
+  if dir == nil then return end
+  local stale = {}
+  while true do
+    local entry = C.readdir(dir)
+    if entry == nil then break end
+    local name = ffi.string(entry.d_name)
+    local pid = name:sub(1, #prefix) == prefix and tonumber(name:sub(#prefix + 1):match("^%d+$"))
+    if pid and pid ~= C.getpid() and C.kill(pid, 0) ~= 0 and ffi.errno() == ESRCH then
+      stale[#stale + 1] = folder .. "/" .. name
+    end
+  end
+  C.closedir(dir)
+  for _, name in ipairs(stale) do C.unlink(name) end
 end
 
 -- The file's data must reach the disk before the rename makes it the file; the folder's
@@ -127,7 +173,8 @@ function M.write(path, entries, metadata)
   local json = cjson.encode(header)
   json = json .. (" "):rep((8 - #json % 8) % 8)
 
-  local tmp = ("%s.tmp.%d"):format(path, C.getpid())
+  sweep_temporaries(path)
+  local tmp = temporary_name(path)
   local f = C.fopen(tmp, "wb")
   if f == nil then error(fname .. ": " .. os_error("cannot create", tmp), 2) end
   local ok, err = pcall(function()
@@ -151,6 +198,32 @@ end
 
 ----------------------------------------------------------------- reading
 
+-- Where `text` stops being UTF-8 (a byte offset), or nil when it all is. JSON is UTF-8
+-- (RFC 8259), and lua-cjson passes any bytes through: names and metadata read from a
+-- file would otherwise carry bytes no UTF-8 reader accepts. Overlong forms, surrogates
+-- and code points past U+10FFFF are refused as the standard says.
+local function utf8_error(text)
+  local i = text:find("[\128-\255]")   -- ASCII runs are skipped by find, not walked
+  while i do
+    local c = text:byte(i)
+    local len, lo, hi = 0, 0x80, 0xBF   -- continuation bytes; lo/hi bound the first one
+    if c >= 0xC2 and c <= 0xDF then len = 2
+    elseif c >= 0xE0 and c <= 0xEF then
+      len = 3
+      if c == 0xE0 then lo = 0xA0 elseif c == 0xED then hi = 0x9F end
+    elseif c >= 0xF0 and c <= 0xF4 then
+      len = 4
+      if c == 0xF0 then lo = 0x90 elseif c == 0xF4 then hi = 0x8F end
+    else return i end
+    for k = 1, len - 1 do
+      local b = text:byte(i + k)
+      if b == nil or b < (k == 1 and lo or 0x80) or b > (k == 1 and hi or 0xBF) then return i end
+    end
+    i = text:find("[\128-\255]", i + len)
+  end
+  return nil
+end
+
 local File = {}
 File.__index = File
 
@@ -167,7 +240,9 @@ local function check_entry(name, e, data_len, bad)
     if not count(d) then bad("entry '%s': shape[%d] = %s is not a size", name, i, tostring(d)) end
     numel = numel * d
   end
-  if #e.shape > 8 then bad("entry '%s' has %d dimensions (at most 8)", name, #e.shape) end
+  if #e.shape > MAX_DIMS then
+    bad("entry '%s' has %d dimensions; l2l's tensors have at most %d", name, #e.shape, MAX_DIMS)
+  end
   local o = e.data_offsets
   if type(o) ~= "table" or #o ~= 2 or not count(o[1]) or not count(o[2]) or o[2] < o[1] then
     bad("entry '%s' has bad data_offsets", name)
@@ -204,7 +279,10 @@ function M.open(path)
     if 8 + n > size then bad("header of %d bytes but the file has %d (truncated)", n, size) end
     local buf = ffi.new("char[?]", n)
     if C.fread(buf, 1, n, f) ~= n then bad("cannot read the header") end
-    local okj, header = pcall(cjson.decode, ffi.string(buf, n))
+    local text = ffi.string(buf, n)
+    local at = utf8_error(text)
+    if at then bad("the header is not valid UTF-8 (byte %d of it)", at) end
+    local okj, header = pcall(cjson.decode, text)
     if not okj or type(header) ~= "table" then bad("the header is not a JSON object: not a safetensors file (or damaged)") end
     local file = setmetatable({ path = path, handle = f, data_start = 8 + n, entries = {}, names = {},
                                 metadata = {} }, File)
