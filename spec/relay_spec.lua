@@ -317,6 +317,63 @@ describe("l2l.Relay", function()
     run:free()
   end)
 
+  it("gives the same run twice in one process: a model numbers its layers, no process-wide counter does", function()
+    -- Three blocks with dropout, every layer seeded; between the two builds other layers
+    -- are made (in a REPL, anything may come between), which moved the old counter.
+    local function build(block_seed)
+      local list = { l2l.Embedding { vocab = V, dim = 32, max_seq = S, seed = 11, dropout = 0.1 } }
+      for b = 1, 3 do
+        list[#list + 1] = l2l.Block { dim = 32, heads = 4, causal = true, dropout = 0.2,
+                                      attn_dropout = 0.1, seed = block_seed or 20 + b }
+      end
+      list[#list + 1] = l2l.LMHead { vocab = V, dim = 32, seed = 30 }
+      return l2l.Sequential(list)
+    end
+    local function train(model)
+      local run = l2l.Relay { model = model, micro_batch = 2, seed = 5, optimizer = l2l.AdamW { lr = 1e-2 } }
+      local losses = {}
+      for k = 1, 3 do losses[k] = run:step(reversal(4)) end
+      run:free()
+      return losses
+    end
+    math.randomseed(support.seed)
+    local first = train(build())
+    for _ = 1, support.int(1, 5) do l2l.Block { dim = 8, heads = 2 }:free() end
+    math.randomseed(support.seed)
+    local second = build()
+    local ids = {}
+    for i = 1, #second do ids[i] = second[i]:rng_id() end
+    assert.are.same(first, train(second))
+    assert.are.same({ 1, 2, 3, 4, 5 }, ids)
+    -- plain whole-batch training too (no relay): the same masks from a second build
+    local plain = {}
+    for k = 1, 2 do
+      local model = build()
+      math.randomseed(support.seed)
+      local tok, tgt = reversal(4)
+      plain[k] = model:forward { tokens = tok, targets = tgt, seed = 5, step = 0 }
+    end
+    assert.are.equal(plain[1], plain[2])
+    -- one seed on every block: their weights start equal, their masks still differ
+    local same_seed = build(7)
+    assert.are.same({ 1, 2, 3, 4, 5 }, { same_seed[1]:rng_id(), same_seed[2]:rng_id(), same_seed[3]:rng_id(),
+                                         same_seed[4]:rng_id(), same_seed[5]:rng_id() })
+    -- inserting, cloning and removing layers changes no other layer's id
+    local model = build()
+    model:insert(2, l2l.Block { dim = 32, heads = 4 })
+    model:clone(4)
+    model:add(l2l.Block { dim = 32, heads = 4 })
+    model:remove(3)
+    ids = {}
+    for i = 1, #model do ids[i] = model[i]:rng_id() end
+    assert.are.same({ 1, 6, 3, 7, 4, 5, 8 }, ids)
+    -- an id set by hand is kept, and numbering goes on past it
+    local fixed = l2l.Block { dim = 32, heads = 4 }
+    fixed:rng_id(40)
+    local mixed = l2l.Sequential { l2l.Block { dim = 32, heads = 4 }, fixed, l2l.Block { dim = 32, heads = 4 } }
+    assert.are.same({ 41, 40, 42 }, { mixed[1]:rng_id(), mixed[2]:rng_id(), mixed[3]:rng_id() })
+  end)
+
   it("keeps more layers on the device with more parameter slots, for the same result", function()
     -- stash device, inner keep, one micro-batch: with the default two slots the backward
     -- copies every layer in again but the last block (still in its slot after the head);

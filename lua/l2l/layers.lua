@@ -305,7 +305,8 @@ function Layer:name()
 end
 
 -- The id that keys this layer's dropout draws; layer:rng_id(n) sets it (two layers with
--- one id and one seed draw the same masks).
+-- one id and one seed draw the same masks), and then a model keeps it (model.lua numbers
+-- the layers whose id nobody set).
 function Layer:rng_id(id)
   local h = H(self, "layer:rng_id")
   if id ~= nil then
@@ -313,6 +314,7 @@ function Layer:rng_id(id)
       error("layer:rng_id: id must be an integer from 0 to 2^24 - 1, got " .. tostring(id), 2)
     end
     check(C.l2l_layer_set_rng_id(h, id), "layer:rng_id", 2)
+    self.rng_fixed = true
   end
   return tonumber(C.l2l_layer_rng_id(h))
 end

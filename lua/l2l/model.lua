@@ -10,6 +10,12 @@
 -- changes the model, never the relay.
 -- The layers are the model's array part (model[i], also model.layers[i]), so `#model`
 -- works without __len (LuaJIT without 5.2 compatibility ignores __len on tables).
+-- Dropout draws are keyed by each layer's rng id (src/l2l.h). A model numbers its layers
+-- in the order they join it: 1, 2, ... as it is built, and an inserted, added or cloned
+-- layer takes one past the highest id in the model. So the same script draws the same
+-- masks in any process, whatever was built before it (a process-wide counter made two
+-- builds of one model differ), and inserting or removing a layer changes no other
+-- layer's draws. An id set by hand (layer:rng_id(n), or by l2l.load) is kept.
 -- Must never: count a shared parameter record twice (params(), nparams()), or hold one
 -- layer twice (its saved state and its place in a relay are single).
 local layers = require("l2l.layers")
@@ -25,6 +31,20 @@ local function check_layer(layer, index, fname)
   if not layers.is_layer(layer) then
     error(("%s: entry %d is not a layer (got %s)"):format(fname, index, type(layer)), 3)
   end
+end
+
+local function highest_rng_id(self)
+  local top = 0
+  for _, layer in ipairs(self) do top = math.max(top, layer:rng_id()) end
+  return top
+end
+
+-- The layer joining the model after its other layers takes the next id, unless its id
+-- was set by hand or by the model it came from.
+local function number_layer(layer, top)
+  if layer.rng_fixed then return top end
+  layer:rng_id(top + 1)
+  return top + 1
 end
 
 local function first_embedding(self)
@@ -51,6 +71,12 @@ function M.Sequential(list)
     end
     self[i] = layer
   end
+  -- ids set by hand first, so that the numbers given to the others do not meet them
+  local top = 0
+  for _, layer in ipairs(self) do
+    if layer.rng_fixed then top = math.max(top, layer:rng_id()) end
+  end
+  for _, layer in ipairs(self) do top = number_layer(layer, top) end
   return self
 end
 
@@ -85,6 +111,7 @@ local function admit(self, layer, fname)
     if embedding == nil then error(fname .. ": the layer wants tie = true but the model has no Embedding", 3) end
     layer:tie_to(embedding)
   end
+  number_layer(layer, highest_rng_id(self))
 end
 
 function Sequential:layer(i)
