@@ -17,11 +17,12 @@
 -- a copy of wte) are ignored.
 -- Must never: guess silently: a missing tensor, a shape that disagrees with wte's width,
 -- or a name it does not know is an error naming it.
+local lib = require("l2l.lib")
 local safetensors = require("l2l.safetensors")
 local layers = require("l2l.layers")
 local model_mod = require("l2l.model")
 
-local type, tostring, pairs, ipairs, floor = type, tostring, pairs, ipairs, math.floor
+local type, tostring, pairs, ipairs, floor, select = type, tostring, pairs, ipairs, math.floor, select
 
 local M = {}
 
@@ -39,11 +40,7 @@ local OPTIONS = { heads = true, max_seq = true, memory = true, dropout = true }
 
 local function import(path, opts)
   local fname = "l2l.import_gpt2"
-  if opts ~= nil and type(opts) ~= "table" then error(fname .. ": opts must be a table", 0) end
-  opts = opts or {}
-  for k in pairs(opts) do
-    if not OPTIONS[k] then error(("%s: unknown option '%s' (heads, max_seq, memory, dropout)"):format(fname, tostring(k)), 0) end
-  end
+  opts = lib.options(opts, OPTIONS, fname, 0, "opts")
   local ok, file = pcall(safetensors.open, path)
   if not ok then error(fname .. ": " .. tostring(file):gsub("^safetensors%.open: ", ""), 0) end
   local okb, model = pcall(function()
@@ -134,7 +131,8 @@ local function import(path, opts)
   return model
 end
 
-function M.import(path, opts)
+function M.import(path, opts, ...)
+  if select("#", ...) ~= 0 then lib.too_many("l2l.import_gpt2", "path, opts", 2, ...) end
   local ok, model = pcall(import, path, opts)
   if not ok then error(model, 2) end
   return model

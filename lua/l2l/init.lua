@@ -9,7 +9,7 @@ local lib = require("l2l.lib")
 local tensor = require("l2l.tensor")
 local ffi = require("ffi")
 
-local C, check = lib.C, lib.check
+local C, check, too_many, select = lib.C, lib.check, lib.too_many, select
 
 local l2l = {
   ops = require("l2l.ops"),
@@ -54,7 +54,8 @@ l2l.import_gpt2 = require("l2l.gpt2").import
 -- reserved and system_allocs show the caching allocators: memory held from the system,
 -- and calls to it; cap and fallback are the pinned pool's: see l2l.set_pinned_cap)
 local stats = ffi.new("l2l_pool_stats")
-function l2l.pool_stats(pool)
+function l2l.pool_stats(pool, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.pool_stats", "pool", 2, ...) end
   check(C.l2l_pool_get_stats(stats, lib.pool_id(pool, "l2l.pool_stats", 2)), "l2l.pool_stats", 2)
   return {
     current = tonumber(stats.current), peak = tonumber(stats.peak),
@@ -69,7 +70,8 @@ end
 -- l2l.set_pinned_cap(bytes): the most the pinned pool holds (0: no cap; default a quarter
 -- of the machine's memory); past it pinned tensors come from pageable memory, with a
 -- warning the first time.
-function l2l.set_pinned_cap(bytes)
+function l2l.set_pinned_cap(bytes, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.set_pinned_cap", "bytes", 2, ...) end
   if type(bytes) ~= "number" or bytes < 0 or bytes % 1 ~= 0 then
     error("l2l.set_pinned_cap: bytes must be an integer >= 0, got " .. tostring(bytes), 2)
   end
@@ -78,7 +80,8 @@ end
 
 -- l2l.device() -> {backend = "cpu" | "cuda", cuda = bool, why = reason when not, and on
 -- CUDA name=, capability= "9.0", memory=, free=, multiprocessors=}
-function l2l.device()
+function l2l.device(...)
+  if select("#", ...) ~= 0 then too_many("l2l.device", "", 2, ...) end
   local why = ffi.new("char[256]")
   local out = { backend = ffi.string(C.l2l_device_backend()) }
   out.cuda = C.l2l_cuda_available(why, 256) == 1
@@ -97,36 +100,44 @@ end
 
 -- l2l.device_use("cpu" | "cuda"): which backend serves the device pool (no device
 -- tensors may be alive); l2l.synchronize() waits for queued GPU work.
-function l2l.device_use(backend)
+function l2l.device_use(backend, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.device_use", "backend", 2, ...) end
   if type(backend) ~= "string" then
     error("l2l.device_use: backend must be 'cpu' or 'cuda', got " .. tostring(backend), 2)
   end
   check(C.l2l_device_use(backend), "l2l.device_use", 2)
 end
 
-function l2l.synchronize() check(C.l2l_device_synchronize(), "l2l.synchronize", 2) end
+function l2l.synchronize(...)
+  if select("#", ...) ~= 0 then too_many("l2l.synchronize", "", 2, ...) end
+  check(C.l2l_device_synchronize(), "l2l.synchronize", 2)
+end
 
 -- l2l.cuda_tf32(true | false): f32 GEMMs on the GPU through TF32 tensor cores (off by
 -- default; about 1e-3 relative error instead of fp32's 1e-6).
-function l2l.cuda_tf32(on)
+function l2l.cuda_tf32(on, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.cuda_tf32", "on", 2, ...) end
   if type(on) ~= "boolean" then error("l2l.cuda_tf32: on must be true or false, got " .. tostring(on), 2) end
   check(C.l2l_cuda_set_tf32(on and 1 or 0), "l2l.cuda_tf32", 2)
 end
 
 -- l2l.set_budget("device", bytes): 0 removes the budget.
-function l2l.set_budget(pool, bytes)
+function l2l.set_budget(pool, bytes, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.set_budget", "pool, bytes", 2, ...) end
   if type(bytes) ~= "number" or bytes < 0 or bytes ~= math.floor(bytes) then
     error("l2l.set_budget: bytes must be an integer >= 0, got " .. tostring(bytes), 2)
   end
   check(C.l2l_pool_set_budget(lib.pool_id(pool, "l2l.set_budget", 2), bytes), "l2l.set_budget", 2)
 end
 
-function l2l.reset_peak(pool)
+function l2l.reset_peak(pool, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.reset_peak", "pool", 2, ...) end
   check(C.l2l_pool_reset_peak(lib.pool_id(pool, "l2l.reset_peak", 2)), "l2l.reset_peak", 2)
 end
 
 -- l2l.threads() -> count; l2l.threads(n) sets it.
-function l2l.threads(n)
+function l2l.threads(n, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.threads", "n", 2, ...) end
   if n ~= nil then
     if type(n) ~= "number" then error("l2l.threads: n must be a number", 2) end
     check(C.l2l_set_threads(n), "l2l.threads", 2)

@@ -10,8 +10,8 @@
 local ffi = require("ffi")
 local lib = require("l2l.lib")
 
-local C, check = lib.C, lib.check
-local type, tostring, pairs, floor, huge = type, tostring, pairs, math.floor, math.huge
+local C, check, too_many = lib.C, lib.check, lib.too_many
+local type, tostring, floor, huge, select = type, tostring, math.floor, math.huge, select
 
 local M = {}
 
@@ -69,12 +69,8 @@ local function count(o, key, default, fname, min)
 end
 
 local function known(o, allowed, fname)
-  if o == nil then return {} end
-  if type(o) ~= "table" then fail(fname .. ": expects an options table") end
-  for key in pairs(o) do
-    if not allowed[key] then fail(("%s: unknown option '%s'"):format(fname, tostring(key))) end
-  end
-  return o
+  local checked_o = lib.options(o, allowed, fname, 0)
+  return checked_o
 end
 
 ----------------------------------------------------------------- optimizers
@@ -122,27 +118,38 @@ local function sgd(o)
   self.decay_all = boolean(o, "decay_all", false, fname)
   return setmetatable(self, Optimizer)
 end
-function M.SGD(o)
+function M.SGD(o, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.SGD", "options", 2, ...) end
   local self = checked(sgd, o)
   return self
 end
 
 -- l2l.AdamW{lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0.01, decay_all = false}
-function M.AdamW(o)
+function M.AdamW(o, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.AdamW", "options", 2, ...) end
   local self = checked(adam_like, "adamw", "l2l.AdamW", o, 0.01)
   return self
 end
 
 -- l2l.LAMB{lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0.01, decay_all = false}
-function M.LAMB(o)
+function M.LAMB(o, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.LAMB", "options", 2, ...) end
   local self = checked(adam_like, "lamb", "l2l.LAMB", o, 0.01)
   return self
 end
 
-function M.is_optimizer(x) return getmetatable(x) == Optimizer end
+function M.is_optimizer(x, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.is_optimizer", "x", 2, ...) end
+  return getmetatable(x) == Optimizer
+end
 
 -- Fills an l2l_optimizer_config (cdata) from the optimizer.
-function Optimizer:fill(c)
+function Optimizer:fill(c, ...)
+  if select("#", ...) ~= 0 then too_many("optimizer:fill", "c", 2, ...) end
+  if getmetatable(self) ~= Optimizer then error("optimizer:fill: self must be an optimizer", 2) end
+  if not ffi.istype("l2l_optimizer_config", c) then
+    error("optimizer:fill: c must be an l2l_optimizer_config, got " .. lib.describe(c), 2)
+  end
   c.kind = kinds[self.kind]
   c.lr = self.lr
   c.momentum = self.momentum or 0
@@ -155,7 +162,12 @@ function Optimizer:fill(c)
   return c
 end
 
-function Optimizer:config() return self:fill(ffi.new("l2l_optimizer_config")) end
+function Optimizer:config(...)
+  if select("#", ...) ~= 0 then too_many("optimizer:config", "", 2, ...) end
+  if getmetatable(self) ~= Optimizer then error("optimizer:config: self must be an optimizer", 2) end
+  local c = self:fill(ffi.new("l2l_optimizer_config"))
+  return c
+end
 
 local NAMES = { sgd = "SGD", adamw = "AdamW", lamb = "LAMB" }
 function Optimizer:__tostring()
@@ -180,7 +192,8 @@ local function constant(o)
   return setmetatable({ kind = "constant", warmup = count(o, "warmup", 0, fname, 0),
                         total = 0, final_ratio = 1 }, Schedule)
 end
-function M.Constant(o)
+function M.Constant(o, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.Constant", "options", 2, ...) end
   local self = checked(constant, o)
   return self
 end
@@ -199,20 +212,31 @@ local function decaying(kind, fname, o)
 end
 
 -- l2l.Cosine{warmup = 0, total = (required), final_ratio = 0}
-function M.Cosine(o)
+function M.Cosine(o, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.Cosine", "options", 2, ...) end
   local self = checked(decaying, "cosine", "l2l.Cosine", o)
   return self
 end
 
 -- l2l.Linear{warmup = 0, total = (required), final_ratio = 0}
-function M.Linear(o)
+function M.Linear(o, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.Linear", "options", 2, ...) end
   local self = checked(decaying, "linear", "l2l.Linear", o)
   return self
 end
 
-function M.is_schedule(x) return getmetatable(x) == Schedule end
+function M.is_schedule(x, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.is_schedule", "x", 2, ...) end
+  return getmetatable(x) == Schedule
+end
 
-function Schedule:fill(c)
+-- Fills an l2l_schedule_config (cdata) from the schedule.
+function Schedule:fill(c, ...)
+  if select("#", ...) ~= 0 then too_many("schedule:fill", "c", 2, ...) end
+  if getmetatable(self) ~= Schedule then error("schedule:fill: self must be a schedule", 2) end
+  if not ffi.istype("l2l_schedule_config", c) then
+    error("schedule:fill: c must be an l2l_schedule_config, got " .. lib.describe(c), 2)
+  end
   c.kind = schedule_kinds[self.kind]
   c.warmup = self.warmup
   c.total = self.total
@@ -220,12 +244,18 @@ function Schedule:fill(c)
   return c
 end
 
-function Schedule:config() return self:fill(ffi.new("l2l_schedule_config")) end
+function Schedule:config(...)
+  if select("#", ...) ~= 0 then too_many("schedule:config", "", 2, ...) end
+  if getmetatable(self) ~= Schedule then error("schedule:config: self must be a schedule", 2) end
+  local c = self:fill(ffi.new("l2l_schedule_config"))
+  return c
+end
 
 -- schedule:lr(base, t): the learning rate of update t (1-based) for base rate `base`.
 local lr_out = ffi.new("double[1]")
-function Schedule:lr(base, t)
+function Schedule:lr(base, t, ...)
   local fname = "schedule:lr"
+  if select("#", ...) ~= 0 then too_many(fname, "base, t", 2, ...) end
   if getmetatable(self) ~= Schedule then error(fname .. ": self must be a schedule", 2) end
   if not finite(base) or base < 0 then
     error(fname .. ": base must be a finite number >= 0, got " .. tostring(base), 2)

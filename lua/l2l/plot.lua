@@ -21,9 +21,11 @@
 -- temporary folder); if it fails, the SVG is written instead and the reason returned.
 -- Must never: leave temporary files behind, write text into the SVG without escaping it,
 -- or draw a non-finite value (such points are skipped: a diverged run still plots).
+local lib = require("l2l.lib")
+
 local type, tostring, ipairs, floor, abs, max, min = type, tostring, ipairs, math.floor, math.abs,
                                                      math.max, math.min
-local format, concat = string.format, table.concat
+local format, concat, select, too_many = string.format, table.concat, select, lib.too_many
 
 local M = {}
 
@@ -35,18 +37,34 @@ local function finite(v) return type(v) == "number" and v == v and v > -math.hug
 
 ----------------------------------------------------------------- checking the figure
 
+-- What a figure, a panel, a series and a reference line may hold (anything else is an
+-- error naming it: a misspelt "ylable" would otherwise vanish from the picture).
+local FIGURE = { title = true, panels = true }
+local PANEL = { title = true, xlabel = true, ylabel = true, series = true, hlines = true, ymin = true }
+local SERIES = { name = true, x = true, y = true, marks = true, colour = true }
+local HLINE = { name = true, y = true }
+
 local function check_figure(fig, fname)
-  if type(fig) ~= "table" then error(fname .. ": figure must be a table", 3) end
+  if type(fig) ~= "table" then error(fname .. ": figure must be a table, got " .. lib.describe(fig), 3) end
+  lib.fields(fig, FIGURE, fname, 3, "figure")
   if type(fig.panels) ~= "table" or #fig.panels == 0 then
     error(fname .. ": figure.panels must be a non-empty list of panels", 3)
   end
   for p, panel in ipairs(fig.panels) do
     if type(panel) ~= "table" then error(("%s: figure.panels[%d] must be a table"):format(fname, p), 3) end
+    lib.fields(panel, PANEL, fname, 3, ("figure.panels[%d]"):format(p))
+    if panel.series ~= nil and type(panel.series) ~= "table" then
+      error(("%s: figure.panels[%d].series must be a list of series"):format(fname, p), 3)
+    end
+    if panel.hlines ~= nil and type(panel.hlines) ~= "table" then
+      error(("%s: figure.panels[%d].hlines must be a list of lines"):format(fname, p), 3)
+    end
     for s, series in ipairs(panel.series or {}) do
       local where = ("%s: figure.panels[%d].series[%d]"):format(fname, p, s)
       if type(series) ~= "table" or type(series.x) ~= "table" or type(series.y) ~= "table" then
         error(where .. " must be a table with lists x and y", 3)
       end
+      lib.fields(series, SERIES, fname, 3, ("figure.panels[%d].series[%d]"):format(p, s))
       if #series.x ~= #series.y then
         error(("%s: x has %d values but y has %d"):format(where, #series.x, #series.y), 3)
       end
@@ -55,6 +73,7 @@ local function check_figure(fig, fname)
       if type(line) ~= "table" or not finite(line.y) then
         error(("%s: figure.panels[%d].hlines[%d] must be a table with a finite number y"):format(fname, p, h), 3)
       end
+      lib.fields(line, HLINE, fname, 3, ("figure.panels[%d].hlines[%d]"):format(p, h))
     end
   end
 end
@@ -90,7 +109,20 @@ local function axis(lo, hi, target)
   local step = nice_step(hi - lo, target)
   return floor(lo / step + 1e-9) * step, math.ceil(hi / step - 1e-9) * step, step
 end
-M.axis = axis
+-- plot.axis(lo, hi, target) -> lo, hi, step: limits widened to whole "nice" ticks, about
+-- `target` of them (lo and hi nil: no data, 0 to 1).
+function M.axis(lo, hi, target, ...)
+  if select("#", ...) ~= 0 then too_many("plot.axis", "lo, hi, target", 2, ...) end
+  if not (lo == nil and hi == nil) and not (finite(lo) and finite(hi) and lo <= hi) then
+    error(("plot.axis: lo and hi must be finite numbers, lo <= hi (or both nil), got %s and %s"):format(
+      lib.describe(lo), lib.describe(hi)), 2)
+  end
+  if not finite(target) or target <= 0 then
+    error("plot.axis: target must be a number > 0, got " .. lib.describe(target), 2)
+  end
+  local a, b, step = axis(lo, hi, target)
+  return a, b, step
+end
 
 -- Tick label: no trailing zeros, no "-0".
 local function tick_label(v, step)
@@ -126,10 +158,9 @@ end
 
 local function num(v) return format("%.1f", v) end
 
--- The SVG text of a figure.
-function M.svg(fig, opts)
-  check_figure(fig, "plot.svg")
-  opts = opts or {}
+local SVG_OPTIONS = { width = true, panel_height = true }
+
+local function svg(fig, opts)
   local W, PH = opts.width or 900, opts.panel_height or 340
   local top = fig.title and 40 or 10
   local H = top + PH * #fig.panels
@@ -231,12 +262,23 @@ function M.svg(fig, opts)
   return concat(out, "\n") .. "\n"
 end
 
+-- plot.svg(figure [, {width = 900, panel_height = 340}]) -> the SVG text of a figure.
+function M.svg(fig, opts, ...)
+  local fname = "plot.svg"
+  if select("#", ...) ~= 0 then too_many(fname, "figure, opts", 2, ...) end
+  check_figure(fig, fname)
+  opts = lib.options(opts, SVG_OPTIONS, fname, 2, "opts")
+  local text = svg(fig, opts)
+  return text
+end
+
 ----------------------------------------------------------------- gnuplot
 
 local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 local function gp_quote(s) return "'" .. tostring(s):gsub("'", "''") .. "'" end   -- gnuplot: '' is '
 
-function M.have_gnuplot()
+function M.have_gnuplot(...)
+  if select("#", ...) ~= 0 then too_many("plot.have_gnuplot", "", 2, ...) end
   local p = io.popen("command -v gnuplot 2>/dev/null")
   local found = p:read("*l")
   p:close()
@@ -318,15 +360,18 @@ end
 
 ----------------------------------------------------------------- writing
 
--- plot.write(base, figure [, {format = "auto" | "png" | "svg"}]) -> path written, format,
--- note (why a PNG was asked for and an SVG written, else nil). base: the path without
--- extension (".png" or ".svg" is added).
-function M.write(base, fig, opts)
+-- plot.write(base, figure [, {format = "auto" | "png" | "svg", width =, panel_height =}])
+-- -> path written, format, note (why a PNG was asked for and an SVG written, else nil).
+-- base: the path without extension (".png" or ".svg" is added); width and panel_height
+-- are the SVG's (plot.svg).
+local WRITE_OPTIONS = { format = true, width = true, panel_height = true }
+
+function M.write(base, fig, opts, ...)
   local fname = "plot.write"
+  if select("#", ...) ~= 0 then too_many(fname, "base, figure, opts", 2, ...) end
   if type(base) ~= "string" or base == "" then error(fname .. ": base must be a non-empty path", 2) end
   check_figure(fig, fname)
-  opts = opts or {}
-  if type(opts) ~= "table" then error(fname .. ": opts must be a table", 2) end
+  opts = lib.options(opts, WRITE_OPTIONS, fname, 2, "opts")
   local fmt = opts.format or "auto"
   if fmt ~= "auto" and fmt ~= "png" and fmt ~= "svg" then
     error(fname .. ': opts.format must be "auto", "png" or "svg", got ' .. tostring(fmt), 2)
@@ -344,7 +389,7 @@ function M.write(base, fig, opts)
   local path = base .. ".svg"
   local f, err = io.open(path, "w")
   if not f then error(fname .. ": cannot write " .. path .. ": " .. tostring(err), 2) end
-  f:write(M.svg(fig, opts))
+  f:write(svg(fig, opts))
   f:close()
   return path, "svg", note
 end

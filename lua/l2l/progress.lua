@@ -16,10 +16,13 @@
 -- The ETA is the remaining steps times the mean time per step of this run so far (steps
 -- done before a resume are not timed, so they do not count).
 -- Must never: write "\r" or escape sequences when the output is not a terminal, or
--- raise on a missing field (a field that is nil is simply left out of the line).
+-- raise on a missing field (a field that is nil is simply left out of the line; a field
+-- it does not know is refused, as every public function refuses what it does not know).
 local ffi = require("ffi")
+local lib = require("l2l.lib")
 
 local type, tostring, floor, format, concat = type, tostring, math.floor, string.format, table.concat
+local select, too_many = select, lib.too_many
 
 local M = {}
 local Bar = {}
@@ -47,11 +50,18 @@ local function monotonic()
   return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
 end
 -- (If clock_gettime was declared elsewhere with another struct, whole seconds it is.)
-M.now = pcall(monotonic) and monotonic or function() return os.time() end
+local now = pcall(monotonic) and monotonic or function() return os.time() end
+
+-- progress.now() -> seconds on a monotonic clock.
+function M.now(...)
+  if select("#", ...) ~= 0 then too_many("progress.now", "", 2, ...) end
+  return now()
+end
 
 -- true when the progress line should update in place: L2L_PROGRESS=tty|plain decides,
 -- else whether file descriptor 1 is a terminal.
-function M.is_terminal()
+function M.is_terminal(...)
+  if select("#", ...) ~= 0 then too_many("progress.is_terminal", "", 2, ...) end
   local forced = os.getenv("L2L_PROGRESS")
   if forced == "tty" then return true end
   if forced == "plain" then return false end
@@ -63,7 +73,8 @@ end
 -- (ioctl TIOCGWINSZ, Linux's number), else 80. A line longer than this would wrap, and
 -- "\r" would then redraw only its last row.
 local TIOCGWINSZ = 0x5413
-function M.columns()
+function M.columns(...)
+  if select("#", ...) ~= 0 then too_many("progress.columns", "", 2, ...) end
   local env = tonumber(os.getenv("COLUMNS"))
   if env and env >= 20 then return env end
   local ok, cols = pcall(function()
@@ -78,7 +89,8 @@ end
 ----------------------------------------------------------------- human units
 
 -- 1536 -> "1.5 KiB", 3.2e7 -> "30.5 MiB" (binary units, as the pools count).
-function M.bytes(n)
+function M.bytes(n, ...)
+  if select("#", ...) ~= 0 then too_many("progress.bytes", "n", 2, ...) end
   if type(n) ~= "number" then error("progress.bytes: n must be a number, got " .. type(n), 2) end
   local units = { "B", "KiB", "MiB", "GiB", "TiB" }
   local u, v = 1, n
@@ -88,7 +100,8 @@ function M.bytes(n)
 end
 
 -- 950 -> "950", 12345 -> "12.3k", 4.2e6 -> "4.20M" (decimal units, for tokens).
-function M.count(n)
+function M.count(n, ...)
+  if select("#", ...) ~= 0 then too_many("progress.count", "n", 2, ...) end
   if type(n) ~= "number" then error("progress.count: n must be a number, got " .. type(n), 2) end
   local a = math.abs(n)
   if a < 1e3 then return format("%.0f", n) end
@@ -98,7 +111,8 @@ function M.count(n)
 end
 
 -- 7.3 -> "7.3s", 95 -> "1m35s", 7300 -> "2h01m".
-function M.duration(s)
+function M.duration(s, ...)
+  if select("#", ...) ~= 0 then too_many("progress.duration", "s", 2, ...) end
   if type(s) ~= "number" then error("progress.duration: s must be a number, got " .. type(s), 2) end
   if s ~= s or s == math.huge then return "?" end
   if s < 60 then return format("%.1fs", s) end
@@ -112,9 +126,11 @@ end
 -- progress.new{total =, first = 0 (steps already done: a resumed run), every = 10 (plain
 -- lines: one per `every` steps), tty = (default M.is_terminal()), out = io.stdout,
 -- width = (columns; default: the terminal's, see M.columns)}
-function M.new(o)
-  o = o or {}
-  if type(o) ~= "table" then error("progress.new: expects an options table", 2) end
+local OPTIONS = { total = true, first = true, every = true, tty = true, out = true, width = true }
+
+function M.new(o, ...)
+  if select("#", ...) ~= 0 then too_many("progress.new", "options", 2, ...) end
+  o = lib.options(o, OPTIONS, "progress.new", 2)
   local function int(key, default, min)
     local v = o[key]
     if v == nil then return default end
@@ -134,22 +150,41 @@ function M.new(o)
   if self.tty == nil then self.tty = M.is_terminal() end
   self.out = o.out or io.stdout
   if self.width == nil then self.width = self.tty and M.columns() or 1000 end
-  self.start = M.now()
+  self.start = now()
   self.drawn = false   -- an updating line is on the screen
   return self
 end
 
+local function bar_of(self, fname)
+  if getmetatable(self) ~= Bar then error(fname .. ": self must be a progress bar (from progress.new)", 3) end
+end
+
+local function step_of(step, fname)
+  if type(step) ~= "number" then error(fname .. ": step must be a number, got " .. lib.describe(step), 3) end
+end
+
 -- Seconds left: the mean time per step of this run times the steps to go.
-function Bar:eta(step)
+local function eta(self, step)
   local done = step - self.first
   if done <= 0 then return math.huge end
-  return (M.now() - self.start) / done * (self.total - step)
+  return (now() - self.start) / done * (self.total - step)
 end
+
+function Bar:eta(step, ...)
+  if select("#", ...) ~= 0 then too_many("bar:eta", "step", 2, ...) end
+  bar_of(self, "bar:eta")
+  step_of(step, "bar:eta")
+  local seconds = eta(self, step)
+  return seconds
+end
+
+local FIELDS = { loss = true, val_loss = true, tokens_per_s = true, device_peak = true, device_budget = true,
+                 host = true }
 
 -- The line for `step` with fields f: loss, val_loss, tokens_per_s, device_peak,
 -- device_budget, host (bytes).
-function Bar:line(step, f)
-  f = f or {}
+local function line(self, step, f, fname)
+  f = lib.options(f, FIELDS, fname, 3, "fields")
   local digits = #tostring(self.total)
   local parts = { format("step %" .. digits .. "d/%d", step, self.total) }
   if f.loss then parts[#parts + 1] = format("loss %.3f", f.loss) end
@@ -160,16 +195,26 @@ function Bar:line(step, f)
                         (f.device_budget and f.device_budget > 0 and ("/" .. M.bytes(f.device_budget)) or "")
   end
   if f.host then parts[#parts + 1] = "host " .. M.bytes(f.host) end
-  parts[#parts + 1] = (step >= self.total and "took " .. M.duration(M.now() - self.start))
-                      or "ETA " .. M.duration(self:eta(step))
+  parts[#parts + 1] = (step >= self.total and "took " .. M.duration(now() - self.start))
+                      or "ETA " .. M.duration(eta(self, step))
   return concat(parts, "  ")
+end
+
+function Bar:line(step, fields, ...)
+  if select("#", ...) ~= 0 then too_many("bar:line", "step, fields", 2, ...) end
+  bar_of(self, "bar:line")
+  step_of(step, "bar:line")
+  local text = line(self, step, fields, "bar:line")
+  return text
 end
 
 -- Shows step `step` (on a terminal: redraws the line; otherwise a plain line every
 -- `every` steps, at the first step of the run and at the last).
-function Bar:update(step, fields)
-  if type(step) ~= "number" then error("bar:update: step must be a number, got " .. type(step), 2) end
-  local text = self:line(step, fields)
+function Bar:update(step, fields, ...)
+  if select("#", ...) ~= 0 then too_many("bar:update", "step, fields", 2, ...) end
+  bar_of(self, "bar:update")
+  step_of(step, "bar:update")
+  local text = line(self, step, fields, "bar:update")
   if self.tty then
     if #text > self.width - 1 then text = text:sub(1, self.width - 1) end
     self.out:write("\r", text, "\27[K")
@@ -182,14 +227,18 @@ end
 
 -- A line that stays: on a terminal the updating line is cleared first (it is redrawn at
 -- the next update).
-function Bar:print(text)
+function Bar:print(text, ...)
+  if select("#", ...) ~= 0 then too_many("bar:print", "text", 2, ...) end
+  bar_of(self, "bar:print")
   if self.tty and self.drawn then self.out:write("\r\27[K") ; self.drawn = false end
   self.out:write(tostring(text), "\n")
   self.out:flush()
 end
 
 -- Ends the updating line (a newline after it on a terminal).
-function Bar:finish()
+function Bar:finish(...)
+  if select("#", ...) ~= 0 then too_many("bar:finish", "", 2, ...) end
+  bar_of(self, "bar:finish")
   if self.tty and self.drawn then self.out:write("\n"); self.drawn = false end
   self.out:flush()
 end

@@ -25,8 +25,8 @@ local model_mod = require("l2l.model")
 local optim = require("l2l.optim")
 
 local C, check, handle_of, check_call = lib.C, lib.check, tensor.handle_of, layers.check_call
-local address = layers.address
-local type, tostring, pairs, ipairs, floor, huge = type, tostring, pairs, ipairs, math.floor, math.huge
+local address, too_many = layers.address, lib.too_many
+local type, tostring, pairs, ipairs, floor, huge, select = type, tostring, pairs, ipairs, math.floor, math.huge, select
 
 local M = {}
 local Relay = {}
@@ -124,10 +124,7 @@ local OPTIONS = {
 local nonfinite_ids = { skip = 0, error = 1 }
 
 local function read_options(o, fname)
-  if type(o) ~= "table" then fail(fname .. ": expects an options table") end
-  for key in pairs(o) do
-    if not OPTIONS[key] then fail(("%s: unknown option '%s'"):format(fname, tostring(key))) end
-  end
+  o = lib.options(o, OPTIONS, fname, 0)
   local s = {}
   local model = o.model
   if model == nil then fail(fname .. ": option 'model' is required (an l2l.Sequential or a list of layers)") end
@@ -261,8 +258,9 @@ end
 -- record whose gradient holds an inf or NaN is not updated, said once on stderr; "error":
 -- the step raises after it is done), device_budget = (bytes: sets the device pool's
 -- budget, process-wide)}
-function M.Relay(o)
+function M.Relay(o, ...)
   local fname = "l2l.Relay"
+  if select("#", ...) ~= 0 then too_many(fname, "options", 2, ...) end
   local ok, s = pcall(read_options, o, fname)
   if not ok then error(s, 2) end
   local model = s.model
@@ -295,10 +293,14 @@ function M.Relay(o)
   return self
 end
 
-function M.is_relay(x) return getmetatable(x) == Relay end
+function M.is_relay(x, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.is_relay", "x", 2, ...) end
+  return getmetatable(x) == Relay
+end
 
 -- Frees the C relay now (waiting for pending updates); safe twice. The layers stay.
-function Relay:free()
+function Relay:free(...)
+  if select("#", ...) ~= 0 then too_many("run:free", "", 2, ...) end
   if getmetatable(self) ~= Relay then error("run:free: self must be a relay", 2) end
   local box = self.box
   if box[0] ~= nil then
@@ -313,8 +315,9 @@ end
 -- Brings the C relay's list in line with self.model: replacements in place, removals,
 -- insertions (a layer that moved is removed and inserted: it starts its optimizer state
 -- afresh, as C's remove + insert do), then frozen flags. Raises plain messages naming
--- the Lua layer index.
-function Relay:sync_layers(fname)
+-- the Lua layer index. (For the front end's modules: checkpoint.lua calls it too.)
+function Relay:sync_layers(fname, ...)
+  if select("#", ...) ~= 0 then too_many("run:sync_layers", "fname", 2, ...) end
   local r = self.box[0]
   local model, mirror, addrs = self.model, self.mirror, self.addrs
   local in_model = {}
@@ -417,10 +420,7 @@ local function batch_of(self, fname, tokens, targets, opts)
   end
   local skip
   if opts ~= nil then
-    if type(opts) ~= "table" then error(fname .. ": opts must be a table", 4) end
-    for key in pairs(opts) do
-      if not BATCH_OPTIONS[key] then error(("%s: unknown option '%s'"):format(fname, tostring(key)), 4) end
-    end
+    lib.options(opts, BATCH_OPTIONS, fname, 4, "opts")
     if opts.token_types ~= nil then b.token_types = handle_of(opts.token_types, "opts.token_types", fname, 4) end
     if opts.key_mask ~= nil then b.key_mask = handle_of(opts.key_mask, "opts.key_mask", fname, 4) end
     if opts.skip ~= nil then
@@ -470,20 +470,23 @@ end
 
 -- loss = run:step(tokens, targets [, {token_types =, key_mask =, skip = {layer indices}}]):
 -- one training step on the minibatch; the mean loss over its real targets.
-function Relay:step(tokens, targets, opts)
+function Relay:step(tokens, targets, opts, ...)
+  if select("#", ...) ~= 0 then too_many("run:step", "tokens, targets, opts", 2, ...) end
   local loss = step_or_evaluate(self, "run:step", C.l2l_relay_step, tokens, targets, opts)
   return loss
 end
 
 -- loss = run:evaluate(tokens, targets [, opts]): forward only, no dropout, no update.
-function Relay:evaluate(tokens, targets, opts)
+function Relay:evaluate(tokens, targets, opts, ...)
+  if select("#", ...) ~= 0 then too_many("run:evaluate", "tokens, targets, opts", 2, ...) end
   local loss = step_or_evaluate(self, "run:evaluate", C.l2l_relay_evaluate, tokens, targets, opts)
   return loss
 end
 jit.off(step_or_evaluate)
 
 -- Waits until every queued update is done (parameters readable through the model).
-function Relay:sync()
+function Relay:sync(...)
+  if select("#", ...) ~= 0 then too_many("run:sync", "", 2, ...) end
   rcheck(C.l2l_relay_sync(live(self, "run:sync")), "run:sync", 2)
 end
 
@@ -516,8 +519,9 @@ end
 
 -- run:set_stash(i, policy): where the activations entering layer i (2 <= i <= #model)
 -- wait for the backward: "device", "host" or "recompute".
-function Relay:set_stash(boundary, policy)
+function Relay:set_stash(boundary, policy, ...)
   local fname = "run:set_stash"
+  if select("#", ...) ~= 0 then too_many(fname, "boundary, policy", 2, ...) end
   local r = live(self, fname)
   local id = policy_arg(stash_ids, policy, fname, "policy")
   local n = #self.model
@@ -530,8 +534,9 @@ function Relay:set_stash(boundary, policy)
 end
 
 -- run:set_inner(layer, policy): "recompute", "keep" or "swap" for a layer (index or object).
-function Relay:set_inner(layer, policy)
+function Relay:set_inner(layer, policy, ...)
   local fname = "run:set_inner"
+  if select("#", ...) ~= 0 then too_many(fname, "layer, policy", 2, ...) end
   local r = live(self, fname)
   local id = policy_arg(inner_ids, policy, fname, "policy")
   local i = layer_index(self, layer, fname, "layer")
@@ -539,8 +544,9 @@ function Relay:set_inner(layer, policy)
   rcheck(C.l2l_relay_set_inner(r, i - 1, id), fname, 2)
 end
 
-function Relay:set_micro_batch(n)
+function Relay:set_micro_batch(n, ...)
   local fname = "run:set_micro_batch"
+  if select("#", ...) ~= 0 then too_many(fname, "n", 2, ...) end
   local r = live(self, fname)
   if type(n) ~= "number" or n ~= floor(n) or n < 1 then
     error(fname .. ": n must be an integer >= 1, got " .. tostring(n), 2)
@@ -561,8 +567,9 @@ local STATS = {
 M.stats_fields = STATS
 
 -- run:stats() -> a table of every l2l_relay_stats field, as numbers (bytes, seconds).
-function Relay:stats()
+function Relay:stats(...)
   local fname = "run:stats"
+  if select("#", ...) ~= 0 then too_many(fname, "", 2, ...) end
   local s = ffi.new("l2l_relay_stats")
   check(C.l2l_relay_get_stats(s, live(self, fname)), fname, 2)
   local out = {}
@@ -575,8 +582,9 @@ end
 -- "stash_out" | "stash_in" | "swap_out" | "swap_in" | "update" | "wait_copy" |
 -- "wait_update", thread = (0 the caller, 1 host-to-device copies, 2 device-to-host, 3..
 -- optimizer workers), start =, finish = (seconds since the relay was made)}.
-function Relay:events()
+function Relay:events(...)
   local fname = "run:events"
+  if select("#", ...) ~= 0 then too_many(fname, "", 2, ...) end
   local r = live(self, fname)
   local s = ffi.new("l2l_relay_stats")
   check(C.l2l_relay_get_stats(s, r), fname, 2)
@@ -597,26 +605,26 @@ function Relay:events()
   return list
 end
 
+local TRACE_OPTIONS = { events = true, name = true }
+
 -- run:trace(path [, {events =, name =}]) -> the number of events written: the last
 -- step's timeline (run:events()) as Chrome trace JSON in the file `path` (replaced), to
 -- open in Perfetto or chrome://tracing; lua/l2l/trace.lua says what is in it. opts.events:
 -- a list to write instead, e.g. several steps' run:events() joined (they share one clock);
 -- opts.name: the process's name in the viewer. Required lazily: most runs never trace.
-function Relay:trace(path, opts)
+function Relay:trace(path, opts, ...)
   local fname = "run:trace"
+  if select("#", ...) ~= 0 then too_many(fname, "path, opts", 2, ...) end
   live(self, fname)
   if type(path) ~= "string" or path == "" then
     error(fname .. ": path must be a file name (a non-empty string), got " .. tostring(path), 2)
   end
-  if opts ~= nil and type(opts) ~= "table" then error(fname .. ": opts must be a table, got " .. type(opts), 2) end
-  local events, rest = nil, {}
-  for k, v in pairs(opts or {}) do
-    if k == "events" then events = v else rest[k] = v end
-  end
+  opts = lib.options(opts, TRACE_OPTIONS, fname, 2, "opts")
+  local events = opts.events
   if events == nil then events = self:events() end
-  local ok, n = pcall(require("l2l.trace").write, path, events, rest)
+  local ok, n = pcall(require("l2l.trace").write, path, events, { name = opts.name })
   if not ok then
-    local msg = tostring(n):gsub("^events", "opts.events")
+    local msg = tostring(n):gsub("^trace%.write: ", ""):gsub("^events", "opts.events")
     error(fname .. ": " .. msg, 2)
   end
   return n
@@ -627,8 +635,9 @@ local state_ids = { m = 0, first = 0, momentum = 0, [1] = 0, v = 1, second = 1, 
 -- run:state(record, which) -> a copy (host tensor) of a parameter record's optimizer
 -- state, or nil before its first update. record: an entry of model:params() or
 -- layer:params(); which: "m" (SGD: "momentum") / 1, or "v" / 2.
-function Relay:state(record, which)
+function Relay:state(record, which, ...)
   local fname = "run:state"
+  if select("#", ...) ~= 0 then too_many(fname, "record, which", 2, ...) end
   local r = live(self, fname)
   if type(record) ~= "table" or record.handle == nil or record.layer == nil then
     error(fname .. ": record must be an entry of model:params() or layer:params()", 2)
@@ -648,7 +657,8 @@ end
 
 -- run:save(path [, extra]): the whole run in one file, written atomically (l2l.checkpoint;
 -- l2l.load(path) brings it back, with `extra` as run.extra).
-function Relay:save(path, extra)
+function Relay:save(path, extra, ...)
+  if select("#", ...) ~= 0 then too_many("run:save", "path, extra", 2, ...) end
   local ok, err = pcall(require("l2l.checkpoint").save, self, path, extra)
   if not ok then error(err, 2) end
 end

@@ -6,7 +6,8 @@
 -- or a relay as a one-line summary, a plain table as a short listing of its keys and
 -- values (array part in order, then the other keys sorted) instead of "table: 0x...",
 -- and integral numbers in full (byte counts read as 140089185689600, not 1.4008918568e+14).
--- The module stands alone: it does not load l2l, and uses it only when the session has.
+-- The module stands alone: it does not load l2l, and uses it only when the session has
+-- (l2l.lib's argument checks are loaded only to word a refusal).
 -- Must never: print an unbounded amount for a big table (listings stop after MAX_ITEMS
 -- entries, strings after MAX_STRING bytes), follow a table into itself, or run code
 -- while completing a name (only raw fields and __index tables are looked at: no
@@ -138,8 +139,14 @@ function short(v, depth, seen)
   return "{ " .. concat(list, ", ") .. " }"
 end
 
--- The text shown for one value at the prompt (several lines for a long table).
-function M.format(v)
+-- lib.too_many, loaded only when an extra argument is refused.
+local function too_many(fname, params, ...)
+  require("l2l.lib").too_many(fname, params, 3, ...)
+end
+
+-- repl.format(v): the text shown for one value at the prompt (several lines for a long table).
+function M.format(v, ...)
+  if select("#", ...) ~= 0 then too_many("repl.format", "v", ...) end
   local tv = type(v)
   if tv == "string" then return v end   -- as print shows it
   if tv == "number" then return number(v) end
@@ -189,7 +196,9 @@ end
 
 -- Every name that completes `text` ("l2l.Seq" -> "l2l.Sequential", "model:ins" ->
 -- "model:insert", "pri" -> "print"), sorted; an empty list when there is none.
-function M.complete(text)
+function M.complete(text, ...)
+  if select("#", ...) ~= 0 then too_many("repl.complete", "text", ...) end
+  if type(text) ~= "string" then error("repl.complete: text must be a string, got " .. type(text), 2) end
   local path, sep, part = text:match("^(.-)([.:]?)([%w_]*)$")
   if path == nil or (path ~= "" and sep == "") then return {} end
   local obj = _G

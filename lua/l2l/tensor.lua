@@ -11,7 +11,7 @@
 local ffi = require("ffi")
 local lib = require("l2l.lib")
 
-local C, check = lib.C, lib.check
+local C, check, too_many = lib.C, lib.check, lib.too_many
 local floor, type, tostring, select = math.floor, type, tostring, select
 
 ffi.cdef [[
@@ -65,7 +65,10 @@ local writers = {
 
 local write_all   -- defined under "reading and writing" (it needs with_host)
 
-function M.is_tensor(x) return ffi.istype(TensorCT, x) end
+function M.is_tensor(x, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.is_tensor", "x", 2, ...) end
+  return ffi.istype(TensorCT, x)
+end
 
 local function wrap(handle) return TensorCT(handle) end
 
@@ -101,40 +104,60 @@ local function check_shape(shape, fname, level)
   return n, dims
 end
 
-local function new_tensor(shape, opts, fname, level)
-  opts = opts or {}
-  local dtype = lib.dtype_id(opts.dtype or "f32", fname, level + 1)
-  local pool = lib.pool_id(opts.pool or "host", fname, level + 1)
+-- A new tensor of `dtype` in `pool` (names; nil: f32, host).
+local function new_tensor(shape, dtype, pool, fname, level)
+  local dt = lib.dtype_id(dtype or "f32", fname, level + 1)
+  local pl = lib.pool_id(pool or "host", fname, level + 1)
   local n, dims = check_shape(shape, fname, level + 1)
   local out = ffi.new("l2l_tensor *[1]")
-  check(C.l2l_tensor_new(out, pool, dtype, n, dims), fname, level + 1)
+  check(C.l2l_tensor_new(out, pl, dt, n, dims), fname, level + 1)
   return wrap(out[0])
 end
+
+-- The options of a constructor, checked (lib.options); a dtype or pool name given where
+-- the options go (l2l.zeros({2, 3}, "i32")) is refused with the way to write it.
+local function tensor_options(opts, known, fname, level)
+  if type(opts) == "string" and (lib.dtypes[opts] or lib.pools[opts] or opts == "cuda") then
+    error(('%s: options must be a table, got string "%s" (write { %s = "%s" })'):format(fname, opts,
+          lib.dtypes[opts] and "dtype" or "pool", opts), level + 1)
+  end
+  local o = lib.options(opts, known, fname, level + 1)
+  return o
+end
+
+local TENSOR_OPTIONS = { dtype = true, pool = true }
 
 -- l2l.empty(shape [, {dtype=, pool=}]): contents undefined.
 -- (Results go through a local, never `return f(...)`: a tail call drops a stack frame and
 -- would point error levels at the wrong caller.)
-function M.empty(shape, opts)
-  local t = new_tensor(shape, opts, "l2l.empty", 2)
+function M.empty(shape, opts, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.empty", "shape, options", 2, ...) end
+  opts = tensor_options(opts, TENSOR_OPTIONS, "l2l.empty", 2)
+  local t = new_tensor(shape, opts.dtype, opts.pool, "l2l.empty", 2)
   return t
 end
 
 local function filled(shape, value, opts, fname)
-  local t = new_tensor(shape, opts, fname, 3)
+  opts = tensor_options(opts, TENSOR_OPTIONS, fname, 3)
+  local t = new_tensor(shape, opts.dtype, opts.pool, fname, 3)
   check(C.l2l_tensor_fill(t.handle, value), fname, 3)
   return t
 end
 
-function M.zeros(shape, opts)
+function M.zeros(shape, opts, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.zeros", "shape, options", 2, ...) end
   local t = filled(shape, 0, opts, "l2l.zeros")
   return t
 end
 
-function M.ones(shape, opts)
+function M.ones(shape, opts, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.ones", "shape, options", 2, ...) end
   local t = filled(shape, 1, opts, "l2l.ones")
   return t
 end
-function M.full(shape, value, opts)
+
+function M.full(shape, value, opts, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.full", "shape, value, options", 2, ...) end
   if type(value) ~= "number" then
     error("l2l.full: value must be a number, got " .. type(value), 2)
   end
@@ -142,24 +165,60 @@ function M.full(shape, value, opts)
   return t
 end
 
--- A new tensor filled by `method` (Tensor.uniform or Tensor.normal); freed on failure.
-local function random_tensor(shape, opts, fname, method, a, b)
-  local t = new_tensor(shape, opts, fname, 3)
-  local ok, err = pcall(method, t, a, b, opts)
-  if not ok then t:free(); error(err, 3) end
+-- Random fills: seed (default 0), stream (default 0), first (default: the view's offset
+-- in its storage, so that filling micro-batch views equals filling the batch).
+local function rng_int(v, key, fname, level)
+  if v ~= nil and (type(v) ~= "number" or v ~= floor(v) or v < 0) then
+    error(("%s: %s must be an integer >= 0, got %s"):format(fname, key, tostring(v)), level + 1)
+  end
+  return v
+end
+
+local function number_or(v, default, name, fname, level)
+  if v == nil then return default end
+  if type(v) ~= "number" then
+    error(("%s: %s must be a number, got %s"):format(fname, name, lib.describe(v)), level + 1)
+  end
+  return v
+end
+
+-- The draws' seed, stream and first element index from opts (first: `first` when not given).
+local function rng_of(opts, first, fname, level)
+  return rng_int(opts.seed, "seed", fname, level + 1) or 0,
+         rng_int(opts.stream, "stream", fname, level + 1) or 0,
+         rng_int(opts.first, "first", fname, level + 1) or first
+end
+
+-- A new tensor filled by cfill (l2l_tensor_uniform or l2l_tensor_normal); freed on failure.
+local function random_tensor(shape, opts, fname, cfill, a, b)
+  local seed, stream, first = rng_of(opts, 0, fname, 3)
+  local t = new_tensor(shape, opts.dtype, opts.pool, fname, 3)
+  local status = cfill(t.handle, seed, stream, first, a, b)
+  if status ~= 0 then t:free(); check(status, fname, 3) end
   return t
 end
 
--- Random tensors: opts.seed (default 0), opts.stream (default 0), opts.first (default 0).
-function M.rand(shape, opts)
-  opts = opts or {}
-  local t = random_tensor(shape, opts, "l2l.rand", Tensor.uniform, opts.lo or 0, opts.hi or 1)
+local RAND_OPTIONS = { dtype = true, pool = true, seed = true, stream = true, first = true, lo = true, hi = true }
+local RANDN_OPTIONS = { dtype = true, pool = true, seed = true, stream = true, first = true, mean = true,
+                        std = true }
+
+-- l2l.rand(shape [, {dtype=, pool=, seed=, stream=, first=, lo = 0, hi = 1}])
+function M.rand(shape, opts, ...)
+  local fname = "l2l.rand"
+  if select("#", ...) ~= 0 then too_many(fname, "shape, options", 2, ...) end
+  opts = tensor_options(opts, RAND_OPTIONS, fname, 2)
+  local t = random_tensor(shape, opts, fname, C.l2l_tensor_uniform, number_or(opts.lo, 0, "lo", fname, 2),
+                          number_or(opts.hi, 1, "hi", fname, 2))
   return t
 end
 
-function M.randn(shape, opts)
-  opts = opts or {}
-  local t = random_tensor(shape, opts, "l2l.randn", Tensor.normal, opts.mean or 0, opts.std or 1)
+-- l2l.randn(shape [, {dtype=, pool=, seed=, stream=, first=, mean = 0, std = 1}])
+function M.randn(shape, opts, ...)
+  local fname = "l2l.randn"
+  if select("#", ...) ~= 0 then too_many(fname, "shape, options", 2, ...) end
+  opts = tensor_options(opts, RANDN_OPTIONS, fname, 2)
+  local t = random_tensor(shape, opts, fname, C.l2l_tensor_normal, number_or(opts.mean, 0, "mean", fname, 2),
+                          number_or(opts.std, 1, "std", fname, 2))
   return t
 end
 
@@ -192,20 +251,22 @@ local function flatten(data, fname)
 end
 
 -- l2l.tensor{{1, 2}, {3, 4}, dtype = "f32", pool = "host"}  (or options as 2nd argument)
-function M.tensor(data, opts)
+function M.tensor(data, opts, ...)
+  local fname = "l2l.tensor"
+  if select("#", ...) ~= 0 then too_many(fname, "data, options", 2, ...) end
   if type(data) ~= "table" then
     error("l2l.tensor: data must be a (nested) table of numbers, got " .. type(data), 2)
   end
-  opts = opts or {}
-  local dtype = lib.dtype_id(opts.dtype or data.dtype or "f32", "l2l.tensor", 2)
+  lib.fields(data, TENSOR_OPTIONS, fname, 2, "data", true)
+  opts = tensor_options(opts, TENSOR_OPTIONS, fname, 2)
+  local dtype = lib.dtype_id(opts.dtype or data.dtype or "f32", fname, 2)
   local pool = opts.pool or data.pool or "host"
-  local shape, values = flatten(data, "l2l.tensor")
+  local shape, values = flatten(data, fname)
   for i = 1, #values do
     local why = unstorable(dtype, values[i])
     if why then error(("l2l.tensor: value %d %s"):format(i, why), 2) end
   end
-  local t = new_tensor(shape, { dtype = lib.dtype_names[tonumber(dtype)], pool = pool },
-                       "l2l.tensor", 2)
+  local t = new_tensor(shape, lib.dtype_names[tonumber(dtype)], pool, fname, 2)
   write_all(t, values)
   return t
 end
@@ -235,7 +296,8 @@ write_all = function(t, values)
   end)
 end
 
-function Tensor:totable()
+function Tensor:totable(...)
+  if select("#", ...) ~= 0 then too_many("tensor:totable", "", 2, ...) end
   local result = with_host(self, "tensor:totable", false, function(h)
     local dtype, ndim = tonumber(C.l2l_tensor_dtype(h)), C.l2l_tensor_ndim(h)
     local p, read = ffi.cast(pointer_types[dtype], C.l2l_tensor_data(h)), readers[dtype]
@@ -300,7 +362,8 @@ end
 
 -- A typed pointer to the elements (float*, uint16_t*, int32_t*, uint8_t*), for fast loops
 -- in Lua; valid while the tensor lives. Host and pinned tensors only.
-function Tensor:data()
+function Tensor:data(...)
+  if select("#", ...) ~= 0 then too_many("tensor:data", "", 2, ...) end
   local h = handle_of(self, "self", "tensor:data", 2)
   if C.l2l_tensor_pool(h) == C.L2L_POOL_DEVICE then
     error("tensor:data: a device tensor's memory is not addressable here; use t:to('host')", 2)
@@ -310,16 +373,21 @@ end
 
 ----------------------------------------------------------------- shape and identity
 
-function Tensor:ndim() return C.l2l_tensor_ndim(handle_of(self, "self", "tensor:ndim", 2)) end
+function Tensor:ndim(...)
+  if select("#", ...) ~= 0 then too_many("tensor:ndim", "", 2, ...) end
+  return C.l2l_tensor_ndim(handle_of(self, "self", "tensor:ndim", 2))
+end
 
-function Tensor:shape()
+function Tensor:shape(...)
+  if select("#", ...) ~= 0 then too_many("tensor:shape", "", 2, ...) end
   local h = handle_of(self, "self", "tensor:shape", 2)
   local out = {}
   for d = 1, C.l2l_tensor_ndim(h) do out[d] = tonumber(C.l2l_tensor_dim(h, d - 1)) end
   return out
 end
 
-function Tensor:dim(d)
+function Tensor:dim(d, ...)
+  if select("#", ...) ~= 0 then too_many("tensor:dim", "d", 2, ...) end
   local h = handle_of(self, "self", "tensor:dim", 2)
   local ndim = C.l2l_tensor_ndim(h)
   if type(d) ~= "number" or d ~= floor(d) or d < 1 or d > ndim then
@@ -328,25 +396,38 @@ function Tensor:dim(d)
   return tonumber(C.l2l_tensor_dim(h, d - 1))
 end
 
-function Tensor:numel() return tonumber(C.l2l_tensor_numel(handle_of(self, "self", "tensor:numel", 2))) end
+function Tensor:numel(...)
+  if select("#", ...) ~= 0 then too_many("tensor:numel", "", 2, ...) end
+  return tonumber(C.l2l_tensor_numel(handle_of(self, "self", "tensor:numel", 2)))
+end
 
-function Tensor:dtype()
+function Tensor:dtype(...)
+  if select("#", ...) ~= 0 then too_many("tensor:dtype", "", 2, ...) end
   return lib.dtype_names[tonumber(C.l2l_tensor_dtype(handle_of(self, "self", "tensor:dtype", 2)))]
 end
 
-function Tensor:pool()
+function Tensor:pool(...)
+  if select("#", ...) ~= 0 then too_many("tensor:pool", "", 2, ...) end
   return lib.pool_names[tonumber(C.l2l_tensor_pool(handle_of(self, "self", "tensor:pool", 2)))]
 end
 
 -- Element offset of this view within its storage (the `first` of a split-invariant fill).
-function Tensor:offset() return tonumber(C.l2l_tensor_offset(handle_of(self, "self", "tensor:offset", 2))) end
+function Tensor:offset(...)
+  if select("#", ...) ~= 0 then too_many("tensor:offset", "", 2, ...) end
+  return tonumber(C.l2l_tensor_offset(handle_of(self, "self", "tensor:offset", 2)))
+end
 
-function Tensor:is_freed() return self.handle == nil end
+function Tensor:is_freed(...)
+  if select("#", ...) ~= 0 then too_many("tensor:is_freed", "", 2, ...) end
+  if not ffi.istype(TensorCT, self) then error("tensor:is_freed: self must be a tensor, got " .. type(self), 2) end
+  return self.handle == nil
+end
 
 ----------------------------------------------------------------- views, copies, casts
 
 -- Rows first .. first+count-1 along dim 1, sharing storage.
-function Tensor:view(first, count)
+function Tensor:view(first, count, ...)
+  if select("#", ...) ~= 0 then too_many("tensor:view", "first, count", 2, ...) end
   local h = handle_of(self, "self", "tensor:view", 2)
   if type(first) ~= "number" or type(count) ~= "number" then
     error("tensor:view: first and count must be numbers", 2)
@@ -356,7 +437,8 @@ function Tensor:view(first, count)
   return wrap(out[0])
 end
 
-function Tensor:reshape(shape)
+function Tensor:reshape(shape, ...)
+  if select("#", ...) ~= 0 then too_many("tensor:reshape", "shape", 2, ...) end
   local h = handle_of(self, "self", "tensor:reshape", 2)
   local n, dims = check_shape(shape, "tensor:reshape", 2)
   local out = ffi.new("l2l_tensor *[1]")
@@ -365,69 +447,77 @@ function Tensor:reshape(shape)
 end
 
 -- self := src (same dtype and element count; any pools).
-function Tensor:copy(src)
+function Tensor:copy(src, ...)
+  if select("#", ...) ~= 0 then too_many("tensor:copy", "src", 2, ...) end
   local h = handle_of(self, "self", "tensor:copy", 2)
   check(C.l2l_tensor_copy(h, handle_of(src, "src", "tensor:copy", 2)), "tensor:copy", 2)
   return self
 end
 
 -- A new tensor in `pool` with the same contents.
-function Tensor:to(pool)
+function Tensor:to(pool, ...)
+  if select("#", ...) ~= 0 then too_many("tensor:to", "pool", 2, ...) end
   local h = handle_of(self, "self", "tensor:to", 2)
-  local out = new_tensor(self:shape(), { dtype = self:dtype(), pool = pool }, "tensor:to", 2)
+  local out = new_tensor(self:shape(), self:dtype(), pool, "tensor:to", 2)
   local status = C.l2l_tensor_copy(out.handle, h)
   if status ~= 0 then out:free(); check(status, "tensor:to", 2) end
   return out
 end
 
-function Tensor:clone() return self:to(self:pool()) end
+function Tensor:clone(...)
+  if select("#", ...) ~= 0 then too_many("tensor:clone", "", 2, ...) end
+  handle_of(self, "self", "tensor:clone", 2)
+  local t = self:to(self:pool())
+  return t
+end
 
 -- A new tensor of another dtype (round to nearest even), in the same pool.
-function Tensor:cast(dtype)
+function Tensor:cast(dtype, ...)
+  if select("#", ...) ~= 0 then too_many("tensor:cast", "dtype", 2, ...) end
   local h = handle_of(self, "self", "tensor:cast", 2)
   lib.dtype_id(dtype, "tensor:cast", 2)
-  local out = new_tensor(self:shape(), { dtype = dtype, pool = self:pool() }, "tensor:cast", 2)
+  local out = new_tensor(self:shape(), dtype, self:pool(), "tensor:cast", 2)
   local status = C.l2l_tensor_cast(out.handle, h)
   if status ~= 0 then out:free(); check(status, "tensor:cast", 2) end
   return out
 end
 
-function Tensor:fill(value)
+function Tensor:fill(value, ...)
+  if select("#", ...) ~= 0 then too_many("tensor:fill", "value", 2, ...) end
   local h = handle_of(self, "self", "tensor:fill", 2)
   if type(value) ~= "number" then error("tensor:fill: value must be a number", 2) end
   check(C.l2l_tensor_fill(h, value), "tensor:fill", 2)
   return self
 end
 
-local function rng_opts(opts, fname, t)
-  opts = opts or {}
-  for _, k in ipairs({ "seed", "stream", "first" }) do
-    local v = opts[k]
-    if v ~= nil and (type(v) ~= "number" or v ~= floor(v) or v < 0) then
-      error(("%s: %s must be an integer >= 0, got %s"):format(fname, k, tostring(v)), 4)
-    end
-  end
-  -- By default a view draws the numbers its elements have in the whole storage, so that
-  -- filling micro-batch views equals filling the batch.
-  return opts.seed or 0, opts.stream or 0, opts.first or t:offset()
-end
+local RNG_OPTIONS = { seed = true, stream = true, first = true }
 
-function Tensor:uniform(lo, hi, opts)
-  local h = handle_of(self, "self", "tensor:uniform", 2)
-  local seed, stream, first = rng_opts(opts, "tensor:uniform", self)
-  check(C.l2l_tensor_uniform(h, seed, stream, first, lo or 0, hi or 1), "tensor:uniform", 2)
+-- t:uniform([lo = 0 [, hi = 1 [, {seed = 0, stream = 0, first = t:offset()}]]])
+function Tensor:uniform(lo, hi, opts, ...)
+  local fname = "tensor:uniform"
+  if select("#", ...) ~= 0 then too_many(fname, "lo, hi, options", 2, ...) end
+  local h = handle_of(self, "self", fname, 2)
+  lo, hi = number_or(lo, 0, "lo", fname, 2), number_or(hi, 1, "hi", fname, 2)
+  local seed, stream, first = rng_of(lib.options(opts, RNG_OPTIONS, fname, 2), nil, fname, 2)
+  check(C.l2l_tensor_uniform(h, seed, stream, first or tonumber(C.l2l_tensor_offset(h)), lo, hi), fname, 2)
   return self
 end
 
-function Tensor:normal(mean, std, opts)
-  local h = handle_of(self, "self", "tensor:normal", 2)
-  local seed, stream, first = rng_opts(opts, "tensor:normal", self)
-  check(C.l2l_tensor_normal(h, seed, stream, first, mean or 0, std or 1), "tensor:normal", 2)
+-- t:normal([mean = 0 [, std = 1 [, {seed = 0, stream = 0, first = t:offset()}]]])
+function Tensor:normal(mean, std, opts, ...)
+  local fname = "tensor:normal"
+  if select("#", ...) ~= 0 then too_many(fname, "mean, std, options", 2, ...) end
+  local h = handle_of(self, "self", fname, 2)
+  mean, std = number_or(mean, 0, "mean", fname, 2), number_or(std, 1, "std", fname, 2)
+  local seed, stream, first = rng_of(lib.options(opts, RNG_OPTIONS, fname, 2), nil, fname, 2)
+  check(C.l2l_tensor_normal(h, seed, stream, first or tonumber(C.l2l_tensor_offset(h)), mean, std), fname, 2)
   return self
 end
 
 -- Frees the tensor now; safe to call again. Views keep the storage alive.
-function Tensor:free()
+function Tensor:free(...)
+  if select("#", ...) ~= 0 then too_many("tensor:free", "", 2, ...) end
+  if not ffi.istype(TensorCT, self) then error("tensor:free: self must be a tensor, got " .. type(self), 2) end
   local h = self.handle
   if h ~= nil then
     self.handle = nil

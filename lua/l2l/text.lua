@@ -18,9 +18,11 @@
 --   new ones (a training loop reuses its own).
 -- Must never: depend on the order a folder lists its files in, or draw from a generator
 -- whose state other code shares (math.random): a run is repeatable from its seed.
+local lib = require("l2l.lib")
 local tensor = require("l2l.tensor")
 
 local type, tostring, pairs, ipairs, floor, concat = type, tostring, pairs, ipairs, math.floor, table.concat
+local select, too_many = select, lib.too_many
 
 local M = {}
 
@@ -34,7 +36,8 @@ local function glob(pattern)
   return list
 end
 
-function M.load(paths, max_bytes)
+function M.load(paths, max_bytes, ...)
+  if select("#", ...) ~= 0 then too_many("text.load", "paths, max_bytes", 2, ...) end
   max_bytes = max_bytes or 400000
   if type(max_bytes) ~= "number" or max_bytes < 2 then
     error("text.load: max_bytes must be a number >= 2, got " .. tostring(max_bytes), 2)
@@ -69,7 +72,8 @@ function M.load(paths, max_bytes)
   return s
 end
 
-function M.split(s, fraction)
+function M.split(s, fraction, ...)
+  if select("#", ...) ~= 0 then too_many("text.split", "s, fraction", 2, ...) end
   if type(s) ~= "string" then error("text.split: s must be a string", 2) end
   if type(fraction) ~= "number" or fraction <= 0 or fraction >= 1 then
     error("text.split: fraction must be a number in (0, 1), got " .. tostring(fraction), 2)
@@ -78,17 +82,28 @@ function M.split(s, fraction)
   return s:sub(1, cut), s:sub(cut + 1)
 end
 
-function M.batch(s, B, S, seed, step, opts)
+local BATCH_OPTIONS = { first = true, tokens = true, targets = true }
+
+local function integer_arg(v, name, min, default)
+  if v == nil and default ~= nil then return default end
+  if type(v) ~= "number" or v < min or v ~= floor(v) then
+    error(("text.batch: %s must be an integer >= %d, got %s"):format(name, min, tostring(v)), 3)
+  end
+  return v
+end
+
+function M.batch(s, B, S, seed, step, opts, ...)
+  if select("#", ...) ~= 0 then too_many("text.batch", "s, B, S, seed, step, opts", 2, ...) end
   if type(s) ~= "string" then error("text.batch: s must be a string", 2) end
-  if opts ~= nil and type(opts) ~= "table" then error("text.batch: opts must be a table", 2) end
-  opts = opts or {}
-  for name, v in pairs({ B = B, S = S }) do
-    if type(v) ~= "number" or v < 1 or v ~= floor(v) then
-      error(("text.batch: %s must be an integer >= 1, got %s"):format(name, tostring(v)), 2)
-    end
+  opts = lib.options(opts, BATCH_OPTIONS, "text.batch", 2, "opts")
+  B, S = integer_arg(B, "B", 1), integer_arg(S, "S", 1)
+  seed, step = integer_arg(seed, "seed", 0, 0), integer_arg(step, "step", 0, 0)
+  local first = opts.first == nil and 0 or opts.first
+  if type(first) ~= "number" or first < 0 or first ~= floor(first) then
+    error("text.batch: opts.first must be an integer >= 0, got " .. tostring(opts.first), 2)
   end
   if #s < S + 1 then error(("text.batch: the text (%d bytes) is shorter than S + 1 = %d"):format(#s, S + 1), 2) end
-  local starts = tensor.rand({ B }, { seed = seed or 0, stream = step or 0, first = opts.first or 0 })
+  local starts = tensor.rand({ B }, { seed = seed, stream = step, first = first })
   local u = starts:data()
   local tokens, targets = opts.tokens, opts.targets
   for name, t in pairs({ tokens = tokens, targets = targets }) do

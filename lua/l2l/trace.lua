@@ -17,18 +17,27 @@
 -- the file is opened), change the global cjson settings other modules see (a private
 -- cjson instance is used), or drop an event silently (a malformed one is an error naming it).
 local cjson = require("cjson").new()
+local lib = require("l2l.lib")
 
-local type, tostring, ipairs, pairs, floor = type, tostring, ipairs, pairs, math.floor
-local huge = math.huge
+local type, tostring, ipairs, pairs, floor, select = type, tostring, ipairs, pairs, math.floor, select
+local huge, too_many = math.huge, lib.too_many
 
 local M = {}
 
 local PID = 1
 local FIXED_LANES = { [0] = "compute", "copy host→device", "copy device→host" }
 
--- The name of lane (thread) t.
-function M.lane_name(t)
+-- trace.lane_name(t): the name of lane (thread) t.
+local function lane_name(t)
   return FIXED_LANES[t] or ("optimizer worker %d"):format(t - 2)
+end
+
+function M.lane_name(t, ...)
+  if select("#", ...) ~= 0 then too_many("trace.lane_name", "t", 2, ...) end
+  if type(t) ~= "number" or t ~= floor(t) or t < 0 then
+    error("trace.lane_name: t must be an integer >= 0, got " .. lib.describe(t), 2)
+  end
+  return lane_name(t)
 end
 
 -- Whole nanoseconds: finer digits are clock noise and only make the file bigger, and
@@ -37,8 +46,8 @@ local function nanos(seconds) return floor(seconds * 1e9 + 0.5) end
 
 local function finite(v) return type(v) == "number" and v == v and v > -huge and v < huge end
 
-local function check_event(e, i, what)
-  local function bad(msg) error(("%s[%d]: %s"):format(what, i, msg), 0) end
+local function check_event(e, i, what, fname)
+  local function bad(msg) error(("%s: %s[%d]: %s"):format(fname, what, i, msg), 0) end
   if type(e) ~= "table" then bad("must be an event table {layer, micro_batch, phase, thread, start, finish}") end
   if type(e.phase) ~= "string" then bad("phase must be a string, got " .. tostring(e.phase)) end
   local t = e.thread
@@ -66,22 +75,19 @@ local function metadata(name, tid, args)
   return { name = name, ph = "M", pid = PID, tid = tid, args = args }
 end
 
--- trace.chrome(events [, opts]) -> {traceEvents = {...}, displayTimeUnit = "ms"}: the
--- Chrome trace of a list of relay events (run:events(), or several steps' lists joined).
--- Errors name the offending entry ("events[i]: ...").
-function M.chrome(events, opts)
-  if type(events) ~= "table" then error("events must be a list of relay events (run:events())", 0) end
-  opts = opts or {}
-  if type(opts) ~= "table" then error("opts must be a table", 0) end
-  for k in pairs(opts) do
-    if k ~= "name" then error(("unknown option '%s'"):format(tostring(k)), 0) end
-  end
+local OPTIONS = { name = true }
+
+-- The Chrome trace of events; errors are plain messages (level 0) starting with fname,
+-- re-raised at the caller by the public functions.
+local function chrome(events, opts, fname)
+  if type(events) ~= "table" then error(fname .. ": events must be a list of relay events (run:events())", 0) end
+  opts = lib.options(opts, OPTIONS, fname, 0, "opts")
   local name = opts.name or "l2l relay"
-  if type(name) ~= "string" then error("opts.name must be a string, got " .. tostring(name), 0) end
+  if type(name) ~= "string" then error(fname .. ": opts.name must be a string, got " .. tostring(name), 0) end
 
   local out, lanes = {}, { [0] = true, true, true }   -- the three fixed lanes always show
   for i, e in ipairs(events) do
-    check_event(e, i, "events")
+    check_event(e, i, "events", fname)
     lanes[e.thread] = true
     local ns, ne = nanos(e.start), nanos(e.finish)
     out[#out + 1] = {
@@ -101,7 +107,7 @@ function M.chrome(events, opts)
   for t in pairs(lanes) do tids[#tids + 1] = t end
   table.sort(tids)
   for _, t in ipairs(tids) do
-    meta[#meta + 1] = metadata("thread_name", t, { name = M.lane_name(t) })
+    meta[#meta + 1] = metadata("thread_name", t, { name = lane_name(t) })
     meta[#meta + 1] = metadata("thread_sort_index", t, { sort_index = t })
   end
   local base = #meta
@@ -109,22 +115,39 @@ function M.chrome(events, opts)
   return { traceEvents = meta, displayTimeUnit = "ms" }
 end
 
--- trace.write(path, events [, opts]) -> the number of events written: the Chrome trace of
--- `events` encoded as JSON into the file `path` (replaced). Errors name the path.
-function M.write(path, events, opts)
+-- trace.chrome(events [, opts]) -> {traceEvents = {...}, displayTimeUnit = "ms"}: the
+-- Chrome trace of a list of relay events (run:events(), or several steps' lists joined).
+-- Errors name the offending entry ("trace.chrome: events[i]: ...").
+function M.chrome(events, opts, ...)
+  if select("#", ...) ~= 0 then too_many("trace.chrome", "events, opts", 2, ...) end
+  local ok, doc = pcall(chrome, events, opts, "trace.chrome")
+  if not ok then error(doc, 2) end
+  return doc
+end
+
+local function write(path, events, opts, fname)
   if type(path) ~= "string" or path == "" then
-    error("path must be a file name (a non-empty string), got " .. tostring(path), 0)
+    error(fname .. ": path must be a file name (a non-empty string), got " .. tostring(path), 0)
   end
-  local text = cjson.encode(M.chrome(events, opts))
+  local text = cjson.encode(chrome(events, opts, fname))
   local f, why = io.open(path, "wb")
-  if not f then error(("cannot open '%s' for writing: %s"):format(path, tostring(why)), 0) end
+  if not f then error(("%s: cannot open '%s' for writing: %s"):format(fname, path, tostring(why)), 0) end
   -- One write of the whole text; a failure (disk full) is reported, never ignored: a
   -- truncated trace would only fail later, in the viewer. The file is not removed then:
   -- `path` may be something other than a file of ours (/dev/stdout).
   local ok, werr = f:write(text)
   local closed, cerr = f:close()
-  if not ok or not closed then error(("cannot write '%s': %s"):format(path, tostring(werr or cerr)), 0) end
+  if not ok or not closed then error(("%s: cannot write '%s': %s"):format(fname, path, tostring(werr or cerr)), 0) end
   return #events
+end
+
+-- trace.write(path, events [, opts]) -> the number of events written: the Chrome trace of
+-- `events` encoded as JSON into the file `path` (replaced). Errors name the path.
+function M.write(path, events, opts, ...)
+  if select("#", ...) ~= 0 then too_many("trace.write", "path, events, opts", 2, ...) end
+  local ok, n = pcall(write, path, events, opts, "trace.write")
+  if not ok then error(n, 2) end
+  return n
 end
 
 return M
