@@ -22,13 +22,6 @@ local progress = require("l2l.progress")
 local plot = require("l2l.plot")
 local repl = require("l2l.repl")
 
--- The front end's files whose refusals are fixed in another branch: their cases are
--- pending (with the reason) until the file leaves this list.
-local ELSEWHERE = {
-  ["lua/l2l/layers.lua"] = true, ["lua/l2l/model.lua"] = true, ["lua/l2l/custom.lua"] = true,
-  ["lua/l2l/checkpoint.lua"] = true, ["lua/l2l/safetensors.lua"] = true,
-}
-
 local function pack(...) return { n = select("#", ...), ... } end
 local unpack = unpack or table.unpack
 
@@ -364,7 +357,6 @@ add("lua/l2l/repl.lua", {
   ["repl.show"] = { varargs = "prints every value it is given, like print" },
 })
 
--- In the files of another branch (pending while ELSEWHERE names them).
 local function layer_ctor(args, option) return { n = 1, args = args, options = 1, option = option } end
 add("lua/l2l/layers.lua", {
   ["l2l.Embedding"] = layer_ctor(function() return pack({ vocab = 8, dim = 8, max_seq = 4 }) end, "max_seq"),
@@ -610,11 +602,6 @@ describe("arguments: every public Lua function (seed " .. support.seed .. ")", f
     local case = cases[name]
     local f = public[name]
     local test = it
-    if ELSEWHERE[case.file] then
-      test = function(what)
-        pending(what .. ": defect 12 for " .. case.file .. " is fixed in another branch")
-      end
-    end
 
     if not case.varargs then
       local n = case.n

@@ -558,7 +558,7 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
     assert.is_truthy(err:find("^l2l%.load: cannot open"), err)
     ok, err = pcall(l2l.load, "x", { lr = 1 })
     assert.is_false(ok)
-    assert.is_truthy(err:find("unknown override 'lr'"), err)
+    assert.is_truthy(err:find("unknown option 'lr'"), err)
     run:free()
   end)
 

@@ -39,7 +39,8 @@ local safetensors = require("l2l.safetensors")
 local custom = require("l2l.custom")
 
 local C = lib.C
-local type, tostring, ipairs, pairs, next = type, tostring, ipairs, pairs, next
+local type, tostring, ipairs, pairs, next, select = type, tostring, ipairs, pairs, next, select
+local too_many = lib.too_many
 
 cjson.encode_sparse_array(false)
 
@@ -330,13 +331,7 @@ local LOAD_OVERRIDES = { micro_batch = true, optimizer_threads = true, device_bu
 
 local function load(path, overrides)
   local fname = "l2l.load"
-  if overrides ~= nil and type(overrides) ~= "table" then error(fname .. ": overrides must be a table", 0) end
-  overrides = overrides or {}
-  for k in pairs(overrides) do
-    if not LOAD_OVERRIDES[k] then
-      error(("%s: unknown override '%s' (micro_batch, optimizer_threads, device_budget, kinds)"):format(fname, tostring(k)), 0)
-    end
-  end
+  overrides = lib.options(overrides, LOAD_OVERRIDES, fname, 0, "overrides")
   local file = opened(path, fname)
   local ok, run = pcall(function()
     local desc = decode_description(file, fname)
@@ -432,7 +427,8 @@ end
 
 -- l2l.load(path [, {micro_batch =, optimizer_threads =, device_budget =, kinds = {name =
 -- constructor}}]) -> a run (run.model its model, run.extra what run:save was given).
-function M.load(path, overrides)
+function M.load(path, overrides, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.load", "path, overrides", 2, ...) end
   local ok, run = pcall(load, path, overrides)
   if not ok then error(run, 2) end
   return run
@@ -441,8 +437,9 @@ end
 -- l2l.load_weights(model, path): the weights of a checkpoint (or of any safetensors file
 -- with l2l's names, "<layer>.<param>") into a model of the same shapes; nothing changes
 -- unless every tensor matches.
-function M.load_weights(model, path)
+function M.load_weights(model, path, ...)
   local fname = "l2l.load_weights"
+  if select("#", ...) ~= 0 then too_many(fname, "model, path", 2, ...) end
   if not model_mod.is_sequential(model) then error(fname .. ": model must be an l2l.Sequential", 2) end
   local ok, err = pcall(function()
     local file = opened(path, fname)

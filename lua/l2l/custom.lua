@@ -36,7 +36,8 @@ local tensor = require("l2l.tensor")
 local layers = require("l2l.layers")
 
 local C = lib.C
-local type, tostring, pairs, ipairs, floor, pcall = type, tostring, pairs, ipairs, math.floor, pcall
+local type, tostring, pairs, ipairs, floor, pcall, select = type, tostring, pairs, ipairs, math.floor, pcall, select
+local too_many = lib.too_many
 
 local M = {}
 
@@ -52,7 +53,8 @@ local Context = {}
 Context.__index = Context
 
 -- A Lua tensor for a handle C lends for the call; forgotten (not freed) at the end.
-function Context:borrow(handle)
+function Context:borrow(handle, ...)
+  if select("#", ...) ~= 0 then too_many("self:borrow", "handle", 2, ...) end
   if handle == nil then return nil end
   local t = tensor.wrap(ffi.cast("l2l_tensor *", handle))
   self.borrowed[#self.borrowed + 1] = t
@@ -74,7 +76,8 @@ local function param_index(self, name, fname)
 end
 
 -- The value of parameter `name` for this call.
-function Context:param(name)
+function Context:param(name, ...)
+  if select("#", ...) ~= 0 then too_many("self:param", "name", 2, ...) end
   local t = self.values[name]
   if t == nil then
     t = self:borrow(C.l2l_param_value(param_index(self, name, "self:param")))
@@ -84,7 +87,8 @@ function Context:param(name)
 end
 
 -- The gradient of parameter `name` for this call (accumulate into it).
-function Context:grad(name)
+function Context:grad(name, ...)
+  if select("#", ...) ~= 0 then too_many("self:grad", "name", 2, ...) end
   local t = self.grads[name]
   if t == nil then
     t = self:borrow(C.l2l_param_grad(param_index(self, name, "self:grad")))
@@ -99,22 +103,26 @@ local function temporary(self, t)
 end
 
 -- A temporary f32 tensor in x's pool (contents undefined), freed when the call returns.
-function Context:empty(shape)
+function Context:empty(shape, ...)
+  if select("#", ...) ~= 0 then too_many("self:empty", "shape", 2, ...) end
   local t = temporary(self, tensor.empty(shape, { pool = self.pool }))
   return t
 end
 
-function Context:zeros(shape)
+function Context:zeros(shape, ...)
+  if select("#", ...) ~= 0 then too_many("self:zeros", "shape", 2, ...) end
   local t = temporary(self, tensor.zeros(shape, { pool = self.pool }))
   return t
 end
 
 -- Views freed when the call returns.
-function Context:reshape(t, shape)
+function Context:reshape(t, shape, ...)
+  if select("#", ...) ~= 0 then too_many("self:reshape", "t, shape", 2, ...) end
   local v = temporary(self, t:reshape(shape))
   return v
 end
-function Context:view(t, first, count)
+function Context:view(t, first, count, ...)
+  if select("#", ...) ~= 0 then too_many("self:view", "t, first, count", 2, ...) end
   local v = temporary(self, t:view(first, count))
   return v
 end
@@ -228,12 +236,9 @@ local BUILTIN_OPTIONS = { dim = true, seed = true, pool = true }
 -- The options checked, and the kind's parameter list for them.
 local function described(def, o)
   local fname = def.name
-  if type(o) ~= "table" then fail(fname .. ": expects an options table") end
-  for key in pairs(o) do
-    if not BUILTIN_OPTIONS[key] and def.allowed and not def.allowed[key] then
-      fail(("%s: unknown option '%s'"):format(fname, tostring(key)))
-    end
-  end
+  if type(o) ~= "table" then fail(fname .. ": options must be a table, got " .. lib.describe(o)) end
+  -- a kind that lists no options of its own takes any: its params() may read them
+  if def.allowed then lib.options(o, def.allowed, fname, 0) end
   if not integer(o.dim, 1) then fail(("%s: option 'dim' must be an integer >= 1, got %s"):format(fname, tostring(o.dim))) end
   if o.seed ~= nil and not integer(o.seed, 0) then
     fail(("%s: option 'seed' must be an integer >= 0, got %s"):format(fname, tostring(o.seed)))
@@ -261,8 +266,9 @@ end
 
 -- l2l.layer_kind{name =, params =, forward =, backward = [, options = {names...}]} -> a
 -- constructor: Kind{dim = D, seed =, pool = "host", <options>} -> a layer.
-function M.layer_kind(def)
+function M.layer_kind(def, ...)
   local fname = "l2l.layer_kind"
+  if select("#", ...) ~= 0 then too_many(fname, "def", 2, ...) end
   if type(def) ~= "table" then error(fname .. ": expects a table", 2) end
   for key in pairs(def) do
     if key ~= "name" and key ~= "params" and key ~= "forward" and key ~= "backward" and key ~= "options" then
@@ -284,11 +290,13 @@ function M.layer_kind(def)
     for k, v in pairs(def.options) do
       if type(k) == "number" then allowed[v] = true else allowed[k] = true end
     end
+    for k in pairs(BUILTIN_OPTIONS) do allowed[k] = true end
   end
   local kind = { id = #defs + 1, name = def.name, params = def.params, forward = def.forward,
                  backward = def.backward, allowed = allowed }
   defs[kind.id] = kind
-  local constructor = function(o)
+  local constructor = function(o, ...)
+    if select("#", ...) ~= 0 then too_many(kind.name, "options", 2, ...) end
     local ok, layer = pcall(construct, kind, o)
     if not ok then error(layer, 2) end
     return layer

@@ -15,9 +15,9 @@ local ffi = require("ffi")
 local lib = require("l2l.lib")
 local tensor = require("l2l.tensor")
 
-local C, check, handle_of = lib.C, lib.check, tensor.handle_of
+local C, check, handle_of, too_many = lib.C, lib.check, tensor.handle_of, lib.too_many
 local jit = require("jit")
-local type, tostring, pairs, ipairs, floor, unpack = type, tostring, pairs, ipairs, math.floor, unpack
+local type, tostring, pairs, ipairs, floor, unpack, select = type, tostring, pairs, ipairs, math.floor, unpack, select
 
 local M = {}
 
@@ -223,11 +223,8 @@ for name, k in pairs(KINDS) do kind_names[tonumber(k.id)] = name end
 -- A layer of `kind` made from the options o, or with `describe` only the records it
 -- would have ({name =, shape =} each, as l2l_layer_config_params says), nothing allocated.
 local function new_layer(kind, fname, o, describe)
-  if type(o) ~= "table" then error(fname .. ": expects an options table", 3) end
   local k = KINDS[kind]
-  for key in pairs(o) do
-    if not k.options[key] then error(("%s: unknown option '%s'"):format(fname, tostring(key)), 3) end
-  end
+  o = lib.options(o, k.options, fname, 3)
   local c = ffi.new("l2l_layer_config")
   c.kind = k.id
   local dim, init_std = positive_int(o, "dim", nil, fname), positive(o, "init_std", 0.02, fname)
@@ -270,15 +267,27 @@ end
 M.records = {}
 for kind, k in pairs(KINDS) do
   if k.constructor then
-    M[k.constructor] = function(o) return new_layer(kind, "l2l." .. k.constructor, o) end
-    M.records[kind] = function(o) return new_layer(kind, "l2l." .. k.constructor, o, true) end
+    local fname = "l2l." .. k.constructor
+    -- not tail calls: new_layer's errors name the caller of these (level 3)
+    M[k.constructor] = function(o, ...)
+      if select("#", ...) ~= 0 then too_many(fname, "options", 2, ...) end
+      local layer = new_layer(kind, fname, o)
+      return layer
+    end
+    M.records[kind] = function(o)
+      local records = new_layer(kind, fname, o, true)
+      return records
+    end
   end
 end
 
 -- The role of a layer's kind: "input", "body" or "head".
 function M.role(layer) return KINDS[layer.kind].role end
 
-function M.is_layer(x) return getmetatable(x) == Layer end
+function M.is_layer(x, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.is_layer", "x", 2, ...) end
+  return getmetatable(x) == Layer
+end
 
 ----------------------------------------------------------------- methods
 
@@ -291,7 +300,8 @@ end
 M.H = H
 
 -- "block", "lm_head", ... or a custom kind's name ("GatedMLP").
-function Layer:label()
+function Layer:label(...)
+  if select("#", ...) ~= 0 then too_many("layer:label", "", 2, ...) end
   if self.kind == "custom" then
     return self.custom and self.custom.name or ffi.string(C.l2l_layer_name(H(self, "layer:label")))
   end
@@ -299,7 +309,8 @@ function Layer:label()
 end
 
 -- The layer's C name (l2l_layer_name): the kind's name, or a custom kind's own.
-function Layer:name()
+function Layer:name(...)
+  if select("#", ...) ~= 0 then too_many("layer:name", "", 2, ...) end
   local p = C.l2l_layer_name(H(self, "layer:name"))
   return p ~= nil and ffi.string(p) or self:label()
 end
@@ -307,7 +318,8 @@ end
 -- The id that keys this layer's dropout draws; layer:rng_id(n) sets it (two layers with
 -- one id and one seed draw the same masks), and then a model keeps it (model.lua numbers
 -- the layers whose id nobody set).
-function Layer:rng_id(id)
+function Layer:rng_id(id, ...)
+  if select("#", ...) ~= 0 then too_many("layer:rng_id", "id", 2, ...) end
   local h = H(self, "layer:rng_id")
   if id ~= nil then
     if type(id) ~= "number" or id ~= floor(id) or id < 0 or id >= 2 ^ 24 then
@@ -321,7 +333,8 @@ end
 
 -- Frees the C layer now (safe twice). A layer inside a relay cannot be freed: remove it
 -- from the model (and let a step or run:free() take it out of the relay) first.
-function Layer:free()
+function Layer:free(...)
+  if select("#", ...) ~= 0 then too_many("layer:free", "", 2, ...) end
   local h = self.handle[0]
   if h == nil then return end
   if held[address(h)] then
@@ -331,7 +344,8 @@ function Layer:free()
   free_now(h)
 end
 
-function Layer:config()
+function Layer:config(...)
+  if select("#", ...) ~= 0 then too_many("layer:config", "", 2, ...) end
   local c = ffi.new("l2l_layer_config")
   check(C.l2l_layer_get_config(c, H(self, "layer:config")), "layer:config", 2)
   return {
@@ -344,13 +358,17 @@ function Layer:config()
   }
 end
 
-function Layer:nparams() return tonumber(C.l2l_layer_nparams(H(self, "layer:nparams"))) end
+function Layer:nparams(...)
+  if select("#", ...) ~= 0 then too_many("layer:nparams", "", 2, ...) end
+  return tonumber(C.l2l_layer_nparams(H(self, "layer:nparams")))
+end
 
 -- {name=, value=, grad=, decays=, users=, id=, handle=, layer=} per parameter record;
 -- value and grad are tensors sharing the record's storage. `id` identifies the record
 -- (tied layers share it); `handle` is its l2l_param * (valid while `layer` lives, which
 -- the record keeps alive).
-function Layer:params()
+function Layer:params(...)
+  if select("#", ...) ~= 0 then too_many("layer:params", "", 2, ...) end
   local h = H(self, "layer:params")
   local list = {}
   for i = 0, C.l2l_layer_param_count(h) - 1 do
@@ -370,9 +388,13 @@ function Layer:params()
   return list
 end
 
-function Layer:zero_grad() check(C.l2l_layer_zero_grad(H(self, "layer:zero_grad")), "layer:zero_grad", 2) end
+function Layer:zero_grad(...)
+  if select("#", ...) ~= 0 then too_many("layer:zero_grad", "", 2, ...) end
+  check(C.l2l_layer_zero_grad(H(self, "layer:zero_grad")), "layer:zero_grad", 2)
+end
 
-function Layer:set_memory(mode)
+function Layer:set_memory(mode, ...)
+  if select("#", ...) ~= 0 then too_many("layer:set_memory", "mode", 2, ...) end
   if memory_modes[mode] == nil then
     error("layer:set_memory: mode must be \"standard\" or \"frugal\", got " .. tostring(mode), 2)
   end
@@ -381,7 +403,8 @@ end
 
 -- Bytes for a micro-batch of B samples of S positions: {params, saved, input_kept,
 -- output_kept, work_forward, work_backward, peak}.
-function Layer:memory(micro_batch, seq)
+function Layer:memory(micro_batch, seq, ...)
+  if select("#", ...) ~= 0 then too_many("layer:memory", "micro_batch, seq", 2, ...) end
   local m = ffi.new("l2l_layer_memory")
   check(C.l2l_layer_memory_use(m, H(self, "layer:memory"), micro_batch or 0, seq or 0), "layer:memory", 2)
   return {
@@ -393,14 +416,16 @@ end
 
 -- Bytes this layer's backward holds from its forward: its saved state plus its input
 -- when it reads it (the output belongs to the next layer as its input).
-function Layer:saved_bytes(micro_batch, seq)
+function Layer:saved_bytes(micro_batch, seq, ...)
+  if select("#", ...) ~= 0 then too_many("layer:saved_bytes", "micro_batch, seq", 2, ...) end
   local m = self:memory(micro_batch, seq)
   return m.saved + m.input_kept
 end
 
 -- A deep copy: the same values in new records (gradients zero), a new rng id. A custom
 -- layer's copy keeps its kind and options.
-function Layer:clone()
+function Layer:clone(...)
+  if select("#", ...) ~= 0 then too_many("layer:clone", "", 2, ...) end
   local h = H(self, "layer:clone")
   local out = ffi.new("l2l_layer *[1]")
   check(C.l2l_layer_clone(out, h), "layer:clone", 2)
@@ -411,7 +436,8 @@ function Layer:clone()
 end
 
 -- head:tie_to(embedding): the LM head's projection becomes the embedding's table.
-function Layer:tie_to(embedding)
+function Layer:tie_to(embedding, ...)
+  if select("#", ...) ~= 0 then too_many("layer:tie_to", "embedding", 2, ...) end
   if not M.is_layer(embedding) then error("layer:tie_to: embedding must be a layer", 2) end
   check(C.l2l_layer_tie(H(self, "layer:tie_to"), embedding.handle[0]), "layer:tie_to", 2)
   self.tied_to = embedding   -- keeps the embedding's record alive as long as the head
@@ -424,8 +450,13 @@ local function opt_handle(t, name, fname)
   return handle_of(t, name, fname, 4)
 end
 
+-- The fields a layer's batch may have (src/l2l.h's l2l_layer_batch); l2l.model adds its own.
+local BATCH_FIELDS = { tokens = true, token_types = true, targets = true, key_mask = true, first_sample = true,
+                       seed = true, step = true, training = true, loss_scale = true }
+M.BATCH_FIELDS = BATCH_FIELDS
+
 local function batch_struct(b, fname)
-  if type(b) ~= "table" then error(fname .. ": batch must be a table", 3) end
+  lib.fields(b, BATCH_FIELDS, fname, 3, "batch")
   local s = ffi.new("l2l_layer_batch")
   s.tokens = opt_handle(b.tokens, "batch.tokens", fname)
   s.token_types = opt_handle(b.token_types, "batch.token_types", fname)
@@ -454,7 +485,8 @@ end
 -- y = layer:forward(x, batch): x nil for an embedding; heads return per-token (or per-
 -- sample) losses, or logits when batch.targets is nil. Keeps what backward needs unless
 -- batch.training is false.
-function Layer:forward(x, batch)
+function Layer:forward(x, batch, ...)
+  if select("#", ...) ~= 0 then too_many("layer:forward", "x, batch", 2, ...) end
   local fname = "layer:forward"
   local h = H(self, fname)
   local s = batch_struct(batch, fname)
@@ -476,7 +508,8 @@ end
 
 -- dx = layer:backward(dy, batch): dy nil for heads (batch.loss_scale scales the losses'
 -- gradient); dx nil for the embedding. Parameter gradients accumulate.
-function Layer:backward(dy, batch)
+function Layer:backward(dy, batch, ...)
+  if select("#", ...) ~= 0 then too_many("layer:backward", "dy, batch", 2, ...) end
   local fname = "layer:backward"
   local h = H(self, fname)
   local s = batch_struct(batch, fname)

@@ -19,8 +19,10 @@
 -- Must never: count a shared parameter record twice (params(), nparams()), or hold one
 -- layer twice (its saved state and its place in a relay are single).
 local layers = require("l2l.layers")
+local lib = require("l2l.lib")
 
-local type, ipairs, pairs, tostring, floor = type, ipairs, pairs, tostring, math.floor
+local type, ipairs, pairs, tostring, floor, select = type, ipairs, pairs, tostring, math.floor, select
+local too_many = lib.too_many
 local insert, remove, concat = table.insert, table.remove, table.concat
 
 local M = {}
@@ -53,9 +55,11 @@ local function first_embedding(self)
   end
 end
 
-function M.Sequential(list)
+function M.Sequential(list, ...)
   local fname = "l2l.Sequential"
-  if type(list) ~= "table" then error(fname .. ": expects a list of layers", 2) end
+  if select("#", ...) ~= 0 then too_many(fname, "list", 2, ...) end
+  if type(list) ~= "table" then error(fname .. ": expects a list of layers, got " .. lib.describe(list), 2) end
+  lib.fields(list, {}, fname, 2, "the list of layers", true)
   local self = setmetatable({}, Sequential)
   self.layers = self                                   -- model.layers[i] == model[i]
   self.frozen_set = setmetatable({}, { __mode = "k" }) -- layer -> true (follows the layer)
@@ -80,7 +84,10 @@ function M.Sequential(list)
   return self
 end
 
-function M.is_sequential(x) return getmetatable(x) == Sequential end
+function M.is_sequential(x, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.is_sequential", "x", 2, ...) end
+  return getmetatable(x) == Sequential
+end
 
 ----------------------------------------------------------------- the list
 
@@ -114,13 +121,15 @@ local function admit(self, layer, fname)
   number_layer(layer, highest_rng_id(self))
 end
 
-function Sequential:layer(i)
+function Sequential:layer(i, ...)
+  if select("#", ...) ~= 0 then too_many("model:layer", "i", 2, ...) end
   index_arg(self, i, "model:layer", "index")
   return self[i]
 end
 
 -- model:insert(index, layer): the layer becomes layer `index` (1 .. #model + 1).
-function Sequential:insert(index, layer)
+function Sequential:insert(index, layer, ...)
+  if select("#", ...) ~= 0 then too_many("model:insert", "index, layer", 2, ...) end
   local fname = "model:insert"
   index_arg(self, index, fname, "index", #self + 1)
   admit(self, layer, fname)
@@ -129,14 +138,16 @@ function Sequential:insert(index, layer)
 end
 
 -- model:add(layer): appends.
-function Sequential:add(layer)
+function Sequential:add(layer, ...)
+  if select("#", ...) ~= 0 then too_many("model:add", "layer", 2, ...) end
   admit(self, layer, "model:add")
   self[#self + 1] = layer
   return layer
 end
 
 -- model:remove(index) -> the layer (no longer in the model; not freed).
-function Sequential:remove(index)
+function Sequential:remove(index, ...)
+  if select("#", ...) ~= 0 then too_many("model:remove", "index", 2, ...) end
   index_arg(self, index, "model:remove", "index")
   local layer = remove(self, index)
   self.frozen_set[layer] = nil
@@ -144,7 +155,8 @@ function Sequential:remove(index)
 end
 
 -- model:replace(index, layer) -> the layer that was there.
-function Sequential:replace(index, layer)
+function Sequential:replace(index, layer, ...)
+  if select("#", ...) ~= 0 then too_many("model:replace", "index, layer", 2, ...) end
   local fname = "model:replace"
   index_arg(self, index, fname, "index")
   local old = self[index]
@@ -158,7 +170,8 @@ end
 
 -- model:clone(from [, to = from + 1]) -> the copy of layer `from` (same weights, new
 -- records: in a relay it starts with fresh optimizer state), inserted as layer `to`.
-function Sequential:clone(from, to)
+function Sequential:clone(from, to, ...)
+  if select("#", ...) ~= 0 then too_many("model:clone", "from, to", 2, ...) end
   local fname = "model:clone"
   index_arg(self, from, fname, "from")
   if to == nil then to = from + 1 end
@@ -172,17 +185,20 @@ function Sequential:clone(from, to)
 end
 
 -- A frozen layer passes gradients through but is not updated (by l2l.Relay).
-function Sequential:freeze(index)
+function Sequential:freeze(index, ...)
+  if select("#", ...) ~= 0 then too_many("model:freeze", "index", 2, ...) end
   index_arg(self, index, "model:freeze", "index")
   self.frozen_set[self[index]] = true
 end
 
-function Sequential:unfreeze(index)
+function Sequential:unfreeze(index, ...)
+  if select("#", ...) ~= 0 then too_many("model:unfreeze", "index", 2, ...) end
   index_arg(self, index, "model:unfreeze", "index")
   self.frozen_set[self[index]] = nil
 end
 
-function Sequential:frozen(index)
+function Sequential:frozen(index, ...)
+  if select("#", ...) ~= 0 then too_many("model:frozen", "index", 2, ...) end
   index_arg(self, index, "model:frozen", "index")
   return self.frozen_set[self[index]] == true
 end
@@ -190,7 +206,8 @@ end
 ----------------------------------------------------------------- parameters
 
 -- Unique parameter records, in layer order: {name = "<layer>.<param>", value, grad, decays}.
-function Sequential:params()
+function Sequential:params(...)
+  if select("#", ...) ~= 0 then too_many("model:params", "", 2, ...) end
   local seen, list = {}, {}
   for i, layer in ipairs(self) do
     for _, p in ipairs(layer:params()) do
@@ -204,17 +221,26 @@ function Sequential:params()
   return list
 end
 
-function Sequential:nparams()
+function Sequential:nparams(...)
+  if select("#", ...) ~= 0 then too_many("model:nparams", "", 2, ...) end
   local n = 0
   for _, p in ipairs(self:params()) do n = n + p.value:numel() end
   return n
 end
 
-function Sequential:zero_grad()
+function Sequential:zero_grad(...)
+  if select("#", ...) ~= 0 then too_many("model:zero_grad", "", 2, ...) end
   for _, layer in ipairs(self) do layer:zero_grad() end
 end
 
 ----------------------------------------------------------------- forward and backward
+
+-- A model's batch: a layer's (layers.BATCH_FIELDS) but the loss scale, which the model
+-- works out itself, and with `skip`.
+local BATCH_FIELDS = { skip = true }
+for k in pairs(layers.BATCH_FIELDS) do
+  if k ~= "loss_scale" then BATCH_FIELDS[k] = true end
+end
 
 -- Errors inside a layer name its index (like torch/nn's containers).
 local function run_layer(i, layer, f)
@@ -254,14 +280,19 @@ end
 -- loss = model:forward(batch): batch.tokens through every layer; with batch.targets the
 -- last layer (a head) gives per-target losses, and the result is their mean over real
 -- targets; without targets, the last layer's output (logits) is returned.
-function Sequential:forward(batch)
-  if type(batch) ~= "table" then error("model:forward: batch must be a table", 2) end
+function Sequential:forward(batch, ...)
+  if select("#", ...) ~= 0 then too_many("model:forward", "batch", 2, ...) end
+  lib.fields(batch, BATCH_FIELDS, "model:forward", 2, "batch")
   if #self == 0 then error("model:forward: the model has no layers", 2) end
   local skip = skip_set(self, batch, "model:forward")
+  local layer_batch = {}   -- what the layers read: the batch without skip
+  for k, v in pairs(batch) do
+    if k ~= "skip" then layer_batch[k] = v end
+  end
   local x
   for i, layer in ipairs(self) do
     if not skip[i] then
-      x = run_layer(i, layer, function() return layer:forward(x, batch) end)
+      x = run_layer(i, layer, function() return layer:forward(x, layer_batch) end)
     end
   end
   self.skipped = skip
@@ -276,10 +307,14 @@ end
 
 -- model:backward(batch): gradients of the mean loss of the last forward into every
 -- parameter's grad (accumulating).
-function Sequential:backward(batch)
+function Sequential:backward(batch, ...)
+  if select("#", ...) ~= 0 then too_many("model:backward", "batch", 2, ...) end
   if self.loss_scale == nil then error("model:backward: run forward with targets first", 2) end
+  lib.fields(batch, BATCH_FIELDS, "model:backward", 2, "batch")
   local plain = {}
-  for k, v in pairs(batch) do plain[k] = v end
+  for k, v in pairs(batch) do
+    if k ~= "skip" then plain[k] = v end
+  end
   plain.loss_scale = self.loss_scale
   local skip = self.skipped or {}
   local dy
@@ -384,11 +419,7 @@ local function prompt_ids(prompt, vocab, fname)
 end
 
 local function generate_options(opts, vocab, fname)
-  if opts == nil then opts = {} end
-  if type(opts) ~= "table" then error(fname .. ": opts must be a table, got " .. type(opts), 3) end
-  for key in pairs(opts) do
-    if not GENERATE_OPTIONS[key] then error(("%s: unknown option '%s'"):format(fname, tostring(key)), 3) end
-  end
+  opts = lib.options(opts, GENERATE_OPTIONS, fname, 3, "opts")
   local t = opts.temperature == nil and 1 or opts.temperature
   if type(t) ~= "number" or t ~= t or t < 0 or t == math.huge then
     error(fname .. ": option 'temperature' must be a finite number >= 0 (0: always the likeliest), got " .. tostring(opts.temperature), 3)
@@ -443,7 +474,8 @@ end
 -- model:generate(prompt, n [, {temperature = 1, top_k = vocab, seed = 0}]): n new tokens
 -- after the prompt. prompt: a string (byte-level models; returns a string of the n new
 -- bytes, then their ids) or a list of token ids (returns the list of the n new ids).
-function Sequential:generate(prompt, n, opts)
+function Sequential:generate(prompt, n, opts, ...)
+  if select("#", ...) ~= 0 then too_many("model:generate", "prompt, n, opts", 2, ...) end
   local fname = "model:generate"
   if getmetatable(self) ~= Sequential then error(fname .. ": self must be a model (use model:generate)", 2) end
   local vocab, max_seq = generator_parts(self, fname)

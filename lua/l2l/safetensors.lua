@@ -28,7 +28,8 @@ local lib = require("l2l.lib")
 local tensor = require("l2l.tensor")
 
 local C = ffi.C
-local type, tostring, ipairs, pairs, floor = type, tostring, ipairs, pairs, math.floor
+local type, tostring, ipairs, pairs, floor, select = type, tostring, ipairs, pairs, math.floor, select
+local too_many = lib.too_many
 
 -- libc, with FILE kept opaque (other modules may declare FILE differently).
 ffi.cdef [[
@@ -140,8 +141,11 @@ end
 
 -- entries: { {name = string, tensor = host or device tensor}, ... } in file order;
 -- metadata: a table of string values (or nil).
-function M.write(path, entries, metadata)
+local ENTRY_FIELDS = { name = true, tensor = true }
+
+function M.write(path, entries, metadata, ...)
   local fname = "safetensors.write"
+  if select("#", ...) ~= 0 then too_many(fname, "path, entries, metadata", 2, ...) end
   if type(path) ~= "string" or path == "" then error(fname .. ": path must be a non-empty string", 2) end
   if type(entries) ~= "table" then error(fname .. ": entries must be a list of {name =, tensor =}", 2) end
   local header, offset, seen = {}, 0, {}
@@ -150,6 +154,7 @@ function M.write(path, entries, metadata)
     if type(e) ~= "table" or type(e.name) ~= "string" or e.name == "" or e.name == "__metadata__" then
       error(("%s: entry %d must have a name (a non-empty string other than __metadata__)"):format(fname, i), 2)
     end
+    lib.fields(e, ENTRY_FIELDS, fname, 2, ("entry %d ('%s')"):format(i, e.name))
     if seen[e.name] then error(("%s: name '%s' appears twice"):format(fname, e.name), 2) end
     seen[e.name] = true
     local t = e.tensor
@@ -259,8 +264,9 @@ local function check_entry(name, e, data_len, bad)
 end
 
 -- Opens and checks a file; raises "safetensors.open: <path>: <what is wrong>".
-function M.open(path)
+function M.open(path, ...)
   local fname = "safetensors.open"
+  if select("#", ...) ~= 0 then too_many(fname, "path", 2, ...) end
   if type(path) ~= "string" or path == "" then error(fname .. ": path must be a non-empty string", 2) end
   local function bad(fmt, ...) error(("%s: %s: " .. fmt):format(fname, path, ...), 0) end
   local f = C.fopen(path, "rb")
@@ -323,8 +329,9 @@ function M.open(path)
 end
 
 -- file:read(name [, into]) -> the tensor, in the host pool. `into` (a host tensor of the same dtype and element count) receives it instead of a new one.
-function File:read(name, into)
+function File:read(name, into, ...)
   local fname = "file:read"
+  if select("#", ...) ~= 0 then too_many(fname, "name, into", 2, ...) end
   if getmetatable(self) ~= File then error(fname .. ": self must be an open file", 2) end
   if self.handle == nil then error(fname .. ": the file was closed", 2) end
   local e = self.entries[name]
@@ -345,7 +352,8 @@ function File:read(name, into)
   return t
 end
 
-function File:close()
+function File:close(...)
+  if select("#", ...) ~= 0 then too_many("file:close", "", 2, ...) end
   if self.handle ~= nil then
     C.fclose(ffi.gc(self.handle, nil))
     self.handle = nil
