@@ -563,6 +563,12 @@ l2l_status l2l_adamw_update(l2l_tensor *param, l2l_tensor *m, l2l_tensor *v,
   TRY(numel_is(f, "m", m, param->numel, "one per parameter"));
   TRY(numel_is(f, "v", v, param->numel, "one per parameter"));
   TRY(numel_is(f, "grad", grad, param->numel, "one per parameter"));
+  /* Element-wise over four arrays: each has the parameter's shape too (a transposed or
+     flattened state array of the same size would pair its elements with other
+     parameters' without a word). */
+  TRY(same_shape(f, "m", m, "param", param));
+  TRY(same_shape(f, "v", v, "param", param));
+  TRY(same_shape(f, "grad", grad, "param", param));
   for (int i = 0; i < 4; i++)
     for (int j = i + 1; j < 4; j++)
       TRY(distinct(f, args[i].name, args[i].t, args[j].name, args[j].t, false));

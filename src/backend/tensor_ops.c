@@ -6,6 +6,7 @@
  * nothing.
  * Must never: touch an element itself (that is the backend's job).
  */
+#include <float.h>
 #include <math.h>
 
 #include "backend.h"
@@ -86,10 +87,21 @@ static l2l_status random_fill(const char *func, l2l_tensor *t, enum l2l_distribu
       ->random(l2l_tensor_ptr(t), t->dtype, t->numel, dist, seed, stream, first, a, b);
 }
 
+/* The largest finite value of a float dtype. */
+static double float_max(l2l_dtype d) {
+  return d == L2L_F16 ? 65504.0 : d == L2L_BF16 ? 0x1.fep127 : (double)FLT_MAX;
+}
+
 l2l_status l2l_tensor_uniform(l2l_tensor *t, uint64_t seed, uint64_t stream, int64_t first,
                               double lo, double hi) {
   if (!isfinite(lo) || !isfinite(hi) || lo > hi)
     return FAIL(L2L_ERR_INVALID, "need finite lo <= hi, got lo = %g, hi = %g", lo, hi);
+  /* Bounds beyond the dtype's finite range: draws below -max rounded to -inf, outside
+     [lo, hi) (about half of them for lo = -1e6 in f16, or -1e39 in f32). */
+  if (l2l_tensor_ok(t) && is_float(t->dtype) &&
+      (lo < -float_max(t->dtype) || hi > float_max(t->dtype)))
+    return FAIL(L2L_ERR_INVALID, "lo = %g and hi = %g must lie within %s's finite range "
+                "(+-%g)", lo, hi, l2l_dtype_name(t->dtype), float_max(t->dtype));
   return random_fill(__func__, t, L2L_UNIFORM, seed, stream, first, lo, hi);
 }
 

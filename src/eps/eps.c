@@ -163,6 +163,10 @@ l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_rec
                            int64_t updates, const l2l_tensor *first, const l2l_tensor *second) {
   const l2l_tensor *given[2] = {first, second};
   const char *names[2] = {"first", "second"};
+  /* The next update is t = updates + 1: it must be an int64 too. */
+  if (updates == INT64_MAX)
+    return l2l_fail_in(func, L2L_ERR_INVALID, "updates must be below 2^63 - 1 (the next update "
+                       "counts one more), got %lld", (long long)updates);
   int count = l2l_optim_state_count(&eps->optimizer);
   int arrays = updates > 0 ? count : 0;
   for (int a = 0; a < 2; a++) {
@@ -176,6 +180,7 @@ l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_rec
     if (given[a] == NULL)
       return l2l_fail_in(func, L2L_ERR_INVALID, "%s is NULL: the optimizer keeps %d state arrays",
                          names[a], arrays);
+    TRY(l2l_tensor_check(func, names[a], given[a]));
     if (l2l_tensor_dtype(given[a]) != L2L_F32)
       return l2l_fail_in(func, L2L_ERR_INVALID, "%s must be f32, got %s", names[a],
                          l2l_dtype_name((l2l_dtype)l2l_tensor_dtype(given[a])));

@@ -324,8 +324,10 @@ static l2l_status residual_dropout_backward(const float **out, float *dst,
   float rate = layer->config.dropout;
   if (bits) return call->ops->dropout_backward(dst, in, bits, rate, p->N * p->D);
   const l2l_layer_batch *b = call->b;
+  /* the forward's first draw (residual_dropout): in uint64, as first_sample may be huge */
+  uint64_t per_sample = (uint64_t)(p->S * p->D);
   return call->ops->dropout_forward(dst, NULL, in, rate, b->seed, l2l_dropout_stream(layer, b, site),
-                                    b->first_sample * p->S * p->D, p->N * p->D);
+                                    (int64_t)((uint64_t)b->first_sample * per_sample), p->N * p->D);
 }
 
 /* dx := LayerNorm backward of dy, from the input (kept) or from the output (frugal). */

@@ -182,6 +182,24 @@ static l2l_status check_params_domain(const char *func, const l2l_layer *layer, 
   return L2L_OK;
 }
 
+/* A tensor the call writes (`values`: y, dx), or reads while the backward adds into the
+   gradients (dy), may not share memory with the layer's parameter records: the call would
+   overwrite the weights or gradients it computes with, or read its own partial sums. */
+static l2l_status check_apart_from_params(const char *func, const l2l_layer *layer,
+                                          const char *name, const l2l_tensor *t, bool values) {
+  if (t == NULL) return L2L_OK;
+  for (int i = 0; i < layer->nparams; i++) {
+    const l2l_param *p = layer->params[i];
+    if (values && l2l_tensors_overlap(t, p->value))
+      return l2l_fail_in(func, L2L_ERR_INVALID, "%s overlaps the value of parameter '%s'", name,
+                         p->name);
+    if (l2l_tensors_overlap(t, p->grad))
+      return l2l_fail_in(func, L2L_ERR_INVALID, "%s overlaps the gradient of parameter '%s'",
+                         name, p->name);
+  }
+  return L2L_OK;
+}
+
 /* A scratch allocation of `bytes` in `pool` (NULL tensor for 0). */
 static l2l_status arena_new(l2l_tensor **out, l2l_pool_kind pool, uint64_t bytes) {
   *out = NULL;
@@ -265,6 +283,7 @@ l2l_status l2l_layer_forward(l2l_saved **saved_out, l2l_layer *layer, l2l_tensor
   int ndim = l2l_layer_output_dims(dims, layer, batch, B, S);
   TRY(l2l_need_shape(f, "y", y, L2L_F32, ndim, dims));
   if (l2l_tensors_overlap(x, y)) return FAIL(L2L_ERR_INVALID, "x and y overlap");
+  TRY(check_apart_from_params(f, layer, "y", y, true));
   int domain = l2l_pool_domain(y->storage->pool);
   if (x && l2l_pool_domain(x->storage->pool) != domain)
     return FAIL(L2L_ERR_INVALID, "x is in pool '%s' but y in '%s'",
@@ -347,6 +366,8 @@ l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor
     TRY(l2l_need_shape(f, "dx", dx, L2L_F32, 3, dims));
   }
   if (l2l_tensors_overlap(dx, dy)) return FAIL(L2L_ERR_INVALID, "dx and dy overlap");
+  TRY(check_apart_from_params(f, layer, "dx", dx, true));
+  TRY(check_apart_from_params(f, layer, "dy", dy, false));
   const l2l_tensor *any = dx ? dx : dy;
   l2l_pool_kind pool = any ? any->storage->pool : saved->buffer ? saved->buffer->storage->pool
                                                                  : layer->pool;

@@ -89,10 +89,11 @@ static void dropout_row_from_bits(float *row, const uint8_t *bits, int64_t count
     row[j] = (bits[j >> 3] >> (j & 7)) & 1 ? row[j] * keep_scale : 0.0f;
 }
 
-/* Draw index of element (b, h, i, 0) at block site 0 (l2l.h). */
+/* Draw index of element (b, h, i, 0) at block site 0 (l2l.h), modulo 2^64 like every draw
+   index (first_sample may be as large as INT64_MAX: adding b in int64 overflowed). */
 static inline uint64_t draw_index(const struct l2l_attention_shape *sh, int64_t b, int64_t h,
                                   int64_t i) {
-  return ((uint64_t)(sh->first_sample + b) * (uint64_t)sh->heads + (uint64_t)h) *
+  return (((uint64_t)sh->first_sample + (uint64_t)b) * (uint64_t)sh->heads + (uint64_t)h) *
              (uint64_t)(sh->seq * sh->seq) + (uint64_t)(i * sh->seq);
 }
 
