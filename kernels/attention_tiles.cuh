@@ -41,10 +41,11 @@ struct BackwardArgs {
   AttentionShape sh;
 };
 
-/* Draw index of element (b, h, i, j) at block site 0, with the CPU's uint64 arithmetic. */
+/* Draw index of element (b, h, i, j) at block site 0, with the CPU's uint64 arithmetic
+   (modulo 2^64: first_sample may be as large as INT64_MAX, so b is added unsigned). */
 __device__ __forceinline__ uint64_t draw_index(const AttentionShape &sh, int64_t b, int64_t h,
                                                int64_t i, int64_t j) {
-  return ((uint64_t)(sh.first_sample + b) * (uint64_t)sh.heads + (uint64_t)h) *
+  return (((uint64_t)sh.first_sample + (uint64_t)b) * (uint64_t)sh.heads + (uint64_t)h) *
              (uint64_t)(sh.seq * sh.seq) +
          (uint64_t)(i * sh.seq) + (uint64_t)j;
 }

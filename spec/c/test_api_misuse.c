@@ -1426,6 +1426,31 @@ TEST(misuse_layer_new_clone_tie_and_free) {
   }
   CHECK(out == SENTINEL(l2l_layer), "*out written by a refused l2l_layer_new");
 
+  /* l2l_layer_config_params: the same configs refused with the same needles; count,
+     out and capacity checked; nothing written on a refusal */
+  l2l_param_info infos[L2L_MAX_PARAMS + 1];
+  memset(infos, 0x5a, sizeof infos);
+  unsigned char untouched[sizeof infos];
+  memcpy(untouched, infos, sizeof infos);
+  int count = -7;
+  for (int i = 0; i < nb; i++) {
+    char expr[160];
+    snprintf(expr, sizeof expr, "l2l_layer_config_params case %d (%s)", i, bad[i].needle);
+    refused_at((arm(), l2l_layer_config_params(infos, L2L_MAX_PARAMS, &count, &bad[i].c)),
+               L2L_ERR_INVALID, bad[i].needle, __FILE__, __LINE__, expr);
+  }
+  REFUSES(l2l_layer_config_params(infos, L2L_MAX_PARAMS, NULL, &base), L2L_ERR_INVALID, "count");
+  REFUSES(l2l_layer_config_params(NULL, L2L_MAX_PARAMS, &count, &base), L2L_ERR_INVALID, "out");
+  REFUSES(l2l_layer_config_params(infos, L2L_MAX_PARAMS, &count, NULL), L2L_ERR_INVALID, "config");
+  REFUSES(l2l_layer_config_params(infos, -1, &count, &base), L2L_ERR_INVALID, "room for");
+  REFUSES(l2l_layer_config_params(infos, 0, &count, &base), L2L_ERR_INVALID, "room for");
+  REFUSES(l2l_layer_config_params(infos, INT_MIN, &count, &base), L2L_ERR_INVALID, "room for");
+  CHECK(memcmp(infos, untouched, sizeof infos) == 0, "a refused l2l_layer_config_params wrote out");
+  CHECK_OK(l2l_layer_config_params(infos, INT_MAX, &count, &base));
+  CHECK(count >= 1 && count <= L2L_MAX_PARAMS &&
+            memcmp(&infos[count], &untouched[count * sizeof *infos], sizeof *infos) == 0,
+        "l2l_layer_config_params: %d records, or it wrote past them", count);
+
   /* configs whose parameters cannot be made: refused, and what was made before is freed */
   if (stats_of(L2L_POOL_HOST).budget != 0) {
     l2l_layer_config c = config_of(L2L_LAYER_EMBEDDING);
@@ -2588,27 +2613,11 @@ done:
   rig_free(&rig);
 }
 
-/* ---------------------------------------------------------------- known defects elsewhere
-
-   Misuse this file found in files another engineer is changing now (src/layers/layer.c,
-   src/relay/): reported, not fixed here. Each case fails today (the first two under the
-   sanitizer, or with a crash), so they are left out of the suite; build with
-   EXTRA_CFLAGS=-DL2L_TEST_KNOWN_DEFECTS=1 to run them, and drop the guard with the fixes.
-   1. l2l_layer_tie accepts a head that is in a relay: it releases the head's own projection
-      record (freed: its last user) while the relay's EPS still holds it, and the next step
-      finds no EPS record for the tied one (NULL dereference in l2l_eps_expect). Fix:
-      refuse with L2L_ERR_STATE while l2l_layer_owner(head) != NULL.
-   2. l2l_relay_restore_progress accepts steps = INT64_MAX; the next step computes
-      run->steps + 1 (signed overflow, src/relay/step.c plan_step). Fix: refuse steps or
-      updates of INT64_MAX there, and refuse a step when run->steps is INT64_MAX.
-   3. l2l_relay_events with count 0 returns L2L_OK before looking at first: first = -1 or
-      past the events is accepted. Fix: check first (0 <= first <= events) before the
-      count == 0 shortcut. */
-#ifndef L2L_TEST_KNOWN_DEFECTS
-#define L2L_TEST_KNOWN_DEFECTS 0
-#endif
-#if L2L_TEST_KNOWN_DEFECTS
-TEST(misuse_known_defects_in_layer_c_and_relay) {
+/* ---------------------------------------------------------------- found by this file
+   Each failed before its fix: a tie of a head that is in a relay freed a record the EPS
+   held (the next step dereferenced NULL); progress of INT64_MAX steps overflowed the next
+   step's count; an empty range of events was accepted at any first. */
+TEST(misuse_tie_in_a_relay_progress_past_counting_and_empty_event_ranges) {
   struct rig rig;
   l2l_relay_config c = relay_config();
   if (!rig_new(&rig, &c)) {
@@ -2634,4 +2643,3 @@ TEST(misuse_known_defects_in_layer_c_and_relay) {
   l2l_layer_free(other);
   rig_free(&rig);
 }
-#endif

@@ -202,6 +202,11 @@ l2l_status l2l_layer_tie(l2l_layer *head, l2l_layer *embedding) {
     return FAIL(L2L_ERR_INVALID, "head must be a live LM head layer");
   if (!l2l_layer_live(embedding) || embedding->config.kind != L2L_LAYER_EMBEDDING)
     return FAIL(L2L_ERR_INVALID, "embedding must be a live embedding layer");
+  /* A relay's EPS holds the head's records: swapping one under it would leave the EPS
+     with a freed record and none for the new one. (The embedding may be in a relay: the
+     head then joins it already sharing the record the EPS has.) */
+  if (head->owner != NULL)
+    return FAIL(L2L_ERR_STATE, "head is in a relay: tie it before it joins one");
   const l2l_layer_config *h = &head->config, *e = &embedding->config;
   if (h->vocab != e->vocab || h->dim != e->dim)
     return FAIL(L2L_ERR_INVALID,

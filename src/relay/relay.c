@@ -348,13 +348,12 @@ l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run) {
 l2l_status l2l_relay_events(l2l_relay_event *out, const l2l_relay *run, int64_t first,
                             int64_t count) {
   CHECK_RUN(run);
-  if (count == 0) return L2L_OK;
-  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  if (out == NULL && count != 0) return FAIL(L2L_ERR_INVALID, "out is NULL");
   l2l_relay *r = (l2l_relay *)run;
   pthread_mutex_lock(&r->timeline.lock);
   int64_t n = run->timeline.count;
   bool ok = first >= 0 && count >= 0 && first <= n && count <= n - first;
-  if (ok) memcpy(out, run->timeline.events + first, (size_t)count * sizeof *out);
+  if (ok && count > 0) memcpy(out, run->timeline.events + first, (size_t)count * sizeof *out);
   pthread_mutex_unlock(&r->timeline.lock);
   if (first < 0) return FAIL(L2L_ERR_INVALID, "first must be >= 0, got %lld", (long long)first);
   if (!ok)
@@ -422,8 +421,10 @@ l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t go
 
 l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int64_t updates) {
   CHECK_RUN(run);
-  if (steps < 0 || updates < 0 || updates > steps)
-    return FAIL(L2L_ERR_INVALID, "need 0 <= updates <= steps, got steps %lld, updates %lld",
+  /* steps below INT64_MAX: the next step counts steps + 1 */
+  if (steps < 0 || steps == INT64_MAX || updates < 0 || updates > steps)
+    return FAIL(L2L_ERR_INVALID,
+                "need 0 <= updates <= steps < 2^63 - 1, got steps %lld, updates %lld",
                 (long long)steps, (long long)updates);
   TRY(l2l_relay_sync(run));
   run->steps = steps;

@@ -33,6 +33,9 @@ struct step_plan {
 static l2l_status plan_step(struct step_plan *p, struct step *s) {
   const l2l_relay *run = s->run;
   const l2l_relay_config *c = &run->config;
+  if (run->steps == INT64_MAX)   /* (restore_progress refuses it; the count cannot go on) */
+    return FAIL(L2L_ERR_STATE, "the relay has counted %lld steps: no step can follow",
+                (long long)run->steps);
   *p = (struct step_plan){.update = s->training && (run->steps + 1) % c->accumulate == 0,
                           .dynamic = c->loss_scale > 0 ? run->scale : 1.0};
   p->defer = p->update && (c->clip_global_norm > 0 || c->loss_scale > 0);
