@@ -553,6 +553,23 @@ TEST(pool_host_budget_refuses_what_can_never_fit) {
   int64_t n = 1 << 19;   /* 2 MiB */
   CHECK_FAILS(l2l_tensor_new(&t, L2L_POOL_HOST, L2L_F32, 1, &n), L2L_ERR_BUDGET, "budget");
   CHECK_OK(l2l_pool_set_budget(L2L_POOL_HOST, start.budget));
+  /* More than the machine has is refused before the system is asked, budget or not, in
+     every pool of host memory (the pinned pool; the device pool on the CPU backend): with
+     no budget it was mapped, and a sanitizer's allocator aborted. */
+  CHECK_OK(l2l_pool_set_budget(L2L_POOL_HOST, 0));
+  const l2l_pool_kind hosted[] = {L2L_POOL_HOST, L2L_POOL_PINNED, L2L_POOL_DEVICE};
+  for (int i = 0; i < 3; i++) {
+    if (hosted[i] == L2L_POOL_DEVICE && strcmp(l2l_device_backend(), "cpu") != 0) continue;
+    l2l_pool_stats before = stats_of(hosted[i]);
+    uint64_t saved_budget = before.budget;
+    CHECK_OK(l2l_pool_set_budget(hosted[i], 0));
+    CHECK_FAILS(l2l_tensor_new(&t, hosted[i], L2L_F32, 2, huge), L2L_ERR_NOMEM,
+                "more than this machine's memory");
+    l2l_pool_stats after = stats_of(hosted[i]);
+    CHECK(t == NULL && after.current == before.current && after.refused == before.refused + 1,
+          "%s pool: a refusal changed its statistics", l2l_pool_name(hosted[i]));
+    CHECK_OK(l2l_pool_set_budget(hosted[i], saved_budget));
+  }
 }
 
 TEST(errors_are_per_thread_and_statuses_have_names) {

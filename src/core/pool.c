@@ -78,9 +78,11 @@ bool l2l_pool_valid(int pool) { return pool >= 0 && pool < POOL_COUNT; }
    than what is left of it can never be served, and asking the system anyway (jemalloc maps
    it, overcommitted, and the first touch brings the OOM killer) would end the process
    instead of returning a status. Set once, before anything reads or changes the budget. */
+static uint64_t physical_bytes;   /* the machine's memory (0: unknown) */
 static void host_default_budget(void) {
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  if (pages > 0 && page > 0) pools[L2L_POOL_HOST].stats.budget = (uint64_t)pages * (uint64_t)page;
+  if (pages > 0 && page > 0) physical_bytes = (uint64_t)pages * (uint64_t)page;
+  pools[L2L_POOL_HOST].stats.budget = physical_bytes;
 }
 
 /* The pool, with its defaults in place. */
@@ -317,6 +319,7 @@ l2l_status l2l_pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
     return l2l_fail(L2L_ERR_INVALID, "%s pool: cannot allocate %llu bytes", name,
                     (unsigned long long)bytes);
 
+  const struct l2l_device_ops *device = kind == L2L_POOL_DEVICE ? l2l_device() : NULL;
   /* Reserve the bytes under the lock, allocate outside it. */
   pthread_mutex_lock(&p->lock);
   uint64_t budget = p->stats.budget, current = p->stats.current;
@@ -330,7 +333,16 @@ l2l_status l2l_pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
                     (unsigned long long)current, l2l_human_bytes(used, 32, current),
                     (unsigned long long)budget, l2l_human_bytes(limit, 32, budget));
   }
-  const struct l2l_device_ops *device = kind == L2L_POOL_DEVICE ? l2l_device() : NULL;
+  /* Host memory (the host and pinned pools, the device pool of the CPU backend) is never
+     asked for more than the machine has, whatever the budget: the system might map it,
+     and the first touch would bring the OOM killer (a sanitizer's allocator aborts). */
+  if (device == NULL && physical_bytes != 0 && accounted > physical_bytes) {
+    p->stats.refused++;
+    pthread_mutex_unlock(&p->lock);
+    return l2l_fail(L2L_ERR_NOMEM, "%s pool: cannot allocate %llu bytes (%s): more than this "
+                    "machine's memory (%s)", name, (unsigned long long)accounted,
+                    l2l_human_bytes(want, 32, accounted), l2l_human_bytes(limit, 32, physical_bytes));
+  }
 #ifndef L2L_SANITIZE
   l2l_status arena_status = device != NULL ? L2L_OK : ensure_arena(p, name);
   if (arena_status != L2L_OK) {
