@@ -1,0 +1,123 @@
+/* test_plan.c — the planner (src/plan/) against the relay it plans for.
+ *
+ * Purpose: the device peak the planner predicts for a training step must be the peak the
+ * relay reaches. On the CPU backend the device pool is host memory with the same
+ * accounting, so the two can be compared to the byte: random small models (embedding,
+ * blocks of both memory modes and both LayerNorm placements, an LM head tied or not, or a
+ * classifier), random batch, sequence and micro-batch sizes (a short last micro-batch
+ * included), random per-layer inner and stash policies, parameter slots, frozen layers,
+ * padding masks and token types, f32 and 16-bit weights and gradients. Swap's timing
+ * belongs to the copy threads: there the prediction must bound the measured peak.
+ * Must never: compare with numbers written here (the reference is the pool's own peak).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "plan/plan.h"
+#include "reference.h"
+
+static struct shape random_shape(void) {
+  struct shape g = {.D = 8 * check_rand_int(1, 4), .H = 2, .F = check_rand_int(8, 48),
+                    .V = check_rand_int(5, 300), .S = check_rand_int(6, 13),
+                    .blocks = (int)check_rand_int(1, 4), .post_ln = (int)check_rand_int(0, 1),
+                    .causal = (int)check_rand_int(0, 1), .type_vocab = check_rand_int(0, 1) ? 2 : 0,
+                    .head = check_rand_int(0, 3) == 0 ? L2L_LAYER_CLASSIFIER : L2L_LAYER_LM_HEAD,
+                    .classes = check_rand_int(2, 5), .tie = (int)check_rand_int(0, 1),
+                    .dropout = check_rand_int(0, 1) ? 0.1f : 0.0f, .attn_dropout = 0,
+                    .frugal_block = (int)check_rand_int(-1, 3)};
+  return g;
+}
+
+static l2l_relay_config random_config(int64_t B) {
+  l2l_relay_config c;
+  memset(&c, 0, sizeof c);
+  l2l_relay_config_default(&c);
+  c.micro_batch = check_rand_int(1, B + 1);
+  c.param_slots = (int)check_rand_int(2, 4);
+  c.optimizer = (l2l_optimizer_config){.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-3f, .beta1 = 0.9f,
+                                       .beta2 = 0.99f, .eps = 1e-8f};
+  c.schedule = (l2l_schedule_config){.kind = L2L_SCHEDULE_CONSTANT};
+  c.accumulate = 1;
+  c.optimizer_threads = 1;
+  c.seed = check_rand_u64();
+  int precision = (int)check_rand_int(0, 2);
+  c.precision = precision == 0 ? L2L_F32 : precision == 1 ? L2L_BF16 : L2L_F16;
+  if (c.precision != L2L_F32 && check_rand_int(0, 1)) c.grad_precision = L2L_BF16;
+  return c;
+}
+
+/* One random case: the relay's measured peak of a training step against the replay's.
+   swap: whether a layer may swap (then the prediction only bounds the measurement). */
+static void compare_one(int trial, bool allow_swap) {
+  struct shape g = random_shape();
+  int64_t B = check_rand_int(1, 7);
+  struct model m;
+  model_new(&m, &g);
+  struct data d;
+  data_new(&d, &g, B, g.S, (int)check_rand_int(0, 1), 1.0);
+  l2l_relay_config cfg = random_config(B);
+  l2l_relay *r = NULL;
+  struct plan_layer layers[MAX_LAYERS];
+  bool swapping = false;
+  if (!CHECK_OK(l2l_relay_new(&r, m.layer, m.n, &cfg))) goto done;
+  for (int k = 0; k < m.n; k++) {
+    l2l_inner_policy inner = (l2l_inner_policy)check_rand_int(0, allow_swap ? 2 : 1);
+    l2l_stash_policy stash = (l2l_stash_policy)check_rand_int(0, 2);
+    bool frozen = k < m.n - 1 && check_rand_int(0, 5) == 0;
+    CHECK_OK(l2l_relay_set_inner(r, k, inner));
+    if (k >= 1) CHECK_OK(l2l_relay_set_stash(r, k, stash));
+    CHECK_OK(l2l_relay_set_frozen(r, k, frozen));
+    layers[k] = (struct plan_layer){.layer = m.layer[k], .role = l2l_layer_role(m.layer[k]),
+                                    .frozen = frozen, .inner = (l2l_inner_policy)l2l_relay_inner(r, k),
+                                    .stash = k >= 1 ? (l2l_stash_policy)l2l_relay_stash(r, k)
+                                                    : L2L_STASH_DEVICE};
+    swapping |= layers[k].inner == L2L_INNER_SWAP && layers[k].role != L2L_ROLE_HEAD;
+  }
+  struct plan_chain chain = {.L = m.n, .layers = layers, .batch = B, .seq = g.S, .dim = g.D,
+                             .micro_batch = cfg.micro_batch, .param_slots = cfg.param_slots,
+                             .precision = cfg.precision, .grad_precision = cfg.grad_precision,
+                             .token_types = d.types != NULL, .key_mask = d.key_mask != NULL};
+  uint64_t predicted = 0;
+  if (!CHECK_OK(l2l_plan_peak(&predicted, &chain))) goto done;
+  l2l_pool_stats before;
+  CHECK_OK(l2l_pool_get_stats(&before, L2L_POOL_DEVICE));
+  l2l_relay_batch b = {.tokens = d.tokens, .targets = d.targets, .token_types = d.types,
+                       .key_mask = d.key_mask};
+  double loss;
+  if (!CHECK_OK(l2l_relay_step(&loss, r, &b))) goto done;
+  l2l_relay_stats st;
+  CHECK_OK(l2l_relay_get_stats(&st, r));
+  uint64_t measured = st.device_peak - before.current;
+  char what[200];
+  snprintf(what, sizeof what, "trial %d: %d layers, B %lld, S %lld, D %lld, micro-batch %lld, "
+           "%d slots, precision %s/%s", trial, m.n, (long long)B, (long long)g.S, (long long)g.D,
+           (long long)cfg.micro_batch, cfg.param_slots, l2l_dtype_name(cfg.precision),
+           l2l_dtype_name(cfg.grad_precision));
+  if (swapping)
+    CHECK(measured <= predicted, "%s: a step with swap peaked at %llu bytes, above the bound %llu",
+          what, (unsigned long long)measured, (unsigned long long)predicted);
+  else
+    CHECK(measured == predicted, "%s: measured peak %llu, predicted %llu", what,
+          (unsigned long long)measured, (unsigned long long)predicted);
+done:
+  l2l_relay_free(r);
+  data_free(&d);
+  model_free(&m);
+}
+
+TEST(plan_peak_is_the_relays_to_the_byte) {
+  if (strcmp(l2l_device_backend(), "cpu") != 0) {
+    check_skip("the device pool is not host memory here: peaks are compared on the CPU backend");
+    return;
+  }
+  for (int trial = 0; trial < 300; trial++) compare_one(trial, false);
+}
+
+TEST(plan_peak_bounds_a_step_with_swap) {
+  if (strcmp(l2l_device_backend(), "cpu") != 0) {
+    check_skip("the device pool is not host memory here: peaks are compared on the CPU backend");
+    return;
+  }
+  for (int trial = 0; trial < 100; trial++) compare_one(trial, true);
+}

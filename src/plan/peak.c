@@ -1,0 +1,471 @@
+/* peak.c — the device peak of one training step, replayed allocation by allocation.
+ *
+ * Purpose: the planner must know, before a step runs, whether a policy fits a device
+ * budget: a step that overruns fails half-way, after some layers were updated. The
+ * relay's compute thread makes and frees every device tensor at points it chooses
+ * (src/relay/visits.c, acts.c, slots.c), so replaying that order with the layers' memory
+ * statements gives the peak exactly: parameter and gradient slots for the whole step;
+ * per visit and micro-batch the input (and the next one prefetched), the micro-batch's
+ * ids, the output, the call's saved and work arenas; what waits between visits (device
+ * boundaries read again, rebuilt stretches, gradients handed down, kept saved states and
+ * the inputs and outputs they refer to); host-stashed outputs until the copy thread has
+ * them (at most two in flight). Swap is the one move made on a copy thread: its bytes are
+ * counted from when a swap-out is queued to the end of the forward visit, and a swap-in
+ * from when it is queued, which bounds every timing.
+ * Every allocation counts as its size rounded up to L2L_ALIGN, as the pool counts it.
+ * Must never: read the relay's state (the order is written down here; a spec compares the
+ * replay with the pool's measured peak on random models and policies).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan.h"
+
+/* ---------------------------------------------------------------- counted blocks */
+
+/* A device allocation of the replay; refs > 1 when a saved state refers to it too. */
+struct block {
+  uint64_t bytes;
+  int refs;
+};
+
+struct replay {
+  const struct plan_chain *c;
+  int64_t mb, nmb;
+  uint64_t now, peak;
+  bool failed;
+  /* memory statements per layer for a full and for the last micro-batch */
+  l2l_layer_memory *mem_full, *mem_last;
+};
+
+static struct block *take(struct replay *r, uint64_t bytes) {
+  if (bytes == 0) return NULL;
+  struct block *b = calloc(1, sizeof *b);
+  if (b == NULL) {
+    r->failed = true;
+    return NULL;
+  }
+  b->bytes = l2l_pool_accounted(bytes);
+  b->refs = 1;
+  r->now += b->bytes;
+  if (r->now > r->peak) r->peak = r->now;
+  return b;
+}
+
+static void hold(struct block *b) {
+  if (b) b->refs++;
+}
+
+static void drop(struct replay *r, struct block *b) {
+  if (b == NULL || --b->refs > 0) return;
+  r->now -= b->bytes;
+  free(b);
+}
+
+/* ---------------------------------------------------------------- the step's objects */
+
+/* A boundary activation (or the gradient crossing it) of one micro-batch: on the device,
+   on the host, or both (a host stash brought back). */
+struct act {
+  struct block *dev;
+  bool host;
+};
+
+/* A kept saved state: its arena and the x / y it refers to; `away` while swapped out. */
+struct saved {
+  struct block *arena, *input, *output;
+  uint64_t bytes[3];   /* arena, input, output: what a swap-in brings back */
+  bool away;
+};
+
+static int64_t rows_of(const struct replay *r, int64_t u) {
+  int64_t first = u * r->mb;
+  return r->mb < r->c->batch - first ? r->mb : r->c->batch - first;
+}
+
+static const l2l_layer_memory *mem_of(const struct replay *r, int k, int64_t u) {
+  return u + 1 == r->nmb ? &r->mem_last[k] : &r->mem_full[k];
+}
+
+static uint64_t act_bytes(const struct replay *r, int64_t u) {
+  return (uint64_t)(rows_of(r, u) * r->c->seq * r->c->dim) * sizeof(float);
+}
+
+static struct block *new_act(struct replay *r, int64_t u) { return take(r, act_bytes(r, u)); }
+
+static void prefetch(struct replay *r, struct act *a, int64_t u) {
+  if (a->dev == NULL && a->host) a->dev = new_act(r, u);
+}
+
+static void act_free(struct replay *r, struct act *a) {
+  drop(r, a->dev);
+  a->dev = NULL;
+  a->host = false;
+}
+
+static void release_device(struct replay *r, struct act *a) {
+  drop(r, a->dev);
+  a->dev = NULL;
+}
+
+static void saved_free(struct replay *r, struct saved *s) {
+  drop(r, s->arena);
+  drop(r, s->input);
+  drop(r, s->output);
+  memset(s, 0, sizeof *s);
+}
+
+/* ---------------------------------------------------------------- stash-outs */
+
+/* Host-stashed outputs whose copy may still be reading them: at most two (acts.c). */
+struct outs {
+  struct block *q[2];
+};
+
+static void throttle(struct replay *r, struct outs *o, int keep) {
+  while ((o->q[0] != NULL) + (o->q[1] != NULL) > keep) {
+    drop(r, o->q[0]);
+    o->q[0] = o->q[1];
+    o->q[1] = NULL;
+  }
+}
+
+static void stash_out(struct replay *r, struct outs *o, struct act *a) {
+  throttle(r, o, 1);
+  o->q[o->q[0] ? 1 : 0] = a->dev;
+  a->dev = NULL;
+  a->host = true;
+}
+
+/* ---------------------------------------------------------------- a micro-batch's inputs */
+
+/* The micro-batch's rows of the batch fields the layer's role reads (acts.c): tokens
+   (and types) for the input, targets for a head, the key mask for a body layer. */
+static void inputs_take(struct replay *r, int k, int64_t u, struct block **ids) {
+  const struct plan_chain *c = r->c;
+  int64_t rows = rows_of(r, u), S = c->seq;
+  const l2l_layer *layer = c->layers[k].layer;
+  ids[0] = ids[1] = NULL;
+  switch (c->layers[k].role) {
+    case L2L_ROLE_INPUT:
+      ids[0] = take(r, (uint64_t)(rows * S) * 4);
+      if (c->token_types) ids[1] = take(r, (uint64_t)(rows * S) * 4);
+      break;
+    case L2L_ROLE_HEAD: {
+      l2l_layer_config cfg;
+      l2l_layer_get_config(&cfg, layer);
+      int64_t per_sample = cfg.kind == L2L_LAYER_CLASSIFIER ? 1 : S;
+      ids[0] = take(r, (uint64_t)(rows * per_sample) * 4);
+      break;
+    }
+    default:
+      if (c->key_mask) ids[0] = take(r, (uint64_t)(rows * S));
+  }
+}
+
+static void inputs_drop(struct replay *r, struct block **ids) {
+  drop(r, ids[0]);
+  drop(r, ids[1]);
+}
+
+/* ---------------------------------------------------------------- layer calls */
+
+/* A forward call (call.c): the saved arena, the references a kept state holds, the work
+   arena for the call's length. Returns the state when kept. */
+static void forward_call(struct replay *r, struct saved *out, const l2l_layer_memory *m,
+                         bool keep, struct block *x, struct block *y) {
+  struct saved s = {.arena = take(r, m->saved)};
+  s.bytes[0] = m->saved;
+  if (keep && m->input_kept && x) {
+    hold(x);
+    s.input = x;
+    s.bytes[1] = x->bytes;
+  }
+  if (keep && m->output_kept && y) {
+    hold(y);
+    s.output = y;
+    s.bytes[2] = y->bytes;
+  }
+  drop(r, take(r, m->work_forward));
+  if (keep && out) *out = s;
+  else saved_free(r, &s);
+}
+
+/* ---------------------------------------------------------------- the visits */
+
+struct step {
+  struct replay *r;
+  int L, lowest;
+  bool *rebuilt, *reread;
+  struct act **x, **g;      /* [L + 1][nmb] */
+  struct saved **saved;     /* [L][nmb] */
+  struct outs outs;
+};
+
+static bool dropped(const struct step *s, int k) {
+  return s->r->c->layers[k].stash == L2L_STASH_RECOMPUTE;
+}
+
+static void visit_forward(struct step *s, int k, bool rebuild) {
+  struct replay *r = s->r;
+  const struct plan_layer *pl = &r->c->layers[k];
+  bool keep = !rebuild && pl->inner != L2L_INNER_RECOMPUTE && k >= s->lowest;
+  bool input_needed = rebuild ? pl->inner == L2L_INNER_RECOMPUTE && k >= s->lowest : s->reread[k];
+  bool home_device = pl->stash == L2L_STASH_DEVICE || (rebuild && s->rebuilt[k]);
+  bool out_host = !rebuild && r->c->layers[k + 1].stash == L2L_STASH_HOST;
+  for (int64_t u = 0; u < r->nmb; u++) {
+    struct block *x = NULL, *ids[2];
+    if (k > 0) {
+      if (u + 1 < r->nmb) prefetch(r, &s->x[k][u + 1], u + 1);
+      prefetch(r, &s->x[k][u], u);
+      x = s->x[k][u].dev;
+    }
+    inputs_take(r, k, u, ids);
+    struct block *y = new_act(r, u);
+    s->x[k + 1][u].dev = y;
+    forward_call(r, &s->saved[k][u], mem_of(r, k, u), keep, x, y);
+    inputs_drop(r, ids);
+    if (keep && pl->inner == L2L_INNER_SWAP) s->saved[k][u].away = true;
+    if (k > 0) {
+      if (!input_needed || (!home_device && pl->stash == L2L_STASH_RECOMPUTE))
+        act_free(r, &s->x[k][u]);
+      else if (!home_device)
+        release_device(r, &s->x[k][u]);
+    }
+    if (out_host) stash_out(r, &s->outs, &s->x[k + 1][u]);
+  }
+  /* swap-outs are done by the visit's end: their device bytes are free then */
+  if (keep && pl->inner == L2L_INNER_SWAP)
+    for (int64_t u = 0; u < r->nmb; u++) {
+      struct saved *sv = &s->saved[k][u];
+      uint64_t bytes[3] = {sv->bytes[0], sv->bytes[1], sv->bytes[2]};
+      saved_free(r, sv);
+      memcpy(sv->bytes, bytes, sizeof bytes);
+      sv->away = true;
+    }
+  throttle(r, &s->outs, 0);
+}
+
+/* The gradient dx of micro-batch u for the layer below, kept (and host-stashed as its
+   boundary says) or dropped when nothing below wants it. */
+static void pass_down(struct step *s, int k, int64_t u, struct block *dx, bool keep, bool host) {
+  if (!keep) {
+    drop(s->r, dx);
+    return;
+  }
+  s->g[k][u].dev = dx;
+  if (host) stash_out(s->r, &s->outs, &s->g[k][u]);
+}
+
+static void visit_head(struct step *s, int k) {
+  struct replay *r = s->r;
+  bool backward = s->lowest < s->L;
+  bool keep_dx = backward && k > s->lowest;
+  bool grad_host = r->c->layers[k].stash == L2L_STASH_HOST;
+  l2l_layer_config cfg;
+  l2l_layer_get_config(&cfg, r->c->layers[k].layer);
+  for (int64_t u = 0; u < r->nmb; u++) {
+    if (u + 1 < r->nmb) prefetch(r, &s->x[k][u + 1], u + 1);
+    prefetch(r, &s->x[k][u], u);
+    struct block *ids[2];
+    inputs_take(r, k, u, ids);
+    int64_t per_sample = cfg.kind == L2L_LAYER_CLASSIFIER ? 1 : r->c->seq;
+    struct block *losses = take(r, (uint64_t)(rows_of(r, u) * per_sample) * sizeof(float));
+    struct block *dx = backward ? new_act(r, u) : NULL;
+    const l2l_layer_memory *m = mem_of(r, k, u);
+    struct saved sv = {0};
+    forward_call(r, &sv, m, backward, s->x[k][u].dev, NULL);
+    if (backward) drop(r, take(r, m->work_backward));
+    saved_free(r, &sv);
+    drop(r, losses);
+    inputs_drop(r, ids);
+    act_free(r, &s->x[k][u]);
+    if (backward) pass_down(s, k, u, dx, keep_dx, grad_host);
+  }
+  throttle(r, &s->outs, 0);
+}
+
+static void swap_in(struct replay *r, struct saved *sv) {
+  if (!sv->away) return;
+  sv->away = false;
+  sv->arena = take(r, sv->bytes[0]);
+  sv->input = take(r, sv->bytes[1]);
+  sv->output = take(r, sv->bytes[2]);
+}
+
+static void visit_backward(struct step *s, int k) {
+  struct replay *r = s->r;
+  const struct plan_layer *pl = &r->c->layers[k];
+  bool recompute = pl->inner == L2L_INNER_RECOMPUTE;
+  bool keep_dx = k > s->lowest;
+  bool grad_host = k > 0 && pl->stash == L2L_STASH_HOST;
+  for (int64_t u = 0; u < r->nmb; u++) {
+    if (u + 1 < r->nmb) {
+      prefetch(r, &s->g[k + 1][u + 1], u + 1);
+      if (recompute && k > 0) prefetch(r, &s->x[k][u + 1], u + 1);
+    }
+    prefetch(r, &s->g[k + 1][u], u);
+    /* a swapped state comes back one micro-batch ahead of its use */
+    for (int64_t v = u; v < r->nmb && v <= u + 1; v++) swap_in(r, &s->saved[k][v]);
+    struct block *ids[2], *x = NULL, *scratch = NULL, *dx = NULL;
+    inputs_take(r, k, u, ids);
+    if (recompute) {
+      if (k > 0) {
+        prefetch(r, &s->x[k][u], u);
+        x = s->x[k][u].dev;
+      }
+      scratch = new_act(r, u);
+    }
+    if (k > 0) dx = new_act(r, u);
+    const l2l_layer_memory *m = mem_of(r, k, u);
+    if (recompute) forward_call(r, &s->saved[k][u], m, true, x, scratch);
+    drop(r, take(r, m->work_backward));
+    inputs_drop(r, ids);
+    saved_free(r, &s->saved[k][u]);
+    drop(r, scratch);
+    act_free(r, &s->g[k + 1][u]);
+    if (k > 0) act_free(r, &s->x[k][u]);
+    pass_down(s, k, u, dx, keep_dx, grad_host);
+  }
+  throttle(r, &s->outs, 0);
+}
+
+/* ---------------------------------------------------------------- slots */
+
+/* Bytes a layer's records take in a slot of `content` (slots.c): values in the device
+   precision for the 16-bit-capable records, gradients in f32, gradients out in
+   grad_precision (nothing when that is f32). */
+enum slot_content { SLOT_VALUES, SLOT_GRADS, SLOT_GRADS_OUT };
+
+static uint64_t slot_size(const struct plan_chain *c, enum slot_content content) {
+  uint64_t most = L2L_ALIGN;
+  for (int k = 0; k < c->L; k++) {
+    const l2l_layer *layer = c->layers[k].layer;
+    uint64_t n = 0;
+    for (int i = 0; i < l2l_layer_param_count(layer); i++) {
+      const l2l_param *p = l2l_layer_param(layer, i);
+      bool low = l2l_param_low_precision(p);
+      l2l_dtype dtype = content == SLOT_VALUES ? (low ? c->precision : L2L_F32)
+                        : content == SLOT_GRADS ? L2L_F32
+                                                : (low ? c->grad_precision : L2L_F32);
+      uint64_t size = content == SLOT_GRADS_OUT && dtype == L2L_F32 ? 0 : l2l_dtype_size(dtype);
+      n += l2l_pool_accounted((uint64_t)l2l_tensor_numel(l2l_param_value(p)) * size);
+    }
+    if (n > most) most = n;
+  }
+  return most;
+}
+
+/* ---------------------------------------------------------------- the step */
+
+static void plan_visits_and_run(struct step *s) {
+  struct replay *r = s->r;
+  const struct plan_chain *c = r->c;
+  int L = s->L;
+  /* the visit order of visit_plan.c, run as it is made */
+  struct visit {
+    int k;
+    char kind;   /* 'F'orward, 'R'ebuild, 'H'ead, 'B'ackward */
+  } *visits = calloc((size_t)(4 * L + 4), sizeof *visits);
+  if (visits == NULL) {
+    r->failed = true;
+    return;
+  }
+  int n = 0;
+  for (int k = 0; k < L - 1; k++) visits[n++] = (struct visit){k, 'F'};
+  visits[n++] = (struct visit){L - 1, 'H'};
+  for (int k = L - 2; k >= s->lowest; k--) {
+    bool recompute = c->layers[k].inner == L2L_INNER_RECOMPUTE;
+    if (k >= 1 && recompute && dropped(s, k) && !s->rebuilt[k]) {
+      int j = k - 1;
+      while (j >= 1 && dropped(s, j) && !s->rebuilt[j]) j--;
+      for (int m = j; m < k; m++) visits[n++] = (struct visit){m, 'R'};
+      for (int m = j + 1; m <= k; m++) s->rebuilt[m] = true;
+      if (!s->rebuilt[j]) s->reread[j] = true;
+    }
+    if (recompute && !s->rebuilt[k]) s->reread[k] = true;
+    visits[n++] = (struct visit){k, 'B'};
+  }
+  for (int i = 0; i < n && !r->failed; i++) {
+    int k = visits[i].k;
+    char kind = visits[i].kind;
+    /* the first micro-batch's input, brought in ahead (visit_prefetch) */
+    if (kind == 'B') prefetch(r, &s->g[k + 1][0], 0);
+    bool reads_input = kind != 'B' || c->layers[k].inner == L2L_INNER_RECOMPUTE;
+    if (reads_input && k > 0) prefetch(r, &s->x[k][0], 0);
+    switch (kind) {
+      case 'F': visit_forward(s, k, false); break;
+      case 'R': visit_forward(s, k, true); break;
+      case 'H': visit_head(s, k); break;
+      default: visit_backward(s, k); break;
+    }
+  }
+  free(visits);
+}
+
+l2l_status l2l_plan_peak(uint64_t *peak, const struct plan_chain *c) {
+  *peak = 0;
+  if (c->L < 2) return FAIL(L2L_ERR_INVALID, "a chain needs an input layer and a head");
+  int64_t mb = c->micro_batch < c->batch ? c->micro_batch : c->batch;
+  struct replay r = {.c = c, .mb = mb, .nmb = (c->batch + mb - 1) / mb};
+  struct step s = {.r = &r, .L = c->L, .lowest = c->L};
+  for (int k = 0; k < c->L; k++)
+    if (!c->layers[k].frozen) {
+      s.lowest = k;
+      break;
+    }
+  int L = c->L;
+  r.mem_full = calloc((size_t)L, sizeof *r.mem_full);
+  r.mem_last = calloc((size_t)L, sizeof *r.mem_last);
+  s.rebuilt = calloc((size_t)L + 1, sizeof *s.rebuilt);
+  s.reread = calloc((size_t)L + 1, sizeof *s.reread);
+  s.x = calloc((size_t)L + 1, sizeof *s.x);
+  s.g = calloc((size_t)L + 1, sizeof *s.g);
+  s.saved = calloc((size_t)L, sizeof *s.saved);
+  bool ok = r.mem_full && r.mem_last && s.rebuilt && s.reread && s.x && s.g && s.saved;
+  for (int k = 0; ok && k <= L; k++) {
+    s.x[k] = calloc((size_t)r.nmb, sizeof **s.x);
+    s.g[k] = calloc((size_t)r.nmb, sizeof **s.g);
+    if (k < L) s.saved[k] = calloc((size_t)r.nmb, sizeof **s.saved);
+    ok = s.x[k] && s.g[k] && (k == L || s.saved[k]);
+  }
+  l2l_status status = L2L_OK;
+  if (ok) {
+    for (int k = 0; k < L; k++) {
+      l2l_layer_memory_in(&r.mem_full[k], c->layers[k].layer, mb, c->seq, c->precision);
+      l2l_layer_memory_in(&r.mem_last[k], c->layers[k].layer, rows_of(&r, r.nmb - 1), c->seq,
+                          c->precision);
+    }
+    /* the slots live through the step (slots.c) */
+    struct block *slots = take(&r, slot_size(c, SLOT_VALUES) * (uint64_t)c->param_slots);
+    struct block *grads = take(&r, 2 * slot_size(c, SLOT_GRADS));
+    struct block *grads_out = c->grad_precision != L2L_F32 ? take(&r, 2 * slot_size(c, SLOT_GRADS_OUT)) : NULL;
+    plan_visits_and_run(&s);
+    drop(&r, slots);
+    drop(&r, grads);
+    drop(&r, grads_out);
+    /* whatever the replay left (none on a consistent chain) goes with it */
+    for (int k = 0; k <= L; k++)
+      for (int64_t u = 0; u < r.nmb; u++) {
+        drop(&r, s.x[k][u].dev);
+        drop(&r, s.g[k][u].dev);
+        if (k < L) saved_free(&r, &s.saved[k][u]);
+      }
+    throttle(&r, &s.outs, 0);
+  }
+  if (!ok || r.failed) status = FAIL(L2L_ERR_NOMEM, "no memory to replay a step of %d layers", L);
+  else *peak = r.peak;
+  for (int k = 0; s.x && k <= L; k++) {
+    free(s.x[k]);
+    if (s.g) free(s.g[k]);
+    if (k < L && s.saved) free(s.saved[k]);
+  }
+  free(s.x);
+  free(s.g);
+  free(s.saved);
+  free(s.rebuilt);
+  free(s.reread);
+  free(r.mem_full);
+  free(r.mem_last);
+  return status;
+}
