@@ -39,6 +39,8 @@ local function model()
   }
 end
 local function batch() return { tokens = ids({ 2, 4 }, 3), targets = ids({ 2, 4 }, 5) } end
+-- rates shaped like a GPU's, so that planning times no layer here
+local RATES = { flops = 1e12, h2d = 1e10, d2h = 1e10, optimizer = 1e9 }
 local function relay() return l2l.Relay { model = model(), micro_batch = 1, optimizer_threads = 1 } end
 local function stepped()
   local run = relay()
@@ -279,6 +281,21 @@ add("lua/l2l/relay.lua", {
                              { options = 2, option = "name", options_name = "opts" }),
   ["run:state"] = { n = 2, self = stepped, args = function(run) return pack(run.model:params()[1], "v") end },
   ["run:save"] = run_method(2, function() return pack(path("saved.safetensors"), { note = "x" }) end),
+  ["run:plan_report"] = { n = 0, self = function()
+    local m = model()
+    local run = l2l.Relay { model = m, optimizer_threads = 1, plan = l2l.plan { model = m, batch = 2, seq = 4,
+                            device_budget = 2 ^ 30, rates = RATES } }
+    run:step(ids({ 2, 4 }, 3), ids({ 2, 4 }, 5))
+    return run
+  end },
+})
+
+add("lua/l2l/plan.lua", {
+  ["l2l.plan"] = constructor(function()
+    return pack({ model = model(), batch = 2, seq = 4, device_budget = 2 ^ 30, rates = RATES })
+  end, "device_budget"),
+  ["l2l.calibrate"] = { n = 1, args = function() return pack({ remeasure = false }) end, options = 1,
+                        option = "remeasure" },
 })
 
 add("lua/l2l/gpt2.lua", {

@@ -792,6 +792,64 @@ l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int64_t upd
 l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t good,
                                         int64_t skipped);
 
+/* ---------------------------------------------------------------- the planner
+   A cost model of the relay (KARMA's idea, over everything the relay can do): for a
+   device budget it chooses the micro-batch and, per layer, inner (keep / swap /
+   recompute) and the stash of its input boundary, minimising the predicted step time
+   with the predicted device peak within the budget. The peak is replayed from the
+   layers' memory statements in the relay's order (on the CPU backend it is the pool's
+   peak to the byte; with swap, a bound). Times come from rates measured on this machine
+   (layers timed at their own shapes, copies, the host optimizer; cached per machine and
+   backend) or given by the caller. A visit costs the most of its channels (compute,
+   copies in, copies out), as the relay overlaps them. */
+typedef struct l2l_plan_rates {
+  double flops;       /* device FLOP/s for layers not timed at their shape */
+  double h2d, d2h;    /* copy bytes/s: host (pinned) to device, device to host */
+  double optimizer;   /* master bytes/s the host optimizer updates (all its threads) */
+  double visit;       /* fixed seconds of a layer visit */
+  int timed;          /* 1: time layers at their shapes here (calibrated rates) */
+} l2l_plan_rates;
+
+typedef struct l2l_plan_request {
+  int64_t batch, seq;           /* the minibatch's shape */
+  uint64_t device_budget;       /* bytes the step may add to the device pool, > 0 */
+  int token_types, key_mask;    /* 1: the batches carry them */
+  const uint8_t *frozen;        /* one byte per layer, 1 = frozen; NULL: none */
+  const l2l_plan_rates *rates;  /* NULL: this machine's (l2l_plan_calibrate) */
+} l2l_plan_request;
+
+typedef struct l2l_plan l2l_plan;
+typedef struct l2l_plan_summary {
+  int nlayers;
+  int64_t micro_batch;
+  double step_seconds;       /* predicted */
+  uint64_t device_peak;      /* predicted, beyond what the pool held */
+  double streaming_tokens;   /* tokens per layer visit above which a block's weights stream
+                                in under its compute (device FLOP/s over h2d bytes/s) */
+} l2l_plan_summary;
+typedef struct l2l_plan_layer {
+  l2l_inner_policy inner;
+  l2l_stash_policy stash;    /* of the layer's input boundary (layer 0: device) */
+  uint64_t kept_bytes;       /* device bytes it keeps from forward to backward */
+  double seconds;            /* predicted time of its visits in a step */
+} l2l_plan_layer;
+
+/* Plans `layers` under a relay `config` (its param_slots, precisions and optimizer
+   threads count; micro_batch, stash and inner are what the plan chooses). Refused with
+   L2L_ERR_BUDGET, naming the smallest budget any plan needs and what needs it, when none
+   fits. */
+l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
+                        const l2l_relay_config *config, const l2l_plan_request *request);
+l2l_status l2l_plan_get(l2l_plan_summary *out, const l2l_plan *plan);
+l2l_status l2l_plan_get_layer(l2l_plan_layer *out, const l2l_plan *plan, int index);
+void l2l_plan_free(l2l_plan *plan);
+/* This machine's rates for the device backend in use and this many threads: from the
+   cache ($XDG_CACHE_HOME/l2l/, else ~/.cache/l2l/), measured when missing or when
+   remeasure is 1. Layers are timed (and cached) when first planned. */
+l2l_status l2l_plan_calibrate(l2l_plan_rates *out, int remeasure);
+/* The plan's micro-batch and per-layer policies into the relay (same layers, in order). */
+l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan);
+
 /* L2L_FFI_END */
 
 #ifdef __cplusplus

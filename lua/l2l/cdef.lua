@@ -465,4 +465,45 @@ l2l_status l2l_relay_restore_param(l2l_relay *run, const l2l_param *param, int64
 l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int64_t updates);
 l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t good,
                                         int64_t skipped);
+
+typedef struct l2l_plan_rates {
+  double flops;
+  double h2d, d2h;
+  double optimizer;
+  double visit;
+  int timed;
+} l2l_plan_rates;
+
+typedef struct l2l_plan_request {
+  int64_t batch, seq;
+  uint64_t device_budget;
+  int token_types, key_mask;
+  const uint8_t *frozen;
+  const l2l_plan_rates *rates;
+} l2l_plan_request;
+
+typedef struct l2l_plan l2l_plan;
+typedef struct l2l_plan_summary {
+  int nlayers;
+  int64_t micro_batch;
+  double step_seconds;
+  uint64_t device_peak;
+  double streaming_tokens;
+} l2l_plan_summary;
+typedef struct l2l_plan_layer {
+  l2l_inner_policy inner;
+  l2l_stash_policy stash;
+  uint64_t kept_bytes;
+  double seconds;
+} l2l_plan_layer;
+
+l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
+                        const l2l_relay_config *config, const l2l_plan_request *request);
+l2l_status l2l_plan_get(l2l_plan_summary *out, const l2l_plan *plan);
+l2l_status l2l_plan_get_layer(l2l_plan_layer *out, const l2l_plan *plan, int index);
+void l2l_plan_free(l2l_plan *plan);
+
+l2l_status l2l_plan_calibrate(l2l_plan_rates *out, int remeasure);
+
+l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan);
 ]==]

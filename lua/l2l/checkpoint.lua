@@ -101,7 +101,7 @@ local OPTIMIZER_KEYS = { "kind", "lr", "momentum", "nesterov", "beta1", "beta2",
 local SCHEDULE_KEYS = { "kind", "warmup", "total", "final_ratio" }
 local RELAY_KEYS = { "micro_batch", "stash", "recompute_every", "inner", "clip_global_norm",
                      "clip_layer_norm", "accumulate", "optimizer_threads", "seed", "device_budget",
-                     "param_slots", "loss_scale", "loss_scale_window", "nonfinite" }
+                     "param_slots", "loss_scale", "loss_scale_window", "nonfinite", "plan" }
 
 local function pick(t, keys)
   local out = {}
@@ -141,6 +141,9 @@ function M.save(run, path, extra)
     desc.progress.loss_scale = { scale = string.format("%a", stats.loss_scale),
                                  good = stats.loss_scale_good, skipped = stats.skipped_updates }
   end
+  -- plan = "auto" goes on planning after a load; a plan made by hand is the layers' own
+  -- policies and micro-batch, which the file keeps anyway
+  if desc.relay.plan ~= "auto" then desc.relay.plan = nil end
   desc.relay.optimizer = pick(s.optimizer, OPTIMIZER_KEYS)
   desc.relay.schedule = pick(s.schedule, SCHEDULE_KEYS)
   local mid_accumulation = stats.steps % s.accumulate ~= 0

@@ -42,6 +42,8 @@ l2l.SGD, l2l.AdamW, l2l.LAMB = optim.SGD, optim.AdamW, optim.LAMB
 l2l.Constant, l2l.Cosine, l2l.Linear = optim.Constant, optim.Cosine, optim.Linear
 l2l.is_optimizer, l2l.is_schedule = optim.is_optimizer, optim.is_schedule
 l2l.Relay, l2l.is_relay = relay.Relay, relay.is_relay
+local plan = require("l2l.plan")
+l2l.plan, l2l.calibrate = plan.plan, plan.calibrate
 
 -- Checkpoints (run:save is a relay method) and safetensors files.
 local checkpoint = require("l2l.checkpoint")

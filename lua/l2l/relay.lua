@@ -23,6 +23,7 @@ local tensor = require("l2l.tensor")
 local layers = require("l2l.layers")
 local model_mod = require("l2l.model")
 local optim = require("l2l.optim")
+local plan_mod = require("l2l.plan")
 
 local C, check, handle_of, check_call = lib.C, lib.check, tensor.handle_of, layers.check_call
 local address, too_many = layers.address, lib.too_many
@@ -119,7 +120,7 @@ local OPTIONS = {
   optimizer = true, schedule = true, clip_global_norm = true, clip_layer_norm = true,
   accumulate = true, optimizer_threads = true, seed = true, device_budget = true,
   param_slots = true, loss_scale = true, loss_scale_window = true, precision = true,
-  grad_precision = true, nonfinite = true,
+  grad_precision = true, nonfinite = true, plan = true,
 }
 local nonfinite_ids = { skip = 0, error = 1 }
 
@@ -164,6 +165,13 @@ local function read_options(o, fname)
   s.precision = enum_option(o, "precision", precision_ids, default_precision(), fname)
   s.grad_precision = enum_option(o, "grad_precision", precision_ids, "f32", fname)
   s.nonfinite = enum_option(o, "nonfinite", nonfinite_ids, "skip", fname)
+  if o.plan ~= nil and o.plan ~= "auto" and not plan_mod.is_plan(o.plan) then
+    fail(fname .. ": option 'plan' must be a plan from l2l.plan{...} or \"auto\", got " .. lib.describe(o.plan))
+  end
+  if o.plan == "auto" and s.device_budget == nil then
+    fail(fname .. ": plan = \"auto\" plans within the device budget: give option 'device_budget'")
+  end
+  s.plan = o.plan
   return s
 end
 
@@ -244,6 +252,8 @@ local function where(layer, i)
   return ("layer %d (%s): "):format(i, layer:label())
 end
 
+local apply_plan   -- (below, with plans)
+
 -- l2l.Relay{model =, micro_batch = 1, stash = "host", recompute_every = 1, inner =
 -- "recompute", optimizer = l2l.AdamW{}, schedule = l2l.Constant{}, clip_global_norm = 0,
 -- clip_layer_norm = 0, accumulate = 1, optimizer_threads = 0 (every core), seed = 0,
@@ -289,8 +299,40 @@ function M.Relay(o, ...)
     layers.hold(a, ra)
   end
   local oks, err = pcall(self.sync_layers, self, fname)
+  if oks and plan_mod.is_plan(s.plan) then oks, err = pcall(apply_plan, self, s.plan, fname) end
   if not oks then self:free(); error(err, 2) end
   return self
+end
+
+----------------------------------------------------------------- plans
+
+-- The plan's micro-batch and per-layer policies into the relay (plain errors).
+apply_plan = function(self, plan, fname)
+  if #plan.layers ~= #self.model then
+    fail(("%s: the plan is for %d layers, the model has %d (plan it again, or use plan = \"auto\")"):format(
+      fname, #plan.layers, #self.model))
+  end
+  if C.l2l_relay_apply_plan(self.box[0], plan.handle[0]) ~= 0 then fail(fname .. ": " .. lua_message(lib.last_error())) end
+  self.plan, self.options.micro_batch = plan, plan.micro_batch
+end
+
+-- plan = "auto": a plan for this batch's shape and the model as it is, made again when
+-- either changed since the last one (a layer inserted, removed, cloned or frozen; another
+-- B or S), within the device budget less what the device pool already holds.
+local function plan_auto(self, fname, tokens, opts)
+  local key = { tokens:dim(1), tokens:dim(2), opts and opts.token_types and 1 or 0, opts and opts.key_mask and 1 or 0 }
+  for i, layer in ipairs(self.model) do key[#key + 1] = self.addrs[i] .. (self.model.frozen_set[layer] and "f" or "") end
+  key = table.concat(key, " ")
+  if key == self.plan_key then return end
+  local pool = ffi.new("l2l_pool_stats")
+  C.l2l_pool_get_stats(pool, C.L2L_POOL_DEVICE)
+  local budget = tonumber(pool.budget) - tonumber(pool.current)
+  if budget <= 0 then fail(fname .. ": plan = \"auto\": the device pool's budget is spent before the step") end
+  local plan = plan_mod.make(self.model, config_of(self.options), {
+    batch = tokens:dim(1), seq = tokens:dim(2), device_budget = budget,
+    token_types = opts and opts.token_types ~= nil, key_mask = opts and opts.key_mask ~= nil }, fname)
+  apply_plan(self, plan, fname)
+  self.plan_key = key
 end
 
 function M.is_relay(x, ...)
@@ -463,8 +505,16 @@ local function step_or_evaluate(self, fname, cfunc, tokens, targets, opts)
   local b, skip = batch_of(self, fname, tokens, targets, opts)
   if #self.model == 0 then error(fname .. ": the model has no layers", 4) end
   sync(self, fname, 3)
+  if self.options.plan == "auto" then
+    local ok, err = pcall(plan_auto, self, fname, tokens, opts)
+    if not ok then error(err, 3) end
+  end
+  local pool = ffi.new("l2l_pool_stats")
+  C.l2l_pool_get_stats(pool, C.L2L_POOL_DEVICE)
+  self.device_before = tonumber(pool.current)
   local status = run_layers(cfunc, r, b, skip)
   check_call(status, fname, 3, locator(self), lua_message)
+  if self.plan and cfunc == C.l2l_relay_step then plan_mod.check_prediction(self) end
   return tonumber(loss_out[0])
 end
 
@@ -574,7 +624,20 @@ function Relay:stats(...)
   check(C.l2l_relay_get_stats(s, live(self, fname)), fname, 2)
   local out = {}
   for _, k in ipairs(STATS) do out[k] = tonumber(s[k]) end
+  if self.plan then   -- the plan's predictions beside the measurements
+    out.predicted_step_seconds = self.plan.step_seconds
+    out.predicted_device_peak = self.plan.device_peak + (self.device_before or 0)
+  end
   return out
+end
+
+-- run:plan_report() -> per layer the predicted and the measured seconds of its visits in
+-- the last step, and the step's (l2l.plan's report).
+function Relay:plan_report(...)
+  if select("#", ...) ~= 0 then too_many("run:plan_report", "", 2, ...) end
+  live(self, "run:plan_report")
+  if self.plan == nil then error("run:plan_report: the relay has no plan (give plan = ... to l2l.Relay)", 2) end
+  return plan_mod.report(self)
 end
 
 -- run:events() -> the last step's work: a list of {layer =, micro_batch = (1-based, nil

@@ -2633,7 +2633,10 @@ TEST(misuse_tie_in_a_relay_progress_past_counting_and_empty_event_ranges) {
   l2l_layer *head = rig.m.layer[rig.m.n - 1];
   watch_model(&rig.m);
   REFUSES(l2l_layer_tie(head, other), L2L_ERR_STATE, "relay");
+  unwatch();
   CHECK_OK(l2l_relay_step(&loss, r, &b));
+  CHECK_OK(l2l_relay_sync(r));   /* the step's updates are done: what follows changes nothing */
+  watch_model(&rig.m);
   /* 2: progress whose next step cannot be counted */
   REFUSES(l2l_relay_restore_progress(r, INT64_MAX, INT64_MAX), L2L_ERR_INVALID, "steps");
   /* 3: first out of range with nothing to copy */
@@ -2641,5 +2644,108 @@ TEST(misuse_tie_in_a_relay_progress_past_counting_and_empty_event_ranges) {
   REFUSES(l2l_relay_events(NULL, r, INT64_MAX, 0), L2L_ERR_INVALID, "first");
   unwatch();
   l2l_layer_free(other);
+  rig_free(&rig);
+}
+
+/* Covers: l2l_plan_new, l2l_plan_get, l2l_plan_get_layer, l2l_plan_free,
+   l2l_plan_calibrate, l2l_relay_apply_plan. */
+TEST(misuse_planner) {
+  struct rig rig;
+  l2l_relay_config c = relay_config();
+  if (!rig_new(&rig, &c)) {
+    rig_free(&rig);
+    return;
+  }
+  l2l_layer **layers = rig.m.layer;
+  int n = rig.m.n;
+  l2l_plan_rates rates = {.flops = 1e12, .h2d = 1e10, .d2h = 1e10, .optimizer = 1e9};
+  l2l_plan_request q = {.batch = 4, .seq = rig.g.S, .device_budget = UINT64_C(1) << 30, .rates = &rates};
+  l2l_plan *out = SENTINEL(l2l_plan);
+  REFUSES(l2l_plan_new(NULL, layers, n, &c, &q), L2L_ERR_INVALID, "out");
+  REFUSES(l2l_plan_new(&out, NULL, n, &c, &q), L2L_ERR_INVALID, "layers");
+  REFUSES(l2l_plan_new(&out, layers, n, NULL, &q), L2L_ERR_INVALID, "config");
+  REFUSES(l2l_plan_new(&out, layers, n, &c, NULL), L2L_ERR_INVALID, "request");
+  const int bad_counts[] = {-1, 0, 1, INT_MIN, (1 << 20) + 1};
+  for (size_t i = 0; i < sizeof bad_counts / sizeof bad_counts[0]; i++)
+    REFUSES(l2l_plan_new(&out, layers, bad_counts[i], &c, &q), L2L_ERR_INVALID, "nlayers");
+  l2l_layer *swapped[MAX_LAYERS];
+  memcpy(swapped, layers, (size_t)n * sizeof *swapped);
+  swapped[0] = layers[n - 1], swapped[n - 1] = layers[0];
+  REFUSES(l2l_plan_new(&out, swapped, n, &c, &q), L2L_ERR_INVALID, "head");
+  l2l_tensor *t = NEW(L2L_POOL_HOST, L2L_F32, 4);
+  memcpy(swapped, layers, (size_t)n * sizeof *swapped);
+  swapped[1] = AS(l2l_layer, t);
+  REFUSES(l2l_plan_new(&out, swapped, n, &c, &q), L2L_ERR_INVALID, "live layer");
+  l2l_plan_request bad = q;
+  bad.batch = 0;
+  REFUSES(l2l_plan_new(&out, layers, n, &c, &bad), L2L_ERR_INVALID, "batch");
+  bad = q, bad.seq = INT64_MAX;
+  REFUSES(l2l_plan_new(&out, layers, n, &c, &bad), L2L_ERR_INVALID, "seq");
+  bad = q, bad.device_budget = 0;
+  REFUSES(l2l_plan_new(&out, layers, n, &c, &bad), L2L_ERR_INVALID, "device_budget");
+  bad = q, bad.key_mask = 2;
+  REFUSES(l2l_plan_new(&out, layers, n, &c, &bad), L2L_ERR_INVALID, "key_mask");
+  l2l_plan_rates bad_rates[4] = {rates, rates, rates, rates};
+  bad_rates[0].h2d = 0, bad_rates[1].flops = NAN, bad_rates[2].optimizer = INFINITY, bad_rates[3].flops = 0;
+  for (int i = 0; i < 4; i++) {
+    bad = q, bad.rates = &bad_rates[i];
+    REFUSES(l2l_plan_new(&out, layers, n, &c, &bad), L2L_ERR_INVALID, "rates");
+  }
+  l2l_relay_config bad_config = c;
+  bad_config.param_slots = 1;
+  REFUSES(l2l_plan_new(&out, layers, n, &bad_config, &q), L2L_ERR_INVALID, "param_slots");
+  bad = q, bad.device_budget = 64;
+  REFUSES(l2l_plan_new(&out, layers, n, &c, &bad), L2L_ERR_BUDGET, "the smallest needs");
+  CHECK(out == SENTINEL(l2l_plan), "*out written by a refused l2l_plan_new");
+
+  /* a plan, and the calls that read it */
+  l2l_plan *plan = NULL;
+  if (CHECK_OK(l2l_plan_new(&plan, layers, n, &c, &q))) {
+    l2l_plan_summary s;
+    l2l_plan_layer pl;
+    REFUSES(l2l_plan_get(NULL, plan), L2L_ERR_INVALID, "out");
+    REFUSES(l2l_plan_get(&s, NULL), L2L_ERR_INVALID, "plan");
+    REFUSES(l2l_plan_get(&s, AS(l2l_plan, t)), L2L_ERR_INVALID, "plan");
+    REFUSES(l2l_plan_get(&s, JUNK(l2l_plan)), L2L_ERR_INVALID, "plan");
+    REFUSES(l2l_plan_get_layer(NULL, plan, 0), L2L_ERR_INVALID, "out");
+    REFUSES(l2l_plan_get_layer(&pl, JUNK(l2l_plan), 0), L2L_ERR_INVALID, "plan");
+    const int bad_index[] = {-1, n, INT_MAX, INT_MIN};
+    for (size_t i = 0; i < sizeof bad_index / sizeof bad_index[0]; i++)
+      REFUSES(l2l_plan_get_layer(&pl, plan, bad_index[i]), L2L_ERR_INVALID, "index");
+    /* apply: the run and the plan checked, a plan for another number of layers refused,
+       nothing changed on a refusal */
+    int64_t mb_before = c.micro_batch;
+    l2l_inner_policy inner_before = (l2l_inner_policy)l2l_relay_inner(rig.r, 1);
+    REFUSES(l2l_relay_apply_plan(NULL, plan), L2L_ERR_INVALID, "run");
+    REFUSES(l2l_relay_apply_plan(rig.r, NULL), L2L_ERR_INVALID, "plan");
+    REFUSES(l2l_relay_apply_plan(rig.r, AS(l2l_plan, t)), L2L_ERR_INVALID, "plan");
+    REFUSES(l2l_relay_apply_plan(AS(l2l_relay, plan), plan), L2L_ERR_INVALID, "run");
+    l2l_plan *shorter = NULL;
+    l2l_layer *pair[2] = {layers[0], layers[n - 1]};
+    if (CHECK_OK(l2l_plan_new(&shorter, pair, 2, &c, &q)))
+      REFUSES(l2l_relay_apply_plan(rig.r, shorter), L2L_ERR_INVALID, "layers");
+    l2l_plan_free(shorter);
+    l2l_relay_stats st;
+    CHECK_OK(l2l_relay_get_stats(&st, rig.r));
+    CHECK(l2l_relay_inner(rig.r, 1) == (int)inner_before && mb_before == c.micro_batch,
+          "a refused apply changed the relay");
+    CHECK_OK(l2l_relay_apply_plan(rig.r, plan));
+    CHECK_OK(l2l_plan_get(&s, plan));
+    CHECK(s.nlayers == n && s.micro_batch >= 1 && s.micro_batch <= 4 && s.device_peak > 0,
+          "plan summary: %d layers, micro-batch %lld, peak %llu", s.nlayers, (long long)s.micro_batch,
+          (unsigned long long)s.device_peak);
+    l2l_relay_batch b = batch_of(&rig.d);
+    double loss;
+    CHECK_OK(l2l_relay_step(&loss, rig.r, &b));
+    l2l_plan_free(plan);
+  }
+  l2l_plan_free(NULL);
+  l2l_plan_free(JUNK(l2l_plan));
+  l2l_plan_free(AS(l2l_plan, t));
+  l2l_plan_rates r;
+  REFUSES(l2l_plan_calibrate(NULL, 0), L2L_ERR_INVALID, "out");
+  REFUSES(l2l_plan_calibrate(&r, 2), L2L_ERR_INVALID, "remeasure");
+  REFUSES(l2l_plan_calibrate(&r, -1), L2L_ERR_INVALID, "remeasure");
+  l2l_tensor_free(t);
   rig_free(&rig);
 }

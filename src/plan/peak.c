@@ -27,6 +27,16 @@
 struct block {
   uint64_t bytes;
   int refs;
+  struct block *next_free;
+};
+
+/* Blocks come from chunks of the replay's own, reused through a free list: a replay makes
+   and drops a few blocks per micro-batch and visit, and the search replays thousands of
+   times. */
+enum { CHUNK_BLOCKS = 1024 };
+struct chunk {
+  struct chunk *next;
+  struct block blocks[CHUNK_BLOCKS];
 };
 
 struct replay {
@@ -35,16 +45,29 @@ struct replay {
   uint64_t now, peak;
   bool failed;
   /* memory statements per layer for a full and for the last micro-batch */
-  l2l_layer_memory *mem_full, *mem_last;
+  const l2l_layer_memory *mem_full, *mem_last;
+  struct chunk *chunks;
+  struct block *free_blocks;
+  int64_t head_width;   /* targets and losses per sample: S for an LM head, 1 for a classifier */
 };
 
 static struct block *take(struct replay *r, uint64_t bytes) {
   if (bytes == 0) return NULL;
-  struct block *b = calloc(1, sizeof *b);
-  if (b == NULL) {
-    r->failed = true;
-    return NULL;
+  if (r->free_blocks == NULL) {
+    struct chunk *ch = malloc(sizeof *ch);
+    if (ch == NULL) {
+      r->failed = true;
+      return NULL;
+    }
+    ch->next = r->chunks;
+    r->chunks = ch;
+    for (int i = 0; i < CHUNK_BLOCKS; i++) {
+      ch->blocks[i].next_free = r->free_blocks;
+      r->free_blocks = &ch->blocks[i];
+    }
   }
+  struct block *b = r->free_blocks;
+  r->free_blocks = b->next_free;
   b->bytes = l2l_pool_accounted(bytes);
   b->refs = 1;
   r->now += b->bytes;
@@ -59,7 +82,8 @@ static void hold(struct block *b) {
 static void drop(struct replay *r, struct block *b) {
   if (b == NULL || --b->refs > 0) return;
   r->now -= b->bytes;
-  free(b);
+  b->next_free = r->free_blocks;
+  r->free_blocks = b;
 }
 
 /* ---------------------------------------------------------------- the step's objects */
@@ -144,20 +168,15 @@ static void stash_out(struct replay *r, struct outs *o, struct act *a) {
 static void inputs_take(struct replay *r, int k, int64_t u, struct block **ids) {
   const struct plan_chain *c = r->c;
   int64_t rows = rows_of(r, u), S = c->seq;
-  const l2l_layer *layer = c->layers[k].layer;
   ids[0] = ids[1] = NULL;
   switch (c->layers[k].role) {
     case L2L_ROLE_INPUT:
       ids[0] = take(r, (uint64_t)(rows * S) * 4);
       if (c->token_types) ids[1] = take(r, (uint64_t)(rows * S) * 4);
       break;
-    case L2L_ROLE_HEAD: {
-      l2l_layer_config cfg;
-      l2l_layer_get_config(&cfg, layer);
-      int64_t per_sample = cfg.kind == L2L_LAYER_CLASSIFIER ? 1 : S;
-      ids[0] = take(r, (uint64_t)(rows * per_sample) * 4);
+    case L2L_ROLE_HEAD:
+      ids[0] = take(r, (uint64_t)(rows * r->head_width) * 4);
       break;
-    }
     default:
       if (c->key_mask) ids[0] = take(r, (uint64_t)(rows * S));
   }
@@ -201,10 +220,6 @@ struct step {
   struct saved **saved;     /* [L][nmb] */
   struct outs outs;
 };
-
-static bool dropped(const struct step *s, int k) {
-  return s->r->c->layers[k].stash == L2L_STASH_RECOMPUTE;
-}
 
 static void visit_forward(struct step *s, int k, bool rebuild) {
   struct replay *r = s->r;
@@ -262,15 +277,12 @@ static void visit_head(struct step *s, int k) {
   bool backward = s->lowest < s->L;
   bool keep_dx = backward && k > s->lowest;
   bool grad_host = r->c->layers[k].stash == L2L_STASH_HOST;
-  l2l_layer_config cfg;
-  l2l_layer_get_config(&cfg, r->c->layers[k].layer);
   for (int64_t u = 0; u < r->nmb; u++) {
     if (u + 1 < r->nmb) prefetch(r, &s->x[k][u + 1], u + 1);
     prefetch(r, &s->x[k][u], u);
     struct block *ids[2];
     inputs_take(r, k, u, ids);
-    int64_t per_sample = cfg.kind == L2L_LAYER_CLASSIFIER ? 1 : r->c->seq;
-    struct block *losses = take(r, (uint64_t)(rows_of(r, u) * per_sample) * sizeof(float));
+    struct block *losses = take(r, (uint64_t)(rows_of(r, u) * r->head_width) * sizeof(float));
     struct block *dx = backward ? new_act(r, u) : NULL;
     const l2l_layer_memory *m = mem_of(r, k, u);
     struct saved sv = {0};
@@ -332,25 +344,26 @@ static void visit_backward(struct step *s, int k) {
 
 /* ---------------------------------------------------------------- slots */
 
-/* Bytes a layer's records take in a slot of `content` (slots.c): values in the device
-   precision for the 16-bit-capable records, gradients in f32, gradients out in
-   grad_precision (nothing when that is f32). */
-enum slot_content { SLOT_VALUES, SLOT_GRADS, SLOT_GRADS_OUT };
+uint64_t plan_slot_bytes(const struct plan_chain *c, int k, enum plan_slot_content content) {
+  const l2l_layer *layer = c->layers[k].layer;
+  uint64_t n = 0;
+  for (int i = 0; i < l2l_layer_param_count(layer); i++) {
+    const l2l_param *p = l2l_layer_param(layer, i);
+    bool low = l2l_param_low_precision(p);
+    l2l_dtype dtype = content == PLAN_SLOT_VALUES ? (low ? c->precision : L2L_F32)
+                      : content == PLAN_SLOT_GRADS ? L2L_F32
+                                                   : (low ? c->grad_precision : L2L_F32);
+    uint64_t size = content == PLAN_SLOT_GRADS_OUT && dtype == L2L_F32 ? 0 : l2l_dtype_size(dtype);
+    n += l2l_pool_accounted((uint64_t)l2l_tensor_numel(l2l_param_value(p)) * size);
+  }
+  return n;
+}
 
-static uint64_t slot_size(const struct plan_chain *c, enum slot_content content) {
+/* A slot's bytes: the largest layer's (slots.c). */
+static uint64_t slot_size(const struct plan_chain *c, enum plan_slot_content content) {
   uint64_t most = L2L_ALIGN;
   for (int k = 0; k < c->L; k++) {
-    const l2l_layer *layer = c->layers[k].layer;
-    uint64_t n = 0;
-    for (int i = 0; i < l2l_layer_param_count(layer); i++) {
-      const l2l_param *p = l2l_layer_param(layer, i);
-      bool low = l2l_param_low_precision(p);
-      l2l_dtype dtype = content == SLOT_VALUES ? (low ? c->precision : L2L_F32)
-                        : content == SLOT_GRADS ? L2L_F32
-                                                : (low ? c->grad_precision : L2L_F32);
-      uint64_t size = content == SLOT_GRADS_OUT && dtype == L2L_F32 ? 0 : l2l_dtype_size(dtype);
-      n += l2l_pool_accounted((uint64_t)l2l_tensor_numel(l2l_param_value(p)) * size);
-    }
+    uint64_t n = plan_slot_bytes(c, k, content);
     if (n > most) most = n;
   }
   return most;
@@ -358,49 +371,64 @@ static uint64_t slot_size(const struct plan_chain *c, enum slot_content content)
 
 /* ---------------------------------------------------------------- the step */
 
-static void plan_visits_and_run(struct step *s) {
+static void run_visits(struct step *s) {
   struct replay *r = s->r;
   const struct plan_chain *c = r->c;
-  int L = s->L;
-  /* the visit order of visit_plan.c, run as it is made */
-  struct visit {
-    int k;
-    char kind;   /* 'F'orward, 'R'ebuild, 'H'ead, 'B'ackward */
-  } *visits = calloc((size_t)(4 * L + 4), sizeof *visits);
+  struct plan_visit *visits = calloc((size_t)plan_max_visits(c), sizeof *visits);
   if (visits == NULL) {
     r->failed = true;
     return;
   }
-  int n = 0;
-  for (int k = 0; k < L - 1; k++) visits[n++] = (struct visit){k, 'F'};
-  visits[n++] = (struct visit){L - 1, 'H'};
-  for (int k = L - 2; k >= s->lowest; k--) {
-    bool recompute = c->layers[k].inner == L2L_INNER_RECOMPUTE;
-    if (k >= 1 && recompute && dropped(s, k) && !s->rebuilt[k]) {
-      int j = k - 1;
-      while (j >= 1 && dropped(s, j) && !s->rebuilt[j]) j--;
-      for (int m = j; m < k; m++) visits[n++] = (struct visit){m, 'R'};
-      for (int m = j + 1; m <= k; m++) s->rebuilt[m] = true;
-      if (!s->rebuilt[j]) s->reread[j] = true;
-    }
-    if (recompute && !s->rebuilt[k]) s->reread[k] = true;
-    visits[n++] = (struct visit){k, 'B'};
-  }
+  int n = plan_visits(visits, c, s->lowest, s->rebuilt, s->reread);
   for (int i = 0; i < n && !r->failed; i++) {
     int k = visits[i].k;
-    char kind = visits[i].kind;
+    enum plan_visit_kind kind = visits[i].kind;
     /* the first micro-batch's input, brought in ahead (visit_prefetch) */
-    if (kind == 'B') prefetch(r, &s->g[k + 1][0], 0);
-    bool reads_input = kind != 'B' || c->layers[k].inner == L2L_INNER_RECOMPUTE;
+    if (kind == PLAN_BACKWARD) prefetch(r, &s->g[k + 1][0], 0);
+    bool reads_input = kind != PLAN_BACKWARD || c->layers[k].inner == L2L_INNER_RECOMPUTE;
     if (reads_input && k > 0) prefetch(r, &s->x[k][0], 0);
     switch (kind) {
-      case 'F': visit_forward(s, k, false); break;
-      case 'R': visit_forward(s, k, true); break;
-      case 'H': visit_head(s, k); break;
+      case PLAN_FORWARD: visit_forward(s, k, false); break;
+      case PLAN_REBUILD: visit_forward(s, k, true); break;
+      case PLAN_HEAD: visit_head(s, k); break;
       default: visit_backward(s, k); break;
     }
   }
   free(visits);
+}
+
+/* The memory statements and slot sizes a replay reads, for micro-batch mb (arrays NULL
+   when out of memory). */
+static void memo_fill(struct plan_memo *m, const struct plan_chain *c, int64_t mb) {
+  int L = c->L;
+  int64_t nmb = (c->batch + mb - 1) / mb, last = c->batch - (nmb - 1) * mb;
+  m->micro_batch = mb;
+  for (int i = 0; i < 2; i++) {
+    free(m->mem[i]);
+    m->mem[i] = calloc((size_t)L, sizeof *m->mem[i]);
+  }
+  for (int k = 0; m->mem[0] && m->mem[1] && k < L; k++) {
+    l2l_layer_memory_in(&m->mem[0][k], c->layers[k].layer, mb, c->seq, c->precision);
+    l2l_layer_memory_in(&m->mem[1][k], c->layers[k].layer, last, c->seq, c->precision);
+  }
+  for (int i = 0; i < 3; i++) m->slots[i] = slot_size(c, (enum plan_slot_content)i);
+}
+
+l2l_status plan_chain_memo(struct plan_chain *c) {
+  if (c->memo == NULL && (c->memo = calloc(1, sizeof *c->memo)) == NULL)
+    return FAIL(L2L_ERR_NOMEM, "no memory to plan");
+  int64_t mb = c->micro_batch < c->batch ? c->micro_batch : c->batch;
+  memo_fill(c->memo, c, mb);
+  if (c->memo->mem[0] == NULL || c->memo->mem[1] == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to plan");
+  return L2L_OK;
+}
+
+void plan_memo_free(struct plan_chain *c) {
+  if (c->memo == NULL) return;
+  free(c->memo->mem[0]);
+  free(c->memo->mem[1]);
+  free(c->memo);
+  c->memo = NULL;
 }
 
 l2l_status l2l_plan_peak(uint64_t *peak, const struct plan_chain *c) {
@@ -408,21 +436,24 @@ l2l_status l2l_plan_peak(uint64_t *peak, const struct plan_chain *c) {
   if (c->L < 2) return FAIL(L2L_ERR_INVALID, "a chain needs an input layer and a head");
   int64_t mb = c->micro_batch < c->batch ? c->micro_batch : c->batch;
   struct replay r = {.c = c, .mb = mb, .nmb = (c->batch + mb - 1) / mb};
-  struct step s = {.r = &r, .L = c->L, .lowest = c->L};
-  for (int k = 0; k < c->L; k++)
-    if (!c->layers[k].frozen) {
-      s.lowest = k;
-      break;
-    }
+  struct step s = {.r = &r, .L = c->L, .lowest = plan_lowest(c)};
   int L = c->L;
-  r.mem_full = calloc((size_t)L, sizeof *r.mem_full);
-  r.mem_last = calloc((size_t)L, sizeof *r.mem_last);
+  struct plan_memo own = {0}, *memo = c->memo;
+  if (memo == NULL || memo->micro_batch != mb) {
+    memo = &own;
+    memo_fill(memo, c, mb);
+  }
+  l2l_layer_config head;
+  l2l_layer_get_config(&head, c->layers[c->L - 1].layer);
+  r.head_width = head.kind == L2L_LAYER_CLASSIFIER ? 1 : c->seq;
+  r.mem_full = memo->mem[0];
+  r.mem_last = memo->mem[1];
   s.rebuilt = calloc((size_t)L + 1, sizeof *s.rebuilt);
   s.reread = calloc((size_t)L + 1, sizeof *s.reread);
   s.x = calloc((size_t)L + 1, sizeof *s.x);
   s.g = calloc((size_t)L + 1, sizeof *s.g);
   s.saved = calloc((size_t)L, sizeof *s.saved);
-  bool ok = r.mem_full && r.mem_last && s.rebuilt && s.reread && s.x && s.g && s.saved;
+  bool ok = memo->mem[0] && memo->mem[1] && s.rebuilt && s.reread && s.x && s.g && s.saved;
   for (int k = 0; ok && k <= L; k++) {
     s.x[k] = calloc((size_t)r.nmb, sizeof **s.x);
     s.g[k] = calloc((size_t)r.nmb, sizeof **s.g);
@@ -431,16 +462,11 @@ l2l_status l2l_plan_peak(uint64_t *peak, const struct plan_chain *c) {
   }
   l2l_status status = L2L_OK;
   if (ok) {
-    for (int k = 0; k < L; k++) {
-      l2l_layer_memory_in(&r.mem_full[k], c->layers[k].layer, mb, c->seq, c->precision);
-      l2l_layer_memory_in(&r.mem_last[k], c->layers[k].layer, rows_of(&r, r.nmb - 1), c->seq,
-                          c->precision);
-    }
     /* the slots live through the step (slots.c) */
-    struct block *slots = take(&r, slot_size(c, SLOT_VALUES) * (uint64_t)c->param_slots);
-    struct block *grads = take(&r, 2 * slot_size(c, SLOT_GRADS));
-    struct block *grads_out = c->grad_precision != L2L_F32 ? take(&r, 2 * slot_size(c, SLOT_GRADS_OUT)) : NULL;
-    plan_visits_and_run(&s);
+    struct block *slots = take(&r, memo->slots[PLAN_SLOT_VALUES] * (uint64_t)c->param_slots);
+    struct block *grads = take(&r, 2 * memo->slots[PLAN_SLOT_GRADS]);
+    struct block *grads_out = c->grad_precision != L2L_F32 ? take(&r, 2 * memo->slots[PLAN_SLOT_GRADS_OUT]) : NULL;
+    run_visits(&s);
     drop(&r, slots);
     drop(&r, grads);
     drop(&r, grads_out);
@@ -465,7 +491,12 @@ l2l_status l2l_plan_peak(uint64_t *peak, const struct plan_chain *c) {
   free(s.saved);
   free(s.rebuilt);
   free(s.reread);
-  free(r.mem_full);
-  free(r.mem_last);
+  free(own.mem[0]);
+  free(own.mem[1]);
+  while (r.chunks) {
+    struct chunk *next = r.chunks->next;
+    free(r.chunks);
+    r.chunks = next;
+  }
   return status;
 }

@@ -34,12 +34,97 @@ struct plan_chain {
   l2l_dtype precision;       /* of the weights bound on the device */
   l2l_dtype grad_precision;  /* of the gradients leaving it */
   bool token_types, key_mask;  /* the batch has them */
+  /* for the time model */
+  bool updates_deferred;     /* global clipping or loss scaling: updates after backward */
+  int accumulate;            /* minibatches per update */
+  /* What replays of this chain share whatever the policies (plan_chain_memo): the
+     layers' memory statements at micro_batch, the slots' bytes. NULL: worked out per
+     replay. */
+  struct plan_memo *memo;
 };
+
+struct plan_memo {
+  int64_t micro_batch;         /* what it was made for */
+  l2l_layer_memory *mem[2];    /* per layer: a full micro-batch, the last */
+  uint64_t slots[3];           /* a slot's bytes per plan_slot_content */
+};
+/* The memo for the chain's micro-batch (made or remade; freed by plan_memo_free). */
+l2l_status plan_chain_memo(struct plan_chain *c);
+void plan_memo_free(struct plan_chain *c);
+
+/* ---------------------------------------------------------------- the visit order */
+
+/* A step's layer visits (src/relay/visit_plan.c): forward 0 .. L-2, the head, then
+   backward from L-2 down to the lowest trainable layer, each backward of a recompute
+   layer whose input boundary was dropped preceded by rebuild visits of the stretch below
+   it from the last boundary kept. */
+enum plan_visit_kind { PLAN_FORWARD, PLAN_REBUILD, PLAN_HEAD, PLAN_BACKWARD };
+struct plan_visit {
+  int k;
+  enum plan_visit_kind kind;
+};
+/* The first trainable layer (L when none is). */
+int plan_lowest(const struct plan_chain *c);
+/* Room plan_visits needs. */
+int plan_max_visits(const struct plan_chain *c);
+/* Writes the visits (returned: how many); rebuilt[k] / reread[k] (L + 1 each, zeroed by
+   the caller) say which boundaries are rebuilt and which inputs are read again. */
+int plan_visits(struct plan_visit *out, const struct plan_chain *c, int lowest, bool *rebuilt,
+                bool *reread);
+
+/* Bytes a layer's records take in a slot (src/relay/slots.c): values in the device
+   precision for the records that may go 16-bit, gradients in f32, gradients out in
+   grad_precision (nothing when that is f32); each record rounded to L2L_ALIGN. */
+enum plan_slot_content { PLAN_SLOT_VALUES, PLAN_SLOT_GRADS, PLAN_SLOT_GRADS_OUT };
+uint64_t plan_slot_bytes(const struct plan_chain *c, int k, enum plan_slot_content content);
 
 /* The device peak (pool bytes) of one training step of `c` on top of what the pool
    already holds, or 0 when the chain cannot be replayed (the message says why). Swap
    moves run on the copy threads, so their timing sets where in between a peak with swap
    falls: this gives the bound that holds whatever the timing. */
 l2l_status l2l_plan_peak(uint64_t *peak, const struct plan_chain *c);
+
+/* ---------------------------------------------------------------- the time model */
+
+/* What a layer costs, for the chain's micro-batch: a forward and a backward of a full and
+   of the last micro-batch (the last may be smaller), and the bytes its visits move. */
+struct plan_layer_costs {
+  double fwd[2], bwd[2];     /* seconds: [0] a full micro-batch, [1] the last */
+  uint64_t param_bytes;      /* its records in a parameter slot (device dtypes) */
+  uint64_t grad_bytes;       /* its gradients leaving the device */
+  uint64_t master_bytes;     /* f32 masters of the records it updates (a record shared
+                                with a layer below is counted there) */
+  uint64_t swap_bytes[2];    /* a swapped saved state: arena plus the x / y it refers to */
+};
+
+/* The layers' costs for the chain's micro-batch: timed at their shapes (rates->timed),
+   else from FLOPs at rates->flops. */
+l2l_status plan_layer_costs(struct plan_layer_costs *out, const struct plan_chain *c,
+                            const l2l_plan_rates *rates);
+/* Seconds of one training step of the chain under its policies; per_layer (L entries, or
+   NULL) gets each layer's share (its visits). */
+double plan_step_seconds(const struct plan_chain *c, const struct plan_layer_costs *costs,
+                         const l2l_plan_rates *rates, double *per_layer);
+/* A forward and backward of `layer` at rows x seq, measured here (and cached). */
+l2l_status plan_time_layer(double *fwd, double *bwd, const l2l_layer *layer, int64_t rows,
+                           int64_t seq);
+/* Floating-point operations of a forward of `layer` at rows x seq (a backward: twice). */
+double plan_layer_flops(const l2l_layer *layer, int64_t rows, int64_t seq);
+
+/* ---------------------------------------------------------------- the search */
+
+struct plan_result {
+  bool found;
+  int64_t micro_batch;
+  double seconds;
+  uint64_t peak;
+  double *layer_seconds;        /* L entries, the caller's (may be NULL) */
+  uint64_t leanest_peak;        /* the smallest peak any policy reached */
+  int64_t leanest_micro_batch;  /* at this micro-batch */
+};
+/* The fastest micro-batch and policies whose peak fits `budget`: into the chain (its
+   micro_batch and layers' policies) and out. out->found false: none fits. */
+l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_plan_rates *rates,
+                       uint64_t budget);
 
 #endif /* L2L_PLAN_H */

@@ -322,6 +322,26 @@ l2l_status l2l_relay_set_micro_batch(l2l_relay *run, int64_t micro_batch) {
   return L2L_OK;
 }
 
+l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan) {
+  CHECK_RUN(run);
+  l2l_plan_summary summary;
+  TRY(l2l_plan_get(&summary, plan));
+  int n = l2l_relay_layer_count(run);
+  if (summary.nlayers != n)
+    return FAIL(L2L_ERR_INVALID, "the plan is for %d layers, the relay has %d", summary.nlayers, n);
+  /* read it all before changing anything */
+  l2l_plan_layer *layers = calloc((size_t)n, sizeof *layers);
+  if (layers == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a plan of %d layers", n);
+  for (int k = 0; k < n; k++) l2l_plan_get_layer(&layers[k], plan, k);
+  run->config.micro_batch = summary.micro_batch;
+  for (int k = 0; k < n; k++) {
+    l2l_relay_set_inner(run, k, layers[k].inner);
+    if (k >= 1) l2l_relay_set_stash(run, k, layers[k].stash);
+  }
+  free(layers);
+  return L2L_OK;
+}
+
 l2l_status l2l_relay_sync(l2l_relay *run) {
   CHECK_RUN(run);
   l2l_queue_drain(&run->d2h);

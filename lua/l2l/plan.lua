@@ -1,0 +1,235 @@
+-- l2l.plan — the planner from Lua: l2l.plan{...} and l2l.calibrate{...}.
+--
+--   local plan = l2l.plan{ model = model, batch = 32, seq = 1024, device_budget = 8 * 2^30 }
+--   print(plan)            -- per layer inner, stash, bytes kept, predicted ms; the totals
+--   plan.micro_batch, plan.step_seconds, plan.device_peak, plan.streaming_tokens,
+--   plan.layers[i].inner, plan.layers[i].stash, plan.layers[i].kept_bytes, .seconds
+--   l2l.Relay{ model = model, plan = plan, ... }  (or plan = "auto": relay.lua)
+--
+-- Purpose: the C planner (src/plan/, l2l_plan_new) with a model and options in Lua's
+-- terms: the relay settings that change memory and time (param_slots, precision,
+-- grad_precision, accumulate, clip_global_norm, loss_scale) as l2l.Relay takes them, the
+-- batch's shape and the budget; rates measured on this machine (cached) unless given.
+-- Must never: change the model it plans for.
+local ffi = require("ffi")
+local lib = require("l2l.lib")
+local layers = require("l2l.layers")
+local model_mod = require("l2l.model")
+
+local C, too_many, select = lib.C, lib.too_many, select
+local type, tostring, ipairs, floor = type, tostring, ipairs, math.floor
+
+local M = {}
+
+local INNER = { [0] = "recompute", "keep", "swap" }
+local STASH = { [0] = "device", "host", "recompute" }
+M.inner_names, M.stash_names = INNER, STASH
+
+local Plan = {}
+Plan.__index = Plan
+
+local function fail(msg) error(msg, 0) end
+
+local function count(o, key, fname, lo, hi, default)
+  local v = o[key]
+  if v == nil then v = default end
+  if type(v) ~= "number" or v ~= floor(v) or v < lo or v > hi then
+    fail(("%s: option '%s' must be an integer from %.17g to %.17g, got %s"):format(fname, key, lo, hi, tostring(o[key])))
+  end
+  return v
+end
+
+local RATE_FIELDS = { flops = true, h2d = true, d2h = true, optimizer = true, visit = true }
+
+-- A rates table as l2l_plan_rates: {flops =, h2d =, d2h =, optimizer =, visit =}; with
+-- flops alone (no layer timed here), layers cost their FLOPs at that rate.
+local function rates_of(t, fname)
+  lib.fields(t, RATE_FIELDS, fname, 0, "option 'rates'")
+  local r = ffi.new("l2l_plan_rates")
+  for k in pairs(RATE_FIELDS) do
+    local v = t[k]
+    if v ~= nil and (type(v) ~= "number" or not (v >= 0 and v < math.huge)) then
+      fail(("%s: rates.%s must be a finite number >= 0, got %s"):format(fname, k, tostring(v)))
+    end
+    r[k] = v or 0
+  end
+  r.timed = 0
+  return r
+end
+
+local function rates_table(r)
+  return { flops = r.flops, h2d = r.h2d, d2h = r.d2h, optimizer = r.optimizer, visit = r.visit }
+end
+
+-- l2l.calibrate{ remeasure = false } -> this machine's rates (from the cache, measured
+-- when missing or asked): {h2d =, d2h = (bytes/s), optimizer = (master bytes/s), ...}.
+function M.calibrate(o, ...)
+  local fname = "l2l.calibrate"
+  if select("#", ...) ~= 0 then too_many(fname, "options", 2, ...) end
+  o = lib.options(o, { remeasure = true }, fname, 2)
+  if o.remeasure ~= nil and type(o.remeasure) ~= "boolean" then
+    error(fname .. ": option 'remeasure' must be true or false, got " .. tostring(o.remeasure), 2)
+  end
+  local r = ffi.new("l2l_plan_rates")
+  lib.check(C.l2l_plan_calibrate(r, o.remeasure and 1 or 0), fname, 2)
+  return rates_table(r)
+end
+
+-- The C plan of `model` (a Sequential) for relay config `config` (an l2l_relay_config),
+-- as a Lua plan. request: {batch, seq, device_budget, token_types, key_mask, rates (cdata
+-- or nil)}. Errors are plain messages (no position) for the callers to raise.
+function M.make(model, config, request, fname)
+  local n = #model
+  if n < 2 then fail(fname .. ": the model needs an input layer and a head") end
+  local list = ffi.new("l2l_layer *[?]", n)
+  local frozen = ffi.new("uint8_t[?]", n)
+  for i, layer in ipairs(model) do
+    local h = layer.handle[0]
+    if h == nil then fail(("%s: layer %d (%s) was freed"):format(fname, i, layer:label())) end
+    list[i - 1] = h
+    frozen[i - 1] = model.frozen_set[layer] and 1 or 0
+  end
+  local q = ffi.new("l2l_plan_request")
+  q.batch, q.seq, q.device_budget = request.batch, request.seq, request.device_budget
+  q.token_types, q.key_mask = request.token_types and 1 or 0, request.key_mask and 1 or 0
+  q.frozen, q.rates = frozen, request.rates
+  local out = ffi.new("l2l_plan *[1]")
+  if C.l2l_plan_new(out, list, n, config, q) ~= 0 then
+    fail(fname .. ": " .. lib.last_error():gsub("layer (%d+)", function(d) return "layer " .. tonumber(d) + 1 end))
+  end
+  local handle = ffi.gc(out, function(box) C.l2l_plan_free(box[0]) end)
+  local s = ffi.new("l2l_plan_summary")
+  C.l2l_plan_get(s, out[0])
+  local plan = setmetatable({
+    handle = handle, micro_batch = tonumber(s.micro_batch), step_seconds = s.step_seconds,
+    device_peak = tonumber(s.device_peak), streaming_tokens = s.streaming_tokens,
+    batch = request.batch, seq = request.seq, device_budget = request.device_budget, layers = {},
+  }, Plan)
+  local l = ffi.new("l2l_plan_layer")
+  for i = 1, n do
+    C.l2l_plan_get_layer(l, out[0], i - 1)
+    plan.layers[i] = { kind = model[i]:label(), inner = INNER[tonumber(l.inner)],
+                       stash = STASH[tonumber(l.stash)], kept_bytes = tonumber(l.kept_bytes),
+                       seconds = l.seconds }
+  end
+  return plan
+end
+
+local PLAN_OPTIONS = { model = true, batch = true, seq = true, device_budget = true, token_types = true,
+                       key_mask = true, rates = true, param_slots = true, precision = true,
+                       grad_precision = true, accumulate = true, clip_global_norm = true,
+                       loss_scale = true }
+local PRECISIONS = { f32 = C.L2L_F32, bf16 = C.L2L_BF16, f16 = C.L2L_F16 }
+
+local function plan(o)
+  local fname = "l2l.plan"
+  o = lib.options(o, PLAN_OPTIONS, fname, 0)
+  if not model_mod.is_sequential(o.model) then
+    fail(fname .. ": option 'model' must be an l2l.Sequential, got " .. lib.describe(o.model))
+  end
+  local c = ffi.new("l2l_relay_config")
+  C.l2l_relay_config_default(c)
+  c.param_slots = count(o, "param_slots", fname, 2, 4096, 2)
+  c.accumulate = count(o, "accumulate", fname, 1, 2 ^ 31 - 1, 1)
+  for _, key in ipairs({ "precision", "grad_precision" }) do
+    if o[key] ~= nil then
+      if PRECISIONS[o[key]] == nil then
+        fail(("%s: option '%s' must be \"f32\", \"bf16\" or \"f16\", got %s"):format(fname, key, tostring(o[key])))
+      end
+      c[key] = PRECISIONS[o[key]]
+    end
+  end
+  for _, key in ipairs({ "clip_global_norm", "loss_scale" }) do
+    local v = o[key]
+    if v ~= nil and (type(v) ~= "number" or not (v >= 0 and v < math.huge)) then
+      fail(("%s: option '%s' must be a finite number >= 0, got %s"):format(fname, key, tostring(v)))
+    end
+    c[key] = v or 0
+  end
+  for _, key in ipairs({ "token_types", "key_mask" }) do
+    if o[key] ~= nil and type(o[key]) ~= "boolean" then
+      fail(("%s: option '%s' must be true or false, got %s"):format(fname, key, tostring(o[key])))
+    end
+  end
+  local request = {
+    batch = count(o, "batch", fname, 1, 2 ^ 24), seq = count(o, "seq", fname, 1, 2 ^ 24),
+    device_budget = count(o, "device_budget", fname, 1, 2 ^ 53 - 1),
+    token_types = o.token_types, key_mask = o.key_mask,
+    rates = o.rates ~= nil and rates_of(o.rates, fname) or nil,
+  }
+  return M.make(o.model, c, request, fname)
+end
+
+-- l2l.plan{model =, batch =, seq =, device_budget = (bytes a step may add to the device
+-- pool), token_types = false, key_mask = false, rates = (default: this machine's), and
+-- the relay's param_slots, precision, grad_precision, accumulate, clip_global_norm,
+-- loss_scale} -> a plan.
+function M.plan(o, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.plan", "options", 2, ...) end
+  local ok, result = pcall(plan, o)
+  if not ok then error(result, 2) end
+  return result
+end
+
+function M.is_plan(x) return getmetatable(x) == Plan end
+
+-- Per layer, the seconds its visits took in the relay's last step: the calling thread's
+-- compute events of that layer (forward, rebuild, backward; the head's are "backward").
+local function measured_seconds(run)
+  local per = {}
+  for _, e in ipairs(run:events()) do
+    if e.thread == 0 and e.layer and (e.phase == "forward" or e.phase == "backward" or e.phase == "rebuild") then
+      per[e.layer] = (per[e.layer] or 0) + (e.finish - e.start)
+    end
+  end
+  return per
+end
+
+-- run:plan_report(): {layers = {{kind, inner, stash, predicted, measured}...},
+-- predicted_step_seconds, measured_step_seconds, predicted_device_peak, device_peak}.
+function M.report(run)
+  local plan, stats, per = run.plan, run:stats(), measured_seconds(run)
+  local report = { layers = {}, predicted_step_seconds = plan.step_seconds,
+                   measured_step_seconds = stats.step_seconds,
+                   predicted_device_peak = stats.predicted_device_peak, device_peak = stats.device_peak }
+  for i, l in ipairs(plan.layers) do
+    report.layers[i] = { kind = l.kind, inner = l.inner, stash = l.stash, predicted = l.seconds,
+                         measured = per[i] or 0 }
+  end
+  return report
+end
+
+-- After a step: warns once (stderr) when the measured step is more than 25 % off the
+-- plan's prediction: the rates no longer describe the machine (another load, another
+-- build). The first step is not judged (it makes lasting buffers and warms caches).
+function M.check_prediction(run)
+  run.plan_steps = (run.plan_steps or 0) + 1
+  if run.plan_steps < 2 or run.plan_warned then return end
+  local measured, predicted = run:stats().step_seconds, run.plan.step_seconds
+  if predicted > 0 and (measured > 1.25 * predicted or measured < predicted / 1.25) then
+    run.plan_warned = true
+    io.stderr:write(("l2l: warning: a step took %.3f s, the plan predicted %.3f s (more than 25 %% off): "
+      .. "the rates are stale; measure them again with l2l.calibrate{ remeasure = true } and plan again\n"):format(
+      measured, predicted))
+  end
+end
+
+local function mib(bytes) return ("%.2f MiB"):format(bytes / 2 ^ 20) end
+
+-- The plan as a table: a row per layer, then the totals and the rule of thumb.
+function Plan:__tostring()
+  local rows = { ("%-5s %-12s %-10s %-10s %12s %12s"):format("layer", "kind", "inner", "stash", "kept", "ms/step") }
+  for i, l in ipairs(self.layers) do
+    rows[#rows + 1] = ("%-5d %-12s %-10s %-10s %12s %12.2f"):format(i, l.kind, i == #self.layers and "-" or l.inner,
+      i == 1 and "-" or l.stash, mib(l.kept_bytes), l.seconds * 1e3)
+  end
+  rows[#rows + 1] = ("micro-batch %d of %d (seq %d): predicted %.1f ms a step, device peak %s of a %s budget"):format(
+    self.micro_batch, self.batch, self.seq, self.step_seconds * 1e3, mib(self.device_peak), mib(self.device_budget))
+  if self.streaming_tokens > 0 then
+    rows[#rows + 1] = ("weight streaming hides under compute above %.0f tokens per layer visit (%d now)"):format(
+      self.streaming_tokens, self.micro_batch * self.seq)
+  end
+  return table.concat(rows, "\n")
+end
+
+return M

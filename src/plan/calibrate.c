@@ -1,0 +1,289 @@
+/* calibrate.c — the rates the planner's time model needs, measured on this machine.
+ *
+ * Purpose: the machine's copy bandwidth each way, the host optimizer's throughput, and
+ * each layer's forward and backward time at its own shape (micro-batch rows, sequence,
+ * config), measured on the device backend in use with this many threads: on one machine
+ * a GEMM's rate depends on its shape, so the layers are timed as they will run rather than
+ * modelled from a peak rate. Everything measured is cached in a small text file per
+ * machine (its host name), backend and version under $XDG_CACHE_HOME/l2l/ (else
+ * ~/.cache/l2l/), so planning the same model again measures nothing.
+ * Layers are timed on twins made from their configs in the device pool (custom layers,
+ * which cannot be remade, on themselves), with zero ids and uniform inputs.
+ * Must never: change a layer it times, or fail a plan because the cache cannot be written
+ * (it is a cache: a write that fails is skipped).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "plan.h"
+
+enum { CACHE_VERSION = 1, REPEATS = 3 };
+
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The cache file's path for this machine and backend, or "" when no folder is known. */
+static void cache_path(char *out, size_t len) {
+  const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+  char host[128] = "host";
+  gethostname(host, sizeof host - 1);
+  for (char *c = host; *c; c++)
+    if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '-'))
+      *c = '_';
+  char folder[1200];
+  if (xdg && *xdg) snprintf(folder, sizeof folder, "%s/l2l", xdg);
+  else if (home && *home) snprintf(folder, sizeof folder, "%s/.cache/l2l", home);
+  else {
+    out[0] = '\0';
+    return;
+  }
+  snprintf(out, len, "%s/plan-rates-v%d-%s-%s.txt", folder, CACHE_VERSION, host,
+           l2l_device_backend());
+}
+
+static void make_folders(const char *path) {
+  char dir[1400];
+  snprintf(dir, sizeof dir, "%s", path);
+  for (char *p = dir + 1; *p; p++)
+    if (*p == '/') {
+      *p = '\0';
+      mkdir(dir, 0700);
+      *p = '/';
+    }
+}
+
+/* The cached values of `key` (a line "key v1 v2 ..."), or false. */
+static bool cache_get(const char *key, double *values, int n) {
+  char path[1400];
+  cache_path(path, sizeof path);
+  if (!path[0]) return false;
+  pthread_mutex_lock(&cache_lock);
+  FILE *f = fopen(path, "r");
+  bool found = false;
+  char line[512];
+  size_t klen = strlen(key);
+  while (f && !found && fgets(line, sizeof line, f)) {
+    if (strncmp(line, key, klen) != 0 || line[klen] != ' ') continue;
+    char *at = line + klen;
+    int got = 0;
+    for (; got < n; got++) {
+      char *end;
+      values[got] = strtod(at, &end);
+      if (end == at || !(values[got] >= 0)) break;
+      at = end;
+    }
+    found = got == n;
+  }
+  if (f) fclose(f);
+  pthread_mutex_unlock(&cache_lock);
+  return found;
+}
+
+static void cache_put(const char *key, const double *values, int n) {
+  char path[1400];
+  cache_path(path, sizeof path);
+  if (!path[0]) return;
+  pthread_mutex_lock(&cache_lock);
+  make_folders(path);
+  FILE *f = fopen(path, "a");
+  if (f) {
+    fprintf(f, "%s", key);
+    for (int i = 0; i < n; i++) fprintf(f, " %.6g", values[i]);
+    fprintf(f, "\n");
+    fclose(f);
+  }
+  pthread_mutex_unlock(&cache_lock);
+}
+
+static double median3(double *t) {
+  double a = t[0], b = t[1], c = t[2];
+  if (a > b) { double x = a; a = b; b = x; }
+  if (b > c) b = c;
+  return a > b ? a : b;
+}
+
+/* ---------------------------------------------------------------- machine rates */
+
+/* Bytes per second of copies from `src` pool to `dst` pool (a 32 MiB tensor). */
+static l2l_status copy_rate(double *out, l2l_pool_kind src, l2l_pool_kind dst) {
+  int64_t n = 8 << 20;   /* floats */
+  l2l_tensor *a = NULL, *b = NULL;
+  l2l_status status = l2l_tensor_new(&a, src, L2L_F32, 1, &n);
+  if (status == L2L_OK) status = l2l_tensor_new(&b, dst, L2L_F32, 1, &n);
+  if (status == L2L_OK) status = l2l_tensor_fill(a, 1.0);
+  double t[REPEATS];
+  for (int i = 0; i < REPEATS && status == L2L_OK; i++) {
+    double t0 = l2l_now();
+    status = l2l_tensor_copy(b, a);
+    if (status == L2L_OK) status = l2l_device_synchronize();
+    t[i] = l2l_now() - t0;
+  }
+  if (status == L2L_OK) *out = (double)n * sizeof(float) / median3(t);
+  l2l_tensor_free(a);
+  l2l_tensor_free(b);
+  return status;
+}
+
+/* Master bytes per second of AdamW on the host (the EPS's arithmetic, on every core). */
+static l2l_status optimizer_rate(double *out) {
+  int64_t n = 4 << 20;
+  l2l_tensor *t[4] = {NULL};
+  l2l_status status = L2L_OK;
+  for (int i = 0; i < 4 && status == L2L_OK; i++) {
+    status = l2l_tensor_new(&t[i], L2L_POOL_HOST, L2L_F32, 1, &n);
+    if (status == L2L_OK) status = l2l_tensor_fill(t[i], i == 3 ? 1e-3 : 0.0);
+  }
+  l2l_adamw_config cfg = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+  double times[REPEATS];
+  for (int i = 0; i < REPEATS && status == L2L_OK; i++) {
+    double t0 = l2l_now();
+    status = l2l_adamw_update(t[0], t[1], t[2], t[3], &cfg, i + 1);
+    times[i] = l2l_now() - t0;
+  }
+  if (status == L2L_OK) *out = (double)n * sizeof(float) / median3(times);
+  for (int i = 0; i < 4; i++) l2l_tensor_free(t[i]);
+  return status;
+}
+
+l2l_status l2l_plan_calibrate(l2l_plan_rates *out, int remeasure) {
+  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  if (remeasure != 0 && remeasure != 1)
+    return FAIL(L2L_ERR_INVALID, "remeasure must be 0 or 1, got %d", remeasure);
+  char key[64];
+  snprintf(key, sizeof key, "machine t%d", l2l_get_threads());
+  double v[3];
+  if (remeasure || !cache_get(key, v, 3)) {
+    TRY(copy_rate(&v[0], L2L_POOL_PINNED, L2L_POOL_DEVICE));
+    TRY(copy_rate(&v[1], L2L_POOL_DEVICE, L2L_POOL_PINNED));
+    TRY(optimizer_rate(&v[2]));
+    cache_put(key, v, 3);
+  }
+  *out = (l2l_plan_rates){.h2d = v[0], .d2h = v[1], .optimizer = v[2], .timed = 1};
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- layers at their shapes */
+
+/* What makes a layer's time: its kind and sizes, the call's rows and sequence, the
+   threads and precision. */
+static void layer_key(char *out, size_t len, const l2l_layer *layer, int64_t rows, int64_t seq) {
+  l2l_layer_config c;
+  l2l_layer_get_config(&c, layer);
+  snprintf(out, len, "layer t%d %s k%d D%lld H%lld F%lld V%lld M%lld T%lld C%lld c%d p%d b%d f%d "
+           "m%d d%g a%g r%lld s%lld", l2l_get_threads(), l2l_layer_name(layer), (int)c.kind,
+           (long long)c.dim, (long long)c.heads, (long long)c.mlp, (long long)c.vocab,
+           (long long)c.max_seq, (long long)c.type_vocab, (long long)c.classes, c.causal,
+           c.post_ln, c.bias, c.final_ln, (int)c.memory, c.dropout, c.attn_dropout,
+           (long long)rows, (long long)seq);
+}
+
+struct timing_call {
+  l2l_layer *layer;            /* the twin (or the layer itself) */
+  l2l_pool_kind pool;
+  l2l_tensor *x, *y, *dx, *dy, *tokens, *targets;
+  l2l_layer_batch batch;
+};
+
+static void timing_free(struct timing_call *t, bool own_layer) {
+  if (own_layer) l2l_layer_free(t->layer);
+  t->layer = NULL;
+  l2l_tensor *all[] = {t->x, t->y, t->dx, t->dy, t->tokens, t->targets};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) l2l_tensor_free(all[i]);
+}
+
+static l2l_status timing_tensors(struct timing_call *t, int64_t rows, int64_t seq) {
+  l2l_layer_config c;
+  TRY(l2l_layer_get_config(&c, t->layer));
+  enum l2l_layer_role role = l2l_layer_role(t->layer);
+  int64_t act[3] = {rows, seq, c.dim}, ids[2] = {rows, seq};
+  TRY(l2l_tensor_new(&t->tokens, t->pool, L2L_I32, 2, ids));
+  TRY(l2l_tensor_fill(t->tokens, 0.0));
+  if (role != L2L_ROLE_INPUT) {
+    TRY(l2l_tensor_new(&t->x, t->pool, L2L_F32, 3, act));
+    TRY(l2l_tensor_uniform(t->x, 1, 1, 0, -1.0, 1.0));
+    TRY(l2l_tensor_new(&t->dx, t->pool, L2L_F32, 3, act));
+  }
+  if (role == L2L_ROLE_HEAD) {
+    bool classifier = c.kind == L2L_LAYER_CLASSIFIER;
+    TRY(l2l_tensor_new(&t->targets, t->pool, L2L_I32, classifier ? 1 : 2, ids));
+    TRY(l2l_tensor_fill(t->targets, 0.0));
+    TRY(l2l_tensor_new(&t->y, t->pool, L2L_F32, classifier ? 1 : 2, ids));
+  } else {
+    TRY(l2l_tensor_new(&t->y, t->pool, L2L_F32, 3, act));
+    TRY(l2l_tensor_new(&t->dy, t->pool, L2L_F32, 3, act));
+    TRY(l2l_tensor_uniform(t->dy, 1, 2, 0, -1e-3, 1e-3));
+  }
+  t->batch = (l2l_layer_batch){.tokens = role == L2L_ROLE_INPUT ? t->tokens : NULL,
+                               .targets = t->targets, .seed = 1, .training = 1,
+                               .loss_scale = 1.0f / (float)(rows * seq)};
+  return L2L_OK;
+}
+
+/* One forward (kept) and its backward: their seconds. */
+static l2l_status time_once(struct timing_call *t, double *fwd, double *bwd) {
+  l2l_saved *saved = NULL;
+  TRY(l2l_device_synchronize());
+  double t0 = l2l_now();
+  l2l_status status = l2l_layer_forward(&saved, t->layer, t->y, t->x, &t->batch);
+  if (status == L2L_OK) status = l2l_device_synchronize();
+  double t1 = l2l_now();
+  if (status == L2L_OK) status = l2l_layer_backward(t->layer, t->dx, t->dy, saved, &t->batch);
+  if (status == L2L_OK) status = l2l_device_synchronize();
+  *fwd = t1 - t0;
+  *bwd = l2l_now() - t1;
+  l2l_saved_free(saved);
+  return status;
+}
+
+l2l_status plan_time_layer(double *fwd, double *bwd, const l2l_layer *layer, int64_t rows,
+                           int64_t seq) {
+  char key[400];
+  layer_key(key, sizeof key, layer, rows, seq);
+  double v[2];
+  if (cache_get(key, v, 2)) {
+    *fwd = v[0], *bwd = v[1];
+    return L2L_OK;
+  }
+  l2l_layer_config c;
+  TRY(l2l_layer_get_config(&c, layer));
+  struct timing_call t = {0};
+  bool own = c.kind != L2L_LAYER_CUSTOM;
+  if (own) {
+    t.pool = L2L_POOL_DEVICE;
+    TRY(l2l_layer_new(&t.layer, &c, t.pool));
+  } else {
+    /* a custom layer cannot be remade: timed where its parameters are, its gradients
+       put back afterwards */
+    t.layer = (l2l_layer *)layer;
+    const l2l_param *first = l2l_layer_param(layer, 0);
+    t.pool = first ? (l2l_pool_kind)l2l_tensor_pool(l2l_param_value(first)) : L2L_POOL_HOST;
+  }
+  int np = own ? 0 : l2l_layer_param_count(layer);
+  l2l_tensor *grads[L2L_MAX_PARAMS] = {NULL};
+  l2l_status status = L2L_OK;
+  for (int i = 0; i < np && status == L2L_OK; i++) {
+    l2l_tensor *g = l2l_param_grad(l2l_layer_param(layer, i));
+    int64_t n = l2l_tensor_numel(g);
+    status = l2l_tensor_new(&grads[i], L2L_POOL_HOST, L2L_F32, 1, &n);
+    if (status == L2L_OK) status = l2l_tensor_copy(grads[i], g);
+  }
+  if (status == L2L_OK) status = timing_tensors(&t, rows, seq);
+  double f[REPEATS], b[REPEATS], warm_f, warm_b;
+  if (status == L2L_OK) status = time_once(&t, &warm_f, &warm_b);
+  for (int i = 0; i < REPEATS && status == L2L_OK; i++) status = time_once(&t, &f[i], &b[i]);
+  for (int i = 0; i < np; i++) {
+    if (grads[i] && status == L2L_OK)
+      status = l2l_tensor_copy(l2l_param_grad(l2l_layer_param(layer, i)), grads[i]);
+    l2l_tensor_free(grads[i]);
+  }
+  timing_free(&t, own);
+  if (status != L2L_OK) return status;
+  v[0] = *fwd = median3(f);
+  v[1] = *bwd = median3(b);
+  cache_put(key, v, 2);
+  return L2L_OK;
+}

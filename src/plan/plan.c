@@ -1,0 +1,162 @@
+/* plan.c — the planner's public face: l2l_plan_new and the plan it returns.
+ *
+ * Purpose: check a request, build the chain (the layers, the relay settings that set
+ * memory and time), get the rates (the caller's, or this machine's), search, and keep
+ * what the search chose with its predictions; say, when no plan fits, the smallest budget
+ * that would and what needs it.
+ * Must never: change the layers it plans for (timing uses twins).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan.h"
+
+#define PLAN_MAGIC 0x6c32706cu   /* "l2pl" */
+
+struct l2l_plan {
+  uint32_t magic;
+  l2l_plan_summary summary;
+  l2l_plan_layer *layers;
+};
+
+static bool plan_live(const l2l_plan *p) { return p != NULL && p->magic == PLAN_MAGIC; }
+
+/* Why the leanest plan needs what it needs: the slots of the largest layer, and the rest. */
+static l2l_status too_small(const struct plan_chain *c, const struct plan_result *r,
+                            uint64_t budget) {
+  char want[32], have[32], slots_text[32];
+  int largest = 0;
+  for (int k = 1; k < c->L; k++)
+    if (plan_slot_bytes(c, k, PLAN_SLOT_VALUES) > plan_slot_bytes(c, largest, PLAN_SLOT_VALUES))
+      largest = k;
+  uint64_t slots = plan_slot_bytes(c, largest, PLAN_SLOT_VALUES) * (uint64_t)c->param_slots +
+                   2 * plan_slot_bytes(c, largest, PLAN_SLOT_GRADS);
+  return l2l_fail(L2L_ERR_BUDGET,
+              "l2l_plan_new: no plan fits a device budget of %llu bytes (%s): the smallest needs %llu bytes (%s), "
+              "at micro-batch %lld with every layer recomputed and its boundary on the host; of "
+              "them %s are the %d parameter slots and 2 gradient slots sized by layer %d (%s)",
+              (unsigned long long)budget, l2l_human_bytes(have, 32, budget),
+              (unsigned long long)r->leanest_peak, l2l_human_bytes(want, 32, r->leanest_peak),
+              (long long)r->leanest_micro_batch, l2l_human_bytes(slots_text, 32, slots),
+              c->param_slots, largest, l2l_layer_name(c->layers[largest].layer));
+}
+
+static l2l_status check_request(l2l_layer *const *layers, int nlayers, const l2l_relay_config *config,
+                                const l2l_plan_request *q) {
+  if (layers == NULL) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: layers is NULL");
+  if (config == NULL) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: config is NULL");
+  if (q == NULL) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: request is NULL");
+  if (nlayers < 2 || nlayers > 1 << 20)
+    return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: nlayers must be 2 to 2^20 (an input layer, a head), got %d", nlayers);
+  for (int k = 0; k < nlayers; k++)
+    if (l2l_layer_role(layers[k]) == L2L_ROLE_HEAD && k != nlayers - 1)
+      return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: layer %d is a head but not the last", k);
+  for (int k = 0; k < nlayers; k++)
+    if (l2l_layer_param_count(layers[k]) < 0) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: layers[%d] is not a live layer", k);
+  if (l2l_layer_role(layers[0]) != L2L_ROLE_INPUT) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: layer 0 must be an input layer");
+  if (l2l_layer_role(layers[nlayers - 1]) != L2L_ROLE_HEAD) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: the last layer must be a head");
+  if (q->batch < 1 || q->batch > (INT64_C(1) << 24) || q->seq < 1 || q->seq > (INT64_C(1) << 24))
+    return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: batch and seq must be 1 to 2^24, got %lld and %lld",
+                (long long)q->batch, (long long)q->seq);
+  if (q->device_budget == 0) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: device_budget must be > 0");
+  if ((q->token_types != 0 && q->token_types != 1) || (q->key_mask != 0 && q->key_mask != 1))
+    return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: token_types and key_mask must be 0 or 1");
+  if (config->param_slots != 0 && (config->param_slots < 2 || config->param_slots > 4096))
+    return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: config->param_slots must be 0 or 2 to 4096, got %d", config->param_slots);
+  if (config->accumulate < 1) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: config->accumulate must be >= 1");
+  const l2l_plan_rates *r = q->rates;
+  if (r && !(r->flops >= 0 && r->h2d > 0 && r->d2h > 0 && r->optimizer > 0 && r->visit >= 0 &&
+             r->flops < 1e30 && r->h2d < 1e30 && r->d2h < 1e30 && r->optimizer < 1e30 && r->visit < 1e6))
+    return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: rates must be finite, h2d, d2h and optimizer > 0, flops and visit >= 0");
+  if (r && r->timed != 0 && r->timed != 1) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: rates->timed must be 0 or 1");
+  if (r && !r->timed && !(r->flops > 0)) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: rates that time no layer need flops > 0");
+  return L2L_OK;
+}
+
+l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
+                        const l2l_relay_config *config, const l2l_plan_request *request) {
+  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  TRY(check_request(layers, nlayers, config, request));
+  l2l_plan_rates rates;
+  if (request->rates) rates = *request->rates;
+  else TRY(l2l_plan_calibrate(&rates, 0));
+  struct plan_layer *pl = calloc((size_t)nlayers, sizeof *pl);
+  double *seconds = calloc((size_t)nlayers, sizeof *seconds);
+  l2l_plan *plan = calloc(1, sizeof *plan);
+  l2l_plan_layer *result = calloc((size_t)nlayers, sizeof *result);
+  if (pl == NULL || seconds == NULL || plan == NULL || result == NULL) {
+    free(pl), free(seconds), free(plan), free(result);
+    return FAIL(L2L_ERR_NOMEM, "no memory to plan %d layers", nlayers);
+  }
+  for (int k = 0; k < nlayers; k++)
+    pl[k] = (struct plan_layer){.layer = layers[k], .role = l2l_layer_role(layers[k]),
+                                .frozen = request->frozen && request->frozen[k]};
+  l2l_layer_config c0;
+  l2l_layer_get_config(&c0, layers[0]);
+  struct plan_chain chain = {
+      .L = nlayers, .layers = pl, .batch = request->batch, .seq = request->seq, .dim = c0.dim,
+      .param_slots = config->param_slots ? config->param_slots : 2,
+      .precision = config->precision, .grad_precision = config->grad_precision,
+      .token_types = request->token_types, .key_mask = request->key_mask,
+      .updates_deferred = config->clip_global_norm > 0 || config->loss_scale > 0,
+      .accumulate = config->accumulate};
+  struct plan_result r = {.layer_seconds = seconds};
+  l2l_status status = plan_search(&r, &chain, &rates, request->device_budget);
+  if (status == L2L_OK && !r.found) status = too_small(&chain, &r, request->device_budget);
+  if (status == L2L_OK) {
+    for (int k = 0; k < nlayers; k++) {
+      l2l_layer_memory m;
+      l2l_layer_memory_in(&m, layers[k], r.micro_batch, request->seq, config->precision);
+      int64_t nmb = (request->batch + r.micro_batch - 1) / r.micro_batch;
+      bool kept = pl[k].inner == L2L_INNER_KEEP && pl[k].role != L2L_ROLE_HEAD;
+      result[k] = (l2l_plan_layer){.inner = pl[k].inner, .stash = pl[k].stash,
+                                   .kept_bytes = kept ? m.saved * (uint64_t)nmb : 0,
+                                   .seconds = seconds[k]};
+    }
+    /* weight streaming hides under compute past this many tokens per visit: a visit's
+       compute grows with its tokens, its parameter copy does not (the first body
+       layer's rates, at the chosen micro-batch) */
+    double streaming = 0;
+    struct plan_layer_costs *costs = calloc((size_t)nlayers, sizeof *costs);
+    if (costs && nlayers > 2 && plan_layer_costs(costs, &chain, &rates) == L2L_OK) {
+      double per_token = (costs[1].fwd[0] + costs[1].bwd[0]) / (double)(r.micro_batch * request->seq);
+      if (per_token > 0) streaming = (double)costs[1].param_bytes / rates.h2d / per_token;
+    }
+    free(costs);
+    plan->magic = PLAN_MAGIC;
+    plan->summary = (l2l_plan_summary){.nlayers = nlayers, .micro_batch = r.micro_batch,
+                                       .step_seconds = r.seconds, .device_peak = r.peak,
+                                       .streaming_tokens = streaming};
+    plan->layers = result;
+    *out = plan;
+  } else {
+    free(plan), free(result);
+  }
+  free(pl), free(seconds);
+  return status;
+}
+
+l2l_status l2l_plan_get(l2l_plan_summary *out, const l2l_plan *plan) {
+  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  if (!plan_live(plan)) return FAIL(L2L_ERR_INVALID, "plan is not a live plan");
+  *out = plan->summary;
+  return L2L_OK;
+}
+
+l2l_status l2l_plan_get_layer(l2l_plan_layer *out, const l2l_plan *plan, int index) {
+  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  if (!plan_live(plan)) return FAIL(L2L_ERR_INVALID, "plan is not a live plan");
+  if (index < 0 || index >= plan->summary.nlayers)
+    return FAIL(L2L_ERR_INVALID, "index %d is not a layer of the plan (0 to %d)", index,
+                plan->summary.nlayers - 1);
+  *out = plan->layers[index];
+  return L2L_OK;
+}
+
+void l2l_plan_free(l2l_plan *plan) {
+  if (!plan_live(plan)) return;
+  plan->magic = 0;
+  free(plan->layers);
+  free(plan);
+}

@@ -1,0 +1,368 @@
+/* search.c — the fastest policy that fits: the micro-batch, and per layer what backward
+ * keeps and where its input boundary waits.
+ *
+ * Purpose: choose among everything the relay can do. Per layer the choices that can pay
+ * are five modes: keep (the saved state stays on the device; the input boundary is then
+ * not read again), swap (it goes to the host and back), or recompute with the input
+ * boundary on the device, on the host, or dropped and rebuilt. The embedding always
+ * keeps (its saved state is empty: recomputing it reruns its forward for nothing); the
+ * head's input waits on the device or the host.
+ * For each micro-batch size the search is a knapsack over layers: every mode's cost in
+ * time and in device bytes is measured against the leanest policy (all recompute, host
+ * stash) by the exact time model and peak replay, layers of one kind and shape sharing
+ * their measurement; a dynamic programme over the layers keeps the Pareto front of
+ * (added bytes, time) and takes the fastest within the budget. Peaks do not add exactly
+ * (they are maxima over a step), so the answer is checked by the replay: over budget, the
+ * programme runs again with the overshoot taken off; then single-layer changes that
+ * make it faster and still fit are taken while any remain. The leanest policy, L2L's
+ * default and the uniform policies are candidates too, so the plan is never slower than
+ * the best of them that fits.
+ * Must never: return a plan whose replayed peak exceeds the budget.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan.h"
+
+enum mode { M_KEEP, M_SWAP, M_DEV, M_HOST, M_DROP, MODES };
+enum { FRONT_MAX = 4096, RETRIES = 8 };
+
+static void set_mode(struct plan_layer *pl, int k, int L, enum mode m) {
+  if (k == 0) {                       /* the embedding: no input boundary, nothing to redo */
+    pl->inner = L2L_INNER_KEEP;
+    pl->stash = L2L_STASH_DEVICE;
+    return;
+  }
+  if (k == L - 1) {                   /* the head: only where its input waits */
+    pl->inner = L2L_INNER_RECOMPUTE;
+    pl->stash = m == M_HOST ? L2L_STASH_HOST : L2L_STASH_DEVICE;
+    return;
+  }
+  static const l2l_inner_policy inner[MODES] = {L2L_INNER_KEEP, L2L_INNER_SWAP, L2L_INNER_RECOMPUTE,
+                                                L2L_INNER_RECOMPUTE, L2L_INNER_RECOMPUTE};
+  static const l2l_stash_policy stash[MODES] = {L2L_STASH_DEVICE, L2L_STASH_DEVICE, L2L_STASH_DEVICE,
+                                                L2L_STASH_HOST, L2L_STASH_RECOMPUTE};
+  pl->inner = inner[m];
+  pl->stash = stash[m];
+}
+
+/* The modes layer k may take. */
+static bool mode_allowed(int k, int L, enum mode m) {
+  if (k == 0) return m == M_KEEP;
+  if (k == L - 1) return m == M_DEV || m == M_HOST;
+  return true;
+}
+
+struct judge {
+  struct plan_chain *c;
+  const struct plan_layer_costs *costs;
+  const l2l_plan_rates *rates;
+  enum mode *modes;
+};
+
+/* The chain under `modes`: its time and peak (exact: the models'). */
+static l2l_status judge(struct judge *j, const enum mode *modes, double *seconds, uint64_t *peak) {
+  for (int k = 0; k < j->c->L; k++) set_mode(&j->c->layers[k], k, j->c->L, modes[k]);
+  TRY(l2l_plan_peak(peak, j->c));
+  *seconds = plan_step_seconds(j->c, j->costs, j->rates, NULL);
+  if (*seconds < 0) return FAIL(L2L_ERR_NOMEM, "no memory to time a plan");
+  return L2L_OK;
+}
+
+/* Two layers cost alike when they are of one kind and shape and sit alike (first body
+   layer, last body layer, or between). */
+static bool alike(const struct plan_chain *c, int a, int b) {
+  if (a == 0 || b == 0 || a == c->L - 1 || b == c->L - 1) return a == b;
+  if ((a == 1) != (b == 1) || (a == c->L - 2) != (b == c->L - 2)) return false;
+  l2l_layer_config x, y;
+  l2l_layer_get_config(&x, c->layers[a].layer);
+  l2l_layer_get_config(&y, c->layers[b].layer);
+  return memcmp(&x, &y, offsetof(l2l_layer_config, init_seed)) == 0 &&
+         strcmp(l2l_layer_name(c->layers[a].layer), l2l_layer_name(c->layers[b].layer)) == 0;
+}
+
+/* ---------------------------------------------------------------- the programme */
+
+
+struct entry {
+  double seconds;
+  double bytes;          /* added device bytes */
+  int from, mode;        /* the previous layer's front entry, this layer's mode */
+};
+
+static int by_bytes(const void *a, const void *b) {
+  const struct entry *x = a, *y = b;
+  return x->bytes < y->bytes ? -1 : x->bytes > y->bytes ? 1 : (x->seconds < y->seconds ? -1 : x->seconds > y->seconds);
+}
+
+/* The fastest modes whose added bytes stay within `room`, by the per-layer costs
+   dt[k][m], db[k][m]; false when none does. */
+static bool knapsack(enum mode *out, int L, double (*dt)[MODES], double (*db)[MODES], double room) {
+  struct entry **front = calloc((size_t)L, sizeof *front);
+  int *size = calloc((size_t)L, sizeof *size);
+  struct entry *scratch = malloc(sizeof *scratch * FRONT_MAX * MODES);
+  bool ok = front && size && scratch;
+  for (int k = 0; ok && k < L; k++) {
+    int n = 0, prev = k == 0 ? 1 : size[k - 1];
+    for (int e = 0; e < prev; e++)
+      for (int m = 0; m < MODES; m++) {
+        if (!isfinite(dt[k][m])) continue;
+        double s = (k ? front[k - 1][e].seconds : 0) + dt[k][m];
+        double b = (k ? front[k - 1][e].bytes : 0) + db[k][m];
+        if (b <= room) scratch[n++] = (struct entry){s, b, e, m};
+      }
+    qsort(scratch, (size_t)n, sizeof *scratch, by_bytes);
+    /* the Pareto front: as bytes grow, only entries faster than every smaller one */
+    int kept = 0;
+    double best = INFINITY;
+    for (int i = 0; i < n; i++)
+      if (scratch[i].seconds < best - 1e-15) {
+        best = scratch[i].seconds;
+        scratch[kept++] = scratch[i];
+      }
+    /* too long a front: keep entries evenly spread in bytes (the fastest always) */
+    if (kept > FRONT_MAX) {
+      int step = (kept + FRONT_MAX - 1) / FRONT_MAX, m = 0;
+      for (int i = 0; i < kept; i += step) scratch[m++] = scratch[i];
+      if (scratch[m - 1].seconds != scratch[kept - 1].seconds) scratch[m - 1] = scratch[kept - 1];
+      kept = m;
+    }
+    front[k] = malloc(sizeof **front * (size_t)(kept > 0 ? kept : 1));
+    if (front[k] == NULL || kept == 0) ok = false;
+    else memcpy(front[k], scratch, sizeof *scratch * (size_t)kept);
+    size[k] = kept;
+  }
+  if (ok) {
+    int e = size[L - 1] - 1;   /* the fastest: last in order of bytes */
+    for (int k = L - 1; k >= 0; k--) {
+      out[k] = (enum mode)front[k][e].mode;
+      e = front[k][e].from;
+    }
+  }
+  for (int k = 0; front && k < L; k++) free(front[k]);
+  free(front), free(size), free(scratch);
+  return ok;
+}
+
+/* ---------------------------------------------------------------- one micro-batch size */
+
+struct choice {
+  enum mode *modes;
+  double seconds;
+  uint64_t peak;
+  bool found, polished;
+  double (*dt)[MODES];   /* each layer's modes' time against the leanest policy */
+};
+
+static void consider(struct choice *best, const enum mode *modes, int L, double seconds,
+                     uint64_t peak, uint64_t budget) {
+  if (peak > budget || (best->found && seconds >= best->seconds)) return;
+  memcpy(best->modes, modes, (size_t)L * sizeof *modes);
+  best->seconds = seconds, best->peak = peak, best->found = true;
+}
+
+/* Whether layer k may be skipped in a pass of single-layer changes: inside a run of alike
+   layers in one mode, only the run's ends are tried (a change anywhere in the run costs
+   the same time; at an end it moves the fewest bytes past a neighbour). */
+static bool inside_run(const struct plan_chain *c, const enum mode *modes, int k) {
+  return k > 0 && k + 1 < c->L && alike(c, k - 1, k) && alike(c, k, k + 1) &&
+         modes[k - 1] == modes[k] && modes[k + 1] == modes[k];
+}
+
+/* Tries trial[] against the best; true when it is faster and fits (then it is the best). */
+static bool try_modes(struct judge *j, struct choice *best, const enum mode *trial, uint64_t budget,
+                      l2l_status *status) {
+  double s;
+  uint64_t p;
+  *status = judge(j, trial, &s, &p);
+  if (*status != L2L_OK || p > budget || s >= best->seconds * (1 - 1e-9)) return false;
+  consider(best, trial, j->c->L, s, p, budget);
+  return true;
+}
+
+/* Changes of one layer, then of two unlike neighbours at once (a layer's output waits
+   where the next one's policy says: some pairs only pay together), that are faster and
+   fit, taken while any remain. */
+static l2l_status polish(struct judge *j, struct choice *best, uint64_t budget) {
+  int L = j->c->L;
+  enum mode *trial = calloc((size_t)L, sizeof *trial);
+  if (trial == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to plan");
+  l2l_status status = L2L_OK;
+  for (bool better = best->found; better && status == L2L_OK;) {
+    better = false;
+    for (int k = 0; k < L && status == L2L_OK; k++) {
+      if (inside_run(j->c, best->modes, k)) continue;
+      for (int m = 0; m < MODES && status == L2L_OK; m++) {
+        /* only modes that pay by the layer's own measure: the rest cost it more time */
+        if (!mode_allowed(k, L, (enum mode)m) || best->modes[k] == (enum mode)m ||
+            best->dt[k][m] >= best->dt[k][best->modes[k]])
+          continue;
+        memcpy(trial, best->modes, (size_t)L * sizeof *trial);
+        trial[k] = (enum mode)m;
+        better |= try_modes(j, best, trial, budget, &status);
+      }
+    }
+    /* pairs where the kind or the place changes (the embedding and the first block, the
+       last block and the head, ...): inside a run of alike layers one change at a time
+       already finds what pays */
+    for (int k = 0; k + 1 < L && !better && status == L2L_OK; k++) {
+      if (alike(j->c, k, k + 1)) continue;
+      for (int a = 0; a < MODES && status == L2L_OK; a++)
+        for (int b = 0; b < MODES && status == L2L_OK; b++) {
+          if (!mode_allowed(k, L, (enum mode)a) || !mode_allowed(k + 1, L, (enum mode)b) ||
+              best->modes[k] == (enum mode)a || best->modes[k + 1] == (enum mode)b)
+            continue;
+          memcpy(trial, best->modes, (size_t)L * sizeof *trial);
+          trial[k] = (enum mode)a, trial[k + 1] = (enum mode)b;
+          better |= try_modes(j, best, trial, budget, &status);
+        }
+    }
+  }
+  free(trial);
+  return status;
+}
+
+/* For the chain's micro-batch (c->micro_batch set): the uniform policies and the
+   programme's answer, the best of them into `best`; the leanest policy's peak into
+   *leanest. */
+static l2l_status programme(struct judge *j, struct choice *best, uint64_t budget, uint64_t *leanest) {
+  struct plan_chain *c = j->c;
+  int L = c->L;
+  enum mode *modes = calloc((size_t)L, sizeof *modes), *trial = calloc((size_t)L, sizeof *trial);
+  double (*dt)[MODES] = best->dt, (*db)[MODES] = calloc((size_t)L, sizeof *db);
+  l2l_status status = modes && trial && dt && db ? L2L_OK : FAIL(L2L_ERR_NOMEM, "no memory to plan");
+  double base_s = 0;
+  uint64_t base_p = 0;
+  /* the leanest policy, and the uniform ones (L2L's default is the leanest) */
+  for (int u = 0; u < MODES && status == L2L_OK; u++) {
+    for (int k = 0; k < L; k++) modes[k] = mode_allowed(k, L, (enum mode)u) ? (enum mode)u : k == 0 ? M_KEEP : M_HOST;
+    double s;
+    uint64_t p;
+    status = judge(j, modes, &s, &p);
+    if (status != L2L_OK) break;
+    if (u == M_HOST) base_s = s, base_p = p;
+    consider(best, modes, L, s, p, budget);
+  }
+  if (status == L2L_OK) *leanest = base_p;
+  /* checkpointing every p-th boundary (Chen et al.'s sqrt(n) schedule and its kin; p from
+     2 to 6, then in steps of a quarter): the boundaries between kept ones dropped and
+     rebuilt, a run at a time; the kept ones on the device or on the host */
+  for (int period = 2; period < L && status == L2L_OK; period += period < 6 ? 1 : period / 4)
+    for (int home = 0; home < 2 && status == L2L_OK; home++) {
+      for (int k = 0; k < L; k++)
+        modes[k] = k == 0 ? M_KEEP : k == L - 1 ? M_HOST : k % period == 0 ? (home ? M_HOST : M_DEV) : M_DROP;
+      double s;
+      uint64_t p;
+      status = judge(j, modes, &s, &p);
+      if (status == L2L_OK) consider(best, modes, L, s, p, budget);
+    }
+  /* each layer's modes against the leanest policy, one per kind of layer */
+  for (int k = 0; k < L && status == L2L_OK; k++) {
+    int same = -1;
+    for (int i = 0; i < k && same < 0; i++)
+      if (alike(c, i, k)) same = i;
+    for (int m = 0; m < MODES; m++) {
+      if (!mode_allowed(k, L, (enum mode)m)) {
+        dt[k][m] = INFINITY;
+        continue;
+      }
+      if (same >= 0) {
+        dt[k][m] = dt[same][m], db[k][m] = db[same][m];
+        continue;
+      }
+      for (int i = 0; i < L; i++) trial[i] = i == 0 ? M_KEEP : M_HOST;
+      trial[k] = (enum mode)m;
+      double s;
+      uint64_t p;
+      status = judge(j, trial, &s, &p);
+      if (status != L2L_OK) break;
+      dt[k][m] = s - base_s;
+      db[k][m] = (double)p - (double)base_p;
+    }
+  }
+  /* the programme, with the overshoot of its last answer taken off the room it has */
+  double room = (double)budget - (double)base_p;
+  for (int r = 0; r < RETRIES && status == L2L_OK && room >= 0; r++) {
+    if (!knapsack(modes, L, dt, db, room)) break;
+    double s;
+    uint64_t p;
+    status = judge(j, modes, &s, &p);
+    if (status != L2L_OK) break;
+    if (p <= budget) {
+      consider(best, modes, L, s, p, budget);
+      break;
+    }
+    room -= (double)(p - budget);
+  }
+  free(modes), free(trial), free(db);
+  return status;
+}
+
+/* ---------------------------------------------------------------- every micro-batch size */
+
+l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_plan_rates *rates,
+                       uint64_t budget) {
+  int L = c->L;
+  double *layer_seconds = out->layer_seconds;
+  *out = (struct plan_result){.layer_seconds = layer_seconds, .leanest_peak = UINT64_MAX};
+  /* the micro-batch sizes that make different splits: ceil(B / n), largest first */
+  int64_t *sizes = calloc((size_t)c->batch, sizeof *sizes);
+  struct choice *choices = calloc((size_t)c->batch, sizeof *choices);
+  struct plan_layer_costs *costs = calloc((size_t)L, sizeof *costs);
+  l2l_status status = sizes && choices && costs ? L2L_OK : FAIL(L2L_ERR_NOMEM, "no memory to plan");
+  int nsizes = 0;
+  for (int64_t n = 1; n <= c->batch && status == L2L_OK; n++) {
+    int64_t mb = (c->batch + n - 1) / n;
+    if (nsizes > 0 && sizes[nsizes - 1] == mb) continue;
+    choices[nsizes].modes = calloc((size_t)L, sizeof(enum mode));
+    choices[nsizes].dt = calloc((size_t)L, sizeof *choices[nsizes].dt);
+    if (choices[nsizes].modes == NULL || choices[nsizes].dt == NULL) status = FAIL(L2L_ERR_NOMEM, "no memory to plan");
+    sizes[nsizes++] = mb;
+  }
+  /* every size through the programme; the two fastest polished */
+  struct judge j = {c, costs, rates, NULL};
+  for (int i = 0; i < nsizes && status == L2L_OK; i++) {
+    c->micro_batch = sizes[i];
+    uint64_t lean = 0;
+    status = plan_chain_memo(c);
+    if (status == L2L_OK) status = plan_layer_costs(costs, c, rates);
+    if (status == L2L_OK) status = programme(&j, &choices[i], budget, &lean);
+    if (status == L2L_OK && lean < out->leanest_peak) out->leanest_peak = lean, out->leanest_micro_batch = sizes[i];
+  }
+  /* polished: the two fastest sizes, and any other within 5 % of the fastest (near ties
+     between sizes are common, and the polish may turn them) */
+  double fastest = INFINITY;
+  for (int i = 0; i < nsizes; i++)
+    if (choices[i].found && choices[i].seconds < fastest) fastest = choices[i].seconds;
+  for (int round = 0; status == L2L_OK; round++) {
+    int pick = -1;
+    for (int i = 0; i < nsizes; i++)
+      if (choices[i].found && !choices[i].polished && (pick < 0 || choices[i].seconds < choices[pick].seconds))
+        pick = i;
+    if (pick < 0 || (round >= 2 && choices[pick].seconds > 1.05 * fastest)) break;
+    c->micro_batch = sizes[pick];
+    status = plan_chain_memo(c);
+    if (status == L2L_OK) status = plan_layer_costs(costs, c, rates);
+    if (status == L2L_OK) status = polish(&j, &choices[pick], budget);
+    choices[pick].polished = true;
+  }
+  int chosen = -1;
+  for (int i = 0; i < nsizes && status == L2L_OK; i++)
+    if (choices[i].found && (chosen < 0 || choices[i].seconds < choices[chosen].seconds)) chosen = i;
+  if (status == L2L_OK && chosen >= 0) {
+    struct choice *b = &choices[chosen];
+    *out = (struct plan_result){.found = true, .micro_batch = sizes[chosen], .seconds = b->seconds,
+                                .peak = b->peak, .layer_seconds = layer_seconds,
+                                .leanest_peak = out->leanest_peak,
+                                .leanest_micro_batch = out->leanest_micro_batch};
+    c->micro_batch = sizes[chosen];
+    for (int k = 0; k < L; k++) set_mode(&c->layers[k], k, L, b->modes[k]);
+    status = plan_layer_costs(costs, c, rates);
+    if (status == L2L_OK) plan_step_seconds(c, costs, rates, out->layer_seconds);
+  }
+  for (int i = 0; choices && i < nsizes; i++) free(choices[i].modes), free(choices[i].dt);
+  free(sizes), free(choices), free(costs);
+  plan_memo_free(c);
+  return status;
+}
