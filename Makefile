@@ -1,9 +1,10 @@
 # Makefile — builds libl2l (shared and static), the l2l executable, the C tests and the
 # benchmarks, and runs them. The two commands a user needs: `make demo` and `make test`.
-# Targets that need system packages first run scripts/deps.sh, which installs what is
-# missing. Knobs: SANITIZE=1 (AddressSanitizer + UBSan build in build-san/), ARCH=<gcc
-# -march> (default native: l2l is built where it runs), NO_CUDA=1, CUDA_ARCH="80 90",
-# L2L_THREADS=<n>.
+# `make fuzz N=20000 SEED=s` runs the loader fuzzer (scripts/fuzz_load.lua; N defaults to
+# 1000, the seed to a fresh one). Targets that need system packages first run
+# scripts/deps.sh, which installs what is missing. Knobs: SANITIZE=1 (AddressSanitizer +
+# UBSan build in build-san/), ARCH=<gcc -march> (default native: l2l is built where it
+# runs), NO_CUDA=1, CUDA_ARCH="80 90", L2L_THREADS=<n>.
 
 SANITIZE ?= 0
 ARCH ?= native
@@ -79,7 +80,7 @@ CTEST_SRC := $(wildcard spec/c/*.c)
 CTEST_OBJ := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%.o)
 DEPS_STAMP := $(BUILD)/.deps-ok
 
-.PHONY: all deps test demo bench vecreport clean
+.PHONY: all deps test demo bench vecreport clean fuzz
 all: $(BUILD)/libl2l.so $(BUILD)/libl2l.a $(BUILD)/l2l $(BUILD)/l2l_ctest $(BUILD)/hello \
      $(BUILD)/embed $(BUILD)/embed_lua \
      lua/l2l/cdef.lua
@@ -138,6 +139,14 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 test: all
 	@L2L_SANITIZE=$(SANITIZE) bash scripts/test.sh $(BUILD)
+
+# The loader fuzzer: N mutated checkpoints, each loaded in a child process; crashing,
+# hanging and unclean cases are kept in $(BUILD)/fuzz/ (the script's header explains).
+# KNOWN_OK=1 lets the defects the script lists as known pass, as `make test` does.
+N ?= 1000
+fuzz: $(BUILD)/l2l
+	@L2L_SANITIZE=$(SANITIZE) $(BUILD)/l2l scripts/fuzz_load.lua --l2l $(BUILD)/l2l --n $(N) \
+	  $(if $(SEED),--seed $(SEED)) $(if $(JOBS),--jobs $(JOBS)) $(if $(KNOWN_OK),--known-ok)
 
 demo: all
 	$(BUILD)/l2l examples/train_gpt.lua --out $(BUILD)/demo
