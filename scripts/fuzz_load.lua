@@ -562,25 +562,11 @@ local FAILING = { crash = true, hang = true, unclean = true, unstep = true }
 -- against a failing case's signature (signature() above). They are reported as known;
 -- with --known-ok (spec/fuzz_spec.lua passes it) they do not fail the run, while any other
 -- failing case does. Remove an entry when its fix lands: the run then fails if it returns.
-local KNOWN = {
-  { "^unclean load: a Lua position in the message at checkpoint%.lua:%d+: ",
-    "l2l.load re-raises what layer constructors, l2l.Sequential, optimizers, schedules, l2l.Relay, " ..
-    "run:set_stash/set_inner and file:read raise with error(msg, 2): the position of checkpoint.lua's call stays in" },
-  { "^unclean load: a Lua position in the message at model%.lua:%d+: layer:tie_to:",
-    "a tied head whose vocab or dim differ from the embedding's: Sequential's tie_to error keeps model.lua's position" },
-  { "^unclean %a+: .- at safetensors%.lua:%d+: l2l%.empty:",
-    "safetensors.open accepts shapes with a 0 or with 5 to 8 dimensions that file:read's tensor.empty refuses, " ..
-    "and file:read lets that error through without its name" },
-  { "^unclean load: a Lua runtime error at checkpoint%.lua:%d+: attempt to index local 'o'",
-    "relay.optimizer or relay.schedule not a table: rebuild_optimizer / rebuild_schedule index it" },
-  { "^unclean load: a Lua runtime error at checkpoint%.lua:%d+: attempt to concatenate a nil value",
-    "a record's state above 2: ({ \"m\", \"v\" })[3] is nil" },
-  { "^unclean load: an FFI conversion error at layers%.lua:%d+: cannot convert",
-    "type_vocab is read unchecked (given()): a table reaches the FFI" },
-  { "^crash load_?w?e?i?g?h?t?s?: [^:]* after loading a NaN with a payload",
-    "a weight NaN with a payload (from the file's bytes) propagates into the loss; LuaJIT reads that double " ..
-    "through the FFI without making it canonical and takes it for a string (NaN tagging): run:step crashes" },
-}
+-- Empty: everything the fuzzer found is fixed (issue 21: payload NaNs made plain, no
+-- library positions in l2l.load's messages, tables and bad counts refused in the
+-- description, empty dimensions refused at open). A defect goes here only while its fix
+-- is pending, with the pattern of its signature and why.
+local KNOWN = {}
 
 local function known(sig)
   for _, k in ipairs(KNOWN) do

@@ -144,6 +144,11 @@ describe("safetensors files (seed " .. seed .. ")", function()
 
   it("refuses tensors of more dimensions than l2l has, and reads those it has", function()
     local path = tmp_path("ranks")
+    -- an empty dimension: valid safetensors, no l2l tensor
+    write_by_hand(path, { { name = "t", dtype = "F32", shape = { 0, 4 }, values = {} } })
+    local okz, errz = pcall(l2l.safetensors.open, path)
+    assert.is_false(okz)
+    assert.is_truthy(errz:find("entry 't': shape[1] = 0: l2l's tensors have no empty dimension", 1, true), errz)
     for ndim = 1, 8 do
       local shape = {}
       for d = 1, ndim do shape[d] = d % 3 + 1 end
@@ -164,6 +169,38 @@ describe("safetensors files (seed " .. seed .. ")", function()
         assert.is_truthy(file:find(("entry 't' has %d dimensions; l2l's tensors have at most 4"):format(ndim), 1, true), file)
       end
     end
+    os.remove(path)
+  end)
+
+  it("hands out no NaN with a payload: a file's NaN bits become the one quiet NaN", function()
+    -- LuaJIT keeps other values inside NaNs' bits: a float from a file spelling a NaN
+    -- with a payload, read into Lua, was taken for a pointer (run:step's loss crashed)
+    local path = tmp_path("nan")
+    local n = 6
+    local bits = ffi.new("uint32_t[?]", n, 0xffae0af0, 0x7f800001, 0xff800000, 0x3f800000, 0xfffffffe, 0x7fc00000)
+    local floats = ffi.cast("float *", bits)
+    local values = {}
+    write_bytes(path, "")
+    l2l.safetensors.write(path, { { name = "x", tensor = l2l.zeros({ n }) } })
+    local f = l2l.safetensors.open(path)
+    local at = f.data_start
+    f:close()
+    local raw = read_bytes(path)
+    write_bytes(path, raw:sub(1, at) .. ffi.string(floats, 4 * n) .. raw:sub(at + 4 * n + 1))
+    f = l2l.safetensors.open(path)
+    local t = f:read("x")
+    f:close()
+    local got = ffi.cast("uint32_t *", t:data())
+    for i = 0, n - 1 do
+      local b, want = bits[i], bits[i]
+      local nan = bit.band(b, 0x7f800000) == 0x7f800000 and bit.band(b, 0x7fffff) ~= 0
+      if nan then want = 0x7fc00000 end
+      assert.are.equal(want, got[i], ("element %d: bits %08x"):format(i, b))
+      values[i + 1] = t:get(i + 1)   -- a NaN with a payload crashed here
+    end
+    assert.is_true(values[1] ~= values[1] and values[2] ~= values[2] and values[5] ~= values[5])
+    assert.are.equal(-math.huge, values[3])
+    assert.are.equal(1, values[4])
     os.remove(path)
   end)
 

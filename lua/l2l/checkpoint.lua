@@ -188,6 +188,7 @@ end
 ----------------------------------------------------------------- loading
 
 local function rebuild_optimizer(o)
+  if type(o) ~= "table" then error("relay: optimizer is not a table", 0) end
   if o.kind == "sgd" then
     return optim.SGD{ lr = o.lr, momentum = o.momentum, nesterov = o.nesterov,
                       weight_decay = o.weight_decay, decay_all = o.decay_all }
@@ -199,6 +200,7 @@ local function rebuild_optimizer(o)
 end
 
 local function rebuild_schedule(o)
+  if type(o) ~= "table" then error("relay: schedule is not a table", 0) end
   if o.kind == "constant" then return optim.Constant{ warmup = o.warmup } end
   local make = o.kind == "cosine" and optim.Cosine or o.kind == "linear" and optim.Linear
   if not make then error("unknown schedule kind " .. tostring(o.kind), 0) end
@@ -235,11 +237,8 @@ end
 
 local function shape_text(shape) return table.concat(shape, ",") end
 
--- A constructor's error, raised at its caller's level, without the position inside this
--- file that the level points at when the caller is a pcall here.
 local function layer_error(i, d, message)
-  message = tostring(message):gsub("^[^:]*checkpoint%.lua:%d+: ", "")
-  error(("layer %d (%s): %s"):format(i, tostring(d.custom or d.kind), message), 0)
+  error(("layer %d (%s): %s"):format(i, tostring(d.custom or d.kind), tostring(message)), 0)
 end
 
 -- The file's f32 tensor `name` of shape `want`, for layer i (label): present and shaped.
@@ -332,6 +331,13 @@ end
 
 local LOAD_OVERRIDES = { micro_batch = true, optimizer_threads = true, device_budget = true, kinds = true }
 
+-- What the library's functions raise for their caller carries the caller's position,
+-- which inside load is a line of the library itself: gone (the user called l2l.load, and
+-- the message says so).
+local function without_positions(message)
+  return (tostring(message):gsub("[^%s:]*/l2l/[%w_]+%.lua:%d+: ", ""))
+end
+
 local function load(path, overrides)
   local fname = "l2l.load"
   overrides = lib.options(overrides, LOAD_OVERRIDES, fname, 0, "overrides")
@@ -374,7 +380,7 @@ local function load(path, overrides)
       rec.updates = count_of(saved.updates, EXACT_MAX, ("record %s: updates"):format(rec.name))
       rec.grad = saved.grad == true
       rec.state = {}
-      for a = 1, (type(saved.state) == "number" and saved.state or 0) do
+      for a = 1, count_of(saved.state or 0, 2, ("record %s: state"):format(rec.name)) do
         local name = rec.name .. "." .. ({ "m", "v" })[a]
         local e = file.entries[name]
         if e == nil or e.dtype ~= "f32" or e.numel ~= rec.param.value:numel() then
@@ -421,7 +427,7 @@ local function load(path, overrides)
   end)
   file:close()
   if not ok then
-    local msg = tostring(run)
+    local msg = without_positions(run)
     if not msg:find("^" .. fname:gsub("%.", "%%.")) then msg = ("%s: %s: %s"):format(fname, path, msg) end
     error(msg, 0)
   end
@@ -452,7 +458,7 @@ function M.load_weights(model, path, ...)
     file:close()
     if not okr then error(e, 0) end
   end)
-  if not ok then error(err, 2) end
+  if not ok then error(without_positions(err), 2) end
 end
 
 return M

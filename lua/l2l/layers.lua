@@ -120,7 +120,7 @@ local function opt_number(o, key, default, fname, ok, what)
   return v
 end
 local function positive_int(o, key, default, fname)
-  return opt_number(o, key, default, fname, function(v) return v >= 1 and v == floor(v) end,
+  return opt_number(o, key, default, fname, function(v) return v >= 1 and v == floor(v) and v < 2 ^ 53 end,
                     "an integer >= 1")
 end
 local function rate(o, key, default, fname)
@@ -163,14 +163,17 @@ end
 
 -- A field: the config's name, the check of its option, and its default (a function of
 -- the options, dim and init_std where it depends on them).
-local function given(o, key, default) if o[key] == nil then return default end return o[key] end
+local function count(o, key, default, fname)
+  return opt_number(o, key, default, fname, function(v) return v >= 0 and v == floor(v) and v < 2 ^ 53 end,
+                    "an integer >= 0")
+end
 
 local KINDS = {
   embedding = {
     id = C.L2L_LAYER_EMBEDDING, role = "input", constructor = "Embedding",
     options = with_common { vocab = 1, max_seq = 1, type_vocab = 1, dropout = 1 },
     saved = { "vocab", "dim", "max_seq", "type_vocab", "dropout" },
-    fields = { { "vocab", positive_int }, { "max_seq", positive_int }, { "type_vocab", given, 0 },
+    fields = { { "vocab", positive_int }, { "max_seq", positive_int }, { "type_vocab", count, 0 },
                { "dropout", rate, 0 } },
     shape = function(c)
       return ("vocab %d -> dim %d, max_seq %d%s"):format(c.vocab, c.dim, c.max_seq,

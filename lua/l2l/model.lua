@@ -71,7 +71,8 @@ function M.Sequential(list, ...)
     if layers.role(layer) == "input" and embedding == nil then embedding = layer end
     if layer.tie and not layer.tied_to then
       if embedding == nil then error(("%s: layer %d wants tie = true but no Embedding comes before it"):format(fname, i), 2) end
-      layer:tie_to(embedding)
+      local ok, err = pcall(layer.tie_to, layer, embedding)
+      if not ok then error(("%s: layer %d: %s"):format(fname, i, tostring(err):gsub("^[^:]*:%d+: ", "")), 2) end
     end
     self[i] = layer
   end
@@ -116,7 +117,8 @@ local function admit(self, layer, fname)
   if layer.tie and not layer.tied_to then
     local embedding = first_embedding(self)
     if embedding == nil then error(fname .. ": the layer wants tie = true but the model has no Embedding", 3) end
-    layer:tie_to(embedding)
+    local ok, err = pcall(layer.tie_to, layer, embedding)
+    if not ok then error(fname .. ": " .. tostring(err):gsub("^[^:]*:%d+: ", ""), 3) end
   end
   number_layer(layer, highest_rng_id(self))
 end

@@ -243,6 +243,7 @@ local function check_entry(name, e, data_len, bad)
   local numel = 1
   for i, d in ipairs(e.shape) do
     if not count(d) then bad("entry '%s': shape[%d] = %s is not a size", name, i, tostring(d)) end
+    if d == 0 then bad("entry '%s': shape[%d] = 0: l2l's tensors have no empty dimension", name, i) end
     numel = numel * d
   end
   if #e.shape > MAX_DIMS then
@@ -328,6 +329,27 @@ function M.open(path, ...)
   return result
 end
 
+-- Every NaN among n floats of `bits` (uint32 for f32, uint16 for f16 / bf16) made the one
+-- quiet NaN: a file's bytes may spell a NaN with a payload, which LuaJIT, keeping other
+-- values inside NaNs' bits, would take for a pointer once such a float reaches Lua (a
+-- damaged weight crashed run:step through the loss). exponent: the dtype's exponent bits;
+-- quiet: its quiet NaN.
+local NAN_BITS = {
+  f32 = { "uint32_t *", 0x7f800000, 0x007fffff, 0x7fc00000 },
+  f16 = { "uint16_t *", 0x7c00, 0x03ff, 0x7e00 },
+  bf16 = { "uint16_t *", 0x7f80, 0x007f, 0x7fc0 },
+}
+local band = bit.band
+local function plain_nans(t)
+  local spec = NAN_BITS[t:dtype()]
+  if spec == nil then return end
+  local p, exponent, fraction, quiet = ffi.cast(spec[1], t:data()), spec[2], spec[3], spec[4]
+  for i = 0, t:numel() - 1 do
+    local b = p[i]
+    if band(b, exponent) == exponent and band(b, fraction) ~= 0 then p[i] = quiet end
+  end
+end
+
 -- file:read(name [, into]) -> the tensor, in the host pool. `into` (a host tensor of the same dtype and element count) receives it instead of a new one.
 function File:read(name, into, ...)
   local fname = "file:read"
@@ -348,6 +370,7 @@ function File:read(name, into, ...)
        or C.fread(t:data(), 1, e.bytes, self.handle) ~= e.bytes then
       error(("%s: %s: cannot read '%s' (the file changed or is damaged)"):format(fname, self.path, name), 2)
     end
+    plain_nans(t)
   end
   return t
 end

@@ -581,3 +581,33 @@ TEST(errors_are_per_thread_and_statuses_have_names) {
   CHECK(threads >= 1, "threads %d", threads);
   CHECK_OK(l2l_set_threads(threads));
 }
+
+TEST(nans_handed_out_carry_no_payload) {
+  /* LuaJIT keeps other values in NaNs' bits: a double with a NaN payload handed to Lua is
+     taken for a pointer. Reductions and 16-bit widening give the one quiet NaN. */
+  l2l_tensor *t = NEW(L2L_POOL_HOST, L2L_F32, 3);
+  uint32_t *bits = l2l_tensor_data(t);
+  bits[0] = 0x3f800000u, bits[1] = 0xffae0af0u, bits[2] = 0x40000000u;
+  const double plain = NAN;
+  uint64_t want;
+  memcpy(&want, &plain, sizeof want);
+  l2l_status (*reductions[3])(double *, const l2l_tensor *) = {l2l_sum, l2l_max_abs, l2l_norm2};
+  for (int i = 0; i < 3; i++) {
+    double out = 0;
+    uint64_t got;
+    CHECK_OK(reductions[i](&out, t));
+    memcpy(&got, &out, sizeof got);
+    CHECK(got == want, "reduction %d gave NaN bits %016llx, want %016llx", i, (unsigned long long)got,
+          (unsigned long long)want);
+  }
+  const float plainf = NAN;
+  uint32_t wantf, gotf;
+  memcpy(&wantf, &plainf, sizeof wantf);
+  float wide = l2l_bf16_to_f32(0xffaeu);
+  memcpy(&gotf, &wide, sizeof gotf);
+  CHECK(gotf == wantf, "bf16 0xffae widened to %08x", gotf);
+  wide = l2l_f16_to_f32(0xfe01u);
+  memcpy(&gotf, &wide, sizeof gotf);
+  CHECK(gotf == wantf, "f16 0xfe01 widened to %08x", gotf);
+  l2l_tensor_free(t);
+}

@@ -522,7 +522,7 @@ static l2l_status reduce(const char *f, double *out, const l2l_tensor *x,
   TRY(need(f, "x", x, L2L_F32));
   double value = 0.0;
   TRY(l2l_backend_for(x->storage->pool)->reduce(&value, kind, l2l_tensor_ptr(x), x->numel));
-  *out = kind == L2L_REDUCE_SUMSQ ? sqrt(value) : value;
+  *out = l2l_plain_nan(kind == L2L_REDUCE_SUMSQ ? sqrt(value) : value);
   return L2L_OK;
 }
 

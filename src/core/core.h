@@ -161,6 +161,15 @@ static inline float l2l_adamw_element(float p, float grad, float *m, float *v,
   return p - k->step * mi / (sqrtf(vi) * k->rsb2 + k->eps) - k->decay * p;
 }
 
+/* ---------------------------------------------------------------- NaNs handed out */
+
+/* x, with any NaN made the one quiet NaN (no payload, no sign). Every double or float a
+   public function hands back goes through it where it may be a NaN from data (a loss, a
+   reduction, a widened 16-bit value): LuaJIT keeps its other values inside NaNs' bits
+   and takes a double with such a payload for a pointer (a weight's bits from a damaged
+   file crashed run:step). */
+static inline double l2l_plain_nan(double x) { return x != x ? (double)NAN : x; }
+
 /* ---------------------------------------------------------------- Philox (rng.c) */
 
 /* The four 32-bit draws of Philox block `block` of (seed, stream): counter = (block,

@@ -111,13 +111,13 @@ static void stats_record(l2l_relay *run, const struct step *s, const struct step
   l2l_pool_get_stats(&device, L2L_POOL_DEVICE);
   st->steps = run->steps;
   st->updates = run->updates;
-  st->loss = loss;
+  st->loss = l2l_plain_nan(loss);
   if (applied) st->lr = p->lr;
   st->loss_scale = run->config.loss_scale > 0 ? run->scale : 0;
   st->loss_scale_good = run->scale_good;
   st->skipped_updates = run->skipped;
   st->overflow = p->update && !applied;
-  st->grad_norm = norm;
+  st->grad_norm = l2l_plain_nan(norm);
   st->updates_deferred = p->defer;
   st->device_peak = device.peak;
   st->device_current = device.current;
@@ -177,7 +177,7 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
     return status;
   }
 
-  *loss = s.loss_sum / (double)s.real;
+  *loss = l2l_plain_nan(s.loss_sum / (double)s.real);
   const char *name = NULL;
   int layer = -1, skips = training ? l2l_eps_nonfinite_skips(&run->eps, &name, &layer) : 0;
   if (training) {
