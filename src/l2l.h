@@ -845,7 +845,9 @@ l2l_status l2l_plan_get_layer(l2l_plan_layer *out, const l2l_plan *plan, int ind
 void l2l_plan_free(l2l_plan *plan);
 /* This machine's rates for the device backend in use and this many threads: from the
    cache ($XDG_CACHE_HOME/l2l/, else ~/.cache/l2l/), measured when missing or when
-   remeasure is 1. Layers are timed (and cached) when first planned. */
+   remeasure is 1: copies each way, the host optimizer, and a visit's fixed cost (a small
+   model trained a few steps). Layers are timed (and cached) when first planned. Until
+   this has run once, plans with rates NULL count no visit cost. */
 l2l_status l2l_plan_calibrate(l2l_plan_rates *out, int remeasure);
 /* The plan's micro-batch and per-layer policies into the relay (same layers, in order). */
 l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan);

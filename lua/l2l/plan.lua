@@ -92,7 +92,12 @@ function M.make(model, config, request, fname)
   local q = ffi.new("l2l_plan_request")
   q.batch, q.seq, q.device_budget = request.batch, request.seq, request.device_budget
   q.token_types, q.key_mask = request.token_types and 1 or 0, request.key_mask and 1 or 0
-  q.frozen, q.rates = frozen, request.rates
+  local rates = request.rates
+  if rates == nil then   -- this machine's, the visit's cost measured once (cached)
+    rates = ffi.new("l2l_plan_rates")
+    if C.l2l_plan_calibrate(rates, 0) ~= 0 then fail(fname .. ": calibrating: " .. lib.last_error()) end
+  end
+  q.frozen, q.rates = frozen, rates
   local out = ffi.new("l2l_plan *[1]")
   if C.l2l_plan_new(out, list, n, config, q) ~= 0 then
     fail(fname .. ": " .. lib.last_error():gsub("layer (%d+)", function(d) return "layer " .. tonumber(d) + 1 end))

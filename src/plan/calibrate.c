@@ -57,6 +57,7 @@ static void make_folders(const char *path) {
 }
 
 /* The cached values of `key` (a line "key v1 v2 ..."), or false. */
+/* (a later line for a key wins: a value measured again is appended) */
 static bool cache_get(const char *key, double *values, int n) {
   char path[1400];
   cache_path(path, sizeof path);
@@ -66,17 +67,21 @@ static bool cache_get(const char *key, double *values, int n) {
   bool found = false;
   char line[512];
   size_t klen = strlen(key);
-  while (f && !found && fgets(line, sizeof line, f)) {
+  while (f && fgets(line, sizeof line, f)) {
     if (strncmp(line, key, klen) != 0 || line[klen] != ' ') continue;
     char *at = line + klen;
+    double read[4];
     int got = 0;
-    for (; got < n; got++) {
+    for (; got < n && got < 4; got++) {
       char *end;
-      values[got] = strtod(at, &end);
-      if (end == at || !(values[got] >= 0)) break;
+      read[got] = strtod(at, &end);
+      if (end == at || !(read[got] >= 0 && read[got] < 1e30)) break;
       at = end;
     }
-    found = got == n;
+    if (got == n) {
+      memcpy(values, read, (size_t)n * sizeof *values);
+      found = true;
+    }
   }
   if (f) fclose(f);
   pthread_mutex_unlock(&cache_lock);
@@ -149,10 +154,7 @@ static l2l_status optimizer_rate(double *out) {
   return status;
 }
 
-l2l_status l2l_plan_calibrate(l2l_plan_rates *out, int remeasure) {
-  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  if (remeasure != 0 && remeasure != 1)
-    return FAIL(L2L_ERR_INVALID, "remeasure must be 0 or 1, got %d", remeasure);
+l2l_status plan_machine_rates(l2l_plan_rates *out, bool remeasure) {
   char key[64];
   snprintf(key, sizeof key, "machine t%d", l2l_get_threads());
   double v[3];
@@ -163,7 +165,16 @@ l2l_status l2l_plan_calibrate(l2l_plan_rates *out, int remeasure) {
     cache_put(key, v, 3);
   }
   *out = (l2l_plan_rates){.h2d = v[0], .d2h = v[1], .optimizer = v[2], .timed = 1};
+  /* a visit's fixed cost: measured by the relay (l2l_plan_calibrate), -1 until it is */
+  snprintf(key, sizeof key, "visit t%d", l2l_get_threads());
+  out->visit = cache_get(key, v, 1) ? v[0] : -1;
   return L2L_OK;
+}
+
+void plan_cache_visit(double seconds) {
+  char key[64];
+  snprintf(key, sizeof key, "visit t%d", l2l_get_threads());
+  cache_put(key, &seconds, 1);
 }
 
 /* ---------------------------------------------------------------- layers at their shapes */

@@ -80,7 +80,10 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
   TRY(check_request(layers, nlayers, config, request));
   l2l_plan_rates rates;
   if (request->rates) rates = *request->rates;
-  else TRY(l2l_plan_calibrate(&rates, 0));
+  else {
+    TRY(plan_machine_rates(&rates, false));
+    if (rates.visit < 0) rates.visit = 0;   /* not measured yet: l2l_plan_calibrate does */
+  }
   struct plan_layer *pl = calloc((size_t)nlayers, sizeof *pl);
   double *seconds = calloc((size_t)nlayers, sizeof *seconds);
   l2l_plan *plan = calloc(1, sizeof *plan);

@@ -105,6 +105,11 @@ l2l_status plan_layer_costs(struct plan_layer_costs *out, const struct plan_chai
    NULL) gets each layer's share (its visits). */
 double plan_step_seconds(const struct plan_chain *c, const struct plan_layer_costs *costs,
                          const l2l_plan_rates *rates, double *per_layer);
+/* This machine's copy and optimizer rates (cached; measured when missing or asked), and
+   the visit cost the relay measured (-1 until then). */
+l2l_status plan_machine_rates(l2l_plan_rates *out, bool remeasure);
+/* Caches a measured visit cost (l2l_plan_calibrate, in the relay). */
+void plan_cache_visit(double seconds);
 /* A forward and backward of `layer` at rows x seq, measured here (and cached). */
 l2l_status plan_time_layer(double *fwd, double *bwd, const l2l_layer *layer, int64_t rows,
                            int64_t seq);

@@ -1,0 +1,152 @@
+-- plan_spec — the planner from Lua (l2l.plan, plan = "auto"): plans that fit and say so,
+-- the relay reaching the peak the plan predicted (to the byte on the CPU backend), plans
+-- made again when the model or the batch's shape changes, a budget too small for any
+-- plan named with the smallest that would do, and, on rates shaped like a GPU on PCIe,
+-- the rule of thumb (weight streaming hides under compute only past a number of tokens
+-- per layer visit) coming out of the model. The search's optimality and the peak's
+-- exactness on random chains are test_plan.c's.
+local support = dofile("spec/support.lua")
+local l2l = require("l2l")
+
+local V, S = 16, 12
+
+local function tiny_gpt(blocks, dim)
+  dim = dim or 32
+  local list = { l2l.Embedding { vocab = V, dim = dim, max_seq = S, seed = 1 } }
+  for b = 1, blocks do
+    list[#list + 1] = l2l.Block { dim = dim, heads = 4, causal = true, dropout = 0.1, seed = 1 + b,
+                                  memory = b % 2 == 0 and "frugal" or "standard" }
+  end
+  list[#list + 1] = l2l.LMHead { vocab = V, dim = dim, tie = true, seed = 99 }
+  return l2l.Sequential(list)
+end
+
+local function batch(B, seq)
+  local tok, tgt = l2l.zeros({ B, seq or S }, { dtype = "i32" }), l2l.zeros({ B, seq or S }, { dtype = "i32" })
+  for b = 1, B do
+    for s = 1, seq or S do
+      local t = support.int(0, V - 1)
+      tok:set(b, s, t)
+      tgt:set(b, s, (t + 1) % V)
+    end
+  end
+  return tok, tgt
+end
+
+-- rates shaped like a GPU on PCIe: layers cost their FLOPs, no layer is timed here
+local GPU = { flops = 4e14, h2d = 2.5e10, d2h = 2.5e10, optimizer = 2e10, visit = 5e-6 }
+
+describe("l2l.plan (seed " .. support.seed .. ")", function()
+  it("plans within the budget, and the relay reaches the predicted peak to the byte", function()
+    math.randomseed(support.seed)
+    local model = tiny_gpt(support.int(2, 4))
+    local B = support.int(3, 9)
+    -- from the leanest plan's needs up to everything kept
+    local lean = l2l.plan { model = model, batch = B, seq = S, device_budget = 2 ^ 40, rates = GPU }
+    for _, budget in ipairs({ 2 ^ 40, support.int(200, 600) * 2 ^ 10, support.int(120, 200) * 2 ^ 10 }) do
+      local ok, plan = pcall(l2l.plan, { model = model, batch = B, seq = S, device_budget = budget })
+      if ok then
+        assert.is_true(plan.device_peak <= budget, ("peak %d over the budget %d"):format(plan.device_peak, budget))
+        assert.is_true(plan.micro_batch >= 1 and plan.micro_batch <= B)
+        assert.are.equal(#model, #plan.layers)
+        local text = tostring(plan)
+        assert.is_truthy(text:find("predicted", 1, true), text)
+        local run = l2l.Relay { model = model, plan = plan, optimizer_threads = 1 }
+        for _ = 1, 2 do run:step(batch(B)) end
+        local st = run:stats()
+        assert.are.equal(st.predicted_device_peak, st.device_peak, "budget " .. budget)
+        assert.are.equal(plan.step_seconds, st.predicted_step_seconds)
+        local report = run:plan_report()
+        assert.are.equal(#model, #report.layers)
+        for i, l in ipairs(report.layers) do
+          assert.is_true(l.measured > 0, ("layer %d: no measured time"):format(i))
+          assert.are.equal(plan.layers[i].seconds, l.predicted)
+        end
+        run:free()
+      else
+        assert.is_truthy(tostring(plan):find("no plan fits", 1, true), plan)
+      end
+    end
+    assert.is_true(lean.device_peak > 0)
+  end)
+
+  it("names the smallest budget when none fits, and what needs it", function()
+    local model = tiny_gpt(2)
+    local ok, err = pcall(l2l.plan, { model = model, batch = 4, seq = S, device_budget = 1000, rates = GPU })
+    assert.is_false(ok)
+    local need = tonumber(err:match("the smallest needs (%d+) bytes"))
+    assert.is_truthy(need, err)
+    assert.is_truthy(err:find("parameter slots", 1, true), err)
+    -- that budget does fit, and a byte less does not
+    local plan = l2l.plan { model = model, batch = 4, seq = S, device_budget = need, rates = GPU }
+    assert.is_true(plan.device_peak <= need)
+    assert.has_error(function() l2l.plan { model = model, batch = 4, seq = S, device_budget = need - 1, rates = GPU } end)
+  end)
+
+  it("plans again, as plan = \"auto\", when the model or the batch's shape changes", function()
+    math.randomseed(support.seed)
+    local model = tiny_gpt(2)
+    local budget = 2 ^ 20
+    local run = l2l.Relay { model = model, plan = "auto", device_budget = l2l.pool_stats("device").current + budget,
+                            optimizer_threads = 1 }
+    run:step(batch(4))
+    local first = run.plan
+    assert.is_truthy(first)
+    assert.are.equal(#model, #first.layers)
+    run:step(batch(4))
+    assert.are.equal(first, run.plan, "same model and shape: no new plan")
+    model:insert(3, l2l.Block { dim = 32, heads = 4, causal = true, seed = 7 })
+    run:step(batch(4))
+    assert.are_not.equal(first, run.plan)
+    assert.are.equal(#model, #run.plan.layers)
+    local second = run.plan
+    model:clone(2)
+    run:step(batch(4))
+    assert.are.equal(#model, #run.plan.layers)
+    local third = run.plan
+    run:step(batch(6, 8))
+    assert.are_not.equal(third, run.plan)
+    assert.are.equal(6, run.plan.batch)
+    assert.are.equal(8, run.plan.seq)
+    assert.are_not.equal(second, third)
+    local st = run:stats()
+    assert.are.equal(st.predicted_device_peak, st.device_peak)
+    run:free()
+    assert.has_error(function() l2l.Relay { model = tiny_gpt(1), plan = "auto" } end,
+                     "l2l.Relay: plan = \"auto\" plans within the device budget: give option 'device_budget'")
+    l2l.set_budget("device", 0)
+  end)
+
+  it("on a GPU's rates, hides weight streaming only past device FLOP/s over link bytes/s", function()
+    -- a block's weights cross the link once per visit; its arithmetic grows with the
+    -- tokens of the visit: below the threshold the step is the copies' and stays put as
+    -- the batch grows, above it the step grows with the batch
+    local model = tiny_gpt(4, 256)
+    local plan = l2l.plan { model = model, batch = 1, seq = 64, device_budget = 2 ^ 40, rates = GPU, precision = "bf16" }
+    local threshold = plan.streaming_tokens
+    -- bf16 weights: 2 bytes a parameter; forward and backward 6 FLOPs per parameter and
+    -- token: the threshold is FLOP/s / (3 link bytes/s), within what attention adds
+    local expected = GPU.flops / GPU.h2d / 3
+    assert.is_true(threshold > 0.8 * expected and threshold < 1.25 * expected,
+                   ("threshold %g tokens, expected about %g"):format(threshold, expected))
+    local function step(B) return l2l.plan { model = model, batch = B, seq = 64, device_budget = 2 ^ 40,
+                                            rates = GPU, precision = "bf16" }.step_seconds end
+    local few, more = math.max(1, math.floor(threshold / 64 / 8)), math.floor(threshold / 64 / 4)
+    local many = math.floor(threshold / 64 * 8)
+    assert.is_true(step(more) < 1.1 * step(few), "below the threshold the step is the copies'")
+    local big, bigger = step(many), step(2 * many)
+    assert.is_true(bigger > 1.7 * big, ("past the threshold the step grows with the batch: %g then %g"):format(big, bigger))
+  end)
+
+  it("refuses what it does not understand", function()
+    local model = tiny_gpt(1)
+    assert.has_error(function() l2l.plan { model = model, batch = 2, seq = S } end)
+    assert.has_error(function() l2l.plan { model = {}, batch = 2, seq = S, device_budget = 1 } end)
+    assert.has_error(function() l2l.plan { model = model, batch = 0, seq = S, device_budget = 2 ^ 20 } end)
+    assert.has_error(function() l2l.plan { model = model, batch = 2, seq = S, device_budget = 2 ^ 20, rates = { h2d = -1 } } end)
+    assert.has_error(function() l2l.plan { model = model, batch = 2, seq = S, device_budget = 2 ^ 20, rates = { bogus = 1 } } end)
+    assert.has_error(function() l2l.Relay { model = model, plan = "fast" } end)
+    local plan = l2l.plan { model = model, batch = 2, seq = S, device_budget = 2 ^ 30, rates = GPU }
+    assert.has_error(function() l2l.Relay { model = tiny_gpt(2), plan = plan } end)
+  end)
+end)

@@ -1,0 +1,98 @@
+/* calibrate.c — l2l_plan_calibrate: the planner's rates, with the one the relay alone can
+ * measure: the fixed cost of a layer visit.
+ *
+ * Purpose: the planner (src/plan/) measures copies, the host optimizer and each layer at
+ * its shape; what a visit costs beyond its channels (handing jobs to the copy threads,
+ * binding slots, waiting for gradients to leave) shows only when a relay runs. So a small
+ * model is trained here a few steps, and the measured step time less what the planner's
+ * time model predicts without a visit cost, per visit, is that cost. Cached with the rest.
+ * Must never: leave anything behind in the pools (the model and the relay are freed).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan/plan.h"
+#include "relay.h"
+
+enum { PROBE_BLOCKS = 4, PROBE_WARM = 2, PROBE_STEPS = 5 };
+
+static int by_value(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Seconds of a visit beyond its channels, from a small model's steps. */
+static l2l_status measure_visit(double *out, const l2l_plan_rates *rates) {
+  const int64_t B = 2, S = 8, D = 16;
+  enum { L = PROBE_BLOCKS + 2 };
+  l2l_layer *layers[L] = {NULL};
+  l2l_layer_config c = {.kind = L2L_LAYER_EMBEDDING, .dim = D, .vocab = 16, .max_seq = S,
+                        .eps = 1e-5f, .init_std = 0.02f, .resid_std = 0.02f, .init_seed = 1,
+                        .heads = 2, .mlp = 2 * D, .bias = 1, .final_ln = 1};
+  l2l_status status = l2l_layer_new(&layers[0], &c, L2L_POOL_HOST);
+  c.kind = L2L_LAYER_BLOCK;
+  for (int k = 1; k <= PROBE_BLOCKS && status == L2L_OK; k++) status = l2l_layer_new(&layers[k], &c, L2L_POOL_HOST);
+  c.kind = L2L_LAYER_LM_HEAD;
+  if (status == L2L_OK) status = l2l_layer_new(&layers[L - 1], &c, L2L_POOL_HOST);
+  l2l_relay_config config;
+  l2l_relay_config_default(&config);
+  config.precision = L2L_F32;
+  l2l_relay *run = NULL;
+  if (status == L2L_OK) status = l2l_relay_new(&run, layers, L, &config);
+  int64_t shape[2] = {B, S};
+  l2l_tensor *tokens = NULL;
+  if (status == L2L_OK) status = l2l_tensor_new(&tokens, L2L_POOL_HOST, L2L_I32, 2, shape);
+  if (status == L2L_OK) status = l2l_tensor_fill(tokens, 1.0);
+  l2l_relay_batch batch = {.tokens = tokens, .targets = tokens};
+  double seconds[PROBE_STEPS], loss;
+  for (int i = 0; i < PROBE_WARM + PROBE_STEPS && status == L2L_OK; i++) {
+    status = l2l_relay_step(&loss, run, &batch);
+    l2l_relay_stats st;
+    if (status == L2L_OK) status = l2l_relay_get_stats(&st, run);
+    if (status == L2L_OK && i >= PROBE_WARM) seconds[i - PROBE_WARM] = st.step_seconds;
+  }
+  /* what the time model says of the same step, with no visit cost */
+  if (status == L2L_OK) {
+    struct plan_layer pl[L];
+    for (int k = 0; k < L; k++)
+      pl[k] = (struct plan_layer){.layer = layers[k], .role = l2l_layer_role(layers[k]),
+                                  .inner = (l2l_inner_policy)l2l_relay_inner(run, k),
+                                  .stash = k ? (l2l_stash_policy)l2l_relay_stash(run, k) : L2L_STASH_DEVICE};
+    struct plan_chain chain = {.L = L, .layers = pl, .batch = B, .seq = S, .dim = D,
+                               .micro_batch = config.micro_batch, .param_slots = 2,
+                               .precision = L2L_F32, .grad_precision = L2L_F32, .accumulate = 1};
+    struct plan_layer_costs costs[L];
+    l2l_plan_rates bare = *rates;
+    bare.visit = 0;
+    status = plan_layer_costs(costs, &chain, &bare);
+    if (status == L2L_OK) {
+      struct plan_visit visits[4 * L + 4];
+      bool rebuilt[L + 1], reread[L + 1];
+      memset(rebuilt, 0, sizeof rebuilt);
+      memset(reread, 0, sizeof reread);
+      int nvisits = plan_visits(visits, &chain, plan_lowest(&chain), rebuilt, reread);
+      double predicted = plan_step_seconds(&chain, costs, &bare, NULL);
+      qsort(seconds, PROBE_STEPS, sizeof *seconds, by_value);
+      double extra = (seconds[PROBE_STEPS / 2] - predicted) / nvisits;
+      *out = extra > 0 ? extra : 0;
+    }
+  }
+  l2l_tensor_free(tokens);
+  l2l_relay_free(run);
+  for (int k = 0; k < L; k++) l2l_layer_free(layers[k]);
+  return status;
+}
+
+l2l_status l2l_plan_calibrate(l2l_plan_rates *out, int remeasure) {
+  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  if (remeasure != 0 && remeasure != 1)
+    return FAIL(L2L_ERR_INVALID, "remeasure must be 0 or 1, got %d", remeasure);
+  l2l_plan_rates rates;
+  TRY(plan_machine_rates(&rates, remeasure));
+  if (remeasure || rates.visit < 0) {
+    TRY(measure_visit(&rates.visit, &rates));
+    plan_cache_visit(rates.visit);
+  }
+  *out = rates;
+  return L2L_OK;
+}
