@@ -292,7 +292,9 @@ local function check_self(self, fname)
   end
 end
 
--- The ids of `text`, in a list (out[1..m]).
+-- The ids of `text`, in a list (out[1..m]). A piece of 2..6 bytes is looked up in the
+-- cache by a number made of its length and bytes (exact), without making a string of it;
+-- longer pieces by their string.
 local function encode(self, text)
   local n = #text
   local s = ffi.cast(u8p, text)
@@ -301,14 +303,20 @@ local function encode(self, text)
   local out, m, i = {}, 0, 0
   while i < n do
     local j = piece_end(s, i, n)
-    if j == i + 1 then
+    local len = j - i
+    if len == 1 then
       m = m + 1
       out[m] = single[s[i]]
     else
-      local key = sub(text, i + 1, j)
+      local key
+      if len <= 6 then
+        key = len   -- len * 256^len + the bytes: below 7 * 2^48, and distinct for each piece
+        for k = i, j - 1 do key = key * 256 + s[k] end
+      else
+        key = sub(text, i + 1, j)
+      end
       local v = cache[key]
       if v == nil then
-        local len = j - i
         if len <= SHORT then v = merge_short(byte_id, merges, s + i, len)
         else v = merge_long(byte_id, merges, s + i, len) end
         if len <= 256 then
