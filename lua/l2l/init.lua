@@ -3,7 +3,8 @@
 -- Purpose: gather the modules into the one table users meet: tensor constructors
 -- (l2l.tensor, l2l.zeros, ...), l2l.ops, memory pool statistics and budgets, compute
 -- threads, layers (built-in and l2l.layer_kind for layers written in Lua), l2l.Sequential,
--- optimizers and schedules, l2l.Relay, checkpoints (l2l.load) and safetensors files.
+-- optimizers and schedules, l2l.Relay, checkpoints (l2l.load) and safetensors files,
+-- GPT-2 import and its tokenizer (l2l.tokenizer).
 -- Must never: hold logic of its own beyond argument checks of the functions below.
 local lib = require("l2l.lib")
 local tensor = require("l2l.tensor")
@@ -50,6 +51,7 @@ local checkpoint = require("l2l.checkpoint")
 l2l.load, l2l.load_weights = checkpoint.load, checkpoint.load_weights
 l2l.safetensors = require("l2l.safetensors")
 l2l.import_gpt2 = require("l2l.gpt2").import
+l2l.tokenizer = require("l2l.tokenizer")   -- GPT-2's tokens: l2l.tokenizer.gpt2(), .load(...)
 
 -- l2l.pool_stats("device") -> {current=, peak=, budget=, allocs=, frees=, refused=,
 -- reserved=, system_allocs=, cap=, fallback=, fallback_allocs=} (bytes and counts;

@@ -377,7 +377,7 @@ end
 -- then the updated host masters that this forward reads (it changes none of them).
 
 local GENERATE_STREAM = 0x67656e   -- "gen": a stream of its own for sampling draws
-local GENERATE_OPTIONS = { temperature = true, top_k = true, seed = true }
+local GENERATE_OPTIONS = { temperature = true, top_k = true, seed = true, tokenizer = true }
 
 -- The first Embedding (for vocab and max_seq), after checking the model can generate.
 local function generator_parts(self, fname)
@@ -391,13 +391,17 @@ local function generator_parts(self, fname)
   return c.vocab, c.max_seq
 end
 
--- The prompt as a list of token ids, checked against the vocabulary.
-local function prompt_ids(prompt, vocab, fname)
+-- The prompt as a list of token ids, checked against the vocabulary; a string goes
+-- through the tokenizer when there is one, else it is bytes.
+local function prompt_ids(prompt, vocab, fname, tok)
   local ids = {}
-  if type(prompt) == "string" then
+  if type(prompt) == "string" and tok then
+    if #prompt == 0 then error(fname .. ": prompt must not be empty", 3) end
+    return tok:encode(prompt)   -- ids below tok.vocab <= vocab (generate_options checked)
+  elseif type(prompt) == "string" then
     if #prompt == 0 then error(fname .. ": prompt must not be empty", 3) end
     if vocab > 256 then
-      error(("%s: prompt: a string prompt needs a byte-level model (vocab <= 256), this one has vocab %d; pass a list of token ids"):format(fname, vocab), 3)
+      error(("%s: prompt: a string prompt needs a byte-level model (vocab <= 256), this one has vocab %d; pass a list of token ids, or a tokenizer (opts.tokenizer, e.g. l2l.tokenizer.gpt2())"):format(fname, vocab), 3)
     end
     for i = 1, #prompt do
       local b = prompt:byte(i)
@@ -420,8 +424,20 @@ local function prompt_ids(prompt, vocab, fname)
   return ids
 end
 
+-- The options, and the ids sampling may pick: 0 .. vocab-1, or the tokenizer's (a model's
+-- vocabulary is often padded past its tokenizer's: GPT-2's 50257 to 50304).
 local function generate_options(opts, vocab, fname)
   opts = lib.options(opts, GENERATE_OPTIONS, fname, 3, "opts")
+  local tok = opts.tokenizer
+  if tok ~= nil then
+    if not require("l2l.tokenizer").is_tokenizer(tok) then
+      error(fname .. ": option 'tokenizer' must be a tokenizer (l2l.tokenizer.gpt2() or .load), got " .. lib.describe(tok), 3)
+    end
+    if tok.vocab > vocab then
+      error(("%s: option 'tokenizer': its %d ids do not fit the model's vocabulary of %d"):format(fname, tok.vocab, vocab), 3)
+    end
+    vocab = tok.vocab
+  end
   local t = opts.temperature == nil and 1 or opts.temperature
   if type(t) ~= "number" or t ~= t or t < 0 or t == math.huge then
     error(fname .. ": option 'temperature' must be a finite number >= 0 (0: always the likeliest), got " .. tostring(opts.temperature), 3)
@@ -434,10 +450,11 @@ local function generate_options(opts, vocab, fname)
   if type(seed) ~= "number" or seed ~= floor(seed) or seed < 0 then
     error(fname .. ": option 'seed' must be an integer >= 0, got " .. tostring(opts.seed), 3)
   end
-  return t, k, seed
+  return t, k, seed, tok, vocab
 end
 
--- The next token from one row of logits (p[0 .. vocab-1]) and a uniform draw u in [0, 1).
+-- The next token from one row of logits (p[0 .. vocab-1], the ids it may pick) and a
+-- uniform draw u in [0, 1).
 -- top_k = 1 or temperature 0 is the argmax (the lowest id among equal maxima); otherwise
 -- the k likeliest ids are kept and drawn from softmax(logit / temperature) over them.
 local function pick(p, vocab, temperature, top_k, u)
@@ -473,19 +490,22 @@ local function pick(p, vocab, temperature, top_k, u)
   return order[top_k]   -- u * total rounded up to the sum itself
 end
 
--- model:generate(prompt, n [, {temperature = 1, top_k = vocab, seed = 0}]): n new tokens
--- after the prompt. prompt: a string (byte-level models; returns a string of the n new
--- bytes, then their ids) or a list of token ids (returns the list of the n new ids).
+-- model:generate(prompt, n [, {temperature = 1, top_k = vocab, seed = 0, tokenizer =}]):
+-- n new tokens after the prompt. prompt: a string (byte-level models; returns a string of
+-- the n new bytes, then their ids) or a list of token ids (returns the list of the n new
+-- ids). With opts.tokenizer (e.g. l2l.tokenizer.gpt2() for an l2l.import_gpt2 model) a
+-- string prompt is encoded by it, and the new tokens come back decoded, whatever the
+-- prompt: the text, then the ids; sampling picks only ids the tokenizer has.
 function Sequential:generate(prompt, n, opts, ...)
   if select("#", ...) ~= 0 then too_many("model:generate", "prompt, n, opts", 2, ...) end
   local fname = "model:generate"
   if getmetatable(self) ~= Sequential then error(fname .. ": self must be a model (use model:generate)", 2) end
   local vocab, max_seq = generator_parts(self, fname)
-  local ids = prompt_ids(prompt, vocab, fname)
+  local temperature, top_k, seed, tok, pickable = generate_options(opts, vocab, fname)
+  local ids = prompt_ids(prompt, vocab, fname, tok)
   if type(n) ~= "number" or n ~= floor(n) or n < 0 then
     error(fname .. ": n must be an integer >= 0, got " .. tostring(n), 2)
   end
-  local temperature, top_k, seed = generate_options(opts, vocab, fname)
   local tensor = require("l2l.tensor")
   local draws = n > 0 and tensor.rand({ n }, { seed = seed, stream = GENERATE_STREAM }) or nil
   local u = draws and draws:data()
@@ -500,11 +520,12 @@ function Sequential:generate(prompt, n, opts, ...)
     tokens:free()
     if not ok then error(fname .. ": " .. tostring(logits):gsub("^model:forward: ", ""), 2) end
     local row = logits:data() + (width - 1) * vocab
-    local id = pick(row, vocab, temperature, top_k, u[step - 1])
+    local id = pick(row, pickable, temperature, top_k, u[step - 1])
     logits:free()
     ids[#ids + 1], new[step] = id, id
   end
   if draws then draws:free() end
+  if tok then return tok:decode(new), new end
   if type(prompt) == "string" then
     local chars = {}
     for i, id in ipairs(new) do chars[i] = string.char(id) end
