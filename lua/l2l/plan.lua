@@ -231,8 +231,8 @@ function Plan:__tostring()
   rows[#rows + 1] = ("micro-batch %d of %d (seq %d): predicted %.1f ms a step, device peak %s of a %s budget"):format(
     self.micro_batch, self.batch, self.seq, self.step_seconds * 1e3, mib(self.device_peak), mib(self.device_budget))
   if self.streaming_tokens > 0 then
-    rows[#rows + 1] = ("weight streaming hides under compute above %.0f tokens per layer visit (%d now)"):format(
-      self.streaming_tokens, self.micro_batch * self.seq)
+    rows[#rows + 1] = ("weight streaming hides under compute above %.0f tokens per layer visit (%d here)"):format(
+      self.streaming_tokens, self.batch * self.seq)
   end
   return table.concat(rows, "\n")
 end
