@@ -47,9 +47,26 @@ end
 M.C, M.path = load_library()
 local C = M.C
 
--- The last C error, without the C function's name (Lua callers get their own name).
+-- C names an element of a tensor as C indexes it, from 0: "tokens[2][4] = 300 is outside
+-- [0, 256)". A Lua user counts from 1 and reads that element as tokens:get(3, 5), which is
+-- what such a message says here ("tokens:get(3, 5) = 300 is outside [0, 256)"). The ids'
+-- range stays as it is: token ids count from 0 in C and in Lua alike.
+local function lua_position(index)
+  local list = {}
+  for d in index:gmatch("%d+") do list[#list + 1] = tostring(tonumber(d) + 1) end
+  return ":get(" .. table.concat(list, ", ") .. ")"
+end
+
+function M.lua_indexing(msg)
+  return (msg:gsub("(%[[%d%]%[]*%])( = %-?%d+ is outside %[)", function(index, rest)
+    return lua_position(index) .. rest
+  end))
+end
+
+-- The last C error, without the C function's name (Lua callers get their own name), in
+-- Lua's indexing (above).
 function M.last_error()
-  return (ffi.string(C.l2l_last_error()):gsub("^l2l_[%w_]+: ", ""))
+  return M.lua_indexing((ffi.string(C.l2l_last_error()):gsub("^l2l_[%w_]+: ", "")))
 end
 
 -- Raises a Lua error naming `name` when a C call failed; `level` as for error().
