@@ -144,19 +144,22 @@ describe("examples/train_gpt.lua, flags", function()
 
   it("refuses a bad flag or value with a message naming it", function()
     local cases = {
-      { "--nonsense", "unknown flag --nonsense" },
+      { "--nonsense", "train_gpt: unknown option '--nonsense'\n" },
+      { "--stpes 5", "unknown option '--stpes' (did you mean '--steps'?)" },
       { "--steps abc", "--steps must be an integer >= 1, got 'abc'" },
-      { "--steps", "--steps needs a value" },
+      { "--steps", "option '--steps' requires an argument" },
       { "--dim 64 --heads 3", "--heads (3) must divide --dim (64)" },
-      { "--stash nowhere", "--stash must be one of host, device, recompute, got 'nowhere'" },
+      { "--stash nowhere", "must be one of 'host', 'device', 'recompute', got 'nowhere'" },
+      { "--stash=hots", "got 'hots' (did you mean 'host'?)" },
       { "--device-budget lots", "--device-budget must be a number of MiB" },
       { "--resume", "--resume needs --checkpoint" },
-      { "--data /nonexistent/l2l", "--data /nonexistent/l2l: no readable non-empty file there" },
+      { "--data /nonexistent/l2l", "--data: cannot read '/nonexistent/l2l': No such file or directory" },
     }
     for _, c in ipairs(cases) do
       local status, output = demo(c[1])
       assert.are.equal(2, status, c[1] .. ": " .. output)
       assert.is_truthy(output:find(c[2], 1, true), c[1] .. ": " .. output)
+      assert.is_truthy(output:find("(`l2l examples/train_gpt.lua --help` lists the flags)", 1, true), output)
     end
   end)
 

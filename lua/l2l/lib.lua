@@ -157,24 +157,34 @@ local function distance(a, b)
   return prev[#b]
 end
 
--- " (did you mean 'dtype'?)" for a near miss, else " (known options: dtype, pool)".
-local function hint(key, known, word)
+local function sorted_names(known)
   local names = {}
   for name in pairs(known) do
     if type(name) == "string" then names[#names + 1] = name end
   end
   table.sort(names)
-  if #names == 0 then return (" (it takes no %s)"):format(word) end
-  if type(key) == "string" then
-    local best, best_d
-    for _, name in ipairs(names) do
-      local d = distance(key:lower(), name:lower())
-      if best_d == nil or d < best_d then best, best_d = name, d end
-    end
-    if best_d <= math.max(1, floor(#best / 3)) and best_d < #key then
-      return (" (did you mean '%s'?)"):format(best)
-    end
+  return names
+end
+
+-- lib.suggest(word, known) -> the name of `known` (a set: name -> true) nearest to `word`
+-- when it is a near miss (at most a third of its letters wrong, or one), else nil.
+function M.suggest(word, known)
+  if type(word) ~= "string" then return nil end
+  local best, best_d
+  for _, name in ipairs(sorted_names(known)) do
+    local d = distance(word:lower(), name:lower())
+    if best_d == nil or d < best_d then best, best_d = name, d end
   end
+  if best and best_d <= math.max(1, floor(#best / 3)) and best_d < #word then return best end
+  return nil
+end
+
+-- " (did you mean 'dtype'?)" for a near miss, else " (known options: dtype, pool)".
+local function hint(key, known, word)
+  local names = sorted_names(known)
+  if #names == 0 then return (" (it takes no %s)"):format(word) end
+  local best = M.suggest(key, known)
+  if best then return (" (did you mean '%s'?)"):format(best) end
   return (" (known %s: %s)"):format(word, table.concat(names, ", "))
 end
 
