@@ -126,8 +126,14 @@ function M.parser(o, ...)
   local argparse = load_argparse()
   local script = rawget(_G, "arg") and arg[0]
   local usage = o.usage or (script and ("l2l " .. script)) or o.name
-  local p = argparse(usage, o.description, o.epilog)
+  local p = argparse(usage, o.description, o.epilog):add_help(false)
   p:help_max_width(100)
+  -- argparse's own --help exits without closing the Lua state: C libraries' finalizers
+  -- (cjson's buffers, l2l's tensors) would not run, and a leak checker would object
+  p:flag("-h --help", "Show this help message and exit."):action(function()
+    print(p:get_help())
+    os.exit(0, true)
+  end)
   program, usage_name = o.name, usage
   if o.data then
     add_flag(p, { "--data", nil, "list", "a file or folder of text to train on, read recursively (repeat for " ..
