@@ -8,20 +8,25 @@
 -- is the mean over the chosen positions only. Printed: that loss, and the accuracy of
 -- the most likely byte at the chosen positions of a fixed validation batch.
 --
--- Run:  build/l2l examples/bert_mlm.lua [--steps 300] [--seed 1] [--lr 1e-3] [--data FILE]
--- (text: the C headers in /usr/include, or FILE; --seed: the batches and the masks)
+-- Run:  build/l2l examples/bert_mlm.lua [--steps 300] [--seed 1] [--lr 1e-3] [--data FILE_OR_FOLDER]
+-- (--help lists the flags; text: the C headers under /usr/include, or --data; --seed: the
+-- batches and the masks). Ctrl-C stops after the current step; a second one at once.
 local l2l = require("l2l")
 local text = require("l2l.text")
+local cli = require("l2l.cli")
 
-local opt = { steps = 300, seed = 1, lr = 1e-3, data = "" }
-for i = 1, #arg, 2 do
-  local key, value = (arg[i]:match("^%-%-(%w+)$")), arg[i + 1]
-  if opt[key] == nil or value == nil then error("unknown flag or missing value: " .. arg[i], 0) end
-  opt[key] = type(opt[key]) == "number" and assert(tonumber(value), "--" .. key .. " takes a number") or value
-end
+local opt = cli.parse(cli.parser {
+  name = "bert_mlm", data = true, max_bytes = 400000,
+  description = "A small BERT-style model (bidirectional, post-LN) trained by masked-language modelling on bytes.",
+  flags = {
+    { "--steps", 300, "int", "training steps", min = 1 },
+    { "--seed", 1, "int", "seed of the batches and of the masks", min = 0 },
+    { "--lr", 1e-3, "number", "AdamW's learning rate", min = 0, max = 1 },
+  },
+})
 
 local D, S, B, V, MASK = 64, 64, 16, 257, 256
-local corpus = text.load(opt.data ~= "" and opt.data or nil)
+local corpus = cli.corpus(opt).text
 local train, valid = text.split(corpus, 0.1)
 
 -- (inputs, targets) for a (n,S) batch of bytes: three uniform numbers per position from
@@ -73,11 +78,18 @@ end
 
 print(("bert_mlm: %d bytes of text, 4 post-LN bidirectional blocks of dim %d, ln(256) = %.3f"):format(
   #corpus, D, math.log(256)))
+local stop = cli.interrupt()
 for step = 1, opt.steps do
   local inputs, targets = masked(text.batch(train, B, S, opt.seed, step), opt.seed + 2, step)
   local loss = run:step(inputs, targets)
-  if step == 1 or step % 25 == 0 or step == opt.steps then
+  local last = step == opt.steps or stop:requested()
+  if step == 1 or step % 25 == 0 or last then
     print(("step %4d  train masked loss %.3f  valid masked loss %.3f  valid accuracy %.1f%%"):format(
       step, loss, run:evaluate(vinp, vtgt), 100 * accuracy(vinp, vtgt)))
   end
+  if last then
+    if step < opt.steps then print(("stopped at step %d of %d (Ctrl-C)"):format(step, opt.steps)) end
+    break
+  end
 end
+stop:finish()   -- after a Ctrl-C: the end Ctrl-C gives a program (status 130)

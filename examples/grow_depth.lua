@@ -8,20 +8,26 @@
 -- blocks start from trained weights, the deeper model starts near where the shallow one
 -- was, instead of from scratch.
 --
--- Run:  build/l2l examples/grow_depth.lua [--steps 300] [--every 100] [--seed 1] [--data FILE]
--- (text: the C headers in /usr/include, or FILE; --every K: double the depth every K steps)
+-- Run:  build/l2l examples/grow_depth.lua [--steps 300] [--every 100] [--seed 1] [--data FILE_OR_FOLDER]
+-- (--help lists the flags; text: the C headers under /usr/include, or --data). Ctrl-C
+-- stops after the current step and prints the final line; a second one stops at once.
 local l2l = require("l2l")
 local text = require("l2l.text")
+local cli = require("l2l.cli")
 
-local opt = { steps = 300, every = 100, seed = 1, data = "" }
-for i = 1, #arg, 2 do
-  local key, value = (arg[i]:match("^%-%-(%w+)$")), arg[i + 1]
-  if opt[key] == nil or value == nil then error("unknown flag or missing value: " .. arg[i], 0) end
-  opt[key] = type(opt[key]) == "number" and assert(tonumber(value), "--" .. key .. " takes a number") or value
-end
+local opt = cli.parse(cli.parser {
+  name = "grow_depth", data = true, max_bytes = 400000,
+  description = "Progressive stacking: trains a shallow byte-level GPT and doubles its depth every --every " ..
+                "steps by cloning its trained blocks.",
+  flags = {
+    { "--steps", 300, "int", "training steps", min = 1 },
+    { "--every", 100, "int", "double the depth every this many steps", min = 1 },
+    { "--seed", 1, "int", "seed of the batches", min = 0 },
+  },
+})
 
 local D, S, B = 64, 64, 16   -- width, sequence length, sequences per step
-local corpus = text.load(opt.data ~= "" and opt.data or nil)
+local corpus = cli.corpus(opt).text
 local train, valid = text.split(corpus, 0.1)
 local vtok, vtgt = text.batch(valid, 32, S, opt.seed + 1, 0)   -- one fixed validation batch
 
@@ -38,13 +44,19 @@ local nblocks = function() return #model - 2 end   -- all but the embedding and 
 
 print(("grow_depth: %d bytes of text, dim %d, %d blocks at first, doubled every %d steps"):format(
   #corpus, D, nblocks(), opt.every))
+local stop = cli.interrupt()
 for step = 1, opt.steps do
   local loss = run:step(text.batch(train, B, S, opt.seed, step))
-  if step == 1 or step % 25 == 0 or step == opt.steps then
+  local last = step == opt.steps or stop:requested()
+  if step == 1 or step % 25 == 0 or last then
     print(("step %4d  depth %2d  train loss %.3f  valid loss %.3f"):format(
       step, nblocks(), loss, run:evaluate(vtok, vtgt)))
   end
-  if step % opt.every == 0 and step < opt.steps then
+  if last then
+    if step < opt.steps then print(("stopped at step %d of %d (Ctrl-C)"):format(step, opt.steps)) end
+    break
+  end
+  if step % opt.every == 0 then
     local before, n = run:evaluate(vtok, vtgt), nblocks()
     -- stack a copy of blocks 1..n on top of them (model layers 2..n+1 go to n+2..2n+1)
     for j = 0, n - 1 do model:clone(2 + j, n + 2 + j) end
@@ -55,3 +67,4 @@ end
 run:sync()
 print(("done: depth %d, %d parameters, final valid loss %.3f"):format(
   nblocks(), model:nparams(), run:evaluate(vtok, vtgt)))
+stop:finish()   -- after a Ctrl-C: the end Ctrl-C gives a program (status 130)

@@ -8,21 +8,27 @@
 -- Printed: the training loss (of the thinned model), the full-depth validation loss, and
 -- how many blocks the steps skipped on average.
 --
--- Run:  build/l2l examples/layerdrop.lua [--steps 300] [--p 0.5] [--seed 1] [--data FILE]
--- (text: the C headers in /usr/include, or FILE; --seed: the batches and the skips)
+-- Run:  build/l2l examples/layerdrop.lua [--steps 300] [--p 0.5] [--seed 1] [--data FILE_OR_FOLDER]
+-- (--help lists the flags; text: the C headers under /usr/include, or --data; --seed: the
+-- batches and the skips). Ctrl-C stops after the current step; a second one at once.
 local l2l = require("l2l")
 local text = require("l2l.text")
+local cli = require("l2l.cli")
 
-local opt = { steps = 300, p = 0.5, seed = 1, data = "" }
-for i = 1, #arg, 2 do
-  local key, value = (arg[i]:match("^%-%-(%w+)$")), arg[i + 1]
-  if opt[key] == nil or value == nil then error("unknown flag or missing value: " .. arg[i], 0) end
-  opt[key] = type(opt[key]) == "number" and assert(tonumber(value), "--" .. key .. " takes a number") or value
-end
+local opt = cli.parse(cli.parser {
+  name = "layerdrop", data = true, max_bytes = 400000,
+  description = "Stochastic depth (LayerDrop): every training step skips a random subset of the blocks; " ..
+                "evaluation uses all of them.",
+  flags = {
+    { "--steps", 300, "int", "training steps", min = 1 },
+    { "--p", 0.5, "number", "block l of L is skipped with probability p * l / L", min = 0, max = 1 },
+    { "--seed", 1, "int", "seed of the batches and of the skips", min = 0 },
+  },
+})
 math.randomseed(opt.seed)
 
 local D, S, B, L = 64, 64, 16, 6   -- width, sequence length, sequences per step, blocks
-local corpus = text.load(opt.data ~= "" and opt.data or nil)
+local corpus = cli.corpus(opt).text
 local train, valid = text.split(corpus, 0.1)
 local vtok, vtgt = text.batch(valid, 32, S, opt.seed + 1, 0)   -- one fixed validation batch
 
@@ -35,7 +41,8 @@ local run = l2l.Relay { model = model, micro_batch = 8, stash = "host", seed = o
 
 print(("layerdrop: %d bytes of text, %d blocks of dim %d, block l skipped with probability %.2f * l / %d"):format(
   #corpus, L, D, opt.p, L))
-local skipped = 0
+local skipped, steps = 0, 0
+local stop = cli.interrupt()
 for step = 1, opt.steps do
   local skip = {}
   for l = 1, L do
@@ -44,10 +51,17 @@ for step = 1, opt.steps do
   skipped = skipped + #skip
   local tokens, targets = text.batch(train, B, S, opt.seed, step)
   local loss = run:step(tokens, targets, { skip = skip })
-  if step == 1 or step % 25 == 0 or step == opt.steps then
+  steps = step
+  local last = step == opt.steps or stop:requested()
+  if step == 1 or step % 25 == 0 or last then
     print(("step %4d  train loss %.3f (%d of %d blocks)  valid loss %.3f (all blocks)"):format(
       step, loss, L - #skip, L, run:evaluate(vtok, vtgt)))
   end
+  if last then
+    if step < opt.steps then print(("stopped at step %d of %d (Ctrl-C)"):format(step, opt.steps)) end
+    break
+  end
 end
 print(("done: %.2f blocks skipped per step on average, final valid loss %.3f"):format(
-  skipped / opt.steps, run:evaluate(vtok, vtgt)))
+  skipped / steps, run:evaluate(vtok, vtgt)))
+stop:finish()   -- after a Ctrl-C: the end Ctrl-C gives a program (status 130)

@@ -3,18 +3,28 @@
 -- in l2l.ops). It was the first `make demo`; the demo is now examples/train_gpt.lua (the
 -- relay training a GPT), and this stays as the lowest-level example: no layers, no relay.
 --
--- The model predicts the next byte of real text (src/l2l.h, or a file given as arg[1]):
+-- The model predicts the next byte of real text (the C headers under /usr/include, else
+-- l2l's own sources, from any folder; or --data FILE_OR_FOLDER):
 --   e = Embed[byte] -> n = LayerNorm(e) -> h = GELU(n W1 + b1) -> logits = h W2 + b2
--- trained with AdamW on the mean cross-entropy. Run: build/l2l examples/tour.lua [file] [steps]
+-- trained with AdamW on the mean cross-entropy.
+-- Run: build/l2l examples/tour.lua [--steps 300] [--data FILE_OR_FOLDER] (--help lists the
+-- flags). Ctrl-C stops after the current step; a second one at once.
 local l2l = require("l2l")
+local cli = require("l2l.cli")
 local ops = l2l.ops
 
-local path, steps = arg[1] or "src/l2l.h", tonumber(arg[2]) or 300
-local f = assert(io.open(path, "rb"), "cannot read " .. path)
-local text = f:read("*a")
-f:close()
+local opt = cli.parse(cli.parser {
+  name = "tour", data = true, max_bytes = 200000,
+  description = "A tour of l2l's tensors and ops, ending in a small byte-level model trained with " ..
+                "hand-written backward passes.",
+  flags = { { "--steps", 300, "int", "training steps of the small model", min = 1 } },
+})
+local steps = opt.steps
+local corpus = cli.corpus(opt)
+local text = corpus.text
 
 print(("l2l %s, %d compute threads, library %s"):format(l2l.version, l2l.threads(), l2l.library))
+print(("text: %s, %d bytes"):format(corpus.description, #text))
 print()
 
 -- ------------------------------------------------------------ tensors in two minutes
@@ -64,6 +74,8 @@ end
 
 local adamw = { lr = 3e-3, weight_decay = 0.01 }
 local t0 = os.clock()
+local stop = cli.interrupt()
+local done = 0
 for step = 1, steps do
   sample_batch(step)
   -- forward
@@ -85,13 +97,17 @@ for step = 1, steps do
   ops.layernorm_backward(de, G.gamma, G.beta, dn, e, P.gamma, mean, rstd)
   ops.embedding_backward(G.embed, de, ids)
   for name, p in pairs(P) do ops.adamw(p, M[name], Vs[name], G[name], adamw, step) end
-  if step == 1 or step % 50 == 0 or step == steps then
+  done = step
+  local last = step == steps or stop:requested()
+  if step == 1 or step % 50 == 0 or last then
     print(("step %4d  loss %.3f  (uniform guess: %.3f)  grad norm %.3f"):format(
       step, loss, math.log(V), ops.norm2(G.w2)))
   end
+  if last then break end
 end
 local elapsed = os.clock() - t0
 
 local host = l2l.pool_stats("host")
-print(("\n%d steps in %.2f s of CPU time; host pool: %.1f KiB in use, peak %.1f KiB"):format(
-  steps, elapsed, host.current / 1024, host.peak / 1024))
+print(("\n%d steps in %.2f s of CPU time; host pool: %.1f KiB in use, peak %.1f KiB%s"):format(
+  done, elapsed, host.current / 1024, host.peak / 1024, done < steps and " (stopped by Ctrl-C)" or ""))
+stop:finish()   -- after a Ctrl-C: the end Ctrl-C gives a program (status 130)

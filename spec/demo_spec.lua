@@ -131,6 +131,27 @@ describe("examples/train_gpt.lua, shortened", function()
   end)
 end)
 
+describe("examples/train_gpt.lua --tokenizer gpt2", function()
+  it("trains on GPT-2 tokens and decodes its sample to text", function()
+    local fetched, why = sh("bash scripts/gpt2-vocab.sh")
+    if fetched ~= 0 then return pending("GPT-2's tokenizer files could not be fetched: " .. why) end
+    local out = tmpdir()
+    local status, output = demo(("--tokenizer gpt2 --steps 12 --layers 1 --dim 32 --heads 2 --seq 32 --batch 8 " ..
+      "--micro-batch 4 --eval-every 6 --max-bytes 300000 --device-budget 0 --plot none --sample 12 --out %s"):format(out))
+    assert.are.equal(0, status, output)
+    assert.is_truthy(output:find("a GPT-2-token GPT", 1, true), output)
+    -- the losses are over GPT-2's 50257 tokens: a fresh model starts near ln(50257) = 10.8
+    local first = tonumber(output:match("step 0: validation loss ([%d%.]+) %(a uniform guess over 50257 tokens: 10%.825%)"))
+    assert.is_truthy(first and first > 9 and first < 12, output)
+    local train, valid = output:match("loss: train ([%d%.]+), validation ([%d%.]+)")
+    assert.is_true(tonumber(valid) < first, output)
+    -- the sample is text: the prompt, then the decoded continuation
+    local sample = output:match("continued by the model:\n([^\n]+)")
+    assert.is_truthy(sample and sample:find("^#include <") and #sample > #"#include <", output)
+    assert.is_truthy(tonumber(train), output)
+  end)
+end)
+
 describe("examples/train_gpt.lua, flags", function()
   it("--help lists the flags and exits 0", function()
     local status, output = demo("--help")
@@ -144,19 +165,22 @@ describe("examples/train_gpt.lua, flags", function()
 
   it("refuses a bad flag or value with a message naming it", function()
     local cases = {
-      { "--nonsense", "unknown flag --nonsense" },
+      { "--nonsense", "train_gpt: unknown option '--nonsense'\n" },
+      { "--stpes 5", "unknown option '--stpes' (did you mean '--steps'?)" },
       { "--steps abc", "--steps must be an integer >= 1, got 'abc'" },
-      { "--steps", "--steps needs a value" },
+      { "--steps", "option '--steps' requires an argument" },
       { "--dim 64 --heads 3", "--heads (3) must divide --dim (64)" },
-      { "--stash nowhere", "--stash must be one of host, device, recompute, got 'nowhere'" },
+      { "--stash nowhere", "must be one of 'host', 'device', 'recompute', got 'nowhere'" },
+      { "--stash=hots", "got 'hots' (did you mean 'host'?)" },
       { "--device-budget lots", "--device-budget must be a number of MiB" },
       { "--resume", "--resume needs --checkpoint" },
-      { "--data /nonexistent/l2l", "--data /nonexistent/l2l: no readable non-empty file there" },
+      { "--data /nonexistent/l2l", "--data: cannot read '/nonexistent/l2l': No such file or directory" },
     }
     for _, c in ipairs(cases) do
       local status, output = demo(c[1])
       assert.are.equal(2, status, c[1] .. ": " .. output)
       assert.is_truthy(output:find(c[2], 1, true), c[1] .. ": " .. output)
+      assert.is_truthy(output:find("(`l2l examples/train_gpt.lua --help` lists the flags)", 1, true), output)
     end
   end)
 

@@ -22,6 +22,22 @@ describe("l2l.device", function()
     end
   end)
 
+  it("names a machine without NVIDIA's driver as such, not as an old driver", function()
+    local ffi = require("ffi")
+    local built = not tostring(device.why):find("has no CUDA backend", 1, true)
+    local proc = io.open("/proc/driver/nvidia/version")
+    if proc then proc:close() end
+    local has_lib = pcall(ffi.load, "libcuda.so.1")
+    if device.cuda or not built or proc or has_lib then
+      pending("this machine has CUDA built and no NVIDIA driver at all only where it says so: not here")
+      return
+    end
+    assert.is_truthy(device.why:find("^no NVIDIA driver on this machine"), device.why)
+    assert.is_falsy(device.why:find("driver version", 1, true), device.why)
+    local _, out = support.sh(support.build_dir .. "/l2l_ctest cuda_gemm")   -- all skipped: status 1
+    assert.is_truthy(out:find("skip cuda_gemm: no GPU: no NVIDIA driver on this machine", 1, true), out)
+  end)
+
   it("refuses t:to('cuda') and l2l.device_use('cuda') with the reason, and bad names", function()
     local t = l2l.randn({ 3, 5 }, { seed = support.seed })
     if device.cuda then

@@ -73,18 +73,32 @@ describe("examples/grow_depth.lua", function()
     assert.is_true(final ~= nil and final < steps[1][4] - 0.5, why)
   end)
 
-  it("reads --data and refuses an unknown flag", function()
+  it("reads --data FILE and --data FOLDER, and refuses an unknown flag with a hint", function()
     local path = os.tmpname()
     local f = assert(io.open(path, "wb"))
     for i = 1, 400 do f:write(("line %d: int f%d(void);\n"):format(i, i % 7)) end
     local size = f:seek()
     f:close()
     local out, why = example("grow_depth", ("--steps 2 --every 5 --data %s"):format(path))
-    os.remove(path)
     assert.are.equal(size, tonumber(out:match("grow_depth: (%d+) bytes of text")), why)
+    -- a folder: its text files, sub-folders included (a name with a space and a quote too)
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute(("mkdir -p '%s/sub/it''s here'"):format(dir)) == 0)
+    assert(os.execute(("cp %s %s/a.txt && cp %s '%s/sub/it''s here/b.h'"):format(path, dir, path, dir)) == 0)
+    out, why = example("grow_depth", ("--steps 2 --every 5 --data %s"):format(dir))
+    os.execute("rm -rf " .. dir)
+    os.remove(path)
+    assert.are.equal(2 * size, tonumber(out:match("grow_depth: (%d+) bytes of text")), why)
     local status, bad = support.sh(exe .. " examples/grow_depth.lua --depth 3")
-    assert.are_not.equal(0, status, bad)
-    assert.is_truthy(bad:find("unknown flag or missing value: --depth", 1, true), bad)
+    assert.are.equal(2, status, bad)
+    assert.is_truthy(bad:find("grow_depth: unknown option '--depth'", 1, true), bad)
+    status, bad = support.sh(exe .. " examples/grow_depth.lua --evrey 3")
+    assert.are.equal(2, status, bad)
+    assert.is_truthy(bad:find("unknown option '--evrey' (did you mean '--every'?)", 1, true), bad)
+    status, bad = support.sh(exe .. " examples/grow_depth.lua --data /nonexistent/corpus")
+    assert.are.equal(2, status, bad)
+    assert.is_truthy(bad:find("grow_depth: --data: cannot read '/nonexistent/corpus'", 1, true), bad)
   end)
 end)
 
@@ -114,6 +128,45 @@ describe("examples/bert_mlm.lua", function()
     assert.is_true(last[3] < math.log(256) - 0.8, why)   -- validation text differs more
     assert.is_true(last[2] < math.log(256) - 1, why)
     assert.is_true(last[4] > 5 and last[4] <= 100, why)   -- chance is 0.4 %
+  end)
+end)
+
+describe("every example", function()
+  local names = { "train_gpt", "grow_depth", "layerdrop", "bert_mlm", "tour" }
+
+  it("answers --help with its flags, --data among them, and exits 0 without training", function()
+    for _, name in ipairs(names) do
+      local status, out = support.sh(("%s examples/%s.lua --help"):format(exe, name))
+      assert.are.equal(0, status, name .. ": " .. out)
+      assert.is_truthy(out:find("^Usage: l2l examples/" .. name .. "%.lua "), name .. ": " .. out)
+      for _, flag in ipairs({ "-h, --help", "--data <FILE_OR_FOLDER>", "--max-bytes <N>", "--steps <N>" }) do
+        assert.is_truthy(out:find(flag, 1, true), name .. " lacks " .. flag .. ":\n" .. out)
+      end
+      assert.is_falsy(out:find("\nstep "), name .. " trained:\n" .. out)
+    end
+  end)
+
+  it("refuses a bad value naming the flag, exit status 2", function()
+    for _, name in ipairs(names) do
+      local status, out = support.sh(("%s examples/%s.lua --steps 0"):format(exe, name))
+      assert.are.equal(2, status, name .. ": " .. out)
+      assert.is_truthy(out:find(name .. ": --steps must be an integer >= 1, got '0'", 1, true), name .. ": " .. out)
+    end
+  end)
+
+  it("says what to install when lua-argparse is missing", function()
+    local status, out = support.sh(exe .. [[ -e 'package.preload.argparse = function() error("not found") end' ]] ..
+                                   "examples/layerdrop.lua --steps 1")
+    assert.are.equal(1, status, out)
+    assert.is_truthy(out:find("l2l.cli: the examples' flags need Debian's lua-argparse, which is not installed " ..
+                              "(sudo apt-get install lua-argparse, or scripts/deps.sh)", 1, true), out)
+  end)
+
+  it("runs from any folder: tour.lua's default text is found without the checkout", function()
+    local status, out = support.sh(("cd / && %s/l2l %s/examples/tour.lua --steps 2"):format(support.build_dir, support.root))
+    assert.are.equal(0, status, out)
+    assert.is_truthy(out:find("\ntext: [^\n]+, %d+ bytes\n"), out)
+    assert.is_truthy(out:find("\nstep    2  loss [%d.]+"), out)
   end)
 end)
 
@@ -155,6 +208,57 @@ describe("l2l.text", function()
     end
     local ok, err = pcall(text.batch, s, B, S, seed, 3, { tokens = l2l.zeros({ B, S + 1 }, { dtype = "i32" }) })
     assert.is_truthy(not ok and tostring(err):find("text.batch: opts.tokens must be an i32"), err)
+    -- a tokenized text (an i32 tensor of ids) gives the same windows as the string of
+    -- the same symbols: the same draws, next-id targets
+    local ids = l2l.empty({ #s }, { dtype = "i32" })
+    for i = 1, #s do ids:set(i, s:byte(i) + 1000) end
+    local id_t, id_g = text.batch(ids, B, S, seed, 3)
+    local tt, tg = id_t:totable(), id_g:totable()
+    for b = 1, B do
+      for j = 1, S do
+        assert.are.equal(t[b][j] + 1000, tt[b][j])
+        assert.are.equal(g[b][j] + 1000, tg[b][j])
+      end
+    end
+    ok, err = pcall(text.batch, l2l.zeros({ 4, 4 }, { dtype = "i32" }), 1, 2, seed, 3)
+    assert.is_truthy(not ok and tostring(err):find("one dimension", 1, true), err)
+  end)
+
+  it("walks folders without a shell: sub-folders in a fixed order; hidden, linked and binary files left out", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    local function put(name, bytes) support.write_file(dir .. "/" .. name, bytes) end
+    assert(os.execute(("mkdir -p '%s/b/deep' '%s/.git' '%s/a $(x)'"):format(dir, dir, dir)) == 0)
+    put("z.txt", "zzzz\n"); put("b/deep/y.h", "yyyy\n"); put("a $(x)/x.txt", "xxxx\n")
+    put(".hidden", "hidden\n"); put(".git/config", "git\n"); put("empty.txt", "")
+    put("binary.bin", "bin\0ary\n")
+    assert(os.execute(("ln -s '%s/z.txt' '%s/link.txt' && ln -s '%s/b' '%s/loop'"):format(dir, dir, dir, dir)) == 0)
+    local files = text.files(dir)
+    local rel = {}
+    for i, f in ipairs(files) do rel[i] = f:sub(#dir + 2) end
+    assert.are.same({ "a $(x)/x.txt", "b/deep/y.h", "binary.bin", "empty.txt", "z.txt" }, rel)
+    assert.are.same({ dir .. "/b/deep/y.h" }, text.files(dir, { pattern = "%.h$" }))
+    assert.are.same({ dir .. "/z.txt" }, text.files(dir .. "/z.txt"))
+    -- by path: the three text files; the empty and the binary one are not text
+    local c = text.corpus(dir, { order = "path" })
+    assert.are.equal("xxxx\nyyyy\nzzzz\n", c.text)
+    assert.are.same({ 5, 10, 15 }, c.ends)
+    assert.are.equal(3, c.files)
+    -- mixed: the same files in an order fixed by their paths' hash, the same every time
+    local m = text.corpus({ dir }, { max_bytes = 12 })
+    assert.are.equal(12, #m.text)
+    assert.are.equal(m.text, text.corpus({ dir }, { max_bytes = 12 }).text)
+    -- a file named on its own is read whatever it holds
+    assert.are.equal("bin\0ary\n", text.corpus({ dir .. "/binary.bin" }).text)
+    local ok, err = pcall(text.corpus, dir .. "/.git/nothing")
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("text.corpus: paths: cannot read '" .. dir .. "/.git/nothing': No such file", 1, true), err)
+    os.execute("rm -rf '" .. dir .. "'")
+    -- the default: C headers under /usr/include (l2l's own sources where there are none)
+    local d = text.corpus(nil, { max_bytes = 5000 })
+    assert.are.equal(5000, #d.text)
+    assert.is_truthy(d.description == "C headers under /usr/include" or d.description:find("l2l's own sources", 1, true),
+                     d.description)
   end)
 
   it("splits off the validation part and loads files, or names what is wrong", function()

@@ -27,6 +27,15 @@ describe("the l2l executable", function()
     local status, out = sh(exe .. [[ -e 'print(require("l2l").version)']])
     assert.are.equal(0, status, out)
     assert.is_truthy(out:match("^%d+%.%d+%.%d+\n$"), out)
+    -- -e code finds `l2l` loaded, as the REPL does; a script does not get the global
+    status, out = sh(exe .. [[ -e 'print(l2l.version == require("l2l").version, l2l.ones({ 2 }):numel())']])
+    assert.are.equal(0, status, out)
+    assert.are.equal("true\t2\n", out)
+    local script = write_temp("print(rawget(_G, 'l2l'))\n")
+    status, out = sh(exe .. " " .. script)
+    os.remove(script)
+    assert.are.equal(0, status, out)
+    assert.are.equal("nil\n", out)
     status, out = sh("echo 'print(6 * 7)' | " .. exe .. " -")
     assert.are.equal(0, status, out)
     assert.are.equal("42\n", out)
@@ -52,6 +61,78 @@ describe("the l2l executable", function()
     local status, out = sh("printf 'print(1)\\nerror(\"boom\")\\n' | " .. exe)
     assert.are.equal(1, status)
     assert.is_truthy(out:find("1\n", 1, true) and out:find("boom", 1, true), out)
+  end)
+end)
+
+describe("l2l plot", function()
+  local exe = build .. "/l2l"
+  local dir
+  before_each(function()
+    dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. dir) == 0)
+    -- a run whose losses stay far from 0 (between 2.1 and 3.4), as examples/train_gpt.lua logs them
+    local lines = { '{"step":0,"loss":null,"val_loss":3.4,"device_peak":1048576,"host_bytes":4194304,"device_budget":2097152}' }
+    for step = 1, 20 do
+      lines[#lines + 1] = ('{"step":%d,"loss":%.3f,"val_loss":%s,"device_peak":1048576,"host_bytes":4194304,' ..
+                           '"device_budget":2097152}'):format(step, 3.3 - step * 0.06, step % 5 == 0 and "2.9" or "null")
+    end
+    support.write_file(dir .. "/metrics.jsonl", table.concat(lines, "\n") .. "\n")
+  end)
+  after_each(function() os.execute("rm -rf " .. dir) end)
+
+  -- The y tick labels of the SVG's panel p, in order.
+  local function y_ticks(svg, p)
+    local panel = svg:match('<g class="panel" id="panel' .. p .. '">(.-)\n</g>')
+    local ticks = {}
+    for v in (panel or ""):gmatch('text%-anchor="end">([^<]*)</text>') do ticks[#ticks + 1] = tonumber(v) end
+    return ticks
+  end
+
+  it("redraws the curves from a metrics log; the loss axis starts near the losses, memory at 0", function()
+    local status, out = sh(("%s plot %s/metrics.jsonl %s/again.svg"):format(exe, dir, dir))
+    assert.are.equal(0, status, out)
+    assert.are.equal(("picture: %s/again.svg (21 records)\n"):format(dir), out)
+    local svg = support.read_file(dir .. "/again.svg")
+    assert.is_truthy(svg and svg:find("</svg>\n$"), svg)
+    assert.is_truthy(svg:find(">" .. dir .. "/metrics.jsonl</text>", 1, true), "the file's name as the title")
+    local loss, memory = y_ticks(svg, 1), y_ticks(svg, 2)
+    assert.is_true(#loss >= 3, svg)
+    assert.is_true(loss[1] >= 1.5 and loss[1] <= 2.1, "the loss axis starts at " .. tostring(loss[1]))
+    assert.is_true(loss[#loss] >= 3.4 and loss[#loss] < 4, "the loss axis ends at " .. tostring(loss[#loss]))
+    assert.are.equal(0, memory[1], svg)
+    -- without OUT: the demo's picture beside the metrics (an SVG: gnuplot is not installed,
+    -- or a PNG where it is)
+    status, out = sh(("%s plot %s/metrics.jsonl --title 'run 1'"):format(exe, dir))
+    assert.are.equal(0, status, out)
+    local path = out:match("^picture: (%S+)")
+    assert.is_truthy(path == dir .. "/curves.svg" or path == dir .. "/curves.png", out)
+    assert.is_truthy(support.read_file(path), out)
+  end)
+
+  it("answers --help, and says what is wrong with its arguments", function()
+    local status, out = sh(exe .. " plot --help")
+    assert.are.equal(0, status, out)
+    assert.is_truthy(out:find("^Usage: l2l plot "), out)
+    for _, case in ipairs({
+      { "", 2, "l2l plot: missing argument 'metrics'" },
+      { dir .. "/none.jsonl", 1, "l2l plot: cannot read " .. dir .. "/none.jsonl: No such file" },
+      { dir .. "/metrics.jsonl " .. dir .. "/out.pdf", 1, "l2l plot: OUT must end in .svg or .png, got '" },
+      { dir .. "/metrics.jsonl --titel x", 2, "unknown option '--titel' (did you mean '--title'?)" },
+    }) do
+      status, out = sh(exe .. " plot " .. case[1])
+      assert.are.equal(case[2], status, case[1] .. ": " .. out)
+      assert.is_truthy(out:find(case[3], 1, true), case[1] .. ": " .. out)
+    end
+    support.write_file(dir .. "/bad.jsonl", '{"step":1,"loss":2}\nnot json\n')
+    status, out = sh(("%s plot %s/bad.jsonl"):format(exe, dir))
+    assert.are.equal(1, status, out)
+    assert.is_truthy(out:find(dir .. "/bad.jsonl:2 is not a JSON object", 1, true), out)
+    if not require("l2l.plot").have_gnuplot() then
+      status, out = sh(("%s plot %s/metrics.jsonl %s/out.png"):format(exe, dir, dir))
+      assert.are.equal(1, status, out)
+      assert.is_truthy(out:find("gnuplot is not installed", 1, true), out)
+    end
   end)
 end)
 

@@ -156,7 +156,7 @@ describe("layers", function()
     fails("no Embedding comes before", function() l2l.Sequential{ l2l.LMHead{ vocab = 5, dim = 4, tie = true } } end)
     fails("entry 2 is not a layer", function() l2l.Sequential{ l2l.Block{ dim = 4, heads = 1 }, 7 } end)
     local emb = l2l.Embedding{ vocab = 5, dim = 4, max_seq = 3 }
-    fails("outside %[0, 5%)", function()
+    fails("tokens:get%(1, 2%) = 5 is outside %[0, 5%)", function()
       emb:forward(nil, { tokens = l2l.tensor({ { 1, 5 } }, { dtype = "i32" }) })
     end)
     fails("exceeds max_seq", function()

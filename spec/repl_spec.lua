@@ -300,6 +300,28 @@ describe("l2l in a terminal (a pseudo-terminal from script)", function()
     assert.is_truthy(screen:find("true\r\n", 1, true), screen)
   end)
 
+  it("stops a pure-Lua loop (one LuaJIT would compile) with the first Ctrl-C, and goes on", function()
+    if not has_script then
+      pending(why)
+      return
+    end
+    local status, screen = terminal({
+      START, "while true do end\n", 1, "\003", 0.5, "\"first \" .. 6 * 7\n", 0.3,
+      "function spin() local n = 0 while true do n = n + 1 end end\n", 0.2, "spin()\n", 1, "\003", 0.5,
+      "\"second \" .. 7 * 8\n", 0.3,
+      -- a training loop's Ctrl-C handling left in place by an entry is put back after it
+      "stop = require(\"l2l.cli\").interrupt()\n", 0.3, "while true do end\n", 1, "\003", 0.5,
+      "\"third \" .. 8 * 9\n", 0.3, "\004",
+    }, "L2L_HISTORY=")
+    assert.are.equal(0, status, screen)
+    local _, stops = screen:gsub("interrupted %(Ctrl%-C%)", "")
+    assert.are.equal(3, stops, screen)
+    assert.is_truthy(screen:find("in function 'spin'", 1, true), screen)
+    for _, want in ipairs({ "first 42\r\n", "second 56\r\n", "third 72\r\n" }) do
+      assert.is_truthy(screen:find(want, 1, true), want .. " missing from\n" .. screen)
+    end
+  end)
+
   it("goes on when the history file cannot be read or written", function()
     if not has_script then
       pending(why)

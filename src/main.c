@@ -8,15 +8,22 @@
  *   l2l -                    run standard input
  *   l2l                      the REPL when standard input is a terminal, else run it
  *   l2l -i [...]             the REPL after any -e code and script, whatever stdin is
+ *   l2l plot METRICS [OUT]   redraw a training run's curves (lua/l2l/plot.lua's main)
+ * -e code and the REPL find `l2l` loaded, as a global. A script named `plot` runs as
+ * `l2l ./plot`.
  * The REPL: line editing, completion and history with libedit when standard input and
  * output are terminals (history in $L2L_HISTORY, else ~/.l2l_history; an empty
  * L2L_HISTORY turns it off); plain lines otherwise, prompts on stderr so that stdout holds
  * only what the session printed. Each entry is tried as `return <entry>` first, so an
  * expression prints its values (lua/l2l/repl.lua: tensors, models, tables readably);
  * input that ends too early ("<eof>" expected) continues on a ">> " prompt; Ctrl-C drops
- * the entry being typed, or stops the running code at its next Lua instruction (a second
+ * the entry being typed, or stops the running code at its next Lua instruction (code
+ * typed at the prompt is never JIT-compiled, so that a loop in it reaches one; a second
  * Ctrl-C kills as usual); Ctrl-D ends the session with status 0 (1 when -e code or a
  * script run before `-i` failed).
+ * Training loops stop gently on Ctrl-C through the module "l2l.sigint" this file gives
+ * (package.preload; lua/l2l/cli.lua wraps it): the first Ctrl-C is counted, for the loop
+ * to see after its step, the second is handled as it was before the loop caught it.
  * Must never: hide a Lua error (it is printed with its traceback; a script's error makes
  * the exit status 1), end the REPL because of an error in an entry, or fail because the
  * history file cannot be read or written.
@@ -161,6 +168,117 @@ static void catch_sigint(void) {
   sa.sa_handler = on_sigint;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
+}
+
+/* ------------------------------------------------------------------ Ctrl-C for training loops */
+
+/* l2l.sigint.catch(message) makes the first Ctrl-C a request: counted, and `message`
+   written to stderr at once (the loop may be in the middle of a long step); the second
+   puts back the handling from before catch() and raises SIGINT again, so a script dies
+   as Ctrl-C kills it and the REPL stops the entry. Only async-signal-safe calls here
+   (write, sigaction, raise). A SIGINT ignored by the parent (a background job of a
+   non-interactive shell) stays ignored: catch() answers false. */
+static volatile sig_atomic_t stop_count, stop_catching;
+static struct sigaction stop_previous;
+static char stop_message[512];
+static volatile size_t stop_message_len;
+
+static void on_stop(int sig) {
+  int saved = errno;
+  if (stop_count < 2) stop_count++;
+  if (stop_count == 1) {
+    ssize_t w = write(STDERR_FILENO, stop_message, stop_message_len);
+    (void)w;
+  } else {
+    sigaction(sig, &stop_previous, NULL);
+    stop_catching = 0;
+    raise(sig);   /* delivered when this handler returns */
+  }
+  errno = saved;
+}
+
+static void stop_release(void) {
+  if (!stop_catching) return;
+  stop_catching = 0;
+  sigaction(SIGINT, &stop_previous, NULL);
+}
+
+static int sigint_catch(lua_State *L) {
+  size_t n = 0;
+  const char *msg = luaL_optlstring(L, 1, "", &n);
+  if (n > sizeof stop_message - 1) n = sizeof stop_message - 1;
+  struct sigaction now;
+  sigaction(SIGINT, NULL, &now);
+  if (!stop_catching && now.sa_handler == SIG_IGN) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  sigset_t block, old;   /* no Ctrl-C while the message and the count change */
+  sigemptyset(&block);
+  sigaddset(&block, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &block, &old);
+  memcpy(stop_message, msg, n);
+  stop_message_len = n;
+  stop_count = 0;
+  if (!stop_catching) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop;
+    sa.sa_flags = SA_RESTART;   /* the loop's reads and writes go on */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &stop_previous);
+    stop_catching = 1;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int sigint_count(lua_State *L) {
+  lua_pushinteger(L, stop_count);
+  return 1;
+}
+
+static int sigint_release(lua_State *L) {
+  (void)L;
+  stop_release();
+  return 0;
+}
+
+/* Ends the process as Ctrl-C does (killed by SIGINT: status 130 in a shell, and a shell
+   loop around it stops too) when SIGINT's handling, after release, is the default one;
+   otherwise (the REPL's handler) returns false, for the caller to raise an error. */
+static int sigint_die(lua_State *L) {
+  stop_release();
+  struct sigaction now;
+  sigaction(SIGINT, NULL, &now);
+  if (now.sa_handler != SIG_DFL) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  fflush(NULL);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+  raise(SIGINT);
+  _exit(130);   /* not reached: SIGINT's default action ends the process */
+}
+
+static int open_sigint(lua_State *L) {
+  static const luaL_Reg fns[] = {{"catch", sigint_catch}, {"count", sigint_count},
+                                 {"release", sigint_release}, {"die", sigint_die}, {NULL, NULL}};
+  lua_newtable(L);
+  luaL_register(L, NULL, fns);
+  return 1;
+}
+
+static void preload_sigint(lua_State *L) {
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "preload");
+  lua_pushcfunction(L, open_sigint);
+  lua_setfield(L, -2, "l2l.sigint");
+  lua_pop(L, 2);
 }
 
 /* ------------------------------------------------------------------ the REPL: history */
@@ -331,6 +449,10 @@ static int pass_values(lua_State *L) { return lua_gettop(L); }
 /* Runs the compiled entry on top of the stack and shows what it returned. */
 static void evaluate(lua_State *L, int nargs) {
   int top = lua_gettop(L) - 1;
+  /* JIT-compiled code never looks at hooks: a loop typed here (`while true do end`) would
+     not see the Ctrl-C. The entry and the functions it defines stay interpreted; what they
+     call (l2l, modules, scripts) is compiled as usual. */
+  luaJIT_setmode(L, -1, LUAJIT_MODE_ALLFUNC | LUAJIT_MODE_OFF);
   interrupted = 0;
   evaluating = 1;
   if (nargs == 1) lua_pushcfunction(L, pass_values);
@@ -344,6 +466,7 @@ static void evaluate(lua_State *L, int nargs) {
     status = call_chunk(L, nvalues, 0);
   }
   evaluating = 0;
+  stop_release();               /* a training loop that caught Ctrl-C and did not let go */
   lua_sethook(L, NULL, 0, 0);   /* a Ctrl-C that came after the last Lua instruction */
   fflush(stdout);
   report(L, status);
@@ -360,14 +483,10 @@ static void require_failed(lua_State *L, const char *consequence) {
   lua_pop(L, 1);
 }
 
-/* `l2l` is there from the start, as a global (a `local` typed at the prompt lasts one
-   entry); without it the REPL still works as plain LuaJIT, and says why. Returns whether
-   the global `l2l` is there. */
-static int repl_setup(lua_State *L) {
-  lua_getglobal(L, "require");
-  lua_pushliteral(L, REPL_MODULE);
-  if (lua_pcall(L, 1, 1, 0) == 0) lua_setfield(L, LUA_REGISTRYINDEX, REPL_MODULE);
-  else require_failed(L, "values print as print shows them, no completion");
+/* The global `l2l` for the REPL and -e code (a `local` typed at the prompt lasts one
+   entry), unless one is there already; without it they still work as plain LuaJIT, and
+   this says why. Returns whether the global `l2l` is there. */
+static int define_l2l(lua_State *L) {
   lua_getglobal(L, "l2l");
   int defined = !lua_isnil(L, -1);
   lua_pop(L, 1);
@@ -380,6 +499,14 @@ static int repl_setup(lua_State *L) {
   }
   lua_setglobal(L, "l2l");
   return 1;
+}
+
+static int repl_setup(lua_State *L) {
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, REPL_MODULE);
+  if (lua_pcall(L, 1, 1, 0) == 0) lua_setfield(L, LUA_REGISTRYINDEX, REPL_MODULE);
+  else require_failed(L, "values print as print shows them, no completion");
+  return define_l2l(L);
 }
 
 static void interactive(lua_State *L) {
@@ -462,6 +589,7 @@ static void interactive(lua_State *L) {
 static void usage(FILE *out) {
   fprintf(out,
           "usage: %s [options] [script [args...]]\n"
+          "       %s plot METRICS.jsonl [OUT.svg|OUT.png]   (redraw a run's curves)\n"
           "  -e code     run code (may repeat)\n"
           "  -i          the interactive prompt after the code and script, even when\n"
           "              standard input is not a terminal (then without line editing)\n"
@@ -469,10 +597,11 @@ static void usage(FILE *out) {
           "  -h          this help\n"
           "  -           run standard input\n"
           "With no script and no -e, the interactive prompt when standard input is a\n"
-          "terminal, else standard input runs as a script. At the prompt an expression\n"
-          "prints its values; history is kept in $L2L_HISTORY (default ~/.l2l_history;\n"
-          "empty: none).\n",
-          program);
+          "terminal, else standard input runs as a script. -e code and the prompt have\n"
+          "`l2l` loaded. At the prompt an expression prints its values; history is kept\n"
+          "in $L2L_HISTORY (default ~/.l2l_history; empty: none). `%s plot --help` says\n"
+          "more about plot.\n",
+          program, program, program);
 }
 
 /* Index of the script in argv (after the options), or argc if there is none. */
@@ -496,6 +625,28 @@ static void prefer_passive_openmp_threads(char **argv) {
   execv("/proc/self/exe", argv); /* returns only on failure: then run as we are */
 }
 
+/* `l2l plot ...`: module.main(args), where args are the words after the command. Returns
+   a Lua status; *code gets main's result (the process's exit status when it is a number). */
+static int run_command(lua_State *L, const char *module, char **argv, int argc, int command,
+                       int *code) {
+  lua_getglobal(L, "require");
+  lua_pushstring(L, module);
+  int status = call_chunk(L, 1, 1);
+  if (status != 0) return report(L, status);
+  lua_getfield(L, -1, "main");
+  lua_remove(L, -2);
+  lua_createtable(L, argc - command - 1, 0);
+  for (int i = command + 1; i < argc; i++) {
+    lua_pushstring(L, argv[i]);
+    lua_rawseti(L, -2, i - command);
+  }
+  status = call_chunk(L, 1, 1);
+  if (status != 0) return report(L, status);
+  *code = lua_isnumber(L, -1) ? (int)lua_tointeger(L, -1) : 0;
+  lua_pop(L, 1);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   prefer_passive_openmp_threads(argv);
   lua_State *L = luaL_newstate();
@@ -505,6 +656,7 @@ int main(int argc, char **argv) {
   }
   luaL_openlibs(L);
   set_package_path(L);
+  preload_sigint(L);
   int script = find_script(argc, argv);
   set_arg_table(L, argv, argc, script);
 
@@ -516,9 +668,10 @@ int main(int argc, char **argv) {
     if (strcmp(argv[i], "-e") == 0) i++;
     else if (strcmp(argv[i], "-i") == 0) force_repl = 1;
   }
-  int status = 0, ran_code = 0, bad_option = 0;
+  int status = 0, ran_code = 0, bad_option = 0, command_code = 0, defined = 0;
   for (int i = 1; i < script && status == 0; i++) {
     if (strcmp(argv[i], "-e") == 0 && i + 1 < script) {
+      if (!defined) defined = 1, define_l2l(L);
       status = luaL_loadbuffer(L, argv[i + 1], strlen(argv[i + 1]), "=(command line)");
       if (status == 0) status = call_chunk(L, 0, 0);
       report(L, status);
@@ -538,7 +691,11 @@ int main(int argc, char **argv) {
       status = bad_option = 1;
     }
   }
-  if (status == 0 && script < argc) status = run_script(L, argv, argc, script);
+  if (status == 0 && script < argc) {
+    if (strcmp(argv[script], "plot") == 0)
+      status = run_command(L, "l2l.plot", argv, argc, script, &command_code);
+    else status = run_script(L, argv, argc, script);
+  }
   if (force_repl && !bad_option) {
     fflush(stdout);
     interactive(L);
@@ -547,5 +704,5 @@ int main(int argc, char **argv) {
     else status = report(L, luaL_loadfile(L, NULL) || call_chunk(L, 0, 0));
   }
   lua_close(L);
-  return status == 0 ? 0 : 1;
+  return status != 0 ? 1 : command_code;
 }

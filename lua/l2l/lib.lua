@@ -47,9 +47,26 @@ end
 M.C, M.path = load_library()
 local C = M.C
 
--- The last C error, without the C function's name (Lua callers get their own name).
+-- C names an element of a tensor as C indexes it, from 0: "tokens[2][4] = 300 is outside
+-- [0, 256)". A Lua user counts from 1 and reads that element as tokens:get(3, 5), which is
+-- what such a message says here ("tokens:get(3, 5) = 300 is outside [0, 256)"). The ids'
+-- range stays as it is: token ids count from 0 in C and in Lua alike.
+local function lua_position(index)
+  local list = {}
+  for d in index:gmatch("%d+") do list[#list + 1] = tostring(tonumber(d) + 1) end
+  return ":get(" .. table.concat(list, ", ") .. ")"
+end
+
+function M.lua_indexing(msg)
+  return (msg:gsub("(%[[%d%]%[]*%])( = %-?%d+ is outside %[)", function(index, rest)
+    return lua_position(index) .. rest
+  end))
+end
+
+-- The last C error, without the C function's name (Lua callers get their own name), in
+-- Lua's indexing (above).
 function M.last_error()
-  return (ffi.string(C.l2l_last_error()):gsub("^l2l_[%w_]+: ", ""))
+  return M.lua_indexing((ffi.string(C.l2l_last_error()):gsub("^l2l_[%w_]+: ", "")))
 end
 
 -- Raises a Lua error naming `name` when a C call failed; `level` as for error().
@@ -140,24 +157,34 @@ local function distance(a, b)
   return prev[#b]
 end
 
--- " (did you mean 'dtype'?)" for a near miss, else " (known options: dtype, pool)".
-local function hint(key, known, word)
+local function sorted_names(known)
   local names = {}
   for name in pairs(known) do
     if type(name) == "string" then names[#names + 1] = name end
   end
   table.sort(names)
-  if #names == 0 then return (" (it takes no %s)"):format(word) end
-  if type(key) == "string" then
-    local best, best_d
-    for _, name in ipairs(names) do
-      local d = distance(key:lower(), name:lower())
-      if best_d == nil or d < best_d then best, best_d = name, d end
-    end
-    if best_d <= math.max(1, floor(#best / 3)) and best_d < #key then
-      return (" (did you mean '%s'?)"):format(best)
-    end
+  return names
+end
+
+-- lib.suggest(word, known) -> the name of `known` (a set: name -> true) nearest to `word`
+-- when it is a near miss (at most a third of its letters wrong, or one), else nil.
+function M.suggest(word, known)
+  if type(word) ~= "string" then return nil end
+  local best, best_d
+  for _, name in ipairs(sorted_names(known)) do
+    local d = distance(word:lower(), name:lower())
+    if best_d == nil or d < best_d then best, best_d = name, d end
   end
+  if best and best_d <= math.max(1, floor(#best / 3)) and best_d < #word then return best end
+  return nil
+end
+
+-- " (did you mean 'dtype'?)" for a near miss, else " (known options: dtype, pool)".
+local function hint(key, known, word)
+  local names = sorted_names(known)
+  if #names == 0 then return (" (it takes no %s)"):format(word) end
+  local best = M.suggest(key, known)
+  if best then return (" (did you mean '%s'?)"):format(best) end
   return (" (known %s: %s)"):format(word, table.concat(names, ", "))
 end
 

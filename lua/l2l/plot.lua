@@ -13,6 +13,20 @@
 --         hlines = { { name = "device budget", y = budget } } },
 --     } }, { format = "auto" })          -- "auto" | "png" | "svg"; returns the file written
 --
+--   local fig = plot.metrics_figure(plot.read_metrics("build/demo/metrics.jsonl"), { title = "..." })
+--   $ l2l plot build/demo/metrics.jsonl [out.svg | out.png]     -- plot.main: the same from a shell
+--
+-- plot.read_metrics(path) -> records: a metrics log of JSON lines (what examples/train_gpt.lua
+--   writes: step, loss, val_loss, device_peak, device_budget, host_bytes, ...), one table
+--   per line; a line that is not a JSON object is an error naming the file and the line.
+-- plot.metrics_figure(records [, {title =}]) -> figure: a loss panel (train and validation)
+--   whose axis comes from the losses (it starts at 0 only when they come near it), and a
+--   memory panel (device peak, host memory, the device budget) from 0.
+-- plot.main(args) -> exit status: `l2l plot METRICS [OUT] [--title T]` (src/main.c calls
+--   it): OUT.svg or OUT.png (a PNG needs gnuplot), by default curves.png or curves.svg
+--   beside METRICS, as the demo would have written it: installing gnuplot after a run
+--   does not mean training again.
+--
 -- Purpose: a picture of a run with no dependency beyond what a Debian machine with a C
 -- toolchain has. Panels are stacked vertically and share nothing but the figure; each has
 -- axes with "nice" ticks (1, 2 or 5 times a power of ten), tick labels, axis labels, a
@@ -392,6 +406,115 @@ function M.write(base, fig, opts, ...)
   f:write(svg(fig, opts))
   f:close()
   return path, "svg", note
+end
+
+----------------------------------------------------------------- metrics logs
+
+function M.read_metrics(path, ...)
+  local fname = "plot.read_metrics"
+  if select("#", ...) ~= 0 then too_many(fname, "path", 2, ...) end
+  if type(path) ~= "string" or path == "" then error(fname .. ": path must be a file name, got " .. lib.describe(path), 2) end
+  local cjson = require("cjson")
+  local f, err = io.open(path, "rb")
+  if not f then error(("%s: cannot read %s"):format(fname, tostring(err)), 2) end
+  local records, n = {}, 0
+  for line in f:lines() do
+    n = n + 1
+    if line:match("%S") then
+      local ok, rec = pcall(cjson.decode, line)
+      if not ok or type(rec) ~= "table" then
+        f:close()
+        error(("%s: %s:%d is not a JSON object: %s"):format(fname, path, n, ok and type(rec) or tostring(rec)), 2)
+      end
+      for k, v in pairs(rec) do
+        if v == cjson.null then rec[k] = nil end   -- JSON null: no value at this step
+      end
+      records[#records + 1] = rec
+    end
+  end
+  f:close()
+  return records
+end
+
+local METRICS_FIGURE = { title = true }
+
+local function mib(bytes) return bytes / 2 ^ 20 end
+
+function M.metrics_figure(records, opts, ...)
+  local fname = "plot.metrics_figure"
+  if select("#", ...) ~= 0 then too_many(fname, "records, opts", 2, ...) end
+  if type(records) ~= "table" then error(fname .. ": records must be a list of tables, got " .. lib.describe(records), 2) end
+  opts = lib.options(opts, METRICS_FIGURE, fname, 2, "opts")
+  local xs, train_y, vx, vy, mx, peak, host = {}, {}, {}, {}, {}, {}, {}
+  local budget
+  for i, rec in ipairs(records) do
+    if type(rec) ~= "table" or type(rec.step) ~= "number" then
+      error(("%s: records[%d] must be a table with a number step"):format(fname, i), 2)
+    end
+    if type(rec.loss) == "number" then xs[#xs + 1], train_y[#train_y + 1] = rec.step, rec.loss end
+    if type(rec.val_loss) == "number" then vx[#vx + 1], vy[#vy + 1] = rec.step, rec.val_loss end
+    if type(rec.device_peak) == "number" or type(rec.host_bytes) == "number" then
+      mx[#mx + 1] = rec.step
+      peak[#peak + 1] = type(rec.device_peak) == "number" and mib(rec.device_peak) or 0 / 0
+      host[#host + 1] = type(rec.host_bytes) == "number" and mib(rec.host_bytes) or 0 / 0
+    end
+    if type(rec.device_budget) == "number" and rec.device_budget > 0 then budget = rec.device_budget end
+  end
+  local panels = {
+    { title = "loss (nats per byte)", xlabel = "step", ylabel = "loss",
+      series = { { name = "train", x = xs, y = train_y }, { name = "validation", x = vx, y = vy, marks = true } } },
+  }
+  if #mx > 0 then
+    panels[2] = { title = "memory", xlabel = "step", ylabel = "MiB", ymin = 0,
+                  series = { { name = "device peak", x = mx, y = peak },
+                             { name = "host (EPS: weights, gradients, AdamW state)", x = mx, y = host } },
+                  hlines = budget and { { name = "device budget", y = mib(budget) } } or {} }
+  end
+  return { title = opts.title, panels = panels }
+end
+
+----------------------------------------------------------------- l2l plot
+
+-- The file written for `out` (nil: curves.<format> beside the metrics): base and format.
+local function destination(metrics, out)
+  if out == nil then
+    local dir = metrics:match("^(.*)/[^/]*$") or "."
+    return dir .. "/curves", "auto"
+  end
+  local base, ext = out:match("^(.*)%.([%w]+)$")
+  ext = ext and ext:lower()
+  if ext ~= "svg" and ext ~= "png" then return nil, ("OUT must end in .svg or .png, got '%s'"):format(out) end
+  return base, ext
+end
+
+function M.main(args, ...)
+  if select("#", ...) ~= 0 then too_many("plot.main", "args", 2, ...) end
+  if type(args) ~= "table" then error("plot.main: args must be a list of strings, got " .. lib.describe(args), 2) end
+  local cli = require("l2l.cli")
+  local parser = cli.parser {
+    name = "l2l plot", usage = "l2l plot",
+    description = "Redraws the curves of a training run (loss, validation loss, memory) from its metrics " ..
+                  "log, as examples/train_gpt.lua draws them at its end.",
+    epilog = "OUT ending in .png needs gnuplot; without OUT, curves.png (when gnuplot is installed) or " ..
+             "curves.svg is written beside METRICS.",
+    flags = { { "--title", nil, "string", "the figure's title (default: the metrics file's name)", meta = "TEXT" } },
+  }
+  parser:argument("metrics", "a metrics log of JSON lines (e.g. build/demo/metrics.jsonl)"):argname("METRICS")
+  parser:argument("out", "the picture to write: a name ending in .svg or .png"):args("?"):argname("OUT")
+  local opt = cli.parse(parser, args)
+  local base, format = destination(opt.metrics, opt.out)
+  if base == nil then cli.fail(format) end
+  if format == "png" and not M.have_gnuplot() then
+    cli.fail(opt.out .. ": gnuplot is not installed (apt-get install gnuplot-nox), so no PNG; name an .svg instead")
+  end
+  local ok, records = pcall(M.read_metrics, opt.metrics)
+  if not ok then cli.fail((tostring(records):gsub("^.-plot%.read_metrics: ", ""))) end
+  local fig = M.metrics_figure(records, { title = opt.title or opt.metrics })
+  local written, path, _, note = pcall(M.write, base, fig, { format = format })
+  if not written then cli.fail((tostring(path):gsub("^.-plot%.write: ", ""))) end
+  if format == "png" and note then cli.fail(opt.out .. ": " .. note) end
+  print(("picture: %s (%d records%s)"):format(path, #records, note and ("; " .. note) or ""))
+  return 0
 end
 
 return M

@@ -1089,8 +1089,8 @@ TEST(misuse_embedding_and_cross_entropy) {
     l2l_tensor *bad = IDS(V, 2, 3);
     ((int32_t *)l2l_tensor_data(bad))[5] = bad_ids[i];
     WATCH(bad);
-    REFUSES(l2l_embedding_forward(out, bad, table), L2L_ERR_INVALID, "ids[5]");
-    REFUSES(l2l_embedding_backward(dtable, dout, bad), L2L_ERR_INVALID, "ids[5]");
+    REFUSES(l2l_embedding_forward(out, bad, table), L2L_ERR_INVALID, "ids[1][2]");
+    REFUSES(l2l_embedding_backward(dtable, dout, bad), L2L_ERR_INVALID, "ids[1][2]");
     unwatch();
     l2l_tensor_free(bad);
   }
@@ -1832,11 +1832,11 @@ TEST(misuse_input_and_head_calls) {
     ((int32_t *)l2l_tensor_data(bad))[4] = bad_ids[i];
     WATCH(bad);
     b = eb, b.tokens = bad;
-    REFUSES(l2l_layer_forward(&saved, emb, y, NULL, &b), L2L_ERR_INVALID, "batch->tokens[4]");
+    REFUSES(l2l_layer_forward(&saved, emb, y, NULL, &b), L2L_ERR_INVALID, "batch->tokens[1][1]");
     l2l_tensor *types = IDS(2, B, S);
     ((int32_t *)l2l_tensor_data(types))[4] = bad_ids[i] == V ? 2 : bad_ids[i];
     b = eb, b.token_types = types;
-    REFUSES(l2l_layer_forward(&saved, typed, y, NULL, &b), L2L_ERR_INVALID, "token_types[4]");
+    REFUSES(l2l_layer_forward(&saved, typed, y, NULL, &b), L2L_ERR_INVALID, "token_types[1][1]");
     l2l_tensor_free(types);
     unwatch();
     watch_layer(emb), watch_layer(head), watch_layer(cls);
@@ -1866,7 +1866,7 @@ TEST(misuse_input_and_head_calls) {
     ((int32_t *)l2l_tensor_data(bad))[5] = bad_classes[i];
     ((int32_t *)l2l_tensor_data(badc))[1] = bad_classes[i] == V ? 3 : bad_classes[i];
     b = hb, b.targets = bad;
-    REFUSES(l2l_layer_forward(&saved, head, losses, x, &b), L2L_ERR_INVALID, "targets[5]");
+    REFUSES(l2l_layer_forward(&saved, head, losses, x, &b), L2L_ERR_INVALID, "targets[1][2]");
     b = cb, b.targets = badc;
     REFUSES(l2l_layer_forward(&saved, cls, closses, x, &b), L2L_ERR_INVALID, "targets[1]");
     FREE(bad, badc);

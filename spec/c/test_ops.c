@@ -1178,7 +1178,8 @@ TEST(op_embedding_errors) {
   CHECK_FAILS(l2l_embedding_backward(dev, dout, ids), L2L_ERR_INVALID, "device");
   CHECK_POOLS_NAMED();
 
-  /* Ids out of range, anywhere: refused before anything is written, naming the position. */
+  /* Ids out of range, anywhere: refused before anything is written, naming the position
+     as C indexes the (3,7) ids. */
   int32_t *id = l2l_tensor_data(ids);
   const int32_t bad_values[] = {(int32_t)v, -1, INT32_MIN, INT32_MAX, (int32_t)v + 1000};
   for (int k = 0; k < 5; k++) {
@@ -1186,7 +1187,8 @@ TEST(op_embedding_errors) {
     int32_t saved = id[pos];
     id[pos] = bad_values[k];
     char needle[96];
-    snprintf(needle, sizeof needle, "ids[%lld] = %d", (long long)pos, bad_values[k]);
+    snprintf(needle, sizeof needle, "ids[%lld][%lld] = %d", (long long)(pos / 7), (long long)(pos % 7),
+             bad_values[k]);
     CHECK_FAILS(l2l_embedding_forward(out, ids, table), L2L_ERR_INVALID, needle);
     CHECK_FAILS(l2l_embedding_backward(dtable, dout, ids), L2L_ERR_INVALID, needle);
     id[pos] = saved;

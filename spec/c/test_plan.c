@@ -200,7 +200,7 @@ TEST(plan_search_finds_what_a_brute_force_finds) {
       CHECK(peak == r.peak && peak <= budget, "trial %d: the plan's peak %llu (said %llu), budget %llu",
             trial, (unsigned long long)peak, (unsigned long long)r.peak, (unsigned long long)budget);
       /* within 0.5 % of the optimum of its own models: the search polishes the sizes
-         whose first answers come within 5 % of the fastest, so a near tie between two
+         whose first answers come within 25 % of the fastest, so a near tie between two
          micro-batch sizes may go to the other (seen: 0.05 % apart); its predictions are
          not that close to a measurement anyway */
       CHECK(r.seconds <= brute * 1.005 || !r.found,

@@ -371,8 +371,10 @@ static l2l_status ids_in_range(const char *func, const struct l2l_backend_ops *o
   TRY(ops->find_out_of_range(&bad, &value, l2l_tensor_ptr(ids), ids->numel, 0, hi,
                              has_except ? except : 0));
   if (bad < 0) return L2L_OK;
-  return l2l_fail_in(func, L2L_ERR_INVALID, "%s[%lld] = %d is outside [0, %d)%s", name,
-                     (long long)bad, value, hi, has_except ? " and not the ignore index" : "");
+  char at[128];
+  return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s = %d is outside [0, %d)%s", name,
+                     l2l_index_str(at, sizeof at, ids, bad), value, hi,
+                     has_except ? " and not the ignore index" : "");
 }
 
 /* The checks both embedding ops share: a (V, C) table, rows (N..., C) with one row per id,

@@ -325,6 +325,9 @@ l2l_status l2l_tensor_view_bytes(l2l_tensor **out, const l2l_tensor *t, uint64_t
 l2l_status l2l_tensor_check(const char *func, const char *name, const l2l_tensor *t);
 /* "(2,3,5)" into buf, for messages. */
 const char *l2l_shape_str(char *buf, size_t len, const l2l_tensor *t);
+/* The element at row-major offset `flat` of t as C indexes it, "[1][2]" for 5 of a (2,3)
+   tensor, into buf, for messages (the Lua front end shows them counted from 1). */
+const char *l2l_index_str(char *buf, size_t len, const l2l_tensor *t, int64_t flat);
 /* t is a live tensor of `dtype` with exactly the dims given (ndim of them); else
    L2L_ERR_INVALID naming `name`, with func's name in front. */
 l2l_status l2l_need_shape(const char *func, const char *name, const l2l_tensor *t,

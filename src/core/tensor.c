@@ -23,6 +23,22 @@ const char *l2l_shape_str(char *buf, size_t len, const l2l_tensor *t) {
   return buf;
 }
 
+const char *l2l_index_str(char *buf, size_t len, const l2l_tensor *t, int64_t flat) {
+  int64_t index[L2L_MAX_DIMS];
+  int n = t->ndim > 0 && t->ndim <= L2L_MAX_DIMS ? t->ndim : 1;
+  for (int i = n - 1; i > 0; i--) {
+    int64_t d = t->shape[i] > 0 ? t->shape[i] : 1;
+    index[i] = flat % d;
+    flat /= d;
+  }
+  index[0] = flat;
+  size_t used = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < n && used < len; i++)
+    used += (size_t)snprintf(buf + used, len - used, "[%lld]", (long long)index[i]);
+  return buf;
+}
+
 l2l_status l2l_need_shape(const char *func, const char *name, const l2l_tensor *t,
                           l2l_dtype dtype, int ndim, const int64_t *dims) {
   if (t == NULL) return l2l_fail_in(func, L2L_ERR_INVALID, "%s is NULL", name);

@@ -136,9 +136,11 @@ l2l_status l2l_batch_ids(const struct batch_check *bc, const char *name, const l
   int32_t value = 0;
   TRY(bc->ops->find_out_of_range(&bad, &value, l2l_tensor_ptr(t), t->numel, 0, (int32_t)hi,
                                  except));
+  char at[128];
   if (bad >= 0)
-    return l2l_fail_in(bc->func, L2L_ERR_INVALID, "%s[%lld] = %d is outside [0, %lld)%s", name,
-                       (long long)bad, value, (long long)hi, except == -1 ? " and not -1" : "");
+    return l2l_fail_in(bc->func, L2L_ERR_INVALID, "%s%s = %d is outside [0, %lld)%s", name,
+                       l2l_index_str(at, sizeof at, t, bad), value, (long long)hi,
+                       except == -1 ? " and not -1" : "");
   return L2L_OK;
 }
 

@@ -16,7 +16,7 @@
  * dynamic programme keeps the Pareto front of (added bytes, time) and takes the fastest
  * within the budget. Peaks do not add exactly (they are maxima over a step), so the
  * answer is checked by the replay: over budget, the programme runs again with the
- * overshoot taken off. Then the two fastest sizes (and any within 5 % of the fastest)
+ * overshoot taken off. Then the two fastest sizes (and any within 25 % of the fastest)
  * are polished: single-layer changes that pay by the layer's own measure, and changes of
  * two unlike neighbours at once, taken while they make the step faster and still fit.
  * On small chains it comes within 0.5 % of what a brute force over every policy finds
@@ -334,7 +334,7 @@ l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_
     if (status == L2L_OK) status = programme(&j, &choices[i], budget, &lean);
     if (status == L2L_OK && lean < out->leanest_peak) out->leanest_peak = lean, out->leanest_micro_batch = sizes[i];
   }
-  /* polished: the two fastest sizes, and any other within 5 % of the fastest (near ties
+  /* polished: the two fastest sizes, and any other within 25 % of the fastest (near ties
      between sizes are common, and the polish may turn them) */
   double fastest = INFINITY;
   for (int i = 0; i < nsizes; i++)
@@ -344,7 +344,7 @@ l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_
     for (int i = 0; i < nsizes; i++)
       if (choices[i].found && !choices[i].polished && (pick < 0 || choices[i].seconds < choices[pick].seconds))
         pick = i;
-    if (pick < 0 || (round >= 2 && choices[pick].seconds > 1.05 * fastest)) break;
+    if (pick < 0 || (round >= 2 && choices[pick].seconds > 1.25 * fastest)) break;
     c->micro_batch = sizes[pick];
     status = plan_chain_memo(c);
     if (status == L2L_OK) status = plan_layer_costs(costs, c, rates);

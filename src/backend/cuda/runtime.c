@@ -89,9 +89,51 @@ static bool open_cublas(void) {
   return true;
 }
 
+/* cudaErrorInsufficientDriver means "no driver" as well as "a driver too old": the runtime
+   says the second for both. The kernel module's /proc file and the driver's library tell
+   them apart, so that a machine without NVIDIA's driver (a CPU-only machine) is named as
+   such. */
+static void explain_driver(cudaError_t err) {
+  char version[160] = "";
+  FILE *f = fopen("/proc/driver/nvidia/version", "r");
+  if (f != NULL) {
+    if (fgets(version, sizeof version, f) == NULL) version[0] = '\0';
+    fclose(f);
+    version[strcspn(version, "\n")] = '\0';
+  }
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  const char *lib_error = lib == NULL ? dlerror() : NULL;
+  if (lib != NULL) dlclose(lib);
+  if (f == NULL && lib == NULL) {
+    snprintf(cuda_rt.why, sizeof cuda_rt.why,
+             "no NVIDIA driver on this machine (no /proc/driver/nvidia/version, and libcuda.so.1 "
+             "cannot be opened): a GPU needs NVIDIA's driver installed");
+  } else if (f == NULL) {
+    snprintf(cuda_rt.why, sizeof cuda_rt.why,
+             "the NVIDIA driver's kernel module is not loaded (no /proc/driver/nvidia/version; "
+             "libcuda.so.1 is installed): is there an NVIDIA GPU, and is its driver running?");
+  } else if (lib == NULL) {
+    snprintf(cuda_rt.why, sizeof cuda_rt.why,
+             "the NVIDIA kernel driver is loaded (%.100s) but its library libcuda.so.1 cannot be "
+             "opened: %.200s", version, lib_error ? lib_error : "?");
+  } else {
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    snprintf(cuda_rt.why, sizeof cuda_rt.why,
+             "the NVIDIA driver (%.100s; CUDA %d.%d) is older than the CUDA runtime l2l was built "
+             "with (CUDA %d.%d): update the driver (%s)", version, driver / 1000, driver % 1000 / 10,
+             runtime / 1000, runtime % 1000 / 10, cudaGetErrorName(err));
+  }
+}
+
 static void runtime_start(void) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaErrorInsufficientDriver) {
+    explain_driver(err);
+    return;
+  }
   if (err != cudaSuccess) {
     runtime_say("cudaGetDeviceCount", err);
     return;

@@ -1,0 +1,292 @@
+-- l2l.cli — what command-line training scripts share (every example uses it): flags
+-- through one argument parser (Debian's lua-argparse), the text to train on (--data
+-- FILE_OR_FOLDER), and a Ctrl-C that ends a training loop gently.
+--
+--   local cli = require("l2l.cli")
+--   local parser = cli.parser{ name = "grow_depth", description = "Progressive stacking ...",
+--     data = true, max_bytes = 400000,            -- adds --data (repeatable) and --max-bytes
+--     flags = { { "--steps", 300, "int", "training steps", min = 1 },
+--               { "--stash", "host", "choice", "where activations wait", choices = { "host", "device" } } } }
+--   parser:flag("--verbose")                      -- an argparse parser: anything it offers
+--   local opt = cli.parse(parser)                 -- from `arg`: opt.steps, opt.max_bytes, opt.data
+--   local corpus = cli.corpus(opt)                -- l2l.text.corpus of --data, or the C headers
+--   local stop = cli.interrupt()                  -- Ctrl-C from now on asks the loop to stop
+--   for step = 1, opt.steps do ... if stop:requested() then break end end
+--   ... the summary, metrics, plot, checkpoint ...
+--   stop:finish()                                 -- after a Ctrl-C: end as Ctrl-C ends a program
+--
+-- cli.parser{name, description [, epilog, usage, flags, data, max_bytes]} -> an argparse
+--   parser with --help. `usage` is the command shown (default "l2l " .. arg[0]); each flag
+--   is { "--name", default, kind, help [, min =, max =, choices =, meta =] } with kind
+--   "int" (an integer >= min, <= max), "number" (in [min, max]), "string", "choice" (one
+--   of choices), "flag" (no value: true when given) or "list" (a value each time it is
+--   given: a list). The value lands in opt.name, dashes as underscores (opt.max_bytes).
+-- cli.parse(parser [, args]) -> opt: `args` default to the script's arguments. --help
+--   prints the help and exits 0; a flag it does not know (with a near miss: "did you mean
+--   '--steps'?"), a value of the wrong kind or a missing value prints what is wrong and
+--   exits 2 (the usual status for bad usage).
+-- cli.usage_error(message) says what is wrong with the flags (as cli.parse does) and exits 2.
+-- cli.corpus(opt) -> l2l.text.corpus(opt.data, {max_bytes = opt.max_bytes}): files and
+--   folders (walked recursively) in a fixed order; without --data, the C headers under
+--   /usr/include, else l2l's own sources. A --data that cannot be read exits 2, naming it.
+-- cli.fail(message) prints "<name>: message" on stderr and exits 1.
+-- cli.interrupt([message]) -> stop: from now on the first Ctrl-C writes `message` (default:
+--   "<name>: Ctrl-C: stopping after this step (Ctrl-C again stops at once)") and makes
+--   stop:requested() true; the loop finishes its step and writes what it writes at its end.
+--   A second Ctrl-C is the usual one: a script dies at once, the REPL stops the entry.
+--   stop:finish() lets go of Ctrl-C and, when one stopped the run, ends the process as
+--   Ctrl-C does (killed by SIGINT: status 130 in a shell, which also stops a shell loop
+--   around it; in the REPL an error "interrupted (Ctrl-C)" instead). stop:release() lets
+--   go without ending anything. The gentle stop needs the l2l executable (its module
+--   "l2l.sigint", see src/main.c); in plain luajit Ctrl-C keeps its usual effect, and a
+--   Ctrl-C ignored by the parent (a background job of a shell script) stays ignored.
+-- Must never: read a flag it was not told about, or end the process except where said
+-- above (cli.parse on bad usage, cli.usage_error, cli.corpus on bad --data, cli.fail,
+-- stop:finish).
+local lib = require("l2l.lib")
+
+local type, tostring, ipairs, select, floor, too_many, describe = type, tostring, ipairs, select,
+                                                                 math.floor, lib.too_many, lib.describe
+
+local M = {}
+
+local program = "l2l"     -- the name in messages: the last parser's
+local usage_name = "l2l"  -- the command in "try ... --help"
+
+----------------------------------------------------------------- the parser
+
+local function load_argparse()
+  local ok, argparse = pcall(require, "argparse")
+  if not ok then
+    error("l2l.cli: the examples' flags need Debian's lua-argparse, which is not installed " ..
+          "(sudo apt-get install lua-argparse, or scripts/deps.sh)", 0)
+  end
+  return argparse
+end
+
+-- The converter of an "int" or "number" flag: a number in range, or nil and the message.
+local function numeric(name, kind, min, max)
+  return function(s)
+    local v = tonumber(s)
+    local bad = v == nil or v ~= v or (kind == "int" and v ~= floor(v)) or (min and v < min) or (max and v > max)
+    if not bad then return v end
+    local range = min and max and ("in [%s, %s]"):format(tostring(min), tostring(max))
+                  or min and (">= " .. tostring(min)) or max and ("<= " .. tostring(max)) or ""
+    return nil, ("%s must be %s %s, got '%s'"):format(name, kind == "int" and "an integer" or "a number", range, s)
+  end
+end
+
+local FLAG = { [1] = true, [2] = true, [3] = true, [4] = true, min = true, max = true, choices = true, meta = true }
+local KINDS = { int = true, number = true, string = true, choice = true, flag = true, list = true }
+
+local function add_flag(p, f, i, level)
+  local where = ("flags[%d]"):format(i)
+  lib.fields(f, FLAG, "cli.parser", level + 1, where)
+  local name, default, kind, help = f[1], f[2], f[3], f[4]
+  if type(name) ~= "string" or not name:match("^%-%-?[%w][%w%-]*$") then
+    error(("cli.parser: %s[1] must be a flag name such as '--steps', got %s"):format(where, describe(name)), level + 1)
+  end
+  if not KINDS[kind] then
+    error(("cli.parser: %s[3] (%s) must be int, number, string, choice, flag or list, got %s"):format(
+      where, name, describe(kind)), level + 1)
+  end
+  if type(help) ~= "string" then
+    error(("cli.parser: %s[4] (%s) must be its help text, got %s"):format(where, name, describe(help)), level + 1)
+  end
+  if kind == "flag" then return p:flag(name, help) end
+  local o = p:option(name, help)
+  local meta = f.meta or (kind == "int" and "N") or (kind == "number" and "X") or nil
+  if meta then o:argname("<" .. meta .. ">") end
+  if kind == "list" then return o:count("*") end
+  if kind == "choice" then
+    if type(f.choices) ~= "table" or #f.choices == 0 then
+      error(("cli.parser: %s (%s) needs choices, a list of strings"):format(where, name), level + 1)
+    end
+    o:choices(f.choices)
+  elseif kind == "int" or kind == "number" then
+    o:convert(numeric(name, kind, f.min, f.max))
+  end
+  if default == "" then o:default(""):show_default(false)   -- "none"
+  elseif default ~= nil then o:default(tostring(default)) end
+  return o
+end
+
+local PARSER = { name = true, description = true, epilog = true, usage = true, flags = true, data = true,
+                 max_bytes = true }
+
+function M.parser(o, ...)
+  if select("#", ...) ~= 0 then too_many("cli.parser", "options", 2, ...) end
+  o = lib.options(o, PARSER, "cli.parser", 2)
+  if type(o.name) ~= "string" or o.name == "" then
+    error("cli.parser: option 'name' (the program's name in messages) is required, a string", 2)
+  end
+  if o.flags ~= nil and type(o.flags) ~= "table" then
+    error("cli.parser: option 'flags' must be a list of flags, got " .. describe(o.flags), 2)
+  end
+  local argparse = load_argparse()
+  local script = rawget(_G, "arg") and arg[0]
+  local usage = o.usage or (script and ("l2l " .. script)) or o.name
+  local p = argparse(usage, o.description, o.epilog):add_help(false)
+  p:help_max_width(100)
+  -- argparse's own --help exits without closing the Lua state: C libraries' finalizers
+  -- (cjson's buffers, l2l's tensors) would not run, and a leak checker would object
+  p:flag("-h --help", "Show this help message and exit."):action(function()
+    print(p:get_help())
+    os.exit(0, true)
+  end)
+  program, usage_name = o.name, usage
+  if o.data then
+    add_flag(p, { "--data", nil, "list", "a file or folder of text to train on, read recursively (repeat for " ..
+                  "more; default: the C headers under /usr/include)", meta = "FILE_OR_FOLDER" }, 0, 2)
+    add_flag(p, { "--max-bytes", o.max_bytes or 4 * 2 ^ 20, "int", "read at most this many bytes of text",
+                  min = 1024 }, 0, 2)
+  end
+  for i, f in ipairs(o.flags or {}) do add_flag(p, f, i, 2) end
+  return p
+end
+
+----------------------------------------------------------------- parsing
+
+-- The value given to flag `name` in args (the last one), or nil.
+local function value_of(name, args)
+  local v
+  for i, a in ipairs(args) do
+    if a == name then v = args[i + 1] or v end
+    if a:sub(1, #name + 1) == name .. "=" then v = a:sub(#name + 2) end
+  end
+  return v
+end
+
+-- argparse's "\nDid you mean '--steps'?" as lib's " (did you mean '--steps'?)"; a near
+-- miss argparse does not see (two letters swapped far apart), and a choice that is not
+-- one, found the way lib finds options.
+local function hint(msg, p, args)
+  msg = msg:gsub("\nDid you mean (.-)%?$", " (did you mean %1?)")
+  local unknown = msg:match("^unknown option '([^']+)'$")
+  if unknown then
+    local known = {}
+    for _, option in ipairs(p._options or {}) do
+      for _, alias in ipairs(option._aliases or {}) do known[alias] = true end
+    end
+    local suggestion = lib.suggest(unknown, known)
+    if suggestion then msg = msg .. (" (did you mean '%s'?)"):format(suggestion) end
+  end
+  local name, choices = msg:match("^argument for option '([^']+)' must be one of (.*)$")
+  if name then
+    local known = {}
+    for c in choices:gmatch("'([^']*)'") do known[c] = true end
+    local given = value_of(name, args)
+    if given then
+      msg = msg .. (", got '%s'"):format(given)
+      local suggestion = lib.suggest(given, known)
+      if suggestion then msg = msg .. (" (did you mean '%s'?)"):format(suggestion) end
+    end
+  end
+  return msg
+end
+
+function M.parse(p, args, ...)
+  if select("#", ...) ~= 0 then too_many("cli.parse", "parser, args", 2, ...) end
+  if type(p) ~= "table" or type(p.pparse) ~= "function" then
+    error("cli.parse: parser must be an argparse parser (from cli.parser), got " .. describe(p), 2)
+  end
+  if args == nil then
+    local given = rawget(_G, "arg") or {}
+    args = {}
+    for i = 1, #given do args[i] = given[i] end
+  elseif type(args) ~= "table" then
+    error("cli.parse: args must be a list of strings, got " .. describe(args), 2)
+  end
+  local ok, result = p:pparse(args)
+  if ok then return result end
+  M.usage_error(hint(tostring(result), p, args))
+end
+
+function M.usage_error(message, ...)
+  if select("#", ...) ~= 0 then too_many("cli.usage_error", "message", 2, ...) end
+  io.stdout:flush()
+  io.stderr:write(("%s: %s\n(`%s --help` lists the flags)\n"):format(program, tostring(message), usage_name))
+  os.exit(2, true)
+end
+
+----------------------------------------------------------------- the text
+
+function M.corpus(opt, ...)
+  if select("#", ...) ~= 0 then too_many("cli.corpus", "opt", 2, ...) end
+  if type(opt) ~= "table" then error("cli.corpus: opt must be the table cli.parse returned, got " .. describe(opt), 2) end
+  local text = require("l2l.text")
+  local ok, corpus = pcall(text.corpus, opt.data, { max_bytes = opt.max_bytes })
+  if ok then return corpus end
+  M.usage_error("--data: " .. tostring(corpus):gsub("^.-text%.corpus: ", ""):gsub("^paths: ", ""))
+end
+
+function M.fail(message, ...)
+  if select("#", ...) ~= 0 then too_many("cli.fail", "message", 2, ...) end
+  io.stdout:flush()
+  io.stderr:write(("%s: %s\n"):format(program, tostring(message)))
+  os.exit(1, true)
+end
+
+----------------------------------------------------------------- Ctrl-C
+
+local Stop = {}
+Stop.__index = Stop
+
+-- The l2l executable's module; nil in plain luajit (or any other host).
+local function sigint()
+  local ok, mod = pcall(require, "l2l.sigint")
+  return ok and mod or nil
+end
+
+local function stop_of(self, fname)
+  if getmetatable(self) ~= Stop then error(fname .. ": self must be what cli.interrupt returned", 3) end
+end
+
+local function stderr_is_terminal()
+  local ok, ffi = pcall(require, "ffi")
+  if not ok then return false end
+  pcall(ffi.cdef, "int isatty(int fd);")
+  local ok2, r = pcall(function() return ffi.C.isatty(2) end)
+  return ok2 and r == 1
+end
+
+function M.interrupt(message, ...)
+  if select("#", ...) ~= 0 then too_many("cli.interrupt", "message", 2, ...) end
+  if message ~= nil and type(message) ~= "string" then
+    error("cli.interrupt: message must be a string, got " .. describe(message), 2)
+  end
+  message = message or (program .. ": Ctrl-C: stopping after this step (Ctrl-C again stops at once)")
+  -- on a terminal the ^C the terminal echoes is where the cursor was: a new line first
+  local text = (stderr_is_terminal() and "\n" or "") .. message .. "\n"
+  local mod = sigint()
+  local self = setmetatable({ mod = mod, caught = false }, Stop)
+  if mod then self.caught = mod.catch(text) end
+  return self
+end
+
+function Stop:requested(...)
+  if select("#", ...) ~= 0 then too_many("stop:requested", "", 2, ...) end
+  stop_of(self, "stop:requested")
+  return self.caught and self.mod.count() > 0 or false
+end
+
+function Stop:release(...)
+  if select("#", ...) ~= 0 then too_many("stop:release", "", 2, ...) end
+  stop_of(self, "stop:release")
+  if self.caught then self.mod.release() end
+end
+
+function Stop:finish(...)
+  if select("#", ...) ~= 0 then too_many("stop:finish", "", 2, ...) end
+  stop_of(self, "stop:finish")
+  local requested = self.caught and self.mod.count() > 0
+  if self.caught then self.mod.release() end
+  self.caught = false
+  if not requested then return end
+  io.stdout:flush()
+  io.stderr:flush()
+  self.mod.die()   -- returns only where Ctrl-C is handled by someone else (the REPL)
+  error("interrupted (Ctrl-C)", 2)
+end
+
+return M

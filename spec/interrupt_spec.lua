@@ -1,0 +1,144 @@
+-- interrupt_spec — Ctrl-C ends training gracefully (issue 24): the first SIGINT lets the
+-- step finish and the example write what it writes at its end (summary, metrics, picture,
+-- checkpoint), then the process ends as Ctrl-C ends a program (killed by SIGINT: status
+-- 130 from the shell); a second SIGINT stops it at once. The processes run as users run
+-- them (build/l2l, a subprocess that is the shell's foreground command, so SIGINT is not
+-- ignored), and get the signal from a watcher that waits for them to reach a given point;
+-- a watchdog kills a process that would not end, so a failure cannot hang the suite.
+local support = dofile("spec/support.lua")
+local cjson = require("cjson")
+local l2l = require("l2l")
+
+local exe = support.build_dir .. "/l2l"
+
+local function tmpdir()
+  local path = os.tmpname()
+  os.remove(path)
+  assert(os.execute("mkdir -p " .. path) == 0)
+  return path
+end
+
+-- Runs `command` (exec'ed by a shell script, so that $$ is its pid) while a watcher sends SIGINT once
+-- `file` holds a line matching `pattern` (grep -E), for each pattern of the list in turn;
+-- a watchdog sends SIGKILL after a minute. Returns the exit status and the output.
+local function interrupted(command, file, patterns)
+  local steps = {}
+  for _, p in ipairs(patterns) do
+    steps[#steps + 1] = ("n=0; until grep -qE '%s' '%s' 2>/dev/null || [ $n -ge 1200 ]; do sleep 0.05; n=$((n+1)); done; " ..
+                         "kill -INT $$"):format(p, file)
+  end
+  local watcher = table.concat(steps, "; ") ..
+                  "; n=0; while kill -0 $$ 2>/dev/null && [ $n -lt 1200 ]; do sleep 0.05; n=$((n+1)); done; " ..
+                  "kill -KILL $$ 2>/dev/null"
+  -- a script of its own: $$ in a command support.sh runs would be the outer shell's pid
+  local script = support.write_temp(("(%s) >/dev/null 2>&1 &\nexec %s\n"):format(watcher, command))
+  local status, out = support.sh("sh " .. script)
+  os.remove(script)
+  return status, out
+end
+
+describe("Ctrl-C during examples/train_gpt.lua", function()
+  local dir = tmpdir()
+  local ckpt = dir .. "/run.safetensors"
+  local status, out, context
+  setup(function()
+    local command = ("%s examples/train_gpt.lua --steps 100000 --layers 1 --dim 32 --heads 2 --seq 32 --batch 8 " ..
+                     "--micro-batch 4 --eval-every 1000 --eval-batches 2 --max-bytes 100000 --plot svg --sample 50 " ..
+                     "--seed %d --out %s --checkpoint %s"):format(exe, support.seed % 1000 + 1, dir, ckpt)
+    -- the first SIGINT once step 3's line is in the metrics log
+    status, out = interrupted(command, dir .. "/metrics.jsonl", { '"step":3,' })
+    context = ("seed %d, output:\n%s"):format(support.seed, out)
+  end)
+  teardown(function() os.execute("rm -rf " .. dir) end)
+
+  it("finishes the step, then ends as Ctrl-C ends a program (status 130)", function()
+    assert.are.equal(130, status, context)
+    assert.is_truthy(out:find("train_gpt: Ctrl-C: stopping after this step (Ctrl-C again stops at once)", 1, true), context)
+  end)
+
+  it("prints the summary for the steps it did", function()
+    local stopped = tonumber(out:match("\nstopped at step (%d+) of 100000 %(Ctrl%-C%): %-%-resume continues"))
+    assert.is_truthy(stopped, context)
+    assert.is_true(stopped >= 3, context)
+    assert.are.equal(stopped, tonumber(out:match("\ndone: (%d+) steps")), context)
+    assert.is_truthy(out:find("\nloss: train [%d.]+, validation [%d.]+"), context)
+    assert.is_truthy(out:find("\nsample: none (stopped by Ctrl-C)", 1, true), context)
+    -- the plain progress lines end with the step it stopped at
+    assert.is_truthy(out:find(("\nstep%%s+%d/100000  loss "):format(stopped)), context)
+  end)
+
+  it("writes the metrics up to that step, with its validation loss, and the picture", function()
+    local stopped = tonumber(out:match("stopped at step (%d+) of"))
+    local last
+    for line in io.lines(dir .. "/metrics.jsonl") do last = cjson.decode(line) end
+    assert.is_truthy(last, context)
+    assert.are.equal(stopped, last.step, context)
+    assert.is_number(last.val_loss, context)
+    assert.is_truthy(out:find("picture: " .. dir .. "/curves.svg", 1, true), context)
+    local svg = support.read_file(dir .. "/curves.svg")
+    assert.is_truthy(svg and svg:find("</svg>", 1, true), "no picture")
+  end)
+
+  it("saves a checkpoint that loads at that step", function()
+    local stopped = tonumber(out:match("stopped at step (%d+) of"))
+    assert.is_truthy(out:find(("checkpoint: %s (step %d)"):format(ckpt, stopped), 1, true), context)
+    local budget = l2l.pool_stats("device").budget
+    local run = l2l.load(ckpt)
+    l2l.set_budget("device", budget)   -- l2l.load set the run's budget: the specs after this need theirs
+    assert.are.equal(stopped, run:stats().steps)
+    run:free()
+  end)
+end)
+
+describe("cli.interrupt", function()
+  -- A loop of 50 ms steps, then `after` seconds of work at its end, as an example has.
+  local script = support.write_temp([[
+    local cli = require("l2l.cli")
+    local progress = require("l2l.progress")
+    local opt = cli.parse(cli.parser { name = "slow", flags = { { "--after", 1, "number", "seconds of work at the end" } } })
+    local function busy(s) local t = progress.now() while progress.now() - t < s do end end
+    local stop = cli.interrupt()
+    for step = 1, 10000 do
+      busy(0.05)
+      print("step " .. step)
+      io.stdout:flush()
+      if stop:requested() then break end
+    end
+    print("saving")
+    io.stdout:flush()
+    busy(opt.after)
+    print("saved")
+    stop:finish()
+    print("not reached after a Ctrl-C")
+  ]])
+  teardown(function() os.remove(script) end)
+
+  it("lets the loop end and the work after it run on the first Ctrl-C", function()
+    local log = os.tmpname()
+    local status, err = interrupted(("%s %s --after 0.3 > %s"):format(exe, script, log), log, { "^step 3$" })
+    local out = support.read_file(log)
+    os.remove(log)
+    assert.are.equal(130, status, out .. err)
+    assert.is_truthy(out:find("\nsaving\nsaved\n$"), out)
+    assert.is_truthy(err:find("slow: Ctrl-C: stopping after this step", 1, true), err)
+  end)
+
+  it("stops at once on the second Ctrl-C", function()
+    local log = os.tmpname()
+    local t0 = os.time()
+    local status, err = interrupted(("%s %s --after 30 > %s"):format(exe, script, log), log, { "^step 3$", "^saving$" })
+    local took = os.time() - t0
+    local out = support.read_file(log)
+    os.remove(log)
+    assert.are.equal(130, status, out .. err)
+    assert.is_truthy(out:find("\nsaving\n$"), out)   -- the 30 s of work were cut short
+    assert.is_true(took < 20, ("took %d s"):format(took))
+  end)
+
+  it("answers false until a Ctrl-C comes, and lets go of Ctrl-C on finish", function()
+    local stop = require("l2l.cli").interrupt("a message")
+    assert.is_false(stop:requested())
+    stop:finish()   -- nothing was requested: returns
+    stop:release()  -- twice: harmless
+  end)
+end)
