@@ -1,38 +1,64 @@
 # Makefile — builds libl2l (shared and static), the l2l executable, the C tests and the
-# benchmarks, and runs them. The two commands a user needs: `make demo` and `make test`.
-# `make fuzz N=20000 SEED=s` runs the loader fuzzer (scripts/fuzz_load.lua; N defaults to
-# 1000, the seed to a fresh one). Targets that need system packages first run
+# benchmarks, runs them, installs them and builds the documentation. The two commands a
+# user needs: `make demo` and `make test`. Targets that need system packages first run
 # scripts/deps.sh, which installs what is missing. Knobs: SANITIZE=1 (AddressSanitizer +
 # UBSan build in build-san/), ARCH=<gcc -march> (default native: l2l is built where it
-# runs), NO_CUDA=1, CUDA_ARCH="80 90", L2L_THREADS=<n>.
+# runs; ARCH=x86-64-v3, or any other, for a binary that runs on other machines; ARCH= for
+# the compiler's own default), NO_CUDA=1, CUDA_ARCH="80 90", L2L_THREADS=<n>.
+# The caller's CFLAGS, CPPFLAGS and LDFLAGS (for a package, `dpkg-buildflags`) are used as
+# given: l2l's own flags (language, OpenMP, -march, warnings) come first and the caller's
+# after them, so theirs win; CFLAGS defaults to -O3 -g. EXTRA_CFLAGS adds to either.
+# `make install` / `make uninstall` honour DESTDIR, PREFIX (default /usr/local), BINDIR,
+# LIBDIR, INCLUDEDIR, MANDIR, LUADIR and PKGCONFIGDIR; `make doc` builds the man page and
+# the Lua and C references into $(BUILD)/doc.
+# `make fuzz N=20000 SEED=s` runs the loader fuzzer (scripts/fuzz_load.lua; N defaults to
+# 1000, the seed to a fresh one).
 
 SANITIZE ?= 0
 ARCH ?= native
 ifeq ($(SANITIZE),1)
   BUILD ?= build-san
   SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
-  OPT := -O1 -DL2L_SANITIZE
+  SANDEFS := -DL2L_SANITIZE
+  OPT := -O1
 else
   BUILD ?= build
   SANFLAGS :=
+  SANDEFS :=
   OPT := -O3
 endif
 
+# The version is l2l_version()'s, read from its one definition, so that the library's file
+# name, its soname and pkg-config's Version can never disagree with what it reports.
+VERSION := $(shell sed -n 's/^const char \*l2l_version(void) { return "\([0-9]*\.[0-9]*\.[0-9]*\)"; }$$/\1/p' src/core/error.c)
+ifneq ($(words $(VERSION)),1)
+  $(error cannot read the version from l2l_version() in src/core/error.c (found '$(VERSION)'))
+endif
+SOVERSION := $(firstword $(subst ., ,$(VERSION)))
+SONAME := libl2l.so.$(SOVERSION)
+
 CC ?= cc
+CFLAGS ?= $(OPT) -g
 LUAJIT_CFLAGS := -I/usr/include/luajit-2.1
 # -ffp-contract=fast: -std=c11 would otherwise forbid fused multiply-add (2x on GELU);
 # -fno-math-errno lets sqrtf vectorize; 512-bit vectors pay off where AVX-512 exists.
-CFLAGS := -std=c11 -D_GNU_SOURCE $(OPT) -g -march=$(ARCH) -fPIC -fopenmp -fno-math-errno \
-          -fno-trapping-math -ffp-contract=fast -mprefer-vector-width=512 -Wall -Wextra -Wshadow -Wstrict-prototypes -Isrc $(SANFLAGS) \
-          $(EXTRA_CFLAGS)
-LDFLAGS := -fopenmp $(SANFLAGS)
+L2L_CFLAGS := -std=c11 -D_GNU_SOURCE $(SANDEFS) $(if $(ARCH),-march=$(ARCH)) -fPIC -fopenmp \
+              -fno-math-errno -fno-trapping-math -ffp-contract=fast -mprefer-vector-width=512 \
+              -Wall -Wextra -Wshadow -Wstrict-prototypes -Isrc $(SANFLAGS)
+COMPILE = $(CC) $(L2L_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(EXTRA_CFLAGS)
+L2L_LDFLAGS := -fopenmp $(SANFLAGS)
+LINK = $(CC) $(L2L_LDFLAGS) $(LDFLAGS)
 # OpenBLAS's OpenMP build (Debian's libopenblas0-openmp), not the default pthread one: with
 # one OpenMP thread pool for BLAS and l2l's loops, neither spins on the cores the other
 # needs (with both pools, a tiny model ran 11x slower on 2 threads than on 1), and BLAS
 # called inside an OpenMP region runs single-threaded by itself. BLAS_DIR is that build's
 # folder (scripts/gpu-host.sh points it at packages unpacked where none can be installed).
+# The library in $(BUILD) and the programs there find it through a RUNPATH; an installed
+# libl2l has none (a system folder must not be one) and gets the libopenblas.so.0 that
+# Debian's alternatives choose: `make install` says how to choose the OpenMP one.
 BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
-BLAS_LIBS := -L$(BLAS_DIR) -l:libopenblas.so.0 -Wl,-rpath,$(BLAS_DIR)
+BLAS_LIBS := -L$(BLAS_DIR) -l:libopenblas.so.0
+BLAS_RPATH := -Wl,-rpath,$(BLAS_DIR)
 LIB_LIBS := $(BLAS_LIBS) -ljemalloc -lm -lpthread
 # The executable and test programs link libl2l.so from their own folder.
 RPATH := -Wl,-rpath,'$$ORIGIN' -Wl,--no-as-needed
@@ -60,10 +86,14 @@ ifneq ($(NVCC),)
                 -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH)) \
                 $(EXTRA_NVCC_FLAGS)
   KERNEL_OBJ := $(patsubst kernels/%.cu,$(BUILD)/kernels/%.o,$(wildcard kernels/*.cu))
-  # cuBLAS is opened at run time (backend_cuda.c says why), from the toolkit's folder.
-  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -ldl -lstdc++
-  $(BUILD)/obj/backend/cuda/%.o: CFLAGS += -DL2L_CUDA -I$(CUDA_HOME)/include -I. \
-                                          -DL2L_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
+  # cuBLAS is opened at run time (backend_cuda.c says why), from the toolkit's folder. The
+  # kernels' objects are C++: a program linking libl2l.a needs libstdc++ (l2l.pc says so).
+  # An installed libl2l finds the CUDA runtime through the loader's own paths (the
+  # toolkit's /etc/ld.so.conf.d entry), not a RUNPATH.
+  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart -ldl -lstdc++
+  CUDA_RPATH := -Wl,-rpath,$(CUDA_HOME)/lib64
+  $(BUILD)/obj/backend/cuda/%.o: L2L_CFLAGS += -DL2L_CUDA -I$(CUDA_HOME)/include -I. \
+                                              -DL2L_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
 endif
 
 # One source list per part (src/<part>/, see README.md's layout); the parts build the
@@ -79,10 +109,13 @@ LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o) $(KERNEL_OBJ)
 CTEST_SRC := $(wildcard spec/c/*.c)
 CTEST_OBJ := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%.o)
 DEPS_STAMP := $(BUILD)/.deps-ok
+# What `make install` copies: the library and l2l linked again without the build tree's
+# RUNPATHs (the same objects), in $(DIST).
+DIST := $(BUILD)/dist
 
-.PHONY: all deps test demo bench vecreport clean fuzz
+.PHONY: all deps test demo bench vecreport clean fuzz install uninstall doc
 all: $(BUILD)/libl2l.so $(BUILD)/libl2l.a $(BUILD)/l2l $(BUILD)/l2l_ctest $(BUILD)/hello \
-     $(BUILD)/embed $(BUILD)/embed_lua \
+     $(BUILD)/embed $(BUILD)/embed_lua $(DIST)/libl2l.so.$(VERSION) $(DIST)/l2l \
      lua/l2l/cdef.lua
 
 deps: $(DEPS_STAMP)
@@ -92,41 +125,53 @@ $(DEPS_STAMP): scripts/deps.sh
 
 $(BUILD)/obj/%.o: src/%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+	$(COMPILE) -MMD -MP -c $< -o $@
 
 $(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.cuh kernels/*.h) | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
 
-$(BUILD)/libl2l.so: $(LIB_OBJ)
-	$(CC) -shared -o $@ $^ $(LDFLAGS) $(LIB_LIBS) $(CUDA_LIBS)
+# libl2l.so.$(VERSION), with the soname libl2l.so.$(SOVERSION) and the two links a
+# library has: the soname's (what programs load) and libl2l.so (what -ll2l finds).
+$(BUILD)/libl2l.so.$(VERSION): $(LIB_OBJ)
+	$(LINK) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(LIB_LIBS) $(CUDA_LIBS) $(BLAS_RPATH) $(CUDA_RPATH)
+$(BUILD)/$(SONAME) $(BUILD)/libl2l.so: $(BUILD)/libl2l.so.$(VERSION)
+	ln -sfn $(notdir $<) $@
 
 $(BUILD)/libl2l.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/obj/main.o: src/main.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LUAJIT_CFLAGS) -MMD -MP -c $< -o $@
+	$(COMPILE) $(LUAJIT_CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/l2l: $(BUILD)/obj/main.o $(BUILD)/libl2l.so
-	$(CC) -o $@ $< $(LDFLAGS) $(RPATH) -L$(BUILD) -ll2l -lluajit-5.1 -ledit -ljemalloc -lm -ldl
+L2L_EXE_LIBS := -lluajit-5.1 -ledit -ljemalloc -lm -ldl
+$(BUILD)/l2l: $(BUILD)/obj/main.o $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
+	$(LINK) -o $@ $< $(RPATH) -L$(BUILD) -ll2l $(L2L_EXE_LIBS)
+
+$(DIST)/libl2l.so.$(VERSION): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(LINK) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(LIB_LIBS) $(CUDA_LIBS)
+$(DIST)/l2l: $(BUILD)/obj/main.o $(DIST)/libl2l.so.$(VERSION)
+	$(LINK) -o $@ $< -Wl,--no-as-needed $(DIST)/libl2l.so.$(VERSION) $(L2L_EXE_LIBS)
 
 $(BUILD)/ctest/%.o: spec/c/%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+	$(COMPILE) -MMD -MP -c $< -o $@
 
-$(BUILD)/l2l_ctest: $(CTEST_OBJ) $(BUILD)/libl2l.so
-	$(CC) -o $@ $(CTEST_OBJ) $(LDFLAGS) $(RPATH) -L$(BUILD) -ll2l $(BLAS_LIBS) -lm
+$(BUILD)/l2l_ctest: $(CTEST_OBJ) $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
+	$(LINK) -o $@ $(CTEST_OBJ) $(RPATH) -L$(BUILD) -ll2l $(BLAS_LIBS) $(BLAS_RPATH) -lm
 
 # The C examples, built as a user would build them (only src/l2l.h, -ll2l and LuaJIT).
-$(BUILD)/hello: examples/hello.c src/l2l.h $(BUILD)/libl2l.so
-	$(CC) -std=c11 -Wall -Wextra $(SANFLAGS) -Isrc -o $@ $< $(RPATH) -L$(BUILD) -ll2l
-$(BUILD)/embed: examples/embed.c src/l2l.h $(BUILD)/libl2l.so
-	$(CC) -std=c11 -Wall -Wextra $(SANFLAGS) -Isrc -o $@ $< $(RPATH) -L$(BUILD) -ll2l
+EXAMPLE_CC = $(CC) -std=c11 -Wall -Wextra $(SANFLAGS) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -Isrc
+$(BUILD)/hello: examples/hello.c src/l2l.h $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
+	$(EXAMPLE_CC) -o $@ $< $(RPATH) -L$(BUILD) -ll2l
+$(BUILD)/embed: examples/embed.c src/l2l.h $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
+	$(EXAMPLE_CC) -o $@ $< $(RPATH) -L$(BUILD) -ll2l
 # embed_lua finds this checkout's lua/ through a path compiled in (the environment
 # variable L2L_LUA_DIR overrides it).
-$(BUILD)/embed_lua: examples/embed_lua.c src/l2l.h $(BUILD)/libl2l.so
-	$(CC) -std=c11 -Wall -Wextra $(SANFLAGS) -Isrc $(LUAJIT_CFLAGS) -DL2L_LUA_DIR='"$(CURDIR)/lua"' \
+$(BUILD)/embed_lua: examples/embed_lua.c src/l2l.h $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
+	$(EXAMPLE_CC) $(LUAJIT_CFLAGS) -DL2L_LUA_DIR='"$(CURDIR)/lua"' \
 	  -o $@ $< $(RPATH) -L$(BUILD) -ll2l -lluajit-5.1
 
 # The FFI declarations are generated from the public header (and checked by a spec).
@@ -137,8 +182,10 @@ lua/l2l/cdef.lua: src/l2l.h scripts/gen_cdef.lua | $(DEPS_STAMP)
 # threads starve each other when the machine is busy); a policy set by the caller wins.
 export OMP_WAIT_POLICY ?= PASSIVE
 
+# `+`: the install spec runs make itself (install into a temporary DESTDIR), as a sub-make
+# that shares this one's job slots and command-line variables.
 test: all
-	@L2L_SANITIZE=$(SANITIZE) bash scripts/test.sh $(BUILD)
+	+@L2L_SANITIZE=$(SANITIZE) bash scripts/test.sh $(BUILD)
 
 # The loader fuzzer: N mutated checkpoints, each loaded in a child process; crashing,
 # hanging and unclean cases are kept in $(BUILD)/fuzz/ (the script's header explains).
@@ -151,8 +198,8 @@ fuzz: $(BUILD)/l2l
 demo: all
 	$(BUILD)/l2l examples/train_gpt.lua --out $(BUILD)/demo
 
-$(BUILD)/bench_%: bench/%.c bench/bench.h $(BUILD)/libl2l.so
-	$(CC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(RPATH) -L$(BUILD) -ll2l $(BLAS_LIBS) -lm
+$(BUILD)/bench_%: bench/%.c bench/bench.h $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
+	$(COMPILE) -o $@ $< $(L2L_LDFLAGS) $(LDFLAGS) $(RPATH) -L$(BUILD) -ll2l $(BLAS_LIBS) $(BLAS_RPATH) -lm
 
 bench: $(BUILD)/bench_ops $(BUILD)/bench_layers $(BUILD)/bench_optim $(BUILD)/bench_relay
 	$(BUILD)/bench_ops
@@ -162,8 +209,103 @@ bench: $(BUILD)/bench_ops $(BUILD)/bench_layers $(BUILD)/bench_optim $(BUILD)/be
 
 # Which loops of the CPU backend GCC vectorized (the hot loops must all appear).
 vecreport: | $(DEPS_STAMP)
-	@for f in src/backend/cpu/*.c; do $(CC) $(CFLAGS) -fopt-info-vec-optimized -c $$f -o /dev/null 2>&1 | \
+	@for f in src/backend/cpu/*.c; do $(COMPILE) -fopt-info-vec-optimized -c $$f -o /dev/null 2>&1 | \
 	  grep -E "^$$f:[0-9]+" | sed -E 's/:[0-9]+: optimized://' | sort -t: -k2 -n -u; done
+
+# ------------------------------------------------------------------ install, uninstall
+# The layout of the GNU coding standards; Debian's multiarch library folder is
+# LIBDIR=/usr/lib/x86_64-linux-gnu. The Lua modules go where LuaJIT's default
+# package.path looks (PREFIX/share/lua/5.1), and the installed l2l also looks there,
+# relative to its own folder, so a tree installed under any PREFIX (or DESTDIR) runs.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+DATADIR ?= $(PREFIX)/share
+MANDIR ?= $(DATADIR)/man
+LUADIR ?= $(DATADIR)/lua/5.1
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+INSTALL ?= install
+
+# l2l.pc. A program linking the shared library needs -ll2l alone; one linking libl2l.a
+# also needs what the library links (pkg-config --static): OpenBLAS, jemalloc, OpenMP
+# (libgomp: the objects call it), and with CUDA the runtime and libstdc++ (the kernels are
+# C++: without it, an undefined __cxa_guard_acquire). A sanitized build's library needs
+# the sanitizer runtimes in the program too.
+PC_LIBS_PRIVATE := -lopenblas -ljemalloc -lgomp -lm -lpthread $(CUDA_LIBS)
+pc_dir = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
+define L2L_PC
+prefix=$(PREFIX)
+libdir=$(call pc_dir,$(LIBDIR))
+includedir=$(call pc_dir,$(INCLUDEDIR))
+
+Name: l2l
+Description: trains transformers layer to layer (libl2l, the C library of l2l)
+Version: $(VERSION)
+Libs: -L$${libdir} -ll2l$(if $(SANFLAGS), -fsanitize=address$(comma)undefined)
+Libs.private: $(strip $(PC_LIBS_PRIVATE))
+Cflags: -I$${includedir}
+endef
+comma := ,
+export L2L_PC
+
+install: $(DIST)/libl2l.so.$(VERSION) $(DIST)/l2l $(BUILD)/libl2l.a lua/l2l/cdef.lua docs/l2l.1
+	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR) \
+	  $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(LUADIR)/l2l
+	$(INSTALL) -m 755 $(DIST)/l2l $(DESTDIR)$(BINDIR)/l2l
+	$(INSTALL) -m 644 $(DIST)/libl2l.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libl2l.so.$(VERSION)
+	ln -sfn libl2l.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sfn $(SONAME) $(DESTDIR)$(LIBDIR)/libl2l.so
+	$(INSTALL) -m 644 $(BUILD)/libl2l.a $(DESTDIR)$(LIBDIR)/libl2l.a
+	$(INSTALL) -m 644 src/l2l.h $(DESTDIR)$(INCLUDEDIR)/l2l.h
+	printf '%s\n' "$$L2L_PC" > $(DESTDIR)$(PKGCONFIGDIR)/l2l.pc
+	chmod 644 $(DESTDIR)$(PKGCONFIGDIR)/l2l.pc
+	$(INSTALL) -m 644 docs/l2l.1 $(DESTDIR)$(MANDIR)/man1/l2l.1
+	find lua/l2l -type f -name '*.lua' | LC_ALL=C sort | while read -r f; do \
+	  $(INSTALL) -D -m 644 "$$f" "$(DESTDIR)$(LUADIR)/$${f#lua/}" || exit 1; done
+	$(INSTALL) -D -m 755 scripts/gpt2-vocab.sh $(DESTDIR)$(DATADIR)/l2l/gpt2-vocab.sh
+ifeq ($(DESTDIR),)
+	@if [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
+	@blas=$$(readlink -f $(dir $(BLAS_DIR))libopenblas.so.0 2>/dev/null); \
+	if [ -n "$$blas" ] && [ "$${blas#$(BLAS_DIR)/}" = "$$blas" ]; then \
+	  echo "note: the installed libl2l loads $$blas, which Debian's alternatives chose;"; \
+	  echo "      OpenBLAS's OpenMP build is faster with l2l (see the Makefile, BLAS_DIR):"; \
+	  echo "      update-alternatives --set libopenblas.so.0-$(notdir $(patsubst %/,%,$(dir $(BLAS_DIR)))) $(BLAS_DIR)/libopenblas.so.0"; \
+	fi
+endif
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/l2l $(DESTDIR)$(LIBDIR)/libl2l.so.$(VERSION) \
+	  $(DESTDIR)$(LIBDIR)/$(SONAME) $(DESTDIR)$(LIBDIR)/libl2l.so $(DESTDIR)$(LIBDIR)/libl2l.a \
+	  $(DESTDIR)$(INCLUDEDIR)/l2l.h $(DESTDIR)$(PKGCONFIGDIR)/l2l.pc $(DESTDIR)$(MANDIR)/man1/l2l.1
+	rm -rf $(DESTDIR)$(LUADIR)/l2l $(DESTDIR)$(DATADIR)/l2l
+ifeq ($(DESTDIR),)
+	@if [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
+endif
+
+# ------------------------------------------------------------------ documentation
+# The man page is written by hand (docs/l2l.1) and checked by rendering it with groff's
+# warnings on; the Lua reference is LDoc's, run on copies of lua/l2l/ whose comments
+# scripts/gen_luadoc.lua marks for it (the sources keep their plain `--` comments); the C
+# reference is made from src/l2l.h's comments by scripts/gen_cdoc.lua.
+DOC := $(BUILD)/doc
+doc: $(DOC)/man1/l2l.1 $(DOC)/lua/index.html $(DOC)/c-api.md
+
+$(DOC)/man1/l2l.1: docs/l2l.1 | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	@warnings=$$(LC_ALL=C.UTF-8 groff -k -man -Tutf8 -ww -z $< 2>&1); \
+	if [ -n "$$warnings" ]; then echo "$$warnings" >&2; echo "doc: $< has warnings" >&2; exit 1; fi
+	cp $< $@
+	LC_ALL=C.UTF-8 groff -k -man -Tutf8 -P-cbou $< > $(DOC)/l2l.1.txt
+
+$(DOC)/lua/index.html: $(wildcard lua/l2l/*.lua) lua/l2l/cdef.lua scripts/gen_luadoc.lua docs/config.ld | $(DEPS_STAMP)
+	rm -rf $(DOC)/lua $(DOC)/lua-src
+	luajit scripts/gen_luadoc.lua lua/l2l $(DOC)/lua-src/l2l
+	ldoc --fatalwarnings --date "for l2l $(VERSION)" -c docs/config.ld -d $(DOC)/lua $(DOC)/lua-src
+
+$(DOC)/c-api.md: src/l2l.h scripts/gen_cdoc.lua | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	luajit scripts/gen_cdoc.lua src/l2l.h $@
 
 clean:
 	rm -rf build build-san

@@ -13,7 +13,10 @@ packages=(
   lua-busted                 # the spec runner (run under the l2l executable)
   lua-cjson                  # JSON for checkpoints' metadata and the metrics log
   libedit-dev                # line editing and history for the l2l REPL
-  pkg-config
+  lua-argparse               # the examples' command-line flags
+  pkg-config                 # l2l.pc: C programs build against an installed libl2l with it
+  lua-ldoc                   # `make doc`: the Lua API reference (LDoc)
+  groff-base                 # `make doc`: the man page l2l(1) is checked by rendering it
 )
 
 missing=()

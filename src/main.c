@@ -86,20 +86,39 @@ static int report(lua_State *L, int status) {
   return status;
 }
 
-/* package.path gets <root>/lua, where root is the folder above the executable's
-   (build/l2l -> lua/ of the checkout), unless L2L_LUA_DIR names another. */
+/* package.path gets, first, the folder of l2l's Lua modules: $L2L_LUA_DIR when set, else
+   the first of these that holds l2l/init.lua, where ROOT is the folder above the
+   executable's own:
+     ROOT/lua             the checkout (build/l2l -> lua/)
+     ROOT/share/lua/5.1   an installed tree (PREFIX/bin/l2l -> PREFIX/share/lua/5.1, make
+                          install's LUADIR), wherever it was installed or copied to
+   Otherwise LuaJIT's own path (LUA_PATH, or its default, which has /usr/local/share/lua/5.1
+   and /usr/share/lua/5.1) is left to find them. */
+static int has_modules(const char *dir) {
+  char init[PATH_MAX];
+  int n = snprintf(init, sizeof init, "%s/l2l/init.lua", dir);
+  return n > 0 && (size_t)n < sizeof init && access(init, R_OK) == 0;
+}
+
 static void set_package_path(lua_State *L) {
+  static const char *const below_root[] = {"lua", "share/lua/5.1"};
   char exe[PATH_MAX], lua_dir[PATH_MAX];
   const char *env = getenv("L2L_LUA_DIR");
+  lua_dir[0] = '\0';
   if (env != NULL && env[0] != '\0') {
     snprintf(lua_dir, sizeof lua_dir, "%s", env);
   } else {
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n <= 0) return;
     exe[n] = '\0';
-    char *dir = dirname(exe);       /* .../build */
-    char *root = dirname(dir);      /* ... */
-    snprintf(lua_dir, sizeof lua_dir, "%s/lua", root);
+    char *root = dirname(dirname(exe)); /* build/l2l -> the checkout; PREFIX/bin/l2l -> PREFIX */
+    for (size_t i = 0; i < sizeof below_root / sizeof below_root[0]; i++) {
+      int len = snprintf(lua_dir, sizeof lua_dir, "%s/%s", strcmp(root, "/") == 0 ? "" : root,
+                         below_root[i]);
+      if (len > 0 && (size_t)len < sizeof lua_dir && has_modules(lua_dir)) break;
+      lua_dir[0] = '\0';
+    }
+    if (lua_dir[0] == '\0') return;
   }
   lua_getglobal(L, "package");
   lua_getfield(L, -1, "path");

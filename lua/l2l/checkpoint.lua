@@ -211,7 +211,8 @@ end
 -- converts it (a C integer would take 2^32 + 5 as 5, and 1.5 as 1).
 local function count_of(v, max, what)
   if type(v) ~= "number" or v ~= math.floor(v) or v < 0 or v > max then
-    error(("%s must be an integer from 0 to %.17g, got %s"):format(what, max, tostring(v)), 0)
+    error(("%s must be an integer from 0 to %.17g, got %s"):format(what, max,
+          type(v) == "string" and lib.describe(v) or tostring(v)), 0)   -- (a long string shortened)
   end
   return v
 end

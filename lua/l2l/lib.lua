@@ -2,10 +2,11 @@
 --
 -- Purpose: one place that knows how the library gets into the process. Inside the `l2l`
 -- executable (and any C program linking libl2l) the symbols are already there (ffi.C).
--- From plain `luajit` the shared library is loaded with ffi.load from $L2L_LIB, else
--- build/libl2l.so beside this checkout. Debian's jemalloc cannot be dlopen'ed into a
--- running process (static TLS), so plain luajit needs GLIBC_TUNABLES or LD_PRELOAD; the
--- error says exactly that. Also turns C statuses into Lua errors, and holds the argument
+-- From plain `luajit` the shared library is loaded with ffi.load from $L2L_LIB when it is
+-- set; else from build/libl2l.so beside this checkout, then by its soname (libl2l.so.0)
+-- through the system's search path, where `make install` puts it. Debian's jemalloc
+-- cannot be dlopen'ed into a running process (static TLS), so plain luajit needs
+-- GLIBC_TUNABLES or LD_PRELOAD; the error says exactly that. Also turns C statuses into Lua errors, and holds the argument
 -- checks every public function shares (see "arguments" below).
 -- Must never: declare C functions by hand (they come from src/l2l.h via l2l.cdef).
 local ffi = require("ffi")
@@ -23,14 +24,26 @@ end
 
 local TLS_HINT = [[
 Debian's libjemalloc.so.2 uses initial-exec TLS and cannot be loaded into a running
-luajit. Use the l2l executable (build/l2l script.lua), or start luajit with either
+luajit. Use the l2l executable (l2l script.lua), or start luajit with either
   GLIBC_TUNABLES=glibc.rtld.optional_static_tls=65536 luajit script.lua
   LD_PRELOAD=libjemalloc.so.2 luajit script.lua   (jemalloc then also serves malloc)]]
+
+-- The installed library's soname: the major number of l2l_version() (the Makefile's
+-- SONAME; the install spec loads it by this name).
+local SONAME = "libl2l.so.0"
 
 local function load_library()
   if pcall(function() return ffi.C.l2l_version end) then return ffi.C, "(linked in)" end
   local env = os.getenv("L2L_LIB")
-  local candidates = (env and env ~= "") and { env } or { module_dir() .. "/../../build/libl2l.so" }
+  local candidates
+  if env and env ~= "" then
+    candidates = { env }
+  else
+    candidates = { SONAME }
+    local checkout = module_dir() .. "/../../build/libl2l.so"
+    local f = io.open(checkout, "rb")
+    if f then f:close(); table.insert(candidates, 1, checkout) end
+  end
   local failures = {}
   for _, path in ipairs(candidates) do
     local ok, lib = pcall(ffi.load, path)
@@ -41,7 +54,8 @@ local function load_library()
   if detail:find("static TLS", 1, true) then
     error("l2l: cannot load libl2l:\n  " .. detail .. "\n" .. TLS_HINT, 0)
   end
-  error("l2l: cannot load libl2l (build it with `make`, or set L2L_LIB):\n  " .. detail, 0)
+  error("l2l: cannot load libl2l (build it with `make` or install it with `make install`, " ..
+        "or set L2L_LIB):\n  " .. detail, 0)
 end
 
 M.C, M.path = load_library()

@@ -577,7 +577,10 @@ function M.gpt2(opts, ...)
   local encoder, vocab = dir .. "/encoder.json", dir .. "/vocab.bpe"
   if not (exists(encoder) and exists(vocab)) then
     local why
+    -- the script beside a checkout's modules, or where make install puts it
+    -- (PREFIX/share/l2l/, three folders above PREFIX/share/lua/5.1/l2l)
     local script = module_dir() .. "/../../scripts/gpt2-vocab.sh"
+    if not exists(script) then script = module_dir() .. "/../../../l2l/gpt2-vocab.sh" end
     if opts.dir ~= nil then
       why = nil   -- a folder of the caller's: nothing to fetch
     elseif opts.fetch == false then
