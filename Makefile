@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # Makefile — builds libl2l (shared and static), the l2l executable, the C tests and the
 # benchmarks, runs them, installs them and builds the documentation. The two commands a
 # user needs: `make demo` and `make test`. Targets that need system packages first run

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench/bench.h — what the benchmark programs share: a monotonic clock, medians and a
  * status check that stops the program with l2l's message.
  * Must never: be used by the library or the tests (benchmarks only).

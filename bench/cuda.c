@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench/cuda.c — speed of the CUDA backend's ops, side by side with what bounds them.
  *
  * Prints, in one run on a GPU:

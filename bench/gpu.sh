@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # gpu.sh — the GPU checks in one run: build (with CUDA), the GPU tests (ops, layers, the
 # relay), compute-sanitizer's memcheck and racecheck over the op tests, then the kernel
 # benchmark (bench/cuda.c), whose table goes into bench/RESULTS.md with the GPU's name and

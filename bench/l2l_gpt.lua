@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l_gpt.lua — the l2l side of bench/vs_torch.sh: the GPT-2-shaped model of
 -- bench/torch_gpt.py (pre-LN, tanh GELU, learned positions, tied LM head, no dropout)
 -- trained through the relay on random tokens, weights streamed from the EPS, and one JSON

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench/layers.c — what the transformer block keeps for backward, and how fast it runs.
  *
  * Prints, in one run:

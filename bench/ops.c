@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench/ops.c — speed of the CPU backend's ops, side by side with what bounds them.
  *
  * Prints, in one run: GFLOP/s of l2l_gemm / l2l_gemm_batched next to raw cblas_sgemm on

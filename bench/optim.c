@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench/optim.c — the EPS's host optimizer kernels against the machine's memory bandwidth.
  *
  * Prints, in one run: for N = 16 Mi parameters (448 MiB of AdamW state, far beyond any

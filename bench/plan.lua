@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- bench/plan.lua — the planner against the relay it plans for (issue 22): for two model
 -- shapes and three device budgets, the plan's predicted step time and device peak beside
 -- the measured ones, and the auto plan's measured step beside the best fixed policy that

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench/relay.c — what the relay costs against plain whole-batch training.
  *
  * Prints, in one run, on the CPU backend: a 6-block GPT (dim 768, 12 heads, MLP 3072,

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- bench/soak.lua — does memory come back? Resident memory (RSS) and the host pool's bytes
 -- at the start and the end of two long loops (issue 21):
 --   layers: N layers created and dropped to Lua's garbage collector (never freed by hand;

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- bench/tokenizer.lua — l2l.tokenizer's GPT-2 encoding against js-tiktoken's (node), in
 -- tokens per second, on the same texts in the same run; the ids must agree.
 --

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """torch_gpt.py — the PyTorch side of bench/vs_torch.sh: what our users would run instead.
 
 Trains a GPT-2-shaped model (pre-LN, tanh GELU, learned positions, LM head tied to the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # vs_torch.sh — l2l against PyTorch on the same GPU in one run (CUDA part 2's benchmark):
 # GPT-2 shapes, sequence length 1024, bf16, AdamW, random tokens.
 #   1. Fits on the GPU (124M and 350M): tokens/s and peak device memory, PyTorch eager with

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- bert_mlm.lua — a small BERT-style model (bidirectional attention, post-LN blocks)
 -- trained by masked-language modelling on bytes (Devlin et al., 2019).
 --

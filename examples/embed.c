@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* embed.c — training a small byte-level GPT from C, with libl2l's C API alone.
  *
  * What it shows: the layers (a token+position embedding, pre-LN causal blocks, an LM head

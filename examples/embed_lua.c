@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* embed_lua.c — a C program that embeds LuaJIT and runs an l2l training script.
  *
  * What it shows: a Lua state made with luaL_newstate and luaL_openlibs; package.path

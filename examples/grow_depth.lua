@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- grow_depth.lua — progressive stacking: train a shallow byte-level GPT, then double its
 -- depth by cloning the trained blocks and keep training (Gong et al., 2019, "Efficient
 -- Training of BERT by Progressively Stacking"). The relay follows the model as it grows:

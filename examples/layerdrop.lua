@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- layerdrop.lua — stochastic depth (Huang et al., 2016) / LayerDrop (Fan et al., 2019):
 -- every training step skips a random subset of the blocks, so the step is cheaper and
 -- the model learns not to lean on any one block; evaluation uses every block.

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- tour.lua — a tour of l2l's tensors and ops from Lua, ending in a small model trained
 -- with hand-written backward passes (no autograd: every op has its backward counterpart
 -- in l2l.ops). It was the first `make demo`; the demo is now examples/train_gpt.lua (the

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- train_gpt.lua — what `make demo` runs: a byte-level GPT trained with the relay on real
 -- text, in less device memory than its parameters and optimizer state take.
 --

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* attention.cu — multi-head self-attention forward and backward for the CUDA backend, in
  * fp32, flash style (Dao et al., FlashAttention 1 and 2).
  *

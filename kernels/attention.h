@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* attention.h — launchers of the CUDA backend's multi-head self-attention (attention.cu).
  *
  * Purpose: the plain-C face of the flash-style attention kernels, so that

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* attention_mma.cu — flash attention forward and backward on tensor cores: products of
  * 16-bit (bf16 or f16) operands summed in fp32.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* attention_tiles.cuh — what the two attention kernel files share: the call's shape and
  * arguments, which keys a query sees, the dropout draws of a tile, and the tile launcher.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* common.cuh — what every kernel file shares: launch sizes, the Philox generator, GELU
  * and reductions, in device code.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* elementwise.cu — the CUDA backend's element-wise ops, fills, casts and random fills.
  *
  * Purpose: device versions of src/backend_cpu.c's element-wise functions (the CPU

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* elementwise.h — launchers for the CUDA backend's element-wise ops, fills, casts and
  * random fills (kernels/elementwise.cu).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* norm.cu — row-wise ops on the GPU: LayerNorm (forward, backward, backward from the
  * output, fused residual add + forward), masked/causal softmax (forward, backward) and
  * cross-entropy (forward, backward, fused).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* norm.h — CUDA launchers for the row-wise ops: LayerNorm, softmax, cross-entropy, and
  * two fused forms the layers use (residual add + LayerNorm, cross-entropy loss + gradient).
  *

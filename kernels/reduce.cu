@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* reduce.cu — the CUDA backend's reductions (bias gradient, whole-tensor sum / max|x| /
  * sum of squares), the index range check, and embedding gather / scatter-add.
  *

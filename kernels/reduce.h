@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* reduce.h — launchers for the CUDA backend's reductions, range checks and embedding
  * gather / scatter (kernels/reduce.cu).
  *

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # deps.sh — install the Debian packages l2l needs, if any are missing.
 # Run by the Makefile before the first build. As root it installs with apt-get; otherwise
 # it prints the exact command to run and fails. CUDA is not a Debian package here: when

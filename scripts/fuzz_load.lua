@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- scripts/fuzz_load.lua — the loader fuzzer: damaged checkpoints fed to l2l.load,
 -- l2l.load_weights and l2l.safetensors.open, each in a child process of its own.
 --

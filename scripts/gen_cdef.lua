@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- gen_cdef.lua — writes lua/l2l/cdef.lua from the FFI block of src/l2l.h.
 -- Usage: luajit scripts/gen_cdef.lua src/l2l.h lua/l2l/cdef.lua
 -- The header is the single source of truth for the FFI declarations; this copies the

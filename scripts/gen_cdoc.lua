@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- gen_cdoc.lua — writes the C API reference (Markdown) from src/l2l.h's own comments.
 -- Usage: luajit scripts/gen_cdoc.lua src/l2l.h build/doc/c-api.md   (run by `make doc`)
 -- The header is the reference: its top comment (purpose and conventions) opens the page;

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- gen_luadoc.lua — copies l2l's Lua modules with their comments marked for LDoc.
 -- Usage: luajit scripts/gen_luadoc.lua lua/l2l build/doc/lua-src/l2l   (run by `make doc`,
 -- which then runs ldoc on the copies with docs/config.ld)

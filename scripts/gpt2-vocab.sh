@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # gpt2-vocab.sh — fetch GPT-2's tokenizer files (encoder.json, vocab.bpe) into l2l's cache,
 # for l2l.tokenizer.gpt2().
 # Usage: scripts/gpt2-vocab.sh [DIR]

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # gpu-host.sh — runs a command in a build environment on a lent GPU machine, which has
 # CUDA, PyTorch and a compiler but no package access.
 #

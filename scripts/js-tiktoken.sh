@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # js-tiktoken.sh — the reference GPT-2 tokenizer for l2l's tests and benchmark: installs
 # the npm package js-tiktoken (a JavaScript port of OpenAI's tiktoken, whose `gpt2`
 # encoding is GPT-2's) into l2l's cache once, and prints the folder to give

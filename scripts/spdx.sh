@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # spdx.sh — checks, or adds, the licence line atop each source file:
 #   SPDX-License-Identifier: MIT      (the LICENSE file; https://spdx.dev/ids/)
 # Usage: scripts/spdx.sh [--check | --add] [ROOT]    (default --check; ROOT: a checkout,

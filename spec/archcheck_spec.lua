@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- archcheck_spec — scripts/archcheck passes on this tree, and fails, naming the file and
 -- the line, on each kind of breach added to a copy of it: an include pointing upward, a
 -- part reached past its interface, an include cycle between folders, CUDA named above the

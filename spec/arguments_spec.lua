@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- arguments_spec — every public Lua function refuses what it does not understand (issue
 -- 21, defect 12: `l2l.tensor(t, "i32")` gave an f32 tensor without a word): arguments
 -- beyond those it takes, an option it does not know (a near miss names the option meant,

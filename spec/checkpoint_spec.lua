@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- checkpoint_spec — run:save / l2l.load, the safetensors files under them, and GPT-2 import.
 -- References are independent of what they test: safetensors bytes are written and read
 -- here by hand, a resumed run is compared bit for bit with the run that never stopped,

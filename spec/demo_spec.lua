@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- demo_spec — `make demo` (examples/train_gpt.lua) and model:generate.
 --
 -- The demo runs as a user runs it, a subprocess of the l2l executable, in a shortened

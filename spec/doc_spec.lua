@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- doc_spec — `make doc`: the man page l2l(1) renders without a warning and describes every
 -- option `l2l --help` lists and every environment variable the sources read; the Lua
 -- reference (LDoc) has a page for every module of lua/l2l/ and an entry for every public

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- embed_spec — the two embedding examples users copy: build/embed (a byte-level GPT
 -- trained with the C API alone, examples/embed.c) and build/embed_lua (a C program that
 -- embeds LuaJIT and runs an l2l training script, examples/embed_lua.c). Each run takes a

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- examples_spec — the dynamic-architecture examples run as users run them (build/l2l
 -- examples/<name>.lua, as subprocesses) in shortened form, and what they print shows that
 -- they did their job: grow_depth doubles the depth from cloned blocks and ends lower than

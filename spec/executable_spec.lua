@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- executable_spec — the three ways the README says to run l2l: the l2l executable
 -- (scripts, -e, stdin, errors), plain luajit (with the static-TLS workaround, and a clear
 -- error without it), and a C program linking libl2l.

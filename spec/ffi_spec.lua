@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- ffi_spec — the FFI declarations are the public header's, and every one resolves.
 local support = dofile("spec/support.lua")
 

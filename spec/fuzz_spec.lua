@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- fuzz_spec — the loader fuzzer (scripts/fuzz_load.lua) as part of `make test`: first its
 -- self-test (children made to segfault, abort, hang and fail with internal messages are
 -- classified so, and every base checkpoint, written again by the fuzzer's own JSON

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- gpu_relay_spec — the relay on a GPU (CUDA part 2): its loss curve against the CPU
 -- relay's on the same batches (f32: tight; bf16 weights and gradients: a band over 200
 -- steps), bf16 as the GPU's default precision, device memory constant in depth with stash = "host", and copies hidden under

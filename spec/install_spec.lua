@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- install_spec — l2l as a distribution packages it: `make install` into a temporary
 -- DESTDIR with PREFIX=/usr gives exactly the files a package ships (the library with its
 -- soname and links, the static library, l2l.h, l2l.pc, l2l, its man page and the Lua

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- layers_spec — the layers from Lua: tiny models built from them learn, the Lua layer API
 -- (options, memory reports, parameter records, ties) behaves, and misuse raises errors
 -- that name the argument. Gradients against finite differences of float64 references are

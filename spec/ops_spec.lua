@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- ops_spec — every op called from Lua, against float64 references written here on fresh
 -- random inputs (small awkward sizes: the C tests cover large ones), outputs poisoned
 -- with NaN first; and C errors arriving as Lua errors with the C message.

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- plan_spec — the planner from Lua (l2l.plan, plan = "auto"): plans that fit and say so,
 -- the relay reaching the peak the plan predicted (to the byte on the CPU backend), plans
 -- made again when the model or the batch's shape changes, a budget too small for any

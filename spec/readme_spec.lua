@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- readme_spec — the README's 15-line training script ("Training with the relay") runs as
 -- printed (shortened to 50 steps, in a temporary folder), learns, and writes its
 -- checkpoint and trace: the README cannot rot.

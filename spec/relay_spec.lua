@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- relay_spec — l2l.Relay from Lua: the tiny GPT of layers_spec learns through the relay
 -- with every stash and inner policy; relay steps equal plain whole-batch training (the
 -- Sequential path plus an optimizer written here in Lua) for micro-batches of 1 and of

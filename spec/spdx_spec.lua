@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- spdx_spec — scripts/spdx.sh, which checks and adds the licence line atop each source
 -- file, on a small tree of every kind of file it knows (and some it must leave alone):
 -- --check names each file without the line and fails; --add puts the line first (second
@@ -87,7 +88,9 @@ describe("scripts/spdx.sh", function()
     assert.is_truthy(out:find(("spdx: all %d source files carry: %s"):format(n, ID), 1, true), out)
   end)
 
-  -- Not yet enforced: the line goes into every file at once, on the merged tree
-  -- (`scripts/spdx.sh --add`), after which this becomes a test.
-  pending("every source file of this checkout carries the line (scripts/spdx.sh --check)")
+  it("finds the line in every source file of this checkout (scripts/spdx.sh --check)", function()
+    local status, out = sh("scripts/spdx.sh --check")
+    assert.are.equal(0, status, out)
+    assert.is_truthy(out:find("spdx: all %d+ source files carry"), out)
+  end)
 end)

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- spec/support.lua — helpers shared by the specs: fresh random data from a seed that
 -- changes every run (printed on failure through the messages that use it), float64
 -- comparison, running a shell command, and where the build is.

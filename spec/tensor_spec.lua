@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- tensor_spec — tensors from Lua: round trips, printing, views, copies, casts, random
 -- fills, pools, freeing, and errors that name the argument.
 local support = dofile("spec/support.lua")

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- spec/tokenizer_fixture.lua — a small vocabulary in GPT-2's file format (encoder.json,
 -- vocab.bpe), for the specs that need a tokenizer without GPT-2's own files (which need
 -- npm): the 256 byte tokens in GPT-2's byte encoding and order, a few merges, then

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- tokenizer_spec — l2l.tokenizer, GPT-2's byte-level BPE, against an independent
 -- implementation of GPT-2's encoding: js-tiktoken's `gpt2` (npm; scripts/js-tiktoken.sh
 -- installs it into l2l's cache), run by node through scripts/gpt2-reference.js. On awkward

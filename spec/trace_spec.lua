@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- trace_spec — run:trace(path): the relay's timeline as Chrome trace JSON (lua/l2l/trace.lua).
 -- A small GPT trains through the relay with three micro-batches and host stash; the file
 -- must decode as JSON, hold one complete event per run:events() entry with the same times

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* l2l.h — the one public header of libl2l.
  *
  * Purpose: everything a C program, or LuaJIT's FFI, needs to use l2l: status codes and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* main.c — the l2l executable: LuaJIT with libl2l linked in, and its interactive prompt.
  *
  * Purpose: run l2l's Lua scripts in a process that has jemalloc loaded from the start

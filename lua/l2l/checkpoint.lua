@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l.checkpoint — run:save(path [, extra]) and l2l.load(path [, overrides]): a training
 -- run in one file, resumed exactly; l2l.load_weights(model, path) for weights alone.
 --

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l.cli — what command-line training scripts share (every example uses it): flags
 -- through one argument parser (Debian's lua-argparse), the text to train on (--data
 -- FILE_OR_FOLDER), and a Ctrl-C that ends a training loop gently.

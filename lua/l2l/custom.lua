@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l.custom — layer kinds written in Lua with l2l's ops: l2l.layer_kind{...}.
 --
 -- Purpose: let a script define a (B,S,D) -> (B,S,D) layer kind (a gated MLP, an adapter,

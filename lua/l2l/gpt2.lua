@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l.gpt2 — GPT-2 weights as Hugging Face stores them, imported into an l2l model.
 --
 --   local model = l2l.import_gpt2("model.safetensors" [, {heads =, max_seq =, memory =,

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l — the LuaJIT front end: `local l2l = require("l2l")`.
 --
 -- Purpose: gather the modules into the one table users meet: tensor constructors

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l.layers — layer constructors (Embedding, Block, LMHead, Classifier) and their methods.
 --
 -- Purpose: the C layers of src/l2l.h as Lua objects, Torch style: `y = layer:forward(x,

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l.lib — finds libl2l and declares its C API to the FFI.
 --
 -- Purpose: one place that knows how the library gets into the process. Inside the `l2l`
@@ -21,6 +22,38 @@ local function module_dir()
   local source = debug.getinfo(1, "S").source
   return source:sub(1, 1) == "@" and source:sub(2):match("^(.*)/[^/]*$") or "."
 end
+-- The folder of l2l's Lua modules (every module of l2l is in it).
+M.dir = module_dir()
+
+----------------------------------------------------------------- folders
+-- Read through the FFI (opendir / readdir64: Linux glibc, whose record has this layout on
+-- every architecture), never through a shell, so a path may hold any character.
+
+for _, decl in ipairs({   -- one at a time: another module may have declared one already
+  "void *opendir(const char *name);",
+  "int closedir(void *dir);",
+  "struct l2l_dirent64 { uint64_t d_ino; int64_t d_off; unsigned short d_reclen; unsigned char d_type; char d_name[256]; };",
+  "struct l2l_dirent64 *readdir64(void *dir);",
+  "int *__errno_location(void);",
+  "char *strerror(int errnum);",
+}) do pcall(ffi.cdef, decl) end
+M.DT_UNKNOWN, M.DT_DIR, M.DT_REG = 0, 4, 8
+
+-- The entries of folder `path` ({name =, type = d_type} each, without "." and ".."), or
+-- nil and why when it cannot be opened (not a folder, not readable).
+function M.list_folder(path)
+  local dir = ffi.C.opendir(path)
+  if dir == nil then return nil, ffi.string(ffi.C.strerror(ffi.C.__errno_location()[0])) end
+  local entries = {}
+  while true do
+    local e = ffi.C.readdir64(dir)
+    if e == nil then break end
+    local name = ffi.string(e.d_name)
+    if name ~= "." and name ~= ".." then entries[#entries + 1] = { name = name, type = e.d_type } end
+  end
+  ffi.C.closedir(dir)
+  return entries
+end
 
 local TLS_HINT = [[
 Debian's libjemalloc.so.2 uses initial-exec TLS and cannot be loaded into a running
@@ -40,7 +73,7 @@ local function load_library()
     candidates = { env }
   else
     candidates = { SONAME }
-    local checkout = module_dir() .. "/../../build/libl2l.so"
+    local checkout = M.dir .. "/../../build/libl2l.so"
     local f = io.open(checkout, "rb")
     if f then f:close(); table.insert(candidates, 1, checkout) end
   end

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l.model — l2l.Sequential: a model as a list of layers, run whole (no relay), and
 -- changed between steps (insert, remove, replace, clone, freeze).
 --

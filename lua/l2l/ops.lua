@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l.ops — the backend's ops, callable from Lua with their backward counterparts.
 --
 -- Purpose: let layers be written in Lua (Torch style, no autograd): each function is a

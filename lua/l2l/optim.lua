@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l.optim — optimizers (SGD, AdamW, LAMB) and learning-rate schedules (Constant,
 -- Cosine, Linear) as checked Lua values for l2l.Relay.
 --

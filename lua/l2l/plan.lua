@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l.plan — the planner from Lua: l2l.plan{...} and l2l.calibrate{...}.
 --
 --   local plan = l2l.plan{ model = model, batch = 32, seq = 1024, device_budget = 8 * 2^30 }

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l.plot — line charts of a training run (loss curves, memory over steps) as a picture:
 -- a PNG through gnuplot when it is installed, otherwise an SVG written here.
 --

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l.progress — a training run's progress display: one updating line on a terminal,
 -- plain lines elsewhere, with human units for bytes, counts and durations.
 --

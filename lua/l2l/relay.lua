@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l.relay — l2l.Relay: training a Sequential layer to layer through the eager parameter
 -- server (the C relay of src/l2l.h, "the relay and the EPS").
 --

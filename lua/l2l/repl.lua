@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l.repl — what the l2l executable's prompt shows for values, and its tab completion
 -- (src/main.c calls show and complete; nothing else needs this module).
 --

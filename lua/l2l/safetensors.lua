@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l.safetensors — reading and writing tensors in the safetensors format, atomically.
 --
 --   safetensors.write(path, { {name =, tensor =}, ... } [, metadata = {key = "string"}])
@@ -50,14 +51,6 @@ int getpid(void);
 char *strerror(int errnum);
 int gethostname(char *name, size_t len);
 int kill(int pid, int sig);
-void *opendir(const char *name);
-int closedir(void *dir);
-]]
--- readdir's entry as glibc lays it out on 64-bit Linux (the platforms l2l builds for:
--- Debian's amd64 and arm64), declared under a name of our own.
-ffi.cdef [[
-struct l2l_dirent { uint64_t d_ino; int64_t d_off; unsigned short d_reclen; unsigned char d_type; char d_name[256]; };
-struct l2l_dirent *readdir(void *dir);
 ]]
 
 local M = {}
@@ -113,19 +106,14 @@ local function temporary_name(path) return ("%s.tmp.%s.%d"):format(path, host_na
 local function sweep_temporaries(path)
   local folder, base = folder_of(path), path:match("[^/]*$")
   local prefix = ("%s.tmp.%s."):format(base, host_name())
-  local dir = C.opendir(folder)
-  if dir == nil then return end
   local stale = {}
-  while true do
-    local entry = C.readdir(dir)
-    if entry == nil then break end
-    local name = ffi.string(entry.d_name)
+  for _, entry in ipairs(lib.list_folder(folder) or {}) do
+    local name = entry.name
     local pid = name:sub(1, #prefix) == prefix and tonumber(name:sub(#prefix + 1):match("^%d+$"))
     if pid and pid ~= C.getpid() and C.kill(pid, 0) ~= 0 and ffi.errno() == ESRCH then
       stale[#stale + 1] = folder .. "/" .. name
     end
   end
-  C.closedir(dir)
   for _, name in ipairs(stale) do C.unlink(name) end
 end
 

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l.tensor — tensors in Lua: an FFI metatype around the C handle.
 --
 -- Purpose: make C tensors feel like Lua values: build them from nested tables, read them

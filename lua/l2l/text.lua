@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l.text — a byte-level text corpus for the examples: load it, split it, draw batches.
 --
 --   local text = require("l2l.text")
@@ -45,41 +46,8 @@ local M = {}
 
 ----------------------------------------------------------------- folders
 
--- One declaration at a time (another module may have declared one of them already).
-for _, decl in ipairs({
-  "void *opendir(const char *name);",
-  "int closedir(void *dir);",
-  -- readdir64's record has the same layout on every Linux glibc
-  "struct l2l_text_dirent { uint64_t d_ino; int64_t d_off; unsigned short d_reclen; unsigned char d_type; char d_name[256]; };",
-  "struct l2l_text_dirent *readdir64(void *dir);",
-  "int *__errno_location(void);",
-  "char *strerror(int errnum);",
-}) do pcall(ffi.cdef, decl) end
-
-local C = ffi.C
-local DT_UNKNOWN, DT_DIR, DT_REG = 0, 4, 8
-local dirent_ptr = ffi.typeof("struct l2l_text_dirent *")
-
-local function errno_text()
-  return ffi.string(C.strerror(C.__errno_location()[0]))
-end
-
--- The names in folder `path` (without "." and ".."), with their d_type; nil and why when
--- it cannot be opened (not a folder, or not readable).
-local function list_folder(path)
-  local dir = C.opendir(path)
-  if dir == nil then return nil, errno_text() end
-  local entries = {}
-  while true do
-    local e = C.readdir64(dir)
-    if e == nil then break end
-    e = ffi.cast(dirent_ptr, e)
-    local name = ffi.string(e.d_name)
-    if name ~= "." and name ~= ".." then entries[#entries + 1] = { name = name, type = e.d_type } end
-  end
-  C.closedir(dir)
-  return entries
-end
+local DT_UNKNOWN, DT_DIR, DT_REG = lib.DT_UNKNOWN, lib.DT_DIR, lib.DT_REG
+local list_folder = lib.list_folder
 
 local function join(folder, name)
   return folder:sub(-1) == "/" and folder .. name or folder .. "/" .. name
@@ -169,17 +137,12 @@ local function fnv1a(s)
 end
 
 -- The folder of this module (lua/l2l/ of a checkout, or of an install).
-local function module_dir()
-  local source = debug.getinfo(1, "S").source
-  return source:sub(1, 1) == "@" and source:sub(2):match("^(.*)/[^/]*$") or "."
-end
-
 -- The default corpus: the C headers under /usr/include, else l2l's own sources (the
 -- checkout's src/ when this module is in one, and the Lua modules beside it).
 local function default_files()
   local list = files_under("/usr/include", "%.h$")
   if list and #list > 0 then return list, "C headers under /usr/include" end
-  local here = module_dir()
+  local here = lib.dir
   list = {}
   for _, root in ipairs({ here .. "/../../src", here }) do
     for _, f in ipairs(files_under(root, "%.[ch]$") or {}) do list[#list + 1] = f end

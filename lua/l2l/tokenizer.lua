@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l.tokenizer — GPT-2's byte-level BPE: text to GPT-2's token ids and back.
 --
 --   local tok = l2l.tokenizer.gpt2()          -- GPT-2's own files, from l2l's cache
@@ -523,10 +524,6 @@ end
 
 ----------------------------------------------------------------- GPT-2's own files
 
-local function module_dir()
-  local source = debug.getinfo(1, "S").source
-  return source:sub(1, 1) == "@" and source:sub(2):match("^(.*)/[^/]*$") or "."
-end
 
 -- The cache folder GPT-2's files go to (scripts/gpt2-vocab.sh agrees).
 function M.cache_dir(...)
@@ -579,8 +576,8 @@ function M.gpt2(opts, ...)
     local why
     -- the script beside a checkout's modules, or where make install puts it
     -- (PREFIX/share/l2l/, three folders above PREFIX/share/lua/5.1/l2l)
-    local script = module_dir() .. "/../../scripts/gpt2-vocab.sh"
-    if not exists(script) then script = module_dir() .. "/../../../l2l/gpt2-vocab.sh" end
+    local script = lib.dir .. "/../../scripts/gpt2-vocab.sh"
+    if not exists(script) then script = lib.dir .. "/../../../l2l/gpt2-vocab.sh" end
     if opts.dir ~= nil then
       why = nil   -- a folder of the caller's: nothing to fetch
     elseif opts.fetch == false then

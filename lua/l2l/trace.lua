@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- l2l.trace — the relay's timeline (run:events()) as a Chrome trace, for Perfetto
 -- (ui.perfetto.dev) or chrome://tracing. What run:trace(path) writes.
 --

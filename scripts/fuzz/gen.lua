@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- scripts/fuzz/gen.lua — the loader fuzzer's raw material (scripts/fuzz_load.lua loads it):
 -- a JSON writer that can write what cjson will not, a base checkpoint taken apart, the
 -- random choices, hostile values, and the state a case's mutations edit.

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- scripts/fuzz/mutations.lua — the loader fuzzer's mutations (scripts/fuzz_load.lua loads it
 -- with the table of scripts/fuzz/gen.lua and gets S, B back).
 --

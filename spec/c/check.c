@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* check.c — the runner and helpers declared in check.h. */
 #include "check.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* check.h — the small harness behind l2l's C tests (spec/c/).
  *
  * Purpose: register tests with TEST(name), check conditions with CHECK (a failed check

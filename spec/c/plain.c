@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* plain.c — the plain executor: whole-batch training of a model with the layers alone, the
  * reference the relay (and, to come, data parallel training across processes) is checked
  * against; and the models and minibatches the relay's tests build (see reference.h).

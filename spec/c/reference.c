@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* reference.c — the float64 references and small helpers the C tests share (see
  * reference.h).
  *

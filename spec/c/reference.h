@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* reference.h — what the C tests share beyond the harness (check.h): float64 references,
  * the helpers every test file needs to make, read and compare tensors, and the plain
  * executor (whole-batch training written with the layers alone) that the relay is checked

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test_api_misuse.c — every public function of src/l2l.h called with what it must refuse.
  *
  * What it tests: each function of the header gets NULL for each pointer; pointers that are

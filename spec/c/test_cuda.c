@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test_cuda.c — the CUDA backend against the CPU backend, op by op, in one process.
  *
  * What it tests: every op of l2l.h on device tensors served by the CUDA backend against

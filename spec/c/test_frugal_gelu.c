@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test_frugal_gelu.c — the memory-frugal GELU backward over its whole input range.
  *
  * Purpose: GELU' recovered from the output y and one side bit must match GELU' of the

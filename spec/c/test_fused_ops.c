@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test_fused_ops.c — the CPU backend's fused ops give exactly what the sequences they
  * replace give.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test_layers.c — the layers of l2l.h's "layers" section against float64 references.
  *
  * What it tests: every layer kind and option: the token+position embedding (with and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test_ops.c — every op of l2l.h's "ops" section against naive double-precision references.
  *
  * What it tests: l2l_gemm and l2l_gemm_batched (all transposes, alpha/beta, beta = 0 never

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test_optim.c — the EPS's optimizer kernels, config checks and LR schedules
  * (src/eps_optim.h, and l2l_schedule_lr of l2l.h) against float64 references.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test_plan.c — the planner (src/plan/) against the relay it plans for.
  *
  * Purpose: the device peak the planner predicts for a training step must be the peak the

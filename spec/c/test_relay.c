@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test_relay.c — the relay and the EPS of l2l.h ("the relay and the EPS", "optimizers")
  * against plain whole-batch training.
  *

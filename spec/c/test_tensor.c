@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test_tensor.c — tensors, views, casts, fills, the random generator and the pools.
  *
  * How: shapes and views against the arithmetic they promise; f16/bf16 casts against

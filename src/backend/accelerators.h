@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* accelerators.h — the accelerator backends as dispatch.c registers them (private to
  * src/backend/; the other parts see only backend.h).
  *

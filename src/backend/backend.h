@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* backend.h — the backend's interface: the ops table, and the dispatch from pools to the
  * backend that runs them.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* dispatch.c — which backend serves the device pool, and the dispatch from pools to ops
  * tables.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* ops.c — the public ops: check every argument, then run the owning backend's entry.
  *
  * Purpose: make the ops safe to call from C and Lua with anything: NULL, freed handles,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* tensor_ops.c — the public whole-tensor calls: copies (transfers between pools), casts,
  * fills and random fills.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* blocks.c — the block cache of core.h: free lists by exact size over a system
  * allocator, with a cap on what is held from the system.
  *

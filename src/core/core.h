@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* core.h — the core's interface: what every part of libl2l builds on, and users never see.
  *
  * Purpose: errors with messages, half floats, the counter-based generator, tensor handles

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* device.c — the device table the core gets device memory and ordering from, and the
  * marks and stamps built on it.
  *

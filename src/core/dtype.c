@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* dtype.c — element types: sizes, names, scalar 16-bit float conversions.
  *
  * Purpose: the public names for the type table and the scalar conversions of core.h's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* error.c — the per-thread last-error message and the status names.
  *
  * Purpose: give every failing call a place to say, in words, what was wrong (shape,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* pool.c — the three memory pools: host, pinned and device.
  *
  * Purpose: hand out aligned memory for tensors and account for every byte (current, peak,

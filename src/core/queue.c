@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* queue.c — queues of jobs served by threads (see core.h), and the clock.
  *
  * Purpose: the smallest thing that gives the relay CUDA-stream-like ordering on the CPU:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* rng.c — Philox4x32-10, the counter-based generator behind every random number in l2l.
  *
  * Purpose: make each draw a pure function of (seed, stream, index), so that splitting a

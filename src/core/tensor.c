@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* tensor.c — tensor handles, refcounted storage and views.
  *
  * Purpose: the one data structure everything else passes around. A handle owns a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* timeline.c — a relay's record of its units of work (see core.h, "the timeline").
  *
  * Purpose: let every thread (compute, copies, optimizer workers) append what it did and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* eps.c — the eager parameter server (see eps.h).
  *
  * Purpose: records, gradient arrivals and updates. An arrival is one job on the worker

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* eps.h — the eager parameter server (internal to libl2l; the relay is its one user).
  *
  * Purpose: per parameter record, what lives on the host between steps: the fp32 master

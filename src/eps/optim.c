@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* optim.c — the EPS's optimizers as a table (SGD with momentum, AdamW, LAMB): their host
  * kernels, their state counts and config checks; the checks of schedule configs, and
  * l2l_schedule_lr.

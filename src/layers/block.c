@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* block.c — the transformer block: pre-LN (GPT-2) or post-LN (BERT), multi-head
  * self-attention, GELU MLP, residuals, dropout; standard or memory-frugal saved state.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* call.c — a layer's forward and backward calls: their checks, the memory plan they
  * allocate by, and the saved state that carries one to the other.
  *

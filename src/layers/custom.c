@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* custom.c — layer kinds written outside the library (in Lua, or by a C program): a
  * (B,S,D) -> (B,S,D) layer whose forward and backward are the caller's functions.
  *

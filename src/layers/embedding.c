@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* embedding.c — token + learned position (+ token type) embeddings, then dropout.
  *
  * Purpose: the first layer of a GPT (tokens, positions) or BERT (plus token types):

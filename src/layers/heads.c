@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* heads.c — the LM head and the classification head: features to per-token or
  * per-sample cross-entropy losses (or, without targets, to logits).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* kind.h — what the layer files share (private to src/layers/): the layer, parameter and
  * saved-state records, the per-kind operations table, and buffer planning.
  *

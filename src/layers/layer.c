@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* layer.c — what every layer kind shares: parameters, construction, clones, and the
  * layer's settings.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* layers.h — the layers' interface: what the parts above (the relay) use of a layer
  * beyond the public API.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* linear.c — the arithmetic the kinds share: carving buffers out of an arena, linear maps
  * whose weight may be the relay's 16-bit copy, and the LayerNorm guard of the frugal modes.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* registry.c — the layer kinds l2l knows, and what every kind's config shares.
  *
  * Purpose: the one table from a kind's number to its operations (kind.h), so that no other

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* calibrate.c — the rates the planner's time model needs, measured on this machine.
  *
  * Purpose: the machine's copy bandwidth each way, the host optimizer's throughput, and

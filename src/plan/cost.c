@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cost.c — the predicted time of a training step under a policy.
  *
  * Purpose: the planner's objective. A step is the relay's visits in order (visits.c);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* peak.c — the device peak of one training step, replayed allocation by allocation.
  *
  * Purpose: the planner must know, before a step runs, whether a policy fits a device

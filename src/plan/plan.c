@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* plan.c — the planner's public face: l2l_plan_new and the plan it returns.
  *
  * Purpose: check a request, build the chain (the layers, the relay settings that set

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* plan.h — the planner's interface to the part above it (the relay): a model as the
  * planner sees it, a policy to judge, and the device peak a step under that policy reaches.
  *

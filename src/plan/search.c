@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* search.c — the fastest policy that fits: the micro-batch, and per layer what backward
  * keeps and where its input boundary waits.
  *

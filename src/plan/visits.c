@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* visits.c — the order of a training step's layer visits, as the relay makes it.
  *
  * Purpose: the peak replay (peak.c) and the time model (cost.c) walk the same visits the

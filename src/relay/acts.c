@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* acts.c — activations and stashes: a micro-batch's input on the device (fetched from
  * the host stash ahead of its use), outputs stashed out to pinned host memory, and a
  * micro-batch's rows of the batch's tokens, targets and masks.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* budget.c — whether one layer visit fits the device's budget, before a step runs.
  *
  * Purpose: refuse a step that cannot run, at once and with the numbers, instead of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* calibrate.c — l2l_plan_calibrate: the planner's rates, with the one the relay alone can
  * measure: the fixed cost of a layer visit.
  *

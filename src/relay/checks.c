@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* checks.c — everything a step checks before its first visit: the model's shape, the
  * batch, the skipped layers and the micro-batches.
  *

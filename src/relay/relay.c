@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* relay.c — the relay object: its config, creation and freeing, the model as a list the
  * script changes between steps (insert, remove, replace, freeze, per-boundary and
  * per-layer policies), stats and events, and the restores of a checkpoint.

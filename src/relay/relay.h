@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* relay.h — what the relay's files share (private to src/relay/).
  *
  * Purpose: the relay object, a step's state, the jobs its copy threads run, and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* slots.c — parameter and gradient slots on the device: their sizes, which slot a visit's
  * parameters copy into, binding them to the layer, and sending the gradients out.
  *

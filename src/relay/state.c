@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* state.c — a step's state: its arrays of activations, saved states and swaps, the stamps
  * of its compute, and freeing all of it whatever happened.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* step.c — a training or evaluation step from start to end: checks, the visit plan, the
  * learning rate and loss scale, the EPS's bookkeeping, the visits, deferred updates, and
  * the stats.

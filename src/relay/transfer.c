@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* transfer.c — the jobs of the relay's copy threads: copies of activations, KARMA swaps
  * of saved states, a layer's parameters onto the device, and a visit's gradients out to
  * the EPS.

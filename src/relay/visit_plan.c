@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* visit_plan.c — the order of a step's layer visits, made before anything runs.
  *
  * Purpose: forward 0 .. L-2, the head, then backward from L-2 down to the lowest

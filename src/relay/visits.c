@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* visits.c — one layer's visit over every micro-batch (forward, rebuild, the head's
  * turnaround, backward), and running a step's visits in order.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* attention.c — multi-head self-attention for the CPU backend, flash style.
  *
  * Purpose: attention forward and backward that never need an S x S matrix per head beyond

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cpu.h — what the CPU backend's files share (private to backend/cpu/).
  *
  * Purpose: the entries of l2l_cpu_backend that live outside cpu/ops.c (where the table

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* layer_ops.c — the CPU backend's ops that layers run: GEMMs (OpenBLAS), bias, GELU
  * (with its memory-frugal form from the output), LayerNorm, softmax, embedding,
  * cross-entropy and dropout, as entries of l2l_cpu_backend (cpu/ops.c).

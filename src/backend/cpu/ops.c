@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* ops.c — the CPU ops table (its reductions, AdamW, and whole-tensor entries here; the
  * ops the layers run in layer_ops.c, attention in attention.c): OpenBLAS for GEMMs,
  * OpenMP loops for the rest.

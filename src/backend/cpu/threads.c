@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* threads.c — compute threads for the CPU backend and OpenBLAS.
  *
  * Purpose: one place that decides how many threads the CPU's loops (OpenMP) and OpenBLAS

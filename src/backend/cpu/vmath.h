@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* vmath.h — exp and log that the compiler vectorizes, for the CPU backend's loops.
  *
  * Purpose: glibc's expf/logf are calls GCC cannot turn into SIMD code; these inline

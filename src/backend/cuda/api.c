@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* api.c — the public CUDA calls of l2l.h, the same on every build.
  *
  * Purpose: check the arguments, then ask the CUDA backend (runtime.c, or stub.c in a

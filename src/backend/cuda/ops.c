@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* ops.c — the CUDA ops table: cuBLAS for GEMMs, kernels/ for everything else.
  *
  * Purpose: run every op of the ops table on the GPU with the meaning the CPU backend

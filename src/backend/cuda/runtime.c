@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* runtime.c — the CUDA backend's runtime: start-up (device, stream, scratch, cuBLAS),
  * copy lanes, marks and stamps, the caching allocator over cudaMalloc, page-locked host
  * memory, and the device table it installs in the core (l2l_cuda_device).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* runtime.h — what the CUDA backend's files share (private to backend/cuda/; built with
  * L2L_CUDA only).
  *

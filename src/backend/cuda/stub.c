@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* stub.c — the CUDA backend of a build without CUDA (NO_CUDA=1, SANITIZE=1, or no nvcc).
  *
  * Purpose: answer every question accelerators.h asks of the CUDA backend truthfully: the
