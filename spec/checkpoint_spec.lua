@@ -422,6 +422,9 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
       { function(d) d.relay.seed = 2 ^ 64 end, "option 'seed' must be at most" },
       { function(d) d.relay.device_budget = 2 ^ 64 end, "option 'device_budget' must be at most" },
       { function(d) d.relay.accumulate = 2 ^ 40 end, "option 'accumulate' must be at most" },
+      -- a 100 KB string where a policy goes: refused at once, shortened in the message (a
+      -- pattern that backtracked over it took minutes)
+      { function(d) d.layers[2].stash = ("A"):rep(100000) end, 'got string "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA..."' },
     } do
       edited(case[1])
       local ok, err = pcall(l2l.load, path)

@@ -111,7 +111,7 @@ local function enum_option(o, key, ids, default, fname)
     local names = {}
     for k in pairs(ids) do names[#names + 1] = '"' .. k .. '"' end
     table.sort(names)
-    fail(("%s: option '%s' must be one of %s, got %s"):format(fname, key, table.concat(names, ", "), tostring(v)))
+    fail(("%s: option '%s' must be one of %s, got %s"):format(fname, key, table.concat(names, ", "), lib.describe(v)))
   end
   return v
 end
@@ -548,7 +548,7 @@ local function policy_arg(ids, value, fname, what)
     local names = {}
     for k in pairs(ids) do names[#names + 1] = '"' .. k .. '"' end
     table.sort(names)
-    error(("%s: %s must be one of %s, got %s"):format(fname, what, table.concat(names, ", "), tostring(value)), 3)
+    error(("%s: %s must be one of %s, got %s"):format(fname, what, table.concat(names, ", "), lib.describe(value)), 3)
   end
   return ids[value]
 end
