@@ -809,6 +809,8 @@ typedef struct l2l_plan_rates {
   double optimizer;   /* master bytes/s the host optimizer updates (all its threads) */
   double visit;       /* fixed seconds of a layer visit */
   int timed;          /* 1: time layers at their shapes here (calibrated rates) */
+  int shared;         /* 1: copies and the host optimizer run on the cores that compute
+                         (the CPU backend): their time adds to compute's, not hidden */
 } l2l_plan_rates;
 
 typedef struct l2l_plan_request {

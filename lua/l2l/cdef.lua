@@ -472,6 +472,7 @@ typedef struct l2l_plan_rates {
   double optimizer;
   double visit;
   int timed;
+  int shared;
 } l2l_plan_rates;
 
 typedef struct l2l_plan_request {

@@ -40,14 +40,19 @@ local function count(o, key, fname, lo, hi, default)
   return v
 end
 
-local RATE_FIELDS = { flops = true, h2d = true, d2h = true, optimizer = true, visit = true }
+local RATE_FIELDS = { flops = true, h2d = true, d2h = true, optimizer = true, visit = true, shared = true }
 
--- A rates table as l2l_plan_rates: {flops =, h2d =, d2h =, optimizer =, visit =}; with
--- flops alone (no layer timed here), layers cost their FLOPs at that rate.
+-- A rates table as l2l_plan_rates: {flops =, h2d =, d2h =, optimizer =, visit =, shared =
+-- false}; layers cost their FLOPs at `flops` (none is timed here); shared: copies and the
+-- host optimizer take the compute's cores (a CPU).
 local function rates_of(t, fname)
   lib.fields(t, RATE_FIELDS, fname, 0, "option 'rates'")
   local r = ffi.new("l2l_plan_rates")
-  for k in pairs(RATE_FIELDS) do
+  if t.shared ~= nil and type(t.shared) ~= "boolean" then
+    fail(fname .. ": rates.shared must be true or false, got " .. lib.describe(t.shared))
+  end
+  r.shared = t.shared and 1 or 0
+  for _, k in ipairs({ "flops", "h2d", "d2h", "optimizer", "visit" }) do
     local v = t[k]
     if v ~= nil and (type(v) ~= "number" or not (v >= 0 and v < math.huge)) then
       fail(("%s: rates.%s must be a finite number >= 0, got %s"):format(fname, k, tostring(v)))
@@ -59,7 +64,8 @@ local function rates_of(t, fname)
 end
 
 local function rates_table(r)
-  return { flops = r.flops, h2d = r.h2d, d2h = r.d2h, optimizer = r.optimizer, visit = r.visit }
+  return { flops = r.flops, h2d = r.h2d, d2h = r.d2h, optimizer = r.optimizer, visit = r.visit,
+           shared = r.shared == 1 }
 end
 
 -- l2l.calibrate{ remeasure = false } -> this machine's rates (from the cache, measured

@@ -122,7 +122,7 @@ double plan_step_seconds(const struct plan_chain *c, const struct plan_layer_cos
     running = slot;
   }
 
-  double total = 0, backward_end = 0, workers_free = 0;
+  double total = 0, backward_end = 0, workers_free = 0, total_updates = 0;
   for (int i = 0; copies && i < n; i++) {
     int k = visits[i].k;
     enum plan_visit_kind kind = visits[i].kind;
@@ -161,9 +161,13 @@ double plan_step_seconds(const struct plan_chain *c, const struct plan_layer_cos
     /* the next visit's parameters copy in under this one (the first visit's are exposed) */
     if (i + 1 < n && copies[i + 1]) in += (double)costs[visits[i + 1].k].param_bytes;
     if (i == 0 && copies[0]) exposed += seconds_for((double)o->param_bytes, rates->h2d);
-    double t = compute;
-    if (seconds_for(in, rates->h2d) > t) t = seconds_for(in, rates->h2d);
-    if (seconds_for(out, rates->d2h) > t) t = seconds_for(out, rates->d2h);
+    double t = compute, t_in = seconds_for(in, rates->h2d), t_out = seconds_for(out, rates->d2h);
+    if (rates->shared) {
+      t += t_in + t_out;   /* the copy threads take the compute's cores */
+    } else {
+      if (t_in > t) t = t_in;
+      if (t_out > t) t = t_out;
+    }
     t += exposed + rates->visit;
     total += t;
     if (per_layer) per_layer[k] += t;
@@ -171,13 +175,16 @@ double plan_step_seconds(const struct plan_chain *c, const struct plan_layer_cos
     bool update_here = (kind == PLAN_BACKWARD || (kind == PLAN_HEAD && lowest < L)) && !pl->frozen;
     if (update_here) {
       double u = seconds_for((double)o->master_bytes, rates->optimizer) / (double)c->accumulate;
+      total_updates += u;
       if (c->updates_deferred) workers_free += u;
       else workers_free = (workers_free > total ? workers_free : total) + u;
     }
     backward_end = total;
   }
-  /* updates the backward did not hide: deferred ones all, eager ones past its end */
+  /* updates the backward did not hide: deferred ones all, eager ones past its end; on
+     shared cores every update takes its time from the step */
   double tail = c->updates_deferred ? workers_free : workers_free - backward_end;
+  if (rates->shared) tail = total_updates;
   if (tail > 0) total += tail;
   free(copies), free(visits), free(rebuilt), free(reread), free(held), free(used);
   return total;

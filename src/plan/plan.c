@@ -70,7 +70,8 @@ static l2l_status check_request(l2l_layer *const *layers, int nlayers, const l2l
   if (r && !(r->flops >= 0 && r->h2d > 0 && r->d2h > 0 && r->optimizer > 0 && r->visit >= 0 &&
              r->flops < 1e30 && r->h2d < 1e30 && r->d2h < 1e30 && r->optimizer < 1e30 && r->visit < 1e6))
     return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: rates must be finite, h2d, d2h and optimizer > 0, flops and visit >= 0");
-  if (r && r->timed != 0 && r->timed != 1) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: rates->timed must be 0 or 1");
+  if (r && ((r->timed != 0 && r->timed != 1) || (r->shared != 0 && r->shared != 1)))
+    return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: rates->timed and rates->shared must be 0 or 1");
   if (r && !r->timed && !(r->flops > 0)) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: rates that time no layer need flops > 0");
   return L2L_OK;
 }
