@@ -34,11 +34,24 @@ local function batch(B, seq)
   return tok, tgt
 end
 
+-- The measured peak is the predicted one to the byte, but where a layer swaps: swap
+-- moves run on the copy threads, and the prediction is the bound whatever their timing.
+local function reaches_predicted_peak(st, plan, what)
+  local swaps = false
+  for _, l in ipairs(plan.layers) do swaps = swaps or l.inner == "swap" end
+  if swaps then
+    assert.is_true(st.device_peak <= st.predicted_device_peak,
+                   ("%s: peak %d above the bound %d"):format(what, st.device_peak, st.predicted_device_peak))
+  else
+    assert.are.equal(st.predicted_device_peak, st.device_peak, what)
+  end
+end
+
 -- rates shaped like a GPU on PCIe: layers cost their FLOPs, no layer is timed here
 local GPU = { flops = 4e14, h2d = 2.5e10, d2h = 2.5e10, optimizer = 2e10, visit = 5e-6 }
 
 describe("l2l.plan (seed " .. support.seed .. ")", function()
-  it("plans within the budget, and the relay reaches the predicted peak to the byte", function()
+  it("plans within the budget, and the relay reaches the predicted peak (to the byte without swap)", function()
     math.randomseed(support.seed)
     local model = tiny_gpt(support.int(2, 4))
     local B = support.int(3, 9)
@@ -55,7 +68,7 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
         local run = l2l.Relay { model = model, plan = plan, optimizer_threads = 1 }
         for _ = 1, 2 do run:step(batch(B)) end
         local st = run:stats()
-        assert.are.equal(st.predicted_device_peak, st.device_peak, "budget " .. budget)
+        reaches_predicted_peak(st, plan, "budget " .. budget)
         assert.are.equal(plan.step_seconds, st.predicted_step_seconds)
         local report = run:plan_report()
         assert.are.equal(#model, #report.layers)
@@ -110,8 +123,7 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
     assert.are.equal(6, run.plan.batch)
     assert.are.equal(8, run.plan.seq)
     assert.are_not.equal(second, third)
-    local st = run:stats()
-    assert.are.equal(st.predicted_device_peak, st.device_peak)
+    reaches_predicted_peak(run:stats(), run.plan, "after a new batch shape")
     run:free()
     assert.has_error(function() l2l.Relay { model = tiny_gpt(1), plan = "auto" } end,
                      "l2l.Relay: plan = \"auto\" plans within the device budget: give option 'device_budget'")
