@@ -50,11 +50,11 @@ static l2l_status check_request(l2l_layer *const *layers, int nlayers, const l2l
   if (q == NULL) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: request is NULL");
   if (nlayers < 2 || nlayers > 1 << 20)
     return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: nlayers must be 2 to 2^20 (an input layer, a head), got %d", nlayers);
+  for (int k = 0; k < nlayers; k++)   /* live first: a role is read from the layer */
+    if (l2l_layer_param_count(layers[k]) < 0) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: layers[%d] is not a live layer", k);
   for (int k = 0; k < nlayers; k++)
     if (l2l_layer_role(layers[k]) == L2L_ROLE_HEAD && k != nlayers - 1)
       return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: layer %d is a head but not the last", k);
-  for (int k = 0; k < nlayers; k++)
-    if (l2l_layer_param_count(layers[k]) < 0) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: layers[%d] is not a live layer", k);
   if (l2l_layer_role(layers[0]) != L2L_ROLE_INPUT) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: layer 0 must be an input layer");
   if (l2l_layer_role(layers[nlayers - 1]) != L2L_ROLE_HEAD) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: the last layer must be a head");
   if (q->batch < 1 || q->batch > (INT64_C(1) << 24) || q->seq < 1 || q->seq > (INT64_C(1) << 24))
