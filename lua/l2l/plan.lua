@@ -31,9 +31,8 @@ Plan.__index = Plan
 
 local function fail(msg) error(msg, 0) end
 
-local function count(o, key, fname, lo, hi, default)
+local function count(o, key, fname, lo, hi)
   local v = o[key]
-  if v == nil then v = default end
   if type(v) ~= "number" or v ~= floor(v) or v < lo or v > hi then
     fail(("%s: option '%s' must be an integer from %.17g to %.17g, got %s"):format(fname, key, lo, hi, tostring(o[key])))
   end
@@ -131,7 +130,8 @@ local PLAN_OPTIONS = { model = true, batch = true, seq = true, device_budget = t
                        key_mask = true, rates = true, param_slots = true, precision = true,
                        grad_precision = true, accumulate = true, clip_global_norm = true,
                        loss_scale = true }
-local PRECISIONS = { f32 = C.L2L_F32, bf16 = C.L2L_BF16, f16 = C.L2L_F16 }
+local RELAY_SETTINGS = { "param_slots", "precision", "grad_precision", "accumulate", "clip_global_norm",
+                         "loss_scale" }
 
 local function plan(o)
   local fname = "l2l.plan"
@@ -139,25 +139,11 @@ local function plan(o)
   if not model_mod.is_sequential(o.model) then
     fail(fname .. ": option 'model' must be an l2l.Sequential, got " .. lib.describe(o.model))
   end
-  local c = ffi.new("l2l_relay_config")
-  C.l2l_relay_config_default(c)
-  c.param_slots = count(o, "param_slots", fname, 2, 4096, 2)
-  c.accumulate = count(o, "accumulate", fname, 1, 2 ^ 31 - 1, 1)
-  for _, key in ipairs({ "precision", "grad_precision" }) do
-    if o[key] ~= nil then
-      if PRECISIONS[o[key]] == nil then
-        fail(("%s: option '%s' must be \"f32\", \"bf16\" or \"f16\", got %s"):format(fname, key, tostring(o[key])))
-      end
-      c[key] = PRECISIONS[o[key]]
-    end
-  end
-  for _, key in ipairs({ "clip_global_norm", "loss_scale" }) do
-    local v = o[key]
-    if v ~= nil and (type(v) ~= "number" or not (v >= 0 and v < math.huge)) then
-      fail(("%s: option '%s' must be a finite number >= 0, got %s"):format(fname, key, tostring(v)))
-    end
-    c[key] = v or 0
-  end
+  -- the relay settings, checked as l2l.Relay checks them (required here, not at load:
+  -- relay.lua requires this module)
+  local settings = {}
+  for _, key in ipairs(RELAY_SETTINGS) do settings[key] = o[key] end
+  local c = require("l2l.relay").config_for(settings, fname)
   for _, key in ipairs({ "token_types", "key_mask" }) do
     if o[key] ~= nil and type(o[key]) ~= "boolean" then
       fail(("%s: option '%s' must be true or false, got %s"):format(fname, key, tostring(o[key])))

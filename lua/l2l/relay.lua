@@ -125,9 +125,10 @@ local OPTIONS = {
 }
 local nonfinite_ids = { skip = 0, error = 1 }
 
+local read_settings   -- (below)
+
 local function read_options(o, fname)
   o = lib.options(o, OPTIONS, fname, 0)
-  local s = {}
   local model = o.model
   if model == nil then fail(fname .. ": option 'model' is required (an l2l.Sequential or a list of layers)") end
   if not model_mod.is_sequential(model) then
@@ -138,7 +139,15 @@ local function read_options(o, fname)
     if not ok then fail(fname .. ": option 'model': " .. tostring(seq):gsub("^l2l%.Sequential: ", "")) end
     model = seq
   end
+  local s = read_settings(o, fname)
   s.model = model
+  return s
+end
+
+-- Every option but the model: checked, with their defaults (l2l.plan reads the ones that
+-- set memory and time through it too: config_for below).
+read_settings = function(o, fname)
+  local s = {}
   s.micro_batch = int_option(o, "micro_batch", 1, 1, fname)
   s.stash = enum_option(o, "stash", stash_ids, "host", fname)
   s.recompute_every = int_option(o, "recompute_every", 1, 1, fname, INT_MAX)
@@ -176,7 +185,15 @@ local function read_options(o, fname)
   return s
 end
 
-local function config_of(s)
+local config_of   -- (below)
+
+-- The C config of relay options without a model (plain errors naming fname): what
+-- l2l.plan plans for.
+function M.config_for(o, fname)
+  return config_of(read_settings(o, fname))
+end
+
+config_of = function(s)
   local c = ffi.new("l2l_relay_config")
   C.l2l_relay_config_default(c)
   c.micro_batch = s.micro_batch

@@ -105,11 +105,14 @@ static void cache_put(const char *key, const double *values, int n) {
   pthread_mutex_unlock(&cache_lock);
 }
 
-static double median3(double *t) {
-  double a = t[0], b = t[1], c = t[2];
-  if (a > b) { double x = a; a = b; b = x; }
-  if (b > c) b = c;
-  return a > b ? a : b;
+static int by_value(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+double plan_median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, by_value);
+  return v[n / 2];
 }
 
 /* ---------------------------------------------------------------- machine rates */
@@ -128,7 +131,7 @@ static l2l_status copy_rate(double *out, l2l_pool_kind src, l2l_pool_kind dst) {
     if (status == L2L_OK) status = l2l_device_synchronize();
     t[i] = l2l_now() - t0;
   }
-  if (status == L2L_OK) *out = (double)n * sizeof(float) / median3(t);
+  if (status == L2L_OK) *out = (double)n * sizeof(float) / plan_median(t, REPEATS);
   l2l_tensor_free(a);
   l2l_tensor_free(b);
   return status;
@@ -150,7 +153,7 @@ static l2l_status optimizer_rate(double *out) {
     status = l2l_adamw_update(t[0], t[1], t[2], t[3], &cfg, i + 1);
     times[i] = l2l_now() - t0;
   }
-  if (status == L2L_OK) *out = (double)n * sizeof(float) / median3(times);
+  if (status == L2L_OK) *out = (double)n * sizeof(float) / plan_median(times, REPEATS);
   for (int i = 0; i < 4; i++) l2l_tensor_free(t[i]);
   return status;
 }
@@ -295,8 +298,8 @@ l2l_status plan_time_layer(double *fwd, double *bwd, const l2l_layer *layer, int
   }
   timing_free(&t, own);
   if (status != L2L_OK) return status;
-  v[0] = *fwd = median3(f);
-  v[1] = *bwd = median3(b);
+  v[0] = *fwd = plan_median(f, REPEATS);
+  v[1] = *bwd = plan_median(b, REPEATS);
   cache_put(key, v, 2);
   return L2L_OK;
 }

@@ -109,6 +109,8 @@ double plan_step_seconds(const struct plan_chain *c, const struct plan_layer_cos
 /* This machine's copy and optimizer rates (cached; measured when missing or asked), and
    the visit cost the relay measured (-1 until then). */
 l2l_status plan_machine_rates(l2l_plan_rates *out, bool remeasure);
+/* The median of n timings (v is sorted in place). */
+double plan_median(double *v, int n);
 /* Caches a measured visit cost (l2l_plan_calibrate, in the relay). */
 void plan_cache_visit(double seconds);
 /* A forward and backward of `layer` at rows x seq, measured here (and cached). */

@@ -9,18 +9,12 @@
  * time model predicts without a visit cost, per visit, is that cost. Cached with the rest.
  * Must never: leave anything behind in the pools (the model and the relay are freed).
  */
-#include <stdlib.h>
 #include <string.h>
 
 #include "plan/plan.h"
 #include "relay.h"
 
 enum { PROBE_BLOCKS = 4, PROBE_WARM = 2, PROBE_STEPS = 5 };
-
-static int by_value(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 /* Seconds of a visit beyond its channels, from a small model's steps. */
 static l2l_status measure_visit(double *out, const l2l_plan_rates *rates) {
@@ -73,8 +67,7 @@ static l2l_status measure_visit(double *out, const l2l_plan_rates *rates) {
       memset(reread, 0, sizeof reread);
       int nvisits = plan_visits(visits, &chain, plan_lowest(&chain), rebuilt, reread);
       double predicted = plan_step_seconds(&chain, costs, &bare, NULL);
-      qsort(seconds, PROBE_STEPS, sizeof *seconds, by_value);
-      double extra = (seconds[PROBE_STEPS / 2] - predicted) / nvisits;
+      double extra = (plan_median(seconds, PROBE_STEPS) - predicted) / nvisits;
       *out = extra > 0 ? extra : 0;
     }
   }
