@@ -105,7 +105,9 @@ LAYERS_SRC := $(wildcard src/layers/*.c)
 EPS_SRC := $(wildcard src/eps/*.c)
 PLAN_SRC := $(wildcard src/plan/*.c)
 RELAY_SRC := $(wildcard src/relay/*.c)
-LIB_SRC := $(CORE_SRC) $(BACKEND_SRC) $(LAYERS_SRC) $(EPS_SRC) $(PLAN_SRC) $(RELAY_SRC)
+# src/dist/mpi.c, the one file that includes mpi.h, is the MPI plugin (below), not libl2l.
+DIST_SRC := $(filter-out src/dist/mpi.c,$(wildcard src/dist/*.c))
+LIB_SRC := $(CORE_SRC) $(BACKEND_SRC) $(LAYERS_SRC) $(DIST_SRC) $(EPS_SRC) $(PLAN_SRC) $(RELAY_SRC)
 LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o) $(KERNEL_OBJ)
 CTEST_SRC := $(wildcard spec/c/*.c)
 CTEST_OBJ := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%.o)
@@ -114,10 +116,20 @@ DEPS_STAMP := $(BUILD)/.deps-ok
 # RUNPATHs (the same objects), in $(DIST).
 DIST := $(BUILD)/dist
 
+# Data parallel: the MPI plugin libl2l-mpi.so, built wherever mpicc is found (NO_MPI=1
+# leaves it out), beside libl2l, which opens it only when a program asks for MPI; a build
+# without it is complete, and asking for MPI there says why it cannot.
+ifneq ($(NO_MPI),1)
+  MPICC ?= $(shell command -v mpicc 2>/dev/null)
+endif
+ifneq ($(MPICC),)
+  MPI_PLUGIN := $(BUILD)/libl2l-mpi.so
+endif
+
 .PHONY: all deps test demo bench vecreport clean fuzz install uninstall doc
 all: $(BUILD)/libl2l.so $(BUILD)/libl2l.a $(BUILD)/l2l $(BUILD)/l2l_ctest $(BUILD)/hello \
      $(BUILD)/embed $(BUILD)/embed_lua $(DIST)/libl2l.so.$(VERSION) $(DIST)/l2l \
-     lua/l2l/cdef.lua
+     lua/l2l/cdef.lua $(MPI_PLUGIN)
 
 deps: $(DEPS_STAMP)
 $(DEPS_STAMP): scripts/deps.sh
@@ -127,6 +139,10 @@ $(DEPS_STAMP): scripts/deps.sh
 $(BUILD)/obj/%.o: src/%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(COMPILE) -MMD -MP -c $< -o $@
+
+# mpicc gives mpi.h's folder and libmpi; the plugin links nothing of libl2l.
+$(BUILD)/libl2l-mpi.so: src/dist/mpi.c src/dist/dist.h src/core/core.h src/l2l.h | $(DEPS_STAMP)
+	$(COMPILE) -shared $< -o $@ $(shell $(MPICC) --showme:compile) $(shell $(MPICC) --showme:link) $(L2L_LDFLAGS) $(LDFLAGS)
 
 $(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.cuh kernels/*.h) | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
@@ -258,6 +274,7 @@ install: $(DIST)/libl2l.so.$(VERSION) $(DIST)/l2l $(BUILD)/libl2l.a lua/l2l/cdef
 	ln -sfn libl2l.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sfn $(SONAME) $(DESTDIR)$(LIBDIR)/libl2l.so
 	$(INSTALL) -m 644 $(BUILD)/libl2l.a $(DESTDIR)$(LIBDIR)/libl2l.a
+	$(if $(MPI_PLUGIN),$(INSTALL) -m 644 $(MPI_PLUGIN) $(DESTDIR)$(LIBDIR)/libl2l-mpi.so)
 	$(INSTALL) -m 644 src/l2l.h $(DESTDIR)$(INCLUDEDIR)/l2l.h
 	printf '%s\n' "$$L2L_PC" > $(DESTDIR)$(PKGCONFIGDIR)/l2l.pc
 	chmod 644 $(DESTDIR)$(PKGCONFIGDIR)/l2l.pc
@@ -278,6 +295,7 @@ endif
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/l2l $(DESTDIR)$(LIBDIR)/libl2l.so.$(VERSION) \
 	  $(DESTDIR)$(LIBDIR)/$(SONAME) $(DESTDIR)$(LIBDIR)/libl2l.so $(DESTDIR)$(LIBDIR)/libl2l.a \
+	  $(DESTDIR)$(LIBDIR)/libl2l-mpi.so \
 	  $(DESTDIR)$(INCLUDEDIR)/l2l.h $(DESTDIR)$(PKGCONFIGDIR)/l2l.pc $(DESTDIR)$(MANDIR)/man1/l2l.1
 	rm -rf $(DESTDIR)$(LUADIR)/l2l $(DESTDIR)$(DATADIR)/l2l
 ifeq ($(DESTDIR),)

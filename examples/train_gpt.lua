@@ -73,6 +73,8 @@ local FLAGS = {
   { "--top-k", 10, "int", "sample among the k likeliest bytes (tokens)", min = 1 },
   { "--tokenizer", "bytes", "choice", "what the model reads: bytes (256 symbols) or gpt2 (GPT-2's 50257 BPE tokens; " ..
     "scripts/gpt2-vocab.sh fetches the files); --seq, --sample and the losses then count tokens", choices = { "bytes", "gpt2" } },
+  { "--dist", "none", "choice", "data parallel: mpi under `mpirun -np N` (each rank steps its slice of every minibatch; " ..
+    "rank 0 prints and writes the files)", choices = { "none", "mpi" } },
 }
 
 local parser = cli.parser {
@@ -93,6 +95,16 @@ if opt.device_budget ~= "auto" then
   end
 end
 if opt.threads > 0 then l2l.threads(opt.threads) end
+
+-- Data parallel: every rank runs this script; rank 0 speaks for the job (the others print
+-- nothing and write no files) and the loss every rank gets is the whole minibatch's.
+local rank, ranks = 0, 1
+if opt.dist == "mpi" then
+  local ok, e = pcall(function() rank, ranks = l2l.dist.rank(), l2l.dist.size() end)
+  if not ok then cli.fail("--dist mpi: " .. tostring(e)) end
+  if opt.batch < ranks then cli.usage_error(("--batch (%d) must be at least the number of ranks (%d)"):format(opt.batch, ranks)) end
+  if rank ~= 0 then print = function() end end
+end
 
 ----------------------------------------------------------------- the text
 
@@ -117,8 +129,10 @@ end
 
 -- Batches come from l2l.text.batch: windows at positions drawn from l2l.rand keyed by
 -- (seed, stream), so a batch is a function of them alone (a resumed run sees the same).
+-- With ranks, this rank's rows of the global minibatch (tokens has that many).
 local function fill_batch(tokens, targets, s, seed, stream, first)
-  text.batch(s, tokens:dim(1), tokens:dim(2), seed, stream, { first = first, tokens = tokens, targets = targets })
+  text.batch(s, opt.batch, tokens:dim(2), seed, stream, { first = first, tokens = tokens, targets = targets,
+                                                          rank = rank, size = ranks })
 end
 
 -- The validation batches' stream: far above any step number, so never a training batch's.
@@ -195,7 +209,7 @@ if opt.resume then
     if l2l.load == nil then
       print("checkpoints not available in this build: starting afresh (l2l.load is missing)")
     else
-      local ok, r = pcall(l2l.load, opt.checkpoint)
+      local ok, r = pcall(l2l.load, opt.checkpoint, { dist = opt.dist })
       if not ok then fail("--resume: " .. tostring(r)) end
       run, model, resumed = r, r.model, true
       start_step = run:stats().steps
@@ -251,8 +265,9 @@ if length(train_text) < S + 1 or length(val_text) < S + 1 then
     unit, length(val_text)))
 end
 
-print(("l2l %s: a %s GPT trained layer to layer (%d compute threads)"):format(l2l.version,
-  tok and "GPT-2-token" or "byte-level", l2l.threads()))
+print(("l2l %s: a %s GPT trained layer to layer (%d compute threads%s)"):format(l2l.version,
+  tok and "GPT-2-token" or "byte-level", l2l.threads(),
+  ranks > 1 and (" on each of %d MPI ranks, %d sequences of each minibatch per rank"):format(ranks, floor(B / ranks)) or ""))
 print(("text: %s, %.2f MiB in %d files: %.2f MiB to train on, %.2f MiB held out%s"):format(corpus.description,
   mib(#corpus.text), corpus.files, mib(train_bytes), mib(val_bytes),
   tok and (" (%d and %d GPT-2 tokens)"):format(length(train_text), length(val_text)) or ""))
@@ -267,7 +282,7 @@ if run == nil then
     model = model, micro_batch = opt.micro_batch, stash = opt.stash, seed = opt.seed,
     optimizer = l2l.AdamW{ lr = opt.lr, betas = { 0.9, 0.99 }, weight_decay = opt.weight_decay },
     schedule = l2l.Cosine{ warmup = math.min(opt.warmup, opt.steps - 1), total = opt.steps, final_ratio = 0.1 },
-    device_budget = budget > 0 and budget or nil,
+    device_budget = budget > 0 and budget or nil, dist = opt.dist,
   })
   if not ok then fail(tostring(r)) end
   run = r
@@ -290,8 +305,9 @@ local last_step = opt.steps
 if opt.stop_at > 0 and opt.stop_at < opt.steps then last_step = math.max(opt.stop_at, start_step) end
 
 -- output folder and metrics log (a resumed run keeps the lines up to its step)
-os.execute("mkdir -p '" .. opt.out:gsub("'", "'\\''") .. "'")
-local metrics_path = opt.out .. "/metrics.jsonl"
+if rank ~= 0 then opt.out, opt.plot = nil, "none" end   -- rank 0 writes the files
+if opt.out then os.execute("mkdir -p '" .. opt.out:gsub("'", "'\\''") .. "'") end
+local metrics_path = opt.out and opt.out .. "/metrics.jsonl" or "/dev/null"
 local history = {}
 if resumed then
   local fh = io.open(metrics_path)
@@ -310,8 +326,9 @@ if not log then fail(("cannot write %s: %s"):format(metrics_path, tostring(err))
 for _, rec in ipairs(history) do log:write(cjson.encode(rec), "\n") end
 log:flush()
 
-local tokens = l2l.zeros({ B, S }, { dtype = "i32" })
-local targets = l2l.zeros({ B, S }, { dtype = "i32" })
+local rows = floor((rank + 1) * B / ranks) - floor(rank * B / ranks)   -- this rank's slice
+local tokens = l2l.zeros({ rows, S }, { dtype = "i32" })
+local targets = l2l.zeros({ rows, S }, { dtype = "i32" })
 
 local bar   -- the progress display, once training starts
 
@@ -381,7 +398,9 @@ end
 
 -- From here the first Ctrl-C ends the loop after its step (see the end), a second one at once.
 local stop = cli.interrupt()
-bar = progress.new{ total = opt.steps, first = start_step, every = opt.eval_every }
+local quiet = rank ~= 0 and io.open("/dev/null", "w") or nil   -- the other ranks' progress
+bar = progress.new{ total = opt.steps, first = start_step, every = opt.eval_every, ranks = ranks,
+                    out = quiet or io.stdout, tty = (quiet == nil and progress.is_terminal()) }
 local smoothed_rate, last_loss = nil, nil
 local peak_seen, h2d_total, d2h_total = 0, 0, 0   -- over this run's steps (stats are per step)
 local t_train = progress.now()
@@ -470,7 +489,7 @@ end
 
 if opt.sample > 0 and interrupted then
   print("\nsample: none (stopped by Ctrl-C)")
-elseif opt.sample > 0 then
+elseif opt.sample > 0 and rank == 0 then
   local ok, text = pcall(model.generate, model, opt.prompt, opt.sample,
                          { temperature = opt.temperature, top_k = math.min(opt.top_k, V), seed = opt.seed,
                            tokenizer = tok })

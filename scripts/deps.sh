@@ -18,6 +18,7 @@ packages=(
   pkg-config                 # l2l.pc: C programs build against an installed libl2l with it
   lua-ldoc                   # `make doc`: the Lua API reference (LDoc)
   groff-base                 # `make doc`: the man page l2l(1) is checked by rendering it
+  openmpi-bin libopenmpi-dev # data parallel (dist = "mpi"): mpirun, mpicc and libmpi
 )
 
 missing=()

@@ -312,6 +312,17 @@ add("lua/l2l/plan.lua", {
                         option = "remeasure" },
 })
 
+-- Their valid calls would start MPI in the spec runner: spec/dist_spec.lua makes them
+-- under mpirun. What is checked here comes before MPI is asked for.
+add("lua/l2l/dist.lua", {
+  ["l2l.dist.init"] = { n = 0, valid = false },
+  ["l2l.dist.rank"] = { n = 0, valid = false },
+  ["l2l.dist.size"] = { n = 0, valid = false },
+  ["l2l.dist.barrier"] = { n = 0, valid = false },
+  ["l2l.dist.set_timeout"] = { n = 1, args = function() return pack(300) end },
+  ["l2l.dist.abort"] = { n = 1, valid = false, args = function() return pack("message") end },
+})
+
 add("lua/l2l/gpt2.lua", {
   ["l2l.import_gpt2"] = { n = 2, args = function() return pack(gpt2_file, { heads = 1 }) end, options = 2,
                           option = "max_seq", options_name = "opts" },
@@ -558,6 +569,8 @@ for k, v in pairs(l2l) do
     functions_of("tensor:", v)
   elseif k == "tokenizer" then
     functions_of("l2l.tokenizer.", v)
+  elseif k == "dist" then
+    functions_of("l2l.dist.", v)
   elseif type(v) == "table" then
     public["l2l." .. k .. " (a table of functions: teach this spec to look inside)"] = v
   end

@@ -74,6 +74,8 @@ describe("make install DESTDIR=... PREFIX=/usr", function()
       "f 644 usr/share/man/man1/l2l.1",
       "f 755 usr/share/l2l/gpt2-vocab.sh",   -- l2l.tokenizer.gpt2() fetches GPT-2's files with it
     }
+    -- the MPI plugin, where this build has one (mpicc was found)
+    if support.read_file(support.build .. "/libl2l-mpi.so") then want[#want + 1] = "f 644 usr/lib/libl2l-mpi.so" end
     for _, f in ipairs(lua_files) do want[#want + 1] = "f 644 usr/share/lua/5.1/" .. f end
     table.sort(want)
     assert.are.same(want, tree(stage))

@@ -583,6 +583,9 @@ typedef enum l2l_inner_policy {
   L2L_INNER_SWAP = 2
 } l2l_inner_policy;
 
+/* Data parallel (see "data parallel" below). */
+typedef enum l2l_dist_mode { L2L_DIST_NONE = 0, L2L_DIST_MPI = 1 } l2l_dist_mode;
+
 typedef struct l2l_relay_config {
   int64_t micro_batch;          /* samples per micro-batch, >= 1; the last may be smaller */
   l2l_stash_policy stash;       /* every boundary's policy to begin with */
@@ -633,6 +636,11 @@ typedef struct l2l_relay_config {
                                    it and accumulates in f32. Other gradients stay f32. f16
                                    needs loss_scale, which keeps gradients in f16's range and
                                    skips a step where one became inf. */
+  l2l_dist_mode dist;           /* L2L_DIST_NONE (0): this process alone. L2L_DIST_MPI: data
+                                   parallel across the ranks of MPI_COMM_WORLD (see "data
+                                   parallel"); every rank makes the same relay over the
+                                   same model and steps it with its own slice of each
+                                   minibatch */
   int nonfinite_error;          /* a record whose gradient holds an inf or NaN is not updated
                                    (with loss scaling or global clipping: no record is). 0: said
                                    once on stderr; 1: the step then returns L2L_ERR_STATE */
@@ -673,7 +681,11 @@ typedef enum l2l_relay_phase {
   L2L_PHASE_SWAP_IN = 8,
   L2L_PHASE_UPDATE = 9,       /* the optimizer on one parameter record */
   L2L_PHASE_WAIT_COPY = 10,   /* the calling thread waited for a copy */
-  L2L_PHASE_WAIT_UPDATE = 11  /* the calling thread waited for an update */
+  L2L_PHASE_WAIT_UPDATE = 11, /* the calling thread waited for an update */
+  L2L_PHASE_REDUCE_SCATTER = 12,  /* data parallel: a record's gradient summed across ranks
+                                     (from posting to completion, on the communication
+                                     thread's lane: 3 + optimizer_threads) */
+  L2L_PHASE_ALL_GATHER = 13   /* data parallel: a record's updated master gathered */
 } l2l_relay_phase;
 
 typedef struct l2l_relay_event {
@@ -725,6 +737,14 @@ typedef struct l2l_relay_stats {
   int overflow;                 /* 1: the last step's gradients overflowed (no update) */
   int64_t skipped_records;      /* last step: records whose inf or NaN gradient was dropped
                                    and their update skipped (see nonfinite_error) */
+  int dist_ranks;               /* data parallel: the ranks (1: this process alone) */
+  uint64_t dist_sent_bytes;     /* last step: what this rank's collectives had to send and */
+  uint64_t dist_received_bytes; /* receive, as a ring moves them ((N - 1) / N of each record's
+                                   f32 gradient by reduce-scatter, as much again by all-
+                                   gather; not counted on the wire) */
+  double exposed_comm_seconds;  /* last step: the calling thread waiting for MPI: the
+                                   exchanges of counts and losses, and records whose
+                                   exchange was not done when it needed them */
 } l2l_relay_stats;
 
 /* A relay over layers[0..nlayers) (the list may be empty only until the first step):
@@ -792,6 +812,44 @@ l2l_status l2l_relay_restore_param(l2l_relay *run, const l2l_param *param, int64
 l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int64_t updates);
 l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t good,
                                         int64_t skipped);
+
+/* ---------------------------------------------------------------- data parallel
+   One process per device (or CPU socket) under mpirun, on the system's OpenMPI, which
+   libl2l opens (a plugin beside the library, libl2l-mpi.so) only when a program asks for
+   it: a program that never does needs no mpirun and loads no MPI. A relay with dist =
+   L2L_DIST_MPI on every rank trains one model: each rank steps its own slice of every
+   minibatch; the loss is the mean over every real target of the whole minibatch, the same
+   on every rank; dropout draws follow the global sample index (the ranks' slices in rank
+   order), so N ranks draw what one process draws for the whole minibatch. As soon as a
+   record's gradient is complete on a rank it is reduce-scattered; each rank updates its
+   shard of the master and of the optimizer state (which it alone keeps: host memory for
+   optimizer state falls as 1/N), then an all-gather brings the updated master to every
+   rank before the record's next forward; all of it overlaps backward. Global clipping,
+   loss scaling, non-finite skips, accumulation and dynamic architecture behave as on one
+   process, every rank deciding alike. MPI runs on one communication thread; every wait
+   has a deadline (l2l_dist_set_timeout; default 300 s, or L2L_DIST_TIMEOUT in seconds)
+   after which the rank says what it waited for (step, layer, operation, bytes, sequence)
+   and ends the job with MPI_Abort. Every rank must make the same calls in the same order:
+   the relay's steps and changes, l2l_dist_barrier, and l2l_relay_param_state (which
+   gathers the whole state from every rank's shard). */
+/* Starts MPI (opening the plugin) on its communication thread; later calls do nothing.
+   L2L_ERR_UNSUPPORTED when libl2l was built without MPI or the plugin cannot be opened
+   (the message says why); L2L_ERR_STATE after l2l_dist_finalize. */
+l2l_status l2l_dist_init(void);
+/* This process's rank and the number of ranks (starting MPI if needed). */
+l2l_status l2l_dist_rank(int *out);
+l2l_status l2l_dist_size(int *out);
+/* Returns when every rank has called it (within the timeout). */
+l2l_status l2l_dist_barrier(void);
+/* The deadline of every MPI wait, in seconds, 0 < seconds <= 1e6. */
+l2l_status l2l_dist_set_timeout(double seconds);
+/* Waits for the exchanges in flight and finalizes MPI; nothing when it never started.
+   Call it before a program that started MPI exits (the l2l executable does). */
+l2l_status l2l_dist_finalize(void);
+/* Ends every rank of the job at once (MPI_Abort) after printing message (may be NULL)
+   with this rank; returns only when MPI is not running. For a program that cannot go on:
+   the other ranks would otherwise wait out their timeout. */
+void l2l_dist_abort(const char *message);
 
 /* ---------------------------------------------------------------- the planner
    A cost model of the relay (KARMA's idea, over everything the relay can do): for a

@@ -723,6 +723,11 @@ int main(int argc, char **argv) {
     if (isatty(STDIN_FILENO)) interactive(L);
     else status = report(L, luaL_loadfile(L, NULL) || call_chunk(L, 0, 0));
   }
+  /* Under mpirun a rank that failed ends the job at once (the others would wait out their
+     timeout); it returns at once when MPI never started. Before lua_close, whose
+     finalizers would wait for exchanges no other rank will answer. */
+  if (status != 0) l2l_dist_abort("the script failed (its error is above)");
   lua_close(L);
+  l2l_dist_finalize();
   return status != 0 ? 1 : command_code;
 }

@@ -343,6 +343,8 @@ typedef enum l2l_inner_policy {
   L2L_INNER_SWAP = 2
 } l2l_inner_policy;
 
+typedef enum l2l_dist_mode { L2L_DIST_NONE = 0, L2L_DIST_MPI = 1 } l2l_dist_mode;
+
 typedef struct l2l_relay_config {
   int64_t micro_batch;
   l2l_stash_policy stash;
@@ -360,6 +362,7 @@ typedef struct l2l_relay_config {
   int loss_scale_window;
   l2l_dtype precision;
   l2l_dtype grad_precision;
+  l2l_dist_mode dist;
   int nonfinite_error;
 } l2l_relay_config;
 
@@ -385,7 +388,9 @@ typedef enum l2l_relay_phase {
   L2L_PHASE_SWAP_IN = 8,
   L2L_PHASE_UPDATE = 9,
   L2L_PHASE_WAIT_COPY = 10,
-  L2L_PHASE_WAIT_UPDATE = 11
+  L2L_PHASE_WAIT_UPDATE = 11,
+  L2L_PHASE_REDUCE_SCATTER = 12,
+  L2L_PHASE_ALL_GATHER = 13
 } l2l_relay_phase;
 
 typedef struct l2l_relay_event {
@@ -421,6 +426,10 @@ typedef struct l2l_relay_stats {
   int64_t skipped_updates;
   int overflow;
   int64_t skipped_records;
+  int dist_ranks;
+  uint64_t dist_sent_bytes;
+  uint64_t dist_received_bytes;
+  double exposed_comm_seconds;
 } l2l_relay_stats;
 
 l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
@@ -465,6 +474,19 @@ l2l_status l2l_relay_restore_param(l2l_relay *run, const l2l_param *param, int64
 l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int64_t updates);
 l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t good,
                                         int64_t skipped);
+
+l2l_status l2l_dist_init(void);
+
+l2l_status l2l_dist_rank(int *out);
+l2l_status l2l_dist_size(int *out);
+
+l2l_status l2l_dist_barrier(void);
+
+l2l_status l2l_dist_set_timeout(double seconds);
+
+l2l_status l2l_dist_finalize(void);
+
+void l2l_dist_abort(const char *message);
 
 typedef struct l2l_plan_rates {
   double flops;

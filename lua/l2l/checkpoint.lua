@@ -38,6 +38,7 @@ local optim = require("l2l.optim")
 local relay = require("l2l.relay")
 local safetensors = require("l2l.safetensors")
 local custom = require("l2l.custom")
+local dist = require("l2l.dist")
 
 local C = lib.C
 local type, tostring, ipairs, pairs, next, select = type, tostring, ipairs, pairs, next, select
@@ -148,6 +149,16 @@ function M.save(run, path, extra)
   desc.relay.optimizer = pick(s.optimizer, OPTIMIZER_KEYS)
   desc.relay.schedule = pick(s.schedule, SCHEDULE_KEYS)
   local mid_accumulation = stats.steps % s.accumulate ~= 0
+  -- Data parallel: every rank calls save (the optimizer state is gathered from every
+  -- rank's shard); rank 0 alone writes the file, the same as one process's, so that any
+  -- number of ranks, or one process, loads it. Inside an accumulation each rank holds a
+  -- part of the gradient: a checkpoint is taken between accumulations.
+  local parallel = s.dist == "mpi"
+  if parallel and mid_accumulation then
+    error(("%s: with dist = \"mpi\", save between accumulations (step %d is inside one of %d steps)"):format(
+      fname, stats.steps, s.accumulate), 2)
+  end
+  local writer = not parallel or dist.rank() == 0
   local entries, seen = {}, {}
   local copies = {}   -- the optimizer state's host copies, freed before save returns
   local updates_out = ffi.new("int64_t[1]")
@@ -180,8 +191,9 @@ function M.save(run, path, extra)
   end
   local okj, json = pcall(cjson.encode, exact_json(desc))
   local okw, err = okj, nil
-  if okj then okw, err = pcall(safetensors.write, path, entries, { l2l = json, format = FORMAT }) end
+  if okj and writer then okw, err = pcall(safetensors.write, path, entries, { l2l = json, format = FORMAT }) end
   for _, t in ipairs(copies) do t:free() end
+  if parallel then dist.barrier() end   -- every rank returns once the file is in place
   if not okj then error(fname .. ": extra cannot be written as JSON: " .. tostring(json), 2) end
   if not okw then error(fname .. ": " .. tostring(err):gsub("^safetensors%.write: ", ""), 2) end
 end
@@ -331,7 +343,8 @@ local function opened(path, fname)
   return file
 end
 
-local LOAD_OVERRIDES = { micro_batch = true, optimizer_threads = true, device_budget = true, kinds = true }
+local LOAD_OVERRIDES = { micro_batch = true, optimizer_threads = true, device_budget = true, kinds = true,
+                         dist = true }
 
 -- What the library's functions raise for their caller carries the caller's position,
 -- which inside load is a line of the library itself: gone (the user called l2l.load, and
@@ -376,7 +389,7 @@ local function load(path, overrides)
     if type(o.optimizer_threads) == "number" and o.optimizer_threads > C.l2l_get_threads() then
       o.optimizer_threads = 0
     end
-    for _, k in ipairs({ "micro_batch", "optimizer_threads", "device_budget" }) do
+    for _, k in ipairs({ "micro_batch", "optimizer_threads", "device_budget", "dist" }) do
       if overrides[k] ~= nil then o[k] = overrides[k] end
     end
     o.optimizer = rebuild_optimizer(desc.relay.optimizer or {})
@@ -423,7 +436,8 @@ local function load(path, overrides)
                                                st[1] and tensor.handle_of(st[1]) or nil,
                                                st[2] and tensor.handle_of(st[2]) or nil)
       if status ~= 0 then error(("%s: %s: '%s': %s"):format(fname, path, rec.name, lib.last_error()), 0) end
-      if rec.grad then file:read(rec.name .. ".grad", rec.param.grad) end
+      -- a gradient accumulated so far: on one rank only, as the ranks' sum is what counts
+      if rec.grad and (o.dist ~= "mpi" or dist.rank() == 0) then file:read(rec.name .. ".grad", rec.param.grad) end
     end
     local p = desc.progress
     if C.l2l_relay_restore_progress(r, count_of(p.steps, EXACT_MAX, "progress: steps"),

@@ -431,6 +431,10 @@ end
 function Layer:clone(...)
   if select("#", ...) ~= 0 then too_many("layer:clone", "", 2, ...) end
   local h = H(self, "layer:clone")
+  -- The relay holding the layer may still be updating it (or, with ranks, gathering its
+  -- updated weights): the copy waits for that, as reading through the relay does.
+  local owner = held[address(h)]
+  if owner ~= nil then check(C.l2l_relay_sync(ffi.cast("l2l_relay *", owner)), "layer:clone", 2) end
   local out = ffi.new("l2l_layer *[1]")
   check(C.l2l_layer_clone(out, h), "layer:clone", 2)
   local twin = wrap(out, self.kind, { tie = self.tie, custom = self.custom, options = self.options })

@@ -126,8 +126,9 @@ end
 
 -- progress.new{total =, first = 0 (steps already done: a resumed run), every = 10 (plain
 -- lines: one per `every` steps), tty = (default M.is_terminal()), out = io.stdout,
--- width = (columns; default: the terminal's, see M.columns)}
-local OPTIONS = { total = true, first = true, every = true, tty = true, out = true, width = true }
+-- width = (columns; default: the terminal's, see M.columns), ranks = 1 (data parallel:
+-- more than 1 is shown in the line)}
+local OPTIONS = { total = true, first = true, every = true, tty = true, out = true, width = true, ranks = true }
 
 function M.new(o, ...)
   if select("#", ...) ~= 0 then too_many("progress.new", "options", 2, ...) end
@@ -146,6 +147,7 @@ function M.new(o, ...)
   self.first = int("first", 0, 0)
   self.every = int("every", 10, 1)
   self.width = int("width", nil, 20)
+  self.ranks = int("ranks", 1, 1)
   if o.tty ~= nil and type(o.tty) ~= "boolean" then error("progress.new: option 'tty' must be true or false", 2) end
   self.tty = o.tty
   if self.tty == nil then self.tty = M.is_terminal() end
@@ -188,6 +190,7 @@ local function line(self, step, f, fname)
   f = lib.options(f, FIELDS, fname, 3, "fields")
   local digits = #tostring(self.total)
   local parts = { format("step %" .. digits .. "d/%d", step, self.total) }
+  if self.ranks > 1 then parts[#parts + 1] = format("%d ranks", self.ranks) end
   if f.loss then parts[#parts + 1] = format("loss %.3f", f.loss) end
   if f.val_loss then parts[#parts + 1] = format("val %.3f", f.val_loss) end
   if f.tokens_per_s then parts[#parts + 1] = M.count(f.tokens_per_s) .. " tok/s" end

@@ -39,7 +39,7 @@ local inner_ids = { recompute = C.L2L_INNER_RECOMPUTE, keep = C.L2L_INNER_KEEP, 
 local precision_ids = { f32 = C.L2L_F32, bf16 = C.L2L_BF16, f16 = C.L2L_F16 }
 local phase_names = {
   [0] = "forward", "backward", "rebuild", "params_in", "grads_out", "stash_out", "stash_in",
-  "swap_out", "swap_in", "update", "wait_copy", "wait_update",
+  "swap_out", "swap_in", "update", "wait_copy", "wait_update", "reduce_scatter", "all_gather",
 }
 M.phase_names = phase_names
 
@@ -121,9 +121,10 @@ local OPTIONS = {
   optimizer = true, schedule = true, clip_global_norm = true, clip_layer_norm = true,
   accumulate = true, optimizer_threads = true, seed = true, device_budget = true,
   param_slots = true, loss_scale = true, loss_scale_window = true, precision = true,
-  grad_precision = true, nonfinite = true, plan = true,
+  grad_precision = true, nonfinite = true, plan = true, dist = true,
 }
 local nonfinite_ids = { skip = 0, error = 1 }
+local dist_ids = { none = 0, mpi = 1 }
 
 local read_settings   -- (below)
 
@@ -175,6 +176,7 @@ read_settings = function(o, fname)
   s.precision = enum_option(o, "precision", precision_ids, default_precision(), fname)
   s.grad_precision = enum_option(o, "grad_precision", precision_ids, "f32", fname)
   s.nonfinite = enum_option(o, "nonfinite", nonfinite_ids, "skip", fname)
+  s.dist = enum_option(o, "dist", dist_ids, "none", fname)
   if o.plan ~= nil and o.plan ~= "auto" and not plan_mod.is_plan(o.plan) then
     fail(fname .. ": option 'plan' must be a plan from l2l.plan{...} or \"auto\", got " .. lib.describe(o.plan))
   end
@@ -213,6 +215,7 @@ config_of = function(s)
   c.precision = precision_ids[s.precision]
   c.grad_precision = precision_ids[s.grad_precision]
   c.nonfinite_error = nonfinite_ids[s.nonfinite]
+  c.dist = dist_ids[s.dist]
   return c
 end
 
@@ -285,7 +288,8 @@ local apply_plan   -- (below, with plans)
 -- bits, at half the bytes, and accumulate in f32 on the host), nonfinite = "skip" (a
 -- record whose gradient holds an inf or NaN is not updated, said once on stderr; "error":
 -- the step raises after it is done), device_budget = (bytes: sets the device pool's
--- budget, process-wide)}
+-- budget, process-wide), dist = "none" ("mpi": data parallel across the ranks of an
+-- mpirun job; each rank steps its own slice of every minibatch: see l2l.dist)}
 function M.Relay(o, ...)
   local fname = "l2l.Relay"
   if select("#", ...) ~= 0 then too_many(fname, "options", 2, ...) end
@@ -630,7 +634,8 @@ local STATS = {
   "device_current", "host_eps_bytes", "host_stash_peak", "h2d_bytes", "d2h_bytes",
   "step_seconds", "compute_seconds", "wait_copy_seconds", "exposed_copy_seconds",
   "wait_update_seconds", "optimizer_seconds", "h2d_seconds", "d2h_seconds", "events", "loss_scale",
-  "loss_scale_good", "skipped_updates", "overflow", "skipped_records",
+  "loss_scale_good", "skipped_updates", "overflow", "skipped_records", "dist_ranks",
+  "dist_sent_bytes", "dist_received_bytes", "exposed_comm_seconds",
 }
 M.stats_fields = STATS
 
@@ -661,8 +666,9 @@ end
 -- run:events() -> the last step's work: a list of {layer =, micro_batch = (1-based, nil
 -- when none), phase = "forward" | "backward" | "rebuild" | "params_in" | "grads_out" |
 -- "stash_out" | "stash_in" | "swap_out" | "swap_in" | "update" | "wait_copy" |
--- "wait_update", thread = (0 the caller, 1 host-to-device copies, 2 device-to-host, 3..
--- optimizer workers), start =, finish = (seconds since the relay was made)}.
+-- "wait_update" | "reduce_scatter" | "all_gather", thread = (0 the caller, 1 host-to-device
+-- copies, 2 device-to-host, 3.. optimizer workers, then with dist = "mpi" the
+-- communication thread), start =, finish = (seconds since the relay was made)}.
 function Relay:events(...)
   local fname = "run:events"
   if select("#", ...) ~= 0 then too_many(fname, "", 2, ...) end

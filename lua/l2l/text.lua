@@ -29,7 +29,10 @@
 --   depends only on them; targets are the next bytes (targets[b][s] = tokens[b][s + 1]
 --   within the text). opts.first: the first draw of the stream to use (several batches
 --   from one stream); opts.tokens / opts.targets: (B,S) i32 tensors to fill instead of
---   new ones (a training loop reuses its own).
+--   new ones (a training loop reuses its own; with rank and size, of the slice's rows).
+--   opts.rank, opts.size: data parallel (l2l.dist): this rank's rows of the global
+--   minibatch of B, floor(rank B / size) up to floor((rank + 1) B / size), the samples
+--   one process draws for those rows; B >= size.
 -- Folders are read with opendir/readdir through the FFI (Linux, 64-bit): no shell, no
 -- popen("find ..."), so a path may hold any character.
 -- Must never: depend on the order a folder lists its files in, or draw from a generator
@@ -260,7 +263,7 @@ function M.split(s, fraction, ...)
   return s:sub(1, cut), s:sub(cut + 1)
 end
 
-local BATCH_OPTIONS = { first = true, tokens = true, targets = true }
+local BATCH_OPTIONS = { first = true, tokens = true, targets = true, rank = true, size = true }
 
 local function integer_arg(v, name, min, default)
   if v == nil and default ~= nil then return default end
@@ -286,6 +289,23 @@ function M.batch(s, B, S, seed, step, opts, ...)
   local first = opts.first == nil and 0 or opts.first
   if type(first) ~= "number" or first < 0 or first ~= floor(first) then
     error("text.batch: opts.first must be an integer >= 0, got " .. tostring(opts.first), 2)
+  end
+  -- A rank's slice of the global minibatch of B samples: rows floor(r B / N) up to
+  -- floor((r + 1) B / N), the very samples one process draws there (same seed and step).
+  if opts.rank ~= nil or opts.size ~= nil then
+    local size = opts.size
+    if type(size) ~= "number" or size < 1 or size ~= floor(size) then
+      error("text.batch: opts.size must be an integer >= 1 (the number of ranks), got " .. tostring(size), 2)
+    end
+    local rank = opts.rank
+    if type(rank) ~= "number" or rank < 0 or rank >= size or rank ~= floor(rank) then
+      error(("text.batch: opts.rank must be an integer in [0, %d), got %s"):format(size, tostring(rank)), 2)
+    end
+    if B < size then
+      error(("text.batch: B (%d) must be at least opts.size (%d): every rank needs a sample"):format(B, size), 2)
+    end
+    local lo, hi = floor(rank * B / size), floor((rank + 1) * B / size)
+    first, B = first + lo, hi - lo
   end
   if length < S + 1 then
     error(("text.batch: the text (%d %s) is shorter than S + 1 = %d"):format(length, ids and "ids" or "bytes", S + 1), 2)

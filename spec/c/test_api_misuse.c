@@ -2750,3 +2750,47 @@ TEST(misuse_planner) {
   l2l_tensor_free(t);
   rig_free(&rig);
 }
+
+/* ---------------------------------------------------------------- data parallel */
+
+/* MPI is never started here (the C tests are one process without mpirun): what is checked
+   is every refusal before it, and a plugin that cannot be opened. spec/dist_spec.lua runs
+   the real thing under mpirun. */
+TEST(misuse_data_parallel) {
+  REFUSES(l2l_dist_rank(NULL), L2L_ERR_INVALID, "out");
+  REFUSES(l2l_dist_size(NULL), L2L_ERR_INVALID, "out");
+  const double bad_seconds[] = {0, -1, NAN, INFINITY, -INFINITY, 1e6 * 1.5, -0.0};
+  for (size_t i = 0; i < sizeof bad_seconds / sizeof bad_seconds[0]; i++)
+    REFUSES(l2l_dist_set_timeout(bad_seconds[i]), L2L_ERR_INVALID, "seconds");
+  CHECK_OK(l2l_dist_finalize());   /* never started: nothing to do */
+  l2l_dist_abort(NULL);            /* not running: returns */
+  l2l_dist_abort("not running");
+
+  l2l_relay_config c = relay_config();
+  struct model m;
+  struct shape g = gpt_shape();
+  model_new(&m, &g);
+  l2l_relay *run = SENTINEL(l2l_relay);
+  c.dist = (l2l_dist_mode)7;
+  REFUSES(l2l_relay_new(&run, m.layer, m.n, &c), L2L_ERR_INVALID, "dist");
+  c.dist = (l2l_dist_mode)-1;
+  REFUSES(l2l_relay_new(&run, m.layer, m.n, &c), L2L_ERR_INVALID, "dist");
+
+  /* A plugin that is not there: refused with its path, by every call that needs MPI, and
+     again the same way (MPI is never half-started). */
+  setenv("L2L_MPI_PLUGIN", "/nonexistent/libl2l-mpi.so", 1);
+  REFUSES(l2l_dist_init(), L2L_ERR_UNSUPPORTED, "/nonexistent/libl2l-mpi.so");
+  REFUSES(l2l_dist_init(), L2L_ERR_UNSUPPORTED, "cannot open the MPI plugin");
+  int out = -5;
+  REFUSES(l2l_dist_rank(&out), L2L_ERR_UNSUPPORTED, "MPI plugin");
+  REFUSES(l2l_dist_size(&out), L2L_ERR_UNSUPPORTED, "MPI plugin");
+  CHECK(out == -5, "a refused l2l_dist_rank wrote %d", out);
+  REFUSES(l2l_dist_barrier(), L2L_ERR_UNSUPPORTED, "MPI plugin");
+  c.dist = L2L_DIST_MPI;
+  REFUSES(l2l_relay_new(&run, m.layer, m.n, &c), L2L_ERR_UNSUPPORTED, "MPI plugin");
+  CHECK(run == SENTINEL(l2l_relay), "*out written by a refused l2l_relay_new");
+  unsetenv("L2L_MPI_PLUGIN");
+  CHECK_OK(l2l_dist_set_timeout(30));
+  CHECK_OK(l2l_dist_finalize());
+  model_free(&m);
+}

@@ -16,30 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "eps.h"
+#include "record.h"
 
-enum { CHUNK = 1 << 18, MAX_ADDED = 16 };
+enum { MAX_ADDED = 16 };
 
-struct eps_record {
-  l2l_param *param;
-  l2l_tensor *master, *grad;   /* the record's own tensors (host pool) */
-  l2l_tensor *state[2];        /* optimizer state (host pool), NULL until the first update */
-  l2l_tensor *staging;         /* device-precision copy (pinned), NULL: the master is it */
-  int users;                   /* relay layers holding the record */
-  int64_t updates;             /* t of its last update */
-  pthread_mutex_t absorb_lock; /* gradient arrivals add into grad one at a time */
-  /* This step's bookkeeping, under the EPS lock. */
-  int expected, arrived;       /* gradient visits due and done */
-  bool update_due;             /* this step ends a minibatch accumulation for it */
-  bool pending;                /* an update or a staging rewrite is queued or running */
-  bool stage_after;            /* rewrite the staging copy once the pending update ends */
-  int last_layer;              /* the layer whose gradient completed it */
-  double sumsq;                /* |grad|^2 once complete (global clipping) */
-  bool nonfinite;              /* the accumulator holds an inf or NaN (until cleared) */
-  int chunks_left;
-  double wave_sums[2];         /* a first wave's whole-record sums (LAMB's norms) */
-  struct l2l_optim_hyper hyper;
-};
 
 /* ---------------------------------------------------------------- records */
 
@@ -62,6 +42,11 @@ l2l_status l2l_eps_init(struct l2l_eps *eps, const l2l_optimizer_config *optimiz
 
 static void record_free(struct eps_record *rec) {
   l2l_tensor_free(rec->staging);
+  l2l_tensor_free(rec->shard_grad);
+  l2l_tensor_free(rec->gathered[0]);
+  l2l_tensor_free(rec->gathered[1]);
+  free(rec->counts);
+  free(rec->displs);
   l2l_tensor_free(rec->state[0]);
   l2l_tensor_free(rec->state[1]);
   pthread_mutex_destroy(&rec->absorb_lock);
@@ -69,7 +54,9 @@ static void record_free(struct eps_record *rec) {
 }
 
 void l2l_eps_free(struct l2l_eps *eps) {
+  if (eps->dist) l2l_eps_sync(eps);   /* no exchange may still name a record */
   l2l_queue_stop(&eps->workers);
+  eps_dist_free(eps);
   for (int i = 0; i < eps->count; i++) record_free(eps->records[i]);
   free(eps->records);
   pthread_mutex_destroy(&eps->lock);
@@ -108,10 +95,19 @@ l2l_status l2l_eps_add_records(struct l2l_eps *eps, l2l_param *const *params,
       return FAIL(L2L_ERR_NOMEM, "no memory for an EPS record");
     }
     rec->param = p;
+    rec->eps = eps;
     rec->master = l2l_param_value(p);
     rec->grad = l2l_param_grad(p);
+    rec->shard_n = l2l_tensor_numel(rec->master);   /* one process: all of it */
     pthread_mutex_init(&rec->absorb_lock, NULL);
     fresh[nfresh++] = rec;
+    if (eps->dist) {
+      l2l_status status = eps_shard(eps, rec);
+      if (status != L2L_OK) {
+        for (int j = 0; j < nfresh; j++) record_free(fresh[j]);
+        return status;
+      }
+    }
     if (eps->precision != L2L_F32 && low_precision[i]) {
       l2l_status status =
           l2l_tensor_new_like(&rec->staging, L2L_POOL_PINNED, eps->precision, rec->master);
@@ -140,9 +136,12 @@ uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps) {
   uint64_t bytes = 0;
   for (int i = 0; i < eps->count; i++) {
     const struct eps_record *rec = eps->records[i];
-    uint64_t one = l2l_pool_accounted((uint64_t)l2l_tensor_numel(rec->master) * sizeof(float));
-    int arrays = 2 + (rec->state[0] != NULL) + (rec->state[1] != NULL);
-    bytes += one * (uint64_t)arrays;
+    uint64_t whole = l2l_pool_accounted((uint64_t)l2l_tensor_numel(rec->master) * sizeof(float));
+    uint64_t shard = l2l_pool_accounted((uint64_t)rec->shard_n * sizeof(float));
+    /* master and accumulator whole; the optimizer state (and with ranks the reduced
+       gradient) of this rank's shard */
+    int arrays = (rec->state[0] != NULL) + (rec->state[1] != NULL) + (rec->shard_grad != NULL);
+    bytes += 2 * whole + shard * (uint64_t)arrays;
     if (rec->staging)
       bytes += l2l_pool_accounted((uint64_t)l2l_tensor_numel(rec->staging) *
                                   l2l_dtype_size(eps->precision));
@@ -156,8 +155,29 @@ const l2l_tensor *l2l_eps_device_source(const struct eps_record *rec) {
 const l2l_tensor *l2l_eps_master(const struct eps_record *rec) { return rec->master; }
 l2l_param *l2l_eps_param(const struct eps_record *rec) { return rec->param; }
 int64_t l2l_eps_updates(const struct eps_record *rec) { return rec->updates; }
-l2l_tensor *l2l_eps_state(const struct eps_record *rec, int which) {
-  return rec->updates > 0 ? rec->state[which] : NULL;
+
+/* An optimizer state array of rec: its shard's elements (all of them on one process). */
+static l2l_status state_new(l2l_tensor **out, const struct eps_record *rec) {
+  if (rec->eps->dist == NULL)   /* all of the record, in its shape */
+    return l2l_tensor_new_like(out, L2L_POOL_HOST, L2L_F32, rec->master);
+  int64_t shape[1] = {rec->shard_n > 0 ? rec->shard_n : 1};   /* an empty shard: 1 unused */
+  return l2l_tensor_new(out, L2L_POOL_HOST, L2L_F32, 1, shape);
+}
+
+/* dst (a shard's state) := the shard's elements of src (the whole record's, any shape). */
+static l2l_status state_copy_shard(l2l_tensor *dst, const l2l_tensor *src,
+                                   const struct eps_record *rec) {
+  if (l2l_tensor_pool(src) == L2L_POOL_DEVICE) {   /* one whole copy into host memory first */
+    l2l_tensor *whole = NULL;
+    TRY(l2l_tensor_new_like(&whole, L2L_POOL_HOST, L2L_F32, rec->master));
+    l2l_status status = l2l_tensor_copy(whole, src);
+    if (status == L2L_OK) status = state_copy_shard(dst, whole, rec);
+    l2l_tensor_free(whole);
+    return status;
+  }
+  memcpy(l2l_tensor_data(dst), (const float *)l2l_tensor_data((l2l_tensor *)src) + rec->shard_begin,
+         (size_t)rec->shard_n * sizeof(float));
+  return L2L_OK;
 }
 
 l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_record *rec,
@@ -192,8 +212,8 @@ l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_rec
   }
   l2l_tensor *fresh[2] = {NULL, NULL};
   for (int a = 0; a < arrays; a++) {
-    l2l_status status = l2l_tensor_new_like(&fresh[a], L2L_POOL_HOST, L2L_F32, rec->master);
-    if (status == L2L_OK) status = l2l_tensor_copy(fresh[a], given[a]);
+    l2l_status status = state_new(&fresh[a], rec);
+    if (status == L2L_OK) status = state_copy_shard(fresh[a], given[a], rec);
     if (status != L2L_OK) {
       l2l_tensor_free(fresh[0]);
       l2l_tensor_free(fresh[1]);
@@ -203,6 +223,8 @@ l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_rec
   for (int a = 0; a < 2; a++) {
     l2l_tensor_free(rec->state[a]);
     rec->state[a] = fresh[a];
+    l2l_tensor_free(rec->gathered[a]);
+    rec->gathered[a] = NULL;
   }
   rec->updates = updates;
   return L2L_OK;
@@ -220,13 +242,21 @@ void l2l_eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr)
     rec->expected = rec->arrived = 0;
     rec->update_due = update;
     rec->sumsq = 0;
+    rec->first_expect = -1;
+    rec->agreed = false;
+    for (int a = 0; a < 2; a++) {   /* a checkpoint's gathered state is stale from here */
+      l2l_tensor_free(rec->gathered[a]);
+      rec->gathered[a] = NULL;
+    }
   }
+  eps->expects = 0;
   pthread_mutex_unlock(&eps->lock);
 }
 
 void l2l_eps_expect(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
-  rec->expected++;
+  if (rec->expected++ == 0) rec->first_expect = eps->expects;
+  eps->expects++;
   pthread_mutex_unlock(&eps->lock);
 }
 
@@ -237,10 +267,12 @@ l2l_status l2l_eps_prepare(struct l2l_eps *eps) {
     if (!rec->update_due || rec->expected == 0) continue;
     for (int a = 0; a < arrays; a++) {
       if (rec->state[a] != NULL) continue;
-      TRY(l2l_tensor_new_like(&rec->state[a], L2L_POOL_HOST, L2L_F32, rec->master));
+      TRY(state_new(&rec->state[a], rec));
       TRY(l2l_tensor_fill(rec->state[a], 0.0));
     }
+    if (eps->dist && rec->shard_grad == NULL) TRY(state_new(&rec->shard_grad, rec));
   }
+  if (eps->dist) eps_exchange_order(eps);
   return L2L_OK;
 }
 
@@ -253,7 +285,6 @@ struct chunk_job {
   int wave;            /* 0 .. the optimizer's waves - 1; STAGE_WAVE: the staging copy
                           from the master */
 };
-enum { STAGE_WAVE = -1 };
 
 static void chunk_release(struct l2l_job *job) { free(job); }
 static void chunk_run(struct l2l_job *job, int thread);
@@ -261,14 +292,22 @@ static void stage_chunk(struct l2l_eps *eps, struct eps_record *rec, int64_t beg
                         int thread, double t0);
 
 /* Queues the chunks of one wave of rec's update (rec's chunks_left set under the lock). */
-static void queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave) {
-  int64_t n = l2l_tensor_numel(rec->master);
+/* An update covers this rank's shard (all of the record on one process); a staging
+   rewrite the whole record. */
+static int64_t wave_elements(const struct eps_record *rec, int wave) {
+  return wave == STAGE_WAVE ? l2l_tensor_numel(rec->master) : rec->shard_n;
+}
+
+void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave) {
+  int64_t n = wave_elements(rec, wave);
   int chunks = (int)((n + CHUNK - 1) / CHUNK);
+  if (chunks == 0) chunks = 1;   /* an empty shard still ends its wave (one empty chunk) */
   pthread_mutex_lock(&eps->lock);
   rec->chunks_left = chunks;
   pthread_mutex_unlock(&eps->lock);
   for (int c = 0; c < chunks; c++) {
     int64_t begin = (int64_t)c * CHUNK, end = n - begin < CHUNK ? n : begin + CHUNK;
+    if (end < begin) end = begin;
     struct chunk_job chunk = {.eps = eps, .rec = rec, .begin = begin, .end = end, .wave = wave};
     struct chunk_job *cj = calloc(1, sizeof *cj);
     if (cj == NULL) {   /* finish the wave inline rather than lose it */
@@ -283,7 +322,7 @@ static void queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave) {
   }
 }
 
-static void start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
+void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
   const l2l_optimizer_config *o = &eps->optimizer;
   bool decays = o->decay_all || l2l_param_decays(rec->param) == 1;
   rec->hyper = (struct l2l_optim_hyper){
@@ -294,7 +333,7 @@ static void start_update(struct l2l_eps *eps, struct eps_record *rec, float grad
   pthread_mutex_lock(&eps->lock);
   rec->pending = true;
   pthread_mutex_unlock(&eps->lock);
-  queue_wave(eps, rec, 0);
+  eps_queue_wave(eps, rec, 0);
 }
 
 static void chunk_run(struct l2l_job *job, int thread) {
@@ -307,10 +346,12 @@ static void chunk_run(struct l2l_job *job, int thread) {
     stage_chunk(eps, rec, cj->begin, n, thread, t0);
     return;
   }
-  float *g = (float *)l2l_tensor_data(rec->grad) + cj->begin;
+  /* On one process the update reads the accumulator; with ranks, the shard's reduced
+     gradient (the accumulator was cleared once it went out). */
+  float *g = (float *)l2l_tensor_data(rec->shard_grad ? rec->shard_grad : rec->grad) + cj->begin;
   double sums[2] = {0, 0};
   struct l2l_optim_chunk chunk = {
-      .p = (float *)l2l_tensor_data(rec->master) + cj->begin, .grad = g, .n = n,
+      .p = (float *)l2l_tensor_data(rec->master) + rec->shard_begin + cj->begin, .grad = g, .n = n,
       .h = &rec->hyper, .wave = cj->wave, .sums = sums, .record_sums = rec->wave_sums};
   for (int a = 0; a < 2; a++)
     chunk.state[a] = rec->state[a] ? (float *)l2l_tensor_data(rec->state[a]) + cj->begin : NULL;
@@ -326,15 +367,33 @@ static void chunk_run(struct l2l_job *job, int thread) {
   }
   bool wave_done = --rec->chunks_left == 0;
   bool stage = wave_done && last_wave && rec->stage_after;
+  bool exchange = eps->dist != NULL;
   if (wave_done && last_wave) {
     rec->updates++;
-    rec->stage_after = false;
-    rec->pending = stage;   /* still pending while its staging copy is rewritten */
-    pthread_cond_broadcast(&eps->changed);
+    if (!exchange) {
+      rec->stage_after = false;
+      rec->pending = stage;   /* still pending while its staging copy is rewritten */
+      pthread_cond_broadcast(&eps->changed);
+    }
   }
   pthread_mutex_unlock(&eps->lock);
-  if (wave_done && !last_wave) queue_wave(eps, rec, cj->wave + 1);
-  if (stage) queue_wave(eps, rec, STAGE_WAVE);
+  if (wave_done && last_wave && exchange) {
+    eps_exchange_updated(eps, rec);   /* the all-gather settles it */
+  } else if (wave_done && !last_wave) {
+    if (exchange) eps_exchange_wave_sums(eps, rec);
+    else eps_queue_wave(eps, rec, cj->wave + 1);
+  }
+  if (stage && !exchange) eps_queue_wave(eps, rec, STAGE_WAVE);
+}
+
+void eps_record_settled(struct l2l_eps *eps, struct eps_record *rec) {
+  pthread_mutex_lock(&eps->lock);
+  bool stage = rec->stage_after;
+  rec->stage_after = false;
+  rec->pending = stage;
+  pthread_cond_broadcast(&eps->changed);
+  pthread_mutex_unlock(&eps->lock);
+  if (stage) eps_queue_wave(eps, rec, STAGE_WAVE);
 }
 
 /* One chunk of a staging rewrite: the master's elements rounded to the device precision. */
@@ -365,7 +424,7 @@ void l2l_eps_stage(struct l2l_eps *eps) {
     if (now) rec->pending = true;
     else rec->stage_after = true;   /* its update's last chunk queues the rewrite */
     pthread_mutex_unlock(&eps->lock);
-    if (now) queue_wave(eps, rec, STAGE_WAVE);
+    if (now) eps_queue_wave(eps, rec, STAGE_WAVE);
   }
 }
 
@@ -411,10 +470,14 @@ static void absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *inco
   if (!finite) rec->nonfinite = true;
   bool complete = ++rec->arrived == rec->expected && rec->update_due;
   if (complete) rec->last_layer = layer;
-  bool defer = eps->defer;
+  bool defer = eps->defer, exchange = complete && eps->dist != NULL;
+  if (exchange) {   /* with ranks, the sum over ranks decides (exchange.c) */
+    rec->nonfinite = false;
+    rec->pending = true;
+  }
   /* An eager update of a non-finite gradient would write inf or NaN into the master and
      the optimizer state for good: skipped, and the accumulator cleared for the next. */
-  bool skip = complete && !defer && rec->nonfinite;
+  bool skip = complete && !exchange && !defer && rec->nonfinite;
   if (skip) {
     if (eps->nonfinite_skips++ == 0) {
       eps->nonfinite_name = l2l_param_name(rec->param);
@@ -423,13 +486,14 @@ static void absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *inco
     rec->nonfinite = false;
   }
   pthread_mutex_unlock(&eps->lock);
-  double sumsq = complete && defer ? l2l_optim_sumsq(g, n) : 0;
-  if (skip) memset(g, 0, (size_t)n * sizeof *g);
-  else if (complete && !defer) start_update(eps, rec, 1.0f);
+  double sumsq = complete && defer && !exchange ? l2l_optim_sumsq(g, n) : 0;
+  if (exchange) eps_exchange_start(eps, rec);
+  else if (skip) memset(g, 0, (size_t)n * sizeof *g);
+  else if (complete && !defer) eps_start_update(eps, rec, 1.0f);
   /* Counted out last: whoever waits for arrivals then finds the record's norm (or its
      update queued) in place. */
   pthread_mutex_lock(&eps->lock);
-  if (complete) rec->sumsq = sumsq;
+  if (complete && !exchange) rec->sumsq = sumsq;   /* (an exchange sets it when agreed) */
   eps->arrivals_in_flight--;
   pthread_cond_broadcast(&eps->changed);
   pthread_mutex_unlock(&eps->lock);
@@ -505,6 +569,7 @@ void l2l_eps_abandon_step(struct l2l_eps *eps) {
 bool l2l_eps_release_updates(struct l2l_eps *eps, float clip, double unscale, double *norm) {
   double sumsq = 0;
   l2l_eps_wait_arrivals(eps);
+  if (eps->dist) l2l_eps_wait_agreed(eps);   /* every record's norm summed over ranks */
   for (int i = 0; i < eps->count; i++)
     if (due(eps->records[i])) sumsq += eps->records[i]->sumsq;
   *norm = sqrt(sumsq) * unscale;
@@ -518,7 +583,10 @@ bool l2l_eps_release_updates(struct l2l_eps *eps, float clip, double unscale, do
     struct eps_record *rec = eps->records[i];
     if (!due(rec)) continue;
     if (finite) {
-      start_update(eps, rec, scale);
+      eps_start_update(eps, rec, scale);
+    } else if (eps->dist) {   /* the same overflow on every rank: nothing to send */
+      rec->update_due = false;
+      eps_exchange_skip(eps, rec);
     } else {   /* an overflow: this minibatch's gradients are dropped, nothing updates */
       l2l_tensor_fill(rec->grad, 0.0);
       rec->nonfinite = false;
@@ -530,6 +598,7 @@ bool l2l_eps_release_updates(struct l2l_eps *eps, float clip, double unscale, do
 
 int l2l_eps_nonfinite_skips(struct l2l_eps *eps, const char **name, int *layer) {
   l2l_eps_wait_arrivals(eps);   /* the last arrival's add decides its record */
+  if (eps->dist) l2l_eps_wait_agreed(eps);   /* with ranks, the summed gradient does */
   pthread_mutex_lock(&eps->lock);
   int skips = eps->nonfinite_skips;
   *name = eps->nonfinite_name;
@@ -544,4 +613,19 @@ void l2l_eps_wait_arrivals(struct l2l_eps *eps) {
   pthread_mutex_unlock(&eps->lock);
 }
 
-void l2l_eps_sync(struct l2l_eps *eps) { l2l_queue_drain(&eps->workers); }
+void l2l_eps_wait_agreed(struct l2l_eps *eps) {
+  pthread_mutex_lock(&eps->lock);
+  for (int i = 0; i < eps->count; i++)
+    while (due(eps->records[i]) && !eps->records[i]->agreed)
+      pthread_cond_wait(&eps->changed, &eps->lock);
+  pthread_mutex_unlock(&eps->lock);
+}
+
+void l2l_eps_sync(struct l2l_eps *eps) {
+  /* With ranks a record stays pending through its exchange, between worker jobs. */
+  pthread_mutex_lock(&eps->lock);
+  for (int i = 0; eps->dist && i < eps->count; i++)
+    while (eps->records[i]->pending) pthread_cond_wait(&eps->changed, &eps->lock);
+  pthread_mutex_unlock(&eps->lock);
+  l2l_queue_drain(&eps->workers);
+}

@@ -138,6 +138,10 @@ struct l2l_eps {
   int nonfinite_skips;
   const char *nonfinite_name;
   int nonfinite_layer;
+  int expects;                 /* eps_expect calls this step */
+  /* Data parallel over MPI (exchange.c), NULL on one process. */
+  struct eps_dist *dist;
+  int64_t step;                /* the relay's step, for a timeout's report */
 };
 
 /* optimizer: checked already. */
@@ -160,10 +164,8 @@ uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps);
 const l2l_tensor *l2l_eps_device_source(const struct eps_record *rec);
 const l2l_tensor *l2l_eps_master(const struct eps_record *rec);
 l2l_param *l2l_eps_param(const struct eps_record *rec);
-/* The record's updates so far, and its optimizer state array `which` (NULL before the
-   first update); call between steps (after l2l_eps_sync). */
+/* The record's updates so far; call between steps (after l2l_eps_sync). */
 int64_t l2l_eps_updates(const struct eps_record *rec);
-l2l_tensor *l2l_eps_state(const struct eps_record *rec, int which);
 /* A checkpoint's state for rec: `updates` so far and the optimizer's state arrays
    (NULL beyond the optimizer's count, and all NULL for updates 0), checked against the
    record, then copied in whole before the old state is freed: a refusal changes
@@ -214,6 +216,24 @@ bool l2l_eps_release_updates(struct l2l_eps *eps, float clip, double unscale, do
    skipped whole by eps_release_updates), and the first one's record name and layer, once
    every gradient given has been added. */
 int l2l_eps_nonfinite_skips(struct l2l_eps *eps, const char **name, int *layer);
+/* Data parallel (exchange.c): before any record joins, the EPS joins every rank of the
+   process's MPI (l2l_dist_start first); from then on each rank updates its shard of every
+   record (see record.h) and the records' exchanges are recorded on the timeline's lane
+   `lane`. Collective. */
+l2l_status l2l_eps_dist_start(struct l2l_eps *eps, int lane);
+/* With ranks: waits until every record due this step has its gradient summed over ranks
+   and its norm and finiteness agreed (before the global norm, and before a step's skips
+   are counted). */
+void l2l_eps_wait_agreed(struct l2l_eps *eps);
+/* The optimizer state array `which` of rec, whole (NULL before the first update): on one
+   process the state itself; with ranks gathered from every rank's shard (collective:
+   every rank asks for the same records in the same order), kept until the next step.
+   Between steps, after l2l_eps_sync. */
+l2l_status l2l_eps_state_whole(l2l_tensor **out, struct l2l_eps *eps, struct eps_record *rec,
+                               int which);
+/* Bytes this EPS's exchanges sent, ever (ring accounting: (N - 1) / N of a record's f32
+   gradient by reduce-scatter and as much again by all-gather). */
+uint64_t l2l_eps_dist_bytes(const struct l2l_eps *eps);
 /* Waits until every gradient given has been added (updates may still run). */
 void l2l_eps_wait_arrivals(struct l2l_eps *eps);
 /* Waits until every queued absorb and update has finished. */

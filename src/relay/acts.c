@@ -129,7 +129,7 @@ l2l_status relay_mb_inputs(struct step *s, struct mb_inputs *m, int k, int64_t u
   }
   m->batch = (l2l_layer_batch){.tokens = m->tokens, .token_types = m->types,
                                .targets = m->targets, .key_mask = m->mask,
-                               .first_sample = u * s->mb, .seed = s->run->config.seed,
+                               .first_sample = s->sample_base + u * s->mb, .seed = s->run->config.seed,
                                .step = (uint64_t)s->run->steps, .training = training,
                                .loss_scale = s->loss_scale};
   return L2L_OK;

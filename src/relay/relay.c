@@ -56,6 +56,8 @@ static l2l_status check_config(const l2l_relay_config *c) {
   if (c->loss_scale_window < 0)
     return FAIL(L2L_ERR_INVALID, "config->loss_scale_window must be >= 0, got %d",
                 c->loss_scale_window);
+  if (c->dist != L2L_DIST_NONE && c->dist != L2L_DIST_MPI)
+    return FAIL(L2L_ERR_INVALID, "config->dist must be none (0) or mpi (1), got %d", c->dist);
   if (c->param_slots < 0 || c->param_slots == 1 || c->param_slots > MAX_PARAM_SLOTS)
     return FAIL(L2L_ERR_INVALID, "config->param_slots must be 0 (two) or 2 to %d, got %d",
                 MAX_PARAM_SLOTS, c->param_slots);
@@ -178,6 +180,12 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
   l2l_status status = l2l_eps_init(&run->eps, &config->optimizer, config->precision, threads,
                                    &run->timeline);
   eps_up = status == L2L_OK;
+  if (status == L2L_OK && config->dist == L2L_DIST_MPI) {
+    /* The communication thread's lane follows the optimizer workers' (3 ..). */
+    status = l2l_dist_start();
+    if (status == L2L_OK) status = l2l_eps_dist_start(&run->eps, THREAD_D2H + 1 + threads);
+  }
+  run->stats.dist_ranks = config->dist == L2L_DIST_MPI && status == L2L_OK ? l2l_dist_size_now() : 1;
   if (status == L2L_OK) status = l2l_queue_start(&run->h2d, 1, THREAD_H2D, "host-to-device copy");
   h2d_up = status == L2L_OK;
   if (status == L2L_OK) status = l2l_queue_start(&run->d2h, 1, THREAD_D2H, "device-to-host copy");
@@ -363,6 +371,8 @@ l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run) {
   out->h2d_seconds = run->timeline.copy_seconds[0];
   out->d2h_seconds = run->timeline.copy_seconds[1];
   pthread_mutex_unlock(&r->timeline.lock);
+  out->dist_sent_bytes = out->dist_received_bytes =
+      l2l_eps_dist_bytes(&run->eps) - run->dist_bytes_mark;
   return L2L_OK;
 }
 
@@ -391,8 +401,7 @@ l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_par
   TRY(l2l_relay_sync(run));
   struct eps_record *rec = l2l_eps_find(&run->eps, param);
   if (rec == NULL) return FAIL(L2L_ERR_INVALID, "param is not a record of this relay's layers");
-  *out = l2l_eps_state(rec, which);
-  return L2L_OK;
+  return l2l_eps_state_whole(out, &run->eps, rec, which);
 }
 
 /* ---------------------------------------------------------------- checkpoints */

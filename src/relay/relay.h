@@ -26,6 +26,7 @@
 #define L2L_RELAY_H
 
 #include "backend/backend.h"
+#include "dist/dist.h"
 #include "eps/eps.h"
 #include "layers/layers.h"
 
@@ -68,6 +69,11 @@ struct l2l_relay {
   l2l_status async_status;    /* a job nobody waits for failed (gradients out) */
   char async_message[256];
   bool warned_nonfinite;      /* a non-finite gradient's skip has been said on stderr */
+  /* Data parallel (config.dist): a step that failed after the exchanges began leaves the
+     ranks disagreeing, so no step may follow; the EPS's bytes and the control waits when
+     the last step began. */
+  bool dist_broken;
+  uint64_t dist_bytes_mark;
 };
 
 static inline bool relay_ok(const l2l_relay *run) {
@@ -193,7 +199,9 @@ struct step {
   bool host_device, gzero[2];
   struct copy_job *out[2];    /* stash-outs in flight (oldest first) */
   double loss_sum;
-  int64_t real;               /* targets that count */
+  int64_t real;               /* targets that count (with ranks: in the whole minibatch) */
+  int64_t sample_base;        /* with ranks: the global index of this slice's first sample */
+  double exposed_comm;        /* waits for MPI (stats.exposed_comm_seconds) */
   float loss_scale;           /* the loss gradient's seed (see relay_run) */
   float clip_layer;           /* per-layer clipping, in the loss scale's units */
   double compute, wait_copy, wait_update, exposed_copy;

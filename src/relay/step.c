@@ -9,6 +9,7 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "relay.h"
@@ -21,6 +22,79 @@ l2l_status relay_check_async(l2l_relay *run) {
   run->async_status = L2L_OK;
   pthread_mutex_unlock(&run->lock);
   return status == L2L_OK ? L2L_OK : l2l_fail(status, "%s", message);
+}
+
+/* ---------------------------------------------------------------- data parallel */
+
+/* What must be the same on every rank for their collectives to match: the step count and
+   the active layers with their records and frozen flags. FNV-1a over them. */
+static int64_t step_shape(const struct step *s) {
+  uint64_t h = 1469598103934665603ull;
+  int64_t words[4 + 3 * 64];
+  int n = 0;
+  words[n++] = s->run->steps;
+  words[n++] = s->L;
+  words[n++] = s->S;
+  words[n++] = s->training;
+  for (int k = 0; k < s->L; k++) {
+    const struct relay_layer *rl = &s->run->layers[s->active[k]];
+    if (n + 3 > (int)(sizeof words / sizeof *words)) {   /* fold a long model in as it goes */
+      for (int i = 0; i < n; i++) h = (h ^ (uint64_t)words[i]) * 1099511628211ull;
+      n = 0;
+    }
+    words[n++] = s->active[k];
+    words[n++] = rl->frozen;
+    words[n++] = l2l_layer_param_count(rl->layer);
+  }
+  for (int i = 0; i < n; i++) h = (h ^ (uint64_t)words[i]) * 1099511628211ull;
+  return (int64_t)(h >> 1);
+}
+
+/* With ranks, before anything runs: every rank's slice size and real targets, and the
+   shape of its step. The loss is then the mean over the whole minibatch's targets and
+   dropout numbers samples globally (the slices in rank order). Every rank sees the same
+   exchange, so ranks whose steps differ all refuse the step alike. */
+static l2l_status dist_begin(struct step *s) {
+  l2l_relay *run = s->run;
+  if (run->config.dist == L2L_DIST_NONE) return L2L_OK;
+  int size = l2l_dist_size_now(), rank = l2l_dist_rank_now();
+  enum { FIELDS = 3 };
+  int64_t mine[FIELDS] = {s->B, s->real, step_shape(s)};
+  int64_t *all = malloc((size_t)size * FIELDS * sizeof *all);
+  if (all == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for the ranks' step sizes");
+  struct l2l_dist_op op = {.kind = DIST_ALLGATHER_I64, .send = mine, .recv = all, .n = FIELDS,
+                           .what = "exchange of the step's sizes", .layer = -1,
+                           .step = run->steps + 1};
+  double t0 = l2l_now();
+  l2l_status status = l2l_dist_run(&op);
+  s->exposed_comm += l2l_now() - t0;
+  int64_t real = 0, base = 0;
+  for (int r = 0; r < size && status == L2L_OK; r++) {
+    if (all[r * FIELDS + 2] != all[2])
+      status = FAIL(L2L_ERR_INVALID, "the ranks' steps differ (rank %d's layers, frozen flags, "
+                    "step count, sequence length or kind of step are not rank 0's): every "
+                    "rank must make the same relay changes and steps", r);
+    real += all[r * FIELDS + 1];
+    if (r < rank) base += all[r * FIELDS];
+  }
+  free(all);
+  if (status == L2L_OK && real == 0)
+    status = FAIL(L2L_ERR_INVALID, "batch->targets has no target other than -1 on any rank");
+  s->real = real;
+  s->sample_base = base;
+  return status;
+}
+
+/* With ranks: the loss summed over every rank's slice. */
+static l2l_status dist_loss(struct step *s) {
+  if (s->run->config.dist == L2L_DIST_NONE) return L2L_OK;
+  struct l2l_dist_op op = {.kind = DIST_ALLREDUCE_SUM, .recv = &s->loss_sum, .n = 1,
+                           .what = "all-reduce of the loss", .layer = -1,
+                           .step = s->run->steps + 1};
+  double t0 = l2l_now();
+  l2l_status status = l2l_dist_run(&op);
+  s->exposed_comm += l2l_now() - t0;
+  return status;
 }
 
 /* What a step decides before it runs, from the config and the relay's counts. */
@@ -127,6 +201,7 @@ static void stats_record(l2l_relay *run, const struct step *s, const struct step
   st->wait_copy_seconds = s->wait_copy;
   st->exposed_copy_seconds = s->exposed_copy;
   st->wait_update_seconds = s->wait_update;
+  st->exposed_comm_seconds = s->exposed_comm;
   pthread_mutex_lock(&run->lock);
   st->h2d_bytes = run->h2d_bytes;
   st->d2h_bytes = run->d2h_bytes;
@@ -139,6 +214,7 @@ static void stats_record(l2l_relay *run, const struct step *s, const struct step
 static l2l_status step_begin(struct step *s, struct step_plan *p) {
   l2l_status status = relay_check_step(s, s->in);
   if (status == L2L_OK) status = relay_plan_visits(s);
+  if (status == L2L_OK) status = dist_begin(s);
   if (status == L2L_OK) status = relay_step_alloc(s);
   if (status == L2L_OK) status = plan_step(p, s);
   if (status == L2L_OK && s->training) status = eps_begin(s, p);
@@ -154,10 +230,15 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
      its gradient arrivals must be counted before this step's bookkeeping starts. */
   l2l_eps_wait_arrivals(&run->eps);
   TRY(relay_check_async(run));
+  if (run->dist_broken)
+    return FAIL(L2L_ERR_STATE, "a step of this relay failed after its exchanges with the other "
+                "ranks began: the ranks no longer agree, and no step can follow (end the job)");
   struct step s = {.run = run, .in = batch, .training = training};
   struct step_plan p;
+  run->eps.step = run->steps + 1;
   TRY(step_begin(&s, &p));
   counters_reset(run);
+  run->dist_bytes_mark = l2l_eps_dist_bytes(&run->eps);
 
   double t0 = l2l_now();
   l2l_device_stamp_anchor(&s.anchor);
@@ -167,20 +248,26 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
   if (status == L2L_OK && p.defer) {
     /* relay_run_visits waited for every gradient job, so every gradient has been given. */
     status = relay_check_async(run);
+    double released = l2l_now();   /* with ranks it waits for every record's agreed norm */
     if (status == L2L_OK)
       applied = l2l_eps_release_updates(&run->eps, run->config.clip_global_norm,
                                         1.0 / p.dynamic, &norm);
+    if (run->config.dist != L2L_DIST_NONE) s.exposed_comm += l2l_now() - released;
   }
   relay_step_free(&s);   /* drains the copy threads: every gradient has been given */
   if (status == L2L_OK) status = relay_check_async(run);
+  if (status == L2L_OK) status = dist_loss(&s);
   if (status != L2L_OK) {
     if (training) l2l_eps_abandon_step(&run->eps);
+    if (run->config.dist != L2L_DIST_NONE) run->dist_broken = true;
     return status;
   }
 
   *loss = l2l_plain_nan(s.loss_sum / (double)s.real);
   const char *name = NULL;
+  double agreed = l2l_now();   /* with ranks, skips are known once every record is agreed */
   int layer = -1, skips = training ? l2l_eps_nonfinite_skips(&run->eps, &name, &layer) : 0;
+  s.exposed_comm += run->config.dist != L2L_DIST_NONE ? l2l_now() - agreed : 0;
   if (training) {
     run->steps++;
     if (applied) run->updates++;

@@ -1,0 +1,108 @@
+-- SPDX-License-Identifier: MIT
+-- spec/dist/train.lua — what spec/dist_spec.lua runs under mpirun (or alone): a small
+-- model trained a few steps on a global minibatch, each rank stepping its own slice; then
+-- every loss, weight and optimizer state of the run is written exactly (hex floats) as
+-- JSON, by every rank into OUT.<rank>, for the spec to compare with one process.
+-- Usage: l2l spec/dist/train.lua OUT SEED [key=value ...]
+--   dist=none|mpi, steps=5, B=7 (global samples), mb=2 (micro-batch), accumulate=1,
+--   clip=0 (global norm), loss_scale=0, dropout=0, optimizer=adamw|lamb|sgd,
+--   grow=0 (1: after the second step, insert a new block at 2 and clone block 4),
+--   save=PATH and save_at=STEP (a checkpoint after that step), load=PATH (start from it),
+--   extra_layer_rank=-1 (that rank's model has one more block: the ranks disagree),
+--   hang_rank=-1 / hang_step (that rank sleeps there: the others must time out),
+--   die_rank=-1 / die_step (that rank kills itself with SIGKILL there), timeout=SECONDS.
+local ffi = require("ffi")
+local l2l = require("l2l")
+local cjson = require("cjson")
+local text = require("l2l.text")
+
+ffi.cdef [[ int getpid(void); int kill(int pid, int sig); ]]
+
+local out_path, seed = arg[1], tonumber(arg[2])
+local o = { dist = "none", steps = 5, B = 7, mb = 2, accumulate = 1, clip = 0, loss_scale = 0,
+            dropout = 0, grow = 0, optimizer = "adamw", save_at = 2, extra_layer_rank = -1,
+            hang_rank = -1, hang_step = 2, die_rank = -1, die_step = 3 }
+for i = 3, #arg do
+  local k, v = arg[i]:match("^([%w_]+)=(.*)$")
+  o[k] = tonumber(v) or v
+end
+
+local rank, size = 0, 1
+if o.dist == "mpi" then
+  rank, size = l2l.dist.rank(), l2l.dist.size()
+  if o.timeout then l2l.dist.set_timeout(o.timeout) end
+end
+
+local V, D, S = 96, 24, 9
+local corpus = {}
+for i = 1, 3000 do corpus[i] = string.char(32 + (i * 7 + math.floor(i / 13) * 5) % 61) end
+corpus = table.concat(corpus)
+
+local function fresh_model()
+  local m = l2l.Sequential {
+    l2l.Embedding { vocab = V, dim = D, max_seq = S, seed = seed, dropout = o.dropout },
+    l2l.Block { dim = D, heads = 3, seed = seed + 1, dropout = o.dropout },
+    l2l.Block { dim = D, heads = 2, mlp = 40, seed = seed + 2 },
+    l2l.LMHead { vocab = V, dim = D, tie = true },
+  }
+  if rank == o.extra_layer_rank then m:insert(2, l2l.Block { dim = D, heads = 3, seed = seed + 3 }) end
+  return m
+end
+
+local optimizer = ({ adamw = l2l.AdamW { lr = 3e-3, weight_decay = 0.1 },
+                     lamb = l2l.LAMB { lr = 3e-3 },
+                     sgd = l2l.SGD { lr = 0.05, momentum = 0.9 } })[o.optimizer]
+local run
+if o.load then
+  run = l2l.load(o.load, { dist = o.dist, optimizer_threads = 1 })
+else
+  run = l2l.Relay { model = fresh_model(), micro_batch = o.mb, accumulate = o.accumulate,
+                    optimizer = optimizer, clip_global_norm = o.clip, loss_scale = o.loss_scale,
+                    seed = seed, dist = o.dist, optimizer_threads = 1 }
+end
+
+local hex = function(x) return string.format("%a", x) end
+local losses = {}
+local first = run:stats().steps + 1
+for step = first, first + o.steps - 1 do
+  if step == o.hang_step and rank == o.hang_rank then os.execute("sleep 600") end
+  if step == o.die_step and rank == o.die_rank then ffi.C.kill(ffi.C.getpid(), 9) end
+  local tokens, targets = text.batch(corpus, o.B, S, seed, step, { rank = rank, size = size })
+  -- every 5th position of the global minibatch ignored, so each rank's slice has its own
+  -- count of real targets
+  local t, lo = targets:data(), math.floor(rank * o.B / size)
+  for i = 0, targets:numel() - 1 do
+    if (lo * S + i) % 5 == 0 then t[i] = -1 end
+  end
+  losses[#losses + 1] = hex(run:step(tokens, targets))
+  if o.grow == 1 and step == first + 1 then
+    run.model:insert(2, l2l.Block { dim = D, heads = 3, seed = seed + 7 })
+    run.model:clone(4)
+  end
+  if o.save and step == o.save_at then run:save(o.save) end
+end
+run:sync()
+
+local function hex_list(t)
+  local d, list = t:data(), {}
+  for j = 0, t:numel() - 1 do list[j + 1] = hex(d[j]) end
+  return list
+end
+
+local result = { losses = losses, stats = run:stats(), params = {} }
+for i, layer in ipairs(run.model) do
+  for _, p in ipairs(layer:params()) do
+    local entry = { layer = i, name = p.name, value = hex_list(p.value) }
+    for which = 1, 2 do
+      local st = run:state(p, which)
+      if st then
+        entry["state" .. which] = hex_list(st)
+        st:free()
+      end
+    end
+    result.params[#result.params + 1] = entry
+  end
+end
+local f = assert(io.open(out_path .. "." .. rank, "w"))
+f:write(cjson.encode(result))
+f:close()

@@ -1,0 +1,46 @@
+/* SPDX-License-Identifier: MIT */
+/* api.c — the public data-parallel calls (l2l.h, "data parallel") over dist.c.
+ *
+ * Purpose: argument checks and messages; MPI itself is dist.c's and the plugin's.
+ * Must never: start MPI where the call does not need it (finalize, abort).
+ */
+#include <stdio.h>
+
+#include "dist.h"
+
+l2l_status l2l_dist_init(void) { return l2l_dist_start(); }
+
+l2l_status l2l_dist_rank(int *out) {
+  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  TRY(l2l_dist_init());
+  *out = l2l_dist_rank_now();
+  return L2L_OK;
+}
+
+l2l_status l2l_dist_size(int *out) {
+  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  TRY(l2l_dist_init());
+  *out = l2l_dist_size_now();
+  return L2L_OK;
+}
+
+l2l_status l2l_dist_barrier(void) {
+  TRY(l2l_dist_init());
+  struct l2l_dist_op op = {.kind = DIST_BARRIER, .what = "barrier", .layer = -1, .step = -1};
+  return l2l_dist_run(&op);
+}
+
+l2l_status l2l_dist_set_timeout(double seconds) {
+  if (!l2l_dist_set_timeout_now(seconds))
+    return FAIL(L2L_ERR_INVALID, "seconds must be in (0, 1e6], got %g", seconds);
+  return L2L_OK;
+}
+
+l2l_status l2l_dist_finalize(void) {
+  l2l_dist_stop();
+  return L2L_OK;
+}
+
+void l2l_dist_abort(const char *message) {
+  l2l_dist_fail(message ? message : "l2l_dist_abort");
+}

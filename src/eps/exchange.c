@@ -1,0 +1,252 @@
+/* SPDX-License-Identifier: MIT */
+/* exchange.c — data parallel in the EPS: each record's gradient reduce-scattered across
+ * ranks, its shard updated here, its master all-gathered back (ZeRO-1/2 style, KARMA's
+ * pipelined exchange).
+ *
+ * Purpose: a record's life in a step with ranks, each stage started by the one before:
+ *   complete here (eps.c's absorb) -> reduce-scatter of the accumulator into the shard's
+ *   reduced gradient (the accumulator is cleared) -> all-reduce of the shard's sum of
+ *   squares and non-finite count (every rank then knows the record's global norm and
+ *   whether it holds an inf or NaN) -> the shard's update on the workers (eager, or when
+ *   the relay releases deferred updates; LAMB's whole-record sums go through one more
+ *   all-reduce between its waves) -> all-gather of the master -> settled.
+ * Each stage has a stream (a communicator) of its own, on which a record takes the same
+ * place on every rank: this step's due records in the order backward completes them
+ * (eps_exchange_order), so collectives match across ranks whatever order the workers
+ * finish in. A record skipped on every rank (agreed inf or NaN, or an overflow) takes its
+ * place on the remaining streams with nothing sent.
+ * Shards: a record of n elements over N ranks gives rank r the elements [r·s, r·s + c_r)
+ * with s = ceil(n / N) and c_r what is left of n there (the last shards may be shorter or
+ * empty): uneven sizes are padded by MPI's per-rank counts, never refused.
+ * Must never: issue a collective out of its place, or update a record before every rank
+ * has agreed it may.
+ */
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "record.h"
+
+struct eps_dist {
+  struct l2l_dist_stream *rs, *flag, *lamb, *ag;
+  int rank, size, lane;
+  int base;          /* the place of this step's first due record on every stream */
+  uint64_t bytes;    /* sent by this EPS's exchanges, ever */
+};
+
+l2l_status l2l_eps_dist_start(struct l2l_eps *eps, int lane) {
+  if (eps->count > 0) return FAIL(L2L_ERR_STATE, "the EPS holds records already");
+  struct eps_dist *d = calloc(1, sizeof *d);
+  if (d == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for the EPS's exchange");
+  d->rank = l2l_dist_rank_now();
+  d->size = l2l_dist_size_now();
+  d->lane = lane;
+  struct l2l_dist_stream **streams[4] = {&d->rs, &d->flag, &d->lamb, &d->ag};
+  for (int i = 0; i < 4; i++) {
+    l2l_status status = l2l_dist_stream_new(streams[i]);
+    if (status != L2L_OK) {
+      for (int j = 0; j < i; j++) l2l_dist_stream_free(*streams[j]);
+      free(d);
+      return status;
+    }
+  }
+  eps->dist = d;
+  return L2L_OK;
+}
+
+void eps_dist_free(struct l2l_eps *eps) {
+  struct eps_dist *d = eps->dist;
+  if (d == NULL) return;
+  l2l_dist_stream_free(d->rs);
+  l2l_dist_stream_free(d->flag);
+  l2l_dist_stream_free(d->lamb);
+  l2l_dist_stream_free(d->ag);
+  free(d);
+  eps->dist = NULL;
+}
+
+uint64_t l2l_eps_dist_bytes(const struct l2l_eps *eps) {
+  if (eps->dist == NULL) return 0;
+  pthread_mutex_lock((pthread_mutex_t *)&eps->lock);
+  uint64_t bytes = eps->dist->bytes;
+  pthread_mutex_unlock((pthread_mutex_t *)&eps->lock);
+  return bytes;
+}
+
+l2l_status eps_shard(struct l2l_eps *eps, struct eps_record *rec) {
+  const struct eps_dist *d = eps->dist;
+  int64_t n = l2l_tensor_numel(rec->master), s = (n + d->size - 1) / d->size;
+  if (s > INT_MAX)
+    return FAIL(L2L_ERR_INVALID, "parameter '%s' has %lld elements: a shard of %lld is beyond "
+                "MPI's counts (at most %d); use more ranks", l2l_param_name(rec->param),
+                (long long)n, (long long)s, INT_MAX);
+  rec->counts = calloc((size_t)d->size, sizeof *rec->counts);
+  rec->displs = calloc((size_t)d->size, sizeof *rec->displs);
+  if (rec->counts == NULL || rec->displs == NULL)
+    return FAIL(L2L_ERR_NOMEM, "no memory for a record's shards");
+  for (int r = 0; r < d->size; r++) {
+    int64_t begin = (int64_t)r * s < n ? (int64_t)r * s : n;
+    int64_t end = begin + s < n ? begin + s : n;
+    rec->displs[r] = (int)begin;   /* below n / N * N + s: an int when s is (see above) */
+    rec->counts[r] = (int)(end - begin);
+  }
+  rec->shard_begin = rec->displs[d->rank];
+  rec->shard_n = rec->counts[d->rank];
+  return L2L_OK;
+}
+
+/* Due this step, in the order backward completes them: a record completes at the visit
+   of its lowest user, and eps_expect names the layers from the lowest up, so the later a
+   record was first named, the sooner it completes. */
+static int by_completion(const void *a, const void *b) {
+  const struct eps_record *x = *(struct eps_record *const *)a, *y = *(struct eps_record *const *)b;
+  return (y->first_expect > x->first_expect) - (y->first_expect < x->first_expect);
+}
+
+void eps_exchange_order(struct l2l_eps *eps) {
+  struct eps_record *list[eps->count > 0 ? eps->count : 1];
+  int n = 0;
+  for (int i = 0; i < eps->count; i++) {
+    struct eps_record *rec = eps->records[i];
+    if (rec->update_due && rec->expected > 0) list[n++] = rec;
+  }
+  qsort(list, (size_t)n, sizeof *list, by_completion);
+  for (int i = 0; i < n; i++) list[i]->order = eps->dist->base + i;
+  eps->dist->base += n;
+}
+
+static void op_fill(struct l2l_dist_op *op, struct eps_record *rec, enum l2l_dist_kind kind,
+                    const char *what, void (*done)(struct l2l_dist_op *)) {
+  struct l2l_eps *eps = rec->eps;
+  *op = (struct l2l_dist_op){.kind = kind, .counts = rec->counts, .displs = rec->displs,
+                             .done = done, .ctx = rec, .what = what,
+                             .name = l2l_param_name(rec->param), .layer = rec->last_layer,
+                             .step = eps->step, .lane = eps->dist->lane};
+}
+
+static void ag_done(struct l2l_dist_op *op) {
+  struct eps_record *rec = op->ctx;
+  struct l2l_eps *eps = rec->eps;
+  if (op->kind != DIST_NOOP) {
+    pthread_mutex_lock(&eps->lock);
+    eps->dist->bytes += op->bytes;
+    pthread_mutex_unlock(&eps->lock);
+  }
+  eps_record_settled(eps, rec);
+}
+
+void eps_exchange_updated(struct l2l_eps *eps, struct eps_record *rec) {
+  struct l2l_dist_op *op = &rec->ag;
+  op_fill(op, rec, DIST_ALLGATHERV, "all-gather of the updated weights", ag_done);
+  op->recv = l2l_tensor_data(rec->master);
+  op->bytes = (uint64_t)(l2l_tensor_numel(rec->master) - rec->shard_n) * sizeof(float);
+  op->timeline = eps->timeline;
+  op->phase = L2L_PHASE_ALL_GATHER;
+  l2l_dist_post(eps->dist->ag, op, rec->place);
+}
+
+void eps_exchange_skip(struct l2l_eps *eps, struct eps_record *rec) {
+  if (eps->optim->waves > 1) {   /* LAMB's sums would have had this place too */
+    op_fill(&rec->lamb_op, rec, DIST_NOOP, "LAMB's sums", NULL);
+    l2l_dist_post(eps->dist->lamb, &rec->lamb_op, rec->place);
+  }
+  op_fill(&rec->ag, rec, DIST_NOOP, "all-gather of the updated weights", ag_done);
+  l2l_dist_post(eps->dist->ag, &rec->ag, rec->place);
+}
+
+static void lamb_done(struct l2l_dist_op *op) {
+  struct eps_record *rec = op->ctx;
+  rec->wave_sums[0] = rec->lamb[0];
+  rec->wave_sums[1] = rec->lamb[1];
+  eps_queue_wave(rec->eps, rec, 1);
+}
+
+void eps_exchange_wave_sums(struct l2l_eps *eps, struct eps_record *rec) {
+  rec->lamb[0] = rec->wave_sums[0];
+  rec->lamb[1] = rec->wave_sums[1];
+  op_fill(&rec->lamb_op, rec, DIST_ALLREDUCE_SUM, "all-reduce of LAMB's norms", lamb_done);
+  rec->lamb_op.recv = rec->lamb;
+  rec->lamb_op.n = 2;
+  l2l_dist_post(eps->dist->lamb, &rec->lamb_op, rec->place);
+}
+
+/* The record's norm and finiteness, summed over ranks: an eager update starts, or the
+   record is skipped on every rank alike; a deferred one waits for the relay. */
+static void flag_done(struct l2l_dist_op *op) {
+  struct eps_record *rec = op->ctx;
+  struct l2l_eps *eps = rec->eps;
+  bool nonfinite = rec->flags[1] > 0;
+  pthread_mutex_lock(&eps->lock);
+  bool defer = eps->defer;
+  rec->sumsq = rec->flags[0];
+  rec->agreed = true;
+  if (nonfinite && !defer && eps->nonfinite_skips++ == 0) {
+    eps->nonfinite_name = l2l_param_name(rec->param);
+    eps->nonfinite_layer = rec->last_layer;
+  }
+  pthread_cond_broadcast(&eps->changed);
+  pthread_mutex_unlock(&eps->lock);
+  if (defer) return;
+  if (nonfinite) eps_exchange_skip(eps, rec);
+  else eps_start_update(eps, rec, 1.0f);
+}
+
+static void rs_done(struct l2l_dist_op *op) {
+  struct eps_record *rec = op->ctx;
+  struct l2l_eps *eps = rec->eps;
+  pthread_mutex_lock(&eps->lock);
+  eps->dist->bytes += op->bytes;
+  pthread_mutex_unlock(&eps->lock);
+  /* The accumulator went out whole: the next minibatch starts from zero. */
+  memset(l2l_tensor_data(rec->grad), 0, (size_t)l2l_tensor_numel(rec->grad) * sizeof(float));
+  double sumsq = l2l_optim_sumsq(l2l_tensor_data(rec->shard_grad), rec->shard_n);
+  rec->flags[0] = sumsq;
+  rec->flags[1] = isfinite(sumsq) ? 0 : 1;
+  op_fill(&rec->flag, rec, DIST_ALLREDUCE_SUM, "all-reduce of the gradient's norm", flag_done);
+  rec->flag.recv = rec->flags;
+  rec->flag.n = 2;
+  l2l_dist_post(eps->dist->flag, &rec->flag, rec->place);
+}
+
+void eps_exchange_start(struct l2l_eps *eps, struct eps_record *rec) {
+  /* Its place for the whole exchange: the next step's eps_exchange_order may give the
+     record a new one before this exchange's later stages are posted. */
+  rec->place = rec->order;
+  struct l2l_dist_op *op = &rec->rs;
+  op_fill(op, rec, DIST_REDUCE_SCATTER, "reduce-scatter of gradients", rs_done);
+  op->send = l2l_tensor_data(rec->grad);
+  op->recv = l2l_tensor_data(rec->shard_grad);
+  op->bytes = (uint64_t)(l2l_tensor_numel(rec->grad) - rec->shard_n) * sizeof(float);
+  op->timeline = eps->timeline;
+  op->phase = L2L_PHASE_REDUCE_SCATTER;
+  l2l_dist_post(eps->dist->rs, op, rec->place);
+}
+
+l2l_status l2l_eps_state_whole(l2l_tensor **out, struct l2l_eps *eps, struct eps_record *rec,
+                               int which) {
+  *out = NULL;
+  if (rec->updates == 0 || rec->state[which] == NULL) return L2L_OK;
+  if (eps->dist == NULL) {
+    *out = rec->state[which];
+    return L2L_OK;
+  }
+  if (rec->gathered[which] == NULL) {
+    l2l_tensor *whole = NULL;
+    TRY(l2l_tensor_new_like(&whole, L2L_POOL_HOST, L2L_F32, rec->master));
+    memcpy((float *)l2l_tensor_data(whole) + rec->shard_begin, l2l_tensor_data(rec->state[which]),
+           (size_t)rec->shard_n * sizeof(float));
+    struct l2l_dist_op op = {.kind = DIST_ALLGATHERV, .recv = l2l_tensor_data(whole),
+                             .counts = rec->counts, .displs = rec->displs,
+                             .what = "all-gather of optimizer state (a checkpoint)",
+                             .name = l2l_param_name(rec->param), .layer = -1, .step = eps->step};
+    l2l_status status = l2l_dist_run(&op);
+    if (status != L2L_OK) {
+      l2l_tensor_free(whole);
+      return status;
+    }
+    rec->gathered[which] = whole;
+  }
+  *out = rec->gathered[which];
+  return L2L_OK;
+}

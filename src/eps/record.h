@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: MIT */
+/* record.h — a parameter record as the EPS holds it (private to src/eps/).
+ *
+ * Purpose: what eps.c (arrivals and updates) and exchange.c (data parallel: the record's
+ * gradient reduce-scattered, its shard updated, its master all-gathered) share.
+ * Must never: be included outside src/eps/ (the relay reads a record through eps.h).
+ */
+#ifndef L2L_EPS_RECORD_H
+#define L2L_EPS_RECORD_H
+
+#include "dist/dist.h"
+#include "eps.h"
+
+enum { CHUNK = 1 << 18 };
+
+struct eps_record {
+  l2l_param *param;
+  struct l2l_eps *eps;         /* its EPS (for callbacks that get only the record) */
+  l2l_tensor *master, *grad;   /* the record's own tensors (host pool) */
+  l2l_tensor *state[2];        /* optimizer state (host pool), NULL until the first update */
+  l2l_tensor *staging;         /* device-precision copy (pinned), NULL: the master is it */
+  int users;                   /* relay layers holding the record */
+  int64_t updates;             /* t of its last update */
+  pthread_mutex_t absorb_lock; /* gradient arrivals add into grad one at a time */
+  /* This step's bookkeeping, under the EPS lock. */
+  int expected, arrived;       /* gradient visits due and done */
+  bool update_due;             /* this step ends a minibatch accumulation for it */
+  bool pending;                /* an update or a staging rewrite is queued or running */
+  bool stage_after;            /* rewrite the staging copy once the pending update ends */
+  int last_layer;              /* the layer whose gradient completed it */
+  double sumsq;                /* |grad|^2 once complete (global clipping) */
+  bool nonfinite;              /* the accumulator holds an inf or NaN (until cleared) */
+  int chunks_left;
+  double wave_sums[2];         /* a first wave's whole-record sums (LAMB's norms) */
+  struct l2l_optim_hyper hyper;
+  /* Data parallel (eps->dist): this rank's shard of the record, [shard_begin,
+     shard_begin + shard_n), whose master and optimizer state it updates; the others come
+     back by all-gather. state[] then holds the shard alone. */
+  int64_t shard_begin, shard_n;
+  int *counts, *displs;        /* every rank's shard, for the collectives */
+  l2l_tensor *shard_grad;      /* the reduced gradient of the shard (host pool) */
+  l2l_tensor *gathered[2];     /* the whole optimizer state, gathered for a checkpoint */
+  int first_expect;            /* this step's eps_expect call that first named it, -1 */
+  int order;                   /* its place on the streams this step */
+  int place;                   /* the place of the exchange under way (order at its start) */
+  bool agreed;                 /* this step's norm and finiteness are known on every rank */
+  double flags[2];             /* sum of squares of the shard and its non-finite count,
+                                  summed over ranks */
+  double lamb[2];              /* LAMB's whole-record sums, summed over ranks */
+  struct l2l_dist_op rs, flag, lamb_op, ag;
+};
+
+/* eps.c: an update's first wave queued (rec pending already, or set here); a wave of
+   chunks (STAGE_WAVE: the staging copy rewritten from the whole master). */
+enum { STAGE_WAVE = -1 };
+void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
+void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave);
+/* eps.c: rec's exchange has ended (updated or skipped): no longer pending; its staging
+   copy rewritten first when one was asked for. */
+void eps_record_settled(struct l2l_eps *eps, struct eps_record *rec);
+
+/* exchange.c. The streams freed (after every exchange has ended). */
+void eps_dist_free(struct l2l_eps *eps);
+/* This step's due records get their places on the streams (eps_prepare). */
+void eps_exchange_order(struct l2l_eps *eps);
+/* Shards of a new record (counts, displs, begin, n) for this process's ranks;
+   L2L_ERR_INVALID for a shard beyond MPI's int counts. */
+l2l_status eps_shard(struct l2l_eps *eps, struct eps_record *rec);
+/* rec's gradient is complete on this rank: its reduce-scatter goes out in its turn. */
+void eps_exchange_start(struct l2l_eps *eps, struct eps_record *rec);
+/* The last wave of rec's shard update is done: its all-gather goes out in its turn (or a
+   two-wave optimizer's first wave: its sums are summed over ranks, then the second). */
+void eps_exchange_updated(struct l2l_eps *eps, struct eps_record *rec);
+void eps_exchange_wave_sums(struct l2l_eps *eps, struct eps_record *rec);
+/* rec's update is skipped on every rank (an agreed inf or NaN): its all-gather's turn
+   passes with nothing sent. */
+void eps_exchange_skip(struct l2l_eps *eps, struct eps_record *rec);
+
+#endif /* L2L_EPS_RECORD_H */
