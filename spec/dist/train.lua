@@ -89,7 +89,19 @@ local function hex_list(t)
   return list
 end
 
-local result = { losses = losses, stats = run:stats(), params = {} }
+-- the last step's exchanges on the timeline: how many of each, on which lane, and the
+-- name a Chrome trace gives that lane
+local exchanges = { reduce_scatter = 0, all_gather = 0 }
+for _, e in ipairs(run:events()) do
+  if exchanges[e.phase] then
+    exchanges[e.phase] = exchanges[e.phase] + 1
+    exchanges.lane = e.thread
+  end
+end
+for _, m in ipairs(require("l2l.trace").chrome(run:events()).traceEvents) do
+  if m.name == "thread_name" and m.tid == exchanges.lane then exchanges.lane_name = m.args.name end
+end
+local result = { losses = losses, stats = run:stats(), exchanges = exchanges, params = {} }
 for i, layer in ipairs(run.model) do
   for _, p in ipairs(layer:params()) do
     local entry = { layer = i, name = p.name, value = hex_list(p.value) }
