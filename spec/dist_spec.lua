@@ -168,6 +168,21 @@ describe("data parallel under mpirun", function()
     end
   end)
 
+  it("skips the same steps on every rank when a rank's gradients overflow (f16 gradients, a large loss scale)", function()
+    if not need_mpi() then return end
+    -- f16 gradients overflow at 2^24 times their size whenever an element passes 65504 /
+    -- 2^24, which happens on some rank's visit and not on another's: the agreed
+    -- finiteness makes every rank skip those steps and halve the scale alike
+    local ranks, cmd = train(3, "steps=6 loss_scale=16777216 grad_precision=f16")
+    assert_ranks_agree(ranks, cmd)
+    for r = 0, #ranks do
+      assert.is_true(ranks[r].stats.skipped_updates > 0, cmd .. ": rank " .. r .. " skipped no step")
+      assert.are.equal(ranks[0].stats.skipped_updates, ranks[r].stats.skipped_updates, cmd)
+      assert.are.equal(ranks[0].stats.loss_scale, ranks[r].stats.loss_scale, cmd)
+    end
+    assert.is_true(ranks[0].stats.loss_scale < 16777216, cmd)
+  end)
+
   it("over TCP (the transport between machines) as over shared memory", function()
     if not need_mpi() then return end
     local flags = "optimizer=sgd steps=4"

@@ -738,10 +738,11 @@ typedef struct l2l_relay_stats {
   int64_t skipped_records;      /* last step: records whose inf or NaN gradient was dropped
                                    and their update skipped (see nonfinite_error) */
   int dist_ranks;               /* data parallel: the ranks (1: this process alone) */
-  uint64_t dist_sent_bytes;     /* last step: what this rank's collectives had to send and */
-  uint64_t dist_received_bytes; /* receive, as a ring moves them ((N - 1) / N of each record's
-                                   f32 gradient by reduce-scatter, as much again by all-
-                                   gather; not counted on the wire) */
+  uint64_t dist_sent_bytes;     /* the last update's exchanges: what this rank's collectives */
+  uint64_t dist_received_bytes; /* send and receive, as a ring moves them ((N - 1) / N of each
+                                   record's f32 gradient by reduce-scatter, as much again by
+                                   all-gather; none for a skipped record; not counted on
+                                   the wire) */
   double exposed_comm_seconds;  /* last step: the calling thread waiting for MPI: the
                                    exchanges of counts and losses, and records whose
                                    exchange was not done when it needed them */

@@ -5,7 +5,8 @@
 -- JSON, by every rank into OUT.<rank>, for the spec to compare with one process.
 -- Usage: l2l spec/dist/train.lua OUT SEED [key=value ...]
 --   dist=none|mpi, steps=5, B=7 (global samples), mb=2 (micro-batch), accumulate=1,
---   clip=0 (global norm), loss_scale=0, dropout=0, optimizer=adamw|lamb|sgd,
+--   clip=0 (global norm), loss_scale=0, grad_precision=f32|f16, dropout=0,
+--   optimizer=adamw|lamb|sgd,
 --   grow=0 (1: after the second step, insert a new block at 2 and clone block 4),
 --   save=PATH and save_at=STEP (a checkpoint after that step), load=PATH (start from it),
 --   extra_layer_rank=-1 (that rank's model has one more block: the ranks disagree),
@@ -19,7 +20,7 @@ local text = require("l2l.text")
 ffi.cdef [[ int getpid(void); int kill(int pid, int sig); ]]
 
 local out_path, seed = arg[1], tonumber(arg[2])
-local o = { dist = "none", steps = 5, B = 7, mb = 2, accumulate = 1, clip = 0, loss_scale = 0,
+local o = { dist = "none", steps = 5, B = 7, mb = 2, accumulate = 1, clip = 0, loss_scale = 0, grad_precision = "f32",
             dropout = 0, grow = 0, optimizer = "adamw", save_at = 2, extra_layer_rank = -1,
             hang_rank = -1, hang_step = 2, die_rank = -1, die_step = 3 }
 for i = 3, #arg do
@@ -58,6 +59,7 @@ if o.load then
 else
   run = l2l.Relay { model = fresh_model(), micro_batch = o.mb, accumulate = o.accumulate,
                     optimizer = optimizer, clip_global_norm = o.clip, loss_scale = o.loss_scale,
+                    grad_precision = o.grad_precision,
                     seed = seed, dist = o.dist, optimizer_threads = 1 }
 end
 

@@ -231,8 +231,9 @@ void l2l_eps_wait_agreed(struct l2l_eps *eps);
    Between steps, after l2l_eps_sync. */
 l2l_status l2l_eps_state_whole(l2l_tensor **out, struct l2l_eps *eps, struct eps_record *rec,
                                int which);
-/* Bytes this EPS's exchanges sent, ever (ring accounting: (N - 1) / N of a record's f32
-   gradient by reduce-scatter and as much again by all-gather). */
+/* Bytes the exchanges of the last step that updated send per rank (ring accounting:
+   (N - 1) / N of a record's f32 gradient by reduce-scatter and of its master by
+   all-gather, none for a record skipped on every rank). */
 uint64_t l2l_eps_dist_bytes(const struct l2l_eps *eps);
 /* Waits until every gradient given has been added (updates may still run). */
 void l2l_eps_wait_arrivals(struct l2l_eps *eps);

@@ -32,7 +32,7 @@ struct eps_dist {
   struct l2l_dist_stream *rs, *flag, *lamb, *ag;
   int rank, size, lane;
   int base;          /* the place of this step's first due record on every stream */
-  uint64_t bytes;    /* sent by this EPS's exchanges, ever */
+  uint64_t bytes;    /* what this step's exchanges send (eps_exchange_order, less skips) */
 };
 
 l2l_status l2l_eps_dist_start(struct l2l_eps *eps, int lane) {
@@ -96,6 +96,11 @@ l2l_status eps_shard(struct l2l_eps *eps, struct eps_record *rec) {
   return L2L_OK;
 }
 
+/* What one collective of rec moves per rank, as a ring does: every shard but its own. */
+static uint64_t exchange_bytes(const struct eps_record *rec) {
+  return (uint64_t)(l2l_tensor_numel(rec->master) - rec->shard_n) * sizeof(float);
+}
+
 /* Due this step, in the order backward completes them: a record completes at the visit
    of its lowest user, and eps_expect names the layers from the lowest up, so the later a
    record was first named, the sooner it completes. */
@@ -112,8 +117,15 @@ void eps_exchange_order(struct l2l_eps *eps) {
     if (rec->update_due && rec->expected > 0) list[n++] = rec;
   }
   qsort(list, (size_t)n, sizeof *list, by_completion);
-  for (int i = 0; i < n; i++) list[i]->order = eps->dist->base + i;
+  uint64_t bytes = 0;
+  for (int i = 0; i < n; i++) {
+    list[i]->order = eps->dist->base + i;
+    bytes += 2 * exchange_bytes(list[i]);   /* reduce-scatter and all-gather */
+  }
   eps->dist->base += n;
+  pthread_mutex_lock(&eps->lock);
+  eps->dist->bytes = n > 0 ? bytes : eps->dist->bytes;   /* (a step without update: the last) */
+  pthread_mutex_unlock(&eps->lock);
 }
 
 static void op_fill(struct l2l_dist_op *op, struct eps_record *rec, enum l2l_dist_kind kind,
@@ -127,26 +139,23 @@ static void op_fill(struct l2l_dist_op *op, struct eps_record *rec, enum l2l_dis
 
 static void ag_done(struct l2l_dist_op *op) {
   struct eps_record *rec = op->ctx;
-  struct l2l_eps *eps = rec->eps;
-  if (op->kind != DIST_NOOP) {
-    pthread_mutex_lock(&eps->lock);
-    eps->dist->bytes += op->bytes;
-    pthread_mutex_unlock(&eps->lock);
-  }
-  eps_record_settled(eps, rec);
+  eps_record_settled(rec->eps, rec);
 }
 
 void eps_exchange_updated(struct l2l_eps *eps, struct eps_record *rec) {
   struct l2l_dist_op *op = &rec->ag;
   op_fill(op, rec, DIST_ALLGATHERV, "all-gather of the updated weights", ag_done);
   op->recv = l2l_tensor_data(rec->master);
-  op->bytes = (uint64_t)(l2l_tensor_numel(rec->master) - rec->shard_n) * sizeof(float);
+  op->bytes = exchange_bytes(rec);
   op->timeline = eps->timeline;
   op->phase = L2L_PHASE_ALL_GATHER;
   l2l_dist_post(eps->dist->ag, op, rec->place);
 }
 
 void eps_exchange_skip(struct l2l_eps *eps, struct eps_record *rec) {
+  pthread_mutex_lock(&eps->lock);
+  eps->dist->bytes -= exchange_bytes(rec);   /* no all-gather */
+  pthread_mutex_unlock(&eps->lock);
   if (eps->optim->waves > 1) {   /* LAMB's sums would have had this place too */
     op_fill(&rec->lamb_op, rec, DIST_NOOP, "LAMB's sums", NULL);
     l2l_dist_post(eps->dist->lamb, &rec->lamb_op, rec->place);
@@ -195,9 +204,6 @@ static void flag_done(struct l2l_dist_op *op) {
 static void rs_done(struct l2l_dist_op *op) {
   struct eps_record *rec = op->ctx;
   struct l2l_eps *eps = rec->eps;
-  pthread_mutex_lock(&eps->lock);
-  eps->dist->bytes += op->bytes;
-  pthread_mutex_unlock(&eps->lock);
   /* The accumulator went out whole: the next minibatch starts from zero. */
   memset(l2l_tensor_data(rec->grad), 0, (size_t)l2l_tensor_numel(rec->grad) * sizeof(float));
   double sumsq = l2l_optim_sumsq(l2l_tensor_data(rec->shard_grad), rec->shard_n);
@@ -217,7 +223,7 @@ void eps_exchange_start(struct l2l_eps *eps, struct eps_record *rec) {
   op_fill(op, rec, DIST_REDUCE_SCATTER, "reduce-scatter of gradients", rs_done);
   op->send = l2l_tensor_data(rec->grad);
   op->recv = l2l_tensor_data(rec->shard_grad);
-  op->bytes = (uint64_t)(l2l_tensor_numel(rec->grad) - rec->shard_n) * sizeof(float);
+  op->bytes = exchange_bytes(rec);
   op->timeline = eps->timeline;
   op->phase = L2L_PHASE_REDUCE_SCATTER;
   l2l_dist_post(eps->dist->rs, op, rec->place);

@@ -371,8 +371,7 @@ l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run) {
   out->h2d_seconds = run->timeline.copy_seconds[0];
   out->d2h_seconds = run->timeline.copy_seconds[1];
   pthread_mutex_unlock(&r->timeline.lock);
-  out->dist_sent_bytes = out->dist_received_bytes =
-      l2l_eps_dist_bytes(&run->eps) - run->dist_bytes_mark;
+  out->dist_sent_bytes = out->dist_received_bytes = l2l_eps_dist_bytes(&run->eps);
   return L2L_OK;
 }
 

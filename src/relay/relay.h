@@ -70,10 +70,8 @@ struct l2l_relay {
   char async_message[256];
   bool warned_nonfinite;      /* a non-finite gradient's skip has been said on stderr */
   /* Data parallel (config.dist): a step that failed after the exchanges began leaves the
-     ranks disagreeing, so no step may follow; the EPS's bytes and the control waits when
-     the last step began. */
+     ranks disagreeing, so no step may follow. */
   bool dist_broken;
-  uint64_t dist_bytes_mark;
 };
 
 static inline bool relay_ok(const l2l_relay *run) {

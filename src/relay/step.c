@@ -238,7 +238,6 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
   run->eps.step = run->steps + 1;
   TRY(step_begin(&s, &p));
   counters_reset(run);
-  run->dist_bytes_mark = l2l_eps_dist_bytes(&run->eps);
 
   double t0 = l2l_now();
   l2l_device_stamp_anchor(&s.anchor);
