@@ -157,9 +157,9 @@ describe("data parallel under mpirun", function()
     end
   end)
 
-  it("2 and 3 ranks train as one process does with LAMB, an insert and a clone between steps", function()
+  it("2 and 3 ranks train as one process does with LAMB, layers inserted, cloned, frozen, removed and skipped", function()
     if not need_mpi() then return end
-    local flags = "grow=1 optimizer=lamb B=8 mb=3"
+    local flags = "grow=1 optimizer=lamb B=8 mb=3 steps=6"
     local one = train(0, flags)[0]
     for _, n in ipairs({ 2, 3 }) do
       local ranks, cmd = train(n, flags)

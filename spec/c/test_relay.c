@@ -52,13 +52,15 @@
    relay_reference_split_within_tolerance measures the remaining noise between the plain
    executor whole-batch and the plain executor split like the relay (the arithmetic of a
    correct relay) and must pass at these tolerances; worst cases over 500 seeds are in
-   its comment, with a margin of 3.5x or more here (the weights' errors have a long tail:
-   entries with a near-zero gradient in some step). A wrong dropout mask, a missed or
-   doubled micro-batch, a stale weight or a wrong step count is off by 1e-3 or more; a
-   loss scale off by a constant factor hardly moves AdamW's weights (m / sqrt(v) does
-   not see it) but moves m by that factor, and SGD's weights (both are compared). */
+   its comment (the weights' errors have a long tail: entries whose gradient nearly
+   cancels in an early step, where AdamW moves them by lr g / (|g| + eps)). A wrong
+   dropout mask or a missed or doubled micro-batch moves the losses far beyond TOL_LOSS
+   (a wrong mask: 6.56 against 6.24 at the first step); a stale weight or a wrong step
+   count moves weights by about lr against their scale (1e-1 here); a loss scale off by
+   a constant factor hardly moves AdamW's weights (m / sqrt(v) does not see it) but
+   moves m by that factor, and SGD's weights (both are compared). */
 #define TOL_LOSS 2e-5     /* relative, per step */
-#define TOL_WEIGHT 5e-4   /* relative to the record's RMS */
+#define TOL_WEIGHT 1.5e-3 /* relative to the record's RMS */
 #define TOL_STATE 1e-3    /* m and v, relative to the record's RMS (a missed step or a
                              wrong scale moves m by 1e-1 or more) */
 /* stats.grad_norm against the plain norm (one sum of squares in double of f32 values). */
@@ -414,7 +416,10 @@ TEST(relay_reference_split_within_tolerance) {
      then backward in reverse) does a correct relay's arithmetic; after five AdamW steps
      of the GPT it must agree with the whole-batch run within TOL_LOSS, TOL_WEIGHT and
      TOL_STATE. Measured worst over 500 seeds: losses 3.9e-7, weights 1.4e-4 (then
-     7.7e-5), m 7.1e-5, v 4.1e-5. If this fails, the layers are
+     7.7e-5), m 7.1e-5, v 4.1e-5; over 1,300 more (2026-11-25, plain and sanitizer
+     builds) the weights' tail reached 1.1e-3 in 5 seeds (all others under 5e-4, the
+     tolerance until then), one entry each with m and v equal to 3 digits (seed
+     692630191: attn.proj.bias[11] 0.029473 against 0.029568). If this fails, the layers are
      not split-invariant (dropout draws, key mask rows) or the tolerances are too tight. */
   enum { STEPS = 5 };
   struct shape g = gpt_shape();

@@ -7,7 +7,8 @@
 --   dist=none|mpi, steps=5, B=7 (global samples), mb=2 (micro-batch), accumulate=1,
 --   clip=0 (global norm), loss_scale=0, grad_precision=f32|f16, dropout=0,
 --   optimizer=adamw|lamb|sgd,
---   grow=0 (1: after the second step, insert a new block at 2 and clone block 4),
+--   grow=0 (1: after the second step, insert a new block at 2 and clone block 4; after
+--   the third, freeze block 3 and remove block 5; the fourth skips block 2),
 --   save=PATH and save_at=STEP (a checkpoint after that step), load=PATH (start from it),
 --   extra_layer_rank=-1 (that rank's model has one more block: the ranks disagree),
 --   hang_rank=-1 / hang_step (that rank sleeps there: the others must time out),
@@ -76,10 +77,14 @@ for step = first, first + o.steps - 1 do
   for i = 0, targets:numel() - 1 do
     if (lo * S + i) % 5 == 0 then t[i] = -1 end
   end
-  losses[#losses + 1] = hex(run:step(tokens, targets))
+  local skip = o.grow == 1 and step == first + 3 and { 2 } or nil
+  losses[#losses + 1] = hex(run:step(tokens, targets, skip and { skip = skip } or nil))
   if o.grow == 1 and step == first + 1 then
     run.model:insert(2, l2l.Block { dim = D, heads = 3, seed = seed + 7 })
     run.model:clone(4)
+  elseif o.grow == 1 and step == first + 2 then
+    run.model:freeze(3)
+    run.model:remove(5)
   end
   if o.save and step == o.save_at then run:save(o.save) end
 end

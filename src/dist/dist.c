@@ -56,8 +56,6 @@ static struct {
   struct l2l_dist_op *in_flight;
   struct thread_call *calls;
   char abort_message[512];       /* non-empty: the thread ends the job */
-  double waited;
-  uint64_t bytes;
   char error[512];               /* why start failed, or that MPI was finalized */
   l2l_status error_status;
 } D = {.lock = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER,
@@ -145,9 +143,6 @@ static struct l2l_dist_op *take_ready(void) {
 static void complete(struct l2l_dist_op *op) {
   if (op->timeline && op->kind != DIST_NOOP)
     l2l_timeline_add(op->timeline, op->layer, -1, op->phase, op->lane, op->posted, l2l_now());
-  pthread_mutex_lock(&D.lock);
-  D.bytes += op->bytes;
-  pthread_mutex_unlock(&D.lock);
   if (op->done) op->done(op);
 }
 
@@ -457,28 +452,12 @@ l2l_status l2l_dist_run(struct l2l_dist_op *op) {
   bool done = false;
   op->done = control_done;
   op->ctx = &done;
-  double t0 = l2l_now();
   pthread_mutex_lock(&D.lock);
   op->index = D.control_given++;   /* the control stream's order is its callers' */
   op->next = D.control.waiting;
   D.control.waiting = op;
   pthread_cond_signal(&D.work);
   while (!done) pthread_cond_wait(&D.finished, &D.lock);
-  D.waited += l2l_now() - t0;
   pthread_mutex_unlock(&D.lock);
   return L2L_OK;
-}
-
-double l2l_dist_waited_seconds(void) {
-  pthread_mutex_lock(&D.lock);
-  double w = D.waited;
-  pthread_mutex_unlock(&D.lock);
-  return w;
-}
-
-uint64_t l2l_dist_bytes_sent(void) {
-  pthread_mutex_lock(&D.lock);
-  uint64_t b = D.bytes;
-  pthread_mutex_unlock(&D.lock);
-  return b;
 }

@@ -124,10 +124,6 @@ void l2l_dist_post(struct l2l_dist_stream *stream, struct l2l_dist_op *op, int i
    order; the relay's per-step exchanges of counts and losses) and waits for it: every
    rank must call these in the same order. */
 l2l_status l2l_dist_run(struct l2l_dist_op *op);
-/* Seconds the callers of l2l_dist_run have waited, ever (the exposed part of control
-   collectives), and the bytes every operation sent, ever. */
-double l2l_dist_waited_seconds(void);
-uint64_t l2l_dist_bytes_sent(void);
 
 /* Ends the job from a library thread that cannot go on (a failed exchange): prints what
    on stderr with the rank and calls MPI_Abort. */

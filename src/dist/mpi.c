@@ -81,16 +81,22 @@ static int plugin_finalize(void) {
 
 static void plugin_abort(int code) { MPI_Abort(MPI_COMM_WORLD, code); }
 
+/* The first free slot (a freed communicator's, else a new one). */
 static int plugin_comm_dup(int *comm) {
-  if (ncomms == MAX_COMMS) return MPI_ERR_NO_MEM;
-  int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comms[ncomms]);
-  if (rc != MPI_SUCCESS) return rc;
-  MPI_Comm_set_errhandler(comms[ncomms], MPI_ERRORS_RETURN);
-  *comm = ncomms++;
+  int slot = 1;
+  while (slot < ncomms && comms[slot] != MPI_COMM_NULL) slot++;
+  if (slot == MAX_COMMS) return MPI_ERR_NO_MEM;
+  int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comms[slot]);
+  if (rc != MPI_SUCCESS) {
+    comms[slot] = MPI_COMM_NULL;
+    return rc;
+  }
+  MPI_Comm_set_errhandler(comms[slot], MPI_ERRORS_RETURN);
+  if (slot == ncomms) ncomms++;
+  *comm = slot;
   return MPI_SUCCESS;
 }
 
-/* A freed communicator's slot is not reused: relays are few, and MAX_COMMS is checked. */
 static void plugin_comm_free(int comm) {
   if (comm > 0 && comm < ncomms && comms[comm] != MPI_COMM_NULL) MPI_Comm_free(&comms[comm]);
 }
