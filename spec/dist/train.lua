@@ -108,7 +108,10 @@ end
 for _, m in ipairs(require("l2l.trace").chrome(run:events()).traceEvents) do
   if m.name == "thread_name" and m.tid == exchanges.lane then exchanges.lane_name = m.args.name end
 end
-local result = { losses = losses, stats = run:stats(), exchanges = exchanges, params = {} }
+-- the stats as JSON takes them: an overflowed step's grad_norm is inf, written as text
+local stats = {}
+for k, v in pairs(run:stats()) do stats[k] = (v == v and v ~= math.huge and v ~= -math.huge) and v or tostring(v) end
+local result = { losses = losses, stats = stats, exchanges = exchanges, params = {} }
 for i, layer in ipairs(run.model) do
   for _, p in ipairs(layer:params()) do
     local entry = { layer = i, name = p.name, value = hex_list(p.value) }

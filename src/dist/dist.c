@@ -61,10 +61,8 @@ static struct {
 } D = {.lock = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER,
        .finished = PTHREAD_COND_INITIALIZER, .size = 1, .timeout = DEFAULT_TIMEOUT};
 
-bool l2l_dist_running(void) { return D.running; }
 int l2l_dist_rank_now(void) { return D.running ? D.rank : 0; }
 int l2l_dist_size_now(void) { return D.running ? D.size : 1; }
-double l2l_dist_timeout(void) { return D.timeout; }
 
 /* ---------------------------------------------------------------- the thread */
 
@@ -422,12 +420,6 @@ void l2l_dist_stream_free(struct l2l_dist_stream *stream) {
     on_thread(&call);
   }
   free(stream);
-}
-
-void l2l_dist_stream_restart(struct l2l_dist_stream *stream) {
-  pthread_mutex_lock(&D.lock);
-  stream->next = 0;
-  pthread_mutex_unlock(&D.lock);
 }
 
 void l2l_dist_post(struct l2l_dist_stream *stream, struct l2l_dist_op *op, int index) {

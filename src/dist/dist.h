@@ -94,9 +94,8 @@ struct l2l_dist_op {
   struct l2l_dist_op *next;
 };
 
-/* An ordered stream: a communicator of its own and the next index to post. Indexes count
-   from 0 again after l2l_dist_stream_restart (a new step), which waits for nothing: the
-   caller must know the stream is idle (every operation's callback has run). */
+/* An ordered stream: a communicator of its own and the next index to post (indexes count
+   from 0 over the stream's life: its owner numbers its operations). */
 struct l2l_dist_stream;
 
 /* ---------------------------------------------------------------- the process's MPI */
@@ -108,16 +107,13 @@ l2l_status l2l_dist_start(void);
 /* Waits for what is in flight, finalizes MPI and stops the thread (MPI cannot start
    again in this process). */
 void l2l_dist_stop(void);
-bool l2l_dist_running(void);
 /* The deadline of every operation in flight, in seconds; false for one outside (0, 1e6]. */
 bool l2l_dist_set_timeout_now(double seconds);
 int l2l_dist_rank_now(void);   /* 0 and 1 when not running */
 int l2l_dist_size_now(void);
-double l2l_dist_timeout(void);
 
 l2l_status l2l_dist_stream_new(struct l2l_dist_stream **out);   /* collective */
 void l2l_dist_stream_free(struct l2l_dist_stream *stream);
-void l2l_dist_stream_restart(struct l2l_dist_stream *stream);
 /* Hands op over as the stream's operation `index` (fills op's private fields). */
 void l2l_dist_post(struct l2l_dist_stream *stream, struct l2l_dist_op *op, int index);
 /* Posts op on the process's control stream (operations in the calling threads' program
