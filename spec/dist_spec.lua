@@ -250,6 +250,18 @@ describe("data parallel under mpirun", function()
     assert.is_true(os.time() - t0 < 60, "took " .. (os.time() - t0) .. " s")
   end)
 
+  it("ends the job at once when a rank's script fails, not after the others' timeout", function()
+    if not need_mpi() then return end
+    local t0 = os.time()
+    local cmd = ("timeout 120 %s %s spec/dist/train.lua %s/x %d dist=mpi timeout=100 bad_rank=1 bad_step=2"):format(
+      mpirun(2), exe, dir, seed)
+    local status, out = support.sh(cmd)
+    assert.are_not.equal(0, status, out)
+    assert.is_truthy(out:find("is outside [0, 96)", 1, true), out)   -- the failing rank's own error
+    assert.is_truthy(out:find("rank 1 of 2: the script failed (its error is above); ending the job (MPI_Abort)", 1, true), out)
+    assert.is_true(os.time() - t0 < 60, "took " .. (os.time() - t0) .. " s")
+  end)
+
   it("ends the job when a rank is killed, and the last checkpoint still loads", function()
     if not need_mpi() then return end
     local path = dir .. "/before-kill.l2l"

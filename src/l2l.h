@@ -830,7 +830,9 @@ l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t go
    process, every rank deciding alike. MPI runs on one communication thread; every wait
    has a deadline (l2l_dist_set_timeout; default 300 s, or L2L_DIST_TIMEOUT in seconds)
    after which the rank says what it waited for (step, layer, operation, bytes, sequence)
-   and ends the job with MPI_Abort. Every rank must make the same calls in the same order:
+   and ends the job with MPI_Abort; a step that fails on a rank once the ranks have
+   exchanged their sizes ends the job the same way, with its message (the others would
+   wait on collectives it never posts). Every rank must make the same calls in the same order:
    the relay's steps and changes, l2l_dist_barrier, and l2l_relay_param_state (which
    gathers the whole state from every rank's shard). */
 /* Starts MPI (opening the plugin) on its communication thread; later calls do nothing.

@@ -12,7 +12,9 @@
 --   save=PATH and save_at=STEP (a checkpoint after that step), load=PATH (start from it),
 --   extra_layer_rank=-1 (that rank's model has one more block: the ranks disagree),
 --   hang_rank=-1 / hang_step (that rank sleeps there: the others must time out),
---   die_rank=-1 / die_step (that rank kills itself with SIGKILL there), timeout=SECONDS.
+--   die_rank=-1 / die_step (that rank kills itself with SIGKILL there), bad_rank=-1 /
+--   bad_step (that rank's batch holds a token beyond the vocabulary there: its step
+--   raises), timeout=SECONDS.
 local ffi = require("ffi")
 local l2l = require("l2l")
 local cjson = require("cjson")
@@ -23,7 +25,7 @@ ffi.cdef [[ int getpid(void); int kill(int pid, int sig); ]]
 local out_path, seed = arg[1], tonumber(arg[2])
 local o = { dist = "none", steps = 5, B = 7, mb = 2, accumulate = 1, clip = 0, loss_scale = 0, grad_precision = "f32",
             dropout = 0, grow = 0, optimizer = "adamw", save_at = 2, extra_layer_rank = -1,
-            hang_rank = -1, hang_step = 2, die_rank = -1, die_step = 3 }
+            hang_rank = -1, hang_step = 2, die_rank = -1, die_step = 3, bad_rank = -1, bad_step = 2 }
 for i = 3, #arg do
   local k, v = arg[i]:match("^([%w_]+)=(.*)$")
   o[k] = tonumber(v) or v
@@ -77,6 +79,7 @@ for step = first, first + o.steps - 1 do
   for i = 0, targets:numel() - 1 do
     if (lo * S + i) % 5 == 0 then t[i] = -1 end
   end
+  if step == o.bad_step and rank == o.bad_rank then tokens:data()[0] = V end
   local skip = o.grow == 1 and step == first + 3 and { 2 } or nil
   losses[#losses + 1] = hex(run:step(tokens, targets, skip and { skip = skip } or nil))
   if o.grow == 1 and step == first + 1 then

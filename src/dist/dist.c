@@ -144,8 +144,8 @@ static void complete(struct l2l_dist_op *op) {
   if (op->done) op->done(op);
 }
 
-static void check_deadline(const struct l2l_dist_op *op, double now) {
-  if (now - op->posted <= D.timeout) return;
+static void check_deadline(const struct l2l_dist_op *op, double now, double timeout) {
+  if (now - op->posted <= timeout) return;
   char what[512];
   snprintf(what, sizeof what,
            "waited %.0f s (the timeout) for the %s%s%s%s of layer %d at step %lld: %llu bytes, "
@@ -169,12 +169,15 @@ static bool progress(struct l2l_dist_op *ready) {
     D.in_flight = op;
   }
   double now = l2l_now();
+  pthread_mutex_lock(&D.lock);
+  double timeout = D.timeout;
+  pthread_mutex_unlock(&D.lock);
   for (struct l2l_dist_op **p = &D.in_flight; *p;) {
     struct l2l_dist_op *op = *p;
     int done = 0, rc = D.mpi->test(op->request, &done);
     if (rc != 0) mpi_failed(rc, op, "while waiting for");
     if (!done) {
-      check_deadline(op, now);
+      check_deadline(op, now, timeout);
       p = &op->next;
       continue;
     }
@@ -216,7 +219,7 @@ static void *thread_main(void *arg) {
     bool busy = progress(ready);
 
     pthread_mutex_lock(&D.lock);
-    if (D.calls || D.abort_message[0] || D.stopping || any_ready()) continue;
+    if (D.calls || D.abort_message[0] || any_ready() || (D.stopping && !busy)) continue;
     if (!busy) {
       pthread_cond_wait(&D.work, &D.lock);
       continue;
@@ -285,17 +288,25 @@ static void *open_plugin(char *why, size_t len) {
   return handle;
 }
 
+/* One start at a time (two threads asking at once: the second waits for the first's
+   outcome). */
+static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
+static l2l_status start(void);
+
 l2l_status l2l_dist_start(void) {
-  pthread_mutex_lock(&D.lock);
-  bool started = D.started;
-  pthread_mutex_unlock(&D.lock);
-  if (started) {
+  pthread_mutex_lock(&start_lock);
+  l2l_status status = start();
+  pthread_mutex_unlock(&start_lock);
+  return status;
+}
+
+static l2l_status start(void) {
+  if (D.started) {
     if (D.running) return L2L_OK;
     return FAIL(D.error_status, "%s", D.error);
   }
-  /* Only the thread that starts dist reaches here (l2l_dist_init's callers are the
-     program's main thread); the flag is set first so a failure is said again, not
-     retried into a second MPI_Init. */
+  /* Set first, so that a failure is said again rather than retried into a second
+     MPI_Init. */
   D.started = true;
   char why[sizeof D.error];
   D.handle = open_plugin(why, sizeof why);
@@ -342,7 +353,10 @@ l2l_status l2l_dist_start(void) {
 }
 
 void l2l_dist_stop(void) {
-  if (!D.running) return;
+  pthread_mutex_lock(&start_lock);
+  bool running = D.running;
+  pthread_mutex_unlock(&start_lock);
+  if (!running) return;
   pthread_mutex_lock(&D.lock);
   D.stopping = true;
   pthread_cond_signal(&D.work);

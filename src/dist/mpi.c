@@ -14,13 +14,15 @@
 
 #include "dist.h"
 
-enum { MAX_COMMS = 256, MAX_REQUESTS = 4096 };
+/* Requests in flight: a record has at most one at a time, a step's control one more. */
+enum { MAX_COMMS = 256, MAX_REQUESTS = 1 << 16 };
 
 static MPI_Comm comms[MAX_COMMS];
 static int ncomms;
 static MPI_Request requests[MAX_REQUESTS];
 static int free_requests[MAX_REQUESTS], nfree = -1;
 static char library_line[256];
+static int initialized;   /* MPI is up (by this plugin or before it): finalize may follow */
 static struct l2l_mpi_plugin table;
 
 /* A free request slot, or -1 (every slot in flight). */
@@ -58,6 +60,7 @@ static int plugin_init(int *rank, int *size) {
     if (rc != MPI_SUCCESS) return rc;
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  initialized = 1;
   comms[0] = MPI_COMM_WORLD;
   ncomms = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, rank);
@@ -76,7 +79,7 @@ static int plugin_init(int *rank, int *size) {
 static int plugin_finalize(void) {
   int done = 0;
   MPI_Finalized(&done);
-  return done ? MPI_SUCCESS : MPI_Finalize();
+  return done || !initialized ? MPI_SUCCESS : MPI_Finalize();
 }
 
 static void plugin_abort(int code) { MPI_Abort(MPI_COMM_WORLD, code); }

@@ -77,10 +77,11 @@ uint64_t l2l_eps_dist_bytes(const struct l2l_eps *eps) {
 l2l_status eps_shard(struct l2l_eps *eps, struct eps_record *rec) {
   const struct eps_dist *d = eps->dist;
   int64_t n = l2l_tensor_numel(rec->master), s = (n + d->size - 1) / d->size;
-  if (s > INT_MAX)
-    return FAIL(L2L_ERR_INVALID, "parameter '%s' has %lld elements: a shard of %lld is beyond "
-                "MPI's counts (at most %d); use more ranks", l2l_param_name(rec->param),
-                (long long)n, (long long)s, INT_MAX);
+  /* MPI counts and displacements are ints: every offset into the record must be one */
+  if (n > INT_MAX)
+    return FAIL(L2L_ERR_INVALID, "parameter '%s' has %lld elements: with dist = mpi a record "
+                "holds at most %d (MPI's counts are ints)", l2l_param_name(rec->param),
+                (long long)n, INT_MAX);
   rec->counts = calloc((size_t)d->size, sizeof *rec->counts);
   rec->displs = calloc((size_t)d->size, sizeof *rec->displs);
   if (rec->counts == NULL || rec->displs == NULL)
@@ -88,7 +89,7 @@ l2l_status eps_shard(struct l2l_eps *eps, struct eps_record *rec) {
   for (int r = 0; r < d->size; r++) {
     int64_t begin = (int64_t)r * s < n ? (int64_t)r * s : n;
     int64_t end = begin + s < n ? begin + s : n;
-    rec->displs[r] = (int)begin;   /* below n / N * N + s: an int when s is (see above) */
+    rec->displs[r] = (int)begin;   /* <= n <= INT_MAX */
     rec->counts[r] = (int)(end - begin);
   }
   rec->shard_begin = rec->displs[d->rank];
@@ -152,16 +153,25 @@ void eps_exchange_updated(struct l2l_eps *eps, struct eps_record *rec) {
   l2l_dist_post(eps->dist->ag, op, rec->place);
 }
 
+static void skip_ag(struct l2l_dist_op *op) {
+  struct eps_record *rec = op->ctx;
+  op_fill(&rec->ag, rec, DIST_NOOP, "all-gather of the updated weights", ag_done);
+  l2l_dist_post(rec->eps->dist->ag, &rec->ag, rec->place);
+}
+
+/* The all-gather's place passes last: its callback settles the record, after which the
+   record may be freed, so no other operation of it may still be with dist.c. */
 void eps_exchange_skip(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   eps->dist->bytes -= exchange_bytes(rec);   /* no all-gather */
   pthread_mutex_unlock(&eps->lock);
   if (eps->optim->waves > 1) {   /* LAMB's sums would have had this place too */
-    op_fill(&rec->lamb_op, rec, DIST_NOOP, "LAMB's sums", NULL);
+    op_fill(&rec->lamb_op, rec, DIST_NOOP, "LAMB's sums", skip_ag);
     l2l_dist_post(eps->dist->lamb, &rec->lamb_op, rec->place);
+  } else {
+    op_fill(&rec->ag, rec, DIST_NOOP, "all-gather of the updated weights", ag_done);
+    l2l_dist_post(eps->dist->ag, &rec->ag, rec->place);
   }
-  op_fill(&rec->ag, rec, DIST_NOOP, "all-gather of the updated weights", ag_done);
-  l2l_dist_post(eps->dist->ag, &rec->ag, rec->place);
 }
 
 static void lamb_done(struct l2l_dist_op *op) {

@@ -69,9 +69,6 @@ struct l2l_relay {
   l2l_status async_status;    /* a job nobody waits for failed (gradients out) */
   char async_message[256];
   bool warned_nonfinite;      /* a non-finite gradient's skip has been said on stderr */
-  /* Data parallel (config.dist): a step that failed after the exchanges began leaves the
-     ranks disagreeing, so no step may follow. */
-  bool dist_broken;
 };
 
 static inline bool relay_ok(const l2l_relay *run) {

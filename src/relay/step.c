@@ -85,6 +85,17 @@ static l2l_status dist_begin(struct step *s) {
   return status;
 }
 
+/* With ranks, a step that fails on this rank once the sizes were exchanged leaves the
+   others waiting on collectives this rank will never post, and this rank's streams out
+   of step with theirs: the job ends now, saying why (no rank waits out its timeout). */
+static void dist_diverged(const l2l_relay *run) {
+  if (run->config.dist == L2L_DIST_NONE) return;
+  char what[512];
+  snprintf(what, sizeof what, "step %lld failed after the ranks' exchange began, so the ranks "
+           "can no longer agree: %s", (long long)run->steps + 1, l2l_last_error());
+  l2l_dist_fail(what);
+}
+
 /* With ranks: the loss summed over every rank's slice. */
 static l2l_status dist_loss(struct step *s) {
   if (s->run->config.dist == L2L_DIST_NONE) return L2L_OK;
@@ -215,9 +226,11 @@ static l2l_status step_begin(struct step *s, struct step_plan *p) {
   l2l_status status = relay_check_step(s, s->in);
   if (status == L2L_OK) status = relay_plan_visits(s);
   if (status == L2L_OK) status = dist_begin(s);
+  bool exchanged = status == L2L_OK;   /* (every rank refuses a failed exchange alike) */
   if (status == L2L_OK) status = relay_step_alloc(s);
   if (status == L2L_OK) status = plan_step(p, s);
   if (status == L2L_OK && s->training) status = eps_begin(s, p);
+  if (status != L2L_OK && exchanged) dist_diverged(s->run);
   if (status != L2L_OK) relay_step_free(s);
   return status;
 }
@@ -230,9 +243,6 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
      its gradient arrivals must be counted before this step's bookkeeping starts. */
   l2l_eps_wait_arrivals(&run->eps);
   TRY(relay_check_async(run));
-  if (run->dist_broken)
-    return FAIL(L2L_ERR_STATE, "a step of this relay failed after its exchanges with the other "
-                "ranks began: the ranks no longer agree, and no step can follow (end the job)");
   struct step s = {.run = run, .in = batch, .training = training};
   struct step_plan p;
   run->eps.step = run->steps + 1;
@@ -257,8 +267,8 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
   if (status == L2L_OK) status = relay_check_async(run);
   if (status == L2L_OK) status = dist_loss(&s);
   if (status != L2L_OK) {
+    dist_diverged(run);
     if (training) l2l_eps_abandon_step(&run->eps);
-    if (run->config.dist != L2L_DIST_NONE) run->dist_broken = true;
     return status;
   }
 
