@@ -229,47 +229,43 @@ describe("data parallel under mpirun", function()
     assert.are.equal(1, lines, "only rank 0 prints:\n" .. out)
   end)
 
-  it("refuses, on every rank alike, a step whose ranks hold different models", function()
-    if not need_mpi() then return end
-    local cmd = ("timeout 120 %s %s spec/dist/train.lua %s/x %d dist=mpi extra_layer_rank=1"):format(mpirun(2), exe, dir, seed)
+  -- A job that must fail: its output and seconds, after checking that it ended by itself
+  -- with a non-zero status (timeout(1) ends a hung one with 124).
+  local function failed_job(flags)
+    local t0 = os.time()
+    local cmd = ("timeout 120 %s %s spec/dist/train.lua %s/x %d dist=mpi %s"):format(mpirun(2), exe, dir, seed, flags)
     local status, out = support.sh(cmd)
     assert.are_not.equal(0, status, out)
+    assert.are_not.equal(124, status, "the job hung until timeout(1) killed it:\n" .. out)
+    return out, os.time() - t0
+  end
+
+  it("refuses, on every rank alike, a step whose ranks hold different models", function()
+    if not need_mpi() then return end
+    local out = failed_job("extra_layer_rank=1")
     assert.is_truthy(out:find("the ranks' steps differ", 1, true), out)
   end)
 
   it("ends the job with a message when a rank hangs (the others time out), not never", function()
     if not need_mpi() then return end
-    local t0 = os.time()
-    local cmd = ("timeout 120 %s %s spec/dist/train.lua %s/x %d dist=mpi timeout=3 hang_rank=1 hang_step=2"):format(
-      mpirun(2), exe, dir, seed)
-    local status, out = support.sh(cmd)
-    assert.are_not.equal(0, status, out)
-    assert.are_not.equal(124, status, "the job hung until timeout(1) killed it:\n" .. out)
+    local out, seconds = failed_job("timeout=3 hang_rank=1 hang_step=2")
     assert.is_truthy(out:find("rank 0 of 2: waited %d+ s %(the timeout%) for the [%w%- ']+.* at step 2"), out)
     assert.is_truthy(out:find("MPI_Abort", 1, true), out)
-    assert.is_true(os.time() - t0 < 60, "took " .. (os.time() - t0) .. " s")
+    assert.is_true(seconds < 60, "took " .. seconds .. " s")
   end)
 
   it("ends the job at once when a rank's script fails, not after the others' timeout", function()
     if not need_mpi() then return end
-    local t0 = os.time()
-    local cmd = ("timeout 120 %s %s spec/dist/train.lua %s/x %d dist=mpi timeout=100 bad_rank=1 bad_step=2"):format(
-      mpirun(2), exe, dir, seed)
-    local status, out = support.sh(cmd)
-    assert.are_not.equal(0, status, out)
+    local out, seconds = failed_job("timeout=100 bad_rank=1 bad_step=2")
     assert.is_truthy(out:find("is outside [0, 96)", 1, true), out)   -- the failing rank's own error
     assert.is_truthy(out:find("rank 1 of 2: the script failed (its error is above); ending the job (MPI_Abort)", 1, true), out)
-    assert.is_true(os.time() - t0 < 60, "took " .. (os.time() - t0) .. " s")
+    assert.is_true(seconds < 60, "took " .. seconds .. " s")
   end)
 
   it("ends the job when a rank is killed, and the last checkpoint still loads", function()
     if not need_mpi() then return end
     local path = dir .. "/before-kill.l2l"
-    local cmd = ("timeout 120 %s %s spec/dist/train.lua %s/x %d dist=mpi steps=50 save=%s save_at=2 die_rank=1 die_step=4"):format(
-      mpirun(2), exe, dir, seed, path)
-    local status, out = support.sh(cmd)
-    assert.are_not.equal(0, status, out)
-    assert.are_not.equal(124, status, "the job hung until timeout(1) killed it:\n" .. out)
+    local out = failed_job("steps=50 save=" .. path .. " save_at=2 die_rank=1 die_step=4")
     assert.is_truthy(out:lower():find("signal 9", 1, true) or out:find("killed", 1, true), out)
     local resumed = train(0, "steps=1 load=" .. path)[0]
     assert.are.equal(3, resumed.stats.steps)
