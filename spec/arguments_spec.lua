@@ -57,9 +57,7 @@ local function bar() return progress.new { total = 3, tty = false, out = SINK } 
 local function figure() return { panels = { { series = { { x = { 1, 2 }, y = { 3, 4 } } } } } } end
 local function events() return { { layer = 1, phase = "forward", thread = 0, start = 0, finish = 1 } } end
 
-local scratch = os.tmpname()   -- a folder for the files cases write
-os.remove(scratch)
-os.execute("mkdir -p " .. scratch)
+local scratch = support.tmpdir()   -- a folder for the files cases write
 local function path(name) return scratch .. "/" .. name end
 
 local corpus = path("corpus.txt")

@@ -18,12 +18,7 @@ local sh, build = support.sh, support.build
 local exe = build .. "/l2l"
 local script = "examples/train_gpt.lua"
 
-local function tmpdir()
-  local path = os.tmpname()
-  os.remove(path)
-  assert(os.execute("mkdir -p " .. path))
-  return path
-end
+local tmpdir = support.tmpdir
 
 local function read(path)
   local f = io.open(path, "rb")

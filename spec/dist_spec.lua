@@ -32,9 +32,7 @@ local function mpirun(n, extra)
   return ("mpirun --allow-run-as-root --oversubscribe -np %d%s %s"):format(n, sanitizer_env, extra or "")
 end
 
-local dir = os.tmpname()
-os.remove(dir)
-assert(os.execute("mkdir -p " .. dir) == 0)
+local dir = support.tmpdir()
 
 -- Runs the training script (under mpirun when n > 0); the table rank r wrote.
 local count = 0

@@ -69,9 +69,7 @@ describe("l2l plot", function()
   local exe = build .. "/l2l"
   local dir
   before_each(function()
-    dir = os.tmpname()
-    os.remove(dir)
-    assert(os.execute("mkdir -p " .. dir) == 0)
+    dir = support.tmpdir()
     -- a run whose losses stay far from 0 (between 2.1 and 3.4), as examples/train_gpt.lua logs them
     local lines = { '{"step":0,"loss":null,"val_loss":3.4,"device_peak":1048576,"host_bytes":4194304,"device_budget":2097152}' }
     for step = 1, 20 do

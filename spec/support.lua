@@ -93,6 +93,14 @@ function M.write_temp(text)
   return path
 end
 
+-- A new empty folder (os.tmpname's name, made a folder); its path.
+function M.tmpdir()
+  local path = os.tmpname()
+  os.remove(path)
+  assert(os.execute("mkdir -p '" .. path .. "'") == 0, "cannot make the folder " .. path)
+  return path
+end
+
 -- Runs a shell command; returns its exit status (0 = success) and combined output.
 function M.sh(cmd)
   local p = io.popen("(" .. cmd .. ") 2>&1; echo \"__status=$?\"")

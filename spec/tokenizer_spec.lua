@@ -17,9 +17,7 @@ local l2l = require("l2l")
 local T = l2l.tokenizer
 local sh = support.sh
 
-local scratch = os.tmpname()
-os.remove(scratch)
-os.execute("mkdir -p '" .. scratch .. "'")
+local scratch = support.tmpdir()
 local function path(name) return scratch .. "/" .. name end
 
 local small = fixture.write(path("small"))
