@@ -411,6 +411,22 @@ local ODD = { dropout = { 1, 1.5, -0.1, 0.999999, raw("nan") }, attn_dropout = {
               memory = { "x", "FRUGAL", 0 }, tie = { "x", 1, false }, pool = { "device", "pinned", "gpu" },
               init_std = { 0, -1, 1e300 }, seed = { -1, 2 ^ 64, 1.5 } }
 
+-- The edits both lists of the description (layers, records) get: entry i removed (op 1),
+-- listed twice (2) or swapped with a random one (3); what was done, naming the list's
+-- entries as `what`.
+local function edit_list(list, i, op, what)
+  if op == 1 then
+    table.remove(list, i)
+    return ("%s %d removed"):format(what, i)
+  elseif op == 2 then
+    table.insert(list, i, deepcopy(list[i]))
+    return ("%s %d twice"):format(what, i)
+  end
+  local j = rint(1, #list)
+  list[i], list[j] = list[j], list[i]
+  return ("%ss %d and %d swapped"):format(what, i, j)
+end
+
 function S.l2l_layer(st)
   local layers = st.desc.layers
   local i = rint(1, #layers)
@@ -447,12 +463,7 @@ function S.l2l_layer(st)
     return ("layer %d = %s"):format(i, show(x))
   elseif v == 8 then
     local op = rint(1, 6)
-    if op == 1 then table.remove(layers, i); return ("layer %d removed"):format(i)
-    elseif op == 2 then table.insert(layers, i, deepcopy(d)); return ("layer %d twice"):format(i)
-    elseif op == 3 then
-      local j = rint(1, #layers)
-      layers[i], layers[j] = layers[j], layers[i]
-      return ("layers %d and %d swapped"):format(i, j)
+    if op <= 3 then return edit_list(layers, i, op, "layer")
     elseif op == 4 then
       local count = pick({ 10, 300, 2000 })
       for _ = 1, count do table.insert(layers, i, deepcopy(d)) end
@@ -502,12 +513,7 @@ function S.l2l_record(st)
     return ("record %d (%s): name = %s"):format(i, tostring(r.name), show(x))
   end
   local op = rint(1, 5)
-  if op == 1 then table.remove(records, i); return ("record %d removed"):format(i)
-  elseif op == 2 then table.insert(records, i, deepcopy(r)); return ("record %d twice"):format(i)
-  elseif op == 3 then
-    local j = rint(1, #records)
-    records[i], records[j] = records[j], records[i]
-    return ("records %d and %d swapped"):format(i, j)
+  if op <= 3 then return edit_list(records, i, op, "record")
   elseif op == 4 then
     records[#records + 1] = { name = "9.x", updates = 1, state = 2, grad = true }
     return "an extra record"
