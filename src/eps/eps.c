@@ -175,7 +175,7 @@ static l2l_status state_copy_shard(l2l_tensor *dst, const l2l_tensor *src,
     l2l_tensor_free(whole);
     return status;
   }
-  memcpy(l2l_tensor_data(dst), (const float *)l2l_tensor_data((l2l_tensor *)src) + rec->shard_begin,
+  memcpy(l2l_tensor_data(dst), (const float *)l2l_tensor_data(src) + rec->shard_begin,
          (size_t)rec->shard_n * sizeof(float));
   return L2L_OK;
 }

@@ -28,25 +28,15 @@ l2l_status relay_check_async(l2l_relay *run) {
 
 /* What must be the same on every rank for their collectives to match: the step count and
    the active layers with their records and frozen flags. FNV-1a over them. */
+static uint64_t fnv1a(uint64_t h, int64_t word) { return (h ^ (uint64_t)word) * 1099511628211ull; }
+
 static int64_t step_shape(const struct step *s) {
   uint64_t h = 1469598103934665603ull;
-  int64_t words[4 + 3 * 64];
-  int n = 0;
-  words[n++] = s->run->steps;
-  words[n++] = s->L;
-  words[n++] = s->S;
-  words[n++] = s->training;
+  h = fnv1a(fnv1a(fnv1a(fnv1a(h, s->run->steps), s->L), s->S), s->training);
   for (int k = 0; k < s->L; k++) {
     const struct relay_layer *rl = &s->run->layers[s->active[k]];
-    if (n + 3 > (int)(sizeof words / sizeof *words)) {   /* fold a long model in as it goes */
-      for (int i = 0; i < n; i++) h = (h ^ (uint64_t)words[i]) * 1099511628211ull;
-      n = 0;
-    }
-    words[n++] = s->active[k];
-    words[n++] = rl->frozen;
-    words[n++] = l2l_layer_param_count(rl->layer);
+    h = fnv1a(fnv1a(fnv1a(h, s->active[k]), rl->frozen), l2l_layer_param_count(rl->layer));
   }
-  for (int i = 0; i < n; i++) h = (h ^ (uint64_t)words[i]) * 1099511628211ull;
   return (int64_t)(h >> 1);
 }
 
