@@ -13,7 +13,10 @@
 # LIBDIR, INCLUDEDIR, MANDIR, LUADIR and PKGCONFIGDIR; `make doc` builds the man page and
 # the Lua and C references into $(BUILD)/doc.
 # `make fuzz N=20000 SEED=s` runs the loader fuzzer (scripts/fuzz_load.lua; N defaults to
-# 1000, the seed to a fresh one).
+# 1000, the seed to a fresh one). `make flakes N=20 LOADED=3 SANITIZED=3` runs `make test`
+# N times with fresh seeds, LOADED times on a machine kept busy and SANITIZED times under
+# the sanitizers, and lists every assertion that failed with its seed and replay command
+# (scripts/flakes.sh; N defaults to 20 there too).
 
 SANITIZE ?= 0
 ARCH ?= native
@@ -126,15 +129,23 @@ ifneq ($(MPICC),)
   MPI_PLUGIN := $(BUILD)/libl2l-mpi.so
 endif
 
-.PHONY: all deps test demo bench vecreport clean fuzz install uninstall doc
+.PHONY: all deps test demo bench vecreport clean fuzz flakes install uninstall doc
 all: $(BUILD)/libl2l.so $(BUILD)/libl2l.a $(BUILD)/l2l $(BUILD)/l2l_ctest $(BUILD)/hello \
      $(BUILD)/embed $(BUILD)/embed_lua $(DIST)/libl2l.so.$(VERSION) $(DIST)/l2l \
      lua/l2l/cdef.lua $(MPI_PLUGIN)
 
+# The packages come before anything is decided: what scripts/deps.sh installs (mpicc)
+# chooses what this Makefile builds, and make reads that while it parses. The stamp, an
+# empty file, is included as a makefile, so that make makes it first and then reads the
+# Makefile again with the new tools present (on a fresh machine, the first `make test`
+# would otherwise build without the MPI plugin that its install spec then asks for).
 deps: $(DEPS_STAMP)
 $(DEPS_STAMP): scripts/deps.sh
 	@bash scripts/deps.sh
 	@mkdir -p $(BUILD) && touch $@
+ifeq ($(filter clean uninstall,$(MAKECMDGOALS)),)
+  include $(DEPS_STAMP)
+endif
 
 $(BUILD)/obj/%.o: src/%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
@@ -211,6 +222,10 @@ N ?= 1000
 fuzz: $(BUILD)/l2l
 	@L2L_SANITIZE=$(SANITIZE) $(BUILD)/l2l scripts/fuzz_load.lua --l2l $(BUILD)/l2l --n $(N) \
 	  $(if $(SEED),--seed $(SEED)) $(if $(JOBS),--jobs $(JOBS)) $(if $(KNOWN_OK),--known-ok)
+
+# The flake hunt (scripts/flakes.sh): N defaults to 20 here, not the fuzzer's 1000.
+flakes:
+	+@bash scripts/flakes.sh $(if $(filter command line,$(origin N)),$(N),20) $(or $(LOADED),3) $(or $(SANITIZED),3)
 
 demo: all
 	$(BUILD)/l2l examples/train_gpt.lua --out $(BUILD)/demo

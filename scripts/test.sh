@@ -3,6 +3,8 @@
 # test.sh — run the architecture check, every C test and every spec; end with one line
 # "N passed, M failed".
 # Usage: scripts/test.sh BUILD_DIR   (called by `make test`; BUILD_DIR holds l2l, l2l_ctest)
+# One seed drives every random draw of the run, the C tests' and the specs': L2L_SEED, or
+# a fresh one, printed first; `L2L_SEED=s make test` replays the run.
 # The specs run under the l2l executable, which has jemalloc loaded from the start; it runs
 # busted's script itself (`busted --lua` would need a `lua` on the PATH for the launcher,
 # which a machine with only the carried packages lacks). A runner that dies before
@@ -15,6 +17,12 @@ export L2L_BUILD=$build
 # memory from the CPU. The GPU tests (spec/c/test_cuda.c) switch to CUDA themselves
 # where a GPU is present, and report themselves skipped, with the reason, where not.
 export L2L_DEVICE=cpu
+if [[ -z ${L2L_SEED:-} ]]; then
+  L2L_SEED=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+  L2L_SEED=$((L2L_SEED % 1000000000 + 1))
+fi
+export L2L_SEED
+echo "== seed $L2L_SEED (L2L_SEED=$L2L_SEED make test$( [[ ${L2L_SANITIZE:-0} == 1 ]] && echo " SANITIZE=1") replays this run)"
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
 
@@ -31,7 +39,8 @@ exited_badly() {
 }
 
 echo "== architecture (scripts/archcheck under $build/l2l)"
-if "$build/l2l" scripts/archcheck; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+if "$build/l2l" scripts/archcheck; then passed=$((passed + 1))
+else failed=$((failed + 1)); echo "test: the architecture check failed (scripts/archcheck)"; fi
 
 echo "== C tests ($build/l2l_ctest)"
 "$build/l2l_ctest" 2>&1 | tee "$log/ctest"

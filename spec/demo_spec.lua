@@ -56,7 +56,7 @@ describe("examples/train_gpt.lua, shortened", function()
   local status, output, context
   setup(function()
     status, output = demo(flags)
-    context = ("seed %d (L2L_TEST_SEED=%d), output:\n%s"):format(seed, support.seed, output)
+    context = ("seed %d (L2L_SEED=%d), output:\n%s"):format(seed, support.seed, output)
   end)
   teardown(function() os.execute("rm -rf " .. out) end)
 

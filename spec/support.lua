@@ -12,9 +12,18 @@ M.root = (function()
   return d
 end)()
 
--- A generator independent of l2l's own (xorshift-multiply on 53-bit doubles).
-M.seed = tonumber(os.getenv("L2L_TEST_SEED")) or (os.time() % 1000003)
-math.randomseed(M.seed)
+-- The run's seed: L2L_SEED (scripts/test.sh draws one for the C tests and the specs
+-- alike, and prints it), or a fresh one from /dev/urandom when a spec is run by hand.
+-- Every spec file seeds the generator again when it loads this file, so running one file
+-- with the same L2L_SEED replays its draws.
+local function fresh_seed()
+  local f = assert(io.open("/dev/urandom", "rb"))
+  local b = f:read(4)
+  f:close()
+  return ((b:byte(1) * 256 + b:byte(2)) * 256 + b:byte(3)) * 64 + b:byte(4) % 64
+end
+M.seed = tonumber(os.getenv("L2L_SEED")) or fresh_seed()
+math.randomseed(M.seed)   -- LuaJIT's generator: independent of l2l's Philox
 function M.uniform(lo, hi) return lo + (hi - lo) * math.random() end
 function M.normal()
   local u1, u2 = 1 - math.random(), math.random()

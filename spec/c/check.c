@@ -173,10 +173,11 @@ bool ends_with(const char *s, const char *suffix) {
 /* ---------------------------------------------------------------- runner */
 
 int main(int argc, char **argv) {
-  const char *env = getenv("L2L_TEST_SEED");
+  const char *env = getenv("L2L_SEED");
   run_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
   const char *only = argc > 1 ? argv[1] : NULL;
-  printf("ctest: seed %llu (set L2L_TEST_SEED to repeat)\n", (unsigned long long)run_seed);
+  printf("ctest: seed %llu (L2L_SEED=%llu %s%s%s replays it)\n", (unsigned long long)run_seed,
+         (unsigned long long)run_seed, argv[0], only ? " " : "", only ? only : "");
   int passed = 0, failed = 0, skipped = 0;
   for (int i = 0; i < test_count; i++) {
     if (only && strstr(tests[i].name, only) == NULL) continue;

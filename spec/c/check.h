@@ -7,7 +7,8 @@
  * own, NaN-poisoned outputs, and float64 comparison helpers. The runner prints
  * "ctest: N passed, M failed, K skipped" as its last line.
  * Random inputs are drawn from a seed taken from the clock (printed at start), or from
- * L2L_TEST_SEED to repeat a run.
+ * L2L_SEED to repeat a run; each test's generator is seeded from the run's seed and the
+ * test's place in the list, so `L2L_SEED=s l2l_ctest NAME` replays one test alone.
  */
 #ifndef L2L_CHECK_H
 #define L2L_CHECK_H
