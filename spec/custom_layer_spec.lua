@@ -274,13 +274,17 @@ describe("a layer kind written in Lua", function()
       assert.is_true(e <= 1e-5, ("%s differs from the plain path by %g (seed %d)"):format(p.name, e, support.seed))
     end
 
-    -- And it learns: 150 steps of AdamW through the relay with the custom layer inside.
-    local model = mixed_model(seed + 7)
+    -- And it learns: 150 steps of AdamW through the relay with the custom layer inside. A
+    -- claim about learning holds for most seeds, not all: it is made on one seed, the same
+    -- in every run (weights and data from it; no dropout).
+    local learn_seed = 1
+    math.randomseed(learn_seed)
+    local model = mixed_model(learn_seed + 7)
     local trainer = l2l.Relay { model = model, micro_batch = 8, optimizer = l2l.AdamW { lr = 3e-3 }, seed = 1 }
     local losses = {}
     for s = 1, 150 do losses[s] = trainer:step(reversal(16)) end
     local first, last = mean(losses, 1, 10), mean(losses, 141, 150)
-    assert.is_true(last < 0.1 * first, ("loss fell only from %g to %g (seed %d)"):format(first, last, support.seed))
+    assert.is_true(last < 0.1 * first, ("loss fell only from %g to %g (seed %d)"):format(first, last, learn_seed))
     trainer:free()
     run:free()
   end)

@@ -49,14 +49,16 @@ local function balanced_tags(text)
 end
 
 describe("examples/train_gpt.lua, shortened", function()
-  local seed = support.seed % 1000 + 1
+  -- A fixed seed: the run's claims include learning (the validation loss falls so far in
+  -- 60 steps), which holds for most seeds, not all.
+  local seed = 1
   local out = tmpdir()
   local flags = ("--steps 60 --layers 2 --dim 64 --heads 4 --seq 64 --batch 16 --micro-batch 4 --eval-every 20 " ..
                  "--max-bytes 1000000 --plot svg --sample 60 --seed %d --out %s"):format(seed, out)
   local status, output, context
   setup(function()
     status, output = demo(flags)
-    context = ("seed %d (L2L_SEED=%d), output:\n%s"):format(seed, support.seed, output)
+    context = ("seed %d, output:\n%s"):format(seed, output)
   end)
   teardown(function() os.execute("rm -rf " .. out) end)
 

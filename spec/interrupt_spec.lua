@@ -31,8 +31,11 @@ local function interrupted(command, file, patterns)
   local watcher = table.concat(steps, "; ") ..
                   "; n=0; while kill -0 $$ 2>/dev/null && [ $n -lt 1200 ]; do sleep 0.05; n=$((n+1)); done; " ..
                   "kill -KILL $$ 2>/dev/null"
-  -- a script of its own: $$ in a command support.sh runs would be the outer shell's pid
-  local script = support.write_temp(("(%s) >/dev/null 2>&1 &\nexec %s\n"):format(watcher, command))
+  -- a script of its own: $$ in a command support.sh runs would be the outer shell's pid.
+  -- env --default-signal=INT: a suite started in the background (`make test &`, nohup)
+  -- hands its processes SIGINT ignored, which l2l rightly keeps ignored, as a background
+  -- job's; a Ctrl-C typed at a terminal reaches a foreground program whatever started it.
+  local script = support.write_temp(("(%s) >/dev/null 2>&1 &\nexec env --default-signal=INT %s\n"):format(watcher, command))
   local status, out = support.sh("sh " .. script)
   os.remove(script)
   return status, out
@@ -126,14 +129,11 @@ describe("cli.interrupt", function()
 
   it("stops at once on the second Ctrl-C", function()
     local log = os.tmpname()
-    local t0 = os.time()
     local status, err = interrupted(("%s %s --after 30 > %s"):format(exe, script, log), log, { "^step 3$", "^saving$" })
-    local took = os.time() - t0
     local out = support.read_file(log)
     os.remove(log)
     assert.are.equal(130, status, out .. err)
-    assert.is_truthy(out:find("\nsaving\n$"), out)   -- the 30 s of work were cut short
-    assert.is_true(took < 20, ("took %d s"):format(took))
+    assert.is_truthy(out:find("\nsaving\n$"), out)   -- the 30 s of work were cut short: no "saved"
   end)
 
   it("answers false until a Ctrl-C comes, and lets go of Ctrl-C on finish", function()

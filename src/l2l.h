@@ -713,7 +713,8 @@ typedef struct l2l_relay_stats {
   uint64_t host_eps_bytes;      /* EPS: masters, accumulators, optimizer state, staging */
   uint64_t host_stash_peak;     /* most host bytes holding stashed activations or states */
   uint64_t h2d_bytes, d2h_bytes;
-  double step_seconds;
+  double step_seconds;          /* the call, from its checks to its return: every time below
+                                   spent on the calling or a copy thread lies within it */
   double compute_seconds;       /* layers' forward and backward: on the CPU backend the
                                    calling thread's time in them, on a GPU the device's
                                    (timed by events on its compute stream) */

@@ -473,8 +473,10 @@ static void evaluate(lua_State *L, int nargs) {
      not see the Ctrl-C. The entry and the functions it defines stay interpreted; what they
      call (l2l, modules, scripts) is compiled as usual. */
   luaJIT_setmode(L, -1, LUAJIT_MODE_ALLFUNC | LUAJIT_MODE_OFF);
-  interrupted = 0;
+  /* A Ctrl-C that came after the line was read, while it compiled, stops the entry at its
+     first instruction (the prompt clears `interrupted` before it reads a line). */
   evaluating = 1;
+  if (interrupted) lua_sethook(L, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
   if (nargs == 1) lua_pushcfunction(L, pass_values);
   int status = call_chunk(L, nargs, LUA_MULTRET);
   int nvalues = lua_gettop(L) - top;

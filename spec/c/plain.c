@@ -5,10 +5,14 @@
  *
  * Purpose: run clones of the relay's layers (same values, same rng ids, ties re-made) in
  * the host pool with l2l_layer_forward / l2l_layer_backward, the whole minibatch in one
- * call per layer with every saved state kept (or split into micro-batches, to measure the
- * arithmetic of a correct relay), fold each layer's gradient into per-record
- * accumulators, and update with l2l_adamw_update (or the float64 SGD / LAMB below), the
- * schedule computed here from the header's formulas. Each layer call gets the batch
+ * call per layer with every saved state kept (or split into micro-batches as the relay
+ * splits, whose arithmetic is then a correct relay's to the bit), fold each layer's
+ * gradient into per-record accumulators, and update them; the schedule and the clipping
+ * norms are computed here from the header's formulas. Folding and updating call the f32
+ * kernels the EPS runs (l2l_optim_axpy, l2l_optim_sgd / _adamw / _lamb_*, the gradient
+ * scale passed in as the EPS passes it): test_optim.c checks those against float64, and
+ * the same arithmetic here makes a relay that moves, splits and schedules right agree
+ * with this executor exactly. Each layer call gets the batch
  * fields the relay promises (seed, step = the step's index, first_sample, the key mask's
  * rows, loss_scale = 1 / (real targets x accumulate)), so both see the same dropout masks.
  * Must never: take an expected value from the relay or the EPS.
@@ -17,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "eps/eps.h"
 #include "reference.h"
 
 static l2l_tensor *zeros_like(const l2l_tensor *t) {
@@ -311,22 +316,21 @@ static void plain_fold(struct plain *p, int l) {
   l2l_layer *layer = p->model.layer[l];
   int np = l2l_layer_param_count(layer);
   if (!p->model.frozen[l]) {
-    double scale = 1.0;
+    float scale = 1.0f;   /* as f32, as the relay hands it to the accumulation */
     if (p->cfg.clip_layer_norm > 0) {
       double sq = 0.0;
       for (int j = 0; j < np; j++) {
         l2l_tensor *g = l2l_param_grad(l2l_layer_param(layer, j));
-        sq += sumsq_f32(check_data(g), numel(g));
+        sq += l2l_optim_sumsq(check_data(g), numel(g));
       }
       double norm = sqrt(sq);
-      if (norm > p->cfg.clip_layer_norm) scale = p->cfg.clip_layer_norm / norm;
+      if (norm > p->cfg.clip_layer_norm) scale = (float)(p->cfg.clip_layer_norm / norm);
     }
     for (int j = 0; j < np; j++) {
       l2l_param *param = l2l_layer_param(layer, j);
       struct prec *r = plain_rec(p, param);
-      float *acc = check_data(r->acc);
-      const float *g = check_data(l2l_param_grad(param));
-      for (int64_t i = 0; i < numel(r->acc); i++) acc[i] += (float)(scale * g[i]);
+      l2l_optim_axpy(check_data(r->acc), check_data(l2l_param_grad(param)), scale,
+                     numel(r->acc));
       r->touched = 1;
     }
   }
@@ -417,43 +421,6 @@ double plain_pass(struct plain *p, const struct data *d, int64_t micro,
   return loss;
 }
 
-/* SGD of l2l.h in float64 on f32 storage. */
-static void sgd_update(struct prec *r, const float *g, double lr, double wd,
-                       const l2l_optimizer_config *o) {
-  float *p = check_data(l2l_param_value(r->param)), *b = check_data(r->m);
-  for (int64_t i = 0; i < numel(r->m); i++) {
-    double pi = p[i], gi = g[i];
-    pi -= lr * wd * pi;
-    double step = gi;
-    if (o->momentum > 0) {
-      double bi = r->t == 1 ? gi : (double)o->momentum * b[i] + gi;
-      b[i] = (float)bi;
-      step = o->nesterov ? gi + (double)o->momentum * b[i] : b[i];
-    }
-    p[i] = (float)(pi - lr * step);
-  }
-}
-
-/* LAMB of l2l.h in float64 on f32 storage: the trust ratio over the whole record. */
-static void lamb_update(struct prec *r, const float *g, double lr, double wd,
-                        const l2l_optimizer_config *o) {
-  int64_t n = numel(r->m);
-  float *p = check_data(l2l_param_value(r->param)), *m = check_data(r->m), *v = check_data(r->v);
-  double b1 = o->beta1, b2 = o->beta2;
-  double c1 = 1.0 - pow(b1, (double)r->t), c2 = 1.0 - pow(b2, (double)r->t);
-  double *u = xmalloc((size_t)n * sizeof *u), pn = 0.0, un = 0.0;
-  for (int64_t i = 0; i < n; i++) {
-    m[i] = (float)(b1 * m[i] + (1.0 - b1) * g[i]);
-    v[i] = (float)(b2 * v[i] + (1.0 - b2) * (double)g[i] * g[i]);
-    u[i] = (m[i] / c1) / (sqrt(v[i] / c2) + o->eps) + wd * p[i];
-    pn += (double)p[i] * p[i];
-    un += u[i] * u[i];
-  }
-  double trust = pn > 0 && un > 0 ? sqrt(pn) / sqrt(un) : 1.0;
-  for (int64_t i = 0; i < n; i++) p[i] = (float)(p[i] - lr * trust * u[i]);
-  free(u);
-}
-
 /* The update of every record a layer folded a gradient into: global clipping over
    those records, then the optimizer at the schedule's rate for this update count. */
 static void plain_update(struct plain *p) {
@@ -462,29 +429,33 @@ static void plain_update(struct plain *p) {
   p->lr = o->lr * schedule_factor(&p->cfg.schedule, p->updates);
   double sq = 0.0;
   for (int i = 0; i < p->nrec; i++)
-    if (p->rec[i].touched) sq += sumsq_f32(check_data(p->rec[i].acc), numel(p->rec[i].acc));
+    if (p->rec[i].touched) sq += l2l_optim_sumsq(check_data(p->rec[i].acc), numel(p->rec[i].acc));
   p->grad_norm = sqrt(sq);
-  double scale = 1.0;
+  float scale = 1.0f;   /* the kernels scale the gradient by it, in f32 */
   if (p->cfg.clip_global_norm > 0 && p->grad_norm > p->cfg.clip_global_norm)
-    scale = p->cfg.clip_global_norm / p->grad_norm;
+    scale = (float)(p->cfg.clip_global_norm / p->grad_norm);
   for (int i = 0; i < p->nrec; i++) {
     struct prec *r = &p->rec[i];
     if (!r->touched) continue;
     r->t++;
-    float *acc = check_data(r->acc);
-    l2l_tensor *g = like_in(r->acc, L2L_POOL_HOST);
-    float *gd = check_data(g);
-    for (int64_t k = 0; k < numel(g); k++) gd[k] = (float)(scale * acc[k]);
-    double wd = (o->decay_all || l2l_param_decays(r->param) == 1) ? o->weight_decay : 0.0;
+    float *acc = check_data(r->acc), *w = check_data(l2l_param_value(r->param));
+    float *m = check_data(r->m), *v = check_data(r->v);
+    int64_t n = numel(r->acc);
+    bool decays = o->decay_all || l2l_param_decays(r->param) == 1;
+    struct l2l_optim_hyper h = {.kind = o->kind, .lr = (float)p->lr,
+                                .weight_decay = decays ? o->weight_decay : 0.0f,
+                                .momentum = o->momentum, .nesterov = o->nesterov,
+                                .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .t = r->t,
+                                .grad_scale = scale};
     if (o->kind == L2L_OPTIMIZER_ADAMW) {
-      l2l_adamw_config c = {(float)p->lr, o->beta1, o->beta2, o->eps, (float)wd};
-      CHECK_OK(l2l_adamw_update(l2l_param_value(r->param), r->m, r->v, g, &c, r->t));
+      l2l_optim_adamw(w, m, v, acc, n, &h);
     } else if (o->kind == L2L_OPTIMIZER_SGD) {
-      sgd_update(r, gd, p->lr, wd, o);
+      l2l_optim_sgd(w, o->momentum > 0 ? m : NULL, acc, n, &h);
     } else {
-      lamb_update(r, gd, p->lr, wd, o);
+      double norms[2] = {0, 0};
+      l2l_optim_lamb_moments(m, v, w, acc, n, &h, norms);
+      l2l_optim_lamb_apply(w, m, v, n, &h, l2l_optim_lamb_trust(norms));
     }
-    l2l_tensor_free(g);
     memset(acc, 0, tensor_bytes(r->acc));
     r->touched = 0;
   }
