@@ -6,7 +6,7 @@
 -- Usage: l2l spec/dist/train.lua OUT SEED [key=value ...]
 --   dist=none|mpi, steps=5, B=7 (global samples), mb=2 (micro-batch), accumulate=1,
 --   clip=0 (global norm), loss_scale=0, grad_precision=f32|f16, dropout=0,
---   optimizer=adamw|lamb|sgd,
+--   optimizer=adamw|lamb|sgd, eps=1e-3 (AdamW's and LAMB's: dist_spec.lua says why),
 --   grow=0 (1: after the second step, insert a new block at 2 and clone block 4; after
 --   the third, freeze block 3 and remove block 5; the fourth skips block 2),
 --   save=PATH and save_at=STEP (a checkpoint after that step), load=PATH (start from it),
@@ -24,7 +24,7 @@ ffi.cdef [[ int getpid(void); int kill(int pid, int sig); ]]
 
 local out_path, seed = arg[1], tonumber(arg[2])
 local o = { dist = "none", steps = 5, B = 7, mb = 2, accumulate = 1, clip = 0, loss_scale = 0, grad_precision = "f32",
-            dropout = 0, grow = 0, optimizer = "adamw", save_at = 2, extra_layer_rank = -1,
+            dropout = 0, grow = 0, optimizer = "adamw", eps = 1e-3, save_at = 2, extra_layer_rank = -1,
             hang_rank = -1, hang_step = 2, die_rank = -1, die_step = 3, bad_rank = -1, bad_step = 2 }
 for i = 3, #arg do
   local k, v = arg[i]:match("^([%w_]+)=(.*)$")
@@ -53,8 +53,8 @@ local function fresh_model()
   return m
 end
 
-local optimizer = ({ adamw = l2l.AdamW { lr = 3e-3, weight_decay = 0.1 },
-                     lamb = l2l.LAMB { lr = 3e-3 },
+local optimizer = ({ adamw = l2l.AdamW { lr = 3e-3, weight_decay = 0.1, eps = o.eps },
+                     lamb = l2l.LAMB { lr = 3e-3, eps = o.eps },
                      sgd = l2l.SGD { lr = 0.05, momentum = 0.9 } })[o.optimizer]
 local run
 if o.load then
