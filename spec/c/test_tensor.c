@@ -259,7 +259,8 @@ TEST(copy_and_fill) {
   CHECK(((uint16_t *)l2l_tensor_data(h))[8] == l2l_f32_to_bf16(1.0f / 3.0f), "bf16 fill");
   l2l_tensor *v = NULL;
   CHECK_OK(l2l_tensor_view_rows(&v, a, 0, n > 1 ? n - 1 : 1));
-  if (n > 1) {
+  if (n > 2) {   /* rows [0, n - 1) and [1, n) share rows 1 .. n - 2 (none when n = 2:
+                    seed 1160 drew it, and the copy rightly went through) */
     l2l_tensor *w = NULL;
     CHECK_OK(l2l_tensor_view_rows(&w, a, 1, n - 1));
     CHECK_FAILS(l2l_tensor_copy(w, v), L2L_ERR_INVALID, "overlap");
@@ -353,12 +354,15 @@ TEST(random_fills_have_the_right_moments_and_differ_by_key) {
     lo = fmin(lo, a), hi = fmax(hi, a);
     same += check_data(z)[i] == check_data(z2)[i];
   }
-  /* 1M samples: standard errors are 0.0011 (uniform mean), 0.003 (normal mean), 0.009
-     (normal variance); bounds are ~5 standard errors. */
+  /* 2^20 samples: standard errors are (4 / sqrt 12) / 1024 = 0.0011 (uniform mean),
+     3 / 1024 = 0.0029 (normal mean) and 9 sqrt(2) / 1024 = 0.0124 (normal variance: a
+     square of N(0, 9) has variance 2 x 81); bounds are over 5 standard errors, which the
+     three miss by chance once in 1.7 million runs together. (The variance's bound was
+     0.05, 4 standard errors: one run in 17,000.) */
   CHECK(fabs(su / n - 4.0) < 0.006, "uniform mean %g", su / n);
   CHECK(lo >= 2.0 && hi < 6.0 && hi > 5.99 && lo < 2.01, "uniform range [%g, %g]", lo, hi);
   CHECK(fabs(sz / n + 1.0) < 0.015, "normal mean %g", sz / n);
-  CHECK(fabs(szz / n - 9.0) < 0.05, "normal variance %g", szz / n);
+  CHECK(fabs(szz / n - 9.0) < 0.065, "normal variance %g", szz / n);
   CHECK(same < 10, "another stream gives other numbers (%g equal)", same);
   CHECK_FAILS(l2l_tensor_uniform(u, 1, 1, 0, 3.0, 2.0), L2L_ERR_INVALID, "lo <= hi");
   CHECK_FAILS(l2l_tensor_normal(u, 1, 1, -1, 0.0, 1.0), L2L_ERR_INVALID, "first");

@@ -21,7 +21,7 @@
  * are polished: single-layer changes that pay by the layer's own measure, and changes of
  * two unlike neighbours at once, taken while they make the step faster and still fit.
  * On small chains it comes within 0.5 % of what a brute force over every policy finds
- * (test_plan).
+ * in all but 1 chain in 11,000, and within 1.2 % in every one of 80,000 (test_plan).
  * Must never: return a plan whose replayed peak exceeds the budget.
  */
 #include <math.h>
