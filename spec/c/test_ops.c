@@ -629,6 +629,26 @@ static void ref_layernorm_backward(double *dx, double *dw, double *db, const flo
   free(xh);
 }
 
+/* dx against the reference row by row, each divided by its row's rstd: dx's terms are
+   dy w rstd, and rstd is up to 10 for a row of spread 0.1 and 1/sqrt(eps) = 316 for a row
+   of one element (variance 0), so divided by it they are O(1) terms and the floor is 1
+   (seed 3245: a row of one element, whose dx is exactly 0, came out -1.2e-4: 4e-7 of its
+   rstd). */
+static void check_dx_by_rstd(const char *what, const l2l_tensor *dx, const double *want_dx,
+                             const l2l_tensor *rstd, int64_t rows, int64_t cols) {
+  int64_t n = rows * cols;
+  float *got = xmalloc((size_t)n * sizeof *got);
+  double *want = doubles(n);
+  for (int64_t i = 0; i < n; i++) {
+    double rs = check_data(rstd)[i / cols];
+    got[i] = (float)(check_data(dx)[i] / rs);
+    want[i] = want_dx[i] / rs;
+  }
+  CHECK_CLOSE(what, got, want, n, 1.0, TOL_REDUCTION);
+  free(got);
+  free(want);
+}
+
 TEST(op_layernorm_backward) {
   static const int64_t shapes[][4] = {{1, 1}, {3, 7}, {2, 3, 13}, {31, 257}, {5, 1031}, {4099, 3}};
   static const int nds[] = {2, 2, 3, 2, 2, 2};
@@ -660,10 +680,11 @@ TEST(op_layernorm_backward) {
     snprintf(what, sizeof what, "layernorm_backward dx rows=%lld cols=%lld", (long long)rows,
              (long long)cols);
     CHECK_OK(l2l_layernorm_backward(dx, dw, db, dy, x, w, mean, rstd));
-    /* dx subtracts row means of dy w and dy w xh (rows up to 1031 long) from O(1) terms:
-       an absolute error of a few ulp of 1 per element, hence floor 1 and TOL_REDUCTION.
-       dweight and dbias sum up to 4099 rows: size sqrt(rows). */
-    CHECK_CLOSE(what, check_data(dx), want_dx, n, 1.0, TOL_REDUCTION);
+    /* dx subtracts row means of dy w and dy w xh (rows up to 1031 long) from O(1) terms
+       times rstd: an absolute error of a few ulp of rstd per element, hence
+       check_dx_by_rstd and TOL_REDUCTION. dweight and dbias sum up to 4099 rows: size
+       sqrt(rows). */
+    check_dx_by_rstd(what, dx, want_dx, rstd, rows, cols);
     CHECK_CLOSE("layernorm_backward dweight", check_data(dw), want_dw, cols,
                 sqrt((double)rows) + 1.0, TOL_REDUCTION);
     CHECK_CLOSE("layernorm_backward dbias", check_data(db), want_db, cols,
@@ -672,7 +693,7 @@ TEST(op_layernorm_backward) {
     float *dw1 = snapshot(dw);
     check_poison(dx);
     CHECK_OK(l2l_layernorm_backward(dx, NULL, NULL, dy, x, w, mean, rstd));
-    CHECK_CLOSE("layernorm_backward dx alone", check_data(dx), want_dx, n, 1.0, TOL_REDUCTION);
+    check_dx_by_rstd("layernorm_backward dx alone", dx, want_dx, rstd, rows, cols);
     /* Only dbias: it accumulates once more, dweight is not passed. */
     for (int64_t j = 0; j < cols; j++) {
       double col = 0.0;
