@@ -18,6 +18,14 @@
  *    treats a tensor as a matrix, its columns are the last dim and its rows are the product
  *    of the others ("rows" below).
  *  - Parameter gradients accumulate (+=); activation gradients are written (=).
+ *  - Threads. What is process-wide (the pools, the compute threads, the device, MPI) may
+ *    be used from any thread. A tensor, layer, parameter or plan is used by one thread at
+ *    a time while it changes: threads may read one object together, but one that changes
+ *    it must be alone (l2l does not check this). A relay checks: it takes one call at a
+ *    time from any thread, and a call that overlaps another on the same relay (from
+ *    another thread, or from a callback of its own layers inside its step) is refused
+ *    with L2L_ERR_STATE and changes nothing; its queries then answer -1 or NULL, and
+ *    l2l_relay_free leaves it whole. Relays that share no layer run on threads at once.
  *  - All tensors of one op live in one backend: the host and pinned pools belong to the
  *    CPU; the device pool belongs to the accelerator (on a CPU-only build, to the CPU too,
  *    but mixing it with host tensors is still refused, so that what runs on a CPU-only
@@ -754,10 +762,11 @@ typedef struct l2l_relay_stats {
    dim matches the next one's input) and makes the EPS records. */
 l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
                          const l2l_relay_config *config);
-/* Waits for pending work, then frees the EPS's state (not the layers). NULL is fine. */
+/* Waits for pending work, then frees the EPS's state (not the layers). NULL is fine. A
+   relay in another call (see "Threads" above) is not freed: l2l_last_error says so. */
 void l2l_relay_free(l2l_relay *run);
 
-int l2l_relay_layer_count(const l2l_relay *run);                /* -1 if not a relay */
+int l2l_relay_layer_count(const l2l_relay *run);  /* -1 if not a relay or in another call */
 l2l_layer *l2l_relay_layer(const l2l_relay *run, int index);    /* NULL if out of range */
 /* Dynamic architecture, between steps. insert: the layer goes to position index (0..n),
    its new records start with fresh optimizer state. remove: the layer leaves the relay

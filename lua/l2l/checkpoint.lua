@@ -116,6 +116,7 @@ local function c_relay(run, fname)
   if not relay.is_relay(run) then error(fname .. ": self must be a relay (use run:save)", 3) end
   local r = run.box[0]
   if r == nil then error(fname .. ": the relay was freed", 3) end
+  relay.check_idle(run, fname, 3)
   local ok, err = pcall(run.sync_layers, run, fname)
   if not ok then error(err, 3) end
   return r

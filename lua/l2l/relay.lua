@@ -248,12 +248,24 @@ end
 
 ----------------------------------------------------------------- making one
 
+-- A step or evaluation in progress refuses every other call on its relay: a layer's
+-- callback inside it must not free, step, save, read or change the relay running it (the C
+-- relay refuses too; this names the Lua call).
+local function idle(self, fname, level)
+  if self.running then
+    error(("%s: %s is running on this relay: call this after it returns, not from a layer "
+           .. "inside it"):format(fname, self.running), level + 1)
+  end
+end
+M.check_idle = idle
+
 -- The C relay; errors at `level` (default 2: the caller of the method calling live).
 local function live(self, fname, level)
   level = (level or 2) + 1
   if getmetatable(self) ~= Relay then error(fname .. ": self must be a relay (use run:method)", level) end
   local r = self.box[0]
   if r == nil then error(fname .. ": the relay was freed", level) end
+  idle(self, fname, level)
   return r
 end
 
@@ -366,6 +378,7 @@ end
 function Relay:free(...)
   if select("#", ...) ~= 0 then too_many("run:free", "", 2, ...) end
   if getmetatable(self) ~= Relay then error("run:free: self must be a relay", 2) end
+  idle(self, "run:free", 2)
   local box = self.box
   if box[0] ~= nil then
     ffi.gc(box, nil)
@@ -382,6 +395,7 @@ end
 -- the Lua layer index. (For the front end's modules: checkpoint.lua calls it too.)
 function Relay:sync_layers(fname, ...)
   if select("#", ...) ~= 0 then too_many("run:sync_layers", "fname", 2, ...) end
+  idle(self, fname, 2)
   local r = self.box[0]
   local model, mirror, addrs = self.model, self.mirror, self.addrs
   local in_model = {}
@@ -515,9 +529,12 @@ local loss_out = ffi.new("double[1]")
 -- is always made from the interpreter. Its cost is the step, not the Lua around it.
 -- (skip: the array b.skip points to, passed along so that it stays alive for the call;
 -- the tensors stay alive as the caller's arguments.)
-local function run_layers(cfunc, r, b, skip)
+local function run_layers(self, fname, cfunc, r, b, skip)
   layers.clear_callback_error()
-  local status = cfunc(loss_out, r, b)
+  self.running = fname
+  local ok, status = pcall(cfunc, loss_out, r, b)
+  self.running = nil
+  if not ok then error(status, 0) end
   return status, skip
 end
 jit.off(run_layers)
@@ -534,7 +551,7 @@ local function step_or_evaluate(self, fname, cfunc, tokens, targets, opts)
   local pool = ffi.new("l2l_pool_stats")
   C.l2l_pool_get_stats(pool, C.L2L_POOL_DEVICE)
   self.device_before = tonumber(pool.current)
-  local status = run_layers(cfunc, r, b, skip)
+  local status = run_layers(self, fname, cfunc, r, b, skip)
   check_call(status, fname, 3, locator(self), lua_message)
   if self.plan and cfunc == C.l2l_relay_step then plan_mod.check_prediction(self) end
   return tonumber(loss_out[0])

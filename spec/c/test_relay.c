@@ -32,6 +32,9 @@
  * budget set when a test ends.
  */
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -1424,6 +1427,155 @@ TEST(relay_updates_are_eager) {
   data_free(&d);
 done:
   for (int i = 0; i < w.nwatch; i++) free(w.before[i]);
+  model_free(&m);
+}
+
+/* ---------------------------------------------------------------- one call at a time */
+
+/* A layer whose forward, once armed, holds the step until another thread has made its
+   calls: an identity that says it is inside and waits (up to WATCH_LIMIT seconds) to be
+   released. No timing decides anything: the other thread calls while the step is held. */
+struct gate {
+  atomic_int armed, inside, released;
+};
+
+static int gate_forward(void *user, l2l_layer *layer, l2l_tensor *y, const l2l_tensor *x,
+                        const l2l_layer_batch *batch) {
+  (void)layer, (void)batch;
+  struct gate *g = user;
+  if (atomic_exchange(&g->armed, 0)) {
+    atomic_store(&g->inside, 1);
+    struct timespec pause = {0, 1000000};
+    for (long i = 0; i < WATCH_LIMIT * 1000L && !atomic_load(&g->released); i++)
+      nanosleep(&pause, NULL);
+  }
+  return l2l_tensor_copy(y, x) != L2L_OK;
+}
+
+static int gate_backward(void *user, l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
+                         const l2l_tensor *x, const l2l_layer_batch *batch) {
+  (void)user, (void)layer, (void)x, (void)batch;
+  return l2l_tensor_copy(dx, dy) != L2L_OK;
+}
+
+enum { OTHER_CALLS = 8 };
+struct other_thread {
+  l2l_relay *r;
+  struct gate *gate;
+  const struct data *d;
+  l2l_layer *spare;                    /* a layer to insert */
+  l2l_status status[OTHER_CALLS];
+  char message[OTHER_CALLS][160];
+  int count;                           /* l2l_relay_layer_count's answer */
+};
+
+static void *other_calls(void *arg) {
+  struct other_thread *o = arg;
+  struct timespec pause = {0, 1000000};
+  for (long i = 0; i < WATCH_LIMIT * 1000L && !atomic_load(&o->gate->inside); i++)
+    nanosleep(&pause, NULL);
+  l2l_relay_batch b = relay_batch(o->d, NULL);
+  double loss;
+  l2l_relay_stats st;
+  int n = 0;
+#define OTHER(call)                                                          \
+  do {                                                                       \
+    o->status[n] = (call);                                                   \
+    snprintf(o->message[n], sizeof o->message[n], "%s", l2l_last_error());  \
+    n++;                                                                     \
+  } while (0)
+  OTHER(l2l_relay_step(&loss, o->r, &b));
+  OTHER(l2l_relay_evaluate(&loss, o->r, &b));
+  OTHER(l2l_relay_insert(o->r, 1, o->spare));
+  OTHER(l2l_relay_remove(o->r, 1));
+  OTHER(l2l_relay_set_micro_batch(o->r, 1));
+  OTHER(l2l_relay_sync(o->r));
+  OTHER(l2l_relay_get_stats(&st, o->r));
+  l2l_relay_free(o->r);   /* refused: the relay stays whole */
+  OTHER(strstr(l2l_last_error(), "is running") ? L2L_ERR_STATE : L2L_OK);
+#undef OTHER
+  o->count = l2l_relay_layer_count(o->r);
+  atomic_store(&o->gate->released, 1);
+  return NULL;
+}
+
+static void *step_twice(void *arg) {
+  struct other_thread *o = arg;
+  l2l_relay_batch b = relay_batch(o->d, NULL);
+  double loss;
+  int ok = 0, refused = 0;
+  for (int i = 0; i < 2; i++) {
+    l2l_status st = l2l_relay_step(&loss, o->r, &b);
+    ok += st == L2L_OK;
+    refused += st == L2L_ERR_STATE;
+  }
+  o->status[0] = ok;
+  o->status[1] = refused;
+  return NULL;
+}
+
+TEST(relay_takes_one_call_at_a_time) {
+  /* Hardening 2, item 2: two threads stepping one relay crashed it. While one thread's
+     step is held inside a layer's forward, another thread's step, evaluation, changes,
+     sync, stats and free are each refused (L2L_ERR_STATE, naming the running call) and
+     change nothing; the held step then completes, and the relay serves the other thread
+     afterwards. Then two threads step it freely at once: every step either runs whole
+     or is refused, and nothing crashes (ASan and TSan watch this one). */
+  struct shape g = stack_shape(2);
+  struct model m;
+  model_new(&m, &g);
+  static struct gate gate;
+  l2l_layer *gate_layer = NULL, *spare = NULL;
+  CHECK_OK(l2l_layer_new_custom(&gate_layer, "gate", g.D, NULL, 0, gate_forward, gate_backward,
+                                &gate, 1, L2L_POOL_HOST));
+  CHECK_OK(l2l_layer_new_custom(&spare, "spare", g.D, NULL, 0, gate_forward, gate_backward,
+                                &gate, 1, L2L_POOL_HOST));
+  if (gate_layer == NULL || spare == NULL) goto done;
+  model_insert(&m, 1, gate_layer);
+  struct data d;
+  data_new(&d, &g, 4, g.S, 0, 1.0);
+  l2l_relay_config cfg = adamw_config();
+  cfg.micro_batch = 2;
+  l2l_relay *r = relay_new(&m, &cfg);
+  if (r != NULL) {
+    struct other_thread o = {.r = r, .gate = &gate, .d = &d, .spare = spare};
+    atomic_store(&gate.armed, 1);
+    atomic_store(&gate.inside, 0);
+    atomic_store(&gate.released, 0);
+    pthread_t other;
+    CHECK(pthread_create(&other, NULL, other_calls, &o) == 0, "pthread_create");
+    double loss;
+    CHECK(relay_step(&loss, r, &d, NULL), "the held step failed");
+    pthread_join(other, NULL);
+    static const char *const names[OTHER_CALLS] = {"step", "evaluate", "insert", "remove",
+                                                   "set_micro_batch", "sync", "get_stats", "free"};
+    for (int i = 0; i < OTHER_CALLS; i++) {
+      CHECK(o.status[i] == L2L_ERR_STATE, "another thread's %s during a step: status %d (%s)",
+            names[i], o.status[i], o.message[i]);
+      CHECK(i == OTHER_CALLS - 1 || strstr(o.message[i], "l2l_relay_step is running on this relay"),
+            "another thread's %s: message '%s'", names[i], o.message[i]);
+    }
+    CHECK(o.count == -1, "l2l_relay_layer_count during another thread's step: %d", o.count);
+    CHECK(l2l_relay_layer_count(r) == m.n, "the relay has %d layers, not %d",
+          l2l_relay_layer_count(r), m.n);
+    CHECK(relay_stats(r).steps == 1, "%lld steps counted, 1 ran", (long long)relay_stats(r).steps);
+    /* free-running: two threads, two steps each */
+    struct other_thread a = {.r = r, .d = &d}, b = {.r = r, .d = &d};
+    pthread_t ta, tb;
+    CHECK(pthread_create(&ta, NULL, step_twice, &a) == 0, "pthread_create");
+    CHECK(pthread_create(&tb, NULL, step_twice, &b) == 0, "pthread_create");
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    int ran = a.status[0] + b.status[0], refused = a.status[1] + b.status[1];
+    CHECK(ran + refused == 4 && ran >= 2, "two threads' 4 steps: %d ran, %d refused", ran, refused);
+    CHECK(relay_stats(r).steps == 1 + ran, "%lld steps counted, %d ran",
+          (long long)relay_stats(r).steps, 1 + ran);
+    CHECK(relay_step(&loss, r, &d, NULL) && isfinite(loss), "a step after the threads: %g", loss);
+    l2l_relay_free(r);
+  }
+  data_free(&d);
+done:
+  l2l_layer_free(spare);
   model_free(&m);
 }
 

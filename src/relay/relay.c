@@ -214,8 +214,24 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
   return L2L_OK;
 }
 
+l2l_status relay_enter(const l2l_relay *run, const char *func) {
+  if (!relay_ok(run)) return l2l_fail_in(func, L2L_ERR_INVALID, "run is not a live relay");
+  l2l_relay *r = (l2l_relay *)run;
+  const char *running = NULL;
+  if (!atomic_compare_exchange_strong(&r->in_call, &running, func))
+    return l2l_fail_in(func, L2L_ERR_STATE,
+                       "%s is running on this relay: a relay takes one call at a time (a "
+                       "callback of its own layers, or another thread, must wait until it "
+                       "returns)", running);
+  return L2L_OK;
+}
+
+void relay_leave(const l2l_relay *run) { atomic_store(&((l2l_relay *)run)->in_call, NULL); }
+
+/* A relay in a call is not freed: the call would go on in freed memory. The refusal is
+   in l2l_last_error (this function returns nothing, like every free of the API). */
 void l2l_relay_free(l2l_relay *run) {
-  if (!relay_ok(run)) return;
+  if (relay_enter(run, __func__) != L2L_OK) return;
   l2l_queue_stop(&run->h2d);
   l2l_queue_stop(&run->d2h);
   l2l_eps_free(&run->eps);
@@ -227,17 +243,22 @@ void l2l_relay_free(l2l_relay *run) {
   free(run);
 }
 
-int l2l_relay_layer_count(const l2l_relay *run) { return relay_ok(run) ? run->count : -1; }
-
-l2l_layer *l2l_relay_layer(const l2l_relay *run, int index) {
-  if (!relay_ok(run) || index < 0 || index >= run->count) return NULL;
-  return run->layers[index].layer;
+/* The queries answer -1 (NULL) for a relay in another call, as for one that is not a
+   relay: l2l_last_error says which. */
+int l2l_relay_layer_count(const l2l_relay *run) {
+  if (relay_enter(run, __func__) != L2L_OK) return -1;
+  int count = run->count;
+  relay_leave(run);
+  return count;
 }
 
-#define CHECK_RUN(run)                                                             \
-  do {                                                                             \
-    if (!relay_ok(run)) return FAIL(L2L_ERR_INVALID, "run is not a live relay");   \
-  } while (0)
+l2l_layer *l2l_relay_layer(const l2l_relay *run, int index) {
+  if (relay_enter(run, __func__) != L2L_OK) return NULL;
+  l2l_layer *layer = index >= 0 && index < run->count ? run->layers[index].layer : NULL;
+  relay_leave(run);
+  return layer;
+}
+
 #define CHECK_INDEX(index, lo, hi, what)                                                   \
   do {                                                                                     \
     if ((index) < (lo) || (index) > (hi))                                                  \
@@ -245,7 +266,7 @@ l2l_layer *l2l_relay_layer(const l2l_relay *run, int index) {
   } while (0)
 
 l2l_status l2l_relay_insert(l2l_relay *run, int index, l2l_layer *layer) {
-  CHECK_RUN(run);
+  RELAY_ENTER(run);
   CHECK_INDEX(index, 0, run->count, "index");
   TRY(check_layer(run, layer, -1));
   l2l_eps_sync(&run->eps);
@@ -253,7 +274,7 @@ l2l_status l2l_relay_insert(l2l_relay *run, int index, l2l_layer *layer) {
 }
 
 l2l_status l2l_relay_remove(l2l_relay *run, int index) {
-  CHECK_RUN(run);
+  RELAY_ENTER(run);
   CHECK_INDEX(index, 0, run->count - 1, "index");
   l2l_eps_sync(&run->eps);
   eps_leave(run, run->layers[index].layer);
@@ -265,7 +286,7 @@ l2l_status l2l_relay_remove(l2l_relay *run, int index) {
 }
 
 l2l_status l2l_relay_replace(l2l_relay *run, int index, l2l_layer *layer) {
-  CHECK_RUN(run);
+  RELAY_ENTER(run);
   CHECK_INDEX(index, 0, run->count - 1, "index");
   TRY(check_layer(run, layer, index));
   l2l_eps_sync(&run->eps);
@@ -282,7 +303,7 @@ l2l_status l2l_relay_replace(l2l_relay *run, int index, l2l_layer *layer) {
 }
 
 l2l_status l2l_relay_set_frozen(l2l_relay *run, int index, int frozen) {
-  CHECK_RUN(run);
+  RELAY_ENTER(run);
   CHECK_INDEX(index, 0, run->count - 1, "index");
   if (frozen != 0 && frozen != 1) return FAIL(L2L_ERR_INVALID, "frozen must be 0 or 1, got %d", frozen);
   run->layers[index].frozen = frozen;
@@ -290,12 +311,14 @@ l2l_status l2l_relay_set_frozen(l2l_relay *run, int index, int frozen) {
 }
 
 int l2l_relay_frozen(const l2l_relay *run, int index) {
-  if (!relay_ok(run) || index < 0 || index >= run->count) return -1;
-  return run->layers[index].frozen;
+  if (relay_enter(run, __func__) != L2L_OK) return -1;
+  int frozen = index >= 0 && index < run->count ? run->layers[index].frozen : -1;
+  relay_leave(run);
+  return frozen;
 }
 
 l2l_status l2l_relay_set_stash(l2l_relay *run, int boundary, l2l_stash_policy policy) {
-  CHECK_RUN(run);
+  RELAY_ENTER(run);
   if (run->count < 2) return FAIL(L2L_ERR_INVALID, "the relay has no boundary (fewer than 2 layers)");
   CHECK_INDEX(boundary, 1, run->count - 1, "boundary");
   if (policy < L2L_STASH_DEVICE || policy > L2L_STASH_RECOMPUTE)
@@ -305,7 +328,7 @@ l2l_status l2l_relay_set_stash(l2l_relay *run, int boundary, l2l_stash_policy po
 }
 
 l2l_status l2l_relay_set_inner(l2l_relay *run, int index, l2l_inner_policy policy) {
-  CHECK_RUN(run);
+  RELAY_ENTER(run);
   CHECK_INDEX(index, 0, run->count - 1, "index");
   if (policy < L2L_INNER_RECOMPUTE || policy > L2L_INNER_SWAP)
     return FAIL(L2L_ERR_INVALID, "policy must be recompute (0), keep (1) or swap (2), got %d", policy);
@@ -314,17 +337,21 @@ l2l_status l2l_relay_set_inner(l2l_relay *run, int index, l2l_inner_policy polic
 }
 
 int l2l_relay_stash(const l2l_relay *run, int boundary) {
-  if (!relay_ok(run) || boundary < 1 || boundary >= run->count) return -1;
-  return (int)run->layers[boundary].stash;
+  if (relay_enter(run, __func__) != L2L_OK) return -1;
+  int policy = boundary >= 1 && boundary < run->count ? (int)run->layers[boundary].stash : -1;
+  relay_leave(run);
+  return policy;
 }
 
 int l2l_relay_inner(const l2l_relay *run, int index) {
-  if (!relay_ok(run) || index < 0 || index >= run->count) return -1;
-  return (int)run->layers[index].inner;
+  if (relay_enter(run, __func__) != L2L_OK) return -1;
+  int policy = index >= 0 && index < run->count ? (int)run->layers[index].inner : -1;
+  relay_leave(run);
+  return policy;
 }
 
 l2l_status l2l_relay_set_micro_batch(l2l_relay *run, int64_t micro_batch) {
-  CHECK_RUN(run);
+  RELAY_ENTER(run);
   if (micro_batch < 1)
     return FAIL(L2L_ERR_INVALID, "micro_batch must be >= 1, got %lld", (long long)micro_batch);
   run->config.micro_batch = micro_batch;
@@ -332,10 +359,10 @@ l2l_status l2l_relay_set_micro_batch(l2l_relay *run, int64_t micro_batch) {
 }
 
 l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan) {
-  CHECK_RUN(run);
+  RELAY_ENTER(run);
   l2l_plan_summary summary;
   TRY(l2l_plan_get(&summary, plan));
-  int n = l2l_relay_layer_count(run);
+  int n = run->count;
   if (summary.nlayers != n)
     return FAIL(L2L_ERR_INVALID, "the plan is for %d layers, the relay has %d", summary.nlayers, n);
   /* read it all before changing anything */
@@ -343,24 +370,28 @@ l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan) {
   if (layers == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a plan of %d layers", n);
   for (int k = 0; k < n; k++) l2l_plan_get_layer(&layers[k], plan, k);
   run->config.micro_batch = summary.micro_batch;
-  for (int k = 0; k < n; k++) {
-    l2l_relay_set_inner(run, k, layers[k].inner);
-    if (k >= 1) l2l_relay_set_stash(run, k, layers[k].stash);
+  for (int k = 0; k < n; k++) {   /* a plan's policies are valid ones (l2l_plan_new) */
+    run->layers[k].inner = layers[k].inner;
+    if (k >= 1) run->layers[k].stash = layers[k].stash;
   }
   free(layers);
   return L2L_OK;
 }
 
-l2l_status l2l_relay_sync(l2l_relay *run) {
-  CHECK_RUN(run);
+static l2l_status sync_now(l2l_relay *run) {
   l2l_queue_drain(&run->d2h);
   l2l_eps_sync(&run->eps);
   return relay_check_async(run);
 }
 
+l2l_status l2l_relay_sync(l2l_relay *run) {
+  RELAY_ENTER(run);
+  return sync_now(run);
+}
+
 l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  CHECK_RUN(run);
+  RELAY_ENTER(run);
   l2l_relay *r = (l2l_relay *)run;
   l2l_eps_sync(&r->eps);   /* optimizer time is complete only when the updates are */
   *out = run->stats;
@@ -377,7 +408,7 @@ l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run) {
 
 l2l_status l2l_relay_events(l2l_relay_event *out, const l2l_relay *run, int64_t first,
                             int64_t count) {
-  CHECK_RUN(run);
+  RELAY_ENTER(run);
   if (out == NULL && count != 0) return FAIL(L2L_ERR_INVALID, "out is NULL");
   l2l_relay *r = (l2l_relay *)run;
   pthread_mutex_lock(&r->timeline.lock);
@@ -395,9 +426,9 @@ l2l_status l2l_relay_events(l2l_relay_event *out, const l2l_relay *run, int64_t 
 l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_param *param,
                                  int which) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  CHECK_RUN(run);
+  RELAY_ENTER(run);
   if (which != 0 && which != 1) return FAIL(L2L_ERR_INVALID, "which must be 0 or 1, got %d", which);
-  TRY(l2l_relay_sync(run));
+  TRY(sync_now(run));
   struct eps_record *rec = l2l_eps_find(&run->eps, param);
   if (rec == NULL) return FAIL(L2L_ERR_INVALID, "param is not a record of this relay's layers");
   return l2l_eps_state_whole(out, &run->eps, rec, which);
@@ -407,8 +438,8 @@ l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_par
 
 l2l_status l2l_relay_param_updates(int64_t *out, l2l_relay *run, const l2l_param *param) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  CHECK_RUN(run);
-  TRY(l2l_relay_sync(run));
+  RELAY_ENTER(run);
+  TRY(sync_now(run));
   struct eps_record *rec = l2l_eps_find(&run->eps, param);
   if (rec == NULL) return FAIL(L2L_ERR_INVALID, "param is not a record of this relay's layers");
   *out = l2l_eps_updates(rec);
@@ -419,9 +450,9 @@ l2l_status l2l_relay_param_updates(int64_t *out, l2l_relay *run, const l2l_param
    it was; the new state is allocated whole before the old one is freed. */
 l2l_status l2l_relay_restore_param(l2l_relay *run, const l2l_param *param, int64_t updates,
                                    const l2l_tensor *first, const l2l_tensor *second) {
-  CHECK_RUN(run);
+  RELAY_ENTER(run);
   if (updates < 0) return FAIL(L2L_ERR_INVALID, "updates must be >= 0, got %lld", (long long)updates);
-  TRY(l2l_relay_sync(run));
+  TRY(sync_now(run));
   struct eps_record *rec = l2l_eps_find(&run->eps, param);
   if (rec == NULL) return FAIL(L2L_ERR_INVALID, "param is not a record of this relay's layers");
   return l2l_eps_restore(__func__, &run->eps, rec, updates, first, second);
@@ -429,7 +460,7 @@ l2l_status l2l_relay_restore_param(l2l_relay *run, const l2l_param *param, int64
 
 l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t good,
                                         int64_t skipped) {
-  CHECK_RUN(run);
+  RELAY_ENTER(run);
   if (run->config.loss_scale == 0)
     return FAIL(L2L_ERR_STATE, "the relay does not scale its loss (config->loss_scale is 0)");
   if (!(scale >= MIN_LOSS_SCALE && scale <= MAX_LOSS_SCALE))
@@ -438,7 +469,7 @@ l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t go
     return FAIL(L2L_ERR_INVALID, "need 0 <= good < loss_scale_window (%d) and skipped >= 0, "
                 "got good %lld, skipped %lld", run->config.loss_scale_window, (long long)good,
                 (long long)skipped);
-  TRY(l2l_relay_sync(run));
+  TRY(sync_now(run));
   run->scale = scale;
   run->scale_good = good;
   run->skipped = skipped;
@@ -449,13 +480,13 @@ l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t go
 }
 
 l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int64_t updates) {
-  CHECK_RUN(run);
+  RELAY_ENTER(run);
   /* steps below INT64_MAX: the next step counts steps + 1 */
   if (steps < 0 || steps == INT64_MAX || updates < 0 || updates > steps)
     return FAIL(L2L_ERR_INVALID,
                 "need 0 <= updates <= steps < 2^63 - 1, got steps %lld, updates %lld",
                 (long long)steps, (long long)updates);
-  TRY(l2l_relay_sync(run));
+  TRY(sync_now(run));
   run->steps = steps;
   run->updates = updates;
   run->stats.steps = steps;

@@ -30,6 +30,8 @@
 #include "eps/eps.h"
 #include "layers/layers.h"
 
+#include <stdatomic.h>
+
 #define RELAY_MAGIC 0x6c326c72u  /* "l2lr" */
 enum { MAX_RECORDS = 16, MAX_PARAM_SLOTS = 4096, THREAD_COMPUTE = 0, THREAD_H2D = 1,
        THREAD_D2H = 2 };
@@ -51,6 +53,9 @@ struct relay_layer {
 
 struct l2l_relay {
   uint32_t magic;
+  /* The public call running on the relay (its function name), NULL when none: a relay
+     takes one call at a time (relay_enter). */
+  _Atomic(const char *) in_call;
   l2l_relay_config config;
   struct relay_layer *layers;
   int count, cap;
@@ -74,6 +79,23 @@ struct l2l_relay {
 static inline bool relay_ok(const l2l_relay *run) {
   return run != NULL && run->magic == RELAY_MAGIC;
 }
+
+/* One call at a time. Every public function of the relay enters before it reads or
+   changes anything and leaves when it returns; a call that finds another running (from
+   a layer's callback inside a step, or from another thread) is refused with
+   L2L_ERR_STATE and changes nothing. It never waits: a callback waiting for its own
+   step would wait forever. `func` names the caller in messages. */
+l2l_status relay_enter(const l2l_relay *run, const char *func);
+void relay_leave(const l2l_relay *run);
+static inline void relay_leave_at(l2l_relay *const *run) {
+  if (*run != NULL) relay_leave(*run);
+}
+/* Enters for the rest of the calling function: relay_leave runs on every return (the
+   cleanup attribute of GCC and Clang), so the many early returns of a check stay simple. */
+#define RELAY_ENTER_AS(run, func)           \
+  TRY(relay_enter((run), (func)));          \
+  l2l_relay *const relay_entered_ __attribute__((cleanup(relay_leave_at))) = (l2l_relay *)(run)
+#define RELAY_ENTER(run) RELAY_ENTER_AS(run, __func__)
 
 /* ---------------------------------------------------------------- jobs of the copy threads */
 

@@ -228,7 +228,7 @@ static l2l_status step_begin(struct step *s, struct step_plan *p) {
 static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch *batch,
                             bool training) {
   if (loss == NULL) return FAIL(L2L_ERR_INVALID, "loss is NULL");
-  if (!relay_ok(run)) return FAIL(L2L_ERR_INVALID, "run is not a live relay");
+  RELAY_ENTER_AS(run, training ? "l2l_relay_step" : "l2l_relay_evaluate");
   /* Updates of the last step may still run (each layer's forward waits for its own);
      its gradient arrivals must be counted before this step's bookkeeping starts. */
   l2l_eps_wait_arrivals(&run->eps);
