@@ -390,6 +390,12 @@ local function load(path, overrides)
     if type(o.optimizer_threads) == "number" and o.optimizer_threads > C.l2l_get_threads() then
       o.optimizer_threads = 0
     end
+    -- A file saved by a data-parallel run does not start MPI by itself: whoever loads it
+    -- says whether this process is one rank of a job or trains alone.
+    if o.dist == "mpi" and overrides.dist == nil then
+      error(("%s: %s was saved by a data-parallel run (dist = \"mpi\"): load it with {dist = \"mpi\"} "
+             .. "in each rank of an mpirun job, or {dist = \"none\"} to train in one process"):format(fname, path), 0)
+    end
     for _, k in ipairs({ "micro_batch", "optimizer_threads", "device_budget", "dist" }) do
       if overrides[k] ~= nil then o[k] = overrides[k] end
     end
@@ -398,6 +404,11 @@ local function load(path, overrides)
     o.model = model
     -- 2. every tensor the description names, present and of the right shape
     local records = match_records(model, file, fname)
+    -- a save writes gradients only part way through an accumulation (steps not a whole
+    -- number of accumulations): any other would enter the next update unasked
+    local steps = count_of(desc.progress and desc.progress.steps, EXACT_MAX, "progress: steps")
+    local accumulate = type(o.accumulate) == "number" and o.accumulate >= 1 and o.accumulate or 1
+    local mid_accumulation = steps % accumulate ~= 0
     if #records ~= #desc.records then
       error(("%s: %s describes %d parameter records, the model it describes has %d"):format(
         fname, path, #desc.records, #records), 0)
@@ -409,6 +420,10 @@ local function load(path, overrides)
       end
       rec.updates = count_of(saved.updates, EXACT_MAX, ("record %s: updates"):format(rec.name))
       rec.grad = saved.grad == true
+      if rec.grad and not mid_accumulation then
+        error(("%s: %s: record %s carries a gradient, but step %d ends an accumulation of %d: a save "
+               .. "writes none there (a damaged or forged file)"):format(fname, path, rec.name, steps, accumulate), 0)
+      end
       rec.state = {}
       for a = 1, count_of(saved.state or 0, 2, ("record %s: state"):format(rec.name)) do
         local name = rec.name .. "." .. ({ "m", "v" })[a]

@@ -27,14 +27,16 @@ local type, tostring, pairs, ipairs, floor, select = type, tostring, pairs, ipai
 
 local M = {}
 
-local BLOCK_NAMES = {   -- GPT-2 name inside h.N -> l2l's block parameter
-  ["ln_1.weight"] = "ln1.weight", ["ln_1.bias"] = "ln1.bias",
-  ["attn.c_attn.weight"] = "attn.qkv.weight", ["attn.c_attn.bias"] = "attn.qkv.bias",
-  ["attn.c_proj.weight"] = "attn.proj.weight", ["attn.c_proj.bias"] = "attn.proj.bias",
-  ["ln_2.weight"] = "ln2.weight", ["ln_2.bias"] = "ln2.bias",
-  ["mlp.c_fc.weight"] = "mlp.fc.weight", ["mlp.c_fc.bias"] = "mlp.fc.bias",
-  ["mlp.c_proj.weight"] = "mlp.proj.weight", ["mlp.c_proj.bias"] = "mlp.proj.bias",
+local BLOCK_ORDER = {   -- GPT-2 name inside h.N, l2l's block parameter (checked in this order)
+  { "ln_1.weight", "ln1.weight" }, { "ln_1.bias", "ln1.bias" },
+  { "attn.c_attn.weight", "attn.qkv.weight" }, { "attn.c_attn.bias", "attn.qkv.bias" },
+  { "attn.c_proj.weight", "attn.proj.weight" }, { "attn.c_proj.bias", "attn.proj.bias" },
+  { "ln_2.weight", "ln2.weight" }, { "ln_2.bias", "ln2.bias" },
+  { "mlp.c_fc.weight", "mlp.fc.weight" }, { "mlp.c_fc.bias", "mlp.fc.bias" },
+  { "mlp.c_proj.weight", "mlp.proj.weight" }, { "mlp.c_proj.bias", "mlp.proj.bias" },
 }
+local BLOCK_NAMES = {}
+for _, pair in ipairs(BLOCK_ORDER) do BLOCK_NAMES[pair[1]] = pair[2] end
 local IGNORED = { ["attn.bias"] = true, ["attn.masked_bias"] = true }
 
 local OPTIONS = { heads = true, max_seq = true, memory = true, dropout = true }
@@ -79,50 +81,60 @@ local function import(path, opts)
       error(("%s: option 'max_seq' must be an integer in [1, %d], got %s"):format(fname, P, tostring(opts.max_seq)), 0)
     end
     if blocks == 0 then error(("%s: %s has no blocks (h.0...)"):format(fname, path), 0) end
-    local mlp = entry("h.0.mlp.c_fc.weight").shape[2]
-
-    local list = { layers.Embedding{ vocab = V, dim = D, max_seq = max_seq, dropout = opts.dropout or 0 } }
-    for b = 1, blocks do
-      list[#list + 1] = layers.Block{ dim = D, heads = heads, mlp = mlp, causal = true, dropout = opts.dropout or 0,
-                                      memory = opts.memory or "standard" }
+    local fc = entry("h.0.mlp.c_fc.weight")
+    if #fc.shape ~= 2 then
+      error(("%s: %s: h.0.mlp.c_fc.weight must be (dim, mlp), got (%s)"):format(fname, path, table.concat(fc.shape, ",")), 0)
     end
-    list[#list + 1] = layers.LMHead{ vocab = V, dim = D, tie = true, memory = opts.memory or "standard" }
-    local model = model_mod.Sequential(list)
+    local mlp = fc.shape[2]
+    local dropout, memory = opts.dropout or 0, opts.memory or "standard"
+    local emb_options = { vocab = V, dim = D, max_seq = max_seq, dropout = dropout }
+    local block_options = { dim = D, heads = heads, mlp = mlp, causal = true, dropout = dropout, memory = memory }
+    local head_options = { vocab = V, dim = D, tie = true, memory = memory }
 
-    -- Every target and its source, shapes checked, before anything is read.
-    local plan = {}
-    local function want(short, param)
+    -- Every tensor the model needs, its shape (as the layers' records will have it) and
+    -- its dtype, checked against the file before anything is made: a file that names a
+    -- huge wte and one block, or h.99 alone, is refused having allocated nothing.
+    local function shapes_of(records)
+      local t = {}
+      for _, r in ipairs(records) do t[r.name] = r.shape end
+      return t
+    end
+    local emb_shapes = shapes_of(layers.records.embedding(emb_options))
+    local block_shapes = shapes_of(layers.records.block(block_options))
+    local head_shapes = shapes_of(layers.records.lm_head(head_options))
+    local sources = {}   -- { short name, the l2l record it fills ("1.wte": layer 1's wte) }
+    local function want(short, layer, record, shape)
       local e, name = entry(short)
-      local shape = param.value:shape()
       if table.concat(e.shape, ",") ~= table.concat(shape, ",") then
         error(("%s: %s: '%s' is (%s), expected (%s) for a GPT-2 of dim %d"):format(fname, path, name,
               table.concat(e.shape, ","), table.concat(shape, ","), D), 0)
       end
-      plan[#plan + 1] = { name = name, into = param.value }
+      if e.dtype ~= "f32" then error(("%s: %s: '%s' is %s; l2l imports f32 files"):format(fname, path, name, e.dtype), 0) end
+      sources[#sources + 1] = { name = name, layer = layer, record = record }
     end
-    local function params_of(layer)
-      local t = {}
-      for _, p in ipairs(layer:params()) do t[p.name] = p end
-      return t
-    end
-    local emb = params_of(model[1])
-    want("wte.weight", emb.wte)
-    local e = entry("wpe.weight")
-    if e.dtype ~= "f32" then error(("%s: %s: wpe.weight is %s; l2l imports f32 files"):format(fname, path, e.dtype), 0) end
+    want("wte.weight", 1, "wte", emb_shapes.wte)
+    want("wpe.weight", nil, nil, { P, D })   -- copied in part: its first max_seq rows
     for b = 1, blocks do
-      local p = params_of(model[1 + b])
-      for gpt, ours in pairs(BLOCK_NAMES) do want(("h.%d.%s"):format(b - 1, gpt), p[ours]) end
-    end
-    local head = params_of(model[#model])
-    want("ln_f.weight", head["ln.weight"])
-    want("ln_f.bias", head["ln.bias"])
-    for _, step in ipairs(plan) do
-      if file.entries[step.name].dtype ~= "f32" then
-        error(("%s: %s: '%s' is %s; l2l imports f32 files"):format(fname, path, step.name, file.entries[step.name].dtype), 0)
+      for _, pair in ipairs(BLOCK_ORDER) do
+        want(("h.%d.%s"):format(b - 1, pair[1]), 1 + b, pair[2], block_shapes[pair[2]])
       end
     end
+    want("ln_f.weight", blocks + 2, "ln.weight", head_shapes["ln.weight"])
+    want("ln_f.bias", blocks + 2, "ln.bias", head_shapes["ln.bias"])
 
-    for _, step in ipairs(plan) do file:read(step.name, step.into) end
+    local list = { layers.Embedding(emb_options) }
+    for b = 1, blocks do list[#list + 1] = layers.Block(block_options) end
+    list[#list + 1] = layers.LMHead(head_options)
+    local model = model_mod.Sequential(list)
+    local params = {}
+    for i, layer in ipairs(model) do
+      params[i] = {}
+      for _, p in ipairs(layer:params()) do params[i][p.name] = p end
+    end
+    local emb = params[1]
+    for _, s in ipairs(sources) do
+      if s.layer then file:read(s.name, params[s.layer][s.record].value) end
+    end
     local positions = file:read(by_name["wpe.weight"])   -- (P, D): the first max_seq rows
     emb.wpe.value:copy(positions:view(1, max_seq))
     return model

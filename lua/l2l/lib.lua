@@ -25,9 +25,10 @@ end
 -- The folder of l2l's Lua modules (every module of l2l is in it).
 M.dir = module_dir()
 
------------------------------------------------------------------ folders
--- Read through the FFI (opendir / readdir64: Linux glibc, whose record has this layout on
--- every architecture), never through a shell, so a path may hold any character.
+----------------------------------------------------------------- folders and files
+-- Read through the FFI (opendir / readdir64 and statx: Linux glibc, whose records have
+-- these layouts on every architecture), never through a shell, so a path may hold any
+-- character.
 
 for _, decl in ipairs({   -- one at a time: another module may have declared one already
   "void *opendir(const char *name);",
@@ -36,8 +37,33 @@ for _, decl in ipairs({   -- one at a time: another module may have declared one
   "struct l2l_dirent64 *readdir64(void *dir);",
   "int *__errno_location(void);",
   "char *strerror(int errnum);",
+  -- statx's record is the same on every architecture (struct stat's is not): 256 bytes,
+  -- the file type in the top bits of stx_mode.
+  [[struct l2l_statx { uint32_t mask, blksize; uint64_t attributes; uint32_t nlink, uid, gid;
+     uint16_t mode, pad; uint64_t ino, size, blocks, attributes_mask; uint8_t rest[192]; };]],
+  "int statx(int dirfd, const char *path, int flags, unsigned int mask, struct l2l_statx *out);",
 }) do pcall(ffi.cdef, decl) end
 M.DT_UNKNOWN, M.DT_DIR, M.DT_REG = 0, 4, 8
+
+local AT_FDCWD, STATX_TYPE, STATX_SIZE, S_IFMT = -100, 0x1, 0x200, 0xF000
+local file_types = { [0x1000] = "a FIFO (a named pipe)", [0x2000] = "a character device",
+                     [0x4000] = "a directory", [0x6000] = "a block device", [0xC000] = "a socket" }
+
+-- true and its size when `path` names a regular file (through symbolic links), else nil
+-- and why ("is a directory", "is a FIFO (a named pipe), not a regular file", or the
+-- system's reason).
+-- It only looks (statx), never opens: opening a FIFO to read waits for a writer, which
+-- is how a loader used to block forever. Every loader asks before it opens.
+function M.regular_file(path)
+  local st = ffi.new("struct l2l_statx")
+  if ffi.C.statx(AT_FDCWD, path, 0, STATX_TYPE + STATX_SIZE, st) ~= 0 then
+    return nil, ffi.string(ffi.C.strerror(ffi.C.__errno_location()[0]))
+  end
+  local kind = bit.band(st.mode, S_IFMT)
+  if kind == 0x8000 then return true, tonumber(st.size) end
+  local what = file_types[kind] or "not a regular file"
+  return nil, kind == 0x4000 and "is a directory" or ("is %s, not a regular file"):format(what)
+end
 
 -- The entries of folder `path` ({name =, type = d_type} each, without "." and ".."), or
 -- nil and why when it cannot be opened (not a folder, not readable).

@@ -416,6 +416,8 @@ function M.read_metrics(path, ...)
   if select("#", ...) ~= 0 then too_many(fname, "path", 2, ...) end
   if type(path) ~= "string" or path == "" then error(fname .. ": path must be a file name, got " .. lib.describe(path), 2) end
   local cjson = require("cjson")
+  local regular, not_regular = lib.regular_file(path)
+  if not regular then error(("%s: cannot read %s: %s"):format(fname, path, not_regular), 2) end
   local f, err = io.open(path, "rb")
   if not f then error(("%s: cannot read %s"):format(fname, tostring(err)), 2) end
   local records, n = {}, 0

@@ -63,7 +63,13 @@ local FORMAT_NAMES = {}
 for st, l in pairs(DTYPES) do FORMAT_NAMES[l] = st end
 M.format_dtype = FORMAT_NAMES
 
-local MAX_HEADER = 100 * 2^20   -- the format's own limit on the header
+-- The largest header l2l reads or writes: 16 MiB. The format allows 100 MiB, but decoding
+-- JSON into Lua tables takes about 32 bytes a byte of header (a 100 MB header cost 3 GB
+-- before any check), and real headers are small: GPT-2 1.5B's is under 100 KB, and an l2l
+-- checkpoint's about 4 KB a block (404,368 bytes for 100 blocks with AdamW: 16 MiB holds
+-- 4,000). 16 MiB bounds a read at about 0.5 GB.
+local MAX_HEADER = 16 * 2^20
+M.max_header = MAX_HEADER
 local MAX_DIMS = 4               -- l2l's tensors (L2L_MAX_DIMS)
 local SEEK_SET, SEEK_END = 0, 2
 local O_RDONLY, O_DIRECTORY = 0, 0x10000
@@ -165,6 +171,10 @@ function M.write(path, entries, metadata, ...)
   end
   local json = cjson.encode(header)
   json = json .. (" "):rep((8 - #json % 8) % 8)
+  if #json > MAX_HEADER then   -- a file l2l could not read back is not written
+    error(("%s: the header would be %d bytes, over the %d l2l reads (%d tensors; metadata %s)")
+          :format(fname, #json, MAX_HEADER, #entries, metadata and "given" or "none"), 2)
+  end
 
   sweep_temporaries(path)
   local tmp = temporary_name(path)
@@ -258,6 +268,8 @@ function M.open(path, ...)
   if select("#", ...) ~= 0 then too_many(fname, "path", 2, ...) end
   if type(path) ~= "string" or path == "" then error(fname .. ": path must be a non-empty string", 2) end
   local function bad(fmt, ...) error(("%s: %s: " .. fmt):format(fname, path, ...), 0) end
+  local regular, why = lib.regular_file(path)
+  if not regular then error(("%s: cannot open %s: %s"):format(fname, path, why), 2) end
   local f = C.fopen(path, "rb")
   if f == nil then error(fname .. ": " .. os_error("cannot open", path), 2) end
   f = ffi.gc(f, C.fclose)   -- closed by file:close(), or by the collector if forgotten
@@ -270,7 +282,13 @@ function M.open(path, ...)
     if C.fread(len8, 1, 8, f) ~= 8 then bad("cannot read the header length") end
     local n = 0
     for i = 7, 0, -1 do n = n * 256 + len8[i] end
-    if n < 2 or n > MAX_HEADER then bad("header length %.0f is not plausible: not a safetensors file", n) end
+    if n < 2 then bad("header length %.0f is not plausible: not a safetensors file", n) end
+    if n > 100 * 2^20 then   -- the format's own limit
+      bad("header length %.0f is over the format's 100 MiB: not a safetensors file", n)
+    end
+    if n > MAX_HEADER then
+      bad("header of %.0f bytes is over the %d bytes l2l reads (GPT-2 1.5B's is under 100 KB)", n, MAX_HEADER)
+    end
     if 8 + n > size then bad("header of %d bytes but the file has %d (truncated)", n, size) end
     local buf = ffi.new("char[?]", n)
     if C.fread(buf, 1, n, f) ~= n then bad("cannot read the header") end
@@ -278,6 +296,9 @@ function M.open(path, ...)
     local at = utf8_error(text)
     if at then bad("the header is not valid UTF-8 (byte %d of it)", at) end
     local okj, header = pcall(cjson.decode, text)
+    if not okj and tostring(header):find("not enough memory", 1, true) then
+      bad("out of memory decoding the %d-byte header", n)
+    end
     if not okj or type(header) ~= "table" then bad("the header is not a JSON object: not a safetensors file (or damaged)") end
     local file = setmetatable({ path = path, handle = f, data_start = 8 + n, entries = {}, names = {},
                                 metadata = {} }, File)

@@ -56,9 +56,10 @@ local function join(folder, name)
   return folder:sub(-1) == "/" and folder .. name or folder .. "/" .. name
 end
 
--- Whether `path` can be opened as a file that is not a folder (reading a folder gives an
--- error on Linux, opening it does not).
+-- Whether `path` is a regular file that can be opened (a FIFO or device is not read:
+-- opening one can wait forever).
 local function readable_file(path)
+  if not lib.regular_file(path) then return false end
   local f = io.open(path, "rb")
   if f == nil then return false end
   local ok = f:read(0) ~= nil or f:seek("end") ~= nil
@@ -99,6 +100,8 @@ local function files_under(root, pattern)
     table.sort(out)
     return out, true
   end
+  local regular, not_regular = lib.regular_file(root)
+  if not regular then return nil, not_regular end
   local f, why = io.open(root, "rb")
   if f == nil then   -- io.open's message starts with the path: the caller names it
     return nil, (why and why:sub(1, #root + 2) == root .. ": ") and why:sub(#root + 3) or why
@@ -160,6 +163,7 @@ local CHUNK = 65536
 -- Reads up to `limit` bytes of `path`; nil when it cannot, or (`only_text`) when it is
 -- empty or holds a NUL byte.
 local function read_file(path, limit, only_text)
+  if not lib.regular_file(path) then return nil end
   local f = io.open(path, "rb")
   if f == nil then return nil end
   local parts, n = {}, 0

@@ -410,8 +410,23 @@ local function token_bytes(key)
   return concat(out)
 end
 
-local function read_all(path, fname, what)
+-- The most either file may hold: GPT-2's encoder.json is 1.0 MB, its vocab.bpe 0.46 MB.
+local MAX_FILE = 64 * 2 ^ 20
+
+-- Checks that `path` is a readable regular file of at most MAX_FILE bytes (both files are
+-- checked before either is read).
+local function check_file(path, fname, what)
   if type(path) ~= "string" then error(("%s: %s must be a file name, got %s"):format(fname, what, describe(path)), 0) end
+  local regular, size = lib.regular_file(path)
+  if not regular then error(("%s: %s: cannot read %s: %s"):format(fname, what, path, size), 0) end
+  if size > MAX_FILE then
+    error(("%s: %s: %s is %d bytes, over the %d a tokenizer's file may be (GPT-2's are about 1 MB)")
+          :format(fname, what, path, size, MAX_FILE), 0)
+  end
+end
+
+local function read_all(path, fname, what)
+  check_file(path, fname, what)
   local f, why = io.open(path, "rb")
   if not f then error(("%s: %s: cannot read %s"):format(fname, what, why), 0) end
   local text = f:read("*a")
@@ -423,6 +438,8 @@ local function show(s) return ("'%s'"):format(#s > 40 and s:sub(1, 37) .. "..." 
 
 local function load(encoder_json, vocab_bpe, fname, source)
   local cjson = require("cjson")
+  check_file(encoder_json, fname, "encoder_json")
+  check_file(vocab_bpe, fname, "vocab_bpe")
   local text = read_all(encoder_json, fname, "encoder_json")
   local ok, encoder = pcall(cjson.decode, text)
   if not ok or type(encoder) ~= "table" or encoder[1] ~= nil then
@@ -536,6 +553,7 @@ function M.cache_dir(...)
 end
 
 local function exists(path)
+  if not lib.regular_file(path) then return false end
   local f = io.open(path, "rb")
   if f then f:close() end
   return f ~= nil
