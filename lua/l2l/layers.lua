@@ -111,12 +111,14 @@ local check_call = M.check_call
 
 ----------------------------------------------------------------- options
 
-local function opt_number(o, key, default, fname, ok, what)
+-- (level: where errors point, 4 = the constructor's caller when called from a reader)
+local function opt_number(o, key, default, fname, ok, what, level)
+  level = level or 4
   local v = o[key]
   if v == nil then v = default end
-  if v == nil then error(("%s: option '%s' is required"):format(fname, key), 4) end
+  if v == nil then error(("%s: option '%s' is required"):format(fname, key), level) end
   if type(v) ~= "number" or not ok(v) then
-    error(("%s: option '%s' must be %s, got %s"):format(fname, key, what, tostring(v)), 4)
+    error(("%s: option '%s' must be %s, got %s"):format(fname, key, what, tostring(v)), level)
   end
   return v
 end
@@ -124,11 +126,20 @@ local function positive_int(o, key, default, fname)
   return opt_number(o, key, default, fname, function(v) return v >= 1 and v == floor(v) and v < 2 ^ 53 end,
                     "an integer >= 1")
 end
+-- A setting C keeps in a float: it must hold as an f32 too (1e-46 is 0 there).
+local function f32_number(o, key, default, fname, ok, what)
+  local v = opt_number(o, key, default, fname, ok, what, 5)
+  local trouble = lib.f32_trouble(v, ok)
+  if trouble then
+    error(("%s: option '%s' must be %s, got %s, which %s"):format(fname, key, what, tostring(v), trouble), 4)
+  end
+  return v
+end
 local function rate(o, key, default, fname)
-  return opt_number(o, key, default, fname, function(v) return v >= 0 and v < 1 end, "in [0, 1)")
+  return f32_number(o, key, default, fname, function(v) return v >= 0 and v < 1 end, "in [0, 1)")
 end
 local function positive(o, key, default, fname)
-  return opt_number(o, key, default, fname, function(v) return v > 0 and v < math.huge end,
+  return f32_number(o, key, default, fname, function(v) return v > 0 and v < math.huge end,
                     "a finite number > 0")
 end
 local function flag(o, key, default, fname)

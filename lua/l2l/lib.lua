@@ -138,6 +138,18 @@ end
 
 -- The last C error, without the C function's name (Lua callers get their own name), in
 -- Lua's indexing (above).
+-- The value a C float field holds after v is stored in it: settings are checked on this,
+-- not on the Lua number (1e-46 passes "> 0" and is 0 in f32; 1e39 is finite and inf).
+function M.as_f32(v) return tonumber(ffi.cast("float", v)) end
+
+-- nil when the number v (already checked by ok) keeps ok in a C float, and nonzero
+-- stays nonzero; else why not, for a message ("is 0 in f32", "is inf in f32").
+function M.f32_trouble(v, ok)
+  local f = M.as_f32(v)
+  if ok(f) and (f == 0) == (v == 0) then return nil end
+  return ("is %s in f32, the type C keeps it in"):format(tostring(f))
+end
+
 function M.last_error()
   return M.lua_indexing((ffi.string(C.l2l_last_error()):gsub("^l2l_[%w_]+: ", "")))
 end

@@ -47,17 +47,24 @@ local function option(o, key, default, fname, ok, what)
   return v
 end
 
+-- A setting C keeps in a float: it must hold as an f32 too.
+local function f32_option(o, key, default, fname, ok, what)
+  local v = option(o, key, default, fname, ok, what)
+  local trouble = lib.f32_trouble(v, ok)
+  if trouble then fail(("%s: option '%s' must be %s, got %s, which %s"):format(fname, key, what, tostring(v), trouble)) end
+  return v
+end
 local function nonneg(o, key, default, fname)
-  return option(o, key, default, fname, function(v) return finite(v) and v >= 0 end,
-                "a finite number >= 0")
+  return f32_option(o, key, default, fname, function(v) return finite(v) and v >= 0 end,
+                    "a finite number >= 0")
 end
 local function unit(o, key, default, fname)   -- [0, 1)
-  return option(o, key, default, fname, function(v) return finite(v) and v >= 0 and v < 1 end,
-                "a number in [0, 1)")
+  return f32_option(o, key, default, fname, function(v) return finite(v) and v >= 0 and v < 1 end,
+                    "a number in [0, 1)")
 end
 local function positive(o, key, default, fname)
-  return option(o, key, default, fname, function(v) return finite(v) and v > 0 end,
-                "a finite number > 0")
+  return f32_option(o, key, default, fname, function(v) return finite(v) and v > 0 end,
+                    "a finite number > 0")
 end
 local function boolean(o, key, default, fname)
   return option(o, key, default, fname, function(v) return type(v) == "boolean" end,
@@ -65,8 +72,8 @@ local function boolean(o, key, default, fname)
 end
 local function count(o, key, default, fname, min)
   return option(o, key, default, fname,
-                function(v) return finite(v) and v == floor(v) and v >= min end,
-                "an integer >= " .. min)
+                function(v) return finite(v) and v == floor(v) and v >= min and v <= 2 ^ 53 end,
+                ("an integer from %d to 2^53"):format(min))
 end
 
 local function known(o, allowed, fname)
@@ -207,8 +214,8 @@ local function decaying(kind, fname, o)
     fail(("%s: option 'total' (%d) must exceed option 'warmup' (%d)"):format(fname, self.total,
          self.warmup))
   end
-  self.final_ratio = option(o, "final_ratio", 0, fname,
-                            function(v) return finite(v) and v >= 0 and v <= 1 end, "in [0, 1]")
+  self.final_ratio = f32_option(o, "final_ratio", 0, fname,
+                                function(v) return finite(v) and v >= 0 and v <= 1 end, "in [0, 1]")
   return setmetatable(self, Schedule)
 end
 

@@ -86,12 +86,16 @@ local function int_option(o, key, default, min, fname, max)
   return v
 end
 
+-- A float of the C config: checked as the f32 C keeps too.
 local function nonneg_option(o, key, fname)
   local v = o[key]
   if v == nil then return 0 end
-  if not finite(v) or v < 0 then
+  local function ok(x) return finite(x) and x >= 0 end
+  if not ok(v) then
     fail(("%s: option '%s' must be a finite number >= 0, got %s"):format(fname, key, tostring(v)))
   end
+  local trouble = lib.f32_trouble(v, ok)
+  if trouble then fail(("%s: option '%s' is %s, which %s"):format(fname, key, tostring(v), trouble)) end
   return v
 end
 

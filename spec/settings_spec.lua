@@ -1,0 +1,65 @@
+-- SPDX-License-Identifier: MIT
+-- settings_spec — numeric settings are checked as C will hold them (hardening 2, item 9).
+-- Lua numbers are doubles; the C configs keep most settings in floats. A value that
+-- passes a check as a double can change meaning in f32: clip_global_norm = 1e-46 passed
+-- "> 0" and became 0.0f, which turned clipping off; lr = 1e-46 became 0; a beta of
+-- 1 - 1e-11 became 1; 1e39 became inf; and an integer option of 1e300 overflowed int64.
+-- Each is refused with a message saying what the f32 (or the range) made of it; values
+-- that survive the conversion are still taken.
+local support = dofile("spec/support.lua")
+local l2l = require("l2l")
+
+local function refused(pattern, f)
+  local ok, err = pcall(f)
+  assert.is_false(ok, "expected a refusal matching " .. pattern)
+  assert.is_truthy(tostring(err):find(pattern, 1, true), tostring(err))
+end
+
+-- A number that is nonzero as a double and 0 in f32: below half the smallest subnormal
+-- (2^-150), drawn afresh.
+local function vanishing() return support.uniform(1e-60, 6e-46) end
+-- A number that is finite as a double and inf in f32: above f32's largest (3.4028e38).
+local function overflowing() return support.uniform(3.5e38, 1e300) end
+
+describe("settings kept in C floats", function()
+  local model = function()
+    return l2l.Sequential { l2l.Embedding { vocab = 5, dim = 8, max_seq = 3 }, l2l.LMHead { vocab = 5, dim = 8 } }
+  end
+
+  it("refuse a relay's clipping and loss scale that f32 turns to 0 or inf", function()
+    local tiny = vanishing()
+    refused("option 'clip_global_norm' is " .. tostring(tiny) .. ", which is 0 in f32",
+            function() l2l.Relay { model = model(), clip_global_norm = tiny } end)
+    refused("option 'clip_layer_norm' is", function() l2l.Relay { model = model(), clip_layer_norm = vanishing() } end)
+    refused("which is inf in f32", function() l2l.Relay { model = model(), clip_global_norm = overflowing() } end)
+    -- the smallest f32 subnormal survives, and is taken
+    l2l.Relay { model = model(), clip_global_norm = 2 ^ -149 }:free()
+  end)
+
+  it("refuse optimizer settings that f32 changes", function()
+    refused("option 'lr' must be a finite number >= 0, got", function() l2l.AdamW { lr = vanishing() } end)
+    refused("which is 0 in f32", function() l2l.SGD { lr = vanishing() } end)
+    refused("which is inf in f32", function() l2l.LAMB { lr = overflowing() } end)
+    refused("option 'eps' must be a finite number > 0", function() l2l.AdamW { eps = vanishing() } end)
+    refused("option 'weight_decay'", function() l2l.AdamW { weight_decay = vanishing() } end)
+    -- in [0, 1) as a double, 1 in f32 (anything above 1 - 2^-25 rounds up)
+    local near_one = 1 - support.uniform(1e-12, 2 ^ -26)
+    refused("option 'beta1' must be a number in [0, 1), got", function() l2l.AdamW { betas = { near_one, 0.999 } } end)
+    refused("which is 1 in f32", function() l2l.SGD { momentum = near_one } end)
+    refused("option 'final_ratio'", function() l2l.Cosine { total = 10, final_ratio = vanishing() } end)
+    -- lr = 0 (off) and values f32 keeps are taken
+    assert.are.equal(0, l2l.AdamW { lr = 0 }.lr)
+    assert.is_true(l2l.AdamW { lr = 1e-30 }.lr > 0)
+  end)
+
+  it("refuse layer settings that f32 changes", function()
+    refused("option 'dropout' must be in [0, 1), got", function() l2l.Block { dim = 8, heads = 2, dropout = vanishing() } end)
+    refused("option 'eps'", function() l2l.Block { dim = 8, heads = 2, eps = vanishing() } end)
+    refused("option 'init_std'", function() l2l.Embedding { vocab = 4, dim = 4, max_seq = 2, init_std = overflowing() } end)
+  end)
+
+  it("refuse schedule lengths past 2^53 (C's int64, and exact in Lua)", function()
+    refused("option 'total' must be an integer from 1 to 2^53", function() l2l.Cosine { total = 1e300 } end)
+    refused("option 'warmup' must be an integer from 0 to 2^53", function() l2l.Linear { total = 10, warmup = 2 ^ 60 } end)
+  end)
+end)
