@@ -93,12 +93,17 @@ local function check_figure(fig, fname)
   end
 end
 
--- The finite points of a series, as two lists.
+-- Whether a value can be drawn: finite, and small enough that a range of two of them,
+-- widened to whole ticks, stays finite (±1e308 made the axis inf - inf = nan). A run that
+-- diverged past 1e300 is off the chart, as a NaN loss is.
+local function plottable(v) return finite(v) and abs(v) <= 1e300 end
+
+-- The plottable points of a series, as two lists.
 local function points(series)
   local xs, ys = {}, {}
   for i = 1, #series.x do
     local x, y = series.x[i], series.y[i]
-    if finite(x) and finite(y) then xs[#xs + 1], ys[#ys + 1] = x, y end
+    if plottable(x) and plottable(y) then xs[#xs + 1], ys[#ys + 1] = x, y end
   end
   return xs, ys
 end
@@ -159,9 +164,9 @@ local function ranges(panel)
     end
   end
   for _, line in ipairs(panel.hlines or {}) do
-    ylo, yhi = min(ylo or line.y, line.y), max(yhi or line.y, line.y)
+    if plottable(line.y) then ylo, yhi = min(ylo or line.y, line.y), max(yhi or line.y, line.y) end
   end
-  if panel.ymin ~= nil then ylo = panel.ymin end
+  if panel.ymin ~= nil and yhi ~= nil then ylo = min(panel.ymin, yhi) end   -- (no data: 0 to 1)
   return xlo, xhi, ylo, yhi
 end
 
@@ -234,9 +239,11 @@ local function svg(fig, opts)
     add(format('<g clip-path="url(#clip%d)">', p))
     local legend = {}
     for _, line in ipairs(panel.hlines or {}) do
-      add(format('<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="%s" stroke-width="1.5" stroke-dasharray="6,4"/>',
-                 num(L), num(Y(line.y)), num(R), num(Y(line.y)), REFERENCE))
-      if line.name then legend[#legend + 1] = { name = line.name, colour = REFERENCE, dashed = true } end
+      if plottable(line.y) then
+        add(format('<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="%s" stroke-width="1.5" stroke-dasharray="6,4"/>',
+                   num(L), num(Y(line.y)), num(R), num(Y(line.y)), REFERENCE))
+        if line.name then legend[#legend + 1] = { name = line.name, colour = REFERENCE, dashed = true } end
+      end
     end
     for s, series in ipairs(panel.series or {}) do
       local colour = series.colour or COLOURS[(s - 1) % #COLOURS + 1]
@@ -432,6 +439,10 @@ function M.read_metrics(path, ...)
       for k, v in pairs(rec) do
         if v == cjson.null then rec[k] = nil end   -- JSON null: no value at this step
       end
+      if not finite(rec.step) then
+        f:close()
+        error(("%s: %s:%d: step must be a number, got %s"):format(fname, path, n, lib.describe(rec.step)), 2)
+      end
       records[#records + 1] = rec
     end
   end
@@ -512,7 +523,8 @@ function M.main(args, ...)
   end
   local ok, records = pcall(M.read_metrics, opt.metrics)
   if not ok then cli.fail((tostring(records):gsub("^.-plot%.read_metrics: ", ""))) end
-  local fig = M.metrics_figure(records, { title = opt.title or opt.metrics })
+  local made, fig = pcall(M.metrics_figure, records, { title = opt.title or opt.metrics })
+  if not made then cli.fail((tostring(fig):gsub("^.-plot%.metrics_figure: ", ""))) end
   local written, path, _, note = pcall(M.write, base, fig, { format = format })
   if not written then cli.fail((tostring(path):gsub("^.-plot%.write: ", ""))) end
   if format == "png" and note then cli.fail(opt.out .. ": " .. note) end

@@ -243,6 +243,9 @@ local function check_entry(name, e, data_len, bad)
     if not count(d) then bad("entry '%s': shape[%d] = %s is not a size", name, i, tostring(d)) end
     if d == 0 then bad("entry '%s': shape[%d] = 0: l2l's tensors have no empty dimension", name, i) end
     numel = numel * d
+    if numel > 2 ^ 48 then   -- l2l's tensors' limit (src/core/tensor.c), and exact here
+      bad("entry '%s': shape (%s) has more than 2^48 elements", name, table.concat(e.shape, ", ", 1, i))
+    end
   end
   if #e.shape > MAX_DIMS then
     bad("entry '%s' has %d dimensions; l2l's tensors have at most %d", name, #e.shape, MAX_DIMS)
@@ -255,7 +258,7 @@ local function check_entry(name, e, data_len, bad)
     bad("entry '%s' ends at byte %d of the data but the file holds %d (truncated?)", name, o[2], data_len)
   end
   if o[2] - o[1] ~= numel * SIZES[dtype] then
-    bad("entry '%s': %d bytes for %d %s elements", name, o[2] - o[1], numel, dtype)
+    bad("entry '%s': %.0f bytes for %.0f %s elements", name, o[2] - o[1], numel, dtype)
   end
   local shape = {}
   for i, d in ipairs(e.shape) do shape[i] = d end
