@@ -11,9 +11,9 @@ local l2l = require("l2l")
 
 local V, S = 16, 12
 
-local function tiny_gpt(blocks, dim)
+local function tiny_gpt(blocks, dim, max_seq)
   dim = dim or 32
-  local list = { l2l.Embedding { vocab = V, dim = dim, max_seq = S, seed = 1 } }
+  local list = { l2l.Embedding { vocab = V, dim = dim, max_seq = max_seq or S, seed = 1 } }
   for b = 1, blocks do
     list[#list + 1] = l2l.Block { dim = dim, heads = 4, causal = true, dropout = 0.1, seed = 1 + b,
                                   memory = b % 2 == 0 and "frugal" or "standard" }
@@ -134,7 +134,7 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
     -- a block's weights cross the link once per visit; its arithmetic grows with the
     -- tokens of the visit: below the threshold the step is the copies' and stays put as
     -- the batch grows, above it the step grows with the batch
-    local model = tiny_gpt(4, 256)
+    local model = tiny_gpt(4, 256, 64)
     local plan = l2l.plan { model = model, batch = 1, seq = 64, device_budget = 2 ^ 40, rates = GPU, precision = "bf16" }
     local threshold = plan.streaming_tokens
     -- bf16 weights: 2 bytes a parameter; forward and backward 6 FLOPs per parameter and

@@ -63,3 +63,47 @@ describe("settings kept in C floats", function()
     refused("option 'warmup' must be an integer from 0 to 2^53", function() l2l.Linear { total = 10, warmup = 2 ^ 60 } end)
   end)
 end)
+
+describe("plans are checked against the model they are used with (hardening 2, item 11)", function()
+  local V, S = 13, 8
+  local function gpt(dim, heads)
+    return l2l.Sequential {
+      l2l.Embedding { vocab = V, dim = dim, max_seq = S },
+      l2l.Block { dim = dim, heads = heads },
+      l2l.LMHead { vocab = V, dim = dim },
+    }
+  end
+  local rates = { flops = 1e10, h2d = 1e10, d2h = 1e10, optimizer = 1e10, visit = 0 }
+  local function plan_for(model, o)
+    o = o or {}
+    return l2l.plan { model = model, batch = 4, seq = o.seq or S, device_budget = 2 ^ 30, rates = rates,
+                      precision = o.precision }
+  end
+
+  it("refuses a plan made for another model, naming the first layer that differs", function()
+    local dim = 8 * support.int(2, 6)
+    local p = plan_for(gpt(dim, 2))
+    -- the same kinds and count, another width of block: refused, nothing changed
+    refused("the plan was made for another model: layer 1 is embedding (dim " .. (dim + 8),
+            function() l2l.Relay { model = gpt(dim + 8, 2), plan = p } end)
+    -- another head count: the config differs where the description shows it
+    refused("layer 2 is block (dim " .. dim .. ", heads 4",
+            function() l2l.Relay { model = gpt(dim, 4), plan = p } end)
+    -- a frozen layer the plan did not know
+    local m = gpt(dim, 2)
+    m:freeze(2)
+    refused("layer 2 is frozen block", function() l2l.Relay { model = m, plan = p } end)
+    -- other relay settings than the plan's
+    refused("the plan was made for other relay settings",
+            function() l2l.Relay { model = gpt(dim, 2), plan = plan_for(gpt(dim, 2), { precision = "bf16" }), precision = "f32" } end)
+    -- the model it was made for (other weights: the seed is not part of a plan) takes it
+    local run = l2l.Relay { model = gpt(dim, 2), plan = p }
+    assert.are.equal(p.micro_batch, run.options.micro_batch)
+    run:free()
+  end)
+
+  it("refuses seq above the embedding's max_seq", function()
+    refused("seq " .. (S + 1) .. " is above the embedding's max_seq " .. S,
+            function() plan_for(gpt(16, 2), { seq = S + 1 }) end)
+  end)
+end)

@@ -15,13 +15,94 @@
 
 #define PLAN_MAGIC 0x6c32706cu   /* "l2pl" */
 
+/* What a plan was made for, layer by layer: everything that sets a layer's memory and
+   time (its config without the seed of its initial weights, its records' sizes, whether
+   it is frozen), and the relay settings that set the step's. A relay given the plan is
+   checked against it (plan_check_model): a plan for another model is refused, naming the
+   first difference. */
+struct plan_layer_key {
+  l2l_layer_config config;
+  char name[32];
+  int nparams;
+  int64_t numel[L2L_MAX_PARAMS];
+  bool frozen;
+};
+struct plan_settings_key {
+  int param_slots, accumulate;
+  l2l_dtype precision, grad_precision;
+  bool updates_deferred;
+};
+
 struct l2l_plan {
   uint32_t magic;
   l2l_plan_summary summary;
   l2l_plan_layer *layers;
+  struct plan_layer_key *keys;
+  struct plan_settings_key settings;
 };
 
 static bool plan_live(const l2l_plan *p) { return p != NULL && p->magic == PLAN_MAGIC; }
+
+static struct plan_layer_key layer_key(const l2l_layer *layer, bool frozen) {
+  struct plan_layer_key k;
+  memset(&k, 0, sizeof k);   /* padding too: keys are compared whole */
+  l2l_layer_get_config(&k.config, layer);
+  k.config.init_seed = 0;
+  snprintf(k.name, sizeof k.name, "%s", l2l_layer_name(layer));
+  k.nparams = l2l_layer_param_count(layer);
+  for (int r = 0; r < k.nparams && r < L2L_MAX_PARAMS; r++)
+    k.numel[r] = l2l_tensor_numel(l2l_param_value(l2l_layer_param(layer, r)));
+  k.frozen = frozen;
+  return k;
+}
+
+static struct plan_settings_key settings_key(const l2l_relay_config *config) {
+  struct plan_settings_key k;
+  memset(&k, 0, sizeof k);
+  k.param_slots = config->param_slots ? config->param_slots : 2;
+  k.accumulate = config->accumulate;
+  k.precision = config->precision;
+  k.grad_precision = config->grad_precision;
+  k.updates_deferred = config->clip_global_norm > 0 || config->loss_scale > 0;
+  return k;
+}
+
+static void describe_key(char *out, size_t len, const struct plan_layer_key *k) {
+  const l2l_layer_config *c = &k->config;
+  snprintf(out, len, "%s%s (dim %lld, heads %lld, mlp %lld, vocab %lld, max_seq %lld, %d records, "
+           "dropout %g, memory %d)", k->frozen ? "frozen " : "", k->name, (long long)c->dim,
+           (long long)c->heads, (long long)c->mlp, (long long)c->vocab, (long long)c->max_seq,
+           k->nparams, c->dropout, (int)c->memory);
+}
+
+l2l_status plan_check_model(const l2l_plan *plan, l2l_layer *const *layers, const bool *frozen,
+                            int nlayers, const l2l_relay_config *config) {
+  if (!plan_live(plan)) return l2l_fail(L2L_ERR_INVALID, "plan is not a live plan");
+  if (plan->summary.nlayers != nlayers)
+    return l2l_fail(L2L_ERR_INVALID, "the plan is for %d layers, the relay has %d",
+                    plan->summary.nlayers, nlayers);
+  for (int k = 0; k < nlayers; k++) {
+    struct plan_layer_key here = layer_key(layers[k], frozen[k]);
+    if (memcmp(&here, &plan->keys[k], sizeof here) != 0) {
+      char a[320], b[256];
+      describe_key(a, sizeof a, &here);
+      describe_key(b, sizeof b, &plan->keys[k]);
+      if (strcmp(a, b) == 0) snprintf(a, sizeof a, "another config of %.255s", b);
+      return l2l_fail(L2L_ERR_INVALID, "the plan was made for another model: layer %d is %s here, "
+                      "%s in the plan", k, a, b);
+    }
+  }
+  struct plan_settings_key s = settings_key(config), p = plan->settings;
+  if (memcmp(&s, &p, sizeof s) != 0)
+    return l2l_fail(L2L_ERR_INVALID, "the plan was made for other relay settings: param_slots %d, "
+                    "accumulate %d, precision %s, grad_precision %s, updates %s; the relay has %d, %d, "
+                    "%s, %s, %s", p.param_slots, p.accumulate, l2l_dtype_name(p.precision),
+                    l2l_dtype_name(p.grad_precision), p.updates_deferred ? "deferred" : "eager",
+                    s.param_slots, s.accumulate, l2l_dtype_name(s.precision),
+                    l2l_dtype_name(s.grad_precision), s.updates_deferred ? "deferred" : "eager");
+  return L2L_OK;
+}
+
 
 /* Why the leanest plan needs what it needs: the slots of the largest layer, and the rest. */
 static l2l_status too_small(const struct plan_chain *c, const struct plan_result *r,
@@ -57,6 +138,11 @@ static l2l_status check_request(l2l_layer *const *layers, int nlayers, const l2l
       return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: layer %d is a head but not the last", k);
   if (l2l_layer_role(layers[0]) != L2L_ROLE_INPUT) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: layer 0 must be an input layer");
   if (l2l_layer_role(layers[nlayers - 1]) != L2L_ROLE_HEAD) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: the last layer must be a head");
+  l2l_layer_config input;
+  l2l_layer_get_config(&input, layers[0]);
+  if (input.kind == L2L_LAYER_EMBEDDING && q->seq > input.max_seq)
+    return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: seq %lld is above the embedding's max_seq %lld",
+                    (long long)q->seq, (long long)input.max_seq);
   if (q->batch < 1 || q->batch > (INT64_C(1) << 24) || q->seq < 1 || q->seq > (INT64_C(1) << 24))
     return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: batch and seq must be 1 to 2^24, got %lld and %lld",
                 (long long)q->batch, (long long)q->seq);
@@ -90,8 +176,9 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
   double *seconds = calloc((size_t)nlayers, sizeof *seconds);
   l2l_plan *plan = calloc(1, sizeof *plan);
   l2l_plan_layer *result = calloc((size_t)nlayers, sizeof *result);
-  if (pl == NULL || seconds == NULL || plan == NULL || result == NULL) {
-    free(pl), free(seconds), free(plan), free(result);
+  struct plan_layer_key *keys = calloc((size_t)nlayers, sizeof *keys);
+  if (pl == NULL || seconds == NULL || plan == NULL || result == NULL || keys == NULL) {
+    free(pl), free(seconds), free(plan), free(result), free(keys);
     return FAIL(L2L_ERR_NOMEM, "no memory to plan %d layers", nlayers);
   }
   for (int k = 0; k < nlayers; k++)
@@ -134,9 +221,12 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
                                        .step_seconds = r.seconds, .device_peak = r.peak,
                                        .streaming_tokens = streaming};
     plan->layers = result;
+    for (int k = 0; k < nlayers; k++) keys[k] = layer_key(layers[k], pl[k].frozen);
+    plan->keys = keys;
+    plan->settings = settings_key(config);
     *out = plan;
   } else {
-    free(plan), free(result);
+    free(plan), free(result), free(keys);
   }
   free(pl), free(seconds);
   return status;
@@ -163,5 +253,6 @@ void l2l_plan_free(l2l_plan *plan) {
   if (!plan_live(plan)) return;
   plan->magic = 0;
   free(plan->layers);
+  free(plan->keys);
   free(plan);
 }

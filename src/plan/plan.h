@@ -15,6 +15,12 @@
 
 #include "layers/layers.h"
 
+/* Refused (L2L_ERR_INVALID, naming the first difference) unless `plan` was made for these
+   layers (configs, records, frozen flags) and these relay settings (slots, accumulation,
+   precisions, deferred updates). The relay checks a plan it is given with this. */
+l2l_status plan_check_model(const l2l_plan *plan, l2l_layer *const *layers, const bool *frozen,
+                            int nlayers, const l2l_relay_config *config);
+
 /* A layer of the chain: its memory statement is asked per micro-batch size. */
 struct plan_layer {
   const l2l_layer *layer;

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "plan/plan.h"
 #include "relay.h"
 
 void l2l_relay_config_default(l2l_relay_config *out) {
@@ -363,11 +364,23 @@ l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan) {
   l2l_plan_summary summary;
   TRY(l2l_plan_get(&summary, plan));
   int n = run->count;
-  if (summary.nlayers != n)
-    return FAIL(L2L_ERR_INVALID, "the plan is for %d layers, the relay has %d", summary.nlayers, n);
-  /* read it all before changing anything */
-  l2l_plan_layer *layers = calloc((size_t)n, sizeof *layers);
-  if (layers == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a plan of %d layers", n);
+  /* read it all, and check it was made for this model, before changing anything */
+  l2l_plan_layer *layers = calloc((size_t)n + 1, sizeof *layers);
+  l2l_layer **list = calloc((size_t)n + 1, sizeof *list);
+  bool *frozen = calloc((size_t)n + 1, sizeof *frozen);
+  if (layers == NULL || list == NULL || frozen == NULL) {
+    free(layers), free(list), free(frozen);
+    return FAIL(L2L_ERR_NOMEM, "no memory for a plan of %d layers", n);
+  }
+  for (int k = 0; k < n; k++) list[k] = run->layers[k].layer, frozen[k] = run->layers[k].frozen;
+  l2l_status status = plan_check_model(plan, list, frozen, n, &run->config);
+  free(list), free(frozen);
+  if (status != L2L_OK) {
+    free(layers);
+    char why[512];
+    snprintf(why, sizeof why, "%s", l2l_last_error());
+    return l2l_fail_in(__func__, status, "%s", why);
+  }
   for (int k = 0; k < n; k++) l2l_plan_get_layer(&layers[k], plan, k);
   run->config.micro_batch = summary.micro_batch;
   for (int k = 0; k < n; k++) {   /* a plan's policies are valid ones (l2l_plan_new) */
