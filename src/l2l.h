@@ -716,7 +716,10 @@ typedef struct l2l_relay_stats {
                                    not computed) */
   int updates_deferred;         /* 1: updates waited for the end of backward (global
                                    clipping, loss scaling) */
-  uint64_t device_peak;         /* the device pool's peak during the step */
+  uint64_t device_peak;         /* the step's device peak: the device pool's bytes in use when
+                                   it began plus the most its own allocations added (those
+                                   of relays stepping at once on other threads do not count;
+                                   the pool's own peak is the process's, left to the user) */
   uint64_t device_current;      /* in use after it */
   uint64_t host_eps_bytes;      /* EPS: masters, accumulators, optimizer state, staging */
   uint64_t host_stash_peak;     /* most host bytes holding stashed activations or states */

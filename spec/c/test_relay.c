@@ -1579,6 +1579,78 @@ done:
   model_free(&m);
 }
 
+struct stepper {
+  l2l_relay *r;
+  const struct data *d;
+  l2l_status status;
+};
+
+static void *step_once(void *arg) {
+  struct stepper *t = arg;
+  l2l_relay_batch b = relay_batch(t->d, NULL);
+  double loss;
+  t->status = l2l_relay_step(&loss, t->r, &b);
+  return NULL;
+}
+
+TEST(relay_device_peak_is_its_own) {
+  /* Hardening 2, item 10: two relays stepping at once on two threads reported each
+     other's device peak (the pool's peak is the process's, and each step reset it). Relay
+     A's step starts while B is idle and is held in a gate layer's forward; B's step is
+     started, and A released: A's device peak must be exactly what the same step reports
+     alone (the pool's bytes at its start plus its own rise), however B's allocations
+     interleave with it. */
+  struct shape g = stack_shape(2);
+  struct model ma, mb;
+  model_new(&ma, &g);
+  model_new(&mb, &g);
+  static struct gate gate;
+  l2l_layer *gate_layer = NULL;
+  CHECK_OK(l2l_layer_new_custom(&gate_layer, "gate", g.D, NULL, 0, gate_forward, gate_backward,
+                                &gate, 1, L2L_POOL_HOST));
+  if (gate_layer == NULL) goto done;
+  model_insert(&ma, 1, gate_layer);
+  struct data d;
+  data_new(&d, &g, 8, g.S, 0, 1.0);
+  l2l_relay_config cfg = adamw_config();
+  cfg.micro_batch = 2;
+  l2l_relay *a = relay_new(&ma, &cfg), *b = relay_new(&mb, &cfg);
+  if (a != NULL && b != NULL) {
+    double loss;
+    atomic_store(&gate.armed, 0);
+    /* lasting buffers made, then A's and B's steps alone */
+    for (int i = 0; i < 2; i++) CHECK(relay_step(&loss, a, &d, NULL) && relay_step(&loss, b, &d, NULL), "warm-up");
+    CHECK(relay_step(&loss, a, &d, NULL), "A alone");
+    uint64_t alone = relay_stats(a).device_peak;
+    CHECK(relay_step(&loss, b, &d, NULL), "B alone");
+    l2l_relay_stats sb = relay_stats(b);
+    CHECK(sb.device_peak > sb.device_current, "B's step adds no device memory: the check has no teeth");
+    /* A held in its forward, B's whole step beside the rest of A's */
+    atomic_store(&gate.inside, 0);
+    atomic_store(&gate.released, 0);
+    atomic_store(&gate.armed, 1);
+    struct stepper ta = {.r = a, .d = &d}, tb = {.r = b, .d = &d};
+    pthread_t th_a, th_b;
+    CHECK(pthread_create(&th_a, NULL, step_once, &ta) == 0, "pthread_create");
+    struct timespec pause = {0, 1000000};
+    for (long i = 0; i < WATCH_LIMIT * 1000L && !atomic_load(&gate.inside); i++) nanosleep(&pause, NULL);
+    CHECK(pthread_create(&th_b, NULL, step_once, &tb) == 0, "pthread_create");
+    atomic_store(&gate.released, 1);
+    pthread_join(th_a, NULL);
+    pthread_join(th_b, NULL);
+    CHECK(ta.status == L2L_OK && tb.status == L2L_OK, "the steps at once: %d, %d", ta.status, tb.status);
+    uint64_t together = relay_stats(a).device_peak;
+    CHECK(together == alone, "A's device peak %llu beside B's step, %llu alone",
+          (unsigned long long)together, (unsigned long long)alone);
+  }
+  l2l_relay_free(a);
+  l2l_relay_free(b);
+  data_free(&d);
+done:
+  model_free(&ma);
+  model_free(&mb);
+}
+
 /* ---------------------------------------------------------------- dynamic architecture */
 
 /* The relay's model and the plain executor's mirror of it, changed alike. */

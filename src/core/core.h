@@ -189,6 +189,16 @@ l2l_status l2l_pool_alloc(void **out, l2l_pool_kind pool, uint64_t bytes);
 /* Returns memory from l2l_pool_alloc; `bytes` must be the size that was asked for. */
 void l2l_pool_free(l2l_pool_kind pool, void *ptr, uint64_t bytes);
 bool l2l_pool_valid(int pool);
+/* A meter of the device pool's bytes made and freed by whoever binds it: a relay binds
+   its own on the threads that run its step, so its step's device peak is its own (the
+   pool's peak is the process's, and relays stepping at once on other threads would show
+   in it). Allocations and frees on a thread add to the meter bound there, if any. */
+struct l2l_pool_meter {
+  _Atomic int64_t current, peak;
+};
+/* Binds `meter` (NULL: none) to the calling thread; returns the one bound before. */
+struct l2l_pool_meter *l2l_pool_meter_bind(struct l2l_pool_meter *meter);
+void l2l_pool_meter_reset(struct l2l_pool_meter *meter);   /* peak := current */
 /* Gives the pages that freed tensors left cached in the pools' jemalloc arenas and the
    pinned pool's blocks back to the system (the device's own cache is its table's). */
 void l2l_pool_release_cached(void);

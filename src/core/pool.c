@@ -66,6 +66,28 @@ static struct pool pools[POOL_COUNT] = {
 
 static const char *const pool_names[POOL_COUNT] = {"host", "pinned", "device"};
 
+static _Thread_local struct l2l_pool_meter *bound_meter;
+
+struct l2l_pool_meter *l2l_pool_meter_bind(struct l2l_pool_meter *meter) {
+  struct l2l_pool_meter *before = bound_meter;
+  bound_meter = meter;
+  return before;
+}
+
+void l2l_pool_meter_reset(struct l2l_pool_meter *meter) {
+  atomic_store(&meter->peak, atomic_load(&meter->current));
+}
+
+/* The device pool's bytes changed by `delta` on this thread: its meter follows. */
+static void meter_add(l2l_pool_kind kind, int64_t delta) {
+  struct l2l_pool_meter *m = bound_meter;
+  if (m == NULL || kind != L2L_POOL_DEVICE) return;
+  int64_t now = atomic_fetch_add(&m->current, delta) + delta;
+  int64_t peak = atomic_load(&m->peak);
+  while (now > peak && !atomic_compare_exchange_weak(&m->peak, &peak, now)) {
+  }
+}
+
 /* The pinned pool's blocks (see the top of this file and "the pinned pool" below). */
 static int pinned_block_alloc(void **out, uint64_t size);
 static void pinned_block_free(void *block);
@@ -383,6 +405,7 @@ l2l_status l2l_pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
                     (unsigned long long)current, l2l_human_bytes(used, 32, current));
   }
   p->stats.allocs++;
+  meter_add(kind, (int64_t)accounted);
   if (p->stats.current > p->stats.peak) p->stats.peak = p->stats.current;
   if (p->stats.current > p->window_peak) p->window_peak = p->stats.current;
   pthread_mutex_unlock(&p->lock);
@@ -399,6 +422,7 @@ void l2l_pool_free(l2l_pool_kind kind, void *ptr, uint64_t bytes) {
   if (device != NULL) device->free(ptr, accounted);
   else if (kind == L2L_POOL_PINNED) pinned_free(p, ptr, accounted);
   else arena_free(ptr);
+  meter_add(kind, -(int64_t)accounted);
   pthread_mutex_lock(&p->lock);
   p->stats.current -= accounted;
   p->stats.frees++;

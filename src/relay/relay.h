@@ -68,6 +68,12 @@ struct l2l_relay {
   double scale;
   int64_t scale_good, skipped;
   l2l_relay_stats stats;
+  /* The device bytes this relay's steps make and free (bound on the compute thread for a
+     step, and by the swap jobs): stats.device_peak is the pool's bytes when the step
+     began plus the most this meter rose in it. */
+  struct l2l_pool_meter device_meter;
+  uint64_t device_at_start;   /* the pool's bytes in use when the step began */
+  int64_t meter_at_start;     /* the meter's then */
   /* Filled by jobs on the copy threads; read between steps. */
   pthread_mutex_t lock;
   uint64_t h2d_bytes, d2h_bytes, stash_now, stash_peak;
@@ -96,6 +102,14 @@ static inline void relay_leave_at(l2l_relay *const *run) {
   TRY(relay_enter((run), (func)));          \
   l2l_relay *const relay_entered_ __attribute__((cleanup(relay_leave_at))) = (l2l_relay *)(run)
 #define RELAY_ENTER(run) RELAY_ENTER_AS(run, __func__)
+
+/* Binds the relay's device meter to the calling thread for the rest of the function. */
+static inline void relay_meter_restore(struct l2l_pool_meter *const *before) {
+  l2l_pool_meter_bind(*before);
+}
+#define RELAY_METER_BIND(run)                                                              \
+  struct l2l_pool_meter *const relay_meter_before_ __attribute__((cleanup(relay_meter_restore))) = \
+      l2l_pool_meter_bind(&(run)->device_meter)
 
 /* ---------------------------------------------------------------- jobs of the copy threads */
 

@@ -147,7 +147,13 @@ static void counters_reset(l2l_relay *run) {
   run->h2d_bytes = run->d2h_bytes = 0;
   run->stash_peak = run->stash_now;
   pthread_mutex_unlock(&run->lock);
-  l2l_pool_reset_peak(L2L_POOL_DEVICE);
+  /* the step's device peak is the pool's bytes now plus this relay's own rise (its meter):
+     the pool's own peak is left alone, as relays on other threads share it */
+  l2l_pool_stats device;
+  l2l_pool_get_stats(&device, L2L_POOL_DEVICE);
+  run->device_at_start = device.current;
+  l2l_pool_meter_reset(&run->device_meter);
+  run->meter_at_start = atomic_load(&run->device_meter.current);
 }
 
 /* Dynamic loss scaling after an update: halve on an overflow (the update was skipped),
@@ -195,7 +201,8 @@ static void stats_record(l2l_relay *run, const struct step *s, const struct step
   st->overflow = p->update && !applied;
   st->grad_norm = l2l_plain_nan(norm);
   st->updates_deferred = p->defer;
-  st->device_peak = device.peak;
+  int64_t rise = atomic_load(&run->device_meter.peak) - run->meter_at_start;
+  st->device_peak = run->device_at_start + (uint64_t)(rise > 0 ? rise : 0);
   st->device_current = device.current;
   st->step_seconds = seconds;
   st->compute_seconds = s->compute;
@@ -229,6 +236,7 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
                             bool training) {
   if (loss == NULL) return FAIL(L2L_ERR_INVALID, "loss is NULL");
   RELAY_ENTER_AS(run, training ? "l2l_relay_step" : "l2l_relay_evaluate");
+  RELAY_METER_BIND(run);
   /* Updates of the last step may still run (each layer's forward waits for its own);
      its gradient arrivals must be counted before this step's bookkeeping starts. */
   l2l_eps_wait_arrivals(&run->eps);

@@ -83,7 +83,10 @@ static void swap_run(struct l2l_job *job, int thread) {
   struct swap_job *sj = (struct swap_job *)job;
   double t0 = l2l_now();
   uint64_t bytes = l2l_saved_pool_bytes(sj->saved);
+  /* the one job that makes and frees device memory: on the relay's meter */
+  struct l2l_pool_meter *before = l2l_pool_meter_bind(&sj->run->device_meter);
   l2l_status status = l2l_saved_move(sj->saved, sj->pool);
+  l2l_pool_meter_bind(before);
   if (status != L2L_OK) l2l_job_fail(job, status);
   relay_count_bytes(sj->run, thread == THREAD_H2D ? &sj->run->h2d_bytes : &sj->run->d2h_bytes, bytes);
   if (status == L2L_OK) relay_count_stash(sj->run, sj->pool != L2L_POOL_DEVICE ? (int64_t)bytes : -(int64_t)bytes);
