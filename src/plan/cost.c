@@ -38,26 +38,55 @@ double plan_layer_flops(const l2l_layer *layer, int64_t rows, int64_t seq) {
   }
 }
 
-/* Whether layer k's record i is shared with a layer below it (then counted there). */
-static bool shared_below(const struct plan_chain *c, int k, const l2l_param *p) {
-  for (int j = 0; j < k; j++)
-    for (int i = 0; i < l2l_layer_param_count(c->layers[j].layer); i++)
-      if (l2l_layer_param(c->layers[j].layer, i) == p) return true;
-  return false;
+/* A record and the lowest layer using it: a record shared by layers (a tied head) is
+   counted at the lowest. Sorted by record, then layer: O(n log n) for the chain's n
+   records (a search of the layers below for each was O(L^2): 800 layers took seconds). */
+struct record_use {
+  const l2l_param *param;
+  int layer;
+};
+
+static int by_record(const void *a, const void *b) {
+  const struct record_use *x = a, *y = b;
+  if (x->param != y->param) return (uintptr_t)x->param < (uintptr_t)y->param ? -1 : 1;
+  return x->layer - y->layer;
+}
+
+/* out[k] := the f32 bytes of the records whose lowest user is layer k. */
+static l2l_status master_bytes_of(uint64_t *out, const struct plan_chain *c) {
+  int n = 0;
+  for (int k = 0; k < c->L; k++) n += l2l_layer_param_count(c->layers[k].layer);
+  struct record_use *uses = malloc(sizeof *uses * (size_t)(n > 0 ? n : 1));
+  if (uses == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to plan");
+  n = 0;
+  for (int k = 0; k < c->L; k++) {
+    out[k] = 0;
+    for (int i = 0; i < l2l_layer_param_count(c->layers[k].layer); i++)
+      uses[n++] = (struct record_use){l2l_layer_param(c->layers[k].layer, i), k};
+  }
+  qsort(uses, (size_t)n, sizeof *uses, by_record);
+  for (int i = 0; i < n; i++)
+    if (i == 0 || uses[i].param != uses[i - 1].param)
+      out[uses[i].layer] += (uint64_t)l2l_tensor_numel(l2l_param_value(uses[i].param)) * sizeof(float);
+  free(uses);
+  return L2L_OK;
 }
 
 l2l_status plan_layer_costs(struct plan_layer_costs *out, const struct plan_chain *c,
                             const l2l_plan_rates *rates) {
   int64_t mb = c->micro_batch < c->batch ? c->micro_batch : c->batch;
   int64_t nmb = (c->batch + mb - 1) / mb, last = c->batch - (nmb - 1) * mb;
-  for (int k = 0; k < c->L; k++) {
+  uint64_t *masters = malloc(sizeof *masters * (size_t)c->L);
+  if (masters == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to plan");
+  l2l_status status = master_bytes_of(masters, c);
+  for (int k = 0; k < c->L && status == L2L_OK; k++) {
     struct plan_layer_costs *o = &out[k];
     memset(o, 0, sizeof *o);
     const l2l_layer *layer = c->layers[k].layer;
     int64_t rows[2] = {mb, last};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2 && status == L2L_OK; i++) {
       if (rates->timed) {
-        TRY(plan_time_layer(&o->fwd[i], &o->bwd[i], layer, rows[i], c->seq));
+        status = plan_time_layer(&o->fwd[i], &o->bwd[i], layer, rows[i], c->seq);
       } else if (rates->flops > 0) {
         o->fwd[i] = plan_layer_flops(layer, rows[i], c->seq) / rates->flops;
         o->bwd[i] = 2 * o->fwd[i];
@@ -69,13 +98,10 @@ l2l_status plan_layer_costs(struct plan_layer_costs *out, const struct plan_chai
     o->param_bytes = plan_slot_bytes(c, k, PLAN_SLOT_VALUES);
     o->grad_bytes = plan_slot_bytes(c, k, c->grad_precision != L2L_F32 ? PLAN_SLOT_GRADS_OUT
                                                                        : PLAN_SLOT_GRADS);
-    for (int i = 0; i < l2l_layer_param_count(layer); i++) {
-      const l2l_param *p = l2l_layer_param(layer, i);
-      if (!shared_below(c, k, p))
-        o->master_bytes += (uint64_t)l2l_tensor_numel(l2l_param_value(p)) * sizeof(float);
-    }
+    o->master_bytes = masters[k];
   }
-  return L2L_OK;
+  free(masters);
+  return status;
 }
 
 /* ---------------------------------------------------------------- a step */

@@ -14,6 +14,14 @@
  * counted from when a swap-out is queued to the end of the forward visit, and a swap-in
  * from when it is queued, which bounds every timing.
  * Every allocation counts as its size rounded up to L2L_ALIGN, as the pool counts it.
+ * A step of many micro-batches is not replayed whole: every micro-batch but the first
+ * three and the last two does exactly what its neighbours do, so the bytes in use, and
+ * the most of them in each stretch of a visit (its first micro-batches, its middle ones,
+ * its last ones), are affine in the number of middle micro-batches. Three short replays
+ * (1, 2 and 3 middle micro-batches) give each stretch's line, checked on the third, and
+ * the peak is the highest line at the real count: exact, in time and memory independent
+ * of the batch (a replay of 2^24 micro-batches took minutes and gigabytes). A check that
+ * fails falls back to the whole replay.
  * Must never: read the relay's state (the order is written down here; a spec compares the
  * replay with the pool's measured peak on random models and policies).
  */
@@ -42,8 +50,12 @@ struct chunk {
 
 struct replay {
   const struct plan_chain *c;
-  int64_t mb, nmb;
+  int64_t mb, nmb, last;     /* micro-batches replayed; the last one's rows */
   uint64_t now, peak;
+  /* The most in use per stretch (see the top: 0 before the visits, then three per visit),
+     NULL when not asked; `stretch` is where the replay is. */
+  uint64_t *stretch_peak;
+  int stretch, visit_base;
   bool failed;
   /* memory statements per layer for a full and for the last micro-batch */
   const l2l_layer_memory *mem_full, *mem_last;
@@ -73,6 +85,7 @@ static struct block *take(struct replay *r, uint64_t bytes) {
   b->refs = 1;
   r->now += b->bytes;
   if (r->now > r->peak) r->peak = r->now;
+  if (r->stretch_peak && r->now > r->stretch_peak[r->stretch]) r->stretch_peak[r->stretch] = r->now;
   return b;
 }
 
@@ -103,9 +116,16 @@ struct saved {
   bool away;
 };
 
-static int64_t rows_of(const struct replay *r, int64_t u) {
-  int64_t first = u * r->mb;
-  return r->mb < r->c->batch - first ? r->mb : r->c->batch - first;
+static int64_t rows_of(const struct replay *r, int64_t u) { return u + 1 == r->nmb ? r->last : r->mb; }
+
+/* The micro-batches at a visit's start and end that differ from the middle ones: the
+   first three (the first is brought in ahead; the queue of host stash-outs fills over
+   two), the last two (the last may be smaller, and its predecessor fetches it ahead). */
+enum { FIRST_SPECIAL = 3, LAST_SPECIAL = 2, STRETCHES = 3 };
+
+/* Micro-batch u's stretch of the visit being replayed. */
+static void stretch_at(struct replay *r, int64_t u) {
+  r->stretch = r->visit_base + (u < FIRST_SPECIAL ? 0 : u >= r->nmb - LAST_SPECIAL ? 2 : 1);
 }
 
 static const l2l_layer_memory *mem_of(const struct replay *r, int k, int64_t u) {
@@ -230,6 +250,7 @@ static void visit_forward(struct step *s, int k, bool rebuild) {
   bool home_device = pl->stash == L2L_STASH_DEVICE || (rebuild && s->rebuilt[k]);
   bool out_host = !rebuild && r->c->layers[k + 1].stash == L2L_STASH_HOST;
   for (int64_t u = 0; u < r->nmb; u++) {
+    stretch_at(r, u);
     struct block *x = NULL, *ids[2];
     if (k > 0) {
       if (u + 1 < r->nmb) prefetch(r, &s->x[k][u + 1], u + 1);
@@ -279,6 +300,7 @@ static void visit_head(struct step *s, int k) {
   bool keep_dx = backward && k > s->lowest;
   bool grad_host = r->c->layers[k].stash == L2L_STASH_HOST;
   for (int64_t u = 0; u < r->nmb; u++) {
+    stretch_at(r, u);
     if (u + 1 < r->nmb) prefetch(r, &s->x[k][u + 1], u + 1);
     prefetch(r, &s->x[k][u], u);
     struct block *ids[2];
@@ -313,6 +335,7 @@ static void visit_backward(struct step *s, int k) {
   bool keep_dx = k > s->lowest;
   bool grad_host = k > 0 && pl->stash == L2L_STASH_HOST;
   for (int64_t u = 0; u < r->nmb; u++) {
+    stretch_at(r, u);
     if (u + 1 < r->nmb) {
       prefetch(r, &s->g[k + 1][u + 1], u + 1);
       if (recompute && k > 0) prefetch(r, &s->x[k][u + 1], u + 1);
@@ -384,6 +407,8 @@ static void run_visits(struct step *s) {
   for (int i = 0; i < n && !r->failed; i++) {
     int k = visits[i].k;
     enum plan_visit_kind kind = visits[i].kind;
+    r->visit_base = 1 + STRETCHES * i;
+    r->stretch = r->visit_base;
     /* the first micro-batch's input, brought in ahead (visit_prefetch) */
     if (kind == PLAN_BACKWARD) prefetch(r, &s->g[k + 1][0], 0);
     bool reads_input = kind != PLAN_BACKWARD || c->layers[k].inner == L2L_INNER_RECOMPUTE;
@@ -432,18 +457,14 @@ void plan_memo_free(struct plan_chain *c) {
   c->memo = NULL;
 }
 
-l2l_status l2l_plan_peak(uint64_t *peak, const struct plan_chain *c) {
-  *peak = 0;
-  if (c->L < 2) return FAIL(L2L_ERR_INVALID, "a chain needs an input layer and a head");
-  int64_t mb = c->micro_batch < c->batch ? c->micro_batch : c->batch;
-  struct replay r = {.c = c, .mb = mb, .nmb = (c->batch + mb - 1) / mb};
+/* One replay of a step of `nmb` micro-batches of mb rows, the last of `last` rows: its
+   peak, and each stretch's into stretch_peak (NULL: not asked). */
+static l2l_status replay_step(uint64_t *peak, uint64_t *stretch_peak, const struct plan_chain *c,
+                              const struct plan_memo *memo, int64_t mb, int64_t nmb, int64_t last) {
+  struct replay r = {.c = c, .mb = mb, .nmb = nmb, .last = last, .stretch_peak = stretch_peak};
+  plan_replayed_micro_batches += nmb;
   struct step s = {.r = &r, .L = c->L, .lowest = plan_lowest(c)};
   int L = c->L;
-  struct plan_memo own = {0}, *memo = c->memo;
-  if (memo == NULL || memo->micro_batch != mb) {
-    memo = &own;
-    memo_fill(memo, c, mb);
-  }
   l2l_layer_config head;
   l2l_layer_get_config(&head, c->layers[c->L - 1].layer);
   r.head_width = head.kind == L2L_LAYER_CLASSIFIER ? 1 : c->seq;
@@ -492,12 +513,74 @@ l2l_status l2l_plan_peak(uint64_t *peak, const struct plan_chain *c) {
   free(s.saved);
   free(s.rebuilt);
   free(s.reread);
-  free(own.mem[0]);
-  free(own.mem[1]);
   while (r.chunks) {
     struct chunk *next = r.chunks->next;
     free(r.chunks);
     r.chunks = next;
   }
+  return status;
+}
+
+int64_t plan_peak_whole_replay_max = 16;
+_Atomic int64_t plan_peak_fallbacks;
+_Atomic int64_t plan_replayed_micro_batches;
+
+/* The peak of a step of nmb > FIRST_SPECIAL + LAST_SPECIAL + 3 micro-batches from three
+   short replays (see the top); *exact false when a stretch's three values are not on a
+   line (then the caller replays the whole step). */
+static l2l_status extrapolate(uint64_t *peak, bool *exact, const struct plan_chain *c,
+                              const struct plan_memo *memo, int64_t mb, int64_t nmb, int64_t last) {
+  int n = 1 + STRETCHES * plan_max_visits(c);
+  uint64_t *v = calloc((size_t)n * 3, sizeof *v);
+  if (v == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to plan");
+  l2l_status status = L2L_OK;
+  uint64_t whole[3];
+  for (int m = 1; m <= 3 && status == L2L_OK; m++)
+    status = replay_step(&whole[m - 1], v + (size_t)n * (size_t)(m - 1), c, memo, mb,
+                         FIRST_SPECIAL + m + LAST_SPECIAL, last);
+  *exact = status == L2L_OK;
+  int64_t middle = nmb - FIRST_SPECIAL - LAST_SPECIAL;
+  uint64_t best = 0;
+  for (int i = 0; i < n && *exact; i++) {
+    int64_t v1 = (int64_t)v[i], v2 = (int64_t)v[n + i], v3 = (int64_t)v[2 * n + i];
+    if (v3 - v2 != v2 - v1 || v2 < v1) {
+      *exact = false;
+      break;
+    }
+    uint64_t at = (uint64_t)v1 + (uint64_t)(middle - 1) * (uint64_t)(v2 - v1);
+    if (at > best) best = at;
+  }
+  /* the stretches cover every allocation: their highest is the peak of each replay */
+  for (int m = 0; m < 3 && *exact; m++) {
+    uint64_t most = 0;
+    for (int i = 0; i < n; i++) most = v[(size_t)n * (size_t)m + (size_t)i] > most ? v[(size_t)n * (size_t)m + (size_t)i] : most;
+    if (most != whole[m]) *exact = false;
+  }
+  free(v);
+  *peak = best;
+  return status;
+}
+
+l2l_status l2l_plan_peak(uint64_t *peak, const struct plan_chain *c) {
+  *peak = 0;
+  if (c->L < 2) return FAIL(L2L_ERR_INVALID, "a chain needs an input layer and a head");
+  int64_t mb = c->micro_batch < c->batch ? c->micro_batch : c->batch;
+  int64_t nmb = (c->batch + mb - 1) / mb, last = c->batch - (nmb - 1) * mb;
+  struct plan_memo own = {0};
+  const struct plan_memo *memo = c->memo;
+  if (memo == NULL || memo->micro_batch != mb) {
+    memo_fill(&own, c, mb);
+    memo = &own;
+  }
+  l2l_status status = L2L_OK;
+  bool exact = false;
+  if (nmb > plan_peak_whole_replay_max && nmb > FIRST_SPECIAL + LAST_SPECIAL + 3)
+    status = extrapolate(peak, &exact, c, memo, mb, nmb, last);
+  if (status == L2L_OK && !exact) {
+    if (nmb > plan_peak_whole_replay_max) plan_peak_fallbacks++;
+    status = replay_step(peak, NULL, c, memo, mb, nmb, last);
+  }
+  free(own.mem[0]);
+  free(own.mem[1]);
   return status;
 }

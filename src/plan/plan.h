@@ -90,6 +90,11 @@ uint64_t plan_slot_bytes(const struct plan_chain *c, int k, enum plan_slot_conte
    moves run on the copy threads, so their timing sets where in between a peak with swap
    falls: this gives the bound that holds whatever the timing. */
 l2l_status l2l_plan_peak(uint64_t *peak, const struct plan_chain *c);
+/* Steps of more micro-batches than this are not replayed whole but from three short
+   replays (peak.c says why that is exact); test_plan sets it low to compare the two. */
+extern int64_t plan_peak_whole_replay_max;
+extern _Atomic int64_t plan_peak_fallbacks;   /* short replays not on lines (none expected) */
+extern _Atomic int64_t plan_replayed_micro_batches;   /* the replays' work, for test_plan */
 
 /* ---------------------------------------------------------------- the time model */
 

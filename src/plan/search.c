@@ -8,7 +8,8 @@
  * boundary on the device, on the host, or dropped and rebuilt. The embedding always
  * keeps (its saved state is empty: recomputing it reruns its forward for nothing); the
  * head's input waits on the device or the host.
- * For each micro-batch size (every ceil(B / n)) the candidates are the uniform policies
+ * For each micro-batch size (ceil(B / n) for a ladder of counts n: see `ladder`) the
+ * candidates are the uniform policies
  * (L2L's default, recompute with a host stash, among them), periodic checkpointing
  * (every p-th boundary kept, those between dropped and rebuilt: Chen et al.'s sqrt(n)
  * schedule and its kin), and the answer of a knapsack over layers: every mode's cost in
@@ -96,9 +97,8 @@ struct entry {
   int from, mode;        /* the previous layer's front entry, this layer's mode */
 };
 
-static int by_bytes(const void *a, const void *b) {
-  const struct entry *x = a, *y = b;
-  return x->bytes < y->bytes ? -1 : x->bytes > y->bytes ? 1 : (x->seconds < y->seconds ? -1 : x->seconds > y->seconds);
+static bool before(const struct entry *x, const struct entry *y) {
+  return x->bytes < y->bytes || (x->bytes == y->bytes && x->seconds < y->seconds);
 }
 
 /* The fastest modes whose added bytes stay within `room`, by the per-layer costs
@@ -110,14 +110,29 @@ static bool knapsack(enum mode *out, int L, double (*dt)[MODES], double (*db)[MO
   bool ok = front && size && scratch;
   for (int k = 0; ok && k < L; k++) {
     int n = 0, prev = k == 0 ? 1 : size[k - 1];
-    for (int e = 0; e < prev; e++)
+    /* The previous front is in order of bytes, so each mode's extensions of it are too:
+       merging the MODES lists puts every candidate in order of bytes (then seconds)
+       without a sort (a sort of up to 5 x 4096 entries per layer was most of the time of
+       planning 800 layers). */
+    int at[MODES] = {0};
+    for (;;) {
+      struct entry pick = {0};
+      int from = -1;
       for (int m = 0; m < MODES; m++) {
-        if (!isfinite(dt[k][m])) continue;
-        double s = (k ? front[k - 1][e].seconds : 0) + dt[k][m];
-        double b = (k ? front[k - 1][e].bytes : 0) + db[k][m];
-        if (b <= room) scratch[n++] = (struct entry){s, b, e, m};
+        if (!isfinite(dt[k][m]) || at[m] >= prev) continue;
+        int e = at[m];
+        struct entry cand = {(k ? front[k - 1][e].seconds : 0) + dt[k][m],
+                             (k ? front[k - 1][e].bytes : 0) + db[k][m], e, m};
+        if (cand.bytes > room) {   /* the rest of this list is larger still */
+          at[m] = prev;
+          continue;
+        }
+        if (from < 0 || before(&cand, &pick)) pick = cand, from = m;
       }
-    qsort(scratch, (size_t)n, sizeof *scratch, by_bytes);
+      if (from < 0) break;
+      scratch[n++] = pick;
+      at[from]++;
+    }
     /* the Pareto front: as bytes grow, only entries faster than every smaller one */
     int kept = 0;
     double best = INFINITY;
@@ -306,24 +321,45 @@ static l2l_status programme(struct judge *j, struct choice *best, uint64_t budge
 
 /* ---------------------------------------------------------------- every micro-batch size */
 
+/* The micro-batch sizes tried, largest first: ceil(B / n) for every number of
+   micro-batches n up to EVERY_COUNT, then for n growing by an eighth at a time, and n = B.
+   Every distinct size is about 2 sqrt(B) of them (a batch of 2^20 took minutes); this
+   ladder is at most about 16 + 8.5 ln(B / 16) (157 at B = 2^24), and steps between
+   neighbouring counts change a step's time by an eighth at most. Returns how many (at
+   most `room`: sizes NULL counts them). */
+enum { EVERY_COUNT = 16 };
+static int ladder(int64_t *sizes, int room, int64_t batch) {
+  int count = 0;
+  int64_t previous = 0;
+  for (int64_t n = 1; n <= batch; n = n < EVERY_COUNT ? n + 1 : (n + n / 8 > n + 1 ? n + n / 8 : n + 1)) {
+    int64_t mb = (batch + n - 1) / n;
+    if (mb == previous) continue;
+    previous = mb;
+    if (sizes && count < room) sizes[count] = mb;
+    count++;
+  }
+  if (previous != 1) {   /* one sample a micro-batch: the leanest there is */
+    if (sizes && count < room) sizes[count] = 1;
+    count++;
+  }
+  return count;
+}
+
 l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_plan_rates *rates,
                        uint64_t budget) {
   int L = c->L;
   double *layer_seconds = out->layer_seconds;
   *out = (struct plan_result){.layer_seconds = layer_seconds, .leanest_peak = UINT64_MAX};
-  /* the micro-batch sizes that make different splits: ceil(B / n), largest first */
-  int64_t *sizes = calloc((size_t)c->batch, sizeof *sizes);
-  struct choice *choices = calloc((size_t)c->batch, sizeof *choices);
+  int nsizes = ladder(NULL, 0, c->batch);
+  int64_t *sizes = calloc((size_t)nsizes, sizeof *sizes);
+  struct choice *choices = calloc((size_t)nsizes, sizeof *choices);
   struct plan_layer_costs *costs = calloc((size_t)L, sizeof *costs);
   l2l_status status = sizes && choices && costs ? L2L_OK : FAIL(L2L_ERR_NOMEM, "no memory to plan");
-  int nsizes = 0;
-  for (int64_t n = 1; n <= c->batch && status == L2L_OK; n++) {
-    int64_t mb = (c->batch + n - 1) / n;
-    if (nsizes > 0 && sizes[nsizes - 1] == mb) continue;
-    choices[nsizes].modes = calloc((size_t)L, sizeof(enum mode));
-    choices[nsizes].dt = calloc((size_t)L, sizeof *choices[nsizes].dt);
-    if (choices[nsizes].modes == NULL || choices[nsizes].dt == NULL) status = FAIL(L2L_ERR_NOMEM, "no memory to plan");
-    sizes[nsizes++] = mb;
+  if (status == L2L_OK) ladder(sizes, nsizes, c->batch);
+  for (int i = 0; i < nsizes && status == L2L_OK; i++) {
+    choices[i].modes = calloc((size_t)L, sizeof(enum mode));
+    choices[i].dt = calloc((size_t)L, sizeof *choices[i].dt);
+    if (choices[i].modes == NULL || choices[i].dt == NULL) status = FAIL(L2L_ERR_NOMEM, "no memory to plan");
   }
   /* every size through the programme; the two fastest polished */
   struct judge j = {c, costs, rates, NULL};
