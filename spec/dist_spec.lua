@@ -248,8 +248,28 @@ describe("data parallel under mpirun", function()
   it("refuses, on every rank alike, a step whose ranks hold different models", function()
     if not need_mpi() then return end
     local out = failed_job("extra_layer_rank=1")
-    assert.is_truthy(out:find("the ranks' steps differ", 1, true), out)
+    assert.is_truthy(out:find("the ranks differ: on rank 1 number of active layers is 5, on rank 0 4", 1, true), out)
+    assert.is_falsy(out:find("(the timeout)", 1, true), out)
   end)
+
+  -- Hardening 2, item 6: these trained to the end with exit 0 (other heads, learning rate),
+  -- or waited out the whole timeout blaming a dead rank (accumulate 2 against 1). Every
+  -- rank refuses the first step, each naming the first difference on its side.
+  for _, case in ipairs({
+    { "rank1_heads=2", "layer 2 (block): heads is 2, on rank 0 3", "layer 2 (block): heads is 3, on rank 1 2" },
+    { "rank1_lr=0.004", "optimizer: lr is 0.00400000019, on rank 0 0.00300000003",
+      "optimizer: lr is 0.00300000003, on rank 1 0.00400000019" },
+    { "rank1_accumulate=2", "accumulate is 2, on rank 0 1", "accumulate is 1, on rank 1 2" },
+    { "rank1_clip=0.5", "clip_global_norm is 0.5, on rank 0 0", "clip_global_norm is 0, on rank 1 0.5" },
+  }) do
+    it("refuses ranks that differ in " .. case[1]:match("_(%w+)=") .. " at the first step, naming it on each side", function()
+      if not need_mpi() then return end
+      local out = failed_job("timeout=100 " .. case[1])
+      assert.is_truthy(out:find("on rank 1 " .. case[2], 1, true), out)
+      assert.is_truthy(out:find("on rank 0 " .. case[3], 1, true), out)
+      assert.is_falsy(out:find("(the timeout)", 1, true), out)
+    end)
+  end
 
   it("ends the job with a message when a rank hangs (the others time out), not never", function()
     if not need_mpi() then return end

@@ -344,4 +344,12 @@ l2l_status relay_run_visits(struct step *s);
 
 l2l_status relay_check_async(l2l_relay *run);
 
+/* ---------------------------------------------------------------- ranks (agree.c) */
+
+/* A digest of everything the ranks must hold alike for this step (agree.c says what). */
+int64_t relay_agreement_digest(const struct step *s);
+/* With ranks whose digests differ (every rank calls it): their descriptions exchanged,
+   and L2L_ERR_INVALID naming the first difference between this rank and another. */
+l2l_status relay_explain_disagreement(const struct step *s);
+
 #endif /* L2L_RELAY_H */

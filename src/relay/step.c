@@ -28,18 +28,6 @@ l2l_status relay_check_async(l2l_relay *run) {
 
 /* What must be the same on every rank for their collectives to match: the step count and
    the active layers with their records and frozen flags. FNV-1a over them. */
-static uint64_t fnv1a(uint64_t h, int64_t word) { return (h ^ (uint64_t)word) * 1099511628211ull; }
-
-static int64_t step_shape(const struct step *s) {
-  uint64_t h = 1469598103934665603ull;
-  h = fnv1a(fnv1a(fnv1a(fnv1a(h, s->run->steps), s->L), s->S), s->training);
-  for (int k = 0; k < s->L; k++) {
-    const struct relay_layer *rl = &s->run->layers[s->active[k]];
-    h = fnv1a(fnv1a(fnv1a(h, s->active[k]), rl->frozen), l2l_layer_param_count(rl->layer));
-  }
-  return (int64_t)(h >> 1);
-}
-
 /* With ranks, before anything runs: every rank's slice size and real targets, and the
    shape of its step. The loss is then the mean over the whole minibatch's targets and
    dropout numbers samples globally (the slices in rank order). Every rank sees the same
@@ -49,7 +37,7 @@ static l2l_status dist_begin(struct step *s) {
   if (run->config.dist == L2L_DIST_NONE) return L2L_OK;
   int size = l2l_dist_size_now(), rank = l2l_dist_rank_now();
   enum { FIELDS = 3 };
-  int64_t mine[FIELDS] = {s->B, s->real, step_shape(s)};
+  int64_t mine[FIELDS] = {s->B, s->real, relay_agreement_digest(s)};
   int64_t *all = malloc((size_t)size * FIELDS * sizeof *all);
   if (all == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for the ranks' step sizes");
   struct l2l_dist_op op = {.kind = DIST_ALLGATHER_I64, .send = mine, .recv = all, .n = FIELDS,
@@ -59,15 +47,15 @@ static l2l_status dist_begin(struct step *s) {
   l2l_status status = l2l_dist_run(&op);
   s->exposed_comm += l2l_now() - t0;
   int64_t real = 0, base = 0;
+  bool differ = false;
   for (int r = 0; r < size && status == L2L_OK; r++) {
-    if (all[r * FIELDS + 2] != all[2])
-      status = FAIL(L2L_ERR_INVALID, "the ranks' steps differ (rank %d's layers, frozen flags, "
-                    "step count, sequence length or kind of step are not rank 0's): every "
-                    "rank must make the same relay changes and steps", r);
+    differ |= all[r * FIELDS + 2] != all[2];
     real += all[r * FIELDS + 1];
     if (r < rank) base += all[r * FIELDS];
   }
   free(all);
+  /* every rank sees the same digests: all of them explain, and refuse, alike */
+  if (status == L2L_OK && differ) status = relay_explain_disagreement(s);
   if (status == L2L_OK && real == 0)
     status = FAIL(L2L_ERR_INVALID, "batch->targets has no target other than -1 on any rank");
   s->real = real;
