@@ -3,7 +3,8 @@
 # benchmarks, runs them, installs them and builds the documentation. The two commands a
 # user needs: `make demo` and `make test`. Targets that need system packages first run
 # scripts/deps.sh, which installs what is missing. Knobs: SANITIZE=1 (AddressSanitizer +
-# UBSan build in build-san/), ARCH=<gcc -march> (default native: l2l is built where it
+# UBSan build in build-san/), TSAN=1 (ThreadSanitizer build in build-tsan/; `make test
+# TSAN=1` runs the threaded parts' tests: scripts/test.sh), ARCH=<gcc -march> (default native: l2l is built where it
 # runs; ARCH=x86-64-v3, or any other, for a binary that runs on other machines; ARCH= for
 # the compiler's own default), NO_CUDA=1, CUDA_ARCH="80 90", L2L_THREADS=<n>.
 # The caller's CFLAGS, CPPFLAGS and LDFLAGS (for a package, `dpkg-buildflags`) are used as
@@ -19,11 +20,21 @@
 # (scripts/flakes.sh; N defaults to 20 there too).
 
 SANITIZE ?= 0
+TSAN ?= 0
 ARCH ?= native
 ifeq ($(SANITIZE),1)
   BUILD ?= build-san
   SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
   SANDEFS := -DL2L_SANITIZE
+  OPT := -O1
+else ifeq ($(TSAN),1)
+  # ThreadSanitizer: the system allocator (as under ASan), and the threaded parts' tests
+  # only (scripts/test.sh), with one OpenMP thread: libgomp is not built for TSan, so its
+  # barriers would read as races; l2l's own threads (copy threads, EPS workers, the MPI
+  # thread, callers' threads) are what is checked.
+  BUILD ?= build-tsan
+  SANFLAGS := -fsanitize=thread -fno-omit-frame-pointer
+  SANDEFS := -DL2L_SANITIZE -DL2L_TSAN
   OPT := -O1
 else
   BUILD ?= build
@@ -71,7 +82,7 @@ RPATH := -Wl,-rpath,'$$ORIGIN' -Wl,--no-as-needed
 # NO_CUDA=1 leaves it out, and so does the sanitizer build (AddressSanitizer and the CUDA
 # runtime do not mix). A CPU-only build is complete. CUDA_ARCH lists the GPU generations
 # to build machine code for; PTX for the last one lets newer GPUs compile it at load.
-ifeq ($(SANITIZE),1)
+ifneq ($(SANITIZE)$(TSAN),00)
   NO_CUDA := 1
 endif
 ifneq ($(NO_CUDA),1)
@@ -213,7 +224,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 # `+`: the install spec runs make itself (install into a temporary DESTDIR), as a sub-make
 # that shares this one's job slots and command-line variables.
 test: all
-	+@L2L_SANITIZE=$(SANITIZE) bash scripts/test.sh $(BUILD)
+	+@L2L_SANITIZE=$(SANITIZE) L2L_TSAN=$(TSAN) bash scripts/test.sh $(BUILD)
 
 # The loader fuzzer: N mutated checkpoints, each loaded in a child process; crashing,
 # hanging and unclean cases are kept in $(BUILD)/fuzz/ (the script's header explains).
@@ -342,6 +353,6 @@ $(DOC)/c-api.md: src/l2l.h scripts/gen_cdoc.lua | $(DEPS_STAMP)
 	luajit scripts/gen_cdoc.lua src/l2l.h $@
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-tsan
 
 -include $(LIB_OBJ:.o=.d) $(CTEST_OBJ:.o=.d) $(BUILD)/obj/main.d

@@ -15,7 +15,9 @@
 -- fail with an internal error. The fuzzer makes small valid checkpoints itself (four
 -- bases: tied and untied LM heads, AdamW / LAMB / SGD state, one saved part way through
 -- an accumulation so that ".grad" tensors exist, one with dynamic loss scaling, one with
--- token types and a classifier head), then, from a seed, mutations of them: raw bytes
+-- token types and a classifier head), and three other inputs: a GPT-2 file for
+-- l2l.import_gpt2, a tokenizer's two files for l2l.tokenizer.load, and option tables for
+-- l2l.plan (scripts/fuzz/inputs.lua); then, from a seed, mutations of them: raw bytes
 -- flipped, inserted, deleted, truncated; the header length field; the safetensors header
 -- as JSON (offsets, dtypes, shapes, entries, nesting, duplicate keys, invalid UTF-8,
 -- padding) and the l2l description inside it (layer options, records, relay options,
@@ -24,7 +26,8 @@
 -- Each case runs as `l2l fuzz_load.lua --child TARGET BASE FILE` under `timeout` and a
 -- memory limit (ulimit -v, or the pool budget alone under AddressSanitizer, which needs
 -- its large virtual reservations), and is classified:
---   accepted  loaded, and the result works (one training step; every tensor read back)
+--   accepted  loaded, and the result works (one training step; every tensor read back; the
+--             tokenizer gives every byte back; a relay takes the plan)
 --   clean     an error whose message starts with the called function's name and is not an
 --             internal Lua or FFI error ("attempt to ...", "cannot convert", a position
 --             "file.lua:12:" from an error() that was not meant for the user, ...)
@@ -107,7 +110,11 @@ local BASES = {
     optimizer = "lamb", loss_scale = 1024, steps = 2, freeze = 2 },
   { what = "token types, post-LN block without biases, classifier head, SGD with momentum",
     blocks = 1, classifier = true, type_vocab = 2, post_ln = true, bias = false, optimizer = "sgd", steps = 2 },
+  { what = "a GPT-2 file (Hugging Face's names, no l2l metadata) of 2 blocks", kind = "gpt2", blocks = 2, tie = true },
+  { what = "a tokenizer's encoder.json and vocab.bpe", kind = "tokenizer" },
+  { what = "options of l2l.plan", kind = "plan" },
 }
+local GPT2_HEADS = 2   -- (dim 16 is not a multiple of GPT-2's 64-wide heads)
 
 -- The base's model, with fixed seeds: the same shapes (and initial weights) every time.
 local function make_model(cfg)
@@ -155,7 +162,33 @@ local function batch_for(model, B, step)
   return tok, tgt, opts
 end
 
+-- GPT-2's names of l2l's block records (lua/l2l/gpt2.lua maps them the other way).
+local GPT2_NAMES = {
+  ["ln1.weight"] = "ln_1.weight", ["ln1.bias"] = "ln_1.bias", ["attn.qkv.weight"] = "attn.c_attn.weight",
+  ["attn.qkv.bias"] = "attn.c_attn.bias", ["attn.proj.weight"] = "attn.c_proj.weight",
+  ["attn.proj.bias"] = "attn.c_proj.bias", ["ln2.weight"] = "ln_2.weight", ["ln2.bias"] = "ln_2.bias",
+  ["mlp.fc.weight"] = "mlp.c_fc.weight", ["mlp.fc.bias"] = "mlp.c_fc.bias",
+  ["mlp.proj.weight"] = "mlp.c_proj.weight", ["mlp.proj.bias"] = "mlp.c_proj.bias",
+}
+
+-- The GPT-2 base: the model's weights under transformers' names, without metadata.
+local function make_gpt2_base(cfg, path)
+  local model = make_model(cfg)
+  local entries = {}
+  for i, layer in ipairs(model) do
+    for _, p in ipairs(layer:params()) do
+      local name
+      if layer.kind == "embedding" then name = p.name .. ".weight"
+      elseif layer.kind == "block" then name = ("h.%d.%s"):format(i - 2, GPT2_NAMES[p.name])
+      elseif p.name:match("^ln%.") then name = "ln_f." .. p.name:match("^ln%.(.*)$") end
+      if name then entries[#entries + 1] = { name = name, tensor = p.value } end
+    end
+  end
+  l2l.safetensors.write(path, entries)
+end
+
 local function make_base(cfg, path)
+  if cfg.kind == "gpt2" then return make_gpt2_base(cfg, path) end
   local model = make_model(cfg)
   if cfg.freeze then model:freeze(cfg.freeze) end
   local optimizer = cfg.optimizer == "adamw" and l2l.AdamW{ lr = 0.01, weight_decay = 0.1 }
@@ -210,7 +243,16 @@ local function one_line(s)
   return s
 end
 
+-- The most resident memory the child has had (kB), from /proc: the run reports the largest.
+local function peak_rss()
+  local f = io.open("/proc/self/status", "r")
+  local s = f and f:read("*a") or ""
+  if f then f:close() end
+  return tonumber(s:match("VmHWM:%s*(%d+)")) or 0
+end
+
 local function finish(class, msg)
+  io.stdout:write(("FUZZ-RSS %d\n"):format(peak_rss()))
   io.stdout:write(("FUZZ-RESULT %s %s\n"):format(class, one_line(msg or "")))
   io.stdout:flush()
   os.exit(0, true)   -- the Lua state closed: every finalizer runs (under ASan, leaks show)
@@ -289,7 +331,64 @@ local function child(c)
   end
   local cfg = BASES[c.base]
   if cfg == nil or type(path) ~= "string" then usage("--child TARGET BASE FILE") end
-  if target == "load" then
+  if target == "import_gpt2" then
+    local ok, model = pcall(l2l.import_gpt2, path, { heads = GPT2_HEADS })
+    if not ok then
+      local okc, why = clean_error(model, { "l2l.import_gpt2: " })
+      finish(okc and "clean" or "unclean", okc and model or (why .. " || " .. tostring(model)))
+    end
+    note_nan_payloads(model)
+    local run = l2l.Relay{ model = model, micro_batch = 2 }
+    local oks, err = step_once(run)
+    if not oks then finish("unstep", "l2l.import_gpt2 accepted it, then the step failed || " .. tostring(err)) end
+    run:free()
+    finish("accepted")
+  elseif target == "tokenizer_encoder" or target == "tokenizer_vocab" then
+    -- the case's file stands for one of the two; the other is the pristine base's
+    local dir = path:match("^(.*)/[^/]*$") or "."
+    local encoder = target == "tokenizer_encoder" and path or dir .. "/tok-encoder.json"
+    local vocab = target == "tokenizer_vocab" and path or dir .. "/tok-vocab.bpe"
+    local ok, tok = pcall(l2l.tokenizer.load, encoder, vocab)
+    if not ok then
+      local okc, why = clean_error(tok, { "l2l.tokenizer.load: " })
+      finish(okc and "clean" or "unclean", okc and tok or (why .. " || " .. tostring(tok)))
+    end
+    local bytes = {}
+    for b = 0, 255 do bytes[#bytes + 1] = string.char(b) end
+    local text = table.concat(bytes) .. " hello world, hello\n\t aaaaaaaa ===="
+    local oke, back = pcall(function() return tok:decode(tok:encode(text)) end)
+    if not oke or back ~= text then
+      finish("unstep", "l2l.tokenizer.load accepted it, then a round trip failed || " .. tostring(back):sub(1, 200))
+    end
+    finish("accepted")
+  elseif target == "plan" then
+    local f = assert(io.open(path, "rb"))
+    local chunk = assert(loadstring(f:read("*a"), "=options"))
+    f:close()
+    local o = setfenv(chunk, {})()
+    local list = { l2l.Embedding{ vocab = V, dim = o.dim, max_seq = 8 } }
+    for _ = 1, o.blocks do list[#list + 1] = l2l.Block{ dim = o.dim, heads = 2, causal = true } end
+    list[#list + 1] = l2l.LMHead{ vocab = V, dim = o.dim }
+    local model = l2l.Sequential(list)
+    o.model, o.blocks, o.dim = model, nil, nil
+    local ok, plan = pcall(l2l.plan, o)
+    if not ok then
+      local okc, why = clean_error(plan, { "l2l.plan: " })
+      finish(okc and "clean" or "unclean", okc and plan or (why .. " || " .. tostring(plan)))
+    end
+    if not (plan.micro_batch >= 1 and plan.micro_batch <= o.batch and plan.device_peak <= o.device_budget) then
+      finish("unstep", ("l2l.plan gave micro-batch %s of %s, peak %s within %s"):format(
+        tostring(plan.micro_batch), tostring(o.batch), tostring(plan.device_peak), tostring(o.device_budget)))
+    end
+    local settings = { model = model, plan = plan }
+    for _, k in ipairs({ "param_slots", "accumulate", "clip_global_norm", "loss_scale", "precision", "grad_precision" }) do
+      settings[k] = o[k]
+    end
+    local okr, run = pcall(l2l.Relay, settings)
+    if not okr then finish("unstep", "l2l.plan made a plan the relay it was made for refuses || " .. tostring(run)) end
+    run:free()
+    finish("accepted")
+  elseif target == "load" then
     local ok, run = pcall(l2l.load, path)
     if not ok then
       local okc, why = clean_error(run, { "l2l.load: " })
@@ -380,6 +479,8 @@ end
 local here = (arg and arg[0] or "scripts/fuzz_load.lua"):match("^(.*)/[^/]*$") or "."
 local G = assert(loadfile(here .. "/fuzz/gen.lua"))()
 local S, B = assert(loadfile(here .. "/fuzz/mutations.lua"))(G)
+local INPUTS = assert(loadfile(here .. "/fuzz/inputs.lua"))(G)
+local tokenizer_fixture = assert(loadfile(here .. "/../spec/tokenizer_fixture.lua"))()
 local rint, chance, pick = G.rint, G.chance, G.pick
 local new_state, assemble, parse_base = G.new_state, G.assemble, G.parse_base
 
@@ -394,6 +495,10 @@ local FAMILIES = {
   { "l2l_structure", 5, "st", true }, { "combo", 8, "combo" }, { "identity", 1, "identity" },
 }
 local TARGETS = { "load", "load_weights", "open" }
+-- Every target, in the report's order, with the name its row shows.
+local TARGET_ROWS = { { "load", "l2l.load" }, { "load_weights", "l2l.load_weights" }, { "open", "safetensors.open" },
+                      { "import_gpt2", "l2l.import_gpt2" }, { "tokenizer_encoder", "tokenizer (encoder)" },
+                      { "tokenizer_vocab", "tokenizer (vocab)" }, { "plan", "l2l.plan" } }
 
 local function chosen_families()
   local list, total = {}, 0
@@ -420,18 +525,28 @@ local FAMILY_LIST, FAMILY_TOTAL
 
 local function case_seed(seed, k) return (seed * 1000003 + k * 7919) % 2 ^ 52 end
 
--- Case k of seed: {base =, target =, family =, what =, bytes =}.
+-- Case k of seed: {base =, target =, family =, what =, bytes =}. A base is drawn first: a
+-- checkpoint (4 in 7), the GPT-2 file, the tokenizer or the planner (1 in 7 each).
 local function make_case(bases, seed, k)
   math.randomseed(case_seed(seed, k))
+  local bi = rint(1, #bases)
+  local base = bases[bi]
+  if base.kind == "tokenizer" then
+    local target, bytes, what = INPUTS.tokenizer_case(base, B)
+    return { k = k, base = bi, target = target, family = "tokenizer", what = what, bytes = bytes }
+  elseif base.kind == "plan" then
+    local bytes, what = INPUTS.plan_input()
+    return { k = k, base = bi, target = "plan", family = "plan", what = what, bytes = bytes }
+  end
   local r, family = math.random() * FAMILY_TOTAL, nil
   for _, f in ipairs(FAMILY_LIST) do
     r = r - f[2]
-    if r <= 0 then family = f; break end
+    -- (the l2l description's families do not apply to a GPT-2 file: it has none)
+    if r <= 0 and not (base.kind == "gpt2" and f[4]) then family = f; break end
   end
-  family = family or FAMILY_LIST[#FAMILY_LIST]
-  local bi = rint(1, #bases)
-  local base = bases[bi]
-  local target = family[4] and (chance(0.8) and "load" or pick({ "load_weights", "open" })) or pick(TARGETS)
+  family = family or FAMILY_LIST[1]
+  local target = base.kind == "gpt2" and (chance(0.8) and "import_gpt2" or "open")
+                 or family[4] and (chance(0.8) and "load" or pick({ "load_weights", "open" })) or pick(TARGETS)
   local st = new_state(base)
   local what, bytes
   if family[3] == "bytes" then
@@ -558,6 +673,7 @@ local function printable(s)
 end
 
 local FAILING = { crash = true, hang = true, unclean = true, unstep = true }
+local rss   -- the largest resident memory of a case: {kb =, case =}
 
 -- Defects this fuzzer found that are not fixed yet (issue 21, "Hardening"), matched
 -- against a failing case's signature (signature() above). They are reported as known;
@@ -600,9 +716,19 @@ end
 local function make_bases(dir)
   local bases = {}
   for i, cfg in ipairs(BASES) do
-    local path = ("%s/base-%d.safetensors"):format(dir, i)
-    make_base(cfg, path)
-    bases[i] = parse_base(read_file(path))
+    if cfg.kind == "tokenizer" then
+      tokenizer_fixture.write(dir)   -- encoder.json, vocab.bpe; the children read the tok- copies
+      bases[i] = { kind = "tokenizer", encoder = read_file(dir .. "/encoder.json"), vocab = read_file(dir .. "/vocab.bpe") }
+      write_file(dir .. "/tok-encoder.json", bases[i].encoder)
+      write_file(dir .. "/tok-vocab.bpe", bases[i].vocab)
+    elseif cfg.kind == "plan" then
+      bases[i] = { kind = "plan" }
+    else
+      local path = ("%s/base-%d.safetensors"):format(dir, i)
+      make_base(cfg, path)
+      bases[i] = parse_base(read_file(path))
+      bases[i].kind = cfg.kind
+    end
   end
   return bases
 end
@@ -657,6 +783,7 @@ local function fuzz()
     return true
   end
   local counts, by_target, by_family = {}, {}, {}
+  rss = { kb = 0, case = 0 }
   local failures, signatures, known_count = {}, {}, 0
   local chunk = o.jobs * 24
   local first, last = 1, o.n
@@ -672,6 +799,8 @@ local function fuzz()
     run_cases(dir, list, o.timeout)
     for _, c in ipairs(list) do
       local class, detail, out = classify(dir, c.k, o.timeout)
+      local kb = tonumber(out:match("FUZZ%-RSS (%d+)")) or 0
+      if kb > rss.kb then rss.kb, rss.case = kb, c.k end
       counts[class] = (counts[class] or 0) + 1
       by_target[c.target] = by_target[c.target] or {}
       by_target[c.target][class] = (by_target[c.target][class] or 0) + 1
@@ -712,10 +841,9 @@ local function fuzz()
   local header = {}
   for i, cl in ipairs(classes) do header[i] = ("%9s"):format(cl) end
   print(("  %-18s%s"):format("", table.concat(header)))
-  for _, t in ipairs({ "load", "load_weights", "open" }) do
-    print(row(t == "open" and "safetensors.open" or "l2l." .. t, by_target[t] or {}))
-  end
+  for _, t in ipairs(TARGET_ROWS) do print(row(t[2], by_target[t[1]] or {})) end
   print(row("all", counts))
+  print(("  the largest resident memory of a case: %.1f MiB (case %d)"):format(rss.kb / 1024, rss.case))
   local fams = {}
   for _, f in ipairs(FAMILY_LIST) do
     local t = by_family[f[1]]
@@ -804,12 +932,21 @@ local function self_test()
   expect(quick, o.timeout or 60)
   expect(slow, 2)
   local list = {}
+  local function add(bi, target, bytes)
+    local k = 100 + #list
+    write_file(("%s/case-%d.safetensors"):format(dir, k), bytes)
+    list[#list + 1] = { k = k, target = target, base = bi, what = ("base %d written again, %s"):format(bi, target) }
+  end
   for bi, base in ipairs(bases) do
-    local bytes = assemble(new_state(base))
-    for _, target in ipairs(TARGETS) do
-      local k = 100 + #list
-      write_file(("%s/case-%d.safetensors"):format(dir, k), bytes)
-      list[#list + 1] = { k = k, target = target, base = bi, what = ("base %d written again, %s"):format(bi, target) }
+    if base.kind == "tokenizer" then
+      add(bi, "tokenizer_encoder", base.encoder)
+      add(bi, "tokenizer_vocab", base.vocab)
+    elseif base.kind == "plan" then
+      add(bi, "plan", INPUTS.plan_text({ blocks = 2, dim = 16, batch = 6, seq = 4, device_budget = 2 ^ 30,
+                                         rates = { flops = 1e12, h2d = 1e10, d2h = 1e10, optimizer = 1e9 } }))
+    else
+      local bytes = assemble(new_state(base))
+      for _, target in ipairs(base.kind == "gpt2" and { "import_gpt2", "open" } or TARGETS) do add(bi, target, bytes) end
     end
   end
   expect(list, o.timeout or 60, "accepted")

@@ -765,6 +765,9 @@ typedef struct l2l_relay_stats {
    dim matches the next one's input) and makes the EPS records. */
 l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
                          const l2l_relay_config *config);
+/* The checks l2l_relay_new makes of a config, alone (l2l.plan asks them of the settings it
+   plans for, so that a plan is never made for a relay that would be refused). */
+l2l_status l2l_relay_config_check(const l2l_relay_config *config);
 /* Waits for pending work, then frees the EPS's state (not the layers). NULL is fine. A
    relay in another call (see "Threads" above) is not freed: l2l_last_error says so. */
 void l2l_relay_free(l2l_relay *run);

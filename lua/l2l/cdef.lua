@@ -435,6 +435,8 @@ typedef struct l2l_relay_stats {
 l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
                          const l2l_relay_config *config);
 
+l2l_status l2l_relay_config_check(const l2l_relay_config *config);
+
 void l2l_relay_free(l2l_relay *run);
 
 int l2l_relay_layer_count(const l2l_relay *run);

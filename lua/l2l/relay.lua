@@ -196,7 +196,9 @@ local config_of   -- (below)
 -- The C config of relay options without a model (plain errors naming fname): what
 -- l2l.plan plans for.
 function M.config_for(o, fname)
-  return config_of(read_settings(o, fname))
+  local c = config_of(read_settings(o, fname))
+  if C.l2l_relay_config_check(c) ~= 0 then fail(fname .. ": " .. M.lua_message(lib.last_error())) end
+  return c
 end
 
 config_of = function(s)

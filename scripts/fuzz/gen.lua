@@ -137,7 +137,7 @@ local function parse_base(bytes)
       b.blobs[name] = b.data:sub(e.data_offsets[1] + 1, e.data_offsets[2])
     end
   end
-  b.desc_text = header.__metadata__.l2l
+  b.desc_text = type(header.__metadata__) == "table" and header.__metadata__.l2l or nil   -- (a GPT-2 file: none)
   return b
 end
 
@@ -211,10 +211,10 @@ end
 -- pad: the padding byte; no_pad; len: the header length field (a number or 8 bytes).
 local function new_state(base)
   local header = cjson.decode(base.text)
-  header.__metadata__.l2l = DESC_SLOT
+  if base.desc_text then header.__metadata__.l2l = DESC_SLOT end
   local blobs = {}
   for k, v in pairs(base.blobs) do blobs[k] = v end
-  return { base = base, header = header, desc = cjson.decode(base.desc_text), blobs = blobs }
+  return { base = base, header = header, desc = base.desc_text and cjson.decode(base.desc_text), blobs = blobs }
 end
 
 local function entry_names(st)
@@ -242,7 +242,7 @@ local function assemble(st)
     end
     data = table.concat(parts)
   end
-  local desc_text = st.desc_raw or json(st.desc)
+  local desc_text = st.desc_raw or (st.desc ~= nil and json(st.desc) or nil)
   local text = st.header_raw or json(st.header, desc_text)
   if st.text_edit then text = st.text_edit(text) end
   if not st.no_pad then text = text .. (st.pad or " "):rep((8 - #text % 8) % 8) end

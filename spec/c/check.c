@@ -175,12 +175,17 @@ bool ends_with(const char *s, const char *suffix) {
 int main(int argc, char **argv) {
   const char *env = getenv("L2L_SEED");
   run_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
-  const char *only = argc > 1 ? argv[1] : NULL;
-  printf("ctest: seed %llu (L2L_SEED=%llu %s%s%s replays it)\n", (unsigned long long)run_seed,
-         (unsigned long long)run_seed, argv[0], only ? " " : "", only ? only : "");
+  /* arguments: parts of test names; a test runs when its name holds any of them */
+  char names[512] = "";
+  for (int a = 1; a < argc; a++)
+    snprintf(names + strlen(names), sizeof names - strlen(names), " %s", argv[a]);
+  printf("ctest: seed %llu (L2L_SEED=%llu %s%s replays it)\n", (unsigned long long)run_seed,
+         (unsigned long long)run_seed, argv[0], names);
   int passed = 0, failed = 0, skipped = 0;
   for (int i = 0; i < test_count; i++) {
-    if (only && strstr(tests[i].name, only) == NULL) continue;
+    bool chosen = argc < 2;
+    for (int a = 1; a < argc && !chosen; a++) chosen = strstr(tests[i].name, argv[a]) != NULL;
+    if (!chosen) continue;
     uint64_t test_seed = run_seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(i + 1));
     seed_rng(test_seed);
     current_failures = 0;

@@ -2123,7 +2123,7 @@ static void watch_model(const struct model *m) {
   for (int i = 0; i < m->n; i++) watch_layer(m->layer[i]);
 }
 
-/* Covers: l2l_relay_config_default, l2l_relay_new, l2l_relay_free, l2l_relay_layer_count,
+/* Covers: l2l_relay_config_default, l2l_relay_config_check, l2l_relay_new, l2l_relay_free, l2l_relay_layer_count,
    l2l_relay_layer, l2l_relay_frozen, l2l_relay_stash, l2l_relay_inner. */
 TEST(misuse_relay_new_and_accessors) {
   struct shape g = gpt_shape();
@@ -2187,7 +2187,12 @@ TEST(misuse_relay_new_and_accessors) {
     snprintf(expr, sizeof expr, "l2l_relay_new config case %d (%s)", i, bad[i].needle);
     refused_at((arm(), l2l_relay_new(&out, m.layer, m.n, &bad[i].c)), L2L_ERR_INVALID,
                bad[i].needle, __FILE__, __LINE__, expr);
+    snprintf(expr, sizeof expr, "l2l_relay_config_check case %d (%s)", i, bad[i].needle);
+    refused_at((arm(), l2l_relay_config_check(&bad[i].c)), L2L_ERR_INVALID, bad[i].needle,
+               __FILE__, __LINE__, expr);
   }
+  REFUSES(l2l_relay_config_check(NULL), L2L_ERR_INVALID, "config");
+  CHECK_OK(l2l_relay_config_check(&base));
   /* layer lists: what is no layer, a layer twice, a layer that does not fit */
   l2l_tensor *t = NEW(L2L_POOL_HOST, L2L_F32, 8);
   struct shape wide = g;

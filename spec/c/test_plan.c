@@ -177,14 +177,13 @@ TEST(plan_peak_of_many_micro_batches_is_the_whole_replays) {
 TEST(plan_search_work_is_bounded_in_the_batch) {
   /* Hardening 2, item 7: the search tried every distinct ceil(B / n) (about 2 sqrt(B)
      sizes), each replayed micro-batch by micro-batch, with arrays of B entries: a batch
-     of 2^20 took minutes and 0.5 GB, 2^24 never finished. Now the sizes are a ladder
-     (about 16 + 8.5 ln(B / 16) of them) and a replay of many micro-batches is three short
-     ones, so the work (micro-batches replayed, counted, never timed) grows with ln B:
-     from B = 2^10 to 2^24 the ladder grows 2.6 times (51 to 134 sizes), and a judge
-     replays at most 21 micro-batches (6 + 7 + 8) where at 2^10 the small counts are
-     replayed whole (1 to 16): measured 3.6 times the work (104,275 against 29,326
-     micro-batches). It must stay within 8: a search of every size would grow 128 times,
-     and replays of every micro-batch thousands of times. */
+     of 2^20 took minutes and 0.5 GB, 2^24 never finished. Now the sizes are a coarse
+     ladder (8 + log2(B / 8) of them: 15 at 2^10, 29 at 2^24) and two fine ones of at most
+     15 around the fastest, and a replay of many micro-batches is three short ones, so the
+     work (micro-batches replayed, counted, never timed) grows with log B: measured 2.65
+     times from 2^10 to 2^24 (20,296 against 7,654 micro-batches). It must stay within 8:
+     a search of every size would grow 128 times, and replays of every micro-batch
+     thousands of times. */
   struct shape g = random_shape();
   g.blocks = 2, g.type_vocab = 0;
   struct model m;

@@ -141,7 +141,9 @@ struct l2l_eps {
   int expects;                 /* eps_expect calls this step */
   /* Data parallel over MPI (exchange.c), NULL on one process. */
   struct eps_dist *dist;
-  int64_t step;                /* the relay's step, for a timeout's report */
+  /* The relay's step, for a timeout's report: set by the relay as a step begins while the
+     last step's updates (and their exchanges) may still run on the workers. */
+  _Atomic int64_t step;
 };
 
 /* optimizer: checked already. */

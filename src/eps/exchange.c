@@ -135,7 +135,7 @@ static void op_fill(struct l2l_dist_op *op, struct eps_record *rec, enum l2l_dis
   *op = (struct l2l_dist_op){.kind = kind, .counts = rec->counts, .displs = rec->displs,
                              .done = done, .ctx = rec, .what = what,
                              .name = l2l_param_name(rec->param), .layer = rec->last_layer,
-                             .step = eps->step, .lane = eps->dist->lane};
+                             .step = atomic_load(&eps->step), .lane = eps->dist->lane};
 }
 
 static void ag_done(struct l2l_dist_op *op) {
@@ -255,7 +255,7 @@ l2l_status l2l_eps_state_whole(l2l_tensor **out, struct l2l_eps *eps, struct eps
     struct l2l_dist_op op = {.kind = DIST_ALLGATHERV, .recv = l2l_tensor_data(whole),
                              .counts = rec->counts, .displs = rec->displs,
                              .what = "all-gather of optimizer state (a checkpoint)",
-                             .name = l2l_param_name(rec->param), .layer = -1, .step = eps->step};
+                             .name = l2l_param_name(rec->param), .layer = -1, .step = atomic_load(&eps->step)};
     l2l_status status = l2l_dist_run(&op);
     if (status != L2L_OK) {
       l2l_tensor_free(whole);

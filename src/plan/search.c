@@ -32,7 +32,10 @@
 #include "plan.h"
 
 enum mode { M_KEEP, M_SWAP, M_DEV, M_HOST, M_DROP, MODES };
-enum { FRONT_MAX = 4096, RETRIES = 8 };
+/* POLISH_TRIALS bounds one size's polish: a 188-layer chain whose knapsack left many short
+   runs took 45,000 trials (26 s) climbing one layer at a time; the first hundreds take
+   nearly all the gain. */
+enum { FRONT_MAX = 4096, RETRIES = 8, POLISH_TRIALS = 400 };
 
 static void set_mode(struct plan_layer *pl, int k, int L, enum mode m) {
   if (k == 0) {                       /* the embedding: no input boundary, nothing to redo */
@@ -65,6 +68,7 @@ struct judge {
   const struct plan_layer_costs *costs;
   const l2l_plan_rates *rates;
   enum mode *modes;
+  const int *same_as;   /* per layer: the first layer alike to it (itself if none before) */
 };
 
 /* The chain under `modes`: its time and peak (exact: the models'). */
@@ -190,9 +194,12 @@ static bool inside_run(const struct plan_chain *c, const enum mode *modes, int k
          modes[k - 1] == modes[k] && modes[k + 1] == modes[k];
 }
 
-/* Tries trial[] against the best; true when it is faster and fits (then it is the best). */
+/* Tries trial[] against the best; true when it is faster and fits (then it is the best).
+   Counts the trial against *left (none left: nothing is tried). */
 static bool try_modes(struct judge *j, struct choice *best, const enum mode *trial, uint64_t budget,
-                      l2l_status *status) {
+                      l2l_status *status, int *left) {
+  if (*left <= 0) return false;
+  --*left;
   double s;
   uint64_t p;
   *status = judge(j, trial, &s, &p);
@@ -209,7 +216,8 @@ static l2l_status polish(struct judge *j, struct choice *best, uint64_t budget) 
   enum mode *trial = calloc((size_t)L, sizeof *trial);
   if (trial == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to plan");
   l2l_status status = L2L_OK;
-  for (bool better = best->found; better && status == L2L_OK;) {
+  int left = POLISH_TRIALS;
+  for (bool better = best->found; better && status == L2L_OK && left > 0;) {
     better = false;
     for (int k = 0; k < L && status == L2L_OK; k++) {
       if (inside_run(j->c, best->modes, k)) continue;
@@ -220,7 +228,7 @@ static l2l_status polish(struct judge *j, struct choice *best, uint64_t budget) 
           continue;
         memcpy(trial, best->modes, (size_t)L * sizeof *trial);
         trial[k] = (enum mode)m;
-        better |= try_modes(j, best, trial, budget, &status);
+        better |= try_modes(j, best, trial, budget, &status, &left);
       }
     }
     /* pairs where the kind or the place changes (the embedding and the first block, the
@@ -235,7 +243,7 @@ static l2l_status polish(struct judge *j, struct choice *best, uint64_t budget) 
             continue;
           memcpy(trial, best->modes, (size_t)L * sizeof *trial);
           trial[k] = (enum mode)a, trial[k + 1] = (enum mode)b;
-          better |= try_modes(j, best, trial, budget, &status);
+          better |= try_modes(j, best, trial, budget, &status, &left);
         }
     }
   }
@@ -266,9 +274,10 @@ static l2l_status programme(struct judge *j, struct choice *best, uint64_t budge
   }
   if (status == L2L_OK) *leanest = base_p;
   /* checkpointing every p-th boundary (Chen et al.'s sqrt(n) schedule and its kin; p from
-     2 to 6, then in steps of a quarter): the boundaries between kept ones dropped and
-     rebuilt, a run at a time; the kept ones on the device or on the host */
-  for (int period = 2; period < L && status == L2L_OK; period += period < 6 ? 1 : period / 4)
+     2 to 6, then half again each time: the knapsack and the polish fine-tune what these
+     start): the boundaries between kept ones dropped and rebuilt, a run at a time; the
+     kept ones on the device or on the host */
+  for (int period = 2; period < L && status == L2L_OK; period += period < 6 ? 1 : period / 2)
     for (int home = 0; home < 2 && status == L2L_OK; home++) {
       for (int k = 0; k < L; k++)
         modes[k] = k == 0 ? M_KEEP : k == L - 1 ? M_HOST : k % period == 0 ? (home ? M_HOST : M_DEV) : M_DROP;
@@ -279,9 +288,7 @@ static l2l_status programme(struct judge *j, struct choice *best, uint64_t budge
     }
   /* each layer's modes against the leanest policy, one per kind of layer */
   for (int k = 0; k < L && status == L2L_OK; k++) {
-    int same = -1;
-    for (int i = 0; i < k && same < 0; i++)
-      if (alike(c, i, k)) same = i;
+    int same = j->same_as[k] < k ? j->same_as[k] : -1;
     for (int m = 0; m < MODES; m++) {
       if (!mode_allowed(k, L, (enum mode)m)) {
         dt[k][m] = INFINITY;
@@ -321,55 +328,86 @@ static l2l_status programme(struct judge *j, struct choice *best, uint64_t budge
 
 /* ---------------------------------------------------------------- every micro-batch size */
 
-/* The micro-batch sizes tried, largest first: ceil(B / n) for every number of
-   micro-batches n up to EVERY_COUNT, then for n growing by an eighth at a time, and n = B.
-   Every distinct size is about 2 sqrt(B) of them (a batch of 2^20 took minutes); this
-   ladder is at most about 16 + 8.5 ln(B / 16) (157 at B = 2^24), and steps between
-   neighbouring counts change a step's time by an eighth at most. Returns how many (at
-   most `room`: sizes NULL counts them). */
-enum { EVERY_COUNT = 16 };
-static int ladder(int64_t *sizes, int room, int64_t batch) {
-  int count = 0;
-  int64_t previous = 0;
-  for (int64_t n = 1; n <= batch; n = n < EVERY_COUNT ? n + 1 : (n + n / 8 > n + 1 ? n + n / 8 : n + 1)) {
+/* The micro-batch sizes tried: ceil(B / n) for counts n of micro-batches in [lo, hi] on a
+   ladder: every count up to EVERY_COUNT, then counts growing by 1/`spread` of themselves
+   (and n = B: one sample a micro-batch, the leanest there is, when hi reaches it). Every
+   distinct size is about 2 sqrt(B) of them (a batch of 2^20 took minutes): the search
+   first takes a coarse ladder (counts doubling: 8 + log2(B / 8) sizes, 29 at 2^24), then
+   a fine one (an eighth apart) between the coarse neighbours of its two fastest sizes.
+   Appends to sizes[*count] (room: its length; sizes NULL counts only), skipping sizes
+   already there. */
+enum { EVERY_COUNT = 8 };
+static void ladder(int64_t *sizes, int *count, int room, int64_t batch, int64_t lo, int64_t hi,
+                   int spread) {
+  for (int64_t n = lo; n <= hi && n <= batch && !(sizes && *count >= room);) {
     int64_t mb = (batch + n - 1) / n;
-    if (mb == previous) continue;
-    previous = mb;
-    if (sizes && count < room) sizes[count] = mb;
-    count++;
+    bool seen = false;
+    for (int i = 0; sizes && i < *count && !seen; i++) seen = sizes[i] == mb;
+    if (!seen) {
+      if (sizes && *count < room) sizes[*count] = mb;
+      (*count)++;
+    }
+    if (n == batch) break;
+    int64_t next = n < EVERY_COUNT ? n + 1 : n + (n / spread > 1 ? n / spread : 1);
+    n = next > batch && n < hi ? batch : next;   /* the last count reaches B */
   }
-  if (previous != 1) {   /* one sample a micro-batch: the leanest there is */
-    if (sizes && count < room) sizes[count] = 1;
-    count++;
-  }
-  return count;
 }
+
+/* The count of micro-batches of size mb. */
+static int64_t count_of(int64_t batch, int64_t mb) { return (batch + mb - 1) / mb; }
 
 l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_plan_rates *rates,
                        uint64_t budget) {
   int L = c->L;
   double *layer_seconds = out->layer_seconds;
   *out = (struct plan_result){.layer_seconds = layer_seconds, .leanest_peak = UINT64_MAX};
-  int nsizes = ladder(NULL, 0, c->batch);
-  int64_t *sizes = calloc((size_t)nsizes, sizeof *sizes);
-  struct choice *choices = calloc((size_t)nsizes, sizeof *choices);
+  int64_t B = c->batch;
+  int nsizes = 0, fine = 0;
+  ladder(NULL, &nsizes, 0, B, 1, B, 1);
+  ladder(NULL, &fine, 0, INT64_MAX / 4, EVERY_COUNT, 4 * EVERY_COUNT, 8);   /* a fine ladder over 4x */
+  int room = nsizes + 2 * fine;
+  int64_t *sizes = calloc((size_t)room, sizeof *sizes);
+  struct choice *choices = calloc((size_t)room, sizeof *choices);
   struct plan_layer_costs *costs = calloc((size_t)L, sizeof *costs);
-  l2l_status status = sizes && choices && costs ? L2L_OK : FAIL(L2L_ERR_NOMEM, "no memory to plan");
-  if (status == L2L_OK) ladder(sizes, nsizes, c->batch);
-  for (int i = 0; i < nsizes && status == L2L_OK; i++) {
+  int *same_as = calloc((size_t)L, sizeof *same_as);
+  l2l_status status = sizes && choices && costs && same_as ? L2L_OK : FAIL(L2L_ERR_NOMEM, "no memory to plan");
+  for (int i = 0; i < room && status == L2L_OK; i++) {
     choices[i].modes = calloc((size_t)L, sizeof(enum mode));
     choices[i].dt = calloc((size_t)L, sizeof *choices[i].dt);
     if (choices[i].modes == NULL || choices[i].dt == NULL) status = FAIL(L2L_ERR_NOMEM, "no memory to plan");
   }
-  /* every size through the programme; the two fastest polished */
-  struct judge j = {c, costs, rates, NULL};
-  for (int i = 0; i < nsizes && status == L2L_OK; i++) {
-    c->micro_batch = sizes[i];
-    uint64_t lean = 0;
-    status = plan_chain_memo(c);
-    if (status == L2L_OK) status = plan_layer_costs(costs, c, rates);
-    if (status == L2L_OK) status = programme(&j, &choices[i], budget, &lean);
-    if (status == L2L_OK && lean < out->leanest_peak) out->leanest_peak = lean, out->leanest_micro_batch = sizes[i];
+  /* layers that cost alike share their measurements (one pass: alike is transitive) */
+  for (int k = 0; k < L && status == L2L_OK; k++) {
+    same_as[k] = k;
+    for (int i = 0; i < k && same_as[k] == k; i++)
+      if (same_as[i] == i && alike(c, i, k)) same_as[k] = i;
+  }
+  struct judge j = {c, costs, rates, NULL, same_as};
+  /* the coarse ladder through the programme, then fine ones around its two fastest */
+  nsizes = 0;
+  if (status == L2L_OK) ladder(sizes, &nsizes, room, B, 1, B, 1);
+  int done = 0;
+  for (int pass = 0; pass < 2 && status == L2L_OK; pass++) {
+    for (int i = done; i < nsizes && status == L2L_OK; i++) {
+      c->micro_batch = sizes[i];
+      uint64_t lean = 0;
+      status = plan_chain_memo(c);
+      if (status == L2L_OK) status = plan_layer_costs(costs, c, rates);
+      if (status == L2L_OK) status = programme(&j, &choices[i], budget, &lean);
+      if (status == L2L_OK && lean < out->leanest_peak) out->leanest_peak = lean, out->leanest_micro_batch = sizes[i];
+    }
+    done = nsizes;
+    if (pass == 1) break;
+    int best[2] = {-1, -1};
+    for (int i = 0; i < nsizes; i++) {
+      if (!choices[i].found) continue;
+      if (best[0] < 0 || choices[i].seconds < choices[best[0]].seconds) best[1] = best[0], best[0] = i;
+      else if (best[1] < 0 || choices[i].seconds < choices[best[1]].seconds) best[1] = i;
+    }
+    for (int b = 0; b < 2 && best[b] >= 0; b++) {
+      int64_t n = count_of(B, sizes[best[b]]);
+      ladder(sizes, &nsizes, room, B, n / 2 > 1 ? n / 2 : 1, 2 * n, 8);
+    }
   }
   /* polished: the two fastest sizes, and any other within 25 % of the fastest (near ties
      between sizes are common, and the polish may turn them) */
@@ -402,8 +440,8 @@ l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_
     status = plan_layer_costs(costs, c, rates);
     if (status == L2L_OK) plan_step_seconds(c, costs, rates, out->layer_seconds);
   }
-  for (int i = 0; choices && i < nsizes; i++) free(choices[i].modes), free(choices[i].dt);
-  free(sizes), free(choices), free(costs);
+  for (int i = 0; choices && i < room; i++) free(choices[i].modes), free(choices[i].dt);
+  free(sizes), free(choices), free(costs), free(same_as);
   plan_memo_free(c);
   return status;
 }

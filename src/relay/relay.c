@@ -215,6 +215,8 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
   return L2L_OK;
 }
 
+l2l_status l2l_relay_config_check(const l2l_relay_config *config) { return check_config(config); }
+
 l2l_status relay_enter(const l2l_relay *run, const char *func) {
   if (!relay_ok(run)) return l2l_fail_in(func, L2L_ERR_INVALID, "run is not a live relay");
   l2l_relay *r = (l2l_relay *)run;

@@ -231,7 +231,7 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
   TRY(relay_check_async(run));
   struct step s = {.run = run, .in = batch, .training = training};
   struct step_plan p;
-  run->eps.step = run->steps + 1;
+  atomic_store(&run->eps.step, run->steps + 1);
   /* The step's time starts before its beginning: with ranks, the exchange of sizes there
      is a wait for MPI (exposed_comm), and every part of the step lies within its time. */
   double t0 = l2l_now();
