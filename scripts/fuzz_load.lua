@@ -162,14 +162,9 @@ local function batch_for(model, B, step)
   return tok, tgt, opts
 end
 
--- GPT-2's names of l2l's block records (lua/l2l/gpt2.lua maps them the other way).
-local GPT2_NAMES = {
-  ["ln1.weight"] = "ln_1.weight", ["ln1.bias"] = "ln_1.bias", ["attn.qkv.weight"] = "attn.c_attn.weight",
-  ["attn.qkv.bias"] = "attn.c_attn.bias", ["attn.proj.weight"] = "attn.c_proj.weight",
-  ["attn.proj.bias"] = "attn.c_proj.bias", ["ln2.weight"] = "ln_2.weight", ["ln2.bias"] = "ln_2.bias",
-  ["mlp.fc.weight"] = "mlp.c_fc.weight", ["mlp.fc.bias"] = "mlp.c_fc.bias",
-  ["mlp.proj.weight"] = "mlp.c_proj.weight", ["mlp.proj.bias"] = "mlp.c_proj.bias",
-}
+-- GPT-2's names of l2l's block records (the importer's map, the other way).
+local GPT2_NAMES = {}
+for _, pair in ipairs(require("l2l.gpt2").block_names) do GPT2_NAMES[pair[2]] = pair[1] end
 
 -- The GPT-2 base: the model's weights under transformers' names, without metadata.
 local function make_gpt2_base(cfg, path)

@@ -37,6 +37,7 @@ local BLOCK_ORDER = {   -- GPT-2 name inside h.N, l2l's block parameter (checked
 }
 local BLOCK_NAMES = {}
 for _, pair in ipairs(BLOCK_ORDER) do BLOCK_NAMES[pair[1]] = pair[2] end
+M.block_names = BLOCK_ORDER   -- (the fuzzer writes GPT-2 files with them)
 local IGNORED = { ["attn.bias"] = true, ["attn.masked_bias"] = true }
 
 local OPTIONS = { heads = true, max_seq = true, memory = true, dropout = true }
