@@ -148,7 +148,9 @@ local function batch_for(model, B, step)
   else
     tgt = l2l.zeros({ B, S }, { dtype = "i32" })
     for b = 1, B do
-      for s = 1, S do tgt:set(b, s, s < S and tok:get(b, s + 1) or -1) end
+      -- the next token; the last position has none (-1), except in a model of one
+      -- position, where a step needs a target somewhere (any token will do)
+      for s = 1, S do tgt:set(b, s, s < S and tok:get(b, s + 1) or S == 1 and (b + step) % vocab or -1) end
     end
   end
   local opts
