@@ -16,6 +16,11 @@ local dir = support.tmpdir()
 local function path(name) return dir .. "/" .. name end
 local exe = support.build_dir .. "/l2l"
 local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+-- Runs Lua code in a child l2l (shell words before it: `prefix`) under a 60 s timeout:
+-- its status (124: it blocked) and output.
+local function in_child(code, prefix)
+  return support.sh(("%stimeout 60 %s -e %s"):format(prefix or "", exe, q(code)))
+end
 
 -- A safetensors file from a header table (entries' offsets as given) and data bytes.
 local function raw_file(file, header, data)
@@ -174,15 +179,14 @@ describe("item 4: loaders open regular files only", function()
         local script = ("local l2l = require('l2l'); local p, ok_file = %q, %q; "
                         .. "local ok, err = pcall(function() return %s end); "
                         .. "io.write(ok and 'LOADED' or tostring(err))"):format(target, ok_file, call)
-        local status, out = support.sh(("timeout 60 %s -e %s"):format(exe, q(script)))
+        local status, out = in_child(script)
         assert.are.equal(0, status, name .. " on " .. target .. " (124: it blocked):\n" .. out)
         assert.is_truthy(out:find(want, 1, true), name .. " on " .. target .. ":\n" .. out)
       end
     end)
   end
   it("l2l.text.load refuses a FIFO (a directory is a corpus of files)", function()
-    local script = ("local ok, err = pcall(require('l2l.text').load, %q); io.write(tostring(err))"):format(fifo)
-    local status, out = support.sh(("timeout 60 %s -e %s"):format(exe, q(script)))
+    local status, out = in_child(("local ok, err = pcall(require('l2l.text').load, %q); io.write(tostring(err))"):format(fifo))
     assert.are.equal(0, status, out)
     assert.is_truthy(out:find("is a FIFO", 1, true), out)
   end)
@@ -216,8 +220,8 @@ describe("item 5: a header is at most 16 MiB", function()
     local parts = {}
     for i = 1, 700000 do parts[i] = ('"k%d":"v"'):format(i) end
     local file = raw_file(path("many.safetensors"), '{"__metadata__":{' .. table.concat(parts, ",") .. "}}")
-    local script = ("local ok, err = pcall(require('l2l').safetensors.open, %q); io.write(tostring(err))"):format(file)
-    local status, out = support.sh(("ulimit -v 400000; timeout 60 %s -e %s"):format(exe, q(script)))
+    local status, out = in_child(("local ok, err = pcall(require('l2l').safetensors.open, %q); io.write(tostring(err))")
+                                 :format(file), "ulimit -v 400000; ")
     assert.are.equal(0, status, out)
     assert.is_truthy(out:find("out of memory decoding the", 1, true), out)
   end)

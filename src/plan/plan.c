@@ -103,7 +103,6 @@ l2l_status plan_check_model(const l2l_plan *plan, l2l_layer *const *layers, cons
   return L2L_OK;
 }
 
-
 /* Why the leanest plan needs what it needs: the slots of the largest layer, and the rest. */
 static l2l_status too_small(const struct plan_chain *c, const struct plan_result *r,
                             uint64_t budget) {
@@ -186,13 +185,14 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
                                 .frozen = request->frozen && request->frozen[k]};
   l2l_layer_config c0;
   l2l_layer_get_config(&c0, layers[0]);
+  /* the relay settings the chain depends on, as the plan keeps them (settings_key) */
+  struct plan_settings_key set = settings_key(config);
   struct plan_chain chain = {
       .L = nlayers, .layers = pl, .batch = request->batch, .seq = request->seq, .dim = c0.dim,
-      .param_slots = config->param_slots ? config->param_slots : 2,
-      .precision = config->precision, .grad_precision = config->grad_precision,
-      .token_types = request->token_types, .key_mask = request->key_mask,
-      .updates_deferred = config->clip_global_norm > 0 || config->loss_scale > 0,
-      .accumulate = config->accumulate};
+      .param_slots = set.param_slots, .precision = set.precision,
+      .grad_precision = set.grad_precision, .token_types = request->token_types,
+      .key_mask = request->key_mask, .updates_deferred = set.updates_deferred,
+      .accumulate = set.accumulate};
   struct plan_result r = {.layer_seconds = seconds};
   l2l_status status = plan_search(&r, &chain, &rates, request->device_budget);
   if (status == L2L_OK && !r.found) status = too_small(&chain, &r, request->device_budget);
@@ -223,7 +223,7 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
     plan->layers = result;
     for (int k = 0; k < nlayers; k++) keys[k] = layer_key(layers[k], pl[k].frozen);
     plan->keys = keys;
-    plan->settings = settings_key(config);
+    plan->settings = set;
     *out = plan;
   } else {
     free(plan), free(result), free(keys);

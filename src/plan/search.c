@@ -9,8 +9,8 @@
  * keeps (its saved state is empty: recomputing it reruns its forward for nothing); the
  * head's input waits on the device or the host.
  * For each micro-batch size (ceil(B / n) for a ladder of counts n: see `ladder`) the
- * candidates are the uniform policies
- * (L2L's default, recompute with a host stash, among them), periodic checkpointing
+ * candidates are the uniform policies (L2L's default, recompute with a host stash, among
+ * them), periodic checkpointing
  * (every p-th boundary kept, those between dropped and rebuilt: Chen et al.'s sqrt(n)
  * schedule and its kin), and the answer of a knapsack over layers: every mode's cost in
  * time and in device bytes is measured against the leanest policy by the exact time

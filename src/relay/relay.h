@@ -30,8 +30,6 @@
 #include "eps/eps.h"
 #include "layers/layers.h"
 
-#include <stdatomic.h>
-
 #define RELAY_MAGIC 0x6c326c72u  /* "l2lr" */
 enum { MAX_RECORDS = 16, MAX_PARAM_SLOTS = 4096, THREAD_COMPUTE = 0, THREAD_H2D = 1,
        THREAD_D2H = 2 };

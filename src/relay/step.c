@@ -26,12 +26,11 @@ l2l_status relay_check_async(l2l_relay *run) {
 
 /* ---------------------------------------------------------------- data parallel */
 
-/* What must be the same on every rank for their collectives to match: the step count and
-   the active layers with their records and frozen flags. FNV-1a over them. */
 /* With ranks, before anything runs: every rank's slice size and real targets, and the
-   shape of its step. The loss is then the mean over the whole minibatch's targets and
-   dropout numbers samples globally (the slices in rank order). Every rank sees the same
-   exchange, so ranks whose steps differ all refuse the step alike. */
+   digest of what the ranks must hold alike (agree.c). The loss is then the mean over the
+   whole minibatch's targets and dropout numbers samples globally (the slices in rank
+   order). Every rank sees the same exchange, so ranks that differ all refuse the step
+   alike. */
 static l2l_status dist_begin(struct step *s) {
   l2l_relay *run = s->run;
   if (run->config.dist == L2L_DIST_NONE) return L2L_OK;
