@@ -17,7 +17,9 @@
 # 1000, the seed to a fresh one). `make flakes N=20 LOADED=3 SANITIZED=3` runs `make test`
 # N times with fresh seeds, LOADED times on a machine kept busy and SANITIZED times under
 # the sanitizers, and lists every assertion that failed with its seed and replay command
-# (scripts/flakes.sh; N defaults to 20 there too).
+# (scripts/flakes.sh; N defaults to 20 there too). `make gpu-deps` fills .gpudeps/ with the
+# Debian packages a lent GPU machine lacks (scripts/gpu-deps.sh; scripts/gpu-check.sh is
+# the check that machine runs).
 
 SANITIZE ?= 0
 TSAN ?= 0
@@ -140,7 +142,7 @@ ifneq ($(MPICC),)
   MPI_PLUGIN := $(BUILD)/libl2l-mpi.so
 endif
 
-.PHONY: all deps test demo bench vecreport clean fuzz flakes install uninstall doc
+.PHONY: all deps test demo bench vecreport clean fuzz flakes install uninstall doc gpu-deps
 all: $(BUILD)/libl2l.so $(BUILD)/libl2l.a $(BUILD)/l2l $(BUILD)/l2l_ctest $(BUILD)/hello \
      $(BUILD)/embed $(BUILD)/embed_lua $(DIST)/libl2l.so.$(VERSION) $(DIST)/l2l \
      lua/l2l/cdef.lua $(MPI_PLUGIN)
@@ -154,7 +156,7 @@ deps: $(DEPS_STAMP)
 $(DEPS_STAMP): scripts/deps.sh
 	@bash scripts/deps.sh
 	@mkdir -p $(BUILD) && touch $@
-ifeq ($(filter clean uninstall,$(MAKECMDGOALS)),)
+ifeq ($(filter clean uninstall gpu-deps,$(MAKECMDGOALS)),)
   include $(DEPS_STAMP)
 endif
 
@@ -237,6 +239,11 @@ fuzz: $(BUILD)/l2l
 # The flake hunt (scripts/flakes.sh): N defaults to 20 here, not the fuzzer's 1000.
 flakes:
 	+@bash scripts/flakes.sh $(if $(filter command line,$(origin N)),$(N),20) $(or $(LOADED),3) $(or $(SANITIZED),3)
+
+# The packages a lent GPU machine lacks (it has no package access), for scripts/gpu-host.sh
+# there; needs apt, as root. Not a build input: nothing else depends on it.
+gpu-deps:
+	bash scripts/gpu-deps.sh .gpudeps
 
 demo: all
 	$(BUILD)/l2l examples/train_gpt.lua --out $(BUILD)/demo

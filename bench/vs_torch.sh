@@ -12,7 +12,8 @@
 #   3. The crossover: the exposed copy time of a 1.3B model against tokens per minibatch,
 #      beside the prediction T* = (h2d bytes a parameter a step) x GEMM rate / (6 x h2d
 #      bandwidth), where streaming the weights in takes as long as computing with them.
-# Prints markdown tables for bench/RESULTS.md; raw JSON lines go to $OUT or /tmp.
+# Prints markdown tables for bench/RESULTS.md; raw JSON lines go to $OUT/vs_torch.jsonl (or /tmp),
+# what the cases print on stderr to vs_torch.jsonl.err beside it.
 # Usage: bench/vs_torch.sh [--quick]     (needs a GPU, python3 with torch, and the build)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -24,13 +25,16 @@ log=${OUT:-/tmp}/vs_torch.jsonl
 make -j"$(nproc)" all >/dev/null || exit 1
 export OMP_WAIT_POLICY=PASSIVE
 
-# run NAME CMD...: one JSON line, tagged with NAME, appended to the log
+# run NAME CMD...: one JSON line, tagged with NAME, appended to the log; what the case
+# says on stderr goes to one file beside it ($OUT brings back only a few files)
+: > "$log.err"
 run() {
   local name=$1
   shift
   local line
-  line=$("$@" 2>"$log.$name.err" | tail -n 1)
-  [[ $line == \{* ]] || line="{\"failed\": true, \"error\": \"see $log.$name.err\"}"
+  echo "== $name: $*" >> "$log.err"
+  line=$("$@" 2>>"$log.err" | tail -n 1)
+  [[ $line == \{* ]] || line="{\"failed\": true, \"error\": \"see $name in $log.err\"}"
   echo "{\"case\": \"$name\", \"result\": $line}" >> "$log"
   echo "$name: $line" >&2
 }

@@ -129,8 +129,7 @@ __device__ __forceinline__ float l2l_block_max(float v, float *shared) {
   return v;
 }
 
-/* l2l_dtype's values (src/l2l.h), which the launchers take as ints. */
-enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_I32 = 3, DT_U8 = 4 };
+#include "dtype.h" /* l2l_dtype's values, which the launchers take as ints */
 
 /* ---------------------------------------------------------------- f32 <-> f16 / bf16
    A port of src/half.h (integer round to nearest even; NaN kept and quieted; subnormals

@@ -272,6 +272,36 @@ extern "C" int l2l_k_find_out_of_range(int64_t *out, const int32_t *values, int6
   return l2l_launched();
 }
 
+/* ---------------------------------------------------------------- layernorm_uninvertible
+   The first LayerNorm channel whose weight cannot undo the normalisation, by the same
+   all-ones start and atomicMin as find_out_of_range. */
+
+__global__ void __launch_bounds__(L2L_THREADS)
+    layernorm_uninvertible_kernel(unsigned long long *out, const float *weight,
+                                  const float *bias, int64_t n, float min_weight,
+                                  float bias_ratio) {
+  for (int64_t i = thread_index(); i < n; i += grid_threads()) {
+    const float w = fabsf(weight[i]);
+    if (!(w >= min_weight) || w * bias_ratio < fabsf(bias[i])) {
+      atomicMin(out, (unsigned long long)i);
+      return;
+    }
+  }
+}
+
+extern "C" int l2l_k_layernorm_uninvertible(int64_t *out, const float *weight,
+                                            const float *bias, int64_t n, float min_weight,
+                                            float bias_ratio, void *stream) {
+  if (n < 0 || out == NULL) return invalid_argument();
+  cudaStream_t s = (cudaStream_t)stream;
+  unsigned long long *first = reinterpret_cast<unsigned long long *>(out);
+  set_all_ones<<<1, 1, 0, s>>>(first);
+  if (n == 0) return l2l_launched();
+  layernorm_uninvertible_kernel<<<l2l_blocks_for(n), L2L_THREADS, 0, s>>>(
+      first, weight, bias, n, min_weight, bias_ratio);
+  return l2l_launched();
+}
+
 /* ---------------------------------------------------------------- embedding
    A block of 256 threads serves 256 / threads_per_row token rows at a time, each row's
    columns (float4s when cols % 4 == 0 and the pointers are aligned) spread over its

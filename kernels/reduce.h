@@ -47,6 +47,11 @@ int l2l_k_reduce(double *out, int kind, const float *x, int64_t n, double *scrat
 int l2l_k_find_out_of_range(int64_t *out, const int32_t *values, int64_t n, int32_t lo,
                             int32_t hi, int32_t except, void *stream);
 
+/* *out (one int64, device memory) := the first i with !(|weight[i]| >= min_weight) ||
+   |weight[i]| * bias_ratio < |bias[i]|, or -1 (the backend's layernorm_invertible). */
+int l2l_k_layernorm_uninvertible(int64_t *out, const float *weight, const float *bias,
+                                 int64_t n, float min_weight, float bias_ratio, void *stream);
+
 /* out (n, cols) row i := table row ids[i], the table f32 or f16 / bf16 (table_dtype as
    l2l_dtype's values; widened exactly). ids must be valid (checked by the caller). */
 int l2l_k_embedding_forward(float *out, const int32_t *ids, const void *table, int table_dtype,

@@ -109,6 +109,9 @@ typedef struct l2l_pool_stats {
   uint64_t fallback;       /* pinned: bytes in use that came from pageable memory because
                               the cap was reached or the system refused to lock more */
   uint64_t fallback_allocs;
+  uint64_t backend;        /* device: bytes the backend keeps for itself (CUDA: its scratch
+                              and cuBLAS's workspace), in reserved and counted against the
+                              budget: tensors get budget - backend - current */
 } l2l_pool_stats;
 
 l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind pool);

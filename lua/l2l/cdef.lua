@@ -38,6 +38,7 @@ typedef struct l2l_pool_stats {
   uint64_t cap;
   uint64_t fallback;
   uint64_t fallback_allocs;
+  uint64_t backend;
 } l2l_pool_stats;
 
 l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind pool);

@@ -56,9 +56,10 @@ l2l.import_gpt2 = require("l2l.gpt2").import
 l2l.tokenizer = require("l2l.tokenizer")   -- GPT-2's tokens: l2l.tokenizer.gpt2(), .load(...)
 
 -- l2l.pool_stats("device") -> {current=, peak=, budget=, allocs=, frees=, refused=,
--- reserved=, system_allocs=, cap=, fallback=, fallback_allocs=} (bytes and counts;
--- reserved and system_allocs show the caching allocators: memory held from the system,
--- and calls to it; cap and fallback are the pinned pool's: see l2l.set_pinned_cap)
+-- reserved=, system_allocs=, cap=, fallback=, fallback_allocs=, backend=} (bytes and
+-- counts; reserved and system_allocs show the caching allocators: memory held from the
+-- system, and calls to it; cap and fallback are the pinned pool's: see l2l.set_pinned_cap;
+-- backend: the device bytes a GPU backend keeps for itself, counted against the budget)
 local stats = ffi.new("l2l_pool_stats")
 function l2l.pool_stats(pool, ...)
   if select("#", ...) ~= 0 then too_many("l2l.pool_stats", "pool", 2, ...) end
@@ -69,7 +70,7 @@ function l2l.pool_stats(pool, ...)
     frees = tonumber(stats.frees), refused = tonumber(stats.refused),
     reserved = tonumber(stats.reserved), system_allocs = tonumber(stats.system_allocs),
     cap = tonumber(stats.cap), fallback = tonumber(stats.fallback),
-    fallback_allocs = tonumber(stats.fallback_allocs),
+    fallback_allocs = tonumber(stats.fallback_allocs), backend = tonumber(stats.backend),
   }
 end
 

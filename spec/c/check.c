@@ -2,10 +2,13 @@
 /* check.c — the runner and helpers declared in check.h. */
 #include "check.h"
 
+#include <execinfo.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 enum { MAX_TESTS = 512 };
 static struct {
@@ -172,25 +175,70 @@ bool ends_with(const char *s, const char *suffix) {
 
 /* ---------------------------------------------------------------- runner */
 
+/* A test that dies (a segfault in a kernel launcher, say) says which it was and where:
+   the stdout it buffered dies with it. Only async-signal-safe calls here, and then the
+   signal's default action, so the exit status still says what killed it. */
+static const char *running_test = "(none)";
+static void died(int sig) {
+  static const char head[] = "\nctest: the test ";
+  (void)!write(STDERR_FILENO, head, sizeof head - 1);
+  (void)!write(STDERR_FILENO, running_test, strlen(running_test));
+  const char *what = sig == SIGSEGV ? " died of SIGSEGV; stack:\n"
+                     : sig == SIGBUS ? " died of SIGBUS; stack:\n"
+                     : sig == SIGFPE ? " died of SIGFPE; stack:\n"
+                                     : " died of SIGABRT; stack:\n";
+  (void)!write(STDERR_FILENO, what, strlen(what));
+  void *frames[48];
+  backtrace_symbols_fd(frames, backtrace(frames, 48), STDERR_FILENO);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
 int main(int argc, char **argv) {
   const char *env = getenv("L2L_SEED");
   run_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
-  /* arguments: parts of test names; a test runs when its name holds any of them */
+  /* arguments: parts of test names; a test runs when its name holds any of them. With
+     --exact first, whole names only (scripts/gpu-check.sh runs each GPU test in its own
+     process: cuda_backend_attention is part of another test's name). --list prints the
+     chosen tests' names and runs none. */
+  const char *program = argv[0];
+  /* the sanitizers install their own reports for these */
+#ifndef L2L_SANITIZE
+  const int deadly[] = {SIGSEGV, SIGBUS, SIGFPE, SIGABRT};
+  for (size_t k = 0; k < sizeof deadly / sizeof deadly[0]; k++) signal(deadly[k], died);
+  void *warm[1];
+  backtrace(warm, 1); /* loads libgcc's unwinder now, not inside the handler */
+#endif
+  bool exact = false, list = false;
+  while (argc > 1 && (strcmp(argv[1], "--exact") == 0 || strcmp(argv[1], "--list") == 0)) {
+    if (argv[1][2] == 'e') exact = true; else list = true;
+    argv++, argc--;
+  }
+  if (list) {
+    for (int i = 0; i < test_count; i++) {
+      bool chosen = argc < 2;
+      for (int a = 1; a < argc && !chosen; a++) chosen = strstr(tests[i].name, argv[a]) != NULL;
+      if (chosen) printf("%s\n", tests[i].name);
+    }
+    return 0;
+  }
   char names[512] = "";
   for (int a = 1; a < argc; a++)
     snprintf(names + strlen(names), sizeof names - strlen(names), " %s", argv[a]);
-  printf("ctest: seed %llu (L2L_SEED=%llu %s%s replays it)\n", (unsigned long long)run_seed,
-         (unsigned long long)run_seed, argv[0], names);
+  printf("ctest: seed %llu (L2L_SEED=%llu %s%s%s replays it)\n", (unsigned long long)run_seed,
+         (unsigned long long)run_seed, program, exact ? " --exact" : "", names);
   int passed = 0, failed = 0, skipped = 0;
   for (int i = 0; i < test_count; i++) {
     bool chosen = argc < 2;
-    for (int a = 1; a < argc && !chosen; a++) chosen = strstr(tests[i].name, argv[a]) != NULL;
+    for (int a = 1; a < argc && !chosen; a++)
+      chosen = exact ? strcmp(tests[i].name, argv[a]) == 0 : strstr(tests[i].name, argv[a]) != NULL;
     if (!chosen) continue;
     uint64_t test_seed = run_seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(i + 1));
     seed_rng(test_seed);
     current_failures = 0;
     skip_reason[0] = '\0';
     l2l_clear_error();
+    running_test = tests[i].name;
     tests[i].fn();
     if (current_failures == 0 && skip_reason[0] != '\0') {
       skipped++;

@@ -43,6 +43,17 @@ struct l2l_attention_shape {
                             backend computes in fp32 whatever this says */
 };
 
+/* Which of `count` GPUs on this machine the process uses: L2L_CUDA_DEVICE when set (an
+   index below count, else -1 with the reason in why); otherwise the process's rank on its
+   node as the MPI launcher says it (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID,
+   SLURM_LOCALID), modulo count, so that ranks sharing a node take different GPUs; else
+   0. (dispatch.c) */
+int l2l_accelerator_index(int count, char *why, size_t len);
+
+/* layernorm_invertible's thresholds (see there). */
+#define L2L_LN_MIN_WEIGHT 1e-6f
+#define L2L_LN_BIAS_RATIO 64.0f
+
 struct l2l_backend_ops {
   const char *name;
 
@@ -111,7 +122,8 @@ struct l2l_backend_ops {
                                     const int32_t *targets, int32_t ignore_index, float scale,
                                     int64_t rows, int64_t vocab);
   /* LayerNorm backward with x^ = (y - bias) / weight instead of (x - mean) rstd; weight
-     must have no zero channel (the layers fall back to the standard backward first). */
+     must have no zero channel (the layers fall back to the standard backward first, when
+     layernorm_invertible says no). */
   l2l_status (*layernorm_backward_from_output)(float *dx, float *dweight, float *dbias,
                                                const float *dy, const float *y,
                                                const float *weight, const float *bias,
@@ -150,6 +162,13 @@ struct l2l_backend_ops {
      that value (*value, when found): both on the host, whatever memory values is in. */
   l2l_status (*find_out_of_range)(int64_t *index, int32_t *value, const int32_t *values,
                                   int64_t n, int32_t lo, int32_t hi, int32_t except);
+
+  /* *invertible (on the host, whatever memory weight and bias are in): whether x^ =
+     (y - bias) / weight recovers a LayerNorm's normalised input well enough for
+     layernorm_backward_from_output: every channel's |weight| >= L2L_LN_MIN_WEIGHT and
+     L2L_LN_BIAS_RATIO |weight| >= |bias| (else y - bias cancels to noise). */
+  l2l_status (*layernorm_invertible)(bool *invertible, const float *weight, const float *bias,
+                                     int64_t n);
 
   /* Whole-tensor helpers used by tensor_ops.c. */
   l2l_status (*fill)(void *dst, l2l_dtype dtype, double value, int64_t n);

@@ -10,6 +10,8 @@
  * the CPU backend. Adding a backend is one entry in `accelerators` below.
  * Must never: pick a backend without having probed that it runs.
  */
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +29,37 @@ static const struct accelerator accelerators[] = {
     {"cuda", l2l_cuda_probe, &l2l_cuda_device, l2l_cuda_ops},
 };
 enum { ACCELERATORS = sizeof accelerators / sizeof accelerators[0] };
+
+/* A whole number of at most 9 digits, or -1. */
+static int small_count(const char *s) {
+  if (s == NULL || *s == '\0' || strlen(s) > 9) return -1;
+  for (const char *p = s; *p; p++)
+    if (*p < '0' || *p > '9') return -1;
+  return atoi(s);
+}
+
+int l2l_accelerator_index(int count, char *why, size_t len) {
+  if (count < 1) {
+    if (why != NULL && len > 0) snprintf(why, len, "no device to choose among");
+    return -1;
+  }
+  const char *chosen = getenv("L2L_CUDA_DEVICE");
+  if (chosen != NULL) {
+    int i = small_count(chosen);
+    if (i >= 0 && i < count) return i;
+    if (why != NULL && len > 0)
+      snprintf(why, len, "L2L_CUDA_DEVICE='%.40s' is not a device here: this machine has %d "
+               "(0 to %d)", chosen, count, count - 1);
+    return -1;
+  }
+  static const char *const local_rank[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                           "SLURM_LOCALID"};
+  for (size_t k = 0; k < sizeof local_rank / sizeof local_rank[0]; k++) {
+    int rank = small_count(getenv(local_rank[k]));
+    if (rank >= 0) return rank % count;
+  }
+  return 0;
+}
 
 /* The first choice: L2L_DEVICE=cpu, or an accelerator named by L2L_DEVICE (one that
    cannot run falls back to the CPU, and the first device allocation then explains why),

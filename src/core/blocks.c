@@ -12,9 +12,13 @@
 
 #include "core.h"
 
+struct cached_block {
+  void *ptr, *tag;
+};
+
 struct l2l_block_list {
   uint64_t size;
-  void **blocks;
+  struct cached_block *blocks;
   int count, capacity;
 };
 
@@ -45,7 +49,7 @@ static struct l2l_block_list *list_for(struct l2l_block_cache *c, uint64_t size,
 static void drop_cached(struct l2l_block_cache *c) {
   for (int i = 0; i < c->list_count; i++) {
     struct l2l_block_list *list = &c->lists[i];
-    for (int b = 0; b < list->count; b++) c->source->free(list->blocks[b]);
+    for (int b = 0; b < list->count; b++) c->source->free(list->blocks[b].ptr, list->blocks[b].tag);
     c->reserved -= (uint64_t)list->count * list->size;
     c->cached -= (uint64_t)list->count * list->size;
     list->count = 0;
@@ -56,12 +60,14 @@ static bool over_cap(const struct l2l_block_cache *c, uint64_t size) {
   return c->cap != 0 && (c->reserved > c->cap || size > c->cap - c->reserved);
 }
 
-int l2l_blocks_get(struct l2l_block_cache *c, void **out, uint64_t bytes) {
+int l2l_blocks_get(struct l2l_block_cache *c, void **out, uint64_t bytes, void **tag) {
   uint64_t size = l2l_block_size(bytes);
+  *tag = NULL;
   pthread_mutex_lock(&c->lock);
   struct l2l_block_list *list = list_for(c, size, false);
   if (list != NULL && list->count > 0) {
-    *out = list->blocks[--list->count];
+    struct cached_block b = list->blocks[--list->count];
+    *out = b.ptr, *tag = b.tag;
     c->cached -= size;
     pthread_mutex_unlock(&c->lock);
     return 0;
@@ -86,21 +92,21 @@ int l2l_blocks_get(struct l2l_block_cache *c, void **out, uint64_t bytes) {
   return err;
 }
 
-void l2l_blocks_put(struct l2l_block_cache *c, void *ptr, uint64_t bytes) {
+void l2l_blocks_put(struct l2l_block_cache *c, void *ptr, uint64_t bytes, void *tag) {
   if (ptr == NULL) return;
   uint64_t size = l2l_block_size(bytes);
   pthread_mutex_lock(&c->lock);
   struct l2l_block_list *list = list_for(c, size, true);
   if (list != NULL && list->count == list->capacity) {
     int capacity = list->capacity ? 2 * list->capacity : 8;
-    void **grown = realloc(list->blocks, (size_t)capacity * sizeof *grown);
+    struct cached_block *grown = realloc(list->blocks, (size_t)capacity * sizeof *grown);
     if (grown != NULL) list->blocks = grown, list->capacity = capacity;
   }
   if (list != NULL && list->count < list->capacity) {
-    list->blocks[list->count++] = ptr;
+    list->blocks[list->count++] = (struct cached_block){ptr, tag};
     c->cached += size;
   } else {   /* no host memory for the list: give the block back instead */
-    c->source->free(ptr);
+    c->source->free(ptr, tag);
     c->reserved -= size;
   }
   pthread_mutex_unlock(&c->lock);

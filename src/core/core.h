@@ -218,6 +218,9 @@ struct l2l_device_ops {
   void (*free)(void *ptr, uint64_t bytes);
   /* Bytes held from the system (in use and cached) and the number of system allocations. */
   void (*counts)(uint64_t *reserved, uint64_t *system_allocs);
+  /* Device bytes the backend holds for itself (scratch, a library's workspace): part of
+     reserved, and counted against the device pool's budget. */
+  uint64_t (*own_bytes)(void);
   /* Page-locked host memory for the pinned pool: 0, or the device's own error code. */
   int (*host_alloc)(void **out, uint64_t bytes);
   void (*host_free)(void *ptr);
@@ -244,6 +247,8 @@ const struct l2l_device_ops *l2l_device(void);
 /* The backend registers how the first choice is made (at load: it only keeps the
    function; the choice itself waits for the first use of the device). */
 void l2l_device_set_chooser(const struct l2l_device_ops *(*choose)(void));
+/* The installed table's own_bytes (0 with none, or before the device has started). */
+uint64_t l2l_device_own_bytes(void);
 /* Installs `to` (NULL: host memory) when the device pool holds no tensor; otherwise
    L2L_ERR_STATE naming the bytes in use and both backends (`to_name` for the message). */
 l2l_status l2l_device_switch(const struct l2l_device_ops *to, const char *to_name);
@@ -356,11 +361,14 @@ l2l_status l2l_need_shape(const char *func, const char *name, const l2l_tensor *
    pinned pool falls back to pageable memory). It never calls the system allocator for a
    size it holds a cached block of, nor holds more than its cap. */
 /* The system side. alloc returns 0 and a block of at least `size` bytes, or a code of
-   its own (e.g. a cudaError_t) that the caller explains; both are called with the
-   cache's lock held. */
+   its own (e.g. a cudaError_t) that the caller explains; free gives a block back with
+   the tag it was cached with (below); both are called with the cache's lock held.
+   A tag is the caller's note on a freed block, kept with it until the block is handed
+   out again or given back: a GPU backend's event after the last kernels that used it, so
+   that a copy stream taking the block waits for those and nothing later. */
 struct l2l_block_source {
   int (*alloc)(void **out, uint64_t size);
-  void (*free)(void *ptr);
+  void (*free)(void *ptr, void *tag);
 };
 
 struct l2l_block_list;
@@ -386,10 +394,12 @@ enum { L2L_BLOCKS_OVER_CAP = -1 };
 uint64_t l2l_block_size(uint64_t bytes);
 /* A block of l2l_block_size(bytes): a cached one, else one from the system; when the
    system refuses or the cap would be passed, the cache is given back and the system
-   asked once more. Returns 0, the source's code, or L2L_BLOCKS_OVER_CAP. */
-int l2l_blocks_get(struct l2l_block_cache *c, void **out, uint64_t bytes);
-/* Takes back a block from l2l_blocks_get (the same `bytes`) for reuse. */
-void l2l_blocks_put(struct l2l_block_cache *c, void *ptr, uint64_t bytes);
+   asked once more. Returns 0, the source's code, or L2L_BLOCKS_OVER_CAP; *tag gets the
+   tag a cached block was put back with (NULL for a block new from the system), which the
+   caller now owns. */
+int l2l_blocks_get(struct l2l_block_cache *c, void **out, uint64_t bytes, void **tag);
+/* Takes back a block from l2l_blocks_get (the same `bytes`) for reuse, with its tag. */
+void l2l_blocks_put(struct l2l_block_cache *c, void *ptr, uint64_t bytes, void *tag);
 /* Gives every cached block back to the system. */
 void l2l_blocks_release_cached(struct l2l_block_cache *c);
 /* A new cap (0: none); cached blocks go back until reserved fits under it if they can. */

@@ -41,6 +41,11 @@ const struct l2l_device_ops *l2l_device(void) {
   return atomic_load_explicit(&installed, memory_order_acquire);
 }
 
+uint64_t l2l_device_own_bytes(void) {
+  const struct l2l_device_ops *device = l2l_device();
+  return device != NULL ? device->own_bytes() : 0;
+}
+
 l2l_status l2l_device_switch(const struct l2l_device_ops *to, const char *to_name) {
   pthread_mutex_lock(&choice_lock);
   decide_locked();

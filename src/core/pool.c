@@ -90,7 +90,7 @@ static void meter_add(l2l_pool_kind kind, int64_t delta) {
 
 /* The pinned pool's blocks (see the top of this file and "the pinned pool" below). */
 static int pinned_block_alloc(void **out, uint64_t size);
-static void pinned_block_free(void *block);
+static void pinned_block_free(void *block, void *tag);
 static const struct l2l_block_source pinned_source = {pinned_block_alloc, pinned_block_free};
 static struct l2l_block_cache pinned_blocks = L2L_BLOCK_CACHE(&pinned_source);
 static struct l2l_block_cache *pinned_cache(void);   /* with its default cap set */
@@ -249,7 +249,8 @@ static int pinned_block_alloc(void **out, uint64_t size) {
   return 0;
 }
 
-static void pinned_block_free(void *block) {
+static void pinned_block_free(void *block, void *tag) {
+  (void)tag;
   if (header_of(block)->from == FROM_DEVICE) header_of(block)->device->host_free(block);
   else arena_free(block);
 }
@@ -294,8 +295,8 @@ static void warn_pageable(int err, uint64_t bytes) {
 /* A pinned allocation of `accounted` bytes: a block of the cache, or a pageable one. */
 static void *pinned_alloc(struct pool *p, uint64_t accounted) {
   uint64_t size = accounted + L2L_ALIGN;
-  void *block = NULL;
-  int err = l2l_blocks_get(pinned_cache(), &block, size);
+  void *block = NULL, *no_tag = NULL;   /* the pinned cache keeps no tags */
+  int err = l2l_blocks_get(pinned_cache(), &block, size, &no_tag);
   if (err != 0) {
     warn_pageable(err, size);
     struct pool *host = &pools[L2L_POOL_HOST];
@@ -320,7 +321,7 @@ static void *pinned_alloc(struct pool *p, uint64_t accounted) {
 static void pinned_free(struct pool *p, void *ptr, uint64_t accounted) {
   void *block = (char *)ptr - L2L_ALIGN;
   if (header_of(block)->from != FROM_PAGEABLE) {
-    l2l_blocks_put(pinned_cache(), block, accounted + L2L_ALIGN);
+    l2l_blocks_put(pinned_cache(), block, accounted + L2L_ALIGN, NULL);
     return;
   }
   arena_free(block);
@@ -343,17 +344,23 @@ l2l_status l2l_pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
                     (unsigned long long)bytes);
 
   const struct l2l_device_ops *device = kind == L2L_POOL_DEVICE ? l2l_device() : NULL;
+  /* A GPU backend's own bytes (scratch, cuBLAS's workspace) come out of the budget too. */
+  uint64_t own = device != NULL ? device->own_bytes() : 0;
   /* Reserve the bytes under the lock, allocate outside it. */
   pthread_mutex_lock(&p->lock);
   uint64_t budget = p->stats.budget, current = p->stats.current;
-  if (budget != 0 && accounted > budget - current) {
+  if (budget != 0 && (current + own > budget || accounted > budget - current - own)) {
+    char backend[96] = "";
+    if (own != 0)
+      snprintf(backend, sizeof backend, " (and %s the backend keeps for itself)",
+               l2l_human_bytes(limit, 32, own));
     p->stats.refused++;
     pthread_mutex_unlock(&p->lock);
     return l2l_fail(L2L_ERR_BUDGET,
-                    "%s pool: cannot allocate %llu bytes (%s): %llu bytes (%s) in use, budget "
+                    "%s pool: cannot allocate %llu bytes (%s): %llu bytes (%s) in use%s, budget "
                     "%llu bytes (%s)",
                     name, (unsigned long long)accounted, l2l_human_bytes(want, 32, accounted),
-                    (unsigned long long)current, l2l_human_bytes(used, 32, current),
+                    (unsigned long long)current, l2l_human_bytes(used, 32, current), backend,
                     (unsigned long long)budget, l2l_human_bytes(limit, 32, budget));
   }
   /* Host memory (the host and pinned pools, the device pool of the CPU backend) is never
@@ -444,7 +451,10 @@ l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind kind) {
   pthread_mutex_unlock(&pools[kind].lock);
   out->system_allocs = out->allocs;
   const struct l2l_device_ops *device = kind == L2L_POOL_DEVICE ? l2l_device() : NULL;
-  if (device != NULL) device->counts(&out->reserved, &out->system_allocs);
+  if (device != NULL) {
+    device->counts(&out->reserved, &out->system_allocs);
+    out->backend = device->own_bytes();
+  }
   if (kind == L2L_POOL_PINNED) {
     uint64_t held = 0, made = 0;
     l2l_blocks_counts(pinned_cache(), &held, NULL, &made);
@@ -459,14 +469,19 @@ l2l_status l2l_pool_set_budget(l2l_pool_kind kind, uint64_t bytes) {
   char used[32], limit[32];
   if (!l2l_pool_valid((int)kind)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", kind);
   struct pool *p = pool_of(kind);
+  uint64_t own = kind == L2L_POOL_DEVICE ? l2l_device_own_bytes() : 0;
   pthread_mutex_lock(&p->lock);
   uint64_t current = p->stats.current;
-  if (bytes != 0 && bytes < current) {
+  if (bytes != 0 && bytes < current + own) {
+    char backend[96] = "";
+    if (own != 0)
+      snprintf(backend, sizeof backend, " (with %s the backend keeps for itself)",
+               l2l_human_bytes(used, 32, own));
     pthread_mutex_unlock(&p->lock);
     return FAIL(L2L_ERR_STATE,
-                "%s pool: budget %llu bytes (%s) is below the %llu bytes (%s) in use",
+                "%s pool: budget %llu bytes (%s) is below the %llu bytes in use%s",
                 pool_names[kind], (unsigned long long)bytes, l2l_human_bytes(limit, 32, bytes),
-                (unsigned long long)current, l2l_human_bytes(used, 32, current));
+                (unsigned long long)(current + own), backend);
   }
   p->stats.budget = bytes;
   pthread_mutex_unlock(&p->lock);

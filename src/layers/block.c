@@ -166,10 +166,8 @@ static uint32_t block_flags(const l2l_layer *layer, const l2l_layer_batch *batch
   if (training && c->attn_dropout > 0) flags |= ATTN_DROPOUT;
   if (c->memory == L2L_MEMORY_FRUGAL) {
     flags |= FRUGAL;
-    if (l2l_layernorm_guarded(l2l_param_f32(layer, LN1_W), l2l_param_f32(layer, LN1_B), c->dim))
-      flags |= LN1_GUARDED;
-    if (l2l_layernorm_guarded(l2l_param_f32(layer, LN2_W), l2l_param_f32(layer, LN2_B), c->dim))
-      flags |= LN2_GUARDED;
+    if (l2l_layernorm_guarded(layer, LN1_W, LN1_B)) flags |= LN1_GUARDED;
+    if (l2l_layernorm_guarded(layer, LN2_W, LN2_B)) flags |= LN2_GUARDED;
   }
   return flags;
 }

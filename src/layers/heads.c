@@ -51,8 +51,7 @@ static uint32_t lm_head_flags(const l2l_layer *layer, const l2l_layer_batch *bat
   const l2l_layer_config *c = &layer->config;
   uint32_t flags = batch && batch->targets == NULL ? LOGITS : 0;
   if (c->final_ln && c->memory == L2L_MEMORY_FRUGAL &&
-      !l2l_layernorm_guarded(l2l_param_f32(layer, HEAD_LN_W), l2l_param_f32(layer, HEAD_LN_B),
-                             c->dim))
+      !l2l_layernorm_guarded(layer, HEAD_LN_W, HEAD_LN_B))
     flags |= FRUGAL_LN;
   return flags;
 }

@@ -207,10 +207,11 @@ l2l_status l2l_config_fail(const l2l_layer_config *c, const char *fmt, ...)
 #define CONFIG_EPS() \
   CONFIG_NEED(isfinite(c->eps) && c->eps > 0, "eps must be finite and > 0, got %g", c->eps)
 
-/* Whether a LayerNorm's x^ cannot be recovered from its output y = x^ w + b to float
-   precision: a channel with |w| < 1e-6 or |w| < |b|/64 (or NaN). The frugal modes then
-   keep that LayerNorm the standard way (its input, mean and rstd). */
-bool l2l_layernorm_guarded(const float *weight, const float *bias, int64_t n);
+/* Whether the LayerNorm of these parameter roles cannot recover its x^ from its output
+   y = x^ w + b to float precision (the backend's layernorm_invertible says no: a channel
+   with a tiny or NaN weight, or a bias too large for it). The frugal modes then keep that
+   LayerNorm the standard way (its input, mean and rstd). */
+bool l2l_layernorm_guarded(const l2l_layer *layer, int weight_role, int bias_role);
 
 /* A weight as a GEMM reads it: f32, or the relay's 16-bit device copy. */
 struct weight {

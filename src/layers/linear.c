@@ -18,12 +18,18 @@ int64_t l2l_arena_reserve(struct arena *a, uint64_t bytes) {
   return offset;
 }
 
-bool l2l_layernorm_guarded(const float *weight, const float *bias, int64_t n) {
-  for (int64_t j = 0; j < n; j++) {
-    float w = fabsf(weight[j]);
-    if (!(w >= 1e-6f) || w * 64.0f < fabsf(bias[j])) return true;
-  }
-  return false;
+bool l2l_layernorm_guarded(const l2l_layer *layer, int weight_role, int bias_role) {
+  /* The backend of the weight's own pool reads the parameters where they are (device
+     memory on a GPU; the relay runs a host layer on device copies, so not the layer's
+     pool). A check that fails (a device fault, which the next op reports too) guards: the
+     standard backward is right for any weights. */
+  const l2l_tensor *weight = layer->params[layer->role[weight_role]]->value;
+  if (weight->dtype != L2L_F32) return true;
+  bool invertible = false;
+  l2l_status st = l2l_backend_for(weight->storage->pool)->layernorm_invertible(
+      &invertible, l2l_param_f32(layer, weight_role), l2l_param_f32(layer, bias_role),
+      layer->config.dim);
+  return st != L2L_OK || !invertible;
 }
 
 l2l_status l2l_cast_activation(const struct layer_call *call, const void **out, const float *a,

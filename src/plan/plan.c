@@ -105,20 +105,24 @@ l2l_status plan_check_model(const l2l_plan *plan, l2l_layer *const *layers, cons
 
 /* Why the leanest plan needs what it needs: the slots of the largest layer, and the rest. */
 static l2l_status too_small(const struct plan_chain *c, const struct plan_result *r,
-                            uint64_t budget) {
-  char want[32], have[32], slots_text[32];
+                            uint64_t budget, uint64_t own) {
+  char want[32], have[32], slots_text[32], own_text[96] = "";
   int largest = 0;
   for (int k = 1; k < c->L; k++)
     if (plan_slot_bytes(c, k, PLAN_SLOT_VALUES) > plan_slot_bytes(c, largest, PLAN_SLOT_VALUES))
       largest = k;
   uint64_t slots = plan_slot_bytes(c, largest, PLAN_SLOT_VALUES) * (uint64_t)c->param_slots +
                    2 * plan_slot_bytes(c, largest, PLAN_SLOT_GRADS);
+  if (own != 0)
+    snprintf(own_text, sizeof own_text, " (%s of them the GPU backend's own)",
+             l2l_human_bytes(want, 32, own));
+  uint64_t needs = r->leanest_peak + own;
   return l2l_fail(L2L_ERR_BUDGET,
-              "l2l_plan_new: no plan fits a device budget of %llu bytes (%s): the smallest needs %llu bytes (%s), "
+              "l2l_plan_new: no plan fits a device budget of %llu bytes (%s): the smallest needs %llu bytes (%s)%s, "
               "at micro-batch %lld with every layer recomputed and its boundary on the host; of "
               "them %s are the %d parameter slots and 2 gradient slots sized by layer %d (%s)",
               (unsigned long long)budget, l2l_human_bytes(have, 32, budget),
-              (unsigned long long)r->leanest_peak, l2l_human_bytes(want, 32, r->leanest_peak),
+              (unsigned long long)needs, l2l_human_bytes(want, 32, needs), own_text,
               (long long)r->leanest_micro_batch, l2l_human_bytes(slots_text, 32, slots),
               c->param_slots, largest, l2l_layer_name(c->layers[largest].layer));
 }
@@ -194,8 +198,12 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
       .key_mask = request->key_mask, .updates_deferred = set.updates_deferred,
       .accumulate = set.accumulate};
   struct plan_result r = {.layer_seconds = seconds};
-  l2l_status status = plan_search(&r, &chain, &rates, request->device_budget);
-  if (status == L2L_OK && !r.found) status = too_small(&chain, &r, request->device_budget);
+  /* The tensors get what the GPU backend's own bytes (scratch, cuBLAS's workspace) leave:
+     the device pool counts those against the budget too. */
+  uint64_t own = l2l_device_own_bytes();
+  uint64_t for_tensors = request->device_budget > own ? request->device_budget - own : 0;
+  l2l_status status = plan_search(&r, &chain, &rates, for_tensors);
+  if (status == L2L_OK && !r.found) status = too_small(&chain, &r, request->device_budget, own);
   if (status == L2L_OK) {
     for (int k = 0; k < nlayers; k++) {
       l2l_layer_memory m;

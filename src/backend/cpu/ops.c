@@ -81,6 +81,16 @@ static l2l_status cpu_find_out_of_range(int64_t *index, int32_t *value, const in
   return L2L_OK;
 }
 
+static l2l_status cpu_layernorm_invertible(bool *invertible, const float *weight,
+                                           const float *bias, int64_t n) {
+  *invertible = true;
+  for (int64_t j = 0; j < n && *invertible; j++) {
+    float w = fabsf(weight[j]);
+    *invertible = w >= L2L_LN_MIN_WEIGHT && w * L2L_LN_BIAS_RATIO >= fabsf(bias[j]);
+  }
+  return L2L_OK;
+}
+
 /* ---------------------------------------------------------------- whole-tensor helpers */
 
 static l2l_status cpu_fill(void *dst, l2l_dtype dtype, double value, int64_t n) {
@@ -240,6 +250,7 @@ const struct l2l_backend_ops l2l_cpu_backend = {
     .reduce = cpu_reduce,
     .adamw = cpu_adamw,
     .find_out_of_range = cpu_find_out_of_range,
+    .layernorm_invertible = cpu_layernorm_invertible,
     .fill = cpu_fill,
     .convert = cpu_convert,
     .random = cpu_random,

@@ -20,9 +20,16 @@
 #include "runtime.h"
 
 #include "kernels/attention.h"
+#include "kernels/dtype.h"
 #include "kernels/elementwise.h"
 #include "kernels/norm.h"
 #include "kernels/reduce.h"
+
+/* The launchers take dtypes as the kernels' numbers: they must be l2l_dtype's. */
+_Static_assert((int)DT_F32 == (int)L2L_F32 && (int)DT_F16 == (int)L2L_F16 &&
+                   (int)DT_BF16 == (int)L2L_BF16 && (int)DT_I32 == (int)L2L_I32 &&
+                   (int)DT_U8 == (int)L2L_U8,
+               "kernels/dtype.h numbers the dtypes differently from l2l_dtype");
 
 /* ---------------------------------------------------------------- GEMM */
 
@@ -86,19 +93,12 @@ static l2l_status cuda_copy(void *dst, l2l_pool_kind dst_pool, const void *src,
    cuda_rt.lock from their first launch to their last read, so that two host threads' ops
    never interleave on it. */
 enum { RESULT_BYTES = 256, REDUCE_BYTES = L2L_K_REDUCE_SCRATCH_DOUBLES * sizeof(double) };
-static uint64_t scratch_bytes = SCRATCH_BYTES;
 
 /* Floats of scratch after the result and reduction areas, at least `floats` of them.
    Called with cuda_rt.lock held. */
 static l2l_status scratch_floats(float **out, int64_t floats) {
   uint64_t need = RESULT_BYTES + REDUCE_BYTES + (uint64_t)floats * sizeof(float);
-  if (need > scratch_bytes) {
-    TRY(cuda_wait_stream());
-    void *grown = NULL;
-    CUDA_TRY(cudaMalloc(&grown, need));
-    cudaFree(cuda_rt.scratch);
-    cuda_rt.scratch = grown, scratch_bytes = need;
-  }
+  if (need > cuda_rt.scratch_bytes) TRY(cuda_scratch_grow(need));
   *out = (float *)((char *)cuda_rt.scratch + RESULT_BYTES + REDUCE_BYTES);
   return L2L_OK;
 }
@@ -380,6 +380,21 @@ static l2l_status cuda_find_out_of_range(int64_t *index, int32_t *value, const i
   WITH_SCRATCH(find_out_of_range_locked(index, value, values, n, lo, hi, except));
 }
 
+static l2l_status layernorm_invertible_locked(bool *invertible, const float *weight,
+                                              const float *bias, int64_t n) {
+  int64_t first = -1;
+  LAUNCH(l2l_k_layernorm_uninvertible((int64_t *)cuda_rt.scratch, weight, bias, n,
+                                      L2L_LN_MIN_WEIGHT, L2L_LN_BIAS_RATIO, cuda_rt.compute));
+  TRY(read_result(&first, sizeof first));
+  *invertible = first < 0;
+  return L2L_OK;
+}
+
+static l2l_status cuda_layernorm_invertible(bool *invertible, const float *weight,
+                                            const float *bias, int64_t n) {
+  WITH_SCRATCH(layernorm_invertible_locked(invertible, weight, bias, n));
+}
+
 /* ---------------------------------------------------------------- whole tensors */
 
 /* The element's bit pattern made on the host, as cpu_fill converts the value. */
@@ -458,6 +473,7 @@ static const struct l2l_backend_ops cuda_backend = {
     .reduce = cuda_reduce,
     .adamw = cuda_adamw,
     .find_out_of_range = cuda_find_out_of_range,
+    .layernorm_invertible = cuda_layernorm_invertible,
     .fill = cuda_fill,
     .convert = cuda_convert,
     .random = cuda_random,

@@ -45,6 +45,9 @@ l2l_status cublas_error(cublasStatus_t err, const char *file, int line,
 struct cuda_cublas cublas;
 struct cuda_runtime cuda_rt = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
 
+/* The backend's own device memory (below, "the backend's own blocks"). */
+static int own_alloc(void **out, uint64_t bytes);
+
 static void runtime_say(const char *what, cudaError_t err) {
   snprintf(cuda_rt.why, sizeof cuda_rt.why, "%s: %s (%s)", what, cudaGetErrorString(err),
            cudaGetErrorName(err));
@@ -143,8 +146,10 @@ static void runtime_start(void) {
     snprintf(cuda_rt.why, sizeof cuda_rt.why, "no CUDA device is present");
     return;
   }
+  cuda_rt.device = l2l_accelerator_index(count, cuda_rt.why, sizeof cuda_rt.why);
+  if (cuda_rt.device < 0) return;
   struct cudaDeviceProp prop;
-  if ((err = cudaGetDeviceProperties(&prop, 0)) != cudaSuccess) {
+  if ((err = cudaGetDeviceProperties(&prop, cuda_rt.device)) != cudaSuccess) {
     runtime_say("cudaGetDeviceProperties", err);
     return;
   }
@@ -156,11 +161,10 @@ static void runtime_start(void) {
              prop.major, prop.minor);
     return;
   }
-  cuda_rt.device = 0;
   if ((err = cudaSetDevice(cuda_rt.device)) != cudaSuccess ||
       (err = cudaStreamCreateWithFlags(&cuda_rt.compute, cudaStreamNonBlocking)) != cudaSuccess ||
-      (err = cudaMalloc(&cuda_rt.scratch, SCRATCH_BYTES)) != cudaSuccess ||
-      (err = cudaMalloc(&cuda_rt.cublas_workspace, CUBLAS_WORKSPACE_BYTES)) != cudaSuccess) {
+      (err = (cudaError_t)own_alloc(&cuda_rt.scratch, SCRATCH_BYTES)) != cudaSuccess ||
+      (err = (cudaError_t)own_alloc(&cuda_rt.cublas_workspace, CUBLAS_WORKSPACE_BYTES)) != cudaSuccess) {
     runtime_say("setting up the device (stream, scratch)", err);
     return;
   }
@@ -174,12 +178,22 @@ static void runtime_start(void) {
     snprintf(cuda_rt.why, sizeof cuda_rt.why, "cuBLAS could not start: %s", cublas.status_string(st));
     return;
   }
+  cuda_rt.scratch_bytes = SCRATCH_BYTES;
   cuda_rt.usable = 1;
 }
+
+/* The CUDA runtime's current device is a thread's own: each thread that reaches the GPU
+   through here selects the process's device once (the starting thread did in
+   runtime_start). */
+static _Thread_local bool thread_on_device;
 
 int l2l_cuda_probe(char *why, size_t len) {
   pthread_once(&cuda_rt.once, runtime_start);
   if (!cuda_rt.usable && why != NULL && len > 0) snprintf(why, len, "%s", cuda_rt.why);
+  if (cuda_rt.usable && !thread_on_device) {
+    thread_on_device = true;
+    if (cudaSetDevice(cuda_rt.device) != cudaSuccess) cudaGetLastError();
+  }
   return cuda_rt.usable;
 }
 
@@ -297,15 +311,26 @@ static void *cuda_mark(void) {
   return mark;
 }
 
+/* The GPU keeps the order, not the host: the lane's stream waits for the mark, and the
+   lane's next copy queues at once behind it (the copy call then waits for that copy
+   alone). A thread that could not become a lane copies on the compute stream, behind the
+   mark already. The event goes back to the pool at once: a stream wait uses the record
+   it was given, whatever later records do. */
 static l2l_status cuda_wait_mark(void *mark) {
   TRY(cuda_need_runtime());
   lane_start();
   if (mark == NULL) return L2L_OK;
-  cudaError_t err = cudaEventSynchronize((cudaEvent_t)mark);
+  cudaEvent_t ev = (cudaEvent_t)mark;
+  cudaError_t err = cuda_lane != NULL ? cudaStreamWaitEvent(cuda_lane->stream, ev, 0)
+                                      : cudaSuccess;
+  if (err != cudaSuccess) {   /* the host then keeps the order */
+    cudaGetLastError();
+    err = cudaEventSynchronize(ev);
+  }
   if (err == cudaSuccess)
-    event_give_back((cudaEvent_t)mark);
+    event_give_back(ev);
   else
-    cudaEventDestroy((cudaEvent_t)mark);
+    cudaEventDestroy(ev);
   CUDA_TRY(err);
   return L2L_OK;
 }
@@ -340,44 +365,109 @@ static void cuda_stamp_release(void *stamp) { event_give_back((cudaEvent_t)stamp
 /* ---------------------------------------------------------------- caching allocator */
 
 /* Device memory through a block cache (core.h): after a training step's first round
-   nothing reaches cudaMalloc. */
+   nothing reaches cudaMalloc. A block freed by the compute thread is cached with an event
+   recorded on the compute stream (its tag): the kernels queued before the free, the last
+   that can touch it. The compute stream reuses the block in order anyway; a copy lane
+   that takes it (a KARMA swap-in) makes its stream wait for that event on the GPU, and
+   so waits for those kernels alone, not for everything queued since. */
 static int device_block_alloc(void **out, uint64_t size) {
   int err = (int)cudaMalloc(out, size);
   if (err != cudaSuccess) cudaGetLastError();   /* clear it: the caller explains it */
   return err;
 }
-static void device_block_free(void *ptr) { cudaFree(ptr); }
+static void device_block_free(void *ptr, void *tag) {
+  cudaFree(ptr);   /* synchronizes the device: the tag's event is past */
+  if (tag != NULL) event_give_back((cudaEvent_t)tag);
+}
 static const struct l2l_block_source device_blocks = {device_block_alloc, device_block_free};
 static struct l2l_block_cache cache = L2L_BLOCK_CACHE(&device_blocks);
+
+/* The calling thread may use a block taken from the cache with `tag`: a lane's stream
+   waits for the tag on the GPU (the host, if that fails); the compute stream is in order. */
+static cudaError_t block_ready(void *tag) {
+  if (tag == NULL) return cudaSuccess;
+  cudaEvent_t ev = (cudaEvent_t)tag;
+  cudaError_t err = cudaSuccess;
+  if (cuda_lane != NULL && cudaStreamWaitEvent(cuda_lane->stream, ev, 0) != cudaSuccess) {
+    cudaGetLastError();
+    err = cudaEventSynchronize(ev);
+  }
+  event_give_back(ev);
+  return err;
+}
 
 static l2l_status cuda_malloc(void **out, uint64_t bytes) {
   char want[32], held[32];
   TRY(cuda_need_runtime());
-  int err = l2l_blocks_get(&cache, out, bytes);
-  if (err == 0 && cuda_lane != NULL) {
-    /* A cached block may still be read or written by kernels queued before its free: a
-       lane (whose copies do not follow the compute stream) waits for them. (A KARMA
-       swap-in allocates here, so it waits for the compute stream queued so far.) */
-    l2l_status status = cuda_wait_mark(cuda_mark());
-    if (status != L2L_OK) {
-      l2l_blocks_put(&cache, *out, bytes);
-      return status;
+  void *tag = NULL;
+  int err = l2l_blocks_get(&cache, out, bytes, &tag);
+  if (err == 0) {
+    cudaError_t ready = block_ready(tag);
+    if (ready != cudaSuccess) {
+      l2l_blocks_put(&cache, *out, bytes, NULL);
+      CUDA_TRY(ready);
     }
+    return L2L_OK;
   }
+  uint64_t size = l2l_block_size(bytes), reserved = 0;
+  l2l_blocks_counts(&cache, &reserved, NULL, NULL);
+  return l2l_fail(L2L_ERR_NOMEM,
+                  "device pool: the GPU refused %llu bytes (%s): %s; l2l holds %llu bytes (%s) "
+                  "of device memory",
+                  (unsigned long long)size, l2l_human_bytes(want, 32, size),
+                  cudaGetErrorString((cudaError_t)err), (unsigned long long)reserved,
+                  l2l_human_bytes(held, 32, reserved));
+}
+
+/* Back to the cache, tagged with an event after the kernels queued so far when kernels
+   may still use the block (without an event, after waiting for the stream instead). */
+static void put_back(void *ptr, uint64_t bytes, bool after_compute) {
+  void *tag = NULL;
+  if (after_compute && ptr != NULL) {
+    tag = event_record(cuda_rt.compute);
+    if (tag == NULL) cudaStreamSynchronize(cuda_rt.compute);
+  }
+  l2l_blocks_put(&cache, ptr, bytes, tag);
+}
+
+/* A lane frees a block after its own copy of it is done (the copy waited for the kernels
+   before it), so the block is free now; the compute thread's frees follow its kernels. */
+static void cuda_free(void *ptr, uint64_t bytes) { put_back(ptr, bytes, cuda_lane == NULL); }
+
+/* ---------------------------------------------------------------- the backend's own blocks */
+
+/* The scratch and cuBLAS's workspace are blocks of the same cache, so that the pool's
+   reserved counts them and the budget leaves room for them (own_bytes); a scratch that
+   grows puts its old block back like a tensor's, never calling cudaFree (which would
+   wait for the whole device). */
+static _Atomic uint64_t own_bytes_now;
+
+static int own_alloc(void **out, uint64_t bytes) {
+  void *tag = NULL;
+  int err = l2l_blocks_get(&cache, out, bytes, &tag);
+  if (err == 0) {
+    err = (int)block_ready(tag);
+    if (err != 0) l2l_blocks_put(&cache, *out, bytes, NULL);
+  }
+  if (err == 0) atomic_fetch_add(&own_bytes_now, l2l_block_size(bytes));
+  return err;
+}
+
+l2l_status cuda_scratch_grow(uint64_t bytes) {
+  void *grown = NULL;
+  int err = own_alloc(&grown, bytes);
   if (err != 0) {
-    uint64_t size = l2l_block_size(bytes), reserved = 0;
-    l2l_blocks_counts(&cache, &reserved, NULL, NULL);
-    return l2l_fail(L2L_ERR_NOMEM,
-                    "device pool: the GPU refused %llu bytes (%s): %s; l2l holds %llu bytes (%s) "
-                    "of device memory",
-                    (unsigned long long)size, l2l_human_bytes(want, 32, size),
-                    cudaGetErrorString((cudaError_t)err), (unsigned long long)reserved,
-                    l2l_human_bytes(held, 32, reserved));
+    char want[32];
+    return l2l_fail(L2L_ERR_NOMEM, "the CUDA backend's scratch cannot grow to %s: %s",
+                    l2l_human_bytes(want, 32, bytes), cudaGetErrorString((cudaError_t)err));
   }
+  put_back(cuda_rt.scratch, cuda_rt.scratch_bytes, true);   /* after the kernels using it */
+  atomic_fetch_sub(&own_bytes_now, l2l_block_size(cuda_rt.scratch_bytes));
+  cuda_rt.scratch = grown, cuda_rt.scratch_bytes = bytes;
   return L2L_OK;
 }
 
-static void cuda_free(void *ptr, uint64_t bytes) { l2l_blocks_put(&cache, ptr, bytes); }
+static uint64_t cuda_own_bytes(void) { return atomic_load(&own_bytes_now); }
 
 static void cuda_pool_counts(uint64_t *reserved, uint64_t *system_allocs) {
   l2l_blocks_counts(&cache, reserved, NULL, system_allocs);
@@ -405,6 +495,7 @@ const struct l2l_device_ops l2l_cuda_device = {
     .alloc = cuda_malloc,
     .free = cuda_free,
     .counts = cuda_pool_counts,
+    .own_bytes = cuda_own_bytes,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .release_cache = cuda_release_cache,

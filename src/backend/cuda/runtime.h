@@ -45,7 +45,8 @@ struct cuda_runtime {
   cudaStream_t compute;
   cublasHandle_t blas;
   void *cublas_workspace;
-  void *scratch;            /* SCRATCH_BYTES */
+  void *scratch;            /* scratch_bytes, at least SCRATCH_BYTES */
+  uint64_t scratch_bytes;
   atomic_int tf32;
   pthread_mutex_t lock;     /* serializes ops that use the scratch */
 };
@@ -80,6 +81,9 @@ CUDA_INTERNAL l2l_status cublas_error(cublasStatus_t err, const char *file, int 
 
 /* L2L_ERR_UNSUPPORTED with the reason when CUDA cannot run here. */
 CUDA_INTERNAL l2l_status cuda_need_runtime(void);
+/* A scratch of at least `bytes` (called with cuda_rt.lock held): the old one goes back to
+   the device cache behind the kernels queued so far. */
+CUDA_INTERNAL l2l_status cuda_scratch_grow(uint64_t bytes);
 /* Waits for the compute stream: before the host reads what the GPU wrote. */
 CUDA_INTERNAL l2l_status cuda_wait_stream(void);
 
