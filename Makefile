@@ -109,6 +109,9 @@ ifneq ($(NVCC),)
   # toolkit's /etc/ld.so.conf.d entry), not a RUNPATH.
   CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart -ldl -lstdc++
   CUDA_RPATH := -Wl,-rpath,$(CUDA_HOME)/lib64
+  # Where a program linking the installable library finds the CUDA runtime it needs, at
+  # link time only (no RUNPATH is written): a toolkit without an ld.so.conf entry.
+  CUDA_LINK_PATH := -Wl,-rpath-link,$(CUDA_HOME)/lib64
   $(BUILD)/obj/backend/cuda/%.o: L2L_CFLAGS += -DL2L_CUDA -I$(CUDA_HOME)/include -I. \
                                               -DL2L_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
 endif
@@ -194,7 +197,7 @@ $(DIST)/libl2l.so.$(VERSION): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(LINK) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(LIB_LIBS) $(CUDA_LIBS)
 $(DIST)/l2l: $(BUILD)/obj/main.o $(DIST)/libl2l.so.$(VERSION)
-	$(LINK) -o $@ $< -Wl,--no-as-needed $(DIST)/libl2l.so.$(VERSION) $(L2L_EXE_LIBS)
+	$(LINK) -o $@ $< -Wl,--no-as-needed $(DIST)/libl2l.so.$(VERSION) $(L2L_EXE_LIBS) $(CUDA_LINK_PATH)
 
 $(BUILD)/ctest/%.o: spec/c/%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)

