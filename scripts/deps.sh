@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 # deps.sh — install the Debian packages l2l needs, if any are missing.
 # Run by the Makefile before the first build. As root it installs with apt-get; otherwise
-# it prints the exact command to run and fails. CUDA is not a Debian package here: when
+# it prints the exact command to run and fails. `deps.sh --list` prints the packages, one
+# a line, and installs nothing (scripts/gpu-deps.sh fetches them for a GPU machine). CUDA is not a Debian package here: when
 # nvcc is found, this only reports whether cuBLAS is beside it (the CUDA backend needs it).
 set -euo pipefail
 
@@ -20,6 +21,11 @@ packages=(
   groff-base                 # `make doc`: the man page l2l(1) is checked by rendering it
   openmpi-bin libopenmpi-dev # data parallel (dist = "mpi"): mpirun, mpicc and libmpi
 )
+
+if [[ ${1:-} == --list ]]; then
+  printf '%s\n' "${packages[@]}" | grep -v '^#'
+  exit 0
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -6,7 +6,7 @@
 # `make gpu-deps` runs it; run it on a Debian machine with apt (as root, or it says so).
 # Usage: scripts/gpu-deps.sh [DEST]          (DEST defaults to .gpudeps)
 #
-# What is fetched: the packages below and every library they need, minus the base system
+# What is fetched: l2l's packages and every library they need, minus the base system
 # (priority required/important, the C library and toolchain): the GPU machine has its own,
 # and two C libraries in one process break it. libbsd0 and libmd0 are base packages to
 # Debian but libedit needs them and a bare image may lack them: they go to DEST/base/, and
@@ -14,10 +14,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=${1:-.gpudeps}
-# make and pkg-config are in the list although the image may have them: the build must
-# not depend on what an image happens to hold.
-packages=(luajit libluajit-5.1-dev libjemalloc-dev libopenblas-dev libopenblas0-openmp
-          lua-busted lua-cjson libedit-dev make pkg-config)
+# What scripts/deps.sh installs, less OpenMPI (one GPU: nothing to run under mpirun; the
+# MPI specs say so), plus make, which a bare image may lack.
+mapfile -t packages < <(scripts/deps.sh --list | grep -v -e '^openmpi-bin$' -e '^libopenmpi-dev$')
+packages+=(make)
 base=(libbsd0 libmd0)
 
 command -v apt-get >/dev/null || { echo "gpu-deps: needs Debian's apt-get" >&2; exit 2; }
@@ -48,8 +48,8 @@ for p in $closure; do
     libssl3|libselinux1|libpcre2-*|zlib1g|libzstd1|libtinfo6|libncursesw6|libkrb5*) continue ;;
     libk5crypto3|libkeyutils1|libcom-err2|libgssapi*|libnsl*|libtirpc*|rpcsvc-proto) continue ;;
     libbsd0|libmd0|libreadline8) continue ;;
-    # other Lua versions, and the OpenBLAS flavours l2l does not link (OpenMP is the one)
-    lua5.[1234]*|liblua5.[1234]*|libopenblas*pthread*|libopenblas*serial*) continue ;;
+    # Lua 5.2-5.4 (ldoc runs on 5.1), and the OpenBLAS flavours l2l does not link (OpenMP)
+    lua5.[234]*|liblua5.[234]*|libopenblas*pthread*|libopenblas*serial*) continue ;;
   esac
   keep+=("$p")
 done

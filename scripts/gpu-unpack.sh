@@ -25,6 +25,5 @@ export CPATH="\$C_INCLUDE_PATH"
 export LUA_PATH="$prefix/usr/share/lua/5.1/?.lua;$prefix/usr/share/lua/5.1/?/init.lua;\${LUA_PATH:-;}"
 export LUA_CPATH="$prefix/usr/lib/$arch/lua/5.1/?.so;\${LUA_CPATH:-;}"
 export PKG_CONFIG_PATH="$prefix/usr/lib/$arch/pkgconfig:$prefix/usr/share/pkgconfig:\${PKG_CONFIG_PATH:-}"
-export PKG_CONFIG_SYSROOT_DIR="$prefix"
 ENV
 echo "unpacked into $prefix; now: . $prefix/env.sh"

@@ -58,7 +58,16 @@ line_for() {
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   mapfile -t files < <(git ls-files)
 else
-  mapfile -t files < <(find . -type f -not -path './.git/*' | sed 's|^\./||' | LC_ALL=C sort)
+  # no git (a machine with only the carried packages): every file but .git and the
+  # folders .gitignore names (build outputs, carried packages), which git would skip
+  prune=(-path ./.git)
+  if [[ -f .gitignore ]]; then
+    while read -r pattern; do
+      [[ $pattern == */ && $pattern != /* && $pattern != \#* ]] || continue
+      prune+=(-o -path "./${pattern%/}" -o -path "*/${pattern%/}")
+    done < .gitignore
+  fi
+  mapfile -t files < <(find . \( "${prune[@]}" \) -prune -o -type f -print | sed 's|^\./||' | LC_ALL=C sort)
 fi
 
 missing=0 added=0 checked=0

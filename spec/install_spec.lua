@@ -15,6 +15,11 @@ local sh = support.sh
 local sanitized = os.getenv("L2L_SANITIZE") == "1"
 
 local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+-- The installed library's folder goes first; what the environment already lists stays
+-- after it (a machine whose packages are unpacked in a folder finds LuaJIT and OpenBLAS
+-- there: scripts/gpu-host.sh).
+local inherited = os.getenv("LD_LIBRARY_PATH") and os.getenv("LD_LIBRARY_PATH") ~= ""
+                  and ":" .. q(os.getenv("LD_LIBRARY_PATH")) or ""
 
 -- make in the checkout with this build's folder and mode.
 local function make(args)
@@ -134,7 +139,7 @@ describe("make install DESTDIR=... PREFIX=/usr", function()
     assert.are.equal(0, status, out)
     local elf = readelf_dynamic(hello)
     assert.is_truthy(elf:find("[libl2l.so." .. major .. "]", 1, true), elf)
-    status, out = sh(("cd %s && LD_LIBRARY_PATH=%s %s"):format(q(tmp), q(usr .. "/lib"), q(hello)))
+    status, out = sh(("cd %s && LD_LIBRARY_PATH=%s%s %s"):format(q(tmp), q(usr .. "/lib"), inherited, q(hello)))
     assert.are.equal(0, status, out)
     check_hello(out)
   end)
@@ -165,7 +170,7 @@ print(x:numel(), l2l.ops ~= nil)
     local dir = tmp .. "/elsewhere"
     sh("mkdir -p " .. q(dir))
     support.write_file(dir .. "/script.lua", script)
-    local run = "cd %s && env -u L2L_LUA_DIR -u LUA_PATH LD_LIBRARY_PATH=%s %s script.lua"
+    local run = "cd %s && env -u L2L_LUA_DIR -u LUA_PATH LD_LIBRARY_PATH=%s" .. inherited .. " %s script.lua"
     local status, out = sh(run:format(q(dir), q(usr .. "/lib"), q(usr .. "/bin/l2l")))
     assert.are.equal(0, status, out)
     assert.are.equal(("%s\t(linked in)\t%s/share/lua/5.1/l2l/init.lua\n6\ttrue\n"):format(version, usr), out)
@@ -184,7 +189,7 @@ print(x:numel(), l2l.ops ~= nil)
       return
     end
     local lua_path = ("%s/share/lua/5.1/?.lua;%s/share/lua/5.1/?/init.lua;;"):format(usr, usr)
-    local run = ("cd %s && env -u L2L_LIB -u LD_PRELOAD -u GLIBC_TUNABLES LD_LIBRARY_PATH=%s LUA_PATH=%s %%s luajit -e %s")
+    local run = ("cd %s && env -u L2L_LIB -u LD_PRELOAD -u GLIBC_TUNABLES LD_LIBRARY_PATH=%s" .. inherited .. " LUA_PATH=%s %%s luajit -e %s")
                 :format(q(tmp), q(usr .. "/lib"), q(lua_path),
                         q('local l2l = require("l2l"); print(l2l.library, l2l.ones({ 2 }):numel())'))
     local status, out = sh(run:format("GLIBC_TUNABLES=glibc.rtld.optional_static_tls=65536"))
