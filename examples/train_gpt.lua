@@ -63,7 +63,9 @@ local FLAGS = {
   { "--eval-batches", 4, "int", "minibatches in each validation loss", min = 1 },
   { "--checkpoint", "", "string", "save the run to this file (every --save-every steps, at the end, and when Ctrl-C stops it)", meta = "PATH" },
   { "--save-every", 100, "int", "steps between checkpoints (0: only at the end)", min = 0 },
-  { "--resume", nil, "flag", "continue from --checkpoint if the file exists" },
+  { "--resume", nil, "flag", "continue the run saved in --checkpoint (an error when there is none)" },
+  { "--resume-if-present", nil, "flag", "continue the run in --checkpoint if the file exists, else start one" },
+  { "--force", nil, "flag", "start a new run although --checkpoint holds another (replaced at the first save)" },
   { "--stop-at", 0, "int", "stop after this step as if interrupted, saving the checkpoint (to try --resume; 0: no)", min = 0, meta = "STEP" },
   { "--out", "build/demo", "string", "folder for metrics.jsonl and the picture (curves.png or .svg)", meta = "DIR" },
   { "--plot", "auto", "choice", "picture format: png through gnuplot when installed, else svg", choices = { "auto", "png", "svg", "none" } },
@@ -86,7 +88,12 @@ local parser = cli.parser {
 }
 local opt = cli.parse(parser)
 if opt.dim % opt.heads ~= 0 then cli.usage_error(("--heads (%d) must divide --dim (%d)"):format(opt.heads, opt.dim)) end
-if opt.resume and opt.checkpoint == "" then cli.usage_error("--resume needs --checkpoint PATH") end
+for _, f in ipairs({ "resume", "resume_if_present", "force" }) do
+  if opt[f] and opt.checkpoint == "" then cli.usage_error(("--%s needs --checkpoint PATH"):format(f:gsub("_", "-"))) end
+end
+if opt.force and (opt.resume or opt.resume_if_present) then
+  cli.usage_error("--force starts a new run, --resume continues one: give one of them")
+end
 local budget_mib
 if opt.device_budget ~= "auto" then
   budget_mib = tonumber(opt.device_budget)
@@ -200,30 +207,67 @@ if #corpus.text < 4 * (S + 1) then
   fail(("%s: only %d bytes of text, need at least %d for --seq %d"):format(corpus.description, #corpus.text, 4 * (S + 1), S))
 end
 
+-- A run's id: in its checkpoints and in each line of its metrics, so that a resumed run
+-- finds its own metrics and never mixes them with another run's.
+local function new_run_id()
+  local f = io.open("/dev/urandom", "rb")
+  local b = f and f:read(6)
+  if f then f:close() end
+  if b and #b == 6 then return (b:gsub(".", function(c) return ("%02x"):format(c:byte()) end)) end
+  return ("%x%05x"):format(os.time(), floor(os.clock() * 1e6) % 0x100000)
+end
+
+local function file_exists(path)
+  local fh = io.open(path, "rb")
+  if fh then fh:close() end
+  return fh ~= nil
+end
+
+-- The flags a checkpoint's run was made with (saved in its extra): given again with
+-- another value, they contradict it.
+local RUN_FLAGS = { "layers", "dim", "heads", "mlp", "seq", "batch", "seed", "tokenizer", "lr", "warmup",
+                    "weight_decay", "dropout", "init_std" }
+
 local run, model, start_step, resumed = nil, nil, 0, false
+local run_id = new_run_id()
 local checkpoints = opt.checkpoint ~= ""
-if opt.resume then
-  local fh = io.open(opt.checkpoint, "rb")
-  if fh then
-    fh:close()
-    if l2l.load == nil then
-      print("checkpoints not available in this build: starting afresh (l2l.load is missing)")
-    else
-      local ok, r = pcall(l2l.load, opt.checkpoint, { dist = opt.dist })
-      if not ok then fail("--resume: " .. tostring(r)) end
-      run, model, resumed = r, r.model, true
-      start_step = run:stats().steps
-      -- the data order depends on seed, batch and context: the saved ones win
-      local x = run.extra or {}
-      for _, k in ipairs({ "seed", "batch", "seq", "layers", "dim", "heads", "mlp", "tokenizer" }) do
-        if x[k] ~= nil and x[k] ~= opt[k] then opt[k] = x[k] end
-      end
-      B, S = opt.batch, opt.seq
-      if run.options then opt.stash, opt.micro_batch = run.options.stash, run.options.micro_batch end
-    end
-  else
-    print(("no checkpoint at %s yet: starting afresh"):format(opt.checkpoint))
+if checkpoints and not file_exists(opt.checkpoint) then
+  if opt.resume then
+    fail(("--resume: there is no checkpoint at %s (--resume-if-present starts a new run when there is none)"):format(
+      opt.checkpoint))
+  elseif opt.resume_if_present then
+    print(("no checkpoint at %s yet: starting a new run"):format(opt.checkpoint))
   end
+elseif checkpoints and (opt.resume or opt.resume_if_present) then
+  local ok, r = pcall(l2l.load, opt.checkpoint, { dist = opt.dist })
+  if not ok then fail("--resume: " .. tostring(r)) end
+  run, model, resumed = r, r.model, true
+  start_step = run:stats().steps
+  -- what the run was made with wins; a flag given with another value is an error
+  local x = run.extra or {}
+  local differ = {}
+  for _, k in ipairs(RUN_FLAGS) do
+    if x[k] ~= nil and x[k] ~= opt[k] then
+      if cli.given(opt, k) then
+        differ[#differ + 1] = ("--%s %s (the run's: %s)"):format(k:gsub("_", "-"), tostring(opt[k]), tostring(x[k]))
+      end
+      opt[k] = x[k]
+    end
+  end
+  if #differ > 0 then
+    fail(("--resume: %s holds a run these flags contradict: %s. Leave them out to continue it, or start a new run "
+          .. "(--force, or another --checkpoint)"):format(opt.checkpoint, table.concat(differ, ", ")))
+  end
+  run_id = x.run or run_id   -- (a checkpoint of an older l2l has none: it gets one now)
+  B, S = opt.batch, opt.seq
+  if run.options then opt.stash, opt.micro_batch = run.options.stash, run.options.micro_batch end
+elseif checkpoints and not opt.force then
+  local ok, info = pcall(l2l.checkpoint_info, opt.checkpoint)
+  local what = ok and ("the checkpoint of run %s at step %d%s"):format(info.extra.run or "(no id)", info.steps,
+                                                                      info.extra.steps and (" of " .. info.extra.steps) or "")
+               or ("a file that is not a checkpoint l2l reads (%s)"):format(tostring(info):gsub("^l2l%.checkpoint_info: ", ""))
+  fail(("%s already holds %s: --resume continues it, --force starts a new run that replaces it at its first save, "
+        .. "or give another --checkpoint path"):format(opt.checkpoint, what))
 end
 
 -- What the model reads: the text's bytes, or GPT-2's tokens of it (the text encoded once,
@@ -304,26 +348,70 @@ end
 local last_step = opt.steps
 if opt.stop_at > 0 and opt.stop_at < opt.steps then last_step = math.max(opt.stop_at, start_step) end
 
--- output folder and metrics log (a resumed run keeps the lines up to its step)
+-- Output folder and metrics log. metrics.jsonl in --out is one run's (each line names
+-- it): another run's file there is moved aside to metrics-<its id>.jsonl, never
+-- overwritten, and a resumed run takes its own back from there, keeping its lines up to
+-- the checkpoint's step.
 if rank ~= 0 then opt.out, opt.plot = nil, "none" end   -- rank 0 writes the files
 if opt.out then os.execute("mkdir -p '" .. opt.out:gsub("'", "'\\''") .. "'") end
 local metrics_path = opt.out and opt.out .. "/metrics.jsonl" or "/dev/null"
+
+-- The run id of a metrics file's lines ("" for lines without one), or nil with no file.
+local function run_of_metrics(path)
+  local fh = io.open(path)
+  if not fh then return nil end
+  local id = ""
+  for line in fh:lines() do
+    local ok, rec = pcall(cjson.decode, line)
+    if ok and type(rec) == "table" and type(rec.run) == "string" then id = rec.run break end
+  end
+  fh:close()
+  return id
+end
+
 local history = {}
+if opt.out then
+  local holder = run_of_metrics(metrics_path)
+  if holder ~= nil and holder ~= run_id then
+    local aside, n = ("%s/metrics-%s.jsonl"):format(opt.out, holder ~= "" and holder or "earlier"), 1
+    while file_exists(aside) do   -- never over another file
+      n = n + 1
+      aside = ("%s/metrics-%s-%d.jsonl"):format(opt.out, holder ~= "" and holder or "earlier", n)
+    end
+    local ok, e = os.rename(metrics_path, aside)
+    if not ok then fail(("%s holds another run's metrics and cannot be moved aside: %s"):format(metrics_path, tostring(e))) end
+    print(("metrics of %s moved to %s"):format(holder ~= "" and ("run " .. holder) or "an earlier run", aside))
+  end
+  local own = ("%s/metrics-%s.jsonl"):format(opt.out, run_id)
+  if resumed and holder ~= run_id and file_exists(own) then os.rename(own, metrics_path) end
+end
 if resumed then
   local fh = io.open(metrics_path)
   if fh then
     for line in fh:lines() do
       local ok, rec = pcall(cjson.decode, line)
-      if ok and type(rec) == "table" and type(rec.step) == "number" and rec.step <= start_step then
+      if ok and type(rec) == "table" and rec.run == run_id and type(rec.step) == "number" and rec.step <= start_step then
         history[#history + 1] = rec
       end
     end
     fh:close()
   end
 end
+-- A loss that is not a number (a diverged run) is written as what it is: "nan", "inf" or
+-- "-inf" (JSON has no such numbers; l2l plot leaves them out of the curves).
+local function json_safe(rec)
+  local out = {}
+  for k, v in pairs(rec) do
+    if type(v) == "number" and v ~= v then v = "nan"
+    elseif v == math.huge then v = "inf"
+    elseif v == -math.huge then v = "-inf" end
+    out[k] = v
+  end
+  return out
+end
 local log, err = io.open(metrics_path, "w")
 if not log then fail(("cannot write %s: %s"):format(metrics_path, tostring(err))) end
-for _, rec in ipairs(history) do log:write(cjson.encode(rec), "\n") end
+for _, rec in ipairs(history) do log:write(cjson.encode(json_safe(rec)), "\n") end
 log:flush()
 
 local rows = floor((rank + 1) * B / ranks) - floor(rank * B / ranks)   -- this rank's slice
@@ -356,8 +444,9 @@ end
 
 local NULL = cjson.null
 local function record(rec)
+  rec.run = run_id
   history[#history + 1] = rec
-  log:write(cjson.encode(rec), "\n")
+  log:write(cjson.encode(json_safe(rec)), "\n")
   log:flush()
 end
 
@@ -371,8 +460,9 @@ end
 
 local function save_checkpoint(step)
   local ok, e = pcall(run.save, run, opt.checkpoint, {
-    seed = opt.seed, batch = B, seq = S, layers = opt.layers, dim = opt.dim, heads = opt.heads,
-    mlp = opt.mlp, steps = opt.steps, step = step, tokenizer = opt.tokenizer,
+    run = run_id, seed = opt.seed, batch = B, seq = S, layers = opt.layers, dim = opt.dim, heads = opt.heads,
+    mlp = opt.mlp, steps = opt.steps, step = step, tokenizer = opt.tokenizer, lr = opt.lr, warmup = opt.warmup,
+    weight_decay = opt.weight_decay, dropout = opt.dropout, init_std = opt.init_std,
   })
   if not ok then return "checkpoint not written: " .. tostring(e) end
   return nil
@@ -450,8 +540,8 @@ print()
 if done > 0 then
   print(("done: %d steps, %s tokens in %s (%s tokens/s)"):format(done, progress.count(done * B * S),
     progress.duration(wall), progress.count(done * B * S / wall)))
-  print(("loss: train %.3f, validation %.3f (validation at the start %.3f; a uniform guess %.3f)"):format(
-    last_loss, last_val, first_val or 0 / 0, math.log(V)))
+  print(("loss: train %.3f, validation %.3f (validation at the start %s; a uniform guess %.3f)"):format(
+    last_loss, last_val, first_val and format("%.3f", first_val) or "not in this run's metrics", math.log(V)))
 else
   print(("nothing to train: the checkpoint is at step %d of %d"):format(start_step, opt.steps))
 end

@@ -489,6 +489,24 @@ function M.load(path, overrides, ...)
   return run
 end
 
+-- l2l.checkpoint_info(path) -> {steps =, updates =, layers = n, extra = the table run:save
+-- was given}: what a checkpoint holds, from its header alone (no tensor is read), to decide
+-- before loading or overwriting it.
+function M.describe(path, ...)
+  local fname = "l2l.checkpoint_info"
+  if select("#", ...) ~= 0 then too_many(fname, "path", 2, ...) end
+  local ok, info = pcall(function()
+    local file = opened(path, fname)
+    local okd, desc = pcall(decode_description, file, fname)
+    file:close()
+    if not okd then error(desc, 0) end
+    return { steps = desc.progress.steps, updates = desc.progress.updates, layers = #desc.layers,
+             extra = type(desc.extra) == "table" and desc.extra or {} }
+  end)
+  if not ok then error(without_positions(info), 2) end
+  return info
+end
+
 -- l2l.load_weights(model, path): the weights of a checkpoint (or of any safetensors file
 -- with l2l's names, "<layer>.<param>") into a model of the same shapes; nothing changes
 -- unless every tensor matches.

@@ -186,21 +186,62 @@ local function hint(msg, p, args)
   return msg
 end
 
+-- The flags of p that take a value ("--lr"), as a set.
+local function valued_flags(p)
+  local set = {}
+  for _, option in ipairs(p._options or {}) do
+    if option._maxargs ~= 0 then
+      for _, alias in ipairs(option._aliases or {}) do set[alias] = true end
+    end
+  end
+  return set
+end
+
+-- Which flags each parse saw on its command line (cli.given), by the table it returned.
+local given_flags = setmetatable({}, { __mode = "k" })
+
 function M.parse(p, args, ...)
   if select("#", ...) ~= 0 then too_many("cli.parse", "parser, args", 2, ...) end
   if type(p) ~= "table" or type(p.pparse) ~= "function" then
     error("cli.parse: parser must be an argparse parser (from cli.parser), got " .. describe(p), 2)
   end
   if args == nil then
-    local given = rawget(_G, "arg") or {}
-    args = {}
-    for i = 1, #given do args[i] = given[i] end
+    args = rawget(_G, "arg") or {}
   elseif type(args) ~= "table" then
     error("cli.parse: args must be a list of strings, got " .. describe(args), 2)
   end
-  local ok, result = p:pparse(args)
-  if ok then return result end
-  M.usage_error(hint(tostring(result), p, args))
+  -- A negative number after a flag that takes a value is that value (`--lr -1`), not a
+  -- flag: argparse reads any word starting with '-' as one. Joined as `--lr=-1`.
+  local valued, joined, seen = valued_flags(p), {}, {}
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    local name = type(a) == "string" and a:match("^(%-%-?[^=]+)") or nil
+    if valued[a] and type(args[i + 1]) == "string" and args[i + 1]:match("^%-%.?%d") then
+      joined[#joined + 1] = a .. "=" .. args[i + 1]
+      i = i + 1
+    else
+      joined[#joined + 1] = a
+    end
+    if name then seen[(name:gsub("^%-+", ""):gsub("%-", "_"))] = true end
+    i = i + 1
+  end
+  local ok, result = p:pparse(joined)
+  if ok then
+    given_flags[result] = seen
+    return result
+  end
+  M.usage_error(hint(tostring(result), p, joined))
+end
+
+-- cli.given(opt, name) -> whether the command line gave flag `name` (as in opt: "lr",
+-- "max_bytes"), rather than its default.
+function M.given(opt, name, ...)
+  if select("#", ...) ~= 0 then too_many("cli.given", "opt, name", 2, ...) end
+  local seen = given_flags[opt]
+  if seen == nil then error("cli.given: opt must be a table cli.parse returned, got " .. describe(opt), 2) end
+  if type(name) ~= "string" then error("cli.given: name must be a string, got " .. describe(name), 2) end
+  return seen[name] == true
 end
 
 function M.usage_error(message, ...)

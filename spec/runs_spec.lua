@@ -1,0 +1,144 @@
+-- SPDX-License-Identifier: MIT
+-- runs_spec — nothing of a run is lost by a slip (issue 30, "the user's day, part 2"):
+-- examples/train_gpt.lua never overwrites a checkpoint of another run unasked (item 1),
+-- --resume is strict about the path and about flags that contradict the saved run
+-- (item 2), metrics belong to a run and a resume appends only to its own (item 3), and a
+-- negative number is a flag's value (`--lr -1`). Each runs the example as a user runs
+-- it, a subprocess of the l2l executable, in a tiny configuration (a second or two).
+local support = dofile("spec/support.lua")
+local cjson = require("cjson")
+local l2l = require("l2l")
+
+local sh = support.sh
+local exe = support.build .. "/l2l"
+local TINY = "--layers 1 --dim 32 --heads 2 --seq 32 --batch 8 --micro-batch 4 --eval-every 2 " ..
+             "--eval-batches 1 --max-bytes 200000 --plot none --sample 0"
+
+local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+local function demo(flags)
+  return sh(("env -u L2L_PROGRESS %s examples/train_gpt.lua %s %s"):format(exe, TINY, flags))
+end
+
+-- The JSON lines of a metrics file.
+local function lines_of(path)
+  local list = {}
+  local text = support.read_file(path)
+  if text == nil then return nil end
+  for line in text:gmatch("[^\n]+") do list[#list + 1] = cjson.decode(line) end
+  return list
+end
+
+describe("train_gpt: nothing lost by a slip", function()
+  local dir
+  before_each(function() dir = support.tmpdir() end)
+  after_each(function() sh("rm -rf " .. q(dir)) end)
+
+  it("item 1: keeps another run's checkpoint unless --resume or --force says what to do", function()
+    local ck = dir .. "/keep.ckpt"
+    local status, out = demo(("--steps 4 --checkpoint %s --out %s"):format(q(ck), q(dir .. "/a")))
+    assert.are.equal(0, status, out)
+    local before = support.read_file(ck)
+    assert.is_truthy(before, "no checkpoint written")
+    -- --resume forgotten: refused, naming the run and the choices; the file untouched
+    status, out = demo(("--steps 2 --checkpoint %s --out %s"):format(q(ck), q(dir .. "/b")))
+    assert.are.equal(1, status, out)
+    assert.is_truthy(out:find(ck .. " already holds the checkpoint of run %x+ at step 4 of 4"), out)
+    for _, choice in ipairs({ "--resume continues it", "--force starts a new run", "another --checkpoint" }) do
+      assert.is_truthy(out:find(choice, 1, true), out)
+    end
+    assert.is_true(support.read_file(ck) == before, "the refused run changed the checkpoint")
+    -- a file that is not a checkpoint is kept too
+    local other = dir .. "/notes.txt"
+    support.write_file(other, "my notes\n")
+    status, out = demo(("--steps 2 --checkpoint %s --out %s"):format(q(other), q(dir .. "/b")))
+    assert.are.equal(1, status, out)
+    assert.is_truthy(out:find("not a checkpoint l2l reads", 1, true), out)
+    assert.are.equal("my notes\n", support.read_file(other))
+    -- --force: a new run, which replaces it
+    status, out = demo(("--steps 2 --checkpoint %s --force --out %s"):format(q(ck), q(dir .. "/c")))
+    assert.are.equal(0, status, out)
+    assert.are.equal(2, l2l.checkpoint_info(ck).steps)
+    -- and the flags that cannot go together
+    for _, c in ipairs({ { "--force --resume", "--force starts a new run, --resume continues one" },
+                         { "--force", "--force needs --checkpoint PATH" },
+                         { "--resume-if-present", "--resume-if-present needs --checkpoint PATH" } }) do
+      status, out = demo(c[1] .. " --steps 2 --out " .. q(dir .. "/d"):gsub("%%", "%%%%")
+                         .. (c[1] == "--force --resume" and " --checkpoint " .. q(ck) or ""))
+      assert.are.equal(2, status, c[1] .. ": " .. out)
+      assert.is_truthy(out:find(c[2], 1, true), c[1] .. ": " .. out)
+    end
+  end)
+
+  it("item 2: --resume of a missing file is an error; --resume-if-present starts afresh", function()
+    local ck = dir .. "/typo.ckpt"
+    local status, out = demo(("--steps 2 --checkpoint %s --resume --out %s"):format(q(ck), q(dir)))
+    assert.are.equal(1, status, out)
+    assert.is_truthy(out:find("--resume: there is no checkpoint at " .. ck, 1, true), out)
+    assert.is_truthy(out:find("--resume-if-present starts a new run", 1, true), out)
+    assert.is_nil(support.read_file(ck), "a refused --resume wrote a checkpoint")
+    status, out = demo(("--steps 2 --checkpoint %s --resume-if-present --out %s"):format(q(ck), q(dir)))
+    assert.are.equal(0, status, out)
+    assert.is_truthy(out:find("no checkpoint at " .. ck .. " yet: starting a new run", 1, true), out)
+    assert.are.equal(2, l2l.checkpoint_info(ck).steps)
+    -- now it exists: --resume-if-present continues it (to step 3)
+    status, out = demo(("--steps 3 --checkpoint %s --resume-if-present --out %s"):format(q(ck), q(dir)))
+    assert.are.equal(0, status, out)
+    assert.is_truthy(out:find("resuming from " .. ck .. " at step 2 of 3", 1, true), out)
+  end)
+
+  it("item 2: flags that contradict the saved run are an error naming each", function()
+    local ck = dir .. "/run.ckpt"
+    local status, out = demo(("--steps 2 --checkpoint %s --out %s"):format(q(ck), q(dir)))
+    assert.are.equal(0, status, out)
+    local before = support.read_file(ck)
+    status, out = demo(("--steps 4 --checkpoint %s --resume --layers 2 --dim 64 --lr 0.01 --out %s"):format(q(ck), q(dir)))
+    assert.are.equal(1, status, out)
+    for _, d in ipairs({ "--layers 2 (the run's: 1)", "--dim 64 (the run's: 32)", "--lr 0.01 (the run's: 0.004)" }) do
+      assert.is_truthy(out:find(d, 1, true), d .. " not named in:\n" .. out)
+    end
+    assert.is_true(support.read_file(ck) == before, "the refused resume changed the checkpoint")
+    -- the same values again are no contradiction; flags the run does not fix may change
+    status, out = demo(("--steps 3 --checkpoint %s --resume --layers 1 --dim 32 --micro-batch 2 --out %s"):format(q(ck), q(dir)))
+    assert.are.equal(0, status, out)
+  end)
+
+  it("item 3: a resume appends to its own run's metrics, never to another run's", function()
+    local ck = dir .. "/a.ckpt"
+    -- run A stops at step 4 of 6; run B (no checkpoint) then runs in the same --out
+    local status, out = demo(("--steps 6 --stop-at 4 --save-every 2 --checkpoint %s --out %s"):format(q(ck), q(dir)))
+    assert.are.equal(0, status, out)
+    local a = lines_of(dir .. "/metrics.jsonl")
+    local id_a = a[1].run
+    assert.is_truthy(type(id_a) == "string" and #id_a > 0, "no run id in the metrics")
+    assert.are.equal(id_a, l2l.checkpoint_info(ck).extra.run, "the checkpoint's run id")
+    status, out = demo(("--steps 3 --seed 7 --out %s"):format(q(dir)))
+    assert.are.equal(0, status, out)
+    local aside = dir .. "/metrics-" .. id_a .. ".jsonl"
+    assert.is_truthy(out:find("metrics of run " .. id_a .. " moved to " .. aside, 1, true), out)
+    local b = lines_of(dir .. "/metrics.jsonl")
+    local id_b = b[1].run
+    assert.are_not.equal(id_a, id_b)
+    -- A resumes: its own lines come back, B's go aside, nothing of either is lost
+    status, out = demo(("--steps 6 --checkpoint %s --resume --out %s"):format(q(ck), q(dir)))
+    assert.are.equal(0, status, out)
+    local resumed = lines_of(dir .. "/metrics.jsonl")
+    for _, rec in ipairs(resumed) do assert.are.equal(id_a, rec.run, "a line of another run") end
+    assert.are.equal(0, resumed[1].step)
+    assert.are.equal(6, resumed[#resumed].step)
+    assert.are.equal(a[1].val_loss, resumed[1].val_loss, "run A's own start")
+    assert.are.same(b, lines_of(dir .. "/metrics-" .. id_b .. ".jsonl"))
+    -- the summary quotes A's starting validation loss, not B's
+    local start = out:match("validation at the start ([%d.]+)")
+    assert.are.equal(("%.3f"):format(a[1].val_loss), start, out)
+  end)
+
+  it("reads a negative number after a flag as its value (--lr -1)", function()
+    local status, out = demo("--lr -1 --steps 1 --out " .. q(dir))
+    assert.are.equal(2, status, out)
+    assert.is_truthy(out:find("--lr must be a number in [0, 1], got '-1'", 1, true), out)
+    status, out = demo("--lr=-0.5 --steps 1 --out " .. q(dir))
+    assert.are.equal(2, status, out)
+    assert.is_truthy(out:find("got '-0.5'", 1, true), out)
+  end)
+end)
