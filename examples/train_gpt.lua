@@ -397,21 +397,9 @@ if resumed then
     fh:close()
   end
 end
--- A loss that is not a number (a diverged run) is written as what it is: "nan", "inf" or
--- "-inf" (JSON has no such numbers; l2l plot leaves them out of the curves).
-local function json_safe(rec)
-  local out = {}
-  for k, v in pairs(rec) do
-    if type(v) == "number" and v ~= v then v = "nan"
-    elseif v == math.huge then v = "inf"
-    elseif v == -math.huge then v = "-inf" end
-    out[k] = v
-  end
-  return out
-end
 local log, err = io.open(metrics_path, "w")
 if not log then fail(("cannot write %s: %s"):format(metrics_path, tostring(err))) end
-for _, rec in ipairs(history) do log:write(cjson.encode(json_safe(rec)), "\n") end
+for _, rec in ipairs(history) do log:write(plot.metrics_line(rec), "\n") end
 log:flush()
 
 local rows = floor((rank + 1) * B / ranks) - floor(rank * B / ranks)   -- this rank's slice
@@ -446,7 +434,7 @@ local NULL = cjson.null
 local function record(rec)
   rec.run = run_id
   history[#history + 1] = rec
-  log:write(cjson.encode(json_safe(rec)), "\n")
+  log:write(plot.metrics_line(rec), "\n")   -- (a NaN loss is written as "nan")
   log:flush()
 end
 

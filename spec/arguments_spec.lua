@@ -408,6 +408,7 @@ add("lua/l2l/plot.lua", {
   ["plot.write"] = { n = 3, args = function() return pack(path("fig"), figure(), { format = "svg" }) end,
                      options = 3, option = "format", options_name = "opts" },
   ["plot.read_metrics"] = { n = 1, args = function() return pack(metrics_file) end },
+  ["plot.metrics_line"] = { n = 1, args = function() return pack({ step = 1, loss = 0 / 0 }) end },
   ["plot.metrics_figure"] = { n = 2, args = function() return pack({ { step = 1, loss = 2 } }, { title = "t" }) end,
                               options = 2, option = "title", options_name = "opts" },
   ["plot.main"] = { n = 1, args = function() return pack({ metrics_file, path("curves.svg") }) end },
@@ -421,6 +422,7 @@ add("lua/l2l/cli.lua", {
                  { "a kind it does not know", function(f) f { name = "x", flags = { { "--n", 1, "integer", "n" } } } end,
                    "cli.parser: flags[1][3] (--n) must be int, number, string, choice, flag or list" } } },
   ["cli.parse"] = { n = 2, args = function() return pack(cli.parser { name = "args" }, {}) end },
+  ["cli.given"] = { n = 2, args = function() return pack(cli.parse(cli.parser { name = "args" }, {}), "steps") end },
   -- these end the process: no valid call here (examples_spec runs them)
   ["cli.usage_error"] = { n = 1, args = function() return pack("wrong") end, valid = false },
   ["cli.fail"] = { n = 1, args = function() return pack("failed") end, valid = false },
@@ -531,6 +533,7 @@ add("lua/l2l/checkpoint.lua", {
   ["l2l.load"] = { n = 2, args = function() return pack(checkpoint_file) end, options = 2, option = "micro_batch",
                    options_name = "overrides" },
   ["l2l.load_weights"] = { n = 2, args = function() return pack(model(), checkpoint_file) end },
+  ["l2l.checkpoint_info"] = { n = 1, args = function() return pack(checkpoint_file) end },
 })
 
 add("lua/l2l/safetensors.lua", {

@@ -421,6 +421,44 @@ describe("l2l.progress and l2l.plot", function()
     assert.is_truthy(p:find("step  5/20  loss 2.500  1.50k tok/s  dev peak 3.00 MiB  host 5.00 GiB  ETA ", 1, true), p)
   end)
 
+  -- What a terminal shows of `text`: lines, each after its carriage returns and
+  -- clear-to-end-of-line sequences took effect.
+  local function screen(text)
+    local shown = {}
+    for row in (text .. "\n"):gmatch("(.-)\n") do
+      local line = ""
+      for part in (row .. "\r"):gmatch("(.-)\r") do   -- each \r starts over at column 0
+        local before, after = part:match("^(.-)\27%[K(.*)$")
+        if before then line = before .. after   -- written, the rest of the line cleared
+        else line = part .. line:sub(#part + 1) end
+      end
+      shown[#shown + 1] = line
+    end
+    return shown
+  end
+
+  it("shows a step once when its line was printed and then drawn (issue 30: Ctrl-C's last step twice)", function()
+    local out = sink()
+    local bar = progress.new{ total = 100, every = 5, tty = true, out = out, width = 200 }
+    local f = { loss = 2.5, tokens_per_s = 1500, device_peak = 3 * 2 ^ 20, host = 5 * 2 ^ 30 }
+    for step = 1, 7 do
+      if step == 7 then bar:print(bar:line(step, f)) end   -- the stop step's evaluation line
+      bar:update(step, f)
+    end
+    bar:finish()
+    local count = 0
+    for _, line in ipairs(screen(out.text())) do
+      if line:find("step%s+7/100") then count = count + 1 end
+    end
+    assert.are.equal(1, count, out.text())
+    -- an updating line that is not a repeat stays, ended by a newline
+    out = sink()
+    bar = progress.new{ total = 100, every = 5, tty = true, out = out, width = 200 }
+    bar:update(3, f)
+    bar:finish()
+    assert.is_truthy(out.text():find("step%s+3/100.*\n$"), out.text())
+  end)
+
   it("writes human units", function()
     assert.are.equal("512 B", progress.bytes(512))
     assert.are.equal("1.50 KiB", progress.bytes(1536))
@@ -432,6 +470,28 @@ describe("l2l.progress and l2l.plot", function()
     assert.are.equal("1m35s", progress.duration(95))
     assert.are.equal("2h01m", progress.duration(7300))
     assert.has_error(function() progress.new{ every = 5 } end, "progress.new: option 'total' is required")
+  end)
+
+  it("writes a metrics line with a NaN or infinite loss as what it is, and reads it back (issue 30, item 4)", function()
+    local recs = { { step = 1, loss = 2.5, val_loss = 2.6, run = "inf" },   -- a run id is text, whatever it says
+                   { step = 2, loss = 0 / 0, val_loss = math.huge, lr = -math.huge, run = "inf" },
+                   { step = 3, loss = 1.5, run = "inf" } }
+    local text = {}
+    for i, r in ipairs(recs) do text[i] = plot.metrics_line(r) end
+    assert.is_truthy(text[2]:find('"loss":"nan"', 1, true), text[2])
+    assert.is_truthy(text[2]:find('"val_loss":"inf"', 1, true) and text[2]:find('"lr":"-inf"', 1, true), text[2])
+    local path = os.tmpname()
+    support.write_file(path, table.concat(text, "\n") .. "\n")
+    local back = plot.read_metrics(path)
+    os.remove(path)
+    assert.is_true(back[2].loss ~= back[2].loss, "NaN comes back as NaN")
+    assert.are.equal(math.huge, back[2].val_loss)
+    assert.are.equal(-math.huge, back[2].lr)
+    assert.are.equal("inf", back[2].run)
+    assert.are.equal(2.5, back[1].loss)
+    -- the curves leave the step out rather than fail
+    local fig = plot.metrics_figure(back, { title = "diverged" })
+    assert.is_truthy(plot.svg(fig):find("</svg>", 1, true))
   end)
 
   it("chooses nice axis ticks and escapes text in the SVG", function()

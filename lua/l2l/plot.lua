@@ -418,6 +418,28 @@ end
 
 ----------------------------------------------------------------- metrics logs
 
+-- plot.metrics_line(rec) -> one line of a metrics log (JSON, no newline) for a table of
+-- numbers and strings. A number that is not one (a diverged run's loss: NaN, +-inf) is
+-- written as what it is, the string "nan", "inf" or "-inf": JSON has no such numbers, and
+-- a writer must not fail on the step that most needs recording. read_metrics gives them
+-- back as numbers; the curves leave them out.
+local NONFINITE = { nan = 0 / 0, inf = math.huge, ["-inf"] = -math.huge }
+
+function M.metrics_line(rec, ...)
+  if select("#", ...) ~= 0 then too_many("plot.metrics_line", "rec", 2, ...) end
+  if type(rec) ~= "table" then error("plot.metrics_line: rec must be a table, got " .. lib.describe(rec), 2) end
+  local out = {}
+  for k, v in pairs(rec) do
+    if type(v) == "number" and v ~= v then v = "nan"
+    elseif v == math.huge then v = "inf"
+    elseif v == -math.huge then v = "-inf" end
+    out[k] = v
+  end
+  local ok, text = pcall(require("cjson").encode, out)
+  if not ok then error("plot.metrics_line: " .. tostring(text), 2) end
+  return text
+end
+
 function M.read_metrics(path, ...)
   local fname = "plot.read_metrics"
   if select("#", ...) ~= 0 then too_many(fname, "path", 2, ...) end
@@ -438,6 +460,7 @@ function M.read_metrics(path, ...)
       end
       for k, v in pairs(rec) do
         if v == cjson.null then rec[k] = nil end   -- JSON null: no value at this step
+        if k ~= "run" and NONFINITE[v] then rec[k] = NONFINITE[v] end   -- metrics_line's
       end
       if not finite(rec.step) then
         f:close()
@@ -465,8 +488,8 @@ function M.metrics_figure(records, opts, ...)
     if type(rec) ~= "table" or type(rec.step) ~= "number" then
       error(("%s: records[%d] must be a table with a number step"):format(fname, i), 2)
     end
-    if type(rec.loss) == "number" then xs[#xs + 1], train_y[#train_y + 1] = rec.step, rec.loss end
-    if type(rec.val_loss) == "number" then vx[#vx + 1], vy[#vy + 1] = rec.step, rec.val_loss end
+    if finite(rec.loss) then xs[#xs + 1], train_y[#train_y + 1] = rec.step, rec.loss end
+    if finite(rec.val_loss) then vx[#vx + 1], vy[#vy + 1] = rec.step, rec.val_loss end
     if type(rec.device_peak) == "number" or type(rec.host_bytes) == "number" then
       mx[#mx + 1] = rec.step
       peak[#peak + 1] = type(rec.device_peak) == "number" and mib(rec.device_peak) or 0 / 0

@@ -209,6 +209,7 @@ function Bar:line(step, fields, ...)
   bar_of(self, "bar:line")
   step_of(step, "bar:line")
   local text = line(self, step, fields, "bar:line")
+  self.made_text, self.made_step = text, step   -- (print knows its step by this)
   return text
 end
 
@@ -222,7 +223,7 @@ function Bar:update(step, fields, ...)
   if self.tty then
     if #text > self.width - 1 then text = text:sub(1, self.width - 1) end
     self.out:write("\r", text, "\27[K")
-    self.drawn = true
+    self.drawn, self.drawn_step = true, step
   elseif step == self.first + 1 or step % self.every == 0 or step >= self.total then
     self.out:write(text, "\n")
   end
@@ -236,14 +237,20 @@ function Bar:print(text, ...)
   bar_of(self, "bar:print")
   if self.tty and self.drawn then self.out:write("\r\27[K") ; self.drawn = false end
   self.out:write(tostring(text), "\n")
+  self.printed_step = text == self.made_text and self.made_step or nil
   self.out:flush()
 end
 
--- Ends the updating line (a newline after it on a terminal).
+-- Ends the updating line (a newline after it on a terminal), or clears it where it is of
+-- the step whose line (from bar:line) was printed last: a step is shown once (a last
+-- evaluation's line is printed, then drawn; Ctrl-C's stop step showed twice).
 function Bar:finish(...)
   if select("#", ...) ~= 0 then too_many("bar:finish", "", 2, ...) end
   bar_of(self, "bar:finish")
-  if self.tty and self.drawn then self.out:write("\n"); self.drawn = false end
+  if self.tty and self.drawn then
+    self.out:write(self.drawn_step == self.printed_step and "\r\27[K" or "\n")
+    self.drawn = false
+  end
   self.out:flush()
 end
 
