@@ -14,6 +14,7 @@ packages=(
   libopenblas0-openmp        # OpenBLAS's OpenMP build, which libl2l links (see Makefile)
   lua-busted                 # the spec runner (run under the l2l executable)
   lua-cjson                  # JSON for checkpoints' metadata and the metrics log
+  libxxhash0                 # the checksum of each tensor in a checkpoint (XXH3-64)
   libedit-dev                # line editing and history for the l2l REPL
   lua-argparse               # the examples' command-line flags
   pkg-config                 # l2l.pc: C programs build against an installed libl2l with it
@@ -24,6 +25,13 @@ packages=(
 
 if [[ ${1:-} == --list ]]; then
   printf '%s\n' "${packages[@]}" | grep -v '^#'
+  exit 0
+fi
+
+# Packages carried and unpacked in a folder (scripts/gpu-host.sh, on a machine without
+# package access): there, though dpkg has never heard of them.
+if [[ -n ${L2L_DEPS_CARRIED:-} ]]; then
+  echo "deps: the packages carried in $L2L_DEPS_CARRIED (scripts/gpu-host.sh), not asked of dpkg"
   exit 0
 fi
 

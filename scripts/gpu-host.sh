@@ -40,4 +40,5 @@ fi
 export BLAS_DIR=$prefix/usr/lib/x86_64-linux-gnu/openblas-openmp
 mkdir -p build
 touch build/.deps-ok
+export L2L_DEPS_CARRIED=$prefix   # scripts/deps.sh: present, though dpkg does not know them
 exec "$@"

@@ -16,8 +16,17 @@ find "$prefix" -type l | while read -r l; do
 done
 arch=x86_64-linux-gnu
 blas=$prefix/usr/lib/$arch/openblas-openmp
+# Debian's Lua scripts start with `#!/usr/bin/env lua-any`, which looks for /usr/bin/lua5.1
+# itself: in a folder of their own, ldoc is started with the unpacked lua5.1 instead.
+mkdir -p "$prefix/wrap"
+if [[ -f $prefix/usr/bin/ldoc ]]; then
+  printf '#!/bin/sh\nexec "%s/usr/bin/lua5.1" "%s/usr/bin/ldoc" "$@"\n' "$prefix" "$prefix" > "$prefix/wrap/ldoc"
+  chmod +x "$prefix/wrap/ldoc"
+fi
 cat > "$prefix/env.sh" <<ENV
-export PATH="$prefix/usr/bin:\$PATH"
+export PATH="$prefix/wrap:$prefix/usr/bin:\$PATH"
+export GROFF_FONT_PATH="$prefix/usr/share/groff/current/font"
+export GROFF_TMAC_PATH="$prefix/usr/share/groff/current/tmac:$prefix/etc/groff"
 export LD_LIBRARY_PATH="$prefix/usr/lib/$arch:$blas:$prefix/usr/lib:\${LD_LIBRARY_PATH:-}"
 export LIBRARY_PATH="$prefix/usr/lib/$arch:$blas:$prefix/usr/lib:\${LIBRARY_PATH:-}"
 export C_INCLUDE_PATH="$prefix/usr/include:$prefix/usr/include/$arch:$prefix/usr/include/$arch/openblas-openmp:$prefix/usr/include/luajit-2.1:\${C_INCLUDE_PATH:-}"

@@ -181,8 +181,8 @@ describe("safetensors files (seed " .. seed .. ")", function()
     local bits = ffi.new("uint32_t[?]", n, 0xffae0af0, 0x7f800001, 0xff800000, 0x3f800000, 0xfffffffe, 0x7fc00000)
     local floats = ffi.cast("float *", bits)
     local values = {}
-    write_bytes(path, "")
-    l2l.safetensors.write(path, { { name = "x", tensor = l2l.zeros({ n }) } })
+    -- written by hand: a file l2l writes carries checksums, which these bits would fail
+    write_by_hand(path, { { name = "x", dtype = "F32", shape = { n }, values = { 0, 0, 0, 0, 0, 0 } } })
     local f = l2l.safetensors.open(path)
     local at = f.data_start
     f:close()
@@ -508,6 +508,91 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
     local ok, err = pcall(l2l.load, path)
     assert.is_false(ok)
     assert.is_truthy(err:find("not an l2l checkpoint"), err)
+    os.remove(path)
+  end)
+
+  it("refuse a tensor whose bytes were damaged, naming it; load files without checksums (issue 30, item 4)", function()
+    local cfg = random_config()
+    cfg.accumulate = 1
+    local path = tmp_path("cksum")
+    local run = make_run(cfg)
+    for step = 1, 2 do run:step(batch_for(step, cfg.data_seed, cfg.B)) end
+    run:save(path)
+    run:free()
+    local good = read_bytes(path)
+    local n = 0
+    for i = 8, 1, -1 do n = n * 256 + good:byte(i) end
+    local header = cjson.decode(good:sub(9, 8 + n))
+    -- the checksums an independent reader finds: one per tensor, 16 hex digits
+    local sums = cjson.decode(header.__metadata__.l2l_xxh3)
+    local names = {}
+    for name, e in pairs(header) do
+      if name ~= "__metadata__" then
+        names[#names + 1] = name
+        assert.is_truthy(type(sums[name]) == "string" and sums[name]:match("^%x+$") and #sums[name] == 16, name)
+      end
+    end
+    -- 4 KiB (or the whole tensor, if smaller) of random bytes inside one tensor's data
+    table.sort(names)
+    local victim = names[support.int(1, #names)]
+    local from, to = header[victim].data_offsets[1], header[victim].data_offsets[2]
+    local len = math.min(4096, to - from)
+    local at = from + support.int(0, to - from - len)
+    local noise = {}
+    for i = 1, len do noise[i] = string.char(support.int(0, 255)) end
+    local damaged = good:sub(1, 8 + n + at) .. table.concat(noise) .. good:sub(8 + n + at + len + 1)
+    if damaged == good then damaged = good:sub(1, 8 + n + at) .. string.char((good:byte(8 + n + at + 1) + 1) % 256)
+                                      .. good:sub(8 + n + at + 2) end
+    write_bytes(path, damaged)
+    local ok, err = pcall(l2l.load, path)
+    assert.is_false(ok, "a damaged tensor loaded (" .. victim .. ")")
+    assert.is_truthy(err:find("tensor '" .. victim:gsub("%p", "%%%0") .. "' is damaged"), err)
+    -- load_weights checks every tensor before it changes the model: nothing changed
+    local twin = make_run(cfg)
+    local before = {}
+    for k, p in ipairs(twin.model:params()) do before[k] = p.value:clone() end
+    ok, err = pcall(l2l.load_weights, twin.model, path)
+    assert.is_false(ok)
+    assert.is_truthy(err:find("is damaged", 1, true), err)
+    for k, p in ipairs(twin.model:params()) do assert.is_true(same_values(before[k], p.value), p.name) end
+    -- the same file without its checksums (another tool's, an import): it loads
+    header.__metadata__.l2l_xxh3 = nil
+    local json = cjson.encode(header)
+    json = json .. string.rep(" ", (8 - #json % 8) % 8)
+    write_bytes(path, le64(#json) .. json .. good:sub(9 + n))
+    local back = l2l.load(path)
+    back:free()
+    twin:free()
+    os.remove(path)
+  end)
+
+  it("hold no more host memory after a load than the run they continue (issue 30, item 5)", function()
+    local cfg = random_config()
+    cfg.accumulate = 1
+    local path = tmp_path("memory")
+    collectgarbage()
+    collectgarbage()
+    local empty = l2l.pool_stats("host").current
+    local run = make_run(cfg)
+    for step = 1, 2 do run:step(batch_for(step, cfg.data_seed, cfg.B)) end
+    run:sync()
+    collectgarbage()
+    collectgarbage()
+    local base = l2l.pool_stats("host").current - empty   -- the model and its EPS state
+    run:save(path)
+    run:free()
+    run = nil
+    collectgarbage()
+    collectgarbage()
+    assert.are.equal(empty, l2l.pool_stats("host").current, "the freed run left host memory")
+    collectgarbage("stop")   -- what load leaves behind, before any collector frees it
+    local back = l2l.load(path)
+    local loaded = l2l.pool_stats("host").current - empty
+    collectgarbage("restart")
+    -- the run as it was: the same bytes, not 8 a parameter more (the state's read copies)
+    assert.is_true(loaded <= base,
+                   ("loaded run %d bytes, the run it continues %d"):format(loaded, base))
+    back:free()
     os.remove(path)
   end)
 

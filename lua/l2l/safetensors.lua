@@ -5,6 +5,7 @@
 --   local file = safetensors.open(path)      -- header read and checked, data not yet
 --   file.names, file.entries[name] = {dtype =, shape =, offset =, bytes =}, file.metadata
 --   file:read(name [, into]) -> a host tensor (into: an existing tensor of that shape)
+--   file:verify()                            -- every tensor against its checksum
 --   file:close()
 --
 -- The format (as Hugging Face defines it): an unsigned 64-bit little-endian header length
@@ -20,6 +21,11 @@
 -- (valid UTF-8 JSON, lengths, offsets inside the file, no overlaps or holes, dtypes and
 -- ranks l2l has, element counts matching the byte ranges), so a damaged, truncated or
 -- foreign file is a clear error naming the file, never a crash or a read out of bounds.
+-- Checksums: write puts an XXH3-64 hash of each tensor's bytes (xxHash, Debian's
+-- libxxhash0) in the metadata, under "l2l_xxh3" (a JSON object: name -> 16 hex digits);
+-- read checks a tensor's bytes against it, and verify checks them all before anything is
+-- read into a model, so that damaged data is an error naming the tensor, not a run that
+-- goes on with it. A file without checksums (another tool's, an import) still reads.
 -- JSON goes through lua-cjson (Debian's lua-cjson), never by hand.
 -- Must never: leave a partial file under the final name, or trust a number from a file
 -- before checking it.
@@ -52,6 +58,30 @@ char *strerror(int errnum);
 int gethostname(char *name, size_t len);
 int kill(int pid, int sig);
 ]]
+
+-- xxHash (Debian's libxxhash0), opened at the first checksum.
+ffi.cdef [[
+typedef struct XXH3_state_s XXH3_state_t;
+uint64_t XXH3_64bits(const void *data, size_t len);
+XXH3_state_t *XXH3_createState(void);
+int XXH3_freeState(XXH3_state_t *state);
+int XXH3_64bits_reset(XXH3_state_t *state);
+int XXH3_64bits_update(XXH3_state_t *state, const void *data, size_t len);
+uint64_t XXH3_64bits_digest(const XXH3_state_t *state);
+]]
+local xxhash_lib
+local function xxhash()
+  if xxhash_lib == nil then
+    local ok, loaded = pcall(ffi.load, "libxxhash.so.0")
+    if not ok then
+      error("checksums need xxHash's library (Debian's libxxhash0; scripts/deps.sh installs it): " .. tostring(loaded), 0)
+    end
+    xxhash_lib = loaded
+  end
+  return xxhash_lib
+end
+local function hex64(h) return bit.tohex(h, 16) end
+local CHECKSUMS = "l2l_xxh3"   -- the metadata key
 
 local M = {}
 
@@ -160,15 +190,23 @@ function M.write(path, entries, metadata, ...)
     datas[#datas + 1] = { t = t, bytes = bytes }
     offset = offset + bytes
   end
+  local meta = {}
   if metadata ~= nil then
     if type(metadata) ~= "table" then error(fname .. ": metadata must be a table of strings", 2) end
     for k, v in pairs(metadata) do
       if type(k) ~= "string" or type(v) ~= "string" then
         error(fname .. ": metadata must map strings to strings (encode other values as JSON)", 2)
       end
+      if k == CHECKSUMS then error(("%s: metadata key '%s' is l2l's own (the checksums)"):format(fname, k), 2) end
+      meta[k] = v
     end
-    header.__metadata__ = metadata
   end
+  local ok_x, x = pcall(xxhash)
+  if not ok_x then error(fname .. ": " .. tostring(x), 2) end
+  local sums = {}
+  for i, e in ipairs(entries) do sums[e.name] = hex64(x.XXH3_64bits(datas[i].t:data(), datas[i].bytes)) end
+  meta[CHECKSUMS] = cjson.encode(sums)
+  header.__metadata__ = meta
   local json = cjson.encode(header)
   json = json .. (" "):rep((8 - #json % 8) % 8)
   if #json > MAX_HEADER then   -- a file l2l could not read back is not written
@@ -332,6 +370,17 @@ function M.open(path, ...)
       file.names[#file.names + 1] = e.name
     end
     if at ~= data_len then bad("%d bytes of data after the last tensor", data_len - at) end
+    local sums = file.metadata[CHECKSUMS]
+    if sums ~= nil then
+      local okc, decoded = pcall(cjson.decode, sums)
+      if not okc or type(decoded) ~= "table" then bad("the checksums (__metadata__.%s) are damaged", CHECKSUMS) end
+      for name, h in pairs(decoded) do
+        if file.entries[name] == nil or type(h) ~= "string" or not h:match("^%x+$") or #h ~= 16 then
+          bad("the checksums (__metadata__.%s) are damaged at '%s'", CHECKSUMS, tostring(name))
+        end
+      end
+      file.checksums = decoded
+    end
     return file
   end)
   if not ok then
@@ -362,6 +411,12 @@ local function plain_nans(t)
   end
 end
 
+-- The message for a tensor whose bytes are not what was written.
+local function damaged(file, name, got, want, fname)
+  return ("%s: %s: tensor '%s' is damaged: its bytes hash to %s, the file says %s (xxh3-64)"):format(
+    fname, file.path, name, got, want)
+end
+
 -- file:read(name [, into]) -> the tensor, in the host pool. `into` (a host tensor of the same dtype and element count) receives it instead of a new one.
 function File:read(name, into, ...)
   local fname = "file:read"
@@ -382,9 +437,52 @@ function File:read(name, into, ...)
        or C.fread(t:data(), 1, e.bytes, self.handle) ~= e.bytes then
       error(("%s: %s: cannot read '%s' (the file changed or is damaged)"):format(fname, self.path, name), 2)
     end
-    plain_nans(t)
   end
+  local want = self.checksums and self.checksums[name]
+  if want then   -- the bytes as stored, before plain_nans
+    local ok_x, x = pcall(xxhash)
+    if not ok_x then error(fname .. ": " .. tostring(x), 2) end
+    local got = hex64(x.XXH3_64bits(t:data(), e.bytes))
+    if got ~= want then error(damaged(self, name, got, want, fname), 2) end
+  end
+  if e.bytes > 0 then plain_nans(t) end
   return t
+end
+
+-- file:verify(): every tensor that has a checksum against it, reading the data in pieces
+-- (no tensor is made): an error naming the first damaged one.
+function File:verify(...)
+  local fname = "file:verify"
+  if select("#", ...) ~= 0 then too_many(fname, "", 2, ...) end
+  if getmetatable(self) ~= File then error(fname .. ": self must be an open file", 2) end
+  if self.handle == nil then error(fname .. ": the file was closed", 2) end
+  if self.checksums == nil then return end
+  local ok_x, x = pcall(xxhash)
+  if not ok_x then error(fname .. ": " .. tostring(x), 2) end
+  local state = ffi.gc(x.XXH3_createState(), x.XXH3_freeState)
+  local piece = 4 * 2 ^ 20
+  local buf = ffi.new("uint8_t[?]", piece)
+  for _, name in ipairs(self.names) do
+    local want = self.checksums[name]
+    if want then
+      local e = self.entries[name]
+      x.XXH3_64bits_reset(state)
+      if C.fseeko(self.handle, self.data_start + e.offset, SEEK_SET) ~= 0 then
+        error(("%s: %s: cannot read '%s' (the file changed or is damaged)"):format(fname, self.path, name), 2)
+      end
+      local left = e.bytes
+      while left > 0 do
+        local n = left < piece and left or piece
+        if C.fread(buf, 1, n, self.handle) ~= n then
+          error(("%s: %s: cannot read '%s' (the file changed or is damaged)"):format(fname, self.path, name), 2)
+        end
+        x.XXH3_64bits_update(state, buf, n)
+        left = left - n
+      end
+      local got = hex64(x.XXH3_64bits_digest(state))
+      if got ~= want then error(damaged(self, name, got, want, fname), 2) end
+    end
+  end
 end
 
 function File:close(...)
