@@ -47,7 +47,7 @@ for p in $closure; do
     # base libraries every machine has (same sonames); libbsd0/libmd0 go to base/
     libssl3|libselinux1|libpcre2-*|zlib1g|libzstd1|libtinfo6|libncursesw6|libkrb5*) continue ;;
     libk5crypto3|libkeyutils1|libcom-err2|libgssapi*|libnsl*|libtirpc*|rpcsvc-proto) continue ;;
-    libbsd0|libmd0|libreadline8) continue ;;
+    libbsd0|libmd0) continue ;;
     # Lua 5.2-5.4 (ldoc runs on 5.1), and the OpenBLAS flavours l2l does not link (OpenMP)
     lua5.[234]*|liblua5.[234]*|libopenblas*pthread*|libopenblas*serial*) continue ;;
   esac

@@ -545,6 +545,7 @@ add("lua/l2l/safetensors.lua", {
                    "unknown field 'dtype'" } } },
   ["file:read"] = { n = 2, self = function() return l2l.safetensors.open(weights_file) end,
                     args = function() return pack("w") end },
+  ["file:verify"] = { n = 0, self = function() return l2l.safetensors.open(weights_file) end },
   ["file:close"] = { n = 0, self = function() return l2l.safetensors.open(weights_file) end },
 })
 

@@ -142,3 +142,69 @@ describe("train_gpt: nothing lost by a slip", function()
     assert.is_truthy(out:find("got '-0.5'", 1, true), out)
   end)
 end)
+
+-- The demo's model (examples/train_gpt.lua's defaults): 4 frugal blocks of width 128.
+local function demo_model()
+  local list = { l2l.Embedding { vocab = 256, dim = 128, max_seq = 64, seed = 1 } }
+  for i = 1, 4 do
+    list[#list + 1] = l2l.Block { dim = 128, heads = 4, mlp = 512, causal = true, memory = "frugal", seed = 1 + i }
+  end
+  list[#list + 1] = l2l.LMHead { vocab = 256, dim = 128, tie = true, memory = "frugal" }
+  return l2l.Sequential(list)
+end
+
+describe("finding a device budget (issue 30, item 6)", function()
+  local MiB = 2 ^ 20
+  local model = demo_model()
+  local ids = {}
+  for b = 1, 32 do
+    ids[b] = {}
+    for s = 1, 64 do ids[b][s] = support.int(0, 255) end
+  end
+  local tokens = l2l.tensor(ids, { dtype = "i32" })
+
+  -- One step of a relay with these options: true, or false and the message.
+  local function step_with(opts)
+    local o = { model = model, micro_batch = 2, stash = "host" }
+    for k, v in pairs(opts) do o[k] = v end
+    local run = l2l.Relay(o)
+    local ok, err = pcall(run.step, run, tokens, tokens)
+    local peak = run:stats().device_peak
+    run:free()
+    return ok, tostring(err), peak
+  end
+
+  it("refuses every budget below the step's peak with the smallest that works, which works", function()
+    local named
+    local budget = 1.0
+    while true do
+      local ok, err = step_with({ device_budget = math.floor(budget * MiB) })
+      if ok then break end
+      assert.is_falsy(err:find("cannot allocate", 1, true), ("%.1f MiB: an allocator error mid-step: %s"):format(budget, err))
+      local smallest = tonumber(err:match("the smallest that works is (%d+) bytes"))
+      assert.is_truthy(smallest, ("%.1f MiB: no smallest budget in: %s"):format(budget, err))
+      assert.is_true(smallest > budget * MiB, err)
+      named = named or smallest
+      assert.are.equal(named, smallest, ("%.1f MiB named another budget"):format(budget))
+      budget = budget + 0.1
+      assert.is_true(budget < 64, "no budget up to 64 MiB worked")
+    end
+    -- the named budget: the step runs, its peak exactly the budget named
+    local ok, err, peak = step_with({ device_budget = named })
+    assert.is_true(ok, err)
+    assert.are.equal(named, peak)
+    ok, err = step_with({ device_budget = named - 1 })
+    assert.is_false(ok, "a byte less worked")
+  end)
+
+  it("with plan = \"auto\", refuses a budget no plan fits before timing anything, and the named one plans", function()
+    local ok, err = step_with({ device_budget = math.floor(support.uniform(0.5, 2) * MiB), plan = "auto" })
+    assert.is_false(ok)
+    assert.is_falsy(err:find("cannot allocate", 1, true), err)
+    local needs = tonumber(err:match("the smallest needs (%d+) bytes"))
+    assert.is_truthy(needs, err)
+    local ok2, err2, peak = step_with({ device_budget = needs, plan = "auto" })
+    assert.is_true(ok2, err2)
+    assert.is_true(peak <= needs, ("peak %d over the budget %d"):format(peak, needs))
+  end)
+end)

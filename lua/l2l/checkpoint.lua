@@ -521,8 +521,13 @@ function M.load_weights(model, path, ...)
     local file = opened(path, fname)
     local okr, e = pcall(function()
       local records = match_records(model, file, fname)
-      file:verify()   -- every checksum first: a damaged tensor changes nothing of the model
-      for _, rec in ipairs(records) do file:read(rec.name, rec.param.value) end
+      -- every checksum first: a damaged tensor changes nothing of the model
+      local okv, ev = pcall(file.verify, file)
+      if not okv then error(fname .. ": " .. tostring(ev):gsub("^file:verify: ", ""), 0) end
+      for _, rec in ipairs(records) do
+        local okr, er = pcall(file.read, file, rec.name, rec.param.value)
+        if not okr then error(fname .. ": " .. tostring(er):gsub("^file:read: ", ""), 0) end
+      end
     end)
     file:close()
     if not okr then error(e, 0) end

@@ -141,7 +141,11 @@ local function import(path, opts)
     return model
   end)
   file:close()
-  if not okb then error(model, 0) end
+  if not okb then
+    -- a read's own words (a damaged tensor, a short file) under the importer's name
+    local text = tostring(model):gsub("^[^\n]-: file:read: ", fname .. ": "):gsub("^file:read: ", fname .. ": ")
+    error(text, 0)
+  end
   return model
 end
 

@@ -22,7 +22,8 @@
 -- ranks l2l has, element counts matching the byte ranges), so a damaged, truncated or
 -- foreign file is a clear error naming the file, never a crash or a read out of bounds.
 -- Checksums: write puts an XXH3-64 hash of each tensor's bytes (xxHash, Debian's
--- libxxhash0) in the metadata, under "l2l_xxh3" (a JSON object: name -> 16 hex digits);
+-- libxxhash0) in the metadata, under "l2l_xxh3" (a JSON object: name -> 16 hex digits,
+-- always of the tensors written: one given in metadata is replaced);
 -- read checks a tensor's bytes against it, and verify checks them all before anything is
 -- read into a model, so that damaged data is an error naming the tensor, not a run that
 -- goes on with it. A file without checksums (another tool's, an import) still reads.
@@ -197,8 +198,7 @@ function M.write(path, entries, metadata, ...)
       if type(k) ~= "string" or type(v) ~= "string" then
         error(fname .. ": metadata must map strings to strings (encode other values as JSON)", 2)
       end
-      if k == CHECKSUMS then error(("%s: metadata key '%s' is l2l's own (the checksums)"):format(fname, k), 2) end
-      meta[k] = v
+      meta[k] = v   -- (CHECKSUMS, copied from another file, is replaced below)
     end
   end
   local ok_x, x = pcall(xxhash)

@@ -119,7 +119,17 @@ double plan_median(double *v, int n) {
 
 /* Bytes per second of copies from `src` pool to `dst` pool (a 32 MiB tensor). */
 static l2l_status copy_rate(double *out, l2l_pool_kind src, l2l_pool_kind dst) {
+  /* 32 MiB, or what the device budget leaves (a quarter of it, two buffers' worth, down to
+     256 KiB: a rate from smaller copies is a little low, never a refusal mid-plan) */
   int64_t n = 8 << 20;   /* floats */
+  l2l_pool_stats device;
+  l2l_pool_get_stats(&device, L2L_POOL_DEVICE);
+  if (device.budget != 0) {
+    uint64_t held = device.current + device.backend;
+    uint64_t room = device.budget > held ? device.budget - held : 0;
+    int64_t fit = (int64_t)(room / 4 / sizeof(float));
+    if (fit < n) n = fit > (64 << 10) ? fit : (64 << 10);
+  }
   l2l_tensor *a = NULL, *b = NULL;
   l2l_status status = l2l_tensor_new(&a, src, L2L_F32, 1, &n);
   if (status == L2L_OK) status = l2l_tensor_new(&b, dst, L2L_F32, 1, &n);

@@ -67,6 +67,28 @@ static struct plan_settings_key settings_key(const l2l_relay_config *config) {
   return k;
 }
 
+/* The chain of a step of `layers` under the relay's config (micro_batch left to the
+   caller): what a plan searches over and what the relay's budget check replays. */
+static struct plan_chain chain_of(struct plan_layer *layers, int L, const l2l_relay_config *config,
+                                  int64_t batch, int64_t seq, bool token_types, bool key_mask) {
+  l2l_layer_config c0;
+  l2l_layer_get_config(&c0, layers[0].layer);
+  struct plan_settings_key set = settings_key(config);
+  return (struct plan_chain){
+      .L = L, .layers = layers, .batch = batch, .seq = seq, .dim = c0.dim,
+      .param_slots = set.param_slots, .precision = set.precision,
+      .grad_precision = set.grad_precision, .token_types = token_types, .key_mask = key_mask,
+      .updates_deferred = set.updates_deferred, .accumulate = set.accumulate};
+}
+
+l2l_status plan_step_peak(uint64_t *peak, struct plan_layer *layers, int L,
+                          const l2l_relay_config *config, int64_t batch, int64_t seq,
+                          int64_t micro_batch, bool token_types, bool key_mask) {
+  struct plan_chain chain = chain_of(layers, L, config, batch, seq, token_types, key_mask);
+  chain.micro_batch = micro_batch;
+  return l2l_plan_peak(peak, &chain);
+}
+
 static void describe_key(char *out, size_t len, const struct plan_layer_key *k) {
   const l2l_layer_config *c = &k->config;
   snprintf(out, len, "%s%s (dim %lld, heads %lld, mlp %lld, vocab %lld, max_seq %lld, %d records, "
@@ -171,10 +193,6 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
   TRY(check_request(layers, nlayers, config, request));
   l2l_plan_rates rates;
   if (request->rates) rates = *request->rates;
-  else {
-    TRY(plan_machine_rates(&rates, false));
-    if (rates.visit < 0) rates.visit = 0;   /* not measured yet: l2l_plan_calibrate does */
-  }
   struct plan_layer *pl = calloc((size_t)nlayers, sizeof *pl);
   double *seconds = calloc((size_t)nlayers, sizeof *seconds);
   l2l_plan *plan = calloc(1, sizeof *plan);
@@ -187,22 +205,28 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
   for (int k = 0; k < nlayers; k++)
     pl[k] = (struct plan_layer){.layer = layers[k], .role = l2l_layer_role(layers[k]),
                                 .frozen = request->frozen && request->frozen[k]};
-  l2l_layer_config c0;
-  l2l_layer_get_config(&c0, layers[0]);
-  /* the relay settings the chain depends on, as the plan keeps them (settings_key) */
-  struct plan_settings_key set = settings_key(config);
-  struct plan_chain chain = {
-      .L = nlayers, .layers = pl, .batch = request->batch, .seq = request->seq, .dim = c0.dim,
-      .param_slots = set.param_slots, .precision = set.precision,
-      .grad_precision = set.grad_precision, .token_types = request->token_types,
-      .key_mask = request->key_mask, .updates_deferred = set.updates_deferred,
-      .accumulate = set.accumulate};
+  struct plan_chain chain = chain_of(pl, nlayers, config, request->batch, request->seq,
+                                     request->token_types, request->key_mask);
   struct plan_result r = {.layer_seconds = seconds};
   /* The tensors get what the GPU backend's own bytes (scratch, cuBLAS's workspace) leave:
      the device pool counts those against the budget too. */
   uint64_t own = l2l_device_own_bytes();
   uint64_t for_tensors = request->device_budget > own ? request->device_budget - own : 0;
-  l2l_status status = plan_search(&r, &chain, &rates, for_tensors);
+  /* No plan can need less than the leanest: a budget under it is refused before anything
+     is timed (timing a layer takes device memory that budget does not have). */
+  uint64_t leanest = 0;
+  l2l_status status = plan_leanest_peak(&leanest, &chain);
+  plan_memo_free(&chain);
+  if (status == L2L_OK && leanest > for_tensors) {
+    r.leanest_peak = leanest, r.leanest_micro_batch = 1;
+    status = too_small(&chain, &r, request->device_budget, own);
+  }
+  /* this machine's rates (measured once, on the device: now that a plan can fit) */
+  if (status == L2L_OK && request->rates == NULL) {
+    status = plan_machine_rates(&rates, false);
+    if (rates.visit < 0) rates.visit = 0;   /* not measured yet: l2l_plan_calibrate does */
+  }
+  if (status == L2L_OK) status = plan_search(&r, &chain, &rates, for_tensors);
   if (status == L2L_OK && !r.found) status = too_small(&chain, &r, request->device_budget, own);
   if (status == L2L_OK) {
     for (int k = 0; k < nlayers; k++) {
@@ -231,7 +255,7 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
     plan->layers = result;
     for (int k = 0; k < nlayers; k++) keys[k] = layer_key(layers[k], pl[k].frozen);
     plan->keys = keys;
-    plan->settings = set;
+    plan->settings = settings_key(config);   /* the relay settings the plan depends on */
     *out = plan;
   } else {
     free(plan), free(result), free(keys);

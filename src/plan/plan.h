@@ -93,6 +93,12 @@ l2l_status l2l_plan_peak(uint64_t *peak, const struct plan_chain *c);
 /* Steps of more micro-batches than this are not replayed whole but from three short
    replays (peak.c says why that is exact); test_plan sets it low to compare the two. */
 extern int64_t plan_peak_whole_replay_max;
+/* The device peak of one training step as the relay runs it: `layers` (the active ones,
+   with their policies), the relay's config, the batch's shape. The relay's budget check
+   before a step (src/relay/budget.c). */
+l2l_status plan_step_peak(uint64_t *peak, struct plan_layer *layers, int L,
+                          const l2l_relay_config *config, int64_t batch, int64_t seq,
+                          int64_t micro_batch, bool token_types, bool key_mask);
 extern _Atomic int64_t plan_peak_fallbacks;   /* short replays not on lines (none expected) */
 extern _Atomic int64_t plan_replayed_micro_batches;   /* the replays' work, for test_plan */
 
@@ -143,6 +149,10 @@ struct plan_result {
 };
 /* The fastest micro-batch and policies whose peak fits `budget`: into the chain (its
    micro_batch and layers' policies) and out. out->found false: none fits. */
+/* The leanest policy's peak (micro-batch 1, every layer recomputed, its boundary on the
+   host): no plan needs less. Replayed only, nothing timed (a budget too small for it is
+   refused before the timing would allocate past it). Leaves c at that policy. */
+l2l_status plan_leanest_peak(uint64_t *peak, struct plan_chain *c);
 l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_plan_rates *rates,
                        uint64_t budget);
 

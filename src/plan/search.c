@@ -80,6 +80,14 @@ static l2l_status judge(struct judge *j, const enum mode *modes, double *seconds
   return L2L_OK;
 }
 
+l2l_status plan_leanest_peak(uint64_t *peak, struct plan_chain *c) {
+  c->micro_batch = 1;
+  for (int k = 0; k < c->L; k++)
+    set_mode(&c->layers[k], k, c->L, mode_allowed(k, c->L, M_HOST) ? M_HOST : k == 0 ? M_KEEP : M_HOST);
+  TRY(plan_chain_memo(c));
+  return l2l_plan_peak(peak, c);
+}
+
 /* Two layers cost alike when they are of one kind and shape and sit alike (first body
    layer, last body layer, or between). */
 static bool alike(const struct plan_chain *c, int a, int b) {
@@ -393,6 +401,13 @@ l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_
       uint64_t lean = 0;
       status = plan_chain_memo(c);
       if (status == L2L_OK) status = plan_layer_costs(costs, c, rates);
+      /* timing a layer at this size takes device memory the budget does not have: no plan
+         at this size would fit either (its peak holds that layer's working memory) */
+      if (status == L2L_ERR_BUDGET) {
+        l2l_clear_error();
+        status = L2L_OK;
+        continue;
+      }
       if (status == L2L_OK) status = programme(&j, &choices[i], budget, &lean);
       if (status == L2L_OK && lean < out->leanest_peak) out->leanest_peak = lean, out->leanest_micro_batch = sizes[i];
     }

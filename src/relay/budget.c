@@ -1,15 +1,19 @@
 /* SPDX-License-Identifier: MIT */
-/* budget.c — whether one layer visit fits the device's budget, before a step runs.
+/* budget.c — whether a step fits the device's budget, before it runs.
  *
  * Purpose: refuse a step that cannot run, at once and with the numbers, instead of
- * failing half-way. The device must hold one layer's visit: the parameter slots (at least
- * the visit's and the next one's) and, in training, the two gradient slots and their
- * 16-bit copies on the way out, each the size of the largest layer; a micro-batch's
- * input, output and gradients; the layer's working memory. This is a lower bound of the
- * relay's own accounting, and the seed of the planner's cost model (src/plan/, to come),
- * which will predict the peak exactly and choose the policies that meet the budget.
- * Must never: change anything; allocate.
+ * failing half-way: a training step is replayed by the planner (plan_step_peak: the
+ * relay's own order of allocations, exact to the byte; with swap, the bound that holds
+ * whatever the copies' timing), and a budget under its peak is refused with the
+ * smallest budget that works and what needs it. The replay is made again only when what
+ * it depends on changed (the active layers and their policies, the batch's shape, the
+ * settings). An evaluation, which keeps less, is held to a lower bound: one layer visit
+ * (the parameter slots, a micro-batch's input, output and the layer's working memory).
+ * Must never: change anything but the replay's cache; allocate device memory.
  */
+#include <stdlib.h>
+
+#include "plan/plan.h"
 #include "relay.h"
 
 /* Bytes the device holds for one visit of active layer k besides its slots. */
@@ -29,22 +33,92 @@ static uint64_t slots_bytes(const struct step *s) {
          (s->training ? 2 * grads : 0);
 }
 
+/* What the replay depends on, hashed (FNV-1a): a step like the last one is not replayed. */
+static void mix(uint64_t *h, uint64_t v) {
+  for (int b = 0; b < 8; b++) *h = (*h ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
+}
+
+static uint64_t step_key(const struct step *s) {
+  uint64_t h = 1469598103934665603ull;
+  const l2l_relay_config *c = &s->run->config;
+  const uint64_t shape[] = {(uint64_t)s->B, (uint64_t)s->S, (uint64_t)s->mb, (uint64_t)s->L,
+                            s->in->token_types != NULL, s->in->key_mask != NULL,
+                            (uint64_t)c->param_slots, (uint64_t)c->precision,
+                            (uint64_t)c->grad_precision, (uint64_t)c->accumulate,
+                            c->clip_global_norm > 0, c->loss_scale > 0};
+  for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) mix(&h, shape[i]);
+  for (int k = 0; k < s->L; k++) {
+    const struct relay_layer *rl = active_layer(s, k);
+    l2l_layer_config lc;
+    l2l_layer_get_config(&lc, rl->layer);
+    mix(&h, (uint64_t)(uintptr_t)rl->layer), mix(&h, rl->frozen), mix(&h, (uint64_t)rl->stash);
+    mix(&h, (uint64_t)rl->inner), mix(&h, (uint64_t)lc.memory), mix(&h, (uint64_t)lc.dim);
+    mix(&h, (uint64_t)lc.mlp), mix(&h, (uint64_t)lc.heads), mix(&h, (uint64_t)lc.vocab);
+  }
+  return h;
+}
+
+/* The exact device peak of this training step (0: the replay could not be made, e.g. for
+   a layer the planner cannot describe; the lower bound then stands alone). */
+static uint64_t replayed_peak(const struct step *s) {
+  l2l_relay *run = s->run;
+  uint64_t key = step_key(s);
+  if (run->budget_key == key && run->budget_key_set) return run->budget_peak;
+  struct plan_layer *pl = calloc((size_t)s->L, sizeof *pl);
+  if (pl == NULL) return 0;
+  for (int k = 0; k < s->L; k++) {
+    const struct relay_layer *rl = active_layer(s, k);
+    pl[k] = (struct plan_layer){.layer = rl->layer, .role = l2l_layer_role(rl->layer),
+                                .frozen = rl->frozen, .inner = rl->inner, .stash = rl->stash};
+  }
+  uint64_t peak = 0;
+  if (plan_step_peak(&peak, pl, s->L, &run->config, s->B, s->S, s->mb,
+                     s->in->token_types != NULL, s->in->key_mask != NULL) != L2L_OK) {
+    peak = 0;
+    l2l_clear_error();
+  }
+  free(pl);
+  run->budget_key = key, run->budget_key_set = true, run->budget_peak = peak;
+  return peak;
+}
+
 l2l_status relay_check_budget(const struct step *s) {
   l2l_pool_stats device;
   l2l_pool_get_stats(&device, L2L_POOL_DEVICE);
   if (device.budget == 0) return L2L_OK;
+  /* what is in use already: tensors, and the GPU backend's own bytes */
+  uint64_t held = device.current + device.backend;
+  uint64_t room = device.budget > held ? device.budget - held : 0;
   uint64_t slots = slots_bytes(s);
+  uint64_t peak = s->training ? replayed_peak(s) : 0;
+  if (peak > room) {
+    char a[32], b[32], c[32], d[32];
+    uint64_t smallest = peak + held;
+    return FAIL(L2L_ERR_BUDGET,
+                "the device budget of %llu bytes (%s) is too small for this step: the smallest "
+                "that works is %llu bytes (%s). The step needs %s on the device at its peak "
+                "(the planner's replay of it, at micro-batch %lld with the layers' policies), "
+                "%s of them the %d parameter slots and 2 gradient slots (each the size of the "
+                "largest layer), the rest activations and working memory; %s is in use already. "
+                "A smaller micro-batch, stash = \"host\", recomputing or plan = \"auto\" "
+                "(l2l.plan) need less",
+                (unsigned long long)device.budget, l2l_human_bytes(a, sizeof a, device.budget),
+                (unsigned long long)smallest, l2l_human_bytes(b, sizeof b, smallest),
+                l2l_human_bytes(c, sizeof c, peak), (long long)s->mb,
+                l2l_human_bytes(d, sizeof d, slots),
+                s->run->config.param_slots ? s->run->config.param_slots : 2,
+                l2l_human_bytes(a, sizeof a, held));
+  }
   for (int k = 0; k < s->L; k++) {
     uint64_t need = slots + visit_bytes(s, k);
-    if (need <= device.budget - device.current) continue;
+    if (need <= room) continue;
     char a[32], b[32];
     return FAIL(L2L_ERR_BUDGET,
                 "the device budget (%llu bytes, %s free) is too small for layer %d (%s): one "
                 "micro-batch of %lld needs at least %llu bytes (%s) for its parameters, "
                 "gradients, activations and working memory",
-                (unsigned long long)device.budget,
-                l2l_human_bytes(a, sizeof a, device.budget - device.current), s->active[k],
-                l2l_layer_name(active_layer(s, k)->layer), (long long)s->mb,
+                (unsigned long long)device.budget, l2l_human_bytes(a, sizeof a, room),
+                s->active[k], l2l_layer_name(active_layer(s, k)->layer), (long long)s->mb,
                 (unsigned long long)need, l2l_human_bytes(b, sizeof b, need));
   }
   return L2L_OK;

@@ -55,6 +55,9 @@ struct l2l_relay {
      takes one call at a time (relay_enter). */
   _Atomic(const char *) in_call;
   l2l_relay_config config;
+  /* The last training step's replayed device peak and what it depended on (budget.c). */
+  uint64_t budget_key, budget_peak;
+  bool budget_key_set;
   struct relay_layer *layers;
   int count, cap;
   struct l2l_eps eps;
