@@ -5,7 +5,7 @@
 --   build/l2l examples/train_gpt.lua [--steps 400 --layers 4 --dim 128 ...]   (--help)
 --
 -- The defaults (4 blocks of width 128, context 64, 32 sequences per step, 400 steps) put
--- 12.7 MiB of parameters and optimizer state behind a 6 MiB device budget; on 2 cores
+-- 12.7 MiB of parameters and optimizer state behind a 4.88 MiB device budget; on 2 cores
 -- they take 1.5 to 3 minutes (as busy as the machine is) and the held-out loss falls
 -- from 5.7 to about 1.9 nats per byte.
 -- The text is the C headers under /usr/include (several MB of real code on any machine
@@ -56,7 +56,9 @@ local FLAGS = {
   { "--dropout", 0, "number", "dropout rate in the blocks", min = 0, max = 0.9 },
   { "--init-std", 0.06, "number", "standard deviation of the initial weights", min = 1e-6, max = 1 },
   { "--stash", "host", "choice", "where activations wait for the backward", choices = { "host", "device", "recompute" } },
-  { "--device-budget", "auto", "string", "device pool budget in MiB, 'auto' (the largest layer's working set + 25 %) or 0 (none)", meta = "MIB|auto" },
+  { "--device-budget", "auto", "string", "device pool budget in MiB, 'auto' (the smallest a step needs: the planner's exact replay of it) or 0 (none)", meta = "MIB|auto" },
+  { "--plan", "none", "choice", "where the policies come from: none (--stash, recomputing every layer) or auto (l2l.plan " ..
+    "picks each layer's within the device budget, for speed)", choices = { "none", "auto" } },
   { "--threads", 0, "int", "compute threads (0: l2l's default)", min = 0 },
   { "--seed", 1, "int", "seed of initialisation, batches and the sample", min = 0 },
   { "--eval-every", 25, "int", "steps between validation losses", min = 1 },
@@ -164,20 +166,6 @@ local function build_model(V)
   -- the head's projection is the embedding's table (tied), as in GPT-2
   list[#list + 1] = l2l.LMHead{ vocab = V, dim = D, tie = true, memory = "frugal" }
   return l2l.Sequential(list)
-end
-
--- 'auto' budget: the largest layer's visit on the device — parameters and gradients of
--- the layer running and the next (two slots each), its working memory at the micro-batch
--- size, four micro-batch activations (input, output, their gradients) — plus 25 % for
--- what this estimate leaves out, rounded up to whole MiB.
-local function auto_budget(model, micro, seq)
-  local worst = 0
-  for _, layer in ipairs(model) do
-    local m = layer:memory(micro, seq)
-    local act = micro * seq * opt.dim * 4
-    worst = math.max(worst, 4 * m.params + m.peak + 4 * act)
-  end
-  return math.ceil(mib(worst * 1.25)) * 2 ^ 20
 end
 
 local function host_bytes()
@@ -292,14 +280,8 @@ local function length(x) return type(x) == "string" and #x or x:numel() end
 if model == nil then model = build_model(V) end
 local nparams = model:nparams()
 local state_bytes = nparams * 16   -- fp32 weights, gradients, AdamW m and v
-local budget
-if budget_mib ~= nil then
-  budget = floor(budget_mib * 2 ^ 20)
-elseif resumed then
-  budget = l2l.pool_stats("device").budget   -- the one saved with the run (l2l.load set it)
-else
-  budget = auto_budget(model, math.min(opt.micro_batch, B), S)
-end
+local budget = budget_mib and floor(budget_mib * 2 ^ 20)   -- nil: 'auto', once the run is made
+if budget == nil and resumed then budget = l2l.pool_stats("device").budget end   -- the run's own (l2l.load set it)
 
 local train_text, val_text = split(corpus, opt.val_fraction, S + 1)
 local train_bytes, val_bytes = #train_text, #val_text
@@ -317,21 +299,38 @@ print(("text: %s, %.2f MiB in %d files: %.2f MiB to train on, %.2f MiB held out%
   tok and (" (%d and %d GPT-2 tokens)"):format(length(train_text), length(val_text)) or ""))
 print(("model: %d block%s, dim %d, %d heads, context %d %s, %.2f M parameters (frugal blocks)"):format(
   #model - 2, #model == 3 and "" or "s", opt.dim, opt.heads, S, unit, nparams / 1e6))
-print(("model+optimizer state %.1f MiB, device budget %s (stash %s, micro-batch %d of %d)"):format(
-  mib(state_bytes), budget > 0 and format("%.1f MiB", mib(budget)) or "none", opt.stash,
-  math.min(opt.micro_batch, B), B))
-
-if run == nil then
+local function new_run(plan)
   local ok, r = pcall(l2l.Relay, {
     model = model, micro_batch = opt.micro_batch, stash = opt.stash, seed = opt.seed,
     optimizer = l2l.AdamW{ lr = opt.lr, betas = { 0.9, 0.99 }, weight_decay = opt.weight_decay },
     schedule = l2l.Cosine{ warmup = math.min(opt.warmup, opt.steps - 1), total = opt.steps, final_ratio = 0.1 },
-    device_budget = budget > 0 and budget or nil, dist = opt.dist,
+    device_budget = budget and budget > 0 and budget or nil, dist = opt.dist, plan = plan,
   })
   if not ok then fail(tostring(r)) end
-  run = r
+  return r
+end
+if run == nil then
+  -- 'auto': the smallest budget this step needs with the flags' policies (the planner's
+  -- exact replay); with --plan auto the planner then picks the fastest within it
+  if budget == nil then
+    run = new_run(nil)
+    local ok, peak = pcall(run.step_peak, run, floor((rank + 1) * B / ranks) - floor(rank * B / ranks), S)
+    if not ok then fail(tostring(peak)) end
+    budget = peak + l2l.pool_stats("device").current + l2l.pool_stats("device").backend
+    l2l.set_budget("device", budget)
+    if opt.plan == "auto" then run:free(); run = nil end
+  end
+  run = run or new_run(opt.plan == "auto" and "auto" or nil)
 elseif budget_mib ~= nil then
   l2l.set_budget("device", budget)
+end
+print(("model+optimizer state %.1f MiB, device budget %s (%s, micro-batch %d of %d)"):format(
+  mib(state_bytes), budget > 0 and format("%.2f MiB", mib(budget)) or "none",
+  opt.plan == "auto" and "policies planned" or "stash " .. opt.stash, math.min(opt.micro_batch, B), B))
+if budget >= state_bytes and budget_mib == nil then
+  print(("(a step needs more device memory than the whole model and its optimizer state: the slots of its "
+         .. "largest layer, %s, dominate; a smaller vocabulary or a deeper, wider model shows the saving)"):format(
+         model[1]:name()))
 end
 if checkpoints and run.save == nil then
   print("checkpoints not available in this build: --checkpoint is ignored (run.save is missing)")
@@ -548,6 +547,7 @@ print(("transfers: host->device %s, device->host %s (%s and %s per step); proces
   progress.bytes(h2d_total), progress.bytes(d2h_total), progress.bytes(done > 0 and h2d_total / done or 0),
   progress.bytes(done > 0 and d2h_total / done or 0), progress.bytes(rss_bytes() or 0)))
 
+if opt.plan == "auto" and run.plan and done > 0 then print("\nthe plan, predicted against measured (last step):\n" .. tostring(run:plan_report())) end
 print("metrics: " .. metrics_path)
 if opt.plot ~= "none" then
   local fig = plot.metrics_figure(history, {

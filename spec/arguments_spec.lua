@@ -288,6 +288,8 @@ add("lua/l2l/relay.lua", {
   ["run:set_inner"] = run_method(2, function() return pack(2, "keep") end),
   ["run:set_micro_batch"] = run_method(1, function() return pack(2) end),
   ["run:stats"] = run_method(0),
+  ["run:step_peak"] = run_method(3, function() return pack(2, 4) end,
+                                 { options = 3, option = "token_types", options_name = "opts" }),
   ["run:events"] = run_method(0),
   ["run:trace"] = run_method(2, function() return pack(path("trace.json")) end,
                              { options = 2, option = "name", options_name = "opts" }),

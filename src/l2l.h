@@ -804,6 +804,14 @@ int l2l_relay_inner(const l2l_relay *run, int index);
 l2l_status l2l_relay_step(double *loss, l2l_relay *run, const l2l_relay_batch *batch);
 /* Forward only, no dropout, nothing stashed, no update: the mean loss. */
 l2l_status l2l_relay_evaluate(double *loss, l2l_relay *run, const l2l_relay_batch *batch);
+/* *peak: the device bytes a training step of a (batch, seq) minibatch needs at its peak
+   with the relay's layers, policies and settings as they are (every layer active): the
+   planner's replay of the step, exact to the byte (with swap, the bound that holds
+   whatever the copies' timing). A device budget of the bytes in use plus this runs the
+   step; one byte less is refused before it starts. token_types, key_mask: 0 or 1, whether
+   the batch has them. */
+l2l_status l2l_relay_step_peak(uint64_t *peak, const l2l_relay *run, int64_t batch, int64_t seq,
+                               int token_types, int key_mask);
 /* Waits until every queued update is done (parameters readable and stable). */
 l2l_status l2l_relay_sync(l2l_relay *run);
 

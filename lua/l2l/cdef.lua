@@ -461,6 +461,9 @@ l2l_status l2l_relay_step(double *loss, l2l_relay *run, const l2l_relay_batch *b
 
 l2l_status l2l_relay_evaluate(double *loss, l2l_relay *run, const l2l_relay_batch *batch);
 
+l2l_status l2l_relay_step_peak(uint64_t *peak, const l2l_relay *run, int64_t batch, int64_t seq,
+                               int token_types, int key_mask);
+
 l2l_status l2l_relay_sync(l2l_relay *run);
 
 l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run);

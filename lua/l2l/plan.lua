@@ -183,8 +183,12 @@ local function measured_seconds(run)
   return per
 end
 
+local Report = {}
+Report.__index = Report
+
 -- run:plan_report(): {layers = {{kind, inner, stash, predicted, measured}...},
--- predicted_step_seconds, measured_step_seconds, predicted_device_peak, device_peak}.
+-- predicted_step_seconds, measured_step_seconds, predicted_device_peak, device_peak};
+-- print() shows it as a table (predicted beside measured, per layer and for the step).
 function M.report(run)
   local plan, stats, per = run.plan, run:stats(), measured_seconds(run)
   local report = { layers = {}, predicted_step_seconds = plan.step_seconds,
@@ -194,7 +198,7 @@ function M.report(run)
     report.layers[i] = { kind = l.kind, inner = l.inner, stash = l.stash, predicted = l.seconds,
                          measured = per[i] or 0 }
   end
-  return report
+  return setmetatable(report, Report)
 end
 
 -- After a step: warns once (stderr) when the measured step is more than 25 % off the
@@ -227,6 +231,19 @@ function Plan:__tostring()
     rows[#rows + 1] = ("weight streaming hides under compute above %.0f tokens per layer visit (%d here)"):format(
       self.streaming_tokens, self.batch * self.seq)
   end
+  return table.concat(rows, "\n")
+end
+
+function Report:__tostring()
+  local rows = { ("%-5s %-12s %-10s %-10s %14s %13s"):format("layer", "kind", "inner", "stash", "predicted ms", "measured ms") }
+  local n = #self.layers
+  for i, l in ipairs(self.layers) do
+    rows[#rows + 1] = ("%-5d %-12s %-10s %-10s %14.2f %13.2f"):format(i, l.kind, i == n and "-" or l.inner,
+      i == 1 and "-" or l.stash, l.predicted * 1e3, l.measured * 1e3)
+  end
+  rows[#rows + 1] = ("step: predicted %.1f ms, measured %.1f ms; device peak: predicted %s, measured %s"):format(
+    self.predicted_step_seconds * 1e3, self.measured_step_seconds * 1e3,
+    mib(self.predicted_device_peak or 0), mib(self.device_peak))
   return table.concat(rows, "\n")
 end
 

@@ -12,9 +12,8 @@
 -- with the model's (insertions, removals, replacements by identity; frozen flags), so a
 -- script changes the model between steps and the relay follows. Lua indices are 1-based
 -- (layer i is C's layer i-1; boundary i is the input of layer i); errors name the layer.
--- The relay borrows its layers: they stay referenced here while in the C relay, and a
--- layer whose Lua object is collected while a relay holds it is freed only after that
--- relay (layers.hold/release).
+-- The relay borrows its layers: referenced here while in the C relay, a layer collected
+-- while a relay holds it is freed only after that relay (layers.hold/release).
 -- Must never: compute anything of the step in Lua, leave the C list out of step with the
 -- model when a step starts, or free a layer the C relay still holds.
 local ffi = require("ffi")
@@ -368,9 +367,12 @@ local function plan_auto(self, fname, tokens, opts)
   C.l2l_pool_get_stats(pool, C.L2L_POOL_DEVICE)
   local budget = tonumber(pool.budget) - tonumber(pool.current)
   if budget <= 0 then fail(fname .. ": plan = \"auto\": the device pool's budget is spent before the step") end
-  local plan = plan_mod.make(self.model, config_of(self.options), {
+  local held = tonumber(pool.current)
+  local ok, plan = pcall(plan_mod.make, self.model, config_of(self.options), {
     batch = tokens:dim(1), seq = tokens:dim(2), device_budget = budget,
     token_types = opts and opts.token_types ~= nil, key_mask = opts and opts.key_mask ~= nil }, fname)
+  -- a refusal names the budget to give: the plan's need and what the pool holds already
+  if not ok then error((tostring(plan):gsub("the smallest needs (%d+) bytes %b()", function(n) return ("the smallest budget that works is %.0f bytes (the plan's %s and %d in use)"):format(n + held, n, held) end)), 0) end
   apply_plan(self, plan, fname)
   self.plan_key = key
 end
@@ -578,6 +580,21 @@ function Relay:evaluate(tokens, targets, opts, ...)
   return loss
 end
 jit.off(step_or_evaluate)
+
+-- run:step_peak(batch, seq [, {token_types =, key_mask =}]) -> the device bytes a training step of that shape needs at its peak (the planner's exact replay)
+function Relay:step_peak(batch, seq, opts, ...)
+  local fname = "run:step_peak"
+  if select("#", ...) ~= 0 then too_many(fname, "batch, seq, opts", 2, ...) end
+  local r = live(self, fname)
+  opts = lib.options(opts, { token_types = true, key_mask = true }, fname, 2, "opts")
+  for name, v in pairs({ batch = batch, seq = seq }) do   -- (C checks the range)
+    if type(v) ~= "number" or v ~= math.floor(v) then error(("%s: %s must be a whole number, got %s"):format(fname, name, lib.describe(v)), 2) end
+  end
+  local out = ffi.new("uint64_t[1]")
+  sync(self, fname, 2)
+  rcheck(C.l2l_relay_step_peak(out, r, batch, seq, opts.token_types and 1 or 0, opts.key_mask and 1 or 0), fname, 2)
+  return tonumber(out[0])
+end
 
 -- Waits until every queued update is done (parameters readable through the model).
 function Relay:sync(...)

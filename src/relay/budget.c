@@ -58,28 +58,55 @@ static uint64_t step_key(const struct step *s) {
   return h;
 }
 
+/* The planner's replay of a training step of the active layers `active` (L of them). */
+static l2l_status step_peak(uint64_t *peak, const l2l_relay *run, const int *active, int L,
+                            int64_t B, int64_t S, int64_t mb, bool token_types, bool key_mask) {
+  struct plan_layer *pl = calloc((size_t)L, sizeof *pl);
+  if (pl == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to replay a step");
+  for (int k = 0; k < L; k++) {
+    const struct relay_layer *rl = &run->layers[active[k]];
+    pl[k] = (struct plan_layer){.layer = rl->layer, .role = l2l_layer_role(rl->layer),
+                                .frozen = rl->frozen, .inner = rl->inner, .stash = rl->stash};
+  }
+  l2l_status status = plan_step_peak(peak, pl, L, &run->config, B, S, mb, token_types, key_mask);
+  free(pl);
+  return status;
+}
+
 /* The exact device peak of this training step (0: the replay could not be made, e.g. for
    a layer the planner cannot describe; the lower bound then stands alone). */
 static uint64_t replayed_peak(const struct step *s) {
   l2l_relay *run = s->run;
   uint64_t key = step_key(s);
   if (run->budget_key == key && run->budget_key_set) return run->budget_peak;
-  struct plan_layer *pl = calloc((size_t)s->L, sizeof *pl);
-  if (pl == NULL) return 0;
-  for (int k = 0; k < s->L; k++) {
-    const struct relay_layer *rl = active_layer(s, k);
-    pl[k] = (struct plan_layer){.layer = rl->layer, .role = l2l_layer_role(rl->layer),
-                                .frozen = rl->frozen, .inner = rl->inner, .stash = rl->stash};
-  }
   uint64_t peak = 0;
-  if (plan_step_peak(&peak, pl, s->L, &run->config, s->B, s->S, s->mb,
-                     s->in->token_types != NULL, s->in->key_mask != NULL) != L2L_OK) {
+  if (step_peak(&peak, run, s->active, s->L, s->B, s->S, s->mb, s->in->token_types != NULL,
+                s->in->key_mask != NULL) != L2L_OK) {
     peak = 0;
     l2l_clear_error();
   }
-  free(pl);
   run->budget_key = key, run->budget_key_set = true, run->budget_peak = peak;
   return peak;
+}
+
+l2l_status l2l_relay_step_peak(uint64_t *peak, const l2l_relay *run, int64_t batch, int64_t seq,
+                               int token_types, int key_mask) {
+  if (peak == NULL) return FAIL(L2L_ERR_INVALID, "peak is NULL");
+  RELAY_ENTER(run);
+  if (batch < 1 || seq < 1 || batch > (INT64_C(1) << 24) || seq > (INT64_C(1) << 24))
+    return FAIL(L2L_ERR_INVALID, "batch and seq must be 1 to 2^24, got %lld and %lld",
+                (long long)batch, (long long)seq);
+  if ((token_types != 0 && token_types != 1) || (key_mask != 0 && key_mask != 1))
+    return FAIL(L2L_ERR_INVALID, "token_types and key_mask must be 0 or 1");
+  TRY(relay_check_model(run));
+  int *active = malloc((size_t)run->count * sizeof *active);
+  if (active == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to replay a step");
+  for (int i = 0; i < run->count; i++) active[i] = i;
+  int64_t mb = run->config.micro_batch < batch ? run->config.micro_batch : batch;
+  l2l_status status = step_peak(peak, run, active, run->count, batch, seq, mb, token_types,
+                                key_mask);
+  free(active);
+  return status;
 }
 
 l2l_status relay_check_budget(const struct step *s) {

@@ -13,7 +13,7 @@
 #include "relay.h"
 
 /* The model's shape: an input layer first, a head last, body layers between, one width. */
-static l2l_status check_model(const l2l_relay *run) {
+l2l_status relay_check_model(const l2l_relay *run) {
   if (run->count < 2)
     return FAIL(L2L_ERR_INVALID, "the model has %d layers: it needs at least an embedding and a head",
                 run->count);
@@ -90,7 +90,7 @@ static l2l_status choose_active(struct step *s, const l2l_relay_batch *in) {
 
 l2l_status relay_check_step(struct step *s, const l2l_relay_batch *in) {
   if (in == NULL) return FAIL(L2L_ERR_INVALID, "batch is NULL");
-  TRY(check_model(s->run));
+  TRY(relay_check_model(s->run));
   TRY(check_batch(s, in));
   TRY(choose_active(s, in));
   return relay_check_budget(s);

@@ -302,6 +302,8 @@ void relay_step_free(struct step *s);
 /* ---------------------------------------------------------------- checks.c */
 
 l2l_status relay_check_step(struct step *s, const l2l_relay_batch *in);
+/* The model's shape: an embedding first, a head last, body layers between, one width. */
+l2l_status relay_check_model(const l2l_relay *run);
 
 /* ---------------------------------------------------------------- budget.c */
 
