@@ -27,7 +27,7 @@ cat > "$prefix/env.sh" <<ENV
 export PATH="$prefix/wrap:$prefix/usr/bin:\$PATH"
 export GROFF_FONT_PATH="$prefix/usr/share/groff/current/font"
 export GROFF_TMAC_PATH="$prefix/usr/share/groff/current/tmac:$prefix/etc/groff"
-export LD_LIBRARY_PATH="$prefix/usr/lib/$arch:$blas:$prefix/usr/lib:\${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="$prefix/usr/lib/$arch:$prefix/lib/$arch:$blas:$prefix/usr/lib:\${LD_LIBRARY_PATH:-}"
 export LIBRARY_PATH="$prefix/usr/lib/$arch:$blas:$prefix/usr/lib:\${LIBRARY_PATH:-}"
 export C_INCLUDE_PATH="$prefix/usr/include:$prefix/usr/include/$arch:$prefix/usr/include/$arch/openblas-openmp:$prefix/usr/include/luajit-2.1:\${C_INCLUDE_PATH:-}"
 export CPATH="\$C_INCLUDE_PATH"

@@ -536,6 +536,8 @@ add("lua/l2l/checkpoint.lua", {
                    options_name = "overrides" },
   ["l2l.load_weights"] = { n = 2, args = function() return pack(model(), checkpoint_file) end },
   ["l2l.checkpoint_info"] = { n = 1, args = function() return pack(checkpoint_file) end },
+  ["l2l.load_model"] = { n = 2, args = function() return pack(checkpoint_file) end, options = 2, option = "kinds",
+                         options_name = "opts" },
 })
 
 add("lua/l2l/safetensors.lua", {

@@ -247,11 +247,85 @@ describe("the planner from the main example (issue 30, items 7 and 8)", function
     local B = support.int(3, 9)
     local tokens = l2l.zeros({ B, 64 }, { dtype = "i32" })
     local peak = run:step_peak(B, 64)
-    l2l.set_budget("device", peak)
+    local pool = l2l.pool_stats("device")   -- (other specs may hold device bytes)
+    l2l.set_budget("device", peak + pool.current + pool.backend)
     local ok, err = pcall(run.step, run, tokens, tokens)
     l2l.set_budget("device", 0)
     assert.is_true(ok, tostring(err))
     assert.are.equal(peak, run:stats().device_peak)
     run:free()
+  end)
+end)
+
+describe("a trained model you can use: l2l sample and l2l eval (issue 30, item 9)", function()
+  local dir, ck
+  setup(function()
+    dir = support.tmpdir()
+    ck = dir .. "/run.ckpt"
+    local status, out = demo(("--steps 6 --checkpoint %s --out %s"):format(q(ck), q(dir)))
+    assert(status == 0, out)
+  end)
+  teardown(function() sh("rm -rf " .. q(dir)) end)
+
+  it("l2l sample continues a prompt, the same text for the same seed", function()
+    local cmd = ("%s sample %s --prompt 'int main(' --tokens 40 --seed %%d"):format(exe, q(ck))
+    local s1, a = sh(cmd:format(5))
+    local s2, b = sh(cmd:format(5))
+    assert.are.equal(0, s1, a)
+    assert.are.equal(0, s2, b)
+    assert.are.equal(a, b)
+    assert.is_truthy(a:find("^int main%("), a)
+    assert.are.equal(#"int main(" + 40 + 1, #a, a)   -- the prompt, 40 bytes, a new line
+    local status, out = sh(("%s sample %s/none.ckpt"):format(exe, q(dir)))
+    assert.are.equal(1, status, out)
+    assert.is_truthy(out:find("cannot open", 1, true), out)
+    status, out = sh(("%s sample %s --tokens 0"):format(exe, q(ck)))
+    assert.are.equal(2, status, out)
+  end)
+
+  it("l2l eval gives the loss a float64 cross-entropy of the model's own logits gives", function()
+    local S = 32   -- TINY's context
+    local text = {}
+    for i = 1, 3 * S + 1 + support.int(0, S - 1) do text[i] = string.char(support.int(32, 126)) end
+    text = table.concat(text)
+    local data = dir .. "/held.txt"
+    support.write_file(data, text)
+    local status, out = sh(("%s eval %s --data %s --batch 2"):format(exe, q(ck), q(data)))
+    assert.are.equal(0, status, out)
+    local loss = tonumber(out:match("loss ([%d.]+) nats per byte"))
+    local ppl = tonumber(out:match("perplexity ([%d.]+)"))
+    assert.is_truthy(loss and ppl, out)
+    assert.is_truthy(out:find("in 3 windows of 32", 1, true), out)
+    -- the reference: the model's logits for the same three windows, cross-entropy here
+    local model = l2l.load_model(ck)
+    local ids = l2l.zeros({ 3, S }, { dtype = "i32" })
+    for w = 0, 2 do
+      for s = 0, S - 1 do ids:data()[w * S + s] = text:byte(w * S + s + 1) end
+    end
+    local logits = model:forward({ tokens = ids, training = false })
+    local V, sum = 256, 0
+    local p = logits:data()
+    for w = 0, 2 do
+      for s = 0, S - 1 do
+        local row, m = (w * S + s) * V, -math.huge
+        for v = 0, V - 1 do m = math.max(m, p[row + v]) end
+        local z = 0
+        for v = 0, V - 1 do z = z + math.exp(p[row + v] - m) end
+        local target = text:byte(w * S + s + 2)
+        sum = sum + (math.log(z) + m - p[row + target])
+      end
+    end
+    local want = sum / (3 * S)
+    assert.is_true(math.abs(loss - want) <= 1e-4 * want, ("eval %.6f, float64 reference %.6f"):format(loss, want))
+    assert.is_true(math.abs(ppl - math.exp(want)) <= 1e-3 * math.exp(want), out)
+    logits:free()
+    ids:free()
+  end)
+
+  it("model:generate's ids print as numbers", function()
+    local model = l2l.load_model(ck)
+    local text, ids = model:generate("ab", 3, { seed = 1 })
+    assert.are.equal(3, #text)
+    assert.are.equal("ids " .. table.concat(ids, " "), tostring(ids))
   end)
 end)

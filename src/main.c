@@ -10,8 +10,10 @@
  *   l2l                      the REPL when standard input is a terminal, else run it
  *   l2l -i [...]             the REPL after any -e code and script, whatever stdin is
  *   l2l plot METRICS [OUT]   redraw a training run's curves (lua/l2l/plot.lua's main)
- * -e code and the REPL find `l2l` loaded, as a global. A script named `plot` runs as
- * `l2l ./plot`.
+ *   l2l sample CHECKPOINT    text a trained model writes (lua/l2l/use.lua's sample_main)
+ *   l2l eval CHECKPOINT --data PATH   its loss and perplexity on a text (use.lua)
+ * -e code and the REPL find `l2l` loaded, as a global. A script named `plot`, `sample` or
+ * `eval` runs as `l2l ./plot` (and so on).
  * The REPL: line editing, completion and history with libedit when standard input and
  * output are terminals (history in $L2L_HISTORY, else ~/.l2l_history; an empty
  * L2L_HISTORY turns it off); plain lines otherwise, prompts on stderr so that stdout holds
@@ -612,6 +614,8 @@ static void usage(FILE *out) {
   fprintf(out,
           "usage: %s [options] [script [args...]]\n"
           "       %s plot METRICS.jsonl [OUT.svg|OUT.png]   (redraw a run's curves)\n"
+          "       %s sample CHECKPOINT [--prompt TEXT] [--tokens N] ...   (text the model writes)\n"
+          "       %s eval CHECKPOINT --data PATH   (its loss and perplexity on a text)\n"
           "  -e code     run code (may repeat)\n"
           "  -i          the interactive prompt after the code and script, even when\n"
           "              standard input is not a terminal (then without line editing)\n"
@@ -621,9 +625,9 @@ static void usage(FILE *out) {
           "With no script and no -e, the interactive prompt when standard input is a\n"
           "terminal, else standard input runs as a script. -e code and the prompt have\n"
           "`l2l` loaded. At the prompt an expression prints its values; history is kept\n"
-          "in $L2L_HISTORY (default ~/.l2l_history; empty: none). `%s plot --help` says\n"
-          "more about plot.\n",
-          program, program, program);
+          "in $L2L_HISTORY (default ~/.l2l_history; empty: none). `%s plot --help`,\n"
+          "`%s sample --help` and `%s eval --help` say more about each command.\n",
+          program, program, program, program, program, program, program);
 }
 
 /* Index of the script in argv (after the options), or argc if there is none. */
@@ -647,15 +651,25 @@ static void prefer_passive_openmp_threads(char **argv) {
   execv("/proc/self/exe", argv); /* returns only on failure: then run as we are */
 }
 
-/* `l2l plot ...`: module.main(args), where args are the words after the command. Returns
-   a Lua status; *code gets main's result (the process's exit status when it is a number). */
-static int run_command(lua_State *L, const char *module, char **argv, int argc, int command,
+/* The commands: `l2l NAME ...` runs module.function(args). */
+static const struct command {
+  const char *name, *module, *function;
+} commands[] = {
+    {"plot", "l2l.plot", "main"},
+    {"sample", "l2l.use", "sample_main"},
+    {"eval", "l2l.use", "eval_main"},
+};
+
+/* `l2l plot ...`: module.function(args), where args are the words after the command.
+   Returns a Lua status; *code gets its result (the process's exit status when it is a
+   number). */
+static int run_command(lua_State *L, const struct command *c, char **argv, int argc, int command,
                        int *code) {
   lua_getglobal(L, "require");
-  lua_pushstring(L, module);
+  lua_pushstring(L, c->module);
   int status = call_chunk(L, 1, 1);
   if (status != 0) return report(L, status);
-  lua_getfield(L, -1, "main");
+  lua_getfield(L, -1, c->function);
   lua_remove(L, -2);
   lua_createtable(L, argc - command - 1, 0);
   for (int i = command + 1; i < argc; i++) {
@@ -714,8 +728,10 @@ int main(int argc, char **argv) {
     }
   }
   if (status == 0 && script < argc) {
-    if (strcmp(argv[script], "plot") == 0)
-      status = run_command(L, "l2l.plot", argv, argc, script, &command_code);
+    const struct command *c = NULL;
+    for (size_t k = 0; k < sizeof commands / sizeof commands[0]; k++)
+      if (strcmp(argv[script], commands[k].name) == 0) c = &commands[k];
+    if (c != NULL) status = run_command(L, c, argv, argc, script, &command_code);
     else status = run_script(L, argv, argc, script);
   }
   if (force_repl && !bad_option) {

@@ -510,6 +510,39 @@ function M.describe(path, ...)
   return info
 end
 
+-- l2l.load_model(path [, {kinds = {Name = constructor}}]) -> the checkpoint's model alone:
+-- its layers rebuilt as described, frozen flags and the weights read (every checksum
+-- checked first); no relay, no optimizer state (to sample from or evaluate a trained
+-- model: l2l sample, l2l eval).
+function M.load_model(path, opts, ...)
+  local fname = "l2l.load_model"
+  if select("#", ...) ~= 0 then too_many(fname, "path, opts", 2, ...) end
+  local ok, model = pcall(function()
+    opts = lib.options(opts, { kinds = true }, fname, 0, "opts")
+    local file = opened(path, fname)
+    local okb, built = pcall(function()
+      local desc = decode_description(file, fname)
+      check_described_records(desc, file, opts.kinds, fname)
+      local list = {}
+      for i, d in ipairs(desc.layers) do list[i] = rebuild_layer(d, i, opts.kinds) end
+      local m = model_mod.Sequential(list)
+      for i, d in ipairs(desc.layers) do
+        if d.frozen then m:freeze(i) end
+      end
+      local records = match_records(m, file, fname)
+      local okv, ev = pcall(file.verify, file)
+      if not okv then error(fname .. ": " .. tostring(ev):gsub("^file:verify: ", ""), 0) end
+      for _, rec in ipairs(records) do file:read(rec.name, rec.param.value) end
+      return m
+    end)
+    file:close()
+    if not okb then error(built, 0) end
+    return built
+  end)
+  if not ok then error(without_positions(model), 2) end
+  return model
+end
+
 -- l2l.load_weights(model, path): the weights of a checkpoint (or of any safetensors file
 -- with l2l's names, "<layer>.<param>") into a model of the same shapes; nothing changes
 -- unless every tensor matches.

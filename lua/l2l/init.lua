@@ -51,7 +51,7 @@ l2l.dist = require("l2l.dist")   -- data parallel: rank(), size(), barrier(); MP
 -- Checkpoints (run:save is a relay method) and safetensors files.
 local checkpoint = require("l2l.checkpoint")
 l2l.load, l2l.load_weights = checkpoint.load, checkpoint.load_weights
-l2l.checkpoint_info = checkpoint.describe
+l2l.checkpoint_info, l2l.load_model = checkpoint.describe, checkpoint.load_model
 l2l.safetensors = require("l2l.safetensors")
 l2l.import_gpt2 = require("l2l.gpt2").import
 l2l.tokenizer = require("l2l.tokenizer")   -- GPT-2's tokens: l2l.tokenizer.gpt2(), .load(...)

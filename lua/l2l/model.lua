@@ -496,7 +496,11 @@ end
 -- the n new bytes, then their ids) or a list of token ids (returns the list of the n new
 -- ids). With opts.tokenizer (e.g. l2l.tokenizer.gpt2() for an l2l.import_gpt2 model) a
 -- string prompt is encoded by it, and the new tokens come back decoded, whatever the
--- prompt: the text, then the ids; sampling picks only ids the tokenizer has.
+-- prompt: the text, then the ids; sampling picks only ids the tokenizer has. The list of
+-- ids prints as its numbers (print(model:generate("a", 3)) shows the text and "ids ...").
+-- The ids generate returns: a list that prints as its numbers ("ids 12 7 99").
+local Ids = { __tostring = function(t) return "ids " .. concat(t, " ") end }
+
 function Sequential:generate(prompt, n, opts, ...)
   if select("#", ...) ~= 0 then too_many("model:generate", "prompt, n, opts", 2, ...) end
   local fname = "model:generate"
@@ -526,6 +530,7 @@ function Sequential:generate(prompt, n, opts, ...)
     ids[#ids + 1], new[step] = id, id
   end
   if draws then draws:free() end
+  setmetatable(new, Ids)
   if tok then return tok:decode(new), new end
   if type(prompt) == "string" then
     local chars = {}

@@ -2327,6 +2327,9 @@ TEST(misuse_relay_model_changes) {
     REFUSES(l2l_relay_sync(x), L2L_ERR_INVALID, "run");
     REFUSES(l2l_relay_step(&loss, x, &b), L2L_ERR_INVALID, "run");
     REFUSES(l2l_relay_evaluate(&loss, x, &b), L2L_ERR_INVALID, "run");
+    uint64_t peak_out = 7;
+    REFUSES(l2l_relay_step_peak(&peak_out, x, 2, 4, 0, 0), L2L_ERR_INVALID, "run");
+    CHECK(peak_out == 7, "a refused step_peak wrote its output");
     REFUSES(l2l_relay_get_stats(&st, x), L2L_ERR_INVALID, "run");
     REFUSES(l2l_relay_events(ev, x, 0, 1), L2L_ERR_INVALID, "run");
     REFUSES(l2l_relay_param_state(&state, x, p, 0), L2L_ERR_INVALID, "run");
@@ -2402,7 +2405,8 @@ TEST(misuse_relay_model_changes) {
   rig_free(&rig);
 }
 
-/* Covers: l2l_relay_step, l2l_relay_evaluate, l2l_relay_get_stats, l2l_relay_events. */
+/* Covers: l2l_relay_step, l2l_relay_evaluate, l2l_relay_step_peak, l2l_relay_get_stats,
+   l2l_relay_events. */
 TEST(misuse_relay_steps_stats_and_events) {
   struct rig rig;
   l2l_relay_config c = relay_config();
@@ -2424,6 +2428,20 @@ TEST(misuse_relay_steps_stats_and_events) {
   REFUSES(l2l_relay_evaluate(NULL, r, &good), L2L_ERR_INVALID, "loss");
   REFUSES(l2l_relay_step(&loss, r, NULL), L2L_ERR_INVALID, "batch");
   REFUSES(l2l_relay_evaluate(&loss, r, NULL), L2L_ERR_INVALID, "batch");
+  /* step_peak: its output, the batch's shape and the two flags */
+  uint64_t peak = 12345;
+  REFUSES(l2l_relay_step_peak(NULL, r, 2, 4, 0, 0), L2L_ERR_INVALID, "peak");
+  static const int64_t bad_sizes[][2] = {{0, 4}, {2, 0}, {-1, 4}, {2, -3}, {(INT64_C(1) << 24) + 1, 4},
+                                         {2, (INT64_C(1) << 24) + 1}, {INT64_MIN, 4}};
+  for (size_t i = 0; i < sizeof bad_sizes / sizeof bad_sizes[0]; i++)
+    REFUSES(l2l_relay_step_peak(&peak, r, bad_sizes[i][0], bad_sizes[i][1], 0, 0), L2L_ERR_INVALID,
+            "batch and seq");
+  REFUSES(l2l_relay_step_peak(&peak, r, 2, 4, 2, 0), L2L_ERR_INVALID, "token_types");
+  REFUSES(l2l_relay_step_peak(&peak, r, 2, 4, 0, -1), L2L_ERR_INVALID, "key_mask");
+  CHECK(peak == 12345, "a refused step_peak wrote its output");
+  CHECK_OK(l2l_relay_step_peak(&peak, r, 2, 4, 0, 0));
+  CHECK(peak > 0 && peak < (UINT64_C(1) << 40), "step_peak of a small model: %llu bytes",
+        (unsigned long long)peak);
   const l2l_tensor *foreign[] = {JUNK(l2l_tensor), AS(l2l_tensor, rig.m.layer[1]),
                                  AS(l2l_tensor, r)};
   for (size_t i = 0; i < sizeof foreign / sizeof foreign[0]; i++) {

@@ -119,7 +119,7 @@ l2l_status relay_check_budget(const struct step *s) {
   uint64_t slots = slots_bytes(s);
   uint64_t peak = s->training ? replayed_peak(s) : 0;
   if (peak > room) {
-    char a[32], b[32], c[32], d[32];
+    char a[32], b[32], c[32], d[32], e[32];
     uint64_t smallest = peak + held;
     return FAIL(L2L_ERR_BUDGET,
                 "the device budget of %llu bytes (%s) is too small for this step: the smallest "
@@ -134,7 +134,7 @@ l2l_status relay_check_budget(const struct step *s) {
                 l2l_human_bytes(c, sizeof c, peak), (long long)s->mb,
                 l2l_human_bytes(d, sizeof d, slots),
                 s->run->config.param_slots ? s->run->config.param_slots : 2,
-                l2l_human_bytes(a, sizeof a, held));
+                l2l_human_bytes(e, sizeof e, held));
   }
   for (int k = 0; k < s->L; k++) {
     uint64_t need = slots + visit_bytes(s, k);
