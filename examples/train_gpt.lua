@@ -5,7 +5,7 @@
 --   build/l2l examples/train_gpt.lua [--steps 400 --layers 4 --dim 128 ...]   (--help)
 --
 -- The defaults (4 blocks of width 128, context 64, 32 sequences per step, 400 steps) put
--- 12.7 MiB of parameters and optimizer state behind a 4.88 MiB device budget; on 2 cores
+-- 12.7 MiB of parameters and optimizer state behind a 4.94 MiB device budget; on 2 cores
 -- they take 1.5 to 3 minutes (as busy as the machine is) and the held-out loss falls
 -- from 5.7 to about 1.9 nats per byte.
 -- The text is the C headers under /usr/include (several MB of real code on any machine
@@ -56,7 +56,7 @@ local FLAGS = {
   { "--dropout", 0, "number", "dropout rate in the blocks", min = 0, max = 0.9 },
   { "--init-std", 0.06, "number", "standard deviation of the initial weights", min = 1e-6, max = 1 },
   { "--stash", "host", "choice", "where activations wait for the backward", choices = { "host", "device", "recompute" } },
-  { "--device-budget", "auto", "string", "device pool budget in MiB, 'auto' (the smallest a step needs: the planner's exact replay of it) or 0 (none)", meta = "MIB|auto" },
+  { "--device-budget", "auto", "string", "device pool budget in MiB, 'auto' (what a step needs, whatever the weights become: the planner's replay of it) or 0 (none)", meta = "MIB|auto" },
   { "--plan", "none", "choice", "where the policies come from: none (--stash, recomputing every layer) or auto (l2l.plan " ..
     "picks each layer's within the device budget, for speed)", choices = { "none", "auto" } },
   { "--threads", 0, "int", "compute threads (0: l2l's default)", min = 0 },
@@ -77,6 +77,8 @@ local FLAGS = {
   { "--top-k", 10, "int", "sample among the k likeliest bytes (tokens)", min = 1 },
   { "--tokenizer", "bytes", "choice", "what the model reads: bytes (256 symbols) or gpt2 (GPT-2's 50257 BPE tokens; " ..
     "scripts/gpt2-vocab.sh fetches the files); --seq, --sample and the losses then count tokens", choices = { "bytes", "gpt2" } },
+  { "--init", "", "string", "start from GPT-2's weights: Hugging Face's model.safetensors of gpt2 (or a fine-tune) " ..
+    "or llm.c's gpt2_124M.bin; the model's shape is the file's (needs --tokenizer gpt2)", meta = "PATH" },
   { "--dist", "none", "choice", "data parallel: mpi under `mpirun -np N` (each rank steps its slice of every minibatch; " ..
     "rank 0 prints and writes the files)", choices = { "none", "mpi" } },
 }
@@ -95,6 +97,13 @@ for _, f in ipairs({ "resume", "resume_if_present", "force" }) do
 end
 if opt.force and (opt.resume or opt.resume_if_present) then
   cli.usage_error("--force starts a new run, --resume continues one: give one of them")
+end
+if opt.init ~= "" then   -- the file says what the model is
+  for _, k in ipairs({ "layers", "dim", "heads", "mlp" }) do
+    if cli.given(opt, k) then cli.usage_error(("--%s: the model's shape comes from --init's file"):format(k)) end
+  end
+  if opt.tokenizer ~= "gpt2" then cli.usage_error("--init: GPT-2 reads GPT-2's tokens: give --tokenizer gpt2") end
+  if opt.resume then cli.usage_error("--init starts from GPT-2's weights, --resume from a checkpoint: give one of them") end
 end
 local budget_mib
 if opt.device_budget ~= "auto" then
@@ -277,6 +286,16 @@ local function symbols(s)
 end
 local function length(x) return type(x) == "string" and #x or x:numel() end
 
+if model == nil and opt.init ~= "" then
+  local ok, m = pcall(l2l.import_gpt2, opt.init, { max_seq = S, memory = "frugal", dropout = opt.dropout })
+  if not ok then fail("--init: " .. tostring(m):gsub("^l2l%.import_gpt2: ", "")) end
+  if m[1]:config().vocab ~= V then
+    fail(("--init: %s has a vocabulary of %d tokens, GPT-2's tokenizer %d"):format(opt.init, m[1]:config().vocab, V))
+  end
+  model = m
+  local c = model[2]:config()   -- the shape, for the summary and the checkpoint
+  opt.layers, opt.dim, opt.heads, opt.mlp = #model - 2, c.dim, c.heads, c.mlp
+end
 if model == nil then model = build_model(V) end
 local nparams = model:nparams()
 local state_bytes = nparams * 16   -- fp32 weights, gradients, AdamW m and v
@@ -297,7 +316,8 @@ print(("l2l %s: a %s GPT trained layer to layer (%d compute threads%s)"):format(
 print(("text: %s, %.2f MiB in %d files: %.2f MiB to train on, %.2f MiB held out%s"):format(corpus.description,
   mib(#corpus.text), corpus.files, mib(train_bytes), mib(val_bytes),
   tok and (" (%d and %d GPT-2 tokens)"):format(length(train_text), length(val_text)) or ""))
-print(("model: %d block%s, dim %d, %d heads, context %d %s, %.2f M parameters (frugal blocks)"):format(
+print(("model: %s%d block%s, dim %d, %d heads, context %d %s, %.2f M parameters (frugal blocks)"):format(
+  opt.init ~= "" and ("GPT-2 weights from %s: "):format(opt.init) or "",
   #model - 2, #model == 3 and "" or "s", opt.dim, opt.heads, S, unit, nparams / 1e6))
 local function new_run(plan)
   local ok, r = pcall(l2l.Relay, {
@@ -310,8 +330,9 @@ local function new_run(plan)
   return r
 end
 if run == nil then
-  -- 'auto': the smallest budget this step needs with the flags' policies (the planner's
-  -- exact replay); with --plan auto the planner then picks the fastest within it
+  -- 'auto': the budget every step of this shape needs with the flags' policies, whatever
+  -- the weights become (the planner's replay); with --plan auto the planner then picks
+  -- the fastest policies within it
   if budget == nil then
     run = new_run(nil)
     local ok, peak = pcall(run.step_peak, run, floor((rank + 1) * B / ranks) - floor(rank * B / ranks), S)

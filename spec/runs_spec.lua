@@ -215,10 +215,15 @@ describe("the planner from the main example (issue 30, items 7 and 8)", function
     local status, out = demo("--steps 3 --out " .. q(dir))
     assert.are.equal(0, status, out)
     assert.is_truthy(out:find("device budget [%d.]+ MiB %(stash host"), out)
+    local function bytes(text)
+      local n, unit = text:match("^([%d.]+) (%a+)$")
+      return tonumber(n) * ({ B = 1, KiB = 2 ^ 10, MiB = 2 ^ 20, GiB = 2 ^ 30 })[unit]
+    end
     local peak, within = out:match("device: peak ([%d.]+ %a+) within a budget of ([%d.]+ %a+)")
     assert.is_truthy(peak, out)
-    -- the budget the run found is what its steps used (as printed: the same units)
-    assert.are.equal(within, peak, out)
+    -- the budget the run found holds its steps, with little to spare (what a LayerNorm
+    -- guard would add, were a weight to get tiny)
+    assert.is_true(bytes(peak) <= bytes(within) and bytes(within) < 1.1 * bytes(peak), out)
     status, out = demo("--steps 3 --plan auto --out " .. q(dir))
     assert.are.equal(0, status, out)
     assert.is_truthy(out:find("device budget [%d.]+ MiB %(policies planned"), out)
@@ -241,7 +246,7 @@ describe("the planner from the main example (issue 30, items 7 and 8)", function
     run:free()
   end)
 
-  it("run:step_peak is the step's device peak to the byte, and a budget of it runs the step", function()
+  it("run:step_peak bounds the step's device peak whatever the weights, and a budget of it runs the step", function()
     local model = demo_model()
     local run = l2l.Relay { model = model, micro_batch = support.int(1, 4), stash = ({ "host", "device" })[support.int(1, 2)] }
     local B = support.int(3, 9)
@@ -252,7 +257,19 @@ describe("the planner from the main example (issue 30, items 7 and 8)", function
     local ok, err = pcall(run.step, run, tokens, tokens)
     l2l.set_budget("device", 0)
     assert.is_true(ok, tostring(err))
-    assert.are.equal(peak, run:stats().device_peak)
+    assert.is_true(run:stats().device_peak <= peak, ("step peak %d over the bound %d"):format(run:stats().device_peak, peak))
+    -- a LayerNorm guarded (a weight channel near 0) needs what the bound holds, no more
+    for _, layer in ipairs(model) do
+      for _, p in ipairs(layer:params()) do
+        if p.name:find("ln%d?%.weight$") then p.value:data()[0] = 0 end
+      end
+    end
+    run:sync_layers("spec")
+    l2l.set_budget("device", peak + l2l.pool_stats("device").current + l2l.pool_stats("device").backend)
+    ok, err = pcall(run.step, run, tokens, tokens)
+    l2l.set_budget("device", 0)
+    assert.is_true(ok, tostring(err))
+    assert.is_true(run:stats().device_peak <= peak)
     run:free()
   end)
 end)
@@ -327,5 +344,131 @@ describe("a trained model you can use: l2l sample and l2l eval (issue 30, item 9
     local text, ids = model:generate("ab", 3, { seed = 1 })
     assert.are.equal(3, #text)
     assert.are.equal("ids " .. table.concat(ids, " "), tostring(ids))
+  end)
+end)
+
+describe("GPT-2 weights in, from Hugging Face's file or llm.c's (issue 30, item 10)", function()
+  local ffi = require("ffi")
+
+  -- A small random GPT-2 written both ways: llm.c's gpt2_*.bin layout (written here, by
+  -- hand: header, then each kind of tensor for all layers, matrices (out, in), wte padded)
+  -- and Hugging Face's names and (in, out) layout through l2l.safetensors.write.
+  local function write_both(dir, V, T, L, NH, D)
+    local Vp = V + support.int(0, 7)
+    local function rand(n)
+      local t = {}
+      for i = 1, n do t[i] = support.normal() * 0.1 end
+      return t
+    end
+    local per = { wte = rand(Vp * D), wpe = rand(T * D), lnfw = rand(D), lnfb = rand(D) }
+    local blocks = {}
+    for b = 1, L do
+      blocks[b] = { ln1w = rand(D), ln1b = rand(D), qkvw = rand(3 * D * D), qkvb = rand(3 * D), projw = rand(D * D),
+                    projb = rand(D), ln2w = rand(D), ln2b = rand(D), fcw = rand(4 * D * D), fcb = rand(4 * D),
+                    fcprojw = rand(4 * D * D), fcprojb = rand(D) }
+    end
+    local parts = {}
+    local function ints(list)
+      for _, v in ipairs(list) do
+        parts[#parts + 1] = string.char(v % 256, math.floor(v / 256) % 256, math.floor(v / 65536) % 256, math.floor(v / 16777216) % 256)
+      end
+    end
+    local function floats(list)
+      local a = ffi.new("float[?]", #list, list)
+      parts[#parts + 1] = ffi.string(a, 4 * #list)
+    end
+    local header = { 20240326, 3, T, V, L, NH, D, Vp }
+    for i = #header + 1, 256 do header[i] = 0 end
+    ints(header)
+    floats(per.wte)
+    floats(per.wpe)
+    for _, k in ipairs({ "ln1w", "ln1b", "qkvw", "qkvb", "projw", "projb", "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb" }) do
+      for b = 1, L do floats(blocks[b][k]) end
+    end
+    floats(per.lnfw)
+    floats(per.lnfb)
+    local bin = dir .. "/gpt2_tiny.bin"
+    support.write_file(bin, table.concat(parts))
+    -- the same weights, Hugging Face's way: (in, out) matrices, wte unpadded
+    local function t(values, shape)
+      local x = l2l.empty(shape)
+      local p = x:data()
+      for i = 1, #values do p[i - 1] = values[i] end
+      return x
+    end
+    local function transposed(values, out, inn)   -- stored (out, in) -> (in, out)
+      local r = {}
+      for o = 0, out - 1 do
+        for i = 0, inn - 1 do r[i * out + o + 1] = values[o * inn + i + 1] end
+      end
+      return r
+    end
+    local wte = {}
+    for i = 1, V * D do wte[i] = per.wte[i] end
+    local entries = { { name = "wte.weight", tensor = t(wte, { V, D }) }, { name = "wpe.weight", tensor = t(per.wpe, { T, D }) },
+                      { name = "ln_f.weight", tensor = t(per.lnfw, { D }) }, { name = "ln_f.bias", tensor = t(per.lnfb, { D }) } }
+    for b = 1, L do
+      local k, h = blocks[b], ("h.%d."):format(b - 1)
+      local add = function(name, tensor) entries[#entries + 1] = { name = h .. name, tensor = tensor } end
+      add("ln_1.weight", t(k.ln1w, { D })); add("ln_1.bias", t(k.ln1b, { D }))
+      add("attn.c_attn.weight", t(transposed(k.qkvw, 3 * D, D), { D, 3 * D })); add("attn.c_attn.bias", t(k.qkvb, { 3 * D }))
+      add("attn.c_proj.weight", t(transposed(k.projw, D, D), { D, D })); add("attn.c_proj.bias", t(k.projb, { D }))
+      add("ln_2.weight", t(k.ln2w, { D })); add("ln_2.bias", t(k.ln2b, { D }))
+      add("mlp.c_fc.weight", t(transposed(k.fcw, 4 * D, D), { D, 4 * D })); add("mlp.c_fc.bias", t(k.fcb, { 4 * D }))
+      add("mlp.c_proj.weight", t(transposed(k.fcprojw, D, 4 * D), { 4 * D, D })); add("mlp.c_proj.bias", t(k.fcprojb, { D }))
+    end
+    local st = dir .. "/model.safetensors"
+    l2l.safetensors.write(st, entries)
+    return bin, st
+  end
+
+  it("imports llm.c's gpt2_*.bin to the very weights of the Hugging Face file", function()
+    local dir = support.tmpdir()
+    local V, T, L, D = support.int(50, 90), support.int(8, 20), support.int(1, 3), 8 * support.int(1, 3)
+    local NH = ({ 1, 2, 4, 8 })[support.int(1, 4)]
+    local bin, st = write_both(dir, V, T, L, NH, D)
+    local a, b = l2l.import_gpt2(bin), l2l.import_gpt2(st, { heads = NH })
+    assert.are.equal(#b, #a)
+    assert.are.equal(NH, a[2]:config().heads, "the heads from llm.c's header")
+    local pa, pb = a:params(), b:params()
+    assert.are.equal(#pb, #pa)
+    for i = 1, #pa do
+      assert.are.same(pb[i].value:shape(), pa[i].value:shape(), pa[i].name)
+      local x, y = pa[i].value:data(), pb[i].value:data()
+      for e = 0, pa[i].value:numel() - 1 do
+        if x[e] ~= y[e] then error(("%s element %d: %g from the .bin, %g from safetensors"):format(pa[i].name, e, x[e], y[e])) end
+      end
+    end
+    -- refused: another version, a truncated file, a header out of bounds
+    local good = support.read_file(bin)
+    local function put_i32(s, k, v)
+      return s:sub(1, 4 * k) .. string.char(v % 256, math.floor(v / 256) % 256, math.floor(v / 65536) % 256, math.floor(v / 16777216) % 256) .. s:sub(4 * k + 5)
+    end
+    for _, c in ipairs({ { put_i32(good, 1, 5), "version 5" }, { good:sub(1, #good - 4), "bytes, but its header describes" },
+                         { put_i32(good, 6, 0), "dim 0 is not plausible" } }) do
+      support.write_file(bin, c[1])
+      local ok, err = pcall(l2l.import_gpt2, bin)
+      assert.is_false(ok, c[2])
+      assert.is_truthy(tostring(err):find("l2l.import_gpt2: ", 1, true) and tostring(err):find(c[2], 1, true), err)
+    end
+    sh("rm -rf " .. q(dir))
+  end)
+
+  it("fine-tunes an imported GPT-2 with examples/train_gpt.lua --init and --tokenizer gpt2", function()
+    local fetched, why = sh("bash scripts/gpt2-vocab.sh")
+    if fetched ~= 0 then return pending("GPT-2's tokenizer files could not be fetched: " .. why) end
+    local dir = support.tmpdir()
+    local bin = write_both(dir, 50257, 32, 1, 2, 16)
+    local status, out = sh(("env -u L2L_PROGRESS %s examples/train_gpt.lua --init %s --tokenizer gpt2 --seq 16 --batch 4 "
+                            .. "--micro-batch 2 --steps 3 --eval-every 3 --eval-batches 1 --max-bytes 100000 --plot none "
+                            .. "--sample 5 --out %s"):format(exe, q(bin), q(dir)))
+    assert.are.equal(0, status, out)
+    assert.is_truthy(out:find("model: GPT-2 weights from " .. bin, 1, true), out)
+    assert.is_truthy(out:find("1 block, dim 16, 2 heads", 1, true), out)
+    -- contradicting model flags are refused, not ignored
+    status, out = sh(("%s examples/train_gpt.lua --init %s --tokenizer gpt2 --layers 4 --steps 1"):format(exe, q(bin)))
+    assert.are.equal(2, status, out)
+    assert.is_truthy(out:find("--layers", 1, true) and out:find("--init", 1, true), out)
+    sh("rm -rf " .. q(dir))
   end)
 end)

@@ -805,11 +805,12 @@ l2l_status l2l_relay_step(double *loss, l2l_relay *run, const l2l_relay_batch *b
 /* Forward only, no dropout, nothing stashed, no update: the mean loss. */
 l2l_status l2l_relay_evaluate(double *loss, l2l_relay *run, const l2l_relay_batch *batch);
 /* *peak: the device bytes a training step of a (batch, seq) minibatch needs at its peak
-   with the relay's layers, policies and settings as they are (every layer active): the
-   planner's replay of the step, exact to the byte (with swap, the bound that holds
-   whatever the copies' timing). A device budget of the bytes in use plus this runs the
-   step; one byte less is refused before it starts. token_types, key_mask: 0 or 1, whether
-   the batch has them. */
+   with the relay's layers, policies and settings as they are (every layer active),
+   whatever values the weights take as training goes on (the frugal modes keep more for a
+   LayerNorm whose weight gets tiny): the planner's replay of the step, exact to the byte
+   for the weights that need the most (with swap, the bound that holds whatever the
+   copies' timing). A device budget of the bytes in use plus this runs every such step.
+   token_types, key_mask: 0 or 1, whether the batch has them. */
 l2l_status l2l_relay_step_peak(uint64_t *peak, const l2l_relay *run, int64_t batch, int64_t seq,
                                int token_types, int key_mask);
 /* Waits until every queued update is done (parameters readable and stable). */

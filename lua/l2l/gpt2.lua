@@ -1,8 +1,8 @@
 -- SPDX-License-Identifier: MIT
--- l2l.gpt2 — GPT-2 weights as Hugging Face stores them, imported into an l2l model.
+-- l2l.gpt2 — GPT-2 weights as Hugging Face or llm.c store them, imported into an l2l model.
 --
 --   local model = l2l.import_gpt2("model.safetensors" [, {heads =, max_seq =, memory =,
---                                 dropout =}])
+--                                 dropout =}])        -- or llm.c's "gpt2_124M.bin"
 --
 -- Purpose: let people fine-tune real GPT-2 checkpoints (124M, 355M, ... and their
 -- fine-tunes) with l2l. The file's names are those of transformers' GPT2Model, with or
@@ -16,10 +16,19 @@
 -- heads is not in the weights (it is in config.json): 64-wide heads unless opts.heads.
 -- Buffers some files carry (attn.bias, attn.masked_bias) and an lm_head.weight (tied, so
 -- a copy of wte) are ignored.
+-- llm.c's model file (gpt2_124M.bin, as its train_gpt2.py writes it) holds the same
+-- weights: 256 int32 of header (magic 20240326, version 3 = fp32, max_seq, vocab, layers,
+-- heads, dim, the vocab padded), then every tensor in fp32, each kind for all layers in
+-- turn (wte padded to the padded vocab, wpe, ln_1 w and b, c_attn w and b, c_proj, ln_2,
+-- c_fc, mlp c_proj, ln_f), matrices as PyTorch's Linear keeps them, (out, in). It is read
+-- as a file of the names above with the matrices transposed to (in, out), so one importer
+-- serves both; its header gives the heads.
 -- Must never: guess silently: a missing tensor, a shape that disagrees with wte's width,
 -- or a name it does not know is an error naming it.
+local ffi = require("ffi")
 local lib = require("l2l.lib")
 local safetensors = require("l2l.safetensors")
+local tensor = require("l2l.tensor")
 local layers = require("l2l.layers")
 local model_mod = require("l2l.model")
 
@@ -42,11 +51,102 @@ local IGNORED = { ["attn.bias"] = true, ["attn.masked_bias"] = true }
 
 local OPTIONS = { heads = true, max_seq = true, memory = true, dropout = true }
 
+----------------------------------------------------------------- llm.c's files
+
+local LLMC_MAGIC, LLMC_HEADER = 20240326, 1024
+local LlmcFile = {}
+LlmcFile.__index = LlmcFile
+
+local function open_llmc(path, fname)
+  local f, err = io.open(path, "rb")
+  if not f then error(("%s: cannot open %s: %s"):format(fname, path, tostring(err)), 0) end
+  local function bad(fmt, ...) f:close(); error(("%s: %s: " .. fmt):format(fname, path, ...), 0) end
+  local head = f:read(LLMC_HEADER)
+  if head == nil or #head < LLMC_HEADER then bad("too short for llm.c's 1024-byte header") end
+  local function i32(k)
+    local a, b, c, d = head:byte(4 * k + 1, 4 * k + 4)
+    local v = a + b * 256 + c * 65536 + d * 16777216
+    return v >= 2 ^ 31 and v - 2 ^ 32 or v
+  end
+  local version, T, V, L, NH, D, Vp = i32(1), i32(2), i32(3), i32(4), i32(5), i32(6), i32(7)
+  if version ~= 3 then
+    bad("llm.c file version %d; l2l reads version 3 (fp32 weights, what llm.c's train_gpt2.py writes as gpt2_124M.bin)", version)
+  end
+  local limits = { { "max_seq", T, 2 ^ 20 }, { "vocab", V, 2 ^ 22 }, { "layers", L, 4096 }, { "heads", NH, 4096 },
+                   { "dim", D, 65536 }, { "padded vocab", Vp, 2 ^ 22 } }
+  for _, l in ipairs(limits) do
+    if l[2] < 1 or l[2] > l[3] then bad("header: %s %d is not plausible (1 to %d)", l[1], l[2], l[3]) end
+  end
+  if Vp < V or D % NH ~= 0 then bad("header: padded vocab %d below vocab %d, or dim %d not a multiple of heads %d", Vp, V, D, NH) end
+  -- llm.c's order: { name (a block's inside h.N), floats per layer, layers, shape as read, stored (out, in) }
+  local kinds = {
+    { "wte.weight", Vp * D, 1, { V, D } }, { "wpe.weight", T * D, 1, { T, D } },
+    { "ln_1.weight", D, L, { D } }, { "ln_1.bias", D, L, { D } },
+    { "attn.c_attn.weight", 3 * D * D, L, { D, 3 * D }, true }, { "attn.c_attn.bias", 3 * D, L, { 3 * D } },
+    { "attn.c_proj.weight", D * D, L, { D, D }, true }, { "attn.c_proj.bias", D, L, { D } },
+    { "ln_2.weight", D, L, { D } }, { "ln_2.bias", D, L, { D } },
+    { "mlp.c_fc.weight", 4 * D * D, L, { D, 4 * D }, true }, { "mlp.c_fc.bias", 4 * D, L, { 4 * D } },
+    { "mlp.c_proj.weight", 4 * D * D, L, { 4 * D, D }, true }, { "mlp.c_proj.bias", D, L, { D } },
+    { "ln_f.weight", D, 1, { D } }, { "ln_f.bias", D, 1, { D } },
+  }
+  local entries, at = {}, LLMC_HEADER
+  for _, k in ipairs(kinds) do
+    for layer = 0, k[3] - 1 do
+      local global = k[1]:find("^wte") or k[1]:find("^wpe") or k[1]:find("^ln_f")
+      local name = global and k[1] or ("h.%d.%s"):format(layer, k[1])
+      local numel = 1
+      for _, n in ipairs(k[4]) do numel = numel * n end
+      entries[name] = { dtype = "f32", shape = k[4], numel = numel, bytes = 4 * numel, offset = at + layer * 4 * k[2],
+                        transpose = k[5] and { k[4][2], k[4][1] } or nil }
+    end
+    at = at + 4 * k[2] * k[3]
+  end
+  local size = f:seek("end")
+  if size ~= at then bad("%d bytes, but its header describes %d (truncated, or not an llm.c model file)", size, at) end
+  return setmetatable({ path = path, handle = f, entries = entries, heads = NH }, LlmcFile)
+end
+
+-- file:read(name [, into]) as safetensors' (fname "file:read"): an (out, in) matrix comes
+-- out (in, out).
+function LlmcFile:read(name, into)
+  local e = self.entries[name]
+  local t = into or tensor.empty(e.shape)
+  self.handle:seek("set", e.offset)
+  local s = self.handle:read(e.bytes)
+  if s == nil or #s ~= e.bytes then error(("file:read: %s: cannot read '%s' (the file changed?)"):format(self.path, name), 0) end
+  if e.transpose then
+    local rows, cols = e.transpose[1], e.transpose[2]   -- as stored
+    local src, dst = ffi.cast("const float *", s), ffi.cast("float *", t:data())
+    for r = 0, rows - 1 do
+      for c = 0, cols - 1 do dst[c * rows + r] = src[r * cols + c] end
+    end
+  else
+    ffi.copy(t:data(), s, e.bytes)
+  end
+  safetensors.plain_nans(t)
+  return t
+end
+
+function LlmcFile:close() self.handle:close() end
+
+-- llm.c's file or a safetensors file, by the first four bytes.
+local function open_any(path, fname)
+  local f = io.open(path, "rb")
+  local first = f and f:read(4)
+  if f then f:close() end
+  if first and #first == 4 then
+    local a, b, c, d = first:byte(1, 4)
+    if a + b * 256 + c * 65536 + d * 16777216 == LLMC_MAGIC then return open_llmc(path, fname) end
+  end
+  local ok, file = pcall(safetensors.open, path)
+  if not ok then error(fname .. ": " .. tostring(file):gsub("^safetensors%.open: ", ""), 0) end
+  return file
+end
+
 local function import(path, opts)
   local fname = "l2l.import_gpt2"
   opts = lib.options(opts, OPTIONS, fname, 0, "opts")
-  local ok, file = pcall(safetensors.open, path)
-  if not ok then error(fname .. ": " .. tostring(file):gsub("^safetensors%.open: ", ""), 0) end
+  local file = open_any(path, fname)
   local okb, model = pcall(function()
     -- The names, without the prefix; blocks counted from the h.N names.
     local by_name, blocks = {}, 0
@@ -73,7 +173,7 @@ local function import(path, opts)
         fname, path, table.concat(wte.shape, ","), table.concat(wpe.shape, ",")), 0)
     end
     local V, D, P = wte.shape[1], wte.shape[2], wpe.shape[1]
-    local heads = opts.heads or (D % 64 == 0 and D / 64) or nil
+    local heads = opts.heads or file.heads or (D % 64 == 0 and D / 64) or nil
     if type(heads) ~= "number" or heads < 1 or heads ~= floor(heads) or D % heads ~= 0 then
       error(("%s: option 'heads' must be an integer dividing dim %d, got %s"):format(fname, D, tostring(opts.heads)), 0)
     end

@@ -581,7 +581,7 @@ function Relay:evaluate(tokens, targets, opts, ...)
 end
 jit.off(step_or_evaluate)
 
--- run:step_peak(batch, seq [, {token_types =, key_mask =}]) -> the device bytes a training step of that shape needs at its peak (the planner's exact replay)
+-- run:step_peak(batch, seq [, {token_types =, key_mask =}]) -> the device bytes a training step of that shape needs at its peak, whatever the weights become (the planner's replay)
 function Relay:step_peak(batch, seq, opts, ...)
   local fname = "run:step_peak"
   if select("#", ...) ~= 0 then too_many(fname, "batch, seq, opts", 2, ...) end

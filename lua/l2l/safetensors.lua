@@ -417,6 +417,8 @@ local function damaged(file, name, got, want, fname)
     fname, file.path, name, got, want)
 end
 
+M.plain_nans = plain_nans   -- (l2l.gpt2's llm.c reader hands out no NaN payload either)
+
 -- file:read(name [, into]) -> the tensor, in the host pool. `into` (a host tensor of the same dtype and element count) receives it instead of a new one.
 function File:read(name, into, ...)
   local fname = "file:read"

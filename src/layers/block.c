@@ -445,6 +445,7 @@ const struct layer_kind_ops l2l_block_kind = {
     .check_batch = l2l_check_key_mask,
     .create_params = block_create,
     .choose_flags = block_flags,
+    .weights_set = LN1_GUARDED | LN2_GUARDED,
     .cast_elements = block_cast_elements,
     .memory = block_memory,
     .forward = block_forward,

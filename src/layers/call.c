@@ -93,6 +93,21 @@ void l2l_layer_memory_in(l2l_layer_memory *out, const l2l_layer *layer, int64_t 
   memory_for(out, layer, batch, seq, flags_now(layer, NULL), precision);
 }
 
+void l2l_layer_memory_bound(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
+                            int64_t seq, l2l_dtype precision) {
+  const struct layer_kind_ops *k = l2l_layer_kind_of(layer);
+  uint32_t now = flags_now(layer, NULL), worst = (now | k->weights_set) & ~k->weights_clear;
+  memory_for(out, layer, batch, seq, now, precision);
+  if (worst == now) return;
+  l2l_layer_memory w;
+  memory_for(&w, layer, batch, seq, worst, precision);
+  if (w.saved > out->saved) out->saved = w.saved;
+  if (w.work_forward > out->work_forward) out->work_forward = w.work_forward;
+  if (w.work_backward > out->work_backward) out->work_backward = w.work_backward;
+  uint64_t work = out->work_forward > out->work_backward ? out->work_forward : out->work_backward;
+  out->peak = out->saved + work;
+}
+
 /* ---------------------------------------------------------------- call checks */
 
 /* B and S of a call: from batch->tokens for the input layer, else from x (B,S,D). */

@@ -189,6 +189,7 @@ const struct layer_kind_ops l2l_lm_head_kind = {
     .output_dims = lm_head_output_dims,
     .create_params = lm_head_create,
     .choose_flags = lm_head_flags,
+    .weights_clear = FRUGAL_LN,
     .cast_elements = lm_head_cast_elements,
     .memory = lm_head_memory,
     .forward = lm_head_forward,

@@ -164,6 +164,9 @@ struct layer_kind_ops {
      LayerNorm fallbacks, whether dropout runs), recorded in the saved state so that its
      backward plans the same buffers. batch NULL: a training call (for reports). */
   uint32_t (*choose_flags)(const l2l_layer *layer, const l2l_layer_batch *batch);
+  /* The flags the parameters' values decide (the LayerNorm guard), as they go when that
+     keeps more: set these, clear those (l2l_layer_memory_bound). */
+  uint32_t weights_set, weights_clear;
   /* Bytes for B, S under `flags`, params excluded: what forward and backward allocate. */
   void (*memory)(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch, int64_t seq,
                  uint32_t flags);

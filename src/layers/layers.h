@@ -41,6 +41,11 @@ bool l2l_param_low_precision(const l2l_param *param);
    parameters are bound in `precision` (f32: all f32): the relay's plans. */
 void l2l_layer_memory_in(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
                          int64_t seq, l2l_dtype precision);
+/* The same, the most over every value the parameters may take: the frugal modes' LayerNorm
+   guard keeps more once a weight channel gets tiny (per field, the larger of the present
+   weights' statement and the guarded one). What a budget must hold for steps to come. */
+void l2l_layer_memory_bound(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
+                            int64_t seq, l2l_dtype precision);
 /* The relay holding a live layer (NULL if none), and setting it. */
 const void *l2l_layer_owner(const l2l_layer *layer);
 void l2l_layer_set_owner(l2l_layer *layer, const void *owner);

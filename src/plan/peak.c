@@ -434,8 +434,10 @@ static void memo_fill(struct plan_memo *m, const struct plan_chain *c, int64_t m
     m->mem[i] = calloc((size_t)L, sizeof *m->mem[i]);
   }
   for (int k = 0; m->mem[0] && m->mem[1] && k < L; k++) {
-    l2l_layer_memory_in(&m->mem[0][k], c->layers[k].layer, mb, c->seq, c->precision);
-    l2l_layer_memory_in(&m->mem[1][k], c->layers[k].layer, last, c->seq, c->precision);
+    void (*statement)(l2l_layer_memory *, const l2l_layer *, int64_t, int64_t, l2l_dtype) =
+        c->any_weights ? l2l_layer_memory_bound : l2l_layer_memory_in;
+    statement(&m->mem[0][k], c->layers[k].layer, mb, c->seq, c->precision);
+    statement(&m->mem[1][k], c->layers[k].layer, last, c->seq, c->precision);
   }
   for (int i = 0; i < 3; i++) m->slots[i] = slot_size(c, (enum plan_slot_content)i);
 }

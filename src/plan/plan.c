@@ -83,9 +83,11 @@ static struct plan_chain chain_of(struct plan_layer *layers, int L, const l2l_re
 
 l2l_status plan_step_peak(uint64_t *peak, struct plan_layer *layers, int L,
                           const l2l_relay_config *config, int64_t batch, int64_t seq,
-                          int64_t micro_batch, bool token_types, bool key_mask) {
+                          int64_t micro_batch, bool token_types, bool key_mask,
+                          bool any_weights) {
   struct plan_chain chain = chain_of(layers, L, config, batch, seq, token_types, key_mask);
   chain.micro_batch = micro_batch;
+  chain.any_weights = any_weights;
   return l2l_plan_peak(peak, &chain);
 }
 

@@ -41,6 +41,7 @@ struct plan_chain {
   l2l_dtype precision;       /* of the weights bound on the device */
   l2l_dtype grad_precision;  /* of the gradients leaving it */
   bool token_types, key_mask;  /* the batch has them */
+  bool any_weights;          /* layers' memory whatever their weights (l2l_layer_memory_bound) */
   /* for the time model */
   bool updates_deferred;     /* global clipping or loss scaling: updates after backward */
   int accumulate;            /* minibatches per update */
@@ -94,11 +95,13 @@ l2l_status l2l_plan_peak(uint64_t *peak, const struct plan_chain *c);
    replays (peak.c says why that is exact); test_plan sets it low to compare the two. */
 extern int64_t plan_peak_whole_replay_max;
 /* The device peak of one training step as the relay runs it: `layers` (the active ones,
-   with their policies), the relay's config, the batch's shape. The relay's budget check
-   before a step (src/relay/budget.c). */
+   with their policies), the relay's config, the batch's shape; any_weights: the most over
+   every value the weights may take. The relay's budget check before a step
+   (src/relay/budget.c). */
 l2l_status plan_step_peak(uint64_t *peak, struct plan_layer *layers, int L,
                           const l2l_relay_config *config, int64_t batch, int64_t seq,
-                          int64_t micro_batch, bool token_types, bool key_mask);
+                          int64_t micro_batch, bool token_types, bool key_mask,
+                          bool any_weights);
 extern _Atomic int64_t plan_peak_fallbacks;   /* short replays not on lines (none expected) */
 extern _Atomic int64_t plan_replayed_micro_batches;   /* the replays' work, for test_plan */
 

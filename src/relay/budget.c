@@ -6,7 +6,8 @@
  * relay's own order of allocations, exact to the byte; with swap, the bound that holds
  * whatever the copies' timing), and a budget under its peak is refused with the
  * smallest budget that works and what needs it. The replay is made again only when what
- * it depends on changed (the active layers and their policies, the batch's shape, the
+ * it depends on changed (the active layers and their policies and memory statements, which
+ * the frugal modes' LayerNorm guard changes with the weights, the batch's shape, the
  * settings). An evaluation, which keeps less, is held to a lower bound: one layer visit
  * (the parameter slots, a micro-batch's input, output and the layer's working memory).
  * Must never: change anything but the replay's cache; allocate device memory.
@@ -52,6 +53,9 @@ static uint64_t step_key(const struct step *s) {
     l2l_layer_config lc;
     l2l_layer_get_config(&lc, rl->layer);
     mix(&h, (uint64_t)(uintptr_t)rl->layer), mix(&h, rl->frozen), mix(&h, (uint64_t)rl->stash);
+    l2l_layer_memory m;   /* the present weights' statement: the guard flips with them */
+    l2l_layer_memory_in(&m, rl->layer, s->mb, s->S, c->precision);
+    mix(&h, m.saved), mix(&h, m.work_forward), mix(&h, m.work_backward);
     mix(&h, (uint64_t)rl->inner), mix(&h, (uint64_t)lc.memory), mix(&h, (uint64_t)lc.dim);
     mix(&h, (uint64_t)lc.mlp), mix(&h, (uint64_t)lc.heads), mix(&h, (uint64_t)lc.vocab);
   }
@@ -60,7 +64,8 @@ static uint64_t step_key(const struct step *s) {
 
 /* The planner's replay of a training step of the active layers `active` (L of them). */
 static l2l_status step_peak(uint64_t *peak, const l2l_relay *run, const int *active, int L,
-                            int64_t B, int64_t S, int64_t mb, bool token_types, bool key_mask) {
+                            int64_t B, int64_t S, int64_t mb, bool token_types, bool key_mask,
+                            bool any_weights) {
   struct plan_layer *pl = calloc((size_t)L, sizeof *pl);
   if (pl == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to replay a step");
   for (int k = 0; k < L; k++) {
@@ -68,7 +73,8 @@ static l2l_status step_peak(uint64_t *peak, const l2l_relay *run, const int *act
     pl[k] = (struct plan_layer){.layer = rl->layer, .role = l2l_layer_role(rl->layer),
                                 .frozen = rl->frozen, .inner = rl->inner, .stash = rl->stash};
   }
-  l2l_status status = plan_step_peak(peak, pl, L, &run->config, B, S, mb, token_types, key_mask);
+  l2l_status status = plan_step_peak(peak, pl, L, &run->config, B, S, mb, token_types, key_mask,
+                                     any_weights);
   free(pl);
   return status;
 }
@@ -81,7 +87,7 @@ static uint64_t replayed_peak(const struct step *s) {
   if (run->budget_key == key && run->budget_key_set) return run->budget_peak;
   uint64_t peak = 0;
   if (step_peak(&peak, run, s->active, s->L, s->B, s->S, s->mb, s->in->token_types != NULL,
-                s->in->key_mask != NULL) != L2L_OK) {
+                s->in->key_mask != NULL, false) != L2L_OK) {
     peak = 0;
     l2l_clear_error();
   }
@@ -104,7 +110,7 @@ l2l_status l2l_relay_step_peak(uint64_t *peak, const l2l_relay *run, int64_t bat
   for (int i = 0; i < run->count; i++) active[i] = i;
   int64_t mb = run->config.micro_batch < batch ? run->config.micro_batch : batch;
   l2l_status status = step_peak(peak, run, active, run->count, batch, seq, mb, token_types,
-                                key_mask);
+                                key_mask, true);
   free(active);
   return status;
 }
