@@ -123,14 +123,17 @@ function LlmcFile:read(name, into)
   else
     ffi.copy(t:data(), s, e.bytes)
   end
-  safetensors.plain_nans(t)
+  lib.plain_nans(t)   -- as safetensors' reader: no NaN payload reaches Lua
   return t
 end
 
 function LlmcFile:close() self.handle:close() end
 
--- llm.c's file or a safetensors file, by the first four bytes.
+-- llm.c's file or a safetensors file, by the first four bytes (of a regular file: a FIFO
+-- would block the read).
 local function open_any(path, fname)
+  local regular, why = lib.regular_file(path)
+  if not regular then error(("%s: cannot open %s: %s"):format(fname, tostring(path), why), 0) end
   local f = io.open(path, "rb")
   local first = f and f:read(4)
   if f then f:close() end

@@ -154,6 +154,26 @@ function M.last_error()
   return M.lua_indexing((ffi.string(C.l2l_last_error()):gsub("^l2l_[%w_]+: ", "")))
 end
 
+-- lib.plain_nans(t): every NaN among the floats of t (f32, f16, bf16; uint bits) made the one
+-- quiet NaN: a file's bytes may spell a NaN with a payload, which LuaJIT, keeping other
+-- values inside NaNs' bits, would take for a pointer once such a float reaches Lua (a
+-- damaged weight crashed run:step through the loss). exponent: the dtype's exponent bits;
+-- quiet: its quiet NaN.
+local NAN_BITS = {
+  f32 = { "uint32_t *", 0x7f800000, 0x007fffff, 0x7fc00000 },
+  f16 = { "uint16_t *", 0x7c00, 0x03ff, 0x7e00 },
+  bf16 = { "uint16_t *", 0x7f80, 0x007f, 0x7fc0 },
+}
+function M.plain_nans(t)
+  local spec = NAN_BITS[t:dtype()]
+  if spec == nil then return end
+  local p, exponent, fraction, quiet = ffi.cast(spec[1], t:data()), spec[2], spec[3], spec[4]
+  for i = 0, t:numel() - 1 do
+    local b = p[i]
+    if bit.band(b, exponent) == exponent and bit.band(b, fraction) ~= 0 then p[i] = quiet end
+  end
+end
+
 -- Raises a Lua error naming `name` when a C call failed; `level` as for error().
 function M.check(status, name, level)
   if status ~= 0 then error(name .. ": " .. M.last_error(), (level or 2) + 1) end

@@ -390,34 +390,11 @@ function M.open(path, ...)
   return result
 end
 
--- Every NaN among n floats of `bits` (uint32 for f32, uint16 for f16 / bf16) made the one
--- quiet NaN: a file's bytes may spell a NaN with a payload, which LuaJIT, keeping other
--- values inside NaNs' bits, would take for a pointer once such a float reaches Lua (a
--- damaged weight crashed run:step through the loss). exponent: the dtype's exponent bits;
--- quiet: its quiet NaN.
-local NAN_BITS = {
-  f32 = { "uint32_t *", 0x7f800000, 0x007fffff, 0x7fc00000 },
-  f16 = { "uint16_t *", 0x7c00, 0x03ff, 0x7e00 },
-  bf16 = { "uint16_t *", 0x7f80, 0x007f, 0x7fc0 },
-}
-local band = bit.band
-local function plain_nans(t)
-  local spec = NAN_BITS[t:dtype()]
-  if spec == nil then return end
-  local p, exponent, fraction, quiet = ffi.cast(spec[1], t:data()), spec[2], spec[3], spec[4]
-  for i = 0, t:numel() - 1 do
-    local b = p[i]
-    if band(b, exponent) == exponent and band(b, fraction) ~= 0 then p[i] = quiet end
-  end
-end
-
 -- The message for a tensor whose bytes are not what was written.
 local function damaged(file, name, got, want, fname)
   return ("%s: %s: tensor '%s' is damaged: its bytes hash to %s, the file says %s (xxh3-64)"):format(
     fname, file.path, name, got, want)
 end
-
-M.plain_nans = plain_nans   -- (l2l.gpt2's llm.c reader hands out no NaN payload either)
 
 -- file:read(name [, into]) -> the tensor, in the host pool. `into` (a host tensor of the same dtype and element count) receives it instead of a new one.
 function File:read(name, into, ...)
@@ -447,7 +424,7 @@ function File:read(name, into, ...)
     local got = hex64(x.XXH3_64bits(t:data(), e.bytes))
     if got ~= want then error(damaged(self, name, got, want, fname), 2) end
   end
-  if e.bytes > 0 then plain_nans(t) end
+  if e.bytes > 0 then lib.plain_nans(t) end
   return t
 end
 
