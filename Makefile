@@ -318,6 +318,8 @@ install: $(DIST)/libl2l.so.$(VERSION) $(DIST)/l2l $(BUILD)/libl2l.a lua/l2l/cdef
 	find lua/l2l -type f -name '*.lua' | LC_ALL=C sort | while read -r f; do \
 	  $(INSTALL) -D -m 644 "$$f" "$(DESTDIR)$(LUADIR)/$${f#lua/}" || exit 1; done
 	$(INSTALL) -D -m 755 scripts/gpt2-vocab.sh $(DESTDIR)$(DATADIR)/l2l/gpt2-vocab.sh
+	for f in examples/*.lua examples/*.c; do \
+	  $(INSTALL) -D -m 644 "$$f" "$(DESTDIR)$(DATADIR)/l2l/$$f" || exit 1; done
 ifeq ($(DESTDIR),)
 	@if [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
 	@blas=$$(readlink -f $(dir $(BLAS_DIR))libopenblas.so.0 2>/dev/null); \

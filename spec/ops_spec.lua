@@ -318,3 +318,23 @@ describe("l2l.ops", function()
                      "l2l.ops.softmax: key_mask is i32, need u8")
   end)
 end)
+
+describe("an op's error", function()
+  it("names the line that called the op, not l2l's (issue 30)", function()
+    local c, a, b = l2l.zeros({ 2, 3 }), l2l.zeros({ 2, 2 }), l2l.zeros({ 5, 5 })
+    local line
+    local ok, err = pcall(function()
+      line = debug.getinfo(1, "l").currentline + 1
+      l2l.ops.gemm(c, a, b)
+    end)
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("ops_spec.lua:" .. line .. ": l2l.ops.gemm: inner dims differ", 1, true), err)
+    ok, err = pcall(function()
+      line = debug.getinfo(1, "l").currentline + 1
+      l2l.ops.add(c, a, b)
+    end)
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("ops_spec.lua:" .. line .. ": l2l.ops.add:", 1, true), err)
+    c:free(); a:free(); b:free()
+  end)
+end)

@@ -54,7 +54,8 @@ local function flag(x, name, fname)
   error(("l2l.ops.%s: %s must be a boolean, got %s"):format(fname, name, type(x)), 3)
 end
 
-local function run(status, fname) check(status, "l2l.ops." .. fname, 2) end
+-- A C failure raised at the op's caller: its message starts with the user's line, not this file's.
+local function run(status, fname) check(status, "l2l.ops." .. fname, 3) end
 
 ----------------------------------------------------------------- GEMM
 
