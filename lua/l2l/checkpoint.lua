@@ -300,6 +300,28 @@ local function rebuild_layer(d, i, kinds)
   return layer
 end
 
+-- The model a description describes: its layers rebuilt, the frozen ones frozen.
+local function model_of(desc, kinds)
+  local list = {}
+  for i, d in ipairs(desc.layers) do list[i] = rebuild_layer(d, i, kinds) end
+  local model = model_mod.Sequential(list)
+  for i, d in ipairs(desc.layers) do
+    if d.frozen then model:freeze(i) end
+  end
+  return model
+end
+
+-- Every checksum first (a damaged tensor changes nothing), then each record's weights
+-- into its parameter; errors under fname.
+local function read_weights(file, records, fname)
+  local okv, ev = pcall(file.verify, file)
+  if not okv then error(fname .. ": " .. tostring(ev):gsub("^file:verify: ", ""), 0) end
+  for _, rec in ipairs(records) do
+    local okr, er = pcall(file.read, file, rec.name, rec.param.value)
+    if not okr then error(fname .. ": " .. tostring(er):gsub("^file:read: ", ""), 0) end
+  end
+end
+
 -- Every record of the model with the file's entry for it, shapes checked.
 local function match_records(model, file, fname)
   local list, seen = {}, {}
@@ -377,12 +399,7 @@ local function load(path, overrides)
     -- 1. the model and the relay, as described (nothing read from the data yet), once the
     -- file is known to hold every tensor the description asks for
     check_described_records(desc, file, overrides.kinds, fname)
-    local list = {}
-    for i, d in ipairs(desc.layers) do list[i] = rebuild_layer(d, i, overrides.kinds) end
-    local model = model_mod.Sequential(list)
-    for i, d in ipairs(desc.layers) do
-      if d.frozen then model:freeze(i) end
-    end
+    local model = model_of(desc, overrides.kinds)
     local o = {}
     for k, v in pairs(desc.relay) do o[k] = v end
     -- worker threads are this machine's to give: a file's count beyond its cores (it may
@@ -523,16 +540,8 @@ function M.load_model(path, opts, ...)
     local okb, built = pcall(function()
       local desc = decode_description(file, fname)
       check_described_records(desc, file, opts.kinds, fname)
-      local list = {}
-      for i, d in ipairs(desc.layers) do list[i] = rebuild_layer(d, i, opts.kinds) end
-      local m = model_mod.Sequential(list)
-      for i, d in ipairs(desc.layers) do
-        if d.frozen then m:freeze(i) end
-      end
-      local records = match_records(m, file, fname)
-      local okv, ev = pcall(file.verify, file)
-      if not okv then error(fname .. ": " .. tostring(ev):gsub("^file:verify: ", ""), 0) end
-      for _, rec in ipairs(records) do file:read(rec.name, rec.param.value) end
+      local m = model_of(desc, opts.kinds)
+      read_weights(file, match_records(m, file, fname), fname)
       return m
     end)
     file:close()
@@ -553,14 +562,7 @@ function M.load_weights(model, path, ...)
   local ok, err = pcall(function()
     local file = opened(path, fname)
     local okr, e = pcall(function()
-      local records = match_records(model, file, fname)
-      -- every checksum first: a damaged tensor changes nothing of the model
-      local okv, ev = pcall(file.verify, file)
-      if not okv then error(fname .. ": " .. tostring(ev):gsub("^file:verify: ", ""), 0) end
-      for _, rec in ipairs(records) do
-        local okr, er = pcall(file.read, file, rec.name, rec.param.value)
-        if not okr then error(fname .. ": " .. tostring(er):gsub("^file:read: ", ""), 0) end
-      end
+      read_weights(file, match_records(model, file, fname), fname)
     end)
     file:close()
     if not okr then error(e, 0) end
