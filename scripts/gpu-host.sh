@@ -25,7 +25,8 @@ if [[ ! -f $prefix/env.sh ]]; then
   fi
   missing=$(mktemp -d)
   for pair in libbsd.so.0:libbsd0 libmd.so.0:libmd0; do
-    ldconfig -p | grep -q "${pair%%:*} " && continue
+    # no grep -q: quitting early can kill ldconfig by SIGPIPE, failing the pipe (pipefail)
+    ldconfig -p | grep "${pair%%:*} " >/dev/null && continue
     cp .gpudeps/base/"${pair#*:}"_*.deb "$missing"/ || exit 2
   done
   # these first: the main unpack then resolves links into them

@@ -32,6 +32,11 @@ describe("scripts/gpu-check.sh", function()
       assert.is_truthy(state == "ok" or state == "skipped", phase .. ": " .. state .. " " .. figure)
       assert.is_truthy(#figure > 0, phase .. " says nothing")
     end
+    -- the build phase says what the library holds (read here in full, not by the script)
+    local _, symbols = support.sh("nm -D " .. support.build_dir .. "/libl2l.so")
+    local built = symbols:find(" T l2l_k_", 1, true) ~= nil
+    local build_figure = summary:match("\nbuild +%S+ +%d+  ([^\n]*)")
+    assert.are.equal(built, build_figure:find("built with CUDA", 1, true) ~= nil, build_figure)
     -- every GPU test by name, each skipped with the reason (or run, where it needs no GPU)
     local listed, names = support.sh(support.build_dir .. "/l2l_ctest --list cuda_")
     assert.are.equal(0, listed, names)
