@@ -98,7 +98,8 @@ ifneq ($(NVCC),)
   endif
 endif
 ifneq ($(NVCC),)
-  NVCC_FLAGS := -std=c++17 -O3 -g -lineinfo -Xcompiler -fPIC,-Wall,-Wextra -Ikernels -Isrc \
+  NVCC_FLAGS := -std=c++17 -O3 -g -lineinfo -Xcompiler -fPIC,-Wall,-Wextra,-fvisibility=hidden \
+                -Ikernels -Isrc \
                 $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
                 -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH)) \
                 $(EXTRA_NVCC_FLAGS)
@@ -163,9 +164,12 @@ ifeq ($(filter clean uninstall gpu-deps,$(MAKECMDGOALS)),)
   include $(DEPS_STAMP)
 endif
 
+# The library's objects: hidden visibility, so that libl2l.so exports exactly the functions
+# src/l2l.h marks L2L_API (spec/exports_spec.lua holds it to that). Programs that test or
+# time the parts from inside link libl2l.a, where every function is within reach.
 $(BUILD)/obj/%.o: src/%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
-	$(COMPILE) -MMD -MP -c $< -o $@
+	$(COMPILE) -fvisibility=hidden -MMD -MP -c $< -o $@
 
 # mpicc gives mpi.h's folder and libmpi; the plugin links nothing of libl2l.
 $(BUILD)/libl2l-mpi.so: src/dist/mpi.c src/dist/dist.h src/core/core.h src/l2l.h | $(DEPS_STAMP)
@@ -203,8 +207,12 @@ $(BUILD)/ctest/%.o: spec/c/%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(COMPILE) -MMD -MP -c $< -o $@
 
-$(BUILD)/l2l_ctest: $(CTEST_OBJ) $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
-	$(LINK) -o $@ $(CTEST_OBJ) $(RPATH) -L$(BUILD) -ll2l $(BLAS_LIBS) $(BLAS_RPATH) -lm
+# The whole archive: the test program holds what libl2l.so holds (the backend registers
+# its chooser from a constructor), with the parts' internal functions callable.
+WHOLE_LIB = -Wl,--whole-archive $(BUILD)/libl2l.a -Wl,--no-whole-archive $(LIB_LIBS) $(CUDA_LIBS) \
+            $(BLAS_RPATH) $(CUDA_RPATH)
+$(BUILD)/l2l_ctest: $(CTEST_OBJ) $(BUILD)/libl2l.a
+	$(LINK) -o $@ $(CTEST_OBJ) $(WHOLE_LIB)
 
 # The C examples, built as a user would build them (only src/l2l.h, -ll2l and LuaJIT).
 EXAMPLE_CC = $(CC) -std=c11 -Wall -Wextra $(SANFLAGS) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -Isrc
@@ -251,8 +259,8 @@ gpu-deps:
 demo: all
 	$(BUILD)/l2l examples/train_gpt.lua --out $(BUILD)/demo
 
-$(BUILD)/bench_%: bench/%.c bench/bench.h $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
-	$(COMPILE) -o $@ $< $(L2L_LDFLAGS) $(LDFLAGS) $(RPATH) -L$(BUILD) -ll2l $(BLAS_LIBS) $(BLAS_RPATH) -lm
+$(BUILD)/bench_%: bench/%.c bench/bench.h $(BUILD)/libl2l.a
+	$(COMPILE) -o $@ $< $(L2L_LDFLAGS) $(LDFLAGS) $(WHOLE_LIB)
 
 bench: $(BUILD)/bench_ops $(BUILD)/bench_layers $(BUILD)/bench_optim $(BUILD)/bench_relay
 	$(BUILD)/bench_ops

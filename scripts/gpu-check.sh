@@ -73,10 +73,11 @@ phase_build() {
   device=$(build/l2l -e 'local d = l2l.device()
     print(d.cuda and ("cuda " .. d.name .. " " .. d.capability) or ("no cuda: " .. d.why))' 2>&1)
   echo "l2l.device(): $device" >> "$log"
-  # the library itself, not leftover objects: the kernels' launchers are in it or not.
-  # grep reads all of nm's output (no -q): under pipefail, grep -q quitting at the first
-  # match can kill nm by SIGPIPE and fail the pipeline, which read as "not built".
-  if ! nm -D build/libl2l.so 2>/dev/null | grep ' T l2l_k_' >/dev/null; then
+  # the library itself, not leftover objects: the kernels' launchers are in its symbol
+  # table or not (hidden, so not in the dynamic one). grep reads all of nm's output (no
+  # -q): under pipefail, grep -q quitting at the first match can kill nm by SIGPIPE and
+  # fail the pipeline, which read as "not built".
+  if ! nm build/libl2l.so 2>/dev/null | grep -E ' [tT] l2l_k_' >/dev/null; then
     echo "the CUDA backend was NOT built (build/libl2l.so has no kernels: nvcc or cublas_v2.h missing?)"
     ((dry)) && return $SKIP
     return 1

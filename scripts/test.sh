@@ -52,7 +52,7 @@ exited_badly() {
 }
 
 echo "== architecture (scripts/archcheck under $build/l2l)"
-if "$build/l2l" scripts/archcheck; then passed=$((passed + 1))
+if "$build/l2l" scripts/archcheck --objects "$build"; then passed=$((passed + 1))
 else failed=$((failed + 1)); echo "test: the architecture check failed (scripts/archcheck)"; fi
 
 echo "== C tests ($build/l2l_ctest)"

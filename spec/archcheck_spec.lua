@@ -2,13 +2,15 @@
 -- archcheck_spec — scripts/archcheck passes on this tree, and fails, naming the file and
 -- the line, on each kind of breach added to a copy of it: an include pointing upward, a
 -- part reached past its interface, an include cycle between folders, CUDA named above the
--- backend, a file over 800 lines.
+-- backend, a file over 800 lines; and, over the build's objects, a call that crosses the
+-- parts' arrows the wrong way (an object compiled into a copy of them).
 local support = dofile("spec/support.lua")
 local sh, build = support.sh, support.build
 
 -- archcheck runs under the l2l executable (LuaJIT), as scripts/test.sh runs it.
-local function archcheck(root)
-  return sh(("%s scripts/archcheck '%s'"):format(build .. "/l2l", root))
+local function archcheck(root, objects)
+  return sh(("%s scripts/archcheck %s'%s'"):format(build .. "/l2l",
+            objects and ("--objects '%s' "):format(objects) or "", root))
 end
 
 -- A copy of the tree's src/, kernels/ and lua/ in a fresh folder.
@@ -44,12 +46,45 @@ local function add_include(path, line)
 end
 
 describe("scripts/archcheck", function()
-  it("passes on this tree and says what it checked", function()
-    local status, out = archcheck(".")
+  it("passes on this tree and its build, and says what it checked", function()
+    local status, out = archcheck(".", support.build_dir)
     assert.are.equal(0, status, out)
     assert.is_truthy(out:find("parts: backend, core, dist, eps, kernels, layers", 1, true), out)
     assert.is_truthy(out:find("within 800 lines", 1, true), out)
+    local objects, calls = out:match("calls: (%d+) objects of [^,]*, (%d+) references across parts")
+    assert.is_truthy(objects, out)
+    assert.is_true(tonumber(objects) >= 40 and tonumber(calls) >= 100, out)
     assert.is_truthy(out:match("archcheck: ok\n$"), out)
+  end)
+
+  it("fails on a call that crosses the arrows, which no include shows", function()
+    -- Sources planted in a copy of the tree, each including src/l2l.h alone (which every
+    -- part may) and calling a function another part defines, compiled beside a copy of
+    -- the build's objects.
+    local dir = copy_tree()
+    local status, out = sh(("mkdir -p '%s/build' && cp -R '%s/obj' '%s/build/'")
+                           :format(dir, support.build_dir, dir))
+    assert.are.equal(0, status, out)
+    for _, p in ipairs {
+      { "eps", "planted_eps_calls_layers",
+        "const char *planted_name(const l2l_param *p) { return l2l_param_name(p); }" },
+      { "core", "planted_core_calls_relay",
+        "void *planted_upward(void) { return (void *)&l2l_relay_new; }" },
+    } do
+      local source = ("%s/src/%s/%s.c"):format(dir, p[1], p[2])
+      support.write_file(source, '#include "l2l.h"\n' .. p[3] .. "\n")
+      status, out = sh(("cc -std=gnu11 -I'%s/src' -c '%s' -o '%s/build/obj/%s/%s.o'")
+                       :format(dir, source, dir, p[1], p[2]))
+      assert.are.equal(0, status, out)
+    end
+    status, out = archcheck(dir, dir .. "/build")
+    sh("rm -rf '" .. dir .. "'")
+    assert.are_not.equal(0, status, out)
+    assert.is_truthy(out:find("obj/eps/planted_eps_calls_layers.o calls l2l_param_name, defined in " ..
+                              "the layers part: the eps part may not depend on the layers part", 1, true), out)
+    assert.is_truthy(out:find("obj/core/planted_core_calls_relay.o calls l2l_relay_new, defined in " ..
+                              "the relay part: the core part may not depend on the relay part", 1, true), out)
+    assert.is_truthy(out:find("2 problems", 1, true), out)
   end)
 
   it("fails on an include that points upward, naming the file and the line", function()

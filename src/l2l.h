@@ -32,8 +32,8 @@
  *    build runs unchanged on a GPU build).
  *
  * The block between L2L_FFI_BEGIN and L2L_FFI_END is plain C that LuaJIT's ffi.cdef
- * accepts; lua/l2l/cdef.lua is generated from it (make) and a spec fails if they drift.
- * Keep includes and macros outside it.
+ * accepts (L2L_API aside, which the generator drops); lua/l2l/cdef.lua is generated from
+ * it (make) and a spec fails if they drift. Keep includes and macros outside it.
  */
 #ifndef L2L_H
 #define L2L_H
@@ -43,6 +43,15 @@
 
 #ifdef __cplusplus
 extern "C" {
+#endif
+
+/* The library's surface: libl2l is built with hidden visibility, so the functions marked
+   L2L_API here are exactly what libl2l.so exports (a spec compares them with nm's list);
+   everything else inside is the parts' business. */
+#if defined(__GNUC__)
+#define L2L_API __attribute__((visibility("default")))
+#else
+#define L2L_API
 #endif
 
 /* L2L_FFI_BEGIN */
@@ -63,17 +72,17 @@ enum { L2L_MAX_DIMS = 4, L2L_ALIGN = 64, L2L_MAX_PARAMS = 12, L2L_PARAM_NAME_MAX
 
 /* The message of this thread's last failed call ("" if none). Valid until the next call
    into l2l on this thread. */
-const char *l2l_last_error(void);
-void l2l_clear_error(void);
-const char *l2l_status_name(l2l_status status);
-const char *l2l_version(void);
+L2L_API const char *l2l_last_error(void);
+L2L_API void l2l_clear_error(void);
+L2L_API const char *l2l_status_name(l2l_status status);
+L2L_API const char *l2l_version(void);
 
 /* ---------------------------------------------------------------- compute threads */
 
 /* Threads used by the CPU backend's loops and by OpenBLAS (never nested in each other).
    Default: the L2L_THREADS environment variable, else every core. */
-l2l_status l2l_set_threads(int threads);
-int l2l_get_threads(void);
+L2L_API l2l_status l2l_set_threads(int threads);
+L2L_API int l2l_get_threads(void);
 
 /* ---------------------------------------------------------------- memory pools */
 
@@ -114,17 +123,17 @@ typedef struct l2l_pool_stats {
                               budget: tensors get budget - backend - current */
 } l2l_pool_stats;
 
-l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind pool);
+L2L_API l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind pool);
 /* 0 removes the budget; a budget below the bytes now in use is refused. */
-l2l_status l2l_pool_set_budget(l2l_pool_kind pool, uint64_t bytes);
-l2l_status l2l_pool_reset_peak(l2l_pool_kind pool);  /* peak := current */
+L2L_API l2l_status l2l_pool_set_budget(l2l_pool_kind pool, uint64_t bytes);
+L2L_API l2l_status l2l_pool_reset_peak(l2l_pool_kind pool);  /* peak := current */
 /* The pinned pool holds at most `bytes` from the system (blocks in use and blocks kept
    for reuse; 0: no cap). Default: a quarter of the machine's memory. Past the cap a
    pinned allocation still succeeds, from pageable memory (copies from it are slower),
    and l2l warns on stderr the first time; stats.fallback counts those bytes. A lower cap
    gives cached blocks back at once; blocks in use stay until freed. */
-l2l_status l2l_pinned_set_cap(uint64_t bytes);
-const char *l2l_pool_name(l2l_pool_kind pool);      /* "host", "pinned", "device"; NULL if invalid */
+L2L_API l2l_status l2l_pinned_set_cap(uint64_t bytes);
+L2L_API const char *l2l_pool_name(l2l_pool_kind pool);      /* "host", "pinned", "device"; NULL if invalid */
 
 /* ---------------------------------------------------------------- the device
 
@@ -132,13 +141,13 @@ const char *l2l_pool_name(l2l_pool_kind pool);      /* "host", "pinned", "device
    (GPU memory through a caching allocator, CUDA kernels and cuBLAS) when this build has
    CUDA and a GPU is present, else "cpu" (host memory with the device pool's budget and
    accounting). The environment variable L2L_DEVICE=cpu|cuda overrides the choice. */
-const char *l2l_device_backend(void);               /* "cpu" or "cuda" */
+L2L_API const char *l2l_device_backend(void);               /* "cpu" or "cuda" */
 /* Serve the device pool from `backend` ("cpu" or "cuda") from now on. Refused while
    device tensors exist, and for "cuda" when it cannot run here (the message says why). */
-l2l_status l2l_device_use(const char *backend);
+L2L_API l2l_status l2l_device_use(const char *backend);
 /* 1 if the CUDA backend can run here; else 0, with the reason (built without CUDA, no
    GPU, driver too old, ...) in why[0..len) when why is not NULL. */
-int l2l_cuda_available(char *why, size_t len);
+L2L_API int l2l_cuda_available(char *why, size_t len);
 
 typedef struct l2l_cuda_info {
   char name[256];          /* e.g. "NVIDIA H100 80GB HBM3" */
@@ -147,16 +156,16 @@ typedef struct l2l_cuda_info {
   uint64_t total_bytes, free_bytes;
   int runtime_version, driver_version;  /* as CUDA encodes them: 13000 is 13.0 */
 } l2l_cuda_info;
-l2l_status l2l_cuda_get_info(l2l_cuda_info *out);
+L2L_API l2l_status l2l_cuda_get_info(l2l_cuda_info *out);
 /* f32 GEMMs on the GPU through TF32 tensor cores (about 1e-3 relative error instead of
    fp32's 1e-6; off by default). */
-l2l_status l2l_cuda_set_tf32(int enable);
+L2L_API l2l_status l2l_cuda_set_tf32(int enable);
 /* Waits for all queued GPU work; a failure of that work is reported here. The CPU
    device backend has nothing queued: always L2L_OK. */
-l2l_status l2l_device_synchronize(void);
+L2L_API l2l_status l2l_device_synchronize(void);
 /* Returns the memory that freed tensors left cached, in every pool, to the system: the
    device cache (cudaFree) and the host-side arenas' pages. */
-l2l_status l2l_device_release_cache(void);
+L2L_API l2l_status l2l_device_release_cache(void);
 
 /* ---------------------------------------------------------------- tensors */
 
@@ -170,60 +179,60 @@ typedef enum l2l_dtype {
 
 typedef struct l2l_tensor l2l_tensor;
 
-size_t l2l_dtype_size(l2l_dtype dtype);        /* 0 if invalid */
-const char *l2l_dtype_name(l2l_dtype dtype);   /* "f32", ...; NULL if invalid */
+L2L_API size_t l2l_dtype_size(l2l_dtype dtype);        /* 0 if invalid */
+L2L_API const char *l2l_dtype_name(l2l_dtype dtype);   /* "f32", ...; NULL if invalid */
 
 /* A new tensor with fresh storage from `pool`; its contents are undefined. */
-l2l_status l2l_tensor_new(l2l_tensor **out, l2l_pool_kind pool, l2l_dtype dtype, int ndim,
-                          const int64_t *shape);
+L2L_API l2l_status l2l_tensor_new(l2l_tensor **out, l2l_pool_kind pool, l2l_dtype dtype, int ndim,
+                                  const int64_t *shape);
 /* Releases the handle; the storage goes when its last view goes. NULL is fine. */
-void l2l_tensor_free(l2l_tensor *t);
+L2L_API void l2l_tensor_free(l2l_tensor *t);
 /* A view of rows [first, first+count) along dim 0: same storage, no copy. */
-l2l_status l2l_tensor_view_rows(l2l_tensor **out, const l2l_tensor *t, int64_t first,
-                                int64_t count);
+L2L_API l2l_status l2l_tensor_view_rows(l2l_tensor **out, const l2l_tensor *t, int64_t first,
+                                        int64_t count);
 /* A view with another shape of the same number of elements. */
-l2l_status l2l_tensor_reshape(l2l_tensor **out, const l2l_tensor *t, int ndim,
-                              const int64_t *shape);
+L2L_API l2l_status l2l_tensor_reshape(l2l_tensor **out, const l2l_tensor *t, int ndim,
+                                      const int64_t *shape);
 
 /* Accessors never fail: for a NULL tensor (or a pointer that is no tensor) -1 / NULL. */
-int l2l_tensor_ndim(const l2l_tensor *t);
-int64_t l2l_tensor_dim(const l2l_tensor *t, int axis);
-int64_t l2l_tensor_numel(const l2l_tensor *t);
-int l2l_tensor_dtype(const l2l_tensor *t);
-int l2l_tensor_pool(const l2l_tensor *t);
-void *l2l_tensor_data(const l2l_tensor *t);
-int64_t l2l_tensor_offset(const l2l_tensor *t);        /* first element's index in its storage */
-int l2l_tensor_storage_refs(const l2l_tensor *t);      /* handles sharing the storage */
+L2L_API int l2l_tensor_ndim(const l2l_tensor *t);
+L2L_API int64_t l2l_tensor_dim(const l2l_tensor *t, int axis);
+L2L_API int64_t l2l_tensor_numel(const l2l_tensor *t);
+L2L_API int l2l_tensor_dtype(const l2l_tensor *t);
+L2L_API int l2l_tensor_pool(const l2l_tensor *t);
+L2L_API void *l2l_tensor_data(const l2l_tensor *t);
+L2L_API int64_t l2l_tensor_offset(const l2l_tensor *t);        /* first element's index in its storage */
+L2L_API int l2l_tensor_storage_refs(const l2l_tensor *t);      /* handles sharing the storage */
 
 /* dst := src, same dtype and number of elements; any pools (a transfer). */
-l2l_status l2l_tensor_copy(l2l_tensor *dst, const l2l_tensor *src);
+L2L_API l2l_status l2l_tensor_copy(l2l_tensor *dst, const l2l_tensor *src);
 /* dst := src converted among f32, f16, bf16 and i32 (round to nearest even). A float to
    i32 cast refuses, before writing, any value that is not an integer within int32 range.
    dst and src in pools of one backend. */
-l2l_status l2l_tensor_cast(l2l_tensor *dst, const l2l_tensor *src);
+L2L_API l2l_status l2l_tensor_cast(l2l_tensor *dst, const l2l_tensor *src);
 /* Every element := value (converted to t's dtype; integer dtypes need an integer value
    within their range). */
-l2l_status l2l_tensor_fill(l2l_tensor *t, double value);
+L2L_API l2l_status l2l_tensor_fill(l2l_tensor *t, double value);
 
 /* ---------------------------------------------------------------- random numbers */
 
 /* Philox4x32-10 (Salmon et al., SC 2011): out = 10 rounds of the bijection of `counter`
    keyed by `key`. Every random number in l2l is a function of (seed, stream, index), so
    splitting a batch into micro-batches never changes a draw. */
-l2l_status l2l_philox4x32(uint32_t *out4, const uint32_t *counter4, const uint32_t *key2);
+L2L_API l2l_status l2l_philox4x32(uint32_t *out4, const uint32_t *counter4, const uint32_t *key2);
 
 /* Element i of t gets the draw with index first+i of (seed, stream). Pass the element's
    position in the whole batch as `first` and any split gives the same numbers. */
-l2l_status l2l_tensor_uniform(l2l_tensor *t, uint64_t seed, uint64_t stream, int64_t first,
-                              double lo, double hi);
-l2l_status l2l_tensor_normal(l2l_tensor *t, uint64_t seed, uint64_t stream, int64_t first,
-                             double mean, double std);
+L2L_API l2l_status l2l_tensor_uniform(l2l_tensor *t, uint64_t seed, uint64_t stream, int64_t first,
+                                      double lo, double hi);
+L2L_API l2l_status l2l_tensor_normal(l2l_tensor *t, uint64_t seed, uint64_t stream, int64_t first,
+                                     double mean, double std);
 
 /* Scalar conversions with round to nearest even (NaN stays NaN, overflow gives inf). */
-uint16_t l2l_f32_to_bf16(float x);
-float l2l_bf16_to_f32(uint16_t x);
-uint16_t l2l_f32_to_f16(float x);
-float l2l_f16_to_f32(uint16_t x);
+L2L_API uint16_t l2l_f32_to_bf16(float x);
+L2L_API float l2l_bf16_to_f32(uint16_t x);
+L2L_API uint16_t l2l_f32_to_f16(float x);
+L2L_API float l2l_f16_to_f32(uint16_t x);
 
 /* ---------------------------------------------------------------- ops
    f32 tensors unless stated. Shapes in comments: R = rows, C = columns. */
@@ -232,82 +241,82 @@ float l2l_f16_to_f32(uint16_t x);
    values are refused). As matrices: op(a) (M,K), op(b) (K,N), c (M,N); alpha and beta
    finite. With beta = 0, c is not read (NaN in c does not propagate). a and b may both
    be f16 or both bf16 (mixed precision): products accumulate in f32 into c (f32). */
-l2l_status l2l_gemm(l2l_tensor *c, const l2l_tensor *a, const l2l_tensor *b, int trans_a,
-                    int trans_b, float alpha, float beta);
+L2L_API l2l_status l2l_gemm(l2l_tensor *c, const l2l_tensor *a, const l2l_tensor *b, int trans_a,
+                            int trans_b, float alpha, float beta);
 /* The same for a batch of matrices: each tensor is (batch..., rows, cols) with the batch
    dims (all but the last two) multiplied into one count that must agree. */
-l2l_status l2l_gemm_batched(l2l_tensor *c, const l2l_tensor *a, const l2l_tensor *b,
-                            int trans_a, int trans_b, float alpha, float beta);
+L2L_API l2l_status l2l_gemm_batched(l2l_tensor *c, const l2l_tensor *a, const l2l_tensor *b,
+                                    int trans_a, int trans_b, float alpha, float beta);
 
-l2l_status l2l_bias_add(l2l_tensor *y, const l2l_tensor *bias);          /* y (R,C) += bias (C) */
-l2l_status l2l_bias_backward(l2l_tensor *dbias, const l2l_tensor *dy);   /* dbias (C) += sum_r dy */
+L2L_API l2l_status l2l_bias_add(l2l_tensor *y, const l2l_tensor *bias);          /* y (R,C) += bias (C) */
+L2L_API l2l_status l2l_bias_backward(l2l_tensor *dbias, const l2l_tensor *dy);   /* dbias (C) += sum_r dy */
 /* out = a + b (the residual add); out may be a or b. */
-l2l_status l2l_add(l2l_tensor *out, const l2l_tensor *a, const l2l_tensor *b);
+L2L_API l2l_status l2l_add(l2l_tensor *out, const l2l_tensor *a, const l2l_tensor *b);
 
 /* GELU, tanh form: y = x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))). y may be x. */
-l2l_status l2l_gelu_forward(l2l_tensor *y, const l2l_tensor *x);
-l2l_status l2l_gelu_backward(l2l_tensor *dx, const l2l_tensor *dy, const l2l_tensor *x);
+L2L_API l2l_status l2l_gelu_forward(l2l_tensor *y, const l2l_tensor *x);
+L2L_API l2l_status l2l_gelu_backward(l2l_tensor *dx, const l2l_tensor *dy, const l2l_tensor *x);
 
 /* LayerNorm over the last dim: y = (x - mean) * rstd * weight + bias, rstd = 1/sqrt(var+eps)
    with the biased variance; eps finite and > 0. mean and rstd (R) are saved for backward
    (NULL to skip). */
-l2l_status l2l_layernorm_forward(l2l_tensor *y, l2l_tensor *mean, l2l_tensor *rstd,
-                                 const l2l_tensor *x, const l2l_tensor *weight,
-                                 const l2l_tensor *bias, float eps);
+L2L_API l2l_status l2l_layernorm_forward(l2l_tensor *y, l2l_tensor *mean, l2l_tensor *rstd,
+                                         const l2l_tensor *x, const l2l_tensor *weight,
+                                         const l2l_tensor *bias, float eps);
 /* dx written; dweight, dbias accumulated (either may be NULL). */
-l2l_status l2l_layernorm_backward(l2l_tensor *dx, l2l_tensor *dweight, l2l_tensor *dbias,
-                                  const l2l_tensor *dy, const l2l_tensor *x,
-                                  const l2l_tensor *weight, const l2l_tensor *mean,
-                                  const l2l_tensor *rstd);
+L2L_API l2l_status l2l_layernorm_backward(l2l_tensor *dx, l2l_tensor *dweight, l2l_tensor *dbias,
+                                          const l2l_tensor *dy, const l2l_tensor *x,
+                                          const l2l_tensor *weight, const l2l_tensor *mean,
+                                          const l2l_tensor *rstd);
 
 /* Row softmax of scale * x over the last dim (Tk), x (..., Tq, Tk). causal is 0 or 1; 1
    hides key j from query i when j > i + (Tk - Tq). key_mask (B, Tk) u8, 1 = real token,
    0 = padding, hides padded keys of sample b, where b is x's first index (x needs at least
    3 dims); NULL for none. A row whose keys are all hidden is all zeros. y may be x. */
-l2l_status l2l_softmax_forward(l2l_tensor *y, const l2l_tensor *x, const l2l_tensor *key_mask,
-                               int causal, float scale);
+L2L_API l2l_status l2l_softmax_forward(l2l_tensor *y, const l2l_tensor *x, const l2l_tensor *key_mask,
+                                       int causal, float scale);
 /* dx = scale * y * (dy - sum(dy * y)) per row; masked entries (y = 0) get 0. */
-l2l_status l2l_softmax_backward(l2l_tensor *dx, const l2l_tensor *dy, const l2l_tensor *y,
-                                float scale);
+L2L_API l2l_status l2l_softmax_backward(l2l_tensor *dx, const l2l_tensor *dy, const l2l_tensor *y,
+                                        float scale);
 
 /* out (N..., C) = table (V, C) rows picked by ids (N...) i32. The table may also be f16 or
    bf16 (widened exactly into out). Ids outside [0, V) are refused before anything is
    written. */
-l2l_status l2l_embedding_forward(l2l_tensor *out, const l2l_tensor *ids, const l2l_tensor *table);
+L2L_API l2l_status l2l_embedding_forward(l2l_tensor *out, const l2l_tensor *ids, const l2l_tensor *table);
 /* dtable[ids[n]] += dout[n] (scatter-add; repeated ids sum). */
-l2l_status l2l_embedding_backward(l2l_tensor *dtable, const l2l_tensor *dout,
-                                  const l2l_tensor *ids);
+L2L_API l2l_status l2l_embedding_backward(l2l_tensor *dtable, const l2l_tensor *dout,
+                                          const l2l_tensor *ids);
 
 /* losses (R) = -log softmax(logits (R,V))[target] per row; rows whose target equals
    ignore_index get 0. Other targets outside [0, V) are refused. */
-l2l_status l2l_cross_entropy_forward(l2l_tensor *losses, const l2l_tensor *logits,
-                                     const l2l_tensor *targets, int32_t ignore_index);
+L2L_API l2l_status l2l_cross_entropy_forward(l2l_tensor *losses, const l2l_tensor *logits,
+                                             const l2l_tensor *targets, int32_t ignore_index);
 /* dlogits = scale * (softmax(logits) - onehot(target)); ignored rows get 0. For the mean
    over real tokens, scale = 1 / (number of real tokens in the whole batch). */
-l2l_status l2l_cross_entropy_backward(l2l_tensor *dlogits, const l2l_tensor *logits,
-                                      const l2l_tensor *targets, int32_t ignore_index,
-                                      float scale);
+L2L_API l2l_status l2l_cross_entropy_backward(l2l_tensor *dlogits, const l2l_tensor *logits,
+                                              const l2l_tensor *targets, int32_t ignore_index,
+                                              float scale);
 
 /* Inverted dropout: element i is kept when uniform draw first+i of (seed, stream) is below
    1 - p; y = x * kept / (1 - p). mask (ceil(numel/8)) u8 gets the kept bits, bit i%8 of
    byte i/8. 0 <= p < 1; y may be x. */
-l2l_status l2l_dropout_forward(l2l_tensor *y, l2l_tensor *mask, const l2l_tensor *x, float p,
-                               uint64_t seed, uint64_t stream, int64_t first);
-l2l_status l2l_dropout_backward(l2l_tensor *dx, const l2l_tensor *dy, const l2l_tensor *mask,
-                                float p);
+L2L_API l2l_status l2l_dropout_forward(l2l_tensor *y, l2l_tensor *mask, const l2l_tensor *x, float p,
+                                       uint64_t seed, uint64_t stream, int64_t first);
+L2L_API l2l_status l2l_dropout_backward(l2l_tensor *dx, const l2l_tensor *dy, const l2l_tensor *mask,
+                                        float p);
 
 /* Reductions over every element, accumulated in double. */
-l2l_status l2l_sum(double *out, const l2l_tensor *x);
-l2l_status l2l_max_abs(double *out, const l2l_tensor *x);
-l2l_status l2l_norm2(double *out, const l2l_tensor *x);   /* sqrt(sum x^2) */
+L2L_API l2l_status l2l_sum(double *out, const l2l_tensor *x);
+L2L_API l2l_status l2l_max_abs(double *out, const l2l_tensor *x);
+L2L_API l2l_status l2l_norm2(double *out, const l2l_tensor *x);   /* sqrt(sum x^2) */
 
 /* AdamW (Loshchilov & Hutter), one step t >= 1, bias-corrected, decoupled weight decay:
    m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
    p -= lr * ( m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + weight_decay * p ).
    Refused: lr < 0, beta outside [0, 1), eps <= 0, weight_decay < 0, anything not finite. */
 typedef struct l2l_adamw_config { float lr, beta1, beta2, eps, weight_decay; } l2l_adamw_config;
-l2l_status l2l_adamw_update(l2l_tensor *param, l2l_tensor *m, l2l_tensor *v,
-                            const l2l_tensor *grad, const l2l_adamw_config *config, int64_t step);
+L2L_API l2l_status l2l_adamw_update(l2l_tensor *param, l2l_tensor *m, l2l_tensor *v,
+                                    const l2l_tensor *grad, const l2l_adamw_config *config, int64_t step);
 
 /* ---------------------------------------------------------------- layers
    A layer is a self-contained unit the relay can run one at a time: its parameters, a
@@ -429,54 +438,54 @@ typedef struct l2l_layer_memory {
 } l2l_layer_memory;
 
 /* A layer with freshly initialized parameters (and zero gradients) in `pool`. */
-l2l_status l2l_layer_new(l2l_layer **out, const l2l_layer_config *config, l2l_pool_kind pool);
+L2L_API l2l_status l2l_layer_new(l2l_layer **out, const l2l_layer_config *config, l2l_pool_kind pool);
 /* The records l2l_layer_new would make for `config` (same checks, same order), without
    allocating: a loader checks a file against a description (a few bytes may describe
    terabytes) before it builds. *count: their number; out has room for `capacity`. Not
    for the custom kind (its records are its caller's list). */
 typedef struct l2l_param_info { char name[L2L_PARAM_NAME_MAX]; int ndim; int64_t shape[L2L_MAX_DIMS]; int decays; } l2l_param_info;
-l2l_status l2l_layer_config_params(l2l_param_info *out, int capacity, int *count,
-                                   const l2l_layer_config *config);
-void l2l_layer_free(l2l_layer *layer);
+L2L_API l2l_status l2l_layer_config_params(l2l_param_info *out, int capacity, int *count,
+                                           const l2l_layer_config *config);
+L2L_API void l2l_layer_free(l2l_layer *layer);
 /* A deep copy: new parameter records (values copied, gradients zero) and a new rng id. */
-l2l_status l2l_layer_clone(l2l_layer **out, const l2l_layer *layer);
+L2L_API l2l_status l2l_layer_clone(l2l_layer **out, const l2l_layer *layer);
 /* The LM head's projection becomes the embedding's wte record (same D and V needed). */
-l2l_status l2l_layer_tie(l2l_layer *head, l2l_layer *embedding);
-l2l_status l2l_layer_get_config(l2l_layer_config *out, const l2l_layer *layer);
+L2L_API l2l_status l2l_layer_tie(l2l_layer *head, l2l_layer *embedding);
+L2L_API l2l_status l2l_layer_get_config(l2l_layer_config *out, const l2l_layer *layer);
 /* Switches a block between standard and frugal (parameters unchanged). */
-l2l_status l2l_layer_set_memory(l2l_layer *layer, l2l_memory_mode memory);
+L2L_API l2l_status l2l_layer_set_memory(l2l_layer *layer, l2l_memory_mode memory);
 /* The id that keys this layer's dropout draws: unique per process by default, < 2^24. */
-uint32_t l2l_layer_rng_id(const l2l_layer *layer);
-l2l_status l2l_layer_set_rng_id(l2l_layer *layer, uint32_t rng_id);
+L2L_API uint32_t l2l_layer_rng_id(const l2l_layer *layer);
+L2L_API l2l_status l2l_layer_set_rng_id(l2l_layer *layer, uint32_t rng_id);
 
-int l2l_layer_param_count(const l2l_layer *layer);              /* -1 if not a layer */
-l2l_param *l2l_layer_param(const l2l_layer *layer, int index);  /* NULL if out of range */
-int64_t l2l_layer_nparams(const l2l_layer *layer);              /* scalars, tied ones included */
-l2l_status l2l_layer_zero_grad(l2l_layer *layer);
-l2l_status l2l_layer_memory_use(l2l_layer_memory *out, const l2l_layer *layer,
-                                int64_t micro_batch, int64_t seq);
+L2L_API int l2l_layer_param_count(const l2l_layer *layer);              /* -1 if not a layer */
+L2L_API l2l_param *l2l_layer_param(const l2l_layer *layer, int index);  /* NULL if out of range */
+L2L_API int64_t l2l_layer_nparams(const l2l_layer *layer);              /* scalars, tied ones included */
+L2L_API l2l_status l2l_layer_zero_grad(l2l_layer *layer);
+L2L_API l2l_status l2l_layer_memory_use(l2l_layer_memory *out, const l2l_layer *layer,
+                                        int64_t micro_batch, int64_t seq);
 
-const char *l2l_param_name(const l2l_param *param);
-l2l_tensor *l2l_param_value(const l2l_param *param);   /* borrowed: do not free */
-l2l_tensor *l2l_param_grad(const l2l_param *param);    /* borrowed: do not free */
-int l2l_param_users(const l2l_param *param);            /* layers using this record */
+L2L_API const char *l2l_param_name(const l2l_param *param);
+L2L_API l2l_tensor *l2l_param_value(const l2l_param *param);   /* borrowed: do not free */
+L2L_API l2l_tensor *l2l_param_grad(const l2l_param *param);    /* borrowed: do not free */
+L2L_API int l2l_param_users(const l2l_param *param);            /* layers using this record */
 /* 1 for the weights of linear maps (weight decay applies by default); 0 for biases,
    LayerNorm and embedding tables. */
-int l2l_param_decays(const l2l_param *param);
+L2L_API int l2l_param_decays(const l2l_param *param);
 
 /* y := layer(x). x is NULL for the embedding (it reads batch->tokens); y is (B,S,D), or for
    a head the losses ((B,S) or (B)), or with batch->targets NULL the logits ((B,S,V) or
    (B,C)). saved NULL: inference, nothing kept. Otherwise *saved gets what the backward
    needs (NULL for a head called without targets). */
-l2l_status l2l_layer_forward(l2l_saved **saved, l2l_layer *layer, l2l_tensor *y,
-                             const l2l_tensor *x, const l2l_layer_batch *batch);
+L2L_API l2l_status l2l_layer_forward(l2l_saved **saved, l2l_layer *layer, l2l_tensor *y,
+                                     const l2l_tensor *x, const l2l_layer_batch *batch);
 /* dx := d(loss)/dx (NULL for the embedding) and every parameter gradient += its share,
    given dy = d(loss)/dy (NULL for heads: batch->loss_scale is used). Consumes `saved`'s
    contents: a saved state serves one backward. */
-l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
-                              l2l_saved *saved, const l2l_layer_batch *batch);
-void l2l_saved_free(l2l_saved *saved);
-uint64_t l2l_saved_bytes(const l2l_saved *saved);   /* pool bytes it holds; 0 for NULL */
+L2L_API l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
+                                      l2l_saved *saved, const l2l_layer_batch *batch);
+L2L_API void l2l_saved_free(l2l_saved *saved);
+L2L_API uint64_t l2l_saved_bytes(const l2l_saved *saved);   /* pool bytes it holds; 0 for NULL */
 
 /* ---------------------------------------------------------------- layers written elsewhere
    A custom layer kind (e.g. written in Lua with l2l's ops): (B,S,D) -> (B,S,D), with
@@ -502,12 +511,12 @@ typedef struct l2l_custom_param {
 } l2l_custom_param;
 /* kind is L2L_LAYER_CUSTOM in l2l_layer_get_config; config.dim = dim. At most 12
    parameters. */
-l2l_status l2l_layer_new_custom(l2l_layer **out, const char *name, int64_t dim,
-                                const l2l_custom_param *params, int nparams,
-                                l2l_custom_forward_fn forward, l2l_custom_backward_fn backward,
-                                void *user, uint64_t init_seed, l2l_pool_kind pool);
+L2L_API l2l_status l2l_layer_new_custom(l2l_layer **out, const char *name, int64_t dim,
+                                        const l2l_custom_param *params, int nparams,
+                                        l2l_custom_forward_fn forward, l2l_custom_backward_fn backward,
+                                        void *user, uint64_t init_seed, l2l_pool_kind pool);
 /* The name given to l2l_layer_new_custom, or the kind's name ("block", ...). */
-const char *l2l_layer_name(const l2l_layer *layer);
+L2L_API const char *l2l_layer_name(const l2l_layer *layer);
 
 /* ---------------------------------------------------------------- optimizers
    Host optimizers of the EPS, applied per parameter record in fp32 on worker threads.
@@ -553,8 +562,8 @@ typedef struct l2l_schedule_config {
   float final_ratio;     /* in [0, 1] */
 } l2l_schedule_config;
 
-l2l_status l2l_schedule_lr(double *out, const l2l_schedule_config *schedule, double base_lr,
-                           int64_t t);
+L2L_API l2l_status l2l_schedule_lr(double *out, const l2l_schedule_config *schedule, double base_lr,
+                                   int64_t t);
 
 /* ---------------------------------------------------------------- the relay and the EPS
    A relay trains a list of layers whose parameters live in the host pool: the eager
@@ -661,7 +670,7 @@ typedef struct l2l_relay_config {
    batch 1, stash host, every 1, inner recompute, no clipping, accumulate 1, threads 0,
    param slots 2, precision bf16 when the device pool is on a GPU (f32 on the CPU backend),
    grad_precision f32. */
-void l2l_relay_config_default(l2l_relay_config *out);
+L2L_API void l2l_relay_config_default(l2l_relay_config *out);
 
 /* What one step (or evaluation) gets. tokens (B,S) i32 in [0, V) and targets ((B,S) for an
    LM head, (B) for a classifier; i32, -1 = ignored) in the host or pinned pool; optional
@@ -766,44 +775,44 @@ typedef struct l2l_relay_stats {
 /* A relay over layers[0..nlayers) (the list may be empty only until the first step):
    checks the config and the layers (parameters in the host pool, f32; a layer's output
    dim matches the next one's input) and makes the EPS records. */
-l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
-                         const l2l_relay_config *config);
+L2L_API l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
+                                 const l2l_relay_config *config);
 /* The checks l2l_relay_new makes of a config, alone (l2l.plan asks them of the settings it
    plans for, so that a plan is never made for a relay that would be refused). */
-l2l_status l2l_relay_config_check(const l2l_relay_config *config);
+L2L_API l2l_status l2l_relay_config_check(const l2l_relay_config *config);
 /* Waits for pending work, then frees the EPS's state (not the layers). NULL is fine. A
    relay in another call (see "Threads" above) is not freed: l2l_last_error says so. */
-void l2l_relay_free(l2l_relay *run);
+L2L_API void l2l_relay_free(l2l_relay *run);
 
-int l2l_relay_layer_count(const l2l_relay *run);  /* -1 if not a relay or in another call */
-l2l_layer *l2l_relay_layer(const l2l_relay *run, int index);    /* NULL if out of range */
+L2L_API int l2l_relay_layer_count(const l2l_relay *run);  /* -1 if not a relay or in another call */
+L2L_API l2l_layer *l2l_relay_layer(const l2l_relay *run, int index);    /* NULL if out of range */
 /* Dynamic architecture, between steps. insert: the layer goes to position index (0..n),
    its new records start with fresh optimizer state. remove: the layer leaves the relay
    (not freed); records nobody else uses leave the EPS. replace: remove + insert. */
-l2l_status l2l_relay_insert(l2l_relay *run, int index, l2l_layer *layer);
-l2l_status l2l_relay_remove(l2l_relay *run, int index);
-l2l_status l2l_relay_replace(l2l_relay *run, int index, l2l_layer *layer);
+L2L_API l2l_status l2l_relay_insert(l2l_relay *run, int index, l2l_layer *layer);
+L2L_API l2l_status l2l_relay_remove(l2l_relay *run, int index);
+L2L_API l2l_status l2l_relay_replace(l2l_relay *run, int index, l2l_layer *layer);
 /* A frozen layer still passes gradients back but its records are not updated (a record
    shared with a trainable layer is updated from that layer's gradient alone). */
-l2l_status l2l_relay_set_frozen(l2l_relay *run, int index, int frozen);
-int l2l_relay_frozen(const l2l_relay *run, int index);           /* -1 if out of range */
+L2L_API l2l_status l2l_relay_set_frozen(l2l_relay *run, int index, int frozen);
+L2L_API int l2l_relay_frozen(const l2l_relay *run, int index);           /* -1 if out of range */
 /* Boundary b is the input of layer b, 1 <= b < layers. Policies follow their boundary or
    layer through insertions and removals; new ones get the config's default. */
-l2l_status l2l_relay_set_stash(l2l_relay *run, int boundary, l2l_stash_policy policy);
-l2l_status l2l_relay_set_inner(l2l_relay *run, int index, l2l_inner_policy policy);
-l2l_status l2l_relay_set_micro_batch(l2l_relay *run, int64_t micro_batch);
+L2L_API l2l_status l2l_relay_set_stash(l2l_relay *run, int boundary, l2l_stash_policy policy);
+L2L_API l2l_status l2l_relay_set_inner(l2l_relay *run, int index, l2l_inner_policy policy);
+L2L_API l2l_status l2l_relay_set_micro_batch(l2l_relay *run, int64_t micro_batch);
 /* The policy of a boundary or layer (an l2l_stash_policy / l2l_inner_policy), -1 if out
    of range. */
-int l2l_relay_stash(const l2l_relay *run, int boundary);
-int l2l_relay_inner(const l2l_relay *run, int index);
+L2L_API int l2l_relay_stash(const l2l_relay *run, int boundary);
+L2L_API int l2l_relay_inner(const l2l_relay *run, int index);
 
 /* One training step on a minibatch: *loss = mean loss over all real targets. The update
    (on the last of `accumulate` minibatches) may still be running on the optimizer threads
    when this returns; the next step, l2l_relay_sync and reading a parameter through the
    relay's functions wait for it. */
-l2l_status l2l_relay_step(double *loss, l2l_relay *run, const l2l_relay_batch *batch);
+L2L_API l2l_status l2l_relay_step(double *loss, l2l_relay *run, const l2l_relay_batch *batch);
 /* Forward only, no dropout, nothing stashed, no update: the mean loss. */
-l2l_status l2l_relay_evaluate(double *loss, l2l_relay *run, const l2l_relay_batch *batch);
+L2L_API l2l_status l2l_relay_evaluate(double *loss, l2l_relay *run, const l2l_relay_batch *batch);
 /* *peak: the device bytes a training step of a (batch, seq) minibatch needs at its peak
    with the relay's layers, policies and settings as they are (every layer active),
    whatever values the weights take as training goes on (the frugal modes keep more for a
@@ -811,20 +820,20 @@ l2l_status l2l_relay_evaluate(double *loss, l2l_relay *run, const l2l_relay_batc
    for the weights that need the most (with swap, the bound that holds whatever the
    copies' timing). A device budget of the bytes in use plus this runs every such step.
    token_types, key_mask: 0 or 1, whether the batch has them. */
-l2l_status l2l_relay_step_peak(uint64_t *peak, const l2l_relay *run, int64_t batch, int64_t seq,
-                               int token_types, int key_mask);
+L2L_API l2l_status l2l_relay_step_peak(uint64_t *peak, const l2l_relay *run, int64_t batch, int64_t seq,
+                                       int token_types, int key_mask);
 /* Waits until every queued update is done (parameters readable and stable). */
-l2l_status l2l_relay_sync(l2l_relay *run);
+L2L_API l2l_status l2l_relay_sync(l2l_relay *run);
 
-l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run);
+L2L_API l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run);
 /* Copies events first .. first+count-1 of the last step (count <= stats.events - first). */
-l2l_status l2l_relay_events(l2l_relay_event *out, const l2l_relay *run, int64_t first,
-                            int64_t count);
+L2L_API l2l_status l2l_relay_events(l2l_relay_event *out, const l2l_relay *run, int64_t first,
+                                    int64_t count);
 /* The optimizer state of a record in the relay: which = 0 the first moment (SGD: the
    momentum buffer), 1 the second moment. *out is borrowed (NULL while the record has none
    yet, e.g. before its first update). Waits for pending updates. */
-l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_param *param,
-                                 int which);
+L2L_API l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_param *param,
+                                         int which);
 
 /* Checkpoints: what a relay holds beyond its layers' parameters, read and restored, so a
    run rebuilt from saved layers continues exactly. A record's update count is the t of its
@@ -835,12 +844,12 @@ l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_par
    the dropout draws; l2l_relay_restore_loss_scale the dynamic loss scale, its count of good
    updates and the skipped updates (as stats report them; the relay must scale its loss).
    All wait for pending updates; a refused call changes nothing. */
-l2l_status l2l_relay_param_updates(int64_t *out, l2l_relay *run, const l2l_param *param);
-l2l_status l2l_relay_restore_param(l2l_relay *run, const l2l_param *param, int64_t updates,
-                                   const l2l_tensor *first, const l2l_tensor *second);
-l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int64_t updates);
-l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t good,
-                                        int64_t skipped);
+L2L_API l2l_status l2l_relay_param_updates(int64_t *out, l2l_relay *run, const l2l_param *param);
+L2L_API l2l_status l2l_relay_restore_param(l2l_relay *run, const l2l_param *param, int64_t updates,
+                                           const l2l_tensor *first, const l2l_tensor *second);
+L2L_API l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int64_t updates);
+L2L_API l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t good,
+                                                int64_t skipped);
 
 /* ---------------------------------------------------------------- data parallel
    One process per device (or CPU socket) under mpirun, on the system's OpenMPI, which
@@ -866,21 +875,21 @@ l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t go
 /* Starts MPI (opening the plugin) on its communication thread; later calls do nothing.
    L2L_ERR_UNSUPPORTED when libl2l was built without MPI or the plugin cannot be opened
    (the message says why); L2L_ERR_STATE after l2l_dist_finalize. */
-l2l_status l2l_dist_init(void);
+L2L_API l2l_status l2l_dist_init(void);
 /* This process's rank and the number of ranks (starting MPI if needed). */
-l2l_status l2l_dist_rank(int *out);
-l2l_status l2l_dist_size(int *out);
+L2L_API l2l_status l2l_dist_rank(int *out);
+L2L_API l2l_status l2l_dist_size(int *out);
 /* Returns when every rank has called it (within the timeout). */
-l2l_status l2l_dist_barrier(void);
+L2L_API l2l_status l2l_dist_barrier(void);
 /* The deadline of every MPI wait, in seconds, 0 < seconds <= 1e6. */
-l2l_status l2l_dist_set_timeout(double seconds);
+L2L_API l2l_status l2l_dist_set_timeout(double seconds);
 /* Waits for the exchanges in flight and finalizes MPI; nothing when it never started.
    Call it before a program that started MPI exits (the l2l executable does). */
-l2l_status l2l_dist_finalize(void);
+L2L_API l2l_status l2l_dist_finalize(void);
 /* Ends every rank of the job at once (MPI_Abort) after printing message (may be NULL)
    with this rank; returns only when MPI is not running. For a program that cannot go on:
    the other ranks would otherwise wait out their timeout. */
-void l2l_dist_abort(const char *message);
+L2L_API void l2l_dist_abort(const char *message);
 
 /* ---------------------------------------------------------------- the planner
    A cost model of the relay (KARMA's idea, over everything the relay can do): for a
@@ -930,19 +939,19 @@ typedef struct l2l_plan_layer {
    threads count; micro_batch, stash and inner are what the plan chooses). Refused with
    L2L_ERR_BUDGET, naming the smallest budget any plan needs and what needs it, when none
    fits. */
-l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
-                        const l2l_relay_config *config, const l2l_plan_request *request);
-l2l_status l2l_plan_get(l2l_plan_summary *out, const l2l_plan *plan);
-l2l_status l2l_plan_get_layer(l2l_plan_layer *out, const l2l_plan *plan, int index);
-void l2l_plan_free(l2l_plan *plan);
+L2L_API l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
+                                const l2l_relay_config *config, const l2l_plan_request *request);
+L2L_API l2l_status l2l_plan_get(l2l_plan_summary *out, const l2l_plan *plan);
+L2L_API l2l_status l2l_plan_get_layer(l2l_plan_layer *out, const l2l_plan *plan, int index);
+L2L_API void l2l_plan_free(l2l_plan *plan);
 /* This machine's rates for the device backend in use and this many threads: from the
    cache ($XDG_CACHE_HOME/l2l/, else ~/.cache/l2l/), measured when missing or when
    remeasure is 1: copies each way, the host optimizer, and a visit's fixed cost (a small
    model trained a few steps). Layers are timed (and cached) when first planned. Until
    this has run once, plans with rates NULL count no visit cost. */
-l2l_status l2l_plan_calibrate(l2l_plan_rates *out, int remeasure);
+L2L_API l2l_status l2l_plan_calibrate(l2l_plan_rates *out, int remeasure);
 /* The plan's micro-batch and per-layer policies into the relay (same layers, in order). */
-l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan);
+L2L_API l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan);
 
 /* L2L_FFI_END */
 

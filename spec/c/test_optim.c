@@ -10,7 +10,7 @@
  * closed forms; every refusal of l2l_optimizer_check, l2l_schedule_check and
  * l2l_schedule_lr (status, field name and value in the message); l2l_optim_state_count.
  *
- * How: the internal kernels are called directly (libl2l.so exports them). Inputs are
+ * How: the internal kernels are called directly (the test links libl2l.a). Inputs are
  * drawn fresh each run from check.h's generator, at sizes 1, 7, 33, a random one and
  * 1000003 (beyond any cache; one random flag combination there, for run time). Each array sits between guard elements that must come back
  * untouched, and the gradient must come back bit for bit. Every step's expected values

@@ -69,8 +69,8 @@ struct eps_record *l2l_eps_find(const struct l2l_eps *eps, const l2l_param *para
   return NULL;
 }
 
-l2l_status l2l_eps_add_records(struct l2l_eps *eps, l2l_param *const *params,
-                               const bool *low_precision, int n) {
+l2l_status l2l_eps_add_records(struct l2l_eps *eps, const struct eps_record_source *sources,
+                               int n) {
   if (n > MAX_ADDED) return FAIL(L2L_ERR_INVALID, "%d records at once (at most %d)", n, MAX_ADDED);
   /* Room first, so that a failure leaves every count as it was. */
   if (eps->count + n > eps->cap) {
@@ -84,7 +84,7 @@ l2l_status l2l_eps_add_records(struct l2l_eps *eps, l2l_param *const *params,
   struct eps_record *fresh[MAX_ADDED] = {0};
   int nfresh = 0;
   for (int i = 0; i < n; i++) {
-    l2l_param *p = params[i];
+    l2l_param *p = sources[i].param;
     if (l2l_eps_find(eps, p) != NULL) continue;
     bool twice = false;   /* a record listed twice counts once */
     for (int j = 0; j < nfresh; j++) twice |= fresh[j]->param == p;
@@ -95,9 +95,11 @@ l2l_status l2l_eps_add_records(struct l2l_eps *eps, l2l_param *const *params,
       return FAIL(L2L_ERR_NOMEM, "no memory for an EPS record");
     }
     rec->param = p;
+    rec->name = sources[i].name;
+    rec->decays = sources[i].decays;
     rec->eps = eps;
-    rec->master = l2l_param_value(p);
-    rec->grad = l2l_param_grad(p);
+    rec->master = sources[i].master;
+    rec->grad = sources[i].grad;
     rec->shard_n = l2l_tensor_numel(rec->master);   /* one process: all of it */
     pthread_mutex_init(&rec->absorb_lock, NULL);
     fresh[nfresh++] = rec;
@@ -108,7 +110,7 @@ l2l_status l2l_eps_add_records(struct l2l_eps *eps, l2l_param *const *params,
         return status;
       }
     }
-    if (eps->precision != L2L_F32 && low_precision[i]) {
+    if (eps->precision != L2L_F32 && sources[i].low_precision) {
       l2l_status status =
           l2l_tensor_new_like(&rec->staging, L2L_POOL_PINNED, eps->precision, rec->master);
       if (status != L2L_OK) {
@@ -118,7 +120,7 @@ l2l_status l2l_eps_add_records(struct l2l_eps *eps, l2l_param *const *params,
     }
   }
   for (int j = 0; j < nfresh; j++) eps->records[eps->count++] = fresh[j];
-  for (int i = 0; i < n; i++) l2l_eps_find(eps, params[i])->users++;
+  for (int i = 0; i < n; i++) l2l_eps_find(eps, sources[i].param)->users++;
   return L2L_OK;
 }
 
@@ -324,7 +326,7 @@ void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave) {
 
 void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
   const l2l_optimizer_config *o = &eps->optimizer;
-  bool decays = o->decay_all || l2l_param_decays(rec->param) == 1;
+  bool decays = o->decay_all || rec->decays;
   rec->hyper = (struct l2l_optim_hyper){
       .kind = o->kind, .lr = (float)eps->lr, .weight_decay = decays ? o->weight_decay : 0.0f,
       .momentum = o->momentum, .nesterov = o->nesterov, .beta1 = o->beta1, .beta2 = o->beta2,
@@ -480,7 +482,7 @@ static void absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *inco
   bool skip = complete && !exchange && !defer && rec->nonfinite;
   if (skip) {
     if (eps->nonfinite_skips++ == 0) {
-      eps->nonfinite_name = l2l_param_name(rec->param);
+      eps->nonfinite_name = rec->name;
       eps->nonfinite_layer = layer;
     }
     rec->nonfinite = false;

@@ -151,13 +151,23 @@ l2l_status l2l_eps_init(struct l2l_eps *eps, const l2l_optimizer_config *optimiz
                         l2l_dtype precision, int threads, struct l2l_timeline *timeline);
 void l2l_eps_free(struct l2l_eps *eps);
 struct eps_record *l2l_eps_find(const struct l2l_eps *eps, const l2l_param *param);
+/* What the EPS keeps of a parameter, read from it by the caller (the relay): the EPS
+   never calls into the layers part. `param` is the record's key; `name` is borrowed and
+   lives as long as the parameter; master and grad are its f32 host tensors. */
+struct eps_record_source {
+  l2l_param *param;
+  const char *name;
+  l2l_tensor *master, *grad;
+  bool decays;          /* weight decay applies (unless the optimizer decays all) */
+  bool low_precision;   /* the device may hold it in 16 bits (a staging copy) */
+};
 /* The records of a layer join or leave (a record listed twice counts once): their user
    counts change; new records start with no optimizer state (and, for a 16-bit precision,
-   a staging tensor when low_precision[i] says the device may hold params[i] in 16 bits);
-   records nobody uses any more leave (their state freed). Adding fails having changed
-   nothing. At most 16 records at a time. */
-l2l_status l2l_eps_add_records(struct l2l_eps *eps, l2l_param *const *params,
-                               const bool *low_precision, int n);
+   a staging tensor when low_precision says the device may hold it in 16 bits); records
+   nobody uses any more leave (their state freed). Adding fails having changed nothing.
+   At most 16 records at a time. */
+l2l_status l2l_eps_add_records(struct l2l_eps *eps, const struct eps_record_source *sources,
+                               int n);
 void l2l_eps_remove_records(struct l2l_eps *eps, l2l_param *const *params, int n);
 uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps);
 

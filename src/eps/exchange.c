@@ -80,7 +80,7 @@ l2l_status eps_shard(struct l2l_eps *eps, struct eps_record *rec) {
   /* MPI counts and displacements are ints: every offset into the record must be one */
   if (n > INT_MAX)
     return FAIL(L2L_ERR_INVALID, "parameter '%s' has %lld elements: with dist = mpi a record "
-                "holds at most %d (MPI's counts are ints)", l2l_param_name(rec->param),
+                "holds at most %d (MPI's counts are ints)", rec->name,
                 (long long)n, INT_MAX);
   rec->counts = calloc((size_t)d->size, sizeof *rec->counts);
   rec->displs = calloc((size_t)d->size, sizeof *rec->displs);
@@ -134,7 +134,7 @@ static void op_fill(struct l2l_dist_op *op, struct eps_record *rec, enum l2l_dis
   struct l2l_eps *eps = rec->eps;
   *op = (struct l2l_dist_op){.kind = kind, .counts = rec->counts, .displs = rec->displs,
                              .done = done, .ctx = rec, .what = what,
-                             .name = l2l_param_name(rec->param), .layer = rec->last_layer,
+                             .name = rec->name, .layer = rec->last_layer,
                              .step = atomic_load(&eps->step), .lane = eps->dist->lane};
 }
 
@@ -201,7 +201,7 @@ static void flag_done(struct l2l_dist_op *op) {
   rec->sumsq = rec->flags[0];
   rec->agreed = true;
   if (nonfinite && !defer && eps->nonfinite_skips++ == 0) {
-    eps->nonfinite_name = l2l_param_name(rec->param);
+    eps->nonfinite_name = rec->name;
     eps->nonfinite_layer = rec->last_layer;
   }
   pthread_cond_broadcast(&eps->changed);
@@ -255,7 +255,7 @@ l2l_status l2l_eps_state_whole(l2l_tensor **out, struct l2l_eps *eps, struct eps
     struct l2l_dist_op op = {.kind = DIST_ALLGATHERV, .recv = l2l_tensor_data(whole),
                              .counts = rec->counts, .displs = rec->displs,
                              .what = "all-gather of optimizer state (a checkpoint)",
-                             .name = l2l_param_name(rec->param), .layer = -1, .step = atomic_load(&eps->step)};
+                             .name = rec->name, .layer = -1, .step = atomic_load(&eps->step)};
     l2l_status status = l2l_dist_run(&op);
     if (status != L2L_OK) {
       l2l_tensor_free(whole);

@@ -14,7 +14,10 @@
 enum { CHUNK = 1 << 18 };
 
 struct eps_record {
-  l2l_param *param;
+  l2l_param *param;            /* the key it was added under (never called into: the EPS
+                                  sees records, not layers) */
+  const char *name;            /* the parameter's name, for messages (lives as long as it) */
+  bool decays;                 /* weight decay applies (unless the optimizer decays all) */
   struct l2l_eps *eps;         /* its EPS (for callbacks that get only the record) */
   l2l_tensor *master, *grad;   /* the record's own tensors (host pool) */
   l2l_tensor *state[2];        /* optimizer state (host pool), NULL until the first update */

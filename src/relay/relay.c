@@ -125,14 +125,17 @@ static l2l_status grow(l2l_relay *run) {
 
 /* A layer's records join the EPS, or leave it. */
 static l2l_status eps_join(l2l_relay *run, l2l_layer *layer) {
-  l2l_param *params[MAX_RECORDS];
-  bool low_precision[MAX_RECORDS];
+  struct eps_record_source sources[MAX_RECORDS];
   int n = l2l_layer_param_count(layer);
   for (int r = 0; r < n; r++) {
-    params[r] = l2l_layer_param(layer, r);
-    low_precision[r] = l2l_param_low_precision(params[r]);
+    l2l_param *p = l2l_layer_param(layer, r);
+    sources[r] = (struct eps_record_source){.param = p, .name = l2l_param_name(p),
+                                            .master = l2l_param_value(p),
+                                            .grad = l2l_param_grad(p),
+                                            .decays = l2l_param_decays(p) == 1,
+                                            .low_precision = l2l_param_low_precision(p)};
   }
-  return l2l_eps_add_records(&run->eps, params, low_precision, n);
+  return l2l_eps_add_records(&run->eps, sources, n);
 }
 
 static void eps_leave(l2l_relay *run, l2l_layer *layer) {

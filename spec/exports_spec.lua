@@ -1,0 +1,55 @@
+-- SPDX-License-Identifier: MIT
+-- exports_spec — libl2l.so's surface is src/l2l.h: the library is built with hidden
+-- visibility, and the functions the header marks L2L_API are exactly what the shared
+-- library exports (nm's dynamic symbol table read in full), none more (no part's internal
+-- function, no kernel launcher, no C++ name), none fewer; and every function the header
+-- declares carries the mark.
+local support = dofile("spec/support.lua")
+
+-- The header's function declarations: name -> marked (a line at the left margin that
+-- names l2l_...( and is not a typedef).
+local function declared()
+  local header = assert(support.read_file("src/l2l.h"))
+  local block = assert(header:match("/%* L2L_FFI_BEGIN %*/(.-)/%* L2L_FFI_END %*/"))
+  block = block:gsub("/%*.-%*/", "")
+  local names = {}
+  for line in block:gmatch("[^\n]+") do
+    if line:match("^%a") and not line:match("^typedef") then
+      local name = line:match("[%s%*](l2l_[%w_]+)%s*%(")
+      if name then names[name] = line:match("^L2L_API ") ~= nil end
+    end
+  end
+  return names
+end
+
+describe("libl2l.so's exports", function()
+  it("are the functions src/l2l.h declares, each marked L2L_API", function()
+    local names = declared()
+    local count = 0
+    for name, marked in pairs(names) do
+      count = count + 1
+      assert.is_true(marked, name .. " is declared in src/l2l.h without L2L_API")
+    end
+    assert.is_true(count > 100, ("only %d functions found in src/l2l.h"):format(count))
+
+    local status, out = support.sh("nm -D --defined-only " .. support.build_dir .. "/libl2l.so")
+    assert.are.equal(0, status, out)
+    local exported, extra = {}, {}
+    for kind, name in out:gmatch("%x* (%a) ([^\n]+)") do
+      -- the linker's own markers of a shared object's layout are not functions of ours
+      if not (name == "_init" or name == "_fini" or name == "_edata" or name == "_end" or
+              name == "__bss_start") then
+        exported[name] = true
+        if not names[name] then extra[#extra + 1] = ("%s (%s)"):format(name, kind) end
+      end
+    end
+    table.sort(extra)
+    assert.are.same({}, extra, "exported, not in src/l2l.h: " .. table.concat(extra, ", "))
+    local missing = {}
+    for name in pairs(names) do
+      if not exported[name] then missing[#missing + 1] = name end
+    end
+    table.sort(missing)
+    assert.are.same({}, missing, "in src/l2l.h, not exported: " .. table.concat(missing, ", "))
+  end)
+end)
