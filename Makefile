@@ -104,9 +104,9 @@ ifneq ($(NVCC),)
                 -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH)) \
                 $(EXTRA_NVCC_FLAGS)
   KERNEL_OBJ := $(patsubst kernels/%.cu,$(BUILD)/kernels/%.o,$(wildcard kernels/*.cu))
-  # cuBLAS is opened at run time (backend_cuda.c says why), from the toolkit's folder. The
-  # kernels' objects are C++: a program linking libl2l.a needs libstdc++ (l2l.pc says so).
-  # An installed libl2l finds the CUDA runtime through the loader's own paths (the
+  # cuBLAS is opened at run time (src/backend/cuda/runtime.c says why), from the toolkit's
+  # folder. The kernels' objects are C++: a program linking libl2l.a needs libstdc++ (l2l.pc
+  # says so). An installed libl2l finds the CUDA runtime through the loader's own paths (the
   # toolkit's /etc/ld.so.conf.d entry), not a RUNPATH.
   CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart -ldl -lstdc++
   CUDA_RPATH := -Wl,-rpath,$(CUDA_HOME)/lib64
@@ -125,9 +125,10 @@ LAYERS_SRC := $(wildcard src/layers/*.c)
 EPS_SRC := $(wildcard src/eps/*.c)
 PLAN_SRC := $(wildcard src/plan/*.c)
 RELAY_SRC := $(wildcard src/relay/*.c)
-# src/dist/mpi.c, the one file that includes mpi.h, is the MPI plugin (below), not libl2l.
-DIST_SRC := $(filter-out src/dist/mpi.c,$(wildcard src/dist/*.c))
-LIB_SRC := $(CORE_SRC) $(BACKEND_SRC) $(LAYERS_SRC) $(DIST_SRC) $(EPS_SRC) $(PLAN_SRC) $(RELAY_SRC)
+# src/cluster/mpi_plugin.c, the one file that includes mpi.h, is the MPI plugin (below),
+# not libl2l.
+CLUSTER_SRC := $(filter-out src/cluster/mpi_plugin.c,$(wildcard src/cluster/*.c))
+LIB_SRC := $(CORE_SRC) $(BACKEND_SRC) $(LAYERS_SRC) $(CLUSTER_SRC) $(EPS_SRC) $(PLAN_SRC) $(RELAY_SRC)
 LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o) $(KERNEL_OBJ)
 CTEST_SRC := $(wildcard spec/c/*.c)
 CTEST_OBJ := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%.o)
@@ -172,7 +173,7 @@ $(BUILD)/obj/%.o: src/%.c | $(DEPS_STAMP)
 	$(COMPILE) -fvisibility=hidden -MMD -MP -c $< -o $@
 
 # mpicc gives mpi.h's folder and libmpi; the plugin links nothing of libl2l.
-$(BUILD)/libl2l-mpi.so: src/dist/mpi.c src/dist/dist.h src/core/core.h src/l2l.h | $(DEPS_STAMP)
+$(BUILD)/libl2l-mpi.so: src/cluster/mpi_plugin.c src/cluster/cluster.h src/core/core.h src/l2l.h | $(DEPS_STAMP)
 	$(COMPILE) -shared $< -o $@ $(shell $(MPICC) --showme:compile) $(shell $(MPICC) --showme:link) $(L2L_LDFLAGS) $(LDFLAGS)
 
 $(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.cuh kernels/*.h) | $(DEPS_STAMP)

@@ -2,7 +2,7 @@
 /* attention.cu — multi-head self-attention forward and backward for the CUDA backend, in
  * fp32, flash style (Dao et al., FlashAttention 1 and 2).
  *
- * Purpose: what l2l_cpu_attention_forward / _backward (src/backend_cpu_attention.c) compute,
+ * Purpose: what l2l_cpu_attention_forward / _backward (src/backend/cpu/attention.c) compute,
  * without ever holding an S x S matrix: the forward runs one block per (query tile, head,
  * sample) over key tiles in shared memory with an online softmax (running max m and sum
  * l per row); the backward runs one block per (key tile, head, sample) that owns its keys'

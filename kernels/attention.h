@@ -2,9 +2,10 @@
 /* attention.h — launchers of the CUDA backend's multi-head self-attention (attention.cu).
  *
  * Purpose: the plain-C face of the flash-style attention kernels, so that
- * src/backend_cuda.c can call them without CUDA headers. Arguments mean exactly what
- * attention_forward / attention_backward in src/backend.h say (struct l2l_attention_shape
- * spread into its fields), and the results match l2l_cpu_attention_forward / _backward.
+ * src/backend/cuda/cuda_ops.c can call them without CUDA headers. Arguments mean exactly
+ * what attention_forward / attention_backward in src/backend/backend.h say (struct
+ * l2l_attention_shape spread into its fields), and the results match
+ * l2l_cpu_attention_forward / _backward.
  * Must never: name a CUDA type (a stream is a cudaStream_t passed as void *, NULL = the
  * default stream), synchronize, allocate, print or exit.
  *

@@ -14,7 +14,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#define L2L_GELU_XMIN_D (-0.75246142f) /* as L2L_GELU_XMIN in src/backend.h */
+#define L2L_GELU_XMIN_D (-0.75246142f) /* as L2L_GELU_XMIN in src/backend/backend.h */
 #define L2L_GELU_YMIN_D (-0.17004075f)
 #define L2L_GELU_K0 0.7978845608028654f  /* sqrt(2/pi) */
 #define L2L_GELU_K1 0.044715f
@@ -35,7 +35,7 @@ static inline int l2l_launched(void) { return (int)cudaGetLastError(); }
 /* ---------------------------------------------------------------- Philox4x32-10 */
 
 /* The four draws of block `block` of (seed, stream): counter = (block, stream), key =
-   seed, exactly as src/rng.c (l2l_philox_draws). */
+   seed, exactly as src/core/rng.c (l2l_philox_draws). */
 __device__ __forceinline__ uint4 l2l_philox(uint64_t seed, uint64_t stream, uint64_t block) {
   uint32_t c0 = (uint32_t)block, c1 = (uint32_t)(block >> 32);
   uint32_t c2 = (uint32_t)stream, c3 = (uint32_t)(stream >> 32);
@@ -65,7 +65,7 @@ __device__ __forceinline__ uint32_t l2l_philox_draw(uint64_t seed, uint64_t stre
 }
 
 /* Dropout keeps draw d when its top 24 bits are below the threshold from
-   l2l_keep_threshold(p) (src/backend.h), which the host computes and passes in. */
+   l2l_keep_threshold(p) (src/backend/backend.h), which the host computes and passes in. */
 __device__ __forceinline__ bool l2l_kept(uint32_t draw, uint32_t threshold) {
   return (draw >> 8) < threshold;
 }
@@ -132,8 +132,9 @@ __device__ __forceinline__ float l2l_block_max(float v, float *shared) {
 #include "dtype.h" /* l2l_dtype's values, which the launchers take as ints */
 
 /* ---------------------------------------------------------------- f32 <-> f16 / bf16
-   A port of src/half.h (integer round to nearest even; NaN kept and quieted; subnormals
-   kept), __host__ __device__ so the same code could be checked against half.h on a host.
+   A port of src/core/core.h's conversions (integer round to nearest even; NaN kept and
+   quieted; subnormals kept), __host__ __device__ so the same code could be checked
+   against core.h's on a host.
    Only the bit moves differ: memcpy is what both compilers turn into a register move. */
 
 static __host__ __device__ __forceinline__ uint32_t f32_bits(float x) {

@@ -1,17 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /* elementwise.cu — the CUDA backend's element-wise ops, fills, casts and random fills.
  *
- * Purpose: device versions of src/backend_cpu.c's element-wise functions (the CPU
- * defines every result): same argument meanings, same aliasing rules, bit-identical where
- * the CPU's result is exact (casts, fills, dropout masks, uniform draws) and within float
- * rounding elsewhere. Memory-bound kernels are grid-stride loops that move float4s when
- * every pointer is 16-byte aligned (checked at run time by the launcher), with a scalar
- * path for the tail and for misaligned pointers. Launchers are declared in elementwise.h.
+ * Purpose: device versions of the CPU backend's element-wise functions (src/backend/cpu/;
+ * the CPU defines every result): same argument meanings, same aliasing rules, bit-identical
+ * where the CPU's result is exact (casts, fills, dropout masks, uniform draws) and within
+ * float rounding elsewhere. Memory-bound kernels are grid-stride loops that move float4s
+ * when every pointer is 16-byte aligned (checked at run time by the launcher), with a
+ * scalar path for the tail and for misaligned pointers. Launchers are declared in
+ * elementwise.h.
  * Aliasing: where an output may be an input, each thread reads its elements before it
  * writes them and no thread touches another's elements, so exact aliasing is safe (no
  * __restrict__, no __ldg on possibly-aliased inputs).
  * Must never: synchronize, allocate, print or exit; use fast-math intrinsics (__expf...)
- * or cuda_fp16/cuda_bf16 conversions (their rounding of NaN differs from half.h's).
+ * or cuda_fp16/cuda_bf16 conversions (their rounding of NaN differs from core.h's).
  */
 #include <math.h>
 #include <stdint.h>
@@ -236,12 +237,12 @@ extern "C" int l2l_k_bias_gelu_forward(float *pre, float *y, uint8_t *bits, cons
 }
 
 /* ---- GELU backward from its output y and the side bit (x >= X_MIN).
-   The CPU reads gelu' off tables (backend_cpu.c); a GPU has arithmetic to spare and
-   scattered table reads cost more there, so this kernel inverts y by Newton steps, as the
-   CPU backend did before its tables (same spec, spec/c/test_frugal_gelu.c's bounds).
-   Near the minimum gelu' -> 0 and x(y) has a square-root singularity, so Newton runs on
-   T(x) = +-sqrt(gelu(x) - Y_MIN) (sign = branch), which is smooth with slope -> C there.
-   Far out on the left branch (t < -0.2, x < about -1.5) y -> 0- exponentially; there
+   The CPU reads gelu' off tables (src/backend/cpu/layer_ops.c); a GPU has arithmetic to
+   spare and scattered table reads cost more there, so this kernel inverts y by Newton
+   steps, as the CPU backend did before its tables (same spec, spec/c/test_frugal_gelu.c's
+   bounds). Near the minimum gelu' -> 0 and x(y) has a square-root singularity, so Newton
+   runs on T(x) = +-sqrt(gelu(x) - Y_MIN) (sign = branch), which is smooth with slope -> C
+   there. Far out on the left branch (t < -0.2, x < about -1.5) y -> 0- exponentially; there
    Newton runs on ln(-gelu(x)) = ln(-x) + ln s, nearly a cubic, which converges from the
    right. Four steps from x0 = X_MIN + t/C (or x0 = y right of the minimum when larger,
    since gelu(x) <= x there) bring gelu' within 2.1e-6 of the float64 value everywhere

@@ -2,13 +2,13 @@
 /* elementwise.h — launchers for the CUDA backend's element-wise ops, fills, casts and
  * random fills (kernels/elementwise.cu).
  *
- * Purpose: plain-C entry points that src/backend_cuda.c calls with device pointers; each
- * computes what the CPU function of the same name in src/backend_cpu.c computes, with the
- * same argument meanings and aliasing rules (noted per launcher). Every launcher queues
- * its work on `stream` (a cudaStream_t; NULL = the default stream) and returns the launch's
- * cudaError_t as an int (0 = queued), or cudaErrorInvalidValue for arguments it cannot
- * serve. n == 0 queues nothing and returns 0, except where a launcher writes a result
- * that must be defined for n == 0 (l2l_k_find_non_i32).
+ * Purpose: plain-C entry points that src/backend/cuda/cuda_ops.c calls with device
+ * pointers; each computes what the CPU function of the same name in src/backend/cpu/
+ * computes, with the same argument meanings and aliasing rules (noted per launcher). Every
+ * launcher queues its work on `stream` (a cudaStream_t; NULL = the default stream) and
+ * returns the launch's cudaError_t as an int (0 = queued), or cudaErrorInvalidValue for
+ * arguments it cannot serve. n == 0 queues nothing and returns 0, except where a launcher
+ * writes a result that must be defined for n == 0 (l2l_k_find_non_i32).
  * Must never: synchronize, allocate, print or exit; expose CUDA types.
  *
  * dtype codes are l2l_dtype's values: 0 f32, 1 f16, 2 bf16, 3 i32, 4 u8.
@@ -87,7 +87,7 @@ int l2l_k_adamw(float *param, float *m, float *v, const float *grad, int64_t n, 
 int l2l_k_fill(void *dst, int dtype, uint32_t pattern, int64_t n, void *stream);
 
 /* dst = src converted element by element through f32, bit-identical to cpu_convert
-   (half.h's round-to-nearest-even, NaN kept quiet, subnormals kept; f32 -> i32 truncates
+   (core.h's round-to-nearest-even, NaN kept quiet, subnormals kept; f32 -> i32 truncates
    and must only be called after l2l_k_find_non_i32 found nothing). dtypes f32, f16, bf16,
    i32; the same dtype on both sides (u8 too) is a copy (cudaMemcpyAsync, nothing when
    dst == src; otherwise dst and src must not overlap). dst may be src only for the same

@@ -3,15 +3,15 @@
  * output, fused residual add + forward), masked/causal softmax (forward, backward) and
  * cross-entropy (forward, backward, fused).
  *
- * Purpose: match src/backend_cpu.c's ops of the same names (fp32 throughout, the same
- * formulas in the same operand order, accurate expf/logf/sqrtf) while touching each row of
- * global memory as few times as possible. Every op is "reduce over a row, then map over the
- * row", so all kernels share one shape: a *row group* (one warp for rows of at most
- * WARP_ROW_MAX_COLS, else one block) owns a row at a time in a grid-stride loop over rows;
- * it reads the row once into shared memory where the row fits (else later passes re-read
- * global memory, mostly from L2), reduces with warp shuffles or l2l_block_sum/max, and
- * maps. Parameter gradients (LayerNorm dweight/dbias) are summed in a fixed order, never
- * with atomics, so they are bit-identical from run to run.
+ * Purpose: match the CPU backend's ops of the same names (src/backend/cpu/: fp32
+ * throughout, the same formulas in the same operand order, accurate expf/logf/sqrtf) while
+ * touching each row of global memory as few times as possible. Every op is "reduce over a
+ * row, then map over the row", so all kernels share one shape: a *row group* (one warp for
+ * rows of at most WARP_ROW_MAX_COLS, else one block) owns a row at a time in a grid-stride
+ * loop over rows; it reads the row once into shared memory where the row fits (else later
+ * passes re-read global memory, mostly from L2), reduces with warp shuffles or
+ * l2l_block_sum/max, and maps. Parameter gradients (LayerNorm dweight/dbias) are summed in
+ * a fixed order, never with atomics, so they are bit-identical from run to run.
  * Must never: synchronize, allocate, print, keep state between launches, or read an
  * output before writing it unless the op accumulates into it (dweight, dbias).
  */

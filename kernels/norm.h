@@ -2,12 +2,12 @@
 /* norm.h — CUDA launchers for the row-wise ops: LayerNorm, softmax, cross-entropy, and
  * two fused forms the layers use (residual add + LayerNorm, cross-entropy loss + gradient).
  *
- * Purpose: plain-C entry points for src/backend_cuda.c. Each launcher matches the CPU op of
- * the same name in src/backend_cpu.c (argument meanings in src/backend.h), queues its
- * kernels on `stream` (a cudaStream_t; NULL = the default stream) and returns the launch's
- * cudaError_t as an int (0 = queued; (int)cudaErrorInvalidValue for arguments it cannot
- * serve). rows == 0 or cols == 0 returns 0 and launches nothing. Pointers are device
- * pointers; rows are contiguous, row r of a (rows, cols) matrix starts at r * cols.
+ * Purpose: plain-C entry points for src/backend/cuda/cuda_ops.c. Each launcher matches the
+ * CPU op of the same name in src/backend/cpu/ (argument meanings in src/backend/backend.h),
+ * queues its kernels on `stream` (a cudaStream_t; NULL = the default stream) and returns
+ * the launch's cudaError_t as an int (0 = queued; (int)cudaErrorInvalidValue for arguments
+ * it cannot serve). rows == 0 or cols == 0 returns 0 and launches nothing. Pointers are
+ * device pointers; rows are contiguous, row r of a (rows, cols) matrix starts at r * cols.
  * Must never: synchronize, allocate, print, exit, or use CUDA types in this header.
  */
 #ifndef L2L_KERNELS_NORM_H
@@ -81,7 +81,7 @@ int l2l_k_softmax_backward(float *dx, const float *dy, const float *y, float sca
 /* ---------------------------------------------------------------- cross-entropy */
 
 /* losses[r] = logsumexp(logits[r]) - logits[r][targets[r]]; 0 where targets[r] ==
-   ignore_index. Targets must be in [0, vocab) or ignore_index (ops.c checks); an
+   ignore_index. Targets must be in [0, vocab) or ignore_index (public_ops.c checks); an
    out-of-range one gives NaN instead of reading out of bounds. */
 int l2l_k_cross_entropy_forward(float *losses, const float *logits, const int32_t *targets,
                                 int32_t ignore_index, int64_t rows, int64_t vocab,

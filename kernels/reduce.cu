@@ -2,7 +2,7 @@
 /* reduce.cu — the CUDA backend's reductions (bias gradient, whole-tensor sum / max|x| /
  * sum of squares), the index range check, and embedding gather / scatter-add.
  *
- * Purpose: device versions of src/backend_cpu.c's cpu_bias_backward, cpu_reduce,
+ * Purpose: device versions of the CPU backend's cpu_bias_backward, cpu_reduce,
  * cpu_find_out_of_range, cpu_embedding_forward and cpu_embedding_backward (the CPU
  * defines every result). Sums that feed parameter gradients or the loss scaler use a
  * fixed partition and a fixed combining order (two passes through a caller-provided

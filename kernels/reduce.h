@@ -2,13 +2,13 @@
 /* reduce.h — launchers for the CUDA backend's reductions, range checks and embedding
  * gather / scatter (kernels/reduce.cu).
  *
- * Purpose: plain-C entry points that src/backend_cuda.c calls with device pointers; each
- * computes what the CPU function of the same name in src/backend_cpu.c computes. Every
- * launcher queues its work on `stream` (a cudaStream_t; NULL = the default stream) and
- * returns the launch's cudaError_t as an int (0 = queued), or cudaErrorInvalidValue for
- * arguments it cannot serve. Empty inputs queue nothing and return 0, except the
- * launchers with a single result (l2l_k_reduce, l2l_k_find_out_of_range), which still
- * write it (0.0 / -1) so that it is defined.
+ * Purpose: plain-C entry points that src/backend/cuda/cuda_ops.c calls with device
+ * pointers; each computes what the CPU function of the same name in src/backend/cpu/
+ * computes. Every launcher queues its work on `stream` (a cudaStream_t; NULL = the default
+ * stream) and returns the launch's cudaError_t as an int (0 = queued), or
+ * cudaErrorInvalidValue for arguments it cannot serve. Empty inputs queue nothing and
+ * return 0, except the launchers with a single result (l2l_k_reduce,
+ * l2l_k_find_out_of_range), which still write it (0.0 / -1) so that it is defined.
  * Must never: synchronize, allocate, print or exit; expose CUDA types.
  */
 #ifndef L2L_KERNELS_REDUCE_H

@@ -1,9 +1,10 @@
 -- SPDX-License-Identifier: MIT
 -- archcheck_spec — scripts/archcheck passes on this tree, and fails, naming the file and
 -- the line, on each kind of breach added to a copy of it: an include pointing upward, a
--- part reached past its interface, an include cycle between folders, CUDA named above the
--- backend, a file over 800 lines; and, over the build's objects, a call that crosses the
--- parts' arrows the wrong way (an object compiled into a copy of them).
+-- part reached past its interface, an include cycle between folders, a require cycle
+-- between Lua modules, CUDA named above the backend, a file over 800 lines; and, over the
+-- build's objects, a call that crosses the parts' arrows the wrong way (an object compiled
+-- into a copy of them).
 local support = dofile("spec/support.lua")
 local sh, build = support.sh, support.build
 
@@ -49,7 +50,7 @@ describe("scripts/archcheck", function()
   it("passes on this tree and its build, and says what it checked", function()
     local status, out = archcheck(".", support.build_dir)
     assert.are.equal(0, status, out)
-    assert.is_truthy(out:find("parts: backend, core, dist, eps, kernels, layers", 1, true), out)
+    assert.is_truthy(out:find("parts: backend, cluster, core, eps, kernels, layers", 1, true), out)
     assert.is_truthy(out:find("within 800 lines", 1, true), out)
     local objects, calls = out:match("calls: (%d+) objects of [^,]*, (%d+) references across parts")
     assert.is_truthy(objects, out)
@@ -98,7 +99,7 @@ describe("scripts/archcheck", function()
 
   it("fails on each forbidden arrow between the parts below the relay", function()
     for _, case in ipairs {
-      { file = "src/backend/ops.c", include = "layers/layers.h", words = "backend part may not depend on the layers part" },
+      { file = "src/backend/public_ops.c", include = "layers/layers.h", words = "backend part may not depend on the layers part" },
       { file = "src/layers/call.c", include = "eps/eps.h", words = "layers part may not depend on the eps part" },
       { file = "src/eps/eps.c", include = "layers/layers.h", words = "eps part may not depend on the layers part" },
       { file = "src/eps/optim.c", include = "relay/relay.h", words = "eps part may not depend on the relay part" },
@@ -129,6 +130,19 @@ describe("scripts/archcheck", function()
     assert.are_not.equal(0, status, out)
     assert.is_truthy(out:find("include cycle between folders: src/core -> src -> src/core", 1, true)
                      or out:find("include cycle between folders: src -> src/core -> src", 1, true), out)
+  end)
+
+  it("fails on a require cycle between lua/l2l modules, even a lazy one, not on a comment", function()
+    local dir = copy_tree()
+    append(dir .. "/lua/l2l/plan.lua", '-- local relay = require("l2l.relay")  (a comment)\n')
+    local status, out = archcheck(dir)
+    assert.are.equal(0, status, out)
+    append(dir .. "/lua/l2l/plan.lua", 'local function later() return require("l2l.relay") end\n')
+    status, out = archcheck(dir)
+    sh("rm -rf '" .. dir .. "'")
+    assert.are_not.equal(0, status, out)
+    assert.is_truthy(out:find("require cycle between lua/l2l modules: l2l.plan -> l2l.relay -> l2l.plan", 1, true)
+                     or out:find("require cycle between lua/l2l modules: l2l.relay -> l2l.plan -> l2l.relay", 1, true), out)
   end)
 
   it("fails on CUDA named in the code of a part above the backend, not in its comments", function()

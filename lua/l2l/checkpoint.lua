@@ -111,26 +111,15 @@ local function pick(t, keys)
   return out
 end
 
--- The C relay of a Lua run, live and in line with its model.
-local function c_relay(run, fname)
-  if not relay.is_relay(run) then error(fname .. ": self must be a relay (use run:save)", 3) end
-  local r = run.box[0]
-  if r == nil then error(fname .. ": the relay was freed", 3) end
-  relay.check_idle(run, fname, 3)
-  local ok, err = pcall(run.sync_layers, run, fname)
-  if not ok then error(err, 3) end
-  return r
-end
-
 -- run:save(path [, extra]): extra is any JSON-encodable table, returned as run.extra.
 function M.save(run, path, extra)
   local fname = "run:save"
-  local r = c_relay(run, fname)
+  local r = relay.c_relay(run, fname, 2)
   if type(path) ~= "string" or path == "" then error(fname .. ": path must be a non-empty string", 2) end
   if extra ~= nil and type(extra) ~= "table" then error(fname .. ": extra must be a table or nil", 2) end
   lib.check(C.l2l_relay_sync(r), fname, 2)
   local stats = run:stats()
-  local s = run.options
+  local s = relay.settings(run)
   local desc = {
     format = FORMAT, version = VERSION, l2l = ffi.string(C.l2l_version()),
     layers = {}, records = {},
@@ -166,7 +155,7 @@ function M.save(run, path, extra)
   for i, layer in ipairs(run.model) do
     local ok, d = pcall(describe_layer, layer, i, fname)
     if not ok then error(d, 2) end
-    d.frozen = run.model.frozen_set[layer] == true
+    d.frozen = run.model:frozen(i)
     d.inner = inner_names[C.l2l_relay_inner(r, i - 1)]
     if i >= 2 then d.stash = stash_names[C.l2l_relay_stash(r, i - 1)] end
     desc.layers[i] = d
@@ -456,7 +445,7 @@ local function load(path, overrides)
     end
     -- 3. read and restore
     local new = relay.Relay(o)
-    local r = new.box[0]
+    local r = relay.c_relay(new, fname, 2)
     for i, d in ipairs(desc.layers) do
       if d.inner then new:set_inner(i, d.inner) end
       if i >= 2 and d.stash then new:set_stash(i, d.stash) end
@@ -570,4 +559,5 @@ function M.load_weights(model, path, ...)
   if not ok then error(without_positions(err), 2) end
 end
 
+relay.set_saver(M.save)
 return M

@@ -16,6 +16,7 @@ local ffi = require("ffi")
 local lib = require("l2l.lib")
 local layers = require("l2l.layers")
 local model_mod = require("l2l.model")
+local relay_options = require("l2l.relay_options")
 
 local C, too_many, select = lib.C, lib.too_many, select
 local type, tostring, ipairs, floor = type, tostring, ipairs, math.floor
@@ -139,11 +140,10 @@ local function plan(o)
   if not model_mod.is_sequential(o.model) then
     fail(fname .. ": option 'model' must be an l2l.Sequential, got " .. lib.describe(o.model))
   end
-  -- the relay settings, checked as l2l.Relay checks them (required here, not at load:
-  -- relay.lua requires this module)
+  -- the relay settings, checked as l2l.Relay checks them
   local settings = {}
   for _, key in ipairs(RELAY_SETTINGS) do settings[key] = o[key] end
-  local c = require("l2l.relay").config_for(settings, fname)
+  local c = relay_options.config_for(settings, fname)
   for _, key in ipairs({ "token_types", "key_mask" }) do
     if o[key] ~= nil and type(o[key]) ~= "boolean" then
       fail(("%s: option '%s' must be true or false, got %s"):format(fname, key, tostring(o[key])))

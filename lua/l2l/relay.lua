@@ -24,18 +24,17 @@ local layers = require("l2l.layers")
 local model_mod = require("l2l.model")
 local optim = require("l2l.optim")
 local plan_mod = require("l2l.plan")
+local options = require("l2l.relay_options")
 
 local C, check, handle_of, check_call = lib.C, lib.check, tensor.handle_of, layers.check_call
 local address, too_many = layers.address, lib.too_many
-local type, tostring, pairs, ipairs, floor, huge, select = type, tostring, pairs, ipairs, math.floor, math.huge, select
+local type, tostring, pairs, ipairs, floor, select = type, tostring, pairs, ipairs, math.floor, select
 
 local M = {}
 local Relay = {}
 Relay.__index = Relay
 
-local stash_ids = { device = C.L2L_STASH_DEVICE, host = C.L2L_STASH_HOST, recompute = C.L2L_STASH_RECOMPUTE }
-local inner_ids = { recompute = C.L2L_INNER_RECOMPUTE, keep = C.L2L_INNER_KEEP, swap = C.L2L_INNER_SWAP }
-local precision_ids = { f32 = C.L2L_F32, bf16 = C.L2L_BF16, f16 = C.L2L_F16 }
+local stash_ids, inner_ids = options.stash_ids, options.inner_ids
 local phase_names = {
   [0] = "forward", "backward", "rebuild", "params_in", "grads_out", "stash_out", "stash_in",
   "swap_out", "swap_in", "update", "wait_copy", "wait_update", "reduce_scatter", "all_gather",
@@ -64,60 +63,7 @@ end
 
 ----------------------------------------------------------------- options
 
-local function fail(msg) error(msg, 0) end
-local function finite(v) return type(v) == "number" and v == v and v > -huge and v < huge end
-
--- The largest integers the options' C fields take exactly: an int's, and for 64-bit
--- fields the last integer a Lua number holds exactly (the FFI would truncate the rest).
-local INT_MAX, EXACT_MAX = 2 ^ 31 - 1, 2 ^ 53 - 1
-
--- An integer option >= min and <= max (EXACT_MAX where none is given).
-local function int_option(o, key, default, min, fname, max)
-  local v = o[key]
-  if v == nil then return default end
-  max = max or EXACT_MAX
-  if not finite(v) or v ~= floor(v) or v < min then
-    fail(("%s: option '%s' must be an integer >= %d, got %s"):format(fname, key, min, tostring(v)))
-  end
-  if v > max then
-    fail(("%s: option '%s' must be at most %d, got %s"):format(fname, key, max, tostring(v)))
-  end
-  return v
-end
-
--- A float of the C config: checked as the f32 C keeps too.
-local function nonneg_option(o, key, fname)
-  local v = o[key]
-  if v == nil then return 0 end
-  local function ok(x) return finite(x) and x >= 0 end
-  if not ok(v) then
-    fail(("%s: option '%s' must be a finite number >= 0, got %s"):format(fname, key, tostring(v)))
-  end
-  local trouble = lib.f32_trouble(v, ok)
-  if trouble then fail(("%s: option '%s' is %s, which %s"):format(fname, key, tostring(v), trouble)) end
-  return v
-end
-
--- C's default precision: bf16 when the device pool is on a GPU, f32 on the CPU backend.
-local function default_precision()
-  local c = ffi.new("l2l_relay_config")
-  C.l2l_relay_config_default(c)
-  for name, id in pairs(precision_ids) do
-    if id == c.precision then return name end
-  end
-end
-
-local function enum_option(o, key, ids, default, fname)
-  local v = o[key]
-  if v == nil then v = default end
-  if ids[v] == nil then
-    local names = {}
-    for k in pairs(ids) do names[#names + 1] = '"' .. k .. '"' end
-    table.sort(names)
-    fail(("%s: option '%s' must be one of %s, got %s"):format(fname, key, table.concat(names, ", "), lib.describe(v)))
-  end
-  return v
-end
+local fail, lua_message = options.fail, options.lua_message
 
 local OPTIONS = {
   model = true, micro_batch = true, stash = true, recompute_every = true, inner = true,
@@ -126,11 +72,9 @@ local OPTIONS = {
   param_slots = true, loss_scale = true, loss_scale_window = true, precision = true,
   grad_precision = true, nonfinite = true, plan = true, dist = true,
 }
-local nonfinite_ids = { skip = 0, error = 1 }
-local dist_ids = { none = 0, mpi = 1 }
 
-local read_settings   -- (below)
-
+-- The options of l2l.Relay: the model (a Sequential, or a list made one), the plan, and
+-- the settings relay_options reads.
 local function read_options(o, fname)
   o = lib.options(o, OPTIONS, fname, 0)
   local model = o.model
@@ -143,43 +87,8 @@ local function read_options(o, fname)
     if not ok then fail(fname .. ": option 'model': " .. tostring(seq):gsub("^l2l%.Sequential: ", "")) end
     model = seq
   end
-  local s = read_settings(o, fname)
+  local s = options.read_settings(o, fname)
   s.model = model
-  return s
-end
-
--- Every option but the model: checked, with their defaults (l2l.plan reads the ones that
--- set memory and time through it too: config_for below).
-read_settings = function(o, fname)
-  local s = {}
-  s.micro_batch = int_option(o, "micro_batch", 1, 1, fname)
-  s.stash = enum_option(o, "stash", stash_ids, "host", fname)
-  s.recompute_every = int_option(o, "recompute_every", 1, 1, fname, INT_MAX)
-  s.inner = enum_option(o, "inner", inner_ids, "recompute", fname)
-  s.optimizer = o.optimizer or optim.AdamW{}
-  if not optim.is_optimizer(s.optimizer) then
-    fail(fname .. ": option 'optimizer' must be l2l.SGD{...}, l2l.AdamW{...} or l2l.LAMB{...}, got " .. tostring(o.optimizer))
-  end
-  s.schedule = o.schedule or optim.Constant{}
-  if not optim.is_schedule(s.schedule) then
-    fail(fname .. ": option 'schedule' must be l2l.Constant{...}, l2l.Cosine{...} or l2l.Linear{...}, got " .. tostring(o.schedule))
-  end
-  s.clip_global_norm = nonneg_option(o, "clip_global_norm", fname)
-  s.clip_layer_norm = nonneg_option(o, "clip_layer_norm", fname)
-  s.accumulate = int_option(o, "accumulate", 1, 1, fname, INT_MAX)
-  s.optimizer_threads = int_option(o, "optimizer_threads", 0, 0, fname, 1024)
-  s.seed = int_option(o, "seed", 0, 0, fname)
-  s.param_slots = int_option(o, "param_slots", 2, 2, fname, 4096)
-  s.loss_scale = nonneg_option(o, "loss_scale", fname)
-  if s.loss_scale > 0 and (s.loss_scale < 2 ^ -64 or s.loss_scale > 2 ^ 100) then
-    fail(("%s: option 'loss_scale' must be 0 (off) or 2^-64 to 2^100, got %s"):format(fname, tostring(s.loss_scale)))
-  end
-  s.loss_scale_window = int_option(o, "loss_scale_window", 2000, 1, fname, INT_MAX)
-  s.device_budget = int_option(o, "device_budget", nil, 0, fname)
-  s.precision = enum_option(o, "precision", precision_ids, default_precision(), fname)
-  s.grad_precision = enum_option(o, "grad_precision", precision_ids, "f32", fname)
-  s.nonfinite = enum_option(o, "nonfinite", nonfinite_ids, "skip", fname)
-  s.dist = enum_option(o, "dist", dist_ids, "none", fname)
   if o.plan ~= nil and o.plan ~= "auto" and not plan_mod.is_plan(o.plan) then
     fail(fname .. ": option 'plan' must be a plan from l2l.plan{...} or \"auto\", got " .. lib.describe(o.plan))
   end
@@ -189,62 +98,6 @@ read_settings = function(o, fname)
   s.plan = o.plan
   return s
 end
-
-local config_of   -- (below)
-
--- The C config of relay options without a model (plain errors naming fname): what
--- l2l.plan plans for.
-function M.config_for(o, fname)
-  local c = config_of(read_settings(o, fname))
-  if C.l2l_relay_config_check(c) ~= 0 then fail(fname .. ": " .. M.lua_message(lib.last_error())) end
-  return c
-end
-
-config_of = function(s)
-  local c = ffi.new("l2l_relay_config")
-  C.l2l_relay_config_default(c)
-  c.micro_batch = s.micro_batch
-  c.stash = stash_ids[s.stash]
-  c.recompute_every = s.recompute_every
-  c.inner = inner_ids[s.inner]
-  s.optimizer:fill(c.optimizer)
-  s.schedule:fill(c.schedule)
-  c.clip_global_norm = s.clip_global_norm
-  c.clip_layer_norm = s.clip_layer_norm
-  c.accumulate = s.accumulate
-  c.optimizer_threads = s.optimizer_threads
-  c.seed = s.seed
-  c.param_slots = s.param_slots
-  c.loss_scale = s.loss_scale
-  c.loss_scale_window = s.loss_scale_window
-  c.precision = precision_ids[s.precision]
-  c.grad_precision = precision_ids[s.grad_precision]
-  c.nonfinite_error = nonfinite_ids[s.nonfinite]
-  c.dist = dist_ids[s.dist]
-  return c
-end
-
------------------------------------------------------------------ C's messages in Lua's terms
--- The C relay counts layers, boundaries and micro-batches from 0 and names the fields of
--- l2l_relay_batch; a Lua user counts from 1 and passed tokens, targets and opts. Its
--- messages are rewritten accordingly (and an internal function's name in front of a
--- message, e.g. "check_step: ", is dropped).
-
-local function plus_one(d) return tostring(tonumber(d) + 1) end
-
-local function lua_message(msg)
-  msg = msg:gsub("^[%l%d]+_[%l%d_]+: ", "")
-  -- "layer N" first: the two rewrites below produce "layer N" already counted from 1
-  msg = msg:gsub("([Ll]ayer )(%d+)", function(w, d) return w .. plus_one(d) end)
-  msg = msg:gsub("layers%[(%d+)%]", function(d) return "layer " .. plus_one(d) end)
-  msg = msg:gsub("batch%->skip%[(%d+)%]", function(d) return "opts.skip: layer " .. plus_one(d) end)
-  msg = msg:gsub("batch%->tokens", "tokens"):gsub("batch%->targets", "targets")
-  msg = msg:gsub("batch%->token_types", "opts.token_types"):gsub("batch%->key_mask", "opts.key_mask")
-  msg = msg:gsub("(micro%-batch )(%d+)", function(w, d) return w .. plus_one(d) end)
-  msg = msg:gsub("(position )(%d+)", function(w, d) return w .. plus_one(d) end)
-  return msg
-end
-M.lua_message = lua_message
 
 -- lib.check for the relay's own calls: the message in Lua's terms.
 local function rcheck(status, fname, level)
@@ -262,7 +115,6 @@ local function idle(self, fname, level)
            .. "inside it"):format(fname, self.running), level + 1)
   end
 end
-M.check_idle = idle
 
 -- The C relay; errors at `level` (default 2: the caller of the method calling live).
 local function live(self, fname, level)
@@ -325,7 +177,7 @@ function M.Relay(o, ...)
     check(C.l2l_pool_set_budget(C.L2L_POOL_DEVICE, s.device_budget), fname .. ": option 'device_budget'", 2)
   end
   local out = ffi.new("l2l_relay *[1]")
-  rcheck(C.l2l_relay_new(out, list, n, config_of(s)), fname, 2)
+  rcheck(C.l2l_relay_new(out, list, n, options.config_of(s)), fname, 2)
   local ra = address(out[0])
   local addrs = {}
   held_by[ra] = addrs
@@ -368,7 +220,7 @@ local function plan_auto(self, fname, tokens, opts)
   local budget = tonumber(pool.budget) - tonumber(pool.current)
   if budget <= 0 then fail(fname .. ": plan = \"auto\": the device pool's budget is spent before the step") end
   local held = tonumber(pool.current)
-  local ok, plan = pcall(plan_mod.make, self.model, config_of(self.options), {
+  local ok, plan = pcall(plan_mod.make, self.model, options.config_of(self.options), {
     batch = tokens:dim(1), seq = tokens:dim(2), device_budget = budget,
     token_types = opts and opts.token_types ~= nil, key_mask = opts and opts.key_mask ~= nil }, fname)
   -- a refusal names the budget to give: the plan's need and what the pool holds already
@@ -473,6 +325,17 @@ local function sync(self, fname, level)
   local ok, err = pcall(self.sync_layers, self, fname)
   if not ok then error(err, (level or 2) + 1) end
 end
+
+-- What l2l.checkpoint (above this module) reads of a run: its C relay, live, idle and in
+-- line with its model (errors at `level` for fname), and the settings it was made with.
+function M.c_relay(run, fname, level)
+  level = (level or 2) + 1
+  if not M.is_relay(run) then error(fname .. ": self must be a relay (use run:save)", level) end
+  local r = live(run, fname, level)
+  sync(run, fname, level)
+  return r
+end
+function M.settings(run) return run.options end
 
 -- For check_call: the Lua index of the layer at a C address.
 local function locator(self)
@@ -782,11 +645,17 @@ function Relay:state(record, which, ...)
   return copy
 end
 
+-- The writer of run:save: l2l.checkpoint's (a module above this one), which registers it
+-- here when it loads (require "l2l" loads it).
+local saver
+function M.set_saver(save) saver = save end
+
 -- run:save(path [, extra]): the whole run in one file, written atomically (l2l.checkpoint;
 -- l2l.load(path) brings it back, with `extra` as run.extra).
 function Relay:save(path, extra, ...)
   if select("#", ...) ~= 0 then too_many("run:save", "path, extra", 2, ...) end
-  local ok, err = pcall(require("l2l.checkpoint").save, self, path, extra)
+  if saver == nil then error("run:save: l2l.checkpoint is not loaded (require \"l2l\")", 2) end
+  local ok, err = pcall(saver, self, path, extra)
   if not ok then error(err, 2) end
 end
 

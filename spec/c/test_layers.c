@@ -27,7 +27,7 @@
  * Must never: take an expected value from the library's layer code (frugal against
  * standard is the one comparison of the library with itself, and its point). The one
  * fact taken from below l2l.h is how a Philox draw index maps to counter and word
- * (src/rng.c, the layout l2l.h's "see l2l_tensor_uniform" points to), and the first test
+ * (src/core/rng.c, the layout l2l.h's "see l2l_tensor_uniform" points to), and the first test
  * proves it is the one l2l_dropout_forward uses.
  */
 #include <math.h>
@@ -104,7 +104,7 @@ static uint64_t dropout_stream(uint64_t step, uint32_t rng_id, int site) {
 
 /* Whether draw `index` of (seed, stream) keeps its element at drop probability p: the
    draw is word index%4 of Philox4x32-10 at counter (index/4 as 64 bits, stream as 64
-   bits) under key seed (src/rng.c's layout behind l2l_tensor_uniform), kept when its top
+   bits) under key seed (src/core/rng.c's layout behind l2l_tensor_uniform), kept when its top
    24 bits are below round((1 - p) 2^24) (l2l.h, layer batch). */
 static bool ref_kept(uint64_t seed, uint64_t stream, uint64_t index, float p) {
   uint64_t block = index >> 2;
@@ -1101,7 +1101,7 @@ static void compare_runs(const char *what, struct run *a, struct run *b, const c
 
 /* ---------------------------------------------------------------- 16-bit weights */
 
-/* The relay's binding (src/internal.h): a parameter record pointed at other tensors. */
+/* The relay's binding (src/layers/layers.h): a parameter record pointed at other tensors. */
 void l2l_param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad);
 
 /* The parameters the relay binds in 16 bits: the GEMM weights and the token table. */

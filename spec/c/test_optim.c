@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* test_optim.c — the EPS's optimizer kernels, config checks and LR schedules
- * (src/eps_optim.h, and l2l_schedule_lr of l2l.h) against float64 references.
+ * (src/eps/eps.h, and l2l_schedule_lr of l2l.h) against float64 references.
  *
  * What it tests: SGD (no momentum, momentum, nesterov), AdamW and LAMB (two passes, any
  * chunking) over steps t = 1..5, with weight decay on and off and grad_scale != 1; SGD

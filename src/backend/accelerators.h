@@ -5,7 +5,7 @@
  * Purpose: what dispatch.c needs of each accelerator (its probe, its ops table, the device
  * table it installs in the core) and what its public calls reach, with no type of the
  * accelerator's own: only the accelerator's folder includes its headers. Today one: CUDA,
- * whose entries every build has: with CUDA (L2L_CUDA: cuda/runtime.c and cuda/ops.c, the
+ * whose entries every build has: with CUDA (L2L_CUDA: cuda/runtime.c and cuda/cuda_ops.c, the
  * only files that include a CUDA header, through cuda/runtime.h), or without
  * (cuda/stub.c, whose probe says why and whose tables are never installed).
  * Must never: be included outside src/backend/, or include an accelerator's header.

@@ -6,7 +6,7 @@
  * table (cpu/: OpenBLAS and OpenMP; cuda/: cuBLAS and kernels/, built where nvcc is
  * found) and, for an accelerator, a device table it installs in the core (core.h, "the
  * device"); dispatch.c registers the accelerators (accelerators.h, private to this part).
- * Public functions (ops.c, tensor_ops.c) check their tensors, then call the table of the
+ * Public functions (public_ops.c, tensor_ops.c) check their tensors, then call the table of the
  * backend that owns the tensors' pool with raw pointers and sizes. Entries may assume
  * valid, non-overlapping arguments (except where noted) and must never allocate from a
  * pool, print or exit; they return a status because a GPU launch can fail.
@@ -182,7 +182,7 @@ struct l2l_backend_ops {
                      l2l_pool_kind src_pool, uint64_t bytes);
 };
 
-/* The CPU backend's table (cpu/ops.c): host and pinned memory, and the device pool when no
+/* The CPU backend's table (cpu/cpu_ops.c): host and pinned memory, and the device pool when no
    device table is installed. */
 extern const struct l2l_backend_ops l2l_cpu_backend;
 

@@ -349,7 +349,7 @@ const char *l2l_index_str(char *buf, size_t len, const l2l_tensor *t, int64_t fl
 l2l_status l2l_need_shape(const char *func, const char *name, const l2l_tensor *t,
                           l2l_dtype dtype, int ndim, const int64_t *dims);
 
-/* ---------------------------------------------------------------- the block cache (blocks.c) */
+/* ---------------------------------------------------------------- the block cache (block_cache.c) */
 
 /* A cache of memory blocks by exact size over a system allocator. Memory whose system
    allocator is slow (cudaMalloc, cudaHostAlloc) is kept for reuse instead of given back:

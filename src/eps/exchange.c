@@ -160,7 +160,7 @@ static void skip_ag(struct l2l_dist_op *op) {
 }
 
 /* The all-gather's place passes last: its callback settles the record, after which the
-   record may be freed, so no other operation of it may still be with dist.c. */
+   record may be freed, so no other operation of it may still be with comm_thread.c. */
 void eps_exchange_skip(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   eps->dist->bytes -= exchange_bytes(rec);   /* no all-gather */

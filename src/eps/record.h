@@ -8,7 +8,7 @@
 #ifndef L2L_EPS_RECORD_H
 #define L2L_EPS_RECORD_H
 
-#include "dist/dist.h"
+#include "cluster/cluster.h"
 #include "eps.h"
 
 enum { CHUNK = 1 << 18 };

@@ -3,7 +3,7 @@
  * saved-state records, the per-kind operations table, and buffer planning.
  *
  * Purpose: layer.c (parameters, ties, clones), call.c (checking calls, memory plans, saved
- * states) and linear.c (the GEMMs) do everything common to all kinds; each kind's file
+ * states) and kind_math.c (the GEMMs) do everything common to all kinds; each kind's file
  * (embedding.c, block.c, heads.c, custom.c) is an entry of the registry (registry.c) that
  * supplies its role, its config and batch checks, its parameter layout, its forward and
  * backward on raw buffers, and a plan of the buffers those need. Forward and memory

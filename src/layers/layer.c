@@ -5,7 +5,7 @@
  * Purpose: a layer is a config, a random stream id and a list of parameter records (value
  * and gradient, refcounted so that a tied table serves two layers: l2l_layer_tie); the kind's file
  * (registry.c finds it) says which records it has. Calls, their checks and memory plans
- * are call.c's; the linear maps the kinds share, linear.c's.
+ * are call.c's; the linear maps the kinds share, kind_math.c's.
  * Must never: free a parameter record that another layer still uses, or leave a layer
  * half-made when its construction fails.
  */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* cost.c — the predicted time of a training step under a policy.
  *
- * Purpose: the planner's objective. A step is the relay's visits in order (visits.c);
+ * Purpose: the planner's objective. A step is the relay's visits in order (replayed_visits.c);
  * each visit has three channels that the relay runs at once: compute on the calling
  * thread (a forward per micro-batch; a backward, with the forward rerun first when the
  * layer recomputes; the head's forward and backward), copies in on the h2d thread (the

@@ -26,7 +26,7 @@
 #define L2L_RELAY_H
 
 #include "backend/backend.h"
-#include "dist/dist.h"
+#include "cluster/cluster.h"
 #include "eps/eps.h"
 #include "layers/layers.h"
 

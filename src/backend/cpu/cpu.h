@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* cpu.h — what the CPU backend's files share (private to backend/cpu/).
  *
- * Purpose: the entries of l2l_cpu_backend that live outside cpu/ops.c (where the table
+ * Purpose: the entries of l2l_cpu_backend that live outside cpu/cpu_ops.c (where the table
  * is), and the rule for how many threads a loop gets.
  * Must never: be included outside backend/cpu/ (the rest of l2l sees l2l_cpu_backend
  * through backend.h).

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* layer_ops.c — the CPU backend's ops that layers run: GEMMs (OpenBLAS), bias, GELU
  * (with its memory-frugal form from the output), LayerNorm, softmax, embedding,
- * cross-entropy and dropout, as entries of l2l_cpu_backend (cpu/ops.c).
+ * cross-entropy and dropout, as entries of l2l_cpu_backend (cpu/cpu_ops.c).
  *
- * Purpose and rules: as cpu/ops.c says for the whole backend: every loop vectorizes and
+ * Purpose and rules: as cpu/cpu_ops.c says for the whole backend: every loop vectorizes and
  * splits across the compute threads with a static schedule, so results are the same from
  * run to run for a given thread count.
  * Must never: allocate from a pool, or read an output before writing it unless the op

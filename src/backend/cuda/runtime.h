@@ -3,7 +3,7 @@
  * L2L_CUDA only).
  *
  * Purpose: the runtime state both runtime.c (start-up, copy lanes, stamps, the caching
- * allocator, the device table) and ops.c (the ops table) use: the compute stream,
+ * allocator, the device table) and cuda_ops.c (the ops table) use: the compute stream,
  * cuBLAS's functions, the scratch, the calling thread's lane, and turning CUDA's and
  * cuBLAS's errors into statuses with messages. Everything here has hidden visibility:
  * none of it leaves libl2l.

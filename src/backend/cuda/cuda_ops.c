@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* ops.c — the CUDA ops table: cuBLAS for GEMMs, kernels/ for everything else.
+/* cuda_ops.c — the CUDA ops table: cuBLAS for GEMMs, kernels/ for everything else.
  *
  * Purpose: run every op of the ops table on the GPU with the meaning the CPU backend
  * (backend/cpu/) defines, so that a layer computes the same numbers on either. Work is

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* ops.c — the public ops: check every argument, then run the owning backend's entry.
+/* public_ops.c — the public ops: check every argument, then run the owning backend's entry.
  *
  * Purpose: make the ops safe to call from C and Lua with anything: NULL, freed handles,
  * wrong dtypes, shapes, pools, aliasing, ids out of range. Each check names the function,

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* ops.c — the CPU ops table (its reductions, AdamW, and whole-tensor entries here; the
+/* cpu_ops.c — the CPU ops table (its reductions, AdamW, and whole-tensor entries here; the
  * ops the layers run in layer_ops.c, attention in attention.c): OpenBLAS for GEMMs,
  * OpenMP loops for the rest.
  *

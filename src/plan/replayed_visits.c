@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* visits.c — the order of a training step's layer visits, as the relay makes it.
+/* replayed_visits.c — the order of a training step's layer visits, as the relay makes it.
  *
  * Purpose: the peak replay (peak.c) and the time model (cost.c) walk the same visits the
  * relay does (src/relay/visit_plan.c, whose rules are restated here), so that what they

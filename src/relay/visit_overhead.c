@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* calibrate.c — l2l_plan_calibrate: the planner's rates, with the one the relay alone can
- * measure: the fixed cost of a layer visit.
+/* visit_overhead.c — l2l_plan_calibrate: the planner's rates, with the one the relay
+ * alone can measure: the fixed cost of a layer visit.
  *
  * Purpose: the planner (src/plan/) measures copies, the host optimizer and each layer at
  * its shape; what a visit costs beyond its channels (handing jobs to the copy threads,

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* linear.c — the arithmetic the kinds share: carving buffers out of an arena, linear maps
+/* kind_math.c — the arithmetic the kinds share: carving buffers out of an arena, linear maps
  * whose weight may be the relay's 16-bit copy, and the LayerNorm guard of the frugal modes.
  *
  * Purpose: one copy of the GEMM calls every kind makes, with activations rounded to a

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* mpi.c — libl2l-mpi.so: the one file that includes mpi.h (see dist.h).
+/* mpi_plugin.c — libl2l-mpi.so: the one file that includes mpi.h (see cluster.h).
  *
  * Purpose: MPI's calls over plain handles, so libl2l can open MPI with dlopen only when a
  * program asks for it. Communicators and requests live in small tables here; a handle is
@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "dist.h"
+#include "cluster.h"
 
 /* Requests in flight: a record has at most one at a time, a step's control one more. */
 enum { MAX_COMMS = 256, MAX_REQUESTS = 1 << 16 };

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
-/* dist.h — data parallel over MPI: the communication thread and its ordered collectives
+/* cluster.h — data parallel over MPI: the communication thread and its ordered collectives
  * (internal to libl2l; the EPS and the relay are its users).
  *
  * Purpose: MPI (OpenMPI from the system) is reached only through a plugin, libl2l-mpi.so,
  * built beside libl2l where mpicc is found and opened with dlopen the first time a program
  * asks for MPI (l2l_dist_init, or a relay with dist = mpi): a program that never asks
- * neither needs mpirun nor loads libmpi. The plugin (mpi.c, the one file that includes
+ * neither needs mpirun nor loads libmpi. The plugin (mpi_plugin.c, the one file that includes
  * mpi.h) is a table of thin calls; everything else is here.
  * One communication thread per process initialises MPI (MPI_THREAD_FUNNELED: it is the
  * only thread that ever calls MPI), posts every collective non-blocking and keeps calling
@@ -26,7 +26,7 @@
 
 #include "core/core.h"
 
-/* ---------------------------------------------------------------- the plugin (mpi.c) */
+/* ---------------------------------------------------------------- the plugin (mpi_plugin.c) */
 
 /* What libl2l-mpi.so exports, as l2l_mpi_plugin(): MPI's calls over handles of its own
    (ints for communicators and requests), so that no other file sees an MPI type. Every
@@ -57,7 +57,7 @@ struct l2l_mpi_plugin {
 const struct l2l_mpi_plugin *l2l_mpi_plugin(void);
 typedef const struct l2l_mpi_plugin *(*l2l_mpi_plugin_fn)(void);
 
-/* ---------------------------------------------------------------- operations (dist.c) */
+/* ---------------------------------------------------------------- operations (comm_thread.c) */
 
 enum l2l_dist_kind {
   DIST_NOOP,               /* takes its index on the stream and completes at once */
@@ -86,7 +86,7 @@ struct l2l_dist_op {
   uint64_t bytes;              /* the bytes this rank sends (ring-minimum accounting) */
   struct l2l_timeline *timeline;   /* NULL: not recorded */
   int phase, lane;             /* its timeline phase and thread */
-  /* Private to dist.c. */
+  /* Private to comm_thread.c. */
   int index;                   /* its place on the stream */
   int comm, request;
   double posted;

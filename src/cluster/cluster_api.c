@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: MIT */
-/* api.c — the public data-parallel calls (l2l.h, "data parallel") over dist.c.
+/* cluster_api.c — the public data-parallel calls (l2l.h, "data parallel") over
+ * comm_thread.c.
  *
- * Purpose: argument checks and messages; MPI itself is dist.c's and the plugin's.
+ * Purpose: argument checks and messages; MPI itself is comm_thread.c's and the plugin's.
  * Must never: start MPI where the call does not need it (finalize, abort).
  */
 #include <stdio.h>
 
-#include "dist.h"
+#include "cluster.h"
 
 l2l_status l2l_dist_init(void) { return l2l_dist_start(); }
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* dist.c — the communication thread, its streams and deadlines (see dist.h).
+/* comm_thread.c — the communication thread, its streams and deadlines (see cluster.h).
  *
  * Purpose: one thread per process that owns MPI. Other threads hand it operations under
  * a lock; it posts each stream's operations in index order, tests what is in flight,
@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "dist.h"
+#include "cluster.h"
 
 #define POLL_SECONDS 50e-6
 #define DEFAULT_TIMEOUT 300.0

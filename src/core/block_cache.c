@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* blocks.c — the block cache of core.h: free lists by exact size over a system
+/* block_cache.c — the block cache of core.h: free lists by exact size over a system
  * allocator, with a cap on what is held from the system.
  *
  * Purpose and rules: see core.h ("the block cache"). The lists are searched linearly: a model asks for a
