@@ -225,4 +225,54 @@ static inline uint32_t l2l_keep_threshold(float p) {
   return (uint32_t)llround((1.0 - (double)p) * 16777216.0);
 }
 
+/* ---------------------------------------------------------------- AdamW's arithmetic */
+
+/* One AdamW step of one element: the expression of l2l.h's "optimizers" as the host
+   evaluates it. The EPS's optimizer (eps/optim.c, above this part) and the CPU backend's
+   entry behind l2l_adamw_update both run this one, so the two agree to the bit given the
+   same constants. (The CUDA kernel, kernels/elementwise.cu, writes the same expression
+   again: device code cannot call host code.) Inline, so the loops that call it vectorize. */
+struct l2l_adamw_consts {
+  float scale;           /* g = scale * grad: the gradient unscaled before anything squares it */
+  float step;            /* lr / (1 - b1^t) */
+  float rsb2;            /* 1 / sqrt(1 - b2^t) */
+  float b1, c1, b2, c2;  /* moment coefficients: m = b1 m + c1 g, v = b2 v + c2 g^2 */
+  float eps;
+  float decay;           /* lr * weight_decay: decoupled decay, p -= decay p */
+};
+
+/* The constants of a step from lr, the betas, eps, weight decay and the bias corrections
+   bc = 1 - b^t, in double and rounded once, so that m^/(sqrt(v^) + eps) becomes
+   (m / bc1) / (sqrt(v) rsb2 + eps) with no per-element division by a bias correction.
+   grad_scale s (the EPS's loss unscaling and clipping) multiplies each gradient first: it
+   must not fold into the coefficients, where (1 - b2) s^2 underflows f32 for a loss scale
+   of 2^64 or more while the scaled gradient's square overflows, and 0 x inf is NaN. */
+static inline struct l2l_adamw_consts l2l_adamw_consts(double lr, float beta1, float beta2,
+                                                       float eps, float weight_decay,
+                                                       double bc1, double bc2,
+                                                       double grad_scale) {
+  return (struct l2l_adamw_consts){
+      .scale = (float)grad_scale,
+      .step = (float)(lr / bc1),
+      .rsb2 = (float)(1.0 / sqrt(bc2)),
+      .b1 = beta1,
+      .c1 = (float)(1.0 - (double)beta1),
+      .b2 = beta2,
+      .c2 = (float)(1.0 - (double)beta2),
+      .eps = eps,
+      .decay = (float)lr * weight_decay,
+  };
+}
+
+/* The new value of p, with *m and *v moved on by the gradient scale * grad. */
+static inline float l2l_adamw_element(float p, float grad, float *m, float *v,
+                                      const struct l2l_adamw_consts *k) {
+  float g = k->scale * grad;
+  float mi = k->b1 * *m + k->c1 * g;
+  float vi = k->b2 * *v + k->c2 * (g * g);
+  *m = mi;
+  *v = vi;
+  return p - k->step * mi / (sqrtf(vi) * k->rsb2 + k->eps) - k->decay * p;
+}
+
 #endif /* L2L_BACKEND_H */

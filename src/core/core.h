@@ -112,56 +112,6 @@ static inline float half_f16_to_f32(uint16_t x) {
   return bits_float(sign | ((e + 112u) << 23) | (m << 13));
 }
 
-/* ---------------------------------------------------------------- AdamW's arithmetic */
-
-/* One AdamW step of one element: the expression of l2l.h's "optimizers" as the host
-   evaluates it. The EPS's optimizer (eps/optim.c) and the CPU backend's entry behind
-   l2l_adamw_update both run this one, so the two agree to the bit given the same
-   constants. (The CUDA kernel, kernels/elementwise.cu, writes the same expression again:
-   device code cannot call host code.) Inline, so the loops that call it vectorize. */
-struct l2l_adamw_consts {
-  float scale;           /* g = scale * grad: the gradient unscaled before anything squares it */
-  float step;            /* lr / (1 - b1^t) */
-  float rsb2;            /* 1 / sqrt(1 - b2^t) */
-  float b1, c1, b2, c2;  /* moment coefficients: m = b1 m + c1 g, v = b2 v + c2 g^2 */
-  float eps;
-  float decay;           /* lr * weight_decay: decoupled decay, p -= decay p */
-};
-
-/* The constants of a step from lr, the betas, eps, weight decay and the bias corrections
-   bc = 1 - b^t, in double and rounded once, so that m^/(sqrt(v^) + eps) becomes
-   (m / bc1) / (sqrt(v) rsb2 + eps) with no per-element division by a bias correction.
-   grad_scale s (the EPS's loss unscaling and clipping) multiplies each gradient first: it
-   must not fold into the coefficients, where (1 - b2) s^2 underflows f32 for a loss scale
-   of 2^64 or more while the scaled gradient's square overflows, and 0 x inf is NaN. */
-static inline struct l2l_adamw_consts l2l_adamw_consts(double lr, float beta1, float beta2,
-                                                       float eps, float weight_decay,
-                                                       double bc1, double bc2,
-                                                       double grad_scale) {
-  return (struct l2l_adamw_consts){
-      .scale = (float)grad_scale,
-      .step = (float)(lr / bc1),
-      .rsb2 = (float)(1.0 / sqrt(bc2)),
-      .b1 = beta1,
-      .c1 = (float)(1.0 - (double)beta1),
-      .b2 = beta2,
-      .c2 = (float)(1.0 - (double)beta2),
-      .eps = eps,
-      .decay = (float)lr * weight_decay,
-  };
-}
-
-/* The new value of p, with *m and *v moved on by the gradient scale * grad. */
-static inline float l2l_adamw_element(float p, float grad, float *m, float *v,
-                                      const struct l2l_adamw_consts *k) {
-  float g = k->scale * grad;
-  float mi = k->b1 * *m + k->c1 * g;
-  float vi = k->b2 * *v + k->c2 * (g * g);
-  *m = mi;
-  *v = vi;
-  return p - k->step * mi / (sqrtf(vi) * k->rsb2 + k->eps) - k->decay * p;
-}
-
 /* ---------------------------------------------------------------- NaNs handed out */
 
 /* x, with any NaN made the one quiet NaN (no payload, no sign). Every double or float a
@@ -460,15 +410,17 @@ double l2l_now(void);
 /* ---------------------------------------------------------------- the timeline (timeline.c) */
 
 /* A relay's record of every unit of work, appended from any thread (best effort: an event
-   that finds no memory is dropped), with the busy seconds the stats report. */
+   that finds no memory is dropped), with the busy seconds the stats report: summed by
+   phase and by thread number, whatever the writers mean by them (the owner reads the
+   sums it needs). A phase or thread number beyond the arrays is in no sum. */
+enum { L2L_TIMELINE_PHASES = 32, L2L_TIMELINE_THREADS = 8 };
 struct l2l_timeline {
   pthread_mutex_t lock;
   l2l_relay_event *events;
   int64_t count, cap;
   double origin;             /* l2l_now() when the timeline began */
-  double optimizer_seconds;  /* summed over workers since the last reset */
-  double copy_seconds[2];    /* busy on the host-to-device and device-to-host threads
-                                (threads 1 and 2) since the last reset */
+  double phase_seconds[L2L_TIMELINE_PHASES];     /* since the last reset */
+  double thread_seconds[L2L_TIMELINE_THREADS];   /* since the last reset */
 };
 void l2l_timeline_init(struct l2l_timeline *t);
 void l2l_timeline_free(struct l2l_timeline *t);

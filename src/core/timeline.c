@@ -6,6 +6,7 @@
  * Must never: fail a step: without memory for an event, the event is dropped.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "core.h"
 
@@ -24,16 +25,16 @@ void l2l_timeline_free(struct l2l_timeline *t) {
 void l2l_timeline_reset(struct l2l_timeline *t) {
   pthread_mutex_lock(&t->lock);
   t->count = 0;
-  t->optimizer_seconds = 0;
-  t->copy_seconds[0] = t->copy_seconds[1] = 0;
+  memset(t->phase_seconds, 0, sizeof t->phase_seconds);
+  memset(t->thread_seconds, 0, sizeof t->thread_seconds);
   pthread_mutex_unlock(&t->lock);
 }
 
 void l2l_timeline_add(struct l2l_timeline *t, int layer, int micro_batch, int phase, int thread,
                       double start, double end) {
   pthread_mutex_lock(&t->lock);
-  if (phase == L2L_PHASE_UPDATE) t->optimizer_seconds += end - start;
-  if (thread == 1 || thread == 2) t->copy_seconds[thread - 1] += end - start;
+  if (phase >= 0 && phase < L2L_TIMELINE_PHASES) t->phase_seconds[phase] += end - start;
+  if (thread >= 0 && thread < L2L_TIMELINE_THREADS) t->thread_seconds[thread] += end - start;
   if (t->count == t->cap) {
     int64_t cap = t->cap ? 2 * t->cap : 1024;
     l2l_relay_event *events = realloc(t->events, (size_t)cap * sizeof *events);

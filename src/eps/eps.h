@@ -85,7 +85,7 @@ int l2l_optim_state_count(const l2l_optimizer_config *config);
 /* SGD on n elements; buf is NULL when momentum = 0 (state arrays start at zero). */
 void l2l_optim_sgd(float *p, float *buf, const float *grad, int64_t n,
                    const struct l2l_optim_hyper *h);
-/* AdamW on n elements (core.h's AdamW arithmetic, which l2l_adamw_update also runs). */
+/* AdamW on n elements (backend.h's AdamW arithmetic, which l2l_adamw_update also runs). */
 void l2l_optim_adamw(float *p, float *m, float *v, const float *grad, int64_t n,
                      const struct l2l_optim_hyper *h);
 /* LAMB in two passes, because its trust ratio needs whole-record norms: moments updates

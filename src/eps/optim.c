@@ -20,6 +20,7 @@
  */
 #include <math.h>
 
+#include "backend/backend.h"   /* AdamW's arithmetic, shared with the CPU backend's op */
 #include "eps.h"
 
 /* ---------------------------------------------------------------- config checks */
@@ -131,7 +132,7 @@ l2l_status l2l_schedule_lr(double *out, const l2l_schedule_config *schedule, dou
 
 /* ---------------------------------------------------------------- kernels */
 
-/* Adam's constants for step t (core.h's AdamW arithmetic), the bias corrections in double
+/* Adam's constants for step t (backend.h's AdamW arithmetic), the bias corrections in double
    (b^t underflows gracefully there); lr 1 for LAMB, which applies lr after its trust
    ratio. */
 static struct l2l_adamw_consts adam_consts(const struct l2l_optim_hyper *h, double lr) {

@@ -416,9 +416,9 @@ l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run) {
   out->host_eps_bytes = l2l_eps_host_bytes(&run->eps);
   pthread_mutex_lock(&r->timeline.lock);
   out->events = run->timeline.count;
-  out->optimizer_seconds = run->timeline.optimizer_seconds;
-  out->h2d_seconds = run->timeline.copy_seconds[0];
-  out->d2h_seconds = run->timeline.copy_seconds[1];
+  out->optimizer_seconds = run->timeline.phase_seconds[L2L_PHASE_UPDATE];
+  out->h2d_seconds = run->timeline.thread_seconds[THREAD_H2D];
+  out->d2h_seconds = run->timeline.thread_seconds[THREAD_D2H];
   pthread_mutex_unlock(&r->timeline.lock);
   out->dist_sent_bytes = out->dist_received_bytes = l2l_eps_dist_bytes(&run->eps);
   return L2L_OK;

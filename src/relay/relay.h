@@ -33,6 +33,10 @@
 #define RELAY_MAGIC 0x6c326c72u  /* "l2lr" */
 enum { MAX_RECORDS = 16, MAX_PARAM_SLOTS = 4096, THREAD_COMPUTE = 0, THREAD_H2D = 1,
        THREAD_D2H = 2 };
+/* The timeline sums busy seconds by these numbers (core.h). */
+_Static_assert((int)THREAD_D2H < (int)L2L_TIMELINE_THREADS &&
+               (int)L2L_PHASE_ALL_GATHER < (int)L2L_TIMELINE_PHASES,
+               "the timeline's sums must reach the relay's threads and every phase");
 /* The loss scales the arithmetic carries. A gradient is unscaled (times 1/scale, and a
    global clipping factor) before anything squares it, in f32: 1/scale must stay a normal
    f32 with room for that factor, so scale <= 2^100 (1/scale >= 2^-100, 26 binades above

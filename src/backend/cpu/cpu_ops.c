@@ -52,7 +52,7 @@ static l2l_status cpu_reduce(double *out, enum l2l_reduction kind, const float *
 static l2l_status cpu_adamw(float *param, float *m, float *v, const float *grad, int64_t n,
                             const l2l_adamw_config *c, float bias_correction1,
                             float bias_correction2) {
-  /* core.h's AdamW arithmetic, the EPS's own, split across the compute threads */
+  /* backend.h's AdamW arithmetic, the EPS's own, split across the compute threads */
   const struct l2l_adamw_consts k =
       l2l_adamw_consts(c->lr, c->beta1, c->beta2, c->eps, c->weight_decay, bias_correction1,
                        bias_correction2, 1.0);
