@@ -11,7 +11,7 @@
 --     function's description; a function without one gets a line saying so, so that the
 --     reference lists every public function;
 --   * a trailing `...` that the function takes only to refuse extra arguments (its first
---     line calls lib.too_many) is left out of its signature;
+--     line calls argcheck.too_many) is left out of its signature;
 --   * functions declared `local` are private and stay out;
 --   * a section rule (`------------- the kinds`) starts a section of the module's page.
 -- Comment lines that would read as LDoc tags (a word after `@` at their start) are
@@ -69,7 +69,7 @@ local function convert(lines, module)
   local documented, bare = 0, 0
   for i = last + 1, #out do
     if out[i]:match("^function [%w_]+[%.:][%w_]+%s*%(") then
-      -- a trailing `...` that the body only refuses (lib.too_many) is no argument
+      -- a trailing `...` that the body only refuses (argcheck.too_many) is no argument
       if (lines[i + 1] or ""):match('select%("#", %.%.%.%) ~= 0') and lines[i + 1]:match("too_many") then
         out[i] = out[i]:gsub(",%s*%.%.%.%)", ")", 1):gsub("%(%s*%.%.%.%)", "()", 1)
       end

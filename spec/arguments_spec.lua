@@ -752,12 +752,12 @@ describe("arguments: every public Lua function (seed " .. support.seed .. ")", f
   end
 end)
 
-describe("arguments: lib's checks", function()
-  local lib = require("l2l.lib")
+describe("arguments: l2l.argcheck's checks", function()
+  local argcheck = require("l2l.argcheck")
   it("leave a valid call as it was: the options table itself comes back, an empty one for nil", function()
     local o = { dtype = "f32" }
-    assert.are.equal(o, lib.options(o, { dtype = true }, "f", 2))
-    local none = lib.options(nil, { dtype = true }, "f", 2)
+    assert.are.equal(o, argcheck.options(o, { dtype = true }, "f", 2))
+    local none = argcheck.options(nil, { dtype = true }, "f", 2)
     assert.are.equal(nil, next(none))
     assert.has_error(function() none.dtype = "i32" end)   -- shared: read-only
   end)
@@ -765,18 +765,18 @@ describe("arguments: lib's checks", function()
   it("find an unknown key among many (past the four looked at without a loop)", function()
     local known = { a = true, b = true, c = true, d = true, e = true, f = true }
     local o = { a = 1, b = 2, c = 3, d = 4, e = 5, f = 6 }
-    assert.are.equal(o, lib.options(o, known, "f", 2))
+    assert.are.equal(o, argcheck.options(o, known, "f", 2))
     o.g = 7
-    local ok, err = pcall(lib.options, o, known, "f", 0)
+    local ok, err = pcall(argcheck.options, o, known, "f", 0)
     assert.is_false(ok)
     assert.are.equal("f: unknown option 'g' (known options: a, b, c, d, e, f)", err)
-    ok, err = pcall(lib.options, { [1] = "i32" }, known, "f", 0)
+    ok, err = pcall(argcheck.options, { [1] = "i32" }, known, "f", 0)
     assert.are.equal("f: unknown option [1] (known options: a, b, c, d, e, f)", err)
   end)
 
   it("count the arguments a function takes in its message", function()
     local function message(params, ...)
-      local ok, err = pcall(lib.too_many, "f", params, 0, ...)
+      local ok, err = pcall(argcheck.too_many, "f", params, 0, ...)
       assert.is_false(ok)
       return err
     end

@@ -31,6 +31,7 @@
 local ffi = require("ffi")
 local cjson = require("cjson").new()
 local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
 local tensor = require("l2l.tensor")
 local layers = require("l2l.layers")
 local model_mod = require("l2l.model")
@@ -42,7 +43,7 @@ local dist = require("l2l.dist")
 
 local C = lib.C
 local type, tostring, ipairs, pairs, next, select = type, tostring, ipairs, pairs, next, select
-local too_many = lib.too_many
+local too_many = argcheck.too_many
 
 cjson.encode_sparse_array(false)
 
@@ -215,7 +216,7 @@ end
 local function count_of(v, max, what)
   if type(v) ~= "number" or v ~= math.floor(v) or v < 0 or v > max then
     error(("%s must be an integer from 0 to %.17g, got %s"):format(what, max,
-          type(v) == "string" and lib.describe(v) or tostring(v)), 0)   -- (a long string shortened)
+          type(v) == "string" and argcheck.describe(v) or tostring(v)), 0)   -- (a long string shortened)
   end
   return v
 end
@@ -381,7 +382,7 @@ end
 
 local function load(path, overrides)
   local fname = "l2l.load"
-  overrides = lib.options(overrides, LOAD_OVERRIDES, fname, 0, "overrides")
+  overrides = argcheck.options(overrides, LOAD_OVERRIDES, fname, 0, "overrides")
   local file = opened(path, fname)
   local ok, run = pcall(function()
     local desc = decode_description(file, fname)
@@ -524,7 +525,7 @@ function M.load_model(path, opts, ...)
   local fname = "l2l.load_model"
   if select("#", ...) ~= 0 then too_many(fname, "path, opts", 2, ...) end
   local ok, model = pcall(function()
-    opts = lib.options(opts, { kinds = true }, fname, 0, "opts")
+    opts = argcheck.options(opts, { kinds = true }, fname, 0, "opts")
     local file = opened(path, fname)
     local okb, built = pcall(function()
       local desc = decode_description(file, fname)

@@ -45,9 +45,10 @@
 -- above (cli.parse on bad usage, cli.usage_error, cli.corpus on bad --data, cli.fail,
 -- stop:finish).
 local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
 
 local type, tostring, ipairs, select, floor, too_many, describe = type, tostring, ipairs, select,
-                                                                 math.floor, lib.too_many, lib.describe
+                                                                 math.floor, argcheck.too_many, argcheck.describe
 
 local M = {}
 
@@ -82,7 +83,7 @@ local KINDS = { int = true, number = true, string = true, choice = true, flag = 
 
 local function add_flag(p, f, i, level)
   local where = ("flags[%d]"):format(i)
-  lib.fields(f, FLAG, "cli.parser", level + 1, where)
+  argcheck.fields(f, FLAG, "cli.parser", level + 1, where)
   local name, default, kind, help = f[1], f[2], f[3], f[4]
   if type(name) ~= "string" or not name:match("^%-%-?[%w][%w%-]*$") then
     error(("cli.parser: %s[1] must be a flag name such as '--steps', got %s"):format(where, describe(name)), level + 1)
@@ -117,7 +118,7 @@ local PARSER = { name = true, description = true, epilog = true, usage = true, f
 
 function M.parser(o, ...)
   if select("#", ...) ~= 0 then too_many("cli.parser", "options", 2, ...) end
-  o = lib.options(o, PARSER, "cli.parser", 2)
+  o = argcheck.options(o, PARSER, "cli.parser", 2)
   if type(o.name) ~= "string" or o.name == "" then
     error("cli.parser: option 'name' (the program's name in messages) is required, a string", 2)
   end
@@ -169,7 +170,7 @@ local function hint(msg, p, args)
     for _, option in ipairs(p._options or {}) do
       for _, alias in ipairs(option._aliases or {}) do known[alias] = true end
     end
-    local suggestion = lib.suggest(unknown, known)
+    local suggestion = argcheck.suggest(unknown, known)
     if suggestion then msg = msg .. (" (did you mean '%s'?)"):format(suggestion) end
   end
   local name, choices = msg:match("^argument for option '([^']+)' must be one of (.*)$")
@@ -179,7 +180,7 @@ local function hint(msg, p, args)
     local given = value_of(name, args)
     if given then
       msg = msg .. (", got '%s'"):format(given)
-      local suggestion = lib.suggest(given, known)
+      local suggestion = argcheck.suggest(given, known)
       if suggestion then msg = msg .. (" (did you mean '%s'?)"):format(suggestion) end
     end
   end

@@ -33,12 +33,13 @@
 -- message to layers.check_call), or leave a tensor handle that outlives its call.
 local ffi = require("ffi")
 local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
 local tensor = require("l2l.tensor")
 local layers = require("l2l.layers")
 
 local C = lib.C
 local type, tostring, pairs, ipairs, floor, pcall, select = type, tostring, pairs, ipairs, math.floor, pcall, select
-local too_many = lib.too_many
+local too_many = argcheck.too_many
 
 local M = {}
 
@@ -237,9 +238,9 @@ local BUILTIN_OPTIONS = { dim = true, seed = true, pool = true }
 -- The options checked, and the kind's parameter list for them.
 local function described(def, o)
   local fname = def.name
-  if type(o) ~= "table" then fail(fname .. ": options must be a table, got " .. lib.describe(o)) end
+  if type(o) ~= "table" then fail(fname .. ": options must be a table, got " .. argcheck.describe(o)) end
   -- a kind that lists no options of its own takes any: its params() may read them
-  if def.allowed then lib.options(o, def.allowed, fname, 0) end
+  if def.allowed then argcheck.options(o, def.allowed, fname, 0) end
   if not integer(o.dim, 1) then fail(("%s: option 'dim' must be an integer >= 1, got %s"):format(fname, tostring(o.dim))) end
   if o.seed ~= nil and not integer(o.seed, 0) then
     fail(("%s: option 'seed' must be an integer >= 0, got %s"):format(fname, tostring(o.seed)))

@@ -18,8 +18,9 @@
 -- Must never: start MPI where nothing asked for it (require("l2l") does not).
 local ffi = require("ffi")
 local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
 
-local C, check, too_many = lib.C, lib.check, lib.too_many
+local C, check, too_many = lib.C, lib.check, argcheck.too_many
 
 local M = {}
 
@@ -56,7 +57,7 @@ end
 function M.set_timeout(seconds, ...)
   if select("#", ...) ~= 0 then too_many("l2l.dist.set_timeout", "seconds", 2, ...) end
   if type(seconds) ~= "number" then
-    error("l2l.dist.set_timeout: seconds must be a number, got " .. lib.describe(seconds), 2)
+    error("l2l.dist.set_timeout: seconds must be a number, got " .. argcheck.describe(seconds), 2)
   end
   check(C.l2l_dist_set_timeout(seconds), "l2l.dist.set_timeout", 2)
 end
@@ -66,7 +67,7 @@ end
 function M.abort(message, ...)
   if select("#", ...) ~= 0 then too_many("l2l.dist.abort", "message", 2, ...) end
   if message ~= nil and type(message) ~= "string" then
-    error("l2l.dist.abort: message must be a string or nil, got " .. lib.describe(message), 2)
+    error("l2l.dist.abort: message must be a string or nil, got " .. argcheck.describe(message), 2)
   end
   C.l2l_dist_abort(message)
 end

@@ -27,6 +27,8 @@
 -- or a name it does not know is an error naming it.
 local ffi = require("ffi")
 local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
+local filesys = require("l2l.filesys")
 local safetensors = require("l2l.safetensors")
 local tensor = require("l2l.tensor")
 local layers = require("l2l.layers")
@@ -132,7 +134,7 @@ function LlmcFile:close() self.handle:close() end
 -- llm.c's file or a safetensors file, by the first four bytes (of a regular file: a FIFO
 -- would block the read).
 local function open_any(path, fname)
-  local regular, why = lib.regular_file(path)
+  local regular, why = filesys.regular_file(path)
   if not regular then error(("%s: cannot open %s: %s"):format(fname, tostring(path), why), 0) end
   local f = io.open(path, "rb")
   local first = f and f:read(4)
@@ -148,7 +150,7 @@ end
 
 local function import(path, opts)
   local fname = "l2l.import_gpt2"
-  opts = lib.options(opts, OPTIONS, fname, 0, "opts")
+  opts = argcheck.options(opts, OPTIONS, fname, 0, "opts")
   local file = open_any(path, fname)
   local okb, model = pcall(function()
     -- The names, without the prefix; blocks counted from the h.N names.
@@ -253,7 +255,7 @@ local function import(path, opts)
 end
 
 function M.import(path, opts, ...)
-  if select("#", ...) ~= 0 then lib.too_many("l2l.import_gpt2", "path, opts", 2, ...) end
+  if select("#", ...) ~= 0 then argcheck.too_many("l2l.import_gpt2", "path, opts", 2, ...) end
   local ok, model = pcall(import, path, opts)
   if not ok then error(model, 2) end
   return model

@@ -8,10 +8,11 @@
 -- GPT-2 import and its tokenizer (l2l.tokenizer).
 -- Must never: hold logic of its own beyond argument checks of the functions below.
 local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
 local tensor = require("l2l.tensor")
 local ffi = require("ffi")
 
-local C, check, too_many, select = lib.C, lib.check, lib.too_many, select
+local C, check, too_many, select = lib.C, lib.check, argcheck.too_many, select
 
 local l2l = {
   ops = require("l2l.ops"),

@@ -14,9 +14,10 @@
 -- free a layer that a relay still holds (see `held` below).
 local ffi = require("ffi")
 local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
 local tensor = require("l2l.tensor")
 
-local C, check, handle_of, too_many = lib.C, lib.check, tensor.handle_of, lib.too_many
+local C, check, handle_of, too_many = lib.C, lib.check, tensor.handle_of, argcheck.too_many
 local jit = require("jit")
 local type, tostring, pairs, ipairs, floor, unpack, select = type, tostring, pairs, ipairs, math.floor, unpack, select
 
@@ -239,7 +240,7 @@ for name, k in pairs(KINDS) do kind_names[tonumber(k.id)] = name end
 -- would have ({name =, shape =} each, as l2l_layer_config_params says), nothing allocated.
 local function new_layer(kind, fname, o, describe)
   local k = KINDS[kind]
-  o = lib.options(o, k.options, fname, 3)
+  o = argcheck.options(o, k.options, fname, 3)
   local c = ffi.new("l2l_layer_config")
   c.kind = k.id
   local dim, init_std = positive_int(o, "dim", nil, fname), positive(o, "init_std", 0.02, fname)
@@ -475,7 +476,7 @@ local BATCH_FIELDS = { tokens = true, token_types = true, targets = true, key_ma
 M.BATCH_FIELDS = BATCH_FIELDS
 
 local function batch_struct(b, fname)
-  lib.fields(b, BATCH_FIELDS, fname, 3, "batch")
+  argcheck.fields(b, BATCH_FIELDS, fname, 3, "batch")
   local s = ffi.new("l2l_layer_batch")
   s.tokens = opt_handle(b.tokens, "batch.tokens", fname)
   s.token_types = opt_handle(b.token_types, "batch.token_types", fname)

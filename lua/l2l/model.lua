@@ -20,10 +20,10 @@
 -- Must never: count a shared parameter record twice (params(), nparams()), or hold one
 -- layer twice (its saved state and its place in a relay are single).
 local layers = require("l2l.layers")
-local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
 
 local type, ipairs, pairs, tostring, floor, select = type, ipairs, pairs, tostring, math.floor, select
-local too_many = lib.too_many
+local too_many = argcheck.too_many
 local insert, remove, concat = table.insert, table.remove, table.concat
 
 local M = {}
@@ -59,8 +59,8 @@ end
 function M.Sequential(list, ...)
   local fname = "l2l.Sequential"
   if select("#", ...) ~= 0 then too_many(fname, "list", 2, ...) end
-  if type(list) ~= "table" then error(fname .. ": expects a list of layers, got " .. lib.describe(list), 2) end
-  lib.fields(list, {}, fname, 2, "the list of layers", true)
+  if type(list) ~= "table" then error(fname .. ": expects a list of layers, got " .. argcheck.describe(list), 2) end
+  argcheck.fields(list, {}, fname, 2, "the list of layers", true)
   local self = setmetatable({}, Sequential)
   self.layers = self                                   -- model.layers[i] == model[i]
   self.frozen_set = setmetatable({}, { __mode = "k" }) -- layer -> true (follows the layer)
@@ -285,7 +285,7 @@ end
 -- targets; without targets, the last layer's output (logits) is returned.
 function Sequential:forward(batch, ...)
   if select("#", ...) ~= 0 then too_many("model:forward", "batch", 2, ...) end
-  lib.fields(batch, BATCH_FIELDS, "model:forward", 2, "batch")
+  argcheck.fields(batch, BATCH_FIELDS, "model:forward", 2, "batch")
   if #self == 0 then error("model:forward: the model has no layers", 2) end
   local skip = skip_set(self, batch, "model:forward")
   local layer_batch = {}   -- what the layers read: the batch without skip
@@ -313,7 +313,7 @@ end
 function Sequential:backward(batch, ...)
   if select("#", ...) ~= 0 then too_many("model:backward", "batch", 2, ...) end
   if self.loss_scale == nil then error("model:backward: run forward with targets first", 2) end
-  lib.fields(batch, BATCH_FIELDS, "model:backward", 2, "batch")
+  argcheck.fields(batch, BATCH_FIELDS, "model:backward", 2, "batch")
   local plain = {}
   for k, v in pairs(batch) do
     if k ~= "skip" then plain[k] = v end
@@ -428,11 +428,11 @@ end
 -- The options, and the ids sampling may pick: 0 .. vocab-1, or the tokenizer's (a model's
 -- vocabulary is often padded past its tokenizer's: GPT-2's 50257 to 50304).
 local function generate_options(opts, vocab, fname)
-  opts = lib.options(opts, GENERATE_OPTIONS, fname, 3, "opts")
+  opts = argcheck.options(opts, GENERATE_OPTIONS, fname, 3, "opts")
   local tok = opts.tokenizer
   if tok ~= nil then
     if not require("l2l.tokenizer").is_tokenizer(tok) then
-      error(fname .. ": option 'tokenizer' must be a tokenizer (l2l.tokenizer.gpt2() or .load), got " .. lib.describe(tok), 3)
+      error(fname .. ": option 'tokenizer' must be a tokenizer (l2l.tokenizer.gpt2() or .load), got " .. argcheck.describe(tok), 3)
     end
     if tok.vocab > vocab then
       error(("%s: option 'tokenizer': its %d ids do not fit the model's vocabulary of %d"):format(fname, tok.vocab, vocab), 3)

@@ -6,14 +6,15 @@
 -- (outputs first, then inputs, then parameters), same accumulation contract (parameter
 -- gradients +=, activation gradients =). Optional tensors may be nil. Options that C
 -- takes as plain numbers come in a trailing table where there are several. An op refuses
--- arguments beyond its own and options it does not know (lib.options, lib.too_many: no
+-- arguments beyond its own and options it does not know (argcheck.options, argcheck.too_many: no
 -- allocation and no loop on a valid call, as these run per micro-batch).
 -- Must never: compute anything in Lua, or let a C failure pass silently.
 local ffi = require("ffi")
 local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
 local tensor = require("l2l.tensor")
 
-local C, check, handle_of, options, too_many = lib.C, lib.check, tensor.handle_of, lib.options, lib.too_many
+local C, check, handle_of, options, too_many = lib.C, lib.check, tensor.handle_of, argcheck.options, argcheck.too_many
 local type, tostring, floor, select = type, tostring, math.floor, select
 
 local M = {}

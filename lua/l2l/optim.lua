@@ -10,8 +10,9 @@
 -- Must never: compute an update in Lua, or accept an option it does not know.
 local ffi = require("ffi")
 local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
 
-local C, check, too_many = lib.C, lib.check, lib.too_many
+local C, check, too_many = lib.C, lib.check, argcheck.too_many
 local type, tostring, floor, huge, select = type, tostring, math.floor, math.huge, select
 
 local M = {}
@@ -77,7 +78,7 @@ local function count(o, key, default, fname, min)
 end
 
 local function known(o, allowed, fname)
-  local checked_o = lib.options(o, allowed, fname, 0)
+  local checked_o = argcheck.options(o, allowed, fname, 0)
   return checked_o
 end
 
@@ -156,7 +157,7 @@ function Optimizer:fill(c, ...)
   if select("#", ...) ~= 0 then too_many("optimizer:fill", "c", 2, ...) end
   if getmetatable(self) ~= Optimizer then error("optimizer:fill: self must be an optimizer", 2) end
   if not ffi.istype("l2l_optimizer_config", c) then
-    error("optimizer:fill: c must be an l2l_optimizer_config, got " .. lib.describe(c), 2)
+    error("optimizer:fill: c must be an l2l_optimizer_config, got " .. argcheck.describe(c), 2)
   end
   c.kind = kinds[self.kind]
   c.lr = self.lr
@@ -243,7 +244,7 @@ function Schedule:fill(c, ...)
   if select("#", ...) ~= 0 then too_many("schedule:fill", "c", 2, ...) end
   if getmetatable(self) ~= Schedule then error("schedule:fill: self must be a schedule", 2) end
   if not ffi.istype("l2l_schedule_config", c) then
-    error("schedule:fill: c must be an l2l_schedule_config, got " .. lib.describe(c), 2)
+    error("schedule:fill: c must be an l2l_schedule_config, got " .. argcheck.describe(c), 2)
   end
   c.kind = schedule_kinds[self.kind]
   c.warmup = self.warmup

@@ -14,11 +14,12 @@
 -- Must never: change the model it plans for.
 local ffi = require("ffi")
 local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
 local layers = require("l2l.layers")
 local model_mod = require("l2l.model")
 local relay_options = require("l2l.relay_options")
 
-local C, too_many, select = lib.C, lib.too_many, select
+local C, too_many, select = lib.C, argcheck.too_many, select
 local type, tostring, ipairs, floor = type, tostring, ipairs, math.floor
 
 local M = {}
@@ -46,10 +47,10 @@ local RATE_FIELDS = { flops = true, h2d = true, d2h = true, optimizer = true, vi
 -- false}; layers cost their FLOPs at `flops` (none is timed here); shared: copies and the
 -- host optimizer take the compute's cores (a CPU).
 local function rates_of(t, fname)
-  lib.fields(t, RATE_FIELDS, fname, 0, "option 'rates'")
+  argcheck.fields(t, RATE_FIELDS, fname, 0, "option 'rates'")
   local r = ffi.new("l2l_plan_rates")
   if t.shared ~= nil and type(t.shared) ~= "boolean" then
-    fail(fname .. ": rates.shared must be true or false, got " .. lib.describe(t.shared))
+    fail(fname .. ": rates.shared must be true or false, got " .. argcheck.describe(t.shared))
   end
   r.shared = t.shared and 1 or 0
   for _, k in ipairs({ "flops", "h2d", "d2h", "optimizer", "visit" }) do
@@ -73,7 +74,7 @@ end
 function M.calibrate(o, ...)
   local fname = "l2l.calibrate"
   if select("#", ...) ~= 0 then too_many(fname, "options", 2, ...) end
-  o = lib.options(o, { remeasure = true }, fname, 2)
+  o = argcheck.options(o, { remeasure = true }, fname, 2)
   if o.remeasure ~= nil and type(o.remeasure) ~= "boolean" then
     error(fname .. ": option 'remeasure' must be true or false, got " .. tostring(o.remeasure), 2)
   end
@@ -136,9 +137,9 @@ local RELAY_SETTINGS = { "param_slots", "precision", "grad_precision", "accumula
 
 local function plan(o)
   local fname = "l2l.plan"
-  o = lib.options(o, PLAN_OPTIONS, fname, 0)
+  o = argcheck.options(o, PLAN_OPTIONS, fname, 0)
   if not model_mod.is_sequential(o.model) then
-    fail(fname .. ": option 'model' must be an l2l.Sequential, got " .. lib.describe(o.model))
+    fail(fname .. ": option 'model' must be an l2l.Sequential, got " .. argcheck.describe(o.model))
   end
   -- the relay settings, checked as l2l.Relay checks them
   local settings = {}

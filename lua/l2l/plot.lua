@@ -36,11 +36,12 @@
 -- temporary folder); if it fails, the SVG is written instead and the reason returned.
 -- Must never: leave temporary files behind, write text into the SVG without escaping it,
 -- or draw a non-finite value (such points are skipped: a diverged run still plots).
-local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
+local filesys = require("l2l.filesys")
 
 local type, tostring, ipairs, floor, abs, max, min = type, tostring, ipairs, math.floor, math.abs,
                                                      math.max, math.min
-local format, concat, select, too_many = string.format, table.concat, select, lib.too_many
+local format, concat, select, too_many = string.format, table.concat, select, argcheck.too_many
 
 local M = {}
 
@@ -60,14 +61,14 @@ local SERIES = { name = true, x = true, y = true, marks = true, colour = true }
 local HLINE = { name = true, y = true }
 
 local function check_figure(fig, fname)
-  if type(fig) ~= "table" then error(fname .. ": figure must be a table, got " .. lib.describe(fig), 3) end
-  lib.fields(fig, FIGURE, fname, 3, "figure")
+  if type(fig) ~= "table" then error(fname .. ": figure must be a table, got " .. argcheck.describe(fig), 3) end
+  argcheck.fields(fig, FIGURE, fname, 3, "figure")
   if type(fig.panels) ~= "table" or #fig.panels == 0 then
     error(fname .. ": figure.panels must be a non-empty list of panels", 3)
   end
   for p, panel in ipairs(fig.panels) do
     if type(panel) ~= "table" then error(("%s: figure.panels[%d] must be a table"):format(fname, p), 3) end
-    lib.fields(panel, PANEL, fname, 3, ("figure.panels[%d]"):format(p))
+    argcheck.fields(panel, PANEL, fname, 3, ("figure.panels[%d]"):format(p))
     if panel.series ~= nil and type(panel.series) ~= "table" then
       error(("%s: figure.panels[%d].series must be a list of series"):format(fname, p), 3)
     end
@@ -79,7 +80,7 @@ local function check_figure(fig, fname)
       if type(series) ~= "table" or type(series.x) ~= "table" or type(series.y) ~= "table" then
         error(where .. " must be a table with lists x and y", 3)
       end
-      lib.fields(series, SERIES, fname, 3, ("figure.panels[%d].series[%d]"):format(p, s))
+      argcheck.fields(series, SERIES, fname, 3, ("figure.panels[%d].series[%d]"):format(p, s))
       if #series.x ~= #series.y then
         error(("%s: x has %d values but y has %d"):format(where, #series.x, #series.y), 3)
       end
@@ -88,7 +89,7 @@ local function check_figure(fig, fname)
       if type(line) ~= "table" or not finite(line.y) then
         error(("%s: figure.panels[%d].hlines[%d] must be a table with a finite number y"):format(fname, p, h), 3)
       end
-      lib.fields(line, HLINE, fname, 3, ("figure.panels[%d].hlines[%d]"):format(p, h))
+      argcheck.fields(line, HLINE, fname, 3, ("figure.panels[%d].hlines[%d]"):format(p, h))
     end
   end
 end
@@ -135,10 +136,10 @@ function M.axis(lo, hi, target, ...)
   if select("#", ...) ~= 0 then too_many("plot.axis", "lo, hi, target", 2, ...) end
   if not (lo == nil and hi == nil) and not (finite(lo) and finite(hi) and lo <= hi) then
     error(("plot.axis: lo and hi must be finite numbers, lo <= hi (or both nil), got %s and %s"):format(
-      lib.describe(lo), lib.describe(hi)), 2)
+      argcheck.describe(lo), argcheck.describe(hi)), 2)
   end
   if not finite(target) or target <= 0 then
-    error("plot.axis: target must be a number > 0, got " .. lib.describe(target), 2)
+    error("plot.axis: target must be a number > 0, got " .. argcheck.describe(target), 2)
   end
   local a, b, step = axis(lo, hi, target)
   return a, b, step
@@ -289,7 +290,7 @@ function M.svg(fig, opts, ...)
   local fname = "plot.svg"
   if select("#", ...) ~= 0 then too_many(fname, "figure, opts", 2, ...) end
   check_figure(fig, fname)
-  opts = lib.options(opts, SVG_OPTIONS, fname, 2, "opts")
+  opts = argcheck.options(opts, SVG_OPTIONS, fname, 2, "opts")
   local text = svg(fig, opts)
   return text
 end
@@ -393,7 +394,7 @@ function M.write(base, fig, opts, ...)
   if select("#", ...) ~= 0 then too_many(fname, "base, figure, opts", 2, ...) end
   if type(base) ~= "string" or base == "" then error(fname .. ": base must be a non-empty path", 2) end
   check_figure(fig, fname)
-  opts = lib.options(opts, WRITE_OPTIONS, fname, 2, "opts")
+  opts = argcheck.options(opts, WRITE_OPTIONS, fname, 2, "opts")
   local fmt = opts.format or "auto"
   if fmt ~= "auto" and fmt ~= "png" and fmt ~= "svg" then
     error(fname .. ': opts.format must be "auto", "png" or "svg", got ' .. tostring(fmt), 2)
@@ -427,7 +428,7 @@ local NONFINITE = { nan = 0 / 0, inf = math.huge, ["-inf"] = -math.huge }
 
 function M.metrics_line(rec, ...)
   if select("#", ...) ~= 0 then too_many("plot.metrics_line", "rec", 2, ...) end
-  if type(rec) ~= "table" then error("plot.metrics_line: rec must be a table, got " .. lib.describe(rec), 2) end
+  if type(rec) ~= "table" then error("plot.metrics_line: rec must be a table, got " .. argcheck.describe(rec), 2) end
   local out = {}
   for k, v in pairs(rec) do
     if type(v) == "number" and v ~= v then v = "nan"
@@ -443,9 +444,9 @@ end
 function M.read_metrics(path, ...)
   local fname = "plot.read_metrics"
   if select("#", ...) ~= 0 then too_many(fname, "path", 2, ...) end
-  if type(path) ~= "string" or path == "" then error(fname .. ": path must be a file name, got " .. lib.describe(path), 2) end
+  if type(path) ~= "string" or path == "" then error(fname .. ": path must be a file name, got " .. argcheck.describe(path), 2) end
   local cjson = require("cjson")
-  local regular, not_regular = lib.regular_file(path)
+  local regular, not_regular = filesys.regular_file(path)
   if not regular then error(("%s: cannot read %s: %s"):format(fname, path, not_regular), 2) end
   local f, err = io.open(path, "rb")
   if not f then error(("%s: cannot read %s"):format(fname, tostring(err)), 2) end
@@ -464,7 +465,7 @@ function M.read_metrics(path, ...)
       end
       if not finite(rec.step) then
         f:close()
-        error(("%s: %s:%d: step must be a number, got %s"):format(fname, path, n, lib.describe(rec.step)), 2)
+        error(("%s: %s:%d: step must be a number, got %s"):format(fname, path, n, argcheck.describe(rec.step)), 2)
       end
       records[#records + 1] = rec
     end
@@ -480,8 +481,8 @@ local function mib(bytes) return bytes / 2 ^ 20 end
 function M.metrics_figure(records, opts, ...)
   local fname = "plot.metrics_figure"
   if select("#", ...) ~= 0 then too_many(fname, "records, opts", 2, ...) end
-  if type(records) ~= "table" then error(fname .. ": records must be a list of tables, got " .. lib.describe(records), 2) end
-  opts = lib.options(opts, METRICS_FIGURE, fname, 2, "opts")
+  if type(records) ~= "table" then error(fname .. ": records must be a list of tables, got " .. argcheck.describe(records), 2) end
+  opts = argcheck.options(opts, METRICS_FIGURE, fname, 2, "opts")
   local xs, train_y, vx, vy, mx, peak, host = {}, {}, {}, {}, {}, {}, {}
   local budget
   for i, rec in ipairs(records) do
@@ -526,7 +527,7 @@ end
 
 function M.main(args, ...)
   if select("#", ...) ~= 0 then too_many("plot.main", "args", 2, ...) end
-  if type(args) ~= "table" then error("plot.main: args must be a list of strings, got " .. lib.describe(args), 2) end
+  if type(args) ~= "table" then error("plot.main: args must be a list of strings, got " .. argcheck.describe(args), 2) end
   local cli = require("l2l.cli")
   local parser = cli.parser {
     name = "l2l plot", usage = "l2l plot",

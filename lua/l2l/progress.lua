@@ -20,10 +20,10 @@
 -- raise on a missing field (a field that is nil is simply left out of the line; a field
 -- it does not know is refused, as every public function refuses what it does not know).
 local ffi = require("ffi")
-local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
 
 local type, tostring, floor, format, concat = type, tostring, math.floor, string.format, table.concat
-local select, too_many = select, lib.too_many
+local select, too_many = select, argcheck.too_many
 
 local M = {}
 local Bar = {}
@@ -132,7 +132,7 @@ local OPTIONS = { total = true, first = true, every = true, tty = true, out = tr
 
 function M.new(o, ...)
   if select("#", ...) ~= 0 then too_many("progress.new", "options", 2, ...) end
-  o = lib.options(o, OPTIONS, "progress.new", 2)
+  o = argcheck.options(o, OPTIONS, "progress.new", 2)
   local function int(key, default, min)
     local v = o[key]
     if v == nil then return default end
@@ -163,7 +163,7 @@ local function bar_of(self, fname)
 end
 
 local function step_of(step, fname)
-  if type(step) ~= "number" then error(fname .. ": step must be a number, got " .. lib.describe(step), 3) end
+  if type(step) ~= "number" then error(fname .. ": step must be a number, got " .. argcheck.describe(step), 3) end
 end
 
 -- Seconds left: the mean time per step of this run times the steps to go.
@@ -187,7 +187,7 @@ local FIELDS = { loss = true, val_loss = true, tokens_per_s = true, device_peak 
 -- The line for `step` with fields f: loss, val_loss, tokens_per_s, device_peak,
 -- device_budget, host (bytes).
 local function line(self, step, f, fname)
-  f = lib.options(f, FIELDS, fname, 3, "fields")
+  f = argcheck.options(f, FIELDS, fname, 3, "fields")
   local digits = #tostring(self.total)
   local parts = { format("step %" .. digits .. "d/%d", step, self.total) }
   if self.ranks > 1 then parts[#parts + 1] = format("%d ranks", self.ranks) end

@@ -19,6 +19,7 @@
 local ffi = require("ffi")
 local jit = require("jit")
 local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
 local tensor = require("l2l.tensor")
 local layers = require("l2l.layers")
 local model_mod = require("l2l.model")
@@ -27,7 +28,7 @@ local plan_mod = require("l2l.plan")
 local options = require("l2l.relay_options")
 
 local C, check, handle_of, check_call = lib.C, lib.check, tensor.handle_of, layers.check_call
-local address, too_many = layers.address, lib.too_many
+local address, too_many = layers.address, argcheck.too_many
 local type, tostring, pairs, ipairs, floor, select = type, tostring, pairs, ipairs, math.floor, select
 
 local M = {}
@@ -76,7 +77,7 @@ local OPTIONS = {
 -- The options of l2l.Relay: the model (a Sequential, or a list made one), the plan, and
 -- the settings relay_options reads.
 local function read_options(o, fname)
-  o = lib.options(o, OPTIONS, fname, 0)
+  o = argcheck.options(o, OPTIONS, fname, 0)
   local model = o.model
   if model == nil then fail(fname .. ": option 'model' is required (an l2l.Sequential or a list of layers)") end
   if not model_mod.is_sequential(model) then
@@ -90,7 +91,7 @@ local function read_options(o, fname)
   local s = options.read_settings(o, fname)
   s.model = model
   if o.plan ~= nil and o.plan ~= "auto" and not plan_mod.is_plan(o.plan) then
-    fail(fname .. ": option 'plan' must be a plan from l2l.plan{...} or \"auto\", got " .. lib.describe(o.plan))
+    fail(fname .. ": option 'plan' must be a plan from l2l.plan{...} or \"auto\", got " .. argcheck.describe(o.plan))
   end
   if o.plan == "auto" and s.device_budget == nil then
     fail(fname .. ": plan = \"auto\" plans within the device budget: give option 'device_budget'")
@@ -369,7 +370,7 @@ local function batch_of(self, fname, tokens, targets, opts)
   end
   local skip
   if opts ~= nil then
-    lib.options(opts, BATCH_OPTIONS, fname, 4, "opts")
+    argcheck.options(opts, BATCH_OPTIONS, fname, 4, "opts")
     if opts.token_types ~= nil then b.token_types = handle_of(opts.token_types, "opts.token_types", fname, 4) end
     if opts.key_mask ~= nil then b.key_mask = handle_of(opts.key_mask, "opts.key_mask", fname, 4) end
     if opts.skip ~= nil then
@@ -449,9 +450,9 @@ function Relay:step_peak(batch, seq, opts, ...)
   local fname = "run:step_peak"
   if select("#", ...) ~= 0 then too_many(fname, "batch, seq, opts", 2, ...) end
   local r = live(self, fname)
-  opts = lib.options(opts, { token_types = true, key_mask = true }, fname, 2, "opts")
+  opts = argcheck.options(opts, { token_types = true, key_mask = true }, fname, 2, "opts")
   for name, v in pairs({ batch = batch, seq = seq }) do   -- (C checks the range)
-    if type(v) ~= "number" or v ~= math.floor(v) then error(("%s: %s must be a whole number, got %s"):format(fname, name, lib.describe(v)), 2) end
+    if type(v) ~= "number" or v ~= math.floor(v) then error(("%s: %s must be a whole number, got %s"):format(fname, name, argcheck.describe(v)), 2) end
   end
   local out = ffi.new("uint64_t[1]")
   sync(self, fname, 2)
@@ -472,7 +473,7 @@ local function policy_arg(ids, value, fname, what)
     local names = {}
     for k in pairs(ids) do names[#names + 1] = '"' .. k .. '"' end
     table.sort(names)
-    error(("%s: %s must be one of %s, got %s"):format(fname, what, table.concat(names, ", "), lib.describe(value)), 3)
+    error(("%s: %s must be one of %s, got %s"):format(fname, what, table.concat(names, ", "), argcheck.describe(value)), 3)
   end
   return ids[value]
 end
@@ -609,7 +610,7 @@ function Relay:trace(path, opts, ...)
   if type(path) ~= "string" or path == "" then
     error(fname .. ": path must be a file name (a non-empty string), got " .. tostring(path), 2)
   end
-  opts = lib.options(opts, TRACE_OPTIONS, fname, 2, "opts")
+  opts = argcheck.options(opts, TRACE_OPTIONS, fname, 2, "opts")
   local events = opts.events
   if events == nil then events = self:events() end
   local ok, n = pcall(require("l2l.trace").write, path, events, { name = opts.name })

@@ -8,6 +8,7 @@
 -- Must never: read the model or the plan (l2l.Relay checks those), or hold state.
 local ffi = require("ffi")
 local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
 local optim = require("l2l.optim")
 
 local C = lib.C
@@ -73,7 +74,7 @@ local function enum_option(o, key, ids, default, fname)
     local names = {}
     for k in pairs(ids) do names[#names + 1] = '"' .. k .. '"' end
     table.sort(names)
-    fail(("%s: option '%s' must be one of %s, got %s"):format(fname, key, table.concat(names, ", "), lib.describe(v)))
+    fail(("%s: option '%s' must be one of %s, got %s"):format(fname, key, table.concat(names, ", "), argcheck.describe(v)))
   end
   return v
 end

@@ -8,7 +8,7 @@
 -- values (array part in order, then the other keys sorted) instead of "table: 0x...",
 -- and integral numbers in full (byte counts read as 140089185689600, not 1.4008918568e+14).
 -- The module stands alone: it does not load l2l, and uses it only when the session has
--- (l2l.lib's argument checks are loaded only to word a refusal).
+-- (l2l.argcheck is loaded only to word a refusal).
 -- Must never: print an unbounded amount for a big table (listings stop after MAX_ITEMS
 -- entries, strings after MAX_STRING bytes), follow a table into itself, or run code
 -- while completing a name (only raw fields and __index tables are looked at: no
@@ -140,9 +140,9 @@ function short(v, depth, seen)
   return "{ " .. concat(list, ", ") .. " }"
 end
 
--- lib.too_many, loaded only when an extra argument is refused.
+-- argcheck.too_many, loaded only when an extra argument is refused.
 local function too_many(fname, params, ...)
-  require("l2l.lib").too_many(fname, params, 3, ...)
+  require("l2l.argcheck").too_many(fname, params, 3, ...)
 end
 
 -- repl.format(v): the text shown for one value at the prompt (several lines for a long table).

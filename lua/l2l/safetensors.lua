@@ -33,11 +33,13 @@
 local ffi = require("ffi")
 local cjson = require("cjson").new()   -- a private instance: its settings are ours
 local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
+local filesys = require("l2l.filesys")
 local tensor = require("l2l.tensor")
 
 local C = ffi.C
 local type, tostring, ipairs, pairs, floor, select = type, tostring, ipairs, pairs, math.floor, select
-local too_many = lib.too_many
+local too_many = argcheck.too_many
 
 -- libc, with FILE kept opaque (other modules may declare FILE differently).
 ffi.cdef [[
@@ -144,7 +146,7 @@ local function sweep_temporaries(path)
   local folder, base = folder_of(path), path:match("[^/]*$")
   local prefix = ("%s.tmp.%s."):format(base, host_name())
   local stale = {}
-  for _, entry in ipairs(lib.list_folder(folder) or {}) do
+  for _, entry in ipairs(filesys.list_folder(folder) or {}) do
     local name = entry.name
     local pid = name:sub(1, #prefix) == prefix and tonumber(name:sub(#prefix + 1):match("^%d+$"))
     if pid and pid ~= C.getpid() and C.kill(pid, 0) ~= 0 and ffi.errno() == ESRCH then
@@ -179,7 +181,7 @@ function M.write(path, entries, metadata, ...)
     if type(e) ~= "table" or type(e.name) ~= "string" or e.name == "" or e.name == "__metadata__" then
       error(("%s: entry %d must have a name (a non-empty string other than __metadata__)"):format(fname, i), 2)
     end
-    lib.fields(e, ENTRY_FIELDS, fname, 2, ("entry %d ('%s')"):format(i, e.name))
+    argcheck.fields(e, ENTRY_FIELDS, fname, 2, ("entry %d ('%s')"):format(i, e.name))
     if seen[e.name] then error(("%s: name '%s' appears twice"):format(fname, e.name), 2) end
     seen[e.name] = true
     local t = e.tensor
@@ -309,7 +311,7 @@ function M.open(path, ...)
   if select("#", ...) ~= 0 then too_many(fname, "path", 2, ...) end
   if type(path) ~= "string" or path == "" then error(fname .. ": path must be a non-empty string", 2) end
   local function bad(fmt, ...) error(("%s: %s: " .. fmt):format(fname, path, ...), 0) end
-  local regular, why = lib.regular_file(path)
+  local regular, why = filesys.regular_file(path)
   if not regular then error(("%s: cannot open %s: %s"):format(fname, path, why), 2) end
   local f = C.fopen(path, "rb")
   if f == nil then error(fname .. ": " .. os_error("cannot open", path), 2) end

@@ -11,8 +11,9 @@
 -- checked.
 local ffi = require("ffi")
 local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
 
-local C, check, too_many = lib.C, lib.check, lib.too_many
+local C, check, too_many = lib.C, lib.check, argcheck.too_many
 local floor, type, tostring, select = math.floor, type, tostring, select
 
 ffi.cdef [[
@@ -115,14 +116,14 @@ local function new_tensor(shape, dtype, pool, fname, level)
   return wrap(out[0])
 end
 
--- The options of a constructor, checked (lib.options); a dtype or pool name given where
+-- The options of a constructor, checked (argcheck.options); a dtype or pool name given where
 -- the options go (l2l.zeros({2, 3}, "i32")) is refused with the way to write it.
 local function tensor_options(opts, known, fname, level)
   if type(opts) == "string" and (lib.dtypes[opts] or lib.pools[opts] or opts == "cuda") then
     error(('%s: options must be a table, got string "%s" (write { %s = "%s" })'):format(fname, opts,
           lib.dtypes[opts] and "dtype" or "pool", opts), level + 1)
   end
-  local o = lib.options(opts, known, fname, level + 1)
+  local o = argcheck.options(opts, known, fname, level + 1)
   return o
 end
 
@@ -178,7 +179,7 @@ end
 local function number_or(v, default, name, fname, level)
   if v == nil then return default end
   if type(v) ~= "number" then
-    error(("%s: %s must be a number, got %s"):format(fname, name, lib.describe(v)), level + 1)
+    error(("%s: %s must be a number, got %s"):format(fname, name, argcheck.describe(v)), level + 1)
   end
   return v
 end
@@ -258,7 +259,7 @@ function M.tensor(data, opts, ...)
   if type(data) ~= "table" then
     error("l2l.tensor: data must be a (nested) table of numbers, got " .. type(data), 2)
   end
-  lib.fields(data, TENSOR_OPTIONS, fname, 2, "data", true)
+  argcheck.fields(data, TENSOR_OPTIONS, fname, 2, "data", true)
   opts = tensor_options(opts, TENSOR_OPTIONS, fname, 2)
   local dtype = lib.dtype_id(opts.dtype or data.dtype or "f32", fname, 2)
   local pool = opts.pool or data.pool or "host"
@@ -499,7 +500,7 @@ function Tensor:uniform(lo, hi, opts, ...)
   if select("#", ...) ~= 0 then too_many(fname, "lo, hi, options", 2, ...) end
   local h = handle_of(self, "self", fname, 2)
   lo, hi = number_or(lo, 0, "lo", fname, 2), number_or(hi, 1, "hi", fname, 2)
-  local seed, stream, first = rng_of(lib.options(opts, RNG_OPTIONS, fname, 2), nil, fname, 2)
+  local seed, stream, first = rng_of(argcheck.options(opts, RNG_OPTIONS, fname, 2), nil, fname, 2)
   check(C.l2l_tensor_uniform(h, seed, stream, first or tonumber(C.l2l_tensor_offset(h)), lo, hi), fname, 2)
   return self
 end
@@ -510,7 +511,7 @@ function Tensor:normal(mean, std, opts, ...)
   if select("#", ...) ~= 0 then too_many(fname, "mean, std, options", 2, ...) end
   local h = handle_of(self, "self", fname, 2)
   mean, std = number_or(mean, 0, "mean", fname, 2), number_or(std, 1, "std", fname, 2)
-  local seed, stream, first = rng_of(lib.options(opts, RNG_OPTIONS, fname, 2), nil, fname, 2)
+  local seed, stream, first = rng_of(argcheck.options(opts, RNG_OPTIONS, fname, 2), nil, fname, 2)
   check(C.l2l_tensor_normal(h, seed, stream, first or tonumber(C.l2l_tensor_offset(h)), mean, std), fname, 2)
   return self
 end

@@ -40,17 +40,19 @@
 local ffi = require("ffi")
 local bit = require("bit")
 local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
+local filesys = require("l2l.filesys")
 local tensor = require("l2l.tensor")
 
 local type, tostring, pairs, ipairs, floor, concat = type, tostring, pairs, ipairs, math.floor, table.concat
-local select, too_many, describe = select, lib.too_many, lib.describe
+local select, too_many, describe = select, argcheck.too_many, argcheck.describe
 
 local M = {}
 
 ----------------------------------------------------------------- folders
 
-local DT_UNKNOWN, DT_DIR, DT_REG = lib.DT_UNKNOWN, lib.DT_DIR, lib.DT_REG
-local list_folder = lib.list_folder
+local DT_UNKNOWN, DT_DIR, DT_REG = filesys.DT_UNKNOWN, filesys.DT_DIR, filesys.DT_REG
+local list_folder = filesys.list_folder
 
 local function join(folder, name)
   return folder:sub(-1) == "/" and folder .. name or folder .. "/" .. name
@@ -59,7 +61,7 @@ end
 -- Whether `path` is a regular file that can be opened (a FIFO or device is not read:
 -- opening one can wait forever).
 local function readable_file(path)
-  if not lib.regular_file(path) then return false end
+  if not filesys.regular_file(path) then return false end
   local f = io.open(path, "rb")
   if f == nil then return false end
   local ok = f:read(0) ~= nil or f:seek("end") ~= nil
@@ -100,7 +102,7 @@ local function files_under(root, pattern)
     table.sort(out)
     return out, true
   end
-  local regular, not_regular = lib.regular_file(root)
+  local regular, not_regular = filesys.regular_file(root)
   if not regular then return nil, not_regular end
   local f, why = io.open(root, "rb")
   if f == nil then   -- io.open's message starts with the path: the caller names it
@@ -121,7 +123,7 @@ function M.files(root, opts, ...)
   if type(root) ~= "string" or root == "" then
     error("text.files: root must be the path of a file or folder, got " .. describe(root), 2)
   end
-  opts = lib.options(opts, FILES_OPTIONS, "text.files", 2, "opts")
+  opts = argcheck.options(opts, FILES_OPTIONS, "text.files", 2, "opts")
   check_pattern(opts.pattern, "text.files", "opts.pattern")
   local list, why = files_under(root, opts.pattern)
   if list == nil then error(("text.files: cannot read '%s': %s"):format(root, tostring(why)), 2) end
@@ -163,7 +165,7 @@ local CHUNK = 65536
 -- Reads up to `limit` bytes of `path`; nil when it cannot, or (`only_text`) when it is
 -- empty or holds a NUL byte.
 local function read_file(path, limit, only_text)
-  if not lib.regular_file(path) then return nil end
+  if not filesys.regular_file(path) then return nil end
   local f = io.open(path, "rb")
   if f == nil then return nil end
   local parts, n = {}, 0
@@ -247,7 +249,7 @@ end
 
 function M.corpus(paths, opts, ...)
   if select("#", ...) ~= 0 then too_many("text.corpus", "paths, opts", 2, ...) end
-  opts = lib.options(opts, CORPUS_OPTIONS, "text.corpus", 2, "opts")
+  opts = argcheck.options(opts, CORPUS_OPTIONS, "text.corpus", 2, "opts")
   return corpus("text.corpus", paths, opts, 2)
 end
 
@@ -287,7 +289,7 @@ function M.batch(s, B, S, seed, step, opts, ...)
     error("text.batch: a tokenized text must be an i32 tensor of one dimension in host memory", 2)
   end
   local length = ids and s:numel() or #s
-  opts = lib.options(opts, BATCH_OPTIONS, "text.batch", 2, "opts")
+  opts = argcheck.options(opts, BATCH_OPTIONS, "text.batch", 2, "opts")
   B, S = integer_arg(B, "B", 1), integer_arg(S, "S", 1)
   seed, step = integer_arg(seed, "seed", 0, 0), integer_arg(step, "step", 0, 0)
   local first = opts.first == nil and 0 or opts.first

@@ -47,12 +47,14 @@
 local ffi = require("ffi")
 local bit = require("bit")
 local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
+local filesys = require("l2l.filesys")
 
 local type, tostring, pairs, floor, select = type, tostring, pairs, math.floor, select
 local sub, char, byte, find, concat = string.sub, string.char, string.byte, string.find, table.concat
 local new_table = require("table.new")   -- LuaJIT's preallocating constructor
 local band, bor, rshift, lshift = bit.band, bit.bor, bit.rshift, bit.lshift
-local too_many, describe = lib.too_many, lib.describe
+local too_many, describe = argcheck.too_many, argcheck.describe
 
 local M = {}
 
@@ -417,7 +419,7 @@ local MAX_FILE = 64 * 2 ^ 20
 -- checked before either is read).
 local function check_file(path, fname, what)
   if type(path) ~= "string" then error(("%s: %s must be a file name, got %s"):format(fname, what, describe(path)), 0) end
-  local regular, size = lib.regular_file(path)
+  local regular, size = filesys.regular_file(path)
   if not regular then error(("%s: %s: cannot read %s: %s"):format(fname, what, path, size), 0) end
   if size > MAX_FILE then
     error(("%s: %s: %s is %d bytes, over the %d a tokenizer's file may be (GPT-2's are about 1 MB)")
@@ -553,7 +555,7 @@ function M.cache_dir(...)
 end
 
 local function exists(path)
-  if not lib.regular_file(path) then return false end
+  if not filesys.regular_file(path) then return false end
   local f = io.open(path, "rb")
   if f then f:close() end
   return f ~= nil
@@ -580,7 +582,7 @@ local shared = {}
 function M.gpt2(opts, ...)
   local fname = "l2l.tokenizer.gpt2"
   if select("#", ...) ~= 0 then too_many(fname, "opts", 2, ...) end
-  opts = lib.options(opts, GPT2_OPTIONS, fname, 2, "opts")
+  opts = argcheck.options(opts, GPT2_OPTIONS, fname, 2, "opts")
   if opts.dir ~= nil and type(opts.dir) ~= "string" then
     error(fname .. ": option 'dir' must be a folder name, got " .. describe(opts.dir), 2)
   end

@@ -19,10 +19,10 @@
 -- the file is opened), change the global cjson settings other modules see (a private
 -- cjson instance is used), or drop an event silently (a malformed one is an error naming it).
 local cjson = require("cjson").new()
-local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
 
 local type, tostring, ipairs, pairs, floor, select = type, tostring, ipairs, pairs, math.floor, select
-local huge, too_many = math.huge, lib.too_many
+local huge, too_many = math.huge, argcheck.too_many
 
 local M = {}
 
@@ -37,7 +37,7 @@ end
 function M.lane_name(t, ...)
   if select("#", ...) ~= 0 then too_many("trace.lane_name", "t", 2, ...) end
   if type(t) ~= "number" or t ~= floor(t) or t < 0 then
-    error("trace.lane_name: t must be an integer >= 0, got " .. lib.describe(t), 2)
+    error("trace.lane_name: t must be an integer >= 0, got " .. argcheck.describe(t), 2)
   end
   return lane_name(t)
 end
@@ -83,7 +83,7 @@ local OPTIONS = { name = true }
 -- re-raised at the caller by the public functions.
 local function chrome(events, opts, fname)
   if type(events) ~= "table" then error(fname .. ": events must be a list of relay events (run:events())", 0) end
-  opts = lib.options(opts, OPTIONS, fname, 0, "opts")
+  opts = argcheck.options(opts, OPTIONS, fname, 0, "opts")
   local name = opts.name or "l2l relay"
   if type(name) ~= "string" then error(fname .. ": opts.name must be a string, got " .. tostring(name), 0) end
 

@@ -12,7 +12,7 @@
 -- the model's context, and reports the mean loss per token and its perplexity.
 -- Must never: write anything, or change the checkpoint.
 local cli = require("l2l.cli")
-local lib = require("l2l.lib")
+local argcheck = require("l2l.argcheck")
 
 local M = {}
 
@@ -38,8 +38,8 @@ local function printable(text, bytes)
 end
 
 function M.sample_main(args, ...)
-  if select("#", ...) ~= 0 then lib.too_many("use.sample_main", "args", 2, ...) end
-  if type(args) ~= "table" then error("use.sample_main: args must be a list of strings, got " .. lib.describe(args), 2) end
+  if select("#", ...) ~= 0 then argcheck.too_many("use.sample_main", "args", 2, ...) end
+  if type(args) ~= "table" then error("use.sample_main: args must be a list of strings, got " .. argcheck.describe(args), 2) end
   local parser = cli.parser {
     name = "l2l sample", usage = "l2l sample",
     description = "Continues a prompt with a trained model: the text a checkpoint's model writes.",
@@ -65,8 +65,8 @@ function M.sample_main(args, ...)
 end
 
 function M.eval_main(args, ...)
-  if select("#", ...) ~= 0 then lib.too_many("use.eval_main", "args", 2, ...) end
-  if type(args) ~= "table" then error("use.eval_main: args must be a list of strings, got " .. lib.describe(args), 2) end
+  if select("#", ...) ~= 0 then argcheck.too_many("use.eval_main", "args", 2, ...) end
+  if type(args) ~= "table" then error("use.eval_main: args must be a list of strings, got " .. argcheck.describe(args), 2) end
   local parser = cli.parser {
     name = "l2l eval", usage = "l2l eval",
     description = "The loss and perplexity of a trained model on a text: each window of the model's context " ..
