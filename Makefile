@@ -77,7 +77,8 @@ BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
 BLAS_LIBS := -L$(BLAS_DIR) -l:libopenblas.so.0
 BLAS_RPATH := -Wl,-rpath,$(BLAS_DIR)
 LIB_LIBS := $(BLAS_LIBS) -ljemalloc -lm -lpthread
-# The executable and test programs link libl2l.so from their own folder.
+# The executable and the examples link libl2l.so from their own folder (the C tests and
+# the bench programs link libl2l.a: see WHOLE_LIB).
 RPATH := -Wl,-rpath,'$$ORIGIN' -Wl,--no-as-needed
 
 # The CUDA backend is built wherever nvcc is found (a GPU is only needed to run it);

@@ -403,7 +403,7 @@ struct AdamwOp {
   float *param, *m, *v;
   const float *grad;
   float b1, b2, eps, lr_wd, step_size, inv_sqrt_bc2;
-  /* core.h's l2l_adamw_element (the CPU backend's and the EPS's), expression for
+  /* backend.h's l2l_adamw_element (the CPU backend's and the EPS's), expression for
      expression: device code cannot call that host function, so it is written again here */
   __device__ __forceinline__ void update(float &p, float &mi, float &vi, float g) const {
     mi = b1 * mi + (1.0f - b1) * g;

@@ -172,7 +172,11 @@ while pos <= #block do
       pending = nil
     end
     for _, n in ipairs(names) do entry.names[#entry.names + 1] = n end
-    entry.code[#entry.code + 1] = decl:match("^%s*(.-)%s*$")
+    -- the export mark every function carries says nothing to a reader: left out, its
+    -- continuation lines moved back by its width
+    local shown = decl:match("^%s*(.-)%s*$")
+    if shown:sub(1, 8) == "L2L_API " then shown = shown:sub(9):gsub("\n        ", "\n") end
+    entry.code[#entry.code + 1] = shown
     advance(decl)
   end
 end

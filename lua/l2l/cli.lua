@@ -159,9 +159,9 @@ local function value_of(name, args)
   return v
 end
 
--- argparse's "\nDid you mean '--steps'?" as lib's " (did you mean '--steps'?)"; a near
--- miss argparse does not see (two letters swapped far apart), and a choice that is not
--- one, found the way lib finds options.
+-- argparse's "\nDid you mean '--steps'?" as argcheck's " (did you mean '--steps'?)"; a
+-- near miss argparse does not see (two letters swapped far apart), and a choice that is
+-- not one, found the way argcheck finds options.
 local function hint(msg, p, args)
   msg = msg:gsub("\nDid you mean (.-)%?$", " (did you mean %1?)")
   local unknown = msg:match("^unknown option '([^']+)'$")

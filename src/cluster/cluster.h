@@ -21,8 +21,8 @@
  * Must never: call MPI from any thread but the communication thread, post an operation of
  * a stream before every lower index of that stream, or run a callback under its lock.
  */
-#ifndef L2L_DIST_H
-#define L2L_DIST_H
+#ifndef L2L_CLUSTER_H
+#define L2L_CLUSTER_H
 
 #include "core/core.h"
 
@@ -125,4 +125,4 @@ l2l_status l2l_dist_run(struct l2l_dist_op *op);
    on stderr with the rank and calls MPI_Abort. */
 void l2l_dist_fail(const char *what);
 
-#endif /* L2L_DIST_H */
+#endif /* L2L_CLUSTER_H */
