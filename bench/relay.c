@@ -90,11 +90,14 @@ static void plain_init(struct plain *p) {
       bool seen = false;
       for (int i = 0; i < p->nrec; i++) seen = seen || p->rec[i] == param;
       if (seen) continue;
+      /* AdamW's moments have the parameter's shape (l2l_adamw_update checks it) */
       l2l_tensor *value = l2l_param_value(param);
-      int64_t n = l2l_tensor_numel(value);
+      int ndim = l2l_tensor_ndim(value);
+      int64_t d[3] = {0, 0, 0};
+      for (int k = 0; k < ndim && k < 3; k++) d[k] = l2l_tensor_dim(value, k);
       p->rec[p->nrec] = param;
-      p->m[p->nrec] = new_tensor(L2L_F32, 1, n, 0, 0);
-      p->v[p->nrec] = new_tensor(L2L_F32, 1, n, 0, 0);
+      p->m[p->nrec] = new_tensor(L2L_F32, ndim, d[0], d[1], d[2]);
+      p->v[p->nrec] = new_tensor(L2L_F32, ndim, d[0], d[1], d[2]);
       ok(l2l_tensor_fill(p->m[p->nrec], 0.0));
       ok(l2l_tensor_fill(p->v[p->nrec], 0.0));
       p->nrec++;
