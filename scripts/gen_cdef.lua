@@ -10,16 +10,11 @@ local function ffi_block(text)
   local body = text:match("/%* L2L_FFI_BEGIN %*/(.-)/%* L2L_FFI_END %*/")
   assert(body, "no L2L_FFI_BEGIN ... L2L_FFI_END block in " .. header_path)
   body = body:gsub("/%*.-%*/", "")                 -- block comments
-  -- the export mark, a macro ffi.cdef lacks: dropped, its declaration's continuation
-  -- lines moved back by its width
-  local lines, marked = {}, false
-  for line in (body .. "\n"):gmatch("(.-)\n") do
-    if line:sub(1, 8) == "L2L_API " then line, marked = line:sub(9), true
-    elseif marked then line = line:gsub("^        ", "") end
-    if marked and line:gsub("/%*.*", ""):find(";", 1, true) then marked = false end
-    lines[#lines + 1] = line
-  end
-  body = table.concat(lines, "\n")
+  -- the export mark, a macro ffi.cdef lacks: dropped, and its declaration's continuation
+  -- lines (up to the `;`) moved back by its width, as gen_cdoc.lua shows them
+  body = ("\n" .. body):gsub("\nL2L_API ([^;]*;)", function(decl)
+    return "\n" .. decl:gsub("\n        ", "\n")
+  end)
   body = body:gsub("[ \t]+\n", "\n"):gsub("\n\n+", "\n\n")
   return body:match("^%s*(.-)%s*$") .. "\n"
 end
