@@ -268,9 +268,10 @@ summary=$out/summary.txt
 failed=() not_run=()
 # phase NAME LIMIT: runs the phase under min(LIMIT, what is left of the budget)
 phase() {
-  local name=$1 limit=$2 now left status figure
+  local name=$1 limit=$2 now left status figure cut=""
   now=$(date +%s); left=$((start + budget - now))
-  ((limit > left)) && limit=$left
+  # a phase the budget cut short says so: its failure may be the cut, not a fault
+  ((limit > left)) && cut="given $left of its $limit s by the budget; " limit=$left
   if ((limit < 5)); then
     printf '%-9s %-8s %5s  %s\n' "$name" "not run" 0 "out of budget" >> "$summary"
     not_run+=("$name (out of budget)"); return
@@ -283,8 +284,8 @@ phase() {
   case $rc in
     0) status=ok ;;
     "$SKIP") status=skipped; not_run+=("$name") ;;
-    124|137) status=TIMEOUT; failed+=("$name"); figure="ran past $limit s; ${figure}" ;;
-    *) status=FAIL; failed+=("$name") ;;
+    124|137) status=TIMEOUT; failed+=("$name"); figure="${cut}ran past $limit s; ${figure}" ;;
+    *) status=FAIL; failed+=("$name"); figure="${cut}${figure}" ;;
   esac
   printf '%-9s %-8s %5s  %s\n' "$name" "$status" $(($(date +%s) - now)) "$figure" >> "$summary"
 }

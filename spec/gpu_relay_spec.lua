@@ -1,10 +1,10 @@
 -- SPDX-License-Identifier: MIT
--- gpu_relay_spec — the relay on a GPU (CUDA part 2): its loss curve against the CPU
--- relay's on the same batches (f32: tight; bf16 weights and gradients: a band over 200
--- steps), bf16 as the GPU's default precision, and device memory constant in depth with
--- stash = "host". How much copy time the kernels hide is a time, so a benchmark's figure
--- (bench/l2l_gpt.lua's exposed_copy_seconds, in scripts/gpu-check.sh), not a test's. Every
--- test reports itself pending with the reason where no GPU can be used.
+-- gpu_relay_spec — the relay on a GPU (CUDA part 2): its loss curve against the CPU relay's
+-- on the same batches (f32: tight; bf16 weights and gradients: the same start and the same
+-- learning over 200 steps), bf16 as the GPU's default precision, and device memory constant
+-- in depth with stash = "host". How much copy time the kernels hide is a time, so a
+-- benchmark's figure (bench/l2l_gpt.lua's exposed_copy_seconds, in scripts/gpu-check.sh),
+-- not a test's. Every test reports itself pending with the reason where no GPU can be used.
 -- The test runner sets L2L_DEVICE=cpu: each test switches to CUDA and back.
 local support = dofile("spec/support.lua")
 local l2l = require("l2l")
@@ -104,27 +104,38 @@ describe("the relay on a GPU", function()
     end
   end))
 
-  it("stays within a band of the f32 curve with bf16 weights and gradients for 200 steps", gpu(function()
+  it("learns as the f32 curve does with bf16 weights and gradients over 200 steps", gpu(function()
     local data, a, b = batches(200, 8), twins(support.seed % 1000)
     local cpu = curve("cpu", a, data, { micro_batch = 4, precision = "f32" })
     local cuda = curve("cuda", b, data, { micro_batch = 4, grad_precision = "bf16" }) -- bf16: the default
-    -- Two different trajectories from step 1 (bf16 rounds every weight and gradient to 8
-    -- significant bits), so single steps may part by a spike (seen on an H200: 0.0639
-    -- against 0.0707 at step 154 in one run, 0.133 against 0.243 at step 149 in another,
-    -- of curves from 2.8): each step within 10 % of the f32 loss or 10 % of the first
-    -- loss, which catches a diverging or broken bf16 path, not a spike; the mean of every
-    -- 20 steps within 3 % or 2 % of the first loss, the curve's shape.
-    local step_floor, mean_floor = 0.1 * cpu[1], 0.02 * cpu[1]
-    for i = 1, #data do
-      assert.is_true(math.abs(cpu[i] - cuda[i]) <= math.max(0.1 * cpu[i], step_floor),
+    -- bf16 rounds every weight and gradient to 8 significant bits, so the two runs are two
+    -- trajectories of a task whose loss drops suddenly somewhere between steps ~70 and ~130: which
+    -- step differs from run to run (on the CPU relay, f32 against bf16 over 24 seeds, the 20-step
+    -- means parted by up to 0.4 of a curve from 2.74 at the drop, and an H200 saw 0.249 against
+    -- 0.163 at steps 161-180), so no band holds step by step. What holds: (1) before they part
+    -- (steps 1-20, the loss still near its start) each step agrees within 2 %: bf16's 2^-9 rounding
+    -- of weights and activations and its attention products (0.4 % normwise, test_cuda.c) through
+    -- five layers move the loss by a fraction of that (the CPU relay's bf16: at most 0.036 %); a
+    -- wrong cast, scale or layout is off by far more. (2) No step diverges: every loss finite and
+    -- under 1.25 times the first (seen: 1.04). (3) Both learn the task: the last 20 steps' mean
+    -- under a quarter of the first loss for f32 (seen: 0.054 of it at steps 181-200 on the CPU,
+    -- 0.089 at 161-180 on the H200), and bf16's within twice f32's plus 5 % of the first loss
+    -- (seen: at most 1.5 times).
+    for i = 1, 20 do
+      assert.is_true(math.abs(cpu[i] - cuda[i]) <= 0.02 * cpu[i],
                      ("step %d: f32 %.6g, bf16 %.6g"):format(i, cpu[i], cuda[i]))
     end
-    for first = 1, #data, 20 do
-      local a, b = 0, 0
-      for i = first, first + 19 do a, b = a + cpu[i], b + cuda[i] end
-      assert.is_true(math.abs(a - b) <= math.max(0.03 * a, 20 * mean_floor),
-                     ("steps %d-%d: f32 %.6g, bf16 %.6g"):format(first, first + 19, a / 20, b / 20))
+    for i = 1, #data do
+      assert.is_true(cuda[i] == cuda[i] and cuda[i] < 1.25 * cpu[1],
+                     ("step %d: bf16 %.6g, the first loss %.6g"):format(i, cuda[i], cpu[1]))
     end
+    local f32_last, bf16_last = 0, 0
+    for i = #data - 19, #data do
+      f32_last, bf16_last = f32_last + cpu[i] / 20, bf16_last + cuda[i] / 20
+    end
+    assert.is_true(f32_last < 0.25 * cpu[1], ("f32's last 20 steps: %.6g"):format(f32_last))
+    assert.is_true(bf16_last <= 2 * f32_last + 0.05 * cpu[1],
+                   ("the last 20 steps: f32 %.6g, bf16 %.6g"):format(f32_last, bf16_last))
   end))
 
   it("streams bf16 weights by default on a GPU, half the bytes of f32", gpu(function()

@@ -1897,16 +1897,22 @@ static void layer_case(const l2l_layer_config *c, int64_t B, int64_t S, int mask
     snprintf(label, sizeof label, "%s: forward", what);
     if (ok) ok &= CHECK_TWIN(label, y, RMS, TOL_LAYER);
   }
+  /* A frugal block's backward recovers GELU' (an O(1) factor) from GELU's output, where
+     the two backends part by up to ~1e-4 (TOL_GELU_FROM_OUTPUT's note), and every gradient
+     behind the MLP's GELU sums such factors: held to TOL_LAYER, an H100 showed 1.17e-4 in
+     d mlp.fc.weight. They are held to TOL_GELU_FROM_OUTPUT of their scale. */
+  const bool frugal_block = c->kind == L2L_LAYER_BLOCK && c->memory == L2L_MEMORY_FRUGAL;
+  const double tol_backward = frugal_block ? TOL_GELU_FROM_OUTPUT : TOL_LAYER;
   if (ok) {
     SIDES ok &= OK_ON(l2l_layer_backward(layers[side], AT(dx), AT(dy), saved[side], &batch[side]));
     if (ok && dx.h) {
       snprintf(label, sizeof label, "%s: dx", what);
-      CHECK_TWIN(label, dx, RMS, TOL_LAYER);
+      CHECK_TWIN(label, dx, RMS, tol_backward);
     }
     for (int i = 0; ok && i < np; i++) {
       l2l_param *ph = l2l_layer_param(hl, i), *pd = l2l_layer_param(dl, i);
       snprintf(label, sizeof label, "%s: d %s", what, l2l_param_name(ph));
-      CHECK_TWIN(label, pair(l2l_param_grad(ph), l2l_param_grad(pd)), RMS, TOL_LAYER);
+      CHECK_TWIN(label, pair(l2l_param_grad(ph), l2l_param_grad(pd)), RMS, tol_backward);
     }
   }
   l2l_saved_free(saved[0]);
