@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* cost.c — the predicted time of a training step under a policy.
  *
- * Purpose: the planner's objective. A step is the relay's visits in order (replayed_visits.c);
+ * Purpose: the planner's objective. A step is the relay's visits in order (src/schedule);
  * each visit has three channels that the relay runs at once: compute on the calling
  * thread (a forward per micro-batch; a backward, with the forward rerun first when the
  * layer recomputes; the head's forward and backward), copies in on the h2d thread (the
@@ -95,9 +95,11 @@ l2l_status plan_layer_costs(struct plan_layer_costs *out, const struct plan_chai
       l2l_layer_memory_in(&m, layer, rows[i], c->seq, c->precision);
       o->swap_bytes[i] = m.saved + m.input_kept + m.output_kept;
     }
-    o->param_bytes = plan_slot_bytes(c, k, PLAN_SLOT_VALUES);
-    o->grad_bytes = plan_slot_bytes(c, k, c->grad_precision != L2L_F32 ? PLAN_SLOT_GRADS_OUT
-                                                                       : PLAN_SLOT_GRADS);
+    o->param_bytes = schedule_layer_slot_bytes(layer, SCHEDULE_SLOT_VALUES, c->precision,
+                                               c->grad_precision);
+    o->grad_bytes = schedule_layer_slot_bytes(
+        layer, c->grad_precision != L2L_F32 ? SCHEDULE_SLOT_GRADS_OUT : SCHEDULE_SLOT_GRADS,
+        c->precision, c->grad_precision);
     o->master_bytes = masters[k];
   }
   free(masters);
@@ -110,22 +112,22 @@ static double seconds_for(double bytes, double rate) { return rate > 0 ? bytes /
 
 double plan_step_seconds(const struct plan_chain *c, const struct plan_layer_costs *costs,
                          const l2l_plan_rates *rates, double *per_layer) {
-  int L = c->L, lowest = plan_lowest(c);
+  int L = c->L;
   int64_t mb = c->micro_batch < c->batch ? c->micro_batch : c->batch;
   int64_t nmb = (c->batch + mb - 1) / mb, last = c->batch - (nmb - 1) * mb;
   double act_full = (double)(mb * c->seq * c->dim) * sizeof(float);
   double act_last = (double)(last * c->seq * c->dim) * sizeof(float);
   double act_all = act_full * (double)(nmb - 1) + act_last;   /* one boundary, every micro-batch */
-  struct plan_visit *visits = calloc((size_t)plan_max_visits(c), sizeof *visits);
-  bool *rebuilt = calloc((size_t)L + 1, sizeof *rebuilt), *reread = calloc((size_t)L + 1, sizeof *reread);
+  struct schedule sc;
   int *held = calloc((size_t)(c->param_slots > 0 ? c->param_slots : 2), sizeof *held);
   int *used = calloc((size_t)(c->param_slots > 0 ? c->param_slots : 2), sizeof *used);
-  if (visits == NULL || rebuilt == NULL || reread == NULL || held == NULL || used == NULL) {
-    free(visits), free(rebuilt), free(reread), free(held), free(used);
+  if (plan_schedule(&sc, c) != L2L_OK || held == NULL || used == NULL) {
+    schedule_free(&sc), free(held), free(used);
     return -1;
   }
   if (per_layer) memset(per_layer, 0, (size_t)L * sizeof *per_layer);
-  int n = plan_visits(visits, c, lowest, rebuilt, reread);
+  const struct schedule_visit *visits = sc.visits;
+  int n = sc.nvisits, lowest = sc.lowest;
   int slots = c->param_slots > 0 ? c->param_slots : 2;
   for (int i = 0; i < slots; i++) held[i] = -1, used[i] = -1;
 
@@ -151,24 +153,24 @@ double plan_step_seconds(const struct plan_chain *c, const struct plan_layer_cos
   double total = 0, backward_end = 0, workers_free = 0, total_updates = 0;
   for (int i = 0; copies && i < n; i++) {
     int k = visits[i].k;
-    enum plan_visit_kind kind = visits[i].kind;
+    enum schedule_visit_kind kind = visits[i].kind;
     const struct plan_layer_costs *o = &costs[k];
     const struct plan_layer *pl = &c->layers[k];
     double compute = 0, in = 0, out = 0, exposed = 0;
     double whole_fwd = o->fwd[0] * (double)(nmb - 1) + o->fwd[1];
     double whole_bwd = o->bwd[0] * (double)(nmb - 1) + o->bwd[1];
     bool input_host = k >= 1 && pl->stash == L2L_STASH_HOST;
-    if (kind == PLAN_FORWARD || kind == PLAN_REBUILD) {
+    if (kind == SCHEDULE_FORWARD || kind == SCHEDULE_REBUILD) {
       compute = whole_fwd;
-      if (input_host && kind == PLAN_FORWARD) in += act_all;
-      bool out_host = kind == PLAN_FORWARD && c->layers[k + 1].stash == L2L_STASH_HOST;
+      if (input_host && kind == SCHEDULE_FORWARD) in += act_all;
+      bool out_host = kind == SCHEDULE_FORWARD && c->layers[k + 1].stash == L2L_STASH_HOST;
       if (out_host) out += act_all, exposed += seconds_for(act_last, rates->d2h);
-      bool keep = kind == PLAN_FORWARD && pl->inner != L2L_INNER_RECOMPUTE && k >= lowest;
+      bool keep = kind == SCHEDULE_FORWARD && pl->inner != L2L_INNER_RECOMPUTE && k >= lowest;
       if (keep && pl->inner == L2L_INNER_SWAP) {
         out += (double)o->swap_bytes[0] * (double)(nmb - 1) + (double)o->swap_bytes[1];
         exposed += seconds_for((double)o->swap_bytes[1], rates->d2h);
       }
-    } else if (kind == PLAN_HEAD) {
+    } else if (kind == SCHEDULE_HEAD) {
       bool backward = lowest < L;
       compute = whole_fwd + (backward ? whole_bwd : 0);
       if (input_host) in += act_all;
@@ -198,7 +200,7 @@ double plan_step_seconds(const struct plan_chain *c, const struct plan_layer_cos
     total += t;
     if (per_layer) per_layer[k] += t;
     /* a trainable layer's update starts once its backward is done, on the workers */
-    bool update_here = (kind == PLAN_BACKWARD || (kind == PLAN_HEAD && lowest < L)) && !pl->frozen;
+    bool update_here = (kind == SCHEDULE_BACKWARD || (kind == SCHEDULE_HEAD && lowest < L)) && !pl->frozen;
     if (update_here) {
       double u = seconds_for((double)o->master_bytes, rates->optimizer) / (double)c->accumulate;
       total_updates += u;
@@ -212,6 +214,7 @@ double plan_step_seconds(const struct plan_chain *c, const struct plan_layer_cos
   double tail = c->updates_deferred ? workers_free : workers_free - backward_end;
   if (rates->shared) tail = total_updates;
   if (tail > 0) total += tail;
-  free(copies), free(visits), free(rebuilt), free(reread), free(held), free(used);
+  free(copies), free(held), free(used);
+  schedule_free(&sc);
   return total;
 }

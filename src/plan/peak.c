@@ -3,9 +3,9 @@
  *
  * Purpose: the planner must know, before a step runs, whether a policy fits a device
  * budget: a step that overruns fails half-way, after some layers were updated. The
- * relay's compute thread makes and frees every device tensor at points it chooses
- * (src/relay/visits.c, acts.c, slots.c), so replaying that order with the layers' memory
- * statements gives the peak exactly: parameter and gradient slots for the whole step;
+ * relay's compute thread makes and frees every device tensor in the order of the step's
+ * schedule (src/schedule/walk.c), so executing the same walk with counted blocks and the
+ * layers' memory statements gives the peak exactly: parameter and gradient slots for the whole step;
  * per visit and micro-batch the input (and the next one prefetched), the micro-batch's
  * ids, the output, the call's saved and work arenas; what waits between visits (device
  * boundaries read again, rebuilt stretches, gradients handed down, kept saved states and
@@ -22,8 +22,9 @@
  * the peak is the highest line at the real count: exact, in time and memory independent
  * of the batch (a replay of 2^24 micro-batches took minutes and gigabytes). A check that
  * fails falls back to the whole replay.
- * Must never: read the relay's state (the order is written down here; a spec compares the
- * replay with the pool's measured peak on random models and policies).
+ * Must never: read the relay's state or decide an order of its own (the schedule's walk
+ * is the order; a spec compares the replay with the pool's measured peak on random models
+ * and policies, which also checks what the acts count).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -231,163 +232,176 @@ static void forward_call(struct replay *r, struct saved *out, const l2l_layer_me
   else saved_free(r, &s);
 }
 
-/* ---------------------------------------------------------------- the visits */
+/* ---------------------------------------------------------------- the schedule's acts */
 
+/* The replay's state of a step: what the relay's step holds, as counted blocks. */
 struct step {
   struct replay *r;
-  int L, lowest;
-  bool *rebuilt, *reread;
+  int L;
   struct act **x, **g;      /* [L + 1][nmb] */
+  struct act scratch;
   struct saved **saved;     /* [L][nmb] */
+  struct block *ids[2];     /* the micro-batch's batch fields */
   struct outs outs;
 };
 
-static void visit_forward(struct step *s, int k, bool rebuild) {
+static struct act *act_at(struct step *s, enum schedule_act a, int k, int64_t u) {
+  return a == SCHEDULE_X ? &s->x[k][u] : a == SCHEDULE_G ? &s->g[k][u] : &s->scratch;
+}
+
+/* The stretches (see the top): a visit's first three, of its micro-batches. */
+static void visit_start(void *ctx, int i) {
+  struct replay *r = ((struct step *)ctx)->r;
+  r->visit_base = 1 + STRETCHES * i;
+  r->stretch = r->visit_base;
+}
+
+static void micro_batch(void *ctx, int64_t u) { stretch_at(((struct step *)ctx)->r, u); }
+
+/* The slots live through the step: nothing to bind. */
+static l2l_status visit_bind(void *ctx, int i, const struct schedule_visit *v, bool grads) {
+  (void)ctx, (void)i, (void)v, (void)grads;
+  return L2L_OK;
+}
+
+static l2l_status on_device(void *ctx, enum schedule_act a, int k, int64_t u) {
+  struct step *s = ctx;
+  prefetch(s->r, act_at(s, a, k, u), u);
+  return L2L_OK;
+}
+
+static l2l_status make(void *ctx, enum schedule_act a, int k, int64_t u) {
+  struct step *s = ctx;
+  act_at(s, a, k, u)->dev = new_act(s->r, u);
+  return L2L_OK;
+}
+
+static void free_act(void *ctx, enum schedule_act a, int k, int64_t u) {
+  struct step *s = ctx;
+  act_free(s->r, act_at(s, a, k, u));
+}
+
+static void release(void *ctx, enum schedule_act a, int k, int64_t u) {
+  struct step *s = ctx;
+  release_device(s->r, act_at(s, a, k, u));
+}
+
+static l2l_status stash(void *ctx, enum schedule_act a, int k, int64_t u) {
+  struct step *s = ctx;
+  stash_out(s->r, &s->outs, act_at(s, a, k, u));
+  return L2L_OK;
+}
+
+static l2l_status retire(void *ctx, int keep) {
+  struct step *s = ctx;
+  throttle(s->r, &s->outs, keep);
+  return L2L_OK;
+}
+
+static l2l_status inputs(void *ctx, int k, int64_t u, bool training) {
+  struct step *s = ctx;
+  (void)training;
+  inputs_take(s->r, k, u, s->ids);
+  return L2L_OK;
+}
+
+static void inputs_free(void *ctx) {
+  struct step *s = ctx;
+  inputs_drop(s->r, s->ids);
+  s->ids[0] = s->ids[1] = NULL;
+}
+
+static l2l_status forward(void *ctx, int k, int64_t u, bool keep, bool rebuild) {
+  struct step *s = ctx;
+  (void)rebuild;
+  forward_call(s->r, &s->saved[k][u], mem_of(s->r, k, u), keep, k > 0 ? s->x[k][u].dev : NULL,
+               s->x[k + 1][u].dev);
+  return L2L_OK;
+}
+
+static l2l_status head(void *ctx, int k, int64_t u, bool backward) {
+  struct step *s = ctx;
   struct replay *r = s->r;
-  const struct plan_layer *pl = &r->c->layers[k];
-  bool keep = !rebuild && pl->inner != L2L_INNER_RECOMPUTE && k >= s->lowest;
-  bool input_needed = rebuild ? pl->inner == L2L_INNER_RECOMPUTE && k >= s->lowest : s->reread[k];
-  bool home_device = pl->stash == L2L_STASH_DEVICE || (rebuild && s->rebuilt[k]);
-  bool out_host = !rebuild && r->c->layers[k + 1].stash == L2L_STASH_HOST;
-  for (int64_t u = 0; u < r->nmb; u++) {
-    stretch_at(r, u);
-    struct block *x = NULL, *ids[2];
-    if (k > 0) {
-      if (u + 1 < r->nmb) prefetch(r, &s->x[k][u + 1], u + 1);
-      prefetch(r, &s->x[k][u], u);
-      x = s->x[k][u].dev;
-    }
-    inputs_take(r, k, u, ids);
-    struct block *y = new_act(r, u);
-    s->x[k + 1][u].dev = y;
-    forward_call(r, &s->saved[k][u], mem_of(r, k, u), keep, x, y);
-    inputs_drop(r, ids);
-    if (keep && pl->inner == L2L_INNER_SWAP) s->saved[k][u].away = true;
-    if (k > 0) {
-      if (!input_needed || (!home_device && pl->stash == L2L_STASH_RECOMPUTE))
-        act_free(r, &s->x[k][u]);
-      else if (!home_device)
-        release_device(r, &s->x[k][u]);
-    }
-    if (out_host) stash_out(r, &s->outs, &s->x[k + 1][u]);
-  }
-  /* swap-outs are done by the visit's end: their device bytes are free then */
-  if (keep && pl->inner == L2L_INNER_SWAP)
-    for (int64_t u = 0; u < r->nmb; u++) {
-      struct saved *sv = &s->saved[k][u];
-      uint64_t bytes[3] = {sv->bytes[0], sv->bytes[1], sv->bytes[2]};
-      saved_free(r, sv);
-      memcpy(sv->bytes, bytes, sizeof bytes);
-      sv->away = true;
-    }
-  throttle(r, &s->outs, 0);
+  struct block *losses = take(r, (uint64_t)(rows_of(r, u) * r->head_width) * sizeof(float));
+  if (backward) s->g[k][u].dev = new_act(r, u);
+  const l2l_layer_memory *m = mem_of(r, k, u);
+  struct saved sv = {0};
+  forward_call(r, &sv, m, backward, s->x[k][u].dev, NULL);
+  if (backward) drop(r, take(r, m->work_backward));
+  saved_free(r, &sv);
+  drop(r, losses);
+  return L2L_OK;
 }
 
-/* The gradient dx of micro-batch u for the layer below, kept (and host-stashed as its
-   boundary says) or dropped when nothing below wants it. */
-static void pass_down(struct step *s, int k, int64_t u, struct block *dx, bool keep, bool host) {
-  if (!keep) {
-    drop(s->r, dx);
-    return;
-  }
-  s->g[k][u].dev = dx;
-  if (host) stash_out(s->r, &s->outs, &s->g[k][u]);
+static l2l_status backward(void *ctx, int k, int64_t u, bool recompute) {
+  struct step *s = ctx;
+  const l2l_layer_memory *m = mem_of(s->r, k, u);
+  if (recompute)
+    forward_call(s->r, &s->saved[k][u], m, true, k > 0 ? s->x[k][u].dev : NULL, s->scratch.dev);
+  drop(s->r, take(s->r, m->work_backward));
+  return L2L_OK;
 }
 
-static void visit_head(struct step *s, int k) {
-  struct replay *r = s->r;
-  bool backward = s->lowest < s->L;
-  bool keep_dx = backward && k > s->lowest;
-  bool grad_host = r->c->layers[k].stash == L2L_STASH_HOST;
-  for (int64_t u = 0; u < r->nmb; u++) {
-    stretch_at(r, u);
-    if (u + 1 < r->nmb) prefetch(r, &s->x[k][u + 1], u + 1);
-    prefetch(r, &s->x[k][u], u);
-    struct block *ids[2];
-    inputs_take(r, k, u, ids);
-    struct block *losses = take(r, (uint64_t)(rows_of(r, u) * r->head_width) * sizeof(float));
-    struct block *dx = backward ? new_act(r, u) : NULL;
-    const l2l_layer_memory *m = mem_of(r, k, u);
-    struct saved sv = {0};
-    forward_call(r, &sv, m, backward, s->x[k][u].dev, NULL);
-    if (backward) drop(r, take(r, m->work_backward));
-    saved_free(r, &sv);
-    drop(r, losses);
-    inputs_drop(r, ids);
-    act_free(r, &s->x[k][u]);
-    if (backward) pass_down(s, k, u, dx, keep_dx, grad_host);
-  }
-  throttle(r, &s->outs, 0);
+static void saved_drop(void *ctx, int k, int64_t u) {
+  struct step *s = ctx;
+  saved_free(s->r, &s->saved[k][u]);
 }
 
-static void swap_in(struct replay *r, struct saved *sv) {
-  if (!sv->away) return;
+/* Swap runs on the copy threads: a swapped-out state's bytes count until the visit's end
+   (when the relay has waited for every swap-out), a swap-in's from when it is queued. */
+static l2l_status swap_out(void *ctx, int k, int64_t u) {
+  struct step *s = ctx;
+  s->saved[k][u].away = true;
+  return L2L_OK;
+}
+
+static l2l_status swap_out_done(void *ctx, int k, int64_t u) {
+  struct step *s = ctx;
+  struct saved *sv = &s->saved[k][u];
+  uint64_t bytes[3] = {sv->bytes[0], sv->bytes[1], sv->bytes[2]};
+  saved_free(s->r, sv);
+  memcpy(sv->bytes, bytes, sizeof bytes);
+  sv->away = true;
+  return L2L_OK;
+}
+
+static l2l_status swap_in(void *ctx, int k, int64_t u) {
+  struct step *s = ctx;
+  struct saved *sv = &s->saved[k][u];
+  if (!sv->away) return L2L_OK;
   sv->away = false;
-  sv->arena = take(r, sv->bytes[0]);
-  sv->input = take(r, sv->bytes[1]);
-  sv->output = take(r, sv->bytes[2]);
+  sv->arena = take(s->r, sv->bytes[0]);
+  sv->input = take(s->r, sv->bytes[1]);
+  sv->output = take(s->r, sv->bytes[2]);
+  return L2L_OK;
 }
 
-static void visit_backward(struct step *s, int k) {
-  struct replay *r = s->r;
-  const struct plan_layer *pl = &r->c->layers[k];
-  bool recompute = pl->inner == L2L_INNER_RECOMPUTE;
-  bool keep_dx = k > s->lowest;
-  bool grad_host = k > 0 && pl->stash == L2L_STASH_HOST;
-  for (int64_t u = 0; u < r->nmb; u++) {
-    stretch_at(r, u);
-    if (u + 1 < r->nmb) {
-      prefetch(r, &s->g[k + 1][u + 1], u + 1);
-      if (recompute && k > 0) prefetch(r, &s->x[k][u + 1], u + 1);
-    }
-    prefetch(r, &s->g[k + 1][u], u);
-    /* a swapped state comes back one micro-batch ahead of its use */
-    for (int64_t v = u; v < r->nmb && v <= u + 1; v++) swap_in(r, &s->saved[k][v]);
-    struct block *ids[2], *x = NULL, *scratch = NULL, *dx = NULL;
-    inputs_take(r, k, u, ids);
-    if (recompute) {
-      if (k > 0) {
-        prefetch(r, &s->x[k][u], u);
-        x = s->x[k][u].dev;
-      }
-      scratch = new_act(r, u);
-    }
-    if (k > 0) dx = new_act(r, u);
-    const l2l_layer_memory *m = mem_of(r, k, u);
-    if (recompute) forward_call(r, &s->saved[k][u], m, true, x, scratch);
-    drop(r, take(r, m->work_backward));
-    inputs_drop(r, ids);
-    saved_free(r, &s->saved[k][u]);
-    drop(r, scratch);
-    act_free(r, &s->g[k + 1][u]);
-    if (k > 0) act_free(r, &s->x[k][u]);
-    pass_down(s, k, u, dx, keep_dx, grad_host);
-  }
-  throttle(r, &s->outs, 0);
+static l2l_status swap_in_wait(void *ctx, int k, int64_t u) {
+  (void)ctx, (void)k, (void)u;
+  return L2L_OK;
 }
+
+static l2l_status prefetch_act(void *ctx, enum schedule_act a, int k, int64_t u) {
+  return on_device(ctx, a, k, u);   /* the replay counts a copy's bytes from its start */
+}
+
+static const struct schedule_ops replay_acts = {
+    .visit_start = visit_start, .micro_batch = micro_batch, .visit_bind = visit_bind,
+    .visit_end = visit_bind, .prefetch = prefetch_act, .on_device = on_device, .make = make,
+    .free = free_act, .release_device = release, .stash_out = stash, .throttle = retire,
+    .inputs = inputs, .inputs_free = inputs_free, .forward = forward, .head = head,
+    .backward = backward, .saved_free = saved_drop, .swap_out = swap_out,
+    .swap_out_wait = swap_out_done, .swap_in = swap_in, .swap_in_wait = swap_in_wait,
+};
 
 /* ---------------------------------------------------------------- slots */
 
-uint64_t plan_slot_bytes(const struct plan_chain *c, int k, enum plan_slot_content content) {
-  const l2l_layer *layer = c->layers[k].layer;
-  uint64_t n = 0;
-  for (int i = 0; i < l2l_layer_param_count(layer); i++) {
-    const l2l_param *p = l2l_layer_param(layer, i);
-    bool low = l2l_param_low_precision(p);
-    l2l_dtype dtype = content == PLAN_SLOT_VALUES ? (low ? c->precision : L2L_F32)
-                      : content == PLAN_SLOT_GRADS ? L2L_F32
-                                                   : (low ? c->grad_precision : L2L_F32);
-    uint64_t size = content == PLAN_SLOT_GRADS_OUT && dtype == L2L_F32 ? 0 : l2l_dtype_size(dtype);
-    n += l2l_pool_accounted((uint64_t)l2l_tensor_numel(l2l_param_value(p)) * size);
-  }
-  return n;
-}
-
-/* A slot's bytes: the largest layer's (slots.c). */
-static uint64_t slot_size(const struct plan_chain *c, enum plan_slot_content content) {
+/* A slot's bytes: the largest layer's (the relay's slots.c). */
+static uint64_t slot_size(const struct plan_chain *c, enum schedule_slot_content content) {
   uint64_t most = L2L_ALIGN;
   for (int k = 0; k < c->L; k++) {
-    uint64_t n = plan_slot_bytes(c, k, content);
+    uint64_t n = schedule_layer_slot_bytes(c->layers[k].layer, content, c->precision,
+                                           c->grad_precision);
     if (n > most) most = n;
   }
   return most;
@@ -395,32 +409,13 @@ static uint64_t slot_size(const struct plan_chain *c, enum plan_slot_content con
 
 /* ---------------------------------------------------------------- the step */
 
-static void run_visits(struct step *s) {
-  struct replay *r = s->r;
-  const struct plan_chain *c = r->c;
-  struct plan_visit *visits = calloc((size_t)plan_max_visits(c), sizeof *visits);
-  if (visits == NULL) {
-    r->failed = true;
-    return;
-  }
-  int n = plan_visits(visits, c, s->lowest, s->rebuilt, s->reread);
-  for (int i = 0; i < n && !r->failed; i++) {
-    int k = visits[i].k;
-    enum plan_visit_kind kind = visits[i].kind;
-    r->visit_base = 1 + STRETCHES * i;
-    r->stretch = r->visit_base;
-    /* the first micro-batch's input, brought in ahead (visit_prefetch) */
-    if (kind == PLAN_BACKWARD) prefetch(r, &s->g[k + 1][0], 0);
-    bool reads_input = kind != PLAN_BACKWARD || c->layers[k].inner == L2L_INNER_RECOMPUTE;
-    if (reads_input && k > 0) prefetch(r, &s->x[k][0], 0);
-    switch (kind) {
-      case PLAN_FORWARD: visit_forward(s, k, false); break;
-      case PLAN_REBUILD: visit_forward(s, k, true); break;
-      case PLAN_HEAD: visit_head(s, k); break;
-      default: visit_backward(s, k); break;
-    }
-  }
-  free(visits);
+l2l_status plan_schedule(struct schedule *sc, const struct plan_chain *c) {
+  TRY(schedule_new(sc, c->L, true));
+  for (int k = 0; k < c->L; k++)
+    sc->layers[k] = (struct schedule_layer){c->layers[k].frozen, c->layers[k].inner,
+                                            c->layers[k].stash};
+  schedule_order(sc);
+  return L2L_OK;
 }
 
 /* The memory statements and slot sizes a replay reads, for micro-batch mb (arrays NULL
@@ -439,7 +434,7 @@ static void memo_fill(struct plan_memo *m, const struct plan_chain *c, int64_t m
     statement(&m->mem[0][k], c->layers[k].layer, mb, c->seq, c->precision);
     statement(&m->mem[1][k], c->layers[k].layer, last, c->seq, c->precision);
   }
-  for (int i = 0; i < 3; i++) m->slots[i] = slot_size(c, (enum plan_slot_content)i);
+  for (int i = 0; i < 3; i++) m->slots[i] = slot_size(c, (enum schedule_slot_content)i);
 }
 
 l2l_status plan_chain_memo(struct plan_chain *c) {
@@ -462,22 +457,21 @@ void plan_memo_free(struct plan_chain *c) {
 /* One replay of a step of `nmb` micro-batches of mb rows, the last of `last` rows: its
    peak, and each stretch's into stretch_peak (NULL: not asked). */
 static l2l_status replay_step(uint64_t *peak, uint64_t *stretch_peak, const struct plan_chain *c,
-                              const struct plan_memo *memo, int64_t mb, int64_t nmb, int64_t last) {
+                              const struct schedule *sc, const struct plan_memo *memo, int64_t mb,
+                              int64_t nmb, int64_t last) {
   struct replay r = {.c = c, .mb = mb, .nmb = nmb, .last = last, .stretch_peak = stretch_peak};
   plan_replayed_micro_batches += nmb;
-  struct step s = {.r = &r, .L = c->L, .lowest = plan_lowest(c)};
+  struct step s = {.r = &r, .L = c->L};
   int L = c->L;
   l2l_layer_config head;
   l2l_layer_get_config(&head, c->layers[c->L - 1].layer);
   r.head_width = head.kind == L2L_LAYER_CLASSIFIER ? 1 : c->seq;
   r.mem_full = memo->mem[0];
   r.mem_last = memo->mem[1];
-  s.rebuilt = calloc((size_t)L + 1, sizeof *s.rebuilt);
-  s.reread = calloc((size_t)L + 1, sizeof *s.reread);
   s.x = calloc((size_t)L + 1, sizeof *s.x);
   s.g = calloc((size_t)L + 1, sizeof *s.g);
   s.saved = calloc((size_t)L, sizeof *s.saved);
-  bool ok = memo->mem[0] && memo->mem[1] && s.rebuilt && s.reread && s.x && s.g && s.saved;
+  bool ok = memo->mem[0] && memo->mem[1] && s.x && s.g && s.saved;
   for (int k = 0; ok && k <= L; k++) {
     s.x[k] = calloc((size_t)r.nmb, sizeof **s.x);
     s.g[k] = calloc((size_t)r.nmb, sizeof **s.g);
@@ -486,11 +480,15 @@ static l2l_status replay_step(uint64_t *peak, uint64_t *stretch_peak, const stru
   }
   l2l_status status = L2L_OK;
   if (ok) {
-    /* the slots live through the step (slots.c) */
-    struct block *slots = take(&r, memo->slots[PLAN_SLOT_VALUES] * (uint64_t)c->param_slots);
-    struct block *grads = take(&r, 2 * memo->slots[PLAN_SLOT_GRADS]);
-    struct block *grads_out = c->grad_precision != L2L_F32 ? take(&r, 2 * memo->slots[PLAN_SLOT_GRADS_OUT]) : NULL;
-    run_visits(&s);
+    /* the slots live through the step (the relay's slots.c) */
+    struct block *slots = take(&r, memo->slots[SCHEDULE_SLOT_VALUES] * (uint64_t)c->param_slots);
+    struct block *grads = take(&r, 2 * memo->slots[SCHEDULE_SLOT_GRADS]);
+    struct block *grads_out = c->grad_precision != L2L_F32
+                                  ? take(&r, 2 * memo->slots[SCHEDULE_SLOT_GRADS_OUT])
+                                  : NULL;
+    (void)schedule_walk(sc, r.nmb, &replay_acts, &s);   /* the replay's acts cannot fail */
+    inputs_free(&s);
+    drop(&r, s.scratch.dev);
     drop(&r, slots);
     drop(&r, grads);
     drop(&r, grads_out);
@@ -513,8 +511,6 @@ static l2l_status replay_step(uint64_t *peak, uint64_t *stretch_peak, const stru
   free(s.x);
   free(s.g);
   free(s.saved);
-  free(s.rebuilt);
-  free(s.reread);
   while (r.chunks) {
     struct chunk *next = r.chunks->next;
     free(r.chunks);
@@ -531,14 +527,15 @@ _Atomic int64_t plan_replayed_micro_batches;
    short replays (see the top); *exact false when a stretch's three values are not on a
    line (then the caller replays the whole step). */
 static l2l_status extrapolate(uint64_t *peak, bool *exact, const struct plan_chain *c,
-                              const struct plan_memo *memo, int64_t mb, int64_t nmb, int64_t last) {
-  int n = 1 + STRETCHES * plan_max_visits(c);
+                              const struct schedule *sc, const struct plan_memo *memo, int64_t mb,
+                              int64_t nmb, int64_t last) {
+  int n = 1 + STRETCHES * sc->nvisits;
   uint64_t *v = calloc((size_t)n * 3, sizeof *v);
   if (v == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to plan");
   l2l_status status = L2L_OK;
   uint64_t whole[3];
   for (int m = 1; m <= 3 && status == L2L_OK; m++)
-    status = replay_step(&whole[m - 1], v + (size_t)n * (size_t)(m - 1), c, memo, mb,
+    status = replay_step(&whole[m - 1], v + (size_t)n * (size_t)(m - 1), c, sc, memo, mb,
                          FIRST_SPECIAL + m + LAST_SPECIAL, last);
   *exact = status == L2L_OK;
   int64_t middle = nmb - FIRST_SPECIAL - LAST_SPECIAL;
@@ -574,14 +571,16 @@ l2l_status l2l_plan_peak(uint64_t *peak, const struct plan_chain *c) {
     memo_fill(&own, c, mb);
     memo = &own;
   }
-  l2l_status status = L2L_OK;
+  struct schedule sc;
+  l2l_status status = plan_schedule(&sc, c);
   bool exact = false;
-  if (nmb > plan_peak_whole_replay_max && nmb > FIRST_SPECIAL + LAST_SPECIAL + 3)
-    status = extrapolate(peak, &exact, c, memo, mb, nmb, last);
+  if (status == L2L_OK && nmb > plan_peak_whole_replay_max && nmb > FIRST_SPECIAL + LAST_SPECIAL + 3)
+    status = extrapolate(peak, &exact, c, &sc, memo, mb, nmb, last);
   if (status == L2L_OK && !exact) {
     if (nmb > plan_peak_whole_replay_max) plan_peak_fallbacks++;
-    status = replay_step(peak, NULL, c, memo, mb, nmb, last);
+    status = replay_step(peak, NULL, c, &sc, memo, mb, nmb, last);
   }
+  schedule_free(&sc);
   free(own.mem[0]);
   free(own.mem[1]);
   return status;

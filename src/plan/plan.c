@@ -132,11 +132,15 @@ static l2l_status too_small(const struct plan_chain *c, const struct plan_result
                             uint64_t budget, uint64_t own) {
   char want[32], have[32], slots_text[32], own_text[96] = "";
   int largest = 0;
-  for (int k = 1; k < c->L; k++)
-    if (plan_slot_bytes(c, k, PLAN_SLOT_VALUES) > plan_slot_bytes(c, largest, PLAN_SLOT_VALUES))
-      largest = k;
-  uint64_t slots = plan_slot_bytes(c, largest, PLAN_SLOT_VALUES) * (uint64_t)c->param_slots +
-                   2 * plan_slot_bytes(c, largest, PLAN_SLOT_GRADS);
+  uint64_t most = 0;
+  for (int k = 0; k < c->L; k++) {
+    uint64_t n = schedule_layer_slot_bytes(c->layers[k].layer, SCHEDULE_SLOT_VALUES, c->precision,
+                                           c->grad_precision);
+    if (n > most) most = n, largest = k;
+  }
+  uint64_t slots = most * (uint64_t)c->param_slots +
+                   2 * schedule_layer_slot_bytes(c->layers[largest].layer, SCHEDULE_SLOT_GRADS,
+                                                 c->precision, c->grad_precision);
   if (own != 0)
     snprintf(own_text, sizeof own_text, " (%s of them the GPU backend's own)",
              l2l_human_bytes(want, 32, own));

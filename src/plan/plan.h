@@ -5,15 +5,17 @@
  * Purpose: the KARMA-style planner (issue 22) chooses, per layer, keep / swap / recompute
  * and where each boundary waits, and the micro-batch, under a device budget. Its first
  * piece is here: the device peak of one training step, replayed from the layers' memory
- * statements (l2l_layer_memory_in) in the order the relay allocates and frees, so that on
- * the CPU backend it equals the pool's measured peak to the byte.
+ * statements (l2l_layer_memory_in) by walking the step's schedule as the relay does
+ * (src/schedule), so that on the CPU backend it equals the pool's measured peak to the
+ * byte.
  * Must never: include the relay's headers or read its state: what it knows of the relay's
- * order is written down in peak.c, and specs hold the two together.
+ * order is the schedule both walk.
  */
 #ifndef L2L_PLAN_H
 #define L2L_PLAN_H
 
 #include "layers/layers.h"
+#include "schedule/schedule.h"
 
 /* Refused (L2L_ERR_INVALID, naming the first difference) unless `plan` was made for these
    layers (configs, records, frozen flags) and these relay settings (slots, accumulation,
@@ -54,37 +56,17 @@ struct plan_chain {
 struct plan_memo {
   int64_t micro_batch;         /* what it was made for */
   l2l_layer_memory *mem[2];    /* per layer: a full micro-batch, the last */
-  uint64_t slots[3];           /* a slot's bytes per plan_slot_content */
+  uint64_t slots[3];           /* a slot's bytes per schedule_slot_content */
 };
 /* The memo for the chain's micro-batch (made or remade; freed by plan_memo_free). */
 l2l_status plan_chain_memo(struct plan_chain *c);
 void plan_memo_free(struct plan_chain *c);
 
-/* ---------------------------------------------------------------- the visit order */
+/* ---------------------------------------------------------------- the step's schedule */
 
-/* A step's layer visits (src/relay/visit_plan.c): forward 0 .. L-2, the head, then
-   backward from L-2 down to the lowest trainable layer, each backward of a recompute
-   layer whose input boundary was dropped preceded by rebuild visits of the stretch below
-   it from the last boundary kept. */
-enum plan_visit_kind { PLAN_FORWARD, PLAN_REBUILD, PLAN_HEAD, PLAN_BACKWARD };
-struct plan_visit {
-  int k;
-  enum plan_visit_kind kind;
-};
-/* The first trainable layer (L when none is). */
-int plan_lowest(const struct plan_chain *c);
-/* Room plan_visits needs. */
-int plan_max_visits(const struct plan_chain *c);
-/* Writes the visits (returned: how many); rebuilt[k] / reread[k] (L + 1 each, zeroed by
-   the caller) say which boundaries are rebuilt and which inputs are read again. */
-int plan_visits(struct plan_visit *out, const struct plan_chain *c, int lowest, bool *rebuilt,
-                bool *reread);
-
-/* Bytes a layer's records take in a slot (src/relay/slots.c): values in the device
-   precision for the records that may go 16-bit, gradients in f32, gradients out in
-   grad_precision (nothing when that is f32); each record rounded to L2L_ALIGN. */
-enum plan_slot_content { PLAN_SLOT_VALUES, PLAN_SLOT_GRADS, PLAN_SLOT_GRADS_OUT };
-uint64_t plan_slot_bytes(const struct plan_chain *c, int k, enum plan_slot_content content);
+/* The training step's schedule (src/schedule: the visits and their order) from the
+   chain's policies; schedule_free frees it, also after a failure. */
+l2l_status plan_schedule(struct schedule *sc, const struct plan_chain *c);
 
 /* The device peak (pool bytes) of one training step of `c` on top of what the pool
    already holds, or 0 when the chain cannot be replayed (the message says why). Swap

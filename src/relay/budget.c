@@ -28,9 +28,9 @@ static uint64_t visit_bytes(const struct step *s, int k) {
 /* Bytes of the parameter and gradient slots. */
 static uint64_t slots_bytes(const struct step *s) {
   const l2l_relay_config *c = &s->run->config;
-  uint64_t grads = l2l_pool_accounted(relay_slot_size(s, SLOT_GRADS));
-  if (c->grad_precision != L2L_F32) grads += l2l_pool_accounted(relay_slot_size(s, SLOT_GRADS_OUT));
-  return (uint64_t)c->param_slots * l2l_pool_accounted(relay_slot_size(s, SLOT_VALUES)) +
+  uint64_t grads = l2l_pool_accounted(relay_slot_size(s, SCHEDULE_SLOT_GRADS));
+  if (c->grad_precision != L2L_F32) grads += l2l_pool_accounted(relay_slot_size(s, SCHEDULE_SLOT_GRADS_OUT));
+  return (uint64_t)c->param_slots * l2l_pool_accounted(relay_slot_size(s, SCHEDULE_SLOT_VALUES)) +
          (s->training ? 2 * grads : 0);
 }
 

@@ -5,7 +5,7 @@
  * functions one file of the relay calls in another. The relay runs a model one layer at
  * a time on the device pool, micro-batch by micro-batch, with the parameters streamed
  * from the EPS (see l2l.h, "the relay"). A step is a list of layer visits made before
- * anything runs (visit_plan.c): forward 0 .. L-2, the head (forward and backward of each
+ * anything runs (src/schedule): forward 0 .. L-2, the head (forward and backward of each
  * micro-batch at once: the turnaround), then backward L-2 .. lowest, with rebuild visits
  * (a forward rerun of a stretch of layers) before a backward whose input boundary was
  * dropped. While a visit computes on the compute thread (visits.c), the host-to-device
@@ -29,6 +29,7 @@
 #include "cluster/cluster.h"
 #include "eps/eps.h"
 #include "layers/layers.h"
+#include "schedule/schedule.h"
 
 #define RELAY_MAGIC 0x6c326c72u  /* "l2lr" */
 enum { MAX_RECORDS = 16, MAX_PARAM_SLOTS = 4096, THREAD_COMPUTE = 0, THREAD_H2D = 1,
@@ -180,10 +181,10 @@ struct act {
   struct copy_job *in;        /* host -> dev in flight */
 };
 
-enum visit_kind { V_FORWARD, V_HEAD, V_BACKWARD, V_REBUILD };
-struct visit {
-  int k;                      /* index among the step's active layers */
-  enum visit_kind kind;
+/* One micro-batch's rows of the batch fields a layer reads, on the device. */
+struct mb_inputs {
+  l2l_tensor *tokens, *types, *targets, *mask;
+  l2l_layer_batch batch;
 };
 
 struct param_slot {
@@ -205,10 +206,10 @@ struct step {
   l2l_saved ***saved;         /* saved[k][u] of keep and swap layers */
   struct swap_job ***swap;    /* swap[k][u] in flight */
   uint8_t **where;            /* where[k][u]: 1 while saved[k][u] is on the host */
-  bool *rebuilt;              /* boundary k rebuilt on the device for the backward */
-  bool *reread;               /* x[k] is read again after forward (backward or rebuild) */
-  struct visit *visits;
-  int nvisits, lowest;
+  struct act scratch;         /* the output of a recomputing backward's forward */
+  struct mb_inputs mb_in;     /* the micro-batch's batch fields the visit's layer reads */
+  struct schedule sched;      /* the visits and their order (src/schedule) */
+  int visit_layer;            /* the visit running: its layer's index in run->layers */
   /* The visit running and the next one's parameters. */
   struct params_job *params[2];
   l2l_tensor *grads[MAX_RECORDS];
@@ -257,22 +258,8 @@ struct stamped {
   int layer, micro_batch, phase;
 };
 
-/* What a device slot holds for each record: its values in their device dtype, its f32
-   gradient, or the 16-bit copy of a gradient made to leave the device (f32 gradients
-   leave from the gradient slot itself: 0 bytes). */
-enum slot_content { SLOT_VALUES, SLOT_GRADS, SLOT_GRADS_OUT };
-
-struct mb_inputs {
-  l2l_tensor *tokens, *types, *targets, *mask;
-  l2l_layer_batch batch;
-};
-
 static inline struct relay_layer *active_layer(const struct step *s, int k) {
   return &s->run->layers[s->active[k]];
-}
-/* Whether boundary k (k >= 1) is dropped in forward (rebuilt for the backward). */
-static inline bool dropped(const struct step *s, int k) {
-  return active_layer(s, k)->stash == L2L_STASH_RECOMPUTE;
 }
 
 /* ---------------------------------------------------------------- transfer.c */
@@ -321,12 +308,8 @@ void relay_grads_wait(struct step *s, int slot);
 l2l_status relay_params_bind(struct step *s, int k, bool grads);
 l2l_status relay_params_done(struct step *s, int k, bool give);
 l2l_status relay_params_queue(struct step *s, int which, int k);
-uint64_t relay_slot_size(const struct step *s, enum slot_content content);
+uint64_t relay_slot_size(const struct step *s, enum schedule_slot_content content);
 l2l_status relay_slots_new(struct step *s);
-
-/* ---------------------------------------------------------------- visit_plan.c */
-
-l2l_status relay_plan_visits(struct step *s);
 
 /* ---------------------------------------------------------------- acts.c */
 
@@ -345,6 +328,8 @@ l2l_status relay_out_throttle(struct step *s, int keep);
 
 /* ---------------------------------------------------------------- visits.c */
 
+/* The step's schedule from its active layers' policies. */
+l2l_status relay_schedule(struct step *s);
 l2l_status relay_run_visits(struct step *s);
 
 /* ---------------------------------------------------------------- step.c */

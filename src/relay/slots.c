@@ -14,42 +14,27 @@
 
 #include "relay.h"
 
-/* A record's dtype on the device: its staging copy's (16-bit), else f32. */
-static l2l_dtype device_dtype(const struct eps_record *rec) {
-  return (l2l_dtype)l2l_tensor_dtype(l2l_eps_device_source(rec));
-}
-
-/* The dtype a record's gradient leaves the device in: grad_precision for the parameters
-   that go 16-bit (GEMM weights, token tables), else f32. */
-static l2l_dtype grads_out_dtype(const l2l_relay *run, const struct eps_record *rec) {
-  return l2l_param_low_precision(l2l_eps_param(rec)) ? run->config.grad_precision : L2L_F32;
-}
-
-/* What a slot holds of rec (relay.h's slot_content) in which dtype. */
+/* What a slot holds of rec, in which dtype, and its bytes there (src/schedule, which the
+   planner counts by too). */
 static l2l_dtype slot_dtype(const l2l_relay *run, const struct eps_record *rec,
-                            enum slot_content content) {
-  return content == SLOT_VALUES ? device_dtype(rec)
-         : content == SLOT_GRADS ? L2L_F32
-                                 : grads_out_dtype(run, rec);
+                            enum schedule_slot_content content) {
+  return schedule_slot_dtype(l2l_eps_param(rec), content, run->config.precision,
+                             run->config.grad_precision);
 }
 
-/* Bytes a record takes in a slot, rounded so that every record starts on L2L_ALIGN. */
 static uint64_t slot_bytes(const l2l_relay *run, const struct eps_record *rec,
-                           enum slot_content content) {
-  l2l_dtype dtype = slot_dtype(run, rec, content);
-  uint64_t size = content == SLOT_GRADS_OUT && dtype == L2L_F32 ? 0 : l2l_dtype_size(dtype);
-  uint64_t bytes = (uint64_t)l2l_tensor_numel(l2l_eps_master(rec)) * size;
-  return (bytes + L2L_ALIGN - 1) / L2L_ALIGN * L2L_ALIGN;
+                           enum schedule_slot_content content) {
+  return schedule_param_slot_bytes(l2l_eps_param(rec), content, run->config.precision,
+                                   run->config.grad_precision);
 }
 
 /* Bytes of a device slot: the largest active layer's. */
-uint64_t relay_slot_size(const struct step *s, enum slot_content content) {
+uint64_t relay_slot_size(const struct step *s, enum schedule_slot_content content) {
+  const l2l_relay_config *c = &s->run->config;
   uint64_t most = L2L_ALIGN;
   for (int k = 0; k < s->L; k++) {
-    l2l_layer *layer = active_layer(s, k)->layer;
-    uint64_t n = 0;
-    for (int r = 0; r < l2l_layer_param_count(layer); r++)
-      n += slot_bytes(s->run, l2l_eps_find(&s->run->eps, l2l_layer_param(layer, r)), content);
+    uint64_t n = schedule_layer_slot_bytes(active_layer(s, k)->layer, content, c->precision,
+                                           c->grad_precision);
     if (n > most) most = n;
   }
   return most;
@@ -61,7 +46,7 @@ uint64_t relay_slot_size(const struct step *s, enum slot_content content) {
    *offset moves past it. */
 static l2l_status slot_view(l2l_tensor **out, const struct step *s, const l2l_tensor *slot,
                             uint64_t *offset, const struct eps_record *rec,
-                            enum slot_content content) {
+                            enum schedule_slot_content content) {
   TRY(l2l_tensor_view_bytes(out, slot, *offset, slot_dtype(s->run, rec, content),
                             l2l_eps_master(rec)));
   *offset += slot_bytes(s->run, rec, content);
@@ -70,9 +55,9 @@ static l2l_status slot_view(l2l_tensor **out, const struct step *s, const l2l_te
 
 /* The slots (bytes), sized for the largest active layer. */
 l2l_status relay_slots_new(struct step *s) {
-  int64_t shape[1] = {(int64_t)relay_slot_size(s, SLOT_VALUES)};
-  int64_t gshape[1] = {(int64_t)relay_slot_size(s, SLOT_GRADS)};
-  int64_t oshape[1] = {(int64_t)relay_slot_size(s, SLOT_GRADS_OUT)};
+  int64_t shape[1] = {(int64_t)relay_slot_size(s, SCHEDULE_SLOT_VALUES)};
+  int64_t gshape[1] = {(int64_t)relay_slot_size(s, SCHEDULE_SLOT_GRADS)};
+  int64_t oshape[1] = {(int64_t)relay_slot_size(s, SCHEDULE_SLOT_GRADS_OUT)};
   s->host_device = l2l_device_is_host();
   s->nslots = s->run->config.param_slots;
   s->pslots = calloc((size_t)s->nslots, sizeof *s->pslots);
@@ -141,7 +126,7 @@ l2l_status relay_params_queue(struct step *s, int which, int k) {
   pj->slot = slot_choose(s, k, pj, busy, &current);
   uint64_t offset = 0;
   for (int r = 0; r < pj->nrec; r++)
-    TRY(slot_view(&pj->value[r], s, s->pslots[pj->slot].t, &offset, pj->rec[r], SLOT_VALUES));
+    TRY(slot_view(&pj->value[r], s, s->pslots[pj->slot].t, &offset, pj->rec[r], SCHEDULE_SLOT_VALUES));
   pj->job.run = relay_params_run;
   if (current) {   /* done already: nothing to copy */
     memcpy(pj->updates, s->pslots[pj->slot].updates, sizeof pj->updates);
@@ -202,7 +187,7 @@ l2l_status relay_params_bind(struct step *s, int k, bool grads) {
   uint64_t offset = 0;
   for (int r = 0; r < pj->nrec; r++) {
     if (grads) {
-      TRY(slot_view(&s->grads[r], s, s->gslot[s->gs], &offset, pj->rec[r], SLOT_GRADS));
+      TRY(slot_view(&s->grads[r], s, s->gslot[s->gs], &offset, pj->rec[r], SCHEDULE_SLOT_GRADS));
       s->ngrads = r + 1;
       if (!s->gzero[s->gs]) TRY(l2l_tensor_fill(s->grads[r], 0.0));
     }
@@ -255,10 +240,10 @@ l2l_status relay_params_done(struct step *s, int k, bool give) {
      copy moves half the bytes; the f32 slot is then cleared by its next visit. */
   uint64_t offset = 0;
   for (int r = 0; r < gj->nrec; r++) {
-    if (grads_out_dtype(run, gj->rec[r]) == L2L_F32) continue;
+    if (slot_dtype(run, gj->rec[r], SCHEDULE_SLOT_GRADS_OUT) == L2L_F32) continue;
     l2l_tensor *out = NULL;
     l2l_status status =
-        slot_view(&out, s, s->gout_slot[s->gs], &offset, gj->rec[r], SLOT_GRADS_OUT);
+        slot_view(&out, s, s->gout_slot[s->gs], &offset, gj->rec[r], SCHEDULE_SLOT_GRADS_OUT);
     if (status == L2L_OK) status = l2l_tensor_cast(out, gj->grad[r]);
     l2l_tensor_free(gj->grad[r]);
     gj->grad[r] = out;

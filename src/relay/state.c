@@ -113,9 +113,9 @@ void relay_step_free(struct step *s) {
   free(s->g);
   free(s->saved);
   free(s->swap);
-  free(s->rebuilt);
-  free(s->reread);
-  free(s->visits);
+  relay_act_free(run, &s->scratch);
+  relay_mb_inputs_free(&s->mb_in);
+  schedule_free(&s->sched);
   free(s->active);
   /* Parameters back to their own tensors whatever happened. */
   for (int i = 0; i < run->count; i++) {

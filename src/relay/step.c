@@ -116,7 +116,7 @@ static l2l_status plan_step(struct step_plan *p, struct step *s) {
 static l2l_status eps_begin(struct step *s, const struct step_plan *p) {
   struct l2l_eps *eps = &s->run->eps;
   l2l_eps_begin_step(eps, p->update, p->defer, p->lr);
-  for (int k = s->lowest; k < s->L; k++) {
+  for (int k = s->sched.lowest; k < s->L; k++) {
     struct relay_layer *rl = active_layer(s, k);
     if (rl->frozen) continue;
     for (int r = 0; r < l2l_layer_param_count(rl->layer); r++)
@@ -208,7 +208,7 @@ static void stats_record(l2l_relay *run, const struct step *s, const struct step
    schedule, the EPS's bookkeeping. A failure frees the step and changes nothing. */
 static l2l_status step_begin(struct step *s, struct step_plan *p) {
   l2l_status status = relay_check_step(s, s->in);
-  if (status == L2L_OK) status = relay_plan_visits(s);
+  if (status == L2L_OK) status = relay_schedule(s);
   if (status == L2L_OK) status = dist_begin(s);
   bool exchanged = status == L2L_OK;   /* (every rank refuses a failed exchange alike) */
   if (status == L2L_OK) status = relay_step_alloc(s);

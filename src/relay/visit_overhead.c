@@ -61,14 +61,14 @@ static l2l_status measure_visit(double *out, const l2l_plan_rates *rates) {
     bare.visit = 0;
     status = plan_layer_costs(costs, &chain, &bare);
     if (status == L2L_OK) {
-      struct plan_visit visits[4 * L + 4];
-      bool rebuilt[L + 1], reread[L + 1];
-      memset(rebuilt, 0, sizeof rebuilt);
-      memset(reread, 0, sizeof reread);
-      int nvisits = plan_visits(visits, &chain, plan_lowest(&chain), rebuilt, reread);
-      double predicted = plan_step_seconds(&chain, costs, &bare, NULL);
-      double extra = (plan_median(seconds, PROBE_STEPS) - predicted) / nvisits;
-      *out = extra > 0 ? extra : 0;
+      struct schedule sc;
+      status = plan_schedule(&sc, &chain);
+      if (status == L2L_OK) {
+        double predicted = plan_step_seconds(&chain, costs, &bare, NULL);
+        double extra = (plan_median(seconds, PROBE_STEPS) - predicted) / sc.nvisits;
+        *out = extra > 0 ? extra : 0;
+      }
+      schedule_free(&sc);
     }
   }
   l2l_tensor_free(tokens);

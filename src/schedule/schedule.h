@@ -1,0 +1,126 @@
+/* SPDX-License-Identifier: MIT */
+/* schedule.h — one training step's order, written once for the relay that runs it and the
+ * planner that replays it (the part's interface).
+ *
+ * Purpose: a step is a list of layer visits (forward 0 .. L-2, the head, then backward from
+ * L-2 down to the lowest trainable layer, with rebuild visits before a backward whose input
+ * boundary was dropped), and within each visit, micro-batch by micro-batch, an order of
+ * device allocations and frees: inputs brought in ahead, outputs made, layer calls,
+ * boundaries released, stashed or freed, gradients handed down, saved states swapped. All of
+ * it is decided here: the relay executes the walk with real tensors and copies
+ * (src/relay/visits.c), the planner executes it with counted blocks (src/plan/peak.c), so
+ * the planner's device peak is the relay's by construction. The bytes a layer's records
+ * take in a device slot are here too, for the same reason.
+ * Must never: allocate, copy or compute anything of a step: every act is the executor's.
+ */
+#ifndef L2L_SCHEDULE_H
+#define L2L_SCHEDULE_H
+
+#include "layers/layers.h"
+
+/* ---------------------------------------------------------------- the visit order */
+
+enum schedule_visit_kind { SCHEDULE_FORWARD, SCHEDULE_REBUILD, SCHEDULE_HEAD, SCHEDULE_BACKWARD };
+struct schedule_visit {
+  int k;                       /* index among the step's layers */
+  enum schedule_visit_kind kind;
+};
+
+/* What the order depends on, per layer. */
+struct schedule_layer {
+  bool frozen;
+  l2l_inner_policy inner;      /* its saved state: keep, swap or recompute */
+  l2l_stash_policy stash;      /* where the boundary entering it waits (k >= 1) */
+};
+
+struct schedule {
+  int L;
+  bool training;
+  struct schedule_layer *layers;   /* L, the caller fills them before schedule_order */
+  struct schedule_visit *visits;
+  int nvisits;
+  int lowest;                  /* the lowest trainable layer (L: none, or not training) */
+  bool *rebuilt;               /* boundary k rebuilt on the device for its backward */
+  bool *reread;                /* x[k] is read again after the forward (backward or rebuild) */
+};
+
+/* Room for a step of L layers (freed by schedule_free, also after a failure). */
+l2l_status schedule_new(struct schedule *sc, int L, bool training);
+/* The visits, lowest, rebuilt and reread from the layers' policies. */
+void schedule_order(struct schedule *sc);
+void schedule_free(struct schedule *sc);
+
+/* ---------------------------------------------------------------- the walk */
+
+/* The step's activations, per boundary and micro-batch: x[k][u], the input of layer k
+   (k >= 1); g[k][u], the gradient for it; the scratch output of a recomputing backward. */
+enum schedule_act { SCHEDULE_X, SCHEDULE_G, SCHEDULE_SCRATCH };
+
+/* The executor's acts, called in the step's order. Optional hooks may be NULL. */
+struct schedule_ops {
+  /* Hooks: visit i is about to start (before its first inputs are brought in); micro-batch
+     u of the visit running is about to start. */
+  void (*visit_start)(void *ctx, int i);
+  void (*micro_batch)(void *ctx, int64_t u);
+  /* Visit i starts, its first inputs on their way: its parameters bound (with gradients
+     when `grads`). After it: they go (with the gradients). */
+  l2l_status (*visit_bind)(void *ctx, int i, const struct schedule_visit *v, bool grads);
+  l2l_status (*visit_end)(void *ctx, int i, const struct schedule_visit *v, bool grads);
+  /* a[k][u]: brought toward the device when only on the host; on the device (waiting for
+     its copy); made new on the device (micro-batch u's rows); freed; its device copy freed
+     (a host stash stays); sent to a new host stash, its device tensor freed once copied. */
+  l2l_status (*prefetch)(void *ctx, enum schedule_act a, int k, int64_t u);
+  l2l_status (*on_device)(void *ctx, enum schedule_act a, int k, int64_t u);
+  l2l_status (*make)(void *ctx, enum schedule_act a, int k, int64_t u);
+  void (*free)(void *ctx, enum schedule_act a, int k, int64_t u);
+  void (*release_device)(void *ctx, enum schedule_act a, int k, int64_t u);
+  l2l_status (*stash_out)(void *ctx, enum schedule_act a, int k, int64_t u);
+  /* Retires the oldest stash-outs until at most `keep` are in flight. */
+  l2l_status (*throttle)(void *ctx, int keep);
+  /* Micro-batch u's rows of the batch fields layer k's role reads, on the device (one
+     micro-batch's at a time); freed. */
+  l2l_status (*inputs)(void *ctx, int k, int64_t u, bool training);
+  void (*inputs_free)(void *ctx);
+  /* Layer calls. forward: x[k][u] (none for k = 0) to x[k+1][u], the saved state kept in
+     saved[k][u] when `keep`; the call's own arenas (saved, work) come and go inside it.
+     head: its losses, then (backward) the gradient made at g[k][u], the forward, the
+     loss, the backward; the losses and the saved state freed. backward: with `recompute`,
+     the forward of x[k][u] into the scratch rebuilds saved[k][u]; then g[k+1][u] to
+     g[k][u] (none for k = 0). */
+  l2l_status (*forward)(void *ctx, int k, int64_t u, bool keep, bool rebuild);
+  l2l_status (*head)(void *ctx, int k, int64_t u, bool backward);
+  l2l_status (*backward)(void *ctx, int k, int64_t u, bool recompute);
+  void (*saved_free)(void *ctx, int k, int64_t u);
+  /* KARMA's swap of saved[k][u]: out after its forward, done by the visit's end; in one
+     micro-batch ahead of its backward (nothing when it is not away), waited for at it. */
+  l2l_status (*swap_out)(void *ctx, int k, int64_t u);
+  l2l_status (*swap_out_wait)(void *ctx, int k, int64_t u);
+  l2l_status (*swap_in)(void *ctx, int k, int64_t u);
+  l2l_status (*swap_in_wait)(void *ctx, int k, int64_t u);
+};
+
+/* Runs the step's visits over nmb micro-batches through `ops`, stopping at the first act
+   that fails (the executor frees what the step holds). */
+l2l_status schedule_walk(const struct schedule *sc, int64_t nmb, const struct schedule_ops *ops,
+                         void *ctx);
+
+/* ---------------------------------------------------------------- device slots */
+
+/* What a device slot holds for each record: its values in their device dtype, its f32
+   gradient, or the 16-bit copy of a gradient made to leave the device (f32 gradients leave
+   from the gradient slot itself: 0 bytes). */
+enum schedule_slot_content { SCHEDULE_SLOT_VALUES, SCHEDULE_SLOT_GRADS, SCHEDULE_SLOT_GRADS_OUT };
+
+/* The dtype `param` takes in a slot holding `content`: values in `precision` for the
+   parameters that may go 16-bit (GEMM weights, token tables), else f32; gradients in f32;
+   gradients out in `grad_precision` for those parameters, else f32. */
+l2l_dtype schedule_slot_dtype(const l2l_param *param, enum schedule_slot_content content,
+                              l2l_dtype precision, l2l_dtype grad_precision);
+/* Bytes `param` takes in such a slot, rounded so that every record starts on L2L_ALIGN. */
+uint64_t schedule_param_slot_bytes(const l2l_param *param, enum schedule_slot_content content,
+                                   l2l_dtype precision, l2l_dtype grad_precision);
+/* Bytes of a layer's records in such a slot. */
+uint64_t schedule_layer_slot_bytes(const l2l_layer *layer, enum schedule_slot_content content,
+                                   l2l_dtype precision, l2l_dtype grad_precision);
+
+#endif /* L2L_SCHEDULE_H */

@@ -1,0 +1,35 @@
+/* SPDX-License-Identifier: MIT */
+/* slot_bytes.c — what a layer's records take in the device's parameter and gradient slots.
+ *
+ * Purpose: the relay sizes its slots (the largest layer's) and lays records out in them by
+ * these numbers, and the planner counts the same bytes in its replay and its time model.
+ * Must never: differ from how the pool counts an allocation (each record rounded to
+ * L2L_ALIGN, as a slot's views start on it).
+ */
+#include "schedule.h"
+
+l2l_dtype schedule_slot_dtype(const l2l_param *param, enum schedule_slot_content content,
+                              l2l_dtype precision, l2l_dtype grad_precision) {
+  bool low = l2l_param_low_precision(param);
+  switch (content) {
+    case SCHEDULE_SLOT_VALUES: return low ? precision : L2L_F32;
+    case SCHEDULE_SLOT_GRADS: return L2L_F32;
+    default: return low ? grad_precision : L2L_F32;
+  }
+}
+
+uint64_t schedule_param_slot_bytes(const l2l_param *param, enum schedule_slot_content content,
+                                   l2l_dtype precision, l2l_dtype grad_precision) {
+  l2l_dtype dtype = schedule_slot_dtype(param, content, precision, grad_precision);
+  if (content == SCHEDULE_SLOT_GRADS_OUT && dtype == L2L_F32) return 0;
+  return l2l_pool_accounted((uint64_t)l2l_tensor_numel(l2l_param_value(param)) *
+                            l2l_dtype_size(dtype));
+}
+
+uint64_t schedule_layer_slot_bytes(const l2l_layer *layer, enum schedule_slot_content content,
+                                   l2l_dtype precision, l2l_dtype grad_precision) {
+  uint64_t n = 0;
+  for (int i = 0; i < l2l_layer_param_count(layer); i++)
+    n += schedule_param_slot_bytes(l2l_layer_param(layer, i), content, precision, grad_precision);
+  return n;
+}

@@ -1,0 +1,158 @@
+/* SPDX-License-Identifier: MIT */
+/* walk.c — a step's visits, micro-batch by micro-batch, as acts of an executor.
+ *
+ * Purpose: the one place that says in which order a step brings activations in, makes
+ * them, calls the layers, and releases, stashes or frees what they made, as the policies
+ * of each layer's boundary (stash) and of its saved state (inner: keep, swap, recompute)
+ * say. The relay's acts are real tensors and copies; the planner's are counted blocks.
+ * Every device allocation happens in an act called from here, so both see the same order.
+ * Must never: keep a saved state past its backward, a device input nobody reads again, or
+ * more than two micro-batches of a host-stashed boundary on the device.
+ */
+#include "schedule.h"
+
+struct walk {
+  const struct schedule *sc;
+  const struct schedule_ops *ops;
+  void *ctx;
+  int64_t nmb;
+};
+
+static void micro_batch(const struct walk *w, int64_t u) {
+  if (w->ops->micro_batch) w->ops->micro_batch(w->ctx, u);
+}
+
+/* Forward (or rebuild) of layer k over every micro-batch: x[k] -> x[k+1]. */
+static l2l_status visit_forward(const struct walk *w, int k, bool rebuild) {
+  const struct schedule *sc = w->sc;
+  const struct schedule_ops *op = w->ops;
+  const struct schedule_layer *sl = &sc->layers[k];
+  bool keep = !rebuild && sc->training && sl->inner != L2L_INNER_RECOMPUTE && k >= sc->lowest;
+  bool swap = keep && sl->inner == L2L_INNER_SWAP;
+  /* Whether x[k] is read again (by its backward or a rebuild), and whether it then waits
+     on the device (stash device, or rebuilt for the backward) rather than on the host. */
+  bool input_needed = rebuild ? sc->training && sl->inner == L2L_INNER_RECOMPUTE && k >= sc->lowest
+                              : sc->reread[k];
+  bool input_home_device = sl->stash == L2L_STASH_DEVICE || (rebuild && sc->rebuilt[k]);
+  /* The output boundary: host-stashed in forward when its policy says so (never when
+     rebuilding: rebuilt boundaries stay on the device until their backward). */
+  bool out_host = !rebuild && sc->layers[k + 1].stash == L2L_STASH_HOST;
+  for (int64_t u = 0; u < w->nmb; u++) {
+    micro_batch(w, u);
+    if (k > 0) {
+      if (u + 1 < w->nmb) TRY(op->prefetch(w->ctx, SCHEDULE_X, k, u + 1));
+      TRY(op->on_device(w->ctx, SCHEDULE_X, k, u));
+    }
+    TRY(op->inputs(w->ctx, k, u, sc->training));
+    TRY(op->make(w->ctx, SCHEDULE_X, k + 1, u));
+    TRY(op->forward(w->ctx, k, u, keep, rebuild));
+    op->inputs_free(w->ctx);
+    if (swap) TRY(op->swap_out(w->ctx, k, u));
+    /* The input: freed when nobody reads it again; else its device copy goes unless the
+       device is where it waits (a host stash stays; a dropped one is rebuilt later). */
+    if (k > 0) {
+      if (!input_needed || (!input_home_device && sl->stash == L2L_STASH_RECOMPUTE))
+        op->free(w->ctx, SCHEDULE_X, k, u);
+      else if (!input_home_device)
+        op->release_device(w->ctx, SCHEDULE_X, k, u);
+    }
+    if (out_host) TRY(op->stash_out(w->ctx, SCHEDULE_X, k + 1, u));
+  }
+  /* A swap finishes by the visit's end: its device bytes are free then. */
+  for (int64_t u = 0; swap && u < w->nmb; u++) TRY(op->swap_out_wait(w->ctx, k, u));
+  return op->throttle(w->ctx, 0);
+}
+
+/* g[k][u], the gradient for x[k]: kept on the device for the layer below (and stashed to
+   the host when boundary k's policy says so), or freed when no layer below wants it. */
+static l2l_status pass_down(const struct walk *w, int k, int64_t u, bool keep, bool host) {
+  if (!keep) {
+    w->ops->free(w->ctx, SCHEDULE_G, k, u);
+    return L2L_OK;
+  }
+  return host ? w->ops->stash_out(w->ctx, SCHEDULE_G, k, u) : L2L_OK;
+}
+
+/* The head: forward of each micro-batch, its loss, and (training) its backward at once. */
+static l2l_status visit_head(const struct walk *w, int k) {
+  const struct schedule *sc = w->sc;
+  const struct schedule_ops *op = w->ops;
+  bool backward = sc->training && sc->lowest < sc->L;
+  bool keep_dx = backward && k > sc->lowest;   /* a layer below wants the gradient */
+  bool grad_host = sc->layers[k].stash == L2L_STASH_HOST;
+  for (int64_t u = 0; u < w->nmb; u++) {
+    micro_batch(w, u);
+    if (u + 1 < w->nmb) TRY(op->prefetch(w->ctx, SCHEDULE_X, k, u + 1));
+    TRY(op->on_device(w->ctx, SCHEDULE_X, k, u));
+    TRY(op->inputs(w->ctx, k, u, sc->training));
+    TRY(op->head(w->ctx, k, u, backward));
+    op->inputs_free(w->ctx);
+    op->free(w->ctx, SCHEDULE_X, k, u);
+    if (backward) TRY(pass_down(w, k, u, keep_dx, grad_host));
+  }
+  return op->throttle(w->ctx, 0);
+}
+
+/* Backward of layer k over every micro-batch: g[k+1] -> g[k], gradients summed over
+   micro-batches on the device. */
+static l2l_status visit_backward(const struct walk *w, int k) {
+  const struct schedule *sc = w->sc;
+  const struct schedule_ops *op = w->ops;
+  bool recompute = sc->layers[k].inner == L2L_INNER_RECOMPUTE;
+  bool keep_dx = k > sc->lowest;    /* a layer below wants the gradient */
+  bool grad_host = k > 0 && sc->layers[k].stash == L2L_STASH_HOST;
+  for (int64_t u = 0; u < w->nmb; u++) {
+    micro_batch(w, u);
+    if (u + 1 < w->nmb) {
+      TRY(op->prefetch(w->ctx, SCHEDULE_G, k + 1, u + 1));
+      if (recompute && k > 0) TRY(op->prefetch(w->ctx, SCHEDULE_X, k, u + 1));
+    }
+    TRY(op->on_device(w->ctx, SCHEDULE_G, k + 1, u));
+    /* A swapped state comes back one micro-batch ahead of its use. */
+    for (int64_t v = u; v < w->nmb && v <= u + 1; v++) TRY(op->swap_in(w->ctx, k, v));
+    TRY(op->swap_in_wait(w->ctx, k, u));
+    TRY(op->inputs(w->ctx, k, u, true));
+    if (recompute) {
+      if (k > 0) TRY(op->on_device(w->ctx, SCHEDULE_X, k, u));
+      TRY(op->make(w->ctx, SCHEDULE_SCRATCH, k, u));
+    }
+    if (k > 0) TRY(op->make(w->ctx, SCHEDULE_G, k, u));
+    TRY(op->backward(w->ctx, k, u, recompute));
+    op->inputs_free(w->ctx);
+    op->saved_free(w->ctx, k, u);
+    if (recompute) op->free(w->ctx, SCHEDULE_SCRATCH, k, u);
+    op->free(w->ctx, SCHEDULE_G, k + 1, u);
+    if (k > 0) {
+      op->free(w->ctx, SCHEDULE_X, k, u);
+      TRY(pass_down(w, k, u, keep_dx, grad_host));
+    }
+  }
+  return op->throttle(w->ctx, 0);
+}
+
+l2l_status schedule_walk(const struct schedule *sc, int64_t nmb, const struct schedule_ops *ops,
+                         void *ctx) {
+  struct walk w = {sc, ops, ctx, nmb};
+  for (int i = 0; i < sc->nvisits; i++) {
+    const struct schedule_visit *v = &sc->visits[i];
+    int k = v->k;
+    if (ops->visit_start) ops->visit_start(ctx, i);
+    /* What the visit's first micro-batch reads from the host stash starts on its way
+       first: the next visit's parameters copy behind it (visit_bind), on the same thread,
+       and a layer's parameters take far longer than a micro-batch's activations. */
+    bool reads_input = v->kind != SCHEDULE_BACKWARD || sc->layers[k].inner == L2L_INNER_RECOMPUTE;
+    if (v->kind == SCHEDULE_BACKWARD) TRY(ops->prefetch(ctx, SCHEDULE_G, k + 1, 0));
+    if (reads_input && k > 0) TRY(ops->prefetch(ctx, SCHEDULE_X, k, 0));
+    bool grads = sc->training &&
+                 (v->kind == SCHEDULE_BACKWARD || (v->kind == SCHEDULE_HEAD && sc->lowest < sc->L));
+    TRY(ops->visit_bind(ctx, i, v, grads));
+    switch (v->kind) {
+      case SCHEDULE_FORWARD: TRY(visit_forward(&w, k, false)); break;
+      case SCHEDULE_REBUILD: TRY(visit_forward(&w, k, true)); break;
+      case SCHEDULE_HEAD: TRY(visit_head(&w, k)); break;
+      case SCHEDULE_BACKWARD: TRY(visit_backward(&w, k)); break;
+    }
+    TRY(ops->visit_end(ctx, i, v, grads));
+  }
+  return L2L_OK;
+}
