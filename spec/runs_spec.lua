@@ -163,12 +163,13 @@ describe("finding a device budget (issue 30, item 6)", function()
   end
   local tokens = l2l.tensor(ids, { dtype = "i32" })
 
-  -- One step of a relay with these options: true, or false and the message.
-  local function step_with(opts)
+  -- One step (or with `evaluate`, an evaluation) of a relay with these options: true, or
+  -- false and the message.
+  local function step_with(opts, evaluate)
     local o = { model = model, micro_batch = 2, stash = "host" }
     for k, v in pairs(opts) do o[k] = v end
     local run = l2l.Relay(o)
-    local ok, err = pcall(run.step, run, tokens, tokens)
+    local ok, err = pcall(evaluate and run.evaluate or run.step, run, tokens, tokens)
     local peak = run:stats().device_peak
     run:free()
     return ok, tostring(err), peak
@@ -194,6 +195,18 @@ describe("finding a device budget (issue 30, item 6)", function()
     assert.is_true(ok, err)
     assert.are.equal(named, peak)
     ok, err = step_with({ device_budget = named - 1 })
+    assert.is_false(ok, "a byte less worked")
+    -- an evaluation is replayed too (no gradient slots, nothing kept): its own smallest,
+    -- below the step's, exactly its peak
+    ok, err = step_with({ device_budget = math.floor(0.5 * MiB) }, true)
+    assert.is_false(ok)
+    local eval_named = tonumber(err:match("the smallest that works is (%d+) bytes"))
+    assert.is_truthy(eval_named, err)
+    assert.is_true(eval_named < named, ("evaluation %d, step %d"):format(eval_named, named))
+    ok, err, peak = step_with({ device_budget = eval_named }, true)
+    assert.is_true(ok, err)
+    assert.are.equal(eval_named, peak)
+    ok, err = step_with({ device_budget = eval_named - 1 }, true)
     assert.is_false(ok, "a byte less worked")
   end)
 

@@ -7,8 +7,9 @@
  * blocks of both memory modes and both LayerNorm placements, an LM head tied or not, or a
  * classifier), random batch, sequence and micro-batch sizes (a short last micro-batch
  * included), random per-layer inner and stash policies, parameter slots, frozen layers,
- * padding masks and token types, f32 and 16-bit weights and gradients. Swap's timing
- * belongs to the copy threads: there the prediction must bound the measured peak.
+ * padding masks and token types, f32 and 16-bit weights and gradients; then an evaluation
+ * of the same model. Swap's timing belongs to the copy threads: there the prediction must
+ * bound a training step's measured peak.
  * Must never: compare with numbers written here (the reference is the pool's own peak).
  */
 #include <stdlib.h>
@@ -101,6 +102,16 @@ static void compare_one(int trial, bool allow_swap) {
   else
     CHECK(measured == predicted, "%s: measured peak %llu, predicted %llu", what,
           (unsigned long long)measured, (unsigned long long)predicted);
+  /* An evaluation of the same batch (nothing kept, nothing swapped: exact with any policy),
+     with the weights the step left (the frugal guard's statements follow them). */
+  chain.evaluation = true;
+  if (!CHECK_OK(l2l_plan_peak(&predicted, &chain))) goto done;
+  CHECK_OK(l2l_pool_get_stats(&before, L2L_POOL_DEVICE));
+  if (!CHECK_OK(l2l_relay_evaluate(&loss, r, &b))) goto done;
+  CHECK_OK(l2l_relay_get_stats(&st, r));
+  measured = st.device_peak - before.current;
+  CHECK(measured == predicted, "%s: an evaluation's measured peak %llu, predicted %llu", what,
+        (unsigned long long)measured, (unsigned long long)predicted);
 done:
   l2l_relay_free(r);
   data_free(&d);

@@ -158,9 +158,9 @@ static void block_plan(struct block_plan *p, const l2l_layer *layer, int64_t B, 
   p->attn_back_work = put(bw, WORK, (uint64_t)p->attn_back_work_floats * f4);
 }
 
-static uint32_t block_flags(const l2l_layer *layer, const l2l_layer_batch *batch) {
+static uint32_t block_flags(const l2l_layer *layer, bool training, bool logits) {
   const l2l_layer_config *c = &layer->config;
-  bool training = batch == NULL || batch->training;
+  (void)logits;
   uint32_t flags = 0;
   if (training && c->dropout > 0) flags |= RESID_DROPOUT;
   if (training && c->attn_dropout > 0) flags |= ATTN_DROPOUT;

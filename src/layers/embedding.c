@@ -24,8 +24,8 @@ static l2l_status embedding_create(l2l_layer *layer) {
   return L2L_OK;
 }
 
-static uint32_t embedding_flags(const l2l_layer *layer, const l2l_layer_batch *batch) {
-  bool training = batch == NULL || batch->training;
+static uint32_t embedding_flags(const l2l_layer *layer, bool training, bool logits) {
+  (void)logits;
   return training && layer->config.dropout > 0 ? DROPOUT : 0;
 }
 

@@ -47,9 +47,10 @@ static l2l_status lm_head_create(l2l_layer *layer) {
   return L2L_OK;
 }
 
-static uint32_t lm_head_flags(const l2l_layer *layer, const l2l_layer_batch *batch) {
+static uint32_t lm_head_flags(const l2l_layer *layer, bool training, bool logits) {
   const l2l_layer_config *c = &layer->config;
-  uint32_t flags = batch && batch->targets == NULL ? LOGITS : 0;
+  (void)training;
+  uint32_t flags = logits ? LOGITS : 0;
   if (c->final_ln && c->memory == L2L_MEMORY_FRUGAL &&
       !l2l_layernorm_guarded(layer, HEAD_LN_W, HEAD_LN_B))
     flags |= FRUGAL_LN;
@@ -206,9 +207,9 @@ static l2l_status classifier_create(l2l_layer *layer) {
   return l2l_layer_add_param(layer, CLS_B, "bias", 1, b, '0', 0, 0);
 }
 
-static uint32_t classifier_flags(const l2l_layer *layer, const l2l_layer_batch *batch) {
-  (void)layer;
-  return batch && batch->targets == NULL ? LOGITS : 0;
+static uint32_t classifier_flags(const l2l_layer *layer, bool training, bool logits) {
+  (void)layer, (void)training;
+  return logits ? LOGITS : 0;
 }
 
 /* saved: first-position features f (B,D), then logits (B,C); backward work: df (B,D). */

@@ -160,10 +160,11 @@ struct layer_kind_ops {
                      int64_t B, int64_t S);
   /* Creates the kind's parameters (layer->config already checked). */
   l2l_status (*create_params)(l2l_layer *layer);
-  /* Choices a forward makes from the present parameters and the batch (memory mode,
+  /* Choices a forward makes from the present parameters and the call (memory mode,
      LayerNorm fallbacks, whether dropout runs), recorded in the saved state so that its
-     backward plans the same buffers. batch NULL: a training call (for reports). */
-  uint32_t (*choose_flags)(const l2l_layer *layer, const l2l_layer_batch *batch);
+     backward plans the same buffers. training: the batch's flag (dropout runs); logits: a
+     head called without targets. */
+  uint32_t (*choose_flags)(const l2l_layer *layer, bool training, bool logits);
   /* The flags the parameters' values decide (the LayerNorm guard), as they go when that
      keeps more: set these, clear those (l2l_layer_memory_bound). */
   uint32_t weights_set, weights_clear;

@@ -37,15 +37,16 @@ void l2l_param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad);
 /* Whether the relay may bind a 16-bit copy of the parameter (a GEMM weight or a gathered
    table); the others stay f32 on the device. */
 bool l2l_param_low_precision(const l2l_param *param);
-/* What l2l_layer_memory_use reports for a training call of a layer whose low-precision
-   parameters are bound in `precision` (f32: all f32): the relay's plans. */
+/* What a call with targets allocates (l2l_layer_memory_use: a training call) of a layer
+   whose low-precision parameters are bound in `precision` (f32: all f32), training (dropout
+   runs) or not: the relay's plans. */
 void l2l_layer_memory_in(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
-                         int64_t seq, l2l_dtype precision);
+                         int64_t seq, l2l_dtype precision, bool training);
 /* The same, the most over every value the parameters may take: the frugal modes' LayerNorm
    guard keeps more once a weight channel gets tiny (per field, the larger of the present
    weights' statement and the guarded one). What a budget must hold for steps to come. */
 void l2l_layer_memory_bound(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
-                            int64_t seq, l2l_dtype precision);
+                            int64_t seq, l2l_dtype precision, bool training);
 /* The relay holding a live layer (NULL if none), and setting it. */
 const void *l2l_layer_owner(const l2l_layer *layer);
 void l2l_layer_set_owner(l2l_layer *layer, const void *owner);

@@ -92,7 +92,7 @@ l2l_status plan_layer_costs(struct plan_layer_costs *out, const struct plan_chai
         o->bwd[i] = 2 * o->fwd[i];
       }
       l2l_layer_memory m;
-      l2l_layer_memory_in(&m, layer, rows[i], c->seq, c->precision);
+      l2l_layer_memory_in(&m, layer, rows[i], c->seq, c->precision, true);
       o->swap_bytes[i] = m.saved + m.input_kept + m.output_kept;
     }
     o->param_bytes = schedule_layer_slot_bytes(layer, SCHEDULE_SLOT_VALUES, c->precision,
@@ -119,34 +119,26 @@ double plan_step_seconds(const struct plan_chain *c, const struct plan_layer_cos
   double act_last = (double)(last * c->seq * c->dim) * sizeof(float);
   double act_all = act_full * (double)(nmb - 1) + act_last;   /* one boundary, every micro-batch */
   struct schedule sc;
-  int *held = calloc((size_t)(c->param_slots > 0 ? c->param_slots : 2), sizeof *held);
-  int *used = calloc((size_t)(c->param_slots > 0 ? c->param_slots : 2), sizeof *used);
-  if (plan_schedule(&sc, c) != L2L_OK || held == NULL || used == NULL) {
-    schedule_free(&sc), free(held), free(used);
+  int slots = c->param_slots > 0 ? c->param_slots : 2;
+  struct schedule_slot *slot_use = calloc((size_t)slots, sizeof *slot_use);
+  if (plan_schedule(&sc, c) != L2L_OK || slot_use == NULL) {
+    schedule_free(&sc), free(slot_use);
     return -1;
   }
   if (per_layer) memset(per_layer, 0, (size_t)L * sizeof *per_layer);
   const struct schedule_visit *visits = sc.visits;
   int n = sc.nvisits, lowest = sc.lowest;
-  int slots = c->param_slots > 0 ? c->param_slots : 2;
-  for (int i = 0; i < slots; i++) held[i] = -1, used[i] = -1;
+  for (int i = 0; i < slots; i++) slot_use[i] = (struct schedule_slot){.held = -1, .last_used = -1};
 
-  /* Which visits copy their parameters in: a slot still holding the layer serves it
-     (nothing updates a layer between its visits within a step); else the least recently
-     used slot other than the running visit's takes it (slots.c). */
+  /* Which visits copy their parameters in, by the relay's choice of slots (nothing updates
+     a layer between its visits within a step, so a slot holding it is current). */
   bool *copies = calloc((size_t)n, sizeof *copies);
   int running = -1;
   for (int i = 0; copies && i < n; i++) {
-    int k = visits[i].k, slot = -1;
-    for (int j = 0; j < slots; j++)
-      if (held[j] == k) slot = j;
-    if (slot < 0) {
-      for (int j = 0; j < slots; j++)
-        if (j != running && (slot < 0 || used[j] < used[slot])) slot = j;
-      held[slot] = k;
-      copies[i] = true;
-    }
-    used[slot] = i;
+    bool reused = false;
+    int slot = schedule_slot_choose(slot_use, slots, visits[i].k, running, i, NULL, NULL, &reused);
+    if (!reused) slot_use[slot].held = visits[i].k;
+    copies[i] = !reused;
     running = slot;
   }
 
@@ -214,7 +206,7 @@ double plan_step_seconds(const struct plan_chain *c, const struct plan_layer_cos
   double tail = c->updates_deferred ? workers_free : workers_free - backward_end;
   if (rates->shared) tail = total_updates;
   if (tail > 0) total += tail;
-  free(copies), free(held), free(used);
+  free(copies), free(slot_use);
   schedule_free(&sc);
   return total;
 }

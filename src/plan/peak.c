@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* peak.c — the device peak of one training step, replayed allocation by allocation.
+/* peak.c — the device peak of one step, replayed allocation by allocation.
  *
  * Purpose: the planner must know, before a step runs, whether a policy fits a device
  * budget: a step that overruns fails half-way, after some layers were updated. The
@@ -410,7 +410,7 @@ static uint64_t slot_size(const struct plan_chain *c, enum schedule_slot_content
 /* ---------------------------------------------------------------- the step */
 
 l2l_status plan_schedule(struct schedule *sc, const struct plan_chain *c) {
-  TRY(schedule_new(sc, c->L, true));
+  TRY(schedule_new(sc, c->L, !c->evaluation));
   for (int k = 0; k < c->L; k++)
     sc->layers[k] = (struct schedule_layer){c->layers[k].frozen, c->layers[k].inner,
                                             c->layers[k].stash};
@@ -424,15 +424,16 @@ static void memo_fill(struct plan_memo *m, const struct plan_chain *c, int64_t m
   int L = c->L;
   int64_t nmb = (c->batch + mb - 1) / mb, last = c->batch - (nmb - 1) * mb;
   m->micro_batch = mb;
+  m->evaluation = c->evaluation;
   for (int i = 0; i < 2; i++) {
     free(m->mem[i]);
     m->mem[i] = calloc((size_t)L, sizeof *m->mem[i]);
   }
   for (int k = 0; m->mem[0] && m->mem[1] && k < L; k++) {
-    void (*statement)(l2l_layer_memory *, const l2l_layer *, int64_t, int64_t, l2l_dtype) =
+    void (*statement)(l2l_layer_memory *, const l2l_layer *, int64_t, int64_t, l2l_dtype, bool) =
         c->any_weights ? l2l_layer_memory_bound : l2l_layer_memory_in;
-    statement(&m->mem[0][k], c->layers[k].layer, mb, c->seq, c->precision);
-    statement(&m->mem[1][k], c->layers[k].layer, last, c->seq, c->precision);
+    statement(&m->mem[0][k], c->layers[k].layer, mb, c->seq, c->precision, !c->evaluation);
+    statement(&m->mem[1][k], c->layers[k].layer, last, c->seq, c->precision, !c->evaluation);
   }
   for (int i = 0; i < 3; i++) m->slots[i] = slot_size(c, (enum schedule_slot_content)i);
 }
@@ -482,8 +483,8 @@ static l2l_status replay_step(uint64_t *peak, uint64_t *stretch_peak, const stru
   if (ok) {
     /* the slots live through the step (the relay's slots.c) */
     struct block *slots = take(&r, memo->slots[SCHEDULE_SLOT_VALUES] * (uint64_t)c->param_slots);
-    struct block *grads = take(&r, 2 * memo->slots[SCHEDULE_SLOT_GRADS]);
-    struct block *grads_out = c->grad_precision != L2L_F32
+    struct block *grads = c->evaluation ? NULL : take(&r, 2 * memo->slots[SCHEDULE_SLOT_GRADS]);
+    struct block *grads_out = c->grad_precision != L2L_F32 && !c->evaluation
                                   ? take(&r, 2 * memo->slots[SCHEDULE_SLOT_GRADS_OUT])
                                   : NULL;
     (void)schedule_walk(sc, r.nmb, &replay_acts, &s);   /* the replay's acts cannot fail */
@@ -567,7 +568,7 @@ l2l_status l2l_plan_peak(uint64_t *peak, const struct plan_chain *c) {
   int64_t nmb = (c->batch + mb - 1) / mb, last = c->batch - (nmb - 1) * mb;
   struct plan_memo own = {0};
   const struct plan_memo *memo = c->memo;
-  if (memo == NULL || memo->micro_batch != mb) {
+  if (memo == NULL || memo->micro_batch != mb || memo->evaluation != c->evaluation) {
     memo_fill(&own, c, mb);
     memo = &own;
   }

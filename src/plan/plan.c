@@ -84,10 +84,11 @@ static struct plan_chain chain_of(struct plan_layer *layers, int L, const l2l_re
 l2l_status plan_step_peak(uint64_t *peak, struct plan_layer *layers, int L,
                           const l2l_relay_config *config, int64_t batch, int64_t seq,
                           int64_t micro_batch, bool token_types, bool key_mask,
-                          bool any_weights) {
+                          bool training, bool any_weights) {
   struct plan_chain chain = chain_of(layers, L, config, batch, seq, token_types, key_mask);
   chain.micro_batch = micro_batch;
   chain.any_weights = any_weights;
+  chain.evaluation = !training;
   return l2l_plan_peak(peak, &chain);
 }
 
@@ -237,7 +238,7 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
   if (status == L2L_OK) {
     for (int k = 0; k < nlayers; k++) {
       l2l_layer_memory m;
-      l2l_layer_memory_in(&m, layers[k], r.micro_batch, request->seq, config->precision);
+      l2l_layer_memory_in(&m, layers[k], r.micro_batch, request->seq, config->precision, true);
       int64_t nmb = (request->batch + r.micro_batch - 1) / r.micro_batch;
       bool kept = pl[k].inner == L2L_INNER_KEEP && pl[k].role != L2L_ROLE_HEAD;
       result[k] = (l2l_plan_layer){.inner = pl[k].inner, .stash = pl[k].stash,

@@ -44,6 +44,8 @@ struct plan_chain {
   l2l_dtype grad_precision;  /* of the gradients leaving it */
   bool token_types, key_mask;  /* the batch has them */
   bool any_weights;          /* layers' memory whatever their weights (l2l_layer_memory_bound) */
+  bool evaluation;           /* a forward-only step (l2l_relay_evaluate): no gradients, nothing
+                                kept; the peak replays it, the time model and search do not */
   /* for the time model */
   bool updates_deferred;     /* global clipping or loss scaling: updates after backward */
   int accumulate;            /* minibatches per update */
@@ -55,6 +57,7 @@ struct plan_chain {
 
 struct plan_memo {
   int64_t micro_batch;         /* what it was made for */
+  bool evaluation;
   l2l_layer_memory *mem[2];    /* per layer: a full micro-batch, the last */
   uint64_t slots[3];           /* a slot's bytes per schedule_slot_content */
 };
@@ -68,22 +71,22 @@ void plan_memo_free(struct plan_chain *c);
    chain's policies; schedule_free frees it, also after a failure. */
 l2l_status plan_schedule(struct schedule *sc, const struct plan_chain *c);
 
-/* The device peak (pool bytes) of one training step of `c` on top of what the pool
-   already holds, or 0 when the chain cannot be replayed (the message says why). Swap
+/* The device peak (pool bytes) of one step of `c` (training, or an evaluation) on top of
+   what the pool already holds, or 0 when the chain cannot be replayed (the message says why). Swap
    moves run on the copy threads, so their timing sets where in between a peak with swap
    falls: this gives the bound that holds whatever the timing. */
 l2l_status l2l_plan_peak(uint64_t *peak, const struct plan_chain *c);
 /* Steps of more micro-batches than this are not replayed whole but from three short
    replays (peak.c says why that is exact); test_plan sets it low to compare the two. */
 extern int64_t plan_peak_whole_replay_max;
-/* The device peak of one training step as the relay runs it: `layers` (the active ones,
-   with their policies), the relay's config, the batch's shape; any_weights: the most over
-   every value the weights may take. The relay's budget check before a step
-   (src/relay/budget.c). */
+/* The device peak of one step as the relay runs it: `layers` (the active ones, with their
+   policies), the relay's config, the batch's shape, a training step or an evaluation;
+   any_weights: the most over every value the weights may take. The relay's budget check
+   before a step (src/relay/budget.c). */
 l2l_status plan_step_peak(uint64_t *peak, struct plan_layer *layers, int L,
                           const l2l_relay_config *config, int64_t batch, int64_t seq,
                           int64_t micro_batch, bool token_types, bool key_mask,
-                          bool any_weights);
+                          bool training, bool any_weights);
 extern _Atomic int64_t plan_peak_fallbacks;   /* short replays not on lines (none expected) */
 extern _Atomic int64_t plan_replayed_micro_batches;   /* the replays' work, for test_plan */
 

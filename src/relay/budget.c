@@ -8,22 +8,14 @@
  * smallest budget that works and what needs it. The replay is made again only when what
  * it depends on changed (the active layers and their policies and memory statements, which
  * the frugal modes' LayerNorm guard changes with the weights, the batch's shape, the
- * settings). An evaluation, which keeps less, is held to a lower bound: one layer visit
- * (the parameter slots, a micro-batch's input, output and the layer's working memory).
+ * settings, training or evaluating). An evaluation is replayed the same way: the schedule
+ * it walks has no backward and keeps nothing.
  * Must never: change anything but the replay's cache; allocate device memory.
  */
 #include <stdlib.h>
 
 #include "plan/plan.h"
 #include "relay.h"
-
-/* Bytes the device holds for one visit of active layer k besides its slots. */
-static uint64_t visit_bytes(const struct step *s, int k) {
-  l2l_layer_memory m;
-  l2l_layer_memory_in(&m, active_layer(s, k)->layer, s->mb, s->S, s->run->config.precision);
-  uint64_t act = l2l_pool_accounted((uint64_t)(s->mb * s->S * s->D) * sizeof(float));
-  return m.peak + 3 * act;
-}
 
 /* Bytes of the parameter and gradient slots. */
 static uint64_t slots_bytes(const struct step *s) {
@@ -43,6 +35,7 @@ static uint64_t step_key(const struct step *s) {
   uint64_t h = 1469598103934665603ull;
   const l2l_relay_config *c = &s->run->config;
   const uint64_t shape[] = {(uint64_t)s->B, (uint64_t)s->S, (uint64_t)s->mb, (uint64_t)s->L,
+                            s->training,
                             s->in->token_types != NULL, s->in->key_mask != NULL,
                             (uint64_t)c->param_slots, (uint64_t)c->precision,
                             (uint64_t)c->grad_precision, (uint64_t)c->accumulate,
@@ -54,7 +47,7 @@ static uint64_t step_key(const struct step *s) {
     l2l_layer_get_config(&lc, rl->layer);
     mix(&h, (uint64_t)(uintptr_t)rl->layer), mix(&h, rl->frozen), mix(&h, (uint64_t)rl->stash);
     l2l_layer_memory m;   /* the present weights' statement: the guard flips with them */
-    l2l_layer_memory_in(&m, rl->layer, s->mb, s->S, c->precision);
+    l2l_layer_memory_in(&m, rl->layer, s->mb, s->S, c->precision, s->training);
     mix(&h, m.saved), mix(&h, m.work_forward), mix(&h, m.work_backward);
     mix(&h, (uint64_t)rl->inner), mix(&h, (uint64_t)lc.memory), mix(&h, (uint64_t)lc.dim);
     mix(&h, (uint64_t)lc.mlp), mix(&h, (uint64_t)lc.heads), mix(&h, (uint64_t)lc.vocab);
@@ -62,10 +55,10 @@ static uint64_t step_key(const struct step *s) {
   return h;
 }
 
-/* The planner's replay of a training step of the active layers `active` (L of them). */
+/* The planner's replay of a step of the active layers `active` (L of them). */
 static l2l_status step_peak(uint64_t *peak, const l2l_relay *run, const int *active, int L,
                             int64_t B, int64_t S, int64_t mb, bool token_types, bool key_mask,
-                            bool any_weights) {
+                            bool training, bool any_weights) {
   struct plan_layer *pl = calloc((size_t)L, sizeof *pl);
   if (pl == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to replay a step");
   for (int k = 0; k < L; k++) {
@@ -74,20 +67,20 @@ static l2l_status step_peak(uint64_t *peak, const l2l_relay *run, const int *act
                                 .frozen = rl->frozen, .inner = rl->inner, .stash = rl->stash};
   }
   l2l_status status = plan_step_peak(peak, pl, L, &run->config, B, S, mb, token_types, key_mask,
-                                     any_weights);
+                                     training, any_weights);
   free(pl);
   return status;
 }
 
-/* The exact device peak of this training step (0: the replay could not be made, e.g. for
-   a layer the planner cannot describe; the lower bound then stands alone). */
+/* The exact device peak of this step (0: the replay could not be made, e.g. for a layer
+   the planner cannot describe: the step then runs unchecked, as without a budget). */
 static uint64_t replayed_peak(const struct step *s) {
   l2l_relay *run = s->run;
   uint64_t key = step_key(s);
   if (run->budget_key == key && run->budget_key_set) return run->budget_peak;
   uint64_t peak = 0;
   if (step_peak(&peak, run, s->active, s->L, s->B, s->S, s->mb, s->in->token_types != NULL,
-                s->in->key_mask != NULL, false) != L2L_OK) {
+                s->in->key_mask != NULL, s->training, false) != L2L_OK) {
     peak = 0;
     l2l_clear_error();
   }
@@ -110,7 +103,7 @@ l2l_status l2l_relay_step_peak(uint64_t *peak, const l2l_relay *run, int64_t bat
   for (int i = 0; i < run->count; i++) active[i] = i;
   int64_t mb = run->config.micro_batch < batch ? run->config.micro_batch : batch;
   l2l_status status = step_peak(peak, run, active, run->count, batch, seq, mb, token_types,
-                                key_mask, true);
+                                key_mask, true, true);
   free(active);
   return status;
 }
@@ -123,7 +116,7 @@ l2l_status relay_check_budget(const struct step *s) {
   uint64_t held = device.current + device.backend;
   uint64_t room = device.budget > held ? device.budget - held : 0;
   uint64_t slots = slots_bytes(s);
-  uint64_t peak = s->training ? replayed_peak(s) : 0;
+  uint64_t peak = replayed_peak(s);
   if (peak > room) {
     char a[32], b[32], c[32], d[32], e[32];
     uint64_t smallest = peak + held;
@@ -131,28 +124,17 @@ l2l_status relay_check_budget(const struct step *s) {
                 "the device budget of %llu bytes (%s) is too small for this step: the smallest "
                 "that works is %llu bytes (%s). The step needs %s on the device at its peak "
                 "(the planner's replay of it, at micro-batch %lld with the layers' policies), "
-                "%s of them the %d parameter slots and 2 gradient slots (each the size of the "
-                "largest layer), the rest activations and working memory; %s is in use already. "
-                "A smaller micro-batch, stash = \"host\", recomputing or plan = \"auto\" "
-                "(l2l.plan) need less",
+                "%s of them the %d parameter slots%s (each the size of the largest layer), the "
+                "rest activations and working memory; %s is in use already. %s need less",
                 (unsigned long long)device.budget, l2l_human_bytes(a, sizeof a, device.budget),
                 (unsigned long long)smallest, l2l_human_bytes(b, sizeof b, smallest),
                 l2l_human_bytes(c, sizeof c, peak), (long long)s->mb,
                 l2l_human_bytes(d, sizeof d, slots),
                 s->run->config.param_slots ? s->run->config.param_slots : 2,
-                l2l_human_bytes(e, sizeof e, held));
-  }
-  for (int k = 0; k < s->L; k++) {
-    uint64_t need = slots + visit_bytes(s, k);
-    if (need <= room) continue;
-    char a[32], b[32];
-    return FAIL(L2L_ERR_BUDGET,
-                "the device budget (%llu bytes, %s free) is too small for layer %d (%s): one "
-                "micro-batch of %lld needs at least %llu bytes (%s) for its parameters, "
-                "gradients, activations and working memory",
-                (unsigned long long)device.budget, l2l_human_bytes(a, sizeof a, room),
-                s->active[k], l2l_layer_name(active_layer(s, k)->layer), (long long)s->mb,
-                (unsigned long long)need, l2l_human_bytes(b, sizeof b, need));
+                s->training ? " and 2 gradient slots" : "", l2l_human_bytes(e, sizeof e, held),
+                s->training ? "A smaller micro-batch, stash = \"host\", recomputing or plan = "
+                              "\"auto\" (l2l.plan)"
+                            : "A smaller micro-batch would");
   }
   return L2L_OK;
 }

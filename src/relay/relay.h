@@ -189,9 +189,7 @@ struct mb_inputs {
 
 struct param_slot {
   l2l_tensor *t;
-  int held;                   /* active layer whose parameters it holds, -1: none */
-  int64_t last_used;          /* slot_ticks when last chosen */
-  int64_t updates[MAX_RECORDS];   /* held's records' update counts when copied */
+  int64_t updates[MAX_RECORDS];   /* its layer's records' update counts when copied */
 };
 
 struct step {
@@ -222,6 +220,7 @@ struct step {
      right after the head and a layer's backward after its own rebuild; each more slot
      keeps one more of the forward's last layers for the backward. */
   struct param_slot *pslots;
+  struct schedule_slot *slot_use;   /* per slot: the layer it holds, when last chosen */
   int nslots;
   int64_t slot_ticks;         /* counts slot choices, for least recently used */
   /* Two gradient slots, the size of a parameter slot: visit i computes into slot

@@ -61,10 +61,10 @@ l2l_status relay_slots_new(struct step *s) {
   s->host_device = l2l_device_is_host();
   s->nslots = s->run->config.param_slots;
   s->pslots = calloc((size_t)s->nslots, sizeof *s->pslots);
-  if (s->pslots == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a step");
+  s->slot_use = calloc((size_t)s->nslots, sizeof *s->slot_use);
+  if (s->pslots == NULL || s->slot_use == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a step");
   for (int i = 0; i < s->nslots; i++) {
-    s->pslots[i].held = -1;
-    s->pslots[i].last_used = -1;
+    s->slot_use[i] = (struct schedule_slot){.held = -1, .last_used = -1};
     TRY(l2l_tensor_new(&s->pslots[i].t, L2L_POOL_DEVICE, L2L_U8, 1, shape));
   }
   for (int i = 0; s->training && i < 2; i++) {
@@ -79,33 +79,20 @@ l2l_status relay_slots_new(struct step *s) {
   return L2L_OK;
 }
 
-/* Whether parameter slot i still holds active layer k as the EPS has it now. */
-static bool slot_current(struct step *s, int i, int k, const struct params_job *pj) {
-  if (s->pslots[i].held != k) return false;
-  for (int r = 0; r < pj->nrec; r++) {
-    int64_t now = l2l_eps_settled_updates(&s->run->eps, pj->rec[r]);
-    if (now < 0 || now != s->pslots[i].updates[r]) return false;
+/* Whether parameter slot i, which holds the visit's layer, holds it as the EPS has it now
+   (no update since its copy). */
+struct slot_question {
+  struct step *s;
+  const struct params_job *pj;
+};
+
+static bool slot_current(void *ctx, int i) {
+  const struct slot_question *q = ctx;
+  for (int r = 0; r < q->pj->nrec; r++) {
+    int64_t now = l2l_eps_settled_updates(&q->s->run->eps, q->pj->rec[r]);
+    if (now < 0 || now != q->s->pslots[i].updates[r]) return false;
   }
   return true;
-}
-
-/* The slot for layer k's next visit, other than `busy` (the running visit's, -1: none):
-   one that holds k as it is now, else the least recently used. *current: the former. */
-static int slot_choose(struct step *s, int k, const struct params_job *pj, int busy,
-                       bool *current) {
-  int pick = -1;
-  for (int i = 0; i < s->nslots; i++) {
-    if (i == busy) continue;
-    if (slot_current(s, i, k, pj)) {
-      *current = true;
-      pick = i;
-      break;
-    }
-    if (pick < 0 || s->pslots[i].last_used < s->pslots[pick].last_used) pick = i;
-  }
-  if (!*current) s->pslots[pick].held = -1;   /* its contents are about to change */
-  s->pslots[pick].last_used = s->slot_ticks++;
-  return pick;
 }
 
 /* Queues the copy of layer k's parameters into a parameter slot for the visit about to
@@ -123,7 +110,9 @@ l2l_status relay_params_queue(struct step *s, int which, int k) {
     pj->rec[r] = l2l_eps_find(&run->eps, l2l_layer_param(layer, r));
   bool current = false;
   int busy = which == 1 && s->params[0] != NULL ? s->params[0]->slot : -1;
-  pj->slot = slot_choose(s, k, pj, busy, &current);
+  struct slot_question q = {s, pj};
+  pj->slot = schedule_slot_choose(s->slot_use, s->nslots, k, busy, s->slot_ticks++, slot_current,
+                                  &q, &current);
   uint64_t offset = 0;
   for (int r = 0; r < pj->nrec; r++)
     TRY(slot_view(&pj->value[r], s, s->pslots[pj->slot].t, &offset, pj->rec[r], SCHEDULE_SLOT_VALUES));
@@ -207,7 +196,7 @@ l2l_status relay_params_done(struct step *s, int k, bool give) {
     l2l_param_bind(l2l_layer_param(layer, r), NULL, NULL);
     l2l_tensor_free(pj->value[r]);
   }
-  s->pslots[pj->slot].held = k;
+  s->slot_use[pj->slot].held = k;
   memcpy(s->pslots[pj->slot].updates, pj->updates, sizeof pj->updates);
   relay_params_job_free(pj);
   s->params[0] = s->params[1];

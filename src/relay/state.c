@@ -91,6 +91,7 @@ void relay_step_free(struct step *s) {
   }
   for (int i = 0; i < s->nslots; i++) l2l_tensor_free(s->pslots[i].t);
   free(s->pslots);
+  free(s->slot_use);
   for (int r = 0; r < s->ngrads; r++) l2l_tensor_free(s->grads[r]);
   for (int k = 0; k <= s->L; k++) {
     for (int64_t u = 0; u < s->nmb; u++) {

@@ -106,6 +106,19 @@ l2l_status schedule_walk(const struct schedule *sc, int64_t nmb, const struct sc
 
 /* ---------------------------------------------------------------- device slots */
 
+/* A parameter slot as the choice of slots sees it. */
+struct schedule_slot {
+  int held;                    /* the layer whose parameters it holds, -1: none reusable */
+  int64_t last_used;           /* the tick when last chosen, -1: never */
+};
+/* The parameter slot for the next visit of layer k, other than `busy` (the running
+   visit's; -1: none): one that holds k as it is now (held == k and, when `current` is not
+   NULL, current(ctx, i): the relay asks whether the layer was updated since), else the
+   least recently used. *reused says which; the slot is marked used at `tick`, and one not
+   reused holds nothing reusable until its copy is done (the caller then sets held). */
+int schedule_slot_choose(struct schedule_slot *slots, int nslots, int k, int busy, int64_t tick,
+                         bool (*current)(void *ctx, int i), void *ctx, bool *reused);
+
 /* What a device slot holds for each record: its values in their device dtype, its f32
    gradient, or the 16-bit copy of a gradient made to leave the device (f32 gradients leave
    from the gradient slot itself: 0 bytes). */

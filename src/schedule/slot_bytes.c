@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
-/* slot_bytes.c — what a layer's records take in the device's parameter and gradient slots.
+/* slot_bytes.c — the device's parameter and gradient slots: what a layer's records take
+ * in them, and which parameter slot a visit's layer copies into.
  *
- * Purpose: the relay sizes its slots (the largest layer's) and lays records out in them by
- * these numbers, and the planner counts the same bytes in its replay and its time model.
+ * Purpose: the relay sizes its slots (the largest layer's), lays records out in them and
+ * chooses among them by these rules, and the planner counts the same bytes and the same
+ * copies in its replay and its time model.
  * Must never: differ from how the pool counts an allocation (each record rounded to
  * L2L_ALIGN, as a slot's views start on it).
  */
@@ -32,4 +34,22 @@ uint64_t schedule_layer_slot_bytes(const l2l_layer *layer, enum schedule_slot_co
   for (int i = 0; i < l2l_layer_param_count(layer); i++)
     n += schedule_param_slot_bytes(l2l_layer_param(layer, i), content, precision, grad_precision);
   return n;
+}
+
+int schedule_slot_choose(struct schedule_slot *slots, int nslots, int k, int busy, int64_t tick,
+                         bool (*current)(void *ctx, int i), void *ctx, bool *reused) {
+  int pick = -1;
+  *reused = false;
+  for (int i = 0; i < nslots; i++) {
+    if (i == busy) continue;
+    if (slots[i].held == k && (current == NULL || current(ctx, i))) {
+      *reused = true;
+      pick = i;
+      break;
+    }
+    if (pick < 0 || slots[i].last_used < slots[pick].last_used) pick = i;
+  }
+  if (!*reused) slots[pick].held = -1;   /* its contents are about to change */
+  slots[pick].last_used = tick;
+  return pick;
 }
