@@ -278,7 +278,6 @@ add("lua/l2l/relay.lua", {
   ["l2l.Relay"] = constructor(function() return pack({ model = model() }) end, "micro_batch"),
   ["l2l.is_relay"] = { n = 1, args = function() return pack({}) end },
   ["run:free"] = run_method(0),
-  ["run:sync_layers"] = run_method(1, function() return pack("run:sync_layers") end),
   ["run:step"] = run_method(3, function() return pack(ids({ 2, 4 }, 3), ids({ 2, 4 }, 5)) end,
                             { options = 3, option = "skip", options_name = "opts" }),
   ["run:evaluate"] = run_method(3, function() return pack(ids({ 2, 4 }, 3), ids({ 2, 4 }, 5)) end,

@@ -309,10 +309,12 @@ describe("l2l.Relay", function()
     assert.is_true(math.abs(evaluated - plain) <= 1e-5 * math.max(1, plain),
                    ("evaluate with skip %.8g, plain forward with skip %.8g"):format(evaluated, plain))
 
-    -- shrink and swap: the fresh block leaves, block 5 is replaced; a layer still in the
-    -- relay cannot be freed, one that left can
+    -- shrink and swap: the fresh block leaves (the relay too, at once: it can be freed),
+    -- block 5 is replaced; a layer still in the relay cannot be freed
     model:remove(3)
-    fails("in a relay", function() fresh:free() end)
+    assert.are.equal(#model, count())
+    fails("in a relay", function() model[2]:free() end)
+    fresh:free()
     local old5 = model:replace(4, l2l.Block { dim = 32, heads = 4, causal = true })
     model:unfreeze(2)
     assert.is_false(model:frozen(2))
@@ -778,22 +780,23 @@ describe("l2l.Relay", function()
   it("refuses bad input with errors naming the argument", function()
     local model = tiny_gpt(support.seed % 1000)
     fails("l2l.Relay: unknown option 'micro_batches'", function() l2l.Relay { model = model, micro_batches = 2 } end)
-    fails("option 'micro_batch' must be an integer >= 1, got 0", function() l2l.Relay { model = model, micro_batch = 0 } end)
+    fails("option 'micro_batch' must be >= 1, got 0", function() l2l.Relay { model = model, micro_batch = 0 } end)
     fails("option 'stash' must be one of \"device\", \"host\", \"recompute\", got string \"disk\"", function()
       l2l.Relay { model = model, stash = "disk" }
     end)
     fails("option 'inner' must be one of", function() l2l.Relay { model = model, inner = "never" } end)
     fails("option 'model' is required", function() l2l.Relay {} end)
     fails("option 'optimizer' must be", function() l2l.Relay { model = model, optimizer = { lr = 1 } } end)
-    fails("option 'clip_global_norm' must be a finite number >= 0", function() l2l.Relay { model = model, clip_global_norm = -1 } end)
-    fails("option 'param_slots' must be an integer >= 2, got 1", function() l2l.Relay { model = model, param_slots = 1 } end)
-    fails("option 'loss_scale' must be a finite number >= 0", function() l2l.Relay { model = model, loss_scale = -2 } end)
+    fails("option 'clip_global_norm' must be finite and >= 0, got %-1", function() l2l.Relay { model = model, clip_global_norm = -1 } end)
+    fails("option 'param_slots' must be 0 %(two%) or 2 to 4096, got 1", function() l2l.Relay { model = model, param_slots = 1 } end)
+    fails("option 'loss_scale' must be 0 %(off%) or 2%^%-64 to 2%^100, got %-2", function() l2l.Relay { model = model, loss_scale = -2 } end)
     fails("option 'loss_scale' must be 0 %(off%) or 2%^%-64 to 2%^100", function() l2l.Relay { model = model, loss_scale = 2 ^ 101 } end)
-    fails("option 'loss_scale_window' must be an integer >= 1, got 0", function() l2l.Relay { model = model, loss_scale_window = 0 } end)
+    fails("option 'loss_scale_window' must be >= 0, got %-1", function() l2l.Relay { model = model, loss_scale_window = -1 } end)
+    fails("option 'loss_scale_window' must be an integer, got number 0.5", function() l2l.Relay { model = model, loss_scale_window = 0.5 } end)
     fails("option 'precision' must be one of \"bf16\", \"f16\", \"f32\", got string \"fp8\"", function() l2l.Relay { model = model, precision = "fp8" } end)
-    fails("grad_precision f16 needs loss_scale > 0", function() l2l.Relay { model = model, grad_precision = "f16" } end)
+    fails("option 'grad_precision' f16 needs loss_scale > 0", function() l2l.Relay { model = model, grad_precision = "f16" } end)
     fails("option 'grad_precision' must be one of \"bf16\", \"f16\", \"f32\", got string \"f64\"", function() l2l.Relay { model = model, grad_precision = "f64" } end)
-    fails("option 'param_slots' must be at most 4096, got 5000", function() l2l.Relay { model = model, param_slots = 5000 } end)
+    fails("option 'param_slots' must be 0 %(two%) or 2 to 4096, got 5000", function() l2l.Relay { model = model, param_slots = 5000 } end)
     fails("l2l.AdamW: option 'eps' must be a finite number > 0", function() l2l.AdamW { eps = 0 } end)
     fails("l2l.AdamW: option 'betas'", function() l2l.AdamW { betas = { 0.9 } } end)
     fails("l2l.SGD: unknown option 'betas'", function() l2l.SGD { betas = { 0.9, 0.99 } } end)
@@ -830,14 +833,17 @@ describe("l2l.Relay", function()
     run:set_micro_batch(3)
     assert.is_true(run:step(tokens, targets) > 0, "a good step after the refusals")
 
-    -- a model the relay cannot run is refused at the step, naming the layer
-    model:insert(2, l2l.Block { dim = 16, heads = 2 })
-    fails("run:step: layer 2 .*dim 16", function() run:step(tokens, targets) end)
-    model:remove(2)
-    assert.is_true(run:step(tokens, targets) > 0, "the step works again once the model is right")
+    -- a layer the relay cannot run is refused as it joins the model (the model is the
+    -- relay's list), naming the layer; the model stays as it was
+    local count = #model
+    fails("model:insert: layer 2 %(block%): cannot insert: .*dim 16", function() model:insert(2, l2l.Block { dim = 16, heads = 2 }) end)
+    fails("model:replace: layer 3 %(block%): cannot replace: .*dim 16", function() model:replace(3, l2l.Block { dim = 16, heads = 2 }) end)
+    assert.are.equal(count, #model)
+    assert.is_true(run:step(tokens, targets) > 0, "the step works with the model as it was")
 
-    -- one layer cannot be in two relays
-    fails("l2l.Relay: layer 1 %(embedding%) is in another relay", function() l2l.Relay { model = model } end)
+    -- a model follows one relay, and one layer cannot be in two relays
+    fails("l2l.Relay: the model is in another relay", function() l2l.Relay { model = model } end)
+    fails("l2l.Relay: layer 1 %(embedding%) is in another relay", function() l2l.Relay { model = { model[1], model[#model] } } end)
 
     -- a device budget too small for the step
     run:sync()

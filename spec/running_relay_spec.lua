@@ -72,7 +72,8 @@ describe("a relay running a step (issue: hardening 2, item 1)", function()
     set_micro_batch = function(run) run:set_micro_batch(1) end,
     set_stash = function(run) run:set_stash(2, "host") end,
     set_inner = function(run) run:set_inner(2, "keep") end,
-    sync_layers = function(run) run:sync_layers("run:sync_layers") end,
+    model_freeze = function(run) run.model:freeze(2) end,
+    model_remove = function(run) run.model:remove(2) end,
   }
   for name, call in pairs(calls) do
     it("refuses run:" .. name .. " from a layer inside the step, and trains on after it", function()

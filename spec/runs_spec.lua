@@ -277,7 +277,6 @@ describe("the planner from the main example (issue 30, items 7 and 8)", function
         if p.name:find("ln%d?%.weight$") then p.value:data()[0] = 0 end
       end
     end
-    run:sync_layers("spec")
     -- the budget holds the guarded step (the pool refuses any allocation past it)
     l2l.set_budget("device", peak + l2l.pool_stats("device").current + l2l.pool_stats("device").backend)
     ok, err = pcall(run.step, run, tokens, tokens)

@@ -104,7 +104,7 @@ describe("plans are checked against the model they are used with (hardening 2, i
 
   it("refuses settings the relay would refuse (f16 gradients need loss scaling)", function()
     -- the plan was made, and the relay then refused it (found by the fuzzer: l2l.plan)
-    refused("config->grad_precision f16 needs loss_scale > 0",
+    refused("option 'grad_precision' f16 needs loss_scale > 0",
             function() l2l.plan { model = gpt(16, 2), batch = 4, seq = S, device_budget = 2 ^ 30, rates = rates,
                                   precision = "bf16", grad_precision = "f16" } end)
   end)

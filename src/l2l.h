@@ -446,6 +446,8 @@ L2L_API l2l_status l2l_layer_new(l2l_layer **out, const l2l_layer_config *config
 typedef struct l2l_param_info { char name[L2L_PARAM_NAME_MAX]; int ndim; int64_t shape[L2L_MAX_DIMS]; int decays; } l2l_param_info;
 L2L_API l2l_status l2l_layer_config_params(l2l_param_info *out, int capacity, int *count,
                                            const l2l_layer_config *config);
+/* Frees the layer; one a relay holds goes on working until the relay lets it go
+   (l2l_relay_remove, l2l_relay_replace, l2l_relay_free), which then frees it. */
 L2L_API void l2l_layer_free(l2l_layer *layer);
 /* A deep copy: new parameter records (values copied, gradients zero) and a new rng id. */
 L2L_API l2l_status l2l_layer_clone(l2l_layer **out, const l2l_layer *layer);
@@ -575,8 +577,8 @@ L2L_API l2l_status l2l_schedule_lr(double *out, const l2l_schedule_config *sched
    previous layer computes; when a layer's gradient is complete for the minibatch, its
    update runs on the optimizer threads while the device goes on with earlier layers.
    The next step's forward of a layer waits only for that layer's update.
-   The relay borrows its layers: they must outlive it or their removal from it. A layer
-   may be in one relay at a time. Between steps the model may change (insert, remove,
+   A layer may be in one relay at a time; freed while there, it is freed when the relay
+   lets it go. Between steps the model may change (insert, remove,
    replace, freeze); every other record keeps its weights and optimizer state.
    Result: the same as plain whole-batch training (one pass, every activation kept) to
    float rounding, for any micro-batch size and any policy. */
@@ -636,7 +638,7 @@ typedef struct l2l_relay_config {
                                    double it (within 2^-64 .. 2^100). Updates then wait for
                                    the end of backward. 0: off */
   int loss_scale_window;        /* updates without overflow before the scale doubles,
-                                   >= 1; 0: 2000 */
+                                   >= 1 (the default: 2000; 0 means 2000 too) */
   l2l_dtype precision;          /* the device's weights: f32, or bf16 / f16 ("cross mixed
                                    precision"; l2l_relay_config_default picks bf16 when the
                                    device pool is a GPU's, f32 on the CPU backend): the
@@ -780,15 +782,19 @@ L2L_API l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int 
 /* The checks l2l_relay_new makes of a config, alone (l2l.plan asks them of the settings it
    plans for, so that a plan is never made for a relay that would be refused). */
 L2L_API l2l_status l2l_relay_config_check(const l2l_relay_config *config);
-/* Waits for pending work, then frees the EPS's state (not the layers). NULL is fine. A
-   relay in another call (see "Threads" above) is not freed: l2l_last_error says so. */
+/* Waits for pending work, then frees the EPS's state (not the layers, but those freed while
+   it held them). NULL is fine. A relay in another call (see "Threads" above) is not freed:
+   l2l_last_error says so. */
 L2L_API void l2l_relay_free(l2l_relay *run);
 
 L2L_API int l2l_relay_layer_count(const l2l_relay *run);  /* -1 if not a relay or in another call */
 L2L_API l2l_layer *l2l_relay_layer(const l2l_relay *run, int index);    /* NULL if out of range */
+/* The relay holding the layer: NULL if none (or not a layer). */
+L2L_API l2l_relay *l2l_layer_relay(const l2l_layer *layer);
 /* Dynamic architecture, between steps. insert: the layer goes to position index (0..n),
    its new records start with fresh optimizer state. remove: the layer leaves the relay
-   (not freed); records nobody else uses leave the EPS. replace: remove + insert. */
+   (not freed, unless l2l_layer_free was called while it was there); records nobody else
+   uses leave the EPS. replace: remove + insert. */
 L2L_API l2l_status l2l_relay_insert(l2l_relay *run, int index, l2l_layer *layer);
 L2L_API l2l_status l2l_relay_remove(l2l_relay *run, int index);
 L2L_API l2l_status l2l_relay_replace(l2l_relay *run, int index, l2l_layer *layer);

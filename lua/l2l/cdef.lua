@@ -242,6 +242,7 @@ l2l_status l2l_layer_new(l2l_layer **out, const l2l_layer_config *config, l2l_po
 typedef struct l2l_param_info { char name[L2L_PARAM_NAME_MAX]; int ndim; int64_t shape[L2L_MAX_DIMS]; int decays; } l2l_param_info;
 l2l_status l2l_layer_config_params(l2l_param_info *out, int capacity, int *count,
                                    const l2l_layer_config *config);
+
 void l2l_layer_free(l2l_layer *layer);
 
 l2l_status l2l_layer_clone(l2l_layer **out, const l2l_layer *layer);
@@ -442,6 +443,8 @@ void l2l_relay_free(l2l_relay *run);
 
 int l2l_relay_layer_count(const l2l_relay *run);
 l2l_layer *l2l_relay_layer(const l2l_relay *run, int index);
+
+l2l_relay *l2l_layer_relay(const l2l_layer *layer);
 
 l2l_status l2l_relay_insert(l2l_relay *run, int index, l2l_layer *layer);
 l2l_status l2l_relay_remove(l2l_relay *run, int index);

@@ -10,8 +10,7 @@
 -- Layers written in Lua (l2l.layer_kind, lua/l2l/custom.lua) are Layers of kind "custom"
 -- made here too; a C call that may run their Lua code goes through check_call, which
 -- re-raises the Lua error a callback saved.
--- Must never: keep a C object without a finalizer, let a failed C call pass silently, or
--- free a layer that a relay still holds (see `held` below).
+-- Must never: keep a C object without a finalizer, or let a failed C call pass silently.
 local ffi = require("ffi")
 local lib = require("l2l.lib")
 local argcheck = require("l2l.argcheck")
@@ -33,18 +32,14 @@ local memory_names = { [0] = "standard", [1] = "frugal" }
 local function saved_gc(box) C.l2l_saved_free(box[0]) end
 
 ----------------------------------------------------------------- lifetime
--- A relay borrows its layers (l2l_relay_free may still touch them), and when a relay and
--- its layers become garbage in the same cycle their finalizers run in no fixed order. So
--- a layer's finalizer never frees a layer that a relay holds: it parks the pointer in
--- `orphans`, and the relay frees the orphans after l2l_relay_free (release below).
--- Tables are keyed by the layer's address (a number), never by Lua objects, so nothing
--- here keeps a layer alive.
+-- When a relay and its layers become garbage in the same cycle their finalizers run in no
+-- fixed order: a layer freed while a relay holds it is freed by C when the relay lets it
+-- go (l2l_layer_free). Tables are keyed by the layer's address (a number), never by Lua
+-- objects, so nothing here keeps a layer alive.
 
 local function address(p) return tonumber(ffi.cast("intptr_t", p)) end
 M.address = address
 
-local held = {}      -- address -> the address of the relay holding the layer (one at most)
-local orphans = {}   -- address -> l2l_layer * whose Lua object is gone while held
 M.custom_info = {}   -- address -> {def =, names = {param name -> index}, options =} (custom.lua)
 M.objects = setmetatable({}, { __mode = "v" })   -- address -> Lua layer object (weak)
 
@@ -55,27 +50,8 @@ local function free_now(p)
 end
 
 local function layer_gc(box)
-  local p = box[0]
-  if p == nil then return end
-  local a = address(p)
-  if held[a] then orphans[a] = p else free_now(p) end
+  if box[0] ~= nil then free_now(box[0]) end
 end
-
--- The relay at address `owner` took (hold) or gave back (release) the layer at address a.
--- A layer is in one relay at a time: holder(a) says which (nil: none).
-function M.hold(a, owner)
-  assert(held[a] == nil or held[a] == owner, "a layer is in one relay at a time")
-  held[a] = owner
-end
-function M.release(a)
-  held[a] = nil
-  if orphans[a] ~= nil then
-    local p = orphans[a]
-    orphans[a] = nil
-    free_now(p)
-  end
-end
-function M.holder(a) return held[a] end
 
 -- A Lua layer object around a new C layer (out: a fresh l2l_layer *[1] box).
 local function wrap(out, kind, fields)
@@ -353,8 +329,8 @@ function Layer:free(...)
   if select("#", ...) ~= 0 then too_many("layer:free", "", 2, ...) end
   local h = self.handle[0]
   if h == nil then return end
-  if held[address(h)] then
-    error("layer:free: the layer is in a relay; remove it from the model and step, or free the relay, first", 2)
+  if C.l2l_layer_relay(h) ~= nil then
+    error("layer:free: the layer is in a relay; remove it from the model, or free the relay, first", 2)
   end
   self.handle[0] = nil
   free_now(h)
@@ -445,8 +421,8 @@ function Layer:clone(...)
   local h = H(self, "layer:clone")
   -- The relay holding the layer may still be updating it (or, with ranks, gathering its
   -- updated weights): the copy waits for that, as reading through the relay does.
-  local owner = held[address(h)]
-  if owner ~= nil then check(C.l2l_relay_sync(ffi.cast("l2l_relay *", owner)), "layer:clone", 2) end
+  local owner = C.l2l_layer_relay(h)
+  if owner ~= nil then check(C.l2l_relay_sync(owner), "layer:clone", 2) end
   local out = ffi.new("l2l_layer *[1]")
   check(C.l2l_layer_clone(out, h), "layer:clone", 2)
   local twin = wrap(out, self.kind, { tie = self.tie, custom = self.custom, options = self.options })

@@ -7,8 +7,9 @@
 -- targets, one backward in reverse. The relay must agree with it. An LMHead made with
 -- `tie = true` is tied to the model's first Embedding here, so the pair shares one
 -- parameter record whose gradient sums both uses. The list is also what l2l.Relay trains:
--- the relay brings its own list in line with the model before every step, so the script
--- changes the model, never the relay.
+-- in a relay the model is a view of the C relay's list, each change (insert, add, remove,
+-- replace, clone, freeze) made there first and here only once C took it, so the script
+-- changes the model, never the relay, and the two never differ.
 -- The layers are the model's array part (model[i], also model.layers[i]), so `#model`
 -- works without __len (LuaJIT without 5.2 compatibility ignores __len on tables).
 -- Dropout draws are keyed by each layer's rng id (src/l2l.h). A model numbers its layers
@@ -64,6 +65,8 @@ function M.Sequential(list, ...)
   local self = setmetatable({}, Sequential)
   self.layers = self                                   -- model.layers[i] == model[i]
   self.frozen_set = setmetatable({}, { __mode = "k" }) -- layer -> true (follows the layer)
+  self.version = 0                                     -- counts the changes (a plan's key)
+  self.relay_link = setmetatable({}, { __mode = "v" }) -- .acts: the relay following it
   local embedding, seen = nil, {}
   for i, layer in ipairs(list) do
     check_layer(layer, i, fname)
@@ -89,6 +92,25 @@ end
 function M.is_sequential(x, ...)
   if select("#", ...) ~= 0 then too_many("l2l.is_sequential", "x", 2, ...) end
   return getmetatable(x) == Sequential
+end
+
+-- The relay training the model (l2l.relay, above this module) follows it: `acts` makes a
+-- change in the C relay (insert(i, layer, fname), remove(i, fname), replace(i, layer,
+-- fname), frozen(i, on, fname)) or raises without making it. Held weakly: a relay nobody
+-- keeps can be collected, and the model then stands alone.
+function M.follow(model, acts) model.relay_link.acts = acts end
+function M.unfollow(model, acts)
+  if model.relay_link.acts == acts then model.relay_link.acts = nil end
+end
+
+-- A change made in the following relay first (errors at the caller of the method).
+local function in_relay(self, act, ...)
+  local acts = self.relay_link.acts
+  if acts ~= nil then
+    local ok, err = pcall(acts[act], ...)
+    if not ok then error(err, 3) end
+  end
+  self.version = self.version + 1
 end
 
 ----------------------------------------------------------------- the list
@@ -136,6 +158,7 @@ function Sequential:insert(index, layer, ...)
   local fname = "model:insert"
   index_arg(self, index, fname, "index", #self + 1)
   admit(self, layer, fname)
+  in_relay(self, "insert", index, layer, fname)
   insert(self, index, layer)
   return layer
 end
@@ -144,6 +167,7 @@ end
 function Sequential:add(layer, ...)
   if select("#", ...) ~= 0 then too_many("model:add", "layer", 2, ...) end
   admit(self, layer, "model:add")
+  in_relay(self, "insert", #self + 1, layer, "model:add")
   self[#self + 1] = layer
   return layer
 end
@@ -152,6 +176,7 @@ end
 function Sequential:remove(index, ...)
   if select("#", ...) ~= 0 then too_many("model:remove", "index", 2, ...) end
   index_arg(self, index, "model:remove", "index")
+  in_relay(self, "remove", index, "model:remove")
   local layer = remove(self, index)
   self.frozen_set[layer] = nil
   return layer
@@ -165,6 +190,7 @@ function Sequential:replace(index, layer, ...)
   local old = self[index]
   if layer ~= old then
     admit(self, layer, fname)
+    in_relay(self, "replace", index, layer, fname)
     self[index] = layer
     self.frozen_set[old] = nil
   end
@@ -183,6 +209,7 @@ function Sequential:clone(from, to, ...)
   if not ok then error(fname .. ": " .. tostring(twin):gsub("^[^:]+:%d+: ", ""), 2) end
   if twin.tie then twin.tied_to = nil end
   admit(self, twin, fname)
+  in_relay(self, "insert", to, twin, fname)
   insert(self, to, twin)
   return twin
 end
@@ -191,12 +218,14 @@ end
 function Sequential:freeze(index, ...)
   if select("#", ...) ~= 0 then too_many("model:freeze", "index", 2, ...) end
   index_arg(self, index, "model:freeze", "index")
+  in_relay(self, "frozen", index, true, "model:freeze")
   self.frozen_set[self[index]] = true
 end
 
 function Sequential:unfreeze(index, ...)
   if select("#", ...) ~= 0 then too_many("model:unfreeze", "index", 2, ...) end
   index_arg(self, index, "model:unfreeze", "index")
+  in_relay(self, "frozen", index, false, "model:unfreeze")
   self.frozen_set[self[index]] = nil
 end
 

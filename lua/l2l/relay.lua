@@ -7,15 +7,12 @@
 --   local loss = run:step(tokens, targets)          -- (B,S) i32 host tensors; -1 ignored
 --
 -- Purpose: options checked in Lua (an error names the option), the C relay kept alive
--- and freed (ffi.gc and run:free()), and the model as the one source of truth: before
--- every step, evaluation or policy change the C relay's layer list is brought in line
--- with the model's (insertions, removals, replacements by identity; frozen flags), so a
--- script changes the model between steps and the relay follows. Lua indices are 1-based
--- (layer i is C's layer i-1; boundary i is the input of layer i); errors name the layer.
--- The relay borrows its layers: referenced here while in the C relay, a layer collected
--- while a relay holds it is freed only after that relay (layers.hold/release).
--- Must never: compute anything of the step in Lua, leave the C list out of step with the
--- model when a step starts, or free a layer the C relay still holds.
+-- and freed (ffi.gc and run:free()), and the model as a view of the C relay's list: the
+-- relay follows its Sequential (model.follow), so each change a script makes between
+-- steps (insert, add, remove, replace, clone, freeze) is made in C at once, or refused
+-- with C's reason and not made at all. Lua indices are 1-based (layer i is C's layer i-1;
+-- boundary i is the input of layer i); errors name the layer.
+-- Must never: compute anything of the step in Lua, or keep a list of its own beside C's.
 local ffi = require("ffi")
 local jit = require("jit")
 local lib = require("l2l.lib")
@@ -42,24 +39,11 @@ local phase_names = {
 }
 M.phase_names = phase_names
 
--- relay address -> the addresses of the layers it holds, in order (numbers only: the
--- finalizer must not keep anything alive).
-local held_by = {}
-
-local function release_all(ra)
-  local list = held_by[ra]
-  held_by[ra] = nil
-  if list then
-    for _, a in ipairs(list) do layers.release(a) end
-  end
-end
-
 local function relay_gc(box)
   local r = box[0]
   if r == nil then return end
   box[0] = nil
-  C.l2l_relay_free(r)   -- waits for pending updates, then frees the EPS (not the layers)
-  release_all(address(r))
+  C.l2l_relay_free(r)   -- waits for pending updates, frees the EPS and layers freed while held
 end
 
 ----------------------------------------------------------------- options
@@ -127,12 +111,11 @@ local function live(self, fname, level)
   return r
 end
 
--- The C handle of model layer i, refused when freed or held by another relay than `owner`.
-local function layer_handle(layer, i, fname, owner)
+-- The C handle of layer i joining a relay, refused when freed or in a relay already.
+local function layer_handle(layer, i, fname)
   local h = layer.handle[0]
   if h == nil then fail(("%s: layer %d (%s) was freed"):format(fname, i, layer.kind)) end
-  local holder = layers.holder(address(h))
-  if holder ~= nil and holder ~= owner then
+  if C.l2l_layer_relay(h) ~= nil then
     fail(("%s: layer %d (%s) is in another relay (a layer is in one relay at a time)"):format(fname, i, layer:label()))
   end
   return h
@@ -144,6 +127,42 @@ local function where(layer, i)
 end
 
 local apply_plan   -- (below, with plans)
+
+-- The relay's acts on its model's changes (model.follow): each made in the C relay, or an
+-- error naming the model's method, the layer and C's reason, with nothing changed.
+local function follower(self)
+  local function c_relay(fname)
+    if self.running then
+      fail(("%s: %s is running on this relay: change the model after it returns, not from a "
+            .. "layer inside it"):format(fname, self.running))
+    end
+    return self.box[0]
+  end
+  local function c_fail(fname, i, layer, what)
+    fail(("%s: %s%s: %s"):format(fname, where(layer, i), what, lua_message(lib.last_error())))
+  end
+  -- A layer joining the relay at i (insert, or replace the one there).
+  local function join(cfunc, what)
+    return function(i, layer, fname)
+      local r = c_relay(fname)
+      if cfunc(r, i - 1, layer_handle(layer, i, fname)) ~= 0 then c_fail(fname, i, layer, what) end
+    end
+  end
+  return {
+    insert = join(C.l2l_relay_insert, "cannot insert"),
+    replace = join(C.l2l_relay_replace, "cannot replace"),
+    remove = function(i, fname)
+      if C.l2l_relay_remove(c_relay(fname), i - 1) ~= 0 then
+        c_fail(fname, i, self.model[i], "cannot remove")
+      end
+    end,
+    frozen = function(i, on, fname)
+      if C.l2l_relay_set_frozen(c_relay(fname), i - 1, on and 1 or 0) ~= 0 then
+        c_fail(fname, i, self.model[i], "cannot freeze")
+      end
+    end,
+  }
+end
 
 -- l2l.Relay{model =, micro_batch = 1, stash = "host", recompute_every = 1, inner =
 -- "recompute", optimizer = l2l.AdamW{}, schedule = l2l.Constant{}, clip_global_norm = 0,
@@ -166,6 +185,9 @@ function M.Relay(o, ...)
   local ok, s = pcall(read_options, o, fname)
   if not ok then error(s, 2) end
   local model = s.model
+  if model.relay_link.acts ~= nil then
+    error(fname .. ": the model is in another relay (a model follows one relay at a time: free that one first)", 2)
+  end
   local n = #model
   local list = ffi.new("l2l_layer *[?]", n > 0 and n or 1)
   for i, layer in ipairs(model) do
@@ -179,20 +201,19 @@ function M.Relay(o, ...)
   end
   local out = ffi.new("l2l_relay *[1]")
   rcheck(C.l2l_relay_new(out, list, n, options.config_of(s)), fname, 2)
-  local ra = address(out[0])
-  local addrs = {}
-  held_by[ra] = addrs
   local box = ffi.gc(out, relay_gc)
-  local self = setmetatable({ box = box, model = model, mirror = {}, addrs = addrs, options = s,
-                              address = ra }, Relay)
-  for i, layer in ipairs(model) do
-    local a = address(layer.handle[0])
-    self.mirror[i], addrs[i] = layer, a
-    layers.hold(a, ra)
-  end
-  local oks, err = pcall(self.sync_layers, self, fname)
-  if oks and plan_mod.is_plan(s.plan) then oks, err = pcall(apply_plan, self, s.plan, fname) end
+  local self = setmetatable({ box = box, model = model, options = s }, Relay)
+  local oks, err = pcall(function()
+    for i, layer in ipairs(model) do
+      if model.frozen_set[layer] then
+        rcheck(C.l2l_relay_set_frozen(out[0], i - 1, 1), ("%s: %scannot freeze"):format(fname, where(layer, i)))
+      end
+    end
+    if plan_mod.is_plan(s.plan) then apply_plan(self, s.plan, fname) end
+  end)
   if not oks then self:free(); error(err, 2) end
+  self.acts = follower(self)
+  model_mod.follow(model, self.acts)
   return self
 end
 
@@ -213,7 +234,7 @@ end
 -- B or S), within the device budget less what the device pool already holds.
 local function plan_auto(self, fname, tokens, opts)
   local key = { tokens:dim(1), tokens:dim(2), opts and opts.token_types and 1 or 0, opts and opts.key_mask and 1 or 0 }
-  for i, layer in ipairs(self.model) do key[#key + 1] = self.addrs[i] .. (self.model.frozen_set[layer] and "f" or "") end
+  key[#key + 1] = self.model.version   -- every change of the model counts (model.lua)
   key = table.concat(key, " ")
   if key == self.plan_key then return end
   local pool = ffi.new("l2l_pool_stats")
@@ -245,104 +266,23 @@ function Relay:free(...)
     ffi.gc(box, nil)
     relay_gc(box)
   end
-  self.mirror = {}
+  model_mod.unfollow(self.model, self.acts)
 end
 
------------------------------------------------------------------ following the model
-
--- Brings the C relay's list in line with self.model: replacements in place, removals,
--- insertions (a layer that moved is removed and inserted: it starts its optimizer state
--- afresh, as C's remove + insert do), then frozen flags. Raises plain messages naming
--- the Lua layer index. (For the front end's modules: checkpoint.lua calls it too.)
-function Relay:sync_layers(fname, ...)
-  if select("#", ...) ~= 0 then too_many("run:sync_layers", "fname", 2, ...) end
-  idle(self, fname, 2)
-  local r = self.box[0]
-  local model, mirror, addrs = self.model, self.mirror, self.addrs
-  local in_model = {}
-  for i, layer in ipairs(model) do
-    if not layers.is_layer(layer) then fail(("%s: model entry %d is not a layer"):format(fname, i)) end
-    layer_handle(layer, i, fname, self.address)
-    if in_model[layer] then fail(("%s: the model holds one layer twice (layers %d and %d)"):format(fname, in_model[layer], i)) end
-    in_model[layer] = i
-  end
-  local in_mirror = {}
-  for i, layer in ipairs(mirror) do in_mirror[layer] = i end
-
-  local function c_fail(i, layer, what)
-    fail(("%s: %s%s: %s"):format(fname, where(layer, i), what, lua_message(lib.last_error())))
-  end
-
-  -- 1. a layer that left and another that arrived at the same place: replace
-  for i = 1, math.min(#mirror, #model) do
-    local old, new = mirror[i], model[i]
-    if old ~= new and not in_model[old] and not in_mirror[new] then
-      if C.l2l_relay_replace(r, i - 1, new.handle[0]) ~= 0 then c_fail(i, new, "cannot replace") end
-      local a = address(new.handle[0])
-      layers.release(addrs[i])
-      layers.hold(a, self.address)
-      in_mirror[old], in_mirror[new] = nil, i
-      mirror[i], addrs[i] = new, a
-    end
-  end
-  -- 2. layers no longer in the model leave, from the end
-  for i = #mirror, 1, -1 do
-    if not in_model[mirror[i]] then
-      if C.l2l_relay_remove(r, i - 1) ~= 0 then c_fail(i, mirror[i], "cannot remove") end
-      layers.release(addrs[i])
-      table.remove(mirror, i)
-      table.remove(addrs, i)
-    end
-  end
-  -- 3. insertions (and moves)
-  for i, want in ipairs(model) do
-    if mirror[i] ~= want then
-      for j = i + 1, #mirror do
-        if mirror[j] == want then
-          if C.l2l_relay_remove(r, j - 1) ~= 0 then c_fail(i, want, "cannot move") end
-          layers.release(addrs[j])
-          table.remove(mirror, j)
-          table.remove(addrs, j)
-          break
-        end
-      end
-      if C.l2l_relay_insert(r, i - 1, want.handle[0]) ~= 0 then c_fail(i, want, "cannot insert") end
-      local a = address(want.handle[0])
-      layers.hold(a, self.address)
-      table.insert(mirror, i, want)
-      table.insert(addrs, i, a)
-    end
-  end
-  -- 4. frozen flags (they follow the layer in the model)
-  for i, layer in ipairs(model) do
-    local want = model.frozen_set[layer] == true and 1 or 0
-    if C.l2l_relay_frozen(r, i - 1) ~= want then
-      if C.l2l_relay_set_frozen(r, i - 1, want) ~= 0 then c_fail(i, layer, "cannot freeze") end
-    end
-  end
-end
-
-local function sync(self, fname, level)
-  local ok, err = pcall(self.sync_layers, self, fname)
-  if not ok then error(err, (level or 2) + 1) end
-end
-
--- What l2l.checkpoint (above this module) reads of a run: its C relay, live, idle and in
--- line with its model (errors at `level` for fname), and the settings it was made with.
+-- What l2l.checkpoint (above this module) reads of a run: its C relay, live and idle
+-- (errors at `level` for fname), and the settings it was made with.
 function M.c_relay(run, fname, level)
   level = (level or 2) + 1
   if not M.is_relay(run) then error(fname .. ": self must be a relay (use run:save)", level) end
-  local r = live(run, fname, level)
-  sync(run, fname, level)
-  return r
+  return live(run, fname, level)
 end
 function M.settings(run) return run.options end
 
 -- For check_call: the Lua index of the layer at a C address.
 local function locator(self)
   return function(a)
-    for i, x in ipairs(self.addrs) do
-      if x == a then return where(self.mirror[i], i) end
+    for i, layer in ipairs(self.model) do
+      if layer.handle[0] ~= nil and address(layer.handle[0]) == a then return where(layer, i) end
     end
     return ""
   end
@@ -415,7 +355,6 @@ local function step_or_evaluate(self, fname, cfunc, tokens, targets, opts)
   local r = live(self, fname, 3)
   local b, skip = batch_of(self, fname, tokens, targets, opts)
   if #self.model == 0 then error(fname .. ": the model has no layers", 4) end
-  sync(self, fname, 3)
   if self.options.plan == "auto" then
     local ok, err = pcall(plan_auto, self, fname, tokens, opts)
     if not ok then error(err, 3) end
@@ -455,7 +394,6 @@ function Relay:step_peak(batch, seq, opts, ...)
     if type(v) ~= "number" or v ~= math.floor(v) then error(("%s: %s must be a whole number, got %s"):format(fname, name, argcheck.describe(v)), 2) end
   end
   local out = ffi.new("uint64_t[1]")
-  sync(self, fname, 2)
   rcheck(C.l2l_relay_step_peak(out, r, batch, seq, opts.token_types and 1 or 0, opts.key_mask and 1 or 0), fname, 2)
   return tonumber(out[0])
 end
@@ -505,7 +443,6 @@ function Relay:set_stash(boundary, policy, ...)
     error(("%s: boundary must be an integer in [2, %d] (the input of that layer), got %s"):format(
       fname, n, tostring(boundary)), 2)
   end
-  sync(self, fname)
   rcheck(C.l2l_relay_set_stash(r, boundary - 1, id), fname, 2)
 end
 
@@ -516,7 +453,6 @@ function Relay:set_inner(layer, policy, ...)
   local r = live(self, fname)
   local id = policy_arg(inner_ids, policy, fname, "policy")
   local i = layer_index(self, layer, fname, "layer")
-  sync(self, fname)
   rcheck(C.l2l_relay_set_inner(r, i - 1, id), fname, 2)
 end
 

@@ -4,7 +4,9 @@
 --
 -- Purpose: one reading of the options that l2l.Relay takes and l2l.plan plans for (the
 -- ones that change memory and time), so that both refuse a bad option with one message
--- naming it; below both modules, so neither requires the other for it.
+-- naming it; below both modules, so neither requires the other for it. Defaults and
+-- bounds are C's (l2l_relay_config_default, l2l_relay_config_check): Lua checks only that
+-- a value fits its C field, and shows C's message in the options' names.
 -- Must never: read the model or the plan (l2l.Relay checks those), or hold state.
 local ffi = require("ffi")
 local lib = require("l2l.lib")
@@ -27,43 +29,44 @@ local function fail(msg) error(msg, 0) end
 M.fail = fail
 local function finite(v) return type(v) == "number" and v == v and v > -huge and v < huge end
 
--- The largest integers the options' C fields take exactly: an int's, and for 64-bit
--- fields the last integer a Lua number holds exactly (the FFI would truncate the rest).
-local INT_MAX, EXACT_MAX = 2 ^ 31 - 1, 2 ^ 53 - 1
+-- Integer options as their C fields hold them: an int's range, or for 64-bit fields the
+-- integers a Lua number holds exactly (the FFI would truncate the rest). What a value
+-- means (>= 1, at most 4096 slots, ...) is C's to say (l2l_relay_config_check), and its
+-- message names the option (lua_message below).
+local INT_MIN, INT_MAX, EXACT_MAX = -2 ^ 31, 2 ^ 31 - 1, 2 ^ 53 - 1
+local INT, INT64, UINT64 = { INT_MIN, INT_MAX }, { -EXACT_MAX, EXACT_MAX }, { 0, EXACT_MAX }
 
--- An integer option >= min and <= max (EXACT_MAX where none is given).
-local function int_option(o, key, default, min, fname, max)
+local function int_option(o, key, default, fname, range)
   local v = o[key]
   if v == nil then return default end
-  max = max or EXACT_MAX
-  if not finite(v) or v ~= floor(v) or v < min then
-    fail(("%s: option '%s' must be an integer >= %d, got %s"):format(fname, key, min, tostring(v)))
+  if not finite(v) or v ~= floor(v) then
+    fail(("%s: option '%s' must be an integer, got %s"):format(fname, key, argcheck.describe(v)))
   end
-  if v > max then
-    fail(("%s: option '%s' must be at most %d, got %s"):format(fname, key, max, tostring(v)))
+  if v < range[1] then
+    fail(("%s: option '%s' must be at least %.0f, got %s"):format(fname, key, range[1], tostring(v)))
+  end
+  if v > range[2] then
+    fail(("%s: option '%s' must be at most %.0f, got %s"):format(fname, key, range[2], tostring(v)))
   end
   return v
 end
 
--- A float of the C config: checked as the f32 C keeps too.
-local function nonneg_option(o, key, fname)
+-- A float option as C's f32 holds it (C says which values it takes).
+local function float_option(o, key, default, fname)
   local v = o[key]
-  if v == nil then return 0 end
-  local function ok(x) return finite(x) and x >= 0 end
-  if not ok(v) then
-    fail(("%s: option '%s' must be a finite number >= 0, got %s"):format(fname, key, tostring(v)))
+  if v == nil then return default end
+  if not finite(v) then
+    fail(("%s: option '%s' must be a finite number, got %s"):format(fname, key, argcheck.describe(v)))
   end
-  local trouble = lib.f32_trouble(v, ok)
+  local trouble = lib.f32_trouble(v, finite)
   if trouble then fail(("%s: option '%s' is %s, which %s"):format(fname, key, tostring(v), trouble)) end
   return v
 end
 
--- C's default precision: bf16 when the device pool is on a GPU, f32 on the CPU backend.
-local function default_precision()
-  local c = ffi.new("l2l_relay_config")
-  C.l2l_relay_config_default(c)
-  for name, id in pairs(precision_ids) do
-    if id == c.precision then return name end
+-- The name of C's value in ids.
+local function name_of(ids, value)
+  for name, id in pairs(ids) do
+    if id == value then return name end
   end
 end
 
@@ -79,14 +82,17 @@ local function enum_option(o, key, ids, default, fname)
   return v
 end
 
--- Every option but the model and the plan: checked, with their defaults (l2l.plan reads
--- the ones that set memory and time through it too: config_for below).
+-- Every option but the model and the plan, with C's defaults (l2l_relay_config_default:
+-- the default precision follows the device pool's backend), and C's check of what they
+-- mean. l2l.plan reads the ones that set memory and time through it too (config_for).
 function M.read_settings(o, fname)
+  local d = ffi.new("l2l_relay_config")
+  C.l2l_relay_config_default(d)
   local s = {}
-  s.micro_batch = int_option(o, "micro_batch", 1, 1, fname)
-  s.stash = enum_option(o, "stash", stash_ids, "host", fname)
-  s.recompute_every = int_option(o, "recompute_every", 1, 1, fname, INT_MAX)
-  s.inner = enum_option(o, "inner", inner_ids, "recompute", fname)
+  s.micro_batch = int_option(o, "micro_batch", tonumber(d.micro_batch), fname, INT64)
+  s.stash = enum_option(o, "stash", stash_ids, name_of(stash_ids, d.stash), fname)
+  s.recompute_every = int_option(o, "recompute_every", d.recompute_every, fname, INT)
+  s.inner = enum_option(o, "inner", inner_ids, name_of(inner_ids, d.inner), fname)
   s.optimizer = o.optimizer or optim.AdamW{}
   if not optim.is_optimizer(s.optimizer) then
     fail(fname .. ": option 'optimizer' must be l2l.SGD{...}, l2l.AdamW{...} or l2l.LAMB{...}, got " .. tostring(o.optimizer))
@@ -95,31 +101,27 @@ function M.read_settings(o, fname)
   if not optim.is_schedule(s.schedule) then
     fail(fname .. ": option 'schedule' must be l2l.Constant{...}, l2l.Cosine{...} or l2l.Linear{...}, got " .. tostring(o.schedule))
   end
-  s.clip_global_norm = nonneg_option(o, "clip_global_norm", fname)
-  s.clip_layer_norm = nonneg_option(o, "clip_layer_norm", fname)
-  s.accumulate = int_option(o, "accumulate", 1, 1, fname, INT_MAX)
-  s.optimizer_threads = int_option(o, "optimizer_threads", 0, 0, fname, 1024)
-  s.seed = int_option(o, "seed", 0, 0, fname)
-  s.param_slots = int_option(o, "param_slots", 2, 2, fname, 4096)
-  s.loss_scale = nonneg_option(o, "loss_scale", fname)
-  if s.loss_scale > 0 and (s.loss_scale < 2 ^ -64 or s.loss_scale > 2 ^ 100) then
-    fail(("%s: option 'loss_scale' must be 0 (off) or 2^-64 to 2^100, got %s"):format(fname, tostring(s.loss_scale)))
-  end
-  s.loss_scale_window = int_option(o, "loss_scale_window", 2000, 1, fname, INT_MAX)
-  s.device_budget = int_option(o, "device_budget", nil, 0, fname)
-  s.precision = enum_option(o, "precision", precision_ids, default_precision(), fname)
-  s.grad_precision = enum_option(o, "grad_precision", precision_ids, "f32", fname)
-  s.nonfinite = enum_option(o, "nonfinite", nonfinite_ids, "skip", fname)
-  s.dist = enum_option(o, "dist", dist_ids, "none", fname)
+  s.clip_global_norm = float_option(o, "clip_global_norm", d.clip_global_norm, fname)
+  s.clip_layer_norm = float_option(o, "clip_layer_norm", d.clip_layer_norm, fname)
+  s.accumulate = int_option(o, "accumulate", d.accumulate, fname, INT)
+  s.optimizer_threads = int_option(o, "optimizer_threads", d.optimizer_threads, fname, INT)
+  s.seed = int_option(o, "seed", tonumber(d.seed), fname, UINT64)
+  s.param_slots = int_option(o, "param_slots", d.param_slots, fname, INT)
+  s.loss_scale = float_option(o, "loss_scale", d.loss_scale, fname)
+  s.loss_scale_window = int_option(o, "loss_scale_window", d.loss_scale_window, fname, INT)
+  s.device_budget = int_option(o, "device_budget", nil, fname, UINT64)
+  s.precision = enum_option(o, "precision", precision_ids, name_of(precision_ids, d.precision), fname)
+  s.grad_precision = enum_option(o, "grad_precision", precision_ids, name_of(precision_ids, d.grad_precision), fname)
+  s.nonfinite = enum_option(o, "nonfinite", nonfinite_ids, name_of(nonfinite_ids, d.nonfinite_error), fname)
+  s.dist = enum_option(o, "dist", dist_ids, name_of(dist_ids, d.dist), fname)
+  if C.l2l_relay_config_check(M.config_of(s)) ~= 0 then fail(fname .. ": " .. M.lua_message(lib.last_error())) end
   return s
 end
 
 -- The C config of relay options without a model (plain errors naming fname): what
 -- l2l.plan plans for.
 function M.config_for(o, fname)
-  local c = M.config_of(M.read_settings(o, fname))
-  if C.l2l_relay_config_check(c) ~= 0 then fail(fname .. ": " .. M.lua_message(lib.last_error())) end
-  return c
+  return M.config_of(M.read_settings(o, fname))
 end
 
 -- The C config of settings read_settings made.
@@ -149,14 +151,15 @@ end
 
 ----------------------------------------------------------------- C's messages in Lua's terms
 -- The C relay counts layers, boundaries and micro-batches from 0 and names the fields of
--- l2l_relay_batch; a Lua user counts from 1 and passed tokens, targets and opts. Its
--- messages are rewritten accordingly (and an internal function's name in front of a
--- message, e.g. "check_step: ", is dropped).
+-- l2l_relay_config and l2l_relay_batch; a Lua user counts from 1 and passed options,
+-- tokens, targets and opts. Its messages are rewritten accordingly (and an internal
+-- function's name in front of a message, e.g. "check_step: ", is dropped).
 
 local function plus_one(d) return tostring(tonumber(d) + 1) end
 
 function M.lua_message(msg)
   msg = msg:gsub("^[%l%d]+_[%l%d_]+: ", "")
+  msg = msg:gsub("config%->nonfinite_error", "option 'nonfinite'"):gsub("config%->([%w_]+)", "option '%1'")
   -- "layer N" first: the two rewrites below produce "layer N" already counted from 1
   msg = msg:gsub("([Ll]ayer )(%d+)", function(w, d) return w .. plus_one(d) end)
   msg = msg:gsub("layers%[(%d+)%]", function(d) return "layer " .. plus_one(d) end)

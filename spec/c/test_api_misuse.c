@@ -2240,6 +2240,11 @@ TEST(misuse_relay_new_and_accessors) {
               l2l_relay_inner(r, bad_index[i]) == -1 && l2l_relay_stash(r, bad_index[i]) == -1,
           "index %d of a relay of %d layers answered", bad_index[i], m.n);
   CHECK(l2l_relay_stash(r, 0) == -1, "boundary 0 (before the first layer) has a policy");
+  /* which relay holds a layer: none for what is no layer */
+  const l2l_layer *not_layers[] = {NULL, JUNK(l2l_layer), AS(l2l_layer, r), AS(l2l_layer, t)};
+  for (size_t i = 0; i < sizeof not_layers / sizeof not_layers[0]; i++)
+    CHECK(l2l_layer_relay(not_layers[i]) == NULL, "case %zu: no layer is in a relay", i);
+  CHECK(l2l_layer_relay(m.layer[1]) == r, "the relay's layer is not in it");
   /* destructors ignore what is no relay */
   for (size_t i = 0; i < sizeof nots / sizeof nots[0]; i++) l2l_relay_free((l2l_relay *)nots[i]);
   CHECK(l2l_relay_layer_count(r) == m.n && l2l_layer_param_count(m.layer[1]) > 0 &&

@@ -1841,6 +1841,37 @@ done:
   model_free(&init);
 }
 
+TEST(relay_frees_a_layer_freed_while_it_held_it) {
+  /* l2l_layer_free of a layer a relay holds: the layer works on (steps run it, the relay
+     names it its own) until the relay lets it go (remove, or the relay's free), which
+     frees it. The sanitizer run sees a use after free or a leak. */
+  struct shape g = gpt_shape();
+  struct model m;
+  model_new(&m, &g);
+  struct data d;
+  data_new(&d, &g, 3, g.S, 1, 1.0);
+  l2l_relay_config cfg = adamw_config();
+  l2l_relay *r = relay_new(&m, &cfg);
+  if (r == NULL) goto done;
+  CHECK(l2l_layer_relay(NULL) == NULL, "NULL is in a relay");
+  for (int k = 0; k < m.n; k++) CHECK(l2l_layer_relay(m.layer[k]) == r, "layer %d is not the relay's", k);
+  double loss = NAN;
+  relay_step(&loss, r, &d, NULL);
+  l2l_layer *gone = model_take(&m, 1);   /* block 0 */
+  l2l_layer_free(gone);
+  CHECK(l2l_layer_relay(gone) == r, "a layer freed while held left the relay");
+  CHECK(relay_step(&loss, r, &d, NULL) && isfinite(loss), "a step with a freed layer held: %g", loss);
+  CHECK_OK(l2l_relay_remove(r, 1));      /* frees it */
+  CHECK(relay_step(&loss, r, &d, NULL) && isfinite(loss), "a step after its removal: %g", loss);
+  l2l_layer *held = model_take(&m, 1);   /* block 1: freed with the relay */
+  l2l_layer_free(held);
+  CHECK(relay_step(&loss, r, &d, NULL) && isfinite(loss), "a step with a freed layer held: %g", loss);
+done:
+  l2l_relay_free(r);
+  data_free(&d);
+  model_free(&m);
+}
+
 TEST(relay_freeze_and_skip) {
   /* freeze: a frozen block's weights and optimizer state stay bit for bit through steps
      while every other record trains, and gradients still pass through it (the result is

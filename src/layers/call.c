@@ -274,7 +274,14 @@ static l2l_status move_tensor(l2l_tensor **t, l2l_pool_kind pool) {
 }
 
 const void *l2l_layer_owner(const l2l_layer *layer) { return layer->owner; }
-void l2l_layer_set_owner(l2l_layer *layer, const void *owner) { layer->owner = owner; }
+void l2l_layer_set_owner(l2l_layer *layer, const void *owner) {
+  layer->owner = owner;
+  if (owner == NULL && layer->free_pending) l2l_layer_free(layer);
+}
+
+l2l_relay *l2l_layer_relay(const l2l_layer *layer) {
+  return l2l_layer_live(layer) ? (l2l_relay *)layer->owner : NULL;
+}
 
 l2l_status l2l_saved_move(l2l_saved *saved, l2l_pool_kind pool) {
   if (saved == NULL) return L2L_OK;

@@ -54,6 +54,7 @@ struct l2l_layer {
      writes each record's name and shape here instead of making it. */
   l2l_param_info *describe;
   const void *owner;            /* the relay holding the layer, NULL if none */
+  bool free_pending;            /* freed while held: freed when the relay lets it go */
 };
 
 static inline bool l2l_layer_live(const l2l_layer *layer) {

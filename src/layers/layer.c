@@ -114,6 +114,10 @@ static atomic_uint_fast64_t next_serial = 1;
 
 void l2l_layer_free(l2l_layer *layer) {
   if (!l2l_layer_live(layer)) return;
+  if (layer->owner != NULL) {   /* the relay still runs it: freed when it lets it go */
+    layer->free_pending = true;
+    return;
+  }
   for (int i = 0; i < layer->nparams; i++) param_release(layer->params[i]);
   const struct layer_kind_ops *kind = l2l_layer_kind_of(layer);
   if (kind->release) kind->release(layer);

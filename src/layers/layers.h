@@ -49,6 +49,8 @@ void l2l_layer_memory_bound(l2l_layer_memory *out, const l2l_layer *layer, int64
                             int64_t seq, l2l_dtype precision, bool training);
 /* The relay holding a live layer (NULL if none), and setting it. */
 const void *l2l_layer_owner(const l2l_layer *layer);
+/* The relay takes the layer (owner) or lets it go (NULL): a layer freed while held
+   (l2l_layer_free) is freed then. */
 void l2l_layer_set_owner(l2l_layer *layer, const void *owner);
 /* Moves everything a saved state holds (its buffer and the inputs and outputs it refers
    to) into `pool` (KARMA's swap); the other pool's bytes go with their last handle. */

@@ -25,7 +25,7 @@ void l2l_relay_config_default(l2l_relay_config *out) {
       .optimizer = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
                     .eps = 1e-8f, .weight_decay = 0.01f},
       .schedule = {.kind = L2L_SCHEDULE_CONSTANT, .final_ratio = 1.0f},
-      .accumulate = 1, .param_slots = 2,
+      .accumulate = 1, .param_slots = 2, .loss_scale_window = 2000,
       /* a GPU runs 16-bit products at many times its fp32 rate; a CPU gains nothing */
       .precision = l2l_device_is_host() ? L2L_F32 : L2L_BF16};
 }
