@@ -2,17 +2,17 @@
 /* peak.c — the device peak of one step, replayed allocation by allocation.
  *
  * Purpose: the planner must know, before a step runs, whether a policy fits a device
- * budget: a step that overruns fails half-way, after some layers were updated. The
- * relay's compute thread makes and frees every device tensor in the order of the step's
- * schedule (src/schedule/walk.c), so executing the same walk with counted blocks and the
- * layers' memory statements gives the peak exactly: parameter and gradient slots for the whole step;
- * per visit and micro-batch the input (and the next one prefetched), the micro-batch's
- * ids, the output, the call's saved and work arenas; what waits between visits (device
- * boundaries read again, rebuilt stretches, gradients handed down, kept saved states and
- * the inputs and outputs they refer to); host-stashed outputs until the copy thread has
- * them (at most two in flight). Swap is the one move made on a copy thread: its bytes are
- * counted from when a swap-out is queued to the end of the forward visit, and a swap-in
- * from when it is queued, which bounds every timing.
+ * budget: a step that overruns fails half-way, after some layers were updated. The relay's
+ * compute thread makes and frees every device tensor in the order of the step's schedule
+ * (src/schedule/walk.h), so executing the same walk with counted blocks and the layers'
+ * memory statements gives the peak exactly: parameter and gradient slots for the whole
+ * step; per visit and micro-batch the input (and the next one prefetched), the
+ * micro-batch's ids, the output, the call's saved and work arenas; what waits between
+ * visits (device boundaries read again, rebuilt stretches, gradients handed down, kept
+ * saved states and the inputs and outputs they refer to); host-stashed outputs until the
+ * copy thread has them (at most two in flight). Swap is the one move made on a copy thread:
+ * its bytes are counted from when a swap-out is queued to the end of the forward visit, and
+ * a swap-in from when it is queued, which bounds every timing.
  * Every allocation counts as its size rounded up to L2L_ALIGN, as the pool counts it.
  * A step of many micro-batches is not replayed whole: every micro-batch but the first
  * three and the last two does exactly what its neighbours do, so the bytes in use, and

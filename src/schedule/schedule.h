@@ -99,10 +99,10 @@ struct schedule_ops {
   l2l_status (*swap_in_wait)(void *ctx, int k, int64_t u);
 };
 
-/* Runs the step's visits over nmb micro-batches through `ops`, stopping at the first act
-   that fails (the executor frees what the step holds). */
-l2l_status schedule_walk(const struct schedule *sc, int64_t nmb, const struct schedule_ops *ops,
-                         void *ctx);
+/* schedule_walk(sc, nmb, ops, ctx): runs the step's visits over nmb micro-batches through
+   `ops` (a static const table: the walk is inline, walk.h), stopping at the first act that
+   fails (the executor frees what the step holds). */
+#include "schedule/walk.h"
 
 /* ---------------------------------------------------------------- device slots */
 

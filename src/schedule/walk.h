@@ -1,29 +1,35 @@
 /* SPDX-License-Identifier: MIT */
-/* walk.c — a step's visits, micro-batch by micro-batch, as acts of an executor.
+/* walk.h — a step's visits, micro-batch by micro-batch, as acts of an executor (included by
+ * schedule.h, the part's interface; nothing else includes it).
  *
  * Purpose: the one place that says in which order a step brings activations in, makes
  * them, calls the layers, and releases, stashes or frees what they made, as the policies
  * of each layer's boundary (stash) and of its saved state (inner: keep, swap, recompute)
  * say. The relay's acts are real tensors and copies; the planner's are counted blocks.
  * Every device allocation happens in an act called from here, so both see the same order.
+ * The walk is inline: each executor's copy calls its own acts directly, which the compiler
+ * then inlines (the planner replays thousands of steps, a few blocks counted per act: as
+ * calls through pointers the 800-layer plan took a quarter longer).
  * Must never: keep a saved state past its backward, a device input nobody reads again, or
  * more than two micro-batches of a host-stashed boundary on the device.
  */
-#include "schedule.h"
+#ifndef L2L_SCHEDULE_WALK_H
+#define L2L_SCHEDULE_WALK_H
 
-struct walk {
+struct schedule_walk_ {
   const struct schedule *sc;
   const struct schedule_ops *ops;
   void *ctx;
   int64_t nmb;
 };
 
-static void micro_batch(const struct walk *w, int64_t u) {
+static inline void schedule_micro_batch_(const struct schedule_walk_ *w, int64_t u) {
   if (w->ops->micro_batch) w->ops->micro_batch(w->ctx, u);
 }
 
 /* Forward (or rebuild) of layer k over every micro-batch: x[k] -> x[k+1]. */
-static l2l_status visit_forward(const struct walk *w, int k, bool rebuild) {
+static inline l2l_status schedule_visit_forward_(const struct schedule_walk_ *w, int k,
+                                                 bool rebuild) {
   const struct schedule *sc = w->sc;
   const struct schedule_ops *op = w->ops;
   const struct schedule_layer *sl = &sc->layers[k];
@@ -38,7 +44,7 @@ static l2l_status visit_forward(const struct walk *w, int k, bool rebuild) {
      rebuilding: rebuilt boundaries stay on the device until their backward). */
   bool out_host = !rebuild && sc->layers[k + 1].stash == L2L_STASH_HOST;
   for (int64_t u = 0; u < w->nmb; u++) {
-    micro_batch(w, u);
+    schedule_micro_batch_(w, u);
     if (k > 0) {
       if (u + 1 < w->nmb) TRY(op->prefetch(w->ctx, SCHEDULE_X, k, u + 1));
       TRY(op->on_device(w->ctx, SCHEDULE_X, k, u));
@@ -65,7 +71,8 @@ static l2l_status visit_forward(const struct walk *w, int k, bool rebuild) {
 
 /* g[k][u], the gradient for x[k]: kept on the device for the layer below (and stashed to
    the host when boundary k's policy says so), or freed when no layer below wants it. */
-static l2l_status pass_down(const struct walk *w, int k, int64_t u, bool keep, bool host) {
+static inline l2l_status schedule_pass_down_(const struct schedule_walk_ *w, int k, int64_t u,
+                                             bool keep, bool host) {
   if (!keep) {
     w->ops->free(w->ctx, SCHEDULE_G, k, u);
     return L2L_OK;
@@ -74,35 +81,35 @@ static l2l_status pass_down(const struct walk *w, int k, int64_t u, bool keep, b
 }
 
 /* The head: forward of each micro-batch, its loss, and (training) its backward at once. */
-static l2l_status visit_head(const struct walk *w, int k) {
+static inline l2l_status schedule_visit_head_(const struct schedule_walk_ *w, int k) {
   const struct schedule *sc = w->sc;
   const struct schedule_ops *op = w->ops;
   bool backward = sc->training && sc->lowest < sc->L;
   bool keep_dx = backward && k > sc->lowest;   /* a layer below wants the gradient */
   bool grad_host = sc->layers[k].stash == L2L_STASH_HOST;
   for (int64_t u = 0; u < w->nmb; u++) {
-    micro_batch(w, u);
+    schedule_micro_batch_(w, u);
     if (u + 1 < w->nmb) TRY(op->prefetch(w->ctx, SCHEDULE_X, k, u + 1));
     TRY(op->on_device(w->ctx, SCHEDULE_X, k, u));
     TRY(op->inputs(w->ctx, k, u, sc->training));
     TRY(op->head(w->ctx, k, u, backward));
     op->inputs_free(w->ctx);
     op->free(w->ctx, SCHEDULE_X, k, u);
-    if (backward) TRY(pass_down(w, k, u, keep_dx, grad_host));
+    if (backward) TRY(schedule_pass_down_(w, k, u, keep_dx, grad_host));
   }
   return op->throttle(w->ctx, 0);
 }
 
 /* Backward of layer k over every micro-batch: g[k+1] -> g[k], gradients summed over
    micro-batches on the device. */
-static l2l_status visit_backward(const struct walk *w, int k) {
+static inline l2l_status schedule_visit_backward_(const struct schedule_walk_ *w, int k) {
   const struct schedule *sc = w->sc;
   const struct schedule_ops *op = w->ops;
   bool recompute = sc->layers[k].inner == L2L_INNER_RECOMPUTE;
   bool keep_dx = k > sc->lowest;    /* a layer below wants the gradient */
   bool grad_host = k > 0 && sc->layers[k].stash == L2L_STASH_HOST;
   for (int64_t u = 0; u < w->nmb; u++) {
-    micro_batch(w, u);
+    schedule_micro_batch_(w, u);
     if (u + 1 < w->nmb) {
       TRY(op->prefetch(w->ctx, SCHEDULE_G, k + 1, u + 1));
       if (recompute && k > 0) TRY(op->prefetch(w->ctx, SCHEDULE_X, k, u + 1));
@@ -124,15 +131,15 @@ static l2l_status visit_backward(const struct walk *w, int k) {
     op->free(w->ctx, SCHEDULE_G, k + 1, u);
     if (k > 0) {
       op->free(w->ctx, SCHEDULE_X, k, u);
-      TRY(pass_down(w, k, u, keep_dx, grad_host));
+      TRY(schedule_pass_down_(w, k, u, keep_dx, grad_host));
     }
   }
   return op->throttle(w->ctx, 0);
 }
 
-l2l_status schedule_walk(const struct schedule *sc, int64_t nmb, const struct schedule_ops *ops,
-                         void *ctx) {
-  struct walk w = {sc, ops, ctx, nmb};
+static inline l2l_status schedule_walk(const struct schedule *sc, int64_t nmb,
+                                       const struct schedule_ops *ops, void *ctx) {
+  struct schedule_walk_ w = {sc, ops, ctx, nmb};
   for (int i = 0; i < sc->nvisits; i++) {
     const struct schedule_visit *v = &sc->visits[i];
     int k = v->k;
@@ -147,12 +154,14 @@ l2l_status schedule_walk(const struct schedule *sc, int64_t nmb, const struct sc
                  (v->kind == SCHEDULE_BACKWARD || (v->kind == SCHEDULE_HEAD && sc->lowest < sc->L));
     TRY(ops->visit_bind(ctx, i, v, grads));
     switch (v->kind) {
-      case SCHEDULE_FORWARD: TRY(visit_forward(&w, k, false)); break;
-      case SCHEDULE_REBUILD: TRY(visit_forward(&w, k, true)); break;
-      case SCHEDULE_HEAD: TRY(visit_head(&w, k)); break;
-      case SCHEDULE_BACKWARD: TRY(visit_backward(&w, k)); break;
+      case SCHEDULE_FORWARD: TRY(schedule_visit_forward_(&w, k, false)); break;
+      case SCHEDULE_REBUILD: TRY(schedule_visit_forward_(&w, k, true)); break;
+      case SCHEDULE_HEAD: TRY(schedule_visit_head_(&w, k)); break;
+      case SCHEDULE_BACKWARD: TRY(schedule_visit_backward_(&w, k)); break;
     }
     TRY(ops->visit_end(ctx, i, v, grads));
   }
   return L2L_OK;
 }
+
+#endif /* L2L_SCHEDULE_WALK_H */
