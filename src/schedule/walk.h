@@ -16,6 +16,8 @@
 #ifndef L2L_SCHEDULE_WALK_H
 #define L2L_SCHEDULE_WALK_H
 
+/* The walk's own names end in _: being inline, they are compiled into each executor's
+   file beside its acts. */
 struct schedule_walk_ {
   const struct schedule *sc;
   const struct schedule_ops *ops;
