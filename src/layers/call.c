@@ -59,16 +59,16 @@ static void memory_for(l2l_layer_memory *out, const l2l_layer *layer, int64_t ba
   out->peak = out->saved + work;
 }
 
-/* The flags of a call with targets, training or not (batch NULL in the reports: training). */
-static uint32_t flags_now(const l2l_layer *layer, const l2l_layer_batch *batch) {
+/* The flags a call chooses with the layer's present parameters: training or not, with or
+   without targets (logits). */
+static uint32_t flags_for(const l2l_layer *layer, bool training, bool logits) {
   const struct layer_kind_ops *k = l2l_layer_kind_of(layer);
-  bool training = batch == NULL || batch->training, logits = batch && batch->targets == NULL;
   return k->choose_flags ? k->choose_flags(layer, training, logits) : 0;
 }
 
-static uint32_t flags_of_call(const l2l_layer *layer, bool training) {
-  const struct layer_kind_ops *k = l2l_layer_kind_of(layer);
-  return k->choose_flags ? k->choose_flags(layer, training, false) : 0;
+/* The flags of a call with this batch (NULL in the reports: training, with targets). */
+static uint32_t flags_now(const l2l_layer *layer, const l2l_layer_batch *batch) {
+  return flags_for(layer, batch == NULL || batch->training, batch && batch->targets == NULL);
 }
 
 l2l_status l2l_layer_memory_use(l2l_layer_memory *out, const l2l_layer *layer,
@@ -97,13 +97,14 @@ l2l_status l2l_layer_memory_use(l2l_layer_memory *out, const l2l_layer *layer,
 
 void l2l_layer_memory_in(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
                          int64_t seq, l2l_dtype precision, bool training) {
-  memory_for(out, layer, batch, seq, flags_of_call(layer, training), precision);
+  memory_for(out, layer, batch, seq, flags_for(layer, training, false), precision);
 }
 
 void l2l_layer_memory_bound(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
                             int64_t seq, l2l_dtype precision, bool training) {
   const struct layer_kind_ops *k = l2l_layer_kind_of(layer);
-  uint32_t now = flags_of_call(layer, training), worst = (now | k->weights_set) & ~k->weights_clear;
+  uint32_t now = flags_for(layer, training, false);
+  uint32_t worst = (now | k->weights_set) & ~k->weights_clear;
   memory_for(out, layer, batch, seq, now, precision);
   if (worst == now) return;
   l2l_layer_memory w;

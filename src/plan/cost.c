@@ -157,8 +157,7 @@ double plan_step_seconds(const struct plan_chain *c, const struct plan_layer_cos
       if (input_host && kind == SCHEDULE_FORWARD) in += act_all;
       bool out_host = kind == SCHEDULE_FORWARD && c->layers[k + 1].stash == L2L_STASH_HOST;
       if (out_host) out += act_all, exposed += seconds_for(act_last, rates->d2h);
-      bool keep = kind == SCHEDULE_FORWARD && pl->inner != L2L_INNER_RECOMPUTE && k >= lowest;
-      if (keep && pl->inner == L2L_INNER_SWAP) {
+      if (kind == SCHEDULE_FORWARD && schedule_keeps(&sc, k) && pl->inner == L2L_INNER_SWAP) {
         out += (double)o->swap_bytes[0] * (double)(nmb - 1) + (double)o->swap_bytes[1];
         exposed += seconds_for((double)o->swap_bytes[1], rates->d2h);
       }
@@ -192,7 +191,7 @@ double plan_step_seconds(const struct plan_chain *c, const struct plan_layer_cos
     total += t;
     if (per_layer) per_layer[k] += t;
     /* a trainable layer's update starts once its backward is done, on the workers */
-    bool update_here = (kind == SCHEDULE_BACKWARD || (kind == SCHEDULE_HEAD && lowest < L)) && !pl->frozen;
+    bool update_here = schedule_visit_grads(&sc, &visits[i]) && !pl->frozen;
     if (update_here) {
       double u = seconds_for((double)o->master_bytes, rates->optimizer) / (double)c->accumulate;
       total_updates += u;

@@ -394,33 +394,21 @@ static const struct schedule_ops replay_acts = {
     .swap_out_wait = swap_out_done, .swap_in = swap_in, .swap_in_wait = swap_in_wait,
 };
 
-/* ---------------------------------------------------------------- slots */
-
-/* A slot's bytes: the largest layer's (the relay's slots.c). */
-static uint64_t slot_size(const struct plan_chain *c, enum schedule_slot_content content) {
-  uint64_t most = L2L_ALIGN;
-  for (int k = 0; k < c->L; k++) {
-    uint64_t n = schedule_layer_slot_bytes(c->layers[k].layer, content, c->precision,
-                                           c->grad_precision);
-    if (n > most) most = n;
-  }
-  return most;
-}
-
 /* ---------------------------------------------------------------- the step */
 
 l2l_status plan_schedule(struct schedule *sc, const struct plan_chain *c) {
   TRY(schedule_new(sc, c->L, !c->evaluation));
   for (int k = 0; k < c->L; k++)
-    sc->layers[k] = (struct schedule_layer){c->layers[k].frozen, c->layers[k].inner,
-                                            c->layers[k].stash};
+    sc->layers[k] = (struct schedule_layer){c->layers[k].layer, c->layers[k].frozen,
+                                            c->layers[k].inner, c->layers[k].stash};
   schedule_order(sc);
   return L2L_OK;
 }
 
-/* The memory statements and slot sizes a replay reads, for micro-batch mb (arrays NULL
-   when out of memory). */
-static void memo_fill(struct plan_memo *m, const struct plan_chain *c, int64_t mb) {
+/* The memory statements and slot sizes a replay of sc reads, for micro-batch mb (arrays
+   NULL when out of memory). */
+static void memo_fill(struct plan_memo *m, const struct plan_chain *c, const struct schedule *sc,
+                      int64_t mb) {
   int L = c->L;
   int64_t nmb = (c->batch + mb - 1) / mb, last = c->batch - (nmb - 1) * mb;
   m->micro_batch = mb;
@@ -435,14 +423,20 @@ static void memo_fill(struct plan_memo *m, const struct plan_chain *c, int64_t m
     statement(&m->mem[0][k], c->layers[k].layer, mb, c->seq, c->precision, !c->evaluation);
     statement(&m->mem[1][k], c->layers[k].layer, last, c->seq, c->precision, !c->evaluation);
   }
-  for (int i = 0; i < 3; i++) m->slots[i] = slot_size(c, (enum schedule_slot_content)i);
+  for (int i = 0; i < 3; i++)
+    m->slots[i] = schedule_slot_size(sc, (enum schedule_slot_content)i, c->precision,
+                                     c->grad_precision);
 }
 
 l2l_status plan_chain_memo(struct plan_chain *c) {
   if (c->memo == NULL && (c->memo = calloc(1, sizeof *c->memo)) == NULL)
     return FAIL(L2L_ERR_NOMEM, "no memory to plan");
   int64_t mb = c->micro_batch < c->batch ? c->micro_batch : c->batch;
-  memo_fill(c->memo, c, mb);
+  struct schedule sc;
+  l2l_status status = plan_schedule(&sc, c);
+  if (status == L2L_OK) memo_fill(c->memo, c, &sc, mb);
+  schedule_free(&sc);
+  TRY(status);
   if (c->memo->mem[0] == NULL || c->memo->mem[1] == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to plan");
   return L2L_OK;
 }
@@ -566,14 +560,15 @@ l2l_status l2l_plan_peak(uint64_t *peak, const struct plan_chain *c) {
   if (c->L < 2) return FAIL(L2L_ERR_INVALID, "a chain needs an input layer and a head");
   int64_t mb = c->micro_batch < c->batch ? c->micro_batch : c->batch;
   int64_t nmb = (c->batch + mb - 1) / mb, last = c->batch - (nmb - 1) * mb;
-  struct plan_memo own = {0};
-  const struct plan_memo *memo = c->memo;
-  if (memo == NULL || memo->micro_batch != mb || memo->evaluation != c->evaluation) {
-    memo_fill(&own, c, mb);
-    memo = &own;
-  }
   struct schedule sc;
   l2l_status status = plan_schedule(&sc, c);
+  struct plan_memo own = {0};
+  const struct plan_memo *memo = c->memo;
+  if (status == L2L_OK &&
+      (memo == NULL || memo->micro_batch != mb || memo->evaluation != c->evaluation)) {
+    memo_fill(&own, c, &sc, mb);
+    memo = &own;
+  }
   bool exact = false;
   if (status == L2L_OK && nmb > plan_peak_whole_replay_max && nmb > FIRST_SPECIAL + LAST_SPECIAL + 3)
     status = extrapolate(peak, &exact, c, &sc, memo, mb, nmb, last);

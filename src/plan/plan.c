@@ -132,16 +132,13 @@ l2l_status plan_check_model(const l2l_plan *plan, l2l_layer *const *layers, cons
 static l2l_status too_small(const struct plan_chain *c, const struct plan_result *r,
                             uint64_t budget, uint64_t own) {
   char want[32], have[32], slots_text[32], own_text[96] = "";
-  int largest = 0;
-  uint64_t most = 0;
-  for (int k = 0; k < c->L; k++) {
-    uint64_t n = schedule_layer_slot_bytes(c->layers[k].layer, SCHEDULE_SLOT_VALUES, c->precision,
-                                           c->grad_precision);
-    if (n > most) most = n, largest = k;
-  }
-  uint64_t slots = most * (uint64_t)c->param_slots +
-                   2 * schedule_layer_slot_bytes(c->layers[largest].layer, SCHEDULE_SLOT_GRADS,
-                                                 c->precision, c->grad_precision);
+  struct schedule sc;
+  TRY(plan_schedule(&sc, c));
+  uint64_t slots = schedule_slots_bytes(&sc, c->param_slots, c->precision, c->grad_precision),
+           bytes;
+  int largest = schedule_largest_layer(&sc, SCHEDULE_SLOT_VALUES, c->precision, c->grad_precision,
+                                       &bytes);
+  schedule_free(&sc);
   if (own != 0)
     snprintf(own_text, sizeof own_text, " (%s of them the GPU backend's own)",
              l2l_human_bytes(want, 32, own));

@@ -17,15 +17,6 @@
 #include "plan/plan.h"
 #include "relay.h"
 
-/* Bytes of the parameter and gradient slots. */
-static uint64_t slots_bytes(const struct step *s) {
-  const l2l_relay_config *c = &s->run->config;
-  uint64_t grads = l2l_pool_accounted(relay_slot_size(s, SCHEDULE_SLOT_GRADS));
-  if (c->grad_precision != L2L_F32) grads += l2l_pool_accounted(relay_slot_size(s, SCHEDULE_SLOT_GRADS_OUT));
-  return (uint64_t)c->param_slots * l2l_pool_accounted(relay_slot_size(s, SCHEDULE_SLOT_VALUES)) +
-         (s->training ? 2 * grads : 0);
-}
-
 /* What the replay depends on, hashed (FNV-1a): a step like the last one is not replayed. */
 static void mix(uint64_t *h, uint64_t v) {
   for (int b = 0; b < 8; b++) *h = (*h ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
@@ -115,9 +106,11 @@ l2l_status relay_check_budget(const struct step *s) {
   /* what is in use already: tensors, and the GPU backend's own bytes */
   uint64_t held = device.current + device.backend;
   uint64_t room = device.budget > held ? device.budget - held : 0;
-  uint64_t slots = slots_bytes(s);
   uint64_t peak = replayed_peak(s);
   if (peak > room) {
+    const l2l_relay_config *cfg = &s->run->config;
+    uint64_t slots = schedule_slots_bytes(&s->sched, cfg->param_slots, cfg->precision,
+                                          cfg->grad_precision);
     char a[32], b[32], c[32], d[32], e[32];
     uint64_t smallest = peak + held;
     return FAIL(L2L_ERR_BUDGET,
@@ -130,7 +123,7 @@ l2l_status relay_check_budget(const struct step *s) {
                 (unsigned long long)smallest, l2l_human_bytes(b, sizeof b, smallest),
                 l2l_human_bytes(c, sizeof c, peak), (long long)s->mb,
                 l2l_human_bytes(d, sizeof d, slots),
-                s->run->config.param_slots ? s->run->config.param_slots : 2,
+                cfg->param_slots ? cfg->param_slots : 2,
                 s->training ? " and 2 gradient slots" : "", l2l_human_bytes(e, sizeof e, held),
                 s->training ? "A smaller micro-batch, stash = \"host\", recomputing or plan = "
                               "\"auto\" (l2l.plan)"

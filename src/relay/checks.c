@@ -5,7 +5,8 @@
  * Purpose: a step either runs or is refused having changed nothing; each refusal names
  * the batch field or the layer (index and kind) and what it should have been. The batch
  * fields are checked by the layers that read them (layers.h), the same checks their
- * micro-batches meet again; the budget by budget.c.
+ * micro-batches meet again. The budget is checked after them, against the step's schedule
+ * (budget.c).
  * Must never: change the relay, a layer or the EPS.
  */
 #include <stdlib.h>
@@ -92,6 +93,5 @@ l2l_status relay_check_step(struct step *s, const l2l_relay_batch *in) {
   if (in == NULL) return FAIL(L2L_ERR_INVALID, "batch is NULL");
   TRY(relay_check_model(s->run));
   TRY(check_batch(s, in));
-  TRY(choose_active(s, in));
-  return relay_check_budget(s);
+  return choose_active(s, in);
 }

@@ -307,7 +307,6 @@ void relay_grads_wait(struct step *s, int slot);
 l2l_status relay_params_bind(struct step *s, int k, bool grads);
 l2l_status relay_params_done(struct step *s, int k, bool give);
 l2l_status relay_params_queue(struct step *s, int which, int k);
-uint64_t relay_slot_size(const struct step *s, enum schedule_slot_content content);
 l2l_status relay_slots_new(struct step *s);
 
 /* ---------------------------------------------------------------- acts.c */

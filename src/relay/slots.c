@@ -29,15 +29,9 @@ static uint64_t slot_bytes(const l2l_relay *run, const struct eps_record *rec,
 }
 
 /* Bytes of a device slot: the largest active layer's. */
-uint64_t relay_slot_size(const struct step *s, enum schedule_slot_content content) {
-  const l2l_relay_config *c = &s->run->config;
-  uint64_t most = L2L_ALIGN;
-  for (int k = 0; k < s->L; k++) {
-    uint64_t n = schedule_layer_slot_bytes(active_layer(s, k)->layer, content, c->precision,
-                                           c->grad_precision);
-    if (n > most) most = n;
-  }
-  return most;
+static uint64_t slot_size(const struct step *s, enum schedule_slot_content content) {
+  return schedule_slot_size(&s->sched, content, s->run->config.precision,
+                            s->run->config.grad_precision);
 }
 
 /* ---------------------------------------------------------------- parameters */
@@ -55,9 +49,9 @@ static l2l_status slot_view(l2l_tensor **out, const struct step *s, const l2l_te
 
 /* The slots (bytes), sized for the largest active layer. */
 l2l_status relay_slots_new(struct step *s) {
-  int64_t shape[1] = {(int64_t)relay_slot_size(s, SCHEDULE_SLOT_VALUES)};
-  int64_t gshape[1] = {(int64_t)relay_slot_size(s, SCHEDULE_SLOT_GRADS)};
-  int64_t oshape[1] = {(int64_t)relay_slot_size(s, SCHEDULE_SLOT_GRADS_OUT)};
+  int64_t shape[1] = {(int64_t)slot_size(s, SCHEDULE_SLOT_VALUES)};
+  int64_t gshape[1] = {(int64_t)slot_size(s, SCHEDULE_SLOT_GRADS)};
+  int64_t oshape[1] = {(int64_t)slot_size(s, SCHEDULE_SLOT_GRADS_OUT)};
   s->host_device = l2l_device_is_host();
   s->nslots = s->run->config.param_slots;
   s->pslots = calloc((size_t)s->nslots, sizeof *s->pslots);

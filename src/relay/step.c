@@ -209,6 +209,7 @@ static void stats_record(l2l_relay *run, const struct step *s, const struct step
 static l2l_status step_begin(struct step *s, struct step_plan *p) {
   l2l_status status = relay_check_step(s, s->in);
   if (status == L2L_OK) status = relay_schedule(s);
+  if (status == L2L_OK) status = relay_check_budget(s);
   if (status == L2L_OK) status = dist_begin(s);
   bool exchanged = status == L2L_OK;   /* (every rank refuses a failed exchange alike) */
   if (status == L2L_OK) status = relay_step_alloc(s);

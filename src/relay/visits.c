@@ -19,7 +19,7 @@ l2l_status relay_schedule(struct step *s) {
   TRY(schedule_new(&s->sched, s->L, s->training));
   for (int k = 0; k < s->L; k++) {
     const struct relay_layer *rl = active_layer(s, k);
-    s->sched.layers[k] = (struct schedule_layer){rl->frozen, rl->inner, rl->stash};
+    s->sched.layers[k] = (struct schedule_layer){rl->layer, rl->frozen, rl->inner, rl->stash};
   }
   schedule_order(&s->sched);
   return L2L_OK;

@@ -26,8 +26,9 @@ struct schedule_visit {
   enum schedule_visit_kind kind;
 };
 
-/* What the order depends on, per layer. */
+/* What the order depends on, per layer, and the layer (its records fill the slots). */
 struct schedule_layer {
+  const l2l_layer *layer;
   bool frozen;
   l2l_inner_policy inner;      /* its saved state: keep, swap or recompute */
   l2l_stash_policy stash;      /* where the boundary entering it waits (k >= 1) */
@@ -43,6 +44,16 @@ struct schedule {
   bool *rebuilt;               /* boundary k rebuilt on the device for its backward */
   bool *reread;                /* x[k] is read again after the forward (backward or rebuild) */
 };
+
+/* Whether layer k's forward keeps its saved state for the backward (keep or swap). */
+static inline bool schedule_keeps(const struct schedule *sc, int k) {
+  return sc->training && sc->layers[k].inner != L2L_INNER_RECOMPUTE && k >= sc->lowest;
+}
+/* Whether a visit computes gradients (a backward, or the head's turnaround in training). */
+static inline bool schedule_visit_grads(const struct schedule *sc, const struct schedule_visit *v) {
+  return sc->training && (v->kind == SCHEDULE_BACKWARD ||
+                          (v->kind == SCHEDULE_HEAD && sc->lowest < sc->L));
+}
 
 /* Room for a step of L layers (freed by schedule_free, also after a failure). */
 l2l_status schedule_new(struct schedule *sc, int L, bool training);
@@ -135,5 +146,16 @@ uint64_t schedule_param_slot_bytes(const l2l_param *param, enum schedule_slot_co
 /* Bytes of a layer's records in such a slot. */
 uint64_t schedule_layer_slot_bytes(const l2l_layer *layer, enum schedule_slot_content content,
                                    l2l_dtype precision, l2l_dtype grad_precision);
+/* The layer whose records take the most in such a slot (the first of equals), and in
+   *bytes the slot's size: its bytes, at least L2L_ALIGN. */
+int schedule_largest_layer(const struct schedule *sc, enum schedule_slot_content content,
+                           l2l_dtype precision, l2l_dtype grad_precision, uint64_t *bytes);
+/* Bytes of one such slot of a step: the largest layer's, at least L2L_ALIGN. */
+uint64_t schedule_slot_size(const struct schedule *sc, enum schedule_slot_content content,
+                            l2l_dtype precision, l2l_dtype grad_precision);
+/* Bytes of every slot a step holds: param_slots (0: two) for values and, in training, two
+   for gradients and two for their 16-bit copies when grad_precision is 16-bit. */
+uint64_t schedule_slots_bytes(const struct schedule *sc, int param_slots, l2l_dtype precision,
+                              l2l_dtype grad_precision);
 
 #endif /* L2L_SCHEDULE_H */

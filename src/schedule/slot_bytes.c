@@ -36,6 +36,34 @@ uint64_t schedule_layer_slot_bytes(const l2l_layer *layer, enum schedule_slot_co
   return n;
 }
 
+int schedule_largest_layer(const struct schedule *sc, enum schedule_slot_content content,
+                           l2l_dtype precision, l2l_dtype grad_precision, uint64_t *bytes) {
+  int largest = 0;
+  uint64_t most = 0;
+  for (int k = 0; k < sc->L; k++) {
+    uint64_t n = schedule_layer_slot_bytes(sc->layers[k].layer, content, precision, grad_precision);
+    if (n > most) most = n, largest = k;
+  }
+  *bytes = most > L2L_ALIGN ? most : L2L_ALIGN;
+  return largest;
+}
+
+uint64_t schedule_slot_size(const struct schedule *sc, enum schedule_slot_content content,
+                            l2l_dtype precision, l2l_dtype grad_precision) {
+  uint64_t bytes;
+  schedule_largest_layer(sc, content, precision, grad_precision, &bytes);
+  return bytes;
+}
+
+uint64_t schedule_slots_bytes(const struct schedule *sc, int param_slots, l2l_dtype precision,
+                              l2l_dtype grad_precision) {
+  uint64_t values = schedule_slot_size(sc, SCHEDULE_SLOT_VALUES, precision, grad_precision);
+  uint64_t grads = schedule_slot_size(sc, SCHEDULE_SLOT_GRADS, precision, grad_precision);
+  if (grad_precision != L2L_F32)
+    grads += schedule_slot_size(sc, SCHEDULE_SLOT_GRADS_OUT, precision, grad_precision);
+  return (uint64_t)(param_slots > 0 ? param_slots : 2) * values + (sc->training ? 2 * grads : 0);
+}
+
 int schedule_slot_choose(struct schedule_slot *slots, int nslots, int k, int busy, int64_t tick,
                          bool (*current)(void *ctx, int i), void *ctx, bool *reused) {
   int pick = -1;

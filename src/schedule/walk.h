@@ -35,7 +35,7 @@ static inline l2l_status schedule_visit_forward_(const struct schedule_walk_ *w,
   const struct schedule *sc = w->sc;
   const struct schedule_ops *op = w->ops;
   const struct schedule_layer *sl = &sc->layers[k];
-  bool keep = !rebuild && sc->training && sl->inner != L2L_INNER_RECOMPUTE && k >= sc->lowest;
+  bool keep = !rebuild && schedule_keeps(sc, k);
   bool swap = keep && sl->inner == L2L_INNER_SWAP;
   /* Whether x[k] is read again (by its backward or a rebuild), and whether it then waits
      on the device (stash device, or rebuilt for the backward) rather than on the host. */
@@ -152,8 +152,7 @@ static inline l2l_status schedule_walk(const struct schedule *sc, int64_t nmb,
     bool reads_input = v->kind != SCHEDULE_BACKWARD || sc->layers[k].inner == L2L_INNER_RECOMPUTE;
     if (v->kind == SCHEDULE_BACKWARD) TRY(ops->prefetch(ctx, SCHEDULE_G, k + 1, 0));
     if (reads_input && k > 0) TRY(ops->prefetch(ctx, SCHEDULE_X, k, 0));
-    bool grads = sc->training &&
-                 (v->kind == SCHEDULE_BACKWARD || (v->kind == SCHEDULE_HEAD && sc->lowest < sc->L));
+    bool grads = schedule_visit_grads(sc, v);
     TRY(ops->visit_bind(ctx, i, v, grads));
     switch (v->kind) {
       case SCHEDULE_FORWARD: TRY(schedule_visit_forward_(&w, k, false)); break;
