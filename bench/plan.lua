@@ -82,8 +82,7 @@ end
 local function mib(b) return b / 2 ^ 20 end
 
 local function relay_with(model, budget, o)
-  local base = l2l.pool_stats("device").current
-  o.model, o.device_budget, o.optimizer = model, base + budget, l2l.AdamW { lr = 1e-4 }
+  o.model, o.device_budget, o.optimizer = model, budget, l2l.AdamW { lr = 1e-4 }
   return l2l.Relay(o)
 end
 

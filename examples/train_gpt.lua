@@ -15,8 +15,8 @@
 -- --val-fraction of it, cut at a file boundary, is held out for the validation loss.
 --
 -- What it shows: the model lives in host memory (the EPS holds fp32 weights, gradients
--- and AdamW state: 16 bytes per parameter), the device pool gets a budget well below
--- that, and the relay trains it layer by layer with the boundary activations stashed on
+-- and AdamW state: 16 bytes per parameter), the relay gets a device budget well below
+-- that, and trains it layer by layer with the boundary activations stashed on
 -- the host. A terminal gets one updating progress line; a pipe or file gets plain lines.
 -- At the end: a summary, a metrics log (JSON lines), a picture of the loss curves and of
 -- memory over steps, and a sample of text the model generates.
@@ -56,7 +56,7 @@ local FLAGS = {
   { "--dropout", 0, "number", "dropout rate in the blocks", min = 0, max = 0.9 },
   { "--init-std", 0.06, "number", "standard deviation of the initial weights", min = 1e-6, max = 1 },
   { "--stash", "host", "choice", "where activations wait for the backward", choices = { "host", "device", "recompute" } },
-  { "--device-budget", "auto", "string", "device pool budget in MiB, 'auto' (what a step needs, whatever the weights become: the planner's replay of it) or 0 (none)", meta = "MIB|auto" },
+  { "--device-budget", "auto", "string", "the relay's device budget in MiB, 'auto' (what a step needs, whatever the weights become: the planner's replay of it) or 0 (none)", meta = "MIB|auto" },
   { "--plan", "none", "choice", "where the policies come from: none (--stash, recomputing every layer) or auto (l2l.plan " ..
     "picks each layer's within the device budget, for speed)", choices = { "none", "auto" } },
   { "--threads", 0, "int", "compute threads (0: l2l's default)", min = 0 },
@@ -300,7 +300,6 @@ if model == nil then model = build_model(V) end
 local nparams = model:nparams()
 local state_bytes = nparams * 16   -- fp32 weights, gradients, AdamW m and v
 local budget = budget_mib and floor(budget_mib * 2 ^ 20)   -- nil: 'auto', once the run is made
-if budget == nil and resumed then budget = l2l.pool_stats("device").budget end   -- the run's own (l2l.load set it)
 
 local train_text, val_text = split(corpus, opt.val_fraction, S + 1)
 local train_bytes, val_bytes = #train_text, #val_text
@@ -329,22 +328,18 @@ local function new_run(plan)
   if not ok then fail(tostring(r)) end
   return r
 end
-if run == nil then
-  -- 'auto': the budget every step of this shape needs with the flags' policies, whatever
-  -- the weights become (the planner's replay); with --plan auto the planner then picks
-  -- the fastest policies within it
-  if budget == nil then
-    run = new_run(nil)
-    local ok, peak = pcall(run.step_peak, run, floor((rank + 1) * B / ranks) - floor(rank * B / ranks), S)
-    if not ok then fail(tostring(peak)) end
-    budget = peak + l2l.pool_stats("device").current + l2l.pool_stats("device").backend
-    l2l.set_budget("device", budget)
-    if opt.plan == "auto" then run:free(); run = nil end
-  end
-  run = run or new_run(opt.plan == "auto" and "auto" or nil)
-elseif budget_mib ~= nil then
-  l2l.set_budget("device", budget)
+-- 'auto': the budget every step of this shape needs with the flags' policies, whatever
+-- the weights become (the planner's replay); with --plan auto the planner then picks the
+-- fastest policies within it. A resumed run's is found again the same way, or given.
+if run == nil and (budget ~= nil or opt.plan ~= "auto") then run = new_run(opt.plan == "auto" and "auto" or nil) end
+if budget == nil then
+  local probe = run or new_run(nil)
+  local ok, peak = pcall(probe.step_peak, probe, floor((rank + 1) * B / ranks) - floor(rank * B / ranks), S)
+  if not ok then fail(tostring(peak)) end
+  budget = peak
+  if probe ~= run then probe:free() end
 end
+if run == nil then run = new_run("auto") else run:set_device_budget(budget) end
 print(("model+optimizer state %.1f MiB, device budget %s (%s, micro-batch %d of %d)"):format(
   mib(state_bytes), budget > 0 and format("%.2f MiB", mib(budget)) or "none",
   opt.plan == "auto" and "policies planned" or "stash " .. opt.stash, math.min(opt.micro_batch, B), B))

@@ -169,8 +169,9 @@ describe("finding a device budget (issue 30, item 6)", function()
     local o = { model = model, micro_batch = 2, stash = "host" }
     for k, v in pairs(opts) do o[k] = v end
     local run = l2l.Relay(o)
+    local before = l2l.pool_stats("device").current   -- (other specs may hold device bytes)
     local ok, err = pcall(evaluate and run.evaluate or run.step, run, tokens, tokens)
-    local peak = run:stats().device_peak
+    local peak = run:stats().device_peak - before      -- the step's own
     run:free()
     return ok, tostring(err), peak
   end
@@ -208,6 +209,69 @@ describe("finding a device budget (issue 30, item 6)", function()
     assert.are.equal(eval_named, peak)
     ok, err = step_with({ device_budget = eval_named - 1 }, true)
     assert.is_false(ok, "a byte less worked")
+  end)
+
+  it("is each relay's own: two relays hold two budgets, the process's device pool budget untouched", function()
+    local pool_budget = l2l.pool_stats("device").budget
+    local B = support.int(2, 6)
+    local tok = l2l.tensor({ unpack(ids, 1, B) }, { dtype = "i32" })
+    print(("two relays at batch %d"):format(B))
+    local function relay(o)
+      o.model, o.micro_batch, o.stash = demo_model(), support.int(1, B), "host"
+      return l2l.Relay(o)
+    end
+    local a, b = relay({}), relay({})
+    -- a: a budget of its step_peak (the bound whatever the weights become) runs
+    local need_a, need_b = a:step_peak(B, 64), b:step_peak(B, 64)
+    a:set_device_budget(need_a)
+    b:set_device_budget(1)
+    assert.are.equal(pool_budget, l2l.pool_stats("device").budget, "a relay's budget set the pool's")
+    local function own_peak(run)
+      local before = l2l.pool_stats("device").current
+      local ok, err = pcall(run.step, run, tok, tok)
+      return ok, tostring(err), run:stats().device_peak - before
+    end
+    local ok, err, peak = own_peak(a)
+    assert.is_true(ok, err)
+    assert.is_true(peak <= need_a, ("peak %d over the budget %d"):format(peak, need_a))
+    -- b: refused with the smallest that works (its weights' exact need, within the bound),
+    -- which runs, to the byte, while a byte less does not; a goes on with its own
+    ok, err = own_peak(b)
+    assert.is_false(ok, "a step over its relay's budget ran")
+    assert.is_truthy(err:find("the relay's device budget of 1 bytes", 1, true), err)
+    local named = tonumber(err:match("the smallest that works is (%d+) bytes"))
+    assert.is_truthy(named, err)
+    assert.is_true(named <= need_b, ("named %d over the bound %d"):format(named, need_b))
+    assert.is_true(own_peak(a), "the other relay's refusal touched this one")
+    b:set_device_budget(named - 1)
+    assert.is_false(own_peak(b), "a byte less worked")
+    b:set_device_budget(named)
+    ok, err, peak = own_peak(b)
+    assert.is_true(ok, err)
+    assert.are.equal(named, peak)
+    b:set_device_budget(0)   -- none of its own
+    assert.is_true(own_peak(b))
+    -- the pool's budget still caps the process: what is in use counts against it
+    local pool = l2l.pool_stats("device")
+    local held = pool.current + pool.backend
+    l2l.set_budget("device", held + 1)
+    ok, err = own_peak(a)
+    l2l.set_budget("device", pool_budget)
+    assert.is_false(ok, "a step over the device pool's budget ran")
+    assert.is_truthy(err:find("the device pool's budget", 1, true), err)
+    local smallest = tonumber(err:match("the smallest that works is (%d+) bytes"))
+    assert.is_truthy(smallest, err)
+    assert.is_true(smallest > held and smallest - held <= need_a, err)
+    -- plan = "auto" plans within the pool's room when the relay has no budget of its own
+    assert.has_error(function() relay({ plan = "auto" }) end,
+                     "l2l.Relay: plan = \"auto\" plans within a device budget: give option 'device_budget' (or set the device pool's, l2l.set_budget)")
+    l2l.set_budget("device", held + 2 ^ 30)
+    local c = relay({ plan = "auto" })
+    ok, err = own_peak(c)
+    l2l.set_budget("device", pool_budget)
+    assert.is_true(ok, err)
+    for _, run in ipairs({ a, b, c }) do run:free() end
+    assert.has_error(function() a:set_device_budget(1) end, "run:set_device_budget: the relay was freed")
   end)
 
   it("with plan = \"auto\", refuses a budget no plan fits before timing anything, and the named one plans", function()

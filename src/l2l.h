@@ -666,6 +666,14 @@ typedef struct l2l_relay_config {
   int nonfinite_error;          /* a record whose gradient holds an inf or NaN is not updated
                                    (with loss scaling or global clipping: no record is). 0: said
                                    once on stderr; 1: the step then returns L2L_ERR_STATE */
+  uint64_t device_budget;       /* > 0: the device bytes this relay's steps and evaluations
+                                   may hold at their peak (its slots, activations and
+                                   working memory: the planner's replay of the step, checked
+                                   before it runs, which refuses a step over it with the
+                                   smallest budget that works). Two relays may hold
+                                   different budgets. 0: none of its own. The device pool's
+                                   budget (l2l_pool_set_budget) is the process's cap over
+                                   every relay and tensor, checked too */
 } l2l_relay_config;
 
 /* AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant schedule, micro-
@@ -807,6 +815,8 @@ L2L_API int l2l_relay_frozen(const l2l_relay *run, int index);           /* -1 i
 L2L_API l2l_status l2l_relay_set_stash(l2l_relay *run, int boundary, l2l_stash_policy policy);
 L2L_API l2l_status l2l_relay_set_inner(l2l_relay *run, int index, l2l_inner_policy policy);
 L2L_API l2l_status l2l_relay_set_micro_batch(l2l_relay *run, int64_t micro_batch);
+/* config.device_budget from the next step on (0: none of its own). */
+L2L_API l2l_status l2l_relay_set_device_budget(l2l_relay *run, uint64_t bytes);
 /* The policy of a boundary or layer (an l2l_stash_policy / l2l_inner_policy), -1 if out
    of range. */
 L2L_API int l2l_relay_stash(const l2l_relay *run, int boundary);
@@ -824,7 +834,8 @@ L2L_API l2l_status l2l_relay_evaluate(double *loss, l2l_relay *run, const l2l_re
    whatever values the weights take as training goes on (the frugal modes keep more for a
    LayerNorm whose weight gets tiny): the planner's replay of the step, exact to the byte
    for the weights that need the most (with swap, the bound that holds whatever the
-   copies' timing). A device budget of the bytes in use plus this runs every such step.
+   copies' timing). A relay device_budget of this runs every such step (so does a device
+   pool budget of the bytes in use plus this).
    token_types, key_mask: 0 or 1, whether the batch has them. */
 L2L_API l2l_status l2l_relay_step_peak(uint64_t *peak, const l2l_relay *run, int64_t batch, int64_t seq,
                                        int token_types, int key_mask);
@@ -919,7 +930,10 @@ typedef struct l2l_plan_rates {
 
 typedef struct l2l_plan_request {
   int64_t batch, seq;           /* the minibatch's shape */
-  uint64_t device_budget;       /* bytes the step may add to the device pool, > 0 */
+  uint64_t device_budget;       /* > 0: the bytes the step may hold on the device at its
+                                   peak, as l2l_relay_config.device_budget counts them (the
+                                   GPU backend's own bytes, shared by every relay, are not
+                                   the step's) */
   int token_types, key_mask;    /* 1: the batches carry them */
   const uint8_t *frozen;        /* one byte per layer, 1 = frozen; NULL: none */
   const l2l_plan_rates *rates;  /* NULL: this machine's (l2l_plan_calibrate) */
@@ -930,7 +944,7 @@ typedef struct l2l_plan_summary {
   int nlayers;
   int64_t micro_batch;
   double step_seconds;       /* predicted */
-  uint64_t device_peak;      /* predicted, beyond what the pool held */
+  uint64_t device_peak;      /* predicted: the step's own bytes at its peak */
   double streaming_tokens;   /* tokens per layer visit above which a block's weights stream
                                 in under its compute (device FLOP/s over h2d bytes/s) */
 } l2l_plan_summary;

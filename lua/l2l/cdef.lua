@@ -366,6 +366,7 @@ typedef struct l2l_relay_config {
   l2l_dtype grad_precision;
   l2l_dist_mode dist;
   int nonfinite_error;
+  uint64_t device_budget;
 } l2l_relay_config;
 
 void l2l_relay_config_default(l2l_relay_config *out);
@@ -456,6 +457,8 @@ int l2l_relay_frozen(const l2l_relay *run, int index);
 l2l_status l2l_relay_set_stash(l2l_relay *run, int boundary, l2l_stash_policy policy);
 l2l_status l2l_relay_set_inner(l2l_relay *run, int index, l2l_inner_policy policy);
 l2l_status l2l_relay_set_micro_batch(l2l_relay *run, int64_t micro_batch);
+
+l2l_status l2l_relay_set_device_budget(l2l_relay *run, uint64_t bytes);
 
 int l2l_relay_stash(const l2l_relay *run, int boundary);
 int l2l_relay_inner(const l2l_relay *run, int index);

@@ -39,6 +39,13 @@ local phase_names = {
 }
 M.phase_names = phase_names
 
+-- The device pool's stats (its budget is the process's cap over every relay).
+local function device_pool()
+  local pool = ffi.new("l2l_pool_stats")
+  C.l2l_pool_get_stats(pool, C.L2L_POOL_DEVICE)
+  return pool
+end
+
 local function relay_gc(box)
   local r = box[0]
   if r == nil then return end
@@ -77,8 +84,9 @@ local function read_options(o, fname)
   if o.plan ~= nil and o.plan ~= "auto" and not plan_mod.is_plan(o.plan) then
     fail(fname .. ": option 'plan' must be a plan from l2l.plan{...} or \"auto\", got " .. argcheck.describe(o.plan))
   end
-  if o.plan == "auto" and s.device_budget == nil then
-    fail(fname .. ": plan = \"auto\" plans within the device budget: give option 'device_budget'")
+  if o.plan == "auto" and s.device_budget == 0 and device_pool().budget == 0 then
+    fail(fname .. ": plan = \"auto\" plans within a device budget: give option 'device_budget' "
+         .. "(or set the device pool's, l2l.set_budget)")
   end
   s.plan = o.plan
   return s
@@ -176,8 +184,9 @@ end
 -- "f16": the GEMM weights' and token tables' gradients leave the device rounded to 16
 -- bits, at half the bytes, and accumulate in f32 on the host), nonfinite = "skip" (a
 -- record whose gradient holds an inf or NaN is not updated, said once on stderr; "error":
--- the step raises after it is done), device_budget = (bytes: sets the device pool's
--- budget, process-wide), dist = "none" ("mpi": data parallel across the ranks of an
+-- the step raises after it is done), device_budget = (bytes this relay's steps may hold
+-- on the device at their peak, checked before each; the device pool's budget,
+-- l2l.set_budget, stays the process's cap), dist = "none" ("mpi": data parallel across the ranks of an
 -- mpirun job; each rank steps its own slice of every minibatch: see l2l.dist)}
 function M.Relay(o, ...)
   local fname = "l2l.Relay"
@@ -195,9 +204,6 @@ function M.Relay(o, ...)
     local okh, h = pcall(layer_handle, layer, i, fname)
     if not okh then error(h, 2) end
     list[i - 1] = h
-  end
-  if s.device_budget ~= nil then
-    check(C.l2l_pool_set_budget(C.L2L_POOL_DEVICE, s.device_budget), fname .. ": option 'device_budget'", 2)
   end
   local out = ffi.new("l2l_relay *[1]")
   rcheck(C.l2l_relay_new(out, list, n, options.config_of(s)), fname, 2)
@@ -231,22 +237,34 @@ end
 
 -- plan = "auto": a plan for this batch's shape and the model as it is, made again when
 -- either changed since the last one (a layer inserted, removed, cloned or frozen; another
--- B or S), within the device budget less what the device pool already holds.
+-- B or S; another relay budget), within the relay's device budget and what the device
+-- pool's leaves.
 local function plan_auto(self, fname, tokens, opts)
-  local key = { tokens:dim(1), tokens:dim(2), opts and opts.token_types and 1 or 0, opts and opts.key_mask and 1 or 0 }
+  local key = { tokens:dim(1), tokens:dim(2), opts and opts.token_types and 1 or 0, opts and opts.key_mask and 1 or 0,
+                self.options.device_budget }
   key[#key + 1] = self.model.version   -- every change of the model counts (model.lua)
   key = table.concat(key, " ")
   if key == self.plan_key then return end
-  local pool = ffi.new("l2l_pool_stats")
-  C.l2l_pool_get_stats(pool, C.L2L_POOL_DEVICE)
-  local budget = tonumber(pool.budget) - tonumber(pool.current)
-  if budget <= 0 then fail(fname .. ": plan = \"auto\": the device pool's budget is spent before the step") end
-  local held = tonumber(pool.current)
+  local pool = device_pool()
+  local budget, held = self.options.device_budget, 0
+  if pool.budget > 0 then
+    held = tonumber(pool.current + pool.backend)
+    local room = tonumber(pool.budget) - held
+    if room <= 0 then fail(fname .. ": plan = \"auto\": the device pool's budget is spent before the step") end
+    if budget == 0 or room < budget then budget = room else held = 0 end
+  end
+  if budget == 0 then fail(fname .. ": plan = \"auto\" plans within a device budget: the relay has none and the device pool has none") end
   local ok, plan = pcall(plan_mod.make, self.model, options.config_of(self.options), {
     batch = tokens:dim(1), seq = tokens:dim(2), device_budget = budget,
     token_types = opts and opts.token_types ~= nil, key_mask = opts and opts.key_mask ~= nil }, fname)
-  -- a refusal names the budget to give: the plan's need and what the pool holds already
-  if not ok then error((tostring(plan):gsub("the smallest needs (%d+) bytes %b()", function(n) return ("the smallest budget that works is %.0f bytes (the plan's %s and %d in use)"):format(n + held, n, held) end)), 0) end
+  -- a refusal names the budget to give: the relay's, or the pool's when that one binds
+  -- (the plan's need and what the pool holds already)
+  if not ok then
+    error((tostring(plan):gsub("the smallest needs (%d+) bytes %b()", function(n)
+      if held == 0 then return ("the smallest budget that works is %s bytes"):format(n) end
+      return ("the smallest device pool budget that works is %.0f bytes (the plan's %s and %d in use)"):format(n + held, n, held)
+    end)), 0)
+  end
   apply_plan(self, plan, fname)
   self.plan_key = key
 end
@@ -359,9 +377,7 @@ local function step_or_evaluate(self, fname, cfunc, tokens, targets, opts)
     local ok, err = pcall(plan_auto, self, fname, tokens, opts)
     if not ok then error(err, 3) end
   end
-  local pool = ffi.new("l2l_pool_stats")
-  C.l2l_pool_get_stats(pool, C.L2L_POOL_DEVICE)
-  self.device_before = tonumber(pool.current)
+  self.device_before = tonumber(device_pool().current)
   local status = run_layers(self, fname, cfunc, r, b, skip)
   check_call(status, fname, 3, locator(self), lua_message)
   if self.plan and cfunc == C.l2l_relay_step then plan_mod.check_prediction(self) end
@@ -465,6 +481,19 @@ function Relay:set_micro_batch(n, ...)
   end
   rcheck(C.l2l_relay_set_micro_batch(r, n), fname, 2)
   self.options.micro_batch = n
+end
+
+-- run:set_device_budget(bytes): the relay's own device budget from the next step on
+-- (0: none), as option device_budget.
+function Relay:set_device_budget(bytes, ...)
+  local fname = "run:set_device_budget"
+  if select("#", ...) ~= 0 then too_many(fname, "bytes", 2, ...) end
+  local r = live(self, fname)
+  if type(bytes) ~= "number" or bytes ~= floor(bytes) or bytes < 0 or bytes > 2 ^ 53 then
+    error(fname .. ": bytes must be an integer 0 to 2^53, got " .. argcheck.describe(bytes), 2)
+  end
+  rcheck(C.l2l_relay_set_device_budget(r, bytes), fname, 2)
+  self.options.device_budget = bytes
 end
 
 ----------------------------------------------------------------- reading back

@@ -109,7 +109,7 @@ function M.read_settings(o, fname)
   s.param_slots = int_option(o, "param_slots", d.param_slots, fname, INT)
   s.loss_scale = float_option(o, "loss_scale", d.loss_scale, fname)
   s.loss_scale_window = int_option(o, "loss_scale_window", d.loss_scale_window, fname, INT)
-  s.device_budget = int_option(o, "device_budget", nil, fname, UINT64)
+  s.device_budget = int_option(o, "device_budget", tonumber(d.device_budget), fname, UINT64)
   s.precision = enum_option(o, "precision", precision_ids, name_of(precision_ids, d.precision), fname)
   s.grad_precision = enum_option(o, "grad_precision", precision_ids, name_of(precision_ids, d.grad_precision), fname)
   s.nonfinite = enum_option(o, "nonfinite", nonfinite_ids, name_of(nonfinite_ids, d.nonfinite_error), fname)
@@ -146,6 +146,7 @@ function M.config_of(s)
   c.grad_precision = precision_ids[s.grad_precision]
   c.nonfinite_error = nonfinite_ids[s.nonfinite]
   c.dist = dist_ids[s.dist]
+  c.device_budget = s.device_budget
   return c
 end
 

@@ -2048,8 +2048,19 @@ TEST(relay_refuses_bad_input) {
   CHECK_OK(l2l_pool_get_stats(&ps, L2L_POOL_DEVICE));
   if (CHECK_OK(l2l_pool_set_budget(L2L_POOL_DEVICE, ps.current + 4096))) {
     b = relay_batch(&d, NULL);
-    CHECK_FAILS(l2l_relay_step(&loss, r, &b), L2L_ERR_BUDGET, "budget");
+    CHECK_FAILS(l2l_relay_step(&loss, r, &b), L2L_ERR_BUDGET, "device pool's budget");
     CHECK_OK(l2l_pool_set_budget(L2L_POOL_DEVICE, 0));
+  }
+  /* so is a relay budget of its own under the step's peak (the pool's untouched) */
+  uint64_t pool_budget = ps.budget;
+  if (CHECK_OK(l2l_relay_set_device_budget(r, 4096))) {
+    b = relay_batch(&d, NULL);
+    CHECK_FAILS(l2l_relay_step(&loss, r, &b), L2L_ERR_BUDGET, "relay's device budget of 4096");
+    CHECK_FAILS(l2l_relay_evaluate(&loss, r, &b), L2L_ERR_BUDGET, "relay's device budget of 4096");
+    CHECK_OK(l2l_pool_get_stats(&ps, L2L_POOL_DEVICE));
+    CHECK(ps.budget == pool_budget, "the relay's budget set the pool's: %llu",
+          (unsigned long long)ps.budget);
+    CHECK_OK(l2l_relay_set_device_budget(r, 0));
   }
 
   check_unchanged(r, &s, "after refused calls");

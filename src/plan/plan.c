@@ -130,8 +130,8 @@ l2l_status plan_check_model(const l2l_plan *plan, l2l_layer *const *layers, cons
 
 /* Why the leanest plan needs what it needs: the slots of the largest layer, and the rest. */
 static l2l_status too_small(const struct plan_chain *c, const struct plan_result *r,
-                            uint64_t budget, uint64_t own) {
-  char want[32], have[32], slots_text[32], own_text[96] = "";
+                            uint64_t budget) {
+  char want[32], have[32], slots_text[32];
   struct schedule sc;
   TRY(plan_schedule(&sc, c));
   uint64_t slots = schedule_slots_bytes(&sc, c->param_slots, c->precision, c->grad_precision),
@@ -139,16 +139,13 @@ static l2l_status too_small(const struct plan_chain *c, const struct plan_result
   int largest = schedule_largest_layer(&sc, SCHEDULE_SLOT_VALUES, c->precision, c->grad_precision,
                                        &bytes);
   schedule_free(&sc);
-  if (own != 0)
-    snprintf(own_text, sizeof own_text, " (%s of them the GPU backend's own)",
-             l2l_human_bytes(want, 32, own));
-  uint64_t needs = r->leanest_peak + own;
+  uint64_t needs = r->leanest_peak;
   return l2l_fail(L2L_ERR_BUDGET,
-              "l2l_plan_new: no plan fits a device budget of %llu bytes (%s): the smallest needs %llu bytes (%s)%s, "
+              "l2l_plan_new: no plan fits a device budget of %llu bytes (%s): the smallest needs %llu bytes (%s), "
               "at micro-batch %lld with every layer recomputed and its boundary on the host; of "
               "them %s are the %d parameter slots and 2 gradient slots sized by layer %d (%s)",
               (unsigned long long)budget, l2l_human_bytes(have, 32, budget),
-              (unsigned long long)needs, l2l_human_bytes(want, 32, needs), own_text,
+              (unsigned long long)needs, l2l_human_bytes(want, 32, needs),
               (long long)r->leanest_micro_batch, l2l_human_bytes(slots_text, 32, slots),
               c->param_slots, largest, l2l_layer_name(c->layers[largest].layer));
 }
@@ -212,26 +209,22 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
   struct plan_chain chain = chain_of(pl, nlayers, config, request->batch, request->seq,
                                      request->token_types, request->key_mask);
   struct plan_result r = {.layer_seconds = seconds};
-  /* The tensors get what the GPU backend's own bytes (scratch, cuBLAS's workspace) leave:
-     the device pool counts those against the budget too. */
-  uint64_t own = l2l_device_own_bytes();
-  uint64_t for_tensors = request->device_budget > own ? request->device_budget - own : 0;
   /* No plan can need less than the leanest: a budget under it is refused before anything
      is timed (timing a layer takes device memory that budget does not have). */
   uint64_t leanest = 0;
   l2l_status status = plan_leanest_peak(&leanest, &chain);
   plan_memo_free(&chain);
-  if (status == L2L_OK && leanest > for_tensors) {
+  if (status == L2L_OK && leanest > request->device_budget) {
     r.leanest_peak = leanest, r.leanest_micro_batch = 1;
-    status = too_small(&chain, &r, request->device_budget, own);
+    status = too_small(&chain, &r, request->device_budget);
   }
   /* this machine's rates (measured once, on the device: now that a plan can fit) */
   if (status == L2L_OK && request->rates == NULL) {
     status = plan_machine_rates(&rates, false);
     if (rates.visit < 0) rates.visit = 0;   /* not measured yet: l2l_plan_calibrate does */
   }
-  if (status == L2L_OK) status = plan_search(&r, &chain, &rates, for_tensors);
-  if (status == L2L_OK && !r.found) status = too_small(&chain, &r, request->device_budget, own);
+  if (status == L2L_OK) status = plan_search(&r, &chain, &rates, request->device_budget);
+  if (status == L2L_OK && !r.found) status = too_small(&chain, &r, request->device_budget);
   if (status == L2L_OK) {
     for (int k = 0; k < nlayers; k++) {
       l2l_layer_memory m;

@@ -1,17 +1,20 @@
 /* SPDX-License-Identifier: MIT */
-/* budget.c — whether a step fits the device's budget, before it runs.
+/* budget.c — whether a step fits the relay's device budget and the device pool's, before
+ * it runs.
  *
  * Purpose: refuse a step that cannot run, at once and with the numbers, instead of
  * failing half-way: a training step is replayed by the planner (plan_step_peak: the
  * relay's own order of allocations, exact to the byte; with swap, the bound that holds
  * whatever the copies' timing), and a budget under its peak is refused with the
- * smallest budget that works and what needs it. The replay is made again only when what
+ * smallest budget that works and what needs it: the relay's own (config.device_budget,
+ * the step's bytes alone) and the pool's (the process's cap, less what is in use). The replay is made again only when what
  * it depends on changed (the active layers and their policies and memory statements, which
  * the frugal modes' LayerNorm guard changes with the weights, the batch's shape, the
  * settings, training or evaluating). An evaluation is replayed the same way: the schedule
  * it walks has no backward and keeps nothing.
  * Must never: change anything but the replay's cache; allocate device memory.
  */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "plan/plan.h"
@@ -63,20 +66,18 @@ static l2l_status step_peak(uint64_t *peak, const l2l_relay *run, const int *act
   return status;
 }
 
-/* The exact device peak of this step (0: the replay could not be made, e.g. for a layer
-   the planner cannot describe: the step then runs unchecked, as without a budget). */
-static uint64_t replayed_peak(const struct step *s) {
+/* The exact device peak of this step. */
+static l2l_status replayed_peak(uint64_t *peak, const struct step *s) {
   l2l_relay *run = s->run;
   uint64_t key = step_key(s);
-  if (run->budget_key == key && run->budget_key_set) return run->budget_peak;
-  uint64_t peak = 0;
-  if (step_peak(&peak, run, s->active, s->L, s->B, s->S, s->mb, s->in->token_types != NULL,
-                s->in->key_mask != NULL, s->training, false) != L2L_OK) {
-    peak = 0;
-    l2l_clear_error();
+  if (run->budget_key == key && run->budget_key_set) {
+    *peak = run->budget_peak;
+    return L2L_OK;
   }
-  run->budget_key = key, run->budget_key_set = true, run->budget_peak = peak;
-  return peak;
+  TRY(step_peak(peak, run, s->active, s->L, s->B, s->S, s->mb, s->in->token_types != NULL,
+                s->in->key_mask != NULL, s->training, false));
+  run->budget_key = key, run->budget_key_set = true, run->budget_peak = *peak;
+  return L2L_OK;
 }
 
 l2l_status l2l_relay_step_peak(uint64_t *peak, const l2l_relay *run, int64_t batch, int64_t seq,
@@ -99,35 +100,47 @@ l2l_status l2l_relay_step_peak(uint64_t *peak, const l2l_relay *run, int64_t bat
   return status;
 }
 
+/* Refuses a step whose peak is over `room`, naming the smallest budget that works
+   (`held` more than the peak: what else counts against that budget). */
+static l2l_status refuse(const struct step *s, const char *whose, uint64_t budget, uint64_t peak,
+                         uint64_t held) {
+  const l2l_relay_config *cfg = &s->run->config;
+  uint64_t slots = schedule_slots_bytes(&s->sched, cfg->param_slots, cfg->precision,
+                                        cfg->grad_precision);
+  char a[32], b[32], c[32], d[32], e[96] = "";
+  uint64_t smallest = peak + held;
+  if (held != 0) {
+    char h[32];
+    snprintf(e, sizeof e, "; %s is in use already", l2l_human_bytes(h, sizeof h, held));
+  }
+  return FAIL(L2L_ERR_BUDGET,
+              "the %s budget of %llu bytes (%s) is too small for this step: the smallest "
+              "that works is %llu bytes (%s). The step needs %s on the device at its peak "
+              "(the planner's replay of it, at micro-batch %lld with the layers' policies), "
+              "%s of them the %d parameter slots%s (each the size of the largest layer), the "
+              "rest activations and working memory%s. %s need less",
+              whose, (unsigned long long)budget, l2l_human_bytes(a, sizeof a, budget),
+              (unsigned long long)smallest, l2l_human_bytes(b, sizeof b, smallest),
+              l2l_human_bytes(c, sizeof c, peak), (long long)s->mb,
+              l2l_human_bytes(d, sizeof d, slots), cfg->param_slots ? cfg->param_slots : 2,
+              s->training ? " and 2 gradient slots" : "", e,
+              s->training ? "A smaller micro-batch, stash = \"host\", recomputing or plan = "
+                            "\"auto\" (l2l.plan)"
+                          : "A smaller micro-batch would");
+}
+
+/* The relay's own budget, then the device pool's (the process's cap: what is in use
+   already, tensors and the GPU backend's own bytes, counts against it too). */
 l2l_status relay_check_budget(const struct step *s) {
+  uint64_t own = s->run->config.device_budget;
   l2l_pool_stats device;
   l2l_pool_get_stats(&device, L2L_POOL_DEVICE);
-  if (device.budget == 0) return L2L_OK;
-  /* what is in use already: tensors, and the GPU backend's own bytes */
+  if (own == 0 && device.budget == 0) return L2L_OK;
+  uint64_t peak;
+  TRY(replayed_peak(&peak, s));
+  if (own != 0 && peak > own) return refuse(s, "relay's device", own, peak, 0);
   uint64_t held = device.current + device.backend;
   uint64_t room = device.budget > held ? device.budget - held : 0;
-  uint64_t peak = replayed_peak(s);
-  if (peak > room) {
-    const l2l_relay_config *cfg = &s->run->config;
-    uint64_t slots = schedule_slots_bytes(&s->sched, cfg->param_slots, cfg->precision,
-                                          cfg->grad_precision);
-    char a[32], b[32], c[32], d[32], e[32];
-    uint64_t smallest = peak + held;
-    return FAIL(L2L_ERR_BUDGET,
-                "the device budget of %llu bytes (%s) is too small for this step: the smallest "
-                "that works is %llu bytes (%s). The step needs %s on the device at its peak "
-                "(the planner's replay of it, at micro-batch %lld with the layers' policies), "
-                "%s of them the %d parameter slots%s (each the size of the largest layer), the "
-                "rest activations and working memory; %s is in use already. %s need less",
-                (unsigned long long)device.budget, l2l_human_bytes(a, sizeof a, device.budget),
-                (unsigned long long)smallest, l2l_human_bytes(b, sizeof b, smallest),
-                l2l_human_bytes(c, sizeof c, peak), (long long)s->mb,
-                l2l_human_bytes(d, sizeof d, slots),
-                cfg->param_slots ? cfg->param_slots : 2,
-                s->training ? " and 2 gradient slots" : "", l2l_human_bytes(e, sizeof e, held),
-                s->training ? "A smaller micro-batch, stash = \"host\", recomputing or plan = "
-                              "\"auto\" (l2l.plan)"
-                            : "A smaller micro-batch would");
-  }
+  if (device.budget != 0 && peak > room) return refuse(s, "device pool's", device.budget, peak, held);
   return L2L_OK;
 }

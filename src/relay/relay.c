@@ -364,6 +364,12 @@ l2l_status l2l_relay_set_micro_batch(l2l_relay *run, int64_t micro_batch) {
   return L2L_OK;
 }
 
+l2l_status l2l_relay_set_device_budget(l2l_relay *run, uint64_t bytes) {
+  RELAY_ENTER(run);
+  run->config.device_budget = bytes;
+  return L2L_OK;
+}
+
 l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan) {
   RELAY_ENTER(run);
   l2l_plan_summary summary;
