@@ -45,6 +45,9 @@ local function reaches_predicted_peak(st, plan, what)
   else
     assert.are.equal(st.predicted_device_peak, st.device_peak, what)
   end
+  -- the time model walks the relay's schedule: what it copies each way, to the byte
+  assert.are.equal(plan.h2d_bytes, st.h2d_bytes, what .. ": bytes to the device")
+  assert.are.equal(plan.d2h_bytes, st.d2h_bytes, what .. ": bytes back")
 end
 
 -- rates shaped like a GPU on PCIe: layers cost their FLOPs, no layer is timed here

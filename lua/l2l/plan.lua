@@ -4,6 +4,7 @@
 --   local plan = l2l.plan{ model = model, batch = 32, seq = 1024, device_budget = 8 * 2^30 }
 --   print(plan)            -- per layer inner, stash, bytes kept, predicted ms; the totals
 --   plan.micro_batch, plan.step_seconds, plan.device_peak, plan.streaming_tokens,
+--   plan.h2d_bytes, plan.d2h_bytes (what a step copies each way),
 --   plan.layers[i].inner, plan.layers[i].stash, plan.layers[i].kept_bytes, .seconds
 --   l2l.Relay{ model = model, plan = plan, ... }  (or plan = "auto": relay.lua)
 --
@@ -116,6 +117,7 @@ function M.make(model, config, request, fname)
   local plan = setmetatable({
     handle = handle, micro_batch = tonumber(s.micro_batch), step_seconds = s.step_seconds,
     device_peak = tonumber(s.device_peak), streaming_tokens = s.streaming_tokens,
+    h2d_bytes = tonumber(s.h2d_bytes), d2h_bytes = tonumber(s.d2h_bytes),
     batch = request.batch, seq = request.seq, device_budget = request.device_budget, layers = {},
   }, Plan)
   local l = ffi.new("l2l_plan_layer")
@@ -188,13 +190,16 @@ local Report = {}
 Report.__index = Report
 
 -- run:plan_report(): {layers = {{kind, inner, stash, predicted, measured}...},
--- predicted_step_seconds, measured_step_seconds, predicted_device_peak, device_peak};
+-- predicted_step_seconds, measured_step_seconds, predicted_device_peak, device_peak,
+-- predicted_h2d_bytes, h2d_bytes, predicted_d2h_bytes, d2h_bytes};
 -- print() shows it as a table (predicted beside measured, per layer and for the step).
 function M.report(run)
   local plan, stats, per = run.plan, run:stats(), measured_seconds(run)
   local report = { layers = {}, predicted_step_seconds = plan.step_seconds,
                    measured_step_seconds = stats.step_seconds,
-                   predicted_device_peak = stats.predicted_device_peak, device_peak = stats.device_peak }
+                   predicted_device_peak = stats.predicted_device_peak, device_peak = stats.device_peak,
+                   predicted_h2d_bytes = plan.h2d_bytes, h2d_bytes = stats.h2d_bytes,
+                   predicted_d2h_bytes = plan.d2h_bytes, d2h_bytes = stats.d2h_bytes }
   for i, l in ipairs(plan.layers) do
     report.layers[i] = { kind = l.kind, inner = l.inner, stash = l.stash, predicted = l.seconds,
                          measured = per[i] or 0 }
@@ -228,6 +233,7 @@ function Plan:__tostring()
   end
   rows[#rows + 1] = ("micro-batch %d of %d (seq %d): predicted %.1f ms a step, device peak %s of a %s budget"):format(
     self.micro_batch, self.batch, self.seq, self.step_seconds * 1e3, mib(self.device_peak), mib(self.device_budget))
+  rows[#rows + 1] = ("copies a step: %s to the device, %s back"):format(mib(self.h2d_bytes), mib(self.d2h_bytes))
   if self.streaming_tokens > 0 then
     rows[#rows + 1] = ("weight streaming hides under compute above %.0f tokens per layer visit (%d here)"):format(
       self.streaming_tokens, self.batch * self.seq)
@@ -245,6 +251,8 @@ function Report:__tostring()
   rows[#rows + 1] = ("step: predicted %.1f ms, measured %.1f ms; device peak: predicted %s, measured %s"):format(
     self.predicted_step_seconds * 1e3, self.measured_step_seconds * 1e3,
     mib(self.predicted_device_peak or 0), mib(self.device_peak))
+  rows[#rows + 1] = ("copies: to the device predicted %s, measured %s; back predicted %s, measured %s"):format(
+    mib(self.predicted_h2d_bytes), mib(self.h2d_bytes), mib(self.predicted_d2h_bytes), mib(self.d2h_bytes))
   return table.concat(rows, "\n")
 end
 

@@ -102,6 +102,17 @@ static void compare_one(int trial, bool allow_swap) {
   else
     CHECK(measured == predicted, "%s: measured peak %llu, predicted %llu", what,
           (unsigned long long)measured, (unsigned long long)predicted);
+  /* The time model walks the same schedule: the bytes it has the step copy each way are
+     the relay's (swap's included: the copy threads' timing moves when, not what). */
+  struct plan_layer_costs costs[MAX_LAYERS];
+  l2l_plan_rates rates = {.flops = 1e9, .h2d = 1e9, .d2h = 1e9, .optimizer = 1e9};
+  struct plan_step_bytes moved = {-1, -1};
+  chain.accumulate = 1;
+  if (CHECK_OK(plan_layer_costs(costs, &chain, &rates)))
+    CHECK(plan_step_seconds(&chain, costs, &rates, NULL, &moved) > 0, "%s: no step time", what);
+  CHECK(moved.h2d == (double)st.h2d_bytes && moved.d2h == (double)st.d2h_bytes,
+        "%s: the step copied %llu bytes in and %llu out, the time model %.0f and %.0f", what,
+        (unsigned long long)st.h2d_bytes, (unsigned long long)st.d2h_bytes, moved.h2d, moved.d2h);
   /* An evaluation of the same batch (nothing kept, nothing swapped: exact with any policy),
      with the weights the step left (the frugal guard's statements follow them). */
   chain.evaluation = true;
@@ -246,7 +257,7 @@ static double brute_force(struct plan_chain *c, const l2l_plan_rates *rates, uin
       c->layers[L - 1].stash = rest % 2 ? L2L_STASH_HOST : L2L_STASH_DEVICE;
       uint64_t peak;
       if (!CHECK_OK(l2l_plan_peak(&peak, c))) return NAN;
-      double s = plan_step_seconds(c, costs, rates, NULL);
+      double s = plan_step_seconds(c, costs, rates, NULL, NULL);
       if (peak <= budget && s < best) best = s, *best_mb = mb;
     }
   }

@@ -1,19 +1,20 @@
 /* SPDX-License-Identifier: MIT */
 /* cost.c — the predicted time of a training step under a policy.
  *
- * Purpose: the planner's objective. A step is the relay's visits in order (src/schedule);
- * each visit has three channels that the relay runs at once: compute on the calling
- * thread (a forward per micro-batch; a backward, with the forward rerun first when the
- * layer recomputes; the head's forward and backward), copies in on the h2d thread (the
- * next visit's parameters unless a slot still holds them, host-stashed inputs and
- * gradients, swapped states coming back) and copies out on the d2h thread (host stashes,
- * swap-outs, the visit's gradients). A visit costs the most of its channels, plus what
- * the relay leaves exposed: the first visit's parameters, the last stash-out of a visit
- * (each visit waits for its stash-outs), a fixed cost per visit, and the host optimizer's
- * updates where backward no longer hides them (the layers' updates run on the EPS
- * workers as each gradient completes; the lowest layer's comes last, and the next step's
- * first visit waits for it; with global clipping or loss scaling all of them wait for the
- * end of backward).
+ * Purpose: the planner's objective. A step is the schedule's walk (src/schedule/walk.h),
+ * executed here with acts that time instead of allocate, as peak.c's count bytes: each
+ * visit has three channels that the relay runs at once: compute on the calling thread
+ * (a forward per micro-batch; a backward, with the forward rerun first when the layer
+ * recomputes; the head's forward and backward), copies in on the h2d thread (the next
+ * visit's parameters unless a slot still holds them, and whatever the walk brings to the
+ * device from the host: stashed inputs and gradients, swapped states coming back) and
+ * copies out on the d2h thread (host stashes, swap-outs, the visit's gradients). A visit
+ * costs the most of its channels, plus what the relay leaves exposed: the first visit's
+ * parameters, the last stash-out and swap-out of a visit (each visit waits for them), a
+ * fixed cost per visit, and the host optimizer's updates where backward no longer hides
+ * them (the layers' updates run on the EPS workers as each gradient completes; the lowest
+ * layer's comes last, and the next step's first visit waits for it; with global clipping
+ * or loss scaling all of them wait for the end of backward).
  * Must never: count a copy the relay does not make (a slot reused, a boundary on the
  * device) or miss one it makes.
  */
@@ -72,6 +73,19 @@ static l2l_status master_bytes_of(uint64_t *out, const struct plan_chain *c) {
   return L2L_OK;
 }
 
+/* Bytes a copy of a layer's records moves: each record's elements in its slot's dtype (a
+   slot's alignment padding is not copied). */
+static uint64_t copied_bytes(const l2l_layer *layer, enum schedule_slot_content content,
+                             const struct plan_chain *c) {
+  uint64_t bytes = 0;
+  for (int i = 0; i < l2l_layer_param_count(layer); i++) {
+    const l2l_param *p = l2l_layer_param(layer, i);
+    bytes += (uint64_t)l2l_tensor_numel(l2l_param_value(p)) *
+             l2l_dtype_size(schedule_slot_dtype(p, content, c->precision, c->grad_precision));
+  }
+  return bytes;
+}
+
 l2l_status plan_layer_costs(struct plan_layer_costs *out, const struct plan_chain *c,
                             const l2l_plan_rates *rates) {
   int64_t mb = c->micro_batch < c->batch ? c->micro_batch : c->batch;
@@ -93,13 +107,12 @@ l2l_status plan_layer_costs(struct plan_layer_costs *out, const struct plan_chai
       }
       l2l_layer_memory m;
       l2l_layer_memory_in(&m, layer, rows[i], c->seq, c->precision, true);
-      o->swap_bytes[i] = m.saved + m.input_kept + m.output_kept;
+      o->swap_bytes[i] = l2l_pool_accounted(m.saved) + l2l_pool_accounted(m.input_kept) +
+                         l2l_pool_accounted(m.output_kept);   /* as the swap counts them */
     }
-    o->param_bytes = schedule_layer_slot_bytes(layer, SCHEDULE_SLOT_VALUES, c->precision,
-                                               c->grad_precision);
-    o->grad_bytes = schedule_layer_slot_bytes(
-        layer, c->grad_precision != L2L_F32 ? SCHEDULE_SLOT_GRADS_OUT : SCHEDULE_SLOT_GRADS,
-        c->precision, c->grad_precision);
+    o->param_bytes = copied_bytes(layer, SCHEDULE_SLOT_VALUES, c);
+    o->grad_bytes = copied_bytes(
+        layer, c->grad_precision != L2L_F32 ? SCHEDULE_SLOT_GRADS_OUT : SCHEDULE_SLOT_GRADS, c);
     o->master_bytes = masters[k];
   }
   free(masters);
@@ -110,102 +123,292 @@ l2l_status plan_layer_costs(struct plan_layer_costs *out, const struct plan_chai
 
 static double seconds_for(double bytes, double rate) { return rate > 0 ? bytes / rate : 0; }
 
+/* A step timed by walking its schedule (src/schedule/walk.h) with acts that count: each
+   act adds what it makes the relay do to the running visit's channels, so a copy is
+   counted where, and only where, the relay makes it. Every micro-batch but the last (which
+   may be smaller, and whose stash-outs the visit waits for) costs what the others cost, as
+   each copy is counted once, whether it starts a micro-batch ahead or at its use: so two
+   are walked, the first standing for all but the last, its counts weighed by as many: the
+   same sums as a walk of them all, in a time independent of the batch. */
+enum { TIMED_MICRO_BATCHES = 2 };
+
+/* Where a boundary activation of a walked micro-batch is (as the relay's acts.c keeps it). */
+struct timed_act {
+  bool dev, host;
+};
+
+struct timing {
+  const struct plan_chain *c;
+  const struct schedule *sc;
+  const struct plan_layer_costs *costs;
+  const l2l_plan_rates *rates;
+  int64_t nmb, walked, mb, last;
+  struct timed_act *x, *g, scratch;   /* [(L + 1) * walked] */
+  bool *away;                         /* [L * walked]: a saved state swapped out */
+  struct schedule_slot *slot_use;
+  int slots, running;
+  /* the running visit's channels: seconds of compute, bytes in and out, exposed seconds */
+  double compute, in, out, exposed, first_exposed;
+  /* the step: its seconds so far, the host optimizer's updates, the bytes copied */
+  double total, workers_free, total_updates, backward_end;
+  double *per_layer;
+  struct plan_step_bytes moved;
+  int64_t head_width;   /* targets per sample: S for an LM head, 1 for a classifier */
+};
+
+static int64_t timed_rows(const struct timing *t, int64_t u) {
+  return u + 1 == t->walked ? t->last : t->mb;
+}
+
+/* How many of the step's micro-batches walked micro-batch u stands for. */
+static double timed_weight(const struct timing *t, int64_t u) {
+  return u + 1 < t->walked ? (double)(t->nmb - 1) : 1;
+}
+
+static double timed_act_bytes(const struct timing *t, int64_t u) {
+  return (double)(timed_rows(t, u) * t->c->seq * t->c->dim) * sizeof(float);
+}
+
+static struct timed_act *timed_at(struct timing *t, enum schedule_act a, int k, int64_t u) {
+  if (a == SCHEDULE_SCRATCH) return &t->scratch;
+  return (a == SCHEDULE_X ? t->x : t->g) + (size_t)k * (size_t)t->walked + (size_t)u;
+}
+
+/* Bytes moved out of the device: the visit waits for its last micro-batch's (the relay
+   waits for a visit's stash-outs and swap-outs before the next visit). */
+static void timed_out(struct timing *t, double bytes, int64_t u) {
+  t->out += bytes * timed_weight(t, u);
+  t->moved.d2h += bytes * timed_weight(t, u);
+  if (u + 1 == t->walked) t->exposed += seconds_for(bytes, t->rates->d2h);
+}
+
+/* Visit i's parameters: copied in unless a slot still holds them (nothing updates a layer
+   between its visits within a step, so a slot holding it is current). */
+static bool timed_params_copied(struct timing *t, int i) {
+  bool reused = false;
+  int k = t->sc->visits[i].k;
+  int slot = schedule_slot_choose(t->slot_use, t->slots, k, t->running, i, NULL, NULL, &reused);
+  if (!reused) t->slot_use[slot].held = k;
+  t->running = slot;   /* the busy one when the visit after it is queued */
+  return !reused;
+}
+
+static void timed_visit_start(void *ctx, int i) {
+  struct timing *t = ctx;
+  t->compute = t->in = t->out = 0;
+  t->exposed = i == 0 ? t->first_exposed : 0;
+}
+
+/* The next visit's parameters copy in under this one (the relay queues them here). */
+static l2l_status timed_visit_bind(void *ctx, int i, const struct schedule_visit *v, bool grads) {
+  struct timing *t = ctx;
+  (void)v, (void)grads;
+  if (i + 1 < t->sc->nvisits && timed_params_copied(t, i + 1)) {
+    double bytes = (double)t->costs[t->sc->visits[i + 1].k].param_bytes;
+    t->in += bytes;
+    t->moved.h2d += bytes;
+  }
+  return L2L_OK;
+}
+
+/* Its gradients leave the device (a frozen layer's are not sent), and its update starts on
+   the EPS workers: eager ones under the rest of the backward, deferred ones at its end. */
+static l2l_status timed_visit_end(void *ctx, int i, const struct schedule_visit *v, bool grads) {
+  struct timing *t = ctx;
+  (void)i;
+  int k = v->k;
+  const struct plan_layer_costs *o = &t->costs[k];
+  bool update = grads && !t->c->layers[k].frozen;
+  if (update) t->out += (double)o->grad_bytes, t->moved.d2h += (double)o->grad_bytes;
+  const l2l_plan_rates *rates = t->rates;
+  double seconds = t->compute, in = seconds_for(t->in, rates->h2d),
+         out = seconds_for(t->out, rates->d2h);
+  if (rates->shared) {
+    seconds += in + out;   /* the copy threads take the compute's cores */
+  } else {
+    if (in > seconds) seconds = in;
+    if (out > seconds) seconds = out;
+  }
+  seconds += t->exposed + rates->visit;
+  t->total += seconds;
+  if (t->per_layer) t->per_layer[k] += seconds;
+  if (update) {
+    double u = seconds_for((double)o->master_bytes, rates->optimizer) / (double)t->c->accumulate;
+    t->total_updates += u;
+    if (t->c->updates_deferred) t->workers_free += u;
+    else t->workers_free = (t->workers_free > t->total ? t->workers_free : t->total) + u;
+  }
+  t->backward_end = t->total;
+  return L2L_OK;
+}
+
+/* A copy in when the activation is only on the host (counted from its start). */
+static l2l_status timed_on_device(void *ctx, enum schedule_act a, int k, int64_t u) {
+  struct timing *t = ctx;
+  struct timed_act *x = timed_at(t, a, k, u);
+  if (!x->dev && x->host) {
+    double bytes = timed_act_bytes(t, u) * timed_weight(t, u);
+    t->in += bytes;
+    t->moved.h2d += bytes;
+  }
+  x->dev = true;
+  return L2L_OK;
+}
+
+static l2l_status timed_make(void *ctx, enum schedule_act a, int k, int64_t u) {
+  *timed_at(ctx, a, k, u) = (struct timed_act){.dev = true};
+  return L2L_OK;
+}
+
+static void timed_free(void *ctx, enum schedule_act a, int k, int64_t u) {
+  *timed_at(ctx, a, k, u) = (struct timed_act){0};
+}
+
+static void timed_release(void *ctx, enum schedule_act a, int k, int64_t u) {
+  timed_at(ctx, a, k, u)->dev = false;
+}
+
+static l2l_status timed_stash_out(void *ctx, enum schedule_act a, int k, int64_t u) {
+  struct timing *t = ctx;
+  *timed_at(t, a, k, u) = (struct timed_act){.host = true};
+  timed_out(t, timed_act_bytes(t, u), u);
+  return L2L_OK;
+}
+
+static l2l_status timed_nothing(void *ctx, int keep) {
+  (void)ctx, (void)keep;
+  return L2L_OK;
+}
+
+/* The micro-batch's rows of the batch fields the layer's role reads, copied by the
+   compute thread before the call (acts.c): tokens (and types) for the input, targets
+   for a head, the key mask for a body layer. */
+static l2l_status timed_inputs(void *ctx, int k, int64_t u, bool training) {
+  struct timing *t = ctx;
+  (void)training;
+  const struct plan_chain *c = t->c;
+  double rows = (double)timed_rows(t, u), S = (double)c->seq, bytes = 0;
+  switch (c->layers[k].role) {
+    case L2L_ROLE_INPUT: bytes = rows * S * 4 * (c->token_types ? 2 : 1); break;
+    case L2L_ROLE_HEAD: bytes = rows * (double)t->head_width * 4; break;
+    default: bytes = c->key_mask ? rows * S : 0;
+  }
+  bytes *= timed_weight(t, u);
+  t->compute += seconds_for(bytes, t->rates->h2d);
+  t->moved.h2d += bytes;
+  return L2L_OK;
+}
+
+static void timed_inputs_free(void *ctx) { (void)ctx; }
+
+/* Layer calls: compute on the calling thread, [0] a full micro-batch's, [1] the last's. */
+static double timed_fwd(const struct timing *t, int k, int64_t u) {
+  return t->costs[k].fwd[u + 1 == t->walked ? 1 : 0] * timed_weight(t, u);
+}
+
+static double timed_bwd(const struct timing *t, int k, int64_t u) {
+  return t->costs[k].bwd[u + 1 == t->walked ? 1 : 0] * timed_weight(t, u);
+}
+
+static l2l_status timed_forward(void *ctx, int k, int64_t u, bool keep, bool rebuild) {
+  struct timing *t = ctx;
+  (void)keep, (void)rebuild;
+  t->compute += timed_fwd(t, k, u);
+  return L2L_OK;
+}
+
+static l2l_status timed_head(void *ctx, int k, int64_t u, bool backward) {
+  struct timing *t = ctx;
+  t->compute += timed_fwd(t, k, u) + (backward ? timed_bwd(t, k, u) : 0);
+  return L2L_OK;
+}
+
+static l2l_status timed_backward(void *ctx, int k, int64_t u, bool recompute) {
+  struct timing *t = ctx;
+  t->compute += timed_bwd(t, k, u) + (recompute ? timed_fwd(t, k, u) : 0);
+  return L2L_OK;
+}
+
+static void timed_saved_free(void *ctx, int k, int64_t u) { (void)ctx, (void)k, (void)u; }
+
+static double timed_swap_bytes(const struct timing *t, int k, int64_t u) {
+  return (double)t->costs[k].swap_bytes[u + 1 == t->walked ? 1 : 0];
+}
+
+static l2l_status timed_swap_out(void *ctx, int k, int64_t u) {
+  struct timing *t = ctx;
+  t->away[(size_t)k * (size_t)t->walked + (size_t)u] = true;
+  timed_out(t, timed_swap_bytes(t, k, u), u);
+  return L2L_OK;
+}
+
+/* A swap-in is queued once (the walk asks one micro-batch ahead, and again at its use). */
+static l2l_status timed_swap_in(void *ctx, int k, int64_t u) {
+  struct timing *t = ctx;
+  bool *away = &t->away[(size_t)k * (size_t)t->walked + (size_t)u];
+  if (*away) {
+    double bytes = timed_swap_bytes(t, k, u) * timed_weight(t, u);
+    t->in += bytes;
+    t->moved.h2d += bytes;
+  }
+  *away = false;
+  return L2L_OK;
+}
+
+static l2l_status timed_wait(void *ctx, int k, int64_t u) {
+  (void)ctx, (void)k, (void)u;
+  return L2L_OK;
+}
+
+static const struct schedule_ops timing_acts = {
+    .visit_start = timed_visit_start, .visit_bind = timed_visit_bind,
+    .visit_end = timed_visit_end, .prefetch = timed_on_device, .on_device = timed_on_device,
+    .make = timed_make, .free = timed_free, .release_device = timed_release,
+    .stash_out = timed_stash_out, .throttle = timed_nothing, .inputs = timed_inputs,
+    .inputs_free = timed_inputs_free, .forward = timed_forward, .head = timed_head,
+    .backward = timed_backward, .saved_free = timed_saved_free, .swap_out = timed_swap_out,
+    .swap_out_wait = timed_wait, .swap_in = timed_swap_in, .swap_in_wait = timed_wait,
+};
+
 double plan_step_seconds(const struct plan_chain *c, const struct plan_layer_costs *costs,
-                         const l2l_plan_rates *rates, double *per_layer) {
-  int L = c->L;
+                         const l2l_plan_rates *rates, double *per_layer,
+                         struct plan_step_bytes *moved) {
   int64_t mb = c->micro_batch < c->batch ? c->micro_batch : c->batch;
-  int64_t nmb = (c->batch + mb - 1) / mb, last = c->batch - (nmb - 1) * mb;
-  double act_full = (double)(mb * c->seq * c->dim) * sizeof(float);
-  double act_last = (double)(last * c->seq * c->dim) * sizeof(float);
-  double act_all = act_full * (double)(nmb - 1) + act_last;   /* one boundary, every micro-batch */
+  int64_t nmb = (c->batch + mb - 1) / mb;
+  struct timing t = {.c = c, .costs = costs, .rates = rates, .nmb = nmb, .mb = mb,
+                     .last = c->batch - (nmb - 1) * mb, .per_layer = per_layer,
+                     .walked = nmb < TIMED_MICRO_BATCHES ? nmb : TIMED_MICRO_BATCHES,
+                     .slots = c->param_slots > 0 ? c->param_slots : 2};
   struct schedule sc;
-  int slots = c->param_slots > 0 ? c->param_slots : 2;
-  struct schedule_slot *slot_use = calloc((size_t)slots, sizeof *slot_use);
-  if (plan_schedule(&sc, c) != L2L_OK || slot_use == NULL) {
-    schedule_free(&sc), free(slot_use);
-    return -1;
-  }
-  if (per_layer) memset(per_layer, 0, (size_t)L * sizeof *per_layer);
-  const struct schedule_visit *visits = sc.visits;
-  int n = sc.nvisits, lowest = sc.lowest;
-  for (int i = 0; i < slots; i++) slot_use[i] = (struct schedule_slot){.held = -1, .last_used = -1};
-
-  /* Which visits copy their parameters in, by the relay's choice of slots (nothing updates
-     a layer between its visits within a step, so a slot holding it is current). */
-  bool *copies = calloc((size_t)n, sizeof *copies);
-  int running = -1;
-  for (int i = 0; copies && i < n; i++) {
-    bool reused = false;
-    int slot = schedule_slot_choose(slot_use, slots, visits[i].k, running, i, NULL, NULL, &reused);
-    if (!reused) slot_use[slot].held = visits[i].k;
-    copies[i] = !reused;
-    running = slot;
-  }
-
-  double total = 0, backward_end = 0, workers_free = 0, total_updates = 0;
-  for (int i = 0; copies && i < n; i++) {
-    int k = visits[i].k;
-    enum schedule_visit_kind kind = visits[i].kind;
-    const struct plan_layer_costs *o = &costs[k];
-    const struct plan_layer *pl = &c->layers[k];
-    double compute = 0, in = 0, out = 0, exposed = 0;
-    double whole_fwd = o->fwd[0] * (double)(nmb - 1) + o->fwd[1];
-    double whole_bwd = o->bwd[0] * (double)(nmb - 1) + o->bwd[1];
-    bool input_host = k >= 1 && pl->stash == L2L_STASH_HOST;
-    if (kind == SCHEDULE_FORWARD || kind == SCHEDULE_REBUILD) {
-      compute = whole_fwd;
-      if (input_host && kind == SCHEDULE_FORWARD) in += act_all;
-      bool out_host = kind == SCHEDULE_FORWARD && c->layers[k + 1].stash == L2L_STASH_HOST;
-      if (out_host) out += act_all, exposed += seconds_for(act_last, rates->d2h);
-      if (kind == SCHEDULE_FORWARD && schedule_keeps(&sc, k) && pl->inner == L2L_INNER_SWAP) {
-        out += (double)o->swap_bytes[0] * (double)(nmb - 1) + (double)o->swap_bytes[1];
-        exposed += seconds_for((double)o->swap_bytes[1], rates->d2h);
-      }
-    } else if (kind == SCHEDULE_HEAD) {
-      bool backward = lowest < L;
-      compute = whole_fwd + (backward ? whole_bwd : 0);
-      if (input_host) in += act_all;
-      if (backward && k > lowest && input_host) out += act_all, exposed += seconds_for(act_last, rates->d2h);
-      if (backward && !pl->frozen) out += (double)o->grad_bytes;
-    } else {
-      bool recompute = pl->inner == L2L_INNER_RECOMPUTE;
-      compute = whole_bwd + (recompute ? whole_fwd : 0);
-      if (c->layers[k + 1].stash == L2L_STASH_HOST) in += act_all;   /* the gradient from above */
-      if (recompute && input_host) in += act_all;
-      if (pl->inner == L2L_INNER_SWAP)
-        in += (double)o->swap_bytes[0] * (double)(nmb - 1) + (double)o->swap_bytes[1];
-      if (k > lowest && input_host) out += act_all, exposed += seconds_for(act_last, rates->d2h);
-      if (!pl->frozen) out += (double)o->grad_bytes;
+  if (plan_schedule(&sc, c) != L2L_OK) return -1;
+  t.sc = &sc;
+  l2l_layer_config head;
+  l2l_layer_get_config(&head, c->layers[c->L - 1].layer);
+  t.head_width = head.kind == L2L_LAYER_CLASSIFIER ? 1 : c->seq;
+  size_t acts = (size_t)(c->L + 1) * (size_t)t.walked;
+  t.x = calloc(acts, sizeof *t.x);
+  t.g = calloc(acts, sizeof *t.g);
+  t.away = calloc(acts, sizeof *t.away);
+  t.slot_use = calloc((size_t)t.slots, sizeof *t.slot_use);
+  double total = -1;
+  if (t.x && t.g && t.away && t.slot_use) {
+    if (per_layer) memset(per_layer, 0, (size_t)c->L * sizeof *per_layer);
+    for (int i = 0; i < t.slots; i++)
+      t.slot_use[i] = (struct schedule_slot){.held = -1, .last_used = -1};
+    /* the first visit's parameters are queued before the step and waited for */
+    if (sc.nvisits > 0 && timed_params_copied(&t, 0)) {
+      t.moved.h2d = (double)costs[sc.visits[0].k].param_bytes;
+      t.first_exposed = seconds_for(t.moved.h2d, rates->h2d);
     }
-    /* the next visit's parameters copy in under this one (the first visit's are exposed) */
-    if (i + 1 < n && copies[i + 1]) in += (double)costs[visits[i + 1].k].param_bytes;
-    if (i == 0 && copies[0]) exposed += seconds_for((double)o->param_bytes, rates->h2d);
-    double t = compute, t_in = seconds_for(in, rates->h2d), t_out = seconds_for(out, rates->d2h);
-    if (rates->shared) {
-      t += t_in + t_out;   /* the copy threads take the compute's cores */
-    } else {
-      if (t_in > t) t = t_in;
-      if (t_out > t) t = t_out;
-    }
-    t += exposed + rates->visit;
-    total += t;
-    if (per_layer) per_layer[k] += t;
-    /* a trainable layer's update starts once its backward is done, on the workers */
-    bool update_here = schedule_visit_grads(&sc, &visits[i]) && !pl->frozen;
-    if (update_here) {
-      double u = seconds_for((double)o->master_bytes, rates->optimizer) / (double)c->accumulate;
-      total_updates += u;
-      if (c->updates_deferred) workers_free += u;
-      else workers_free = (workers_free > total ? workers_free : total) + u;
-    }
-    backward_end = total;
+    (void)schedule_walk(&sc, t.walked, &timing_acts, &t);   /* the timing acts cannot fail */
+    /* updates the backward did not hide: deferred ones all, eager ones past its end; on
+       shared cores every update takes its time from the step */
+    double tail = c->updates_deferred ? t.workers_free : t.workers_free - t.backward_end;
+    if (rates->shared) tail = t.total_updates;
+    total = t.total + (tail > 0 ? tail : 0);
+    if (moved) *moved = t.moved;
   }
-  /* updates the backward did not hide: deferred ones all, eager ones past its end; on
-     shared cores every update takes its time from the step */
-  double tail = c->updates_deferred ? workers_free : workers_free - backward_end;
-  if (rates->shared) tail = total_updates;
-  if (tail > 0) total += tail;
-  free(copies), free(slot_use);
+  free(t.x), free(t.g), free(t.away), free(t.slot_use);
   schedule_free(&sc);
   return total;
 }

@@ -248,6 +248,8 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
     plan->magic = PLAN_MAGIC;
     plan->summary = (l2l_plan_summary){.nlayers = nlayers, .micro_batch = r.micro_batch,
                                        .step_seconds = r.seconds, .device_peak = r.peak,
+                                       .h2d_bytes = (uint64_t)r.moved.h2d,
+                                       .d2h_bytes = (uint64_t)r.moved.d2h,
                                        .streaming_tokens = streaming};
     plan->layers = result;
     for (int k = 0; k < nlayers; k++) keys[k] = layer_key(layers[k], pl[k].frozen);

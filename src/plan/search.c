@@ -75,7 +75,7 @@ struct judge {
 static l2l_status judge(struct judge *j, const enum mode *modes, double *seconds, uint64_t *peak) {
   for (int k = 0; k < j->c->L; k++) set_mode(&j->c->layers[k], k, j->c->L, modes[k]);
   TRY(l2l_plan_peak(peak, j->c));
-  *seconds = plan_step_seconds(j->c, j->costs, j->rates, NULL);
+  *seconds = plan_step_seconds(j->c, j->costs, j->rates, NULL, NULL);
   if (*seconds < 0) return FAIL(L2L_ERR_NOMEM, "no memory to time a plan");
   return L2L_OK;
 }
@@ -364,6 +364,17 @@ static void ladder(int64_t *sizes, int *count, int room, int64_t batch, int64_t 
 /* The count of micro-batches of size mb. */
 static int64_t count_of(int64_t batch, int64_t mb) { return (batch + mb - 1) / mb; }
 
+/* Whether size i's plan beats size j's (j < 0: none yet). Times from rates alone grow with
+   the rows, so sizes often tie in arithmetic and differ only in rounding (sums taken in
+   another order): within a part in 10^9 the larger micro-batch wins (in practice the faster:
+   fuller GEMMs, fewer launches), so the choice does not follow rounding noise. */
+static bool faster(const struct choice *choices, const int64_t *sizes, int i, int j) {
+  if (j < 0) return true;
+  double a = choices[i].seconds, b = choices[j].seconds;
+  if (a < b * (1 - 1e-9)) return true;
+  return a <= b * (1 + 1e-9) && sizes[i] > sizes[j];
+}
+
 l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_plan_rates *rates,
                        uint64_t budget) {
   int L = c->L;
@@ -416,8 +427,8 @@ l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_
     int best[2] = {-1, -1};
     for (int i = 0; i < nsizes; i++) {
       if (!choices[i].found) continue;
-      if (best[0] < 0 || choices[i].seconds < choices[best[0]].seconds) best[1] = best[0], best[0] = i;
-      else if (best[1] < 0 || choices[i].seconds < choices[best[1]].seconds) best[1] = i;
+      if (faster(choices, sizes, i, best[0])) best[1] = best[0], best[0] = i;
+      else if (faster(choices, sizes, i, best[1])) best[1] = i;
     }
     for (int b = 0; b < 2 && best[b] >= 0; b++) {
       int64_t n = count_of(B, sizes[best[b]]);
@@ -443,7 +454,7 @@ l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_
   }
   int chosen = -1;
   for (int i = 0; i < nsizes && status == L2L_OK; i++)
-    if (choices[i].found && (chosen < 0 || choices[i].seconds < choices[chosen].seconds)) chosen = i;
+    if (choices[i].found && faster(choices, sizes, i, chosen)) chosen = i;
   if (status == L2L_OK && chosen >= 0) {
     struct choice *b = &choices[chosen];
     *out = (struct plan_result){.found = true, .micro_batch = sizes[chosen], .seconds = b->seconds,
@@ -453,7 +464,7 @@ l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_
     c->micro_batch = sizes[chosen];
     for (int k = 0; k < L; k++) set_mode(&c->layers[k], k, L, b->modes[k]);
     status = plan_layer_costs(costs, c, rates);
-    if (status == L2L_OK) plan_step_seconds(c, costs, rates, out->layer_seconds);
+    if (status == L2L_OK) plan_step_seconds(c, costs, rates, out->layer_seconds, &out->moved);
   }
   for (int i = 0; choices && i < room; i++) free(choices[i].modes), free(choices[i].dt);
   free(sizes), free(choices), free(costs), free(same_as);

@@ -64,7 +64,7 @@ static l2l_status measure_visit(double *out, const l2l_plan_rates *rates) {
       struct schedule sc;
       status = plan_schedule(&sc, &chain);
       if (status == L2L_OK) {
-        double predicted = plan_step_seconds(&chain, costs, &bare, NULL);
+        double predicted = plan_step_seconds(&chain, costs, &bare, NULL, NULL);
         double extra = (plan_median(seconds, PROBE_STEPS) - predicted) / sc.nvisits;
         *out = extra > 0 ? extra : 0;
       }

@@ -8,8 +8,9 @@
  * device allocations and frees: inputs brought in ahead, outputs made, layer calls,
  * boundaries released, stashed or freed, gradients handed down, saved states swapped. All of
  * it is decided here: the relay executes the walk with real tensors and copies
- * (src/relay/visits.c), the planner executes it with counted blocks (src/plan/peak.c), so
- * the planner's device peak is the relay's by construction. The bytes a layer's records
+ * (src/relay/visits.c), the planner executes it with counted blocks (src/plan/peak.c) and
+ * with timed channels (src/plan/cost.c), so the planner's device peak and the bytes its
+ * time model copies are the relay's by construction. The bytes a layer's records
  * take in a device slot are here too, for the same reason.
  * Must never: allocate, copy or compute anything of a step: every act is the executor's.
  */

@@ -5,7 +5,8 @@
  * Purpose: the one place that says in which order a step brings activations in, makes
  * them, calls the layers, and releases, stashes or frees what they made, as the policies
  * of each layer's boundary (stash) and of its saved state (inner: keep, swap, recompute)
- * say. The relay's acts are real tensors and copies; the planner's are counted blocks.
+ * say. The relay's acts are real tensors and copies; the planner's are counted blocks (its
+ * peak) and timed channels (its step time).
  * Every device allocation happens in an act called from here, so both see the same order.
  * The walk is inline: each executor's copy calls its own acts directly, which the compiler
  * then inlines (the planner replays thousands of steps, a few blocks counted per act: as
