@@ -370,9 +370,11 @@ static const struct schedule_ops timing_acts = {
     .swap_out_wait = timed_wait, .swap_in = timed_swap_in, .swap_in_wait = timed_wait,
 };
 
-double plan_step_seconds(const struct plan_chain *c, const struct plan_layer_costs *costs,
-                         const l2l_plan_rates *rates, double *per_layer,
-                         struct plan_step_bytes *moved) {
+/* Flattened, as peak.c's replay_step is, for the same reason. */
+__attribute__((flatten)) double plan_step_seconds(const struct plan_chain *c,
+                                                  const struct plan_layer_costs *costs,
+                                                  const l2l_plan_rates *rates, double *per_layer,
+                                                  struct plan_step_bytes *moved) {
   int64_t mb = c->micro_batch < c->batch ? c->micro_batch : c->batch;
   int64_t nmb = (c->batch + mb - 1) / mb;
   struct timing t = {.c = c, .costs = costs, .rates = rates, .nmb = nmb, .mb = mb,

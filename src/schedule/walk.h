@@ -8,9 +8,9 @@
  * say. The relay's acts are real tensors and copies; the planner's are counted blocks (its
  * peak) and timed channels (its step time).
  * Every device allocation happens in an act called from here, so both see the same order.
- * The walk is inline: each executor's copy calls its own acts directly, which the compiler
- * then inlines (the planner replays thousands of steps, a few blocks counted per act: as
- * calls through pointers the 800-layer plan took a quarter longer).
+ * The walk is inline: each executor's copy calls its own acts directly, and the planner's
+ * executors (thousands of replays, a few blocks counted per act) have them inlined too
+ * (flatten): as calls through pointers the 800-layer plan took a quarter longer.
  * Must never: keep a saved state past its backward, a device input nobody reads again, or
  * more than two micro-batches of a host-stashed boundary on the device.
  */
