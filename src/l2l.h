@@ -65,7 +65,10 @@ typedef enum l2l_status {
   L2L_ERR_BUDGET = 3,      /* a pool's byte budget would be exceeded */
   L2L_ERR_STATE = 4,       /* not possible in the object's present state */
   L2L_ERR_UNSUPPORTED = 5, /* a valid request this build cannot serve */
-  L2L_ERR_BACKEND = 6      /* a library below (BLAS, CUDA) failed */
+  L2L_ERR_BACKEND = 6,     /* a library below (BLAS, CUDA) failed */
+  L2L_ERR_IO = 7           /* a file could not be made, read or written (the message names
+                              it and why: a full disk, a missing directory, a file cut
+                              short by another program) */
 } l2l_status;
 
 enum { L2L_MAX_DIMS = 4, L2L_ALIGN = 64, L2L_MAX_PARAMS = 12, L2L_PARAM_NAME_MAX = 24 };

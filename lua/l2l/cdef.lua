@@ -7,7 +7,8 @@ typedef enum l2l_status {
   L2L_ERR_BUDGET = 3,
   L2L_ERR_STATE = 4,
   L2L_ERR_UNSUPPORTED = 5,
-  L2L_ERR_BACKEND = 6
+  L2L_ERR_BACKEND = 6,
+  L2L_ERR_IO = 7
 } l2l_status;
 
 enum { L2L_MAX_DIMS = 4, L2L_ALIGN = 64, L2L_MAX_PARAMS = 12, L2L_PARAM_NAME_MAX = 24 };

@@ -49,6 +49,7 @@ const char *l2l_status_name(l2l_status status) {
     case L2L_ERR_STATE: return "invalid state";
     case L2L_ERR_UNSUPPORTED: return "unsupported";
     case L2L_ERR_BACKEND: return "backend failure";
+    case L2L_ERR_IO: return "file I/O failure";
   }
   return "unknown status";
 }

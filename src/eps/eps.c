@@ -241,7 +241,7 @@ void l2l_eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr)
   eps->nonfinite_skips = 0;
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
-    rec->expected = rec->arrived = 0;
+    rec->expected = rec->arrived = rec->holds = 0;
     rec->update_due = update;
     rec->sumsq = 0;
     rec->first_expect = -1;
@@ -259,6 +259,12 @@ void l2l_eps_expect(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   if (rec->expected++ == 0) rec->first_expect = eps->expects;
   eps->expects++;
+  pthread_mutex_unlock(&eps->lock);
+}
+
+void l2l_eps_hold(struct l2l_eps *eps, struct eps_record *rec) {
+  pthread_mutex_lock(&eps->lock);
+  if (rec->expected > 0) rec->expected++, rec->holds++;
   pthread_mutex_unlock(&eps->lock);
 }
 
@@ -453,6 +459,8 @@ static void absorb_release(struct l2l_job *job) { free(job); }
 /* Adds scale * incoming (f32, or a 16-bit gradient widened) into rec's accumulator
    (drain: and zeroes an f32 incoming in the same pass); the arrival that completes the
    record starts its update (or leaves its norm for global clipping). */
+static void counted(struct l2l_eps *eps, struct eps_record *rec, bool finite, int layer);
+
 static void absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incoming,
                    bool drain, float scale, int layer) {
   int64_t n = l2l_tensor_numel(rec->grad);
@@ -465,6 +473,14 @@ static void absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *inco
   else finite = l2l_optim_axpy(g, l2l_tensor_data(incoming), scale, n);
   pthread_mutex_unlock(&rec->absorb_lock);
 
+  counted(eps, rec, finite, layer);
+}
+
+/* One arrival counted (a gradient added, or a hold released); the one that completes the
+   record starts its update (or leaves its norm for global clipping). */
+static void counted(struct l2l_eps *eps, struct eps_record *rec, bool finite, int layer) {
+  int64_t n = l2l_tensor_numel(rec->grad);
+  float *g = l2l_tensor_data(rec->grad);
   /* Counted under the lock right after this arrival's add, so the one arrival that
      completes the record is the last to have added (two users' gradients may arrive at
      once). */
@@ -535,6 +551,14 @@ void l2l_eps_absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *gra
                     float scale, int layer) {
   arrival_begins(eps);
   absorb(eps, rec, grad, true, scale, layer);
+}
+
+void l2l_eps_release(struct l2l_eps *eps, struct eps_record *rec, int layer) {
+  pthread_mutex_lock(&eps->lock);
+  bool held = rec->holds > 0;
+  if (held) rec->holds--, eps->arrivals_in_flight++;
+  pthread_mutex_unlock(&eps->lock);
+  if (held) counted(eps, rec, true, layer);
 }
 
 void l2l_eps_wait_record(struct l2l_eps *eps, struct eps_record *rec) {

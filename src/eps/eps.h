@@ -192,6 +192,14 @@ l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_rec
    before anything has changed). */
 void l2l_eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr);
 void l2l_eps_expect(struct l2l_eps *eps, struct eps_record *rec);
+/* A record a frozen layer shares with a trainable one (a tied embedding frozen) must not
+   be updated before a later visit of the frozen layer this step (a rebuild) has read it,
+   or the rebuild would not reproduce the forward. After the step's eps_expect calls, one
+   hold per such read (nothing for a record no trainable user expects); l2l_eps_release
+   once the read's copy is made counts it like an arrival (and may start the update; a
+   record without a hold left: nothing). */
+void l2l_eps_hold(struct l2l_eps *eps, struct eps_record *rec);
+void l2l_eps_release(struct l2l_eps *eps, struct eps_record *rec, int layer);
 l2l_status l2l_eps_prepare(struct l2l_eps *eps);
 /* Per-layer clipping of a visit's gradients (host-readable, f32 or 16-bit): the scale
    that brings their joint norm down to clip, 1 when it is within (or clip is 0). */
@@ -251,5 +259,43 @@ uint64_t l2l_eps_dist_bytes(const struct l2l_eps *eps);
 void l2l_eps_wait_arrivals(struct l2l_eps *eps);
 /* Waits until every queued absorb and update has finished. */
 void l2l_eps_sync(struct l2l_eps *eps);
+
+/* ---------------------------------------------------------------- the spill file (spill.c) */
+
+/* A spill file and its I/O threads (the EPS's third tier, below its choice of what to
+   spill: that choice is the issue "Beyond host memory"'s next part). */
+struct eps_spill {
+  char path[4096];
+  int fd, fd_direct;           /* buffered; O_DIRECT (-1 where the file system refuses it) */
+  uint64_t used;               /* bytes reserved, every region 4 KiB-aligned */
+  struct l2l_queue io;
+  _Atomic uint64_t read, written;   /* bytes moved, for the stats */
+};
+/* One transfer between a buffer and a reserved region, queued and waited for. */
+struct eps_spill_io {
+  struct l2l_job job;          /* first: the queue's job */
+  struct eps_spill *spill;
+  bool write;
+  void *buffer;
+  uint64_t offset, bytes;
+};
+/* Makes a new spill file in `dir` (which must exist) served by `threads` I/O threads.
+   found (found_len bytes, or NULL): a message naming spill files left in dir by runs whose
+   process is gone (empty when none): they are neither reused nor removed. L2L_ERR_IO names
+   the directory or file and why. */
+l2l_status eps_spill_open(struct eps_spill *sp, const char *dir, int threads, char *found,
+                          size_t found_len);
+/* Waits for the transfers queued, stops the threads, closes and removes the file. */
+void eps_spill_close(struct eps_spill *sp);
+/* A new region of at least `bytes` (4 KiB-aligned), allocated on the disk now: a full
+   disk is L2L_ERR_IO here, naming the file and the bytes, not a failed write later. */
+l2l_status eps_spill_reserve(struct eps_spill *sp, uint64_t bytes, uint64_t *offset);
+/* Queues a write of buffer to [offset, offset + bytes) of reserved space (or a read into
+   it); the buffer must live until eps_spill_wait. Buffer, offset and length 4 KiB-aligned
+   go around the page cache where the file system allows it. */
+l2l_status eps_spill_queue(struct eps_spill *sp, struct eps_spill_io *io, bool write, void *buffer,
+                           uint64_t offset, uint64_t bytes);
+/* Its status: L2L_ERR_IO names the file, the offset and why (e.g. a read cut short). */
+l2l_status eps_spill_wait(struct eps_spill_io *io);
 
 #endif /* L2L_EPS_H */

@@ -26,7 +26,8 @@ struct eps_record {
   int64_t updates;             /* t of its last update */
   pthread_mutex_t absorb_lock; /* gradient arrivals add into grad one at a time */
   /* This step's bookkeeping, under the EPS lock. */
-  int expected, arrived;       /* gradient visits due and done */
+  int expected, arrived;       /* gradient visits due and done (holds included) */
+  int holds;                   /* of them, reads of a frozen user's rebuild still to come */
   bool update_due;             /* this step ends a minibatch accumulation for it */
   bool pending;                /* an update or a staging rewrite is queued or running */
   bool stage_after;            /* rewrite the staging copy once the pending update ends */

@@ -150,6 +150,8 @@ struct params_job {
   l2l_tensor *value[MAX_RECORDS];
   int64_t updates[MAX_RECORDS];   /* each record's update count when copied */
   int slot;                       /* the parameter slot it fills */
+  bool releases;                  /* a frozen layer's rebuild: each record's hold released
+                                     once copied (l2l_eps_hold) */
   struct l2l_stamp done;          /* as copy_job's */
 };
 
@@ -306,7 +308,7 @@ l2l_status relay_copy_wait(struct step *s, struct l2l_job *job, struct l2l_stamp
 void relay_grads_wait(struct step *s, int slot);
 l2l_status relay_params_bind(struct step *s, int k, bool grads);
 l2l_status relay_params_done(struct step *s, int k, bool give);
-l2l_status relay_params_queue(struct step *s, int which, int k);
+l2l_status relay_params_queue(struct step *s, int which, int visit);
 l2l_status relay_slots_new(struct step *s);
 
 /* ---------------------------------------------------------------- acts.c */

@@ -89,10 +89,12 @@ static bool slot_current(void *ctx, int i) {
   return true;
 }
 
-/* Queues the copy of layer k's parameters into a parameter slot for the visit about to
-   run (which 0) or the one after it (which 1; the running visit keeps its slot). */
-l2l_status relay_params_queue(struct step *s, int which, int k) {
+/* Queues the copy of the parameters of the schedule's visit `visit` into a parameter slot
+   for the visit about to run (which 0) or the one after it (which 1; the running visit
+   keeps its slot). */
+l2l_status relay_params_queue(struct step *s, int which, int visit) {
   l2l_relay *run = s->run;
+  int k = s->sched.visits[visit].k;
   l2l_layer *layer = active_layer(s, k)->layer;
   struct params_job *pj = calloc(1, sizeof *pj);
   if (pj == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a copy job");
@@ -111,8 +113,10 @@ l2l_status relay_params_queue(struct step *s, int which, int k) {
   for (int r = 0; r < pj->nrec; r++)
     TRY(slot_view(&pj->value[r], s, s->pslots[pj->slot].t, &offset, pj->rec[r], SCHEDULE_SLOT_VALUES));
   pj->job.run = relay_params_run;
+  pj->releases = s->sched.visits[visit].kind == SCHEDULE_REBUILD && active_layer(s, k)->frozen;
   if (current) {   /* done already: nothing to copy */
     memcpy(pj->updates, s->pslots[pj->slot].updates, sizeof pj->updates);
+    for (int r = 0; pj->releases && r < pj->nrec; r++) l2l_eps_release(&run->eps, pj->rec[r], pj->layer);
     pj->job.queue = &run->h2d;
     pj->job.done = true;
     return L2L_OK;

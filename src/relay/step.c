@@ -122,6 +122,15 @@ static l2l_status eps_begin(struct step *s, const struct step_plan *p) {
     for (int r = 0; r < l2l_layer_param_count(rl->layer); r++)
       l2l_eps_expect(eps, l2l_eps_find(eps, l2l_layer_param(rl->layer, r)));
   }
+  /* a frozen layer's rebuild reads its records after the forward: one that a trainable
+     layer shares is not updated before (the rebuild must reproduce the forward) */
+  for (int i = 0; i < s->sched.nvisits; i++) {
+    const struct schedule_visit *v = &s->sched.visits[i];
+    struct relay_layer *rl = active_layer(s, v->k);
+    if (v->kind != SCHEDULE_REBUILD || !rl->frozen) continue;
+    for (int r = 0; r < l2l_layer_param_count(rl->layer); r++)
+      l2l_eps_hold(eps, l2l_eps_find(eps, l2l_layer_param(rl->layer, r)));
+  }
   l2l_status status = l2l_eps_prepare(eps);
   if (status != L2L_OK) l2l_eps_begin_step(eps, false, false, 0);
   return status;

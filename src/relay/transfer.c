@@ -137,6 +137,9 @@ void relay_params_run(struct l2l_job *job, int thread) {
       break;
     }
     relay_count_bytes(pj->run, &pj->run->h2d_bytes, relay_tensor_bytes(pj->value[i]));
+    /* a frozen layer's rebuild has its copy (a copy lane's copy is done when it returns):
+       the record may be updated now */
+    if (pj->releases) l2l_eps_release(&pj->run->eps, pj->rec[i], pj->layer);
   }
   l2l_timeline_add(&pj->run->timeline, pj->layer, -1, L2L_PHASE_PARAMS_IN, thread, t0,
                    l2l_now());

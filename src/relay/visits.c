@@ -50,7 +50,7 @@ static void visit_start(void *ctx, int i) {
 static l2l_status visit_bind(void *ctx, int i, const struct schedule_visit *v, bool grads) {
   struct step *s = ctx;
   s->gs = i % 2;
-  if (i + 1 < s->sched.nvisits) TRY(relay_params_queue(s, 1, s->sched.visits[i + 1].k));
+  if (i + 1 < s->sched.nvisits) TRY(relay_params_queue(s, 1, i + 1));
   return relay_params_bind(s, v->k, grads);
 }
 
@@ -204,7 +204,7 @@ l2l_status relay_run_visits(struct step *s) {
   /* 16-bit staging copies from the masters as they are now (a script may have edited
      them since the last step), each behind its record's pending update */
   if (s->run->config.precision != L2L_F32) l2l_eps_stage(&s->run->eps);
-  if (s->sched.nvisits > 0) TRY(relay_params_queue(s, 0, s->sched.visits[0].k));
+  if (s->sched.nvisits > 0) TRY(relay_params_queue(s, 0, 0));
   TRY(schedule_walk(&s->sched, s->nmb, &relay_acts, s));
   relay_grads_wait(s, 0);
   relay_grads_wait(s, 1);

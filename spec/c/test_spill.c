@@ -1,0 +1,201 @@
+/* SPDX-License-Identifier: MIT */
+/* test_spill.c — the EPS's spill file (src/eps/spill.c) against what was written to it.
+ *
+ * Purpose: a region read back is, byte for byte, what was written there, for awkward
+ * sizes and offsets and many transfers in flight, through the page cache and around it
+ * (aligned buffers); the file is gone after close; and each fault is an error naming the
+ * file: a missing directory, a path that is not one, a disk with no room (a file size
+ * limit stands for it), a file cut short by another program, a file left by a run
+ * that died (found and named, not reused or removed).
+ * Must never: leave files behind in the system's temporary directory.
+ */
+#include <dirent.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "eps/eps.h"
+
+/* A fresh directory under the system's temporary one (removed by remove_dir). */
+static bool make_dir(char *dir, size_t len) {
+  const char *tmp = getenv("TMPDIR");
+  snprintf(dir, len, "%s/l2l-spill-test-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+  return CHECK(mkdtemp(dir) != NULL, "mkdtemp %s failed", dir);
+}
+
+static int files_in(const char *dir) {
+  DIR *d = opendir(dir);
+  if (d == NULL) return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+static void remove_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  if (d == NULL) return;
+  char path[4200];
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    if (e->d_name[0] == '.') continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    unlink(path);
+  }
+  closedir(d);
+  rmdir(dir);
+}
+
+enum { REGIONS = 24 };
+
+TEST(spill_reads_back_what_it_wrote) {
+  char dir[256];
+  if (!make_dir(dir, sizeof dir)) return;
+  struct eps_spill sp;
+  int threads = (int)check_rand_int(1, 4);
+  if (!CHECK_OK(eps_spill_open(&sp, dir, threads, NULL, 0))) {
+    remove_dir(dir);
+    return;
+  }
+  CHECK(files_in(dir) == 1, "%d files in %s, want the spill file", files_in(dir), dir);
+  printf("  spill: %d I/O threads; O_DIRECT %s\n", threads,
+         sp.fd_direct >= 0 ? "used for the aligned transfers" : "refused by this file system");
+  uint64_t offset[REGIONS], bytes[REGIONS], total = 0;
+  unsigned char *data[REGIONS], *back[REGIONS];
+  struct eps_spill_io io[REGIONS];
+  for (int i = 0; i < REGIONS; i++) {
+    /* awkward sizes, and every third aligned in buffer and length (around the cache) */
+    bool aligned = i % 3 == 0;
+    bytes[i] = aligned ? 4096 * (uint64_t)check_rand_int(1, 64) : (uint64_t)check_rand_int(1, 300000);
+    data[i] = aligned ? aligned_alloc(4096, bytes[i]) : malloc(bytes[i]);
+    back[i] = aligned ? aligned_alloc(4096, bytes[i]) : (unsigned char *)malloc(bytes[i] + 1) + 1;   /* odd address */
+    for (uint64_t b = 0; data[i] && b < bytes[i]; b++) data[i][b] = (unsigned char)check_rand_u64();
+    CHECK_OK(eps_spill_reserve(&sp, bytes[i], &offset[i]));
+    CHECK(offset[i] % 4096 == 0, "region %d at %llu, not 4 KiB-aligned", i,
+          (unsigned long long)offset[i]);
+    total += bytes[i];
+  }
+  /* every write in flight at once, then every read, in a shuffled order */
+  for (int i = 0; i < REGIONS; i++) CHECK_OK(eps_spill_queue(&sp, &io[i], true, data[i], offset[i], bytes[i]));
+  for (int i = 0; i < REGIONS; i++) CHECK_OK(eps_spill_wait(&io[i]));
+  int order[REGIONS];
+  for (int i = 0; i < REGIONS; i++) order[i] = i;
+  for (int i = REGIONS - 1; i > 0; i--) {
+    int j = (int)check_rand_int(0, i), t = order[i];
+    order[i] = order[j], order[j] = t;
+  }
+  for (int n = 0; n < REGIONS; n++) {
+    int i = order[n];
+    memset(back[i], 0xA5, bytes[i]);   /* poisoned */
+    CHECK_OK(eps_spill_queue(&sp, &io[i], false, back[i], offset[i], bytes[i]));
+  }
+  for (int i = 0; i < REGIONS; i++) {
+    CHECK_OK(eps_spill_wait(&io[i]));
+    CHECK(memcmp(data[i], back[i], bytes[i]) == 0, "region %d (%llu bytes at %llu) read back "
+          "differs", i, (unsigned long long)bytes[i], (unsigned long long)offset[i]);
+  }
+  CHECK(sp.written == total && sp.read == total, "moved %llu written, %llu read, want %llu each",
+        (unsigned long long)sp.written, (unsigned long long)sp.read, (unsigned long long)total);
+  /* a transfer beyond the reserved space is refused before it starts */
+  CHECK_FAILS(eps_spill_queue(&sp, &io[0], true, data[0], sp.used - 8, 16), L2L_ERR_INVALID,
+              "beyond");
+  eps_spill_close(&sp);
+  CHECK(files_in(dir) == 0, "%d files left in %s after close", files_in(dir), dir);
+  for (int i = 0; i < REGIONS; i++) {
+    free(data[i]);
+    free(i % 3 == 0 ? back[i] : back[i] - 1);
+  }
+  remove_dir(dir);
+}
+
+TEST(spill_names_what_went_wrong) {
+  char dir[256], path[512];
+  if (!make_dir(dir, sizeof dir)) return;
+  struct eps_spill sp;
+  /* a missing directory, and a path that is a file */
+  snprintf(path, sizeof path, "%s/missing", dir);
+  CHECK_FAILS(eps_spill_open(&sp, path, 1, NULL, 0), L2L_ERR_IO, "missing");
+  snprintf(path, sizeof path, "%s/plain", dir);
+  FILE *f = fopen(path, "w");
+  if (f) fclose(f);
+  CHECK_FAILS(eps_spill_open(&sp, path, 1, NULL, 0), L2L_ERR_IO, "not a directory");
+  CHECK_FAILS(eps_spill_open(&sp, "", 1, NULL, 0), L2L_ERR_INVALID, "empty");
+  CHECK_FAILS(eps_spill_open(&sp, dir, 0, NULL, 0), L2L_ERR_INVALID, "threads");
+  unlink(path);
+
+  /* a file cut short by another program: the read says so, naming the file */
+  if (CHECK_OK(eps_spill_open(&sp, dir, 2, NULL, 0))) {
+    uint64_t at;
+    unsigned char buf[10000];
+    memset(buf, 7, sizeof buf);
+    struct eps_spill_io io;
+    CHECK_OK(eps_spill_reserve(&sp, sizeof buf, &at));
+    CHECK_OK(eps_spill_queue(&sp, &io, true, buf, at, sizeof buf));
+    CHECK_OK(eps_spill_wait(&io));
+    CHECK(truncate(sp.path, 100) == 0, "truncate %s", sp.path);
+    CHECK_OK(eps_spill_queue(&sp, &io, false, buf, at, sizeof buf));
+    CHECK_FAILS(eps_spill_wait(&io), L2L_ERR_IO, "cut short");
+    CHECK(strstr(l2l_last_error(), sp.path) != NULL, "the message does not name %s: %s", sp.path,
+          l2l_last_error());
+    eps_spill_close(&sp);
+  }
+
+  /* no room on the disk: a file size limit stands for it (no test here writes other files
+     meanwhile; the limit and the signal's disposition are put back) */
+  struct rlimit old_limit;
+  if (CHECK(getrlimit(RLIMIT_FSIZE, &old_limit) == 0, "getrlimit")) {
+    void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim = {1 << 20, old_limit.rlim_max};
+    if (old_limit.rlim_max != RLIM_INFINITY && old_limit.rlim_max < lim.rlim_cur)
+      lim.rlim_cur = old_limit.rlim_max;
+    if (CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0, "setrlimit") &&
+        CHECK_OK(eps_spill_open(&sp, dir, 1, NULL, 0))) {
+      uint64_t at;
+      CHECK_OK(eps_spill_reserve(&sp, lim.rlim_cur / 2, &at));   /* fits */
+      CHECK_FAILS(eps_spill_reserve(&sp, 4 << 20, &at), L2L_ERR_IO, "no room for 4.00 MiB");
+      CHECK(strstr(l2l_last_error(), sp.path) != NULL, "the message does not name %s: %s",
+            sp.path, l2l_last_error());
+      uint64_t used = sp.used;
+      CHECK_OK(eps_spill_reserve(&sp, 4096, &at));   /* a refusal took nothing */
+      CHECK(at == used, "the refused reserve moved the next region to %llu from %llu",
+            (unsigned long long)at, (unsigned long long)used);
+      eps_spill_close(&sp);
+    }
+    setrlimit(RLIMIT_FSIZE, &old_limit);
+    signal(SIGXFSZ, old_handler);
+  }
+  CHECK(files_in(dir) == 0, "%d files left in %s", files_in(dir), dir);
+  remove_dir(dir);
+}
+
+TEST(spill_finds_files_a_dead_run_left) {
+  char dir[256], path[512], found[1024];
+  if (!make_dir(dir, sizeof dir)) return;
+  /* a process that has ended (reaped): its pid names no process now */
+  pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  waitpid(gone, NULL, 0);
+  snprintf(path, sizeof path, "%s/l2l-spill-%ld-3.bin", dir, (long)gone);
+  FILE *f = fopen(path, "w");
+  if (f) fputs("left behind", f), fclose(f);
+  snprintf(path, sizeof path, "%s/l2l-spill-%ld-0.bin", dir, (long)getppid());   /* alive */
+  f = fopen(path, "w");
+  if (f) fclose(f);
+  struct eps_spill sp;
+  if (CHECK_OK(eps_spill_open(&sp, dir, 1, found, sizeof found))) {
+    char name[64];
+    snprintf(name, sizeof name, "l2l-spill-%ld-3.bin", (long)gone);
+    CHECK(strstr(found, name) != NULL && strstr(found, "left by a run") != NULL,
+          "the dead run's file is not named: \"%s\"", found);
+    snprintf(name, sizeof name, "l2l-spill-%ld-0.bin", (long)getppid());
+    CHECK(strstr(found, name) == NULL, "a live process's file is named: \"%s\"", found);
+    CHECK(files_in(dir) == 3, "%d files in %s, want both left and the new one", files_in(dir), dir);
+    eps_spill_close(&sp);
+    CHECK(files_in(dir) == 2, "close removed %d files not its own", 2 - files_in(dir));
+  }
+  remove_dir(dir);
+}
