@@ -587,7 +587,7 @@ void l2l_eps_abandon_step(struct l2l_eps *eps) {
       l2l_tensor_fill(rec->grad, 0.0);
       rec->nonfinite = false;
     }
-    rec->expected = rec->arrived = 0;
+    rec->expected = rec->arrived = rec->holds = 0;
     rec->update_due = false;
   }
 }
