@@ -456,11 +456,10 @@ struct absorb_job {
 
 static void absorb_release(struct l2l_job *job) { free(job); }
 
-/* Adds scale * incoming (f32, or a 16-bit gradient widened) into rec's accumulator
-   (drain: and zeroes an f32 incoming in the same pass); the arrival that completes the
-   record starts its update (or leaves its norm for global clipping). */
 static void counted(struct l2l_eps *eps, struct eps_record *rec, bool finite, int layer);
 
+/* Adds scale * incoming (f32, or a 16-bit gradient widened) into rec's accumulator
+   (drain: and zeroes an f32 incoming in the same pass), then counts the arrival. */
 static void absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incoming,
                    bool drain, float scale, int layer) {
   int64_t n = l2l_tensor_numel(rec->grad);
