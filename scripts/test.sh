@@ -33,7 +33,7 @@ ctest_only=() specs=(spec)
 if [[ ${L2L_TSAN:-0} == 1 ]]; then
   export TSAN_OPTIONS="suppressions=$PWD/scripts/tsan.supp ${TSAN_OPTIONS:-}"
   export OMP_NUM_THREADS=1 L2L_THREADS=1
-  ctest_only=(relay_ misuse_errors_threads pool_ pinned_pool)
+  ctest_only=(relay_ misuse_errors_threads pool_ pinned_pool spill_)
   specs=(spec/running_relay_spec.lua spec/relay_spec.lua spec/dist_spec.lua spec/interrupt_spec.lua)
 fi
 log=$(mktemp -d)
