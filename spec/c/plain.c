@@ -237,8 +237,8 @@ static double schedule_factor(const l2l_schedule_config *s, int64_t t) {
 struct prec *plain_rec(struct plain *p, l2l_param *param) {
   for (int i = 0; i < p->nrec; i++)
     if (p->rec[i].param == param) return &p->rec[i];
-  if (p->nrec == MAX_RECORDS) {
-    fprintf(stderr, "plain executor: more than %d records\n", MAX_RECORDS);
+  if (p->nrec == PLAIN_MAX_RECORDS) {
+    fprintf(stderr, "plain executor: more than %d records\n", PLAIN_MAX_RECORDS);
     exit(2);
   }
   struct prec *r = &p->rec[p->nrec++];

@@ -68,7 +68,7 @@ void randomize_params(l2l_layer *layer);
 
 /* ---------------------------------------------------------------- the plain executor (plain.c) */
 
-enum { MAX_LAYERS = 40, MAX_RECORDS = 512 };
+enum { MAX_LAYERS = 40, PLAIN_MAX_RECORDS = 512 };
 
 /* A model: layers in order, and which are frozen (the plain executor's own flag; the
    relay's is l2l_relay_set_frozen). */
@@ -109,7 +109,7 @@ struct plain {
   struct model model;
   l2l_relay_config cfg;  /* optimizer, schedule, clipping, accumulate, seed */
   int nrec;
-  struct prec rec[MAX_RECORDS];
+  struct prec rec[PLAIN_MAX_RECORDS];
   int64_t steps, updates;
   double grad_norm, lr;  /* of the last update */
 };

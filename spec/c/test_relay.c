@@ -31,6 +31,7 @@
  * the layers, l2l_adamw_update and formulas written here), or leave the device pool's
  * budget set when a test ends.
  */
+#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -38,9 +39,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "reference.h"
+#include "relay/relay.h"
 
 /* ---------------------------------------------------------------- tolerances */
 
@@ -151,6 +154,16 @@ static l2l_relay_batch relay_batch(const struct data *d, const uint8_t *skip) {
 
 /* ---------------------------------------------------------------- configs and relays */
 
+/* Entries of a directory other than . and .. (-1: it cannot be read). */
+static int files_in_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  if (d == NULL) return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
 static l2l_relay_config adamw_config(void) {
   l2l_relay_config c;
   memset(&c, 0, sizeof c);
@@ -257,7 +270,7 @@ struct rec_snap {
 };
 struct snapshot {
   int n;
-  struct rec_snap r[MAX_RECORDS];
+  struct rec_snap r[PLAIN_MAX_RECORDS];
 };
 
 static bool in_snapshot(const struct snapshot *s, const l2l_param *param) {
@@ -650,6 +663,79 @@ TEST(relay_rebuild_of_a_frozen_tied_layer_reads_the_forwards_weights) {
   model_free(&kept);
   model_free(&rebuilt);
   model_free(&init);
+}
+
+/* The optimizer state in a spill file between updates (issue "Beyond host memory", its
+   first part, reached here through the relay's EPS: no option names it yet): the same
+   losses, weights and state to the bit as in memory, for AdamW, SGD with momentum and
+   LAMB (two waves), spilled before the first step or after it, and the host bytes less
+   by the state's. */
+TEST(relay_with_the_state_spilled_is_the_same_to_the_bit) {
+  char dir[256];
+  const char *tmp = getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/l2l-state-spill-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+  if (!CHECK(mkdtemp(dir) != NULL, "mkdtemp %s", dir)) return;
+  const l2l_optimizer_config optimizers[3] = {
+      {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-5f,
+       .weight_decay = 0.1f},
+      {.kind = L2L_OPTIMIZER_SGD, .lr = 0.1f, .momentum = 0.5f},
+      {.kind = L2L_OPTIMIZER_LAMB, .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-5f,
+       .weight_decay = 0.01f}};
+  for (int o = 0; o < 3; o++) {
+    struct shape g = gpt_shape();
+    g.dropout = 0;
+    struct model init, mem, disk;
+    model_new(&init, &g);
+    model_clone(&mem, &init);
+    model_clone(&disk, &init);
+    struct data d;
+    data_new(&d, &g, check_rand_int(2, 5), g.S, 0, 1.0);
+    l2l_relay_config cfg = adamw_config();
+    cfg.optimizer = optimizers[o];
+    cfg.micro_batch = check_rand_int(1, 3);
+    l2l_relay *a = relay_new(&mem, &cfg), *b = relay_new(&disk, &cfg);
+    int spill_after = (int)check_rand_int(0, 1);   /* before the first step, or after it */
+    bool ok = a && b;
+    for (int step = 0; ok && step < 4; step++) {
+      if (step == spill_after) ok &= CHECK_OK(l2l_relay_sync(b)) && CHECK_OK(l2l_eps_spill_state(&b->eps, dir));
+      double la, lb;
+      ok &= relay_step(&la, a, &d, NULL) && relay_step(&lb, b, &d, NULL);
+      if (ok) ok &= CHECK(la == lb, "optimizer %d, step %d: loss %.17g in memory, %.17g spilled", o,
+                          step, la, lb);
+    }
+    if (ok && CHECK_OK(l2l_relay_sync(a)) && CHECK_OK(l2l_relay_sync(b))) {
+      CHECK_OK(l2l_eps_io_status(&b->eps));
+      CHECK(files_in_dir(dir) == 1, "optimizer %d: %d files in %s, want the spill file", o,
+            files_in_dir(dir), dir);
+      CHECK(relay_stats(b).host_eps_bytes < relay_stats(a).host_eps_bytes,
+            "optimizer %d: host bytes %llu spilled, %llu in memory", o,
+            (unsigned long long)relay_stats(b).host_eps_bytes,
+            (unsigned long long)relay_stats(a).host_eps_bytes);
+      for (int k = 0; k < mem.n; k++)
+        for (int i = 0; i < l2l_layer_param_count(mem.layer[k]); i++) {
+          l2l_param *pa = l2l_layer_param(mem.layer[k], i), *pb = l2l_layer_param(disk.layer[k], i);
+          const l2l_tensor *x = l2l_param_value(pa), *y = l2l_param_value(pb);
+          CHECK(memcmp(l2l_tensor_data(x), l2l_tensor_data(y), tensor_bytes(x)) == 0,
+                "optimizer %d: layer %d record %d: the weights differ", o, k, i);
+          for (int w = 0; w < 2; w++) {
+            l2l_tensor *sa = NULL, *sb = NULL;
+            CHECK_OK(l2l_relay_param_state(&sa, a, pa, w));
+            CHECK_OK(l2l_relay_param_state(&sb, b, pb, w));
+            CHECK((sa == NULL) == (sb == NULL) &&
+                      (sa == NULL || memcmp(l2l_tensor_data(sa), l2l_tensor_data(sb), tensor_bytes(sa)) == 0),
+                  "optimizer %d: layer %d record %d: state %d differs", o, k, i, w);
+          }
+        }
+    }
+    l2l_relay_free(a);
+    l2l_relay_free(b);
+    CHECK(files_in_dir(dir) == 0, "optimizer %d: the spill file outlived its relay", o);
+    data_free(&d);
+    model_free(&mem);
+    model_free(&disk);
+    model_free(&init);
+  }
+  rmdir(dir);
 }
 
 TEST(relay_evaluate_is_the_plain_forward) {
@@ -1363,9 +1449,9 @@ TEST(relay_never_writes_a_nonfinite_value) {
 enum { WATCH_LIMIT = 120 };
 struct watcher {
   int nwatch;
-  const uint32_t *live[MAX_RECORDS];   /* a master's words, as the optimizer writes them */
-  uint32_t *before[MAX_RECORDS];       /* their copy from before the step */
-  int64_t words[MAX_RECORDS];
+  const uint32_t *live[PLAIN_MAX_RECORDS];   /* a master's words, as the optimizer writes them */
+  uint32_t *before[PLAIN_MAX_RECORDS];       /* their copy from before the step */
+  int64_t words[PLAIN_MAX_RECORDS];
   bool armed;                          /* the step's first backward call is still to come */
   int updated;                         /* masters seen changed at that call */
   double waited;                       /* seconds it waited */

@@ -57,6 +57,10 @@ void l2l_eps_free(struct l2l_eps *eps) {
   if (eps->dist) l2l_eps_sync(eps);   /* no exchange may still name a record */
   l2l_queue_stop(&eps->workers);
   eps_dist_free(eps);
+  if (eps->spill) {
+    eps_spill_close(eps->spill);
+    free(eps->spill);
+  }
   for (int i = 0; i < eps->count; i++) record_free(eps->records[i]);
   free(eps->records);
   pthread_mutex_destroy(&eps->lock);
@@ -159,7 +163,7 @@ l2l_param *l2l_eps_param(const struct eps_record *rec) { return rec->param; }
 int64_t l2l_eps_updates(const struct eps_record *rec) { return rec->updates; }
 
 /* An optimizer state array of rec: its shard's elements (all of them on one process). */
-static l2l_status state_new(l2l_tensor **out, const struct eps_record *rec) {
+l2l_status eps_state_new(l2l_tensor **out, const struct eps_record *rec) {
   if (rec->eps->dist == NULL)   /* all of the record, in its shape */
     return l2l_tensor_new_like(out, L2L_POOL_HOST, L2L_F32, rec->master);
   int64_t shape[1] = {rec->shard_n > 0 ? rec->shard_n : 1};   /* an empty shard: 1 unused */
@@ -214,7 +218,7 @@ l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_rec
   }
   l2l_tensor *fresh[2] = {NULL, NULL};
   for (int a = 0; a < arrays; a++) {
-    l2l_status status = state_new(&fresh[a], rec);
+    l2l_status status = eps_state_new(&fresh[a], rec);
     if (status == L2L_OK) status = state_copy_shard(fresh[a], given[a], rec);
     if (status != L2L_OK) {
       l2l_tensor_free(fresh[0]);
@@ -229,7 +233,9 @@ l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_rec
     rec->gathered[a] = NULL;
   }
   rec->updates = updates;
-  return L2L_OK;
+  rec->spilled = false;
+  /* with a spill file the state goes there (kept in memory if it cannot: nothing lost) */
+  return eps->spill && arrays > 0 ? eps_state_out(eps, rec) : L2L_OK;
 }
 
 /* ---------------------------------------------------------------- a step */
@@ -273,12 +279,13 @@ l2l_status l2l_eps_prepare(struct l2l_eps *eps) {
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     if (!rec->update_due || rec->expected == 0) continue;
-    for (int a = 0; a < arrays; a++) {
+    /* with a spill file the state comes to memory for its update alone (eps_start_update) */
+    for (int a = 0; !eps->spill && a < arrays; a++) {
       if (rec->state[a] != NULL) continue;
-      TRY(state_new(&rec->state[a], rec));
+      TRY(eps_state_new(&rec->state[a], rec));
       TRY(l2l_tensor_fill(rec->state[a], 0.0));
     }
-    if (eps->dist && rec->shard_grad == NULL) TRY(state_new(&rec->shard_grad, rec));
+    if (eps->dist && rec->shard_grad == NULL) TRY(eps_state_new(&rec->shard_grad, rec));
   }
   if (eps->dist) eps_exchange_order(eps);
   return L2L_OK;
@@ -331,6 +338,18 @@ void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave) {
 }
 
 void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
+  if (eps->spill) {
+    l2l_status status = eps_state_for_update(eps, rec);
+    if (status != L2L_OK) {   /* not updated: the step reports it (l2l_eps_io_status) */
+      eps_io_failed(eps, status);
+      l2l_tensor_fill(rec->grad, 0.0);
+      pthread_mutex_lock(&eps->lock);
+      rec->pending = false;
+      pthread_cond_broadcast(&eps->changed);
+      pthread_mutex_unlock(&eps->lock);
+      return;
+    }
+  }
   const l2l_optimizer_config *o = &eps->optimizer;
   bool decays = o->decay_all || rec->decays;
   rec->hyper = (struct l2l_optim_hyper){
@@ -374,6 +393,14 @@ static void chunk_run(struct l2l_job *job, int thread) {
     rec->wave_sums[1] += sums[1];
   }
   bool wave_done = --rec->chunks_left == 0;
+  if (wave_done && last_wave && eps->spill) {
+    /* the state back to disk while the record is still pending: its next update (or a
+       checkpoint) cannot start before (every other chunk of it is done) */
+    pthread_mutex_unlock(&eps->lock);
+    l2l_status status = eps_state_out(eps, rec);
+    if (status != L2L_OK) eps_io_failed(eps, status);   /* kept in memory: nothing lost */
+    pthread_mutex_lock(&eps->lock);
+  }
   bool stage = wave_done && last_wave && rec->stage_after;
   bool exchange = eps->dist != NULL;
   if (wave_done && last_wave) {

@@ -141,6 +141,11 @@ struct l2l_eps {
   int expects;                 /* eps_expect calls this step */
   /* Data parallel over MPI (exchange.c), NULL on one process. */
   struct eps_dist *dist;
+  /* The spill file holding the optimizer state between updates (NULL: host memory), and
+     the first failure of its I/O on a worker, for the step to report (io_status). */
+  struct eps_spill *spill;
+  l2l_status io_status;
+  char io_message[256];
   /* The relay's step, for a timeout's report: set by the relay as a step begins while the
      last step's updates (and their exchanges) may still run on the workers. */
   _Atomic int64_t step;
@@ -255,6 +260,14 @@ l2l_status l2l_eps_state_whole(l2l_tensor **out, struct l2l_eps *eps, struct eps
    (N - 1) / N of a record's f32 gradient by reduce-scatter and of its master by
    all-gather, none for a record skipped on every rank). */
 uint64_t l2l_eps_dist_bytes(const struct l2l_eps *eps);
+/* From now on every record's optimizer state lives in a spill file in `dir` between its
+   updates: read before its update's first wave, written back after its last, its host
+   memory freed (the updates are the same to the bit). One process only; between steps
+   (after l2l_eps_sync). A failure leaves every record as it was. */
+l2l_status l2l_eps_spill_state(struct l2l_eps *eps, const char *dir);
+/* L2L_OK, or the first spill I/O failure since the last call (its message set as this
+   thread's error), cleared. After l2l_eps_sync. */
+l2l_status l2l_eps_io_status(struct l2l_eps *eps);
 /* Waits until every gradient given has been added (updates may still run). */
 void l2l_eps_wait_arrivals(struct l2l_eps *eps);
 /* Waits until every queued absorb and update has finished. */
@@ -267,7 +280,9 @@ void l2l_eps_sync(struct l2l_eps *eps);
 struct eps_spill {
   char path[4096];
   int fd, fd_direct;           /* buffered; O_DIRECT (-1 where the file system refuses it) */
-  uint64_t used;               /* bytes reserved, every region 4 KiB-aligned */
+  uint64_t used;               /* bytes reserved, every region 4 KiB-aligned (under lock:
+                                  the EPS's workers reserve as records first spill) */
+  pthread_mutex_t lock;
   struct l2l_queue io;
   _Atomic uint64_t read, written;   /* bytes moved, for the stats */
 };

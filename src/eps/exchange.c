@@ -242,6 +242,12 @@ void eps_exchange_start(struct l2l_eps *eps, struct eps_record *rec) {
 l2l_status l2l_eps_state_whole(l2l_tensor **out, struct l2l_eps *eps, struct eps_record *rec,
                                int which) {
   *out = NULL;
+  if (rec->spilled) {   /* from the spill file, kept until the next step as a gathered one */
+    if (which >= l2l_optim_state_count(&eps->optimizer)) return L2L_OK;
+    if (rec->gathered[which] == NULL) TRY(eps_spill_read_state(eps, rec, which, &rec->gathered[which]));
+    *out = rec->gathered[which];
+    return L2L_OK;
+  }
   if (rec->updates == 0 || rec->state[which] == NULL) return L2L_OK;
   if (eps->dist == NULL) {
     *out = rec->state[which];

@@ -20,7 +20,11 @@ struct eps_record {
   bool decays;                 /* weight decay applies (unless the optimizer decays all) */
   struct l2l_eps *eps;         /* its EPS (for callbacks that get only the record) */
   l2l_tensor *master, *grad;   /* the record's own tensors (host pool) */
-  l2l_tensor *state[2];        /* optimizer state (host pool), NULL until the first update */
+  l2l_tensor *state[2];        /* optimizer state (host pool), NULL until the first update
+                                  and, with a spill file, while on disk */
+  bool spilled;                /* its state is on disk at spill_at (eps->spill) */
+  bool spill_reserved;         /* spill_at holds its regions (reserved at its first write) */
+  uint64_t spill_at[2];
   l2l_tensor *staging;         /* device-precision copy (pinned), NULL: the master is it */
   int users;                   /* relay layers holding the record */
   int64_t updates;             /* t of its last update */
@@ -62,6 +66,19 @@ void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave);
 /* eps.c: rec's exchange has ended (updated or skipped): no longer pending; its staging
    copy rewritten first when one was asked for. */
 void eps_record_settled(struct l2l_eps *eps, struct eps_record *rec);
+
+/* eps.c: a new optimizer state array of rec (its shard's elements; host pool). */
+l2l_status eps_state_new(l2l_tensor **out, const struct eps_record *rec);
+
+/* state_tier.c (with eps->spill). rec's state to the spill file, its host memory freed (a
+   failure leaves it in memory); in memory for its update (read back, or zero for its
+   first); array `which` of a spilled record read into a new host tensor (a checkpoint's);
+   the first failure on a worker kept for l2l_eps_io_status. */
+l2l_status eps_state_out(struct l2l_eps *eps, struct eps_record *rec);
+l2l_status eps_state_for_update(struct l2l_eps *eps, struct eps_record *rec);
+l2l_status eps_spill_read_state(struct l2l_eps *eps, struct eps_record *rec, int which,
+                                l2l_tensor **out);
+void eps_io_failed(struct l2l_eps *eps, l2l_status status);
 
 /* exchange.c. The streams freed (after every exchange has ended). */
 void eps_dist_free(struct l2l_eps *eps);

@@ -97,6 +97,7 @@ l2l_status eps_spill_open(struct eps_spill *sp, const char *dir, int threads, ch
     sp->fd = sp->fd_direct = -1;
     return status;
   }
+  pthread_mutex_init(&sp->lock, NULL);
   return L2L_OK;
 }
 
@@ -107,25 +108,27 @@ void eps_spill_close(struct eps_spill *sp) {
   close(sp->fd);
   unlink(sp->path);   /* gone already (the directory removed under it): nothing to do */
   sp->fd = sp->fd_direct = -1;
+  pthread_mutex_destroy(&sp->lock);
 }
 
 l2l_status eps_spill_reserve(struct eps_spill *sp, uint64_t bytes, uint64_t *offset) {
   if (sp == NULL || sp->fd < 0 || offset == NULL)
     return l2l_fail(L2L_ERR_INVALID, "the spill file is not open");
   uint64_t size = round_up(bytes > 0 ? bytes : 1);
-  if (size > (uint64_t)INT64_MAX - sp->used)
-    return l2l_fail(L2L_ERR_INVALID, "spill file %s: %llu more bytes is beyond any file",
-                    sp->path, (unsigned long long)bytes);
-  int err = posix_fallocate(sp->fd, (off_t)sp->used, (off_t)size);
+  pthread_mutex_lock(&sp->lock);
+  uint64_t used = sp->used;
+  int err = size > (uint64_t)INT64_MAX - used ? EFBIG
+                                              : posix_fallocate(sp->fd, (off_t)used, (off_t)size);
+  if (err == 0) sp->used = used + size;
+  pthread_mutex_unlock(&sp->lock);
   if (err != 0) {
     char have[32], want[32];
     return l2l_fail(L2L_ERR_IO, "spill file %s: no room for %s more (%s in the file): %s; free "
                     "space on that disk or give a spill directory on another",
                     sp->path, l2l_human_bytes(want, sizeof want, size),
-                    l2l_human_bytes(have, sizeof have, sp->used), strerror(err));
+                    l2l_human_bytes(have, sizeof have, used), strerror(err));
   }
-  *offset = sp->used;
-  sp->used += size;
+  *offset = used;
   return L2L_OK;
 }
 
@@ -171,10 +174,13 @@ l2l_status eps_spill_queue(struct eps_spill *sp, struct eps_spill_io *io, bool w
                            uint64_t offset, uint64_t bytes) {
   if (sp == NULL || sp->fd < 0 || io == NULL || (buffer == NULL && bytes > 0))
     return l2l_fail(L2L_ERR_INVALID, "the spill file is not open, or no buffer");
-  if (offset > sp->used || bytes > sp->used - offset)
+  pthread_mutex_lock(&sp->lock);
+  uint64_t used = sp->used;
+  pthread_mutex_unlock(&sp->lock);
+  if (offset > used || bytes > used - offset)
     return l2l_fail(L2L_ERR_INVALID, "spill file %s: %llu bytes at %llu lie beyond its %llu "
                     "reserved", sp->path, (unsigned long long)bytes, (unsigned long long)offset,
-                    (unsigned long long)sp->used);
+                    (unsigned long long)used);
   *io = (struct eps_spill_io){.spill = sp, .write = write, .buffer = buffer, .offset = offset,
                               .bytes = bytes};
   io->job.run = io_run;
