@@ -2,6 +2,7 @@
 /* check.c — the runner and helpers declared in check.h. */
 #include "check.h"
 
+#include <dirent.h>
 #include <execinfo.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -254,4 +255,32 @@ int main(int argc, char **argv) {
   }
   printf("ctest: %d passed, %d failed, %d skipped\n", passed, failed, skipped);
   return failed == 0 && passed > 0 ? 0 : 1;
+}
+
+bool check_temp_dir(char *dir, size_t len, const char *stem) {
+  const char *tmp = getenv("TMPDIR");
+  snprintf(dir, len, "%s/%s-XXXXXX", tmp && tmp[0] ? tmp : "/tmp", stem);
+  return CHECK(mkdtemp(dir) != NULL, "mkdtemp %s failed", dir);
+}
+
+int check_dir_entries(const char *dir) {
+  DIR *d = opendir(dir);
+  if (d == NULL) return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+void check_remove_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  if (d == NULL) return;
+  char path[4200];
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    if (e->d_name[0] == '.') continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    unlink(path);
+  }
+  closedir(d);
+  rmdir(dir);
 }

@@ -87,6 +87,13 @@ float *check_data(const l2l_tensor *t);
    near zero. NaN in got gives +inf. */
 double check_rel_err(const float *got, const double *want, int64_t n, double floor);
 
+/* Temporary directories: a fresh one under $TMPDIR (or /tmp) named from `stem` into dir
+   (false, a failed check, when none could be made); the entries in one (-1: unreadable);
+   one removed with the files in it. */
+bool check_temp_dir(char *dir, size_t len, const char *stem);
+int check_dir_entries(const char *dir);
+void check_remove_dir(const char *dir);
+
 /* String tests for parameter names and messages. */
 bool starts_with(const char *s, const char *prefix);
 bool ends_with(const char *s, const char *suffix);

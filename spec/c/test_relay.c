@@ -31,7 +31,6 @@
  * the layers, l2l_adamw_update and formulas written here), or leave the device pool's
  * budget set when a test ends.
  */
-#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -39,7 +38,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "check.h"
 #include "reference.h"
@@ -153,16 +151,6 @@ static l2l_relay_batch relay_batch(const struct data *d, const uint8_t *skip) {
 }
 
 /* ---------------------------------------------------------------- configs and relays */
-
-/* Entries of a directory other than . and .. (-1: it cannot be read). */
-static int files_in_dir(const char *dir) {
-  DIR *d = opendir(dir);
-  if (d == NULL) return -1;
-  int n = 0;
-  for (struct dirent *e; (e = readdir(d)) != NULL;) n += e->d_name[0] != '.';
-  closedir(d);
-  return n;
-}
 
 static l2l_relay_config adamw_config(void) {
   l2l_relay_config c;
@@ -672,9 +660,7 @@ TEST(relay_rebuild_of_a_frozen_tied_layer_reads_the_forwards_weights) {
    by the state's. */
 TEST(relay_with_the_state_spilled_is_the_same_to_the_bit) {
   char dir[256];
-  const char *tmp = getenv("TMPDIR");
-  snprintf(dir, sizeof dir, "%s/l2l-state-spill-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-  if (!CHECK(mkdtemp(dir) != NULL, "mkdtemp %s", dir)) return;
+  if (!check_temp_dir(dir, sizeof dir, "l2l-state-spill")) return;
   const l2l_optimizer_config optimizers[3] = {
       {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-5f,
        .weight_decay = 0.1f},
@@ -705,8 +691,8 @@ TEST(relay_with_the_state_spilled_is_the_same_to_the_bit) {
     }
     if (ok && CHECK_OK(l2l_relay_sync(a)) && CHECK_OK(l2l_relay_sync(b))) {
       CHECK_OK(l2l_eps_io_status(&b->eps));
-      CHECK(files_in_dir(dir) == 1, "optimizer %d: %d files in %s, want the spill file", o,
-            files_in_dir(dir), dir);
+      CHECK(check_dir_entries(dir) == 1, "optimizer %d: %d files in %s, want the spill file", o,
+            check_dir_entries(dir), dir);
       CHECK(relay_stats(b).host_eps_bytes < relay_stats(a).host_eps_bytes,
             "optimizer %d: host bytes %llu spilled, %llu in memory", o,
             (unsigned long long)relay_stats(b).host_eps_bytes,
@@ -729,13 +715,13 @@ TEST(relay_with_the_state_spilled_is_the_same_to_the_bit) {
     }
     l2l_relay_free(a);
     l2l_relay_free(b);
-    CHECK(files_in_dir(dir) == 0, "optimizer %d: the spill file outlived its relay", o);
+    CHECK(check_dir_entries(dir) == 0, "optimizer %d: the spill file outlived its relay", o);
     data_free(&d);
     model_free(&mem);
     model_free(&disk);
     model_free(&init);
   }
-  rmdir(dir);
+  check_remove_dir(dir);
 }
 
 TEST(relay_evaluate_is_the_plain_forward) {

@@ -9,7 +9,6 @@
  * that died (found and named, not reused or removed).
  * Must never: leave files behind in the system's temporary directory.
  */
-#include <dirent.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,47 +20,18 @@
 #include "check.h"
 #include "eps/eps.h"
 
-/* A fresh directory under the system's temporary one (removed by remove_dir). */
-static bool make_dir(char *dir, size_t len) {
-  const char *tmp = getenv("TMPDIR");
-  snprintf(dir, len, "%s/l2l-spill-test-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-  return CHECK(mkdtemp(dir) != NULL, "mkdtemp %s failed", dir);
-}
-
-static int files_in(const char *dir) {
-  DIR *d = opendir(dir);
-  if (d == NULL) return -1;
-  int n = 0;
-  for (struct dirent *e; (e = readdir(d)) != NULL;) n += e->d_name[0] != '.';
-  closedir(d);
-  return n;
-}
-
-static void remove_dir(const char *dir) {
-  DIR *d = opendir(dir);
-  if (d == NULL) return;
-  char path[4200];
-  for (struct dirent *e; (e = readdir(d)) != NULL;) {
-    if (e->d_name[0] == '.') continue;
-    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-    unlink(path);
-  }
-  closedir(d);
-  rmdir(dir);
-}
-
 enum { REGIONS = 24 };
 
 TEST(spill_reads_back_what_it_wrote) {
   char dir[256];
-  if (!make_dir(dir, sizeof dir)) return;
+  if (!check_temp_dir(dir, sizeof dir, "l2l-spill-test")) return;
   struct eps_spill sp;
   int threads = (int)check_rand_int(1, 4);
   if (!CHECK_OK(eps_spill_open(&sp, dir, threads, NULL, 0))) {
-    remove_dir(dir);
+    check_remove_dir(dir);
     return;
   }
-  CHECK(files_in(dir) == 1, "%d files in %s, want the spill file", files_in(dir), dir);
+  CHECK(check_dir_entries(dir) == 1, "%d files in %s, want the spill file", check_dir_entries(dir), dir);
   printf("  spill: %d I/O threads; O_DIRECT %s\n", threads,
          sp.fd_direct >= 0 ? "used for the aligned transfers" : "refused by this file system");
   uint64_t offset[REGIONS], bytes[REGIONS], total = 0;
@@ -104,17 +74,17 @@ TEST(spill_reads_back_what_it_wrote) {
   CHECK_FAILS(eps_spill_queue(&sp, &io[0], true, data[0], sp.used - 8, 16), L2L_ERR_INVALID,
               "beyond");
   eps_spill_close(&sp);
-  CHECK(files_in(dir) == 0, "%d files left in %s after close", files_in(dir), dir);
+  CHECK(check_dir_entries(dir) == 0, "%d files left in %s after close", check_dir_entries(dir), dir);
   for (int i = 0; i < REGIONS; i++) {
     free(data[i]);
     free(i % 3 == 0 ? back[i] : back[i] - 1);
   }
-  remove_dir(dir);
+  check_remove_dir(dir);
 }
 
 TEST(spill_names_what_went_wrong) {
   char dir[256], path[512];
-  if (!make_dir(dir, sizeof dir)) return;
+  if (!check_temp_dir(dir, sizeof dir, "l2l-spill-test")) return;
   struct eps_spill sp;
   /* a missing directory, and a path that is a file */
   snprintf(path, sizeof path, "%s/missing", dir);
@@ -168,13 +138,13 @@ TEST(spill_names_what_went_wrong) {
     setrlimit(RLIMIT_FSIZE, &old_limit);
     signal(SIGXFSZ, old_handler);
   }
-  CHECK(files_in(dir) == 0, "%d files left in %s", files_in(dir), dir);
-  remove_dir(dir);
+  CHECK(check_dir_entries(dir) == 0, "%d files left in %s", check_dir_entries(dir), dir);
+  check_remove_dir(dir);
 }
 
 TEST(spill_finds_files_a_dead_run_left) {
   char dir[256], path[512], found[1024];
-  if (!make_dir(dir, sizeof dir)) return;
+  if (!check_temp_dir(dir, sizeof dir, "l2l-spill-test")) return;
   /* a process that has ended (reaped): its pid names no process now */
   pid_t gone = fork();
   if (gone == 0) _exit(0);
@@ -193,9 +163,9 @@ TEST(spill_finds_files_a_dead_run_left) {
           "the dead run's file is not named: \"%s\"", found);
     snprintf(name, sizeof name, "l2l-spill-%ld-0.bin", (long)getppid());
     CHECK(strstr(found, name) == NULL, "a live process's file is named: \"%s\"", found);
-    CHECK(files_in(dir) == 3, "%d files in %s, want both left and the new one", files_in(dir), dir);
+    CHECK(check_dir_entries(dir) == 3, "%d files in %s, want both left and the new one", check_dir_entries(dir), dir);
     eps_spill_close(&sp);
-    CHECK(files_in(dir) == 2, "close removed %d files not its own", 2 - files_in(dir));
+    CHECK(check_dir_entries(dir) == 2, "close removed %d files not its own", 2 - check_dir_entries(dir));
   }
-  remove_dir(dir);
+  check_remove_dir(dir);
 }

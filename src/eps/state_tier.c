@@ -46,9 +46,8 @@ l2l_status eps_state_out(struct l2l_eps *eps, struct eps_record *rec) {
   return L2L_OK;
 }
 
-/* Array `which` of a spilled record's state into a new host tensor. */
-static l2l_status state_read(struct l2l_eps *eps, struct eps_record *rec, int which,
-                             l2l_tensor **out) {
+l2l_status eps_spill_read_state(struct l2l_eps *eps, struct eps_record *rec, int which,
+                                l2l_tensor **out) {
   TRY(eps_state_new(out, rec));
   struct eps_spill_io io;
   l2l_status status = eps_spill_queue(eps->spill, &io, false, l2l_tensor_data(*out),
@@ -67,7 +66,7 @@ static l2l_status state_in(struct l2l_eps *eps, struct eps_record *rec) {
   int arrays = l2l_optim_state_count(&eps->optimizer);
   l2l_tensor *fresh[2] = {NULL, NULL};
   for (int a = 0; a < arrays; a++) {
-    l2l_status status = state_read(eps, rec, a, &fresh[a]);
+    l2l_status status = eps_spill_read_state(eps, rec, a, &fresh[a]);
     if (status != L2L_OK) {
       l2l_tensor_free(fresh[0]);
       return status;
@@ -76,11 +75,6 @@ static l2l_status state_in(struct l2l_eps *eps, struct eps_record *rec) {
   for (int a = 0; a < arrays; a++) rec->state[a] = fresh[a];
   rec->spilled = false;
   return L2L_OK;
-}
-
-l2l_status eps_spill_read_state(struct l2l_eps *eps, struct eps_record *rec, int which,
-                                l2l_tensor **out) {
-  return state_read(eps, rec, which, out);
 }
 
 /* A spill failure on a worker: the first is kept for the step to report. */

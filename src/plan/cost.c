@@ -156,13 +156,16 @@ struct timing {
   int64_t head_width;   /* targets per sample: S for an LM head, 1 for a classifier */
 };
 
+/* Walked micro-batch u is the step's last (the costs' [1]; it may be smaller). */
+static int timed_last(const struct timing *t, int64_t u) { return u + 1 == t->walked; }
+
 static int64_t timed_rows(const struct timing *t, int64_t u) {
-  return u + 1 == t->walked ? t->last : t->mb;
+  return timed_last(t, u) ? t->last : t->mb;
 }
 
 /* How many of the step's micro-batches walked micro-batch u stands for. */
 static double timed_weight(const struct timing *t, int64_t u) {
-  return u + 1 < t->walked ? (double)(t->nmb - 1) : 1;
+  return timed_last(t, u) ? 1 : (double)(t->nmb - 1);
 }
 
 static double timed_act_bytes(const struct timing *t, int64_t u) {
@@ -179,7 +182,7 @@ static struct timed_act *timed_at(struct timing *t, enum schedule_act a, int k, 
 static void timed_out(struct timing *t, double bytes, int64_t u) {
   t->out += bytes * timed_weight(t, u);
   t->moved.d2h += bytes * timed_weight(t, u);
-  if (u + 1 == t->walked) t->exposed += seconds_for(bytes, t->rates->d2h);
+  if (timed_last(t, u)) t->exposed += seconds_for(bytes, t->rates->d2h);
 }
 
 /* Visit i's parameters: copied in unless a slot still holds them (nothing updates a layer
@@ -303,11 +306,11 @@ static void timed_inputs_free(void *ctx) { (void)ctx; }
 
 /* Layer calls: compute on the calling thread, [0] a full micro-batch's, [1] the last's. */
 static double timed_fwd(const struct timing *t, int k, int64_t u) {
-  return t->costs[k].fwd[u + 1 == t->walked ? 1 : 0] * timed_weight(t, u);
+  return t->costs[k].fwd[timed_last(t, u)] * timed_weight(t, u);
 }
 
 static double timed_bwd(const struct timing *t, int k, int64_t u) {
-  return t->costs[k].bwd[u + 1 == t->walked ? 1 : 0] * timed_weight(t, u);
+  return t->costs[k].bwd[timed_last(t, u)] * timed_weight(t, u);
 }
 
 static l2l_status timed_forward(void *ctx, int k, int64_t u, bool keep, bool rebuild) {
@@ -332,7 +335,7 @@ static l2l_status timed_backward(void *ctx, int k, int64_t u, bool recompute) {
 static void timed_saved_free(void *ctx, int k, int64_t u) { (void)ctx, (void)k, (void)u; }
 
 static double timed_swap_bytes(const struct timing *t, int k, int64_t u) {
-  return (double)t->costs[k].swap_bytes[u + 1 == t->walked ? 1 : 0];
+  return (double)t->costs[k].swap_bytes[timed_last(t, u)];
 }
 
 static l2l_status timed_swap_out(void *ctx, int k, int64_t u) {

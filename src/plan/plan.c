@@ -139,13 +139,12 @@ static l2l_status too_small(const struct plan_chain *c, const struct plan_result
   int largest = schedule_largest_layer(&sc, SCHEDULE_SLOT_VALUES, c->precision, c->grad_precision,
                                        &bytes);
   schedule_free(&sc);
-  uint64_t needs = r->leanest_peak;
   return l2l_fail(L2L_ERR_BUDGET,
               "l2l_plan_new: no plan fits a device budget of %llu bytes (%s): the smallest needs %llu bytes (%s), "
               "at micro-batch %lld with every layer recomputed and its boundary on the host; of "
               "them %s are the %d parameter slots and 2 gradient slots sized by layer %d (%s)",
               (unsigned long long)budget, l2l_human_bytes(have, 32, budget),
-              (unsigned long long)needs, l2l_human_bytes(want, 32, needs),
+              (unsigned long long)r->leanest_peak, l2l_human_bytes(want, 32, r->leanest_peak),
               (long long)r->leanest_micro_batch, l2l_human_bytes(slots_text, 32, slots),
               c->param_slots, largest, l2l_layer_name(c->layers[largest].layer));
 }
