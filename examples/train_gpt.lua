@@ -57,6 +57,8 @@ local FLAGS = {
   { "--init-std", 0.06, "number", "standard deviation of the initial weights", min = 1e-6, max = 1 },
   { "--stash", "host", "choice", "where activations wait for the backward", choices = { "host", "device", "recompute" } },
   { "--device-budget", "auto", "string", "the relay's device budget in MiB, 'auto' (what a step needs, whatever the weights become: the planner's replay of it) or 0 (none)", meta = "MIB|auto" },
+  { "--host-budget", 0, "number", "the relay's host budget in MiB for its EPS (masters, gradients, optimizer state in memory; 0: none)", min = 0, meta = "MIB" },
+  { "--spill", "", "string", "a directory for the spill file: the optimizer state the host budget leaves out lives there", meta = "DIR" },
   { "--plan", "none", "choice", "where the policies come from: none (--stash, recomputing every layer) or auto (l2l.plan " ..
     "picks each layer's within the device budget, for speed)", choices = { "none", "auto" } },
   { "--threads", 0, "int", "compute threads (0: l2l's default)", min = 0 },
@@ -113,6 +115,8 @@ if opt.device_budget ~= "auto" then
   end
 end
 if opt.threads > 0 then l2l.threads(opt.threads) end
+local host_budget = opt.host_budget > 0 and floor(opt.host_budget * 2 ^ 20) or nil
+local spill = opt.spill ~= "" and opt.spill or nil
 
 -- Data parallel: every rank runs this script; rank 0 speaks for the job (the others print
 -- nothing and write no files) and the loss every rank gets is the whole minibatch's.
@@ -236,7 +240,7 @@ if checkpoints and not file_exists(opt.checkpoint) then
     print(("no checkpoint at %s yet: starting a new run"):format(opt.checkpoint))
   end
 elseif checkpoints and (opt.resume or opt.resume_if_present) then
-  local ok, r = pcall(l2l.load, opt.checkpoint, { dist = opt.dist })
+  local ok, r = pcall(l2l.load, opt.checkpoint, { dist = opt.dist, host_budget = host_budget, spill = spill })
   if not ok then fail("--resume: " .. tostring(r)) end
   run, model, resumed = r, r.model, true
   start_step = run:stats().steps
@@ -324,6 +328,7 @@ local function new_run(plan)
     optimizer = l2l.AdamW{ lr = opt.lr, betas = { 0.9, 0.99 }, weight_decay = opt.weight_decay },
     schedule = l2l.Cosine{ warmup = math.min(opt.warmup, opt.steps - 1), total = opt.steps, final_ratio = 0.1 },
     device_budget = budget and budget > 0 and budget or nil, dist = opt.dist, plan = plan,
+    host_budget = host_budget, spill = spill,
   })
   if not ok then fail(tostring(r)) end
   return r
@@ -424,12 +429,15 @@ local targets = l2l.zeros({ rows, S }, { dtype = "i32" })
 local bar   -- the progress display, once training starts
 
 -- run:step or run:evaluate; a failure ends the program with the relay's message, and
--- with what to do when it is the device budget that was too small.
+-- with what to do when it is a budget that was too small.
 local function relay_call(method, tok, tgt)
   local ok, loss = pcall(method, run, tok, tgt)
   if ok then return loss end
   local msg = tostring(loss)
-  if msg:find("budget", 1, true) or msg:find("device pool", 1, true) then
+  if msg:find("host budget", 1, true) then
+    msg = msg .. ("\nthe host budget (%.1f MiB) is too small for this model: give a larger --host-budget (MiB)%s"):format(
+      mib(host_budget), spill and "" or ", or a spill directory (--spill DIR)")
+  elseif msg:find("budget", 1, true) or msg:find("device pool", 1, true) then
     msg = msg .. ("\nthe device budget (%.1f MiB) is too small for this configuration: give a larger --device-budget (MiB)"):format(mib(budget))
   end
   fail(msg, bar)
@@ -458,6 +466,7 @@ local function memory_fields(rec, s)
   rec.device_peak, rec.device_current = s.device_peak, s.device_current
   rec.device_budget, rec.host_bytes, rec.eps_bytes = budget, host_bytes(), s.host_eps_bytes
   rec.h2d_bytes, rec.d2h_bytes = s.h2d_bytes, s.d2h_bytes
+  rec.disk_bytes = s.spill_read_bytes + s.spill_written_bytes
   return rec
 end
 
@@ -495,7 +504,7 @@ local quiet = rank ~= 0 and io.open("/dev/null", "w") or nil   -- the other rank
 bar = progress.new{ total = opt.steps, first = start_step, every = opt.eval_every, ranks = ranks,
                     out = quiet or io.stdout, tty = (quiet == nil and progress.is_terminal()) }
 local smoothed_rate, last_loss = nil, nil
-local peak_seen, h2d_total, d2h_total = 0, 0, 0   -- over this run's steps (stats are per step)
+local peak_seen, h2d_total, d2h_total, disk_total = 0, 0, 0, 0   -- over this run's steps (stats are per step)
 local t_train = progress.now()
 for step = start_step + 1, last_step do
   local t0 = progress.now()
@@ -506,6 +515,7 @@ for step = start_step + 1, last_step do
   last_loss = loss
   peak_seen = math.max(peak_seen, s.device_peak)
   h2d_total, d2h_total = h2d_total + s.h2d_bytes, d2h_total + s.d2h_bytes
+  disk_total = disk_total + s.spill_read_bytes + s.spill_written_bytes
   local rate = B * S / dt
   smoothed_rate = smoothed_rate and (0.8 * smoothed_rate + 0.2 * rate) or rate
   if step < last_step and stop:requested() then last_step = step end   -- Ctrl-C: this is the last
@@ -518,7 +528,7 @@ for step = start_step + 1, last_step do
                               tokens = step * B * S, seconds = progress.now() - t_start }, s)
   record(rec)
   local fields = { loss = loss, val_loss = last_val, tokens_per_s = smoothed_rate, device_peak = peak_seen,
-                   device_budget = budget, host = rec.host_bytes }
+                   device_budget = budget, host = rec.host_bytes, disk = spill and rec.disk_bytes or nil }
   if val ~= NULL and bar.tty then bar:print(bar:line(step, fields)) end
   bar:update(step, fields)
   if step == last_step and step < opt.steps and not bar.tty and step % opt.eval_every ~= 0 and step > start_step + 1 then
@@ -562,6 +572,11 @@ print(("device: peak %s %s; model+optimizer state %s in host memory (EPS %s)"):f
 print(("transfers: host->device %s, device->host %s (%s and %s per step); process resident memory %s"):format(
   progress.bytes(h2d_total), progress.bytes(d2h_total), progress.bytes(done > 0 and h2d_total / done or 0),
   progress.bytes(done > 0 and d2h_total / done or 0), progress.bytes(rss_bytes() or 0)))
+if spill then
+  print(("spill: the optimizer state beyond the host budget%s in a %s file in %s; %s to and from it (%s per step)"):format(
+    host_budget and (" (%s)"):format(progress.bytes(host_budget)) or "", progress.bytes(run:stats().spill_file_bytes),
+    spill, progress.bytes(disk_total), progress.bytes(done > 0 and disk_total / done or 0)))
+end
 
 if opt.plan == "auto" and run.plan and done > 0 then print("\nthe plan, predicted against measured (last step):\n" .. tostring(run:plan_report())) end
 print("metrics: " .. metrics_path)

@@ -287,6 +287,7 @@ add("lua/l2l/relay.lua", {
   ["run:set_inner"] = run_method(2, function() return pack(2, "keep") end),
   ["run:set_micro_batch"] = run_method(1, function() return pack(2) end),
   ["run:set_device_budget"] = run_method(1, function() return pack(2 ^ 30) end),
+  ["run:set_host_budget"] = run_method(1, function() return pack(2 ^ 30) end),
   ["run:stats"] = run_method(0),
   ["run:step_peak"] = run_method(3, function() return pack(2, 4) end,
                                  { options = 3, option = "token_types", options_name = "opts" }),

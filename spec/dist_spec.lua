@@ -177,6 +177,31 @@ describe("data parallel under mpirun", function()
     assert_equivalent("grow=1 optimizer=lamb B=8 mb=3 steps=6", { 2, 3 })
   end)
 
+  it("2 ranks with the optimizer state spilled train to the same bits as 2 ranks in memory", function()
+    if not need_mpi() then return end
+    local spill = dir .. "/spill"
+    assert(os.execute("mkdir -p " .. spill) == 0)
+    for _, flags in ipairs({ "grow=1 optimizer=adamw B=8 mb=3 steps=6", "grow=1 optimizer=lamb B=8 mb=3 steps=6",
+                             "optimizer=sgd steps=5 accumulate=2 clip=0.5" }) do
+      local plain, cmd = train(2, flags)
+      local spilled, scmd = train(2, flags .. " spill=" .. spill)
+      for r = 0, 1 do
+        assert.are.same(plain[r].losses, spilled[r].losses, scmd .. ": rank " .. r .. "'s losses")
+        for i, p in ipairs(plain[r].params) do
+          local q = spilled[r].params[i]
+          local what = ("%s: rank %d's %d.%s"):format(scmd, r, p.layer, p.name)
+          assert.are.same(p.value, q.value, what)
+          assert.are.same(p.state1, q.state1, what .. " (first state)")
+          assert.are.same(p.state2, q.state2, what .. " (second state)")
+        end
+        assert.is_true(spilled[r].stats.spill_file_bytes > 0, scmd)
+        assert.is_true(spilled[r].stats.host_eps_bytes < plain[r].stats.host_eps_bytes, cmd)
+      end
+      local _, left = support.sh("ls -A " .. spill)
+      assert.are.equal("", left, "spill files outlived their relays")
+    end
+  end)
+
   it("skips the same steps on every rank when a rank's gradients overflow (f16 gradients, a large loss scale)", function()
     if not need_mpi() then return end
     -- f16 gradients overflow at 2^22 times their size whenever an element passes 65504 /

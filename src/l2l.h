@@ -677,6 +677,22 @@ typedef struct l2l_relay_config {
                                    different budgets. 0: none of its own. The device pool's
                                    budget (l2l_pool_set_budget) is the process's cap over
                                    every relay and tensor, checked too */
+  uint64_t host_budget;         /* > 0: the host bytes this relay's EPS may hold (masters,
+                                   gradient accumulators, staging copies, optimizer state
+                                   in memory and read ahead), checked before each training
+                                   step: with spill_dir the optimizer state of the records
+                                   beyond it lives in the spill file, else a step over it
+                                   is refused, naming the smallest that works. 0: none */
+  const char *spill_dir;        /* NULL: the EPS lives in host memory. A directory (which
+                                   must exist, on a local disk): the relay's spill file
+                                   (l2l-spill-<pid>-<n>.bin) is made there, and the
+                                   optimizer state of every record host_budget does not
+                                   keep in memory lives in it between its updates, read
+                                   ahead of its update in the schedule's order and written
+                                   back behind it; the numbers are the same to the bit.
+                                   The file is removed with the relay; one a crashed run
+                                   left is named on stderr, never reused. Copied. With
+                                   dist each rank spills its own shard's state */
 } l2l_relay_config;
 
 /* AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant schedule, micro-
@@ -780,6 +796,14 @@ typedef struct l2l_relay_stats {
                                    record's f32 gradient by reduce-scatter, as much again by
                                    all-gather; none for a skipped record; not counted on
                                    the wire) */
+  uint64_t spill_read_bytes;    /* the spill file (config.spill_dir), since the last step
+                                   began: bytes read back and written out (a step's updates
+                                   may end after it returns: read the stats after
+                                   l2l_relay_sync for a step's whole) */
+  uint64_t spill_written_bytes;
+  int64_t spill_late_reads;     /* of them, records whose state was read at their update
+                                   rather than ahead of it (the read-ahead window was full) */
+  uint64_t spill_file_bytes;    /* the spill file's size */
   double exposed_comm_seconds;  /* last step: the calling thread waiting for MPI: the
                                    exchanges of counts and losses, and records whose
                                    exchange was not done when it needed them */
@@ -820,6 +844,8 @@ L2L_API l2l_status l2l_relay_set_inner(l2l_relay *run, int index, l2l_inner_poli
 L2L_API l2l_status l2l_relay_set_micro_batch(l2l_relay *run, int64_t micro_batch);
 /* config.device_budget from the next step on (0: none of its own). */
 L2L_API l2l_status l2l_relay_set_device_budget(l2l_relay *run, uint64_t bytes);
+/* config.host_budget from the next training step on (0: none). */
+L2L_API l2l_status l2l_relay_set_host_budget(l2l_relay *run, uint64_t bytes);
 /* The policy of a boundary or layer (an l2l_stash_policy / l2l_inner_policy), -1 if out
    of range. */
 L2L_API int l2l_relay_stash(const l2l_relay *run, int boundary);

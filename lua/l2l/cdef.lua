@@ -368,6 +368,8 @@ typedef struct l2l_relay_config {
   l2l_dist_mode dist;
   int nonfinite_error;
   uint64_t device_budget;
+  uint64_t host_budget;
+  const char *spill_dir;
 } l2l_relay_config;
 
 void l2l_relay_config_default(l2l_relay_config *out);
@@ -433,6 +435,10 @@ typedef struct l2l_relay_stats {
   int dist_ranks;
   uint64_t dist_sent_bytes;
   uint64_t dist_received_bytes;
+  uint64_t spill_read_bytes;
+  uint64_t spill_written_bytes;
+  int64_t spill_late_reads;
+  uint64_t spill_file_bytes;
   double exposed_comm_seconds;
 } l2l_relay_stats;
 
@@ -460,6 +466,8 @@ l2l_status l2l_relay_set_inner(l2l_relay *run, int index, l2l_inner_policy polic
 l2l_status l2l_relay_set_micro_batch(l2l_relay *run, int64_t micro_batch);
 
 l2l_status l2l_relay_set_device_budget(l2l_relay *run, uint64_t bytes);
+
+l2l_status l2l_relay_set_host_budget(l2l_relay *run, uint64_t bytes);
 
 int l2l_relay_stash(const l2l_relay *run, int boundary);
 int l2l_relay_inner(const l2l_relay *run, int index);

@@ -357,7 +357,7 @@ local function opened(path, fname)
 end
 
 local LOAD_OVERRIDES = { micro_batch = true, optimizer_threads = true, device_budget = true, kinds = true,
-                         dist = true }
+                         dist = true, host_budget = true, spill = true }
 
 -- What the library's functions raise for their caller carries the caller's position,
 -- which inside load is a line of the library itself: gone (the user called l2l.load, and
@@ -403,7 +403,7 @@ local function load(path, overrides)
       error(("%s: %s was saved by a data-parallel run (dist = \"mpi\"): load it with {dist = \"mpi\"} "
              .. "in each rank of an mpirun job, or {dist = \"none\"} to train in one process"):format(fname, path), 0)
     end
-    for _, k in ipairs({ "micro_batch", "optimizer_threads", "device_budget", "dist" }) do
+    for _, k in ipairs({ "micro_batch", "optimizer_threads", "device_budget", "dist", "host_budget", "spill" }) do
       if overrides[k] ~= nil then o[k] = overrides[k] end
     end
     o.optimizer = rebuild_optimizer(desc.relay.optimizer or {})
@@ -490,8 +490,10 @@ local function load(path, overrides)
   return run
 end
 
--- l2l.load(path [, {micro_batch =, optimizer_threads =, device_budget =, kinds = {name =
--- constructor}}]) -> a run (run.model its model, run.extra what run:save was given).
+-- l2l.load(path [, {micro_batch =, optimizer_threads =, device_budget =, host_budget =,
+-- spill =, dist =, kinds = {name = constructor}}]) -> a run (run.model its model, run.extra
+-- what run:save was given). With spill, the optimizer state goes to the spill file record
+-- by record as it is read.
 function M.load(path, overrides, ...)
   if select("#", ...) ~= 0 then too_many("l2l.load", "path, overrides", 2, ...) end
   local ok, run = pcall(load, path, overrides)

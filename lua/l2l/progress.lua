@@ -182,10 +182,10 @@ function Bar:eta(step, ...)
 end
 
 local FIELDS = { loss = true, val_loss = true, tokens_per_s = true, device_peak = true, device_budget = true,
-                 host = true }
+                 host = true, disk = true }
 
 -- The line for `step` with fields f: loss, val_loss, tokens_per_s, device_peak,
--- device_budget, host (bytes).
+-- device_budget, host (bytes), disk (bytes the step moved to and from its spill file).
 local function line(self, step, f, fname)
   f = argcheck.options(f, FIELDS, fname, 3, "fields")
   local digits = #tostring(self.total)
@@ -199,6 +199,7 @@ local function line(self, step, f, fname)
                         (f.device_budget and f.device_budget > 0 and ("/" .. M.bytes(f.device_budget)) or "")
   end
   if f.host then parts[#parts + 1] = "host " .. M.bytes(f.host) end
+  if f.disk then parts[#parts + 1] = "disk " .. M.bytes(f.disk) .. "/step" end
   parts[#parts + 1] = (step >= self.total and "took " .. M.duration(now() - self.start))
                       or "ETA " .. M.duration(eta(self, step))
   return concat(parts, "  ")

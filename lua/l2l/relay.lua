@@ -61,6 +61,7 @@ local OPTIONS = {
   model = true, micro_batch = true, stash = true, recompute_every = true, inner = true,
   optimizer = true, schedule = true, clip_global_norm = true, clip_layer_norm = true,
   accumulate = true, optimizer_threads = true, seed = true, device_budget = true,
+  host_budget = true, spill = true,
   param_slots = true, loss_scale = true, loss_scale_window = true, precision = true,
   grad_precision = true, nonfinite = true, plan = true, dist = true,
 }
@@ -186,7 +187,12 @@ end
 -- record whose gradient holds an inf or NaN is not updated, said once on stderr; "error":
 -- the step raises after it is done), device_budget = (bytes this relay's steps may hold
 -- on the device at their peak, checked before each; the device pool's budget,
--- l2l.set_budget, stays the process's cap), dist = "none" ("mpi": data parallel across the ranks of an
+-- l2l.set_budget, stays the process's cap), host_budget = (bytes the relay's EPS may hold
+-- in host memory: masters, gradient accumulators, staging copies, optimizer state in memory;
+-- checked before each training step), spill = (a directory: the optimizer state that
+-- host_budget does not keep in memory lives in a spill file there, read ahead and written
+-- back in the schedule's order, with the same numbers to the bit; removed with the relay),
+-- dist = "none" ("mpi": data parallel across the ranks of an
 -- mpirun job; each rank steps its own slice of every minibatch: see l2l.dist)}
 function M.Relay(o, ...)
   local fname = "l2l.Relay"
@@ -496,6 +502,19 @@ function Relay:set_device_budget(bytes, ...)
   self.options.device_budget = bytes
 end
 
+-- run:set_host_budget(bytes): the relay's host budget from the next training step on
+-- (0: none), as option host_budget.
+function Relay:set_host_budget(bytes, ...)
+  local fname = "run:set_host_budget"
+  if select("#", ...) ~= 0 then too_many(fname, "bytes", 2, ...) end
+  local r = live(self, fname)
+  if type(bytes) ~= "number" or bytes ~= floor(bytes) or bytes < 0 or bytes > 2 ^ 53 then
+    error(fname .. ": bytes must be an integer 0 to 2^53, got " .. argcheck.describe(bytes), 2)
+  end
+  rcheck(C.l2l_relay_set_host_budget(r, bytes), fname, 2)
+  self.options.host_budget = bytes
+end
+
 ----------------------------------------------------------------- reading back
 
 local STATS = {
@@ -504,7 +523,8 @@ local STATS = {
   "step_seconds", "compute_seconds", "wait_copy_seconds", "exposed_copy_seconds",
   "wait_update_seconds", "optimizer_seconds", "h2d_seconds", "d2h_seconds", "events", "loss_scale",
   "loss_scale_good", "skipped_updates", "overflow", "skipped_records", "dist_ranks",
-  "dist_sent_bytes", "dist_received_bytes", "exposed_comm_seconds",
+  "dist_sent_bytes", "dist_received_bytes", "spill_read_bytes", "spill_written_bytes",
+  "spill_late_reads", "spill_file_bytes", "exposed_comm_seconds",
 }
 M.stats_fields = STATS
 

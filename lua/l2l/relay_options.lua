@@ -114,6 +114,11 @@ function M.read_settings(o, fname)
   s.grad_precision = enum_option(o, "grad_precision", precision_ids, name_of(precision_ids, d.grad_precision), fname)
   s.nonfinite = enum_option(o, "nonfinite", nonfinite_ids, name_of(nonfinite_ids, d.nonfinite_error), fname)
   s.dist = enum_option(o, "dist", dist_ids, name_of(dist_ids, d.dist), fname)
+  s.host_budget = int_option(o, "host_budget", tonumber(d.host_budget), fname, UINT64)
+  if o.spill ~= nil and (type(o.spill) ~= "string" or o.spill == "" or o.spill:find("\0", 1, true)) then
+    fail(("%s: option 'spill' must be a directory's path, got %s"):format(fname, argcheck.describe(o.spill)))
+  end
+  s.spill = o.spill
   if C.l2l_relay_config_check(M.config_of(s)) ~= 0 then fail(fname .. ": " .. M.lua_message(lib.last_error())) end
   return s
 end
@@ -147,6 +152,8 @@ function M.config_of(s)
   c.nonfinite_error = nonfinite_ids[s.nonfinite]
   c.dist = dist_ids[s.dist]
   c.device_budget = s.device_budget
+  c.host_budget = s.host_budget
+  c.spill_dir = s.spill   -- (s keeps the string alive while c is used)
   return c
 end
 

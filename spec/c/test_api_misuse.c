@@ -2181,6 +2181,7 @@ TEST(misuse_relay_new_and_accessors) {
   BAD("grad_precision", c->grad_precision = (l2l_dtype)99);
   BAD("nonfinite_error", c->nonfinite_error = 2);
   BAD("nonfinite_error", c->nonfinite_error = -1);
+  BAD("spill_dir", c->spill_dir = "");
 #undef BAD
   for (int i = 0; i < nb; i++) {
     char expr[160];
@@ -2287,7 +2288,8 @@ static void rig_free(struct rig *rig) {
 
 /* Covers: the run argument of every relay call; l2l_relay_insert, l2l_relay_remove,
    l2l_relay_replace, l2l_relay_set_frozen, l2l_relay_set_stash, l2l_relay_set_inner,
-   l2l_relay_set_micro_batch, l2l_relay_set_device_budget, l2l_relay_sync. */
+   l2l_relay_set_micro_batch, l2l_relay_set_device_budget, l2l_relay_set_host_budget,
+   l2l_relay_sync. */
 TEST(misuse_relay_model_changes) {
   struct rig rig, other;
   l2l_relay_config c = relay_config();
@@ -2330,6 +2332,7 @@ TEST(misuse_relay_model_changes) {
     REFUSES(l2l_relay_set_inner(x, 1, L2L_INNER_KEEP), L2L_ERR_INVALID, "run");
     REFUSES(l2l_relay_set_micro_batch(x, 3), L2L_ERR_INVALID, "run");
     REFUSES(l2l_relay_set_device_budget(x, 3), L2L_ERR_INVALID, "run");
+    REFUSES(l2l_relay_set_host_budget(x, 3), L2L_ERR_INVALID, "run");
     REFUSES(l2l_relay_sync(x), L2L_ERR_INVALID, "run");
     REFUSES(l2l_relay_step(&loss, x, &b), L2L_ERR_INVALID, "run");
     REFUSES(l2l_relay_evaluate(&loss, x, &b), L2L_ERR_INVALID, "run");

@@ -73,6 +73,22 @@ TEST(spill_reads_back_what_it_wrote) {
   /* a transfer beyond the reserved space is refused before it starts */
   CHECK_FAILS(eps_spill_queue(&sp, &io[0], true, data[0], sp.used - 8, 16), L2L_ERR_INVALID,
               "beyond");
+  /* regions given back are taken again by reservations they fit (the smallest that
+     fits), and the file does not grow; one no region fits grows it */
+  int a = (int)check_rand_int(0, REGIONS - 1), b = (a + 1 + (int)check_rand_int(0, REGIONS - 2)) % REGIONS;
+  uint64_t ra = (bytes[a] + 4095) / 4096, rb = (bytes[b] + 4095) / 4096, used = sp.used, got = 0;
+  eps_spill_release(&sp, offset[a], bytes[a]);
+  eps_spill_release(&sp, offset[b], bytes[b]);
+  CHECK_OK(eps_spill_reserve(&sp, ra <= rb ? bytes[a] : bytes[b], &got));
+  uint64_t want = ra <= rb ? offset[a] : offset[b];
+  CHECK(got == want || (ra == rb && got == offset[b]),
+        "a reservation of %llu pages took %llu, want the smaller region given back at %llu",
+        (unsigned long long)(ra <= rb ? ra : rb), (unsigned long long)got, (unsigned long long)want);
+  CHECK(sp.used == used, "the file grew from %llu to %llu with a region free",
+        (unsigned long long)used, (unsigned long long)sp.used);
+  CHECK_OK(eps_spill_reserve(&sp, used, &got));
+  CHECK(got == used, "a reservation no region fits at %llu, want the file's end %llu",
+        (unsigned long long)got, (unsigned long long)used);
   eps_spill_close(&sp);
   CHECK(check_dir_entries(dir) == 0, "%d files left in %s after close", check_dir_entries(dir), dir);
   for (int i = 0; i < REGIONS; i++) {

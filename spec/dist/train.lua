@@ -15,6 +15,8 @@
 --   die_rank=-1 / die_step (that rank kills itself with SIGKILL there), bad_rank=-1 /
 --   bad_step (that rank's batch holds a token beyond the vocabulary there: its step
 --   raises), timeout=SECONDS, lr=3e-3 (AdamW's and LAMB's), heads=3 (the first block's);
+--   spill=DIR (the optimizer state in a spill file there, each rank its own) with
+--   host_budget=BYTES (0: none, every record's state on disk),
 --   rank<r>_<key>=value sets key on rank r alone (the ranks disagree).
 local ffi = require("ffi")
 local l2l = require("l2l")
@@ -68,8 +70,8 @@ if o.load then
 else
   run = l2l.Relay { model = fresh_model(), micro_batch = o.mb, accumulate = o.accumulate,
                     optimizer = optimizer, clip_global_norm = o.clip, loss_scale = o.loss_scale,
-                    grad_precision = o.grad_precision,
-                    seed = seed, dist = o.dist, optimizer_threads = 1 }
+                    grad_precision = o.grad_precision, spill = o.spill,
+                    host_budget = o.host_budget, seed = seed, dist = o.dist, optimizer_threads = 1 }
 end
 
 local hex = function(x) return string.format("%a", x) end

@@ -41,6 +41,10 @@ l2l_status l2l_eps_init(struct l2l_eps *eps, const l2l_optimizer_config *optimiz
 }
 
 static void record_free(struct eps_record *rec) {
+  struct eps_spill *spill = rec->eps->spill;
+  for (int a = 0; spill && rec->spill_reserved && a < l2l_optim_state_count(&rec->eps->optimizer); a++)
+    eps_spill_release(spill, rec->spill_at[a], (uint64_t)rec->shard_n * sizeof(float));
+  if (spill) eps_ahead_drop(rec->eps, rec);
   l2l_tensor_free(rec->staging);
   l2l_tensor_free(rec->shard_grad);
   l2l_tensor_free(rec->gathered[0]);
@@ -57,12 +61,16 @@ void l2l_eps_free(struct l2l_eps *eps) {
   if (eps->dist) l2l_eps_sync(eps);   /* no exchange may still name a record */
   l2l_queue_stop(&eps->workers);
   eps_dist_free(eps);
-  if (eps->spill) {
-    eps_spill_close(eps->spill);
-    free(eps->spill);
+  struct eps_spill *spill = eps->spill;
+  if (spill) {
+    eps_ahead_drop_all(eps);   /* before the I/O threads stop */
+    eps_spill_close(spill);
   }
+  eps->spill = NULL;   /* closed: the records' regions go with the file */
   for (int i = 0; i < eps->count; i++) record_free(eps->records[i]);
+  free(spill);
   free(eps->records);
+  free(eps->ahead);
   pthread_mutex_destroy(&eps->lock);
   pthread_cond_destroy(&eps->changed);
 }
@@ -138,19 +146,25 @@ void l2l_eps_remove_records(struct l2l_eps *eps, l2l_param *const *params, int n
   eps->count = kept;
 }
 
+uint64_t eps_fixed_bytes(const struct l2l_eps *eps, const struct eps_record *rec) {
+  /* master and accumulator whole; with ranks the reduced gradient of this rank's shard */
+  uint64_t whole = l2l_pool_accounted((uint64_t)l2l_tensor_numel(rec->master) * sizeof(float));
+  uint64_t bytes = 2 * whole;
+  if (eps->dist) bytes += l2l_pool_accounted((uint64_t)rec->shard_n * sizeof(float));
+  if (rec->staging)
+    bytes += l2l_pool_accounted((uint64_t)l2l_tensor_numel(rec->staging) * l2l_dtype_size(eps->precision));
+  return bytes;
+}
+
 uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps) {
   uint64_t bytes = 0;
   for (int i = 0; i < eps->count; i++) {
     const struct eps_record *rec = eps->records[i];
-    uint64_t whole = l2l_pool_accounted((uint64_t)l2l_tensor_numel(rec->master) * sizeof(float));
     uint64_t shard = l2l_pool_accounted((uint64_t)rec->shard_n * sizeof(float));
-    /* master and accumulator whole; the optimizer state (and with ranks the reduced
-       gradient) of this rank's shard */
-    int arrays = (rec->state[0] != NULL) + (rec->state[1] != NULL) + (rec->shard_grad != NULL);
-    bytes += 2 * whole + shard * (uint64_t)arrays;
-    if (rec->staging)
-      bytes += l2l_pool_accounted((uint64_t)l2l_tensor_numel(rec->staging) *
-                                  l2l_dtype_size(eps->precision));
+    /* the optimizer state is the shard's; the reduced gradient counts once made */
+    uint64_t arrays = (rec->state[0] != NULL) + (rec->state[1] != NULL);
+    bytes += eps_fixed_bytes(eps, rec) + shard * arrays;
+    if (eps->dist != NULL && rec->shard_grad == NULL) bytes -= shard;
   }
   return bytes;
 }
@@ -217,6 +231,7 @@ l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_rec
                          (long long)l2l_tensor_numel(rec->master));
   }
   l2l_tensor *fresh[2] = {NULL, NULL};
+  if (eps->spill) eps_ahead_drop(eps, rec);   /* a read of the old state is stale */
   for (int a = 0; a < arrays; a++) {
     l2l_status status = eps_state_new(&fresh[a], rec);
     if (status == L2L_OK) status = state_copy_shard(fresh[a], given[a], rec);
@@ -235,10 +250,21 @@ l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_rec
   rec->updates = updates;
   rec->spilled = false;
   /* with a spill file the state goes there (kept in memory if it cannot: nothing lost) */
-  return eps->spill && arrays > 0 ? eps_state_out(eps, rec) : L2L_OK;
+  return eps->spill && arrays > 0 && !rec->keep_state ? eps_state_out(eps, rec) : L2L_OK;
 }
 
 /* ---------------------------------------------------------------- a step */
+
+/* A record completes at the visit of its lowest user, and eps_expect names the layers from
+   the lowest up, so the later a record was first named, the sooner it completes. */
+static int by_completion(const void *a, const void *b) {
+  const struct eps_record *x = *(struct eps_record *const *)a, *y = *(struct eps_record *const *)b;
+  return (y->first_expect > x->first_expect) - (y->first_expect < x->first_expect);
+}
+
+void eps_sort_by_completion(struct eps_record **list, int n) {
+  qsort(list, (size_t)n, sizeof *list, by_completion);
+}
 
 void l2l_eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr) {
   pthread_mutex_lock(&eps->lock);
@@ -275,6 +301,7 @@ void l2l_eps_hold(struct l2l_eps *eps, struct eps_record *rec) {
 }
 
 l2l_status l2l_eps_prepare(struct l2l_eps *eps) {
+  TRY(eps_host_plan(eps));
   int arrays = l2l_optim_state_count(&eps->optimizer);
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
@@ -340,9 +367,16 @@ void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave) {
 void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
   if (eps->spill) {
     l2l_status status = eps_state_for_update(eps, rec);
-    if (status != L2L_OK) {   /* not updated: the step reports it (l2l_eps_io_status) */
-      eps_io_failed(eps, status);
+    if (status != L2L_OK) {   /* not updated: the next step reports it (l2l_eps_io_status) */
+      char why[200];
+      snprintf(why, sizeof why, "%s", l2l_last_error());
+      eps_io_failed(eps, l2l_fail(status, "%s was not updated (its optimizer state could not "
+                                  "be read): %s", rec->name, why));
       l2l_tensor_fill(rec->grad, 0.0);
+      if (eps->dist) {   /* the other ranks wait for its all-gather: the shard as it is */
+        eps_exchange_updated(eps, rec);
+        return;
+      }
       pthread_mutex_lock(&eps->lock);
       rec->pending = false;
       pthread_cond_broadcast(&eps->changed);
@@ -393,7 +427,7 @@ static void chunk_run(struct l2l_job *job, int thread) {
     rec->wave_sums[1] += sums[1];
   }
   bool wave_done = --rec->chunks_left == 0;
-  if (wave_done && last_wave && eps->spill) {
+  if (wave_done && last_wave && eps->spill && !rec->keep_state) {
     /* the state back to disk while the record is still pending: its next update (or a
        checkpoint) cannot start before (every other chunk of it is done) */
     pthread_mutex_unlock(&eps->lock);
@@ -680,4 +714,5 @@ void l2l_eps_sync(struct l2l_eps *eps) {
     while (eps->records[i]->pending) pthread_cond_wait(&eps->changed, &eps->lock);
   pthread_mutex_unlock(&eps->lock);
   l2l_queue_drain(&eps->workers);
+  if (eps->spill) eps_ahead_drop_all(eps);   /* reads no update took (skipped updates) */
 }

@@ -146,6 +146,17 @@ struct l2l_eps {
   struct eps_spill *spill;
   l2l_status io_status;
   char io_message[256];
+  /* The host budget (0: none) and what it leaves (state_tier.c): the optimizer state of
+     the records first in this list that fit state_keep_bytes stays in host memory (0:
+     every record's spills); the state of a step's due spilled records is read in the
+     order backward completes them (the schedule's: ahead[0 .. ahead_n)), ahead_limit
+     bytes at most in flight or waiting for their update (always one record). Under the
+     lock. */
+  uint64_t host_budget, state_keep_bytes, ahead_limit;
+  struct eps_record **ahead;
+  int ahead_n, ahead_next, ahead_inflight;
+  uint64_t ahead_bytes;
+  int64_t reads_ahead, reads_late;   /* records read before their update, at it (counts) */
   /* The relay's step, for a timeout's report: set by the relay as a step begins while the
      last step's updates (and their exchanges) may still run on the workers. */
   _Atomic int64_t step;
@@ -260,11 +271,21 @@ l2l_status l2l_eps_state_whole(l2l_tensor **out, struct l2l_eps *eps, struct eps
    (N - 1) / N of a record's f32 gradient by reduce-scatter and of its master by
    all-gather, none for a record skipped on every rank). */
 uint64_t l2l_eps_dist_bytes(const struct l2l_eps *eps);
-/* From now on every record's optimizer state lives in a spill file in `dir` between its
-   updates: read before its update's first wave, written back after its last, its host
-   memory freed (the updates are the same to the bit). One process only; between steps
-   (after l2l_eps_sync). A failure leaves every record as it was. */
+/* From now on the optimizer state (with ranks, of this rank's shard) of every record the
+   host budget does not keep lives in a spill file in `dir` between its updates: read
+   ahead of its update, written back after its last wave, its host memory freed (the
+   updates are the same to the bit). Between steps (after l2l_eps_sync). A failure leaves
+   every record as it was. */
 l2l_status l2l_eps_spill_state(struct l2l_eps *eps, const char *dir);
+/* The host bytes the EPS may hold from the next step on (0: none): its masters,
+   accumulators, staging copies and the optimizer state in memory (kept, read ahead). Each
+   step's eps_prepare checks it (L2L_ERR_BUDGET naming the smallest that works) and, with
+   a spill file, keeps in memory the state that fits beside a read-ahead window. */
+void l2l_eps_set_host_budget(struct l2l_eps *eps, uint64_t bytes);
+/* The spill file's bytes read and written so far, records whose state was read ahead of
+   its update and at it, and the file's size (all 0 without a spill file). */
+void l2l_eps_spill_counts(struct l2l_eps *eps, uint64_t *read, uint64_t *written,
+                          int64_t *ahead, int64_t *late, uint64_t *file);
 /* L2L_OK, or the first spill I/O failure since the last call (its message set as this
    thread's error), cleared. After l2l_eps_sync. */
 l2l_status l2l_eps_io_status(struct l2l_eps *eps);
@@ -282,6 +303,8 @@ struct eps_spill {
   int fd, fd_direct;           /* buffered; O_DIRECT (-1 where the file system refuses it) */
   uint64_t used;               /* bytes reserved, every region 4 KiB-aligned (under lock:
                                   the EPS's workers reserve as records first spill) */
+  struct eps_spill_region { uint64_t at, bytes; } *free_list;   /* given back, reused first */
+  int free_n, free_cap;
   pthread_mutex_t lock;
   struct l2l_queue io;
   _Atomic uint64_t read, written;   /* bytes moved, for the stats */
@@ -305,6 +328,8 @@ void eps_spill_close(struct eps_spill *sp);
 /* A new region of at least `bytes` (4 KiB-aligned), allocated on the disk now: a full
    disk is L2L_ERR_IO here, naming the file and the bytes, not a failed write later. */
 l2l_status eps_spill_reserve(struct eps_spill *sp, uint64_t bytes, uint64_t *offset);
+/* A region reserved before is no longer used: the next reservation it fits takes it. */
+void eps_spill_release(struct eps_spill *sp, uint64_t offset, uint64_t bytes);
 /* Queues a write of buffer to [offset, offset + bytes) of reserved space (or a read into
    it); the buffer must live until eps_spill_wait. Buffer, offset and length 4 KiB-aligned
    go around the page cache where the file system allows it. */

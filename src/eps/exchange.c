@@ -102,14 +102,6 @@ static uint64_t exchange_bytes(const struct eps_record *rec) {
   return (uint64_t)(l2l_tensor_numel(rec->master) - rec->shard_n) * sizeof(float);
 }
 
-/* Due this step, in the order backward completes them: a record completes at the visit
-   of its lowest user, and eps_expect names the layers from the lowest up, so the later a
-   record was first named, the sooner it completes. */
-static int by_completion(const void *a, const void *b) {
-  const struct eps_record *x = *(struct eps_record *const *)a, *y = *(struct eps_record *const *)b;
-  return (y->first_expect > x->first_expect) - (y->first_expect < x->first_expect);
-}
-
 void eps_exchange_order(struct l2l_eps *eps) {
   struct eps_record *list[eps->count > 0 ? eps->count : 1];
   int n = 0;
@@ -117,7 +109,7 @@ void eps_exchange_order(struct l2l_eps *eps) {
     struct eps_record *rec = eps->records[i];
     if (rec->update_due && rec->expected > 0) list[n++] = rec;
   }
-  qsort(list, (size_t)n, sizeof *list, by_completion);
+  eps_sort_by_completion(list, n);
   uint64_t bytes = 0;
   for (int i = 0; i < n; i++) {
     list[i]->order = eps->dist->base + i;
@@ -242,33 +234,38 @@ void eps_exchange_start(struct l2l_eps *eps, struct eps_record *rec) {
 l2l_status l2l_eps_state_whole(l2l_tensor **out, struct l2l_eps *eps, struct eps_record *rec,
                                int which) {
   *out = NULL;
-  if (rec->spilled) {   /* from the spill file, kept until the next step as a gathered one */
-    if (which >= l2l_optim_state_count(&eps->optimizer)) return L2L_OK;
-    if (rec->gathered[which] == NULL) TRY(eps_spill_read_state(eps, rec, which, &rec->gathered[which]));
+  if (rec->gathered[which] != NULL) {   /* asked for before, this step */
     *out = rec->gathered[which];
     return L2L_OK;
   }
-  if (rec->updates == 0 || rec->state[which] == NULL) return L2L_OK;
-  if (eps->dist == NULL) {
-    *out = rec->state[which];
+  l2l_tensor *shard = rec->state[which], *read = NULL;
+  if (rec->spilled) {   /* from the spill file (kept until the next step as a gathered one) */
+    if (which >= l2l_optim_state_count(&eps->optimizer)) return L2L_OK;
+    TRY(eps_spill_read_state(eps, rec, which, &read));
+    shard = read;
+  } else if (rec->updates == 0 || shard == NULL) {
     return L2L_OK;
   }
-  if (rec->gathered[which] == NULL) {
-    l2l_tensor *whole = NULL;
-    TRY(l2l_tensor_new_like(&whole, L2L_POOL_HOST, L2L_F32, rec->master));
-    memcpy((float *)l2l_tensor_data(whole) + rec->shard_begin, l2l_tensor_data(rec->state[which]),
-           (size_t)rec->shard_n * sizeof(float));
-    struct l2l_dist_op op = {.kind = DIST_ALLGATHERV, .recv = l2l_tensor_data(whole),
-                             .counts = rec->counts, .displs = rec->displs,
-                             .what = "all-gather of optimizer state (a checkpoint)",
-                             .name = rec->name, .layer = -1, .step = atomic_load(&eps->step)};
-    l2l_status status = l2l_dist_run(&op);
-    if (status != L2L_OK) {
-      l2l_tensor_free(whole);
-      return status;
-    }
-    rec->gathered[which] = whole;
+  if (eps->dist == NULL) {
+    if (read != NULL) rec->gathered[which] = read;   /* freed as the next step begins */
+    *out = shard;
+    return L2L_OK;
   }
-  *out = rec->gathered[which];
+  l2l_tensor *whole = NULL;
+  l2l_status status = l2l_tensor_new_like(&whole, L2L_POOL_HOST, L2L_F32, rec->master);
+  if (status == L2L_OK)
+    memcpy((float *)l2l_tensor_data(whole) + rec->shard_begin, l2l_tensor_data(shard),
+           (size_t)rec->shard_n * sizeof(float));
+  l2l_tensor_free(read);
+  struct l2l_dist_op op = {.kind = DIST_ALLGATHERV, .recv = whole ? l2l_tensor_data(whole) : NULL,
+                           .counts = rec->counts, .displs = rec->displs,
+                           .what = "all-gather of optimizer state (a checkpoint)",
+                           .name = rec->name, .layer = -1, .step = atomic_load(&eps->step)};
+  if (status == L2L_OK) status = l2l_dist_run(&op);
+  if (status != L2L_OK) {
+    l2l_tensor_free(whole);
+    return status;
+  }
+  *out = rec->gathered[which] = whole;
   return L2L_OK;
 }

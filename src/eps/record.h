@@ -25,6 +25,11 @@ struct eps_record {
   bool spilled;                /* its state is on disk at spill_at (eps->spill) */
   bool spill_reserved;         /* spill_at holds its regions (reserved at its first write) */
   uint64_t spill_at[2];
+  bool keep_state;             /* its state stays in host memory (eps->state_keep_bytes) */
+  int ahead;                   /* this step: AHEAD_NONE, _QUEUED (ahead_io reading into
+                                  ahead_state), _TAKEN (its update has its state) */
+  l2l_tensor *ahead_state[2];
+  struct eps_spill_io ahead_io[2];
   l2l_tensor *staging;         /* device-precision copy (pinned), NULL: the master is it */
   int users;                   /* relay layers holding the record */
   int64_t updates;             /* t of its last update */
@@ -67,6 +72,10 @@ void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave);
    copy rewritten first when one was asked for. */
 void eps_record_settled(struct l2l_eps *eps, struct eps_record *rec);
 
+/* eps.c: rec's host bytes but its optimizer state's (master, accumulator, staging copy,
+   with ranks the reduced shard). */
+uint64_t eps_fixed_bytes(const struct l2l_eps *eps, const struct eps_record *rec);
+
 /* eps.c: a new optimizer state array of rec (its shard's elements; host pool). */
 l2l_status eps_state_new(l2l_tensor **out, const struct eps_record *rec);
 
@@ -79,6 +88,17 @@ l2l_status eps_state_for_update(struct l2l_eps *eps, struct eps_record *rec);
 l2l_status eps_spill_read_state(struct l2l_eps *eps, struct eps_record *rec, int which,
                                 l2l_tensor **out);
 void eps_io_failed(struct l2l_eps *eps, l2l_status status);
+/* state_tier.c. Before a step's updates (eps_prepare, before anything changes): the host
+   budget checked; with a spill file, which records keep their state in memory (the
+   others' written out now) and the first reads ahead queued. */
+enum { AHEAD_NONE, AHEAD_QUEUED, AHEAD_TAKEN, EPS_AHEAD_MOST = 64 << 20 };
+l2l_status eps_host_plan(struct l2l_eps *eps);
+/* rec's read ahead, if any, waited for and its buffers freed (its state stays on disk);
+   every record's, between steps. */
+void eps_ahead_drop(struct l2l_eps *eps, struct eps_record *rec);
+void eps_ahead_drop_all(struct l2l_eps *eps);
+/* Sorts records due this step in the order backward completes them. */
+void eps_sort_by_completion(struct eps_record **list, int n);
 
 /* exchange.c. The streams freed (after every exchange has ended). */
 void eps_dist_free(struct l2l_eps *eps);

@@ -108,6 +108,9 @@ void eps_spill_close(struct eps_spill *sp) {
   close(sp->fd);
   unlink(sp->path);   /* gone already (the directory removed under it): nothing to do */
   sp->fd = sp->fd_direct = -1;
+  free(sp->free_list);
+  sp->free_list = NULL;
+  sp->free_n = sp->free_cap = 0;
   pthread_mutex_destroy(&sp->lock);
 }
 
@@ -116,6 +119,18 @@ l2l_status eps_spill_reserve(struct eps_spill *sp, uint64_t bytes, uint64_t *off
     return l2l_fail(L2L_ERR_INVALID, "the spill file is not open");
   uint64_t size = round_up(bytes > 0 ? bytes : 1);
   pthread_mutex_lock(&sp->lock);
+  /* a region given back fits first (the smallest that does): a model whose layers are
+     removed and added between steps keeps its file's size */
+  int best = -1;
+  for (int i = 0; i < sp->free_n; i++)
+    if (sp->free_list[i].bytes >= size && (best < 0 || sp->free_list[i].bytes < sp->free_list[best].bytes))
+      best = i;
+  if (best >= 0) {
+    *offset = sp->free_list[best].at;
+    sp->free_list[best] = sp->free_list[--sp->free_n];
+    pthread_mutex_unlock(&sp->lock);
+    return L2L_OK;
+  }
   uint64_t used = sp->used;
   int err = size > (uint64_t)INT64_MAX - used ? EFBIG
                                               : posix_fallocate(sp->fd, (off_t)used, (off_t)size);
@@ -130,6 +145,20 @@ l2l_status eps_spill_reserve(struct eps_spill *sp, uint64_t bytes, uint64_t *off
   }
   *offset = used;
   return L2L_OK;
+}
+
+void eps_spill_release(struct eps_spill *sp, uint64_t offset, uint64_t bytes) {
+  if (sp == NULL || sp->fd < 0) return;
+  pthread_mutex_lock(&sp->lock);
+  if (sp->free_n == sp->free_cap) {
+    int cap = sp->free_cap ? 2 * sp->free_cap : 64;
+    void *grown = realloc(sp->free_list, (size_t)cap * sizeof *sp->free_list);
+    if (grown != NULL) sp->free_list = grown, sp->free_cap = cap;
+  }
+  /* (no memory for the list: the region stays unused, the file as large as it was) */
+  if (sp->free_n < sp->free_cap)
+    sp->free_list[sp->free_n++] = (struct eps_spill_region){offset, round_up(bytes > 0 ? bytes : 1)};
+  pthread_mutex_unlock(&sp->lock);
 }
 
 /* The whole transfer, through partial reads and writes and interruptions. */

@@ -1,20 +1,32 @@
 /* SPDX-License-Identifier: MIT */
 /* state_tier.c — the optimizer state in the spill file between a record's updates.
  *
- * Purpose: the EPS's first use of its third tier (issue "Beyond host memory"): with a
- * spill file (l2l_eps_spill_state) a record's optimizer state is read back into host
- * memory for its update alone and written out after the update's last wave, while the
- * record is still pending, so that neither its next update nor a checkpoint can start
- * before it is on disk. The file and its I/O are spill.c's; what to read ahead of the
- * update, in the schedule's order, is to come.
- * Must never: free a state array that is not on disk, or leave a failure unreported (the
- * first one on a worker is kept for the step).
+ * Purpose: the EPS's third tier (issue "Beyond host memory"). With a spill file
+ * (l2l_eps_spill_state) the records first in the EPS's list whose state fits
+ * state_keep_bytes keep it in host memory; every other record's state is in the file
+ * between its updates: read back for its update alone and written out after the update's
+ * last wave, while the record is still pending, so that neither its next update nor a
+ * checkpoint can start before it is on disk. The reads are not left to the update: when
+ * a step begins, the records due are listed in the order backward completes them (the
+ * schedule's order, which eps_expect gives), and their state is read ahead into host
+ * buffers, ahead_limit bytes at most waiting at once; each update that takes its state
+ * queues the next read, so the disk works while the device computes and the workers
+ * update. The file and its I/O are spill.c's.
+ * Must never: free a state array that is not on disk, consume a read that a restore has
+ * made stale, or leave a failure unreported (the first one on a worker is kept for the
+ * step).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "record.h"
+
+/* A record's optimizer state, as the host pool counts it. */
+static uint64_t state_bytes(const struct l2l_eps *eps, const struct eps_record *rec) {
+  return (uint64_t)l2l_optim_state_count(&eps->optimizer) *
+         l2l_pool_accounted((uint64_t)rec->shard_n * sizeof(float));
+}
 
 /* Moves rec's state arrays to the spill file (each its own region, reserved the first
    time) and frees their host memory; a failure leaves them in memory. */
@@ -42,7 +54,9 @@ l2l_status eps_state_out(struct l2l_eps *eps, struct eps_record *rec) {
     l2l_tensor_free(rec->state[a]);
     rec->state[a] = NULL;
   }
+  pthread_mutex_lock(&eps->lock);   /* a read ahead looks at it under the lock */
   rec->spilled = true;
+  pthread_mutex_unlock(&eps->lock);
   return L2L_OK;
 }
 
@@ -60,20 +74,186 @@ l2l_status eps_spill_read_state(struct l2l_eps *eps, struct eps_record *rec, int
   return status;
 }
 
-/* Brings a spilled record's state back to host memory; a failure leaves it on disk. */
+/* Under the lock: reads of the next records in the list queued while the window has room
+   (one record always: the window never stalls on a record larger than it). A read that
+   cannot be queued is left to the record's update, which reports its failure. */
+static l2l_status ahead_queue(struct l2l_eps *eps, struct eps_record *rec);
+static void ahead_fill(struct l2l_eps *eps) {
+  while (eps->ahead_next < eps->ahead_n) {
+    struct eps_record *rec = eps->ahead[eps->ahead_next];
+    uint64_t bytes = state_bytes(eps, rec);
+    if (eps->ahead_inflight > 0 && eps->ahead_bytes + bytes > eps->ahead_limit) return;
+    eps->ahead_next++;
+    if (rec->ahead != AHEAD_NONE || !rec->spilled || ahead_queue(eps, rec) != L2L_OK) continue;
+    rec->ahead = AHEAD_QUEUED;
+    eps->ahead_inflight++;
+    eps->ahead_bytes += bytes;
+  }
+}
+
+static l2l_status ahead_queue(struct l2l_eps *eps, struct eps_record *rec) {
+  int arrays = l2l_optim_state_count(&eps->optimizer), queued = 0;
+  l2l_status status = L2L_OK;
+  for (int a = 0; a < arrays && status == L2L_OK; a++) {
+    status = eps_state_new(&rec->ahead_state[a], rec);
+    if (status == L2L_OK)
+      status = eps_spill_queue(eps->spill, &rec->ahead_io[a], false, l2l_tensor_data(rec->ahead_state[a]),
+                               rec->spill_at[a], (uint64_t)rec->shard_n * sizeof(float));
+    if (status == L2L_OK) queued++;
+  }
+  if (status == L2L_OK) return L2L_OK;
+  for (int a = 0; a < queued; a++) eps_spill_wait(&rec->ahead_io[a]);
+  for (int a = 0; a < 2; a++) {
+    l2l_tensor_free(rec->ahead_state[a]);
+    rec->ahead_state[a] = NULL;
+  }
+  return status;
+}
+
+void eps_ahead_drop(struct l2l_eps *eps, struct eps_record *rec) {
+  for (int a = 0; rec->ahead == AHEAD_QUEUED && a < 2; a++) {
+    if (rec->ahead_state[a] == NULL) continue;
+    eps_spill_wait(&rec->ahead_io[a]);
+    l2l_tensor_free(rec->ahead_state[a]);
+    rec->ahead_state[a] = NULL;
+  }
+  pthread_mutex_lock(&eps->lock);
+  rec->ahead = AHEAD_NONE;
+  pthread_mutex_unlock(&eps->lock);
+}
+
+void eps_ahead_drop_all(struct l2l_eps *eps) {
+  for (int i = 0; i < eps->count; i++) eps_ahead_drop(eps, eps->records[i]);
+  pthread_mutex_lock(&eps->lock);
+  eps->ahead_n = eps->ahead_next = eps->ahead_inflight = 0;
+  eps->ahead_bytes = 0;
+  pthread_mutex_unlock(&eps->lock);
+}
+
+/* Which records keep their state in memory (the others' written out now), and the first
+   reads of the step's due records queued. */
+static l2l_status ahead_begin(struct l2l_eps *eps) {
+  /* On one process the last step's updates have all begun (their reads are taken) once
+     its arrivals are counted; with ranks an update begins once its exchange has summed the
+     gradient, which may come later: those are waited for. A read nobody took (an update
+     skipped) is dropped. An update of the last step may still run. */
+  pthread_mutex_lock(&eps->lock);
+  for (int i = 0; eps->dist && i < eps->count; i++)
+    while (eps->records[i]->pending) pthread_cond_wait(&eps->changed, &eps->lock);
+  pthread_mutex_unlock(&eps->lock);
+  eps_ahead_drop_all(eps);
+  uint64_t kept = 0;
+  for (int i = 0; i < eps->count; i++) {
+    struct eps_record *rec = eps->records[i];
+    uint64_t bytes = state_bytes(eps, rec);
+    bool keep = kept + bytes <= eps->state_keep_bytes;
+    if (keep) kept += bytes;
+    pthread_mutex_lock(&eps->lock);
+    rec->keep_state = keep;   /* a running update reads it as it ends, and spills or not */
+    bool settled = !rec->pending;
+    pthread_mutex_unlock(&eps->lock);
+    if (!keep && settled && rec->state[0] != NULL) TRY(eps_state_out(eps, rec));
+  }
+  if (eps->count > 0) {
+    struct eps_record **list = realloc(eps->ahead, (size_t)eps->count * sizeof *list);
+    if (list == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for the spill file's read-ahead list");
+    eps->ahead = list;
+  }
+  int n = 0;
+  pthread_mutex_lock(&eps->lock);
+  for (int i = 0; i < eps->count; i++) {
+    struct eps_record *rec = eps->records[i];
+    if (rec->update_due && rec->expected > 0) eps->ahead[n++] = rec;
+  }
+  eps_sort_by_completion(eps->ahead, n);
+  eps->ahead_n = n;
+  ahead_fill(eps);
+  pthread_mutex_unlock(&eps->lock);
+  return L2L_OK;
+}
+
+/* The state a record holds in memory or on disk, or will from this step's update on. */
+static bool has_state(const struct eps_record *rec) {
+  return rec->state[0] != NULL || rec->spilled || (rec->update_due && rec->expected > 0);
+}
+
+l2l_status eps_host_plan(struct l2l_eps *eps) {
+  uint64_t fixed = 0, state = 0, largest = 0;
+  for (int i = 0; i < eps->count; i++) {
+    const struct eps_record *rec = eps->records[i];
+    uint64_t bytes = has_state(rec) ? state_bytes(eps, rec) : 0;
+    fixed += eps_fixed_bytes(eps, rec);
+    state += bytes;
+    largest = bytes > largest ? bytes : largest;
+  }
+  uint64_t budget = eps->host_budget, keep = 0, window = EPS_AHEAD_MOST;
+  if (budget > 0 && eps->spill) {
+    /* a quarter of what the state may use is the read-ahead window (at least its largest
+       record, at most EPS_AHEAD_MOST); the rest keeps state in memory */
+    uint64_t room = budget > fixed ? budget - fixed : 0;
+    window = room / 4 < largest ? largest : room / 4 > EPS_AHEAD_MOST ? EPS_AHEAD_MOST : room / 4;
+    keep = room > window ? room - window : 0;
+  }
+  uint64_t need = fixed + (eps->spill ? (largest < window ? largest : window) : state);
+  if (budget > 0 && need > budget) {
+    char a[32], b[32], c[32], d[32];
+    return FAIL(L2L_ERR_BUDGET,
+                "the relay's host budget of %llu bytes (%s) is below the %llu (%s) its EPS "
+                "needs: %s of masters, gradient accumulators and staging copies%s %s of "
+                "optimizer state%s",
+                (unsigned long long)budget, l2l_human_bytes(a, sizeof a, budget),
+                (unsigned long long)need, l2l_human_bytes(b, sizeof b, need),
+                l2l_human_bytes(c, sizeof c, fixed), eps->spill ? ", and" : " and",
+                l2l_human_bytes(d, sizeof d, need - fixed),
+                eps->spill ? " (its largest record's, read ahead of its update)"
+                           : ": a spill directory (spill_dir) keeps it on disk instead");
+  }
+  pthread_mutex_lock(&eps->lock);
+  eps->state_keep_bytes = keep;
+  eps->ahead_limit = window;
+  pthread_mutex_unlock(&eps->lock);
+  return eps->spill ? ahead_begin(eps) : L2L_OK;
+}
+
+void l2l_eps_set_host_budget(struct l2l_eps *eps, uint64_t bytes) {
+  pthread_mutex_lock(&eps->lock);
+  eps->host_budget = bytes;
+  pthread_mutex_unlock(&eps->lock);
+}
+
+/* Brings a spilled record's state back to host memory for its update: the read ahead
+   when there is one (the next read then queued), else read now; a failure leaves it on
+   disk. */
 static l2l_status state_in(struct l2l_eps *eps, struct eps_record *rec) {
-  if (!rec->spilled) return L2L_OK;
+  pthread_mutex_lock(&eps->lock);
+  bool spilled = rec->spilled, ahead = rec->ahead == AHEAD_QUEUED;
+  if (ahead) {
+    eps->ahead_inflight--;
+    eps->ahead_bytes -= state_bytes(eps, rec);
+  }
+  if (spilled) ahead ? eps->reads_ahead++ : eps->reads_late++;
+  rec->ahead = AHEAD_TAKEN;
+  ahead_fill(eps);
+  pthread_mutex_unlock(&eps->lock);
+  if (!spilled) return L2L_OK;
   int arrays = l2l_optim_state_count(&eps->optimizer);
   l2l_tensor *fresh[2] = {NULL, NULL};
+  l2l_status status = L2L_OK;
   for (int a = 0; a < arrays; a++) {
-    l2l_status status = eps_spill_read_state(eps, rec, a, &fresh[a]);
-    if (status != L2L_OK) {
-      l2l_tensor_free(fresh[0]);
-      return status;
-    }
+    l2l_status done = ahead ? eps_spill_wait(&rec->ahead_io[a])
+                            : status == L2L_OK ? eps_spill_read_state(eps, rec, a, &fresh[a]) : status;
+    if (ahead) fresh[a] = rec->ahead_state[a], rec->ahead_state[a] = NULL;
+    if (status == L2L_OK) status = done;
+  }
+  if (status != L2L_OK) {
+    l2l_tensor_free(fresh[0]);
+    l2l_tensor_free(fresh[1]);
+    return status;
   }
   for (int a = 0; a < arrays; a++) rec->state[a] = fresh[a];
+  pthread_mutex_lock(&eps->lock);
   rec->spilled = false;
+  pthread_mutex_unlock(&eps->lock);
   return L2L_OK;
 }
 
@@ -97,9 +277,23 @@ l2l_status l2l_eps_io_status(struct l2l_eps *eps) {
   return status == L2L_OK ? L2L_OK : l2l_fail(status, "%s", message);
 }
 
+void l2l_eps_spill_counts(struct l2l_eps *eps, uint64_t *read, uint64_t *written,
+                          int64_t *ahead, int64_t *late, uint64_t *file) {
+  *read = eps->spill ? atomic_load(&eps->spill->read) : 0;
+  *written = eps->spill ? atomic_load(&eps->spill->written) : 0;
+  *file = 0;
+  if (eps->spill) {
+    pthread_mutex_lock(&eps->spill->lock);
+    *file = eps->spill->used;
+    pthread_mutex_unlock(&eps->spill->lock);
+  }
+  pthread_mutex_lock(&eps->lock);
+  *ahead = eps->reads_ahead;
+  *late = eps->reads_late;
+  pthread_mutex_unlock(&eps->lock);
+}
+
 l2l_status l2l_eps_spill_state(struct l2l_eps *eps, const char *dir) {
-  if (eps->dist)
-    return FAIL(L2L_ERR_UNSUPPORTED, "the optimizer state cannot spill under data parallel yet");
   if (eps->spill) return FAIL(L2L_ERR_STATE, "the optimizer state spills already (to %s)", eps->spill->path);
   struct eps_spill *sp = calloc(1, sizeof *sp);
   if (sp == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a spill file");
@@ -115,6 +309,7 @@ l2l_status l2l_eps_spill_state(struct l2l_eps *eps, const char *dir) {
   for (; moved < eps->count && status == L2L_OK; moved++) status = eps_state_out(eps, eps->records[moved]);
   if (status == L2L_OK) return L2L_OK;
   for (int i = 0; i < moved; i++) state_in(eps, eps->records[i]);   /* as it was */
+  eps->reads_late = 0;
   eps->spill = NULL;
   eps_spill_close(sp);
   free(sp);
@@ -124,7 +319,7 @@ l2l_status l2l_eps_spill_state(struct l2l_eps *eps, const char *dir) {
 /* With a spill file: rec's state in memory for its update (read back, or zero for its
    first). */
 l2l_status eps_state_for_update(struct l2l_eps *eps, struct eps_record *rec) {
-  if (rec->spilled) return state_in(eps, rec);
+  TRY(state_in(eps, rec));
   for (int a = 0; a < l2l_optim_state_count(&eps->optimizer); a++) {
     if (rec->state[a] != NULL) continue;
     TRY(eps_state_new(&rec->state[a], rec));

@@ -71,6 +71,8 @@ static l2l_status check_config(const l2l_relay_config *c) {
   if (c->nonfinite_error != 0 && c->nonfinite_error != 1)
     return FAIL(L2L_ERR_INVALID, "config->nonfinite_error must be 0 or 1, got %d",
                 c->nonfinite_error);
+  if (c->spill_dir != NULL && c->spill_dir[0] == '\0')
+    return FAIL(L2L_ERR_INVALID, "config->spill_dir is empty (NULL: no spill file)");
   if (c->grad_precision == L2L_F16 && c->loss_scale == 0)
     return FAIL(L2L_ERR_INVALID, "config->grad_precision f16 needs loss_scale > 0 (f16 gradients "
                 "flush below 6e-8 and turn inf above 65504: loss scaling keeps them in range and "
@@ -168,6 +170,7 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
   l2l_relay *run = calloc(1, sizeof *run);
   if (run == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a relay");
   run->config = *config;
+  run->config.spill_dir = NULL;   /* the copy below, once the EPS has its file */
   if (run->config.param_slots == 0) run->config.param_slots = 2;
   if (run->config.loss_scale_window == 0) run->config.loss_scale_window = 2000;
   run->scale = run->config.loss_scale;
@@ -190,6 +193,13 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
     if (status == L2L_OK) status = l2l_eps_dist_start(&run->eps, THREAD_D2H + 1 + threads);
   }
   run->stats.dist_ranks = config->dist == L2L_DIST_MPI && status == L2L_OK ? l2l_dist_size_now() : 1;
+  if (status == L2L_OK) l2l_eps_set_host_budget(&run->eps, config->host_budget);
+  if (status == L2L_OK && config->spill_dir != NULL) {
+    run->spill_dir = strdup(config->spill_dir);
+    status = run->spill_dir ? l2l_eps_spill_state(&run->eps, config->spill_dir)
+                            : FAIL(L2L_ERR_NOMEM, "no memory for config->spill_dir");
+    run->config.spill_dir = run->spill_dir;
+  }
   if (status == L2L_OK) status = l2l_queue_start(&run->h2d, 1, THREAD_H2D, "host-to-device copy");
   h2d_up = status == L2L_OK;
   if (status == L2L_OK) status = l2l_queue_start(&run->d2h, 1, THREAD_D2H, "device-to-host copy");
@@ -210,6 +220,7 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
     } else {
       if (h2d_up) l2l_queue_stop(&run->h2d);
       if (eps_up) l2l_eps_free(&run->eps);
+      free(run->spill_dir);
       free(run);
     }
     return status;
@@ -245,6 +256,7 @@ void l2l_relay_free(l2l_relay *run) {
   pthread_mutex_destroy(&run->lock);
   l2l_timeline_free(&run->timeline);
   free(run->layers);
+  free(run->spill_dir);
   run->magic = 0;
   free(run);
 }
@@ -370,6 +382,13 @@ l2l_status l2l_relay_set_device_budget(l2l_relay *run, uint64_t bytes) {
   return L2L_OK;
 }
 
+l2l_status l2l_relay_set_host_budget(l2l_relay *run, uint64_t bytes) {
+  RELAY_ENTER(run);
+  run->config.host_budget = bytes;
+  l2l_eps_set_host_budget(&run->eps, bytes);
+  return L2L_OK;
+}
+
 l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan) {
   RELAY_ENTER(run);
   l2l_plan_summary summary;
@@ -405,7 +424,8 @@ l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan) {
 static l2l_status sync_now(l2l_relay *run) {
   l2l_queue_drain(&run->d2h);
   l2l_eps_sync(&run->eps);
-  return relay_check_async(run);
+  TRY(relay_check_async(run));
+  return l2l_eps_io_status(&run->eps);
 }
 
 l2l_status l2l_relay_sync(l2l_relay *run) {
@@ -427,6 +447,12 @@ l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run) {
   out->d2h_seconds = run->timeline.thread_seconds[THREAD_D2H];
   pthread_mutex_unlock(&r->timeline.lock);
   out->dist_sent_bytes = out->dist_received_bytes = l2l_eps_dist_bytes(&run->eps);
+  int64_t ahead;
+  l2l_eps_spill_counts(&r->eps, &out->spill_read_bytes, &out->spill_written_bytes, &ahead,
+                       &out->spill_late_reads, &out->spill_file_bytes);
+  out->spill_read_bytes -= run->spill_read_at;
+  out->spill_written_bytes -= run->spill_written_at;
+  out->spill_late_reads -= run->spill_late_at;
   return L2L_OK;
 }
 

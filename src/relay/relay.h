@@ -59,7 +59,8 @@ struct l2l_relay {
   /* The public call running on the relay (its function name), NULL when none: a relay
      takes one call at a time (relay_enter). */
   _Atomic(const char *) in_call;
-  l2l_relay_config config;
+  l2l_relay_config config;   /* config.spill_dir is spill_dir below (the caller's copied) */
+  char *spill_dir;
   /* The last training step's replayed device peak and what it depended on (budget.c). */
   uint64_t budget_key, budget_peak;
   bool budget_key_set;
@@ -86,6 +87,8 @@ struct l2l_relay {
   l2l_status async_status;    /* a job nobody waits for failed (gradients out) */
   char async_message[256];
   bool warned_nonfinite;      /* a non-finite gradient's skip has been said on stderr */
+  uint64_t spill_read_at, spill_written_at;   /* the spill file's counts when the step began */
+  int64_t spill_late_at;
 };
 
 static inline bool relay_ok(const l2l_relay *run) {

@@ -238,12 +238,17 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
      its gradient arrivals must be counted before this step's bookkeeping starts. */
   l2l_eps_wait_arrivals(&run->eps);
   TRY(relay_check_async(run));
+  TRY(l2l_eps_io_status(&run->eps));   /* the last step's updates could not read or write */
   struct step s = {.run = run, .in = batch, .training = training};
   struct step_plan p;
   atomic_store(&run->eps.step, run->steps + 1);
   /* The step's time starts before its beginning: with ranks, the exchange of sizes there
      is a wait for MPI (exposed_comm), and every part of the step lies within its time. */
   double t0 = l2l_now();
+  int64_t ahead;   /* the spill file's counts before this step's first read ahead */
+  uint64_t file;
+  l2l_eps_spill_counts(&run->eps, &run->spill_read_at, &run->spill_written_at, &ahead,
+                       &run->spill_late_at, &file);
   TRY(step_begin(&s, &p));
   counters_reset(run);
   l2l_device_stamp_anchor(&s.anchor);

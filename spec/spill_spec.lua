@@ -1,0 +1,213 @@
+-- SPDX-License-Identifier: MIT
+-- spill_spec — the EPS's optimizer state on disk (l2l.Relay's spill and host_budget): a
+-- relay whose state lives in a spill file under a host budget trains to the same bits as
+-- the same relay in memory — losses, weights and optimizer state, for SGD with momentum,
+-- AdamW and LAMB, with layers inserted, cloned and removed between steps; reads come
+-- ahead of the updates; host bytes stay within the budget; checkpoints read the state
+-- from the file and load into a spilled relay or a plain one alike; the file goes with
+-- the relay; bad options and budgets too small are refused, naming what works.
+local support = dofile("spec/support.lua")
+local l2l = require("l2l")
+
+local V, n = 12, 6
+local S = 2 * n + 1
+
+local function batches(count, B)
+  local list = {}
+  for i = 1, count do
+    local tok, tgt = support.reversal(B, n, V)
+    list[i] = { l2l.tensor(tok, { dtype = "i32" }), l2l.tensor(tgt, { dtype = "i32" }) }
+  end
+  return list
+end
+
+local function tiny_gpt(seed)
+  return l2l.Sequential {
+    l2l.Embedding { vocab = V, dim = 32, max_seq = S, seed = seed },
+    l2l.Block { dim = 32, heads = 4, causal = true, memory = "frugal", dropout = 0.05, seed = seed + 1 },
+    l2l.Block { dim = 32, heads = 4, causal = true, seed = seed + 2 },
+    l2l.LMHead { vocab = V, dim = 32, tie = true, seed = seed + 3 },
+  }
+end
+
+local optimizers = {
+  { "SGD with momentum", function() return l2l.SGD { lr = 0.05, momentum = 0.9, weight_decay = 0.01 } end },
+  { "AdamW", function() return l2l.AdamW { lr = 3e-3 } end },
+  { "LAMB", function() return l2l.LAMB { lr = 1e-2 } end },
+}
+
+local function bits(t) return support.flatten(t:totable()) end
+
+-- Every value equal to the bit (NaN never is): the first difference named.
+local function same_bits(a, b, what)
+  assert.are.equal(#a, #b, what .. ": sizes")
+  for i = 1, #a do
+    if a[i] ~= b[i] then error(("%s: element %d is %.17g, want %.17g (seed %d)"):format(what, i, a[i], b[i], support.seed), 2) end
+  end
+end
+
+local function entries(dir)
+  local p = io.popen("ls -A " .. dir)
+  local list = {}
+  for line in p:lines() do list[#list + 1] = line end
+  p:close()
+  return list
+end
+
+-- One run of steps with the model changed between them: a block inserted (seeded, so both
+-- runs insert the same), a block cloned, the inserted one removed. Returns the losses, the
+-- model and the relay (not freed).
+local function train(make_opt, options, data)
+  local seed = 11
+  local model = tiny_gpt(seed)
+  local o = { model = model, micro_batch = 4, optimizer = make_opt(), seed = 7 }
+  for k, v in pairs(options) do o[k] = v end
+  local run = l2l.Relay(o)
+  local losses, step, most = {}, 0, 0
+  local function steps(k)
+    for _ = 1, k do
+      step = step + 1
+      losses[step] = run:step(data[step][1], data[step][2])
+      run:sync()   -- (the host bytes of the step's updates, which may end after it returns)
+      most = math.max(most, run:stats().host_eps_bytes)
+    end
+  end
+  steps(2)
+  local fresh = model:insert(3, l2l.Block { dim = 32, heads = 4, causal = true, seed = seed + 9 })
+  steps(2)
+  model:clone(2, 4)
+  steps(2)
+  model:remove(3)
+  fresh:free()
+  steps(2)
+  run:sync()
+  return losses, model, run, most
+end
+
+describe("the EPS on disk (spill)", function()
+  local dir
+  before_each(function() dir = support.tmpdir() end)
+  after_each(function() os.execute("rm -rf " .. dir) end)
+
+  for _, case in ipairs(optimizers) do
+    local name, make_opt = case[1], case[2]
+    it(name .. ": under a host budget, the same to the bit as in memory, as layers come and go", function()
+      local data = batches(8, 8)
+      local want_losses, want_model, want_run, in_memory = train(make_opt, {}, data)
+      -- a budget well below what the EPS holds in memory at its largest: most of the state
+      -- spills (masters and accumulators are half of it with AdamW)
+      local budget = math.floor(in_memory * 0.75)
+      local losses, model, run, most = train(make_opt, { spill = dir, host_budget = budget }, data)
+      for i = 1, #want_losses do
+        assert.is_true(losses[i] == want_losses[i], ("%s step %d: loss %.17g spilled, %.17g in memory (seed %d)"):format(
+          name, i, losses[i], want_losses[i], support.seed))
+      end
+      local want_params, params = want_model:params(), model:params()
+      assert.are.equal(#want_params, #params)
+      for i, p in ipairs(params) do
+        same_bits(bits(p.value), bits(want_params[i].value), name .. " " .. p.name)
+        for _, which in ipairs({ "m", "v" }) do
+          local a, b = run:state(p, which), want_run:state(want_params[i], which)
+          assert.are.equal(a == nil, b == nil, name .. " " .. p.name .. " " .. which .. ": state present alike")
+          if a then
+            same_bits(bits(a), bits(b), name .. " " .. p.name .. "." .. which)
+            a:free()
+            b:free()
+          end
+          if name:find("SGD") then break end
+        end
+      end
+      local st = run:stats()
+      assert.is_true(most <= budget, ("host bytes %d over the budget %d"):format(most, budget))
+      assert.is_true(st.host_eps_bytes < want_run:stats().host_eps_bytes)
+      assert.is_true(st.spill_file_bytes > 0 and st.spill_written_bytes > 0)
+      assert.are.equal(1, #entries(dir), "the relay's one spill file")
+      run:free()
+      want_run:free()
+      assert.are.equal(0, #entries(dir), "the spill file goes with the relay")
+    end)
+  end
+
+  it("reads every record's state ahead of its update when the window holds them", function()
+    local data = batches(4, 8)
+    local model = tiny_gpt(3)
+    local run = l2l.Relay { model = model, micro_batch = 4, optimizer = l2l.AdamW { lr = 1e-3 }, spill = dir }
+    run:step(data[1][1], data[1][2])
+    run:sync()
+    local first = run:stats()
+    assert.are.equal(0, first.spill_read_bytes, "a first update starts from zero: nothing to read")
+    local state = 0
+    for _, p in ipairs(model:params()) do state = state + 2 * 4 * p.value:numel() end
+    assert.is_true(first.spill_written_bytes >= state, ("wrote %d bytes, the state is %d"):format(first.spill_written_bytes, state))
+    for i = 2, 4 do
+      run:step(data[i][1], data[i][2])
+      run:sync()
+      local st = run:stats()
+      assert.is_true(st.spill_read_bytes >= state and st.spill_written_bytes >= state,
+                     ("step %d: read %d, wrote %d, the state is %d"):format(i, st.spill_read_bytes, st.spill_written_bytes, state))
+      assert.are.equal(0, st.spill_late_reads, "no update waited to read its own state")
+    end
+    -- with no host budget every record's state is on disk between steps
+    local plain = 0
+    for _, p in ipairs(model:params()) do plain = plain + 2 * 4 * p.value:numel() end
+    assert.is_true(run:stats().host_eps_bytes < plain * 2, "the optimizer state is not in host memory")
+    run:free()
+  end)
+
+  it("saves a checkpoint from the file and loads it spilled or in memory, the same", function()
+    local data = batches(6, 8)
+    local model = tiny_gpt(5)
+    local run = l2l.Relay { model = model, micro_batch = 4, optimizer = l2l.AdamW { lr = 1e-3 }, spill = dir }
+    for i = 1, 3 do run:step(data[i][1], data[i][2]) end
+    local path = dir .. "/run.l2l"
+    run:save(path)
+    local spilled = l2l.load(path, { spill = dir })
+    local plain = l2l.load(path)
+    for i = 4, 6 do
+      local a = run:step(data[i][1], data[i][2])
+      local b = spilled:step(data[i][1], data[i][2])
+      local c = plain:step(data[i][1], data[i][2])
+      assert.is_true(a == b and b == c, ("step %d: %.17g, loaded spilled %.17g, loaded plain %.17g (seed %d)"):format(i, a, b, c, support.seed))
+    end
+    run:sync(); spilled:sync(); plain:sync()
+    local pa, pb, pc = model:params(), spilled.model:params(), plain.model:params()
+    for i, p in ipairs(pa) do
+      same_bits(bits(pb[i].value), bits(p.value), "loaded spilled " .. p.name)
+      same_bits(bits(pc[i].value), bits(p.value), "loaded plain " .. p.name)
+    end
+    run:free(); spilled:free(); plain:free()
+  end)
+
+  it("refuses what cannot work, naming what would", function()
+    local model = tiny_gpt(1)
+    local ok, err = pcall(l2l.Relay, { model = model, spill = dir .. "/missing" })
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("spill directory .*missing.*make it"), tostring(err))
+    ok, err = pcall(l2l.Relay, { model = model, spill = 5 })
+    assert.is_truthy(tostring(err):find("option 'spill' must be a directory's path"), tostring(err))
+    ok, err = pcall(l2l.Relay, { model = model, spill = "" })
+    assert.is_truthy(tostring(err):find("option 'spill' must be a directory's path"), tostring(err))
+    ok, err = pcall(l2l.Relay, { model = model, host_budget = -1 })
+    assert.is_truthy(tostring(err):find("option 'host_budget' must be at least 0"), tostring(err))
+    -- a budget below the masters and accumulators: refused before anything changes
+    local data = batches(2, 4)
+    local run = l2l.Relay { model = model, micro_batch = 4, optimizer = l2l.AdamW { lr = 1e-3 }, spill = dir, host_budget = 1000 }
+    local before = bits(model:params()[2].value)
+    ok, err = pcall(run.step, run, data[1][1], data[1][2])
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("host budget of 1000 bytes .* is below the %d+"), tostring(err))
+    same_bits(bits(model:params()[2].value), before, "a refused step changes nothing")
+    -- the smallest it names works, a byte less does not
+    local smallest = tonumber(tostring(err):match("is below the (%d+)"))
+    run:set_host_budget(smallest - 1)
+    assert.is_false(pcall(run.step, run, data[1][1], data[1][2]))
+    run:set_host_budget(smallest)
+    run:step(data[1][1], data[1][2])
+    run:free()
+    -- without a spill directory, a budget below the whole EPS is refused and says so
+    run = l2l.Relay { model = model, micro_batch = 4, optimizer = l2l.AdamW { lr = 1e-3 }, host_budget = 1000 }
+    ok, err = pcall(run.step, run, data[1][1], data[1][2])
+    assert.is_truthy(tostring(err):find("spill directory %(spill_dir%) keeps it on disk"), tostring(err))
+    run:free()
+  end)
+end)
