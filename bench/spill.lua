@@ -74,7 +74,7 @@ local function model_of()
 end
 
 local shapes = {
-  { name = "compute dominates", B = 8, S = 256, mb = 4 },
+  { name = "compute dominates", B = 4, S = 128, mb = 2 },
   { name = "disk dominates", B = 1, S = 16, mb = 1 },
 }
 

@@ -546,8 +546,11 @@ add("lua/l2l/safetensors.lua", {
   ["l2l.safetensors.write"] = { n = 3, fname = "safetensors.write",
     args = function() return pack(path("x.safetensors"), { { name = "w", tensor = T { 2 } } }) end,
     refusals = { { "an unknown field of an entry", function(f)
+                     f(path("y.safetensors"), { { name = "w", tensor = T { 2 }, dtpye = "f16" } }) end,
+                   "unknown field 'dtpye'" },
+                 { "a dtype beside a tensor (it would not convert)", function(f)
                      f(path("y.safetensors"), { { name = "w", tensor = T { 2 }, dtype = "f16" } }) end,
-                   "unknown field 'dtype'" } } },
+                   "shape and dtype go with produce" } } },
   ["file:read"] = { n = 2, self = function() return l2l.safetensors.open(weights_file) end,
                     args = function() return pack("w") end },
   ["file:verify"] = { n = 0, self = function() return l2l.safetensors.open(weights_file) end },

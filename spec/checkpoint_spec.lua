@@ -258,6 +258,59 @@ describe("safetensors files (seed " .. seed .. ")", function()
     os.remove(path)
   end)
 
+  it("writes tensors made as it goes (produce) as it writes given ones, checksums and all", function()
+    local path = tmp_path("lazy")
+    collectgarbage()
+    local host_before = l2l.pool_stats("host").current
+    local shapes, made = {}, {}
+    local entries = {}
+    for i = 1, support.int(2, 6) do
+      shapes[i] = { support.int(1, 40), support.int(1, 9) }
+      local name = "t" .. i
+      if i % 2 == 0 then
+        entries[i] = { name = name, tensor = l2l.randn(shapes[i], { seed = seed + i }) }
+        made[name] = entries[i].tensor
+      else
+        entries[i] = { name = name, shape = shapes[i], dtype = "f32", produce = function()
+          local t = l2l.randn(shapes[i], { seed = seed + i })
+          made[name] = t:clone()
+          return t   -- the writer's, freed once written
+        end }
+      end
+    end
+    l2l.safetensors.write(path, entries, { k = "v" })
+    local file = l2l.safetensors.open(path)
+    file:verify()   -- every checksum in the header is the data's, the produced ones too
+    for i = 1, #entries do
+      local read = file:read("t" .. i)
+      local got, want = flat(read), flat(made["t" .. i])
+      read:free()
+      assert.are.same(shapes[i], file.entries["t" .. i].shape)
+      assert.are.same(want, got)
+    end
+    file:close()
+    for _, t in pairs(made) do t:free() end
+    assert.are.equal(host_before, l2l.pool_stats("host").current, "each produced tensor freed once written")
+    -- a tensor not of the shape promised, or a produce that fails: an error naming the
+    -- entry, and the old file left as it was
+    local before = read_bytes(path)
+    local bad = { { name = "a", shape = { 3 }, dtype = "f32", produce = function() return l2l.zeros({ 4 }) end } }
+    local ok, err = pcall(l2l.safetensors.write, path, bad)
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("entry 'a': produce must return a host tensor of f32 and shape {3}", 1, true), tostring(err))
+    bad[1].produce = function() error("no state here") end
+    ok, err = pcall(l2l.safetensors.write, path, bad)
+    assert.is_truthy(tostring(err):find("entry 'a':.*no state here"), tostring(err))
+    assert.are.equal(before, read_bytes(path), "a failed write leaves the old file")
+    for _, e in ipairs({ { name = "b", shape = { 0 }, dtype = "f32", produce = print },
+                         { name = "b", shape = { 2 }, dtype = "f64", produce = print },
+                         { name = "b", shape = { 2 }, dtype = "f32", produce = 5 },
+                         { name = "b", shape = { 2 }, dtype = "f32", produce = print, tensor = l2l.zeros({ 2 }) } }) do
+      assert.is_false(pcall(l2l.safetensors.write, path, { e }))
+    end
+    os.remove(path)
+  end)
+
   it("leaves nothing behind when it cannot write", function()
     local ok, err = pcall(l2l.safetensors.write, "/nonexistent-dir-l2l/x.safetensors",
                           { { name = "w", tensor = l2l.zeros({ 2 }) } })

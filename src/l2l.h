@@ -550,6 +550,11 @@ typedef struct l2l_optimizer_config {
   int decay_all;         /* 1: decay biases, LayerNorm and embeddings too */
 } l2l_optimizer_config;
 
+/* The optimizer state arrays a record keeps from its first update on, each the size of
+   its parameter: SGD 1 with momentum > 0, else 0; AdamW and LAMB 2. The config is
+   checked first. */
+L2L_API l2l_status l2l_optimizer_state_arrays(int *out, const l2l_optimizer_config *config);
+
 /* Learning rate at update t (1-based): base * factor(t).
    constant: 1 after warm-up. cosine: after warm-up, from 1 down to final_ratio at t =
    total along half a cosine. linear: likewise along a straight line. Warm-up: factor
@@ -877,7 +882,9 @@ L2L_API l2l_status l2l_relay_events(l2l_relay_event *out, const l2l_relay *run, 
                                     int64_t count);
 /* The optimizer state of a record in the relay: which = 0 the first moment (SGD: the
    momentum buffer), 1 the second moment. *out is borrowed (NULL while the record has none
-   yet, e.g. before its first update). Waits for pending updates. */
+   yet, e.g. before its first update) until the next step, or until this is asked of
+   another record (a copy read from the spill file or gathered from the ranks is freed
+   then: a checkpoint holds one record's state at a time). Waits for pending updates. */
 L2L_API l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_param *param,
                                          int which);
 

@@ -316,6 +316,8 @@ typedef struct l2l_optimizer_config {
   int decay_all;
 } l2l_optimizer_config;
 
+l2l_status l2l_optimizer_state_arrays(int *out, const l2l_optimizer_config *config);
+
 typedef enum l2l_schedule_kind {
   L2L_SCHEDULE_CONSTANT = 0,
   L2L_SCHEDULE_COSINE = 1,

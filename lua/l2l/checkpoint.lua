@@ -151,8 +151,14 @@ function M.save(run, path, extra)
   end
   local writer = not parallel or dist.rank() == 0
   local entries, seen = {}, {}
-  local copies = {}   -- the optimizer state's host copies, freed before save returns
   local updates_out = ffi.new("int64_t[1]")
+  -- A record's optimizer state is read when the file gets to it and freed once written
+  -- (the writer's produce): the state may live in a spill file and exceed memory. Which
+  -- arrays a record has follows from its update count and the optimizer.
+  local cfg, arrays = ffi.new("l2l_optimizer_config"), ffi.new("int[1]")
+  s.optimizer:fill(cfg)
+  lib.check(C.l2l_optimizer_state_arrays(arrays, cfg), fname, 2)
+
   for i, layer in ipairs(run.model) do
     local ok, d = pcall(describe_layer, layer, i, fname)
     if not ok then error(d, 2) end
@@ -168,16 +174,34 @@ function M.save(run, path, extra)
         local rec = { name = name, updates = tonumber(updates_out[0]), state = 0, grad = mid_accumulation }
         entries[#entries + 1] = { name = name, tensor = p.value }
         for k, which in ipairs({ "m", "v" }) do
-          local st = run:state(p, which)
-          if st ~= nil then
-            copies[#copies + 1] = st
-            entries[#entries + 1] = { name = name .. "." .. which, tensor = st }
+          if rec.updates > 0 and k <= arrays[0] then
+            local function produce()
+              local st = run:state(p, which)
+              if st == nil then error("record " .. name .. " has no optimizer state " .. which, 0) end
+              return st
+            end
+            entries[#entries + 1] = { name = name .. "." .. which, shape = p.value:shape(), dtype = "f32",
+                                      produce = produce }
             rec.state = k
           end
         end
         if mid_accumulation then entries[#entries + 1] = { name = name .. ".grad", tensor = p.grad } end
         desc.records[#desc.records + 1] = rec
       end
+    end
+  end
+  -- With ranks every rank gathers every record's state (collectives) before rank 0
+  -- writes, so that a write failing part way leaves no rank waiting in a gather.
+  local copies = {}
+  for _, e in ipairs(parallel and entries or {}) do
+    if e.produce then
+      local ok, st = pcall(e.produce)
+      if not ok then
+        for _, t in ipairs(copies) do t:free() end
+        error(fname .. ": " .. tostring(st), 2)
+      end
+      copies[#copies + 1] = st
+      e.tensor, e.produce, e.shape, e.dtype = st, nil, nil, nil
     end
   end
   local okj, json = pcall(cjson.encode, exact_json(desc))

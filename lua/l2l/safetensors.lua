@@ -2,6 +2,9 @@
 -- l2l.safetensors — reading and writing tensors in the safetensors format, atomically.
 --
 --   safetensors.write(path, { {name =, tensor =}, ... } [, metadata = {key = "string"}])
+--     (an entry may instead give {name =, shape =, dtype =, produce = function}: produce()
+--     returns a host tensor of that shape and dtype when its bytes are written, which the
+--     writer frees then: a file larger than memory is written one tensor at a time)
 --   local file = safetensors.open(path)      -- header read and checked, data not yet
 --   file.names, file.entries[name] = {dtype =, shape =, offset =, bytes =}, file.metadata
 --   file:read(name [, into]) -> a host tensor (into: an existing tensor of that shape)
@@ -168,7 +171,39 @@ end
 
 -- entries: { {name = string, tensor = host or device tensor}, ... } in file order;
 -- metadata: a table of string values (or nil).
-local ENTRY_FIELDS = { name = true, tensor = true }
+local ENTRY_FIELDS = { name = true, tensor = true, shape = true, dtype = true, produce = true }
+
+-- An entry made when written: its shape and dtype checked now (d gets them).
+local function lazy_entry(e, d)
+  if type(e.produce) ~= "function" then error("produce must be a function", 0) end
+  if e.tensor ~= nil then error("give a tensor or produce, not both", 0) end
+  if SIZES[e.dtype] == nil then error("dtype must be f32, f16, bf16, i32 or u8, got " .. argcheck.describe(e.dtype), 0) end
+  if type(e.shape) ~= "table" or #e.shape < 1 or #e.shape > MAX_DIMS then
+    error("shape must be a list of 1 to " .. MAX_DIMS .. " sizes", 0)
+  end
+  local n = 1
+  for _, v in ipairs(e.shape) do
+    if type(v) ~= "number" or v < 1 or v ~= floor(v) or v >= 2 ^ 53 then
+      error("shape must hold whole sizes >= 1, got " .. argcheck.describe(v), 0)
+    end
+    n = n * v
+  end
+  d.shape, d.dtype, d.bytes = e.shape, e.dtype, n * SIZES[e.dtype]
+end
+
+-- What a lazy entry's produce() returned, checked against what the header said.
+local function produced(d, name)
+  local ok, t = pcall(d.produce)
+  if not ok then error(("entry '%s': %s"):format(name, tostring(t)), 0) end
+  local same = tensor.is_tensor(t) and t:pool() == "host" and t:dtype() == d.dtype and #t:shape() == #d.shape
+  for k = 1, same and #d.shape or 0 do same = same and t:shape()[k] == d.shape[k] end
+  if not same then
+    if tensor.is_tensor(t) then t:free() end
+    error(("entry '%s': produce must return a host tensor of %s and shape {%s}"):format(
+      name, d.dtype, table.concat(d.shape, ", ")), 0)
+  end
+  return t
+end
 
 function M.write(path, entries, metadata, ...)
   local fname = "safetensors.write"
@@ -181,17 +216,27 @@ function M.write(path, entries, metadata, ...)
     if type(e) ~= "table" or type(e.name) ~= "string" or e.name == "" or e.name == "__metadata__" then
       error(("%s: entry %d must have a name (a non-empty string other than __metadata__)"):format(fname, i), 2)
     end
-    argcheck.fields(e, ENTRY_FIELDS, fname, 2, ("entry %d ('%s')"):format(i, e.name))
+    local what = ("entry %d ('%s')"):format(i, e.name)
+    argcheck.fields(e, ENTRY_FIELDS, fname, 2, what)
     if seen[e.name] then error(("%s: name '%s' appears twice"):format(fname, e.name), 2) end
     seen[e.name] = true
-    local t = e.tensor
-    if not tensor.is_tensor(t) then error(("%s: entry '%s' has no tensor"):format(fname, e.name), 2) end
-    if t:pool() ~= "host" then t = t:to("host") end
-    local bytes = t:numel() * SIZES[t:dtype()]
-    header[e.name] = { dtype = FORMAT_NAMES[t:dtype()], shape = t:shape(),
-                       data_offsets = { offset, offset + bytes } }
-    datas[#datas + 1] = { t = t, bytes = bytes }
-    offset = offset + bytes
+    local d = { produce = e.produce }
+    if e.produce ~= nil then   -- made when written: its shape and dtype now
+      local ok, why = pcall(lazy_entry, e, d)
+      if not ok then error(("%s: %s: %s"):format(fname, what, why), 2) end
+    else
+      local t = e.tensor
+      if not tensor.is_tensor(t) then error(("%s: entry '%s' has no tensor"):format(fname, e.name), 2) end
+      if e.shape ~= nil or e.dtype ~= nil then
+        error(("%s: %s: shape and dtype go with produce (a tensor given is written as it is)"):format(fname, what), 2)
+      end
+      if t:pool() ~= "host" then t = t:to("host") end
+      d.t, d.shape, d.dtype, d.bytes = t, t:shape(), t:dtype(), t:numel() * SIZES[t:dtype()]
+    end
+    header[e.name] = { dtype = FORMAT_NAMES[d.dtype], shape = d.shape,
+                       data_offsets = { offset, offset + d.bytes } }
+    datas[#datas + 1] = d
+    offset = offset + d.bytes
   end
   local meta = {}
   if metadata ~= nil then
@@ -205,12 +250,20 @@ function M.write(path, entries, metadata, ...)
   end
   local ok_x, x = pcall(xxhash)
   if not ok_x then error(fname .. ": " .. tostring(x), 2) end
+  -- A tensor made when written has its sum once it is: the header goes out with 16 zeros
+  -- in its place and is written again at the end, the same length (the same tables, each
+  -- sum 16 hex digits, so cjson lays them out alike).
   local sums = {}
-  for i, e in ipairs(entries) do sums[e.name] = hex64(x.XXH3_64bits(datas[i].t:data(), datas[i].bytes)) end
-  meta[CHECKSUMS] = cjson.encode(sums)
-  header.__metadata__ = meta
-  local json = cjson.encode(header)
-  json = json .. (" "):rep((8 - #json % 8) % 8)
+  for i, e in ipairs(entries) do
+    sums[e.name] = datas[i].t and hex64(x.XXH3_64bits(datas[i].t:data(), datas[i].bytes)) or ("0"):rep(16)
+  end
+  local function header_json()
+    meta[CHECKSUMS] = cjson.encode(sums)
+    header.__metadata__ = meta
+    local json = cjson.encode(header)
+    return json .. (" "):rep((8 - #json % 8) % 8)
+  end
+  local json = header_json()
   if #json > MAX_HEADER then   -- a file l2l could not read back is not written
     error(("%s: the header would be %d bytes, over the %d l2l reads (%d tensors; metadata %s)")
           :format(fname, #json, MAX_HEADER, #entries, metadata and "given" or "none"), 2)
@@ -226,7 +279,26 @@ function M.write(path, entries, metadata, ...)
     end
     local head = u64_le(#json) .. json
     put(head, #head)
-    for _, d in ipairs(datas) do put(d.t:data(), d.bytes) end
+    local lazy = false
+    for i, d in ipairs(datas) do
+      if d.produce then
+        lazy = true
+        local t = produced(d, entries[i].name)
+        local ok, err = pcall(put, t:data(), d.bytes)
+        if ok then sums[entries[i].name] = hex64(x.XXH3_64bits(t:data(), d.bytes)) end
+        t:free()
+        if not ok then error(err, 0) end
+      else
+        put(d.t:data(), d.bytes)
+      end
+    end
+    if lazy then
+      local again = header_json()
+      assert(#again == #json, "the header changed length with its checksums")
+      if C.fseeko(f, 0, SEEK_SET) ~= 0 then error(os_error("cannot seek in", tmp), 0) end
+      head = u64_le(#again) .. again
+      put(head, #head)
+    end
     if C.fflush(f) ~= 0 then error(os_error("cannot write", tmp), 0) end
     if C.fsync(C.fileno(f)) ~= 0 then error(os_error("cannot sync", tmp), 0) end
   end)

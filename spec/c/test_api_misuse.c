@@ -2058,6 +2058,32 @@ done:
   l2l_layer_free(fine);
 }
 
+/* ---------------------------------------------------------------- optimizers */
+
+/* Covers: l2l_optimizer_state_arrays (and what it answers for good configs). */
+TEST(misuse_optimizer_state_arrays) {
+  l2l_relay_config rc;
+  l2l_relay_config_default(&rc);
+  l2l_optimizer_config good = rc.optimizer;   /* AdamW */
+  int out = -77;
+  REFUSES(l2l_optimizer_state_arrays(NULL, &good), L2L_ERR_INVALID, "out");
+  REFUSES(l2l_optimizer_state_arrays(&out, NULL), L2L_ERR_INVALID, "config");
+  l2l_optimizer_config bad = good;
+  bad.kind = (l2l_optimizer_kind)7;
+  REFUSES(l2l_optimizer_state_arrays(&out, &bad), L2L_ERR_INVALID, "kind 7");
+  bad = good;
+  bad.lr = NAN;
+  REFUSES(l2l_optimizer_state_arrays(&out, &bad), L2L_ERR_INVALID, "lr");
+  CHECK(out == -77, "a refusal wrote %d", out);
+  CHECK(l2l_optimizer_state_arrays(&out, &good) == L2L_OK && out == 2, "AdamW: %d arrays", out);
+  l2l_optimizer_config sgd = good;
+  sgd.kind = L2L_OPTIMIZER_SGD;
+  sgd.momentum = 0;
+  CHECK(l2l_optimizer_state_arrays(&out, &sgd) == L2L_OK && out == 0, "SGD: %d arrays", out);
+  sgd.momentum = 0.9f;
+  CHECK(l2l_optimizer_state_arrays(&out, &sgd) == L2L_OK && out == 1, "SGD with momentum: %d arrays", out);
+}
+
 /* ---------------------------------------------------------------- schedules */
 
 /* Covers: l2l_schedule_lr. */

@@ -16,7 +16,7 @@
  * each step (bench/relay: about 12 % of a step on the CPU backend). Like a GPU's
  * caching allocator, the cache is counted in `reserved` and l2l_device_release_cache
  * gives it back.
- * A sanitizer build (L2L_SANITIZE) uses aligned_alloc instead, so that AddressSanitizer
+ * A sanitizer build (L2L_SANITIZE) uses posix_memalign instead, so that AddressSanitizer
  * sees every buffer.
  * The pinned pool hands out blocks of a block cache (core.h) whose memory the device
  * table page-locks when one is installed, else plain host memory (nothing to lock for:
@@ -198,14 +198,18 @@ void l2l_pool_release_cached(void) {
   }
 }
 
-/* Host memory of pool p's arena (aligned_alloc in a sanitizer build); NULL if refused.
-   The arena exists: l2l_pool_alloc made it before. */
+/* Host memory of pool p's arena (posix_memalign in a sanitizer build); NULL if refused.
+   The arena exists: l2l_pool_alloc made it before. A buffer of a page or more starts on a
+   page: the EPS's spill file moves such buffers around the page cache (O_DIRECT wants
+   page-aligned memory), and jemalloc otherwise offsets large ones by a random cache line. */
 static void *arena_alloc(const struct pool *p, uint64_t bytes) {
+  size_t align = bytes >= 4096 ? 4096 : L2L_ALIGN;
 #ifdef L2L_SANITIZE
   (void)p;
-  return aligned_alloc(L2L_ALIGN, bytes);
+  void *ptr = NULL;   /* (posix_memalign: any size; C11's aligned_alloc wants a multiple) */
+  return posix_memalign(&ptr, align, bytes) == 0 ? ptr : NULL;
 #else
-  return mallocx(bytes, MALLOCX_ALIGN(L2L_ALIGN) | MALLOCX_ARENA(p->arena) | MALLOCX_TCACHE_NONE);
+  return mallocx(bytes, MALLOCX_ALIGN(align) | MALLOCX_ARENA(p->arena) | MALLOCX_TCACHE_NONE);
 #endif
 }
 

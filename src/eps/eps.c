@@ -40,7 +40,17 @@ l2l_status l2l_eps_init(struct l2l_eps *eps, const l2l_optimizer_config *optimiz
   return status;
 }
 
+void eps_gathered_free(struct l2l_eps *eps) {
+  struct eps_record *rec = eps->gathered_last;
+  for (int a = 0; rec != NULL && a < 2; a++) {
+    l2l_tensor_free(rec->gathered[a]);
+    rec->gathered[a] = NULL;
+  }
+  eps->gathered_last = NULL;
+}
+
 static void record_free(struct eps_record *rec) {
+  if (rec->eps->gathered_last == rec) rec->eps->gathered_last = NULL;
   struct eps_spill *spill = rec->eps->spill;
   for (int a = 0; spill && rec->spill_reserved && a < l2l_optim_state_count(&rec->eps->optimizer); a++)
     eps_spill_release(spill, rec->spill_at[a], (uint64_t)rec->shard_n * sizeof(float));
@@ -278,11 +288,8 @@ void l2l_eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr)
     rec->sumsq = 0;
     rec->first_expect = -1;
     rec->agreed = false;
-    for (int a = 0; a < 2; a++) {   /* a checkpoint's gathered state is stale from here */
-      l2l_tensor_free(rec->gathered[a]);
-      rec->gathered[a] = NULL;
-    }
   }
+  eps_gathered_free(eps);   /* a checkpoint's gathered state is stale from here */
   eps->expects = 0;
   pthread_mutex_unlock(&eps->lock);
 }

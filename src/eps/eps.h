@@ -144,6 +144,7 @@ struct l2l_eps {
   /* The spill file holding the optimizer state between updates (NULL: host memory), and
      the first failure of its I/O on a worker, for the step to report (io_status). */
   struct eps_spill *spill;
+  struct eps_record *gathered_last;   /* the record whose whole state a checkpoint holds */
   l2l_status io_status;
   char io_message[256];
   /* The host budget (0: none) and what it leaves (state_tier.c): the optimizer state of
@@ -262,9 +263,10 @@ l2l_status l2l_eps_dist_start(struct l2l_eps *eps, int lane);
    are counted). */
 void l2l_eps_wait_agreed(struct l2l_eps *eps);
 /* The optimizer state array `which` of rec, whole (NULL before the first update): on one
-   process the state itself; with ranks gathered from every rank's shard (collective:
-   every rank asks for the same records in the same order), kept until the next step.
-   Between steps, after l2l_eps_sync. */
+   process the state itself (read from the spill file if it is there); with ranks gathered
+   from every rank's shard (collective: every rank asks for the same records in the same
+   order). A copy read or gathered is kept until the next step or until another record's
+   is asked for. Between steps, after l2l_eps_sync. */
 l2l_status l2l_eps_state_whole(l2l_tensor **out, struct l2l_eps *eps, struct eps_record *rec,
                                int which);
 /* Bytes the exchanges of the last step that updated send per rank (ring accounting:

@@ -238,6 +238,10 @@ l2l_status l2l_eps_state_whole(l2l_tensor **out, struct l2l_eps *eps, struct eps
     *out = rec->gathered[which];
     return L2L_OK;
   }
+  /* Another record's copies go: a checkpoint asks for one record after another, and holds
+     one record's state at a time, never the model's (a spilled EPS may exceed memory). */
+  if (eps->gathered_last != rec) eps_gathered_free(eps);
+  eps->gathered_last = rec;
   l2l_tensor *shard = rec->state[which], *read = NULL;
   if (rec->spilled) {   /* from the spill file (kept until the next step as a gathered one) */
     if (which >= l2l_optim_state_count(&eps->optimizer)) return L2L_OK;

@@ -103,6 +103,14 @@ int l2l_optim_state_count(const l2l_optimizer_config *c) {
   return ops != NULL ? ops->state_count(c) : -1; /* unknown kind: the config was not checked */
 }
 
+l2l_status l2l_optimizer_state_arrays(int *out, const l2l_optimizer_config *config) {
+  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  if (config == NULL) return FAIL(L2L_ERR_INVALID, "config is NULL");
+  TRY(l2l_optimizer_check(config));
+  *out = l2l_optim_state_count(config);
+  return L2L_OK;
+}
+
 /* ---------------------------------------------------------------- schedules */
 
 l2l_status l2l_schedule_lr(double *out, const l2l_schedule_config *schedule, double base_lr,

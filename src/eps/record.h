@@ -72,6 +72,10 @@ void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave);
    copy rewritten first when one was asked for. */
 void eps_record_settled(struct l2l_eps *eps, struct eps_record *rec);
 
+/* eps.c: the whole state l2l_eps_state_whole gathered or read for a checkpoint, freed
+   (only eps->gathered_last has any). */
+void eps_gathered_free(struct l2l_eps *eps);
+
 /* eps.c: rec's host bytes but its optimizer state's (master, accumulator, staging copy,
    with ranks the reduced shard). */
 uint64_t eps_fixed_bytes(const struct l2l_eps *eps, const struct eps_record *rec);
