@@ -61,13 +61,24 @@ local function train(make_opt, options, data)
   local seed = 11
   local model = tiny_gpt(seed)
   local o = { model = model, micro_batch = 4, optimizer = make_opt(), seed = 7 }
-  for k, v in pairs(options) do o[k] = v end
+  for k, v in pairs(options) do o[k] = k ~= "tight" and v or nil end
+  if options.tight then o.host_budget = 1 end
   local run = l2l.Relay(o)
   local losses, step, most = {}, 0, 0
   local function steps(k)
     for _ = 1, k do
       step = step + 1
-      losses[step] = run:step(data[step][1], data[step][2])
+      local ok, loss = pcall(run.step, run, data[step][1], data[step][2])
+      -- tight: the budget is the smallest that works for the model as it is now (a refused
+      -- step changes nothing: it is taken again within the budget it names)
+      local smallest = not ok and options.tight and tonumber(tostring(loss):match("is below the (%d+)"))
+      if smallest then
+        run:set_host_budget(smallest)
+        loss = run:step(data[step][1], data[step][2])
+      elseif not ok then
+        error(loss, 0)
+      end
+      losses[step] = loss
       run:sync()   -- (the host bytes of the step's updates, which may end after it returns)
       most = math.max(most, run:stats().host_eps_bytes)
     end
@@ -95,9 +106,19 @@ describe("the EPS on disk (spill)", function()
       local data = batches(8, 8)
       local want_losses, want_model, want_run, in_memory = train(make_opt, {}, data)
       -- a budget well below what the EPS holds in memory at its largest: most of the state
-      -- spills (masters and accumulators are half of it with AdamW)
+      -- spills (masters and accumulators are half of it with AdamW); then the smallest
+      -- budget that works, step by step, where updates wait for room one at a time
       local budget = math.floor(in_memory * 0.75)
       local losses, model, run, most = train(make_opt, { spill = dir, host_budget = budget }, data)
+      local tight_losses, tight_model, tight_run = train(make_opt, { spill = dir, tight = true }, data)
+      for i = 1, #want_losses do
+        assert.is_true(tight_losses[i] == want_losses[i], ("%s step %d: loss %.17g at the smallest budget, %.17g in memory (seed %d)"):format(
+          name, i, tight_losses[i], want_losses[i], support.seed))
+      end
+      for i, p in ipairs(tight_model:params()) do
+        same_bits(bits(p.value), bits(want_model:params()[i].value), name .. " at the smallest budget: " .. p.name)
+      end
+      tight_run:free()
       for i = 1, #want_losses do
         assert.is_true(losses[i] == want_losses[i], ("%s step %d: loss %.17g spilled, %.17g in memory (seed %d)"):format(
           name, i, losses[i], want_losses[i], support.seed))

@@ -81,6 +81,7 @@ void l2l_eps_free(struct l2l_eps *eps) {
   free(spill);
   free(eps->records);
   free(eps->ahead);
+  free(eps->waiting);
   pthread_mutex_destroy(&eps->lock);
   pthread_cond_destroy(&eps->changed);
 }
@@ -372,6 +373,10 @@ void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave) {
 }
 
 void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
+  if (eps->spill == NULL || eps_update_room(eps, rec, grad_scale)) eps_update_begin(eps, rec, grad_scale);
+}
+
+void eps_update_begin(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
   if (eps->spill) {
     l2l_status status = eps_state_for_update(eps, rec);
     if (status != L2L_OK) {   /* not updated: the next step reports it (l2l_eps_io_status) */
@@ -382,12 +387,13 @@ void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_sc
       l2l_tensor_fill(rec->grad, 0.0);
       if (eps->dist) {   /* the other ranks wait for its all-gather: the shard as it is */
         eps_exchange_updated(eps, rec);
-        return;
+      } else {
+        pthread_mutex_lock(&eps->lock);
+        rec->pending = false;
+        pthread_cond_broadcast(&eps->changed);
+        pthread_mutex_unlock(&eps->lock);
       }
-      pthread_mutex_lock(&eps->lock);
-      rec->pending = false;
-      pthread_cond_broadcast(&eps->changed);
-      pthread_mutex_unlock(&eps->lock);
+      eps_room_return(eps, rec);
       return;
     }
   }
@@ -434,6 +440,7 @@ static void chunk_run(struct l2l_job *job, int thread) {
     rec->wave_sums[1] += sums[1];
   }
   bool wave_done = --rec->chunks_left == 0;
+  bool room = wave_done && last_wave && rec->room;   /* given back once the record settles */
   if (wave_done && last_wave && eps->spill && !rec->keep_state) {
     /* the state back to disk while the record is still pending: its next update (or a
        checkpoint) cannot start before (every other chunk of it is done) */
@@ -460,6 +467,7 @@ static void chunk_run(struct l2l_job *job, int thread) {
     else eps_queue_wave(eps, rec, cj->wave + 1);
   }
   if (stage && !exchange) eps_queue_wave(eps, rec, STAGE_WAVE);
+  if (room) eps_room_return(eps, rec);
 }
 
 void eps_record_settled(struct l2l_eps *eps, struct eps_record *rec) {

@@ -150,13 +150,14 @@ struct l2l_eps {
   /* The host budget (0: none) and what it leaves (state_tier.c): the optimizer state of
      the records first in this list that fit state_keep_bytes stays in host memory (0:
      every record's spills); the state of a step's due spilled records is read in the
-     order backward completes them (the schedule's: ahead[0 .. ahead_n)), ahead_limit
-     bytes at most in flight or waiting for their update (always one record). Under the
-     lock. */
+     order backward completes them (the schedule's: ahead[0 .. ahead_n)), ahead_bytes of
+     reads queued or waiting for their update, and update_bytes of state in memory for
+     updates under way, each at most ahead_limit (or one record): an update with no room
+     waits in `waiting` until one under way ends. Under the lock. */
   uint64_t host_budget, state_keep_bytes, ahead_limit;
-  struct eps_record **ahead;
-  int ahead_n, ahead_next, ahead_inflight;
-  uint64_t ahead_bytes;
+  struct eps_record **ahead, **waiting;
+  int ahead_n, ahead_next, waiting_n, lists_cap;
+  uint64_t ahead_bytes, update_bytes;
   int64_t reads_ahead, reads_late;   /* records read before their update, at it (counts) */
   /* The relay's step, for a timeout's report: set by the relay as a step begins while the
      last step's updates (and their exchanges) may still run on the workers. */

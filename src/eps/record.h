@@ -30,6 +30,8 @@ struct eps_record {
                                   ahead_state), _TAKEN (its update has its state) */
   l2l_tensor *ahead_state[2];
   struct eps_spill_io ahead_io[2];
+  bool room;                   /* its update's state counts in eps->update_bytes */
+  float wait_grad_scale;       /* of its update waiting for room (in eps->waiting) */
   l2l_tensor *staging;         /* device-precision copy (pinned), NULL: the master is it */
   int users;                   /* relay layers holding the record */
   int64_t updates;             /* t of its last update */
@@ -67,6 +69,9 @@ struct eps_record {
    chunks (STAGE_WAVE: the staging copy rewritten from the whole master). */
 enum { STAGE_WAVE = -1 };
 void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
+/* The same once the spill tier has given the update room (state_tier.c starts a waiting
+   one with it). */
+void eps_update_begin(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
 void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave);
 /* eps.c: rec's exchange has ended (updated or skipped): no longer pending; its staging
    copy rewritten first when one was asked for. */
@@ -101,6 +106,12 @@ l2l_status eps_host_plan(struct l2l_eps *eps);
    every record's, between steps. */
 void eps_ahead_drop(struct l2l_eps *eps, struct eps_record *rec);
 void eps_ahead_drop_all(struct l2l_eps *eps);
+/* With a spill file, before rec's update takes its state: true when there is room for it
+   (it is kept in memory, or update_bytes has room: counted there now); else its update
+   waits (rec pending) and false. eps_room_return gives the room back once the update has
+   written its state out (or failed), and starts the waiting updates that now fit. */
+bool eps_update_room(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
+void eps_room_return(struct l2l_eps *eps, struct eps_record *rec);
 /* Sorts records due this step in the order backward completes them. */
 void eps_sort_by_completion(struct eps_record **list, int n);
 

@@ -82,11 +82,10 @@ static void ahead_fill(struct l2l_eps *eps) {
   while (eps->ahead_next < eps->ahead_n) {
     struct eps_record *rec = eps->ahead[eps->ahead_next];
     uint64_t bytes = state_bytes(eps, rec);
-    if (eps->ahead_inflight > 0 && eps->ahead_bytes + bytes > eps->ahead_limit) return;
+    if (eps->ahead_bytes > 0 && eps->ahead_bytes + bytes > eps->ahead_limit) return;
     eps->ahead_next++;
     if (rec->ahead != AHEAD_NONE || !rec->spilled || ahead_queue(eps, rec) != L2L_OK) continue;
     rec->ahead = AHEAD_QUEUED;
-    eps->ahead_inflight++;
     eps->ahead_bytes += bytes;
   }
 }
@@ -111,22 +110,59 @@ static l2l_status ahead_queue(struct l2l_eps *eps, struct eps_record *rec) {
 }
 
 void eps_ahead_drop(struct l2l_eps *eps, struct eps_record *rec) {
-  for (int a = 0; rec->ahead == AHEAD_QUEUED && a < 2; a++) {
+  pthread_mutex_lock(&eps->lock);
+  bool queued = rec->ahead == AHEAD_QUEUED;
+  if (queued) eps->ahead_bytes -= state_bytes(eps, rec);
+  rec->ahead = AHEAD_NONE;
+  pthread_mutex_unlock(&eps->lock);
+  for (int a = 0; queued && a < 2; a++) {
     if (rec->ahead_state[a] == NULL) continue;
     eps_spill_wait(&rec->ahead_io[a]);
     l2l_tensor_free(rec->ahead_state[a]);
     rec->ahead_state[a] = NULL;
   }
-  pthread_mutex_lock(&eps->lock);
-  rec->ahead = AHEAD_NONE;
-  pthread_mutex_unlock(&eps->lock);
 }
 
 void eps_ahead_drop_all(struct l2l_eps *eps) {
   for (int i = 0; i < eps->count; i++) eps_ahead_drop(eps, eps->records[i]);
   pthread_mutex_lock(&eps->lock);
-  eps->ahead_n = eps->ahead_next = eps->ahead_inflight = 0;
-  eps->ahead_bytes = 0;
+  eps->ahead_n = eps->ahead_next = 0;
+  pthread_mutex_unlock(&eps->lock);
+}
+
+bool eps_update_room(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
+  uint64_t bytes = state_bytes(eps, rec);
+  pthread_mutex_lock(&eps->lock);
+  bool room = rec->keep_state || eps->update_bytes == 0 ||
+              eps->update_bytes + bytes <= eps->ahead_limit || eps->waiting_n >= eps->lists_cap;
+  if (room && !rec->keep_state) {
+    eps->update_bytes += bytes;
+    rec->room = true;
+  } else if (!room) {   /* (pending: whoever copies the record waits for this update) */
+    rec->pending = true;
+    rec->wait_grad_scale = grad_scale;
+    eps->waiting[eps->waiting_n++] = rec;
+  }
+  pthread_mutex_unlock(&eps->lock);
+  return room;
+}
+
+void eps_room_return(struct l2l_eps *eps, struct eps_record *rec) {
+  pthread_mutex_lock(&eps->lock);
+  if (rec->room) eps->update_bytes -= state_bytes(eps, rec);
+  rec->room = false;
+  /* the waiting updates that now fit start, first come first (each on this thread) */
+  while (eps->waiting_n > 0) {
+    struct eps_record *next = eps->waiting[0];
+    uint64_t bytes = state_bytes(eps, next);
+    if (eps->update_bytes > 0 && eps->update_bytes + bytes > eps->ahead_limit) break;
+    memmove(eps->waiting, eps->waiting + 1, (size_t)--eps->waiting_n * sizeof *eps->waiting);
+    eps->update_bytes += bytes;
+    next->room = true;
+    pthread_mutex_unlock(&eps->lock);
+    eps_update_begin(eps, next, next->wait_grad_scale);
+    pthread_mutex_lock(&eps->lock);
+  }
   pthread_mutex_unlock(&eps->lock);
 }
 
@@ -154,13 +190,18 @@ static l2l_status ahead_begin(struct l2l_eps *eps) {
     pthread_mutex_unlock(&eps->lock);
     if (!keep && settled && rec->state[0] != NULL) TRY(eps_state_out(eps, rec));
   }
-  if (eps->count > 0) {
-    struct eps_record **list = realloc(eps->ahead, (size_t)eps->count * sizeof *list);
-    if (list == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for the spill file's read-ahead list");
-    eps->ahead = list;
-  }
   int n = 0;
-  pthread_mutex_lock(&eps->lock);
+  pthread_mutex_lock(&eps->lock);   /* (a waiting update of the last step may be taken now) */
+  if (eps->count > eps->lists_cap) {
+    struct eps_record **list = realloc(eps->ahead, (size_t)eps->count * sizeof *list);
+    if (list != NULL) eps->ahead = list;
+    struct eps_record **wait = list ? realloc(eps->waiting, (size_t)eps->count * sizeof *wait) : NULL;
+    if (wait != NULL) eps->waiting = wait, eps->lists_cap = eps->count;
+    if (wait == NULL) {
+      pthread_mutex_unlock(&eps->lock);
+      return FAIL(L2L_ERR_NOMEM, "no memory for the spill file's read-ahead lists");
+    }
+  }
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     if (rec->update_due && rec->expected > 0) eps->ahead[n++] = rec;
@@ -188,13 +229,14 @@ l2l_status eps_host_plan(struct l2l_eps *eps) {
   }
   uint64_t budget = eps->host_budget, keep = 0, window = EPS_AHEAD_MOST;
   if (budget > 0 && eps->spill) {
-    /* a quarter of what the state may use is the read-ahead window (at least its largest
-       record, at most EPS_AHEAD_MOST); the rest keeps state in memory */
+    /* a quarter of what the state may use is the window, for reads ahead and as much
+       again for updates under way (at least the largest record, at most EPS_AHEAD_MOST);
+       the rest keeps state in memory */
     uint64_t room = budget > fixed ? budget - fixed : 0;
     window = room / 4 < largest ? largest : room / 4 > EPS_AHEAD_MOST ? EPS_AHEAD_MOST : room / 4;
-    keep = room > window ? room - window : 0;
+    keep = room > 2 * window ? room - 2 * window : 0;
   }
-  uint64_t need = fixed + (eps->spill ? (largest < window ? largest : window) : state);
+  uint64_t need = fixed + (eps->spill ? 2 * (largest < window ? largest : window) : state);
   if (budget > 0 && need > budget) {
     char a[32], b[32], c[32], d[32];
     return FAIL(L2L_ERR_BUDGET,
@@ -205,7 +247,7 @@ l2l_status eps_host_plan(struct l2l_eps *eps) {
                 (unsigned long long)need, l2l_human_bytes(b, sizeof b, need),
                 l2l_human_bytes(c, sizeof c, fixed), eps->spill ? ", and" : " and",
                 l2l_human_bytes(d, sizeof d, need - fixed),
-                eps->spill ? " (its largest record's, read ahead of its update)"
+                eps->spill ? " (its largest record's twice: one read ahead, one updating)"
                            : ": a spill directory (spill_dir) keeps it on disk instead");
   }
   pthread_mutex_lock(&eps->lock);
@@ -227,10 +269,7 @@ void l2l_eps_set_host_budget(struct l2l_eps *eps, uint64_t bytes) {
 static l2l_status state_in(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   bool spilled = rec->spilled, ahead = rec->ahead == AHEAD_QUEUED;
-  if (ahead) {
-    eps->ahead_inflight--;
-    eps->ahead_bytes -= state_bytes(eps, rec);
-  }
+  if (ahead) eps->ahead_bytes -= state_bytes(eps, rec);   /* its update's from here */
   if (spilled) ahead ? eps->reads_ahead++ : eps->reads_late++;
   rec->ahead = AHEAD_TAKEN;
   ahead_fill(eps);
