@@ -9,22 +9,23 @@
 -- again: the loss must be the same to the bit. Printed: each step's time, loss, disk
 -- bytes and the process's resident memory, the checkpoint's size and times, and the
 -- process's peak resident memory (VmHWM) against the host budget.
--- Run:  build/l2l bench/spill_capacity.lua [--dir /var/tmp] [--dim 2048] [--blocks 36] [--steps 3]
+-- Run:  build/l2l bench/spill_capacity.lua [--dir /var/tmp] [--dim 2048] [--blocks 36] [--steps 3] [--room 1]
 -- Needs about 1.2 x the EPS in free disk space (the spill file and the checkpoint).
 -- Must never: assert beyond the one loss it compares: the figures go to bench/RESULTS.md.
 local l2l = require("l2l")
 local text_mod = require("l2l.text")
 local now = require("l2l.progress").now
 
-local opt = { dir = os.getenv("TMPDIR") or "/var/tmp", dim = 2048, blocks = 36, steps = 3 }
+local opt = { dir = os.getenv("TMPDIR") or "/var/tmp", dim = 2048, blocks = 36, steps = 3, room = 1 }
 for i = 1, #arg, 2 do
   local key = arg[i]:match("^%-%-(%a+)$")
   if key == nil or opt[key] == nil then
-    error("usage: build/l2l bench/spill_capacity.lua [--dir DIR] [--dim D] [--blocks L] [--steps N]", 0)
+    error("usage: build/l2l bench/spill_capacity.lua [--dir DIR] [--dim D] [--blocks L] [--steps N] [--room GIB]", 0)
   end
   opt[key] = type(opt[key]) == "number" and tonumber(arg[i + 1]) or arg[i + 1]
 end
 local GiB, V, S = 2 ^ 30, 256, 16
+io.stdout:setvbuf("line")   -- each line as it comes (a long run)
 
 local function status(key)
   local f = assert(io.open("/proc/self/status"))
@@ -50,8 +51,8 @@ for b = 1, opt.blocks do list[#list + 1] = l2l.Block { dim = opt.dim, heads = 16
 list[#list + 1] = l2l.LMHead { vocab = V, dim = opt.dim, tie = true }
 local model = l2l.Sequential(list)
 local n = model:nparams()
--- the budget: masters and accumulators (8 bytes a parameter) and 1 GiB for optimizer state
-local budget = 8 * n + GiB
+-- the budget: masters and accumulators (8 bytes a parameter) and --room GiB for optimizer state
+local budget = math.floor(8 * n + opt.room * GiB)
 print(("machine: %.1f GiB of RAM; model: %d blocks of width %d, %.3f B parameters, made in %.0f s"):format(
   meminfo("MemTotal") / GiB, opt.blocks, opt.dim, n / 1e9, now() - t0))
 print(("EPS in RAM would be %.1f GiB (16 bytes a parameter); host budget %.1f GiB; spill directory %s"):format(

@@ -155,6 +155,65 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
     assert.is_true(bigger > 1.7 * big, ("past the threshold the step grows with the batch: %g then %g"):format(big, bigger))
   end)
 
+  it("predicts the EPS's host bytes, the spill file's bytes and the smallest host budget, to the byte", function()
+    math.randomseed(support.seed)
+    local dir = support.tmpdir()
+    local makers = { function() return l2l.AdamW { lr = 1e-3 } end, function() return l2l.LAMB { lr = 1e-3 } end,
+                     function() return l2l.SGD { lr = 0.05, momentum = 0.9 } end }
+    for o, make in ipairs(makers) do
+      local model = tiny_gpt(support.int(1, 3))
+      if support.int(0, 1) == 1 then model:freeze(2) end   -- a frozen block keeps no state
+      local B = support.int(2, 5)
+      local disk = { disk_read = 1e9, disk_write = 5e8 }
+      local rates = {}
+      for k, v in pairs(GPU) do rates[k] = v end
+      for k, v in pairs(disk) do rates[k] = v end
+      local function plan_for(budget)
+        return l2l.plan { model = model, batch = B, seq = S, device_budget = 2 ^ 40, rates = rates,
+                          optimizer = make(), spill = dir, host_budget = budget }
+      end
+      -- the smallest budget any relay over this model needs, then one between it and all
+      -- in memory (some records keep their state, the others spill)
+      local smallest = plan_for(nil).host_budget_smallest
+      local in_memory = l2l.plan { model = model, batch = B, seq = S, device_budget = 2 ^ 40, rates = rates,
+                                   optimizer = make() }.host_eps_bytes
+      local budget = support.int(smallest, math.max(smallest, in_memory))
+      local plan = plan_for(budget)
+      local what = ("optimizer %d, budget %d (smallest %d, in memory %d)"):format(o, budget, smallest, in_memory)
+      local run = l2l.Relay { model = model, micro_batch = plan.micro_batch, optimizer = make(), spill = dir,
+                              host_budget = budget, seed = 3 }
+      for step = 1, 3 do
+        run:step(batch(B))
+        run:sync()
+        local st = run:stats()
+        assert.are.equal(plan.host_eps_bytes, st.host_eps_bytes, what .. ": host bytes, step " .. step)
+        if step >= 2 then   -- (the first update starts from zero: nothing to read)
+          assert.are.equal(plan.disk_bytes, st.spill_read_bytes, what .. ": bytes read, step " .. step)
+          assert.are.equal(plan.disk_bytes, st.spill_written_bytes, what .. ": bytes written, step " .. step)
+        end
+      end
+      -- the disk's time: its bytes at the rates given, and the step at least that
+      local want = plan.disk_bytes / disk.disk_read + plan.disk_bytes / disk.disk_write
+      assert.is_true(math.abs(plan.disk_seconds - want) <= 1e-12 * math.max(1, want), what)
+      assert.is_true(plan.step_seconds >= plan.disk_seconds, what)
+      -- the smallest works and a byte less is refused, by the relay and by the planner
+      run:set_host_budget(smallest - 1)
+      local ok, err = pcall(run.step, run, batch(B))
+      assert.is_false(ok, what)
+      assert.are.equal(smallest, tonumber(tostring(err):match("is below the (%d+)")), what .. ": " .. tostring(err))
+      run:set_host_budget(smallest)
+      run:step(batch(B))
+      run:free()
+      ok, err = pcall(plan_for, smallest - 1)
+      assert.is_truthy(not ok and tostring(err):find("no plan fits a host budget"), tostring(err))
+      -- without a spill directory the smallest is everything in memory
+      ok, err = pcall(l2l.plan, { model = model, batch = B, seq = S, device_budget = 2 ^ 40, rates = rates,
+                                  optimizer = make(), host_budget = in_memory - 1 })
+      assert.is_truthy(not ok and tostring(err):find("a spill directory %(spill_dir%) keeps"), tostring(err))
+    end
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("refuses what it does not understand", function()
     local model = tiny_gpt(1)
     assert.has_error(function() l2l.plan { model = model, batch = 2, seq = S } end)

@@ -962,6 +962,9 @@ typedef struct l2l_plan_rates {
   int timed;          /* 1: time layers at their shapes here (calibrated rates) */
   int shared;         /* 1: copies and the host optimizer run on the cores that compute
                          (the CPU backend): their time adds to compute's, not hidden */
+  double disk_read, disk_write;   /* bytes/s the config's spill directory reads and writes
+                                     sequentially (0: measured there when the config has
+                                     one, and cached with the machine's rates) */
 } l2l_plan_rates;
 
 typedef struct l2l_plan_request {
@@ -985,6 +988,16 @@ typedef struct l2l_plan_summary {
                                       back (as l2l_relay_stats counts them) */
   double streaming_tokens;   /* tokens per layer visit above which a block's weights stream
                                 in under its compute (device FLOP/s over h2d bytes/s) */
+  /* The host and the disk (config.host_budget, spill_dir), for a relay made over the model
+     as it is (its records in layer order): */
+  uint64_t host_eps_bytes;   /* the EPS's host bytes between steps (stats.host_eps_bytes) */
+  uint64_t host_budget_smallest;   /* the smallest config.host_budget that works */
+  uint64_t disk_bytes;       /* what a step's updates read from the spill file, and as much
+                                again written back (stats.spill_read_bytes and
+                                spill_written_bytes of a step after the first) */
+  double disk_seconds;       /* those bytes at the directory's rates, a step's share (with
+                                accumulation, an update's over its steps): step_seconds is
+                                at least this (the disk works under compute) */
 } l2l_plan_summary;
 typedef struct l2l_plan_layer {
   l2l_inner_policy inner;

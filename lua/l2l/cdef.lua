@@ -518,6 +518,7 @@ typedef struct l2l_plan_rates {
   double visit;
   int timed;
   int shared;
+  double disk_read, disk_write;
 } l2l_plan_rates;
 
 typedef struct l2l_plan_request {
@@ -536,6 +537,11 @@ typedef struct l2l_plan_summary {
   uint64_t device_peak;
   uint64_t h2d_bytes, d2h_bytes;
   double streaming_tokens;
+
+  uint64_t host_eps_bytes;
+  uint64_t host_budget_smallest;
+  uint64_t disk_bytes;
+  double disk_seconds;
 } l2l_plan_summary;
 typedef struct l2l_plan_layer {
   l2l_inner_policy inner;

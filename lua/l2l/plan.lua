@@ -5,6 +5,10 @@
 --   print(plan)            -- per layer inner, stash, bytes kept, predicted ms; the totals
 --   plan.micro_batch, plan.step_seconds, plan.device_peak, plan.streaming_tokens,
 --   plan.h2d_bytes, plan.d2h_bytes (what a step copies each way),
+--   plan.host_eps_bytes, plan.host_budget_smallest (the EPS in host memory, and the
+--   smallest host_budget that works), plan.disk_bytes, plan.disk_seconds (what a step's
+--   updates read from the spill file and write back, each way, and its time at the
+--   directory's rates),
 --   plan.layers[i].inner, plan.layers[i].stash, plan.layers[i].kept_bytes, .seconds
 --   l2l.Relay{ model = model, plan = plan, ... }  (or plan = "auto": relay.lua)
 --
@@ -42,7 +46,7 @@ local function count(o, key, fname, lo, hi)
   return v
 end
 
-local RATE_FIELDS = { flops = true, h2d = true, d2h = true, optimizer = true, visit = true, shared = true }
+local RATE_FIELDS = { flops = true, h2d = true, d2h = true, optimizer = true, visit = true, shared = true, disk_read = true, disk_write = true }
 
 -- A rates table as l2l_plan_rates: {flops =, h2d =, d2h =, optimizer =, visit =, shared =
 -- false}; layers cost their FLOPs at `flops` (none is timed here); shared: copies and the
@@ -54,7 +58,7 @@ local function rates_of(t, fname)
     fail(fname .. ": rates.shared must be true or false, got " .. argcheck.describe(t.shared))
   end
   r.shared = t.shared and 1 or 0
-  for _, k in ipairs({ "flops", "h2d", "d2h", "optimizer", "visit" }) do
+  for _, k in ipairs({ "flops", "h2d", "d2h", "optimizer", "visit", "disk_read", "disk_write" }) do
     local v = t[k]
     if v ~= nil and (type(v) ~= "number" or not (v >= 0 and v < math.huge)) then
       fail(("%s: rates.%s must be a finite number >= 0, got %s"):format(fname, k, tostring(v)))
@@ -67,7 +71,7 @@ end
 
 local function rates_table(r)
   return { flops = r.flops, h2d = r.h2d, d2h = r.d2h, optimizer = r.optimizer, visit = r.visit,
-           shared = r.shared == 1 }
+           shared = r.shared == 1, disk_read = r.disk_read, disk_write = r.disk_write }
 end
 
 -- l2l.calibrate{ remeasure = false } -> this machine's rates (from the cache, measured
@@ -118,6 +122,8 @@ function M.make(model, config, request, fname)
     handle = handle, micro_batch = tonumber(s.micro_batch), step_seconds = s.step_seconds,
     device_peak = tonumber(s.device_peak), streaming_tokens = s.streaming_tokens,
     h2d_bytes = tonumber(s.h2d_bytes), d2h_bytes = tonumber(s.d2h_bytes),
+    host_eps_bytes = tonumber(s.host_eps_bytes), host_budget_smallest = tonumber(s.host_budget_smallest),
+    disk_bytes = tonumber(s.disk_bytes), disk_seconds = s.disk_seconds, spill = config.spill_dir ~= nil,
     batch = request.batch, seq = request.seq, device_budget = request.device_budget, layers = {},
   }, Plan)
   local l = ffi.new("l2l_plan_layer")
@@ -133,9 +139,9 @@ end
 local PLAN_OPTIONS = { model = true, batch = true, seq = true, device_budget = true, token_types = true,
                        key_mask = true, rates = true, param_slots = true, precision = true,
                        grad_precision = true, accumulate = true, clip_global_norm = true,
-                       loss_scale = true }
+                       loss_scale = true, optimizer = true, host_budget = true, spill = true }
 local RELAY_SETTINGS = { "param_slots", "precision", "grad_precision", "accumulate", "clip_global_norm",
-                         "loss_scale" }
+                         "loss_scale", "optimizer", "host_budget", "spill" }
 
 local function plan(o)
   local fname = "l2l.plan"
@@ -164,7 +170,7 @@ end
 -- l2l.plan{model =, batch =, seq =, device_budget = (bytes a step may add to the device
 -- pool), token_types = false, key_mask = false, rates = (default: this machine's), and
 -- the relay's param_slots, precision, grad_precision, accumulate, clip_global_norm,
--- loss_scale} -> a plan.
+-- loss_scale, optimizer, host_budget, spill} -> a plan.
 function M.plan(o, ...)
   if select("#", ...) ~= 0 then too_many("l2l.plan", "options", 2, ...) end
   local ok, result = pcall(plan, o)
@@ -191,7 +197,8 @@ Report.__index = Report
 
 -- run:plan_report(): {layers = {{kind, inner, stash, predicted, measured}...},
 -- predicted_step_seconds, measured_step_seconds, predicted_device_peak, device_peak,
--- predicted_h2d_bytes, h2d_bytes, predicted_d2h_bytes, d2h_bytes};
+-- predicted_h2d_bytes, h2d_bytes, predicted_d2h_bytes, d2h_bytes, predicted_host_eps_bytes,
+-- host_eps_bytes, predicted_disk_bytes (each way), disk_read_bytes, disk_written_bytes};
 -- print() shows it as a table (predicted beside measured, per layer and for the step).
 function M.report(run)
   local plan, stats, per = run.plan, run:stats(), measured_seconds(run)
@@ -199,7 +206,10 @@ function M.report(run)
                    measured_step_seconds = stats.step_seconds,
                    predicted_device_peak = stats.predicted_device_peak, device_peak = stats.device_peak,
                    predicted_h2d_bytes = plan.h2d_bytes, h2d_bytes = stats.h2d_bytes,
-                   predicted_d2h_bytes = plan.d2h_bytes, d2h_bytes = stats.d2h_bytes }
+                   predicted_d2h_bytes = plan.d2h_bytes, d2h_bytes = stats.d2h_bytes,
+                   predicted_host_eps_bytes = plan.host_eps_bytes, host_eps_bytes = stats.host_eps_bytes,
+                   predicted_disk_bytes = plan.disk_bytes, disk_read_bytes = stats.spill_read_bytes,
+                   disk_written_bytes = stats.spill_written_bytes }
   for i, l in ipairs(plan.layers) do
     report.layers[i] = { kind = l.kind, inner = l.inner, stash = l.stash, predicted = l.seconds,
                          measured = per[i] or 0 }
@@ -234,6 +244,10 @@ function Plan:__tostring()
   rows[#rows + 1] = ("micro-batch %d of %d (seq %d): predicted %.1f ms a step, device peak %s of a %s budget"):format(
     self.micro_batch, self.batch, self.seq, self.step_seconds * 1e3, mib(self.device_peak), mib(self.device_budget))
   rows[#rows + 1] = ("copies a step: %s to the device, %s back"):format(mib(self.h2d_bytes), mib(self.d2h_bytes))
+  rows[#rows + 1] = ("host: the EPS holds %s between steps (the smallest host budget that works: %s)%s"):format(
+    mib(self.host_eps_bytes), mib(self.host_budget_smallest), self.spill and
+    (("; the spill file: %s read and %s written a step, %.1f ms at the disk's rates"):format(
+      mib(self.disk_bytes), mib(self.disk_bytes), self.disk_seconds * 1e3)) or "")
   if self.streaming_tokens > 0 then
     rows[#rows + 1] = ("weight streaming hides under compute above %.0f tokens per layer visit (%d here)"):format(
       self.streaming_tokens, self.batch * self.seq)
@@ -253,6 +267,9 @@ function Report:__tostring()
     mib(self.predicted_device_peak or 0), mib(self.device_peak))
   rows[#rows + 1] = ("copies: to the device predicted %s, measured %s; back predicted %s, measured %s"):format(
     mib(self.predicted_h2d_bytes), mib(self.h2d_bytes), mib(self.predicted_d2h_bytes), mib(self.d2h_bytes))
+  rows[#rows + 1] = ("host: EPS predicted %s, measured %s; disk: predicted %s each way, measured %s read, %s written"):format(
+    mib(self.predicted_host_eps_bytes), mib(self.host_eps_bytes), mib(self.predicted_disk_bytes),
+    mib(self.disk_read_bytes), mib(self.disk_written_bytes))
   return table.concat(rows, "\n")
 end
 

@@ -2744,15 +2744,20 @@ TEST(misuse_planner) {
   REFUSES(l2l_plan_new(&out, layers, n, &c, &bad), L2L_ERR_INVALID, "device_budget");
   bad = q, bad.key_mask = 2;
   REFUSES(l2l_plan_new(&out, layers, n, &c, &bad), L2L_ERR_INVALID, "key_mask");
-  l2l_plan_rates bad_rates[4] = {rates, rates, rates, rates};
+  l2l_plan_rates bad_rates[6] = {rates, rates, rates, rates, rates, rates};
   bad_rates[0].h2d = 0, bad_rates[1].flops = NAN, bad_rates[2].optimizer = INFINITY, bad_rates[3].flops = 0;
-  for (int i = 0; i < 4; i++) {
+  bad_rates[4].disk_read = -1, bad_rates[5].disk_write = NAN;
+  for (int i = 0; i < 6; i++) {
     bad = q, bad.rates = &bad_rates[i];
     REFUSES(l2l_plan_new(&out, layers, n, &c, &bad), L2L_ERR_INVALID, "rates");
   }
   l2l_relay_config bad_config = c;
   bad_config.param_slots = 1;
   REFUSES(l2l_plan_new(&out, layers, n, &bad_config, &q), L2L_ERR_INVALID, "param_slots");
+  bad_config = c, bad_config.spill_dir = "";
+  REFUSES(l2l_plan_new(&out, layers, n, &bad_config, &q), L2L_ERR_INVALID, "spill_dir");
+  bad_config = c, bad_config.optimizer.kind = (l2l_optimizer_kind)9;
+  REFUSES(l2l_plan_new(&out, layers, n, &bad_config, &q), L2L_ERR_INVALID, "kind 9");
   bad = q, bad.device_budget = 64;
   REFUSES(l2l_plan_new(&out, layers, n, &c, &bad), L2L_ERR_BUDGET, "the smallest needs");
   CHECK(out == SENTINEL(l2l_plan), "*out written by a refused l2l_plan_new");

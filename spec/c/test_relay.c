@@ -37,7 +37,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "reference.h"
@@ -733,6 +737,96 @@ TEST(relay_with_the_state_spilled_is_the_same_to_the_bit) {
     model_free(&disk);
     model_free(&init);
   }
+  check_remove_dir(dir);
+}
+
+/* The spill file's faults through the relay (config.spill_dir): a disk with no room (a
+   file size limit stands for it) keeps the state in memory and loses nothing — the same
+   losses and weights to the bit as in memory — and the next call says so, naming the
+   file; a file cut short by another program leaves the records it cannot read not
+   updated (their weights as they were) and the next call names the file and a record. */
+TEST(relay_spill_faults_are_named_and_lose_nothing) {
+  char dir[256], file[600];
+  if (!check_temp_dir(dir, sizeof dir, "l2l-relay-spill-faults")) return;
+  struct shape g = gpt_shape();
+  g.dropout = 0;
+  struct model init, mem, disk;
+  model_new(&init, &g);
+  model_clone(&mem, &init);
+  model_clone(&disk, &init);
+  struct data d;
+  data_new(&d, &g, check_rand_int(2, 4), g.S, 0, 1.0);
+  l2l_relay_config cfg = adamw_config(), spilled = cfg;
+  spilled.spill_dir = dir;
+  l2l_relay *a = relay_new(&mem, &cfg), *b = NULL;
+
+  /* no room: the limit set after the file is made, put back before anything else */
+  struct rlimit old_limit;
+  void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);
+  bool limited = false;
+  if (a && CHECK(getrlimit(RLIMIT_FSIZE, &old_limit) == 0, "getrlimit") && (b = relay_new(&disk, &spilled))) {
+    struct rlimit lim = {4096, old_limit.rlim_max};
+    limited = CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0, "setrlimit");
+  }
+  double la, lb;
+  if (limited && relay_step(&la, a, &d, NULL) && relay_step(&lb, b, &d, NULL)) {
+    CHECK(la == lb, "loss %.17g in memory, %.17g with a full spill disk", la, lb);
+    /* the updates could not write their state out (kept in memory): the next call says
+       so, naming the file; the step after is refused before it changes anything, as long
+       as the state cannot go out */
+    if (CHECK_FAILS(l2l_relay_sync(b), L2L_ERR_IO, "no room"))
+      CHECK(strstr(l2l_last_error(), dir) != NULL, "the message does not name the file: %s", l2l_last_error());
+    l2l_relay_batch bb = relay_batch(&d, NULL);
+    CHECK_FAILS(l2l_relay_step(&lb, b, &bb), L2L_ERR_IO, "free space on that disk");
+  }
+  /* room again: training goes on, the same to the bit as in memory */
+  if (limited) setrlimit(RLIMIT_FSIZE, &old_limit);
+  signal(SIGXFSZ, old_handler);
+  for (int step = 1; limited && step < 3; step++) {
+    if (!relay_step(&la, a, &d, NULL) || !relay_step(&lb, b, &d, NULL)) break;
+    CHECK(la == lb, "step %d: loss %.17g in memory, %.17g after the disk had room again", step, la, lb);
+  }
+  if (limited && CHECK_OK(l2l_relay_sync(a)) && CHECK_OK(l2l_relay_sync(b))) {
+    for (int k = 0; k < mem.n; k++)
+      for (int i = 0; i < l2l_layer_param_count(mem.layer[k]); i++) {
+        const l2l_tensor *x = l2l_param_value(l2l_layer_param(mem.layer[k], i)),
+                         *y = l2l_param_value(l2l_layer_param(disk.layer[k], i));
+        CHECK(memcmp(l2l_tensor_data(x), l2l_tensor_data(y), tensor_bytes(x)) == 0,
+              "layer %d record %d: a full spill disk lost an update", k, i);
+      }
+  }
+  l2l_relay_free(b);
+  b = NULL;
+
+  /* a file cut short: the records whose state cannot be read are not updated */
+  if (a && (b = relay_new(&disk, &spilled))) {
+    bool ok = relay_step(&lb, b, &d, NULL) && relay_step(&lb, b, &d, NULL) && CHECK_OK(l2l_relay_sync(b));
+    DIR *dd = ok ? opendir(dir) : NULL;
+    file[0] = '\0';
+    for (struct dirent *e; dd && (e = readdir(dd)) != NULL;)
+      if (strncmp(e->d_name, "l2l-spill-", 10) == 0) snprintf(file, sizeof file, "%s/%s", dir, e->d_name);
+    if (dd) closedir(dd);
+    if (ok && CHECK(file[0] && truncate(file, 0) == 0, "no spill file to cut short in %s", dir)) {
+      const l2l_tensor *w = l2l_param_value(l2l_layer_param(disk.layer[1], 0));
+      size_t bytes = tensor_bytes(w);
+      void *before = malloc(bytes);
+      if (before) memcpy(before, l2l_tensor_data(w), bytes);
+      if (relay_step(&lb, b, &d, NULL) &&
+          CHECK_FAILS(l2l_relay_sync(b), L2L_ERR_IO, "was not updated (its optimizer state could not be read)")) {
+        CHECK(strstr(l2l_last_error(), file) != NULL, "the message does not name %s: %s", file, l2l_last_error());
+        CHECK(before && memcmp(before, l2l_tensor_data(w), bytes) == 0,
+              "a record whose state could not be read was updated");
+      }
+      free(before);
+    }
+  }
+  l2l_relay_free(a);
+  l2l_relay_free(b);
+  CHECK(check_dir_entries(dir) == 0, "the spill file outlived its relay");
+  data_free(&d);
+  model_free(&mem);
+  model_free(&disk);
+  model_free(&init);
   check_remove_dir(dir);
 }
 

@@ -134,6 +134,32 @@ void l2l_philox_range(uint32_t *out, uint64_t seed, uint64_t stream, uint64_t fi
 
 /* Bytes an allocation of `bytes` is counted as (rounded up to L2L_ALIGN); 0 on overflow. */
 uint64_t l2l_pool_accounted(uint64_t bytes);
+
+/* ---------------------------------------------------------------- the host tier (host_tier.c) */
+
+/* A parameter record's bytes in the EPS: `fixed` in host memory whatever the budget
+   (master and gradient accumulator, with ranks the reduced shard, a 16-bit staging copy
+   unless staging is f32), `state` its optimizer state in host memory (arrays of the
+   shard, as the pool counts them), `moved` the bytes of that state a spill file reads or
+   writes. */
+struct l2l_host_record {
+  uint64_t fixed, state, moved;
+};
+void l2l_host_record_bytes(struct l2l_host_record *out, int64_t numel, int64_t shard_n,
+                           int arrays, l2l_dtype staging, bool dist);
+/* The host budget over records whose fixed bytes, state and largest state are given
+   (budget 0: none; spill: a spill file holds what the budget leaves out): the smallest
+   budget that works (need), the state that stays in memory (keep: the records first in
+   the EPS's order that fit, l2l_host_tier_keeps), and the window: at most that many bytes
+   of state read ahead, and as many of updates under way (or one record). */
+enum { L2L_TIER_WINDOW_MOST = 64 << 20 };
+struct l2l_host_tier {
+  uint64_t fixed, need, keep, window;
+};
+void l2l_host_tier_plan(struct l2l_host_tier *out, uint64_t fixed, uint64_t state, uint64_t largest,
+                        uint64_t budget, bool spill);
+/* The next record in order, of `bytes` of state, keeps it in memory (kept counts so far). */
+bool l2l_host_tier_keeps(const struct l2l_host_tier *tier, uint64_t *kept, uint64_t bytes);
 /* Allocates L2L_ALIGN-aligned memory counted against the pool's budget. */
 l2l_status l2l_pool_alloc(void **out, l2l_pool_kind pool, uint64_t bytes);
 /* Returns memory from l2l_pool_alloc; `bytes` must be the size that was asked for. */

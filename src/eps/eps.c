@@ -157,14 +157,12 @@ void l2l_eps_remove_records(struct l2l_eps *eps, l2l_param *const *params, int n
   eps->count = kept;
 }
 
-uint64_t eps_fixed_bytes(const struct l2l_eps *eps, const struct eps_record *rec) {
-  /* master and accumulator whole; with ranks the reduced gradient of this rank's shard */
-  uint64_t whole = l2l_pool_accounted((uint64_t)l2l_tensor_numel(rec->master) * sizeof(float));
-  uint64_t bytes = 2 * whole;
-  if (eps->dist) bytes += l2l_pool_accounted((uint64_t)rec->shard_n * sizeof(float));
-  if (rec->staging)
-    bytes += l2l_pool_accounted((uint64_t)l2l_tensor_numel(rec->staging) * l2l_dtype_size(eps->precision));
-  return bytes;
+struct l2l_host_record eps_record_bytes(const struct l2l_eps *eps, const struct eps_record *rec) {
+  struct l2l_host_record b;
+  l2l_host_record_bytes(&b, l2l_tensor_numel(rec->master), rec->shard_n,
+                        l2l_optim_state_count(&eps->optimizer),
+                        rec->staging ? eps->precision : L2L_F32, eps->dist != NULL);
+  return b;
 }
 
 uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps) {
@@ -174,7 +172,7 @@ uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps) {
     uint64_t shard = l2l_pool_accounted((uint64_t)rec->shard_n * sizeof(float));
     /* the optimizer state is the shard's; the reduced gradient counts once made */
     uint64_t arrays = (rec->state[0] != NULL) + (rec->state[1] != NULL);
-    bytes += eps_fixed_bytes(eps, rec) + shard * arrays;
+    bytes += eps_record_bytes(eps, rec).fixed + shard * arrays;
     if (eps->dist != NULL && rec->shard_grad == NULL) bytes -= shard;
   }
   return bytes;

@@ -81,9 +81,8 @@ void eps_record_settled(struct l2l_eps *eps, struct eps_record *rec);
    (only eps->gathered_last has any). */
 void eps_gathered_free(struct l2l_eps *eps);
 
-/* eps.c: rec's host bytes but its optimizer state's (master, accumulator, staging copy,
-   with ranks the reduced shard). */
-uint64_t eps_fixed_bytes(const struct l2l_eps *eps, const struct eps_record *rec);
+/* eps.c: rec's bytes in host memory and on disk (core's l2l_host_record_bytes). */
+struct l2l_host_record eps_record_bytes(const struct l2l_eps *eps, const struct eps_record *rec);
 
 /* eps.c: a new optimizer state array of rec (its shard's elements; host pool). */
 l2l_status eps_state_new(l2l_tensor **out, const struct eps_record *rec);
@@ -100,7 +99,7 @@ void eps_io_failed(struct l2l_eps *eps, l2l_status status);
 /* state_tier.c. Before a step's updates (eps_prepare, before anything changes): the host
    budget checked; with a spill file, which records keep their state in memory (the
    others' written out now) and the first reads ahead queued. */
-enum { AHEAD_NONE, AHEAD_QUEUED, AHEAD_TAKEN, EPS_AHEAD_MOST = 64 << 20 };
+enum { AHEAD_NONE, AHEAD_QUEUED, AHEAD_TAKEN };
 l2l_status eps_host_plan(struct l2l_eps *eps);
 /* rec's read ahead, if any, waited for and its buffers freed (its state stays on disk);
    every record's, between steps. */

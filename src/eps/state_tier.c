@@ -24,8 +24,7 @@
 
 /* A record's optimizer state, as the host pool counts it. */
 static uint64_t state_bytes(const struct l2l_eps *eps, const struct eps_record *rec) {
-  return (uint64_t)l2l_optim_state_count(&eps->optimizer) *
-         l2l_pool_accounted((uint64_t)rec->shard_n * sizeof(float));
+  return eps_record_bytes(eps, rec).state;
 }
 
 /* Moves rec's state arrays to the spill file (each its own region, reserved the first
@@ -166,6 +165,14 @@ void eps_room_return(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_unlock(&eps->lock);
 }
 
+/* Under the lock: the state a record holds in memory or on disk, or will from this step's
+   update on (a record of the last step still updating has it: its arrays are the
+   worker's until it settles). */
+static bool has_state(const struct eps_record *rec) {
+  return rec->pending || rec->state[0] != NULL || rec->spilled ||
+         (rec->update_due && rec->expected > 0);
+}
+
 /* Which records keep their state in memory (the others' written out now), and the first
    reads of the step's due records queued. */
 static l2l_status ahead_begin(struct l2l_eps *eps) {
@@ -179,12 +186,11 @@ static l2l_status ahead_begin(struct l2l_eps *eps) {
   pthread_mutex_unlock(&eps->lock);
   eps_ahead_drop_all(eps);
   uint64_t kept = 0;
+  const struct l2l_host_tier tier = {.keep = eps->state_keep_bytes};
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
-    uint64_t bytes = state_bytes(eps, rec);
-    bool keep = kept + bytes <= eps->state_keep_bytes;
-    if (keep) kept += bytes;
     pthread_mutex_lock(&eps->lock);
+    bool keep = l2l_host_tier_keeps(&tier, &kept, has_state(rec) ? state_bytes(eps, rec) : 0);
     rec->keep_state = keep;   /* a running update reads it as it ends, and spills or not */
     bool settled = !rec->pending;
     pthread_mutex_unlock(&eps->lock);
@@ -213,46 +219,36 @@ static l2l_status ahead_begin(struct l2l_eps *eps) {
   return L2L_OK;
 }
 
-/* The state a record holds in memory or on disk, or will from this step's update on. */
-static bool has_state(const struct eps_record *rec) {
-  return rec->state[0] != NULL || rec->spilled || (rec->update_due && rec->expected > 0);
-}
-
 l2l_status eps_host_plan(struct l2l_eps *eps) {
   uint64_t fixed = 0, state = 0, largest = 0;
+  pthread_mutex_lock(&eps->lock);
   for (int i = 0; i < eps->count; i++) {
     const struct eps_record *rec = eps->records[i];
-    uint64_t bytes = has_state(rec) ? state_bytes(eps, rec) : 0;
-    fixed += eps_fixed_bytes(eps, rec);
+    struct l2l_host_record b = eps_record_bytes(eps, rec);
+    uint64_t bytes = has_state(rec) ? b.state : 0;
+    fixed += b.fixed;
     state += bytes;
     largest = bytes > largest ? bytes : largest;
   }
-  uint64_t budget = eps->host_budget, keep = 0, window = EPS_AHEAD_MOST;
-  if (budget > 0 && eps->spill) {
-    /* a quarter of what the state may use is the window, for reads ahead and as much
-       again for updates under way (at least the largest record, at most EPS_AHEAD_MOST);
-       the rest keeps state in memory */
-    uint64_t room = budget > fixed ? budget - fixed : 0;
-    window = room / 4 < largest ? largest : room / 4 > EPS_AHEAD_MOST ? EPS_AHEAD_MOST : room / 4;
-    keep = room > 2 * window ? room - 2 * window : 0;
-  }
-  uint64_t need = fixed + (eps->spill ? 2 * (largest < window ? largest : window) : state);
-  if (budget > 0 && need > budget) {
+  pthread_mutex_unlock(&eps->lock);
+  struct l2l_host_tier tier;
+  l2l_host_tier_plan(&tier, fixed, state, largest, eps->host_budget, eps->spill != NULL);
+  if (eps->host_budget > 0 && tier.need > eps->host_budget) {
     char a[32], b[32], c[32], d[32];
     return FAIL(L2L_ERR_BUDGET,
                 "the relay's host budget of %llu bytes (%s) is below the %llu (%s) its EPS "
                 "needs: %s of masters, gradient accumulators and staging copies%s %s of "
                 "optimizer state%s",
-                (unsigned long long)budget, l2l_human_bytes(a, sizeof a, budget),
-                (unsigned long long)need, l2l_human_bytes(b, sizeof b, need),
+                (unsigned long long)eps->host_budget, l2l_human_bytes(a, sizeof a, eps->host_budget),
+                (unsigned long long)tier.need, l2l_human_bytes(b, sizeof b, tier.need),
                 l2l_human_bytes(c, sizeof c, fixed), eps->spill ? ", and" : " and",
-                l2l_human_bytes(d, sizeof d, need - fixed),
+                l2l_human_bytes(d, sizeof d, tier.need - fixed),
                 eps->spill ? " (its largest record's twice: one read ahead, one updating)"
                            : ": a spill directory (spill_dir) keeps it on disk instead");
   }
   pthread_mutex_lock(&eps->lock);
-  eps->state_keep_bytes = keep;
-  eps->ahead_limit = window;
+  eps->state_keep_bytes = tier.keep;
+  eps->ahead_limit = tier.window;
   pthread_mutex_unlock(&eps->lock);
   return eps->spill ? ahead_begin(eps) : L2L_OK;
 }

@@ -59,7 +59,7 @@ static void make_folders(const char *path) {
 
 /* The cached values of `key` (a line "key v1 v2 ..."), or false. */
 /* (a later line for a key wins: a value measured again is appended) */
-static bool cache_get(const char *key, double *values, int n) {
+bool plan_cache_get(const char *key, double *values, int n) {
   char path[1400];
   cache_path(path, sizeof path);
   if (!path[0]) return false;
@@ -89,7 +89,7 @@ static bool cache_get(const char *key, double *values, int n) {
   return found;
 }
 
-static void cache_put(const char *key, const double *values, int n) {
+void plan_cache_put(const char *key, const double *values, int n) {
   char path[1400];
   cache_path(path, sizeof path);
   if (!path[0]) return;
@@ -172,24 +172,24 @@ l2l_status plan_machine_rates(l2l_plan_rates *out, bool remeasure) {
   char key[64];
   snprintf(key, sizeof key, "machine t%d", l2l_get_threads());
   double v[3];
-  if (remeasure || !cache_get(key, v, 3)) {
+  if (remeasure || !plan_cache_get(key, v, 3)) {
     TRY(copy_rate(&v[0], L2L_POOL_PINNED, L2L_POOL_DEVICE));
     TRY(copy_rate(&v[1], L2L_POOL_DEVICE, L2L_POOL_PINNED));
     TRY(optimizer_rate(&v[2]));
-    cache_put(key, v, 3);
+    plan_cache_put(key, v, 3);
   }
   *out = (l2l_plan_rates){.h2d = v[0], .d2h = v[1], .optimizer = v[2], .timed = 1,
                           .shared = strcmp(l2l_device_backend(), "cpu") == 0};
   /* a visit's fixed cost: measured by the relay (l2l_plan_calibrate), -1 until it is */
   snprintf(key, sizeof key, "visit t%d", l2l_get_threads());
-  out->visit = cache_get(key, v, 1) ? v[0] : -1;
+  out->visit = plan_cache_get(key, v, 1) ? v[0] : -1;
   return L2L_OK;
 }
 
 void plan_cache_visit(double seconds) {
   char key[64];
   snprintf(key, sizeof key, "visit t%d", l2l_get_threads());
-  cache_put(key, &seconds, 1);
+  plan_cache_put(key, &seconds, 1);
 }
 
 /* ---------------------------------------------------------------- layers at their shapes */
@@ -270,7 +270,7 @@ l2l_status plan_time_layer(double *fwd, double *bwd, const l2l_layer *layer, int
   char key[400];
   layer_key(key, sizeof key, layer, rows, seq);
   double v[2];
-  if (cache_get(key, v, 2)) {
+  if (plan_cache_get(key, v, 2)) {
     *fwd = v[0], *bwd = v[1];
     return L2L_OK;
   }
@@ -310,6 +310,6 @@ l2l_status plan_time_layer(double *fwd, double *bwd, const l2l_layer *layer, int
   if (status != L2L_OK) return status;
   v[0] = *fwd = plan_median(f, REPEATS);
   v[1] = *bwd = plan_median(b, REPEATS);
-  cache_put(key, v, 2);
+  plan_cache_put(key, v, 2);
   return L2L_OK;
 }

@@ -184,6 +184,10 @@ static l2l_status check_request(l2l_layer *const *layers, int nlayers, const l2l
   if (r && ((r->timed != 0 && r->timed != 1) || (r->shared != 0 && r->shared != 1)))
     return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: rates->timed and rates->shared must be 0 or 1");
   if (r && !r->timed && !(r->flops > 0)) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: rates that time no layer need flops > 0");
+  if (r && !(r->disk_read >= 0 && r->disk_write >= 0 && r->disk_read < 1e30 && r->disk_write < 1e30))
+    return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: rates->disk_read and disk_write must be finite and >= 0 (0: measured)");
+  if (config->spill_dir != NULL && config->spill_dir[0] == '\0')
+    return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: config->spill_dir is empty (NULL: no spill file)");
   return L2L_OK;
 }
 
@@ -222,6 +226,19 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
     status = plan_machine_rates(&rates, false);
     if (rates.visit < 0) rates.visit = 0;   /* not measured yet: l2l_plan_calibrate does */
   }
+  /* the host: a budget no plan of the device can help */
+  struct plan_host host = {0};
+  if (status == L2L_OK) status = plan_host(&host, pl, nlayers, config);
+  if (status == L2L_OK && config->host_budget > 0 && host.smallest_budget > config->host_budget) {
+    char want[32], have[32];
+    status = l2l_fail(L2L_ERR_BUDGET, "l2l_plan_new: no plan fits a host budget of %llu bytes (%s): the "
+                      "EPS needs %llu (%s)%s", (unsigned long long)config->host_budget,
+                      l2l_human_bytes(have, 32, config->host_budget),
+                      (unsigned long long)host.smallest_budget, l2l_human_bytes(want, 32, host.smallest_budget),
+                      config->spill_dir ? "" : ": a spill directory (spill_dir) keeps the optimizer state on disk");
+  }
+  if (status == L2L_OK && config->spill_dir && !(rates.disk_read > 0 && rates.disk_write > 0))
+    status = plan_disk_rates(&rates.disk_read, &rates.disk_write, config->spill_dir);
   if (status == L2L_OK) status = plan_search(&r, &chain, &rates, request->device_budget);
   if (status == L2L_OK && !r.found) status = too_small(&chain, &r, request->device_budget);
   if (status == L2L_OK) {
@@ -244,12 +261,20 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
       if (per_token > 0) streaming = (double)costs[1].param_bytes / rates.h2d / per_token;
     }
     free(costs);
+    /* the disk reads and writes under compute: a step takes at least its share */
+    double disk = host.disk_bytes == 0 ? 0
+                  : ((double)host.disk_bytes / rates.disk_read + (double)host.disk_bytes / rates.disk_write) /
+                        (double)config->accumulate;
     plan->magic = PLAN_MAGIC;
     plan->summary = (l2l_plan_summary){.nlayers = nlayers, .micro_batch = r.micro_batch,
-                                       .step_seconds = r.seconds, .device_peak = r.peak,
+                                       .step_seconds = r.seconds > disk ? r.seconds : disk,
+                                       .device_peak = r.peak,
                                        .h2d_bytes = (uint64_t)r.moved.h2d,
                                        .d2h_bytes = (uint64_t)r.moved.d2h,
-                                       .streaming_tokens = streaming};
+                                       .streaming_tokens = streaming,
+                                       .host_eps_bytes = host.eps_bytes,
+                                       .host_budget_smallest = host.smallest_budget,
+                                       .disk_bytes = host.disk_bytes, .disk_seconds = disk};
     plan->layers = result;
     for (int k = 0; k < nlayers; k++) keys[k] = layer_key(layers[k], pl[k].frozen);
     plan->keys = keys;

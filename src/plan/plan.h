@@ -120,6 +120,23 @@ double plan_step_seconds(const struct plan_chain *c, const struct plan_layer_cos
 /* This machine's copy and optimizer rates (cached; measured when missing or asked), and
    the visit cost the relay measured (-1 until then). */
 l2l_status plan_machine_rates(l2l_plan_rates *out, bool remeasure);
+/* The rates cache (calibrate.c): the values of `key` (a line "key v1 .. vn", n <= 4), or
+   false; a line appended (a write that fails is skipped: it is a cache). */
+bool plan_cache_get(const char *key, double *values, int n);
+void plan_cache_put(const char *key, const double *values, int n);
+/* The host channel (host.c): the EPS's bytes between steps (masters, accumulators,
+   staging, the optimizer state the host budget keeps), the bytes a step's updates read
+   from the spill file and as many written back (0 without one), and the smallest host
+   budget that works, for a relay over these layers made as the model is (its records in
+   layer order). */
+struct plan_host {
+  uint64_t eps_bytes, disk_bytes, smallest_budget;
+};
+l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int L,
+                     const l2l_relay_config *config);
+/* The sequential read and write rates of a spill directory (64 MiB each way, around the
+   page cache; cached per directory with the machine's rates). */
+l2l_status plan_disk_rates(double *read, double *write, const char *dir);
 /* The median of n timings (v is sorted in place). */
 double plan_median(double *v, int n);
 /* Caches a measured visit cost (l2l_plan_calibrate, in the relay). */

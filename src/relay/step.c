@@ -116,10 +116,13 @@ static l2l_status plan_step(struct step_plan *p, struct step *s) {
 static l2l_status eps_begin(struct step *s, const struct step_plan *p) {
   struct l2l_eps *eps = &s->run->eps;
   l2l_eps_begin_step(eps, p->update, p->defer, p->lr);
+  /* From the lowest layer up, and each layer's records from its last: the later a record
+     is named, the sooner its gradient comes (a visit gives its records first to last), so
+     the EPS knows the order backward completes them (eps_expect). */
   for (int k = s->sched.lowest; k < s->L; k++) {
     struct relay_layer *rl = active_layer(s, k);
     if (rl->frozen) continue;
-    for (int r = 0; r < l2l_layer_param_count(rl->layer); r++)
+    for (int r = l2l_layer_param_count(rl->layer) - 1; r >= 0; r--)
       l2l_eps_expect(eps, l2l_eps_find(eps, l2l_layer_param(rl->layer, r)));
   }
   /* a frozen layer's rebuild reads its records after the forward: one that a trainable

@@ -1,0 +1,133 @@
+/* SPDX-License-Identifier: MIT */
+/* host.c — the planner's host and disk channel: what the EPS of a relay over the chain's
+ * layers holds in host memory and moves to and from its spill file in a step.
+ *
+ * Purpose: the relay's host budget and spill directory (l2l_relay_config.host_budget,
+ * spill_dir) as the planner sees them: the records in layer order (a relay made over the
+ * model as it is holds them so), each record's bytes and the budget's choices by core's
+ * host-tier rules (the ones the EPS applies), so the predicted bytes are the relay's to
+ * the byte; and the spill directory's sequential rates, measured once and cached with the
+ * machine's other rates, for the disk's share of a step.
+ * Must never: leave a file behind in the spill directory, or plan a step the relay's host
+ * budget would refuse.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "plan.h"
+
+l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int L,
+                     const l2l_relay_config *config) {
+  int arrays = 0;
+  TRY(l2l_optimizer_state_arrays(&arrays, &config->optimizer));
+  /* the records, each once (a tied table is its first user's), trainable when a user is */
+  int n = 0, cap = 0;
+  for (int k = 0; k < L; k++) cap += l2l_layer_param_count(layers[k].layer);
+  l2l_param **recs = calloc((size_t)(cap > 0 ? cap : 1), sizeof *recs);
+  bool *trained = calloc((size_t)(cap > 0 ? cap : 1), sizeof *trained);
+  if (recs == NULL || trained == NULL) {
+    free(recs), free(trained);
+    return l2l_fail(L2L_ERR_NOMEM, "l2l_plan_new: no memory for %d records", cap);
+  }
+  for (int k = 0; k < L; k++)
+    for (int r = 0; r < l2l_layer_param_count(layers[k].layer); r++) {
+      l2l_param *p = l2l_layer_param(layers[k].layer, r);
+      int at = 0;
+      while (at < n && recs[at] != p) at++;
+      if (at == n) recs[n++] = p;
+      trained[at] |= !layers[k].frozen;
+    }
+  struct l2l_host_record *bytes = calloc((size_t)(n > 0 ? n : 1), sizeof *bytes);
+  if (bytes == NULL) {
+    free(recs), free(trained);
+    return l2l_fail(L2L_ERR_NOMEM, "l2l_plan_new: no memory for %d records", n);
+  }
+  uint64_t fixed = 0, state = 0, largest = 0;
+  for (int i = 0; i < n; i++) {
+    int64_t numel = l2l_tensor_numel(l2l_param_value(recs[i]));
+    bool staged = config->precision != L2L_F32 && l2l_param_low_precision(recs[i]);
+    l2l_host_record_bytes(&bytes[i], numel, numel, arrays, staged ? config->precision : L2L_F32, false);
+    if (!trained[i]) bytes[i].state = bytes[i].moved = 0;   /* never updated: no state */
+    fixed += bytes[i].fixed;
+    state += bytes[i].state;
+    largest = bytes[i].state > largest ? bytes[i].state : largest;
+  }
+  bool spill = config->spill_dir != NULL;
+  struct l2l_host_tier tier;
+  l2l_host_tier_plan(&tier, fixed, state, largest, config->host_budget, spill);
+  *out = (struct plan_host){.smallest_budget = tier.need, .eps_bytes = fixed};
+  uint64_t kept = 0;
+  for (int i = 0; i < n; i++) {
+    if (!spill || l2l_host_tier_keeps(&tier, &kept, bytes[i].state)) out->eps_bytes += bytes[i].state;
+    else out->disk_bytes += bytes[i].moved;   /* read before its update, written after */
+  }
+  free(recs), free(trained), free(bytes);
+  return L2L_OK;
+}
+
+/* One direction through a file in `dir`: `total` bytes in 8 MiB transfers, around the page
+   cache where the file system allows it. */
+static l2l_status disk_pass(double *seconds, int fd, char *buffer, uint64_t total, bool write,
+                            const char *dir) {
+  enum { CHUNK = 8 << 20 };
+  double t0 = l2l_now();
+  for (uint64_t done = 0; done < total;) {
+    ssize_t got = write ? pwrite(fd, buffer, CHUNK, (off_t)done) : pread(fd, buffer, CHUNK, (off_t)done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      return l2l_fail(L2L_ERR_IO, "l2l_plan_new: measuring the spill directory %s: %s", dir,
+                      got < 0 ? strerror(errno) : "a read came back short");
+    done += (uint64_t)got;
+  }
+  if (write && fdatasync(fd) != 0)
+    return l2l_fail(L2L_ERR_IO, "l2l_plan_new: measuring the spill directory %s: %s", dir, strerror(errno));
+  *seconds = l2l_now() - t0;
+  return L2L_OK;
+}
+
+l2l_status plan_disk_rates(double *read, double *write, const char *dir) {
+  /* cached under the directory's name (one too long for the cache's lines: measured each
+     time) */
+  char key[400] = "disk ";
+  size_t at = strlen(key);
+  bool cached = strlen(dir) + at < sizeof key;
+  for (const char *c = dir; cached && *c; c++) key[at++] = *c == ' ' ? '_' : *c;
+  key[at] = '\0';
+  double v[2];
+  if (cached && plan_cache_get(key, v, 2) && v[0] > 0 && v[1] > 0) {
+    *read = v[0], *write = v[1];
+    return L2L_OK;
+  }
+  enum { TOTAL = 64 << 20 };
+  char path[4200];
+  snprintf(path, sizeof path, "%s/l2l-rates-XXXXXX", dir);
+  int fd = mkstemp(path);
+  if (fd < 0)
+    return l2l_fail(L2L_ERR_IO, "l2l_plan_new: the spill directory %s cannot be measured: %s", dir,
+                    strerror(errno));
+  int direct = open(path, O_RDWR | O_DIRECT | O_CLOEXEC);
+  unlink(path);   /* the descriptors keep it until closed: nothing is left behind */
+  void *buffer = NULL;
+  l2l_status status = posix_memalign(&buffer, 4096, 8 << 20) == 0
+                          ? L2L_OK : l2l_fail(L2L_ERR_NOMEM, "l2l_plan_new: no memory to measure a disk");
+  double seconds[2] = {0, 0};
+  int use = direct >= 0 ? direct : fd;
+  if (status == L2L_OK) {
+    memset(buffer, 0x5a, 8 << 20);
+    status = disk_pass(&seconds[1], use, buffer, TOTAL, true, dir);
+  }
+  if (status == L2L_OK && direct < 0) posix_fadvise(fd, 0, TOTAL, POSIX_FADV_DONTNEED);
+  if (status == L2L_OK) status = disk_pass(&seconds[0], use, buffer, TOTAL, false, dir);
+  free(buffer);
+  if (direct >= 0) close(direct);
+  close(fd);
+  if (status != L2L_OK) return status;
+  v[0] = TOTAL / (seconds[0] > 1e-6 ? seconds[0] : 1e-6);
+  v[1] = TOTAL / (seconds[1] > 1e-6 ? seconds[1] : 1e-6);
+  if (cached) plan_cache_put(key, v, 2);
+  *read = v[0], *write = v[1];
+  return L2L_OK;
+}
