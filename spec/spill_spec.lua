@@ -5,7 +5,8 @@
 -- AdamW and LAMB, with layers inserted, cloned and removed between steps; reads come
 -- ahead of the updates; host bytes stay within the budget; checkpoints read the state
 -- from the file and load into a spilled relay or a plain one alike; the file goes with
--- the relay; bad options and budgets too small are refused, naming what works.
+-- the relay; the process's resident memory stays within the host budget and the run's
+-- own overhead; bad options and budgets too small are refused, naming what works.
 local support = dofile("spec/support.lua")
 local l2l = require("l2l")
 
@@ -197,6 +198,34 @@ describe("the EPS on disk (spill)", function()
       same_bits(bits(pc[i].value), bits(p.value), "loaded plain " .. p.name)
     end
     run:free(); spilled:free(); plain:free()
+  end)
+
+  it("keeps the process's memory within the host budget and the slack the run has anyway", function()
+    -- Each run in a process of its own (spec/spill/rss.lua): its resident memory at its peak
+    -- (VmHWM) above where it was before the model was made. The run in memory holds its
+    -- EPS and an overhead the EPS is not (the device pool's slots and activations, which
+    -- the CPU backend keeps in host memory, the libraries' buffers); the spilled run may
+    -- hold its host budget and the same overhead, and 32 MiB for the allocator's pages that
+    -- the spill's buffers come and go through. It holds less than the other's EPS alone.
+    if os.getenv("L2L_SANITIZE") == "1" then
+      return pending("the address sanitizer's shadow memory and quarantine make resident memory no measure of l2l's")
+    end
+    local function measure(mode)
+      local status, out = support.sh(("%s/l2l spec/spill/rss.lua %s %s"):format(support.build_dir, dir, mode))
+      assert.are.equal(0, status, out)
+      return require("cjson").decode(out:match("{.*}"))
+    end
+    local mem, spilled = measure("memory"), measure("spill")
+    local overhead = (mem.peak - mem.base) - mem.eps
+    local over = (spilled.peak - spilled.base) - spilled.budget
+    local MiB = 2 ^ 20
+    assert.is_true(spilled.disk > 0, "the state went to disk")
+    assert.is_true(over <= overhead + 32 * MiB,
+                   ("the spilled run's peak is %.1f MiB above its host budget of %.1f MiB; the run in memory's "
+                    .. "overhead beyond its EPS %.1f MiB"):format(over / MiB, spilled.budget / MiB, overhead / MiB))
+    assert.is_true(spilled.peak - spilled.base < mem.eps,
+                   ("the spilled run's peak rose %.1f MiB, the EPS in memory is %.1f MiB"):format(
+                     (spilled.peak - spilled.base) / MiB, mem.eps / MiB))
   end)
 
   it("refuses what cannot work, naming what would", function()
