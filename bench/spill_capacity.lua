@@ -27,18 +27,15 @@ end
 local GiB, V, S = 2 ^ 30, 256, 16
 io.stdout:setvbuf("line")   -- each line as it comes (a long run)
 
-local function status(key)
-  local f = assert(io.open("/proc/self/status"))
+-- A "key: N kB" line of a /proc file, in bytes.
+local function proc_bytes(file, key)
+  local f = assert(io.open(file))
   local t = f:read("*a")
   f:close()
   return tonumber(t:match(key .. ":%s*(%d+) kB")) * 1024
 end
-local function meminfo(key)
-  local f = assert(io.open("/proc/meminfo"))
-  local t = f:read("*a")
-  f:close()
-  return tonumber(t:match(key .. ":%s*(%d+) kB")) * 1024
-end
+local function status(key) return proc_bytes("/proc/self/status", key) end
+local function meminfo(key) return proc_bytes("/proc/meminfo", key) end
 
 local text = {}
 for i = 1, 200000 do text[i] = string.char(32 + (i * 7919 + math.floor(i / 7)) % 90) end
