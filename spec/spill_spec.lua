@@ -228,6 +228,42 @@ describe("the EPS on disk (spill)", function()
                      (spilled.peak - spilled.base) / MiB, mem.eps / MiB))
   end)
 
+  it("names a spill file a killed run left, and neither reuses nor removes it", function()
+    -- a run killed (SIGKILL) while its relay trains with a spill file: the file stays
+    local script = dir .. "/train.lua"
+    support.write_file(script, ([[
+      local l2l = require("l2l")
+      local m = l2l.Sequential { l2l.Embedding { vocab = 12, dim = 16, max_seq = 8 },
+                                 l2l.Block { dim = 16, heads = 2 }, l2l.LMHead { vocab = 12, dim = 16 } }
+      local run = l2l.Relay { model = m, spill = %q }
+      local t, g = l2l.zeros({ 2, 8 }, { dtype = "i32" }), l2l.zeros({ 2, 8 }, { dtype = "i32" })
+      run:step(t, g)
+      run:sync()
+      io.stdout:write("trained\n")
+      io.stdout:flush()
+      os.execute("kill -9 " .. io.open("/proc/self/stat"):read("*l"):match("^%%d+"))   -- this process
+    ]]):format(dir))
+    local status, out = support.sh(("(%s/l2l %s) 2>&1"):format(support.build_dir, script))   -- ("Killed" too)
+    assert.is_truthy(out:find("trained", 1, true), out)
+    assert.are_not.equal(0, status, "the run was to be killed")
+    local left = entries(dir)
+    local file
+    for _, name in ipairs(left) do if name:match("^l2l%-spill%-") then file = name end end
+    assert.is_truthy(file, "the killed run's spill file is in " .. dir .. ": " .. table.concat(left, " "))
+    -- the next relay in that directory says so on stderr, naming the file, and makes its own
+    status, out = support.sh(("%s/l2l -e %q"):format(support.build_dir, ([[
+      local m = l2l.Sequential { l2l.Embedding { vocab = 12, dim = 16, max_seq = 8 }, l2l.LMHead { vocab = 12, dim = 16 } }
+      local run = l2l.Relay { model = m, spill = %q }
+      run:free()]]):format(dir)))
+    assert.are.equal(0, status, out)
+    assert.is_truthy(out:find(dir .. "/" .. file, 1, true) and out:find("left by a run that ended", 1, true), out)
+    local after = entries(dir)
+    local still = false
+    for _, name in ipairs(after) do still = still or name == file end
+    assert.is_true(still, "the killed run's file was removed")
+    assert.are.equal(#left, #after, "the new relay's own file went with it: " .. table.concat(after, " "))
+  end)
+
   it("refuses what cannot work, naming what would", function()
     local model = tiny_gpt(1)
     local ok, err = pcall(l2l.Relay, { model = model, spill = dir .. "/missing" })
