@@ -90,6 +90,10 @@ for _, shape in ipairs(shapes) do
                        optimizer = l2l.AdamW { lr = 1e-4 } }
   end
   local ram, spilled = relay(nil), relay(opt.dir)
+  -- the planner's view of the spilled relay: its disk bytes and time at this directory's
+  -- rates (measured by the planner itself, cached), beside what the run does
+  local plan = l2l.plan { model = spilled.model, batch = shape.B, seq = shape.S, device_budget = 2 ^ 40,
+                          optimizer = l2l.AdamW { lr = 1e-4 }, spill = opt.dir }
   local step = 0
   local function batch()
     step = step + 1
@@ -124,7 +128,10 @@ for _, shape in ipairs(shapes) do
   print(("  step in RAM %.3f s, spilled %.3f s: %.2f x in RAM"):format(t_ram, t_spill, t_spill / t_ram))
   print(("  disk per step: read %.1f MiB, written %.1f MiB (file %.1f MiB, %d late reads); I/O bound %.3f s: spilled %.2f x it"):format(
     st.spill_read_bytes / MiB, st.spill_written_bytes / MiB, st.spill_file_bytes / MiB, st.spill_late_reads, bound, t_spill / bound))
-  print(("  EPS host bytes: in RAM %.1f MiB, spilled %.1f MiB"):format(rs.host_eps_bytes / MiB, st.host_eps_bytes / MiB))
+  print(("  EPS host bytes: in RAM %.1f MiB, spilled %.1f MiB (the plan: %.1f MiB)"):format(rs.host_eps_bytes / MiB,
+    st.host_eps_bytes / MiB, plan.host_eps_bytes / MiB))
+  print(("  the plan: disk %.1f MiB each way a step, %.3f s at the directory's rates; step %.3f s predicted (with its own policies)"):format(
+    plan.disk_bytes / MiB, plan.disk_seconds, plan.step_seconds))
   print(("  rounds (s): in RAM %s; spilled %s"):format(
     table.concat((function() local o = {} for i, v in ipairs(times.ram) do o[i] = ("%.3f"):format(v) end return o end)(), " "),
     table.concat((function() local o = {} for i, v in ipairs(times.spilled) do o[i] = ("%.3f"):format(v) end return o end)(), " ")))
