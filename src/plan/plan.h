@@ -134,8 +134,9 @@ struct plan_host {
 };
 l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int L,
                      const l2l_relay_config *config);
-/* The sequential read and write rates of a spill directory (256 MiB each way, around the
-   page cache; cached per directory with the machine's rates). */
+/* The sequential read and write rates of a spill directory (the median of three passes of
+   256 MiB each way, around the page cache; cached per directory with the machine's
+   rates). */
 l2l_status plan_disk_rates(double *read, double *write, const char *dir);
 /* The median of n timings (v is sorted in place). */
 double plan_median(double *v, int n);
