@@ -158,7 +158,7 @@ struct l2l_eps {
   struct eps_record **ahead, **waiting;
   int ahead_n, ahead_next, waiting_n, lists_cap;
   uint64_t ahead_bytes, update_bytes;
-  int64_t reads_ahead, reads_late;   /* records read before their update, at it (counts) */
+  int64_t reads_late;          /* records whose state was read at their update, not ahead */
   /* The relay's step, for a timeout's report: set by the relay as a step begins while the
      last step's updates (and their exchanges) may still run on the workers. */
   _Atomic int64_t step;
@@ -285,10 +285,10 @@ l2l_status l2l_eps_spill_state(struct l2l_eps *eps, const char *dir);
    step's eps_prepare checks it (L2L_ERR_BUDGET naming the smallest that works) and, with
    a spill file, keeps in memory the state that fits beside a read-ahead window. */
 void l2l_eps_set_host_budget(struct l2l_eps *eps, uint64_t bytes);
-/* The spill file's bytes read and written so far, records whose state was read ahead of
-   its update and at it, and the file's size (all 0 without a spill file). */
-void l2l_eps_spill_counts(struct l2l_eps *eps, uint64_t *read, uint64_t *written,
-                          int64_t *ahead, int64_t *late, uint64_t *file);
+/* The spill file's bytes read and written so far, records whose state was read at their
+   update rather than ahead of it, and the file's size (all 0 without a spill file). */
+void l2l_eps_spill_counts(struct l2l_eps *eps, uint64_t *read, uint64_t *written, int64_t *late,
+                          uint64_t *file);
 /* L2L_OK, or the first spill I/O failure since the last call (its message set as this
    thread's error), cleared. After l2l_eps_sync. */
 l2l_status l2l_eps_io_status(struct l2l_eps *eps);

@@ -266,7 +266,7 @@ static l2l_status state_in(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   bool spilled = rec->spilled, ahead = rec->ahead == AHEAD_QUEUED;
   if (ahead) eps->ahead_bytes -= state_bytes(eps, rec);   /* its update's from here */
-  if (spilled) ahead ? eps->reads_ahead++ : eps->reads_late++;
+  if (spilled && !ahead) eps->reads_late++;
   rec->ahead = AHEAD_TAKEN;
   ahead_fill(eps);
   pthread_mutex_unlock(&eps->lock);
@@ -312,8 +312,8 @@ l2l_status l2l_eps_io_status(struct l2l_eps *eps) {
   return status == L2L_OK ? L2L_OK : l2l_fail(status, "%s", message);
 }
 
-void l2l_eps_spill_counts(struct l2l_eps *eps, uint64_t *read, uint64_t *written,
-                          int64_t *ahead, int64_t *late, uint64_t *file) {
+void l2l_eps_spill_counts(struct l2l_eps *eps, uint64_t *read, uint64_t *written, int64_t *late,
+                          uint64_t *file) {
   *read = eps->spill ? atomic_load(&eps->spill->read) : 0;
   *written = eps->spill ? atomic_load(&eps->spill->written) : 0;
   *file = 0;
@@ -323,7 +323,6 @@ void l2l_eps_spill_counts(struct l2l_eps *eps, uint64_t *read, uint64_t *written
     pthread_mutex_unlock(&eps->spill->lock);
   }
   pthread_mutex_lock(&eps->lock);
-  *ahead = eps->reads_ahead;
   *late = eps->reads_late;
   pthread_mutex_unlock(&eps->lock);
 }
