@@ -154,7 +154,7 @@ void l2l_host_record_bytes(struct l2l_host_record *out, int64_t numel, int64_t s
    of state read ahead, and as many of updates under way (or one record). */
 enum { L2L_TIER_WINDOW_MOST = 64 << 20 };
 struct l2l_host_tier {
-  uint64_t fixed, need, keep, window;
+  uint64_t need, keep, window;
 };
 void l2l_host_tier_plan(struct l2l_host_tier *out, uint64_t fixed, uint64_t state, uint64_t largest,
                         uint64_t budget, bool spill);

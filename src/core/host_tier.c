@@ -34,7 +34,6 @@ void l2l_host_tier_plan(struct l2l_host_tier *out, uint64_t fixed, uint64_t stat
     keep = room > 2 * window ? room - 2 * window : 0;
   }
   *out = (struct l2l_host_tier){
-      .fixed = fixed,
       .need = fixed + (spill ? 2 * (largest < window ? largest : window) : state),
       .keep = keep, .window = window};
 }

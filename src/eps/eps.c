@@ -53,7 +53,7 @@ static void record_free(struct eps_record *rec) {
   if (rec->eps->gathered_last == rec) rec->eps->gathered_last = NULL;
   struct eps_spill *spill = rec->eps->spill;
   for (int a = 0; spill && rec->spill_reserved && a < l2l_optim_state_count(&rec->eps->optimizer); a++)
-    eps_spill_release(spill, rec->spill_at[a], (uint64_t)rec->shard_n * sizeof(float));
+    eps_spill_release(spill, rec->spill_at[a], eps_array_bytes(rec));
   if (spill) eps_ahead_drop(rec->eps, rec);
   l2l_tensor_free(rec->staging);
   l2l_tensor_free(rec->shard_grad);

@@ -147,14 +147,14 @@ struct l2l_eps {
   struct eps_record *gathered_last;   /* the record whose whole state a checkpoint holds */
   l2l_status io_status;
   char io_message[256];
-  /* The host budget (0: none) and what it leaves (state_tier.c): the optimizer state of
-     the records first in this list that fit state_keep_bytes stays in host memory (0:
-     every record's spills); the state of a step's due spilled records is read in the
+  /* The host budget (0: none) and what it leaves (state_tier.c, by core's host-tier
+     rules, each step): the optimizer state of the records first in this list that fit
+     stays in host memory (keep_state); the state of a step's due spilled records is read in the
      order backward completes them (the schedule's: ahead[0 .. ahead_n)), ahead_bytes of
      reads queued or waiting for their update, and update_bytes of state in memory for
      updates under way, each at most ahead_limit (or one record): an update with no room
      waits in `waiting` until one under way ends. Under the lock. */
-  uint64_t host_budget, state_keep_bytes, ahead_limit;
+  uint64_t host_budget, ahead_limit;
   struct eps_record **ahead, **waiting;
   int ahead_n, ahead_next, waiting_n, lists_cap;
   uint64_t ahead_bytes, update_bytes;

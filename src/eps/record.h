@@ -25,7 +25,7 @@ struct eps_record {
   bool spilled;                /* its state is on disk at spill_at (eps->spill) */
   bool spill_reserved;         /* spill_at holds its regions (reserved at its first write) */
   uint64_t spill_at[2];
-  bool keep_state;             /* its state stays in host memory (eps->state_keep_bytes) */
+  bool keep_state;             /* its state stays in host memory (the host budget's choice) */
   int ahead;                   /* this step: AHEAD_NONE, _QUEUED (ahead_io reading into
                                   ahead_state), _TAKEN (its update has its state) */
   l2l_tensor *ahead_state[2];
@@ -81,6 +81,10 @@ void eps_record_settled(struct l2l_eps *eps, struct eps_record *rec);
    (only eps->gathered_last has any). */
 void eps_gathered_free(struct l2l_eps *eps);
 
+/* One optimizer state array of rec (its shard), as the spill file moves it. */
+static inline uint64_t eps_array_bytes(const struct eps_record *rec) {
+  return (uint64_t)rec->shard_n * sizeof(float);
+}
 /* eps.c: rec's bytes in host memory and on disk (core's l2l_host_record_bytes). */
 struct l2l_host_record eps_record_bytes(const struct l2l_eps *eps, const struct eps_record *rec);
 

@@ -2,8 +2,8 @@
 /* state_tier.c — the optimizer state in the spill file between a record's updates.
  *
  * Purpose: the EPS's third tier (issue "Beyond host memory"). With a spill file
- * (l2l_eps_spill_state) the records first in the EPS's list whose state fits
- * state_keep_bytes keep it in host memory; every other record's state is in the file
+ * (l2l_eps_spill_state) the records first in the EPS's list whose state fits what the
+ * host budget leaves keep it in host memory; every other record's state is in the file
  * between its updates: read back for its update alone and written out after the update's
  * last wave, while the record is still pending, so that neither its next update nor a
  * checkpoint can start before it is on disk. The reads are not left to the update: when
@@ -32,7 +32,7 @@ static uint64_t state_bytes(const struct l2l_eps *eps, const struct eps_record *
 l2l_status eps_state_out(struct l2l_eps *eps, struct eps_record *rec) {
   int arrays = l2l_optim_state_count(&eps->optimizer);
   if (rec->state[0] == NULL) return L2L_OK;
-  uint64_t bytes = (uint64_t)rec->shard_n * sizeof(float);
+  uint64_t bytes = eps_array_bytes(rec);
   for (int a = 0; !rec->spill_reserved && a < arrays; a++)
     TRY(eps_spill_reserve(eps->spill, bytes, &rec->spill_at[a]));
   rec->spill_reserved = true;
@@ -59,13 +59,25 @@ l2l_status eps_state_out(struct l2l_eps *eps, struct eps_record *rec) {
   return L2L_OK;
 }
 
+/* A read of state array `which` of rec queued into a new host tensor (*out, NULL when it
+   cannot be queued). */
+static l2l_status read_queue(struct l2l_eps *eps, struct eps_record *rec, int which,
+                             l2l_tensor **out, struct eps_spill_io *io) {
+  TRY(eps_state_new(out, rec));
+  l2l_status status = eps_spill_queue(eps->spill, io, false, l2l_tensor_data(*out),
+                                      rec->spill_at[which], eps_array_bytes(rec));
+  if (status != L2L_OK) {
+    l2l_tensor_free(*out);
+    *out = NULL;
+  }
+  return status;
+}
+
 l2l_status eps_spill_read_state(struct l2l_eps *eps, struct eps_record *rec, int which,
                                 l2l_tensor **out) {
-  TRY(eps_state_new(out, rec));
   struct eps_spill_io io;
-  l2l_status status = eps_spill_queue(eps->spill, &io, false, l2l_tensor_data(*out),
-                                      rec->spill_at[which], (uint64_t)rec->shard_n * sizeof(float));
-  if (status == L2L_OK) status = eps_spill_wait(&io);
+  TRY(read_queue(eps, rec, which, out, &io));
+  l2l_status status = eps_spill_wait(&io);
   if (status != L2L_OK) {
     l2l_tensor_free(*out);
     *out = NULL;
@@ -93,10 +105,7 @@ static l2l_status ahead_queue(struct l2l_eps *eps, struct eps_record *rec) {
   int arrays = l2l_optim_state_count(&eps->optimizer), queued = 0;
   l2l_status status = L2L_OK;
   for (int a = 0; a < arrays && status == L2L_OK; a++) {
-    status = eps_state_new(&rec->ahead_state[a], rec);
-    if (status == L2L_OK)
-      status = eps_spill_queue(eps->spill, &rec->ahead_io[a], false, l2l_tensor_data(rec->ahead_state[a]),
-                               rec->spill_at[a], (uint64_t)rec->shard_n * sizeof(float));
+    status = read_queue(eps, rec, a, &rec->ahead_state[a], &rec->ahead_io[a]);
     if (status == L2L_OK) queued++;
   }
   if (status == L2L_OK) return L2L_OK;
@@ -173,9 +182,9 @@ static bool has_state(const struct eps_record *rec) {
          (rec->update_due && rec->expected > 0);
 }
 
-/* Which records keep their state in memory (the others' written out now), and the first
-   reads of the step's due records queued. */
-static l2l_status ahead_begin(struct l2l_eps *eps) {
+/* Which records keep their state in memory by the tier's choice (the others' written out
+   now), and the first reads of the step's due records queued. */
+static l2l_status ahead_begin(struct l2l_eps *eps, const struct l2l_host_tier *tier) {
   /* On one process the last step's updates have all begun (their reads are taken) once
      its arrivals are counted; with ranks an update begins once its exchange has summed the
      gradient, which may come later: those are waited for. A read nobody took (an update
@@ -186,11 +195,10 @@ static l2l_status ahead_begin(struct l2l_eps *eps) {
   pthread_mutex_unlock(&eps->lock);
   eps_ahead_drop_all(eps);
   uint64_t kept = 0;
-  const struct l2l_host_tier tier = {.keep = eps->state_keep_bytes};
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     pthread_mutex_lock(&eps->lock);
-    bool keep = l2l_host_tier_keeps(&tier, &kept, has_state(rec) ? state_bytes(eps, rec) : 0);
+    bool keep = l2l_host_tier_keeps(tier, &kept, has_state(rec) ? state_bytes(eps, rec) : 0);
     rec->keep_state = keep;   /* a running update reads it as it ends, and spills or not */
     bool settled = !rec->pending;
     pthread_mutex_unlock(&eps->lock);
@@ -247,10 +255,9 @@ l2l_status eps_host_plan(struct l2l_eps *eps) {
                            : ": a spill directory (spill_dir) keeps it on disk instead");
   }
   pthread_mutex_lock(&eps->lock);
-  eps->state_keep_bytes = tier.keep;
   eps->ahead_limit = tier.window;
   pthread_mutex_unlock(&eps->lock);
-  return eps->spill ? ahead_begin(eps) : L2L_OK;
+  return eps->spill ? ahead_begin(eps, &tier) : L2L_OK;
 }
 
 void l2l_eps_set_host_budget(struct l2l_eps *eps, uint64_t bytes) {
