@@ -48,12 +48,13 @@ for b = 1, opt.blocks do list[#list + 1] = l2l.Block { dim = opt.dim, heads = 16
 list[#list + 1] = l2l.LMHead { vocab = V, dim = opt.dim, tie = true }
 local model = l2l.Sequential(list)
 local n = model:nparams()
--- the budget: masters and accumulators (8 bytes a parameter) and --room GiB for optimizer state
-local budget = math.floor(8 * n + opt.room * GiB)
+-- the budget: the masters (4 bytes a parameter: the gradient accumulators pass, in memory
+-- from their arrival to their update) and --room GiB for the windows and optimizer state
+local budget = math.floor(4 * n + opt.room * GiB)
 print(("machine: %.1f GiB of RAM; model: %d blocks of width %d, %.3f B parameters, made in %.0f s"):format(
   meminfo("MemTotal") / GiB, opt.blocks, opt.dim, n / 1e9, now() - t0))
-print(("EPS in RAM would be %.1f GiB (16 bytes a parameter); host budget %.1f GiB; spill directory %s"):format(
-  16 * n / GiB, budget / GiB, opt.dir))
+print(("EPS in RAM would be %.1f GiB (16 bytes a parameter); host budget %.1f GiB (%.2f x less); spill directory %s"):format(
+  16 * n / GiB, budget / GiB, 16 * n / budget, opt.dir))
 
 local function relay_for(m)
   return l2l.Relay { model = m, micro_batch = 1, stash = "host", seed = 1, optimizer = l2l.AdamW { lr = 1e-4 },
@@ -63,9 +64,9 @@ end
 local function report(run, step, loss, seconds)
   run:sync()
   local st = run:stats()
-  print(("step %d: loss %.6f in %.1f s; EPS host %.2f GiB, disk read %.2f GiB written %.2f GiB (file %.2f GiB, %d late reads); resident %.2f GiB"):format(
+  print(("step %d: loss %.6f in %.1f s; EPS host %.2f GiB, disk read %.2f GiB written %.2f GiB (file %.2f GiB, %d late reads, %d gradient waits); resident %.2f GiB"):format(
     step, loss, seconds, st.host_eps_bytes / GiB, st.spill_read_bytes / GiB, st.spill_written_bytes / GiB,
-    st.spill_file_bytes / GiB, st.spill_late_reads, status("VmRSS") / GiB))
+    st.spill_file_bytes / GiB, st.spill_late_reads, st.spill_grad_waits, status("VmRSS") / GiB))
 end
 
 local run = relay_for(model)

@@ -2,8 +2,9 @@
 -- spill_spec — the EPS's optimizer state on disk (l2l.Relay's spill and host_budget): a
 -- relay whose state lives in a spill file under a host budget trains to the same bits as
 -- the same relay in memory — losses, weights and optimizer state, for SGD with momentum,
--- AdamW and LAMB, with layers inserted, cloned and removed between steps; reads come
--- ahead of the updates; host bytes stay within the budget; checkpoints read the state
+-- AdamW and LAMB, with layers inserted, cloned and removed between steps, under a budget
+-- of half the EPS in memory (the accumulators passing) and at the smallest that works;
+-- reads come ahead of the updates; host bytes stay within the budget; checkpoints read the state
 -- from the file and load into a spilled relay or a plain one alike; the file goes with
 -- the relay; the process's resident memory stays within the host budget and the run's
 -- own overhead; bad options and budgets too small are refused, naming what works.
@@ -106,10 +107,11 @@ describe("the EPS on disk (spill)", function()
     it(name .. ": under a host budget, the same to the bit as in memory, as layers come and go", function()
       local data = batches(8, 8)
       local want_losses, want_model, want_run, in_memory = train(make_opt, {}, data)
-      -- a budget well below what the EPS holds in memory at its largest: most of the state
-      -- spills (masters and accumulators are half of it with AdamW); then the smallest
-      -- budget that works, step by step, where updates wait for room one at a time
-      local budget = math.floor(in_memory * 0.75)
+      -- a budget half of what the EPS holds in memory at its largest: most of the state
+      -- spills, and the accumulators pass (in memory from their gradient's arrival to
+      -- their update); then the smallest budget that works, step by step, where updates
+      -- wait for room one at a time and arrivals for a passing accumulator's
+      local budget = math.floor(in_memory / 2)
       local losses, model, run, most = train(make_opt, { spill = dir, host_budget = budget }, data)
       local tight_losses, tight_model, tight_run = train(make_opt, { spill = dir, tight = true }, data)
       for i = 1, #want_losses do
@@ -220,6 +222,8 @@ describe("the EPS on disk (spill)", function()
     local over = (spilled.peak - spilled.base) - spilled.budget
     local MiB = 2 ^ 20
     assert.is_true(spilled.disk > 0, "the state went to disk")
+    assert.is_true(2 * spilled.budget <= mem.eps, ("the EPS in memory (%.1f MiB) is at least twice the host budget (%.1f MiB)"):format(
+      mem.eps / MiB, spilled.budget / MiB))
     assert.is_true(over <= overhead + 32 * MiB,
                    ("the spilled run's peak is %.1f MiB above its host budget of %.1f MiB; the run in memory's "
                     .. "overhead beyond its EPS %.1f MiB"):format(over / MiB, spilled.budget / MiB, overhead / MiB))

@@ -697,7 +697,9 @@ typedef struct l2l_relay_config {
                                    back behind it; the numbers are the same to the bit.
                                    The file is removed with the relay; one a crashed run
                                    left is named on stderr, never reused. Copied. With
-                                   dist each rank spills its own shard's state */
+                                   dist each rank spills its own shard's state. The
+                                   gradient accumulators, zero between updates, give
+                                   their pages back then (stats.spill_grad_waits) */
 } l2l_relay_config;
 
 /* AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant schedule, micro-
@@ -808,6 +810,11 @@ typedef struct l2l_relay_stats {
   uint64_t spill_written_bytes;
   int64_t spill_late_reads;     /* of them, records whose state was read at their update
                                    rather than ahead of it (the read-ahead window was full) */
+  int64_t spill_grad_waits;     /* gradient arrivals that waited for room among the passing
+                                   accumulators (in memory from their arrival to their
+                                   update: with a spill file every gradient accumulator
+                                   is zero between updates and gives its pages back; see
+                                   host_budget) */
   uint64_t spill_file_bytes;    /* the spill file's size */
   double exposed_comm_seconds;  /* last step: the calling thread waiting for MPI: the
                                    exchanges of counts and losses, and records whose

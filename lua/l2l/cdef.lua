@@ -440,6 +440,7 @@ typedef struct l2l_relay_stats {
   uint64_t spill_read_bytes;
   uint64_t spill_written_bytes;
   int64_t spill_late_reads;
+  int64_t spill_grad_waits;
   uint64_t spill_file_bytes;
   double exposed_comm_seconds;
 } l2l_relay_stats;

@@ -524,7 +524,7 @@ local STATS = {
   "wait_update_seconds", "optimizer_seconds", "h2d_seconds", "d2h_seconds", "events", "loss_scale",
   "loss_scale_good", "skipped_updates", "overflow", "skipped_records", "dist_ranks",
   "dist_sent_bytes", "dist_received_bytes", "spill_read_bytes", "spill_written_bytes",
-  "spill_late_reads", "spill_file_bytes", "exposed_comm_seconds",
+  "spill_late_reads", "spill_grad_waits", "spill_file_bytes", "exposed_comm_seconds",
 }
 M.stats_fields = STATS
 

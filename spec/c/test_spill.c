@@ -6,12 +6,14 @@
  * (aligned buffers); the file is gone after close; and each fault is an error naming the
  * file: a missing directory, a path that is not one, a disk with no room (a file size
  * limit stands for it), a file cut short by another program, a file left by a run
- * that died (found and named, not reused or removed).
+ * that died (found and named, not reused or removed). And the host pool's page return
+ * that lets a gradient accumulator leave memory between updates (l2l_pool_zero_pages).
  * Must never: leave files behind in the system's temporary directory.
  */
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -184,4 +186,46 @@ TEST(spill_finds_files_a_dead_run_left) {
     CHECK(check_dir_entries(dir) == 2, "close removed %d files not its own", 2 - check_dir_entries(dir));
   }
   check_remove_dir(dir);
+}
+
+/* The pages of whole host-pool buffers go back to the system and read as zero; the bytes
+   around them are zeroed in place; pinned memory and a buffer under a page are zeroed
+   only. What is resident is the kernel's word (mincore), not a count of our own. */
+TEST(pool_zero_pages_gives_whole_pages_back) {
+  long page = sysconf(_SC_PAGESIZE);
+  for (int trial = 0; trial < 6; trial++) {
+    l2l_pool_kind pool = trial == 5 ? L2L_POOL_PINNED : L2L_POOL_HOST;
+    uint64_t bytes = trial == 0 ? (uint64_t)check_rand_int(1, (int)page - 1)
+                                : (uint64_t)check_rand_int((int)page, 64 * (int)page);
+    void *buffer = NULL;
+    if (!CHECK_OK(l2l_pool_alloc(&buffer, pool, bytes))) return;
+    /* a view's range: some bytes in from the buffer's start */
+    uint64_t skip = trial >= 3 ? (uint64_t)check_rand_int(1, 64) * 4 : 0, n = bytes - skip;
+    unsigned char *b = (unsigned char *)buffer;
+    memset(b, 0xa5, bytes);
+    uint64_t given = l2l_pool_zero_pages(pool, b + skip, n);
+    uintptr_t first = ((uintptr_t)(b + skip) + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page,
+              last = ((uintptr_t)(b + skip) + n) / (uintptr_t)page * (uintptr_t)page;
+    uint64_t whole = pool == L2L_POOL_HOST && last > first ? last - first : 0;
+    CHECK(given == whole, "trial %d: %llu bytes given back, want the %llu of whole pages", trial,
+          (unsigned long long)given, (unsigned long long)whole);
+    if (given > 0) {   /* the kernel says those pages are gone before anything reads them */
+      size_t pages = (size_t)(whole / (uint64_t)page);
+      unsigned char *resident = calloc(pages, 1);
+      CHECK(resident && mincore((void *)first, (size_t)whole, resident) == 0, "mincore");
+      size_t still = 0;
+      for (size_t i = 0; resident && i < pages; i++) still += resident[i] & 1;
+      CHECK(still == 0, "trial %d: %zu of %zu pages still resident", trial, still, pages);
+      free(resident);
+    }
+    size_t bad = 0;
+    for (uint64_t i = 0; i < skip; i++) bad += b[i] != 0xa5;
+    CHECK(bad == 0, "trial %d: %zu bytes before the range changed", trial, bad);
+    for (uint64_t i = skip; i < bytes; i++) bad += b[i] != 0;
+    CHECK(bad == 0, "trial %d: %zu of %llu bytes not zero", trial, bad, (unsigned long long)n);
+    memset(b, 1, bytes);   /* and the memory is the buffer's as before */
+    for (uint64_t i = 0; i < bytes; i++) bad += b[i] != 1;
+    CHECK(bad == 0, "trial %d: written again, %zu bytes differ", trial, bad);
+    l2l_pool_free(pool, buffer, bytes);
+  }
 }

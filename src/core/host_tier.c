@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /* host_tier.c — the host budget's arithmetic, once: what the EPS applies to its records
  * before each step (src/eps/state_tier.c) and what the planner predicts from the layers
- * (src/plan): a record's bytes in host memory, the smallest budget that works, the
- * window of state read ahead and updating, and which records keep their optimizer state
- * in memory.
+ * (src/plan): a record's bytes in host memory, whose gradient accumulator passes (in
+ * memory from its gradient's arrival to its update alone), the smallest budget that works,
+ * the windows of state read ahead and updating and of passing gradients, and which records
+ * keep their optimizer state in memory.
  * Purpose: one truth for the rules both sides must agree on to the byte (plan_spec
  * compares the planner's host and disk bytes with the relay's).
  * Must never: allocate, or depend on anything but its arguments.
@@ -14,28 +15,49 @@ void l2l_host_record_bytes(struct l2l_host_record *out, int64_t numel, int64_t s
                            int arrays, l2l_dtype staging, bool dist) {
   uint64_t whole = l2l_pool_accounted((uint64_t)numel * sizeof(float)),
            shard = l2l_pool_accounted((uint64_t)shard_n * sizeof(float));
-  /* master and accumulator whole; with ranks the reduced gradient of this rank's shard;
-     a 16-bit staging copy whole */
-  out->fixed = 2 * whole + (dist ? shard : 0) +
+  /* the master whole; with ranks the reduced gradient of this rank's shard; a 16-bit
+     staging copy whole */
+  out->fixed = whole + (dist ? shard : 0) +
                (staging != L2L_F32 ? l2l_pool_accounted((uint64_t)numel * l2l_dtype_size(staging)) : 0);
+  out->grad = whole;
   out->state = (uint64_t)arrays * shard;
   out->moved = (uint64_t)arrays * (uint64_t)shard_n * sizeof(float);
 }
 
+bool l2l_host_grad_passes(bool spill, bool dist, bool defer, bool due, int users, int arrivals) {
+  /* one arrival, then the update that clears it, which waits for no other gradient: a
+     tied table's first arrival would hold the window through the whole backward, a
+     deferred update until its end; with ranks the reduce-scatters go out in an order of
+     their own, which a waiting arrival could stall */
+  return spill && !dist && !defer && due && users == 1 && arrivals == 1;
+}
+
+/* One window: its smallest (`least`, one record) and an eighth of the spare room, at most
+   L2L_TIER_WINDOW_MOST unless one record is more. */
+static uint64_t window_of(uint64_t least, uint64_t spare) {
+  uint64_t most = least > L2L_TIER_WINDOW_MOST ? least : L2L_TIER_WINDOW_MOST;
+  return least + spare / 8 < most ? least + spare / 8 : most;
+}
+
 void l2l_host_tier_plan(struct l2l_host_tier *out, uint64_t fixed, uint64_t state, uint64_t largest,
-                        uint64_t budget, bool spill) {
-  uint64_t keep = 0, window = L2L_TIER_WINDOW_MOST;
-  if (budget > 0 && spill) {
-    /* a quarter of what the state may use is the window, for reads ahead and as much
-       again for updates under way (at least the largest record, at most
-       L2L_TIER_WINDOW_MOST); the rest keeps state in memory */
-    uint64_t room = budget > fixed ? budget - fixed : 0;
-    window = room / 4 < largest ? largest : room / 4 > L2L_TIER_WINDOW_MOST ? L2L_TIER_WINDOW_MOST : room / 4;
-    keep = room > 2 * window ? room - 2 * window : 0;
+                        uint64_t passing, uint64_t budget, bool spill) {
+  if (!spill) {   /* everything in memory: the budget is a check */
+    *out = (struct l2l_host_tier){.need = fixed + state, .window = L2L_TIER_WINDOW_MOST,
+                                  .grad_window = UINT64_MAX};
+    return;
   }
-  *out = (struct l2l_host_tier){
-      .need = fixed + (spill ? 2 * (largest < window ? largest : window) : state),
-      .keep = keep, .window = window};
+  /* the least that works: one record's state read ahead, one updating, one passing
+     gradient; what the budget leaves beyond it widens each window by an eighth, and the
+     rest keeps state in memory, the records first in order */
+  uint64_t least = 2 * largest + passing;
+  *out = (struct l2l_host_tier){.need = fixed + least, .window = L2L_TIER_WINDOW_MOST,
+                                .grad_window = UINT64_MAX};
+  if (budget == 0) return;   /* no budget: every record's state spills, nothing waits */
+  uint64_t room = budget > fixed ? budget - fixed : 0, spare = room > least ? room - least : 0;
+  out->window = largest > 0 ? window_of(largest, spare) : 0;
+  out->grad_window = passing > 0 ? window_of(passing, spare) : 0;
+  uint64_t windows = 2 * out->window + out->grad_window;
+  out->keep = room > windows ? room - windows : 0;
 }
 
 bool l2l_host_tier_keeps(const struct l2l_host_tier *tier, uint64_t *kept, uint64_t bytes) {

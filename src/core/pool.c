@@ -32,6 +32,8 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -219,6 +221,22 @@ static void arena_free(void *ptr) {
 #else
   dallocx(ptr, MALLOCX_TCACHE_NONE);
 #endif
+}
+
+uint64_t l2l_pool_zero_pages(l2l_pool_kind pool, void *ptr, uint64_t bytes) {
+  uintptr_t begin = (uintptr_t)ptr, end = begin + bytes;
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  /* Only the host pool's memory is the process's own anonymous memory, whose pages read
+     as zero once given back (pinned memory is locked; the device pool's is a table's). */
+  if (pool != L2L_POOL_HOST || last <= first ||
+      madvise((void *)first, last - first, MADV_DONTNEED) != 0) {
+    memset(ptr, 0, bytes);
+    return 0;
+  }
+  memset(ptr, 0, first - begin);
+  memset((void *)last, 0, end - last);
+  return last - first;
 }
 
 /* ---------------------------------------------------------------- the pinned pool */

@@ -172,7 +172,8 @@ uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps) {
     uint64_t shard = l2l_pool_accounted((uint64_t)rec->shard_n * sizeof(float));
     /* the optimizer state is the shard's; the reduced gradient counts once made */
     uint64_t arrays = (rec->state[0] != NULL) + (rec->state[1] != NULL);
-    bytes += eps_record_bytes(eps, rec).fixed + shard * arrays;
+    struct l2l_host_record b = eps_record_bytes(eps, rec);
+    bytes += b.fixed + (rec->grad_away ? 0 : b.grad) + shard * arrays;
     if (eps->dist != NULL && rec->shard_grad == NULL) bytes -= shard;
   }
   return bytes;
@@ -382,7 +383,7 @@ void eps_update_begin(struct l2l_eps *eps, struct eps_record *rec, float grad_sc
       snprintf(why, sizeof why, "%s", l2l_last_error());
       eps_io_failed(eps, l2l_fail(status, "%s was not updated (its optimizer state could not "
                                   "be read): %s", rec->name, why));
-      l2l_tensor_fill(rec->grad, 0.0);
+      eps_grad_clear(eps, rec);
       if (eps->dist) {   /* the other ranks wait for its all-gather: the shard as it is */
         eps_exchange_updated(eps, rec);
       } else {
@@ -429,7 +430,10 @@ static void chunk_run(struct l2l_job *job, int thread) {
     chunk.state[a] = rec->state[a] ? (float *)l2l_tensor_data(rec->state[a]) + cj->begin : NULL;
   eps->optim->chunk(&chunk);
   bool last_wave = cj->wave == eps->optim->waves - 1;
-  if (last_wave) memset(g, 0, (size_t)n * sizeof *g);   /* the next minibatch starts at 0 */
+  /* the next minibatch starts at 0: with a spill file the accumulator's pages are given
+     back once the whole update has read it (eps_grad_clear) */
+  bool clear_whole = eps->spill && rec->shard_grad == NULL;
+  if (last_wave && !clear_whole) memset(g, 0, (size_t)n * sizeof *g);
   l2l_timeline_add(eps->timeline, rec->last_layer, -1, L2L_PHASE_UPDATE, thread, t0, l2l_now());
 
   pthread_mutex_lock(&eps->lock);
@@ -439,12 +443,15 @@ static void chunk_run(struct l2l_job *job, int thread) {
   }
   bool wave_done = --rec->chunks_left == 0;
   bool room = wave_done && last_wave && rec->room;   /* given back once the record settles */
-  if (wave_done && last_wave && eps->spill && !rec->keep_state) {
-    /* the state back to disk while the record is still pending: its next update (or a
-       checkpoint) cannot start before (every other chunk of it is done) */
+  if (wave_done && last_wave && eps->spill) {
+    /* the state back to disk and the accumulator cleared while the record is still
+       pending: its next arrival, update or checkpoint cannot start before (every other
+       chunk of it is done) */
+    bool out = !rec->keep_state;
     pthread_mutex_unlock(&eps->lock);
-    l2l_status status = eps_state_out(eps, rec);
+    l2l_status status = out ? eps_state_out(eps, rec) : L2L_OK;
     if (status != L2L_OK) eps_io_failed(eps, status);   /* kept in memory: nothing lost */
+    if (clear_whole) eps_grad_clear(eps, rec);
     pthread_mutex_lock(&eps->lock);
   }
   bool stage = wave_done && last_wave && rec->stage_after;
@@ -579,7 +586,7 @@ static void counted(struct l2l_eps *eps, struct eps_record *rec, bool finite, in
   pthread_mutex_unlock(&eps->lock);
   double sumsq = complete && defer && !exchange ? l2l_optim_sumsq(g, n) : 0;
   if (exchange) eps_exchange_start(eps, rec);
-  else if (skip) memset(g, 0, (size_t)n * sizeof *g);
+  else if (skip) eps_grad_clear(eps, rec);
   else if (complete && !defer) eps_start_update(eps, rec, 1.0f);
   /* Counted out last: whoever waits for arrivals then finds the record's norm (or its
      update queued) in place. */
@@ -597,6 +604,45 @@ static void absorb_run(struct l2l_job *job, int thread) {
   l2l_tensor_free(aj->incoming);
 }
 
+/* A gradient reaches rec's accumulator (whose pages come back as it is written): a
+   passing one waits first for room among the passing accumulators in memory. It waits
+   only for updates already under way: each passing accumulator in memory has had its one
+   arrival, so its update runs and clears it without another (called on the relay's
+   threads, never a worker's). */
+static void grad_arrives(struct l2l_eps *eps, struct eps_record *rec) {
+  if (eps->spill == NULL) return;
+  uint64_t bytes = eps_record_bytes(eps, rec).grad;
+  pthread_mutex_lock(&eps->lock);
+  if (rec->grad_passing && !rec->grad_counted) {
+    bool waited = false;
+    while (eps->grad_bytes > 0 && eps->grad_bytes + bytes > eps->grad_limit) {
+      waited = true;
+      pthread_cond_wait(&eps->changed, &eps->lock);
+    }
+    eps->grad_waits += waited;
+    eps->grad_bytes += bytes;
+    rec->grad_counted = true;
+  }
+  rec->grad_away = false;
+  pthread_mutex_unlock(&eps->lock);
+}
+
+void eps_grad_clear(struct l2l_eps *eps, struct eps_record *rec) {
+  void *g = l2l_tensor_data(rec->grad);
+  uint64_t bytes = (uint64_t)l2l_tensor_numel(rec->grad) * sizeof(float);
+  if (eps->spill == NULL) {
+    memset(g, 0, bytes);
+    return;
+  }
+  l2l_pool_zero_pages((l2l_pool_kind)l2l_tensor_pool(rec->grad), g, bytes);
+  pthread_mutex_lock(&eps->lock);
+  if (rec->grad_counted) eps->grad_bytes -= eps_record_bytes(eps, rec).grad;
+  rec->grad_counted = false;
+  rec->grad_away = true;
+  pthread_cond_broadcast(&eps->changed);   /* an arrival may wait for the room */
+  pthread_mutex_unlock(&eps->lock);
+}
+
 static void arrival_begins(struct l2l_eps *eps) {
   pthread_mutex_lock(&eps->lock);
   eps->arrivals_in_flight++;
@@ -605,6 +651,7 @@ static void arrival_begins(struct l2l_eps *eps) {
 
 void l2l_eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incoming,
                   float scale, int layer) {
+  grad_arrives(eps, rec);
   arrival_begins(eps);
   struct absorb_job *aj = calloc(1, sizeof *aj);
   if (aj == NULL) {   /* add it here rather than lose it */
@@ -622,6 +669,7 @@ void l2l_eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incom
 
 void l2l_eps_absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *grad,
                     float scale, int layer) {
+  grad_arrives(eps, rec);
   arrival_begins(eps);
   absorb(eps, rec, grad, true, scale, layer);
 }
@@ -657,7 +705,7 @@ void l2l_eps_abandon_step(struct l2l_eps *eps) {
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     if (rec->arrived > 0 && rec->arrived < rec->expected) {
-      l2l_tensor_fill(rec->grad, 0.0);
+      eps_grad_clear(eps, rec);
       rec->nonfinite = false;
     }
     rec->expected = rec->arrived = rec->holds = 0;
@@ -687,7 +735,7 @@ bool l2l_eps_release_updates(struct l2l_eps *eps, float clip, double unscale, do
       rec->update_due = false;
       eps_exchange_skip(eps, rec);
     } else {   /* an overflow: this minibatch's gradients are dropped, nothing updates */
-      l2l_tensor_fill(rec->grad, 0.0);
+      eps_grad_clear(eps, rec);
       rec->nonfinite = false;
       rec->update_due = false;
     }

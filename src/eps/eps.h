@@ -159,6 +159,13 @@ struct l2l_eps {
   int ahead_n, ahead_next, waiting_n, lists_cap;
   uint64_t ahead_bytes, update_bytes;
   int64_t reads_late;          /* records whose state was read at their update, not ahead */
+  /* With a spill file a gradient accumulator is zero between updates, and its pages are
+     given back whenever it is cleared (grad_away); a passing one (core's
+     l2l_host_grad_passes) comes back at its arrival within grad_limit bytes of passing
+     accumulators in memory at once (grad_bytes; an arrival with no room waits for an
+     update to clear one: grad_waits counts them). Under the lock. */
+  uint64_t grad_limit, grad_bytes;
+  int64_t grad_waits;
   /* The relay's step, for a timeout's report: set by the relay as a step begins while the
      last step's updates (and their exchanges) may still run on the workers. */
   _Atomic int64_t step;
@@ -286,9 +293,13 @@ l2l_status l2l_eps_spill_state(struct l2l_eps *eps, const char *dir);
    a spill file, keeps in memory the state that fits beside a read-ahead window. */
 void l2l_eps_set_host_budget(struct l2l_eps *eps, uint64_t bytes);
 /* The spill file's bytes read and written so far, records whose state was read at their
-   update rather than ahead of it, and the file's size (all 0 without a spill file). */
-void l2l_eps_spill_counts(struct l2l_eps *eps, uint64_t *read, uint64_t *written, int64_t *late,
-                          uint64_t *file);
+   update rather than ahead of it, gradient arrivals that waited for a passing
+   accumulator's room, and the file's size (all 0 without a spill file). */
+struct l2l_eps_spill_counts {
+  uint64_t read, written, file;
+  int64_t late, grad_waits;
+};
+void l2l_eps_spill_counts(struct l2l_eps *eps, struct l2l_eps_spill_counts *out);
 /* L2L_OK, or the first spill I/O failure since the last call (its message set as this
    thread's error), cleared. After l2l_eps_sync. */
 l2l_status l2l_eps_io_status(struct l2l_eps *eps);

@@ -32,6 +32,9 @@ struct eps_record {
   struct eps_spill_io ahead_io[2];
   bool room;                   /* its update's state counts in eps->update_bytes */
   float wait_grad_scale;       /* of its update waiting for room (in eps->waiting) */
+  bool grad_away;              /* the accumulator's pages are given back (it reads zero) */
+  bool grad_passing;           /* this step its accumulator passes (eps->grad_limit) */
+  bool grad_counted;           /* ... and is in memory, counted in eps->grad_bytes */
   l2l_tensor *staging;         /* device-precision copy (pinned), NULL: the master is it */
   int users;                   /* relay layers holding the record */
   int64_t updates;             /* t of its last update */
@@ -76,6 +79,10 @@ void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave);
 /* eps.c: rec's exchange has ended (updated or skipped): no longer pending; its staging
    copy rewritten first when one was asked for. */
 void eps_record_settled(struct l2l_eps *eps, struct eps_record *rec);
+
+/* eps.c: rec's accumulator cleared for its next minibatch (its update read it, or its
+   gradient is dropped): with a spill file its pages are given back. */
+void eps_grad_clear(struct l2l_eps *eps, struct eps_record *rec);
 
 /* eps.c: the whole state l2l_eps_state_whole gathered or read for a checkpoint, freed
    (only eps->gathered_last has any). */

@@ -11,7 +11,9 @@
  * schedule's order, which eps_expect gives), and their state is read ahead into host
  * buffers, ahead_limit bytes at most waiting at once; each update that takes its state
  * queues the next read, so the disk works while the device computes and the workers
- * update. The file and its I/O are spill.c's.
+ * update. The file and its I/O are spill.c's. Which gradient accumulators pass (in memory
+ * from their arrival to their update alone) is decided here too, before each step, with
+ * the budget's check; their arrivals and clears are eps.c's.
  * Must never: free a state array that is not on disk, consume a read that a restore has
  * made stale, or leave a failure unreported (the first one on a worker is kept for the
  * step).
@@ -227,35 +229,70 @@ static l2l_status ahead_begin(struct l2l_eps *eps, const struct l2l_host_tier *t
   return L2L_OK;
 }
 
+/* Every byte of rec's accumulator is zero (a fresh one, or one whose update cleared it). */
+static bool grad_is_zero(const struct eps_record *rec) {
+  const unsigned char *b = l2l_tensor_data(rec->grad);
+  size_t n = (size_t)l2l_tensor_numel(rec->grad) * sizeof(float);
+  for (size_t i = 0; i < n; i++)
+    if (b[i] != 0) return false;
+  return true;
+}
+
+/* With a spill file, which accumulators pass this step (l2l_host_grad_passes). One in
+   memory that holds nothing and expects a gradient that passes, or none, gives its pages
+   back now (a layer's fresh accumulator, before the first step); one that holds a
+   gradient (of a minibatch still accumulating, or one a script left) stays. A record of
+   the last step still updating is cleared as its update ends. */
+static void grads_classify(struct l2l_eps *eps) {
+  for (int i = 0; i < eps->count; i++) {
+    struct eps_record *rec = eps->records[i];
+    pthread_mutex_lock(&eps->lock);
+    bool passes = l2l_host_grad_passes(true, eps->dist != NULL, eps->defer, rec->update_due,
+                                       rec->users, rec->expected);
+    bool idle = !rec->pending && !rec->grad_away;
+    pthread_mutex_unlock(&eps->lock);
+    if (idle && (passes || rec->expected == 0) && grad_is_zero(rec)) eps_grad_clear(eps, rec);
+    pthread_mutex_lock(&eps->lock);
+    rec->grad_passing = passes && (rec->grad_away || rec->pending);
+    pthread_mutex_unlock(&eps->lock);
+  }
+}
+
 l2l_status eps_host_plan(struct l2l_eps *eps) {
-  uint64_t fixed = 0, state = 0, largest = 0;
+  if (eps->spill) grads_classify(eps);
+  uint64_t fixed = 0, state = 0, largest = 0, passing = 0;
   pthread_mutex_lock(&eps->lock);
   for (int i = 0; i < eps->count; i++) {
     const struct eps_record *rec = eps->records[i];
     struct l2l_host_record b = eps_record_bytes(eps, rec);
     uint64_t bytes = has_state(rec) ? b.state : 0;
     fixed += b.fixed;
+    /* an accumulator in memory through the step, or one that passes (the window's) */
+    if (rec->grad_passing) passing = b.grad > passing ? b.grad : passing;
+    else if (rec->expected > 0 || (!rec->grad_away && !rec->pending)) fixed += b.grad;
     state += bytes;
     largest = bytes > largest ? bytes : largest;
   }
   pthread_mutex_unlock(&eps->lock);
   struct l2l_host_tier tier;
-  l2l_host_tier_plan(&tier, fixed, state, largest, eps->host_budget, eps->spill != NULL);
+  l2l_host_tier_plan(&tier, fixed, state, largest, passing, eps->host_budget, eps->spill != NULL);
   if (eps->host_budget > 0 && tier.need > eps->host_budget) {
     char a[32], b[32], c[32], d[32];
     return FAIL(L2L_ERR_BUDGET,
                 "the relay's host budget of %llu bytes (%s) is below the %llu (%s) its EPS "
-                "needs: %s of masters, gradient accumulators and staging copies%s %s of "
-                "optimizer state%s",
+                "needs: %s of masters, staging copies and gradient accumulators in memory "
+                "through the step%s %s of %s",
                 (unsigned long long)eps->host_budget, l2l_human_bytes(a, sizeof a, eps->host_budget),
                 (unsigned long long)tier.need, l2l_human_bytes(b, sizeof b, tier.need),
                 l2l_human_bytes(c, sizeof c, fixed), eps->spill ? ", and" : " and",
                 l2l_human_bytes(d, sizeof d, tier.need - fixed),
-                eps->spill ? " (its largest record's twice: one read ahead, one updating)"
-                           : ": a spill directory (spill_dir) keeps it on disk instead");
+                eps->spill ? "the windows (the largest record's optimizer state twice, one read "
+                             "ahead and one updating, and the largest passing accumulator once)"
+                           : "optimizer state: a spill directory (spill_dir) keeps it on disk instead");
   }
   pthread_mutex_lock(&eps->lock);
   eps->ahead_limit = tier.window;
+  eps->grad_limit = tier.grad_window;
   pthread_mutex_unlock(&eps->lock);
   return eps->spill ? ahead_begin(eps, &tier) : L2L_OK;
 }
@@ -319,18 +356,18 @@ l2l_status l2l_eps_io_status(struct l2l_eps *eps) {
   return status == L2L_OK ? L2L_OK : l2l_fail(status, "%s", message);
 }
 
-void l2l_eps_spill_counts(struct l2l_eps *eps, uint64_t *read, uint64_t *written, int64_t *late,
-                          uint64_t *file) {
-  *read = eps->spill ? atomic_load(&eps->spill->read) : 0;
-  *written = eps->spill ? atomic_load(&eps->spill->written) : 0;
-  *file = 0;
+void l2l_eps_spill_counts(struct l2l_eps *eps, struct l2l_eps_spill_counts *out) {
+  *out = (struct l2l_eps_spill_counts){0};
   if (eps->spill) {
+    out->read = atomic_load(&eps->spill->read);
+    out->written = atomic_load(&eps->spill->written);
     pthread_mutex_lock(&eps->spill->lock);
-    *file = eps->spill->used;
+    out->file = eps->spill->used;
     pthread_mutex_unlock(&eps->spill->lock);
   }
   pthread_mutex_lock(&eps->lock);
-  *late = eps->reads_late;
+  out->late = eps->reads_late;
+  out->grad_waits = eps->grad_waits;
   pthread_mutex_unlock(&eps->lock);
 }
 

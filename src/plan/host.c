@@ -28,8 +28,9 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
   for (int k = 0; k < L; k++) cap += l2l_layer_param_count(layers[k].layer);
   l2l_param **recs = calloc((size_t)(cap > 0 ? cap : 1), sizeof *recs);
   bool *trained = calloc((size_t)(cap > 0 ? cap : 1), sizeof *trained);
-  if (recs == NULL || trained == NULL) {
-    free(recs), free(trained);
+  int *users = calloc((size_t)(cap > 0 ? cap : 1), sizeof *users);
+  if (recs == NULL || trained == NULL || users == NULL) {
+    free(recs), free(trained), free(users);
     return l2l_fail(L2L_ERR_NOMEM, "l2l_plan_new: no memory for %d records", cap);
   }
   for (int k = 0; k < L; k++)
@@ -39,32 +40,43 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
       while (at < n && recs[at] != p) at++;
       if (at == n) recs[n++] = p;
       trained[at] |= !layers[k].frozen;
+      users[at]++;
     }
   struct l2l_host_record *bytes = calloc((size_t)(n > 0 ? n : 1), sizeof *bytes);
   if (bytes == NULL) {
-    free(recs), free(trained);
+    free(recs), free(trained), free(users);
     return l2l_fail(L2L_ERR_NOMEM, "l2l_plan_new: no memory for %d records", n);
   }
-  uint64_t fixed = 0, state = 0, largest = 0;
+  /* with a spill file an accumulator is in memory only while it holds a gradient: a
+     passing one from its arrival to its update (the window's), another through the step;
+     a frozen record's never (every step's updates clear them: none is between steps
+     unless minibatches accumulate over steps) */
+  bool spill = config->spill_dir != NULL, dist = config->dist != L2L_DIST_NONE;
+  bool defer = config->clip_global_norm > 0 || config->loss_scale > 0, every = config->accumulate <= 1;
+  uint64_t fixed = 0, state = 0, largest = 0, passing = 0, between = 0;
   for (int i = 0; i < n; i++) {
     int64_t numel = l2l_tensor_numel(l2l_param_value(recs[i]));
     bool staged = config->precision != L2L_F32 && l2l_param_low_precision(recs[i]);
     l2l_host_record_bytes(&bytes[i], numel, numel, arrays, staged ? config->precision : L2L_F32, false);
     if (!trained[i]) bytes[i].state = bytes[i].moved = 0;   /* never updated: no state */
     fixed += bytes[i].fixed;
+    between += bytes[i].fixed + (!spill || (trained[i] && !every) ? bytes[i].grad : 0);
+    if (l2l_host_grad_passes(spill, dist, defer, every, users[i], trained[i] ? 1 : 0))
+      passing = bytes[i].grad > passing ? bytes[i].grad : passing;
+    else if (!spill || trained[i])
+      fixed += bytes[i].grad;
     state += bytes[i].state;
     largest = bytes[i].state > largest ? bytes[i].state : largest;
   }
-  bool spill = config->spill_dir != NULL;
   struct l2l_host_tier tier;
-  l2l_host_tier_plan(&tier, fixed, state, largest, config->host_budget, spill);
-  *out = (struct plan_host){.smallest_budget = tier.need, .eps_bytes = fixed};
+  l2l_host_tier_plan(&tier, fixed, state, largest, passing, config->host_budget, spill);
+  *out = (struct plan_host){.smallest_budget = tier.need, .eps_bytes = between};
   uint64_t kept = 0;
   for (int i = 0; i < n; i++) {
     if (!spill || l2l_host_tier_keeps(&tier, &kept, bytes[i].state)) out->eps_bytes += bytes[i].state;
     else out->disk_bytes += bytes[i].moved;   /* read before its update, written after */
   }
-  free(recs), free(trained), free(bytes);
+  free(recs), free(trained), free(users), free(bytes);
   return L2L_OK;
 }
 

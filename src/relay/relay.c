@@ -447,11 +447,13 @@ l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run) {
   out->d2h_seconds = run->timeline.thread_seconds[THREAD_D2H];
   pthread_mutex_unlock(&r->timeline.lock);
   out->dist_sent_bytes = out->dist_received_bytes = l2l_eps_dist_bytes(&run->eps);
-  l2l_eps_spill_counts(&r->eps, &out->spill_read_bytes, &out->spill_written_bytes,
-                       &out->spill_late_reads, &out->spill_file_bytes);
-  out->spill_read_bytes -= run->spill_read_at;
-  out->spill_written_bytes -= run->spill_written_at;
-  out->spill_late_reads -= run->spill_late_at;
+  struct l2l_eps_spill_counts spill;
+  l2l_eps_spill_counts(&r->eps, &spill);
+  out->spill_read_bytes = spill.read - run->spill_at.read;
+  out->spill_written_bytes = spill.written - run->spill_at.written;
+  out->spill_late_reads = spill.late - run->spill_at.late;
+  out->spill_grad_waits = spill.grad_waits - run->spill_at.grad_waits;
+  out->spill_file_bytes = spill.file;
   return L2L_OK;
 }
 

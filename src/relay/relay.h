@@ -87,8 +87,7 @@ struct l2l_relay {
   l2l_status async_status;    /* a job nobody waits for failed (gradients out) */
   char async_message[256];
   bool warned_nonfinite;      /* a non-finite gradient's skip has been said on stderr */
-  uint64_t spill_read_at, spill_written_at;   /* the spill file's counts when the step began */
-  int64_t spill_late_at;
+  struct l2l_eps_spill_counts spill_at;   /* the spill file's counts when the step began */
 };
 
 static inline bool relay_ok(const l2l_relay *run) {

@@ -248,9 +248,8 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
   /* The step's time starts before its beginning: with ranks, the exchange of sizes there
      is a wait for MPI (exposed_comm), and every part of the step lies within its time. */
   double t0 = l2l_now();
-  uint64_t file;   /* the spill file's counts before this step's first read ahead */
-  l2l_eps_spill_counts(&run->eps, &run->spill_read_at, &run->spill_written_at, &run->spill_late_at,
-                       &file);
+  /* the spill file's counts before this step's first read ahead */
+  l2l_eps_spill_counts(&run->eps, &run->spill_at);
   TRY(step_begin(&s, &p));
   counters_reset(run);
   l2l_device_stamp_anchor(&s.anchor);
