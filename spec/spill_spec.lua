@@ -178,6 +178,42 @@ describe("the EPS on disk (spill)", function()
     run:free()
   end)
 
+  it("counts the process's spill files in l2l.pool_stats('spill')", function()
+    local data = batches(3, 8)
+    local before = l2l.pool_stats("spill")
+    local model = tiny_gpt(4)
+    local run = l2l.Relay { model = model, micro_batch = 4, optimizer = l2l.SGD { lr = 0.05, momentum = 0.9 }, spill = dir }
+    run:step(data[1][1], data[1][2])
+    run:sync()
+    local file = run:stats().spill_file_bytes
+    local s = l2l.pool_stats("spill")
+    -- every record's momentum on disk, each region rounded up to 4 KiB
+    local want = 0
+    for _, p in ipairs(model:params()) do want = want + math.ceil(4 * p.value:numel() / 4096) * 4096 end
+    assert.are.equal(want, file, "the file holds one region a record")
+    assert.are.equal(file, s.reserved - before.reserved, "the files' bytes")
+    assert.are.equal(file, s.current - before.current, "the bytes in regions that hold state")
+    assert.are.equal(#model:params(), s.allocs - before.allocs, "regions reserved")
+    assert.are.equal(1, s.system_allocs - before.system_allocs, "files made")
+    assert.is_true(s.peak >= s.current)
+    -- a block removed gives its regions back: they stay in the file for the next to reuse
+    local gone, block = 0, model[3]
+    for _, p in ipairs(block:params()) do gone = gone + math.ceil(4 * p.value:numel() / 4096) * 4096 end
+    local regions = #block:params()
+    model:remove(3)
+    block:free()   -- (freed once the relay lets it go)
+    run:step(data[2][1], data[2][2])
+    run:sync()
+    local after = l2l.pool_stats("spill")
+    assert.are.equal(file - gone, after.current - before.current, "the removed block's regions are free")
+    assert.are.equal(file, after.reserved - before.reserved, "the file keeps its size")
+    assert.are.equal(regions, after.frees - before.frees, "regions given back")
+    run:free()
+    local closed = l2l.pool_stats("spill")
+    assert.are.equal(before.current, closed.current, "the relay's regions gone with it")
+    assert.are.equal(before.reserved, closed.reserved, "and its file")
+  end)
+
   it("saves a checkpoint from the file and loads it spilled or in memory, the same", function()
     local data = batches(6, 8)
     local model = tiny_gpt(5)

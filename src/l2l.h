@@ -127,6 +127,11 @@ typedef struct l2l_pool_stats {
 } l2l_pool_stats;
 
 L2L_API l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind pool);
+/* The spill files of every relay in this process (l2l_relay_config.spill_dir) in the same
+   form: current (and peak) the bytes of regions that hold optimizer state, reserved the
+   files' sizes (regions given back stay in a file for the next to reuse), allocs and frees
+   the regions reserved and given back, system_allocs the files made; the rest 0. */
+L2L_API l2l_status l2l_spill_get_stats(l2l_pool_stats *out);
 /* 0 removes the budget; a budget below the bytes now in use is refused. */
 L2L_API l2l_status l2l_pool_set_budget(l2l_pool_kind pool, uint64_t bytes);
 L2L_API l2l_status l2l_pool_reset_peak(l2l_pool_kind pool);  /* peak := current */
@@ -697,9 +702,10 @@ typedef struct l2l_relay_config {
                                    back behind it; the numbers are the same to the bit.
                                    The file is removed with the relay; one a crashed run
                                    left is named on stderr, never reused. Copied. With
-                                   dist each rank spills its own shard's state. The
-                                   gradient accumulators, zero between updates, give
-                                   their pages back then (stats.spill_grad_waits) */
+                                   dist each rank spills its own shard's state. Under a
+                                   host_budget too small for them all, the gradient
+                                   accumulators, zero between updates, give their pages
+                                   back then (stats.spill_grad_waits) */
 } l2l_relay_config;
 
 /* AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant schedule, micro-

@@ -44,6 +44,8 @@ typedef struct l2l_pool_stats {
 
 l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind pool);
 
+l2l_status l2l_spill_get_stats(l2l_pool_stats *out);
+
 l2l_status l2l_pool_set_budget(l2l_pool_kind pool, uint64_t bytes);
 l2l_status l2l_pool_reset_peak(l2l_pool_kind pool);
 

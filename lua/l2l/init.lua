@@ -61,11 +61,15 @@ l2l.tokenizer = require("l2l.tokenizer")   -- GPT-2's tokens: l2l.tokenizer.gpt2
 -- reserved=, system_allocs=, cap=, fallback=, fallback_allocs=, backend=} (bytes and
 -- counts; reserved and system_allocs show the caching allocators: memory held from the
 -- system, and calls to it; cap and fallback are the pinned pool's: see l2l.set_pinned_cap;
--- backend: the device bytes a GPU backend keeps for itself, counted against the budget)
+-- backend: the device bytes a GPU backend keeps for itself, counted against the budget).
+-- l2l.pool_stats("spill"): every relay's spill file (spill =) together: current and peak
+-- the bytes holding optimizer state, reserved the files' sizes, allocs and frees the
+-- regions reserved and given back, system_allocs the files made.
 local stats = ffi.new("l2l_pool_stats")
 function l2l.pool_stats(pool, ...)
   if select("#", ...) ~= 0 then too_many("l2l.pool_stats", "pool", 2, ...) end
-  check(C.l2l_pool_get_stats(stats, lib.pool_id(pool, "l2l.pool_stats", 2)), "l2l.pool_stats", 2)
+  if pool == "spill" then check(C.l2l_spill_get_stats(stats), "l2l.pool_stats", 2)
+  else check(C.l2l_pool_get_stats(stats, lib.pool_id(pool, "l2l.pool_stats", 2)), "l2l.pool_stats", 2) end
   return {
     current = tonumber(stats.current), peak = tonumber(stats.peak),
     budget = tonumber(stats.budget), allocs = tonumber(stats.allocs),

@@ -348,12 +348,13 @@ TEST(misuse_errors_threads_and_version) {
 static const int bad_pools[] = {-1, 3, 99, INT_MIN, INT_MAX};
 enum { BAD_POOLS = sizeof bad_pools / sizeof bad_pools[0] };
 
-/* Covers: l2l_pool_get_stats, l2l_pool_set_budget, l2l_pool_reset_peak, l2l_pinned_set_cap,
-   l2l_pool_name; budget refusals of l2l_tensor_new. */
+/* Covers: l2l_pool_get_stats, l2l_spill_get_stats, l2l_pool_set_budget, l2l_pool_reset_peak,
+   l2l_pinned_set_cap, l2l_pool_name; budget refusals of l2l_tensor_new. */
 TEST(misuse_pools) {
   l2l_pool_stats s, poisoned;
   memset(&poisoned, 0xa5, sizeof poisoned);
   REFUSES(l2l_pool_get_stats(NULL, L2L_POOL_HOST), L2L_ERR_INVALID, "out");
+  REFUSES(l2l_spill_get_stats(NULL), L2L_ERR_INVALID, "out");
   for (int i = 0; i < BAD_POOLS; i++) {
     s = poisoned;
     REFUSES(l2l_pool_get_stats(&s, (l2l_pool_kind)bad_pools[i]), L2L_ERR_INVALID, "pool");

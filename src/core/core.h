@@ -147,25 +147,28 @@ struct l2l_host_record {
 };
 void l2l_host_record_bytes(struct l2l_host_record *out, int64_t numel, int64_t shard_n,
                            int arrays, l2l_dtype staging, bool dist);
-/* Whether a record's gradient accumulator passes this step: with a spill file its pages
-   are given back whenever it is cleared (it is zero between updates), and a passing one
+/* Whether a record's gradient accumulator may pass this step: when the tier makes them
+   pass (a spill file, and a budget that cannot hold them all), an accumulator's pages are
+   given back whenever it is cleared (it is zero between updates), and one that passes
    comes back at its one arrival and goes at its update, within the tier's gradient
    window; any other (tied, deferred, accumulating over steps, with ranks) is in memory
    through the step. `users`: relay layers holding it; `arrivals`: gradients it expects. */
 bool l2l_host_grad_passes(bool spill, bool dist, bool defer, bool due, int users, int arrivals);
 /* The host budget over records whose fixed bytes (with every accumulator in memory this
-   step), state, largest state and largest passing accumulator are given (budget 0: none;
-   spill: a spill file holds what the budget leaves out): the smallest budget that works
-   (need), the state that stays in memory (keep: the records first in the EPS's order that
-   fit, l2l_host_tier_keeps), the window (at most that many bytes of state read ahead, and
-   as many of updates under way, or one record) and the gradient window (passing
-   accumulators in memory at once, or one). */
-enum { L2L_TIER_WINDOW_MOST = 64 << 20 };
+   step that cannot pass), state, largest state, and largest and total accumulators that
+   may pass are given (budget 0: none; spill: a spill file holds what the budget leaves
+   out): the smallest budget that works (need), whether the accumulators pass (only when
+   the budget cannot hold them all), the state that stays in memory (keep: the records
+   first in the EPS's order that fit, l2l_host_tier_keeps), the window (at most that many
+   bytes of state read ahead, and as many of updates under way, or one record) and the
+   gradient window (passing accumulators in memory at once, or one). */
+enum { L2L_TIER_WINDOW_MOST = 64 << 20, L2L_TIER_GRAD_MOST = 1 << 30 };
 struct l2l_host_tier {
   uint64_t need, keep, window, grad_window;
+  bool grads_pass;
 };
 void l2l_host_tier_plan(struct l2l_host_tier *out, uint64_t fixed, uint64_t state, uint64_t largest,
-                        uint64_t passing, uint64_t budget, bool spill);
+                        uint64_t passing, uint64_t passing_total, uint64_t budget, bool spill);
 /* The next record in order, of `bytes` of state, keeps it in memory (kept counts so far). */
 bool l2l_host_tier_keeps(const struct l2l_host_tier *tier, uint64_t *kept, uint64_t bytes);
 /* Allocates L2L_ALIGN-aligned memory counted against the pool's budget. */
@@ -173,7 +176,8 @@ l2l_status l2l_pool_alloc(void **out, l2l_pool_kind pool, uint64_t bytes);
 /* Returns memory from l2l_pool_alloc; `bytes` must be the size that was asked for. */
 void l2l_pool_free(l2l_pool_kind pool, void *ptr, uint64_t bytes);
 bool l2l_pool_valid(int pool);
-/* Zeroes `bytes` at ptr (memory of `pool`): the whole pages among them are given back to
+/* Zeroes `bytes` at ptr (memory of `pool`, host or pinned: memory the host writes): the
+   whole pages among them are given back to
    the system instead where the pool allows (host memory: they read as zero, and take
    memory again only when written); returns the bytes given back. The EPS's gradient
    accumulators between updates under a host budget. */

@@ -32,7 +32,7 @@ bool l2l_host_grad_passes(bool spill, bool dist, bool defer, bool due, int users
   return spill && !dist && !defer && due && users == 1 && arrivals == 1;
 }
 
-/* One window: its smallest (`least`, one record) and an eighth of the spare room, at most
+/* A state window: its smallest (`least`, one record) and an eighth of the spare room, at most
    L2L_TIER_WINDOW_MOST unless one record is more. */
 static uint64_t window_of(uint64_t least, uint64_t spare) {
   uint64_t most = least > L2L_TIER_WINDOW_MOST ? least : L2L_TIER_WINDOW_MOST;
@@ -40,23 +40,34 @@ static uint64_t window_of(uint64_t least, uint64_t spare) {
 }
 
 void l2l_host_tier_plan(struct l2l_host_tier *out, uint64_t fixed, uint64_t state, uint64_t largest,
-                        uint64_t passing, uint64_t budget, bool spill) {
+                        uint64_t passing, uint64_t passing_total, uint64_t budget, bool spill) {
+  *out = (struct l2l_host_tier){.window = L2L_TIER_WINDOW_MOST, .grad_window = UINT64_MAX};
   if (!spill) {   /* everything in memory: the budget is a check */
-    *out = (struct l2l_host_tier){.need = fixed + state, .window = L2L_TIER_WINDOW_MOST,
-                                  .grad_window = UINT64_MAX};
+    out->need = fixed + passing_total + state;
     return;
   }
   /* the least that works: one record's state read ahead, one updating, one passing
-     gradient; what the budget leaves beyond it widens each window by an eighth, and the
-     rest keeps state in memory, the records first in order */
-  uint64_t least = 2 * largest + passing;
-  *out = (struct l2l_host_tier){.need = fixed + least, .window = L2L_TIER_WINDOW_MOST,
-                                .grad_window = UINT64_MAX};
+     accumulator. The accumulators pass only when the budget cannot hold them all beside
+     the state's windows: giving their pages back and faulting them in again costs the
+     kernel about a second a GiB on this machine's 4 KiB pages (bench/RESULTS.md), so a
+     budget with room for them keeps them */
+  out->need = fixed + 2 * largest + passing;
+  out->grads_pass = budget > 0 && budget < fixed + passing_total + 2 * largest;
   if (budget == 0) return;   /* no budget: every record's state spills, nothing waits */
-  uint64_t room = budget > fixed ? budget - fixed : 0, spare = room > least ? room - least : 0;
+  uint64_t in_memory = fixed + (out->grads_pass ? 0 : passing_total);
+  uint64_t least = 2 * largest + (out->grads_pass ? passing : 0);
+  uint64_t room = budget > in_memory ? budget - in_memory : 0, spare = room > least ? room - least : 0;
+  /* what the budget leaves beyond the least widens each state window by an eighth and a
+     passing gradient window by half (at most L2L_TIER_GRAD_MOST more), and the rest
+     keeps state in memory, the records first in order. The gradient window comes first:
+     with room for one accumulator alone, each arrival waits for the last record's update
+     to be written out, and the backward's compute no longer overlaps the disk
+     (bench/spill_capacity.lua: 34 s a step against 22); a kept byte of state saves only
+     the two bytes it would move a step */
   out->window = largest > 0 ? window_of(largest, spare) : 0;
-  out->grad_window = passing > 0 ? window_of(passing, spare) : 0;
-  uint64_t windows = 2 * out->window + out->grad_window;
+  if (out->grads_pass)
+    out->grad_window = passing + (spare / 2 < L2L_TIER_GRAD_MOST ? spare / 2 : L2L_TIER_GRAD_MOST);
+  uint64_t windows = 2 * out->window + (out->grads_pass ? out->grad_window : 0);
   out->keep = room > windows ? room - windows : 0;
 }
 

@@ -634,11 +634,15 @@ void eps_grad_clear(struct l2l_eps *eps, struct eps_record *rec) {
     memset(g, 0, bytes);
     return;
   }
-  l2l_pool_zero_pages((l2l_pool_kind)l2l_tensor_pool(rec->grad), g, bytes);
+  pthread_mutex_lock(&eps->lock);
+  bool give = eps->grads_pass;
+  pthread_mutex_unlock(&eps->lock);
+  if (give) l2l_pool_zero_pages(L2L_POOL_HOST, g, bytes);   /* (the EPS's tensors are host memory) */
+  else memset(g, 0, bytes);
   pthread_mutex_lock(&eps->lock);
   if (rec->grad_counted) eps->grad_bytes -= eps_record_bytes(eps, rec).grad;
   rec->grad_counted = false;
-  rec->grad_away = true;
+  rec->grad_away |= give;
   pthread_cond_broadcast(&eps->changed);   /* an arrival may wait for the room */
   pthread_mutex_unlock(&eps->lock);
 }

@@ -159,11 +159,14 @@ struct l2l_eps {
   int ahead_n, ahead_next, waiting_n, lists_cap;
   uint64_t ahead_bytes, update_bytes;
   int64_t reads_late;          /* records whose state was read at their update, not ahead */
-  /* With a spill file a gradient accumulator is zero between updates, and its pages are
-     given back whenever it is cleared (grad_away); a passing one (core's
-     l2l_host_grad_passes) comes back at its arrival within grad_limit bytes of passing
+  /* With a spill file and a budget that cannot hold every accumulator, they pass: zero
+     between updates, an accumulator's pages are given back whenever it is cleared
+     (grad_away); a passing one (core's l2l_host_grad_passes) comes back at its arrival
+     within grad_limit bytes of passing
      accumulators in memory at once (grad_bytes; an arrival with no room waits for an
      update to clear one: grad_waits counts them). Under the lock. */
+  bool grads_pass;             /* this step the accumulators pass (the tier's choice: only
+                                  when the budget cannot hold them all) */
   uint64_t grad_limit, grad_bytes;
   int64_t grad_waits;
   /* The relay's step, for a timeout's report: set by the relay as a step begins while the
@@ -317,6 +320,7 @@ struct eps_spill {
   int fd, fd_direct;           /* buffered; O_DIRECT (-1 where the file system refuses it) */
   uint64_t used;               /* bytes reserved, every region 4 KiB-aligned (under lock:
                                   the EPS's workers reserve as records first spill) */
+  uint64_t in_use;             /* of them, in regions not given back (under lock) */
   struct eps_spill_region { uint64_t at, bytes; } *free_list;   /* given back, reused first */
   int free_n, free_cap;
   pthread_mutex_t lock;

@@ -14,6 +14,7 @@
  * system allows one (no copy into the page cache, which would otherwise grow by every byte
  * spilled), any other through the buffered one. Linux keeps the two coherent for one file
  * (a direct read writes back dirty cached pages first; a direct write drops them).
+ * The process's files together are counted for l2l_spill_get_stats (l2l.pool_stats("spill")).
  * Must never: write outside a reserved region, leave its file behind after eps_spill_close,
  * or delete a file it did not make.
  */
@@ -33,6 +34,32 @@
 enum { SPILL_EXTENT = 4096 };
 
 static _Atomic int spill_files_made;   /* this process's files: the <n> of their names */
+
+/* Every spill file of the process, for l2l_spill_get_stats: bytes in regions holding
+   state (current, and its peak), the files' sizes (reserved), regions reserved and given
+   back. Under totals_lock. */
+static pthread_mutex_t totals_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t total_in_use, total_peak, total_files, total_reserves, total_releases;
+
+static void totals_add(int64_t in_use, int64_t files, int reserves, int releases) {
+  pthread_mutex_lock(&totals_lock);
+  total_in_use += (uint64_t)in_use;
+  total_files += (uint64_t)files;
+  total_reserves += (uint64_t)reserves;
+  total_releases += (uint64_t)releases;
+  if (total_in_use > total_peak) total_peak = total_in_use;
+  pthread_mutex_unlock(&totals_lock);
+}
+
+l2l_status l2l_spill_get_stats(l2l_pool_stats *out) {
+  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  pthread_mutex_lock(&totals_lock);
+  *out = (l2l_pool_stats){.current = total_in_use, .peak = total_peak, .reserved = total_files,
+                          .allocs = total_reserves, .frees = total_releases,
+                          .system_allocs = (uint64_t)atomic_load(&spill_files_made)};
+  pthread_mutex_unlock(&totals_lock);
+  return L2L_OK;
+}
 
 static uint64_t round_up(uint64_t n) { return (n + SPILL_EXTENT - 1) / SPILL_EXTENT * SPILL_EXTENT; }
 
@@ -107,6 +134,7 @@ void eps_spill_close(struct eps_spill *sp) {
   if (sp->fd_direct >= 0) close(sp->fd_direct);
   close(sp->fd);
   unlink(sp->path);   /* gone already (the directory removed under it): nothing to do */
+  totals_add(-(int64_t)sp->in_use, -(int64_t)sp->used, 0, 0);
   sp->fd = sp->fd_direct = -1;
   free(sp->free_list);
   sp->free_list = NULL;
@@ -127,6 +155,8 @@ l2l_status eps_spill_reserve(struct eps_spill *sp, uint64_t bytes, uint64_t *off
       best = i;
   if (best >= 0) {
     *offset = sp->free_list[best].at;
+    sp->in_use += size;   /* (a larger region's tail is lost to reuse, as its release says) */
+    totals_add((int64_t)size, 0, 1, 0);
     sp->free_list[best] = sp->free_list[--sp->free_n];
     pthread_mutex_unlock(&sp->lock);
     return L2L_OK;
@@ -134,7 +164,11 @@ l2l_status eps_spill_reserve(struct eps_spill *sp, uint64_t bytes, uint64_t *off
   uint64_t used = sp->used;
   int err = size > (uint64_t)INT64_MAX - used ? EFBIG
                                               : posix_fallocate(sp->fd, (off_t)used, (off_t)size);
-  if (err == 0) sp->used = used + size;
+  if (err == 0) {
+    sp->used = used + size;
+    sp->in_use += size;
+    totals_add((int64_t)size, (int64_t)size, 1, 0);
+  }
   pthread_mutex_unlock(&sp->lock);
   if (err != 0) {
     char have[32], want[32];
@@ -156,8 +190,10 @@ void eps_spill_release(struct eps_spill *sp, uint64_t offset, uint64_t bytes) {
     if (grown != NULL) sp->free_list = grown, sp->free_cap = cap;
   }
   /* (no memory for the list: the region stays unused, the file as large as it was) */
-  if (sp->free_n < sp->free_cap)
-    sp->free_list[sp->free_n++] = (struct eps_spill_region){offset, round_up(bytes > 0 ? bytes : 1)};
+  uint64_t size = round_up(bytes > 0 ? bytes : 1);
+  if (sp->free_n < sp->free_cap) sp->free_list[sp->free_n++] = (struct eps_spill_region){offset, size};
+  sp->in_use -= size;
+  totals_add(-(int64_t)size, 0, 0, 1);
   pthread_mutex_unlock(&sp->lock);
 }
 

@@ -238,12 +238,20 @@ static bool grad_is_zero(const struct eps_record *rec) {
   return true;
 }
 
-/* With a spill file, which accumulators pass this step (l2l_host_grad_passes). One in
-   memory that holds nothing and expects a gradient that passes, or none, gives its pages
-   back now (a layer's fresh accumulator, before the first step); one that holds a
-   gradient (of a minibatch still accumulating, or one a script left) stays. A record of
-   the last step still updating is cleared as its update ends. */
-static void grads_classify(struct l2l_eps *eps) {
+/* rec's accumulator, which holds nothing, gives its pages back. */
+static void grad_give_back(struct l2l_eps *eps, struct eps_record *rec) {
+  l2l_pool_zero_pages(L2L_POOL_HOST, l2l_tensor_data(rec->grad),
+                      (uint64_t)l2l_tensor_numel(rec->grad) * sizeof(float));
+  pthread_mutex_lock(&eps->lock);
+  rec->grad_away = true;
+  pthread_mutex_unlock(&eps->lock);
+}
+
+/* With a spill file, before the budget's check: which accumulators may pass this step
+   (l2l_host_grad_passes; rec->grad_passing until the tier says whether they do), and the
+   pages of those that expect no gradient given back when they hold nothing (a frozen
+   layer's). A record of the last step still updating is cleared as its update ends. */
+static void grads_candidates(struct l2l_eps *eps) {
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     pthread_mutex_lock(&eps->lock);
@@ -251,31 +259,72 @@ static void grads_classify(struct l2l_eps *eps) {
                                        rec->users, rec->expected);
     bool idle = !rec->pending && !rec->grad_away;
     pthread_mutex_unlock(&eps->lock);
-    if (idle && (passes || rec->expected == 0) && grad_is_zero(rec)) eps_grad_clear(eps, rec);
+    if (idle && rec->expected == 0 && grad_is_zero(rec)) grad_give_back(eps, rec);
     pthread_mutex_lock(&eps->lock);
-    rec->grad_passing = passes && (rec->grad_away || rec->pending);
+    rec->grad_passing = passes;
     pthread_mutex_unlock(&eps->lock);
   }
 }
 
-l2l_status eps_host_plan(struct l2l_eps *eps) {
-  if (eps->spill) grads_classify(eps);
-  uint64_t fixed = 0, state = 0, largest = 0, passing = 0;
+/* The accumulators pass: each that may and is in memory gives its pages back if it holds
+   nothing (a layer's fresh one, or one cleared while they did not pass); one that holds a
+   gradient (a script wrote into it) does not pass. Whether any stopped passing. */
+static bool grads_release(struct l2l_eps *eps) {
+  bool changed = false;
+  for (int i = 0; i < eps->count; i++) {
+    struct eps_record *rec = eps->records[i];
+    pthread_mutex_lock(&eps->lock);
+    bool check = rec->grad_passing && !rec->pending && !rec->grad_away;
+    pthread_mutex_unlock(&eps->lock);
+    if (!check) continue;
+    if (grad_is_zero(rec)) {
+      grad_give_back(eps, rec);
+      continue;
+    }
+    pthread_mutex_lock(&eps->lock);
+    rec->grad_passing = false;
+    pthread_mutex_unlock(&eps->lock);
+    changed = true;
+  }
+  return changed;
+}
+
+/* The tier over the EPS's records as they are (under the lock): an accumulator that may
+   pass is the window's; any other in memory through the step counts as fixed (*fixed: the
+   bytes in memory whatever the budget, with them when they do not pass). */
+static void host_tier_now(struct l2l_eps *eps, struct l2l_host_tier *tier, uint64_t *fixed_out) {
+  uint64_t fixed = 0, state = 0, largest = 0, passing = 0, passing_total = 0;
   pthread_mutex_lock(&eps->lock);
   for (int i = 0; i < eps->count; i++) {
     const struct eps_record *rec = eps->records[i];
     struct l2l_host_record b = eps_record_bytes(eps, rec);
     uint64_t bytes = has_state(rec) ? b.state : 0;
     fixed += b.fixed;
-    /* an accumulator in memory through the step, or one that passes (the window's) */
-    if (rec->grad_passing) passing = b.grad > passing ? b.grad : passing;
-    else if (rec->expected > 0 || (!rec->grad_away && !rec->pending)) fixed += b.grad;
+    if (rec->grad_passing) {
+      passing = b.grad > passing ? b.grad : passing;
+      passing_total += b.grad;
+    } else if (rec->expected > 0 || (!rec->grad_away && !rec->pending)) {
+      fixed += b.grad;
+    }
     state += bytes;
     largest = bytes > largest ? bytes : largest;
   }
   pthread_mutex_unlock(&eps->lock);
+  l2l_host_tier_plan(tier, fixed, state, largest, passing, passing_total, eps->host_budget,
+                     eps->spill != NULL);
+  *fixed_out = fixed + (tier->grads_pass ? 0 : passing_total);
+}
+
+l2l_status eps_host_plan(struct l2l_eps *eps) {
   struct l2l_host_tier tier;
-  l2l_host_tier_plan(&tier, fixed, state, largest, passing, eps->host_budget, eps->spill != NULL);
+  uint64_t fixed;
+  if (eps->spill) grads_candidates(eps);
+  host_tier_now(eps, &tier, &fixed);
+  if (tier.grads_pass && grads_release(eps)) host_tier_now(eps, &tier, &fixed);
+  pthread_mutex_lock(&eps->lock);
+  for (int i = 0; !tier.grads_pass && i < eps->count; i++) eps->records[i]->grad_passing = false;
+  eps->grads_pass = tier.grads_pass;
+  pthread_mutex_unlock(&eps->lock);
   if (eps->host_budget > 0 && tier.need > eps->host_budget) {
     char a[32], b[32], c[32], d[32];
     return FAIL(L2L_ERR_BUDGET,

@@ -37,7 +37,13 @@ static l2l_status param_new(l2l_param **out, const char *name, l2l_pool_kind poo
   param->decays = decays;
   l2l_status status = l2l_tensor_new(&param->value, pool, L2L_F32, ndim, shape);
   if (status == L2L_OK) status = l2l_tensor_new(&param->grad, pool, L2L_F32, ndim, shape);
-  if (status == L2L_OK) status = l2l_tensor_fill(param->grad, 0.0);
+  /* in host memory the accumulator's pages stay untouched until a gradient comes (they
+     read as zero): a model made for a relay whose EPS lives mostly on disk does not hold
+     4 bytes a parameter for it meanwhile */
+  if (status == L2L_OK && pool == L2L_POOL_HOST)
+    l2l_pool_zero_pages(pool, l2l_tensor_data(param->grad),
+                        (uint64_t)l2l_tensor_numel(param->grad) * sizeof(float));
+  else if (status == L2L_OK) status = l2l_tensor_fill(param->grad, 0.0);
   if (status != L2L_OK) {
     param_release(param);
     return status;
