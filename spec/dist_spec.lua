@@ -242,6 +242,25 @@ describe("data parallel under mpirun", function()
     assert_close(tail, train(0, "steps=3 load=" .. path)[0], "one process from the checkpoint")
   end)
 
+  it("leaves no rank in a gather when rank 0's checkpoint cannot be written, and trains on", function()
+    -- each record's state is gathered as the file reaches it: rank 0's file cannot be
+    -- made, so it gathers nothing inside its write and the rest after it, with rank 1
+    if not need_mpi() then return end
+    local path = dir .. "/fails.l2l"
+    local failed = train(2, "steps=4 save_at=2 save_fail=1 save=" .. path)
+    assert.is_truthy(failed[0].save_error and failed[0].save_error:find("fails.l2l.missing/run.l2l", 1, true),
+                     tostring(failed[0].save_error))
+    assert.is_nil(failed[1].save_error, "rank 1 wrote nothing and was told nothing")
+    assert.is_nil(io.open(path, "rb"), "rank 1 does not write")
+    -- the run goes on as one that never saved, to the bit
+    local plain = train(2, "steps=4")
+    assert.are.same(plain[0].losses, failed[0].losses)
+    for i, p in ipairs(plain[1].params) do
+      assert.are.same(p.value, failed[1].params[i].value, p.name)
+      assert.are.same(p.state1, failed[1].params[i].state1, p.name)
+    end
+  end)
+
   it("runs the demo across 2 ranks to one process's numbers: `mpirun -np 2 build/l2l examples/train_gpt.lua --dist mpi`", function()
     if not need_mpi() then return end
     local flags = ("--steps 6 --eval-every 3 --layers 1 --dim 32 --batch 5 --max-bytes 200000 --sample 0 --plot none --seed %d"):format(seed)

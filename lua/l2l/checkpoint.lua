@@ -190,24 +190,29 @@ function M.save(run, path, extra)
       end
     end
   end
-  -- With ranks every rank gathers every record's state (collectives) before rank 0
-  -- writes, so that a write failing part way leaves no rank waiting in a gather.
-  local copies = {}
+  -- With ranks a record's state is gathered from every rank's shard (collectives), one
+  -- record at a time as the file reaches it, so no rank holds the whole state: rank 0
+  -- gathers inside its write, the others alongside in the same order (the entries'), and
+  -- whatever a write that stopped early (or never began) did not gather is gathered after
+  -- it and dropped, so no rank is left waiting in a gather.
   for _, e in ipairs(parallel and entries or {}) do
     if e.produce then
-      local ok, st = pcall(e.produce)
-      if not ok then
-        for _, t in ipairs(copies) do t:free() end
-        error(fname .. ": " .. tostring(st), 2)
+      local make = e.produce
+      e.produce = function()
+        e.produced = true
+        return make()
       end
-      copies[#copies + 1] = st
-      e.tensor, e.produce, e.shape, e.dtype = st, nil, nil, nil
     end
   end
   local okj, json = pcall(cjson.encode, exact_json(desc))
   local okw, err = okj, nil
   if okj and writer then okw, err = pcall(safetensors.write, path, entries, { l2l = json, format = FORMAT }) end
-  for _, t in ipairs(copies) do t:free() end
+  for _, e in ipairs(parallel and entries or {}) do
+    if e.produce and not e.produced then
+      local ok, st = pcall(e.produce)
+      if ok then st:free() elseif okw then okw, err = false, st end
+    end
+  end
   if parallel then dist.barrier() end   -- every rank returns once the file is in place
   if not okj then error(fname .. ": extra cannot be written as JSON: " .. tostring(json), 2) end
   if not okw then error(fname .. ": " .. tostring(err):gsub("^safetensors%.write: ", ""), 2) end

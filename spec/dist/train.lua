@@ -9,7 +9,9 @@
 --   optimizer=adamw|lamb|sgd, eps=1e-3 (AdamW's and LAMB's: dist_spec.lua says why),
 --   grow=0 (1: after the second step, insert a new block at 2 and clone block 4; after
 --   the third, freeze block 3 and remove block 5; the fourth skips block 2),
---   save=PATH and save_at=STEP (a checkpoint after that step), load=PATH (start from it),
+--   save=PATH and save_at=STEP (a checkpoint after that step; save_fail=1: rank 0 saves to
+--   a folder that does not exist instead, and each rank's error goes to the output as
+--   save_error), load=PATH (start from it),
 --   extra_layer_rank=-1 (that rank's model has one more block: the ranks disagree),
 --   hang_rank=-1 / hang_step (that rank sleeps there: the others must time out),
 --   die_rank=-1 / die_step (that rank kills itself with SIGKILL there), bad_rank=-1 /
@@ -75,7 +77,7 @@ else
 end
 
 local hex = function(x) return string.format("%a", x) end
-local losses = {}
+local losses, save_error = {}, nil
 local first = run:stats().steps + 1
 for step = first, first + o.steps - 1 do
   if step == o.hang_step and rank == o.hang_rank then os.execute("sleep 600") end
@@ -106,7 +108,12 @@ for step = first, first + o.steps - 1 do
     run.model:freeze(3)
     run.model:remove(5)
   end
-  if o.save and step == o.save_at then run:save(o.save) end
+  if o.save and step == o.save_at and o.save_fail == 1 then
+    local ok, err = pcall(run.save, run, rank == 0 and o.save .. ".missing/run.l2l" or o.save)
+    save_error = not ok and tostring(err) or nil
+  elseif o.save and step == o.save_at then
+    run:save(o.save)
+  end
 end
 run:sync()
 
@@ -131,7 +138,7 @@ end
 -- the stats as JSON takes them: an overflowed step's grad_norm is inf, written as text
 local stats = {}
 for k, v in pairs(run:stats()) do stats[k] = (v == v and v ~= math.huge and v ~= -math.huge) and v or tostring(v) end
-local result = { losses = losses, stats = stats, exchanges = exchanges, params = {} }
+local result = { losses = losses, stats = stats, exchanges = exchanges, params = {}, save_error = save_error }
 for i, layer in ipairs(run.model) do
   for _, p in ipairs(layer:params()) do
     local entry = { layer = i, name = p.name, value = hex_list(p.value) }
