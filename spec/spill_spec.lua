@@ -152,6 +152,66 @@ describe("the EPS on disk (spill)", function()
     end)
   end
 
+  it("lets the accumulators pass or stay as the budget changes between steps, the same to the bit", function()
+    -- a budget that holds every accumulator keeps them; the smallest makes them pass (in
+    -- memory from arrival to update): alternating, with updates of one mode still under
+    -- way as the next step plans the other
+    local data = batches(6, 8)
+    local function run_with(budgets)
+      local model = tiny_gpt(21)
+      local o = { model = model, micro_batch = 4, optimizer = l2l.AdamW { lr = 3e-3 }, seed = 5 }
+      if budgets then o.spill, o.host_budget = dir, 1 end
+      local run = l2l.Relay(o)
+      local losses, bytes = {}, {}
+      for i = 1, #data do
+        if budgets then
+          local want = budgets[i]
+          if want == "smallest" then
+            run:set_host_budget(1)
+            local ok, err = pcall(run.step, run, data[i][1], data[i][2])
+            assert.is_false(ok)
+            want = tonumber(tostring(err):match("is below the (%d+)"))
+          end
+          run:set_host_budget(want)
+        end
+        losses[i] = run:step(data[i][1], data[i][2])
+        bytes[i] = run:stats().host_eps_bytes   -- (no sync: the next step may plan while updates run)
+      end
+      run:sync()
+      return losses, model, run, bytes
+    end
+    local want_losses, want_model, want_run = run_with(nil)
+    local losses, model, run = run_with({ 2 ^ 40, "smallest", 2 ^ 40, "smallest", "smallest", 2 ^ 40 })
+    for i = 1, #want_losses do
+      assert.is_true(losses[i] == want_losses[i], ("step %d: loss %.17g, %.17g in memory (seed %d)"):format(
+        i, losses[i], want_losses[i], support.seed))
+    end
+    for i, p in ipairs(model:params()) do
+      same_bits(bits(p.value), bits(want_model:params()[i].value), p.name)
+    end
+    -- between steps: after a step whose accumulators passed they are out of memory
+    local function settled_bytes(budget)
+      run:set_host_budget(budget)
+      run:step(data[1][1], data[1][2])
+      run:sync()
+      return run:stats().host_eps_bytes
+    end
+    local kept = settled_bytes(2 ^ 40)
+    local ok, err = pcall(function() run:set_host_budget(1); run:step(data[2][1], data[2][2]) end)
+    assert.is_false(ok)
+    local passed = settled_bytes(tonumber(tostring(err):match("is below the (%d+)")))
+    -- (the budget that holds everything keeps every record's state in memory too; the
+    -- smallest none of it)
+    local grads, state = 0, 0
+    for _, p in ipairs(model:params()) do
+      grads, state = grads + 4 * p.value:numel(), state + 8 * p.value:numel()
+    end
+    assert.is_true(kept - passed >= grads + state, ("host bytes %d with the accumulators kept, %d passing: "
+      .. "the accumulators are %d bytes, the state %d"):format(kept, passed, grads, state))
+    run:free()
+    want_run:free()
+  end)
+
   it("reads every record's state ahead of its update when the window holds them", function()
     local data = batches(4, 8)
     local model = tiny_gpt(3)

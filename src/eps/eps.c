@@ -383,7 +383,7 @@ void eps_update_begin(struct l2l_eps *eps, struct eps_record *rec, float grad_sc
       snprintf(why, sizeof why, "%s", l2l_last_error());
       eps_io_failed(eps, l2l_fail(status, "%s was not updated (its optimizer state could not "
                                   "be read): %s", rec->name, why));
-      eps_grad_clear(eps, rec);
+      eps_grad_clear(eps, rec, false);
       if (eps->dist) {   /* the other ranks wait for its all-gather: the shard as it is */
         eps_exchange_updated(eps, rec);
       } else {
@@ -405,6 +405,7 @@ void eps_update_begin(struct l2l_eps *eps, struct eps_record *rec, float grad_sc
   rec->wave_sums[0] = rec->wave_sums[1] = 0;
   pthread_mutex_lock(&eps->lock);
   rec->pending = true;
+  rec->grad_give = eps->spill && eps->grads_pass && rec->shard_grad == NULL;
   pthread_mutex_unlock(&eps->lock);
   eps_queue_wave(eps, rec, 0);
 }
@@ -430,10 +431,10 @@ static void chunk_run(struct l2l_job *job, int thread) {
     chunk.state[a] = rec->state[a] ? (float *)l2l_tensor_data(rec->state[a]) + cj->begin : NULL;
   eps->optim->chunk(&chunk);
   bool last_wave = cj->wave == eps->optim->waves - 1;
-  /* the next minibatch starts at 0: with a spill file the accumulator's pages are given
-     back once the whole update has read it (eps_grad_clear) */
-  bool clear_whole = eps->spill && rec->shard_grad == NULL;
-  if (last_wave && !clear_whole) memset(g, 0, (size_t)n * sizeof *g);
+  /* the next minibatch starts at 0: when the accumulators pass, the accumulator's pages
+     are given back once the whole update has read it (eps_grad_clear) */
+  bool give = rec->grad_give;
+  if (last_wave && !give) memset(g, 0, (size_t)n * sizeof *g);
   l2l_timeline_add(eps->timeline, rec->last_layer, -1, L2L_PHASE_UPDATE, thread, t0, l2l_now());
 
   pthread_mutex_lock(&eps->lock);
@@ -451,7 +452,7 @@ static void chunk_run(struct l2l_job *job, int thread) {
     pthread_mutex_unlock(&eps->lock);
     l2l_status status = out ? eps_state_out(eps, rec) : L2L_OK;
     if (status != L2L_OK) eps_io_failed(eps, status);   /* kept in memory: nothing lost */
-    if (clear_whole) eps_grad_clear(eps, rec);
+    if (rec->shard_grad == NULL) eps_grad_clear(eps, rec, !give);
     pthread_mutex_lock(&eps->lock);
   }
   bool stage = wave_done && last_wave && rec->stage_after;
@@ -586,7 +587,7 @@ static void counted(struct l2l_eps *eps, struct eps_record *rec, bool finite, in
   pthread_mutex_unlock(&eps->lock);
   double sumsq = complete && defer && !exchange ? l2l_optim_sumsq(g, n) : 0;
   if (exchange) eps_exchange_start(eps, rec);
-  else if (skip) eps_grad_clear(eps, rec);
+  else if (skip) eps_grad_clear(eps, rec, false);
   else if (complete && !defer) eps_start_update(eps, rec, 1.0f);
   /* Counted out last: whoever waits for arrivals then finds the record's norm (or its
      update queued) in place. */
@@ -627,18 +628,18 @@ static void grad_arrives(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_unlock(&eps->lock);
 }
 
-void eps_grad_clear(struct l2l_eps *eps, struct eps_record *rec) {
+void eps_grad_clear(struct l2l_eps *eps, struct eps_record *rec, bool zeroed) {
   void *g = l2l_tensor_data(rec->grad);
   uint64_t bytes = (uint64_t)l2l_tensor_numel(rec->grad) * sizeof(float);
   if (eps->spill == NULL) {
-    memset(g, 0, bytes);
+    if (!zeroed) memset(g, 0, bytes);
     return;
   }
   pthread_mutex_lock(&eps->lock);
-  bool give = eps->grads_pass;
+  bool give = eps->grads_pass && !zeroed;
   pthread_mutex_unlock(&eps->lock);
   if (give) l2l_pool_zero_pages(L2L_POOL_HOST, g, bytes);   /* (the EPS's tensors are host memory) */
-  else memset(g, 0, bytes);
+  else if (!zeroed) memset(g, 0, bytes);
   pthread_mutex_lock(&eps->lock);
   if (rec->grad_counted) eps->grad_bytes -= eps_record_bytes(eps, rec).grad;
   rec->grad_counted = false;
@@ -709,7 +710,7 @@ void l2l_eps_abandon_step(struct l2l_eps *eps) {
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     if (rec->arrived > 0 && rec->arrived < rec->expected) {
-      eps_grad_clear(eps, rec);
+      eps_grad_clear(eps, rec, false);
       rec->nonfinite = false;
     }
     rec->expected = rec->arrived = rec->holds = 0;
@@ -739,7 +740,7 @@ bool l2l_eps_release_updates(struct l2l_eps *eps, float clip, double unscale, do
       rec->update_due = false;
       eps_exchange_skip(eps, rec);
     } else {   /* an overflow: this minibatch's gradients are dropped, nothing updates */
-      eps_grad_clear(eps, rec);
+      eps_grad_clear(eps, rec, false);
       rec->nonfinite = false;
       rec->update_due = false;
     }

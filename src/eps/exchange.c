@@ -207,7 +207,7 @@ static void rs_done(struct l2l_dist_op *op) {
   struct eps_record *rec = op->ctx;
   struct l2l_eps *eps = rec->eps;
   /* The accumulator went out whole: the next minibatch starts from zero. */
-  eps_grad_clear(eps, rec);
+  eps_grad_clear(eps, rec, false);
   double sumsq = l2l_optim_sumsq(l2l_tensor_data(rec->shard_grad), rec->shard_n);
   rec->flags[0] = sumsq;
   rec->flags[1] = isfinite(sumsq) ? 0 : 1;

@@ -35,6 +35,8 @@ struct eps_record {
   bool grad_away;              /* the accumulator's pages are given back (it reads zero) */
   bool grad_passing;           /* this step its accumulator passes (eps->grad_limit) */
   bool grad_counted;           /* ... and is in memory, counted in eps->grad_bytes */
+  bool grad_give;              /* its update under way gives the pages back (set as it
+                                  begins: the accumulators passed then) */
   l2l_tensor *staging;         /* device-precision copy (pinned), NULL: the master is it */
   int users;                   /* relay layers holding the record */
   int64_t updates;             /* t of its last update */
@@ -81,8 +83,10 @@ void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave);
 void eps_record_settled(struct l2l_eps *eps, struct eps_record *rec);
 
 /* eps.c: rec's accumulator cleared for its next minibatch (its update read it, or its
-   gradient is dropped): with a spill file its pages are given back. */
-void eps_grad_clear(struct l2l_eps *eps, struct eps_record *rec);
+   gradient is dropped): when the accumulators pass its pages are given back. `zeroed`:
+   its elements are zero already (its update's chunks wrote them); it is counted out of
+   the passing accumulators in memory either way. */
+void eps_grad_clear(struct l2l_eps *eps, struct eps_record *rec, bool zeroed);
 
 /* eps.c: the whole state l2l_eps_state_whole gathered or read for a checkpoint, freed
    (only eps->gathered_last has any). */
