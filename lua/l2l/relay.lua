@@ -489,30 +489,28 @@ function Relay:set_micro_batch(n, ...)
   self.options.micro_batch = n
 end
 
+-- One of the relay's budgets from the next step on: bytes checked (an integer 0 to 2^53),
+-- given to C's `set` and kept as option `key`. Errors name the method's caller.
+local function set_budget(self, fname, key, set, bytes, ...)
+  if select("#", ...) ~= 0 then too_many(fname, "bytes", 3, ...) end
+  local r = live(self, fname, 3)
+  if type(bytes) ~= "number" or bytes ~= floor(bytes) or bytes < 0 or bytes > 2 ^ 53 then
+    error(fname .. ": bytes must be an integer 0 to 2^53, got " .. argcheck.describe(bytes), 3)
+  end
+  rcheck(set(r, bytes), fname, 3)
+  self.options[key] = bytes
+end
+
 -- run:set_device_budget(bytes): the relay's own device budget from the next step on
 -- (0: none), as option device_budget.
 function Relay:set_device_budget(bytes, ...)
-  local fname = "run:set_device_budget"
-  if select("#", ...) ~= 0 then too_many(fname, "bytes", 2, ...) end
-  local r = live(self, fname)
-  if type(bytes) ~= "number" or bytes ~= floor(bytes) or bytes < 0 or bytes > 2 ^ 53 then
-    error(fname .. ": bytes must be an integer 0 to 2^53, got " .. argcheck.describe(bytes), 2)
-  end
-  rcheck(C.l2l_relay_set_device_budget(r, bytes), fname, 2)
-  self.options.device_budget = bytes
+  set_budget(self, "run:set_device_budget", "device_budget", C.l2l_relay_set_device_budget, bytes, ...)
 end
 
 -- run:set_host_budget(bytes): the relay's host budget from the next training step on
 -- (0: none), as option host_budget.
 function Relay:set_host_budget(bytes, ...)
-  local fname = "run:set_host_budget"
-  if select("#", ...) ~= 0 then too_many(fname, "bytes", 2, ...) end
-  local r = live(self, fname)
-  if type(bytes) ~= "number" or bytes ~= floor(bytes) or bytes < 0 or bytes > 2 ^ 53 then
-    error(fname .. ": bytes must be an integer 0 to 2^53, got " .. argcheck.describe(bytes), 2)
-  end
-  rcheck(C.l2l_relay_set_host_budget(r, bytes), fname, 2)
-  self.options.host_budget = bytes
+  set_budget(self, "run:set_host_budget", "host_budget", C.l2l_relay_set_host_budget, bytes, ...)
 end
 
 ----------------------------------------------------------------- reading back

@@ -161,10 +161,10 @@ struct l2l_eps {
   int64_t reads_late;          /* records whose state was read at their update, not ahead */
   /* With a spill file and a budget that cannot hold every accumulator, they pass: zero
      between updates, an accumulator's pages are given back whenever it is cleared
-     (grad_away); a passing one (core's l2l_host_grad_passes) comes back at its arrival
-     within grad_limit bytes of passing
-     accumulators in memory at once (grad_bytes; an arrival with no room waits for an
-     update to clear one: grad_waits counts them). Under the lock. */
+     (grad_away); a passing one (core's l2l_host_grad_passes) comes back at its arrival,
+     within grad_limit bytes of passing accumulators in memory at once (grad_bytes; an
+     arrival with no room waits for an update to clear one: grad_waits counts them).
+     Under the lock. */
   bool grads_pass;             /* this step the accumulators pass (the tier's choice: only
                                   when the budget cannot hold them all) */
   uint64_t grad_limit, grad_bytes;

@@ -54,14 +54,15 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
      is in memory through the step */
   bool spill = config->spill_dir != NULL, dist = config->dist != L2L_DIST_NONE;
   bool defer = config->clip_global_norm > 0 || config->loss_scale > 0, every = config->accumulate <= 1;
-  uint64_t fixed = 0, state = 0, largest = 0, passing = 0, passing_total = 0, trained_grads = 0;
+  uint64_t base = 0, fixed = 0, state = 0, largest = 0, passing = 0, passing_total = 0, grads = 0;
   for (int i = 0; i < n; i++) {
     int64_t numel = l2l_tensor_numel(l2l_param_value(recs[i]));
     bool staged = config->precision != L2L_F32 && l2l_param_low_precision(recs[i]);
     l2l_host_record_bytes(&bytes[i], numel, numel, arrays, staged ? config->precision : L2L_F32, false);
     if (!trained[i]) bytes[i].state = bytes[i].moved = 0;   /* never updated: no state */
+    base += bytes[i].fixed;
     fixed += bytes[i].fixed;
-    trained_grads += !spill || trained[i] ? bytes[i].grad : 0;
+    grads += !spill || trained[i] ? bytes[i].grad : 0;
     if (l2l_host_grad_passes(spill, dist, defer, every, users[i], trained[i] ? 1 : 0)) {
       passing = bytes[i].grad > passing ? bytes[i].grad : passing;
       passing_total += bytes[i].grad;
@@ -74,7 +75,7 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
   struct l2l_host_tier tier;
   l2l_host_tier_plan(&tier, fixed, state, largest, passing, passing_total, config->host_budget, spill);
   /* between steps: the masters and staging copies, and the accumulators unless they pass */
-  uint64_t between = fixed - (trained_grads - passing_total) + (tier.grads_pass ? 0 : trained_grads);
+  uint64_t between = base + (tier.grads_pass ? 0 : grads);
   *out = (struct plan_host){.smallest_budget = tier.need, .eps_bytes = between};
   uint64_t kept = 0;
   for (int i = 0; i < n; i++) {
