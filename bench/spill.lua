@@ -15,21 +15,25 @@
 -- A step's time is the wall time of --steps steps run back to back (as a training loop
 -- runs them: a step's updates and spill writes overlap the next one's forward) until the
 -- last update is on disk, divided by --steps. Medians over --rounds.
+-- --device cuda trains on the GPU (the host's tier is the same; the GPU's step is far shorter,
+-- so the disk dominates sooner).
 -- Run:  build/l2l bench/spill.lua [--dir /var/tmp] [--rounds 3] [--steps 4] [--dim 512] [--blocks 8]
+--                                  [--device cpu|cuda]
 -- Must never: assert: the figures go to bench/RESULTS.md.
 local l2l = require("l2l")
 local text_mod = require("l2l.text")
 local now = require("l2l.progress").now
 
-local opt = { dir = os.getenv("TMPDIR") or "/var/tmp", rounds = 3, steps = 4, dim = 512, blocks = 8 }
+local opt = { dir = os.getenv("TMPDIR") or "/var/tmp", rounds = 3, steps = 4, dim = 512, blocks = 8, device = "cpu" }
 for i = 1, #arg, 2 do
   local key = arg[i]:match("^%-%-(%a+)$")
   if key == nil or opt[key] == nil then
-    error("usage: build/l2l bench/spill.lua [--dir DIR] [--rounds N] [--steps N] [--dim D] [--blocks L]", 0)
+    error("usage: build/l2l bench/spill.lua [--dir DIR] [--rounds N] [--steps N] [--dim D] [--blocks L] [--device cpu|cuda]", 0)
   end
   opt[key] = type(opt[key]) == "number" and tonumber(arg[i + 1]) or arg[i + 1]
 end
 local V, WARM = 256, 2
+l2l.device_use(opt.device)
 local MiB = 2 ^ 20
 
 local function median(list)
@@ -89,8 +93,8 @@ local shapes = {
 local write_bw, read_bw = disk_bandwidth(opt.dir)
 print(("spill directory %s: sequential write %.0f MiB/s, read %.0f MiB/s (dd, O_DIRECT, 256 MiB overwritten, median of 3)"):format(
   opt.dir, write_bw / MiB, read_bw / MiB))
-print(("model: GPT, %d blocks of width %d, vocab %d; AdamW; %d threads; %d steps a round, %d rounds"):format(
-  opt.blocks, opt.dim, V, l2l.threads(), opt.steps, opt.rounds))
+print(("model: GPT, %d blocks of width %d, vocab %d; AdamW; %d threads; %d steps a round, %d rounds; device %s"):format(
+  opt.blocks, opt.dim, V, l2l.threads(), opt.steps, opt.rounds, opt.device))
 
 for _, shape in ipairs(shapes) do
   local function relay(spill)

@@ -364,26 +364,55 @@ __global__ void __launch_bounds__(L2L_THREADS)
   }
 }
 
+/* The table's gradient, summed in a fixed order: the CPU's (each row adds the positions
+   holding its id in their order), so the result is the CPU's to the bit and the same run
+   after run, where atomics would add repeated tokens in whatever order they land. One warp
+   per position and slice of kEmbeddingSlice columns (units: float4s when vectorized): the
+   first position holding an id owns its row's slice and adds every later one's; the others
+   leave. The scans read the ids (n of them, cached), so a micro-batch of n positions costs
+   about n^2 / 32 warp steps: 0.5 M at 4 Ki positions, under the gradient's own traffic. */
+constexpr int64_t kEmbeddingSlice = 128;
+
 __global__ void __launch_bounds__(L2L_THREADS)
     embedding_backward_kernel(float *dtable, const float *dout, const int32_t *ids, int64_t n,
-                              int64_t cols, int threads_per_row, bool vectorized) {
-  const int rows_per_block = blockDim.x / threads_per_row;
-  const int lane = threadIdx.x % threads_per_row;
+                              int64_t cols, int64_t slices, bool vectorized) {
+  const int lane = threadIdx.x & 31, warps_per_block = blockDim.x >> 5;
   const int64_t units = vectorized ? cols >> 2 : cols;
-  for (int64_t i = (int64_t)blockIdx.x * rows_per_block + threadIdx.x / threads_per_row; i < n;
-       i += (int64_t)gridDim.x * rows_per_block) {
-    float *dst = dtable + (int64_t)ids[i] * cols;
-    const float *src = dout + i * cols;
-    if (vectorized) {
-      for (int64_t c = lane; c < units; c += threads_per_row) {
-        float4 g = reinterpret_cast<const float4 *>(src)[c];
-        atomicAdd(dst + 4 * c, g.x);
-        atomicAdd(dst + 4 * c + 1, g.y);
-        atomicAdd(dst + 4 * c + 2, g.z);
-        atomicAdd(dst + 4 * c + 3, g.w);
+  for (int64_t w = (int64_t)blockIdx.x * warps_per_block + (threadIdx.x >> 5); w < n * slices;
+       w += (int64_t)gridDim.x * warps_per_block) {
+    const int64_t i = w / slices, u0 = (w % slices) * kEmbeddingSlice;
+    const int64_t u1 = u0 + kEmbeddingSlice < units ? u0 + kEmbeddingSlice : units;
+    const int32_t id = ids[i];
+    bool owned_earlier = false; /* warp-uniform: every loop below is the whole warp's */
+    for (int64_t j0 = 0; j0 < i && !owned_earlier; j0 += 32) {
+      const int64_t j = j0 + lane;
+      owned_earlier = __any_sync(0xffffffffu, j < i && ids[j] == id);
+    }
+    if (owned_earlier) continue;
+    for (int64_t j0 = i; j0 < n; j0 += 32) {
+      const int64_t j = j0 + lane;
+      unsigned hits = __ballot_sync(0xffffffffu, j < n && ids[j] == id);
+      while (hits) { /* the positions in order: lowest bit first */
+        const int64_t k = j0 + __ffs((int)hits) - 1;
+        hits &= hits - 1;
+        if (vectorized) {
+          float4 *dst = reinterpret_cast<float4 *>(dtable) + (int64_t)id * units;
+          const float4 *src = reinterpret_cast<const float4 *>(dout) + k * units;
+          for (int64_t c = u0 + lane; c < u1; c += 32) {
+            float4 d = dst[c];
+            const float4 g = src[c];
+            d.x += g.x;
+            d.y += g.y;
+            d.z += g.z;
+            d.w += g.w;
+            dst[c] = d;
+          }
+        } else {
+          float *dst = dtable + (int64_t)id * cols;
+          const float *src = dout + k * cols;
+          for (int64_t c = u0 + lane; c < u1; c += 32) dst[c] += src[c];
+        }
       }
-    } else {
-      for (int64_t c = lane; c < units; c += threads_per_row) atomicAdd(dst + c, src[c]);
     }
   }
 }
@@ -416,10 +445,11 @@ extern "C" int l2l_k_embedding_backward(float *dtable, const float *dout, const 
   (void)vocab;
   if (n < 0 || cols < 0) return invalid_argument();
   if (n == 0 || cols == 0) return 0;
-  /* only dout is read as float4s; dtable takes scalar atomics */
-  row_layout layout = plan_rows(cols, dout, dout);
-  embedding_backward_kernel<<<row_blocks(n, layout.threads_per_row), L2L_THREADS, 0,
-                              (cudaStream_t)stream>>>(dtable, dout, ids, n, cols,
-                                                      layout.threads_per_row, layout.vectorized);
+  row_layout layout = plan_rows(cols, dout, dtable);
+  const int64_t units = layout.vectorized ? cols >> 2 : cols;
+  const int64_t slices = (units + kEmbeddingSlice - 1) / kEmbeddingSlice;
+  embedding_backward_kernel<<<row_blocks(n * slices, 32), L2L_THREADS, 0,
+                              (cudaStream_t)stream>>>(dtable, dout, ids, n, cols, slices,
+                                                      layout.vectorized);
   return l2l_launched();
 }

@@ -158,6 +158,75 @@ describe("the relay on a GPU", function()
                    ("default %d bytes in, f32 %d"):format(default_bytes, f32_bytes))
   end))
 
+  it("trains with its state spilled to disk at half the EPS's bytes, to the bit of the run in memory", gpu(function()
+    -- the spill tier is the host's (issue 32): a relay on a GPU reads and writes its records
+    -- around the device's visits, so the weights it streams and the updates it makes must be
+    -- those of the run that keeps everything in memory, bf16 staging (the GPU's default) too
+    local data, a, b = batches(6, 8), twins(support.seed % 1000 + 2)
+    local function train(model, opts)
+      return on("cuda", function()
+        local o = { model = model, micro_batch = 4, stash = "host", seed = 7, optimizer = l2l.AdamW { lr = 2e-3 } }
+        for k, v in pairs(opts) do o[k] = v end
+        local run = l2l.Relay(o)
+        local losses, most = {}, 0
+        for i, d in ipairs(data) do
+          local ok, loss = pcall(run.step, run, d[1], d[2])
+          local smallest = not ok and tonumber(tostring(loss):match("is below the (%d+)"))
+          if smallest then   -- half is below what this model needs: the smallest that works
+            run:set_host_budget(smallest)
+            loss = run:step(d[1], d[2])
+          elseif not ok then
+            error(loss, 0)
+          end
+          losses[i] = loss
+          run:sync()
+          most = math.max(most, run:stats().host_eps_bytes)
+        end
+        run:free()
+        return { losses = losses, most = most }
+      end)
+    end
+    local dir = support.tmpdir()
+    local want = train(a, {})
+    local got = train(b, { spill = dir, host_budget = math.floor(want.most / 2) })
+    os.execute("rm -rf '" .. dir .. "'")
+    for i = 1, #data do
+      assert.is_true(got.losses[i] == want.losses[i], ("step %d: spilled %.17g, in memory %.17g (seed %d)"):format(
+        i, got.losses[i], want.losses[i], support.seed))
+    end
+    for i, p in ipairs(b:params()) do
+      local x, y = support.flatten(p.value:totable()), support.flatten(a:params()[i].value:totable())
+      for j = 1, #x do
+        assert.is_true(x[j] == y[j], ("%s element %d: spilled %.17g, in memory %.17g"):format(p.name, j, x[j], y[j]))
+      end
+    end
+    assert.is_true(got.most < want.most, ("host EPS bytes: spilled %d, in memory %d"):format(got.most, want.most))
+  end))
+
+  it("reaches the planner's device peak and copy bytes to the byte on a GPU", gpu(function()
+    -- the planner replays the relay's schedule over the device pool's own arithmetic; on a GPU
+    -- the pool sits over cudaMalloc, and the copies run on their own streams
+    local data = batches(2, 8)
+    local seen = on("cuda", function()
+      local run = l2l.Relay { model = gpt(support.seed % 1000 + 3, 4, 64), plan = "auto",
+                              device_budget = 2 ^ 24, stash = "host" }
+      for _, d in ipairs(data) do run:step(d[1], d[2]) end
+      local st, plan = run:stats(), run.plan
+      local r = { peak = st.device_peak, predicted = st.predicted_device_peak, h2d = st.h2d_bytes,
+                  d2h = st.d2h_bytes, plan_h2d = plan.h2d_bytes, plan_d2h = plan.d2h_bytes, swaps = false }
+      for _, l in ipairs(plan.layers) do r.swaps = r.swaps or l.inner == "swap" end
+      run:free()
+      return r
+    end)
+    if seen.swaps then
+      assert.is_true(seen.peak <= seen.predicted, ("peak %d above the bound %d"):format(seen.peak, seen.predicted))
+    else
+      assert.are.equal(seen.predicted, seen.peak, "device peak")
+    end
+    assert.are.equal(seen.plan_h2d, seen.h2d, "bytes to the device (the last step's)")
+    assert.are.equal(seen.plan_d2h, seen.d2h, "bytes back")
+  end))
+
   it("keeps device memory constant in depth with stash = 'host'", gpu(function()
     local seed, data = support.seed % 1000, batches(2, 8)
     local dim = 128

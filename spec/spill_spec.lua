@@ -56,6 +56,39 @@ local function entries(dir)
   return list
 end
 
+-- A step at the smallest host budget that works for the model as it is now: a refused
+-- step changes nothing, and is taken again within the budget its error names.
+local function step_tight(run, tokens, targets)
+  local ok, loss = pcall(run.step, run, tokens, targets)
+  local smallest = not ok and tonumber(tostring(loss):match("is below the (%d+)"))
+  if smallest then
+    run:set_host_budget(smallest)
+    return run:step(tokens, targets)
+  end
+  if not ok then error(loss, 0) end
+  return loss
+end
+
+-- Losses and weights to the bit of the run in memory.
+local function same_run(losses, model, want_losses, want_model)
+  for i = 1, #want_losses do
+    assert.is_true(losses[i] == want_losses[i], ("step %d: loss %.17g, %.17g in memory (seed %d)"):format(
+      i, losses[i], want_losses[i], support.seed))
+  end
+  for i, p in ipairs(model:params()) do
+    same_bits(bits(p.value), bits(want_model:params()[i].value), p.name)
+  end
+end
+
+-- A tiny GPT (its seed) and an AdamW relay over it; with spill_dir, spilled there at the
+-- smallest budget (1 byte: the first step names the smallest that works).
+local function adamw_relay(seed, spill_dir)
+  local model = tiny_gpt(seed)
+  local o = { model = model, micro_batch = 4, optimizer = l2l.AdamW { lr = 3e-3 }, seed = 5 }
+  if spill_dir then o.spill, o.host_budget = spill_dir, 1 end
+  return model, l2l.Relay(o)
+end
+
 -- One run of steps with the model changed between them: a block inserted (seeded, so both
 -- runs insert the same), a block cloned, the inserted one removed. Returns the losses, the
 -- model and the relay (not freed).
@@ -70,17 +103,8 @@ local function train(make_opt, options, data)
   local function steps(k)
     for _ = 1, k do
       step = step + 1
-      local ok, loss = pcall(run.step, run, data[step][1], data[step][2])
-      -- tight: the budget is the smallest that works for the model as it is now (a refused
-      -- step changes nothing: it is taken again within the budget it names)
-      local smallest = not ok and options.tight and tonumber(tostring(loss):match("is below the (%d+)"))
-      if smallest then
-        run:set_host_budget(smallest)
-        loss = run:step(data[step][1], data[step][2])
-      elseif not ok then
-        error(loss, 0)
-      end
-      losses[step] = loss
+      local b = data[step]
+      losses[step] = options.tight and step_tight(run, b[1], b[2]) or run:step(b[1], b[2])
       run:sync()   -- (the host bytes of the step's updates, which may end after it returns)
       most = math.max(most, run:stats().host_eps_bytes)
     end
@@ -158,10 +182,7 @@ describe("the EPS on disk (spill)", function()
     -- way as the next step plans the other
     local data = batches(6, 8)
     local function run_with(budgets)
-      local model = tiny_gpt(21)
-      local o = { model = model, micro_batch = 4, optimizer = l2l.AdamW { lr = 3e-3 }, seed = 5 }
-      if budgets then o.spill, o.host_budget = dir, 1 end
-      local run = l2l.Relay(o)
+      local model, run = adamw_relay(21, budgets and dir)
       local losses, bytes = {}, {}
       for i = 1, #data do
         if budgets then
@@ -182,13 +203,7 @@ describe("the EPS on disk (spill)", function()
     end
     local want_losses, want_model, want_run = run_with(nil)
     local losses, model, run = run_with({ 2 ^ 40, "smallest", 2 ^ 40, "smallest", "smallest", 2 ^ 40 })
-    for i = 1, #want_losses do
-      assert.is_true(losses[i] == want_losses[i], ("step %d: loss %.17g, %.17g in memory (seed %d)"):format(
-        i, losses[i], want_losses[i], support.seed))
-    end
-    for i, p in ipairs(model:params()) do
-      same_bits(bits(p.value), bits(want_model:params()[i].value), p.name)
-    end
+    same_run(losses, model, want_losses, want_model)
     -- between steps: after a step whose accumulators passed they are out of memory
     local function settled_bytes(budget)
       run:set_host_budget(budget)
@@ -208,6 +223,33 @@ describe("the EPS on disk (spill)", function()
     end
     assert.is_true(kept - passed >= grads + state, ("host bytes %d with the accumulators kept, %d passing: "
       .. "the accumulators are %d bytes, the state %d"):format(kept, passed, grads, state))
+    run:free()
+    want_run:free()
+  end)
+
+  it("keeps a gradient a script writes into p.grad, the accumulators passing, the same to the bit", function()
+    -- at the smallest budget an accumulator that holds nothing gives its pages back; one a
+    -- script wrote into holds a gradient: it stays (before the first step: the fresh
+    -- accumulators are checked for zeros) or comes back as it is written (between steps:
+    -- given back at its last clear), and its update adds it to the step's own
+    local data = batches(4, 8)
+    local function run_with(spilled)
+      local model, run = adamw_relay(31, spilled and dir)
+      local losses = {}
+      for i = 1, #data do
+        if i == 1 or i == 3 then
+          run:sync()   -- (the last step's updates clear the accumulators: written after them)
+          local params = model:params()
+          for k, p in ipairs({ params[2], params[#params - 2] }) do p.grad:fill(0.5 * k * i) end
+        end
+        losses[i] = step_tight(run, data[i][1], data[i][2])
+      end
+      run:sync()
+      return losses, model, run
+    end
+    local want_losses, want_model, want_run = run_with(false)
+    local losses, model, run = run_with(true)
+    same_run(losses, model, want_losses, want_model)
     run:free()
     want_run:free()
   end)

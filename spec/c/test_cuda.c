@@ -854,7 +854,8 @@ TEST(cuda_embedding) {
     SIDES OK_ON(l2l_embedding_backward(AT(dtable), AT(dout), AT(ids)));
     snprintf(what, sizeof what, "embedding_backward n=%lld V=%lld C=%lld (an id repeats %lld times)",
              (long long)n, (long long)v, (long long)cols, (long long)max_repeat);
-    CHECK_TWIN(what, dtable, RMS, tol_sum(max_repeat));
+    /* each row adds its positions in their order, as the CPU does: its bits, every run */
+    CHECK_TWIN_BITS(what, dtable);
     TWIN_FREE(&ids, &table, &out, &dout, &dtable);
   }
   end_gpu();
