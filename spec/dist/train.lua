@@ -16,9 +16,13 @@
 --   hang_rank=-1 / hang_step (that rank sleeps there: the others must time out),
 --   die_rank=-1 / die_step (that rank kills itself with SIGKILL there), bad_rank=-1 /
 --   bad_step (that rank's batch holds a token beyond the vocabulary there: its step
---   raises), timeout=SECONDS, lr=3e-3 (AdamW's and LAMB's), heads=3 (the first block's);
+--   raises), timeout=SECONDS, lr=3e-3 (AdamW's and LAMB's), heads=3 (the first block's),
+--   dim=24 (the model's width: a multiple of 6), blocks=2 (more: each like the first);
 --   spill=DIR (the optimizer state in a spill file there, each rank its own) with
---   host_budget=BYTES (0: none, every record's state on disk),
+--   host_budget=BYTES (0: none, every record's state on disk) or tight=1 (each step at the
+--   smallest budget that works on each rank: a refused step, which every rank refuses
+--   alike, is taken again within the budget this rank's error names; the output's
+--   host_budget is the last, host_most the most the EPS held after a step),
 --   rank<r>_<key>=value sets key on rank r alone (the ranks disagree).
 local ffi = require("ffi")
 local l2l = require("l2l")
@@ -31,7 +35,7 @@ local out_path, seed = arg[1], tonumber(arg[2])
 local o = { dist = "none", steps = 5, B = 7, mb = 2, accumulate = 1, clip = 0, loss_scale = 0, grad_precision = "f32",
             dropout = 0, grow = 0, optimizer = "adamw", eps = 1e-3, save_at = 2, extra_layer_rank = -1,
             hang_rank = -1, hang_step = 2, die_rank = -1, die_step = 3, bad_rank = -1, bad_step = 2,
-            lr = 3e-3, heads = 3 }
+            lr = 3e-3, heads = 3, dim = 24, blocks = 2 }
 for i = 3, #arg do
   local k, v = arg[i]:match("^([%w_]+)=(.*)$")
   o[k] = tonumber(v) or v
@@ -47,7 +51,7 @@ for k, v in pairs(o) do   -- this rank's own settings
   if r and tonumber(r) == rank then o[key] = v end
 end
 
-local V, D, S = 96, 24, 9
+local V, D, S = 96, o.dim, 9
 local corpus = {}
 for i = 1, 3000 do corpus[i] = string.char(32 + (i * 7 + math.floor(i / 13) * 5) % 61) end
 corpus = table.concat(corpus)
@@ -59,6 +63,7 @@ local function fresh_model()
     l2l.Block { dim = D, heads = 2, mlp = 40, seed = seed + 2 },
     l2l.LMHead { vocab = V, dim = D, tie = true },
   }
+  for b = 3, o.blocks do m:insert(b + 1, l2l.Block { dim = D, heads = 3, seed = seed + 10 + b }) end
   if rank == o.extra_layer_rank then m:insert(2, l2l.Block { dim = D, heads = 3, seed = seed + 3 }) end
   return m
 end
@@ -73,11 +78,12 @@ else
   run = l2l.Relay { model = fresh_model(), micro_batch = o.mb, accumulate = o.accumulate,
                     optimizer = optimizer, clip_global_norm = o.clip, loss_scale = o.loss_scale,
                     grad_precision = o.grad_precision, spill = o.spill,
-                    host_budget = o.host_budget, seed = seed, dist = o.dist, optimizer_threads = 1 }
+                    host_budget = o.tight == 1 and 1 or o.host_budget, seed = seed, dist = o.dist,
+                    optimizer_threads = 1 }
 end
 
 local hex = function(x) return string.format("%a", x) end
-local losses, save_error = {}, nil
+local losses, save_error, host_most = {}, nil, 0
 local first = run:stats().steps + 1
 for step = first, first + o.steps - 1 do
   if step == o.hang_step and rank == o.hang_rank then os.execute("sleep 600") end
@@ -92,7 +98,21 @@ for step = first, first + o.steps - 1 do
   if step == o.bad_step and rank == o.bad_rank then tokens:data()[0] = V end
   local skip = o.grow == 1 and step == first + 3 and { 2 } or nil
   local ok, loss = pcall(run.step, run, tokens, targets, skip and { skip = skip } or nil)
-  if not ok and tostring(loss):find("the ranks differ", 1, true) then
+  for _ = 1, o.tight == 1 and 3 or 0 do
+    if ok then break end
+    local smallest = tonumber(tostring(loss):match("is below the (%d+)"))
+    if not smallest and not tostring(loss):find("could not begin step", 1, true) then break end
+    if smallest then run:set_host_budget(smallest) end
+    ok, loss = pcall(run.step, run, tokens, targets, skip and { skip = skip } or nil)
+  end
+  if ok and o.tight == 1 then
+    run:sync()   -- (the host bytes of the step's updates, which may end after it returns)
+    host_most = math.max(host_most, run:stats().host_eps_bytes)
+  end
+  local refused = not ok and (tostring(loss):find("the ranks differ", 1, true) or
+                              tostring(loss):find("could not begin step", 1, true) or
+                              tostring(loss):find("host budget", 1, true))
+  if refused then
     -- every rank refused the step alike and is still in step with the others: each says
     -- why before the first to end the job (MPI_Abort) cuts the others' output short
     io.stderr:write(tostring(loss), "\n")
@@ -138,7 +158,8 @@ end
 -- the stats as JSON takes them: an overflowed step's grad_norm is inf, written as text
 local stats = {}
 for k, v in pairs(run:stats()) do stats[k] = (v == v and v ~= math.huge and v ~= -math.huge) and v or tostring(v) end
-local result = { losses = losses, stats = stats, exchanges = exchanges, params = {}, save_error = save_error }
+local result = { losses = losses, stats = stats, exchanges = exchanges, params = {}, save_error = save_error,
+                 host_budget = run.options.host_budget, host_most = host_most }
 for i, layer in ipairs(run.model) do
   for _, p in ipairs(layer:params()) do
     local entry = { layer = i, name = p.name, value = hex_list(p.value) }

@@ -151,9 +151,10 @@ void l2l_host_record_bytes(struct l2l_host_record *out, int64_t numel, int64_t s
    pass (a spill file, and a budget that cannot hold them all), an accumulator's pages are
    given back whenever it is cleared (it is zero between updates), and one that passes
    comes back at its one arrival and goes at its update, within the tier's gradient
-   window; any other (tied, deferred, accumulating over steps, with ranks) is in memory
-   through the step. `users`: relay layers holding it; `arrivals`: gradients it expects. */
-bool l2l_host_grad_passes(bool spill, bool dist, bool defer, bool due, int users, int arrivals);
+   window (with ranks: from its arrival to its reduce-scatter); any other (tied, deferred,
+   accumulating over steps) is in memory through the step. `users`: relay layers holding
+   it; `arrivals`: gradients it expects. */
+bool l2l_host_grad_passes(bool spill, bool defer, bool due, int users, int arrivals);
 /* The host budget over records whose fixed bytes (with every accumulator in memory this
    step that cannot pass), state, largest state, and largest and total accumulators that
    may pass are given (budget 0: none; spill: a spill file holds what the budget leaves

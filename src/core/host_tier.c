@@ -24,12 +24,15 @@ void l2l_host_record_bytes(struct l2l_host_record *out, int64_t numel, int64_t s
   out->moved = (uint64_t)arrays * (uint64_t)shard_n * sizeof(float);
 }
 
-bool l2l_host_grad_passes(bool spill, bool dist, bool defer, bool due, int users, int arrivals) {
-  /* one arrival, then the update that clears it, which waits for no other gradient: a
-     tied table's first arrival would hold the window through the whole backward, a
-     deferred update until its end; with ranks the reduce-scatters go out in an order of
-     their own, which a waiting arrival could stall */
-  return spill && !dist && !defer && due && users == 1 && arrivals == 1;
+bool l2l_host_grad_passes(bool spill, bool defer, bool due, int users, int arrivals) {
+  /* one arrival, then the update (with ranks: the reduce-scatter) that clears it, which
+     waits for no later gradient: a tied table's first arrival would hold the window through
+     the whole backward, a deferred update until its end. With ranks a record's
+     reduce-scatter waits for those of the records before it on every rank, and their
+     places are the order the gradients arrive in (eps_exchange_order): an arrival waiting
+     for room waits for exchanges of records that came before it, and on the rank furthest
+     behind those are of records every rank has given, so no wait closes a cycle */
+  return spill && !defer && due && users == 1 && arrivals == 1;
 }
 
 /* A state window: its smallest (`least`, one record) and an eighth of the spare room, at most

@@ -321,8 +321,11 @@ l2l_status l2l_eps_prepare(struct l2l_eps *eps) {
     }
     if (eps->dist && rec->shard_grad == NULL) TRY(eps_state_new(&rec->shard_grad, rec));
   }
-  if (eps->dist) eps_exchange_order(eps);
   return L2L_OK;
+}
+
+void l2l_eps_order_exchanges(struct l2l_eps *eps) {
+  if (eps->dist) eps_exchange_order(eps);
 }
 
 /* One chunk of one record's update; freed by the worker. */

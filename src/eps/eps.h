@@ -216,8 +216,10 @@ l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_rec
 /* Before a step's backward (no worker is busy): every record's counts reset; then the
    relay calls eps_expect once per trainable visit of each record. update: this step ends
    an accumulation; defer: updates wait for eps_release_updates (global clipping).
-   eps_prepare allocates missing optimizer state for records due (so a failure comes
-   before anything has changed). */
+   eps_prepare allocates missing optimizer state for records due and checks the host
+   budget (so a failure comes before anything has changed); with ranks,
+   eps_order_exchanges then gives the due records their places on the exchange's streams,
+   once every rank has begun the step alike. */
 void l2l_eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr);
 void l2l_eps_expect(struct l2l_eps *eps, struct eps_record *rec);
 /* A record a frozen layer shares with a trainable one (a tied embedding frozen) must not
@@ -229,6 +231,7 @@ void l2l_eps_expect(struct l2l_eps *eps, struct eps_record *rec);
 void l2l_eps_hold(struct l2l_eps *eps, struct eps_record *rec);
 void l2l_eps_release(struct l2l_eps *eps, struct eps_record *rec, int layer);
 l2l_status l2l_eps_prepare(struct l2l_eps *eps);
+void l2l_eps_order_exchanges(struct l2l_eps *eps);
 /* Per-layer clipping of a visit's gradients (host-readable, f32 or 16-bit): the scale
    that brings their joint norm down to clip, 1 when it is within (or clip is 0). */
 float l2l_eps_clip_scale(const l2l_tensor *const *grads, int n, float clip);

@@ -255,8 +255,7 @@ static void grads_candidates(struct l2l_eps *eps) {
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     pthread_mutex_lock(&eps->lock);
-    bool passes = l2l_host_grad_passes(true, eps->dist != NULL, eps->defer, rec->update_due,
-                                       rec->users, rec->expected);
+    bool passes = l2l_host_grad_passes(true, eps->defer, rec->update_due, rec->users, rec->expected);
     bool idle = !rec->pending && !rec->grad_away;
     pthread_mutex_unlock(&eps->lock);
     if (idle && rec->expected == 0 && grad_is_zero(rec)) grad_give_back(eps, rec);

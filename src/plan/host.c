@@ -52,7 +52,7 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
      (the tier's choice): a passing one is in memory from its arrival to its update (the
      window's), none between steps; one that cannot pass (tied, accumulating over steps)
      is in memory through the step */
-  bool spill = config->spill_dir != NULL, dist = config->dist != L2L_DIST_NONE;
+  bool spill = config->spill_dir != NULL;
   bool defer = config->clip_global_norm > 0 || config->loss_scale > 0, every = config->accumulate <= 1;
   uint64_t base = 0, fixed = 0, state = 0, largest = 0, passing = 0, passing_total = 0, grads = 0;
   for (int i = 0; i < n; i++) {
@@ -63,7 +63,7 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
     base += bytes[i].fixed;
     fixed += bytes[i].fixed;
     grads += !spill || trained[i] ? bytes[i].grad : 0;
-    if (l2l_host_grad_passes(spill, dist, defer, every, users[i], trained[i] ? 1 : 0)) {
+    if (l2l_host_grad_passes(spill, defer, every, users[i], trained[i] ? 1 : 0)) {
       passing = bytes[i].grad > passing ? bytes[i].grad : passing;
       passing_total += bytes[i].grad;
     } else if (!spill || trained[i]) {
