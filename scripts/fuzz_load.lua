@@ -392,8 +392,10 @@ local function child(c)
       finish(okc and "clean" or "unclean", okc and run or (why .. " || " .. tostring(run)))
     end
     -- a device budget from the file is the file's to ask for (and l2l.load checks its
-    -- range); whether the run works is asked without it
+    -- range); whether the run works is asked without it: the relay's own (the file's
+    -- device_budget) and the device pool's
     l2l.set_budget("device", 0)
+    run:set_device_budget(0)
     note_nan_payloads(run.model)
     local oks, err = step_once(run)
     if not oks then finish("unstep", "l2l.load accepted it, then the step failed || " .. tostring(err)) end
