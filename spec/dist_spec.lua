@@ -217,16 +217,17 @@ describe("data parallel under mpirun", function()
     if not need_mpi() then return end
     local spill = dir .. "/spill_tight"
     assert(os.execute("mkdir -p " .. spill) == 0)
-    -- (AdamW: LAMB's update waits between its waves for an exchange of its own, and with
-    -- ranks an update window this small can hang it: the issue's note says why)
+    -- (LAMB's update holds its room between its waves while it waits for its place on the
+    -- ranks' stream of norms: the room goes in the exchanges' order, or it would hang)
     for _, flags in ipairs({ "grow=1 optimizer=adamw B=8 mb=3 steps=6 dim=48 blocks=8",
+                             "grow=1 optimizer=lamb B=8 mb=3 steps=6 dim=48 blocks=8",
                              "optimizer=adamw B=6 mb=1 steps=4 dim=48 blocks=8" }) do
       local plain = train(2, flags)
       local tight, tcmd = train(2, flags .. " spill=" .. spill .. " tight=1")
       for r = 0, 1 do
         same_bits_as(plain, tight, r, tcmd)
         -- per rank in memory: masters and accumulators whole, the shard's reduced gradient
-        -- and state (AdamW's two arrays): 4 + 4 + 2 + 4 bytes a parameter; at
+        -- and state (AdamW's and LAMB's two arrays): 4 + 4 + 2 + 4 bytes a parameter; at
         -- the smallest budget the masters, the shard's gradients and the windows (twice the
         -- largest record's state, its accumulator), under half of that for 8 blocks
         local in_memory, budget = plain[r].stats.host_eps_bytes, tight[r].host_budget

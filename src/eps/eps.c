@@ -82,6 +82,7 @@ void l2l_eps_free(struct l2l_eps *eps) {
   free(eps->records);
   free(eps->ahead);
   free(eps->waiting);
+  free(eps->turn_passed);
   pthread_mutex_destroy(&eps->lock);
   pthread_cond_destroy(&eps->changed);
 }

@@ -153,10 +153,14 @@ struct l2l_eps {
      order backward completes them (the schedule's: ahead[0 .. ahead_n)), ahead_bytes of
      reads queued or waiting for their update, and update_bytes of state in memory for
      updates under way, each at most ahead_limit (or one record): an update with no room
-     waits in `waiting` until one under way ends. Under the lock. */
+     waits in `waiting` until one under way ends. With ranks the room goes in that order
+     too (each due record's turn: its index in `ahead`, which is its exchange's place):
+     turn_next is the first turn not yet passed (turn_passed[i]: record ahead[i] has
+     room, needs none or was skipped). Under the lock. */
   uint64_t host_budget, ahead_limit;
   struct eps_record **ahead, **waiting;
-  int ahead_n, ahead_next, waiting_n, lists_cap;
+  bool *turn_passed;
+  int ahead_n, ahead_next, waiting_n, lists_cap, turn_next;
   uint64_t ahead_bytes, update_bytes;
   int64_t reads_late;          /* records whose state was read at their update, not ahead */
   /* With a spill file and a budget that cannot hold every accumulator, they pass: zero

@@ -157,6 +157,7 @@ void eps_exchange_skip(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   eps->dist->bytes -= exchange_bytes(rec);   /* no all-gather */
   pthread_mutex_unlock(&eps->lock);
+  eps_turn_pass(eps, rec);   /* (its update takes no room) */
   if (eps->optim->waves > 1) {   /* LAMB's sums would have had this place too */
     op_fill(&rec->lamb_op, rec, DIST_NOOP, "LAMB's sums", skip_ag);
     l2l_dist_post(eps->dist->lamb, &rec->lamb_op, rec->place);

@@ -31,6 +31,8 @@ struct eps_record {
   l2l_tensor *ahead_state[2];
   struct eps_spill_io ahead_io[2];
   bool room;                   /* its update's state counts in eps->update_bytes */
+  int turn;                    /* this step, with ranks: its turn for room (eps->turn_next),
+                                  -1: none */
   float wait_grad_scale;       /* of its update waiting for room (in eps->waiting) */
   bool grad_away;              /* the accumulator's pages are given back (it reads zero) */
   bool grad_passing;           /* this step its accumulator passes (eps->grad_limit) */
@@ -121,11 +123,14 @@ l2l_status eps_host_plan(struct l2l_eps *eps);
 void eps_ahead_drop(struct l2l_eps *eps, struct eps_record *rec);
 void eps_ahead_drop_all(struct l2l_eps *eps);
 /* With a spill file, before rec's update takes its state: true when there is room for it
-   (it is kept in memory, or update_bytes has room: counted there now); else its update
-   waits (rec pending) and false. eps_room_return gives the room back once the update has
+   (it is kept in memory, or update_bytes has room: counted there now, and with ranks it
+   is its turn); else its update waits (rec pending) and false. eps_room_return gives the room back once the update has
    written its state out (or failed), and starts the waiting updates that now fit. */
 bool eps_update_room(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
 void eps_room_return(struct l2l_eps *eps, struct eps_record *rec);
+/* With ranks, a due record whose update will not take room (skipped on every rank) passes
+   its turn. */
+void eps_turn_pass(struct l2l_eps *eps, struct eps_record *rec);
 /* Sorts records due this step in the order backward completes them. */
 void eps_sort_by_completion(struct eps_record **list, int n);
 

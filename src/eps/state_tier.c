@@ -140,11 +140,48 @@ void eps_ahead_drop_all(struct l2l_eps *eps) {
   pthread_mutex_unlock(&eps->lock);
 }
 
+/* Under the lock: rec's turn passed, and the turns after it that passed already. */
+static void turn_pass(struct l2l_eps *eps, const struct eps_record *rec) {
+  if (rec->turn < 0) return;
+  eps->turn_passed[rec->turn] = true;
+  while (eps->turn_next < eps->ahead_n && eps->turn_passed[eps->turn_next]) eps->turn_next++;
+}
+
+/* Whether rec must wait for its turn: with ranks the room goes in the exchanges' order, as
+   a LAMB update holds its room between its waves while it waits for its place on the
+   ranks' stream of norms: one of a later place holding room that an earlier place's
+   update waits for would wait forever. (The updates ask for room in the order their norms'
+   all-reduces end, which is not always the places'.) */
+static bool turn_waits(const struct l2l_eps *eps, const struct eps_record *rec) {
+  return eps->dist != NULL && rec->turn >= 0 && rec->turn != eps->turn_next;
+}
+
+/* Under the lock: the waiting updates whose room (and turn) has come start, first come
+   first, each on this thread with the lock dropped around it. */
+static void waiting_start(struct l2l_eps *eps) {
+  for (;;) {
+    int at = 0;
+    while (at < eps->waiting_n && turn_waits(eps, eps->waiting[at])) at++;
+    if (at == eps->waiting_n) return;
+    struct eps_record *next = eps->waiting[at];
+    uint64_t bytes = state_bytes(eps, next);
+    if (eps->update_bytes > 0 && eps->update_bytes + bytes > eps->ahead_limit) return;
+    memmove(eps->waiting + at, eps->waiting + at + 1, (size_t)(--eps->waiting_n - at) * sizeof *eps->waiting);
+    eps->update_bytes += bytes;
+    next->room = true;
+    turn_pass(eps, next);
+    pthread_mutex_unlock(&eps->lock);
+    eps_update_begin(eps, next, next->wait_grad_scale);
+    pthread_mutex_lock(&eps->lock);
+  }
+}
+
 bool eps_update_room(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
   uint64_t bytes = state_bytes(eps, rec);
   pthread_mutex_lock(&eps->lock);
-  bool room = rec->keep_state || eps->update_bytes == 0 ||
-              eps->update_bytes + bytes <= eps->ahead_limit || eps->waiting_n >= eps->lists_cap;
+  bool fits = !turn_waits(eps, rec) &&
+              (eps->update_bytes == 0 || eps->update_bytes + bytes <= eps->ahead_limit);
+  bool room = rec->keep_state || fits || eps->waiting_n >= eps->lists_cap;
   if (room && !rec->keep_state) {
     eps->update_bytes += bytes;
     rec->room = true;
@@ -152,6 +189,10 @@ bool eps_update_room(struct l2l_eps *eps, struct eps_record *rec, float grad_sca
     rec->pending = true;
     rec->wait_grad_scale = grad_scale;
     eps->waiting[eps->waiting_n++] = rec;
+  }
+  if (room) {
+    turn_pass(eps, rec);
+    waiting_start(eps);   /* (the next turn's update may wait) */
   }
   pthread_mutex_unlock(&eps->lock);
   return room;
@@ -161,18 +202,15 @@ void eps_room_return(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   if (rec->room) eps->update_bytes -= state_bytes(eps, rec);
   rec->room = false;
-  /* the waiting updates that now fit start, first come first (each on this thread) */
-  while (eps->waiting_n > 0) {
-    struct eps_record *next = eps->waiting[0];
-    uint64_t bytes = state_bytes(eps, next);
-    if (eps->update_bytes > 0 && eps->update_bytes + bytes > eps->ahead_limit) break;
-    memmove(eps->waiting, eps->waiting + 1, (size_t)--eps->waiting_n * sizeof *eps->waiting);
-    eps->update_bytes += bytes;
-    next->room = true;
-    pthread_mutex_unlock(&eps->lock);
-    eps_update_begin(eps, next, next->wait_grad_scale);
-    pthread_mutex_lock(&eps->lock);
-  }
+  waiting_start(eps);
+  pthread_mutex_unlock(&eps->lock);
+}
+
+void eps_turn_pass(struct l2l_eps *eps, struct eps_record *rec) {
+  if (eps->spill == NULL) return;
+  pthread_mutex_lock(&eps->lock);
+  turn_pass(eps, rec);
+  waiting_start(eps);
   pthread_mutex_unlock(&eps->lock);
 }
 
@@ -212,17 +250,23 @@ static l2l_status ahead_begin(struct l2l_eps *eps, const struct l2l_host_tier *t
     struct eps_record **list = realloc(eps->ahead, (size_t)eps->count * sizeof *list);
     if (list != NULL) eps->ahead = list;
     struct eps_record **wait = list ? realloc(eps->waiting, (size_t)eps->count * sizeof *wait) : NULL;
-    if (wait != NULL) eps->waiting = wait, eps->lists_cap = eps->count;
-    if (wait == NULL) {
+    if (wait != NULL) eps->waiting = wait;
+    bool *passed = wait ? realloc(eps->turn_passed, (size_t)eps->count * sizeof *passed) : NULL;
+    if (passed != NULL) eps->turn_passed = passed, eps->lists_cap = eps->count;
+    if (passed == NULL) {
       pthread_mutex_unlock(&eps->lock);
       return FAIL(L2L_ERR_NOMEM, "no memory for the spill file's read-ahead lists");
     }
   }
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
+    rec->turn = -1;
     if (rec->update_due && rec->expected > 0) eps->ahead[n++] = rec;
   }
   eps_sort_by_completion(eps->ahead, n);
+  /* (with ranks the last step's updates have all begun: the turns start again) */
+  for (int i = 0; i < n; i++) eps->ahead[i]->turn = i, eps->turn_passed[i] = false;
+  eps->turn_next = 0;
   eps->ahead_n = n;
   ahead_fill(eps);
   pthread_mutex_unlock(&eps->lock);
