@@ -235,6 +235,8 @@ describe("data parallel under mpirun", function()
           tcmd, r, in_memory, budget))
         assert.is_true(tight[r].host_most <= budget, ("%s: rank %d held %d bytes, budget %d"):format(
           tcmd, r, tight[r].host_most, budget))
+        -- the planner counts this rank's shards: its smallest budget is the first step's
+        assert.are.equal(tight[r].first_budget, tight[r].plan_smallest, tcmd .. ": rank " .. r .. "'s smallest budget, planned")
       end
       local _, left = support.sh("ls -A " .. spill)
       assert.are.equal("", left, "spill files outlived their relays")

@@ -136,12 +136,11 @@ function M.make(model, config, request, fname)
   return plan
 end
 
-local PLAN_OPTIONS = { model = true, batch = true, seq = true, device_budget = true, token_types = true,
-                       key_mask = true, rates = true, param_slots = true, precision = true,
-                       grad_precision = true, accumulate = true, clip_global_norm = true,
-                       loss_scale = true, optimizer = true, host_budget = true, spill = true }
 local RELAY_SETTINGS = { "param_slots", "precision", "grad_precision", "accumulate", "clip_global_norm",
-                         "loss_scale", "optimizer", "host_budget", "spill" }
+                         "loss_scale", "optimizer", "host_budget", "spill", "dist" }
+local PLAN_OPTIONS = { model = true, batch = true, seq = true, device_budget = true, token_types = true,
+                       key_mask = true, rates = true }
+for _, key in ipairs(RELAY_SETTINGS) do PLAN_OPTIONS[key] = true end
 
 local function plan(o)
   local fname = "l2l.plan"
@@ -170,7 +169,8 @@ end
 -- l2l.plan{model =, batch =, seq =, device_budget = (bytes a step may add to the device
 -- pool), token_types = false, key_mask = false, rates = (default: this machine's), and
 -- the relay's param_slots, precision, grad_precision, accumulate, clip_global_norm,
--- loss_scale, optimizer, host_budget, spill} -> a plan.
+-- loss_scale, optimizer, host_budget, spill, dist ("mpi": this rank's host bytes, its
+-- shards of the gradients and state)} -> a plan.
 function M.plan(o, ...)
   if select("#", ...) ~= 0 then too_many("l2l.plan", "options", 2, ...) end
   local ok, result = pcall(plan, o)

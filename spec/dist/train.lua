@@ -22,7 +22,8 @@
 --   host_budget=BYTES (0: none, every record's state on disk) or tight=1 (each step at the
 --   smallest budget that works on each rank: a refused step, which every rank refuses
 --   alike, is taken again within the budget this rank's error names; the output's
---   host_budget is the last, host_most the most the EPS held after a step),
+--   host_budget is the last, first_budget the first step's, plan_smallest l2l.plan's
+--   smallest for this rank before it, host_most the most the EPS held after a step),
 --   rank<r>_<key>=value sets key on rank r alone (the ranks disagree).
 local ffi = require("ffi")
 local l2l = require("l2l")
@@ -82,8 +83,14 @@ else
                     optimizer_threads = 1 }
 end
 
+-- tight: the planner's smallest budget for this rank, to set beside the one the first step
+-- names
+local plan_smallest = o.tight == 1 and l2l.plan {
+  model = run.model, batch = 1, seq = S, device_budget = 2 ^ 40, optimizer = optimizer, accumulate = o.accumulate,
+  clip_global_norm = o.clip, loss_scale = o.loss_scale, spill = o.spill, dist = o.dist }.host_budget_smallest or nil
+
 local hex = function(x) return string.format("%a", x) end
-local losses, save_error, host_most = {}, nil, 0
+local losses, save_error, host_most, first_budget = {}, nil, 0, nil
 local first = run:stats().steps + 1
 for step = first, first + o.steps - 1 do
   if step == o.hang_step and rank == o.hang_rank then os.execute("sleep 600") end
@@ -106,6 +113,7 @@ for step = first, first + o.steps - 1 do
     ok, loss = pcall(run.step, run, tokens, targets, skip and { skip = skip } or nil)
   end
   if ok and o.tight == 1 then
+    first_budget = first_budget or run.options.host_budget
     run:sync()   -- (the host bytes of the step's updates, which may end after it returns)
     host_most = math.max(host_most, run:stats().host_eps_bytes)
   end
@@ -159,7 +167,8 @@ end
 local stats = {}
 for k, v in pairs(run:stats()) do stats[k] = (v == v and v ~= math.huge and v ~= -math.huge) and v or tostring(v) end
 local result = { losses = losses, stats = stats, exchanges = exchanges, params = {}, save_error = save_error,
-                 host_budget = run.options.host_budget, host_most = host_most }
+                 host_budget = run.options.host_budget, host_most = host_most, first_budget = first_budget,
+                 plan_smallest = plan_smallest }
 for i, layer in ipairs(run.model) do
   for _, p in ipairs(layer:params()) do
     local entry = { layer = i, name = p.name, value = hex_list(p.value) }

@@ -147,6 +147,10 @@ struct l2l_host_record {
 };
 void l2l_host_record_bytes(struct l2l_host_record *out, int64_t numel, int64_t shard_n,
                            int arrays, l2l_dtype staging, bool dist);
+/* Rank `rank`'s shard of a record of n elements over `ranks`: the elements [*begin,
+   *begin + *count) with s = ceil(n / ranks), rank·s clipped to n (the last shards may be
+   shorter or empty). */
+void l2l_host_shard(int64_t n, int ranks, int rank, int64_t *begin, int64_t *count);
 /* Whether a record's gradient accumulator may pass this step: when the tier makes them
    pass (a spill file, and a budget that cannot hold them all), an accumulator's pages are
    given back whenever it is cleared (it is zero between updates), and one that passes

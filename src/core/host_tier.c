@@ -24,6 +24,13 @@ void l2l_host_record_bytes(struct l2l_host_record *out, int64_t numel, int64_t s
   out->moved = (uint64_t)arrays * (uint64_t)shard_n * sizeof(float);
 }
 
+void l2l_host_shard(int64_t n, int ranks, int rank, int64_t *begin, int64_t *count) {
+  int64_t s = (n + ranks - 1) / ranks;
+  int64_t b = (int64_t)rank * s < n ? (int64_t)rank * s : n;
+  *begin = b;
+  *count = (b + s < n ? b + s : n) - b;
+}
+
 bool l2l_host_grad_passes(bool spill, bool defer, bool due, int users, int arrivals) {
   /* one arrival, then the update (with ranks: the reduce-scatter) that clears it, which
      waits for no later gradient: a tied table's first arrival would hold the window through

@@ -15,9 +15,8 @@
  * (eps_exchange_order), so collectives match across ranks whatever order the workers
  * finish in. A record skipped on every rank (agreed inf or NaN, or an overflow) takes its
  * place on the remaining streams with nothing sent.
- * Shards: a record of n elements over N ranks gives rank r the elements [r·s, r·s + c_r)
- * with s = ceil(n / N) and c_r what is left of n there (the last shards may be shorter or
- * empty): uneven sizes are padded by MPI's per-rank counts, never refused.
+ * Shards: core's l2l_host_shard (the planner counts them by it too); uneven sizes are
+ * padded by MPI's per-rank counts, never refused.
  * Must never: issue a collective out of its place, or update a record before every rank
  * has agreed it may.
  */
@@ -76,7 +75,7 @@ uint64_t l2l_eps_dist_bytes(const struct l2l_eps *eps) {
 
 l2l_status eps_shard(struct l2l_eps *eps, struct eps_record *rec) {
   const struct eps_dist *d = eps->dist;
-  int64_t n = l2l_tensor_numel(rec->master), s = (n + d->size - 1) / d->size;
+  int64_t n = l2l_tensor_numel(rec->master);
   /* MPI counts and displacements are ints: every offset into the record must be one */
   if (n > INT_MAX)
     return FAIL(L2L_ERR_INVALID, "parameter '%s' has %lld elements: with dist = mpi a record "
@@ -87,10 +86,10 @@ l2l_status eps_shard(struct l2l_eps *eps, struct eps_record *rec) {
   if (rec->counts == NULL || rec->displs == NULL)
     return FAIL(L2L_ERR_NOMEM, "no memory for a record's shards");
   for (int r = 0; r < d->size; r++) {
-    int64_t begin = (int64_t)r * s < n ? (int64_t)r * s : n;
-    int64_t end = begin + s < n ? begin + s : n;
+    int64_t begin, count;
+    l2l_host_shard(n, d->size, r, &begin, &count);
     rec->displs[r] = (int)begin;   /* <= n <= INT_MAX */
-    rec->counts[r] = (int)(end - begin);
+    rec->counts[r] = (int)count;
   }
   rec->shard_begin = rec->displs[d->rank];
   rec->shard_n = rec->counts[d->rank];

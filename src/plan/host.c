@@ -6,8 +6,9 @@
  * spill_dir) as the planner sees them: the records in layer order (a relay made over the
  * model as it is holds them so), each record's bytes and the budget's choices by core's
  * host-tier rules (the ones the EPS applies), so the predicted bytes are the relay's to
- * the byte; and the spill directory's sequential rates, measured once and cached with the
- * machine's other rates, for the disk's share of a step.
+ * the byte (with ranks, this rank's: its shards); and the spill directory's sequential
+ * rates, measured once and cached with the machine's other rates, for the disk's share of
+ * a step.
  * Must never: leave a file behind in the spill directory, or plan a step the relay's host
  * budget would refuse.
  */
@@ -17,6 +18,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "cluster/cluster.h"
 #include "plan.h"
 
 l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int L,
@@ -52,13 +54,17 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
      (the tier's choice): a passing one is in memory from its arrival to its update (the
      window's), none between steps; one that cannot pass (tied, accumulating over steps)
      is in memory through the step */
-  bool spill = config->spill_dir != NULL;
+  bool spill = config->spill_dir != NULL, dist = config->dist != L2L_DIST_NONE;
+  /* with ranks, this rank's: its shards of the reduced gradients and the state */
+  int ranks = dist ? l2l_dist_size_now() : 1, rank = dist ? l2l_dist_rank_now() : 0;
   bool defer = config->clip_global_norm > 0 || config->loss_scale > 0, every = config->accumulate <= 1;
   uint64_t base = 0, fixed = 0, state = 0, largest = 0, passing = 0, passing_total = 0, grads = 0;
   for (int i = 0; i < n; i++) {
     int64_t numel = l2l_tensor_numel(l2l_param_value(recs[i]));
     bool staged = config->precision != L2L_F32 && l2l_param_low_precision(recs[i]);
-    l2l_host_record_bytes(&bytes[i], numel, numel, arrays, staged ? config->precision : L2L_F32, false);
+    int64_t begin, shard_n;
+    l2l_host_shard(numel, ranks, rank, &begin, &shard_n);
+    l2l_host_record_bytes(&bytes[i], numel, shard_n, arrays, staged ? config->precision : L2L_F32, dist);
     if (!trained[i]) bytes[i].state = bytes[i].moved = 0;   /* never updated: no state */
     base += bytes[i].fixed;
     fixed += bytes[i].fixed;
