@@ -341,9 +341,10 @@ describe("data parallel under mpirun", function()
   end)
 
   it("refuses, on every rank alike, a step one rank's host budget cannot hold", function()
-    -- the budget's check comes before the ranks' exchange and rides in it: rank 1 names its
-    -- budget, rank 0 names rank 1; neither posts a collective the other would not (before,
-    -- rank 0 went on into the step and waited out the timeout)
+    -- whether each rank began the step (its budget's check) is exchanged before any of the
+    -- step's collectives: rank 1 names its budget, rank 0 names rank 1; neither posts a
+    -- collective the other would not (before, rank 0 went on into the step and waited out
+    -- the timeout)
     if not need_mpi() then return end
     local spill = dir .. "/spill_refused"
     assert(os.execute("mkdir -p " .. spill) == 0)

@@ -30,14 +30,14 @@ l2l_status relay_check_async(l2l_relay *run) {
    digest of what the ranks must hold alike (agree.c). The loss is then the mean over the
    whole minibatch's targets and dropout numbers samples globally (the slices in rank
    order). Every rank sees the same exchange, so ranks that differ all refuse the step
-   alike; so do they when one of them could not begin the step (`own`, this rank's status:
-   its host budget refused it, say): each can take it again, still in step. */
-static l2l_status dist_begin(struct step *s, l2l_status own) {
+   alike. (The exchange also orders the step after the last one's exchanges still on the
+   ranks' thread: their callbacks read the EPS's step settings, which the step resets.) */
+static l2l_status dist_begin(struct step *s) {
   l2l_relay *run = s->run;
-  if (run->config.dist == L2L_DIST_NONE) return own;
+  if (run->config.dist == L2L_DIST_NONE) return L2L_OK;
   int size = l2l_dist_size_now(), rank = l2l_dist_rank_now();
-  enum { FIELDS = 4 };
-  int64_t mine[FIELDS] = {s->B, s->real, relay_agreement_digest(s), own != L2L_OK};
+  enum { FIELDS = 3 };
+  int64_t mine[FIELDS] = {s->B, s->real, relay_agreement_digest(s)};
   int64_t *all = malloc((size_t)size * FIELDS * sizeof *all);
   if (all == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for the ranks' step sizes");
   struct l2l_dist_op op = {.kind = DIST_ALLGATHER_I64, .send = mine, .recv = all, .n = FIELDS,
@@ -47,27 +47,50 @@ static l2l_status dist_begin(struct step *s, l2l_status own) {
   l2l_status status = l2l_dist_run(&op);
   s->exposed_comm += l2l_now() - t0;
   int64_t real = 0, base = 0;
-  int refused = -1;   /* the first rank that could not begin the step */
   bool differ = false;
   for (int r = 0; r < size && status == L2L_OK; r++) {
     differ |= all[r * FIELDS + 2] != all[2];
     real += all[r * FIELDS + 1];
     if (r < rank) base += all[r * FIELDS];
-    if (refused < 0 && all[r * FIELDS + 3]) refused = r;
   }
   free(all);
   /* every rank sees the same digests: all of them explain, and refuse, alike */
   if (status == L2L_OK && differ) status = relay_explain_disagreement(s);
-  if (own != L2L_OK) return status == L2L_OK ? own : status;   /* (its own error stands) */
-  if (status == L2L_OK && refused >= 0)
-    status = FAIL(L2L_ERR_STATE, "rank %d of %d could not begin step %lld (its own error says "
-                  "why, e.g. its host budget), so no rank takes it; each may take it again",
-                  refused, size, (long long)run->steps + 1);
   if (status == L2L_OK && real == 0)
     status = FAIL(L2L_ERR_INVALID, "batch->targets has no target other than -1 on any rank");
   s->real = real;
   s->sample_base = base;
   return status;
+}
+
+/* With ranks, after each rank began the step on its side (`own`: its status, its host
+   budget refused the step, say): whether every rank did. One that could not makes every
+   rank refuse the step alike, still in step, each free to take it again. A failed
+   exchange is returned as it is (the ranks are out of step: the caller ends the job). */
+static l2l_status dist_begun(struct step *s, l2l_status own, bool *exchange_failed) {
+  *exchange_failed = false;
+  l2l_relay *run = s->run;
+  if (run->config.dist == L2L_DIST_NONE) return own;
+  int size = l2l_dist_size_now();
+  int64_t mine = own != L2L_OK, *all = malloc((size_t)size * sizeof *all);
+  if (all == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for the ranks' step sizes");
+  struct l2l_dist_op op = {.kind = DIST_ALLGATHER_I64, .send = &mine, .recv = all, .n = 1,
+                           .what = "exchange of whether each rank began the step", .layer = -1,
+                           .step = run->steps + 1};
+  double t0 = l2l_now();
+  l2l_status status = l2l_dist_run(&op);
+  s->exposed_comm += l2l_now() - t0;
+  int refused = -1;   /* the first rank that could not begin the step */
+  for (int r = 0; r < size && status == L2L_OK; r++)
+    if (refused < 0 && all[r]) refused = r;
+  free(all);
+  *exchange_failed = status != L2L_OK;
+  if (status != L2L_OK || own != L2L_OK) return status != L2L_OK ? status : own;
+  if (refused >= 0)
+    return FAIL(L2L_ERR_STATE, "rank %d of %d could not begin step %lld (its own error says "
+                "why, e.g. its host budget), so no rank takes it; each may take it again",
+                refused, size, (long long)run->steps + 1);
+  return L2L_OK;
 }
 
 /* With ranks, a step that fails on this rank once the sizes were exchanged leaves the
@@ -111,16 +134,12 @@ static l2l_status plan_step(struct step_plan *p, struct step *s) {
                           .dynamic = c->loss_scale > 0 ? run->scale : 1.0};
   p->defer = p->update && (c->clip_global_norm > 0 || c->loss_scale > 0);
   if (p->update) TRY(l2l_schedule_lr(&p->lr, &c->schedule, c->optimizer.lr, run->updates + 1));
-  return L2L_OK;
-}
-
-/* The loss gradient's seed: the mean over the minibatch's real targets (with ranks, every
-   rank's: after their exchange; and over the accumulation), times the dynamic loss scale.
-   The scale changes only at an update, so every minibatch of an accumulation has the same. */
-static void step_scales(struct step *s, const struct step_plan *p) {
-  const l2l_relay_config *c = &s->run->config;
+  /* The loss gradient's seed: the mean over the minibatch's real targets (and over the
+     accumulation), times the dynamic loss scale. The scale changes only at an update, so
+     every minibatch of an accumulation has the same. */
   s->loss_scale = (float)(p->dynamic / ((double)s->real * c->accumulate));
   s->clip_layer = (float)(c->clip_layer_norm * p->dynamic);
+  return L2L_OK;
 }
 
 /* Which records expect gradients this step: one arrival per trainable visit; their
@@ -229,29 +248,27 @@ static void stats_record(l2l_relay *run, const struct step *s, const struct step
 }
 
 /* Everything before the first visit: checks, the plan of visits, the step's arrays, the
-   schedule, the EPS's bookkeeping (its host budget's check), then with ranks their
-   exchange, which every rank reaches once its checks of the batch pass: a rank that could
-   not begin the step after them makes every rank refuse it. A failure frees the step and
-   changes nothing. */
+   schedule, with ranks their exchange of sizes, the EPS's bookkeeping (its host budget's
+   check), then with ranks whether every rank began: one that could not makes every rank
+   refuse the step. A failure frees the step and changes nothing. */
 static l2l_status step_begin(struct step *s, struct step_plan *p) {
   l2l_status status = relay_check_step(s, s->in);
   if (status == L2L_OK) status = relay_schedule(s);
   if (status == L2L_OK) status = relay_check_budget(s);
-  if (status == L2L_OK) {   /* from here every rank reaches the exchange */
-    bool began = false;
+  if (status == L2L_OK) status = dist_begin(s);   /* (every rank refuses a failed one alike) */
+  if (status == L2L_OK) {   /* from here every rank reaches the second exchange */
+    bool began = false, exchange_failed;
     l2l_status own = relay_step_alloc(s);
     if (own == L2L_OK) own = plan_step(p, s);
     if (own == L2L_OK && s->training) {
       own = eps_begin(s, p);
       began = own == L2L_OK;
     }
-    status = dist_begin(s, own);
+    status = dist_begun(s, own, &exchange_failed);
     if (status != L2L_OK && began) l2l_eps_begin_step(&s->run->eps, false, false, 0);   /* (as eps_begin undoes itself) */
+    if (exchange_failed) dist_diverged(s->run);
   }
-  if (status == L2L_OK) {
-    step_scales(s, p);
-    if (s->training) l2l_eps_order_exchanges(&s->run->eps);
-  }
+  if (status == L2L_OK && s->training) l2l_eps_order_exchanges(&s->run->eps);
   if (status != L2L_OK) relay_step_free(s);
   return status;
 }
