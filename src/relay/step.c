@@ -63,12 +63,22 @@ static l2l_status dist_begin(struct step *s) {
   return status;
 }
 
+/* With ranks, a step that fails on this rank once the sizes were exchanged leaves the
+   others waiting on collectives this rank will never post, and this rank's streams out
+   of step with theirs: the job ends now, saying why (no rank waits out its timeout). */
+static void dist_diverged(const l2l_relay *run) {
+  if (run->config.dist == L2L_DIST_NONE) return;
+  char what[512];
+  snprintf(what, sizeof what, "step %lld failed after the ranks' exchange began, so the ranks "
+           "can no longer agree: %s", (long long)run->steps + 1, l2l_last_error());
+  l2l_dist_fail(what);
+}
+
 /* With ranks, after each rank began the step on its side (`own`: its status, its host
    budget refused the step, say): whether every rank did. One that could not makes every
    rank refuse the step alike, still in step, each free to take it again. A failed
-   exchange is returned as it is (the ranks are out of step: the caller ends the job). */
-static l2l_status dist_begun(struct step *s, l2l_status own, bool *exchange_failed) {
-  *exchange_failed = false;
+   exchange leaves the ranks out of step: the job ends (dist_diverged). */
+static l2l_status dist_begun(struct step *s, l2l_status own) {
   l2l_relay *run = s->run;
   if (run->config.dist == L2L_DIST_NONE) return own;
   int size = l2l_dist_size_now();
@@ -84,24 +94,16 @@ static l2l_status dist_begun(struct step *s, l2l_status own, bool *exchange_fail
   for (int r = 0; r < size && status == L2L_OK; r++)
     if (refused < 0 && all[r]) refused = r;
   free(all);
-  *exchange_failed = status != L2L_OK;
-  if (status != L2L_OK || own != L2L_OK) return status != L2L_OK ? status : own;
+  if (status != L2L_OK) {
+    dist_diverged(run);
+    return status;
+  }
+  if (own != L2L_OK) return own;
   if (refused >= 0)
     return FAIL(L2L_ERR_STATE, "rank %d of %d could not begin step %lld (its own error says "
                 "why, e.g. its host budget), so no rank takes it; each may take it again",
                 refused, size, (long long)run->steps + 1);
   return L2L_OK;
-}
-
-/* With ranks, a step that fails on this rank once the sizes were exchanged leaves the
-   others waiting on collectives this rank will never post, and this rank's streams out
-   of step with theirs: the job ends now, saying why (no rank waits out its timeout). */
-static void dist_diverged(const l2l_relay *run) {
-  if (run->config.dist == L2L_DIST_NONE) return;
-  char what[512];
-  snprintf(what, sizeof what, "step %lld failed after the ranks' exchange began, so the ranks "
-           "can no longer agree: %s", (long long)run->steps + 1, l2l_last_error());
-  l2l_dist_fail(what);
 }
 
 /* With ranks: the loss summed over every rank's slice. */
@@ -257,16 +259,15 @@ static l2l_status step_begin(struct step *s, struct step_plan *p) {
   if (status == L2L_OK) status = relay_check_budget(s);
   if (status == L2L_OK) status = dist_begin(s);   /* (every rank refuses a failed one alike) */
   if (status == L2L_OK) {   /* from here every rank reaches the second exchange */
-    bool began = false, exchange_failed;
+    bool began = false;
     l2l_status own = relay_step_alloc(s);
     if (own == L2L_OK) own = plan_step(p, s);
     if (own == L2L_OK && s->training) {
       own = eps_begin(s, p);
       began = own == L2L_OK;
     }
-    status = dist_begun(s, own, &exchange_failed);
+    status = dist_begun(s, own);
     if (status != L2L_OK && began) l2l_eps_begin_step(&s->run->eps, false, false, 0);   /* (as eps_begin undoes itself) */
-    if (exchange_failed) dist_diverged(s->run);
   }
   if (status == L2L_OK && s->training) l2l_eps_order_exchanges(&s->run->eps);
   if (status != L2L_OK) relay_step_free(s);
