@@ -77,6 +77,16 @@ BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
 BLAS_LIBS := -L$(BLAS_DIR) -l:libopenblas.so.0
 BLAS_RPATH := -Wl,-rpath,$(BLAS_DIR)
 LIB_LIBS := $(BLAS_LIBS) -ljemalloc -lm -lpthread
+# The spill file's I/O goes through io_uring where liburing is found (scripts/deps.sh
+# installs it; NO_LIBURING=1 leaves it out): without it, and wherever the kernel refuses
+# io_uring, a pool of pread/pwrite threads serves (src/eps/spill.c).
+ifneq ($(NO_LIBURING),1)
+  HAVE_LIBURING := $(shell printf '\#include <liburing.h>\n' | $(CC) $(CPPFLAGS) -E -x c - >/dev/null 2>&1 && echo 1)
+endif
+ifeq ($(HAVE_LIBURING),1)
+  LIB_LIBS += -luring
+  $(BUILD)/obj/eps/spill.o: L2L_CFLAGS += -DL2L_LIBURING
+endif
 # The executable and the examples link libl2l.so from their own folder (the C tests and
 # the bench programs link libl2l.a: see WHOLE_LIB).
 RPATH := -Wl,-rpath,'$$ORIGIN' -Wl,--no-as-needed
@@ -296,7 +306,7 @@ INSTALL ?= install
 # (libgomp: the objects call it), and with CUDA the runtime and libstdc++ (the kernels are
 # C++: without it, an undefined __cxa_guard_acquire). A sanitized build's library needs
 # the sanitizer runtimes in the program too.
-PC_LIBS_PRIVATE := -lopenblas -ljemalloc -lgomp -lm -lpthread $(CUDA_LIBS)
+PC_LIBS_PRIVATE := -lopenblas -ljemalloc -lgomp -lm -lpthread $(if $(HAVE_LIBURING),-luring) $(CUDA_LIBS)
 pc_dir = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
 define L2L_PC
 prefix=$(PREFIX)

@@ -16,23 +16,31 @@
 -- runs them: a step's updates and spill writes overlap the next one's forward) until the
 -- last update is on disk, divided by --steps. Medians over --rounds.
 -- --device cuda trains on the GPU (the host's tier is the same; the GPU's step is far shorter,
--- so the disk dominates sooner).
+-- so the disk dominates sooner). --engines io_uring,threads makes one spilled relay per
+-- spill I/O engine (L2L_SPILL_IO, set as each is made) and times them in turn in every
+-- round; the bytes and the plan are the first's.
 -- Run:  build/l2l bench/spill.lua [--dir /var/tmp] [--rounds 3] [--steps 4] [--dim 512] [--blocks 8]
---                                  [--device cpu|cuda]
+--                                  [--device cpu|cuda] [--engines io_uring,threads]
 -- Must never: assert: the figures go to bench/RESULTS.md.
 local l2l = require("l2l")
 local text_mod = require("l2l.text")
 local now = require("l2l.progress").now
+local ffi = require("ffi")
+ffi.cdef("int setenv(const char *name, const char *value, int overwrite);")
 
-local opt = { dir = os.getenv("TMPDIR") or "/var/tmp", rounds = 3, steps = 4, dim = 512, blocks = 8, device = "cpu" }
+local opt = { dir = os.getenv("TMPDIR") or "/var/tmp", rounds = 3, steps = 4, dim = 512, blocks = 8, device = "cpu",
+              engines = "" }
 for i = 1, #arg, 2 do
   local key = arg[i]:match("^%-%-(%a+)$")
   if key == nil or opt[key] == nil then
-    error("usage: build/l2l bench/spill.lua [--dir DIR] [--rounds N] [--steps N] [--dim D] [--blocks L] [--device cpu|cuda]", 0)
+    error("usage: build/l2l bench/spill.lua [--dir DIR] [--rounds N] [--steps N] [--dim D] [--blocks L] [--device cpu|cuda] [--engines E1,E2]", 0)
   end
   opt[key] = type(opt[key]) == "number" and tonumber(arg[i + 1]) or arg[i + 1]
 end
 local V, WARM = 256, 2
+local engines = {}   -- the spill I/O engines to time ("" : the default alone)
+for e in opt.engines:gmatch("[^,]+") do engines[#engines + 1] = e end
+if #engines == 0 then engines[1] = "" end
 l2l.device_use(opt.device)
 local MiB = 2 ^ 20
 
@@ -101,7 +109,12 @@ for _, shape in ipairs(shapes) do
     return l2l.Relay { model = model_of(), micro_batch = shape.mb, stash = "host", seed = 1, spill = spill,
                        optimizer = l2l.AdamW { lr = 1e-4 } }
   end
-  local ram, spilled = relay(nil), relay(opt.dir)
+  local ram, runs = relay(nil), {}
+  for i, e in ipairs(engines) do
+    if e ~= "" then ffi.C.setenv("L2L_SPILL_IO", e, 1) end
+    runs[i] = relay(opt.dir)
+  end
+  local spilled = runs[1]
   -- the planner's view of the spilled relay: its disk bytes and time at this directory's
   -- rates (measured by the planner itself, cached), beside what the run does
   local plan = l2l.plan { model = spilled.model, batch = shape.B, seq = shape.S, device_budget = 2 ^ 40,
@@ -114,19 +127,22 @@ for _, shape in ipairs(shapes) do
   for _ = 1, WARM do
     local t, g = batch()
     ram:step(t, g)
-    spilled:step(t, g)
+    for _, run in ipairs(runs) do run:step(t, g) end
   end
-  ram:sync(); spilled:sync()
-  local times = { ram = {}, spilled = {} }
+  ram:sync()
+  for _, run in ipairs(runs) do run:sync() end
+  local times = { ram = {} }
+  for i = 1, #runs do times[i] = {} end
   for _ = 1, opt.rounds do
     local batches = {}
     for i = 1, opt.steps do batches[i] = { batch() } end
-    for _, which in ipairs({ "ram", "spilled" }) do
-      local run = which == "ram" and ram or spilled
+    for which = 0, #runs do
+      local run = which == 0 and ram or runs[which]
       local t0 = now()
       for _, b in ipairs(batches) do run:step(b[1], b[2]) end
       run:sync()
-      times[which][#times[which] + 1] = (now() - t0) / opt.steps
+      local list = which == 0 and times.ram or times[which]
+      list[#list + 1] = (now() - t0) / opt.steps
     end
   end
   -- one more step alone for its bytes (stats sync the updates: kept out of the timing)
@@ -134,19 +150,27 @@ for _, shape in ipairs(shapes) do
   spilled:step(t, g)
   spilled:sync()
   local st, rs = spilled:stats(), ram:stats()
-  local t_ram, t_spill = median(times.ram), median(times.spilled)
+  local t_ram = median(times.ram)
   local bound = st.spill_read_bytes / read_bw + st.spill_written_bytes / write_bw
+  local function rounds(list)
+    local o = {}
+    for i, v in ipairs(list) do o[i] = ("%.3f"):format(v) end
+    return table.concat(o, " ")
+  end
   print(("\n%s: minibatch %d x %d tokens, micro-batch %d"):format(shape.name, shape.B, shape.S, shape.mb))
-  print(("  step in RAM %.3f s, spilled %.3f s: %.2f x in RAM"):format(t_ram, t_spill, t_spill / t_ram))
-  print(("  disk per step: read %.1f MiB, written %.1f MiB (file %.1f MiB, %d late reads); I/O bound %.3f s: spilled %.2f x it"):format(
-    st.spill_read_bytes / MiB, st.spill_written_bytes / MiB, st.spill_file_bytes / MiB, st.spill_late_reads, bound, t_spill / bound))
+  for i, e in ipairs(engines) do
+    local t_spill = median(times[i])
+    print(("  step in RAM %.3f s, spilled%s %.3f s: %.2f x in RAM, %.2f x the I/O bound"):format(t_ram,
+      e ~= "" and " (" .. e .. ")" or "", t_spill, t_spill / t_ram, t_spill / bound))
+  end
+  print(("  disk per step: read %.1f MiB, written %.1f MiB (file %.1f MiB, %d late reads); I/O bound %.3f s"):format(
+    st.spill_read_bytes / MiB, st.spill_written_bytes / MiB, st.spill_file_bytes / MiB, st.spill_late_reads, bound))
   print(("  EPS host bytes: in RAM %.1f MiB, spilled %.1f MiB (the plan: %.1f MiB)"):format(rs.host_eps_bytes / MiB,
     st.host_eps_bytes / MiB, plan.host_eps_bytes / MiB))
   print(("  the plan: disk %.1f MiB each way a step, %.3f s at the directory's rates; step %.3f s predicted (with its own policies)"):format(
     plan.disk_bytes / MiB, plan.disk_seconds, plan.step_seconds))
-  print(("  rounds (s): in RAM %s; spilled %s"):format(
-    table.concat((function() local o = {} for i, v in ipairs(times.ram) do o[i] = ("%.3f"):format(v) end return o end)(), " "),
-    table.concat((function() local o = {} for i, v in ipairs(times.spilled) do o[i] = ("%.3f"):format(v) end return o end)(), " ")))
+  print(("  rounds (s): in RAM %s"):format(rounds(times.ram)))
+  for i, e in ipairs(engines) do print(("  rounds (s): spilled%s %s"):format(e ~= "" and " (" .. e .. ")" or "", rounds(times[i]))) end
   ram:free()
-  spilled:free()
+  for _, run in ipairs(runs) do run:free() end
 end

@@ -320,8 +320,18 @@ void l2l_eps_sync(struct l2l_eps *eps);
 
 /* ---------------------------------------------------------------- the spill file (spill.c) */
 
-/* A spill file and its I/O threads (the EPS's third tier, below its choice of what to
-   spill: that choice is the issue "Beyond host memory"'s next part). */
+/* Which engine moves a spill file's bytes. */
+enum eps_spill_engine {
+  EPS_SPILL_ENGINE_ANY,       /* the environment's L2L_SPILL_IO ("io_uring" or "threads"),
+                                 else io_uring where built and the kernel allows, else threads */
+  EPS_SPILL_ENGINE_RING,      /* io_uring, or L2L_ERR_UNSUPPORTED saying why not */
+  EPS_SPILL_ENGINE_THREADS,   /* a pool of pread/pwrite threads */
+};
+
+struct io_uring;
+
+/* A spill file and its I/O engine (the EPS's third tier, below its choice of what to
+   spill, which is state_tier.c's). */
 struct eps_spill {
   char path[4096];
   int fd, fd_direct;           /* buffered; O_DIRECT (-1 where the file system refuses it) */
@@ -331,24 +341,36 @@ struct eps_spill {
   struct eps_spill_region { uint64_t at, bytes; } *free_list;   /* given back, reused first */
   int free_n, free_cap;
   pthread_mutex_t lock;
-  struct l2l_queue io;
+  const char *engine;          /* "io_uring" or "threads": the one serving this file */
+  struct l2l_queue io;         /* threads: the pread/pwrite workers */
+  struct io_uring *ring;       /* io_uring (NULL: threads), and what goes with it, under
+                                  ring_lock: transfers on the ring (at most RING_DEPTH),
+                                  room for one more, one finished; the thread reaping */
+  pthread_mutex_t ring_lock;
+  pthread_cond_t ring_room, ring_done;
+  int ring_in_flight;
+  pthread_t reaper;
   _Atomic uint64_t read, written;   /* bytes moved, for the stats */
 };
 /* One transfer between a buffer and a reserved region, queued and waited for. */
 struct eps_spill_io {
-  struct l2l_job job;          /* first: the queue's job */
+  struct l2l_job job;          /* first: the threads' job; on the ring, its done and status
+                                  (under ring_lock) */
   struct eps_spill *spill;
   bool write;
+  bool direct;                 /* through fd_direct (aligned, and not refused yet) */
   void *buffer;
   uint64_t offset, bytes;
+  uint64_t moved;              /* bytes done (a read or write may do part) */
 };
-/* Makes a new spill file in `dir` (which must exist) served by `threads` I/O threads.
+/* Makes a new spill file in `dir` (which must exist) served by `engine` (with `threads`
+   workers where that is the pool).
    found (found_len bytes, or NULL): a message naming spill files left in dir by runs whose
    process is gone (empty when none): they are neither reused nor removed. L2L_ERR_IO names
    the directory or file and why. */
-l2l_status eps_spill_open(struct eps_spill *sp, const char *dir, int threads, char *found,
-                          size_t found_len);
-/* Waits for the transfers queued, stops the threads, closes and removes the file. */
+l2l_status eps_spill_open(struct eps_spill *sp, const char *dir, enum eps_spill_engine engine,
+                          int threads, char *found, size_t found_len);
+/* Waits for the transfers queued, stops the engine, closes and removes the file. */
 void eps_spill_close(struct eps_spill *sp);
 /* A new region of at least `bytes` (4 KiB-aligned), allocated on the disk now: a full
    disk is L2L_ERR_IO here, naming the file and the bytes, not a failed write later. */

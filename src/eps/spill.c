@@ -8,15 +8,20 @@
  * another live run's, and it holds nothing a checkpoint needs). Regions are reserved in
  * 4 KiB-aligned extents and allocated on disk when reserved (posix_fallocate), so a full
  * disk is an error at once, naming the file, and not a failed write half-way through a
- * step. Reads and writes run on a small pool of threads (pread / pwrite: every file system
- * has them, and several in flight keep an NVMe queue busy); a transfer whose buffer,
+ * step. Reads and writes go through io_uring (liburing) where the library was built with
+ * it and the kernel allows it: every transfer queued is in flight at once (up to
+ * RING_DEPTH), a read ahead beside a write behind, with no thread between the caller and
+ * the disk but the one reaping completions; bench/RESULTS.md (issue 32) has the measurement
+ * that chose it over the other engine, a small pool of pread/pwrite threads, which serves
+ * where io_uring cannot (a build without liburing, a kernel or container that refuses it,
+ * or L2L_SPILL_IO=threads). A transfer whose buffer,
  * offset and length are 4 KiB-aligned goes through an O_DIRECT descriptor where the file
  * system allows one (no copy into the page cache, which would otherwise grow by every byte
  * spilled), any other through the buffered one. Linux keeps the two coherent for one file
  * (a direct read writes back dirty cached pages first; a direct write drops them).
  * The process's files together are counted for l2l_spill_get_stats (l2l.pool_stats("spill")).
  * Must never: write outside a reserved region, leave its file behind after eps_spill_close,
- * or delete a file it did not make.
+ * delete a file it did not make, or finish a transfer before every byte of it is moved.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -30,8 +35,13 @@
 #include <unistd.h>
 
 #include "eps.h"
+#ifdef L2L_LIBURING
+#include <liburing.h>
+#endif
 
-enum { SPILL_EXTENT = 4096 };
+/* RING_DEPTH: transfers on the ring at once (its submission entries; completions have
+   twice as many, so they never overflow). */
+enum { SPILL_EXTENT = 4096, RING_DEPTH = 64 };
 
 static _Atomic int spill_files_made;   /* this process's files: the <n> of their names */
 
@@ -60,6 +70,9 @@ l2l_status l2l_spill_get_stats(l2l_pool_stats *out) {
   pthread_mutex_unlock(&totals_lock);
   return L2L_OK;
 }
+
+static l2l_status ring_start(struct eps_spill *sp);
+static void ring_stop(struct eps_spill *sp);
 
 static uint64_t round_up(uint64_t n) { return (n + SPILL_EXTENT - 1) / SPILL_EXTENT * SPILL_EXTENT; }
 
@@ -92,12 +105,26 @@ static void find_left_behind(const char *dir, char *found, size_t found_len) {
              count > 1 ? "s" : "", count > 1 ? "them" : "it", count > 1 ? "them" : "it");
 }
 
-l2l_status eps_spill_open(struct eps_spill *sp, const char *dir, int threads, char *found,
-                          size_t found_len) {
+/* The engine asked for: EPS_SPILL_ENGINE_ANY reads L2L_SPILL_IO (a value it does not know
+   is an error naming it, not a silent default). */
+static l2l_status engine_chosen(enum eps_spill_engine *engine) {
+  if (*engine != EPS_SPILL_ENGINE_ANY) return L2L_OK;
+  const char *env = getenv("L2L_SPILL_IO");
+  if (env == NULL || env[0] == '\0') return L2L_OK;
+  if (strcmp(env, "io_uring") == 0) *engine = EPS_SPILL_ENGINE_RING;
+  else if (strcmp(env, "threads") == 0) *engine = EPS_SPILL_ENGINE_THREADS;
+  else return l2l_fail(L2L_ERR_INVALID, "L2L_SPILL_IO is \"%s\": io_uring or threads, or unset "
+                       "for io_uring where the kernel allows it", env);
+  return L2L_OK;
+}
+
+l2l_status eps_spill_open(struct eps_spill *sp, const char *dir, enum eps_spill_engine engine,
+                          int threads, char *found, size_t found_len) {
   if (sp == NULL || dir == NULL || dir[0] == '\0')
     return l2l_fail(L2L_ERR_INVALID, "the spill directory is empty");
   if (threads < 1 || threads > 64)
     return l2l_fail(L2L_ERR_INVALID, "spill I/O threads must be 1 to 64, got %d", threads);
+  TRY(engine_chosen(&engine));
   memset(sp, 0, sizeof *sp);
   sp->fd = sp->fd_direct = -1;
   struct stat st;
@@ -116,7 +143,11 @@ l2l_status eps_spill_open(struct eps_spill *sp, const char *dir, int threads, ch
     return l2l_fail(L2L_ERR_IO, "spill file %s cannot be made: %s (a writable directory on a "
                     "local disk is needed)", sp->path, strerror(errno));
   sp->fd_direct = open(sp->path, O_RDWR | O_DIRECT | O_CLOEXEC);   /* -1: buffered only */
-  l2l_status status = l2l_queue_start(&sp->io, threads, 0, "spill I/O");
+  l2l_status status = engine == EPS_SPILL_ENGINE_THREADS ? L2L_ERR_UNSUPPORTED : ring_start(sp);
+  if (status != L2L_OK && engine != EPS_SPILL_ENGINE_RING) {
+    sp->engine = "threads";
+    status = l2l_queue_start(&sp->io, threads, 0, "spill I/O");
+  }
   if (status != L2L_OK) {
     if (sp->fd_direct >= 0) close(sp->fd_direct);
     close(sp->fd);
@@ -130,7 +161,8 @@ l2l_status eps_spill_open(struct eps_spill *sp, const char *dir, int threads, ch
 
 void eps_spill_close(struct eps_spill *sp) {
   if (sp == NULL || sp->fd < 0) return;
-  l2l_queue_stop(&sp->io);
+  if (sp->ring) ring_stop(sp);
+  else l2l_queue_stop(&sp->io);
   if (sp->fd_direct >= 0) close(sp->fd_direct);
   close(sp->fd);
   unlink(sp->path);   /* gone already (the directory removed under it): nothing to do */
@@ -197,43 +229,203 @@ void eps_spill_release(struct eps_spill *sp, uint64_t offset, uint64_t bytes) {
   pthread_mutex_unlock(&sp->lock);
 }
 
-/* The whole transfer, through partial reads and writes and interruptions. */
-static l2l_status transfer(struct eps_spill *sp, struct eps_spill_io *io) {
-  bool aligned = sp->fd_direct >= 0 && (uintptr_t)io->buffer % SPILL_EXTENT == 0 &&
-                 io->offset % SPILL_EXTENT == 0 && io->bytes % SPILL_EXTENT == 0;
-  int fd = aligned ? sp->fd_direct : sp->fd;
-  uint64_t done = 0;
-  while (done < io->bytes) {
-    char *at = (char *)io->buffer + done;
-    size_t want = io->bytes - done;
-    ssize_t n = io->write ? pwrite(fd, at, want, (off_t)(io->offset + done))
-                          : pread(fd, at, want, (off_t)(io->offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && aligned && errno == EINVAL) {   /* O_DIRECT refused this transfer after all */
-      fd = sp->fd, aligned = false;
-      continue;
-    }
-    if (n < 0)
-      return l2l_fail(L2L_ERR_IO, "spill file %s: %s %llu bytes at %llu: %s", sp->path,
-                      io->write ? "writing" : "reading", (unsigned long long)io->bytes,
-                      (unsigned long long)io->offset, strerror(errno));
-    if (n == 0)
-      return l2l_fail(L2L_ERR_IO, "spill file %s: short %s at %llu (%llu of %llu bytes): the "
-                      "file was cut short by another program",
-                      sp->path, io->write ? "write" : "read", (unsigned long long)io->offset,
-                      (unsigned long long)done, (unsigned long long)io->bytes);
-    done += (uint64_t)n;
-  }
-  atomic_fetch_add(io->write ? &sp->written : &sp->read, io->bytes);
-  return L2L_OK;
+/* ------------------------------------------------------------ transfers, either engine */
+
+static bool aligned_transfer(const struct eps_spill *sp, const void *buffer, uint64_t offset,
+                             uint64_t bytes) {
+  return sp->fd_direct >= 0 && (uintptr_t)buffer % SPILL_EXTENT == 0 &&
+         offset % SPILL_EXTENT == 0 && bytes % SPILL_EXTENT == 0;
 }
+
+/* The outcome of one read or write of io's remaining bytes: n moved, or -errno. True when
+   the transfer goes on (more bytes, or the same again: interrupted, or O_DIRECT refused
+   after all); else it is over, its status in the job. */
+static bool transfer_step(struct eps_spill_io *io, int64_t n) {
+  struct eps_spill *sp = io->spill;
+  if (n == -EINTR || n == -EAGAIN) return true;
+  if (n == -EINVAL && io->direct) {   /* O_DIRECT refused this transfer after all */
+    io->direct = false;
+    return true;
+  }
+  if (n < 0) {
+    l2l_job_fail(&io->job, l2l_fail(L2L_ERR_IO, "spill file %s: %s %llu bytes at %llu: %s",
+                                    sp->path, io->write ? "writing" : "reading",
+                                    (unsigned long long)io->bytes,
+                                    (unsigned long long)io->offset, strerror((int)-n)));
+    return false;
+  }
+  if (n == 0) {
+    l2l_job_fail(&io->job, l2l_fail(L2L_ERR_IO, "spill file %s: short %s at %llu (%llu of %llu "
+                                    "bytes): the file was cut short by another program",
+                                    sp->path, io->write ? "write" : "read",
+                                    (unsigned long long)io->offset, (unsigned long long)io->moved,
+                                    (unsigned long long)io->bytes));
+    return false;
+  }
+  io->moved += (uint64_t)n;
+  if (io->moved < io->bytes) return true;
+  atomic_fetch_add(io->write ? &sp->written : &sp->read, io->bytes);
+  return false;
+}
+
+/* ---------------------------------------------------------- the pool of pread/pwrite threads */
 
 static void io_run(struct l2l_job *job, int thread) {
   (void)thread;
   struct eps_spill_io *io = (struct eps_spill_io *)job;
-  l2l_status status = transfer(io->spill, io);
-  if (status != L2L_OK) l2l_job_fail(job, status);
+  struct eps_spill *sp = io->spill;
+  for (bool more = io->bytes > 0; more;) {
+    int fd = io->direct ? sp->fd_direct : sp->fd;
+    char *at = (char *)io->buffer + io->moved;
+    size_t want = io->bytes - io->moved;
+    off_t where = (off_t)(io->offset + io->moved);
+    ssize_t n = io->write ? pwrite(fd, at, want, where) : pread(fd, at, want, where);
+    more = transfer_step(io, n < 0 ? -(int64_t)errno : (int64_t)n);
+  }
 }
+
+/* ----------------------------------------------------------------------------- io_uring */
+
+#ifdef L2L_LIBURING
+static char ring_stop_mark;   /* the completion that tells the reaper to end */
+
+/* Puts io's remaining bytes on the ring (ring_lock held): 0, or -errno. */
+static int ring_put(struct eps_spill *sp, struct eps_spill_io *io) {
+  struct io_uring_sqe *sqe = io_uring_get_sqe(sp->ring);   /* every entry is submitted at
+                                                              once: one is free */
+  if (sqe == NULL) return -EBUSY;
+  uint64_t left = io->bytes - io->moved;
+  unsigned want = left > (1u << 30) ? 1u << 30 : (unsigned)left;   /* a read's count is 32 bits */
+  int fd = io->direct ? sp->fd_direct : sp->fd;
+  char *at = (char *)io->buffer + io->moved;
+  if (io->write) io_uring_prep_write(sqe, fd, at, want, io->offset + io->moved);
+  else io_uring_prep_read(sqe, fd, at, want, io->offset + io->moved);
+  io_uring_sqe_set_data(sqe, io);
+  int n;
+  while ((n = io_uring_submit(sp->ring)) == -EINTR) {}
+  if (n >= 0) return 0;
+  /* not taken: the entry stays in the queue, so it must mean nothing to a later submit */
+  io_uring_prep_nop(sqe);
+  io_uring_sqe_set_data(sqe, NULL);
+  return n;
+}
+
+/* io is over (ring_lock held): its waiter may go on, and another transfer may take its
+   place on the ring. */
+static void ring_finish(struct eps_spill *sp, struct eps_spill_io *io) {
+  io->job.done = true;
+  sp->ring_in_flight--;
+  pthread_cond_broadcast(&sp->ring_done);
+  pthread_cond_signal(&sp->ring_room);
+}
+
+/* Puts io on the ring again for the rest of it, or ends it with the failure. */
+static void ring_again(struct eps_spill *sp, struct eps_spill_io *io) {
+  for (;;) {
+    int err = ring_put(sp, io);
+    if (err == 0) return;
+    if (!transfer_step(io, err == -EAGAIN || err == -EINTR ? -EIO : err)) break;
+  }
+  ring_finish(sp, io);
+}
+
+/* The reaper: each completion moves its transfer on (the rest of it, or the same again
+   through the buffered descriptor) or ends it. Under ring_lock, which also orders the
+   queuing thread's setting of io before it, for whoever reads io next. */
+static void *ring_reap(void *arg) {
+  struct eps_spill *sp = arg;
+  for (;;) {
+    struct io_uring_cqe *cqe;
+    int err = io_uring_wait_cqe(sp->ring, &cqe);
+    if (err < 0) continue;   /* interrupted */
+    struct eps_spill_io *io = io_uring_cqe_get_data(cqe);
+    int n = cqe->res;
+    io_uring_cqe_seen(sp->ring, cqe);
+    if ((void *)io == &ring_stop_mark) break;
+    if (io == NULL) continue;   /* an entry a failed submit left, made nothing */
+    pthread_mutex_lock(&sp->ring_lock);
+    if (transfer_step(io, n)) ring_again(sp, io);
+    else ring_finish(sp, io);
+    pthread_mutex_unlock(&sp->ring_lock);
+  }
+  return NULL;
+}
+
+/* The ring and its reaper, or L2L_ERR_UNSUPPORTED saying why not (nothing made). */
+static l2l_status ring_start(struct eps_spill *sp) {
+  struct io_uring *ring = calloc(1, sizeof *ring);
+  if (ring == NULL) return l2l_fail(L2L_ERR_NOMEM, "no memory for an io_uring");
+  int err = io_uring_queue_init(RING_DEPTH, ring, 0);
+  if (err < 0) {
+    free(ring);
+    return l2l_fail(L2L_ERR_UNSUPPORTED, "io_uring: %s (the kernel or its sandbox refuses it)",
+                    strerror(-err));
+  }
+  sp->ring = ring;
+  pthread_mutex_init(&sp->ring_lock, NULL);
+  pthread_cond_init(&sp->ring_room, NULL);
+  pthread_cond_init(&sp->ring_done, NULL);
+  if (pthread_create(&sp->reaper, NULL, ring_reap, sp) != 0) {
+    io_uring_queue_exit(ring);
+    free(ring);
+    sp->ring = NULL;
+    return l2l_fail(L2L_ERR_NOMEM, "cannot start the spill file's io_uring thread");
+  }
+  sp->engine = "io_uring";
+  return L2L_OK;
+}
+
+/* Waits for the transfers on the ring, then ends the reaper and the ring. */
+static void ring_stop(struct eps_spill *sp) {
+  pthread_mutex_lock(&sp->ring_lock);
+  while (sp->ring_in_flight > 0) pthread_cond_wait(&sp->ring_done, &sp->ring_lock);
+  struct io_uring_sqe *sqe = io_uring_get_sqe(sp->ring);
+  if (sqe == NULL) {   /* entries a failed submit left: the kernel takes them now */
+    io_uring_submit(sp->ring);
+    sqe = io_uring_get_sqe(sp->ring);
+  }
+  io_uring_prep_nop(sqe);
+  io_uring_sqe_set_data(sqe, &ring_stop_mark);
+  while (io_uring_submit(sp->ring) == -EINTR) {}
+  pthread_mutex_unlock(&sp->ring_lock);
+  pthread_join(sp->reaper, NULL);
+  io_uring_queue_exit(sp->ring);
+  free(sp->ring);
+  sp->ring = NULL;
+  pthread_mutex_destroy(&sp->ring_lock);
+  pthread_cond_destroy(&sp->ring_room);
+  pthread_cond_destroy(&sp->ring_done);
+}
+
+/* io on the ring once there is room for it. */
+static void ring_queue(struct eps_spill *sp, struct eps_spill_io *io) {
+  pthread_mutex_lock(&sp->ring_lock);
+  while (sp->ring_in_flight >= RING_DEPTH) pthread_cond_wait(&sp->ring_room, &sp->ring_lock);
+  sp->ring_in_flight++;
+  io->job.done = false;
+  io->job.status = L2L_OK;
+  ring_again(sp, io);
+  pthread_mutex_unlock(&sp->ring_lock);
+}
+
+static l2l_status ring_wait(struct eps_spill *sp, struct eps_spill_io *io) {
+  pthread_mutex_lock(&sp->ring_lock);
+  while (!io->job.done) pthread_cond_wait(&sp->ring_done, &sp->ring_lock);
+  pthread_mutex_unlock(&sp->ring_lock);
+  return io->job.status == L2L_OK ? L2L_OK : l2l_fail(io->job.status, "%s", io->job.message);
+}
+#else
+static l2l_status ring_start(struct eps_spill *sp) {
+  (void)sp;
+  return l2l_fail(L2L_ERR_UNSUPPORTED, "io_uring: this libl2l was built without liburing");
+}
+static void ring_stop(struct eps_spill *sp) { (void)sp; }
+static void ring_queue(struct eps_spill *sp, struct eps_spill_io *io) { (void)sp, (void)io; }
+static l2l_status ring_wait(struct eps_spill *sp, struct eps_spill_io *io) {
+  (void)sp, (void)io;
+  return L2L_ERR_UNSUPPORTED;
+}
+#endif
 
 l2l_status eps_spill_queue(struct eps_spill *sp, struct eps_spill_io *io, bool write, void *buffer,
                            uint64_t offset, uint64_t bytes) {
@@ -247,10 +439,17 @@ l2l_status eps_spill_queue(struct eps_spill *sp, struct eps_spill_io *io, bool w
                     "reserved", sp->path, (unsigned long long)bytes, (unsigned long long)offset,
                     (unsigned long long)used);
   *io = (struct eps_spill_io){.spill = sp, .write = write, .buffer = buffer, .offset = offset,
-                              .bytes = bytes};
+                              .bytes = bytes, .direct = aligned_transfer(sp, buffer, offset, bytes)};
+  if (sp->ring && bytes > 0) {
+    ring_queue(sp, io);
+    return L2L_OK;
+  }
   io->job.run = io_run;
-  l2l_queue_push(&sp->io, &io->job);
+  io->job.done = true;   /* (nothing to move on the ring: already done) */
+  if (sp->ring == NULL) l2l_queue_push(&sp->io, &io->job);
   return L2L_OK;
 }
 
-l2l_status eps_spill_wait(struct eps_spill_io *io) { return l2l_job_wait(&io->job); }
+l2l_status eps_spill_wait(struct eps_spill_io *io) {
+  return io->spill->ring ? ring_wait(io->spill, io) : l2l_job_wait(&io->job);
+}
