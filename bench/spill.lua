@@ -41,6 +41,7 @@ local V, WARM = 256, 2
 local engines = {}   -- the spill I/O engines to time ("" : the default alone)
 for e in opt.engines:gmatch("[^,]+") do engines[#engines + 1] = e end
 if #engines == 0 then engines[1] = "" end
+local function spilled_label(i) return engines[i] ~= "" and "spilled (" .. engines[i] .. ")" or "spilled" end
 l2l.device_use(opt.device)
 local MiB = 2 ^ 20
 
@@ -131,8 +132,8 @@ for _, shape in ipairs(shapes) do
   end
   ram:sync()
   for _, run in ipairs(runs) do run:sync() end
-  local times = { ram = {} }
-  for i = 1, #runs do times[i] = {} end
+  local times = {}   -- [0]: in RAM; [i]: runs[i]
+  for i = 0, #runs do times[i] = {} end
   for _ = 1, opt.rounds do
     local batches = {}
     for i = 1, opt.steps do batches[i] = { batch() } end
@@ -141,8 +142,7 @@ for _, shape in ipairs(shapes) do
       local t0 = now()
       for _, b in ipairs(batches) do run:step(b[1], b[2]) end
       run:sync()
-      local list = which == 0 and times.ram or times[which]
-      list[#list + 1] = (now() - t0) / opt.steps
+      times[which][#times[which] + 1] = (now() - t0) / opt.steps
     end
   end
   -- one more step alone for its bytes (stats sync the updates: kept out of the timing)
@@ -150,7 +150,7 @@ for _, shape in ipairs(shapes) do
   spilled:step(t, g)
   spilled:sync()
   local st, rs = spilled:stats(), ram:stats()
-  local t_ram = median(times.ram)
+  local t_ram = median(times[0])
   local bound = st.spill_read_bytes / read_bw + st.spill_written_bytes / write_bw
   local function rounds(list)
     local o = {}
@@ -158,10 +158,10 @@ for _, shape in ipairs(shapes) do
     return table.concat(o, " ")
   end
   print(("\n%s: minibatch %d x %d tokens, micro-batch %d"):format(shape.name, shape.B, shape.S, shape.mb))
-  for i, e in ipairs(engines) do
+  for i = 1, #runs do
     local t_spill = median(times[i])
-    print(("  step in RAM %.3f s, spilled%s %.3f s: %.2f x in RAM, %.2f x the I/O bound"):format(t_ram,
-      e ~= "" and " (" .. e .. ")" or "", t_spill, t_spill / t_ram, t_spill / bound))
+    print(("  step in RAM %.3f s, %s %.3f s: %.2f x in RAM, %.2f x the I/O bound"):format(t_ram,
+      spilled_label(i), t_spill, t_spill / t_ram, t_spill / bound))
   end
   print(("  disk per step: read %.1f MiB, written %.1f MiB (file %.1f MiB, %d late reads); I/O bound %.3f s"):format(
     st.spill_read_bytes / MiB, st.spill_written_bytes / MiB, st.spill_file_bytes / MiB, st.spill_late_reads, bound))
@@ -169,8 +169,8 @@ for _, shape in ipairs(shapes) do
     st.host_eps_bytes / MiB, plan.host_eps_bytes / MiB))
   print(("  the plan: disk %.1f MiB each way a step, %.3f s at the directory's rates; step %.3f s predicted (with its own policies)"):format(
     plan.disk_bytes / MiB, plan.disk_seconds, plan.step_seconds))
-  print(("  rounds (s): in RAM %s"):format(rounds(times.ram)))
-  for i, e in ipairs(engines) do print(("  rounds (s): spilled%s %s"):format(e ~= "" and " (" .. e .. ")" or "", rounds(times[i]))) end
+  print(("  rounds (s): in RAM %s"):format(rounds(times[0])))
+  for i = 1, #runs do print(("  rounds (s): %s %s"):format(spilled_label(i), rounds(times[i]))) end
   ram:free()
   for _, run in ipairs(runs) do run:free() end
 end

@@ -39,9 +39,11 @@ static bool open_with(struct eps_spill *sp, const char *dir, enum eps_spill_engi
     return false;
   }
   if (!CHECK_OK(status)) return false;
-  CHECK(strcmp(sp->engine, engine == EPS_SPILL_ENGINE_RING ? "io_uring" : "threads") == 0,
-        "engine %s serves the file", sp->engine);
-  printf("  spill: %s (%d threads where the pool serves); O_DIRECT %s\n", sp->engine, threads,
+  CHECK((sp->ring != NULL) == (engine == EPS_SPILL_ENGINE_RING), "the %s serves the file",
+        sp->ring ? "ring" : "pool");
+  if (sp->ring) printf("  spill: io_uring");
+  else printf("  spill: %d pread/pwrite threads", threads);
+  printf("; O_DIRECT %s\n",
          sp->fd_direct >= 0 ? "used for the aligned transfers" : "refused by this file system");
   return true;
 }

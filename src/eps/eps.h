@@ -341,7 +341,6 @@ struct eps_spill {
   struct eps_spill_region { uint64_t at, bytes; } *free_list;   /* given back, reused first */
   int free_n, free_cap;
   pthread_mutex_t lock;
-  const char *engine;          /* "io_uring" or "threads": the one serving this file */
   struct l2l_queue io;         /* threads: the pread/pwrite workers */
   struct io_uring *ring;       /* io_uring (NULL: threads), and what goes with it, under
                                   ring_lock: transfers on the ring (at most RING_DEPTH),

@@ -144,10 +144,8 @@ l2l_status eps_spill_open(struct eps_spill *sp, const char *dir, enum eps_spill_
                     "local disk is needed)", sp->path, strerror(errno));
   sp->fd_direct = open(sp->path, O_RDWR | O_DIRECT | O_CLOEXEC);   /* -1: buffered only */
   l2l_status status = engine == EPS_SPILL_ENGINE_THREADS ? L2L_ERR_UNSUPPORTED : ring_start(sp);
-  if (status != L2L_OK && engine != EPS_SPILL_ENGINE_RING) {
-    sp->engine = "threads";
+  if (status != L2L_OK && engine != EPS_SPILL_ENGINE_RING)
     status = l2l_queue_start(&sp->io, threads, 0, "spill I/O");
-  }
   if (status != L2L_OK) {
     if (sp->fd_direct >= 0) close(sp->fd_direct);
     close(sp->fd);
@@ -324,7 +322,7 @@ static void ring_again(struct eps_spill *sp, struct eps_spill_io *io) {
   for (;;) {
     int err = ring_put(sp, io);
     if (err == 0) return;
-    if (!transfer_step(io, err == -EAGAIN || err == -EINTR ? -EIO : err)) break;
+    if (!transfer_step(io, err == -EAGAIN ? -EIO : err)) break;   /* (ring_put retries EINTR) */
   }
   ring_finish(sp, io);
 }
@@ -371,7 +369,6 @@ static l2l_status ring_start(struct eps_spill *sp) {
     sp->ring = NULL;
     return l2l_fail(L2L_ERR_NOMEM, "cannot start the spill file's io_uring thread");
   }
-  sp->engine = "io_uring";
   return L2L_OK;
 }
 
@@ -440,13 +437,14 @@ l2l_status eps_spill_queue(struct eps_spill *sp, struct eps_spill_io *io, bool w
                     (unsigned long long)used);
   *io = (struct eps_spill_io){.spill = sp, .write = write, .buffer = buffer, .offset = offset,
                               .bytes = bytes, .direct = aligned_transfer(sp, buffer, offset, bytes)};
-  if (sp->ring && bytes > 0) {
+  if (sp->ring == NULL) {
+    io->job.run = io_run;
+    l2l_queue_push(&sp->io, &io->job);
+  } else if (bytes > 0) {
     ring_queue(sp, io);
-    return L2L_OK;
+  } else {
+    io->job.done = true;   /* nothing to move */
   }
-  io->job.run = io_run;
-  io->job.done = true;   /* (nothing to move on the ring: already done) */
-  if (sp->ring == NULL) l2l_queue_push(&sp->io, &io->job);
   return L2L_OK;
 }
 
