@@ -130,6 +130,8 @@ endif
 
 # One source list per part (src/<part>/, see README.md's layout); the parts build the
 # library together. src/main.c is the l2l executable.
+# The public header: src/l2l.h, which a program includes, and its parts, which it includes.
+PUBLIC_HEADERS := src/l2l.h $(sort $(wildcard src/l2l/*.h))
 CORE_SRC := $(wildcard src/core/*.c)
 BACKEND_SRC := $(wildcard src/backend/*.c src/backend/cpu/*.c src/backend/cuda/*.c)
 LAYERS_SRC := $(wildcard src/layers/*.c)
@@ -185,7 +187,7 @@ $(BUILD)/obj/%.o: src/%.c | $(DEPS_STAMP)
 	$(COMPILE) -fvisibility=hidden -MMD -MP -c $< -o $@
 
 # mpicc gives mpi.h's folder and libmpi; the plugin links nothing of libl2l.
-$(BUILD)/libl2l-mpi.so: src/cluster/mpi_plugin.c src/cluster/cluster.h src/core/core.h src/l2l.h | $(DEPS_STAMP)
+$(BUILD)/libl2l-mpi.so: src/cluster/mpi_plugin.c src/cluster/cluster.h src/core/core.h $(PUBLIC_HEADERS) | $(DEPS_STAMP)
 	$(COMPILE) -shared $< -o $@ $(shell $(MPICC) --showme:compile) $(shell $(MPICC) --showme:link) $(L2L_LDFLAGS) $(LDFLAGS)
 
 $(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.cuh kernels/*.h) | $(DEPS_STAMP)
@@ -227,20 +229,20 @@ WHOLE_LIB = -Wl,--whole-archive $(BUILD)/libl2l.a -Wl,--no-whole-archive $(LIB_L
 $(BUILD)/l2l_ctest: $(CTEST_OBJ) $(BUILD)/libl2l.a
 	$(LINK) -o $@ $(CTEST_OBJ) $(WHOLE_LIB)
 
-# The C examples, built as a user would build them (only src/l2l.h, -ll2l and LuaJIT).
+# The C examples, built as a user would build them (only l2l.h, -ll2l and LuaJIT).
 EXAMPLE_CC = $(CC) -std=c11 -Wall -Wextra $(SANFLAGS) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -Isrc
-$(BUILD)/hello: examples/hello.c src/l2l.h $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
+$(BUILD)/hello: examples/hello.c $(PUBLIC_HEADERS) $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
 	$(EXAMPLE_CC) -o $@ $< $(RPATH) -L$(BUILD) -ll2l
-$(BUILD)/embed: examples/embed.c src/l2l.h $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
+$(BUILD)/embed: examples/embed.c $(PUBLIC_HEADERS) $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
 	$(EXAMPLE_CC) -o $@ $< $(RPATH) -L$(BUILD) -ll2l
 # embed_lua finds this checkout's lua/ through a path compiled in (the environment
 # variable L2L_LUA_DIR overrides it).
-$(BUILD)/embed_lua: examples/embed_lua.c src/l2l.h $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
+$(BUILD)/embed_lua: examples/embed_lua.c $(PUBLIC_HEADERS) $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
 	$(EXAMPLE_CC) $(LUAJIT_CFLAGS) -DL2L_LUA_DIR='"$(CURDIR)/lua"' \
 	  -o $@ $< $(RPATH) -L$(BUILD) -ll2l -lluajit-5.1
 
 # The FFI declarations are generated from the public header (and checked by a spec).
-lua/l2l/cdef.lua: src/l2l.h scripts/gen_cdef.lua | $(DEPS_STAMP)
+lua/l2l/cdef.lua: $(PUBLIC_HEADERS) scripts/gen_cdef.lua scripts/public_header.lua | $(DEPS_STAMP)
 	luajit scripts/gen_cdef.lua src/l2l.h $@
 
 # Passive OpenMP waiting for the test and benchmark programs (see src/main.c: spinning
@@ -325,7 +327,7 @@ export L2L_PC
 
 install: $(DIST)/libl2l.so.$(VERSION) $(DIST)/l2l $(BUILD)/libl2l.a lua/l2l/cdef.lua docs/l2l.1
 	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR) \
-	  $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(LUADIR)/l2l
+	  $(DESTDIR)$(INCLUDEDIR)/l2l $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(LUADIR)/l2l
 	$(INSTALL) -m 755 $(DIST)/l2l $(DESTDIR)$(BINDIR)/l2l
 	$(INSTALL) -m 644 $(DIST)/libl2l.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libl2l.so.$(VERSION)
 	ln -sfn libl2l.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
@@ -333,6 +335,7 @@ install: $(DIST)/libl2l.so.$(VERSION) $(DIST)/l2l $(BUILD)/libl2l.a lua/l2l/cdef
 	$(INSTALL) -m 644 $(BUILD)/libl2l.a $(DESTDIR)$(LIBDIR)/libl2l.a
 	$(if $(MPI_PLUGIN),$(INSTALL) -m 644 $(MPI_PLUGIN) $(DESTDIR)$(LIBDIR)/libl2l-mpi.so)
 	$(INSTALL) -m 644 src/l2l.h $(DESTDIR)$(INCLUDEDIR)/l2l.h
+	$(INSTALL) -m 644 $(filter src/l2l/%,$(PUBLIC_HEADERS)) $(DESTDIR)$(INCLUDEDIR)/l2l/
 	printf '%s\n' "$$L2L_PC" > $(DESTDIR)$(PKGCONFIGDIR)/l2l.pc
 	chmod 644 $(DESTDIR)$(PKGCONFIGDIR)/l2l.pc
 	$(INSTALL) -m 644 docs/l2l.1 $(DESTDIR)$(MANDIR)/man1/l2l.1
@@ -356,7 +359,7 @@ uninstall:
 	  $(DESTDIR)$(LIBDIR)/$(SONAME) $(DESTDIR)$(LIBDIR)/libl2l.so $(DESTDIR)$(LIBDIR)/libl2l.a \
 	  $(DESTDIR)$(LIBDIR)/libl2l-mpi.so \
 	  $(DESTDIR)$(INCLUDEDIR)/l2l.h $(DESTDIR)$(PKGCONFIGDIR)/l2l.pc $(DESTDIR)$(MANDIR)/man1/l2l.1
-	rm -rf $(DESTDIR)$(LUADIR)/l2l $(DESTDIR)$(DATADIR)/l2l
+	rm -rf $(DESTDIR)$(LUADIR)/l2l $(DESTDIR)$(DATADIR)/l2l $(DESTDIR)$(INCLUDEDIR)/l2l
 ifeq ($(DESTDIR),)
 	@if [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
 endif
@@ -365,7 +368,7 @@ endif
 # The man page is written by hand (docs/l2l.1) and checked by rendering it with groff's
 # warnings on; the Lua reference is LDoc's, run on copies of lua/l2l/ whose comments
 # scripts/gen_luadoc.lua marks for it (the sources keep their plain `--` comments); the C
-# reference is made from src/l2l.h's comments by scripts/gen_cdoc.lua.
+# reference is made from the comments of src/l2l.h and its parts by scripts/gen_cdoc.lua.
 DOC := $(BUILD)/doc
 doc: $(DOC)/man1/l2l.1 $(DOC)/lua/index.html $(DOC)/c-api.md
 
@@ -381,7 +384,7 @@ $(DOC)/lua/index.html: $(wildcard lua/l2l/*.lua) lua/l2l/cdef.lua scripts/gen_lu
 	luajit scripts/gen_luadoc.lua lua/l2l $(DOC)/lua-src/l2l
 	ldoc --fatalwarnings --date "for l2l $(VERSION)" -c docs/config.ld -d $(DOC)/lua $(DOC)/lua-src
 
-$(DOC)/c-api.md: src/l2l.h scripts/gen_cdoc.lua | $(DEPS_STAMP)
+$(DOC)/c-api.md: $(PUBLIC_HEADERS) scripts/gen_cdoc.lua scripts/public_header.lua | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	luajit scripts/gen_cdoc.lua src/l2l.h $@
 

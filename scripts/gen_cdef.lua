@@ -1,14 +1,14 @@
 -- SPDX-License-Identifier: MIT
--- gen_cdef.lua — writes lua/l2l/cdef.lua from the FFI block of src/l2l.h.
+-- gen_cdef.lua — writes lua/l2l/cdef.lua from the FFI blocks of src/l2l.h and its parts.
 -- Usage: luajit scripts/gen_cdef.lua src/l2l.h lua/l2l/cdef.lua
 -- The header is the single source of truth for the FFI declarations; this copies the
--- block between the L2L_FFI_BEGIN and L2L_FFI_END markers, comments removed.
+-- blocks between the L2L_FFI_BEGIN and L2L_FFI_END markers (the header's, then each
+-- part's in the order it includes them: scripts/public_header.lua), comments removed.
 local header_path, out_path = arg[1], arg[2]
 assert(header_path and out_path, "usage: gen_cdef.lua HEADER OUT")
+local public_header = dofile((arg[0]:match("^(.*)/") or ".") .. "/public_header.lua")
 
-local function ffi_block(text)
-  local body = text:match("/%* L2L_FFI_BEGIN %*/(.-)/%* L2L_FFI_END %*/")
-  assert(body, "no L2L_FFI_BEGIN ... L2L_FFI_END block in " .. header_path)
+local function ffi_block(body)
   body = body:gsub("/%*.-%*/", "")                 -- block comments
   -- the export mark, a macro ffi.cdef lacks: dropped, and its declaration's continuation
   -- lines (up to the `;`) moved back by its width, as gen_cdoc.lua shows them
@@ -19,10 +19,10 @@ local function ffi_block(text)
   return body:match("^%s*(.-)%s*$") .. "\n"
 end
 
-local f = assert(io.open(header_path, "rb"))
-local block = ffi_block(f:read("*a"))
-f:close()
+local blocks = assert(public_header(header_path))
+local out_blocks = {}
+for i, block in ipairs(blocks) do out_blocks[i] = ffi_block(block.body) end
 local out = assert(io.open(out_path, "wb"))
-out:write("-- Generated from src/l2l.h by scripts/gen_cdef.lua: do not edit.\n",
-          "return [==[\n", block, "]==]\n")
+out:write("-- Generated from src/l2l.h and its parts by scripts/gen_cdef.lua: do not edit.\n",
+          "return [==[\n", table.concat(out_blocks, "\n"), "]==]\n")
 out:close()

@@ -1,8 +1,9 @@
 -- SPDX-License-Identifier: MIT
--- gen_cdoc.lua — writes the C API reference (Markdown) from src/l2l.h's own comments.
+-- gen_cdoc.lua — writes the C API reference (Markdown) from the comments of src/l2l.h and
+-- its parts (their FFI blocks in the header's order: scripts/public_header.lua).
 -- Usage: luajit scripts/gen_cdoc.lua src/l2l.h build/doc/c-api.md   (run by `make doc`)
 -- The header is the reference: its top comment (purpose and conventions) opens the page;
--- each `/* ---- name */` rule inside the FFI block starts a section (the rest of that
+-- each `/* ---- name */` rule inside an FFI block starts a section (the rest of that
 -- comment is the section's introduction); each comment followed by declarations becomes
 -- one entry, named by what it declares, with the comment as its text and the declarations
 -- as code. Declarations with no comment of their own are listed too.
@@ -15,14 +16,15 @@ if not header_path or not out_path then
   os.exit(2)
 end
 
-local f = assert(io.open(header_path, "rb"))
-local text = f:read("*a")
-f:close()
-
+local where = header_path   -- the file being read, for fail's message
 local function fail(msg)
-  io.stderr:write("gen_cdoc: " .. header_path .. ": " .. msg .. "\n")
+  io.stderr:write("gen_cdoc: " .. where .. ": " .. msg .. "\n")
   os.exit(1)
 end
+-- the header and its parts, each with its FFI block (scripts/public_header.lua)
+local blocks, why = dofile((arg[0]:match("^(.*)/") or ".") .. "/public_header.lua")(header_path)
+if not blocks then fail(why) end
+local text = blocks[1].text
 
 -- The lines of a /* ... */ comment without the markers and the " * " of a starred
 -- comment; the continuation lines lose their common indentation (the first line's text
@@ -109,84 +111,88 @@ local function anchor(title)
   return (title:lower():gsub("[^%w%- ]", ""):gsub(" ", "-"))
 end
 
-local top = text:match("^%s*(/%*.-%*/)")
-local block = text:match("/%* L2L_FFI_BEGIN %*/(.-)/%* L2L_FFI_END %*/")
-if not top or not block then fail("no top comment, or no L2L_FFI_BEGIN ... L2L_FFI_END block") end
-local first_line = select(2, text:sub(1, text:find("/* L2L_FFI_BEGIN */", 1, true)):gsub("\n", "")) + 1
+-- (the licence's SPDX line, a comment of its own, is not the top comment)
+local top = text:gsub("^%s*/%* SPDX%-License%-Identifier:[^\n]*%*/", "", 1):match("^%s*(/%*.-%*/)")
+if not top then fail("no top comment") end
 
--- Walk the block: comments, blank lines and declarations (up to a `;` outside braces).
+-- Walk the blocks in order: comments, blank lines and declarations (up to a `;` outside
+-- braces).
 local sections = { { title = nil, intro = nil, entries = {} } }
 local pending         -- the comment lines waiting for their declarations
 local entry           -- the entry the last declarations joined (until a blank line)
-local pos, line_no = 1, first_line
+local block, pos, line_no
 local function advance(piece)
   local _, n = piece:gsub("\n", "")
   line_no = line_no + n
   pos = pos + #piece
 end
-while pos <= #block do
-  local rest = block:sub(pos)
-  local ws = rest:match("^[ \t]*\n") or rest:match("^[ \t]+$")
-  if ws then
-    if rest:match("^[ \t]*\n[ \t]*\n") then entry = nil end   -- a blank line ends an entry
-    advance(ws)
-  elseif rest:match("^%s*/%*") then
-    local lead, comment = rest:match("^(%s*)(/%*.-%*/)")
-    if not comment then fail(("line %d: an unterminated comment"):format(line_no)) end
-    local title = comment:match("^/%*%s*%-%-%-%-+%s*([^\n]-)%s*%*?/?$") or
-                  comment:match("^/%*%s*%-%-%-%-+%s*([^\n]-)%s*\n")
-    if title then
-      title = title:gsub("%s*%*/$", "")
-      local lines = comment_lines(comment)
-      table.remove(lines, 1)
-      sections[#sections + 1] = { title = title, intro = #lines > 0 and lines or nil, entries = {} }
-      pending, entry = nil, nil
+for _, file in ipairs(blocks) do
+  where, block, pos, line_no, pending, entry = file.path, file.body, 1, file.first_line, nil, nil
+  while pos <= #block do
+    local rest = block:sub(pos)
+    local ws = rest:match("^[ \t]*\n") or rest:match("^[ \t]+$")
+    if ws then
+      if rest:match("^[ \t]*\n[ \t]*\n") then entry = nil end   -- a blank line ends an entry
+      advance(ws)
+    elseif rest:match("^%s*/%*") then
+      local lead, comment = rest:match("^(%s*)(/%*.-%*/)")
+      if not comment then fail(("line %d: an unterminated comment"):format(line_no)) end
+      local title = comment:match("^/%*%s*%-%-%-%-+%s*([^\n]-)%s*%*?/?$") or
+                    comment:match("^/%*%s*%-%-%-%-+%s*([^\n]-)%s*\n")
+      if title then
+        title = title:gsub("%s*%*/$", "")
+        local lines = comment_lines(comment)
+        table.remove(lines, 1)
+        sections[#sections + 1] = { title = title, intro = #lines > 0 and lines or nil, entries = {} }
+        pending, entry = nil, nil
+      else
+        pending, entry = comment_lines(comment), nil
+      end
+      advance(lead .. comment)
     else
-      pending, entry = comment_lines(comment), nil
+      -- a declaration: up to the `;` that closes it outside braces, plus a trailing comment
+      local depth, i = 0, 1
+      while i <= #rest do
+        local c = rest:sub(i, i)
+        if rest:sub(i, i + 1) == "/*" then
+          local close = rest:find("*/", i + 2, true)
+          if not close then fail(("line %d: an unterminated comment"):format(line_no)) end
+          i = close + 1
+        elseif c == "{" then depth = depth + 1
+        elseif c == "}" then depth = depth - 1
+        elseif c == ";" and depth == 0 then break end
+        i = i + 1
+      end
+      if i > #rest then fail(("line %d: a declaration with no closing ';'"):format(line_no)) end
+      local decl = rest:sub(1, i)
+      local trailing = rest:sub(i + 1):match("^[ \t]*/%*.-%*/")
+      if trailing and not trailing:find("\n") then decl = decl .. trailing end
+      local names = names_of(decl)
+      if not names then fail(("line %d: cannot tell what this declares: %s"):format(line_no, decl)) end
+      local section = sections[#sections]
+      if not entry then
+        entry = { names = {}, comment = pending, code = {} }
+        section.entries[#section.entries + 1] = entry
+        pending = nil
+      end
+      for _, n in ipairs(names) do entry.names[#entry.names + 1] = n end
+      -- the export mark every function carries says nothing to a reader: left out, its
+      -- continuation lines moved back by its width
+      local shown = decl:match("^%s*(.-)%s*$")
+      if shown:sub(1, 8) == "L2L_API " then shown = shown:sub(9):gsub("\n        ", "\n") end
+      entry.code[#entry.code + 1] = shown
+      advance(decl)
     end
-    advance(lead .. comment)
-  else
-    -- a declaration: up to the `;` that closes it outside braces, plus a trailing comment
-    local depth, i = 0, 1
-    while i <= #rest do
-      local c = rest:sub(i, i)
-      if rest:sub(i, i + 1) == "/*" then
-        local close = rest:find("*/", i + 2, true)
-        if not close then fail(("line %d: an unterminated comment"):format(line_no)) end
-        i = close + 1
-      elseif c == "{" then depth = depth + 1
-      elseif c == "}" then depth = depth - 1
-      elseif c == ";" and depth == 0 then break end
-      i = i + 1
-    end
-    if i > #rest then fail(("line %d: a declaration with no closing ';'"):format(line_no)) end
-    local decl = rest:sub(1, i)
-    local trailing = rest:sub(i + 1):match("^[ \t]*/%*.-%*/")
-    if trailing and not trailing:find("\n") then decl = decl .. trailing end
-    local names = names_of(decl)
-    if not names then fail(("line %d: cannot tell what this declares: %s"):format(line_no, decl)) end
-    local section = sections[#sections]
-    if not entry then
-      entry = { names = {}, comment = pending, code = {} }
-      section.entries[#section.entries + 1] = entry
-      pending = nil
-    end
-    for _, n in ipairs(names) do entry.names[#entry.names + 1] = n end
-    -- the export mark every function carries says nothing to a reader: left out, its
-    -- continuation lines moved back by its width
-    local shown = decl:match("^%s*(.-)%s*$")
-    if shown:sub(1, 8) == "L2L_API " then shown = shown:sub(9):gsub("\n        ", "\n") end
-    entry.code[#entry.code + 1] = shown
-    advance(decl)
   end
 end
 
 local out = {}
 local function put(s) out[#out + 1] = s end
 put("# The C API of libl2l\n")
-put("Generated by `scripts/gen_cdoc.lua` from the comments of `src/l2l.h`, the one public " ..
-    "header (`#include <l2l.h>`; build with `pkg-config --cflags --libs l2l`). Every entry " ..
-    "below is a declaration of that header with the comment above it.\n")
+put("Generated by `scripts/gen_cdoc.lua` from the comments of `src/l2l.h` and its parts " ..
+    "(`src/l2l/*.h`), the one header a program includes (`#include <l2l.h>`; build with " ..
+    "`pkg-config --cflags --libs l2l`). Every entry below is a declaration of that header " ..
+    "with the comment above it.\n")
 put(markdown(comment_lines(top)) .. "\n")
 put("## Contents\n")
 for _, s in ipairs(sections) do

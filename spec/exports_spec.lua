@@ -6,17 +6,16 @@
 -- declares carries the mark.
 local support = dofile("spec/support.lua")
 
--- The header's function declarations: name -> marked (a line at the left margin that
+-- The function declarations of the header and its parts: name -> marked (a line at the left margin that
 -- names l2l_...( and is not a typedef).
 local function declared()
-  local header = assert(support.read_file("src/l2l.h"))
-  local block = assert(header:match("/%* L2L_FFI_BEGIN %*/(.-)/%* L2L_FFI_END %*/"))
-  block = block:gsub("/%*.-%*/", "")
   local names = {}
-  for line in block:gmatch("[^\n]+") do
-    if line:match("^%a") and not line:match("^typedef") then
-      local name = line:match("[%s%*](l2l_[%w_]+)%s*%(")
-      if name then names[name] = line:match("^L2L_API ") ~= nil end
+  for _, file in ipairs(assert(dofile("scripts/public_header.lua")("src/l2l.h"))) do
+    for line in file.body:gsub("/%*.-%*/", ""):gmatch("[^\n]+") do
+      if line:match("^%a") and not line:match("^typedef") then
+        local name = line:match("[%s%*](l2l_[%w_]+)%s*%(")
+        if name then names[name] = line:match("^L2L_API ") ~= nil end
+      end
     end
   end
   return names

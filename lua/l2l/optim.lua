@@ -3,7 +3,7 @@
 -- Cosine, Linear) as checked Lua values for l2l.Relay.
 --
 -- Purpose: turn an options table into the C config the EPS runs (l2l_optimizer_config,
--- l2l_schedule_config in src/l2l.h, "optimizers"), refusing bad values in Lua with an
+-- l2l_schedule_config in src/l2l/relay.h, "optimizers"), refusing bad values in Lua with an
 -- error that names the option, before any C object exists. The maths lives in C, stated
 -- once in l2l.h; schedule:lr(base, t) asks C (l2l_schedule_lr) so Lua never has a second
 -- copy of it.

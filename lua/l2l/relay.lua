@@ -1,6 +1,6 @@
 -- SPDX-License-Identifier: MIT
 -- l2l.relay — l2l.Relay: training a Sequential layer to layer through the eager parameter
--- server (the C relay of src/l2l.h, "the relay and the EPS").
+-- server (the C relay of src/l2l/relay.h).
 --
 --   local run = l2l.Relay{ model = model, micro_batch = 8, stash = "host",
 --                          optimizer = l2l.AdamW{ lr = 3e-4 }, schedule = l2l.Cosine{ total = 1000 } }

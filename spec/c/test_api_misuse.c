@@ -14,8 +14,9 @@
  * every pool (nothing leaked on the refusal path). Functions that answer a value (the
  * accessors) must answer -1, NULL or 0 for NULL and for pointers that are no handle of
  * their kind; destructors must ignore them. After the refusals of each group a good call
- * still works. The first test reads src/l2l.h and fails when one of its functions is
- * never called here, so a new public function without misuse cases fails the suite.
+ * still works. The first test reads the header's declarations (lua/l2l/cdef.lua) and
+ * fails when one of its functions is never called here, so a new public function without
+ * misuse cases fails the suite.
  * Which tests cover which functions is said above each test.
  * All test names start with "misuse_", so `l2l_ctest misuse_` runs just this file.
  * Must never: pass a freed handle (the header does not promise to catch one: its memory
@@ -264,20 +265,21 @@ static bool calls(const char *text, const char *name) {
   return false;
 }
 
-/* Covers: that every function declared in src/l2l.h is called in this file. */
+/* Covers: that every function declared in src/l2l.h (with its parts) is called in this
+   file. Their declarations are read from lua/l2l/cdef.lua, which is the header's FFI
+   blocks in order (made by scripts/gen_cdef.lua; ffi_spec fails when it drifts from them). */
 TEST(misuse_every_public_function_has_cases) {
-  char *header = repo_file("src/l2l.h"), *self = repo_file("spec/c/test_api_misuse.c");
+  char *header = repo_file("lua/l2l/cdef.lua"), *self = repo_file("spec/c/test_api_misuse.c");
   if (!CHECK(header != NULL && self != NULL,
-             "cannot read src/l2l.h or spec/c/test_api_misuse.c from %s (run from the "
+             "cannot read lua/l2l/cdef.lua or spec/c/test_api_misuse.c from %s (run from the "
              "repository root)",
              __FILE__)) {
     free(header), free(self);
     return;
   }
-  /* The FFI block's markers are comments: found before comments are blanked (which keeps
-     every offset). */
-  char *b = strstr(header, "/* L2L_FFI_BEGIN */"), *e = strstr(header, "/* L2L_FFI_END */");
-  CHECK(b != NULL && e != NULL && b < e, "no L2L_FFI_BEGIN ... L2L_FFI_END block in src/l2l.h");
+  /* the declarations: inside the generated file's long string */
+  char *b = strstr(header, "[==["), *e = strstr(header, "]==]");
+  CHECK(b != NULL && e != NULL && b < e, "no [==[ ... ]==] string in lua/l2l/cdef.lua");
   size_t from = b ? (size_t)(b - header) : 0, to = e ? (size_t)(e - header) : strlen(header);
   strip_comments(header);
   strip_comments(self);
@@ -301,7 +303,7 @@ TEST(misuse_every_public_function_has_cases) {
     }
     i += n;
   }
-  CHECK(functions >= 100, "found only %d functions in src/l2l.h's FFI block", functions);
+  CHECK(functions >= 100, "found only %d functions in src/l2l.h's FFI blocks", functions);
   printf("  misuse: %d public functions, %d without a case\n", functions, missing);
   free(header);
   free(self);
