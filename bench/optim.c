@@ -19,6 +19,9 @@
  * read. So "vs copy" can exceed 100 % with nothing wrong, and a second baseline row, an
  * in-place x = a x + b over the same bytes, shows the rate in-place kernels can reach.
  * Last, each kernel's rate with its state in L2 (one thread): the compute ceiling.
+ * Compact state (issue 33): AdamW and SGD with bf16 and 8-bit state (src/eps/quant.c, the
+ * EPS's own path: per block decode, the f32 kernel, encode), each against the bytes it
+ * must move (AdamW bf16 20, 8-bit 16; SGD bf16 16, 8-bit 14 a parameter).
  * Run: make build/bench_optim && build/bench_optim   (OMP_PROC_BIND=close pins threads)
  */
 #include <omp.h>
@@ -88,6 +91,21 @@ static double time_sgd(int threads, const struct l2l_optim_hyper *h) {
   return now() - t0;
 }
 
+/* AdamW or SGD on compact state (quant.c), chunk by chunk as the EPS runs it: each chunk's
+   blocks decoded into f32 scratch, updated by the f32 kernel, encoded again. */
+static double time_compact(int threads, const struct l2l_optim_hyper *h, l2l_state_precision state,
+                           void *const arrays[2]) {
+  const struct l2l_optimizer_ops *ops = l2l_optimizer_ops(h->kind);
+  double t0 = now();
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int c = 0; c < NCHUNKS; c++) {
+    size_t o = (size_t)c * CHUNK;
+    struct l2l_optim_chunk chunk = {.p = p + o, .grad = g + o, .n = CHUNK, .h = h};
+    eps_compact_chunk(ops, &chunk, arrays, N, (int64_t)o, state);
+  }
+  return now() - t0;
+}
+
 /* LAMB as the EPS must run it: every chunk's moments (each adding into its own norms),
    then the record's trust ratio, then every chunk's apply. */
 static double time_lamb(int threads, const struct l2l_optim_hyper *h) {
@@ -111,11 +129,16 @@ static double time_lamb(int threads, const struct l2l_optim_hyper *h) {
 
 /* ---------------------------------------------------------------- the table */
 
-enum { COPY, RMW, ADAMW, SGD, LAMB, NROWS };
+enum { COPY, RMW, ADAMW, SGD, LAMB, ADAMW_BF16, ADAMW_8BIT, SGD_BF16, SGD_8BIT, NROWS };
 static const char *const NAMES[NROWS] = {"copy (memcpy)", "in-place x = a x + b", "AdamW",
-                                         "SGD momentum", "LAMB"};
+                                         "SGD momentum", "LAMB", "AdamW, bf16 state",
+                                         "AdamW, 8-bit state", "SGD momentum, bf16 state",
+                                         "SGD momentum, 8-bit state"};
+/* Compact state: p and g as before, each state element 2 or 1 bytes each way (8-bit's
+   scales, 4 bytes a block of 2048, left out: 0.2 % of a byte). */
 static const double BYTES_PER_PARAM[NROWS] = {2.0 * COPY_BYTES, 2.0 * COPY_BYTES, 28.0, 20.0,
-                                              40.0};
+                                              40.0, 20.0, 16.0, 16.0, 14.0};
+static void *mv16[2], *mv8[2], *b16[2], *b8[2];
 
 static void run(int threads) {
   struct l2l_optim_hyper adam = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-3f,
@@ -134,6 +157,10 @@ static void run(int threads) {
     t[ADAMW] = time_adamw(threads, &adam);
     t[SGD] = time_sgd(threads, &sgd);
     t[LAMB] = time_lamb(threads, &lamb);
+    t[ADAMW_BF16] = time_compact(threads, &adam, L2L_STATE_BF16, mv16);
+    t[ADAMW_8BIT] = time_compact(threads, &adam, L2L_STATE_8BIT, mv8);
+    t[SGD_BF16] = time_compact(threads, &sgd, L2L_STATE_BF16, b16);
+    t[SGD_8BIT] = time_compact(threads, &sgd, L2L_STATE_8BIT, b8);
     if (r >= 0)
       for (int k = 0; k < NROWS; k++) secs[k][r] = t[k];
   }
@@ -183,6 +210,14 @@ int main(void) {
   m = alloc_or_die(sizeof(float) * N), v = alloc_or_die(sizeof(float) * N);
   b = alloc_or_die(sizeof(float) * N);
   src = alloc_or_die((size_t)COPY_BYTES * N), dst = alloc_or_die((size_t)COPY_BYTES * N);
+  /* compact state arrays, zero (the state an update starts from), touched by one thread */
+  uint64_t bytes16 = l2l_host_state_bytes(L2L_STATE_BF16, N), bytes8 = l2l_host_state_bytes(L2L_STATE_8BIT, N);
+  for (int a = 0; a < 2; a++) {
+    mv16[a] = calloc(1, bytes16), mv8[a] = calloc(1, bytes8);
+    if (mv16[a] == NULL || mv8[a] == NULL) return fprintf(stderr, "bench_optim: no memory\n"), 1;
+  }
+  b16[0] = calloc(1, bytes16), b8[0] = calloc(1, bytes8);
+  if (b16[0] == NULL || b8[0] == NULL) return fprintf(stderr, "bench_optim: no memory\n"), 1;
   int all = omp_get_max_threads();
   /* First touch by the same static schedule the timed loops use; values that keep every
      kernel on normal floats (no denormals, v > 0). */
@@ -208,5 +243,7 @@ int main(void) {
   in_cache();
   printf("\nTarget: AdamW on %d threads >= 70 %% of the copy's bandwidth.\n", all);
   free(p), free(g), free(m), free(v), free(b), free(src), free(dst);
+  for (int a = 0; a < 2; a++) free(mv16[a]), free(mv8[a]);
+  free(b16[0]), free(b8[0]);
   return 0;
 }

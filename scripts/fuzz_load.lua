@@ -13,7 +13,8 @@
 --
 -- Purpose: show that no file, however damaged or hostile, makes a loader crash, hang or
 -- fail with an internal error. The fuzzer makes small valid checkpoints itself (four
--- bases: tied and untied LM heads, AdamW / LAMB / SGD state, one saved part way through
+-- bases: tied and untied LM heads, AdamW / LAMB / SGD state (f32, AdamW's in 8 bits, SGD's in
+-- bf16), one saved part way through
 -- an accumulation so that ".grad" tensors exist, one with dynamic loss scaling, one with
 -- token types and a classifier head), and three other inputs: a GPT-2 file for
 -- l2l.import_gpt2, a tokenizer's two files for l2l.tokenizer.load, and option tables for
@@ -104,12 +105,14 @@ local l2l = require("l2l")
 local V, SEQ, D = 13, 9, 16
 local BASES = {
   { what = "1 block, tied LM head, AdamW, 2 updates", blocks = 1, tie = true, optimizer = "adamw", steps = 2 },
-  { what = "2 blocks (one frugal, dropout), AdamW, saved mid-accumulation (.grad tensors)",
-    blocks = 2, dropout = 0.1, optimizer = "adamw", accumulate = 2, steps = 3, policies = true },
+  { what = "2 blocks (one frugal, dropout), AdamW with 8-bit state (u8 codes and scales), saved "
+           .. "mid-accumulation (.grad tensors)",
+    blocks = 2, dropout = 0.1, optimizer = "adamw", state = "8bit", accumulate = 2, steps = 3, policies = true },
   { what = "1 block, tied, LAMB, dynamic loss scaling, layer 2 frozen", blocks = 1, tie = true,
     optimizer = "lamb", loss_scale = 1024, steps = 2, freeze = 2 },
-  { what = "token types, post-LN block without biases, classifier head, SGD with momentum",
-    blocks = 1, classifier = true, type_vocab = 2, post_ln = true, bias = false, optimizer = "sgd", steps = 2 },
+  { what = "token types, post-LN block without biases, classifier head, SGD with momentum in bf16",
+    blocks = 1, classifier = true, type_vocab = 2, post_ln = true, bias = false, optimizer = "sgd",
+    state = "bf16", steps = 2 },
   { what = "a GPT-2 file (Hugging Face's names, no l2l metadata) of 2 blocks", kind = "gpt2", blocks = 2, tie = true },
   { what = "a tokenizer's encoder.json and vocab.bpe", kind = "tokenizer" },
   { what = "options of l2l.plan", kind = "plan" },
@@ -188,9 +191,9 @@ local function make_base(cfg, path)
   if cfg.kind == "gpt2" then return make_gpt2_base(cfg, path) end
   local model = make_model(cfg)
   if cfg.freeze then model:freeze(cfg.freeze) end
-  local optimizer = cfg.optimizer == "adamw" and l2l.AdamW{ lr = 0.01, weight_decay = 0.1 }
-                    or cfg.optimizer == "lamb" and l2l.LAMB{ lr = 0.01 }
-                    or l2l.SGD{ lr = 0.05, momentum = 0.9, nesterov = true }
+  local optimizer = cfg.optimizer == "adamw" and l2l.AdamW{ lr = 0.01, weight_decay = 0.1, state = cfg.state }
+                    or cfg.optimizer == "lamb" and l2l.LAMB{ lr = 0.01, state = cfg.state }
+                    or l2l.SGD{ lr = 0.05, momentum = 0.9, nesterov = true, state = cfg.state }
   local run = l2l.Relay{ model = model, micro_batch = 2, optimizer = optimizer,
                          schedule = l2l.Cosine{ warmup = 1, total = 20, final_ratio = 0.1 },
                          accumulate = cfg.accumulate, loss_scale = cfg.loss_scale,

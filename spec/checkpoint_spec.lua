@@ -336,9 +336,9 @@ local function make_run(cfg)
   list[#list + 1] = l2l.LMHead{ vocab = V, dim = D, tie = cfg.tie, seed = cfg.layer_seed + 99 }
   local model = l2l.Sequential(list)
   if cfg.freeze then model:freeze(2) end
-  local optimizer = ({ l2l.AdamW{ lr = 0.01, weight_decay = 0.1 },
-                       l2l.SGD{ lr = 0.05, momentum = 0.9, nesterov = true },
-                       l2l.LAMB{ lr = 0.01 } })[cfg.optimizer]
+  local optimizer = ({ l2l.AdamW{ lr = 0.01, weight_decay = 0.1, state = cfg.state },
+                       l2l.SGD{ lr = 0.05, momentum = 0.9, nesterov = true, state = cfg.state },
+                       l2l.LAMB{ lr = 0.01, state = cfg.state } })[cfg.optimizer]
   local run = l2l.Relay{ model = model, micro_batch = cfg.micro_batch, stash = cfg.stash,
                          optimizer = optimizer, schedule = l2l.Cosine{ warmup = 3, total = 40, final_ratio = 0.1 },
                          accumulate = cfg.accumulate, clip_global_norm = cfg.clip, seed = cfg.seed,
@@ -365,6 +365,7 @@ local function random_config()
   return {
     blocks = support.int(1, 3), dropout = support.int(0, 1) * 0.1, tie = support.int(0, 1) == 1,
     freeze = support.int(0, 3) == 0, optimizer = support.int(1, 3), micro_batch = support.int(1, 4),
+    state = ({ "f32", "bf16", "8bit" })[support.int(1, 3)],   -- the optimizer state's precision
     stash = ({ "host", "device", "recompute" })[support.int(1, 3)], accumulate = support.int(1, 2),
     clip = support.int(0, 1) * 0.5, seed = support.int(0, 1000), layer_seed = support.int(1, 1000),
     B = support.int(3, 7), data_seed = support.int(1, 1e6), param_slots = support.int(2, 5),
@@ -375,9 +376,10 @@ local function random_config()
 end
 
 describe("run:save and l2l.load (seed " .. seed .. ")", function()
-  it("resume bit for bit, whatever the configuration (also part way through an accumulation)", function()
+  it("resume bit for bit, whatever the configuration and the state's precision (also part way through an accumulation)", function()
     for trial = 1, 3 do
       local cfg = random_config()
+      cfg.state = ({ "f32", "bf16", "8bit" })[trial]   -- every precision of the state, each run
       local what = ("trial %d: %s"):format(trial, cjson.encode(cfg))
       local total, at = 12, support.int(1, 11)
       local path = tmp_path("resume")

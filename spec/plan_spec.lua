@@ -158,8 +158,11 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
   it("predicts the EPS's host bytes, the spill file's bytes and the smallest host budget, to the byte", function()
     math.randomseed(support.seed)
     local dir = support.tmpdir()
-    local makers = { function() return l2l.AdamW { lr = 1e-3 } end, function() return l2l.LAMB { lr = 1e-3 } end,
-                     function() return l2l.SGD { lr = 0.05, momentum = 0.9 } end }
+    -- each with its state in a precision drawn (the compact forms' bytes, in memory and on disk)
+    local state = ({ "f32", "bf16", "8bit" })[support.int(1, 3)]
+    local makers = { function() return l2l.AdamW { lr = 1e-3, state = state } end,
+                     function() return l2l.LAMB { lr = 1e-3, state = state } end,
+                     function() return l2l.SGD { lr = 0.05, momentum = 0.9, state = state } end }
     for o, make in ipairs(makers) do
       local model = tiny_gpt(support.int(1, 3))
       if support.int(0, 1) == 1 then model:freeze(2) end   -- a frozen block keeps no state
@@ -179,7 +182,8 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
                                    optimizer = make() }.host_eps_bytes
       local budget = support.int(smallest, math.max(smallest, in_memory))
       local plan = plan_for(budget)
-      local what = ("optimizer %d, budget %d (smallest %d, in memory %d)"):format(o, budget, smallest, in_memory)
+      local what = ("optimizer %d, state %s, budget %d (smallest %d, in memory %d)"):format(o, state, budget,
+                                                                                        smallest, in_memory)
       local run = l2l.Relay { model = model, micro_batch = plan.micro_batch, optimizer = make(), spill = dir,
                               host_budget = budget, seed = 3 }
       for step = 1, 3 do

@@ -307,6 +307,13 @@ typedef enum l2l_optimizer_kind {
   L2L_OPTIMIZER_LAMB = 2
 } l2l_optimizer_kind;
 
+enum { L2L_STATE_BLOCK = 2048 };
+typedef enum l2l_state_precision {
+  L2L_STATE_F32 = 0,
+  L2L_STATE_BF16 = 1,
+  L2L_STATE_8BIT = 2
+} l2l_state_precision;
+
 typedef struct l2l_optimizer_config {
   l2l_optimizer_kind kind;
   float lr;
@@ -316,9 +323,12 @@ typedef struct l2l_optimizer_config {
   float eps;
   float weight_decay;
   int decay_all;
+  l2l_state_precision state;
 } l2l_optimizer_config;
 
 l2l_status l2l_optimizer_state_arrays(int *out, const l2l_optimizer_config *config);
+
+l2l_status l2l_state_array_bytes(uint64_t *out, l2l_state_precision state, int64_t n);
 
 typedef enum l2l_schedule_kind {
   L2L_SCHEDULE_CONSTANT = 0,

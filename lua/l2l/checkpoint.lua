@@ -16,7 +16,9 @@
 --     progress = {steps =, updates =}, extra = <the caller's table> }
 -- Tensor names: "<layer>.<param>" for each parameter record's fp32 master (a record
 -- shared by two layers, the tied embedding, is saved once under its first layer),
--- "<name>.m" / "<name>.v" for its optimizer state, "<name>.grad" for a gradient
+-- "<name>.m" / "<name>.v" for its optimizer state in the run's precision (f32 or bf16 in
+-- the parameter's shape, 8bit as a u8 vector of codes and scales: src/l2l/relay.h,
+-- "optimizers"; v is kept as sqrt(v) there), "<name>.grad" for a gradient
 -- accumulated part way through `accumulate` minibatches.
 -- Purpose: a resumed run produces bit for bit the losses the uninterrupted one would: the
 -- weights, the optimizer state and each record's update count (bias correction), the
@@ -100,11 +102,24 @@ local function describe_layer(layer, i, fname)
   return d
 end
 
-local OPTIMIZER_KEYS = { "kind", "lr", "momentum", "nesterov", "beta1", "beta2", "eps", "weight_decay", "decay_all" }
+local OPTIMIZER_KEYS = { "kind", "lr", "momentum", "nesterov", "beta1", "beta2", "eps", "weight_decay", "decay_all",
+                         "state" }
 local SCHEDULE_KEYS = { "kind", "warmup", "total", "final_ratio" }
 local RELAY_KEYS = { "micro_batch", "stash", "recompute_every", "inner", "clip_global_norm",
                      "clip_layer_norm", "accumulate", "optimizer_threads", "seed", "device_budget",
                      "param_slots", "loss_scale", "loss_scale_window", "nonfinite", "plan" }
+
+-- The shape and dtype of a record's optimizer state array kept in `state` ("f32", "bf16",
+-- "8bit": l2l.h, "optimizers"): the parameter's shape, or 8-bit's vector of codes and
+-- scales.
+local state_bytes = ffi.new("uint64_t[1]")
+local function state_form(state, value)
+  if state == "8bit" then
+    lib.check(C.l2l_state_array_bytes(state_bytes, C.L2L_STATE_8BIT, value:numel()), "state_form", 2)
+    return { tonumber(state_bytes[0]) }, "u8"
+  end
+  return value:shape(), state == "bf16" and "bf16" or "f32"
+end
 
 local function pick(t, keys)
   local out = {}
@@ -180,7 +195,8 @@ function M.save(run, path, extra)
               if st == nil then error("record " .. name .. " has no optimizer state " .. which, 0) end
               return st
             end
-            entries[#entries + 1] = { name = name .. "." .. which, shape = p.value:shape(), dtype = "f32",
+            local shape, dtype = state_form(s.optimizer.state, p.value)
+            entries[#entries + 1] = { name = name .. "." .. which, shape = shape, dtype = dtype,
                                       produce = produce }
             rec.state = k
           end
@@ -224,12 +240,12 @@ local function rebuild_optimizer(o)
   if type(o) ~= "table" then error("relay: optimizer is not a table", 0) end
   if o.kind == "sgd" then
     return optim.SGD{ lr = o.lr, momentum = o.momentum, nesterov = o.nesterov,
-                      weight_decay = o.weight_decay, decay_all = o.decay_all }
+                      weight_decay = o.weight_decay, decay_all = o.decay_all, state = o.state }
   end
   local make = o.kind == "adamw" and optim.AdamW or o.kind == "lamb" and optim.LAMB
   if not make then error("unknown optimizer kind " .. tostring(o.kind), 0) end
   return make{ lr = o.lr, betas = { o.beta1, o.beta2 }, eps = o.eps, weight_decay = o.weight_decay,
-               decay_all = o.decay_all }
+               decay_all = o.decay_all, state = o.state }
 end
 
 local function rebuild_schedule(o)
@@ -386,7 +402,7 @@ local function opened(path, fname)
 end
 
 local LOAD_OVERRIDES = { micro_batch = true, optimizer_threads = true, device_budget = true, kinds = true,
-                         dist = true, host_budget = true, spill = true }
+                         dist = true, host_budget = true, spill = true, state = true }
 
 -- What the library's functions raise for their caller carries the caller's position,
 -- which inside load is a line of the library itself: gone (the user called l2l.load, and
@@ -435,7 +451,10 @@ local function load(path, overrides)
     for _, k in ipairs({ "micro_batch", "optimizer_threads", "device_budget", "dist", "host_budget", "spill" }) do
       if overrides[k] ~= nil then o[k] = overrides[k] end
     end
-    o.optimizer = rebuild_optimizer(desc.relay.optimizer or {})
+    -- the state's precision may change on load (overrides.state): the arrays are converted
+    local saved_optimizer = desc.relay.optimizer or {}
+    if overrides.state ~= nil and type(saved_optimizer) == "table" then saved_optimizer.state = overrides.state end
+    o.optimizer = rebuild_optimizer(saved_optimizer)
     o.schedule = rebuild_schedule(desc.relay.schedule or {})
     o.model = model
     -- 2. every tensor the description names, present and of the right shape
@@ -463,8 +482,11 @@ local function load(path, overrides)
       rec.state = {}
       for a = 1, count_of(saved.state or 0, 2, ("record %s: state"):format(rec.name)) do
         local name = rec.name .. "." .. ({ "m", "v" })[a]
+        -- in any precision (the run converts it into its own)
         local e = file.entries[name]
-        if e == nil or e.dtype ~= "f32" or e.numel ~= rec.param.value:numel() then
+        local want = rec.param.value:numel()
+        if e and e.dtype == "u8" then want = state_form("8bit", rec.param.value)[1] end
+        if e == nil or (e.dtype ~= "f32" and e.dtype ~= "bf16" and e.dtype ~= "u8") or e.numel ~= want then
           error(("%s: %s: the optimizer state '%s' is missing or of the wrong size"):format(fname, path, name), 0)
         end
         rec.state[a] = name
@@ -520,9 +542,10 @@ local function load(path, overrides)
 end
 
 -- l2l.load(path [, {micro_batch =, optimizer_threads =, device_budget =, host_budget =,
--- spill =, dist =, kinds = {name = constructor}}]) -> a run (run.model its model, run.extra
--- what run:save was given). With spill, the optimizer state goes to the spill file record
--- by record as it is read.
+-- spill =, dist =, state =, kinds = {name = constructor}}]) -> a run (run.model its model,
+-- run.extra what run:save was given). With spill, the optimizer state goes to the spill file
+-- record by record as it is read. state ("f32", "bf16", "8bit"): the run keeps its optimizer
+-- state in that precision, the saved state converted as it is read.
 function M.load(path, overrides, ...)
   if select("#", ...) ~= 0 then too_many("l2l.load", "path, overrides", 2, ...) end
   local ok, run = pcall(load, path, overrides)

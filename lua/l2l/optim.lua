@@ -101,7 +101,16 @@ local function betas(o, fname)
   return unit(o, "beta1", 0.9, fname), unit(o, "beta2", 0.999, fname)
 end
 
-local ADAM_OPTIONS = { lr = 1, betas = 1, beta1 = 1, beta2 = 1, eps = 1, weight_decay = 1, decay_all = 1 }
+local ADAM_OPTIONS = { lr = 1, betas = 1, beta1 = 1, beta2 = 1, eps = 1, weight_decay = 1, decay_all = 1,
+                       state = 1 }
+
+-- The precision of the optimizer state (l2l.h, "optimizers"): "f32", "bf16" or "8bit".
+local STATES = { f32 = C.L2L_STATE_F32, bf16 = C.L2L_STATE_BF16, ["8bit"] = C.L2L_STATE_8BIT }
+M.STATES = STATES
+local function state_option(o, fname)
+  return option(o, "state", "f32", fname, function(v) return STATES[v] ~= nil end,
+                '"f32", "bf16" or "8bit"')
+end
 
 local function adam_like(kind, fname, o, decay_default)
   o = known(o, ADAM_OPTIONS, fname)
@@ -110,13 +119,15 @@ local function adam_like(kind, fname, o, decay_default)
   self.eps = positive(o, "eps", 1e-8, fname)
   self.weight_decay = nonneg(o, "weight_decay", decay_default, fname)
   self.decay_all = boolean(o, "decay_all", false, fname)
+  self.state = state_option(o, fname)
   return setmetatable(self, Optimizer)
 end
 
--- l2l.SGD{lr = 0.01, momentum = 0, nesterov = false, weight_decay = 0, decay_all = false}
+-- l2l.SGD{lr = 0.01, momentum = 0, nesterov = false, weight_decay = 0, decay_all = false,
+--         state = "f32"}
 local function sgd(o)
   local fname = "l2l.SGD"
-  o = known(o, { lr = 1, momentum = 1, nesterov = 1, weight_decay = 1, decay_all = 1 }, fname)
+  o = known(o, { lr = 1, momentum = 1, nesterov = 1, weight_decay = 1, decay_all = 1, state = 1 }, fname)
   local self = { kind = "sgd", lr = nonneg(o, "lr", 0.01, fname) }
   self.momentum = unit(o, "momentum", 0, fname)
   self.nesterov = boolean(o, "nesterov", false, fname)
@@ -125,6 +136,7 @@ local function sgd(o)
   end
   self.weight_decay = nonneg(o, "weight_decay", 0, fname)
   self.decay_all = boolean(o, "decay_all", false, fname)
+  self.state = state_option(o, fname)
   return setmetatable(self, Optimizer)
 end
 function M.SGD(o, ...)
@@ -133,14 +145,16 @@ function M.SGD(o, ...)
   return self
 end
 
--- l2l.AdamW{lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0.01, decay_all = false}
+-- l2l.AdamW{lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0.01, decay_all = false,
+--           state = "f32"}  (state: "f32", "bf16" or "8bit", the optimizer state's precision)
 function M.AdamW(o, ...)
   if select("#", ...) ~= 0 then too_many("l2l.AdamW", "options", 2, ...) end
   local self = checked(adam_like, "adamw", "l2l.AdamW", o, 0.01)
   return self
 end
 
--- l2l.LAMB{lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0.01, decay_all = false}
+-- l2l.LAMB{lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0.01, decay_all = false,
+--          state = "f32"}
 function M.LAMB(o, ...)
   if select("#", ...) ~= 0 then too_many("l2l.LAMB", "options", 2, ...) end
   local self = checked(adam_like, "lamb", "l2l.LAMB", o, 0.01)
@@ -168,6 +182,7 @@ function Optimizer:fill(c, ...)
   c.eps = self.eps or 1e-8
   c.weight_decay = self.weight_decay
   c.decay_all = self.decay_all and 1 or 0
+  c.state = STATES[self.state or "f32"]
   return c
 end
 
@@ -181,12 +196,13 @@ end
 local NAMES = { sgd = "SGD", adamw = "AdamW", lamb = "LAMB" }
 function Optimizer:__tostring()
   if self.kind == "sgd" then
-    return ("SGD{lr = %g, momentum = %g, nesterov = %s, weight_decay = %g, decay_all = %s}"):format(
-      self.lr, self.momentum, tostring(self.nesterov), self.weight_decay, tostring(self.decay_all))
+    return ("SGD{lr = %g, momentum = %g, nesterov = %s, weight_decay = %g, decay_all = %s, state = %q}"):format(
+      self.lr, self.momentum, tostring(self.nesterov), self.weight_decay, tostring(self.decay_all),
+      self.state)
   end
-  return ("%s{lr = %g, betas = {%g, %g}, eps = %g, weight_decay = %g, decay_all = %s}"):format(
+  return ("%s{lr = %g, betas = {%g, %g}, eps = %g, weight_decay = %g, decay_all = %s, state = %q}"):format(
     NAMES[self.kind], self.lr, self.beta1, self.beta2, self.eps, self.weight_decay,
-    tostring(self.decay_all))
+    tostring(self.decay_all), self.state)
 end
 
 ----------------------------------------------------------------- schedules

@@ -607,7 +607,8 @@ end
 local state_ids = { m = 0, first = 0, momentum = 0, [1] = 0, v = 1, second = 1, [2] = 1 }
 
 -- run:state(record, which) -> a copy (host tensor) of a parameter record's optimizer
--- state, or nil before its first update. record: an entry of model:params() or
+-- state in the precision the optimizer keeps it in (f32, bf16, or 8bit's u8 vector of codes
+-- and scales: src/l2l/relay.h, "optimizers"), or nil before its first update. record: an entry of model:params() or
 -- layer:params(); which: "m" (SGD: "momentum") / 1, or "v" / 2.
 function Relay:state(record, which, ...)
   local fname = "run:state"

@@ -2063,7 +2063,8 @@ done:
 
 /* ---------------------------------------------------------------- optimizers */
 
-/* Covers: l2l_optimizer_state_arrays (and what it answers for good configs). */
+/* Covers: l2l_optimizer_state_arrays, l2l_state_array_bytes (and what they answer for good
+   configs). */
 TEST(misuse_optimizer_state_arrays) {
   l2l_relay_config rc;
   l2l_relay_config_default(&rc);
@@ -2085,6 +2086,21 @@ TEST(misuse_optimizer_state_arrays) {
   CHECK(l2l_optimizer_state_arrays(&out, &sgd) == L2L_OK && out == 0, "SGD: %d arrays", out);
   sgd.momentum = 0.9f;
   CHECK(l2l_optimizer_state_arrays(&out, &sgd) == L2L_OK && out == 1, "SGD with momentum: %d arrays", out);
+  bad = good;
+  bad.state = (l2l_state_precision)3;
+  REFUSES(l2l_optimizer_state_arrays(&out, &bad), L2L_ERR_INVALID, "state 3");
+  uint64_t bytes = 77;
+  REFUSES(l2l_state_array_bytes(NULL, L2L_STATE_F32, 5), L2L_ERR_INVALID, "out");
+  REFUSES(l2l_state_array_bytes(&bytes, (l2l_state_precision)-1, 5), L2L_ERR_INVALID, "state -1");
+  REFUSES(l2l_state_array_bytes(&bytes, L2L_STATE_BF16, -5), L2L_ERR_INVALID, "n must be");
+  REFUSES(l2l_state_array_bytes(&bytes, L2L_STATE_BF16, INT64_MAX), L2L_ERR_INVALID, "n must be");
+  CHECK(bytes == 77, "a refusal wrote %llu", (unsigned long long)bytes);
+  /* 4, 2 and 1 bytes an element, 8 bits with a scale a block after its padded codes */
+  int64_t n = 2 * L2L_STATE_BLOCK + 3;
+  CHECK(l2l_state_array_bytes(&bytes, L2L_STATE_F32, n) == L2L_OK && bytes == 4 * (uint64_t)n, "f32");
+  CHECK(l2l_state_array_bytes(&bytes, L2L_STATE_BF16, n) == L2L_OK && bytes == 2 * (uint64_t)n, "bf16");
+  CHECK(l2l_state_array_bytes(&bytes, L2L_STATE_8BIT, n) == L2L_OK && bytes == (uint64_t)n + 1 + 3 * 4,
+        "8bit: %llu bytes", (unsigned long long)bytes);
 }
 
 /* ---------------------------------------------------------------- schedules */
@@ -2606,7 +2622,17 @@ TEST(misuse_relay_state_and_restores) {
   l2l_tensor *fi = remake(first, L2L_POOL_HOST, L2L_I32),
              *longer = NEW(L2L_POOL_HOST, L2L_F32, numel_p + 1);
   l2l_tensor *shorter = NEW(L2L_POOL_HOST, L2L_F32, numel_p - 1);
-  WATCH(fi, longer, shorter);
+  /* 8-bit state of the record is numel_p codes, padding and scales: numel_p bytes is short */
+  l2l_tensor *bytes_short = NEW(L2L_POOL_HOST, L2L_U8, numel_p);
+  /* a copy of the state with one value an inf, and one negative (a second moment's) */
+  l2l_tensor *poisoned = NEW(L2L_POOL_HOST, L2L_F32, numel_p),
+             *negative = NEW(L2L_POOL_HOST, L2L_F32, numel_p);
+  CHECK_OK(l2l_tensor_copy(poisoned, second));   /* >= 0: fits either array but for the inf */
+  CHECK_OK(l2l_tensor_copy(negative, second));
+  ((float *)l2l_tensor_data(poisoned))[numel_p / 2] = INFINITY;
+  ((float *)l2l_tensor_data(negative))[numel_p - 1] = -1.0f;
+  WATCH(fi, longer, shorter, bytes_short, poisoned, negative);
+  REFUSES(l2l_relay_restore_param(r, p, 5, first, negative), L2L_ERR_INVALID, "second moment >= 0");
   REFUSES(l2l_relay_restore_param(r, p, 5, NULL, second), L2L_ERR_INVALID, "first is NULL");
   REFUSES(l2l_relay_restore_param(r, p, 5, first, NULL), L2L_ERR_INVALID, "second is NULL");
   REFUSES(l2l_relay_restore_param(r, p, 0, first, NULL), L2L_ERR_INVALID, "first must be NULL");
@@ -2616,9 +2642,11 @@ TEST(misuse_relay_state_and_restores) {
     const char *needle;
   } bad_states[] = {{JUNK(l2l_tensor), "is not a live tensor"},
                     {AS(l2l_tensor, rig.m.layer[1]), "is not a live tensor"},
-                    {fi, "must be f32, got i32"},
+                    {fi, "must be f32, bf16 or u8 (8-bit state), got i32"},
                     {longer, "elements"},
-                    {shorter, "elements"}};
+                    {shorter, "elements"},
+                    {bytes_short, "elements"},
+                    {poisoned, "holds inf"}};
   for (size_t i = 0; i < sizeof bad_states / sizeof bad_states[0]; i++) {
     char needle[80];
     snprintf(needle, sizeof needle, "first %s", bad_states[i].needle);

@@ -11,17 +11,29 @@
  */
 #include "core.h"
 
+uint64_t l2l_host_state_bytes(l2l_state_precision state, int64_t n) {
+  uint64_t u = n > 0 ? (uint64_t)n : 0;
+  switch (state) {
+  case L2L_STATE_F32: return u * sizeof(float);
+  case L2L_STATE_BF16: return u * sizeof(uint16_t);
+  case L2L_STATE_8BIT:
+    return ((u + 3) & ~(uint64_t)3) + (u + L2L_STATE_BLOCK - 1) / L2L_STATE_BLOCK * sizeof(float);
+  }
+  return 0;
+}
+
 void l2l_host_record_bytes(struct l2l_host_record *out, int64_t numel, int64_t shard_n,
-                           int arrays, l2l_dtype staging, bool dist) {
+                           int arrays, l2l_state_precision state, l2l_dtype staging, bool dist) {
   uint64_t whole = l2l_pool_accounted((uint64_t)numel * sizeof(float)),
-           shard = l2l_pool_accounted((uint64_t)shard_n * sizeof(float));
+           shard = l2l_pool_accounted((uint64_t)shard_n * sizeof(float)),
+           array = l2l_host_state_bytes(state, shard_n);
   /* the master whole; with ranks the reduced gradient of this rank's shard; a 16-bit
      staging copy whole */
   out->fixed = whole + (dist ? shard : 0) +
                (staging != L2L_F32 ? l2l_pool_accounted((uint64_t)numel * l2l_dtype_size(staging)) : 0);
   out->grad = whole;
-  out->state = (uint64_t)arrays * shard;
-  out->moved = (uint64_t)arrays * (uint64_t)shard_n * sizeof(float);
+  out->state = (uint64_t)arrays * l2l_pool_accounted(array);
+  out->moved = (uint64_t)arrays * array;
 }
 
 void l2l_host_shard(int64_t n, int ranks, int rank, int64_t *begin, int64_t *count) {

@@ -161,7 +161,7 @@ void l2l_eps_remove_records(struct l2l_eps *eps, l2l_param *const *params, int n
 struct l2l_host_record eps_record_bytes(const struct l2l_eps *eps, const struct eps_record *rec) {
   struct l2l_host_record b;
   l2l_host_record_bytes(&b, l2l_tensor_numel(rec->master), rec->shard_n,
-                        l2l_optim_state_count(&eps->optimizer),
+                        l2l_optim_state_count(&eps->optimizer), eps->optimizer.state,
                         rec->staging ? eps->precision : L2L_F32, eps->dist != NULL);
   return b;
 }
@@ -171,10 +171,11 @@ uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps) {
   for (int i = 0; i < eps->count; i++) {
     const struct eps_record *rec = eps->records[i];
     uint64_t shard = l2l_pool_accounted((uint64_t)rec->shard_n * sizeof(float));
-    /* the optimizer state is the shard's; the reduced gradient counts once made */
+    /* the optimizer state is the shard's, in its precision; the reduced gradient counts
+       once made */
     uint64_t arrays = (rec->state[0] != NULL) + (rec->state[1] != NULL);
     struct l2l_host_record b = eps_record_bytes(eps, rec);
-    bytes += b.fixed + (rec->grad_away ? 0 : b.grad) + shard * arrays;
+    bytes += b.fixed + (rec->grad_away ? 0 : b.grad) + l2l_pool_accounted(eps_array_bytes(rec)) * arrays;
     if (eps->dist != NULL && rec->shard_grad == NULL) bytes -= shard;
   }
   return bytes;
@@ -186,83 +187,6 @@ const l2l_tensor *l2l_eps_device_source(const struct eps_record *rec) {
 const l2l_tensor *l2l_eps_master(const struct eps_record *rec) { return rec->master; }
 l2l_param *l2l_eps_param(const struct eps_record *rec) { return rec->param; }
 int64_t l2l_eps_updates(const struct eps_record *rec) { return rec->updates; }
-
-/* An optimizer state array of rec: its shard's elements (all of them on one process). */
-l2l_status eps_state_new(l2l_tensor **out, const struct eps_record *rec) {
-  if (rec->eps->dist == NULL)   /* all of the record, in its shape */
-    return l2l_tensor_new_like(out, L2L_POOL_HOST, L2L_F32, rec->master);
-  int64_t shape[1] = {rec->shard_n > 0 ? rec->shard_n : 1};   /* an empty shard: 1 unused */
-  return l2l_tensor_new(out, L2L_POOL_HOST, L2L_F32, 1, shape);
-}
-
-/* dst (a shard's state) := the shard's elements of src (the whole record's, any shape). */
-static l2l_status state_copy_shard(l2l_tensor *dst, const l2l_tensor *src,
-                                   const struct eps_record *rec) {
-  if (l2l_tensor_pool(src) == L2L_POOL_DEVICE) {   /* one whole copy into host memory first */
-    l2l_tensor *whole = NULL;
-    TRY(l2l_tensor_new_like(&whole, L2L_POOL_HOST, L2L_F32, rec->master));
-    l2l_status status = l2l_tensor_copy(whole, src);
-    if (status == L2L_OK) status = state_copy_shard(dst, whole, rec);
-    l2l_tensor_free(whole);
-    return status;
-  }
-  memcpy(l2l_tensor_data(dst), (const float *)l2l_tensor_data(src) + rec->shard_begin,
-         (size_t)rec->shard_n * sizeof(float));
-  return L2L_OK;
-}
-
-l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_record *rec,
-                           int64_t updates, const l2l_tensor *first, const l2l_tensor *second) {
-  const l2l_tensor *given[2] = {first, second};
-  const char *names[2] = {"first", "second"};
-  /* The next update is t = updates + 1: it must be an int64 too. */
-  if (updates == INT64_MAX)
-    return l2l_fail_in(func, L2L_ERR_INVALID, "updates must be below 2^63 - 1 (the next update "
-                       "counts one more), got %lld", (long long)updates);
-  int count = l2l_optim_state_count(&eps->optimizer);
-  int arrays = updates > 0 ? count : 0;
-  for (int a = 0; a < 2; a++) {
-    if (a >= arrays) {
-      if (given[a] != NULL)
-        return l2l_fail_in(func, L2L_ERR_INVALID,
-                           "%s must be NULL: the optimizer keeps %d state arrays%s", names[a],
-                           count, updates == 0 ? " and none before the first update" : "");
-      continue;
-    }
-    if (given[a] == NULL)
-      return l2l_fail_in(func, L2L_ERR_INVALID, "%s is NULL: the optimizer keeps %d state arrays",
-                         names[a], arrays);
-    TRY(l2l_tensor_check(func, names[a], given[a]));
-    if (l2l_tensor_dtype(given[a]) != L2L_F32)
-      return l2l_fail_in(func, L2L_ERR_INVALID, "%s must be f32, got %s", names[a],
-                         l2l_dtype_name((l2l_dtype)l2l_tensor_dtype(given[a])));
-    if (l2l_tensor_numel(given[a]) != l2l_tensor_numel(rec->master))
-      return l2l_fail_in(func, L2L_ERR_INVALID, "%s has %lld elements, the parameter %lld",
-                         names[a], (long long)l2l_tensor_numel(given[a]),
-                         (long long)l2l_tensor_numel(rec->master));
-  }
-  l2l_tensor *fresh[2] = {NULL, NULL};
-  if (eps->spill) eps_ahead_drop(eps, rec);   /* a read of the old state is stale */
-  for (int a = 0; a < arrays; a++) {
-    l2l_status status = eps_state_new(&fresh[a], rec);
-    if (status == L2L_OK) status = state_copy_shard(fresh[a], given[a], rec);
-    if (status != L2L_OK) {
-      l2l_tensor_free(fresh[0]);
-      l2l_tensor_free(fresh[1]);
-      return status;
-    }
-  }
-  for (int a = 0; a < 2; a++) {
-    l2l_tensor_free(rec->state[a]);
-    rec->state[a] = fresh[a];
-    l2l_tensor_free(rec->gathered[a]);
-    rec->gathered[a] = NULL;
-  }
-  rec->updates = updates;
-  rec->spilled = false;
-  /* with a spill file the state goes there (kept in memory if it cannot: nothing lost) */
-  return eps->spill && arrays > 0 && !rec->keep_state ? eps_state_out(eps, rec) : L2L_OK;
-}
 
 /* ---------------------------------------------------------------- a step */
 
@@ -431,9 +355,15 @@ static void chunk_run(struct l2l_job *job, int thread) {
   struct l2l_optim_chunk chunk = {
       .p = (float *)l2l_tensor_data(rec->master) + rec->shard_begin + cj->begin, .grad = g, .n = n,
       .h = &rec->hyper, .wave = cj->wave, .sums = sums, .record_sums = rec->wave_sums};
-  for (int a = 0; a < 2; a++)
-    chunk.state[a] = rec->state[a] ? (float *)l2l_tensor_data(rec->state[a]) + cj->begin : NULL;
-  eps->optim->chunk(&chunk);
+  if (eps->optimizer.state == L2L_STATE_F32) {
+    for (int a = 0; a < 2; a++)
+      chunk.state[a] = rec->state[a] ? (float *)l2l_tensor_data(rec->state[a]) + cj->begin : NULL;
+    eps->optim->chunk(&chunk);
+  } else {   /* decoded a block at a time (chunks begin on a block: CHUNK is a multiple) */
+    void *arrays[2] = {rec->state[0] ? l2l_tensor_data(rec->state[0]) : NULL,
+                       rec->state[1] ? l2l_tensor_data(rec->state[1]) : NULL};
+    eps_compact_chunk(eps->optim, &chunk, arrays, rec->shard_n, cj->begin, eps->optimizer.state);
+  }
   bool last_wave = cj->wave == eps->optim->waves - 1;
   /* the next minibatch starts at 0: when the accumulators pass, the accumulator's pages
      are given back once the whole update has read it (eps_grad_clear) */

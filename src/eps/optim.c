@@ -79,6 +79,9 @@ l2l_status l2l_optimizer_check(const l2l_optimizer_config *c) {
   TRY(check_range(f, o, "weight_decay", c->weight_decay, 0.0, INFINITY, 1));
   if (c->decay_all != 0 && c->decay_all != 1)
     return FAIL(L2L_ERR_INVALID, "optimizer decay_all must be 0 or 1, got %d", c->decay_all);
+  if (c->state != L2L_STATE_F32 && c->state != L2L_STATE_BF16 && c->state != L2L_STATE_8BIT)
+    return FAIL(L2L_ERR_INVALID, "optimizer state %d is unknown (0 f32, 1 bf16, 2 8bit)",
+                (int)c->state);
   return ops->check(c);
 }
 
@@ -108,6 +111,16 @@ l2l_status l2l_optimizer_state_arrays(int *out, const l2l_optimizer_config *conf
   if (config == NULL) return FAIL(L2L_ERR_INVALID, "config is NULL");
   TRY(l2l_optimizer_check(config));
   *out = l2l_optim_state_count(config);
+  return L2L_OK;
+}
+
+l2l_status l2l_state_array_bytes(uint64_t *out, l2l_state_precision state, int64_t n) {
+  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  if (state != L2L_STATE_F32 && state != L2L_STATE_BF16 && state != L2L_STATE_8BIT)
+    return FAIL(L2L_ERR_INVALID, "state %d is unknown (0 f32, 1 bf16, 2 8bit)", (int)state);
+  if (n < 0 || n > INT64_MAX / 8)
+    return FAIL(L2L_ERR_INVALID, "n must be in [0, 2^60), got %lld", (long long)n);
+  *out = l2l_host_state_bytes(state, n);
   return L2L_OK;
 }
 
@@ -348,9 +361,9 @@ static void lamb_chunk(const struct l2l_optim_chunk *c) {
 }
 
 static const struct l2l_optimizer_ops optimizers[] = {
-    [L2L_OPTIMIZER_SGD] = {"sgd", 1, sgd_state_count, sgd_check, sgd_chunk},
-    [L2L_OPTIMIZER_ADAMW] = {"adamw", 1, adam_state_count, adam_check, adamw_chunk},
-    [L2L_OPTIMIZER_LAMB] = {"lamb", 2, adam_state_count, adam_check, lamb_chunk},
+    [L2L_OPTIMIZER_SGD] = {"sgd", 1, sgd_state_count, -1, sgd_check, sgd_chunk},
+    [L2L_OPTIMIZER_ADAMW] = {"adamw", 1, adam_state_count, 1, adam_check, adamw_chunk},
+    [L2L_OPTIMIZER_LAMB] = {"lamb", 2, adam_state_count, 1, adam_check, lamb_chunk},
 };
 
 const struct l2l_optimizer_ops *l2l_optimizer_ops(l2l_optimizer_kind kind) {

@@ -11,7 +11,8 @@
 #include "cluster/cluster.h"
 #include "eps.h"
 
-enum { CHUNK = 1 << 18 };
+enum { CHUNK = 1 << 18 };   /* a multiple of L2L_STATE_BLOCK */
+_Static_assert(CHUNK % L2L_STATE_BLOCK == 0, "a chunk is whole blocks of compact state");
 
 struct eps_record {
   l2l_param *param;            /* the key it was added under (never called into: the EPS
@@ -96,7 +97,7 @@ void eps_gathered_free(struct l2l_eps *eps);
 
 /* One optimizer state array of rec (its shard), as the spill file moves it. */
 static inline uint64_t eps_array_bytes(const struct eps_record *rec) {
-  return (uint64_t)rec->shard_n * sizeof(float);
+  return l2l_host_state_bytes(rec->eps->optimizer.state, rec->shard_n);
 }
 /* eps.c: rec's bytes in host memory and on disk (core's l2l_host_record_bytes). */
 struct l2l_host_record eps_record_bytes(const struct l2l_eps *eps, const struct eps_record *rec);

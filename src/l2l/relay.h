@@ -29,6 +29,32 @@ typedef enum l2l_optimizer_kind {
   L2L_OPTIMIZER_LAMB = 2
 } l2l_optimizer_kind;
 
+/* The precision the optimizer state is kept in, on the host and in a spill file:
+   f32 (4 bytes an element); bf16 (2: rounded to nearest even after every update); 8bit
+   (1, and an f32 scale a block: blockwise dynamic quantisation after Dettmers et al.,
+   2022). The update decodes a block into f32, runs the f32 kernel on it and encodes it
+   again, so each state byte is read and written once an update.
+   8bit: each block of L2L_STATE_BLOCK elements (counted from the array's start) is kept
+   as its scale s, the largest magnitude in it, and per element the code byte whose value
+   times s is nearest (ties to the smaller magnitude; s = 0: every byte 0). A momentum (SGD's
+   buffer, Adam's m) uses the signed code: bit 7 the sign, the low 7 bits j the magnitude
+   M7[j]; Adam's v is kept as sqrt(v) in the unsigned code, the byte j meaning M8[j] (so
+   an element far below its block's largest is 0 only when its momentum is too, and the
+   error is relative to the step's denominator). Mb[0] = 0; Mb[1 ..] ascending are the
+   values 10^-E (0.1 + 0.9 (k + 1) / 2^(b-1-E)) for E = b - 1 down to 0 and k = 0 ..
+   2^(b-1-E) - 1 (Dettmers' dynamic code: the leading zeros of the index set a decade,
+   the rest a linear fraction): 1 is exact, 1e-6 (M7) and 1e-7 (M8) the smallest.
+   One state array of n elements takes l2l_state_array_bytes. As a tensor
+   (l2l_relay_param_state, l2l_relay_restore_param) it is f32 or bf16 in the parameter's
+   shape, or for 8bit a u8 vector: the n code bytes, zero bytes up to a multiple of 4,
+   then ceil(n / L2L_STATE_BLOCK) f32 scales, little-endian. */
+enum { L2L_STATE_BLOCK = 2048 };
+typedef enum l2l_state_precision {
+  L2L_STATE_F32 = 0,
+  L2L_STATE_BF16 = 1,
+  L2L_STATE_8BIT = 2
+} l2l_state_precision;
+
 typedef struct l2l_optimizer_config {
   l2l_optimizer_kind kind;
   float lr;              /* >= 0, the base rate the schedule scales */
@@ -38,12 +64,15 @@ typedef struct l2l_optimizer_config {
   float eps;             /* AdamW, LAMB: > 0 */
   float weight_decay;    /* >= 0 */
   int decay_all;         /* 1: decay biases, LayerNorm and embeddings too */
+  l2l_state_precision state;   /* the state arrays' precision (0: f32) */
 } l2l_optimizer_config;
 
-/* The optimizer state arrays a record keeps from its first update on, each the size of
-   its parameter: SGD 1 with momentum > 0, else 0; AdamW and LAMB 2. The config is
+/* The optimizer state arrays a record keeps from its first update on, each with an element
+   for each of its parameter's: SGD 1 with momentum > 0, else 0; AdamW and LAMB 2. The config is
    checked first. */
 L2L_API l2l_status l2l_optimizer_state_arrays(int *out, const l2l_optimizer_config *config);
+/* Bytes of one state array of n >= 0 elements kept in `state` (see above). */
+L2L_API l2l_status l2l_state_array_bytes(uint64_t *out, l2l_state_precision state, int64_t n);
 
 /* Learning rate at update t (1-based): base * factor(t).
    constant: 1 after warm-up. cosine: after warm-up, from 1 down to final_ratio at t =
@@ -140,8 +169,8 @@ typedef struct l2l_relay_config {
   l2l_dtype precision;          /* the device's weights: f32, or bf16 / f16 ("cross mixed
                                    precision"; l2l_relay_config_default picks bf16 when the
                                    device pool is a GPU's, f32 on the CPU backend): the
-                                   masters and optimizer
-                                   state stay f32 on the host; each GEMM weight and token
+                                   masters stay f32 on the host (the optimizer state in
+                                   optimizer.state's precision); each GEMM weight and token
                                    table has a 16-bit staging copy the EPS workers rewrite
                                    at every step's start, so transfers move 16-bit weights
                                    and the layers' GEMMs read 16-bit weights and 16-bit-
@@ -379,7 +408,8 @@ L2L_API l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *ru
 L2L_API l2l_status l2l_relay_events(l2l_relay_event *out, const l2l_relay *run, int64_t first,
                                     int64_t count);
 /* The optimizer state of a record in the relay: which = 0 the first moment (SGD: the
-   momentum buffer), 1 the second moment. *out is borrowed (NULL while the record has none
+   momentum buffer), 1 the second moment, in the precision the optimizer keeps it in (see
+   "optimizers": 8bit is a u8 vector of codes and scales). *out is borrowed (NULL while the record has none
    yet, e.g. before its first update) until the next step, or until this is asked of
    another record (a copy read from the spill file or gathered from the ranks is freed
    then: a checkpoint holds one record's state at a time). Waits for pending updates. */
@@ -389,8 +419,10 @@ L2L_API l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const
 /* Checkpoints: what a relay holds beyond its layers' parameters, read and restored, so a
    run rebuilt from saved layers continues exactly. A record's update count is the t of its
    last update (0 before the first); l2l_relay_restore_param gives a record that count and
-   copies of its optimizer state (first, second: f32 with the parameter's element count,
-   NULL for arrays the optimizer does not keep, both NULL when updates is 0).
+   copies of its optimizer state (first, second: in any of the state's precisions, f32 or
+   bf16 with the parameter's element count or 8bit's u8 vector, converted into the relay's
+   own — the same precision is copied to the bit; every value must be finite and a second
+   moment >= 0 — NULL for arrays the optimizer does not keep, both NULL when updates is 0).
    l2l_relay_restore_progress sets the steps and updates done, which place the schedule and
    the dropout draws; l2l_relay_restore_loss_scale the dynamic loss scale, its count of good
    updates and the skipped updates (as stats report them; the relay must scale its loss).

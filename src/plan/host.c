@@ -64,7 +64,8 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
     bool staged = config->precision != L2L_F32 && l2l_param_low_precision(recs[i]);
     int64_t begin, shard_n;
     l2l_host_shard(numel, ranks, rank, &begin, &shard_n);
-    l2l_host_record_bytes(&bytes[i], numel, shard_n, arrays, staged ? config->precision : L2L_F32, dist);
+    l2l_host_record_bytes(&bytes[i], numel, shard_n, arrays, config->optimizer.state,
+                          staged ? config->precision : L2L_F32, dist);
     if (!trained[i]) bytes[i].state = bytes[i].moved = 0;   /* never updated: no state */
     base += bytes[i].fixed;
     fixed += bytes[i].fixed;

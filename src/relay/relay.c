@@ -59,6 +59,11 @@ static l2l_status check_config(const l2l_relay_config *c) {
                 c->loss_scale_window);
   if (c->dist != L2L_DIST_NONE && c->dist != L2L_DIST_MPI)
     return FAIL(L2L_ERR_INVALID, "config->dist must be none (0) or mpi (1), got %d", c->dist);
+  if (c->dist == L2L_DIST_MPI && c->optimizer.state != L2L_STATE_F32)
+    return FAIL(L2L_ERR_UNSUPPORTED, "config->optimizer.state %s with dist = mpi is not built yet: "
+                "each rank's shard of compact state would need its blocks aligned to the shards "
+                "and gathered as codes and scales (use f32 state with ranks)",
+                c->optimizer.state == L2L_STATE_BF16 ? "bf16" : "8bit");
   if (c->param_slots < 0 || c->param_slots == 1 || c->param_slots > MAX_PARAM_SLOTS)
     return FAIL(L2L_ERR_INVALID, "config->param_slots must be 0 (two) or 2 to %d, got %d",
                 MAX_PARAM_SLOTS, c->param_slots);

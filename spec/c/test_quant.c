@@ -1,0 +1,335 @@
+/* SPDX-License-Identifier: MIT */
+/* test_quant.c — compact optimizer state (src/eps/quant.c): the 8-bit codes, the nearest
+ * code, blocks encoded and decoded, bf16, and an update run on compact state.
+ *
+ * What it tests: the two codes' values against l2l.h's rule evaluated in double here (0,
+ * 1 exact, ascending); the encoder's nearest code against a search over every code in
+ * double, at every midpoint and the floats beside it, random magnitudes over 16 decades,
+ * zero, subnormals and values past 1; arrays of awkward sizes (1, 7, a block, a block
+ * and one, several, a random one) of several distributions (normal at random scales,
+ * magnitudes log-uniform over 12 decades with zeros among them, all zero, a block of
+ * subnormals) encoded and decoded: each block's scale its largest magnitude (the square
+ * root's for v), each byte's code the nearest of |x| / scale, its sign, the padding
+ * zero, nothing written past the array, every value back within half the code's widest
+ * gap of its block's scale (the bound l2l.h's code gives); bf16 to nearest even;
+ * eps_compact_chunk for SGD with momentum, AdamW and LAMB in both precisions against the
+ * same f32 kernels run on the decoded state and encoded after (bit for bit; LAMB's trust
+ * ratio, summed per block, to rounding), from a chunk that starts blocks into its array,
+ * with a later wave leaving the state's bytes untouched.
+ * How: inputs drawn fresh from check.h's generator (seed printed); the internal functions
+ * called directly (the test links libl2l.a). All names start with "quant_".
+ */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "eps/eps.h"
+
+enum { BLOCK = L2L_STATE_BLOCK };
+
+/* ---------------------------------------------------------------- the rule, in double */
+
+/* l2l.h: Mb[0] = 0, then 10^-E (0.1 + 0.9 (k + 1) / 2^(b-1-E)) for E = b-1 .. 0. */
+static int ref_magnitudes(double *out, int bits) {
+  int n = 0;
+  out[n++] = 0.0;
+  for (int e = bits - 1; e >= 0; e--) {
+    int f = 1 << (bits - 1 - e);
+    for (int k = 0; k < f; k++) out[n++] = pow(10.0, -e) * (0.1 + 0.9 * (k + 1) / f);
+  }
+  return n;
+}
+
+static double mag7[128], mag8[256];
+static void ref_build(void) {
+  CHECK(ref_magnitudes(mag7, 7) == 128, "the signed code has 128 magnitudes");
+  CHECK(ref_magnitudes(mag8, 8) == 256, "the unsigned code has 256 magnitudes");
+}
+
+/* Whether magnitude index q is a nearest of y among mag[0..count), up to the float
+   rounding of y and of the encoder's midpoints. */
+static bool is_nearest(double y, int q, const double *mag, int count) {
+  double best = INFINITY;
+  for (int j = 0; j < count; j++) best = fmin(best, fabs(y - mag[j]));
+  double slack = 4.0 * 0x1p-24 * fmax(y, mag[q]) + 1e-45;
+  return fabs(y - mag[q]) <= best + slack;
+}
+
+/* The widest half gap between neighbouring codes: what a value may move, times its scale. */
+static double widest_half_gap(const double *mag, int count) {
+  double g = 0.0;
+  for (int j = 0; j + 1 < count; j++) g = fmax(g, (mag[j + 1] - mag[j]) / 2.0);
+  return g;
+}
+
+/* ---------------------------------------------------------------- the codes */
+
+TEST(quant_codes) {
+  ref_build();
+  const float *s = eps_code_values(EPS_CODE_SIGNED), *r = eps_code_values(EPS_CODE_ROOT);
+  for (int b = 0; b < 256; b++) {
+    double want = (b & 128 ? -1.0 : 1.0) * mag7[b & 127];
+    CHECK(fabs(s[b] - want) <= 0x1p-24 * fabs(want), "signed byte %d: %.9g, the rule %.9g", b,
+          (double)s[b], want);
+    CHECK(fabs(r[b] - mag8[b]) <= 0x1p-24 * mag8[b], "unsigned byte %d: %.9g, the rule %.9g", b,
+          (double)r[b], mag8[b]);
+    if (b > 0 && b < 128) CHECK(s[b] > s[b - 1], "signed magnitudes ascend at %d", b);
+    if (b > 0) CHECK(r[b] > r[b - 1], "unsigned magnitudes ascend at %d", b);
+  }
+  CHECK(s[0] == 0.0f && s[127] == 1.0f && s[255] == -1.0f && r[0] == 0.0f && r[255] == 1.0f,
+        "0 and 1 are exact");
+  CHECK(fabs(s[1] - 1e-6) < 1e-12 && fabs(r[1] - 1e-7) < 1e-13, "the smallest: 1e-6 and 1e-7");
+}
+
+static void nearest_case(enum eps_code code, float y) {
+  const double *mag = code == EPS_CODE_SIGNED ? mag7 : mag8;
+  int count = code == EPS_CODE_SIGNED ? 128 : 256;
+  int byte = eps_code_nearest(code, y);
+  int q = code == EPS_CODE_SIGNED ? byte & 127 : byte;
+  double ya = fmin(fabs((double)y), 1.0);
+  CHECK(byte >= 0 && byte < 256 && is_nearest(ya, q, mag, count),
+        "%s code of %.9g: byte %d (%.9g) is not a nearest", code == EPS_CODE_SIGNED ? "signed" : "unsigned",
+        (double)y, byte, mag[q]);
+  if (code == EPS_CODE_SIGNED)
+    CHECK((byte >> 7) == (q != 0 && y < 0), "signed code of %.9g: byte %d has the wrong sign", (double)y,
+          byte);
+}
+
+TEST(quant_nearest) {
+  ref_build();
+  for (int c = 0; c < 2; c++) {
+    enum eps_code code = c == 0 ? EPS_CODE_SIGNED : EPS_CODE_ROOT;
+    const double *mag = c == 0 ? mag7 : mag8;
+    int count = c == 0 ? 128 : 256;
+    for (int j = 0; j + 1 < count; j++) {   /* at each midpoint and two floats either side */
+      float y = (float)((mag[j] + mag[j + 1]) / 2.0);
+      float lo = y, hi = y;
+      for (int k = 0; k < 3; k++) {
+        nearest_case(code, lo), nearest_case(code, hi);
+        lo = nextafterf(lo, 0.0f), hi = nextafterf(hi, 2.0f);
+      }
+    }
+    for (int i = 0; i < 20000; i++) {
+      float y = (float)pow(10.0, check_rand_uniform(-16.0, 0.0));
+      nearest_case(code, code == EPS_CODE_SIGNED && (i & 1) ? -y : y);
+    }
+    float specials[] = {0.0f, 1e-45f, 1e-40f, FLT_MIN, 1.0f, nextafterf(1.0f, 2.0f), 1.5f};
+    for (size_t i = 0; i < sizeof specials / sizeof specials[0]; i++) nearest_case(code, specials[i]);
+  }
+}
+
+/* ---------------------------------------------------------------- arrays */
+
+enum { DIST_NORMAL, DIST_DECADES, DIST_ZERO, DIST_SUBNORMAL, DISTS };
+
+static void draw(float *x, int64_t n, int dist, bool nonnegative) {
+  double scale = pow(10.0, check_rand_uniform(-30.0, 30.0));
+  for (int64_t i = 0; i < n; i++) {
+    double v;
+    switch (dist) {
+    case DIST_NORMAL: v = scale * check_rand_normal(); break;
+    case DIST_DECADES:
+      v = check_rand_int(0, 9) == 0 ? 0.0 : pow(10.0, check_rand_uniform(-12.0, 0.0));
+      v *= check_rand_int(0, 1) ? -1.0 : 1.0;
+      break;
+    case DIST_ZERO: v = 0.0; break;
+    default: v = (i / BLOCK) % 2 == 0 ? check_rand_uniform(-1.0, 1.0) * 1e-39 : check_rand_normal();
+    }
+    x[i] = (float)(nonnegative ? fabs(v) : v);
+  }
+}
+
+static void round_trip(int64_t n, int dist, enum eps_code code) {
+  bool root = code == EPS_CODE_ROOT;
+  const double *mag = root ? mag8 : mag7;
+  int count = root ? 256 : 128;
+  uint64_t bytes = 0;
+  CHECK_OK(l2l_state_array_bytes(&bytes, L2L_STATE_8BIT, n));
+  uint64_t codes_bytes = ((uint64_t)n + 3) / 4 * 4, blocks = ((uint64_t)n + BLOCK - 1) / BLOCK;
+  CHECK(bytes == codes_bytes + 4 * blocks, "l2l_state_array_bytes(8bit, %lld) = %llu", (long long)n,
+        (unsigned long long)bytes);
+  uint8_t *array = xmalloc(bytes + 64);
+  memset(array, 0xAB, bytes + 64);
+  float *x = xmalloc(sizeof(float) * (size_t)n), *back = xmalloc(sizeof(float) * (size_t)n);
+  draw(x, n, dist, root);
+  for (int64_t i = 0; i < n; i++) back[i] = NAN;
+  eps_state_encode(array, n, 0, x, n, L2L_STATE_8BIT, code);
+  eps_state_decode(back, array, n, 0, n, L2L_STATE_8BIT, code);
+  const float *scales = (const float *)(array + codes_bytes);
+  bool ok = true;
+  for (uint64_t i = n; i < codes_bytes; i++) ok &= array[i] == 0;
+  CHECK(ok, "n=%lld: the padding before the scales is not zero", (long long)n);
+  ok = true;
+  for (int i = 0; i < 64; i++) ok &= array[bytes + i] == 0xAB;
+  CHECK(ok, "n=%lld: written past the array's %llu bytes", (long long)n, (unsigned long long)bytes);
+  double gap = widest_half_gap(mag, count);
+  for (uint64_t b = 0; b < blocks; b++) {
+    int64_t lo = (int64_t)b * BLOCK, hi = lo + BLOCK < n ? lo + BLOCK : n;
+    double most = 0.0;
+    for (int64_t i = lo; i < hi; i++) most = fmax(most, root ? sqrt((double)x[i]) : fabs((double)x[i]));
+    double s = scales[b];
+    if (!CHECK(fabs(s - most) <= 0x1p-23 * most, "n=%lld dist %d block %llu: scale %.9g, the largest "
+               "magnitude %.9g", (long long)n, dist, (unsigned long long)b, s, most))
+      break;
+    int bad = 0;
+    for (int64_t i = lo; i < hi && bad < 3; i++) {
+      int byte = array[i], q = root ? byte : byte & 127;
+      double y = s > 0 ? (root ? sqrt((double)x[i]) : fabs((double)x[i])) / s : 0.0;
+      double want = root ? pow(mag[q] * s, 2) : (byte & 128 ? -1.0 : 1.0) * mag[q] * s;
+      /* decoded in float: the code's value rounded once, times the scale (each within
+         2^-24 relative), and for a root squared (doubling both) and rounded again; a
+         subnormal result within a subnormal ulp (2^-149) a rounding besides */
+      double rounding = (root ? 5 : 2) * 0x1p-24;
+      bool good = (s == 0 ? byte == 0 && back[i] == 0.0f : is_nearest(y, q, mag, count)) &&
+                  (root || (byte >> 7) == (q != 0 && x[i] < 0)) &&
+                  fabs(back[i] - want) <= rounding * fabs(want) + 0x1p-148;
+      /* the documented bound: the code's value within the widest half gap of the scale
+         of the value (of sqrt for v); the decoding's float rounding is checked above */
+      double moved = root ? fabs(sqrt(want) - sqrt((double)x[i])) : fabs(want - x[i]);
+      good &= moved <= s * (gap + 0x1p-22) + 1e-44;
+      if (!good) {
+        bad++;
+        CHECK(false, "n=%lld dist %d %s: element %lld = %.9g (scale %.9g) -> byte %d -> %.9g",
+              (long long)n, dist, root ? "root" : "signed", (long long)i, (double)x[i], s, byte,
+              (double)back[i]);
+      }
+    }
+  }
+  free(array), free(x), free(back);
+}
+
+TEST(quant_round_trip) {
+  ref_build();
+  int64_t sizes[] = {1, 7, BLOCK, BLOCK + 1, 3 * BLOCK + 5, check_rand_int(2, 5 * BLOCK)};
+  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
+    for (int dist = 0; dist < DISTS; dist++) {
+      round_trip(sizes[k], dist, EPS_CODE_SIGNED);
+      round_trip(sizes[k], dist, EPS_CODE_ROOT);
+    }
+}
+
+TEST(quant_bf16) {
+  int64_t n = check_rand_int(1, 3 * BLOCK);
+  uint64_t bytes = 0;
+  CHECK_OK(l2l_state_array_bytes(&bytes, L2L_STATE_BF16, n));
+  CHECK(bytes == 2 * (uint64_t)n, "bf16 state: 2 bytes an element");
+  float *x = xmalloc(sizeof(float) * (size_t)n), *back = xmalloc(sizeof(float) * (size_t)n);
+  uint16_t *h = xmalloc(bytes);
+  draw(x, n, DIST_DECADES, false);
+  eps_state_encode(h, n, 0, x, n, L2L_STATE_BF16, EPS_CODE_SIGNED);
+  eps_state_decode(back, h, n, 0, n, L2L_STATE_BF16, EPS_CODE_SIGNED);
+  int bad = 0;
+  for (int64_t i = 0; i < n && bad < 3; i++) {
+    /* nearest even in double: the two bf16 neighbours of x, the nearer (tie: even) */
+    uint32_t u;
+    memcpy(&u, &x[i], 4);
+    uint32_t down = u & 0xffff0000u, up = down + 0x10000u;
+    float fd, fu;
+    memcpy(&fd, &down, 4), memcpy(&fu, &up, 4);
+    double dd = fabs((double)x[i] - fd), du = fabs((double)fu - x[i]);
+    float want = dd < du ? fd : du < dd ? fu : ((down >> 16) & 1) ? fu : fd;
+    if (back[i] != want) {
+      bad++;
+      CHECK(false, "bf16 of %.9g: %.9g, nearest even %.9g", (double)x[i], (double)back[i], (double)want);
+    }
+  }
+  free(x), free(back), free(h);
+}
+
+TEST(quant_refusals) {
+  uint64_t bytes = 0;
+  CHECK_FAILS(l2l_state_array_bytes(NULL, L2L_STATE_8BIT, 1), L2L_ERR_INVALID, "out");
+  CHECK_FAILS(l2l_state_array_bytes(&bytes, (l2l_state_precision)7, 1), L2L_ERR_INVALID, "state 7");
+  CHECK_FAILS(l2l_state_array_bytes(&bytes, L2L_STATE_F32, -1), L2L_ERR_INVALID, "n must be");
+  CHECK_OK(l2l_state_array_bytes(&bytes, L2L_STATE_8BIT, 0));
+  CHECK(bytes == 0, "no elements, no bytes");
+  l2l_optimizer_config c = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
+                            .eps = 1e-8f, .state = (l2l_state_precision)3};
+  int arrays = 0;
+  CHECK_FAILS(l2l_optimizer_state_arrays(&arrays, &c), L2L_ERR_INVALID, "optimizer state 3");
+}
+
+/* ---------------------------------------------------------------- the update */
+
+/* One wave of an update on compact state against the same f32 kernel run on the decoded
+   state, encoded after. */
+static void compact_update(l2l_optimizer_kind kind, l2l_state_precision state, bool nesterov) {
+  const struct l2l_optimizer_ops *ops = l2l_optimizer_ops(kind);
+  l2l_optimizer_config cfg = {.kind = kind, .momentum = 0.9f, .nesterov = nesterov};
+  int count = ops->state_count(&cfg);
+  int64_t skip = check_rand_int(0, 3) * BLOCK;            /* the chunk starts blocks in */
+  int64_t n = check_rand_int(1, 4 * BLOCK), total = skip + n;
+  uint64_t bytes = l2l_host_state_bytes(state, total);
+  struct l2l_optim_hyper h = {.kind = kind, .lr = 1e-2f, .weight_decay = 0.1f, .momentum = 0.9f,
+                              .nesterov = nesterov, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                              .t = check_rand_int(2, 50), .grad_scale = 0.5f};
+  float *p = xmalloc(4 * (size_t)n), *p_ref = xmalloc(4 * (size_t)n), *g = xmalloc(4 * (size_t)n);
+  void *arr[2] = {NULL, NULL}, *ref[2] = {NULL, NULL};
+  float *dec[2] = {NULL, NULL};
+  for (int64_t i = 0; i < n; i++) p[i] = p_ref[i] = (float)check_rand_normal(), g[i] = (float)check_rand_normal();
+  for (int a = 0; a < count; a++) {
+    enum eps_code code = eps_state_code(ops, a);
+    float *init = xmalloc(4 * (size_t)total);
+    draw(init, total, DIST_NORMAL, code == EPS_CODE_ROOT);
+    for (int64_t i = 0; i < total; i++) init[i] *= 1e-3f;
+    arr[a] = xmalloc(bytes), ref[a] = xmalloc(bytes);
+    eps_state_encode(arr[a], total, 0, init, total, state, code);
+    memcpy(ref[a], arr[a], bytes);
+    dec[a] = xmalloc(4 * (size_t)n);
+    eps_state_decode(dec[a], ref[a], total, skip, n, state, code);
+    free(init);
+  }
+  for (int wave = 0; wave < ops->waves; wave++) {
+    double sums[2] = {0, 0}, ref_sums[2] = {0, 0};
+    static double record_sums[2];
+    struct l2l_optim_chunk chunk = {.p = p, .grad = g, .n = n, .h = &h, .wave = wave,
+                                    .sums = sums, .record_sums = record_sums};
+    struct l2l_optim_chunk plain = {.p = p_ref, .grad = g, .n = n, .h = &h, .wave = wave,
+                                    .sums = ref_sums, .record_sums = record_sums,
+                                    .state = {dec[0], dec[1]}};
+    uint8_t *before = count > 0 ? xmalloc(bytes) : NULL;
+    if (before) memcpy(before, arr[0], bytes);
+    eps_compact_chunk(ops, &chunk, arr, total, skip, state);
+    ops->chunk(&plain);
+    if (wave == 0) {
+      for (int a = 0; a < count; a++) {   /* a later wave reads the state as kept */
+        eps_state_encode(ref[a], total, skip, dec[a], n, state, eps_state_code(ops, a));
+        eps_state_decode(dec[a], ref[a], total, skip, n, state, eps_state_code(ops, a));
+      }
+      record_sums[0] = sums[0], record_sums[1] = sums[1];
+      if (ops->waves > 1)
+        CHECK(fabs(sums[0] - ref_sums[0]) <= 1e-12 * ref_sums[0] &&
+              fabs(sums[1] - ref_sums[1]) <= 1e-12 * ref_sums[1],
+              "%s wave 0: sums %.17g %.17g, plain %.17g %.17g", ops->name, sums[0], sums[1],
+              ref_sums[0], ref_sums[1]);
+    } else if (before) {
+      CHECK(memcmp(before, arr[0], bytes) == 0, "%s wave %d wrote the state", ops->name, wave);
+    }
+    free(before);
+  }
+  for (int a = 0; a < count; a++)
+    CHECK(memcmp(arr[a], ref[a], bytes) == 0, "%s %s state %d (n=%lld from %lld): not the plain "
+          "kernel's encoded", ops->name, state == L2L_STATE_BF16 ? "bf16" : "8bit", a,
+          (long long)n, (long long)skip);
+  int bad = 0;
+  for (int64_t i = 0; i < n && bad < 3; i++)
+    if (p[i] != p_ref[i]) {
+      bad++;
+      CHECK(false, "%s %s p[%lld] = %.9g, the plain kernel %.9g", ops->name,
+            state == L2L_STATE_BF16 ? "bf16" : "8bit", (long long)i, (double)p[i], (double)p_ref[i]);
+    }
+  for (int a = 0; a < 2; a++) free(arr[a]), free(ref[a]), free(dec[a]);
+  free(p), free(p_ref), free(g);
+}
+
+TEST(quant_compact_update) {
+  l2l_state_precision states[] = {L2L_STATE_BF16, L2L_STATE_8BIT};
+  for (int k = 0; k < 2; k++) {
+    compact_update(L2L_OPTIMIZER_SGD, states[k], false);
+    compact_update(L2L_OPTIMIZER_SGD, states[k], true);
+    compact_update(L2L_OPTIMIZER_ADAMW, states[k], false);
+    compact_update(L2L_OPTIMIZER_LAMB, states[k], false);
+  }
+}

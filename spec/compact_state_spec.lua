@@ -1,0 +1,288 @@
+-- SPDX-License-Identifier: MIT
+-- compact_state_spec — the optimizer state kept in bf16 or 8 bits (the optimizers' `state`
+-- option; src/l2l/relay.h, "optimizers"): the option checked; the EPS's host bytes, counted
+-- here from the documented layout, fall as they should; the first update moves the weights
+-- exactly as f32 state does (it runs in f32 on the decoded zero state; LAMB's second wave
+-- reads the state as kept, so not LAMB's) and leaves a state
+-- that this file's own decoder, written from the header's rule in double, finds within
+-- the code's bound of the f32 run's state (bf16: the nearest even); training goes on to a
+-- falling loss; checkpoints load into any precision (f32 -> 8bit -> f32 within the bound);
+-- a spill file holds the compact form, the same to the bit as in memory.
+-- (Resume bit for bit in each precision: checkpoint_spec; the codes, the encoder and the
+-- fused update against double references: spec/c/test_quant.c.)
+local support = dofile("spec/support.lua")
+local l2l = require("l2l")
+local ffi = require("ffi")
+
+local seed = support.seed
+math.randomseed(seed)
+
+local V, n = 37, 6
+local S = 2 * n + 1
+local BLOCK = 2048
+local STATES = { "f32", "bf16", "8bit" }
+
+local function tiny_gpt(s, dim)
+  return l2l.Sequential {
+    l2l.Embedding { vocab = V, dim = dim, max_seq = S, seed = s },
+    l2l.Block { dim = dim, heads = 4, causal = true, seed = s + 1 },
+    l2l.LMHead { vocab = V, dim = dim, tie = true, seed = s + 3 },
+  }
+end
+
+local function batches(count, B)
+  local list = {}
+  for i = 1, count do
+    local tok, tgt = support.reversal(B, n, V)
+    list[i] = { l2l.tensor(tok, { dtype = "i32" }), l2l.tensor(tgt, { dtype = "i32" }) }
+  end
+  return list
+end
+
+local makers = {
+  adamw = function(state) return l2l.AdamW { lr = 3e-3, state = state } end,
+  lamb = function(state) return l2l.LAMB { lr = 3e-2, state = state } end,
+  sgd = function(state) return l2l.SGD { lr = 0.3, momentum = 0.9, state = state } end,
+}
+-- arrays kept: the first a momentum (signed code), Adam's second its square root's
+local ARRAYS = { adamw = { "m", "v" }, lamb = { "m", "v" }, sgd = { "m" } }
+
+-- The code's magnitudes from the header's rule: 0, then 10^-E (0.1 + 0.9 (k + 1) / 2^(b-1-E)).
+local function magnitudes(bits)
+  local m = { [0] = 0 }
+  for e = bits - 1, 0, -1 do
+    local f = 2 ^ (bits - 1 - e)
+    for k = 0, f - 1 do m[#m + 1] = 10 ^ -e * (0.1 + 0.9 * (k + 1) / f) end
+  end
+  return m
+end
+local M7, M8 = magnitudes(7), magnitudes(8)
+local function widest_half_gap(m)
+  local g = 0
+  for j = 1, #m do g = math.max(g, (m[j] - m[j - 1]) / 2) end
+  return g
+end
+
+-- An 8-bit array (a u8 tensor) of count elements decoded in double, and each element's
+-- bound: its block's scale times the code's widest half gap (for v, of sqrt(v)).
+local function decode8(t, count, root)
+  local bytes = t:data()
+  local codes = math.ceil(count / 4) * 4
+  local scales = ffi.cast("const float *", bytes + codes)
+  local out, scale_of = {}, {}
+  for i = 0, count - 1 do
+    local s, c = scales[math.floor(i / BLOCK)], bytes[i]
+    local v
+    if root then v = (M8[c] * s) ^ 2 else v = (c >= 128 and -1 or 1) * M7[c % 128] * s end
+    out[i + 1], scale_of[i + 1] = v, s
+  end
+  return out, scale_of
+end
+
+local function values(t)
+  local p, out = t:data(), {}
+  for i = 0, t:numel() - 1 do out[i + 1] = p[i] end
+  return out
+end
+
+local function bf16_nearest_even(x)
+  local f = ffi.new("float[1]", x)
+  local u = ffi.cast("uint32_t *", f)[0]
+  local down = bit.band(u, 0xffff0000)
+  local lo, hi = ffi.new("uint32_t[1]", down), ffi.new("uint32_t[1]", down + 0x10000)
+  local a, b = ffi.cast("float *", lo)[0], ffi.cast("float *", hi)[0]
+  local da, db = math.abs(x - a), math.abs(b - x)
+  if da < db then return a elseif db < da then return b end
+  return bit.band(bit.rshift(down, 16), 1) == 0 and a or b
+end
+
+local function same(a, b)
+  local x, y = a:data(), b:data()
+  for i = 0, a:numel() - 1 do if x[i] ~= y[i] then return false end end
+  return true
+end
+
+describe("compact optimizer state (seed " .. seed .. ")", function()
+  it("is an option of each optimizer, checked", function()
+    for _, make in ipairs({ l2l.AdamW, l2l.LAMB, function(o) o.momentum = 0.9; return l2l.SGD(o) end }) do
+      for _, st in ipairs(STATES) do
+        local o = make { state = st }
+        assert.are.equal(st, o.state)
+        assert.is_truthy(tostring(o):find(('state = "%s"'):format(st), 1, true))
+      end
+      assert.are.equal("f32", make {}.state)
+      for _, bad in ipairs({ "4bit", "F32", 8, true }) do
+        local ok, err = pcall(make, { state = bad })
+        assert.is_false(ok)
+        assert.is_truthy(tostring(err):find("option 'state' must be \"f32\", \"bf16\" or \"8bit\"", 1, true), err)
+      end
+    end
+  end)
+
+  it("count the host bytes the layout says, and the first update is f32's to the bit", function()
+    local dim = ({ 32, 48, 64 })[support.int(1, 3)]
+    local data = batches(1, support.int(2, 5))
+    for kind, make in pairs(makers) do
+      local runs = {}
+      for _, st in ipairs(STATES) do
+        local model = tiny_gpt(11, dim)
+        runs[st] = l2l.Relay { model = model, optimizer = make(st), micro_batch = 2 }
+        runs[st]:step(data[1][1], data[1][2])
+        runs[st]:sync()
+      end
+      local what = ("%s dim %d"):format(kind, dim)
+      -- bytes: masters and accumulators f32, the arrays in their precision, each allocation
+      -- counted rounded up to L2L_ALIGN
+      local function acc(b) return math.ceil(b / l2l.C.L2L_ALIGN) * l2l.C.L2L_ALIGN end
+      local function array_bytes(st, count)
+        if st == "f32" then return 4 * count elseif st == "bf16" then return 2 * count end
+        return math.ceil(count / 4) * 4 + 4 * math.ceil(count / BLOCK)
+      end
+      for _, st in ipairs(STATES) do
+        local want = 0
+        for _, p in ipairs(runs[st].model:params()) do
+          local count = p.value:numel()
+          want = want + 2 * acc(4 * count) + #ARRAYS[kind] * acc(array_bytes(st, count))
+        end
+        assert.are.equal(want, runs[st]:stats().host_eps_bytes, what .. " " .. st)
+      end
+      local f32 = runs.f32.model:params()
+      for _, st in ipairs({ "bf16", "8bit" }) do
+        for k, p in ipairs(runs[st].model:params()) do
+          -- (LAMB's second wave reads the state as kept: its first step is not f32's)
+          assert.is_true(kind == "lamb" or same(f32[k].value, p.value),
+                         ("%s %s: %s after the first update"):format(what, st, p.name))
+          for a, which in ipairs(ARRAYS[kind]) do
+            local want = values(runs.f32:state(f32[k], which))
+            local got = runs[st]:state(p, which)
+            local count = p.value:numel()
+            if st == "bf16" then
+              assert.are.equal("bf16", got:dtype())
+              local back = got:cast("f32")
+              local v = values(back)
+              for i = 1, count do
+                if v[i] ~= bf16_nearest_even(want[i]) then
+                  error(("%s bf16 %s.%s[%d] = %.9g, the nearest even of %.9g"):format(what, p.name, which, i, v[i], want[i]))
+                end
+              end
+            else
+              assert.are.equal("u8", got:dtype())
+              assert.are.equal(math.ceil(count / 4) * 4 + 4 * math.ceil(count / BLOCK), got:numel())
+              local root = which == "v"
+              local v, scale = decode8(got, count, root)
+              local gap = widest_half_gap(root and M8 or M7)
+              for i = 1, count do
+                local moved = root and math.abs(math.sqrt(v[i]) - math.sqrt(want[i])) or math.abs(v[i] - want[i])
+                if moved > scale[i] * (gap + 2 ^ -20) + 1e-44 then
+                  error(("%s 8bit %s.%s[%d] = %.9g, f32 %.9g: beyond the bound (scale %.9g)"):format(
+                    what, p.name, which, i, v[i], want[i], scale[i]))
+                end
+              end
+            end
+          end
+        end
+      end
+      for _, r in pairs(runs) do r:free() end
+    end
+  end)
+
+  it("train on to a falling loss, as f32 state does", function()
+    local data = batches(40, 8)
+    for kind, make in pairs(makers) do
+      for _, st in ipairs(STATES) do
+        local run = l2l.Relay { model = tiny_gpt(5, 32), optimizer = make(st), micro_batch = 4 }
+        local first, last = 0, 0
+        for i = 1, 40 do
+          local loss = run:step(data[i][1], data[i][2])
+          assert.is_true(loss == loss and loss < math.huge, ("%s %s step %d: loss %s"):format(kind, st, i, loss))
+          if i <= 5 then first = first + loss / 5 end
+          if i > 35 then last = last + loss / 5 end
+        end
+        assert.is_true(last < first, ("%s %s: the loss %.4f -> %.4f"):format(kind, st, first, last))
+        run:free()
+      end
+    end
+  end)
+
+  it("load into any precision: f32 -> 8bit -> f32 within the code's bound", function()
+    local data = batches(4, 4)
+    local run = l2l.Relay { model = tiny_gpt(9, 48), optimizer = makers.adamw("f32"), micro_batch = 2 }
+    for i = 1, 3 do run:step(data[i][1], data[i][2]) end
+    local path = os.tmpname()
+    run:save(path)
+    local small = l2l.load(path, { state = "8bit" })
+    assert.are.equal("8bit", small.options.optimizer.state)
+    local path2 = os.tmpname()
+    small:save(path2)
+    local back = l2l.load(path2, { state = "f32" })
+    assert.are.equal("f32", back.options.optimizer.state)
+    local ps, pb, pr = small.model:params(), back.model:params(), run.model:params()
+    for k, p in ipairs(pr) do
+      assert.is_true(same(p.value, ps[k].value) and same(p.value, pb[k].value), p.name)
+      for _, which in ipairs({ "m", "v" }) do
+        local root = which == "v"
+        local want = values(run:state(p, which))
+        local coded, scale = decode8(small:state(ps[k], which), p.value:numel(), root)
+        local wide = values(back:state(pb[k], which))
+        local gap = widest_half_gap(root and M8 or M7)
+        for i = 1, #want do
+          local moved = root and math.abs(math.sqrt(coded[i]) - math.sqrt(want[i])) or math.abs(coded[i] - want[i])
+          assert.is_true(moved <= scale[i] * (gap + 2 ^ -20) + 1e-44, ("%s.%s[%d]"):format(p.name, which, i))
+          -- the f32 run holds the 8-bit values (decoded in f32: within its rounding)
+          assert.is_true(math.abs(wide[i] - coded[i]) <= 2 ^ -21 * math.abs(coded[i]) + 1e-44,
+                         ("%s.%s[%d]: %.9g, 8-bit %.9g"):format(p.name, which, i, wide[i], coded[i]))
+        end
+      end
+    end
+    -- and the converted runs train on
+    for _, r in ipairs({ small, back }) do
+      local loss = r:step(data[4][1], data[4][2])
+      assert.is_true(loss == loss and loss < math.huge)
+      r:free()
+    end
+    run:free()
+    os.remove(path)
+    os.remove(path2)
+  end)
+
+  it("spill the compact form: the same bits as in memory, the compact bytes on disk", function()
+    local dir = support.tmpdir()
+    local data = batches(4, 4)
+    for _, st in ipairs({ "bf16", "8bit" }) do
+      local kind = ({ "adamw", "lamb", "sgd" })[support.int(1, 3)]
+      local plain = l2l.Relay { model = tiny_gpt(3, 64), optimizer = makers[kind](st), micro_batch = 2 }
+      local model = tiny_gpt(3, 64)
+      local spilled = l2l.Relay { model = model, optimizer = makers[kind](st), micro_batch = 2,
+                                  spill = dir, host_budget = 1 }
+      local ok, err = pcall(spilled.step, spilled, data[1][1], data[1][2])
+      local smallest = tonumber(tostring(err):match("is below the (%d+)"))
+      assert.is_false(ok)
+      assert.is_truthy(smallest, err)
+      spilled:set_host_budget(smallest)
+      local what = kind .. " " .. st
+      for i = 1, 4 do
+        assert.are.equal(plain:step(data[i][1], data[i][2]), spilled:step(data[i][1], data[i][2]), what .. " step " .. i)
+      end
+      spilled:sync()
+      local st_spill = spilled:stats()
+      -- the last step read every record's state (its last update's) in the compact form
+      local bytes = 0
+      for _, p in ipairs(model:params()) do
+        local count = p.value:numel()
+        local array = st == "bf16" and 2 * count or math.ceil(count / 4) * 4 + 4 * math.ceil(count / BLOCK)
+        bytes = bytes + #ARRAYS[kind] * array
+      end
+      assert.is_true(st_spill.spill_read_bytes > 0 and st_spill.spill_read_bytes <= bytes,
+                     ("%s: read %d bytes, the compact state is %d"):format(what, st_spill.spill_read_bytes, bytes))
+      local pp = plain.model:params()
+      for k, p in ipairs(model:params()) do
+        assert.is_true(same(pp[k].value, p.value), what .. ": " .. p.name)
+        for _, which in ipairs(ARRAYS[kind]) do
+          assert.is_true(same(plain:state(pp[k], which), spilled:state(p, which)), what .. ": " .. p.name .. "." .. which)
+        end
+      end
+      plain:free()
+      spilled:free()
+    end
+  end)
+end)

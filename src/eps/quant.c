@@ -1,0 +1,334 @@
+/* SPDX-License-Identifier: MIT */
+/* quant.c — the optimizer state in its precision: f32, bf16 or blockwise 8 bits (l2l.h,
+ * "optimizers": the codes and the layout are stated there once); the update that runs on
+ * compact state; a record's state arrays made in the precision, and a checkpoint's state,
+ * in any precision, converted into it (l2l_eps_restore).
+ *
+ * Purpose: halve or quarter the host bytes of the optimizer state while the optimizer's
+ * arithmetic stays the f32 kernels' of optim.c: an update decodes one block of
+ * L2L_STATE_BLOCK elements of each state array into f32 scratch on the worker's stack,
+ * runs the optimizer's chunk kernel over that block, and encodes the block again (the
+ * first wave writes the state; a later one only reads it), so each state byte crosses
+ * memory once each way and the scratch stays in the core's cache.
+ * 8-bit encoding is the nearest code, computed from the code's rule (`nearest`) rather than
+ * searched for, so that it vectorizes (test_quant checks it against a search in double).
+ * Ties go to the smaller magnitude.
+ * A restore checks every value it is given (finite; a second moment >= 0) as it converts,
+ * and only then replaces the record's state, so a refusal changes nothing.
+ * Must never: allocate on the update's path, or read or write past the n elements asked
+ * for (the scales of an array's blocks are addressed from its length).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "record.h"
+
+/* Powers of ten, for the decades (float constants: 10^-E rounded once). */
+static const float TEN_DOWN[8] = {1.0f, 1e-1f, 1e-2f, 1e-3f, 1e-4f, 1e-5f, 1e-6f, 1e-7f};
+static const float TEN_UP[8] = {1.0f, 1e1f, 1e2f, 1e3f, 1e4f, 1e5f, 1e6f, 1e7f};
+
+/* Each byte's value, from the code's rule evaluated in double and rounded once. */
+static float signed_value[256], root_value[256];
+static pthread_once_t codes_once = PTHREAD_ONCE_INIT;
+
+/* Magnitude index q of the code of `bits` bits: F = floor(log2 q), k = q - 2^F,
+   E = bits - 1 - F: 10^-E (0.1 + 0.9 (k + 1) / 2^F), and 0 for q = 0. */
+static double magnitude_of(int q, int bits) {
+  if (q == 0) return 0.0;
+  int f = 0;
+  while ((2 << f) <= q) f++;
+  return pow(10.0, -(bits - 1 - f)) * (0.1 + 0.9 * (q - (1 << f) + 1) / (double)(1 << f));
+}
+
+static void codes_build(void) {
+  for (int byte = 0; byte < 256; byte++) {
+    float m = (float)magnitude_of(byte & 127, 7);
+    signed_value[byte] = byte & 128 ? -m : m;
+    root_value[byte] = (float)magnitude_of(byte, 8);
+  }
+}
+
+const float *eps_code_values(enum eps_code code) {
+  pthread_once(&codes_once, codes_build);
+  return code == EPS_CODE_SIGNED ? signed_value : root_value;
+}
+
+/* The nearest code of a magnitude y >= 0 in the code of `bits` bits (y > 1 gives the
+   largest), by arithmetic rather than a search, so that the loops calling it vectorize
+   with no table: the decade E (y in (10^-(E+1), 10^-E]) is how many of 10^-1 ..
+   10^-(bits-1) y is at or below; with F = bits - 1 - E, decade E's levels are
+   10^-E (0.1 + 0.9 (k + 1) / 2^F) at indexes 2^F + k, and index 2^F - 1 is the top of the
+   decade below (10^-E 0.1), so the nearest index is 2^F - 1 plus the position
+   (y 10^E - 0.1) 2^F / 0.9 rounded (ties down). The lowest decade's one level has 0 below
+   it, not a decade: there the nearest is the level or 0, split at its half. The float
+   arithmetic can move the choice only for a y within a few ulps of a midpoint. */
+static inline int nearest(float y, int bits) {
+  const float *down = TEN_DOWN, *up = TEN_UP;
+  int e = 0;
+  float ten_e = 1.0f;
+  for (int j = 1; j < bits; j++) {
+    bool below = y <= down[j];
+    e += below;
+    ten_e = below ? up[j] : ten_e;
+  }
+  int f = bits - 1 - e;
+  float two_f = bits_float((uint32_t)(127 + f) << 23);
+  float position = (y * ten_e - 0.1f) * (two_f * (1.0f / 0.9f));
+  float rounded = ceilf(position - 0.5f);   /* ties to the smaller */
+  int top = (1 << bits) - 1;
+  rounded = rounded < -1.0f ? -1.0f : rounded > (float)top ? (float)top : rounded;
+  int q = (int)two_f - 1 + (int)rounded;
+  int lowest = y > 0.5f * down[bits - 1];
+  q = e == bits - 1 ? lowest : q;
+  return q > top ? top : q;
+}
+
+int eps_code_nearest(enum eps_code code, float y) {
+  if (code == EPS_CODE_SIGNED) {
+    int q = nearest(fabsf(y), 7);
+    return q != 0 && y < 0 ? q | 128 : q;
+  }
+  return nearest(y, 8);
+}
+
+/* ---------------------------------------------------------------- one array's blocks */
+
+/* Where the 8-bit array of n elements keeps its scales: after its codes, padded to 4. */
+static float *scales_of(void *array, int64_t n) {
+  return (float *)((uint8_t *)array + (((uint64_t)n + 3) & ~(uint64_t)3));
+}
+
+/* One block of at most L2L_STATE_BLOCK values x into codes and its scale. A root code
+   keeps sqrt(x) (x >= 0: a negative x counts as 0). */
+static void block_encode(uint8_t *restrict q, float *scale, const float *restrict x, int64_t n,
+                         enum eps_code code) {
+  float root[L2L_STATE_BLOCK];
+  const float *v = x;
+  /* comparisons, not fmaxf: without -ffinite-math-only fmaxf is a call per element */
+  if (code == EPS_CODE_ROOT) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) root[i] = sqrtf(x[i] > 0.0f ? x[i] : 0.0f);
+    v = root;
+  }
+  float most = 0.0f;
+#pragma omp simd reduction(max : most)
+  for (int64_t i = 0; i < n; i++) {
+    float a = fabsf(v[i]);
+    most = a > most ? a : most;
+  }
+  *scale = most;
+  if (!(most > 0.0f)) {   /* zero (or a NaN: nothing meaningful to keep) */
+    memset(q, 0, (size_t)n);
+    return;
+  }
+  /* the reciprocal's product (a quotient past 1 gives the top code); for a scale so small
+     that its reciprocal is inf, the values are scaled up first (exactly: a power of 2) */
+  float lift = most < 0x1p-100f ? 0x1p100f : 1.0f, inv = 1.0f / (most * lift);
+  if (code == EPS_CODE_ROOT) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) q[i] = (uint8_t)nearest(v[i] * lift * inv, 8);
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+      int m = nearest(fabsf(v[i]) * lift * inv, 7);
+      int negative = (int)(float_bits(v[i]) >> 31) & (m != 0);   /* zero is byte 0 */
+      q[i] = (uint8_t)(m | negative << 7);
+    }
+  }
+}
+
+static void block_decode(float *restrict x, const uint8_t *restrict q, float scale, int64_t n,
+                         enum eps_code code) {
+  if (code == EPS_CODE_ROOT) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+      float r = root_value[q[i]] * scale;
+      x[i] = r * r;
+    }
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) x[i] = signed_value[q[i]] * scale;
+  }
+}
+
+void eps_state_decode(float *out, const void *array, int64_t array_n, int64_t begin, int64_t n,
+                      l2l_state_precision state, enum eps_code code) {
+  pthread_once(&codes_once, codes_build);
+  if (state == L2L_STATE_F32) {
+    memcpy(out, (const float *)array + begin, (size_t)n * sizeof(float));
+  } else if (state == L2L_STATE_BF16) {
+    const uint16_t *h = (const uint16_t *)array + begin;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) out[i] = half_bf16_to_f32(h[i]);
+  } else {
+    const float *scale = scales_of((void *)array, array_n) + begin / L2L_STATE_BLOCK;
+    for (int64_t at = 0; at < n; at += L2L_STATE_BLOCK) {
+      int64_t bn = n - at < L2L_STATE_BLOCK ? n - at : L2L_STATE_BLOCK;
+      block_decode(out + at, (const uint8_t *)array + begin + at, scale[at / L2L_STATE_BLOCK], bn,
+                   code);
+    }
+  }
+}
+
+void eps_state_encode(void *array, int64_t array_n, int64_t begin, const float *in, int64_t n,
+                      l2l_state_precision state, enum eps_code code) {
+  if (state == L2L_STATE_F32) {
+    memcpy((float *)array + begin, in, (size_t)n * sizeof(float));
+  } else if (state == L2L_STATE_BF16) {
+    uint16_t *h = (uint16_t *)array + begin;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) h[i] = half_from_f32_bf16(in[i]);
+  } else {
+    float *scale = scales_of(array, array_n) + begin / L2L_STATE_BLOCK;
+    for (int64_t at = 0; at < n; at += L2L_STATE_BLOCK) {
+      int64_t bn = n - at < L2L_STATE_BLOCK ? n - at : L2L_STATE_BLOCK;
+      block_encode((uint8_t *)array + begin + at, &scale[at / L2L_STATE_BLOCK], in + at, bn, code);
+    }
+    if (begin + n == array_n)   /* the padding before the scales: zero, as documented */
+      memset((uint8_t *)array + array_n, 0, (size_t)((uint8_t *)scales_of(array, array_n) -
+                                                     ((uint8_t *)array + array_n)));
+  }
+}
+
+/* ---------------------------------------------------------------- the update */
+
+void eps_compact_chunk(const struct l2l_optimizer_ops *optim, const struct l2l_optim_chunk *chunk,
+                       void *const arrays[2], int64_t array_n, int64_t begin,
+                       l2l_state_precision state) {
+  float scratch[2][L2L_STATE_BLOCK];
+  for (int64_t at = 0; at < chunk->n; at += L2L_STATE_BLOCK) {
+    struct l2l_optim_chunk block = *chunk;
+    block.p = chunk->p + at;
+    block.grad = chunk->grad + at;
+    block.n = chunk->n - at < L2L_STATE_BLOCK ? chunk->n - at : L2L_STATE_BLOCK;
+    for (int a = 0; a < 2; a++) {
+      block.state[a] = arrays[a] != NULL ? scratch[a] : NULL;
+      if (arrays[a] != NULL)
+        eps_state_decode(scratch[a], arrays[a], array_n, begin + at, block.n, state,
+                         eps_state_code(optim, a));
+    }
+    optim->chunk(&block);
+    for (int a = 0; chunk->wave == 0 && a < 2; a++)
+      if (arrays[a] != NULL)
+        eps_state_encode(arrays[a], array_n, begin + at, scratch[a], block.n, state,
+                         eps_state_code(optim, a));
+  }
+}
+
+/* ---------------------------------------------------------------- state arrays made and restored */
+
+/* An optimizer state array of rec: its shard's elements (all of them on one process). */
+l2l_status eps_state_new(l2l_tensor **out, const struct eps_record *rec) {
+  l2l_state_precision state = rec->eps->optimizer.state;
+  if (state == L2L_STATE_8BIT) {   /* codes and scales: a vector of bytes */
+    int64_t shape[1] = {(int64_t)eps_array_bytes(rec)};
+    return l2l_tensor_new(out, L2L_POOL_HOST, L2L_U8, 1, shape);
+  }
+  l2l_dtype dtype = state == L2L_STATE_BF16 ? L2L_BF16 : L2L_F32;
+  if (rec->eps->dist == NULL)   /* all of the record, in its shape */
+    return l2l_tensor_new_like(out, L2L_POOL_HOST, dtype, rec->master);
+  int64_t shape[1] = {rec->shard_n > 0 ? rec->shard_n : 1};   /* an empty shard: 1 unused */
+  return l2l_tensor_new(out, L2L_POOL_HOST, dtype, 1, shape);
+}
+
+/* The precision a state tensor given to restore is kept in, from its dtype (checked). */
+static l2l_state_precision given_precision(const l2l_tensor *t) {
+  l2l_dtype dtype = (l2l_dtype)l2l_tensor_dtype(t);
+  return dtype == L2L_U8 ? L2L_STATE_8BIT : dtype == L2L_BF16 ? L2L_STATE_BF16 : L2L_STATE_F32;
+}
+
+/* dst (a shard's state, in the EPS's precision) := the shard's elements of src (the whole
+   record's state array `which`, in any precision, any shape), block by block through f32,
+   each value checked: finite, and a second moment >= 0. */
+static l2l_status state_convert(const char *func, const char *name, l2l_tensor *dst,
+                                const l2l_tensor *src, const struct eps_record *rec, int which) {
+  if (l2l_tensor_pool(src) == L2L_POOL_DEVICE) {   /* one whole copy into host memory first */
+    l2l_tensor *whole = NULL;
+    TRY(l2l_tensor_new_like(&whole, L2L_POOL_HOST, (l2l_dtype)l2l_tensor_dtype(src), src));
+    l2l_status status = l2l_tensor_copy(whole, src);
+    if (status == L2L_OK) status = state_convert(func, name, dst, whole, rec, which);
+    l2l_tensor_free(whole);
+    return status;
+  }
+  const struct l2l_eps *eps = rec->eps;
+  enum eps_code code = eps_state_code(eps->optim, which);
+  l2l_state_precision from = given_precision(src), to = eps->optimizer.state;
+  int64_t n = l2l_tensor_numel(rec->master), lo = rec->shard_begin, hi = lo + rec->shard_n;
+  /* the same precision on one process: checked, then the bytes themselves (an 8-bit
+     array encoded again could differ in the last bit of a scale's division) */
+  bool same = from == to && eps->dist == NULL;
+  float block[L2L_STATE_BLOCK];
+  for (int64_t at = lo / L2L_STATE_BLOCK * L2L_STATE_BLOCK; at < hi; at += L2L_STATE_BLOCK) {
+    int64_t bn = n - at < L2L_STATE_BLOCK ? n - at : L2L_STATE_BLOCK;
+    eps_state_decode(block, l2l_tensor_data(src), n, at, bn, from, code);
+    for (int64_t i = 0; i < bn; i++)
+      if (!isfinite(block[i]) || (code == EPS_CODE_ROOT && block[i] < 0.0f))
+        return l2l_fail_in(func, L2L_ERR_INVALID, "%s holds %g at element %lld: optimizer state "
+                           "must be finite%s", name, (double)block[i], (long long)(at + i),
+                           code == EPS_CODE_ROOT ? ", and a second moment >= 0" : "");
+    int64_t from_at = at > lo ? at : lo, to_at = at + bn < hi ? at + bn : hi;
+    if (!same && from_at < to_at)
+      eps_state_encode(l2l_tensor_data(dst), rec->shard_n, from_at - lo, block + (from_at - at),
+                       to_at - from_at, to, code);
+  }
+  if (same)
+    memcpy(l2l_tensor_data(dst), l2l_tensor_data(src), (size_t)eps_array_bytes(rec));
+  return L2L_OK;
+}
+
+l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_record *rec,
+                           int64_t updates, const l2l_tensor *first, const l2l_tensor *second) {
+  const l2l_tensor *given[2] = {first, second};
+  const char *names[2] = {"first", "second"};
+  /* The next update is t = updates + 1: it must be an int64 too. */
+  if (updates == INT64_MAX)
+    return l2l_fail_in(func, L2L_ERR_INVALID, "updates must be below 2^63 - 1 (the next update "
+                       "counts one more), got %lld", (long long)updates);
+  int count = l2l_optim_state_count(&eps->optimizer);
+  int arrays = updates > 0 ? count : 0;
+  for (int a = 0; a < 2; a++) {
+    if (a >= arrays) {
+      if (given[a] != NULL)
+        return l2l_fail_in(func, L2L_ERR_INVALID,
+                           "%s must be NULL: the optimizer keeps %d state arrays%s", names[a],
+                           count, updates == 0 ? " and none before the first update" : "");
+      continue;
+    }
+    if (given[a] == NULL)
+      return l2l_fail_in(func, L2L_ERR_INVALID, "%s is NULL: the optimizer keeps %d state arrays",
+                         names[a], arrays);
+    TRY(l2l_tensor_check(func, names[a], given[a]));
+    l2l_dtype dtype = (l2l_dtype)l2l_tensor_dtype(given[a]);
+    if (dtype != L2L_F32 && dtype != L2L_BF16 && dtype != L2L_U8)
+      return l2l_fail_in(func, L2L_ERR_INVALID, "%s must be f32, bf16 or u8 (8-bit state), got %s",
+                         names[a], l2l_dtype_name(dtype));
+    int64_t n = l2l_tensor_numel(rec->master);
+    int64_t want = dtype == L2L_U8 ? (int64_t)l2l_host_state_bytes(L2L_STATE_8BIT, n) : n;
+    if (l2l_tensor_numel(given[a]) != want)
+      return l2l_fail_in(func, L2L_ERR_INVALID, "%s has %lld elements, the parameter's state "
+                         "in %s %lld", names[a], (long long)l2l_tensor_numel(given[a]),
+                         dtype == L2L_U8 ? "8 bits" : l2l_dtype_name(dtype), (long long)want);
+  }
+  l2l_tensor *fresh[2] = {NULL, NULL};
+  if (eps->spill) eps_ahead_drop(eps, rec);   /* a read of the old state is stale */
+  for (int a = 0; a < arrays; a++) {
+    l2l_status status = eps_state_new(&fresh[a], rec);
+    if (status == L2L_OK) status = state_convert(func, names[a], fresh[a], given[a], rec, a);
+    if (status != L2L_OK) {
+      l2l_tensor_free(fresh[0]);
+      l2l_tensor_free(fresh[1]);
+      return status;
+    }
+  }
+  for (int a = 0; a < 2; a++) {
+    l2l_tensor_free(rec->state[a]);
+    rec->state[a] = fresh[a];
+    l2l_tensor_free(rec->gathered[a]);
+    rec->gathered[a] = NULL;
+  }
+  rec->updates = updates;
+  rec->spilled = false;
+  /* with a spill file the state goes there (kept in memory if it cannot: nothing lost) */
+  return eps->spill && arrays > 0 && !rec->keep_state ? eps_state_out(eps, rec) : L2L_OK;
+}
