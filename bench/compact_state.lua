@@ -2,7 +2,8 @@
 -- bench/compact_state.lua — the optimizer state in f32, bf16 and 8 bits (issue 33): the
 -- host bytes a parameter the EPS reports (stats.host_eps_bytes, not arithmetic) on a
 -- GPT-2 124M-shaped model (12 blocks, dim 768, 50257 tokens, tied head) after one update,
--- for AdamW and SGD with momentum in each precision.
+-- for AdamW and SGD with momentum in each precision, and AdamW with bf16 masters (relay
+-- master = "bf16", precision bf16) in each.
 -- Run: build/l2l bench/compact_state.lua [--steps N]   (about a minute; 2.5 GB of RAM)
 local l2l = require("l2l")
 
@@ -22,19 +23,22 @@ for t = 1, T do tok:set(1, t, (t * 7919) % 50257); tgt:set(1, t, (t * 104729) % 
 
 print(("GPT-2 124M-shaped model: %d parameters; EPS host bytes after one update (stats.host_eps_bytes)"):format(N))
 print("")
-print("| optimizer | state | host bytes | bytes / parameter |")
-print("|---|---|---:|---:|")
+print("| optimizer | masters | state | host bytes | bytes / parameter |")
+print("|---|---|---|---:|---:|")
 local optimizers = {
-  { "AdamW", function(st) return l2l.AdamW { lr = 1e-4, state = st } end },
-  { "SGD momentum", function(st) return l2l.SGD { lr = 1e-4, momentum = 0.9, state = st } end },
+  { "AdamW", function(st) return l2l.AdamW { lr = 1e-4, state = st } end, "f32" },
+  { "SGD momentum", function(st) return l2l.SGD { lr = 1e-4, momentum = 0.9, state = st } end, "f32" },
+  { "AdamW", function(st) return l2l.AdamW { lr = 1e-4, state = st } end, "bf16" },
 }
 for _, o in ipairs(optimizers) do
   for _, st in ipairs({ "f32", "bf16", "8bit" }) do
-    local run = l2l.Relay { model = model, optimizer = o[2](st), micro_batch = 1 }
+    -- (f32 masters with the CPU's f32 precision: no staging copies; bf16 masters are what a
+    -- bf16 device reads)
+    local run = l2l.Relay { model = model, optimizer = o[2](st), micro_batch = 1, master = o[3] }
     run:step(tok, tgt)
     run:sync()
     local bytes = run:stats().host_eps_bytes
-    print(("| %s | %s | %d | %.3f |"):format(o[1], st, bytes, bytes / N))
+    print(("| %s | %s | %s | %d | %.3f |"):format(o[1], o[3], st, bytes, bytes / N))
     run:free()
     collectgarbage()
   end

@@ -101,7 +101,8 @@ static double time_compact(int threads, const struct l2l_optim_hyper *h, l2l_sta
   for (int c = 0; c < NCHUNKS; c++) {
     size_t o = (size_t)c * CHUNK;
     struct l2l_optim_chunk chunk = {.p = p + o, .grad = g + o, .n = CHUNK, .h = h};
-    eps_compact_chunk(ops, &chunk, arrays, N, (int64_t)o, state);
+    struct eps_compact compact = {.state = {arrays[0], arrays[1]}, .state_n = N, .precision = state};
+    eps_compact_chunk(ops, &chunk, &compact, (int64_t)o);
   }
   return now() - t0;
 }

@@ -53,6 +53,11 @@ local FLAGS = {
   { "--lr", 4e-3, "number", "peak learning rate (AdamW, cosine decay to 10 %)", min = 0, max = 1 },
   { "--warmup", 20, "int", "warm-up steps of the schedule", min = 0 },
   { "--weight-decay", 0.1, "number", "AdamW weight decay", min = 0, max = 10 },
+  { "--state", "f32", "choice", "the precision of AdamW's state: f32, bf16 or 8bit (blockwise; l2l.AdamW's state); " ..
+    "with --resume, the saved state is converted to it", choices = { "f32", "bf16", "8bit" } },
+  { "--master", "f32", "choice", "the GEMM weights' and token table's masters: f32, or bf16 (rounded stochastically; " ..
+    "the device precision bf16 then; l2l.Relay's master); with --resume, the saved ones are converted",
+    choices = { "f32", "bf16" } },
   { "--dropout", 0, "number", "dropout rate in the blocks", min = 0, max = 0.9 },
   { "--init-std", 0.06, "number", "standard deviation of the initial weights", min = 1e-6, max = 1 },
   { "--stash", "host", "choice", "where activations wait for the backward", choices = { "host", "device", "recompute" } },
@@ -240,10 +245,13 @@ if checkpoints and not file_exists(opt.checkpoint) then
     print(("no checkpoint at %s yet: starting a new run"):format(opt.checkpoint))
   end
 elseif checkpoints and (opt.resume or opt.resume_if_present) then
-  local ok, r = pcall(l2l.load, opt.checkpoint, { dist = opt.dist, host_budget = host_budget, spill = spill })
+  local ok, r = pcall(l2l.load, opt.checkpoint, { dist = opt.dist, host_budget = host_budget, spill = spill,
+                                                   state = cli.given(opt, "state") and opt.state or nil,
+                                                   master = cli.given(opt, "master") and opt.master or nil })
   if not ok then fail("--resume: " .. tostring(r)) end
   run, model, resumed = r, r.model, true
   start_step = run:stats().steps
+  opt.state, opt.master = run.options.optimizer.state, run.options.master
   -- what the run was made with wins; a flag given with another value is an error
   local x = run.extra or {}
   local differ = {}
@@ -302,7 +310,9 @@ if model == nil and opt.init ~= "" then
 end
 if model == nil then model = build_model(V) end
 local nparams = model:nparams()
-local state_bytes = nparams * 16   -- fp32 weights, gradients, AdamW m and v
+-- weights (fp32, or about 2 bytes with bf16 masters) and fp32 gradients, AdamW's m and v in
+-- --state's precision (8 bits: a byte and a 4-byte scale a block of 2048)
+local state_bytes = nparams * ((opt.master == "bf16" and 6 or 8) + ({ f32 = 8, bf16 = 4, ["8bit"] = 2 + 8 / 2048 })[opt.state])
 local budget = budget_mib and floor(budget_mib * 2 ^ 20)   -- nil: 'auto', once the run is made
 
 local train_text, val_text = split(corpus, opt.val_fraction, S + 1)
@@ -325,10 +335,10 @@ print(("model: %s%d block%s, dim %d, %d heads, context %d %s, %.2f M parameters 
 local function new_run(plan)
   local ok, r = pcall(l2l.Relay, {
     model = model, micro_batch = opt.micro_batch, stash = opt.stash, seed = opt.seed,
-    optimizer = l2l.AdamW{ lr = opt.lr, betas = { 0.9, 0.99 }, weight_decay = opt.weight_decay },
+    optimizer = l2l.AdamW{ lr = opt.lr, betas = { 0.9, 0.99 }, weight_decay = opt.weight_decay, state = opt.state },
     schedule = l2l.Cosine{ warmup = math.min(opt.warmup, opt.steps - 1), total = opt.steps, final_ratio = 0.1 },
     device_budget = budget and budget > 0 and budget or nil, dist = opt.dist, plan = plan,
-    host_budget = host_budget, spill = spill,
+    host_budget = host_budget, spill = spill, master = opt.master,
   })
   if not ok then fail(tostring(r)) end
   return r
@@ -361,8 +371,9 @@ if resumed then
   print(("resuming from %s at step %d of %d (model, optimizer, schedule, seed, batch and context as saved)"):format(
     opt.checkpoint, start_step, opt.steps))
 else
-  print(("training %d steps of %d x %d " .. unit .. ": AdamW, lr %g with %d warm-up steps and cosine decay, seed %d"):format(
-    opt.steps, B, S, opt.lr, opt.warmup, opt.seed))
+  print(("training %d steps of %d x %d " .. unit .. ": AdamW%s, lr %g with %d warm-up steps and cosine decay, seed %d"):format(
+    opt.steps, B, S, (opt.state == "f32" and "" or (" (state in %s)"):format(opt.state)) ..
+    (opt.master == "f32" and "" or ", bf16 masters"), opt.lr, opt.warmup, opt.seed))
 end
 -- the last step this process runs (--stop-at: an interruption on purpose; Ctrl-C moves it)
 local last_step = opt.steps

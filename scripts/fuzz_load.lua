@@ -14,7 +14,7 @@
 -- Purpose: show that no file, however damaged or hostile, makes a loader crash, hang or
 -- fail with an internal error. The fuzzer makes small valid checkpoints itself (four
 -- bases: tied and untied LM heads, AdamW / LAMB / SGD state (f32, AdamW's in 8 bits, SGD's in
--- bf16), one saved part way through
+-- bf16), bf16 masters (the LAMB one), one saved part way through
 -- an accumulation so that ".grad" tensors exist, one with dynamic loss scaling, one with
 -- token types and a classifier head), and three other inputs: a GPT-2 file for
 -- l2l.import_gpt2, a tokenizer's two files for l2l.tokenizer.load, and option tables for
@@ -108,8 +108,8 @@ local BASES = {
   { what = "2 blocks (one frugal, dropout), AdamW with 8-bit state (u8 codes and scales), saved "
            .. "mid-accumulation (.grad tensors)",
     blocks = 2, dropout = 0.1, optimizer = "adamw", state = "8bit", accumulate = 2, steps = 3, policies = true },
-  { what = "1 block, tied, LAMB, dynamic loss scaling, layer 2 frozen", blocks = 1, tie = true,
-    optimizer = "lamb", loss_scale = 1024, steps = 2, freeze = 2 },
+  { what = "1 block, tied, LAMB, dynamic loss scaling, layer 2 frozen, bf16 masters", blocks = 1, tie = true,
+    optimizer = "lamb", loss_scale = 1024, steps = 2, freeze = 2, master = "bf16" },
   { what = "token types, post-LN block without biases, classifier head, SGD with momentum in bf16",
     blocks = 1, classifier = true, type_vocab = 2, post_ln = true, bias = false, optimizer = "sgd",
     state = "bf16", steps = 2 },
@@ -197,7 +197,7 @@ local function make_base(cfg, path)
   local run = l2l.Relay{ model = model, micro_batch = 2, optimizer = optimizer,
                          schedule = l2l.Cosine{ warmup = 1, total = 20, final_ratio = 0.1 },
                          accumulate = cfg.accumulate, loss_scale = cfg.loss_scale,
-                         loss_scale_window = 3, seed = 5, clip_global_norm = 1 }
+                         loss_scale_window = 3, seed = 5, clip_global_norm = 1, master = cfg.master }
   if cfg.policies then
     run:set_stash(3, "recompute")
     run:set_inner(2, "keep")

@@ -343,7 +343,7 @@ local function make_run(cfg)
                          optimizer = optimizer, schedule = l2l.Cosine{ warmup = 3, total = 40, final_ratio = 0.1 },
                          accumulate = cfg.accumulate, clip_global_norm = cfg.clip, seed = cfg.seed,
                          param_slots = cfg.param_slots, loss_scale = cfg.loss_scale,
-                         loss_scale_window = 3 }
+                         loss_scale_window = 3, master = cfg.master }
   if cfg.blocks >= 2 then run:set_stash(3, "recompute"); run:set_inner(2, "keep") end
   return run
 end
@@ -380,6 +380,7 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
     for trial = 1, 3 do
       local cfg = random_config()
       cfg.state = ({ "f32", "bf16", "8bit" })[trial]   -- every precision of the state, each run
+      cfg.master = trial == 3 and "bf16" or nil         -- and bf16 masters (stochastic rounding)
       local what = ("trial %d: %s"):format(trial, cjson.encode(cfg))
       local total, at = 12, support.int(1, 11)
       local path = tmp_path("resume")
@@ -517,10 +518,10 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
     for _, case in ipairs {
       -- 2^20 x 4 * 2^20 floats (and as many for gradients and optimizer state): 16 TiB
       { function(d) d.layers[2].options.dim = huge; d.layers[2].options.mlp = 4 * huge end, "'2.ln1.weight' is f32 (16) but" },
-      { function(d) d.layers[2].options.mlp = 4 * huge end, "'2.mlp.fc.weight' is f32 (16,24) but layer 2 (block) needs f32 (16,4194304)" },
+      { function(d) d.layers[2].options.mlp = 4 * huge end, "'2.mlp.fc.weight' is f32 (16,24) but layer 2 (block) needs f32 or bf16 (16,4194304)" },
       { function(d) d.layers[1].options.vocab = 2 ^ 24; d.layers[last].options.vocab = 2 ^ 24 end, "'1.wte' is f32 (13,16) but" },
       { function(d) d.layers[1].options.max_seq = 2 ^ 24 end, "'1.wpe' is f32 (9,16) but" },
-      { function(d) d.layers[2].options.dim = 2 ^ 24 end, "needs f32 (16777216)" },
+      { function(d) d.layers[2].options.dim = 2 ^ 24 end, "needs f32 or bf16 (16777216)" },
       { function(d) d.layers[1].options.type_vocab = 2 ^ 24 end, "has no tensor '1.wtt'" },
       { function(d) table.insert(d.layers, 2, d.layers[2]) end, "has no tensor '" },
       { function(d) d.layers[2].options.heads = 0 end, "layer 2 (block): l2l.Block: option 'heads' must be an integer >= 1" },
@@ -543,7 +544,7 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
       edited(function(d) d.layers[last].options.vocab = 2 ^ 24 end)
       local ok, err = pcall(l2l.load, path)
       assert.is_false(ok)
-      assert.is_truthy(err:find("'1.wte' is f32 (13,16) but layer " .. last .. " (lm_head) needs f32 (16777216,16)", 1, true), err)
+      assert.is_truthy(err:find("'1.wte' is f32 (13,16) but layer " .. last .. " (lm_head) needs f32 or bf16 (16777216,16)", 1, true), err)
     end
     edited(function() end)   -- unchanged, it loads
     l2l.load(path):free()
@@ -730,7 +731,7 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
                                   params = function(o) return { { name = "w", shape = { o.dim, 2 ^ 24 }, std = 1 } } end }
     ok, err = pcall(l2l.load, path, { kinds = { Mix = Wide } })
     assert.is_false(ok)
-    assert.is_truthy(err:find("'2.w' is f32 (16,16) but layer 2 (Mix) needs f32 (16,16777216)", 1, true), err)
+    assert.is_truthy(err:find("'2.w' is f32 (16,16) but layer 2 (Mix) needs f32 or bf16 (16,16777216)", 1, true), err)
     ok, err = pcall(l2l.load, path, { kinds = { Mix = print } })
     assert.is_false(ok)
     assert.is_truthy(err:find("layer 2 (Mix): not a constructor from l2l.layer_kind", 1, true), err)

@@ -7,7 +7,10 @@
 -- that this file's own decoder, written from the header's rule in double, finds within
 -- the code's bound of the f32 run's state (bf16: the nearest even); training goes on to a
 -- falling loss; checkpoints load into any precision (f32 -> 8bit -> f32 within the bound);
--- a spill file holds the compact form, the same to the bit as in memory.
+-- a spill file holds the compact form, the same to the bit as in memory. bf16 masters
+-- (l2l.Relay's master = "bf16"): the low-precision values bf16 while in the relay and f32
+-- again after, the bytes the layout says, the same seed the same bits and another seed
+-- other bits (the stochastic rounding's draws), checkpoints between f32 and bf16 masters.
 -- (Resume bit for bit in each precision: checkpoint_spec; the codes, the encoder and the
 -- fused update against double references: spec/c/test_quant.c.)
 local support = dofile("spec/support.lua")
@@ -243,6 +246,75 @@ describe("compact optimizer state (seed " .. seed .. ")", function()
     run:free()
     os.remove(path)
     os.remove(path2)
+  end)
+
+  it("keep bf16 masters while in the relay, count their bytes, round them by the seed's draws", function()
+    local data = batches(6, 4)
+    for _, bad in ipairs({ { master = "f16" }, { master = true }, { master = "bf16", precision = "f32" } }) do
+      bad.model = tiny_gpt(3, 32)
+      local ok, err = pcall(l2l.Relay, bad)
+      assert.is_false(ok)
+      assert.is_truthy(tostring(err):find("master", 1, true), err)
+    end
+    local st = STATES[support.int(1, 3)]
+    local kind = ({ "adamw", "lamb", "sgd" })[support.int(1, 3)]
+    local what = kind .. " state " .. st
+    local function train(seed)
+      local model = tiny_gpt(7, 64)
+      local run = l2l.Relay { model = model, optimizer = makers[kind](st), micro_batch = 2, master = "bf16",
+                              seed = seed }
+      assert.are.equal("bf16", run.options.precision)
+      local losses = {}
+      for i = 1, #data do losses[i] = run:step(data[i][1], data[i][2]) end
+      run:sync()
+      return run, model, losses
+    end
+    local run, model, losses = train(11)
+    local again, model2, losses2 = train(11)
+    local other, model3 = train(12)
+    local bytes, low = 0, 0
+    local function acc(b) return math.ceil(b / l2l.C.L2L_ALIGN) * l2l.C.L2L_ALIGN end
+    local array = { f32 = function(c) return 4 * c end, bf16 = function(c) return 2 * c end,
+                    ["8bit"] = function(c) return math.ceil(c / 4) * 4 + 4 * math.ceil(c / BLOCK) end }
+    local p2, p3, kept, differs = model2:params(), model3:params(), {}, false
+    for k, p in ipairs(model:params()) do
+      local count, dtype = p.value:numel(), p.value:dtype()
+      -- GEMM weights and the token table bf16; the others (LayerNorm, biases, positions) f32
+      local gemm = p.name:find("weight$") and not p.name:find("ln", 1, true)
+      assert.are.equal((gemm or p.name:find("wte$")) and "bf16" or "f32", dtype, what .. ": " .. p.name)
+      if dtype == "bf16" then low = low + 1 end
+      bytes = bytes + acc((dtype == "bf16" and 2 or 4) * count) + acc(4 * count) + #ARRAYS[kind] * acc(array[st](count))
+      assert.is_true(same(p.value, p2[k].value), what .. ": the same seed, other bits in " .. p.name)
+      if dtype == "bf16" then differs = differs or not same(p.value, p3[k].value) end
+      kept[k] = p.value:cast("f32")
+    end
+    assert.is_true(low >= 3, what .. ": bf16 masters")
+    assert.is_true(differs, what .. ": another seed rounded to the very same bits")
+    assert.are.equal(bytes, run:stats().host_eps_bytes, what)
+    for i = 1, #losses do assert.are.equal(losses[i], losses2[i], what .. " step " .. i) end
+    -- a checkpoint of bf16 masters loads into f32 masters exactly, and back
+    local path = os.tmpname()
+    run:save(path)
+    local wide = l2l.load(path, { master = "f32", precision = nil })
+    for k, p in ipairs(wide.model:params()) do
+      assert.are.equal("f32", p.value:dtype())
+      assert.is_true(same(kept[k], p.value), what .. ": widened " .. p.name)
+    end
+    local narrow_path = os.tmpname()
+    wide:save(narrow_path)
+    local narrow = l2l.load(narrow_path, { master = "bf16" })
+    for k, p in ipairs(narrow.model:params()) do
+      assert.is_true(same(kept[k], p.value:cast("f32")), what .. ": narrowed again " .. p.name)
+    end
+    for _, r in ipairs({ wide, narrow, again, other }) do r:free() end
+    -- leaving the relay: f32 values equal to the bf16 ones
+    run:free()
+    for k, p in ipairs(model:params()) do
+      assert.are.equal("f32", p.value:dtype())
+      assert.is_true(same(kept[k], p.value), what .. ": after the relay " .. p.name)
+    end
+    os.remove(path)
+    os.remove(narrow_path)
   end)
 
   it("spill the compact form: the same bits as in memory, the compact bytes on disk", function()

@@ -160,6 +160,9 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
     local dir = support.tmpdir()
     -- each with its state in a precision drawn (the compact forms' bytes, in memory and on disk)
     local state = ({ "f32", "bf16", "8bit" })[support.int(1, 3)]
+    -- and the masters in f32 or bf16 (no staging copies then, and precision bf16)
+    local master = ({ "f32", "bf16" })[support.int(1, 2)]
+    local precision = master == "bf16" and "bf16" or ({ "f32", "bf16" })[support.int(1, 2)]
     local makers = { function() return l2l.AdamW { lr = 1e-3, state = state } end,
                      function() return l2l.LAMB { lr = 1e-3, state = state } end,
                      function() return l2l.SGD { lr = 0.05, momentum = 0.9, state = state } end }
@@ -173,19 +176,20 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
       for k, v in pairs(disk) do rates[k] = v end
       local function plan_for(budget)
         return l2l.plan { model = model, batch = B, seq = S, device_budget = 2 ^ 40, rates = rates,
-                          optimizer = make(), spill = dir, host_budget = budget }
+                          optimizer = make(), spill = dir, host_budget = budget, master = master,
+                          precision = precision }
       end
       -- the smallest budget any relay over this model needs, then one between it and all
       -- in memory (some records keep their state, the others spill)
       local smallest = plan_for(nil).host_budget_smallest
       local in_memory = l2l.plan { model = model, batch = B, seq = S, device_budget = 2 ^ 40, rates = rates,
-                                   optimizer = make() }.host_eps_bytes
+                                   optimizer = make(), master = master, precision = precision }.host_eps_bytes
       local budget = support.int(smallest, math.max(smallest, in_memory))
       local plan = plan_for(budget)
-      local what = ("optimizer %d, state %s, budget %d (smallest %d, in memory %d)"):format(o, state, budget,
-                                                                                        smallest, in_memory)
+      local what = ("optimizer %d, state %s, master %s, precision %s, budget %d (smallest %d, in memory %d)"):format(
+        o, state, master, precision, budget, smallest, in_memory)
       local run = l2l.Relay { model = model, micro_batch = plan.micro_batch, optimizer = make(), spill = dir,
-                              host_budget = budget, seed = 3 }
+                              host_budget = budget, seed = 3, master = master, precision = precision }
       for step = 1, 3 do
         run:step(batch(B))
         run:sync()
@@ -212,7 +216,8 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
       assert.is_truthy(not ok and tostring(err):find("no plan fits a host budget"), tostring(err))
       -- without a spill directory the smallest is everything in memory
       ok, err = pcall(l2l.plan, { model = model, batch = B, seq = S, device_budget = 2 ^ 40, rates = rates,
-                                  optimizer = make(), host_budget = in_memory - 1 })
+                                  optimizer = make(), host_budget = in_memory - 1, master = master,
+                                  precision = precision })
       assert.is_truthy(not ok and tostring(err):find("a spill directory %(spill_dir%) keeps"), tostring(err))
     end
     os.execute("rm -rf " .. dir)

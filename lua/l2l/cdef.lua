@@ -384,6 +384,7 @@ typedef struct l2l_relay_config {
   uint64_t device_budget;
   uint64_t host_budget;
   const char *spill_dir;
+  l2l_dtype master;
 } l2l_relay_config;
 
 void l2l_relay_config_default(l2l_relay_config *out);

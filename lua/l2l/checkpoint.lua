@@ -107,7 +107,7 @@ local OPTIMIZER_KEYS = { "kind", "lr", "momentum", "nesterov", "beta1", "beta2",
 local SCHEDULE_KEYS = { "kind", "warmup", "total", "final_ratio" }
 local RELAY_KEYS = { "micro_batch", "stash", "recompute_every", "inner", "clip_global_norm",
                      "clip_layer_norm", "accumulate", "optimizer_threads", "seed", "device_budget",
-                     "param_slots", "loss_scale", "loss_scale_window", "nonfinite", "plan" }
+                     "param_slots", "loss_scale", "loss_scale_window", "nonfinite", "plan", "master" }
 
 -- The shape and dtype of a record's optimizer state array kept in `state` ("f32", "bf16",
 -- "8bit": l2l.h, "optimizers"): the parameter's shape, or 8-bit's vector of codes and
@@ -295,11 +295,22 @@ end
 local function entry_for(file, name, want, i, label, fname)
   local e = file.entries[name]
   if e == nil then error(("%s: %s has no tensor '%s' for layer %d (%s)"):format(fname, file.path, name, i, label), 0) end
-  if e.dtype ~= "f32" or shape_text(e.shape) ~= shape_text(want) then
-    error(("%s: %s: '%s' is %s (%s) but layer %d (%s) needs f32 (%s)"):format(fname, file.path, name,
+  -- f32, or a relay's bf16 master (master = "bf16"): either loads into either
+  if (e.dtype ~= "f32" and e.dtype ~= "bf16") or shape_text(e.shape) ~= shape_text(want) then
+    error(("%s: %s: '%s' is %s (%s) but layer %d (%s) needs f32 or bf16 (%s)"):format(fname, file.path, name,
           e.dtype, shape_text(e.shape), i, label, shape_text(want)), 0)
   end
   return e
+end
+
+-- A parameter's entry read into its value, f32 and bf16 converted either way (to nearest
+-- even, or exactly); a bf16 master lives in the pinned pool, which file:read does not fill.
+local function read_value(file, name, value)
+  if file.entries[name].dtype == value:dtype() and value:pool() == "host" then return file:read(name, value) end
+  local t = file:read(name)
+  local status = C.l2l_tensor_cast(tensor.handle_of(value), tensor.handle_of(t))
+  t:free()
+  if status ~= 0 then error(lib.last_error(), 0) end
 end
 
 -- Every tensor the description's layers would have, present in the file with the same
@@ -352,7 +363,7 @@ local function read_weights(file, records, fname)
   local okv, ev = pcall(file.verify, file)
   if not okv then error(fname .. ": " .. tostring(ev):gsub("^file:verify: ", ""), 0) end
   for _, rec in ipairs(records) do
-    local okr, er = pcall(file.read, file, rec.name, rec.param.value)
+    local okr, er = pcall(read_value, file, rec.name, rec.param.value)
     if not okr then error(fname .. ": " .. tostring(er):gsub("^file:read: ", ""), 0) end
   end
 end
@@ -402,7 +413,7 @@ local function opened(path, fname)
 end
 
 local LOAD_OVERRIDES = { micro_batch = true, optimizer_threads = true, device_budget = true, kinds = true,
-                         dist = true, host_budget = true, spill = true, state = true }
+                         dist = true, host_budget = true, spill = true, state = true, master = true }
 
 -- What the library's functions raise for their caller carries the caller's position,
 -- which inside load is a line of the library itself: gone (the user called l2l.load, and
@@ -448,7 +459,7 @@ local function load(path, overrides)
       error(("%s: %s was saved by a data-parallel run (dist = \"mpi\"): load it with {dist = \"mpi\"} "
              .. "in each rank of an mpirun job, or {dist = \"none\"} to train in one process"):format(fname, path), 0)
     end
-    for _, k in ipairs({ "micro_batch", "optimizer_threads", "device_budget", "dist", "host_budget", "spill" }) do
+    for _, k in ipairs({ "micro_batch", "optimizer_threads", "device_budget", "dist", "host_budget", "spill", "master" }) do
       if overrides[k] ~= nil then o[k] = overrides[k] end
     end
     -- the state's precision may change on load (overrides.state): the arrays are converted
@@ -503,7 +514,14 @@ local function load(path, overrides)
       if i >= 2 and d.stash then new:set_stash(i, d.stash) end
     end
     for _, rec in ipairs(records) do
-      file:read(rec.name, rec.param.value)
+      -- the value as the relay holds it now (a bf16 master is a new tensor: the record's
+      -- view from before the relay is of the f32 values it replaced)
+      local view = ffi.new("l2l_tensor *[1]")
+      local v = C.l2l_param_value(rec.param.handle)
+      lib.check(C.l2l_tensor_view_rows(view, v, 0, C.l2l_tensor_dim(v, 0)), fname, 1)
+      local value = tensor.wrap(view[0])
+      read_value(file, rec.name, value)
+      value:free()
       local st = {}
       for a, name in ipairs(rec.state) do st[a] = file:read(name) end
       local status = C.l2l_relay_restore_param(r, rec.param.handle, rec.updates,

@@ -14,7 +14,8 @@
 --
 -- Purpose: the C planner (src/plan/, l2l_plan_new) with a model and options in Lua's
 -- terms: the relay settings that change memory and time (param_slots, precision,
--- grad_precision, accumulate, clip_global_norm, loss_scale) as l2l.Relay takes them, the
+-- grad_precision, accumulate, clip_global_norm, loss_scale, the optimizer and its state's
+-- precision, master) as l2l.Relay takes them, the
 -- batch's shape and the budget; rates measured on this machine (cached) unless given.
 -- Must never: change the model it plans for.
 local ffi = require("ffi")
@@ -137,7 +138,7 @@ function M.make(model, config, request, fname)
 end
 
 local RELAY_SETTINGS = { "param_slots", "precision", "grad_precision", "accumulate", "clip_global_norm",
-                         "loss_scale", "optimizer", "host_budget", "spill", "dist" }
+                         "loss_scale", "optimizer", "host_budget", "spill", "dist", "master" }
 local PLAN_OPTIONS = { model = true, batch = true, seq = true, device_budget = true, token_types = true,
                        key_mask = true, rates = true }
 for _, key in ipairs(RELAY_SETTINGS) do PLAN_OPTIONS[key] = true end

@@ -61,7 +61,7 @@ local OPTIONS = {
   model = true, micro_batch = true, stash = true, recompute_every = true, inner = true,
   optimizer = true, schedule = true, clip_global_norm = true, clip_layer_norm = true,
   accumulate = true, optimizer_threads = true, seed = true, device_budget = true,
-  host_budget = true, spill = true,
+  host_budget = true, spill = true, master = true,
   param_slots = true, loss_scale = true, loss_scale_window = true, precision = true,
   grad_precision = true, nonfinite = true, plan = true, dist = true,
 }
@@ -193,7 +193,11 @@ end
 -- host_budget does not keep in memory lives in a spill file there, read ahead and written
 -- back in the schedule's order, with the same numbers to the bit; removed with the relay),
 -- dist = "none" ("mpi": data parallel across the ranks of an
--- mpirun job; each rank steps its own slice of every minibatch: see l2l.dist)}
+-- mpirun job; each rank steps its own slice of every minibatch: see l2l.dist),
+-- master = "f32" ("bf16": the GEMM weights' and token tables' masters in bf16, rounded
+-- stochastically after each update, and read by the device as they are: 2 bytes a
+-- parameter instead of 6; precision bf16 then, unless given; p.value of such a parameter
+-- is a bf16 tensor while its layer is in the relay, f32 again when it leaves)}
 function M.Relay(o, ...)
   local fname = "l2l.Relay"
   if select("#", ...) ~= 0 then too_many(fname, "options", 2, ...) end

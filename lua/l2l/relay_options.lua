@@ -22,6 +22,7 @@ M.stash_ids = { device = C.L2L_STASH_DEVICE, host = C.L2L_STASH_HOST, recompute 
 M.inner_ids = { recompute = C.L2L_INNER_RECOMPUTE, keep = C.L2L_INNER_KEEP, swap = C.L2L_INNER_SWAP }
 local stash_ids, inner_ids = M.stash_ids, M.inner_ids
 local precision_ids = { f32 = C.L2L_F32, bf16 = C.L2L_BF16, f16 = C.L2L_F16 }
+local master_ids = { f32 = C.L2L_F32, bf16 = C.L2L_BF16 }
 local nonfinite_ids = { skip = 0, error = 1 }
 local dist_ids = { none = 0, mpi = 1 }
 
@@ -110,7 +111,10 @@ function M.read_settings(o, fname)
   s.loss_scale = float_option(o, "loss_scale", d.loss_scale, fname)
   s.loss_scale_window = int_option(o, "loss_scale_window", d.loss_scale_window, fname, INT)
   s.device_budget = int_option(o, "device_budget", tonumber(d.device_budget), fname, UINT64)
-  s.precision = enum_option(o, "precision", precision_ids, name_of(precision_ids, d.precision), fname)
+  s.master = enum_option(o, "master", master_ids, name_of(master_ids, d.master), fname)
+  -- bf16 masters are what the device reads: precision bf16 unless the options say otherwise
+  local precision_default = s.master == "bf16" and "bf16" or name_of(precision_ids, d.precision)
+  s.precision = enum_option(o, "precision", precision_ids, precision_default, fname)
   s.grad_precision = enum_option(o, "grad_precision", precision_ids, name_of(precision_ids, d.grad_precision), fname)
   s.nonfinite = enum_option(o, "nonfinite", nonfinite_ids, name_of(nonfinite_ids, d.nonfinite_error), fname)
   s.dist = enum_option(o, "dist", dist_ids, name_of(dist_ids, d.dist), fname)
@@ -148,6 +152,7 @@ function M.config_of(s)
   c.loss_scale = s.loss_scale
   c.loss_scale_window = s.loss_scale_window
   c.precision = precision_ids[s.precision]
+  c.master = master_ids[s.master]
   c.grad_precision = precision_ids[s.grad_precision]
   c.nonfinite_error = nonfinite_ids[s.nonfinite]
   c.dist = dist_ids[s.dist]

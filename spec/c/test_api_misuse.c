@@ -2227,6 +2227,10 @@ TEST(misuse_relay_new_and_accessors) {
   BAD("nonfinite_error", c->nonfinite_error = 2);
   BAD("nonfinite_error", c->nonfinite_error = -1);
   BAD("spill_dir", c->spill_dir = "");
+  BAD("state", c->optimizer.state = (l2l_state_precision)3);
+  BAD("master", c->master = L2L_F16);
+  BAD("master", c->master = (l2l_dtype)-1);
+  BAD("master bf16 needs precision bf16", (c->master = L2L_BF16, c->precision = L2L_F32));
 #undef BAD
   for (int i = 0; i < nb; i++) {
     char expr[160];

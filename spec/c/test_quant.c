@@ -15,7 +15,10 @@
  * eps_compact_chunk for SGD with momentum, AdamW and LAMB in both precisions against the
  * same f32 kernels run on the decoded state and encoded after (bit for bit; LAMB's trust
  * ratio, summed per block, to rounding), from a chunk that starts blocks into its array,
- * with a later wave leaving the state's bytes untouched.
+ * with a later wave leaving the state's bytes untouched; the same with a bf16 master, its
+ * update rounded stochastically by the chunk's own Philox draws; stochastic rounding
+ * unbiased exactly (over all 2^16 draws a value's mean is the value) and ties of the
+ * draws resolved as documented, inf and NaN kept.
  * How: inputs drawn fresh from check.h's generator (seed printed); the internal functions
  * called directly (the test links libl2l.a). All names start with "quant_".
  */
@@ -251,11 +254,39 @@ TEST(quant_refusals) {
   CHECK_FAILS(l2l_optimizer_state_arrays(&arrays, &c), L2L_ERR_INVALID, "optimizer state 3");
 }
 
+/* ---------------------------------------------------------------- stochastic rounding */
+
+TEST(quant_stochastic_rounding) {
+  for (int k = 0; k < 200; k++) {
+    /* finite values of every magnitude (normal and subnormal), either sign */
+    float x = (float)(pow(2.0, check_rand_uniform(-140.0, 120.0)) * (check_rand_int(0, 1) ? -1 : 1));
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint32_t down = u & 0xffff0000u;
+    float lo, hi;
+    uint32_t up = down + 0x10000u;
+    memcpy(&lo, &down, 4), memcpy(&hi, &up, 4);
+    double sum = 0.0;
+    int outside = 0;
+    for (uint32_t r = 0; r < 65536; r++) {
+      float y = half_bf16_to_f32(eps_bf16_stochastic(x, r * 0x10001u));   /* high bits ignored */
+      outside += y != lo && y != hi;
+      sum += y;
+    }
+    /* up with probability (the low 16 bits of x) / 2^16: the mean is x, exactly */
+    CHECK(outside == 0 && sum / 65536.0 == (double)x, "stochastic rounding of %.9g: mean %.17g, %d "
+          "results neither neighbour", (double)x, sum / 65536.0, outside);
+  }
+  CHECK(isinf(half_bf16_to_f32(eps_bf16_stochastic(INFINITY, 0xffff))) &&
+        isnan(half_bf16_to_f32(eps_bf16_stochastic(NAN, 0xffff))), "inf and NaN kept");
+}
+
 /* ---------------------------------------------------------------- the update */
 
 /* One wave of an update on compact state against the same f32 kernel run on the decoded
    state, encoded after. */
-static void compact_update(l2l_optimizer_kind kind, l2l_state_precision state, bool nesterov) {
+static void compact_update(l2l_optimizer_kind kind, l2l_state_precision state, bool nesterov,
+                           bool bf16_master) {
   const struct l2l_optimizer_ops *ops = l2l_optimizer_ops(kind);
   l2l_optimizer_config cfg = {.kind = kind, .momentum = 0.9f, .nesterov = nesterov};
   int count = ops->state_count(&cfg);
@@ -268,7 +299,12 @@ static void compact_update(l2l_optimizer_kind kind, l2l_state_precision state, b
   float *p = xmalloc(4 * (size_t)n), *p_ref = xmalloc(4 * (size_t)n), *g = xmalloc(4 * (size_t)n);
   void *arr[2] = {NULL, NULL}, *ref[2] = {NULL, NULL};
   float *dec[2] = {NULL, NULL};
-  for (int64_t i = 0; i < n; i++) p[i] = p_ref[i] = (float)check_rand_normal(), g[i] = (float)check_rand_normal();
+  uint16_t *ph = xmalloc(2 * (size_t)n);
+  for (int64_t i = 0; i < n; i++) {
+    p[i] = p_ref[i] = (float)check_rand_normal(), g[i] = (float)check_rand_normal();
+    if (bf16_master) ph[i] = half_from_f32_bf16(p[i]), p[i] = p_ref[i] = half_bf16_to_f32(ph[i]);
+  }
+  uint64_t seed = check_rand_u64(), stream = check_rand_u64(), first = check_rand_u64() >> 8;
   for (int a = 0; a < count; a++) {
     enum eps_code code = eps_state_code(ops, a);
     float *init = xmalloc(4 * (size_t)total);
@@ -291,8 +327,21 @@ static void compact_update(l2l_optimizer_kind kind, l2l_state_precision state, b
                                     .state = {dec[0], dec[1]}};
     uint8_t *before = count > 0 ? xmalloc(bytes) : NULL;
     if (before) memcpy(before, arr[0], bytes);
-    eps_compact_chunk(ops, &chunk, arr, total, skip, state);
+    struct eps_compact compact = {.state = {arr[0], arr[1]}, .state_n = total, .precision = state,
+                                  .master = bf16_master ? ph : NULL, .seed = seed,
+                                  .stream = stream, .first_draw = first};
+    if (bf16_master) chunk.p = NULL;
+    eps_compact_chunk(ops, &chunk, &compact, skip);
     ops->chunk(&plain);
+    if (bf16_master && wave == ops->waves - 1) {   /* rounded by draw first + i */
+      uint32_t *draws = xmalloc(4 * (size_t)n);
+      l2l_philox_range(draws, seed, stream, first, n);
+      for (int64_t i = 0; i < n; i++) p_ref[i] = half_bf16_to_f32(eps_bf16_stochastic(p_ref[i], draws[i]));
+      for (int64_t i = 0; i < n; i++) p[i] = half_bf16_to_f32(ph[i]);
+      free(draws);
+    } else if (bf16_master) {   /* a first wave of two leaves the master */
+      for (int64_t i = 0; i < n; i++) p[i] = half_bf16_to_f32(ph[i]);
+    }
     if (wave == 0) {
       for (int a = 0; a < count; a++) {   /* a later wave reads the state as kept */
         eps_state_encode(ref[a], total, skip, dec[a], n, state, eps_state_code(ops, a));
@@ -321,15 +370,16 @@ static void compact_update(l2l_optimizer_kind kind, l2l_state_precision state, b
             state == L2L_STATE_BF16 ? "bf16" : "8bit", (long long)i, (double)p[i], (double)p_ref[i]);
     }
   for (int a = 0; a < 2; a++) free(arr[a]), free(ref[a]), free(dec[a]);
-  free(p), free(p_ref), free(g);
+  free(p), free(p_ref), free(g), free(ph);
 }
 
 TEST(quant_compact_update) {
   l2l_state_precision states[] = {L2L_STATE_BF16, L2L_STATE_8BIT};
-  for (int k = 0; k < 2; k++) {
-    compact_update(L2L_OPTIMIZER_SGD, states[k], false);
-    compact_update(L2L_OPTIMIZER_SGD, states[k], true);
-    compact_update(L2L_OPTIMIZER_ADAMW, states[k], false);
-    compact_update(L2L_OPTIMIZER_LAMB, states[k], false);
-  }
+  for (int k = 0; k < 2; k++)
+    for (int master = 0; master < 2; master++) {
+      compact_update(L2L_OPTIMIZER_SGD, states[k], false, master);
+      compact_update(L2L_OPTIMIZER_SGD, states[k], true, master);
+      compact_update(L2L_OPTIMIZER_ADAMW, states[k], false, master);
+      compact_update(L2L_OPTIMIZER_LAMB, states[k], false, master);
+    }
 }

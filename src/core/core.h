@@ -146,7 +146,8 @@ struct l2l_host_record {
   uint64_t fixed, grad, state, moved;
 };
 void l2l_host_record_bytes(struct l2l_host_record *out, int64_t numel, int64_t shard_n,
-                           int arrays, l2l_state_precision state, l2l_dtype staging, bool dist);
+                           int arrays, l2l_state_precision state, l2l_dtype master,
+                           l2l_dtype staging, bool dist);
 /* Bytes of one optimizer state array of n elements in precision `state` (l2l.h, "optimizers":
    8bit is n codes padded to 4 bytes, then an f32 scale a block); 0 for an unknown one. */
 uint64_t l2l_host_state_bytes(l2l_state_precision state, int64_t n);

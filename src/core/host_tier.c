@@ -23,13 +23,14 @@ uint64_t l2l_host_state_bytes(l2l_state_precision state, int64_t n) {
 }
 
 void l2l_host_record_bytes(struct l2l_host_record *out, int64_t numel, int64_t shard_n,
-                           int arrays, l2l_state_precision state, l2l_dtype staging, bool dist) {
+                           int arrays, l2l_state_precision state, l2l_dtype master,
+                           l2l_dtype staging, bool dist) {
   uint64_t whole = l2l_pool_accounted((uint64_t)numel * sizeof(float)),
            shard = l2l_pool_accounted((uint64_t)shard_n * sizeof(float)),
            array = l2l_host_state_bytes(state, shard_n);
-  /* the master whole; with ranks the reduced gradient of this rank's shard; a 16-bit
-     staging copy whole */
-  out->fixed = whole + (dist ? shard : 0) +
+  /* the master whole (f32, or a bf16 one the device reads); with ranks the reduced
+     gradient of this rank's shard; a 16-bit staging copy whole */
+  out->fixed = l2l_pool_accounted((uint64_t)numel * l2l_dtype_size(master)) + (dist ? shard : 0) +
                (staging != L2L_F32 ? l2l_pool_accounted((uint64_t)numel * l2l_dtype_size(staging)) : 0);
   out->grad = whole;
   out->state = (uint64_t)arrays * l2l_pool_accounted(array);

@@ -24,9 +24,11 @@ enum { MAX_ADDED = 16 };
 /* ---------------------------------------------------------------- records */
 
 l2l_status l2l_eps_init(struct l2l_eps *eps, const l2l_optimizer_config *optimizer,
-                        l2l_dtype precision, int threads, struct l2l_timeline *timeline) {
+                        l2l_dtype precision, int threads, uint64_t seed,
+                        struct l2l_timeline *timeline) {
   memset(eps, 0, sizeof *eps);
   eps->optimizer = *optimizer;
+  eps->seed = seed;
   eps->optim = l2l_optimizer_ops(optimizer->kind);
   eps->precision = precision;
   eps->timeline = timeline;
@@ -134,7 +136,10 @@ l2l_status l2l_eps_add_records(struct l2l_eps *eps, const struct eps_record_sour
         return status;
       }
     }
-    if (eps->precision != L2L_F32 && sources[i].low_precision) {
+    rec->stream = sources[i].stream;
+    /* a bf16 master is itself what the device reads */
+    if (eps->precision != L2L_F32 && sources[i].low_precision &&
+        l2l_tensor_dtype(rec->master) == L2L_F32) {
       l2l_status status =
           l2l_tensor_new_like(&rec->staging, L2L_POOL_PINNED, eps->precision, rec->master);
       if (status != L2L_OK) {
@@ -162,6 +167,7 @@ struct l2l_host_record eps_record_bytes(const struct l2l_eps *eps, const struct 
   struct l2l_host_record b;
   l2l_host_record_bytes(&b, l2l_tensor_numel(rec->master), rec->shard_n,
                         l2l_optim_state_count(&eps->optimizer), eps->optimizer.state,
+                        (l2l_dtype)l2l_tensor_dtype(rec->master),
                         rec->staging ? eps->precision : L2L_F32, eps->dist != NULL);
   return b;
 }
@@ -355,14 +361,22 @@ static void chunk_run(struct l2l_job *job, int thread) {
   struct l2l_optim_chunk chunk = {
       .p = (float *)l2l_tensor_data(rec->master) + rec->shard_begin + cj->begin, .grad = g, .n = n,
       .h = &rec->hyper, .wave = cj->wave, .sums = sums, .record_sums = rec->wave_sums};
-  if (eps->optimizer.state == L2L_STATE_F32) {
+  bool bf16_master = l2l_tensor_dtype(rec->master) == L2L_BF16;
+  if (eps->optimizer.state == L2L_STATE_F32 && !bf16_master) {
     for (int a = 0; a < 2; a++)
       chunk.state[a] = rec->state[a] ? (float *)l2l_tensor_data(rec->state[a]) + cj->begin : NULL;
     eps->optim->chunk(&chunk);
   } else {   /* decoded a block at a time (chunks begin on a block: CHUNK is a multiple) */
-    void *arrays[2] = {rec->state[0] ? l2l_tensor_data(rec->state[0]) : NULL,
-                       rec->state[1] ? l2l_tensor_data(rec->state[1]) : NULL};
-    eps_compact_chunk(eps->optim, &chunk, arrays, rec->shard_n, cj->begin, eps->optimizer.state);
+    struct eps_compact compact = {
+        .state = {rec->state[0] ? l2l_tensor_data(rec->state[0]) : NULL,
+                  rec->state[1] ? l2l_tensor_data(rec->state[1]) : NULL},
+        .state_n = rec->shard_n, .precision = eps->optimizer.state,
+        /* the update t of record `stream` draws t * numel + element (one process) */
+        .master = bf16_master ? (uint16_t *)l2l_tensor_data(rec->master) + cj->begin : NULL,
+        .seed = eps->seed, .stream = rec->stream,
+        .first_draw = (uint64_t)rec->hyper.t * (uint64_t)rec->shard_n + (uint64_t)cj->begin};
+    if (bf16_master) chunk.p = NULL;
+    eps_compact_chunk(eps->optim, &chunk, &compact, cj->begin);
   }
   bool last_wave = cj->wave == eps->optim->waves - 1;
   /* the next minibatch starts at 0: when the accumulators pass, the accumulator's pages

@@ -1,15 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /* eps.h — the eager parameter server (internal to libl2l; the relay is its one user).
  *
- * Purpose: per parameter record, what lives on the host between steps: the fp32 master
- * (the record's value tensor), the fp32 gradient accumulator (its grad tensor), the
- * optimizer state and the update count. Gradients arrive one layer visit at a time from
+ * Purpose: per parameter record, what lives on the host between steps: the master (the
+ * record's value tensor: f32, or bf16 with the relay's master = bf16), the fp32 gradient
+ * accumulator (its grad tensor), the optimizer state (in its precision: quant.c) and the
+ * update count. Gradients arrive one layer visit at a time from
  * the device-to-host copy thread; once a record has all the gradients of its minibatch
  * (every trainable user has given), its update is queued on the EPS's worker threads,
  * split into chunks, while the device goes on with earlier layers. The relay waits for a
  * record only when it next copies that record to the device.
- * The staging copy in device precision: with an f32 device, or for a parameter that stays
- * f32 on the device, the master itself (a second f32 copy would only cost host memory).
+ * The staging copy in device precision: with an f32 device, for a parameter that stays
+ * f32 on the device, or for a bf16 master, the master itself (a second copy would only
+ * cost host memory).
  * With a 16-bit device precision, each low-precision record (a GEMM weight or token
  * table) has a 16-bit staging tensor in the pinned pool, which the workers rewrite from the
  * master at the start of every step (after the record's pending update, if any), so that
@@ -136,12 +138,29 @@ void eps_state_decode(float *out, const void *array, int64_t array_n, int64_t be
                       l2l_state_precision state, enum eps_code code);
 void eps_state_encode(void *array, int64_t array_n, int64_t begin, const float *in, int64_t n,
                       l2l_state_precision state, enum eps_code code);
-/* One chunk of an update on state kept in `state`: chunk's p, grad and n as for the f32
-   kernels (state[] unused), the state arrays of array_n elements from element `begin`
-   (a multiple of L2L_STATE_BLOCK), NULL beyond the optimizer's count. */
+/* One chunk of an update on compact state or a bf16 master, from element `begin` of the
+   record's arrays (a multiple of L2L_STATE_BLOCK): chunk's grad and n as for the f32
+   kernels (state[] unused). The state is written back after the first wave, the master
+   after the last. */
+struct eps_compact {
+  void *state[2];              /* the state arrays (NULL beyond the optimizer's count) */
+  int64_t state_n;             /* their elements */
+  l2l_state_precision precision;
+  uint16_t *master;            /* a bf16 master from the chunk's first element (chunk->p
+                                  NULL), or NULL: chunk->p is the f32 master */
+  uint64_t seed, stream, first_draw;   /* a bf16 master's stochastic rounding: element i of
+                                          the chunk takes Philox draw first_draw + i */
+};
 void eps_compact_chunk(const struct l2l_optimizer_ops *optim, const struct l2l_optim_chunk *chunk,
-                       void *const arrays[2], int64_t array_n, int64_t begin,
-                       l2l_state_precision state);
+                       const struct eps_compact *compact, int64_t begin);
+/* x rounded to bf16 stochastically by the low 16 bits of r: up (in magnitude) with
+   probability the fraction of a bf16 ulp x lies past the value below, so the rounding is
+   unbiased; inf and NaN as nearest-even rounding keeps them. */
+static inline uint16_t eps_bf16_stochastic(float x, uint32_t r) {
+  uint32_t u = float_bits(x);
+  if ((u & 0x7f800000u) == 0x7f800000u) return half_from_f32_bf16(x);
+  return (uint16_t)((u + (r & 0xffffu)) >> 16);
+}
 
 /* ---------------------------------------------------------------- records and steps (eps.c) */
 
@@ -151,6 +170,7 @@ struct eps_record;
 
 struct l2l_eps {
   l2l_optimizer_config optimizer;
+  uint64_t seed;               /* of a bf16 master's stochastic rounding */
   const struct l2l_optimizer_ops *optim;   /* the optimizer's entry of the table */
   l2l_dtype precision;         /* the device's: f32, or f16 / bf16 for staging copies */
   struct eps_record **records;
@@ -209,8 +229,10 @@ struct l2l_eps {
 };
 
 /* optimizer: checked already. */
+/* seed: a bf16 master's stochastic rounding draws from it. */
 l2l_status l2l_eps_init(struct l2l_eps *eps, const l2l_optimizer_config *optimizer,
-                        l2l_dtype precision, int threads, struct l2l_timeline *timeline);
+                        l2l_dtype precision, int threads, uint64_t seed,
+                        struct l2l_timeline *timeline);
 void l2l_eps_free(struct l2l_eps *eps);
 struct eps_record *l2l_eps_find(const struct l2l_eps *eps, const l2l_param *param);
 /* What the EPS keeps of a parameter, read from it by the caller (the relay): the EPS
@@ -222,6 +244,7 @@ struct eps_record_source {
   l2l_tensor *master, *grad;
   bool decays;          /* weight decay applies (unless the optimizer decays all) */
   bool low_precision;   /* the device may hold it in 16 bits (a staging copy) */
+  uint64_t stream;      /* a bf16 master's draws for stochastic rounding: the record's own */
 };
 /* The records of a layer join or leave (a record listed twice counts once): their user
    counts change; new records start with no optimizer state (and, for a 16-bit precision,

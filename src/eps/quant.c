@@ -9,7 +9,9 @@
  * L2L_STATE_BLOCK elements of each state array into f32 scratch on the worker's stack,
  * runs the optimizer's chunk kernel over that block, and encodes the block again (the
  * first wave writes the state; a later one only reads it), so each state byte crosses
- * memory once each way and the scratch stays in the core's cache.
+ * memory once each way and the scratch stays in the core's cache. A bf16 master (the
+ * relay's master = bf16) goes the same way: decoded into scratch, updated in f32, and
+ * rounded back stochastically (eps_bf16_stochastic) by Philox draws the record owns.
  * 8-bit encoding is the nearest code, computed from the code's rule (`nearest`) rather than
  * searched for, so that it vectorizes (test_quant checks it against a search in double).
  * Ties go to the smaller magnitude.
@@ -194,25 +196,41 @@ void eps_state_encode(void *array, int64_t array_n, int64_t begin, const float *
 /* ---------------------------------------------------------------- the update */
 
 void eps_compact_chunk(const struct l2l_optimizer_ops *optim, const struct l2l_optim_chunk *chunk,
-                       void *const arrays[2], int64_t array_n, int64_t begin,
-                       l2l_state_precision state) {
-  float scratch[2][L2L_STATE_BLOCK];
+                       const struct eps_compact *compact, int64_t begin) {
+  float scratch[2][L2L_STATE_BLOCK], master[L2L_STATE_BLOCK];
+  uint32_t draws[L2L_STATE_BLOCK];
+  bool last_wave = chunk->wave == optim->waves - 1;
   for (int64_t at = 0; at < chunk->n; at += L2L_STATE_BLOCK) {
     struct l2l_optim_chunk block = *chunk;
-    block.p = chunk->p + at;
     block.grad = chunk->grad + at;
     block.n = chunk->n - at < L2L_STATE_BLOCK ? chunk->n - at : L2L_STATE_BLOCK;
+    const uint16_t *mh = compact->master != NULL ? compact->master + at : NULL;
+    if (mh != NULL) {   /* bf16 widens exactly */
+#pragma omp simd
+      for (int64_t i = 0; i < block.n; i++) master[i] = half_bf16_to_f32(mh[i]);
+      block.p = master;
+    } else {
+      block.p = chunk->p + at;
+    }
     for (int a = 0; a < 2; a++) {
-      block.state[a] = arrays[a] != NULL ? scratch[a] : NULL;
-      if (arrays[a] != NULL)
-        eps_state_decode(scratch[a], arrays[a], array_n, begin + at, block.n, state,
-                         eps_state_code(optim, a));
+      void *array = compact->state[a];
+      block.state[a] = array != NULL ? scratch[a] : NULL;
+      if (array != NULL)
+        eps_state_decode(scratch[a], array, compact->state_n, begin + at, block.n,
+                         compact->precision, eps_state_code(optim, a));
     }
     optim->chunk(&block);
     for (int a = 0; chunk->wave == 0 && a < 2; a++)
-      if (arrays[a] != NULL)
-        eps_state_encode(arrays[a], array_n, begin + at, scratch[a], block.n, state,
-                         eps_state_code(optim, a));
+      if (compact->state[a] != NULL)
+        eps_state_encode(compact->state[a], compact->state_n, begin + at, scratch[a], block.n,
+                         compact->precision, eps_state_code(optim, a));
+    if (mh != NULL && last_wave) {   /* the wave that moved the weights */
+      uint16_t *out = compact->master + at;
+      l2l_philox_range(draws, compact->seed, compact->stream, compact->first_draw + (uint64_t)at,
+                       block.n);
+#pragma omp simd
+      for (int64_t i = 0; i < block.n; i++) out[i] = eps_bf16_stochastic(master[i], draws[i]);
+    }
   }
 }
 

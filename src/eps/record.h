@@ -41,6 +41,7 @@ struct eps_record {
   bool grad_give;              /* its update under way gives the pages back (set as it
                                   begins: the accumulators passed then) */
   l2l_tensor *staging;         /* device-precision copy (pinned), NULL: the master is it */
+  uint64_t stream;             /* a bf16 master's stochastic rounding draws (the relay's) */
   int users;                   /* relay layers holding the record */
   int64_t updates;             /* t of its last update */
   pthread_mutex_t absorb_lock; /* gradient arrivals add into grad one at a time */

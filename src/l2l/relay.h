@@ -220,6 +220,22 @@ typedef struct l2l_relay_config {
                                    host_budget too small for them all, the gradient
                                    accumulators, zero between updates, give their pages
                                    back then (stats.spill_grad_waits) */
+  l2l_dtype master;             /* the masters of the GEMM weights and token tables (the
+                                   parameters `precision` makes 16-bit): f32 (0), or bf16,
+                                   which needs precision bf16 and no dist. bf16: while its
+                                   layer is in the relay such a parameter's value is a bf16
+                                   tensor in the pinned pool (l2l_param_value: a view taken
+                                   before the relay is of the f32 values it had, which stop
+                                   changing), itself what the device reads (no staging copy:
+                                   2 bytes a parameter instead of 6); each update runs in f32
+                                   and rounds the result to bf16 stochastically (unbiased:
+                                   an update far below a bf16 ulp still moves the weight on
+                                   average), with Philox draws keyed by (seed, the layer's
+                                   rng id and the parameter, the update count and the
+                                   element), so the same run gives the same bits and a
+                                   resumed one continues exactly. A layer leaving the relay
+                                   (remove, replace, the relay freed) gets f32 values again,
+                                   equal to the bf16 ones. The others stay f32 */
 } l2l_relay_config;
 
 /* AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant schedule, micro-

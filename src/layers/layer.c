@@ -98,6 +98,22 @@ void l2l_layer_mark_low_precision(l2l_layer *layer, int role) {
   layer->params[layer->role[role]]->low_precision = true;
 }
 
+l2l_status l2l_param_rehome(l2l_param *param, l2l_pool_kind pool, l2l_dtype dtype) {
+  if (param->home_value != NULL)
+    return FAIL(L2L_ERR_STATE, "parameter '%s' is bound to other tensors", param->name);
+  if (param->value->dtype == dtype && param->value->storage->pool == pool) return L2L_OK;
+  l2l_tensor *fresh = NULL;
+  TRY(l2l_tensor_new_like(&fresh, pool, dtype, param->value));
+  l2l_status status = l2l_tensor_cast(fresh, param->value);   /* to nearest even, or exact */
+  if (status != L2L_OK) {
+    l2l_tensor_free(fresh);
+    return status;
+  }
+  l2l_tensor_free(param->value);
+  param->value = fresh;
+  return L2L_OK;
+}
+
 void l2l_param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad) {
   if (value != NULL) {
     if (param->home_value == NULL) {
@@ -198,7 +214,9 @@ l2l_status l2l_layer_clone(l2l_layer **out, const l2l_layer *layer) {
     if (status != L2L_OK) break;
     q->low_precision = p->low_precision;
     copy->params[copy->nparams++] = q;
-    status = l2l_tensor_copy(q->value, p->value);
+    /* a relay's bf16 master (l2l_param_rehome) widens exactly into the copy's f32 */
+    status = p->value->dtype == L2L_F32 ? l2l_tensor_copy(q->value, p->value)
+                                        : l2l_tensor_cast(q->value, p->value);
   }
   if (status != L2L_OK) {
     l2l_layer_free(copy);

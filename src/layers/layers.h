@@ -34,6 +34,10 @@ int l2l_layer_output_dims(int64_t *dims, const l2l_layer *layer, const l2l_layer
    low-precision parameter, f16 / bf16) for the layer calls that follow: the relay's
    device copies. value NULL points it back at its own tensors. */
 void l2l_param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad);
+/* The parameter's own value replaced by a tensor of `dtype` in `pool` holding its values
+   (rounded to nearest even, or exactly widened): the relay's bf16 masters, and f32 again as
+   its layer leaves. Refused while bound; a failure leaves the value as it was. */
+l2l_status l2l_param_rehome(l2l_param *param, l2l_pool_kind pool, l2l_dtype dtype);
 /* Whether the relay may bind a 16-bit copy of the parameter (a GEMM weight or a gathered
    table); the others stay f32 on the device. */
 bool l2l_param_low_precision(const l2l_param *param);

@@ -61,11 +61,14 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
   uint64_t base = 0, fixed = 0, state = 0, largest = 0, passing = 0, passing_total = 0, grads = 0;
   for (int i = 0; i < n; i++) {
     int64_t numel = l2l_tensor_numel(l2l_param_value(recs[i]));
-    bool staged = config->precision != L2L_F32 && l2l_param_low_precision(recs[i]);
+    /* a low-precision record has a 16-bit staging copy, or a bf16 master that is it */
+    bool low = config->precision != L2L_F32 && l2l_param_low_precision(recs[i]);
+    bool bf16_master = low && config->master == L2L_BF16, staged = low && !bf16_master;
     int64_t begin, shard_n;
     l2l_host_shard(numel, ranks, rank, &begin, &shard_n);
     l2l_host_record_bytes(&bytes[i], numel, shard_n, arrays, config->optimizer.state,
-                          staged ? config->precision : L2L_F32, dist);
+                          bf16_master ? L2L_BF16 : L2L_F32, staged ? config->precision : L2L_F32,
+                          dist);
     if (!trained[i]) bytes[i].state = bytes[i].moved = 0;   /* never updated: no state */
     base += bytes[i].fixed;
     fixed += bytes[i].fixed;

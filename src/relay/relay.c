@@ -73,6 +73,15 @@ static l2l_status check_config(const l2l_relay_config *c) {
   if (c->grad_precision != L2L_F32 && c->grad_precision != L2L_F16 && c->grad_precision != L2L_BF16)
     return FAIL(L2L_ERR_INVALID, "config->grad_precision must be f32 (%d), f16 (%d) or bf16 (%d), got %d",
                 L2L_F32, L2L_F16, L2L_BF16, (int)c->grad_precision);
+  if (c->master != L2L_F32 && c->master != L2L_BF16)
+    return FAIL(L2L_ERR_INVALID, "config->master must be f32 (%d) or bf16 (%d), got %d", L2L_F32,
+                L2L_BF16, (int)c->master);
+  if (c->master == L2L_BF16 && c->precision != L2L_BF16)
+    return FAIL(L2L_ERR_INVALID, "config->master bf16 needs precision bf16 (the bf16 masters are "
+                "what the device reads), got precision %s", l2l_dtype_name(c->precision));
+  if (c->master == L2L_BF16 && c->dist == L2L_DIST_MPI)
+    return FAIL(L2L_ERR_UNSUPPORTED, "config->master bf16 with dist = mpi is not built yet (the ranks "
+                "all-gather f32 masters)");
   if (c->nonfinite_error != 0 && c->nonfinite_error != 1)
     return FAIL(L2L_ERR_INVALID, "config->nonfinite_error must be 0 or 1, got %d",
                 c->nonfinite_error);
@@ -110,8 +119,10 @@ static l2l_status check_layer(const l2l_relay *run, const l2l_layer *layer, int 
     break;
   }
   for (int r = 0; r < l2l_layer_param_count(layer); r++) {
-    const l2l_tensor *v = l2l_param_value(l2l_layer_param(layer, r));
-    if (l2l_tensor_pool(v) != L2L_POOL_HOST)
+    const l2l_param *p = l2l_layer_param(layer, r);
+    const l2l_tensor *v = l2l_param_value(p);
+    /* (a record the relay holds already, a tied table, may be its bf16 master, pinned) */
+    if (l2l_tensor_pool(v) != L2L_POOL_HOST && l2l_eps_find(&run->eps, p) == NULL)
       return FAIL(L2L_ERR_INVALID, "the layer's parameter '%s' is in pool '%s': a relay's layers "
                   "keep their parameters in the host pool (the EPS)",
                   l2l_param_name(l2l_layer_param(layer, r)),
@@ -130,19 +141,44 @@ static l2l_status grow(l2l_relay *run) {
   return L2L_OK;
 }
 
-/* A layer's records join the EPS, or leave it. */
+/* With master bf16, a parameter whose master is bf16 (a low-precision one). */
+static bool bf16_master(const l2l_relay *run, const l2l_param *p) {
+  return run->config.master == L2L_BF16 && l2l_param_low_precision(p);
+}
+
+/* A layer's parameters leaving the relay's bf16 masters: f32 host values again, once no
+   record of the EPS holds them (a tied one may stay with another layer). A failure (no
+   memory) leaves a value bf16: still its value, refused by the next relay's check. */
+static void masters_home(l2l_relay *run, l2l_layer *layer, bool freeing) {
+  for (int r = 0; r < l2l_layer_param_count(layer); r++) {
+    l2l_param *p = l2l_layer_param(layer, r);
+    if (bf16_master(run, p) && (freeing || l2l_eps_find(&run->eps, p) == NULL))
+      (void)l2l_param_rehome(p, L2L_POOL_HOST, L2L_F32);
+  }
+}
+
+/* A layer's records join the EPS, or leave it. With master bf16 the low-precision
+   parameters' values become bf16 in the pinned pool first (the device reads them there);
+   a failure puts every one back. Each record's stream for stochastic rounding: its layer's
+   rng id and its place in the layer. */
 static l2l_status eps_join(l2l_relay *run, l2l_layer *layer) {
   struct eps_record_source sources[MAX_RECORDS];
   int n = l2l_layer_param_count(layer);
-  for (int r = 0; r < n; r++) {
+  l2l_status status = L2L_OK;
+  for (int r = 0; r < n && status == L2L_OK; r++) {
     l2l_param *p = l2l_layer_param(layer, r);
+    if (bf16_master(run, p) && l2l_eps_find(&run->eps, p) == NULL)
+      status = l2l_param_rehome(p, L2L_POOL_PINNED, L2L_BF16);
     sources[r] = (struct eps_record_source){.param = p, .name = l2l_param_name(p),
                                             .master = l2l_param_value(p),
                                             .grad = l2l_param_grad(p),
                                             .decays = l2l_param_decays(p) == 1,
-                                            .low_precision = l2l_param_low_precision(p)};
+                                            .low_precision = l2l_param_low_precision(p),
+                                            .stream = (uint64_t)l2l_layer_rng_id(layer) << 8 | (uint64_t)r};
   }
-  return l2l_eps_add_records(&run->eps, sources, n);
+  if (status == L2L_OK) status = l2l_eps_add_records(&run->eps, sources, n);
+  if (status != L2L_OK) masters_home(run, layer, false);
+  return status;
 }
 
 static void eps_leave(l2l_relay *run, l2l_layer *layer) {
@@ -150,6 +186,7 @@ static void eps_leave(l2l_relay *run, l2l_layer *layer) {
   int n = l2l_layer_param_count(layer);
   for (int r = 0; r < n; r++) params[r] = l2l_layer_param(layer, r);
   l2l_eps_remove_records(&run->eps, params, n);
+  masters_home(run, layer, false);
 }
 
 static l2l_status insert_at(l2l_relay *run, int index, l2l_layer *layer) {
@@ -190,7 +227,7 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
   }
   bool eps_up = false, h2d_up = false, d2h_up = false;
   l2l_status status = l2l_eps_init(&run->eps, &config->optimizer, config->precision, threads,
-                                   &run->timeline);
+                                   config->seed, &run->timeline);
   eps_up = status == L2L_OK;
   if (status == L2L_OK && config->dist == L2L_DIST_MPI) {
     /* The communication thread's lane follows the optimizer workers' (3 ..). */
@@ -257,7 +294,10 @@ void l2l_relay_free(l2l_relay *run) {
   l2l_queue_stop(&run->h2d);
   l2l_queue_stop(&run->d2h);
   l2l_eps_free(&run->eps);
-  for (int i = 0; i < run->count; i++) l2l_layer_set_owner(run->layers[i].layer, NULL);
+  for (int i = 0; i < run->count; i++) {
+    masters_home(run, run->layers[i].layer, true);
+    l2l_layer_set_owner(run->layers[i].layer, NULL);
+  }
   pthread_mutex_destroy(&run->lock);
   l2l_timeline_free(&run->timeline);
   free(run->layers);
