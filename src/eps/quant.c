@@ -79,7 +79,9 @@ static inline int nearest(float y, int bits) {
   float position = (y * ten_e - 0.1f) * (two_f * (1.0f / 0.9f));
   float rounded = ceilf(position - 0.5f);   /* ties to the smaller */
   int top = (1 << bits) - 1;
-  rounded = rounded < -1.0f ? -1.0f : rounded > (float)top ? (float)top : rounded;
+  /* clamped so that a NaN (from an inf in the block) converts defined: to -1 */
+  rounded = rounded > (float)top ? (float)top : rounded;
+  rounded = rounded >= -1.0f ? rounded : -1.0f;
   int q = (int)two_f - 1 + (int)rounded;
   int lowest = y > 0.5f * down[bits - 1];
   q = e == bits - 1 ? lowest : q;
