@@ -283,6 +283,35 @@ describe("data parallel under mpirun", function()
     assert_close(tail, train(0, "steps=3 load=" .. path)[0], "one process from the checkpoint")
   end)
 
+  it("2 ranks with 8-bit state and bf16 masters train as one process does, and resume on 3 ranks and on one", function()
+    if not need_mpi() then return end
+    -- (8-bit state: the shards hold whole blocks; a checkpoint gathers codes and scales)
+    local optimizer = ({ "adamw", "lamb", "sgd" })[seed % 3 + 1]
+    local flags = "state=8bit master=bf16 optimizer=" .. optimizer
+    local function weights(r)   -- the masters and losses alone: a state's codes are bytes
+      local out = { losses = r.losses, params = {} }
+      for i, p in ipairs(r.params) do out.params[i] = { layer = p.layer, name = p.name, value = p.value } end
+      return out
+    end
+    local path = dir .. "/compact.l2l"
+    local one = train(0, "steps=5 " .. flags)[0]
+    local ranks, cmd = train(2, "steps=5 save=" .. path .. " save_at=2 " .. flags)
+    assert_close(weights(one), weights(ranks[0]), cmd)
+    assert_ranks_agree(ranks, cmd)
+    -- the file holds the 2 ranks' run at step 2 exactly, state codes and scales included
+    local at2 = train(2, "steps=2 " .. flags)[0]
+    local loaded = train(3, "steps=0 load=" .. path)[0]
+    for i, p in ipairs(at2.params) do
+      assert.are.same(p.value, loaded.params[i].value, p.name)
+      assert.are.same(p.state1, loaded.params[i].state1, p.name)
+      assert.are.same(p.state2, loaded.params[i].state2, p.name)
+    end
+    local tail = weights({ losses = { ranks[0].losses[3], ranks[0].losses[4], ranks[0].losses[5] },
+                           params = ranks[0].params })
+    assert_close(tail, weights(train(3, "steps=3 load=" .. path)[0]), "3 ranks from the checkpoint")
+    assert_close(tail, weights(train(0, "steps=3 load=" .. path)[0]), "one process from the checkpoint")
+  end)
+
   it("leaves no rank in a gather when rank 0's checkpoint cannot be written, and trains on", function()
     -- each record's state is gathered as the file reaches it: rank 0's file cannot be
     -- made, so it gathers nothing inside its write and the rest after it, with rank 1

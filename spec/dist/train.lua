@@ -24,6 +24,7 @@
 --   alike, is taken again within the budget this rank's error names; the output's
 --   host_budget is the last, first_budget the first step's, plan_smallest l2l.plan's
 --   smallest for this rank before it, host_most the most the EPS held after a step),
+--   state=f32|bf16|8bit (the optimizer state's precision), master=f32|bf16 (bf16 masters),
 --   rank<r>_<key>=value sets key on rank r alone (the ranks disagree).
 local ffi = require("ffi")
 local l2l = require("l2l")
@@ -69,9 +70,9 @@ local function fresh_model()
   return m
 end
 
-local optimizer = ({ adamw = l2l.AdamW { lr = o.lr, weight_decay = 0.1, eps = o.eps },
-                     lamb = l2l.LAMB { lr = o.lr, eps = o.eps },
-                     sgd = l2l.SGD { lr = 0.05, momentum = 0.9 } })[o.optimizer]
+local optimizer = ({ adamw = l2l.AdamW { lr = o.lr, weight_decay = 0.1, eps = o.eps, state = o.state },
+                     lamb = l2l.LAMB { lr = o.lr, eps = o.eps, state = o.state },
+                     sgd = l2l.SGD { lr = 0.05, momentum = 0.9, state = o.state } })[o.optimizer]
 local run
 if o.load then
   run = l2l.load(o.load, { dist = o.dist, optimizer_threads = 1 })
@@ -80,7 +81,7 @@ else
                     optimizer = optimizer, clip_global_norm = o.clip, loss_scale = o.loss_scale,
                     grad_precision = o.grad_precision, spill = o.spill,
                     host_budget = o.tight == 1 and 1 or o.host_budget, seed = seed, dist = o.dist,
-                    optimizer_threads = 1 }
+                    optimizer_threads = 1, master = o.master }
 end
 
 -- tight: the planner's smallest budget for this rank, to set beside the one the first step
@@ -145,7 +146,9 @@ for step = first, first + o.steps - 1 do
 end
 run:sync()
 
+-- a tensor's elements: numbers (bf16 widened; 8-bit state's bytes as they are)
 local function hex_list(t)
+  if t:dtype() == "bf16" then t = t:cast("f32") end
   local d, list = t:data(), {}
   for j = 0, t:numel() - 1 do list[j + 1] = hex(d[j]) end
   return list

@@ -31,7 +31,7 @@
 /* What libl2l-mpi.so exports, as l2l_mpi_plugin(): MPI's calls over handles of its own
    (ints for communicators and requests), so that no other file sees an MPI type. Every
    call returns an MPI error code (0: MPI_SUCCESS) unless said otherwise. */
-#define L2L_MPI_PLUGIN_VERSION 1
+#define L2L_MPI_PLUGIN_VERSION 2
 struct l2l_mpi_plugin {
   int version;                 /* L2L_MPI_PLUGIN_VERSION */
   /* MPI_Init_thread(FUNNELED) unless MPI is up already; errors return (not abort). */
@@ -43,8 +43,9 @@ struct l2l_mpi_plugin {
   /* recv (counts[rank] floats) := the sum over ranks of send's segment `rank`, segments
      laid end to end in rank order with counts[r] elements each. */
   int (*reduce_scatter)(const float *send, float *recv, const int *counts, int comm, int *req);
-  /* In place: every rank's segment r of buf (counts[r] floats at displs[r]) is rank r's. */
-  int (*allgatherv)(float *buf, const int *counts, const int *displs, int comm, int *req);
+  /* In place: every rank's segment r of buf (counts[r] elements at displs[r], each of
+     `bytes` bytes: 4 floats, 2 16-bit values, 1 bytes) is rank r's. */
+  int (*allgatherv)(void *buf, int bytes, const int *counts, const int *displs, int comm, int *req);
   int (*allreduce_sum)(double *buf, int n, int comm, int *req);   /* in place */
   /* recv (size * n int64s) := every rank's n, in rank order. */
   int (*allgather_i64)(const int64_t *send, int n, int64_t *recv, int comm, int *req);
@@ -62,7 +63,7 @@ typedef const struct l2l_mpi_plugin *(*l2l_mpi_plugin_fn)(void);
 enum l2l_dist_kind {
   DIST_NOOP,               /* takes its index on the stream and completes at once */
   DIST_REDUCE_SCATTER,     /* send (f32, the sum of counts), recv (counts[rank]) */
-  DIST_ALLGATHERV,         /* recv in place (f32), counts, displs */
+  DIST_ALLGATHERV,         /* recv in place, counts, displs (elements of `elem` bytes) */
   DIST_ALLREDUCE_SUM,      /* recv in place (f64), n */
   DIST_ALLGATHER_I64,      /* send (n int64s), recv (size * n) */
   DIST_BARRIER
@@ -75,6 +76,7 @@ struct l2l_dist_op {
   void *recv;
   const int *counts, *displs;
   int n;
+  int elem;                    /* DIST_ALLGATHERV: bytes an element, 4 (0 means 4: f32), 2, 1 */
   /* On the communication thread once the operation has completed (NULL: nothing). */
   void (*done)(struct l2l_dist_op *op);
   void *ctx;

@@ -92,7 +92,8 @@ static void post_one(struct l2l_dist_op *op) {
       rc = D.mpi->reduce_scatter(op->send, op->recv, op->counts, op->comm, &op->request);
       break;
     case DIST_ALLGATHERV:
-      rc = D.mpi->allgatherv(op->recv, op->counts, op->displs, op->comm, &op->request);
+      rc = D.mpi->allgatherv(op->recv, op->elem > 0 ? op->elem : 4, op->counts, op->displs,
+                             op->comm, &op->request);
       break;
     case DIST_ALLREDUCE_SUM: rc = D.mpi->allreduce_sum(op->recv, op->n, op->comm, &op->request); break;
     case DIST_ALLGATHER_I64:

@@ -110,9 +110,10 @@ static int plugin_reduce_scatter(const float *send, float *recv, const int *coun
                                 &requests[slot]));
 }
 
-static int plugin_allgatherv(float *buf, const int *counts, const int *displs, int comm,
-                             int *req) {
-  POST(req, MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT,
+static int plugin_allgatherv(void *buf, int bytes, const int *counts, const int *displs,
+                             int comm, int *req) {
+  MPI_Datatype type = bytes == 4 ? MPI_FLOAT : bytes == 2 ? MPI_UINT16_T : MPI_BYTE;
+  POST(req, MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, type,
                             comms[comm], &requests[slot]));
 }
 

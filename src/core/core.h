@@ -152,9 +152,14 @@ void l2l_host_record_bytes(struct l2l_host_record *out, int64_t numel, int64_t s
    8bit is n codes padded to 4 bytes, then an f32 scale a block); 0 for an unknown one. */
 uint64_t l2l_host_state_bytes(l2l_state_precision state, int64_t n);
 /* Rank `rank`'s shard of a record of n elements over `ranks`: the elements [*begin,
-   *begin + *count) with s = ceil(n / ranks), rank·s clipped to n (the last shards may be
-   shorter or empty). */
-void l2l_host_shard(int64_t n, int ranks, int rank, int64_t *begin, int64_t *count);
+   *begin + *count) with s = ceil(n / ranks) rounded up to a multiple of `align` (8-bit
+   state: a shard holds whole blocks), rank·s clipped to n (the last shards may be shorter
+   or empty). */
+void l2l_host_shard(int64_t n, int ranks, int rank, int64_t align, int64_t *begin, int64_t *count);
+/* The shards' alignment for optimizer state kept in `state`. */
+static inline int64_t l2l_host_shard_align(l2l_state_precision state) {
+  return state == L2L_STATE_8BIT ? L2L_STATE_BLOCK : 1;
+}
 /* Whether a record's gradient accumulator may pass this step: when the tier makes them
    pass (a spill file, and a budget that cannot hold them all), an accumulator's pages are
    given back whenever it is cleared (it is zero between updates), and one that passes

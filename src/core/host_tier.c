@@ -37,8 +37,9 @@ void l2l_host_record_bytes(struct l2l_host_record *out, int64_t numel, int64_t s
   out->moved = (uint64_t)arrays * array;
 }
 
-void l2l_host_shard(int64_t n, int ranks, int rank, int64_t *begin, int64_t *count) {
+void l2l_host_shard(int64_t n, int ranks, int rank, int64_t align, int64_t *begin, int64_t *count) {
   int64_t s = (n + ranks - 1) / ranks;
+  s = (s + align - 1) / align * align;
   int64_t b = (int64_t)rank * s < n ? (int64_t)rank * s : n;
   *begin = b;
   *count = (b + s < n ? b + s : n) - b;

@@ -250,7 +250,10 @@ l2l_status l2l_eps_prepare(struct l2l_eps *eps) {
       TRY(eps_state_new(&rec->state[a], rec));
       TRY(l2l_tensor_fill(rec->state[a], 0.0));
     }
-    if (eps->dist && rec->shard_grad == NULL) TRY(eps_state_new(&rec->shard_grad, rec));
+    if (eps->dist && rec->shard_grad == NULL) {   /* f32, whatever the state's precision */
+      int64_t shape[1] = {rec->shard_n > 0 ? rec->shard_n : 1};   /* an empty shard: 1 unused */
+      TRY(l2l_tensor_new(&rec->shard_grad, L2L_POOL_HOST, L2L_F32, 1, shape));
+    }
   }
   return L2L_OK;
 }
@@ -371,10 +374,13 @@ static void chunk_run(struct l2l_job *job, int thread) {
         .state = {rec->state[0] ? l2l_tensor_data(rec->state[0]) : NULL,
                   rec->state[1] ? l2l_tensor_data(rec->state[1]) : NULL},
         .state_n = rec->shard_n, .precision = eps->optimizer.state,
-        /* the update t of record `stream` draws t * numel + element (one process) */
-        .master = bf16_master ? (uint16_t *)l2l_tensor_data(rec->master) + cj->begin : NULL,
+        /* update t of record `stream` draws t * numel + element (the record's, whatever
+           rank updates it) */
+        .master = bf16_master ? (uint16_t *)l2l_tensor_data(rec->master) + rec->shard_begin + cj->begin
+                              : NULL,
         .seed = eps->seed, .stream = rec->stream,
-        .first_draw = (uint64_t)rec->hyper.t * (uint64_t)rec->shard_n + (uint64_t)cj->begin};
+        .first_draw = (uint64_t)rec->hyper.t * (uint64_t)l2l_tensor_numel(rec->master) +
+                      (uint64_t)(rec->shard_begin + cj->begin)};
     if (bf16_master) chunk.p = NULL;
     eps_compact_chunk(eps->optim, &chunk, &compact, cj->begin);
   }

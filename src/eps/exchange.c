@@ -15,8 +15,9 @@
  * (eps_exchange_order), so collectives match across ranks whatever order the workers
  * finish in. A record skipped on every rank (agreed inf or NaN, or an overflow) takes its
  * place on the remaining streams with nothing sent.
- * Shards: core's l2l_host_shard (the planner counts them by it too); uneven sizes are
- * padded by MPI's per-rank counts, never refused.
+ * Shards: core's l2l_host_shard (the planner counts them by it too), cut at whole blocks
+ * for 8-bit state; uneven sizes are padded by MPI's per-rank counts, never refused. A
+ * bf16 master is all-gathered as 16-bit elements; a checkpoint's state in its precision.
  * Must never: issue a collective out of its place, or update a record before every rank
  * has agreed it may.
  */
@@ -87,7 +88,7 @@ l2l_status eps_shard(struct l2l_eps *eps, struct eps_record *rec) {
     return FAIL(L2L_ERR_NOMEM, "no memory for a record's shards");
   for (int r = 0; r < d->size; r++) {
     int64_t begin, count;
-    l2l_host_shard(n, d->size, r, &begin, &count);
+    l2l_host_shard(n, d->size, r, l2l_host_shard_align(eps->optimizer.state), &begin, &count);
     rec->displs[r] = (int)begin;   /* <= n <= INT_MAX */
     rec->counts[r] = (int)count;
   }
@@ -96,9 +97,12 @@ l2l_status eps_shard(struct l2l_eps *eps, struct eps_record *rec) {
   return L2L_OK;
 }
 
-/* What one collective of rec moves per rank, as a ring does: every shard but its own. */
-static uint64_t exchange_bytes(const struct eps_record *rec) {
-  return (uint64_t)(l2l_tensor_numel(rec->master) - rec->shard_n) * sizeof(float);
+/* What one collective of rec moves per rank, as a ring does: every shard but its own, of
+   the f32 gradient (the reduce-scatter) or of the master (the all-gather: 2 bytes an
+   element for a bf16 one). */
+static uint64_t exchange_bytes(const struct eps_record *rec, bool master) {
+  size_t elem = master ? l2l_dtype_size((l2l_dtype)l2l_tensor_dtype(rec->master)) : sizeof(float);
+  return (uint64_t)(l2l_tensor_numel(rec->master) - rec->shard_n) * elem;
 }
 
 void eps_exchange_order(struct l2l_eps *eps) {
@@ -112,7 +116,7 @@ void eps_exchange_order(struct l2l_eps *eps) {
   uint64_t bytes = 0;
   for (int i = 0; i < n; i++) {
     list[i]->order = eps->dist->base + i;
-    bytes += 2 * exchange_bytes(list[i]);   /* reduce-scatter and all-gather */
+    bytes += exchange_bytes(list[i], false) + exchange_bytes(list[i], true);
   }
   eps->dist->base += n;
   pthread_mutex_lock(&eps->lock);
@@ -138,7 +142,8 @@ void eps_exchange_updated(struct l2l_eps *eps, struct eps_record *rec) {
   struct l2l_dist_op *op = &rec->ag;
   op_fill(op, rec, DIST_ALLGATHERV, "all-gather of the updated weights", ag_done);
   op->recv = l2l_tensor_data(rec->master);
-  op->bytes = exchange_bytes(rec);
+  op->elem = (int)l2l_dtype_size((l2l_dtype)l2l_tensor_dtype(rec->master));
+  op->bytes = exchange_bytes(rec, true);
   op->timeline = eps->timeline;
   op->phase = L2L_PHASE_ALL_GATHER;
   l2l_dist_post(eps->dist->ag, op, rec->place);
@@ -154,7 +159,7 @@ static void skip_ag(struct l2l_dist_op *op) {
    record may be freed, so no other operation of it may still be with comm_thread.c. */
 void eps_exchange_skip(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
-  eps->dist->bytes -= exchange_bytes(rec);   /* no all-gather */
+  eps->dist->bytes -= exchange_bytes(rec, true);   /* no all-gather */
   pthread_mutex_unlock(&eps->lock);
   eps_turn_pass(eps, rec);   /* (its update takes no room) */
   if (eps->optim->waves > 1) {   /* LAMB's sums would have had this place too */
@@ -225,10 +230,60 @@ void eps_exchange_start(struct l2l_eps *eps, struct eps_record *rec) {
   op_fill(op, rec, DIST_REDUCE_SCATTER, "reduce-scatter of gradients", rs_done);
   op->send = l2l_tensor_data(rec->grad);
   op->recv = l2l_tensor_data(rec->shard_grad);
-  op->bytes = exchange_bytes(rec);
+  op->bytes = exchange_bytes(rec, false);
   op->timeline = eps->timeline;
   op->phase = L2L_PHASE_REDUCE_SCATTER;
   l2l_dist_post(eps->dist->rs, op, rec->place);
+}
+
+/* The whole state array from every rank's shard, in its precision: each rank's shard laid
+   in its place and all-gathered in place; 8 bits in two gathers, the codes (bytes) and the
+   scales (a shard's whole blocks: shards start on a block). Collective. */
+static l2l_status state_gather(l2l_tensor **out, struct l2l_eps *eps, struct eps_record *rec,
+                               const l2l_tensor *shard) {
+  l2l_state_precision p = eps->optimizer.state;
+  int64_t n = l2l_tensor_numel(rec->master);
+  int size = eps->dist->size, elem = p == L2L_STATE_F32 ? 4 : p == L2L_STATE_BF16 ? 2 : 1;
+  l2l_status status;
+  if (p == L2L_STATE_8BIT) {
+    int64_t shape[1] = {(int64_t)l2l_host_state_bytes(p, n)};
+    status = l2l_tensor_new(out, L2L_POOL_HOST, L2L_U8, 1, shape);
+  } else {
+    status = l2l_tensor_new_like(out, L2L_POOL_HOST, p == L2L_STATE_BF16 ? L2L_BF16 : L2L_F32,
+                                 rec->master);
+  }
+  if (status != L2L_OK) return status;
+  uint8_t *whole = l2l_tensor_data(*out);
+  const uint8_t *mine = l2l_tensor_data(shard);
+  memcpy(whole + (size_t)rec->shard_begin * (size_t)elem, mine, (size_t)rec->shard_n * (size_t)elem);
+  struct l2l_dist_op op = {.kind = DIST_ALLGATHERV, .recv = whole, .elem = elem,
+                           .counts = rec->counts, .displs = rec->displs,
+                           .what = "all-gather of optimizer state (a checkpoint)",
+                           .name = rec->name, .layer = -1, .step = atomic_load(&eps->step)};
+  status = l2l_dist_run(&op);
+  if (status == L2L_OK && p == L2L_STATE_8BIT) {   /* then every shard's blocks' scales */
+    int *counts = calloc(2 * (size_t)size, sizeof *counts), *displs = counts + size;
+    if (counts == NULL) status = FAIL(L2L_ERR_NOMEM, "no memory for a gather's counts");
+    for (int r = 0; status == L2L_OK && r < size; r++) {
+      counts[r] = (rec->counts[r] + L2L_STATE_BLOCK - 1) / L2L_STATE_BLOCK;
+      displs[r] = rec->displs[r] / L2L_STATE_BLOCK;
+    }
+    uint64_t codes = ((uint64_t)n + 3) & ~(uint64_t)3, own = ((uint64_t)rec->shard_n + 3) & ~(uint64_t)3;
+    float *scales = (float *)(whole + codes);
+    memset(whole + n, 0, (size_t)(codes - (uint64_t)n));   /* the padding, zero as documented */
+    if (status == L2L_OK) {
+      memcpy(scales + displs[eps->dist->rank], mine + own, (size_t)counts[eps->dist->rank] * sizeof(float));
+      op.recv = scales, op.elem = 4, op.counts = counts, op.displs = displs;
+      op.what = "all-gather of optimizer state's scales (a checkpoint)";
+      status = l2l_dist_run(&op);
+    }
+    free(counts);
+  }
+  if (status != L2L_OK) {
+    l2l_tensor_free(*out);
+    *out = NULL;
+  }
+  return status;
 }
 
 l2l_status l2l_eps_state_whole(l2l_tensor **out, struct l2l_eps *eps, struct eps_record *rec,
@@ -256,20 +311,9 @@ l2l_status l2l_eps_state_whole(l2l_tensor **out, struct l2l_eps *eps, struct eps
     return L2L_OK;
   }
   l2l_tensor *whole = NULL;
-  l2l_status status = l2l_tensor_new_like(&whole, L2L_POOL_HOST, L2L_F32, rec->master);
-  if (status == L2L_OK)
-    memcpy((float *)l2l_tensor_data(whole) + rec->shard_begin, l2l_tensor_data(shard),
-           (size_t)rec->shard_n * sizeof(float));
+  l2l_status status = state_gather(&whole, eps, rec, shard);
   l2l_tensor_free(read);
-  struct l2l_dist_op op = {.kind = DIST_ALLGATHERV, .recv = whole ? l2l_tensor_data(whole) : NULL,
-                           .counts = rec->counts, .displs = rec->displs,
-                           .what = "all-gather of optimizer state (a checkpoint)",
-                           .name = rec->name, .layer = -1, .step = atomic_load(&eps->step)};
-  if (status == L2L_OK) status = l2l_dist_run(&op);
-  if (status != L2L_OK) {
-    l2l_tensor_free(whole);
-    return status;
-  }
+  if (status != L2L_OK) return status;
   *out = rec->gathered[which] = whole;
   return L2L_OK;
 }

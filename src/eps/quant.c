@@ -238,11 +238,12 @@ void eps_compact_chunk(const struct l2l_optimizer_ops *optim, const struct l2l_o
 
 /* ---------------------------------------------------------------- state arrays made and restored */
 
-/* An optimizer state array of rec: its shard's elements (all of them on one process). */
+/* An optimizer state array of rec in the state's precision: its shard's elements (all of
+   them on one process). (The shard's reduced gradient is f32 whatever this precision.) */
 l2l_status eps_state_new(l2l_tensor **out, const struct eps_record *rec) {
   l2l_state_precision state = rec->eps->optimizer.state;
-  if (state == L2L_STATE_8BIT) {   /* codes and scales: a vector of bytes */
-    int64_t shape[1] = {(int64_t)eps_array_bytes(rec)};
+  if (state == L2L_STATE_8BIT) {   /* codes and scales: a vector of bytes (an empty shard: 4) */
+    int64_t shape[1] = {rec->shard_n > 0 ? (int64_t)eps_array_bytes(rec) : 4};
     return l2l_tensor_new(out, L2L_POOL_HOST, L2L_U8, 1, shape);
   }
   l2l_dtype dtype = state == L2L_STATE_BF16 ? L2L_BF16 : L2L_F32;
@@ -250,6 +251,23 @@ l2l_status eps_state_new(l2l_tensor **out, const struct eps_record *rec) {
     return l2l_tensor_new_like(out, L2L_POOL_HOST, dtype, rec->master);
   int64_t shape[1] = {rec->shard_n > 0 ? rec->shard_n : 1};   /* an empty shard: 1 unused */
   return l2l_tensor_new(out, L2L_POOL_HOST, dtype, 1, shape);
+}
+
+/* The shard's elements of a whole state array in precision p, copied as they are into
+   the shard's own array: 8 bits, its codes and its blocks' scales (a shard starts on a
+   block: l2l_host_shard_align). */
+static void shard_copy(void *dst, const void *src, const struct eps_record *rec,
+                       l2l_state_precision p) {
+  int64_t n = l2l_tensor_numel(rec->master), lo = rec->shard_begin, k = rec->shard_n;
+  if (p == L2L_STATE_8BIT) {
+    memcpy(dst, (const uint8_t *)src + lo, (size_t)k);
+    memset((uint8_t *)dst + k, 0, (size_t)((uint8_t *)scales_of(dst, k) - ((uint8_t *)dst + k)));
+    memcpy(scales_of(dst, k), scales_of((void *)src, n) + lo / L2L_STATE_BLOCK,
+           (size_t)((k + L2L_STATE_BLOCK - 1) / L2L_STATE_BLOCK) * sizeof(float));
+  } else {
+    size_t elem = p == L2L_STATE_BF16 ? sizeof(uint16_t) : sizeof(float);
+    memcpy(dst, (const uint8_t *)src + (size_t)lo * elem, (size_t)k * elem);
+  }
 }
 
 /* The precision a state tensor given to restore is kept in, from its dtype (checked). */
@@ -275,9 +293,9 @@ static l2l_status state_convert(const char *func, const char *name, l2l_tensor *
   enum eps_code code = eps_state_code(eps->optim, which);
   l2l_state_precision from = given_precision(src), to = eps->optimizer.state;
   int64_t n = l2l_tensor_numel(rec->master), lo = rec->shard_begin, hi = lo + rec->shard_n;
-  /* the same precision on one process: checked, then the bytes themselves (an 8-bit
-     array encoded again could differ in the last bit of a scale's division) */
-  bool same = from == to && eps->dist == NULL;
+  /* the same precision: checked, then the shard's bytes themselves (an 8-bit array
+     encoded again could differ in the last bit of a scale's division) */
+  bool same = from == to;
   float block[L2L_STATE_BLOCK];
   for (int64_t at = lo / L2L_STATE_BLOCK * L2L_STATE_BLOCK; at < hi; at += L2L_STATE_BLOCK) {
     int64_t bn = n - at < L2L_STATE_BLOCK ? n - at : L2L_STATE_BLOCK;
@@ -292,8 +310,7 @@ static l2l_status state_convert(const char *func, const char *name, l2l_tensor *
       eps_state_encode(l2l_tensor_data(dst), rec->shard_n, from_at - lo, block + (from_at - at),
                        to_at - from_at, to, code);
   }
-  if (same)
-    memcpy(l2l_tensor_data(dst), l2l_tensor_data(src), (size_t)eps_array_bytes(rec));
+  if (same) shard_copy(l2l_tensor_data(dst), l2l_tensor_data(src), rec, to);
   return L2L_OK;
 }
 

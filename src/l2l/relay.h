@@ -222,7 +222,7 @@ typedef struct l2l_relay_config {
                                    back then (stats.spill_grad_waits) */
   l2l_dtype master;             /* the masters of the GEMM weights and token tables (the
                                    parameters `precision` makes 16-bit): f32 (0), or bf16,
-                                   which needs precision bf16 and no dist. bf16: while its
+                                   which needs precision bf16. bf16: while its
                                    layer is in the relay such a parameter's value is a bf16
                                    tensor in the pinned pool (l2l_param_value: a view taken
                                    before the relay is of the f32 values it had, which stop

@@ -65,7 +65,8 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
     bool low = config->precision != L2L_F32 && l2l_param_low_precision(recs[i]);
     bool bf16_master = low && config->master == L2L_BF16, staged = low && !bf16_master;
     int64_t begin, shard_n;
-    l2l_host_shard(numel, ranks, rank, &begin, &shard_n);
+    l2l_host_shard(numel, ranks, rank, l2l_host_shard_align(config->optimizer.state), &begin,
+                   &shard_n);
     l2l_host_record_bytes(&bytes[i], numel, shard_n, arrays, config->optimizer.state,
                           bf16_master ? L2L_BF16 : L2L_F32, staged ? config->precision : L2L_F32,
                           dist);

@@ -59,11 +59,6 @@ static l2l_status check_config(const l2l_relay_config *c) {
                 c->loss_scale_window);
   if (c->dist != L2L_DIST_NONE && c->dist != L2L_DIST_MPI)
     return FAIL(L2L_ERR_INVALID, "config->dist must be none (0) or mpi (1), got %d", c->dist);
-  if (c->dist == L2L_DIST_MPI && c->optimizer.state != L2L_STATE_F32)
-    return FAIL(L2L_ERR_UNSUPPORTED, "config->optimizer.state %s with dist = mpi is not built yet: "
-                "each rank's shard of compact state would need its blocks aligned to the shards "
-                "and gathered as codes and scales (use f32 state with ranks)",
-                c->optimizer.state == L2L_STATE_BF16 ? "bf16" : "8bit");
   if (c->param_slots < 0 || c->param_slots == 1 || c->param_slots > MAX_PARAM_SLOTS)
     return FAIL(L2L_ERR_INVALID, "config->param_slots must be 0 (two) or 2 to %d, got %d",
                 MAX_PARAM_SLOTS, c->param_slots);
@@ -79,9 +74,6 @@ static l2l_status check_config(const l2l_relay_config *c) {
   if (c->master == L2L_BF16 && c->precision != L2L_BF16)
     return FAIL(L2L_ERR_INVALID, "config->master bf16 needs precision bf16 (the bf16 masters are "
                 "what the device reads), got precision %s", l2l_dtype_name(c->precision));
-  if (c->master == L2L_BF16 && c->dist == L2L_DIST_MPI)
-    return FAIL(L2L_ERR_UNSUPPORTED, "config->master bf16 with dist = mpi is not built yet (the ranks "
-                "all-gather f32 masters)");
   if (c->nonfinite_error != 0 && c->nonfinite_error != 1)
     return FAIL(L2L_ERR_INVALID, "config->nonfinite_error must be 0 or 1, got %d",
                 c->nonfinite_error);
