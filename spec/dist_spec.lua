@@ -283,20 +283,51 @@ describe("data parallel under mpirun", function()
     assert_close(tail, train(0, "steps=3 load=" .. path)[0], "one process from the checkpoint")
   end)
 
-  it("2 ranks with 8-bit state and bf16 masters train as one process does, and resume on 3 ranks and on one", function()
+  it("2 ranks with 8-bit state (and bf16 masters) train as one process does, and resume on 3 ranks and on one", function()
     if not need_mpi() then return end
     -- (8-bit state: the shards hold whole blocks; a checkpoint gathers codes and scales)
     local optimizer = ({ "adamw", "lamb", "sgd" })[seed % 3 + 1]
-    local flags = "state=8bit master=bf16 optimizer=" .. optimizer
     local function weights(r)   -- the masters and losses alone: a state's codes are bytes
       local out = { losses = r.losses, params = {} }
-      for i, p in ipairs(r.params) do out.params[i] = { layer = p.layer, name = p.name, value = p.value } end
+      for i, p in ipairs(r.params) do out.params[i] = { layer = p.layer, name = p.name, value = p.value, dtype = p.dtype } end
       return out
     end
+    -- f32 masters: as close as f32 state is (a code that rounds the other way moves an
+    -- update by a share of a code step, far below the tolerance)
+    local flags = "state=8bit optimizer=" .. optimizer
+    assert_close(weights(train(0, "steps=5 " .. flags)[0]), weights(train(2, "steps=5 " .. flags)[0]), flags)
+    -- bf16 masters round stochastically, and a weight whose f32 update differs by float
+    -- rounding between the runs can round to the other neighbour: one bf16 ulp (at most
+    -- 2^-7 of it), which then moves every gradient of the steps after it a little. So: the
+    -- same losses to 1e-4, and every array within 2 bf16 ulps of its largest magnitude,
+    -- a bf16 master's with most weights the very same. (The exchange itself is checked
+    -- to f32's tolerance above; here its 16-bit all-gather and the draws by element.)
+    local function few_flips(want, got, what)
+      for i = 1, #want.losses do
+        local a, b = num(want.losses[i]), num(got.losses[i])
+        assert.is_true(math.abs(a - b) <= 1e-4 * math.abs(a), ("%s: loss of step %d: %.9g, one process %.9g"):format(what, i, b, a))
+      end
+      for i, w in ipairs(want.params) do
+        local differ, diff, size = 0, 0, 0
+        for j = 1, #w.value do
+          local a, b = num(w.value[j]), num(got.params[i].value[j])
+          size = math.max(size, math.abs(a))
+          if a ~= b then differ, diff = differ + 1, math.max(diff, math.abs(a - b)) end
+        end
+        -- (seen in 24 runs, 2026-11-27: at most 8 % of a bf16 array's weights differed, and
+        -- no weight by more than 0.0065 of its array's largest; a stochastic rounding that
+        -- drew other numbers than one process's would change about half of them)
+        local bf16 = w.dtype == "bf16"
+        local ok = diff <= 2 * 2 ^ -7 * size and (not bf16 or differ <= 0.25 * #w.value)
+        assert.is_true(ok, ("%s: %d.%s (%s): %d of %d weights differ, by up to %.3g of the largest, %.3g"):format(
+          what, w.layer, w.name, w.dtype, differ, #w.value, diff / math.max(size, 1e-30), size))
+      end
+    end
+    flags = flags .. " master=bf16"
     local path = dir .. "/compact.l2l"
     local one = train(0, "steps=5 " .. flags)[0]
     local ranks, cmd = train(2, "steps=5 save=" .. path .. " save_at=2 " .. flags)
-    assert_close(weights(one), weights(ranks[0]), cmd)
+    few_flips(weights(one), weights(ranks[0]), cmd)
     assert_ranks_agree(ranks, cmd)
     -- the file holds the 2 ranks' run at step 2 exactly, state codes and scales included
     local at2 = train(2, "steps=2 " .. flags)[0]
@@ -308,8 +339,8 @@ describe("data parallel under mpirun", function()
     end
     local tail = weights({ losses = { ranks[0].losses[3], ranks[0].losses[4], ranks[0].losses[5] },
                            params = ranks[0].params })
-    assert_close(tail, weights(train(3, "steps=3 load=" .. path)[0]), "3 ranks from the checkpoint")
-    assert_close(tail, weights(train(0, "steps=3 load=" .. path)[0]), "one process from the checkpoint")
+    few_flips(tail, weights(train(3, "steps=3 load=" .. path)[0]), "3 ranks from the checkpoint")
+    few_flips(tail, weights(train(0, "steps=3 load=" .. path)[0]), "one process from the checkpoint")
   end)
 
   it("leaves no rank in a gather when rank 0's checkpoint cannot be written, and trains on", function()

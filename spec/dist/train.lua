@@ -174,7 +174,7 @@ local result = { losses = losses, stats = stats, exchanges = exchanges, params =
                  plan_smallest = plan_smallest }
 for i, layer in ipairs(run.model) do
   for _, p in ipairs(layer:params()) do
-    local entry = { layer = i, name = p.name, value = hex_list(p.value) }
+    local entry = { layer = i, name = p.name, value = hex_list(p.value), dtype = p.value:dtype() }
     for which = 1, 2 do
       local st = run:state(p, which)
       if st then
