@@ -361,10 +361,11 @@ static void chunk_run(struct l2l_job *job, int thread) {
      gradient (the accumulator was cleared once it went out). */
   float *g = (float *)l2l_tensor_data(rec->shard_grad ? rec->shard_grad : rec->grad) + cj->begin;
   double sums[2] = {0, 0};
+  bool bf16_master = l2l_tensor_dtype(rec->master) == L2L_BF16;   /* (quant.c decodes it) */
   struct l2l_optim_chunk chunk = {
-      .p = (float *)l2l_tensor_data(rec->master) + rec->shard_begin + cj->begin, .grad = g, .n = n,
-      .h = &rec->hyper, .wave = cj->wave, .sums = sums, .record_sums = rec->wave_sums};
-  bool bf16_master = l2l_tensor_dtype(rec->master) == L2L_BF16;
+      .p = bf16_master ? NULL : (float *)l2l_tensor_data(rec->master) + rec->shard_begin + cj->begin,
+      .grad = g, .n = n, .h = &rec->hyper, .wave = cj->wave, .sums = sums,
+      .record_sums = rec->wave_sums};
   if (eps->optimizer.state == L2L_STATE_F32 && !bf16_master) {
     for (int a = 0; a < 2; a++)
       chunk.state[a] = rec->state[a] ? (float *)l2l_tensor_data(rec->state[a]) + cj->begin : NULL;
@@ -381,7 +382,6 @@ static void chunk_run(struct l2l_job *job, int thread) {
         .seed = eps->seed, .stream = rec->stream,
         .first_draw = (uint64_t)rec->hyper.t * (uint64_t)l2l_tensor_numel(rec->master) +
                       (uint64_t)(rec->shard_begin + cj->begin)};
-    if (bf16_master) chunk.p = NULL;
     eps_compact_chunk(eps->optim, &chunk, &compact, cj->begin);
   }
   bool last_wave = cj->wave == eps->optim->waves - 1;
