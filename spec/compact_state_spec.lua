@@ -33,14 +33,7 @@ local function tiny_gpt(s, dim)
   }
 end
 
-local function batches(count, B)
-  local list = {}
-  for i = 1, count do
-    local tok, tgt = support.reversal(B, n, V)
-    list[i] = { l2l.tensor(tok, { dtype = "i32" }), l2l.tensor(tgt, { dtype = "i32" }) }
-  end
-  return list
-end
+local function batches(count, B) return support.reversal_batches(count, B, n, V) end
 
 local makers = {
   adamw = function(state) return l2l.AdamW { lr = 3e-3, state = state } end,

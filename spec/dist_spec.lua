@@ -99,6 +99,15 @@ local function assert_close(want, got, what)
   assert.is_true(worst < 3e-3, "largest difference: " .. where)
 end
 
+-- Two runs' weights and optimizer state, the very same.
+local function assert_same_params(want, got)
+  for i, p in ipairs(want.params) do
+    assert.are.same(p.value, got.params[i].value, p.name)
+    assert.are.same(p.state1, got.params[i].state1, p.name)
+    assert.are.same(p.state2, got.params[i].state2, p.name)
+  end
+end
+
 -- Every rank holds exactly rank 0's numbers (the all-gathers and the agreed steps).
 local function assert_ranks_agree(results, what)
   for r = 1, #results do
@@ -271,13 +280,7 @@ describe("data parallel under mpirun", function()
     local path = dir .. "/two.l2l"
     local whole = train(2, "steps=5 save=" .. path .. " save_at=2")[0]
     -- the file holds the run at step 2 exactly: loaded and not stepped, it is that run
-    local at2 = train(2, "steps=2")[0]
-    local loaded = train(3, "steps=0 load=" .. path)[0]
-    for i, p in ipairs(at2.params) do
-      assert.are.same(p.value, loaded.params[i].value, p.name)
-      assert.are.same(p.state1, loaded.params[i].state1, p.name)
-      assert.are.same(p.state2, loaded.params[i].state2, p.name)
-    end
+    assert_same_params(train(2, "steps=2")[0], train(3, "steps=0 load=" .. path)[0])
     local tail = { losses = { whole.losses[3], whole.losses[4], whole.losses[5] }, params = whole.params }
     assert_close(tail, train(3, "steps=3 load=" .. path)[0], "3 ranks from the checkpoint")
     assert_close(tail, train(0, "steps=3 load=" .. path)[0], "one process from the checkpoint")
@@ -330,13 +333,7 @@ describe("data parallel under mpirun", function()
     few_flips(weights(one), weights(ranks[0]), cmd)
     assert_ranks_agree(ranks, cmd)
     -- the file holds the 2 ranks' run at step 2 exactly, state codes and scales included
-    local at2 = train(2, "steps=2 " .. flags)[0]
-    local loaded = train(3, "steps=0 load=" .. path)[0]
-    for i, p in ipairs(at2.params) do
-      assert.are.same(p.value, loaded.params[i].value, p.name)
-      assert.are.same(p.state1, loaded.params[i].state1, p.name)
-      assert.are.same(p.state2, loaded.params[i].state2, p.name)
-    end
+    assert_same_params(train(2, "steps=2 " .. flags)[0], train(3, "steps=0 load=" .. path)[0])
     local tail = weights({ losses = { ranks[0].losses[3], ranks[0].losses[4], ranks[0].losses[5] },
                            params = ranks[0].params })
     few_flips(tail, weights(train(3, "steps=3 load=" .. path)[0]), "3 ranks from the checkpoint")

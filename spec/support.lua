@@ -47,6 +47,17 @@ function M.reversal(B, n, V)
   return tok, tgt
 end
 
+-- count minibatches of reversal (above) as {tokens, targets} i32 tensors.
+function M.reversal_batches(count, B, n, V)
+  local tensor = require("l2l").tensor
+  local list = {}
+  for i = 1, count do
+    local tok, tgt = M.reversal(B, n, V)
+    list[i] = { tensor(tok, { dtype = "i32" }), tensor(tgt, { dtype = "i32" }) }
+  end
+  return list
+end
+
 -- Nested table of random normals with the given shape.
 function M.random_table(shape, depth)
   depth = depth or 1
