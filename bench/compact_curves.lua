@@ -98,10 +98,21 @@ for name in args.runs:gmatch("[^,]+") do
   end
   panels[#panels + 1] = { title = run.title .. ": validation loss", xlabel = "step", ylabel = "loss (nats)",
                           series = series }
+  -- the second half again, where the runs would part if they did
+  local late = {}
+  for i, sr in ipairs(series) do
+    local last = sr.x[#sr.x]
+    late[i] = { name = sr.name, x = {}, y = {} }
+    for j = 1, #sr.x do
+      if sr.x[j] >= last / 2 then late[i].x[#late[i].x + 1], late[i].y[#late[i].y + 1] = sr.x[j], sr.y[j] end
+    end
+  end
+  panels[#panels + 1] = { title = run.title .. ": the second half", xlabel = "step", ylabel = "loss (nats)",
+                          series = late }
 end
 print(table.concat(lines, "\n"))
 if #panels > 0 then
-  local path = plot.write(args.out .. "/compact_curves", { title = "AdamW state: f32, bf16, 8bit", panels = panels },
-                          { format = "svg" })
+  local path = plot.write(args.out .. "/compact_curves", { title = "AdamW: f32 against compact state and bf16 masters",
+                                                           panels = panels }, { format = "svg" })
   print("\npicture: " .. tostring(path))
 end
