@@ -8,17 +8,19 @@
 -- 12-block GPT over GPT-2's tokens, dim 64, 150 steps of 8 x 64 tokens). Validation
 -- losses over 8 minibatches, the same ones for every precision of a seed.
 -- Run: build/l2l bench/compact_curves.lua [--runs demo,tokens] [--seeds 3] [--out DIR]
---        [--configs f32,bf16,8bit,8bit+bf16-master,bf16-master]
+--        [--configs f32,bf16,8bit,8bit+bf16-master,bf16-master] [--report yes: the runs already
+--        made alone, none started; a seed missing is "-" and the mean is of the others]
 --   (on 2 cores: the demo about 4 minutes a run, the tokens one about 3; 9 runs each)
 local plot = require("l2l.plot")
 
 local args = { runs = "demo,tokens", seeds = 3, out = "build/compact_curves",
-               configs = "f32,bf16,8bit,8bit+bf16-master" }
+               configs = "f32,bf16,8bit,8bit+bf16-master", report = "no" }
 local i = 1
 while i <= #arg do
   local k = arg[i]:match("^%-%-(.+)$")
   if k == nil or args[k] == nil or arg[i + 1] == nil then
-    io.stderr:write("usage: bench/compact_curves.lua [--runs demo,tokens] [--seeds N] [--out DIR] [--configs LIST]\n")
+    io.stderr:write("usage: bench/compact_curves.lua [--runs demo,tokens] [--seeds N] [--out DIR] [--configs LIST] "
+                    .. "[--report yes]\n")
     os.exit(2)
   end
   args[k] = type(args[k]) == "number" and tonumber(arg[i + 1]) or arg[i + 1]
@@ -65,7 +67,9 @@ for name in args.runs:gmatch("[^,]+") do
         exe, run.flags, CONFIGS[st], seed, dir)
       local t0 = os.time()
       local done = io.open(dir .. "/done")
-      if done then done:close() else
+      if done then done:close() elseif args.report == "yes" then   -- what is there, no more
+        goto next_seed
+      else
         local ok, out = sh(cmd)
         if not ok then error(cmd .. "\n" .. out) end
         io.open(dir .. "/done", "w"):close()
@@ -78,6 +82,7 @@ for name in args.runs:gmatch("[^,]+") do
       final[st][seed] = ys[#ys]
       series[#series + 1] = { name = ("%s seed %d"):format(st, seed), x = xs, y = ys }
       io.stderr:write(("%s %s seed %d: final validation %.4f (%d s)\n"):format(name, st, seed, ys[#ys], os.time() - t0))
+      ::next_seed::
     end
   end
   local function mean(t) local s = 0 for _, v in ipairs(t) do s = s + v end return s / #t end
@@ -87,14 +92,27 @@ for name in args.runs:gmatch("[^,]+") do
   local allowed = math.max(hi - lo, 0.01 * mean(f))
   lines[#lines + 1] = ("\n%s (%d seeds; f32's spread %.4f, 1 %% of its mean %.4f: allowed %.4f)\n"):format(
     run.title, args.seeds, hi - lo, 0.01 * mean(f), allowed)
-  lines[#lines + 1] = "| state | final validation loss per seed | mean | mean - f32's | within |"
+  lines[#lines + 1] = "| state | final validation loss per seed | mean | - f32's (by seed) | within |"
   lines[#lines + 1] = "|---|---|---:|---:|---|"
   for _, st in ipairs(STATES) do
-    local vals = {}
-    for s, v in ipairs(final[st]) do vals[s] = ("%.4f"):format(v) end
-    local d = mean(final[st]) - mean(f)
+    -- the difference paired by seed (the same data and validation batches), over the seeds
+    -- both have: with every seed, the difference of the means
+    local vals, got, diffs = {}, {}, {}
+    for s = 1, args.seeds do
+      vals[s] = final[st][s] and ("%.4f"):format(final[st][s]) or "-"
+      got[#got + 1] = final[st][s]
+      if final[st][s] and f[s] then diffs[#diffs + 1] = final[st][s] - f[s] end
+    end
+    final[st] = got
+    if #diffs == 0 then
+      lines[#lines + 1] = ("| %s | %s | - | - | not run |"):format(st, table.concat(vals, ", "))
+      goto next_state
+    end
+    local d = mean(diffs)
     lines[#lines + 1] = ("| %s | %s | %.4f | %+.4f | %s |"):format(st, table.concat(vals, ", "), mean(final[st]), d,
-      st == "f32" and "-" or (math.abs(d) <= allowed and "yes" or "no"))
+      st == "f32" and "-" or (math.abs(d) <= allowed and "yes" or "no") .. (#diffs < args.seeds and
+      (" (%d seed%s)"):format(#diffs, #diffs == 1 and "" or "s") or ""))
+    ::next_state::
   end
   panels[#panels + 1] = { title = run.title .. ": validation loss", xlabel = "step", ylabel = "loss (nats)",
                           series = series }
