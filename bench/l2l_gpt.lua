@@ -13,13 +13,20 @@
 -- probabilities, which only the fp32 attention kernels write.
 --
 -- The timed steps follow one warm-up step (the caching allocator's first round, the
--- pinned pool's first extents). Its own speed is the point, so nothing here checks loss.
+-- pinned pool's first extents). tokens_per_second is by the wall clock over the timed
+-- steps, run:sync() included (the last step's updates run after it returns, and each
+-- step's forward waits for the last one's); step_seconds_stats is the relay's own figure
+-- (each call, from its checks to its return: the optimizer's tail after a step's backward
+-- is left out; before 2026-11-28 tokens_per_second was from it). profile=FILE writes the
+-- timed steps' per-op profile (l2l.profile) to FILE and its table to stderr.
+-- Its own speed is the point, so nothing here checks loss.
 local l2l = require("l2l")
 local cjson = require("cjson")
+local now = require("l2l.progress").now
 
 local o = { layers = 12, dim = 768, vocab = 50257, seq = 1024, batch = 8, steps = 5,
             micro_batch = 4, precision = "bf16", grad_precision = "bf16", stash = "host",
-            device = "cuda", param_slots = 2, inner = "recompute", memory = "frugal" }
+            device = "cuda", param_slots = 2, inner = "recompute", memory = "frugal", profile = "" }
 for _, a in ipairs(arg or {}) do
   local k, v = a:match("^([%w_]+)=(.+)$")
   if k == nil or o[k] == nil then error("l2l_gpt.lua: expected key=value with a known key, got " .. a) end
@@ -53,6 +60,8 @@ local targets = l2l.tensor(next_ids, { dtype = "i32" })
 
 run:step(tokens, targets)   -- warm-up
 run:sync()
+if o.profile ~= "" then l2l.profile.start() end
+local wall0 = now()
 local totals = { step = 0, compute = 0, wait_copy = 0, exposed_copy = 0, wait_update = 0, h2d = 0, d2h = 0,
                  h2d_bytes = 0, d2h_bytes = 0, peak = 0 }
 local loss
@@ -69,13 +78,19 @@ for _ = 1, o.steps do
   totals.peak = math.max(totals.peak, s.device_peak)
 end
 run:sync()
+local wall = now() - wall0
+if o.profile ~= "" then
+  l2l.profile.stop()
+  l2l.profile.write(o.profile, { overwrite = true })
+  io.stderr:write(l2l.profile.table(120))
+end
 
 local params = 0
 for _, p in ipairs(model:params()) do params = params + p.value:numel() end
 local n = o.steps
 print(cjson.encode({
-  params = params, step_seconds = totals.step / n,
-  tokens_per_second = o.batch * o.seq * n / totals.step,
+  params = params, step_seconds = wall / n, step_seconds_stats = totals.step / n,
+  tokens_per_second = o.batch * o.seq * n / wall,
   device_peak = totals.peak, host_eps_bytes = run:stats().host_eps_bytes,
   compute_seconds = totals.compute / n, wait_copy_seconds = totals.wait_copy / n,
   exposed_copy_seconds = totals.exposed_copy / n,

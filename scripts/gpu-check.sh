@@ -13,7 +13,10 @@
 #   sanitize  compute-sanitizer memcheck on the tests that failed (on all of them, in one
 #             process, when none failed)                                      -> sanitizer.log
 #   specs     spec/device_spec.lua and spec/gpu_relay_spec.lua                -> specs.log
-#   bench     build/bench_cuda: kernels against copy bandwidth and cuBLAS     -> bench.txt
+#   kernels   build/bench_cuda: kernels against copy bandwidth and cuBLAS (attention at
+#             S = 1k, 4k, 8k, head dims 64 and 128, each path; the row kernels) -> bench.txt
+#   profile   the vs_torch step (GPT-2 124M, 8 x 1024 tokens, bf16) op by op: three steps
+#             after a warm-up under l2l.profile, the table and the TSV    -> bench.txt
 #   vs_torch  GPT-2 124M, 8 x 1024 tokens, bf16: l2l (weights streamed from the host EPS)
 #             against PyTorch eager (bf16 autocast, fused AdamW): tokens/s and device peak,
 #             and the share of the step the GPU waited for copies             -> vs_torch.txt
@@ -162,7 +165,7 @@ phase_specs() {
   return $rc
 }
 
-phase_bench() {
+phase_kernels() {
   local log=$out/bench.txt
   timeout -k 5 $((phase_end - $(date +%s))) build/bench_cuda > "$log" 2>&1
   local rc=$?
@@ -213,6 +216,28 @@ if l and t and "tokens_per_second" in l and "tokens_per_second" in t:
 print("; ".join(parts))
 sys.exit(0 if l and t and "tokens_per_second" in l and "tokens_per_second" in t else 1)
 EOF
+}
+
+# The vs_torch step, op by op (l2l.profile): its table and TSV appended to bench.txt. On a
+# machine without a GPU (--dry-run) a small CPU step proves the phase's own part.
+phase_profile() {
+  local log=$out/bench.txt args
+  args=(bench/l2l_gpt.lua layers=12 dim=768 batch=8 micro_batch=4 steps=3 profile="$work/profile.tsv")
+  ((dry)) && args=(bench/l2l_gpt.lua layers=2 dim=64 vocab=100 seq=32 batch=4 steps=2 device=cpu
+                   precision=f32 grad_precision=f32 profile="$work/profile.tsv")
+  echo "== profile: build/l2l ${args[*]}" >> "$log"
+  timeout -k 5 $((phase_end - $(date +%s))) build/l2l "${args[@]}" > "$work/profile.json" 2> "$work/profile.err"
+  local code=$?
+  cat "$work/profile.err" "$work/profile.json" >> "$log"
+  echo "== profile TSV" >> "$log"
+  cat "$work/profile.tsv" >> "$log" 2>/dev/null
+  ((code == 0)) || { backtrace "$log" build/l2l "${args[@]}"; echo "bench/l2l_gpt.lua failed (exit $code)"; return 1; }
+  local head syncs
+  head=$(grep -m 1 '^l2l profile:' "$work/profile.err")
+  syncs=$(grep -m 1 '^a step:' "$work/profile.err")
+  echo "${head#l2l profile: }; ${syncs:-no counts}$( ((dry)) && echo " (no GPU: the CPU part)")"
+  ((dry)) && return $SKIP
+  return 0
 }
 
 # Two runs of the same small training, their losses side by side: a GPU's atomics (see
@@ -295,7 +320,8 @@ phase build 240
 phase ctest 150
 phase sanitize 90
 phase specs 120
-phase bench 60
+phase kernels 90
+phase profile 90
 phase vs_torch 150
 phase repeat 60
 {

@@ -6,9 +6,9 @@
 -- names the function and the argument and points at the caller (error level 2).
 --
 -- The spec finds the public functions itself: the functions of the `l2l` table, of its
--- tables l2l.ops and l2l.safetensors, the tensor methods (l2l.Tensor), the functions of
--- the user-facing modules l2l.text, l2l.trace, l2l.progress, l2l.plot, l2l.repl and
--- l2l.cli, and the methods of every kind of object a user holds (optimizer, schedule,
+-- tables l2l.ops, l2l.safetensors, l2l.dist and l2l.profile, the tensor methods
+-- (l2l.Tensor), the functions of the user-facing modules l2l.text, l2l.trace,
+-- l2l.progress, l2l.plot, l2l.repl and l2l.cli, and the methods of every kind of object a user holds (optimizer, schedule,
 -- relay, progress bar, model, layer, safetensors file, a custom layer's call context,
 -- cli.interrupt's stop, tokenizer), and the functions of l2l.tokenizer. Each must have a
 -- case in `cases` below, which says how to call it validly; a public function without
@@ -324,6 +324,17 @@ add("lua/l2l/dist.lua", {
   ["l2l.dist.abort"] = { n = 1, valid = false, args = function() return pack("message") end },
 })
 
+-- A valid start starts a profile: each call's arguments stop the last one first.
+add("lua/l2l/profile.lua", {
+  ["l2l.profile.start"] = { n = 1, args = function() l2l.profile.stop(); return pack({ skip = 0 }) end,
+                            options = 1, option = "skip" },
+  ["l2l.profile.stop"] = { n = 0 },
+  ["l2l.profile.report"] = { n = 0 },
+  ["l2l.profile.write"] = { n = 2, args = function() return pack(path("profile.tsv"), { overwrite = true }) end,
+                            options = 2, option = "overwrite" },
+  ["l2l.profile.table"] = { n = 1, args = function() return pack(80) end },
+})
+
 add("lua/l2l/gpt2.lua", {
   ["l2l.import_gpt2"] = { n = 2, args = function() return pack(gpt2_file, { heads = 1 }) end, options = 2,
                           option = "max_seq", options_name = "opts" },
@@ -581,6 +592,8 @@ for k, v in pairs(l2l) do
     functions_of("l2l.tokenizer.", v)
   elseif k == "dist" then
     functions_of("l2l.dist.", v)
+  elseif k == "profile" then
+    functions_of("l2l.profile.", v)
   elseif type(v) == "table" then
     public["l2l." .. k .. " (a table of functions: teach this spec to look inside)"] = v
   end
@@ -681,6 +694,7 @@ table.sort(names)
 
 describe("arguments: every public Lua function (seed " .. support.seed .. ")", function()
   teardown(function()
+    l2l.profile.stop()
     os.execute("rm -rf " .. scratch)
     cli.interrupt():release()   -- the cases caught Ctrl-C: let go of it
   end)

@@ -6,7 +6,7 @@
 local support = dofile("spec/support.lua")
 local l2l = require("l2l")
 
-local PHASES = { "facts", "build", "ctest", "sanitize", "specs", "bench", "vs_torch", "repeat" }
+local PHASES = { "facts", "build", "ctest", "sanitize", "specs", "kernels", "profile", "vs_torch", "repeat" }
 local FILES = { ["summary.txt"] = true, ["machine.txt"] = true, ["build.log"] = true,
                 ["ctest.log"] = true, ["sanitizer.log"] = true, ["specs.log"] = true,
                 ["bench.txt"] = true, ["vs_torch.txt"] = true }
@@ -51,7 +51,11 @@ describe("scripts/gpu-check.sh", function()
     -- the last line names what could not run
     local last = summary:match("\ntotal %d+ s; failed: none; not run: ([^\n]*)\n?$")
     assert.is_truthy(last, "no closing line: " .. summary)
-    assert.is_truthy(last:find("vs_torch", 1, true) and last:find("bench", 1, true), last)
+    assert.is_truthy(last:find("vs_torch", 1, true) and last:find("kernels", 1, true), last)
+    -- the profile phase ran its CPU part: a profile of two steps on the CPU backend
+    local profile = summary:match("\nprofile +skipped +%d+  ([^\n]*)")
+    assert.is_truthy(profile and profile:find("^cpu, 2 steps, "), profile or summary)
+    assert.is_truthy(profile:find("syncs", 1, true), profile)
     -- what comes back from the device: at most 8 files, the known ones
     local _, listing = support.sh("ls -A '" .. out .. "'")
     local files = 0

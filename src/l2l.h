@@ -179,6 +179,68 @@ L2L_API l2l_status l2l_device_synchronize(void);
    device cache (cudaFree) and the host-side arenas' pages. */
 L2L_API l2l_status l2l_device_release_cache(void);
 
+/* ---------------------------------------------------------------- the profile
+
+   Where a relay step's time goes, op by op. While a profile runs, every op on the device
+   pool inside a relay's step (training or evaluation) is timed on the device's own clock
+   (CUDA events on a GPU, the host clock on the CPU backend) and summed by op and shape:
+   calls, seconds, FLOPs and bytes moved (from the op's arguments), and the fraction of
+   its roofline it reached: the device copy rate for memory-bound ops, the GEMM rate of
+   its precision for GEMMs and attention, the host-to-device rate for transfers, each
+   probed when the profile starts. Ops on the step's own thread run on the compute stream
+   ("op" rows); ops on other threads (the relay's copy threads) on copy lanes ("lane"
+   rows). The step's time not spent in "op" rows is its idle time, split by cause: the
+   host waiting for a copy, for an update, for the ranks (MPI), or after a sync (the
+   device drained, and waits while the host queues again), the rest launch gaps (the
+   host slower than the device). Syncs count every host wait for the device, whatever
+   the backend: a CPU run counts the ones a GPU would make. The environment variable
+   L2L_PROFILE=FILE profiles a program's steps with no call: the TSV goes to FILE and the
+   table to stderr at exit (L2L_PROFILE_SKIP=N leaves the first N steps out; default 1,
+   whose one-time costs would hide the steady state). One relay stepping at a time. */
+typedef struct l2l_profile_row {
+  char kind[8];          /* "op" (the step's thread) or "lane" (another thread) */
+  char op[32];           /* the ops table's name: "gemm", "attention_forward", "copy", ... */
+  char shape[96];        /* its sizes and dtypes, e.g. "m=4096 n=2304 k=768 NT bf16" */
+  int64_t calls;
+  double seconds;        /* summed over the calls, on the device's clock */
+  double flops, bytes;   /* summed; flops 0 for ops bound by memory */
+  char bound[8];         /* "flop", "mem" or "link": which probed rate it is held to */
+  double roofline;       /* rate reached / that probed rate; -1 when it was not probed */
+} l2l_profile_row;
+
+typedef struct l2l_profile_summary {
+  char backend[16];       /* the device pool's backend */
+  int64_t steps;          /* steps profiled (skipped ones not counted) */
+  int64_t rows;
+  double step_seconds;    /* summed over the steps: each from its start to its end, on the
+                             device's clock */
+  double op_seconds;      /* the "op" rows' seconds */
+  double idle_copy_seconds, idle_update_seconds, idle_comm_seconds, idle_sync_seconds,
+      idle_launch_seconds;  /* the rest of the steps' time, by cause (see above) */
+  int64_t ops;            /* calls of "op" rows */
+  int64_t lane_ops;       /* calls of "lane" rows (copies on the copy threads) */
+  int64_t syncs;          /* host waits for the device */
+  int64_t launches;       /* kernels and library calls queued (-1: the backend has none) */
+  int64_t dropped;        /* ops whose stamps could not be read (left out of the rows) */
+  double copy_rate;       /* probed: device-to-device bytes a second (read + written) */
+  double link_rate;       /* probed: pinned host to device bytes a second */
+  double gemm_rate_f32, gemm_rate_16;  /* probed: GEMM FLOP/s with f32 and 16-bit inputs */
+  char probe[128];        /* how the rates were probed, or why one was not */
+} l2l_profile_summary;
+
+/* Starts a profile (clearing the last): probes the rates first (a few hundred ms), then
+   times every step after the first skip_steps (>= 0). Refused while one runs. */
+L2L_API l2l_status l2l_profile_start(int skip_steps);
+/* Stops it; what it collected stays readable until the next start. */
+L2L_API l2l_status l2l_profile_stop(void);
+L2L_API l2l_status l2l_profile_get_summary(l2l_profile_summary *out);
+/* Rows first .. first+count-1 (count <= summary.rows - first), slowest first. */
+L2L_API l2l_status l2l_profile_rows(l2l_profile_row *out, int64_t first, int64_t count);
+/* The rows and the summary as one TSV file; an existing file is refused unless overwrite. */
+L2L_API l2l_status l2l_profile_write(const char *path, int overwrite);
+/* The one-screen table (at most 32 lines of `width` columns, 80 to 1000) into out[0..size). */
+L2L_API l2l_status l2l_profile_table(char *out, size_t size, int width);
+
 /* ---------------------------------------------------------------- tensors */
 
 typedef enum l2l_dtype {

@@ -73,6 +73,47 @@ l2l_status l2l_device_synchronize(void);
 
 l2l_status l2l_device_release_cache(void);
 
+typedef struct l2l_profile_row {
+  char kind[8];
+  char op[32];
+  char shape[96];
+  int64_t calls;
+  double seconds;
+  double flops, bytes;
+  char bound[8];
+  double roofline;
+} l2l_profile_row;
+
+typedef struct l2l_profile_summary {
+  char backend[16];
+  int64_t steps;
+  int64_t rows;
+  double step_seconds;
+  double op_seconds;
+  double idle_copy_seconds, idle_update_seconds, idle_comm_seconds, idle_sync_seconds,
+      idle_launch_seconds;
+  int64_t ops;
+  int64_t lane_ops;
+  int64_t syncs;
+  int64_t launches;
+  int64_t dropped;
+  double copy_rate;
+  double link_rate;
+  double gemm_rate_f32, gemm_rate_16;
+  char probe[128];
+} l2l_profile_summary;
+
+l2l_status l2l_profile_start(int skip_steps);
+
+l2l_status l2l_profile_stop(void);
+l2l_status l2l_profile_get_summary(l2l_profile_summary *out);
+
+l2l_status l2l_profile_rows(l2l_profile_row *out, int64_t first, int64_t count);
+
+l2l_status l2l_profile_write(const char *path, int overwrite);
+
+l2l_status l2l_profile_table(char *out, size_t size, int width);
+
 typedef enum l2l_dtype {
   L2L_F32 = 0,
   L2L_F16 = 1,

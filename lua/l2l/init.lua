@@ -48,6 +48,7 @@ l2l.Relay, l2l.is_relay = relay.Relay, relay.is_relay
 local plan = require("l2l.plan")
 l2l.plan, l2l.calibrate = plan.plan, plan.calibrate
 l2l.dist = require("l2l.dist")   -- data parallel: rank(), size(), barrier(); MPI on demand
+l2l.profile = require("l2l.profile")   -- where a step's time goes, op by op
 
 -- Checkpoints (run:save is a relay method) and safetensors files.
 local checkpoint = require("l2l.checkpoint")

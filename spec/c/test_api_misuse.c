@@ -30,6 +30,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "reference.h"
@@ -473,6 +474,60 @@ TEST(misuse_device) {
   CHECK(sum == 48.0, "a held device tensor changed across release_cache: sum %g", sum);
   unwatch();
   l2l_tensor_free(held);
+}
+
+/* Covers: l2l_profile_start, l2l_profile_stop, l2l_profile_get_summary, l2l_profile_rows,
+   l2l_profile_write, l2l_profile_table. */
+TEST(misuse_profile) {
+  REFUSES(l2l_profile_start(-1), L2L_ERR_INVALID, "skip_steps");
+  REFUSES(l2l_profile_start(INT_MIN), L2L_ERR_INVALID, "skip_steps");
+  if (!CHECK_OK(l2l_profile_start(0))) return;
+  REFUSES(l2l_profile_start(0), L2L_ERR_STATE, "running");
+  CHECK_OK(l2l_profile_stop());
+  CHECK_OK(l2l_profile_stop());   /* stopping a stopped profile changes nothing */
+  REFUSES(l2l_profile_get_summary(NULL), L2L_ERR_INVALID, "out");
+  l2l_profile_summary sum;
+  if (!CHECK_OK(l2l_profile_get_summary(&sum))) return;
+  CHECK(sum.steps == 0 && sum.rows == 0, "no step ran, yet %lld steps and %lld rows",
+        (long long)sum.steps, (long long)sum.rows);
+  l2l_profile_row row, poisoned;
+  memset(&poisoned, 0xa5, sizeof poisoned);
+  row = poisoned;
+  REFUSES(l2l_profile_rows(NULL, 0, 1), L2L_ERR_INVALID, "out");
+  REFUSES(l2l_profile_rows(&row, -1, 1), L2L_ERR_INVALID, "rows");
+  REFUSES(l2l_profile_rows(&row, 0, -1), L2L_ERR_INVALID, "rows");
+  REFUSES(l2l_profile_rows(&row, 0, 1), L2L_ERR_INVALID, "rows");
+  REFUSES(l2l_profile_rows(&row, INT64_MAX, INT64_MAX), L2L_ERR_INVALID, "rows");
+  CHECK(memcmp(&row, &poisoned, sizeof row) == 0, "a refusal wrote *out");
+  CHECK_OK(l2l_profile_rows(NULL, 0, 0));
+  REFUSES(l2l_profile_write(NULL, 0), L2L_ERR_INVALID, "path");
+  REFUSES(l2l_profile_write("", 1), L2L_ERR_INVALID, "path");
+  REFUSES(l2l_profile_write("/nonexistent-dir-of-l2l/p.tsv", 1), L2L_ERR_IO, "nonexistent");
+  char path[] = "/tmp/l2l-misuse-profile-XXXXXX";
+  int fd = mkstemp(path);
+  if (CHECK(fd >= 0, "mkstemp")) {
+    static const char mine[] = "a user's file";
+    CHECK(write(fd, mine, sizeof mine - 1) == (ssize_t)(sizeof mine - 1), "write");
+    close(fd);
+    REFUSES(l2l_profile_write(path, 0), L2L_ERR_IO, "overwrite");
+    FILE *f = fopen(path, "r");
+    char back[64] = {0};
+    CHECK(f != NULL && fread(back, 1, sizeof back - 1, f) == sizeof mine - 1 &&
+              strcmp(back, mine) == 0, "a refused write changed the file: '%s'", back);
+    if (f) fclose(f);
+    CHECK_OK(l2l_profile_write(path, 1));
+    unlink(path);
+  }
+  char table[4096];
+  REFUSES(l2l_profile_table(NULL, 100, 100), L2L_ERR_INVALID, "out");
+  REFUSES(l2l_profile_table(table, 0, 100), L2L_ERR_INVALID, "size");
+  REFUSES(l2l_profile_table(table, sizeof table, 79), L2L_ERR_INVALID, "width");
+  REFUSES(l2l_profile_table(table, sizeof table, 1001), L2L_ERR_INVALID, "width");
+  REFUSES(l2l_profile_table(table, sizeof table, INT_MIN), L2L_ERR_INVALID, "width");
+  memset(table, 'x', sizeof table);
+  CHECK_OK(l2l_profile_table(table, 16, 80));   /* cut short, and ended */
+  CHECK(memchr(table, '\0', 16) != NULL && table[16] == 'x', "a 16-byte table is not ended "
+        "within its 16 bytes");
 }
 
 /* ---------------------------------------------------------------- tensors */

@@ -180,6 +180,10 @@ struct l2l_backend_ops {
                        uint64_t seed, uint64_t stream, int64_t first, double a, double b);
   l2l_status (*copy)(void *dst, l2l_pool_kind dst_pool, const void *src,
                      l2l_pool_kind src_pool, uint64_t bytes);
+
+  /* Kernels and library calls queued since the process began (NULL: the backend queues
+     none; the CPU's ops run when called). For the profile. */
+  int64_t (*launches)(void);
 };
 
 /* The CPU backend's table (cpu/cpu_ops.c): host and pinned memory, and the device pool when no
@@ -198,10 +202,48 @@ extern atomic_int l2l_compute_threads;
    for the device pool, the backend whose device table is installed (the CPU's when
    none is). */
 const struct l2l_backend_ops *l2l_backend_for(l2l_pool_kind pool);
+/* The device pool's own table, never the profile's (which forwards to it). */
+const struct l2l_backend_ops *l2l_backend_device_base(void);
 /* Which backend's memory a pool is: pools of one domain can meet in one op. */
 int l2l_pool_domain(l2l_pool_kind pool);
 /* Whether the device pool is host memory the host can read (the CPU backend serves it). */
 bool l2l_device_is_host(void);
+
+/* ---------------------------------------------------------------- the profile (profile.c)
+
+   l2l.h's "the profile". While one runs, l2l_backend_for gives the device pool's ops
+   through a table of the same entries (profile_ops.c) that times each call and hands its
+   cost here. The relay says where its steps begin and end and when its thread waits. */
+
+/* The profile's table while a profile runs, else `base`. */
+const struct l2l_backend_ops *l2l_profile_wrap(const struct l2l_backend_ops *base);
+/* A step begins and ends on the calling thread (the relay's): begin says whether the
+   profile records it, and end is told so. `completed` false: a step refused or failed,
+   left out. The environment's L2L_PROFILE starts a profile at the first begin. */
+bool l2l_profile_step_begin(void);
+void l2l_profile_step_end(bool began, bool completed);
+/* The step's thread waited, on the host, from `start` to `end` (l2l_now's seconds). */
+enum l2l_profile_wait { L2L_WAIT_COPY, L2L_WAIT_UPDATE, L2L_WAIT_COMM, L2L_PROFILE_WAITS };
+void l2l_profile_wait(enum l2l_profile_wait cause, double start, double end);
+
+/* One call of an op as profile_ops.c times it: open before the call, close after. */
+struct l2l_profile_probe {
+  bool on;               /* a step is being profiled: close records the call */
+  bool step_thread;      /* called on the step's thread (else a lane's) */
+  int64_t syncs;         /* l2l_device_sync_count() at open */
+  struct l2l_stamp start;
+};
+enum l2l_profile_bound { L2L_BOUND_MEM, L2L_BOUND_LINK, L2L_BOUND_FLOP32, L2L_BOUND_FLOP16 };
+void l2l_profile_open(struct l2l_profile_probe *p);
+/* Whether the calling thread runs the step being profiled. */
+bool l2l_profile_on_step_thread(void);
+/* Records the call: its op name, FLOPs, bytes moved, bound, whether it handed a result
+   to the host (a sync), and its shape as printf formats it. */
+void l2l_profile_close(struct l2l_profile_probe *p, const char *op, double flops, double bytes,
+                       enum l2l_profile_bound bound, bool sync, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+/* The profile's ops table (profile_ops.c). */
+extern const struct l2l_backend_ops l2l_profile_ops;
 
 /* ---------------------------------------------------------------- shared by the backends */
 

@@ -84,10 +84,15 @@ static const struct accelerator *serving(void) {
   return NULL;
 }
 
+const struct l2l_backend_ops *l2l_backend_device_base(void) {
+  const struct accelerator *a = serving();
+  return a != NULL ? a->ops() : &l2l_cpu_backend;
+}
+
 const struct l2l_backend_ops *l2l_backend_for(l2l_pool_kind pool) {
   l2l_runtime_init();
-  const struct accelerator *a = pool == L2L_POOL_DEVICE ? serving() : NULL;
-  return a != NULL ? a->ops() : &l2l_cpu_backend;
+  return pool == L2L_POOL_DEVICE ? l2l_profile_wrap(l2l_backend_device_base())
+                                 : &l2l_cpu_backend;
 }
 
 /* The device pool is its own domain even on the CPU backend, so that host/device mixing

@@ -260,6 +260,13 @@ uint64_t l2l_device_own_bytes(void);
    L2L_ERR_STATE naming the bytes in use and both backends (`to_name` for the message). */
 l2l_status l2l_device_switch(const struct l2l_device_ops *to, const char *to_name);
 
+/* Host waits for the device's compute stream: every l2l_device_synchronize and stamp
+   anchor, and each op a backend's caller knows hands a result to the host
+   (l2l_device_note_sync). Counted whatever the backend, so a run on the CPU backend
+   counts the waits a GPU would make (the profile reports them a step). */
+void l2l_device_note_sync(void);
+int64_t l2l_device_sync_count(void);
+
 /* A mark stands after everything queued on the device's compute stream so far: an event
    of the table, or NULL where the device's ops are done when they return (no table). A
    thread that waits for a mark becomes a copy lane: on a GPU its copies then run on a

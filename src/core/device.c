@@ -70,7 +70,17 @@ l2l_status l2l_device_switch(const struct l2l_device_ops *to, const char *to_nam
   return L2L_OK;
 }
 
+/* Host waits for the device, counted whatever the backend (see core.h). */
+static atomic_llong device_syncs = 0;
+
+void l2l_device_note_sync(void) { atomic_fetch_add_explicit(&device_syncs, 1, memory_order_relaxed); }
+
+int64_t l2l_device_sync_count(void) {
+  return atomic_load_explicit(&device_syncs, memory_order_relaxed);
+}
+
 l2l_status l2l_device_synchronize(void) {
+  l2l_device_note_sync();
   const struct l2l_device_ops *device = l2l_device();
   return device != NULL ? device->synchronize() : L2L_OK;
 }
@@ -99,6 +109,7 @@ void l2l_device_stamp(struct l2l_stamp *out) {
 }
 
 void l2l_device_stamp_anchor(struct l2l_stamp *out) {
+  l2l_device_note_sync();
   const struct l2l_device_ops *device = l2l_device();
   out->event = NULL;
   if (device != NULL) {

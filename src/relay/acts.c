@@ -53,7 +53,7 @@ l2l_status relay_out_throttle(struct step *s, int keep) {
   while ((s->out[0] != NULL) + (s->out[1] != NULL) > keep) {
     double t0 = l2l_now();
     l2l_status status = l2l_job_wait(&s->out[0]->job);
-    s->wait_copy += l2l_now() - t0;
+    relay_waited(s, L2L_WAIT_COPY, t0);
     l2l_tensor_free(s->out[0]->src);
     relay_copy_job_free(s->out[0]);
     s->out[0] = s->out[1];

@@ -253,6 +253,15 @@ struct step {
   int64_t nstamped, stamped_cap;
 };
 
+/* The step's thread waited from t0 until now: for a copy, an update or the ranks (MPI).
+   Counted in the step's sum for that cause and told to the profile. */
+static inline void relay_waited(struct step *s, enum l2l_profile_wait cause, double t0) {
+  double t1 = l2l_now();
+  *(cause == L2L_WAIT_COPY ? &s->wait_copy : cause == L2L_WAIT_UPDATE ? &s->wait_update
+                                                                       : &s->exposed_comm) += t1 - t0;
+  l2l_profile_wait(cause, t0, t1);
+}
+
 /* One unit of the compute thread's work (or of its waiting for a copy) on the device's
    clock: on a GPU the host only queues kernels, so its clock says when they were queued,
    not when they ran. */

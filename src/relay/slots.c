@@ -132,7 +132,7 @@ void relay_grads_wait(struct step *s, int slot) {
   if (gj == NULL) return;
   double t0 = l2l_now();
   l2l_status status = l2l_job_wait(&gj->job);
-  s->wait_copy += l2l_now() - t0;
+  relay_waited(s, L2L_WAIT_COPY, t0);
   if (status == L2L_OK && s->host_device && gj->drains) s->gzero[slot] = true;
   relay_grads_release(&gj->job);
   s->gout[slot] = NULL;
@@ -147,7 +147,7 @@ l2l_status relay_copy_wait(struct step *s, struct l2l_job *job, struct l2l_stamp
   struct l2l_stamp before;
   l2l_device_stamp(&before);
   l2l_status status = l2l_job_wait(job);
-  s->wait_copy += l2l_now() - before.host;
+  relay_waited(s, L2L_WAIT_COPY, before.host);
   if (done->host > 0) /* a copy that ran, not parameters already in their slot */
     relay_stamped_add(s, &before, done, layer, micro_batch, L2L_PHASE_WAIT_COPY);
   else
@@ -164,8 +164,8 @@ l2l_status relay_params_bind(struct step *s, int k, bool grads) {
   double t0 = l2l_now();
   /* The copy job waits for the updates too; waiting here first tells the two waits apart. */
   for (int r = 0; r < pj->nrec; r++) l2l_eps_wait_record(&run->eps, pj->rec[r]);
+  relay_waited(s, L2L_WAIT_UPDATE, t0);
   double t1 = l2l_now();
-  s->wait_update += t1 - t0;
   if (t1 - t0 > 1e-5)
     l2l_timeline_add(&run->timeline, s->active[k], -1, L2L_PHASE_WAIT_UPDATE, THREAD_COMPUTE, t0, t1);
   TRY(relay_copy_wait(s, &pj->job, &pj->done, s->active[k], -1));

@@ -45,7 +45,7 @@ static l2l_status dist_begin(struct step *s) {
                            .step = run->steps + 1};
   double t0 = l2l_now();
   l2l_status status = l2l_dist_run(&op);
-  s->exposed_comm += l2l_now() - t0;
+  relay_waited(s, L2L_WAIT_COMM, t0);
   int64_t real = 0, base = 0;
   bool differ = false;
   for (int r = 0; r < size && status == L2L_OK; r++) {
@@ -89,7 +89,7 @@ static l2l_status dist_begun(struct step *s, l2l_status own) {
                            .step = run->steps + 1};
   double t0 = l2l_now();
   l2l_status status = l2l_dist_run(&op);
-  s->exposed_comm += l2l_now() - t0;
+  relay_waited(s, L2L_WAIT_COMM, t0);
   int refused = -1;   /* the first rank that could not begin the step */
   for (int r = 0; r < size && status == L2L_OK; r++)
     if (refused < 0 && all[r]) refused = r;
@@ -114,7 +114,7 @@ static l2l_status dist_loss(struct step *s) {
                            .step = s->run->steps + 1};
   double t0 = l2l_now();
   l2l_status status = l2l_dist_run(&op);
-  s->exposed_comm += l2l_now() - t0;
+  relay_waited(s, L2L_WAIT_COMM, t0);
   return status;
 }
 
@@ -274,16 +274,9 @@ static l2l_status step_begin(struct step *s, struct step_plan *p) {
   return status;
 }
 
-static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch *batch,
-                            bool training) {
-  if (loss == NULL) return FAIL(L2L_ERR_INVALID, "loss is NULL");
-  RELAY_ENTER_AS(run, training ? "l2l_relay_step" : "l2l_relay_evaluate");
-  RELAY_METER_BIND(run);
-  /* Updates of the last step may still run (each layer's forward waits for its own);
-     its gradient arrivals must be counted before this step's bookkeeping starts. */
-  l2l_eps_wait_arrivals(&run->eps);
-  TRY(relay_check_async(run));
-  TRY(l2l_eps_io_status(&run->eps));   /* the last step's updates could not read or write */
+/* The step itself, once the relay is entered and the last step's troubles are known. */
+static l2l_status relay_run_step(double *loss, l2l_relay *run, const l2l_relay_batch *batch,
+                                 bool training) {
   struct step s = {.run = run, .in = batch, .training = training};
   struct step_plan p;
   atomic_store(&run->eps.step, run->steps + 1);
@@ -305,7 +298,7 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
     if (status == L2L_OK)
       applied = l2l_eps_release_updates(&run->eps, run->config.clip_global_norm,
                                         1.0 / p.dynamic, &norm);
-    if (run->config.dist != L2L_DIST_NONE) s.exposed_comm += l2l_now() - released;
+    if (run->config.dist != L2L_DIST_NONE) relay_waited(&s, L2L_WAIT_COMM, released);
   }
   relay_step_free(&s);   /* drains the copy threads: every gradient has been given */
   if (status == L2L_OK) status = relay_check_async(run);
@@ -320,7 +313,7 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
   const char *name = NULL;
   double agreed = l2l_now();   /* with ranks, skips are known once every record is agreed */
   int layer = -1, skips = training ? l2l_eps_nonfinite_skips(&run->eps, &name, &layer) : 0;
-  s.exposed_comm += run->config.dist != L2L_DIST_NONE ? l2l_now() - agreed : 0;
+  if (run->config.dist != L2L_DIST_NONE) relay_waited(&s, L2L_WAIT_COMM, agreed);
   if (training) {
     run->steps++;
     if (applied) run->updates++;
@@ -330,6 +323,22 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
   stats_record(run, &s, &p, *loss, applied, norm, l2l_now() - t0);
   run->stats.skipped_records = skips;
   return nonfinite_report(run, skips, name, layer);
+}
+
+static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch *batch,
+                            bool training) {
+  if (loss == NULL) return FAIL(L2L_ERR_INVALID, "loss is NULL");
+  RELAY_ENTER_AS(run, training ? "l2l_relay_step" : "l2l_relay_evaluate");
+  RELAY_METER_BIND(run);
+  /* Updates of the last step may still run (each layer's forward waits for its own);
+     its gradient arrivals must be counted before this step's bookkeeping starts. */
+  l2l_eps_wait_arrivals(&run->eps);
+  TRY(relay_check_async(run));
+  TRY(l2l_eps_io_status(&run->eps));   /* the last step's updates could not read or write */
+  bool profiled = l2l_profile_step_begin();
+  l2l_status status = relay_run_step(loss, run, batch, training);
+  l2l_profile_step_end(profiled, status == L2L_OK);
+  return status;
 }
 
 l2l_status l2l_relay_step(double *loss, l2l_relay *run, const l2l_relay_batch *batch) {

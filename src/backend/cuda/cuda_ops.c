@@ -31,6 +31,11 @@ _Static_assert((int)DT_F32 == (int)L2L_F32 && (int)DT_F16 == (int)L2L_F16 &&
                    (int)DT_U8 == (int)L2L_U8,
                "kernels/dtype.h numbers the dtypes differently from l2l_dtype");
 
+/* Work queued on the compute stream (kernels, cuBLAS calls, copies), for the profile. */
+static atomic_llong launches = 0;
+static void launched(void) { atomic_fetch_add_explicit(&launches, 1, memory_order_relaxed); }
+static int64_t cuda_launches(void) { return atomic_load_explicit(&launches, memory_order_relaxed); }
+
 /* ---------------------------------------------------------------- GEMM */
 
 /* Row-major c = alpha op(a) op(b) + beta c is column-major c^T = alpha op(b)^T op(a)^T
@@ -49,6 +54,7 @@ static l2l_status cuda_gemm_batched(float *c, const void *a, const void *b, l2l_
                                     : CUBLAS_COMPUTE_32F;
   cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  launched();
   if (batch == 1) {
     CUBLAS_TRY(cublas.gemm(cuda_rt.blas, op_b, op_a, (int)n, (int)m, (int)k, &alpha, b, type, ldb,
                             a, type, lda, &beta, c, CUDA_R_32F, ldc, compute,
@@ -80,6 +86,7 @@ static l2l_status cuda_copy(void *dst, l2l_pool_kind dst_pool, const void *src,
     }
     return L2L_OK;
   }
+  launched();
   CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda_rt.compute));
   if (dst_pool != L2L_POOL_DEVICE || src_pool != L2L_POOL_DEVICE) TRY(cuda_wait_stream());
   return L2L_OK;
@@ -107,12 +114,17 @@ static double *scratch_reduce(void) { return (double *)((char *)cuda_rt.scratch 
 
 /* Copies `bytes` of the result area to the host, after everything queued. */
 static l2l_status read_result(void *host, uint64_t bytes) {
+  launched();
   CUDA_TRY(cudaMemcpyAsync(host, cuda_rt.scratch, bytes, cudaMemcpyDeviceToHost, cuda_rt.compute));
   return cuda_wait_stream();
 }
 
 /* A launcher's returned cudaError_t, with where it was called. */
-#define LAUNCH(call) CUDA_TRY(call)
+#define LAUNCH(call)  \
+  do {                \
+    launched();       \
+    CUDA_TRY(call);   \
+  } while (0)
 
 /* Returns `call` (an op body that uses the scratch), run with cuda_rt.lock held. */
 #define WITH_SCRATCH(call)                      \
@@ -478,6 +490,7 @@ static const struct l2l_backend_ops cuda_backend = {
     .convert = cuda_convert,
     .random = cuda_random,
     .copy = cuda_copy,
+    .launches = cuda_launches,
 };
 
 const struct l2l_backend_ops *l2l_cuda_ops(void) { return &cuda_backend; }

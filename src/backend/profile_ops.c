@@ -1,0 +1,374 @@
+/* SPDX-License-Identifier: MIT */
+/* profile_ops.c — the profile's ops table: every entry of the device pool's table, timed.
+ *
+ * Purpose: while a profile runs (profile.c), l2l_backend_for hands out this table for the
+ * device pool. Each entry opens a probe (a stamp on the calling thread's stream), calls
+ * the device's own entry, and closes the probe with what the call cost by its arguments:
+ * FLOPs (GEMMs and attention; 0 for ops the memory bounds), bytes moved (each operand
+ * read or written once, as a fused kernel at its roofline would), the rate it is held to,
+ * whether it handed a result to the host (a sync: the ops that return a value, a float
+ * to i32 conversion's check, and a transfer on the step's thread; what cuda_ops.c waits
+ * for), and its shape. The counts are the arguments', so a CPU run gives a GPU run's.
+ * Must never: change what an op does or returns.
+ */
+#include "backend.h"
+
+static const struct l2l_backend_ops *base(void) { return l2l_backend_device_base(); }
+
+enum { F = sizeof(float) };
+
+/* Calls the device's entry `call` inside a probe; the cost arguments follow. */
+#define PROFILED(call, op, flops, bytes, bound, sync, ...)                             \
+  struct l2l_profile_probe probe_;                                                     \
+  l2l_profile_open(&probe_);                                                           \
+  l2l_status status_ = base()->call;                                                   \
+  if (probe_.on && status_ == L2L_OK)                                                  \
+    l2l_profile_close(&probe_, op, flops, bytes, bound, sync, __VA_ARGS__);            \
+  return status_
+
+static double d(int64_t n) { return (double)n; }
+static enum l2l_profile_bound flop_bound(l2l_dtype t) {
+  return t == L2L_F32 ? L2L_BOUND_FLOP32 : L2L_BOUND_FLOP16;
+}
+static const char *dt(l2l_dtype t) { return l2l_dtype_name(t) ? l2l_dtype_name(t) : "?"; }
+
+static l2l_status p_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
+                                 int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
+                                 int trans_b, float alpha, float beta) {
+  double ab = (d(m) * d(k) + d(k) * d(n)) * (double)l2l_dtype_size(ab_dtype);
+  double cc = d(m) * d(n) * F * (beta != 0 ? 2 : 1);
+  PROFILED(gemm_batched(c, a, b, ab_dtype, batch, m, n, k, trans_a, trans_b, alpha, beta),
+           "gemm", 2 * d(batch) * d(m) * d(n) * d(k), d(batch) * (ab + cc), flop_bound(ab_dtype),
+           false, "m=%lld n=%lld k=%lld %c%c%s %s%s", (long long)m, (long long)n, (long long)k,
+           trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', beta != 0 ? " +c" : "", dt(ab_dtype),
+           batch > 1 ? " batched" : "");
+}
+
+static l2l_status p_bias_add(float *y, const float *bias, int64_t rows, int64_t cols) {
+  PROFILED(bias_add(y, bias, rows, cols), "bias_add", 0, F * (2 * d(rows) * d(cols) + d(cols)),
+           L2L_BOUND_MEM, false, "rows=%lld cols=%lld", (long long)rows, (long long)cols);
+}
+
+static l2l_status p_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols) {
+  PROFILED(bias_backward(dbias, dy, rows, cols), "bias_backward", 0,
+           F * (d(rows) * d(cols) + 2 * d(cols)), L2L_BOUND_MEM, false, "rows=%lld cols=%lld",
+           (long long)rows, (long long)cols);
+}
+
+static l2l_status p_add(float *out, const float *a, const float *b, int64_t n) {
+  PROFILED(add(out, a, b, n), "add", 0, 3 * F * d(n), L2L_BOUND_MEM, false, "n=%lld",
+           (long long)n);
+}
+
+static l2l_status p_gelu_forward(float *y, const float *x, int64_t n) {
+  PROFILED(gelu_forward(y, x, n), "gelu_forward", 0, 2 * F * d(n), L2L_BOUND_MEM, false,
+           "n=%lld", (long long)n);
+}
+
+static l2l_status p_gelu_backward(float *dx, const float *dy, const float *x, int64_t n) {
+  PROFILED(gelu_backward(dx, dy, x, n), "gelu_backward", 0, 3 * F * d(n), L2L_BOUND_MEM, false,
+           "n=%lld", (long long)n);
+}
+
+/* A LayerNorm's per-row statistics, where they are read or written. */
+static double row_stats(const void *mean, const void *rstd, int64_t rows) {
+  return F * d(rows) * ((mean != NULL) + (rstd != NULL));
+}
+
+static l2l_status p_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
+                                      const float *weight, const float *bias, float eps,
+                                      int64_t rows, int64_t cols) {
+  PROFILED(layernorm_forward(y, mean, rstd, x, weight, bias, eps, rows, cols),
+           "layernorm_forward", 0, F * (2 * d(rows) * d(cols) + 2 * d(cols)) +
+           row_stats(mean, rstd, rows), L2L_BOUND_MEM, false, "rows=%lld cols=%lld",
+           (long long)rows, (long long)cols);
+}
+
+/* dy and x (or y) read, dx written; the weight read, its two gradients read and added to. */
+static double layernorm_backward_bytes(int64_t rows, int64_t cols, const void *dx) {
+  return F * (d(rows) * d(cols) * (dx != NULL ? 3 : 2) + 5 * d(cols));
+}
+
+static l2l_status p_layernorm_backward(float *dx, float *dweight, float *dbias, const float *dy,
+                                       const float *x, const float *weight, const float *mean,
+                                       const float *rstd, int64_t rows, int64_t cols) {
+  PROFILED(layernorm_backward(dx, dweight, dbias, dy, x, weight, mean, rstd, rows, cols),
+           "layernorm_backward", 0, layernorm_backward_bytes(rows, cols, dx) +
+           row_stats(mean, rstd, rows), L2L_BOUND_MEM, false, "rows=%lld cols=%lld",
+           (long long)rows, (long long)cols);
+}
+
+static l2l_status p_softmax_forward(float *y, const float *x, const uint8_t *key_mask,
+                                    int causal, float scale, int64_t samples,
+                                    int64_t rows_per_sample, int64_t tq, int64_t tk) {
+  double n = d(samples) * d(rows_per_sample) * d(tk);
+  PROFILED(softmax_forward(y, x, key_mask, causal, scale, samples, rows_per_sample, tq, tk),
+           "softmax_forward", 0, 2 * F * n + (key_mask ? d(samples) * d(tk) : 0), L2L_BOUND_MEM,
+           false, "rows=%lld cols=%lld%s", (long long)(samples * rows_per_sample), (long long)tk,
+           causal ? " causal" : "");
+}
+
+static l2l_status p_softmax_backward(float *dx, const float *dy, const float *y, float scale,
+                                     int64_t rows, int64_t cols) {
+  PROFILED(softmax_backward(dx, dy, y, scale, rows, cols), "softmax_backward", 0,
+           3 * F * d(rows) * d(cols), L2L_BOUND_MEM, false, "rows=%lld cols=%lld",
+           (long long)rows, (long long)cols);
+}
+
+static l2l_status p_embedding_forward(float *out, const int32_t *ids, const void *table,
+                                      l2l_dtype table_dtype, int64_t n, int64_t cols) {
+  PROFILED(embedding_forward(out, ids, table, table_dtype, n, cols), "embedding_forward", 0,
+           d(n) * d(cols) * (F + (double)l2l_dtype_size(table_dtype)) + 4 * d(n), L2L_BOUND_MEM,
+           false, "n=%lld cols=%lld %s", (long long)n, (long long)cols, dt(table_dtype));
+}
+
+static l2l_status p_embedding_backward(float *dtable, const float *dout, const int32_t *ids,
+                                       int64_t n, int64_t vocab, int64_t cols) {
+  PROFILED(embedding_backward(dtable, dout, ids, n, vocab, cols), "embedding_backward", 0,
+           3 * F * d(n) * d(cols) + 4 * d(n), L2L_BOUND_MEM, false, "n=%lld vocab=%lld cols=%lld",
+           (long long)n, (long long)vocab, (long long)cols);
+}
+
+static l2l_status p_cross_entropy_forward(float *losses, const float *logits,
+                                          const int32_t *targets, int32_t ignore_index,
+                                          int64_t rows, int64_t vocab) {
+  PROFILED(cross_entropy_forward(losses, logits, targets, ignore_index, rows, vocab),
+           "cross_entropy_forward", 0, F * d(rows) * d(vocab) + 8 * d(rows), L2L_BOUND_MEM,
+           false, "rows=%lld vocab=%lld", (long long)rows, (long long)vocab);
+}
+
+static l2l_status p_cross_entropy_backward(float *dlogits, const float *logits,
+                                           const int32_t *targets, int32_t ignore_index,
+                                           float scale, int64_t rows, int64_t vocab) {
+  PROFILED(cross_entropy_backward(dlogits, logits, targets, ignore_index, scale, rows, vocab),
+           "cross_entropy_backward", 0, 2 * F * d(rows) * d(vocab) + 4 * d(rows), L2L_BOUND_MEM,
+           false, "rows=%lld vocab=%lld", (long long)rows, (long long)vocab);
+}
+
+static l2l_status p_dropout_forward(float *y, uint8_t *mask, const float *x, float p,
+                                    uint64_t seed, uint64_t stream, int64_t first, int64_t n) {
+  PROFILED(dropout_forward(y, mask, x, p, seed, stream, first, n), "dropout_forward", 0,
+           2 * F * d(n) + (mask ? d(n) / 8 : 0), L2L_BOUND_MEM, false, "n=%lld", (long long)n);
+}
+
+static l2l_status p_dropout_backward(float *dx, const float *dy, const uint8_t *mask, float p,
+                                     int64_t n) {
+  PROFILED(dropout_backward(dx, dy, mask, p, n), "dropout_backward", 0, 2 * F * d(n) + d(n) / 8,
+           L2L_BOUND_MEM, false, "n=%lld", (long long)n);
+}
+
+static l2l_status p_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_t n) {
+  PROFILED(gelu_forward_bits(y, bits, x, n), "gelu_forward_bits", 0, 2 * F * d(n) + d(n) / 8,
+           L2L_BOUND_MEM, false, "n=%lld", (long long)n);
+}
+
+static l2l_status p_gelu_backward_from_output(float *dx, const float *dy, const float *y,
+                                              const uint8_t *bits, int64_t n) {
+  PROFILED(gelu_backward_from_output(dx, dy, y, bits, n), "gelu_backward_from_output", 0,
+           3 * F * d(n) + d(n) / 8, L2L_BOUND_MEM, false, "n=%lld", (long long)n);
+}
+
+static l2l_status p_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
+                                      int64_t rows, int64_t cols) {
+  double n = d(rows) * d(cols);
+  PROFILED(bias_gelu_forward(pre, y, bits, bias, rows, cols), "bias_gelu_forward", 0,
+           F * n * (y != pre ? 3 : 2) + F * d(cols) + (bits ? n / 8 : 0), L2L_BOUND_MEM, false,
+           "rows=%lld cols=%lld", (long long)rows, (long long)cols);
+}
+
+static l2l_status p_add_layernorm_forward(float *sum, float *y, float *mean, float *rstd,
+                                          const float *a, const float *b, const float *weight,
+                                          const float *bias, float eps, int64_t rows,
+                                          int64_t cols) {
+  PROFILED(add_layernorm_forward(sum, y, mean, rstd, a, b, weight, bias, eps, rows, cols),
+           "add_layernorm_forward", 0, F * (4 * d(rows) * d(cols) + 2 * d(cols)) +
+           row_stats(mean, rstd, rows), L2L_BOUND_MEM, false, "rows=%lld cols=%lld",
+           (long long)rows, (long long)cols);
+}
+
+static l2l_status p_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
+                                        const int32_t *targets, int32_t ignore_index,
+                                        float scale, int64_t rows, int64_t vocab) {
+  PROFILED(cross_entropy_fused(losses, dlogits, logits, targets, ignore_index, scale, rows,
+                               vocab),
+           "cross_entropy_fused", 0, F * d(rows) * d(vocab) * (dlogits ? 2 : 1) +
+           (losses ? 8 : 4) * d(rows), L2L_BOUND_MEM, false, "rows=%lld vocab=%lld",
+           (long long)rows, (long long)vocab);
+}
+
+static l2l_status p_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
+                                                   const float *dy, const float *y,
+                                                   const float *weight, const float *bias,
+                                                   const float *rstd, int64_t rows,
+                                                   int64_t cols) {
+  PROFILED(layernorm_backward_from_output(dx, dweight, dbias, dy, y, weight, bias, rstd, rows,
+                                          cols),
+           "layernorm_backward_from_output", 0, layernorm_backward_bytes(rows, cols, dx) +
+           F * (d(cols) + d(rows)), L2L_BOUND_MEM, false, "rows=%lld cols=%lld",
+           (long long)rows, (long long)cols);
+}
+
+/* ---------------------------------------------------------------- attention */
+
+/* The (query, key) products a call computes: all of them, or with a causal mask the
+   S (S + 1) / 2 at or below the diagonal (what a kernel that skips masked tiles does at
+   its best). */
+static double attention_pairs(const struct l2l_attention_shape *s) {
+  double seq = d(s->seq);
+  return d(s->batch) * d(s->heads) * (s->causal ? seq * (seq + 1) / 2 : seq * seq);
+}
+
+/* q, k, v (and o) in their strided rows: batch * seq rows of heads * head_dim floats. */
+static double attention_rows_bytes(const struct l2l_attention_shape *s, double tensors) {
+  return tensors * F * d(s->batch) * d(s->seq) * d(s->heads) * d(s->head_dim);
+}
+
+static enum l2l_profile_bound attention_bound(const struct l2l_attention_shape *s) {
+  return flop_bound(s->precision);
+}
+
+#define ATTENTION_SHAPE(s, kept)                                                          \
+  "B=%lld H=%lld S=%lld d=%lld%s%s %s%s", (long long)(s)->batch, (long long)(s)->heads,   \
+      (long long)(s)->seq, (long long)(s)->head_dim, (s)->causal ? " causal" : "",        \
+      (s)->dropout > 0 ? " dropout" : "", dt((s)->precision), (kept) ? " probs" : ""
+
+/* Forward: S = q k^T and o = P v, 2 d FLOPs a pair each; probabilities kept, when asked,
+   are S x S floats written (P, and P after dropout) and a bit a pair of mask. */
+static l2l_status p_attention_forward(float *o, float *lse, float *probs, float *dropped,
+                                      uint8_t *mask, const float *q, const float *k,
+                                      const float *v, const uint8_t *key_mask,
+                                      const struct l2l_attention_shape *shape, float *workspace,
+                                      int64_t workspace_floats) {
+  double pairs = attention_pairs(shape), seq2 = d(shape->batch) * d(shape->heads) *
+                                                d(shape->seq) * d(shape->seq);
+  double kept = F * seq2 * ((probs != NULL) + (dropped != NULL)) + (mask ? seq2 / 8 : 0);
+  PROFILED(attention_forward(o, lse, probs, dropped, mask, q, k, v, key_mask, shape, workspace,
+                             workspace_floats),
+           "attention_forward", 4 * d(shape->head_dim) * pairs,
+           attention_rows_bytes(shape, 4) + F * d(shape->batch) * d(shape->heads) * d(shape->seq) +
+           kept, attention_bound(shape), false, ATTENTION_SHAPE(shape, probs != NULL));
+}
+
+/* Backward: dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q, and S = q k^T again when the
+   forward kept no probabilities (frugal): 2 d FLOPs a pair each. */
+static l2l_status p_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
+                                       const float *o, const float *lse, const float *probs,
+                                       const float *dropped, const uint8_t *mask, const float *q,
+                                       const float *k, const float *v, const uint8_t *key_mask,
+                                       const struct l2l_attention_shape *shape, float *workspace,
+                                       int64_t workspace_floats) {
+  double products = probs != NULL ? 4 : 5, seq2 = d(shape->batch) * d(shape->heads) *
+                                                  d(shape->seq) * d(shape->seq);
+  double kept = F * seq2 * ((probs != NULL) + (dropped != NULL)) + (mask ? seq2 / 8 : 0);
+  PROFILED(attention_backward(dq, dk, dv, d_o, o, lse, probs, dropped, mask, q, k, v, key_mask,
+                              shape, workspace, workspace_floats),
+           "attention_backward", 2 * products * d(shape->head_dim) * attention_pairs(shape),
+           attention_rows_bytes(shape, 8) + F * d(shape->batch) * d(shape->heads) * d(shape->seq) +
+           kept, attention_bound(shape), false, ATTENTION_SHAPE(shape, probs != NULL));
+}
+
+static int64_t p_attention_workspace(int64_t seq, int backward) {
+  return base()->attention_workspace(seq, backward);
+}
+
+/* ---------------------------------------------------------------- whole-tensor and host results */
+
+static l2l_status p_reduce(double *out, enum l2l_reduction kind, const float *x, int64_t n) {
+  static const char *const names[] = {"sum", "max_abs", "sumsq"};
+  PROFILED(reduce(out, kind, x, n), "reduce", 0, F * d(n), L2L_BOUND_MEM, true, "n=%lld %s",
+           (long long)n, (unsigned)kind < 3 ? names[kind] : "?");
+}
+
+static l2l_status p_adamw(float *param, float *m, float *v, const float *grad, int64_t n,
+                          const l2l_adamw_config *config, float bias_correction1,
+                          float bias_correction2) {
+  PROFILED(adamw(param, m, v, grad, n, config, bias_correction1, bias_correction2), "adamw", 0,
+           7 * F * d(n), L2L_BOUND_MEM, false, "n=%lld", (long long)n);
+}
+
+static l2l_status p_find_out_of_range(int64_t *index, int32_t *value, const int32_t *values,
+                                      int64_t n, int32_t lo, int32_t hi, int32_t except) {
+  PROFILED(find_out_of_range(index, value, values, n, lo, hi, except), "find_out_of_range", 0,
+           4 * d(n), L2L_BOUND_MEM, true, "n=%lld", (long long)n);
+}
+
+static l2l_status p_layernorm_invertible(bool *invertible, const float *weight,
+                                         const float *bias, int64_t n) {
+  PROFILED(layernorm_invertible(invertible, weight, bias, n), "layernorm_invertible", 0,
+           2 * F * d(n), L2L_BOUND_MEM, true, "n=%lld", (long long)n);
+}
+
+static l2l_status p_fill(void *dst, l2l_dtype dtype, double value, int64_t n) {
+  PROFILED(fill(dst, dtype, value, n), "fill", 0, d(n) * (double)l2l_dtype_size(dtype),
+           L2L_BOUND_MEM, false, "n=%lld %s", (long long)n, dt(dtype));
+}
+
+/* A float-to-i32 conversion checks every value on the device first and reads the answer
+   back: a sync. */
+static l2l_status p_convert(void *dst, l2l_dtype dst_dtype, const void *src, l2l_dtype src_dtype,
+                            int64_t n, int64_t *bad) {
+  bool checked = dst_dtype == L2L_I32 && src_dtype != L2L_I32;
+  PROFILED(convert(dst, dst_dtype, src, src_dtype, n, bad), "convert", 0,
+           d(n) * (double)(l2l_dtype_size(dst_dtype) + l2l_dtype_size(src_dtype)), L2L_BOUND_MEM,
+           checked, "n=%lld %s->%s", (long long)n, dt(src_dtype), dt(dst_dtype));
+}
+
+static l2l_status p_random(void *dst, l2l_dtype dtype, int64_t n, enum l2l_distribution dist,
+                           uint64_t seed, uint64_t stream, int64_t first, double a, double b) {
+  PROFILED(random(dst, dtype, n, dist, seed, stream, first, a, b), "random", 0,
+           d(n) * (double)l2l_dtype_size(dtype), L2L_BOUND_MEM, false, "n=%lld %s %s",
+           (long long)n, dt(dtype), dist == L2L_NORMAL ? "normal" : "uniform");
+}
+
+/* Within the device: read and written, held to the copy rate. A transfer: its bytes,
+   held to the link's rate; on the step's thread the host waits for it (a sync), on a
+   copy lane it is the lane's own. */
+static l2l_status p_copy(void *dst, l2l_pool_kind dst_pool, const void *src,
+                         l2l_pool_kind src_pool, uint64_t bytes) {
+  bool within = dst_pool == L2L_POOL_DEVICE && src_pool == L2L_POOL_DEVICE;
+  const char *way = within ? "d2d" : dst_pool == L2L_POOL_DEVICE ? "h2d" : "d2h";
+  bool on_step = l2l_profile_on_step_thread();
+  PROFILED(copy(dst, dst_pool, src, src_pool, bytes), "copy", 0, (double)bytes * (within ? 2 : 1),
+           within ? L2L_BOUND_MEM : L2L_BOUND_LINK, !within && on_step, "%s %s", way,
+           bytes >= (1u << 20) ? "MiB+" : bytes >= (1u << 10) ? "KiB+" : "<1KiB");
+}
+
+static int64_t p_launches(void) { return base()->launches ? base()->launches() : -1; }
+
+const struct l2l_backend_ops l2l_profile_ops = {
+    .name = "profile",
+    .gemm_batched = p_gemm_batched,
+    .bias_add = p_bias_add,
+    .bias_backward = p_bias_backward,
+    .add = p_add,
+    .gelu_forward = p_gelu_forward,
+    .gelu_backward = p_gelu_backward,
+    .layernorm_forward = p_layernorm_forward,
+    .layernorm_backward = p_layernorm_backward,
+    .softmax_forward = p_softmax_forward,
+    .softmax_backward = p_softmax_backward,
+    .embedding_forward = p_embedding_forward,
+    .embedding_backward = p_embedding_backward,
+    .cross_entropy_forward = p_cross_entropy_forward,
+    .cross_entropy_backward = p_cross_entropy_backward,
+    .dropout_forward = p_dropout_forward,
+    .dropout_backward = p_dropout_backward,
+    .gelu_forward_bits = p_gelu_forward_bits,
+    .gelu_backward_from_output = p_gelu_backward_from_output,
+    .bias_gelu_forward = p_bias_gelu_forward,
+    .add_layernorm_forward = p_add_layernorm_forward,
+    .cross_entropy_fused = p_cross_entropy_fused,
+    .layernorm_backward_from_output = p_layernorm_backward_from_output,
+    .attention_forward = p_attention_forward,
+    .attention_backward = p_attention_backward,
+    .attention_workspace = p_attention_workspace,
+    .reduce = p_reduce,
+    .adamw = p_adamw,
+    .find_out_of_range = p_find_out_of_range,
+    .layernorm_invertible = p_layernorm_invertible,
+    .fill = p_fill,
+    .convert = p_convert,
+    .random = p_random,
+    .copy = p_copy,
+    .launches = p_launches,
+};
