@@ -180,6 +180,12 @@ struct l2l_backend_ops {
                        uint64_t seed, uint64_t stream, int64_t first, double a, double b);
   l2l_status (*copy)(void *dst, l2l_pool_kind dst_pool, const void *src,
                      l2l_pool_kind src_pool, uint64_t bytes);
+  /* copy, queued behind the calling thread's stream without waiting for it: done when
+     that stream's next synchronization (an anchor, a sync) returns, not when this does. The
+     host side must stay allocated and unchanged until then; from pinned memory the host
+     never waits (pageable memory may make the device's driver wait). */
+  l2l_status (*copy_queued)(void *dst, l2l_pool_kind dst_pool, const void *src,
+                            l2l_pool_kind src_pool, uint64_t bytes);
 
   /* Kernels and library calls queued since the process began (NULL: the backend queues
      none; the CPU's ops run when called). For the profile. */
@@ -195,6 +201,11 @@ extern const struct l2l_backend_ops l2l_cpu_backend;
 /* Sets compute threads from L2L_THREADS or the core count (cpu/threads.c), once; safe
    from any thread. Every public entry that computes calls it (l2l_backend_for does). */
 void l2l_runtime_init(void);
+/* l2l_tensor_copy's checks, then the backend's copy_queued (tensor_ops.c): dst and src
+   (their host side pinned, for the host not to wait) must stay allocated and unchanged
+   until the calling thread's stream is next synchronized. The relay's micro-batch ids
+   and losses, which would otherwise make the host wait for the device each call. */
+l2l_status l2l_tensor_copy_queued(l2l_tensor *dst, const l2l_tensor *src);
 /* Compute threads for OpenMP loops (cpu/threads.c). */
 extern atomic_int l2l_compute_threads;
 

@@ -320,17 +320,33 @@ static l2l_status p_random(void *dst, l2l_dtype dtype, int64_t n, enum l2l_distr
            (long long)n, dt(dtype), dist == L2L_NORMAL ? "normal" : "uniform");
 }
 
-/* Within the device: read and written, held to the copy rate. A transfer: its bytes,
-   held to the link's rate; on the step's thread the host waits for it (a sync), on a
-   copy lane it is the lane's own. */
+/* A copy's bytes and bound: within the device, read and written, held to the copy rate;
+   a transfer, its bytes, held to the link's rate. */
+static double copy_bytes(bool within, uint64_t bytes) { return (double)bytes * (within ? 2 : 1); }
+
+/* A copy's shape: its way and its size in KiB. */
+#define COPY_SHAPE(within, dst_pool, bytes)                                                \
+  "%s %.1f KiB", (within) ? "d2d" : (dst_pool) == L2L_POOL_DEVICE ? "h2d" : "d2h",          \
+      (double)(bytes) / 1024
+
+/* A transfer on the step's thread makes the host wait for it (a sync); on a copy lane it
+   is the lane's own. */
 static l2l_status p_copy(void *dst, l2l_pool_kind dst_pool, const void *src,
                          l2l_pool_kind src_pool, uint64_t bytes) {
   bool within = dst_pool == L2L_POOL_DEVICE && src_pool == L2L_POOL_DEVICE;
-  const char *way = within ? "d2d" : dst_pool == L2L_POOL_DEVICE ? "h2d" : "d2h";
   bool on_step = l2l_profile_on_step_thread();
-  PROFILED(copy(dst, dst_pool, src, src_pool, bytes), "copy", 0, (double)bytes * (within ? 2 : 1),
-           within ? L2L_BOUND_MEM : L2L_BOUND_LINK, !within && on_step, "%s %s", way,
-           bytes >= (1u << 20) ? "MiB+" : bytes >= (1u << 10) ? "KiB+" : "<1KiB");
+  PROFILED(copy(dst, dst_pool, src, src_pool, bytes), "copy", 0, copy_bytes(within, bytes),
+           within ? L2L_BOUND_MEM : L2L_BOUND_LINK, !within && on_step,
+           COPY_SHAPE(within, dst_pool, bytes));
+}
+
+/* Queued: the host never waits for it. */
+static l2l_status p_copy_queued(void *dst, l2l_pool_kind dst_pool, const void *src,
+                                l2l_pool_kind src_pool, uint64_t bytes) {
+  bool within = dst_pool == L2L_POOL_DEVICE && src_pool == L2L_POOL_DEVICE;
+  PROFILED(copy_queued(dst, dst_pool, src, src_pool, bytes), "copy_queued", 0,
+           copy_bytes(within, bytes), within ? L2L_BOUND_MEM : L2L_BOUND_LINK, false,
+           COPY_SHAPE(within, dst_pool, bytes));
 }
 
 static int64_t p_launches(void) { return base()->launches ? base()->launches() : -1; }
@@ -370,5 +386,6 @@ const struct l2l_backend_ops l2l_profile_ops = {
     .convert = p_convert,
     .random = p_random,
     .copy = p_copy,
+    .copy_queued = p_copy_queued,
     .launches = p_launches,
 };

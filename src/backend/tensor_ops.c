@@ -14,25 +14,36 @@
 
 static bool is_float(l2l_dtype d) { return d == L2L_F32 || d == L2L_F16 || d == L2L_BF16; }
 
-l2l_status l2l_tensor_copy(l2l_tensor *dst, const l2l_tensor *src) {
-  TRY(l2l_tensor_check(__func__, "dst", dst));
-  TRY(l2l_tensor_check(__func__, "src", src));
+/* What a copy checks; the backend of the accelerator side runs it (a copy between domains
+   is a transfer), through its copy or copy_queued. */
+static l2l_status tensor_copy(const char *func, l2l_tensor *dst, const l2l_tensor *src,
+                              bool queued) {
+  TRY(l2l_tensor_check(func, "dst", dst));
+  TRY(l2l_tensor_check(func, "src", src));
   if (dst->dtype != src->dtype)
-    return FAIL(L2L_ERR_INVALID, "dst is %s but src is %s (use l2l_tensor_cast)",
-                l2l_dtype_name(dst->dtype), l2l_dtype_name(src->dtype));
+    return l2l_fail_in(func, L2L_ERR_INVALID, "dst is %s but src is %s (use l2l_tensor_cast)",
+                       l2l_dtype_name(dst->dtype), l2l_dtype_name(src->dtype));
   if (dst->numel != src->numel)
-    return FAIL(L2L_ERR_INVALID, "dst has %lld elements but src has %lld",
-                (long long)dst->numel, (long long)src->numel);
+    return l2l_fail_in(func, L2L_ERR_INVALID, "dst has %lld elements but src has %lld",
+                       (long long)dst->numel, (long long)src->numel);
   if (dst->storage == src->storage && dst->offset == src->offset) return L2L_OK;
   if (dst->storage == src->storage &&
       dst->offset < src->offset + src->numel && src->offset < dst->offset + dst->numel)
-    return FAIL(L2L_ERR_INVALID, "dst and src overlap in one storage");
-  /* A copy between domains is a transfer; the backend of the accelerator side runs it. */
+    return l2l_fail_in(func, L2L_ERR_INVALID, "dst and src overlap in one storage");
   l2l_pool_kind side = l2l_pool_domain(dst->storage->pool) ? dst->storage->pool
                                                              : src->storage->pool;
-  return l2l_backend_for(side)->copy(l2l_tensor_ptr(dst), dst->storage->pool,
-                                     l2l_tensor_ptr(src), src->storage->pool,
-                                     (uint64_t)dst->numel * l2l_dtype_size(dst->dtype));
+  const struct l2l_backend_ops *ops = l2l_backend_for(side);
+  return (queued ? ops->copy_queued : ops->copy)(
+      l2l_tensor_ptr(dst), dst->storage->pool, l2l_tensor_ptr(src), src->storage->pool,
+      (uint64_t)dst->numel * l2l_dtype_size(dst->dtype));
+}
+
+l2l_status l2l_tensor_copy(l2l_tensor *dst, const l2l_tensor *src) {
+  return tensor_copy(__func__, dst, src, false);
+}
+
+l2l_status l2l_tensor_copy_queued(l2l_tensor *dst, const l2l_tensor *src) {
+  return tensor_copy(__func__, dst, src, true);
 }
 
 l2l_status l2l_tensor_cast(l2l_tensor *dst, const l2l_tensor *src) {

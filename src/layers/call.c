@@ -156,6 +156,7 @@ l2l_status l2l_batch_tensor(const struct batch_check *bc, const char *name, cons
 
 l2l_status l2l_batch_ids(const struct batch_check *bc, const char *name, const l2l_tensor *t,
                          int64_t hi, int32_t except) {
+  if (bc->values_checked) return L2L_OK;
   int64_t bad = -1;
   int32_t value = 0;
   TRY(bc->ops->find_out_of_range(&bad, &value, l2l_tensor_ptr(t), t->numel, 0, (int32_t)hi,
@@ -170,7 +171,7 @@ l2l_status l2l_batch_ids(const struct batch_check *bc, const char *name, const l
 
 l2l_status l2l_layer_check_batch(const char *func, const l2l_layer *layer,
                                  const l2l_layer_batch *b, int64_t B, int64_t S,
-                                 l2l_pool_kind pool, bool backward) {
+                                 l2l_pool_kind pool, bool backward, bool values_checked) {
   if (b->first_sample < 0)
     return l2l_fail_in(func, L2L_ERR_INVALID, "batch->first_sample must be >= 0, got %lld",
                        (long long)b->first_sample);
@@ -180,7 +181,7 @@ l2l_status l2l_layer_check_batch(const char *func, const l2l_layer *layer,
   const struct layer_kind_ops *kind = l2l_layer_kind_of(layer);
   if (kind->check_batch == NULL) return L2L_OK;
   struct batch_check bc = {func, layer, b, B, S, l2l_pool_domain(pool), l2l_backend_for(pool),
-                           backward};
+                           backward, values_checked};
   return kind->check_batch(&bc);
 }
 
@@ -306,23 +307,24 @@ uint64_t l2l_saved_bytes(const l2l_saved *saved) {
   return saved->buffer->storage->bytes;
 }
 
-l2l_status l2l_layer_forward(l2l_saved **saved_out, l2l_layer *layer, l2l_tensor *y,
-                             const l2l_tensor *x, const l2l_layer_batch *batch) {
-  const char *f = __func__;
-  if (!l2l_layer_live(layer)) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
-  if (batch == NULL) return FAIL(L2L_ERR_INVALID, "batch is NULL");
+static l2l_status layer_forward(l2l_saved **saved_out, l2l_layer *layer, l2l_tensor *y,
+                               const l2l_tensor *x, const l2l_layer_batch *batch,
+                               bool values_checked) {
+  const char *f = "l2l_layer_forward";
+  if (!l2l_layer_live(layer)) return l2l_fail_in(f, L2L_ERR_INVALID, "layer is not a live layer");
+  if (batch == NULL) return l2l_fail_in(f, L2L_ERR_INVALID, "batch is NULL");
   int64_t B = 0, S = 0, dims[3];
   TRY(call_shape(f, layer, x, batch, &B, &S));
   int ndim = l2l_layer_output_dims(dims, layer, batch, B, S);
   TRY(l2l_need_shape(f, "y", y, L2L_F32, ndim, dims));
-  if (l2l_tensors_overlap(x, y)) return FAIL(L2L_ERR_INVALID, "x and y overlap");
+  if (l2l_tensors_overlap(x, y)) return l2l_fail_in(f, L2L_ERR_INVALID, "x and y overlap");
   TRY(check_apart_from_params(f, layer, "y", y, true));
   int domain = l2l_pool_domain(y->storage->pool);
   if (x && l2l_pool_domain(x->storage->pool) != domain)
-    return FAIL(L2L_ERR_INVALID, "x is in pool '%s' but y in '%s'",
+    return l2l_fail_in(f, L2L_ERR_INVALID, "x is in pool '%s' but y in '%s'",
                 l2l_pool_name(x->storage->pool), l2l_pool_name(y->storage->pool));
   TRY(check_params_domain(f, layer, domain));
-  TRY(l2l_layer_check_batch(f, layer, batch, B, S, y->storage->pool, false));
+  TRY(l2l_layer_check_batch(f, layer, batch, B, S, y->storage->pool, false, values_checked));
   bool is_head = l2l_layer_role(layer) == L2L_ROLE_HEAD;
   bool keep = saved_out != NULL && !(is_head && batch->targets == NULL);
   if (saved_out) *saved_out = NULL;
@@ -334,7 +336,7 @@ l2l_status l2l_layer_forward(l2l_saved **saved_out, l2l_layer *layer, l2l_tensor
   l2l_layer_memory mem;
   memory_for(&mem, layer, B, S, flags, precision);
   struct l2l_saved *saved = calloc(1, sizeof *saved);
-  if (saved == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a saved state");
+  if (saved == NULL) return l2l_fail_in(f, L2L_ERR_NOMEM, "no memory for a saved state");
   saved->magic = L2L_SAVED_MAGIC;
   saved->kind = layer->config.kind;
   saved->layer_serial = layer->serial;
@@ -364,41 +366,42 @@ l2l_status l2l_layer_forward(l2l_saved **saved_out, l2l_layer *layer, l2l_tensor
   return L2L_OK;
 }
 
-l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
-                              l2l_saved *saved, const l2l_layer_batch *batch) {
-  const char *f = __func__;
-  if (!l2l_layer_live(layer)) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
-  if (batch == NULL) return FAIL(L2L_ERR_INVALID, "batch is NULL");
+static l2l_status layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
+                                l2l_saved *saved, const l2l_layer_batch *batch,
+                                bool values_checked) {
+  const char *f = "l2l_layer_backward";
+  if (!l2l_layer_live(layer)) return l2l_fail_in(f, L2L_ERR_INVALID, "layer is not a live layer");
+  if (batch == NULL) return l2l_fail_in(f, L2L_ERR_INVALID, "batch is NULL");
   if (saved == NULL || saved->magic != L2L_SAVED_MAGIC)
-    return FAIL(L2L_ERR_INVALID, "saved is not a live saved state");
+    return l2l_fail_in(f, L2L_ERR_INVALID, "saved is not a live saved state");
   if (saved->kind != layer->config.kind)
-    return FAIL(L2L_ERR_INVALID, "saved comes from a %s layer, not a %s",
+    return l2l_fail_in(f, L2L_ERR_INVALID, "saved comes from a %s layer, not a %s",
                 l2l_kind_ops(saved->kind)->name, l2l_layer_kind_of(layer)->name);
   /* Its buffers are laid out for the layer and config that made it: another layer of the
      same kind (a wider MLP, more heads, the other memory mode), or this one changed since,
      would read them out of bounds. */
   if (saved->layer_serial != layer->serial)
-    return FAIL(L2L_ERR_INVALID, "saved comes from another %s layer's forward, not this "
+    return l2l_fail_in(f, L2L_ERR_INVALID, "saved comes from another %s layer's forward, not this "
                 "layer's (run this layer's forward)", l2l_layer_name(layer));
   if (memcmp(&saved->config, &layer->config, sizeof saved->config) != 0)
-    return FAIL(L2L_ERR_STATE, "the layer's config changed since the forward that made saved "
+    return l2l_fail_in(f, L2L_ERR_STATE, "the layer's config changed since the forward that made saved "
                 "(its memory mode?): run the forward again");
   if (saved->used)
-    return FAIL(L2L_ERR_STATE, "saved has already served a backward (run the forward again)");
+    return l2l_fail_in(f, L2L_ERR_STATE, "saved has already served a backward (run the forward again)");
   const l2l_layer_config *c = &layer->config;
   int64_t B = saved->batch, S = saved->seq, dims[3] = {B, S, c->dim};
   enum l2l_layer_role role = l2l_layer_role(layer);
   if (role == L2L_ROLE_HEAD) {
-    if (dy != NULL) return FAIL(L2L_ERR_INVALID, "dy must be NULL for a head (batch->loss_scale is used)");
+    if (dy != NULL) return l2l_fail_in(f, L2L_ERR_INVALID, "dy must be NULL for a head (batch->loss_scale is used)");
   } else {
     TRY(l2l_need_shape(f, "dy", dy, L2L_F32, 3, dims));
   }
   if (role == L2L_ROLE_INPUT) {
-    if (dx != NULL) return FAIL(L2L_ERR_INVALID, "dx must be NULL for an embedding");
+    if (dx != NULL) return l2l_fail_in(f, L2L_ERR_INVALID, "dx must be NULL for an embedding");
   } else {
     TRY(l2l_need_shape(f, "dx", dx, L2L_F32, 3, dims));
   }
-  if (l2l_tensors_overlap(dx, dy)) return FAIL(L2L_ERR_INVALID, "dx and dy overlap");
+  if (l2l_tensors_overlap(dx, dy)) return l2l_fail_in(f, L2L_ERR_INVALID, "dx and dy overlap");
   TRY(check_apart_from_params(f, layer, "dx", dx, true));
   TRY(check_apart_from_params(f, layer, "dy", dy, false));
   const l2l_tensor *any = dx ? dx : dy;
@@ -406,17 +409,17 @@ l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor
                                                                  : layer->pool;
   int domain = l2l_pool_domain(pool);
   if (dx && dy && l2l_pool_domain(dy->storage->pool) != domain)
-    return FAIL(L2L_ERR_INVALID, "dx is in pool '%s' but dy in '%s'",
+    return l2l_fail_in(f, L2L_ERR_INVALID, "dx is in pool '%s' but dy in '%s'",
                 l2l_pool_name(dx->storage->pool), l2l_pool_name(dy->storage->pool));
   if (saved->buffer && l2l_pool_domain(saved->buffer->storage->pool) != domain)
-    return FAIL(L2L_ERR_INVALID, "saved is in pool '%s', not of the backend of dx/dy",
+    return l2l_fail_in(f, L2L_ERR_INVALID, "saved is in pool '%s', not of the backend of dx/dy",
                 l2l_pool_name(saved->buffer->storage->pool));
   TRY(check_params_domain(f, layer, domain));
-  TRY(l2l_layer_check_batch(f, layer, batch, B, S, pool, true));
+  TRY(l2l_layer_check_batch(f, layer, batch, B, S, pool, true, values_checked));
   if (role == L2L_ROLE_INPUT && (batch->tokens->shape[0] != B || batch->tokens->shape[1] != S))
-    return FAIL(L2L_ERR_INVALID, "batch->tokens is not the forward's shape");
+    return l2l_fail_in(f, L2L_ERR_INVALID, "batch->tokens is not the forward's shape");
   if (l2l_tensors_overlap(dx, saved->input) || l2l_tensors_overlap(dx, saved->output))
-    return FAIL(L2L_ERR_INVALID, "dx overlaps a tensor the saved state reads");
+    return l2l_fail_in(f, L2L_ERR_INVALID, "dx overlaps a tensor the saved state reads");
 
   l2l_dtype precision = layer_precision(layer);
   l2l_layer_memory mem;
@@ -432,4 +435,24 @@ l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor
   l2l_tensor_free(work);
   if (status == L2L_OK) saved->used = true;
   return status;
+}
+
+l2l_status l2l_layer_forward(l2l_saved **saved, l2l_layer *layer, l2l_tensor *y,
+                             const l2l_tensor *x, const l2l_layer_batch *batch) {
+  return layer_forward(saved, layer, y, x, batch, false);
+}
+
+l2l_status l2l_layer_forward_prechecked(l2l_saved **saved, l2l_layer *layer, l2l_tensor *y,
+                                        const l2l_tensor *x, const l2l_layer_batch *batch) {
+  return layer_forward(saved, layer, y, x, batch, true);
+}
+
+l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
+                              l2l_saved *saved, const l2l_layer_batch *batch) {
+  return layer_backward(layer, dx, dy, saved, batch, false);
+}
+
+l2l_status l2l_layer_backward_prechecked(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
+                                         l2l_saved *saved, const l2l_layer_batch *batch) {
+  return layer_backward(layer, dx, dy, saved, batch, true);
 }

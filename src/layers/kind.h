@@ -133,6 +133,7 @@ struct batch_check {
   int domain;                  /* l2l_pool_domain of the call */
   const struct l2l_backend_ops *ops;
   bool backward;
+  bool values_checked;         /* ids are not scanned (l2l_layer_check_batch) */
 };
 /* A batch field `name` (e.g. "batch->tokens"): `dtype` with dims (B, S) (ndim 2) or (B)
    (ndim 1), in the call's domain of pools. */

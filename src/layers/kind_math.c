@@ -18,16 +18,30 @@ int64_t l2l_arena_reserve(struct arena *a, uint64_t bytes) {
   return offset;
 }
 
+/* The tensor a LayerNorm's parameter is read from for the guard: bound by the relay, the
+   call computes with an f32 device copy of the record's own f32 tensor, and no update
+   changes a record during its visit (the relay waits for a record's pending update before
+   it copies it, and its next update waits for this visit's gradient), so the record's own
+   tensor in host memory holds the same bits, readable with no device read (on a GPU, a
+   sync). Otherwise the parameter where it is. */
+static const l2l_tensor *guard_source(const l2l_layer *layer, int role) {
+  int i = layer->role[role];
+  if (i < 0) return NULL;
+  const struct l2l_param *p = layer->params[i];
+  const l2l_tensor *home = p->home_value;
+  return home != NULL && home->dtype == L2L_F32 && p->value->dtype == L2L_F32 ? home : p->value;
+}
+
 bool l2l_layernorm_guarded(const l2l_layer *layer, int weight_role, int bias_role) {
-  /* The backend of the weight's own pool reads the parameters where they are (device
-     memory on a GPU; the relay runs a host layer on device copies, so not the layer's
-     pool). A check that fails (a device fault, which the next op reports too) guards: the
+  /* A check that fails (a device fault, which the next op reports too) guards: the
      standard backward is right for any weights. */
-  const l2l_tensor *weight = layer->params[layer->role[weight_role]]->value;
-  if (weight->dtype != L2L_F32) return true;
+  const l2l_tensor *weight = guard_source(layer, weight_role), *bias = guard_source(layer, bias_role);
+  if (weight->dtype != L2L_F32 || (bias != NULL && bias->dtype != L2L_F32)) return true;
+  if (bias != NULL && l2l_pool_domain(bias->storage->pool) != l2l_pool_domain(weight->storage->pool))
+    return true;
   bool invertible = false;
   l2l_status st = l2l_backend_for(weight->storage->pool)->layernorm_invertible(
-      &invertible, l2l_param_f32(layer, weight_role), l2l_param_f32(layer, bias_role),
+      &invertible, l2l_tensor_ptr(weight), bias != NULL ? l2l_tensor_ptr(bias) : NULL,
       layer->config.dim);
   return st != L2L_OK || !invertible;
 }

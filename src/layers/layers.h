@@ -21,10 +21,19 @@ enum l2l_layer_role l2l_layer_role(const l2l_layer *layer);
 /* The batch fields a live layer reads, for B samples of S positions in the pools of
    `pool`'s domain (l2l_pool_domain): shapes, dtypes, pools, ids in range; a head's backward
    also needs targets and a finite loss scale. The message names func and the field. The
-   relay checks a whole batch with it (host pool) before a step runs. */
+   relay checks a whole batch with it (host pool) before a step runs. values_checked: the
+   caller checked these values before (the relay, the whole batch on the host): ids are
+   not scanned again where they are (on a GPU a device read, a sync, for every call). */
 l2l_status l2l_layer_check_batch(const char *func, const l2l_layer *layer,
                                  const l2l_layer_batch *batch, int64_t B, int64_t S,
-                                 l2l_pool_kind pool, bool backward);
+                                 l2l_pool_kind pool, bool backward, bool values_checked);
+/* l2l_layer_forward and l2l_layer_backward for the relay, whose micro-batches are rows of
+   a batch it checked whole on the host before the step: every check but the scan of the
+   batch's ids (above). */
+l2l_status l2l_layer_forward_prechecked(l2l_saved **saved, l2l_layer *layer, l2l_tensor *y,
+                                        const l2l_tensor *x, const l2l_layer_batch *batch);
+l2l_status l2l_layer_backward_prechecked(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
+                                         l2l_saved *saved, const l2l_layer_batch *batch);
 /* The dims (returned: how many) of a live layer's output for B, S and this batch (a head's
    depend on whether it has targets). */
 int l2l_layer_output_dims(int64_t *dims, const l2l_layer *layer, const l2l_layer_batch *batch,

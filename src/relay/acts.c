@@ -1,13 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /* acts.c — activations and stashes: a micro-batch's input on the device (fetched from
- * the host stash ahead of its use), outputs stashed out to pinned host memory, and a
- * micro-batch's rows of the batch's tokens, targets and masks.
+ * the host stash ahead of its use), outputs stashed out to pinned host memory, a
+ * micro-batch's rows of the batch's tokens, targets and masks (staged in pinned memory as
+ * the step begins, copied to the device queued), and the heads' losses copied back queued.
  *
  * Purpose: keep no more than two micro-batches of a host-stashed boundary on the device,
  * and overlap every copy with the compute of the micro-batch before.
  * Must never: free a device tensor a copy still reads (stash-outs are retired in order).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "relay.h"
@@ -90,16 +92,58 @@ int64_t relay_mb_rows(const struct step *s, int64_t u) {
   return s->mb < s->B - first ? s->mb : s->B - first;
 }
 
-/* Micro-batch u's rows of a host tensor copied to the device (small: ids and masks). */
+/* A batch field in pinned memory (NULL stays NULL). */
+static l2l_status stage(l2l_tensor **out, const l2l_tensor *t) {
+  if (t == NULL) return L2L_OK;
+  TRY(relay_tensor_like(out, L2L_POOL_PINNED, t));
+  return l2l_tensor_copy(*out, t);
+}
+
+l2l_status relay_batch_stage(struct step *s) {
+  struct staged_batch *b = &s->staged;
+  TRY(stage(&b->tokens, s->in->tokens));
+  TRY(stage(&b->types, s->in->token_types));
+  TRY(stage(&b->targets, s->in->targets));
+  return stage(&b->mask, s->in->key_mask);
+}
+
+void relay_batch_staged_free(struct staged_batch *b) {
+  l2l_tensor_free(b->tokens);
+  l2l_tensor_free(b->types);
+  l2l_tensor_free(b->targets);
+  l2l_tensor_free(b->mask);
+  memset(b, 0, sizeof *b);
+}
+
+/* Micro-batch u's rows of a staged field copied to the device, queued (small: ids and
+   masks). */
 static l2l_status rows_to_device(struct step *s, l2l_tensor **out, const l2l_tensor *t, int64_t u) {
   if (t == NULL) return L2L_OK;
   l2l_tensor *view = NULL;
   TRY(l2l_tensor_view_rows(&view, t, u * s->mb, relay_mb_rows(s, u)));
   l2l_status status = relay_tensor_like(out, L2L_POOL_DEVICE, view);
-  if (status == L2L_OK) status = l2l_tensor_copy(*out, view);
+  if (status == L2L_OK) status = l2l_tensor_copy_queued(*out, view);
   if (status == L2L_OK) relay_count_bytes(s->run, &s->run->h2d_bytes, relay_tensor_bytes(view));
   l2l_tensor_free(view);
   return status;
+}
+
+l2l_status relay_loss_queue(struct step *s, const l2l_tensor *losses) {
+  if (s->nlosses == s->losses_cap) {
+    int64_t cap = s->losses_cap ? 2 * s->losses_cap : 16;
+    l2l_tensor **grown = realloc(s->losses, (size_t)cap * sizeof *grown);
+    if (grown == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a step's losses");
+    s->losses = grown, s->losses_cap = cap;
+  }
+  l2l_tensor *host = NULL;
+  TRY(relay_tensor_like(&host, L2L_POOL_PINNED, losses));
+  l2l_status status = l2l_tensor_copy_queued(host, losses);
+  if (status != L2L_OK) {
+    l2l_tensor_free(host);
+    return status;
+  }
+  s->losses[s->nlosses++] = host;
+  return L2L_OK;
 }
 
 void relay_mb_inputs_free(struct mb_inputs *m) {
@@ -116,12 +160,12 @@ l2l_status relay_mb_inputs(struct step *s, struct mb_inputs *m, int k, int64_t u
   enum l2l_layer_role role = l2l_layer_role(active_layer(s, k)->layer);
   l2l_status status = L2L_OK;
   if (role == L2L_ROLE_INPUT) {
-    status = rows_to_device(s, &m->tokens, s->in->tokens, u);
-    if (status == L2L_OK) status = rows_to_device(s, &m->types, s->in->token_types, u);
+    status = rows_to_device(s, &m->tokens, s->staged.tokens, u);
+    if (status == L2L_OK) status = rows_to_device(s, &m->types, s->staged.types, u);
   } else if (role == L2L_ROLE_HEAD) {
-    status = rows_to_device(s, &m->targets, s->in->targets, u);
+    status = rows_to_device(s, &m->targets, s->staged.targets, u);
   } else {
-    status = rows_to_device(s, &m->mask, s->in->key_mask, u);
+    status = rows_to_device(s, &m->mask, s->staged.mask, u);
   }
   if (status != L2L_OK) {
     relay_mb_inputs_free(m);

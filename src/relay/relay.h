@@ -191,6 +191,14 @@ struct mb_inputs {
   l2l_layer_batch batch;
 };
 
+/* The batch's fields (each NULL where the batch has none) copied into pinned memory when
+   the step begins: a micro-batch's rows go to the device from here queued
+   (l2l_tensor_copy_queued), so the host never waits for the device on them. Freed when
+   the step is (after its last synchronization). */
+struct staged_batch {
+  l2l_tensor *tokens, *types, *targets, *mask;
+};
+
 struct param_slot {
   l2l_tensor *t;
   int64_t updates[MAX_RECORDS];   /* its layer's records' update counts when copied */
@@ -210,6 +218,12 @@ struct step {
   uint8_t **where;            /* where[k][u]: 1 while saved[k][u] is on the host */
   struct act scratch;         /* the output of a recomputing backward's forward */
   struct mb_inputs mb_in;     /* the micro-batch's batch fields the visit's layer reads */
+  struct staged_batch staged;
+  /* Each head call's per-target losses, copied back to pinned memory queued, in call
+     order; summed into loss_sum when the step's last synchronization has passed
+     (relay_step_free), in that order. */
+  l2l_tensor **losses;
+  int64_t nlosses, losses_cap;
   struct schedule sched;      /* the visits and their order (src/schedule) */
   int visit_layer;            /* the visit running: its layer's index in run->layers */
   /* The visit running and the next one's parameters. */
@@ -333,6 +347,11 @@ void relay_compute_done(struct step *s, int layer, int64_t u, int phase,
                         struct l2l_stamp *start);
 l2l_status relay_mb_inputs(struct step *s, struct mb_inputs *m, int k, int64_t u, bool training);
 void relay_mb_inputs_free(struct mb_inputs *m);
+/* The batch's fields into pinned memory (s->staged), when the step's arrays are made. */
+l2l_status relay_batch_stage(struct step *s);
+void relay_batch_staged_free(struct staged_batch *b);
+/* A head call's per-target losses copied back to pinned memory, queued (s->losses). */
+l2l_status relay_loss_queue(struct step *s, const l2l_tensor *losses);
 int64_t relay_mb_rows(const struct step *s, int64_t u);
 l2l_status relay_new_activation(struct step *s, l2l_tensor **out, int64_t u);
 l2l_status relay_out_throttle(struct step *s, int keep);

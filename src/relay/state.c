@@ -30,12 +30,14 @@ void relay_stamped_add(struct step *s, struct l2l_stamp *start, struct l2l_stamp
 
 /* The step's stamped units onto the timeline, in host seconds: the anchor's host time
    plus their offsets from it on the device's clock (on the CPU backend that is their own
-   host time). Compute units add up into compute; a wait for a copy counts as exposed
+   host time), the anchor taken here, once the device has done the step's work. Compute units add up into compute; a wait for a copy counts as exposed
    copy time for the part the device spent idle: from when it had done the work queued
    before the wait to the copy's end, when that came later. */
 void relay_stamped_resolve(struct step *s) {
   l2l_relay *run = s->run;
-  (void)l2l_device_synchronize(); /* every stamp has happened (a failure: those not, drop) */
+  /* the step's one wait for the device: every stamp has happened after it (a failure:
+     those not, dropped), and the anchor relates the device's clock to the host's */
+  l2l_device_stamp_anchor(&s->anchor);
   for (int64_t i = 0; i < s->nstamped; i++) {
     struct stamped *e = &s->stamped[i];
     double from = 0, to = 0;
@@ -78,6 +80,16 @@ void relay_step_free(struct step *s) {
   l2l_queue_drain(&run->h2d);
   l2l_queue_drain(&run->d2h);
   relay_stamped_resolve(s);
+  /* past the step's last wait for the device: the queued copies are done */
+  for (int64_t i = 0; i < s->nlosses; i++) {
+    double loss = 0;
+    if (l2l_sum(&loss, s->losses[i]) == L2L_OK) s->loss_sum += loss;
+    l2l_tensor_free(s->losses[i]);
+  }
+  free(s->losses);
+  s->losses = NULL;
+  s->nlosses = s->losses_cap = 0;
+  relay_batch_staged_free(&s->staged);
   for (int i = 0; i < 2; i++) {
     if (s->out[i]) l2l_tensor_free(s->out[i]->src);
     relay_copy_job_free(s->out[i]);
@@ -135,6 +147,7 @@ l2l_status relay_step_alloc(struct step *s) {
   s->where = calloc((size_t)n, sizeof *s->where);
   if (!s->x || !s->g || !s->saved || !s->swap || !s->where)
     return FAIL(L2L_ERR_NOMEM, "no memory for a step");
+  TRY(relay_batch_stage(s));
   for (int k = 0; k < n; k++) {
     s->x[k] = calloc((size_t)s->nmb, sizeof **s->x);
     s->g[k] = calloc((size_t)s->nmb, sizeof **s->g);

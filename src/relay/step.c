@@ -287,7 +287,6 @@ static l2l_status relay_run_step(double *loss, l2l_relay *run, const l2l_relay_b
   l2l_eps_spill_counts(&run->eps, &run->spill_at);
   TRY(step_begin(&s, &p));
   counters_reset(run);
-  l2l_device_stamp_anchor(&s.anchor);
   l2l_status status = relay_run_visits(&s);
   double norm = -1;
   bool applied = p.update;

@@ -111,7 +111,7 @@ static l2l_status forward(void *ctx, int k, int64_t u, bool keep, bool rebuild) 
   struct step *s = ctx;
   struct l2l_stamp t0;
   l2l_device_stamp(&t0);
-  l2l_status status = l2l_layer_forward(keep ? &s->saved[k][u] : NULL, active_layer(s, k)->layer,
+  l2l_status status = l2l_layer_forward_prechecked(keep ? &s->saved[k][u] : NULL, active_layer(s, k)->layer,
                                         s->x[k + 1][u].dev, k > 0 ? s->x[k][u].dev : NULL,
                                         &s->mb_in.batch);
   relay_compute_done(s, s->active[k], u, rebuild ? L2L_PHASE_REBUILD : L2L_PHASE_FORWARD, &t0);
@@ -125,22 +125,20 @@ static l2l_status head(void *ctx, int k, int64_t u, bool backward) {
   int ldims = l2l_layer_output_dims(lshape, layer, &s->mb_in.batch, relay_mb_rows(s, u), s->S);
   l2l_tensor *losses = NULL;
   l2l_saved *saved = NULL;
-  double loss = 0;
   l2l_status status = l2l_tensor_new(&losses, L2L_POOL_DEVICE, L2L_F32, ldims, lshape);
   if (status == L2L_OK && backward) status = relay_new_activation(s, &s->g[k][u].dev, u);
   struct l2l_stamp t0;
   l2l_device_stamp(&t0);
   if (status == L2L_OK)
-    status = l2l_layer_forward(backward ? &saved : NULL, layer, losses, s->x[k][u].dev,
+    status = l2l_layer_forward_prechecked(backward ? &saved : NULL, layer, losses, s->x[k][u].dev,
                                &s->mb_in.batch);
-  if (status == L2L_OK) status = l2l_sum(&loss, losses);
+  if (status == L2L_OK) status = relay_loss_queue(s, losses);
   if (status == L2L_OK && backward)
-    status = l2l_layer_backward(layer, s->g[k][u].dev, NULL, saved, &s->mb_in.batch);
+    status = l2l_layer_backward_prechecked(layer, s->g[k][u].dev, NULL, saved, &s->mb_in.batch);
   relay_compute_done(s, s->active[k], u, backward ? L2L_PHASE_BACKWARD : L2L_PHASE_FORWARD, &t0);
   l2l_saved_free(saved);
   l2l_tensor_free(losses);
   if (status != L2L_OK) return layer_failed(s, k, u, status);
-  s->loss_sum += loss;
   return L2L_OK;
 }
 
@@ -152,10 +150,10 @@ static l2l_status backward(void *ctx, int k, int64_t u, bool recompute) {
   l2l_device_stamp(&t0);
   l2l_status status = L2L_OK;
   if (recompute)
-    status = l2l_layer_forward(&s->saved[k][u], layer, s->scratch.dev,
+    status = l2l_layer_forward_prechecked(&s->saved[k][u], layer, s->scratch.dev,
                                k > 0 ? s->x[k][u].dev : NULL, &s->mb_in.batch);
   if (status == L2L_OK)
-    status = l2l_layer_backward(layer, dx, s->g[k + 1][u].dev, s->saved[k][u], &s->mb_in.batch);
+    status = l2l_layer_backward_prechecked(layer, dx, s->g[k + 1][u].dev, s->saved[k][u], &s->mb_in.batch);
   relay_compute_done(s, s->active[k], u, L2L_PHASE_BACKWARD, &t0);
   return status == L2L_OK ? L2L_OK : layer_failed(s, k, u, status);
 }

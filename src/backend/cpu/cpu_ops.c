@@ -255,4 +255,5 @@ const struct l2l_backend_ops l2l_cpu_backend = {
     .convert = cpu_convert,
     .random = cpu_random,
     .copy = cpu_copy,
+    .copy_queued = cpu_copy,   /* (done when it returns: nothing is queued here) */
 };

@@ -92,6 +92,17 @@ static l2l_status cuda_copy(void *dst, l2l_pool_kind dst_pool, const void *src,
   return L2L_OK;
 }
 
+/* On the calling thread's stream (a lane's or the compute stream), with no wait. */
+static l2l_status cuda_copy_queued(void *dst, l2l_pool_kind dst_pool, const void *src,
+                                   l2l_pool_kind src_pool, uint64_t bytes) {
+  (void)dst_pool, (void)src_pool;
+  struct lane *lane = cuda_lane;
+  if (lane == NULL) launched();
+  CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
+                           lane != NULL ? lane->stream : cuda_rt.compute));
+  return L2L_OK;
+}
+
 /* ---------------------------------------------------------------- scratch */
 
 /* The backend's own device scratch: results the host reads back (a double, an index)
@@ -490,6 +501,7 @@ static const struct l2l_backend_ops cuda_backend = {
     .convert = cuda_convert,
     .random = cuda_random,
     .copy = cuda_copy,
+    .copy_queued = cuda_copy_queued,
     .launches = cuda_launches,
 };
 
