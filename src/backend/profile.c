@@ -196,6 +196,10 @@ bool l2l_profile_step_begin(void) {
   return recording;
 }
 
+static const char *bound_name(enum l2l_profile_bound b) {
+  return b == L2L_BOUND_MEM ? "mem" : b == L2L_BOUND_LINK ? "link" : "flop";
+}
+
 static uint64_t row_hash(const struct event *e) {
   uint64_t h = 1469598103934665603ull ^ (uint64_t)e->lane;
   for (const char *c = e->op; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
@@ -218,6 +222,7 @@ static struct row *row_of(const struct event *e) {
   snprintf(r->r.kind, sizeof r->r.kind, "%s", e->lane ? "lane" : "op");
   snprintf(r->r.op, sizeof r->r.op, "%s", e->op);
   snprintf(r->r.shape, sizeof r->r.shape, "%s", e->shape);
+  snprintf(r->r.bound, sizeof r->r.bound, "%s", bound_name(e->bound));
   r->bound = e->bound;
   r->hash = h;
   return r;
@@ -444,10 +449,6 @@ static double roofline(const struct row *r, const l2l_profile_summary *s) {
   return probed > 0 && r->r.seconds > 0 ? done / r->r.seconds / probed : -1;
 }
 
-static const char *bound_name(enum l2l_profile_bound b) {
-  return b == L2L_BOUND_MEM ? "mem" : b == L2L_BOUND_LINK ? "link" : "flop";
-}
-
 l2l_status l2l_profile_get_summary(l2l_profile_summary *out) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   pthread_mutex_lock(&lock);
@@ -463,13 +464,12 @@ l2l_status l2l_profile_rows(l2l_profile_row *out, int64_t first, int64_t count) 
   int64_t n = result.nrows;
   if (first < 0 || count < 0 || first > n || count > n - first) {
     pthread_mutex_unlock(&lock);
-    return FAIL(L2L_ERR_INVALID, "rows %lld .. %lld asked of %lld", (long long)first,
-                (long long)(first + count - 1), (long long)n);
+    return FAIL(L2L_ERR_INVALID, "%lld rows from row %lld asked of %lld", (long long)count,
+                (long long)first, (long long)n);
   }
   for (int64_t i = 0; i < count; i++) {
     const struct row *r = &result.rows[first + i];
     out[i] = r->r;
-    snprintf(out[i].bound, sizeof out[i].bound, "%s", bound_name(r->bound));
     out[i].roofline = roofline(r, &result.sum);
   }
   pthread_mutex_unlock(&lock);
