@@ -375,6 +375,9 @@ else
     opt.steps, B, S, (opt.state == "f32" and "" or (" (state in %s)"):format(opt.state)) ..
     (opt.master == "f32" and "" or ", bf16 masters"), opt.lr, opt.warmup, opt.seed))
 end
+print("progress: dev peak = a step's most device memory (/ its budget); host = l2l's host and pinned pools " ..
+      "(EPS, stashes, copy buffers; --host-budget bounds the EPS alone)" ..
+      (spill and "; disk = spill-file bytes a step" or ""))
 -- the last step this process runs (--stop-at: an interruption on purpose; Ctrl-C moves it)
 local last_step = opt.steps
 if opt.stop_at > 0 and opt.stop_at < opt.steps then last_step = math.max(opt.stop_at, start_step) end

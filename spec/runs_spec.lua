@@ -415,6 +415,72 @@ describe("a trained model you can use: l2l sample and l2l eval (issue 30, item 9
     ids:free()
   end)
 
+  -- issue 47, items 10-12: what the commands refuse
+  local function saved_run(block, extra)
+    local path = dir .. "/odd-" .. support.int(1, 1e9) .. ".ckpt"
+    local run = l2l.Relay { model = l2l.Sequential {
+      l2l.Embedding { vocab = 256, dim = 16, max_seq = 12, seed = 1 },
+      l2l.Block(block),
+      l2l.LMHead { vocab = 256, dim = 16, tie = true, seed = 3 } }, optimizer = l2l.AdamW { lr = 1e-3 } }
+    local ids = l2l.zeros({ 2, 12 }, { dtype = "i32" })
+    run:step(ids, ids)
+    run:save(path, extra)
+    run:free()
+    return path
+  end
+
+  it("l2l eval and l2l sample refuse a model that is not causal", function()
+    local path = saved_run({ dim = 16, heads = 2, causal = false, seed = 2 }, { seq = 12 })
+    local data = dir .. "/held-nc.txt"
+    support.write_file(data, ("the quick brown fox "):rep(10))
+    for _, cmd in ipairs { ("%s eval %s --data %s"):format(exe, q(path), q(data)),
+                           ("%s sample %s --tokens 5"):format(exe, q(path)) } do
+      local status, out = sh(cmd)
+      assert.are.equal(1, status, out)
+      assert.is_truthy(out:find("layer 2 (a block) is not causal", 1, true), out)
+    end
+    -- the same model, causal, is used
+    local causal = saved_run({ dim = 16, heads = 2, causal = true, seed = 2 }, { seq = 12 })
+    local status, out = sh(("%s eval %s --data %s"):format(exe, q(causal), q(data)))
+    assert.are.equal(0, status, out)
+  end)
+
+  it("l2l eval refuses an extra.seq that is no context of the model", function()
+    local data = dir .. "/held-seq.txt"
+    support.write_file(data, ("the quick brown fox "):rep(10))
+    for _, seq in ipairs { "12", 0, 2.5, -5, 13, 1e300 } do
+      local path = saved_run({ dim = 16, heads = 2, causal = true, seed = 2 }, { seq = seq })
+      local status, out = sh(("%s eval %s --data %s"):format(exe, q(path), q(data)))
+      assert.are.equal(1, status, tostring(seq) .. ": " .. out)
+      assert.is_truthy(out:find("extra.seq (the run's context) is", 1, true), out)
+      assert.is_truthy(out:find("from 1 to the model's 12 positions", 1, true), out)
+      assert.is_falsy(out:find("traceback", 1, true), out)
+    end
+  end)
+
+  it("a seed a Lua number cannot hold exactly is refused, on the command line and in the API", function()
+    for _, seed in ipairs { "18446744073709551616", "9007199254740993", "1e300", "inf" } do
+      local status, out = sh(("%s sample %s --tokens 3 --seed %s"):format(exe, q(ck), seed))
+      assert.are.equal(2, status, seed .. ": " .. out)
+      assert.is_truthy(out:find("--seed must be at most 2^53 - 1 in size", 1, true)
+                       or out:find("--seed must be an integer >= 0", 1, true), out)
+    end
+    local status, out = sh(("%s sample %s --tokens 3 --seed 9007199254740991"):format(exe, q(ck)))
+    assert.are.equal(0, status, out)
+    for _, seed in ipairs { 2 ^ 64, 2 ^ 53, 1e300, math.huge, -1, 0.5 } do
+      local ok, err = pcall(l2l.rand, { 2 }, { seed = seed })
+      assert.is_false(ok, tostring(seed))
+      local want = seed >= 2 ^ 53 and "must be at most 2^53 - 1 (a larger number is not held exactly)"
+                   or "must be an integer >= 0"
+      assert.is_truthy(tostring(err):find("seed " .. want, 1, true), tostring(err))
+      ok, err = pcall(l2l.Block, { dim = 8, heads = 2, seed = seed })
+      assert.is_false(ok, tostring(seed))
+      assert.is_truthy(tostring(err):find("option 'seed' " .. want, 1, true), tostring(err))
+    end
+    local t = l2l.rand({ 2 }, { seed = 2 ^ 53 - 1 })
+    t:free()
+  end)
+
   it("model:generate's ids print as numbers", function()
     local model = l2l.load_model(ck)
     local text, ids = model:generate("ab", 3, { seed = 1 })

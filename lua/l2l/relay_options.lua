@@ -34,7 +34,7 @@ local function finite(v) return type(v) == "number" and v == v and v > -huge and
 -- integers a Lua number holds exactly (the FFI would truncate the rest). What a value
 -- means (>= 1, at most 4096 slots, ...) is C's to say (l2l_relay_config_check), and its
 -- message names the option (lua_message below).
-local INT_MIN, INT_MAX, EXACT_MAX = -2 ^ 31, 2 ^ 31 - 1, 2 ^ 53 - 1
+local INT_MIN, INT_MAX, EXACT_MAX = -2 ^ 31, 2 ^ 31 - 1, argcheck.EXACT_MAX
 local INT, INT64, UINT64 = { INT_MIN, INT_MAX }, { -EXACT_MAX, EXACT_MAX }, { 0, EXACT_MAX }
 
 local function int_option(o, key, default, fname, range)
