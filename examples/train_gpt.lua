@@ -250,6 +250,7 @@ elseif checkpoints and (opt.resume or opt.resume_if_present) then
                                                    master = cli.given(opt, "master") and opt.master or nil })
   if not ok then fail("--resume: " .. tostring(r)) end
   run, model, resumed = r, r.model, true
+  require("l2l.use").refuse_non_causal(model)   -- (next-token targets: its attention must not read them)
   start_step = run:stats().steps
   opt.state, opt.master = run.options.optimizer.state, run.options.master
   -- what the run was made with wins; a flag given with another value is an error
