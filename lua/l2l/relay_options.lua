@@ -172,7 +172,8 @@ local function plus_one(d) return tostring(tonumber(d) + 1) end
 
 function M.lua_message(msg)
   msg = msg:gsub("^[%l%d]+_[%l%d_]+: ", "")
-  msg = msg:gsub("config%->nonfinite_error", "option 'nonfinite'"):gsub("config%->([%w_]+)", "option '%1'")
+  msg = msg:gsub("config%->nonfinite_error", "option 'nonfinite'"):gsub("config%->spill_dir", "option 'spill'")
+  msg = msg:gsub("config%->([%w_]+)", "option '%1'")
   -- "layer N" first: the two rewrites below produce "layer N" already counted from 1
   msg = msg:gsub("([Ll]ayer )(%d+)", function(w, d) return w .. plus_one(d) end)
   msg = msg:gsub("layers%[(%d+)%]", function(d) return "layer " .. plus_one(d) end)
