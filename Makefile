@@ -302,6 +302,17 @@ MANDIR ?= $(DATADIR)/man
 LUADIR ?= $(DATADIR)/lua/5.1
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
 INSTALL ?= install
+# The installed l2l finds libl2l.so.0 in LIBDIR by a RUNPATH relative to its own folder
+# ($ORIGIN/../lib), so a tree under any PREFIX runs as it is (and after it is moved),
+# except under PREFIX=/usr, a distribution's, whose packages carry none (Debian's policy)
+# and whose LIBDIR the loader searches anyway. INSTALL_RUNPATH= leaves it out anywhere.
+# (A program of your own built with pkg-config needs LIBDIR at run time too: README,
+# "Installing".)
+ifeq ($(PREFIX),/usr)
+  INSTALL_RUNPATH ?=
+else
+  INSTALL_RUNPATH ?= $$ORIGIN/$(shell realpath -m --relative-to='$(BINDIR)' '$(LIBDIR)')
+endif
 
 # l2l.pc. A program linking the shared library needs -ll2l alone; one linking libl2l.a
 # also needs what the library links (pkg-config --static): OpenBLAS, jemalloc, OpenMP
@@ -328,7 +339,9 @@ export L2L_PC
 install: $(DIST)/libl2l.so.$(VERSION) $(DIST)/l2l $(BUILD)/libl2l.a lua/l2l/cdef.lua docs/l2l.1
 	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR) \
 	  $(DESTDIR)$(INCLUDEDIR)/l2l $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(LUADIR)/l2l
-	$(INSTALL) -m 755 $(DIST)/l2l $(DESTDIR)$(BINDIR)/l2l
+	$(if $(INSTALL_RUNPATH),$(LINK) -o $(DIST)/l2l.runpath $(BUILD)/obj/main.o -Wl$(comma)--no-as-needed \
+	  $(DIST)/libl2l.so.$(VERSION) $(L2L_EXE_LIBS) $(CUDA_LINK_PATH) -Wl$(comma)-rpath$(comma)'$(INSTALL_RUNPATH)' && \
+	  $(INSTALL) -m 755 $(DIST)/l2l.runpath $(DESTDIR)$(BINDIR)/l2l,$(INSTALL) -m 755 $(DIST)/l2l $(DESTDIR)$(BINDIR)/l2l)
 	$(INSTALL) -m 644 $(DIST)/libl2l.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libl2l.so.$(VERSION)
 	ln -sfn libl2l.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sfn $(SONAME) $(DESTDIR)$(LIBDIR)/libl2l.so

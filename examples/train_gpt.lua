@@ -250,6 +250,7 @@ elseif checkpoints and (opt.resume or opt.resume_if_present) then
                                                    master = cli.given(opt, "master") and opt.master or nil })
   if not ok then fail("--resume: " .. tostring(r)) end
   run, model, resumed = r, r.model, true
+  require("l2l.use").refuse_non_causal(model)   -- (next-token targets: its attention must not read them)
   start_step = run:stats().steps
   opt.state, opt.master = run.options.optimizer.state, run.options.master
   -- what the run was made with wins; a flag given with another value is an error
@@ -332,6 +333,10 @@ print(("text: %s, %.2f MiB in %d files: %.2f MiB to train on, %.2f MiB held out%
 print(("model: %s%d block%s, dim %d, %d heads, context %d %s, %.2f M parameters (frugal blocks)"):format(
   opt.init ~= "" and ("GPT-2 weights from %s: "):format(opt.init) or "",
   #model - 2, #model == 3 and "" or "s", opt.dim, opt.heads, S, unit, nparams / 1e6))
+-- What asks for less device memory, in this program's flags.
+local LESS_MEMORY = "A smaller --micro-batch, --stash host or --plan auto (the planner's choice of what to keep) needs less."
+-- The samples of each minibatch this rank steps on.
+local function rows_of_rank() return floor((rank + 1) * B / ranks) - floor(rank * B / ranks) end
 local function new_run(plan)
   local ok, r = pcall(l2l.Relay, {
     model = model, micro_batch = opt.micro_batch, stash = opt.stash, seed = opt.seed,
@@ -349,12 +354,24 @@ end
 if run == nil and (budget ~= nil or opt.plan ~= "auto") then run = new_run(opt.plan == "auto" and "auto" or nil) end
 if budget == nil then
   local probe = run or new_run(nil)
-  local ok, peak = pcall(probe.step_peak, probe, floor((rank + 1) * B / ranks) - floor(rank * B / ranks), S)
+  local ok, peak = pcall(probe.step_peak, probe, rows_of_rank(), S)
   if not ok then fail(tostring(peak)) end
   budget = peak
   if probe ~= run then probe:free() end
 end
 if run == nil then run = new_run("auto") else run:set_device_budget(budget) end
+-- A budget given: what a training step needs is known before anything runs (evaluation
+-- needs less), so a budget too small is named once, with the smallest that works for both.
+if budget_mib ~= nil and budget > 0 and opt.plan ~= "auto" then
+  local ok, peak = pcall(run.step_peak, run, rows_of_rank(), S)
+  if not ok then fail(tostring(peak)) end
+  if peak > budget then
+    fail(("--device-budget %.2f MiB is too small for a training step of this configuration: it needs %.2f MiB "
+          .. "(%d bytes) at its peak, whatever the weights become (evaluation needs less): give --device-budget "
+          .. "%.2f or more, or auto. %s"):format(budget_mib, mib(peak), peak, math.ceil(mib(peak) * 100) / 100,
+          LESS_MEMORY))
+  end
+end
 print(("model+optimizer state %.1f MiB, device budget %s (%s, micro-batch %d of %d)"):format(
   mib(state_bytes), budget > 0 and format("%.2f MiB", mib(budget)) or "none",
   opt.plan == "auto" and "policies planned" or "stash " .. opt.stash, math.min(opt.micro_batch, B), B))
@@ -375,6 +392,9 @@ else
     opt.steps, B, S, (opt.state == "f32" and "" or (" (state in %s)"):format(opt.state)) ..
     (opt.master == "f32" and "" or ", bf16 masters"), opt.lr, opt.warmup, opt.seed))
 end
+print("progress: dev peak = a step's most device memory (/ its budget); host = l2l's host and pinned pools " ..
+      "(EPS, stashes, copy buffers; --host-budget bounds the EPS alone)" ..
+      (spill and "; disk = spill-file bytes a step" or ""))
 -- the last step this process runs (--stop-at: an interruption on purpose; Ctrl-C moves it)
 local last_step = opt.steps
 if opt.stop_at > 0 and opt.stop_at < opt.steps then last_step = math.max(opt.stop_at, start_step) end
@@ -433,7 +453,7 @@ if not log then fail(("cannot write %s: %s"):format(metrics_path, tostring(err))
 for _, rec in ipairs(history) do log:write(plot.metrics_line(rec), "\n") end
 log:flush()
 
-local rows = floor((rank + 1) * B / ranks) - floor(rank * B / ranks)   -- this rank's slice
+local rows = rows_of_rank()   -- this rank's slice
 local tokens = l2l.zeros({ rows, S }, { dtype = "i32" })
 local targets = l2l.zeros({ rows, S }, { dtype = "i32" })
 
@@ -449,7 +469,10 @@ local function relay_call(method, tok, tgt)
     msg = msg .. ("\nthe host budget (%.1f MiB) is too small for this model: give a larger --host-budget (MiB)%s"):format(
       mib(host_budget), spill and "" or ", or a spill directory (--spill DIR)")
   elseif msg:find("budget", 1, true) or msg:find("device pool", 1, true) then
-    msg = msg .. ("\nthe device budget (%.1f MiB) is too small for this configuration: give a larger --device-budget (MiB)"):format(mib(budget))
+    -- (the relay's advice names its options; here, the flags)
+    msg = msg:gsub(" A smaller micro%-batch[^\n]*$", "") ..
+          ("\nthe device budget (%.2f MiB) is too small for this configuration: give a larger --device-budget (MiB). %s")
+          :format(mib(budget), LESS_MEMORY)
   end
   fail(msg, bar)
 end
@@ -589,7 +612,8 @@ if spill then
     spill, progress.bytes(disk_total), progress.bytes(done > 0 and disk_total / done or 0)))
 end
 
-if opt.plan == "auto" and run.plan and done > 0 then print("\nthe plan, predicted against measured (last step):\n" .. tostring(run:plan_report())) end
+if opt.plan == "auto" and run.plan and done > 0 then print("\nthe plan, predicted against measured (the training steps after the first):\n" ..
+                                                           tostring(run:plan_report())) end
 print("metrics: " .. metrics_path)
 if opt.plot ~= "none" then
   local fig = plot.metrics_figure(history, {

@@ -437,6 +437,33 @@ describe("l2l.progress and l2l.plot", function()
     return shown
   end
 
+  it("fits the terminal's width, leaving out the fields kept least first (issue 47, item 17)", function()
+    local f = { loss = 2.5, val_loss = 2.4, tokens_per_s = 151234, device_peak = 3 * 2 ^ 20,
+                device_budget = 5 * 2 ^ 20, host = 5 * 2 ^ 30, disk = 7 * 2 ^ 20 }
+    local full = progress.new{ total = 1000, tty = false, out = sink() }:line(123, f)
+    local order = { "%d ranks", "disk ", "host ", "dev peak ", "tok/s", "val ", "loss " }
+    for _, width in ipairs { 40, 60, 80, support.int(41, 160), 200 } do
+      local out = sink()
+      local bar = progress.new{ total = 1000, every = 5, tty = true, out = out, width = width, ranks = 2 }
+      bar:update(123, f)
+      local shown = screen(out.text())[1]
+      assert.is_true(#shown <= width - 1, ("%d columns: %q"):format(width, shown))
+      assert.is_truthy(shown:find("^step  123/1000"), shown)
+      assert.is_truthy(shown:find("ETA ", 1, true), shown)
+      -- what is left out comes first in the order: once a field shows, every field kept
+      -- longer shows too
+      local kept = false
+      for _, field in ipairs(order) do
+        local here = shown:find(field) ~= nil
+        assert.is_false(kept and not here, ("%d columns: %q leaves out %s, kept longer than one it shows")
+                        :format(width, shown, field))
+        kept = kept or here
+      end
+      if width == 200 then assert.is_truthy(shown:find("2 ranks  loss 2.500  val 2.400", 1, true), shown) end
+    end
+    assert.is_truthy(full:find("disk 7.00 MiB/step", 1, true), full)   -- plain lines keep every field
+  end)
+
   it("shows a step once when its line was printed and then drawn (issue 30: Ctrl-C's last step twice)", function()
     local out = sink()
     local bar = progress.new{ total = 100, every = 5, tty = true, out = out, width = 200 }

@@ -2,7 +2,8 @@
 -- install_spec — l2l as a distribution packages it: `make install` into a temporary
 -- DESTDIR with PREFIX=/usr gives exactly the files a package ships (the library with its
 -- soname and links, the static library, l2l.h, l2l.pc, l2l, its man page and the Lua
--- modules), none with a RUNPATH; a C program builds against that tree with pkg-config
+-- modules), none with a RUNPATH (under PREFIX=/usr; any other prefix's l2l finds its
+-- library by $ORIGIN/../lib); a C program builds against that tree with pkg-config
 -- alone, shared and static; the installed l2l runs a script from a folder outside the
 -- checkout, also after the tree is moved; a plain luajit loads the library by its soname;
 -- `make uninstall` takes every file away again. Also: the build takes the caller's
@@ -247,6 +248,49 @@ describe("make install's folders", function()
     status, out = make(("uninstall DESTDIR=%s %s"):format(q(tmp .. "/b"), dirs))
     sh("rm -rf " .. q(tmp))
     assert.are.equal(0, status, out)
+  end)
+end)
+
+describe("make install PREFIX=<a folder of your own> (issue 47, item 18)", function()
+  it("runs without LD_LIBRARY_PATH (a RUNPATH relative to l2l's folder), also moved, and C programs by the README's recipe", function()
+    local tmp = select(2, sh("mktemp -d")):match("^(%S+)")
+    local prefix = tmp .. "/opt/l2l"
+    local status, out = make(("install PREFIX=%s"):format(q(prefix)))
+    assert.are.equal(0, status, out)
+    local exe = readelf_dynamic(prefix .. "/bin/l2l")
+    assert.is_truthy(exe:find("Library runpath: [$ORIGIN/../lib]", 1, true), exe)
+    assert.is_falsy(readelf_dynamic(prefix .. "/lib/libl2l.so." .. version):find("RUNPATH", 1, true))
+    -- the loader's path has nothing of the prefix (the environment's own folders stay:
+    -- scripts/gpu-host.sh's unpacked packages)
+    local env_path = os.getenv("LD_LIBRARY_PATH") and q(os.getenv("LD_LIBRARY_PATH")) or "''"
+    local run = ("cd %s && env -u L2L_LUA_DIR -u LUA_PATH LD_LIBRARY_PATH=%s %%s -e %s")
+                :format(q(tmp), env_path,
+                        q('local l2l = require("l2l"); print(l2l.version, package.searchpath("l2l", package.path))'))
+    status, out = sh(run:format(q(prefix .. "/bin/l2l")))
+    assert.are.equal(0, status, out)
+    assert.are.equal(("%s\t%s/share/lua/5.1/l2l/init.lua\n"):format(version, prefix), out)
+    status, out = sh(("env LD_LIBRARY_PATH=%s ldd %s"):format(env_path, q(prefix .. "/bin/l2l")))
+    assert.is_truthy(out:find("libl2l.so." .. major .. " => " .. prefix .. "/bin/../lib/", 1, true), out)
+    local moved = tmp .. "/moved"
+    sh(("cp -a %s %s"):format(q(prefix), q(moved)))
+    status, out = sh(run:format(q(moved .. "/bin/l2l")))
+    assert.are.equal(0, status, out)
+    assert.are.equal(("%s\t%s/share/lua/5.1/l2l/init.lua\n"):format(version, moved), out)
+    -- a program of your own: PKG_CONFIG_PATH to build, the library's folder as its RUNPATH
+    if not sanitized then
+      local hello = tmp .. "/hello"
+      local pc = ("PKG_CONFIG_PATH=%s pkg-config"):format(q(prefix .. "/lib/pkgconfig"))
+      status, out = sh(("cc -std=c11 %s/examples/hello.c -o %s $(%s --cflags --libs l2l) -Wl,-rpath,$(%s --variable=libdir l2l)")
+                       :format(q(support.root), q(hello), pc, pc))
+      assert.are.equal(0, status, out)
+      status, out = sh(("env LD_LIBRARY_PATH=%s %s"):format(env_path, q(hello)))
+      assert.are.equal(0, status, out)
+      assert.is_truthy(out:find("c = [[1, 4], [3, 10]]", 1, true), out)
+    end
+    status, out = make(("uninstall PREFIX=%s"):format(q(prefix)))
+    assert.are.equal(0, status, out)
+    assert.are.same({}, tree(prefix))
+    sh("rm -rf " .. q(tmp))
   end)
 end)
 

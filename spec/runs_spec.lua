@@ -211,6 +211,32 @@ describe("finding a device budget (issue 30, item 6)", function()
     assert.is_false(ok, "a byte less worked")
   end)
 
+  it("names the micro-batch it replayed as the relay has it, and the spill option by its name (issue 47, item 15)", function()
+    local mb = support.int(1, 5)
+    local ok, err = step_with({ device_budget = 1000, micro_batch = mb })
+    assert.is_false(ok)
+    assert.is_truthy(err:find(("in micro-batches of %d samples"):format(mb), 1, true), err)
+    local model2 = l2l.Sequential { l2l.Embedding { vocab = 64, dim = 16, max_seq = 8 }, l2l.LMHead { vocab = 64, dim = 16 } }
+    ok, err = pcall(l2l.plan, { model = model2, batch = 2, seq = 8, device_budget = 2 ^ 30, host_budget = 100,
+                                rates = { flops = 1e12, h2d = 1e10, d2h = 1e10, optimizer = 1e9 } })
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("a spill directory (option 'spill')", 1, true), tostring(err))
+  end)
+
+  it("train_gpt names, before anything runs, the smallest budget for training and evaluation, in its flags", function()
+    local dir = support.tmpdir()
+    local status, out = demo(("--steps 2 --micro-batch 2 --device-budget 0.2 --out %s"):format(q(dir)))
+    assert.are.equal(1, status, out)
+    assert.is_falsy(out:find("step 0: validation loss", 1, true), out)   -- refused before the first evaluation
+    local want = out:match("give %-%-device%-budget ([%d.]+) or more, or auto")
+    assert.is_truthy(want, out)
+    assert.is_truthy(out:find("A smaller --micro-batch, --stash host or --plan auto", 1, true), out)
+    assert.is_falsy(out:find('stash = "host"', 1, true), out)
+    status, out = demo(("--steps 2 --micro-batch 2 --device-budget %s --out %s"):format(want, q(dir)))
+    assert.are.equal(0, status, out)
+    sh("rm -rf " .. q(dir))
+  end)
+
   it("is each relay's own: two relays hold two budgets, the process's device pool budget untouched", function()
     local pool_budget = l2l.pool_stats("device").budget
     local B = support.int(2, 6)
@@ -304,7 +330,8 @@ describe("the planner from the main example (issue 30, items 7 and 8)", function
     status, out = demo("--steps 3 --plan auto --out " .. q(dir))
     assert.are.equal(0, status, out)
     assert.is_truthy(out:find("device budget [%d.]+ MiB %(policies planned"), out)
-    assert.is_truthy(out:find("the plan, predicted against measured (last step):\nlayer kind", 1, true), out)
+    assert.is_truthy(out:find("the plan, predicted against measured (the training steps after the first):\nlayer kind",
+                              1, true), out)
     assert.is_truthy(out:find("\nstep: predicted [%d.]+ ms, measured [%d.]+ ms; device peak: predicted"), out)
     sh("rm -rf " .. q(dir))
   end)
@@ -320,6 +347,25 @@ describe("the planner from the main example (issue 30, items 7 and 8)", function
     assert.is_falsy(text:find("table: 0x", 1, true), text)
     assert.is_truthy(text:find("^layer kind%s+inner%s+stash%s+predicted ms%s+measured ms\n1 +embedding"), text)
     assert.are.equal("block", run:plan_report().layers[2].kind)
+    -- measured: the training steps after the first (their mean), not an evaluation after
+    -- them (issue 47, item 16: a validation pass's figures were reported as the step's)
+    local seconds = {}
+    for i = 1, 3 do
+      run:step(tok, tok)
+      seconds[i] = run:stats().step_seconds
+    end
+    local trained = run:stats()
+    assert.is_true(trained.d2h_bytes > 0)
+    run:evaluate(tok, tok)
+    assert.are_not.equal(trained.d2h_bytes, run:stats().d2h_bytes)   -- (no gradients leave an evaluation)
+    local report = run:plan_report()
+    assert.are.equal(trained.d2h_bytes, report.d2h_bytes)
+    assert.are.equal(trained.h2d_bytes, report.h2d_bytes)
+    -- the first step of the four is left out; the others' mean, summed as plan.lua does
+    local mean = seconds[1]
+    mean = (mean * 1 + seconds[2]) / 2
+    mean = (mean * 2 + seconds[3]) / 3
+    assert.are.equal(mean, report.measured_step_seconds)
     run:free()
   end)
 
@@ -413,6 +459,72 @@ describe("a trained model you can use: l2l sample and l2l eval (issue 30, item 9
     assert.is_true(math.abs(ppl - math.exp(want)) <= 1e-3 * math.exp(want), out)
     logits:free()
     ids:free()
+  end)
+
+  -- issue 47, items 10-12: what the commands refuse
+  local function saved_run(block, extra)
+    local path = dir .. "/odd-" .. support.int(1, 1e9) .. ".ckpt"
+    local run = l2l.Relay { model = l2l.Sequential {
+      l2l.Embedding { vocab = 256, dim = 16, max_seq = 12, seed = 1 },
+      l2l.Block(block),
+      l2l.LMHead { vocab = 256, dim = 16, tie = true, seed = 3 } }, optimizer = l2l.AdamW { lr = 1e-3 } }
+    local ids = l2l.zeros({ 2, 12 }, { dtype = "i32" })
+    run:step(ids, ids)
+    run:save(path, extra)
+    run:free()
+    return path
+  end
+
+  it("l2l eval and l2l sample refuse a model that is not causal", function()
+    local path = saved_run({ dim = 16, heads = 2, causal = false, seed = 2 }, { seq = 12 })
+    local data = dir .. "/held-nc.txt"
+    support.write_file(data, ("the quick brown fox "):rep(10))
+    for _, cmd in ipairs { ("%s eval %s --data %s"):format(exe, q(path), q(data)),
+                           ("%s sample %s --tokens 5"):format(exe, q(path)) } do
+      local status, out = sh(cmd)
+      assert.are.equal(1, status, out)
+      assert.is_truthy(out:find("layer 2 (a block) is not causal", 1, true), out)
+    end
+    -- the same model, causal, is used
+    local causal = saved_run({ dim = 16, heads = 2, causal = true, seed = 2 }, { seq = 12 })
+    local status, out = sh(("%s eval %s --data %s"):format(exe, q(causal), q(data)))
+    assert.are.equal(0, status, out)
+  end)
+
+  it("l2l eval refuses an extra.seq that is no context of the model", function()
+    local data = dir .. "/held-seq.txt"
+    support.write_file(data, ("the quick brown fox "):rep(10))
+    for _, seq in ipairs { "12", 0, 2.5, -5, 13, 1e300 } do
+      local path = saved_run({ dim = 16, heads = 2, causal = true, seed = 2 }, { seq = seq })
+      local status, out = sh(("%s eval %s --data %s"):format(exe, q(path), q(data)))
+      assert.are.equal(1, status, tostring(seq) .. ": " .. out)
+      assert.is_truthy(out:find("extra.seq (the run's context) is", 1, true), out)
+      assert.is_truthy(out:find("from 1 to the model's 12 positions", 1, true), out)
+      assert.is_falsy(out:find("traceback", 1, true), out)
+    end
+  end)
+
+  it("a seed a Lua number cannot hold exactly is refused, on the command line and in the API", function()
+    for _, seed in ipairs { "18446744073709551616", "9007199254740993", "1e300", "inf" } do
+      local status, out = sh(("%s sample %s --tokens 3 --seed %s"):format(exe, q(ck), seed))
+      assert.are.equal(2, status, seed .. ": " .. out)
+      assert.is_truthy(out:find("--seed must be at most 2^53 - 1 in size", 1, true)
+                       or out:find("--seed must be an integer >= 0", 1, true), out)
+    end
+    local status, out = sh(("%s sample %s --tokens 3 --seed 9007199254740991"):format(exe, q(ck)))
+    assert.are.equal(0, status, out)
+    for _, seed in ipairs { 2 ^ 64, 2 ^ 53, 1e300, math.huge, -1, 0.5 } do
+      local ok, err = pcall(l2l.rand, { 2 }, { seed = seed })
+      assert.is_false(ok, tostring(seed))
+      local want = seed >= 2 ^ 53 and "must be at most 2^53 - 1 (a larger number is not held exactly)"
+                   or "must be an integer >= 0"
+      assert.is_truthy(tostring(err):find("seed " .. want, 1, true), tostring(err))
+      ok, err = pcall(l2l.Block, { dim = 8, heads = 2, seed = seed })
+      assert.is_false(ok, tostring(seed))
+      assert.is_truthy(tostring(err):find("option 'seed' " .. want, 1, true), tostring(err))
+    end
+    local t = l2l.rand({ 2 }, { seed = 2 ^ 53 - 1 })
+    t:free()
   end)
 
   it("model:generate's ids print as numbers", function()

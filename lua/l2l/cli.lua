@@ -71,6 +71,10 @@ local function numeric(name, kind, min, max)
   return function(s)
     local v = tonumber(s)
     local bad = v == nil or v ~= v or (kind == "int" and v ~= floor(v)) or (min and v < min) or (max and v > max)
+    -- an int past 2^53 - 1 would be read as a neighbour (2^64 as 0): refused, whatever max says
+    if not bad and kind == "int" and math.abs(v) > argcheck.EXACT_MAX then
+      return nil, ("%s must be at most 2^53 - 1 in size (a larger number is not held exactly), got '%s'"):format(name, s)
+    end
     if not bad then return v end
     local range = min and max and ("in [%s, %s]"):format(tostring(min), tostring(max))
                   or min and (">= " .. tostring(min)) or max and ("<= " .. tostring(max)) or ""

@@ -242,8 +242,9 @@ local function described(def, o)
   -- a kind that lists no options of its own takes any: its params() may read them
   if def.allowed then argcheck.options(o, def.allowed, fname, 0) end
   if not integer(o.dim, 1) then fail(("%s: option 'dim' must be an integer >= 1, got %s"):format(fname, tostring(o.dim))) end
-  if o.seed ~= nil and not integer(o.seed, 0) then
-    fail(("%s: option 'seed' must be an integer >= 0, got %s"):format(fname, tostring(o.seed)))
+  local problem = o.seed ~= nil and argcheck.whole_problem(o.seed)
+  if problem then
+    fail(("%s: option 'seed' %s, got %s"):format(fname, problem, tostring(o.seed)))
   end
   local pool = lib.pools[o.pool or "host"]
   if pool == nil then fail(("%s: option 'pool' must be host, pinned or device, got %s"):format(fname, tostring(o.pool))) end

@@ -227,9 +227,8 @@ local function new_layer(kind, fname, o, describe)
     error(("%s: option 'memory' must be \"standard\" or \"frugal\", got %s"):format(fname, tostring(mem)), 3)
   end
   c.memory = memory_modes[mem]
-  if o.seed ~= nil and (type(o.seed) ~= "number" or o.seed < 0 or o.seed ~= floor(o.seed)) then
-    error(fname .. ": option 'seed' must be an integer >= 0", 3)
-  end
+  local problem = o.seed ~= nil and argcheck.whole_problem(o.seed)
+  if problem then error(("%s: option 'seed' %s, got %s"):format(fname, problem, tostring(o.seed)), 3) end
   c.init_seed = o.seed or M.next_seed()
   for _, f in ipairs(k.fields) do
     local name, read, default = f[1], f[2], f[3]

@@ -477,9 +477,8 @@ local function generate_options(opts, vocab, fname)
     error(("%s: option 'top_k' must be an integer in [1, %d], got %s"):format(fname, vocab, tostring(opts.top_k)), 3)
   end
   local seed = opts.seed == nil and 0 or opts.seed
-  if type(seed) ~= "number" or seed ~= floor(seed) or seed < 0 then
-    error(fname .. ": option 'seed' must be an integer >= 0, got " .. tostring(opts.seed), 3)
-  end
+  local problem = argcheck.whole_problem(seed)
+  if problem then error(("%s: option 'seed' %s, got %s"):format(fname, problem, tostring(opts.seed)), 3) end
   return t, k, seed, tok, vocab
 end
 

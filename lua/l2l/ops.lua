@@ -42,10 +42,8 @@ end
 
 local function integer(x, default, name, fname, min)
   x = number(x, default, name, fname, 4)
-  if x ~= floor(x) or x < min then
-    error(("l2l.ops.%s: %s must be an integer >= %d, got %s"):format(fname, name, min,
-          tostring(x)), 3)
-  end
+  local problem = argcheck.whole_problem(x, min)
+  if problem then error(("l2l.ops.%s: %s %s, got %s"):format(fname, name, problem, tostring(x)), 3) end
   return x
 end
 

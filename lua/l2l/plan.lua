@@ -114,7 +114,7 @@ function M.make(model, config, request, fname)
   q.frozen, q.rates = frozen, rates
   local out = ffi.new("l2l_plan *[1]")
   if C.l2l_plan_new(out, list, n, config, q) ~= 0 then
-    fail(fname .. ": " .. lib.last_error():gsub("layer (%d+)", function(d) return "layer " .. tonumber(d) + 1 end))
+    fail(fname .. ": " .. relay_options.lua_message(lib.last_error()))
   end
   local handle = ffi.gc(out, function(box) C.l2l_plan_free(box[0]) end)
   local s = ffi.new("l2l_plan_summary")
@@ -201,10 +201,15 @@ Report.__index = Report
 -- predicted_h2d_bytes, h2d_bytes, predicted_d2h_bytes, d2h_bytes, predicted_host_eps_bytes,
 -- host_eps_bytes, predicted_disk_bytes (each way), disk_read_bytes, disk_written_bytes};
 -- print() shows it as a table (predicted beside measured, per layer and for the step).
+-- Measured: the training steps after the first (which makes lasting buffers), their mean
+-- seconds and the last one's bytes (an evaluation in between, a validation pass, is not
+-- what the plan predicts); the last step's until a second training step ran.
 function M.report(run)
-  local plan, stats, per = run.plan, run:stats(), measured_seconds(run)
+  local plan, m = run.plan, run.plan_measured
+  local stats = m and m.stats or run:stats()
+  local per = m and m.per or measured_seconds(run)
   local report = { layers = {}, predicted_step_seconds = plan.step_seconds,
-                   measured_step_seconds = stats.step_seconds,
+                   measured_step_seconds = m and m.step_seconds or stats.step_seconds,
                    predicted_device_peak = stats.predicted_device_peak, device_peak = stats.device_peak,
                    predicted_h2d_bytes = plan.h2d_bytes, h2d_bytes = stats.h2d_bytes,
                    predicted_d2h_bytes = plan.d2h_bytes, d2h_bytes = stats.d2h_bytes,
@@ -218,13 +223,22 @@ function M.report(run)
   return setmetatable(report, Report)
 end
 
--- After a step: warns once (stderr) when the measured step is more than 25 % off the
--- plan's prediction: the rates no longer describe the machine (another load, another
--- build). The first step is not judged (it makes lasting buffers and warms caches).
+-- After a training step: warns once (stderr) when the measured step is more than 25 % off
+-- the plan's prediction: the rates no longer describe the machine (another load, another
+-- build). The first step is not judged (it makes lasting buffers and warms caches). Keeps
+-- the steps' figures for run:plan_report.
 function M.check_prediction(run)
   run.plan_steps = (run.plan_steps or 0) + 1
-  if run.plan_steps < 2 or run.plan_warned then return end
-  local measured, predicted = run:stats().step_seconds, run.plan.step_seconds
+  if run.plan_steps < 2 then return end
+  -- the training steps' figures for run:plan_report (means of the seconds)
+  local m = run.plan_measured or { steps = 0, step_seconds = 0, per = {} }
+  local stats, per, n = run:stats(), measured_seconds(run), m.steps
+  m.stats, m.steps = stats, n + 1
+  m.step_seconds = (m.step_seconds * n + stats.step_seconds) / (n + 1)
+  for i = 1, #run.plan.layers do m.per[i] = ((m.per[i] or 0) * n + (per[i] or 0)) / (n + 1) end
+  run.plan_measured = m
+  if run.plan_warned then return end
+  local measured, predicted = stats.step_seconds, run.plan.step_seconds
   if predicted > 0 and (measured > 1.25 * predicted or measured < predicted / 1.25) then
     run.plan_warned = true
     io.stderr:write(("l2l: warning: a step took %.3f s, the plan predicted %.3f s (more than 25 %% off): "

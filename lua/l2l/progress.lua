@@ -15,7 +15,9 @@
 -- Whether stdout is a terminal comes from isatty(1); L2L_PROGRESS=tty or =plain
 -- overrides it (for scripts under a pseudo-terminal, and to test both modes).
 -- The ETA is the remaining steps times the mean time per step of this run so far (steps
--- done before a resume are not timed, so they do not count).
+-- done before a resume are not timed, so they do not count). On a terminal the line fits
+-- its width: the fields kept least are left out first (the ranks, disk, host, device
+-- peak, tokens a second, validation loss, loss, in that order); the step and the ETA stay.
 -- Must never: write "\r" or escape sequences when the output is not a terminal, or
 -- raise on a missing field (a field that is nil is simply left out of the line; a field
 -- it does not know is refused, as every public function refuses what it does not know).
@@ -184,25 +186,50 @@ end
 local FIELDS = { loss = true, val_loss = true, tokens_per_s = true, device_peak = true, device_budget = true,
                  host = true, disk = true }
 
--- The line for `step` with fields f: loss, val_loss, tokens_per_s, device_peak,
--- device_budget, host (bytes), disk (bytes the step moved to and from its spill file).
-local function line(self, step, f, fname)
-  f = argcheck.options(f, FIELDS, fname, 3, "fields")
+-- The parts of the line for `step` with fields f: loss, val_loss, tokens_per_s,
+-- device_peak, device_budget, host (bytes), disk (bytes the step moved to and from its
+-- spill file); each with the rank it keeps when the line must shrink (higher: kept longer).
+local function parts_of(self, step, f, fname)
+  f = argcheck.options(f, FIELDS, fname, 4, "fields")
   local digits = #tostring(self.total)
-  local parts = { format("step %" .. digits .. "d/%d", step, self.total) }
-  if self.ranks > 1 then parts[#parts + 1] = format("%d ranks", self.ranks) end
-  if f.loss then parts[#parts + 1] = format("loss %.3f", f.loss) end
-  if f.val_loss then parts[#parts + 1] = format("val %.3f", f.val_loss) end
-  if f.tokens_per_s then parts[#parts + 1] = M.count(f.tokens_per_s) .. " tok/s" end
+  local parts = { { format("step %" .. digits .. "d/%d", step, self.total), 9 } }
+  local function add(text, keep) parts[#parts + 1] = { text, keep } end
+  if self.ranks > 1 then add(format("%d ranks", self.ranks), 1) end
+  if f.loss then add(format("loss %.3f", f.loss), 7) end
+  if f.val_loss then add(format("val %.3f", f.val_loss), 6) end
+  if f.tokens_per_s then add(M.count(f.tokens_per_s) .. " tok/s", 5) end
   if f.device_peak then
-    parts[#parts + 1] = "dev peak " .. M.bytes(f.device_peak) ..
-                        (f.device_budget and f.device_budget > 0 and ("/" .. M.bytes(f.device_budget)) or "")
+    add("dev peak " .. M.bytes(f.device_peak) ..
+        (f.device_budget and f.device_budget > 0 and ("/" .. M.bytes(f.device_budget)) or ""), 4)
   end
-  if f.host then parts[#parts + 1] = "host " .. M.bytes(f.host) end
-  if f.disk then parts[#parts + 1] = "disk " .. M.bytes(f.disk) .. "/step" end
-  parts[#parts + 1] = (step >= self.total and "took " .. M.duration(now() - self.start))
-                      or "ETA " .. M.duration(eta(self, step))
-  return concat(parts, "  ")
+  if f.host then add("host " .. M.bytes(f.host), 3) end
+  if f.disk then add("disk " .. M.bytes(f.disk) .. "/step", 2) end
+  add((step >= self.total and "took " .. M.duration(now() - self.start)) or "ETA " .. M.duration(eta(self, step)), 8)
+  return parts
+end
+
+-- The parts joined, dropping the ones kept least until the line has at most `width`
+-- characters (the step's part alone may still be longer).
+local function fit(parts, width)
+  local function joined()
+    local texts = {}
+    for i, p in ipairs(parts) do texts[i] = p[1] end
+    return concat(texts, "  ")
+  end
+  local text = joined()
+  while #text > width and #parts > 1 do
+    local least = 2
+    for i = 3, #parts do if parts[i][2] < parts[least][2] then least = i end end
+    table.remove(parts, least)
+    text = joined()
+  end
+  return text
+end
+
+-- The whole line (plain output), or on a terminal the line that fits its width (the
+-- cursor's column is the last: width - 1).
+local function line(self, step, f, fname)
+  return fit(parts_of(self, step, f, fname), self.tty and self.width - 1 or math.huge)
 end
 
 function Bar:line(step, fields, ...)
@@ -222,7 +249,7 @@ function Bar:update(step, fields, ...)
   step_of(step, "bar:update")
   local text = line(self, step, fields, "bar:update")
   if self.tty then
-    if #text > self.width - 1 then text = text:sub(1, self.width - 1) end
+    if #text > self.width - 1 then text = text:sub(1, self.width - 1) end   -- (a narrow terminal)
     self.out:write("\r", text, "\27[K")
     self.drawn, self.drawn_step = true, step
   elseif step == self.first + 1 or step % self.every == 0 or step >= self.total then

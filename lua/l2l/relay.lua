@@ -242,6 +242,8 @@ apply_plan = function(self, plan, fname)
       fname, #plan.layers, #self.model))
   end
   if C.l2l_relay_apply_plan(self.box[0], plan.handle[0]) ~= 0 then fail(fname .. ": " .. lua_message(lib.last_error())) end
+  -- (another plan: its steps are measured afresh for run:plan_report)
+  if self.plan ~= plan then self.plan_measured, self.plan_steps = nil, nil end
   self.plan, self.options.micro_batch = plan, plan.micro_batch
 end
 

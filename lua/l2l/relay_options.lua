@@ -34,7 +34,7 @@ local function finite(v) return type(v) == "number" and v == v and v > -huge and
 -- integers a Lua number holds exactly (the FFI would truncate the rest). What a value
 -- means (>= 1, at most 4096 slots, ...) is C's to say (l2l_relay_config_check), and its
 -- message names the option (lua_message below).
-local INT_MIN, INT_MAX, EXACT_MAX = -2 ^ 31, 2 ^ 31 - 1, 2 ^ 53 - 1
+local INT_MIN, INT_MAX, EXACT_MAX = -2 ^ 31, 2 ^ 31 - 1, argcheck.EXACT_MAX
 local INT, INT64, UINT64 = { INT_MIN, INT_MAX }, { -EXACT_MAX, EXACT_MAX }, { 0, EXACT_MAX }
 
 local function int_option(o, key, default, fname, range)
@@ -172,7 +172,8 @@ local function plus_one(d) return tostring(tonumber(d) + 1) end
 
 function M.lua_message(msg)
   msg = msg:gsub("^[%l%d]+_[%l%d_]+: ", "")
-  msg = msg:gsub("config%->nonfinite_error", "option 'nonfinite'"):gsub("config%->([%w_]+)", "option '%1'")
+  msg = msg:gsub("config%->nonfinite_error", "option 'nonfinite'"):gsub("config%->spill_dir", "option 'spill'")
+  msg = msg:gsub("config%->([%w_]+)", "option '%1'")
   -- "layer N" first: the two rewrites below produce "layer N" already counted from 1
   msg = msg:gsub("([Ll]ayer )(%d+)", function(w, d) return w .. plus_one(d) end)
   msg = msg:gsub("layers%[(%d+)%]", function(d) return "layer " .. plus_one(d) end)

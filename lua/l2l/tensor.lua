@@ -170,9 +170,8 @@ end
 -- Random fills: seed (default 0), stream (default 0), first (default: the view's offset
 -- in its storage, so that filling micro-batch views equals filling the batch).
 local function rng_int(v, key, fname, level)
-  if v ~= nil and (type(v) ~= "number" or v ~= floor(v) or v < 0) then
-    error(("%s: %s must be an integer >= 0, got %s"):format(fname, key, tostring(v)), level + 1)
-  end
+  local problem = v ~= nil and argcheck.whole_problem(v)
+  if problem then error(("%s: %s %s, got %s"):format(fname, key, problem, tostring(v)), level + 1) end
   return v
 end
 

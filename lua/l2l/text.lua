@@ -273,9 +273,8 @@ local BATCH_OPTIONS = { first = true, tokens = true, targets = true, rank = true
 
 local function integer_arg(v, name, min, default)
   if v == nil and default ~= nil then return default end
-  if type(v) ~= "number" or v < min or v ~= floor(v) then
-    error(("text.batch: %s must be an integer >= %d, got %s"):format(name, min, tostring(v)), 3)
-  end
+  local problem = argcheck.whole_problem(v, min)
+  if problem then error(("text.batch: %s %s, got %s"):format(name, problem, tostring(v)), 3) end
   return v
 end
 

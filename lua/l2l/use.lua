@@ -16,6 +16,21 @@ local argcheck = require("l2l.argcheck")
 
 local M = {}
 
+-- A model whose attention sees the positions after a token (a block with causal = false)
+-- scores next-token targets by reading them: its loss and its text mean nothing. Refused.
+function M.refuse_non_causal(model, ...)
+  if select("#", ...) ~= 0 then argcheck.too_many("use.refuse_non_causal", "model", 2, ...) end
+  for i = 1, #model do
+    local c = model[i]:config()
+    if c.kind == "block" and not c.causal then
+      cli.fail(("the model's layer %d (a block) is not causal: its attention sees the tokens it is to predict, "
+                .. "so next-token loss and sampling mean nothing for it (a causal language model is needed)")
+               :format(i))
+    end
+  end
+end
+local refuse_non_causal = M.refuse_non_causal
+
 local function checkpoint_parts(path)
   local l2l = require("l2l")
   local ok, info = pcall(l2l.checkpoint_info, path)
@@ -28,6 +43,7 @@ local function checkpoint_parts(path)
     if not okt then cli.fail("the run read GPT-2's tokens, whose files are not here: " .. tostring(t)) end
     tok = t
   end
+  refuse_non_causal(model)
   return model, tok, info
 end
 
@@ -82,7 +98,13 @@ function M.eval_main(args, ...)
   local model, tok, info = checkpoint_parts(opt.checkpoint)
   local l2l = require("l2l")
   local corpus = cli.corpus(opt)
-  local S = info.extra.seq or model[1]:config().max_seq
+  -- the context the run trained at (extra.seq), at most the model's positions
+  local max_seq = model[1]:config().max_seq
+  local S = info.extra.seq == nil and max_seq or info.extra.seq
+  if not argcheck.whole(S, 1) or (max_seq and S > max_seq) then
+    cli.fail(("%s: extra.seq (the run's context) is %s, not a whole number from 1 to the model's %s positions")
+             :format(opt.checkpoint, argcheck.describe(info.extra.seq), tostring(max_seq or "(unknown)")))
+  end
   local ids = {}
   if tok then ids = tok:encode(corpus.text)
   else for i = 1, #corpus.text do ids[i] = corpus.text:byte(i) end end

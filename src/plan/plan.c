@@ -141,7 +141,8 @@ static l2l_status too_small(const struct plan_chain *c, const struct plan_result
   schedule_free(&sc);
   return l2l_fail(L2L_ERR_BUDGET,
               "l2l_plan_new: no plan fits a device budget of %llu bytes (%s): the smallest needs %llu bytes (%s), "
-              "at micro-batch %lld with every layer recomputed and its boundary on the host; of "
+              "in micro-batches of %lld samples with every layer recomputed and its boundary on the "
+              "host; of "
               "them %s are the %d parameter slots and 2 gradient slots sized by layer %d (%s)",
               (unsigned long long)budget, l2l_human_bytes(have, 32, budget),
               (unsigned long long)r->leanest_peak, l2l_human_bytes(want, 32, r->leanest_peak),
@@ -235,7 +236,7 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
                       "EPS needs %llu (%s)%s", (unsigned long long)config->host_budget,
                       l2l_human_bytes(have, 32, config->host_budget),
                       (unsigned long long)host.smallest_budget, l2l_human_bytes(want, 32, host.smallest_budget),
-                      config->spill_dir ? "" : ": a spill directory (spill_dir) keeps the optimizer state on disk");
+                      config->spill_dir ? "" : ": a spill directory (config->spill_dir) keeps the optimizer state on disk");
   }
   if (status == L2L_OK && config->spill_dir && !(rates.disk_read > 0 && rates.disk_write > 0))
     status = plan_disk_rates(&rates.disk_read, &rates.disk_write, config->spill_dir);

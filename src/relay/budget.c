@@ -116,7 +116,8 @@ static l2l_status refuse(const struct step *s, const char *whose, uint64_t budge
   return FAIL(L2L_ERR_BUDGET,
               "the %s budget of %llu bytes (%s) is too small for this step: the smallest "
               "that works is %llu bytes (%s). The step needs %s on the device at its peak "
-              "(the planner's replay of it, at micro-batch %lld with the layers' policies), "
+              "(the planner's replay of it, in micro-batches of %lld samples with the layers' "
+              "policies), "
               "%s of them the %d parameter slots%s (each the size of the largest layer), the "
               "rest activations and working memory%s. %s need less",
               whose, (unsigned long long)budget, l2l_human_bytes(a, sizeof a, budget),
