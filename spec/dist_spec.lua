@@ -28,19 +28,19 @@ local why_not = not have_plugin and ("this build has no MPI plugin (" .. plugin 
 -- from l2l's; AddressSanitizer's other checks and UBSan stay on, and every single-process
 -- spec checks l2l's own leaks.
 local sanitizer_env = os.getenv("L2L_SANITIZE") == "1" and " -x ASAN_OPTIONS=detect_leaks=0" or ""
-local function mpirun(n, extra)
-  return ("mpirun --allow-run-as-root --oversubscribe -np %d%s %s"):format(n, sanitizer_env, extra or "")
+local function mpirun(n, extra, prefix)
+  return ("%smpirun --allow-run-as-root --oversubscribe -np %d%s %s"):format(prefix or "", n, sanitizer_env, extra or "")
 end
 
 local dir = support.tmpdir()
 
 -- Runs the training script (under mpirun when n > 0); the table rank r wrote.
 local count = 0
-local function train(n, flags, mpi_flags)
+local function train(n, flags, mpi_flags, prefix)
   count = count + 1
   local out = ("%s/run%d"):format(dir, count)
   local cmd = ("%s %s spec/dist/train.lua %s %d %s %s"):format(
-    n > 0 and mpirun(n, mpi_flags) or "", exe, out, seed, n > 0 and "dist=mpi" or "", flags)
+    n > 0 and mpirun(n, mpi_flags, prefix) or "", exe, out, seed, n > 0 and "dist=mpi" or "", flags)
   local status, text = support.sh("timeout 240 " .. cmd)
   assert.are.equal(0, status, cmd .. "\n" .. text)
   local results = {}
@@ -451,6 +451,102 @@ describe("data parallel under mpirun", function()
     local path = dir .. "/before-kill.l2l"
     local out = failed_job("steps=50 save=" .. path .. " save_at=2 die_rank=1 die_step=4")
     assert.is_truthy(out:lower():find("signal 9", 1, true) or out:find("killed", 1, true), out)
+    local resumed = train(0, "steps=1 load=" .. path)[0]
+    assert.are.equal(3, resumed.stats.steps)
+  end)
+end)
+
+-- Issue 47: a second host that really is one. Two network namespaces, each with its own
+-- address, joined by a veth pair (spec/dist/hosts.sh): mpirun starts in the first and
+-- starts the second's daemon through hosts.sh (its rsh agent, in place of ssh), and the
+-- ranks' TCP, OpenMPI's own included, goes over that link alone, which can be cut. The
+-- daemons' connections are told to notice a dead link within seconds (TCP keepalive
+-- after 1 s idle, 3 probes 1 s apart: the README's advice for several hosts, shortened);
+-- OpenMPI's own default notices after about 8 minutes.
+describe("data parallel on two hosts joined by a link (network namespaces)", function()
+  local name = ("l2l%d"):format(tonumber(select(2, support.sh("echo $PPID"))) % 100000)
+  local why_no_hosts
+  local hosts = support.root .. "/spec/dist/hosts.sh"
+  setup(function()
+    if why_not then return end
+    local status, out = support.sh(("%s up %s"):format(hosts, name))
+    if status ~= 0 then why_no_hosts = "no second host here: " .. out:gsub("\n$", "") end
+  end)
+  teardown(function() support.sh(("%s down %s"):format(hosts, name)) end)
+
+  local function need_hosts()
+    local why = why_not or why_no_hosts
+    if why then pending(why) return false end
+    return true
+  end
+
+  local prefix = ("ip netns exec %s-a env L2L_HOSTS=%s "):format(name, name)
+  local link = "--host 10.231.0.1,10.231.0.2 --mca plm_rsh_agent '" .. hosts .. " agent' " ..
+               "--mca btl tcp,self --mca btl_tcp_if_include 10.231.0.0/24 --mca oob_tcp_if_include 10.231.0.0/24 " ..
+               "--mca oob_tcp_keepalive_time 1 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 3"
+
+  it("trains as one process does, each rank on its own host", function()
+    if not need_hosts() then return end
+    local one = train(0, "steps=4")[0]
+    local ranks, cmd = train(2, "steps=4", link, prefix)
+    assert_close(one, ranks[0], cmd)
+    assert_ranks_agree(ranks, cmd)
+    assert.is_true(ranks[0].stats.dist_sent_bytes > 0, cmd)
+  end)
+
+  -- The job under `timeout 90` (124: it hung), its output; while it runs, act() once every
+  -- rank said it waits (train.lua's wait_file), then the file is made.
+  local function job(flags, act)
+    local out, go = ("%s/hosts%d"):format(dir, support.int(1, 1e9)), ("%s/go%d"):format(dir, support.int(1, 1e9))
+    local cmd = ("timeout 90 %s %s spec/dist/train.lua %s %d dist=mpi wait_file=%s %s 2>&1; echo \"exit $?\"")
+                :format(mpirun(2, link, prefix), exe, out, seed, go, flags)
+    local pipe = assert(io.popen(cmd))
+    local text, waiting = {}, 0
+    for line in pipe:lines() do
+      text[#text + 1] = line
+      if line:find("^rank %d: waiting for ") then
+        waiting = waiting + 1
+        if waiting == 2 then act(); assert(io.open(go, "w")):close() end
+      end
+    end
+    pipe:close()
+    text = table.concat(text, "\n")
+    local status = tonumber(text:match("exit (%d+)$"))
+    assert.are_not.equal(0, status, text)
+    assert.are_not.equal(124, status, "the job hung until timeout(1) ended it:\n" .. text)
+    -- no rank of the job is left on either host within 45 s (the timeout given, and 10 s
+    -- after it a rank whose MPI call does not come back ends itself: comm_thread.c's
+    -- watchdog; OpenMPI's daemon on a host cut off may outlive the job: hosts.sh down
+    -- ends what is left) ([t]: the pattern does not match the shell running it)
+    local alive = "pgrep -f 'spec/dist/[t]rain.lua " .. out .. "'"
+    local _, left = support.sh("for i in $(seq 450); do " .. alive .. " >/dev/null || exit 0; sleep 0.1; done; " .. alive)
+    assert.are.equal("", left, text)
+    return text, status
+  end
+
+  it("ends on both hosts when the second host's rank is killed, naming the rank, and the last checkpoint loads", function()
+    if not need_hosts() then return end
+    local path = dir .. "/before-kill2.l2l"
+    local text = job("steps=20 save=" .. path .. " save_at=2 wait_step=3 die_rank=1 die_step=4", function() end)
+    assert.is_truthy(text:find("rank 1 with PID %d+ on node 10%.231%.0%.2 exited on signal 9"), text)
+    local resumed = train(0, "steps=1 load=" .. path)[0]
+    assert.are.equal(3, resumed.stats.steps)
+  end)
+
+  it("ends on both hosts, naming the host and the cause, when the link is cut mid-run; the last checkpoint loads", function()
+    if not need_hosts() then return end
+    local path = dir .. "/before-cut.l2l"
+    -- (last: the link stays cut) OpenMPI's daemons notice the dead link by its keepalive
+    -- (about 4 s here) and end the job, naming the host cut off: l2l's own timeout is set
+    -- above that, as the README says to (a rank's MPI_Abort sent before would wait for
+    -- TCP to give up on the cut link's unacknowledged data: minutes). A rank whose daemon
+    -- died without ending it ends by its own timeout (l2l's, then 10 s of the watchdog's
+    -- grace): job() waits for that.
+    local text = job("steps=20 timeout=10 save=" .. path .. " save_at=2 wait_step=3", function()
+      assert.are.equal(0, support.sh(("%s cut %s"):format(hosts, name)))
+    end)
+    assert.is_truthy(text:find("ORTE has lost communication with a remote daemon", 1, true), text)
+    assert.is_truthy(text:find("Remote daemon: [[%d,]+%],1%] on node 10%.231%.0%.2"), text)
     local resumed = train(0, "steps=1 load=" .. path)[0]
     assert.are.equal(3, resumed.stats.steps)
   end)

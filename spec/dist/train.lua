@@ -14,7 +14,9 @@
 --   save_error), load=PATH (start from it),
 --   extra_layer_rank=-1 (that rank's model has one more block: the ranks disagree),
 --   hang_rank=-1 / hang_step (that rank sleeps there: the others must time out),
---   die_rank=-1 / die_step (that rank kills itself with SIGKILL there), bad_rank=-1 /
+--   wait_file=PATH / wait_step=2 (every rank says so and waits there until PATH exists: the
+--   caller cuts the network first), die_rank=-1 / die_step (that rank kills itself with
+--   SIGKILL there), bad_rank=-1 /
 --   bad_step (that rank's batch holds a token beyond the vocabulary there: its step
 --   raises), timeout=SECONDS, lr=3e-3 (AdamW's and LAMB's), heads=3 (the first block's),
 --   dim=24 (the model's width: a multiple of 6), blocks=2 (more: each like the first);
@@ -36,7 +38,7 @@ ffi.cdef [[ int getpid(void); int kill(int pid, int sig); ]]
 local out_path, seed = arg[1], tonumber(arg[2])
 local o = { dist = "none", steps = 5, B = 7, mb = 2, accumulate = 1, clip = 0, loss_scale = 0, grad_precision = "f32",
             dropout = 0, grow = 0, optimizer = "adamw", eps = 1e-3, save_at = 2, extra_layer_rank = -1,
-            hang_rank = -1, hang_step = 2, die_rank = -1, die_step = 3, bad_rank = -1, bad_step = 2,
+            hang_rank = -1, hang_step = 2, wait_step = 2, die_rank = -1, die_step = 3, bad_rank = -1, bad_step = 2,
             lr = 3e-3, heads = 3, dim = 24, blocks = 2 }
 for i = 3, #arg do
   local k, v = arg[i]:match("^([%w_]+)=(.*)$")
@@ -95,6 +97,11 @@ local losses, save_error, host_most, first_budget = {}, nil, 0, nil
 local first = run:stats().steps + 1
 for step = first, first + o.steps - 1 do
   if step == o.hang_step and rank == o.hang_rank then os.execute("sleep 600") end
+  if step == o.wait_step and o.wait_file then   -- (the caller acts, then makes the file)
+    io.stdout:write(("rank %d: waiting for %s before step %d\n"):format(rank, o.wait_file, step))
+    io.stdout:flush()
+    while not io.open(o.wait_file) do os.execute("sleep 0.05") end
+  end
   if step == o.die_step and rank == o.die_rank then ffi.C.kill(ffi.C.getpid(), 9) end
   local tokens, targets = text.batch(corpus, o.B, S, seed, step, { rank = rank, size = size })
   -- every 5th position of the global minibatch ignored, so each rank's slice has its own

@@ -6,7 +6,8 @@
  * runs callbacks, records the work on the owners' timelines, and ends the job when an
  * operation outlives the timeout. With nothing in flight it sleeps on a condition
  * variable; with something in flight it polls MPI every POLL_SECONDS, since OpenMPI
- * moves a non-blocking collective forward only inside an MPI call.
+ * moves a non-blocking collective forward only inside an MPI call. A watchdog thread that
+ * calls no MPI ends the process when an MPI call does not return (the last resort).
  * Must never: hold the lock while calling MPI or a callback.
  */
 #include <dlfcn.h>
@@ -66,9 +67,42 @@ int l2l_dist_size_now(void) { return D.running ? D.size : 1; }
 
 /* ---------------------------------------------------------------- the thread */
 
+/* ---------------------------------------------------------------- the last resort
+
+   A rank whose MPI library does not come back still ends (issue 47: two hosts, the link
+   between them cut): an MPI_Test that blocks on a peer gone, an MPI_Abort that waits for
+   a launcher out of reach (for as long as TCP takes to give up: minutes). The thread
+   stamps when it enters such a call and clears the stamp when it returns; a watchdog
+   thread, which calls no MPI, ends the process once a call has not returned for the
+   timeout and the grace after it. */
+enum { GRACE_SECONDS = 10 };
+static _Atomic double in_mpi_since = 0;   /* l2l_now() when the call began; 0: none */
+
+static void *watchdog_main(void *unused) {
+  (void)unused;
+  for (;;) {
+    sleep(1);
+    pthread_mutex_lock(&D.lock);
+    double timeout = D.timeout;
+    bool stopping = D.stopping;
+    pthread_mutex_unlock(&D.lock);
+    double since = atomic_load(&in_mpi_since);
+    if (since > 0 && l2l_now() - since > timeout + GRACE_SECONDS) {
+      fprintf(stderr, "l2l: rank %d of %d: an MPI call has not returned for %.0f s (a rank or the "
+              "network between them gone?): ending this rank\n", D.rank, D.size, l2l_now() - since);
+      _exit(1);
+    }
+    if (stopping && since == 0) return NULL;
+  }
+}
+
 static void report_and_abort(const char *what) {
   fprintf(stderr, "l2l: rank %d of %d: %s; ending the job (MPI_Abort)\n", D.rank, D.size, what);
   fflush(stderr);
+  pthread_mutex_lock(&D.lock);
+  double timeout = D.timeout;
+  pthread_mutex_unlock(&D.lock);
+  atomic_store(&in_mpi_since, l2l_now() - timeout);   /* the watchdog's grace starts now */
   D.mpi->abort(1);
   _exit(1);   /* MPI_Abort does not return; should it, this rank must still end */
 }
@@ -175,7 +209,9 @@ static bool progress(struct l2l_dist_op *ready) {
   pthread_mutex_unlock(&D.lock);
   for (struct l2l_dist_op **p = &D.in_flight; *p;) {
     struct l2l_dist_op *op = *p;
+    atomic_store(&in_mpi_since, l2l_now());
     int done = 0, rc = D.mpi->test(op->request, &done);
+    atomic_store(&in_mpi_since, 0.0);
     if (rc != 0) mpi_failed(rc, op, "while waiting for");
     if (!done) {
       check_deadline(op, now, timeout);
@@ -336,6 +372,8 @@ static l2l_status start(void) {
     D.error_status = L2L_ERR_NOMEM;
     return FAIL(L2L_ERR_NOMEM, "%s", D.error);
   }
+  pthread_t watchdog;   /* (detached: it ends with the thread, or ends the process) */
+  if (pthread_create(&watchdog, NULL, watchdog_main, NULL) == 0) pthread_detach(watchdog);
   struct thread_call call = {.fn = init_call};
   int rc = on_thread(&call);
   if (rc != 0) {
