@@ -100,14 +100,14 @@ static l2l_status stage(l2l_tensor **out, const l2l_tensor *t) {
 }
 
 l2l_status relay_batch_stage(struct step *s) {
-  struct staged_batch *b = &s->staged;
+  struct batch_fields *b = &s->staged;
   TRY(stage(&b->tokens, s->in->tokens));
   TRY(stage(&b->types, s->in->token_types));
   TRY(stage(&b->targets, s->in->targets));
   return stage(&b->mask, s->in->key_mask);
 }
 
-void relay_batch_staged_free(struct staged_batch *b) {
+void relay_batch_fields_free(struct batch_fields *b) {
   l2l_tensor_free(b->tokens);
   l2l_tensor_free(b->types);
   l2l_tensor_free(b->targets);
@@ -147,10 +147,7 @@ l2l_status relay_loss_queue(struct step *s, const l2l_tensor *losses) {
 }
 
 void relay_mb_inputs_free(struct mb_inputs *m) {
-  l2l_tensor_free(m->tokens);
-  l2l_tensor_free(m->types);
-  l2l_tensor_free(m->targets);
-  l2l_tensor_free(m->mask);
+  relay_batch_fields_free(&m->f);
   memset(m, 0, sizeof *m);
 }
 
@@ -160,19 +157,19 @@ l2l_status relay_mb_inputs(struct step *s, struct mb_inputs *m, int k, int64_t u
   enum l2l_layer_role role = l2l_layer_role(active_layer(s, k)->layer);
   l2l_status status = L2L_OK;
   if (role == L2L_ROLE_INPUT) {
-    status = rows_to_device(s, &m->tokens, s->staged.tokens, u);
-    if (status == L2L_OK) status = rows_to_device(s, &m->types, s->staged.types, u);
+    status = rows_to_device(s, &m->f.tokens, s->staged.tokens, u);
+    if (status == L2L_OK) status = rows_to_device(s, &m->f.types, s->staged.types, u);
   } else if (role == L2L_ROLE_HEAD) {
-    status = rows_to_device(s, &m->targets, s->staged.targets, u);
+    status = rows_to_device(s, &m->f.targets, s->staged.targets, u);
   } else {
-    status = rows_to_device(s, &m->mask, s->staged.mask, u);
+    status = rows_to_device(s, &m->f.mask, s->staged.mask, u);
   }
   if (status != L2L_OK) {
     relay_mb_inputs_free(m);
     return status;
   }
-  m->batch = (l2l_layer_batch){.tokens = m->tokens, .token_types = m->types,
-                               .targets = m->targets, .key_mask = m->mask,
+  m->batch = (l2l_layer_batch){.tokens = m->f.tokens, .token_types = m->f.types,
+                               .targets = m->f.targets, .key_mask = m->f.mask,
                                .first_sample = s->sample_base + u * s->mb, .seed = s->run->config.seed,
                                .step = (uint64_t)s->run->steps, .training = training,
                                .loss_scale = s->loss_scale};

@@ -186,17 +186,15 @@ struct act {
 };
 
 /* One micro-batch's rows of the batch fields a layer reads, on the device. */
-struct mb_inputs {
+/* A batch's fields as tensors of the relay's own (each NULL where the batch has none). */
+struct batch_fields {
   l2l_tensor *tokens, *types, *targets, *mask;
-  l2l_layer_batch batch;
 };
 
-/* The batch's fields (each NULL where the batch has none) copied into pinned memory when
-   the step begins: a micro-batch's rows go to the device from here queued
-   (l2l_tensor_copy_queued), so the host never waits for the device on them. Freed when
-   the step is (after its last synchronization). */
-struct staged_batch {
-  l2l_tensor *tokens, *types, *targets, *mask;
+/* The micro-batch's rows of the fields its layer reads, on the device. */
+struct mb_inputs {
+  struct batch_fields f;
+  l2l_layer_batch batch;
 };
 
 struct param_slot {
@@ -218,7 +216,10 @@ struct step {
   uint8_t **where;            /* where[k][u]: 1 while saved[k][u] is on the host */
   struct act scratch;         /* the output of a recomputing backward's forward */
   struct mb_inputs mb_in;     /* the micro-batch's batch fields the visit's layer reads */
-  struct staged_batch staged;
+  /* The batch's fields copied into pinned memory when the step begins: a micro-batch's
+     rows go to the device from here queued (l2l_tensor_copy_queued), so the host never
+     waits for the device on them. Freed when the step is (after its last wait). */
+  struct batch_fields staged;
   /* Each head call's per-target losses, copied back to pinned memory queued, in call
      order; summed into loss_sum when the step's last synchronization has passed
      (relay_step_free), in that order. */
@@ -349,7 +350,7 @@ l2l_status relay_mb_inputs(struct step *s, struct mb_inputs *m, int k, int64_t u
 void relay_mb_inputs_free(struct mb_inputs *m);
 /* The batch's fields into pinned memory (s->staged), when the step's arrays are made. */
 l2l_status relay_batch_stage(struct step *s);
-void relay_batch_staged_free(struct staged_batch *b);
+void relay_batch_fields_free(struct batch_fields *b);
 /* A head call's per-target losses copied back to pinned memory, queued (s->losses). */
 l2l_status relay_loss_queue(struct step *s, const l2l_tensor *losses);
 int64_t relay_mb_rows(const struct step *s, int64_t u);

@@ -89,7 +89,7 @@ void relay_step_free(struct step *s) {
   free(s->losses);
   s->losses = NULL;
   s->nlosses = s->losses_cap = 0;
-  relay_batch_staged_free(&s->staged);
+  relay_batch_fields_free(&s->staged);
   for (int i = 0; i < 2; i++) {
     if (s->out[i]) l2l_tensor_free(s->out[i]->src);
     relay_copy_job_free(s->out[i]);
