@@ -184,8 +184,9 @@ end
 -- host), grad_precision = "f32" ("bf16" or
 -- "f16": the GEMM weights' and token tables' gradients leave the device rounded to 16
 -- bits, at half the bytes, and accumulate in f32 on the host), nonfinite = "skip" (a
--- record whose gradient holds an inf or NaN is not updated, said once on stderr; "error":
--- the step raises after it is done), device_budget = (bytes this relay's steps may hold
+-- record whose gradient holds an inf or NaN, or a value of 2^63 or more, which would
+-- overflow its optimizer state, is not updated, said once on stderr; "error": the step
+-- raises after it is done), device_budget = (bytes this relay's steps may hold
 -- on the device at their peak, checked before each; the device pool's budget,
 -- l2l.set_budget, stays the process's cap), host_budget = (bytes the relay's EPS may hold
 -- in host memory: masters, gradient accumulators, staging copies, optimizer state in memory;

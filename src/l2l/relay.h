@@ -191,8 +191,12 @@ typedef struct l2l_relay_config {
                                    same model and steps it with its own slice of each
                                    minibatch */
   int nonfinite_error;          /* a record whose gradient holds an inf or NaN is not updated
-                                   (with loss scaling or global clipping: no record is). 0: said
-                                   once on stderr; 1: the step then returns L2L_ERR_STATE */
+                                   (with loss scaling or global clipping: no record is), nor
+                                   one with an element of 2^63 or more as the update takes it
+                                   (unscaled and clipped: Adam's second moment, its square,
+                                   would near f32's largest; optimizer state stays finite).
+                                   0: said once on stderr; 1: the step then returns
+                                   L2L_ERR_STATE */
   uint64_t device_budget;       /* > 0: the device bytes this relay's steps and evaluations
                                    may hold at their peak (its slots, activations and
                                    working memory: the planner's replay of the step, checked
@@ -331,8 +335,9 @@ typedef struct l2l_relay_stats {
   int64_t skipped_updates;      /* total steps whose update was skipped for an inf or NaN:
                                    in whole (overflow) or for some records (skipped_records) */
   int overflow;                 /* 1: the last step's gradients overflowed (no update) */
-  int64_t skipped_records;      /* last step: records whose inf or NaN gradient was dropped
-                                   and their update skipped (see nonfinite_error) */
+  int64_t skipped_records;      /* last step: records whose inf or NaN gradient (or one of
+                                   2^63 or more) was dropped and their update skipped (see
+                                   nonfinite_error) */
   int dist_ranks;               /* data parallel: the ranks (1: this process alone) */
   uint64_t dist_sent_bytes;     /* the last update's exchanges: what this rank's collectives */
   uint64_t dist_received_bytes; /* send and receive, as a ring moves them ((N - 1) / N of each
