@@ -57,14 +57,8 @@ end
 
 local fail, lua_message = options.fail, options.lua_message
 
-local OPTIONS = {
-  model = true, micro_batch = true, stash = true, recompute_every = true, inner = true,
-  optimizer = true, schedule = true, clip_global_norm = true, clip_layer_norm = true,
-  accumulate = true, optimizer_threads = true, seed = true, device_budget = true,
-  host_budget = true, spill = true, master = true,
-  param_slots = true, loss_scale = true, loss_scale_window = true, precision = true,
-  grad_precision = true, nonfinite = true, plan = true, dist = true,
-}
+local OPTIONS = {}   -- (relay_options.OPTIONS: the one list, which checkpoints keep)
+for name in pairs(options.OPTIONS) do OPTIONS[name] = true end
 
 -- The options of l2l.Relay: the model (a Sequential, or a list made one), the plan, and
 -- the settings relay_options reads.

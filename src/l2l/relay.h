@@ -73,6 +73,15 @@ typedef struct l2l_optimizer_config {
 L2L_API l2l_status l2l_optimizer_state_arrays(int *out, const l2l_optimizer_config *config);
 /* Bytes of one state array of n >= 0 elements kept in `state` (see above). */
 L2L_API l2l_status l2l_state_array_bytes(uint64_t *out, l2l_state_precision state, int64_t n);
+/* Whether `array`, state array `which` (0: the first, SGD's momentum or Adam's m; 1: Adam's
+   v) of a parameter of n >= 1 elements under `optimizer`, holds what
+   l2l_relay_restore_param takes: f32 or bf16 of n elements or 8bit's u8 vector, each value
+   decoding finite and a second moment >= 0; L2L_ERR_INVALID names the first that does not.
+   It reads and changes nothing else. run:save checks every array it writes with it, before
+   its file takes the place of another: what a save writes, a load takes. */
+L2L_API l2l_status l2l_state_array_check(const l2l_tensor *array,
+                                         const l2l_optimizer_config *optimizer, int which,
+                                         int64_t n);
 
 /* Learning rate at update t (1-based): base * factor(t).
    constant: 1 after warm-up. cosine: after warm-up, from 1 down to final_ratio at t =
