@@ -109,6 +109,8 @@ for step = first, first + o.steps - 1 do
     if (lo * S + i) % 5 == 0 then t[i] = -1 end
   end
   if step == o.bad_step and rank == o.bad_rank then tokens:data()[0] = V end
+  -- (the last step's updates may still read and clear the accumulators: they end first)
+  if o.spike and step == o.spike_step then run:sync() end
   if o.spike and step == o.spike_step and (rank == o.spike_rank or o.dist ~= "mpi") then
     local params = run.model:params()
     local p = params[(o.spike_record - 1) % #params + 1]
