@@ -350,4 +350,97 @@ describe("compact optimizer state (seed " .. seed .. ")", function()
       spilled:free()
     end
   end)
+
+  it("refuse alike, in every precision, an update whose gradient would overflow the state (issue 47, items 2 and 3)", function()
+    -- A gradient element g of magnitude 2^63 or more (as the update applies it) is what
+    -- the relay's non-finite policy refuses, as it refuses an inf or a NaN: Adam's second
+    -- moment takes g^2, and below 2^63 that is below 2^126, a factor 4 under f32's largest
+    -- (2^128), so the state stays finite; at or above it the record's update is skipped
+    -- (or the step raises with nonfinite = "error") and its weights and state keep their
+    -- bits. Before, f32 and bf16 state took v = inf (every weight finite, the save then
+    -- unloadable) and 8-bit state an inf block scale, decoding 0 * inf = NaN into the
+    -- block's 2,047 other weights. The value is planted in one element of one record's
+    -- accumulator (what the step adds its gradient to), drawn at or above 2^63, or just
+    -- below (which must update, and leave everything finite and loadable).
+    local data = batches(4, 4)
+    local kinds = { "adamw", "lamb", "sgd" }
+    local kind = kinds[support.int(1, 3)]
+    local deferred = support.int(0, 1) == 1   -- updates wait for the step's end (loss scaling)
+    local mode = ({ "skip", "error" })[support.int(1, 2)]
+    local above = support.int(0, 2) > 0
+    local magnitude = above and 2 ^ (63 + support.uniform(0, 60)) or 2 ^ (62 + support.uniform(0, 1))
+    if support.int(0, 3) == 0 then magnitude = above and 2 ^ 63 or 2 ^ 63 - 2 ^ 39 end   -- the edges themselves
+    local value = (support.int(0, 1) == 0 and -1 or 1) * magnitude
+    local pick_record, pick_element
+    local function finite_bytes(t)   -- every value of a state array or master finite
+      if t:dtype() == "u8" then return true end   -- (8 bits: the load below checks what they decode to)
+      local v = t:dtype() == "f32" and t or t:cast("f32")
+      local x = v:data()
+      for i = 0, v:numel() - 1 do
+        if not (x[i] == x[i] and math.abs(x[i]) < math.huge) then return false end
+      end
+      return true
+    end
+    local function bytes_of(t)
+      local size = ({ f32 = 4, bf16 = 2, u8 = 1 })[t:dtype()]
+      return ffi.string(t:data(), t:numel() * size)
+    end
+    for _, st in ipairs(STATES) do
+      local what = ("%s %s state, %s, nonfinite = %s, g = %.17g (seed %d)"):format(
+        kind, st, deferred and "deferred" or "eager", mode, value, seed)
+      local model = tiny_gpt(7, 64)
+      local run = l2l.Relay { model = model, optimizer = makers[kind](st), micro_batch = 2, nonfinite = mode,
+                              loss_scale = deferred and 1 or 0, loss_scale_window = 1000 }
+      run:step(data[1][1], data[1][2])
+      run:sync()
+      local params = model:params()
+      pick_record = pick_record or support.int(1, #params)
+      local p = params[pick_record]
+      pick_element = pick_element or support.int(0, p.value:numel() - 1)
+      local before, state_before = bytes_of(p.value), {}
+      for _, which in ipairs(ARRAYS[kind]) do state_before[which] = bytes_of(run:state(p, which)) end
+      p.grad:data()[pick_element] = value
+      local ok, err = pcall(run.step, run, data[2][1], data[2][2])
+      run:sync()
+      local stats = run:stats()
+      if above then
+        if mode == "error" then
+          assert.is_false(ok, what)
+          assert.is_truthy(tostring(err):find("2^63", 1, true), what .. ": " .. tostring(err))
+        else
+          assert.is_true(ok, what .. ": " .. tostring(err))
+        end
+        assert.are.equal(1, stats.skipped_records, what .. ": records skipped")
+        assert.are.equal(before, bytes_of(p.value), what .. ": the record's weights kept their bits")
+        for _, which in ipairs(ARRAYS[kind]) do
+          assert.are.equal(state_before[which], bytes_of(run:state(p, which)), what .. ": its state " .. which)
+        end
+      else
+        assert.is_true(ok, what .. ": " .. tostring(err))
+        assert.are.equal(0, stats.skipped_records, what .. ": below 2^63 the update is made")
+        assert.are_not.equal(before, bytes_of(p.value), what .. ": the record updated")
+      end
+      for _, q in ipairs(model:params()) do
+        assert.is_true(finite_bytes(q.value), what .. ": weights of " .. q.name)
+        for _, which in ipairs(ARRAYS[kind]) do
+          assert.is_true(finite_bytes(run:state(q, which)), what .. ": state " .. which .. " of " .. q.name)
+        end
+      end
+      -- what was saved loads (save and load agree), and goes on as the run does
+      local path = os.tmpname()
+      run:save(path)
+      local back = l2l.load(path)
+      os.remove(path)
+      if above then   -- (below, SGD's weight of order lr 2^62 makes later losses inf)
+        local a = run:step(data[3][1], data[3][2])
+        local b = back:step(data[3][1], data[3][2])
+        assert.are.equal(a, b, what .. ": the loaded run's next loss")
+        run:sync()
+        assert.are.equal(0, run:stats().skipped_records, what .. ": the next step trains")
+        assert.are_not.equal(before, bytes_of(p.value), what .. ": and updates the record")
+      end
+      back:free()
+      run:free()
+    end
+  end)
 end)

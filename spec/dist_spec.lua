@@ -270,6 +270,24 @@ describe("data parallel under mpirun", function()
     assert.is_true(ranks[0].stats.loss_scale < 4194304, cmd)
   end)
 
+  it("skip, on every rank alike, a record whose summed gradient would overflow its state (issue 47)", function()
+    if not need_mpi() then return end
+    -- One rank's accumulator gets 2^65 to 2^123 in one element before step 2 (one process:
+    -- its own): the summed gradient holds it, so its record's update is skipped as an inf's
+    -- would be (eps.h, EPS_GRAD_LIMIT), on every rank and in one process alike, eager and
+    -- deferred (loss scaling: the ranks decide by the sum of their shards' largest, a bound
+    -- within a factor 2 of the largest here, far above the limit either way).
+    local value = (support.int(0, 1) == 0 and -1 or 1) * 2 ^ (65 + support.uniform(0, 58))
+    for _, extra in ipairs({ "", "loss_scale=1" }) do
+      local flags = ("steps=3 spike=%.17g spike_rank=%d spike_record=%d spike_at=%d %s"):format(
+        value, support.int(0, 1), support.int(1, 30), support.int(0, 1e6), extra)
+      assert_equivalent(flags, { 2 }, nil, function(ranks, cmd, one)
+        assert.are.equal(1, one.spike_skipped, "one process: " .. cmd)
+        for r = 0, #ranks do assert.are.equal(1, ranks[r].spike_skipped, ("rank %d: %s"):format(r, cmd)) end
+      end)
+    end
+  end)
+
   it("over TCP (the transport between machines) as over shared memory", function()
     if not need_mpi() then return end
     assert_equivalent("optimizer=sgd steps=4", { 2 }, "--mca btl tcp,self")

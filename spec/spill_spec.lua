@@ -323,8 +323,8 @@ describe("the EPS on disk (spill)", function()
     for i = 1, 3 do run:step(data[i][1], data[i][2]) end
     local path = dir .. "/run.l2l"
     run:save(path)
-    local spilled = l2l.load(path, { spill = dir })
-    local plain = l2l.load(path)
+    local spilled = l2l.load(path)   -- (a file keeps its run's spill folder)
+    local plain = l2l.load(path, { spill = false })
     for i = 4, 6 do
       local a = run:step(data[i][1], data[i][2])
       local b = spilled:step(data[i][1], data[i][2])
@@ -332,6 +332,8 @@ describe("the EPS on disk (spill)", function()
       assert.is_true(a == b and b == c, ("step %d: %.17g, loaded spilled %.17g, loaded plain %.17g (seed %d)"):format(i, a, b, c, support.seed))
     end
     run:sync(); spilled:sync(); plain:sync()
+    assert.is_true(spilled:stats().spill_file_bytes > 0, "loaded spilled")
+    assert.are.equal(0, plain:stats().spill_file_bytes, "loaded plain")
     local pa, pb, pc = model:params(), spilled.model:params(), plain.model:params()
     for i, p in ipairs(pa) do
       same_bits(bits(pb[i].value), bits(p.value), "loaded spilled " .. p.name)

@@ -371,6 +371,10 @@ l2l_status l2l_optimizer_state_arrays(int *out, const l2l_optimizer_config *conf
 
 l2l_status l2l_state_array_bytes(uint64_t *out, l2l_state_precision state, int64_t n);
 
+l2l_status l2l_state_array_check(const l2l_tensor *array,
+                                 const l2l_optimizer_config *optimizer, int which,
+                                 int64_t n);
+
 typedef enum l2l_schedule_kind {
   L2L_SCHEDULE_CONSTANT = 0,
   L2L_SCHEDULE_COSINE = 1,

@@ -10,9 +10,9 @@
 --                 custom = <kind name>} ... },
 --     records = { {name = "<layer>.<param>", updates = t, state = <arrays saved>,
 --                  grad = <saved: true mid-accumulation>} ... },
---     relay = {micro_batch, stash, recompute_every, inner, optimizer = {...},
---              schedule = {...}, clip_global_norm, clip_layer_norm, accumulate,
---              optimizer_threads, seed, device_budget},
+--     relay = {every option of l2l.Relay but the model (relay_options.OPTIONS, the one
+--              list: precision, host_budget, spill, dist and the rest), optimizer = {...},
+--              schedule = {...}, plan = "auto" or absent},
 --     progress = {steps =, updates =}, extra = <the caller's table> }
 -- Tensor names: "<layer>.<param>" for each parameter record's fp32 master (a record
 -- shared by two layers, the tied embedding, is saved once under its first layer),
@@ -39,6 +39,7 @@ local layers = require("l2l.layers")
 local model_mod = require("l2l.model")
 local optim = require("l2l.optim")
 local relay = require("l2l.relay")
+local relay_options = require("l2l.relay_options")
 local safetensors = require("l2l.safetensors")
 local custom = require("l2l.custom")
 local dist = require("l2l.dist")
@@ -105,9 +106,9 @@ end
 local OPTIMIZER_KEYS = { "kind", "lr", "momentum", "nesterov", "beta1", "beta2", "eps", "weight_decay", "decay_all",
                          "state" }
 local SCHEDULE_KEYS = { "kind", "warmup", "total", "final_ratio" }
-local RELAY_KEYS = { "micro_batch", "stash", "recompute_every", "inner", "clip_global_norm",
-                     "clip_layer_norm", "accumulate", "optimizer_threads", "seed", "device_budget",
-                     "param_slots", "loss_scale", "loss_scale_window", "nonfinite", "plan", "master" }
+-- The relay's settings a file keeps: every option but those kept in their own forms (the
+-- relay's one list, so a new option is saved and restored without a second list here).
+local RELAY_KEYS = relay_options.option_names({ run = true, load = true })
 
 -- The shape and dtype of a record's optimizer state array kept in `state` ("f32", "bf16",
 -- "8bit": l2l.h, "optimizers"): the parameter's shape, or 8-bit's vector of codes and
@@ -125,6 +126,27 @@ local function pick(t, keys)
   local out = {}
   for _, k in ipairs(keys) do out[k] = t[k] end
   return out
+end
+
+-- What the library's functions raise for their caller carries the caller's position,
+-- which inside save or load is a line of the library itself: gone (the user called
+-- run:save or l2l.load, and the message says so).
+-- (A scan, not one gsub: a pattern that starts with [^%s:]* backtracks over every start
+-- in a long word, and a file's 90 KB string in a message made that minutes.)
+local function without_positions(message)
+  message = tostring(message)
+  local out, at = {}, 1
+  while true do
+    local s, e = message:find("%.lua:%d+: ", at)
+    if s == nil then break end
+    local from = s   -- back to the start of the path: the last blank, or where we are
+    while from > at and not message:sub(from - 1, from - 1):find("%s") do from = from - 1 end
+    local ours = message:sub(from, s + 3):find("/l2l/[%w_]+%.lua$") ~= nil
+    out[#out + 1] = message:sub(at, ours and from - 1 or e)
+    at = e + 1
+  end
+  out[#out + 1] = message:sub(at)
+  return table.concat(out)
 end
 
 -- run:save(path [, extra]): extra is any JSON-encodable table, returned as run.extra.
@@ -151,7 +173,7 @@ function M.save(run, path, extra)
   end
   -- plan = "auto" goes on planning after a load; a plan made by hand is the layers' own
   -- policies and micro-batch, which the file keeps anyway
-  if desc.relay.plan ~= "auto" then desc.relay.plan = nil end
+  if s.plan == "auto" then desc.relay.plan = "auto" end
   desc.relay.optimizer = pick(s.optimizer, OPTIMIZER_KEYS)
   desc.relay.schedule = pick(s.schedule, SCHEDULE_KEYS)
   local mid_accumulation = stats.steps % s.accumulate ~= 0
@@ -190,9 +212,18 @@ function M.save(run, path, extra)
         entries[#entries + 1] = { name = name, tensor = p.value }
         for k, which in ipairs({ "m", "v" }) do
           if rec.updates > 0 and k <= arrays[0] then
+            -- what load would refuse is not written: a save checks each array as a restore
+            -- does (one C check for both), before its file takes the place of another
             local function produce()
-              local st = run:state(p, which)
+              local okst, st = pcall(run.state, run, p, which)   -- (the caller called run:save)
+              if not okst then error((without_positions(st):gsub("^run:state: ", "")), 0) end
               if st == nil then error("record " .. name .. " has no optimizer state " .. which, 0) end
+              if C.l2l_state_array_check(tensor.handle_of(st), cfg, k - 1, p.value:numel()) ~= 0 then
+                local why = lib.last_error():gsub("^l2l_state_array_check: array ", "")
+                st:free()
+                error(("the optimizer state of record %s (%s) %s; a checkpoint holding it would not "
+                       .. "load, so %s is left as it was"):format(name, which, why, path), 0)
+              end
               return st
             end
             local shape, dtype = state_form(s.optimizer.state, p.value)
@@ -231,7 +262,7 @@ function M.save(run, path, extra)
   end
   if parallel then dist.barrier() end   -- every rank returns once the file is in place
   if not okj then error(fname .. ": extra cannot be written as JSON: " .. tostring(json), 2) end
-  if not okw then error(fname .. ": " .. tostring(err):gsub("^safetensors%.write: ", ""), 2) end
+  if not okw then error(fname .. ": " .. without_positions(err):gsub("^safetensors%.write: ", ""), 2) end
 end
 
 ----------------------------------------------------------------- loading
@@ -349,7 +380,13 @@ end
 -- The model a description describes: its layers rebuilt, the frozen ones frozen.
 local function model_of(desc, kinds)
   local list = {}
-  for i, d in ipairs(desc.layers) do list[i] = rebuild_layer(d, i, kinds) end
+  local ok, err = pcall(function()
+    for i, d in ipairs(desc.layers) do list[i] = rebuild_layer(d, i, kinds) end
+  end)
+  if not ok then   -- the layers made so far go at once (a refused load keeps nothing)
+    for _, layer in ipairs(list) do layer:free() end
+    error(err, 0)
+  end
   local model = model_mod.Sequential(list)
   for i, d in ipairs(desc.layers) do
     if d.frozen then model:freeze(i) end
@@ -369,15 +406,20 @@ local function read_weights(file, records, fname)
 end
 
 -- Every record of the model with the file's entry for it, shapes checked.
-local function match_records(model, file, fname)
-  local list, seen = {}, {}
+-- (list: where they go, given by a caller that frees their views whatever happens)
+local function match_records(model, file, fname, list)
+  list = list or {}
+  local seen = {}
   for i, layer in ipairs(model) do
     for _, p in ipairs(layer:params()) do
       if not seen[p.id] then
         seen[p.id] = true
         local name = i .. "." .. p.name
-        entry_for(file, name, p.value:shape(), i, layer:label(), fname)
         list[#list + 1] = { name = name, param = p }
+        entry_for(file, name, p.value:shape(), i, layer:label(), fname)
+      else   -- a tied record's second views: not needed
+        p.value:free()
+        p.grad:free()
       end
     end
   end
@@ -412,40 +454,24 @@ local function opened(path, fname)
   return file
 end
 
-local LOAD_OVERRIDES = { micro_batch = true, optimizer_threads = true, device_budget = true, kinds = true,
-                         dist = true, host_budget = true, spill = true, state = true, master = true }
-
--- What the library's functions raise for their caller carries the caller's position,
--- which inside load is a line of the library itself: gone (the user called l2l.load, and
--- the message says so).
--- (A scan, not one gsub: a pattern that starts with [^%s:]* backtracks over every start
--- in a long word, and a file's 90 KB string in a message made that minutes.)
-local function without_positions(message)
-  message = tostring(message)
-  local out, at = {}, 1
-  while true do
-    local s, e = message:find("%.lua:%d+: ", at)
-    if s == nil then break end
-    local from = s   -- back to the start of the path: the last blank, or where we are
-    while from > at and not message:sub(from - 1, from - 1):find("%s") do from = from - 1 end
-    local ours = message:sub(from, s + 3):find("/l2l/[%w_]+%.lua$") ~= nil
-    out[#out + 1] = message:sub(at, ours and from - 1 or e)
-    at = e + 1
-  end
-  out[#out + 1] = message:sub(at)
-  return table.concat(out)
-end
+-- What l2l.load may be given: the relay's options that are the machine's (relay_options'
+-- "load" kind), the state's precision, and the constructors of layers written in Lua.
+local AT_LOAD = relay_options.option_names({ load = true })
+local LOAD_OVERRIDES = { kinds = true, state = true }
+for _, k in ipairs(AT_LOAD) do LOAD_OVERRIDES[k] = true end
 
 local function load(path, overrides)
   local fname = "l2l.load"
   overrides = argcheck.options(overrides, LOAD_OVERRIDES, fname, 0, "overrides")
   local file = opened(path, fname)
+  local built = {}   -- what a refused load made, freed before it says so
   local ok, run = pcall(function()
     local desc = decode_description(file, fname)
     -- 1. the model and the relay, as described (nothing read from the data yet), once the
     -- file is known to hold every tensor the description asks for
     check_described_records(desc, file, overrides.kinds, fname)
     local model = model_of(desc, overrides.kinds)
+    built.model = model
     local o = {}
     for k, v in pairs(desc.relay) do o[k] = v end
     -- worker threads are this machine's to give: a file's count beyond its cores (it may
@@ -459,9 +485,10 @@ local function load(path, overrides)
       error(("%s: %s was saved by a data-parallel run (dist = \"mpi\"): load it with {dist = \"mpi\"} "
              .. "in each rank of an mpirun job, or {dist = \"none\"} to train in one process"):format(fname, path), 0)
     end
-    for _, k in ipairs({ "micro_batch", "optimizer_threads", "device_budget", "dist", "host_budget", "spill", "master" }) do
+    for _, k in ipairs(AT_LOAD) do   -- (spill = false: no spill file, where the run had one)
       if overrides[k] ~= nil then o[k] = overrides[k] end
     end
+    if overrides.spill == false then o.spill = nil end
     -- the state's precision may change on load (overrides.state): the arrays are converted
     local saved_optimizer = desc.relay.optimizer or {}
     if overrides.state ~= nil and type(saved_optimizer) == "table" then saved_optimizer.state = overrides.state end
@@ -469,7 +496,8 @@ local function load(path, overrides)
     o.schedule = rebuild_schedule(desc.relay.schedule or {})
     o.model = model
     -- 2. every tensor the description names, present and of the right shape
-    local records = match_records(model, file, fname)
+    built.records = {}
+    local records = match_records(model, file, fname, built.records)
     -- a save writes gradients only part way through an accumulation (steps not a whole
     -- number of accumulations): any other would enter the next update unasked
     local steps = count_of(desc.progress and desc.progress.steps, EXACT_MAX, "progress: steps")
@@ -507,7 +535,16 @@ local function load(path, overrides)
       end
     end
     -- 3. read and restore
-    local new = relay.Relay(o)
+    local okr, new = pcall(relay.Relay, o)
+    if not okr then   -- a spill folder the file names may not be on this machine
+      local msg = tostring(new)
+      if o.spill ~= nil and overrides.spill == nil and msg:find("spill directory", 1, true) then
+        msg = msg:gsub(" %(make it, or give another%)", "") .. " (the run's own, which its file keeps: "
+              .. "make it, or load with {spill = <a folder>}, or {spill = false} for none)"
+      end
+      error(msg, 0)
+    end
+    built.run = new
     local r = relay.c_relay(new, fname, 2)
     for i, d in ipairs(desc.layers) do
       if d.inner then new:set_inner(i, d.inner) end
@@ -551,7 +588,17 @@ local function load(path, overrides)
     return new
   end)
   file:close()
+  -- the records' views of their parameters go (one of a bf16 master's f32 value before the
+  -- relay holds the old f32 storage)
+  for _, rec in ipairs(built.records or {}) do
+    rec.param.value:free()
+    rec.param.grad:free()
+  end
   if not ok then
+    -- nothing it made outlives a refusal: the relay (its EPS's memory, its spill file) and
+    -- the layers go now, not when the collector comes round
+    if built.run then built.run:free() end
+    for _, layer in ipairs(built.model or {}) do layer:free() end
     local msg = without_positions(run)
     if not msg:find("^" .. fname:gsub("%.", "%%.")) then msg = ("%s: %s: %s"):format(fname, path, msg) end
     error(msg, 0)

@@ -57,14 +57,8 @@ end
 
 local fail, lua_message = options.fail, options.lua_message
 
-local OPTIONS = {
-  model = true, micro_batch = true, stash = true, recompute_every = true, inner = true,
-  optimizer = true, schedule = true, clip_global_norm = true, clip_layer_norm = true,
-  accumulate = true, optimizer_threads = true, seed = true, device_budget = true,
-  host_budget = true, spill = true, master = true,
-  param_slots = true, loss_scale = true, loss_scale_window = true, precision = true,
-  grad_precision = true, nonfinite = true, plan = true, dist = true,
-}
+local OPTIONS = {}   -- (relay_options.OPTIONS: the one list, which checkpoints keep)
+for name in pairs(options.OPTIONS) do OPTIONS[name] = true end
 
 -- The options of l2l.Relay: the model (a Sequential, or a list made one), the plan, and
 -- the settings relay_options reads.
@@ -184,8 +178,9 @@ end
 -- host), grad_precision = "f32" ("bf16" or
 -- "f16": the GEMM weights' and token tables' gradients leave the device rounded to 16
 -- bits, at half the bytes, and accumulate in f32 on the host), nonfinite = "skip" (a
--- record whose gradient holds an inf or NaN is not updated, said once on stderr; "error":
--- the step raises after it is done), device_budget = (bytes this relay's steps may hold
+-- record whose gradient holds an inf or NaN, or a value of 2^63 or more, which would
+-- overflow its optimizer state, is not updated, said once on stderr; "error": the step
+-- raises after it is done), device_budget = (bytes this relay's steps may hold
 -- on the device at their peak, checked before each; the device pool's budget,
 -- l2l.set_budget, stays the process's cap), host_budget = (bytes the relay's EPS may hold
 -- in host memory: masters, gradient accumulators, staging copies, optimizer state in memory;

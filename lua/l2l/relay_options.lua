@@ -2,8 +2,10 @@
 -- l2l.relay_options — the relay's options, read and checked, as the C relay's config
 -- (l2l_relay_config); and the C relay's messages in Lua's terms.
 --
--- Purpose: one reading of the options that l2l.Relay takes and l2l.plan plans for (the
--- ones that change memory and time), so that both refuse a bad option with one message
+-- Purpose: one list of the options l2l.Relay takes, which a checkpoint keeps (M.OPTIONS:
+-- l2l.Relay accepts its names, l2l.checkpoint saves and restores each, so a new option is
+-- kept by every save by construction), and one reading of them, which l2l.plan shares for
+-- the ones that change memory and time, so that both refuse a bad option with one message
 -- naming it; below both modules, so neither requires the other for it. Defaults and
 -- bounds are C's (l2l_relay_config_default, l2l_relay_config_check): Lua checks only that
 -- a value fits its C field, and shows C's message in the options' names.
@@ -25,6 +27,33 @@ local precision_ids = { f32 = C.L2L_F32, bf16 = C.L2L_BF16, f16 = C.L2L_F16 }
 local master_ids = { f32 = C.L2L_F32, bf16 = C.L2L_BF16 }
 local nonfinite_ids = { skip = 0, error = 1 }
 local dist_ids = { none = 0, mpi = 1 }
+
+----------------------------------------------------------------- the options, once
+-- Every option of l2l.Relay, and what a checkpoint does with it: "run", a setting of the
+-- run, saved and restored as it is; "load", the same, and l2l.load may be given another
+-- (what is the machine's rather than the run's: budgets, micro-batch, threads, the spill
+-- directory, whether this process is one rank of a job; and the masters' precision, which
+-- a load converts); "own", kept in a form of its own (the model as its layers, the
+-- optimizer and the schedule as their fields, a plan as "auto" or as the micro-batch and
+-- layer policies it set).
+M.OPTIONS = {
+  model = "own", plan = "own", optimizer = "own", schedule = "own",
+  micro_batch = "load", optimizer_threads = "load", device_budget = "load", host_budget = "load",
+  spill = "load", dist = "load", master = "load",
+  stash = "run", recompute_every = "run", inner = "run", clip_global_norm = "run",
+  clip_layer_norm = "run", accumulate = "run", seed = "run", param_slots = "run", loss_scale = "run",
+  loss_scale_window = "run", precision = "run", grad_precision = "run", nonfinite = "run",
+}
+
+-- The names of the options of `kind`s ({run = true, ...}), sorted (a file's keys in one order).
+function M.option_names(kinds)
+  local names = {}
+  for name, kind in pairs(M.OPTIONS) do
+    if kinds[kind] then names[#names + 1] = name end
+  end
+  table.sort(names)
+  return names
+end
 
 local function fail(msg) error(msg, 0) end
 M.fail = fail

@@ -19,14 +19,19 @@
 -- Purpose: one place that knows the byte layout, for checkpoints (l2l.checkpoint) and
 -- imports (l2l.gpt2). Writing goes to a temporary file in the same folder, fsync, rename,
 -- fsync of the folder: a crash or kill at any moment leaves either the old file or the
--- new one whole (and the next save to that path removes a killed save's temporary).
+-- new one whole (and the next save to that path removes a killed save's temporary). The
+-- temporary is made new (O_CREAT | O_EXCL | O_NOFOLLOW), readable by its owner alone
+-- until it is renamed (then it takes the mode a plain create gives, 0666 less the
+-- umask): a link or file planted at its name, which is predictable, is never followed or
+-- written; the save takes another name beside it instead.
 -- Reading checks the whole header against the file's size before any data is read
 -- (valid UTF-8 JSON, lengths, offsets inside the file, no overlaps or holes, dtypes and
 -- ranks l2l has, element counts matching the byte ranges), so a damaged, truncated or
 -- foreign file is a clear error naming the file, never a crash or a read out of bounds.
 -- Checksums: write puts an XXH3-64 hash of each tensor's bytes (xxHash, Debian's
 -- libxxhash0) in the metadata, under "l2l_xxh3" (a JSON object: name -> 16 hex digits,
--- always of the tensors written: one given in metadata is replaced);
+-- written in lower case and read in either: always of the tensors written: one given in
+-- metadata is replaced);
 -- read checks a tensor's bytes against it, and verify checks them all before anything is
 -- read into a model, so that damaged data is an error naming the tensor, not a run that
 -- goes on with it. A file without checksums (another tool's, an import) still reads.
@@ -64,6 +69,11 @@ char *strerror(int errnum);
 int gethostname(char *name, size_t len);
 int kill(int pid, int sig);
 ]]
+
+for _, decl in ipairs({   -- one at a time: another module may have declared one already
+  "void *fdopen(int fd, const char *mode);",
+  "int fchmod(int fd, unsigned int mode);",
+}) do pcall(ffi.cdef, decl) end
 
 -- xxHash (Debian's libxxhash0), opened at the first checksum.
 ffi.cdef [[
@@ -108,7 +118,19 @@ local MAX_HEADER = 16 * 2^20
 M.max_header = MAX_HEADER
 local MAX_DIMS = 4               -- l2l's tensors (L2L_MAX_DIMS)
 local SEEK_SET, SEEK_END = 0, 2
-local O_RDONLY, O_DIRECTORY = 0, 0x10000
+-- open(2)'s flags, which differ between Linux's architectures (x86's, the generic ones of
+-- ARM and POWER, MIPS's)
+local OPEN_FLAGS = ({
+  arm = "generic", arm64 = "generic", arm64be = "generic", ppc = "generic", ppcspe = "generic",
+  mips = "mips", mipsel = "mips", mips64 = "mips", mips64el = "mips",
+})[ffi.arch] or "x86"
+local O = ({
+  x86 = { CREAT = 0x40, EXCL = 0x80, NOFOLLOW = 0x20000, DIRECTORY = 0x10000 },
+  generic = { CREAT = 0x40, EXCL = 0x80, NOFOLLOW = 0x8000, DIRECTORY = 0x4000 },
+  mips = { CREAT = 0x100, EXCL = 0x400, NOFOLLOW = 0x20000, DIRECTORY = 0x10000 },
+})[OPEN_FLAGS]
+local O_RDONLY, O_WRONLY, O_CLOEXEC, O_DIRECTORY = 0, 1, 0x80000, O.DIRECTORY
+local EEXIST = 17
 
 local function os_error(what, path)
   local e = ffi.errno()
@@ -138,11 +160,58 @@ local function host_name()
   return (ffi.string(buf):gsub("[^%w%-]", "_"))
 end
 
--- The temporary name of a save: "<path>.tmp.<host>.<pid>", so that a sweep knows whose it is.
+-- The temporary name of a save: "<path>.tmp.<host>.<pid>", so that a sweep knows whose it
+-- is; where something is there already, "<path>.tmp.<host>.<pid>.<8 random hex digits>".
 local function temporary_name(path) return ("%s.tmp.%s.%d"):format(path, host_name(), C.getpid()) end
 
+local function random_hex()
+  local f = io.open("/dev/urandom", "rb")
+  local bytes = f and f:read(4)
+  if f then f:close() end
+  if bytes == nil or #bytes ~= 4 then   -- (no /dev/urandom: the clock, not the script's math.random)
+    return bit.tohex(bit.bxor(math.floor(os.clock() * 1e9), os.time()), 8)
+  end
+  return bit.tohex(bytes:byte(1) * 2 ^ 24 + bytes:byte(2) * 2 ^ 16 + bytes:byte(3) * 2 ^ 8 + bytes:byte(4), 8)
+end
+
+-- The mode a plain create gives: 0666 less the process's umask (read, not set: umask(2)
+-- would change it for every thread while it is asked).
+local function created_mode()
+  local f = io.open("/proc/self/status", "r")
+  local text = f and f:read("*a") or ""
+  if f then f:close() end
+  local mask = tonumber(text:match("\nUmask:%s*(%d+)") or "022", 8)
+  return bit.band(438, bit.bnot(mask))   -- 438 = 0666
+end
+
+-- The temporary file of a save to `path`, made new for this save alone: its name and an
+-- open FILE, or nil and why. O_EXCL | O_NOFOLLOW: a symbolic link (or anything) planted at
+-- the name is neither followed nor written; another name is tried beside it. Mode 0600
+-- until it is renamed.
+local function create_temporary(path)
+  local first = temporary_name(path)
+  local flags = O_WRONLY + O.CREAT + O.EXCL + O.NOFOLLOW + O_CLOEXEC
+  for try = 0, 8 do
+    local name = try == 0 and first or ("%s.%s"):format(first, random_hex())
+    local fd = C.open(name, flags, ffi.new("unsigned int", 384))   -- 384 = 0600
+    if fd >= 0 then
+      local f = C.fdopen(fd, "wb")
+      if f == nil then
+        local why = os_error("cannot open", name)
+        C.close(fd)
+        C.unlink(name)
+        return nil, why
+      end
+      return name, f, fd
+    end
+    if ffi.errno() ~= EEXIST then return nil, os_error("cannot create", name) end
+  end
+  return nil, ("cannot create %s or 8 other names beside it: something is there already (a file or "
+               .. "link this save did not make); nothing was written"):format(first)
+end
+
 -- Removes what saves to `path` on this host left behind when they were killed (a kill -9
--- cannot clean up): "<path>.tmp.<host>.<pid>" files whose process is gone. A live
+-- cannot clean up): "<path>.tmp.<host>.<pid>[.<hex>]" files whose process is gone. A live
 -- process's file (a save in progress elsewhere) and other hosts' files (a shared
 -- folder) are left alone.
 local function sweep_temporaries(path)
@@ -151,7 +220,8 @@ local function sweep_temporaries(path)
   local stale = {}
   for _, entry in ipairs(filesys.list_folder(folder) or {}) do
     local name = entry.name
-    local pid = name:sub(1, #prefix) == prefix and tonumber(name:sub(#prefix + 1):match("^%d+$"))
+    local rest = name:sub(1, #prefix) == prefix and name:sub(#prefix + 1)
+    local pid = rest and tonumber(rest:match("^%d+$") or rest:match("^(%d+)%.%x+$"))
     if pid and pid ~= C.getpid() and C.kill(pid, 0) ~= 0 and ffi.errno() == ESRCH then
       stale[#stale + 1] = folder .. "/" .. name
     end
@@ -270,9 +340,8 @@ function M.write(path, entries, metadata, ...)
   end
 
   sweep_temporaries(path)
-  local tmp = temporary_name(path)
-  local f = C.fopen(tmp, "wb")
-  if f == nil then error(fname .. ": " .. os_error("cannot create", tmp), 2) end
+  local tmp, f, fd = create_temporary(path)
+  if tmp == nil then error(fname .. ": " .. f, 2) end
   local ok, err = pcall(function()
     local function put(ptr, n)
       if n > 0 and C.fwrite(ptr, 1, n, f) ~= n then error(os_error("cannot write", tmp), 0) end
@@ -300,7 +369,8 @@ function M.write(path, entries, metadata, ...)
       put(head, #head)
     end
     if C.fflush(f) ~= 0 then error(os_error("cannot write", tmp), 0) end
-    if C.fsync(C.fileno(f)) ~= 0 then error(os_error("cannot sync", tmp), 0) end
+    if C.fchmod(fd, created_mode()) ~= 0 then error(os_error("cannot set the mode of", tmp), 0) end
+    if C.fsync(fd) ~= 0 then error(os_error("cannot sync", tmp), 0) end
   end)
   if C.fclose(f) ~= 0 and ok then ok, err = false, os_error("cannot close", tmp) end
   if ok and C.rename(tmp, path) ~= 0 then ok, err = false, os_error("cannot rename to", path) end
@@ -452,6 +522,9 @@ function M.open(path, ...)
         if file.entries[name] == nil or type(h) ~= "string" or not h:match("^%x+$") or #h ~= 16 then
           bad("the checksums (__metadata__.%s) are damaged at '%s'", CHECKSUMS, tostring(name))
         end
+        -- a sum is the number its hex digits write, whose case means nothing: one a tool
+        -- wrote in capitals is the same sum (compared in write's lower case), not damage
+        decoded[name] = h:lower()
       end
       file.checksums = decoded
     end

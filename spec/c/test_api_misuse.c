@@ -2158,6 +2158,47 @@ TEST(misuse_optimizer_state_arrays) {
         "8bit: %llu bytes", (unsigned long long)bytes);
 }
 
+/* Covers: l2l_state_array_check (its value checks: test_quant's quant_state_check). */
+TEST(misuse_state_array_check) {
+  l2l_relay_config rc;
+  l2l_relay_config_default(&rc);
+  l2l_optimizer_config adam = rc.optimizer;   /* AdamW, f32 state */
+  int64_t n = 2 * L2L_STATE_BLOCK + 3;
+  l2l_tensor *f32 = NEW(L2L_POOL_HOST, L2L_F32, n), *bf16 = NEW(L2L_POOL_HOST, L2L_BF16, n);
+  l2l_tensor *u8 = NEW(L2L_POOL_HOST, L2L_U8, n + 1 + 3 * 4), *i32 = NEW(L2L_POOL_HOST, L2L_I32, n);
+  for (int i = 0; i < 3; i++) CHECK_OK(l2l_tensor_fill((l2l_tensor *[]){f32, bf16, u8}[i], 0.0));
+  WATCH(f32, bf16, u8, i32);
+  REFUSES(l2l_state_array_check(NULL, &adam, 0, n), L2L_ERR_INVALID, "array");
+  REFUSES(l2l_state_array_check(JUNK(l2l_tensor), &adam, 0, n), L2L_ERR_INVALID, "array");
+  REFUSES(l2l_state_array_check(f32, NULL, 0, n), L2L_ERR_INVALID, "optimizer");
+  l2l_optimizer_config bad = adam;
+  bad.beta2 = NAN;
+  REFUSES(l2l_state_array_check(f32, &bad, 0, n), L2L_ERR_INVALID, "beta2");
+  bad = adam;
+  bad.kind = (l2l_optimizer_kind)9;
+  REFUSES(l2l_state_array_check(f32, &bad, 0, n), L2L_ERR_INVALID, "kind 9");
+  const int which[] = {-1, 2, INT32_MAX, INT32_MIN};
+  for (size_t i = 0; i < 4; i++)
+    REFUSES(l2l_state_array_check(f32, &adam, which[i], n), L2L_ERR_INVALID, "which");
+  l2l_optimizer_config sgd = adam;
+  sgd.kind = L2L_OPTIMIZER_SGD;
+  sgd.momentum = 0;   /* no state at all */
+  REFUSES(l2l_state_array_check(f32, &sgd, 0, n), L2L_ERR_INVALID, "which");
+  const int64_t sizes[] = {0, -1, INT64_MIN, INT64_MAX, n - 1, n + 1};
+  for (size_t i = 0; i < 6; i++)
+    REFUSES(l2l_state_array_check(f32, &adam, 0, sizes[i]), L2L_ERR_INVALID, "n");
+  REFUSES(l2l_state_array_check(u8, &adam, 0, n + 5), L2L_ERR_INVALID, "elements");
+  REFUSES(l2l_state_array_check(i32, &adam, 0, n), L2L_ERR_INVALID, "i32");
+  /* zeros are state: every precision, either array */
+  for (int a = 0; a < 2; a++) {
+    CHECK_OK(l2l_state_array_check(f32, &adam, a, n));
+    CHECK_OK(l2l_state_array_check(bf16, &adam, a, n));
+    CHECK_OK(l2l_state_array_check(u8, &adam, a, n));
+  }
+  unwatch();
+  l2l_tensor_free(f32), l2l_tensor_free(bf16), l2l_tensor_free(u8), l2l_tensor_free(i32);
+}
+
 /* ---------------------------------------------------------------- schedules */
 
 /* Covers: l2l_schedule_lr. */

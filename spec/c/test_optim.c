@@ -6,7 +6,8 @@
  * chunking) over steps t = 1..5, with weight decay on and off and grad_scale != 1; SGD
  * against PyTorch's momentum convention written out by hand; AdamW against the public
  * l2l_adamw_update; the LAMB trust ratio (1 when a norm is 0); sumsq, axpy and its
- * draining form; the schedules at warm-up steps, midpoints, the end and beyond, against
+ * draining form, and the axpys' flag of a sum at 2^63 or beyond (EPS_GRAD_LIMIT); the
+ * schedules at warm-up steps, midpoints, the end and beyond, against
  * closed forms; every refusal of l2l_optimizer_check, l2l_schedule_check and
  * l2l_schedule_lr (status, field name and value in the message); l2l_optim_state_count.
  *
@@ -502,6 +503,53 @@ TEST(optim_sumsq_axpy) {
     free(w), free(mag);
   }
   CHECK(l2l_optim_sumsq(NULL, 0) == 0.0, "sumsq of nothing is 0");
+}
+
+/* The axpy kernels' flag is what an eager update takes (eps.h, EPS_GRAD_LIMIT): every sum
+   finite and below 2^63 in magnitude. One sum of each drawn kind is planted at a random
+   element (dst = v, src = 0 there, so the sum is v exactly): the largest float below 2^63
+   or any value of [1, 2^63) passes; 2^63 itself, anything above it, inf and NaN do not;
+   either sign. sumsq_most's largest |x| is the plain loop's, and its sum sumsq's. */
+TEST(optim_axpy_limit) {
+  const float below[] = {0x1p63f - 0x1p39f, (float)ldexp(check_rand_uniform(1, 2), (int)check_rand_int(0, 62))};
+  const float over[] = {0x1p63f, (float)ldexp(check_rand_uniform(1, 2), (int)check_rand_int(63, 127)),
+                        INFINITY, NAN};
+  for (int k = 0; k < NSIZES - 1; k++) {
+    int64_t n = size_at(k);
+    float *dst = guarded(n), *x = guarded(n);
+    uint16_t *half = xmalloc(sizeof(uint16_t) * (size_t)n);
+    for (int c = 0; c < 6; c++) {
+      bool pass = c < 2;
+      float v = pass ? below[c] : over[c - 2];
+      if (check_rand_int(0, 1)) v = -v;
+      for (int form = 0; form < 3; form++) {
+        fill_floats_normal(dst, n, 1.0);
+        fill_floats_normal(x, n, 1.0);
+        memset(half, 0, sizeof(uint16_t) * (size_t)n);   /* bf16 zeros */
+        int64_t at = check_rand_int(0, n - 1);
+        dst[at] = v;
+        x[at] = 0.0f;
+        float scale = (float)check_rand_uniform(-2, 2);
+        bool got = form == 0   ? l2l_optim_axpy(dst, x, scale, n)
+                   : form == 1 ? l2l_optim_axpy_drain(dst, x, scale, n)
+                               : l2l_optim_axpy_half(dst, half, L2L_BF16, scale, n);
+        CHECK(got == pass, "axpy form %d n=%lld: a sum of %.9g at %lld %s, want %s", form,
+              (long long)n, (double)v, (long long)at, got ? "passed" : "was flagged",
+              pass ? "passed (below 2^63)" : "flagged");
+      }
+    }
+    fill_floats_normal(x, n, check_rand_uniform(1e-3, 1e3));
+    float most = -1.0f;
+    double sum = l2l_optim_sumsq_most(x, n, &most), want_sum = l2l_optim_sumsq(x, n);
+    float want = 0.0f;
+    for (int64_t i = 0; i < n; i++) want = fabsf(x[i]) > want ? fabsf(x[i]) : want;
+    CHECK(most == want, "sumsq_most n=%lld: largest %.9g, want %.9g", (long long)n, (double)most,
+          (double)want);
+    CHECK(fabs(sum - want_sum) <= TOL_SUM * want_sum, "sumsq_most n=%lld: %.17g, sumsq %.17g",
+          (long long)n, sum, want_sum);
+    guarded_free(dst), guarded_free(x);
+    free(half);
+  }
 }
 
 /* ---------------------------------------------------------------- schedules */

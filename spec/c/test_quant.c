@@ -18,7 +18,9 @@
  * with a later wave leaving the state's bytes untouched; the same with a bf16 master, its
  * update rounded stochastically by the chunk's own Philox draws; stochastic rounding
  * unbiased exactly (over all 2^16 draws a value's mean is the value) and ties of the
- * draws resolved as documented, inf and NaN kept.
+ * draws resolved as documented, inf and NaN kept; l2l_state_array_check (the check a save
+ * and a restore share) passing finite arrays and naming the element of an inf, a NaN or a
+ * negative second moment in each precision.
  * How: inputs drawn fresh from check.h's generator (seed printed); the internal functions
  * called directly (the test links libl2l.a). All names start with "quant_".
  */
@@ -381,5 +383,72 @@ TEST(quant_compact_update) {
       compact_update(L2L_OPTIMIZER_SGD, states[k], true, master);
       compact_update(L2L_OPTIMIZER_ADAMW, states[k], false, master);
       compact_update(L2L_OPTIMIZER_LAMB, states[k], false, master);
+    }
+}
+
+/* ---------------------------------------------------------------- the check save and load share */
+
+/* l2l_state_array_check, which run:save applies to what it writes and which is the very
+   check l2l_relay_restore_param makes (quant.c's values_check): a state array of random
+   finite values in each precision passes, for AdamW's m and v and SGD's momentum; one
+   value made inf, NaN or (v) negative at a random element is refused naming that element
+   (8 bits: a block's scale made inf or NaN, named at the block's first element, whose
+   decoded value is code * scale, inf or NaN; v's scale so large that its square, the
+   decoded v, overflows); nothing is written into the array. */
+TEST(quant_state_check) {
+  const l2l_state_precision states[] = {L2L_STATE_F32, L2L_STATE_BF16, L2L_STATE_8BIT};
+  for (int s = 0; s < 3; s++)
+    for (int which = -1; which < 2; which++) {   /* -1: SGD's momentum */
+      l2l_optimizer_config c = {.kind = which < 0 ? L2L_OPTIMIZER_SGD : L2L_OPTIMIZER_ADAMW,
+                                .lr = 1e-3f, .momentum = 0.9f, .beta1 = 0.9f, .beta2 = 0.999f,
+                                .eps = 1e-8f, .state = states[s]};
+      int a = which < 0 ? 0 : which;
+      enum eps_code code = which == 1 ? EPS_CODE_ROOT : EPS_CODE_SIGNED;
+      int64_t n = check_rand_int(1, 3 * BLOCK + 5);
+      float *x = xmalloc(sizeof(float) * (size_t)n);
+      double scale = check_rand_uniform(1e-6, 1e6);
+      for (int64_t i = 0; i < n; i++) {
+        double v = check_rand_normal() * scale;
+        x[i] = (float)(code == EPS_CODE_ROOT ? v * v : v);
+      }
+      l2l_tensor *t = NULL;
+      if (states[s] == L2L_STATE_8BIT)
+        t = NEW(L2L_POOL_HOST, L2L_U8, (int64_t)l2l_host_state_bytes(L2L_STATE_8BIT, n));
+      else
+        t = NEW(L2L_POOL_HOST, states[s] == L2L_STATE_BF16 ? L2L_BF16 : L2L_F32, n);
+      eps_state_encode(l2l_tensor_data(t), n, 0, x, n, states[s], code);
+      CHECK_OK(l2l_state_array_check(t, &c, a, n));
+      size_t bytes = (size_t)l2l_tensor_numel(t) * (states[s] == L2L_STATE_F32 ? 4 : states[s] == L2L_STATE_BF16 ? 2 : 1);
+      unsigned char *keep = xmalloc(bytes);
+      memcpy(keep, l2l_tensor_data(t), bytes);
+      int64_t at = check_rand_int(0, n - 1);
+      int kinds = code == EPS_CODE_ROOT ? 3 : 2;
+      for (int bad = 0; bad < kinds; bad++) {
+        float value = bad == 0 ? INFINITY : bad == 1 ? NAN : -1.0f;
+        int64_t named = at;
+        if (states[s] == L2L_STATE_F32) {
+          ((float *)l2l_tensor_data(t))[at] = value;
+        } else if (states[s] == L2L_STATE_BF16) {
+          ((uint16_t *)l2l_tensor_data(t))[at] = half_from_f32_bf16(value);
+        } else {   /* the scale of at's block (after the codes, padded to 4) */
+          int64_t block = at / BLOCK;
+          float *scales = (float *)((unsigned char *)l2l_tensor_data(t) + ((n + 3) & ~(int64_t)3));
+          if (bad == 2) {   /* v's scale past 2^64: its top code's square is inf */
+            ((unsigned char *)l2l_tensor_data(t))[block * BLOCK] = 255;
+            value = 0x1p70f;
+          }
+          scales[block] = value;
+          named = block * BLOCK;
+        }
+        char needle[64];
+        snprintf(needle, sizeof needle, "at element %lld", (long long)named);
+        memcpy(keep, l2l_tensor_data(t), bytes);
+        CHECK_FAILS(l2l_state_array_check(t, &c, a, n), L2L_ERR_INVALID, needle);
+        CHECK(memcmp(keep, l2l_tensor_data(t), bytes) == 0, "the check wrote into the array");
+        eps_state_encode(l2l_tensor_data(t), n, 0, x, n, states[s], code);   /* whole again */
+      }
+      free(keep);
+      l2l_tensor_free(t);
+      free(x);
     }
 }

@@ -27,6 +27,10 @@
 --   host_budget is the last, first_budget the first step's, plan_smallest l2l.plan's
 --   smallest for this rank before it, host_most the most the EPS held after a step),
 --   state=f32|bf16|8bit (the optimizer state's precision), master=f32|bf16 (bf16 masters),
+--   spike=VALUE with spike_rank, spike_step=2, spike_record, spike_at (before that step,
+--   that rank, or the one process, adds VALUE to element spike_at (mod its size) of the
+--   accumulator of record spike_record of model:params(); the output's spike_skipped is
+--   that step's skipped_records),
 --   rank<r>_<key>=value sets key on rank r alone (the ranks disagree).
 local ffi = require("ffi")
 local l2l = require("l2l")
@@ -39,7 +43,8 @@ local out_path, seed = arg[1], tonumber(arg[2])
 local o = { dist = "none", steps = 5, B = 7, mb = 2, accumulate = 1, clip = 0, loss_scale = 0, grad_precision = "f32",
             dropout = 0, grow = 0, optimizer = "adamw", eps = 1e-3, save_at = 2, extra_layer_rank = -1,
             hang_rank = -1, hang_step = 2, wait_step = 2, die_rank = -1, die_step = 3, bad_rank = -1, bad_step = 2,
-            lr = 3e-3, heads = 3, dim = 24, blocks = 2 }
+            lr = 3e-3, heads = 3, dim = 24, blocks = 2, spike_rank = -1, spike_step = 2, spike_record = 1,
+            spike_at = 0 }
 for i = 3, #arg do
   local k, v = arg[i]:match("^([%w_]+)=(.*)$")
   o[k] = tonumber(v) or v
@@ -93,7 +98,7 @@ local plan_smallest = o.tight == 1 and l2l.plan {
   clip_global_norm = o.clip, loss_scale = o.loss_scale, spill = o.spill, dist = o.dist }.host_budget_smallest or nil
 
 local hex = function(x) return string.format("%a", x) end
-local losses, save_error, host_most, first_budget = {}, nil, 0, nil
+local losses, save_error, host_most, first_budget, spike_skipped = {}, nil, 0, nil, nil
 local first = run:stats().steps + 1
 for step = first, first + o.steps - 1 do
   if step == o.hang_step and rank == o.hang_rank then os.execute("sleep 600") end
@@ -111,6 +116,14 @@ for step = first, first + o.steps - 1 do
     if (lo * S + i) % 5 == 0 then t[i] = -1 end
   end
   if step == o.bad_step and rank == o.bad_rank then tokens:data()[0] = V end
+  -- (the last step's updates may still read and clear the accumulators: they end first)
+  if o.spike and step == o.spike_step then run:sync() end
+  if o.spike and step == o.spike_step and (rank == o.spike_rank or o.dist ~= "mpi") then
+    local params = run.model:params()
+    local p = params[(o.spike_record - 1) % #params + 1]
+    local g = p.grad:data()
+    g[o.spike_at % p.grad:numel()] = g[o.spike_at % p.grad:numel()] + o.spike
+  end
   local skip = o.grow == 1 and step == first + 3 and { 2 } or nil
   local ok, loss = pcall(run.step, run, tokens, targets, skip and { skip = skip } or nil)
   for _ = 1, o.tight == 1 and 3 or 0 do
@@ -136,6 +149,7 @@ for step = first, first + o.steps - 1 do
     l2l.dist.barrier()
   end
   if not ok then error(loss, 0) end
+  if o.spike and step == o.spike_step then spike_skipped = run:stats().skipped_records end
   losses[#losses + 1] = hex(loss)
   if o.grow == 1 and step == first + 1 then
     run.model:insert(2, l2l.Block { dim = D, heads = 3, seed = seed + 7 })
@@ -178,7 +192,7 @@ local stats = {}
 for k, v in pairs(run:stats()) do stats[k] = (v == v and v ~= math.huge and v ~= -math.huge) and v or tostring(v) end
 local result = { losses = losses, stats = stats, exchanges = exchanges, params = {}, save_error = save_error,
                  host_budget = run.options.host_budget, host_most = host_most, first_budget = first_budget,
-                 plan_smallest = plan_smallest }
+                 plan_smallest = plan_smallest, spike_skipped = spike_skipped }
 for i, layer in ipairs(run.model) do
   for _, p in ipairs(layer:params()) do
     local entry = { layer = i, name = p.name, value = hex_list(p.value), dtype = p.value:dtype() }

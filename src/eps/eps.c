@@ -539,14 +539,16 @@ static void counted(struct l2l_eps *eps, struct eps_record *rec, bool finite, in
     rec->nonfinite = false;
   }
   pthread_mutex_unlock(&eps->lock);
-  double sumsq = complete && defer && !exchange ? l2l_optim_sumsq(g, n) : 0;
+  float most = 0;
+  double sumsq = complete && defer && !exchange ? l2l_optim_sumsq_most(g, n, &most) : 0;
   if (exchange) eps_exchange_start(eps, rec);
   else if (skip) eps_grad_clear(eps, rec, false);
   else if (complete && !defer) eps_start_update(eps, rec, 1.0f);
   /* Counted out last: whoever waits for arrivals then finds the record's norm (or its
      update queued) in place. */
   pthread_mutex_lock(&eps->lock);
-  if (complete && !exchange) rec->sumsq = sumsq;   /* (an exchange sets it when agreed) */
+  if (complete && !exchange) rec->sumsq = sumsq, rec->grad_most = most;   /* (an exchange
+                                                                             sets them when agreed) */
   eps->arrivals_in_flight--;
   pthread_cond_broadcast(&eps->changed);
   pthread_mutex_unlock(&eps->lock);
@@ -688,12 +690,24 @@ bool l2l_eps_release_updates(struct l2l_eps *eps, float clip, double unscale, do
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     if (!due(rec)) continue;
-    if (finite) {
+    /* an element the update would take at 2^63 or more (the kernels' own float product):
+       this record's update is skipped as an inf's would be, the others are made */
+    bool over = finite && !(scale * rec->grad_most < EPS_GRAD_LIMIT);
+    pthread_mutex_lock(&eps->lock);
+    if (finite) rec->nonfinite = false;   /* (the absorbs' flag is at scale 1: not used here) */
+    if (over && eps->nonfinite_skips++ == 0) {
+      eps->nonfinite_name = rec->name;
+      eps->nonfinite_layer = rec->last_layer;
+    }
+    pthread_mutex_unlock(&eps->lock);
+    if (finite && !over) {
       eps_start_update(eps, rec, scale);
-    } else if (eps->dist) {   /* the same overflow on every rank: nothing to send */
+    } else if (eps->dist) {   /* the same overflow (or record over) on every rank: nothing
+                                 to send */
       rec->update_due = false;
       eps_exchange_skip(eps, rec);
-    } else {   /* an overflow: this minibatch's gradients are dropped, nothing updates */
+    } else {   /* an overflow: this minibatch's gradients are dropped, nothing updates (or
+                  this record's, over the limit) */
       eps_grad_clear(eps, rec, false);
       rec->nonfinite = false;
       rec->update_due = false;

@@ -104,17 +104,30 @@ void l2l_optim_lamb_apply(float *p, const float *m, const float *v, int64_t n,
 /* The trust ratio from the summed norms: |p| / |r|, 1 when either is 0. */
 float l2l_optim_lamb_trust(const double norms[2]);
 
+/* The gradient an update takes: an element of magnitude EPS_GRAD_LIMIT (2^63) or more, as
+   the update applies it (unscaled and clipped), counts as non-finite, as an inf or a NaN
+   does: the record's update is skipped under the relay's non-finite policy (or the step
+   raises). Below it g^2 < 2^126, a factor 4 under f32's largest (2^128), so Adam's second
+   moment (a weighted mean of squares) stays finite, and so does SGD's momentum (at most
+   1 / (1 - momentum) <= 2^24 gradients' worth): an update never makes optimizer state
+   that a checkpoint could not hold. x * EPS_GRAD_OVER is inf exactly when |x| >= 2^63 or x
+   is inf or NaN (2^128 / 2^63: the largest float below 2^63 times it is FLT_MAX itself). */
+#define EPS_GRAD_LIMIT 0x1p63f
+#define EPS_GRAD_OVER 0x1p65f
+
 /* sum x^2 in double (gradient norms for clipping). */
 double l2l_optim_sumsq(const float *x, int64_t n);
+/* The same, and the largest |x| into *most (a NaN aside) in the same pass. */
+double l2l_optim_sumsq_most(const float *x, int64_t n, float *most);
 /* The same over a gradient tensor the host can read: f32, or 16-bit widened exactly. */
 double l2l_optim_tensor_sumsq(const l2l_tensor *grad);
 /* dst += scale * src (absorbing a gradient into the accumulator); returns whether every
-   sum is finite. */
+   sum is finite and below EPS_GRAD_LIMIT in magnitude (what an eager update takes). */
 bool l2l_optim_axpy(float *dst, const float *src, float scale, int64_t n);
 /* The same, and src := 0 in the same pass (a gradient slot emptied for its next use). */
 bool l2l_optim_axpy_drain(float *dst, float *src, float scale, int64_t n);
 /* sum x^2 and dst += scale * x for x a 16-bit gradient (dtype bf16 or f16), widened
-   exactly to f32 first. */
+   exactly to f32 first (the axpy returns as l2l_optim_axpy does). */
 double l2l_optim_sumsq_half(const uint16_t *x, l2l_dtype dtype, int64_t n);
 bool l2l_optim_axpy_half(float *dst, const uint16_t *src, l2l_dtype dtype, float scale,
                          int64_t n);

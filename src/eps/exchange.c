@@ -21,6 +21,7 @@
  * Must never: issue a collective out of its place, or update a record before every rank
  * has agreed it may.
  */
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -196,6 +197,8 @@ static void flag_done(struct l2l_dist_op *op) {
   pthread_mutex_lock(&eps->lock);
   bool defer = eps->defer;
   rec->sumsq = rec->flags[0];
+  /* (deferred updates: a bound of the largest; a sum past f32's range is past the limit) */
+  rec->grad_most = rec->flags[2] < FLT_MAX ? (float)rec->flags[2] : INFINITY;
   rec->agreed = true;
   if (nonfinite && !defer && eps->nonfinite_skips++ == 0) {
     eps->nonfinite_name = rec->name;
@@ -213,12 +216,19 @@ static void rs_done(struct l2l_dist_op *op) {
   struct l2l_eps *eps = rec->eps;
   /* The accumulator went out whole: the next minibatch starts from zero. */
   eps_grad_clear(eps, rec, false);
-  double sumsq = l2l_optim_sumsq(l2l_tensor_data(rec->shard_grad), rec->shard_n);
+  float most = 0;
+  double sumsq = l2l_optim_sumsq_most(l2l_tensor_data(rec->shard_grad), rec->shard_n, &most);
   rec->flags[0] = sumsq;
-  rec->flags[1] = isfinite(sumsq) ? 0 : 1;
+  /* an eager update takes the gradient as it is: at EPS_GRAD_LIMIT or more it is skipped
+     on every rank, as an inf is; a deferred one decides by the sum of the shards' largest
+     times its scale (a bound of the largest: the sum goes by MPI's sum; it may skip a
+     record one process would update only when the largest is within a factor of the
+     ranks of the limit) */
+  rec->flags[1] = isfinite(sumsq) && most < EPS_GRAD_LIMIT ? 0 : 1;
+  rec->flags[2] = most;
   op_fill(&rec->flag, rec, DIST_ALLREDUCE_SUM, "all-reduce of the gradient's norm", flag_done);
   rec->flag.recv = rec->flags;
-  rec->flag.n = 2;
+  rec->flag.n = 3;
   l2l_dist_post(eps->dist->flag, &rec->flag, rec->place);
 }
 

@@ -261,16 +261,32 @@ double l2l_optim_sumsq(const float *restrict x, int64_t n) {
   return acc;
 }
 
-/* The axpy kernels return whether every sum they wrote is finite: x - x is 0 for a finite
-   x and NaN for an inf or a NaN, and their sum vectorizes (a comparison per element would
-   not without -ffinite-math-only), in the pass that writes them anyway. */
+double l2l_optim_sumsq_most(const float *restrict x, int64_t n, float *most) {
+  double acc = 0.0;
+  float top = 0.0f;
+  /* comparisons, not fmaxf: without -ffinite-math-only fmaxf is a call per element */
+#pragma omp simd reduction(+ : acc) reduction(max : top)
+  for (int64_t i = 0; i < n; i++) {
+    acc += (double)x[i] * (double)x[i];
+    float a = fabsf(x[i]);
+    top = a > top ? a : top;
+  }
+  *most = top;
+  return acc;
+}
+
+/* The axpy kernels return whether every sum they wrote is finite and below EPS_GRAD_LIMIT
+   (eps.h): b = x * 2^65 is inf exactly when |x| >= 2^63 (or x is inf or NaN), b - b is 0
+   for a finite b and NaN otherwise, and their sum vectorizes (a comparison per element
+   would not without -ffinite-math-only), in the pass that writes them anyway. */
 bool l2l_optim_axpy(float *restrict dst, const float *restrict src, float scale, int64_t n) {
   float nonfinite = 0.0f;
 #pragma omp simd reduction(+ : nonfinite)
   for (int64_t i = 0; i < n; i++) {
     float d = dst[i] + scale * src[i];
     dst[i] = d;
-    nonfinite += d - d;
+    float big = d * EPS_GRAD_OVER;
+    nonfinite += big - big;
   }
   return nonfinite == 0.0f;
 }
@@ -282,7 +298,8 @@ bool l2l_optim_axpy_drain(float *restrict dst, float *restrict src, float scale,
     float d = dst[i] + scale * src[i];
     dst[i] = d;
     src[i] = 0.0f;
-    nonfinite += d - d;
+    float big = d * EPS_GRAD_OVER;
+    nonfinite += big - big;
   }
   return nonfinite == 0.0f;
 }
@@ -315,14 +332,16 @@ bool l2l_optim_axpy_half(float *restrict dst, const uint16_t *restrict src, l2l_
     for (int64_t i = 0; i < n; i++) {
       float d = dst[i] + scale * half_bf16_to_f32(src[i]);
       dst[i] = d;
-      nonfinite += d - d;
+      float big = d * EPS_GRAD_OVER;
+      nonfinite += big - big;
     }
   } else {
 #pragma omp simd reduction(+ : nonfinite)
     for (int64_t i = 0; i < n; i++) {
       float d = dst[i] + scale * half_f16_to_f32(src[i]);
       dst[i] = d;
-      nonfinite += d - d;
+      float big = d * EPS_GRAD_OVER;
+      nonfinite += big - big;
     }
   }
   return nonfinite == 0.0f;

@@ -16,7 +16,8 @@
  * searched for, so that it vectorizes (test_quant checks it against a search in double).
  * Ties go to the smaller magnitude.
  * A restore checks every value it is given (finite; a second moment >= 0) as it converts,
- * and only then replaces the record's state, so a refusal changes nothing.
+ * and only then replaces the record's state, so a refusal changes nothing; a checkpoint's
+ * save checks what it writes the same way (l2l_state_array_check: one check for both).
  * Must never: allocate on the update's path, or read or write past the n elements asked
  * for (the scales of an array's blocks are addressed from its length).
  */
@@ -276,6 +277,19 @@ static l2l_state_precision given_precision(const l2l_tensor *t) {
   return dtype == L2L_U8 ? L2L_STATE_8BIT : dtype == L2L_BF16 ? L2L_STATE_BF16 : L2L_STATE_F32;
 }
 
+/* The check every state value a relay takes passes (a restore's, and a save's through
+   l2l_state_array_check, so that what a save writes loads): the bn values of block, from
+   element `at` of array `name`, finite, and a root code's (a second moment) >= 0. */
+static l2l_status values_check(const char *func, const char *name, const float *block,
+                               int64_t bn, int64_t at, enum eps_code code) {
+  for (int64_t i = 0; i < bn; i++)
+    if (!isfinite(block[i]) || (code == EPS_CODE_ROOT && block[i] < 0.0f))
+      return l2l_fail_in(func, L2L_ERR_INVALID, "%s holds %g at element %lld: optimizer state "
+                         "must be finite%s", name, (double)block[i], (long long)(at + i),
+                         code == EPS_CODE_ROOT ? ", and a second moment >= 0" : "");
+  return L2L_OK;
+}
+
 /* dst (a shard's state, in the EPS's precision) := the shard's elements of src (the whole
    record's state array `which`, in any precision, any shape), block by block through f32,
    each value checked: finite, and a second moment >= 0. */
@@ -300,11 +314,7 @@ static l2l_status state_convert(const char *func, const char *name, l2l_tensor *
   for (int64_t at = lo / L2L_STATE_BLOCK * L2L_STATE_BLOCK; at < hi; at += L2L_STATE_BLOCK) {
     int64_t bn = n - at < L2L_STATE_BLOCK ? n - at : L2L_STATE_BLOCK;
     eps_state_decode(block, l2l_tensor_data(src), n, at, bn, from, code);
-    for (int64_t i = 0; i < bn; i++)
-      if (!isfinite(block[i]) || (code == EPS_CODE_ROOT && block[i] < 0.0f))
-        return l2l_fail_in(func, L2L_ERR_INVALID, "%s holds %g at element %lld: optimizer state "
-                           "must be finite%s", name, (double)block[i], (long long)(at + i),
-                           code == EPS_CODE_ROOT ? ", and a second moment >= 0" : "");
+    TRY(values_check(func, name, block, bn, at, code));
     int64_t from_at = at > lo ? at : lo, to_at = at + bn < hi ? at + bn : hi;
     if (!same && from_at < to_at)
       eps_state_encode(l2l_tensor_data(dst), rec->shard_n, from_at - lo, block + (from_at - at),
@@ -368,4 +378,44 @@ l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_rec
   rec->spilled = false;
   /* with a spill file the state goes there (kept in memory if it cannot: nothing lost) */
   return eps->spill && arrays > 0 && !rec->keep_state ? eps_state_out(eps, rec) : L2L_OK;
+}
+
+l2l_status l2l_state_array_check(const l2l_tensor *array, const l2l_optimizer_config *optimizer,
+                                 int which, int64_t n) {
+  TRY(l2l_tensor_check(__func__, "array", array));
+  if (optimizer == NULL) return FAIL(L2L_ERR_INVALID, "optimizer is NULL");
+  TRY(l2l_optimizer_check(optimizer));
+  int count = l2l_optim_state_count(optimizer);
+  if (which < 0 || which >= count)
+    return FAIL(L2L_ERR_INVALID, "which must be 0 to %d (the optimizer keeps %d state arrays), "
+                "got %d", count - 1, count, which);
+  if (n < 1 || n > INT64_MAX / 8)
+    return FAIL(L2L_ERR_INVALID, "n must be in [1, 2^60), got %lld", (long long)n);
+  l2l_dtype dtype = (l2l_dtype)l2l_tensor_dtype(array);
+  if (dtype != L2L_F32 && dtype != L2L_BF16 && dtype != L2L_U8)
+    return FAIL(L2L_ERR_INVALID, "array must be f32, bf16 or u8 (8-bit state), got %s",
+                l2l_dtype_name(dtype));
+  int64_t want = dtype == L2L_U8 ? (int64_t)l2l_host_state_bytes(L2L_STATE_8BIT, n) : n;
+  if (l2l_tensor_numel(array) != want)
+    return FAIL(L2L_ERR_INVALID, "array has %lld elements, a state array of %lld in %s %lld",
+                (long long)l2l_tensor_numel(array), (long long)n,
+                dtype == L2L_U8 ? "8 bits" : l2l_dtype_name(dtype), (long long)want);
+  if (l2l_tensor_pool(array) == L2L_POOL_DEVICE) {   /* one whole copy into host memory first */
+    l2l_tensor *whole = NULL;
+    TRY(l2l_tensor_new_like(&whole, L2L_POOL_HOST, dtype, array));
+    l2l_status status = l2l_tensor_copy(whole, array);
+    if (status == L2L_OK) status = l2l_state_array_check(whole, optimizer, which, n);
+    l2l_tensor_free(whole);
+    return status;
+  }
+  pthread_once(&codes_once, codes_build);
+  enum eps_code code = eps_state_code(l2l_optimizer_ops(optimizer->kind), which);
+  l2l_state_precision from = given_precision(array);
+  float block[L2L_STATE_BLOCK];
+  for (int64_t at = 0; at < n; at += L2L_STATE_BLOCK) {
+    int64_t bn = n - at < L2L_STATE_BLOCK ? n - at : L2L_STATE_BLOCK;
+    eps_state_decode(block, l2l_tensor_data(array), n, at, bn, from, code);
+    TRY(values_check(__func__, "array", block, bn, at, code));
+  }
+  return L2L_OK;
 }

@@ -53,7 +53,11 @@ struct eps_record {
   bool stage_after;            /* rewrite the staging copy once the pending update ends */
   int last_layer;              /* the layer whose gradient completed it */
   double sumsq;                /* |grad|^2 once complete (global clipping) */
-  bool nonfinite;              /* the accumulator holds an inf or NaN (until cleared) */
+  float grad_most;             /* the largest |grad| then (deferred updates: times the
+                                  update's scale, at EPS_GRAD_LIMIT or more it is skipped);
+                                  with ranks the sum of the shards' largest, a bound */
+  bool nonfinite;              /* the accumulator holds an inf or NaN, or a value of
+                                  EPS_GRAD_LIMIT or more (until cleared) */
   int chunks_left;
   double wave_sums[2];         /* a first wave's whole-record sums (LAMB's norms) */
   struct l2l_optim_hyper hyper;
@@ -68,8 +72,9 @@ struct eps_record {
   int order;                   /* its place on the streams this step */
   int place;                   /* the place of the exchange under way (order at its start) */
   bool agreed;                 /* this step's norm and finiteness are known on every rank */
-  double flags[2];             /* sum of squares of the shard and its non-finite count,
-                                  summed over ranks */
+  double flags[3];             /* sum of squares of the shard, its non-finite count (an
+                                  inf, a NaN or EPS_GRAD_LIMIT or more) and its largest
+                                  |grad|, summed over ranks */
   double lamb[2];              /* LAMB's whole-record sums, summed over ranks */
   struct l2l_dist_op rs, flag, lamb_op, ag;
 };

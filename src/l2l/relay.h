@@ -73,6 +73,15 @@ typedef struct l2l_optimizer_config {
 L2L_API l2l_status l2l_optimizer_state_arrays(int *out, const l2l_optimizer_config *config);
 /* Bytes of one state array of n >= 0 elements kept in `state` (see above). */
 L2L_API l2l_status l2l_state_array_bytes(uint64_t *out, l2l_state_precision state, int64_t n);
+/* Whether `array`, state array `which` (0: the first, SGD's momentum or Adam's m; 1: Adam's
+   v) of a parameter of n >= 1 elements under `optimizer`, holds what
+   l2l_relay_restore_param takes: f32 or bf16 of n elements or 8bit's u8 vector, each value
+   decoding finite and a second moment >= 0; L2L_ERR_INVALID names the first that does not.
+   It reads and changes nothing else. run:save checks every array it writes with it, before
+   its file takes the place of another: what a save writes, a load takes. */
+L2L_API l2l_status l2l_state_array_check(const l2l_tensor *array,
+                                         const l2l_optimizer_config *optimizer, int which,
+                                         int64_t n);
 
 /* Learning rate at update t (1-based): base * factor(t).
    constant: 1 after warm-up. cosine: after warm-up, from 1 down to final_ratio at t =
@@ -191,8 +200,12 @@ typedef struct l2l_relay_config {
                                    same model and steps it with its own slice of each
                                    minibatch */
   int nonfinite_error;          /* a record whose gradient holds an inf or NaN is not updated
-                                   (with loss scaling or global clipping: no record is). 0: said
-                                   once on stderr; 1: the step then returns L2L_ERR_STATE */
+                                   (with loss scaling or global clipping: no record is), nor
+                                   one with an element of 2^63 or more as the update takes it
+                                   (unscaled and clipped: Adam's second moment, its square,
+                                   would near f32's largest; optimizer state stays finite).
+                                   0: said once on stderr; 1: the step then returns
+                                   L2L_ERR_STATE */
   uint64_t device_budget;       /* > 0: the device bytes this relay's steps and evaluations
                                    may hold at their peak (its slots, activations and
                                    working memory: the planner's replay of the step, checked
@@ -331,8 +344,9 @@ typedef struct l2l_relay_stats {
   int64_t skipped_updates;      /* total steps whose update was skipped for an inf or NaN:
                                    in whole (overflow) or for some records (skipped_records) */
   int overflow;                 /* 1: the last step's gradients overflowed (no update) */
-  int64_t skipped_records;      /* last step: records whose inf or NaN gradient was dropped
-                                   and their update skipped (see nonfinite_error) */
+  int64_t skipped_records;      /* last step: records whose inf or NaN gradient (or one of
+                                   2^63 or more) was dropped and their update skipped (see
+                                   nonfinite_error) */
   int dist_ranks;               /* data parallel: the ranks (1: this process alone) */
   uint64_t dist_sent_bytes;     /* the last update's exchanges: what this rank's collectives */
   uint64_t dist_received_bytes; /* send and receive, as a ring moves them ((N - 1) / N of each
