@@ -270,7 +270,21 @@ elseif checkpoints and (opt.resume or opt.resume_if_present) then
   end
   run_id = x.run or run_id   -- (a checkpoint of an older l2l has none: it gets one now)
   B, S = opt.batch, opt.seq
-  if run.options then opt.stash, opt.micro_batch = run.options.stash, run.options.micro_batch end
+  -- The settings of memory and time: a flag given again applies from here on, else the
+  -- run's own (its steps, micro-batch and stash; its host budget and spill folder come
+  -- back with the relay, l2l.load, unless given).
+  if not cli.given(opt, "steps") and x.steps then opt.steps = x.steps end
+  if opt.steps <= start_step then
+    cli.usage_error(("--steps %d: the run in %s is at step %d already: give a larger --steps to train it further")
+                    :format(opt.steps, opt.checkpoint, start_step))
+  end
+  if cli.given(opt, "micro_batch") then run:set_micro_batch(opt.micro_batch) else opt.micro_batch = run.options.micro_batch end
+  if cli.given(opt, "stash") then
+    for b = 2, #model do run:set_stash(b, opt.stash) end
+  else
+    opt.stash = run.options.stash
+  end
+  host_budget, spill = run.options.host_budget ~= 0 and run.options.host_budget or nil, run.options.spill
 elseif checkpoints and not opt.force then
   local ok, info = pcall(l2l.checkpoint_info, opt.checkpoint)
   local what = ok and ("the checkpoint of run %s at step %d%s"):format(info.extra.run or "(no id)", info.steps,

@@ -103,6 +103,32 @@ describe("train_gpt: nothing lost by a slip", function()
     assert.are.equal(0, status, out)
   end)
 
+  it("issue 47, item 5: a resume takes the run's own settings; memory and time flags given again apply", function()
+    local ck = dir .. "/own.ckpt"
+    local spill = dir .. "/spill"
+    assert(os.execute("mkdir -p " .. q(spill)) == 0)
+    -- a spilled run (host budget 0.1 MiB) of 6 steps, stopped at 3
+    local status, out = demo(("--steps 6 --stop-at 3 --host-budget 0.3 --spill %s --micro-batch 4 --checkpoint %s --out %s")
+                             :format(q(spill), q(ck), q(dir)))
+    assert.are.equal(0, status, out)
+    -- no --steps, --host-budget, --spill: the run's total, and it spills as before
+    status, out = demo(("--checkpoint %s --resume --stop-at 4 --out %s"):format(q(ck), q(dir)))
+    assert.are.equal(0, status, out)
+    assert.is_truthy(out:find("resuming from " .. ck .. " at step 3 of 6", 1, true), out)
+    assert.is_truthy(out:find("micro-batch 4 of 8", 1, true), out)   -- the run's own, not the default 2
+    assert.is_truthy(out:find("spill: the optimizer state beyond the host budget (307 KiB) in a", 1, true), out)
+    -- memory and time flags given again apply: the micro-batch, the stash, the total
+    status, out = demo(("--checkpoint %s --resume --micro-batch 1 --stash device --steps 7 --stop-at 5 --out %s")
+                       :format(q(ck), q(dir)))
+    assert.are.equal(0, status, out)
+    assert.is_truthy(out:find("resuming from " .. ck .. " at step 4 of 7", 1, true), out)
+    assert.is_truthy(out:find("(stash device, micro-batch 1 of 8)", 1, true), out)
+    -- a total the run has passed already is named, not "nothing to train"
+    status, out = demo(("--checkpoint %s --resume --steps 2 --out %s"):format(q(ck), q(dir)))
+    assert.are.equal(2, status, out)
+    assert.is_truthy(out:find("--steps 2: the run in " .. ck .. " is at step 5 already", 1, true), out)
+  end)
+
   it("item 3: a resume appends to its own run's metrics, never to another run's", function()
     local ck = dir .. "/a.ckpt"
     -- run A stops at step 4 of 6; run B (no checkpoint) then runs in the same --out
