@@ -182,8 +182,9 @@ L2L_API l2l_status l2l_device_release_cache(void);
 /* ---------------------------------------------------------------- the profile
 
    Where a relay step's time goes, op by op. While a profile runs, every op on the device
-   pool inside a relay's step (training or evaluation) is timed on the device's own clock
-   (CUDA events on a GPU, the host clock on the CPU backend) and summed by op and shape:
+   pool inside a relay's training step (evaluations are left out) is timed on the device's
+   own clock (CUDA events on a GPU, the host clock on the CPU backend) and summed by op and
+   shape:
    calls, seconds, FLOPs and bytes moved (from the op's arguments), and the fraction of
    its roofline it reached: the device copy rate for memory-bound ops, the GEMM rate of
    its precision for GEMMs and attention, the host-to-device rate for transfers, each

@@ -229,9 +229,10 @@ bool l2l_device_is_host(void);
 /* The profile's table while a profile runs, else `base`. */
 const struct l2l_backend_ops *l2l_profile_wrap(const struct l2l_backend_ops *base);
 /* A step begins and ends on the calling thread (the relay's): begin says whether the
-   profile records it, and end is told so. `completed` false: a step refused or failed,
-   left out. The environment's L2L_PROFILE starts a profile at the first begin. */
-bool l2l_profile_step_begin(void);
+   profile records it (a training step: evaluations are left out), and end is told so.
+   `completed` false: a step refused or failed, left out. The environment's L2L_PROFILE
+   starts a profile at the first begin. */
+bool l2l_profile_step_begin(bool training);
 void l2l_profile_step_end(bool began, bool completed);
 /* The step's thread waited, on the host, from `start` to `end` (l2l_now's seconds). */
 enum l2l_profile_wait { L2L_WAIT_COPY, L2L_WAIT_UPDATE, L2L_WAIT_COMM, L2L_PROFILE_WAITS };

@@ -174,10 +174,10 @@ static void env_start(void) {
 
 /* ---------------------------------------------------------------- steps */
 
-bool l2l_profile_step_begin(void) {
+bool l2l_profile_step_begin(bool training) {
   static pthread_once_t env_once = PTHREAD_ONCE_INIT;
   pthread_once(&env_once, env_start);
-  if (!atomic_load(&running)) return false;
+  if (!training || !atomic_load(&running)) return false;
   pthread_mutex_lock(&lock);
   bool skipped = cur.skip > 0;
   if (skipped) cur.skip--;

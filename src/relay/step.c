@@ -337,7 +337,7 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
   l2l_eps_wait_arrivals(&run->eps);
   TRY(relay_check_async(run));
   TRY(l2l_eps_io_status(&run->eps));   /* the last step's updates could not read or write */
-  bool profiled = l2l_profile_step_begin();
+  bool profiled = l2l_profile_step_begin(training);
   l2l_status status = relay_run_step(loss, run, batch, training);
   l2l_profile_step_end(profiled, status == L2L_OK);
   return status;
