@@ -28,7 +28,7 @@
 
 struct event {
   char op[32], shape[96];
-  bool lane, sync;
+  bool lane;                         /* on a copy lane, not the step's thread */
   enum l2l_profile_bound bound;
   double flops, bytes;
   int64_t syncs_open, syncs_close;   /* the sync count at the call's open and close */
@@ -97,7 +97,7 @@ static bool room(void **array, int64_t *cap, int64_t count, size_t size) {
 void l2l_profile_close(struct l2l_profile_probe *p, const char *op, double flops, double bytes,
                        enum l2l_profile_bound bound, bool sync, const char *fmt, ...) {
   if (sync) l2l_device_note_sync();
-  struct event e = {.lane = !p->step_thread, .sync = sync, .bound = bound, .flops = flops,
+  struct event e = {.lane = !p->step_thread, .bound = bound, .flops = flops,
                     .bytes = bytes, .syncs_open = p->syncs, .start = p->start};
   l2l_device_stamp(&e.end);
   e.syncs_close = l2l_device_sync_count();
