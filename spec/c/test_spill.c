@@ -6,7 +6,8 @@
  * (aligned buffers); the file is gone after close; and each fault is an error naming the
  * file: a missing directory, a path that is not one, a disk with no room (a file size
  * limit stands for it), a file cut short by another program, a file left by a run
- * that died (found and named, not reused or removed). And the host pool's page return
+ * that died (found and named, not reused or removed), one of them with this process's own
+ * pid (a free name taken past it). And the host pool's page return
  * that lets a gradient accumulator leave memory between updates (l2l_pool_zero_pages).
  * Must never: leave files behind in the system's temporary directory.
  */
@@ -222,6 +223,58 @@ TEST(spill_finds_files_a_dead_run_left) {
     CHECK(check_dir_entries(dir) == 3, "%d files in %s, want both left and the new one", check_dir_entries(dir), dir);
     eps_spill_close(&sp);
     CHECK(check_dir_entries(dir) == 2, "close removed %d files not its own", 2 - check_dir_entries(dir));
+  }
+  check_remove_dir(dir);
+}
+
+/* A file named with this process's own pid, left by a dead process that had the same pid
+   (a container's pids start again at 1; issue 47, item 7): opening takes the next free
+   name instead of failing with "File exists", and names each such file as left behind,
+   as it names other pids' files; a file this process has open is never named so, and
+   close removes its own file alone. */
+TEST(spill_takes_a_free_name_past_a_dead_runs_file_with_its_pid) {
+  char dir[256], path[600], found[2048], name[64];
+  if (!check_temp_dir(dir, sizeof dir, "l2l-spill-test")) return;
+  struct eps_spill first, second;
+  long pid = 0;
+  int n = -1, end = 0;
+  /* the number the next file takes: one more than a file made now (its name says it) */
+  if (!CHECK_OK(eps_spill_open(&first, dir, EPS_SPILL_ENGINE_ANY, 1, NULL, 0))) {
+    check_remove_dir(dir);
+    return;
+  }
+  const char *base = strrchr(first.path, '/') + 1;
+  CHECK(sscanf(base, "l2l-spill-%ld-%d.bin%n", &pid, &n, &end) == 2 && base[end] == '\0' &&
+            pid == (long)getpid(), "the spill file's name %s", base);
+  eps_spill_close(&first);
+  int stale = (int)check_rand_int(1, 3);
+  printf("  %d files of pid %ld left in the way, from number %d on\n", stale, pid, n + 1);
+  for (int i = 1; i <= stale; i++) {
+    snprintf(path, sizeof path, "%s/l2l-spill-%ld-%d.bin", dir, pid, n + i);
+    FILE *f = fopen(path, "w");
+    if (f) fputs("left by a dead process that had this pid", f), fclose(f);
+  }
+  if (CHECK_OK(eps_spill_open(&first, dir, EPS_SPILL_ENGINE_ANY, 1, found, sizeof found))) {
+    for (int i = 1; i <= stale; i++) {
+      snprintf(name, sizeof name, "l2l-spill-%ld-%d.bin", pid, n + i);
+      CHECK(strstr(found, name) != NULL && strstr(found, "left by a run") != NULL,
+            "the file %s in the way is not named: \"%s\"", name, found);
+      CHECK(strstr(first.path, name) == NULL, "the spill file %s took a name in use", first.path);
+    }
+    CHECK(check_dir_entries(dir) == stale + 1, "%d files in %s, want the %d left and the new one",
+          check_dir_entries(dir), dir, stale);
+    /* a second file of this process beside the first: the first is its own, not named */
+    if (CHECK_OK(eps_spill_open(&second, dir, EPS_SPILL_ENGINE_ANY, 1, found, sizeof found))) {
+      CHECK(strstr(found, strrchr(first.path, '/') + 1) == NULL,
+            "a file this process has open is named as left behind: \"%s\"", found);
+      snprintf(name, sizeof name, "l2l-spill-%ld-%d.bin", pid, n + 1);
+      CHECK(strstr(found, name) != NULL, "the file %s in the way is not named again: \"%s\"",
+            name, found);
+      eps_spill_close(&second);
+    }
+    eps_spill_close(&first);
+    CHECK(check_dir_entries(dir) == stale, "%d files in %s after close, want the %d left",
+          check_dir_entries(dir), dir, stale);
   }
   check_remove_dir(dir);
 }

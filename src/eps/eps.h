@@ -388,6 +388,10 @@ struct io_uring;
 struct eps_spill {
   char path[4096];
   int fd, fd_direct;           /* buffered; O_DIRECT (-1 where the file system refuses it) */
+  uint64_t dev, ino;           /* the file's, and the next of the process's open files (a
+                                  file named with its pid that is none of them was left by a
+                                  dead process that had the pid) */
+  struct eps_spill *next_open;
   uint64_t used;               /* bytes reserved, every region 4 KiB-aligned (under lock:
                                   the EPS's workers reserve as records first spill) */
   uint64_t in_use;             /* of them, in regions not given back (under lock) */
@@ -418,8 +422,9 @@ struct eps_spill_io {
 /* Makes a new spill file in `dir` (which must exist) served by `engine` (with `threads`
    workers where that is the pool).
    found (found_len bytes, or NULL): a message naming spill files left in dir by runs whose
-   process is gone (empty when none): they are neither reused nor removed. L2L_ERR_IO names
-   the directory or file and why. */
+   process is gone (empty when none; one with this process's pid that it has not open is
+   one of them): they are neither reused nor removed, the next free name taken. L2L_ERR_IO
+   names the directory or file and why. */
 l2l_status eps_spill_open(struct eps_spill *sp, const char *dir, enum eps_spill_engine engine,
                           int threads, char *found, size_t found_len);
 /* Waits for the transfers queued, stops the engine, closes and removes the file. */

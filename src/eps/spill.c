@@ -5,10 +5,12 @@
  * memory"); this is the file and its I/O, below the EPS's choice of what to spill and when.
  * One file per user (a relay), named l2l-spill-<pid>-<n>.bin in the directory given, so a
  * run that died leaves a file that the next run finds and names (never reuses: it may be
- * another live run's, and it holds nothing a checkpoint needs). Regions are reserved in
- * 4 KiB-aligned extents and allocated on disk when reserved (posix_fallocate), so a full
- * disk is an error at once, naming the file, and not a failed write half-way through a
- * step. Reads and writes go through io_uring (liburing) where the library was built with
+ * another live run's, and it holds nothing a checkpoint needs). A file of this process's
+ * own pid that it did not make was left by a dead process that had the pid (a container's
+ * pids start again): it is named as left behind too, and the next free <n> is taken.
+ * Regions are reserved in 4 KiB-aligned extents and allocated on disk when reserved
+ * (posix_fallocate), so a full disk is an error at once, naming the file, and not a failed
+ * write half-way through a step. Reads and writes go through io_uring (liburing) where the library was built with
  * it and the kernel allows it: every transfer queued is in flight at once (up to
  * RING_DEPTH), a read ahead beside a write behind, with no thread between the caller and
  * the disk but the one reaping completions; bench/RESULTS.md (issue 32) has the measurement
@@ -43,7 +45,42 @@
    twice as many, so they never overflow). */
 enum { SPILL_EXTENT = 4096, RING_DEPTH = 64 };
 
-static _Atomic int spill_files_made;   /* this process's files: the <n> of their names */
+static _Atomic int spill_names;        /* the next <n> of a name in this process */
+static _Atomic int spill_files_made;   /* this process's files made (for the stats) */
+
+/* This process's open spill files, linked by next_open, under files_lock: a file named
+   with its pid is its own only if it is one of them (by device and inode). The lock is
+   held from a directory's scan to the new file's place in the list, so that a file
+   another thread is making is never taken for one left behind. */
+static pthread_mutex_t files_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct eps_spill *files_open;
+
+/* Under files_lock: whether the file `name` in the directory d is one of ours. */
+static bool file_is_open_here(DIR *d, const char *name) {
+  struct stat st;
+  if (fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0) return false;
+  for (const struct eps_spill *sp = files_open; sp != NULL; sp = sp->next_open)
+    if (sp->dev == (uint64_t)st.st_dev && sp->ino == (uint64_t)st.st_ino) return true;
+  return false;
+}
+
+/* Under files_lock: sp in the list, or out of it. */
+static void file_opened(struct eps_spill *sp) {
+  struct stat st;
+  sp->dev = sp->ino = 0;
+  if (fstat(sp->fd, &st) == 0) sp->dev = (uint64_t)st.st_dev, sp->ino = (uint64_t)st.st_ino;
+  sp->next_open = files_open;
+  files_open = sp;
+}
+static void file_closed(struct eps_spill *sp) {
+  pthread_mutex_lock(&files_lock);
+  for (struct eps_spill **at = &files_open; *at != NULL; at = &(*at)->next_open)
+    if (*at == sp) {
+      *at = sp->next_open;
+      break;
+    }
+  pthread_mutex_unlock(&files_lock);
+}
 
 /* Every spill file of the process, for l2l_spill_get_stats: bytes in regions holding
    state (current, and its peak), the files' sizes (reserved), regions reserved and given
@@ -76,8 +113,9 @@ static void ring_stop(struct eps_spill *sp);
 
 static uint64_t round_up(uint64_t n) { return (n + SPILL_EXTENT - 1) / SPILL_EXTENT * SPILL_EXTENT; }
 
-/* Files of the spill's name pattern left by a process that no longer runs, named in `found`
-   (a message for the user; empty when none). */
+/* Under files_lock: files of the spill's name pattern left by a process that no longer
+   runs, named in `found` (a message for the user; empty when none): another pid's whose
+   process is gone, or one of this pid that this process has not open. */
 static void find_left_behind(const char *dir, char *found, size_t found_len) {
   found[0] = '\0';
   DIR *d = opendir(dir);
@@ -89,7 +127,10 @@ static void find_left_behind(const char *dir, char *found, size_t found_len) {
     int n = 0, end = 0;
     if (sscanf(e->d_name, "l2l-spill-%ld-%d.bin%n", &pid, &n, &end) != 2 || e->d_name[end] != '\0')
       continue;
-    if (pid <= 0 || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+    if (pid <= 0) continue;
+    if (pid == (long)getpid() ? file_is_open_here(d, e->d_name)
+                              : kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+      continue;
     count++;
     if (used < found_len) {
       int w = snprintf(found + used, found_len - used, "%s%s/%s", count > 1 ? ", " : "", dir,
@@ -133,20 +174,36 @@ l2l_status eps_spill_open(struct eps_spill *sp, const char *dir, enum eps_spill_
                     strerror(errno));
   if (!S_ISDIR(st.st_mode))
     return l2l_fail(L2L_ERR_IO, "spill directory %s is not a directory", dir);
+  pthread_mutex_lock(&files_lock);
   if (found && found_len) find_left_behind(dir, found, found_len);
-  int n = atomic_fetch_add(&spill_files_made, 1);
-  int w = snprintf(sp->path, sizeof sp->path, "%s/l2l-spill-%ld-%d.bin", dir, (long)getpid(), n);
-  if (w < 0 || (size_t)w >= sizeof sp->path)
-    return l2l_fail(L2L_ERR_INVALID, "spill directory %s: the path is too long", dir);
-  sp->fd = open(sp->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (sp->fd < 0)
+  /* a name in use is a file left by a dead process that had this pid (named above; this
+     process's own names are never given twice): the next is tried (a bound, so that a
+     directory that refuses every new name still ends) */
+  for (int tries = 0; tries < 1000; tries++) {
+    int n = atomic_fetch_add(&spill_names, 1);
+    int w = snprintf(sp->path, sizeof sp->path, "%s/l2l-spill-%ld-%d.bin", dir, (long)getpid(), n);
+    if (w < 0 || (size_t)w >= sizeof sp->path) {
+      pthread_mutex_unlock(&files_lock);
+      return l2l_fail(L2L_ERR_INVALID, "spill directory %s: the path is too long", dir);
+    }
+    sp->fd = open(sp->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (sp->fd >= 0 || errno != EEXIST) break;
+  }
+  if (sp->fd < 0) {
+    int err = errno;
+    pthread_mutex_unlock(&files_lock);
     return l2l_fail(L2L_ERR_IO, "spill file %s cannot be made: %s (a writable directory on a "
-                    "local disk is needed)", sp->path, strerror(errno));
+                    "local disk is needed)", sp->path, strerror(err));
+  }
+  file_opened(sp);
+  pthread_mutex_unlock(&files_lock);
+  atomic_fetch_add(&spill_files_made, 1);
   sp->fd_direct = open(sp->path, O_RDWR | O_DIRECT | O_CLOEXEC);   /* -1: buffered only */
   l2l_status status = engine == EPS_SPILL_ENGINE_THREADS ? L2L_ERR_UNSUPPORTED : ring_start(sp);
   if (status != L2L_OK && engine != EPS_SPILL_ENGINE_RING)
     status = l2l_queue_start(&sp->io, threads, 0, "spill I/O");
   if (status != L2L_OK) {
+    file_closed(sp);
     if (sp->fd_direct >= 0) close(sp->fd_direct);
     close(sp->fd);
     unlink(sp->path);
@@ -161,6 +218,7 @@ void eps_spill_close(struct eps_spill *sp) {
   if (sp == NULL || sp->fd < 0) return;
   if (sp->ring) ring_stop(sp);
   else l2l_queue_stop(&sp->io);
+  file_closed(sp);
   if (sp->fd_direct >= 0) close(sp->fd_direct);
   close(sp->fd);
   unlink(sp->path);   /* gone already (the directory removed under it): nothing to do */
