@@ -261,9 +261,10 @@ l2l_status eps_spill_reserve(struct eps_spill *sp, uint64_t bytes, uint64_t *off
   if (err != 0) {
     char have[32], want[32];
     return l2l_fail(L2L_ERR_IO, "spill file %s: no room for %s more (%s in the file): %s; free "
-                    "space on that disk or give a spill directory on another",
+                    "space on that disk or give a spill directory on another%s",
                     sp->path, l2l_human_bytes(want, sizeof want, size),
-                    l2l_human_bytes(have, sizeof have, used), strerror(err));
+                    l2l_human_bytes(have, sizeof have, used), strerror(err),
+                    err == EFBIG ? ", or raise the file size limit (ulimit -f)" : "");
   }
   *offset = used;
   return L2L_OK;
