@@ -463,8 +463,9 @@ l2l_status l2l_profile_rows(l2l_profile_row *out, int64_t first, int64_t count) 
   int64_t n = result.nrows;
   if (first < 0 || count < 0 || first > n || count > n - first) {
     pthread_mutex_unlock(&lock);
-    return FAIL(L2L_ERR_INVALID, "rows %lld .. %lld asked of %lld", (long long)first,
-                (long long)(first + count - 1), (long long)n);
+    /* (not the last row's index: first + count - 1 overflows for the largest) */
+    return FAIL(L2L_ERR_INVALID, "%lld rows from row %lld asked of %lld", (long long)count,
+                (long long)first, (long long)n);
   }
   for (int64_t i = 0; i < count; i++) {
     const struct row *r = &result.rows[first + i];
