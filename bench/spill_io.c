@@ -9,7 +9,8 @@
  * where the file system allows it), and 8 MiB unaligned (through the page cache): written,
  * read, and mixed (the even transfers read while the odd ones are written, as a read ahead
  * meets a write behind). Writes are timed to fdatasync; before the reads the file's cached
- * pages are dropped, so a read comes from the disk. The engines take turns within each of
+ * pages are dropped, so a read comes from the disk. Every transfer is hashed and every read
+ * checked against its write's hash, as the tier's are (issue 47): the figures include it. The engines take turns within each of
  * REPEATS rounds (this machine's disk drifts more than the engines differ), and the
  * median is printed, with every round's figure.
  * Run: make build/bench_spill_io && build/bench_spill_io [DIR]   (DIR: the spill directory
@@ -38,25 +39,26 @@ static double pass(const char *dir, int e, uint64_t bytes, bool aligned, int way
   struct eps_spill sp;
   if (eps_spill_open(&sp, dir, engines[e].engine, engines[e].threads, NULL, 0) != L2L_OK) return -1;
   int n = (int)(TOTAL / bytes);
-  uint64_t *at = malloc((size_t)n * sizeof *at);
+  uint64_t *at = malloc((size_t)n * sizeof *at), *sum = calloc((size_t)n, sizeof *sum);
   struct eps_spill_io *io = malloc((size_t)n * sizeof *io);
-  if (at == NULL || io == NULL) exit(1);
+  if (at == NULL || sum == NULL || io == NULL) exit(1);
   for (int i = 0; i < n; i++) ok(eps_spill_reserve(&sp, bytes, &at[i]));
   uint64_t len = aligned ? bytes : bytes - 64;
   if (way != 0) {   /* something to read, then out of the page cache */
-    for (int i = 0; i < n; i++) ok(eps_spill_queue(&sp, &io[i], true, buf[i], at[i], len));
-    for (int i = 0; i < n; i++) ok(eps_spill_wait(&io[i]));
+    for (int i = 0; i < n; i++) ok(eps_spill_queue(&sp, &io[i], true, buf[i], at[i], len, 0));
+    for (int i = 0; i < n; i++) ok(eps_spill_wait(&io[i])), sum[i] = io[i].sum;
     fdatasync(sp.fd);
     posix_fadvise(sp.fd, 0, 0, POSIX_FADV_DONTNEED);
   }
   double t0 = now();
   for (int i = 0; i < n; i++)
-    ok(eps_spill_queue(&sp, &io[i], way == 0 || (way == 2 && i % 2 == 1), buf[i], at[i], len));
+    ok(eps_spill_queue(&sp, &io[i], way == 0 || (way == 2 && i % 2 == 1), buf[i], at[i], len, sum[i]));
   for (int i = 0; i < n; i++) ok(eps_spill_wait(&io[i]));
   if (way != 1) fdatasync(sp.fd);   /* on the disk, not only in the cache */
   double seconds = now() - t0;
   eps_spill_close(&sp);
   free(at);
+  free(sum);
   free(io);
   return seconds;
 }

@@ -15,6 +15,7 @@ packages=(
   lua-busted                 # the spec runner (run under the l2l executable)
   lua-cjson                  # JSON for checkpoints' metadata and the metrics log
   libxxhash0                 # the checksum of each tensor in a checkpoint (XXH3-64)
+  libxxhash-dev              # xxhash.h: the spill file's checksum of each region (src/eps/spill.c)
   liburing-dev               # the spill file's I/O through io_uring (src/eps/spill.c)
   libedit-dev                # line editing and history for the l2l REPL
   lua-argparse               # the examples' command-line flags

@@ -134,7 +134,7 @@ describe("make install DESTDIR=... PREFIX=/usr", function()
     assert.is_truthy(out:find("-L" .. usr .. "/lib -ll2l", 1, true), out)
     status, out = sh(pkg_config("--static --libs l2l"))
     assert.are.equal(0, status, out)
-    for _, l in ipairs({ "-lopenblas", "-ljemalloc", "-lgomp", "-lm" }) do
+    for _, l in ipairs({ "-lopenblas", "-ljemalloc", "-lxxhash", "-lgomp", "-lm" }) do
       assert.is_truthy(out:find(l, 1, true), l .. " missing: " .. out)
     end
   end)

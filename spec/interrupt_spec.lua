@@ -5,7 +5,8 @@
 -- 130 from the shell); a second SIGINT stops it at once. The processes run as users run
 -- them (build/l2l, a subprocess that is the shell's foreground command, so SIGINT is not
 -- ignored), and get the signal from a watcher that waits for them to reach a given point;
--- a watchdog kills a process that would not end, so a failure cannot hang the suite.
+-- a watchdog kills a process that would not end, so a failure cannot hang the suite. A
+-- run with a spill file removes it on the way out (the Lua state closed, its relay freed).
 local support = dofile("spec/support.lua")
 local cjson = require("cjson")
 local l2l = require("l2l")
@@ -91,6 +92,48 @@ describe("Ctrl-C during examples/train_gpt.lua", function()
     assert.are.equal(budget, l2l.pool_stats("device").budget, "loading a run set the process's device budget")
     assert.are.equal(stopped, run:stats().steps)
     run:free()
+  end)
+end)
+
+describe("Ctrl-C during training with a spill file", function()
+  -- The first Ctrl-C ends the script after its step as Ctrl-C ends a program (status 130);
+  -- on the way the Lua state is closed, as at a script's end, so the relay is freed and
+  -- its spill file removed (issue 47: the stop path raised SIGINT at once and left it).
+  it("ends with status 130 and leaves no spill file", function()
+    local dir = tmpdir()
+    local log = os.tmpname()
+    local script = support.write_temp(([[
+      local l2l = require("l2l")
+      local cli = require("l2l.cli")
+      local m = l2l.Sequential { l2l.Embedding { vocab = 64, dim = 32, max_seq = 8, seed = %d },
+                                 l2l.Block { dim = 32, heads = 4, causal = true, seed = 2 },
+                                 l2l.LMHead { vocab = 64, dim = 32, seed = 3 } }
+      local run = l2l.Relay { model = m, optimizer = l2l.AdamW { lr = 1e-3 }, spill = %q }
+      local t = l2l.zeros({ 2, 8 }, { dtype = "i32" })
+      local stop = cli.interrupt()
+      for step = 1, 100000 do
+        run:step(t, t)
+        run:sync()
+        print("spill file bytes " .. run:stats().spill_file_bytes)
+        print("step " .. step)
+        io.stdout:flush()
+        if stop:requested() then break end
+      end
+      stop:finish()
+      print("not reached after a Ctrl-C")
+    ]]):format(support.seed % 1000 + 1, dir))
+    local status, err = interrupted(("%s %s > %s"):format(exe, script, log), log, { "^step 3$" })
+    local out = support.read_file(log) or ""
+    local _, left = support.sh("ls -A " .. dir)
+    os.remove(script)
+    os.remove(log)
+    os.execute("rm -rf " .. dir)
+    local context = ("seed %d, status %s, output:\n%s%s"):format(support.seed, tostring(status), out, err)
+    assert.are.equal(130, status, context)
+    assert.is_truthy(out:find("\nstep 3\n"), context)
+    assert.is_falsy(out:find("not reached", 1, true), context)
+    assert.is_true((tonumber(out:match("spill file bytes (%d+)")) or 0) > 0, "nothing spilled: " .. context)
+    assert.are.equal("", left, "the spill directory after Ctrl-C holds: " .. left .. "\n" .. context)
   end)
 end)
 

@@ -408,6 +408,39 @@ describe("the EPS on disk (spill)", function()
     assert.are.equal(#left, #after, "the new relay's own file went with it: " .. table.concat(after, " "))
   end)
 
+  it("under a file size limit (ulimit -f), refuses with \"no room\", exits cleanly and leaves no file", function()
+    -- The limit is what a full disk is to the spill file: its regions are allocated when
+    -- reserved, and the kernel answers a file grown past the limit with SIGXFSZ, whose
+    -- default action killed l2l (status 153, its output lost, the file left; issue 47).
+    -- The executable ignores the signal, so the reservation fails with EFBIG and the
+    -- designed refusal ends the script (status 1), its relay freed with its file. A model
+    -- whose state is some hundreds of KiB, under a limit of 64 blocks (32 or 64 KiB as the
+    -- shell counts them); the script's output goes to a pipe, which the limit leaves alone.
+    local dim = 16 * support.int(3, 5)
+    local script = support.write_temp(([[
+      local l2l = require("l2l")
+      local m = l2l.Sequential { l2l.Embedding { vocab = 256, dim = %d, max_seq = 8, seed = %d },
+                                 l2l.Block { dim = %d, heads = 4, causal = true, seed = 2 },
+                                 l2l.LMHead { vocab = 256, dim = %d, seed = 3 } }
+      local run = l2l.Relay { model = m, optimizer = l2l.AdamW { lr = 1e-3 }, spill = %q }
+      local t = l2l.zeros({ 2, 8 }, { dtype = "i32" })
+      for step = 1, 4 do
+        run:step(t, t)
+        run:sync()
+        print("step " .. step)
+      end
+      print("finished")
+    ]]):format(dim, support.seed % 1000, dim, dim, dir))
+    local status, out = support.sh(("cd %s && ulimit -f 64 && exec %s/l2l %s"):format(dir, support.build_dir, script))
+    os.remove(script)
+    local context = ("seed %d, dim %d, status %s, output:\n%s"):format(support.seed, dim, tostring(status), out)
+    assert.are.equal(1, status, context)
+    assert.is_truthy(out:find("spill file " .. dir:gsub("%p", "%%%0") .. "/l2l%-spill%-%d+%-%d+%.bin: no room for"), context)
+    assert.is_truthy(out:find("free space on that disk", 1, true) and out:find("ulimit -f", 1, true), context)
+    assert.is_falsy(out:find("finished", 1, true), context)
+    assert.are.equal(0, #entries(dir), "files left in " .. dir .. ": " .. table.concat(entries(dir), " "))
+  end)
+
   it("refuses what cannot work, naming what would", function()
     local model = tiny_gpt(1)
     local ok, err = pcall(l2l.Relay, { model = model, spill = dir .. "/missing" })

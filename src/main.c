@@ -27,6 +27,7 @@
  * Training loops stop gently on Ctrl-C through the module "l2l.sigint" this file gives
  * (package.preload; lua/l2l/cli.lua wraps it): the first Ctrl-C is counted, for the loop
  * to see after its step, the second is handled as it was before the loop caught it.
+ * SIGXFSZ is ignored: a file size limit is a refused write (EFBIG), which l2l reports.
  * Must never: hide a Lua error (it is printed with its traceback; a script's error makes
  * the exit status 1), end the REPL because of an error in an entry, or fail because the
  * history file cannot be read or written.
@@ -269,7 +270,11 @@ static int sigint_release(lua_State *L) {
 
 /* Ends the process as Ctrl-C does (killed by SIGINT: status 130 in a shell, and a shell
    loop around it stops too) when SIGINT's handling, after release, is the default one;
-   otherwise (the REPL's handler) returns false, for the caller to raise an error. */
+   otherwise (the REPL's handler) returns false, for the caller to raise an error. The Lua
+   state is closed first, as at a script's end (LuaJIT's os.exit(code, true) does the same
+   from inside a call): its finalizers free what the script holds, so a relay removes its
+   spill file (issue 47: raised with the state open, the file was left behind). A Ctrl-C
+   while they run ends the process at once (SIGINT's handling is the default again). */
 static int sigint_die(lua_State *L) {
   stop_release();
   struct sigaction now;
@@ -278,6 +283,8 @@ static int sigint_die(lua_State *L) {
     lua_pushboolean(L, 0);
     return 1;
   }
+  fflush(NULL);
+  lua_close(L);   /* (not used after this) */
   fflush(NULL);
   sigset_t set;
   sigemptyset(&set);
@@ -685,6 +692,10 @@ static int run_command(lua_State *L, const struct command *c, char **argv, int a
 
 int main(int argc, char **argv) {
   prefer_passive_openmp_threads(argv);
+  /* A file grown past the file size limit (ulimit -f) is refused with EFBIG, not answered
+     by SIGXFSZ, whose default action kills the process with its output unflushed and its
+     spill files left: the spill file's "no room" refusal then speaks, as for a full disk. */
+  signal(SIGXFSZ, SIG_IGN);
   lua_State *L = luaL_newstate();
   if (L == NULL) {
     fprintf(stderr, "%s: cannot create a Lua state (out of memory)\n", program);

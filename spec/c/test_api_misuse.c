@@ -2669,7 +2669,9 @@ TEST(misuse_relay_steps_stats_and_events) {
 /* Covers: l2l_relay_param_state, l2l_relay_param_updates, l2l_relay_restore_param,
    l2l_relay_restore_progress, l2l_relay_restore_loss_scale. Found here: restore_param took
    updates = INT64_MAX (the next update's t overflowed int64), and named a state that is no
-   tensor "f32, got (null)". */
+   tensor "f32, got (null)"; then (issue 47) INT64_MAX - 1, whose second update overflowed:
+   every count is capped at 2^53 - 1, where a checkpoint's loader caps it (the largest
+   integer its JSON holds exactly), so no count can reach int64's end by counting on. */
 TEST(misuse_relay_state_and_restores) {
   struct rig rig, scaled;
   l2l_relay_config c = relay_config(), cs = relay_config();
@@ -2714,8 +2716,9 @@ TEST(misuse_relay_state_and_restores) {
 
   /* restore_param: the state arrays the optimizer keeps, f32, of the record's size */
   /* INT64_MAX: the next update (t + 1) would overflow int64 (it did, in the EPS: UB) */
-  const int64_t bad_updates[] = {-1, INT64_MIN, INT64_MAX};
-  for (size_t i = 0; i < 3; i++)
+  const int64_t bad_updates[] = {-1, INT64_MIN, INT64_MAX, INT64_MAX - 1, (INT64_C(1) << 53),
+                                 check_rand_int(INT64_C(1) << 53, INT64_MAX)};
+  for (size_t i = 0; i < sizeof bad_updates / sizeof bad_updates[0]; i++)
     REFUSES(l2l_relay_restore_param(r, p, bad_updates[i], first, second), L2L_ERR_INVALID,
             "updates");
   int64_t numel_p = l2l_tensor_numel(first);
@@ -2768,7 +2771,10 @@ TEST(misuse_relay_state_and_restores) {
                                      {INT64_MIN, 0},
                                      {0, INT64_MIN},
                                      {5, INT64_MAX},
-                                     {INT64_MIN, INT64_MIN}};
+                                     {INT64_MIN, INT64_MIN},
+                                     {INT64_MAX - 1, 0},
+                                     {INT64_C(1) << 53, 1},
+                                     {INT64_MAX - 1, INT64_MAX - 1}};
   for (size_t i = 0; i < sizeof bad_progress / sizeof bad_progress[0]; i++)
     REFUSES(l2l_relay_restore_progress(r, bad_progress[i][0], bad_progress[i][1]), L2L_ERR_INVALID,
             "updates <= steps");
@@ -2783,6 +2789,8 @@ TEST(misuse_relay_state_and_restores) {
     REFUSES(l2l_relay_restore_loss_scale(scaled.r, 8, bad_good[i], 0), L2L_ERR_INVALID, "good");
   REFUSES(l2l_relay_restore_loss_scale(scaled.r, 8, 0, -1), L2L_ERR_INVALID, "skipped");
   REFUSES(l2l_relay_restore_loss_scale(scaled.r, 8, 0, INT64_MIN), L2L_ERR_INVALID, "skipped");
+  REFUSES(l2l_relay_restore_loss_scale(scaled.r, 8, 0, INT64_MAX), L2L_ERR_INVALID, "skipped");
+  REFUSES(l2l_relay_restore_loss_scale(scaled.r, 8, 0, INT64_C(1) << 53), L2L_ERR_INVALID, "skipped");
   l2l_relay_stats after;
   CHECK_OK(l2l_relay_get_stats(&after, r));
   CHECK(after.steps == before.steps && after.updates == before.updates, "progress changed");
@@ -2794,6 +2802,14 @@ TEST(misuse_relay_state_and_restores) {
   CHECK_OK(l2l_relay_restore_param(r, p, updates, f2, s2));
   CHECK_OK(l2l_relay_restore_progress(r, before.steps, before.updates));
   CHECK_OK(l2l_relay_restore_loss_scale(scaled.r, 8, 1, 0));
+  /* at the cap every count is taken, and steps count on from it (UBSan watches) */
+  const int64_t cap = (INT64_C(1) << 53) - 1;
+  l2l_relay_batch b = batch_of(&rig.d);
+  double loss;
+  if (CHECK_OK(l2l_relay_restore_param(r, p, cap, f2, s2)) &&
+      CHECK_OK(l2l_relay_restore_progress(r, cap, cap)) && CHECK_OK(l2l_relay_step(&loss, r, &b)) &&
+      CHECK_OK(l2l_relay_step(&loss, r, &b)) && CHECK_OK(l2l_relay_param_updates(&count, r, p)))
+    CHECK(count == cap + 2, "updates %lld after two steps from %lld", (long long)count, (long long)cap);
   FREE(fi, longer, shorter, f2, s2);
 done:
   unwatch();

@@ -40,6 +40,7 @@
 #include <dirent.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -827,6 +828,148 @@ TEST(relay_spill_faults_are_named_and_lose_nothing) {
   model_free(&mem);
   model_free(&disk);
   model_free(&init);
+  check_remove_dir(dir);
+}
+
+/* The spill file's path in dir (the one file there named so), in `file`; false when none. */
+static bool spill_file_in(const char *dir, char *file, size_t len) {
+  DIR *dd = opendir(dir);
+  file[0] = '\0';
+  for (struct dirent *e; dd && (e = readdir(dd)) != NULL;)
+    if (strncmp(e->d_name, "l2l-spill-", 10) == 0) snprintf(file, len, "%s/%s", dir, e->d_name);
+  if (dd) closedir(dd);
+  return file[0] != '\0';
+}
+
+/* Writes `bytes` over the whole of the file at path (its size kept): a fill byte when
+   bytes is NULL. */
+static bool overwrite_file(const char *path, const unsigned char *bytes, size_t size, int fill) {
+  FILE *f = fopen(path, "r+b");
+  if (f == NULL) return false;
+  unsigned char block[4096];
+  memset(block, fill, sizeof block);
+  bool ok = true;
+  for (size_t at = 0; ok && at < size; at += sizeof block) {
+    size_t n = size - at < sizeof block ? size - at : sizeof block;
+    ok = fwrite(bytes ? bytes + at : block, 1, n, f) == n;
+  }
+  return fclose(f) == 0 && ok;
+}
+
+/* A spill file another program wrote over between steps (issue 47, item 1): what is read
+   back is checked against what was written, so zeros or 0xff bytes over the whole file
+   are L2L_ERR_IO naming the file, a record and the offset — at a checkpoint's read of a
+   record's state, and at the next call after the step whose updates would have read them
+   — and that step changes nothing: every weight as it was, and with the file's bytes put
+   back every record's state reads as it was and training goes on. (Before the checksums
+   the step went on with 0 errors and a different loss, or NaN.) */
+TEST(relay_spill_file_overwritten_is_refused_and_changes_nothing) {
+  char dir[256], file[600];
+  if (!check_temp_dir(dir, sizeof dir, "l2l-relay-spill-damage")) return;
+  struct shape g = gpt_shape();
+  struct model disk;
+  model_new(&disk, &g);
+  struct data d;
+  data_new(&d, &g, check_rand_int(2, 4), g.S, 0, 1.0);
+  l2l_relay_config cfg = adamw_config();
+  cfg.spill_dir = dir;
+  l2l_relay *b = relay_new(&disk, &cfg);
+  double loss;
+  bool ok = b && relay_step(&loss, b, &d, NULL) && relay_step(&loss, b, &d, NULL) &&
+            CHECK_OK(l2l_relay_sync(b)) && CHECK(spill_file_in(dir, file, sizeof file),
+                                                 "no spill file in %s", dir);
+  /* the file's bytes, each record's weights and state: what must not change */
+  enum { WATCHED_RECORDS = 64 };
+  l2l_param *param[WATCHED_RECORDS];
+  void *weights[WATCHED_RECORDS] = {0}, *state[WATCHED_RECORDS][2] = {{0}};
+  size_t wbytes[WATCHED_RECORDS] = {0}, sbytes[WATCHED_RECORDS][2] = {{0}};
+  int records = 0;
+  for (int k = 0; ok && k < disk.n; k++)
+    for (int i = 0; i < l2l_layer_param_count(disk.layer[k]) && records < WATCHED_RECORDS; i++) {
+      l2l_param *p = param[records] = l2l_layer_param(disk.layer[k], i);
+      const l2l_tensor *w = l2l_param_value(p);
+      wbytes[records] = tensor_bytes(w);
+      weights[records] = malloc(wbytes[records]);
+      if (weights[records]) memcpy(weights[records], l2l_tensor_data(w), wbytes[records]);
+      for (int a = 0; a < 2; a++) {
+        l2l_tensor *s = NULL;
+        ok &= CHECK_OK(l2l_relay_param_state(&s, b, p, a)) && CHECK(s != NULL, "%s: no state", l2l_param_name(p));
+        sbytes[records][a] = s ? tensor_bytes(s) : 0;
+        state[records][a] = s ? malloc(sbytes[records][a]) : NULL;
+        if (state[records][a]) memcpy(state[records][a], l2l_tensor_data(s), sbytes[records][a]);
+      }
+      records++;
+    }
+  struct stat st;
+  unsigned char *saved = NULL;
+  FILE *f = ok && stat(file, &st) == 0 ? fopen(file, "rb") : NULL;
+  if (f) {
+    saved = malloc((size_t)st.st_size);
+    ok &= CHECK(saved && fread(saved, 1, (size_t)st.st_size, f) == (size_t)st.st_size, "read %s", file);
+    fclose(f);
+  }
+  ok &= CHECK(saved != NULL, "cannot read %s", file);
+  int first_fill = (int)check_rand_int(0, 1);
+  for (int t = 0; ok && t < 2; t++) {
+    int fill = (t + first_fill) % 2 ? 0xff : 0x00;
+    printf("  %d records; the spill file (%lld bytes) overwritten with 0x%02x\n", records,
+           (long long)st.st_size, fill);
+    ok &= CHECK(overwrite_file(file, NULL, (size_t)st.st_size, fill), "cannot overwrite %s", file);
+    /* a checkpoint's read of a record's state: refused, naming the file, record, offset
+       (not the last record read, nor one tied to it: its copy is kept until the next step,
+       and not read again) */
+    l2l_param *p = param[check_rand_int(0, records - 2)];
+    while (l2l_param_value(p) == l2l_param_value(param[records - 1]))
+      p = param[check_rand_int(0, records - 2)];
+    l2l_tensor *s = NULL;
+    unsigned long long at = ~0ull;
+    if (CHECK_FAILS(l2l_relay_param_state(&s, b, p, (int)check_rand_int(0, 1)), L2L_ERR_IO,
+                    "are not those written")) {
+      const char *m = l2l_last_error(), *o = strstr(m, " at ");
+      CHECK(strstr(m, file) && strstr(m, l2l_param_name(p)) && o && sscanf(o, " at %llu", &at) == 1 &&
+                at % 4096 == 0 && at < (unsigned long long)st.st_size,
+            "the message does not name the file %s, the record %s and an offset in the file: %s",
+            file, l2l_param_name(p), m);
+    }
+    /* a step: its updates cannot take their state, the next call says so */
+    if (relay_step(&loss, b, &d, NULL) &&
+        CHECK_FAILS(l2l_relay_sync(b), L2L_ERR_IO, "was not updated (its optimizer state could not be read)")) {
+      const char *m = l2l_last_error(), *o = strstr(m, " at ");
+      printf("  refused: %s\n", m);
+      bool named = false;
+      for (int r = 0; r < records; r++) named |= strstr(m, l2l_param_name(param[r])) == m;
+      CHECK(named && strstr(m, file) && strstr(m, "are not those written") && o &&
+                sscanf(o, " at %llu", &at) == 1 && at % 4096 == 0 && at < (unsigned long long)st.st_size,
+            "the message does not name a record, the file %s and an offset in it: %s", file, m);
+    }
+    for (int r = 0; r < records; r++)
+      CHECK(weights[r] && memcmp(weights[r], l2l_tensor_data(l2l_param_value(param[r])), wbytes[r]) == 0,
+            "%s: updated from a damaged spill file (0x%02x)", l2l_param_name(param[r]), fill);
+    /* the file put back: every record's state is as it was */
+    ok &= CHECK(overwrite_file(file, saved, (size_t)st.st_size, 0), "cannot write %s back", file);
+    for (int r = 0; ok && r < records; r++)
+      for (int a = 0; a < 2; a++) {
+        s = NULL;
+        if (CHECK_OK(l2l_relay_param_state(&s, b, param[r], a)))
+          CHECK(s && state[r][a] && tensor_bytes(s) == sbytes[r][a] &&
+                    memcmp(state[r][a], l2l_tensor_data(s), sbytes[r][a]) == 0,
+                "%s: state %d changed by a step over a damaged spill file (0x%02x)",
+                l2l_param_name(param[r]), a, fill);
+      }
+  }
+  /* and training goes on from there */
+  if (ok && relay_step(&loss, b, &d, NULL) && CHECK_OK(l2l_relay_sync(b)))
+    CHECK(isfinite(loss), "loss %g after the file was put back", loss);
+  free(saved);
+  for (int r = 0; r < records; r++) {
+    free(weights[r]);
+    free(state[r][0]);
+    free(state[r][1]);
+  }
+  l2l_relay_free(b);
+  CHECK(check_dir_entries(dir) == 0, "the spill file outlived its relay");
+  data_free(&d);
+  model_free(&disk);
   check_remove_dir(dir);
 }
 

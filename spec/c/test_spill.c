@@ -3,13 +3,16 @@
  *
  * Purpose: a region read back is, byte for byte, what was written there, for awkward
  * sizes and offsets and many transfers in flight, through the page cache and around it
- * (aligned buffers); the file is gone after close; and each fault is an error naming the
+ * (aligned buffers), and bytes another program changed are refused (the checksums); the
+ * file is gone after close; and each fault is an error naming the
  * file: a missing directory, a path that is not one, a disk with no room (a file size
  * limit stands for it), a file cut short by another program, a file left by a run
- * that died (found and named, not reused or removed). And the host pool's page return
+ * that died (found and named, not reused or removed), one of them with this process's own
+ * pid (a free name taken past it). And the host pool's page return
  * that lets a gradient accumulator leave memory between updates (l2l_pool_zero_pages).
  * Must never: leave files behind in the system's temporary directory.
  */
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,8 +76,9 @@ static void reads_back_what_it_wrote(enum eps_spill_engine engine) {
     total += bytes[i];
   }
   /* every write in flight at once, then every read, in a shuffled order */
-  for (int i = 0; i < REGIONS; i++) CHECK_OK(eps_spill_queue(&sp, &io[i], true, data[i], offset[i], bytes[i]));
-  for (int i = 0; i < REGIONS; i++) CHECK_OK(eps_spill_wait(&io[i]));
+  uint64_t sum[REGIONS];
+  for (int i = 0; i < REGIONS; i++) CHECK_OK(eps_spill_queue(&sp, &io[i], true, data[i], offset[i], bytes[i], 0));
+  for (int i = 0; i < REGIONS; i++) CHECK_OK(eps_spill_wait(&io[i])), sum[i] = io[i].sum;
   int order[REGIONS];
   for (int i = 0; i < REGIONS; i++) order[i] = i;
   for (int i = REGIONS - 1; i > 0; i--) {
@@ -84,7 +88,7 @@ static void reads_back_what_it_wrote(enum eps_spill_engine engine) {
   for (int n = 0; n < REGIONS; n++) {
     int i = order[n];
     memset(back[i], 0xA5, bytes[i]);   /* poisoned */
-    CHECK_OK(eps_spill_queue(&sp, &io[i], false, back[i], offset[i], bytes[i]));
+    CHECK_OK(eps_spill_queue(&sp, &io[i], false, back[i], offset[i], bytes[i], sum[i]));
   }
   for (int i = 0; i < REGIONS; i++) {
     CHECK_OK(eps_spill_wait(&io[i]));
@@ -94,7 +98,7 @@ static void reads_back_what_it_wrote(enum eps_spill_engine engine) {
   CHECK(sp.written == total && sp.read == total, "moved %llu written, %llu read, want %llu each",
         (unsigned long long)sp.written, (unsigned long long)sp.read, (unsigned long long)total);
   /* a transfer beyond the reserved space is refused before it starts */
-  CHECK_FAILS(eps_spill_queue(&sp, &io[0], true, data[0], sp.used - 8, 16), L2L_ERR_INVALID,
+  CHECK_FAILS(eps_spill_queue(&sp, &io[0], true, data[0], sp.used - 8, 16, 0), L2L_ERR_INVALID,
               "beyond");
   /* regions given back are taken again by reservations they fit (the smallest that
      fits), and the file does not grow; one no region fits grows it */
@@ -123,6 +127,82 @@ static void reads_back_what_it_wrote(enum eps_spill_engine engine) {
 
 TEST(spill_reads_back_what_it_wrote_threads) { reads_back_what_it_wrote(EPS_SPILL_ENGINE_THREADS); }
 TEST(spill_reads_back_what_it_wrote_io_uring) { reads_back_what_it_wrote(EPS_SPILL_ENGINE_RING); }
+
+/* Bytes another program wrote over the file between a write and its read (issue 47: zeros
+   over the file were trained on, 0xff bytes made NaN): the read is L2L_ERR_IO naming the
+   file and the region's offset, whichever engine reads, aligned (around the page cache)
+   or not, for zeros, 0xff bytes or one bit flipped; the other regions read back intact,
+   and a region written again reads back. */
+static void checks_what_it_reads(enum eps_spill_engine engine) {
+  char dir[256];
+  if (!check_temp_dir(dir, sizeof dir, "l2l-spill-test")) return;
+  struct eps_spill sp;
+  if (!open_with(&sp, dir, engine, true)) {
+    check_remove_dir(dir);
+    return;
+  }
+  enum { N = 6 };
+  uint64_t offset[N], bytes[N], sum[N];
+  unsigned char *data[N], *back[N];
+  struct eps_spill_io io[N];
+  for (int i = 0; i < N; i++) {
+    bool aligned = check_rand_int(0, 1) == 1;
+    bytes[i] = aligned ? 4096 * (uint64_t)check_rand_int(1, 16) : (uint64_t)check_rand_int(1, 70000);
+    data[i] = aligned ? aligned_alloc(4096, bytes[i]) : malloc(bytes[i]);
+    back[i] = aligned ? aligned_alloc(4096, bytes[i]) : malloc(bytes[i]);
+    for (uint64_t b = 0; data[i] && b < bytes[i]; b++) data[i][b] = (unsigned char)check_rand_u64();
+    CHECK_OK(eps_spill_reserve(&sp, bytes[i], &offset[i]));
+    CHECK_OK(eps_spill_queue(&sp, &io[i], true, data[i], offset[i], bytes[i], 0));
+  }
+  for (int i = 0; i < N; i++) CHECK_OK(eps_spill_wait(&io[i])), sum[i] = io[i].sum;
+  int fd = open(sp.path, O_RDWR);
+  CHECK(fd >= 0, "open %s", sp.path);
+  for (int kind = 0; fd >= 0 && kind < 3; kind++) {
+    int k = (int)check_rand_int(0, N - 1);
+    /* a stretch of the region (a byte for the flip), at a drawn place in it */
+    uint64_t len = kind == 2 ? 1 : (uint64_t)check_rand_int(1, (int64_t)bytes[k]);
+    uint64_t at = (uint64_t)check_rand_int(0, (int64_t)(bytes[k] - len));
+    unsigned char *over = malloc(len);
+    if (over == NULL) break;
+    memset(over, kind == 0 ? 0x00 : 0xff, len);
+    if (kind == 2) over[0] = data[k][at] ^ (unsigned char)(1u << check_rand_int(0, 7));
+    /* zeros or 0xff over bytes that held just those would change nothing: one differs */
+    if (kind < 2 && memcmp(over, data[k] + at, len) == 0) over[0] ^= 1;
+    printf("  region %d (%llu bytes at %llu): %llu bytes at +%llu %s\n", k,
+           (unsigned long long)bytes[k], (unsigned long long)offset[k], (unsigned long long)len,
+           (unsigned long long)at, kind == 0 ? "zeroed" : kind == 1 ? "set to 0xff" : "with a bit flipped");
+    CHECK(pwrite(fd, over, len, (off_t)(offset[k] + at)) == (ssize_t)len, "pwrite %s", sp.path);
+    free(over);
+    for (int i = 0; i < N; i++)
+      CHECK_OK(eps_spill_queue(&sp, &io[i], false, back[i], offset[i], bytes[i], sum[i]));
+    for (int i = 0; i < N; i++) {
+      if (i != k) {
+        if (CHECK_OK(eps_spill_wait(&io[i])))
+          CHECK(memcmp(data[i], back[i], bytes[i]) == 0, "region %d read back differs", i);
+        continue;
+      }
+      char needle[64];
+      snprintf(needle, sizeof needle, " at %llu are not those written", (unsigned long long)offset[k]);
+      if (CHECK_FAILS(eps_spill_wait(&io[i]), L2L_ERR_IO, needle))
+        CHECK(strstr(l2l_last_error(), sp.path) != NULL, "the message does not name %s: %s",
+              sp.path, l2l_last_error());
+    }
+    /* written again, it reads back */
+    CHECK_OK(eps_spill_queue(&sp, &io[k], true, data[k], offset[k], bytes[k], 0));
+    CHECK_OK(eps_spill_wait(&io[k]));
+    sum[k] = io[k].sum;
+    CHECK_OK(eps_spill_queue(&sp, &io[k], false, back[k], offset[k], bytes[k], sum[k]));
+    if (CHECK_OK(eps_spill_wait(&io[k])))
+      CHECK(memcmp(data[k], back[k], bytes[k]) == 0, "region %d written again reads back otherwise", k);
+  }
+  if (fd >= 0) close(fd);
+  eps_spill_close(&sp);
+  for (int i = 0; i < N; i++) free(data[i]), free(back[i]);
+  check_remove_dir(dir);
+}
+
+TEST(spill_checks_what_it_reads_threads) { checks_what_it_reads(EPS_SPILL_ENGINE_THREADS); }
+TEST(spill_checks_what_it_reads_io_uring) { checks_what_it_reads(EPS_SPILL_ENGINE_RING); }
 
 TEST(spill_names_what_went_wrong) {
   char dir[256], path[512];
@@ -160,10 +240,10 @@ TEST(spill_names_what_went_wrong) {
     memset(buf, 7, sizeof buf);
     struct eps_spill_io io;
     CHECK_OK(eps_spill_reserve(&sp, sizeof buf, &at));
-    CHECK_OK(eps_spill_queue(&sp, &io, true, buf, at, sizeof buf));
+    CHECK_OK(eps_spill_queue(&sp, &io, true, buf, at, sizeof buf, 0));
     CHECK_OK(eps_spill_wait(&io));
     CHECK(truncate(sp.path, 100) == 0, "truncate %s", sp.path);
-    CHECK_OK(eps_spill_queue(&sp, &io, false, buf, at, sizeof buf));
+    CHECK_OK(eps_spill_queue(&sp, &io, false, buf, at, sizeof buf, io.sum));
     CHECK_FAILS(eps_spill_wait(&io), L2L_ERR_IO, "cut short");
     CHECK(strstr(l2l_last_error(), sp.path) != NULL, "the message does not name %s: %s", sp.path,
           l2l_last_error());
@@ -222,6 +302,58 @@ TEST(spill_finds_files_a_dead_run_left) {
     CHECK(check_dir_entries(dir) == 3, "%d files in %s, want both left and the new one", check_dir_entries(dir), dir);
     eps_spill_close(&sp);
     CHECK(check_dir_entries(dir) == 2, "close removed %d files not its own", 2 - check_dir_entries(dir));
+  }
+  check_remove_dir(dir);
+}
+
+/* A file named with this process's own pid, left by a dead process that had the same pid
+   (a container's pids start again at 1; issue 47, item 7): opening takes the next free
+   name instead of failing with "File exists", and names each such file as left behind,
+   as it names other pids' files; a file this process has open is never named so, and
+   close removes its own file alone. */
+TEST(spill_takes_a_free_name_past_a_dead_runs_file_with_its_pid) {
+  char dir[256], path[600], found[2048], name[64];
+  if (!check_temp_dir(dir, sizeof dir, "l2l-spill-test")) return;
+  struct eps_spill first, second;
+  long pid = 0;
+  int n = -1, end = 0;
+  /* the number the next file takes: one more than a file made now (its name says it) */
+  if (!CHECK_OK(eps_spill_open(&first, dir, EPS_SPILL_ENGINE_ANY, 1, NULL, 0))) {
+    check_remove_dir(dir);
+    return;
+  }
+  const char *base = strrchr(first.path, '/') + 1;
+  CHECK(sscanf(base, "l2l-spill-%ld-%d.bin%n", &pid, &n, &end) == 2 && base[end] == '\0' &&
+            pid == (long)getpid(), "the spill file's name %s", base);
+  eps_spill_close(&first);
+  int stale = (int)check_rand_int(1, 3);
+  printf("  %d files of pid %ld left in the way, from number %d on\n", stale, pid, n + 1);
+  for (int i = 1; i <= stale; i++) {
+    snprintf(path, sizeof path, "%s/l2l-spill-%ld-%d.bin", dir, pid, n + i);
+    FILE *f = fopen(path, "w");
+    if (f) fputs("left by a dead process that had this pid", f), fclose(f);
+  }
+  if (CHECK_OK(eps_spill_open(&first, dir, EPS_SPILL_ENGINE_ANY, 1, found, sizeof found))) {
+    for (int i = 1; i <= stale; i++) {
+      snprintf(name, sizeof name, "l2l-spill-%ld-%d.bin", pid, n + i);
+      CHECK(strstr(found, name) != NULL && strstr(found, "left by a run") != NULL,
+            "the file %s in the way is not named: \"%s\"", name, found);
+      CHECK(strstr(first.path, name) == NULL, "the spill file %s took a name in use", first.path);
+    }
+    CHECK(check_dir_entries(dir) == stale + 1, "%d files in %s, want the %d left and the new one",
+          check_dir_entries(dir), dir, stale);
+    /* a second file of this process beside the first: the first is its own, not named */
+    if (CHECK_OK(eps_spill_open(&second, dir, EPS_SPILL_ENGINE_ANY, 1, found, sizeof found))) {
+      CHECK(strstr(found, strrchr(first.path, '/') + 1) == NULL,
+            "a file this process has open is named as left behind: \"%s\"", found);
+      snprintf(name, sizeof name, "l2l-spill-%ld-%d.bin", pid, n + 1);
+      CHECK(strstr(found, name) != NULL, "the file %s in the way is not named again: \"%s\"",
+            name, found);
+      eps_spill_close(&second);
+    }
+    eps_spill_close(&first);
+    CHECK(check_dir_entries(dir) == stale, "%d files in %s after close, want the %d left",
+          check_dir_entries(dir), dir, stale);
   }
   check_remove_dir(dir);
 }

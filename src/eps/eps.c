@@ -316,7 +316,7 @@ void eps_update_begin(struct l2l_eps *eps, struct eps_record *rec, float grad_sc
   if (eps->spill) {
     l2l_status status = eps_state_for_update(eps, rec);
     if (status != L2L_OK) {   /* not updated: the next step reports it (l2l_eps_io_status) */
-      char why[200];
+      char why[1024];
       snprintf(why, sizeof why, "%s", l2l_last_error());
       eps_io_failed(eps, l2l_fail(status, "%s was not updated (its optimizer state could not "
                                   "be read): %s", rec->name, why));

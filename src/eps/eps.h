@@ -209,7 +209,7 @@ struct l2l_eps {
   struct eps_spill *spill;
   struct eps_record *gathered_last;   /* the record whose whole state a checkpoint holds */
   l2l_status io_status;
-  char io_message[256];
+  char io_message[1024];
   /* The host budget (0: none) and what it leaves (state_tier.c, by core's host-tier
      rules, each step): the optimizer state of the records first in this list that fit
      stays in host memory (keep_state); the state of a step's due spilled records is read in the
@@ -401,6 +401,10 @@ struct io_uring;
 struct eps_spill {
   char path[4096];
   int fd, fd_direct;           /* buffered; O_DIRECT (-1 where the file system refuses it) */
+  uint64_t dev, ino;           /* the file's, and the next of the process's open files (a
+                                  file named with its pid that is none of them was left by a
+                                  dead process that had the pid) */
+  struct eps_spill *next_open;
   uint64_t used;               /* bytes reserved, every region 4 KiB-aligned (under lock:
                                   the EPS's workers reserve as records first spill) */
   uint64_t in_use;             /* of them, in regions not given back (under lock) */
@@ -427,12 +431,16 @@ struct eps_spill_io {
   void *buffer;
   uint64_t offset, bytes;
   uint64_t moved;              /* bytes done (a read or write may do part) */
+  uint64_t sum;                /* XXH3-64 of the bytes: a write's once waited for, the one a
+                                  read's must have */
+  uint64_t hash;               /* ... and the one they had as the transfer ended */
 };
 /* Makes a new spill file in `dir` (which must exist) served by `engine` (with `threads`
    workers where that is the pool).
    found (found_len bytes, or NULL): a message naming spill files left in dir by runs whose
-   process is gone (empty when none): they are neither reused nor removed. L2L_ERR_IO names
-   the directory or file and why. */
+   process is gone (empty when none; one with this process's pid that it has not open is
+   one of them): they are neither reused nor removed, the next free name taken. L2L_ERR_IO
+   names the directory or file and why. */
 l2l_status eps_spill_open(struct eps_spill *sp, const char *dir, enum eps_spill_engine engine,
                           int threads, char *found, size_t found_len);
 /* Waits for the transfers queued, stops the engine, closes and removes the file. */
@@ -443,11 +451,15 @@ l2l_status eps_spill_reserve(struct eps_spill *sp, uint64_t bytes, uint64_t *off
 /* A region reserved before is no longer used: the next reservation it fits takes it. */
 void eps_spill_release(struct eps_spill *sp, uint64_t offset, uint64_t bytes);
 /* Queues a write of buffer to [offset, offset + bytes) of reserved space (or a read into
-   it); the buffer must live until eps_spill_wait. Buffer, offset and length 4 KiB-aligned
-   go around the page cache where the file system allows it. */
+   it); the buffer must live, unchanged for a write, until eps_spill_wait. Buffer, offset
+   and length 4 KiB-aligned go around the page cache where the file system allows it.
+   sum: a read's bytes must hash to it (the io->sum of the write that put them there);
+   ignored for a write. */
 l2l_status eps_spill_queue(struct eps_spill *sp, struct eps_spill_io *io, bool write, void *buffer,
-                           uint64_t offset, uint64_t bytes);
-/* Its status: L2L_ERR_IO names the file, the offset and why (e.g. a read cut short). */
+                           uint64_t offset, uint64_t bytes, uint64_t sum);
+/* Its status: L2L_ERR_IO names the file, the offset and why (e.g. a read cut short, or
+   bytes that are not those written: another program changed the file). After a write,
+   io->sum is the XXH3-64 of its bytes, for the read that takes them back. */
 l2l_status eps_spill_wait(struct eps_spill_io *io);
 
 #endif /* L2L_EPS_H */

@@ -24,6 +24,7 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -310,7 +311,12 @@ l2l_status l2l_eps_state_whole(l2l_tensor **out, struct l2l_eps *eps, struct eps
   l2l_tensor *shard = rec->state[which], *read = NULL;
   if (rec->spilled) {   /* from the spill file (kept until the next step as a gathered one) */
     if (which >= l2l_optim_state_count(&eps->optimizer)) return L2L_OK;
-    TRY(eps_spill_read_state(eps, rec, which, &read));
+    l2l_status status = eps_spill_read_state(eps, rec, which, &read);
+    if (status != L2L_OK) {   /* the record named: the file's message knows only an offset */
+      char why[1024];
+      snprintf(why, sizeof why, "%s", l2l_last_error());
+      return l2l_fail(status, "%s: its optimizer state could not be read: %s", rec->name, why);
+    }
     shard = read;
   } else if (rec->updates == 0 || shard == NULL) {
     return L2L_OK;

@@ -26,6 +26,8 @@ struct eps_record {
   bool spilled;                /* its state is on disk at spill_at (eps->spill) */
   bool spill_reserved;         /* spill_at holds its regions (reserved at its first write) */
   uint64_t spill_at[2];
+  uint64_t spill_sum[2];       /* the XXH3-64 of what its last write put there: a read back
+                                  is checked against it */
   bool keep_state;             /* its state stays in host memory (the host budget's choice) */
   int ahead;                   /* this step: AHEAD_NONE, _QUEUED (ahead_io reading into
                                   ahead_state), _TAKEN (its update has its state) */

@@ -5,10 +5,12 @@
  * memory"); this is the file and its I/O, below the EPS's choice of what to spill and when.
  * One file per user (a relay), named l2l-spill-<pid>-<n>.bin in the directory given, so a
  * run that died leaves a file that the next run finds and names (never reuses: it may be
- * another live run's, and it holds nothing a checkpoint needs). Regions are reserved in
- * 4 KiB-aligned extents and allocated on disk when reserved (posix_fallocate), so a full
- * disk is an error at once, naming the file, and not a failed write half-way through a
- * step. Reads and writes go through io_uring (liburing) where the library was built with
+ * another live run's, and it holds nothing a checkpoint needs). A file of this process's
+ * own pid that it did not make was left by a dead process that had the pid (a container's
+ * pids start again): it is named as left behind too, and the next free <n> is taken.
+ * Regions are reserved in 4 KiB-aligned extents and allocated on disk when reserved
+ * (posix_fallocate), so a full disk is an error at once, naming the file, and not a failed
+ * write half-way through a step. Reads and writes go through io_uring (liburing) where the library was built with
  * it and the kernel allows it: every transfer queued is in flight at once (up to
  * RING_DEPTH), a read ahead beside a write behind, with no thread between the caller and
  * the disk but the one reaping completions; bench/RESULTS.md (issue 32) has the measurement
@@ -19,9 +21,18 @@
  * system allows one (no copy into the page cache, which would otherwise grow by every byte
  * spilled), any other through the buffered one. Linux keeps the two coherent for one file
  * (a direct read writes back dirty cached pages first; a direct write drops them).
+ * What is read back is checked against what was written (issue 47: zeros another program
+ * wrote over the file were trained on): each transfer's bytes are hashed (XXH3-64, with
+ * xxHash, as the checkpoints' checksums are) by the engine's thread as the transfer ends
+ * (the ring's reaper, outside its lock, or the pool thread that moved it); the caller
+ * keeps a write's hash with its region, and a read whose bytes hash otherwise is
+ * L2L_ERR_IO naming the file and the offset. So a read ahead is checked before the update
+ * that takes it waits for it, and the hashing (11-19 GB/s here) keeps pace with a disk
+ * ten times slower on one thread.
  * The process's files together are counted for l2l_spill_get_stats (l2l.pool_stats("spill")).
  * Must never: write outside a reserved region, leave its file behind after eps_spill_close,
- * delete a file it did not make, or finish a transfer before every byte of it is moved.
+ * delete a file it did not make, finish a transfer before every byte of it is moved, or
+ * hand back bytes that are not those written.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -33,6 +44,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "eps.h"
 #ifdef L2L_LIBURING
@@ -43,7 +55,42 @@
    twice as many, so they never overflow). */
 enum { SPILL_EXTENT = 4096, RING_DEPTH = 64 };
 
-static _Atomic int spill_files_made;   /* this process's files: the <n> of their names */
+static _Atomic int spill_names;        /* the next <n> of a name in this process */
+static _Atomic int spill_files_made;   /* this process's files made (for the stats) */
+
+/* This process's open spill files, linked by next_open, under files_lock: a file named
+   with its pid is its own only if it is one of them (by device and inode). The lock is
+   held from a directory's scan to the new file's place in the list, so that a file
+   another thread is making is never taken for one left behind. */
+static pthread_mutex_t files_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct eps_spill *files_open;
+
+/* Under files_lock: whether the file `name` in the directory d is one of ours. */
+static bool file_is_open_here(DIR *d, const char *name) {
+  struct stat st;
+  if (fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0) return false;
+  for (const struct eps_spill *sp = files_open; sp != NULL; sp = sp->next_open)
+    if (sp->dev == (uint64_t)st.st_dev && sp->ino == (uint64_t)st.st_ino) return true;
+  return false;
+}
+
+/* Under files_lock: sp in the list, or out of it. */
+static void file_opened(struct eps_spill *sp) {
+  struct stat st;
+  sp->dev = sp->ino = 0;
+  if (fstat(sp->fd, &st) == 0) sp->dev = (uint64_t)st.st_dev, sp->ino = (uint64_t)st.st_ino;
+  sp->next_open = files_open;
+  files_open = sp;
+}
+static void file_closed(struct eps_spill *sp) {
+  pthread_mutex_lock(&files_lock);
+  for (struct eps_spill **at = &files_open; *at != NULL; at = &(*at)->next_open)
+    if (*at == sp) {
+      *at = sp->next_open;
+      break;
+    }
+  pthread_mutex_unlock(&files_lock);
+}
 
 /* Every spill file of the process, for l2l_spill_get_stats: bytes in regions holding
    state (current, and its peak), the files' sizes (reserved), regions reserved and given
@@ -76,8 +123,9 @@ static void ring_stop(struct eps_spill *sp);
 
 static uint64_t round_up(uint64_t n) { return (n + SPILL_EXTENT - 1) / SPILL_EXTENT * SPILL_EXTENT; }
 
-/* Files of the spill's name pattern left by a process that no longer runs, named in `found`
-   (a message for the user; empty when none). */
+/* Under files_lock: files of the spill's name pattern left by a process that no longer
+   runs, named in `found` (a message for the user; empty when none): another pid's whose
+   process is gone, or one of this pid that this process has not open. */
 static void find_left_behind(const char *dir, char *found, size_t found_len) {
   found[0] = '\0';
   DIR *d = opendir(dir);
@@ -89,7 +137,10 @@ static void find_left_behind(const char *dir, char *found, size_t found_len) {
     int n = 0, end = 0;
     if (sscanf(e->d_name, "l2l-spill-%ld-%d.bin%n", &pid, &n, &end) != 2 || e->d_name[end] != '\0')
       continue;
-    if (pid <= 0 || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+    if (pid <= 0) continue;
+    if (pid == (long)getpid() ? file_is_open_here(d, e->d_name)
+                              : kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+      continue;
     count++;
     if (used < found_len) {
       int w = snprintf(found + used, found_len - used, "%s%s/%s", count > 1 ? ", " : "", dir,
@@ -133,20 +184,36 @@ l2l_status eps_spill_open(struct eps_spill *sp, const char *dir, enum eps_spill_
                     strerror(errno));
   if (!S_ISDIR(st.st_mode))
     return l2l_fail(L2L_ERR_IO, "spill directory %s is not a directory", dir);
+  pthread_mutex_lock(&files_lock);
   if (found && found_len) find_left_behind(dir, found, found_len);
-  int n = atomic_fetch_add(&spill_files_made, 1);
-  int w = snprintf(sp->path, sizeof sp->path, "%s/l2l-spill-%ld-%d.bin", dir, (long)getpid(), n);
-  if (w < 0 || (size_t)w >= sizeof sp->path)
-    return l2l_fail(L2L_ERR_INVALID, "spill directory %s: the path is too long", dir);
-  sp->fd = open(sp->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (sp->fd < 0)
+  /* a name in use is a file left by a dead process that had this pid (named above; this
+     process's own names are never given twice): the next is tried (a bound, so that a
+     directory that refuses every new name still ends) */
+  for (int tries = 0; tries < 1000; tries++) {
+    int n = atomic_fetch_add(&spill_names, 1);
+    int w = snprintf(sp->path, sizeof sp->path, "%s/l2l-spill-%ld-%d.bin", dir, (long)getpid(), n);
+    if (w < 0 || (size_t)w >= sizeof sp->path) {
+      pthread_mutex_unlock(&files_lock);
+      return l2l_fail(L2L_ERR_INVALID, "spill directory %s: the path is too long", dir);
+    }
+    sp->fd = open(sp->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (sp->fd >= 0 || errno != EEXIST) break;
+  }
+  if (sp->fd < 0) {
+    int err = errno;
+    pthread_mutex_unlock(&files_lock);
     return l2l_fail(L2L_ERR_IO, "spill file %s cannot be made: %s (a writable directory on a "
-                    "local disk is needed)", sp->path, strerror(errno));
+                    "local disk is needed)", sp->path, strerror(err));
+  }
+  file_opened(sp);
+  pthread_mutex_unlock(&files_lock);
+  atomic_fetch_add(&spill_files_made, 1);
   sp->fd_direct = open(sp->path, O_RDWR | O_DIRECT | O_CLOEXEC);   /* -1: buffered only */
   l2l_status status = engine == EPS_SPILL_ENGINE_THREADS ? L2L_ERR_UNSUPPORTED : ring_start(sp);
   if (status != L2L_OK && engine != EPS_SPILL_ENGINE_RING)
     status = l2l_queue_start(&sp->io, threads, 0, "spill I/O");
   if (status != L2L_OK) {
+    file_closed(sp);
     if (sp->fd_direct >= 0) close(sp->fd_direct);
     close(sp->fd);
     unlink(sp->path);
@@ -161,6 +228,7 @@ void eps_spill_close(struct eps_spill *sp) {
   if (sp == NULL || sp->fd < 0) return;
   if (sp->ring) ring_stop(sp);
   else l2l_queue_stop(&sp->io);
+  file_closed(sp);
   if (sp->fd_direct >= 0) close(sp->fd_direct);
   close(sp->fd);
   unlink(sp->path);   /* gone already (the directory removed under it): nothing to do */
@@ -203,9 +271,10 @@ l2l_status eps_spill_reserve(struct eps_spill *sp, uint64_t bytes, uint64_t *off
   if (err != 0) {
     char have[32], want[32];
     return l2l_fail(L2L_ERR_IO, "spill file %s: no room for %s more (%s in the file): %s; free "
-                    "space on that disk or give a spill directory on another",
+                    "space on that disk or give a spill directory on another%s",
                     sp->path, l2l_human_bytes(want, sizeof want, size),
-                    l2l_human_bytes(have, sizeof have, used), strerror(err));
+                    l2l_human_bytes(have, sizeof have, used), strerror(err),
+                    err == EFBIG ? ", or raise the file size limit (ulimit -f)" : "");
   }
   *offset = used;
   return L2L_OK;
@@ -266,6 +335,15 @@ static bool transfer_step(struct eps_spill_io *io, int64_t n) {
   return false;
 }
 
+/* io has ended (on the engine's thread, which alone holds it until it is marked done):
+   its bytes hashed, a write's for the read that takes them back, a read's for its wait to
+   check (where the message has room for a long path). */
+static void transfer_hash(struct eps_spill_io *io) {
+  if (io->job.status != L2L_OK) return;
+  io->hash = XXH3_64bits(io->buffer, (size_t)io->bytes);
+  if (io->write) io->sum = io->hash;
+}
+
 /* ---------------------------------------------------------- the pool of pread/pwrite threads */
 
 static void io_run(struct l2l_job *job, int thread) {
@@ -280,6 +358,7 @@ static void io_run(struct l2l_job *job, int thread) {
     ssize_t n = io->write ? pwrite(fd, at, want, where) : pread(fd, at, want, where);
     more = transfer_step(io, n < 0 ? -(int64_t)errno : (int64_t)n);
   }
+  transfer_hash(io);
 }
 
 /* ----------------------------------------------------------------------------- io_uring */
@@ -329,7 +408,9 @@ static void ring_again(struct eps_spill *sp, struct eps_spill_io *io) {
 
 /* The reaper: each completion moves its transfer on (the rest of it, or the same again
    through the buffered descriptor) or ends it. Under ring_lock, which also orders the
-   queuing thread's setting of io before it, for whoever reads io next. */
+   queuing thread's setting of io before it, for whoever reads io next; a transfer that
+   ended is hashed with the lock let go (nobody else touches io until it is marked done),
+   so that queuing threads do not wait for the hash. */
 static void *ring_reap(void *arg) {
   struct eps_spill *sp = arg;
   for (;;) {
@@ -342,8 +423,13 @@ static void *ring_reap(void *arg) {
     if ((void *)io == &ring_stop_mark) break;
     if (io == NULL) continue;   /* an entry a failed submit left, made nothing */
     pthread_mutex_lock(&sp->ring_lock);
-    if (transfer_step(io, n)) ring_again(sp, io);
-    else ring_finish(sp, io);
+    bool more = transfer_step(io, n);
+    if (more) ring_again(sp, io);
+    pthread_mutex_unlock(&sp->ring_lock);
+    if (more) continue;
+    transfer_hash(io);
+    pthread_mutex_lock(&sp->ring_lock);
+    ring_finish(sp, io);
     pthread_mutex_unlock(&sp->ring_lock);
   }
   return NULL;
@@ -425,7 +511,7 @@ static l2l_status ring_wait(struct eps_spill *sp, struct eps_spill_io *io) {
 #endif
 
 l2l_status eps_spill_queue(struct eps_spill *sp, struct eps_spill_io *io, bool write, void *buffer,
-                           uint64_t offset, uint64_t bytes) {
+                           uint64_t offset, uint64_t bytes, uint64_t sum) {
   if (sp == NULL || sp->fd < 0 || io == NULL || (buffer == NULL && bytes > 0))
     return l2l_fail(L2L_ERR_INVALID, "the spill file is not open, or no buffer");
   pthread_mutex_lock(&sp->lock);
@@ -436,18 +522,27 @@ l2l_status eps_spill_queue(struct eps_spill *sp, struct eps_spill_io *io, bool w
                     "reserved", sp->path, (unsigned long long)bytes, (unsigned long long)offset,
                     (unsigned long long)used);
   *io = (struct eps_spill_io){.spill = sp, .write = write, .buffer = buffer, .offset = offset,
-                              .bytes = bytes, .direct = aligned_transfer(sp, buffer, offset, bytes)};
+                              .bytes = bytes, .sum = write ? 0 : sum,
+                              .direct = aligned_transfer(sp, buffer, offset, bytes)};
   if (sp->ring == NULL) {
     io->job.run = io_run;
     l2l_queue_push(&sp->io, &io->job);
   } else if (bytes > 0) {
     ring_queue(sp, io);
   } else {
-    io->job.done = true;   /* nothing to move */
+    transfer_hash(io);     /* nothing to move: the hash of no bytes, as the pool's */
+    io->job.done = true;
   }
   return L2L_OK;
 }
 
 l2l_status eps_spill_wait(struct eps_spill_io *io) {
-  return io->spill->ring ? ring_wait(io->spill, io) : l2l_job_wait(&io->job);
+  struct eps_spill *sp = io->spill;
+  TRY(sp->ring ? ring_wait(sp, io) : l2l_job_wait(&io->job));
+  if (io->write || io->hash == io->sum) return L2L_OK;
+  return l2l_fail(L2L_ERR_IO, "spill file %s: the %llu bytes at %llu are not those written there "
+                  "(their XXH3-64 is %016llx, %016llx when written): another program changed "
+                  "the file", sp->path, (unsigned long long)io->bytes,
+                  (unsigned long long)io->offset, (unsigned long long)io->hash,
+                  (unsigned long long)io->sum);
 }

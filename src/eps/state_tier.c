@@ -14,6 +14,9 @@
  * update. The file and its I/O are spill.c's. Which gradient accumulators pass (in memory
  * from their arrival to their update alone) is decided here too, before each step, with
  * the budget's check; their arrivals and clears are eps.c's.
+ * Each array's checksum (spill.c's XXH3-64 of what was written) stays with its record, and
+ * every read back is checked against it: bytes another program changed are a read failure
+ * like a file cut short, the record not updated.
  * Must never: free a state array that is not on disk, consume a read that a restore has
  * made stale, or leave a failure unreported (the first one on a worker is kept for the
  * step).
@@ -43,15 +46,16 @@ l2l_status eps_state_out(struct l2l_eps *eps, struct eps_record *rec) {
   int queued = 0;
   for (int a = 0; a < arrays && status == L2L_OK; a++) {
     status = eps_spill_queue(eps->spill, &io[a], true, l2l_tensor_data(rec->state[a]),
-                             rec->spill_at[a], bytes);
+                             rec->spill_at[a], bytes, 0);
     if (status == L2L_OK) queued++;
   }
   for (int a = 0; a < queued; a++) {
     l2l_status done = eps_spill_wait(&io[a]);
     if (status == L2L_OK) status = done;
   }
-  if (status != L2L_OK) return status;
+  if (status != L2L_OK) return status;   /* (not spilled: the checksums are not read) */
   for (int a = 0; a < arrays; a++) {
+    rec->spill_sum[a] = io[a].sum;
     l2l_tensor_free(rec->state[a]);
     rec->state[a] = NULL;
   }
@@ -67,7 +71,8 @@ static l2l_status read_queue(struct l2l_eps *eps, struct eps_record *rec, int wh
                              l2l_tensor **out, struct eps_spill_io *io) {
   TRY(eps_state_new(out, rec));
   l2l_status status = eps_spill_queue(eps->spill, io, false, l2l_tensor_data(*out),
-                                      rec->spill_at[which], eps_array_bytes(rec));
+                                      rec->spill_at[which], eps_array_bytes(rec),
+                                      rec->spill_sum[which]);
   if (status != L2L_OK) {
     l2l_tensor_free(*out);
     *out = NULL;

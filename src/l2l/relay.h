@@ -448,7 +448,9 @@ L2L_API l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const
 
 /* Checkpoints: what a relay holds beyond its layers' parameters, read and restored, so a
    run rebuilt from saved layers continues exactly. A record's update count is the t of its
-   last update (0 before the first); l2l_relay_restore_param gives a record that count and
+   last update (0 before the first); every count a restore takes is at most 2^53 - 1 (the
+   largest integer a checkpoint's JSON holds exactly: later steps count on from it without
+   reaching int64's end). l2l_relay_restore_param gives a record that count and
    copies of its optimizer state (first, second: in any of the state's precisions, f32 or
    bf16 with the parameter's element count or 8bit's u8 vector, converted into the relay's
    own — the same precision is copied to the bit; every value must be finite and a second

@@ -524,6 +524,13 @@ l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_par
 
 /* ---------------------------------------------------------------- checkpoints */
 
+/* The largest count a restore takes: 2^53 - 1, the largest integer a checkpoint's JSON
+   holds exactly, where l2l.load caps the counts it reads (lua/l2l/checkpoint.lua's
+   EXACT_MAX). Steps and updates count on from a restored count by one at a time, so a cap
+   this far below int64's end keeps every later count an int64 (issue 47: INT64_MAX - 1
+   updates overflowed two steps later). */
+#define COUNT_MAX ((INT64_C(1) << 53) - 1)
+
 l2l_status l2l_relay_param_updates(int64_t *out, l2l_relay *run, const l2l_param *param) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   RELAY_ENTER(run);
@@ -539,7 +546,9 @@ l2l_status l2l_relay_param_updates(int64_t *out, l2l_relay *run, const l2l_param
 l2l_status l2l_relay_restore_param(l2l_relay *run, const l2l_param *param, int64_t updates,
                                    const l2l_tensor *first, const l2l_tensor *second) {
   RELAY_ENTER(run);
-  if (updates < 0) return FAIL(L2L_ERR_INVALID, "updates must be >= 0, got %lld", (long long)updates);
+  if (updates < 0 || updates > COUNT_MAX)
+    return FAIL(L2L_ERR_INVALID, "updates must be 0 to 2^53 - 1 (the largest count a checkpoint "
+                "holds), got %lld", (long long)updates);
   TRY(sync_now(run));
   struct eps_record *rec = l2l_eps_find(&run->eps, param);
   if (rec == NULL) return FAIL(L2L_ERR_INVALID, "param is not a record of this relay's layers");
@@ -553,10 +562,10 @@ l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t go
     return FAIL(L2L_ERR_STATE, "the relay does not scale its loss (config->loss_scale is 0)");
   if (!(scale >= MIN_LOSS_SCALE && scale <= MAX_LOSS_SCALE))
     return FAIL(L2L_ERR_INVALID, "scale must be 2^-64 to 2^100, got %g", scale);
-  if (good < 0 || good >= run->config.loss_scale_window || skipped < 0)
-    return FAIL(L2L_ERR_INVALID, "need 0 <= good < loss_scale_window (%d) and skipped >= 0, "
-                "got good %lld, skipped %lld", run->config.loss_scale_window, (long long)good,
-                (long long)skipped);
+  if (good < 0 || good >= run->config.loss_scale_window || skipped < 0 || skipped > COUNT_MAX)
+    return FAIL(L2L_ERR_INVALID, "need 0 <= good < loss_scale_window (%d) and skipped 0 to 2^53 - 1 "
+                "(the largest count a checkpoint holds), got good %lld, skipped %lld",
+                run->config.loss_scale_window, (long long)good, (long long)skipped);
   TRY(sync_now(run));
   run->scale = scale;
   run->scale_good = good;
@@ -569,11 +578,10 @@ l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t go
 
 l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int64_t updates) {
   RELAY_ENTER(run);
-  /* steps below INT64_MAX: the next step counts steps + 1 */
-  if (steps < 0 || steps == INT64_MAX || updates < 0 || updates > steps)
+  if (steps < 0 || steps > COUNT_MAX || updates < 0 || updates > steps)
     return FAIL(L2L_ERR_INVALID,
-                "need 0 <= updates <= steps < 2^63 - 1, got steps %lld, updates %lld",
-                (long long)steps, (long long)updates);
+                "need 0 <= updates <= steps <= 2^53 - 1 (the largest count a checkpoint holds), "
+                "got steps %lld, updates %lld", (long long)steps, (long long)updates);
   TRY(sync_now(run));
   run->steps = steps;
   run->updates = updates;
