@@ -151,6 +151,23 @@ void l2l_host_record_bytes(struct l2l_host_record *out, int64_t numel, int64_t s
 /* Bytes of one optimizer state array of n elements in precision `state` (l2l.h, "optimizers":
    8bit is n codes padded to 4 bytes, then an f32 scale a block); 0 for an unknown one. */
 uint64_t l2l_host_state_bytes(l2l_state_precision state, int64_t n);
+/* The layout of an 8-bit state array of n elements (l2l/relay.h, "optimizers"), written
+   once: its n codes, zero padding to 4 bytes, then the f32 scale of each block of
+   L2L_STATE_BLOCK elements. */
+static inline uint64_t l2l_state8_codes_bytes(int64_t n) {
+  return ((uint64_t)(n > 0 ? n : 0) + 3) & ~(uint64_t)3;   /* where the scales begin */
+}
+static inline int64_t l2l_state8_blocks(int64_t n) {
+  return n > 0 ? (n + L2L_STATE_BLOCK - 1) / L2L_STATE_BLOCK : 0;
+}
+/* An element's bytes in the state's precision (8 bits: a code's, the scales aside), and
+   the dtype of an array kept in it (8 bits: a vector of bytes, codes and scales). */
+static inline int l2l_state_elem_bytes(l2l_state_precision state) {
+  return state == L2L_STATE_F32 ? 4 : state == L2L_STATE_BF16 ? 2 : 1;
+}
+static inline l2l_dtype l2l_state_dtype(l2l_state_precision state) {
+  return state == L2L_STATE_F32 ? L2L_F32 : state == L2L_STATE_BF16 ? L2L_BF16 : L2L_U8;
+}
 /* Rank `rank`'s shard of a record of n elements over `ranks`: the elements [*begin,
    *begin + *count) with s = ceil(n / ranks) rounded up to a multiple of `align` (8-bit
    state: a shard holds whole blocks), rank·s clipped to n (the last shards may be shorter

@@ -14,10 +14,10 @@
 uint64_t l2l_host_state_bytes(l2l_state_precision state, int64_t n) {
   uint64_t u = n > 0 ? (uint64_t)n : 0;
   switch (state) {
-  case L2L_STATE_F32: return u * sizeof(float);
-  case L2L_STATE_BF16: return u * sizeof(uint16_t);
+  case L2L_STATE_F32:
+  case L2L_STATE_BF16: return u * (uint64_t)l2l_state_elem_bytes(state);
   case L2L_STATE_8BIT:
-    return ((u + 3) & ~(uint64_t)3) + (u + L2L_STATE_BLOCK - 1) / L2L_STATE_BLOCK * sizeof(float);
+    return l2l_state8_codes_bytes(n) + (uint64_t)l2l_state8_blocks(n) * sizeof(float);
   }
   return 0;
 }

@@ -254,14 +254,13 @@ static l2l_status state_gather(l2l_tensor **out, struct l2l_eps *eps, struct eps
                                const l2l_tensor *shard) {
   l2l_state_precision p = eps->optimizer.state;
   int64_t n = l2l_tensor_numel(rec->master);
-  int size = eps->dist->size, elem = p == L2L_STATE_F32 ? 4 : p == L2L_STATE_BF16 ? 2 : 1;
+  int size = eps->dist->size, elem = l2l_state_elem_bytes(p);
   l2l_status status;
   if (p == L2L_STATE_8BIT) {
     int64_t shape[1] = {(int64_t)l2l_host_state_bytes(p, n)};
     status = l2l_tensor_new(out, L2L_POOL_HOST, L2L_U8, 1, shape);
   } else {
-    status = l2l_tensor_new_like(out, L2L_POOL_HOST, p == L2L_STATE_BF16 ? L2L_BF16 : L2L_F32,
-                                 rec->master);
+    status = l2l_tensor_new_like(out, L2L_POOL_HOST, l2l_state_dtype(p), rec->master);
   }
   if (status != L2L_OK) return status;
   uint8_t *whole = l2l_tensor_data(*out);
@@ -276,10 +275,10 @@ static l2l_status state_gather(l2l_tensor **out, struct l2l_eps *eps, struct eps
     int *counts = calloc(2 * (size_t)size, sizeof *counts), *displs = counts + size;
     if (counts == NULL) status = FAIL(L2L_ERR_NOMEM, "no memory for a gather's counts");
     for (int r = 0; status == L2L_OK && r < size; r++) {
-      counts[r] = (rec->counts[r] + L2L_STATE_BLOCK - 1) / L2L_STATE_BLOCK;
+      counts[r] = (int)l2l_state8_blocks(rec->counts[r]);
       displs[r] = rec->displs[r] / L2L_STATE_BLOCK;
     }
-    uint64_t codes = ((uint64_t)n + 3) & ~(uint64_t)3, own = ((uint64_t)rec->shard_n + 3) & ~(uint64_t)3;
+    uint64_t codes = l2l_state8_codes_bytes(n), own = l2l_state8_codes_bytes(rec->shard_n);
     float *scales = (float *)(whole + codes);
     memset(whole + n, 0, (size_t)(codes - (uint64_t)n));   /* the padding, zero as documented */
     if (status == L2L_OK) {

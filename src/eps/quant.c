@@ -99,9 +99,9 @@ int eps_code_nearest(enum eps_code code, float y) {
 
 /* ---------------------------------------------------------------- one array's blocks */
 
-/* Where the 8-bit array of n elements keeps its scales: after its codes, padded to 4. */
+/* Where the 8-bit array of n elements keeps its scales (core.h's layout). */
 static float *scales_of(void *array, int64_t n) {
-  return (float *)((uint8_t *)array + (((uint64_t)n + 3) & ~(uint64_t)3));
+  return (float *)((uint8_t *)array + l2l_state8_codes_bytes(n));
 }
 
 /* One block of at most L2L_STATE_BLOCK values x into codes and its scale. A root code
@@ -247,7 +247,7 @@ l2l_status eps_state_new(l2l_tensor **out, const struct eps_record *rec) {
     int64_t shape[1] = {rec->shard_n > 0 ? (int64_t)eps_array_bytes(rec) : 4};
     return l2l_tensor_new(out, L2L_POOL_HOST, L2L_U8, 1, shape);
   }
-  l2l_dtype dtype = state == L2L_STATE_BF16 ? L2L_BF16 : L2L_F32;
+  l2l_dtype dtype = l2l_state_dtype(state);
   if (rec->eps->dist == NULL)   /* all of the record, in its shape */
     return l2l_tensor_new_like(out, L2L_POOL_HOST, dtype, rec->master);
   int64_t shape[1] = {rec->shard_n > 0 ? rec->shard_n : 1};   /* an empty shard: 1 unused */
@@ -264,9 +264,9 @@ static void shard_copy(void *dst, const void *src, const struct eps_record *rec,
     memcpy(dst, (const uint8_t *)src + lo, (size_t)k);
     memset((uint8_t *)dst + k, 0, (size_t)((uint8_t *)scales_of(dst, k) - ((uint8_t *)dst + k)));
     memcpy(scales_of(dst, k), scales_of((void *)src, n) + lo / L2L_STATE_BLOCK,
-           (size_t)((k + L2L_STATE_BLOCK - 1) / L2L_STATE_BLOCK) * sizeof(float));
+           (size_t)l2l_state8_blocks(k) * sizeof(float));
   } else {
-    size_t elem = p == L2L_STATE_BF16 ? sizeof(uint16_t) : sizeof(float);
+    size_t elem = (size_t)l2l_state_elem_bytes(p);
     memcpy(dst, (const uint8_t *)src + (size_t)lo * elem, (size_t)k * elem);
   }
 }
