@@ -163,7 +163,7 @@ ifneq ($(MPICC),)
   MPI_PLUGIN := $(BUILD)/libl2l-mpi.so
 endif
 
-.PHONY: all deps test demo bench vecreport clean fuzz flakes install uninstall doc gpu-deps
+.PHONY: all deps test demo bench vecreport clean fuzz flakes install uninstall doc gpu-deps help archcheck
 all: $(BUILD)/libl2l.so $(BUILD)/libl2l.a $(BUILD)/l2l $(BUILD)/l2l_ctest $(BUILD)/hello \
      $(BUILD)/embed $(BUILD)/embed_lua $(DIST)/libl2l.so.$(VERSION) $(DIST)/l2l \
      lua/l2l/cdef.lua $(MPI_PLUGIN)
@@ -252,9 +252,31 @@ lua/l2l/cdef.lua: $(PUBLIC_HEADERS) scripts/gen_cdef.lua scripts/public_header.l
 export OMP_WAIT_POLICY ?= PASSIVE
 
 # `+`: the install spec runs make itself (install into a temporary DESTDIR), as a sub-make
-# that shares this one's job slots and command-line variables.
+# that shares this one's job slots and command-line variables. T=NAME runs one test: a
+# spec file (spec/NAME_spec.lua, or a path), else the C tests whose names start with NAME
+# and the specs whose descriptions hold it (scripts/test.sh).
 test: all
-	+@L2L_SANITIZE=$(SANITIZE) L2L_TSAN=$(TSAN) bash scripts/test.sh $(BUILD)
+	+@L2L_SANITIZE=$(SANITIZE) L2L_TSAN=$(TSAN) L2L_TEST_ONLY='$(T)' bash scripts/test.sh $(BUILD)
+
+# The architecture check alone (make test runs it first): includes and calls point down.
+archcheck: all
+	@$(BUILD)/l2l scripts/archcheck --objects $(BUILD)
+
+# What this Makefile does, in one screen.
+help:
+	@echo "make                 build everything (library, l2l, C tests, examples)"
+	@echo "make demo            train the demo's model (examples/train_gpt.lua)"
+	@echo "make test            every C test and spec, with the architecture check"
+	@echo "make test T=NAME     one spec file (spec/NAME_spec.lua), or the C tests and specs named NAME"
+	@echo "make test SANITIZE=1 under AddressSanitizer and UBSan (build-san/); TSAN=1: ThreadSanitizer"
+	@echo "make archcheck       the architecture check alone (scripts/archcheck)"
+	@echo "make flakes          make test N times with fresh seeds, some loaded and sanitized"
+	@echo "make fuzz N=...      the loader fuzzer"
+	@echo "make bench           the benchmarks (bench/)"
+	@echo "make doc             man page, Lua and C references into build/doc"
+	@echo "make install         PREFIX=/usr/local DESTDIR= (BINDIR, LIBDIR, ...); make uninstall"
+	@echo "make gpu-deps        .gpudeps/ for a lent GPU machine (scripts/gpu-check.sh runs there)"
+	@echo "knobs: ARCH=<-march> NO_CUDA=1 CUDA_ARCH=\"80 90\" NO_MPI=1 L2L_THREADS=<n> CFLAGS= LDFLAGS="
 
 # The loader fuzzer: N mutated checkpoints, each loaded in a child process; crashing,
 # hanging and unclean cases are kept in $(BUILD)/fuzz/ (the script's header explains).

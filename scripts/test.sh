@@ -3,6 +3,9 @@
 # test.sh — run the architecture check, every C test and every spec; end with one line
 # "N passed, M failed".
 # Usage: scripts/test.sh BUILD_DIR   (called by `make test`; BUILD_DIR holds l2l, l2l_ctest)
+# L2L_TEST_ONLY=NAME (make test T=NAME): one spec file (spec/NAME_spec.lua, or a path to
+# one) alone; else the C tests whose names start with NAME and the specs whose
+# descriptions hold it; the architecture check is left out either way.
 # One seed drives every random draw of the run, the C tests' and the specs': L2L_SEED, or
 # a fresh one, printed first; `L2L_SEED=s make test` replays the run.
 # The specs run under the l2l executable, which has jemalloc loaded from the start; it runs
@@ -29,7 +32,7 @@ echo "== seed $L2L_SEED (L2L_SEED=$L2L_SEED make test$knob replays this run)"
 # (libgomp is not built for TSan; l2l's own threads are what is checked) and OpenMPI's
 # internals suppressed (scripts/tsan.supp). A report makes a program exit with status 66:
 # a child's fails its spec, a runner's counts as a failure below.
-ctest_only=() specs=(spec)
+ctest_only=() specs=(spec) filter=() only=${L2L_TEST_ONLY:-}
 if [[ ${L2L_TSAN:-0} == 1 ]]; then
   export TSAN_OPTIONS="suppressions=$PWD/scripts/tsan.supp ${TSAN_OPTIONS:-}"
   export OMP_NUM_THREADS=1 L2L_THREADS=1
@@ -51,12 +54,23 @@ exited_badly() {
   fi
 }
 
-echo "== architecture (scripts/archcheck under $build/l2l)"
-if "$build/l2l" scripts/archcheck --objects "$build"; then passed=$((passed + 1))
-else failed=$((failed + 1)); echo "test: the architecture check failed (scripts/archcheck)"; fi
+run_ctests=1
+if [[ -n $only ]]; then
+  spec_file=$only
+  [[ -f $spec_file ]] || spec_file=spec/${only}_spec.lua
+  if [[ -f $spec_file ]]; then specs=("$spec_file") run_ctests=0
+  else ctest_only=("$only") filter=(--filter "$only"); fi
+fi
+
+if [[ -z $only ]]; then
+  echo "== architecture (scripts/archcheck under $build/l2l)"
+  if "$build/l2l" scripts/archcheck --objects "$build"; then passed=$((passed + 1))
+  else failed=$((failed + 1)); echo "test: the architecture check failed (scripts/archcheck)"; fi
+fi
 
 echo "== C tests ($build/l2l_ctest)"
-"$build/l2l_ctest" "${ctest_only[@]}" 2>&1 | tee "$log/ctest"
+if ((run_ctests)); then "$build/l2l_ctest" "${ctest_only[@]}" 2>&1 | tee "$log/ctest"
+else echo "ctest: 0 passed, 0 failed, 0 skipped" | tee "$log/ctest"; fi
 ctest_rc=${PIPESTATUS[0]}
 summary=$(grep -E '^ctest: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$log/ctest" | tail -n 1)
 if [[ -n $summary ]]; then
@@ -70,7 +84,7 @@ fi
 
 echo "== specs (busted under $build/l2l)"
 if busted=$(command -v busted); then
-  "$build/l2l" "$busted" -o plainTerminal "${specs[@]}" 2>&1 | tee "$log/busted"
+  "$build/l2l" "$busted" -o plainTerminal "${filter[@]}" "${specs[@]}" 2>&1 | tee "$log/busted"
   busted_rc=${PIPESTATUS[0]}
 else
   echo "test: busted is not on the PATH (scripts/deps.sh installs it)" | tee "$log/busted"
