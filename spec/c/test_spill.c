@@ -51,14 +51,19 @@ static bool open_with(struct eps_spill *sp, const char *dir, enum eps_spill_engi
   return true;
 }
 
+/* A spill file of `engine` in a new temporary folder (dir); false when either could not be
+   made (the check says why; the folder is gone again). */
+static bool opened_in_temp(char *dir, size_t len, struct eps_spill *sp, enum eps_spill_engine engine) {
+  if (!check_temp_dir(dir, len, "l2l-spill-test")) return false;
+  if (open_with(sp, dir, engine, true)) return true;
+  check_remove_dir(dir);
+  return false;
+}
+
 static void reads_back_what_it_wrote(enum eps_spill_engine engine) {
   char dir[256];
-  if (!check_temp_dir(dir, sizeof dir, "l2l-spill-test")) return;
   struct eps_spill sp;
-  if (!open_with(&sp, dir, engine, true)) {
-    check_remove_dir(dir);
-    return;
-  }
+  if (!opened_in_temp(dir, sizeof dir, &sp, engine)) return;
   CHECK(check_dir_entries(dir) == 1, "%d files in %s, want the spill file", check_dir_entries(dir), dir);
   uint64_t offset[REGIONS], bytes[REGIONS], total = 0;
   unsigned char *data[REGIONS], *back[REGIONS];
@@ -135,12 +140,8 @@ TEST(spill_reads_back_what_it_wrote_io_uring) { reads_back_what_it_wrote(EPS_SPI
    and a region written again reads back. */
 static void checks_what_it_reads(enum eps_spill_engine engine) {
   char dir[256];
-  if (!check_temp_dir(dir, sizeof dir, "l2l-spill-test")) return;
   struct eps_spill sp;
-  if (!open_with(&sp, dir, engine, true)) {
-    check_remove_dir(dir);
-    return;
-  }
+  if (!opened_in_temp(dir, sizeof dir, &sp, engine)) return;
   enum { N = 6 };
   uint64_t offset[N], bytes[N], sum[N];
   unsigned char *data[N], *back[N];
