@@ -40,12 +40,7 @@ local function host_allocs()
   return tonumber(s.allocs)
 end
 
-local function refused(pattern, f, ...)
-  local ok, err = pcall(f, ...)
-  assert.is_false(ok, "expected a refusal matching: " .. pattern)
-  assert.is_truthy(tostring(err):find(pattern, 1, true), tostring(err))
-  return tostring(err)
-end
+local refused = support.refused
 
 local V, S, D = 11, 5, 16
 local function small_run(o)

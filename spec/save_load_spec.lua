@@ -45,12 +45,7 @@ local function listing(folder)
   return table.concat(names, " ")
 end
 
-local function refused(needle, f, ...)
-  local ok, err = pcall(f, ...)
-  assert.is_false(ok, "expected a refusal naming: " .. needle)
-  assert.is_truthy(tostring(err):find(needle, 1, true), tostring(err))
-  return tostring(err)
-end
+local refused = support.refused
 
 describe("save and load agree (seed " .. seed .. ")", function()
   it("a save refuses optimizer state a load would refuse, and leaves the last file as it was (item 2)", function()

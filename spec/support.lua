@@ -130,4 +130,12 @@ function M.sh(cmd)
   return status, (out:gsub("__status=%d+%s*$", ""))
 end
 
+-- f(...) must raise an error whose message holds `needle` (plain text); returns it.
+function M.refused(needle, f, ...)
+  local ok, err = pcall(f, ...)
+  assert(not ok, "expected a refusal naming: " .. needle)
+  assert(tostring(err):find(needle, 1, true), tostring(err))
+  return tostring(err)
+end
+
 return M
