@@ -9,7 +9,6 @@
  * Must never: free a device tensor a copy still reads (stash-outs are retired in order).
  */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "relay.h"
@@ -128,22 +127,9 @@ static l2l_status rows_to_device(struct step *s, l2l_tensor **out, const l2l_ten
   return status;
 }
 
-l2l_status relay_loss_queue(struct step *s, const l2l_tensor *losses) {
-  if (s->nlosses == s->losses_cap) {
-    int64_t cap = s->losses_cap ? 2 * s->losses_cap : 16;
-    l2l_tensor **grown = realloc(s->losses, (size_t)cap * sizeof *grown);
-    if (grown == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a step's losses");
-    s->losses = grown, s->losses_cap = cap;
-  }
-  l2l_tensor *host = NULL;
-  TRY(relay_tensor_like(&host, L2L_POOL_PINNED, losses));
-  l2l_status status = l2l_tensor_copy_queued(host, losses);
-  if (status != L2L_OK) {
-    l2l_tensor_free(host);
-    return status;
-  }
-  s->losses[s->nlosses++] = host;
-  return L2L_OK;
+l2l_status relay_loss_queue(struct step *s, int64_t u, const l2l_tensor *losses) {
+  TRY(relay_tensor_like(&s->losses[u], L2L_POOL_PINNED, losses));
+  return l2l_tensor_copy_queued(s->losses[u], losses);   /* (a failed one: freed with the step) */
 }
 
 void relay_mb_inputs_free(struct mb_inputs *m) {

@@ -220,11 +220,10 @@ struct step {
      rows go to the device from here queued (l2l_tensor_copy_queued), so the host never
      waits for the device on them. Freed when the step is (after its last wait). */
   struct batch_fields staged;
-  /* Each head call's per-target losses, copied back to pinned memory queued, in call
-     order; summed into loss_sum when the step's last synchronization has passed
-     (relay_step_free), in that order. */
+  /* losses[u]: the head's per-target losses of micro-batch u, copied back to pinned
+     memory queued; summed into loss_sum in micro-batch order (the order the head is
+     called in) when the step's last wait has passed (relay_step_free). */
   l2l_tensor **losses;
-  int64_t nlosses, losses_cap;
   struct schedule sched;      /* the visits and their order (src/schedule) */
   int visit_layer;            /* the visit running: its layer's index in run->layers */
   /* The visit running and the next one's parameters. */
@@ -351,8 +350,8 @@ void relay_mb_inputs_free(struct mb_inputs *m);
 /* The batch's fields into pinned memory (s->staged), when the step's arrays are made. */
 l2l_status relay_batch_stage(struct step *s);
 void relay_batch_fields_free(struct batch_fields *b);
-/* A head call's per-target losses copied back to pinned memory, queued (s->losses). */
-l2l_status relay_loss_queue(struct step *s, const l2l_tensor *losses);
+/* Micro-batch u's per-target losses copied back to pinned memory, queued (s->losses[u]). */
+l2l_status relay_loss_queue(struct step *s, int64_t u, const l2l_tensor *losses);
 int64_t relay_mb_rows(const struct step *s, int64_t u);
 l2l_status relay_new_activation(struct step *s, l2l_tensor **out, int64_t u);
 l2l_status relay_out_throttle(struct step *s, int keep);

@@ -81,14 +81,13 @@ void relay_step_free(struct step *s) {
   l2l_queue_drain(&run->d2h);
   relay_stamped_resolve(s);
   /* past the step's last wait for the device: the queued copies are done */
-  for (int64_t i = 0; i < s->nlosses; i++) {
+  for (int64_t u = 0; s->losses && u < s->nmb; u++) {
     double loss = 0;
-    if (l2l_sum(&loss, s->losses[i]) == L2L_OK) s->loss_sum += loss;
-    l2l_tensor_free(s->losses[i]);
+    if (s->losses[u] && l2l_sum(&loss, s->losses[u]) == L2L_OK) s->loss_sum += loss;
+    l2l_tensor_free(s->losses[u]);
   }
   free(s->losses);
   s->losses = NULL;
-  s->nlosses = s->losses_cap = 0;
   relay_batch_fields_free(&s->staged);
   for (int i = 0; i < 2; i++) {
     if (s->out[i]) l2l_tensor_free(s->out[i]->src);
@@ -145,7 +144,8 @@ l2l_status relay_step_alloc(struct step *s) {
   s->saved = calloc((size_t)n, sizeof *s->saved);
   s->swap = calloc((size_t)n, sizeof *s->swap);
   s->where = calloc((size_t)n, sizeof *s->where);
-  if (!s->x || !s->g || !s->saved || !s->swap || !s->where)
+  s->losses = calloc((size_t)s->nmb, sizeof *s->losses);
+  if (!s->x || !s->g || !s->saved || !s->swap || !s->where || !s->losses)
     return FAIL(L2L_ERR_NOMEM, "no memory for a step");
   TRY(relay_batch_stage(s));
   for (int k = 0; k < n; k++) {

@@ -132,7 +132,7 @@ static l2l_status head(void *ctx, int k, int64_t u, bool backward) {
   if (status == L2L_OK)
     status = l2l_layer_forward_prechecked(backward ? &saved : NULL, layer, losses, s->x[k][u].dev,
                                &s->mb_in.batch);
-  if (status == L2L_OK) status = relay_loss_queue(s, losses);
+  if (status == L2L_OK) status = relay_loss_queue(s, u, losses);
   if (status == L2L_OK && backward)
     status = l2l_layer_backward_prechecked(layer, s->g[k][u].dev, NULL, saved, &s->mb_in.batch);
   relay_compute_done(s, s->active[k], u, backward ? L2L_PHASE_BACKWARD : L2L_PHASE_FORWARD, &t0);
