@@ -30,19 +30,17 @@ local M = {}
 -- seeds, counts and indexes stop there.
 M.EXACT_MAX = 2 ^ 53 - 1
 
--- Whether v is a whole number in [min, EXACT_MAX] (min defaults to 0).
-function M.whole(v, min)
-  return type(v) == "number" and v == floor(v) and v >= (min or 0) and v <= M.EXACT_MAX
-end
-
--- What is wrong with v as a whole number >= min, as a message says it ("must be an
--- integer >= 0"), or nil when nothing is.
+-- What is wrong with v as a whole number in [min, EXACT_MAX] (min defaults to 0), as a
+-- message says it ("must be an integer >= 0"), or nil when nothing is.
 function M.whole_problem(v, min)
   min = min or 0
   if type(v) ~= "number" or v ~= floor(v) or v < min then return ("must be an integer >= %d"):format(min) end
   if v > M.EXACT_MAX then return "must be at most 2^53 - 1 (a larger number is not held exactly)" end
   return nil
 end
+
+-- Whether v is such a whole number.
+function M.whole(v, min) return M.whole_problem(v, min) == nil end
 
 -- error() for the helpers below: `level` counts from the function that called the helper.
 local function raise(msg, level) error(msg, level == 0 and 0 or level + 2) end

@@ -296,7 +296,7 @@ local function count_of(v, max, what)
   end
   return v
 end
-local EXACT_MAX = 2 ^ 53 - 1   -- the last integer a JSON number read into Lua holds exactly
+local EXACT_MAX = argcheck.EXACT_MAX   -- the last integer a JSON number read into Lua holds exactly
 
 -- The constructor of a described layer, and the function that lists the records it
 -- would make (layers.records, custom.records) without making them.

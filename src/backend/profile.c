@@ -439,14 +439,20 @@ l2l_status l2l_profile_stop(void) {
   return L2L_OK;
 }
 
+static bool flop_bound(const struct row *r) { return r->bound >= L2L_BOUND_FLOP32; }
+
+/* The rate a row reached: FLOP/s where arithmetic bounds it, else bytes/s (0: no time). */
+static double row_rate(const struct row *r) {
+  return r->r.seconds > 0 ? (flop_bound(r) ? r->r.flops : r->r.bytes) / r->r.seconds : 0;
+}
+
 /* A row's fraction of its probed rate, or -1. */
 static double roofline(const struct row *r, const l2l_profile_summary *s) {
   double probed = r->bound == L2L_BOUND_MEM      ? s->copy_rate
                   : r->bound == L2L_BOUND_LINK   ? s->link_rate
                   : r->bound == L2L_BOUND_FLOP32 ? s->gemm_rate_f32
                                                  : s->gemm_rate_16;
-  double done = r->bound >= L2L_BOUND_FLOP32 ? r->r.flops : r->r.bytes;
-  return probed > 0 && r->r.seconds > 0 ? done / r->r.seconds / probed : -1;
+  return probed > 0 && r->r.seconds > 0 ? row_rate(r) / probed : -1;
 }
 
 l2l_status l2l_profile_get_summary(l2l_profile_summary *out) {
@@ -498,9 +504,7 @@ static void tsv_rows(FILE *f, const l2l_profile_summary *s) {
   fprintf(f, "step\tstep\t\t1\t%.6f\t1\t\t\t\t\t\n", 1e3 * step);
   for (int64_t i = 0; i < result.nrows; i++) {
     const struct row *r = &result.rows[i];
-    double sec = per_step(r->r.seconds, s), flop = r->bound >= L2L_BOUND_FLOP32;
-    double rate = r->r.seconds > 0 ? (flop ? r->r.flops : r->r.bytes) / r->r.seconds : 0;
-    double roof = roofline(r, s);
+    double sec = per_step(r->r.seconds, s), rate = row_rate(r), roof = roofline(r, s);
     fprintf(f, "%s\t%s\t%s\t%.6g\t%.6f\t%.6f\t%.6g\t%.6g\t%.6g\t%s\t", r->r.kind, r->r.op,
             r->r.shape, per_step((double)r->r.calls, s), 1e3 * sec, step > 0 ? sec / step : 0,
             per_step(r->r.flops, s) / 1e9, per_step(r->r.bytes, s) / 1e6, rate,
@@ -591,13 +595,12 @@ l2l_status l2l_profile_table(char *out, size_t size, int width) {
   int64_t shown = 0;
   for (int64_t i = 0; i < result.nrows && shown < TABLE_ROWS; i++, shown++) {
     const struct row *r = &result.rows[i];
-    bool flop = r->bound >= L2L_BOUND_FLOP32;
     double sec = per_step(r->r.seconds, s), roof = roofline(r, s);
     put(out, size, &used, "%-4s %-*.*s %-*.*s %6.0f %9.3f %4.0f%%", r->r.kind, OP_WIDTH, OP_WIDTH,
         r->r.op, shape_width, shape_width, r->r.shape, per_step((double)r->r.calls, s), 1e3 * sec,
         step > 0 ? 100 * sec / step : 0);
     if (rates)
-      put(out, size, &used, " %12s", rate_words(a, sizeof a, r->r.seconds > 0 ? (flop ? r->r.flops : r->r.bytes) / r->r.seconds : 0, flop));
+      put(out, size, &used, " %12s", rate_words(a, sizeof a, row_rate(r), flop_bound(r)));
     if (roof >= 0) put(out, size, &used, " %5.2f\n", roof);
     else put(out, size, &used, " %5s\n", "-");
   }
