@@ -81,6 +81,15 @@ enum { L2L_MAX_DIMS = 4, L2L_ALIGN = 64, L2L_MAX_PARAMS = 12, L2L_PARAM_NAME_MAX
    into l2l on this thread. */
 L2L_API const char *l2l_last_error(void);
 L2L_API void l2l_clear_error(void);
+/* What the calling thread's last error was about, beside its words, so that a front end
+   words it in its own terms without reading the message: each field says nothing (-1, 0,
+   "") where the error does not name it. */
+typedef struct l2l_error_detail {
+  int layer;              /* the layer it names, counted from 0 in the caller's list */
+  uint64_t needed_bytes;  /* a budget refused: the smallest that works, in bytes */
+  char field[48];         /* the config field or argument it names ("micro_batch") */
+} l2l_error_detail;
+L2L_API l2l_status l2l_last_error_detail(l2l_error_detail *out);
 L2L_API const char *l2l_status_name(l2l_status status);
 L2L_API const char *l2l_version(void);
 

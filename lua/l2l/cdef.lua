@@ -15,6 +15,13 @@ enum { L2L_MAX_DIMS = 4, L2L_ALIGN = 64, L2L_MAX_PARAMS = 12, L2L_PARAM_NAME_MAX
 
 const char *l2l_last_error(void);
 void l2l_clear_error(void);
+
+typedef struct l2l_error_detail {
+  int layer;
+  uint64_t needed_bytes;
+  char field[48];
+} l2l_error_detail;
+l2l_status l2l_last_error_detail(l2l_error_detail *out);
 const char *l2l_status_name(l2l_status status);
 const char *l2l_version(void);
 
@@ -660,4 +667,7 @@ void l2l_plan_free(l2l_plan *plan);
 l2l_status l2l_plan_calibrate(l2l_plan_rates *out, int remeasure);
 
 l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan);
+
+l2l_status l2l_relay_plan_auto(const l2l_plan **out, l2l_relay *run, int64_t batch, int64_t seq,
+                               int token_types, int key_mask);
 ]==]

@@ -116,11 +116,17 @@ function M.make(model, config, request, fname)
   if C.l2l_plan_new(out, list, n, config, q) ~= 0 then
     fail(fname .. ": " .. relay_options.lua_message(lib.last_error()))
   end
-  local handle = ffi.gc(out, function(box) C.l2l_plan_free(box[0]) end)
+  return M.wrap(ffi.gc(out, function(box) C.l2l_plan_free(box[0]) end), model, config, request)
+end
+
+-- The Lua plan of a C plan: out[0] the plan, out (a box) kept as its handle, or nil for a
+-- plan its relay owns (l2l_relay_plan_auto's: read here, then left to the relay).
+function M.wrap(out, model, config, request, owned_by_relay)
+  local n = #model
   local s = ffi.new("l2l_plan_summary")
   C.l2l_plan_get(s, out[0])
   local plan = setmetatable({
-    handle = handle, micro_batch = tonumber(s.micro_batch), step_seconds = s.step_seconds,
+    handle = not owned_by_relay and out or nil, micro_batch = tonumber(s.micro_batch), step_seconds = s.step_seconds,
     device_peak = tonumber(s.device_peak), streaming_tokens = s.streaming_tokens,
     h2d_bytes = tonumber(s.h2d_bytes), d2h_bytes = tonumber(s.d2h_bytes),
     host_eps_bytes = tonumber(s.host_eps_bytes), host_budget_smallest = tonumber(s.host_budget_smallest),
@@ -135,6 +141,20 @@ function M.make(model, config, request, fname)
                        seconds = l.seconds }
   end
   return plan
+end
+
+-- Whether two plans choose alike (b may be nil): the same shape and budget, micro-batch, predictions
+-- and policies of every layer.
+function M.same(a, b)
+  if b == nil or #a.layers ~= #b.layers then return false end
+  for _, k in ipairs({ "batch", "seq", "device_budget", "micro_batch", "step_seconds", "device_peak" }) do
+    if a[k] ~= b[k] then return false end
+  end
+  for i, l in ipairs(a.layers) do
+    local m = b.layers[i]
+    if l.kind ~= m.kind or l.inner ~= m.inner or l.stash ~= m.stash or l.seconds ~= m.seconds then return false end
+  end
+  return true
 end
 
 local RELAY_SETTINGS = { "param_slots", "precision", "grad_precision", "accumulate", "clip_global_norm",

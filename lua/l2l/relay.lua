@@ -236,6 +236,9 @@ apply_plan = function(self, plan, fname)
     fail(("%s: the plan is for %d layers, the model has %d (plan it again, or use plan = \"auto\")"):format(
       fname, #plan.layers, #self.model))
   end
+  if plan.handle == nil then
+    fail(fname .. ": option 'plan': a plan = \"auto\" made is its relay's; plan another with l2l.plan{...}")
+  end
   if C.l2l_relay_apply_plan(self.box[0], plan.handle[0]) ~= 0 then fail(fname .. ": " .. lua_message(lib.last_error())) end
   -- (another plan: its steps are measured afresh for run:plan_report)
   if self.plan ~= plan then self.plan_measured, self.plan_steps = nil, nil end
@@ -245,35 +248,21 @@ end
 -- plan = "auto": a plan for this batch's shape and the model as it is, made again when
 -- either changed since the last one (a layer inserted, removed, cloned or frozen; another
 -- B or S; another relay budget), within the relay's device budget and what the device
--- pool's leaves.
+-- pool's leaves: C's (l2l_relay_plan_auto), which keeps the plan; Lua reads it.
+local plan_out = ffi.new("const l2l_plan *[1]")
 local function plan_auto(self, fname, tokens, opts)
-  local key = { tokens:dim(1), tokens:dim(2), opts and opts.token_types and 1 or 0, opts and opts.key_mask and 1 or 0,
-                self.options.device_budget }
-  key[#key + 1] = self.model.version   -- every change of the model counts (model.lua)
-  key = table.concat(key, " ")
-  if key == self.plan_key then return end
-  local pool = device_pool()
-  local budget, held = self.options.device_budget, 0
-  if pool.budget > 0 then
-    held = tonumber(pool.current + pool.backend)
-    local room = tonumber(pool.budget) - held
-    if room <= 0 then fail(fname .. ": plan = \"auto\": the device pool's budget is spent before the step") end
-    if budget == 0 or room < budget then budget = room else held = 0 end
+  local r = self.box[0]
+  local B, S = tokens:dim(1), tokens:dim(2)
+  if C.l2l_relay_plan_auto(plan_out, r, B, S, opts and opts.token_types and 1 or 0,
+                           opts and opts.key_mask and 1 or 0) ~= 0 then
+    fail(fname .. ": plan = \"auto\": " .. lua_message(lib.last_error()))
   end
-  if budget == 0 then fail(fname .. ": plan = \"auto\" plans within a device budget: the relay has none and the device pool has none") end
-  local ok, plan = pcall(plan_mod.make, self.model, options.config_of(self.options), {
-    batch = tokens:dim(1), seq = tokens:dim(2), device_budget = budget,
-    token_types = opts and opts.token_types ~= nil, key_mask = opts and opts.key_mask ~= nil }, fname)
-  -- a refusal names the budget to give: the relay's, or the pool's when that one binds
-  -- (the plan's need and what the pool holds already)
-  if not ok then
-    error((tostring(plan):gsub("the smallest needs (%d+) bytes %b()", function(n)
-      if held == 0 then return ("the smallest budget that works is %s bytes"):format(n) end
-      return ("the smallest device pool budget that works is %.0f bytes (the plan's %s and %d in use)"):format(n + held, n, held)
-    end)), 0)
-  end
-  apply_plan(self, plan, fname)
-  self.plan_key = key
+  local plan = plan_mod.wrap(plan_out, self.model, options.config_of(self.options),
+                             { batch = B, seq = S, device_budget = self.options.device_budget }, true)
+  if plan_mod.same(plan, self.plan) then return end
+  -- (another plan: its steps are measured afresh for run:plan_report)
+  self.plan_measured, self.plan_steps = nil, nil
+  self.plan, self.options.micro_batch = plan, plan.micro_batch
 end
 
 function M.is_relay(x, ...)

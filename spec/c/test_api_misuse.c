@@ -312,8 +312,8 @@ TEST(misuse_every_public_function_has_cases) {
 
 /* ---------------------------------------------------------------- errors, threads, pools */
 
-/* Covers: l2l_last_error, l2l_clear_error, l2l_status_name, l2l_version, l2l_set_threads,
-   l2l_get_threads. */
+/* Covers: l2l_last_error, l2l_clear_error, l2l_last_error_detail, l2l_status_name, l2l_version,
+   l2l_set_threads, l2l_get_threads. */
 TEST(misuse_errors_threads_and_version) {
   l2l_clear_error();
   CHECK(l2l_last_error() != NULL && l2l_last_error()[0] == '\0', "cleared, the error is \"%s\"",
@@ -331,6 +331,14 @@ TEST(misuse_errors_threads_and_version) {
   CHECK(strstr(l2l_last_error(), "-7") == NULL, "the last message is the last refusal's");
   l2l_clear_error();
   CHECK(l2l_last_error()[0] == '\0', "l2l_clear_error left \"%s\"", l2l_last_error());
+  /* the detail of the last error: none after a clear; out NULL refused */
+  l2l_error_detail detail;
+  memset(&detail, 0x5a, sizeof detail);
+  CHECK_OK(l2l_last_error_detail(&detail));
+  CHECK(detail.layer == -1 && detail.needed_bytes == 0 && detail.field[0] == '\0',
+        "a cleared error's detail: layer %d, needed %llu, field '%.47s'", detail.layer,
+        (unsigned long long)detail.needed_bytes, detail.field);
+  REFUSES(l2l_last_error_detail(NULL), L2L_ERR_INVALID, "out");
   CHECK_OK(l2l_set_threads(threads));
   CHECK(l2l_get_threads() == threads, "threads %d, want %d", l2l_get_threads(), threads);
 
@@ -2864,7 +2872,7 @@ TEST(misuse_tie_in_a_relay_progress_past_counting_and_empty_event_ranges) {
 }
 
 /* Covers: l2l_plan_new, l2l_plan_get, l2l_plan_get_layer, l2l_plan_free,
-   l2l_plan_calibrate, l2l_relay_apply_plan. */
+   l2l_plan_calibrate, l2l_relay_apply_plan, l2l_relay_plan_auto. */
 TEST(misuse_planner) {
   struct rig rig;
   l2l_relay_config c = relay_config();
@@ -2959,6 +2967,24 @@ TEST(misuse_planner) {
     double loss;
     CHECK_OK(l2l_relay_step(&loss, rig.r, &b));
     l2l_plan_free(plan);
+  }
+  /* the relay planning itself: bad arguments refused, the relay unchanged */
+  {
+    int inner_before = l2l_relay_inner(rig.r, 1);
+    const l2l_plan *own = SENTINEL(const l2l_plan);
+    REFUSES(l2l_relay_plan_auto(&own, NULL, 4, rig.g.S, 0, 0), L2L_ERR_INVALID, "run");
+    REFUSES(l2l_relay_plan_auto(&own, AS(l2l_relay, t), 4, rig.g.S, 0, 0), L2L_ERR_INVALID, "run");
+    REFUSES(l2l_relay_plan_auto(&own, rig.r, 0, rig.g.S, 0, 0), L2L_ERR_INVALID, "batch");
+    REFUSES(l2l_relay_plan_auto(&own, rig.r, 4, INT64_MIN, 0, 0), L2L_ERR_INVALID, "seq");
+    REFUSES(l2l_relay_plan_auto(&own, rig.r, 4, rig.g.S, 2, 0), L2L_ERR_INVALID, "token_types");
+    REFUSES(l2l_relay_plan_auto(&own, rig.r, 4, rig.g.S, 0, -1), L2L_ERR_INVALID, "key_mask");
+    CHECK_OK(l2l_relay_set_device_budget(rig.r, 0));
+    REFUSES(l2l_relay_plan_auto(&own, rig.r, 4, rig.g.S, 0, 0), L2L_ERR_INVALID, "device budget");
+    l2l_error_detail detail;
+    CHECK_OK(l2l_last_error_detail(&detail));
+    CHECK(strcmp(detail.field, "device_budget") == 0, "the refusal names field '%s'", detail.field);
+    CHECK(own == SENTINEL(const l2l_plan) && l2l_relay_inner(rig.r, 1) == inner_before,
+          "a refused l2l_relay_plan_auto changed its out or the relay");
   }
   l2l_plan_free(NULL);
   l2l_plan_free(JUNK(l2l_plan));

@@ -35,6 +35,12 @@ l2l_status l2l_fail(l2l_status status, const char *fmt, ...)
 l2l_status l2l_fail_in(const char *func, l2l_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* What the message just recorded names (l2l_last_error_detail): each returns `status`, so
+   that a check reads `return l2l_error_note_layer(FAIL(...), k);`. */
+l2l_status l2l_error_note_layer(l2l_status status, int layer);
+l2l_status l2l_error_note_needed(l2l_status status, uint64_t bytes);
+l2l_status l2l_error_note_field(l2l_status status, const char *field);
+
 /* Propagate a failed status unchanged (its message is already set). */
 #define TRY(expr)                                   \
   do {                                              \

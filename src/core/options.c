@@ -167,43 +167,43 @@ static l2l_status check_integer(const l2l_option *o, int64_t w, const char *func
                      o->min, o->max, (long long)w);
 }
 
+/* One field against its row. */
+static l2l_status check_row(const l2l_option *o, const void *base, int optimizer_kind,
+                            const char *func, const char *prefix) {
+  int64_t w = l2l_option_word(o, base);
+  const char *at = (const char *)base + o->offset;
+  char text[160];
+  switch (o->type) {
+    case L2L_OPTION_FLOAT: {
+      float f;
+      memcpy(&f, at, sizeof f);
+      return check_float(o, f, optimizer_kind, func, prefix);
+    }
+    case L2L_OPTION_CHOICE:
+      for (int k = 0; k < o->nchoices; k++)
+        if (o->choice_values[k] == (int)w) return L2L_OK;
+      return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s %d is unknown: it must be %s", prefix,
+                         o->field, (int)w, choices_text(text, sizeof text, o));
+    case L2L_OPTION_BOOL:
+      if (w == 0 || w == 1) return L2L_OK;
+      return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s must be 0 or 1, got %d", prefix, o->field, (int)w);
+    case L2L_OPTION_PATH: {
+      const char *p;
+      memcpy(&p, at, sizeof p);
+      if (p == NULL || p[0] != '\0') return L2L_OK;
+      return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s is empty (NULL: none)", prefix, o->field);
+    }
+    default:
+      return applies(o, optimizer_kind) ? check_integer(o, w, func, prefix) : L2L_OK;
+  }
+}
+
 l2l_status l2l_options_check(l2l_option_group group, const void *base, int optimizer_kind,
                              const char *func, const char *prefix) {
   for (int i = 0; i < l2l_options_count; i++) {
     const l2l_option *o = &l2l_options[i];
-    if (o->group != group) continue;
-    int64_t w = l2l_option_word(o, base);
-    const char *at = (const char *)base + o->offset;
-    switch (o->type) {
-      case L2L_OPTION_FLOAT: {
-        float f;
-        memcpy(&f, at, sizeof f);
-        TRY(check_float(o, f, optimizer_kind, func, prefix));
-        break;
-      }
-      case L2L_OPTION_CHOICE: {
-        bool known = false;
-        for (int k = 0; k < o->nchoices; k++) known |= o->choice_values[k] == (int)w;
-        char text[160];
-        if (!known)
-          return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s %d is unknown: it must be %s", prefix,
-                             o->field, (int)w, choices_text(text, sizeof text, o));
-        break;
-      }
-      case L2L_OPTION_BOOL:
-        if (w != 0 && w != 1)
-          return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s must be 0 or 1, got %d", prefix, o->field, (int)w);
-        break;
-      case L2L_OPTION_PATH: {
-        const char *p;
-        memcpy(&p, at, sizeof p);
-        if (p != NULL && p[0] == '\0')
-          return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s is empty (NULL: none)", prefix, o->field);
-        break;
-      }
-      default:
-        if (applies(o, optimizer_kind)) TRY(check_integer(o, w, func, prefix));
-    }
+    l2l_status status = o->group == group ? check_row(o, base, optimizer_kind, func, prefix) : L2L_OK;
+    if (status != L2L_OK) return l2l_error_note_field(status, o->field);
   }
   return L2L_OK;
 }

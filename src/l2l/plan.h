@@ -92,5 +92,17 @@ L2L_API void l2l_plan_free(l2l_plan *plan);
 L2L_API l2l_status l2l_plan_calibrate(l2l_plan_rates *out, int remeasure);
 /* The plan's micro-batch and per-layer policies into the relay (same layers, in order). */
 L2L_API l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan);
+/* Plans the relay for steps of batch x seq (token_types, key_mask: 0 or 1) at this
+   machine's rates (l2l_plan_calibrate) within its device budget (config.device_budget;
+   with the device pool's budget set, at most what that leaves beside the tensors in use)
+   and applies the plan (l2l_relay_apply_plan). A call for the shape and budgets of the
+   last one, over the same layers and frozen flags, keeps that plan; any other plans again
+   (what `plan = "auto"` does before each step in Lua). *out (may be NULL): the plan
+   applied, the relay's (valid until a call plans again or the relay is freed). Refused
+   (L2L_ERR_BUDGET) with the smallest budget that works (l2l_last_error_detail's
+   needed_bytes: the pool's when the pool's budget binds), or (L2L_ERR_INVALID) with no
+   budget at all; a refusal changes nothing. */
+L2L_API l2l_status l2l_relay_plan_auto(const l2l_plan **out, l2l_relay *run, int64_t batch, int64_t seq,
+                                       int token_types, int key_mask);
 
 /* L2L_FFI_END */

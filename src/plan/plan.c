@@ -139,7 +139,7 @@ static l2l_status too_small(const struct plan_chain *c, const struct plan_result
   int largest = schedule_largest_layer(&sc, SCHEDULE_SLOT_VALUES, c->precision, c->grad_precision,
                                        &bytes);
   schedule_free(&sc);
-  return l2l_fail(L2L_ERR_BUDGET,
+  return l2l_error_note_needed(l2l_fail(L2L_ERR_BUDGET,
               "l2l_plan_new: no plan fits a device budget of %llu bytes (%s): the smallest needs %llu bytes (%s), "
               "in micro-batches of %lld samples with every layer recomputed and its boundary on the "
               "host; of "
@@ -147,7 +147,7 @@ static l2l_status too_small(const struct plan_chain *c, const struct plan_result
               (unsigned long long)budget, l2l_human_bytes(have, 32, budget),
               (unsigned long long)r->leanest_peak, l2l_human_bytes(want, 32, r->leanest_peak),
               (long long)r->leanest_micro_batch, l2l_human_bytes(slots_text, 32, slots),
-              c->param_slots, largest, l2l_layer_name(c->layers[largest].layer));
+              c->param_slots, largest, l2l_layer_name(c->layers[largest].layer)), r->leanest_peak);
 }
 
 static l2l_status check_request(l2l_layer *const *layers, int nlayers, const l2l_relay_config *config,

@@ -113,7 +113,7 @@ static l2l_status refuse(const struct step *s, const char *whose, uint64_t budge
     char h[32];
     snprintf(e, sizeof e, "; %s is in use already", l2l_human_bytes(h, sizeof h, held));
   }
-  return FAIL(L2L_ERR_BUDGET,
+  return l2l_error_note_needed(FAIL(L2L_ERR_BUDGET,
               "the %s budget of %llu bytes (%s) is too small for this step: the smallest "
               "that works is %llu bytes (%s). The step needs %s on the device at its peak "
               "(the planner's replay of it, in micro-batches of %lld samples with the layers' "
@@ -127,7 +127,7 @@ static l2l_status refuse(const struct step *s, const char *whose, uint64_t budge
               s->training ? " and 2 gradient slots" : "", e,
               s->training ? "A smaller micro-batch, stash = \"host\", recomputing or plan = "
                             "\"auto\" (l2l.plan)"
-                          : "A smaller micro-batch would");
+                          : "A smaller micro-batch would"), smallest);
 }
 
 /* The relay's own budget, then the device pool's (the process's cap: what is in use

@@ -259,6 +259,7 @@ void l2l_relay_free(l2l_relay *run) {
   l2l_queue_stop(&run->h2d);
   l2l_queue_stop(&run->d2h);
   l2l_eps_free(&run->eps);
+  l2l_plan_free(run->auto_plan);
   for (int i = 0; i < run->count; i++) {
     masters_home(run, run->layers[i].layer, true);
     l2l_layer_set_owner(run->layers[i].layer, NULL);
@@ -401,6 +402,10 @@ l2l_status l2l_relay_set_host_budget(l2l_relay *run, uint64_t bytes) {
 
 l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan) {
   RELAY_ENTER(run);
+  return relay_apply_plan(run, plan);
+}
+
+l2l_status relay_apply_plan(l2l_relay *run, const l2l_plan *plan) {
   l2l_plan_summary summary;
   TRY(l2l_plan_get(&summary, plan));
   int n = run->count;
@@ -419,7 +424,7 @@ l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan) {
     free(layers);
     char why[512];
     snprintf(why, sizeof why, "%s", l2l_last_error());
-    return l2l_fail_in(__func__, status, "%s", why);
+    return l2l_fail_in("l2l_relay_apply_plan", status, "%s", why);
   }
   for (int k = 0; k < n; k++) l2l_plan_get_layer(&layers[k], plan, k);
   run->config.micro_batch = summary.micro_batch;

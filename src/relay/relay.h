@@ -64,6 +64,9 @@ struct l2l_relay {
   /* The last training step's replayed device peak and what it depended on (budget.c). */
   uint64_t budget_key, budget_peak;
   bool budget_key_set;
+  /* The plan l2l_relay_plan_auto applied and what it was made for (auto_plan.c). */
+  l2l_plan *auto_plan;
+  int64_t auto_key[6];   /* batch, seq, token_types, key_mask, relay budget, pool budget */
   struct relay_layer *layers;
   int count, cap;
   struct l2l_eps eps;
@@ -89,6 +92,9 @@ struct l2l_relay {
   bool warned_nonfinite;      /* a non-finite gradient's skip has been said on stderr */
   struct l2l_eps_spill_counts spill_at;   /* the spill file's counts when the step began */
 };
+
+/* The plan's micro-batch and per-layer policies into a relay entered (l2l_relay_apply_plan). */
+l2l_status relay_apply_plan(l2l_relay *run, const l2l_plan *plan);
 
 static inline bool relay_ok(const l2l_relay *run) {
   return run != NULL && run->magic == RELAY_MAGIC;

@@ -1,0 +1,118 @@
+/* SPDX-License-Identifier: MIT */
+/* auto_plan.c — l2l_relay_plan_auto: the relay plans itself (KARMA's planner, src/plan/)
+ * for a batch's shape within its device budget and applies the plan, planning again only
+ * when the shape, the budgets or the model changed.
+ *
+ * Purpose: what `plan = "auto"` is in Lua, for every caller of the C API: one call before
+ * a step. The budget is the relay's (config.device_budget); with the device pool's budget
+ * set, at most what it leaves beside the tensors in use then, and a plan refused there is
+ * named in the pool's terms (the smallest pool budget that works). The plan applied is the
+ * relay's, freed with it or when the next plan replaces it.
+ * Must never: change the relay when planning is refused, or plan again a step like the
+ * last one (planning times layers on the device).
+ */
+#include <stdlib.h>
+
+#include "plan/plan.h"
+#include "relay.h"
+
+/* The device budget a plan gets: the relay's, or the room the pool's leaves when that is
+   less (*held: what the pool holds then, 0 when the relay's binds). */
+static l2l_status auto_budget(uint64_t *budget, uint64_t *held, const l2l_relay *run) {
+  l2l_pool_stats pool;
+  TRY(l2l_pool_get_stats(&pool, L2L_POOL_DEVICE));
+  *budget = run->config.device_budget, *held = 0;
+  if (pool.budget > 0) {
+    uint64_t in_use = pool.current + pool.backend;
+    if (in_use >= pool.budget)
+      return FAIL(L2L_ERR_BUDGET, "the device pool's budget (%llu bytes) is spent before the step "
+                  "(%llu bytes in use)", (unsigned long long)pool.budget, (unsigned long long)in_use);
+    uint64_t room = pool.budget - in_use;
+    if (*budget == 0 || room < *budget) *budget = room, *held = in_use;
+  }
+  if (*budget == 0)
+    return l2l_error_note_field(FAIL(L2L_ERR_INVALID, "plans within a device budget: the relay has none "
+                                     "(config->device_budget) and the device pool has none"),
+                                "device_budget");
+  return L2L_OK;
+}
+
+/* A plan for the relay's layers as they are, within budget (the pool's words when held). */
+static l2l_status make_plan(l2l_plan **out, const l2l_relay *run, int64_t batch, int64_t seq,
+                            int token_types, int key_mask, uint64_t budget, uint64_t held) {
+  l2l_plan_rates rates;
+  TRY(l2l_plan_calibrate(&rates, 0));
+  int n = run->count;
+  l2l_layer **list = calloc((size_t)n + 1, sizeof *list);
+  uint8_t *frozen = calloc((size_t)n + 1, sizeof *frozen);
+  if (list == NULL || frozen == NULL) {
+    free(list), free(frozen);
+    return FAIL(L2L_ERR_NOMEM, "no memory to plan %d layers", n);
+  }
+  for (int k = 0; k < n; k++) list[k] = run->layers[k].layer, frozen[k] = run->layers[k].frozen;
+  l2l_plan_request q = {.batch = batch, .seq = seq, .device_budget = budget,
+                        .token_types = token_types, .key_mask = key_mask, .frozen = frozen,
+                        .rates = &rates};
+  l2l_status status = l2l_plan_new(out, list, n, &run->config, &q);
+  free(list), free(frozen);
+  uint64_t needed = 0;
+  if (status == L2L_ERR_BUDGET) {
+    l2l_error_detail d;
+    l2l_last_error_detail(&d);
+    needed = d.needed_bytes;
+  }
+  if (needed == 0) return status;
+  if (held == 0)
+    return l2l_error_note_needed(FAIL(status, "no plan fits the relay's device budget of %llu bytes: "
+                                      "the smallest budget that works is %llu bytes",
+                                      (unsigned long long)budget, (unsigned long long)needed), needed);
+  return l2l_error_note_needed(
+      FAIL(status, "no plan fits what the device pool's budget leaves (%llu bytes): the smallest device "
+           "pool budget that works is %llu bytes (the plan's %llu and %llu in use)",
+           (unsigned long long)budget, (unsigned long long)(needed + held),
+           (unsigned long long)needed, (unsigned long long)held), needed + held);
+}
+
+/* Whether the relay's plan was made for this request and its layers as they are. */
+static bool plan_holds(const l2l_relay *run, const int64_t key[6]) {
+  if (run->auto_plan == NULL) return false;
+  for (int i = 0; i < 6; i++)
+    if (run->auto_key[i] != key[i]) return false;
+  int n = run->count;
+  l2l_layer **list = calloc((size_t)n + 1, sizeof *list);
+  bool *frozen = calloc((size_t)n + 1, sizeof *frozen);
+  bool same = list != NULL && frozen != NULL;
+  for (int k = 0; same && k < n; k++) list[k] = run->layers[k].layer, frozen[k] = run->layers[k].frozen;
+  same = same && plan_check_model(run->auto_plan, list, frozen, n, &run->config) == L2L_OK;
+  free(list), free(frozen);
+  return same;
+}
+
+l2l_status l2l_relay_plan_auto(const l2l_plan **out, l2l_relay *run, int64_t batch, int64_t seq,
+                               int token_types, int key_mask) {
+  RELAY_ENTER(run);
+  if (batch < 1 || seq < 1)
+    return FAIL(L2L_ERR_INVALID, "batch and seq must be >= 1, got %lld and %lld", (long long)batch,
+                (long long)seq);
+  if ((token_types != 0 && token_types != 1) || (key_mask != 0 && key_mask != 1))
+    return FAIL(L2L_ERR_INVALID, "token_types and key_mask must be 0 or 1");
+  if (run->count < 2)
+    return FAIL(L2L_ERR_INVALID, "the relay has %d layers: a plan needs an input layer and a head",
+                run->count);
+  uint64_t budget, held;
+  TRY(auto_budget(&budget, &held, run));
+  l2l_pool_stats pool;
+  TRY(l2l_pool_get_stats(&pool, L2L_POOL_DEVICE));
+  int64_t key[6] = {batch, seq, token_types, key_mask, (int64_t)run->config.device_budget,
+                    (int64_t)pool.budget};
+  if (!plan_holds(run, key)) {
+    l2l_plan *plan = NULL;
+    TRY(make_plan(&plan, run, batch, seq, token_types, key_mask, budget, held));
+    TRY(relay_apply_plan(run, plan));   /* (made for these layers: applies) */
+    l2l_plan_free(run->auto_plan);
+    run->auto_plan = plan;
+    for (int i = 0; i < 6; i++) run->auto_key[i] = key[i];
+  }
+  if (out != NULL) *out = run->auto_plan;
+  return L2L_OK;
+}
