@@ -57,7 +57,7 @@ static const char script[] =
     "}\n"
     "local run = l2l.Relay{ model = model, micro_batch = 4, stash = 'host', seed = 1,\n"
     "  optimizer = l2l.AdamW{ lr = 1e-2 },\n"
-    "  schedule = l2l.Cosine{ warmup = math.floor(steps / 10), total = steps } }\n"
+    "  schedule = l2l.CosineLR{ warmup = math.floor(steps / 10), total = steps } }\n"
     "local tok = l2l.zeros({ B, S }, { dtype = 'i32' })\n"
     "local tgt = l2l.zeros({ B, S }, { dtype = 'i32' })\n"
     "local loss\n"

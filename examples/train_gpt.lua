@@ -355,7 +355,7 @@ local function new_run(plan)
   local ok, r = pcall(l2l.Relay, {
     model = model, micro_batch = opt.micro_batch, stash = opt.stash, seed = opt.seed,
     optimizer = l2l.AdamW{ lr = opt.lr, betas = { 0.9, 0.99 }, weight_decay = opt.weight_decay, state = opt.state },
-    schedule = l2l.Cosine{ warmup = math.min(opt.warmup, opt.steps - 1), total = opt.steps, final_ratio = 0.1 },
+    schedule = l2l.CosineLR{ warmup = math.min(opt.warmup, opt.steps - 1), total = opt.steps, final_ratio = 0.1 },
     device_budget = budget and budget > 0 and budget or nil, dist = opt.dist, plan = plan,
     host_budget = host_budget, spill = spill, master = opt.master,
   })

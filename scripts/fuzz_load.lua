@@ -195,7 +195,7 @@ local function make_base(cfg, path)
                     or cfg.optimizer == "lamb" and l2l.LAMB{ lr = 0.01, state = cfg.state }
                     or l2l.SGD{ lr = 0.05, momentum = 0.9, nesterov = true, state = cfg.state }
   local run = l2l.Relay{ model = model, micro_batch = 2, optimizer = optimizer,
-                         schedule = l2l.Cosine{ warmup = 1, total = 20, final_ratio = 0.1 },
+                         schedule = l2l.CosineLR{ warmup = 1, total = 20, final_ratio = 0.1 },
                          accumulate = cfg.accumulate, loss_scale = cfg.loss_scale,
                          loss_scale_window = 3, seed = 5, clip_global_norm = 1, master = cfg.master }
   if cfg.policies then

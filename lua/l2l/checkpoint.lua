@@ -281,8 +281,8 @@ end
 
 local function rebuild_schedule(o)
   if type(o) ~= "table" then error("relay: schedule is not a table", 0) end
-  if o.kind == "constant" then return optim.Constant{ warmup = o.warmup } end
-  local make = o.kind == "cosine" and optim.Cosine or o.kind == "linear" and optim.Linear
+  if o.kind == "constant" then return optim.ConstantLR{ warmup = o.warmup } end
+  local make = o.kind == "cosine" and optim.CosineLR or o.kind == "linear" and optim.LinearLR
   if not make then error("unknown schedule kind " .. tostring(o.kind), 0) end
   return make{ warmup = o.warmup, total = o.total, final_ratio = o.final_ratio }
 end

@@ -3,7 +3,7 @@
 -- server (the C relay of src/l2l/relay.h).
 --
 --   local run = l2l.Relay{ model = model, micro_batch = 8, stash = "host",
---                          optimizer = l2l.AdamW{ lr = 3e-4 }, schedule = l2l.Cosine{ total = 1000 } }
+--                          optimizer = l2l.AdamW{ lr = 3e-4 }, schedule = l2l.CosineLR{ total = 1000 } }
 --   local loss = run:step(tokens, targets)          -- (B,S) i32 host tensors; -1 ignored
 --
 -- Purpose: options checked in Lua (an error names the option), the C relay kept alive
@@ -168,7 +168,7 @@ local function follower(self)
 end
 
 -- l2l.Relay{model =, micro_batch = 1, stash = "host", recompute_every = 1, inner =
--- "recompute", optimizer = l2l.AdamW{}, schedule = l2l.Constant{}, clip_global_norm = 0,
+-- "recompute", optimizer = l2l.AdamW{}, schedule = l2l.ConstantLR{}, clip_global_norm = 0,
 -- clip_layer_norm = 0, accumulate = 1, optimizer_threads = 0 (every core), seed = 0,
 -- param_slots = 2 (device buffers of layer parameters: each more keeps one more of the
 -- forward's last layers on the device for its backward), loss_scale = 0 (> 0: dynamic
