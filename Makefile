@@ -45,11 +45,12 @@ else
   OPT := -O3
 endif
 
-# The version is l2l_version()'s, read from its one definition, so that the library's file
-# name, its soname and pkg-config's Version can never disagree with what it reports.
-VERSION := $(shell sed -n 's/^const char \*l2l_version(void) { return "\([0-9]*\.[0-9]*\.[0-9]*\)"; }$$/\1/p' src/core/error.c)
+# The version is l2l_version()'s, read from its one definition (src/core/version.c), so
+# that the library's file name, its soname and pkg-config's Version can never disagree
+# with what it reports.
+VERSION := $(shell sed -n 's/^const char \*l2l_version(void) { return "\([0-9]*\.[0-9]*\.[0-9]*\)"; }$$/\1/p' src/core/version.c)
 ifneq ($(words $(VERSION)),1)
-  $(error cannot read the version from l2l_version() in src/core/error.c (found '$(VERSION)'))
+  $(error cannot read the version from l2l_version() in src/core/version.c (found '$(VERSION)'))
 endif
 SOVERSION := $(firstword $(subst ., ,$(VERSION)))
 SONAME := libl2l.so.$(SOVERSION)

@@ -15,6 +15,8 @@ local function ffi_block(body)
   body = ("\n" .. body):gsub("\nL2L_API ([^;]*;)", function(decl)
     return "\n" .. decl:gsub("\n        ", "\n")
   end)
+  -- a deprecated name's mark (a compiler attribute after the parameters): dropped
+  body = body:gsub("%s*L2L_DEPRECATED%b()", "")
   body = body:gsub("[ \t]+\n", "\n"):gsub("\n\n+", "\n\n")
   return body:match("^%s*(.-)%s*$") .. "\n"
 end

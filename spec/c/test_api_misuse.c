@@ -2854,7 +2854,8 @@ TEST(misuse_tie_in_a_relay_progress_past_counting_and_empty_event_ranges) {
 }
 
 /* Covers: l2l_plan_new, l2l_plan_get, l2l_plan_get_layer, l2l_plan_free,
-   l2l_plan_calibrate, l2l_relay_apply_plan. */
+   l2l_relay_calibrate_plan (and its deprecated name l2l_plan_calibrate),
+   l2l_relay_apply_plan. */
 TEST(misuse_planner) {
   struct rig rig;
   l2l_relay_config c = relay_config();
@@ -2954,9 +2955,18 @@ TEST(misuse_planner) {
   l2l_plan_free(JUNK(l2l_plan));
   l2l_plan_free(AS(l2l_plan, t));
   l2l_plan_rates r;
-  REFUSES(l2l_plan_calibrate(NULL, 0), L2L_ERR_INVALID, "out");
-  REFUSES(l2l_plan_calibrate(&r, 2), L2L_ERR_INVALID, "remeasure");
-  REFUSES(l2l_plan_calibrate(&r, -1), L2L_ERR_INVALID, "remeasure");
+  REFUSES(l2l_relay_calibrate_plan(NULL, 0), L2L_ERR_INVALID,
+          "l2l_relay_calibrate_plan: out is NULL");
+  REFUSES(l2l_relay_calibrate_plan(&r, 2), L2L_ERR_INVALID, "remeasure");
+  REFUSES(l2l_relay_calibrate_plan(&r, -1), L2L_ERR_INVALID, "remeasure");
+  /* the deprecated name of 0.1: the same function, its refusals in the name called */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  REFUSES(l2l_plan_calibrate(NULL, 0), L2L_ERR_INVALID, "l2l_plan_calibrate: out is NULL");
+  REFUSES(l2l_plan_calibrate(&r, 2), L2L_ERR_INVALID,
+          "l2l_plan_calibrate: remeasure must be 0 or 1, got 2");
+  CHECK_OK(l2l_plan_calibrate(&r, 0));
+#pragma GCC diagnostic pop
   l2l_tensor_free(t);
   rig_free(&rig);
 }

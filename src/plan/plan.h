@@ -140,7 +140,7 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
 l2l_status plan_disk_rates(double *read, double *write, const char *dir);
 /* The median of n timings (v is sorted in place). */
 double plan_median(double *v, int n);
-/* Caches a measured visit cost (l2l_plan_calibrate, in the relay). */
+/* Caches a measured visit cost (l2l_relay_calibrate_plan, in the relay). */
 void plan_cache_visit(double seconds);
 /* A forward and backward of `layer` at rows x seq, measured here (and cached). */
 l2l_status plan_time_layer(double *fwd, double *bwd, const l2l_layer *layer, int64_t rows,
