@@ -17,7 +17,7 @@ set -uo pipefail
 build=${1:-build}
 export L2L_BUILD=$build
 # The suites run the device pool on the CPU backend: their checks read device tensors'
-# memory from the CPU. The GPU tests (spec/c/test_cuda.c) switch to CUDA themselves
+# memory from the CPU. The GPU tests (spec/c/test_cuda*.c) switch to CUDA themselves
 # where a GPU is present, and report themselves skipped, with the reason, where not.
 export L2L_DEVICE=cpu
 if [[ -z ${L2L_SEED:-} ]]; then
