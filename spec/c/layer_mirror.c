@@ -23,8 +23,8 @@ double rms(const double *v, int64_t n) {
   return n > 0 ? sqrt(s / (double)n) : 0.0;
 }
 
-bool refused_at(l2l_status got, l2l_status want, const char *needle, const char *file,
-                int line, const char *expr) {
+bool layer_refused_at(l2l_status got, l2l_status want, const char *needle, const char *file,
+                      int line, const char *expr) {
   const char *msg = l2l_last_error();
   return check_that(got == want && msg[0] != '\0' && strstr(msg, needle) != NULL, file, line,
                     expr, "want status %d with a message naming \"%s\", got %d: \"%s\"", want,

@@ -55,10 +55,10 @@ double rms(const double *v, int64_t n);
 #define CHECK_CLOSE(what, got, want, n, floor, tol) \
   close_at(__FILE__, __LINE__, (what), (got), (want), (n), (floor), (tol))
 /* A refused call: `want`, and a message that is not empty and contains `needle`. */
-bool refused_at(l2l_status got, l2l_status want, const char *needle, const char *file, int line,
-                const char *expr);
+bool layer_refused_at(l2l_status got, l2l_status want, const char *needle, const char *file,
+                      int line, const char *expr);
 #define CHECK_REFUSED(call, status, needle) \
-  refused_at((call), (status), (needle), __FILE__, __LINE__, #call)
+  layer_refused_at((call), (status), (needle), __FILE__, __LINE__, #call)
 
 /* ---------------------------------------------------------------- dropout draws */
 

@@ -101,8 +101,8 @@ static void forward_refused(int line, const char *needle, l2l_layer *layer, l2l_
   l2l_saved *saved = NULL;
   char expr[64];
   snprintf(expr, sizeof expr, "refused forward (line %d)", line);
-  refused_at(l2l_layer_forward(&saved, layer, y, x, batch), L2L_ERR_INVALID, needle, __FILE__,
-             line, expr);
+  layer_refused_at(l2l_layer_forward(&saved, layer, y, x, batch), L2L_ERR_INVALID, needle,
+                   __FILE__, line, expr);
   check_that(saved == NULL && (y == NULL || same_bytes(y, y0)) &&
                  stats_of(L2L_POOL_HOST).current == host &&
                  stats_of(L2L_POOL_DEVICE).current == device,
@@ -259,7 +259,8 @@ static void backward_refused(int line, const struct run *r, l2l_status status, c
   void *dx0 = snapshot(r->dx);
   char expr[64];
   snprintf(expr, sizeof expr, "refused backward (line %d)", line);
-  refused_at(l2l_layer_backward(layer, dx, dy, saved, batch), status, needle, __FILE__, line, expr);
+  layer_refused_at(l2l_layer_backward(layer, dx, dy, saved, batch), status, needle, __FILE__, line,
+                   expr);
   check_that(grads_unchanged(r->layer, grads) && same_bytes(r->dx, dx0), __FILE__, line, expr,
              "a refused backward changed a gradient or dx");
   grads_free(r->layer, grads);
