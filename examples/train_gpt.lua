@@ -88,16 +88,43 @@ local FLAGS = {
     "or llm.c's gpt2_124M.bin; the model's shape is the file's (needs --tokenizer gpt2)", meta = "PATH" },
   { "--dist", "none", "choice", "data parallel: mpi under `mpirun -np N` (each rank steps its slice of every minibatch; " ..
     "rank 0 prints and writes the files)", choices = { "none", "mpi" } },
+  { "--dry-run", nil, "flag", "build the model and the relay, plan, print what a step needs on the device, in host " ..
+    "memory and on disk and how long the planner expects it to take, and train nothing" },
 }
+-- Every other setting of the relay, its optimizer and its schedule: a flag each, made from
+-- the option table (src/core/options.def, through cli.option_flags), not given: the
+-- library's default, or this program's where it has one (AdamW with betas 0.9/0.99 and a
+-- cosine decay to 10 %). The ones above are this program's own (budgets in MiB, --seed
+-- for the data too, --warmup and --steps make the schedule's warmup and total).
+local OWN_FLAGS = { micro_batch = true, stash = true, seed = true, device_budget = true, host_budget = true,
+                    spill = true, dist = true, master = true, lr = true, weight_decay = true, state = true,
+                    warmup = true, total = true }
+local OPTION_FLAGS = cli.option_flags { skip = OWN_FLAGS,
+  defaults = { optimizer = "adamw", beta1 = 0.9, beta2 = 0.99, schedule = "cosine", final_ratio = 0.1 } }
+for _, f in ipairs(OPTION_FLAGS) do FLAGS[#FLAGS + 1] = f end
 
 local parser = cli.parser {
-  name = "train_gpt", data = true, max_bytes = 4 * 2 ^ 20, flags = FLAGS,
+  name = arg[0] == "train" and "l2l train" or "train_gpt",   -- (`l2l train` runs this file)
+  data = true, max_bytes = 4 * 2 ^ 20, flags = FLAGS,
   description = "Trains a byte-level GPT with the l2l relay: parameters and optimizer state in host memory, " ..
                 "one layer at a time on the device within a memory budget.",
   epilog = "Ctrl-C stops after the current step: the checkpoint (with --checkpoint), the summary, the " ..
            "metrics and the picture are written; a second Ctrl-C stops at once.",
 }
 local opt = cli.parse(parser)
+
+-- The option table's flags (OPTION_FLAGS) that were given, by their options' names, for
+-- `group` ("relay", "optimizer" or "schedule").
+local ROW = require("l2l.relay_options").ROW
+local function flag_options(group)
+  local o = {}
+  for _, f in ipairs(OPTION_FLAGS) do
+    local name = f[1]:sub(3):gsub("%-", "_")
+    if ROW[name].group == group and opt[name] ~= nil and opt[name] ~= false then o[name] = opt[name] end
+  end
+  return o
+end
+
 if opt.dim % opt.heads ~= 0 then cli.usage_error(("--heads (%d) must divide --dim (%d)"):format(opt.heads, opt.dim)) end
 for _, f in ipairs({ "resume", "resume_if_present", "force" }) do
   if opt[f] and opt.checkpoint == "" then cli.usage_error(("--%s needs --checkpoint PATH"):format(f:gsub("_", "-"))) end
@@ -245,9 +272,21 @@ if checkpoints and not file_exists(opt.checkpoint) then
     print(("no checkpoint at %s yet: starting a new run"):format(opt.checkpoint))
   end
 elseif checkpoints and (opt.resume or opt.resume_if_present) then
-  local ok, r = pcall(l2l.load, opt.checkpoint, { dist = opt.dist, host_budget = host_budget, spill = spill,
-                                                   state = cli.given(opt, "state") and opt.state or nil,
-                                                   master = cli.given(opt, "master") and opt.master or nil })
+  local overrides = { dist = opt.dist, host_budget = host_budget, spill = spill,
+                      state = cli.given(opt, "state") and opt.state or nil,
+                      master = cli.given(opt, "master") and opt.master or nil }
+  -- the option table's flags: the machine's settings apply to the loaded run, the run's are its own
+  for _, group in ipairs({ "relay", "optimizer", "schedule" }) do
+    for name, v in pairs(flag_options(group)) do
+      if ROW[name].keep == "load" then overrides[name] = v
+      elseif cli.given(opt, name) then
+        cli.usage_error(("--%s: --resume continues the run with the settings it was saved with; leave --%s out, "
+                         .. "or start a new run (--force, or another --checkpoint)"):format(
+                         name:gsub("_", "-"), name:gsub("_", "-")))
+      end
+    end
+  end
+  local ok, r = pcall(l2l.load, opt.checkpoint, overrides)
   if not ok then fail("--resume: " .. tostring(r)) end
   run, model, resumed = r, r.model, true
   require("l2l.use").refuse_non_causal(model)   -- (next-token targets: its attention must not read them)
@@ -351,14 +390,38 @@ print(("model: %s%d block%s, dim %d, %d heads, context %d %s, %.2f M parameters 
 local LESS_MEMORY = "A smaller --micro-batch, --stash host or --plan auto (the planner's choice of what to keep) needs less."
 -- The samples of each minibatch this rank steps on.
 local function rows_of_rank() return floor((rank + 1) * B / ranks) - floor(rank * B / ranks) end
+-- The optimizer and the learning-rate schedule the flags ask for (the schedule counts
+-- updates: --steps over --accumulate).
+local OPTIMIZERS = { sgd = l2l.SGD, adamw = l2l.AdamW, lamb = l2l.LAMB }
+local SCHEDULES = { constant = l2l.ConstantLR, cosine = l2l.CosineLR, linear = l2l.LinearLR }
+local function optimizer_and_schedule()
+  local o = { lr = opt.lr, weight_decay = opt.weight_decay, state = opt.state }
+  for name, v in pairs(flag_options("optimizer")) do
+    local row, adam = ROW[name], opt.optimizer ~= "sgd"
+    if name ~= "optimizer" and not (row.flags.sgd and adam or row.flags.adam and not adam) then
+      o[name] = v
+    elseif name ~= "optimizer" and cli.given(opt, name) then
+      cli.usage_error(("--%s is not a setting of %s"):format(name:gsub("_", "-"), opt.optimizer))
+    end
+  end
+  local updates = math.ceil(opt.steps / (opt.accumulate or 1))
+  local sc = { warmup = math.min(opt.warmup, updates - 1) }
+  if opt.schedule ~= "constant" then sc.total, sc.final_ratio = updates, opt.final_ratio end
+  local ok, optimizer = pcall(OPTIMIZERS[opt.optimizer], o)
+  if not ok then cli.usage_error(tostring(optimizer)) end
+  local schedule
+  ok, schedule = pcall(SCHEDULES[opt.schedule], sc)
+  if not ok then cli.usage_error(tostring(schedule)) end
+  return optimizer, schedule
+end
+
 local function new_run(plan)
-  local ok, r = pcall(l2l.Relay, {
-    model = model, micro_batch = opt.micro_batch, stash = opt.stash, seed = opt.seed,
-    optimizer = l2l.AdamW{ lr = opt.lr, betas = { 0.9, 0.99 }, weight_decay = opt.weight_decay, state = opt.state },
-    schedule = l2l.CosineLR{ warmup = math.min(opt.warmup, opt.steps - 1), total = opt.steps, final_ratio = 0.1 },
-    device_budget = budget and budget > 0 and budget or nil, dist = opt.dist, plan = plan,
-    host_budget = host_budget, spill = spill, master = opt.master,
-  })
+  local o = { model = model, micro_batch = opt.micro_batch, stash = opt.stash, seed = opt.seed,
+              device_budget = budget and budget > 0 and budget or nil, dist = opt.dist, plan = plan,
+              host_budget = host_budget, spill = spill, master = opt.master }
+  for k, v in pairs(flag_options("relay")) do o[k] = v end
+  o.optimizer, o.schedule = optimizer_and_schedule()
+  local ok, r = pcall(l2l.Relay, o)
   if not ok then fail(tostring(r)) end
   return r
 end
@@ -398,13 +461,38 @@ if checkpoints and run.save == nil then
   print("checkpoints not available in this build: --checkpoint is ignored (run.save is missing)")
   checkpoints = false
 end
+
+-- --dry-run: what a step will need and take, from the relay's replay (the device) and the
+-- planner (host memory, disk, time; with --plan none, for the policies it would choose),
+-- then nothing trained and nothing written.
+if opt.dry_run then
+  local ok, peak = pcall(run.step_peak, run, rows_of_rank(), S)
+  if not ok then fail(tostring(peak)) end
+  local settings = require("l2l.relay_options").config_of(run.options)
+  local plan
+  ok, plan = pcall(require("l2l.plan").make, model, settings,
+                   { batch = rows_of_rank(), seq = S, device_budget = budget > 0 and budget or peak }, "--dry-run")
+  if not ok then fail(tostring(plan)) end
+  print(("dry run: device: a training step needs %.2f MiB at its peak (budget: %s)"):format(
+    mib(peak), budget > 0 and format("%.2f MiB", mib(budget)) or "none"))
+  print(("dry run: host: the EPS holds %.2f MiB (the smallest --host-budget that works: %.2f MiB)"):format(
+    mib(plan.host_eps_bytes), mib(plan.host_budget_smallest)))
+  print(("dry run: disk: %s"):format(spill and format("%.2f MiB read and written a step in %s", mib(plan.disk_bytes), spill)
+                                     or "nothing (no --spill)"))
+  print(("dry run: a step of %d x %d takes about %.3f s (the planner's estimate%s), %d steps about %.0f s"):format(
+    B, S, plan.step_seconds, opt.plan == "auto" and "" or ", for the policies it would choose",
+    opt.steps - start_step, plan.step_seconds * (opt.steps - start_step)))
+  print("dry run: nothing trained, nothing written")
+  os.exit(0, true)
+end
 if resumed then
   print(("resuming from %s at step %d of %d (model, optimizer, schedule, seed, batch and context as saved)"):format(
     opt.checkpoint, start_step, opt.steps))
 else
-  print(("training %d steps of %d x %d " .. unit .. ": AdamW%s, lr %g with %d warm-up steps and cosine decay, seed %d"):format(
-    opt.steps, B, S, (opt.state == "f32" and "" or (" (state in %s)"):format(opt.state)) ..
-    (opt.master == "f32" and "" or ", bf16 masters"), opt.lr, opt.warmup, opt.seed))
+  print(("training %d steps of %d x %d " .. unit .. ": %s%s, lr %g with %d warm-up steps and %s schedule, seed %d"):format(
+    opt.steps, B, S, ({ sgd = "SGD", adamw = "AdamW", lamb = "LAMB" })[opt.optimizer],
+    (opt.state == "f32" and "" or (" (state in %s)"):format(opt.state)) ..
+    (opt.master == "f32" and "" or ", bf16 masters"), opt.lr, opt.warmup, opt.schedule, opt.seed))
 end
 print("progress: dev peak = a step's most device memory (/ its budget); host = l2l's host and pinned pools " ..
       "(EPS, stashes, copy buffers; --host-budget bounds the EPS alone)" ..

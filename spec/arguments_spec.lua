@@ -443,6 +443,8 @@ add("lua/l2l/cli.lua", {
                    "cli.parser: flags[1]: unknown field 'mni' (did you mean 'min'?)" },
                  { "a kind it does not know", function(f) f { name = "x", flags = { { "--n", 1, "integer", "n" } } } end,
                    "cli.parser: flags[1][3] (--n) must be int, number, string, choice, flag or list" } } },
+  ["cli.option_flags"] = { n = 1, args = function() return pack({ skip = { seed = true }, defaults = { lr = 0.1 } }) end,
+                           options = 1, option = "skip" },
   ["cli.parse"] = { n = 2, args = function() return pack(cli.parser { name = "args" }, {}) end },
   ["cli.given"] = { n = 2, args = function() return pack(cli.parse(cli.parser { name = "args" }, {}), "steps") end },
   -- these end the process: no valid call here (examples_spec runs them)

@@ -9,11 +9,12 @@
  *   l2l -                    run standard input
  *   l2l                      the REPL when standard input is a terminal, else run it
  *   l2l -i [...]             the REPL after any -e code and script, whatever stdin is
+ *   l2l train [FLAGS]        train a GPT on text (examples/train_gpt.lua, lua/l2l/train.lua)
  *   l2l plot METRICS [OUT]   redraw a training run's curves (lua/l2l/plot.lua's main)
  *   l2l sample CHECKPOINT    text a trained model writes (lua/l2l/use.lua's sample_main)
  *   l2l eval CHECKPOINT --data PATH   its loss and perplexity on a text (use.lua)
- * -e code and the REPL find `l2l` loaded, as a global. A script named `plot`, `sample` or
- * `eval` runs as `l2l ./plot` (and so on).
+ * -e code and the REPL find `l2l` loaded, as a global. A script named `train`, `plot`,
+ * `sample` or `eval` runs as `l2l ./plot` (and so on).
  * The REPL: line editing, completion and history with libedit when standard input and
  * output are terminals (history in $L2L_HISTORY, else ~/.l2l_history; an empty
  * L2L_HISTORY turns it off); plain lines otherwise, prompts on stderr so that stdout holds
@@ -620,6 +621,7 @@ static void interactive(lua_State *L) {
 static void usage(FILE *out) {
   fprintf(out,
           "usage: %s [options] [script [args...]]\n"
+          "       %s train [--data PATH] [--dry-run] ...   (train a GPT on text: `%s train --help`)\n"
           "       %s plot METRICS.jsonl [OUT.svg|OUT.png]   (redraw a run's curves)\n"
           "       %s sample CHECKPOINT [--prompt TEXT] [--tokens N] ...   (text the model writes)\n"
           "       %s eval CHECKPOINT --data PATH   (its loss and perplexity on a text)\n"
@@ -634,7 +636,7 @@ static void usage(FILE *out) {
           "`l2l` loaded. At the prompt an expression prints its values; history is kept\n"
           "in $L2L_HISTORY (default ~/.l2l_history; empty: none). `%s plot --help`,\n"
           "`%s sample --help` and `%s eval --help` say more about each command.\n",
-          program, program, program, program, program, program, program);
+          program, program, program, program, program, program, program, program, program);
 }
 
 /* Index of the script in argv (after the options), or argc if there is none. */
@@ -662,6 +664,7 @@ static void prefer_passive_openmp_threads(char **argv) {
 static const struct command {
   const char *name, *module, *function;
 } commands[] = {
+    {"train", "l2l.train", "main"},
     {"plot", "l2l.plot", "main"},
     {"sample", "l2l.use", "sample_main"},
     {"eval", "l2l.use", "eval_main"},

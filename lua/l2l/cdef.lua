@@ -508,6 +508,48 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
 
 l2l_status l2l_relay_config_check(const l2l_relay_config *config);
 
+typedef enum l2l_option_group {
+  L2L_OPTION_RELAY = 0,
+  L2L_OPTION_OPTIMIZER = 1,
+  L2L_OPTION_SCHEDULE = 2
+} l2l_option_group;
+typedef enum l2l_option_type {
+  L2L_OPTION_INT = 0,
+  L2L_OPTION_INT64 = 1,
+  L2L_OPTION_UINT64 = 2,
+  L2L_OPTION_FLOAT = 3,
+  L2L_OPTION_CHOICE = 4,
+  L2L_OPTION_BOOL = 5,
+  L2L_OPTION_PATH = 6
+} l2l_option_type;
+
+typedef enum l2l_option_keep { L2L_KEEP_RUN = 0, L2L_KEEP_LOAD = 1, L2L_KEEP_OWN = 2 } l2l_option_keep;
+enum {
+  L2L_OPTION_AGREE = 1,
+  L2L_OPTION_STEP = 2,
+  L2L_OPTION_OPEN_LOW = 4,
+  L2L_OPTION_OPEN_HIGH = 8,
+  L2L_OPTION_SGD = 16,
+  L2L_OPTION_ADAM = 32
+};
+typedef struct l2l_option {
+  const char *name;
+  const char *field;
+  l2l_option_group group;
+  l2l_option_type type;
+  size_t offset;
+  double min, max;
+  int flags;
+  l2l_option_keep keep;
+  int nchoices;
+  const char *const *choice_names;
+  const int *choice_values;
+  const char *help;
+} l2l_option;
+
+int l2l_relay_option_count(void);
+l2l_status l2l_relay_option(const l2l_option **out, int index);
+
 void l2l_relay_free(l2l_relay *run);
 
 int l2l_relay_layer_count(const l2l_relay *run);

@@ -151,6 +151,44 @@ function M.parser(o, ...)
   return p
 end
 
+----------------------------------------------------------------- the option table's flags
+
+-- The kinds of flag a row of the option table makes (relay_options.ROWS).
+local ROW_KINDS = { int = "int", int64 = "int", uint64 = "int", float = "number", choice = "choice",
+                    bool = "flag", path = "string" }
+
+-- cli.option_flags{skip = {name = true}, defaults = {name = value}} -> flags in cli.parser's
+-- form, one for each option of the relay, its optimizer and its schedule in the option
+-- table (src/core/options.def) but those in skip (a program's own flags for them): "--clip-
+-- global-norm" for clip_global_norm, of the row's kind, bounds and choices, with its help.
+-- A flag not given is nil in opt (the library's default) unless defaults names a value.
+function M.option_flags(o, ...)
+  if select("#", ...) ~= 0 then too_many("cli.option_flags", "options", 2, ...) end
+  o = argcheck.options(o or {}, { skip = true, defaults = true }, "cli.option_flags", 2)
+  local skip, defaults = o.skip or {}, o.defaults or {}
+  for key, v in pairs({ skip = skip, defaults = defaults }) do
+    if type(v) ~= "table" then
+      error(("cli.option_flags: option '%s' must be a table of options' names, got %s"):format(key, describe(v)), 2)
+    end
+  end
+  local flags = {}
+  for _, row in ipairs(require("l2l.relay_options").ROWS) do
+    if not skip[row.name] then
+      local kind = ROW_KINDS[row.type]
+      local f = { "--" .. row.name:gsub("_", "-"), defaults[row.name], kind,
+                  row.group == "relay" and ("%s (l2l.Relay's %s)"):format(row.help, row.name) or row.help }
+      if kind == "int" or kind == "number" then
+        f.min = math.max(row.min, -argcheck.EXACT_MAX)
+        if row.max < argcheck.EXACT_MAX then f.max = row.max end
+      end
+      if kind == "choice" then f.choices = row.choices end
+      if kind == "string" then f.meta = "DIR" end
+      flags[#flags + 1] = f
+    end
+  end
+  return flags
+end
+
 ----------------------------------------------------------------- parsing
 
 -- The value given to flag `name` in args (the last one), or nil.

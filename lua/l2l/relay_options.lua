@@ -2,13 +2,15 @@
 -- l2l.relay_options — the relay's options, read and checked, as the C relay's config
 -- (l2l_relay_config); and the C relay's messages in Lua's terms.
 --
--- Purpose: one list of the options l2l.Relay takes, which a checkpoint keeps (M.OPTIONS:
--- l2l.Relay accepts its names, l2l.checkpoint saves and restores each, so a new option is
--- kept by every save by construction), and one reading of them, which l2l.plan shares for
--- the ones that change memory and time, so that both refuse a bad option with one message
--- naming it; below both modules, so neither requires the other for it. Defaults and
--- bounds are C's (l2l_relay_config_default, l2l_relay_config_check): Lua checks only that
--- a value fits its C field, and shows C's message in the options' names.
+-- Purpose: the options l2l.Relay takes are the relay's rows of C's option table
+-- (src/core/options.def, through l2l_relay_option: M.ROWS), which a checkpoint keeps
+-- (M.OPTIONS: l2l.Relay accepts its names, l2l.checkpoint saves and restores each, so a new
+-- option is kept by every save by construction) and `l2l train` makes flags of; and one
+-- reading of them, which l2l.plan shares for the ones that change memory and time, so that
+-- both refuse a bad option with one message naming it; below both modules, so neither
+-- requires the other for it. Defaults and bounds are C's (l2l_relay_config_default,
+-- l2l_relay_config_check): Lua checks only that a value fits its C field, and shows C's
+-- message in the options' names.
 -- Must never: read the model or the plan (l2l.Relay checks those), or hold state.
 local ffi = require("ffi")
 local lib = require("l2l.lib")
@@ -20,30 +22,54 @@ local type, tostring, pairs, floor, huge = type, tostring, pairs, math.floor, ma
 
 local M = {}
 
-M.stash_ids = { device = C.L2L_STASH_DEVICE, host = C.L2L_STASH_HOST, recompute = C.L2L_STASH_RECOMPUTE }
-M.inner_ids = { recompute = C.L2L_INNER_RECOMPUTE, keep = C.L2L_INNER_KEEP, swap = C.L2L_INNER_SWAP }
-local stash_ids, inner_ids = M.stash_ids, M.inner_ids
-local precision_ids = { f32 = C.L2L_F32, bf16 = C.L2L_BF16, f16 = C.L2L_F16 }
-local master_ids = { f32 = C.L2L_F32, bf16 = C.L2L_BF16 }
-local nonfinite_ids = { skip = 0, error = 1 }
-local dist_ids = { none = 0, mpi = 1 }
-
 ----------------------------------------------------------------- the options, once
+-- The option table (src/core/options.def, read through l2l_relay_option): each row's name,
+-- C field and group ("relay", "optimizer", "schedule"), type ("int", "int64", "uint64",
+-- "float", "choice", "bool", "path"), bounds, flags, what a checkpoint does with it
+-- ("run", "load", "own"), choices (names in the order of their values, with ids[name] =
+-- value) and a line of help. M.ROWS lists them in the table's order; M.ROW[name] finds one.
+local GROUPS = { [0] = "relay", "optimizer", "schedule" }
+local TYPES = { [0] = "int", "int64", "uint64", "float", "choice", "bool", "path" }
+local KEEPS = { [0] = "run", "load", "own" }
+local FLAGS = { agree = 1, step = 2, open_low = 4, open_high = 8, sgd = 16, adam = 32 }
+
+local function read_rows()
+  local rows, by_name = {}, {}
+  local out = ffi.new("const l2l_option *[1]")
+  for i = 0, C.l2l_relay_option_count() - 1 do
+    lib.check(C.l2l_relay_option(out, i))
+    local o = out[0]
+    local row = { name = ffi.string(o.name), field = ffi.string(o.field), group = GROUPS[tonumber(o.group)],
+                  type = TYPES[tonumber(o.type)], min = o.min, max = o.max, keep = KEEPS[tonumber(o.keep)],
+                  help = ffi.string(o.help), flags = {} }
+    for flag, bit in pairs(FLAGS) do row.flags[flag] = math.floor(o.flags / bit) % 2 == 1 end
+    if row.type == "choice" then
+      row.choices, row.ids = {}, {}
+      for k = 0, o.nchoices - 1 do
+        local name = ffi.string(o.choice_names[k])
+        row.choices[k + 1], row.ids[name] = name, o.choice_values[k]
+      end
+    end
+    rows[#rows + 1], by_name[row.name] = row, row
+  end
+  return rows, by_name
+end
+M.ROWS, M.ROW = read_rows()
+local ROWS, ROW = M.ROWS, M.ROW
+
+M.stash_ids, M.inner_ids = ROW.stash.ids, ROW.inner.ids
+
 -- Every option of l2l.Relay, and what a checkpoint does with it: "run", a setting of the
 -- run, saved and restored as it is; "load", the same, and l2l.load may be given another
 -- (what is the machine's rather than the run's: budgets, micro-batch, threads, the spill
 -- directory, whether this process is one rank of a job; and the masters' precision, which
 -- a load converts); "own", kept in a form of its own (the model as its layers, the
 -- optimizer and the schedule as their fields, a plan as "auto" or as the micro-batch and
--- layer policies it set).
-M.OPTIONS = {
-  model = "own", plan = "own", optimizer = "own", schedule = "own",
-  micro_batch = "load", optimizer_threads = "load", device_budget = "load", host_budget = "load",
-  spill = "load", dist = "load", master = "load",
-  stash = "run", recompute_every = "run", inner = "run", clip_global_norm = "run",
-  clip_layer_norm = "run", accumulate = "run", seed = "run", param_slots = "run", loss_scale = "run",
-  loss_scale_window = "run", precision = "run", grad_precision = "run", nonfinite = "run",
-}
+-- layer policies it set). The relay's rows of the table, and the four of its own.
+M.OPTIONS = { model = "own", plan = "own", optimizer = "own", schedule = "own" }
+for _, row in ipairs(ROWS) do
+  if row.group == "relay" then M.OPTIONS[row.name] = row.keep end
+end
 
 -- The names of the options of `kind`s ({run = true, ...}), sorted (a file's keys in one order).
 function M.option_names(kinds)
@@ -112,6 +138,20 @@ local function enum_option(o, key, ids, default, fname)
   return v
 end
 
+-- Reads one row's option from o (nil: the default d holds), as its C field holds it.
+local RANGES = { int = INT, int64 = INT64, uint64 = UINT64 }
+local function read_row(o, row, d, fname, default)
+  local t = row.type
+  if RANGES[t] then return int_option(o, row.name, tonumber(d[row.field]), fname, RANGES[t]) end
+  if t == "float" then return float_option(o, row.name, d[row.field], fname) end
+  if t == "choice" then return enum_option(o, row.name, row.ids, default or name_of(row.ids, d[row.field]), fname) end
+  local v = o[row.name]   -- a path
+  if v ~= nil and (type(v) ~= "string" or v == "" or v:find("\0", 1, true)) then
+    fail(("%s: option '%s' must be a directory's path, got %s"):format(fname, row.name, argcheck.describe(v)))
+  end
+  return v
+end
+
 -- Every option but the model and the plan, with C's defaults (l2l_relay_config_default:
 -- the default precision follows the device pool's backend), and C's check of what they
 -- mean. l2l.plan reads the ones that set memory and time through it too (config_for).
@@ -119,10 +159,11 @@ function M.read_settings(o, fname)
   local d = ffi.new("l2l_relay_config")
   C.l2l_relay_config_default(d)
   local s = {}
-  s.micro_batch = int_option(o, "micro_batch", tonumber(d.micro_batch), fname, INT64)
-  s.stash = enum_option(o, "stash", stash_ids, name_of(stash_ids, d.stash), fname)
-  s.recompute_every = int_option(o, "recompute_every", d.recompute_every, fname, INT)
-  s.inner = enum_option(o, "inner", inner_ids, name_of(inner_ids, d.inner), fname)
+  for _, row in ipairs(ROWS) do
+    if row.group == "relay" and row.name ~= "precision" then s[row.name] = read_row(o, row, d, fname) end
+  end
+  -- bf16 masters are what the device reads: precision bf16 unless the options say otherwise
+  s.precision = read_row(o, ROW.precision, d, fname, s.master == "bf16" and "bf16" or nil)
   s.optimizer = o.optimizer or optim.AdamW{}
   if not optim.is_optimizer(s.optimizer) then
     fail(fname .. ": option 'optimizer' must be l2l.SGD{...}, l2l.AdamW{...} or l2l.LAMB{...}, got " .. tostring(o.optimizer))
@@ -131,27 +172,6 @@ function M.read_settings(o, fname)
   if not optim.is_schedule(s.schedule) then
     fail(fname .. ": option 'schedule' must be l2l.ConstantLR{...}, l2l.CosineLR{...} or l2l.LinearLR{...}, got " .. tostring(o.schedule))
   end
-  s.clip_global_norm = float_option(o, "clip_global_norm", d.clip_global_norm, fname)
-  s.clip_layer_norm = float_option(o, "clip_layer_norm", d.clip_layer_norm, fname)
-  s.accumulate = int_option(o, "accumulate", d.accumulate, fname, INT)
-  s.optimizer_threads = int_option(o, "optimizer_threads", d.optimizer_threads, fname, INT)
-  s.seed = int_option(o, "seed", tonumber(d.seed), fname, UINT64)
-  s.param_slots = int_option(o, "param_slots", d.param_slots, fname, INT)
-  s.loss_scale = float_option(o, "loss_scale", d.loss_scale, fname)
-  s.loss_scale_window = int_option(o, "loss_scale_window", d.loss_scale_window, fname, INT)
-  s.device_budget = int_option(o, "device_budget", tonumber(d.device_budget), fname, UINT64)
-  s.master = enum_option(o, "master", master_ids, name_of(master_ids, d.master), fname)
-  -- bf16 masters are what the device reads: precision bf16 unless the options say otherwise
-  local precision_default = s.master == "bf16" and "bf16" or name_of(precision_ids, d.precision)
-  s.precision = enum_option(o, "precision", precision_ids, precision_default, fname)
-  s.grad_precision = enum_option(o, "grad_precision", precision_ids, name_of(precision_ids, d.grad_precision), fname)
-  s.nonfinite = enum_option(o, "nonfinite", nonfinite_ids, name_of(nonfinite_ids, d.nonfinite_error), fname)
-  s.dist = enum_option(o, "dist", dist_ids, name_of(dist_ids, d.dist), fname)
-  s.host_budget = int_option(o, "host_budget", tonumber(d.host_budget), fname, UINT64)
-  if o.spill ~= nil and (type(o.spill) ~= "string" or o.spill == "" or o.spill:find("\0", 1, true)) then
-    fail(("%s: option 'spill' must be a directory's path, got %s"):format(fname, argcheck.describe(o.spill)))
-  end
-  s.spill = o.spill
   if C.l2l_relay_config_check(M.config_of(s)) ~= 0 then fail(fname .. ": " .. M.lua_message(lib.last_error())) end
   return s
 end
@@ -162,32 +182,20 @@ function M.config_for(o, fname)
   return M.config_of(M.read_settings(o, fname))
 end
 
--- The C config of settings read_settings made.
+-- The C config of settings read_settings made (a path's string is s's: s keeps it alive
+-- while c is used).
 function M.config_of(s)
   local c = ffi.new("l2l_relay_config")
   C.l2l_relay_config_default(c)
-  c.micro_batch = s.micro_batch
-  c.stash = stash_ids[s.stash]
-  c.recompute_every = s.recompute_every
-  c.inner = inner_ids[s.inner]
+  for _, row in ipairs(ROWS) do
+    if row.group == "relay" then
+      local v = s[row.name]
+      if row.type == "choice" then v = row.ids[v] end
+      c[row.field] = v
+    end
+  end
   s.optimizer:fill(c.optimizer)
   s.schedule:fill(c.schedule)
-  c.clip_global_norm = s.clip_global_norm
-  c.clip_layer_norm = s.clip_layer_norm
-  c.accumulate = s.accumulate
-  c.optimizer_threads = s.optimizer_threads
-  c.seed = s.seed
-  c.param_slots = s.param_slots
-  c.loss_scale = s.loss_scale
-  c.loss_scale_window = s.loss_scale_window
-  c.precision = precision_ids[s.precision]
-  c.master = master_ids[s.master]
-  c.grad_precision = precision_ids[s.grad_precision]
-  c.nonfinite_error = nonfinite_ids[s.nonfinite]
-  c.dist = dist_ids[s.dist]
-  c.device_budget = s.device_budget
-  c.host_budget = s.host_budget
-  c.spill_dir = s.spill   -- (s keeps the string alive while c is used)
   return c
 end
 
@@ -201,7 +209,11 @@ local function plus_one(d) return tostring(tonumber(d) + 1) end
 
 function M.lua_message(msg)
   msg = msg:gsub("^[%l%d]+_[%l%d_]+: ", "")
-  msg = msg:gsub("config%->nonfinite_error", "option 'nonfinite'"):gsub("config%->spill_dir", "option 'spill'")
+  for _, row in ipairs(ROWS) do   -- a field named otherwise than its option
+    if row.group == "relay" and row.field ~= row.name then
+      msg = msg:gsub("config%->" .. row.field .. "%f[^%w_]", "option '" .. row.name .. "'")
+    end
+  end
   msg = msg:gsub("config%->([%w_]+)", "option '%1'")
   -- "layer N" first: the two rewrites below produce "layer N" already counted from 1
   msg = msg:gsub("([Ll]ayer )(%d+)", function(w, d) return w .. plus_one(d) end)

@@ -148,7 +148,7 @@ TEST(misuse_schedule) {
 
 /* ---------------------------------------------------------------- the relay */
 
-/* Covers: l2l_relay_config_default, l2l_relay_config_check, l2l_relay_new, l2l_relay_free, l2l_relay_layer_count,
+/* Covers: l2l_relay_config_default, l2l_relay_config_check, l2l_relay_option_count, l2l_relay_option, l2l_relay_new, l2l_relay_free, l2l_relay_layer_count,
    l2l_relay_layer, l2l_relay_frozen, l2l_relay_stash, l2l_relay_inner. */
 TEST(misuse_relay_new_and_accessors) {
   struct shape g = gpt_shape();
@@ -223,6 +223,16 @@ TEST(misuse_relay_new_and_accessors) {
   }
   REFUSES(l2l_relay_config_check(NULL), L2L_ERR_INVALID, "config");
   CHECK_OK(l2l_relay_config_check(&base));
+  /* the option table's rows: an index out of range or no out is refused, out untouched */
+  int rows = l2l_relay_option_count();
+  CHECK(rows >= 30, "the option table has %d rows", rows);
+  const l2l_option *row = SENTINEL(const l2l_option);
+  REFUSES(l2l_relay_option(NULL, 0), L2L_ERR_INVALID, "out");
+  REFUSES(l2l_relay_option(&row, -1), L2L_ERR_INVALID, "index");
+  REFUSES(l2l_relay_option(&row, rows), L2L_ERR_INVALID, "index");
+  REFUSES(l2l_relay_option(&row, INT_MIN), L2L_ERR_INVALID, "index");
+  CHECK(row == SENTINEL(const l2l_option), "a refused l2l_relay_option wrote its out");
+  CHECK_OK(l2l_relay_option(&row, rows - 1));
   /* layer lists: what is no layer, a layer twice, a layer that does not fit */
   l2l_tensor *t = NEW(L2L_POOL_HOST, L2L_F32, 8);
   struct shape wide = g;

@@ -45,6 +45,23 @@ l2l_status l2l_fail_in(const char *func, l2l_status status, const char *fmt, ...
 /* "1.50 MiB" into buf (for messages beside the exact byte count). */
 const char *l2l_human_bytes(char *buf, size_t len, uint64_t bytes);
 
+/* ---------------------------------------------------------------- the options' table (options.c) */
+/* The rows of options.def (see l2l_option in l2l.h) and their number. */
+extern const l2l_option l2l_options[];
+extern const int l2l_options_count;
+/* Every field the table's defaults (precision f32: l2l_relay_config_default picks a GPU's). */
+void l2l_options_default(l2l_relay_config *out);
+/* The struct a group's fields are in: c, its optimizer or its schedule. */
+const void *l2l_option_base(const l2l_relay_config *c, l2l_option_group group);
+/* A row's field in `base` (its group's struct) as a word: an integer or enum as it is, a
+   float's bits, a path 1 when given. */
+int64_t l2l_option_word(const l2l_option *o, const void *base);
+/* Each field of `group` in `base` against its row (bounds, choices, 0 or 1, finite floats,
+   a non-empty path); the bounds of SGD's or Adam's rows only for that optimizer. The first
+   that fails is L2L_ERR_INVALID, "func: <prefix><field> must be ...". */
+l2l_status l2l_options_check(l2l_option_group group, const void *base, int optimizer_kind,
+                             const char *func, const char *prefix);
+
 /* ---------------------------------------------------------------- half floats */
 
 /* f32 <-> bf16 / f16, round to nearest even, as inline functions: exact conversions (what

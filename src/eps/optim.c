@@ -25,23 +25,11 @@
 
 /* ---------------------------------------------------------------- config checks */
 
-/* A float field that must be finite and lie in [lo, hi) (hi_open) or [lo, hi]. */
-static l2l_status check_range(const char *func, const char *what, const char *field,
-                              float value, double lo, double hi, int hi_open) {
-  int ok = isfinite(value) && value >= lo && (hi_open ? value < hi : value <= hi);
-  if (ok) return L2L_OK;
-  return l2l_fail_in(func, L2L_ERR_INVALID, "%s %s must be in [%g, %g%s, got %g", what, field,
-                     lo, hi, hi_open ? ")" : "]", (double)value);
-}
-
-/* The kind-specific checks of the table's entries; their messages name the public check. */
+/* The rules of an optimizer beyond its fields' own (the table's rows hold those); their
+   messages name the public check. */
 static const char CHECKER[] = "l2l_optimizer_check";
 
 static l2l_status sgd_check(const l2l_optimizer_config *c) {
-  TRY(check_range(CHECKER, "optimizer", "momentum", c->momentum, 0.0, 1.0, 1));
-  if (c->nesterov != 0 && c->nesterov != 1)
-    return l2l_fail_in(CHECKER, L2L_ERR_INVALID, "optimizer nesterov must be 0 or 1, got %d",
-                       c->nesterov);
   if (c->nesterov && c->momentum == 0.0f)
     return l2l_fail_in(CHECKER, L2L_ERR_INVALID,
                        "optimizer nesterov = 1 needs momentum > 0, got momentum %g",
@@ -50,55 +38,25 @@ static l2l_status sgd_check(const l2l_optimizer_config *c) {
 }
 
 static l2l_status adam_check(const l2l_optimizer_config *c) {
-  TRY(check_range(CHECKER, "optimizer", "beta1", c->beta1, 0.0, 1.0, 1));
-  TRY(check_range(CHECKER, "optimizer", "beta2", c->beta2, 0.0, 1.0, 1));
-  if (!(c->eps > 0.0f))
-    return l2l_fail_in(CHECKER, L2L_ERR_INVALID, "optimizer eps must be > 0, got %g",
-                       (double)c->eps);
+  (void)c;   /* AdamW's and LAMB's bounds are all their rows' */
   return L2L_OK;
 }
 
+/* The table's checks of each field (core/options.def), then the optimizer's own rules. */
 l2l_status l2l_optimizer_check(const l2l_optimizer_config *c) {
-  const char *f = __func__, *o = "optimizer";
   if (c == NULL) return FAIL(L2L_ERR_INVALID, "optimizer config is NULL");
-  const struct l2l_optimizer_ops *ops = l2l_optimizer_ops(c->kind);
-  if (ops == NULL)
-    return FAIL(L2L_ERR_INVALID, "optimizer kind %d is unknown (0 sgd, 1 adamw, 2 lamb)",
-                (int)c->kind);
-  /* Garbage in a field the kind does not use is still garbage: no NaN or inf anywhere. */
-  const struct {
-    const char *name;
-    float value;
-  } all[] = {{"lr", c->lr},       {"momentum", c->momentum}, {"beta1", c->beta1},
-             {"beta2", c->beta2}, {"eps", c->eps},           {"weight_decay", c->weight_decay}};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-    if (!isfinite(all[i].value))
-      return FAIL(L2L_ERR_INVALID, "optimizer %s must be finite, got %g", all[i].name,
-                  (double)all[i].value);
-  TRY(check_range(f, o, "lr", c->lr, 0.0, INFINITY, 1));
-  TRY(check_range(f, o, "weight_decay", c->weight_decay, 0.0, INFINITY, 1));
-  if (c->decay_all != 0 && c->decay_all != 1)
-    return FAIL(L2L_ERR_INVALID, "optimizer decay_all must be 0 or 1, got %d", c->decay_all);
-  if (c->state != L2L_STATE_F32 && c->state != L2L_STATE_BF16 && c->state != L2L_STATE_8BIT)
-    return FAIL(L2L_ERR_INVALID, "optimizer state %d is unknown (0 f32, 1 bf16, 2 8bit)",
-                (int)c->state);
-  return ops->check(c);
+  TRY(l2l_options_check(L2L_OPTION_OPTIMIZER, c, c->kind, __func__, "optimizer "));
+  return l2l_optimizer_ops(c->kind)->check(c);
 }
 
 l2l_status l2l_schedule_check(const l2l_schedule_config *s) {
   if (s == NULL) return FAIL(L2L_ERR_INVALID, "schedule config is NULL");
-  if (s->kind != L2L_SCHEDULE_CONSTANT && s->kind != L2L_SCHEDULE_COSINE &&
-      s->kind != L2L_SCHEDULE_LINEAR)
-    return FAIL(L2L_ERR_INVALID, "schedule kind %d is unknown (0 constant, 1 cosine, 2 linear)",
-                (int)s->kind);
-  if (s->warmup < 0)
-    return FAIL(L2L_ERR_INVALID, "schedule warmup must be >= 0, got %lld",
-                (long long)s->warmup);
+  TRY(l2l_options_check(L2L_OPTION_SCHEDULE, s, -1, __func__, "schedule "));
   if (s->kind != L2L_SCHEDULE_CONSTANT && s->total <= s->warmup)
     return FAIL(L2L_ERR_INVALID, "schedule total must be > warmup (%lld) for %s, got %lld",
                 (long long)s->warmup, s->kind == L2L_SCHEDULE_COSINE ? "cosine" : "linear",
                 (long long)s->total);
-  return check_range(__func__, "schedule", "final_ratio", s->final_ratio, 0.0, 1.0, 0);
+  return L2L_OK;
 }
 
 int l2l_optim_state_count(const l2l_optimizer_config *c) {

@@ -379,6 +379,55 @@ L2L_API l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int 
 /* The checks l2l_relay_new makes of a config, alone (l2l.plan asks them of the settings it
    plans for, so that a plan is never made for a relay that would be refused). */
 L2L_API l2l_status l2l_relay_config_check(const l2l_relay_config *config);
+
+/* The options, one table. Every field of l2l_relay_config, of its optimizer and of its
+   schedule is a row of one table (src/core/options.def), from which come
+   l2l_relay_config_default's defaults, the field-by-field checks above, the ranks' digest,
+   the replay's step key, the Lua readers of l2l.Relay's options, a checkpoint's keys and
+   `l2l train`'s flags. A row: */
+typedef enum l2l_option_group {
+  L2L_OPTION_RELAY = 0,         /* a field of l2l_relay_config */
+  L2L_OPTION_OPTIMIZER = 1,     /* of its optimizer (l2l_optimizer_config) */
+  L2L_OPTION_SCHEDULE = 2       /* of its schedule (l2l_schedule_config) */
+} l2l_option_group;
+typedef enum l2l_option_type {
+  L2L_OPTION_INT = 0,           /* int */
+  L2L_OPTION_INT64 = 1,         /* int64_t */
+  L2L_OPTION_UINT64 = 2,        /* uint64_t */
+  L2L_OPTION_FLOAT = 3,         /* float, always finite */
+  L2L_OPTION_CHOICE = 4,        /* an enum (int-sized): one of the row's choices */
+  L2L_OPTION_BOOL = 5,          /* int, 0 or 1 */
+  L2L_OPTION_PATH = 6           /* const char *: NULL (none) or a non-empty string */
+} l2l_option_type;
+/* What a checkpoint does with an option: keeps it (RUN); keeps it and lets a load give
+   another, as the machine's rather than the run's (LOAD); keeps it in a form of its own,
+   the optimizer's and the schedule's fields (OWN). */
+typedef enum l2l_option_keep { L2L_KEEP_RUN = 0, L2L_KEEP_LOAD = 1, L2L_KEEP_OWN = 2 } l2l_option_keep;
+enum {
+  L2L_OPTION_AGREE = 1,         /* every rank of a data-parallel run must hold the same */
+  L2L_OPTION_STEP = 2,          /* the device replay of a step depends on it */
+  L2L_OPTION_OPEN_LOW = 4,      /* min is excluded */
+  L2L_OPTION_OPEN_HIGH = 8,     /* max is excluded */
+  L2L_OPTION_SGD = 16,          /* its bounds apply to SGD only */
+  L2L_OPTION_ADAM = 32          /* its bounds apply to AdamW and LAMB only */
+};
+typedef struct l2l_option {
+  const char *name;             /* as l2l.Relay, the optimizers, schedules and flags take it */
+  const char *field;            /* the C field in the group's struct */
+  l2l_option_group group;
+  l2l_option_type type;
+  size_t offset;                /* of the field in the group's struct */
+  double min, max;              /* the bounds the check applies (numbers) */
+  int flags;                    /* L2L_OPTION_AGREE | ... */
+  l2l_option_keep keep;
+  int nchoices;                 /* CHOICE: its names and values, in the order of the values */
+  const char *const *choice_names;
+  const int *choice_values;
+  const char *help;             /* one line */
+} l2l_option;
+/* The number of rows, and row `index` (0 .. count - 1) into *out (never to be freed). */
+L2L_API int l2l_relay_option_count(void);
+L2L_API l2l_status l2l_relay_option(const l2l_option **out, int index);
 /* Waits for pending work, then frees the EPS's state (not the layers, but those freed while
    it held them). NULL is fine. A relay in another call (see "Threads" above) is not freed:
    l2l_last_error says so. */

@@ -6,10 +6,11 @@
  * ranks must share: the step's shape (its number, the layers it runs and the sequence
  * length, training or evaluation), each active layer's kind, full config (its
  * initialisation seed and dropout rates included), name, records' shapes, rng id and
- * frozen flag, and the relay's optimizer and its settings, schedule, clipping, loss
- * scaling and its state, accumulation, precisions, dropout seed, non-finite policy and
- * progress. Micro-batch, stash and inner policies and parameter slots may differ: they
- * set memory and time, not what is computed. A rank whose digest differs from rank 0's
+ * frozen flag, the relay's options the option table marks AGREE (core/options.def: the
+ * optimizer and its settings, schedule, clipping, loss scaling, accumulation, precisions,
+ * masters, dropout seed, non-finite policy), the loss scale's state and progress.
+ * Micro-batch, stash and inner policies and parameter slots may differ: they set memory
+ * and time, not what is computed. A rank whose digest differs from rank 0's
  * makes every rank exchange their descriptions (word by word) and refuse the step,
  * each naming the first difference between itself and the first rank it disagrees with.
  * Before this, a rank with other heads, learning rate or clipping trained to the end
@@ -148,31 +149,17 @@ static void describe(struct description *d, const struct step *s) {
   word(d, s->training, "kind of step (1 training, 0 evaluation)");
   word(d, s->S, "sequence length");
   word(d, s->L, "number of active layers");
-  const l2l_optimizer_config *o = &c->optimizer;
-  word(d, o->kind, "optimizer");
-  word(d, f32w(d, o->lr), "optimizer: lr");
-  word(d, f32w(d, o->momentum), "optimizer: momentum");
-  word(d, o->nesterov, "optimizer: nesterov");
-  word(d, f32w(d, o->beta1), "optimizer: beta1");
-  word(d, f32w(d, o->beta2), "optimizer: beta2");
-  word(d, f32w(d, o->eps), "optimizer: eps");
-  word(d, f32w(d, o->weight_decay), "optimizer: weight_decay");
-  word(d, o->decay_all, "optimizer: decay_all");
-  word(d, c->schedule.kind, "schedule");
-  word(d, c->schedule.warmup, "schedule: warmup");
-  word(d, c->schedule.total, "schedule: total");
-  word(d, f32w(d, c->schedule.final_ratio), "schedule: final_ratio");
-  word(d, f32w(d, c->clip_global_norm), "clip_global_norm");
-  word(d, f32w(d, c->clip_layer_norm), "clip_layer_norm");
-  word(d, c->accumulate, "accumulate");
-  word(d, (int64_t)c->seed, "seed (dropout draws)");
-  word(d, f32w(d, c->loss_scale), "loss_scale");
-  word(d, c->loss_scale_window, "loss_scale_window");
+  for (int i = 0; i < l2l_options_count; i++) {   /* the options the ranks share */
+    const l2l_option *o = &l2l_options[i];
+    if (!(o->flags & L2L_OPTION_AGREE)) continue;
+    if (o->type == L2L_OPTION_FLOAT) d->next = AS_F32;
+    int64_t w = l2l_option_word(o, l2l_option_base(c, o->group));
+    if (o->group == L2L_OPTION_RELAY) word(d, w, "%s", o->name);
+    else if (o->type == L2L_OPTION_CHOICE && strcmp(o->field, "kind") == 0) word(d, w, "%s", o->name);
+    else word(d, w, "%s: %s", o->group == L2L_OPTION_OPTIMIZER ? "optimizer" : "schedule", o->name);
+  }
   word(d, f64w(d, run->scale), "the dynamic loss scale now");
   word(d, run->scale_good, "updates since the loss scale changed");
-  word(d, c->precision, "precision");
-  word(d, c->grad_precision, "grad_precision");
-  word(d, c->nonfinite_error, "nonfinite policy");
   for (int k = 0; k < s->L; k++) describe_layer(d, s, k);
 }
 

@@ -30,11 +30,11 @@ static uint64_t step_key(const struct step *s) {
   const l2l_relay_config *c = &s->run->config;
   const uint64_t shape[] = {(uint64_t)s->B, (uint64_t)s->S, (uint64_t)s->mb, (uint64_t)s->L,
                             s->training,
-                            s->in->token_types != NULL, s->in->key_mask != NULL,
-                            (uint64_t)c->param_slots, (uint64_t)c->precision,
-                            (uint64_t)c->grad_precision, (uint64_t)c->accumulate,
-                            c->clip_global_norm > 0, c->loss_scale > 0};
+                            s->in->token_types != NULL, s->in->key_mask != NULL};
   for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) mix(&h, shape[i]);
+  for (int i = 0; i < l2l_options_count; i++)   /* the options the option table marks STEP */
+    if (l2l_options[i].flags & L2L_OPTION_STEP)
+      mix(&h, (uint64_t)l2l_option_word(&l2l_options[i], l2l_option_base(c, l2l_options[i].group)));
   for (int k = 0; k < s->L; k++) {
     const struct relay_layer *rl = active_layer(s, k);
     l2l_layer_config lc;

@@ -19,70 +19,33 @@
 
 void l2l_relay_config_default(l2l_relay_config *out) {
   if (out == NULL) return;
-  *out = (l2l_relay_config){
-      .micro_batch = 1, .stash = L2L_STASH_HOST, .recompute_every = 1,
-      .inner = L2L_INNER_RECOMPUTE,
-      .optimizer = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
-                    .eps = 1e-8f, .weight_decay = 0.01f},
-      .schedule = {.kind = L2L_SCHEDULE_CONSTANT, .final_ratio = 1.0f},
-      .accumulate = 1, .param_slots = 2, .loss_scale_window = 2000,
-      /* a GPU runs 16-bit products at many times its fp32 rate; a CPU gains nothing */
-      .precision = l2l_device_is_host() ? L2L_F32 : L2L_BF16};
+  l2l_options_default(out);   /* the table's (core/options.def) */
+  /* a GPU runs 16-bit products at many times its fp32 rate; a CPU gains nothing */
+  if (!l2l_device_is_host()) out->precision = L2L_BF16;
 }
 
+/* The table's checks of each field (core/options.def), then the rules across fields. */
 static l2l_status check_config(const l2l_relay_config *c) {
-  if (c == NULL) return FAIL(L2L_ERR_INVALID, "config is NULL");
-  if (c->micro_batch < 1)
-    return FAIL(L2L_ERR_INVALID, "config->micro_batch must be >= 1, got %lld", (long long)c->micro_batch);
-  if (c->stash < L2L_STASH_DEVICE || c->stash > L2L_STASH_RECOMPUTE)
-    return FAIL(L2L_ERR_INVALID, "config->stash must be device (0), host (1) or recompute (2), got %d", c->stash);
-  if (c->recompute_every < 1)
-    return FAIL(L2L_ERR_INVALID, "config->recompute_every must be >= 1, got %d", c->recompute_every);
-  if (c->inner < L2L_INNER_RECOMPUTE || c->inner > L2L_INNER_SWAP)
-    return FAIL(L2L_ERR_INVALID, "config->inner must be recompute (0), keep (1) or swap (2), got %d", c->inner);
+  const char *f = "l2l_relay_config_check";
+  if (c == NULL) return l2l_fail_in(f, L2L_ERR_INVALID, "config is NULL");
+  /* (ranges with a hole, which a row's bounds cannot say) */
+  if (isfinite(c->loss_scale) && c->loss_scale != 0 &&
+      !(c->loss_scale >= MIN_LOSS_SCALE && c->loss_scale <= MAX_LOSS_SCALE))
+    return l2l_fail_in(f, L2L_ERR_INVALID, "config->loss_scale must be 0 (off) or 2^-64 to 2^100, got %g",
+                       c->loss_scale);
+  if (c->param_slots != 0 && (c->param_slots < 2 || c->param_slots > MAX_PARAM_SLOTS))
+    return l2l_fail_in(f, L2L_ERR_INVALID, "config->param_slots must be 0 (two) or 2 to %d, got %d",
+                       MAX_PARAM_SLOTS, c->param_slots);
+  TRY(l2l_options_check(L2L_OPTION_RELAY, c, c->optimizer.kind, f, "config->"));
   TRY(l2l_optimizer_check(&c->optimizer));
   TRY(l2l_schedule_check(&c->schedule));
-  if (!(c->clip_global_norm >= 0) || !isfinite(c->clip_global_norm))
-    return FAIL(L2L_ERR_INVALID, "config->clip_global_norm must be finite and >= 0, got %g", c->clip_global_norm);
-  if (!(c->clip_layer_norm >= 0) || !isfinite(c->clip_layer_norm))
-    return FAIL(L2L_ERR_INVALID, "config->clip_layer_norm must be finite and >= 0, got %g", c->clip_layer_norm);
-  if (c->accumulate < 1)
-    return FAIL(L2L_ERR_INVALID, "config->accumulate must be >= 1, got %d", c->accumulate);
-  if (c->optimizer_threads < 0 || c->optimizer_threads > 1024)
-    return FAIL(L2L_ERR_INVALID, "config->optimizer_threads must be 0 to 1024, got %d", c->optimizer_threads);
-  if (!(c->loss_scale >= 0) || !isfinite(c->loss_scale) ||
-      (c->loss_scale > 0 && (c->loss_scale < MIN_LOSS_SCALE || c->loss_scale > MAX_LOSS_SCALE)))
-    return FAIL(L2L_ERR_INVALID, "config->loss_scale must be 0 (off) or 2^-64 to 2^100, got %g",
-                c->loss_scale);
-  if (c->loss_scale_window < 0)
-    return FAIL(L2L_ERR_INVALID, "config->loss_scale_window must be >= 0, got %d",
-                c->loss_scale_window);
-  if (c->dist != L2L_DIST_NONE && c->dist != L2L_DIST_MPI)
-    return FAIL(L2L_ERR_INVALID, "config->dist must be none (0) or mpi (1), got %d", c->dist);
-  if (c->param_slots < 0 || c->param_slots == 1 || c->param_slots > MAX_PARAM_SLOTS)
-    return FAIL(L2L_ERR_INVALID, "config->param_slots must be 0 (two) or 2 to %d, got %d",
-                MAX_PARAM_SLOTS, c->param_slots);
-  if (c->precision != L2L_F32 && c->precision != L2L_F16 && c->precision != L2L_BF16)
-    return FAIL(L2L_ERR_INVALID, "config->precision must be f32 (%d), f16 (%d) or bf16 (%d), got %d",
-                L2L_F32, L2L_F16, L2L_BF16, (int)c->precision);
-  if (c->grad_precision != L2L_F32 && c->grad_precision != L2L_F16 && c->grad_precision != L2L_BF16)
-    return FAIL(L2L_ERR_INVALID, "config->grad_precision must be f32 (%d), f16 (%d) or bf16 (%d), got %d",
-                L2L_F32, L2L_F16, L2L_BF16, (int)c->grad_precision);
-  if (c->master != L2L_F32 && c->master != L2L_BF16)
-    return FAIL(L2L_ERR_INVALID, "config->master must be f32 (%d) or bf16 (%d), got %d", L2L_F32,
-                L2L_BF16, (int)c->master);
   if (c->master == L2L_BF16 && c->precision != L2L_BF16)
-    return FAIL(L2L_ERR_INVALID, "config->master bf16 needs precision bf16 (the bf16 masters are "
-                "what the device reads), got precision %s", l2l_dtype_name(c->precision));
-  if (c->nonfinite_error != 0 && c->nonfinite_error != 1)
-    return FAIL(L2L_ERR_INVALID, "config->nonfinite_error must be 0 or 1, got %d",
-                c->nonfinite_error);
-  if (c->spill_dir != NULL && c->spill_dir[0] == '\0')
-    return FAIL(L2L_ERR_INVALID, "config->spill_dir is empty (NULL: no spill file)");
+    return l2l_fail_in(f, L2L_ERR_INVALID, "config->master bf16 needs precision bf16 (the bf16 masters "
+                       "are what the device reads), got precision %s", l2l_dtype_name(c->precision));
   if (c->grad_precision == L2L_F16 && c->loss_scale == 0)
-    return FAIL(L2L_ERR_INVALID, "config->grad_precision f16 needs loss_scale > 0 (f16 gradients "
-                "flush below 6e-8 and turn inf above 65504: loss scaling keeps them in range and "
-                "skips a step that overflows)");
+    return l2l_fail_in(f, L2L_ERR_INVALID, "config->grad_precision f16 needs loss_scale > 0 (f16 "
+                       "gradients flush below 6e-8 and turn inf above 65504: loss scaling keeps them in "
+                       "range and skips a step that overflows)");
   return L2L_OK;
 }
 
@@ -264,6 +227,16 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
 }
 
 l2l_status l2l_relay_config_check(const l2l_relay_config *config) { return check_config(config); }
+
+int l2l_relay_option_count(void) { return l2l_options_count; }
+
+l2l_status l2l_relay_option(const l2l_option **out, int index) {
+  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+  if (index < 0 || index >= l2l_options_count)
+    return FAIL(L2L_ERR_INVALID, "index must be 0 to %d, got %d", l2l_options_count - 1, index);
+  *out = &l2l_options[index];
+  return L2L_OK;
+}
 
 l2l_status relay_enter(const l2l_relay *run, const char *func) {
   if (!relay_ok(run)) return l2l_fail_in(func, L2L_ERR_INVALID, "run is not a live relay");

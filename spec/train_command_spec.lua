@@ -1,0 +1,92 @@
+-- SPDX-License-Identifier: MIT
+-- train_command_spec — `l2l train`: the training program (examples/train_gpt.lua) as a
+-- command of the executable, with a flag for every option of the option table
+-- (src/core/options.def) that reaches the relay it makes, and --dry-run, which prints the
+-- planner's figures and trains nothing. Each runs the command as a user runs it, a
+-- subprocess, in a tiny configuration.
+local support = dofile("spec/support.lua")
+local l2l = require("l2l")
+local options = require("l2l.relay_options")
+
+local sh = support.sh
+local exe = support.build .. "/l2l"
+local TINY = "--layers 1 --dim 32 --heads 2 --seq 16 --batch 4 --micro-batch 2 --eval-every 2 " ..
+             "--eval-batches 1 --max-bytes 20000 --plot none --sample 0"
+
+local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local function train(flags) return sh(("env -u L2L_PROGRESS %s train %s %s"):format(exe, TINY, flags)) end
+
+describe("l2l train", function()
+  local dir
+  before_each(function() dir = support.tmpdir() end)
+  after_each(function() sh("rm -rf " .. q(dir)) end)
+
+  it("has a flag for every option of the relay, its optimizer and its schedule", function()
+    local status, help = sh(exe .. " train --help")
+    assert.are.equal(0, status, help)
+    assert.is_truthy(help:find("Usage: l2l train", 1, true), help)
+    for _, row in ipairs(options.ROWS) do
+      -- (the schedule's total is the run's update count, from --steps and --accumulate)
+      if row.name ~= "total" then
+        local flag = "--" .. row.name:gsub("_", "-")
+        assert.is_truthy(help:find(flag:gsub("%-", "%%-") .. "[%s,%]]"), flag .. " is not in `l2l train --help`")
+      end
+    end
+  end)
+
+  it("gives the relay, its optimizer and its schedule what the flags say (seed " .. support.seed .. ")", function()
+    local ck = dir .. "/run.ckpt"
+    local clip, window = support.int(1, 9) / 4, support.int(1, 5000)
+    local momentum = support.int(1, 9) / 10
+    local status, out = train(("--steps 4 --accumulate 2 --clip-global-norm %g --loss-scale-window %d " ..
+                               "--optimizer sgd --momentum %g --nesterov --schedule linear --final-ratio 0.25 " ..
+                               "--inner keep --checkpoint %s --out %s"):format(clip, window, momentum, q(ck), q(dir .. "/o")))
+    assert.are.equal(0, status, out)
+    local run = l2l.load(ck)
+    local s = run.options
+    assert.are.equal(2, s.accumulate)
+    assert.are.equal(clip, s.clip_global_norm)
+    assert.are.equal(window, s.loss_scale_window)
+    assert.are.equal("keep", s.inner)
+    assert.are.equal("sgd", s.optimizer.kind)
+    assert.are.equal(tonumber(require("ffi").new("float", momentum)), tonumber(require("ffi").new("float", s.optimizer.momentum)))
+    assert.is_true(s.optimizer.nesterov)
+    assert.are.equal("linear", s.schedule.kind)
+    assert.are.equal(2, s.schedule.total)   -- 4 minibatches, 2 a update
+    assert.are.equal(0.25, s.schedule.final_ratio)
+    run:free()
+  end)
+
+  it("refuses a setting the chosen optimizer has not, and a run's setting given again with --resume", function()
+    local status, out = train(("--steps 2 --optimizer sgd --beta1 0.8 --out %s"):format(q(dir .. "/a")))
+    assert.are.equal(2, status, out)
+    assert.is_truthy(out:find("l2l train: --beta1 is not a setting of sgd", 1, true), out)
+    local ck = dir .. "/r.ckpt"
+    status, out = train(("--steps 2 --checkpoint %s --out %s"):format(q(ck), q(dir .. "/b")))
+    assert.are.equal(0, status, out)
+    status, out = train(("--steps 4 --resume --checkpoint %s --clip-layer-norm 1 --out %s"):format(q(ck), q(dir .. "/b")))
+    assert.are.equal(2, status, out)
+    assert.is_truthy(out:find("--clip-layer-norm: --resume continues the run with the settings it was saved with", 1, true), out)
+    -- the machine's settings apply to the loaded run
+    status, out = train(("--steps 4 --resume --checkpoint %s --optimizer-threads 1 --out %s"):format(q(ck), q(dir .. "/b")))
+    assert.are.equal(0, status, out)
+  end)
+
+  it("--dry-run prints the planner's figures for the demo's model and trains nothing", function()
+    local out_dir, ck = dir .. "/dry", dir .. "/dry.ckpt"
+    local status, out = sh(("env -u L2L_PROGRESS %s train --dry-run --max-bytes 100000 --checkpoint %s --out %s")
+                           :format(exe, q(ck), q(out_dir)))
+    assert.are.equal(0, status, out)
+    local device = tonumber(out:match("dry run: device: a training step needs ([%d.]+) MiB at its peak"))
+    local host = tonumber(out:match("dry run: host: the EPS holds ([%d.]+) MiB"))
+    local seconds = tonumber(out:match("takes about ([%d.]+) s"))
+    assert.is_truthy(device and device > 0, out)
+    assert.is_truthy(seconds and seconds > 0, out)
+    -- the EPS of the demo's model: its parameters' f32 masters, gradients and AdamW's m and v
+    local params = tonumber(out:match("([%d.]+) M parameters")) * 1e6
+    assert.is_truthy(host and math.abs(host * 2 ^ 20 - 16 * params) < 0.02 * 16 * params, out)
+    assert.is_nil(out:find("step 1/", 1, true), out)
+    assert.are.equal(1, select(1, sh("test -e " .. q(out_dir))), "--dry-run made " .. out_dir)
+    assert.are.equal(1, select(1, sh("test -e " .. q(ck))), "--dry-run wrote " .. ck)
+  end)
+end)
