@@ -3,9 +3,9 @@
 -- the line, on each kind of breach added to a copy of it: an include pointing upward, a
 -- part reached past its interface, an include cycle between folders, a require cycle
 -- between Lua modules, CUDA named above the backend, a source file over 800 lines in any
--- folder of code (src/, lua/, kernels/, spec/c/, scripts/); and, over the build's objects,
--- a call that crosses the parts' arrows the wrong way (an object compiled into a copy of
--- them).
+-- folder of code (include/, src/, lua/, kernels/, spec/c/, scripts/); and, over the build's
+-- objects, a call that crosses the parts' arrows the wrong way (an object compiled into a
+-- copy of them).
 local support = dofile("spec/support.lua")
 local sh, build = support.sh, support.build
 
@@ -15,12 +15,12 @@ local function archcheck(root, objects)
             objects and ("--objects '%s' "):format(objects) or "", root))
 end
 
--- A copy of the tree's folders of code (src/, kernels/, lua/, scripts/, spec/c/) in a fresh
--- folder.
+-- A copy of the tree's folders of code (include/, src/, kernels/, lua/, scripts/, spec/c/)
+-- in a fresh folder.
 local function copy_tree()
   local dir = os.tmpname()
   os.remove(dir)
-  local status, out = sh(("mkdir -p '%s/spec' && cp -R src kernels lua scripts '%s'/ && cp -R spec/c '%s/spec/'")
+  local status, out = sh(("mkdir -p '%s/spec' && cp -R include src kernels lua scripts '%s'/ && cp -R spec/c '%s/spec/'")
                          :format(dir, dir, dir))
   assert.are.equal(0, status, out)
   return dir
@@ -54,7 +54,7 @@ describe("scripts/archcheck", function()
     local status, out = archcheck(".", support.build_dir)
     assert.are.equal(0, status, out)
     assert.is_truthy(out:find("parts: backend, cluster, core, eps, kernels, layers, order, plan, public, relay, runner)", 1, true), out)
-    assert.is_truthy(out:find("source files of src/, lua/, kernels/, spec/c/, scripts/ within 800 lines", 1, true), out)
+    assert.is_truthy(out:find("source files of include/, src/, lua/, kernels/, spec/c/, scripts/ within 800 lines", 1, true), out)
     local objects, calls = out:match("calls: (%d+) objects of [^,]*, (%d+) references across parts")
     assert.is_truthy(objects, out)
     assert.is_true(tonumber(objects) >= 40 and tonumber(calls) >= 100, out)
@@ -62,7 +62,7 @@ describe("scripts/archcheck", function()
   end)
 
   it("fails on a call that crosses the arrows, which no include shows", function()
-    -- Sources planted in a copy of the tree, each including src/l2l.h alone (which every
+    -- Sources planted in a copy of the tree, each including include/l2l.h alone (which every
     -- part may) and calling a function another part defines, compiled beside a copy of
     -- the build's objects.
     local dir = copy_tree()
@@ -77,7 +77,7 @@ describe("scripts/archcheck", function()
     } do
       local source = ("%s/src/%s/%s.c"):format(dir, p[1], p[2])
       support.write_file(source, '#include "l2l.h"\n' .. p[3] .. "\n")
-      status, out = sh(("cc -std=gnu11 -I'%s/src' -c '%s' -o '%s/build/obj/%s/%s.o'")
+      status, out = sh(("cc -std=gnu11 -I'%s/include' -c '%s' -o '%s/build/obj/%s/%s.o'")
                        :format(dir, source, dir, p[1], p[2]))
       assert.are.equal(0, status, out)
     end

@@ -1,4 +1,4 @@
--- Generated from src/l2l.h and its parts by scripts/gen_cdef.lua: do not edit.
+-- Generated from include/l2l.h and its parts by scripts/gen_cdef.lua: do not edit.
 return [==[
 typedef enum l2l_status {
   L2L_OK = 0,

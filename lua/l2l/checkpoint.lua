@@ -17,7 +17,7 @@
 -- Tensor names: "<layer>.<param>" for each parameter record's fp32 master (a record
 -- shared by two layers, the tied embedding, is saved once under its first layer),
 -- "<name>.m" / "<name>.v" for its optimizer state in the run's precision (f32 or bf16 in
--- the parameter's shape, 8bit as a u8 vector of codes and scales: src/l2l/relay.h,
+-- the parameter's shape, 8bit as a u8 vector of codes and scales: include/l2l/relay.h,
 -- "optimizers"; v is kept as sqrt(v) there), "<name>.grad" for a gradient
 -- accumulated part way through `accumulate` minibatches.
 -- Purpose: a resumed run produces bit for bit the losses the uninterrupted one would: the

@@ -5,7 +5,7 @@
 -- warn once (argcheck.deprecated).
 --
 -- Purpose: turn an options table into the C config the EPS runs (l2l_optimizer_config,
--- l2l_schedule_config in src/l2l/relay.h, "optimizers"), refusing bad values in Lua with an
+-- l2l_schedule_config in include/l2l/relay.h, "optimizers"), refusing bad values in Lua with an
 -- error that names the option, before any C object exists. The maths lives in C, stated
 -- once in l2l.h; schedule:lr(base, t) asks C (l2l_schedule_lr) so Lua never has a second
 -- copy of it.

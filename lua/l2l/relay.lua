@@ -1,6 +1,6 @@
 -- SPDX-License-Identifier: MIT
 -- l2l.relay — l2l.Relay: training a Sequential layer to layer through the eager parameter
--- server (the C relay of src/l2l/relay.h).
+-- server (the C relay of include/l2l/relay.h).
 --
 --   local run = l2l.Relay{ model = model, micro_batch = 8, stash = "host",
 --                          optimizer = l2l.AdamW{ lr = 3e-4 }, schedule = l2l.CosineLR{ total = 1000 } }
@@ -609,7 +609,7 @@ local state_ids = { m = 0, first = 0, momentum = 0, [1] = 0, v = 1, second = 1, 
 
 -- run:state(record, which) -> a copy (host tensor) of a parameter record's optimizer
 -- state in the precision the optimizer keeps it in (f32, bf16, or 8bit's u8 vector of codes
--- and scales: src/l2l/relay.h, "optimizers"), or nil before its first update. record: an entry of model:params() or
+-- and scales: include/l2l/relay.h, "optimizers"), or nil before its first update. record: an entry of model:params() or
 -- layer:params(); which: "m" (SGD: "momentum") / 1, or "v" / 2.
 function Relay:state(record, which, ...)
   local fname = "run:state"

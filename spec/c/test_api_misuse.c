@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* test_api_misuse.c — every public function of src/l2l.h called with what it must refuse.
+/* test_api_misuse.c — every public function of include/l2l.h called with what it must refuse.
  *
  * What it tests: each function of the header gets NULL for each pointer; pointers that are
  * no handle (bytes with no magic number, and objects of another kind: a tensor where a
@@ -130,7 +130,7 @@ static bool calls(const char *text, const char *name) {
   return false;
 }
 
-/* Covers: that every function declared in src/l2l.h (with its parts) is called in one of
+/* Covers: that every function declared in include/l2l.h (with its parts) is called in one of
    the misuse files (spec/c/test_api_misuse*.c). Their declarations are read from
    lua/l2l/cdef.lua, which is the header's FFI blocks in order (made by
    scripts/gen_cdef.lua; ffi_spec fails when it drifts from them). */
@@ -166,12 +166,12 @@ TEST(misuse_every_public_function_has_cases) {
     functions++;
     if (!calls(self, name)) {
       missing++;
-      CHECK(false, "%s (declared in src/l2l.h) has no misuse case in spec/c/test_api_misuse*.c",
+      CHECK(false, "%s (declared in include/l2l.h) has no misuse case in spec/c/test_api_misuse*.c",
             name);
     }
     i += n;
   }
-  CHECK(functions >= 100, "found only %d functions in src/l2l.h's FFI blocks", functions);
+  CHECK(functions >= 100, "found only %d functions in include/l2l.h's FFI blocks", functions);
   printf("  misuse: %d public functions, %d without a case in %d files\n", functions, missing,
          files);
   free(header);

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* test_api_misuse_layers.c — the layers of src/l2l.h called with what they must refuse:
+/* test_api_misuse_layers.c — the layers of include/l2l.h called with what they must refuse:
  * making, cloning, tying and freeing layers; their settings and accessors; the calls of a
  * block, an input layer and the heads; custom layers (l2l_layer_kind_register and their
  * calls). test_api_misuse.c says what a refusal must do (the documented status, a message

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* test_api_misuse_ops.c — the ops of src/l2l.h called with what they must refuse: every
+/* test_api_misuse_ops.c — the ops of include/l2l.h called with what they must refuse: every
  * tensor argument of each op in turn NULL, no handle, a layer, a record, the wrong dtype or
  * the other pool (SWEEP), then each op's own shape, range and aliasing refusals.
  * test_api_misuse.c says what a refusal must do (the documented status, a message naming

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* test_api_misuse_plan.c — the planner and data parallel of src/l2l.h called with what they
+/* test_api_misuse_plan.c — the planner and data parallel of include/l2l.h called with what they
  * must refuse: l2l_plan_new and its accessors, the planner's calibration (and its
  * deprecated name), applying a plan to a relay; the l2l_dist_* calls. test_api_misuse.c
  * says what a refusal must do (the documented status, a message naming what is wrong, set

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* test_api_misuse_relay.c — the optimizers, the schedules and the relay of src/l2l.h called
+/* test_api_misuse_relay.c — the optimizers, the schedules and the relay of include/l2l.h called
  * with what they must refuse: the optimizer state's arrays, a schedule's settings, a
  * relay's config, model changes, steps, stats and events, its state and restores; and the
  * defects this file found, each failing before its fix. test_api_misuse.c says what a
