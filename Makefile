@@ -45,11 +45,12 @@ else
   OPT := -O3
 endif
 
-# The version is l2l_version()'s, read from its one definition, so that the library's file
-# name, its soname and pkg-config's Version can never disagree with what it reports.
-VERSION := $(shell sed -n 's/^const char \*l2l_version(void) { return "\([0-9]*\.[0-9]*\.[0-9]*\)"; }$$/\1/p' src/core/error.c)
+# The version is l2l_version()'s, read from its one definition (src/core/version.c), so
+# that the library's file name, its soname and pkg-config's Version can never disagree
+# with what it reports.
+VERSION := $(shell sed -n 's/^const char \*l2l_version(void) { return "\([0-9]*\.[0-9]*\.[0-9]*\)"; }$$/\1/p' src/core/version.c)
 ifneq ($(words $(VERSION)),1)
-  $(error cannot read the version from l2l_version() in src/core/error.c (found '$(VERSION)'))
+  $(error cannot read the version from l2l_version() in src/core/version.c (found '$(VERSION)'))
 endif
 SOVERSION := $(firstword $(subst ., ,$(VERSION)))
 SONAME := libl2l.so.$(SOVERSION)
@@ -61,7 +62,7 @@ LUAJIT_CFLAGS := -I/usr/include/luajit-2.1
 # -fno-math-errno lets sqrtf vectorize; 512-bit vectors pay off where AVX-512 exists.
 L2L_CFLAGS := -std=c11 -D_GNU_SOURCE $(SANDEFS) $(if $(ARCH),-march=$(ARCH)) -fPIC -fopenmp \
               -fno-math-errno -fno-trapping-math -ffp-contract=fast -mprefer-vector-width=512 \
-              -Wall -Wextra -Wshadow -Wstrict-prototypes -Isrc $(SANFLAGS)
+              -Wall -Wextra -Wshadow -Wstrict-prototypes -Iinclude -Isrc $(SANFLAGS)
 COMPILE = $(CC) $(L2L_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(EXTRA_CFLAGS)
 L2L_LDFLAGS := -fopenmp $(SANFLAGS)
 LINK = $(CC) $(L2L_LDFLAGS) $(LDFLAGS)
@@ -132,19 +133,20 @@ endif
 
 # One source list per part (src/<part>/, see README.md's layout); the parts build the
 # library together. src/main.c is the l2l executable.
-# The public header: src/l2l.h, which a program includes, and its parts, which it includes.
-PUBLIC_HEADERS := src/l2l.h $(sort $(wildcard src/l2l/*.h))
+# The public header: include/l2l.h, which a program includes, and its parts in include/l2l/,
+# which it includes (the parts' own headers are src/<part>/<part>.h: no two share a name).
+PUBLIC_HEADERS := include/l2l.h $(sort $(wildcard include/l2l/*.h))
 CORE_SRC := $(wildcard src/core/*.c)
 BACKEND_SRC := $(wildcard src/backend/*.c src/backend/cpu/*.c src/backend/cuda/*.c)
 LAYERS_SRC := $(wildcard src/layers/*.c)
 EPS_SRC := $(wildcard src/eps/*.c)
-SCHEDULE_SRC := $(wildcard src/schedule/*.c)
+ORDER_SRC := $(wildcard src/order/*.c)
 PLAN_SRC := $(wildcard src/plan/*.c)
 RELAY_SRC := $(wildcard src/relay/*.c)
 # src/cluster/mpi_plugin.c, the one file that includes mpi.h, is the MPI plugin (below),
 # not libl2l.
 CLUSTER_SRC := $(filter-out src/cluster/mpi_plugin.c,$(wildcard src/cluster/*.c))
-LIB_SRC := $(CORE_SRC) $(BACKEND_SRC) $(LAYERS_SRC) $(CLUSTER_SRC) $(EPS_SRC) $(SCHEDULE_SRC) $(PLAN_SRC) $(RELAY_SRC)
+LIB_SRC := $(CORE_SRC) $(BACKEND_SRC) $(LAYERS_SRC) $(CLUSTER_SRC) $(EPS_SRC) $(ORDER_SRC) $(PLAN_SRC) $(RELAY_SRC)
 LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o) $(KERNEL_OBJ)
 CTEST_SRC := $(wildcard spec/c/*.c)
 CTEST_OBJ := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%.o)
@@ -182,7 +184,7 @@ ifeq ($(filter clean uninstall gpu-deps,$(MAKECMDGOALS)),)
 endif
 
 # The library's objects: hidden visibility, so that libl2l.so exports exactly the functions
-# src/l2l.h marks L2L_API (spec/exports_spec.lua holds it to that). Programs that test or
+# include/l2l.h marks L2L_API (spec/exports_spec.lua holds it to that). Programs that test or
 # time the parts from inside link libl2l.a, where every function is within reach.
 $(BUILD)/obj/%.o: src/%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
@@ -232,7 +234,7 @@ $(BUILD)/l2l_ctest: $(CTEST_OBJ) $(BUILD)/libl2l.a
 	$(LINK) -o $@ $(CTEST_OBJ) $(WHOLE_LIB)
 
 # The C examples, built as a user would build them (only l2l.h, -ll2l and LuaJIT).
-EXAMPLE_CC = $(CC) -std=c11 -Wall -Wextra $(SANFLAGS) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -Isrc
+EXAMPLE_CC = $(CC) -std=c11 -Wall -Wextra $(SANFLAGS) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -Iinclude
 $(BUILD)/hello: examples/hello.c $(PUBLIC_HEADERS) $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
 	$(EXAMPLE_CC) -o $@ $< $(RPATH) -L$(BUILD) -ll2l
 $(BUILD)/embed: examples/embed.c $(PUBLIC_HEADERS) $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
@@ -245,7 +247,7 @@ $(BUILD)/embed_lua: examples/embed_lua.c $(PUBLIC_HEADERS) $(BUILD)/libl2l.so $(
 
 # The FFI declarations are generated from the public header (and checked by a spec).
 lua/l2l/cdef.lua: $(PUBLIC_HEADERS) scripts/gen_cdef.lua scripts/public_header.lua | $(DEPS_STAMP)
-	luajit scripts/gen_cdef.lua src/l2l.h $@
+	luajit scripts/gen_cdef.lua include/l2l.h $@
 
 # Passive OpenMP waiting for the test and benchmark programs (see src/main.c: spinning
 # threads starve each other when the machine is busy); a policy set by the caller wins.
@@ -371,8 +373,8 @@ install: $(DIST)/libl2l.so.$(VERSION) $(DIST)/l2l $(BUILD)/libl2l.a lua/l2l/cdef
 	ln -sfn $(SONAME) $(DESTDIR)$(LIBDIR)/libl2l.so
 	$(INSTALL) -m 644 $(BUILD)/libl2l.a $(DESTDIR)$(LIBDIR)/libl2l.a
 	$(if $(MPI_PLUGIN),$(INSTALL) -m 644 $(MPI_PLUGIN) $(DESTDIR)$(LIBDIR)/libl2l-mpi.so)
-	$(INSTALL) -m 644 src/l2l.h $(DESTDIR)$(INCLUDEDIR)/l2l.h
-	$(INSTALL) -m 644 $(filter src/l2l/%,$(PUBLIC_HEADERS)) $(DESTDIR)$(INCLUDEDIR)/l2l/
+	$(INSTALL) -m 644 include/l2l.h $(DESTDIR)$(INCLUDEDIR)/l2l.h
+	$(INSTALL) -m 644 $(filter include/l2l/%,$(PUBLIC_HEADERS)) $(DESTDIR)$(INCLUDEDIR)/l2l/
 	printf '%s\n' "$$L2L_PC" > $(DESTDIR)$(PKGCONFIGDIR)/l2l.pc
 	chmod 644 $(DESTDIR)$(PKGCONFIGDIR)/l2l.pc
 	$(INSTALL) -m 644 docs/l2l.1 $(DESTDIR)$(MANDIR)/man1/l2l.1
@@ -405,7 +407,7 @@ endif
 # The man page is written by hand (docs/l2l.1) and checked by rendering it with groff's
 # warnings on; the Lua reference is LDoc's, run on copies of lua/l2l/ whose comments
 # scripts/gen_luadoc.lua marks for it (the sources keep their plain `--` comments); the C
-# reference is made from the comments of src/l2l.h and its parts by scripts/gen_cdoc.lua.
+# reference is made from the comments of include/l2l.h and its parts by scripts/gen_cdoc.lua.
 DOC := $(BUILD)/doc
 doc: $(DOC)/man1/l2l.1 $(DOC)/lua/index.html $(DOC)/c-api.md
 
@@ -423,7 +425,7 @@ $(DOC)/lua/index.html: $(wildcard lua/l2l/*.lua) lua/l2l/cdef.lua scripts/gen_lu
 
 $(DOC)/c-api.md: $(PUBLIC_HEADERS) scripts/gen_cdoc.lua scripts/public_header.lua | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
-	luajit scripts/gen_cdoc.lua src/l2l.h $@
+	luajit scripts/gen_cdoc.lua include/l2l.h $@
 
 clean:
 	rm -rf build build-san build-tsan

@@ -56,7 +56,7 @@ for _ = 1, 4 do model:add(l2l.Block { dim = D, heads = 4, causal = false, post_l
 model:add(l2l.LMHead { vocab = V, dim = D, tie = true })
 local run = l2l.Relay { model = model, micro_batch = 8, stash = "host", seed = opt.seed,
                         optimizer = l2l.AdamW { lr = opt.lr, weight_decay = 0.01 },
-                        schedule = l2l.Constant { warmup = 30 } }
+                        schedule = l2l.ConstantLR { warmup = 30 } }
 
 -- Accuracy at the chosen positions: the whole model on the host (after run:sync(), the
 -- layers hold the updated weights), without targets, gives the logits (n,S,V).

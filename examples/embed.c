@@ -11,7 +11,7 @@
  * the relay refuses a cosine schedule no longer than its warm-up).
  *
  * Build outside this repository (libl2l built with `make`, L2L = the checkout):
- *   cc -std=c11 -Wall -Wextra embed.c -I$L2L/src -L$L2L/build -ll2l \
+ *   cc -std=c11 -Wall -Wextra embed.c -I$L2L/include -L$L2L/build -ll2l \
  *      -Wl,-rpath,$L2L/build -o embed
  * (`make` builds it as build/embed.) Run: ./embed [steps [file]] — 150 steps by default, a
  * few seconds; on the built-in text the loss falls from about 6 (ln 256 = 5.5 is a uniform

@@ -18,7 +18,7 @@
  * a program that calls nothing of l2l from C passes -Wl,--no-as-needed before -ll2l.
  *
  * Build outside this repository (libl2l built with `make`, L2L = the checkout):
- *   cc -std=c11 -Wall -Wextra embed_lua.c -I$L2L/src -I/usr/include/luajit-2.1 \
+ *   cc -std=c11 -Wall -Wextra embed_lua.c -I$L2L/include -I/usr/include/luajit-2.1 \
  *      -DL2L_LUA_DIR="\"$L2L/lua\"" -L$L2L/build -ll2l -Wl,-rpath,$L2L/build \
  *      -lluajit-5.1 -o embed_lua
  * (`make` builds it as build/embed_lua.) Run: ./embed_lua [steps] (default 100, under a
@@ -57,7 +57,7 @@ static const char script[] =
     "}\n"
     "local run = l2l.Relay{ model = model, micro_batch = 4, stash = 'host', seed = 1,\n"
     "  optimizer = l2l.AdamW{ lr = 1e-2 },\n"
-    "  schedule = l2l.Cosine{ warmup = math.floor(steps / 10), total = steps } }\n"
+    "  schedule = l2l.CosineLR{ warmup = math.floor(steps / 10), total = steps } }\n"
     "local tok = l2l.zeros({ B, S }, { dtype = 'i32' })\n"
     "local tgt = l2l.zeros({ B, S }, { dtype = 'i32' })\n"
     "local loss\n"

@@ -40,7 +40,7 @@ local model = l2l.Sequential {
 }
 local run = l2l.Relay { model = model, micro_batch = 8, stash = "host", seed = opt.seed,
                         optimizer = l2l.AdamW { lr = 2e-3, weight_decay = 0.01 },
-                        schedule = l2l.Constant { warmup = 20 } }
+                        schedule = l2l.ConstantLR { warmup = 20 } }
 local nblocks = function() return #model - 2 end   -- all but the embedding and the head
 
 print(("grow_depth: %d bytes of text, dim %d, %d blocks at first, doubled every %d steps"):format(

@@ -2,7 +2,7 @@
 /* hello.c — using libl2l from C: tensors, an op, pool statistics and error handling.
  *
  * Build against an installed l2l (`make install`):  cc hello.c $(pkg-config --cflags --libs l2l) -o hello
- * or against a checkout's build:  cc examples/hello.c -Isrc -Lbuild -ll2l -Wl,-rpath,$PWD/build -o hello
+ * or against a checkout's build:  cc examples/hello.c -Iinclude -Lbuild -ll2l -Wl,-rpath,$PWD/build -o hello
  * (`make` also builds it as build/hello.) Prints a 2x2 product, the host pool's bytes in
  * use, and the message of a call that is refused.
  */

@@ -38,7 +38,7 @@ for _ = 1, L do model:add(l2l.Block { dim = D, heads = 4, causal = true }) end
 model:add(l2l.LMHead { vocab = 256, dim = D, tie = true })
 local run = l2l.Relay { model = model, micro_batch = 8, stash = "host", seed = opt.seed,
                         optimizer = l2l.AdamW { lr = 2e-3, weight_decay = 0.01 },
-                        schedule = l2l.Constant { warmup = 20 } }
+                        schedule = l2l.ConstantLR { warmup = 20 } }
 
 print(("layerdrop: %d bytes of text, %d blocks of dim %d, block l skipped with probability %.2f * l / %d"):format(
   #corpus, L, D, opt.p, L))

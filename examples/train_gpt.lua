@@ -393,7 +393,7 @@ local function rows_of_rank() return floor((rank + 1) * B / ranks) - floor(rank 
 -- The optimizer and the learning-rate schedule the flags ask for (the schedule counts
 -- updates: --steps over --accumulate).
 local OPTIMIZERS = { sgd = l2l.SGD, adamw = l2l.AdamW, lamb = l2l.LAMB }
-local SCHEDULES = { constant = l2l.Constant, cosine = l2l.Cosine, linear = l2l.Linear }
+local SCHEDULES = { constant = l2l.ConstantLR, cosine = l2l.CosineLR, linear = l2l.LinearLR }
 local function optimizer_and_schedule()
   local o = { lr = opt.lr, weight_decay = opt.weight_decay, state = opt.state }
   for name, v in pairs(flag_options("optimizer")) do

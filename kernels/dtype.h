@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* dtype.h — the numbers the kernels' launchers take for element types.
  *
- * Purpose: the one place the kernels spell l2l_dtype's values (src/l2l.h), as plain ints
+ * Purpose: the one place the kernels spell l2l_dtype's values (include/l2l.h), as plain ints
  * (the .cu files do not see l2l.h); src/backend/cuda/cuda_ops.c, which sees both, asserts at
  * compile time that each number is l2l_dtype's.
  * Must never: differ from l2l_dtype (the assertions fail the build if it does).

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* norm.h — CUDA launchers for the row-wise ops: LayerNorm, softmax, cross-entropy, and
- * two fused forms the layers use (residual add + LayerNorm, cross-entropy loss + gradient).
+ * two fused forms the layers use (residual add + LayerNorm, cross-entropy loss + gradient);
+ * defined in norm.cu (LayerNorm) and softmax.cu (the rest).
  *
  * Purpose: plain-C entry points for src/backend/cuda/cuda_ops.c. Each launcher matches the
  * CPU op of the same name in src/backend/cpu/ (argument meanings in src/backend/backend.h),

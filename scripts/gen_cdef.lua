@@ -1,6 +1,6 @@
 -- SPDX-License-Identifier: MIT
--- gen_cdef.lua — writes lua/l2l/cdef.lua from the FFI blocks of src/l2l.h and its parts.
--- Usage: luajit scripts/gen_cdef.lua src/l2l.h lua/l2l/cdef.lua
+-- gen_cdef.lua — writes lua/l2l/cdef.lua from the FFI blocks of include/l2l.h and its parts.
+-- Usage: luajit scripts/gen_cdef.lua include/l2l.h lua/l2l/cdef.lua
 -- The header is the single source of truth for the FFI declarations; this copies the
 -- blocks between the L2L_FFI_BEGIN and L2L_FFI_END markers (the header's, then each
 -- part's in the order it includes them: scripts/public_header.lua), comments removed.
@@ -15,6 +15,8 @@ local function ffi_block(body)
   body = ("\n" .. body):gsub("\nL2L_API ([^;]*;)", function(decl)
     return "\n" .. decl:gsub("\n        ", "\n")
   end)
+  -- a deprecated name's mark (a compiler attribute after the parameters): dropped
+  body = body:gsub("%s*L2L_DEPRECATED%b()", "")
   body = body:gsub("[ \t]+\n", "\n"):gsub("\n\n+", "\n\n")
   return body:match("^%s*(.-)%s*$") .. "\n"
 end
@@ -23,6 +25,6 @@ local blocks = assert(public_header(header_path))
 local out_blocks = {}
 for i, block in ipairs(blocks) do out_blocks[i] = ffi_block(block.body) end
 local out = assert(io.open(out_path, "wb"))
-out:write("-- Generated from src/l2l.h and its parts by scripts/gen_cdef.lua: do not edit.\n",
+out:write("-- Generated from include/l2l.h and its parts by scripts/gen_cdef.lua: do not edit.\n",
           "return [==[\n", table.concat(out_blocks, "\n"), "]==]\n")
 out:close()

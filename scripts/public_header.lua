@@ -1,6 +1,6 @@
 -- SPDX-License-Identifier: MIT
 -- public_header.lua — the public header's FFI blocks, its parts included.
--- src/l2l.h is the one header a program includes; it declares the first part of the API
+-- include/l2l.h is the one header a program includes; it declares the first part of the API
 -- and includes the rest from its folder l2l/ (#include "l2l/NAME.h"), each part with an
 -- FFI block of its own. Whoever reads the API from the header (scripts/gen_cdef.lua,
 -- scripts/gen_cdoc.lua, spec/exports_spec.lua) reads it through this, so that the parts'

@@ -11,7 +11,7 @@
 #   .lua .ld, #! ...luajit or lua       -- SPDX-License-Identifier: MIT
 #   .sh .py Makefile, #! ...sh|bash|python   # SPDX-License-Identifier: MIT
 #   .1 (man pages)                      .\" SPDX-License-Identifier: MIT
-# Generated files (lua/l2l/cdef.lua, made from src/l2l.h) and files of other kinds
+# Generated files (lua/l2l/cdef.lua, made from include/l2l.h) and files of other kinds
 # (Markdown, data, LICENSE) are left alone. --check lists each file without the line and
 # exits 1 if there is one; --add inserts the line where it is missing and changes nothing
 # else (running it twice changes nothing the second time).

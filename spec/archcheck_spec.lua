@@ -2,9 +2,10 @@
 -- archcheck_spec — scripts/archcheck passes on this tree, and fails, naming the file and
 -- the line, on each kind of breach added to a copy of it: an include pointing upward, a
 -- part reached past its interface, an include cycle between folders, a require cycle
--- between Lua modules, CUDA named above the backend, a file over 800 lines; and, over the
--- build's objects, a call that crosses the parts' arrows the wrong way (an object compiled
--- into a copy of them).
+-- between Lua modules, CUDA named above the backend, a source file over 800 lines in any
+-- folder of code (include/, src/, lua/, kernels/, spec/c/, scripts/); and, over the build's
+-- objects, a call that crosses the parts' arrows the wrong way (an object compiled into a
+-- copy of them).
 local support = dofile("spec/support.lua")
 local sh, build = support.sh, support.build
 
@@ -14,11 +15,13 @@ local function archcheck(root, objects)
             objects and ("--objects '%s' "):format(objects) or "", root))
 end
 
--- A copy of the tree's src/, kernels/ and lua/ in a fresh folder.
+-- A copy of the tree's folders of code (include/, src/, kernels/, lua/, scripts/, spec/c/)
+-- in a fresh folder.
 local function copy_tree()
   local dir = os.tmpname()
   os.remove(dir)
-  local status, out = sh(("mkdir -p '%s' && cp -R src kernels lua '%s'/"):format(dir, dir))
+  local status, out = sh(("mkdir -p '%s/spec' && cp -R include src kernels lua scripts '%s'/ && cp -R spec/c '%s/spec/'")
+                         :format(dir, dir, dir))
   assert.are.equal(0, status, out)
   return dir
 end
@@ -50,8 +53,8 @@ describe("scripts/archcheck", function()
   it("passes on this tree and its build, and says what it checked", function()
     local status, out = archcheck(".", support.build_dir)
     assert.are.equal(0, status, out)
-    assert.is_truthy(out:find("parts: backend, cluster, core, eps, kernels, layers", 1, true), out)
-    assert.is_truthy(out:find("within 800 lines", 1, true), out)
+    assert.is_truthy(out:find("parts: backend, cluster, core, eps, kernels, layers, order, plan, public, relay, runner)", 1, true), out)
+    assert.is_truthy(out:find("source files of include/, src/, lua/, kernels/, spec/c/, scripts/ within 800 lines", 1, true), out)
     local objects, calls = out:match("calls: (%d+) objects of [^,]*, (%d+) references across parts")
     assert.is_truthy(objects, out)
     assert.is_true(tonumber(objects) >= 40 and tonumber(calls) >= 100, out)
@@ -59,7 +62,7 @@ describe("scripts/archcheck", function()
   end)
 
   it("fails on a call that crosses the arrows, which no include shows", function()
-    -- Sources planted in a copy of the tree, each including src/l2l.h alone (which every
+    -- Sources planted in a copy of the tree, each including include/l2l.h alone (which every
     -- part may) and calling a function another part defines, compiled beside a copy of
     -- the build's objects.
     local dir = copy_tree()
@@ -74,7 +77,7 @@ describe("scripts/archcheck", function()
     } do
       local source = ("%s/src/%s/%s.c"):format(dir, p[1], p[2])
       support.write_file(source, '#include "l2l.h"\n' .. p[3] .. "\n")
-      status, out = sh(("cc -std=gnu11 -I'%s/src' -c '%s' -o '%s/build/obj/%s/%s.o'")
+      status, out = sh(("cc -std=gnu11 -I'%s/include' -c '%s' -o '%s/build/obj/%s/%s.o'")
                        :format(dir, source, dir, p[1], p[2]))
       assert.are.equal(0, status, out)
     end
@@ -177,5 +180,34 @@ describe("scripts/archcheck", function()
     sh("rm -rf '" .. dir .. "'")
     assert.are_not.equal(0, status, out)
     assert.is_truthy(out:find("lua/l2l/long.lua has 801 lines (at most 800", 1, true), out)
+  end)
+
+  it("fails on a source file over 800 lines in kernels/, spec/c/ and scripts/ too, not on their other files", function()
+    local dir = copy_tree()
+    local long = {}
+    for i = 1, 801 do long[i] = "// line " .. i end
+    local text = table.concat(long, "\n") .. "\n"
+    -- what is not code: a suppression list and a README may be long
+    support.write_file(dir .. "/scripts/long.supp", text)
+    support.write_file(dir .. "/kernels/LONG.md", text)
+    local status, out = archcheck(dir)
+    assert.are.equal(0, status, out)
+    support.write_file(dir .. "/kernels/long.cu", text)
+    support.write_file(dir .. "/kernels/long.cuh", text)
+    support.write_file(dir .. "/spec/c/test_long.c", text)
+    support.write_file(dir .. "/scripts/long.sh", text)
+    support.write_file(dir .. "/scripts/fuzz/long.lua", text)
+    support.write_file(dir .. "/scripts/longtool", "#!/bin/sh\n" .. text)   -- a script without an extension
+    status, out = archcheck(dir)
+    sh("rm -rf '" .. dir .. "'")
+    assert.are_not.equal(0, status, out)
+    for _, path in ipairs { "kernels/long.cu", "kernels/long.cuh", "spec/c/test_long.c", "scripts/long.sh",
+                            "scripts/fuzz/long.lua" } do
+      assert.is_truthy(out:find(path .. " has 801 lines (at most 800", 1, true), out)
+    end
+    assert.is_truthy(out:find("scripts/longtool has 802 lines (at most 800", 1, true), out)
+    assert.is_truthy(out:find("6 problems", 1, true), out)
+    assert.is_falsy(out:find("long.supp", 1, true), out)
+    assert.is_falsy(out:find("LONG.md", 1, true), out)
   end)
 end)

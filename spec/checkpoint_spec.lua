@@ -340,7 +340,7 @@ local function make_run(cfg)
                        l2l.SGD{ lr = 0.05, momentum = 0.9, nesterov = true, state = cfg.state },
                        l2l.LAMB{ lr = 0.01, state = cfg.state } })[cfg.optimizer]
   local run = l2l.Relay{ model = model, micro_batch = cfg.micro_batch, stash = cfg.stash,
-                         optimizer = optimizer, schedule = l2l.Cosine{ warmup = 3, total = 40, final_ratio = 0.1 },
+                         optimizer = optimizer, schedule = l2l.CosineLR{ warmup = 3, total = 40, final_ratio = 0.1 },
                          accumulate = cfg.accumulate, clip_global_norm = cfg.clip, seed = cfg.seed,
                          param_slots = cfg.param_slots, loss_scale = cfg.loss_scale,
                          loss_scale_window = 3, master = cfg.master }

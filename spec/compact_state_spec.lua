@@ -1,6 +1,6 @@
 -- SPDX-License-Identifier: MIT
 -- compact_state_spec — the optimizer state kept in bf16 or 8 bits (the optimizers' `state`
--- option; src/l2l/relay.h, "optimizers"): the option checked; the EPS's host bytes, counted
+-- option; include/l2l/relay.h, "optimizers"): the option checked; the EPS's host bytes, counted
 -- here from the documented layout, fall as they should; the first update moves the weights
 -- exactly as f32 state does (it runs in f32 on the decoded zero state; LAMB's second wave
 -- reads the state as kept, so not LAMB's) and leaves a state

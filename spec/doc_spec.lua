@@ -3,7 +3,7 @@
 -- option `l2l --help` lists and every environment variable the sources read; the Lua
 -- reference (LDoc) has a page for every module of lua/l2l/ and an entry for every public
 -- function defined there, with its comment; the C reference has an entry for every
--- function of src/l2l.h, with its comment. Also: the repository holds its licence and its
+-- function of include/l2l.h, with its comment. Also: the repository holds its licence and its
 -- design document, and the README points at them.
 local support = dofile("spec/support.lua")
 local sh = support.sh
@@ -98,7 +98,7 @@ describe("make doc", function()
     assert.is_truthy(tensor:find("A new tensor of another dtype (round to nearest even)", 1, true), tensor)
   end)
 
-  it("has a C reference entry for every function of src/l2l.h, with its comment", function()
+  it("has a C reference entry for every function of include/l2l.h, with its comment", function()
     local ref = assert(support.read_file(doc .. "/c-api.md"))
     local cdef = support.read_file("lua/l2l/cdef.lua")
     local n = 0

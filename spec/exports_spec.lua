@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- exports_spec — libl2l.so's surface is src/l2l.h: the library is built with hidden
+-- exports_spec — libl2l.so's surface is include/l2l.h: the library is built with hidden
 -- visibility, and the functions the header marks L2L_API are exactly what the shared
 -- library exports (nm's dynamic symbol table read in full), none more (no part's internal
 -- function, no kernel launcher, no C++ name), none fewer; and every function the header
@@ -10,7 +10,7 @@ local support = dofile("spec/support.lua")
 -- names l2l_...( and is not a typedef).
 local function declared()
   local names = {}
-  for _, file in ipairs(assert(dofile("scripts/public_header.lua")("src/l2l.h"))) do
+  for _, file in ipairs(assert(dofile("scripts/public_header.lua")("include/l2l.h"))) do
     for line in file.body:gsub("/%*.-%*/", ""):gmatch("[^\n]+") do
       if line:match("^%a") and not line:match("^typedef") then
         local name = line:match("[%s%*](l2l_[%w_]+)%s*%(")
@@ -22,14 +22,14 @@ local function declared()
 end
 
 describe("libl2l.so's exports", function()
-  it("are the functions src/l2l.h declares, each marked L2L_API", function()
+  it("are the functions include/l2l.h declares, each marked L2L_API", function()
     local names = declared()
     local count = 0
     for name, marked in pairs(names) do
       count = count + 1
-      assert.is_true(marked, name .. " is declared in src/l2l.h without L2L_API")
+      assert.is_true(marked, name .. " is declared in include/l2l.h without L2L_API")
     end
-    assert.is_true(count > 100, ("only %d functions found in src/l2l.h"):format(count))
+    assert.is_true(count > 100, ("only %d functions found in include/l2l.h"):format(count))
 
     local status, out = support.sh("nm -D --defined-only " .. support.build_dir .. "/libl2l.so")
     assert.are.equal(0, status, out)
@@ -43,12 +43,12 @@ describe("libl2l.so's exports", function()
       end
     end
     table.sort(extra)
-    assert.are.same({}, extra, "exported, not in src/l2l.h: " .. table.concat(extra, ", "))
+    assert.are.same({}, extra, "exported, not in include/l2l.h: " .. table.concat(extra, ", "))
     local missing = {}
     for name in pairs(names) do
       if not exported[name] then missing[#missing + 1] = name end
     end
     table.sort(missing)
-    assert.are.same({}, missing, "in src/l2l.h, not exported: " .. table.concat(missing, ", "))
+    assert.are.same({}, missing, "in include/l2l.h, not exported: " .. table.concat(missing, ", "))
   end)
 end)

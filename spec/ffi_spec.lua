@@ -10,12 +10,12 @@ local function read(path)
 end
 
 describe("FFI declarations", function()
-  -- src/l2l.h and its parts, each with its FFI block (scripts/public_header.lua)
-  local blocks = assert(dofile("scripts/public_header.lua")("src/l2l.h"))
+  -- include/l2l.h and its parts, each with its FFI block (scripts/public_header.lua)
+  local blocks = assert(dofile("scripts/public_header.lua")("include/l2l.h"))
 
-  it("are what gen_cdef makes from src/l2l.h (no drift)", function()
+  it("are what gen_cdef makes from include/l2l.h (no drift)", function()
     local tmp = os.tmpname()
-    local status, out = support.sh(("luajit scripts/gen_cdef.lua src/l2l.h %s"):format(tmp))
+    local status, out = support.sh(("luajit scripts/gen_cdef.lua include/l2l.h %s"):format(tmp))
     assert.are.equal(0, status, out)
     local fresh = read(tmp)
     os.remove(tmp)

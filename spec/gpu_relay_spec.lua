@@ -114,7 +114,7 @@ describe("the relay on a GPU", function()
     -- means parted by up to 0.4 of a curve from 2.74 at the drop, and an H200 saw 0.249 against
     -- 0.163 at steps 161-180), so no band holds step by step. What holds: (1) before they part
     -- (steps 1-20, the loss still near its start) each step agrees within 2 %: bf16's 2^-9 rounding
-    -- of weights and activations and its attention products (0.4 % normwise, test_cuda.c) through
+    -- of weights and activations and its attention products (0.4 % normwise, test_cuda_layers.c) through
     -- five layers move the loss by a fraction of that (the CPU relay's bf16: at most 0.036 %); a
     -- wrong cast, scale or layout is off by far more. (2) No step diverges: every loss finite and
     -- under 1.25 times the first (seen: 1.04). (3) Both learn the task: the last 20 steps' mean

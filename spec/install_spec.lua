@@ -84,8 +84,8 @@ describe("make install DESTDIR=... PREFIX=/usr", function()
     if support.read_file(support.build .. "/libl2l-mpi.so") then want[#want + 1] = "f 644 usr/lib/libl2l-mpi.so" end
     for _, f in ipairs(lua_files) do want[#want + 1] = "f 644 usr/share/lua/5.1/" .. f end
     -- the header's parts, beside it (l2l.h includes them from l2l/)
-    local parts = lines(select(2, sh("cd src && ls l2l/*.h | LC_ALL=C sort")))
-    assert.is_true(#parts >= 2, "src/l2l/ has the header's parts")
+    local parts = lines(select(2, sh("cd include && ls l2l/*.h | LC_ALL=C sort")))
+    assert.is_true(#parts >= 2, "include/l2l/ has the header's parts")
     for _, f in ipairs(parts) do want[#want + 1] = "f 644 usr/include/" .. f end
     -- the examples, to read and to run (`l2l /usr/share/l2l/examples/train_gpt.lua`)
     for _, f in ipairs(lines(select(2, sh("ls examples/*.lua examples/*.c | LC_ALL=C sort")))) do
@@ -93,9 +93,9 @@ describe("make install DESTDIR=... PREFIX=/usr", function()
     end
     table.sort(want)
     assert.are.same(want, tree(stage))
-    assert.are.equal(support.read_file("src/l2l.h"), support.read_file(usr .. "/include/l2l.h"))
+    assert.are.equal(support.read_file("include/l2l.h"), support.read_file(usr .. "/include/l2l.h"))
     for _, f in ipairs(parts) do
-      assert.are.equal(support.read_file("src/" .. f), support.read_file(usr .. "/include/" .. f))
+      assert.are.equal(support.read_file("include/" .. f), support.read_file(usr .. "/include/" .. f))
     end
     assert.are.equal(support.read_file("lua/l2l/init.lua"),
                      support.read_file(usr .. "/share/lua/5.1/l2l/init.lua"))

@@ -17,7 +17,7 @@ local STRUCTS = { relay = "l2l_relay_config", optimizer = "l2l_optimizer_config"
 -- The fields of a struct of the public header, by reading its text (not the table).
 local function header_fields(struct)
   local fields = {}
-  for _, file in ipairs(assert(dofile("scripts/public_header.lua")("src/l2l.h"))) do
+  for _, file in ipairs(assert(dofile("scripts/public_header.lua")("include/l2l.h"))) do
     local body = file.body:match("typedef struct " .. struct .. " {(.-)} " .. struct .. ";")
     if body then
       body = body:gsub("/%*.-%*/", "")

@@ -150,8 +150,8 @@ describe("save and load agree (seed " .. seed .. ")", function()
       schedule = function()
         local warmup = support.int(0, 5)
         local kind = pick { "constant", "cosine", "linear" }
-        if kind == "constant" then return l2l.Constant { warmup = warmup } end
-        return (kind == "cosine" and l2l.Cosine or l2l.Linear) {
+        if kind == "constant" then return l2l.ConstantLR { warmup = warmup } end
+        return (kind == "cosine" and l2l.CosineLR or l2l.LinearLR) {
           warmup = warmup, total = warmup + support.int(1, 50), final_ratio = support.uniform(0, 1) }
       end,
     }

@@ -15,7 +15,7 @@ local FILES = {   -- path, content, the line expected (nil: left alone), at whic
   { "src/a.h", "/* a.h */\n", "/* " .. ID .. " */", 1 },
   { "kernels/k.cu", "// k.cu\n", "/* " .. ID .. " */", 1 },
   { "lua/l2l/m.lua", "-- m.lua — a module\nreturn {}\n", "-- " .. ID, 1 },
-  { "lua/l2l/cdef.lua", "-- Generated from src/l2l.h\nreturn ''\n", nil },
+  { "lua/l2l/cdef.lua", "-- Generated from include/l2l.h\nreturn ''\n", nil },
   { "scripts/tool", "#!/usr/bin/env luajit\n-- tool — a script\nprint(1)\n", "-- " .. ID, 2 },
   { "scripts/run.sh", "#!/usr/bin/env bash\n# run.sh\necho hi\n", "# " .. ID, 2 },
   { "scripts/ci", "#!/bin/sh\necho ci\n", "# " .. ID, 2 },

@@ -130,6 +130,17 @@ function M.sh(cmd)
   return status, (out:gsub("__status=%d+%s*$", ""))
 end
 
+-- f(...) with what it writes to io.stderr dropped (a deprecated name's one warning, which
+-- a spec reads from a child process instead); f's results.
+function M.quietly(f, ...)
+  local stderr = io.stderr
+  io.stderr = { write = function(self) return self end }
+  local result = { pcall(f, ...) }
+  io.stderr = stderr
+  if not result[1] then error(result[2], 2) end
+  return unpack(result, 2, table.maxn(result))
+end
+
 -- f(...) must raise an error whose message holds `needle` (plain text); returns it.
 function M.refused(needle, f, ...)
   local ok, err = pcall(f, ...)

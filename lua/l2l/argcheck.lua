@@ -1,7 +1,8 @@
 -- SPDX-License-Identifier: MIT
 -- l2l.argcheck — the argument checks every public Lua function shares: an options table's
 -- keys (with a suggestion for a misspelt one), a description's fields, too many
--- arguments, and a value described as an error message shows it.
+-- arguments, a value described as an error message shows it, and the one warning a
+-- deprecated name gives.
 --
 -- Purpose: one wording for every refusal, at no cost on a valid call (below).
 -- Must never: touch the C library (it is below l2l.lib), or allocate on a valid call.
@@ -172,6 +173,20 @@ function M.too_many(fname, params, level, ...)
   local takes = taken == 0 and "no arguments" or taken == 1 and ("1 argument (%s)"):format(params)
                 or ("%d arguments (%s)"):format(taken, params)
   raise(("%s: takes %s, got %d"):format(fname, takes, taken + select("#", ...)), level)
+end
+
+----------------------------------------------------------------- deprecated names
+-- A name kept for one release after it was renamed still works; the first call of it in
+-- a process writes one line to standard error naming the new one (each old name once, so
+-- a loop that calls it prints nothing more).
+local warned = {}
+
+-- argcheck.deprecated(old, new): that line, the first time `old` is used.
+function M.deprecated(old, new)
+  if warned[old] then return end
+  warned[old] = true
+  io.stderr:write(("l2l: %s is deprecated: use %s (the old name goes in the next release)\n")
+                  :format(old, new))
 end
 
 return M

@@ -1,4 +1,4 @@
--- Generated from src/l2l.h and its parts by scripts/gen_cdef.lua: do not edit.
+-- Generated from include/l2l.h and its parts by scripts/gen_cdef.lua: do not edit.
 return [==[
 typedef enum l2l_status {
   L2L_OK = 0,
@@ -606,6 +606,12 @@ l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int64_t upd
 l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t good,
                                         int64_t skipped);
 
+typedef struct l2l_plan_rates l2l_plan_rates;
+
+l2l_status l2l_relay_calibrate_plan(l2l_plan_rates *out, int remeasure);
+
+l2l_status l2l_plan_calibrate(l2l_plan_rates *out, int remeasure);
+
 l2l_status l2l_dist_init(void);
 
 l2l_status l2l_dist_rank(int *out);
@@ -619,7 +625,7 @@ l2l_status l2l_dist_finalize(void);
 
 void l2l_dist_abort(const char *message);
 
-typedef struct l2l_plan_rates {
+struct l2l_plan_rates {
   double flops;
   double h2d, d2h;
   double optimizer;
@@ -627,7 +633,7 @@ typedef struct l2l_plan_rates {
   int timed;
   int shared;
   double disk_read, disk_write;
-} l2l_plan_rates;
+};
 
 typedef struct l2l_plan_request {
   int64_t batch, seq;
@@ -663,8 +669,6 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
 l2l_status l2l_plan_get(l2l_plan_summary *out, const l2l_plan *plan);
 l2l_status l2l_plan_get_layer(l2l_plan_layer *out, const l2l_plan *plan, int index);
 void l2l_plan_free(l2l_plan *plan);
-
-l2l_status l2l_plan_calibrate(l2l_plan_rates *out, int remeasure);
 
 l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan);
 

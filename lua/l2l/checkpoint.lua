@@ -17,7 +17,7 @@
 -- Tensor names: "<layer>.<param>" for each parameter record's fp32 master (a record
 -- shared by two layers, the tied embedding, is saved once under its first layer),
 -- "<name>.m" / "<name>.v" for its optimizer state in the run's precision (f32 or bf16 in
--- the parameter's shape, 8bit as a u8 vector of codes and scales: src/l2l/relay.h,
+-- the parameter's shape, 8bit as a u8 vector of codes and scales: include/l2l/relay.h,
 -- "optimizers"; v is kept as sqrt(v) there), "<name>.grad" for a gradient
 -- accumulated part way through `accumulate` minibatches.
 -- Purpose: a resumed run produces bit for bit the losses the uninterrupted one would: the
@@ -281,8 +281,8 @@ end
 
 local function rebuild_schedule(o)
   if type(o) ~= "table" then error("relay: schedule is not a table", 0) end
-  if o.kind == "constant" then return optim.Constant{ warmup = o.warmup } end
-  local make = o.kind == "cosine" and optim.Cosine or o.kind == "linear" and optim.Linear
+  if o.kind == "constant" then return optim.ConstantLR{ warmup = o.warmup } end
+  local make = o.kind == "cosine" and optim.CosineLR or o.kind == "linear" and optim.LinearLR
   if not make then error("unknown schedule kind " .. tostring(o.kind), 0) end
   return make{ warmup = o.warmup, total = o.total, final_ratio = o.final_ratio }
 end

@@ -5,7 +5,7 @@
 -- ...) whose forward and backward are Lua functions, and use it everywhere a built-in
 -- block goes: layer:forward/backward, l2l.Sequential and l2l.Relay (which streams,
 -- stashes, recomputes and updates it like any block). Underneath it is
--- l2l_layer_new_custom (src/l2l/layers.h, "layers written elsewhere") with one pair of C
+-- l2l_layer_new_custom (include/l2l/layers.h, "layers written elsewhere") with one pair of C
 -- callbacks for every custom kind; the C `user` pointer carries the kind's number.
 --
 --   local GatedMLP = l2l.layer_kind{

@@ -10,7 +10,7 @@
 --
 -- MPI is opened only when one of these (or a relay with dist = "mpi") asks for it; a
 -- script that never does needs no mpirun. Under mpirun every rank runs the same script:
--- the same relay changes and steps in the same order (src/l2l/dist.h says what
+-- the same relay changes and steps in the same order (include/l2l/dist.h says what
 -- each step exchanges). Every MPI wait has a deadline (l2l.dist.set_timeout, default
 -- 300 s, or the environment's L2L_DIST_TIMEOUT): a rank that died or hangs ends the job
 -- with a message instead of leaving the others waiting; so does a rank whose script

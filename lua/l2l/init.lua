@@ -42,6 +42,8 @@ l2l.layer_kind = require("l2l.custom").layer_kind
 -- Optimizers, schedules and the relay.
 local optim, relay = require("l2l.optim"), require("l2l.relay")
 l2l.SGD, l2l.AdamW, l2l.LAMB = optim.SGD, optim.AdamW, optim.LAMB
+l2l.ConstantLR, l2l.CosineLR, l2l.LinearLR = optim.ConstantLR, optim.CosineLR, optim.LinearLR
+-- the schedules' old names, deprecated: each warns once, and goes in the next release
 l2l.Constant, l2l.Cosine, l2l.Linear = optim.Constant, optim.Cosine, optim.Linear
 l2l.is_optimizer, l2l.is_schedule = optim.is_optimizer, optim.is_schedule
 l2l.Relay, l2l.is_relay = relay.Relay, relay.is_relay

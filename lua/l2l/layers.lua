@@ -1,7 +1,7 @@
 -- SPDX-License-Identifier: MIT
 -- l2l.layers — layer constructors (Embedding, Block, LMHead, Classifier) and their methods.
 --
--- Purpose: the C layers of src/l2l/layers.h as Lua objects, Torch style: `y = layer:forward(x,
+-- Purpose: the C layers of include/l2l/layers.h as Lua objects, Torch style: `y = layer:forward(x,
 -- batch)` keeps what the backward needs inside the layer; `dx = layer:backward(dy, batch)`
 -- uses it (once) and adds into the parameter gradients. Options are tables with defaults
 -- a GPT-2 user would expect; misuse raises an error naming the option.
@@ -445,7 +445,7 @@ local function opt_handle(t, name, fname)
   return handle_of(t, name, fname, 4)
 end
 
--- The fields a layer's batch may have (src/l2l/layers.h's l2l_layer_batch); l2l.model adds its own.
+-- The fields a layer's batch may have (include/l2l/layers.h's l2l_layer_batch); l2l.model adds its own.
 local BATCH_FIELDS = { tokens = true, token_types = true, targets = true, key_mask = true, first_sample = true,
                        seed = true, step = true, training = true, loss_scale = true }
 M.BATCH_FIELDS = BATCH_FIELDS

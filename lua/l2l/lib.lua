@@ -10,7 +10,7 @@
 -- GLIBC_TUNABLES or LD_PRELOAD; the error says exactly that. Also turns C statuses into
 -- Lua errors (the C message, indexes counted from 1) and names dtypes and pools. The
 -- argument checks are l2l.argcheck's; the file system's questions, l2l.filesys's.
--- Must never: declare C functions by hand (they come from src/l2l.h via l2l.cdef).
+-- Must never: declare C functions by hand (they come from include/l2l.h via l2l.cdef).
 local ffi = require("ffi")
 
 ffi.cdef(require("l2l.cdef"))

@@ -12,7 +12,7 @@
 -- changes the model, never the relay, and the two never differ.
 -- The layers are the model's array part (model[i], also model.layers[i]), so `#model`
 -- works without __len (LuaJIT without 5.2 compatibility ignores __len on tables).
--- Dropout draws are keyed by each layer's rng id (src/l2l.h). A model numbers its layers
+-- Dropout draws are keyed by each layer's rng id (include/l2l.h). A model numbers its layers
 -- in the order they join it: 1, 2, ... as it is built, and an inserted, added or cloned
 -- layer takes one past the highest id in the model. So the same script draws the same
 -- masks in any process, whatever was built before it (a process-wide counter made two

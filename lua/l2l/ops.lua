@@ -2,7 +2,7 @@
 -- l2l.ops — the backend's ops, callable from Lua with their backward counterparts.
 --
 -- Purpose: let layers be written in Lua (Torch style, no autograd): each function is a
--- thin checked call of the C op of the same name in src/l2l.h, same argument order
+-- thin checked call of the C op of the same name in include/l2l.h, same argument order
 -- (outputs first, then inputs, then parameters), same accumulation contract (parameter
 -- gradients +=, activation gradients =). Optional tensors may be nil. Options that C
 -- takes as plain numbers come in a trailing table where there are several. An op refuses

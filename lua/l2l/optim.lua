@@ -1,9 +1,11 @@
 -- SPDX-License-Identifier: MIT
--- l2l.optim — optimizers (SGD, AdamW, LAMB) and learning-rate schedules (Constant,
--- Cosine, Linear) as checked Lua values for l2l.Relay.
+-- l2l.optim — optimizers (SGD, AdamW, LAMB) and learning-rate schedules (ConstantLR,
+-- CosineLR, LinearLR) as checked Lua values for l2l.Relay. The schedules' names before
+-- they said what they schedule (Constant, Cosine, Linear) still work for one release and
+-- warn once (argcheck.deprecated).
 --
 -- Purpose: turn an options table into the C config the EPS runs (l2l_optimizer_config,
--- l2l_schedule_config in src/l2l/relay.h, "optimizers"), refusing bad values in Lua with an
+-- l2l_schedule_config in include/l2l/relay.h, "optimizers"), refusing bad values in Lua with an
 -- error that names the option, before any C object exists. The maths lives in C, stated
 -- once in l2l.h; schedule:lr(base, t) asks C (l2l_schedule_lr) so Lua never has a second
 -- copy of it.
@@ -210,17 +212,11 @@ end
 local schedule_kinds = { constant = C.L2L_SCHEDULE_CONSTANT, cosine = C.L2L_SCHEDULE_COSINE,
                          linear = C.L2L_SCHEDULE_LINEAR }
 
--- l2l.Constant{warmup = 0}: factor t/warmup during warm-up, then 1.
-local function constant(o)
-  local fname = "l2l.Constant"
+-- l2l.ConstantLR{warmup = 0}: factor t/warmup during warm-up, then 1.
+local function constant(fname, o)
   o = known(o, { warmup = 1 }, fname)
   return setmetatable({ kind = "constant", warmup = count(o, "warmup", 0, fname, 0),
                         total = 0, final_ratio = 1 }, Schedule)
-end
-function M.Constant(o, ...)
-  if select("#", ...) ~= 0 then too_many("l2l.Constant", "options", 2, ...) end
-  local self = checked(constant, o)
-  return self
 end
 
 local function decaying(kind, fname, o)
@@ -235,20 +231,30 @@ local function decaying(kind, fname, o)
                                 function(v) return finite(v) and v >= 0 and v <= 1 end, "in [0, 1]")
   return setmetatable(self, Schedule)
 end
+-- l2l.CosineLR{warmup = 0, total = (required), final_ratio = 0}
+local function cosine(fname, o) return decaying("cosine", fname, o) end
+-- l2l.LinearLR{warmup = 0, total = (required), final_ratio = 0}
+local function linear(fname, o) return decaying("linear", fname, o) end
 
--- l2l.Cosine{warmup = 0, total = (required), final_ratio = 0}
-function M.Cosine(o, ...)
-  if select("#", ...) ~= 0 then too_many("l2l.Cosine", "options", 2, ...) end
-  local self = checked(decaying, "cosine", "l2l.Cosine", o)
-  return self
+-- The constructor l2l.<name>, building with build(fname, o); errors name the function the
+-- user called (an old name's its own). With `new`, the name is an old one: it warns once
+-- that l2l.<new> replaces it.
+local function schedule_constructor(name, build, new)
+  local fname = "l2l." .. name
+  return function(o, ...)
+    if new then argcheck.deprecated(fname, "l2l." .. new) end
+    if select("#", ...) ~= 0 then too_many(fname, "options", 2, ...) end
+    local self = checked(build, fname, o)   -- not a tail call: the error's level counts this frame
+    return self
+  end
 end
-
--- l2l.Linear{warmup = 0, total = (required), final_ratio = 0}
-function M.Linear(o, ...)
-  if select("#", ...) ~= 0 then too_many("l2l.Linear", "options", 2, ...) end
-  local self = checked(decaying, "linear", "l2l.Linear", o)
-  return self
-end
+M.ConstantLR = schedule_constructor("ConstantLR", constant)
+M.CosineLR = schedule_constructor("CosineLR", cosine)
+M.LinearLR = schedule_constructor("LinearLR", linear)
+-- Deprecated: the names before they said what they schedule (l2l 0.1), gone in the next release.
+M.Constant = schedule_constructor("Constant", constant, "ConstantLR")
+M.Cosine = schedule_constructor("Cosine", cosine, "CosineLR")
+M.Linear = schedule_constructor("Linear", linear, "LinearLR")
 
 function M.is_schedule(x, ...)
   if select("#", ...) ~= 0 then too_many("l2l.is_schedule", "x", 2, ...) end
@@ -293,9 +299,9 @@ function Schedule:lr(base, t, ...)
 end
 
 function Schedule:__tostring()
-  if self.kind == "constant" then return ("Constant{warmup = %d}"):format(self.warmup) end
+  if self.kind == "constant" then return ("ConstantLR{warmup = %d}"):format(self.warmup) end
   return ("%s{warmup = %d, total = %d, final_ratio = %g}"):format(
-    self.kind == "cosine" and "Cosine" or "Linear", self.warmup, self.total, self.final_ratio)
+    self.kind == "cosine" and "CosineLR" or "LinearLR", self.warmup, self.total, self.final_ratio)
 end
 
 return M

@@ -85,7 +85,7 @@ function M.calibrate(o, ...)
     error(fname .. ": option 'remeasure' must be true or false, got " .. tostring(o.remeasure), 2)
   end
   local r = ffi.new("l2l_plan_rates")
-  lib.check(C.l2l_plan_calibrate(r, o.remeasure and 1 or 0), fname, 2)
+  lib.check(C.l2l_relay_calibrate_plan(r, o.remeasure and 1 or 0), fname, 2)
   return rates_table(r)
 end
 
@@ -109,7 +109,7 @@ function M.make(model, config, request, fname)
   local rates = request.rates
   if rates == nil then   -- this machine's, the visit's cost measured once (cached)
     rates = ffi.new("l2l_plan_rates")
-    if C.l2l_plan_calibrate(rates, 0) ~= 0 then fail(fname .. ": calibrating: " .. lib.last_error()) end
+    if C.l2l_relay_calibrate_plan(rates, 0) ~= 0 then fail(fname .. ": calibrating: " .. lib.last_error()) end
   end
   q.frozen, q.rates = frozen, rates
   local out = ffi.new("l2l_plan *[1]")

@@ -1,9 +1,9 @@
 -- SPDX-License-Identifier: MIT
 -- l2l.relay — l2l.Relay: training a Sequential layer to layer through the eager parameter
--- server (the C relay of src/l2l/relay.h).
+-- server (the C relay of include/l2l/relay.h).
 --
 --   local run = l2l.Relay{ model = model, micro_batch = 8, stash = "host",
---                          optimizer = l2l.AdamW{ lr = 3e-4 }, schedule = l2l.Cosine{ total = 1000 } }
+--                          optimizer = l2l.AdamW{ lr = 3e-4 }, schedule = l2l.CosineLR{ total = 1000 } }
 --   local loss = run:step(tokens, targets)          -- (B,S) i32 host tensors; -1 ignored
 --
 -- Purpose: options checked in Lua (an error names the option), the C relay kept alive
@@ -168,7 +168,7 @@ local function follower(self)
 end
 
 -- l2l.Relay{model =, micro_batch = 1, stash = "host", recompute_every = 1, inner =
--- "recompute", optimizer = l2l.AdamW{}, schedule = l2l.Constant{}, clip_global_norm = 0,
+-- "recompute", optimizer = l2l.AdamW{}, schedule = l2l.ConstantLR{}, clip_global_norm = 0,
 -- clip_layer_norm = 0, accumulate = 1, optimizer_threads = 0 (every core), seed = 0,
 -- param_slots = 2 (device buffers of layer parameters: each more keeps one more of the
 -- forward's last layers on the device for its backward), loss_scale = 0 (> 0: dynamic
@@ -598,7 +598,7 @@ local state_ids = { m = 0, first = 0, momentum = 0, [1] = 0, v = 1, second = 1, 
 
 -- run:state(record, which) -> a copy (host tensor) of a parameter record's optimizer
 -- state in the precision the optimizer keeps it in (f32, bf16, or 8bit's u8 vector of codes
--- and scales: src/l2l/relay.h, "optimizers"), or nil before its first update. record: an entry of model:params() or
+-- and scales: include/l2l/relay.h, "optimizers"), or nil before its first update. record: an entry of model:params() or
 -- layer:params(); which: "m" (SGD: "momentum") / 1, or "v" / 2.
 function Relay:state(record, which, ...)
   local fname = "run:state"

@@ -168,9 +168,9 @@ function M.read_settings(o, fname)
   if not optim.is_optimizer(s.optimizer) then
     fail(fname .. ": option 'optimizer' must be l2l.SGD{...}, l2l.AdamW{...} or l2l.LAMB{...}, got " .. tostring(o.optimizer))
   end
-  s.schedule = o.schedule or optim.Constant{}
+  s.schedule = o.schedule or optim.ConstantLR{}
   if not optim.is_schedule(s.schedule) then
-    fail(fname .. ": option 'schedule' must be l2l.Constant{...}, l2l.Cosine{...} or l2l.Linear{...}, got " .. tostring(o.schedule))
+    fail(fname .. ": option 'schedule' must be l2l.ConstantLR{...}, l2l.CosineLR{...} or l2l.LinearLR{...}, got " .. tostring(o.schedule))
   end
   if C.l2l_relay_config_check(M.config_of(s)) ~= 0 then fail(fname .. ": " .. M.lua_message(lib.last_error())) end
   return s

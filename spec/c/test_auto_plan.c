@@ -17,7 +17,7 @@
 static l2l_status reference_plan(l2l_plan **out, const struct model *m, const l2l_relay_config *cfg,
                                  int64_t B, int64_t S, uint64_t budget) {
   l2l_plan_rates rates;
-  l2l_status status = l2l_plan_calibrate(&rates, 0);
+  l2l_status status = l2l_relay_calibrate_plan(&rates, 0);
   if (status != L2L_OK) return status;
   uint8_t frozen[MAX_LAYERS] = {0};
   l2l_plan_request q = {.batch = B, .seq = S, .device_budget = budget, .frozen = frozen,

@@ -82,8 +82,6 @@ const char *l2l_status_name(l2l_status status) {
   return "unknown status";
 }
 
-const char *l2l_version(void) { return "0.1.0"; }
-
 const char *l2l_human_bytes(char *buf, size_t len, uint64_t bytes) {
   static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double value = (double)bytes;

@@ -180,7 +180,7 @@ l2l_status plan_machine_rates(l2l_plan_rates *out, bool remeasure) {
   }
   *out = (l2l_plan_rates){.h2d = v[0], .d2h = v[1], .optimizer = v[2], .timed = 1,
                           .shared = strcmp(l2l_device_backend(), "cpu") == 0};
-  /* a visit's fixed cost: measured by the relay (l2l_plan_calibrate), -1 until it is */
+  /* a visit's fixed cost: measured by the relay (l2l_relay_calibrate_plan), -1 until it is */
   snprintf(key, sizeof key, "visit t%d", l2l_get_threads());
   out->visit = plan_cache_get(key, v, 1) ? v[0] : -1;
   return L2L_OK;

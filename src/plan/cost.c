@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* cost.c — the predicted time of a training step under a policy.
  *
- * Purpose: the planner's objective. A step is the schedule's walk (src/schedule/walk.h),
+ * Purpose: the planner's objective. A step is the order's walk (src/order/walk.h),
  * executed here with acts that time instead of allocate, as peak.c's count bytes: each
  * visit has three channels that the relay runs at once: compute on the calling thread
  * (a forward per micro-batch; a backward, with the forward rerun first when the layer
@@ -123,7 +123,7 @@ l2l_status plan_layer_costs(struct plan_layer_costs *out, const struct plan_chai
 
 static double seconds_for(double bytes, double rate) { return rate > 0 ? bytes / rate : 0; }
 
-/* A step timed by walking its schedule (src/schedule/walk.h) with acts that count: each
+/* A step timed by walking its order (src/order/walk.h) with acts that count: each
    act adds what it makes the relay do to the running visit's channels, so a copy is
    counted where, and only where, the relay makes it. Every micro-batch but the last (which
    may be smaller, and whose stash-outs the visit waits for) costs what the others cost, as

@@ -3,8 +3,8 @@
  *
  * Purpose: the planner must know, before a step runs, whether a policy fits a device
  * budget: a step that overruns fails half-way, after some layers were updated. The relay's
- * compute thread makes and frees every device tensor in the order of the step's schedule
- * (src/schedule/walk.h), so executing the same walk with counted blocks and the layers'
+ * compute thread makes and frees every device tensor in the step's visit order
+ * (src/order/walk.h), so executing the same walk with counted blocks and the layers'
  * memory statements gives the peak exactly: parameter and gradient slots for the whole
  * step; per visit and micro-batch the input (and the next one prefetched), the
  * micro-batch's ids, the output, the call's saved and work arenas; what waits between
@@ -22,7 +22,7 @@
  * the peak is the highest line at the real count: exact, in time and memory independent
  * of the batch (a replay of 2^24 micro-batches took minutes and gigabytes). A check that
  * fails falls back to the whole replay.
- * Must never: read the relay's state or decide an order of its own (the schedule's walk
+ * Must never: read the relay's state or decide an order of its own (the order's walk
  * is the order; a spec compares the replay with the pool's measured peak on random models
  * and policies, which also checks what the acts count).
  */

@@ -225,7 +225,7 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
   /* this machine's rates (measured once, on the device: now that a plan can fit) */
   if (status == L2L_OK && request->rates == NULL) {
     status = plan_machine_rates(&rates, false);
-    if (rates.visit < 0) rates.visit = 0;   /* not measured yet: l2l_plan_calibrate does */
+    if (rates.visit < 0) rates.visit = 0;   /* not measured yet: l2l_relay_calibrate_plan does */
   }
   /* the host: a budget no plan of the device can help */
   struct plan_host host = {0};

@@ -5,17 +5,17 @@
  * Purpose: the KARMA-style planner (issue 22) chooses, per layer, keep / swap / recompute
  * and where each boundary waits, and the micro-batch, under a device budget. Its first
  * piece is here: the device peak of one training step, replayed from the layers' memory
- * statements (l2l_layer_memory_in) by walking the step's schedule as the relay does
- * (src/schedule), so that on the CPU backend it equals the pool's measured peak to the
+ * statements (l2l_layer_memory_in) by walking the step's visit order as the relay does
+ * (src/order), so that on the CPU backend it equals the pool's measured peak to the
  * byte.
  * Must never: include the relay's headers or read its state: what it knows of the relay's
- * order is the schedule both walk.
+ * order is the walk both take.
  */
 #ifndef L2L_PLAN_H
 #define L2L_PLAN_H
 
 #include "layers/layers.h"
-#include "schedule/schedule.h"
+#include "order/order.h"
 
 /* Refused (L2L_ERR_INVALID, naming the first difference) unless `plan` was made for these
    layers (configs, records, frozen flags) and these relay settings (slots, accumulation,
@@ -65,9 +65,9 @@ struct plan_memo {
 l2l_status plan_chain_memo(struct plan_chain *c);
 void plan_memo_free(struct plan_chain *c);
 
-/* ---------------------------------------------------------------- the step's schedule */
+/* ---------------------------------------------------------------- the step's order */
 
-/* The training step's schedule (src/schedule: the visits and their order) from the
+/* The training step's order (src/order: the visits and their acts) from the
    chain's policies; schedule_free frees it, also after a failure. */
 l2l_status plan_schedule(struct schedule *sc, const struct plan_chain *c);
 
@@ -111,7 +111,7 @@ l2l_status plan_layer_costs(struct plan_layer_costs *out, const struct plan_chai
 struct plan_step_bytes {
   double h2d, d2h;
 };
-/* Seconds of one training step of the chain under its policies (the schedule's walk,
+/* Seconds of one training step of the chain under its policies (the order's walk,
    timed; -1: no memory to walk it); per_layer (L entries, or NULL) gets each layer's
    share (its visits), moved (or NULL) the bytes it copies. */
 double plan_step_seconds(const struct plan_chain *c, const struct plan_layer_costs *costs,
@@ -140,7 +140,7 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
 l2l_status plan_disk_rates(double *read, double *write, const char *dir);
 /* The median of n timings (v is sorted in place). */
 double plan_median(double *v, int n);
-/* Caches a measured visit cost (l2l_plan_calibrate, in the relay). */
+/* Caches a measured visit cost (l2l_relay_calibrate_plan, in the relay). */
 void plan_cache_visit(double seconds);
 /* A forward and backward of `layer` at rows x seq, measured here (and cached). */
 l2l_status plan_time_layer(double *fwd, double *bwd, const l2l_layer *layer, int64_t rows,

@@ -41,7 +41,7 @@ static l2l_status auto_budget(uint64_t *budget, uint64_t *held, const l2l_relay 
 static l2l_status make_plan(l2l_plan **out, const l2l_relay *run, int64_t batch, int64_t seq,
                             int token_types, int key_mask, uint64_t budget, uint64_t held) {
   l2l_plan_rates rates;
-  TRY(l2l_plan_calibrate(&rates, 0));
+  TRY(l2l_relay_calibrate_plan(&rates, 0));
   int n = run->count;
   l2l_layer **list = calloc((size_t)n + 1, sizeof *list);
   uint8_t *frozen = calloc((size_t)n + 1, sizeof *frozen);

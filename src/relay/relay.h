@@ -5,7 +5,7 @@
  * functions one file of the relay calls in another. The relay runs a model one layer at
  * a time on the device pool, micro-batch by micro-batch, with the parameters streamed
  * from the EPS (see l2l.h, "the relay"). A step is a list of layer visits made before
- * anything runs (src/schedule): forward 0 .. L-2, the head (forward and backward of each
+ * anything runs (src/order): forward 0 .. L-2, the head (forward and backward of each
  * micro-batch at once: the turnaround), then backward L-2 .. lowest, with rebuild visits
  * (a forward rerun of a stretch of layers) before a backward whose input boundary was
  * dropped. While a visit computes on the compute thread (visits.c), the host-to-device
@@ -29,7 +29,7 @@
 #include "cluster/cluster.h"
 #include "eps/eps.h"
 #include "layers/layers.h"
-#include "schedule/schedule.h"
+#include "order/order.h"
 
 #define RELAY_MAGIC 0x6c326c72u  /* "l2lr" */
 enum { MAX_RECORDS = 16, MAX_PARAM_SLOTS = 4096, THREAD_COMPUTE = 0, THREAD_H2D = 1,
@@ -230,7 +230,7 @@ struct step {
      memory queued; summed into loss_sum in micro-batch order (the order the head is
      called in) when the step's last wait has passed (relay_step_free). */
   l2l_tensor **losses;
-  struct schedule sched;      /* the visits and their order (src/schedule) */
+  struct schedule sched;      /* the visits and their order (src/order) */
   int visit_layer;            /* the visit running: its layer's index in run->layers */
   /* The visit running and the next one's parameters. */
   struct params_job *params[2];

@@ -14,7 +14,7 @@
 
 #include "relay.h"
 
-/* What a slot holds of rec, in which dtype, and its bytes there (src/schedule, which the
+/* What a slot holds of rec, in which dtype, and its bytes there (src/order, which the
    planner counts by too). */
 static l2l_dtype slot_dtype(const l2l_relay *run, const struct eps_record *rec,
                             enum schedule_slot_content content) {

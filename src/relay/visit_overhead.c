@@ -1,12 +1,15 @@
 /* SPDX-License-Identifier: MIT */
-/* visit_overhead.c — l2l_plan_calibrate: the planner's rates, with the one the relay
- * alone can measure: the fixed cost of a layer visit.
+/* visit_overhead.c — l2l_relay_calibrate_plan: the planner's rates, with the one the
+ * relay alone can measure: the fixed cost of a layer visit.
  *
  * Purpose: the planner (src/plan/) measures copies, the host optimizer and each layer at
  * its shape; what a visit costs beyond its channels (handing jobs to the copy threads,
  * binding slots, waiting for gradients to leave) shows only when a relay runs. So a small
  * model is trained here a few steps, and the measured step time less what the planner's
  * time model predicts without a visit cost, per visit, is that cost. Cached with the rest.
+ * It is the relay's function (l2l/relay.h): the planner is below the relay and may not
+ * call it, so its rates are asked of the relay. l2l_plan_calibrate, its name in 0.1, is
+ * kept here for one release.
  * Must never: leave anything behind in the pools (the model and the relay are freed).
  */
 #include <string.h>
@@ -77,10 +80,11 @@ static l2l_status measure_visit(double *out, const l2l_plan_rates *rates) {
   return status;
 }
 
-l2l_status l2l_plan_calibrate(l2l_plan_rates *out, int remeasure) {
-  if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
+/* The rates, refusing bad arguments in the words of `func`, the name the caller used. */
+static l2l_status calibrate(const char *func, l2l_plan_rates *out, int remeasure) {
+  if (out == NULL) return l2l_fail_in(func, L2L_ERR_INVALID, "out is NULL");
   if (remeasure != 0 && remeasure != 1)
-    return FAIL(L2L_ERR_INVALID, "remeasure must be 0 or 1, got %d", remeasure);
+    return l2l_fail_in(func, L2L_ERR_INVALID, "remeasure must be 0 or 1, got %d", remeasure);
   l2l_plan_rates rates;
   TRY(plan_machine_rates(&rates, remeasure));
   if (remeasure || rates.visit < 0) {
@@ -89,4 +93,13 @@ l2l_status l2l_plan_calibrate(l2l_plan_rates *out, int remeasure) {
   }
   *out = rates;
   return L2L_OK;
+}
+
+l2l_status l2l_relay_calibrate_plan(l2l_plan_rates *out, int remeasure) {
+  return calibrate(__func__, out, remeasure);
+}
+
+/* Deprecated (l2l/relay.h): the name of 0.1, the same function, its refusals in its name. */
+l2l_status l2l_plan_calibrate(l2l_plan_rates *out, int remeasure) {
+  return calibrate(__func__, out, remeasure);
 }

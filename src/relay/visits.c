@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* visits.c — the relay's acts of a step's schedule: real tensors, layer calls and copies.
+/* visits.c — the relay's acts of a step's visit order: real tensors, layer calls and copies.
  *
- * Purpose: the compute thread executes the step's walk (src/schedule/walk.h says the
+ * Purpose: the compute thread executes the step's walk (src/order/walk.h says the
  * order): activations brought in from the host stash ahead of their use, made, stashed
  * out, released and freed (acts.c), layer calls timed on the device's clock, saved states
  * swapped on the copy threads, and each visit's parameters bound from their slot and

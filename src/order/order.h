@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* schedule.h — one training step's order, written once for the relay that runs it and the
+/* order.h — one training step's order, written once for the relay that runs it and the
  * planner that replays it (the part's interface).
  *
  * Purpose: a step is a list of layer visits (forward 0 .. L-2, the head, then backward from
@@ -14,8 +14,8 @@
  * take in a device slot are here too, for the same reason.
  * Must never: allocate, copy or compute anything of a step: every act is the executor's.
  */
-#ifndef L2L_SCHEDULE_H
-#define L2L_SCHEDULE_H
+#ifndef L2L_ORDER_H
+#define L2L_ORDER_H
 
 #include "layers/layers.h"
 
@@ -114,7 +114,7 @@ struct schedule_ops {
 /* schedule_walk(sc, nmb, ops, ctx): runs the step's visits over nmb micro-batches through
    `ops` (a static const table: the walk is inline, walk.h), stopping at the first act that
    fails (the executor frees what the step holds). */
-#include "schedule/walk.h"
+#include "order/walk.h"
 
 /* ---------------------------------------------------------------- device slots */
 
@@ -159,4 +159,4 @@ uint64_t schedule_slot_size(const struct schedule *sc, enum schedule_slot_conten
 uint64_t schedule_slots_bytes(const struct schedule *sc, int param_slots, l2l_dtype precision,
                               l2l_dtype grad_precision);
 
-#endif /* L2L_SCHEDULE_H */
+#endif /* L2L_ORDER_H */

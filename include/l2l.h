@@ -57,6 +57,13 @@ extern "C" {
 #else
 #define L2L_API
 #endif
+/* A name kept for one release after it was renamed: a call still works, and the compiler
+   warns, naming the new one (the comment above the declaration says more). */
+#if defined(__GNUC__)
+#define L2L_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#else
+#define L2L_DEPRECATED(msg)
+#endif
 
 /* L2L_FFI_BEGIN */
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* walk.h — a step's visits, micro-batch by micro-batch, as acts of an executor (included by
- * schedule.h, the part's interface; nothing else includes it).
+ * order.h, the part's interface; nothing else includes it).
  *
  * Purpose: the one place that says in which order a step brings activations in, makes
  * them, calls the layers, and releases, stashes or frees what they made, as the policies

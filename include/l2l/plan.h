@@ -22,8 +22,10 @@
    peak to the byte; with swap, a bound). Times come from rates measured on this machine
    (layers timed at their own shapes, copies, the host optimizer; cached per machine and
    backend) or given by the caller. A visit costs the most of its channels (compute,
-   copies in, copies out), as the relay overlaps them. */
-typedef struct l2l_plan_rates {
+   copies in, copies out), as the relay overlaps them. This machine's rates come from
+   l2l_relay_calibrate_plan (l2l/relay.h, which also names the type: the relay measures
+   them). */
+struct l2l_plan_rates {
   double flops;       /* device FLOP/s for layers not timed at their shape */
   double h2d, d2h;    /* copy bytes/s: host (pinned) to device, device to host */
   double optimizer;   /* master bytes/s the host optimizer updates (all its threads) */
@@ -34,7 +36,7 @@ typedef struct l2l_plan_rates {
   double disk_read, disk_write;   /* bytes/s the config's spill directory reads and writes
                                      sequentially (0: measured there when the config has
                                      one, and cached with the machine's rates) */
-} l2l_plan_rates;
+};
 
 typedef struct l2l_plan_request {
   int64_t batch, seq;           /* the minibatch's shape */
@@ -44,7 +46,7 @@ typedef struct l2l_plan_request {
                                    the step's) */
   int token_types, key_mask;    /* 1: the batches carry them */
   const uint8_t *frozen;        /* one byte per layer, 1 = frozen; NULL: none */
-  const l2l_plan_rates *rates;  /* NULL: this machine's (l2l_plan_calibrate) */
+  const l2l_plan_rates *rates;  /* NULL: this machine's (l2l_relay_calibrate_plan) */
 } l2l_plan_request;
 
 typedef struct l2l_plan l2l_plan;
@@ -84,16 +86,10 @@ L2L_API l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nl
 L2L_API l2l_status l2l_plan_get(l2l_plan_summary *out, const l2l_plan *plan);
 L2L_API l2l_status l2l_plan_get_layer(l2l_plan_layer *out, const l2l_plan *plan, int index);
 L2L_API void l2l_plan_free(l2l_plan *plan);
-/* This machine's rates for the device backend in use and this many threads: from the
-   cache ($XDG_CACHE_HOME/l2l/, else ~/.cache/l2l/), measured when missing or when
-   remeasure is 1: copies each way, the host optimizer, and a visit's fixed cost (a small
-   model trained a few steps). Layers are timed (and cached) when first planned. Until
-   this has run once, plans with rates NULL count no visit cost. */
-L2L_API l2l_status l2l_plan_calibrate(l2l_plan_rates *out, int remeasure);
 /* The plan's micro-batch and per-layer policies into the relay (same layers, in order). */
 L2L_API l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan);
 /* Plans the relay for steps of batch x seq (token_types, key_mask: 0 or 1) at this
-   machine's rates (l2l_plan_calibrate) within its device budget (config.device_budget;
+   machine's rates (l2l_relay_calibrate_plan) within its device budget (config.device_budget;
    with the device pool's budget set, at most what that leaves beside the tensors in use)
    and applies the plan (l2l_relay_apply_plan). A call for the shape and budgets of the
    last one, over the same layers and frozen flags, keeps that plan; any other plans again

@@ -8,7 +8,7 @@
  * Must never: differ from how the pool counts an allocation (each record rounded to
  * L2L_ALIGN, as a slot's views start on it).
  */
-#include "schedule.h"
+#include "order.h"
 
 l2l_dtype schedule_slot_dtype(const l2l_param *param, enum schedule_slot_content content,
                               l2l_dtype precision, l2l_dtype grad_precision) {

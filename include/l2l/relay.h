@@ -515,4 +515,22 @@ L2L_API l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int
 L2L_API l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t good,
                                                 int64_t skipped);
 
+/* ---------------------------------------------------------------- calibrating the planner
+   The planner (l2l/plan.h) times a step from rates measured on this machine. One of them,
+   the fixed cost of a layer visit, shows only when a relay runs, so the relay measures
+   them: the planner, below the relay, never runs one. */
+
+/* The rates, declared with the planner (l2l/plan.h, which comes after this part). */
+typedef struct l2l_plan_rates l2l_plan_rates;
+/* This machine's rates for the device backend in use and this many threads: from the
+   cache ($XDG_CACHE_HOME/l2l/, else ~/.cache/l2l/), measured when missing or when
+   remeasure is 1: copies each way, the host optimizer, and a visit's fixed cost (a small
+   model trained a few steps). Layers are timed (and cached) when first planned. Until
+   this has run once, plans with rates NULL count no visit cost. */
+L2L_API l2l_status l2l_relay_calibrate_plan(l2l_plan_rates *out, int remeasure);
+/* Deprecated: l2l_relay_calibrate_plan's name in l2l 0.1 (it is the relay's: src/relay/
+   defines it), the same function; gone in the next release. */
+L2L_API l2l_status l2l_plan_calibrate(l2l_plan_rates *out, int remeasure)
+        L2L_DEPRECATED("use l2l_relay_calibrate_plan");
+
 /* L2L_FFI_END */

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "schedule.h"
+#include "order.h"
 
 l2l_status schedule_new(struct schedule *sc, int L, bool training) {
   memset(sc, 0, sizeof *sc);

@@ -1,0 +1,291 @@
+/* SPDX-License-Identifier: MIT */
+/* softmax.cu — the softmax-based row-wise ops on the GPU: masked/causal softmax (forward,
+ * backward) and cross-entropy (forward, backward, and loss and gradient fused).
+ *
+ * Purpose: match the CPU backend's ops of the same names (src/backend/cpu/: fp32
+ * throughout, the same formulas in the same operand order, accurate expf/logf) while
+ * touching each row of global memory as few times as possible, in the row-wise kernels'
+ * shape (rows.cuh: a warp or a block owns a row, cached on chip where it fits). Their
+ * launchers are declared with LayerNorm's in norm.h.
+ * Must never: synchronize, allocate, print, keep state between launches, or read an
+ * output before writing it.
+ */
+#include "norm.h"
+
+#include <math.h>
+
+#include "rows.cuh"
+
+namespace {
+
+/* ---------------------------------------------------------------- softmax */
+
+/* As cpu_softmax_forward: max of the visible scale x, then the sum of their exps, then y;
+   the row is cached by the first pass where it fits. */
+template <bool WARP>
+__global__ void __launch_bounds__(1024)
+    softmax_forward_kernel(float *y, const float *x, const uint8_t *key_mask, int causal,
+                           float scale, int64_t rows, int64_t rows_per_sample, int64_t tq,
+                           int64_t tk, bool cache_rows) {
+  __shared__ float red[32];
+  extern __shared__ float4 row_cache[];
+  const RowGroup g = row_group<WARP>();
+  float *slice =
+      cache_rows ? reinterpret_cast<float *>(row_cache) + g.slot * padded_cols(tk) : nullptr;
+  const bool vec_out = congruent(y, x);
+
+  for (int64_t row = g.first; row < rows; row += g.stride) {
+    const int64_t off = row * tk;
+    const float *xr = x + off;
+    float *yr = y + off;
+    const uint8_t *mask = key_mask ? key_mask + (row / rows_per_sample) * tk : nullptr;
+    const int64_t query = row % tq;
+    int64_t limit = causal ? query + (tk - tq) + 1 : tk; /* keys [0, limit) are visible */
+    if (limit > tk) limit = tk;
+    if (limit < 0) limit = 0;
+    float *cache = slice ? slice + cache_shift(xr) : nullptr;
+
+    float mx = -INFINITY;
+    for_row(xr, limit, true, g.t, g.T, [&](auto w, int64_t j) {
+      constexpr int W = decltype(w)::value;
+      const Pack<W> v = load_pack<W>(xr + j);
+      if (cache) store_pack<W>(cache + j, v);
+#pragma unroll
+      for (int e = 0; e < W; e++) {
+        const float z = (mask && !mask[j + e]) ? -INFINITY : scale * v.v[e];
+        mx = z > mx ? z : mx;
+      }
+    });
+    mx = group_max<WARP>(mx, red); /* its barrier also publishes the cache */
+    const bool hidden = mx == -INFINITY; /* every key hidden: the row is all zeros */
+
+    const float *src = cache ? cache : xr;
+    float sum = 0.0f;
+    if (!hidden)
+      for_row(src, limit, true, g.t, g.T, [&](auto w, int64_t j) {
+        constexpr int W = decltype(w)::value;
+        const Pack<W> v = load_pack<W>(src + j);
+#pragma unroll
+        for (int e = 0; e < W; e++)
+          if (!mask || mask[j + e]) sum += expf(scale * v.v[e] - mx);
+      });
+    sum = group_sum<WARP>(sum, red); /* outside the branch: hidden is group-uniform anyway */
+    const float inv = 1.0f / sum;    /* unused when hidden */
+
+    /* y may be x: each thread reads the elements it writes, after every read above. A
+       float4 chunk straddling limit reads x (or the cache's spare floats) past limit but
+       inside the row; those values are discarded. */
+    for_row(src, tk, vec_out, g.t, g.T, [&](auto w, int64_t j) {
+      constexpr int W = decltype(w)::value;
+      Pack<W> o;
+      if (!hidden && j < limit) {
+        const Pack<W> v = load_pack<W>(src + j);
+#pragma unroll
+        for (int e = 0; e < W; e++) {
+          const int64_t k = j + e;
+          o.v[e] = (k < limit && (!mask || mask[k])) ? expf(scale * v.v[e] - mx) * inv : 0.0f;
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < W; e++) o.v[e] = 0.0f;
+      }
+      store_pack<W>(yr + j, o);
+    });
+    group_sync<WARP>(); /* the next row lays the cache out with another thread map */
+  }
+}
+
+/* dx = scale y (dy - dot(dy, y)); dy and y are cached by the dot pass where they fit. */
+template <bool WARP>
+__global__ void __launch_bounds__(1024)
+    softmax_backward_kernel(float *dx, const float *dy, const float *y, float scale,
+                            int64_t rows, int64_t cols, bool cache_rows) {
+  __shared__ float red[32];
+  extern __shared__ float4 row_cache[];
+  const RowGroup g = row_group<WARP>();
+  const int64_t padded = padded_cols(cols);
+  float *slice =
+      cache_rows ? reinterpret_cast<float *>(row_cache) + g.slot * 2 * padded : nullptr;
+  const bool vec_in = congruent(dy, y), vec_out = vec_in && congruent(dx, dy);
+
+  for (int64_t row = g.first; row < rows; row += g.stride) {
+    const int64_t off = row * cols;
+    const float *dyr = dy + off, *yr = y + off;
+    float *dxr = dx + off;
+    float *cache_dy = slice ? slice + cache_shift(dyr) : nullptr;
+    float *cache_y = slice ? slice + padded + cache_shift(yr) : nullptr;
+
+    float dot = 0.0f;
+    for_row(dyr, cols, vec_in, g.t, g.T, [&](auto w, int64_t j) {
+      constexpr int W = decltype(w)::value;
+      const Pack<W> a = load_pack<W>(dyr + j), b = load_pack<W>(yr + j);
+      if (cache_dy) store_pack<W>(cache_dy + j, a), store_pack<W>(cache_y + j, b);
+#pragma unroll
+      for (int e = 0; e < W; e++) dot += a.v[e] * b.v[e];
+    });
+    dot = group_sum<WARP>(dot, red);
+    group_sync<WARP>(); /* dx may be dy: the row's dy is all read (and cached) first */
+
+    const float *pdy = cache_dy ? cache_dy : dyr, *py = cache_dy ? cache_y : yr;
+    for_row(pdy, cols, vec_out, g.t, g.T, [&](auto w, int64_t j) {
+      constexpr int W = decltype(w)::value;
+      const Pack<W> a = load_pack<W>(pdy + j), b = load_pack<W>(py + j);
+      Pack<W> o;
+#pragma unroll
+      for (int e = 0; e < W; e++) o.v[e] = scale * b.v[e] * (a.v[e] - dot);
+      store_pack<W>(dxr + j, o);
+    });
+    group_sync<WARP>(); /* the next row lays the cache out with another thread map */
+  }
+}
+
+/* ---------------------------------------------------------------- cross-entropy */
+
+/* One streaming read per row gives max and sum of exps (online: the running sum is
+   rescaled when the max grows), then losses and/or dlogits. Rows are vocabulary-long
+   (too long to cache); the write pass re-reads them, mostly from L2. */
+template <bool WARP>
+__global__ void __launch_bounds__(1024)
+    cross_entropy_kernel(float *losses, float *dlogits, const float *logits,
+                         const int32_t *targets, int32_t ignore_index, float scale,
+                         int64_t rows, int64_t vocab) {
+  __shared__ float red[32];
+  const RowGroup g = row_group<WARP>();
+  const bool vec_out = dlogits && congruent(dlogits, logits);
+
+  for (int64_t row = g.first; row < rows; row += g.stride) {
+    const int32_t target = targets[row];
+    const bool ignored = target == ignore_index;
+    const bool known = !ignored && target >= 0 && (int64_t)target < vocab;
+    const float *lr = logits + row * vocab;
+    /* Taken before any write: dlogits may be logits. */
+    float target_logit = 0.0f;
+    if (losses && known && g.t == 0) target_logit = lr[target];
+
+    float m = -INFINITY, s = 0.0f;
+    if (!ignored)
+      for_row(lr, vocab, true, g.t, g.T, [&](auto w, int64_t j) {
+        constexpr int W = decltype(w)::value;
+        const Pack<W> v = load_pack<W>(lr + j);
+#pragma unroll
+        for (int e = 0; e < W; e++) {
+          const float z = v.v[e];
+          if (z > m) {
+            s = s * expf(m - z) + 1.0f; /* m = -inf at first: s is 0 and stays 0 * 0 */
+            m = z;
+          } else if (z != -INFINITY) { /* -inf adds 0; skipping it avoids -inf - -inf */
+            s += expf(z - m);           /* NaN logits reach here and poison s, as on the CPU */
+          }
+        }
+      });
+    const float m_all = group_max<WARP>(m, red);
+    const float s_all = group_sum<WARP>(s == 0.0f ? 0.0f : s * expf(m - m_all), red);
+    const float lse = m_all + logf(s_all);
+    if (losses && g.t == 0) losses[row] = ignored ? 0.0f : known ? lse - target_logit : NAN;
+
+    if (dlogits) {
+      group_sync<WARP>(); /* in place: every read of this row above precedes the writes */
+      float *dr = dlogits + row * vocab;
+      for_row(lr, vocab, vec_out, g.t, g.T, [&](auto w, int64_t j) {
+        constexpr int W = decltype(w)::value;
+        Pack<W> o;
+        if (ignored) {
+#pragma unroll
+          for (int e = 0; e < W; e++) o.v[e] = 0.0f;
+        } else {
+          const Pack<W> v = load_pack<W>(lr + j);
+#pragma unroll
+          for (int e = 0; e < W; e++) {
+            float d = scale * expf(v.v[e] - lse);
+            if (j + e == target) d -= scale;
+            o.v[e] = d;
+          }
+        }
+        store_pack<W>(dr + j, o);
+      });
+    }
+  }
+}
+
+/* need_losses / need_dlogits: that output is required (the unfused ops); the fused one
+   writes whichever it is given. */
+int launch_cross_entropy(bool need_losses, bool need_dlogits, float *losses, float *dlogits,
+                         const float *logits, const int32_t *targets, int32_t ignore_index,
+                         float scale, int64_t rows, int64_t vocab, void *stream) {
+  if (rows < 0 || vocab < 0) return INVALID;
+  if (rows == 0 || vocab == 0) return 0;
+  if (!logits || !targets || (need_losses && !losses) || (need_dlogits && !dlogits))
+    return INVALID;
+  if (!losses && !dlogits) return 0;
+  const RowLaunch l = row_launch(rows, vocab, 0, MAX_BLOCKS);
+  cudaStream_t s = (cudaStream_t)stream;
+  if (l.warp_mode)
+    cross_entropy_kernel<true><<<l.blocks, l.threads, 0, s>>>(
+        losses, dlogits, logits, targets, ignore_index, scale, rows, vocab);
+  else
+    cross_entropy_kernel<false><<<l.blocks, l.threads, 0, s>>>(
+        losses, dlogits, logits, targets, ignore_index, scale, rows, vocab);
+  return l2l_launched();
+}
+
+} /* namespace */
+
+/* ---------------------------------------------------------------- launchers */
+
+extern "C" int l2l_k_softmax_forward(float *y, const float *x, const uint8_t *key_mask,
+                                     int causal, float scale, int64_t samples,
+                                     int64_t rows_per_sample, int64_t tq, int64_t tk,
+                                     void *stream) {
+  if (samples < 0 || rows_per_sample < 0 || tk < 0) return INVALID;
+  const int64_t rows = samples * rows_per_sample;
+  if (rows == 0 || tk == 0) return 0;
+  if (!y || !x || tq < 1) return INVALID;
+  const RowLaunch l = row_launch(rows, tk, 1, MAX_BLOCKS);
+  cudaStream_t s = (cudaStream_t)stream;
+  if (l.warp_mode)
+    softmax_forward_kernel<true><<<l.blocks, l.threads, l.smem, s>>>(
+        y, x, key_mask, causal, scale, rows, rows_per_sample, tq, tk, l.cache);
+  else
+    softmax_forward_kernel<false><<<l.blocks, l.threads, l.smem, s>>>(
+        y, x, key_mask, causal, scale, rows, rows_per_sample, tq, tk, l.cache);
+  return l2l_launched();
+}
+
+extern "C" int l2l_k_softmax_backward(float *dx, const float *dy, const float *y, float scale,
+                                      int64_t rows, int64_t cols, void *stream) {
+  if (rows < 0 || cols < 0) return INVALID;
+  if (rows == 0 || cols == 0) return 0;
+  if (!dx || !dy || !y) return INVALID;
+  const RowLaunch l = row_launch(rows, cols, 2, MAX_BLOCKS);
+  cudaStream_t s = (cudaStream_t)stream;
+  if (l.warp_mode)
+    softmax_backward_kernel<true><<<l.blocks, l.threads, l.smem, s>>>(dx, dy, y, scale, rows,
+                                                                      cols, l.cache);
+  else
+    softmax_backward_kernel<false><<<l.blocks, l.threads, l.smem, s>>>(dx, dy, y, scale, rows,
+                                                                       cols, l.cache);
+  return l2l_launched();
+}
+
+extern "C" int l2l_k_cross_entropy_forward(float *losses, const float *logits,
+                                           const int32_t *targets, int32_t ignore_index,
+                                           int64_t rows, int64_t vocab, void *stream) {
+  return launch_cross_entropy(true, false, losses, nullptr, logits, targets, ignore_index,
+                              1.0f, rows, vocab, stream);
+}
+
+extern "C" int l2l_k_cross_entropy_backward(float *dlogits, const float *logits,
+                                            const int32_t *targets, int32_t ignore_index,
+                                            float scale, int64_t rows, int64_t vocab,
+                                            void *stream) {
+  return launch_cross_entropy(false, true, nullptr, dlogits, logits, targets, ignore_index,
+                              scale, rows, vocab, stream);
+}
+
+extern "C" int l2l_k_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
+                                         const int32_t *targets, int32_t ignore_index,
+                                         float scale, int64_t rows, int64_t vocab,
+                                         void *stream) {
+  return launch_cross_entropy(false, false, losses, dlogits, logits, targets, ignore_index,
+                              scale, rows, vocab, stream);
+}

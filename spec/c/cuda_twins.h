@@ -1,0 +1,195 @@
+/* SPDX-License-Identifier: MIT */
+/* cuda_twins.h — the GPU tests' harness (test_cuda*.c): tolerances, host/device twins of
+ * a tensor, comparisons of a device result brought back with the host's, and the device
+ * pool switched to CUDA for one test (use_gpu ... end_gpu); cuda_twins.c defines them.
+ *
+ * Purpose: one statement of what a GPU result is held to against the CPU backend's, each
+ * tolerance with why it is what it is; test_cuda.c says how the GPU tests test.
+ * Must never: read a device tensor's memory on the CPU (results are copied back first).
+ */
+#ifndef L2L_CUDA_TWINS_H
+#define L2L_CUDA_TWINS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "check.h"
+#include "reference.h"
+
+/* ---------------------------------------------------------------- tolerances
+   Relative errors |got - want| / (|want| + floor) with the floor at the scale of the
+   compared tensor (RMS: the root mean square of the reference's finite elements), so an
+   element far below the tensor's scale is held to an absolute error at that scale. Where
+   a tensor's own rms can be rounding noise (a 1x1x1 GEMM that cancels, GELU' at its
+   minimum, dq of a query that sees one key), the floor is the scale its inputs give it
+   instead, stated at the comparison. */
+
+/* fp32 element-wise math on both sides (exp, tanh-form GELU, divisions; a few ulp each,
+   in another evaluation order or with FMA contraction): ~1e-6; 1e-5 leaves a margin of
+   ten. Any wrong formula, index or missed element is off by far more. */
+#define TOL_F32 1e-5
+/* f32 sums of more than LONG_SUM terms (column sums, long rows, GEMM inner dims) taken in
+   another order (GPU trees and atomics against the CPU's per-thread blocks): their
+   rounding grows like sqrt(terms) ulp typically and terms ulp at worst, of the sum's
+   size: 1e-4, as test_ops's TOL_REDUCTION. */
+#define TOL_LONG_SUM 1e-4
+#define LONG_SUM 256
+/* TF32 keeps 10 of f32's 23 mantissa bits: each input is off by up to 2^-10 relative
+   (truncation; 2^-11 when rounded), a product of two by up to ~2e-3. Summed over K
+   random terms, the error relative to the result's scale has an rms of ~3e-4 (rounded
+   inputs) to ~8e-4 (truncated: the bias adds up), whatever K; the largest of ~1e5
+   elements lies ~5 sigma out. Measured with TF32 emulated on the CPU at this file's
+   shapes: normwise 2.9e-4 (rounded) and 7.7e-4 (truncated), elements up to 1.8e-3. So:
+   the normwise error ||got - want|| / ||want|| <= 1.5e-3 (l2l.h: "about 1e-3"), every
+   element <= 5e-3. An f32-level bug (a wrong transpose, a leaked NaN) is off by O(1). */
+#define TOL_TF32_NORM 1.5e-3
+#define TOL_TF32_ELEMENT 5e-3
+/* 16-bit inputs: both sides multiply the same bf16/f16 values exactly and accumulate in
+   f32 (tensor cores with an f32 accumulator of their own order and rounding): a few
+   ulp of f32 per partial sum, ~1e-5 at K ~ 1000; 1e-3 is loose on purpose (it checks the
+   dtype, layout and beta handling, not the accumulator). Against the f32 GEMM of the
+   unrounded inputs: bf16 keeps 8 significant bits, so each input moves by up to 2^-8
+   relative, a product by ~2.4e-3 rms: normwise ~3e-3 (<= 1e-2), and the worst of 10^6
+   elements lies 5-6 sigma out, ~1.5e-2 (measured on the CPU: 1.53e-2): elements <= 5e-2.
+   f16 (11 bits) is 8x closer. */
+#define TOL_HALF_SAME_INPUT 1e-3
+#define TOL_HALF_VS_F32_NORM 1e-2
+#define TOL_HALF_VS_F32_ELEMENT 5e-2
+/* GELU' recovered from y = gelu(x) near GELU's minimum: an ulp of y moves the recovered
+   x by up to ~2.6e-4 and GELU' by ~1e-4 (see test_frugal_gelu.c); the two backends'
+   Newton steps use their own exp, so they can differ by that much there. */
+#define TOL_GELU_FROM_OUTPUT 5e-4
+/* Attention: scores, exp, row sums and the P V / dS K products in tiles of the GPU's own
+   shape against the CPU's 64-row tiles and BLAS calls: sums of up to S terms in another
+   order, plus exp at a few ulp: 1e-4 of each output's scale. */
+#define TOL_ATTENTION 1e-4
+/* Attention with 16-bit products (tensor cores): q, k, v, P, do, P' and dS rounded to bf16
+   (8 significant bits) or f16 (11), summed in f32, against the CPU's fp32. Sized by
+   emulating those roundings in float64 at this file's shapes (8 seeds): bf16 normwise o
+   0.004, dv 0.009, lse 0.016, dq and dk 0.063 (a query that sees one key has dS = dP - D,
+   rounding noise on the GPU's side, held to a tenth of dv's scale as below); the worst
+   element o 0.043, lse 0.015, dv 0.081, dq and dk 0.29; f16 about an eighth of bf16.
+   Tolerances: two to two and a half times those for bf16, a quarter of bf16's for f16. A
+   wrong tile, mask or index is off by O(1). The same emulation's smallest worst element
+   of o is 1.3e-3 (bf16) and 1.9e-4 (f16), so an o within TOL_ATTENTION / 2 of fp32 means
+   the fp32 kernels ran instead: that is checked too. */
+enum attention_output { ATTN_VALUES /* o, dv */, ATTN_LSE, ATTN_DQK };
+static const double TOL_ATTN16_ELEMENT[3] = {0.2, 0.05, 0.6};
+static const double TOL_ATTN16_NORM[3] = {0.025, 0.04, 0.15};
+/* Whole layers: a chain of the ops above (GEMMs with K up to the MLP width, LayerNorm,
+   softmax or flash attention, GELU): 1e-4 of each output's scale. */
+#define TOL_LAYER 1e-4
+/* The floor of a comparison: the reference's rms (a negative floor means -floor * rms). */
+#define RMS (-1.0)
+
+static inline double tol_sum(int64_t terms) { return terms > LONG_SUM ? TOL_LONG_SUM : TOL_F32; }
+
+/* ---------------------------------------------------------------- tensors */
+
+#define HOST(dtype, ...) check_tensor(L2L_POOL_HOST, (dtype), DIMS(__VA_ARGS__))
+#define DEV(dtype, ...) check_tensor(L2L_POOL_DEVICE, (dtype), DIMS(__VA_ARGS__))
+#define RANDN(scale, ...) fill_normal(HOST(L2L_F32, __VA_ARGS__), (scale))
+#define NANS(...) poisoned(HOST(L2L_F32, __VA_ARGS__))
+
+static inline size_t elem_size(const l2l_tensor *t) {
+  return l2l_dtype_size((l2l_dtype)l2l_tensor_dtype(t));
+}
+/* The first element's address: host memory to read, or a device pointer to hand to a
+   device backend entry (never dereferenced here). NULL for a NULL tensor. */
+static inline float *fdata(const l2l_tensor *t) { return t ? (float *)l2l_tensor_data(t) : NULL; }
+static inline uint8_t *bdata(const l2l_tensor *t) { return t ? (uint8_t *)l2l_tensor_data(t) : NULL; }
+static inline int32_t *idata(const l2l_tensor *t) { return (int32_t *)l2l_tensor_data(t); }
+
+l2l_tensor *poisoned(l2l_tensor *t);
+/* A host u8 tensor of n bytes, all `value`. */
+l2l_tensor *bytes_of(int64_t n, uint8_t value);
+/* A copy of t in `pool` (a transfer when the pools differ). */
+l2l_tensor *copied_to(const l2l_tensor *t, l2l_pool_kind pool);
+/* A host tensor of `dtype` holding t's values as the host's l2l_tensor_cast rounds them. */
+l2l_tensor *cast_on_host(const l2l_tensor *t, l2l_dtype dtype);
+/* "(d0,d1,...)" into buf. */
+const char *dims_str(char *buf, size_t len, const l2l_tensor *t);
+l2l_pool_stats device_stats(void);
+
+/* ---------------------------------------------------------------- twins
+   A host tensor and its device copy. Ops run on both sides in a loop over `side` (0 the
+   host, 1 the device), each side's tensors picked with AT(). */
+
+struct twin {
+  l2l_tensor *h, *d;
+};
+
+
+static inline struct twin pair(l2l_tensor *h, l2l_tensor *d) { return (struct twin){h, d}; }
+/* Takes h; the device side is a copy of it. A NULL h gives a NULL twin. */
+struct twin twin_of(l2l_tensor *h);
+void twin_free_list(struct twin *const *ts, size_t n);
+#define TWIN_FREE(...)                               \
+  twin_free_list((struct twin *const[]){__VA_ARGS__}, \
+                 sizeof((struct twin *const[]){__VA_ARGS__}) / sizeof(struct twin *))
+
+#define SIDES for (int side = 0; side < 2; side++)
+#define AT(tw) (side ? (tw).d : (tw).h)
+#define SIDE_NAME (side ? "device" : "host")
+
+/* A call on one side that must succeed. */
+#define OK_ON(call)                                                                        \
+  check_that((call) == L2L_OK, __FILE__, __LINE__, #call, "failed on the %s: %s", SIDE_NAME, \
+             l2l_last_error())
+
+/* A call on one side that must fail with `want` and a message containing `needle`. */
+bool fails_on(int side, l2l_status got, l2l_status want, const char *needle, const char *file,
+              int line, const char *expr);
+#define FAILS_ON(call, status, needle) \
+  fails_on(side, (call), (status), (needle), __FILE__, __LINE__, #call)
+
+/* ---------------------------------------------------------------- comparisons */
+
+/* The root mean square of the finite elements of a (rows, cols) matrix with row stride ld. */
+double rms_of(const float *v, int64_t rows, int64_t cols, int64_t ld);
+double rms_tensor(const l2l_tensor *t);
+/* got against want, f32 matrices of (rows, cols) with row stride ld, both in host memory:
+   the largest |got - want| / (|want| + floor) over finite elements of want must be at most
+   tol; where want is not finite, got must be the same (NaN where NaN, the same infinity).
+   floor < 0 means -floor times the rms of want's finite elements. */
+bool compare_at(const char *file, int line, const char *what, const float *got,
+                const float *want, int64_t rows, int64_t cols, int64_t ld, double floor,
+                double tol);
+#define CHECK_CLOSE(what, got, want, n, floor, tol) \
+  compare_at(__FILE__, __LINE__, (what), (got), (want), 1, (n), (n), (floor), (tol))
+#define CHECK_COLS(what, got, want, rows, cols, ld, floor, tol) \
+  compare_at(__FILE__, __LINE__, (what), (got), (want), (rows), (cols), (ld), (floor), (tol))
+/* The device side of an f32 twin, brought back, against its host side. */
+bool twin_close_at(const char *file, int line, const char *what, struct twin t, double floor,
+                   double tol);
+#define CHECK_TWIN(what, tw, floor, tol) \
+  twin_close_at(__FILE__, __LINE__, (what), (tw), (floor), (tol))
+/* The device side's bytes against the host side's, element by element. nan_any: where
+   the host holds a NaN, any NaN will do (its payload is not compared). */
+bool twin_bits_at(const char *file, int line, const char *what, struct twin t, bool nan_any);
+#define CHECK_TWIN_BITS(what, tw) twin_bits_at(__FILE__, __LINE__, (what), (tw), false)
+#define CHECK_TWIN_BITS_NAN_ANY(what, tw) twin_bits_at(__FILE__, __LINE__, (what), (tw), true)
+
+/* ---------------------------------------------------------------- inputs */
+
+/* x's first elements := the values GELU is hard at (as many as fit). */
+void put_gelu_specials(l2l_tensor *x);
+/* x ~ 2 N(0,1) + 0.5 (a mean to subtract), weight 1 + 0.3 N, bias 0.3 N. */
+void layernorm_inputs(l2l_tensor *x, l2l_tensor *w, l2l_tensor *b);
+/* key_mask (B, tk): sample 0 all real, sample 2 (when there is one) all padding, the
+   others real with probability 0.7 (at least one real key). */
+l2l_tensor *random_key_mask(int64_t B, int64_t tk);
+
+/* ---------------------------------------------------------------- the device for one test */
+
+/* Serves the device pool from CUDA for one test. false: the test was marked skipped (no
+   GPU) or failed, and must return right away (nothing to undo). */
+bool use_gpu(void);
+/* The end of a test that use_gpu() started: nothing left in the device pool, TF32 off,
+   the device pool back on the CPU. */
+void end_gpu(void);
+/* For tests that exercise CUDA itself: skipped in a dry run. */
+bool use_real_gpu(void);
+
+#endif /* L2L_CUDA_TWINS_H */
