@@ -72,6 +72,12 @@ local FLAGS = {
   { "--eval-batches", 4, "int", "minibatches in each validation loss", min = 1 },
   { "--checkpoint", "", "string", "save the run to this file (every --save-every steps, at the end, and when Ctrl-C stops it)", meta = "PATH" },
   { "--save-every", 100, "int", "steps between checkpoints (0: only at the end)", min = 0 },
+  { "--keep-last", 1, "int", "checkpoints kept: the last is --checkpoint, each earlier one --checkpoint's path with " ..
+    ".step<N> added (the oldest removed past this many)", min = 1, meta = "N" },
+  { "--keep-best", nil, "flag", "also keep the run with the best validation loss so far, as --checkpoint's path " ..
+    "with .best added (saved at each validation loss that improves on it)" },
+  { "--val-data", nil, "list", "a file or folder of text for the validation loss (repeat for more), read as --data " ..
+    "is; all of --data is then trained on (default: --val-fraction of --data held out)", meta = "FILE_OR_FOLDER" },
   { "--resume", nil, "flag", "continue the run saved in --checkpoint (an error when there is none)" },
   { "--resume-if-present", nil, "flag", "continue the run in --checkpoint if the file exists, else start one" },
   { "--force", nil, "flag", "start a new run although --checkpoint holds another (replaced at the first save)" },
@@ -126,8 +132,12 @@ local function flag_options(group)
 end
 
 if opt.dim % opt.heads ~= 0 then cli.usage_error(("--heads (%d) must divide --dim (%d)"):format(opt.heads, opt.dim)) end
-for _, f in ipairs({ "resume", "resume_if_present", "force" }) do
+for _, f in ipairs({ "resume", "resume_if_present", "force", "keep_best" }) do
   if opt[f] and opt.checkpoint == "" then cli.usage_error(("--%s needs --checkpoint PATH"):format(f:gsub("_", "-"))) end
+end
+if cli.given(opt, "keep_last") and opt.checkpoint == "" then cli.usage_error("--keep-last needs --checkpoint PATH") end
+if opt.val_data and #opt.val_data > 0 and cli.given(opt, "val_fraction") then
+  cli.usage_error("--val-fraction holds out part of --data; --val-data gives the validation text: give one of them")
 end
 if opt.force and (opt.resume or opt.resume_if_present) then
   cli.usage_error("--force starts a new run, --resume continues one: give one of them")
@@ -369,7 +379,14 @@ local nparams = model:nparams()
 local state_bytes = nparams * ((opt.master == "bf16" and 6 or 8) + ({ f32 = 8, bf16 = 4, ["8bit"] = 2 + 8 / 2048 })[opt.state])
 local budget = budget_mib and floor(budget_mib * 2 ^ 20)   -- nil: 'auto', once the run is made
 
-local train_text, val_text = split(corpus, opt.val_fraction, S + 1)
+local train_text, val_text
+if opt.val_data and #opt.val_data > 0 then   -- the validation text of its own: all of --data to train on
+  local ok, val = pcall(text.corpus, opt.val_data, { max_bytes = opt.max_bytes })
+  if not ok then cli.usage_error("--val-data: " .. tostring(val):gsub("^.-text%.corpus: ", ""):gsub("^paths: ", "")) end
+  train_text, val_text = corpus.text, val.text
+else
+  train_text, val_text = split(corpus, opt.val_fraction, S + 1)
+end
 local train_bytes, val_bytes = #train_text, #val_text
 train_text, val_text = symbols(train_text), symbols(val_text)
 if length(train_text) < S + 1 or length(val_text) < S + 1 then
@@ -380,8 +397,9 @@ end
 print(("l2l %s: a %s GPT trained layer to layer (%d compute threads%s)"):format(l2l.version,
   tok and "GPT-2-token" or "byte-level", l2l.threads(),
   ranks > 1 and (" on each of %d MPI ranks, %d sequences of each minibatch per rank"):format(ranks, floor(B / ranks)) or ""))
-print(("text: %s, %.2f MiB in %d files: %.2f MiB to train on, %.2f MiB held out%s"):format(corpus.description,
+print(("text: %s, %.2f MiB in %d files: %.2f MiB to train on, %.2f MiB %s%s"):format(corpus.description,
   mib(#corpus.text), corpus.files, mib(train_bytes), mib(val_bytes),
+  opt.val_data and #opt.val_data > 0 and "of --val-data to validate on" or "held out",
   tok and (" (%d and %d GPT-2 tokens)"):format(length(train_text), length(val_text)) or ""))
 print(("model: %s%d block%s, dim %d, %d heads, context %d %s, %.2f M parameters (frugal blocks)"):format(
   opt.init ~= "" and ("GPT-2 weights from %s: "):format(opt.init) or "",
@@ -606,14 +624,52 @@ local function memory_fields(rec, s)
   return rec
 end
 
-local function save_checkpoint(step)
-  local ok, e = pcall(run.save, run, opt.checkpoint, {
+-- The run into `path` (default --checkpoint), its extra naming what made it; nil, or
+-- why it was not written.
+local function save_checkpoint(step, path, val_loss)
+  local ok, e = pcall(run.save, run, path or opt.checkpoint, {
     run = run_id, seed = opt.seed, batch = B, seq = S, layers = opt.layers, dim = opt.dim, heads = opt.heads,
     mlp = opt.mlp, steps = opt.steps, step = step, tokenizer = opt.tokenizer, lr = opt.lr, warmup = opt.warmup,
-    weight_decay = opt.weight_decay, dropout = opt.dropout, init_std = opt.init_std,
+    weight_decay = opt.weight_decay, dropout = opt.dropout, init_std = opt.init_std, val_loss = val_loss,
   })
   if not ok then return "checkpoint not written: " .. tostring(e) end
   return nil
+end
+
+-- --keep-last: before --checkpoint is written again, the one there becomes <path>.step<N>
+-- (this run's: its step); past keep_last files in all, the oldest are removed.
+local filesys = require("l2l.filesys")
+local function keep_earlier(step)
+  if opt.keep_last <= 1 or not file_exists(opt.checkpoint) then return nil end
+  local ok, info = pcall(l2l.checkpoint_info, opt.checkpoint)
+  -- (another run's is replaced as before; this run's at this step is written again)
+  if not ok or info.extra.run ~= run_id or info.steps >= step then return nil end
+  local ok2, e = os.rename(opt.checkpoint, ("%s.step%d"):format(opt.checkpoint, info.steps))
+  if not ok2 then return "checkpoint not kept: " .. tostring(e) end
+  local folder, base = opt.checkpoint:match("^(.*)/([^/]*)$")
+  folder, base = folder or ".", base or opt.checkpoint
+  local steps = {}
+  for _, entry in ipairs(filesys.list_folder(folder) or {}) do
+    local n = entry.name:sub(1, #base + 5) == base .. ".step" and tonumber(entry.name:sub(#base + 6):match("^%d+$"))
+    if n then steps[#steps + 1] = n end
+  end
+  table.sort(steps)
+  for i = 1, #steps - (opt.keep_last - 1) do os.remove(("%s/%s.step%d"):format(folder, base, steps[i])) end
+  return nil
+end
+
+-- --keep-best: the best validation loss this run has saved (from <path>.best when it is
+-- this run's), and the save of a better one.
+local best_path = opt.checkpoint .. ".best"
+local best_val = math.huge
+if opt.keep_best and file_exists(best_path) then
+  local ok, info = pcall(l2l.checkpoint_info, best_path)
+  if ok and info.extra.run == run_id and type(info.extra.val_loss) == "number" then best_val = info.extra.val_loss end
+end
+local function keep_best(step, val)
+  if not (checkpoints and opt.keep_best and val < best_val) then return nil end
+  best_val = val
+  return save_checkpoint(step, best_path, val)
 end
 
 -- the validation loss before training (a fresh run's point 0)
@@ -659,6 +715,8 @@ for step = start_step + 1, last_step do
   if step % opt.eval_every == 0 or step == last_step then
     val = validation_loss()
     last_val = val
+    local e = keep_best(step, val)
+    if e then bar:print(e) end
   end
   local rec = memory_fields({ step = step, loss = loss, val_loss = val, lr = s.lr, tokens_per_s = rate,
                               tokens = step * B * S, seconds = progress.now() - t_start }, s)
@@ -671,7 +729,7 @@ for step = start_step + 1, last_step do
     bar:print(bar:line(step, fields))   -- plain output: the step it stopped at, which update left out
   end
   if checkpoints and opt.save_every > 0 and step % opt.save_every == 0 and step < last_step then
-    local e = save_checkpoint(step)
+    local e = keep_earlier(step) or save_checkpoint(step)
     if e then bar:print(e) end
   end
   if step == last_step then break end
@@ -729,8 +787,9 @@ if opt.plot ~= "none" then
   end
 end
 if checkpoints then
-  local e = save_checkpoint(last_step)
+  local e = keep_earlier(s.steps) or save_checkpoint(last_step)
   print(e or ("checkpoint: " .. opt.checkpoint .. (" (step %d)"):format(s.steps)))
+  if opt.keep_best and best_val < math.huge then print(("best: %s (validation loss %.4f)"):format(best_path, best_val)) end
 end
 
 if opt.sample > 0 and interrupted then

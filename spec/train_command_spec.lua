@@ -72,6 +72,42 @@ describe("l2l train", function()
     assert.are.equal(0, status, out)
   end)
 
+  it("keeps the last N checkpoints and the best by validation loss, and validates on --val-data", function()
+    local ck = dir .. "/k.ckpt"
+    local every = support.int(1, 2)
+    local status, out = train(("--steps 8 --save-every %d --eval-every %d --keep-last 3 --keep-best " ..
+                               "--checkpoint %s --out %s"):format(every, every, q(ck), q(dir .. "/o")))
+    assert.are.equal(0, status, out)
+    -- the last is the checkpoint (step 8), the two before it the saves just before
+    assert.are.equal(8, l2l.checkpoint_info(ck).steps)
+    local kept = {}
+    local _, listing = sh("ls " .. q(dir))
+    for name in listing:gmatch("k%.ckpt%.step(%d+)") do kept[#kept + 1] = tonumber(name) end
+    table.sort(kept)
+    assert.are.same({ 8 - 2 * every, 8 - every }, kept)
+    for _, n in ipairs(kept) do assert.are.equal(n, l2l.checkpoint_info(("%s.step%d"):format(ck, n)).steps) end
+    -- the best: the lowest validation loss the metrics hold, at its step
+    local best, best_step = math.huge, nil
+    for line in support.read_file(dir .. "/o/metrics.jsonl"):gmatch("[^\n]+") do
+      local rec = require("cjson").decode(line)
+      if type(rec.val_loss) == "number" and rec.step > 0 and rec.val_loss < best then best, best_step = rec.val_loss, rec.step end
+    end
+    local info = l2l.checkpoint_info(ck .. ".best")
+    assert.are.equal(best_step, info.steps)
+    assert.is_true(math.abs(info.extra.val_loss - best) <= 1e-12 * math.abs(best), out)
+    -- --val-data: the validation text is that file (the summary says so); with --val-fraction, a usage error
+    local val_file = dir .. "/val.txt"
+    local f = assert(io.open(val_file, "w"))
+    for _ = 1, 400 do f:write("abcabcabc ") end
+    f:close()
+    status, out = train(("--steps 2 --val-data %s --out %s"):format(q(val_file), q(dir .. "/v")))
+    assert.are.equal(0, status, out)
+    assert.is_truthy(out:find("MiB of --val-data to validate on", 1, true), out)
+    status, out = train(("--steps 2 --val-data %s --val-fraction 0.2 --out %s"):format(q(val_file), q(dir .. "/w")))
+    assert.are.equal(2, status, out)
+    assert.is_truthy(out:find("give one of them", 1, true), out)
+  end)
+
   it("--dry-run prints the planner's figures for the demo's model and trains nothing", function()
     local out_dir, ck = dir .. "/dry", dir .. "/dry.ckpt"
     local status, out = sh(("env -u L2L_PROGRESS %s train --dry-run --max-bytes 100000 --checkpoint %s --out %s")
