@@ -77,8 +77,10 @@ BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
 BLAS_LIBS := -L$(BLAS_DIR) -l:libopenblas.so.0
 BLAS_RPATH := -Wl,-rpath,$(BLAS_DIR)
 # xxHash (Debian's libxxhash-dev, which scripts/deps.sh installs): the XXH3-64 checksum of
-# each region of a spill file (src/eps/spill.c), as the checkpoints' checksums are.
-LIB_LIBS := $(BLAS_LIBS) -ljemalloc -lxxhash -lm -lpthread
+# each region of a spill file (src/eps/spill.c), and of each tensor of a checkpoint
+# (src/core/safetensors.c). jansson (libjansson-dev): the JSON of a safetensors header and
+# of a checkpoint's description, read and written in C.
+LIB_LIBS := $(BLAS_LIBS) -ljemalloc -lxxhash -ljansson -lm -lpthread
 # The spill file's I/O goes through io_uring where liburing is found (scripts/deps.sh
 # installs it; NO_LIBURING=1 leaves it out): without it, and wherever the kernel refuses
 # io_uring, a pool of pread/pwrite threads serves (src/eps/spill.c).
@@ -339,11 +341,11 @@ else
 endif
 
 # l2l.pc. A program linking the shared library needs -ll2l alone; one linking libl2l.a
-# also needs what the library links (pkg-config --static): OpenBLAS, jemalloc, xxHash, OpenMP
+# also needs what the library links (pkg-config --static): OpenBLAS, jemalloc, xxHash, jansson, OpenMP
 # (libgomp: the objects call it), and with CUDA the runtime and libstdc++ (the kernels are
 # C++: without it, an undefined __cxa_guard_acquire). A sanitized build's library needs
 # the sanitizer runtimes in the program too.
-PC_LIBS_PRIVATE := -lopenblas -ljemalloc -lxxhash -lgomp -lm -lpthread $(if $(HAVE_LIBURING),-luring) $(CUDA_LIBS)
+PC_LIBS_PRIVATE := -lopenblas -ljemalloc -lxxhash -ljansson -lgomp -lm -lpthread $(if $(HAVE_LIBURING),-luring) $(CUDA_LIBS)
 pc_dir = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
 define L2L_PC
 prefix=$(PREFIX)

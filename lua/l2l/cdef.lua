@@ -557,6 +557,19 @@ l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int64_t upd
 l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t good,
                                         int64_t skipped);
 
+typedef struct l2l_save_options {
+  int replace;
+  const char *extra;
+  const char *layers;
+  const char *relay;
+} l2l_save_options;
+l2l_status l2l_relay_save(l2l_relay *run, const char *path, const l2l_save_options *options);
+
+l2l_status l2l_relay_load(l2l_relay *run, const char *path);
+
+l2l_status l2l_checkpoint_description(char *out, size_t capacity, size_t *length,
+                                      const char *path);
+
 l2l_status l2l_dist_init(void);
 
 l2l_status l2l_dist_rank(int *out);
