@@ -167,7 +167,7 @@ endif
 
 .PHONY: all deps test demo bench vecreport clean fuzz flakes install uninstall doc gpu-deps help archcheck
 all: $(BUILD)/libl2l.so $(BUILD)/libl2l.a $(BUILD)/l2l $(BUILD)/l2l_ctest $(BUILD)/hello \
-     $(BUILD)/embed $(BUILD)/embed_lua $(DIST)/libl2l.so.$(VERSION) $(DIST)/l2l \
+     $(BUILD)/embed $(BUILD)/resume $(BUILD)/embed_lua $(DIST)/libl2l.so.$(VERSION) $(DIST)/l2l \
      lua/l2l/cdef.lua $(MPI_PLUGIN)
 
 # The packages come before anything is decided: what scripts/deps.sh installs (mpicc)
@@ -238,6 +238,8 @@ EXAMPLE_CC = $(CC) -std=c11 -Wall -Wextra $(SANFLAGS) $(CPPFLAGS) $(CFLAGS) $(LD
 $(BUILD)/hello: examples/hello.c $(PUBLIC_HEADERS) $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
 	$(EXAMPLE_CC) -o $@ $< $(RPATH) -L$(BUILD) -ll2l
 $(BUILD)/embed: examples/embed.c $(PUBLIC_HEADERS) $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
+	$(EXAMPLE_CC) -o $@ $< $(RPATH) -L$(BUILD) -ll2l
+$(BUILD)/resume: examples/resume.c $(PUBLIC_HEADERS) $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
 	$(EXAMPLE_CC) -o $@ $< $(RPATH) -L$(BUILD) -ll2l
 # embed_lua finds this checkout's lua/ through a path compiled in (the environment
 # variable L2L_LUA_DIR overrides it).
