@@ -302,8 +302,11 @@ static l2l_status header_text(char **out, uint64_t *len, const struct safetensor
 static l2l_status parse(struct safetensors_file *f) {
   struct stat st;
   if (fstat(f->fd, &st) != 0) return io_error("cannot read", f->path, errno);
-  if (S_ISDIR(st.st_mode)) return l2l_fail(L2L_ERR_IO, "cannot open %s: it is a directory", f->path);
-  if (!S_ISREG(st.st_mode)) return l2l_fail(L2L_ERR_IO, "cannot open %s: not a regular file", f->path);
+  if (S_ISDIR(st.st_mode)) return l2l_fail(L2L_ERR_IO, "cannot open %s: is a directory", f->path);
+  if (!S_ISREG(st.st_mode))   /* (lua/l2l/filesys.lua's words) */
+    return l2l_fail(L2L_ERR_IO, "cannot open %s: is %s, not a regular file", f->path,
+                    S_ISFIFO(st.st_mode) ? "a FIFO (a named pipe)" : S_ISCHR(st.st_mode) ? "a character device"
+                    : S_ISBLK(st.st_mode) ? "a block device" : S_ISSOCK(st.st_mode) ? "a socket" : "something");
   char *text = NULL;
   uint64_t n = 0;
   TRY(header_text(&text, &n, f, (uint64_t)st.st_size));
