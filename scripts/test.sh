@@ -90,10 +90,10 @@ else
   echo "test: busted is not on the PATH (scripts/deps.sh installs it)" | tee "$log/busted"
   busted_rc=1
 fi
-summary=$(grep -E '^[0-9]+ successes? / [0-9]+ failures? / [0-9]+ errors? / [0-9]+ pending' \
+summary=$(grep -E '^[0-9]+ success(es)? / [0-9]+ failures? / [0-9]+ errors? / [0-9]+ pending' \
           "$log/busted" | tail -n 1)
 if [[ -n $summary ]]; then
-  read -r s f e p < <(sed -E 's#^([0-9]+) successes? / ([0-9]+) failures? / ([0-9]+) errors? / ([0-9]+) pending.*#\1 \2 \3 \4#' <<<"$summary")
+  read -r s f e p < <(sed -E 's#^([0-9]+) success(es)? / ([0-9]+) failures? / ([0-9]+) errors? / ([0-9]+) pending.*#\1 \3 \4 \5#' <<<"$summary")
   passed=$((passed + s)) failed=$((failed + f + e)) skipped=$((skipped + p))
   exited_badly "specs" "$busted_rc" "$((f + e))"
 else
