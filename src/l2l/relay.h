@@ -475,7 +475,7 @@ L2L_API l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, in
    metadata key "l2l" a JSON description: the layers (kind, constructor options, rng id,
    frozen flag, policies), the records' update counts, every option of the relay with the
    optimizer and schedule, the steps and updates done, the loss scale's state, and the
-   caller's "extra" (docs/design.md, "Checkpoints"; src/relay/describe.c the document).
+   caller's "extra" (docs/design.md, "Checkpoints in C"; src/relay/describe.c the document).
    l2l_relay_save writes it atomically, one record at a time (one record's state in
    memory at once, read from the spill file if it lives there): a temporary beside path
    (made new, O_EXCL | O_NOFOLLOW, mode 0600 until renamed), synced, renamed over path; a
