@@ -78,8 +78,10 @@ BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
 BLAS_LIBS := -L$(BLAS_DIR) -l:libopenblas.so.0
 BLAS_RPATH := -Wl,-rpath,$(BLAS_DIR)
 # xxHash (Debian's libxxhash-dev, which scripts/deps.sh installs): the XXH3-64 checksum of
-# each region of a spill file (src/eps/spill.c), as the checkpoints' checksums are.
-LIB_LIBS := $(BLAS_LIBS) -ljemalloc -lxxhash -lm -lpthread
+# each region of a spill file (src/eps/spill.c), and of each tensor of a checkpoint
+# (src/core/safetensors.c). jansson (libjansson-dev): the JSON of a safetensors header and
+# of a checkpoint's description, read and written in C.
+LIB_LIBS := $(BLAS_LIBS) -ljemalloc -lxxhash -ljansson -lm -lpthread
 # The spill file's I/O goes through io_uring where liburing is found (scripts/deps.sh
 # installs it; NO_LIBURING=1 leaves it out): without it, and wherever the kernel refuses
 # io_uring, a pool of pread/pwrite threads serves (src/eps/spill.c).
@@ -167,7 +169,7 @@ endif
 
 .PHONY: all deps test demo bench vecreport clean fuzz flakes install uninstall doc gpu-deps help archcheck
 all: $(BUILD)/libl2l.so $(BUILD)/libl2l.a $(BUILD)/l2l $(BUILD)/l2l_ctest $(BUILD)/hello \
-     $(BUILD)/embed $(BUILD)/embed_lua $(DIST)/libl2l.so.$(VERSION) $(DIST)/l2l \
+     $(BUILD)/embed $(BUILD)/resume $(BUILD)/embed_lua $(DIST)/libl2l.so.$(VERSION) $(DIST)/l2l \
      lua/l2l/cdef.lua $(MPI_PLUGIN)
 
 # The packages come before anything is decided: what scripts/deps.sh installs (mpicc)
@@ -238,6 +240,8 @@ EXAMPLE_CC = $(CC) -std=c11 -Wall -Wextra $(SANFLAGS) $(CPPFLAGS) $(CFLAGS) $(LD
 $(BUILD)/hello: examples/hello.c $(PUBLIC_HEADERS) $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
 	$(EXAMPLE_CC) -o $@ $< $(RPATH) -L$(BUILD) -ll2l
 $(BUILD)/embed: examples/embed.c $(PUBLIC_HEADERS) $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
+	$(EXAMPLE_CC) -o $@ $< $(RPATH) -L$(BUILD) -ll2l
+$(BUILD)/resume: examples/resume.c $(PUBLIC_HEADERS) $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
 	$(EXAMPLE_CC) -o $@ $< $(RPATH) -L$(BUILD) -ll2l
 # embed_lua finds this checkout's lua/ through a path compiled in (the environment
 # variable L2L_LUA_DIR overrides it).
@@ -341,11 +345,11 @@ else
 endif
 
 # l2l.pc. A program linking the shared library needs -ll2l alone; one linking libl2l.a
-# also needs what the library links (pkg-config --static): OpenBLAS, jemalloc, xxHash, OpenMP
+# also needs what the library links (pkg-config --static): OpenBLAS, jemalloc, xxHash, jansson, OpenMP
 # (libgomp: the objects call it), and with CUDA the runtime and libstdc++ (the kernels are
 # C++: without it, an undefined __cxa_guard_acquire). A sanitized build's library needs
 # the sanitizer runtimes in the program too.
-PC_LIBS_PRIVATE := -lopenblas -ljemalloc -lxxhash -lgomp -lm -lpthread $(if $(HAVE_LIBURING),-luring) $(CUDA_LIBS)
+PC_LIBS_PRIVATE := -lopenblas -ljemalloc -lxxhash -ljansson -lgomp -lm -lpthread $(if $(HAVE_LIBURING),-luring) $(CUDA_LIBS)
 pc_dir = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
 define L2L_PC
 prefix=$(PREFIX)

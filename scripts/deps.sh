@@ -16,6 +16,7 @@ packages=(
   lua-cjson                  # JSON for checkpoints' metadata and the metrics log
   libxxhash0                 # the checksum of each tensor in a checkpoint (XXH3-64)
   libxxhash-dev              # xxhash.h: the spill file's checksum of each region (src/eps/spill.c)
+  libjansson4 libjansson-dev # JSON in C: safetensors headers and checkpoints' descriptions (src/core, src/relay)
   liburing-dev               # the spill file's I/O through io_uring (src/eps/spill.c)
   libedit-dev                # line editing and history for the l2l REPL
   lua-argparse               # the examples' command-line flags

@@ -152,7 +152,7 @@ phase_specs() {
     local code=$?
     ((code == 0)) || rc=1
     cat "$work/spec.out" >> "$log"
-    local counts; counts=$(grep -E '^[0-9]+ successes? / [0-9]+ failures? / [0-9]+ errors? / [0-9]+ pending' "$work/spec.out" | tail -n 1)
+    local counts; counts=$(grep -E '^[0-9]+ success(es)? / [0-9]+ failures? / [0-9]+ errors? / [0-9]+ pending' "$work/spec.out" | tail -n 1)
     counts=${counts% : *}
     summary+="${spec#spec/}: ${counts:-died before its summary (exit $code)}; "
     if [[ -z $counts ]]; then

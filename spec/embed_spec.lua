@@ -1,8 +1,10 @@
 -- SPDX-License-Identifier: MIT
--- embed_spec — the two embedding examples users copy: build/embed (a byte-level GPT
--- trained with the C API alone, examples/embed.c) and build/embed_lua (a C program that
--- embeds LuaJIT and runs an l2l training script, examples/embed_lua.c). Each run takes a
--- few seconds; losses are read back from what the programs print.
+-- embed_spec — the embedding examples users copy: build/embed (a byte-level GPT trained
+-- with the C API alone, examples/embed.c), build/resume (a run saved, freed and resumed
+-- from its file with the C API alone, examples/resume.c) and build/embed_lua (a C program
+-- that embeds LuaJIT and runs an l2l training script, examples/embed_lua.c). Each run
+-- takes a few seconds; losses are read back from what the programs print.
+local l2l = require("l2l")
 local support = dofile("spec/support.lua")
 local sh = support.sh
 local sanitized = os.getenv("L2L_SANITIZE") == "1"
@@ -78,6 +80,44 @@ describe("examples/embed.c (the C API alone)", function()
       assert.are.equal(2, status, args .. ": " .. out)
       assert.is_truthy(out:find("^usage: %S+ %[steps %[file%]%]"), args .. ": " .. out)
     end
+  end)
+end)
+
+describe("examples/resume.c (save, load and resume with the C API alone)", function()
+  local exe = build .. "/resume"
+
+  it("resumes to the bit: every loss after the load is the uninterrupted run's, and the file is the front end's", function()
+    local steps = support.int(4, 14)
+    local at = support.int(1, steps - 1)
+    local dir = support.tmpdir()
+    local path = dir .. "/run.safetensors"
+    local status, out = sh(("%s %s %d %d"):format(exe, path, steps, at))
+    assert.are.equal(0, status, out)
+    assert.is_truthy(out:find(("saved after step %d to %s\nloaded: %d steps done\n"):format(at, path, at), 1, true), out)
+    local lines = 0
+    for step, a, kind, b in out:gmatch("step%s+(%d+)%s+loss (%S+)%s+(%a+[%a ]*) (%S+)\n") do
+      lines = lines + 1
+      assert.are.equal(lines, tonumber(step), out)
+      assert.are.equal(tonumber(step) <= at and "before the save" or "resumed", kind, out)
+      assert.are.equal(a, b, out)   -- 17 digits: the same double
+    end
+    assert.are.equal(steps, lines, out)
+    assert.is_truthy(out:find(("\n%d of %d losses equal to the bit\n$"):format(steps, steps)), out)
+    -- the front end reads what C wrote
+    local info = l2l.checkpoint_info(path)
+    assert.are.equal(at, info.steps)
+    assert.are.same({ saved_at = at }, info.extra)
+    -- a file at the path is not replaced without leave
+    local before = support.read_file(path)
+    status, out = sh(("%s %s %d %d"):format(exe, path, steps, at))
+    assert.are.equal(1, status, out)
+    assert.is_truthy(out:find("resume: saving: l2l_relay_save: " .. path .. " exists already: nothing was written", 1, true), out)
+    assert.are.equal(before, support.read_file(path))
+    os.remove(path)
+    os.remove(dir)
+    status, out = sh(exe)
+    assert.are.equal(2, status, out)
+    assert.is_truthy(out:find("^usage: %S+ FILE %[steps %[save_at%]%]"), out)
   end)
 end)
 

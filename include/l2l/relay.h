@@ -515,6 +515,69 @@ L2L_API l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int
 L2L_API l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t good,
                                                 int64_t skipped);
 
+/* A relay's training state in one file, the front end's checkpoint (run:save, l2l.load):
+   a file either writes the other reads. It is safetensors: each parameter record's master
+   ("<layer from 1>.<param>", f32, or bf16 for a bf16 master; a record shared by two
+   layers once, under its first), its optimizer state ("<name>.m", "<name>.v": in the
+   relay's state precision, 8bit as its u8 vector) and, part way through `accumulate`
+   minibatches, its gradient ("<name>.grad"), each with an XXH3-64 checksum; and under the
+   metadata key "l2l" a JSON description: the layers (kind, constructor options, rng id,
+   frozen flag, policies), the records' update counts, every option of the relay with the
+   optimizer and schedule, the steps and updates done, the loss scale's state, and the
+   caller's "extra" (docs/design.md, "Checkpoints in C"; src/relay/describe.c the document).
+   l2l_relay_save writes it atomically, one record at a time (one record's state in
+   memory at once, read from the spill file if it lives there): a temporary beside path
+   (made new, O_EXCL | O_NOFOLLOW, mode 0600 until renamed), synced, renamed over path; a
+   failure removes the temporary and leaves a file at path as it was. Every state array
+   is checked as l2l_relay_restore_param would check it before it is written (what a save
+   writes, a load takes). Mid-accumulation with dist = L2L_DIST_MPI it is refused (each
+   rank holds a part of the gradient); otherwise with ranks every rank calls it (the
+   state is gathered from the shards) and rank 0 writes the file one process would.
+   options may be NULL (all 0):
+     replace  1: a file at path may be replaced; 0: one is refused (L2L_ERR_STATE) and left
+              as it is, even one that appears while the save writes;
+     extra    NULL, or JSON text (an object or array) kept as the description's "extra";
+     layers   NULL: the relay describes its layers (a custom layer by its kind's name, with
+              options {}); or JSON text, an array of one object per layer with its "kind",
+              "options" (and "custom") as the front end writes them: for layers whose
+              constructor options only the caller knows. Checked as a load checks them;
+              the rng ids, frozen flags and policies are the relay's either way;
+     relay    NULL: the relay's options as its config holds them; or JSON text, an object
+              as the front end writes it (checked as a load checks it).
+   Counts and sizes the description holds must be at most 2^53 - 1 (the seed, budgets). */
+typedef struct l2l_save_options {
+  int replace;
+  const char *extra;
+  const char *layers;
+  const char *relay;
+} l2l_save_options;
+L2L_API l2l_status l2l_relay_save(l2l_relay *run, const char *path, const l2l_save_options *options);
+/* Loads a file l2l_relay_save (or run:save) wrote into a relay over the same model: the
+   caller builds the layers (the same kinds, constructor options and parameter shapes; the
+   weights may be anything) and the relay (the options that change the numbers as the
+   file's run had them: the optimizer but its state's precision, the schedule, clipping,
+   accumulate, seed, loss scaling, precision, grad_precision, nonfinite_error; the rest
+   are this relay's: micro-batch, budgets, threads, slots, spill, dist, master, and the
+   state's precision, into which the state is converted). It restores the weights, each
+   record's optimizer state and update count, a gradient saved mid-accumulation, the
+   steps and updates done, the loss scale's state, and each layer's rng id, frozen flag
+   and policies: training goes on as the saved run would have, to the bit on the CPU. The
+   whole file is checked before anything changes (the description against the relay,
+   every record's name, shape and dtype, every checksum, every state array as
+   l2l_relay_restore_param checks it): a refused load leaves the relay as it was
+   (L2L_ERR_INVALID for a file that does not fit or is damaged, L2L_ERR_IO for one that
+   cannot be read), its message naming the file, the record and what is wrong. The data
+   is read twice (checked, then restored), one record at a time. Only a failure past the
+   checks (the disk, memory, a file changed meanwhile) leaves the relay partly loaded, and
+   says so: load it again, or free it. */
+L2L_API l2l_status l2l_relay_load(l2l_relay *run, const char *path);
+/* The JSON description a checkpoint at path holds (see l2l_relay_save), read from its
+   header alone (no tensor is read): its extra, steps, layers, to decide before loading.
+   *length gets its length in bytes; out, when not NULL, gets it and a terminating NUL, for
+   which capacity must leave room (else L2L_ERR_INVALID, nothing written). */
+L2L_API l2l_status l2l_checkpoint_description(char *out, size_t capacity, size_t *length,
+                                              const char *path);
+
 /* ---------------------------------------------------------------- calibrating the planner
    The planner (l2l/plan.h) times a step from rates measured on this machine. One of them,
    the fixed cost of a layer visit, shows only when a relay runs, so the relay measures

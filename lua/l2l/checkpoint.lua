@@ -25,10 +25,18 @@
 -- steps and updates done (the schedule's position and the dropout draws, which are a
 -- function of seed, step and each layer's rng id), every policy and option. Data order
 -- is the script's: draw batches as a function of (seed, step) and it resumes too.
--- Loading checks the whole description and every tensor's shape against the rebuilt
--- model before anything is read into it, so a damaged or mismatched file is an error and
--- no half-loaded run is returned.
--- Must never: write anything but through safetensors.write (atomic), or return a run
+-- The tensors are written and read by the C API (l2l_relay_save, l2l_relay_load in
+-- src/relay/checkpoint.c, on the core's safetensors files): a C program's checkpoints and
+-- a script's are one format, checked once. This module describes what only the front end
+-- knows (each layer's constructor options, custom layers' included; the settings as
+-- l2l.Relay was given them) and, loading, rebuilds the model and the relay from the
+-- description before C restores the rest into it. Loading checks the description and
+-- every tensor the described model would have (present, its shape) before anything is
+-- built, and C checks the whole file (every checksum, every state array) before anything
+-- is read into the relay, so a damaged or mismatched file is an error and no half-loaded
+-- run is returned. l2l.load_model and l2l.load_weights read weights alone, through
+-- l2l.safetensors.
+-- Must never: write a checkpoint but through l2l_relay_save (atomic), or return a run
 -- whose state differs from the one saved.
 local ffi = require("ffi")
 local cjson = require("cjson").new()
@@ -42,7 +50,6 @@ local relay = require("l2l.relay")
 local relay_options = require("l2l.relay_options")
 local safetensors = require("l2l.safetensors")
 local custom = require("l2l.custom")
-local dist = require("l2l.dist")
 
 local C = lib.C
 local type, tostring, ipairs, pairs, next, select = type, tostring, ipairs, pairs, next, select
@@ -85,7 +92,7 @@ local inner_names = { [0] = "recompute", "keep", "swap" }
 -- `saved` in layers.kinds; the weights come from the file), a custom one by its kind's
 -- name and its own options.
 local function describe_layer(layer, i, fname)
-  local d = { kind = layer.kind, rng_id = layer:rng_id() }
+  local d = { kind = layer.kind }   -- (its rng id, frozen flag and policies: the relay's, l2l_relay_save's)
   local kind = layers.kinds[layer.kind]
   if kind.saved == nil then
     d.custom = layer:label()
@@ -109,18 +116,6 @@ local SCHEDULE_KEYS = { "kind", "warmup", "total", "final_ratio" }
 -- The relay's settings a file keeps: every option but those kept in their own forms (the
 -- relay's one list, so a new option is saved and restored without a second list here).
 local RELAY_KEYS = relay_options.option_names({ run = true, load = true })
-
--- The shape and dtype of a record's optimizer state array kept in `state` ("f32", "bf16",
--- "8bit": l2l.h, "optimizers"): the parameter's shape, or 8-bit's vector of codes and
--- scales.
-local state_bytes = ffi.new("uint64_t[1]")
-local function state_form(state, value)
-  if state == "8bit" then
-    lib.check(C.l2l_state_array_bytes(state_bytes, C.L2L_STATE_8BIT, value:numel()), "state_form", 2)
-    return { tonumber(state_bytes[0]) }, "u8"
-  end
-  return value:shape(), state == "bf16" and "bf16" or "f32"
-end
 
 local function pick(t, keys)
   local out = {}
@@ -150,119 +145,39 @@ local function without_positions(message)
 end
 
 -- run:save(path [, extra]): extra is any JSON-encodable table, returned as run.extra.
+-- The file is written by the C API (l2l_relay_save: the tensors one record at a time, each
+-- state array checked as a load would check it, atomically; with ranks every rank calls it,
+-- the state gathered from the shards, rank 0 writing): what only the front end knows goes
+-- with it as JSON, each layer's kind and constructor options (a custom layer's are its
+-- own) and the relay's settings as l2l.Relay was given them (the numbers as Lua holds them,
+-- and plan = "auto").
 function M.save(run, path, extra)
   local fname = "run:save"
   local r = relay.c_relay(run, fname, 2)
   if type(path) ~= "string" or path == "" then error(fname .. ": path must be a non-empty string", 2) end
   if extra ~= nil and type(extra) ~= "table" then error(fname .. ": extra must be a table or nil", 2) end
-  lib.check(C.l2l_relay_sync(r), fname, 2)
-  local stats = run:stats()
   local s = relay.settings(run)
-  local desc = {
-    format = FORMAT, version = VERSION, l2l = ffi.string(C.l2l_version()),
-    layers = {}, records = {},
-    relay = pick(s, RELAY_KEYS),
-    progress = { steps = stats.steps, updates = stats.updates },
-    extra = extra,
-  }
-  if s.loss_scale > 0 then
-    -- where dynamic loss scaling is: the scale (as a hex float: JSON numbers here keep 14
-    -- digits, and the scale must come back to the bit) and its counts
-    desc.progress.loss_scale = { scale = string.format("%a", stats.loss_scale),
-                                 good = stats.loss_scale_good, skipped = stats.skipped_updates }
-  end
-  -- plan = "auto" goes on planning after a load; a plan made by hand is the layers' own
-  -- policies and micro-batch, which the file keeps anyway
-  if s.plan == "auto" then desc.relay.plan = "auto" end
-  desc.relay.optimizer = pick(s.optimizer, OPTIMIZER_KEYS)
-  desc.relay.schedule = pick(s.schedule, SCHEDULE_KEYS)
-  local mid_accumulation = stats.steps % s.accumulate ~= 0
-  -- Data parallel: every rank calls save (the optimizer state is gathered from every
-  -- rank's shard); rank 0 alone writes the file, the same as one process's, so that any
-  -- number of ranks, or one process, loads it. Inside an accumulation each rank holds a
-  -- part of the gradient: a checkpoint is taken between accumulations.
-  local parallel = s.dist == "mpi"
-  if parallel and mid_accumulation then
-    error(("%s: with dist = \"mpi\", save between accumulations (step %d is inside one of %d steps)"):format(
-      fname, stats.steps, s.accumulate), 2)
-  end
-  local writer = not parallel or dist.rank() == 0
-  local entries, seen = {}, {}
-  local updates_out = ffi.new("int64_t[1]")
-  -- A record's optimizer state is read when the file gets to it and freed once written
-  -- (the writer's produce): the state may live in a spill file and exceed memory. Which
-  -- arrays a record has follows from its update count and the optimizer.
-  local cfg, arrays = ffi.new("l2l_optimizer_config"), ffi.new("int[1]")
-  s.optimizer:fill(cfg)
-  lib.check(C.l2l_optimizer_state_arrays(arrays, cfg), fname, 2)
-
+  local described = {}
   for i, layer in ipairs(run.model) do
     local ok, d = pcall(describe_layer, layer, i, fname)
     if not ok then error(d, 2) end
-    d.frozen = run.model:frozen(i)
-    d.inner = inner_names[C.l2l_relay_inner(r, i - 1)]
-    if i >= 2 then d.stash = stash_names[C.l2l_relay_stash(r, i - 1)] end
-    desc.layers[i] = d
-    for _, p in ipairs(layer:params()) do
-      if not seen[p.id] then
-        seen[p.id] = true
-        local name = i .. "." .. p.name
-        lib.check(C.l2l_relay_param_updates(updates_out, r, p.handle), fname, 2)
-        local rec = { name = name, updates = tonumber(updates_out[0]), state = 0, grad = mid_accumulation }
-        entries[#entries + 1] = { name = name, tensor = p.value }
-        for k, which in ipairs({ "m", "v" }) do
-          if rec.updates > 0 and k <= arrays[0] then
-            -- what load would refuse is not written: a save checks each array as a restore
-            -- does (one C check for both), before its file takes the place of another
-            local function produce()
-              local okst, st = pcall(run.state, run, p, which)   -- (the caller called run:save)
-              if not okst then error((without_positions(st):gsub("^run:state: ", "")), 0) end
-              if st == nil then error("record " .. name .. " has no optimizer state " .. which, 0) end
-              if C.l2l_state_array_check(tensor.handle_of(st), cfg, k - 1, p.value:numel()) ~= 0 then
-                local why = lib.last_error():gsub("^l2l_state_array_check: array ", "")
-                st:free()
-                error(("the optimizer state of record %s (%s) %s; a checkpoint holding it would not "
-                       .. "load, so %s is left as it was"):format(name, which, why, path), 0)
-              end
-              return st
-            end
-            local shape, dtype = state_form(s.optimizer.state, p.value)
-            entries[#entries + 1] = { name = name .. "." .. which, shape = shape, dtype = dtype,
-                                      produce = produce }
-            rec.state = k
-          end
-        end
-        if mid_accumulation then entries[#entries + 1] = { name = name .. ".grad", tensor = p.grad } end
-        desc.records[#desc.records + 1] = rec
-      end
-    end
+    described[i] = d
   end
-  -- With ranks a record's state is gathered from every rank's shard (collectives), one
-  -- record at a time as the file reaches it, so no rank holds the whole state: rank 0
-  -- gathers inside its write, the others alongside in the same order (the entries'), and
-  -- whatever a write that stopped early (or never began) did not gather is gathered after
-  -- it and dropped, so no rank is left waiting in a gather.
-  for _, e in ipairs(parallel and entries or {}) do
-    if e.produce then
-      local make = e.produce
-      e.produce = function()
-        e.produced = true
-        return make()
-      end
-    end
-  end
-  local okj, json = pcall(cjson.encode, exact_json(desc))
-  local okw, err = okj, nil
-  if okj and writer then okw, err = pcall(safetensors.write, path, entries, { l2l = json, format = FORMAT }) end
-  for _, e in ipairs(parallel and entries or {}) do
-    if e.produce and not e.produced then
-      local ok, st = pcall(e.produce)
-      if ok then st:free() elseif okw then okw, err = false, st end
-    end
-  end
-  if parallel then dist.barrier() end   -- every rank returns once the file is in place
-  if not okj then error(fname .. ": extra cannot be written as JSON: " .. tostring(json), 2) end
-  if not okw then error(fname .. ": " .. without_positions(err):gsub("^safetensors%.write: ", ""), 2) end
+  local settings = pick(s, RELAY_KEYS)
+  -- plan = "auto" goes on planning after a load; a plan made by hand is the layers' own
+  -- policies and micro-batch, which the file keeps anyway
+  if s.plan == "auto" then settings.plan = "auto" end
+  settings.optimizer = pick(s.optimizer, OPTIMIZER_KEYS)
+  settings.schedule = pick(s.schedule, SCHEDULE_KEYS)
+  local okx, extra_json = pcall(cjson.encode, exact_json(extra))
+  if not okx then error(fname .. ": extra cannot be written as JSON: " .. tostring(extra_json), 2) end
+  local texts = { layers = cjson.encode(exact_json(described)), relay = cjson.encode(exact_json(settings)),
+                  extra = extra ~= nil and extra_json or nil }
+  local opts = ffi.new("l2l_save_options", { replace = 1, extra = texts.extra, layers = texts.layers,
+                                             relay = texts.relay })
+  local status = C.l2l_relay_save(r, path, opts)
+  texts = nil   -- (the strings stayed referenced while C read them)
+  if status ~= 0 then error(fname .. ": " .. lib.last_error():gsub("^l2l_relay_save: ", ""), 2) end
 end
 
 ----------------------------------------------------------------- loading
@@ -495,46 +410,9 @@ local function load(path, overrides)
     o.optimizer = rebuild_optimizer(saved_optimizer)
     o.schedule = rebuild_schedule(desc.relay.schedule or {})
     o.model = model
-    -- 2. every tensor the description names, present and of the right shape
-    built.records = {}
-    local records = match_records(model, file, fname, built.records)
-    -- a save writes gradients only part way through an accumulation (steps not a whole
-    -- number of accumulations): any other would enter the next update unasked
-    local steps = count_of(desc.progress and desc.progress.steps, EXACT_MAX, "progress: steps")
-    local accumulate = type(o.accumulate) == "number" and o.accumulate >= 1 and o.accumulate or 1
-    local mid_accumulation = steps % accumulate ~= 0
-    if #records ~= #desc.records then
-      error(("%s: %s describes %d parameter records, the model it describes has %d"):format(
-        fname, path, #desc.records, #records), 0)
-    end
-    for k, rec in ipairs(records) do
-      local saved = desc.records[k]
-      if type(saved) ~= "table" or saved.name ~= rec.name then
-        error(("%s: %s: record %d is not %s"):format(fname, path, k, rec.name), 0)
-      end
-      rec.updates = count_of(saved.updates, EXACT_MAX, ("record %s: updates"):format(rec.name))
-      rec.grad = saved.grad == true
-      if rec.grad and not mid_accumulation then
-        error(("%s: %s: record %s carries a gradient, but step %d ends an accumulation of %d: a save "
-               .. "writes none there (a damaged or forged file)"):format(fname, path, rec.name, steps, accumulate), 0)
-      end
-      rec.state = {}
-      for a = 1, count_of(saved.state or 0, 2, ("record %s: state"):format(rec.name)) do
-        local name = rec.name .. "." .. ({ "m", "v" })[a]
-        -- in any precision (the run converts it into its own)
-        local e = file.entries[name]
-        local want = rec.param.value:numel()
-        if e and e.dtype == "u8" then want = state_form("8bit", rec.param.value)[1] end
-        if e == nil or (e.dtype ~= "f32" and e.dtype ~= "bf16" and e.dtype ~= "u8") or e.numel ~= want then
-          error(("%s: %s: the optimizer state '%s' is missing or of the wrong size"):format(fname, path, name), 0)
-        end
-        rec.state[a] = name
-      end
-      if rec.grad and file.entries[rec.name .. ".grad"] == nil then
-        error(("%s: %s: the gradient '%s.grad' is missing"):format(fname, path, rec.name), 0)
-      end
-    end
-    -- 3. read and restore
+    -- the description's progress, read before anything is made of it
+    count_of(desc.progress.steps, EXACT_MAX, "progress: steps")
+    -- 2. the relay, with the file's policies (in the front end's words when they are wrong)
     local okr, new = pcall(relay.Relay, o)
     if not okr then   -- a spill folder the file names may not be on this machine
       local msg = tostring(new)
@@ -545,55 +423,21 @@ local function load(path, overrides)
       error(msg, 0)
     end
     built.run = new
-    local r = relay.c_relay(new, fname, 2)
     for i, d in ipairs(desc.layers) do
       if d.inner then new:set_inner(i, d.inner) end
       if i >= 2 and d.stash then new:set_stash(i, d.stash) end
     end
-    for _, rec in ipairs(records) do
-      -- the value as the relay holds it now (a bf16 master is a new tensor: the record's
-      -- view from before the relay is of the f32 values it replaced)
-      local view = ffi.new("l2l_tensor *[1]")
-      local v = C.l2l_param_value(rec.param.handle)
-      lib.check(C.l2l_tensor_view_rows(view, v, 0, C.l2l_tensor_dim(v, 0)), fname, 1)
-      local value = tensor.wrap(view[0])
-      read_value(file, rec.name, value)
-      value:free()
-      local st = {}
-      for a, name in ipairs(rec.state) do st[a] = file:read(name) end
-      local status = C.l2l_relay_restore_param(r, rec.param.handle, rec.updates,
-                                               st[1] and tensor.handle_of(st[1]) or nil,
-                                               st[2] and tensor.handle_of(st[2]) or nil)
-      -- the EPS copied the state: its read copies go now, not when the collector runs (a
-      -- resumed run held 8 bytes a parameter more than the run it continues: issue 30)
-      for _, t in ipairs(st) do t:free() end
-      if status ~= 0 then error(("%s: %s: '%s': %s"):format(fname, path, rec.name, lib.last_error()), 0) end
-      -- a gradient accumulated so far: on one rank only, as the ranks' sum is what counts
-      if rec.grad and (o.dist ~= "mpi" or dist.rank() == 0) then file:read(rec.name .. ".grad", rec.param.grad) end
-    end
-    local p = desc.progress
-    if C.l2l_relay_restore_progress(r, count_of(p.steps, EXACT_MAX, "progress: steps"),
-                                    count_of(p.updates, EXACT_MAX, "progress: updates")) ~= 0 then
-      error(("%s: %s: progress: %s"):format(fname, path, lib.last_error()), 0)
-    end
-    local ls = p.loss_scale
-    if ls ~= nil and (type(ls) ~= "table" or
-        C.l2l_relay_restore_loss_scale(r, tonumber(ls.scale) or -1,
-                                       count_of(ls.good, EXACT_MAX, "progress: loss_scale: good"),
-                                       count_of(ls.skipped, EXACT_MAX, "progress: loss_scale: skipped")) ~= 0) then
-      error(("%s: %s: progress: loss_scale: %s"):format(fname, path,
-            type(ls) ~= "table" and "not a table" or lib.last_error()), 0)
+    -- 3. the rest by the C API (l2l_relay_load): every record's tensors, names, shapes and
+    -- checksums and every state array checked, then the weights, the optimizer state in
+    -- the run's precision, the update counts, a gradient saved mid-accumulation (with ranks
+    -- on rank 0), the progress and the loss scale restored
+    if C.l2l_relay_load(relay.c_relay(new, fname, 2), path) ~= 0 then
+      error(fname .. ": " .. relay_options.lua_message(lib.last_error()), 0)
     end
     new.extra = desc.extra
     return new
   end)
   file:close()
-  -- the records' views of their parameters go (one of a bf16 master's f32 value before the
-  -- relay holds the old f32 storage)
-  for _, rec in ipairs(built.records or {}) do
-    rec.param.value:free()
-    rec.param.grad:free()
-  end
   if not ok then
     -- nothing it made outlives a refusal: the relay (its EPS's memory, its spill file) and
     -- the layers go now, not when the collector comes round

@@ -21,8 +21,9 @@
  * All test names start with "misuse_", so `l2l_ctest misuse_` runs just these files:
  * test_api_misuse.c (errors, threads, pools, the device, the profile, tensors),
  * test_api_misuse_ops.c, test_api_misuse_layers.c (built-in and custom layers),
- * test_api_misuse_relay.c (optimizers, schedules, the relay) and test_api_misuse_plan.c
- * (the planner, data parallel); misuse.h holds the harness they share.
+ * test_api_misuse_relay.c (optimizers, schedules, the relay), test_api_misuse_plan.c
+ * (the planner, data parallel) and test_api_misuse_checkpoint.c (checkpoints in C);
+ * misuse.h holds the harness they share.
  * Must never: pass a freed handle (the header does not promise to catch one: its memory
  * is gone); switch the device backend; leave a pool budget, the pinned cap, the thread
  * count or the TF32 setting other than it found them; read a device tensor's bytes unless

@@ -3,7 +3,8 @@
  *
  * Purpose: errors with messages, half floats, the counter-based generator, tensor handles
  * and their layout, the memory pools and the device table they get device memory from,
- * the block cache, queues of jobs served by threads, the clock and the relay's timeline.
+ * the block cache, queues of jobs served by threads, the clock, the relay's timeline, and
+ * safetensors files (read and written atomically, with checksums).
  * The core knows the device only through the table a backend installs (struct
  * l2l_device_ops): it never names a backend, never runs an op, and never includes a
  * header of the parts above it (backend, layers, eps, relay); scripts/archcheck keeps it
@@ -532,5 +533,68 @@ void l2l_timeline_free(struct l2l_timeline *t);
 void l2l_timeline_reset(struct l2l_timeline *t);
 void l2l_timeline_add(struct l2l_timeline *t, int layer, int micro_batch, int phase, int thread,
                       double start, double end);
+
+/* ---------------------------------------------------------------- safetensors files
+   (safetensors.c reads, safetensors_write.c writes: the format and its promises are stated
+   there.) Messages name the file; a damaged or foreign file is L2L_ERR_INVALID, one that
+   cannot be opened, read or written L2L_ERR_IO. */
+enum { SAFETENSORS_MAX_HEADER = 16 << 20 };   /* the largest header l2l reads or writes */
+#define SAFETENSORS_CHECKSUMS "l2l_xxh3"      /* the metadata key of the checksums */
+
+struct safetensors_entry {
+  char *name;
+  l2l_dtype dtype;
+  int ndim;                        /* 0 (one element) to L2L_MAX_DIMS */
+  int64_t shape[L2L_MAX_DIMS];
+  int64_t numel;
+  uint64_t offset, bytes;          /* its range within the data */
+  bool summed;                     /* the file holds its checksum: sum */
+  uint64_t sum;
+};
+struct safetensors_file {
+  char *path;
+  int fd;
+  uint64_t data_start;             /* the data's first byte in the file */
+  struct safetensors_entry *entries;   /* in the data's order */
+  int *order;                      /* entries by name, for safetensors_find */
+  int count;
+  char **meta;                     /* nmeta pairs: key, value */
+  int nmeta;
+};
+/* Opens and checks a file: its header, every entry's range, the checksums' names. */
+l2l_status safetensors_open(struct safetensors_file **out, const char *path);
+void safetensors_close(struct safetensors_file *file);   /* NULL is fine */
+const struct safetensors_entry *safetensors_find(const struct safetensors_file *file, const char *name);
+const char *safetensors_metadata(const struct safetensors_file *file, const char *key);   /* NULL: none */
+/* An entry's bytes into dst (entry->bytes of room), checked against its checksum. */
+l2l_status safetensors_read(const struct safetensors_file *file, const struct safetensors_entry *entry,
+                            void *dst);
+/* A new host tensor of the entry's dtype and shape holding its bytes, checked. */
+l2l_status safetensors_read_tensor(l2l_tensor **out, const struct safetensors_file *file,
+                                   const struct safetensors_entry *entry);
+/* The entry's bytes hashed in pieces (none held whole) against its checksum. */
+l2l_status safetensors_check(const struct safetensors_file *file, const struct safetensors_entry *entry);
+/* "F32", "BF16", ... (NULL for a dtype the format's l2l files do not hold). */
+const char *safetensors_dtype_name(l2l_dtype dtype);
+
+/* A file written in the order of `entries` (each tensor's name, dtype, shape), with the
+   metadata pairs meta[2i] (key), meta[2i + 1] (value); replace: a file at path may be
+   replaced, else it is refused (L2L_ERR_STATE) and left as it is. safetensors_put gives
+   the next tensor's bytes; safetensors_commit puts the file in place (and frees the writer,
+   whatever happens); safetensors_abandon removes what was written. */
+struct safetensors_spec {
+  const char *name;
+  l2l_dtype dtype;
+  int ndim;
+  int64_t shape[L2L_MAX_DIMS];
+};
+struct safetensors_writer;
+l2l_status safetensors_create(struct safetensors_writer **out, const char *path, bool replace,
+                              const struct safetensors_spec *entries, int count,
+                              const char *const *meta, int nmeta);
+const char *safetensors_next(const struct safetensors_writer *writer);   /* NULL: all written */
+l2l_status safetensors_put(struct safetensors_writer *writer, const void *data, uint64_t bytes);
+l2l_status safetensors_commit(struct safetensors_writer *writer);
+void safetensors_abandon(struct safetensors_writer *writer);   /* NULL is fine */
 
 #endif /* L2L_CORE_H */

@@ -194,6 +194,8 @@ const l2l_tensor *l2l_eps_master(const struct eps_record *rec) { return rec->mas
 l2l_param *l2l_eps_param(const struct eps_record *rec) { return rec->param; }
 int64_t l2l_eps_updates(const struct eps_record *rec) { return rec->updates; }
 
+void eps_set_stream(struct eps_record *rec, uint64_t stream) { rec->stream = stream; }
+
 /* ---------------------------------------------------------------- a step */
 
 /* A record completes at the visit of its lowest user, and eps_expect names the layers from

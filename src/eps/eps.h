@@ -282,6 +282,9 @@ int64_t l2l_eps_updates(const struct eps_record *rec);
    nothing; its message names `func`, the public call. Between steps. */
 l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_record *rec,
                            int64_t updates, const l2l_tensor *first, const l2l_tensor *second);
+/* A checkpoint's load: the record's stream of stochastic rounding draws (a bf16 master's:
+   eps_record_source's), from the rng id its layer gets back. Between steps. */
+void eps_set_stream(struct eps_record *rec, uint64_t stream);
 
 /* Before a step's backward (no worker is busy): every record's counts reset; then the
    relay calls eps_expect once per trainable visit of each record. update: this step ends

@@ -436,7 +436,7 @@ l2l_status relay_apply_plan(l2l_relay *run, const l2l_plan *plan) {
   return L2L_OK;
 }
 
-static l2l_status sync_now(l2l_relay *run) {
+l2l_status relay_sync_now(l2l_relay *run) {
   l2l_queue_drain(&run->d2h);
   l2l_eps_sync(&run->eps);
   TRY(relay_check_async(run));
@@ -445,7 +445,7 @@ static l2l_status sync_now(l2l_relay *run) {
 
 l2l_status l2l_relay_sync(l2l_relay *run) {
   RELAY_ENTER(run);
-  return sync_now(run);
+  return relay_sync_now(run);
 }
 
 l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run) {
@@ -494,7 +494,7 @@ l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_par
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   RELAY_ENTER(run);
   if (which != 0 && which != 1) return FAIL(L2L_ERR_INVALID, "which must be 0 or 1, got %d", which);
-  TRY(sync_now(run));
+  TRY(relay_sync_now(run));
   struct eps_record *rec = l2l_eps_find(&run->eps, param);
   if (rec == NULL) return FAIL(L2L_ERR_INVALID, "param is not a record of this relay's layers");
   return l2l_eps_state_whole(out, &run->eps, rec, which);
@@ -502,17 +502,10 @@ l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_par
 
 /* ---------------------------------------------------------------- checkpoints */
 
-/* The largest count a restore takes: 2^53 - 1, the largest integer a checkpoint's JSON
-   holds exactly, where l2l.load caps the counts it reads (lua/l2l/checkpoint.lua's
-   EXACT_MAX). Steps and updates count on from a restored count by one at a time, so a cap
-   this far below int64's end keeps every later count an int64 (issue 47: INT64_MAX - 1
-   updates overflowed two steps later). */
-#define COUNT_MAX ((INT64_C(1) << 53) - 1)
-
 l2l_status l2l_relay_param_updates(int64_t *out, l2l_relay *run, const l2l_param *param) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   RELAY_ENTER(run);
-  TRY(sync_now(run));
+  TRY(relay_sync_now(run));
   struct eps_record *rec = l2l_eps_find(&run->eps, param);
   if (rec == NULL) return FAIL(L2L_ERR_INVALID, "param is not a record of this relay's layers");
   *out = l2l_eps_updates(rec);
@@ -524,27 +517,38 @@ l2l_status l2l_relay_param_updates(int64_t *out, l2l_relay *run, const l2l_param
 l2l_status l2l_relay_restore_param(l2l_relay *run, const l2l_param *param, int64_t updates,
                                    const l2l_tensor *first, const l2l_tensor *second) {
   RELAY_ENTER(run);
+  return relay_restore_param(run, __func__, param, updates, first, second);
+}
+
+l2l_status relay_restore_param(l2l_relay *run, const char *func, const l2l_param *param,
+                               int64_t updates, const l2l_tensor *first, const l2l_tensor *second) {
   if (updates < 0 || updates > COUNT_MAX)
-    return FAIL(L2L_ERR_INVALID, "updates must be 0 to 2^53 - 1 (the largest count a checkpoint "
-                "holds), got %lld", (long long)updates);
-  TRY(sync_now(run));
+    return l2l_fail_in(func, L2L_ERR_INVALID, "updates must be 0 to 2^53 - 1 (the largest count "
+                       "a checkpoint holds), got %lld", (long long)updates);
+  TRY(relay_sync_now(run));
   struct eps_record *rec = l2l_eps_find(&run->eps, param);
-  if (rec == NULL) return FAIL(L2L_ERR_INVALID, "param is not a record of this relay's layers");
-  return l2l_eps_restore(__func__, &run->eps, rec, updates, first, second);
+  if (rec == NULL) return l2l_fail_in(func, L2L_ERR_INVALID, "param is not a record of this relay's layers");
+  return l2l_eps_restore(func, &run->eps, rec, updates, first, second);
 }
 
 l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t good,
                                         int64_t skipped) {
   RELAY_ENTER(run);
+  return relay_restore_loss_scale(run, __func__, scale, good, skipped);
+}
+
+l2l_status relay_restore_loss_scale(l2l_relay *run, const char *func, double scale, int64_t good,
+                                    int64_t skipped) {
   if (run->config.loss_scale == 0)
-    return FAIL(L2L_ERR_STATE, "the relay does not scale its loss (config->loss_scale is 0)");
+    return l2l_fail_in(func, L2L_ERR_STATE, "the relay does not scale its loss (config->loss_scale is 0)");
   if (!(scale >= MIN_LOSS_SCALE && scale <= MAX_LOSS_SCALE))
-    return FAIL(L2L_ERR_INVALID, "scale must be 2^-64 to 2^100, got %g", scale);
+    return l2l_fail_in(func, L2L_ERR_INVALID, "scale must be 2^-64 to 2^100, got %g", scale);
   if (good < 0 || good >= run->config.loss_scale_window || skipped < 0 || skipped > COUNT_MAX)
-    return FAIL(L2L_ERR_INVALID, "need 0 <= good < loss_scale_window (%d) and skipped 0 to 2^53 - 1 "
-                "(the largest count a checkpoint holds), got good %lld, skipped %lld",
-                run->config.loss_scale_window, (long long)good, (long long)skipped);
-  TRY(sync_now(run));
+    return l2l_fail_in(func, L2L_ERR_INVALID, "need 0 <= good < loss_scale_window (%d) and skipped "
+                       "0 to 2^53 - 1 (the largest count a checkpoint holds), got good %lld, "
+                       "skipped %lld", run->config.loss_scale_window, (long long)good,
+                       (long long)skipped);
+  TRY(relay_sync_now(run));
   run->scale = scale;
   run->scale_good = good;
   run->skipped = skipped;
@@ -556,11 +560,15 @@ l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t go
 
 l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int64_t updates) {
   RELAY_ENTER(run);
+  return relay_restore_progress(run, __func__, steps, updates);
+}
+
+l2l_status relay_restore_progress(l2l_relay *run, const char *func, int64_t steps, int64_t updates) {
   if (steps < 0 || steps > COUNT_MAX || updates < 0 || updates > steps)
-    return FAIL(L2L_ERR_INVALID,
-                "need 0 <= updates <= steps <= 2^53 - 1 (the largest count a checkpoint holds), "
-                "got steps %lld, updates %lld", (long long)steps, (long long)updates);
-  TRY(sync_now(run));
+    return l2l_fail_in(func, L2L_ERR_INVALID,
+                       "need 0 <= updates <= steps <= 2^53 - 1 (the largest count a checkpoint "
+                       "holds), got steps %lld, updates %lld", (long long)steps, (long long)updates);
+  TRY(relay_sync_now(run));
   run->steps = steps;
   run->updates = updates;
   run->stats.steps = steps;

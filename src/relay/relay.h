@@ -46,6 +46,13 @@ _Static_assert((int)THREAD_D2H < (int)L2L_TIMELINE_THREADS &&
    largest. */
 #define MIN_LOSS_SCALE 0x1p-64
 #define MAX_LOSS_SCALE 0x1p100
+/* The largest count a restore takes: 2^53 - 1, the largest integer a checkpoint's JSON
+   holds exactly, where l2l.load caps the counts it reads (lua/l2l/checkpoint.lua's
+   EXACT_MAX) and checkpoint.c the counts and sizes it reads and writes. Steps and updates
+   count on from a restored count by one at a time, so a cap this far below int64's end
+   keeps every later count an int64 (issue 47: INT64_MAX - 1 updates overflowed two steps
+   later). */
+#define COUNT_MAX ((INT64_C(1) << 53) - 1)
 
 struct relay_layer {
   l2l_layer *layer;
@@ -367,6 +374,45 @@ l2l_status relay_out_throttle(struct step *s, int keep);
 /* The step's schedule from its active layers' policies. */
 l2l_status relay_schedule(struct step *s);
 l2l_status relay_run_visits(struct step *s);
+
+/* ---------------------------------------------------------------- relay.c */
+
+/* Waits for pending work (gradients out, updates) and says whether any of it failed. */
+l2l_status relay_sync_now(l2l_relay *run);
+/* The restores of l2l.h ("checkpoints") for a caller that has entered the relay already
+   (checkpoint.c); messages name func, the public call. */
+l2l_status relay_restore_param(l2l_relay *run, const char *func, const l2l_param *param,
+                               int64_t updates, const l2l_tensor *first, const l2l_tensor *second);
+l2l_status relay_restore_progress(l2l_relay *run, const char *func, int64_t steps, int64_t updates);
+l2l_status relay_restore_loss_scale(l2l_relay *run, const char *func, double scale, int64_t good,
+                                    int64_t skipped);
+
+/* ---------------------------------------------------------------- describe.c */
+
+/* A checkpoint's description (describe.c states the document): what the relay writes of
+   itself, and the checks of a file's description against the relay, each naming the first
+   difference (messages without the file's path: the caller adds it). */
+struct json_t;   /* jansson's */
+/* What a file says of a layer beyond its constructor: -1 where it says nothing. */
+struct layer_saved {
+  int rng_id, frozen, inner, stash;
+};
+/* A number as the description holds it (a JSON number, or {"__f64": "<digits>"}); a whole
+   one in [lo, hi] (within 2^53). */
+bool relay_json_number(const struct json_t *v, double *out);
+bool relay_json_whole(const struct json_t *v, int64_t lo, int64_t hi, int64_t *out);
+/* The relay's options, optimizer and schedule as the front end names them. */
+l2l_status relay_describe_options(struct json_t **out, const l2l_relay *run);
+/* A file's "relay" against the relay: every option that changes the numbers the same. */
+l2l_status relay_check_options(const l2l_relay *run, const struct json_t *relay);
+/* Layer i's kind and constructor options (tied: a head whose projection is an earlier
+   layer's record); its rng id, frozen flag and policies set on a description d. */
+l2l_status relay_describe_layer(struct json_t **out, const l2l_relay *run, int i, bool tied);
+l2l_status relay_describe_layer_state(struct json_t *d, const l2l_relay *run, int i);
+/* A file's description of layer i against the relay's: the same kind and options; what
+   it says of the layer's rng id, flag and policies into *out. */
+l2l_status relay_check_layer(const l2l_relay *run, int i, const struct json_t *d,
+                                struct layer_saved *out);
 
 /* ---------------------------------------------------------------- step.c */
 
