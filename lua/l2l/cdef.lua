@@ -1,4 +1,4 @@
--- Generated from src/l2l.h and its parts by scripts/gen_cdef.lua: do not edit.
+-- Generated from include/l2l.h and its parts by scripts/gen_cdef.lua: do not edit.
 return [==[
 typedef enum l2l_status {
   L2L_OK = 0,
@@ -15,6 +15,13 @@ enum { L2L_MAX_DIMS = 4, L2L_ALIGN = 64, L2L_MAX_PARAMS = 12, L2L_PARAM_NAME_MAX
 
 const char *l2l_last_error(void);
 void l2l_clear_error(void);
+
+typedef struct l2l_error_detail {
+  int layer;
+  uint64_t needed_bytes;
+  char field[48];
+} l2l_error_detail;
+l2l_status l2l_last_error_detail(l2l_error_detail *out);
 const char *l2l_status_name(l2l_status status);
 const char *l2l_version(void);
 
@@ -508,6 +515,48 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
 
 l2l_status l2l_relay_config_check(const l2l_relay_config *config);
 
+typedef enum l2l_option_group {
+  L2L_OPTION_RELAY = 0,
+  L2L_OPTION_OPTIMIZER = 1,
+  L2L_OPTION_SCHEDULE = 2
+} l2l_option_group;
+typedef enum l2l_option_type {
+  L2L_OPTION_INT = 0,
+  L2L_OPTION_INT64 = 1,
+  L2L_OPTION_UINT64 = 2,
+  L2L_OPTION_FLOAT = 3,
+  L2L_OPTION_CHOICE = 4,
+  L2L_OPTION_BOOL = 5,
+  L2L_OPTION_PATH = 6
+} l2l_option_type;
+
+typedef enum l2l_option_keep { L2L_KEEP_RUN = 0, L2L_KEEP_LOAD = 1, L2L_KEEP_OWN = 2 } l2l_option_keep;
+enum {
+  L2L_OPTION_AGREE = 1,
+  L2L_OPTION_STEP = 2,
+  L2L_OPTION_OPEN_LOW = 4,
+  L2L_OPTION_OPEN_HIGH = 8,
+  L2L_OPTION_SGD = 16,
+  L2L_OPTION_ADAM = 32
+};
+typedef struct l2l_option {
+  const char *name;
+  const char *field;
+  l2l_option_group group;
+  l2l_option_type type;
+  size_t offset;
+  double min, max;
+  int flags;
+  l2l_option_keep keep;
+  int nchoices;
+  const char *const *choice_names;
+  const int *choice_values;
+  const char *help;
+} l2l_option;
+
+int l2l_relay_option_count(void);
+l2l_status l2l_relay_option(const l2l_option **out, int index);
+
 void l2l_relay_free(l2l_relay *run);
 
 int l2l_relay_layer_count(const l2l_relay *run);
@@ -570,6 +619,12 @@ l2l_status l2l_relay_load(l2l_relay *run, const char *path);
 l2l_status l2l_checkpoint_description(char *out, size_t capacity, size_t *length,
                                       const char *path);
 
+typedef struct l2l_plan_rates l2l_plan_rates;
+
+l2l_status l2l_relay_calibrate_plan(l2l_plan_rates *out, int remeasure);
+
+l2l_status l2l_plan_calibrate(l2l_plan_rates *out, int remeasure);
+
 l2l_status l2l_dist_init(void);
 
 l2l_status l2l_dist_rank(int *out);
@@ -583,7 +638,7 @@ l2l_status l2l_dist_finalize(void);
 
 void l2l_dist_abort(const char *message);
 
-typedef struct l2l_plan_rates {
+struct l2l_plan_rates {
   double flops;
   double h2d, d2h;
   double optimizer;
@@ -591,7 +646,7 @@ typedef struct l2l_plan_rates {
   int timed;
   int shared;
   double disk_read, disk_write;
-} l2l_plan_rates;
+};
 
 typedef struct l2l_plan_request {
   int64_t batch, seq;
@@ -628,7 +683,8 @@ l2l_status l2l_plan_get(l2l_plan_summary *out, const l2l_plan *plan);
 l2l_status l2l_plan_get_layer(l2l_plan_layer *out, const l2l_plan *plan, int index);
 void l2l_plan_free(l2l_plan *plan);
 
-l2l_status l2l_plan_calibrate(l2l_plan_rates *out, int remeasure);
-
 l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan);
+
+l2l_status l2l_relay_plan_auto(const l2l_plan **out, l2l_relay *run, int64_t batch, int64_t seq,
+                               int token_types, int key_mask);
 ]==]
