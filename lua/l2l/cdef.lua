@@ -537,7 +537,8 @@ enum {
   L2L_OPTION_OPEN_LOW = 4,
   L2L_OPTION_OPEN_HIGH = 8,
   L2L_OPTION_SGD = 16,
-  L2L_OPTION_ADAM = 32
+  L2L_OPTION_ADAM = 32,
+  L2L_OPTION_DECAY = 64
 };
 typedef struct l2l_option {
   const char *name;

@@ -47,16 +47,6 @@ static const struct names STASH = {3, {"device", "host", "recompute"},
                                    {L2L_STASH_DEVICE, L2L_STASH_HOST, L2L_STASH_RECOMPUTE}};
 static const struct names INNER = {3, {"recompute", "keep", "swap"},
                                    {L2L_INNER_RECOMPUTE, L2L_INNER_KEEP, L2L_INNER_SWAP}};
-static const struct names PRECISION = {3, {"f32", "bf16", "f16"}, {L2L_F32, L2L_BF16, L2L_F16}};
-static const struct names MASTER = {2, {"f32", "bf16"}, {L2L_F32, L2L_BF16}};
-static const struct names NONFINITE = {2, {"skip", "error"}, {0, 1}};
-static const struct names DIST = {2, {"none", "mpi"}, {L2L_DIST_NONE, L2L_DIST_MPI}};
-static const struct names STATE = {3, {"f32", "bf16", "8bit"},
-                                   {L2L_STATE_F32, L2L_STATE_BF16, L2L_STATE_8BIT}};
-static const struct names OPTIMIZER = {3, {"sgd", "adamw", "lamb"},
-                                       {L2L_OPTIMIZER_SGD, L2L_OPTIMIZER_ADAMW, L2L_OPTIMIZER_LAMB}};
-static const struct names SCHEDULE = {3, {"constant", "cosine", "linear"},
-                                      {L2L_SCHEDULE_CONSTANT, L2L_SCHEDULE_COSINE, L2L_SCHEDULE_LINEAR}};
 static const struct names MEMORY = {2, {"standard", "frugal"}, {L2L_MEMORY_STANDARD, L2L_MEMORY_FRUGAL}};
 /* the layer kinds as the front end names them (l2l_layer_kind's order) */
 static const char *const KIND_NAMES[] = {"embedding", "block", "lm_head", "classifier", "custom"};
@@ -81,61 +71,55 @@ struct field {
 #define ALL 0xffu
 #define BIT(k) (1u << (k))
 
-#define R(name, type, field, names, numbers) \
-  {name, type, offsetof(l2l_relay_config, field), names, ALL, numbers}
-static const struct field RELAY_FIELDS[] = {
-    R("accumulate", F_INT, accumulate, NULL, true),
-    R("clip_global_norm", F_F32, clip_global_norm, NULL, true),
-    R("clip_layer_norm", F_F32, clip_layer_norm, NULL, true),
-    R("device_budget", F_U64, device_budget, NULL, false),
-    R("dist", F_ENUM, dist, &DIST, false),
-    R("grad_precision", F_ENUM, grad_precision, &PRECISION, true),
-    R("host_budget", F_U64, host_budget, NULL, false),
-    R("inner", F_ENUM, inner, &INNER, false),
-    R("loss_scale", F_F32, loss_scale, NULL, true),
-    R("loss_scale_window", F_INT, loss_scale_window, NULL, false),   /* (compared after 0
-                                                                         becomes 2000) */
-    R("master", F_ENUM, master, &MASTER, false),
-    R("micro_batch", F_I64, micro_batch, NULL, false),
-    R("nonfinite", F_ENUM, nonfinite_error, &NONFINITE, true),
-    R("optimizer_threads", F_INT, optimizer_threads, NULL, false),
-    R("param_slots", F_INT, param_slots, NULL, false),
-    R("precision", F_ENUM, precision, &PRECISION, true),
-    R("recompute_every", F_INT, recompute_every, NULL, false),
-    R("seed", F_U64, seed, NULL, true),
-    R("spill", F_PATH, spill_dir, NULL, false),
-    R("stash", F_ENUM, stash, &STASH, false),
+/* The relay's options as the document holds them: the option table's rows
+   (core/options.def), the relay's under their names, the optimizer's and the schedule's
+   under their C fields' ("kind", "lr", ...), each written for the kinds its row says
+   (SGD's, Adam's, a decaying schedule's), and compared on load when the ranks must agree
+   on it and a load may not be given another (it changes the numbers). */
+enum { MAX_OPTION_FIELDS = 48 };
+struct option_fields {
+  int n;
+  struct field field[MAX_OPTION_FIELDS];
+  struct names names[MAX_OPTION_FIELDS];
 };
-#undef R
 
-#define SGD BIT(L2L_OPTIMIZER_SGD)
-#define ADAM (BIT(L2L_OPTIMIZER_ADAMW) | BIT(L2L_OPTIMIZER_LAMB))
-#define O(name, type, field, names, kinds, numbers) \
-  {name, type, offsetof(l2l_optimizer_config, field), names, kinds, numbers}
-static const struct field OPTIMIZER_FIELDS[] = {
-    O("kind", F_ENUM, kind, &OPTIMIZER, ALL, true),
-    O("lr", F_F32, lr, NULL, ALL, true),
-    O("momentum", F_F32, momentum, NULL, SGD, true),
-    O("nesterov", F_BOOL, nesterov, NULL, SGD, true),
-    O("beta1", F_F32, beta1, NULL, ADAM, true),
-    O("beta2", F_F32, beta2, NULL, ADAM, true),
-    O("eps", F_F32, eps, NULL, ADAM, true),
-    O("weight_decay", F_F32, weight_decay, NULL, ALL, true),
-    O("decay_all", F_BOOL, decay_all, NULL, ALL, true),
-    O("state", F_ENUM, state, &STATE, ALL, false),   /* converted on load */
-};
-#undef O
+static unsigned row_kinds(const l2l_option *o) {
+  if (o->flags & L2L_OPTION_SGD) return BIT(L2L_OPTIMIZER_SGD);
+  if (o->flags & L2L_OPTION_ADAM) return BIT(L2L_OPTIMIZER_ADAMW) | BIT(L2L_OPTIMIZER_LAMB);
+  if (o->flags & L2L_OPTION_DECAY) return BIT(L2L_SCHEDULE_COSINE) | BIT(L2L_SCHEDULE_LINEAR);
+  return ALL;
+}
 
-#define DECAYING (BIT(L2L_SCHEDULE_COSINE) | BIT(L2L_SCHEDULE_LINEAR))
-#define S(name, type, field, names, kinds) \
-  {name, type, offsetof(l2l_schedule_config, field), names, kinds, true}
-static const struct field SCHEDULE_FIELDS[] = {
-    S("kind", F_ENUM, kind, &SCHEDULE, ALL),
-    S("warmup", F_I64, warmup, NULL, ALL),
-    S("total", F_I64, total, NULL, DECAYING),
-    S("final_ratio", F_F32, final_ratio, NULL, DECAYING),
-};
-#undef S
+static void option_fields(struct option_fields *out, l2l_option_group group) {
+  static const enum field_type TYPES[] = {
+      [L2L_OPTION_INT] = F_INT, [L2L_OPTION_INT64] = F_I64, [L2L_OPTION_UINT64] = F_U64,
+      [L2L_OPTION_FLOAT] = F_F32, [L2L_OPTION_CHOICE] = F_ENUM, [L2L_OPTION_BOOL] = F_BOOL,
+      [L2L_OPTION_PATH] = F_PATH};
+  out->n = 0;
+  for (int i = 0; i < l2l_options_count && out->n < MAX_OPTION_FIELDS; i++) {
+    const l2l_option *o = &l2l_options[i];
+    if (o->group != group) continue;
+    struct names *names = &out->names[out->n];
+    names->n = o->nchoices < 3 ? o->nchoices : 3;
+    for (int k = 0; k < names->n; k++) names->name[k] = o->choice_names[k], names->value[k] = o->choice_values[k];
+    out->field[out->n++] = (struct field){
+        group == L2L_OPTION_RELAY ? o->name : o->field, TYPES[o->type], o->offset,
+        o->type == L2L_OPTION_CHOICE ? names : NULL, row_kinds(o),
+        (o->flags & L2L_OPTION_AGREE) && o->keep != L2L_KEEP_LOAD};
+  }
+}
+
+/* The names of a kind row's choices ("optimizer", "schedule"). */
+static struct names kind_names(const char *row) {
+  struct names out = {0};
+  for (int i = 0; i < l2l_options_count; i++)
+    if (strcmp(l2l_options[i].name, row) == 0) {
+      out.n = l2l_options[i].nchoices < 3 ? l2l_options[i].nchoices : 3;
+      for (int k = 0; k < out.n; k++)
+        out.name[k] = l2l_options[i].choice_names[k], out.value[k] = l2l_options[i].choice_values[k];
+    }
+  return out;
+}
 
 /* A built-in layer's constructor options that rebuild it (layers.lua's `saved`). */
 #define EMB BIT(L2L_LAYER_EMBEDDING)
@@ -362,11 +346,13 @@ l2l_status relay_describe_options(json_t **out, const l2l_relay *run) {
   l2l_status status = optimizer && schedule ? L2L_OK
                                             : l2l_fail(L2L_ERR_NOMEM, "no memory for a checkpoint's description");
   const l2l_relay_config *c = &run->config;
-  if (status == L2L_OK) status = fields_write(relay, RELAY_FIELDS, COUNT(RELAY_FIELDS), 0, c);
-  if (status == L2L_OK)
-    status = fields_write(optimizer, OPTIMIZER_FIELDS, COUNT(OPTIMIZER_FIELDS), c->optimizer.kind, &c->optimizer);
-  if (status == L2L_OK)
-    status = fields_write(schedule, SCHEDULE_FIELDS, COUNT(SCHEDULE_FIELDS), c->schedule.kind, &c->schedule);
+  struct option_fields f;
+  option_fields(&f, L2L_OPTION_RELAY);
+  if (status == L2L_OK) status = fields_write(relay, f.field, f.n, 0, c);
+  option_fields(&f, L2L_OPTION_OPTIMIZER);
+  if (status == L2L_OK) status = fields_write(optimizer, f.field, f.n, c->optimizer.kind, &c->optimizer);
+  option_fields(&f, L2L_OPTION_SCHEDULE);
+  if (status == L2L_OK) status = fields_write(schedule, f.field, f.n, c->schedule.kind, &c->schedule);
   if (status != L2L_OK) {
     json_decref(relay);
     return status;
@@ -390,24 +376,25 @@ l2l_status relay_check_options(const l2l_relay *run, const json_t *relay) {
   l2l_relay_config want;
   l2l_relay_config_default(&want);
   want.param_slots = 2, want.spill_dir = NULL;
-  TRY(fields_check(RELAY_FIELDS, COUNT(RELAY_FIELDS), 0, relay, &want, &run->config, false, "relay",
-                   NUMBERS));
-  if (want.loss_scale_window == 0) want.loss_scale_window = 2000;   /* as l2l_relay_new */
-  if (want.loss_scale_window != run->config.loss_scale_window)
-    return l2l_fail(L2L_ERR_INVALID, "relay: 'loss_scale_window' is %d in the file, %d in the relay: %s",
-                    want.loss_scale_window, run->config.loss_scale_window, NUMBERS);
+  struct option_fields f;
+  option_fields(&f, L2L_OPTION_RELAY);
+  TRY(fields_check(f.field, f.n, 0, relay, &want, &run->config, false, "relay", NUMBERS));
   const json_t *o = json_object_get(relay, "optimizer"), *s = json_object_get(relay, "schedule");
   int kind = 0;
-  TRY(kind_of(&kind, o, &OPTIMIZER, "relay: optimizer"));
+  struct names kinds = kind_names("optimizer");
+  TRY(kind_of(&kind, o, &kinds, "relay: optimizer"));
   want.optimizer = run->config.optimizer;
   want.optimizer.kind = (l2l_optimizer_kind)kind;
-  TRY(fields_check(OPTIMIZER_FIELDS, COUNT(OPTIMIZER_FIELDS), (unsigned)kind, o, &want.optimizer,
-                   &run->config.optimizer, true, "relay: optimizer", NUMBERS));
-  TRY(kind_of(&kind, s, &SCHEDULE, "relay: schedule"));
+  option_fields(&f, L2L_OPTION_OPTIMIZER);
+  TRY(fields_check(f.field, f.n, (unsigned)kind, o, &want.optimizer, &run->config.optimizer, true,
+                   "relay: optimizer", NUMBERS));
+  kinds = kind_names("schedule");
+  TRY(kind_of(&kind, s, &kinds, "relay: schedule"));
   want.schedule = run->config.schedule;
   want.schedule.kind = (l2l_schedule_kind)kind;
-  return fields_check(SCHEDULE_FIELDS, COUNT(SCHEDULE_FIELDS), (unsigned)kind, s, &want.schedule,
-                      &run->config.schedule, true, "relay: schedule", NUMBERS);
+  option_fields(&f, L2L_OPTION_SCHEDULE);
+  return fields_check(f.field, f.n, (unsigned)kind, s, &want.schedule, &run->config.schedule, true,
+                      "relay: schedule", NUMBERS);
 }
 
 /* ---------------------------------------------------------------- layers */
