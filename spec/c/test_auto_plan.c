@@ -84,10 +84,11 @@ TEST(auto_plan_applies_the_planners_plan_and_keeps_it_until_the_request_changes)
   CHECK_OK(l2l_relay_get_stats(&st, r));
   CHECK(st.device_peak - before.current <= budget, "the step peaked at %llu over a budget of %llu",
         (unsigned long long)(st.device_peak - before.current), (unsigned long long)budget);
-  /* the same request keeps the plan; another shape plans again */
+  /* the same request keeps the plan; another shape and budget plan again */
   const l2l_plan *again = NULL;
   CHECK_OK(l2l_relay_plan_auto(&again, r, B, g.S, 0, 0));
   CHECK(again == plan, "the same request made a new plan");
+  CHECK_OK(l2l_relay_set_device_budget(r, 4 * need));   /* (room for the larger batch) */
   CHECK_OK(l2l_relay_plan_auto(&again, r, B + 1, g.S, 0, 0));
   l2l_plan_summary s2;
   CHECK_OK(l2l_plan_get(&s2, again));
