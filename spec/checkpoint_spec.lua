@@ -583,7 +583,7 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
     os.remove(path)
   end)
 
-  it("refuse a tensor whose bytes were damaged, naming it; load files without checksums (issue 30, item 4)", function()
+  it("refuse a tensor whose bytes were damaged, naming it; load files without checksums", function()
     local cfg = random_config()
     cfg.accumulate = 1
     local path = tmp_path("cksum")
@@ -638,7 +638,7 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
     os.remove(path)
   end)
 
-  it("hold no more host memory after a load than the run they continue (issue 30, item 5)", function()
+  it("hold no more host memory after a load than the run they continue", function()
     local cfg = random_config()
     cfg.accumulate = 1
     local path = tmp_path("memory")

@@ -351,7 +351,7 @@ describe("compact optimizer state (seed " .. seed .. ")", function()
     end
   end)
 
-  it("refuse alike, in every precision, an update whose gradient would overflow the state (issue 47, items 2 and 3)", function()
+  it("refuse alike, in every precision, an update whose gradient would overflow the state", function()
     -- A gradient element g of magnitude 2^63 or more (as the update applies it) is what
     -- the relay's non-finite policy refuses, as it refuses an inf or a NaN: Adam's second
     -- moment takes g^2, and below 2^63 that is below 2^126, a factor 4 under f32's largest

@@ -437,7 +437,7 @@ describe("l2l.progress and l2l.plot", function()
     return shown
   end
 
-  it("fits the terminal's width, leaving out the fields kept least first (issue 47, item 17)", function()
+  it("fits the terminal's width, leaving out the fields kept least first", function()
     local f = { loss = 2.5, val_loss = 2.4, tokens_per_s = 151234, device_peak = 3 * 2 ^ 20,
                 device_budget = 5 * 2 ^ 20, host = 5 * 2 ^ 30, disk = 7 * 2 ^ 20 }
     local full = progress.new{ total = 1000, tty = false, out = sink() }:line(123, f)
@@ -464,7 +464,7 @@ describe("l2l.progress and l2l.plot", function()
     assert.is_truthy(full:find("disk 7.00 MiB/step", 1, true), full)   -- plain lines keep every field
   end)
 
-  it("shows a step once when its line was printed and then drawn (issue 30: Ctrl-C's last step twice)", function()
+  it("shows a step once when its line was printed and then drawn", function()
     local out = sink()
     local bar = progress.new{ total = 100, every = 5, tty = true, out = out, width = 200 }
     local f = { loss = 2.5, tokens_per_s = 1500, device_peak = 3 * 2 ^ 20, host = 5 * 2 ^ 30 }
@@ -499,7 +499,7 @@ describe("l2l.progress and l2l.plot", function()
     assert.has_error(function() progress.new{ every = 5 } end, "progress.new: option 'total' is required")
   end)
 
-  it("writes a metrics line with a NaN or infinite loss as what it is, and reads it back (issue 30, item 4)", function()
+  it("writes a metrics line with a NaN or infinite loss as what it is, and reads it back", function()
     local recs = { { step = 1, loss = 2.5, val_loss = 2.6, run = "inf" },   -- a run id is text, whatever it says
                    { step = 2, loss = 0 / 0, val_loss = math.huge, lr = -math.huge, run = "inf" },
                    { step = 3, loss = 1.5, run = "inf" } }

@@ -270,7 +270,7 @@ describe("data parallel under mpirun", function()
     assert.is_true(ranks[0].stats.loss_scale < 4194304, cmd)
   end)
 
-  it("skip, on every rank alike, a record whose summed gradient would overflow its state (issue 47)", function()
+  it("skip, on every rank alike, a record whose summed gradient would overflow its state", function()
     if not need_mpi() then return end
     -- One rank's accumulator gets 2^65 to 2^123 in one element before step 2 (one process:
     -- its own): the summed gradient holds it, so its record's update is skipped as an inf's

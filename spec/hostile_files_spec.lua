@@ -81,7 +81,7 @@ end
 
 teardown(function() support.sh("rm -rf " .. q(dir)) end)
 
-describe("item 3: l2l.import_gpt2 checks the whole file before it builds", function()
+describe("l2l.import_gpt2 checks the whole file before it builds", function()
   it("refuses a file naming a wide wte and a far block, allocating nothing", function()
     -- wte (1, 512) and h.0's MLP read as a GPT-2 of dim 512; h.3 makes it 4 blocks. The
     -- importer used to build all four (and with wte (1, 4096), 2.1 GB) before finding
@@ -150,7 +150,7 @@ describe("item 3: l2l.import_gpt2 checks the whole file before it builds", funct
   end)
 end)
 
-describe("item 4: loaders open regular files only", function()
+describe("loaders open regular files only", function()
   -- Each loader, in a child process (a loader that opened the FIFO would wait for a
   -- writer forever): it must return an error naming what the path is.
   local calls = {
@@ -187,7 +187,7 @@ describe("item 4: loaders open regular files only", function()
   end)
 end)
 
-describe("item 5: a header is at most 16 MiB", function()
+describe("a header is at most 16 MiB", function()
   local limit = l2l.safetensors.max_header
   it("refuses a longer one before decoding it", function()
     assert.are.equal(16 * 2 ^ 20, limit)
@@ -222,7 +222,7 @@ describe("item 5: a header is at most 16 MiB", function()
   end)
 end)
 
-describe("item 8: a checkpoint carries only what a save writes", function()
+describe("a checkpoint carries only what a save writes", function()
   it("refuses a gradient where a save writes none", function()
     local run = small_run()
     run:step(batch())
@@ -261,7 +261,7 @@ describe("item 8: a checkpoint carries only what a save writes", function()
   end)
 end)
 
-describe("item 12: clear errors for odd files", function()
+describe("clear errors for odd files", function()
   it("a directory given as a tokenizer file or a checkpoint is named as one", function()
     local enc = path("enc.json")
     support.write_file(enc, '{"a": 0}')

@@ -251,7 +251,7 @@ describe("make install's folders", function()
   end)
 end)
 
-describe("make install PREFIX=<a folder of your own> (issue 47, item 18)", function()
+describe("make install PREFIX=<a folder of your own>", function()
   it("runs without LD_LIBRARY_PATH (a RUNPATH relative to l2l's folder), also moved, and C programs by the README's recipe", function()
     local tmp = select(2, sh("mktemp -d")):match("^(%S+)")
     local prefix = tmp .. "/opt/l2l"

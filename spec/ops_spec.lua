@@ -320,7 +320,7 @@ describe("l2l.ops", function()
 end)
 
 describe("an op's error", function()
-  it("names the line that called the op, not l2l's (issue 30)", function()
+  it("names the line that called the op, not l2l's", function()
     local c, a, b = l2l.zeros({ 2, 3 }), l2l.zeros({ 2, 2 }), l2l.zeros({ 5, 5 })
     local line
     local ok, err = pcall(function()

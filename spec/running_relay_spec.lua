@@ -55,7 +55,7 @@ local function weights(run)
   return out
 end
 
-describe("a relay running a step (issue: hardening 2, item 1)", function()
+describe("a relay running a step", function()
   local tokens, targets = batch()
   local path = os.tmpname()
   after_each(function() hook = nil end)

@@ -34,7 +34,7 @@ describe("train_gpt: nothing lost by a slip", function()
   before_each(function() dir = support.tmpdir() end)
   after_each(function() sh("rm -rf " .. q(dir)) end)
 
-  it("item 1: keeps another run's checkpoint unless --resume or --force says what to do", function()
+  it("keeps another run's checkpoint unless --resume or --force says what to do", function()
     local ck = dir .. "/keep.ckpt"
     local status, out = demo(("--steps 4 --checkpoint %s --out %s"):format(q(ck), q(dir .. "/a")))
     assert.are.equal(0, status, out)
@@ -70,7 +70,7 @@ describe("train_gpt: nothing lost by a slip", function()
     end
   end)
 
-  it("item 2: --resume of a missing file is an error; --resume-if-present starts afresh", function()
+  it("--resume of a missing file is an error; --resume-if-present starts afresh", function()
     local ck = dir .. "/typo.ckpt"
     local status, out = demo(("--steps 2 --checkpoint %s --resume --out %s"):format(q(ck), q(dir)))
     assert.are.equal(1, status, out)
@@ -87,7 +87,7 @@ describe("train_gpt: nothing lost by a slip", function()
     assert.is_truthy(out:find("resuming from " .. ck .. " at step 2 of 3", 1, true), out)
   end)
 
-  it("item 2: flags that contradict the saved run are an error naming each", function()
+  it("flags that contradict the saved run are an error naming each", function()
     local ck = dir .. "/run.ckpt"
     local status, out = demo(("--steps 2 --checkpoint %s --out %s"):format(q(ck), q(dir)))
     assert.are.equal(0, status, out)
@@ -103,7 +103,7 @@ describe("train_gpt: nothing lost by a slip", function()
     assert.are.equal(0, status, out)
   end)
 
-  it("issue 47, item 5: a resume takes the run's own settings; memory and time flags given again apply", function()
+  it("a resume takes the run's own settings; memory and time flags given again apply", function()
     local ck = dir .. "/own.ckpt"
     local spill = dir .. "/spill"
     assert(os.execute("mkdir -p " .. q(spill)) == 0)
@@ -129,7 +129,7 @@ describe("train_gpt: nothing lost by a slip", function()
     assert.is_truthy(out:find("--steps 2: the run in " .. ck .. " is at step 5 already", 1, true), out)
   end)
 
-  it("item 3: a resume appends to its own run's metrics, never to another run's", function()
+  it("a resume appends to its own run's metrics, never to another run's", function()
     local ck = dir .. "/a.ckpt"
     -- run A stops at step 4 of 6; run B (no checkpoint) then runs in the same --out
     local status, out = demo(("--steps 6 --stop-at 4 --save-every 2 --checkpoint %s --out %s"):format(q(ck), q(dir)))
@@ -179,7 +179,7 @@ local function demo_model()
   return l2l.Sequential(list)
 end
 
-describe("finding a device budget (issue 30, item 6)", function()
+describe("finding a device budget", function()
   local MiB = 2 ^ 20
   local model = demo_model()
   local ids = {}
@@ -237,7 +237,7 @@ describe("finding a device budget (issue 30, item 6)", function()
     assert.is_false(ok, "a byte less worked")
   end)
 
-  it("names the micro-batch it replayed as the relay has it, and the spill option by its name (issue 47, item 15)", function()
+  it("names the micro-batch it replayed as the relay has it, and the spill option by its name", function()
     local mb = support.int(1, 5)
     local ok, err = step_with({ device_budget = 1000, micro_batch = mb })
     assert.is_false(ok)
@@ -338,7 +338,7 @@ describe("finding a device budget (issue 30, item 6)", function()
   end)
 end)
 
-describe("the planner from the main example (issue 30, items 7 and 8)", function()
+describe("the planner from the main example", function()
   it("--device-budget auto is the step's exact need, and --plan auto plans within it and reports the plan", function()
     local dir = support.tmpdir()
     local status, out = demo("--steps 3 --out " .. q(dir))
@@ -422,7 +422,7 @@ describe("the planner from the main example (issue 30, items 7 and 8)", function
   end)
 end)
 
-describe("a trained model you can use: l2l sample and l2l eval (issue 30, item 9)", function()
+describe("a trained model you can use: l2l sample and l2l eval", function()
   local dir, ck
   setup(function()
     dir = support.tmpdir()
@@ -561,7 +561,7 @@ describe("a trained model you can use: l2l sample and l2l eval (issue 30, item 9
   end)
 end)
 
-describe("GPT-2 weights in, from Hugging Face's file or llm.c's (issue 30, item 10)", function()
+describe("GPT-2 weights in, from Hugging Face's file or llm.c's", function()
   local ffi = require("ffi")
 
   -- A small random GPT-2 written both ways: llm.c's gpt2_*.bin layout (written here, by

@@ -48,7 +48,7 @@ end
 local refused = support.refused
 
 describe("save and load agree (seed " .. seed .. ")", function()
-  it("a save refuses optimizer state a load would refuse, and leaves the last file as it was (item 2)", function()
+  it("a save refuses optimizer state a load would refuse, and leaves the last file as it was", function()
     -- The state of a live relay is made non-finite by hand (l2l_relay_param_state's
     -- borrowed array: the C API's own; no update makes such state now, compact_state_spec):
     -- an inf, a NaN, or v < 0, in one element of one record, in the run's precision. The
@@ -96,7 +96,7 @@ describe("save and load agree (seed " .. seed .. ")", function()
     support.sh("rm -rf " .. q(folder))
   end)
 
-  it("every setting of l2l.Relay comes back from a save unchanged, and the machine's may be given anew (item 4)", function()
+  it("every setting of l2l.Relay comes back from a save unchanged, and the machine's may be given anew", function()
     -- One value drawn for every option in the relay's list (relay_options.OPTIONS); an
     -- option without a way to draw it here fails the spec, so a new option cannot go
     -- unsaved unseen. The loaded run's settings equal the saved run's, option by option
@@ -234,7 +234,7 @@ describe("save and load agree (seed " .. seed .. ")", function()
     run:free()
   end)
 
-  it("a save does not follow a link planted at its temporary name, which only its owner can read (item 6)", function()
+  it("a save does not follow a link planted at its temporary name, which only its owner can read", function()
     -- The temporary's first name is predictable, "<path>.tmp.<host>.<pid>": a symbolic
     -- link there to a victim file must leave the victim's bytes alone; the save goes on
     -- under another name and succeeds. While it is written (a tensor made as the file gets
@@ -278,7 +278,7 @@ describe("save and load agree (seed " .. seed .. ")", function()
     support.sh("rm -rf " .. q(folder))
   end)
 
-  it("a refused load frees what it made before it says so: the relay, its spill file, its memory (item 8)", function()
+  it("a refused load frees what it made before it says so: the relay, its spill file, its memory", function()
     -- A file whose progress is forged (more updates than steps) passes every check until
     -- the relay is made and the tensors read; the refusal must leave the spill folder and
     -- the pools as they were, with the collector stopped (nothing left for it to free).
@@ -321,7 +321,7 @@ describe("save and load agree (seed " .. seed .. ")", function()
     support.sh("rm -rf " .. q(spill))
   end)
 
-  it("checksums written in capitals are the same sums: the file loads, and damage is still found (item 13)", function()
+  it("checksums written in capitals are the same sums: the file loads, and damage is still found", function()
     local run = l2l.Relay { model = tiny_gpt(support.int(1, 1000)), micro_batch = 2 }
     local data = batches(2, 4)
     run:step(data[1][1], data[1][2])
@@ -352,7 +352,7 @@ describe("save and load agree (seed " .. seed .. ")", function()
     run:free()
   end)
 
-  it("a save that cannot read its state says so in the caller's terms, with no line of the library (item 14)", function()
+  it("a save that cannot read its state says so in the caller's terms, with no line of the library", function()
     -- The spill file cut short by another program: the save names the file and what
     -- happened, and the last good file stays.
     local spill = support.tmpdir()

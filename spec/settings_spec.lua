@@ -64,7 +64,7 @@ describe("settings kept in C floats", function()
   end)
 end)
 
-describe("plans are checked against the model they are used with (hardening 2, item 11)", function()
+describe("plans are checked against the model they are used with", function()
   local V, S = 13, 8
   local function gpt(dim, heads)
     return l2l.Sequential {
