@@ -121,7 +121,7 @@ local opt = cli.parse(parser)
 
 -- The option table's flags (OPTION_FLAGS) that were given, by their options' names, for
 -- `group` ("relay", "optimizer" or "schedule").
-local ROW = require("l2l.relay_options").ROW
+local ROW = require("l2l.option_table").ROW
 local function flag_options(group)
   local o = {}
   for _, f in ipairs(OPTION_FLAGS) do

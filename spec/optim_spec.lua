@@ -52,7 +52,7 @@ describe("learning-rate schedules named as such (seed " .. support.seed .. ")", 
 
   it("name the new names in errors, and in the relay's refusal of a schedule", function()
     support.refused("l2l.CosineLR: option 'total' is required", l2l.CosineLR, { warmup = 3 })
-    support.refused("l2l.LinearLR: option 'final_ratio' must be in [0, 1]", l2l.LinearLR,
+    support.refused("l2l.LinearLR: option 'final_ratio' must be a number in [0, 1]", l2l.LinearLR,
                     { total = 9, final_ratio = 2 })
     support.refused("l2l.Relay: option 'schedule' must be l2l.ConstantLR{...}, l2l.CosineLR{...} or " ..
                     "l2l.LinearLR{...}", l2l.Relay, { model = tiny_model(), schedule = { kind = "cosine" } })

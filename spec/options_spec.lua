@@ -142,6 +142,28 @@ describe("the option table", function()
     end
   end)
 
+  it("bounds the optimizers' and schedules' float options as their rows do (seed " .. support.seed .. ")", function()
+    local option_table = require("l2l.option_table")
+    local make = { sgd = l2l.SGD, adam = l2l.AdamW }
+    for _, row in ipairs(ROWS) do
+      if row.group ~= "relay" and row.type == "float" then
+        local ctor = row.group == "schedule" and function(o) o.total = 10; return l2l.LinearLR(o) end
+                     or (row.flags.sgd and make.sgd or make.adam)
+        local inside = row.flags.open_low and row.min + support.uniform(0.01, 0.5) or row.min
+        ctor({ [row.name] = inside })   -- taken
+        local outside = { row.min - support.uniform(0.01, 1) }
+        if row.flags.open_low then outside[#outside + 1] = row.min end
+        if row.max ~= math.huge then outside[#outside + 1] = row.flags.open_high and row.max or row.max + 0.5 end
+        for _, v in ipairs(outside) do
+          local ok, err = pcall(ctor, { [row.name] = v })
+          assert.is_false(ok, row.name .. " = " .. v)
+          assert.is_truthy(tostring(err):find(("option '%s' must be %s"):format(row.name, option_table.float_range(row)), 1, true),
+                           tostring(err))
+        end
+      end
+    end
+  end)
+
   it("checks every C field of a config against its row, and names it in Lua's terms", function()
     for _, row in ipairs(ROWS) do
       if row.group == "relay" and row.type ~= "path" then

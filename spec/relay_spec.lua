@@ -801,7 +801,7 @@ describe("l2l.Relay", function()
     fails("l2l.AdamW: option 'betas'", function() l2l.AdamW { betas = { 0.9 } } end)
     fails("l2l.SGD: unknown option 'betas'", function() l2l.SGD { betas = { 0.9, 0.99 } } end)
     fails("l2l.CosineLR: option 'total' is required", function() l2l.CosineLR { warmup = 3 } end)
-    fails("l2l.LinearLR: option 'final_ratio' must be in %[0, 1%]", function() l2l.LinearLR { total = 9, final_ratio = 2 } end)
+    fails("l2l.LinearLR: option 'final_ratio' must be a number in %[0, 1%]", function() l2l.LinearLR { total = 9, final_ratio = 2 } end)
 
     local run = l2l.Relay { model = model, micro_batch = 2 }
     local tokens, targets = reversal(4)

@@ -172,7 +172,7 @@ function M.option_flags(o, ...)
     end
   end
   local flags = {}
-  for _, row in ipairs(require("l2l.relay_options").ROWS) do
+  for _, row in ipairs(require("l2l.option_table").ROWS) do
     if not skip[row.name] then
       local kind = ROW_KINDS[row.type]
       local f = { "--" .. row.name:gsub("_", "-"), defaults[row.name], kind,

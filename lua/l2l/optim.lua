@@ -6,15 +6,19 @@
 --
 -- Purpose: turn an options table into the C config the EPS runs (l2l_optimizer_config,
 -- l2l_schedule_config in include/l2l/relay.h, "optimizers"), refusing bad values in Lua with an
--- error that names the option, before any C object exists. The maths lives in C, stated
+-- error that names the option, before any C object exists. Which values an option takes
+-- (bounds, choices) is its row's in the option table (l2l.option_table); the defaults of
+-- each optimizer and schedule are written here. The maths lives in C, stated
 -- once in l2l.h; schedule:lr(base, t) asks C (l2l_schedule_lr) so Lua never has a second
 -- copy of it.
 -- Must never: compute an update in Lua, or accept an option it does not know.
 local ffi = require("ffi")
 local lib = require("l2l.lib")
 local argcheck = require("l2l.argcheck")
+local option_table = require("l2l.option_table")
 
 local C, check, too_many = lib.C, lib.check, argcheck.too_many
+local ROW = option_table.ROW
 local type, tostring, floor, huge, select = type, tostring, math.floor, math.huge, select
 
 local M = {}
@@ -57,17 +61,11 @@ local function f32_option(o, key, default, fname, ok, what)
   if trouble then fail(("%s: option '%s' must be %s, got %s, which %s"):format(fname, key, what, tostring(v), trouble)) end
   return v
 end
-local function nonneg(o, key, default, fname)
-  return f32_option(o, key, default, fname, function(v) return finite(v) and v >= 0 end,
-                    "a finite number >= 0")
-end
-local function unit(o, key, default, fname)   -- [0, 1)
-  return f32_option(o, key, default, fname, function(v) return finite(v) and v >= 0 and v < 1 end,
-                    "a number in [0, 1)")
-end
-local function positive(o, key, default, fname)
-  return f32_option(o, key, default, fname, function(v) return finite(v) and v > 0 end,
-                    "a finite number > 0")
+-- A float option as its row of the option table bounds it (l2l.option_table), in f32.
+local function row_float(o, key, default, fname)
+  local row = ROW[key]
+  return f32_option(o, key, default, fname, function(v) return finite(v) and option_table.float_inside(row, v) end,
+                    option_table.float_range(row))
 end
 local function boolean(o, key, default, fname)
   return option(o, key, default, fname, function(v) return type(v) == "boolean" end,
@@ -86,7 +84,7 @@ end
 
 ----------------------------------------------------------------- optimizers
 
-local kinds = { sgd = C.L2L_OPTIMIZER_SGD, adamw = C.L2L_OPTIMIZER_ADAMW, lamb = C.L2L_OPTIMIZER_LAMB }
+local kinds = ROW.optimizer.ids   -- sgd, adamw, lamb
 
 -- betas = {b1, b2} or beta1 = , beta2 = (not both ways at once).
 local function betas(o, fname)
@@ -98,16 +96,16 @@ local function betas(o, fname)
       fail(fname .. ": option 'betas' must be a table {beta1, beta2}, got " .. tostring(o.betas))
     end
     local b = { beta1 = o.betas[1], beta2 = o.betas[2] }
-    return unit(b, "beta1", nil, fname), unit(b, "beta2", nil, fname)
+    return row_float(b, "beta1", nil, fname), row_float(b, "beta2", nil, fname)
   end
-  return unit(o, "beta1", 0.9, fname), unit(o, "beta2", 0.999, fname)
+  return row_float(o, "beta1", 0.9, fname), row_float(o, "beta2", 0.999, fname)
 end
 
 local ADAM_OPTIONS = { lr = 1, betas = 1, beta1 = 1, beta2 = 1, eps = 1, weight_decay = 1, decay_all = 1,
                        state = 1 }
 
 -- The precision of the optimizer state (l2l.h, "optimizers"): "f32", "bf16" or "8bit".
-local STATES = { f32 = C.L2L_STATE_F32, bf16 = C.L2L_STATE_BF16, ["8bit"] = C.L2L_STATE_8BIT }
+local STATES = ROW.state.ids   -- f32, bf16, 8bit
 M.STATES = STATES
 local function state_option(o, fname)
   return option(o, "state", "f32", fname, function(v) return STATES[v] ~= nil end,
@@ -116,10 +114,10 @@ end
 
 local function adam_like(kind, fname, o, decay_default)
   o = known(o, ADAM_OPTIONS, fname)
-  local self = { kind = kind, lr = nonneg(o, "lr", 1e-3, fname) }
+  local self = { kind = kind, lr = row_float(o, "lr", 1e-3, fname) }
   self.beta1, self.beta2 = betas(o, fname)
-  self.eps = positive(o, "eps", 1e-8, fname)
-  self.weight_decay = nonneg(o, "weight_decay", decay_default, fname)
+  self.eps = row_float(o, "eps", 1e-8, fname)
+  self.weight_decay = row_float(o, "weight_decay", decay_default, fname)
   self.decay_all = boolean(o, "decay_all", false, fname)
   self.state = state_option(o, fname)
   return setmetatable(self, Optimizer)
@@ -130,13 +128,13 @@ end
 local function sgd(o)
   local fname = "l2l.SGD"
   o = known(o, { lr = 1, momentum = 1, nesterov = 1, weight_decay = 1, decay_all = 1, state = 1 }, fname)
-  local self = { kind = "sgd", lr = nonneg(o, "lr", 0.01, fname) }
-  self.momentum = unit(o, "momentum", 0, fname)
+  local self = { kind = "sgd", lr = row_float(o, "lr", 0.01, fname) }
+  self.momentum = row_float(o, "momentum", 0, fname)
   self.nesterov = boolean(o, "nesterov", false, fname)
   if self.nesterov and self.momentum == 0 then
     fail(fname .. ": option 'nesterov' needs option 'momentum' > 0")
   end
-  self.weight_decay = nonneg(o, "weight_decay", 0, fname)
+  self.weight_decay = row_float(o, "weight_decay", 0, fname)
   self.decay_all = boolean(o, "decay_all", false, fname)
   self.state = state_option(o, fname)
   return setmetatable(self, Optimizer)
@@ -209,8 +207,7 @@ end
 
 ----------------------------------------------------------------- schedules
 
-local schedule_kinds = { constant = C.L2L_SCHEDULE_CONSTANT, cosine = C.L2L_SCHEDULE_COSINE,
-                         linear = C.L2L_SCHEDULE_LINEAR }
+local schedule_kinds = ROW.schedule.ids   -- constant, cosine, linear
 
 -- l2l.ConstantLR{warmup = 0}: factor t/warmup during warm-up, then 1.
 local function constant(fname, o)
@@ -227,8 +224,7 @@ local function decaying(kind, fname, o)
     fail(("%s: option 'total' (%d) must exceed option 'warmup' (%d)"):format(fname, self.total,
          self.warmup))
   end
-  self.final_ratio = f32_option(o, "final_ratio", 0, fname,
-                                function(v) return finite(v) and v >= 0 and v <= 1 end, "in [0, 1]")
+  self.final_ratio = row_float(o, "final_ratio", 0, fname)
   return setmetatable(self, Schedule)
 end
 -- l2l.CosineLR{warmup = 0, total = (required), final_ratio = 0}

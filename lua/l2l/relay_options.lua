@@ -16,6 +16,7 @@ local ffi = require("ffi")
 local lib = require("l2l.lib")
 local argcheck = require("l2l.argcheck")
 local optim = require("l2l.optim")
+local option_table = require("l2l.option_table")
 
 local C = lib.C
 local type, tostring, pairs, floor, huge = type, tostring, pairs, math.floor, math.huge
@@ -23,38 +24,8 @@ local type, tostring, pairs, floor, huge = type, tostring, pairs, math.floor, ma
 local M = {}
 
 ----------------------------------------------------------------- the options, once
--- The option table (src/core/options.def, read through l2l_relay_option): each row's name,
--- C field and group ("relay", "optimizer", "schedule"), type ("int", "int64", "uint64",
--- "float", "choice", "bool", "path"), bounds, flags, what a checkpoint does with it
--- ("run", "load", "own"), choices (names in the order of their values, with ids[name] =
--- value) and a line of help. M.ROWS lists them in the table's order; M.ROW[name] finds one.
-local GROUPS = { [0] = "relay", "optimizer", "schedule" }
-local TYPES = { [0] = "int", "int64", "uint64", "float", "choice", "bool", "path" }
-local KEEPS = { [0] = "run", "load", "own" }
-local FLAGS = { agree = 1, step = 2, open_low = 4, open_high = 8, sgd = 16, adam = 32, decay = 64 }
-
-local function read_rows()
-  local rows, by_name = {}, {}
-  local out = ffi.new("const l2l_option *[1]")
-  for i = 0, C.l2l_relay_option_count() - 1 do
-    lib.check(C.l2l_relay_option(out, i))
-    local o = out[0]
-    local row = { name = ffi.string(o.name), field = ffi.string(o.field), group = GROUPS[tonumber(o.group)],
-                  type = TYPES[tonumber(o.type)], min = o.min, max = o.max, keep = KEEPS[tonumber(o.keep)],
-                  help = ffi.string(o.help), flags = {} }
-    for flag, bit in pairs(FLAGS) do row.flags[flag] = math.floor(o.flags / bit) % 2 == 1 end
-    if row.type == "choice" then
-      row.choices, row.ids = {}, {}
-      for k = 0, o.nchoices - 1 do
-        local name = ffi.string(o.choice_names[k])
-        row.choices[k + 1], row.ids[name] = name, o.choice_values[k]
-      end
-    end
-    rows[#rows + 1], by_name[row.name] = row, row
-  end
-  return rows, by_name
-end
-M.ROWS, M.ROW = read_rows()
+-- The option table's rows (l2l.option_table: src/core/options.def through l2l_relay_option).
+M.ROWS, M.ROW = option_table.ROWS, option_table.ROW
 local ROWS, ROW = M.ROWS, M.ROW
 
 M.stash_ids, M.inner_ids = ROW.stash.ids, ROW.inner.ids
