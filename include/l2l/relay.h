@@ -410,8 +410,10 @@ enum {
   L2L_OPTION_OPEN_HIGH = 8,     /* max is excluded */
   L2L_OPTION_SGD = 16,          /* its bounds apply to SGD only */
   L2L_OPTION_ADAM = 32,         /* its bounds apply to AdamW and LAMB only */
-  L2L_OPTION_DECAY = 64         /* a cosine or linear schedule's only (a checkpoint keeps it
+  L2L_OPTION_DECAY = 64,        /* a cosine or linear schedule's only (a checkpoint keeps it
                                    for those) */
+  L2L_OPTION_PLAN = 128         /* the planner takes it: it sets memory or time and a plan
+                                   does not choose it (l2l.plan's options) */
 };
 typedef struct l2l_option {
   const char *name;             /* as l2l.Relay, the optimizers, schedules and flags take it */

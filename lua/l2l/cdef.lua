@@ -538,7 +538,8 @@ enum {
   L2L_OPTION_OPEN_HIGH = 8,
   L2L_OPTION_SGD = 16,
   L2L_OPTION_ADAM = 32,
-  L2L_OPTION_DECAY = 64
+  L2L_OPTION_DECAY = 64,
+  L2L_OPTION_PLAN = 128
 };
 typedef struct l2l_option {
   const char *name;

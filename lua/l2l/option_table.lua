@@ -20,7 +20,7 @@ local M = {}
 local GROUPS = { [0] = "relay", "optimizer", "schedule" }
 local TYPES = { [0] = "int", "int64", "uint64", "float", "choice", "bool", "path" }
 local KEEPS = { [0] = "run", "load", "own" }
-local FLAGS = { agree = 1, step = 2, open_low = 4, open_high = 8, sgd = 16, adam = 32, decay = 64 }
+local FLAGS = { agree = 1, step = 2, open_low = 4, open_high = 8, sgd = 16, adam = 32, decay = 64, plan = 128 }
 
 local function read_rows()
   local rows, by_name = {}, {}

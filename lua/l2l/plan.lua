@@ -157,8 +157,11 @@ function M.same(a, b)
   return true
 end
 
-local RELAY_SETTINGS = { "param_slots", "precision", "grad_precision", "accumulate", "clip_global_norm",
-                         "loss_scale", "optimizer", "host_budget", "spill", "dist", "master" }
+-- The relay's settings l2l.plan takes: the option table's rows marked PLAN, and the optimizer.
+local RELAY_SETTINGS = { "optimizer" }
+for _, row in ipairs(require("l2l.option_table").ROWS) do
+  if row.flags.plan then RELAY_SETTINGS[#RELAY_SETTINGS + 1] = row.name end
+end
 local PLAN_OPTIONS = { model = true, batch = true, seq = true, device_budget = true, token_types = true,
                        key_mask = true, rates = true }
 for _, key in ipairs(RELAY_SETTINGS) do PLAN_OPTIONS[key] = true end

@@ -64,6 +64,7 @@ CHOICE_VALUES(SCHEDULE, L2L_SCHEDULE_CONSTANT, L2L_SCHEDULE_COSINE, L2L_SCHEDULE
 #define SGD L2L_OPTION_SGD
 #define ADAM L2L_OPTION_ADAM
 #define DECAY L2L_OPTION_DECAY
+#define PLAN L2L_OPTION_PLAN
 
 const l2l_option l2l_options[] = {
 #define OPTION(name, group, field, type, dflt, lo, hi, keep, flags, choices, help)              \
