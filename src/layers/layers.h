@@ -65,6 +65,22 @@ const void *l2l_layer_owner(const l2l_layer *layer);
 /* The relay takes the layer (owner) or lets it go (NULL): a layer freed while held
    (l2l_layer_free) is freed then. */
 void l2l_layer_set_owner(l2l_layer *layer, const void *owner);
+
+/* One parameter record of a list of layers (records.c): a record shared by layers (the
+   tied token table) once, at its first user. */
+struct layers_record {
+  l2l_param *param;
+  int layer;      /* its first user's index in the list */
+  int place;      /* its index among that layer's parameters */
+  int pos;        /* its place among all the list's parameters, layer by layer */
+  int users;      /* the layers of the list that hold it */
+  bool trained;   /* some user is not frozen (frozen NULL: none is) */
+};
+/* The distinct records of layers[0..n), layer by layer in each one's parameter order (a
+   relay's order), into *out (malloc'ed: the caller frees it) and *count. frozen: NULL, or
+   one flag a layer. */
+l2l_status layers_records(struct layers_record **out, int *count, const l2l_layer *const *layers,
+                          const bool *frozen, int n);
 /* Moves everything a saved state holds (its buffer and the inputs and outputs it refers
    to) into `pool` (KARMA's swap); the other pool's bytes go with their last handle. */
 l2l_status l2l_saved_move(l2l_saved *saved, l2l_pool_kind pool);

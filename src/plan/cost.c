@@ -39,37 +39,20 @@ double plan_layer_flops(const l2l_layer *layer, int64_t rows, int64_t seq) {
   }
 }
 
-/* A record and the lowest layer using it: a record shared by layers (a tied head) is
-   counted at the lowest. Sorted by record, then layer: O(n log n) for the chain's n
-   records (a search of the layers below for each was O(L^2): 800 layers took seconds). */
-struct record_use {
-  const l2l_param *param;
-  int layer;
-};
-
-static int by_record(const void *a, const void *b) {
-  const struct record_use *x = a, *y = b;
-  if (x->param != y->param) return (uintptr_t)x->param < (uintptr_t)y->param ? -1 : 1;
-  return x->layer - y->layer;
-}
-
-/* out[k] := the f32 bytes of the records whose lowest user is layer k. */
+/* out[k] := the f32 bytes of the records whose first user is layer k (a record shared by
+   layers, a tied head, counted there: layers_records). */
 static l2l_status master_bytes_of(uint64_t *out, const struct plan_chain *c) {
+  const l2l_layer **list = calloc((size_t)(c->L > 0 ? c->L : 1), sizeof *list);
+  if (list == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to plan");
+  for (int k = 0; k < c->L; k++) list[k] = c->layers[k].layer, out[k] = 0;
+  struct layers_record *recs = NULL;
   int n = 0;
-  for (int k = 0; k < c->L; k++) n += l2l_layer_param_count(c->layers[k].layer);
-  struct record_use *uses = malloc(sizeof *uses * (size_t)(n > 0 ? n : 1));
-  if (uses == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to plan");
-  n = 0;
-  for (int k = 0; k < c->L; k++) {
-    out[k] = 0;
-    for (int i = 0; i < l2l_layer_param_count(c->layers[k].layer); i++)
-      uses[n++] = (struct record_use){l2l_layer_param(c->layers[k].layer, i), k};
-  }
-  qsort(uses, (size_t)n, sizeof *uses, by_record);
+  l2l_status status = layers_records(&recs, &n, list, NULL, c->L);
+  free(list);
+  TRY(status);
   for (int i = 0; i < n; i++)
-    if (i == 0 || uses[i].param != uses[i - 1].param)
-      out[uses[i].layer] += (uint64_t)l2l_tensor_numel(l2l_param_value(uses[i].param)) * sizeof(float);
-  free(uses);
+    out[recs[i].layer] += (uint64_t)l2l_tensor_numel(l2l_param_value(recs[i].param)) * sizeof(float);
+  free(recs);
   return L2L_OK;
 }
 

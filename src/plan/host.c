@@ -26,27 +26,18 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
   int arrays = 0;
   TRY(l2l_optimizer_state_arrays(&arrays, &config->optimizer));
   /* the records, each once (a tied table is its first user's), trainable when a user is */
-  int n = 0, cap = 0;
-  for (int k = 0; k < L; k++) cap += l2l_layer_param_count(layers[k].layer);
-  l2l_param **recs = calloc((size_t)(cap > 0 ? cap : 1), sizeof *recs);
-  bool *trained = calloc((size_t)(cap > 0 ? cap : 1), sizeof *trained);
-  int *users = calloc((size_t)(cap > 0 ? cap : 1), sizeof *users);
-  if (recs == NULL || trained == NULL || users == NULL) {
-    free(recs), free(trained), free(users);
-    return l2l_fail(L2L_ERR_NOMEM, "l2l_plan_new: no memory for %d records", cap);
-  }
-  for (int k = 0; k < L; k++)
-    for (int r = 0; r < l2l_layer_param_count(layers[k].layer); r++) {
-      l2l_param *p = l2l_layer_param(layers[k].layer, r);
-      int at = 0;
-      while (at < n && recs[at] != p) at++;
-      if (at == n) recs[n++] = p;
-      trained[at] |= !layers[k].frozen;
-      users[at]++;
-    }
+  const l2l_layer **list = calloc((size_t)(L > 0 ? L : 1), sizeof *list);
+  bool *frozen = calloc((size_t)(L > 0 ? L : 1), sizeof *frozen);
+  struct layers_record *recs = NULL;
+  int n = 0;
+  l2l_status status = list && frozen ? L2L_OK : l2l_fail(L2L_ERR_NOMEM, "l2l_plan_new: no memory for %d layers", L);
+  for (int k = 0; status == L2L_OK && k < L; k++) list[k] = layers[k].layer, frozen[k] = layers[k].frozen;
+  if (status == L2L_OK) status = layers_records(&recs, &n, list, frozen, L);
+  free(list), free(frozen);
+  TRY(status);
   struct l2l_host_record *bytes = calloc((size_t)(n > 0 ? n : 1), sizeof *bytes);
   if (bytes == NULL) {
-    free(recs), free(trained), free(users);
+    free(recs);
     return l2l_fail(L2L_ERR_NOMEM, "l2l_plan_new: no memory for %d records", n);
   }
   /* with a spill file a frozen record's accumulator is never in memory (it holds nothing:
@@ -60,9 +51,9 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
   bool defer = config->clip_global_norm > 0 || config->loss_scale > 0, every = config->accumulate <= 1;
   uint64_t base = 0, fixed = 0, state = 0, largest = 0, passing = 0, passing_total = 0, grads = 0;
   for (int i = 0; i < n; i++) {
-    int64_t numel = l2l_tensor_numel(l2l_param_value(recs[i]));
+    int64_t numel = l2l_tensor_numel(l2l_param_value(recs[i].param));
     /* a low-precision record has a 16-bit staging copy, or a bf16 master that is it */
-    bool low = config->precision != L2L_F32 && l2l_param_low_precision(recs[i]);
+    bool low = config->precision != L2L_F32 && l2l_param_low_precision(recs[i].param);
     bool bf16_master = low && config->master == L2L_BF16, staged = low && !bf16_master;
     int64_t begin, shard_n;
     l2l_host_shard(numel, ranks, rank, l2l_host_shard_align(config->optimizer.state), &begin,
@@ -70,14 +61,15 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
     l2l_host_record_bytes(&bytes[i], numel, shard_n, arrays, config->optimizer.state,
                           bf16_master ? L2L_BF16 : L2L_F32, staged ? config->precision : L2L_F32,
                           dist);
-    if (!trained[i]) bytes[i].state = bytes[i].moved = 0;   /* never updated: no state */
+    bool trained = recs[i].trained;
+    if (!trained) bytes[i].state = bytes[i].moved = 0;   /* never updated: no state */
     base += bytes[i].fixed;
     fixed += bytes[i].fixed;
-    grads += !spill || trained[i] ? bytes[i].grad : 0;
-    if (l2l_host_grad_passes(spill, defer, every, users[i], trained[i] ? 1 : 0)) {
+    grads += !spill || trained ? bytes[i].grad : 0;
+    if (l2l_host_grad_passes(spill, defer, every, recs[i].users, trained ? 1 : 0)) {
       passing = bytes[i].grad > passing ? bytes[i].grad : passing;
       passing_total += bytes[i].grad;
-    } else if (!spill || trained[i]) {
+    } else if (!spill || trained) {
       fixed += bytes[i].grad;
     }
     state += bytes[i].state;
@@ -93,7 +85,7 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
     if (!spill || l2l_host_tier_keeps(&tier, &kept, bytes[i].state)) out->eps_bytes += bytes[i].state;
     else out->disk_bytes += bytes[i].moved;   /* read before its update, written after */
   }
-  free(recs), free(trained), free(users), free(bytes);
+  free(recs), free(bytes);
   return L2L_OK;
 }
 

@@ -52,31 +52,41 @@ static void records_free(struct records *rs) {
 }
 
 /* The relay's records in the file's order: layer by layer, a record shared with an earlier
-   layer (the tied embedding) once, under its first. */
+   layer (the tied embedding) once, under its first (layers_records). */
 static l2l_status records_list(struct records *rs, l2l_relay *run) {
-  int cap = 0;
-  for (int i = 0; i < run->count; i++) cap += l2l_layer_param_count(run->layers[i].layer);
-  rs->r = calloc((size_t)cap + 1, sizeof *rs->r);
+  const l2l_layer **list = calloc((size_t)run->count + 1, sizeof *list);
   rs->tied = calloc((size_t)run->count + 1, sizeof *rs->tied);
-  rs->n = 0;
-  if (rs->r == NULL || rs->tied == NULL) return l2l_fail(L2L_ERR_NOMEM, "no memory for a list of records");
-  for (int i = 0; i < run->count; i++) {
-    l2l_layer *layer = run->layers[i].layer;
-    for (int p = 0; p < l2l_layer_param_count(layer); p++) {
-      l2l_param *param = l2l_layer_param(layer, p);
-      bool seen = false;
-      for (int k = 0; k < rs->n && l2l_param_users(param) > 1 && !seen; k++) seen = rs->r[k].param == param;
-      if (seen) {
-        rs->tied[i] = true;
-        continue;
-      }
-      struct record *r = &rs->r[rs->n++];
-      *r = (struct record){.param = param, .rec = l2l_eps_find(&run->eps, param), .layer = i, .place = p};
-      snprintf(r->name, sizeof r->name, "%d.%s", i + 1, l2l_param_name(param));
-      if (r->rec == NULL) return l2l_fail(L2L_ERR_STATE, "record %s is not in the relay's EPS", r->name);
-    }
+  rs->n = 0, rs->r = NULL;
+  if (list == NULL || rs->tied == NULL) {
+    free(list);
+    return l2l_fail(L2L_ERR_NOMEM, "no memory for a list of records");
   }
-  return L2L_OK;
+  for (int i = 0; i < run->count; i++) list[i] = run->layers[i].layer;
+  struct layers_record *recs = NULL;
+  int n = 0;
+  l2l_status status = layers_records(&recs, &n, list, NULL, run->count);
+  free(list);
+  TRY(status);
+  rs->r = calloc((size_t)n + 1, sizeof *rs->r);
+  if (rs->r == NULL) {
+    free(recs);
+    return l2l_fail(L2L_ERR_NOMEM, "no memory for a list of records");
+  }
+  for (int i = 0; i < n && status == L2L_OK; i++) {
+    struct record *r = &rs->r[rs->n++];
+    *r = (struct record){.param = recs[i].param, .rec = l2l_eps_find(&run->eps, recs[i].param),
+                         .layer = recs[i].layer, .place = recs[i].place};
+    snprintf(r->name, sizeof r->name, "%d.%s", r->layer + 1, l2l_param_name(r->param));
+    if (r->rec == NULL) status = l2l_fail(L2L_ERR_STATE, "record %s is not in the relay's EPS", r->name);
+  }
+  /* a layer holding a record an earlier layer holds first: fewer records of its own */
+  for (int k = 0, i = 0; k < run->count; k++) {
+    int own = 0;
+    while (i < n && recs[i].layer == k) own++, i++;
+    rs->tied[k] = own < l2l_layer_param_count(run->layers[k].layer);
+  }
+  free(recs);
+  return status;
 }
 
 /* The message of a failed call, named after the public function. */
