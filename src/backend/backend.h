@@ -63,14 +63,24 @@ struct l2l_backend_ops {
   l2l_status (*gemm_batched)(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
                              int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
                              int trans_b, float alpha, float beta);
+  /* Shapes below as llm.c writes them; each op is l2l.h's public op of its name. */
+  /* y (rows,cols) += bias (cols) per column */
   l2l_status (*bias_add)(float *y, const float *bias, int64_t rows, int64_t cols);
+  /* dbias (cols) += the sum over rows of dy (rows,cols) */
   l2l_status (*bias_backward)(float *dbias, const float *dy, int64_t rows, int64_t cols);
-  l2l_status (*add)(float *out, const float *a, const float *b, int64_t n); /* out may alias */
-  l2l_status (*gelu_forward)(float *y, const float *x, int64_t n);          /* y may be x */
+  /* out (n) = a (n) + b (n); out may be a or b */
+  l2l_status (*add)(float *out, const float *a, const float *b, int64_t n);
+  /* y (n) = gelu(x (n)); y may be x */
+  l2l_status (*gelu_forward)(float *y, const float *x, int64_t n);
+  /* dx (n) = dy (n) * gelu'(x (n)) */
   l2l_status (*gelu_backward)(float *dx, const float *dy, const float *x, int64_t n);
+  /* y (rows,cols), mean and rstd (rows; either may be NULL) from x (rows,cols), weight and
+     bias (cols) */
   l2l_status (*layernorm_forward)(float *y, float *mean, float *rstd, const float *x,
                                   const float *weight, const float *bias, float eps,
                                   int64_t rows, int64_t cols);
+  /* dx (rows,cols) written; dweight, dbias (cols; either may be NULL) accumulated; from dy,
+     x (rows,cols), weight (cols), mean, rstd (rows) */
   l2l_status (*layernorm_backward)(float *dx, float *dweight, float *dbias, const float *dy,
                                    const float *x, const float *weight, const float *mean,
                                    const float *rstd, int64_t rows, int64_t cols);
@@ -79,21 +89,28 @@ struct l2l_backend_ops {
   l2l_status (*softmax_forward)(float *y, const float *x, const uint8_t *key_mask, int causal,
                                 float scale, int64_t samples, int64_t rows_per_sample,
                                 int64_t tq, int64_t tk);
+  /* dx, dy, y (rows,cols): dx = scale * y * (dy - sum(dy * y)) per row */
   l2l_status (*softmax_backward)(float *dx, const float *dy, const float *y, float scale,
                                  int64_t rows, int64_t cols);
-  /* table is table_dtype: f32, or f16 / bf16 (a 16-bit device copy), widened exactly. */
+  /* out (n,cols) = table (vocab,cols) rows picked by ids (n); table is table_dtype: f32, or
+     f16 / bf16 (a 16-bit device copy), widened exactly. */
   l2l_status (*embedding_forward)(float *out, const int32_t *ids, const void *table,
                                   l2l_dtype table_dtype, int64_t n, int64_t cols);
+  /* dtable (vocab,cols)[ids[i]] += dout (n,cols)[i], ids (n): repeated ids sum */
   l2l_status (*embedding_backward)(float *dtable, const float *dout, const int32_t *ids,
                                    int64_t n, int64_t vocab, int64_t cols);
+  /* losses (rows) from logits (rows,vocab) and targets (rows; ignore_index: loss 0) */
   l2l_status (*cross_entropy_forward)(float *losses, const float *logits,
                                       const int32_t *targets, int32_t ignore_index,
                                       int64_t rows, int64_t vocab);
+  /* dlogits (rows,vocab) = scale * (softmax(logits) - onehot(targets (rows))) */
   l2l_status (*cross_entropy_backward)(float *dlogits, const float *logits,
                                        const int32_t *targets, int32_t ignore_index,
                                        float scale, int64_t rows, int64_t vocab);
+  /* y, x (n); mask (ceil(n/8)) bytes, bit i%8 of byte i/8 kept; draws first .. first+n-1 */
   l2l_status (*dropout_forward)(float *y, uint8_t *mask, const float *x, float p,
                                 uint64_t seed, uint64_t stream, int64_t first, int64_t n);
+  /* dx, dy (n), mask (ceil(n/8)) as dropout_forward wrote it */
   l2l_status (*dropout_backward)(float *dx, const float *dy, const uint8_t *mask, float p,
                                  int64_t n);
 
@@ -154,7 +171,9 @@ struct l2l_backend_ops {
                                    int64_t workspace_floats);
   /* Workspace floats one thread needs for a forward (backward = 0) or backward. */
   int64_t (*attention_workspace)(int64_t seq, int backward);
+  /* *out (on the host) = the reduction of x (n), in double */
   l2l_status (*reduce)(double *out, enum l2l_reduction kind, const float *x, int64_t n);
+  /* param, m, v (n) updated from grad (n): l2l_adamw_update's step */
   l2l_status (*adamw)(float *param, float *m, float *v, const float *grad, int64_t n,
                       const l2l_adamw_config *config, float bias_correction1,
                       float bias_correction2);
@@ -171,13 +190,16 @@ struct l2l_backend_ops {
                                      int64_t n);
 
   /* Whole-tensor helpers used by tensor_ops.c. */
+  /* dst (n) of dtype := value */
   l2l_status (*fill)(void *dst, l2l_dtype dtype, double value, int64_t n);
   /* f32 <-> f16/bf16/i32 and between any of those; *bad gets the first element an f32->i32
      conversion could not represent, or -1, checked before anything is written. */
   l2l_status (*convert)(void *dst, l2l_dtype dst_dtype, const void *src, l2l_dtype src_dtype,
                         int64_t n, int64_t *bad);
+  /* dst (n) of dtype := draws first .. first+n-1 of (seed, stream), dist with a, b */
   l2l_status (*random)(void *dst, l2l_dtype dtype, int64_t n, enum l2l_distribution dist,
                        uint64_t seed, uint64_t stream, int64_t first, double a, double b);
+  /* dst (bytes) := src (bytes) across pools; returns when done */
   l2l_status (*copy)(void *dst, l2l_pool_kind dst_pool, const void *src,
                      l2l_pool_kind src_pool, uint64_t bytes);
   /* copy, queued behind the calling thread's stream without waiting for it: done when

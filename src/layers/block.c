@@ -81,16 +81,34 @@ struct slot {
   int64_t offset;
 };
 
+/* Each buffer's shape, f32 unless said (N = B*S rows; bits: one a value, in bytes of 8),
+   as block_plan sizes it: */
 struct block_plan {
-  int64_t B, S, N, D, F, H;
+  int64_t B, S, N, D, F, H;     /* batch, sequence, rows, width, MLP width, heads */
   uint32_t flags;
   struct arena saved, fwd, bwd;
   /* forward state */
-  struct slot mean1, rstd1, ln1_in, ln1_out, qkv, lse, probs, dropped, attn_mask, ctx,
-      drop1_mask, mean2, rstd2, ln2_in, ln2_out, fc, gelu, gelu_bits, drop2_mask, scratch_d,
-      attn_work;
+  struct slot mean1, rstd1;     /* (N) LayerNorm 1's row statistics */
+  struct slot ln1_in, ln1_out;  /* (N,D) its input (post-LN: r1) and output */
+  struct slot qkv;              /* (N,3D) q, k, v side by side */
+  struct slot lse;              /* (B,H,S) each attention row's log-sum-exp */
+  struct slot probs, dropped;   /* (B,H,S,S) P, and P after dropout (standard mode) */
+  struct slot attn_mask;        /* (B,H,S, ceil(S/8)) u8 bits kept by attention dropout */
+  struct slot ctx;              /* (N,D) attention's output before its projection */
+  struct slot drop1_mask;       /* (ceil(N*D/8)) u8 bits kept by the first residual dropout */
+  struct slot mean2, rstd2;     /* (N) LayerNorm 2's row statistics */
+  struct slot ln2_in, ln2_out;  /* (N,D) its input (pre-LN: h) and output */
+  struct slot fc;               /* (N,F) the MLP's first projection, before GELU */
+  struct slot gelu;             /* (N,F) GELU's output */
+  struct slot gelu_bits;        /* (ceil(N*F/8)) u8 side bits of frugal GELU */
+  struct slot drop2_mask;       /* (ceil(N*D/8)) u8 bits kept by the second residual dropout */
+  struct slot scratch_d;        /* (N,D) a projection's output before the residual add */
+  struct slot attn_work;        /* (attn_work_floats) attention forward's per-thread workspace */
   /* backward temporaries */
-  struct slot t1, t2, t3, tf, tqkv, attn_back_work;
+  struct slot t1, t2, t3;       /* (N,D) gradients of a row's width */
+  struct slot tf;               /* (N,F) the MLP's hidden gradient */
+  struct slot tqkv;             /* (N,3D) dq, dk, dv */
+  struct slot attn_back_work;   /* (attn_back_work_floats) attention backward's workspace */
   int64_t attn_work_floats, attn_back_work_floats;
 };
 
