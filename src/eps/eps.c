@@ -192,7 +192,7 @@ void eps_set_stream(struct eps_record *rec, uint64_t stream) { rec->stream = str
 
 /* ---------------------------------------------------------------- a step */
 
-void l2l_eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr) {
+void eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr) {
   pthread_mutex_lock(&eps->lock);
   eps->defer = defer;
   eps->lr = lr;
@@ -210,20 +210,20 @@ void l2l_eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr)
   pthread_mutex_unlock(&eps->lock);
 }
 
-void l2l_eps_expect(struct l2l_eps *eps, struct eps_record *rec) {
+void eps_expect(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   if (rec->expected++ == 0) rec->first_expect = eps->expects;
   eps->expects++;
   pthread_mutex_unlock(&eps->lock);
 }
 
-void l2l_eps_hold(struct l2l_eps *eps, struct eps_record *rec) {
+void eps_hold(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   if (rec->expected > 0) rec->expected++, rec->holds++;
   pthread_mutex_unlock(&eps->lock);
 }
 
-l2l_status l2l_eps_prepare(struct l2l_eps *eps) {
+l2l_status eps_prepare(struct l2l_eps *eps) {
   TRY(eps_host_plan(eps));
   int arrays = l2l_optim_state_count(&eps->optimizer);
   for (int i = 0; i < eps->count; i++) {
@@ -243,7 +243,7 @@ l2l_status l2l_eps_prepare(struct l2l_eps *eps) {
   return L2L_OK;
 }
 
-void l2l_eps_order_exchanges(struct l2l_eps *eps) {
+void eps_order_exchanges(struct l2l_eps *eps) {
   if (eps->dist) eps_exchange_order(eps);
 }
 
@@ -575,8 +575,8 @@ static void arrival_begins(struct l2l_eps *eps) {
   pthread_mutex_unlock(&eps->lock);
 }
 
-void l2l_eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incoming,
-                  float scale, int layer) {
+static void eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incoming,
+                     float scale, int layer) {
   grad_arrives(eps, rec);
   arrival_begins(eps);
   struct absorb_job *aj = calloc(1, sizeof *aj);
@@ -593,11 +593,17 @@ void l2l_eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incom
   l2l_queue_push(&eps->workers, &aj->job);
 }
 
-void l2l_eps_absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *grad,
-                    float scale, int layer) {
+static void eps_absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *grad,
+                       float scale, int layer) {
   grad_arrives(eps, rec);
   arrival_begins(eps);
   absorb(eps, rec, grad, true, scale, layer);
+}
+
+void l2l_eps_give_gradient(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *grad,
+                           bool kept, float scale, int layer) {
+  if (kept) eps_absorb(eps, rec, grad, scale, layer);
+  else eps_give(eps, rec, grad, scale, layer);
 }
 
 void l2l_eps_release(struct l2l_eps *eps, struct eps_record *rec, int layer) {
@@ -626,7 +632,7 @@ static bool due(const struct eps_record *rec) {
   return rec->update_due && rec->expected > 0 && rec->arrived == rec->expected;
 }
 
-void l2l_eps_abandon_step(struct l2l_eps *eps) {
+void eps_abandon_step(struct l2l_eps *eps) {
   l2l_eps_wait_arrivals(eps);
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
@@ -639,7 +645,7 @@ void l2l_eps_abandon_step(struct l2l_eps *eps) {
   }
 }
 
-bool l2l_eps_release_updates(struct l2l_eps *eps, float clip, double unscale, double *norm) {
+bool l2l_eps_step_release(struct l2l_eps *eps, float clip, double unscale, double *norm) {
   double sumsq = 0;
   l2l_eps_wait_arrivals(eps);
   if (eps->dist) l2l_eps_wait_agreed(eps);   /* every record's norm summed over ranks */
@@ -681,7 +687,7 @@ bool l2l_eps_release_updates(struct l2l_eps *eps, float clip, double unscale, do
   return finite;
 }
 
-int l2l_eps_nonfinite_skips(struct l2l_eps *eps, const char **name, int *layer) {
+int eps_nonfinite_skips(struct l2l_eps *eps, const char **name, int *layer) {
   l2l_eps_wait_arrivals(eps);   /* the last arrival's add decides its record */
   if (eps->dist) l2l_eps_wait_agreed(eps);   /* with ranks, the summed gradient does */
   pthread_mutex_lock(&eps->lock);

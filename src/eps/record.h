@@ -15,7 +15,14 @@
 enum { CHUNK = 1 << 18 };   /* a multiple of L2L_STATE_BLOCK */
 _Static_assert(CHUNK % L2L_STATE_BLOCK == 0, "a chunk is whole blocks of compact state");
 
+/* Where a record's master and optimizer state live and are updated. Only the host today.
+   Seam (issue 48, the GPU work's part 2): EPS_PLACE_DEVICE will keep them on the device and
+   update them there; the relay's step interface (eps.h) stays the same for such a record:
+   its gradient given is queued on the device, its update settled like a host one's. */
+enum eps_placement { EPS_PLACE_HOST = 0 };
+
 struct eps_record {
+  enum eps_placement placement;   /* EPS_PLACE_HOST (zero: every record made today) */
   l2l_param *param;            /* the key it was added under (never called into: the EPS
                                   sees records, not layers) */
   const char *name;            /* the parameter's name, for messages (lives as long as it) */
@@ -83,13 +90,33 @@ struct eps_record {
 };
 
 /* The files of the EPS call down only, never back up (docs/design.md, the EPS's files):
-     eps.c (the core: records, arrivals, the update queue, the step)
+     step.c -> eps.c (the core: the relay's step interface; records, arrivals, the update
+   queue)
        -> exchange.c (the ranks' exchange) -> state_tier.c (storage tier) -> spill.c (the file)
        -> quant.c (precision) -> record.c (this header's bottom) -> optim.c (the kernels)
    each calling only files after it (exchange.c, say, calls state_tier.c, record.c and
    optim.c, never eps.c). A part that must resume an update the core queued (an exchange
    ended, room given back) does so through the queue's operations below, which the core
    sets at l2l_eps_init: the part holds the record, the core runs it. */
+
+/* ---------------------------------------------------------------- the core's step (eps.c)
+
+   What l2l_eps_step_begin, _agreed and _end (step.c, eps.h's step interface) are made of.
+   eps_begin_step: every record's counts reset (update: this step ends an accumulation;
+   defer: updates wait for l2l_eps_step_release); then eps_expect once per trainable visit
+   of each record, eps_hold once per frozen rebuild's read; eps_prepare allocates missing
+   optimizer state for records due and checks the host budget (a failure comes before
+   anything has changed); with ranks, eps_order_exchanges then gives the due records their
+   places on the exchange's streams. eps_abandon_step: a failed step's partial
+   accumulators cleared; eps_nonfinite_skips: the step's records skipped for a non-finite
+   gradient, and the first one's name and layer. */
+void eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr);
+void eps_expect(struct l2l_eps *eps, struct eps_record *rec);
+void eps_hold(struct l2l_eps *eps, struct eps_record *rec);
+l2l_status eps_prepare(struct l2l_eps *eps);
+void eps_order_exchanges(struct l2l_eps *eps);
+void eps_abandon_step(struct l2l_eps *eps);
+int eps_nonfinite_skips(struct l2l_eps *eps, const char **name, int *layer);
 
 /* ---------------------------------------------------------------- the core's update queue */
 

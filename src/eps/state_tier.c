@@ -13,7 +13,7 @@
  * queues the next read, so the disk works while the device computes and the workers
  * update. The file and its I/O are spill.c's. Which gradient accumulators pass (in memory
  * from their arrival to their update alone) is decided here too, before each step, with
- * the budget's check; their arrivals and clears are eps.c's.
+ * the budget's check; their arrivals are eps.c's, their clears (eps_grad_clear) here.
  * Each array's checksum (spill.c's XXH3-64 of what was written) stays with its record, and
  * every read back is checked against it: bytes another program changed are a read failure
  * like a file cut short, the record not updated.
