@@ -89,7 +89,8 @@ struct eps_record {
   struct l2l_dist_op rs, flag, lamb_op, ag;
 };
 
-/* The files of the EPS call down only, never back up (docs/design.md, the EPS's files):
+/* The files of the EPS call down only, never back up (docs/design.md; scripts/archcheck
+   finds a call cycle between them):
      step.c -> eps.c (the core: the relay's step interface; records, arrivals, the update
    queue)
        -> exchange.c (the ranks' exchange) -> state_tier.c (storage tier) -> spill.c (the file)
