@@ -20,6 +20,17 @@
 
 enum { MAX_ADDED = 16 };
 
+/* The update queue, as the parts below the core resume an update (record.h): they reach
+   these through eps->queue alone, so that no part calls back up into this file. */
+static void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
+static void eps_update_begin(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
+static void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave);
+static void eps_record_settled(struct l2l_eps *eps, struct eps_record *rec);
+static const struct eps_queue_ops queue_ops = {
+  .start_update = eps_start_update, .update_begin = eps_update_begin,
+  .queue_wave = eps_queue_wave, .record_settled = eps_record_settled,
+};
+
 
 /* ---------------------------------------------------------------- records */
 
@@ -30,6 +41,7 @@ l2l_status l2l_eps_init(struct l2l_eps *eps, const l2l_optimizer_config *optimiz
   eps->optimizer = *optimizer;
   eps->seed = seed;
   eps->optim = l2l_optimizer_ops(optimizer->kind);
+  eps->queue = &queue_ops;
   eps->precision = precision;
   eps->timeline = timeline;
   pthread_mutex_init(&eps->lock, NULL);
@@ -40,15 +52,6 @@ l2l_status l2l_eps_init(struct l2l_eps *eps, const l2l_optimizer_config *optimiz
     pthread_cond_destroy(&eps->changed);
   }
   return status;
-}
-
-void eps_gathered_free(struct l2l_eps *eps) {
-  struct eps_record *rec = eps->gathered_last;
-  for (int a = 0; rec != NULL && a < 2; a++) {
-    l2l_tensor_free(rec->gathered[a]);
-    rec->gathered[a] = NULL;
-  }
-  eps->gathered_last = NULL;
 }
 
 static void record_free(struct eps_record *rec) {
@@ -163,15 +166,6 @@ void l2l_eps_remove_records(struct l2l_eps *eps, l2l_param *const *params, int n
   eps->count = kept;
 }
 
-struct l2l_host_record eps_record_bytes(const struct l2l_eps *eps, const struct eps_record *rec) {
-  struct l2l_host_record b;
-  l2l_host_record_bytes(&b, l2l_tensor_numel(rec->master), rec->shard_n,
-                        l2l_optim_state_count(&eps->optimizer), eps->optimizer.state,
-                        (l2l_dtype)l2l_tensor_dtype(rec->master),
-                        rec->staging ? eps->precision : L2L_F32, eps->dist != NULL);
-  return b;
-}
-
 uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps) {
   uint64_t bytes = 0;
   for (int i = 0; i < eps->count; i++) {
@@ -198,18 +192,7 @@ void eps_set_stream(struct eps_record *rec, uint64_t stream) { rec->stream = str
 
 /* ---------------------------------------------------------------- a step */
 
-/* A record completes at the visit of its lowest user, and eps_expect names the layers from
-   the lowest up, so the later a record was first named, the sooner it completes. */
-static int by_completion(const void *a, const void *b) {
-  const struct eps_record *x = *(struct eps_record *const *)a, *y = *(struct eps_record *const *)b;
-  return (y->first_expect > x->first_expect) - (y->first_expect < x->first_expect);
-}
-
-void eps_sort_by_completion(struct eps_record **list, int n) {
-  qsort(list, (size_t)n, sizeof *list, by_completion);
-}
-
-void l2l_eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr) {
+void eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr) {
   pthread_mutex_lock(&eps->lock);
   eps->defer = defer;
   eps->lr = lr;
@@ -227,20 +210,20 @@ void l2l_eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr)
   pthread_mutex_unlock(&eps->lock);
 }
 
-void l2l_eps_expect(struct l2l_eps *eps, struct eps_record *rec) {
+void eps_expect(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   if (rec->expected++ == 0) rec->first_expect = eps->expects;
   eps->expects++;
   pthread_mutex_unlock(&eps->lock);
 }
 
-void l2l_eps_hold(struct l2l_eps *eps, struct eps_record *rec) {
+void eps_hold(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   if (rec->expected > 0) rec->expected++, rec->holds++;
   pthread_mutex_unlock(&eps->lock);
 }
 
-l2l_status l2l_eps_prepare(struct l2l_eps *eps) {
+l2l_status eps_prepare(struct l2l_eps *eps) {
   TRY(eps_host_plan(eps));
   int arrays = l2l_optim_state_count(&eps->optimizer);
   for (int i = 0; i < eps->count; i++) {
@@ -260,7 +243,7 @@ l2l_status l2l_eps_prepare(struct l2l_eps *eps) {
   return L2L_OK;
 }
 
-void l2l_eps_order_exchanges(struct l2l_eps *eps) {
+void eps_order_exchanges(struct l2l_eps *eps) {
   if (eps->dist) eps_exchange_order(eps);
 }
 
@@ -286,7 +269,7 @@ static int64_t wave_elements(const struct eps_record *rec, int wave) {
   return wave == STAGE_WAVE ? l2l_tensor_numel(rec->master) : rec->shard_n;
 }
 
-void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave) {
+static void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave) {
   int64_t n = wave_elements(rec, wave);
   int chunks = (int)((n + CHUNK - 1) / CHUNK);
   if (chunks == 0) chunks = 1;   /* an empty shard still ends its wave (one empty chunk) */
@@ -310,11 +293,11 @@ void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave) {
   }
 }
 
-void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
+static void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
   if (eps->spill == NULL || eps_update_room(eps, rec, grad_scale)) eps_update_begin(eps, rec, grad_scale);
 }
 
-void eps_update_begin(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
+static void eps_update_begin(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
   if (eps->spill) {
     l2l_status status = eps_state_for_update(eps, rec);
     if (status != L2L_OK) {   /* not updated: the next step reports it (l2l_eps_io_status) */
@@ -432,7 +415,7 @@ static void chunk_run(struct l2l_job *job, int thread) {
   if (room) eps_room_return(eps, rec);
 }
 
-void eps_record_settled(struct l2l_eps *eps, struct eps_record *rec) {
+static void eps_record_settled(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   bool stage = rec->stage_after;
   rec->stage_after = false;
@@ -586,34 +569,14 @@ static void grad_arrives(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_unlock(&eps->lock);
 }
 
-void eps_grad_clear(struct l2l_eps *eps, struct eps_record *rec, bool zeroed) {
-  void *g = l2l_tensor_data(rec->grad);
-  uint64_t bytes = (uint64_t)l2l_tensor_numel(rec->grad) * sizeof(float);
-  if (eps->spill == NULL) {
-    if (!zeroed) memset(g, 0, bytes);
-    return;
-  }
-  pthread_mutex_lock(&eps->lock);
-  bool give = eps->grads_pass && !zeroed;
-  pthread_mutex_unlock(&eps->lock);
-  if (give) l2l_pool_zero_pages(L2L_POOL_HOST, g, bytes);   /* (the EPS's tensors are host memory) */
-  else if (!zeroed) memset(g, 0, bytes);
-  pthread_mutex_lock(&eps->lock);
-  if (rec->grad_counted) eps->grad_bytes -= eps_record_bytes(eps, rec).grad;
-  rec->grad_counted = false;
-  rec->grad_away |= give;
-  pthread_cond_broadcast(&eps->changed);   /* an arrival may wait for the room */
-  pthread_mutex_unlock(&eps->lock);
-}
-
 static void arrival_begins(struct l2l_eps *eps) {
   pthread_mutex_lock(&eps->lock);
   eps->arrivals_in_flight++;
   pthread_mutex_unlock(&eps->lock);
 }
 
-void l2l_eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incoming,
-                  float scale, int layer) {
+static void eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incoming,
+                     float scale, int layer) {
   grad_arrives(eps, rec);
   arrival_begins(eps);
   struct absorb_job *aj = calloc(1, sizeof *aj);
@@ -630,11 +593,17 @@ void l2l_eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incom
   l2l_queue_push(&eps->workers, &aj->job);
 }
 
-void l2l_eps_absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *grad,
-                    float scale, int layer) {
+static void eps_absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *grad,
+                       float scale, int layer) {
   grad_arrives(eps, rec);
   arrival_begins(eps);
   absorb(eps, rec, grad, true, scale, layer);
+}
+
+void l2l_eps_give_gradient(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *grad,
+                           bool kept, float scale, int layer) {
+  if (kept) eps_absorb(eps, rec, grad, scale, layer);
+  else eps_give(eps, rec, grad, scale, layer);
 }
 
 void l2l_eps_release(struct l2l_eps *eps, struct eps_record *rec, int layer) {
@@ -663,7 +632,7 @@ static bool due(const struct eps_record *rec) {
   return rec->update_due && rec->expected > 0 && rec->arrived == rec->expected;
 }
 
-void l2l_eps_abandon_step(struct l2l_eps *eps) {
+void eps_abandon_step(struct l2l_eps *eps) {
   l2l_eps_wait_arrivals(eps);
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
@@ -676,7 +645,7 @@ void l2l_eps_abandon_step(struct l2l_eps *eps) {
   }
 }
 
-bool l2l_eps_release_updates(struct l2l_eps *eps, float clip, double unscale, double *norm) {
+bool l2l_eps_step_release(struct l2l_eps *eps, float clip, double unscale, double *norm) {
   double sumsq = 0;
   l2l_eps_wait_arrivals(eps);
   if (eps->dist) l2l_eps_wait_agreed(eps);   /* every record's norm summed over ranks */
@@ -718,7 +687,7 @@ bool l2l_eps_release_updates(struct l2l_eps *eps, float clip, double unscale, do
   return finite;
 }
 
-int l2l_eps_nonfinite_skips(struct l2l_eps *eps, const char **name, int *layer) {
+int eps_nonfinite_skips(struct l2l_eps *eps, const char **name, int *layer) {
   l2l_eps_wait_arrivals(eps);   /* the last arrival's add decides its record */
   if (eps->dist) l2l_eps_wait_agreed(eps);   /* with ranks, the summed gradient does */
   pthread_mutex_lock(&eps->lock);

@@ -185,6 +185,9 @@ struct l2l_eps {
   l2l_optimizer_config optimizer;
   uint64_t seed;               /* of a bf16 master's stochastic rounding */
   const struct l2l_optimizer_ops *optim;   /* the optimizer's entry of the table */
+  const struct eps_queue_ops *queue;       /* the core's update queue, as the parts below
+                                              it (exchange, state tier) resume an update
+                                              (record.h; eps.c sets it at l2l_eps_init) */
   l2l_dtype precision;         /* the device's: f32, or f16 / bf16 for staging copies */
   struct eps_record **records;
   int count, cap;
@@ -192,7 +195,7 @@ struct l2l_eps {
   struct l2l_timeline *timeline;
   pthread_mutex_t lock;
   pthread_cond_t changed;
-  bool defer;                  /* global clipping: updates wait for eps_release_updates */
+  bool defer;                  /* global clipping: updates wait for l2l_eps_step_release */
   int arrivals_in_flight;      /* gradients given and not yet added */
   double lr;
   /* This step's records whose accumulated gradient held an inf or NaN: their updates
@@ -286,41 +289,79 @@ l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_rec
    eps_record_source's), from the rng id its layer gets back. Between steps. */
 void eps_set_stream(struct eps_record *rec, uint64_t stream);
 
-/* Before a step's backward (no worker is busy): every record's counts reset; then the
-   relay calls eps_expect once per trainable visit of each record. update: this step ends
-   an accumulation; defer: updates wait for eps_release_updates (global clipping).
-   eps_prepare allocates missing optimizer state for records due and checks the host
-   budget (so a failure comes before anything has changed); with ranks,
-   eps_order_exchanges then gives the due records their places on the exchange's streams,
-   once every rank has begun the step alike. */
-void l2l_eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr);
-void l2l_eps_expect(struct l2l_eps *eps, struct eps_record *rec);
-/* A record a frozen layer shares with a trainable one (a tied embedding frozen) must not
-   be updated before a later visit of the frozen layer this step (a rebuild) has read it,
-   or the rebuild would not reproduce the forward. After the step's eps_expect calls, one
-   hold per such read (nothing for a record no trainable user expects); l2l_eps_release
-   once the read's copy is made counts it like an arrival (and may start the update; a
-   record without a hold left: nothing). */
-void l2l_eps_hold(struct l2l_eps *eps, struct eps_record *rec);
+/* ---------------------------------------------------------------- a step (step.c)
+
+   The relay drives a training step of the EPS through five calls, in this order:
+     l2l_eps_step_begin      before the first visit: which records expect gradients
+     l2l_eps_step_agreed     once every rank has begun the step alike (one process: at once)
+     l2l_eps_give_gradient   each visit's gradients, on the device-to-host thread
+     l2l_eps_step_release    with deferred updates, once every gradient has been given
+     l2l_eps_step_end        the outcome (or the step abandoned)
+   with, during the visits, l2l_eps_release (a frozen rebuild's read made),
+   l2l_eps_wait_record and l2l_eps_settled_updates (a copy to the device waits for its
+   record's update), l2l_eps_stage (16-bit staging copies); and before a step
+   l2l_eps_wait_arrivals and l2l_eps_io_status (the last step's arrivals counted, its
+   failures reported). Records join, leave and are restored between steps (above).
+   Where a record's master and optimizer state live is its placement (record.h: the host
+   today); a record placed on the device (a later issue) takes the same calls. */
+struct l2l_eps_step {
+  bool update;                 /* this step ends a minibatch accumulation: records update */
+  bool defer;                  /* updates wait for l2l_eps_step_release (global clipping,
+                                  loss scaling) */
+  double lr;                   /* this step's learning rate, after the schedule */
+  /* One entry per trainable visit of a record, from the lowest layer up and each layer's
+     records from its last (the later a record is named, the sooner backward completes it:
+     the order of reads ahead and of the ranks' exchanges) */
+  l2l_param *const *expect;
+  int n_expect;
+  /* A record a frozen layer shares with a trainable one must not be updated before a later
+     visit of the frozen layer this step (a rebuild) has read it, or the rebuild would not
+     reproduce the forward: one entry per such read (nothing for a record no trainable user
+     expects); l2l_eps_release once the read's copy is made counts it like an arrival (and
+     may start the update; a record without a hold left: nothing). */
+  l2l_param *const *hold;
+  int n_hold;
+};
+/* Before a step's backward (no worker is busy): every record's counts reset, the expected
+   visits and holds counted, missing optimizer state allocated for the records due and the
+   host budget checked (with a spill file the first reads ahead queued), so that a failure
+   comes before anything has changed (the step then undone). Every param named is a
+   record. */
+l2l_status l2l_eps_step_begin(struct l2l_eps *eps, const struct l2l_eps_step *step);
+/* After a step_begin that succeeded: `go`, every rank began the step (one process: true):
+   with ranks the due records get their places on the exchange's streams; else the step is
+   undone as a failed begin is. */
+void l2l_eps_step_agreed(struct l2l_eps *eps, bool go);
+/* A visit's gradient for rec, scale * grad added into its accumulator; its update starts
+   once it is complete. kept = false: grad is pinned and owned by the EPS from here on (f32,
+   or a 16-bit gradient the add widens), added on a worker (on the device-to-host thread).
+   kept = true: added now on the calling thread from memory the host can read (a device
+   tensor of the CPU backend), which the caller keeps: the add leaves an f32 grad zero,
+   ready to accumulate the next visit's gradient (a 16-bit one is left as it was). */
+void l2l_eps_give_gradient(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *grad,
+                           bool kept, float scale, int layer);
 void l2l_eps_release(struct l2l_eps *eps, struct eps_record *rec, int layer);
-l2l_status l2l_eps_prepare(struct l2l_eps *eps);
-void l2l_eps_order_exchanges(struct l2l_eps *eps);
+/* Deferred updates (global clipping, loss scaling): waits for every due record to be
+   complete; *norm is the global norm of their gradients times unscale. If it is finite,
+   every due update starts with its gradient scaled by unscale * min(1, clip / norm) (clip
+   0: no clipping) and true is returned. If not (an inf or NaN anywhere: a loss-scaling
+   overflow), nothing updates: every due accumulator is cleared, and false returned. */
+bool l2l_eps_step_release(struct l2l_eps *eps, float clip, double unscale, double *norm);
+/* A step's outcome, once every gradient given has been added: the records skipped for a
+   non-finite gradient (eager updates; deferred ones are skipped whole by
+   l2l_eps_step_release), and the first one's record name and layer. */
+struct l2l_eps_outcome {
+  int skips;
+  const char *name;            /* NULL with no skip */
+  int layer;                   /* -1 with no skip */
+};
+/* ok: the step's outcome into *out. !ok (the step failed after gradients began to
+   arrive; out may be NULL): accumulators that got part of this step's gradients are
+   cleared (an update from a part would be wrong), nothing updates. */
+void l2l_eps_step_end(struct l2l_eps *eps, bool ok, struct l2l_eps_outcome *out);
 /* Per-layer clipping of a visit's gradients (host-readable, f32 or 16-bit): the scale
    that brings their joint norm down to clip, 1 when it is within (or clip is 0). */
 float l2l_eps_clip_scale(const l2l_tensor *const *grads, int n, float clip);
-/* On the device-to-host thread: adds scale * incoming (pinned, owned from here on; f32,
-   or a 16-bit gradient the add widens) into rec's accumulator on a worker, then starts
-   its update when it is complete. */
-void l2l_eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incoming,
-                  float scale, int layer);
-/* The same, added now on the calling thread from memory the host can read (a device
-   tensor of the CPU backend), which the caller keeps: the add leaves an f32 grad zero,
-   ready to accumulate the next visit's gradient (a 16-bit one is left as it was). */
-void l2l_eps_absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *grad,
-                    float scale, int layer);
-/* A step failed after gradients began to arrive: accumulators that got part of this
-   step's gradients are cleared (an update from a part would be wrong), nothing updates. */
-void l2l_eps_abandon_step(struct l2l_eps *eps);
 /* With a 16-bit precision, before a step's first copy to the device: every staging copy
    is rewritten from its master on the workers (after a pending update). The copies wait
    for it as for an update (eps_wait_record). */
@@ -330,16 +371,6 @@ void l2l_eps_wait_record(struct l2l_eps *eps, struct eps_record *rec);
 /* rec's update count when no update is pending or running, else -1: a copy of the
    master made at count c is still current while this returns c. */
 int64_t l2l_eps_settled_updates(struct l2l_eps *eps, struct eps_record *rec);
-/* Deferred updates (global clipping, loss scaling): waits for every due record to be
-   complete; *norm is the global norm of their gradients times unscale. If it is finite,
-   every due update starts with its gradient scaled by unscale * min(1, clip / norm) (clip
-   0: no clipping) and true is returned. If not (an inf or NaN anywhere: a loss-scaling
-   overflow), nothing updates: every due accumulator is cleared, and false returned. */
-bool l2l_eps_release_updates(struct l2l_eps *eps, float clip, double unscale, double *norm);
-/* This step's records skipped for a non-finite gradient (eager updates; deferred ones are
-   skipped whole by eps_release_updates), and the first one's record name and layer, once
-   every gradient given has been added. */
-int l2l_eps_nonfinite_skips(struct l2l_eps *eps, const char **name, int *layer);
 /* Data parallel (exchange.c): before any record joins, the EPS joins every rank of the
    process's MPI (l2l_dist_start first); from then on each rank updates its shard of every
    record (see record.h) and the records' exchanges are recorded on the timeline's lane

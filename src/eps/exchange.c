@@ -137,7 +137,7 @@ static void op_fill(struct l2l_dist_op *op, struct eps_record *rec, enum l2l_dis
 
 static void ag_done(struct l2l_dist_op *op) {
   struct eps_record *rec = op->ctx;
-  eps_record_settled(rec->eps, rec);
+  rec->eps->queue->record_settled(rec->eps, rec);
 }
 
 void eps_exchange_updated(struct l2l_eps *eps, struct eps_record *rec) {
@@ -177,7 +177,7 @@ static void lamb_done(struct l2l_dist_op *op) {
   struct eps_record *rec = op->ctx;
   rec->wave_sums[0] = rec->lamb[0];
   rec->wave_sums[1] = rec->lamb[1];
-  eps_queue_wave(rec->eps, rec, 1);
+  rec->eps->queue->queue_wave(rec->eps, rec, 1);
 }
 
 void eps_exchange_wave_sums(struct l2l_eps *eps, struct eps_record *rec) {
@@ -209,7 +209,7 @@ static void flag_done(struct l2l_dist_op *op) {
   pthread_mutex_unlock(&eps->lock);
   if (defer) return;
   if (nonfinite) eps_exchange_skip(eps, rec);
-  else eps_start_update(eps, rec, 1.0f);
+  else eps->queue->start_update(eps, rec, 1.0f);
 }
 
 static void rs_done(struct l2l_dist_op *op) {
@@ -331,4 +331,15 @@ l2l_status l2l_eps_state_whole(l2l_tensor **out, struct l2l_eps *eps, struct eps
   if (status != L2L_OK) return status;
   *out = rec->gathered[which] = whole;
   return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- gathered state freed */
+
+void eps_gathered_free(struct l2l_eps *eps) {
+  struct eps_record *rec = eps->gathered_last;
+  for (int a = 0; rec != NULL && a < 2; a++) {
+    l2l_tensor_free(rec->gathered[a]);
+    rec->gathered[a] = NULL;
+  }
+  eps->gathered_last = NULL;
 }

@@ -2,7 +2,8 @@
 /* quant.c — the optimizer state in its precision: f32, bf16 or blockwise 8 bits (l2l.h,
  * "optimizers": the codes and the layout are stated there once); the update that runs on
  * compact state; a record's state arrays made in the precision, and a checkpoint's state,
- * in any precision, converted into it (l2l_eps_restore).
+ * in any precision, checked and converted into it (for l2l_eps_restore, which state_tier.c
+ * defines: the tier drops a stale read ahead and writes the new state out).
  *
  * Purpose: halve or quarter the host bytes of the optimizer state while the optimizer's
  * arithmetic stays the f32 kernels' of optim.c: an update decodes one block of
@@ -324,18 +325,18 @@ static l2l_status state_convert(const char *func, const char *name, l2l_tensor *
   return L2L_OK;
 }
 
-l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_record *rec,
-                           int64_t updates, const l2l_tensor *first, const l2l_tensor *second) {
-  const l2l_tensor *given[2] = {first, second};
+l2l_status eps_restore_check(const char *func, const struct l2l_eps *eps,
+                             const struct eps_record *rec, int64_t updates,
+                             const l2l_tensor *const given[2], int *arrays) {
   const char *names[2] = {"first", "second"};
   /* The next update is t = updates + 1: it must be an int64 too. */
   if (updates == INT64_MAX)
     return l2l_fail_in(func, L2L_ERR_INVALID, "updates must be below 2^63 - 1 (the next update "
                        "counts one more), got %lld", (long long)updates);
   int count = l2l_optim_state_count(&eps->optimizer);
-  int arrays = updates > 0 ? count : 0;
+  *arrays = updates > 0 ? count : 0;
   for (int a = 0; a < 2; a++) {
-    if (a >= arrays) {
+    if (a >= *arrays) {
       if (given[a] != NULL)
         return l2l_fail_in(func, L2L_ERR_INVALID,
                            "%s must be NULL: the optimizer keeps %d state arrays%s", names[a],
@@ -344,7 +345,7 @@ l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_rec
     }
     if (given[a] == NULL)
       return l2l_fail_in(func, L2L_ERR_INVALID, "%s is NULL: the optimizer keeps %d state arrays",
-                         names[a], arrays);
+                         names[a], *arrays);
     TRY(l2l_tensor_check(func, names[a], given[a]));
     l2l_dtype dtype = (l2l_dtype)l2l_tensor_dtype(given[a]);
     if (dtype != L2L_F32 && dtype != L2L_BF16 && dtype != L2L_U8)
@@ -357,27 +358,23 @@ l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_rec
                          "in %s %lld", names[a], (long long)l2l_tensor_numel(given[a]),
                          dtype == L2L_U8 ? "8 bits" : l2l_dtype_name(dtype), (long long)want);
   }
-  l2l_tensor *fresh[2] = {NULL, NULL};
-  if (eps->spill) eps_ahead_drop(eps, rec);   /* a read of the old state is stale */
+  return L2L_OK;
+}
+
+l2l_status eps_restore_convert(const char *func, const struct eps_record *rec, int arrays,
+                               const l2l_tensor *const given[2], l2l_tensor *fresh[2]) {
+  const char *names[2] = {"first", "second"};
   for (int a = 0; a < arrays; a++) {
     l2l_status status = eps_state_new(&fresh[a], rec);
     if (status == L2L_OK) status = state_convert(func, names[a], fresh[a], given[a], rec, a);
     if (status != L2L_OK) {
       l2l_tensor_free(fresh[0]);
       l2l_tensor_free(fresh[1]);
+      fresh[0] = fresh[1] = NULL;
       return status;
     }
   }
-  for (int a = 0; a < 2; a++) {
-    l2l_tensor_free(rec->state[a]);
-    rec->state[a] = fresh[a];
-    l2l_tensor_free(rec->gathered[a]);
-    rec->gathered[a] = NULL;
-  }
-  rec->updates = updates;
-  rec->spilled = false;
-  /* with a spill file the state goes there (kept in memory if it cannot: nothing lost) */
-  return eps->spill && arrays > 0 && !rec->keep_state ? eps_state_out(eps, rec) : L2L_OK;
+  return L2L_OK;
 }
 
 l2l_status l2l_state_array_check(const l2l_tensor *array, const l2l_optimizer_config *optimizer,

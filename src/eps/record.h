@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* record.h — a parameter record as the EPS holds it (private to src/eps/).
  *
- * Purpose: what eps.c (arrivals and updates) and exchange.c (data parallel: the record's
- * gradient reduce-scattered, its shard updated, its master all-gathered) share.
+ * Purpose: what the EPS's core (eps.c: records, arrivals, the update queue) and its parts
+ * below it share: the record, the order of the files' calls (down only), the queue's
+ * operations a part resumes an update with, and each part's functions.
  * Must never: be included outside src/eps/ (the relay reads a record through eps.h).
  */
 #ifndef L2L_EPS_RECORD_H
@@ -14,7 +15,14 @@
 enum { CHUNK = 1 << 18 };   /* a multiple of L2L_STATE_BLOCK */
 _Static_assert(CHUNK % L2L_STATE_BLOCK == 0, "a chunk is whole blocks of compact state");
 
+/* Where a record's master and optimizer state live and are updated. Only the host today.
+   Seam (issue 48, the GPU work's part 2): EPS_PLACE_DEVICE will keep them on the device and
+   update them there; the relay's step interface (eps.h) stays the same for such a record:
+   its gradient given is queued on the device, its update settled like a host one's. */
+enum eps_placement { EPS_PLACE_HOST = 0 };
+
 struct eps_record {
+  enum eps_placement placement;   /* EPS_PLACE_HOST (zero: every record made today) */
   l2l_param *param;            /* the key it was added under (never called into: the EPS
                                   sees records, not layers) */
   const char *name;            /* the parameter's name, for messages (lives as long as it) */
@@ -81,39 +89,81 @@ struct eps_record {
   struct l2l_dist_op rs, flag, lamb_op, ag;
 };
 
-/* eps.c: an update's first wave queued (rec pending already, or set here); a wave of
-   chunks (STAGE_WAVE: the staging copy rewritten from the whole master). */
+/* The files of the EPS call down only, never back up (docs/design.md; scripts/archcheck
+   finds a call cycle between them):
+     step.c -> eps.c (the core: the relay's step interface; records, arrivals, the update
+   queue)
+       -> exchange.c (the ranks' exchange) -> state_tier.c (storage tier) -> spill.c (the file)
+       -> quant.c (precision) -> record.c (this header's bottom) -> optim.c (the kernels)
+   each calling only files after it (exchange.c, say, calls state_tier.c, record.c and
+   optim.c, never eps.c). A part that must resume an update the core queued (an exchange
+   ended, room given back) does so through the queue's operations below, which the core
+   sets at l2l_eps_init: the part holds the record, the core runs it. */
+
+/* ---------------------------------------------------------------- the core's step (eps.c)
+
+   What l2l_eps_step_begin, _agreed and _end (step.c, eps.h's step interface) are made of.
+   eps_begin_step: every record's counts reset (update: this step ends an accumulation;
+   defer: updates wait for l2l_eps_step_release); then eps_expect once per trainable visit
+   of each record, eps_hold once per frozen rebuild's read; eps_prepare allocates missing
+   optimizer state for records due and checks the host budget (a failure comes before
+   anything has changed); with ranks, eps_order_exchanges then gives the due records their
+   places on the exchange's streams. eps_abandon_step: a failed step's partial
+   accumulators cleared; eps_nonfinite_skips: the step's records skipped for a non-finite
+   gradient, and the first one's name and layer. */
+void eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr);
+void eps_expect(struct l2l_eps *eps, struct eps_record *rec);
+void eps_hold(struct l2l_eps *eps, struct eps_record *rec);
+l2l_status eps_prepare(struct l2l_eps *eps);
+void eps_order_exchanges(struct l2l_eps *eps);
+void eps_abandon_step(struct l2l_eps *eps);
+int eps_nonfinite_skips(struct l2l_eps *eps, const char **name, int *layer);
+
+/* ---------------------------------------------------------------- the core's update queue */
+
+/* Waves of chunks (STAGE_WAVE: the staging copy rewritten from the whole master). */
 enum { STAGE_WAVE = -1 };
-void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
-/* The same once the spill tier has given the update room (state_tier.c starts a waiting
-   one with it). */
-void eps_update_begin(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
-void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave);
-/* eps.c: rec's exchange has ended (updated or skipped): no longer pending; its staging
-   copy rewritten first when one was asked for. */
-void eps_record_settled(struct l2l_eps *eps, struct eps_record *rec);
+struct eps_queue_ops {
+  /* rec's update (its first wave) queued, once the storage tier gives it room (rec
+     pending already, or set here): exchange.c, as its reduced gradient is agreed. */
+  void (*start_update)(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
+  /* The same with the room given: state_tier.c starts a waiting update with it. */
+  void (*update_begin)(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
+  /* A wave of rec's chunks queued: exchange.c, the second once its sums are summed. */
+  void (*queue_wave)(struct l2l_eps *eps, struct eps_record *rec, int wave);
+  /* rec's exchange has ended (updated or skipped): no longer pending; its staging copy
+     rewritten first when one was asked for (exchange.c). */
+  void (*record_settled)(struct l2l_eps *eps, struct eps_record *rec);
+};
 
-/* eps.c: rec's accumulator cleared for its next minibatch (its update read it, or its
-   gradient is dropped): when the accumulators pass its pages are given back. `zeroed`:
-   its elements are zero already (its update's chunks wrote them); it is counted out of
-   the passing accumulators in memory either way. */
-void eps_grad_clear(struct l2l_eps *eps, struct eps_record *rec, bool zeroed);
-
-/* eps.c: the whole state l2l_eps_state_whole gathered or read for a checkpoint, freed
-   (only eps->gathered_last has any). */
-void eps_gathered_free(struct l2l_eps *eps);
+/* ---------------------------------------------------------------- record.c (the bottom) */
 
 /* One optimizer state array of rec (its shard), as the spill file moves it. */
 static inline uint64_t eps_array_bytes(const struct eps_record *rec) {
   return l2l_host_state_bytes(rec->eps->optimizer.state, rec->shard_n);
 }
-/* eps.c: rec's bytes in host memory and on disk (core's l2l_host_record_bytes). */
+/* rec's bytes in host memory and on disk (core's l2l_host_record_bytes). */
 struct l2l_host_record eps_record_bytes(const struct l2l_eps *eps, const struct eps_record *rec);
+/* Sorts records due this step in the order backward completes them. */
+void eps_sort_by_completion(struct eps_record **list, int n);
 
-/* eps.c: a new optimizer state array of rec (its shard's elements; host pool). */
+/* ---------------------------------------------------------------- quant.c (precision) */
+
+/* A new optimizer state array of rec (its shard's elements; host pool). */
 l2l_status eps_state_new(l2l_tensor **out, const struct eps_record *rec);
+/* A restore (l2l_eps_restore) in two halves: the arrays given checked against the
+   optimizer and the record (*arrays: how many it keeps after `updates`), then each
+   converted into a new array in the EPS's precision, its values checked (on a failure
+   fresh[] holds none). Neither changes the record. */
+l2l_status eps_restore_check(const char *func, const struct l2l_eps *eps,
+                             const struct eps_record *rec, int64_t updates,
+                             const l2l_tensor *const given[2], int *arrays);
+l2l_status eps_restore_convert(const char *func, const struct eps_record *rec, int arrays,
+                               const l2l_tensor *const given[2], l2l_tensor *fresh[2]);
 
-/* state_tier.c (with eps->spill). rec's state to the spill file, its host memory freed (a
+/* ---------------------------------------------------------------- state_tier.c (storage) */
+
+/* With eps->spill: rec's state to the spill file, its host memory freed (a
    failure leaves it in memory); in memory for its update (read back, or zero for its
    first); array `which` of a spilled record read into a new host tensor (a checkpoint's);
    the first failure on a worker kept for l2l_eps_io_status. */
@@ -122,7 +172,7 @@ l2l_status eps_state_for_update(struct l2l_eps *eps, struct eps_record *rec);
 l2l_status eps_spill_read_state(struct l2l_eps *eps, struct eps_record *rec, int which,
                                 l2l_tensor **out);
 void eps_io_failed(struct l2l_eps *eps, l2l_status status);
-/* state_tier.c. Before a step's updates (eps_prepare, before anything changes): the host
+/* Before a step's updates (eps_prepare, before anything changes): the host
    budget checked; with a spill file, which records keep their state in memory (the
    others' written out now) and the first reads ahead queued. */
 enum { AHEAD_NONE, AHEAD_QUEUED, AHEAD_TAKEN };
@@ -133,17 +183,23 @@ void eps_ahead_drop(struct l2l_eps *eps, struct eps_record *rec);
 void eps_ahead_drop_all(struct l2l_eps *eps);
 /* With a spill file, before rec's update takes its state: true when there is room for it
    (it is kept in memory, or update_bytes has room: counted there now, and with ranks it
-   is its turn); else its update waits (rec pending) and false. eps_room_return gives the room back once the update has
-   written its state out (or failed), and starts the waiting updates that now fit. */
+   is its turn); else its update waits (rec pending) and false. eps_room_return gives the
+   room back once the update has written its state out (or failed), and starts the
+   waiting updates that now fit (eps->queue->update_begin). */
 bool eps_update_room(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
 void eps_room_return(struct l2l_eps *eps, struct eps_record *rec);
 /* With ranks, a due record whose update will not take room (skipped on every rank) passes
    its turn. */
 void eps_turn_pass(struct l2l_eps *eps, struct eps_record *rec);
-/* Sorts records due this step in the order backward completes them. */
-void eps_sort_by_completion(struct eps_record **list, int n);
+/* rec's accumulator cleared for its next minibatch (its update read it, or its gradient
+   is dropped): when the accumulators pass its pages are given back. `zeroed`: its
+   elements are zero already (its update's chunks wrote them); it is counted out of the
+   passing accumulators in memory either way. */
+void eps_grad_clear(struct l2l_eps *eps, struct eps_record *rec, bool zeroed);
 
-/* exchange.c. The streams freed (after every exchange has ended). */
+/* ---------------------------------------------------------------- exchange.c (ranks) */
+
+/* The streams freed (after every exchange has ended). */
 void eps_dist_free(struct l2l_eps *eps);
 /* This step's due records get their places on the streams (eps_prepare). */
 void eps_exchange_order(struct l2l_eps *eps);
@@ -159,5 +215,8 @@ void eps_exchange_wave_sums(struct l2l_eps *eps, struct eps_record *rec);
 /* rec's update is skipped on every rank (an agreed inf or NaN): its all-gather's turn
    passes with nothing sent. */
 void eps_exchange_skip(struct l2l_eps *eps, struct eps_record *rec);
+/* The whole state l2l_eps_state_whole gathered or read for a checkpoint, freed (only
+   eps->gathered_last has any). */
+void eps_gathered_free(struct l2l_eps *eps);
 
 #endif /* L2L_EPS_RECORD_H */

@@ -13,7 +13,7 @@
  * queues the next read, so the disk works while the device computes and the workers
  * update. The file and its I/O are spill.c's. Which gradient accumulators pass (in memory
  * from their arrival to their update alone) is decided here too, before each step, with
- * the budget's check; their arrivals and clears are eps.c's.
+ * the budget's check; their arrivals are eps.c's, their clears (eps_grad_clear) here.
  * Each array's checksum (spill.c's XXH3-64 of what was written) stays with its record, and
  * every read back is checked against it: bytes another program changed are a read failure
  * like a file cut short, the record not updated.
@@ -176,7 +176,7 @@ static void waiting_start(struct l2l_eps *eps) {
     next->room = true;
     turn_pass(eps, next);
     pthread_mutex_unlock(&eps->lock);
-    eps_update_begin(eps, next, next->wait_grad_scale);
+    eps->queue->update_begin(eps, next, next->wait_grad_scale);
     pthread_mutex_lock(&eps->lock);
   }
 }
@@ -503,4 +503,50 @@ l2l_status eps_state_for_update(struct l2l_eps *eps, struct eps_record *rec) {
     TRY(l2l_tensor_fill(rec->state[a], 0.0));
   }
   return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- an accumulator cleared */
+
+void eps_grad_clear(struct l2l_eps *eps, struct eps_record *rec, bool zeroed) {
+  void *g = l2l_tensor_data(rec->grad);
+  uint64_t bytes = (uint64_t)l2l_tensor_numel(rec->grad) * sizeof(float);
+  if (eps->spill == NULL) {
+    if (!zeroed) memset(g, 0, bytes);
+    return;
+  }
+  pthread_mutex_lock(&eps->lock);
+  bool give = eps->grads_pass && !zeroed;
+  pthread_mutex_unlock(&eps->lock);
+  if (give) l2l_pool_zero_pages(L2L_POOL_HOST, g, bytes);   /* (the EPS's tensors are host memory) */
+  else if (!zeroed) memset(g, 0, bytes);
+  pthread_mutex_lock(&eps->lock);
+  if (rec->grad_counted) eps->grad_bytes -= eps_record_bytes(eps, rec).grad;
+  rec->grad_counted = false;
+  rec->grad_away |= give;
+  pthread_cond_broadcast(&eps->changed);   /* an arrival may wait for the room */
+  pthread_mutex_unlock(&eps->lock);
+}
+
+/* ---------------------------------------------------------------- a record's state restored */
+
+/* The arrays checked and converted by quant.c; the tier's part here: a read ahead of the
+   old state dropped first (stale), the new state written out after (kept in memory if it
+   cannot go: nothing lost). */
+l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_record *rec,
+                           int64_t updates, const l2l_tensor *first, const l2l_tensor *second) {
+  const l2l_tensor *given[2] = {first, second};
+  int arrays = 0;
+  TRY(eps_restore_check(func, eps, rec, updates, given, &arrays));
+  l2l_tensor *fresh[2] = {NULL, NULL};
+  if (eps->spill) eps_ahead_drop(eps, rec);   /* a read of the old state is stale */
+  TRY(eps_restore_convert(func, rec, arrays, given, fresh));
+  for (int a = 0; a < 2; a++) {
+    l2l_tensor_free(rec->state[a]);
+    rec->state[a] = fresh[a];
+    l2l_tensor_free(rec->gathered[a]);
+    rec->gathered[a] = NULL;
+  }
+  rec->updates = updates;
+  rec->spilled = false;
+  return eps->spill && arrays > 0 && !rec->keep_state ? eps_state_out(eps, rec) : L2L_OK;
 }

@@ -166,7 +166,7 @@ struct params_job {
   int64_t updates[MAX_RECORDS];   /* each record's update count when copied */
   int slot;                       /* the parameter slot it fills */
   bool releases;                  /* a frozen layer's rebuild: each record's hold released
-                                     once copied (l2l_eps_hold) */
+                                     once copied (l2l_eps_step's holds) */
   struct l2l_stamp done;          /* as copy_job's */
 };
 

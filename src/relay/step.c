@@ -144,19 +144,34 @@ static l2l_status plan_step(struct step_plan *p, struct step *s) {
   return L2L_OK;
 }
 
-/* Which records expect gradients this step: one arrival per trainable visit; their
-   missing optimizer state is allocated now, so that a failure comes before any change. */
+/* Which records expect gradients this step: one arrival per trainable visit (the EPS's
+   step plan); their missing optimizer state is allocated now, so that a failure comes
+   before any change. */
 static l2l_status eps_begin(struct step *s, const struct step_plan *p) {
-  struct l2l_eps *eps = &s->run->eps;
-  l2l_eps_begin_step(eps, p->update, p->defer, p->lr);
+  int n_expect = 0, n_hold = 0;
+  for (int k = s->sched.lowest; k < s->L; k++) {
+    struct relay_layer *rl = active_layer(s, k);
+    if (!rl->frozen) n_expect += l2l_layer_param_count(rl->layer);
+  }
+  for (int i = 0; i < s->sched.nvisits; i++) {
+    const struct schedule_visit *v = &s->sched.visits[i];
+    struct relay_layer *rl = active_layer(s, v->k);
+    if (v->kind == SCHEDULE_REBUILD && rl->frozen) n_hold += l2l_layer_param_count(rl->layer);
+  }
+  l2l_param **list = malloc((size_t)(n_expect + n_hold + 1) * sizeof *list);
+  if (list == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for the step's list of records");
+  struct l2l_eps_step step = {.update = p->update, .defer = p->defer, .lr = p->lr,
+                              .expect = list, .n_expect = n_expect,
+                              .hold = list + n_expect, .n_hold = n_hold};
   /* From the lowest layer up, and each layer's records from its last: the later a record
      is named, the sooner its gradient comes (a visit gives its records first to last), so
-     the EPS knows the order backward completes them (eps_expect). */
+     the EPS knows the order backward completes them. */
+  int at = 0;
   for (int k = s->sched.lowest; k < s->L; k++) {
     struct relay_layer *rl = active_layer(s, k);
     if (rl->frozen) continue;
     for (int r = l2l_layer_param_count(rl->layer) - 1; r >= 0; r--)
-      l2l_eps_expect(eps, l2l_eps_find(eps, l2l_layer_param(rl->layer, r)));
+      list[at++] = l2l_layer_param(rl->layer, r);
   }
   /* a frozen layer's rebuild reads its records after the forward: one that a trainable
      layer shares is not updated before (the rebuild must reproduce the forward) */
@@ -165,10 +180,10 @@ static l2l_status eps_begin(struct step *s, const struct step_plan *p) {
     struct relay_layer *rl = active_layer(s, v->k);
     if (v->kind != SCHEDULE_REBUILD || !rl->frozen) continue;
     for (int r = 0; r < l2l_layer_param_count(rl->layer); r++)
-      l2l_eps_hold(eps, l2l_eps_find(eps, l2l_layer_param(rl->layer, r)));
+      list[at++] = l2l_layer_param(rl->layer, r);
   }
-  l2l_status status = l2l_eps_prepare(eps);
-  if (status != L2L_OK) l2l_eps_begin_step(eps, false, false, 0);
+  l2l_status status = l2l_eps_step_begin(&s->run->eps, &step);
+  free(list);
   return status;
 }
 
@@ -270,9 +285,8 @@ static l2l_status step_begin(struct step *s, struct step_plan *p) {
       began = own == L2L_OK;
     }
     status = dist_begun(s, own);
-    if (status != L2L_OK && began) l2l_eps_begin_step(&s->run->eps, false, false, 0);   /* (as eps_begin undoes itself) */
+    if (began) l2l_eps_step_agreed(&s->run->eps, status == L2L_OK);   /* (else: undone) */
   }
-  if (status == L2L_OK && s->training) l2l_eps_order_exchanges(&s->run->eps);
   if (status != L2L_OK) relay_step_free(s);
   return status;
 }
@@ -298,7 +312,7 @@ static l2l_status relay_run_step(double *loss, l2l_relay *run, const l2l_relay_b
     status = relay_check_async(run);
     double released = l2l_now();   /* with ranks it waits for every record's agreed norm */
     if (status == L2L_OK)
-      applied = l2l_eps_release_updates(&run->eps, run->config.clip_global_norm,
+      applied = l2l_eps_step_release(&run->eps, run->config.clip_global_norm,
                                         1.0 / p.dynamic, &norm);
     if (run->config.dist != L2L_DIST_NONE) relay_waited(&s, L2L_WAIT_COMM, released);
   }
@@ -307,14 +321,15 @@ static l2l_status relay_run_step(double *loss, l2l_relay *run, const l2l_relay_b
   if (status == L2L_OK) status = dist_loss(&s);
   if (status != L2L_OK) {
     dist_diverged(run);
-    if (training) l2l_eps_abandon_step(&run->eps);
+    if (training) l2l_eps_step_end(&run->eps, false, NULL);
     return status;
   }
 
   *loss = l2l_plain_nan(s.loss_sum / (double)s.real);
-  const char *name = NULL;
   double agreed = l2l_now();   /* with ranks, skips are known once every record is agreed */
-  int layer = -1, skips = training ? l2l_eps_nonfinite_skips(&run->eps, &name, &layer) : 0;
+  struct l2l_eps_outcome outcome = {.skips = 0, .name = NULL, .layer = -1};
+  if (training) l2l_eps_step_end(&run->eps, true, &outcome);
+  int skips = outcome.skips;
   if (run->config.dist != L2L_DIST_NONE) relay_waited(&s, L2L_WAIT_COMM, agreed);
   if (training) {
     run->steps++;
@@ -324,7 +339,7 @@ static l2l_status relay_run_step(double *loss, l2l_relay *run, const l2l_relay_b
   if (p.update && run->config.loss_scale > 0) loss_scale_adjust(run, applied);
   stats_record(run, &s, &p, *loss, applied, norm, l2l_now() - t0);
   run->stats.skipped_records = skips;
-  return nonfinite_report(run, skips, name, layer);
+  return nonfinite_report(run, skips, outcome.name, outcome.layer);
 }
 
 static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch *batch,

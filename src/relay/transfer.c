@@ -182,8 +182,8 @@ void relay_grads_run(struct l2l_job *job, int thread) {
   }
   float scale = l2l_eps_clip_scale(host, gj->nrec, gj->clip);
   for (int i = 0; i < gj->nrec; i++) {   /* absorbing leaves the slot zero for its next visit */
-    if (host_readable) l2l_eps_absorb(&run->eps, gj->rec[i], gj->grad[i], scale, gj->layer);
-    else l2l_eps_give(&run->eps, gj->rec[i], incoming[i], scale, gj->layer);
+    l2l_eps_give_gradient(&run->eps, gj->rec[i], host_readable ? gj->grad[i] : incoming[i],
+                          host_readable, scale, gj->layer);
   }
   l2l_timeline_add(&run->timeline, gj->layer, -1, L2L_PHASE_GRADS_OUT, thread, t0, l2l_now());
 }

@@ -1,0 +1,35 @@
+/* SPDX-License-Identifier: MIT */
+/* step.c — the relay's step interface to the EPS (eps.h, "a step").
+ *
+ * Purpose: one training step as a few calls: begin (the step's plan: whether it updates,
+ * whether updates are deferred, the learning rate, and which records expect gradients
+ * and which a frozen rebuild holds), agreed (every rank began), then each visit's
+ * gradients given, deferred updates released, and the end's outcome (the records skipped
+ * for a non-finite gradient) or the step abandoned. The bookkeeping itself is the core's
+ * (eps.c); this file orders it, as relay/step.c did call by call before (issue 48).
+ * Must never: change anything when a begin fails (the begin is undone), or be called
+ * from a worker.
+ */
+#include "record.h"
+
+l2l_status l2l_eps_step_begin(struct l2l_eps *eps, const struct l2l_eps_step *step) {
+  eps_begin_step(eps, step->update, step->defer, step->lr);
+  for (int i = 0; i < step->n_expect; i++) eps_expect(eps, l2l_eps_find(eps, step->expect[i]));
+  for (int i = 0; i < step->n_hold; i++) eps_hold(eps, l2l_eps_find(eps, step->hold[i]));
+  l2l_status status = eps_prepare(eps);
+  if (status != L2L_OK) eps_begin_step(eps, false, false, 0);
+  return status;
+}
+
+void l2l_eps_step_agreed(struct l2l_eps *eps, bool go) {
+  if (go) eps_order_exchanges(eps);
+  else eps_begin_step(eps, false, false, 0);   /* (as a failed begin undoes itself) */
+}
+
+void l2l_eps_step_end(struct l2l_eps *eps, bool ok, struct l2l_eps_outcome *out) {
+  if (!ok) {
+    eps_abandon_step(eps);
+    return;
+  }
+  out->skips = eps_nonfinite_skips(eps, &out->name, &out->layer);
+}
