@@ -91,8 +91,8 @@ struct eps_record {
 
 /* The files of the EPS call down only, never back up (docs/design.md; scripts/archcheck
    finds a call cycle between them):
-     step.c -> eps.c (the core: the relay's step interface; records, arrivals, the update
-   queue)
+     step.c (the relay's step interface)
+       -> eps.c (the core: records, arrivals, the update queue)
        -> exchange.c (the ranks' exchange) -> state_tier.c (storage tier) -> spill.c (the file)
        -> quant.c (precision) -> record.c (this header's bottom) -> optim.c (the kernels)
    each calling only files after it (exchange.c, say, calls state_tier.c, record.c and
