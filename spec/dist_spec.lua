@@ -313,10 +313,6 @@ describe("data parallel under mpirun", function()
       for i, p in ipairs(r.params) do out.params[i] = { layer = p.layer, name = p.name, value = p.value, dtype = p.dtype } end
       return out
     end
-    -- f32 masters: as close as f32 state is (a code that rounds the other way moves an
-    -- update by a share of a code step, far below the tolerance)
-    local flags = "state=8bit optimizer=" .. optimizer
-    assert_close(weights(train(0, "steps=5 " .. flags)[0]), weights(train(2, "steps=5 " .. flags)[0]), flags)
     -- bf16 masters round stochastically, and a weight whose f32 update differs by float
     -- rounding between the runs can round to the other neighbour: one bf16 ulp (at most
     -- 2^-7 of it), which then moves every gradient of the steps after it a little. So: the
@@ -344,6 +340,13 @@ describe("data parallel under mpirun", function()
           what, w.layer, w.name, w.dtype, differ, #w.value, diff / math.max(size, 1e-30), size))
       end
     end
+    -- f32 masters: an 8-bit code that rounds the other way in the two runs (a state whose
+    -- f32 value differs by float rounding, across a code boundary) moves that element's
+    -- update by up to a code step, 0.9/64 of its block's largest (the signed 7-bit code's
+    -- top decade) against bf16's 2^-7: flips as bf16 masters' are, held to the same bound
+    -- (seen: 0.43 % of an array's largest, seed 21247752, beyond f32 state's 3e-3)
+    local flags = "state=8bit optimizer=" .. optimizer
+    few_flips(weights(train(0, "steps=5 " .. flags)[0]), weights(train(2, "steps=5 " .. flags)[0]), flags)
     flags = flags .. " master=bf16"
     local path = dir .. "/compact.l2l"
     local one = train(0, "steps=5 " .. flags)[0]
