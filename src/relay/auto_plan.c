@@ -16,18 +16,18 @@
 #include "plan/plan.h"
 #include "relay.h"
 
-/* The device budget a plan gets: the relay's, or the room the pool's leaves when that is
-   less (*held: what the pool holds then, 0 when the relay's binds). */
-static l2l_status auto_budget(uint64_t *budget, uint64_t *held, const l2l_relay *run) {
-  l2l_pool_stats pool;
-  TRY(l2l_pool_get_stats(&pool, L2L_POOL_DEVICE));
+/* The device budget a plan gets: the relay's, or the room the device pool's (pool: its
+   stats) leaves when that is less (*held: what the pool holds then, 0 when the relay's
+   binds). */
+static l2l_status auto_budget(uint64_t *budget, uint64_t *held, const l2l_relay *run,
+                              const l2l_pool_stats *pool) {
   *budget = run->config.device_budget, *held = 0;
-  if (pool.budget > 0) {
-    uint64_t in_use = pool.current + pool.backend;
-    if (in_use >= pool.budget)
+  if (pool->budget > 0) {
+    uint64_t in_use = pool->current + pool->backend;
+    if (in_use >= pool->budget)
       return FAIL(L2L_ERR_BUDGET, "the device pool's budget (%llu bytes) is spent before the step "
-                  "(%llu bytes in use)", (unsigned long long)pool.budget, (unsigned long long)in_use);
-    uint64_t room = pool.budget - in_use;
+                  "(%llu bytes in use)", (unsigned long long)pool->budget, (unsigned long long)in_use);
+    uint64_t room = pool->budget - in_use;
     if (*budget == 0 || room < *budget) *budget = room, *held = in_use;
   }
   if (*budget == 0)
@@ -78,14 +78,7 @@ static bool plan_holds(const l2l_relay *run, const int64_t key[6]) {
   if (run->auto_plan == NULL) return false;
   for (int i = 0; i < 6; i++)
     if (run->auto_key[i] != key[i]) return false;
-  int n = run->count;
-  l2l_layer **list = calloc((size_t)n + 1, sizeof *list);
-  bool *frozen = calloc((size_t)n + 1, sizeof *frozen);
-  bool same = list != NULL && frozen != NULL;
-  for (int k = 0; same && k < n; k++) list[k] = run->layers[k].layer, frozen[k] = run->layers[k].frozen;
-  same = same && plan_check_model(run->auto_plan, list, frozen, n, &run->config) == L2L_OK;
-  free(list), free(frozen);
-  return same;
+  return relay_check_plan(run, run->auto_plan) == L2L_OK;
 }
 
 l2l_status l2l_relay_plan_auto(const l2l_plan **out, l2l_relay *run, int64_t batch, int64_t seq,
@@ -99,10 +92,10 @@ l2l_status l2l_relay_plan_auto(const l2l_plan **out, l2l_relay *run, int64_t bat
   if (run->count < 2)
     return FAIL(L2L_ERR_INVALID, "the relay has %d layers: a plan needs an input layer and a head",
                 run->count);
-  uint64_t budget, held;
-  TRY(auto_budget(&budget, &held, run));
   l2l_pool_stats pool;
   TRY(l2l_pool_get_stats(&pool, L2L_POOL_DEVICE));
+  uint64_t budget, held;
+  TRY(auto_budget(&budget, &held, run, &pool));
   int64_t key[6] = {batch, seq, token_types, key_mask, (int64_t)run->config.device_budget,
                     (int64_t)pool.budget};
   if (!plan_holds(run, key)) {

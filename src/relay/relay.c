@@ -405,21 +405,28 @@ l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan) {
   return relay_apply_plan(run, plan);
 }
 
+l2l_status relay_check_plan(const l2l_relay *run, const l2l_plan *plan) {
+  int n = run->count;
+  l2l_layer **list = calloc((size_t)n + 1, sizeof *list);
+  bool *frozen = calloc((size_t)n + 1, sizeof *frozen);
+  if (list == NULL || frozen == NULL) {
+    free(list), free(frozen);
+    return FAIL(L2L_ERR_NOMEM, "no memory for a plan of %d layers", n);
+  }
+  for (int k = 0; k < n; k++) list[k] = run->layers[k].layer, frozen[k] = run->layers[k].frozen;
+  l2l_status status = plan_check_model(plan, list, frozen, n, &run->config);
+  free(list), free(frozen);
+  return status;
+}
+
 l2l_status relay_apply_plan(l2l_relay *run, const l2l_plan *plan) {
   l2l_plan_summary summary;
   TRY(l2l_plan_get(&summary, plan));
   int n = run->count;
   /* read it all, and check it was made for this model, before changing anything */
   l2l_plan_layer *layers = calloc((size_t)n + 1, sizeof *layers);
-  l2l_layer **list = calloc((size_t)n + 1, sizeof *list);
-  bool *frozen = calloc((size_t)n + 1, sizeof *frozen);
-  if (layers == NULL || list == NULL || frozen == NULL) {
-    free(layers), free(list), free(frozen);
-    return FAIL(L2L_ERR_NOMEM, "no memory for a plan of %d layers", n);
-  }
-  for (int k = 0; k < n; k++) list[k] = run->layers[k].layer, frozen[k] = run->layers[k].frozen;
-  l2l_status status = plan_check_model(plan, list, frozen, n, &run->config);
-  free(list), free(frozen);
+  if (layers == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a plan of %d layers", n);
+  l2l_status status = relay_check_plan(run, plan);
   if (status != L2L_OK) {
     free(layers);
     char why[512];

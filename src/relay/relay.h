@@ -100,6 +100,9 @@ struct l2l_relay {
   struct l2l_eps_spill_counts spill_at;   /* the spill file's counts when the step began */
 };
 
+/* Whether the plan was made for the relay's layers as they are and its settings
+   (plan_check_model: L2L_ERR_INVALID naming the first difference). */
+l2l_status relay_check_plan(const l2l_relay *run, const l2l_plan *plan);
 /* The plan's micro-batch and per-layer policies into a relay entered (l2l_relay_apply_plan). */
 l2l_status relay_apply_plan(l2l_relay *run, const l2l_plan *plan);
 
