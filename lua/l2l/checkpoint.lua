@@ -83,9 +83,6 @@ end
 local M = {}
 local FORMAT, VERSION = "l2l-checkpoint", 1
 
-local stash_names = { [0] = "device", "host", "recompute" }
-local inner_names = { [0] = "recompute", "keep", "swap" }
-
 ----------------------------------------------------------------- describing
 
 -- A built-in layer is described by the constructor options that rebuild it (its kind's

@@ -45,6 +45,13 @@ local function read_rows()
 end
 M.ROWS, M.ROW = read_rows()
 
+-- A choice row's names by their values ({[0] = "device", "host", "recompute"} for stash).
+function M.names(row)
+  local names = {}
+  for name, value in pairs(row.ids) do names[value] = name end
+  return names
+end
+
 -- What a float row takes, in words: "a finite number >= 0", "a finite number > 0", "a
 -- number in [0, 1)", as an error says it.
 function M.float_range(row)

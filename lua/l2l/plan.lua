@@ -30,8 +30,8 @@ local type, tostring, ipairs, floor = type, tostring, ipairs, math.floor
 
 local M = {}
 
-local INNER = { [0] = "recompute", "keep", "swap" }
-local STASH = { [0] = "device", "host", "recompute" }
+local option_table = require("l2l.option_table")
+local INNER, STASH = option_table.names(option_table.ROW.inner), option_table.names(option_table.ROW.stash)
 M.inner_names, M.stash_names = INNER, STASH
 
 local Plan = {}
@@ -159,7 +159,7 @@ end
 
 -- The relay's settings l2l.plan takes: the option table's rows marked PLAN, and the optimizer.
 local RELAY_SETTINGS = { "optimizer" }
-for _, row in ipairs(require("l2l.option_table").ROWS) do
+for _, row in ipairs(option_table.ROWS) do
   if row.flags.plan then RELAY_SETTINGS[#RELAY_SETTINGS + 1] = row.name end
 end
 local PLAN_OPTIONS = { model = true, batch = true, seq = true, device_budget = true, token_types = true,

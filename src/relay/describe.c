@@ -43,10 +43,6 @@ struct names {
   const char *name[3];
   int value[3];
 };
-static const struct names STASH = {3, {"device", "host", "recompute"},
-                                   {L2L_STASH_DEVICE, L2L_STASH_HOST, L2L_STASH_RECOMPUTE}};
-static const struct names INNER = {3, {"recompute", "keep", "swap"},
-                                   {L2L_INNER_RECOMPUTE, L2L_INNER_KEEP, L2L_INNER_SWAP}};
 static const struct names MEMORY = {2, {"standard", "frugal"}, {L2L_MEMORY_STANDARD, L2L_MEMORY_FRUGAL}};
 /* the layer kinds as the front end names them (l2l_layer_kind's order) */
 static const char *const KIND_NAMES[] = {"embedding", "block", "lm_head", "classifier", "custom"};
@@ -90,6 +86,13 @@ static unsigned row_kinds(const l2l_option *o) {
   return ALL;
 }
 
+/* A row's choices as the document names them (at most 3: every choice row has as many). */
+static struct names row_names(const l2l_option *o) {
+  struct names out = {.n = o->nchoices < 3 ? o->nchoices : 3};
+  for (int k = 0; k < out.n; k++) out.name[k] = o->choice_names[k], out.value[k] = o->choice_values[k];
+  return out;
+}
+
 static void option_fields(struct option_fields *out, l2l_option_group group) {
   static const enum field_type TYPES[] = {
       [L2L_OPTION_INT] = F_INT, [L2L_OPTION_INT64] = F_I64, [L2L_OPTION_UINT64] = F_U64,
@@ -100,8 +103,7 @@ static void option_fields(struct option_fields *out, l2l_option_group group) {
     const l2l_option *o = &l2l_options[i];
     if (o->group != group) continue;
     struct names *names = &out->names[out->n];
-    names->n = o->nchoices < 3 ? o->nchoices : 3;
-    for (int k = 0; k < names->n; k++) names->name[k] = o->choice_names[k], names->value[k] = o->choice_values[k];
+    *names = row_names(o);
     out->field[out->n++] = (struct field){
         group == L2L_OPTION_RELAY ? o->name : o->field, TYPES[o->type], o->offset,
         o->type == L2L_OPTION_CHOICE ? names : NULL, row_kinds(o),
@@ -109,16 +111,11 @@ static void option_fields(struct option_fields *out, l2l_option_group group) {
   }
 }
 
-/* The names of a kind row's choices ("optimizer", "schedule"). */
-static struct names kind_names(const char *row) {
-  struct names out = {0};
+/* The names of a choice row's choices ("optimizer", "schedule", "stash", "inner"). */
+static struct names choice_names(const char *row) {
   for (int i = 0; i < l2l_options_count; i++)
-    if (strcmp(l2l_options[i].name, row) == 0) {
-      out.n = l2l_options[i].nchoices < 3 ? l2l_options[i].nchoices : 3;
-      for (int k = 0; k < out.n; k++)
-        out.name[k] = l2l_options[i].choice_names[k], out.value[k] = l2l_options[i].choice_values[k];
-    }
-  return out;
+    if (strcmp(l2l_options[i].name, row) == 0) return row_names(&l2l_options[i]);
+  return (struct names){0};
 }
 
 /* A built-in layer's constructor options that rebuild it (layers.lua's `saved`). */
@@ -381,14 +378,14 @@ l2l_status relay_check_options(const l2l_relay *run, const json_t *relay) {
   TRY(fields_check(f.field, f.n, 0, relay, &want, &run->config, false, "relay", NUMBERS));
   const json_t *o = json_object_get(relay, "optimizer"), *s = json_object_get(relay, "schedule");
   int kind = 0;
-  struct names kinds = kind_names("optimizer");
+  struct names kinds = choice_names("optimizer");
   TRY(kind_of(&kind, o, &kinds, "relay: optimizer"));
   want.optimizer = run->config.optimizer;
   want.optimizer.kind = (l2l_optimizer_kind)kind;
   option_fields(&f, L2L_OPTION_OPTIMIZER);
   TRY(fields_check(f.field, f.n, (unsigned)kind, o, &want.optimizer, &run->config.optimizer, true,
                    "relay: optimizer", NUMBERS));
-  kinds = kind_names("schedule");
+  kinds = choice_names("schedule");
   TRY(kind_of(&kind, s, &kinds, "relay: schedule"));
   want.schedule = run->config.schedule;
   want.schedule.kind = (l2l_schedule_kind)kind;
@@ -433,8 +430,9 @@ l2l_status relay_describe_layer_state(json_t *d, const l2l_relay *run, int i) {
   const struct relay_layer *rl = &run->layers[i];
   int bad = json_object_set_new(d, "rng_id", json_integer(l2l_layer_rng_id(rl->layer)));
   bad |= json_object_set_new(d, "frozen", json_boolean(rl->frozen));
-  bad |= json_object_set_new(d, "inner", json_string(name_of(&INNER, (int)rl->inner)));
-  if (i >= 1) bad |= json_object_set_new(d, "stash", json_string(name_of(&STASH, (int)rl->stash)));
+  const struct names inner = choice_names("inner"), stash = choice_names("stash");
+  bad |= json_object_set_new(d, "inner", json_string(name_of(&inner, (int)rl->inner)));
+  if (i >= 1) bad |= json_object_set_new(d, "stash", json_string(name_of(&stash, (int)rl->stash)));
   return bad ? l2l_fail(L2L_ERR_NOMEM, "no memory for a checkpoint's description") : L2L_OK;
 }
 
@@ -474,8 +472,9 @@ l2l_status relay_check_layer(const l2l_relay *run, int i, const json_t *d, struc
   if (frozen != NULL && !json_is_boolean(frozen))
     return l2l_fail(L2L_ERR_INVALID, "layer %d: frozen must be true or false", i);
   if (frozen != NULL) out->frozen = json_is_true(frozen);
-  const struct field policies[2] = {{"inner", F_ENUM, offsetof(struct layer_saved, inner), &INNER, ALL, false},
-                                    {"stash", F_ENUM, offsetof(struct layer_saved, stash), &STASH, ALL, false}};
+  const struct names inner = choice_names("inner"), stash = choice_names("stash");
+  const struct field policies[2] = {{"inner", F_ENUM, offsetof(struct layer_saved, inner), &inner, ALL, false},
+                                    {"stash", F_ENUM, offsetof(struct layer_saved, stash), &stash, ALL, false}};
   for (int k = 0; k < (i >= 1 ? 2 : 1); k++) {
     v = json_object_get(d, policies[k].name);
     if (v != NULL) TRY(field_read(out, &policies[k], v, where));
