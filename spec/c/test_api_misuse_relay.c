@@ -260,6 +260,9 @@ TEST(misuse_relay_new_and_accessors) {
     l2l_relay_config half = base;
     half.precision = L2L_BF16;
     REFUSES(l2l_relay_new(&out, list, m.n + 1, &half), L2L_ERR_INVALID, "layers[");
+    l2l_error_detail detail;   /* the refusal names the layer in its detail too */
+    CHECK_OK(l2l_last_error_detail(&detail));
+    CHECK(detail.layer == m.n, "case %zu: the refusal's detail names layer %d, want %d", i, detail.layer, m.n);
   }
   CHECK(out == SENTINEL(l2l_relay), "*out written by a refused l2l_relay_new");
   /* the layers of refused relays belong to none: a relay takes them */

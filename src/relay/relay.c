@@ -208,7 +208,7 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
     if (status != L2L_OK) {
       char message[256];
       snprintf(message, sizeof message, "%s", l2l_last_error());
-      status = l2l_fail(status, "layers[%d]: %s", i, message);
+      status = l2l_error_note_layer(l2l_fail(status, "layers[%d]: %s", i, message), i);
     }
   }
   if (status != L2L_OK) {
