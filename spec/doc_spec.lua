@@ -8,7 +8,7 @@
 local support = dofile("spec/support.lua")
 local sh = support.sh
 
-local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local q = support.q
 local doc = support.build .. "/doc"
 
 -- The rendered man page's section `name` (up to the next unindented heading).

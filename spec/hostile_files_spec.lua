@@ -15,7 +15,7 @@ local C = require("l2l.lib").C
 local dir = support.tmpdir()
 local function path(name) return dir .. "/" .. name end
 local exe = support.build_dir .. "/l2l"
-local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local q = support.q
 -- Runs Lua code in a child l2l (shell words before it: `prefix`) under a 60 s timeout:
 -- its status (124: it blocked) and output.
 local function in_child(code, prefix)

@@ -15,7 +15,7 @@ local support = dofile("spec/support.lua")
 local sh = support.sh
 local sanitized = os.getenv("L2L_SANITIZE") == "1"
 
-local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local q = support.q
 -- The installed library's folder goes first; what the environment already lists stays
 -- after it (a machine whose packages are unpacked in a folder finds LuaJIT and OpenBLAS
 -- there: scripts/gpu-host.sh).

@@ -14,7 +14,7 @@ local exe = support.build .. "/l2l"
 local TINY = "--layers 1 --dim 32 --heads 2 --seq 32 --batch 8 --micro-batch 4 --eval-every 2 " ..
              "--eval-batches 1 --max-bytes 200000 --plot none --sample 0"
 
-local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local q = support.q
 
 local function demo(flags)
   return sh(("env -u L2L_PROGRESS %s examples/train_gpt.lua %s %s"):format(exe, TINY, flags))

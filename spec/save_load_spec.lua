@@ -24,7 +24,7 @@ pcall(ffi.cdef, "int symlink(const char *target, const char *path);")
 local V, n = 13, 4
 local S = 2 * n + 1
 local dir = support.tmpdir()
-local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local q = support.q
 support.sh(("mkdir %s/spill-drawn %s/spill-given"):format(q(dir), q(dir)))
 teardown(function() support.sh("rm -rf " .. q(dir)) end)
 

@@ -7,7 +7,7 @@
 local support = dofile("spec/support.lua")
 local sh = support.sh
 
-local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local q = support.q
 
 local ID = "SPDX-License-Identifier: MIT"
 local FILES = {   -- path, content, the line expected (nil: left alone), at which line

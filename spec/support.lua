@@ -121,6 +121,9 @@ function M.tmpdir()
   return path
 end
 
+-- s quoted for a shell command: in single quotes, any quote in it closed and escaped.
+function M.q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
 -- Runs a shell command; returns its exit status (0 = success) and combined output.
 function M.sh(cmd)
   local p = io.popen("(" .. cmd .. ") 2>&1; echo \"__status=$?\"")

@@ -13,7 +13,7 @@ local exe = support.build .. "/l2l"
 local TINY = "--layers 1 --dim 32 --heads 2 --seq 16 --batch 4 --micro-batch 2 --eval-every 2 " ..
              "--eval-batches 1 --max-bytes 20000 --plot none --sample 0"
 
-local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local q = support.q
 local function train(flags) return sh(("env -u L2L_PROGRESS %s train %s %s"):format(exe, TINY, flags)) end
 
 describe("l2l train", function()
