@@ -150,7 +150,9 @@ RELAY_SRC := $(wildcard src/relay/*.c)
 CLUSTER_SRC := $(filter-out src/cluster/mpi_plugin.c,$(wildcard src/cluster/*.c))
 LIB_SRC := $(CORE_SRC) $(BACKEND_SRC) $(LAYERS_SRC) $(CLUSTER_SRC) $(EPS_SRC) $(ORDER_SRC) $(PLAN_SRC) $(RELAY_SRC)
 LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o) $(KERNEL_OBJ)
-CTEST_SRC := $(wildcard spec/c/*.c)
+# spec/c/ mirrors src/: a folder of tests per part (spec/c/api: the public header's misuse),
+# with the harness and the float64 references shared at its top.
+CTEST_SRC := $(wildcard spec/c/*.c spec/c/*/*.c)
 CTEST_OBJ := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%.o)
 DEPS_STAMP := $(BUILD)/.deps-ok
 # What `make install` copies: the library and l2l linked again without the build tree's
@@ -186,7 +188,7 @@ ifeq ($(filter clean uninstall gpu-deps,$(MAKECMDGOALS)),)
 endif
 
 # The library's objects: hidden visibility, so that libl2l.so exports exactly the functions
-# include/l2l.h marks L2L_API (spec/exports_spec.lua holds it to that). Programs that test or
+# include/l2l.h marks L2L_API (spec/project/exports_spec.lua holds it to that). Programs that test or
 # time the parts from inside link libl2l.a, where every function is within reach.
 $(BUILD)/obj/%.o: src/%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
@@ -226,7 +228,7 @@ $(DIST)/l2l: $(BUILD)/obj/main.o $(DIST)/libl2l.so.$(VERSION)
 
 $(BUILD)/ctest/%.o: spec/c/%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
-	$(COMPILE) -MMD -MP -c $< -o $@
+	$(COMPILE) -Ispec/c -MMD -MP -c $< -o $@
 
 # The whole archive: the test program holds what libl2l.so holds (the backend registers
 # its chooser from a constructor), with the parts' internal functions callable.
@@ -259,7 +261,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 # `+`: the install spec runs make itself (install into a temporary DESTDIR), as a sub-make
 # that shares this one's job slots and command-line variables. T=NAME runs one test: a
-# spec file (spec/NAME_spec.lua, or a path), else the C tests whose names start with NAME
+# spec file (spec/*/NAME_spec.lua, or a path), else the C tests whose names start with NAME
 # and the specs whose descriptions hold it (scripts/test.sh).
 test: all
 	+@L2L_SANITIZE=$(SANITIZE) L2L_TSAN=$(TSAN) L2L_TEST_ONLY='$(T)' bash scripts/test.sh $(BUILD)
@@ -273,7 +275,7 @@ help:
 	@echo "make                 build everything (library, l2l, C tests, examples)"
 	@echo "make demo            train the demo's model (examples/train_gpt.lua)"
 	@echo "make test            every C test and spec, with the architecture check"
-	@echo "make test T=NAME     one spec file (spec/NAME_spec.lua), or the C tests and specs named NAME"
+	@echo "make test T=NAME     one spec file (spec/*/NAME_spec.lua), or the C tests and specs named NAME"
 	@echo "make test SANITIZE=1 under AddressSanitizer and UBSan (build-san/); TSAN=1: ThreadSanitizer"
 	@echo "make archcheck       the architecture check alone (scripts/archcheck)"
 	@echo "make flakes          make test N times with fresh seeds, some loaded and sanitized"

@@ -239,7 +239,7 @@ extern "C" int l2l_k_bias_gelu_forward(float *pre, float *y, uint8_t *bits, cons
 /* ---- GELU backward from its output y and the side bit (x >= X_MIN).
    The CPU reads gelu' off tables (src/backend/cpu/layer_ops.c); a GPU has arithmetic to
    spare and scattered table reads cost more there, so this kernel inverts y by Newton
-   steps, as the CPU backend did before its tables (same spec, spec/c/test_frugal_gelu.c's
+   steps, as the CPU backend did before its tables (same spec, spec/c/backend/test_frugal_gelu.c's
    bounds). Near the minimum gelu' -> 0 and x(y) has a square-root singularity, so Newton
    runs on T(x) = +-sqrt(gelu(x) - Y_MIN) (sign = branch), which is smooth with slope -> C
    there. Far out on the left branch (t < -0.2, x < about -1.5) y -> 0- exponentially; there

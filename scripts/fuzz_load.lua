@@ -8,7 +8,7 @@
 --   build/l2l scripts/fuzz_load.lua --replay FILE         a saved case (FILE.txt says how)
 --   build/l2l scripts/fuzz_load.lua --self-test           the harness checked against itself
 --   build/l2l scripts/fuzz_load.lua --dry-run [--n N]     the cases' mutations, none run
---   (`make fuzz N=20000 SEED=...` runs the first form; spec/fuzz_spec.lua runs a few hundred
+--   (`make fuzz N=20000 SEED=...` runs the first form; spec/project/fuzz_spec.lua runs a few hundred
 --   cases and the self-test in `make test`.)
 --
 -- Purpose: show that no file, however damaged or hostile, makes a loader crash, hang or
@@ -338,7 +338,7 @@ local rss   -- the largest resident memory of a case: {kb =, case =}
 
 -- Defects this fuzzer found that are not fixed yet (issue 21, "Hardening"), matched
 -- against a failing case's signature (signature() above). They are reported as known;
--- with --known-ok (spec/fuzz_spec.lua passes it) they do not fail the run, while any other
+-- with --known-ok (spec/project/fuzz_spec.lua passes it) they do not fail the run, while any other
 -- failing case does. Remove an entry when its fix lands: the run then fails if it returns.
 -- Empty: everything the fuzzer found is fixed (issue 21: payload NaNs made plain, no
 -- library positions in l2l.load's messages, tables and bad counts refused in the

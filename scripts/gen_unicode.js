@@ -9,7 +9,7 @@
 // `u` flag, so the authority on these classes is JavaScript's own: this asks the engine
 // for every code point U+0000..U+10FFFF and writes the runs of each class as ranges. The
 // Unicode version is the engine's (process.versions.unicode), written into the file;
-// spec/tokenizer_spec.lua checks the file against the node at hand for every code point.
+// spec/l2l/tokenizer_spec.lua checks the file against the node at hand for every code point.
 // Must never: hand-edit a range; rerun it instead (the output is deterministic).
 'use strict';
 
@@ -38,7 +38,7 @@ out.push('-- (\\p{N}) and white space (\\s), as JavaScript\'s regular expression
 out.push(`-- node ${process.version} classify them: Unicode ${process.versions.unicode}, ICU ${process.versions.icu}.`);
 out.push('-- Each list holds inclusive ranges as pairs: lo1, hi1, lo2, hi2, ... Every other code');
 out.push('-- point (and every byte that is not valid UTF-8) is "other": [^\\s\\p{L}\\p{N}].');
-out.push('-- Must never: be edited by hand (spec/tokenizer_spec.lua checks it against node).');
+out.push('-- Must never: be edited by hand (spec/l2l/tokenizer_spec.lua checks it against node).');
 out.push('return {');
 out.push(`  unicode = "${process.versions.unicode}",`);
 out.push(`  source = "node ${process.version}, ICU ${process.versions.icu}",`);

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // gpt2-reference.js — GPT-2's encoding by an independent implementation (js-tiktoken's
-// `gpt2`), for spec/tokenizer_spec.lua and bench/tokenizer.lua to compare l2l's with.
+// `gpt2`), for spec/l2l/tokenizer_spec.lua and bench/tokenizer.lua to compare l2l's with.
 //
 // Usage: node scripts/gpt2-reference.js DIR MODE ARGS...   (DIR: from scripts/js-tiktoken.sh)
 //   encode IN OUT   IN: one text a line, as "x" and the hex of its UTF-8 bytes; OUT: each text's

@@ -12,7 +12,7 @@
 #             context), each result in the summary                            -> ctest.log
 #   sanitize  compute-sanitizer memcheck on the tests that failed (on all of them, in one
 #             process, when none failed)                                      -> sanitizer.log
-#   specs     spec/device_spec.lua and spec/gpu_relay_spec.lua                -> specs.log
+#   specs     spec/l2l/init_device_spec.lua and spec/l2l/relay_gpu_spec.lua                -> specs.log
 #   kernels   build/bench_cuda: kernels against copy bandwidth and cuBLAS (attention at
 #             S = 1k, 4k, 8k, head dims 64 and 128, each path; the row kernels) -> bench.txt
 #   profile   the vs_torch step (GPT-2 124M, 8 x 1024 tokens, bf16) op by op: three steps
@@ -24,7 +24,7 @@
 # At most these 8 files go to $OUT (default build/gpu-check), each log cut to its last
 # 2 MB. On a GPU machine a GPU test that skips is a failure: nothing here can pass because
 # nothing ran. --dry-run (on a machine without a GPU) runs each phase's CPU part and
-# reports the rest "skipped: no GPU"; spec/gpu_check_spec.lua runs it.
+# reports the rest "skipped: no GPU"; spec/project/gpu_check_spec.lua runs it.
 # Exit status: 0 when every phase passed (--dry-run: every phase that could run), else 1;
 # the last line names what failed and what could not run.
 # Usage: scripts/gpu-check.sh [--dry-run] [--budget SECONDS]
@@ -144,7 +144,7 @@ phase_specs() {
   local log=$out/specs.log busted rc=0 summary=""
   : > "$log"
   busted=$(command -v busted) || { echo "busted is not on the PATH"; return 1; }
-  for spec in spec/device_spec.lua spec/gpu_relay_spec.lua; do
+  for spec in spec/l2l/init_device_spec.lua spec/l2l/relay_gpu_spec.lua; do
     local left=$((phase_end - $(date +%s)))
     ((left > 5)) || { summary+="$spec: not run (out of time); "; rc=1; continue; }
     echo "== $spec" >> "$log"

@@ -3,7 +3,7 @@
 -- include/l2l.h is the one header a program includes; it declares the first part of the API
 -- and includes the rest from its folder l2l/ (#include "l2l/NAME.h"), each part with an
 -- FFI block of its own. Whoever reads the API from the header (scripts/gen_cdef.lua,
--- scripts/gen_cdoc.lua, spec/exports_spec.lua) reads it through this, so that the parts'
+-- scripts/gen_cdoc.lua, spec/project/exports_spec.lua) reads it through this, so that the parts'
 -- order is the header's, written once.
 -- Returns function(path) -> list of { path =, text =, body =, first_line = } for path
 -- and each part it includes, in order: body is the text between L2L_FFI_BEGIN and

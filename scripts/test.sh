@@ -3,7 +3,7 @@
 # test.sh — run the architecture check, every C test and every spec; end with one line
 # "N passed, M failed".
 # Usage: scripts/test.sh BUILD_DIR   (called by `make test`; BUILD_DIR holds l2l, l2l_ctest)
-# L2L_TEST_ONLY=NAME (make test T=NAME): one spec file (spec/NAME_spec.lua, or a path to
+# L2L_TEST_ONLY=NAME (make test T=NAME): one spec file (spec/*/NAME_spec.lua, or a path to
 # one) alone; else the C tests whose names start with NAME and the specs whose
 # descriptions hold it; the architecture check is left out either way.
 # One seed drives every random draw of the run, the C tests' and the specs': L2L_SEED, or
@@ -17,7 +17,7 @@ set -uo pipefail
 build=${1:-build}
 export L2L_BUILD=$build
 # The suites run the device pool on the CPU backend: their checks read device tensors'
-# memory from the CPU. The GPU tests (spec/c/test_cuda*.c) switch to CUDA themselves
+# memory from the CPU. The GPU tests (spec/c/backend/test_cuda*.c) switch to CUDA themselves
 # where a GPU is present, and report themselves skipped, with the reason, where not.
 export L2L_DEVICE=cpu
 if [[ -z ${L2L_SEED:-} ]]; then
@@ -37,7 +37,7 @@ if [[ ${L2L_TSAN:-0} == 1 ]]; then
   export TSAN_OPTIONS="suppressions=$PWD/scripts/tsan.supp ${TSAN_OPTIONS:-}"
   export OMP_NUM_THREADS=1 L2L_THREADS=1
   ctest_only=(relay_ misuse_errors_threads pool_ pinned_pool spill_)
-  specs=(spec/running_relay_spec.lua spec/relay_spec.lua spec/dist_spec.lua spec/interrupt_spec.lua)
+  specs=(spec/l2l/relay_running_spec.lua spec/l2l/relay_spec.lua spec/l2l/dist_spec.lua spec/l2l/relay_interrupt_spec.lua)
 fi
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
@@ -57,7 +57,9 @@ exited_badly() {
 run_ctests=1
 if [[ -n $only ]]; then
   spec_file=$only
-  [[ -f $spec_file ]] || spec_file=spec/${only}_spec.lua
+  if [[ ! -f $spec_file ]]; then
+    for f in spec/*/"${only}"_spec.lua; do [[ -f $f ]] && spec_file=$f; done
+  fi
   if [[ -f $spec_file ]]; then specs=("$spec_file") run_ctests=0
   else ctest_only=("$only") filter=(--filter "$only"); fi
 fi

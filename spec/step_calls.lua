@@ -1,6 +1,6 @@
 -- SPDX-License-Identifier: MIT
 -- spec/step_calls.lua — counts the C calls l2l's Lua front end makes for one relay step,
--- for a model of 2 blocks and one of 8 (run by spec/step_calls_spec.lua in its own process,
+-- for a model of 2 blocks and one of 8 (run by spec/l2l/relay_step_calls_spec.lua in its own process,
 -- and by hand against an older tree for a before-and-after figure).
 --   build/l2l spec/step_calls.lua     prints: blocks=N calls=M top=name:count,... per model
 -- Every function of the C library the front end reaches goes through a counting wrapper:

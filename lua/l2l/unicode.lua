@@ -6,7 +6,7 @@
 -- node v20.20.2 classify them: Unicode 17.0, ICU 78.2.
 -- Each list holds inclusive ranges as pairs: lo1, hi1, lo2, hi2, ... Every other code
 -- point (and every byte that is not valid UTF-8) is "other": [^\s\p{L}\p{N}].
--- Must never: be edited by hand (spec/tokenizer_spec.lua checks it against node).
+-- Must never: be edited by hand (spec/l2l/tokenizer_spec.lua checks it against node).
 return {
   unicode = "17.0",
   source = "node v20.20.2, ICU 78.2",

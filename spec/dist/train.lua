@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- spec/dist/train.lua — what spec/dist_spec.lua runs under mpirun (or alone): a small
+-- spec/dist/train.lua — what spec/l2l/dist_spec.lua runs under mpirun (or alone): a small
 -- model trained a few steps on a global minibatch, each rank stepping its own slice; then
 -- every loss, weight and optimizer state of the run is written exactly (hex floats) as
 -- JSON, by every rank into OUT.<rank>, for the spec to compare with one process.

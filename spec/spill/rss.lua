@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- spec/spill/rss.lua — what spec/spill_spec.lua runs in a process of its own: a GPT of 25 M
+-- spec/spill/rss.lua — what spec/l2l/relay_spill_spec.lua runs in a process of its own: a GPT of 25 M
 -- parameters trained a few steps on the CPU backend, its EPS in memory or with its
 -- optimizer state spilled under a host budget a little above the smallest the planner
 -- names; then the process's resident memory (its peak, VmHWM, and where it was before

@@ -152,7 +152,7 @@ l2l_status l2l_cpu_gelu_backward(float *dx, const float *dy, const float *x, int
    each keep gelu' within 3e-7 of its float64 value at the input x everywhere except
    within ~0.05 of the minimum, where the float rounding of y itself limits any method to
    about sqrt(2 gelu''(X_MIN) ulp(y)) ~ 1e-4 (densely tested over [-40, 40] in
-   spec/c/test_frugal_gelu.c). This replaced four Newton steps per element, each with an
+   spec/c/backend/test_frugal_gelu.c). This replaced four Newton steps per element, each with an
    exp, a log, a square root and two divisions: the block's frugal backward spent 15 % of
    its time there. */
 #define GELU_TABLE 4096

@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- runs_spec — nothing of a run is lost by a slip (issue 30, "the user's day, part 2"):
+-- relay_runs_spec — nothing of a run is lost by a slip (issue 30, "the user's day, part 2"):
 -- examples/train_gpt.lua never overwrites a checkpoint of another run unasked (item 1),
 -- --resume is strict about the path and about flags that contradict the saved run
 -- (item 2), metrics belong to a run and a resume appends only to its own (item 3), and a

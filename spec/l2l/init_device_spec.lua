@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- device_spec — the device from Lua: which backend serves the device pool, t:to("cuda"),
+-- init_device_spec — the device from Lua: which backend serves the device pool, t:to("cuda"),
 -- switching with l2l.device_use, the pool statistics of the caching allocator, and (where
 -- a GPU is present) ops on CUDA tensors against the same ops on host tensors.
 -- The test runner sets L2L_DEVICE=cpu, so every run starts on the CPU backend.

@@ -2,7 +2,7 @@
 -- layers_spec — the layers from Lua: tiny models built from them learn, the Lua layer API
 -- (options, memory reports, parameter records, ties) behaves, and misuse raises errors
 -- that name the argument. Gradients against finite differences of float64 references are
--- checked in C (spec/c/test_layers*.c); here the models must learn, which no broken
+-- checked in C (spec/c/layers/test_layers*.c); here the models must learn, which no broken
 -- gradient lets them do.
 local support = dofile("spec/support.lua")
 local l2l = require("l2l")

@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- hostile_files_spec — the loaders against files made to hurt (hardening 2, items 3, 4, 5
+-- checkpoint_hostile_files_spec — the loaders against files made to hurt (hardening 2, items 3, 4, 5
 -- and 8): a GPT-2 file that names a huge model and holds almost nothing, a FIFO or a
 -- directory where a file should be, a header too big to decode, and a checkpoint forged
 -- to inject a gradient or to start MPI. Each is refused with a message saying what is

@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- gpu_relay_spec — the relay on a GPU (CUDA part 2): its loss curve against the CPU relay's
+-- relay_gpu_spec — the relay on a GPU (CUDA part 2): its loss curve against the CPU relay's
 -- on the same batches (f32: tight; bf16 weights and gradients: the same start and the same
 -- learning over 200 steps), bf16 as the GPU's default precision, and device memory constant
 -- in depth with stash = "host". How much copy time the kernels hide is a time, so a

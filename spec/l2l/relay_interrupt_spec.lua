@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- interrupt_spec — Ctrl-C ends training gracefully (issue 24): the first SIGINT lets the
+-- relay_interrupt_spec — Ctrl-C ends training gracefully (issue 24): the first SIGINT lets the
 -- step finish and the example write what it writes at its end (summary, metrics, picture,
 -- checkpoint), then the process ends as Ctrl-C ends a program (killed by SIGINT: status
 -- 130 from the shell); a second SIGINT stops it at once. The processes run as users run

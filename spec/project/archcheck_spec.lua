@@ -5,7 +5,7 @@
 -- between Lua modules, CUDA named above the backend, a source file over 800 lines in any
 -- folder of code (include/, src/, lua/, kernels/, spec/c/, scripts/); and, over the build's
 -- objects, a call that crosses the parts' arrows the wrong way (an object compiled into a
--- copy of them).
+-- copy of them); a spec outside the folders that mirror the code.
 local support = dofile("spec/support.lua")
 local sh, build = support.sh, support.build
 
@@ -194,14 +194,14 @@ describe("scripts/archcheck", function()
     assert.are.equal(0, status, out)
     support.write_file(dir .. "/kernels/long.cu", text)
     support.write_file(dir .. "/kernels/long.cuh", text)
-    support.write_file(dir .. "/spec/c/test_long.c", text)
+    support.write_file(dir .. "/spec/c/relay/test_long.c", text)
     support.write_file(dir .. "/scripts/long.sh", text)
     support.write_file(dir .. "/scripts/fuzz/long.lua", text)
     support.write_file(dir .. "/scripts/longtool", "#!/bin/sh\n" .. text)   -- a script without an extension
     status, out = archcheck(dir)
     sh("rm -rf '" .. dir .. "'")
     assert.are_not.equal(0, status, out)
-    for _, path in ipairs { "kernels/long.cu", "kernels/long.cuh", "spec/c/test_long.c", "scripts/long.sh",
+    for _, path in ipairs { "kernels/long.cu", "kernels/long.cuh", "spec/c/relay/test_long.c", "scripts/long.sh",
                             "scripts/fuzz/long.lua" } do
       assert.is_truthy(out:find(path .. " has 801 lines (at most 800", 1, true), out)
     end
@@ -209,5 +209,26 @@ describe("scripts/archcheck", function()
     assert.is_truthy(out:find("6 problems", 1, true), out)
     assert.is_falsy(out:find("long.supp", 1, true), out)
     assert.is_falsy(out:find("LONG.md", 1, true), out)
+  end)
+
+  it("fails on a spec outside the folders that mirror the code, naming it", function()
+    local dir = copy_tree()
+    local status, out = archcheck(dir)
+    assert.are.equal(0, status, out)
+    local stray = { "spec/stray_spec.lua", "spec/l2l/nomodule_spec.lua", "spec/c/test_stray.c",
+                    "spec/c/nopart/test_x.c" }
+    for _, path in ipairs(stray) do
+      sh(("mkdir -p '%s/%s'"):format(dir, path:match("^(.*)/")))
+      support.write_file(dir .. "/" .. path, "-- a test\n")
+    end
+    -- named for a module, or for a module and more words: at home
+    sh(("mkdir -p '%s/spec/project'"):format(dir))
+    support.write_file(dir .. "/spec/l2l/relay_more_words_spec.lua", "-- a test\n")
+    support.write_file(dir .. "/spec/project/anything_spec.lua", "-- a test\n")
+    status, out = archcheck(dir)
+    sh("rm -rf '" .. dir .. "'")
+    assert.are_not.equal(0, status, out)
+    for _, path in ipairs(stray) do assert.is_truthy(out:find(path .. ":", 1, true), out) end
+    assert.is_truthy(out:find("4 problems", 1, true), out)
   end)
 end)

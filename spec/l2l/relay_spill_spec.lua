@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- spill_spec — the EPS's optimizer state on disk (l2l.Relay's spill and host_budget): a
+-- relay_spill_spec — the EPS's optimizer state on disk (l2l.Relay's spill and host_budget): a
 -- relay whose state lives in a spill file under a host budget trains to the same bits as
 -- the same relay in memory — losses, weights and optimizer state, for SGD with momentum,
 -- AdamW and LAMB, with layers inserted, cloned and removed between steps, under a budget

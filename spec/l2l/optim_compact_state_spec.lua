@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- compact_state_spec — the optimizer state kept in bf16 or 8 bits (the optimizers' `state`
+-- optim_compact_state_spec — the optimizer state kept in bf16 or 8 bits (the optimizers' `state`
 -- option; include/l2l/relay.h, "optimizers"): the option checked; the EPS's host bytes, counted
 -- here from the documented layout, fall as they should; the first update moves the weights
 -- exactly as f32 state does (it runs in f32 on the decoded zero state; LAMB's second wave
@@ -12,7 +12,7 @@
 -- again after, the bytes the layout says, the same seed the same bits and another seed
 -- other bits (the stochastic rounding's draws), checkpoints between f32 and bf16 masters.
 -- (Resume bit for bit in each precision: checkpoint_spec; the codes, the encoder and the
--- fused update against double references: spec/c/test_quant.c.)
+-- fused update against double references: spec/c/eps/test_quant.c.)
 local support = dofile("spec/support.lua")
 local l2l = require("l2l")
 local ffi = require("ffi")

@@ -153,7 +153,7 @@ TEST(misuse_planner) {
 /* ---------------------------------------------------------------- data parallel */
 
 /* MPI is never started here (the C tests are one process without mpirun): what is checked
-   is every refusal before it, and a plugin that cannot be opened. spec/dist_spec.lua runs
+   is every refusal before it, and a plugin that cannot be opened. spec/l2l/dist_spec.lua runs
    the real thing under mpirun. */
 TEST(misuse_data_parallel) {
   REFUSES(l2l_dist_rank(NULL), L2L_ERR_INVALID, "out");

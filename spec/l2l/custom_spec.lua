@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- custom_layer_spec — a layer kind written in Lua (l2l.layer_kind): a gated MLP
+-- custom_spec — a layer kind written in Lua (l2l.layer_kind): a gated MLP
 --   y = x + (gelu(h W1) ⊙ (h W2)) W3,   h = LayerNorm(x)
 -- made of l2l.ops alone. Its forward matches a float64 Lua reference, its gradients match
 -- central finite differences of that reference, it trains inside a model of built-in

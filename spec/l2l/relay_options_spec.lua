@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- settings_spec — numeric settings are checked as C will hold them (hardening 2, item 9).
+-- relay_options_spec — numeric settings are checked as C will hold them (hardening 2, item 9).
 -- Lua numbers are doubles; the C configs keep most settings in floats. A value that
 -- passes a check as a double can change meaning in f32: clip_global_norm = 1e-46 passed
 -- "> 0" and became 0.0f, which turned clipping off; lr = 1e-46 became 0; a beta of

@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- step_calls_spec — the model in a relay is a view of the C relay's list (issue 31): a step
+-- relay_step_calls_spec — the model in a relay is a view of the C relay's list (issue 31): a step
 -- makes the same few C calls from Lua whatever the depth (no per-step diff of a mirror,
 -- no per-layer question to C), counted by spec/step_calls.lua in its own process.
 local support = dofile("spec/support.lua")

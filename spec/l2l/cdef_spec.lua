@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- ffi_spec — the FFI declarations are the public header's, and every one resolves.
+-- cdef_spec — the FFI declarations are the public header's, and every one resolves.
 local support = dofile("spec/support.lua")
 
 local function read(path)

@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- arguments_spec — every public Lua function refuses what it does not understand (issue
+-- argcheck_spec — every public Lua function refuses what it does not understand (issue
 -- 21, defect 12: `l2l.tensor(t, "i32")` gave an f32 tensor without a word): arguments
 -- beyond those it takes, an option it does not know (a near miss names the option meant,
 -- anything else lists the known ones) and a non-table where its options go. Each error
@@ -321,7 +321,7 @@ add("lua/l2l/plan.lua", {
                         option = "remeasure" },
 })
 
--- Their valid calls would start MPI in the spec runner: spec/dist_spec.lua makes them
+-- Their valid calls would start MPI in the spec runner: spec/l2l/dist_spec.lua makes them
 -- under mpirun. What is checked here comes before MPI is asked for.
 add("lua/l2l/dist.lua", {
   ["l2l.dist.init"] = { n = 0, valid = false },

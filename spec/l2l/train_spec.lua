@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- train_command_spec — `l2l train`: the training program (examples/train_gpt.lua) as a
+-- train_spec — `l2l train`: the training program (examples/train_gpt.lua) as a
 -- command of the executable, with a flag for every option of the option table
 -- (src/core/options.def) that reaches the relay it makes, and --dry-run, which prints the
 -- planner's figures and trains nothing. Each runs the command as a user runs it, a

@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- running_relay_spec — a relay in the middle of a step refuses every other call on it.
+-- relay_running_spec — a relay in the middle of a step refuses every other call on it.
 -- A layer written in Lua runs inside the relay's step, on the compute thread, and can
 -- reach the relay that runs it (a closure, a global): freeing it there used to free the
 -- step's own memory under it (a use after free), a nested step ran inside the outer one,

@@ -65,7 +65,7 @@ static char *repo_file(const char *rel) {
   return read_text(path);
 }
 
-/* Every misuse file's text (spec/c/test_api_misuse*.c, found beside this one), joined;
+/* Every misuse file's text (spec/c/api/test_api_misuse*.c, found beside this one), joined;
    *files gets their count. NULL when the folder cannot be read. */
 static char *misuse_sources(int *files) {
   char dir[1024];
@@ -132,14 +132,14 @@ static bool calls(const char *text, const char *name) {
 }
 
 /* Covers: that every function declared in include/l2l.h (with its parts) is called in one of
-   the misuse files (spec/c/test_api_misuse*.c). Their declarations are read from
+   the misuse files (spec/c/api/test_api_misuse*.c). Their declarations are read from
    lua/l2l/cdef.lua, which is the header's FFI blocks in order (made by
    scripts/gen_cdef.lua; ffi_spec fails when it drifts from them). */
 TEST(misuse_every_public_function_has_cases) {
   int files = 0;
   char *header = repo_file("lua/l2l/cdef.lua"), *self = misuse_sources(&files);
   if (!CHECK(header != NULL && self != NULL && files >= 2,
-             "cannot read lua/l2l/cdef.lua or the spec/c/test_api_misuse*.c files from %s "
+             "cannot read lua/l2l/cdef.lua or the spec/c/api/test_api_misuse*.c files from %s "
              "(%d read; run from the repository root)",
              __FILE__, files)) {
     free(header), free(self);
@@ -167,7 +167,7 @@ TEST(misuse_every_public_function_has_cases) {
     functions++;
     if (!calls(self, name)) {
       missing++;
-      CHECK(false, "%s (declared in include/l2l.h) has no misuse case in spec/c/test_api_misuse*.c",
+      CHECK(false, "%s (declared in include/l2l.h) has no misuse case in spec/c/api/test_api_misuse*.c",
             name);
     }
     i += n;

@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- save_load_spec — what run:save writes, l2l.load takes, and nothing else (issue 47):
+-- checkpoint_save_load_spec — what run:save writes, l2l.load takes, and nothing else (issue 47):
 -- a save refuses optimizer state a load would refuse, leaving the last good file as it
 -- was (item 2); every setting of l2l.Relay, drawn at random from the relay's own option
 -- list, comes back from a save unchanged, and the machine's settings may be given anew at

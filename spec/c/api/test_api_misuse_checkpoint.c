@@ -2,7 +2,7 @@
 /* test_api_misuse_checkpoint.c — a relay's checkpoint in C called with what it must refuse:
  * l2l_relay_save, l2l_relay_load, l2l_checkpoint_description. test_api_misuse.c says what a
  * refusal must do and how; misuse.h holds the harness; what a file may hold wrongly is
- * spec/c/test_checkpoint.c's. All test names start with "misuse_".
+ * spec/c/relay/test_checkpoint.c's. All test names start with "misuse_".
  */
 #include <limits.h>
 #include <stdio.h>
@@ -13,7 +13,7 @@
 #include "misuse.h"
 
 /* Covers: l2l_relay_save, l2l_relay_load, l2l_checkpoint_description (what a file may
-   hold wrongly is spec/c/test_checkpoint.c's; here the arguments). */
+   hold wrongly is spec/c/relay/test_checkpoint.c's; here the arguments). */
 TEST(misuse_checkpoints) {
   struct rig rig;
   l2l_relay_config c = relay_config();

@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- options_spec — the relay's options are one table (src/core/options.def): every field of
+-- option_table_spec — the relay's options are one table (src/core/options.def): every field of
 -- l2l_relay_config, of its optimizer and of its schedule has exactly one row, found at
 -- its C offset; the table's bounds and choices are what l2l.Relay and C's check take and
 -- refuse (drawn afresh each run), each refusal naming the option in Lua's terms; and
