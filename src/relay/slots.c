@@ -47,6 +47,17 @@ static l2l_status slot_view(l2l_tensor **out, const struct step *s, const l2l_te
   return L2L_OK;
 }
 
+/* Zeroes the first `bytes` of a slot with one fill (zero bits are 0.0 in every float
+   dtype), not one per record. */
+static l2l_status zero_slot_bytes(const l2l_tensor *slot, uint64_t bytes) {
+  if (bytes == 0) return L2L_OK;
+  l2l_tensor *used = NULL;
+  l2l_status status = l2l_tensor_view_rows(&used, slot, 0, (int64_t)bytes);
+  if (status == L2L_OK) status = l2l_tensor_fill(used, 0.0);
+  l2l_tensor_free(used);
+  return status;
+}
+
 /* The slots (bytes), sized for the largest active layer. */
 l2l_status relay_slots_new(struct step *s) {
   int64_t shape[1] = {(int64_t)slot_size(s, SCHEDULE_SLOT_VALUES)};
@@ -176,10 +187,10 @@ l2l_status relay_params_bind(struct step *s, int k, bool grads) {
     if (grads) {
       TRY(slot_view(&s->grads[r], s, s->gslot[s->gs], &offset, pj->rec[r], SCHEDULE_SLOT_GRADS));
       s->ngrads = r + 1;
-      if (!s->gzero[s->gs]) TRY(l2l_tensor_fill(s->grads[r], 0.0));
     }
     l2l_param_bind(l2l_layer_param(layer, r), pj->value[r], grads ? s->grads[r] : NULL);
   }
+  if (grads && !s->gzero[s->gs]) TRY(zero_slot_bytes(s->gslot[s->gs], offset));
   if (grads) s->gzero[s->gs] = false;
   return L2L_OK;
 }
@@ -190,9 +201,11 @@ l2l_status relay_params_done(struct step *s, int k, bool give) {
   l2l_relay *run = s->run;
   struct params_job *pj = s->params[0];
   l2l_layer *layer = active_layer(s, k)->layer;
+  uint64_t grad_bytes = 0;   /* of the gradient slot, the records' */
   for (int r = 0; r < pj->nrec; r++) {
     l2l_param_bind(l2l_layer_param(layer, r), NULL, NULL);
     l2l_tensor_free(pj->value[r]);
+    if (r < s->ngrads) grad_bytes += slot_bytes(run, pj->rec[r], SCHEDULE_SLOT_GRADS);
   }
   s->slot_use[pj->slot].held = k;
   memcpy(s->pslots[pj->slot].updates, pj->updates, sizeof pj->updates);
@@ -201,12 +214,9 @@ l2l_status relay_params_done(struct step *s, int k, bool give) {
   s->params[1] = NULL;
   if (!give) {
     /* Dropped gradients (a frozen layer's): the slot is zeroed here instead. */
-    bool zeroed = s->host_device;
-    for (int r = 0; r < s->ngrads; r++) {
-      if (zeroed) zeroed = l2l_tensor_fill(s->grads[r], 0.0) == L2L_OK;
-      l2l_tensor_free(s->grads[r]);
-    }
-    if (s->ngrads > 0) s->gzero[s->gs] = zeroed;
+    for (int r = 0; r < s->ngrads; r++) l2l_tensor_free(s->grads[r]);
+    if (s->ngrads > 0)
+      s->gzero[s->gs] = s->host_device && zero_slot_bytes(s->gslot[s->gs], grad_bytes) == L2L_OK;
     s->ngrads = 0;
     return L2L_OK;
   }
