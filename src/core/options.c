@@ -119,6 +119,9 @@ int64_t l2l_option_word(const l2l_option *o, const void *base) {
 
 /* ---------------------------------------------------------------- the checks */
 
+/* Each message leads with "<prefix><field>", marked as naming the field (L2L_NAMED). */
+#define FIELD L2L_NAMED_FIELD "%s%s" L2L_NAMED_END
+
 /* "device (0), host (1) or recompute (2)" into buf. */
 static const char *choices_text(char *buf, size_t len, const l2l_option *o) {
   size_t n = 0;
@@ -140,14 +143,14 @@ static bool applies(const l2l_option *o, int optimizer_kind) {
 static l2l_status check_float(const l2l_option *o, float v, int optimizer_kind, const char *func,
                               const char *prefix) {
   if (!isfinite(v))
-    return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s must be finite, got %g", prefix, o->field, (double)v);
+    return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be finite, got %g", prefix, o->field, (double)v);
   if (!applies(o, optimizer_kind)) return L2L_OK;
   bool low = o->flags & L2L_OPTION_OPEN_LOW ? v > o->min : v >= o->min;
   bool high = o->flags & L2L_OPTION_OPEN_HIGH ? v < o->max : v <= o->max;
   if (low && high) return L2L_OK;
   if (isinf(o->max) && (o->flags & L2L_OPTION_OPEN_LOW))
-    return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s must be > %g, got %g", prefix, o->field, o->min, (double)v);
-  return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s must be in %c%g, %g%c, got %g", prefix, o->field,
+    return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be > %g, got %g", prefix, o->field, o->min, (double)v);
+  return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be in %c%g, %g%c, got %g", prefix, o->field,
                      o->flags & L2L_OPTION_OPEN_LOW ? '(' : '[', o->min, o->max,
                      o->flags & L2L_OPTION_OPEN_HIGH || isinf(o->max) ? ')' : ']', (double)v);
 }
@@ -157,15 +160,15 @@ static l2l_status check_integer(const l2l_option *o, int64_t w, const char *func
   if (o->type == L2L_OPTION_UINT64) {
     uint64_t u = (uint64_t)w;
     if ((double)u >= o->min && (o->max >= 0x1p64 || (double)u <= o->max)) return L2L_OK;
-    return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s must be %.0f to %.0f, got %llu", prefix, o->field,
+    return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be %.0f to %.0f, got %llu", prefix, o->field,
                        o->min, o->max, (unsigned long long)u);
   }
   bool top = o->type == L2L_OPTION_INT ? o->max >= INT_MAX : o->max >= 0x1p63;
   if ((double)w >= o->min && (top || (double)w <= o->max)) return L2L_OK;
   if (top)
-    return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s must be >= %.0f, got %lld", prefix, o->field,
+    return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be >= %.0f, got %lld", prefix, o->field,
                        o->min, (long long)w);
-  return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s must be %.0f to %.0f, got %lld", prefix, o->field,
+  return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be %.0f to %.0f, got %lld", prefix, o->field,
                      o->min, o->max, (long long)w);
 }
 
@@ -184,16 +187,16 @@ static l2l_status check_row(const l2l_option *o, const void *base, int optimizer
     case L2L_OPTION_CHOICE:
       for (int k = 0; k < o->nchoices; k++)
         if (o->choice_values[k] == (int)w) return L2L_OK;
-      return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s %d is unknown: it must be %s", prefix,
+      return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " %d is unknown: it must be %s", prefix,
                          o->field, (int)w, choices_text(text, sizeof text, o));
     case L2L_OPTION_BOOL:
       if (w == 0 || w == 1) return L2L_OK;
-      return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s must be 0 or 1, got %d", prefix, o->field, (int)w);
+      return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be 0 or 1, got %d", prefix, o->field, (int)w);
     case L2L_OPTION_PATH: {
       const char *p;
       memcpy(&p, at, sizeof p);
       if (p == NULL || p[0] != '\0') return L2L_OK;
-      return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s is empty (NULL: none)", prefix, o->field);
+      return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " is empty (NULL: none)", prefix, o->field);
     }
     default:
       return applies(o, optimizer_kind) ? check_integer(o, w, func, prefix) : L2L_OK;
