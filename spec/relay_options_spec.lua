@@ -22,7 +22,8 @@ end
 -- None of C's own naming: a field through a struct pointer, a C function's name in front
 -- of the words, a layer list's index.
 local function no_c_naming(msg)
-  for _, c_words in ipairs { "config%->", "batch%->", "layers%[", ": l2l_%l", "^l2l_%l[%w_]*: ", ": [%l_]+_[%l_]+: " } do
+  for _, c_words in ipairs { "config%->", "batch%->", "layers%[", ": l2l_%l", "^l2l_%l[%w_]*: ",
+                             ": [%l_]+_[%l_]+: " } do
     assert.is_falsy(msg:find(c_words), ("seed %d: C's naming %q left in: %s"):format(seed, c_words, msg))
   end
 end
@@ -121,7 +122,8 @@ describe("the relay's refusals in Lua's terms", function()
     says(refusal(function() run:step(ids(B, S), ids(B, S), { token_types = ids(B, S, 0) }) end),
          "run:step: opts.token_types given but the embedding has type_vocab 0")
     local mask = l2l.tensor({ { 1, 1 }, { 1, 1 }, { 1, 1 }, { 1, 1 } }, { dtype = "u8" })
-    says(refusal(function() run:step(ids(B, S), ids(B, S), { key_mask = mask }) end), "run:step: opts.key_mask is u8 (4,2)")
+    says(refusal(function() run:step(ids(B, S), ids(B, S), { key_mask = mask }) end),
+         "run:step: opts.key_mask is u8 (4,2)")
     run:free()
   end)
 end)

@@ -553,6 +553,8 @@ enum {
   L2L_OPTION_DECAY = 64,
   L2L_OPTION_PLAN = 128
 };
+
+enum { L2L_OPTION_KINDS = 3 };
 typedef struct l2l_option {
   const char *name;
   const char *field;
@@ -566,6 +568,7 @@ typedef struct l2l_option {
   const char *const *choice_names;
   const int *choice_values;
   const char *help;
+  double kind_default[L2L_OPTION_KINDS];
 } l2l_option;
 
 int l2l_relay_option_count(void);

@@ -66,22 +66,37 @@ CHOICE_VALUES(SCHEDULE, L2L_SCHEDULE_CONSTANT, L2L_SCHEDULE_COSINE, L2L_SCHEDULE
 #define DECAY L2L_OPTION_DECAY
 #define PLAN L2L_OPTION_PLAN
 
+/* An optimizer's or schedule's row: its value for each kind, by the kind's value. */
+_Static_assert(L2L_OPTIMIZER_SGD == 0 && L2L_OPTIMIZER_ADAMW == 1 && L2L_OPTIMIZER_LAMB == 2 &&
+                   L2L_SCHEDULE_CONSTANT == 0 && L2L_SCHEDULE_COSINE == 1 && L2L_SCHEDULE_LINEAR == 2,
+               "BY_KIND's order is the kinds' values");
+#define BY_KIND(a, b, c) {(double)(a), (double)(b), (double)(c)}
+#define ALL_KINDS(v) BY_KIND(v, v, v)
+#define REQUIRED NAN
+#define KINDS_RELAY(...) {0, 0, 0}
+#define KINDS_OPTIMIZER(...) __VA_ARGS__   /* (BY_KIND's braces: its commas split arguments) */
+#define KINDS_SCHEDULE(...) __VA_ARGS__
+
 const l2l_option l2l_options[] = {
 #define OPTION(name, group, field, type, dflt, lo, hi, keep, flags, choices, help)              \
   {#name, #field, L2L_OPTION_##group, L2L_OPTION_##type, offsetof(GROUP_##group, field),     \
-   (double)(lo), (double)(hi), (flags), L2L_KEEP_##keep, choices, help},
+   (double)(lo), (double)(hi), (flags), L2L_KEEP_##keep, choices, help, KINDS_##group(dflt)},
 #include "options.def"
 #undef OPTION
 };
 const int l2l_options_count = (int)(sizeof l2l_options / sizeof l2l_options[0]);
 
-/* The rows' defaults, each written in its field's type (a double would round an int64's). */
+/* The rows' defaults, each written in its field's type (a double would round an int64's):
+   the relay's, and AdamW's and the constant schedule's of the others. */
 #define FIELDS_RELAY(c) (c)
 #define FIELDS_OPTIMIZER(c) (&(c)->optimizer)
 #define FIELDS_SCHEDULE(c) (&(c)->schedule)
+#define DEFAULT_RELAY(...) (__VA_ARGS__)
+#define DEFAULT_OPTIMIZER(...) ((const double[])__VA_ARGS__)[L2L_OPTIMIZER_ADAMW]
+#define DEFAULT_SCHEDULE(...) ((const double[])__VA_ARGS__)[L2L_SCHEDULE_CONSTANT]
 static void default_fields(l2l_relay_config *c) {
 #define OPTION(name, group, field, type, dflt, lo, hi, keep, flags, choices, help) \
-  FIELDS_##group(c)->field = (__typeof__(FIELDS_##group(c)->field))(dflt);
+  FIELDS_##group(c)->field = (__typeof__(FIELDS_##group(c)->field))(DEFAULT_##group(dflt));
 #include "options.def"
 #undef OPTION
 }
