@@ -90,11 +90,28 @@ L2L_API const char *l2l_last_error(void);
 L2L_API void l2l_clear_error(void);
 /* What the calling thread's last error was about, beside its words, so that a front end
    words it in its own terms without reading the message: each field says nothing (-1, 0,
-   "") where the error does not name it. */
+   "") where the error does not name it. A front end words the message again by putting
+   its own names for the layer, micro-batch and field in place of the spans that name them
+   (counting from 1, naming an option as it does). */
+/* Where a message names something: its bytes [at, at + bytes) of l2l_last_error()
+   (bytes 0: it does not name it). */
+typedef struct l2l_error_span {
+  int at;
+  int bytes;
+} l2l_error_span;
 typedef struct l2l_error_detail {
   int layer;              /* the layer it names, counted from 0 in the caller's list */
   uint64_t needed_bytes;  /* a budget refused: the smallest that works, in bytes */
-  char field[48];         /* the config field or argument it names ("micro_batch") */
+  char field[48];         /* the config field or argument it names ("micro_batch", "tokens") */
+  int64_t micro_batch;    /* the micro-batch of a step it names, counted from 0 */
+  int text;               /* l2l_last_error() + text: the message without the failing
+                             function's name in front ("l2l_relay_new: ") */
+  int element_dims;       /* an element of the field it names: its index in each of */
+  int64_t element[L2L_MAX_DIMS];  /* element_dims dims, from 0 (element_dims 0: none) */
+  l2l_error_span layer_named;        /* "layer 2", "layers[2]" */
+  l2l_error_span micro_batch_named;  /* "micro-batch 0" */
+  l2l_error_span field_named;        /* "config->accumulate", "batch->tokens" */
+  l2l_error_span element_named;      /* "[0][3]" (after the field's name) */
 } l2l_error_detail;
 L2L_API l2l_status l2l_last_error_detail(l2l_error_detail *out);
 L2L_API const char *l2l_status_name(l2l_status status);

@@ -415,6 +415,9 @@ enum {
   L2L_OPTION_PLAN = 128         /* the planner takes it: it sets memory or time and a plan
                                    does not choose it (l2l.plan's options) */
 };
+/* The kinds of optimizer (SGD, AdamW, LAMB) and of schedule (constant, cosine, linear): a
+   row's kind_default has a value for each, by the kind's value. */
+enum { L2L_OPTION_KINDS = 3 };
 typedef struct l2l_option {
   const char *name;             /* as l2l.Relay, the optimizers, schedules and flags take it */
   const char *field;            /* the C field in the group's struct */
@@ -428,6 +431,13 @@ typedef struct l2l_option {
   const char *const *choice_names;
   const int *choice_values;
   const char *help;             /* one line */
+  double kind_default[L2L_OPTION_KINDS];  /* OPTIMIZER, SCHEDULE rows: the field's value in a
+                                   config of each kind (l2l_optimizer_kind, l2l_schedule_kind)
+                                   made with no options: the default where the kind takes the
+                                   option (flags SGD, ADAM, DECAY say which do), what its field
+                                   holds where not; NAN where that kind must be given it.
+                                   l2l_relay_config_default's are AdamW's and the constant
+                                   schedule's. RELAY rows: 0 (l2l_relay_config_default's) */
 } l2l_option;
 /* The number of rows, and row `index` (0 .. count - 1) into *out (never to be freed). */
 L2L_API int l2l_relay_option_count(void);

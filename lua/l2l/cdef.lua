@@ -16,10 +16,22 @@ enum { L2L_MAX_DIMS = 4, L2L_ALIGN = 64, L2L_MAX_PARAMS = 12, L2L_PARAM_NAME_MAX
 const char *l2l_last_error(void);
 void l2l_clear_error(void);
 
+typedef struct l2l_error_span {
+  int at;
+  int bytes;
+} l2l_error_span;
 typedef struct l2l_error_detail {
   int layer;
   uint64_t needed_bytes;
   char field[48];
+  int64_t micro_batch;
+  int text;
+  int element_dims;
+  int64_t element[L2L_MAX_DIMS];
+  l2l_error_span layer_named;
+  l2l_error_span micro_batch_named;
+  l2l_error_span field_named;
+  l2l_error_span element_named;
 } l2l_error_detail;
 l2l_status l2l_last_error_detail(l2l_error_detail *out);
 const char *l2l_status_name(l2l_status status);
@@ -541,6 +553,8 @@ enum {
   L2L_OPTION_DECAY = 64,
   L2L_OPTION_PLAN = 128
 };
+
+enum { L2L_OPTION_KINDS = 3 };
 typedef struct l2l_option {
   const char *name;
   const char *field;
@@ -554,6 +568,7 @@ typedef struct l2l_option {
   const char *const *choice_names;
   const int *choice_values;
   const char *help;
+  double kind_default[L2L_OPTION_KINDS];
 } l2l_option;
 
 int l2l_relay_option_count(void);

@@ -429,7 +429,7 @@ local function load(path, overrides)
     -- the run's precision, the update counts, a gradient saved mid-accumulation (with ranks
     -- on rank 0), the progress and the loss scale restored
     if C.l2l_relay_load(relay.c_relay(new, fname, 2), path) ~= 0 then
-      error(fname .. ": " .. relay_options.lua_message(lib.last_error()), 0)
+      error(fname .. ": " .. relay_options.lua_message(), 0)
     end
     new.extra = desc.extra
     return new

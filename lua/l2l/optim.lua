@@ -7,8 +7,8 @@
 -- Purpose: turn an options table into the C config the EPS runs (l2l_optimizer_config,
 -- l2l_schedule_config in include/l2l/relay.h, "optimizers"), refusing bad values in Lua with an
 -- error that names the option, before any C object exists. Which values an option takes
--- (bounds, choices) is its row's in the option table (l2l.option_table); the defaults of
--- each optimizer and schedule are written here. The maths lives in C, stated
+-- (bounds, choices) and each optimizer's and schedule's defaults are its row's in the
+-- option table (l2l.option_table: src/core/options.def). The maths lives in C, stated
 -- once in l2l.h; schedule:lr(base, t) asks C (l2l_schedule_lr) so Lua never has a second
 -- copy of it.
 -- Must never: compute an update in Lua, or accept an option it does not know.
@@ -18,7 +18,7 @@ local argcheck = require("l2l.argcheck")
 local option_table = require("l2l.option_table")
 
 local C, check, too_many = lib.C, lib.check, argcheck.too_many
-local ROW = option_table.ROW
+local ROW, ROWS = option_table.ROW, option_table.ROWS
 local type, tostring, floor, huge, select = type, tostring, math.floor, math.huge, select
 
 local M = {}
@@ -82,12 +82,14 @@ local function known(o, allowed, fname)
   return checked_o
 end
 
+-- The value of option `name` that an optimizer or schedule of `kind` ("sgd", "cosine", ...)
+-- takes where not given: its row's in the option table (nil: that kind must be given it).
+local function default(kind, name) return ROW[name].defaults[kind] end
+
 ----------------------------------------------------------------- optimizers
 
-local kinds = ROW.optimizer.ids   -- sgd, adamw, lamb
-
 -- betas = {b1, b2} or beta1 = , beta2 = (not both ways at once).
-local function betas(o, fname)
+local function betas(o, fname, kind)
   if o.betas ~= nil then
     if o.beta1 ~= nil or o.beta2 ~= nil then
       fail(fname .. ": give option 'betas' or options 'beta1'/'beta2', not both")
@@ -98,7 +100,7 @@ local function betas(o, fname)
     local b = { beta1 = o.betas[1], beta2 = o.betas[2] }
     return row_float(b, "beta1", nil, fname), row_float(b, "beta2", nil, fname)
   end
-  return row_float(o, "beta1", 0.9, fname), row_float(o, "beta2", 0.999, fname)
+  return row_float(o, "beta1", default(kind, "beta1"), fname), row_float(o, "beta2", default(kind, "beta2"), fname)
 end
 
 local ADAM_OPTIONS = { lr = 1, betas = 1, beta1 = 1, beta2 = 1, eps = 1, weight_decay = 1, decay_all = 1,
@@ -107,36 +109,36 @@ local ADAM_OPTIONS = { lr = 1, betas = 1, beta1 = 1, beta2 = 1, eps = 1, weight_
 -- The precision of the optimizer state (l2l.h, "optimizers"): "f32", "bf16" or "8bit".
 local STATES = ROW.state.ids   -- f32, bf16, 8bit
 M.STATES = STATES
-local function state_option(o, fname)
-  return option(o, "state", "f32", fname, function(v) return STATES[v] ~= nil end,
+local function state_option(o, fname, kind)
+  return option(o, "state", default(kind, "state"), fname, function(v) return STATES[v] ~= nil end,
                 '"f32", "bf16" or "8bit"')
 end
 
-local function adam_like(kind, fname, o, decay_default)
+local function adam_like(kind, fname, o)
   o = known(o, ADAM_OPTIONS, fname)
-  local self = { kind = kind, lr = row_float(o, "lr", 1e-3, fname) }
-  self.beta1, self.beta2 = betas(o, fname)
-  self.eps = row_float(o, "eps", 1e-8, fname)
-  self.weight_decay = row_float(o, "weight_decay", decay_default, fname)
-  self.decay_all = boolean(o, "decay_all", false, fname)
-  self.state = state_option(o, fname)
+  local self = { kind = kind, lr = row_float(o, "lr", default(kind, "lr"), fname) }
+  self.beta1, self.beta2 = betas(o, fname, kind)
+  self.eps = row_float(o, "eps", default(kind, "eps"), fname)
+  self.weight_decay = row_float(o, "weight_decay", default(kind, "weight_decay"), fname)
+  self.decay_all = boolean(o, "decay_all", default(kind, "decay_all"), fname)
+  self.state = state_option(o, fname, kind)
   return setmetatable(self, Optimizer)
 end
 
--- l2l.SGD{lr = 0.01, momentum = 0, nesterov = false, weight_decay = 0, decay_all = false,
---         state = "f32"}
+-- l2l.SGD{lr =, momentum =, nesterov =, weight_decay =, decay_all =, state =}
+-- (each optimizer's and schedule's defaults: option_table's row.defaults, from options.def)
 local function sgd(o)
   local fname = "l2l.SGD"
   o = known(o, { lr = 1, momentum = 1, nesterov = 1, weight_decay = 1, decay_all = 1, state = 1 }, fname)
-  local self = { kind = "sgd", lr = row_float(o, "lr", 0.01, fname) }
-  self.momentum = row_float(o, "momentum", 0, fname)
-  self.nesterov = boolean(o, "nesterov", false, fname)
+  local self = { kind = "sgd", lr = row_float(o, "lr", default("sgd", "lr"), fname) }
+  self.momentum = row_float(o, "momentum", default("sgd", "momentum"), fname)
+  self.nesterov = boolean(o, "nesterov", default("sgd", "nesterov"), fname)
   if self.nesterov and self.momentum == 0 then
     fail(fname .. ": option 'nesterov' needs option 'momentum' > 0")
   end
-  self.weight_decay = row_float(o, "weight_decay", 0, fname)
-  self.decay_all = boolean(o, "decay_all", false, fname)
-  self.state = state_option(o, fname)
+  self.weight_decay = row_float(o, "weight_decay", default("sgd", "weight_decay"), fname)
+  self.decay_all = boolean(o, "decay_all", default("sgd", "decay_all"), fname)
+  self.state = state_option(o, fname, "sgd")
   return setmetatable(self, Optimizer)
 end
 function M.SGD(o, ...)
@@ -145,25 +147,42 @@ function M.SGD(o, ...)
   return self
 end
 
--- l2l.AdamW{lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0.01, decay_all = false,
---           state = "f32"}  (state: "f32", "bf16" or "8bit", the optimizer state's precision)
+-- l2l.AdamW{lr =, betas = {beta1, beta2} (or beta1 =, beta2 =), eps =, weight_decay =,
+--           decay_all =, state =}  (state: "f32", "bf16" or "8bit", the optimizer state's
+--           precision)
 function M.AdamW(o, ...)
   if select("#", ...) ~= 0 then too_many("l2l.AdamW", "options", 2, ...) end
-  local self = checked(adam_like, "adamw", "l2l.AdamW", o, 0.01)
+  local self = checked(adam_like, "adamw", "l2l.AdamW", o)
   return self
 end
 
--- l2l.LAMB{lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0.01, decay_all = false,
---          state = "f32"}
+-- l2l.LAMB{...}: AdamW's options
 function M.LAMB(o, ...)
   if select("#", ...) ~= 0 then too_many("l2l.LAMB", "options", 2, ...) end
-  local self = checked(adam_like, "lamb", "l2l.LAMB", o, 0.01)
+  local self = checked(adam_like, "lamb", "l2l.LAMB", o)
   return self
 end
 
 function M.is_optimizer(x, ...)
   if select("#", ...) ~= 0 then too_many("l2l.is_optimizer", "x", 2, ...) end
   return getmetatable(x) == Optimizer
+end
+
+-- The fields of group's C config c from obj (an optimizer or a schedule): the kind, then
+-- each option obj holds, and for one it does not take, what the table says its kind's
+-- field holds.
+local function fill_group(c, obj, group)
+  for _, row in ipairs(ROWS) do
+    if row.group == group and row.defaults == nil then   -- the kind
+      c[row.field] = row.ids[obj.kind]
+    elseif row.group == group then
+      local v = obj[row.name]
+      if v == nil then v = row.defaults[obj.kind] end
+      if row.type == "bool" then v = v and 1 or 0 elseif row.type == "choice" then v = row.ids[v] end
+      c[row.field] = v
+    end
+  end
+  return c
 end
 
 -- Fills an l2l_optimizer_config (cdata) from the optimizer.
@@ -173,17 +192,7 @@ function Optimizer:fill(c, ...)
   if not ffi.istype("l2l_optimizer_config", c) then
     error("optimizer:fill: c must be an l2l_optimizer_config, got " .. argcheck.describe(c), 2)
   end
-  c.kind = kinds[self.kind]
-  c.lr = self.lr
-  c.momentum = self.momentum or 0
-  c.nesterov = self.nesterov and 1 or 0
-  c.beta1 = self.beta1 or 0.9
-  c.beta2 = self.beta2 or 0.999
-  c.eps = self.eps or 1e-8
-  c.weight_decay = self.weight_decay
-  c.decay_all = self.decay_all and 1 or 0
-  c.state = STATES[self.state or "f32"]
-  return c
+  return fill_group(c, self, "optimizer")
 end
 
 function Optimizer:config(...)
@@ -207,29 +216,28 @@ end
 
 ----------------------------------------------------------------- schedules
 
-local schedule_kinds = ROW.schedule.ids   -- constant, cosine, linear
-
--- l2l.ConstantLR{warmup = 0}: factor t/warmup during warm-up, then 1.
+-- l2l.ConstantLR{warmup =}: factor t/warmup during warm-up, then 1.
 local function constant(fname, o)
   o = known(o, { warmup = 1 }, fname)
-  return setmetatable({ kind = "constant", warmup = count(o, "warmup", 0, fname, 0),
-                        total = 0, final_ratio = 1 }, Schedule)
+  return setmetatable({ kind = "constant", warmup = count(o, "warmup", default("constant", "warmup"), fname, 0),
+                        total = default("constant", "total"), final_ratio = default("constant", "final_ratio") },
+                      Schedule)
 end
 
 local function decaying(kind, fname, o)
   o = known(o, { warmup = 1, total = 1, final_ratio = 1 }, fname)
-  local self = { kind = kind, warmup = count(o, "warmup", 0, fname, 0),
-                 total = count(o, "total", nil, fname, 1) }
+  local self = { kind = kind, warmup = count(o, "warmup", default(kind, "warmup"), fname, 0),
+                 total = count(o, "total", default(kind, "total"), fname, 1) }
   if self.total <= self.warmup then
     fail(("%s: option 'total' (%d) must exceed option 'warmup' (%d)"):format(fname, self.total,
          self.warmup))
   end
-  self.final_ratio = row_float(o, "final_ratio", 0, fname)
+  self.final_ratio = row_float(o, "final_ratio", default(kind, "final_ratio"), fname)
   return setmetatable(self, Schedule)
 end
--- l2l.CosineLR{warmup = 0, total = (required), final_ratio = 0}
+-- l2l.CosineLR{warmup =, total = (required), final_ratio =}
 local function cosine(fname, o) return decaying("cosine", fname, o) end
--- l2l.LinearLR{warmup = 0, total = (required), final_ratio = 0}
+-- l2l.LinearLR{warmup =, total = (required), final_ratio =}
 local function linear(fname, o) return decaying("linear", fname, o) end
 
 -- The constructor l2l.<name>, building with build(fname, o); errors name the function the
@@ -264,11 +272,7 @@ function Schedule:fill(c, ...)
   if not ffi.istype("l2l_schedule_config", c) then
     error("schedule:fill: c must be an l2l_schedule_config, got " .. argcheck.describe(c), 2)
   end
-  c.kind = schedule_kinds[self.kind]
-  c.warmup = self.warmup
-  c.total = self.total
-  c.final_ratio = self.final_ratio
-  return c
+  return fill_group(c, self, "schedule")
 end
 
 function Schedule:config(...)

@@ -4,7 +4,7 @@
 -- Purpose: the one list of the options of a relay, its optimizer and its schedule, read
 -- through l2l_relay_option, for every module that reads or shows an option: the relay's
 -- readers (l2l.relay_options), the optimizers' and schedules' (l2l.optim: names, bounds,
--- choices), `l2l train`'s flags (l2l.cli). Below all of them, so none requires another for it.
+-- choices, each kind's defaults), `l2l train`'s flags (l2l.cli). Below all of them, so none requires another for it.
 -- Must never: hold an option of its own, or a value (what a row allows is C's).
 local ffi = require("ffi")
 local lib = require("l2l.lib")
@@ -39,6 +39,7 @@ local function read_rows()
         row.choices[k + 1], row.ids[name] = name, o.choice_values[k]
       end
     end
+    row.kind_default = { [0] = o.kind_default[0], o.kind_default[1], o.kind_default[2] }
     rows[#rows + 1], by_name[row.name] = row, row
   end
   return rows, by_name
@@ -50,6 +51,38 @@ function M.names(row)
   local names = {}
   for name, value in pairs(row.ids) do names[value] = name end
   return names
+end
+
+-- The kinds of the optimizer's and the schedule's rows (their kind rows' choices, by value)
+-- and which of them take a row's option, as its flags say (sgd: SGD's only; adam: AdamW's
+-- and LAMB's; decay: a cosine or linear schedule's).
+local KIND_ROW = { optimizer = M.ROW.optimizer, schedule = M.ROW.schedule }
+local ONLY = { sgd = { sgd = true }, adam = { adamw = true, lamb = true }, decay = { cosine = true, linear = true } }
+local function takes(row, kind)
+  for flag, kinds in pairs(ONLY) do
+    if row.flags[flag] then return kinds[kind] == true end
+  end
+  return true
+end
+
+-- An optimizer's or schedule's row: row.defaults[kind] (kind "sgd", "adamw", "lamb" or
+-- "constant", "cosine", "linear") the option's value in a config of that kind made with no
+-- options, as Lua holds it (a boolean, a choice's name; nil: that kind must be given it),
+-- from the table's kind_default; row.takes[kind], whether that kind takes the option. The
+-- kind row itself has neither.
+for _, row in ipairs(M.ROWS) do
+  local kind_row = KIND_ROW[row.group]
+  if kind_row and row ~= kind_row then
+    row.defaults, row.takes = {}, {}
+    local names = row.type == "choice" and M.names(row)
+    for kind, k in pairs(kind_row.ids) do
+      local v = row.kind_default[k]
+      if v ~= v then v = nil   -- NaN: required
+      elseif row.type == "bool" then v = v ~= 0
+      elseif names then v = names[v] end
+      row.defaults[kind], row.takes[kind] = v, takes(row, kind)
+    end
+  end
 end
 
 -- What a float row takes, in words: "a finite number >= 0", "a finite number > 0", "a

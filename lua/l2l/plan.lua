@@ -114,7 +114,7 @@ function M.make(model, config, request, fname)
   q.frozen, q.rates = frozen, rates
   local out = ffi.new("l2l_plan *[1]")
   if C.l2l_plan_new(out, list, n, config, q) ~= 0 then
-    fail(fname .. ": " .. relay_options.lua_message(lib.last_error()))
+    fail(fname .. ": " .. relay_options.lua_message())
   end
   return M.wrap(ffi.gc(out, function(box) C.l2l_plan_free(box[0]) end), model, config, request)
 end

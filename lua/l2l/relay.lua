@@ -89,7 +89,7 @@ end
 
 -- lib.check for the relay's own calls: the message in Lua's terms.
 local function rcheck(status, fname, level)
-  if status ~= 0 then error(fname .. ": " .. lua_message(lib.last_error()), (level or 2) + 1) end
+  if status ~= 0 then error(fname .. ": " .. lua_message(), (level or 2) + 1) end
 end
 
 ----------------------------------------------------------------- making one
@@ -142,7 +142,7 @@ local function follower(self)
     return self.box[0]
   end
   local function c_fail(fname, i, layer, what)
-    fail(("%s: %s%s: %s"):format(fname, where(layer, i), what, lua_message(lib.last_error())))
+    fail(("%s: %s%s: %s"):format(fname, where(layer, i), what, lua_message()))
   end
   -- A layer joining the relay at i (insert, or replace the one there).
   local function join(cfunc, what)
@@ -239,7 +239,7 @@ apply_plan = function(self, plan, fname)
   if plan.handle == nil then
     fail(fname .. ": option 'plan': a plan = \"auto\" made is its relay's; plan another with l2l.plan{...}")
   end
-  if C.l2l_relay_apply_plan(self.box[0], plan.handle[0]) ~= 0 then fail(fname .. ": " .. lua_message(lib.last_error())) end
+  if C.l2l_relay_apply_plan(self.box[0], plan.handle[0]) ~= 0 then fail(fname .. ": " .. lua_message()) end
   -- (another plan: its steps are measured afresh for run:plan_report)
   if self.plan ~= plan then self.plan_measured, self.plan_steps = nil, nil end
   self.plan, self.options.micro_batch = plan, plan.micro_batch
@@ -255,7 +255,7 @@ local function plan_auto(self, fname, tokens, opts)
   local B, S = tokens:dim(1), tokens:dim(2)
   if C.l2l_relay_plan_auto(plan_out, r, B, S, opts and opts.token_types and 1 or 0,
                            opts and opts.key_mask and 1 or 0) ~= 0 then
-    fail(fname .. ": plan = \"auto\": " .. lua_message(lib.last_error()))
+    fail(fname .. ": plan = \"auto\": " .. lua_message())
   end
   local plan = plan_mod.wrap(plan_out, self.model, options.config_of(self.options),
                              { batch = B, seq = S, device_budget = self.options.device_budget }, true)
@@ -375,7 +375,7 @@ local function step_or_evaluate(self, fname, cfunc, tokens, targets, opts)
   end
   self.device_before = tonumber(device_pool().current)
   local status = run_layers(self, fname, cfunc, r, b, skip)
-  check_call(status, fname, 3, locator(self), lua_message)
+  check_call(status, fname, 3, locator(self), function() return lua_message() end)
   if self.plan and cfunc == C.l2l_relay_step then plan_mod.check_prediction(self) end
   return tonumber(loss_out[0])
 end

@@ -10,7 +10,7 @@
 -- both refuse a bad option with one message naming it; below both modules, so neither
 -- requires the other for it. Defaults and bounds are C's (l2l_relay_config_default,
 -- l2l_relay_config_check): Lua checks only that a value fits its C field, and shows C's
--- message in the options' names.
+-- message in the options' names (lua_message, from the error's detail).
 -- Must never: read the model or the plan (l2l.Relay checks those), or hold state.
 local ffi = require("ffi")
 local lib = require("l2l.lib")
@@ -143,7 +143,7 @@ function M.read_settings(o, fname)
   if not optim.is_schedule(s.schedule) then
     fail(fname .. ": option 'schedule' must be l2l.ConstantLR{...}, l2l.CosineLR{...} or l2l.LinearLR{...}, got " .. tostring(o.schedule))
   end
-  if C.l2l_relay_config_check(M.config_of(s)) ~= 0 then fail(fname .. ": " .. M.lua_message(lib.last_error())) end
+  if C.l2l_relay_config_check(M.config_of(s)) ~= 0 then fail(fname .. ": " .. M.lua_message()) end
   return s
 end
 
@@ -171,30 +171,59 @@ function M.config_of(s)
 end
 
 ----------------------------------------------------------------- C's messages in Lua's terms
--- The C relay counts layers, boundaries and micro-batches from 0 and names the fields of
--- l2l_relay_config and l2l_relay_batch; a Lua user counts from 1 and passed options,
--- tokens, targets and opts. Its messages are rewritten accordingly (and an internal
--- function's name in front of a message, e.g. "check_step: ", is dropped).
+-- C names what a message is about in C's terms: a field of l2l_relay_config or
+-- l2l_relay_batch ("config->micro_batch", "batch->tokens[0][3]"), a layer or a
+-- micro-batch counted from 0. The error's detail (l2l_last_error_detail) says what the
+-- message names and which of its bytes name each; Lua puts its own names there (the
+-- option, the argument, the element as :get takes it, counts from 1) and leaves out the
+-- C function's name in front. Nothing here reads the message's words.
 
-local function plus_one(d) return tostring(tonumber(d) + 1) end
-
-function M.lua_message(msg)
-  msg = msg:gsub("^[%l%d]+_[%l%d_]+: ", "")
-  for _, row in ipairs(ROWS) do   -- a field named otherwise than its option
-    if row.group == "relay" and row.field ~= row.name then
-      msg = msg:gsub("config%->" .. row.field .. "%f[^%w_]", "option '" .. row.name .. "'")
+-- The Lua name of a field C names: an option (the table's rows: the relay's, then its
+-- optimizer's and schedule's but their "kind"), or an argument of run:step.
+local FIELD_NAMES = { tokens = "tokens", targets = "targets", token_types = "opts.token_types",
+                      key_mask = "opts.key_mask", skip = "opts.skip" }
+for _, group in ipairs({ "relay", "optimizer", "schedule" }) do
+  for _, row in ipairs(ROWS) do
+    if row.group == group and row.field ~= "kind" and FIELD_NAMES[row.field] == nil then
+      FIELD_NAMES[row.field] = "option '" .. row.name .. "'"
     end
   end
-  msg = msg:gsub("config%->([%w_]+)", "option '%1'")
-  -- "layer N" first: the two rewrites below produce "layer N" already counted from 1
-  msg = msg:gsub("([Ll]ayer )(%d+)", function(w, d) return w .. plus_one(d) end)
-  msg = msg:gsub("layers%[(%d+)%]", function(d) return "layer " .. plus_one(d) end)
-  msg = msg:gsub("batch%->skip%[(%d+)%]", function(d) return "opts.skip: layer " .. plus_one(d) end)
-  msg = msg:gsub("batch%->tokens", "tokens"):gsub("batch%->targets", "targets")
-  msg = msg:gsub("batch%->token_types", "opts.token_types"):gsub("batch%->key_mask", "opts.key_mask")
-  msg = msg:gsub("(micro%-batch )(%d+)", function(w, d) return w .. plus_one(d) end)
-  msg = msg:gsub("(position )(%d+)", function(w, d) return w .. plus_one(d) end)
-  return msg
+end
+M.FIELD_NAMES = FIELD_NAMES
+
+-- The words for each span of the detail d that names something Lua words otherwise, as
+-- {at, bytes, words}, in the message's order.
+local function renamed(d)
+  local spans = {}
+  local function put(span, known, words)
+    if known and span.bytes > 0 then spans[#spans + 1] = { span.at, span.bytes, words } end
+  end
+  put(d.layer_named, d.layer >= 0, "layer " .. (d.layer + 1))
+  put(d.micro_batch_named, d.micro_batch >= 0, "micro-batch " .. tostring(tonumber(d.micro_batch) + 1))
+  local field = ffi.string(d.field)
+  put(d.field_named, FIELD_NAMES[field] ~= nil, FIELD_NAMES[field])
+  local index = {}
+  for i = 0, d.element_dims - 1 do index[i + 1] = tostring(tonumber(d.element[i]) + 1) end
+  put(d.element_named, d.element_dims > 0, ":get(" .. table.concat(index, ", ") .. ")")
+  table.sort(spans, function(x, y) return x[1] < y[1] end)
+  return spans
+end
+
+-- The last C error in Lua's terms (above).
+local detail = ffi.new("l2l_error_detail")
+function M.lua_message()
+  local message = ffi.string(C.l2l_last_error())
+  C.l2l_last_error_detail(detail)
+  local parts, at = {}, detail.text
+  for _, span in ipairs(renamed(detail)) do
+    if span[1] >= at then
+      parts[#parts + 1] = message:sub(at + 1, span[1])
+      parts[#parts + 1] = span[3]
+      at = span[1] + span[2]
+    end
+  end
+  parts[#parts + 1] = message:sub(at + 1)
+  return table.concat(parts)
 end
 
 return M

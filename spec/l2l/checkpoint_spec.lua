@@ -484,8 +484,8 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
   it("refuse numbers in the description that would be truncated, and bound the threads it asks for", function()
     local path, edited = saved_for_editing("numbers")
     for _, case in ipairs {
-      { function(d) d.layers[2].rng_id = 2 ^ 32 + 5 end, "rng_id must be an integer from 0 to" },
-      { function(d) d.layers[1].rng_id = -1 end, "rng_id must be an integer" },
+      { function(d) d.layers[2].rng_id = 2 ^ 32 + 5 end, "layer 2: rng_id must be an integer from 0 to" },
+      { function(d) d.layers[1].rng_id = -1 end, "layer 1: rng_id must be an integer" },
       { function(d) d.records[1].updates = 1.5 end, "updates must be an integer" },
       { function(d) d.records[1].updates = 2 ^ 53 end, "updates must be an integer" },
       { function(d) d.progress.steps = 2.5 end, "progress: steps must be an integer" },

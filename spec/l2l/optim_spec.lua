@@ -121,3 +121,90 @@ describe("learning-rate schedules named as such (seed " .. support.seed .. ")", 
     os.execute("rm -rf '" .. dir .. "'")
   end)
 end)
+
+-- Each optimizer's and schedule's defaults are its rows' in the option table
+-- (src/core/options.def, read here through l2l_relay_option itself, not l2l.option_table):
+-- an optimizer or schedule built with no options holds them, its C config holds every
+-- field's value for its kind, and C's default config is AdamW's and the constant schedule's.
+describe("each optimizer's and schedule's defaults", function()
+  local ffi = require("ffi")
+  local lib = require("l2l.lib")
+  local C = lib.C
+
+  -- The table's rows of a group as C gives them.
+  local function rows_of(group)
+    local out, list = ffi.new("const l2l_option *[1]"), {}
+    for i = 0, C.l2l_relay_option_count() - 1 do
+      assert.are.equal(0, C.l2l_relay_option(out, i))
+      if out[0].group == group then list[#list + 1] = out[0] end
+    end
+    assert.is_true(#list >= 4)
+    return list
+  end
+
+  -- v as a C field of the row's type holds it.
+  local function as_field(row, v)
+    return row.type == C.L2L_OPTION_FLOAT and lib.as_f32(v) or v
+  end
+
+  -- Whether a kind takes the row's option (its flags: SGD's, AdamW's and LAMB's, decaying
+  -- schedules' only).
+  local function takes(row, only_sgd, only_adam, only_decay)
+    local f = row.flags
+    if bit.band(f, C.L2L_OPTION_SGD) ~= 0 then return only_sgd end
+    if bit.band(f, C.L2L_OPTION_ADAM) ~= 0 then return only_adam end
+    if bit.band(f, C.L2L_OPTION_DECAY) ~= 0 then return only_decay end
+    return true
+  end
+
+  -- obj (built with no options but `given`) against the table's values for kind k.
+  local function check(obj, k, group, taken, given)
+    local c = obj:config()
+    for _, row in ipairs(rows_of(group)) do
+      local name, field = ffi.string(row.name), ffi.string(row.field)
+      local want = row.kind_default[k]
+      if given[name] ~= nil then want = given[name] end
+      assert.are.equal(as_field(row, want), tonumber(c[field]),
+                       ("%s %s: its C field"):format(tostring(obj), name))
+      if field ~= "kind" and taken(row) then
+        local held = obj[name]
+        if row.type == C.L2L_OPTION_BOOL then held = held and 1 or 0 end
+        if row.type == C.L2L_OPTION_CHOICE then
+          for j = 0, row.nchoices - 1 do
+            if ffi.string(row.choice_names[j]) == held then held = row.choice_values[j] end
+          end
+        end
+        assert.are.equal(want, held, ("%s %s: its value"):format(tostring(obj), name))
+      end
+    end
+  end
+
+  it("are the option table's for every optimizer and schedule, and C's default config AdamW's", function()
+    local OPT, SCHED = C.L2L_OPTION_OPTIMIZER, C.L2L_OPTION_SCHEDULE
+    for _, o in ipairs { { l2l.SGD, C.L2L_OPTIMIZER_SGD, true, false },
+                         { l2l.AdamW, C.L2L_OPTIMIZER_ADAMW, false, true },
+                         { l2l.LAMB, C.L2L_OPTIMIZER_LAMB, false, true } } do
+      check(o[1] {}, o[2], OPT, function(row) return takes(row, o[3], o[4], false) end, {})
+    end
+    check(l2l.ConstantLR {}, C.L2L_SCHEDULE_CONSTANT, SCHED,
+          function(row) return takes(row, false, false, false) end, {})
+    for _, s in ipairs { { l2l.CosineLR, C.L2L_SCHEDULE_COSINE, "l2l.CosineLR" },
+                         { l2l.LinearLR, C.L2L_SCHEDULE_LINEAR, "l2l.LinearLR" } } do
+      local total = support.int(1, 10000)   -- required: the table has none for it
+      check(s[1] { total = total }, s[2], SCHED, function(row) return takes(row, false, false, true) end,
+            { total = total })
+      local ok, err = pcall(s[1], {})
+      assert.is_false(ok)
+      assert.is_truthy(tostring(err):find(s[3] .. ": option 'total' is required", 1, true), tostring(err))
+    end
+    -- C's default config: AdamW's and the constant schedule's values, field by field
+    local d = ffi.new("l2l_relay_config")
+    C.l2l_relay_config_default(d)
+    for _, g in ipairs { { OPT, d.optimizer, C.L2L_OPTIMIZER_ADAMW }, { SCHED, d.schedule, C.L2L_SCHEDULE_CONSTANT } } do
+      for _, row in ipairs(rows_of(g[1])) do
+        assert.are.equal(as_field(row, row.kind_default[g[3]]), tonumber(g[2][ffi.string(row.field)]),
+                         ffi.string(row.name))
+      end
+    end
+  end)
+end)

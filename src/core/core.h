@@ -41,6 +41,26 @@ l2l_status l2l_fail_in(const char *func, l2l_status status, const char *fmt, ...
 l2l_status l2l_error_note_layer(l2l_status status, int layer);
 l2l_status l2l_error_note_needed(l2l_status status, uint64_t bytes);
 l2l_status l2l_error_note_field(l2l_status status, const char *field);
+l2l_status l2l_error_note_micro_batch(l2l_status status, int64_t micro_batch);
+l2l_status l2l_error_note_element(l2l_status status, int dims, const int64_t *index);
+/* Marks in a message's format around the words that name the layer, micro-batch or field
+   the detail notes: "%s must be >= 1" with L2L_NAMED_FIELD "config->accumulate" L2L_NAMED_END
+   as its argument, or in the format itself. The marks are not in the message; the detail
+   says where those words are (l2l_error_detail's spans), so that a front end puts its own
+   names there. */
+#define L2L_NAMED_START "\x1e"
+#define L2L_NAMED_END "\x1f"
+#define L2L_NAMED_LAYER L2L_NAMED_START "L"
+#define L2L_NAMED_MICRO_BATCH L2L_NAMED_START "M"
+#define L2L_NAMED_FIELD L2L_NAMED_START "F"
+#define L2L_NAMED_ELEMENT L2L_NAMED_START "E"
+/* The last message with fmt's words (marks and all) in front in place of its function's
+   name, its spans moved behind them: "layers[2]: " + "the layer has dim 16, ...". The
+   caller notes what its words name (the layer, the micro-batch). */
+l2l_status l2l_error_wrap(l2l_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* The last message named after func in place of the function it was, all else kept. */
+l2l_status l2l_error_rename(const char *func, l2l_status status);
 
 /* Propagate a failed status unchanged (its message is already set). */
 #define TRY(expr)                                   \
@@ -399,6 +419,8 @@ const char *l2l_shape_str(char *buf, size_t len, const l2l_tensor *t);
 /* The element at row-major offset `flat` of t as C indexes it, "[1][2]" for 5 of a (2,3)
    tensor, into buf, for messages (the Lua front end shows them counted from 1). */
 const char *l2l_index_str(char *buf, size_t len, const l2l_tensor *t, int64_t flat);
+/* The index of element `flat` of t in each of its dims (returned: their number). */
+int l2l_index_of(int64_t index[L2L_MAX_DIMS], const l2l_tensor *t, int64_t flat);
 /* t is a live tensor of `dtype` with exactly the dims given (ndim of them); else
    L2L_ERR_INVALID naming `name`, with func's name in front. */
 l2l_status l2l_need_shape(const char *func, const char *name, const l2l_tensor *t,

@@ -66,22 +66,37 @@ CHOICE_VALUES(SCHEDULE, L2L_SCHEDULE_CONSTANT, L2L_SCHEDULE_COSINE, L2L_SCHEDULE
 #define DECAY L2L_OPTION_DECAY
 #define PLAN L2L_OPTION_PLAN
 
+/* An optimizer's or schedule's row: its value for each kind, by the kind's value. */
+_Static_assert(L2L_OPTIMIZER_SGD == 0 && L2L_OPTIMIZER_ADAMW == 1 && L2L_OPTIMIZER_LAMB == 2 &&
+                   L2L_SCHEDULE_CONSTANT == 0 && L2L_SCHEDULE_COSINE == 1 && L2L_SCHEDULE_LINEAR == 2,
+               "BY_KIND's order is the kinds' values");
+#define BY_KIND(a, b, c) {(double)(a), (double)(b), (double)(c)}
+#define ALL_KINDS(v) BY_KIND(v, v, v)
+#define REQUIRED NAN
+#define KINDS_RELAY(...) {0, 0, 0}
+#define KINDS_OPTIMIZER(...) __VA_ARGS__   /* (BY_KIND's braces: its commas split arguments) */
+#define KINDS_SCHEDULE(...) __VA_ARGS__
+
 const l2l_option l2l_options[] = {
 #define OPTION(name, group, field, type, dflt, lo, hi, keep, flags, choices, help)              \
   {#name, #field, L2L_OPTION_##group, L2L_OPTION_##type, offsetof(GROUP_##group, field),     \
-   (double)(lo), (double)(hi), (flags), L2L_KEEP_##keep, choices, help},
+   (double)(lo), (double)(hi), (flags), L2L_KEEP_##keep, choices, help, KINDS_##group(dflt)},
 #include "options.def"
 #undef OPTION
 };
 const int l2l_options_count = (int)(sizeof l2l_options / sizeof l2l_options[0]);
 
-/* The rows' defaults, each written in its field's type (a double would round an int64's). */
+/* The rows' defaults, each written in its field's type (a double would round an int64's):
+   the relay's, and AdamW's and the constant schedule's of the others. */
 #define FIELDS_RELAY(c) (c)
 #define FIELDS_OPTIMIZER(c) (&(c)->optimizer)
 #define FIELDS_SCHEDULE(c) (&(c)->schedule)
+#define DEFAULT_RELAY(...) (__VA_ARGS__)
+#define DEFAULT_OPTIMIZER(...) ((const double[])__VA_ARGS__)[L2L_OPTIMIZER_ADAMW]
+#define DEFAULT_SCHEDULE(...) ((const double[])__VA_ARGS__)[L2L_SCHEDULE_CONSTANT]
 static void default_fields(l2l_relay_config *c) {
 #define OPTION(name, group, field, type, dflt, lo, hi, keep, flags, choices, help) \
-  FIELDS_##group(c)->field = (__typeof__(FIELDS_##group(c)->field))(dflt);
+  FIELDS_##group(c)->field = (__typeof__(FIELDS_##group(c)->field))(DEFAULT_##group(dflt));
 #include "options.def"
 #undef OPTION
 }
@@ -119,6 +134,9 @@ int64_t l2l_option_word(const l2l_option *o, const void *base) {
 
 /* ---------------------------------------------------------------- the checks */
 
+/* Each message leads with "<prefix><field>", marked as naming the field (L2L_NAMED). */
+#define FIELD L2L_NAMED_FIELD "%s%s" L2L_NAMED_END
+
 /* "device (0), host (1) or recompute (2)" into buf. */
 static const char *choices_text(char *buf, size_t len, const l2l_option *o) {
   size_t n = 0;
@@ -140,14 +158,14 @@ static bool applies(const l2l_option *o, int optimizer_kind) {
 static l2l_status check_float(const l2l_option *o, float v, int optimizer_kind, const char *func,
                               const char *prefix) {
   if (!isfinite(v))
-    return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s must be finite, got %g", prefix, o->field, (double)v);
+    return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be finite, got %g", prefix, o->field, (double)v);
   if (!applies(o, optimizer_kind)) return L2L_OK;
   bool low = o->flags & L2L_OPTION_OPEN_LOW ? v > o->min : v >= o->min;
   bool high = o->flags & L2L_OPTION_OPEN_HIGH ? v < o->max : v <= o->max;
   if (low && high) return L2L_OK;
   if (isinf(o->max) && (o->flags & L2L_OPTION_OPEN_LOW))
-    return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s must be > %g, got %g", prefix, o->field, o->min, (double)v);
-  return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s must be in %c%g, %g%c, got %g", prefix, o->field,
+    return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be > %g, got %g", prefix, o->field, o->min, (double)v);
+  return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be in %c%g, %g%c, got %g", prefix, o->field,
                      o->flags & L2L_OPTION_OPEN_LOW ? '(' : '[', o->min, o->max,
                      o->flags & L2L_OPTION_OPEN_HIGH || isinf(o->max) ? ')' : ']', (double)v);
 }
@@ -157,15 +175,15 @@ static l2l_status check_integer(const l2l_option *o, int64_t w, const char *func
   if (o->type == L2L_OPTION_UINT64) {
     uint64_t u = (uint64_t)w;
     if ((double)u >= o->min && (o->max >= 0x1p64 || (double)u <= o->max)) return L2L_OK;
-    return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s must be %.0f to %.0f, got %llu", prefix, o->field,
+    return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be %.0f to %.0f, got %llu", prefix, o->field,
                        o->min, o->max, (unsigned long long)u);
   }
   bool top = o->type == L2L_OPTION_INT ? o->max >= INT_MAX : o->max >= 0x1p63;
   if ((double)w >= o->min && (top || (double)w <= o->max)) return L2L_OK;
   if (top)
-    return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s must be >= %.0f, got %lld", prefix, o->field,
+    return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be >= %.0f, got %lld", prefix, o->field,
                        o->min, (long long)w);
-  return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s must be %.0f to %.0f, got %lld", prefix, o->field,
+  return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be %.0f to %.0f, got %lld", prefix, o->field,
                      o->min, o->max, (long long)w);
 }
 
@@ -184,16 +202,16 @@ static l2l_status check_row(const l2l_option *o, const void *base, int optimizer
     case L2L_OPTION_CHOICE:
       for (int k = 0; k < o->nchoices; k++)
         if (o->choice_values[k] == (int)w) return L2L_OK;
-      return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s %d is unknown: it must be %s", prefix,
+      return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " %d is unknown: it must be %s", prefix,
                          o->field, (int)w, choices_text(text, sizeof text, o));
     case L2L_OPTION_BOOL:
       if (w == 0 || w == 1) return L2L_OK;
-      return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s must be 0 or 1, got %d", prefix, o->field, (int)w);
+      return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be 0 or 1, got %d", prefix, o->field, (int)w);
     case L2L_OPTION_PATH: {
       const char *p;
       memcpy(&p, at, sizeof p);
       if (p == NULL || p[0] != '\0') return L2L_OK;
-      return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s is empty (NULL: none)", prefix, o->field);
+      return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " is empty (NULL: none)", prefix, o->field);
     }
     default:
       return applies(o, optimizer_kind) ? check_integer(o, w, func, prefix) : L2L_OK;

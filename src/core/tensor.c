@@ -24,8 +24,7 @@ const char *l2l_shape_str(char *buf, size_t len, const l2l_tensor *t) {
   return buf;
 }
 
-const char *l2l_index_str(char *buf, size_t len, const l2l_tensor *t, int64_t flat) {
-  int64_t index[L2L_MAX_DIMS];
+int l2l_index_of(int64_t index[L2L_MAX_DIMS], const l2l_tensor *t, int64_t flat) {
   int n = t->ndim > 0 && t->ndim <= L2L_MAX_DIMS ? t->ndim : 1;
   for (int i = n - 1; i > 0; i--) {
     int64_t d = t->shape[i] > 0 ? t->shape[i] : 1;
@@ -33,6 +32,12 @@ const char *l2l_index_str(char *buf, size_t len, const l2l_tensor *t, int64_t fl
     flat /= d;
   }
   index[0] = flat;
+  return n;
+}
+
+const char *l2l_index_str(char *buf, size_t len, const l2l_tensor *t, int64_t flat) {
+  int64_t index[L2L_MAX_DIMS];
+  int n = l2l_index_of(index, t, flat);
   size_t used = 0;
   buf[0] = '\0';
   for (int i = 0; i < n && used < len; i++)

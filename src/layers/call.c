@@ -142,15 +142,28 @@ static l2l_status call_shape(const char *func, const l2l_layer *layer, const l2l
   return l2l_need_shape(func, "x", x, L2L_F32, 3, dims);
 }
 
+/* A batch field's name marked as naming it (L2L_NAMED), and the refusal `status` of it,
+   its detail naming the field ("tokens" of "batch->tokens"). */
+static const char *named_field(char *buf, size_t len, const char *name) {
+  snprintf(buf, len, L2L_NAMED_FIELD "%s" L2L_NAMED_END, name);
+  return buf;
+}
+l2l_status l2l_batch_refused(l2l_status status, const char *name) {
+  const char *arrow = strstr(name, "->");
+  return l2l_error_note_field(status, arrow ? arrow + 2 : name);
+}
+
 l2l_status l2l_batch_tensor(const struct batch_check *bc, const char *name, const l2l_tensor *t,
                             l2l_dtype dtype, int ndim) {
   int64_t dims[2] = {bc->batch, bc->seq};
-  TRY(l2l_need_shape(bc->func, name, t, dtype, ndim, dims));
+  char named[64];
+  l2l_status status = l2l_need_shape(bc->func, named_field(named, sizeof named, name), t, dtype, ndim, dims);
+  if (status != L2L_OK) return l2l_batch_refused(status, name);
   if (l2l_pool_domain(t->storage->pool) != bc->domain)
-    return l2l_fail_in(bc->func, L2L_ERR_INVALID, "%s must be in %s, not '%s'", name,
-                       bc->domain == l2l_pool_domain(L2L_POOL_HOST) ? "the host or pinned pool"
-                                                                    : "the device pool",
-                       l2l_pool_name(t->storage->pool));
+    return l2l_batch_refused(l2l_fail_in(bc->func, L2L_ERR_INVALID, "%s must be in %s, not '%s'", named,
+                                         bc->domain == l2l_pool_domain(L2L_POOL_HOST)
+                                             ? "the host or pinned pool" : "the device pool",
+                                         l2l_pool_name(t->storage->pool)), name);
   return L2L_OK;
 }
 
@@ -161,11 +174,16 @@ l2l_status l2l_batch_ids(const struct batch_check *bc, const char *name, const l
   int32_t value = 0;
   TRY(bc->ops->find_out_of_range(&bad, &value, l2l_tensor_ptr(t), t->numel, 0, (int32_t)hi,
                                  except));
-  char at[128];
-  if (bad >= 0)
-    return l2l_fail_in(bc->func, L2L_ERR_INVALID, "%s%s = %d is outside [0, %lld)%s", name,
-                       l2l_index_str(at, sizeof at, t, bad), value, (long long)hi,
-                       except == -1 ? " and not -1" : "");
+  char at[128], named[64];
+  int64_t index[L2L_MAX_DIMS];
+  if (bad >= 0) {
+    l2l_status status = l2l_fail_in(bc->func, L2L_ERR_INVALID,
+                                    "%s" L2L_NAMED_ELEMENT "%s" L2L_NAMED_END " = %d is outside [0, %lld)%s",
+                                    named_field(named, sizeof named, name),
+                                    l2l_index_str(at, sizeof at, t, bad), value, (long long)hi,
+                                    except == -1 ? " and not -1" : "");
+    return l2l_batch_refused(l2l_error_note_element(status, l2l_index_of(index, t, bad), index), name);
+  }
   return L2L_OK;
 }
 

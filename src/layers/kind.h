@@ -135,6 +135,9 @@ struct batch_check {
   bool backward;
   bool values_checked;         /* ids are not scanned (l2l_layer_check_batch) */
 };
+/* The refusal `status` of batch field `name` ("batch->tokens"), its message naming it marked
+   (L2L_NAMED_FIELD): the error's detail names the field ("tokens"). Returns status. */
+l2l_status l2l_batch_refused(l2l_status status, const char *name);
 /* A batch field `name` (e.g. "batch->tokens"): `dtype` with dims (B, S) (ndim 2) or (B)
    (ndim 1), in the call's domain of pools. */
 l2l_status l2l_batch_tensor(const struct batch_check *bc, const char *name, const l2l_tensor *t,

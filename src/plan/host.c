@@ -30,7 +30,7 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
   bool *frozen = calloc((size_t)(L > 0 ? L : 1), sizeof *frozen);
   struct layers_record *recs = NULL;
   int n = 0;
-  l2l_status status = list && frozen ? L2L_OK : l2l_fail(L2L_ERR_NOMEM, "l2l_plan_new: no memory for %d layers", L);
+  l2l_status status = list && frozen ? L2L_OK : l2l_fail_in("l2l_plan_new", L2L_ERR_NOMEM, "no memory for %d layers", L);
   for (int k = 0; status == L2L_OK && k < L; k++) list[k] = layers[k].layer, frozen[k] = layers[k].frozen;
   if (status == L2L_OK) status = layers_records(&recs, &n, list, frozen, L);
   free(list), free(frozen);
@@ -38,7 +38,7 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
   struct l2l_host_record *bytes = calloc((size_t)(n > 0 ? n : 1), sizeof *bytes);
   if (bytes == NULL) {
     free(recs);
-    return l2l_fail(L2L_ERR_NOMEM, "l2l_plan_new: no memory for %d records", n);
+    return l2l_fail_in("l2l_plan_new", L2L_ERR_NOMEM, "no memory for %d records", n);
   }
   /* with a spill file a frozen record's accumulator is never in memory (it holds nothing:
      its pages are given back), and the others pass when the budget cannot hold them all
@@ -99,12 +99,12 @@ static l2l_status disk_pass(double *seconds, int fd, char *buffer, uint64_t tota
     ssize_t got = write ? pwrite(fd, buffer, CHUNK, (off_t)done) : pread(fd, buffer, CHUNK, (off_t)done);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0)
-      return l2l_fail(L2L_ERR_IO, "l2l_plan_new: measuring the spill directory %s: %s", dir,
+      return l2l_fail_in("l2l_plan_new", L2L_ERR_IO, "measuring the spill directory %s: %s", dir,
                       got < 0 ? strerror(errno) : "a read came back short");
     done += (uint64_t)got;
   }
   if (write && fdatasync(fd) != 0)
-    return l2l_fail(L2L_ERR_IO, "l2l_plan_new: measuring the spill directory %s: %s", dir, strerror(errno));
+    return l2l_fail_in("l2l_plan_new", L2L_ERR_IO, "measuring the spill directory %s: %s", dir, strerror(errno));
   *seconds = l2l_now() - t0;
   return L2L_OK;
 }
@@ -130,13 +130,13 @@ l2l_status plan_disk_rates(double *read, double *write, const char *dir) {
   snprintf(path, sizeof path, "%s/l2l-rates-XXXXXX", dir);
   int fd = mkstemp(path);
   if (fd < 0)
-    return l2l_fail(L2L_ERR_IO, "l2l_plan_new: the spill directory %s cannot be measured: %s", dir,
+    return l2l_fail_in("l2l_plan_new", L2L_ERR_IO, "the spill directory %s cannot be measured: %s", dir,
                     strerror(errno));
   int direct = open(path, O_RDWR | O_DIRECT | O_CLOEXEC);
   unlink(path);   /* the descriptors keep it until closed: nothing is left behind */
   void *buffer = NULL;
   l2l_status status = posix_memalign(&buffer, 4096, 8 << 20) == 0
-                          ? L2L_OK : l2l_fail(L2L_ERR_NOMEM, "l2l_plan_new: no memory to measure a disk");
+                          ? L2L_OK : l2l_fail_in("l2l_plan_new", L2L_ERR_NOMEM, "no memory to measure a disk");
   /* the file allocated first, as a spill file's regions are (posix_fallocate), so the
      writes overwrite as the spill's do (allocating writes run slower); then three passes
      each way, the median kept: a virtual machine's disk moves by a third between passes,
@@ -146,7 +146,7 @@ l2l_status plan_disk_rates(double *read, double *write, const char *dir) {
   int use = direct >= 0 ? direct : fd;
   if (status == L2L_OK) memset(buffer, 0x5a, 8 << 20);
   if (status == L2L_OK && posix_fallocate(fd, 0, TOTAL) != 0)
-    status = l2l_fail(L2L_ERR_IO, "l2l_plan_new: the spill directory %s has no room for a 256 MiB "
+    status = l2l_fail_in("l2l_plan_new", L2L_ERR_IO, "the spill directory %s has no room for a 256 MiB "
                       "measuring file", dir);
   for (int i = 0; i < PASSES && status == L2L_OK; i++) {
     status = disk_pass(&writes[i], use, buffer, TOTAL, true, dir);

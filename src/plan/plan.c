@@ -15,6 +15,10 @@
 
 #define PLAN_MAGIC 0x6c32706cu   /* "l2pl" */
 
+
+/* "layer %d" and config->field in a message, marked as naming them (L2L_NAMED) */
+#define LAYER L2L_NAMED_LAYER "layer %d" L2L_NAMED_END
+#define CONFIG(field) L2L_NAMED_FIELD "config->" #field L2L_NAMED_END
 /* What a plan was made for, layer by layer: everything that sets a layer's memory and
    time (its config without the seed of its initial weights, its records' sizes, whether
    it is frozen), and the relay settings that set the step's. A relay given the plan is
@@ -113,8 +117,8 @@ l2l_status plan_check_model(const l2l_plan *plan, l2l_layer *const *layers, cons
       describe_key(a, sizeof a, &here);
       describe_key(b, sizeof b, &plan->keys[k]);
       if (strcmp(a, b) == 0) snprintf(a, sizeof a, "another config of %.255s", b);
-      return l2l_fail(L2L_ERR_INVALID, "the plan was made for another model: layer %d is %s here, "
-                      "%s in the plan", k, a, b);
+      return l2l_error_note_layer(l2l_fail(L2L_ERR_INVALID, "the plan was made for another model: " LAYER
+                                           " is %s here, %s in the plan", k, a, b), k);
     }
   }
   struct plan_settings_key s = settings_key(config), p = plan->settings;
@@ -139,56 +143,65 @@ static l2l_status too_small(const struct plan_chain *c, const struct plan_result
   int largest = schedule_largest_layer(&sc, SCHEDULE_SLOT_VALUES, c->precision, c->grad_precision,
                                        &bytes);
   schedule_free(&sc);
-  return l2l_error_note_needed(l2l_fail(L2L_ERR_BUDGET,
-              "l2l_plan_new: no plan fits a device budget of %llu bytes (%s): the smallest needs %llu bytes (%s), "
+  l2l_status refused = l2l_error_note_needed(l2l_fail_in("l2l_plan_new", L2L_ERR_BUDGET,
+              "no plan fits a device budget of %llu bytes (%s): the smallest needs %llu bytes (%s), "
               "in micro-batches of %lld samples with every layer recomputed and its boundary on the "
               "host; of "
-              "them %s are the %d parameter slots and 2 gradient slots sized by layer %d (%s)",
+              "them %s are the %d parameter slots and 2 gradient slots sized by " LAYER " (%s)",
               (unsigned long long)budget, l2l_human_bytes(have, 32, budget),
               (unsigned long long)r->leanest_peak, l2l_human_bytes(want, 32, r->leanest_peak),
               (long long)r->leanest_micro_batch, l2l_human_bytes(slots_text, 32, slots),
               c->param_slots, largest, l2l_layer_name(c->layers[largest].layer)), r->leanest_peak);
+  return l2l_error_note_layer(refused, largest);
 }
 
 static l2l_status check_request(l2l_layer *const *layers, int nlayers, const l2l_relay_config *config,
                                 const l2l_plan_request *q) {
-  if (layers == NULL) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: layers is NULL");
-  if (config == NULL) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: config is NULL");
-  if (q == NULL) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: request is NULL");
+  if (layers == NULL) return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "layers is NULL");
+  if (config == NULL) return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "config is NULL");
+  if (q == NULL) return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "request is NULL");
   if (nlayers < 2 || nlayers > 1 << 20)
-    return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: nlayers must be 2 to 2^20 (an input layer, a head), got %d", nlayers);
+    return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "nlayers must be 2 to 2^20 (an input layer, a head), got %d", nlayers);
   for (int k = 0; k < nlayers; k++)   /* live first: a role is read from the layer */
-    if (l2l_layer_param_count(layers[k]) < 0) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: layers[%d] is not a live layer", k);
+    if (l2l_layer_param_count(layers[k]) < 0)
+      return l2l_error_note_layer(l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" L2L_NAMED_LAYER "layers[%d]"
+                                           L2L_NAMED_END " is not a live layer", k), k);
   for (int k = 0; k < nlayers; k++)
     if (l2l_layer_role(layers[k]) == L2L_ROLE_HEAD && k != nlayers - 1)
-      return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: layer %d is a head but not the last", k);
-  if (l2l_layer_role(layers[0]) != L2L_ROLE_INPUT) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: layer 0 must be an input layer");
-  if (l2l_layer_role(layers[nlayers - 1]) != L2L_ROLE_HEAD) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: the last layer must be a head");
+      return l2l_error_note_layer(l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" LAYER " is a head but not the "
+                                           "last", k), k);
+  if (l2l_layer_role(layers[0]) != L2L_ROLE_INPUT)
+    return l2l_error_note_layer(l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" LAYER " must be an input layer", 0), 0);
+  if (l2l_layer_role(layers[nlayers - 1]) != L2L_ROLE_HEAD) return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "the last layer must be a head");
   l2l_layer_config input;
   l2l_layer_get_config(&input, layers[0]);
   if (input.kind == L2L_LAYER_EMBEDDING && q->seq > input.max_seq)
-    return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: seq %lld is above the embedding's max_seq %lld",
+    return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "seq %lld is above the embedding's max_seq %lld",
                     (long long)q->seq, (long long)input.max_seq);
   if (q->batch < 1 || q->batch > (INT64_C(1) << 24) || q->seq < 1 || q->seq > (INT64_C(1) << 24))
-    return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: batch and seq must be 1 to 2^24, got %lld and %lld",
+    return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "batch and seq must be 1 to 2^24, got %lld and %lld",
                 (long long)q->batch, (long long)q->seq);
-  if (q->device_budget == 0) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: device_budget must be > 0");
+  if (q->device_budget == 0) return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "device_budget must be > 0");
   if ((q->token_types != 0 && q->token_types != 1) || (q->key_mask != 0 && q->key_mask != 1))
-    return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: token_types and key_mask must be 0 or 1");
+    return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "token_types and key_mask must be 0 or 1");
   if (config->param_slots != 0 && (config->param_slots < 2 || config->param_slots > 4096))
-    return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: config->param_slots must be 0 or 2 to 4096, got %d", config->param_slots);
-  if (config->accumulate < 1) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: config->accumulate must be >= 1");
+    return l2l_error_note_field(l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" CONFIG(param_slots) " must be 0 or 2 "
+                                         "to 4096, got %d", config->param_slots), "param_slots");
+  if (config->accumulate < 1)
+    return l2l_error_note_field(l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" CONFIG(accumulate) " must be >= 1"),
+                                "accumulate");
   const l2l_plan_rates *r = q->rates;
   if (r && !(r->flops >= 0 && r->h2d > 0 && r->d2h > 0 && r->optimizer > 0 && r->visit >= 0 &&
              r->flops < 1e30 && r->h2d < 1e30 && r->d2h < 1e30 && r->optimizer < 1e30 && r->visit < 1e6))
-    return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: rates must be finite, h2d, d2h and optimizer > 0, flops and visit >= 0");
+    return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "rates must be finite, h2d, d2h and optimizer > 0, flops and visit >= 0");
   if (r && ((r->timed != 0 && r->timed != 1) || (r->shared != 0 && r->shared != 1)))
-    return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: rates->timed and rates->shared must be 0 or 1");
-  if (r && !r->timed && !(r->flops > 0)) return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: rates that time no layer need flops > 0");
+    return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "rates->timed and rates->shared must be 0 or 1");
+  if (r && !r->timed && !(r->flops > 0)) return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "rates that time no layer need flops > 0");
   if (r && !(r->disk_read >= 0 && r->disk_write >= 0 && r->disk_read < 1e30 && r->disk_write < 1e30))
-    return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: rates->disk_read and disk_write must be finite and >= 0 (0: measured)");
+    return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "rates->disk_read and disk_write must be finite and >= 0 (0: measured)");
   if (config->spill_dir != NULL && config->spill_dir[0] == '\0')
-    return l2l_fail(L2L_ERR_INVALID, "l2l_plan_new: config->spill_dir is empty (NULL: no spill file)");
+    return l2l_error_note_field(l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" CONFIG(spill_dir) " is empty (NULL: "
+                                         "no spill file)"), "spill_dir");
   return L2L_OK;
 }
 
@@ -232,11 +245,12 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
   if (status == L2L_OK) status = plan_host(&host, pl, nlayers, config);
   if (status == L2L_OK && config->host_budget > 0 && host.smallest_budget > config->host_budget) {
     char want[32], have[32];
-    status = l2l_fail(L2L_ERR_BUDGET, "l2l_plan_new: no plan fits a host budget of %llu bytes (%s): the "
+    status = l2l_fail_in("l2l_plan_new", L2L_ERR_BUDGET, "no plan fits a host budget of %llu bytes (%s): the "
                       "EPS needs %llu (%s)%s", (unsigned long long)config->host_budget,
                       l2l_human_bytes(have, 32, config->host_budget),
                       (unsigned long long)host.smallest_budget, l2l_human_bytes(want, 32, host.smallest_budget),
-                      config->spill_dir ? "" : ": a spill directory (config->spill_dir) keeps the optimizer state on disk");
+                      config->spill_dir ? "" : ": a spill directory (" CONFIG(spill_dir) ") keeps the optimizer state on disk");
+    if (config->spill_dir == NULL) l2l_error_note_field(status, "spill_dir");
   }
   if (status == L2L_OK && config->spill_dir && !(rates.disk_read > 0 && rates.disk_write > 0))
     status = plan_disk_rates(&rates.disk_read, &rates.disk_write, config->spill_dir);

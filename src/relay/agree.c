@@ -38,9 +38,15 @@ struct description {
   int64_t *words;
   char (*labels)[LABEL];
   unsigned char *kinds;
+  int *layers;           /* the layer a word's label names (-1: none) */
   int count, room;
   enum word_kind next;   /* the kind of the next word (then back to AS_INT) */
+  int layer;             /* the layer the next words' labels name (-1: none) */
 };
+
+/* "layer %d" in a label, marked as naming the layer (L2L_NAMED): a refusal quoting the
+   label names that layer in its detail too */
+#define LAYER L2L_NAMED_LAYER "layer %d" L2L_NAMED_END
 
 static void word(struct description *d, int64_t value, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -50,6 +56,7 @@ static void word(struct description *d, int64_t value, const char *fmt, ...) {
   if (d->words != NULL && d->count < d->room) {
     d->words[d->count] = value;
     d->kinds[d->count] = (unsigned char)d->next;
+    d->layers[d->count] = d->layer;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(d->labels[d->count], LABEL, fmt, ap);
@@ -95,47 +102,50 @@ static void describe_layer(struct description *d, const struct step *s, int k) {
   l2l_layer_get_config(&c, rl->layer);
   const char *name = l2l_layer_name(rl->layer);
   int at = s->active[k];
-  word(d, at, "active layer %d's place in the relay", k);
+  d->layer = k;   /* (the active layer's count) */
+  word(d, at, "active " LAYER "'s place in the relay", k);
+  d->layer = at;
   /* the name, 8 bytes a word */
   char padded[32] = {0};
   snprintf(padded, sizeof padded, "%s", name);
   for (int i = 0; i < 4; i++) {
     int64_t w;
     memcpy(&w, padded + 8 * i, sizeof w);
-    word(d, w, "layer %d's kind or name (%s)", at, name);
+    word(d, w, LAYER "'s kind or name (%s)", at, name);
   }
-  word(d, c.kind, "layer %d (%s): kind", at, name);
-  word(d, c.dim, "layer %d (%s): dim", at, name);
-  word(d, c.heads, "layer %d (%s): heads", at, name);
-  word(d, c.mlp, "layer %d (%s): mlp", at, name);
-  word(d, c.vocab, "layer %d (%s): vocab", at, name);
-  word(d, c.max_seq, "layer %d (%s): max_seq", at, name);
-  word(d, c.type_vocab, "layer %d (%s): type_vocab", at, name);
-  word(d, c.classes, "layer %d (%s): classes", at, name);
-  word(d, c.causal, "layer %d (%s): causal", at, name);
-  word(d, c.post_ln, "layer %d (%s): post_ln", at, name);
-  word(d, c.bias, "layer %d (%s): bias", at, name);
-  word(d, c.final_ln, "layer %d (%s): final_ln", at, name);
-  word(d, f32w(d, c.dropout), "layer %d (%s): dropout", at, name);
-  word(d, f32w(d, c.attn_dropout), "layer %d (%s): attn_dropout", at, name);
-  word(d, f32w(d, c.eps), "layer %d (%s): eps", at, name);
-  word(d, c.memory, "layer %d (%s): memory", at, name);
-  word(d, f32w(d, c.init_std), "layer %d (%s): init_std", at, name);
-  word(d, f32w(d, c.resid_std), "layer %d (%s): resid_std", at, name);
-  word(d, (int64_t)c.init_seed, "layer %d (%s): init_seed", at, name);
-  word(d, l2l_layer_rng_id(rl->layer), "layer %d (%s): rng id (its dropout draws)", at, name);
-  word(d, rl->frozen, "layer %d (%s): frozen", at, name);
+  word(d, c.kind, LAYER " (%s): kind", at, name);
+  word(d, c.dim, LAYER " (%s): dim", at, name);
+  word(d, c.heads, LAYER " (%s): heads", at, name);
+  word(d, c.mlp, LAYER " (%s): mlp", at, name);
+  word(d, c.vocab, LAYER " (%s): vocab", at, name);
+  word(d, c.max_seq, LAYER " (%s): max_seq", at, name);
+  word(d, c.type_vocab, LAYER " (%s): type_vocab", at, name);
+  word(d, c.classes, LAYER " (%s): classes", at, name);
+  word(d, c.causal, LAYER " (%s): causal", at, name);
+  word(d, c.post_ln, LAYER " (%s): post_ln", at, name);
+  word(d, c.bias, LAYER " (%s): bias", at, name);
+  word(d, c.final_ln, LAYER " (%s): final_ln", at, name);
+  word(d, f32w(d, c.dropout), LAYER " (%s): dropout", at, name);
+  word(d, f32w(d, c.attn_dropout), LAYER " (%s): attn_dropout", at, name);
+  word(d, f32w(d, c.eps), LAYER " (%s): eps", at, name);
+  word(d, c.memory, LAYER " (%s): memory", at, name);
+  word(d, f32w(d, c.init_std), LAYER " (%s): init_std", at, name);
+  word(d, f32w(d, c.resid_std), LAYER " (%s): resid_std", at, name);
+  word(d, (int64_t)c.init_seed, LAYER " (%s): init_seed", at, name);
+  word(d, l2l_layer_rng_id(rl->layer), LAYER " (%s): rng id (its dropout draws)", at, name);
+  word(d, rl->frozen, LAYER " (%s): frozen", at, name);
   int n = l2l_layer_param_count(rl->layer);
-  word(d, n, "layer %d (%s): number of records", at, name);
+  word(d, n, LAYER " (%s): number of records", at, name);
   for (int r = 0; r < n; r++) {
     const l2l_param *p = l2l_layer_param(rl->layer, r);
     const l2l_tensor *v = l2l_param_value(p);
     const char *pname = l2l_param_name(p);
     int nd = l2l_tensor_ndim(v);
-    word(d, nd, "layer %d (%s): record '%s': dims", at, name, pname);
+    word(d, nd, LAYER " (%s): record '%s': dims", at, name, pname);
     for (int i = 0; i < nd; i++)
-      word(d, l2l_tensor_dim(v, i), "layer %d (%s): record '%s': shape[%d]", at, name, pname, i);
+      word(d, l2l_tensor_dim(v, i), LAYER " (%s): record '%s': shape[%d]", at, name, pname, i);
   }
+  d->layer = -1;
 }
 
 /* Everything the ranks must share for this step (see the top), into d. */
@@ -164,7 +174,7 @@ static void describe(struct description *d, const struct step *s) {
 }
 
 int64_t relay_agreement_digest(const struct step *s) {
-  struct description d = {0};
+  struct description d = {.layer = -1};
   describe(&d, s);
   return (int64_t)(d.digest >> 1);
 }
@@ -173,18 +183,19 @@ int64_t relay_agreement_digest(const struct step *s) {
    longest. Called by every rank once their digests differ. */
 l2l_status relay_explain_disagreement(const struct step *s) {
   int size = l2l_dist_size_now(), rank = l2l_dist_rank_now();
-  struct description d = {0};
+  struct description d = {.layer = -1};
   describe(&d, s);   /* (the count) */
   d.room = d.count;
   d.words = calloc((size_t)d.room + 1, sizeof *d.words);
   d.labels = calloc((size_t)d.room + 1, sizeof *d.labels);
   d.kinds = calloc((size_t)d.room + 1, sizeof *d.kinds);
+  d.layers = calloc((size_t)d.room + 1, sizeof *d.layers);
   int64_t *counts = calloc((size_t)size, sizeof *counts);
   if (counts == NULL) {   /* (a few bytes: the other ranks then wait out the timeout) */
-    free(d.words), free(d.labels), free(d.kinds);
+    free(d.words), free(d.labels), free(d.kinds), free(d.layers);
     return FAIL(L2L_ERR_NOMEM, "no memory to compare the ranks");
   }
-  l2l_status status = d.words && d.labels && d.kinds ? L2L_OK : FAIL(L2L_ERR_NOMEM, "no memory to compare the ranks");
+  l2l_status status = d.words && d.labels && d.kinds && d.layers ? L2L_OK : FAIL(L2L_ERR_NOMEM, "no memory to compare the ranks");
   /* every rank takes part in both exchanges whatever happens (a NOMEM rank sends 0) */
   int64_t mine = status == L2L_OK ? d.room : 0;
   if (status == L2L_OK) describe(&d, s);
@@ -234,7 +245,8 @@ l2l_status relay_explain_disagreement(const struct step *s) {
                     "%d's %lld (%s): every rank must build the same model and relay",
                     rank, (long long)mine, other, (long long)counts[other],
                     at < mine ? d.labels[at] : "the other has more layers or records");
+    if (other >= 0 && at < mine && d.layers[at] >= 0) l2l_error_note_layer(status, d.layers[at]);
   }
-  free(d.words), free(d.labels), free(d.kinds), free(counts), free(padded), free(all);
+  free(d.words), free(d.labels), free(d.kinds), free(d.layers), free(counts), free(padded), free(all);
   return status;
 }

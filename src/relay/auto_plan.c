@@ -32,7 +32,8 @@ static l2l_status auto_budget(uint64_t *budget, uint64_t *held, const l2l_relay 
   }
   if (*budget == 0)
     return l2l_error_note_field(FAIL(L2L_ERR_INVALID, "plans within a device budget: the relay has none "
-                                     "(config->device_budget) and the device pool has none"),
+                                     "(" L2L_NAMED_FIELD "config->device_budget" L2L_NAMED_END ") and the device "
+                                     "pool has none"),
                                 "device_budget");
   return L2L_OK;
 }

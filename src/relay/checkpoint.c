@@ -91,18 +91,13 @@ static l2l_status records_list(struct records *rs, l2l_relay *run) {
 
 /* The message of a failed call, named after the public function. */
 static l2l_status named(const char *func, l2l_status status) {
-  if (status == L2L_OK) return status;
-  char why[1024];
-  snprintf(why, sizeof why, "%s", l2l_last_error());
-  return l2l_fail_in(func, status, "%s", why);
+  return status == L2L_OK ? status : l2l_error_rename(func, status);
 }
 
 /* The same, for a message that does not name the file yet. */
 static l2l_status in_file(const char *path, l2l_status status) {
   if (status == L2L_OK) return status;
-  char why[1024];
-  snprintf(why, sizeof why, "%s", l2l_last_error());
-  return l2l_fail(status, "%s: %s", path, why);
+  return l2l_error_wrap(status, "%s: ", path);   /* (what the message names still named) */
 }
 
 static l2l_status no_memory(void) { return l2l_fail(L2L_ERR_NOMEM, "no memory for a checkpoint's description"); }
@@ -433,7 +428,9 @@ static l2l_status check_progress(struct load *ld) {
     return REFUSE(ld, "progress: loss_scale: need 0 <= good < the relay's loss_scale_window (%d) and "
                   "0 <= skipped <= 2^53 - 1", ld->run->config.loss_scale_window);
   if (ld->run->config.loss_scale == 0)
-    return REFUSE(ld, "progress: the file's run scaled its loss, the relay does not (config->loss_scale is 0)");
+    return l2l_error_note_field(REFUSE(ld, "progress: the file's run scaled its loss, the relay does not ("
+                                       L2L_NAMED_FIELD "config->loss_scale" L2L_NAMED_END " is 0)"),
+                                "loss_scale");
   return L2L_OK;
 }
 

@@ -64,6 +64,9 @@ struct field {
   unsigned kinds;
   bool numbers;
 };
+/* "layer %d" in a message, marked as naming the layer (L2L_NAMED) */
+#define LAYER L2L_NAMED_LAYER "layer %d" L2L_NAMED_END
+
 #define ALL 0xffu
 #define BIT(k) (1u << (k))
 
@@ -410,7 +413,7 @@ l2l_status relay_describe_layer(json_t **out, const l2l_relay *run, int i, bool 
   if (status == L2L_OK && c.kind == L2L_LAYER_CUSTOM) {
     json_t *name = json_string(l2l_layer_name(layer));
     if (name == NULL || json_object_set_new(d, "custom", name) != 0)
-      status = l2l_fail(L2L_ERR_INVALID, "layer %d: its kind's name is not UTF-8", i);
+      status = l2l_error_note_layer(l2l_fail(L2L_ERR_INVALID, LAYER ": its kind's name is not UTF-8", i), i);
   } else if (status == L2L_OK) {
     status = fields_write(options, LAYER_FIELDS, COUNT(LAYER_FIELDS), c.kind, &c);
     if (status == L2L_OK && tied && json_object_set_new(options, "tie", json_true()) != 0)
@@ -439,26 +442,26 @@ l2l_status relay_describe_layer_state(json_t *d, const l2l_relay *run, int i) {
 /* d, the file's description of layer i, against the relay's layer: the same kind, the same
    constructor options (a custom kind: the same name), an rng id, flag and policies it
    takes. (Its records are checked by the caller.) */
-l2l_status relay_check_layer(const l2l_relay *run, int i, const json_t *d, struct layer_saved *out) {
+static l2l_status check_layer_described(const l2l_relay *run, int i, const json_t *d, struct layer_saved *out) {
   const l2l_layer *layer = run->layers[i].layer;
   l2l_layer_config have;
   TRY(l2l_layer_get_config(&have, layer));
   const char *kind = json_string_value(json_object_get(d, "kind"));
   const json_t *options = json_object_get(d, "options");
   if (!json_is_object(d) || kind == NULL)
-    return l2l_fail(L2L_ERR_INVALID, "layer %d: no description", i);
+    return l2l_fail(L2L_ERR_INVALID, LAYER ": no description", i);
   if (strcmp(kind, KIND_NAMES[have.kind]) != 0)
-    return l2l_fail(L2L_ERR_INVALID, "layer %d is a %s in the file, a %s in the relay", i, kind,
+    return l2l_fail(L2L_ERR_INVALID, LAYER " is a %s in the file, a %s in the relay", i, kind,
                     KIND_NAMES[have.kind]);
   char where[64];
-  snprintf(where, sizeof where, "layer %d (%s)", i, kind);
+  snprintf(where, sizeof where, LAYER " (%s)", i, kind);
   if (have.kind == L2L_LAYER_CUSTOM) {
     const char *name = json_string_value(json_object_get(d, "custom"));
     if (name == NULL || strcmp(name, l2l_layer_name(layer)) != 0)
-      return l2l_fail(L2L_ERR_INVALID, "layer %d is of the custom kind '%s' in the file, '%s' in the relay",
+      return l2l_fail(L2L_ERR_INVALID, LAYER " is of the custom kind '%s' in the file, '%s' in the relay",
                       i, name ? name : "(none)", l2l_layer_name(layer));
   } else {
-    if (!json_is_object(options)) return l2l_fail(L2L_ERR_INVALID, "layer %d (%s): no options", i, kind);
+    if (!json_is_object(options)) return l2l_fail(L2L_ERR_INVALID, LAYER " (%s): no options", i, kind);
     l2l_layer_config want = have;
     TRY(fields_check(LAYER_FIELDS, COUNT(LAYER_FIELDS), have.kind, options, &want, &have, true, where,
                      "the relay must be made over the model the file holds"));
@@ -467,10 +470,10 @@ l2l_status relay_check_layer(const l2l_relay *run, int i, const json_t *d, struc
   const json_t *v = json_object_get(d, "rng_id"), *frozen = json_object_get(d, "frozen");
   int64_t id = 0;
   if (v != NULL && !relay_json_whole(v, 0, (1 << 24) - 1, &id))
-    return l2l_fail(L2L_ERR_INVALID, "layer %d: rng_id must be an integer from 0 to 2^24 - 1", i);
+    return l2l_fail(L2L_ERR_INVALID, LAYER ": rng_id must be an integer from 0 to 2^24 - 1", i);
   if (v != NULL) out->rng_id = (int)id;
   if (frozen != NULL && !json_is_boolean(frozen))
-    return l2l_fail(L2L_ERR_INVALID, "layer %d: frozen must be true or false", i);
+    return l2l_fail(L2L_ERR_INVALID, LAYER ": frozen must be true or false", i);
   if (frozen != NULL) out->frozen = json_is_true(frozen);
   const struct names inner = choice_names("inner"), stash = choice_names("stash");
   const struct field policies[2] = {{"inner", F_ENUM, offsetof(struct layer_saved, inner), &inner, ALL, false},
@@ -480,4 +483,9 @@ l2l_status relay_check_layer(const l2l_relay *run, int i, const json_t *d, struc
     if (v != NULL) TRY(field_read(out, &policies[k], v, where));
   }
   return L2L_OK;
+}
+
+l2l_status relay_check_layer(const l2l_relay *run, int i, const json_t *d, struct layer_saved *out) {
+  l2l_status status = check_layer_described(run, i, d, out);
+  return status == L2L_OK ? status : l2l_error_note_layer(status, i);
 }

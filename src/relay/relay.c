@@ -24,6 +24,11 @@ void l2l_relay_config_default(l2l_relay_config *out) {
   if (!l2l_device_is_host()) out->precision = L2L_BF16;
 }
 
+/* config->field in a message, marked as naming the field (L2L_NAMED) */
+#define CONFIG(field) L2L_NAMED_FIELD "config->" #field L2L_NAMED_END
+/* The refusal `status`, its detail naming `field`. */
+#define REFUSED(status, field) l2l_error_note_field((status), #field)
+
 /* The table's checks of each field (core/options.def), then the rules across fields. */
 static l2l_status check_config(const l2l_relay_config *c) {
   const char *f = "l2l_relay_config_check";
@@ -31,21 +36,22 @@ static l2l_status check_config(const l2l_relay_config *c) {
   /* (ranges with a hole, which a row's bounds cannot say) */
   if (isfinite(c->loss_scale) && c->loss_scale != 0 &&
       !(c->loss_scale >= MIN_LOSS_SCALE && c->loss_scale <= MAX_LOSS_SCALE))
-    return l2l_fail_in(f, L2L_ERR_INVALID, "config->loss_scale must be 0 (off) or 2^-64 to 2^100, got %g",
-                       c->loss_scale);
+    return REFUSED(l2l_fail_in(f, L2L_ERR_INVALID, CONFIG(loss_scale) " must be 0 (off) or 2^-64 to "
+                               "2^100, got %g", c->loss_scale), loss_scale);
   if (c->param_slots != 0 && (c->param_slots < 2 || c->param_slots > MAX_PARAM_SLOTS))
-    return l2l_fail_in(f, L2L_ERR_INVALID, "config->param_slots must be 0 (two) or 2 to %d, got %d",
-                       MAX_PARAM_SLOTS, c->param_slots);
+    return REFUSED(l2l_fail_in(f, L2L_ERR_INVALID, CONFIG(param_slots) " must be 0 (two) or 2 to %d, "
+                               "got %d", MAX_PARAM_SLOTS, c->param_slots), param_slots);
   TRY(l2l_options_check(L2L_OPTION_RELAY, c, c->optimizer.kind, f, "config->"));
   TRY(l2l_optimizer_check(&c->optimizer));
   TRY(l2l_schedule_check(&c->schedule));
   if (c->master == L2L_BF16 && c->precision != L2L_BF16)
-    return l2l_fail_in(f, L2L_ERR_INVALID, "config->master bf16 needs precision bf16 (the bf16 masters "
-                       "are what the device reads), got precision %s", l2l_dtype_name(c->precision));
+    return REFUSED(l2l_fail_in(f, L2L_ERR_INVALID, CONFIG(master) " bf16 needs precision bf16 (the bf16 "
+                               "masters are what the device reads), got precision %s",
+                               l2l_dtype_name(c->precision)), master);
   if (c->grad_precision == L2L_F16 && c->loss_scale == 0)
-    return l2l_fail_in(f, L2L_ERR_INVALID, "config->grad_precision f16 needs loss_scale > 0 (f16 "
-                       "gradients flush below 6e-8 and turn inf above 65504: loss scaling keeps them in "
-                       "range and skips a step that overflows)");
+    return REFUSED(l2l_fail_in(f, L2L_ERR_INVALID, CONFIG(grad_precision) " f16 needs loss_scale > 0 (f16 "
+                               "gradients flush below 6e-8 and turn inf above 65504: loss scaling keeps "
+                               "them in range and skips a step that overflows)"), grad_precision);
   return L2L_OK;
 }
 
@@ -69,8 +75,8 @@ static l2l_status check_layer(const l2l_relay *run, const l2l_layer *layer, int 
     if (i == replacing) continue;
     l2l_layer_get_config(&other, run->layers[i].layer);
     if (other.dim != c.dim)
-      return FAIL(L2L_ERR_INVALID, "the layer has dim %lld but layer %d of the relay has dim %lld",
-                  (long long)c.dim, i, (long long)other.dim);
+      return FAIL(L2L_ERR_INVALID, "the layer has dim %lld but the relay's layers have dim %lld",
+                  (long long)c.dim, (long long)other.dim);
     break;
   }
   for (int r = 0; r < l2l_layer_param_count(layer); r++) {
@@ -205,11 +211,8 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
   for (int i = 0; i < nlayers && status == L2L_OK; i++) {
     status = check_layer(run, layers[i], -1);
     if (status == L2L_OK) status = insert_at(run, run->count, layers[i]);
-    if (status != L2L_OK) {
-      char message[256];
-      snprintf(message, sizeof message, "%s", l2l_last_error());
-      status = l2l_error_note_layer(l2l_fail(status, "layers[%d]: %s", i, message), i);
-    }
+    if (status != L2L_OK)
+      status = l2l_error_note_layer(l2l_error_wrap(status, L2L_NAMED_LAYER "layers[%d]" L2L_NAMED_END ": ", i), i);
   }
   if (status != L2L_OK) {
     if (d2h_up && h2d_up && eps_up) {
@@ -429,9 +432,7 @@ l2l_status relay_apply_plan(l2l_relay *run, const l2l_plan *plan) {
   l2l_status status = relay_check_plan(run, plan);
   if (status != L2L_OK) {
     free(layers);
-    char why[512];
-    snprintf(why, sizeof why, "%s", l2l_last_error());
-    return l2l_fail_in("l2l_relay_apply_plan", status, "%s", why);
+    return l2l_error_rename("l2l_relay_apply_plan", status);
   }
   for (int k = 0; k < n; k++) l2l_plan_get_layer(&layers[k], plan, k);
   run->config.micro_batch = summary.micro_batch;
@@ -547,7 +548,8 @@ l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t go
 l2l_status relay_restore_loss_scale(l2l_relay *run, const char *func, double scale, int64_t good,
                                     int64_t skipped) {
   if (run->config.loss_scale == 0)
-    return l2l_fail_in(func, L2L_ERR_STATE, "the relay does not scale its loss (config->loss_scale is 0)");
+    return REFUSED(l2l_fail_in(func, L2L_ERR_STATE, "the relay does not scale its loss (" CONFIG(loss_scale)
+                               " is 0)"), loss_scale);
   if (!(scale >= MIN_LOSS_SCALE && scale <= MAX_LOSS_SCALE))
     return l2l_fail_in(func, L2L_ERR_INVALID, "scale must be 2^-64 to 2^100, got %g", scale);
   if (good < 0 || good >= run->config.loss_scale_window || skipped < 0 || skipped > COUNT_MAX)

@@ -57,7 +57,8 @@ static l2l_status dist_begin(struct step *s) {
   /* every rank sees the same digests: all of them explain, and refuse, alike */
   if (status == L2L_OK && differ) status = relay_explain_disagreement(s);
   if (status == L2L_OK && real == 0)
-    status = FAIL(L2L_ERR_INVALID, "batch->targets has no target other than -1 on any rank");
+    status = l2l_error_note_field(FAIL(L2L_ERR_INVALID, L2L_NAMED_FIELD "batch->targets" L2L_NAMED_END
+                                       " has no target other than -1 on any rank"), "targets");
   s->real = real;
   s->sample_base = base;
   return status;

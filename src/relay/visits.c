@@ -28,10 +28,10 @@ l2l_status relay_schedule(struct step *s) {
 /* A layer call of active layer k's micro-batch u failed: its message, with the layer's
    index in the relay, its kind and the micro-batch in front. */
 static l2l_status layer_failed(const struct step *s, int k, int64_t u, l2l_status status) {
-  char message[256];
-  snprintf(message, sizeof message, "%s", l2l_last_error());
-  return l2l_fail(status, "layer %d (%s), micro-batch %lld: %s", s->active[k],
-                  l2l_layer_name(active_layer(s, k)->layer), (long long)u, message);
+  status = l2l_error_wrap(status, L2L_NAMED_LAYER "layer %d" L2L_NAMED_END " (%s), " L2L_NAMED_MICRO_BATCH
+                          "micro-batch %lld" L2L_NAMED_END ": ", s->active[k],
+                          l2l_layer_name(active_layer(s, k)->layer), (long long)u);
+  return l2l_error_note_micro_batch(l2l_error_note_layer(status, s->active[k]), u);
 }
 
 static struct act *act_at(struct step *s, enum schedule_act a, int k, int64_t u) {

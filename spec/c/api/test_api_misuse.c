@@ -207,6 +207,12 @@ TEST(misuse_errors_threads_and_version) {
   CHECK(detail.layer == -1 && detail.needed_bytes == 0 && detail.field[0] == '\0',
         "a cleared error's detail: layer %d, needed %llu, field '%.47s'", detail.layer,
         (unsigned long long)detail.needed_bytes, detail.field);
+  CHECK(detail.micro_batch == -1 && detail.text == 0 && detail.element_dims == 0 &&
+        detail.layer_named.bytes == 0 && detail.micro_batch_named.bytes == 0 &&
+        detail.field_named.bytes == 0 && detail.element_named.bytes == 0,
+        "a cleared error's detail: micro-batch %lld, text at %d, element dims %d, spans %d %d %d %d",
+        (long long)detail.micro_batch, detail.text, detail.element_dims, detail.layer_named.bytes,
+        detail.micro_batch_named.bytes, detail.field_named.bytes, detail.element_named.bytes);
   REFUSES(l2l_last_error_detail(NULL), L2L_ERR_INVALID, "out");
   CHECK_OK(l2l_set_threads(threads));
   CHECK(l2l_get_threads() == threads, "threads %d, want %d", l2l_get_threads(), threads);

@@ -222,6 +222,20 @@ TEST(misuse_relay_new_and_accessors) {
                __FILE__, __LINE__, expr);
   }
   REFUSES(l2l_relay_config_check(NULL), L2L_ERR_INVALID, "config");
+  {  /* a refused field: the detail names it, and where the words name it past the function's */
+    l2l_relay_config c = base;
+    c.accumulate = 0;
+    REFUSES(l2l_relay_config_check(&c), L2L_ERR_INVALID, "config->accumulate");
+    l2l_error_detail d;
+    CHECK_OK(l2l_last_error_detail(&d));
+    const char *msg = l2l_last_error();
+    CHECK(strcmp(d.field, "accumulate") == 0 && d.layer == -1 && d.micro_batch == -1,
+          "detail: field '%s', layer %d, micro-batch %lld", d.field, d.layer, (long long)d.micro_batch);
+    CHECK(strncmp(msg, "l2l_relay_config_check: ", (size_t)d.text) == 0 && d.text == 24,
+          "text at %d of \"%s\"", d.text, msg);
+    CHECK(d.field_named.bytes == 18 && strncmp(msg + d.field_named.at, "config->accumulate", 18) == 0,
+          "the field named at %d (%d bytes) of \"%s\"", d.field_named.at, d.field_named.bytes, msg);
+  }
   CHECK_OK(l2l_relay_config_check(&base));
   /* the option table's rows: an index out of range or no out is refused, out untouched */
   int rows = l2l_relay_option_count();
@@ -263,6 +277,11 @@ TEST(misuse_relay_new_and_accessors) {
     l2l_error_detail detail;   /* the refusal names the layer in its detail too */
     CHECK_OK(l2l_last_error_detail(&detail));
     CHECK(detail.layer == m.n, "case %zu: the refusal's detail names layer %d, want %d", i, detail.layer, m.n);
+    char named[32];   /* and where its words name it */
+    int len = snprintf(named, sizeof named, "layers[%d]", m.n);
+    CHECK(detail.layer_named.bytes == len && strncmp(l2l_last_error() + detail.layer_named.at, named, (size_t)len) == 0,
+          "case %zu: layer named at %d (%d bytes) of \"%s\"", i, detail.layer_named.at, detail.layer_named.bytes,
+          l2l_last_error());
   }
   CHECK(out == SENTINEL(l2l_relay), "*out written by a refused l2l_relay_new");
   /* the layers of refused relays belong to none: a relay takes them */
