@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- relay_options_spec — the C relay's refusals in Lua's terms (l2l.relay_options.lua_message).
+-- relay_options_messages_spec — the C relay's refusals in Lua's terms (l2l.relay_options.lua_message).
 -- C names what it refuses in C's terms: config->field, batch->tokens[0][3], layer 0,
 -- micro-batch 0, with the C function's name in front. The error's detail says what the
 -- message names and where (l2l_last_error_detail); Lua puts its own words there. Misuses
