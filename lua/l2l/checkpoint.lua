@@ -174,7 +174,7 @@ function M.save(run, path, extra)
                                              relay = texts.relay })
   local status = C.l2l_relay_save(r, path, opts)
   texts = nil   -- (the strings stayed referenced while C read them)
-  if status ~= 0 then error(fname .. ": " .. lib.last_error():gsub("^l2l_relay_save: ", ""), 2) end
+  if status ~= 0 then error(fname .. ": " .. lib.last_error(), 2) end
 end
 
 ----------------------------------------------------------------- loading

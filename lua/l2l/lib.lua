@@ -65,24 +65,6 @@ end
 M.C, M.path = load_library()
 local C = M.C
 
--- C names an element of a tensor as C indexes it, from 0: "tokens[2][4] = 300 is outside
--- [0, 256)". A Lua user counts from 1 and reads that element as tokens:get(3, 5), which is
--- what such a message says here ("tokens:get(3, 5) = 300 is outside [0, 256)"). The ids'
--- range stays as it is: token ids count from 0 in C and in Lua alike.
-local function lua_position(index)
-  local list = {}
-  for d in index:gmatch("%d+") do list[#list + 1] = tostring(tonumber(d) + 1) end
-  return ":get(" .. table.concat(list, ", ") .. ")"
-end
-
-function M.lua_indexing(msg)
-  return (msg:gsub("(%[[%d%]%[]*%])( = %-?%d+ is outside %[)", function(index, rest)
-    return lua_position(index) .. rest
-  end))
-end
-
--- The last C error, without the C function's name (Lua callers get their own name), in
--- Lua's indexing (above).
 -- The value a C float field holds after v is stored in it: settings are checked on this,
 -- not on the Lua number (1e-46 passes "> 0" and is 0 in f32; 1e39 is finite and inf).
 function M.as_f32(v) return tonumber(ffi.cast("float", v)) end
@@ -95,8 +77,35 @@ function M.f32_trouble(v, ok)
   return ("is %s in f32, the type C keeps it in"):format(tostring(f))
 end
 
-function M.last_error()
-  return M.lua_indexing((ffi.string(C.l2l_last_error()):gsub("^l2l_[%w_]+: ", "")))
+-- The last C error in Lua's terms. C's message names things as C does: the failing function
+-- in front, an element of a tensor from 0 ("tokens[2][4] = 300 is outside [0, 256)"); the
+-- error's detail (l2l_last_error_detail) says which of its bytes do. Lua leaves the function
+-- out (its callers put their own name), names the element as :get counts it, from 1
+-- ("tokens:get(3, 5) = 300 ..."; token ids count from 0 in C and Lua alike), and puts the
+-- words spans(detail) gives ({at, bytes, words}, say an option's name) in their places.
+-- Nothing here reads the message's words.
+local detail = ffi.new("l2l_error_detail")
+function M.last_error(spans)
+  local message = ffi.string(C.l2l_last_error())
+  C.l2l_last_error_detail(detail)
+  local list = spans and spans(detail) or {}
+  if detail.element_dims > 0 and detail.element_named.bytes > 0 then
+    local index = {}
+    for i = 0, detail.element_dims - 1 do index[i + 1] = tostring(tonumber(detail.element[i]) + 1) end
+    list[#list + 1] = { detail.element_named.at, detail.element_named.bytes,
+                        ":get(" .. table.concat(index, ", ") .. ")" }
+  end
+  table.sort(list, function(x, y) return x[1] < y[1] end)
+  local parts, at = {}, detail.text
+  for _, span in ipairs(list) do
+    if span[1] >= at then
+      parts[#parts + 1] = message:sub(at + 1, span[1])
+      parts[#parts + 1] = span[3]
+      at = span[1] + span[2]
+    end
+  end
+  parts[#parts + 1] = message:sub(at + 1)
+  return table.concat(parts)
 end
 
 -- lib.plain_nans(t): every NaN among the floats of t (f32, f16, bf16; uint bits) made the one

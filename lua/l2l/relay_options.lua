@@ -192,7 +192,7 @@ end
 M.FIELD_NAMES = FIELD_NAMES
 
 -- The words for each span of the detail d that names something Lua words otherwise, as
--- {at, bytes, words}, in the message's order.
+-- {at, bytes, words} (lib.last_error puts them in place, and the element's).
 local function renamed(d)
   local spans = {}
   local function put(span, known, words)
@@ -202,28 +202,10 @@ local function renamed(d)
   put(d.micro_batch_named, d.micro_batch >= 0, "micro-batch " .. tostring(tonumber(d.micro_batch) + 1))
   local field = ffi.string(d.field)
   put(d.field_named, FIELD_NAMES[field] ~= nil, FIELD_NAMES[field])
-  local index = {}
-  for i = 0, d.element_dims - 1 do index[i + 1] = tostring(tonumber(d.element[i]) + 1) end
-  put(d.element_named, d.element_dims > 0, ":get(" .. table.concat(index, ", ") .. ")")
-  table.sort(spans, function(x, y) return x[1] < y[1] end)
   return spans
 end
 
 -- The last C error in Lua's terms (above).
-local detail = ffi.new("l2l_error_detail")
-function M.lua_message()
-  local message = ffi.string(C.l2l_last_error())
-  C.l2l_last_error_detail(detail)
-  local parts, at = {}, detail.text
-  for _, span in ipairs(renamed(detail)) do
-    if span[1] >= at then
-      parts[#parts + 1] = message:sub(at + 1, span[1])
-      parts[#parts + 1] = span[3]
-      at = span[1] + span[2]
-    end
-  end
-  parts[#parts + 1] = message:sub(at + 1)
-  return table.concat(parts)
-end
+function M.lua_message() return lib.last_error(renamed) end
 
 return M

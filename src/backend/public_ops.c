@@ -373,9 +373,12 @@ static l2l_status ids_in_range(const char *func, const struct l2l_backend_ops *o
                              has_except ? except : 0));
   if (bad < 0) return L2L_OK;
   char at[128];
-  return l2l_fail_in(func, L2L_ERR_INVALID, "%s%s = %d is outside [0, %d)%s", name,
-                     l2l_index_str(at, sizeof at, ids, bad), value, hi,
-                     has_except ? " and not the ignore index" : "");
+  int64_t index[L2L_MAX_DIMS];
+  l2l_status status = l2l_fail_in(func, L2L_ERR_INVALID,
+                                  "%s" L2L_NAMED_ELEMENT "%s" L2L_NAMED_END " = %d is outside [0, %d)%s",
+                                  name, l2l_index_str(at, sizeof at, ids, bad), value, hi,
+                                  has_except ? " and not the ignore index" : "");
+  return l2l_error_note_element(status, l2l_index_of(index, ids, bad), index);
 }
 
 /* The checks both embedding ops share: a (V, C) table, rows (N..., C) with one row per id,
