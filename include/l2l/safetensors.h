@@ -71,7 +71,10 @@ L2L_API l2l_status l2l_safetensors_get_metadata(const char **key, const char **v
 /* Tensor `name`'s bytes, checked against its checksum, into dst (numel elements of
    dtype: numel must be the entry's). Where dtype is the entry's the bytes are copied as
    they are; F32, F16 and BF16 convert into each other (widening exactly, narrowing to
-   nearest even); I32 and U8 read into their own dtype only. */
+   nearest even); I32 and U8 read into their own dtype only. Arguments are checked before
+   dst is touched; a tensor whose bytes fail their checksum (or a failed read) may leave
+   dst partly written in its own dtype (read the file's checksums first with
+   l2l_safetensors_verify to change nothing on damage). */
 L2L_API l2l_status l2l_safetensors_read(void *dst, l2l_dtype dtype, int64_t numel,
                                         const l2l_safetensors *file, const char *name);
 /* Every tensor that has a checksum against it, read in pieces (none held whole): an error

@@ -18,13 +18,23 @@
 
 #include "core.h"
 
+/* The magic numbers first, so that bytes that are no handle, or a handle of another kind
+   (whose own magic comes first too), are refused; a freed handle's is cleared. */
+#define FILE_MAGIC 0x6c326c73u     /* "l2ls" */
+#define WRITER_MAGIC 0x6c326c77u   /* "l2lw" */
+
 struct l2l_safetensors {
+  uint32_t magic;
   struct safetensors_file *file;
 };
 
 struct l2l_safetensors_writer {
+  uint32_t magic;
   struct safetensors_writer *writer;
 };
+
+static bool is_file(const l2l_safetensors *f) { return f != NULL && f->magic == FILE_MAGIC; }
+static bool is_writer(const l2l_safetensors_writer *w) { return w != NULL && w->magic == WRITER_MAGIC; }
 
 /* The message of a failed call into the reader or the writer, named after the public
    function. */
@@ -39,7 +49,6 @@ static l2l_status named(const char *func, l2l_status status) {
 
 l2l_status l2l_safetensors_open(l2l_safetensors **out, const char *path) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  *out = NULL;
   if (path == NULL || path[0] == '\0') return FAIL(L2L_ERR_INVALID, "path must be a non-empty string");
   l2l_safetensors *h = calloc(1, sizeof *h);
   if (h == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to open %s", path);
@@ -48,19 +57,21 @@ l2l_status l2l_safetensors_open(l2l_safetensors **out, const char *path) {
     free(h);
     return named(__func__, status);
   }
+  h->magic = FILE_MAGIC;
   *out = h;
   return L2L_OK;
 }
 
 void l2l_safetensors_close(l2l_safetensors *file) {
-  if (file == NULL) return;
+  if (!is_file(file)) return;
+  file->magic = 0;
   safetensors_close(file->file);
   free(file);
 }
 
 l2l_status l2l_safetensors_get_info(l2l_safetensors_info *out, const l2l_safetensors *file) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  if (file == NULL) return FAIL(L2L_ERR_INVALID, "file is NULL");
+  if (!is_file(file)) return FAIL(L2L_ERR_INVALID, "file is %s", file ? "not an open safetensors file" : "NULL");
   const struct safetensors_file *f = file->file;
   uint64_t data = 0;
   for (int i = 0; i < f->count; i++) data += f->entries[i].bytes;   /* end to end: the whole data */
@@ -77,7 +88,7 @@ static void entry_out(l2l_safetensors_entry *out, const struct safetensors_entry
 
 l2l_status l2l_safetensors_get_entry(l2l_safetensors_entry *out, const l2l_safetensors *file, int index) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  if (file == NULL) return FAIL(L2L_ERR_INVALID, "file is NULL");
+  if (!is_file(file)) return FAIL(L2L_ERR_INVALID, "file is %s", file ? "not an open safetensors file" : "NULL");
   if (index < 0 || index >= file->file->count)
     return FAIL(L2L_ERR_INVALID, "index %d is outside [0, %d): %s has %d tensors", index, file->file->count,
                 file->file->path, file->file->count);
@@ -87,7 +98,7 @@ l2l_status l2l_safetensors_get_entry(l2l_safetensors_entry *out, const l2l_safet
 
 l2l_status l2l_safetensors_find(l2l_safetensors_entry *out, const l2l_safetensors *file, const char *name) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  if (file == NULL) return FAIL(L2L_ERR_INVALID, "file is NULL");
+  if (!is_file(file)) return FAIL(L2L_ERR_INVALID, "file is %s", file ? "not an open safetensors file" : "NULL");
   if (name == NULL) return FAIL(L2L_ERR_INVALID, "name is NULL");
   const struct safetensors_entry *e = safetensors_find(file->file, name);
   if (e == NULL) return FAIL(L2L_ERR_INVALID, "%s has no tensor '%s'", file->file->path, name);
@@ -98,7 +109,7 @@ l2l_status l2l_safetensors_find(l2l_safetensors_entry *out, const l2l_safetensor
 l2l_status l2l_safetensors_get_metadata(const char **key, const char **value, const l2l_safetensors *file,
                                         int index) {
   if (key == NULL || value == NULL) return FAIL(L2L_ERR_INVALID, "%s is NULL", key == NULL ? "key" : "value");
-  if (file == NULL) return FAIL(L2L_ERR_INVALID, "file is NULL");
+  if (!is_file(file)) return FAIL(L2L_ERR_INVALID, "file is %s", file ? "not an open safetensors file" : "NULL");
   if (index < 0 || index >= file->file->nmeta)
     return FAIL(L2L_ERR_INVALID, "index %d is outside [0, %d): %s has %d metadata pairs", index,
                 file->file->nmeta, file->file->path, file->file->nmeta);
@@ -131,7 +142,7 @@ l2l_status l2l_safetensors_read(void *dst, l2l_dtype dtype, int64_t numel, const
                                 const char *name) {
   if (dst == NULL) return FAIL(L2L_ERR_INVALID, "dst is NULL");
   if (l2l_dtype_size(dtype) == 0) return FAIL(L2L_ERR_INVALID, "dtype %d is not an l2l dtype", (int)dtype);
-  if (file == NULL) return FAIL(L2L_ERR_INVALID, "file is NULL");
+  if (!is_file(file)) return FAIL(L2L_ERR_INVALID, "file is %s", file ? "not an open safetensors file" : "NULL");
   if (name == NULL) return FAIL(L2L_ERR_INVALID, "name is NULL");
   const struct safetensors_file *f = file->file;
   const struct safetensors_entry *e = safetensors_find(f, name);
@@ -153,7 +164,7 @@ l2l_status l2l_safetensors_read(void *dst, l2l_dtype dtype, int64_t numel, const
 }
 
 l2l_status l2l_safetensors_verify(const l2l_safetensors *file) {
-  if (file == NULL) return FAIL(L2L_ERR_INVALID, "file is NULL");
+  if (!is_file(file)) return FAIL(L2L_ERR_INVALID, "file is %s", file ? "not an open safetensors file" : "NULL");
   for (int i = 0; i < file->file->count; i++) {
     l2l_status status = safetensors_check(file->file, &file->file->entries[i]);
     if (status != L2L_OK) return named(__func__, status);
@@ -167,7 +178,6 @@ l2l_status l2l_safetensors_create(l2l_safetensors_writer **out, const char *path
                                   const l2l_safetensors_spec *entries, int count,
                                   const char *const *metadata, int pairs) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  *out = NULL;
   if (path == NULL || path[0] == '\0') return FAIL(L2L_ERR_INVALID, "path must be a non-empty string");
   if (replace != 0 && replace != 1) return FAIL(L2L_ERR_INVALID, "replace must be 0 or 1, got %d", replace);
   if (count < 0 || (count > 0 && entries == NULL))
@@ -197,25 +207,28 @@ l2l_status l2l_safetensors_create(l2l_safetensors_writer **out, const char *path
     free(h);
     return named(__func__, status);
   }
+  h->magic = WRITER_MAGIC;
   *out = h;
   return L2L_OK;
 }
 
 l2l_status l2l_safetensors_put(l2l_safetensors_writer *writer, const void *data, uint64_t bytes) {
-  if (writer == NULL) return FAIL(L2L_ERR_INVALID, "writer is NULL");
+  if (!is_writer(writer)) return FAIL(L2L_ERR_INVALID, "writer is %s", writer ? "not a writer" : "NULL");
   if (data == NULL && bytes > 0) return FAIL(L2L_ERR_INVALID, "data is NULL");
   return named(__func__, safetensors_put(writer->writer, data, bytes));
 }
 
 l2l_status l2l_safetensors_commit(l2l_safetensors_writer *writer) {
-  if (writer == NULL) return FAIL(L2L_ERR_INVALID, "writer is NULL");
+  if (!is_writer(writer)) return FAIL(L2L_ERR_INVALID, "writer is %s", writer ? "not a writer" : "NULL");
+  writer->magic = 0;
   l2l_status status = safetensors_commit(writer->writer);
   free(writer);
   return named(__func__, status);
 }
 
 void l2l_safetensors_abandon(l2l_safetensors_writer *writer) {
-  if (writer == NULL) return;
+  if (!is_writer(writer)) return;
+  writer->magic = 0;
   safetensors_abandon(writer->writer);
   free(writer);
 }
