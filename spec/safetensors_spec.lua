@@ -253,7 +253,7 @@ describe("safetensors through the C reader (seed " .. seed .. ")", function()
           end
         else   -- an integer tensor reads into its own dtype only
           local other = t.dtype == "I32" and "u8" or "i32"
-          support.refused("which reads into " .. FORMATS[t.dtype].l2l .. " only", f.read, f, t.name,
+          support.refused("which reads into " .. FORMATS[t.dtype].l2l .. ", not " .. other, f.read, f, t.name,
                           l2l.empty({ #t.values }, { dtype = other }))
           support.refused("which reads into", f.read, f, t.name, l2l.empty({ #t.values }))
         end

@@ -86,8 +86,8 @@ TEST(misuse_safetensors_read) {
   const int64_t bad_numel[] = {0, -1, 5, 7, INT64_MAX, INT64_MIN};
   for (size_t i = 0; i < sizeof bad_numel / sizeof bad_numel[0]; i++)
     REFUSES(l2l_safetensors_read(dst, L2L_F32, bad_numel[i], f, "w"), L2L_ERR_INVALID, "numel");
-  REFUSES(l2l_safetensors_read(dst, L2L_I32, 6, f, "w"), L2L_ERR_INVALID, "f32, f16 and bf16");
-  REFUSES(l2l_safetensors_read(dst, L2L_U8, 3, f, "h"), L2L_ERR_INVALID, "f32, f16 and bf16");
+  REFUSES(l2l_safetensors_read(dst, L2L_I32, 6, f, "w"), L2L_ERR_INVALID, "reads into f32, f16 or bf16, not");
+  REFUSES(l2l_safetensors_read(dst, L2L_U8, 3, f, "h"), L2L_ERR_INVALID, "reads into f32, f16 or bf16, not");
   CHECK(dst[0] == 9 && dst[5] == 9, "a refused read wrote dst");
 
   /* good calls: the lists, the values as written, converted with known answers */

@@ -36,6 +36,10 @@ struct l2l_safetensors_writer {
 static bool is_file(const l2l_safetensors *f) { return f != NULL && f->magic == FILE_MAGIC; }
 static bool is_writer(const l2l_safetensors_writer *w) { return w != NULL && w->magic == WRITER_MAGIC; }
 
+static l2l_status not_a_file(const char *func, const l2l_safetensors *file) {
+  return l2l_fail_in(func, L2L_ERR_INVALID, "file is %s", file ? "not an open safetensors file" : "NULL");
+}
+
 /* The message of a failed call into the reader or the writer, named after the public
    function. */
 static l2l_status named(const char *func, l2l_status status) {
@@ -71,7 +75,7 @@ void l2l_safetensors_close(l2l_safetensors *file) {
 
 l2l_status l2l_safetensors_get_info(l2l_safetensors_info *out, const l2l_safetensors *file) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  if (!is_file(file)) return FAIL(L2L_ERR_INVALID, "file is %s", file ? "not an open safetensors file" : "NULL");
+  if (!is_file(file)) return not_a_file(__func__, file);
   const struct safetensors_file *f = file->file;
   uint64_t data = 0;
   for (int i = 0; i < f->count; i++) data += f->entries[i].bytes;   /* end to end: the whole data */
@@ -88,7 +92,7 @@ static void entry_out(l2l_safetensors_entry *out, const struct safetensors_entry
 
 l2l_status l2l_safetensors_get_entry(l2l_safetensors_entry *out, const l2l_safetensors *file, int index) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  if (!is_file(file)) return FAIL(L2L_ERR_INVALID, "file is %s", file ? "not an open safetensors file" : "NULL");
+  if (!is_file(file)) return not_a_file(__func__, file);
   if (index < 0 || index >= file->file->count)
     return FAIL(L2L_ERR_INVALID, "index %d is outside [0, %d): %s has %d tensors", index, file->file->count,
                 file->file->path, file->file->count);
@@ -98,7 +102,7 @@ l2l_status l2l_safetensors_get_entry(l2l_safetensors_entry *out, const l2l_safet
 
 l2l_status l2l_safetensors_find(l2l_safetensors_entry *out, const l2l_safetensors *file, const char *name) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  if (!is_file(file)) return FAIL(L2L_ERR_INVALID, "file is %s", file ? "not an open safetensors file" : "NULL");
+  if (!is_file(file)) return not_a_file(__func__, file);
   if (name == NULL) return FAIL(L2L_ERR_INVALID, "name is NULL");
   const struct safetensors_entry *e = safetensors_find(file->file, name);
   if (e == NULL) return FAIL(L2L_ERR_INVALID, "%s has no tensor '%s'", file->file->path, name);
@@ -109,7 +113,7 @@ l2l_status l2l_safetensors_find(l2l_safetensors_entry *out, const l2l_safetensor
 l2l_status l2l_safetensors_get_metadata(const char **key, const char **value, const l2l_safetensors *file,
                                         int index) {
   if (key == NULL || value == NULL) return FAIL(L2L_ERR_INVALID, "%s is NULL", key == NULL ? "key" : "value");
-  if (!is_file(file)) return FAIL(L2L_ERR_INVALID, "file is %s", file ? "not an open safetensors file" : "NULL");
+  if (!is_file(file)) return not_a_file(__func__, file);
   if (index < 0 || index >= file->file->nmeta)
     return FAIL(L2L_ERR_INVALID, "index %d is outside [0, %d): %s has %d metadata pairs", index,
                 file->file->nmeta, file->file->path, file->file->nmeta);
@@ -142,7 +146,7 @@ l2l_status l2l_safetensors_read(void *dst, l2l_dtype dtype, int64_t numel, const
                                 const char *name) {
   if (dst == NULL) return FAIL(L2L_ERR_INVALID, "dst is NULL");
   if (l2l_dtype_size(dtype) == 0) return FAIL(L2L_ERR_INVALID, "dtype %d is not an l2l dtype", (int)dtype);
-  if (!is_file(file)) return FAIL(L2L_ERR_INVALID, "file is %s", file ? "not an open safetensors file" : "NULL");
+  if (!is_file(file)) return not_a_file(__func__, file);
   if (name == NULL) return FAIL(L2L_ERR_INVALID, "name is NULL");
   const struct safetensors_file *f = file->file;
   const struct safetensors_entry *e = safetensors_find(f, name);
@@ -152,9 +156,9 @@ l2l_status l2l_safetensors_read(void *dst, l2l_dtype dtype, int64_t numel, const
                 f->path, (long long)e->numel);
   if (dtype == e->dtype) return named(__func__, safetensors_read(f, e, dst));
   if (!is_float(dtype) || !is_float(e->dtype))
-    return FAIL(L2L_ERR_INVALID, "'%s' of %s is %s, which reads into %s only (f32, f16 and bf16 convert "
-                "into each other), not %s", name, f->path, l2l_dtype_name(e->dtype),
-                l2l_dtype_name(e->dtype), l2l_dtype_name(dtype));
+    return FAIL(L2L_ERR_INVALID, "'%s' of %s is %s, which reads into %s, not %s", name, f->path,
+                l2l_dtype_name(e->dtype), is_float(e->dtype) ? "f32, f16 or bf16" : l2l_dtype_name(e->dtype),
+                l2l_dtype_name(dtype));
   void *stored = malloc(e->bytes);   /* (numel) in the file's dtype, checked before dst is touched */
   if (stored == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to read '%s' of %s", name, f->path);
   l2l_status status = safetensors_read(f, e, stored);
@@ -164,7 +168,7 @@ l2l_status l2l_safetensors_read(void *dst, l2l_dtype dtype, int64_t numel, const
 }
 
 l2l_status l2l_safetensors_verify(const l2l_safetensors *file) {
-  if (!is_file(file)) return FAIL(L2L_ERR_INVALID, "file is %s", file ? "not an open safetensors file" : "NULL");
+  if (!is_file(file)) return not_a_file(__func__, file);
   for (int i = 0; i < file->file->count; i++) {
     l2l_status status = safetensors_check(file->file, &file->file->entries[i]);
     if (status != L2L_OK) return named(__func__, status);
