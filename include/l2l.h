@@ -6,7 +6,7 @@
  * device, tensors, the counter-based random generator and the tensor ops of the backends;
  * it includes the rest from its parts in l2l/ beside it, in order: layers.h (layers),
  * relay.h (optimizers, the relay and the EPS), dist.h (data parallel), plan.h (the
- * planner). A program includes this file alone. It must never expose a backend's
+ * planner), safetensors.h (safetensors files). A program includes this file alone. It must never expose a backend's
  * internals, include a CUDA header, or declare anything a user cannot call.
  *
  * Conventions, stated once for every function below:
@@ -434,6 +434,7 @@ L2L_API l2l_status l2l_adamw_update(l2l_tensor *param, l2l_tensor *m, l2l_tensor
 #include "l2l/relay.h"
 #include "l2l/dist.h"
 #include "l2l/plan.h"
+#include "l2l/safetensors.h"
 
 #ifdef __cplusplus
 }

@@ -704,4 +704,61 @@ l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan);
 
 l2l_status l2l_relay_plan_auto(const l2l_plan **out, l2l_relay *run, int64_t batch, int64_t seq,
                                int token_types, int key_mask);
+
+enum { L2L_SAFETENSORS_MAX_HEADER = 16 << 20 };
+
+typedef struct l2l_safetensors l2l_safetensors;
+
+typedef struct l2l_safetensors_info {
+  int tensors;
+  int metadata;
+  uint64_t data_start;
+  uint64_t data_bytes;
+} l2l_safetensors_info;
+
+typedef struct l2l_safetensors_entry {
+  const char *name;
+  l2l_dtype dtype;
+  int ndim;
+  int64_t shape[L2L_MAX_DIMS];
+  int64_t numel;
+  uint64_t offset, bytes;
+  int summed;
+} l2l_safetensors_entry;
+
+l2l_status l2l_safetensors_open(l2l_safetensors **out, const char *path);
+void l2l_safetensors_close(l2l_safetensors *file);
+l2l_status l2l_safetensors_get_info(l2l_safetensors_info *out, const l2l_safetensors *file);
+
+l2l_status l2l_safetensors_get_entry(l2l_safetensors_entry *out, const l2l_safetensors *file,
+                                     int index);
+
+l2l_status l2l_safetensors_find(l2l_safetensors_entry *out, const l2l_safetensors *file,
+                                const char *name);
+
+l2l_status l2l_safetensors_get_metadata(const char **key, const char **value,
+                                        const l2l_safetensors *file, int index);
+
+l2l_status l2l_safetensors_read(void *dst, l2l_dtype dtype, int64_t numel,
+                                const l2l_safetensors *file, const char *name);
+
+l2l_status l2l_safetensors_verify(const l2l_safetensors *file);
+
+typedef struct l2l_safetensors_spec {
+  const char *name;
+  l2l_dtype dtype;
+  int ndim;
+  int64_t shape[L2L_MAX_DIMS];
+} l2l_safetensors_spec;
+typedef struct l2l_safetensors_writer l2l_safetensors_writer;
+
+l2l_status l2l_safetensors_create(l2l_safetensors_writer **out, const char *path, int replace,
+                                  const l2l_safetensors_spec *entries, int count,
+                                  const char *const *metadata, int pairs);
+
+l2l_status l2l_safetensors_put(l2l_safetensors_writer *writer, const void *data, uint64_t bytes);
+
+l2l_status l2l_safetensors_commit(l2l_safetensors_writer *writer);
+
+void l2l_safetensors_abandon(l2l_safetensors_writer *writer);
 ]==]

@@ -15,7 +15,8 @@
 -- GELU, LayerNorm eps 1e-5, learned positions, the LM head tied to wte. The number of
 -- heads is not in the weights (it is in config.json): 64-wide heads unless opts.heads.
 -- Buffers some files carry (attn.bias, attn.masked_bias) and an lm_head.weight (tied, so
--- a copy of wte) are ignored.
+-- a copy of wte) are ignored. Tensors may be F32, F16 or BF16 (a half-precision export):
+-- the C reader (l2l_safetensors_read) widens them exactly into the f32 parameters.
 -- llm.c's model file (gpt2_124M.bin, as its train_gpt2.py writes it) holds the same
 -- weights: 256 int32 of header (magic 20240326, version 3 = fp32, max_seq, vocab, layers,
 -- heads, dim, the vocab padded), then every tensor in fp32, each kind for all layers in
@@ -52,6 +53,9 @@ M.block_names = BLOCK_ORDER   -- (the fuzzer writes GPT-2 files with them)
 local IGNORED = { ["attn.bias"] = true, ["attn.masked_bias"] = true }
 
 local OPTIONS = { heads = true, max_seq = true, memory = true, dropout = true }
+-- The dtypes a tensor may have: f16 and bf16 (a half-precision export) are widened exactly
+-- into the model's f32 parameters as they are read (l2l_safetensors_read converts).
+local FLOATS = { f32 = true, f16 = true, bf16 = true }
 
 ----------------------------------------------------------------- llm.c's files
 
@@ -215,7 +219,9 @@ local function import(path, opts)
         error(("%s: %s: '%s' is (%s), expected (%s) for a GPT-2 of dim %d"):format(fname, path, name,
               table.concat(e.shape, ","), table.concat(shape, ","), D), 0)
       end
-      if e.dtype ~= "f32" then error(("%s: %s: '%s' is %s; l2l imports f32 files"):format(fname, path, name, e.dtype), 0) end
+      if not FLOATS[e.dtype] then
+        error(("%s: %s: '%s' is %s; l2l imports f32, f16 and bf16 tensors"):format(fname, path, name, e.dtype), 0)
+      end
       sources[#sources + 1] = { name = name, layer = layer, record = record }
     end
     want("wte.weight", 1, "wte", emb_shapes.wte)
@@ -241,8 +247,9 @@ local function import(path, opts)
     for _, s in ipairs(sources) do
       if s.layer then file:read(s.name, params[s.layer][s.record].value) end
     end
-    local positions = file:read(by_name["wpe.weight"])   -- (P, D): the first max_seq rows
+    local positions = file:read(by_name["wpe.weight"], tensor.empty({ P, D }))   -- (P, D) f32: the first max_seq rows
     emb.wpe.value:copy(positions:view(1, max_seq))
+    positions:free()
     return model
   end)
   file:close()

@@ -112,7 +112,8 @@ describe("l2l.import_gpt2 checks the whole file before it builds", function()
     local before = host_allocs()
     refused("has no tensor 'h.0.mlp.c_fc.weight'", l2l.import_gpt2, file, { heads = 2 })
     assert.are.equal(before, host_allocs())
-    -- a whole one-block GPT-2 of dim 8 whose ln_f.bias is F16: the dtype is named
+    -- a whole one-block GPT-2 of dim 8 whose ln_f.bias is I32: the dtype is named (F16
+    -- and BF16 import: safetensors_spec)
     local D8, M8, names, at = 8, 12, {}, 0
     local function add(name, shape, dtype)
       local n = 1
@@ -128,10 +129,10 @@ describe("l2l.import_gpt2 checks the whole file before it builds", function()
     add("h.0.ln_2.weight", { D8 }); add("h.0.ln_2.bias", { D8 })
     add("h.0.mlp.c_fc.weight", { D8, M8 }); add("h.0.mlp.c_fc.bias", { M8 })
     add("h.0.mlp.c_proj.weight", { M8, D8 }); add("h.0.mlp.c_proj.bias", { D8 })
-    add("ln_f.weight", { D8 }); add("ln_f.bias", { D8 }, "F16")
-    file = raw_file(path("f16.safetensors"), names, ("\0"):rep(at))
+    add("ln_f.weight", { D8 }); add("ln_f.bias", { D8 }, "I32")
+    file = raw_file(path("i32.safetensors"), names, ("\0"):rep(at))
     before = host_allocs()
-    refused("'ln_f.bias' is f16; l2l imports f32 files", l2l.import_gpt2, file, { heads = 2 })
+    refused("'ln_f.bias' is i32; l2l imports f32, f16 and bf16 tensors", l2l.import_gpt2, file, { heads = 2 })
     assert.are.equal(before, host_allocs())
     -- the same file with ln_f.bias (D + 1) wide: the shape is named
     names["ln_f.bias"] = { dtype = "F32", shape = { D8 + 1 }, data_offsets = names["ln_f.bias"].data_offsets }

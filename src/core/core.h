@@ -560,7 +560,7 @@ void l2l_timeline_add(struct l2l_timeline *t, int layer, int micro_batch, int ph
    (safetensors.c reads, safetensors_write.c writes: the format and its promises are stated
    there.) Messages name the file; a damaged or foreign file is L2L_ERR_INVALID, one that
    cannot be opened, read or written L2L_ERR_IO. */
-enum { SAFETENSORS_MAX_HEADER = 16 << 20 };   /* the largest header l2l reads or writes */
+enum { SAFETENSORS_MAX_HEADER = L2L_SAFETENSORS_MAX_HEADER };   /* the largest header l2l reads or writes (l2l/safetensors.h) */
 #define SAFETENSORS_CHECKSUMS "l2l_xxh3"      /* the metadata key of the checksums */
 
 struct safetensors_entry {

@@ -9,14 +9,14 @@
  * __metadata__.l2l_xxh3 a JSON object mapping a tensor's name to the 16 hex digits of the
  * XXH3-64 of its bytes (xxHash; written in lower case, read in either: a sum is the number
  * its digits write).
- * Purpose: the C twin of lua/l2l/safetensors.lua's reader, byte for byte: what either
- * writes the other reads, and both refuse the same files — the header checked against the
- * file's size before any data is read (at most 16 MiB of it, valid UTF-8 JSON, dtypes and
- * ranks l2l has, no empty dimension, element counts matching byte ranges, ranges inside
- * the file with no overlap or hole, checksums naming tensors of the file), a regular file
- * only (a FIFO or a folder is refused without waiting). It lives in the core because the
- * format knows bytes, dtypes and files and nothing of layers or relays: the relay's
- * checkpoints (src/relay/checkpoint.c) build on it, and any part may.
+ * Purpose: l2l's one reader of the format (the front end's l2l.safetensors calls it
+ * through the public API, safetensors_api.c): the header checked against the file's size
+ * before any data is read (at most 16 MiB of it, valid UTF-8 JSON, dtypes and ranks l2l
+ * has, no empty dimension, element counts matching byte ranges, ranges inside the file
+ * with no overlap or hole, checksums naming tensors of the file), a regular file only (a
+ * FIFO or a folder is refused without waiting). It lives in the core because the format
+ * knows bytes, dtypes and files and nothing of layers or relays: the relay's checkpoints
+ * (src/relay/checkpoint.c) build on it, and any part may.
  * JSON goes through jansson (Debian's libjansson), never by hand.
  * Must never: trust a number from a file before checking it, read past an entry's range,
  * or hand out bytes whose checksum differs from the file's.
@@ -32,8 +32,9 @@
 
 #include "core.h"
 
-/* The format's own limit on a header, and the largest l2l reads (lua/l2l/safetensors.lua
-   says why: decoding costs memory in proportion, and real headers are far smaller). */
+/* The format's own limit on a header; the largest l2l reads is SAFETENSORS_MAX_HEADER
+   (decoding costs memory in proportion, and real headers are far smaller: a GPT-2 1.5B's
+   is under 100 KB, an l2l checkpoint's about 4 KB a block). */
 #define FORMAT_MAX_HEADER (UINT64_C(100) << 20)
 #define MAX_NUMEL (INT64_C(1) << 48)   /* l2l's tensors' limit (tensor.c) */
 #define EXACT (INT64_C(1) << 53)       /* integers a double holds exactly */
@@ -114,7 +115,7 @@ static l2l_status bad_file(const char *path, const char *fmt, ...) {
   return l2l_fail(L2L_ERR_INVALID, "%s: %s", path, what);
 }
 
-/* One entry of the header, checked (the Lua reader's check_entry, the same messages). */
+/* One entry of the header, checked. */
 static l2l_status entry_of(struct safetensors_entry *e, const char *path, const char *name,
                            const json_t *v, uint64_t data_len) {
   if (!json_is_object(v)) return BAD(path, "entry '%s' is not an object", name);
@@ -175,7 +176,7 @@ static int by_name(const void *a, const void *b, void *entries) {
 static l2l_status metadata_of(struct safetensors_file *f, const json_t *meta) {
   if (!json_is_object(meta)) return BAD(f->path, "__metadata__ is not an object");
   f->meta = calloc(2 * json_object_size(meta) + 1, sizeof *f->meta);
-  if (f->meta == NULL) return l2l_fail(L2L_ERR_NOMEM, "no memory for a file's metadata");
+  if (f->meta == NULL) return l2l_fail(L2L_ERR_NOMEM, "%s: out of memory decoding the header's metadata", f->path);
   const char *key;
   const json_t *v;
   json_object_foreach((json_t *)meta, key, v) {
@@ -184,7 +185,7 @@ static l2l_status metadata_of(struct safetensors_file *f, const json_t *meta) {
     f->meta[2 * f->nmeta + 1] = strdup(json_string_value(v));
     f->nmeta++;
     if (!f->meta[2 * f->nmeta - 2] || !f->meta[2 * f->nmeta - 1])
-      return l2l_fail(L2L_ERR_NOMEM, "no memory for a file's metadata");
+      return l2l_fail(L2L_ERR_NOMEM, "%s: out of memory decoding the header's metadata", f->path);
   }
   return L2L_OK;
 }
@@ -222,7 +223,7 @@ static l2l_status entries_of(struct safetensors_file *f, json_t *header, uint64_
   f->entries = calloc(json_object_size(header) + 1, sizeof *f->entries);
   f->order = calloc(json_object_size(header) + 1, sizeof *f->order);
   if (f->entries == NULL || f->order == NULL)
-    return l2l_fail(L2L_ERR_NOMEM, "no memory for a file's list of tensors");
+    return l2l_fail(L2L_ERR_NOMEM, "%s: out of memory decoding the header's list of tensors", f->path);
   const char *name;
   json_t *v;
   json_object_foreach(header, name, v) {
@@ -315,6 +316,10 @@ static l2l_status parse(struct safetensors_file *f) {
   json_t *header = at ? NULL : json_loadb(text, (size_t)n, JSON_REJECT_DUPLICATES, &err);
   free(text);
   if (at) return BAD(f->path, "the header is not valid UTF-8 (byte %zu of it)", at);
+  /* (jansson reports some of its failed allocations with no message at all) */
+  if (header == NULL && (json_error_code(&err) == json_error_out_of_memory || err.text[0] == '\0'))
+    return l2l_fail(L2L_ERR_NOMEM, "%s: out of memory decoding the %llu-byte header", f->path,
+                    (unsigned long long)n);
   if (!json_is_object(header)) {
     json_decref(header);
     return BAD(f->path, "the header is not a JSON object: not a safetensors file (or damaged)");

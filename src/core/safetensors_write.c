@@ -2,11 +2,11 @@
 /* safetensors_write.c — writing a safetensors file atomically, one tensor at a time, with
  * each tensor's checksum (the format and the checksums: safetensors.c).
  *
- * Purpose: the C twin of lua/l2l/safetensors.lua's writer, byte for byte in what it does
- * to the disk: the file is written to a temporary beside it ("<path>.tmp.<host>.<pid>",
- * made new with O_CREAT | O_EXCL | O_NOFOLLOW and mode 0600, so that a link or file
- * planted at that predictable name is neither followed nor written: another name beside it
- * is taken), synced, given the mode a plain create gives (0666 less the umask), renamed
+ * Purpose: l2l's one writer of the format (the front end's l2l.safetensors.write calls it
+ * through the public API, safetensors_api.c). The file is written to a temporary beside
+ * it ("<path>.tmp.<host>.<pid>", made new with O_CREAT | O_EXCL | O_NOFOLLOW and mode
+ * 0600, so that a link or file planted at that predictable name is neither followed nor
+ * written: another name beside it is taken), synced, given the mode a plain create gives (0666 less the umask), renamed
  * over the path, and the folder synced: a crash or kill at any moment leaves either the
  * old file or the new one whole, and a failure removes the temporary and leaves the old
  * file as it was. A save's temporaries that a killed process left on this host are swept
@@ -187,11 +187,16 @@ static l2l_status put_header(struct safetensors_writer *w, int64_t at) {
   return status;
 }
 
-/* One entry's line of the header, its shape checked (the Lua writer's checks). */
+/* One entry's line of the header, its name, dtype and shape checked. */
 static l2l_status add_entry(struct safetensors_writer *w, const struct safetensors_spec *e,
                             int i, uint64_t *offset) {
-  if (e->name == NULL || e->name[0] == '\0' || strcmp(e->name, "__metadata__") == 0)
-    return l2l_fail(L2L_ERR_INVALID, "entry %d must have a name (a non-empty string other than __metadata__)", i);
+  if (e->name == NULL) return l2l_fail(L2L_ERR_INVALID, "entries[%d].name is NULL", i);
+  if (e->name[0] == '\0' || strcmp(e->name, "__metadata__") == 0)
+    return l2l_fail(L2L_ERR_INVALID, "entry '%s': a name must be a non-empty string other than __metadata__",
+                    e->name);
+  json_t *utf8 = json_string(e->name);   /* (jansson takes UTF-8 names only) */
+  if (utf8 == NULL) return l2l_fail(L2L_ERR_INVALID, "entries[%d]: its name is not a UTF-8 string", i);
+  json_decref(utf8);
   if (json_object_get(w->header, e->name) != NULL)
     return l2l_fail(L2L_ERR_INVALID, "name '%s' appears twice", e->name);
   const char *dtype = safetensors_dtype_name(e->dtype);

@@ -22,7 +22,8 @@
  * test_api_misuse.c (errors, threads, pools, the device, the profile, tensors),
  * test_api_misuse_ops.c, test_api_misuse_layers.c (built-in and custom layers),
  * test_api_misuse_relay.c (optimizers, schedules, the relay), test_api_misuse_plan.c
- * (the planner, data parallel) and test_api_misuse_checkpoint.c (checkpoints in C);
+ * (the planner, data parallel), test_api_misuse_checkpoint.c (checkpoints in C) and
+ * test_api_misuse_safetensors.c (safetensors files);
  * misuse.h holds the harness they share.
  * Must never: pass a freed handle (the header does not promise to catch one: its memory
  * is gone); switch the device backend; leave a pool budget, the pinned cap, the thread

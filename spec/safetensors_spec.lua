@@ -1,0 +1,442 @@
+-- SPDX-License-Identifier: MIT
+-- safetensors_spec — the one reader and writer of the format (the C library's, through
+-- l2l.safetensors and include/l2l/safetensors.h) against an independent one written here:
+-- files this spec lays out byte by byte, in every dtype l2l reads, awkward shapes (a
+-- scalar, sizes of 1, four dimensions, odd sizes), metadata, header keys and data in
+-- shuffled orders and odd padding, read back value for value, converted among the float
+-- dtypes as this spec's own rounding says; files l2l writes taken apart here; the C API's
+-- argument checks; and a GPT-2 of half-precision tensors imported exactly.
+-- The reference encodes a number into a float format of E exponent and M mantissa bits
+-- with round to nearest even through frexp and floor in doubles (not the bit tricks of
+-- src/core/core.h), and decodes bits by powers of two.
+local support = dofile("spec/support.lua")
+local ffi = require("ffi")
+local cjson = require("cjson")
+local l2l = require("l2l")
+local C = require("l2l.lib").C
+
+local seed = support.seed
+math.randomseed(seed)
+local dir = support.tmpdir()
+local function path(name) return dir .. "/" .. name end
+teardown(function() support.sh("rm -rf " .. support.q(dir)) end)
+
+----------------------------------------------------------------- the reference
+
+local FORMATS = {   -- exponent and mantissa bits, bytes
+  F32 = { e = 8, m = 23, size = 4, l2l = "f32" },
+  F16 = { e = 5, m = 10, size = 2, l2l = "f16" },
+  BF16 = { e = 8, m = 7, size = 2, l2l = "bf16" },
+  I32 = { size = 4, l2l = "i32" },
+  U8 = { size = 1, l2l = "u8" },
+}
+local BY_L2L = {}
+for name, f in pairs(FORMATS) do BY_L2L[f.l2l] = name end
+
+-- The bits of v in format f, rounded to nearest even; a NaN is the quiet NaN with no
+-- payload (what l2l hands out for any NaN).
+local function encode(v, f)
+  local E, M = f.e, f.m
+  local bias, all_ones = 2 ^ (E - 1) - 1, 2 ^ E - 1
+  if v ~= v then return all_ones * 2 ^ M + 2 ^ (M - 1) end
+  local sign = 0
+  if v < 0 or (v == 0 and 1 / v < 0) then sign, v = 2 ^ (E + M), -v end
+  if v == math.huge then return sign + all_ones * 2 ^ M end
+  if v == 0 then return sign end
+  local _, e = math.frexp(v)           -- v = m 2^e, 1/2 <= m < 1
+  local exp = e - 1 + bias
+  local q = exp >= 1 and v / 2 ^ (e - 1) * 2 ^ M or v / 2 ^ (1 - bias - M)   -- exact
+  if exp < 1 then exp = 0 end
+  local n = math.floor(q)
+  local rest = q - n
+  if rest > 0.5 or (rest == 0.5 and n % 2 == 1) then n = n + 1 end
+  if exp == 0 then return sign + n end   -- a subnormal (n = 2^M: the least normal, the same bits)
+  if n == 2 ^ (M + 1) then exp, n = exp + 1, 2 ^ M end
+  if exp >= all_ones then return sign + all_ones * 2 ^ M end
+  return sign + exp * 2 ^ M + (n - 2 ^ M)
+end
+
+-- The number that bits spell in format f (a NaN for any NaN).
+local function decode(bits, f)
+  local E, M = f.e, f.m
+  local bias, all_ones = 2 ^ (E - 1) - 1, 2 ^ E - 1
+  local sign = bits >= 2 ^ (E + M) and -1 or 1
+  bits = bits % 2 ^ (E + M)
+  local exp, man = math.floor(bits / 2 ^ M), bits % 2 ^ M
+  if exp == all_ones then return man == 0 and sign * math.huge or 0 / 0 end
+  if exp == 0 then return sign * man * 2 ^ (1 - bias - M) end
+  return sign * (1 + man / 2 ^ M) * 2 ^ (exp - bias)
+end
+
+local function is_nan_bits(bits, f) return decode(bits, f) ~= decode(bits, f) end
+
+-- n little-endian bytes of the unsigned integer u.
+local function le(u, n)
+  local out = {}
+  for i = 1, n do
+    out[i] = string.char(u % 256)
+    u = math.floor(u / 256)
+  end
+  return table.concat(out)
+end
+
+-- A value of a tensor in `dtype`, drawn: floats as bit patterns of every kind (normal of
+-- any exponent, subnormal, zeros, infinities, NaNs with payloads, ties of a narrower
+-- format), integers over their whole range.
+local function draw(dtype)
+  local f = FORMATS[dtype]
+  if dtype == "I32" then return support.int(-2 ^ 31, 2 ^ 31 - 1) end
+  if dtype == "U8" then return support.int(0, 255) end
+  local kind = support.int(1, 10)
+  local top = 2 ^ (f.e + f.m + 1)
+  if kind == 1 then   -- special: zeros, infinities, a NaN (payload drawn)
+    local exp_all = (2 ^ f.e - 1) * 2 ^ f.m
+    local pick = ({ 0, 2 ^ (f.e + f.m), exp_all, exp_all + 2 ^ (f.e + f.m),
+                    exp_all + support.int(1, 2 ^ f.m - 1) })[support.int(1, 5)]
+    return pick % top
+  elseif kind == 2 then   -- subnormal
+    return support.int(1, 2 ^ f.m - 1) + support.int(0, 1) * 2 ^ (f.e + f.m)
+  end
+  return support.int(0, top - 1)   -- any bits at all (NaNs among them)
+end
+
+-- A safetensors file laid out by this spec: tensors {name, dtype, shape, values (bits or
+-- integers)}, their data in the order `data_order` (a permutation of 1..#tensors), the
+-- header's keys in another, metadata pairs, `pad` spaces after the JSON.
+local function json_string(s)
+  return '"' .. s:gsub('[%c"\\]', function(c) return ("\\u%04x"):format(c:byte()) end) .. '"'
+end
+local function write_reference(file, tensors, metadata, pad)
+  local blobs, ranges, at = {}, {}, 0
+  local order = {}
+  for i = 1, #tensors do order[i] = i end
+  for i = #order, 2, -1 do   -- the data's order: shuffled
+    local j = support.int(1, i)
+    order[i], order[j] = order[j], order[i]
+  end
+  for _, i in ipairs(order) do
+    local t = tensors[i]
+    local size, parts = FORMATS[t.dtype].size, {}
+    for k, v in ipairs(t.values) do parts[k] = le(v % 2 ^ (8 * size), size) end
+    blobs[#blobs + 1] = table.concat(parts)
+    ranges[i] = { at, at + #blobs[#blobs] }
+    at = ranges[i][2]
+  end
+  local keys = {}
+  for i, t in ipairs(tensors) do
+    keys[#keys + 1] = ("%s:{\"dtype\":\"%s\",\"shape\":[%s],\"data_offsets\":[%d,%d]}"):format(
+      json_string(t.name), t.dtype, table.concat(t.shape, ","), ranges[i][1], ranges[i][2])
+  end
+  if metadata then
+    local pairs_ = {}
+    for k, v in pairs(metadata) do pairs_[#pairs_ + 1] = json_string(k) .. ":" .. json_string(v) end
+    keys[#keys + 1] = '"__metadata__":{' .. table.concat(pairs_, ",") .. "}"
+  end
+  for i = #keys, 2, -1 do
+    local j = support.int(1, i)
+    keys[i], keys[j] = keys[j], keys[i]
+  end
+  local json = "{" .. table.concat(keys, ",") .. "}" .. (" "):rep(pad or 0)
+  support.write_file(file, le(#json, 8) .. json .. table.concat(blobs))
+  return order
+end
+
+-- The bits (or integers) of a host tensor, element by element.
+local CTYPES = { f32 = "uint32_t *", f16 = "uint16_t *", bf16 = "uint16_t *", i32 = "int32_t *", u8 = "uint8_t *" }
+local function bits_of(t)
+  local p, out = ffi.cast(CTYPES[t:dtype()], t:data()), {}
+  for i = 0, t:numel() - 1 do out[i + 1] = tonumber(p[i]) end
+  return out
+end
+
+-- What reading `bits` of format `from` into format `to` must give: the same bits (a NaN
+-- the plain one), or the number rounded.
+local function expected(bits, from, to)
+  local f, g = FORMATS[from], FORMATS[to]
+  if from == to and not g.e then return bits end
+  if is_nan_bits(bits, f) then return encode(0 / 0, g) end
+  if from == to then return bits end
+  return encode(decode(bits, f), g)
+end
+
+local function compare(got, want, what)
+  assert.are.equal(#want, #got, what .. ": element count")
+  for i = 1, #want do
+    if got[i] ~= want[i] then
+      error(("%s: element %d is %s, expected %s (seed %d)"):format(what, i, tostring(got[i]), tostring(want[i]), seed), 2)
+    end
+  end
+end
+
+----------------------------------------------------------------- the specs
+
+describe("safetensors through the C reader (seed " .. seed .. ")", function()
+  it("the reference rounds as IEEE 754 says, on values with known answers", function()
+    -- the reference is checked before it judges l2l: values whose encodings are known
+    local F16, BF16, F32 = FORMATS.F16, FORMATS.BF16, FORMATS.F32
+    assert.are.equal(0x3c00, encode(1, F16))
+    assert.are.equal(0x7bff, encode(65504, F16))
+    assert.are.equal(0x7c00, encode(65520, F16))            -- the tie above the largest: to infinity
+    assert.are.equal(0x7bff, encode(65519.99, F16))
+    assert.are.equal(0x0001, encode(2 ^ -24, F16))          -- the least subnormal
+    assert.are.equal(0x0000, encode(2 ^ -25, F16))          -- the tie below it: to even (zero)
+    assert.are.equal(0x0002, encode(3 * 2 ^ -25, F16))      -- 1.5 units: to even (2)
+    assert.are.equal(0x0400, encode(2 ^ -14, F16))          -- the least normal
+    assert.are.equal(0x8000, encode(-0.0, F16))
+    assert.are.equal(0x3f80, encode(1, BF16))
+    assert.are.equal(0x3f80, encode(1 + 2 ^ -8, BF16))      -- a tie: to even
+    assert.are.equal(0x3f82, encode(1 + 3 * 2 ^ -8, BF16))  -- a tie: to even (up)
+    assert.are.equal(0x3f800000, encode(1, F32))
+    assert.are.equal(0x00000001, encode(2 ^ -149, F32))
+    assert.are.equal(0x7fc00000, encode(0 / 0, F32))
+    for _ = 1, 2000 do   -- decode then encode is the identity on every non-NaN pattern
+      for _, name in ipairs({ "F32", "F16", "BF16" }) do
+        local b = draw(name)
+        if not is_nan_bits(b, FORMATS[name]) then assert.are.equal(b, encode(decode(b, FORMATS[name]), FORMATS[name])) end
+      end
+    end
+  end)
+
+  it("reads every dtype, awkward shapes and metadata as written, and converts among floats", function()
+    local SHAPES = { {}, { 1 }, { 1, 1, 1, 1 }, { 7 }, { 3, 5 }, { 2, 1, 3 }, { 1, 4, 1, 3 }, { 5, 3, 2, 2 }, { 13, 1 } }
+    for round = 1, 6 do
+      local tensors, names = {}, {}
+      local n = support.int(1, 9)
+      for i = 1, n do
+        local dtype = ({ "F32", "F16", "BF16", "I32", "U8" })[support.int(1, 5)]
+        local shape = SHAPES[support.int(1, #SHAPES)]
+        local numel = 1
+        for _, d in ipairs(shape) do numel = numel * d end
+        local values = {}
+        for k = 1, numel do values[k] = draw(dtype) end
+        -- names of every kind JSON holds: dots, spaces, a quote, non-ASCII
+        local name = ({ "w", "h.%d.attn weight", 'q"uote%d', "名前%d", "x/y.%d" })[support.int(1, 5)]:format(i) .. "." .. i
+        tensors[i] = { name = name, dtype = dtype, shape = shape, values = values }
+        names[name] = tensors[i]
+      end
+      local metadata = { note = "round " .. round, empty = "", json = '{"a": [1, 2]}', unicode = "ünï ✓" }
+      local file = path("ref" .. round .. ".safetensors")
+      local order = write_reference(file, tensors, metadata, support.int(0, 9))
+      local f = l2l.safetensors.open(file)
+      -- the lists: names in the data's order, each entry as written, the metadata
+      local at = 0
+      for k, i in ipairs(order) do
+        local t = tensors[i]
+        assert.are.equal(t.name, f.names[k], "the data's order")
+        local e = f.entries[t.name]
+        local numel = #t.values
+        assert.are.same(t.shape, e.shape, t.name)
+        assert.are.equal(FORMATS[t.dtype].l2l, e.dtype, t.name)
+        assert.are.same({ numel, at, numel * FORMATS[t.dtype].size },
+                        { e.numel, e.offset, e.bytes }, t.name .. ": numel, offset, bytes")
+        at = at + e.bytes
+      end
+      assert.are.same(metadata, f.metadata)
+      f:verify()   -- no checksums: nothing to check, nothing refused
+      -- the values, in the file's dtype and converted into each other float dtype
+      for _, t in ipairs(tensors) do
+        local got = f:read(t.name)
+        assert.are.same(#t.shape > 0 and t.shape or { 1 }, got:shape(), t.name)
+        assert.are.equal(FORMATS[t.dtype].l2l, got:dtype())
+        local want = {}
+        for k, v in ipairs(t.values) do want[k] = expected(v, t.dtype, t.dtype) end
+        compare(bits_of(got), want, ("round %d: '%s' (%s)"):format(round, t.name, t.dtype))
+        got:free()
+        if FORMATS[t.dtype].e then
+          for _, to in ipairs({ "f32", "f16", "bf16" }) do
+            local pool = support.int(0, 1) == 0 and "host" or "pinned"
+            local into = l2l.empty({ #t.values }, { dtype = to, pool = pool })
+            assert.are.equal(into, f:read(t.name, into))
+            for k, v in ipairs(t.values) do want[k] = expected(v, t.dtype, BY_L2L[to]) end
+            compare(bits_of(into), want, ("round %d: '%s' %s read into %s (%s)"):format(round, t.name, t.dtype, to, pool))
+            into:free()
+          end
+        else   -- an integer tensor reads into its own dtype only
+          local other = t.dtype == "I32" and "u8" or "i32"
+          support.refused("which reads into " .. FORMATS[t.dtype].l2l .. ", not " .. other, f.read, f, t.name,
+                          l2l.empty({ #t.values }, { dtype = other }))
+          support.refused("which reads into", f.read, f, t.name, l2l.empty({ #t.values }))
+        end
+      end
+      support.refused("into must be a host tensor of", f.read, f, tensors[1].name, l2l.empty({ #tensors[1].values + 1 }))
+      f:close()
+    end
+  end)
+
+  it("writes what the reference reads: every dtype, the layout, metadata and checksums", function()
+    local entries, want = {}, {}
+    local dtypes = { "f32", "f16", "bf16", "i32", "u8" }
+    for i = 1, support.int(5, 10) do
+      local dtype = dtypes[(i - 1) % #dtypes + 1]
+      local shape = {}
+      for d = 1, support.int(1, 4) do shape[d] = support.int(1, 5) end
+      local t = l2l.empty(shape, { dtype = dtype })
+      local p = ffi.cast(CTYPES[dtype], t:data())
+      local values = {}
+      for k = 1, t:numel() do
+        local v = draw(BY_L2L[dtype])
+        values[k] = v
+        p[k - 1] = v
+      end
+      local name = "t" .. i
+      if i % 3 == 0 then   -- made as it is written
+        entries[i] = { name = name, shape = shape, dtype = dtype, produce = function() return t end }
+      else
+        entries[i] = { name = name, tensor = t }
+      end
+      want[name] = { dtype = BY_L2L[dtype], shape = shape, values = values, size = FORMATS[BY_L2L[dtype]].size }
+    end
+    local file = path("written.safetensors")
+    l2l.safetensors.write(file, entries, { k = "v", unicode = "∀x" })
+    local bytes = support.read_file(file)
+    local n = 0
+    for i = 8, 1, -1 do n = n * 256 + bytes:byte(i) end
+    assert.are.equal(0, (8 + n) % 8, "the data starts 8-byte aligned")
+    local header = cjson.decode(bytes:sub(9, 8 + n))
+    assert.are.equal("v", header.__metadata__.k)
+    assert.are.equal("∀x", header.__metadata__.unicode)
+    local sums = cjson.decode(header.__metadata__.l2l_xxh3)
+    local data = bytes:sub(9 + n)
+    local at = 0
+    for i, e in ipairs(entries) do   -- in the entries' order, end to end
+      local w, h = want[e.name], header[e.name]
+      assert.are.equal(w.dtype, h.dtype)
+      assert.are.same(w.shape, h.shape)
+      assert.are.same({ at, at + #w.values * w.size }, h.data_offsets, e.name)
+      at = h.data_offsets[2]
+      assert.is_truthy(type(sums[e.name]) == "string" and sums[e.name]:match("^%x+$") and #sums[e.name] == 16, e.name)
+      local got = {}
+      for k = 1, #w.values do
+        local u = 0
+        for b = w.size, 1, -1 do u = u * 256 + data:byte(h.data_offsets[1] + (k - 1) * w.size + b) end
+        if w.dtype == "I32" and u >= 2 ^ 31 then u = u - 2 ^ 32 end
+        got[k] = u
+      end
+      compare(got, w.values, ("entry %d '%s' (%s) as written"):format(i, e.name, w.dtype))
+    end
+    assert.are.equal(#data, at, "no bytes after the last tensor")
+    -- a damaged byte of the data: the read names the tensor, verify too
+    local k = support.int(1, #data)
+    local damaged = bytes:sub(1, 8 + n + k - 1) .. string.char((data:byte(k) + 1) % 256) .. bytes:sub(8 + n + k + 1)
+    local bad = path("damaged.safetensors")
+    support.write_file(bad, damaged)
+    local f = l2l.safetensors.open(bad)
+    local hit
+    for _, e in ipairs(entries) do
+      local h = header[e.name].data_offsets
+      if k - 1 >= h[1] and k - 1 < h[2] then hit = e.name end
+    end
+    support.refused("tensor '" .. hit .. "' is damaged", f.verify, f)
+    support.refused("tensor '" .. hit .. "' is damaged", f.read, f, hit)
+    f:close()
+  end)
+
+  it("the C API checks its arguments and says which", function()
+    local file = path("api.safetensors")
+    write_reference(file, { { name = "a", dtype = "F16", shape = { 3 }, values = { 0x3c00, 0x4000, 0x4200 } } }, { m = "x" })
+    local function err() return ffi.string(C.l2l_last_error()) end
+    local box = ffi.new("l2l_safetensors *[1]")
+    assert.are.equal(C.L2L_ERR_INVALID, C.l2l_safetensors_open(nil, file))
+    assert.are.equal("l2l_safetensors_open: out is NULL", err())
+    assert.are.equal(C.L2L_ERR_INVALID, C.l2l_safetensors_open(box, ""))
+    assert.are.equal(C.L2L_ERR_IO, C.l2l_safetensors_open(box, path("missing")))
+    assert.is_truthy(err():find("^l2l_safetensors_open: cannot open .*missing"), err())
+    assert.are.equal(0, C.l2l_safetensors_open(box, file))
+    local h = ffi.gc(box[0], C.l2l_safetensors_close)
+    local info, entry = ffi.new("l2l_safetensors_info"), ffi.new("l2l_safetensors_entry")
+    assert.are.equal(0, C.l2l_safetensors_get_info(info, h))
+    assert.are.same({ 1, 1, 6 }, { info.tensors, info.metadata, tonumber(info.data_bytes) })
+    assert.are.equal(C.L2L_ERR_INVALID, C.l2l_safetensors_get_info(info, nil))
+    assert.are.equal("l2l_safetensors_get_info: file is NULL", err())
+    assert.are.equal(C.L2L_ERR_INVALID, C.l2l_safetensors_get_entry(entry, h, 1))
+    assert.is_truthy(err():find("l2l_safetensors_get_entry: index 1 is outside [0, 1)", 1, true), err())
+    assert.are.equal(0, C.l2l_safetensors_find(entry, h, "a"))
+    assert.are.same({ "a", C.L2L_F16, 1, 3, 0 }, { ffi.string(entry.name), entry.dtype, entry.ndim, tonumber(entry.shape[0]), entry.summed })
+    assert.are.equal(C.L2L_ERR_INVALID, C.l2l_safetensors_find(entry, h, "b"))
+    assert.is_truthy(err():find("has no tensor 'b'", 1, true), err())
+    local key, value = ffi.new("const char *[1]"), ffi.new("const char *[1]")
+    assert.are.equal(0, C.l2l_safetensors_get_metadata(key, value, h, 0))
+    assert.are.same({ "m", "x" }, { ffi.string(key[0]), ffi.string(value[0]) })
+    assert.are.equal(C.L2L_ERR_INVALID, C.l2l_safetensors_get_metadata(key, nil, h, 0))
+    assert.are.equal("l2l_safetensors_get_metadata: value is NULL", err())
+    local out = ffi.new("float[3]", 9, 9, 9)
+    assert.are.equal(C.L2L_ERR_INVALID, C.l2l_safetensors_read(out, C.L2L_F32, 2, h, "a"))
+    assert.is_truthy(err():find("l2l_safetensors_read: numel is 2 but 'a' of .* has 3 elements"), err())
+    assert.are.equal(C.L2L_ERR_INVALID, C.l2l_safetensors_read(out, 9, 3, h, "a"))
+    assert.are.equal(C.L2L_ERR_INVALID, C.l2l_safetensors_read(out, C.L2L_I32, 3, h, "a"))
+    assert.are.same({ 9, 9, 9 }, { out[0], out[1], out[2] }, "a refused read wrote nothing")
+    assert.are.equal(0, C.l2l_safetensors_read(out, C.L2L_F32, 3, h, "a"))
+    assert.are.same({ 1, 2, 3 }, { out[0], out[1], out[2] })
+    assert.are.equal(0, C.l2l_safetensors_verify(h))
+    -- writing: a refusal before anything is made, a short write leaving nothing, an
+    -- abandoned one leaving the old file
+    local wbox = ffi.new("l2l_safetensors_writer *[1]")
+    local spec = ffi.new("l2l_safetensors_spec[1]")
+    spec[0].name, spec[0].dtype, spec[0].ndim, spec[0].shape[0] = "w", C.L2L_F32, 1, 2
+    assert.are.equal(C.L2L_ERR_INVALID, C.l2l_safetensors_create(wbox, file, 2, spec, 1, nil, 0))
+    assert.are.equal("l2l_safetensors_create: replace must be 0 or 1, got 2", err())
+    assert.are.equal(C.L2L_ERR_INVALID, C.l2l_safetensors_create(wbox, file, 1, spec, 1, nil, 1))
+    assert.are.equal(C.L2L_ERR_STATE, C.l2l_safetensors_create(wbox, file, 0, spec, 1, nil, 0))
+    assert.is_truthy(err():find("exists already", 1, true), err())
+    local fresh = path("fresh.safetensors")
+    assert.are.equal(0, C.l2l_safetensors_create(wbox, fresh, 0, spec, 1, nil, 0))
+    assert.are.equal(C.L2L_ERR_INVALID, C.l2l_safetensors_put(wbox[0], ffi.new("float[3]"), 12))
+    assert.is_truthy(err():find("tensor 'w' has 12 bytes, its header says 8", 1, true), err())
+    assert.are.equal(C.L2L_ERR_STATE, C.l2l_safetensors_commit(wbox[0]))
+    assert.is_nil(io.open(fresh, "rb"), "a commit short of tensors left a file")
+    assert.are.equal(0, C.l2l_safetensors_create(wbox, file, 1, spec, 1, nil, 0))
+    assert.are.equal(0, C.l2l_safetensors_put(wbox[0], ffi.new("float[2]", 5, 6), 8))
+    C.l2l_safetensors_abandon(wbox[0])
+    local still = l2l.safetensors.open(file)
+    assert.are.same({ "a" }, still.names, "an abandoned write left the old file")
+    still:close()
+    assert.are.equal(C.L2L_ERR_INVALID, C.l2l_safetensors_put(nil, nil, 0))
+    assert.are.equal(C.L2L_ERR_INVALID, C.l2l_safetensors_commit(nil))
+    C.l2l_safetensors_abandon(nil)
+    C.l2l_safetensors_close(nil)
+  end)
+
+  it("imports a GPT-2 of F16 and BF16 tensors, each value widened exactly", function()
+    local V, P, D, M = 11, 6, 8, 12
+    local shapes = { ["wte.weight"] = { V, D }, ["wpe.weight"] = { P, D }, ["ln_f.weight"] = { D }, ["ln_f.bias"] = { D } }
+    local block = { ["ln_1.weight"] = { D }, ["ln_1.bias"] = { D }, ["attn.c_attn.weight"] = { D, 3 * D },
+                    ["attn.c_attn.bias"] = { 3 * D }, ["attn.c_proj.weight"] = { D, D }, ["attn.c_proj.bias"] = { D },
+                    ["ln_2.weight"] = { D }, ["ln_2.bias"] = { D }, ["mlp.c_fc.weight"] = { D, M },
+                    ["mlp.c_fc.bias"] = { M }, ["mlp.c_proj.weight"] = { M, D }, ["mlp.c_proj.bias"] = { D } }
+    for k, s in pairs(block) do shapes["h.0." .. k] = s end
+    local tensors, by_name = {}, {}
+    for name, shape in pairs(shapes) do
+      local dtype = ({ "F16", "BF16", "F32" })[support.int(1, 3)]
+      local f = FORMATS[dtype]
+      local numel = 1
+      for _, d in ipairs(shape) do numel = numel * d end
+      local values = {}
+      for k = 1, numel do values[k] = encode(support.normal() * 0.5, f) end   -- finite weights
+      local t = { name = "transformer." .. name, dtype = dtype, shape = shape, values = values }
+      tensors[#tensors + 1] = t
+      by_name[name] = t
+    end
+    local file = path("gpt2_half.safetensors")
+    write_reference(file, tensors)
+    local model = l2l.import_gpt2(file, { heads = 2 })
+    local function check(short, value, rows)
+      local t = by_name[short]
+      local want, p = {}, value:data()
+      local n = rows and rows * D or #t.values
+      for k = 1, n do want[k] = decode(t.values[k], FORMATS[t.dtype]) end
+      local got = {}
+      for k = 1, n do got[k] = p[k - 1] end
+      compare(got, want, short .. " (" .. t.dtype .. ")")
+    end
+    local params = {}
+    for i, layer in ipairs(model) do
+      params[i] = {}
+      for _, p in ipairs(layer:params()) do params[i][p.name] = p.value end
+    end
+    check("wte.weight", params[1].wte)
+    check("wpe.weight", params[1].wpe, P)
+    for _, pair in ipairs(require("l2l.gpt2").block_names) do check("h.0." .. pair[1], params[2][pair[2]]) end
+    check("ln_f.weight", params[3]["ln.weight"])
+    check("ln_f.bias", params[3]["ln.bias"])
+  end)
+end)
