@@ -131,6 +131,12 @@ ifneq ($(NVCC),)
   CUDA_LINK_PATH := -Wl,-rpath-link,$(CUDA_HOME)/lib64
   $(BUILD)/obj/backend/cuda/%.o: L2L_CFLAGS += -DL2L_CUDA -I$(CUDA_HOME)/include -I. \
                                               -DL2L_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
+  # cuDNN is opened at run time too (src/backend/cuda/cudnn_load.c); its headers, where the
+  # toolkit has them, let the attention use it (without them the build says so and the own
+  # kernels run every attention call).
+  ifneq ($(wildcard $(CUDA_HOME)/include/cudnn_graph.h),)
+    $(BUILD)/obj/backend/cuda/%.o: L2L_CFLAGS += -DL2L_CUDNN_HEADERS
+  endif
 endif
 
 # One source list per part (src/<part>/, see README.md's layout); the parts build the

@@ -1,0 +1,204 @@
+/* SPDX-License-Identifier: MIT */
+/* test_cudnn.c — the CUDA backend's cuDNN attention path (src/backend/cuda/cudnn_*.c).
+ *
+ * Without a GPU (here): when libcudnn.so.9 loads, every tensor and operation descriptor of
+ * the forward and backward SDPA graphs is built and finalized for drawn shapes (causal or
+ * not, head dims 64 and 128, odd sequence lengths and batches, bf16 and f16), and a graph
+ * wired wrongly on purpose must be refused; the operation graph's finalize, the plan and
+ * the run need a GPU and are reported skipped with the reason. Where libcudnn cannot be
+ * loaded the tests say skipped and why. On a GPU: the cuDNN path's o, lse, dq, dk, dv
+ * against the own f32 kernels' on the same inputs, within bf16 / f16 rounding's
+ * tolerances (cuda_twins.h's TOL_ATTN16, plus the rounding of the outputs cuDNN writes in
+ * 16 bits), and the calls cuDNN does not cover (a key mask, dropout, cuDNN switched off)
+ * shown to take the own kernels. All test names start with "cudnn_".
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/accelerators.h"
+#include "cuda_twins.h"
+
+/* A drawn shape as the block lays attention out: q, k, v column blocks of one (B*S, 3 H d)
+   buffer, o (B*S, H d). */
+static struct l2l_attention_shape drawn_shape(int64_t head_dim, int causal, l2l_dtype precision) {
+  struct l2l_attention_shape sh;
+  memset(&sh, 0, sizeof sh);
+  sh.batch = PICK(1, 2, 3, 5), sh.heads = PICK(1, 2, 3, 12), sh.seq = PICK(1, 7, 64, 129, 200, 1000);
+  sh.head_dim = head_dim, sh.causal = causal, sh.precision = precision;
+  sh.ld_qkv = 3 * sh.heads * head_dim, sh.ld_o = sh.heads * head_dim;
+  sh.scale = 1.0f / sqrtf((float)head_dim);
+  return sh;
+}
+
+/* false (skipped, with why) when libcudnn cannot be loaded. */
+static bool need_cudnn(void) {
+  char about[512];
+  if (l2l_cudnn_probe(about, sizeof about) != 0) return true;
+  check_skip("cuDNN is not loaded: %s", about);
+  return false;
+}
+
+TEST(cudnn_loads_and_says_from_where) {
+  char about[512] = "";
+  int version = l2l_cudnn_probe(about, sizeof about);
+  CHECK(about[0] != '\0', "l2l_cudnn_probe gave no words");
+  if (version == 0) {
+    check_skip("cuDNN is not loaded: %s", about);
+    return;
+  }
+  CHECK(version >= 90000 && version < 100000, "version %d is not 9.x", version);
+  char want[32];
+  snprintf(want, sizeof want, "cuDNN %d.%d.%d from ", version / 10000, version / 100 % 100,
+           version % 100);
+  CHECK(strstr(about, want) == about && strstr(about, "libcudnn") != NULL,
+        "about \"%s\" should start \"%s\" and name the library", about, want);
+}
+
+TEST(cudnn_graph_nodes_finalize) {
+  if (!need_cudnn()) return;
+  static const l2l_dtype types[] = {L2L_BF16, L2L_F16};
+  char report[1024] = "";
+  int built = 0;
+  for (int backward = 0; backward < 2; backward++)
+    for (int d = 0; d < 2; d++)
+      for (int causal = 0; causal < 2; causal++) {
+        struct l2l_attention_shape sh = drawn_shape(d ? 128 : 64, causal, types[check_rand_int(0, 1)]);
+        char what[160];
+        snprintf(what, sizeof what, "%s B=%lld H=%lld S=%lld d=%lld%s %s",
+                 backward ? "backward" : "forward", (long long)sh.batch, (long long)sh.heads,
+                 (long long)sh.seq, (long long)sh.head_dim, causal ? " causal" : "",
+                 l2l_dtype_name(sh.precision));
+        report[0] = '\0';
+        if (!CHECK_OK(l2l_cudnn_check_graphs(&sh, backward, 0, report, sizeof report))) continue;
+        built++;
+        /* the nodes cudnn_sdpa.c lists: 10 forward, 18 backward, 4 more for the causal mask */
+        int tensors = 0, ops = 0;
+        CHECK(sscanf(report, "%d tensors and %d operations", &tensors, &ops) == 2,
+              "%s: report \"%s\"", what, report);
+        int want_ops = (backward ? 18 : 10) + (causal ? 4 : 0);
+        CHECK(ops == want_ops, "%s: %d operations, want %d", what, ops, want_ops);
+        CHECK(tensors > ops, "%s: %d tensors for %d operations", what, tensors, ops);
+        /* the same shape wired wrongly (V's head dim halved) must be refused, naming a node */
+        l2l_status st = l2l_cudnn_check_graphs(&sh, backward, 1, report, sizeof report);
+        if (built == 1) printf("  cudnn: miswired, as it must be: %s\n", l2l_last_error());
+        CHECK(st == L2L_ERR_BACKEND && strstr(l2l_last_error(), "refused") != NULL,
+              "%s miswired: status %d (%s), want a refusal", what, (int)st, l2l_last_error());
+      }
+  if (built > 0) printf("  cudnn: %s\n", report);
+  char why[300];
+  if (built > 0 && !l2l_cuda_probe(why, sizeof why))
+    printf("  skipped: the operation graph's finalize, plan and execution (no GPU: %s)\n", why);
+}
+
+/* An f32 tensor of the device pool holding normal draws (the host copy kept in *host). */
+static l2l_tensor *device_randn(l2l_tensor **host, int64_t rows, int64_t cols) {
+  *host = RANDN(1.0, rows, cols);
+  return copied_to(*host, L2L_POOL_DEVICE);
+}
+
+/* |got - want| / (|want| + rms(want)) over (rows, cols), worst element and normwise. */
+static bool close_to(const char *what, const l2l_tensor *got_d, const l2l_tensor *want_d,
+                     int64_t rows, int64_t cols, int64_t ld, int64_t offset, double elem_tol,
+                     double norm_tol) {
+  l2l_tensor *g = copied_to(got_d, L2L_POOL_HOST), *w = copied_to(want_d, L2L_POOL_HOST);
+  const float *gp = fdata(g) + offset, *wp = fdata(w) + offset;
+  double sw = 0, se = 0, worst = 0;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) sw += (double)wp[r * ld + c] * wp[r * ld + c];
+  double rms = sqrt(sw / (double)(rows * cols)) + 1e-30;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) {
+      double e = fabs((double)gp[r * ld + c] - wp[r * ld + c]);
+      se += e * e;
+      double rel = e / (fabs(wp[r * ld + c]) + rms);
+      if (!(rel <= worst)) worst = rel;
+    }
+  double norm = sqrt(se / (double)(rows * cols)) / rms;
+  bool ok = CHECK(worst <= elem_tol && norm <= norm_tol,
+                  "%s: worst element %.3g (tolerance %.3g), normwise %.3g (tolerance %.3g)", what,
+                  worst, elem_tol, norm, norm_tol);
+  FREE(g, w);
+  return ok;
+}
+
+/* The cuDNN path against the own f32 kernels on one drawn shape; own16: cuDNN switched off
+   (the own 16-bit kernels must run: cuDNN's count stays). */
+static void gpu_case(int64_t head_dim, int causal, l2l_dtype precision) {
+  const struct l2l_backend_ops *ops = l2l_backend_for(L2L_POOL_DEVICE);
+  struct l2l_attention_shape sh = drawn_shape(head_dim, causal, precision);
+  if (sh.seq > 200) sh.seq = 200;
+  const int64_t D = sh.heads * head_dim, N = sh.batch * sh.seq, rows = sh.batch * sh.heads * sh.seq;
+  struct l2l_attention_shape ref = sh;
+  ref.precision = L2L_F32;
+  l2l_tensor *hq, *hd;
+  l2l_tensor *qkv = device_randn(&hq, N, 3 * D), *d_o = device_randn(&hd, N, D);
+  l2l_tensor *o[2] = {NEW(L2L_POOL_DEVICE, L2L_F32, N, D), NEW(L2L_POOL_DEVICE, L2L_F32, N, D)};
+  l2l_tensor *lse[2] = {NEW(L2L_POOL_DEVICE, L2L_F32, rows), NEW(L2L_POOL_DEVICE, L2L_F32, rows)};
+  l2l_tensor *g[2] = {NEW(L2L_POOL_DEVICE, L2L_F32, N, 3 * D), NEW(L2L_POOL_DEVICE, L2L_F32, N, 3 * D)};
+  const float *q = fdata(qkv);
+  char what[160];
+  snprintf(what, sizeof what, "B=%lld H=%lld S=%lld d=%lld%s %s", (long long)sh.batch,
+           (long long)sh.heads, (long long)sh.seq, (long long)head_dim, causal ? " causal" : "",
+           l2l_dtype_name(precision));
+  bool routed = l2l_cudnn_routes(&sh, NULL, NULL, NULL, NULL);
+  int64_t before = l2l_cudnn_runs();
+  for (int side = 0; side < 2; side++) {
+    const struct l2l_attention_shape *s = side == 0 ? &sh : &ref;
+    float *gp = fdata(g[side]);
+    CHECK_OK(ops->attention_forward(fdata(o[side]), fdata(lse[side]), NULL, NULL, NULL, q, q + D,
+                                    q + 2 * D, NULL, s, NULL, 0));
+    CHECK_OK(ops->attention_backward(gp, gp + D, gp + 2 * D, fdata(d_o), fdata(o[side]),
+                                     fdata(lse[side]), NULL, NULL, NULL, q, q + D, q + 2 * D, NULL,
+                                     s, NULL, 0));
+  }
+  CHECK_OK(l2l_device_synchronize());
+  CHECK(!routed || l2l_cudnn_runs() == before + 2, "%s: cuDNN ran %lld calls, want 2", what,
+        (long long)(l2l_cudnn_runs() - before));
+  /* cuda_twins.h's 16-bit tolerances (inputs, P and dS rounded) plus the 16-bit rounding of
+     the outputs cuDNN writes (o, dq, dk, dv: 2^-8 relative for bf16, 2^-11 for f16) */
+  double f = precision == L2L_F16 ? 0.25 : 1.0, out = precision == L2L_F16 ? 0x1p-11 : 0x1p-8;
+  char label[200];
+  snprintf(label, sizeof label, "%s: o", what);
+  close_to(label, o[0], o[1], N, D, D, 0, f * TOL_ATTN16_ELEMENT[ATTN_VALUES] + out,
+           f * TOL_ATTN16_NORM[ATTN_VALUES] + out);
+  snprintf(label, sizeof label, "%s: lse", what);
+  close_to(label, lse[0], lse[1], 1, rows, rows, 0, f * TOL_ATTN16_ELEMENT[ATTN_LSE],
+           f * TOL_ATTN16_NORM[ATTN_LSE]);
+  static const char *const parts[] = {"dq", "dk", "dv"};
+  for (int p = 0; p < 3; p++) {
+    enum attention_output kind = p == 2 ? ATTN_VALUES : ATTN_DQK;
+    snprintf(label, sizeof label, "%s: %s", what, parts[p]);
+    close_to(label, g[0], g[1], N, D, 3 * D, p * D, f * TOL_ATTN16_ELEMENT[kind] + out,
+             f * TOL_ATTN16_NORM[kind] + out);
+  }
+  /* what cuDNN does not cover runs on the own kernels: a key mask, dropout, cuDNN off */
+  l2l_tensor *hm = HOST(L2L_U8, sh.batch, sh.seq);
+  memset(l2l_tensor_data(hm), 1, (size_t)(sh.batch * sh.seq));
+  l2l_tensor *key_mask = copied_to(hm, L2L_POOL_DEVICE);
+  struct l2l_attention_shape dropped = sh;
+  dropped.dropout = 0.1f;
+  CHECK(!l2l_cudnn_routes(&sh, NULL, NULL, NULL, l2l_tensor_data(key_mask)) &&
+            !l2l_cudnn_routes(&dropped, NULL, NULL, NULL, NULL) &&
+            !l2l_cudnn_routes(&ref, NULL, NULL, NULL, NULL),
+        "%s: a key mask, dropout or f32 products routed to cuDNN", what);
+  before = l2l_cudnn_runs();
+  l2l_cudnn_enable(0);
+  CHECK_OK(ops->attention_forward(fdata(o[1]), fdata(lse[1]), NULL, NULL, NULL, q, q + D,
+                                  q + 2 * D, NULL, &sh, NULL, 0));
+  l2l_cudnn_enable(1);
+  CHECK_OK(l2l_device_synchronize());
+  CHECK(l2l_cudnn_runs() == before, "%s: cuDNN ran while switched off", what);
+  snprintf(label, sizeof label, "%s: o, own 16-bit kernels against cuDNN", what);
+  close_to(label, o[1], o[0], N, D, D, 0, 2 * f * TOL_ATTN16_ELEMENT[ATTN_VALUES] + out,
+           2 * f * TOL_ATTN16_NORM[ATTN_VALUES] + out);
+  FREE(hq, hd, qkv, d_o, o[0], o[1], lse[0], lse[1], g[0], g[1], hm, key_mask);
+}
+
+TEST(cudnn_attention_against_own_kernels) {
+  if (!need_cudnn() || !use_gpu()) return;
+  for (int d = 0; d < 2; d++)
+    for (int causal = 0; causal < 2; causal++)
+      for (int t = 0; t < 2; t++) gpu_case(d ? 128 : 64, causal, t ? L2L_F16 : L2L_BF16);
+  end_gpu();
+}

@@ -1,0 +1,46 @@
+/* SPDX-License-Identifier: MIT */
+/* cudnn_graph_build.h — the attention graphs as cuDNN backend descriptors (private to
+ * backend/cuda/; built with L2L_CUDNN_HEADERS only).
+ *
+ * Purpose: cudnn_graph_build.c makes every tensor and operation descriptor of the forward
+ * or backward SDPA graph (cudnn_sdpa.c says which pattern), finalizing each as it goes (a
+ * well-formed graph needs no GPU this far), then, given a handle, the operation graph,
+ * the heuristics' engine configurations and the first execution plan that finalizes.
+ * Must never: be included outside backend/cuda/.
+ */
+#ifndef L2L_CUDA_CUDNN_GRAPH_BUILD_H
+#define L2L_CUDA_CUDNN_GRAPH_BUILD_H
+
+#include "cudnn_sdpa.h"
+
+/* The unique ids of the graphs' real tensors: what a variant pack names. Q, K, V, O, dO,
+   dQ, dK, dV: 16-bit, packed [B, S, H, D] seen as [B, H, S, D]; STATS: f32 [B, H, S, 1]
+   (l2l's lse); SCALE, HIDDEN (the masked score), ONE: f32 scalars passed by value (host
+   pointers); DSUM: f32 [B, H, S, 1] and DQ_ACC: f32 [B, H, S, D], both in the scratch. */
+enum sdpa_uid {
+  SDPA_Q = 1, SDPA_K, SDPA_V, SDPA_O, SDPA_STATS, SDPA_SCALE, SDPA_HIDDEN,
+  SDPA_DO, SDPA_DQ, SDPA_DK, SDPA_DV, SDPA_ONE, SDPA_DSUM, SDPA_DQ_ACC
+};
+
+struct sdpa_graph;
+
+/* The forward (backward = 0) or backward graph's descriptors, each finalized; NULL with
+   the failing node and cuDNN's words in why. miswire != 0 builds it wrongly on purpose
+   (V with half the head dim, so P V cannot be O): the check's proof that a refusal shows. */
+CUDA_INTERNAL struct sdpa_graph *sdpa_graph_build(const struct l2l_attention_shape *sh,
+                                                  int backward, int miswire, char *why,
+                                                  size_t len);
+/* The operation graph, engine heuristics and an execution plan on `h` (a GPU's); false
+   with why when cuDNN refuses them. */
+CUDA_INTERNAL bool sdpa_graph_plan(struct sdpa_graph *g, cudnnHandle_t h, char *why, size_t len);
+CUDA_INTERNAL int64_t sdpa_graph_workspace(const struct sdpa_graph *g);  /* bytes, once planned */
+/* Queues the plan on h's stream with the tensors uids[i] at ptrs[i]. */
+CUDA_INTERNAL bool sdpa_graph_execute(struct sdpa_graph *g, cudnnHandle_t h, const int64_t *uids,
+                                      void **ptrs, int n, void *workspace, char *why, size_t len);
+CUDA_INTERNAL void sdpa_graph_counts(const struct sdpa_graph *g, int *tensors, int *ops);
+CUDA_INTERNAL void sdpa_graph_free(struct sdpa_graph *g);   /* NULL: nothing */
+/* The masked scores' value: -inf from cuDNN 9.10 on, the lowest float before (as
+   cudnn-frontend chooses). */
+CUDA_INTERNAL float sdpa_hidden_value(void);
+
+#endif /* L2L_CUDA_CUDNN_GRAPH_BUILD_H */
