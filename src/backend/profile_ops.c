@@ -11,7 +11,7 @@
  * for), and its shape. The counts are the arguments', so a CPU run gives a GPU run's.
  * Must never: change what an op does or returns.
  */
-#include "backend.h"
+#include "accelerators.h"
 
 static const struct l2l_backend_ops *base(void) { return l2l_backend_device_base(); }
 
@@ -227,10 +227,18 @@ static enum l2l_profile_bound attention_bound(const struct l2l_attention_shape *
   return flop_bound(s->precision);
 }
 
-#define ATTENTION_SHAPE(s, kept)                                                          \
-  "B=%lld H=%lld S=%lld d=%lld%s%s %s%s", (long long)(s)->batch, (long long)(s)->heads,   \
+/* Which path runs an attention call: " cudnn" where the CUDA backend hands it to cuDNN
+   (the predicate its forward and backward ask), else "" (l2l's own kernels). */
+static const char *attention_path(const struct l2l_attention_shape *s, const void *probs,
+                                  const void *dropped, const void *mask, const void *key_mask) {
+  return base() == l2l_cuda_ops() && l2l_cudnn_routes(s, probs, dropped, mask, key_mask)
+             ? " cudnn" : "";
+}
+
+#define ATTENTION_SHAPE(s, kept, path)                                                    \
+  "B=%lld H=%lld S=%lld d=%lld%s%s %s%s%s", (long long)(s)->batch, (long long)(s)->heads, \
       (long long)(s)->seq, (long long)(s)->head_dim, (s)->causal ? " causal" : "",        \
-      (s)->dropout > 0 ? " dropout" : "", dt((s)->precision), (kept) ? " probs" : ""
+      (s)->dropout > 0 ? " dropout" : "", dt((s)->precision), (kept) ? " probs" : "", (path)
 
 /* Forward: S = q k^T and o = P v, 2 d FLOPs a pair each; probabilities kept, when asked,
    are S x S floats written (P, and P after dropout) and a bit a pair of mask. */
@@ -246,7 +254,8 @@ static l2l_status p_attention_forward(float *o, float *lse, float *probs, float 
                              workspace_floats),
            "attention_forward", 4 * d(shape->head_dim) * pairs,
            attention_rows_bytes(shape, 4) + F * d(shape->batch) * d(shape->heads) * d(shape->seq) +
-           kept, attention_bound(shape), false, ATTENTION_SHAPE(shape, probs != NULL));
+           kept, attention_bound(shape), false,
+           ATTENTION_SHAPE(shape, probs != NULL, attention_path(shape, probs, dropped, mask, key_mask)));
 }
 
 /* Backward: dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q, and S = q k^T again when the
@@ -264,7 +273,8 @@ static l2l_status p_attention_backward(float *dq, float *dk, float *dv, const fl
                               shape, workspace, workspace_floats),
            "attention_backward", 2 * products * d(shape->head_dim) * attention_pairs(shape),
            attention_rows_bytes(shape, 8) + F * d(shape->batch) * d(shape->heads) * d(shape->seq) +
-           kept, attention_bound(shape), false, ATTENTION_SHAPE(shape, probs != NULL));
+           kept, attention_bound(shape), false,
+           ATTENTION_SHAPE(shape, probs != NULL, attention_path(shape, probs, dropped, mask, key_mask)));
 }
 
 static int64_t p_attention_workspace(int64_t seq, int backward) {
