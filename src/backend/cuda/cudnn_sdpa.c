@@ -191,9 +191,15 @@ uint64_t cudnn_sdpa_scratch_bytes(const struct l2l_attention_shape *sh, int back
   int64_t ws = !e->usable ? 0 : backward ? sdpa_graph_workspace(e->bwd) : sdpa_graph_workspace(e->fwd);
   pthread_mutex_unlock(&cache_lock);
   uint64_t rows = (uint64_t)sh->batch * sh->heads * sh->seq;
-  if (!backward) return 4 * half_bytes(sh) + up256((uint64_t)ws);
-  return 8 * half_bytes(sh) + up256(rows * 4) + up256(rows * sh->head_dim * 4) + up256((uint64_t)ws);
+  /* 16-bit copies, then [backward: Dsum, dQ's accumulator], the stats, cuDNN's workspace */
+  if (!backward) return 4 * half_bytes(sh) + up256(rows * 4) + up256((uint64_t)ws);
+  return 8 * half_bytes(sh) + 2 * up256(rows * 4) + up256(rows * sh->head_dim * 4) +
+         up256((uint64_t)ws);
 }
+
+/* cuDNN is told its real tensors are 16-byte aligned: an lse that is not (a slice of a
+   larger tensor) goes through `spare` in the scratch. */
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 #define CAST(dst, dst_t, dst_ld, src, src_t, src_ld)                                        \
   do {                                                                                     \
@@ -225,14 +231,18 @@ l2l_status cudnn_sdpa_forward(float *o, float *lse, const float *q, const float 
   const int64_t hd = sh->heads * sh->head_dim;
   char *s = scratch;
   uint64_t hb = half_bytes(sh);
-  void *q16 = s, *k16 = s + hb, *v16 = s + 2 * hb, *o16 = s + 3 * hb, *ws = s + 4 * hb;
+  uint64_t rows = (uint64_t)sh->batch * sh->heads * sh->seq;
+  void *q16 = s, *k16 = s + hb, *v16 = s + 2 * hb, *o16 = s + 3 * hb, *spare = s + 4 * hb;
+  void *ws = s + 4 * hb + up256(rows * 4), *stats = aligned16(lse) ? (void *)lse : spare;
   CAST(q16, t, hd, q, DT_F32, sh->ld_qkv);
   CAST(k16, t, hd, k, DT_F32, sh->ld_qkv);
   CAST(v16, t, hd, v, DT_F32, sh->ld_qkv);
   float scale = sh->scale, hidden = sdpa_hidden_value();
   int64_t uids[] = {SDPA_Q, SDPA_K, SDPA_V, SDPA_O, SDPA_STATS, SDPA_SCALE, SDPA_HIDDEN};
-  void *ptrs[] = {q16, k16, v16, o16, lse, &scale, &hidden};
+  void *ptrs[] = {q16, k16, v16, o16, stats, &scale, &hidden};
   TRY(execute(e->fwd, uids, ptrs, 7, ws));
+  if (stats != lse)
+    CUDA_TRY(cudaMemcpyAsync(lse, stats, rows * 4, cudaMemcpyDeviceToDevice, cuda_rt.compute));
   CAST(o, DT_F32, sh->ld_o, o16, t, hd);
   return L2L_OK;
 }
@@ -249,7 +259,10 @@ l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o
   void *q16 = s, *k16 = s + hb, *v16 = s + 2 * hb, *o16 = s + 3 * hb, *do16 = s + 4 * hb;
   void *dq16 = s + 5 * hb, *dk16 = s + 6 * hb, *dv16 = s + 7 * hb;
   void *dsum = s + 8 * hb, *dq_acc = s + 8 * hb + up256(rows * 4);
-  void *ws = (char *)dq_acc + up256(rows * sh->head_dim * 4);
+  void *spare = (char *)dq_acc + up256(rows * sh->head_dim * 4);
+  void *ws = (char *)spare + up256(rows * 4), *stats = aligned16(lse) ? (void *)lse : spare;
+  if (stats != lse)
+    CUDA_TRY(cudaMemcpyAsync(stats, lse, rows * 4, cudaMemcpyDeviceToDevice, cuda_rt.compute));
   CAST(q16, t, hd, q, DT_F32, sh->ld_qkv);
   CAST(k16, t, hd, k, DT_F32, sh->ld_qkv);
   CAST(v16, t, hd, v, DT_F32, sh->ld_qkv);
@@ -259,7 +272,7 @@ l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o
   float scale = sh->scale, hidden = sdpa_hidden_value(), one = 1.0f;
   int64_t uids[] = {SDPA_Q,  SDPA_K,  SDPA_V,  SDPA_O,   SDPA_STATS, SDPA_SCALE, SDPA_HIDDEN,
                     SDPA_DO, SDPA_DQ, SDPA_DK, SDPA_DV, SDPA_ONE,   SDPA_DSUM,  SDPA_DQ_ACC};
-  void *ptrs[] = {q16, k16, v16, o16, (void *)lse, &scale, &hidden,
+  void *ptrs[] = {q16, k16, v16, o16, stats, &scale, &hidden,
                   do16, dq16, dk16, dv16, &one, dsum, dq_acc};
   TRY(execute(e->bwd, uids, ptrs, 14, ws));
   CAST(dq, DT_F32, sh->ld_qkv, dq16, t, hd);
