@@ -79,16 +79,22 @@ TEST(cudnn_graph_nodes_finalize) {
         int want_ops = (backward ? 18 : 10) + (causal ? 4 : 0);
         CHECK(ops == want_ops, "%s: %d operations, want %d", what, ops, want_ops);
         CHECK(tensors > ops, "%s: %d tensors for %d operations", what, tensors, ops);
-        /* the same shape wired wrongly (V's head dim halved) must be refused, naming a node */
-        l2l_status st = l2l_cudnn_check_graphs(&sh, backward, 1, report, sizeof report);
-        if (built == 1) printf("  cudnn: miswired, as it must be: %s\n", l2l_last_error());
-        CHECK(st == L2L_ERR_BACKEND && strstr(l2l_last_error(), "refused") != NULL,
-              "%s miswired: status %d (%s), want a refusal", what, (int)st, l2l_last_error());
+        /* the same shape wired wrongly must be refused, naming the node: V's head dim halved
+           (cuDNN's node check), a node reading what nothing writes or leaving a result
+           unread (the wiring check) */
+        for (int miswire = 1; miswire <= 2; miswire++) {
+          char ignored[64];
+          l2l_status st = l2l_cudnn_check_graphs(&sh, backward, miswire, ignored, sizeof ignored);
+          if (built == 1) printf("  cudnn: miswired, as it must be: %s\n", l2l_last_error());
+          CHECK(st == L2L_ERR_BACKEND && strstr(l2l_last_error(), "refused") != NULL,
+                "%s miswired (%d): status %d (%s), want a refusal", what, miswire, (int)st,
+                l2l_last_error());
+        }
       }
   if (built > 0) printf("  cudnn: %s\n", report);
   char why[300];
   if (built > 0 && !l2l_cuda_probe(why, sizeof why))
-    printf("  skipped: the operation graph's finalize, plan and execution (no GPU: %s)\n", why);
+    printf("  skipped: the engine choice, plan and execution (no GPU: %s)\n", why);
 }
 
 /* An f32 tensor of the device pool holding normal draws (the host copy kept in *host). */

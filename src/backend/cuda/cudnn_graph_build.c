@@ -4,7 +4,12 @@
  *
  * Purpose: a small builder over cudnnBackendCreateDescriptor / SetAttribute / Finalize
  * that keeps every descriptor it made (freed with the graph) and the first failure with
- * the node's name, so that a refused graph says which node cuDNN refused and why.
+ * the node's name, so that a refused graph says which node cuDNN refused and why. cuDNN
+ * checks each node's shapes and types when it is finalized, but without a GPU not how the
+ * nodes connect (an operation graph with a dangling input finalizes), so the builder
+ * checks the wiring itself: each node reads only real tensors or virtual ones an earlier
+ * node wrote, no tensor is written twice or passed by value as an output, and every
+ * virtual tensor written is read.
  * Must never: run without cudnn_loaded() having said yes.
  */
 #include <math.h>
@@ -19,14 +24,26 @@
 
 typedef cudnnBackendDescriptor_t desc;
 
-enum { MAX_DESCS = 192, MAX_OPS = 48, MAX_CONFIGS = 8, FIRST_VIRTUAL_UID = 1000 };
+enum { MAX_DESCS = 192, MAX_OPS = 48, MAX_TENSORS = 64, MAX_CONFIGS = 8,
+       FIRST_VIRTUAL_UID = 1000 };
+
+/* A tensor of the graph and its wiring so far. */
+struct tensor_use {
+  desc d;
+  const char *what;
+  bool is_virtual, by_value;
+  int writer;                   /* the node writing it, -1: none */
+  int readers;
+};
 
 struct sdpa_graph {
   desc all[MAX_DESCS];          /* every descriptor made, destroyed in reverse */
   int count, tensors;
+  struct tensor_use uses[MAX_TENSORS];
   desc ops[MAX_OPS];
   int nops;
   int64_t next_uid;
+  desc graph;                   /* the operation graph, NULL until finalized */
   desc plan;                    /* NULL until planned */
   int64_t workspace;
   cudnnStatus_t status;         /* the first failure */
@@ -93,8 +110,54 @@ static desc tensor_uid(struct sdpa_graph *g, int64_t uid, cudnnDataType_t type, 
   set(g, t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual, what);
   if (by_value) set(g, t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value, what);
   finalize(g, t, what);
-  if (g->status == CUDNN_STATUS_SUCCESS) g->tensors++;
+  if (g->status != CUDNN_STATUS_SUCCESS) return t;
+  if (g->tensors == MAX_TENSORS) {
+    fail(g, CUDNN_STATUS_INTERNAL_ERROR, what, "too many tensors for l2l's table");
+    return t;
+  }
+  g->uses[g->tensors++] = (struct tensor_use){t, what, is_virtual, by_value, -1, 0};
   return t;
+}
+
+/* The wiring check's failure (not cuDNN's words: its own). */
+static void miswired(struct sdpa_graph *g, const char *what, const char *how, const char *which) {
+  if (g->status != CUDNN_STATUS_SUCCESS) return;
+  g->status = CUDNN_STATUS_BAD_PARAM;
+  snprintf(g->failed, sizeof g->failed, "%s: l2l's wiring check: %s %s", what, how, which);
+}
+
+static struct tensor_use *use_of(struct sdpa_graph *g, desc d) {
+  for (int i = 0; i < g->tensors; i++)
+    if (g->uses[i].d == d) return &g->uses[i];
+  return NULL;
+}
+
+/* The node about to be added (number g->nops) reads in[0..n) and writes out. */
+static void wire(struct sdpa_graph *g, const desc *in, int n, desc out, const char *what) {
+  if (g->status != CUDNN_STATUS_SUCCESS) return;
+  for (int i = 0; i < n; i++) {
+    struct tensor_use *u = use_of(g, in[i]);
+    if (u == NULL) return miswired(g, what, "reads a tensor outside the graph", "");
+    if (u->is_virtual && u->writer < 0)
+      return miswired(g, what, "reads a virtual tensor no earlier node writes:", u->what);
+    u->readers++;
+  }
+  struct tensor_use *o = use_of(g, out);
+  if (o == NULL) return miswired(g, what, "writes a tensor outside the graph", "");
+  if (o->writer >= 0) return miswired(g, what, "writes a tensor another node writes:", o->what);
+  if (o->by_value) return miswired(g, what, "writes a scalar passed by value:", o->what);
+  o->writer = g->nops;
+}
+
+/* After the last node: every virtual tensor is read, every tensor takes part. */
+static void wiring_complete(struct sdpa_graph *g) {
+  for (int i = 0; i < g->tensors && g->status == CUDNN_STATUS_SUCCESS; i++) {
+    const struct tensor_use *u = &g->uses[i];
+    if (u->is_virtual && u->readers == 0)
+      miswired(g, "graph", "a virtual tensor is written and never read:", u->what);
+    else if (u->readers == 0 && u->writer < 0)
+      miswired(g, "graph", "a tensor takes part in no node:", u->what);
+  }
 }
 
 static desc real(struct sdpa_graph *g, int64_t uid, cudnnDataType_t type, struct dims x,
@@ -132,6 +195,8 @@ static void pointwise(struct sdpa_graph *g, cudnnPointwiseMode_t mode, cudnnData
   if (t != NULL)
     set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t, what);
   set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, what);
+  desc in[3] = {x, b != NULL ? b : t, t};
+  wire(g, in, 1 + (b != NULL) + (t != NULL), y, what);
   add_op(g, op, what);
 }
 
@@ -145,6 +210,7 @@ static void matmul(struct sdpa_graph *g, desc a, desc b, desc c, const char *wha
   set(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b, what);
   set(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c, what);
   set(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm, what);
+  wire(g, (desc[]){a, b}, 2, c, what);
   add_op(g, op, what);
 }
 
@@ -159,6 +225,7 @@ static void reduction(struct sdpa_graph *g, cudnnReduceTensorOp_t mode, desc x, 
   set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, what);
   set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, what);
   set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &r, what);
+  wire(g, &x, 1, y, what);
   add_op(g, op, what);
 }
 
@@ -166,6 +233,7 @@ static void reshape(struct sdpa_graph *g, desc x, desc y, const char *what) {
   desc op = make(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, what);
   set(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, what);
   set(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, what);
+  wire(g, &x, 1, y, what);
   add_op(g, op, what);
 }
 
@@ -213,11 +281,12 @@ static void build_forward(struct sdpa_graph *g, const struct l2l_attention_shape
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
   struct shapes x = shapes_of(sh);
   struct dims vdims = x.bhsd;
-  if (miswire) vdims.d[3] /= 2;
+  if (miswire == 1) vdims.d[3] /= 2;
   desc q = real(g, SDPA_Q, t16, x.bhsd, "Q"), kt = real(g, SDPA_K, t16, x.bhds, "K^T");
   desc v = real(g, SDPA_V, t16, vdims, "V"), o = real(g, SDPA_O, t16, x.bhsd, "O");
   desc stats = real(g, SDPA_STATS, f32, x.rows, "stats");
-  desc scale = scalar(g, SDPA_SCALE, "scale"), hidden = scalar(g, SDPA_HIDDEN, "hidden");
+  desc scale = scalar(g, SDPA_SCALE, "scale");
+  desc hidden = sh->causal ? scalar(g, SDPA_HIDDEN, "hidden") : NULL;   /* the mask's only */
   desc s = scores(g, &x, q, kt, scale, hidden, sh->causal);
   desc m = virt(g, f32, x.rows, "M = max S");
   reduction(g, CUDNN_REDUCE_TENSOR_MAX, s, m, "M = max S");
@@ -232,6 +301,7 @@ static void build_forward(struct sdpa_graph *g, const struct l2l_attention_shape
   pointwise(g, CUDNN_POINTWISE_ADD, f32, -1, m, lz, NULL, stats, "stats = M + log Z");
   desc p = virt(g, t16, x.scores, "P = E / Z");
   pointwise(g, CUDNN_POINTWISE_DIV, f32, -1, e, z, NULL, p, "P = E / Z");
+  if (miswire == 2) p = virt(g, t16, x.scores, "P written by nothing");
   matmul(g, p, v, o, "O = P V");
 }
 
@@ -240,14 +310,15 @@ static void build_backward(struct sdpa_graph *g, const struct l2l_attention_shap
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
   struct shapes x = shapes_of(sh);
   struct dims vdims = x.bhds;
-  if (miswire) vdims.d[2] /= 2;
+  if (miswire == 1) vdims.d[2] /= 2;
   desc q = real(g, SDPA_Q, t16, x.bhsd, "Q"), kt = real(g, SDPA_K, t16, x.bhds, "K^T");
   desc vt = real(g, SDPA_V, t16, vdims, "V^T"), o = real(g, SDPA_O, t16, x.bhsd, "O");
   desc stats = real(g, SDPA_STATS, f32, x.rows, "stats");
   desc d_o = real(g, SDPA_DO, t16, x.bhsd, "dO");
   desc dq = real(g, SDPA_DQ, t16, x.bhsd, "dQ"), dk = real(g, SDPA_DK, t16, x.bhsd, "dK");
   desc dv = real(g, SDPA_DV, t16, x.bhsd, "dV");
-  desc scale = scalar(g, SDPA_SCALE, "scale"), hidden = scalar(g, SDPA_HIDDEN, "hidden");
+  desc scale = scalar(g, SDPA_SCALE, "scale");
+  desc hidden = sh->causal ? scalar(g, SDPA_HIDDEN, "hidden") : NULL;   /* the mask's only */
   desc one = scalar(g, SDPA_ONE, "one");
   desc dsum = real(g, SDPA_DSUM, f32, x.rows, "Dsum");
   struct dims acc = {{sh->batch, sh->heads, sh->seq, sh->head_dim},
@@ -292,7 +363,7 @@ static void build_backward(struct sdpa_graph *g, const struct l2l_attention_shap
   desc d2 = virt(g, f32, x.scores, "(dP - Dsum) * P");
   pointwise(g, CUDNN_POINTWISE_MUL, f32, -1, d1, e, NULL, d2, "(dP - Dsum) * P");
   desc ds = virt(g, f32, x.scores, "dS");
-  pointwise(g, CUDNN_POINTWISE_MUL, f32, -1, d2, scale, NULL, ds, "dS");
+  pointwise(g, CUDNN_POINTWISE_MUL, f32, -1, miswire == 2 ? d1 : d2, scale, NULL, ds, "dS");
   /* dK = dS^T Q */
   desc dst = virt(g, t16, x.scores_t, "dS^T");
   reshape(g, ds, dst, "dS^T");
@@ -315,8 +386,9 @@ struct sdpa_graph *sdpa_graph_build(const struct l2l_attention_shape *sh, int ba
   cudnnDataType_t t16 = sh->precision == L2L_F16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16;
   if (backward) build_backward(g, sh, t16, miswire);
   else build_forward(g, sh, t16, miswire);
+  wiring_complete(g);
   if (g->status != CUDNN_STATUS_SUCCESS) {
-    snprintf(why, len, "cuDNN refused the %s graph's node %s", backward ? "backward" : "forward",
+    snprintf(why, len, "the %s graph is refused at node %s", backward ? "backward" : "forward",
              g->failed);
     sdpa_graph_free(g);
     return NULL;
@@ -326,12 +398,23 @@ struct sdpa_graph *sdpa_graph_build(const struct l2l_attention_shape *sh, int ba
 
 /* ---------------------------------------------------------------- plan and run */
 
+bool sdpa_graph_finalize(struct sdpa_graph *g, cudnnHandle_t h, char *why, size_t len) {
+  if (g->graph == NULL) {
+    desc graph = make(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
+    set(g, graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g->nops, g->ops,
+        "operation graph");
+    if (h != NULL)   /* needed before cuDNN 9.8 */
+      set(g, graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h, "operation graph");
+    finalize(g, graph, "operation graph");
+    if (g->status == CUDNN_STATUS_SUCCESS) g->graph = graph;
+  }
+  if (g->graph == NULL) snprintf(why, len, "%s", g->failed);
+  return g->graph != NULL;
+}
+
 bool sdpa_graph_plan(struct sdpa_graph *g, cudnnHandle_t h, char *why, size_t len) {
-  desc graph = make(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
-  set(g, graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g->nops, g->ops,
-      "operation graph");
-  set(g, graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h, "operation graph");
-  finalize(g, graph, "operation graph");
+  if (!sdpa_graph_finalize(g, h, why, len)) return false;
+  desc graph = g->graph;
   desc heur = make(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "engine heuristics");
   cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
   set(g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph,

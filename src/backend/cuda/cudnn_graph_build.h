@@ -24,12 +24,19 @@ enum sdpa_uid {
 
 struct sdpa_graph;
 
-/* The forward (backward = 0) or backward graph's descriptors, each finalized; NULL with
-   the failing node and cuDNN's words in why. miswire != 0 builds it wrongly on purpose
-   (V with half the head dim, so P V cannot be O): the check's proof that a refusal shows. */
+/* The forward (backward = 0) or backward graph's descriptors, each finalized, and their
+   wiring checked; NULL with the failing node and cuDNN's (or the wiring check's) words in
+   why. miswire builds it wrongly on purpose, the check's proof that a refusal shows: 1, V
+   with half the head dim (cuDNN refuses the matmul); 2, a node reading a tensor nothing
+   writes (forward: P V from a stray P) or leaving one unread (backward: dS from dP - Dsum,
+   P unused there). */
 CUDA_INTERNAL struct sdpa_graph *sdpa_graph_build(const struct l2l_attention_shape *sh,
                                                   int backward, int miswire, char *why,
                                                   size_t len);
+/* The operation graph (from cuDNN 9.8 on, h may be NULL: no GPU needed); false with why
+   when cuDNN refuses it. */
+CUDA_INTERNAL bool sdpa_graph_finalize(struct sdpa_graph *g, cudnnHandle_t h, char *why,
+                                       size_t len);
 /* The operation graph, engine heuristics and an execution plan on `h` (a GPU's); false
    with why when cuDNN refuses them. */
 CUDA_INTERNAL bool sdpa_graph_plan(struct sdpa_graph *g, cudnnHandle_t h, char *why, size_t len);

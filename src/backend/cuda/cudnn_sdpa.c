@@ -240,7 +240,7 @@ l2l_status cudnn_sdpa_forward(float *o, float *lse, const float *q, const float 
   float scale = sh->scale, hidden = sdpa_hidden_value();
   int64_t uids[] = {SDPA_Q, SDPA_K, SDPA_V, SDPA_O, SDPA_STATS, SDPA_SCALE, SDPA_HIDDEN};
   void *ptrs[] = {q16, k16, v16, o16, stats, &scale, &hidden};
-  TRY(execute(e->fwd, uids, ptrs, 7, ws));
+  TRY(execute(e->fwd, uids, ptrs, sh->causal ? 7 : 6, ws));   /* hidden: the mask's only */
   if (stats != lse)
     CUDA_TRY(cudaMemcpyAsync(lse, stats, rows * 4, cudaMemcpyDeviceToDevice, cuda_rt.compute));
   CAST(o, DT_F32, sh->ld_o, o16, t, hd);
@@ -270,11 +270,11 @@ l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o
   CAST(do16, t, hd, d_o, DT_F32, sh->ld_o);
   CUDA_TRY(cudaMemsetAsync(dq_acc, 0, rows * sh->head_dim * 4, cuda_rt.compute));
   float scale = sh->scale, hidden = sdpa_hidden_value(), one = 1.0f;
-  int64_t uids[] = {SDPA_Q,  SDPA_K,  SDPA_V,  SDPA_O,   SDPA_STATS, SDPA_SCALE, SDPA_HIDDEN,
-                    SDPA_DO, SDPA_DQ, SDPA_DK, SDPA_DV, SDPA_ONE,   SDPA_DSUM,  SDPA_DQ_ACC};
-  void *ptrs[] = {q16, k16, v16, o16, stats, &scale, &hidden,
-                  do16, dq16, dk16, dv16, &one, dsum, dq_acc};
-  TRY(execute(e->bwd, uids, ptrs, 14, ws));
+  int64_t uids[] = {SDPA_Q,  SDPA_K,  SDPA_V,  SDPA_O,   SDPA_STATS, SDPA_SCALE, SDPA_ONE,
+                    SDPA_DO, SDPA_DQ, SDPA_DK, SDPA_DV, SDPA_DSUM,  SDPA_DQ_ACC, SDPA_HIDDEN};
+  void *ptrs[] = {q16, k16, v16, o16, stats, &scale, &one,
+                  do16, dq16, dk16, dv16, dsum, dq_acc, &hidden};
+  TRY(execute(e->bwd, uids, ptrs, sh->causal ? 14 : 13, ws));
   CAST(dq, DT_F32, sh->ld_qkv, dq16, t, hd);
   CAST(dk, DT_F32, sh->ld_qkv, dk16, t, hd);
   CAST(dv, DT_F32, sh->ld_qkv, dv16, t, hd);
@@ -304,6 +304,16 @@ l2l_status l2l_cudnn_check_graphs(const struct l2l_attention_shape *sh, int back
                (long long)sdpa_graph_workspace(g));
     else
       snprintf(plan, sizeof plan, "refused on this GPU: %s", why);
+  } else if (cudnn_loaded_version() >= 90800) {   /* the graph itself needs no handle */
+    char cuda_why[320];
+    l2l_cuda_probe(cuda_why, sizeof cuda_why);
+    if (!sdpa_graph_finalize(g, NULL, why, sizeof why)) {
+      sdpa_graph_free(g);
+      return l2l_fail(L2L_ERR_BACKEND, "the %s graph is refused: %s",
+                      backward ? "backward" : "forward", why);
+    }
+    snprintf(plan, sizeof plan, "operation graph finalized without a GPU; engine choice, plan "
+             "and execution skipped: they need a GPU, and CUDA cannot run here (%.300s)", cuda_why);
   } else {
     l2l_cuda_probe(why, sizeof why);
     snprintf(plan, sizeof plan, "graph finalize, plan and execution skipped: they need a GPU, "
