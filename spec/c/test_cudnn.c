@@ -18,6 +18,7 @@
 
 #include "backend/accelerators.h"
 #include "cuda_twins.h"
+#include "sdpa_eval.h"
 
 /* A drawn shape as the block lays attention out: q, k, v column blocks of one (B*S, 3 H d)
    buffer, o (B*S, H d). */
@@ -211,4 +212,164 @@ TEST(cudnn_attention_against_own_kernels) {
     for (int causal = 0; causal < 2; causal++)
       for (int t = 0; t < 2; t++) gpu_case(d ? 128 : 64, causal, t ? L2L_F16 : L2L_BF16);
   end_gpu();
+}
+
+/* ---------------------------------------------------------------- the graphs' numbers, on the CPU */
+
+/* Values of the block's layout for sdpa_eval_set: rows (b*S + s) of ld floats, head h's
+   columns from h*hd; `transposed`: the graph's index is (b, h, d, s) (K^T, V^T). */
+struct bound {
+  const float *base;
+  int64_t S, hd, ld;
+  bool transposed;
+};
+
+static double bound_value(void *ctx, const int64_t i[4]) {
+  const struct bound *x = ctx;
+  int64_t s = x->transposed ? i[3] : i[2], d = x->transposed ? i[2] : i[3];
+  return x->base[(i[0] * x->S + s) * x->ld + i[1] * x->hd + d];
+}
+
+/* lse (B*H*S) as the graph's stats (b, h, s, 0). */
+struct bound_rows {
+  const float *base;
+  int64_t H, S;
+};
+
+static double rows_value(void *ctx, const int64_t i[4]) {
+  const struct bound_rows *x = ctx;
+  return x->base[(i[0] * x->H + i[1]) * x->S + i[2]];
+}
+
+static double scalar_value(void *ctx, const int64_t i[4]) {
+  (void)i;
+  return *(const double *)ctx;
+}
+
+/* Graph output `uid` (logical (b, h, s, d), or (b, h, s, 0) for rows) against the CPU's
+   want in the block's layout (rows: want[(b*H + h)*S + s]), relative to |want| + the
+   larger of want's rms and `floor`; tolerances as the GPU test's. */
+static void graph_close(const char *what, const struct sdpa_eval *e, int64_t uid,
+                        const struct l2l_attention_shape *sh, const float *want, int64_t ld,
+                        bool rows, double floor, double elem_tol, double norm_tol) {
+  const int64_t B = sh->batch, H = sh->heads, S = sh->seq, hd = rows ? 1 : sh->head_dim;
+  double sw = 0, se = 0, worst = 0;
+  int64_t n = B * H * S * hd, i[4];
+  for (int pass = 0; pass < 2; pass++)
+    for (i[0] = 0; i[0] < B; i[0]++)
+      for (i[1] = 0; i[1] < H; i[1]++)
+        for (i[2] = 0; i[2] < S; i[2]++)
+          for (i[3] = 0; i[3] < hd; i[3]++) {
+            double w = rows ? want[(i[0] * H + i[1]) * S + i[2]]
+                            : want[(i[0] * S + i[2]) * ld + i[1] * hd + i[3]];
+            if (pass == 0) {
+              sw += w * w;
+              continue;
+            }
+            double rms = fmax(sqrt(sw / (double)n), floor) + 1e-30, g = sdpa_eval_get(e, uid, i);
+            double err = fabs(g - w);
+            se += err * err;
+            if (!(err / (fabs(w) + rms) <= worst)) worst = err / (fabs(w) + rms);
+          }
+  double norm = sqrt(se / (double)n) / (fmax(sqrt(sw / (double)n), floor) + 1e-30);
+  CHECK(worst <= elem_tol && norm <= norm_tol,
+        "%s: worst element %.3g (tolerance %.3g), normwise %.3g (tolerance %.3g)", what, worst,
+        elem_tol, norm, norm_tol);
+}
+
+/* l2l's forward and backward graphs evaluated on the CPU (sdpa_eval.c) against the CPU
+   backend's f32 attention, for drawn shapes: the graphs' meaning, which no check of
+   cuDNN's can show without a GPU. */
+TEST(cudnn_graph_math_on_cpu) {
+  if (!need_cudnn()) return;
+  const struct l2l_backend_ops *hops = l2l_backend_for(L2L_POOL_HOST);
+  struct l2l_sdpa_view *view = xmalloc(sizeof *view);
+  for (int d = 0; d < 2; d++)
+    for (int causal = 0; causal < 2; causal++) {
+      struct l2l_attention_shape sh = drawn_shape(d ? 128 : 64, causal, PICK(L2L_BF16, L2L_F16));
+      sh.batch = PICK(1, 2), sh.heads = PICK(1, 3), sh.seq = PICK(1, 7, 33, 64, 65);
+      sh.ld_qkv = 3 * sh.heads * sh.head_dim, sh.ld_o = sh.heads * sh.head_dim;
+      const int64_t D = sh.heads * sh.head_dim, N = sh.batch * sh.seq;
+      const int64_t rows = sh.batch * sh.heads * sh.seq;
+      char what[160];
+      snprintf(what, sizeof what, "graph on the CPU: B=%lld H=%lld S=%lld d=%lld%s %s",
+               (long long)sh.batch, (long long)sh.heads, (long long)sh.seq,
+               (long long)sh.head_dim, causal ? " causal" : "", l2l_dtype_name(sh.precision));
+      l2l_tensor *qkv = RANDN(1.0, N, 3 * D), *d_o = RANDN(1.0, N, D), *o = NANS(N, D);
+      l2l_tensor *lse = NANS(rows), *g = NANS(N, 3 * D);
+      int64_t wf = hops->attention_workspace(sh.seq, 1) * l2l_get_threads();
+      l2l_tensor *work = HOST(L2L_F32, wf > 0 ? wf : 1);
+      struct l2l_attention_shape ref = sh;
+      ref.precision = L2L_F32;
+      const float *q = fdata(qkv);
+      CHECK_OK(hops->attention_forward(fdata(o), fdata(lse), NULL, NULL, NULL, q, q + D, q + 2 * D,
+                                       NULL, &ref, fdata(work), wf));
+      float *gp = fdata(g);
+      CHECK_OK(hops->attention_backward(gp, gp + D, gp + 2 * D, fdata(d_o), fdata(o), fdata(lse),
+                                        NULL, NULL, NULL, q, q + D, q + 2 * D, NULL, &ref,
+                                        fdata(work), wf));
+      double f = sh.precision == L2L_F16 ? 0.25 : 1.0;
+      double out = sh.precision == L2L_F16 ? 0x1p-11 : 0x1p-8;
+      double scale = sh.scale, hidden = -INFINITY, one = 1.0;
+      char label[200];
+      /* forward */
+      if (!CHECK_OK(l2l_cudnn_describe(&sh, 0, view))) break;
+      struct sdpa_eval fe;
+      sdpa_eval_init(&fe, view);
+      struct bound bq = {q, sh.seq, sh.head_dim, 3 * D, false}, bk = {q + D, sh.seq, sh.head_dim, 3 * D, true};
+      struct bound bv = {q + 2 * D, sh.seq, sh.head_dim, 3 * D, false};
+      sdpa_eval_set(&fe, SDPA_Q, bound_value, &bq);
+      sdpa_eval_set(&fe, SDPA_K, bound_value, &bk);
+      sdpa_eval_set(&fe, SDPA_V, bound_value, &bv);
+      sdpa_eval_set(&fe, SDPA_SCALE, scalar_value, &scale);
+      sdpa_eval_set(&fe, SDPA_HIDDEN, scalar_value, &hidden);
+      sdpa_eval_run(&fe);
+      snprintf(label, sizeof label, "%s: O", what);
+      graph_close(label, &fe, SDPA_O, &sh, fdata(o), D, false, 0.0,
+                  f * TOL_ATTN16_ELEMENT[ATTN_VALUES] + out, f * TOL_ATTN16_NORM[ATTN_VALUES] + out);
+      snprintf(label, sizeof label, "%s: stats (lse)", what);
+      /* lse's floor: the scale of one score, scale |q| |k| (~1): with one visible key lse
+         is that score, which can be near 0 while its rounding error is not */
+      graph_close(label, &fe, SDPA_STATS, &sh, fdata(lse), 0, true, 1.0,
+                  f * TOL_ATTN16_ELEMENT[ATTN_LSE], f * TOL_ATTN16_NORM[ATTN_LSE]);
+      /* backward, from the CPU forward's o and lse (as the GPU test's backward) */
+      if (!CHECK_OK(l2l_cudnn_describe(&sh, 1, view))) {
+        sdpa_eval_free(&fe);
+        break;
+      }
+      struct sdpa_eval be;
+      sdpa_eval_init(&be, view);
+      struct bound bvt = bv, bo = {fdata(o), sh.seq, sh.head_dim, D, false};
+      struct bound bdo = {fdata(d_o), sh.seq, sh.head_dim, D, false};
+      bvt.transposed = true;
+      sdpa_eval_set(&be, SDPA_Q, bound_value, &bq);
+      sdpa_eval_set(&be, SDPA_K, bound_value, &bk);
+      sdpa_eval_set(&be, SDPA_V, bound_value, &bvt);
+      sdpa_eval_set(&be, SDPA_O, bound_value, &bo);
+      sdpa_eval_set(&be, SDPA_DO, bound_value, &bdo);
+      struct bound_rows bl = {fdata(lse), sh.heads, sh.seq};
+      sdpa_eval_set(&be, SDPA_STATS, rows_value, &bl);
+      sdpa_eval_set(&be, SDPA_SCALE, scalar_value, &scale);
+      sdpa_eval_set(&be, SDPA_HIDDEN, scalar_value, &hidden);
+      sdpa_eval_set(&be, SDPA_ONE, scalar_value, &one);
+      sdpa_eval_run(&be);
+      static const char *const parts[] = {"dQ", "dK", "dV"};
+      static const int64_t uids[] = {SDPA_DQ, SDPA_DK, SDPA_DV};
+      /* a query that sees one key (S = 1, row 0 when causal) has dS = dP - Dsum = 0 up to
+         rounding: its dq and the key's dk are noise, held to a tenth of dv's scale */
+      double dv_sq = 0;
+      for (int64_t r = 0; r < N; r++)
+        for (int64_t c = 0; c < D; c++) dv_sq += (double)gp[r * 3 * D + 2 * D + c] * gp[r * 3 * D + 2 * D + c];
+      double dv_rms = sqrt(dv_sq / (double)(N * D));
+      for (int p = 0; p < 3; p++) {
+        enum attention_output kind = p == 2 ? ATTN_VALUES : ATTN_DQK;
+        snprintf(label, sizeof label, "%s: %s", what, parts[p]);
+        graph_close(label, &be, uids[p], &sh, gp + p * D, 3 * D, false, p == 2 ? 0.0 : 0.1 * dv_rms,
+                    f * TOL_ATTN16_ELEMENT[kind] + out, f * TOL_ATTN16_NORM[kind] + out);
+      }
+      sdpa_eval_free(&fe);
+      sdpa_eval_free(&be);
+      FREE(qkv, d_o, o, lse, g, work);
+    }
+  free(view);
 }

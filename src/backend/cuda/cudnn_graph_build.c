@@ -34,12 +34,16 @@ struct tensor_use {
   bool is_virtual, by_value;
   int writer;                   /* the node writing it, -1: none */
   int readers;
+  int64_t uid;
+  cudnnDataType_t type;
+  struct dims { int64_t d[4], s[4]; } shape;
 };
 
 struct sdpa_graph {
   desc all[MAX_DESCS];          /* every descriptor made, destroyed in reverse */
   int count, tensors;
   struct tensor_use uses[MAX_TENSORS];
+  struct l2l_sdpa_node nodes[MAX_OPS];   /* what each node does, for l2l_cudnn_describe */
   desc ops[MAX_OPS];
   int nops;
   int64_t next_uid;
@@ -96,8 +100,6 @@ static void finalize(struct sdpa_graph *g, desc d, const char *what) {
 
 /* ---------------------------------------------------------------- nodes */
 
-struct dims { int64_t d[4], s[4]; };
-
 static desc tensor_uid(struct sdpa_graph *g, int64_t uid, cudnnDataType_t type, struct dims x,
                        bool is_virtual, bool by_value, const char *what) {
   desc t = make(g, CUDNN_BACKEND_TENSOR_DESCRIPTOR, what);
@@ -115,7 +117,7 @@ static desc tensor_uid(struct sdpa_graph *g, int64_t uid, cudnnDataType_t type, 
     fail(g, CUDNN_STATUS_INTERNAL_ERROR, what, "too many tensors for l2l's table");
     return t;
   }
-  g->uses[g->tensors++] = (struct tensor_use){t, what, is_virtual, by_value, -1, 0};
+  g->uses[g->tensors++] = (struct tensor_use){t, what, is_virtual, by_value, -1, 0, uid, type, x};
   return t;
 }
 
@@ -132,21 +134,43 @@ static struct tensor_use *use_of(struct sdpa_graph *g, desc d) {
   return NULL;
 }
 
-/* The node about to be added (number g->nops) reads in[0..n) and writes out. */
-static void wire(struct sdpa_graph *g, const desc *in, int n, desc out, const char *what) {
-  if (g->status != CUDNN_STATUS_SUCCESS) return;
+/* The node about to be added (number g->nops, of `kind`; pointwise: `mode` and `axis`)
+   reads in[0..n) and writes out. */
+static void wire(struct sdpa_graph *g, enum l2l_sdpa_kind kind, enum l2l_sdpa_pw mode,
+                 int64_t axis, const desc *in, int n, desc out, const char *what) {
+  if (g->status != CUDNN_STATUS_SUCCESS || g->nops == MAX_OPS) return;
+  struct l2l_sdpa_node *node = &g->nodes[g->nops];
+  *node = (struct l2l_sdpa_node){.kind = kind, .mode = mode, .axis = axis, .inputs = n};
   for (int i = 0; i < n; i++) {
     struct tensor_use *u = use_of(g, in[i]);
     if (u == NULL) return miswired(g, what, "reads a tensor outside the graph", "");
     if (u->is_virtual && u->writer < 0)
       return miswired(g, what, "reads a virtual tensor no earlier node writes:", u->what);
     u->readers++;
+    node->in[i] = (int)(u - g->uses);
   }
   struct tensor_use *o = use_of(g, out);
   if (o == NULL) return miswired(g, what, "writes a tensor outside the graph", "");
   if (o->writer >= 0) return miswired(g, what, "writes a tensor another node writes:", o->what);
   if (o->by_value) return miswired(g, what, "writes a scalar passed by value:", o->what);
   o->writer = g->nops;
+  node->out = (int)(o - g->uses);
+}
+
+/* The plain-C name of a pointwise mode the graphs use. */
+static enum l2l_sdpa_pw pw_of(cudnnPointwiseMode_t mode) {
+  switch (mode) {
+    case CUDNN_POINTWISE_ADD: return L2L_SDPA_ADD;
+    case CUDNN_POINTWISE_SUB: return L2L_SDPA_SUB;
+    case CUDNN_POINTWISE_MUL: return L2L_SDPA_MUL;
+    case CUDNN_POINTWISE_DIV: return L2L_SDPA_DIV;
+    case CUDNN_POINTWISE_EXP: return L2L_SDPA_EXP;
+    case CUDNN_POINTWISE_LOG: return L2L_SDPA_LOG;
+    case CUDNN_POINTWISE_GEN_INDEX: return L2L_SDPA_GEN_INDEX;
+    case CUDNN_POINTWISE_CMP_GE: return L2L_SDPA_CMP_GE;
+    case CUDNN_POINTWISE_BINARY_SELECT: return L2L_SDPA_SELECT;
+    default: return L2L_SDPA_IDENTITY;   /* the only other mode used */
+  }
 }
 
 /* After the last node: every virtual tensor is read, every tensor takes part. */
@@ -196,7 +220,7 @@ static void pointwise(struct sdpa_graph *g, cudnnPointwiseMode_t mode, cudnnData
     set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t, what);
   set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, what);
   desc in[3] = {x, b != NULL ? b : t, t};
-  wire(g, in, 1 + (b != NULL) + (t != NULL), y, what);
+  wire(g, L2L_SDPA_POINTWISE, pw_of(mode), axis, in, 1 + (b != NULL) + (t != NULL), y, what);
   add_op(g, op, what);
 }
 
@@ -210,7 +234,7 @@ static void matmul(struct sdpa_graph *g, desc a, desc b, desc c, const char *wha
   set(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b, what);
   set(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c, what);
   set(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm, what);
-  wire(g, (desc[]){a, b}, 2, c, what);
+  wire(g, L2L_SDPA_MATMUL, L2L_SDPA_IDENTITY, -1, (desc[]){a, b}, 2, c, what);
   add_op(g, op, what);
 }
 
@@ -225,7 +249,8 @@ static void reduction(struct sdpa_graph *g, cudnnReduceTensorOp_t mode, desc x, 
   set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, what);
   set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, what);
   set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &r, what);
-  wire(g, &x, 1, y, what);
+  wire(g, mode == CUDNN_REDUCE_TENSOR_MAX ? L2L_SDPA_REDUCE_MAX : L2L_SDPA_REDUCE_ADD,
+       L2L_SDPA_IDENTITY, -1, &x, 1, y, what);
   add_op(g, op, what);
 }
 
@@ -233,7 +258,7 @@ static void reshape(struct sdpa_graph *g, desc x, desc y, const char *what) {
   desc op = make(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, what);
   set(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, what);
   set(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, what);
-  wire(g, &x, 1, y, what);
+  wire(g, L2L_SDPA_RESHAPE, L2L_SDPA_IDENTITY, -1, &x, 1, y, what);
   add_op(g, op, what);
 }
 
@@ -481,6 +506,25 @@ bool sdpa_graph_execute(struct sdpa_graph *g, cudnnHandle_t h, const int64_t *ui
 
 void sdpa_graph_counts(const struct sdpa_graph *g, int *tensors, int *ops) {
   *tensors = g->tensors, *ops = g->nops;
+}
+
+void sdpa_graph_describe(const struct sdpa_graph *g, struct l2l_sdpa_view *out) {
+  memset(out, 0, sizeof *out);
+  out->tensors = g->tensors, out->nodes = g->nops;
+  for (int i = 0; i < g->tensors; i++) {
+    const struct tensor_use *u = &g->uses[i];
+    struct l2l_sdpa_tensor *t = &out->tensor[i];
+    t->uid = u->uid, t->is_virtual = u->is_virtual, t->by_value = u->by_value;
+    memcpy(t->dims, u->shape.d, sizeof t->dims);
+    memcpy(t->strides, u->shape.s, sizeof t->strides);
+    t->type = u->type == CUDNN_DATA_BFLOAT16 ? L2L_SDPA_BF16
+              : u->type == CUDNN_DATA_HALF   ? L2L_SDPA_F16
+              : u->type == CUDNN_DATA_INT32  ? L2L_SDPA_I32
+              : u->type == CUDNN_DATA_BOOLEAN ? L2L_SDPA_BOOL
+                                             : L2L_SDPA_F32;
+    snprintf(t->name, sizeof t->name, "%s", u->what);
+  }
+  memcpy(out->node, g->nodes, sizeof(struct l2l_sdpa_node) * (size_t)g->nops);
 }
 
 void sdpa_graph_free(struct sdpa_graph *g) {

@@ -13,14 +13,7 @@
 
 #include "cudnn_sdpa.h"
 
-/* The unique ids of the graphs' real tensors: what a variant pack names. Q, K, V, O, dO,
-   dQ, dK, dV: 16-bit, packed [B, S, H, D] seen as [B, H, S, D]; STATS: f32 [B, H, S, 1]
-   (l2l's lse); SCALE, HIDDEN (the masked score), ONE: f32 scalars passed by value (host
-   pointers); DSUM: f32 [B, H, S, 1] and DQ_ACC: f32 [B, H, S, D], both in the scratch. */
-enum sdpa_uid {
-  SDPA_Q = 1, SDPA_K, SDPA_V, SDPA_O, SDPA_STATS, SDPA_SCALE, SDPA_HIDDEN,
-  SDPA_DO, SDPA_DQ, SDPA_DK, SDPA_DV, SDPA_ONE, SDPA_DSUM, SDPA_DQ_ACC
-};
+/* The real tensors' unique ids: accelerators.h's enum l2l_sdpa_uid. */
 
 struct sdpa_graph;
 
@@ -45,6 +38,7 @@ CUDA_INTERNAL int64_t sdpa_graph_workspace(const struct sdpa_graph *g);  /* byte
 CUDA_INTERNAL bool sdpa_graph_execute(struct sdpa_graph *g, cudnnHandle_t h, const int64_t *uids,
                                       void **ptrs, int n, void *workspace, char *why, size_t len);
 CUDA_INTERNAL void sdpa_graph_counts(const struct sdpa_graph *g, int *tensors, int *ops);
+CUDA_INTERNAL void sdpa_graph_describe(const struct sdpa_graph *g, struct l2l_sdpa_view *out);
 CUDA_INTERNAL void sdpa_graph_free(struct sdpa_graph *g);   /* NULL: nothing */
 /* The masked scores' value: -inf from cuDNN 9.10 on, the lowest float before (as
    cudnn-frontend chooses). */

@@ -52,6 +52,11 @@ l2l_status l2l_cudnn_check_graphs(const struct l2l_attention_shape *sh, int back
   l2l_cudnn_probe(why, sizeof why);
   return l2l_fail(L2L_ERR_UNSUPPORTED, "%s", why);
 }
+l2l_status l2l_cudnn_describe(const struct l2l_attention_shape *sh, int backward,
+                              struct l2l_sdpa_view *out) {
+  (void)sh, (void)backward, (void)out;
+  return l2l_fail(L2L_ERR_UNSUPPORTED, "this build has no cuDNN support");
+}
 uint64_t cudnn_sdpa_scratch_bytes(const struct l2l_attention_shape *sh, int backward) {
   (void)sh, (void)backward;
   return 0;
@@ -282,6 +287,21 @@ l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o
 }
 
 /* ---------------------------------------------------------------- the check */
+
+l2l_status l2l_cudnn_describe(const struct l2l_attention_shape *sh, int backward,
+                              struct l2l_sdpa_view *out) {
+  char why[512];
+  if (out == NULL) return l2l_fail(L2L_ERR_INVALID, "out is NULL");
+  if (!cudnn_loaded()) {
+    l2l_cudnn_probe(why, sizeof why);
+    return l2l_fail(L2L_ERR_UNSUPPORTED, "cuDNN is not loaded: %s", why);
+  }
+  struct sdpa_graph *g = sdpa_graph_build(sh, backward, 0, why, sizeof why);
+  if (g == NULL) return l2l_fail(L2L_ERR_BACKEND, "%s", why);
+  sdpa_graph_describe(g, out);
+  sdpa_graph_free(g);
+  return L2L_OK;
+}
 
 l2l_status l2l_cudnn_check_graphs(const struct l2l_attention_shape *sh, int backward, int miswire,
                                   char *report, size_t len) {

@@ -48,6 +48,12 @@ l2l_status l2l_cudnn_check_graphs(const struct l2l_attention_shape *shape, int b
   return l2l_fail(L2L_ERR_UNSUPPORTED, "%s", no_cuda);
 }
 
+l2l_status l2l_cudnn_describe(const struct l2l_attention_shape *shape, int backward,
+                              struct l2l_sdpa_view *out) {
+  (void)shape, (void)backward, (void)out;
+  return l2l_fail(L2L_ERR_UNSUPPORTED, "%s", no_cuda);
+}
+
 void l2l_cudnn_enable(int on) { (void)on; }
 int64_t l2l_cudnn_runs(void) { return 0; }
 
