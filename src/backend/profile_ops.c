@@ -227,12 +227,10 @@ static enum l2l_profile_bound attention_bound(const struct l2l_attention_shape *
   return flop_bound(s->precision);
 }
 
-/* Which path runs an attention call: " cudnn" where the CUDA backend hands it to cuDNN
-   (the predicate its forward and backward ask), else "" (l2l's own kernels). */
-static const char *attention_path(const struct l2l_attention_shape *s, const void *probs,
-                                  const void *dropped, const void *mask, const void *key_mask) {
-  return base() == l2l_cuda_ops() && l2l_cudnn_routes(s, probs, dropped, mask, key_mask)
-             ? " cudnn" : "";
+/* Which path ran an attention call: " cudnn" when cuDNN's count of calls it ran moved
+   across it (the CUDA backend handed it to cuDNN), else "" (l2l's own kernels). */
+static const char *attention_path(int64_t cudnn_runs_before) {
+  return l2l_cudnn_runs() != cudnn_runs_before ? " cudnn" : "";
 }
 
 #define ATTENTION_SHAPE(s, kept, path)                                                    \
@@ -250,12 +248,13 @@ static l2l_status p_attention_forward(float *o, float *lse, float *probs, float 
   double pairs = attention_pairs(shape), seq2 = d(shape->batch) * d(shape->heads) *
                                                 d(shape->seq) * d(shape->seq);
   double kept = F * seq2 * ((probs != NULL) + (dropped != NULL)) + (mask ? seq2 / 8 : 0);
+  int64_t cudnn_runs = l2l_cudnn_runs();
   PROFILED(attention_forward(o, lse, probs, dropped, mask, q, k, v, key_mask, shape, workspace,
                              workspace_floats),
            "attention_forward", 4 * d(shape->head_dim) * pairs,
            attention_rows_bytes(shape, 4) + F * d(shape->batch) * d(shape->heads) * d(shape->seq) +
            kept, attention_bound(shape), false,
-           ATTENTION_SHAPE(shape, probs != NULL, attention_path(shape, probs, dropped, mask, key_mask)));
+           ATTENTION_SHAPE(shape, probs != NULL, attention_path(cudnn_runs)));
 }
 
 /* Backward: dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q, and S = q k^T again when the
@@ -269,12 +268,13 @@ static l2l_status p_attention_backward(float *dq, float *dk, float *dv, const fl
   double products = probs != NULL ? 4 : 5, seq2 = d(shape->batch) * d(shape->heads) *
                                                   d(shape->seq) * d(shape->seq);
   double kept = F * seq2 * ((probs != NULL) + (dropped != NULL)) + (mask ? seq2 / 8 : 0);
+  int64_t cudnn_runs = l2l_cudnn_runs();
   PROFILED(attention_backward(dq, dk, dv, d_o, o, lse, probs, dropped, mask, q, k, v, key_mask,
                               shape, workspace, workspace_floats),
            "attention_backward", 2 * products * d(shape->head_dim) * attention_pairs(shape),
            attention_rows_bytes(shape, 8) + F * d(shape->batch) * d(shape->heads) * d(shape->seq) +
            kept, attention_bound(shape), false,
-           ATTENTION_SHAPE(shape, probs != NULL, attention_path(shape, probs, dropped, mask, key_mask)));
+           ATTENTION_SHAPE(shape, probs != NULL, attention_path(cudnn_runs)));
 }
 
 static int64_t p_attention_workspace(int64_t seq, int backward) {
