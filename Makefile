@@ -131,6 +131,16 @@ ifneq ($(NVCC),)
   CUDA_LINK_PATH := -Wl,-rpath-link,$(CUDA_HOME)/lib64
   $(BUILD)/obj/backend/cuda/%.o: L2L_CFLAGS += -DL2L_CUDA -I$(CUDA_HOME)/include -I. \
                                               -DL2L_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
+  # cuDNN is opened at run time too (src/backend/cuda/cudnn_load.c); its headers, from the
+  # toolkit or else from PyTorch's wheel (nvidia/cudnn/include), let the attention use it
+  # (without them the build says so and the own kernels run every attention call).
+  CUDNN_INCLUDE ?= $(firstword $(patsubst %/cudnn_graph.h,%,$(wildcard $(CUDA_HOME)/include/cudnn_graph.h \
+                     /usr/lib/python3*/*-packages/nvidia/cudnn/include/cudnn_graph.h \
+                     /usr/local/lib/python3*/*-packages/nvidia/cudnn/include/cudnn_graph.h \
+                     $(HOME)/.local/lib/python3*/site-packages/nvidia/cudnn/include/cudnn_graph.h)))
+  ifneq ($(CUDNN_INCLUDE),)
+    $(BUILD)/obj/backend/cuda/%.o: L2L_CFLAGS += -DL2L_CUDNN_HEADERS -I$(CUDNN_INCLUDE)
+  endif
 endif
 
 # One source list per part (src/<part>/, see README.md's layout); the parts build the

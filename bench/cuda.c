@@ -23,6 +23,9 @@
  *    >= 30 %. The
  *    unfused reference keeps B H S^2 floats of scores, so it runs on fewer heads where
  *    that would not fit (its rate does not depend on the head count once the GPU is full).
+ *    Three paths, one row each: f32 products, bf16 on l2l's own tensor-core kernels (cuDNN
+ *    switched off), and bf16 through cuDNN's fused SDPA where libcudnn loads (its rows have
+ *    no unfused reference of their own: the bf16 row's is the same);
  * Each figure is the median of SAMPLES timed samples after a warm-up; a sample times
  * `inner` back-to-back calls between l2l_device_synchronize calls, inner chosen so that a
  * sample lasts at least ~2 ms (launch and synchronization costs then count little).
@@ -34,7 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/backend.h" /* the device backend's attention entries (white box) */
+#include "backend/accelerators.h" /* the device backend's attention entries, cuDNN's switch */
 #include "bench.h"
 
 enum { SAMPLES = 21 };
@@ -379,11 +382,14 @@ static l2l_tensor *flash_workspace(const struct l2l_backend_ops *ops, int64_t se
   return dev(L2L_F32, 1, *floats, 0, 0);
 }
 
-/* One row of the attention table; precision bf16: 16-bit products (the tensor-core
-   kernels) on both the flash and the unfused side. */
+/* One row of the attention table; precision bf16: 16-bit products on both the flash and
+   the unfused side, through cuDNN (path "cudnn": where l2l_cudnn_routes takes the shape; no
+   unfused reference, which the "bf16" row of the same shape has) or l2l's own tensor-core
+   kernels (path "bf16": cuDNN switched off for the row). */
 static void bench_attention(int64_t batch, int64_t heads, int64_t seq, int64_t hd,
-                            l2l_dtype precision, double bf16_rate, uint64_t free_bytes,
-                            double target) {
+                            l2l_dtype precision, const char *path, double bf16_rate,
+                            uint64_t free_bytes, double target) {
+  const bool cudnn = strcmp(path, "cudnn") == 0;
   const struct l2l_backend_ops *ops = l2l_backend_for(L2L_POOL_DEVICE);
   const int64_t D = heads * hd, N = batch * seq, bh = batch * heads;
   const double causal_flops = 4.0 * (double)bh * (double)seq * (double)seq * (double)hd / 2.0;
@@ -405,11 +411,32 @@ static void bench_attention(int64_t batch, int64_t heads, int64_t seq, int64_t h
   l2l_tensor *back_work = flash_workspace(ops, seq, 1, &f.back_work_floats);
   f.work = work ? l2l_tensor_data(work) : NULL;
   f.back_work = back_work ? l2l_tensor_data(back_work) : NULL;
+  l2l_cudnn_enable(cudnn);
+  if (cudnn && !l2l_cudnn_routes(&f.sh, NULL, NULL, NULL, NULL)) {
+    printf("%-5s S=%-5lld hd=%-4lld: cuDNN does not run this shape here (l2l.device(); the "
+           "first refusal's reason is on stderr)\n", path, (long long)seq, (long long)hd);
+    l2l_tensor *all[] = {qkv, o, lse, d_o, dqkv, work, back_work};
+    free_all(all, 7);
+    return;
+  }
   double fwd = time_call(run_flash_forward, &f); /* leaves o and lse for the backward */
   double bwd = time_call(run_flash_backward, &f);
+  l2l_cudnn_enable(1);
   l2l_tensor *all[] = {qkv, o, lse, d_o, dqkv, work, back_work};
   free_all(all, 7);
   ok(l2l_device_release_cache());
+  if (cudnn) { /* the unfused reference is the bf16 row's */
+    double fwd_rate = causal_flops / fwd / 1e12, share = 100.0 * fwd_rate / bf16_rate;
+    double back_share = 100.0 * 2.5 * causal_flops / bwd / 1e12 / bf16_rate;
+    char goal[96] = "";
+    if (target > 0)
+      snprintf(goal, sizeof goal, "fwd >= %.0f %% %s, bwd >= 30 %% %s (%.1f %%)", target,
+               share >= target ? "met" : "MISSED", back_share >= 30 ? "met" : "MISSED", back_share);
+    printf("%-5s S=%-5lld hd=%-4lld B*H=%-4lld %9.3f %8.1f %7.1f %%  %9.3f %8.1f  %5s %9s %8s "
+           "%7s  %s\n", path, (long long)seq, (long long)hd, (long long)bh, fwd * 1e3, fwd_rate,
+           share, bwd * 1e3, 2.5 * causal_flops / bwd / 1e12, "-", "-", "-", "-", goal);
+    return;
+  }
 
   /* The unfused reference on as many heads as fit in a quarter of free memory (4 GiB at
      most): its scores are (heads, S, S) floats. */
@@ -434,9 +461,9 @@ static void bench_attention(int64_t batch, int64_t heads, int64_t seq, int64_t h
   if (target > 0)
     snprintf(goal, sizeof goal, "fwd >= %.0f %% %s, bwd >= 30 %% %s (%.1f %%)", target,
              share >= target ? "met" : "MISSED", back_share >= 30 ? "met" : "MISSED", back_share);
-  printf("%-4s S=%-5lld hd=%-4lld B*H=%-4lld %9.3f %8.1f %7.1f %%  %9.3f %8.1f  %5lld %9.3f "
+  printf("%-5s S=%-5lld hd=%-4lld B*H=%-4lld %9.3f %8.1f %7.1f %%  %9.3f %8.1f  %5lld %9.3f "
          "%8.1f %6.1fx  %s\n",
-         precision == L2L_F32 ? "f32" : "bf16", (long long)seq, (long long)hd, (long long)bh,
+         path, (long long)seq, (long long)hd, (long long)bh,
          fwd * 1e3, fwd_rate, share, bwd * 1e3,
          2.5 * causal_flops / bwd / 1e12, (long long)ref_bh, ref * 1e3, ref_rate,
          fwd_rate / ref_rate, goal);
@@ -475,24 +502,29 @@ int main(void) {
   bench_gemm("mlp down: 8192x3072 @ 3072x768", 8192, 768, 3072, NULL);
   printf("\n");
 
-  printf("attention, causal, products in f32 (CUDA cores) or bf16 (tensor cores): flash "
-         "forward (ms, TFLOP/s, of the bf16 GEMM rate at 4096^3: %.1f TFLOP/s), flash "
-         "backward,\nunfused forward (gemm_batched + softmax + gemm_batched, same product "
-         "dtype, on B*H heads), flash/unfused\n", bf16_rate);
-  printf("%-31s %9s %8s %9s  %9s %8s  %5s %9s %8s %7s  %s\n", "", "fwd ms", "TFLOP/s",
+  char cudnn_about[512];
+  int cudnn = l2l_cudnn_available(cudnn_about, sizeof cudnn_about);
+  printf("attention, causal, products in f32 (CUDA cores), bf16 (l2l's tensor-core kernels) or "
+         "through cuDNN's fused SDPA (bf16; %s): flash\nforward (ms, TFLOP/s, of the bf16 GEMM "
+         "rate at 4096^3: %.1f TFLOP/s), flash backward, unfused forward (gemm_batched + softmax "
+         "+ gemm_batched,\nsame product dtype, on B*H heads), flash/unfused\n", cudnn_about,
+         bf16_rate);
+  printf("%-32s %9s %8s %9s  %9s %8s  %5s %9s %8s %7s  %s\n", "", "fwd ms", "TFLOP/s",
          "of bf16", "bwd ms", "TFLOP/s", "B*H", "ref ms", "TFLOP/s", "speedup", "target");
   ok(l2l_cuda_get_info(&info));
-  static const l2l_dtype products[] = {L2L_F32, L2L_BF16};
-  for (int p = 0; p < 2; p++) {
+  static const l2l_dtype products[] = {L2L_F32, L2L_BF16, L2L_BF16};
+  static const char *const paths[] = {"f32", "bf16", "cudnn"};
+  for (int p = 0; p < (cudnn ? 3 : 2); p++) {
     /* the targets (issue 46: forward 40 % of the bf16 GEMM rate at head dim 128, 30 % at
-       64, backward 30 %, from S = 4k) are for the tensor-core path: fp32 products cannot
+       64, backward 30 %, from S = 4k) are for the tensor-core paths: fp32 products cannot
        reach them */
     bool tc = products[p] == L2L_BF16;
-    bench_attention(16, 16, 1024, 64, products[p], bf16_rate, info.free_bytes, 0);
-    bench_attention(16, 16, 1024, 128, products[p], bf16_rate, info.free_bytes, 0);
+    uint64_t fb = info.free_bytes;
+    bench_attention(16, 16, 1024, 64, products[p], paths[p], bf16_rate, fb, 0);
+    bench_attention(16, 16, 1024, 128, products[p], paths[p], bf16_rate, fb, 0);
     for (int64_t seq = 4096; seq <= 8192; seq *= 2) {
-      bench_attention(16384 / seq, 16, seq, 64, products[p], bf16_rate, info.free_bytes, tc ? 30.0 : 0);
-      bench_attention(16384 / seq, 16, seq, 128, products[p], bf16_rate, info.free_bytes, tc ? 40.0 : 0);
+      bench_attention(16384 / seq, 16, seq, 64, products[p], paths[p], bf16_rate, fb, tc ? 30.0 : 0);
+      bench_attention(16384 / seq, 16, seq, 128, products[p], paths[p], bf16_rate, fb, tc ? 40.0 : 0);
     }
   }
   printf("\nflops: forward 4 B H S^2 hd / 2 (causal: half the score matrix), backward 2.5x "

@@ -200,8 +200,17 @@ typedef struct l2l_cuda_info {
   int multiprocessors;
   uint64_t total_bytes, free_bytes;
   int runtime_version, driver_version;  /* as CUDA encodes them: 13000 is 13.0 */
+  int cudnn_version;       /* l2l_cudnn_available's: 91900 is 9.19.0; 0 without cuDNN */
 } l2l_cuda_info;
 L2L_API l2l_status l2l_cuda_get_info(l2l_cuda_info *out);
+/* cuDNN, which the CUDA backend's bf16/f16 attention uses where it can (the rest runs on
+   l2l's own kernels): the version of the libcudnn.so.9 loaded (91900 is 9.19.0), opened at
+   the first ask, GPU or not, with "cuDNN 9.19.0 from PATH" in about[0..len); 0 when none
+   is, with why (this build has none, L2L_CUDNN=0, nothing found, the file L2L_CUDNN names
+   cannot be opened). L2L_CUDNN=PATH names the library; else l2l looks in the CUDA
+   toolkit's folders, then PyTorch's (nvidia/cudnn/lib in python3's site-packages), then
+   the loader's paths. about may be NULL. */
+L2L_API int l2l_cudnn_available(char *about, size_t len);
 /* f32 GEMMs on the GPU through TF32 tensor cores (about 1e-3 relative error instead of
    fp32's 1e-6; off by default). */
 L2L_API l2l_status l2l_cuda_set_tf32(int enable);

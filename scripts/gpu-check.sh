@@ -74,7 +74,8 @@ phase_build() {
     tail -n 5 "$log" >&2; echo "make failed: see build.log"; return 1; }
   local device
   device=$(build/l2l -e 'local d = l2l.device()
-    print(d.cuda and ("cuda " .. d.name .. " " .. d.capability) or ("no cuda: " .. d.why))' 2>&1)
+    print((d.cuda and ("cuda " .. d.name .. " " .. d.capability) or ("no cuda: " .. d.why)) ..
+          "; " .. (d.cudnn and d.cudnn_about or ("no cudnn: " .. d.cudnn_about)))' 2>&1)
   echo "l2l.device(): $device" >> "$log"
   # the library itself, not leftover objects: the kernels' launchers are in its symbol
   # table or not (hidden, so not in the dynamic one). grep reads all of nm's output (no

@@ -83,8 +83,11 @@ typedef struct l2l_cuda_info {
   int multiprocessors;
   uint64_t total_bytes, free_bytes;
   int runtime_version, driver_version;
+  int cudnn_version;
 } l2l_cuda_info;
 l2l_status l2l_cuda_get_info(l2l_cuda_info *out);
+
+int l2l_cudnn_available(char *about, size_t len);
 
 l2l_status l2l_cuda_set_tf32(int enable);
 

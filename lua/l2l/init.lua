@@ -95,11 +95,17 @@ function l2l.set_pinned_cap(bytes, ...)
 end
 
 -- l2l.device() -> {backend = "cpu" | "cuda", cuda = bool, why = reason when not, and on
--- CUDA name=, capability= "9.0", memory=, free=, multiprocessors=}
+-- CUDA name=, capability= "9.0", memory=, free=, multiprocessors=; cudnn = "9.19.0" or
+-- false, cudnn_about = where it was loaded from, or why it was not (l2l_cudnn_available)}
 function l2l.device(...)
   if select("#", ...) ~= 0 then too_many("l2l.device", "", 2, ...) end
   local why = ffi.new("char[256]")
   local out = { backend = ffi.string(C.l2l_device_backend()) }
+  local about = ffi.new("char[512]")
+  local cudnn = C.l2l_cudnn_available(about, 512)
+  out.cudnn = cudnn ~= 0 and ("%d.%d.%d"):format(math.floor(cudnn / 10000),
+                                                  math.floor(cudnn / 100) % 100, cudnn % 100)
+  out.cudnn_about = ffi.string(about)
   out.cuda = C.l2l_cuda_available(why, 256) == 1
   if not out.cuda then
     out.why = ffi.string(why)

@@ -23,6 +23,33 @@ describe("l2l.device", function()
     end
   end)
 
+  it("says which cuDNN the attention can use, from where, or why none", function()
+    assert.is_string(device.cudnn_about)
+    assert.is_truthy(#device.cudnn_about > 0)
+    if device.cudnn then
+      assert.is_truthy(device.cudnn:match("^9%.%d+%.%d+$"), device.cudnn)
+      assert.is_truthy(device.cudnn_about:find("cuDNN " .. device.cudnn .. " from /", 1, true),
+                       device.cudnn_about)
+    else
+      assert.is_false(device.cudnn)
+    end
+    -- L2L_CUDNN naming a missing file: no cuDNN, and the reason names the file; 0 turns it off
+    local probe = support.build_dir .. "/l2l -e " ..
+                  support.q('local d = require("l2l").device() print(tostring(d.cudnn) .. "|" .. d.cudnn_about)')
+    local missing = support.build_dir .. "/no-such-dir/libcudnn.so.9"
+    local status, out = support.sh("L2L_CUDNN=" .. support.q(missing) .. " " .. probe)
+    assert.are.equal(0, status, out)
+    local built = not device.cudnn_about:find("has no C", 1, true)   -- no CUDA / no cuDNN build
+    if built then
+      assert.is_truthy(out:find("false|L2L_CUDNN names a library l2l cannot use: cannot open " ..
+                                missing, 1, true), out)
+      status, out = support.sh("L2L_CUDNN=0 " .. probe)
+      assert.is_truthy(out:find("false|L2L_CUDNN=0 turns cuDNN off", 1, true), out)
+    else
+      assert.is_truthy(out:find("false|" .. device.cudnn_about, 1, true), out)
+    end
+  end)
+
   it("names a machine without NVIDIA's driver as such, not as an old driver", function()
     local ffi = require("ffi")
     local built = not tostring(device.why):find("has no CUDA backend", 1, true)

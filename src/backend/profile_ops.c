@@ -11,7 +11,7 @@
  * for), and its shape. The counts are the arguments', so a CPU run gives a GPU run's.
  * Must never: change what an op does or returns.
  */
-#include "backend.h"
+#include "accelerators.h"
 
 static const struct l2l_backend_ops *base(void) { return l2l_backend_device_base(); }
 
@@ -227,10 +227,16 @@ static enum l2l_profile_bound attention_bound(const struct l2l_attention_shape *
   return flop_bound(s->precision);
 }
 
-#define ATTENTION_SHAPE(s, kept)                                                          \
-  "B=%lld H=%lld S=%lld d=%lld%s%s %s%s", (long long)(s)->batch, (long long)(s)->heads,   \
+/* Which path ran an attention call: " cudnn" when cuDNN's count of calls it ran moved
+   across it (the CUDA backend handed it to cuDNN), else "" (l2l's own kernels). */
+static const char *attention_path(int64_t cudnn_runs_before) {
+  return l2l_cudnn_runs() != cudnn_runs_before ? " cudnn" : "";
+}
+
+#define ATTENTION_SHAPE(s, kept, path)                                                    \
+  "B=%lld H=%lld S=%lld d=%lld%s%s %s%s%s", (long long)(s)->batch, (long long)(s)->heads, \
       (long long)(s)->seq, (long long)(s)->head_dim, (s)->causal ? " causal" : "",        \
-      (s)->dropout > 0 ? " dropout" : "", dt((s)->precision), (kept) ? " probs" : ""
+      (s)->dropout > 0 ? " dropout" : "", dt((s)->precision), (kept) ? " probs" : "", (path)
 
 /* Forward: S = q k^T and o = P v, 2 d FLOPs a pair each; probabilities kept, when asked,
    are S x S floats written (P, and P after dropout) and a bit a pair of mask. */
@@ -242,11 +248,13 @@ static l2l_status p_attention_forward(float *o, float *lse, float *probs, float 
   double pairs = attention_pairs(shape), seq2 = d(shape->batch) * d(shape->heads) *
                                                 d(shape->seq) * d(shape->seq);
   double kept = F * seq2 * ((probs != NULL) + (dropped != NULL)) + (mask ? seq2 / 8 : 0);
+  int64_t cudnn_runs = l2l_cudnn_runs();
   PROFILED(attention_forward(o, lse, probs, dropped, mask, q, k, v, key_mask, shape, workspace,
                              workspace_floats),
            "attention_forward", 4 * d(shape->head_dim) * pairs,
            attention_rows_bytes(shape, 4) + F * d(shape->batch) * d(shape->heads) * d(shape->seq) +
-           kept, attention_bound(shape), false, ATTENTION_SHAPE(shape, probs != NULL));
+           kept, attention_bound(shape), false,
+           ATTENTION_SHAPE(shape, probs != NULL, attention_path(cudnn_runs)));
 }
 
 /* Backward: dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q, and S = q k^T again when the
@@ -260,11 +268,13 @@ static l2l_status p_attention_backward(float *dq, float *dk, float *dv, const fl
   double products = probs != NULL ? 4 : 5, seq2 = d(shape->batch) * d(shape->heads) *
                                                   d(shape->seq) * d(shape->seq);
   double kept = F * seq2 * ((probs != NULL) + (dropped != NULL)) + (mask ? seq2 / 8 : 0);
+  int64_t cudnn_runs = l2l_cudnn_runs();
   PROFILED(attention_backward(dq, dk, dv, d_o, o, lse, probs, dropped, mask, q, k, v, key_mask,
                               shape, workspace, workspace_floats),
            "attention_backward", 2 * products * d(shape->head_dim) * attention_pairs(shape),
            attention_rows_bytes(shape, 8) + F * d(shape->batch) * d(shape->heads) * d(shape->seq) +
-           kept, attention_bound(shape), false, ATTENTION_SHAPE(shape, probs != NULL));
+           kept, attention_bound(shape), false,
+           ATTENTION_SHAPE(shape, probs != NULL, attention_path(cudnn_runs)));
 }
 
 static int64_t p_attention_workspace(int64_t seq, int backward) {

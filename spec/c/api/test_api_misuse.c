@@ -287,6 +287,25 @@ TEST(misuse_pools) {
   l2l_tensor_free(held);
 }
 
+/* Covers: l2l_cudnn_available. The same answer however about is given; the words go into
+   about[0..len) only, terminated. */
+TEST(misuse_cudnn_available) {
+  int version = l2l_cudnn_available(NULL, 0);
+  CHECK(version == 0 || (version >= 90000 && version < 100000), "version %d", version);
+  char about[64];
+  memset(about, 'x', sizeof about);
+  CHECK(l2l_cudnn_available(NULL, 100) == version, "NULL about with a length");
+  CHECK(l2l_cudnn_available(about, 0) == version, "len 0");
+  bool untouched = true;
+  for (size_t i = 0; i < sizeof about; i++) untouched &= about[i] == 'x';
+  CHECK(untouched, "len 0: about written");
+  CHECK(l2l_cudnn_available(about, 8) == version, "len 8");
+  untouched = true;
+  for (size_t i = 8; i < sizeof about; i++) untouched &= about[i] == 'x';
+  CHECK(untouched, "len 8: about written past 8 bytes");
+  CHECK(memchr(about, '\0', 8) != NULL, "len 8: the words are not terminated");
+}
+
 /* Covers: l2l_device_backend, l2l_device_use, l2l_cuda_available, l2l_cuda_get_info,
    l2l_cuda_set_tf32, l2l_device_synchronize, l2l_device_release_cache. */
 TEST(misuse_device) {

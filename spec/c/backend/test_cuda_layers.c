@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/accelerators.h"
 #include "cuda_twins.h"
 
 /* ================================================================ backend entries */
@@ -419,9 +420,11 @@ TEST(cuda_backend_attention) {
 }
 
 /* The flash mode with 16-bit products (the tensor-core kernels) against the CPU's fp32:
-   the same shapes, masks and dropout as above, bf16 and f16. */
+   the same shapes, masks and dropout as above, bf16 and f16. cuDNN is switched off here,
+   so that the own kernels run every case (test_cudnn.c tests the cuDNN path). */
 TEST(cuda_backend_attention_16bit_products) {
   if (!use_gpu()) return;
+  l2l_cudnn_enable(0);
   static const int64_t seqs[] = {1, 5, 63, 64, 65, 200}, dims[] = {16, 64, 80, 128};
   static const int64_t heads[] = {1, 3};
   static const l2l_dtype precisions[] = {L2L_BF16, L2L_F16};
@@ -438,6 +441,7 @@ TEST(cuda_backend_attention_16bit_products) {
             cases++;
           }
   CHECK(cases == 768 || failed >= 5, "ran %d cases", cases);
+  l2l_cudnn_enable(1);
   end_gpu();
 }
 

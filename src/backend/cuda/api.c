@@ -9,12 +9,18 @@
 
 int l2l_cuda_available(char *why, size_t len) { return l2l_cuda_probe(why, len); }
 
+int l2l_cudnn_available(char *about, size_t len) {
+  return l2l_cudnn_probe(len > 0 ? about : NULL, len);
+}
+
 l2l_status l2l_cuda_get_info(l2l_cuda_info *out) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   char why[256];
   if (!l2l_cuda_probe(why, sizeof why))
     return FAIL(L2L_ERR_UNSUPPORTED, "CUDA cannot run here: %s", why);
-  return l2l_cuda_fill_info(out);
+  TRY(l2l_cuda_fill_info(out));
+  out->cudnn_version = l2l_cudnn_probe(NULL, 0);
+  return L2L_OK;
 }
 
 /* Accepted on any build: the setting matters only where CUDA runs. */

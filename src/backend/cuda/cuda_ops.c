@@ -18,6 +18,7 @@
 #ifdef L2L_CUDA
 
 #include "runtime.h"
+#include "cudnn_sdpa.h"
 
 #include "kernels/attention.h"
 #include "kernels/dtype.h"
@@ -331,12 +332,48 @@ static int64_t cuda_attention_workspace(int64_t seq, int backward) {
   return 0;
 }
 
+/* The calls l2l_cudnn_routes accepts run through cuDNN (cudnn_sdpa.c), forward and
+   backward alike, with the scratch (256-byte aligned) for their 16-bit copies and cuDNN's
+   workspace; the work they queue counts as the casts (one a tensor), a memset (backward)
+   and cuDNN's plan. Where the scratch cannot grow that far (the device pool's budget),
+   the call runs on the own kernels instead (*ran stays false): their lse is cuDNN's stats,
+   so a forward and a backward that took different paths still agree. Called with
+   cuda_rt.lock held. */
+enum { CUDNN_FORWARD_LAUNCHES = 5, CUDNN_BACKWARD_LAUNCHES = 10 };
+
+static l2l_status cudnn_scratch(void **out, const struct l2l_attention_shape *sh, int backward) {
+  float *floats = NULL;
+  uint64_t bytes = cudnn_sdpa_scratch_bytes(sh, backward) + 256;
+  TRY(scratch_floats(&floats, (int64_t)((bytes + sizeof(float) - 1) / sizeof(float))));
+  *out = (void *)(((uintptr_t)floats + 255) & ~(uintptr_t)255);
+  return L2L_OK;
+}
+
+static l2l_status attention_forward_cudnn(bool *ran, float *o, float *lse, const float *q,
+                                          const float *k, const float *v,
+                                          const struct l2l_attention_shape *sh) {
+  void *scratch = NULL;
+  l2l_status st = cudnn_scratch(&scratch, sh, 0);
+  if (st == L2L_ERR_NOMEM) return L2L_OK;
+  TRY(st);
+  *ran = true;
+  for (int i = 0; i < CUDNN_FORWARD_LAUNCHES; i++) launched();
+  return cudnn_sdpa_forward(o, lse, q, k, v, sh, scratch);
+}
+
 static l2l_status cuda_attention_forward(float *o, float *lse, float *probs, float *dropped,
                                          uint8_t *mask, const float *q, const float *k,
                                          const float *v, const uint8_t *key_mask,
                                          const struct l2l_attention_shape *sh, float *workspace,
                                          int64_t workspace_floats) {
   (void)workspace, (void)workspace_floats;
+  if (l2l_cudnn_routes(sh, probs, dropped, mask, key_mask)) {
+    bool ran = false;
+    pthread_mutex_lock(&cuda_rt.lock);
+    l2l_status st = attention_forward_cudnn(&ran, o, lse, q, k, v, sh);
+    pthread_mutex_unlock(&cuda_rt.lock);
+    if (ran || st != L2L_OK) return st;
+  }
   LAUNCH(l2l_k_attention_forward(o, lse, probs, dropped, mask, q, k, v, key_mask, sh->batch,
                                  sh->heads, sh->seq, sh->head_dim, sh->ld_qkv, sh->ld_o,
                                  sh->causal, sh->scale, sh->dropout,
@@ -361,6 +398,19 @@ static l2l_status attention_backward_locked(float *dq, float *dk, float *dv, con
   return L2L_OK;
 }
 
+static l2l_status attention_backward_cudnn(bool *ran, float *dq, float *dk, float *dv,
+                                           const float *d_o, const float *o, const float *lse,
+                                           const float *q, const float *k, const float *v,
+                                           const struct l2l_attention_shape *sh) {
+  void *scratch = NULL;
+  l2l_status st = cudnn_scratch(&scratch, sh, 1);
+  if (st == L2L_ERR_NOMEM) return L2L_OK;
+  TRY(st);
+  *ran = true;
+  for (int i = 0; i < CUDNN_BACKWARD_LAUNCHES; i++) launched();
+  return cudnn_sdpa_backward(dq, dk, dv, d_o, o, lse, q, k, v, sh, scratch);
+}
+
 static l2l_status cuda_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
                                           const float *o, const float *lse, const float *probs,
                                           const float *dropped, const uint8_t *mask,
@@ -369,6 +419,13 @@ static l2l_status cuda_attention_backward(float *dq, float *dk, float *dv, const
                                           const struct l2l_attention_shape *sh,
                                           float *workspace, int64_t workspace_floats) {
   (void)workspace, (void)workspace_floats;
+  if (l2l_cudnn_routes(sh, probs, dropped, mask, key_mask)) {
+    bool ran = false;
+    pthread_mutex_lock(&cuda_rt.lock);
+    l2l_status st = attention_backward_cudnn(&ran, dq, dk, dv, d_o, o, lse, q, k, v, sh);
+    pthread_mutex_unlock(&cuda_rt.lock);
+    if (ran || st != L2L_OK) return st;
+  }
   WITH_SCRATCH(attention_backward_locked(dq, dk, dv, d_o, o, lse, probs, dropped, mask, q, k, v,
                                          key_mask, sh));
 }

@@ -31,4 +31,30 @@ l2l_status l2l_cuda_fill_info(l2l_cuda_info *out) {
   return l2l_fail(L2L_ERR_UNSUPPORTED, "%s", no_cuda);
 }
 
+int l2l_cudnn_probe(char *about, size_t len) {
+  if (about != NULL && len > 0) snprintf(about, len, "%s", no_cuda);
+  return 0;
+}
+
+bool l2l_cudnn_routes(const struct l2l_attention_shape *shape, const void *probs,
+                      const void *dropped, const void *mask, const void *key_mask) {
+  (void)shape, (void)probs, (void)dropped, (void)mask, (void)key_mask;
+  return false;
+}
+
+l2l_status l2l_cudnn_check_graphs(const struct l2l_attention_shape *shape, int backward,
+                                  int miswire, char *report, size_t len) {
+  (void)shape, (void)backward, (void)miswire, (void)report, (void)len;
+  return l2l_fail(L2L_ERR_UNSUPPORTED, "%s", no_cuda);
+}
+
+l2l_status l2l_cudnn_describe(const struct l2l_attention_shape *shape, int backward,
+                              struct l2l_sdpa_view *out) {
+  (void)shape, (void)backward, (void)out;
+  return l2l_fail(L2L_ERR_UNSUPPORTED, "%s", no_cuda);
+}
+
+void l2l_cudnn_enable(int on) { (void)on; }
+int64_t l2l_cudnn_runs(void) { return 0; }
+
 #endif /* !L2L_CUDA */

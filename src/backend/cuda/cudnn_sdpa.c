@@ -1,0 +1,349 @@
+/* SPDX-License-Identifier: MIT */
+/* cudnn_sdpa.c — attention through cuDNN's fused scaled-dot-product attention, built with
+ * cuDNN's backend C API (cudnn_graph.h): tensor and operation descriptors, an operation
+ * graph, engine heuristics, an execution plan, a variant pack.
+ *
+ * Purpose: the graphs are the node patterns cuDNN's runtime-fusion attention engines
+ * recognise (learnt from NVIDIA's cudnn-frontend, whose SDPA nodes expand into them).
+ * Forward: S = Q K^T, S *= scale, [causal: S = row >= col ? S : -inf], M = max_j S,
+ * E = exp(S - M), Z = sum_j E, stats = M + log Z, P = E / Z (16-bit), O = P V. Backward:
+ * Dsum = sum_d dO * O (times 1, f32 in the scratch), S as above less stats, [mask], E =
+ * exp(S - stats), dV = E^T dO, dP = dO V^T, dS = (dP - Dsum) * E * scale, dK = dS^T Q,
+ * dQacc = dS K (f32, zeroed, in the scratch), dQ = identity(dQacc). Stats is exactly the
+ * own kernels' lse (natural log, [B, H, S]), so either path's lse serves either backward;
+ * still, both directions take the path l2l_cudnn_routes picks by one predicate per shape,
+ * whose plans (forward and backward) are built together and cached (16 shapes).
+ * The activations are f32 in this backend today: q, k, v (and do, o) are cast to packed
+ * 16-bit copies in the scratch, one kernel each, and O, dQ, dK, dV cast back (the issue's
+ * 16-bit-activations item removes these casts).
+ * Must never: be taken for dropout, a key mask, f32 products, kept probabilities, or a
+ * graph cuDNN refuses on the device (the own kernels serve those).
+ */
+#include <math.h>
+#include <float.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef L2L_CUDA
+
+#include "cudnn_sdpa.h"
+
+#include "kernels/cast_rows.h"
+#include "kernels/dtype.h"
+
+static atomic_int enabled = 1;
+static atomic_llong runs;
+void l2l_cudnn_enable(int on) { atomic_store(&enabled, on != 0); }
+int64_t l2l_cudnn_runs(void) { return atomic_load(&runs); }
+
+#ifndef L2L_CUDNN_HEADERS
+
+bool l2l_cudnn_routes(const struct l2l_attention_shape *sh, const void *probs,
+                      const void *dropped, const void *mask, const void *key_mask) {
+  (void)sh, (void)probs, (void)dropped, (void)mask, (void)key_mask;
+  return false;
+}
+l2l_status l2l_cudnn_check_graphs(const struct l2l_attention_shape *sh, int backward, int miswire,
+                                  char *report, size_t len) {
+  (void)sh, (void)backward, (void)miswire, (void)report, (void)len;
+  char why[512];
+  l2l_cudnn_probe(why, sizeof why);
+  return l2l_fail(L2L_ERR_UNSUPPORTED, "%s", why);
+}
+l2l_status l2l_cudnn_describe(const struct l2l_attention_shape *sh, int backward,
+                              struct l2l_sdpa_view *out) {
+  (void)sh, (void)backward, (void)out;
+  return l2l_fail(L2L_ERR_UNSUPPORTED, "this build has no cuDNN support");
+}
+uint64_t cudnn_sdpa_scratch_bytes(const struct l2l_attention_shape *sh, int backward) {
+  (void)sh, (void)backward;
+  return 0;
+}
+l2l_status cudnn_sdpa_forward(float *o, float *lse, const float *q, const float *k, const float *v,
+                              const struct l2l_attention_shape *sh, void *scratch) {
+  (void)o, (void)lse, (void)q, (void)k, (void)v, (void)sh, (void)scratch;
+  return l2l_fail(L2L_ERR_UNSUPPORTED, "this build has no cuDNN support");
+}
+l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o, const float *o,
+                               const float *lse, const float *q, const float *k, const float *v,
+                               const struct l2l_attention_shape *sh, void *scratch) {
+  (void)dq, (void)dk, (void)dv, (void)d_o, (void)o, (void)lse, (void)q, (void)k, (void)v;
+  (void)sh, (void)scratch;
+  return l2l_fail(L2L_ERR_UNSUPPORTED, "this build has no cuDNN support");
+}
+
+#else
+
+#include "cudnn_graph_build.h"
+
+/* ---------------------------------------------------------------- the plan cache */
+
+struct key {
+  int64_t batch, heads, seq, head_dim;
+  int causal;
+  l2l_dtype precision;
+};
+
+struct entry {
+  struct key key;
+  bool usable;
+  struct sdpa_graph *fwd, *bwd;   /* with their plans */
+  uint64_t stamp;                 /* last use, for eviction */
+};
+
+enum { CACHE_SLOTS = 16 };
+static struct entry cache[CACHE_SLOTS];
+static uint64_t cache_clock;
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static cudnnHandle_t handle;
+static bool handle_tried;
+static char handle_why[256];
+
+/* The one handle, on the compute stream; NULL (with handle_why) when cuDNN cannot start. */
+static cudnnHandle_t get_handle(void) {
+  if (!handle_tried) {
+    handle_tried = true;
+    cudnnStatus_t st = cudnn.create(&handle);
+    if (st == CUDNN_STATUS_SUCCESS) st = cudnn.set_stream(handle, cuda_rt.compute);
+    if (st != CUDNN_STATUS_SUCCESS) {
+      snprintf(handle_why, sizeof handle_why, "cudnnCreate: %s", cudnn.error_string(st));
+      handle = NULL;
+    }
+  }
+  return handle;
+}
+
+static struct key key_of(const struct l2l_attention_shape *sh) {
+  struct key k;
+  memset(&k, 0, sizeof k);
+  k.batch = sh->batch, k.heads = sh->heads, k.seq = sh->seq, k.head_dim = sh->head_dim;
+  k.causal = sh->causal != 0, k.precision = sh->precision;
+  return k;
+}
+
+/* The cache's entry for this shape, its plans built when first met (cache_lock held). */
+static struct entry *entry_for(const struct l2l_attention_shape *sh) {
+  struct key k = key_of(sh);
+  for (int i = 0; i < CACHE_SLOTS; i++)
+    if (cache[i].stamp != 0 && memcmp(&cache[i].key, &k, sizeof k) == 0) {
+      cache[i].stamp = ++cache_clock;
+      return &cache[i];
+    }
+  struct entry *e = &cache[0];
+  for (int i = 1; i < CACHE_SLOTS; i++)
+    if (cache[i].stamp < e->stamp) e = &cache[i];
+  sdpa_graph_free(e->fwd), sdpa_graph_free(e->bwd);
+  memset(e, 0, sizeof *e);
+  e->key = k, e->stamp = ++cache_clock;
+  cudnnHandle_t h = get_handle();
+  char why[400] = "";
+  if (h == NULL) {
+    snprintf(why, sizeof why, "%s", handle_why);
+  } else {
+    e->fwd = sdpa_graph_build(sh, 0, 0, why, sizeof why);
+    if (e->fwd != NULL && sdpa_graph_plan(e->fwd, h, why, sizeof why))
+      e->bwd = sdpa_graph_build(sh, 1, 0, why, sizeof why);
+    e->usable = e->bwd != NULL && sdpa_graph_plan(e->bwd, h, why, sizeof why);
+  }
+  if (!e->usable) {
+    static atomic_int warned;
+    if (atomic_exchange(&warned, 1) == 0)
+      fprintf(stderr, "l2l: cuDNN cannot run attention B=%lld H=%lld S=%lld d=%lld%s here (%s); "
+              "l2l's own kernels run it (said once)\n", (long long)k.batch, (long long)k.heads,
+              (long long)k.seq, (long long)k.head_dim, k.causal ? " causal" : "", why);
+  }
+  return e;
+}
+
+/* What cuDNN's SDPA covers and this path serves; the rest stays on the own kernels. */
+static bool covered(const struct l2l_attention_shape *sh, const void *probs, const void *dropped,
+                    const void *mask, const void *key_mask) {
+  if (probs != NULL || dropped != NULL || mask != NULL || key_mask != NULL) return false;
+  if (sh->dropout != 0 || (sh->precision != L2L_BF16 && sh->precision != L2L_F16)) return false;
+  if (sh->head_dim % 8 != 0 || sh->head_dim < 8 || sh->head_dim > 128) return false;
+  if (sh->batch < 1 || sh->heads < 1 || sh->seq < 1) return false;
+  if (sh->ld_qkv < sh->heads * sh->head_dim || sh->ld_o < sh->heads * sh->head_dim) return false;
+  /* before 9.16 the backward needed a padding mask when S is not a multiple of 128
+     (cudnn-frontend adds one); l2l's graphs have none */
+  if (cudnn_loaded_version() <= 91500 && sh->seq % 128 != 0) return false;
+  return true;
+}
+
+bool l2l_cudnn_routes(const struct l2l_attention_shape *sh, const void *probs,
+                      const void *dropped, const void *mask, const void *key_mask) {
+  if (!atomic_load(&enabled) || !cudnn_loaded() || !covered(sh, probs, dropped, mask, key_mask))
+    return false;
+  pthread_mutex_lock(&cache_lock);
+  bool usable = entry_for(sh)->usable;
+  pthread_mutex_unlock(&cache_lock);
+  return usable;
+}
+
+/* ---------------------------------------------------------------- running */
+
+static uint64_t up256(uint64_t n) { return (n + 255) & ~(uint64_t)255; }
+
+/* Bytes of one packed 16-bit [B, S, H, D] copy. */
+static uint64_t half_bytes(const struct l2l_attention_shape *sh) {
+  return up256((uint64_t)sh->batch * sh->seq * sh->heads * sh->head_dim * 2);
+}
+
+uint64_t cudnn_sdpa_scratch_bytes(const struct l2l_attention_shape *sh, int backward) {
+  pthread_mutex_lock(&cache_lock);
+  struct entry *e = entry_for(sh);
+  int64_t ws = !e->usable ? 0 : backward ? sdpa_graph_workspace(e->bwd) : sdpa_graph_workspace(e->fwd);
+  pthread_mutex_unlock(&cache_lock);
+  uint64_t rows = (uint64_t)sh->batch * sh->heads * sh->seq;
+  /* 16-bit copies, then [backward: Dsum, dQ's accumulator], the stats, cuDNN's workspace */
+  if (!backward) return 4 * half_bytes(sh) + up256(rows * 4) + up256((uint64_t)ws);
+  return 8 * half_bytes(sh) + 2 * up256(rows * 4) + up256(rows * sh->head_dim * 4) +
+         up256((uint64_t)ws);
+}
+
+/* cuDNN is told its real tensors are 16-byte aligned: an lse that is not (a slice of a
+   larger tensor) goes through `spare` in the scratch. */
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+#define CAST(dst, dst_t, dst_ld, src, src_t, src_ld)                                        \
+  do {                                                                                     \
+    CUDA_TRY(l2l_k_cast_rows(dst, dst_t, dst_ld, src, src_t, src_ld, sh->batch * sh->seq,  \
+                             sh->heads * sh->head_dim, cuda_rt.compute));                  \
+  } while (0)
+
+static l2l_status execute(struct sdpa_graph *g, const int64_t *uids, void **ptrs, int n,
+                          void *workspace) {
+  char why[400];
+  if (!sdpa_graph_execute(g, get_handle(), uids, ptrs, n, workspace, why, sizeof why))
+    return l2l_fail(L2L_ERR_BACKEND, "cuDNN attention: %s", why);
+  atomic_fetch_add(&runs, 1);
+  return L2L_OK;
+}
+
+static struct entry *entry_locked(const struct l2l_attention_shape *sh) {
+  pthread_mutex_lock(&cache_lock);
+  struct entry *e = entry_for(sh);
+  pthread_mutex_unlock(&cache_lock);
+  return e;
+}
+
+l2l_status cudnn_sdpa_forward(float *o, float *lse, const float *q, const float *k, const float *v,
+                              const struct l2l_attention_shape *sh, void *scratch) {
+  struct entry *e = entry_locked(sh);
+  if (!e->usable) return l2l_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
+  const int t = (int)sh->precision;
+  const int64_t hd = sh->heads * sh->head_dim;
+  char *s = scratch;
+  uint64_t hb = half_bytes(sh);
+  uint64_t rows = (uint64_t)sh->batch * sh->heads * sh->seq;
+  void *q16 = s, *k16 = s + hb, *v16 = s + 2 * hb, *o16 = s + 3 * hb, *spare = s + 4 * hb;
+  void *ws = s + 4 * hb + up256(rows * 4), *stats = aligned16(lse) ? (void *)lse : spare;
+  CAST(q16, t, hd, q, DT_F32, sh->ld_qkv);
+  CAST(k16, t, hd, k, DT_F32, sh->ld_qkv);
+  CAST(v16, t, hd, v, DT_F32, sh->ld_qkv);
+  float scale = sh->scale, hidden = sdpa_hidden_value();
+  int64_t uids[] = {SDPA_Q, SDPA_K, SDPA_V, SDPA_O, SDPA_STATS, SDPA_SCALE, SDPA_HIDDEN};
+  void *ptrs[] = {q16, k16, v16, o16, stats, &scale, &hidden};
+  TRY(execute(e->fwd, uids, ptrs, sh->causal ? 7 : 6, ws));   /* hidden: the mask's only */
+  if (stats != lse)
+    CUDA_TRY(cudaMemcpyAsync(lse, stats, rows * 4, cudaMemcpyDeviceToDevice, cuda_rt.compute));
+  CAST(o, DT_F32, sh->ld_o, o16, t, hd);
+  return L2L_OK;
+}
+
+l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o, const float *o,
+                               const float *lse, const float *q, const float *k, const float *v,
+                               const struct l2l_attention_shape *sh, void *scratch) {
+  struct entry *e = entry_locked(sh);
+  if (!e->usable) return l2l_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
+  const int t = (int)sh->precision;
+  const int64_t hd = sh->heads * sh->head_dim;
+  uint64_t hb = half_bytes(sh), rows = (uint64_t)sh->batch * sh->heads * sh->seq;
+  char *s = scratch;
+  void *q16 = s, *k16 = s + hb, *v16 = s + 2 * hb, *o16 = s + 3 * hb, *do16 = s + 4 * hb;
+  void *dq16 = s + 5 * hb, *dk16 = s + 6 * hb, *dv16 = s + 7 * hb;
+  void *dsum = s + 8 * hb, *dq_acc = s + 8 * hb + up256(rows * 4);
+  void *spare = (char *)dq_acc + up256(rows * sh->head_dim * 4);
+  void *ws = (char *)spare + up256(rows * 4), *stats = aligned16(lse) ? (void *)lse : spare;
+  if (stats != lse)
+    CUDA_TRY(cudaMemcpyAsync(stats, lse, rows * 4, cudaMemcpyDeviceToDevice, cuda_rt.compute));
+  CAST(q16, t, hd, q, DT_F32, sh->ld_qkv);
+  CAST(k16, t, hd, k, DT_F32, sh->ld_qkv);
+  CAST(v16, t, hd, v, DT_F32, sh->ld_qkv);
+  CAST(o16, t, hd, o, DT_F32, sh->ld_o);
+  CAST(do16, t, hd, d_o, DT_F32, sh->ld_o);
+  CUDA_TRY(cudaMemsetAsync(dq_acc, 0, rows * sh->head_dim * 4, cuda_rt.compute));
+  float scale = sh->scale, hidden = sdpa_hidden_value(), one = 1.0f;
+  int64_t uids[] = {SDPA_Q,  SDPA_K,  SDPA_V,  SDPA_O,   SDPA_STATS, SDPA_SCALE, SDPA_ONE,
+                    SDPA_DO, SDPA_DQ, SDPA_DK, SDPA_DV, SDPA_DSUM,  SDPA_DQ_ACC, SDPA_HIDDEN};
+  void *ptrs[] = {q16, k16, v16, o16, stats, &scale, &one,
+                  do16, dq16, dk16, dv16, dsum, dq_acc, &hidden};
+  TRY(execute(e->bwd, uids, ptrs, sh->causal ? 14 : 13, ws));
+  CAST(dq, DT_F32, sh->ld_qkv, dq16, t, hd);
+  CAST(dk, DT_F32, sh->ld_qkv, dk16, t, hd);
+  CAST(dv, DT_F32, sh->ld_qkv, dv16, t, hd);
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- the check */
+
+l2l_status l2l_cudnn_describe(const struct l2l_attention_shape *sh, int backward,
+                              struct l2l_sdpa_view *out) {
+  char why[512];
+  if (out == NULL) return l2l_fail(L2L_ERR_INVALID, "out is NULL");
+  if (!cudnn_loaded()) {
+    l2l_cudnn_probe(why, sizeof why);
+    return l2l_fail(L2L_ERR_UNSUPPORTED, "cuDNN is not loaded: %s", why);
+  }
+  struct sdpa_graph *g = sdpa_graph_build(sh, backward, 0, why, sizeof why);
+  if (g == NULL) return l2l_fail(L2L_ERR_BACKEND, "%s", why);
+  sdpa_graph_describe(g, out);
+  sdpa_graph_free(g);
+  return L2L_OK;
+}
+
+l2l_status l2l_cudnn_check_graphs(const struct l2l_attention_shape *sh, int backward, int miswire,
+                                  char *report, size_t len) {
+  char why[512];
+  if (!cudnn_loaded()) {
+    l2l_cudnn_probe(why, sizeof why);
+    return l2l_fail(L2L_ERR_UNSUPPORTED, "cuDNN is not loaded: %s", why);
+  }
+  struct sdpa_graph *g = sdpa_graph_build(sh, backward, miswire, why, sizeof why);
+  if (g == NULL) return l2l_fail(L2L_ERR_BACKEND, "%s", why);
+  int tensors = 0, ops = 0;
+  sdpa_graph_counts(g, &tensors, &ops);
+  char plan[640];
+  if (l2l_cuda_probe(NULL, 0)) {
+    cudnnHandle_t h = get_handle();
+    if (h == NULL)
+      snprintf(plan, sizeof plan, "no plan: %s", handle_why);
+    else if (sdpa_graph_plan(g, h, why, sizeof why))
+      snprintf(plan, sizeof plan, "planned, workspace %lld bytes",
+               (long long)sdpa_graph_workspace(g));
+    else
+      snprintf(plan, sizeof plan, "refused on this GPU: %s", why);
+  } else if (cudnn_loaded_version() >= 90800) {   /* the graph itself needs no handle */
+    char cuda_why[320];
+    l2l_cuda_probe(cuda_why, sizeof cuda_why);
+    if (!sdpa_graph_finalize(g, NULL, why, sizeof why)) {
+      sdpa_graph_free(g);
+      return l2l_fail(L2L_ERR_BACKEND, "the %s graph is refused: %s",
+                      backward ? "backward" : "forward", why);
+    }
+    snprintf(plan, sizeof plan, "operation graph finalized without a GPU; engine choice, plan "
+             "and execution skipped: they need a GPU, and CUDA cannot run here (%.300s)", cuda_why);
+  } else {
+    l2l_cuda_probe(why, sizeof why);
+    snprintf(plan, sizeof plan, "graph finalize, plan and execution skipped: they need a GPU, "
+             "and CUDA cannot run here (%.300s)", why);
+  }
+  if (report != NULL && len > 0)
+    snprintf(report, len, "%d tensors and %d operations finalized; %s", tensors, ops, plan);
+  sdpa_graph_free(g);
+  return L2L_OK;
+}
+
+#endif /* L2L_CUDNN_HEADERS */
+#endif /* L2L_CUDA */

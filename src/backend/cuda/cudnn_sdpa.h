@@ -1,0 +1,57 @@
+/* SPDX-License-Identifier: MIT */
+/* cudnn_sdpa.h — cuDNN inside the CUDA backend (private to backend/cuda/; built with
+ * L2L_CUDA, and with cuDNN's headers where the toolkit has them: L2L_CUDNN_HEADERS).
+ *
+ * Purpose: libcudnn.so.9 is opened at run time as cuBLAS is (cudnn_load.c: L2L_CUDNN, the
+ * toolkit's folders, PyTorch's wheels, the soname), its functions kept in `cudnn`; its
+ * fused scaled-dot-product attention is built through the backend C API as an operation
+ * graph per shape (cudnn_sdpa.c) and run by cuda_ops.c for the attention calls
+ * l2l_cudnn_routes accepts. The 16-bit copies of q, k, v, o, do and the gradients, the
+ * softmax row sums and dq's f32 accumulator live in the backend's scratch.
+ * Must never: be included outside backend/cuda/.
+ */
+#ifndef L2L_CUDA_CUDNN_SDPA_H
+#define L2L_CUDA_CUDNN_SDPA_H
+
+#include "runtime.h"
+
+#ifdef L2L_CUDNN_HEADERS
+#include <cudnn_graph.h>
+
+/* The functions l2l calls, from the library cudnn_load.c opened. */
+struct cuda_cudnn {
+  __typeof__(cudnnGetVersion) *get_version;
+  __typeof__(cudnnGetErrorString) *error_string;
+  __typeof__(cudnnGetLastErrorString) *last_error;
+  __typeof__(cudnnCreate) *create;
+  __typeof__(cudnnSetStream) *set_stream;
+  __typeof__(cudnnBackendCreateDescriptor) *create_descriptor;
+  __typeof__(cudnnBackendDestroyDescriptor) *destroy_descriptor;
+  __typeof__(cudnnBackendSetAttribute) *set_attribute;
+  __typeof__(cudnnBackendGetAttribute) *get_attribute;
+  __typeof__(cudnnBackendFinalize) *finalize;
+  __typeof__(cudnnBackendExecute) *execute;
+};
+extern CUDA_INTERNAL struct cuda_cudnn cudnn;
+#endif
+
+/* 1 when libcudnn is open (cudnn's functions set), opening it on the first call. */
+CUDA_INTERNAL int cudnn_loaded(void);
+/* The loaded library's version (91900 is 9.19.0), 0 when not loaded. */
+CUDA_INTERNAL int cudnn_loaded_version(void);
+
+/* Bytes of scratch cudnn_sdpa_forward (backward = 0) or _backward needs for this shape;
+   call after l2l_cudnn_routes said yes (its plans are then built). */
+CUDA_INTERNAL uint64_t cudnn_sdpa_scratch_bytes(const struct l2l_attention_shape *sh, int backward);
+/* o and lse as the own kernels write them (lse: each row's natural-log log-sum-exp of the
+   scaled visible scores, cuDNN's softmax stats, the same quantity), through cuDNN, with
+   `scratch` (cudnn_sdpa_scratch_bytes, 256-byte aligned) held by the caller (cuda_rt.lock). */
+CUDA_INTERNAL l2l_status cudnn_sdpa_forward(float *o, float *lse, const float *q, const float *k,
+                                            const float *v, const struct l2l_attention_shape *sh,
+                                            void *scratch);
+CUDA_INTERNAL l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o,
+                                             const float *o, const float *lse, const float *q,
+                                             const float *k, const float *v,
+                                             const struct l2l_attention_shape *sh, void *scratch);
+
+#endif /* L2L_CUDA_CUDNN_SDPA_H */
