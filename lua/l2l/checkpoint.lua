@@ -246,16 +246,6 @@ local function entry_for(file, name, want, i, label, fname)
   return e
 end
 
--- A parameter's entry read into its value, f32 and bf16 converted either way (to nearest
--- even, or exactly); a bf16 master lives in the pinned pool, which file:read does not fill.
-local function read_value(file, name, value)
-  if file.entries[name].dtype == value:dtype() and value:pool() == "host" then return file:read(name, value) end
-  local t = file:read(name)
-  local status = C.l2l_tensor_cast(tensor.handle_of(value), tensor.handle_of(t))
-  t:free()
-  if status ~= 0 then error(lib.last_error(), 0) end
-end
-
 -- Every tensor the description's layers would have, present in the file with the same
 -- shape, checked before anything is built: a few bytes of metadata may describe a model
 -- of terabytes, and building it first would allocate (and initialize) all of it. A file
@@ -307,14 +297,12 @@ local function model_of(desc, kinds)
 end
 
 -- Every checksum first (a damaged tensor changes nothing), then each record's weights
--- into its parameter; errors under fname.
-local function read_weights(file, records, fname)
-  local okv, ev = pcall(file.verify, file)
-  if not okv then error(fname .. ": " .. tostring(ev):gsub("^file:verify: ", ""), 0) end
-  for _, rec in ipairs(records) do
-    local okr, er = pcall(read_value, file, rec.name, rec.param.value)
-    if not okr then error(fname .. ": " .. tostring(er):gsub("^file:read: ", ""), 0) end
-  end
+-- into its parameter, f32 and bf16 converted either way by the read (to nearest even, or
+-- exactly; a bf16 master lives in the pinned pool). The file was opened as the loader's
+-- (opened): its errors are the loader's words.
+local function read_weights(file, records)
+  file:verify()
+  for _, rec in ipairs(records) do file:read(rec.name, rec.param.value) end
 end
 
 -- Every record of the model with the file's entry for it, shapes checked.
@@ -361,9 +349,7 @@ end
 
 local function opened(path, fname)
   if type(path) ~= "string" or path == "" then error(fname .. ": path must be a non-empty string", 0) end
-  local ok, file = pcall(safetensors.open, path)
-  if not ok then error(fname .. ": " .. tostring(file):gsub("^safetensors%.open: ", ""), 0) end
-  return file
+  return safetensors.open_as(fname, path)
 end
 
 -- What l2l.load may be given: the relay's options that are the machine's (relay_options'
@@ -491,7 +477,7 @@ function M.load_model(path, opts, ...)
       local desc = decode_description(file, fname)
       check_described_records(desc, file, opts.kinds, fname)
       local m = model_of(desc, opts.kinds)
-      read_weights(file, match_records(m, file, fname), fname)
+      read_weights(file, match_records(m, file, fname))
       return m
     end)
     file:close()
@@ -512,7 +498,7 @@ function M.load_weights(model, path, ...)
   local ok, err = pcall(function()
     local file = opened(path, fname)
     local okr, e = pcall(function()
-      read_weights(file, match_records(model, file, fname), fname)
+      read_weights(file, match_records(model, file, fname))
     end)
     file:close()
     if not okr then error(e, 0) end

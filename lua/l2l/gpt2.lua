@@ -147,9 +147,7 @@ local function open_any(path, fname)
     local a, b, c, d = first:byte(1, 4)
     if a + b * 256 + c * 65536 + d * 16777216 == LLMC_MAGIC then return open_llmc(path, fname) end
   end
-  local ok, file = pcall(safetensors.open, path)
-  if not ok then error(fname .. ": " .. tostring(file):gsub("^safetensors%.open: ", ""), 0) end
-  return file
+  return safetensors.open_as(fname, path)
 end
 
 local function import(path, opts)
@@ -254,9 +252,7 @@ local function import(path, opts)
   end)
   file:close()
   if not okb then
-    -- a read's own words (a damaged tensor, a short file) under the importer's name
-    local text = tostring(model):gsub("^[^\n]-: file:read: ", fname .. ": "):gsub("^file:read: ", fname .. ": ")
-    error(text, 0)
+    error(model, 0)   -- a read's own words (a damaged tensor, a short file) are under fname already
   end
   return model
 end

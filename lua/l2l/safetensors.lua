@@ -37,7 +37,7 @@ local M = {}
 M.max_header = tonumber(C.L2L_SAFETENSORS_MAX_HEADER)   -- the largest header l2l reads or writes
 local MAX_DIMS = tonumber(C.L2L_MAX_DIMS)
 
-local function failed(fname, level) error(fname .. ": " .. lib.last_error(), level + 1) end
+local function failed(fname, level) error(fname .. ": " .. lib.last_error(), level + 1) end   -- level -1: none
 
 -- Bytes a tensor of `dtype` (l2l's name) and numel elements takes.
 local function bytes_of(dtype, numel) return numel * tonumber(C.l2l_dtype_size(lib.dtypes[dtype])) end
@@ -187,43 +187,69 @@ local function tables_of(file, handle)
   end
 end
 
--- Opens and checks a file; raises "safetensors.open: <path>: <what is wrong>".
-function M.open(path, ...)
-  local fname = "safetensors.open"
-  if select("#", ...) ~= 0 then too_many(fname, "path", 2, ...) end
-  if not c_string(path) or path == "" then error(fname .. ": path must be a non-empty string", 2) end
+-- A file opened, checked and listed; errors under fname, raised at level (0: no position).
+-- caller: the name its methods' errors go under too (nil: their own).
+local function open_file(path, fname, level, caller)
+  if not c_string(path) or path == "" then error(fname .. ": path must be a non-empty string", level) end
   local box = ffi.new("l2l_safetensors *[1]")
-  if C.l2l_safetensors_open(box, path) ~= 0 then failed(fname, 2) end
+  if C.l2l_safetensors_open(box, path) ~= 0 then failed(fname, level == 0 and -1 or level) end
   local handle = ffi.gc(box[0], C.l2l_safetensors_close)   -- closed by file:close(), or the collector
-  local file = setmetatable({ path = path, handle = handle, entries = {}, names = {}, metadata = {} }, File)
+  local file = setmetatable({ path = path, handle = handle, entries = {}, names = {}, metadata = {},
+                              caller = caller }, File)
   tables_of(file, handle)
   return file
 end
 
-local function open_self(self, fname)
-  if getmetatable(self) ~= File then error(fname .. ": self must be an open file", 3) end
-  if self.handle == nil then error(fname .. ": the file was closed", 3) end
+-- Opens and checks a file; raises "safetensors.open: <path>: <what is wrong>".
+function M.open(path, ...)
+  if select("#", ...) ~= 0 then too_many("safetensors.open", "path", 2, ...) end
+  local file = open_file(path, "safetensors.open", 3)   -- not a tail call: the levels count this frame
+  return file
+end
+
+-- The same for a loader of the front end (l2l.load, l2l.import_gpt2): the file's errors,
+-- its reads' and checks' too, are the loader's words ("l2l.load: <path>: ..."), raised
+-- with no position, as the loader raises its own.
+function M.open_as(fname, path, ...)
+  if select("#", ...) ~= 0 then too_many("safetensors.open_as", "fname, path", 2, ...) end
+  if not c_string(fname) or fname == "" then
+    error("safetensors.open_as: fname must be a non-empty string (the loader's name)", 2)
+  end
+  return open_file(path, fname, 0, fname)
+end
+
+-- The name a method's errors go under and the level they are raised at: the opener's, at
+-- no position, for a file open_as opened; else the method's own, at its caller's line.
+local function named(self, method)
+  if getmetatable(self) == File and self.caller then return self.caller, 0 end
+  return method, 2
+end
+
+local function open_self(self, fname, level)
+  level = level == 0 and 0 or level + 1
+  if getmetatable(self) ~= File then error(fname .. ": self must be an open file", level) end
+  if self.handle == nil then error(fname .. ": the file was closed", level) end
 end
 
 -- file:read(name [, into]) -> the tensor, in the host pool; `into` (a host or pinned
 -- tensor of the entry's element count; f32, f16 or bf16 for a float entry) receives it
 -- instead of a new one.
 function File:read(name, into, ...)
-  local fname = "file:read"
+  local fname, level = named(self, "file:read")
   if select("#", ...) ~= 0 then too_many(fname, "name, into", 2, ...) end
-  open_self(self, fname)
+  open_self(self, fname, level)
   local e = self.entries[name]
-  if e == nil then error(("%s: %s has no tensor '%s'"):format(fname, self.path, tostring(name)), 2) end
+  if e == nil then error(("%s: %s has no tensor '%s'"):format(fname, self.path, tostring(name)), level) end
   local t = into
   if t == nil then
     t = tensor.empty(#e.shape > 0 and e.shape or { 1 }, { dtype = e.dtype })
   elseif not tensor.is_tensor(t) or t:numel() ~= e.numel or (t:pool() ~= "host" and t:pool() ~= "pinned") then
-    error(("%s: into must be a host tensor of %d elements for '%s'"):format(fname, e.numel, name), 2)
+    error(("%s: into must be a host tensor of %d elements for '%s'"):format(fname, e.numel, name), level)
   end
   if C.l2l_safetensors_read(t:data(), lib.dtypes[t:dtype()], e.numel, self.handle, name) ~= 0 then
     local why = lib.last_error()
     if into == nil then t:free() end
-    error(fname .. ": " .. why, 2)
+    error(fname .. ": " .. why, level)
   end
   lib.plain_nans(t)
   return t
@@ -232,10 +258,10 @@ end
 -- file:verify(): every tensor that has a checksum against it (read in pieces, no tensor
 -- made): an error naming the first damaged one.
 function File:verify(...)
-  local fname = "file:verify"
+  local fname, level = named(self, "file:verify")
   if select("#", ...) ~= 0 then too_many(fname, "", 2, ...) end
-  open_self(self, fname)
-  if C.l2l_safetensors_verify(self.handle) ~= 0 then failed(fname, 2) end
+  open_self(self, fname, level)
+  if C.l2l_safetensors_verify(self.handle) ~= 0 then failed(fname, level == 0 and -1 or level) end
 end
 
 function File:close(...)

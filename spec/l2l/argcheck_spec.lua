@@ -564,6 +564,17 @@ add("lua/l2l/checkpoint.lua", {
 
 add("lua/l2l/safetensors.lua", {
   ["l2l.safetensors.open"] = { n = 1, fname = "safetensors.open", args = function() return pack(weights_file) end },
+  ["l2l.safetensors.open_as"] = { n = 2, fname = "safetensors.open_as",
+    args = function() return pack("l2l.load", weights_file) end,
+    refusals = {
+      { "a loader's name that is no string", function(f) return f(7, weights_file) end,
+        "safetensors.open_as: fname must be a non-empty string" },
+      { "a missing file, in the loader's words with no position",
+        function(f)   -- the message as it starts
+          local _, err = pcall(f, "my.loader", scratch .. "/no-such-file")
+          error("[" .. tostring(err):sub(1, 11) .. "]", 0)
+        end, "[my.loader: ]" },
+    } },
   ["l2l.safetensors.write"] = { n = 3, fname = "safetensors.write",
     args = function() return pack(path("x.safetensors"), { { name = "w", tensor = T { 2 } } }) end,
     refusals = { { "an unknown field of an entry", function(f)
