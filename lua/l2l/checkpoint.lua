@@ -48,6 +48,7 @@ local model_mod = require("l2l.model")
 local optim = require("l2l.optim")
 local relay = require("l2l.relay")
 local relay_options = require("l2l.relay_options")
+local option_table = require("l2l.option_table")
 local safetensors = require("l2l.safetensors")
 local custom = require("l2l.custom")
 
@@ -107,9 +108,16 @@ local function describe_layer(layer, i, fname)
   return d
 end
 
-local OPTIMIZER_KEYS = { "kind", "lr", "momentum", "nesterov", "beta1", "beta2", "eps", "weight_decay", "decay_all",
-                         "state" }
-local SCHEDULE_KEYS = { "kind", "warmup", "total", "final_ratio" }
+-- The optimizer's and schedule's settings a file keeps: their rows of the option table,
+-- each under its option's name (the kind's row, "optimizer" / "schedule", as "kind").
+local function group_keys(group)
+  local keys = {}
+  for _, row in ipairs(option_table.ROWS) do
+    if row.group == group then keys[#keys + 1] = row.field == "kind" and "kind" or row.name end
+  end
+  return keys
+end
+local OPTIMIZER_KEYS, SCHEDULE_KEYS = group_keys("optimizer"), group_keys("schedule")
 -- The relay's settings a file keeps: every option but those kept in their own forms (the
 -- relay's one list, so a new option is saved and restored without a second list here).
 local RELAY_KEYS = relay_options.option_names({ run = true, load = true })
