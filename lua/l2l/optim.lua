@@ -255,6 +255,11 @@ end
 M.ConstantLR = schedule_constructor("ConstantLR", constant)
 M.CosineLR = schedule_constructor("CosineLR", cosine)
 M.LinearLR = schedule_constructor("LinearLR", linear)
+-- The optimizer or schedule of a kind ("adamw", "constant": the option table's choice
+-- names) with that kind's defaults: what a relay given none takes for C's default kinds.
+local OF_KIND = { sgd = M.SGD, adamw = M.AdamW, lamb = M.LAMB, constant = M.ConstantLR }
+function M.default_of(kind) return OF_KIND[kind]() end
+
 -- Deprecated: the names before they said what they schedule (l2l 0.1), gone in the next release.
 M.Constant = schedule_constructor("Constant", constant, "ConstantLR")
 M.Cosine = schedule_constructor("Cosine", cosine, "CosineLR")

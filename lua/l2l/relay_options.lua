@@ -135,11 +135,12 @@ function M.read_settings(o, fname)
   end
   -- bf16 masters are what the device reads: precision bf16 unless the options say otherwise
   s.precision = read_row(o, ROW.precision, d, fname, s.master == "bf16" and "bf16" or nil)
-  s.optimizer = o.optimizer or optim.AdamW{}
+  -- given none: C's default config's kinds (options.def), each with its defaults
+  s.optimizer = o.optimizer or optim.default_of(option_table.names(ROW.optimizer)[tonumber(d.optimizer.kind)])
   if not optim.is_optimizer(s.optimizer) then
     fail(fname .. ": option 'optimizer' must be l2l.SGD{...}, l2l.AdamW{...} or l2l.LAMB{...}, got " .. tostring(o.optimizer))
   end
-  s.schedule = o.schedule or optim.ConstantLR{}
+  s.schedule = o.schedule or optim.default_of(option_table.names(ROW.schedule)[tonumber(d.schedule.kind)])
   if not optim.is_schedule(s.schedule) then
     fail(fname .. ": option 'schedule' must be l2l.ConstantLR{...}, l2l.CosineLR{...} or l2l.LinearLR{...}, got " .. tostring(o.schedule))
   end
