@@ -1,13 +1,11 @@
 /* SPDX-License-Identifier: MIT */
-/* eps.c — the eager parameter server (see eps.h).
+/* eps.c — the eager parameter server's core (see eps.h): records, arrivals and the step.
  *
- * Purpose: records, gradient arrivals and updates. An arrival is one job on the worker
- * queue (add into the accumulator); the arrival that completes a record splits its update
- * into chunks of CHUNK elements so a large record (an embedding table) keeps every worker
- * busy. The optimizer is an entry of optim.c's table: its chunks run in one wave, or in two
- * when it needs whole-record sums between them (LAMB's norms: moments, then apply). The
- * last chunk of a record clears its accumulator, counts the update and wakes whoever
- * waits for the record.
+ * Purpose: the records (joining and leaving between steps as the relay's list says), a
+ * step's bookkeeping (what each record expects, its arrivals counted, deferred updates
+ * released, the outcome), and the gradient arrivals: each one a job on the worker queue
+ * that adds into the accumulator; the arrival that completes a record starts its update
+ * (update.c, the core's update queue) or, with ranks, its exchange.
  * Must never: update a record before all its gradients for the minibatch have arrived,
  * or change anything of a record that the step does not update.
  */
@@ -20,17 +18,6 @@
 
 enum { MAX_ADDED = 16 };
 
-/* The update queue, as the parts below the core resume an update (record.h): they reach
-   these through eps->queue alone, so that no part calls back up into this file. */
-static void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
-static void eps_update_begin(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
-static void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave);
-static void eps_record_settled(struct l2l_eps *eps, struct eps_record *rec);
-static const struct eps_queue_ops queue_ops = {
-  .start_update = eps_start_update, .update_begin = eps_update_begin,
-  .queue_wave = eps_queue_wave, .record_settled = eps_record_settled,
-};
-
 
 /* ---------------------------------------------------------------- records */
 
@@ -41,7 +28,6 @@ l2l_status l2l_eps_init(struct l2l_eps *eps, const l2l_optimizer_config *optimiz
   eps->optimizer = *optimizer;
   eps->seed = seed;
   eps->optim = l2l_optimizer_ops(optimizer->kind);
-  eps->queue = &queue_ops;
   eps->precision = precision;
   eps->timeline = timeline;
   pthread_mutex_init(&eps->lock, NULL);
@@ -247,215 +233,6 @@ void eps_order_exchanges(struct l2l_eps *eps) {
   if (eps->dist) eps_exchange_order(eps);
 }
 
-/* One chunk of one record's update; freed by the worker. */
-struct chunk_job {
-  struct l2l_job job;
-  struct l2l_eps *eps;
-  struct eps_record *rec;
-  int64_t begin, end;
-  int wave;            /* 0 .. the optimizer's waves - 1; STAGE_WAVE: the staging copy
-                          from the master */
-};
-
-static void chunk_release(struct l2l_job *job) { free(job); }
-static void chunk_run(struct l2l_job *job, int thread);
-static void stage_chunk(struct l2l_eps *eps, struct eps_record *rec, int64_t begin, int64_t n,
-                        int thread, double t0);
-
-/* Queues the chunks of one wave of rec's update (rec's chunks_left set under the lock). */
-/* An update covers this rank's shard (all of the record on one process); a staging
-   rewrite the whole record. */
-static int64_t wave_elements(const struct eps_record *rec, int wave) {
-  return wave == STAGE_WAVE ? l2l_tensor_numel(rec->master) : rec->shard_n;
-}
-
-static void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave) {
-  int64_t n = wave_elements(rec, wave);
-  int chunks = (int)((n + CHUNK - 1) / CHUNK);
-  if (chunks == 0) chunks = 1;   /* an empty shard still ends its wave (one empty chunk) */
-  pthread_mutex_lock(&eps->lock);
-  rec->chunks_left = chunks;
-  pthread_mutex_unlock(&eps->lock);
-  for (int c = 0; c < chunks; c++) {
-    int64_t begin = (int64_t)c * CHUNK, end = n - begin < CHUNK ? n : begin + CHUNK;
-    if (end < begin) end = begin;
-    struct chunk_job chunk = {.eps = eps, .rec = rec, .begin = begin, .end = end, .wave = wave};
-    struct chunk_job *cj = calloc(1, sizeof *cj);
-    if (cj == NULL) {   /* finish the wave inline rather than lose it */
-      chunk_run(&chunk.job, 0);
-      continue;
-    }
-    *cj = chunk;
-    cj->job.run = chunk_run;
-    cj->job.free_when_done = true;
-    cj->job.release = chunk_release;
-    l2l_queue_push(&eps->workers, &cj->job);
-  }
-}
-
-static void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
-  if (eps->spill == NULL || eps_update_room(eps, rec, grad_scale)) eps_update_begin(eps, rec, grad_scale);
-}
-
-static void eps_update_begin(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
-  if (eps->spill) {
-    l2l_status status = eps_state_for_update(eps, rec);
-    if (status != L2L_OK) {   /* not updated: the next step reports it (l2l_eps_io_status) */
-      char why[1024];
-      snprintf(why, sizeof why, "%s", l2l_last_error());
-      eps_io_failed(eps, l2l_fail(status, "%s was not updated (its optimizer state could not "
-                                  "be read): %s", rec->name, why));
-      eps_grad_clear(eps, rec, false);
-      if (eps->dist) {   /* the other ranks wait for its all-gather: the shard as it is */
-        eps_exchange_updated(eps, rec);
-      } else {
-        pthread_mutex_lock(&eps->lock);
-        rec->pending = false;
-        pthread_cond_broadcast(&eps->changed);
-        pthread_mutex_unlock(&eps->lock);
-      }
-      eps_room_return(eps, rec);
-      return;
-    }
-  }
-  const l2l_optimizer_config *o = &eps->optimizer;
-  bool decays = o->decay_all || rec->decays;
-  rec->hyper = (struct l2l_optim_hyper){
-      .kind = o->kind, .lr = (float)eps->lr, .weight_decay = decays ? o->weight_decay : 0.0f,
-      .momentum = o->momentum, .nesterov = o->nesterov, .beta1 = o->beta1, .beta2 = o->beta2,
-      .eps = o->eps, .t = rec->updates + 1, .grad_scale = grad_scale};
-  rec->wave_sums[0] = rec->wave_sums[1] = 0;
-  pthread_mutex_lock(&eps->lock);
-  rec->pending = true;
-  rec->grad_give = eps->spill && eps->grads_pass && rec->shard_grad == NULL;
-  pthread_mutex_unlock(&eps->lock);
-  eps_queue_wave(eps, rec, 0);
-}
-
-static void chunk_run(struct l2l_job *job, int thread) {
-  struct chunk_job *cj = (struct chunk_job *)job;
-  struct l2l_eps *eps = cj->eps;
-  struct eps_record *rec = cj->rec;
-  double t0 = l2l_now();
-  int64_t n = cj->end - cj->begin;
-  if (cj->wave == STAGE_WAVE) {
-    stage_chunk(eps, rec, cj->begin, n, thread, t0);
-    return;
-  }
-  /* On one process the update reads the accumulator; with ranks, the shard's reduced
-     gradient (the accumulator was cleared once it went out). */
-  float *g = (float *)l2l_tensor_data(rec->shard_grad ? rec->shard_grad : rec->grad) + cj->begin;
-  double sums[2] = {0, 0};
-  bool bf16_master = l2l_tensor_dtype(rec->master) == L2L_BF16;   /* (quant.c decodes it) */
-  struct l2l_optim_chunk chunk = {
-      .p = bf16_master ? NULL : (float *)l2l_tensor_data(rec->master) + rec->shard_begin + cj->begin,
-      .grad = g, .n = n, .h = &rec->hyper, .wave = cj->wave, .sums = sums,
-      .record_sums = rec->wave_sums};
-  if (eps->optimizer.state == L2L_STATE_F32 && !bf16_master) {
-    for (int a = 0; a < 2; a++)
-      chunk.state[a] = rec->state[a] ? (float *)l2l_tensor_data(rec->state[a]) + cj->begin : NULL;
-    eps->optim->chunk(&chunk);
-  } else {   /* decoded a block at a time (chunks begin on a block: CHUNK is a multiple) */
-    struct eps_compact compact = {
-        .state = {rec->state[0] ? l2l_tensor_data(rec->state[0]) : NULL,
-                  rec->state[1] ? l2l_tensor_data(rec->state[1]) : NULL},
-        .state_n = rec->shard_n, .precision = eps->optimizer.state,
-        /* update t of record `stream` draws t * numel + element (the record's, whatever
-           rank updates it) */
-        .master = bf16_master ? (uint16_t *)l2l_tensor_data(rec->master) + rec->shard_begin + cj->begin
-                              : NULL,
-        .seed = eps->seed, .stream = rec->stream,
-        .first_draw = (uint64_t)rec->hyper.t * (uint64_t)l2l_tensor_numel(rec->master) +
-                      (uint64_t)(rec->shard_begin + cj->begin)};
-    eps_compact_chunk(eps->optim, &chunk, &compact, cj->begin);
-  }
-  bool last_wave = cj->wave == eps->optim->waves - 1;
-  /* the next minibatch starts at 0: when the accumulators pass, the accumulator's pages
-     are given back once the whole update has read it (eps_grad_clear) */
-  bool give = rec->grad_give;
-  if (last_wave && !give) memset(g, 0, (size_t)n * sizeof *g);
-  l2l_timeline_add(eps->timeline, rec->last_layer, -1, L2L_PHASE_UPDATE, thread, t0, l2l_now());
-
-  pthread_mutex_lock(&eps->lock);
-  if (!last_wave) {   /* the last wave reads the sums: nothing writes them then */
-    rec->wave_sums[0] += sums[0];
-    rec->wave_sums[1] += sums[1];
-  }
-  bool wave_done = --rec->chunks_left == 0;
-  bool room = wave_done && last_wave && rec->room;   /* given back once the record settles */
-  if (wave_done && last_wave && eps->spill) {
-    /* the state back to disk and the accumulator cleared while the record is still
-       pending: its next arrival, update or checkpoint cannot start before (every other
-       chunk of it is done) */
-    bool out = !rec->keep_state;
-    pthread_mutex_unlock(&eps->lock);
-    l2l_status status = out ? eps_state_out(eps, rec) : L2L_OK;
-    if (status != L2L_OK) eps_io_failed(eps, status);   /* kept in memory: nothing lost */
-    if (rec->shard_grad == NULL) eps_grad_clear(eps, rec, !give);
-    pthread_mutex_lock(&eps->lock);
-  }
-  bool stage = wave_done && last_wave && rec->stage_after;
-  bool exchange = eps->dist != NULL;
-  if (wave_done && last_wave) {
-    rec->updates++;
-    if (!exchange) {
-      rec->stage_after = false;
-      rec->pending = stage;   /* still pending while its staging copy is rewritten */
-      pthread_cond_broadcast(&eps->changed);
-    }
-  }
-  pthread_mutex_unlock(&eps->lock);
-  if (wave_done && last_wave && exchange) {
-    eps_exchange_updated(eps, rec);   /* the all-gather settles it */
-  } else if (wave_done && !last_wave) {
-    if (exchange) eps_exchange_wave_sums(eps, rec);
-    else eps_queue_wave(eps, rec, cj->wave + 1);
-  }
-  if (stage && !exchange) eps_queue_wave(eps, rec, STAGE_WAVE);
-  if (room) eps_room_return(eps, rec);
-}
-
-static void eps_record_settled(struct l2l_eps *eps, struct eps_record *rec) {
-  pthread_mutex_lock(&eps->lock);
-  bool stage = rec->stage_after;
-  rec->stage_after = false;
-  rec->pending = stage;
-  pthread_cond_broadcast(&eps->changed);
-  pthread_mutex_unlock(&eps->lock);
-  if (stage) eps_queue_wave(eps, rec, STAGE_WAVE);
-}
-
-/* One chunk of a staging rewrite: the master's elements rounded to the device precision. */
-static void stage_chunk(struct l2l_eps *eps, struct eps_record *rec, int64_t begin, int64_t n,
-                        int thread, double t0) {
-  const float *p = (const float *)l2l_tensor_data(rec->master) + begin;
-  uint16_t *h = (uint16_t *)l2l_tensor_data(rec->staging) + begin;
-  if (eps->precision == L2L_BF16)
-    for (int64_t i = 0; i < n; i++) h[i] = half_from_f32_bf16(p[i]);
-  else
-    for (int64_t i = 0; i < n; i++) h[i] = half_from_f32_f16(p[i]);
-  l2l_timeline_add(eps->timeline, rec->last_layer, -1, L2L_PHASE_UPDATE, thread, t0, l2l_now());
-  pthread_mutex_lock(&eps->lock);
-  if (--rec->chunks_left == 0) {
-    rec->pending = false;
-    rec->stage_after = false;   /* a second request while this ran: nothing changed since */
-    pthread_cond_broadcast(&eps->changed);
-  }
-  pthread_mutex_unlock(&eps->lock);
-}
-
-void l2l_eps_stage(struct l2l_eps *eps) {
-  for (int i = 0; i < eps->count; i++) {
-    struct eps_record *rec = eps->records[i];
-    if (rec->staging == NULL) continue;
-    pthread_mutex_lock(&eps->lock);
-    bool now = !rec->pending;
-    if (now) rec->pending = true;
-    else rec->stage_after = true;   /* its update's last chunk queues the rewrite */
-    pthread_mutex_unlock(&eps->lock);
-    if (now) eps_queue_wave(eps, rec, STAGE_WAVE);
-  }
-}
 
 float l2l_eps_clip_scale(const l2l_tensor *const *grads, int n, float clip) {
   if (!(clip > 0)) return 1.0f;
@@ -526,7 +303,7 @@ static void counted(struct l2l_eps *eps, struct eps_record *rec, bool finite, in
   pthread_mutex_unlock(&eps->lock);
   float most = 0;
   double sumsq = complete && defer && !exchange ? l2l_optim_sumsq_most(g, n, &most) : 0;
-  if (exchange) eps_exchange_start(eps, rec);
+  if (exchange) eps_update_exchange(eps, rec);
   else if (skip) eps_grad_clear(eps, rec, false);
   else if (complete && !defer) eps_start_update(eps, rec, 1.0f);
   /* Counted out last: whoever waits for arrivals then finds the record's norm (or its
@@ -676,7 +453,7 @@ bool l2l_eps_step_release(struct l2l_eps *eps, float clip, double unscale, doubl
     } else if (eps->dist) {   /* the same overflow (or record over) on every rank: nothing
                                  to send */
       rec->update_due = false;
-      eps_exchange_skip(eps, rec);
+      eps_update_skipped(eps, rec);
     } else {   /* an overflow: this minibatch's gradients are dropped, nothing updates (or
                   this record's, over the limit) */
       eps_grad_clear(eps, rec, false);

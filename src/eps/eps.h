@@ -185,9 +185,6 @@ struct l2l_eps {
   l2l_optimizer_config optimizer;
   uint64_t seed;               /* of a bf16 master's stochastic rounding */
   const struct l2l_optimizer_ops *optim;   /* the optimizer's entry of the table */
-  const struct eps_queue_ops *queue;       /* the core's update queue, as the parts below
-                                              it (exchange, state tier) resume an update
-                                              (record.h; eps.c sets it at l2l_eps_init) */
   l2l_dtype precision;         /* the device's: f32, or f16 / bf16 for staging copies */
   struct eps_record **records;
   int count, cap;
