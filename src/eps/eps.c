@@ -16,27 +16,28 @@
 
 #include "record.h"
 
-enum { MAX_ADDED = 16 };
-
-
 /* ---------------------------------------------------------------- records */
 
-l2l_status l2l_eps_init(struct l2l_eps *eps, const l2l_optimizer_config *optimizer,
-                        l2l_dtype precision, int threads, uint64_t seed,
-                        struct l2l_timeline *timeline) {
+l2l_status l2l_eps_init(struct l2l_eps *eps, const struct l2l_eps_settings *settings) {
   memset(eps, 0, sizeof *eps);
-  eps->optimizer = *optimizer;
-  eps->seed = seed;
-  eps->optim = l2l_optimizer_ops(optimizer->kind);
-  eps->precision = precision;
-  eps->timeline = timeline;
+  eps->optimizer = *settings->optimizer;
+  eps->seed = settings->seed;
+  eps->optim = l2l_optimizer_ops(eps->optimizer.kind);
+  eps->precision = settings->precision;
+  eps->timeline = settings->timeline;
+  eps->host_budget = settings->host_budget;
   pthread_mutex_init(&eps->lock, NULL);
   pthread_cond_init(&eps->changed, NULL);
-  l2l_status status = l2l_queue_start(&eps->workers, threads, 3, "optimizer");
+  l2l_status status = l2l_queue_start(&eps->workers, settings->threads, 3, "optimizer");
   if (status != L2L_OK) {
     pthread_mutex_destroy(&eps->lock);
     pthread_cond_destroy(&eps->changed);
+    return status;
   }
+  if (settings->dist_lane >= 0) status = l2l_eps_dist_start(eps, settings->dist_lane);
+  if (status == L2L_OK && settings->spill_dir != NULL)
+    status = l2l_eps_spill_state(eps, settings->spill_dir);
+  if (status != L2L_OK) l2l_eps_free(eps);
   return status;
 }
 
@@ -84,72 +85,108 @@ struct eps_record *l2l_eps_find(const struct l2l_eps *eps, const l2l_param *para
   return NULL;
 }
 
-l2l_status l2l_eps_add_records(struct l2l_eps *eps, const struct eps_record_source *sources,
-                               int n) {
-  if (n > MAX_ADDED) return FAIL(L2L_ERR_INVALID, "%d records at once (at most %d)", n, MAX_ADDED);
-  /* Room first, so that a failure leaves every count as it was. */
-  if (eps->count + n > eps->cap) {
-    int cap = eps->cap ? 2 * eps->cap : 64;
-    while (cap < eps->count + n) cap *= 2;
-    struct eps_record **records = realloc(eps->records, (size_t)cap * sizeof *records);
-    if (records == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for the EPS's records");
-    eps->records = records;
-    eps->cap = cap;
+/* A new record of a source, with no optimizer state (a failure frees what it made). */
+static l2l_status record_new(struct l2l_eps *eps, const struct eps_record_source *source,
+                             struct eps_record **out) {
+  struct eps_record *rec = calloc(1, sizeof *rec);
+  if (rec == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for an EPS record");
+  rec->param = source->param;
+  rec->name = source->name;
+  rec->decays = source->decays;
+  rec->eps = eps;
+  rec->master = source->master;
+  rec->grad = source->grad;
+  rec->shard_n = l2l_tensor_numel(rec->master);   /* one process: all of it */
+  rec->stream = source->stream;
+  pthread_mutex_init(&rec->absorb_lock, NULL);
+  l2l_status status = eps->dist ? eps_shard(eps, rec) : L2L_OK;
+  /* a bf16 master is itself what the device reads */
+  if (status == L2L_OK && eps->precision != L2L_F32 && source->low_precision &&
+      l2l_tensor_dtype(rec->master) == L2L_F32)
+    status = l2l_tensor_new_like(&rec->staging, L2L_POOL_PINNED, eps->precision, rec->master);
+  if (status != L2L_OK) {
+    record_free(rec);
+    return status;
   }
-  struct eps_record *fresh[MAX_ADDED] = {0};
-  int nfresh = 0;
-  for (int i = 0; i < n; i++) {
-    l2l_param *p = sources[i].param;
-    if (l2l_eps_find(eps, p) != NULL) continue;
-    bool twice = false;   /* a record listed twice counts once */
-    for (int j = 0; j < nfresh; j++) twice |= fresh[j]->param == p;
-    if (twice) continue;
-    struct eps_record *rec = calloc(1, sizeof *rec);
-    if (rec == NULL) {
-      for (int j = 0; j < nfresh; j++) record_free(fresh[j]);
-      return FAIL(L2L_ERR_NOMEM, "no memory for an EPS record");
-    }
-    rec->param = p;
-    rec->name = sources[i].name;
-    rec->decays = sources[i].decays;
-    rec->eps = eps;
-    rec->master = sources[i].master;
-    rec->grad = sources[i].grad;
-    rec->shard_n = l2l_tensor_numel(rec->master);   /* one process: all of it */
-    pthread_mutex_init(&rec->absorb_lock, NULL);
-    fresh[nfresh++] = rec;
-    if (eps->dist) {
-      l2l_status status = eps_shard(eps, rec);
-      if (status != L2L_OK) {
-        for (int j = 0; j < nfresh; j++) record_free(fresh[j]);
-        return status;
-      }
-    }
-    rec->stream = sources[i].stream;
-    /* a bf16 master is itself what the device reads */
-    if (eps->precision != L2L_F32 && sources[i].low_precision &&
-        l2l_tensor_dtype(rec->master) == L2L_F32) {
-      l2l_status status =
-          l2l_tensor_new_like(&rec->staging, L2L_POOL_PINNED, eps->precision, rec->master);
-      if (status != L2L_OK) {
-        for (int j = 0; j < nfresh; j++) record_free(fresh[j]);
-        return status;
-      }
-    }
-  }
-  for (int j = 0; j < nfresh; j++) eps->records[eps->count++] = fresh[j];
-  for (int i = 0; i < n; i++) l2l_eps_find(eps, sources[i].param)->users++;
+  *out = rec;
   return L2L_OK;
 }
 
-void l2l_eps_remove_records(struct l2l_eps *eps, l2l_param *const *params, int n) {
-  for (int i = 0; i < n; i++) l2l_eps_find(eps, params[i])->users--;
-  int kept = 0;
-  for (int i = 0; i < eps->count; i++) {
-    if (eps->records[i]->users > 0) eps->records[kept++] = eps->records[i];
-    else record_free(eps->records[i]);
+static int by_param(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t)(*(struct eps_record *const *)a)->param;
+  uintptr_t y = (uintptr_t)(*(struct eps_record *const *)b)->param;
+  return (x > y) - (x < y);
+}
+
+/* The record of param among n sorted by param, or NULL. */
+static struct eps_record *sorted_find(struct eps_record **sorted, int n, const l2l_param *param) {
+  struct eps_record key = {.param = (l2l_param *)param}, *k = &key;
+  struct eps_record **at = n > 0 ? bsearch(&k, sorted, (size_t)n, sizeof *sorted, by_param) : NULL;
+  return at ? *at : NULL;
+}
+
+l2l_status l2l_eps_set_records(struct l2l_eps *eps, const struct eps_record_source *sources,
+                               int n, int *failed) {
+  *failed = -1;
+  if (n < 0 || (n > 0 && sources == NULL))
+    return FAIL(L2L_ERR_INVALID, "sources must list n >= 0 records, got %d", n);
+  /* Every allocation first, so that a failure leaves the records as they were. */
+  struct eps_record **list = calloc((size_t)(n > 0 ? n : 1), sizeof *list);
+  struct eps_record **sorted = malloc((size_t)(eps->count > 0 ? eps->count : 1) * sizeof *sorted);
+  struct eps_record **named = malloc((size_t)(n > 0 ? n : 1) * sizeof *named);
+  struct eps_record *keys = calloc((size_t)(n > 0 ? n : 1), sizeof *keys);
+  l2l_status status = L2L_OK;
+  if (list == NULL || sorted == NULL || named == NULL || keys == NULL)
+    status = FAIL(L2L_ERR_NOMEM, "no memory for a list of %d records", n);
+  for (int i = 0; status == L2L_OK && i < n; i++) {   /* each record once, by someone */
+    keys[i].param = sources[i].param;
+    keys[i].name = sources[i].name;
+    named[i] = &keys[i];
+    if (sources[i].param == NULL || sources[i].users < 1)
+      status = FAIL(L2L_ERR_INVALID, "sources[%d] has no param or no user", i);
   }
-  eps->count = kept;
+  if (status == L2L_OK) {
+    qsort(named, (size_t)n, sizeof *named, by_param);
+    for (int i = 1; status == L2L_OK && i < n; i++)
+      if (named[i]->param == named[i - 1]->param)
+        status = FAIL(L2L_ERR_INVALID, "parameter '%s' is listed twice (a record is listed once)",
+                      named[i]->name);
+  }
+  if (status == L2L_OK) {
+    memcpy(sorted, eps->records, (size_t)eps->count * sizeof *sorted);
+    qsort(sorted, (size_t)eps->count, sizeof *sorted, by_param);
+  }
+  int made = 0;
+  for (int i = 0; status == L2L_OK && i < n; i++) {
+    list[i] = sorted_find(sorted, eps->count, sources[i].param);
+    if (list[i] != NULL) continue;
+    status = record_new(eps, &sources[i], &list[i]);
+    if (status != L2L_OK) *failed = i;
+    else made++;
+  }
+  free(named);
+  free(keys);
+  if (status != L2L_OK) {
+    for (int i = 0; made > 0 && i < n; i++)
+      if (list[i] != NULL && sorted_find(sorted, eps->count, list[i]->param) != list[i]) {
+        record_free(list[i]);
+        made--;
+      }
+    free(list);
+    free(sorted);
+    return status;
+  }
+  /* The listing is the EPS's list from here: the records it does not name leave (their
+     state freed), the others keep theirs, each with its users now. */
+  for (int i = 0; i < eps->count; i++) eps->records[i]->users = 0;
+  for (int i = 0; i < n; i++) list[i]->users = sources[i].users;
+  for (int i = 0; i < eps->count; i++)
+    if (eps->records[i]->users == 0) record_free(eps->records[i]);
+  free(sorted);
+  free(eps->records);
+  eps->records = list;
+  eps->count = n;
+  return L2L_OK;
 }
 
 uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps) {
