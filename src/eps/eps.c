@@ -207,7 +207,6 @@ uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps) {
 const l2l_tensor *l2l_eps_device_source(const struct eps_record *rec) {
   return rec->staging ? rec->staging : rec->master;
 }
-const l2l_tensor *l2l_eps_master(const struct eps_record *rec) { return rec->master; }
 l2l_param *l2l_eps_param(const struct eps_record *rec) { return rec->param; }
 int64_t l2l_eps_updates(const struct eps_record *rec) { return rec->updates; }
 

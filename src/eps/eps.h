@@ -288,7 +288,6 @@ uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps);
 /* What the device copies of a record: its staging copy in device precision, or the f32
    master itself (whose shape every copy has). */
 const l2l_tensor *l2l_eps_device_source(const struct eps_record *rec);
-const l2l_tensor *l2l_eps_master(const struct eps_record *rec);
 l2l_param *l2l_eps_param(const struct eps_record *rec);
 /* The record's updates so far; call between steps (after l2l_eps_sync). */
 int64_t l2l_eps_updates(const struct eps_record *rec);
