@@ -152,7 +152,7 @@ l2l_status l2l_eps_set_records(struct l2l_eps *eps, const struct eps_record_sour
         status = FAIL(L2L_ERR_INVALID, "parameter '%s' is listed twice (a record is listed once)",
                       named[i]->name);
   }
-  if (status == L2L_OK) {
+  if (status == L2L_OK && eps->count > 0) {   /* (a new EPS has no list yet) */
     memcpy(sorted, eps->records, (size_t)eps->count * sizeof *sorted);
     qsort(sorted, (size_t)eps->count, sizeof *sorted, by_param);
   }
