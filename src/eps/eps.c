@@ -1,13 +1,11 @@
 /* SPDX-License-Identifier: MIT */
-/* eps.c — the eager parameter server (see eps.h).
+/* eps.c — the eager parameter server's core (see eps.h): records, arrivals and the step.
  *
- * Purpose: records, gradient arrivals and updates. An arrival is one job on the worker
- * queue (add into the accumulator); the arrival that completes a record splits its update
- * into chunks of CHUNK elements so a large record (an embedding table) keeps every worker
- * busy. The optimizer is an entry of optim.c's table: its chunks run in one wave, or in two
- * when it needs whole-record sums between them (LAMB's norms: moments, then apply). The
- * last chunk of a record clears its accumulator, counts the update and wakes whoever
- * waits for the record.
+ * Purpose: the records (joining and leaving between steps as the relay's list says), a
+ * step's bookkeeping (what each record expects, its arrivals counted, deferred updates
+ * released, the outcome), and the gradient arrivals: each one a job on the worker queue
+ * that adds into the accumulator; the arrival that completes a record starts its update
+ * (update.c, the core's update queue) or, with ranks, its exchange.
  * Must never: update a record before all its gradients for the minibatch have arrived,
  * or change anything of a record that the step does not update.
  */
@@ -18,39 +16,28 @@
 
 #include "record.h"
 
-enum { MAX_ADDED = 16 };
-
-/* The update queue, as the parts below the core resume an update (record.h): they reach
-   these through eps->queue alone, so that no part calls back up into this file. */
-static void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
-static void eps_update_begin(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
-static void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave);
-static void eps_record_settled(struct l2l_eps *eps, struct eps_record *rec);
-static const struct eps_queue_ops queue_ops = {
-  .start_update = eps_start_update, .update_begin = eps_update_begin,
-  .queue_wave = eps_queue_wave, .record_settled = eps_record_settled,
-};
-
-
 /* ---------------------------------------------------------------- records */
 
-l2l_status l2l_eps_init(struct l2l_eps *eps, const l2l_optimizer_config *optimizer,
-                        l2l_dtype precision, int threads, uint64_t seed,
-                        struct l2l_timeline *timeline) {
+l2l_status l2l_eps_init(struct l2l_eps *eps, const struct l2l_eps_settings *settings) {
   memset(eps, 0, sizeof *eps);
-  eps->optimizer = *optimizer;
-  eps->seed = seed;
-  eps->optim = l2l_optimizer_ops(optimizer->kind);
-  eps->queue = &queue_ops;
-  eps->precision = precision;
-  eps->timeline = timeline;
+  eps->optimizer = *settings->optimizer;
+  eps->seed = settings->seed;
+  eps->optim = l2l_optimizer_ops(eps->optimizer.kind);
+  eps->precision = settings->precision;
+  eps->timeline = settings->timeline;
+  eps->host_budget = settings->host_budget;
   pthread_mutex_init(&eps->lock, NULL);
   pthread_cond_init(&eps->changed, NULL);
-  l2l_status status = l2l_queue_start(&eps->workers, threads, 3, "optimizer");
+  l2l_status status = l2l_queue_start(&eps->workers, settings->threads, 3, "optimizer");
   if (status != L2L_OK) {
     pthread_mutex_destroy(&eps->lock);
     pthread_cond_destroy(&eps->changed);
+    return status;
   }
+  if (settings->dist_lane >= 0) status = l2l_eps_dist_start(eps, settings->dist_lane);
+  if (status == L2L_OK && settings->spill_dir != NULL)
+    status = l2l_eps_spill_state(eps, settings->spill_dir);
+  if (status != L2L_OK) l2l_eps_free(eps);
   return status;
 }
 
@@ -98,72 +85,108 @@ struct eps_record *l2l_eps_find(const struct l2l_eps *eps, const l2l_param *para
   return NULL;
 }
 
-l2l_status l2l_eps_add_records(struct l2l_eps *eps, const struct eps_record_source *sources,
-                               int n) {
-  if (n > MAX_ADDED) return FAIL(L2L_ERR_INVALID, "%d records at once (at most %d)", n, MAX_ADDED);
-  /* Room first, so that a failure leaves every count as it was. */
-  if (eps->count + n > eps->cap) {
-    int cap = eps->cap ? 2 * eps->cap : 64;
-    while (cap < eps->count + n) cap *= 2;
-    struct eps_record **records = realloc(eps->records, (size_t)cap * sizeof *records);
-    if (records == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for the EPS's records");
-    eps->records = records;
-    eps->cap = cap;
+/* A new record of a source, with no optimizer state (a failure frees what it made). */
+static l2l_status record_new(struct l2l_eps *eps, const struct eps_record_source *source,
+                             struct eps_record **out) {
+  struct eps_record *rec = calloc(1, sizeof *rec);
+  if (rec == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for an EPS record");
+  rec->param = source->param;
+  rec->name = source->name;
+  rec->decays = source->decays;
+  rec->eps = eps;
+  rec->master = source->master;
+  rec->grad = source->grad;
+  rec->shard_n = l2l_tensor_numel(rec->master);   /* one process: all of it */
+  rec->stream = source->stream;
+  pthread_mutex_init(&rec->absorb_lock, NULL);
+  l2l_status status = eps->dist ? eps_shard(eps, rec) : L2L_OK;
+  /* a bf16 master is itself what the device reads */
+  if (status == L2L_OK && eps->precision != L2L_F32 && source->low_precision &&
+      l2l_tensor_dtype(rec->master) == L2L_F32)
+    status = l2l_tensor_new_like(&rec->staging, L2L_POOL_PINNED, eps->precision, rec->master);
+  if (status != L2L_OK) {
+    record_free(rec);
+    return status;
   }
-  struct eps_record *fresh[MAX_ADDED] = {0};
-  int nfresh = 0;
-  for (int i = 0; i < n; i++) {
-    l2l_param *p = sources[i].param;
-    if (l2l_eps_find(eps, p) != NULL) continue;
-    bool twice = false;   /* a record listed twice counts once */
-    for (int j = 0; j < nfresh; j++) twice |= fresh[j]->param == p;
-    if (twice) continue;
-    struct eps_record *rec = calloc(1, sizeof *rec);
-    if (rec == NULL) {
-      for (int j = 0; j < nfresh; j++) record_free(fresh[j]);
-      return FAIL(L2L_ERR_NOMEM, "no memory for an EPS record");
-    }
-    rec->param = p;
-    rec->name = sources[i].name;
-    rec->decays = sources[i].decays;
-    rec->eps = eps;
-    rec->master = sources[i].master;
-    rec->grad = sources[i].grad;
-    rec->shard_n = l2l_tensor_numel(rec->master);   /* one process: all of it */
-    pthread_mutex_init(&rec->absorb_lock, NULL);
-    fresh[nfresh++] = rec;
-    if (eps->dist) {
-      l2l_status status = eps_shard(eps, rec);
-      if (status != L2L_OK) {
-        for (int j = 0; j < nfresh; j++) record_free(fresh[j]);
-        return status;
-      }
-    }
-    rec->stream = sources[i].stream;
-    /* a bf16 master is itself what the device reads */
-    if (eps->precision != L2L_F32 && sources[i].low_precision &&
-        l2l_tensor_dtype(rec->master) == L2L_F32) {
-      l2l_status status =
-          l2l_tensor_new_like(&rec->staging, L2L_POOL_PINNED, eps->precision, rec->master);
-      if (status != L2L_OK) {
-        for (int j = 0; j < nfresh; j++) record_free(fresh[j]);
-        return status;
-      }
-    }
-  }
-  for (int j = 0; j < nfresh; j++) eps->records[eps->count++] = fresh[j];
-  for (int i = 0; i < n; i++) l2l_eps_find(eps, sources[i].param)->users++;
+  *out = rec;
   return L2L_OK;
 }
 
-void l2l_eps_remove_records(struct l2l_eps *eps, l2l_param *const *params, int n) {
-  for (int i = 0; i < n; i++) l2l_eps_find(eps, params[i])->users--;
-  int kept = 0;
-  for (int i = 0; i < eps->count; i++) {
-    if (eps->records[i]->users > 0) eps->records[kept++] = eps->records[i];
-    else record_free(eps->records[i]);
+static int by_param(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t)(*(struct eps_record *const *)a)->param;
+  uintptr_t y = (uintptr_t)(*(struct eps_record *const *)b)->param;
+  return (x > y) - (x < y);
+}
+
+/* The record of param among n sorted by param, or NULL. */
+static struct eps_record *sorted_find(struct eps_record **sorted, int n, const l2l_param *param) {
+  struct eps_record key = {.param = (l2l_param *)param}, *k = &key;
+  struct eps_record **at = n > 0 ? bsearch(&k, sorted, (size_t)n, sizeof *sorted, by_param) : NULL;
+  return at ? *at : NULL;
+}
+
+l2l_status l2l_eps_set_records(struct l2l_eps *eps, const struct eps_record_source *sources,
+                               int n, int *failed) {
+  *failed = -1;
+  if (n < 0 || (n > 0 && sources == NULL))
+    return FAIL(L2L_ERR_INVALID, "sources must list n >= 0 records, got %d", n);
+  /* Every allocation first, so that a failure leaves the records as they were. */
+  struct eps_record **list = calloc((size_t)(n > 0 ? n : 1), sizeof *list);
+  struct eps_record **sorted = malloc((size_t)(eps->count > 0 ? eps->count : 1) * sizeof *sorted);
+  struct eps_record **named = malloc((size_t)(n > 0 ? n : 1) * sizeof *named);
+  struct eps_record *keys = calloc((size_t)(n > 0 ? n : 1), sizeof *keys);
+  l2l_status status = L2L_OK;
+  if (list == NULL || sorted == NULL || named == NULL || keys == NULL)
+    status = FAIL(L2L_ERR_NOMEM, "no memory for a list of %d records", n);
+  for (int i = 0; status == L2L_OK && i < n; i++) {   /* each record once, by someone */
+    keys[i].param = sources[i].param;
+    keys[i].name = sources[i].name;
+    named[i] = &keys[i];
+    if (sources[i].param == NULL || sources[i].users < 1)
+      status = FAIL(L2L_ERR_INVALID, "sources[%d] has no param or no user", i);
   }
-  eps->count = kept;
+  if (status == L2L_OK) {
+    qsort(named, (size_t)n, sizeof *named, by_param);
+    for (int i = 1; status == L2L_OK && i < n; i++)
+      if (named[i]->param == named[i - 1]->param)
+        status = FAIL(L2L_ERR_INVALID, "parameter '%s' is listed twice (a record is listed once)",
+                      named[i]->name);
+  }
+  if (status == L2L_OK && eps->count > 0) {   /* (a new EPS has no list yet) */
+    memcpy(sorted, eps->records, (size_t)eps->count * sizeof *sorted);
+    qsort(sorted, (size_t)eps->count, sizeof *sorted, by_param);
+  }
+  int made = 0;
+  for (int i = 0; status == L2L_OK && i < n; i++) {
+    list[i] = sorted_find(sorted, eps->count, sources[i].param);
+    if (list[i] != NULL) continue;
+    status = record_new(eps, &sources[i], &list[i]);
+    if (status != L2L_OK) *failed = i;
+    else made++;
+  }
+  free(named);
+  free(keys);
+  if (status != L2L_OK) {
+    for (int i = 0; made > 0 && i < n; i++)
+      if (list[i] != NULL && sorted_find(sorted, eps->count, list[i]->param) != list[i]) {
+        record_free(list[i]);
+        made--;
+      }
+    free(list);
+    free(sorted);
+    return status;
+  }
+  /* The listing is the EPS's list from here: the records it does not name leave (their
+     state freed), the others keep theirs, each with its users now. */
+  for (int i = 0; i < eps->count; i++) eps->records[i]->users = 0;
+  for (int i = 0; i < n; i++) list[i]->users = sources[i].users;
+  for (int i = 0; i < eps->count; i++)
+    if (eps->records[i]->users == 0) record_free(eps->records[i]);
+  free(sorted);
+  free(eps->records);
+  eps->records = list;
+  eps->count = n;
+  return L2L_OK;
 }
 
 uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps) {
@@ -184,7 +207,6 @@ uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps) {
 const l2l_tensor *l2l_eps_device_source(const struct eps_record *rec) {
   return rec->staging ? rec->staging : rec->master;
 }
-const l2l_tensor *l2l_eps_master(const struct eps_record *rec) { return rec->master; }
 l2l_param *l2l_eps_param(const struct eps_record *rec) { return rec->param; }
 int64_t l2l_eps_updates(const struct eps_record *rec) { return rec->updates; }
 
@@ -247,215 +269,6 @@ void eps_order_exchanges(struct l2l_eps *eps) {
   if (eps->dist) eps_exchange_order(eps);
 }
 
-/* One chunk of one record's update; freed by the worker. */
-struct chunk_job {
-  struct l2l_job job;
-  struct l2l_eps *eps;
-  struct eps_record *rec;
-  int64_t begin, end;
-  int wave;            /* 0 .. the optimizer's waves - 1; STAGE_WAVE: the staging copy
-                          from the master */
-};
-
-static void chunk_release(struct l2l_job *job) { free(job); }
-static void chunk_run(struct l2l_job *job, int thread);
-static void stage_chunk(struct l2l_eps *eps, struct eps_record *rec, int64_t begin, int64_t n,
-                        int thread, double t0);
-
-/* Queues the chunks of one wave of rec's update (rec's chunks_left set under the lock). */
-/* An update covers this rank's shard (all of the record on one process); a staging
-   rewrite the whole record. */
-static int64_t wave_elements(const struct eps_record *rec, int wave) {
-  return wave == STAGE_WAVE ? l2l_tensor_numel(rec->master) : rec->shard_n;
-}
-
-static void eps_queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave) {
-  int64_t n = wave_elements(rec, wave);
-  int chunks = (int)((n + CHUNK - 1) / CHUNK);
-  if (chunks == 0) chunks = 1;   /* an empty shard still ends its wave (one empty chunk) */
-  pthread_mutex_lock(&eps->lock);
-  rec->chunks_left = chunks;
-  pthread_mutex_unlock(&eps->lock);
-  for (int c = 0; c < chunks; c++) {
-    int64_t begin = (int64_t)c * CHUNK, end = n - begin < CHUNK ? n : begin + CHUNK;
-    if (end < begin) end = begin;
-    struct chunk_job chunk = {.eps = eps, .rec = rec, .begin = begin, .end = end, .wave = wave};
-    struct chunk_job *cj = calloc(1, sizeof *cj);
-    if (cj == NULL) {   /* finish the wave inline rather than lose it */
-      chunk_run(&chunk.job, 0);
-      continue;
-    }
-    *cj = chunk;
-    cj->job.run = chunk_run;
-    cj->job.free_when_done = true;
-    cj->job.release = chunk_release;
-    l2l_queue_push(&eps->workers, &cj->job);
-  }
-}
-
-static void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
-  if (eps->spill == NULL || eps_update_room(eps, rec, grad_scale)) eps_update_begin(eps, rec, grad_scale);
-}
-
-static void eps_update_begin(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
-  if (eps->spill) {
-    l2l_status status = eps_state_for_update(eps, rec);
-    if (status != L2L_OK) {   /* not updated: the next step reports it (l2l_eps_io_status) */
-      char why[1024];
-      snprintf(why, sizeof why, "%s", l2l_last_error());
-      eps_io_failed(eps, l2l_fail(status, "%s was not updated (its optimizer state could not "
-                                  "be read): %s", rec->name, why));
-      eps_grad_clear(eps, rec, false);
-      if (eps->dist) {   /* the other ranks wait for its all-gather: the shard as it is */
-        eps_exchange_updated(eps, rec);
-      } else {
-        pthread_mutex_lock(&eps->lock);
-        rec->pending = false;
-        pthread_cond_broadcast(&eps->changed);
-        pthread_mutex_unlock(&eps->lock);
-      }
-      eps_room_return(eps, rec);
-      return;
-    }
-  }
-  const l2l_optimizer_config *o = &eps->optimizer;
-  bool decays = o->decay_all || rec->decays;
-  rec->hyper = (struct l2l_optim_hyper){
-      .kind = o->kind, .lr = (float)eps->lr, .weight_decay = decays ? o->weight_decay : 0.0f,
-      .momentum = o->momentum, .nesterov = o->nesterov, .beta1 = o->beta1, .beta2 = o->beta2,
-      .eps = o->eps, .t = rec->updates + 1, .grad_scale = grad_scale};
-  rec->wave_sums[0] = rec->wave_sums[1] = 0;
-  pthread_mutex_lock(&eps->lock);
-  rec->pending = true;
-  rec->grad_give = eps->spill && eps->grads_pass && rec->shard_grad == NULL;
-  pthread_mutex_unlock(&eps->lock);
-  eps_queue_wave(eps, rec, 0);
-}
-
-static void chunk_run(struct l2l_job *job, int thread) {
-  struct chunk_job *cj = (struct chunk_job *)job;
-  struct l2l_eps *eps = cj->eps;
-  struct eps_record *rec = cj->rec;
-  double t0 = l2l_now();
-  int64_t n = cj->end - cj->begin;
-  if (cj->wave == STAGE_WAVE) {
-    stage_chunk(eps, rec, cj->begin, n, thread, t0);
-    return;
-  }
-  /* On one process the update reads the accumulator; with ranks, the shard's reduced
-     gradient (the accumulator was cleared once it went out). */
-  float *g = (float *)l2l_tensor_data(rec->shard_grad ? rec->shard_grad : rec->grad) + cj->begin;
-  double sums[2] = {0, 0};
-  bool bf16_master = l2l_tensor_dtype(rec->master) == L2L_BF16;   /* (quant.c decodes it) */
-  struct l2l_optim_chunk chunk = {
-      .p = bf16_master ? NULL : (float *)l2l_tensor_data(rec->master) + rec->shard_begin + cj->begin,
-      .grad = g, .n = n, .h = &rec->hyper, .wave = cj->wave, .sums = sums,
-      .record_sums = rec->wave_sums};
-  if (eps->optimizer.state == L2L_STATE_F32 && !bf16_master) {
-    for (int a = 0; a < 2; a++)
-      chunk.state[a] = rec->state[a] ? (float *)l2l_tensor_data(rec->state[a]) + cj->begin : NULL;
-    eps->optim->chunk(&chunk);
-  } else {   /* decoded a block at a time (chunks begin on a block: CHUNK is a multiple) */
-    struct eps_compact compact = {
-        .state = {rec->state[0] ? l2l_tensor_data(rec->state[0]) : NULL,
-                  rec->state[1] ? l2l_tensor_data(rec->state[1]) : NULL},
-        .state_n = rec->shard_n, .precision = eps->optimizer.state,
-        /* update t of record `stream` draws t * numel + element (the record's, whatever
-           rank updates it) */
-        .master = bf16_master ? (uint16_t *)l2l_tensor_data(rec->master) + rec->shard_begin + cj->begin
-                              : NULL,
-        .seed = eps->seed, .stream = rec->stream,
-        .first_draw = (uint64_t)rec->hyper.t * (uint64_t)l2l_tensor_numel(rec->master) +
-                      (uint64_t)(rec->shard_begin + cj->begin)};
-    eps_compact_chunk(eps->optim, &chunk, &compact, cj->begin);
-  }
-  bool last_wave = cj->wave == eps->optim->waves - 1;
-  /* the next minibatch starts at 0: when the accumulators pass, the accumulator's pages
-     are given back once the whole update has read it (eps_grad_clear) */
-  bool give = rec->grad_give;
-  if (last_wave && !give) memset(g, 0, (size_t)n * sizeof *g);
-  l2l_timeline_add(eps->timeline, rec->last_layer, -1, L2L_PHASE_UPDATE, thread, t0, l2l_now());
-
-  pthread_mutex_lock(&eps->lock);
-  if (!last_wave) {   /* the last wave reads the sums: nothing writes them then */
-    rec->wave_sums[0] += sums[0];
-    rec->wave_sums[1] += sums[1];
-  }
-  bool wave_done = --rec->chunks_left == 0;
-  bool room = wave_done && last_wave && rec->room;   /* given back once the record settles */
-  if (wave_done && last_wave && eps->spill) {
-    /* the state back to disk and the accumulator cleared while the record is still
-       pending: its next arrival, update or checkpoint cannot start before (every other
-       chunk of it is done) */
-    bool out = !rec->keep_state;
-    pthread_mutex_unlock(&eps->lock);
-    l2l_status status = out ? eps_state_out(eps, rec) : L2L_OK;
-    if (status != L2L_OK) eps_io_failed(eps, status);   /* kept in memory: nothing lost */
-    if (rec->shard_grad == NULL) eps_grad_clear(eps, rec, !give);
-    pthread_mutex_lock(&eps->lock);
-  }
-  bool stage = wave_done && last_wave && rec->stage_after;
-  bool exchange = eps->dist != NULL;
-  if (wave_done && last_wave) {
-    rec->updates++;
-    if (!exchange) {
-      rec->stage_after = false;
-      rec->pending = stage;   /* still pending while its staging copy is rewritten */
-      pthread_cond_broadcast(&eps->changed);
-    }
-  }
-  pthread_mutex_unlock(&eps->lock);
-  if (wave_done && last_wave && exchange) {
-    eps_exchange_updated(eps, rec);   /* the all-gather settles it */
-  } else if (wave_done && !last_wave) {
-    if (exchange) eps_exchange_wave_sums(eps, rec);
-    else eps_queue_wave(eps, rec, cj->wave + 1);
-  }
-  if (stage && !exchange) eps_queue_wave(eps, rec, STAGE_WAVE);
-  if (room) eps_room_return(eps, rec);
-}
-
-static void eps_record_settled(struct l2l_eps *eps, struct eps_record *rec) {
-  pthread_mutex_lock(&eps->lock);
-  bool stage = rec->stage_after;
-  rec->stage_after = false;
-  rec->pending = stage;
-  pthread_cond_broadcast(&eps->changed);
-  pthread_mutex_unlock(&eps->lock);
-  if (stage) eps_queue_wave(eps, rec, STAGE_WAVE);
-}
-
-/* One chunk of a staging rewrite: the master's elements rounded to the device precision. */
-static void stage_chunk(struct l2l_eps *eps, struct eps_record *rec, int64_t begin, int64_t n,
-                        int thread, double t0) {
-  const float *p = (const float *)l2l_tensor_data(rec->master) + begin;
-  uint16_t *h = (uint16_t *)l2l_tensor_data(rec->staging) + begin;
-  if (eps->precision == L2L_BF16)
-    for (int64_t i = 0; i < n; i++) h[i] = half_from_f32_bf16(p[i]);
-  else
-    for (int64_t i = 0; i < n; i++) h[i] = half_from_f32_f16(p[i]);
-  l2l_timeline_add(eps->timeline, rec->last_layer, -1, L2L_PHASE_UPDATE, thread, t0, l2l_now());
-  pthread_mutex_lock(&eps->lock);
-  if (--rec->chunks_left == 0) {
-    rec->pending = false;
-    rec->stage_after = false;   /* a second request while this ran: nothing changed since */
-    pthread_cond_broadcast(&eps->changed);
-  }
-  pthread_mutex_unlock(&eps->lock);
-}
-
-void l2l_eps_stage(struct l2l_eps *eps) {
-  for (int i = 0; i < eps->count; i++) {
-    struct eps_record *rec = eps->records[i];
-    if (rec->staging == NULL) continue;
-    pthread_mutex_lock(&eps->lock);
-    bool now = !rec->pending;
-    if (now) rec->pending = true;
-    else rec->stage_after = true;   /* its update's last chunk queues the rewrite */
-    pthread_mutex_unlock(&eps->lock);
-    if (now) eps_queue_wave(eps, rec, STAGE_WAVE);
-  }
-}
 
 float l2l_eps_clip_scale(const l2l_tensor *const *grads, int n, float clip) {
   if (!(clip > 0)) return 1.0f;
@@ -526,7 +339,7 @@ static void counted(struct l2l_eps *eps, struct eps_record *rec, bool finite, in
   pthread_mutex_unlock(&eps->lock);
   float most = 0;
   double sumsq = complete && defer && !exchange ? l2l_optim_sumsq_most(g, n, &most) : 0;
-  if (exchange) eps_exchange_start(eps, rec);
+  if (exchange) eps_update_exchange(eps, rec);
   else if (skip) eps_grad_clear(eps, rec, false);
   else if (complete && !defer) eps_start_update(eps, rec, 1.0f);
   /* Counted out last: whoever waits for arrivals then finds the record's norm (or its
@@ -676,7 +489,7 @@ bool l2l_eps_step_release(struct l2l_eps *eps, float clip, double unscale, doubl
     } else if (eps->dist) {   /* the same overflow (or record over) on every rank: nothing
                                  to send */
       rec->update_due = false;
-      eps_exchange_skip(eps, rec);
+      eps_update_skipped(eps, rec);
     } else {   /* an overflow: this minibatch's gradients are dropped, nothing updates (or
                   this record's, over the limit) */
       eps_grad_clear(eps, rec, false);

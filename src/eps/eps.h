@@ -185,12 +185,9 @@ struct l2l_eps {
   l2l_optimizer_config optimizer;
   uint64_t seed;               /* of a bf16 master's stochastic rounding */
   const struct l2l_optimizer_ops *optim;   /* the optimizer's entry of the table */
-  const struct eps_queue_ops *queue;       /* the core's update queue, as the parts below
-                                              it (exchange, state tier) resume an update
-                                              (record.h; eps.c sets it at l2l_eps_init) */
   l2l_dtype precision;         /* the device's: f32, or f16 / bf16 for staging copies */
-  struct eps_record **records;
-  int count, cap;
+  struct eps_record **records;   /* the relay's listing's order (l2l_eps_set_records) */
+  int count;
   struct l2l_queue workers;
   struct l2l_timeline *timeline;
   pthread_mutex_t lock;
@@ -244,11 +241,22 @@ struct l2l_eps {
   _Atomic int64_t step;
 };
 
-/* optimizer: checked already. */
-/* seed: a bf16 master's stochastic rounding draws from it. */
-l2l_status l2l_eps_init(struct l2l_eps *eps, const l2l_optimizer_config *optimizer,
-                        l2l_dtype precision, int threads, uint64_t seed,
-                        struct l2l_timeline *timeline);
+/* What an EPS is made with: the relay's settings of it. */
+struct l2l_eps_settings {
+  const l2l_optimizer_config *optimizer;   /* checked already */
+  l2l_dtype precision;         /* the device's */
+  int threads;                 /* the workers' */
+  uint64_t seed;               /* a bf16 master's stochastic rounding draws from it */
+  struct l2l_timeline *timeline;
+  int dist_lane;               /* >= 0: data parallel over the process's MPI (l2l_dist_start
+                                  first; l2l_eps_dist_start), the exchanges on this lane of
+                                  the timeline; -1: one process */
+  uint64_t host_budget;        /* l2l_eps_set_host_budget's, 0: none */
+  const char *spill_dir;       /* the optimizer state spills there (l2l_eps_spill_state),
+                                  NULL: host memory */
+};
+/* An EPS with no records; a failure leaves nothing to free (collective with ranks). */
+l2l_status l2l_eps_init(struct l2l_eps *eps, const struct l2l_eps_settings *settings);
 void l2l_eps_free(struct l2l_eps *eps);
 struct eps_record *l2l_eps_find(const struct l2l_eps *eps, const l2l_param *param);
 /* What the EPS keeps of a parameter, read from it by the caller (the relay): the EPS
@@ -261,21 +269,25 @@ struct eps_record_source {
   bool decays;          /* weight decay applies (unless the optimizer decays all) */
   bool low_precision;   /* the device may hold it in 16 bits (a staging copy) */
   uint64_t stream;      /* a bf16 master's draws for stochastic rounding: the record's own */
+  int users;            /* the relay's layers that hold it (>= 1) */
 };
-/* The records of a layer join or leave (a record listed twice counts once): their user
-   counts change; new records start with no optimizer state (and, for a 16-bit precision,
-   a staging tensor when low_precision says the device may hold it in 16 bits); records
-   nobody uses any more leave (their state freed). Adding fails having changed nothing.
-   At most 16 records at a time. */
-l2l_status l2l_eps_add_records(struct l2l_eps *eps, const struct eps_record_source *sources,
-                               int n);
-void l2l_eps_remove_records(struct l2l_eps *eps, l2l_param *const *params, int n);
+/* Between steps (after l2l_eps_sync): the EPS's records become those listed, in that
+   order: the relay's model as layers_records lists it (src/layers/records.c: each record
+   once, at its first user, layer by layer; the one rule the planner and the checkpoint
+   use too), so the EPS keeps no rule of its own for which parameters are records. A
+   record listed that the EPS holds keeps its master, state, stream and update count
+   (only its users change); a new one starts with no optimizer state (and, for a 16-bit
+   precision, a staging tensor when low_precision says the device may hold it in 16
+   bits); one no longer listed leaves, its state freed. A failure (no memory, a shard
+   beyond MPI's counts, a record listed twice) changes nothing; *failed is then the index
+   of the source it came from (-1: none). */
+l2l_status l2l_eps_set_records(struct l2l_eps *eps, const struct eps_record_source *sources,
+                               int n, int *failed);
 uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps);
 
 /* What the device copies of a record: its staging copy in device precision, or the f32
    master itself (whose shape every copy has). */
 const l2l_tensor *l2l_eps_device_source(const struct eps_record *rec);
-const l2l_tensor *l2l_eps_master(const struct eps_record *rec);
 l2l_param *l2l_eps_param(const struct eps_record *rec);
 /* The record's updates so far; call between steps (after l2l_eps_sync). */
 int64_t l2l_eps_updates(const struct eps_record *rec);

@@ -3,13 +3,16 @@
  * ranks, its shard updated here, its master all-gathered back (ZeRO-1/2 style, KARMA's
  * pipelined exchange).
  *
- * Purpose: a record's life in a step with ranks, each stage started by the one before:
+ * Purpose: the collectives of a record's life in a step with ranks, each posted by the
+ * core (update.c) with its completion as the one before ends:
  *   complete here (eps.c's absorb) -> reduce-scatter of the accumulator into the shard's
  *   reduced gradient (the accumulator is cleared) -> all-reduce of the shard's sum of
  *   squares and non-finite count (every rank then knows the record's global norm and
  *   whether it holds an inf or NaN) -> the shard's update on the workers (eager, or when
  *   the relay releases deferred updates; LAMB's whole-record sums go through one more
  *   all-reduce between its waves) -> all-gather of the master -> settled.
+ * This file says what each collective sends and receives, on which stream and in which
+ * place; what follows each is the core's (it neither calls nor keeps a function of it).
  * Each stage has a stream (a communicator) of its own, on which a record takes the same
  * place on every rank: this step's due records in the order backward completes them
  * (eps_exchange_order), so collectives match across ranks whatever order the workers
@@ -21,7 +24,6 @@
  * Must never: issue a collective out of its place, or update a record before every rank
  * has agreed it may.
  */
-#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -135,116 +137,80 @@ static void op_fill(struct l2l_dist_op *op, struct eps_record *rec, enum l2l_dis
                              .step = atomic_load(&eps->step), .lane = eps->dist->lane};
 }
 
-static void ag_done(struct l2l_dist_op *op) {
-  struct eps_record *rec = op->ctx;
-  rec->eps->queue->record_settled(rec->eps, rec);
+/* Each collective's operation (in the record), stream and words. */
+static struct l2l_dist_op *collective(struct l2l_eps *eps, struct eps_record *rec,
+                                      enum eps_collective which, struct l2l_dist_stream **stream,
+                                      const char **what) {
+  struct eps_dist *d = eps->dist;
+  switch (which) {
+  case EPS_REDUCE_SCATTER: *stream = d->rs, *what = "reduce-scatter of gradients"; return &rec->rs;
+  case EPS_NORM: *stream = d->flag, *what = "all-reduce of the gradient's norm"; return &rec->flag;
+  case EPS_LAMB_SUMS: *stream = d->lamb, *what = "all-reduce of LAMB's norms"; return &rec->lamb_op;
+  case EPS_ALL_GATHER: break;
+  }
+  *stream = d->ag, *what = "all-gather of the updated weights";
+  return &rec->ag;
 }
 
-void eps_exchange_updated(struct l2l_eps *eps, struct eps_record *rec) {
-  struct l2l_dist_op *op = &rec->ag;
-  op_fill(op, rec, DIST_ALLGATHERV, "all-gather of the updated weights", ag_done);
-  op->recv = l2l_tensor_data(rec->master);
-  op->elem = (int)l2l_dtype_size((l2l_dtype)l2l_tensor_dtype(rec->master));
-  op->bytes = exchange_bytes(rec, true);
-  op->timeline = eps->timeline;
-  op->phase = L2L_PHASE_ALL_GATHER;
-  l2l_dist_post(eps->dist->ag, op, rec->place);
+void eps_exchange_post(struct l2l_eps *eps, struct eps_record *rec, enum eps_collective which,
+                       void (*done)(struct l2l_dist_op *op)) {
+  struct l2l_dist_stream *stream;
+  const char *what;
+  struct l2l_dist_op *op = collective(eps, rec, which, &stream, &what);
+  /* Its place for the whole exchange: the next step's eps_exchange_order may give the
+     record a new one before this exchange's later stages are posted. */
+  if (which == EPS_REDUCE_SCATTER) rec->place = rec->order;
+  op_fill(op, rec, which == EPS_NORM || which == EPS_LAMB_SUMS ? DIST_ALLREDUCE_SUM
+                   : which == EPS_REDUCE_SCATTER ? DIST_REDUCE_SCATTER : DIST_ALLGATHERV,
+          what, done);
+  if (which == EPS_REDUCE_SCATTER) {
+    op->send = l2l_tensor_data(rec->grad);
+    op->recv = l2l_tensor_data(rec->shard_grad);
+    op->bytes = exchange_bytes(rec, false);
+    op->timeline = eps->timeline;
+    op->phase = L2L_PHASE_REDUCE_SCATTER;
+  } else if (which == EPS_NORM) {
+    float most = 0;
+    double sumsq = l2l_optim_sumsq_most(l2l_tensor_data(rec->shard_grad), rec->shard_n, &most);
+    rec->flags[0] = sumsq;
+    /* an eager update takes the gradient as it is: at EPS_GRAD_LIMIT or more it is skipped
+       on every rank, as an inf is; a deferred one decides by the sum of the shards' largest
+       times its scale (a bound of the largest: the sum goes by MPI's sum; it may skip a
+       record one process would update only when the largest is within a factor of the
+       ranks of the limit) */
+    rec->flags[1] = isfinite(sumsq) && most < EPS_GRAD_LIMIT ? 0 : 1;
+    rec->flags[2] = most;
+    op->recv = rec->flags;
+    op->n = 3;
+  } else if (which == EPS_LAMB_SUMS) {
+    rec->lamb[0] = rec->wave_sums[0];
+    rec->lamb[1] = rec->wave_sums[1];
+    op->recv = rec->lamb;
+    op->n = 2;
+  } else {
+    op->recv = l2l_tensor_data(rec->master);
+    op->elem = (int)l2l_dtype_size((l2l_dtype)l2l_tensor_dtype(rec->master));
+    op->bytes = exchange_bytes(rec, true);
+    op->timeline = eps->timeline;
+    op->phase = L2L_PHASE_ALL_GATHER;
+  }
+  l2l_dist_post(stream, op, rec->place);
 }
 
-static void skip_ag(struct l2l_dist_op *op) {
-  struct eps_record *rec = op->ctx;
-  op_fill(&rec->ag, rec, DIST_NOOP, "all-gather of the updated weights", ag_done);
-  l2l_dist_post(rec->eps->dist->ag, &rec->ag, rec->place);
+void eps_exchange_pass(struct l2l_eps *eps, struct eps_record *rec, enum eps_collective which,
+                       void (*done)(struct l2l_dist_op *op)) {
+  struct l2l_dist_stream *stream;
+  const char *what;
+  struct l2l_dist_op *op = collective(eps, rec, which, &stream, &what);
+  if (which == EPS_LAMB_SUMS) what = "LAMB's sums";   /* (as a timeout names it) */
+  op_fill(op, rec, DIST_NOOP, what, done);
+  l2l_dist_post(stream, op, rec->place);
 }
 
-/* The all-gather's place passes last: its callback settles the record, after which the
-   record may be freed, so no other operation of it may still be with comm_thread.c. */
-void eps_exchange_skip(struct l2l_eps *eps, struct eps_record *rec) {
+void eps_exchange_skipped(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   eps->dist->bytes -= exchange_bytes(rec, true);   /* no all-gather */
   pthread_mutex_unlock(&eps->lock);
-  eps_turn_pass(eps, rec);   /* (its update takes no room) */
-  if (eps->optim->waves > 1) {   /* LAMB's sums would have had this place too */
-    op_fill(&rec->lamb_op, rec, DIST_NOOP, "LAMB's sums", skip_ag);
-    l2l_dist_post(eps->dist->lamb, &rec->lamb_op, rec->place);
-  } else {
-    op_fill(&rec->ag, rec, DIST_NOOP, "all-gather of the updated weights", ag_done);
-    l2l_dist_post(eps->dist->ag, &rec->ag, rec->place);
-  }
-}
-
-static void lamb_done(struct l2l_dist_op *op) {
-  struct eps_record *rec = op->ctx;
-  rec->wave_sums[0] = rec->lamb[0];
-  rec->wave_sums[1] = rec->lamb[1];
-  rec->eps->queue->queue_wave(rec->eps, rec, 1);
-}
-
-void eps_exchange_wave_sums(struct l2l_eps *eps, struct eps_record *rec) {
-  rec->lamb[0] = rec->wave_sums[0];
-  rec->lamb[1] = rec->wave_sums[1];
-  op_fill(&rec->lamb_op, rec, DIST_ALLREDUCE_SUM, "all-reduce of LAMB's norms", lamb_done);
-  rec->lamb_op.recv = rec->lamb;
-  rec->lamb_op.n = 2;
-  l2l_dist_post(eps->dist->lamb, &rec->lamb_op, rec->place);
-}
-
-/* The record's norm and finiteness, summed over ranks: an eager update starts, or the
-   record is skipped on every rank alike; a deferred one waits for the relay. */
-static void flag_done(struct l2l_dist_op *op) {
-  struct eps_record *rec = op->ctx;
-  struct l2l_eps *eps = rec->eps;
-  bool nonfinite = rec->flags[1] > 0;
-  pthread_mutex_lock(&eps->lock);
-  bool defer = eps->defer;
-  rec->sumsq = rec->flags[0];
-  /* (deferred updates: a bound of the largest; a sum past f32's range is past the limit) */
-  rec->grad_most = rec->flags[2] < FLT_MAX ? (float)rec->flags[2] : INFINITY;
-  rec->agreed = true;
-  if (nonfinite && !defer && eps->nonfinite_skips++ == 0) {
-    eps->nonfinite_name = rec->name;
-    eps->nonfinite_layer = rec->last_layer;
-  }
-  pthread_cond_broadcast(&eps->changed);
-  pthread_mutex_unlock(&eps->lock);
-  if (defer) return;
-  if (nonfinite) eps_exchange_skip(eps, rec);
-  else eps->queue->start_update(eps, rec, 1.0f);
-}
-
-static void rs_done(struct l2l_dist_op *op) {
-  struct eps_record *rec = op->ctx;
-  struct l2l_eps *eps = rec->eps;
-  /* The accumulator went out whole: the next minibatch starts from zero. */
-  eps_grad_clear(eps, rec, false);
-  float most = 0;
-  double sumsq = l2l_optim_sumsq_most(l2l_tensor_data(rec->shard_grad), rec->shard_n, &most);
-  rec->flags[0] = sumsq;
-  /* an eager update takes the gradient as it is: at EPS_GRAD_LIMIT or more it is skipped
-     on every rank, as an inf is; a deferred one decides by the sum of the shards' largest
-     times its scale (a bound of the largest: the sum goes by MPI's sum; it may skip a
-     record one process would update only when the largest is within a factor of the
-     ranks of the limit) */
-  rec->flags[1] = isfinite(sumsq) && most < EPS_GRAD_LIMIT ? 0 : 1;
-  rec->flags[2] = most;
-  op_fill(&rec->flag, rec, DIST_ALLREDUCE_SUM, "all-reduce of the gradient's norm", flag_done);
-  rec->flag.recv = rec->flags;
-  rec->flag.n = 3;
-  l2l_dist_post(eps->dist->flag, &rec->flag, rec->place);
-}
-
-void eps_exchange_start(struct l2l_eps *eps, struct eps_record *rec) {
-  /* Its place for the whole exchange: the next step's eps_exchange_order may give the
-     record a new one before this exchange's later stages are posted. */
-  rec->place = rec->order;
-  struct l2l_dist_op *op = &rec->rs;
-  op_fill(op, rec, DIST_REDUCE_SCATTER, "reduce-scatter of gradients", rs_done);
-  op->send = l2l_tensor_data(rec->grad);
-  op->recv = l2l_tensor_data(rec->shard_grad);
-  op->bytes = exchange_bytes(rec, false);
-  op->timeline = eps->timeline;
-  op->phase = L2L_PHASE_REDUCE_SCATTER;
-  l2l_dist_post(eps->dist->rs, op, rec->place);
 }
 
 /* The whole state array from every rank's shard, in its precision: each rank's shard laid

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* record.h — a parameter record as the EPS holds it (private to src/eps/).
  *
- * Purpose: what the EPS's core (eps.c: records, arrivals, the update queue) and its parts
- * below it share: the record, the order of the files' calls (down only), the queue's
- * operations a part resumes an update with, and each part's functions.
+ * Purpose: what the EPS's core (eps.c: records, arrivals, the step; update.c: the update
+ * queue) and its parts below it share: the record, the order of the files' calls (down
+ * only), and each file's functions.
  * Must never: be included outside src/eps/ (the relay reads a record through eps.h).
  */
 #ifndef L2L_EPS_RECORD_H
@@ -27,7 +27,8 @@ struct eps_record {
                                   sees records, not layers) */
   const char *name;            /* the parameter's name, for messages (lives as long as it) */
   bool decays;                 /* weight decay applies (unless the optimizer decays all) */
-  struct l2l_eps *eps;         /* its EPS (for callbacks that get only the record) */
+  struct l2l_eps *eps;         /* its EPS (for a worker's job or an exchange's completion,
+                                  which get only the record) */
   l2l_tensor *master, *grad;   /* the record's own tensors (host pool) */
   l2l_tensor *state[2];        /* optimizer state (host pool), NULL until the first update
                                   and, with a spill file, while on disk */
@@ -89,16 +90,20 @@ struct eps_record {
   struct l2l_dist_op rs, flag, lamb_op, ag;
 };
 
-/* The files of the EPS call down only, never back up (docs/design.md; scripts/archcheck
-   finds a call cycle between them):
+/* The files of the EPS call down only, never back up, directly or through a pointer
+   (docs/design.md; scripts/archcheck finds a call cycle between them, and a table of the
+   core's functions in a header):
      step.c (the relay's step interface)
-       -> eps.c (the core: records, arrivals, the update queue)
+       -> eps.c (the core: records, arrivals, the step)
+       -> update.c (the core: the update queue and every continuation of an update)
        -> exchange.c (the ranks' exchange) -> state_tier.c (storage tier) -> spill.c (the file)
        -> quant.c (precision) -> record.c (this header's bottom) -> optim.c (the kernels)
    each calling only files after it (exchange.c, say, calls state_tier.c, record.c and
-   optim.c, never eps.c). A part that must resume an update the core queued (an exchange
-   ended, room given back) does so through the queue's operations below, which the core
-   sets at l2l_eps_init: the part holds the record, the core runs it. */
+   optim.c, never eps.c or update.c). What a part finds that the core must act on comes
+   back as data: the storage tier returns the waiting updates whose room has come
+   (eps_room_next), which update.c begins; the exchange posts each collective with the
+   completion update.c gives it, called by the communication thread (the cluster part,
+   below the whole EPS), so the exchange neither calls nor keeps a function of the core. */
 
 /* ---------------------------------------------------------------- the core's step (eps.c)
 
@@ -119,22 +124,20 @@ void eps_order_exchanges(struct l2l_eps *eps);
 void eps_abandon_step(struct l2l_eps *eps);
 int eps_nonfinite_skips(struct l2l_eps *eps, const char **name, int *layer);
 
-/* ---------------------------------------------------------------- the core's update queue */
+/* ---------------------------------------------------------------- the core's update queue (update.c) */
 
 /* Waves of chunks (STAGE_WAVE: the staging copy rewritten from the whole master). */
 enum { STAGE_WAVE = -1 };
-struct eps_queue_ops {
-  /* rec's update (its first wave) queued, once the storage tier gives it room (rec
-     pending already, or set here): exchange.c, as its reduced gradient is agreed. */
-  void (*start_update)(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
-  /* The same with the room given: state_tier.c starts a waiting update with it. */
-  void (*update_begin)(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
-  /* A wave of rec's chunks queued: exchange.c, the second once its sums are summed. */
-  void (*queue_wave)(struct l2l_eps *eps, struct eps_record *rec, int wave);
-  /* rec's exchange has ended (updated or skipped): no longer pending; its staging copy
-     rewritten first when one was asked for (exchange.c). */
-  void (*record_settled)(struct l2l_eps *eps, struct eps_record *rec);
-};
+/* rec's update (its first wave) queued with its gradient times grad_scale, once the
+   storage tier gives it room (else it waits, pending, and begins when the tier hands it
+   back); eps.c's arrivals and deferred release, and an exchange's agreed norm. */
+void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
+/* With ranks: rec's gradient is complete on this rank: its exchange begins (reduce-scatter
+   in its turn, then the norm's all-reduce, then its update or its skip). */
+void eps_update_exchange(struct l2l_eps *eps, struct eps_record *rec);
+/* With ranks: rec's update is skipped on every rank (an agreed inf or NaN, or an
+   overflow): its turn for room and its places on the remaining streams pass. */
+void eps_update_skipped(struct l2l_eps *eps, struct eps_record *rec);
 
 /* ---------------------------------------------------------------- record.c (the bottom) */
 
@@ -183,14 +186,19 @@ void eps_ahead_drop(struct l2l_eps *eps, struct eps_record *rec);
 void eps_ahead_drop_all(struct l2l_eps *eps);
 /* With a spill file, before rec's update takes its state: true when there is room for it
    (it is kept in memory, or update_bytes has room: counted there now, and with ranks it
-   is its turn); else its update waits (rec pending) and false. eps_room_return gives the
-   room back once the update has written its state out (or failed), and starts the
-   waiting updates that now fit (eps->queue->update_begin). */
-bool eps_update_room(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
-void eps_room_return(struct l2l_eps *eps, struct eps_record *rec);
+   is its turn); else its update waits (rec pending, in eps->waiting) and false.
+   eps_room_return gives the room back once the update has written its state out (or
+   failed). Each of the three that gives room or a turn returns the first waiting update
+   that now fits, taken (its room counted, its turn passed, out of the waiting list) in
+   the same hold of the lock, or NULL; eps_room_next takes the next one. The tier begins
+   nothing: the caller (update.c) begins each update handed back, in that order. */
+bool eps_update_room(struct l2l_eps *eps, struct eps_record *rec, float grad_scale,
+                     struct eps_record **next);
+struct eps_record *eps_room_return(struct l2l_eps *eps, struct eps_record *rec);
+struct eps_record *eps_room_next(struct l2l_eps *eps);
 /* With ranks, a due record whose update will not take room (skipped on every rank) passes
    its turn. */
-void eps_turn_pass(struct l2l_eps *eps, struct eps_record *rec);
+struct eps_record *eps_turn_pass(struct l2l_eps *eps, struct eps_record *rec);
 /* rec's accumulator cleared for its next minibatch (its update read it, or its gradient
    is dropped): when the accumulators pass its pages are given back. `zeroed`: its
    elements are zero already (its update's chunks wrote them); it is counted out of the
@@ -206,15 +214,24 @@ void eps_exchange_order(struct l2l_eps *eps);
 /* Shards of a new record (counts, displs, begin, n) for this process's ranks;
    L2L_ERR_INVALID for a shard beyond MPI's int counts. */
 l2l_status eps_shard(struct l2l_eps *eps, struct eps_record *rec);
-/* rec's gradient is complete on this rank: its reduce-scatter goes out in its turn. */
-void eps_exchange_start(struct l2l_eps *eps, struct eps_record *rec);
-/* The last wave of rec's shard update is done: its all-gather goes out in its turn (or a
-   two-wave optimizer's first wave: its sums are summed over ranks, then the second). */
-void eps_exchange_updated(struct l2l_eps *eps, struct eps_record *rec);
-void eps_exchange_wave_sums(struct l2l_eps *eps, struct eps_record *rec);
-/* rec's update is skipped on every rank (an agreed inf or NaN): its all-gather's turn
-   passes with nothing sent. */
-void eps_exchange_skip(struct l2l_eps *eps, struct eps_record *rec);
+/* A record's collectives with ranks, each on a stream of its own, in the record's place
+   there (a reduce-scatter takes the place, eps_exchange_order's, for the whole exchange). */
+enum eps_collective {
+  EPS_REDUCE_SCATTER,   /* the accumulator into the shard's reduced gradient (shard_grad) */
+  EPS_NORM,             /* the shard's sum of squares, non-finite count and largest |grad|
+                           (computed here from shard_grad) summed into rec->flags */
+  EPS_LAMB_SUMS,        /* a first wave's whole-record sums (wave_sums) summed into rec->lamb */
+  EPS_ALL_GATHER,       /* the updated master from every rank's shard */
+};
+/* Posts rec's collective `which`; `done` (the core's, update.c) is the operation's
+   completion, called on the communication thread when it has ended. */
+void eps_exchange_post(struct l2l_eps *eps, struct eps_record *rec, enum eps_collective which,
+                       void (*done)(struct l2l_dist_op *op));
+/* The same place passed with nothing sent (a record skipped on every rank). */
+void eps_exchange_pass(struct l2l_eps *eps, struct eps_record *rec, enum eps_collective which,
+                       void (*done)(struct l2l_dist_op *op));
+/* rec is skipped on every rank: its all-gather's bytes are not sent (the step's count). */
+void eps_exchange_skipped(struct l2l_eps *eps, struct eps_record *rec);
 /* The whole state l2l_eps_state_whole gathered or read for a checkpoint, freed (only
    eps->gathered_last has any). */
 void eps_gathered_free(struct l2l_eps *eps);

@@ -161,28 +161,34 @@ static bool turn_waits(const struct l2l_eps *eps, const struct eps_record *rec) 
   return eps->dist != NULL && rec->turn >= 0 && rec->turn != eps->turn_next;
 }
 
-/* Under the lock: the waiting updates whose room (and turn) has come start, first come
-   first, each on this thread with the lock dropped around it. */
-static void waiting_start(struct l2l_eps *eps) {
-  for (;;) {
-    int at = 0;
-    while (at < eps->waiting_n && turn_waits(eps, eps->waiting[at])) at++;
-    if (at == eps->waiting_n) return;
-    struct eps_record *next = eps->waiting[at];
-    uint64_t bytes = state_bytes(eps, next);
-    if (eps->update_bytes > 0 && eps->update_bytes + bytes > eps->ahead_limit) return;
-    memmove(eps->waiting + at, eps->waiting + at + 1, (size_t)(--eps->waiting_n - at) * sizeof *eps->waiting);
-    eps->update_bytes += bytes;
-    next->room = true;
-    turn_pass(eps, next);
-    pthread_mutex_unlock(&eps->lock);
-    eps->queue->update_begin(eps, next, next->wait_grad_scale);
-    pthread_mutex_lock(&eps->lock);
-  }
+/* Under the lock: the first waiting update whose room (and turn) has come, taken (first
+   come first: its room counted, its turn passed, out of the list), or NULL. The core
+   begins it with the lock let go (eps_room_next then takes the next). */
+static struct eps_record *waiting_take(struct l2l_eps *eps) {
+  int at = 0;
+  while (at < eps->waiting_n && turn_waits(eps, eps->waiting[at])) at++;
+  if (at == eps->waiting_n) return NULL;
+  struct eps_record *next = eps->waiting[at];
+  uint64_t bytes = state_bytes(eps, next);
+  if (eps->update_bytes > 0 && eps->update_bytes + bytes > eps->ahead_limit) return NULL;
+  memmove(eps->waiting + at, eps->waiting + at + 1, (size_t)(--eps->waiting_n - at) * sizeof *eps->waiting);
+  eps->update_bytes += bytes;
+  next->room = true;
+  turn_pass(eps, next);
+  return next;
 }
 
-bool eps_update_room(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
+struct eps_record *eps_room_next(struct l2l_eps *eps) {
+  pthread_mutex_lock(&eps->lock);
+  struct eps_record *next = waiting_take(eps);
+  pthread_mutex_unlock(&eps->lock);
+  return next;
+}
+
+bool eps_update_room(struct l2l_eps *eps, struct eps_record *rec, float grad_scale,
+                     struct eps_record **next) {
   uint64_t bytes = state_bytes(eps, rec);
+  *next = NULL;
   pthread_mutex_lock(&eps->lock);
   bool fits = !turn_waits(eps, rec) &&
               (eps->update_bytes == 0 || eps->update_bytes + bytes <= eps->ahead_limit);
@@ -197,26 +203,27 @@ bool eps_update_room(struct l2l_eps *eps, struct eps_record *rec, float grad_sca
   }
   if (room) {
     turn_pass(eps, rec);
-    waiting_start(eps);   /* (the next turn's update may wait) */
+    *next = waiting_take(eps);   /* (the next turn's update may wait) */
   }
   pthread_mutex_unlock(&eps->lock);
   return room;
 }
 
-void eps_room_return(struct l2l_eps *eps, struct eps_record *rec) {
+struct eps_record *eps_room_return(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   if (rec->room) eps->update_bytes -= state_bytes(eps, rec);
   rec->room = false;
-  waiting_start(eps);
+  struct eps_record *next = waiting_take(eps);
   pthread_mutex_unlock(&eps->lock);
+  return next;
 }
 
-void eps_turn_pass(struct l2l_eps *eps, struct eps_record *rec) {
-  if (eps->spill == NULL) return;
+struct eps_record *eps_turn_pass(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   turn_pass(eps, rec);
-  waiting_start(eps);
+  struct eps_record *next = waiting_take(eps);
   pthread_mutex_unlock(&eps->lock);
+  return next;
 }
 
 /* Under the lock: the state a record holds in memory or on disk, or will from this step's

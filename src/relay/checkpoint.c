@@ -586,7 +586,7 @@ static l2l_status restore(struct load *ld) {
     if (i >= 1 && s->stash >= 0) run->layers[i].stash = (l2l_stash_policy)s->stash;
   }
   /* each record's stochastic rounding draws from its first layer's rng id, as a relay
-     made over the loaded layers keys them (relay.c, eps_join) */
+     made over the loaded layers keys them (relay.c, eps_records) */
   for (int k = 0; k < ld->rs.n; k++) {
     const struct record *r = &ld->rs.r[k];
     eps_set_stream(r->rec, (uint64_t)l2l_layer_rng_id(run->layers[r->layer].layer) << 8 | (uint64_t)r->place);

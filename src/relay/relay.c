@@ -118,41 +118,62 @@ static void masters_home(l2l_relay *run, l2l_layer *layer, bool freeing) {
   }
 }
 
-/* A layer's records join the EPS, or leave it. With master bf16 the low-precision
+/* The EPS's records become those of list[0 .. n) (the relay's layers as a change leaves
+   them), as layers_records lists a model's records: each once, at its first user, layer
+   by layer (the planner's and the checkpoint's rule). With master bf16 the low-precision
    parameters' values become bf16 in the pinned pool first (the device reads them there);
-   a failure puts every one back. Each record's stream for stochastic rounding: its layer's
-   rng id and its place in the layer. */
-static l2l_status eps_join(l2l_relay *run, l2l_layer *layer) {
-  struct eps_record_source sources[MAX_RECORDS];
-  int n = l2l_layer_param_count(layer);
-  l2l_status status = L2L_OK;
-  for (int r = 0; r < n && status == L2L_OK; r++) {
-    l2l_param *p = l2l_layer_param(layer, r);
-    if (bf16_master(run, p) && l2l_eps_find(&run->eps, p) == NULL)
-      status = l2l_param_rehome(p, L2L_POOL_PINNED, L2L_BF16);
-    sources[r] = (struct eps_record_source){.param = p, .name = l2l_param_name(p),
-                                            .master = l2l_param_value(p),
-                                            .grad = l2l_param_grad(p),
-                                            .decays = l2l_param_decays(p) == 1,
-                                            .low_precision = l2l_param_low_precision(p),
-                                            .stream = (uint64_t)l2l_layer_rng_id(layer) << 8 | (uint64_t)r};
+   a failure puts every joining one back and changes nothing (*failed_layer: the layer of
+   list whose record failed, -1 when none). A new record's stream for stochastic rounding:
+   its first user's rng id and its place in that layer. */
+static l2l_status eps_records(l2l_relay *run, l2l_layer *const *list, int n, int *failed_layer) {
+  struct layers_record *recs = NULL;
+  int count = 0, failed = -1;
+  *failed_layer = -1;
+  TRY(layers_records(&recs, &count, (const l2l_layer *const *)list, NULL, n));
+  struct eps_record_source *sources = calloc((size_t)(count > 0 ? count : 1), sizeof *sources);
+  l2l_status status = sources ? L2L_OK : FAIL(L2L_ERR_NOMEM, "no memory for a list of %d records", count);
+  int at = 0;
+  for (; at < count && status == L2L_OK; at++) {
+    l2l_param *p = recs[at].param;
+    if (bf16_master(run, p)) status = l2l_param_rehome(p, L2L_POOL_PINNED, L2L_BF16);   /* (or is) */
+    if (status != L2L_OK) failed = at;
+    sources[at] = (struct eps_record_source){
+        .param = p, .name = l2l_param_name(p), .master = l2l_param_value(p),
+        .grad = l2l_param_grad(p), .decays = l2l_param_decays(p) == 1,
+        .low_precision = l2l_param_low_precision(p), .users = recs[at].users,
+        .stream = (uint64_t)l2l_layer_rng_id(list[recs[at].layer]) << 8 | (uint64_t)recs[at].place};
   }
-  if (status == L2L_OK) status = l2l_eps_add_records(&run->eps, sources, n);
-  if (status != L2L_OK) masters_home(run, layer, false);
+  if (status == L2L_OK) status = l2l_eps_set_records(&run->eps, sources, count, &failed);
+  if (failed >= 0) *failed_layer = recs[failed].layer;
+  for (int i = 0; status != L2L_OK && i < at; i++)   /* the joining masters home again */
+    if (bf16_master(run, recs[i].param) && l2l_eps_find(&run->eps, recs[i].param) == NULL)
+      (void)l2l_param_rehome(recs[i].param, L2L_POOL_HOST, L2L_F32);
+  free(sources);
+  free(recs);
   return status;
 }
 
-static void eps_leave(l2l_relay *run, l2l_layer *layer) {
-  l2l_param *params[MAX_RECORDS];
-  int n = l2l_layer_param_count(layer);
-  for (int r = 0; r < n; r++) params[r] = l2l_layer_param(layer, r);
-  l2l_eps_remove_records(&run->eps, params, n);
-  masters_home(run, layer, false);
+/* A change of the relay's list: `layer` inserted at index, the layer there removed
+   (layer NULL), or replaced by `layer`. */
+enum change { CHANGE_INSERT, CHANGE_REMOVE, CHANGE_REPLACE };
+
+/* The EPS's records as the change will leave the list (eps_records), before it is made. */
+static l2l_status records_for(l2l_relay *run, enum change change, int index, l2l_layer *layer) {
+  int n = run->count + (change == CHANGE_INSERT) - (change == CHANGE_REMOVE), at = 0, failed;
+  l2l_layer **list = calloc((size_t)n + 1, sizeof *list);
+  if (list == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a list of %d layers", n);
+  for (int k = 0; k <= run->count; k++) {
+    if (k == index && change != CHANGE_REMOVE) list[at++] = layer;
+    if (k < run->count && !(k == index && change != CHANGE_INSERT)) list[at++] = run->layers[k].layer;
+  }
+  l2l_status status = eps_records(run, list, n, &failed);
+  free(list);
+  return status;
 }
 
 static l2l_status insert_at(l2l_relay *run, int index, l2l_layer *layer) {
   TRY(grow(run));
-  TRY(eps_join(run, layer));
+  TRY(records_for(run, CHANGE_INSERT, index, layer));
   l2l_layer_set_owner(layer, run);
   memmove(&run->layers[index + 1], &run->layers[index],
           (size_t)(run->count - index) * sizeof *run->layers);
@@ -160,6 +181,37 @@ static l2l_status insert_at(l2l_relay *run, int index, l2l_layer *layer) {
                                             .stash = default_stash(&run->config, index),
                                             .inner = run->config.inner};
   run->count++;
+  return L2L_OK;
+}
+
+/* A new relay's layers, each checked (against those before it), then their records join
+   the EPS at once (one listing: a layer at a time would list the model L times). */
+static l2l_status first_layers(l2l_relay *run, l2l_layer *const *layers, int nlayers) {
+  l2l_status status = L2L_OK;
+  int failed = -1;
+  for (int i = 0; i < nlayers && status == L2L_OK; i++) {
+    status = check_layer(run, layers[i], -1);
+    if (status == L2L_OK) status = grow(run);
+    if (status == L2L_OK)
+      run->layers[run->count++] = (struct relay_layer){.layer = layers[i], .frozen = false,
+                                                       .stash = default_stash(&run->config, i),
+                                                       .inner = run->config.inner};
+    else failed = i;
+  }
+  if (status == L2L_OK) {
+    l2l_layer **list = calloc((size_t)nlayers + 1, sizeof *list);
+    for (int i = 0; list && i < nlayers; i++) list[i] = layers[i];
+    status = list ? eps_records(run, list, nlayers, &failed)
+                  : FAIL(L2L_ERR_NOMEM, "no memory for a list of %d layers", nlayers);
+    free(list);
+  }
+  if (status != L2L_OK) {
+    run->count = 0;   /* none is the relay's */
+    if (failed < 0) return status;
+    return l2l_error_note_layer(
+        l2l_error_wrap(status, L2L_NAMED_LAYER "layers[%d]" L2L_NAMED_END ": ", failed), failed);
+  }
+  for (int i = 0; i < nlayers; i++) l2l_layer_set_owner(layers[i], run);
   return L2L_OK;
 }
 
@@ -187,33 +239,27 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
     threads = cores > 0 ? (int)cores : 1;
   }
   bool eps_up = false, h2d_up = false, d2h_up = false;
-  l2l_status status = l2l_eps_init(&run->eps, &config->optimizer, config->precision, threads,
-                                   config->seed, &run->timeline);
-  eps_up = status == L2L_OK;
-  if (status == L2L_OK && config->dist == L2L_DIST_MPI) {
-    /* The communication thread's lane follows the optimizer workers' (3 ..). */
-    status = l2l_dist_start();
-    if (status == L2L_OK) status = l2l_eps_dist_start(&run->eps, THREAD_D2H + 1 + threads);
-  }
-  run->stats.dist_ranks = config->dist == L2L_DIST_MPI && status == L2L_OK ? l2l_dist_size_now() : 1;
-  if (status == L2L_OK) l2l_eps_set_host_budget(&run->eps, config->host_budget);
+  l2l_status status = config->dist == L2L_DIST_MPI ? l2l_dist_start() : L2L_OK;
   if (status == L2L_OK && config->spill_dir != NULL) {
     run->spill_dir = strdup(config->spill_dir);
-    status = run->spill_dir ? l2l_eps_spill_state(&run->eps, config->spill_dir)
-                            : FAIL(L2L_ERR_NOMEM, "no memory for config->spill_dir");
-    run->config.spill_dir = run->spill_dir;
+    if (run->spill_dir == NULL) status = FAIL(L2L_ERR_NOMEM, "no memory for config->spill_dir");
   }
+  /* (the communication thread's lane follows the optimizer workers': 3 ..) */
+  struct l2l_eps_settings eps = {
+      .optimizer = &config->optimizer, .precision = config->precision, .threads = threads,
+      .seed = config->seed, .timeline = &run->timeline,
+      .dist_lane = config->dist == L2L_DIST_MPI ? THREAD_D2H + 1 + threads : -1,
+      .host_budget = config->host_budget, .spill_dir = run->spill_dir};
+  if (status == L2L_OK) status = l2l_eps_init(&run->eps, &eps);
+  eps_up = status == L2L_OK;
+  run->config.spill_dir = run->spill_dir;
+  run->stats.dist_ranks = config->dist == L2L_DIST_MPI && status == L2L_OK ? l2l_dist_size_now() : 1;
   if (status == L2L_OK) status = l2l_queue_start(&run->h2d, 1, THREAD_H2D, "host-to-device copy");
   h2d_up = status == L2L_OK;
   if (status == L2L_OK) status = l2l_queue_start(&run->d2h, 1, THREAD_D2H, "device-to-host copy");
   d2h_up = status == L2L_OK;
   run->magic = RELAY_MAGIC;
-  for (int i = 0; i < nlayers && status == L2L_OK; i++) {
-    status = check_layer(run, layers[i], -1);
-    if (status == L2L_OK) status = insert_at(run, run->count, layers[i]);
-    if (status != L2L_OK)
-      status = l2l_error_note_layer(l2l_error_wrap(status, L2L_NAMED_LAYER "layers[%d]" L2L_NAMED_END ": ", i), i);
-  }
+  if (status == L2L_OK) status = first_layers(run, layers, nlayers);
   if (status != L2L_OK) {
     if (d2h_up && h2d_up && eps_up) {
       l2l_relay_free(run);
@@ -309,7 +355,8 @@ l2l_status l2l_relay_remove(l2l_relay *run, int index) {
   RELAY_ENTER(run);
   CHECK_INDEX(index, 0, run->count - 1, "index");
   l2l_eps_sync(&run->eps);
-  eps_leave(run, run->layers[index].layer);
+  TRY(records_for(run, CHANGE_REMOVE, index, NULL));
+  masters_home(run, run->layers[index].layer, false);
   l2l_layer_set_owner(run->layers[index].layer, NULL);
   memmove(&run->layers[index], &run->layers[index + 1],
           (size_t)(run->count - index - 1) * sizeof *run->layers);
@@ -322,11 +369,10 @@ l2l_status l2l_relay_replace(l2l_relay *run, int index, l2l_layer *layer) {
   CHECK_INDEX(index, 0, run->count - 1, "index");
   TRY(check_layer(run, layer, index));
   l2l_eps_sync(&run->eps);
-  /* The new layer's records join before the old one's leave: records they share keep
-     their state. */
+  /* Records the new layer shares with the old one (or another) keep their state. */
   struct relay_layer old = run->layers[index];
-  TRY(eps_join(run, layer));
-  eps_leave(run, old.layer);
+  TRY(records_for(run, CHANGE_REPLACE, index, layer));
+  masters_home(run, old.layer, false);
   l2l_layer_set_owner(old.layer, NULL);
   l2l_layer_set_owner(layer, run);
   run->layers[index].layer = layer;

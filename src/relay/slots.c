@@ -14,17 +14,16 @@
 
 #include "relay.h"
 
-/* What a slot holds of rec, in which dtype, and its bytes there (src/order, which the
-   planner counts by too). */
-static l2l_dtype slot_dtype(const l2l_relay *run, const struct eps_record *rec,
+/* What a slot holds of a record (param), in which dtype, and its bytes there (src/order,
+   which the planner counts by too). */
+static l2l_dtype slot_dtype(const l2l_relay *run, const l2l_param *param,
                             enum schedule_slot_content content) {
-  return schedule_slot_dtype(l2l_eps_param(rec), content, run->config.precision,
-                             run->config.grad_precision);
+  return schedule_slot_dtype(param, content, run->config.precision, run->config.grad_precision);
 }
 
-static uint64_t slot_bytes(const l2l_relay *run, const struct eps_record *rec,
+static uint64_t slot_bytes(const l2l_relay *run, const l2l_param *param,
                            enum schedule_slot_content content) {
-  return schedule_param_slot_bytes(l2l_eps_param(rec), content, run->config.precision,
+  return schedule_param_slot_bytes(param, content, run->config.precision,
                                    run->config.grad_precision);
 }
 
@@ -36,14 +35,14 @@ static uint64_t slot_size(const struct step *s, enum schedule_slot_content conte
 
 /* ---------------------------------------------------------------- parameters */
 
-/* A tensor for rec at byte *offset of a slot holding `content`, shaped like its master;
-   *offset moves past it. */
+/* A tensor for a record (param) at byte *offset of a slot holding `content`, shaped like
+   its value (the master's shape, bound to a slot or not); *offset moves past it. */
 static l2l_status slot_view(l2l_tensor **out, const struct step *s, const l2l_tensor *slot,
-                            uint64_t *offset, const struct eps_record *rec,
+                            uint64_t *offset, const l2l_param *param,
                             enum schedule_slot_content content) {
-  TRY(l2l_tensor_view_bytes(out, slot, *offset, slot_dtype(s->run, rec, content),
-                            l2l_eps_master(rec)));
-  *offset += slot_bytes(s->run, rec, content);
+  TRY(l2l_tensor_view_bytes(out, slot, *offset, slot_dtype(s->run, param, content),
+                            l2l_param_value(param)));
+  *offset += slot_bytes(s->run, param, content);
   return L2L_OK;
 }
 
@@ -122,7 +121,8 @@ l2l_status relay_params_queue(struct step *s, int which, int visit) {
                                   &q, &current);
   uint64_t offset = 0;
   for (int r = 0; r < pj->nrec; r++)
-    TRY(slot_view(&pj->value[r], s, s->pslots[pj->slot].t, &offset, pj->rec[r], SCHEDULE_SLOT_VALUES));
+    TRY(slot_view(&pj->value[r], s, s->pslots[pj->slot].t, &offset, l2l_layer_param(layer, r),
+                  SCHEDULE_SLOT_VALUES));
   pj->job.run = relay_params_run;
   pj->releases = s->sched.visits[visit].kind == SCHEDULE_REBUILD && active_layer(s, k)->frozen;
   if (current) {   /* done already: nothing to copy */
@@ -185,7 +185,8 @@ l2l_status relay_params_bind(struct step *s, int k, bool grads) {
   uint64_t offset = 0;
   for (int r = 0; r < pj->nrec; r++) {
     if (grads) {
-      TRY(slot_view(&s->grads[r], s, s->gslot[s->gs], &offset, pj->rec[r], SCHEDULE_SLOT_GRADS));
+      TRY(slot_view(&s->grads[r], s, s->gslot[s->gs], &offset, l2l_layer_param(layer, r),
+                    SCHEDULE_SLOT_GRADS));
       s->ngrads = r + 1;
     }
     l2l_param_bind(l2l_layer_param(layer, r), pj->value[r], grads ? s->grads[r] : NULL);
@@ -205,7 +206,7 @@ l2l_status relay_params_done(struct step *s, int k, bool give) {
   for (int r = 0; r < pj->nrec; r++) {
     l2l_param_bind(l2l_layer_param(layer, r), NULL, NULL);
     l2l_tensor_free(pj->value[r]);
-    if (r < s->ngrads) grad_bytes += slot_bytes(run, pj->rec[r], SCHEDULE_SLOT_GRADS);
+    if (r < s->ngrads) grad_bytes += slot_bytes(run, l2l_layer_param(layer, r), SCHEDULE_SLOT_GRADS);
   }
   s->slot_use[pj->slot].held = k;
   memcpy(s->pslots[pj->slot].updates, pj->updates, sizeof pj->updates);
@@ -237,10 +238,11 @@ l2l_status relay_params_done(struct step *s, int k, bool give) {
      copy moves half the bytes; the f32 slot is then cleared by its next visit. */
   uint64_t offset = 0;
   for (int r = 0; r < gj->nrec; r++) {
-    if (slot_dtype(run, gj->rec[r], SCHEDULE_SLOT_GRADS_OUT) == L2L_F32) continue;
+    const l2l_param *param = l2l_layer_param(layer, r);
+    if (slot_dtype(run, param, SCHEDULE_SLOT_GRADS_OUT) == L2L_F32) continue;
     l2l_tensor *out = NULL;
     l2l_status status =
-        slot_view(&out, s, s->gout_slot[s->gs], &offset, gj->rec[r], SCHEDULE_SLOT_GRADS_OUT);
+        slot_view(&out, s, s->gout_slot[s->gs], &offset, param, SCHEDULE_SLOT_GRADS_OUT);
     if (status == L2L_OK) status = l2l_tensor_cast(out, gj->grad[r]);
     l2l_tensor_free(gj->grad[r]);
     gj->grad[r] = out;

@@ -289,3 +289,116 @@ done:
   free_batches(x.batches, 2);
   model_free(&init);
 }
+
+/* ---------------------------------------------------------------- the EPS's records */
+
+/* The plain listing of a list's records (each layer's parameters in order, a record kept
+   when no layer before holds it), into want[] (at most cap); their count. */
+static int plain_listing(l2l_param **want, int cap, l2l_layer *const *list, int n) {
+  int count = 0;
+  for (int k = 0; k < n; k++)
+    for (int r = 0; r < l2l_layer_param_count(list[k]); r++) {
+      l2l_param *p = l2l_layer_param(list[k], r);
+      bool seen = false;
+      for (int i = 0; i < count && !seen; i++) seen = want[i] == p;
+      if (!seen && count < cap) want[count++] = p;
+    }
+  return count;
+}
+
+TEST(relay_eps_records_are_the_models_listing_through_changes) {
+  /* The EPS's records are the model's one listing (layers_records, as the planner and the
+     checkpoint have them) after every change between steps: each record once at its first
+     user, in layer order, a record kept by the change with its update count (its state),
+     a new one with none. Random GPTs (tied or not), random inserts of clones, of new heads
+     tied to the embedding (a record with one more user), removals (the embedding of a tied
+     model: its table then listed at the head) and replacements, against the listing
+     written here. */
+  enum { MAX_EPS = 256 };
+  for (int trial = 0; trial < 4; trial++) {
+    struct shape g = gpt_shape();
+    g.blocks = (int)check_rand_int(1, 3);
+    g.tie = (int)check_rand_int(0, 1);
+    struct model m;
+    model_new(&m, &g);
+    l2l_layer *emb = m.layer[0], *head = m.layer[m.n - 1], *gone[16];
+    int ngone = 0;
+    struct data batches[1];
+    make_batches(batches, 1, &g, 3, 0, 1.0);
+    l2l_relay_config cfg = adamw_config();
+    l2l_relay *r = relay_new(&m, &cfg);
+    double loss;
+    if (r == NULL || !relay_step(&loss, r, &batches[0], NULL)) goto next;
+    for (int change = 0; change < 6 && m.n < MAX_LAYERS - 1; change++) {
+      CHECK_OK(l2l_relay_sync(r));
+      l2l_param *before[MAX_EPS];
+      int64_t updates[MAX_EPS];
+      int nbefore = r->eps.count < MAX_EPS ? r->eps.count : MAX_EPS;
+      for (int i = 0; i < nbefore; i++) {
+        before[i] = l2l_eps_param(r->eps.records[i]);
+        updates[i] = l2l_eps_updates(r->eps.records[i]);
+      }
+      int op = (int)check_rand_int(0, 3), at = (int)check_rand_int(0, m.n - 1);
+      const char *what = "?";
+      if (op == 1 && m.n > 1) {   /* remove */
+        what = "remove";
+        if (!CHECK_OK(l2l_relay_remove(r, at))) break;
+        l2l_layer *out = model_take(&m, at);
+        if (out == emb) emb = NULL;
+        gone[ngone++] = out;
+      } else if (op == 2 && emb != NULL) {   /* a new head tied to the embedding */
+        what = "insert a tied head";
+        l2l_layer *h = clone_same_rng(head);
+        CHECK_OK(l2l_layer_tie(h, emb));
+        if (!CHECK_OK(l2l_relay_insert(r, m.n, h))) {
+          l2l_layer_free(h);
+          break;
+        }
+        model_insert(&m, m.n, h);
+      } else if (op == 3) {   /* replace with a clone of another */
+        what = "replace";
+        l2l_layer *c = clone_same_rng(m.layer[check_rand_int(0, m.n - 1)]);
+        if (!CHECK_OK(l2l_relay_replace(r, at, c))) {
+          l2l_layer_free(c);
+          break;
+        }
+        l2l_layer *out = model_take(&m, at);
+        if (out == emb) emb = NULL;
+        gone[ngone++] = out;
+        model_insert(&m, at, c);
+      } else {   /* insert a clone */
+        what = "insert";
+        l2l_layer *c = clone_same_rng(m.layer[at]);
+        at = (int)check_rand_int(0, m.n);
+        if (!CHECK_OK(l2l_relay_insert(r, at, c))) {
+          l2l_layer_free(c);
+          break;
+        }
+        model_insert(&m, at, c);
+      }
+      l2l_param *want[MAX_EPS];
+      int n = plain_listing(want, MAX_EPS, m.layer, m.n);
+      bool ok = CHECK(r->eps.count == n, "trial %d (tie %d), change %d (%s at %d): the EPS holds "
+                      "%d records, the model lists %d", trial, g.tie, change, what, at,
+                      r->eps.count, n);
+      for (int i = 0; ok && i < n; i++) {
+        int64_t was = 0;
+        for (int j = 0; j < nbefore; j++)
+          if (before[j] == want[i]) was = updates[j];
+        ok &= CHECK(l2l_eps_param(r->eps.records[i]) == want[i] &&
+                        l2l_eps_updates(r->eps.records[i]) == was,
+                    "trial %d (tie %d), change %d (%s at %d): the EPS's record %d is %s with %lld "
+                    "updates, the listing's is %s with %lld", trial, g.tie, change, what, at, i,
+                    l2l_param_name(l2l_eps_param(r->eps.records[i])),
+                    (long long)l2l_eps_updates(r->eps.records[i]), l2l_param_name(want[i]),
+                    (long long)was);
+      }
+      if (!ok || ngone == 16) break;
+    }
+  next:
+    l2l_relay_free(r);
+    model_free(&m);
+    for (int i = 0; i < ngone; i++) l2l_layer_free(gone[i]);
+    free_batches(batches, 1);
+  }
+}

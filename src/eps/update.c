@@ -1,0 +1,324 @@
+/* SPDX-License-Identifier: MIT */
+/* update.c — the EPS core's update queue: a record's update from the moment it may start
+ * to the moment it settles.
+ *
+ * Purpose: an update is split into chunks of CHUNK elements, queued on the workers in one
+ * wave, or in two when the optimizer needs whole-record sums between them (LAMB's norms:
+ * moments, then apply), so a large record (an embedding table) keeps every worker busy;
+ * the last chunk of a record clears its accumulator, counts the update and wakes whoever
+ * waits for the record; a staging copy is rewritten the same way. Every continuation of
+ * an update is here, in the core, and the parts below are asked, never asking back:
+ *   - the storage tier says whether an update has room and hands back, as data, the
+ *     waiting updates whose room has come (eps_room_next): this file begins them;
+ *   - the ranks' exchange posts each collective of a record with the completion this file
+ *     gives it, which the communication thread calls (reduced -> norm_agreed -> the
+ *     update -> lamb_summed between waves -> gathered: settled).
+ * Must never: update a record before all its gradients for the minibatch have arrived
+ * (with ranks, before every rank has agreed its norm), or settle one whose state is not
+ * back where the tier keeps it.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "record.h"
+
+/* One chunk of one record's update; freed by the worker. */
+struct chunk_job {
+  struct l2l_job job;
+  struct l2l_eps *eps;
+  struct eps_record *rec;
+  int64_t begin, end;
+  int wave;            /* 0 .. the optimizer's waves - 1; STAGE_WAVE: the staging copy
+                          from the master */
+};
+
+static void chunk_release(struct l2l_job *job) { free(job); }
+static void chunk_run(struct l2l_job *job, int thread);
+static void stage_chunk(struct l2l_eps *eps, struct eps_record *rec, int64_t begin, int64_t n,
+                        int thread, double t0);
+static void gathered(struct l2l_dist_op *op);
+static void lamb_summed(struct l2l_dist_op *op);
+
+/* An update covers this rank's shard (all of the record on one process); a staging
+   rewrite the whole record. */
+static int64_t wave_elements(const struct eps_record *rec, int wave) {
+  return wave == STAGE_WAVE ? l2l_tensor_numel(rec->master) : rec->shard_n;
+}
+
+/* Queues the chunks of one wave of rec's update (rec's chunks_left set under the lock). */
+static void queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave) {
+  int64_t n = wave_elements(rec, wave);
+  int chunks = (int)((n + CHUNK - 1) / CHUNK);
+  if (chunks == 0) chunks = 1;   /* an empty shard still ends its wave (one empty chunk) */
+  pthread_mutex_lock(&eps->lock);
+  rec->chunks_left = chunks;
+  pthread_mutex_unlock(&eps->lock);
+  for (int c = 0; c < chunks; c++) {
+    int64_t begin = (int64_t)c * CHUNK, end = n - begin < CHUNK ? n : begin + CHUNK;
+    if (end < begin) end = begin;
+    struct chunk_job chunk = {.eps = eps, .rec = rec, .begin = begin, .end = end, .wave = wave};
+    struct chunk_job *cj = calloc(1, sizeof *cj);
+    if (cj == NULL) {   /* finish the wave inline rather than lose it */
+      chunk_run(&chunk.job, 0);
+      continue;
+    }
+    *cj = chunk;
+    cj->job.run = chunk_run;
+    cj->job.free_when_done = true;
+    cj->job.release = chunk_release;
+    l2l_queue_push(&eps->workers, &cj->job);
+  }
+}
+
+static void update_begin(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
+
+/* The waiting updates the storage tier hands back, first the one it took with the room or
+   the turn just given (NULL: none), then each whose room has come since, begun in turn. */
+static void waiting_begin(struct l2l_eps *eps, struct eps_record *next) {
+  for (; next != NULL; next = eps_room_next(eps)) update_begin(eps, next, next->wait_grad_scale);
+}
+
+void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
+  if (eps->spill == NULL) {
+    update_begin(eps, rec, grad_scale);
+    return;
+  }
+  struct eps_record *next = NULL;
+  bool room = eps_update_room(eps, rec, grad_scale, &next);
+  if (!room) return;   /* it waits (pending), begun once the tier hands it back */
+  waiting_begin(eps, next);   /* (the next turn's update may wait) */
+  update_begin(eps, rec, grad_scale);
+}
+
+/* rec's update has begun with room: its state in memory (a spill file's read), the
+   first wave queued. A failed read: not updated, settled as it is. */
+static void update_begin(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
+  if (eps->spill) {
+    l2l_status status = eps_state_for_update(eps, rec);
+    if (status != L2L_OK) {   /* not updated: the next step reports it (l2l_eps_io_status) */
+      char why[1024];
+      snprintf(why, sizeof why, "%s", l2l_last_error());
+      eps_io_failed(eps, l2l_fail(status, "%s was not updated (its optimizer state could not "
+                                  "be read): %s", rec->name, why));
+      eps_grad_clear(eps, rec, false);
+      if (eps->dist) {   /* the other ranks wait for its all-gather: the shard as it is */
+        eps_exchange_post(eps, rec, EPS_ALL_GATHER, gathered);
+      } else {
+        pthread_mutex_lock(&eps->lock);
+        rec->pending = false;
+        pthread_cond_broadcast(&eps->changed);
+        pthread_mutex_unlock(&eps->lock);
+      }
+      waiting_begin(eps, eps_room_return(eps, rec));
+      return;
+    }
+  }
+  const l2l_optimizer_config *o = &eps->optimizer;
+  bool decays = o->decay_all || rec->decays;
+  rec->hyper = (struct l2l_optim_hyper){
+      .kind = o->kind, .lr = (float)eps->lr, .weight_decay = decays ? o->weight_decay : 0.0f,
+      .momentum = o->momentum, .nesterov = o->nesterov, .beta1 = o->beta1, .beta2 = o->beta2,
+      .eps = o->eps, .t = rec->updates + 1, .grad_scale = grad_scale};
+  rec->wave_sums[0] = rec->wave_sums[1] = 0;
+  pthread_mutex_lock(&eps->lock);
+  rec->pending = true;
+  rec->grad_give = eps->spill && eps->grads_pass && rec->shard_grad == NULL;
+  pthread_mutex_unlock(&eps->lock);
+  queue_wave(eps, rec, 0);
+}
+
+static void chunk_run(struct l2l_job *job, int thread) {
+  struct chunk_job *cj = (struct chunk_job *)job;
+  struct l2l_eps *eps = cj->eps;
+  struct eps_record *rec = cj->rec;
+  double t0 = l2l_now();
+  int64_t n = cj->end - cj->begin;
+  if (cj->wave == STAGE_WAVE) {
+    stage_chunk(eps, rec, cj->begin, n, thread, t0);
+    return;
+  }
+  /* On one process the update reads the accumulator; with ranks, the shard's reduced
+     gradient (the accumulator was cleared once it went out). */
+  float *g = (float *)l2l_tensor_data(rec->shard_grad ? rec->shard_grad : rec->grad) + cj->begin;
+  double sums[2] = {0, 0};
+  bool bf16_master = l2l_tensor_dtype(rec->master) == L2L_BF16;   /* (quant.c decodes it) */
+  struct l2l_optim_chunk chunk = {
+      .p = bf16_master ? NULL : (float *)l2l_tensor_data(rec->master) + rec->shard_begin + cj->begin,
+      .grad = g, .n = n, .h = &rec->hyper, .wave = cj->wave, .sums = sums,
+      .record_sums = rec->wave_sums};
+  if (eps->optimizer.state == L2L_STATE_F32 && !bf16_master) {
+    for (int a = 0; a < 2; a++)
+      chunk.state[a] = rec->state[a] ? (float *)l2l_tensor_data(rec->state[a]) + cj->begin : NULL;
+    eps->optim->chunk(&chunk);
+  } else {   /* decoded a block at a time (chunks begin on a block: CHUNK is a multiple) */
+    struct eps_compact compact = {
+        .state = {rec->state[0] ? l2l_tensor_data(rec->state[0]) : NULL,
+                  rec->state[1] ? l2l_tensor_data(rec->state[1]) : NULL},
+        .state_n = rec->shard_n, .precision = eps->optimizer.state,
+        /* update t of record `stream` draws t * numel + element (the record's, whatever
+           rank updates it) */
+        .master = bf16_master ? (uint16_t *)l2l_tensor_data(rec->master) + rec->shard_begin + cj->begin
+                              : NULL,
+        .seed = eps->seed, .stream = rec->stream,
+        .first_draw = (uint64_t)rec->hyper.t * (uint64_t)l2l_tensor_numel(rec->master) +
+                      (uint64_t)(rec->shard_begin + cj->begin)};
+    eps_compact_chunk(eps->optim, &chunk, &compact, cj->begin);
+  }
+  bool last_wave = cj->wave == eps->optim->waves - 1;
+  /* the next minibatch starts at 0: when the accumulators pass, the accumulator's pages
+     are given back once the whole update has read it (eps_grad_clear) */
+  bool give = rec->grad_give;
+  if (last_wave && !give) memset(g, 0, (size_t)n * sizeof *g);
+  l2l_timeline_add(eps->timeline, rec->last_layer, -1, L2L_PHASE_UPDATE, thread, t0, l2l_now());
+
+  pthread_mutex_lock(&eps->lock);
+  if (!last_wave) {   /* the last wave reads the sums: nothing writes them then */
+    rec->wave_sums[0] += sums[0];
+    rec->wave_sums[1] += sums[1];
+  }
+  bool wave_done = --rec->chunks_left == 0;
+  bool room = wave_done && last_wave && rec->room;   /* given back once the record settles */
+  if (wave_done && last_wave && eps->spill) {
+    /* the state back to disk and the accumulator cleared while the record is still
+       pending: its next arrival, update or checkpoint cannot start before (every other
+       chunk of it is done) */
+    bool out = !rec->keep_state;
+    pthread_mutex_unlock(&eps->lock);
+    l2l_status status = out ? eps_state_out(eps, rec) : L2L_OK;
+    if (status != L2L_OK) eps_io_failed(eps, status);   /* kept in memory: nothing lost */
+    if (rec->shard_grad == NULL) eps_grad_clear(eps, rec, !give);
+    pthread_mutex_lock(&eps->lock);
+  }
+  bool stage = wave_done && last_wave && rec->stage_after;
+  bool exchange = eps->dist != NULL;
+  if (wave_done && last_wave) {
+    rec->updates++;
+    if (!exchange) {
+      rec->stage_after = false;
+      rec->pending = stage;   /* still pending while its staging copy is rewritten */
+      pthread_cond_broadcast(&eps->changed);
+    }
+  }
+  pthread_mutex_unlock(&eps->lock);
+  if (wave_done && last_wave && exchange) {
+    eps_exchange_post(eps, rec, EPS_ALL_GATHER, gathered);   /* the all-gather settles it */
+  } else if (wave_done && !last_wave) {
+    if (exchange) eps_exchange_post(eps, rec, EPS_LAMB_SUMS, lamb_summed);
+    else queue_wave(eps, rec, cj->wave + 1);
+  }
+  if (stage && !exchange) queue_wave(eps, rec, STAGE_WAVE);
+  if (room) waiting_begin(eps, eps_room_return(eps, rec));
+}
+
+
+/* One chunk of a staging rewrite: the master's elements rounded to the device precision. */
+static void stage_chunk(struct l2l_eps *eps, struct eps_record *rec, int64_t begin, int64_t n,
+                        int thread, double t0) {
+  const float *p = (const float *)l2l_tensor_data(rec->master) + begin;
+  uint16_t *h = (uint16_t *)l2l_tensor_data(rec->staging) + begin;
+  if (eps->precision == L2L_BF16)
+    for (int64_t i = 0; i < n; i++) h[i] = half_from_f32_bf16(p[i]);
+  else
+    for (int64_t i = 0; i < n; i++) h[i] = half_from_f32_f16(p[i]);
+  l2l_timeline_add(eps->timeline, rec->last_layer, -1, L2L_PHASE_UPDATE, thread, t0, l2l_now());
+  pthread_mutex_lock(&eps->lock);
+  if (--rec->chunks_left == 0) {
+    rec->pending = false;
+    rec->stage_after = false;   /* a second request while this ran: nothing changed since */
+    pthread_cond_broadcast(&eps->changed);
+  }
+  pthread_mutex_unlock(&eps->lock);
+}
+
+void l2l_eps_stage(struct l2l_eps *eps) {
+  for (int i = 0; i < eps->count; i++) {
+    struct eps_record *rec = eps->records[i];
+    if (rec->staging == NULL) continue;
+    pthread_mutex_lock(&eps->lock);
+    bool now = !rec->pending;
+    if (now) rec->pending = true;
+    else rec->stage_after = true;   /* its update's last chunk queues the rewrite */
+    pthread_mutex_unlock(&eps->lock);
+    if (now) queue_wave(eps, rec, STAGE_WAVE);
+  }
+}
+
+/* ---------------------------------------------------------------- with ranks: the exchange
+
+   Each collective of a record is posted by exchange.c (its stream, its place, what it
+   sends) with the completion below, which the communication thread calls when it ends. */
+
+/* rec's all-gather has ended (updated or skipped): no longer pending, its staging copy
+   rewritten first when one was asked for. */
+static void gathered(struct l2l_dist_op *op) {
+  struct eps_record *rec = op->ctx;
+  struct l2l_eps *eps = rec->eps;
+  pthread_mutex_lock(&eps->lock);
+  bool stage = rec->stage_after;
+  rec->stage_after = false;
+  rec->pending = stage;
+  pthread_cond_broadcast(&eps->changed);
+  pthread_mutex_unlock(&eps->lock);
+  if (stage) queue_wave(eps, rec, STAGE_WAVE);
+}
+
+/* A two-wave update's sums, summed over ranks: its second wave. */
+static void lamb_summed(struct l2l_dist_op *op) {
+  struct eps_record *rec = op->ctx;
+  rec->wave_sums[0] = rec->lamb[0];
+  rec->wave_sums[1] = rec->lamb[1];
+  queue_wave(rec->eps, rec, 1);
+}
+
+/* A skipped record's place on the stream of LAMB's sums passed: its all-gather's next. */
+static void lamb_passed(struct l2l_dist_op *op) {
+  struct eps_record *rec = op->ctx;
+  eps_exchange_pass(rec->eps, rec, EPS_ALL_GATHER, gathered);
+}
+
+void eps_update_skipped(struct l2l_eps *eps, struct eps_record *rec) {
+  eps_exchange_skipped(eps, rec);
+  if (eps->spill) waiting_begin(eps, eps_turn_pass(eps, rec));   /* (its update takes no room) */
+  /* the all-gather's place passes last: its completion settles the record, after which
+     the record may be freed, so no other operation of it may still be posted */
+  if (eps->optim->waves > 1) eps_exchange_pass(eps, rec, EPS_LAMB_SUMS, lamb_passed);
+  else eps_exchange_pass(eps, rec, EPS_ALL_GATHER, gathered);
+}
+
+/* The record's norm and finiteness, summed over ranks: an eager update starts, or the
+   record is skipped on every rank alike; a deferred one waits for the relay. */
+static void norm_agreed(struct l2l_dist_op *op) {
+  struct eps_record *rec = op->ctx;
+  struct l2l_eps *eps = rec->eps;
+  bool nonfinite = rec->flags[1] > 0;
+  pthread_mutex_lock(&eps->lock);
+  bool defer = eps->defer;
+  rec->sumsq = rec->flags[0];
+  /* (deferred updates: a bound of the largest; a sum past f32's range is past the limit) */
+  rec->grad_most = rec->flags[2] < FLT_MAX ? (float)rec->flags[2] : INFINITY;
+  rec->agreed = true;
+  if (nonfinite && !defer && eps->nonfinite_skips++ == 0) {
+    eps->nonfinite_name = rec->name;
+    eps->nonfinite_layer = rec->last_layer;
+  }
+  pthread_cond_broadcast(&eps->changed);
+  pthread_mutex_unlock(&eps->lock);
+  if (defer) return;
+  if (nonfinite) eps_update_skipped(eps, rec);
+  else eps_start_update(eps, rec, 1.0f);
+}
+
+/* The accumulator went out whole, reduce-scattered: the next minibatch starts from zero,
+   and the shard's norm goes round. */
+static void reduced(struct l2l_dist_op *op) {
+  struct eps_record *rec = op->ctx;
+  eps_grad_clear(rec->eps, rec, false);
+  eps_exchange_post(rec->eps, rec, EPS_NORM, norm_agreed);
+}
+
+void eps_update_exchange(struct l2l_eps *eps, struct eps_record *rec) {
+  eps_exchange_post(eps, rec, EPS_REDUCE_SCATTER, reduced);
+}
