@@ -325,8 +325,8 @@ static double bench_gemm(const char *name, int64_t m, int64_t n, int64_t k, doub
 /* ---------------------------------------------------------------- attention */
 
 struct flash {
-  const struct l2l_backend_ops *ops;
-  struct l2l_attention_shape sh;
+  const struct backend_ops *ops;
+  struct backend_attention_shape sh;
   int64_t D;
   float *qkv, *o, *lse, *d_o, *dqkv, *work, *back_work;
   int64_t work_floats, back_work_floats;
@@ -372,7 +372,7 @@ static l2l_tensor *dev_normal_as(l2l_dtype dtype, int64_t d0, int64_t d1, int64_
 }
 
 /* Device workspace for the flash entries (NULL when the backend asks for none). */
-static l2l_tensor *flash_workspace(const struct l2l_backend_ops *ops, int64_t seq, int backward,
+static l2l_tensor *flash_workspace(const struct backend_ops *ops, int64_t seq, int backward,
                                    int64_t *floats) {
   *floats = ops->attention_workspace(seq, backward);
   if (*floats <= 0) {
@@ -383,21 +383,21 @@ static l2l_tensor *flash_workspace(const struct l2l_backend_ops *ops, int64_t se
 }
 
 /* One row of the attention table; precision bf16: 16-bit products on both the flash and
-   the unfused side, through cuDNN (path "cudnn": where l2l_cudnn_routes takes the shape; no
+   the unfused side, through cuDNN (path "cudnn": where cudnn_routes takes the shape; no
    unfused reference, which the "bf16" row of the same shape has) or l2l's own tensor-core
    kernels (path "bf16": cuDNN switched off for the row). */
 static void bench_attention(int64_t batch, int64_t heads, int64_t seq, int64_t hd,
                             l2l_dtype precision, const char *path, double bf16_rate,
                             uint64_t free_bytes, double target) {
   const bool cudnn = strcmp(path, "cudnn") == 0;
-  const struct l2l_backend_ops *ops = l2l_backend_for(L2L_POOL_DEVICE);
+  const struct backend_ops *ops = backend_for(L2L_POOL_DEVICE);
   const int64_t D = heads * hd, N = batch * seq, bh = batch * heads;
   const double causal_flops = 4.0 * (double)bh * (double)seq * (double)seq * (double)hd / 2.0;
   struct flash f;
   memset(&f, 0, sizeof f);
   f.ops = ops;
   f.D = D;
-  f.sh = (struct l2l_attention_shape){.batch = batch, .heads = heads, .seq = seq, .head_dim = hd,
+  f.sh = (struct backend_attention_shape){.batch = batch, .heads = heads, .seq = seq, .head_dim = hd,
                                       .ld_qkv = 3 * D, .ld_o = D, .causal = 1,
                                       .scale = 1.0f / sqrtf((float)hd), .dropout = 0.0f,
                                       .seed = 1, .stream = 2, .first_sample = 0,
@@ -411,8 +411,8 @@ static void bench_attention(int64_t batch, int64_t heads, int64_t seq, int64_t h
   l2l_tensor *back_work = flash_workspace(ops, seq, 1, &f.back_work_floats);
   f.work = work ? l2l_tensor_data(work) : NULL;
   f.back_work = back_work ? l2l_tensor_data(back_work) : NULL;
-  l2l_cudnn_enable(cudnn);
-  if (cudnn && !l2l_cudnn_routes(&f.sh, NULL, NULL, NULL, NULL)) {
+  cudnn_enable(cudnn);
+  if (cudnn && !cudnn_routes(&f.sh, NULL, NULL, NULL, NULL)) {
     printf("%-5s S=%-5lld hd=%-4lld: cuDNN does not run this shape here (l2l.device(); the "
            "first refusal's reason is on stderr)\n", path, (long long)seq, (long long)hd);
     l2l_tensor *all[] = {qkv, o, lse, d_o, dqkv, work, back_work};
@@ -421,7 +421,7 @@ static void bench_attention(int64_t batch, int64_t heads, int64_t seq, int64_t h
   }
   double fwd = time_call(run_flash_forward, &f); /* leaves o and lse for the backward */
   double bwd = time_call(run_flash_backward, &f);
-  l2l_cudnn_enable(1);
+  cudnn_enable(1);
   l2l_tensor *all[] = {qkv, o, lse, d_o, dqkv, work, back_work};
   free_all(all, 7);
   ok(l2l_device_release_cache());

@@ -2,7 +2,7 @@
 /* bench/master_rounding.c — bf16 masters: stochastic rounding against Kahan compensation
  * (issue 33's "try both, keep what holds the curve best per byte").
  *
- * What it measures: AdamW (the EPS's own kernel, l2l_optim_adamw) fitting a noisy linear
+ * What it measures: AdamW (the EPS's own kernel, optim_adamw) fitting a noisy linear
  * regression, y = x . w* + noise, D weights of magnitude about 1, a fresh minibatch each
  * step, a learning rate small enough that most updates are below half a bf16 ulp of the
  * weights (2^-8 of them): the regime where low-precision masters lose training. Each
@@ -52,7 +52,7 @@ int main(void) {
     yt[r] = 0;
     for (int i = 0; i < D; i++) xt[r][i] = (float)normal(), yt[r] += xt[r][i] * w_true[i];
   }
-  struct l2l_optim_hyper h = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 2e-4f, .beta1 = 0.9f,
+  struct optim_hyper h = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 2e-4f, .beta1 = 0.9f,
                               .beta2 = 0.999f, .eps = 1e-8f, .grad_scale = 1.0f};
   printf("AdamW, lr %g, %d weights, %d steps of %d samples; held-out MSE (noise floor %.4f)\n\n",
          (double)h.lr, D, STEPS, B, 0.01 * 0.01);
@@ -78,13 +78,13 @@ int main(void) {
         for (int i = 0; i < D; i++) g[i] += (float)(2.0 * e * x[r][i] / B);
       }
       memcpy(before, p, sizeof p);
-      l2l_optim_adamw(p, m[k], v[k], g, D, &h);
+      optim_adamw(p, m[k], v[k], g, D, &h);
       if (k == 0) {
         memcpy(w[k], p, sizeof p);
       } else if (k == 1) {
         for (int i = 0; i < D; i++) hi[k][i] = half_from_f32_bf16(p[i]);
       } else if (k == 2) {
-        l2l_philox_range(draws, 7, 1, (uint64_t)t * D, D);
+        philox_range(draws, 7, 1, (uint64_t)t * D, D);
         for (int i = 0; i < D; i++) hi[k][i] = eps_bf16_stochastic(p[i], draws[i]);
       } else {   /* Kahan: add the update less what the last rounding dropped */
         for (int i = 0; i < D; i++) {

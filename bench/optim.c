@@ -2,8 +2,8 @@
 /* bench/optim.c — the EPS's host optimizer kernels against the machine's memory bandwidth.
  *
  * Prints, in one run: for N = 16 Mi parameters (448 MiB of AdamW state, far beyond any
- * cache), the time of one update of the whole record by l2l_optim_adamw, l2l_optim_sgd
- * (momentum) and LAMB (l2l_optim_lamb_moments, the trust ratio, l2l_optim_lamb_apply), run
+ * cache), the time of one update of the whole record by optim_adamw, optim_sgd
+ * (momentum) and LAMB (optim_lamb_moments, the trust ratio, optim_lamb_apply), run
  * as the EPS runs them: the record cut into chunks of 64 Ki parameters, an OpenMP
  * `parallel for` over the chunks, on 1 thread and on all (omp_get_max_threads()). Next to
  * each, a plain copy (memcpy per chunk, same chunk count, same threads) of 14 bytes per
@@ -71,36 +71,36 @@ static double time_rmw(int threads) {
   return now() - t0;
 }
 
-static double time_adamw(int threads, const struct l2l_optim_hyper *h) {
+static double time_adamw(int threads, const struct optim_hyper *h) {
   double t0 = now();
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int c = 0; c < NCHUNKS; c++) {
     size_t o = (size_t)c * CHUNK;
-    l2l_optim_adamw(p + o, m + o, v + o, g + o, CHUNK, h);
+    optim_adamw(p + o, m + o, v + o, g + o, CHUNK, h);
   }
   return now() - t0;
 }
 
-static double time_sgd(int threads, const struct l2l_optim_hyper *h) {
+static double time_sgd(int threads, const struct optim_hyper *h) {
   double t0 = now();
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int c = 0; c < NCHUNKS; c++) {
     size_t o = (size_t)c * CHUNK;
-    l2l_optim_sgd(p + o, b + o, g + o, CHUNK, h);
+    optim_sgd(p + o, b + o, g + o, CHUNK, h);
   }
   return now() - t0;
 }
 
 /* AdamW or SGD on compact state (quant.c), chunk by chunk as the EPS runs it: each chunk's
    blocks decoded into f32 scratch, updated by the f32 kernel, encoded again. */
-static double time_compact(int threads, const struct l2l_optim_hyper *h, l2l_state_precision state,
+static double time_compact(int threads, const struct optim_hyper *h, l2l_state_precision state,
                            void *const arrays[2]) {
-  const struct l2l_optimizer_ops *ops = l2l_optimizer_ops(h->kind);
+  const struct optimizer_ops *ops = optimizer_ops(h->kind);
   double t0 = now();
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int c = 0; c < NCHUNKS; c++) {
     size_t o = (size_t)c * CHUNK;
-    struct l2l_optim_chunk chunk = {.p = p + o, .grad = g + o, .n = CHUNK, .h = h};
+    struct optim_chunk chunk = {.p = p + o, .grad = g + o, .n = CHUNK, .h = h};
     struct eps_compact compact = {.state = {arrays[0], arrays[1]}, .state_n = N, .precision = state};
     eps_compact_chunk(ops, &chunk, &compact, (int64_t)o);
   }
@@ -109,21 +109,21 @@ static double time_compact(int threads, const struct l2l_optim_hyper *h, l2l_sta
 
 /* LAMB as the EPS must run it: every chunk's moments (each adding into its own norms),
    then the record's trust ratio, then every chunk's apply. */
-static double time_lamb(int threads, const struct l2l_optim_hyper *h) {
+static double time_lamb(int threads, const struct optim_hyper *h) {
   double t0 = now();
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int c = 0; c < NCHUNKS; c++) {
     size_t o = (size_t)c * CHUNK;
     norms[c][0] = norms[c][1] = 0.0;
-    l2l_optim_lamb_moments(m + o, v + o, p + o, g + o, CHUNK, h, norms[c]);
+    optim_lamb_moments(m + o, v + o, p + o, g + o, CHUNK, h, norms[c]);
   }
   double total[2] = {0.0, 0.0};
   for (int c = 0; c < NCHUNKS; c++) total[0] += norms[c][0], total[1] += norms[c][1];
-  float trust = l2l_optim_lamb_trust(total);
+  float trust = optim_lamb_trust(total);
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int c = 0; c < NCHUNKS; c++) {
     size_t o = (size_t)c * CHUNK;
-    l2l_optim_lamb_apply(p + o, m + o, v + o, CHUNK, h, trust);
+    optim_lamb_apply(p + o, m + o, v + o, CHUNK, h, trust);
   }
   return now() - t0;
 }
@@ -142,12 +142,12 @@ static const double BYTES_PER_PARAM[NROWS] = {2.0 * COPY_BYTES, 2.0 * COPY_BYTES
 static void *mv16[2], *mv8[2], *b16[2], *b8[2];
 
 static void run(int threads) {
-  struct l2l_optim_hyper adam = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-3f,
+  struct optim_hyper adam = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-3f,
                                  .weight_decay = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
                                  .eps = 1e-8f, .grad_scale = 1.0f};
-  struct l2l_optim_hyper sgd = {.kind = L2L_OPTIMIZER_SGD, .lr = 1e-3f, .weight_decay = 0.01f,
+  struct optim_hyper sgd = {.kind = L2L_OPTIMIZER_SGD, .lr = 1e-3f, .weight_decay = 0.01f,
                                 .momentum = 0.9f, .grad_scale = 1.0f};
-  struct l2l_optim_hyper lamb = adam;
+  struct optim_hyper lamb = adam;
   lamb.kind = L2L_OPTIMIZER_LAMB;
   double secs[NROWS][REPEATS];
   for (int r = -1; r < REPEATS; r++) { /* r = -1: one untimed warm-up pass */
@@ -180,20 +180,20 @@ static void run(int threads) {
    thread: what each core can do when memory is not the limit. */
 static void in_cache(void) {
   enum { SMALL = 32 << 10, CALLS = 200 };
-  struct l2l_optim_hyper h = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-3f, .weight_decay = 0.01f,
+  struct optim_hyper h = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-3f, .weight_decay = 0.01f,
                               .momentum = 0.9f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                               .t = 2, .grad_scale = 1.0f};
   double secs[3][REPEATS];
   for (int r = -1; r < REPEATS; r++) {
     double t[3], t0 = now();
-    for (int i = 0; i < CALLS; i++) l2l_optim_adamw(p, m, v, g, SMALL, &h);
+    for (int i = 0; i < CALLS; i++) optim_adamw(p, m, v, g, SMALL, &h);
     t[0] = now() - t0, t0 = now();
-    for (int i = 0; i < CALLS; i++) l2l_optim_sgd(p, b, g, SMALL, &h);
+    for (int i = 0; i < CALLS; i++) optim_sgd(p, b, g, SMALL, &h);
     t[1] = now() - t0, t0 = now();
     for (int i = 0; i < CALLS; i++) {
       double nn[2] = {0.0, 0.0};
-      l2l_optim_lamb_moments(m, v, p, g, SMALL, &h, nn);
-      l2l_optim_lamb_apply(p, m, v, SMALL, &h, l2l_optim_lamb_trust(nn));
+      optim_lamb_moments(m, v, p, g, SMALL, &h, nn);
+      optim_lamb_apply(p, m, v, SMALL, &h, optim_lamb_trust(nn));
     }
     t[2] = now() - t0;
     if (r >= 0)
@@ -212,7 +212,7 @@ int main(void) {
   b = alloc_or_die(sizeof(float) * N);
   src = alloc_or_die((size_t)COPY_BYTES * N), dst = alloc_or_die((size_t)COPY_BYTES * N);
   /* compact state arrays, zero (the state an update starts from), touched by one thread */
-  uint64_t bytes16 = l2l_host_state_bytes(L2L_STATE_BF16, N), bytes8 = l2l_host_state_bytes(L2L_STATE_8BIT, N);
+  uint64_t bytes16 = host_state_bytes(L2L_STATE_BF16, N), bytes8 = host_state_bytes(L2L_STATE_8BIT, N);
   for (int a = 0; a < 2; a++) {
     mv16[a] = calloc(1, bytes16), mv8[a] = calloc(1, bytes8);
     if (mv16[a] == NULL || mv8[a] == NULL) return fprintf(stderr, "bench_optim: no memory\n"), 1;

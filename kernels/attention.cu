@@ -2,7 +2,7 @@
 /* attention.cu — multi-head self-attention forward and backward for the CUDA backend, in
  * fp32, flash style (Dao et al., FlashAttention 1 and 2).
  *
- * Purpose: what l2l_cpu_attention_forward / _backward (src/backend/cpu/attention.c) compute,
+ * Purpose: what cpu_attention_forward / _backward (src/backend/cpu/attention.c) compute,
  * without ever holding an S x S matrix: the forward runs one block per (query tile, head,
  * sample) over key tiles in shared memory with an online softmax (running max m and sum
  * l per row); the backward runs one block per (key tile, head, sample) that owns its keys'
@@ -21,7 +21,7 @@
  * loops run over the compile-time maximum without bounds checks.
  *
  * Dropout: the draw of element (b, h, i, j) is index ((first_sample + b) heads + h) seq^2
- * + i seq + j of (seed, stream), kept iff l2l_kept(draw, threshold), as the CPU's
+ * + i seq + j of (seed, stream), kept iff k_kept(draw, threshold), as the CPU's
  * dropout_row. P' = P kept / (1-p) feeds o and dv, while the softmax normalisation uses
  * P: the forward sums exp(s - m) into l for every visible key and exp(s - m) kept into the
  * accumulator of o, then multiplies by 1/(1-p) / l.
@@ -37,7 +37,7 @@
 #include "attention.h"
 #include "attention_tiles.cuh"
 
-using namespace l2l_attention;
+using namespace k_attention;
 
 namespace {
 
@@ -323,7 +323,7 @@ __global__ void __launch_bounds__(kThreads)
     const float *dorow = d_o + bi * sh.ld_o + h * hd, *orow = o + bi * sh.ld_o + h * hd;
     float sum = 0.0f;
     for (int64_t d = lane; d < hd; d += 32) sum = fmaf(dorow[d], orow[d], sum);
-    sum = l2l_warp_sum(sum);
+    sum = k_warp_sum(sum);
     if (lane == 0) d_rows[(b * sh.heads + h) * sh.seq + i] = sum;
     float *dqrow = dq + bi * sh.ld_qkv + h * hd;
     for (int64_t d = lane; d < hd; d += 32) dqrow[d] = 0.0f;
@@ -562,12 +562,12 @@ int check_shape(AttentionShape *sh, int64_t batch, int64_t heads, int64_t seq,
 
 /* ---------------------------------------------------------------- launchers */
 
-extern "C" int64_t l2l_k_attention_scratch_floats(int64_t batch, int64_t heads, int64_t seq,
+extern "C" int64_t k_attention_scratch_floats(int64_t batch, int64_t heads, int64_t seq,
                                                   int backward) {
   return backward ? batch * heads * seq : 0;
 }
 
-extern "C" int l2l_k_attention_forward(float *o, float *lse, float *probs, float *dropped,
+extern "C" int k_attention_forward(float *o, float *lse, float *probs, float *dropped,
                                        uint8_t *mask, const float *q, const float *k,
                                        const float *v, const uint8_t *key_mask, int64_t batch,
                                        int64_t heads, int64_t seq, int64_t head_dim,
@@ -595,7 +595,7 @@ extern "C" int l2l_k_attention_forward(float *o, float *lse, float *probs, float
   return forward_for<256>(args, write_rows, s);
 }
 
-extern "C" int l2l_k_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
+extern "C" int k_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
                                         const float *o, const float *lse, const float *probs,
                                         const float *dropped, const uint8_t *mask,
                                         const float *q, const float *k, const float *v,
@@ -617,9 +617,9 @@ extern "C" int l2l_k_attention_backward(float *dq, float *dk, float *dv, const f
 
   /* D and dq := 0 first; the tile kernel follows on the same stream */
   const int64_t rows = batch * seq * heads;
-  attention_row_dots_kernel<<<l2l_blocks_for(rows * 32), kThreads, 0, s>>>(scratch, dq, d_o, o,
+  attention_row_dots_kernel<<<k_blocks_for(rows * 32), kThreads, 0, s>>>(scratch, dq, d_o, o,
                                                                            args.sh);
-  int err = l2l_launched();
+  int err = k_launched();
   if (err != 0) return err;
 
   args.dq = dq, args.dk = dk, args.dv = dv, args.d_o = d_o, args.lse = lse;

@@ -4,8 +4,8 @@
  * Purpose: the plain-C face of the flash-style attention kernels, so that
  * src/backend/cuda/cuda_ops.c can call them without CUDA headers. Arguments mean exactly
  * what attention_forward / attention_backward in src/backend/backend.h say (struct
- * l2l_attention_shape spread into its fields), and the results match
- * l2l_cpu_attention_forward / _backward.
+ * backend_attention_shape spread into its fields), and the results match
+ * cpu_attention_forward / _backward.
  * Must never: name a CUDA type (a stream is a cudaStream_t passed as void *, NULL = the
  * default stream), synchronize, allocate, print or exit.
  *
@@ -34,15 +34,15 @@ extern "C" {
 /* Floats of `scratch` the caller must pass to a forward (backward = 0) or backward: the
    forward needs none (0; scratch may be NULL), the backward batch * heads * seq (each
    query row's D = do . o). */
-int64_t l2l_k_attention_scratch_floats(int64_t batch, int64_t heads, int64_t seq,
+int64_t k_attention_scratch_floats(int64_t batch, int64_t heads, int64_t seq,
                                        int backward);
 
 /* o, lse (batch, heads, seq) and, when not NULL, the standard mode's full rows of P
    (probs), P' (dropped, written only when dropout > 0) and kept bits (mask, written only
    when dropout > 0; row (b*heads + h)*seq + i starts at byte ((b*heads + h)*seq + i) *
    ((seq + 7) / 8), and only the bytes the CPU backend writes are written).
-   keep_threshold = l2l_keep_threshold(dropout), computed on the host. */
-int l2l_k_attention_forward(float *o, float *lse, float *probs, float *dropped, uint8_t *mask,
+   keep_threshold = backend_keep_threshold(dropout), computed on the host. */
+int k_attention_forward(float *o, float *lse, float *probs, float *dropped, uint8_t *mask,
                             const float *q, const float *k, const float *v,
                             const uint8_t *key_mask, int64_t batch, int64_t heads,
                             int64_t seq, int64_t head_dim, int64_t ld_qkv, int64_t ld_o,
@@ -53,8 +53,8 @@ int l2l_k_attention_forward(float *o, float *lse, float *probs, float *dropped, 
 /* dq, dk, dv (written; only their (b, i, h, 0..head_dim) entries are touched) from d_o,
    given the forward's o and lse, and its probs / dropped / mask when kept (NULL: P is
    recomputed from q, k, lse and P' from the generator). lse may be NULL when probs is
-   not. scratch: l2l_k_attention_scratch_floats(batch, heads, seq, 1) floats. */
-int l2l_k_attention_backward(float *dq, float *dk, float *dv, const float *d_o, const float *o,
+   not. scratch: k_attention_scratch_floats(batch, heads, seq, 1) floats. */
+int k_attention_backward(float *dq, float *dk, float *dv, const float *d_o, const float *o,
                              const float *lse, const float *probs, const float *dropped,
                              const uint8_t *mask, const float *q, const float *k,
                              const float *v, const uint8_t *key_mask, int64_t batch,

@@ -33,7 +33,7 @@
 
 #include "attention_tiles.cuh"
 
-namespace l2l_attention {
+namespace k_attention {
 namespace {
 
 namespace wmma = nvcuda::wmma;
@@ -517,4 +517,4 @@ int mma_backward(const BackwardArgs &args, int dtype, cudaStream_t stream) {
                           : backward_typed<__half>(args, stream);
 }
 
-} /* namespace l2l_attention */
+} /* namespace k_attention */

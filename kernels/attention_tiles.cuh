@@ -14,7 +14,7 @@
 
 #include "common.cuh"
 
-namespace l2l_attention {
+namespace k_attention {
 
 struct AttentionShape {
   int64_t batch, heads, seq, head_dim, ld_qkv, ld_o, first_sample;
@@ -69,13 +69,13 @@ __device__ __forceinline__ void fill_kept(uint8_t *kept, uint64_t first, uint64_
     if (r >= rows_valid) continue;
     const uint64_t row_first = first + (uint64_t)r * row_stride;
     const uint64_t block = (row_first >> 2) + (uint64_t)block_in_row;
-    const uint4 w = l2l_philox(sh.seed, sh.stream, block);
+    const uint4 w = k_philox(sh.seed, sh.stream, block);
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
     for (int u = 0; u < 4; u++) {
       /* column of word u: from -3 (before the row's first draw) to COLS + 3 */
       const int64_t col = (int64_t)(block * 4u + (uint64_t)u - row_first);
-      if (col >= 0 && col < COLS) kept[r * COLS + col] = l2l_kept(words[u], sh.threshold) ? 1 : 0;
+      if (col >= 0 && col < COLS) kept[r * COLS + col] = k_kept(words[u], sh.threshold) ? 1 : 0;
     }
   }
 }
@@ -95,7 +95,7 @@ inline int launch_tiles(void (*kernel)(Args), int threads, size_t smem, int64_t 
   }
   const unsigned grid = (unsigned)(items < 0x7fffffff ? items : 0x7fffffff);
   kernel<<<grid, threads, smem, stream>>>(args);
-  return l2l_launched();
+  return k_launched();
 }
 
 /* The tensor-core flash kernels (attention_mma.cu) for 16-bit products, dtype DT_BF16 or
@@ -108,6 +108,6 @@ bool mma_serves(int dtype, int64_t head_dim, bool backward);
 int mma_forward(const ForwardArgs &args, int dtype, cudaStream_t stream);
 int mma_backward(const BackwardArgs &args, int dtype, cudaStream_t stream);
 
-} /* namespace l2l_attention */
+} /* namespace k_attention */
 
 #endif /* L2L_KERNELS_ATTENTION_TILES_CUH */

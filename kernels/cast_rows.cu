@@ -26,7 +26,7 @@ static __global__ void __launch_bounds__(L2L_THREADS)
   }
 }
 
-extern "C" int l2l_k_cast_rows(void *dst, int dst_dtype, int64_t dst_ld, const void *src,
+extern "C" int k_cast_rows(void *dst, int dst_dtype, int64_t dst_ld, const void *src,
                                int src_dtype, int64_t src_ld, int64_t rows, int64_t cols,
                                void *stream) {
   if (dst == NULL || src == NULL || rows < 0 || cols < 0 || dst_ld < cols || src_ld < cols)
@@ -37,7 +37,7 @@ extern "C" int l2l_k_cast_rows(void *dst, int dst_dtype, int64_t dst_ld, const v
       (half != DT_F16 && half != DT_BF16))
     return (int)cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return 0;
-  const unsigned blocks = l2l_blocks_for(rows * cols);
+  const unsigned blocks = k_blocks_for(rows * cols);
   cudaStream_t s = (cudaStream_t)stream;
   if (to_half && half == DT_BF16)
     cast_rows_kernel<true, DT_BF16><<<blocks, L2L_THREADS, 0, s>>>(dst, dst_ld, src, src_ld, rows, cols);
@@ -47,5 +47,5 @@ extern "C" int l2l_k_cast_rows(void *dst, int dst_dtype, int64_t dst_ld, const v
     cast_rows_kernel<false, DT_BF16><<<blocks, L2L_THREADS, 0, s>>>(dst, dst_ld, src, src_ld, rows, cols);
   else
     cast_rows_kernel<false, DT_F16><<<blocks, L2L_THREADS, 0, s>>>(dst, dst_ld, src, src_ld, rows, cols);
-  return l2l_launched();
+  return k_launched();
 }

@@ -55,9 +55,9 @@ static int launch_map(const Op &op, int64_t n, bool vectorized, void *stream) {
   if (n < 0) return invalid_argument();
   if (n == 0) return 0;
   const int64_t threads_needed = vectorized ? (n >> 2) + (n & 3) : n;
-  map_kernel<Op><<<l2l_blocks_for(threads_needed), L2L_THREADS, 0, (cudaStream_t)stream>>>(
+  map_kernel<Op><<<k_blocks_for(threads_needed), L2L_THREADS, 0, (cudaStream_t)stream>>>(
       op, n, vectorized);
-  return l2l_launched();
+  return k_launched();
 }
 
 static __device__ __forceinline__ float4 load4(const float *p, int64_t q) {
@@ -79,7 +79,7 @@ struct AddOp {
   }
 };
 
-extern "C" int l2l_k_add(float *out, const float *a, const float *b, int64_t n, void *stream) {
+extern "C" int k_add(float *out, const float *a, const float *b, int64_t n, void *stream) {
   bool vec = aligned16(out) && aligned16(a) && aligned16(b);
   return launch_map(AddOp{out, a, b}, n, vec, stream);
 }
@@ -109,15 +109,15 @@ __global__ void __launch_bounds__(L2L_THREADS)
   }
 }
 
-extern "C" int l2l_k_bias_add(float *y, const float *bias, int64_t rows, int64_t cols,
+extern "C" int k_bias_add(float *y, const float *bias, int64_t rows, int64_t cols,
                               void *stream) {
   if (rows < 0 || cols < 0) return invalid_argument();
   if (rows == 0 || cols == 0) return 0;
   bool vec = (cols & 3) == 0 && aligned16(y) && aligned16(bias);
   int64_t units = rows * (vec ? cols >> 2 : cols);
-  bias_add_kernel<<<l2l_blocks_for(units), L2L_THREADS, 0, (cudaStream_t)stream>>>(
+  bias_add_kernel<<<k_blocks_for(units), L2L_THREADS, 0, (cudaStream_t)stream>>>(
       y, bias, rows, cols, vec);
-  return l2l_launched();
+  return k_launched();
 }
 
 /* ---------------------------------------------------------------- GELU */
@@ -125,30 +125,30 @@ extern "C" int l2l_k_bias_add(float *y, const float *bias, int64_t rows, int64_t
 struct GeluOp {
   float *y;
   const float *x;
-  __device__ void scalar(int64_t i) const { y[i] = l2l_gelu(x[i]); }
+  __device__ void scalar(int64_t i) const { y[i] = k_gelu(x[i]); }
   __device__ void quad(int64_t q) const {
     float4 v = load4(x, q);
-    store4(y, q, make_float4(l2l_gelu(v.x), l2l_gelu(v.y), l2l_gelu(v.z), l2l_gelu(v.w)));
+    store4(y, q, make_float4(k_gelu(v.x), k_gelu(v.y), k_gelu(v.z), k_gelu(v.w)));
   }
 };
 
 struct GeluBackwardOp {
   float *dx;
   const float *dy, *x;
-  __device__ void scalar(int64_t i) const { dx[i] = dy[i] * l2l_gelu_prime(x[i]); }
+  __device__ void scalar(int64_t i) const { dx[i] = dy[i] * k_gelu_prime(x[i]); }
   __device__ void quad(int64_t q) const {
     float4 d = load4(dy, q), v = load4(x, q);
     store4(dx, q,
-           make_float4(d.x * l2l_gelu_prime(v.x), d.y * l2l_gelu_prime(v.y),
-                       d.z * l2l_gelu_prime(v.z), d.w * l2l_gelu_prime(v.w)));
+           make_float4(d.x * k_gelu_prime(v.x), d.y * k_gelu_prime(v.y),
+                       d.z * k_gelu_prime(v.z), d.w * k_gelu_prime(v.w)));
   }
 };
 
-extern "C" int l2l_k_gelu_forward(float *y, const float *x, int64_t n, void *stream) {
+extern "C" int k_gelu_forward(float *y, const float *x, int64_t n, void *stream) {
   return launch_map(GeluOp{y, x}, n, aligned16(y) && aligned16(x), stream);
 }
 
-extern "C" int l2l_k_gelu_backward(float *dx, const float *dy, const float *x, int64_t n,
+extern "C" int k_gelu_backward(float *dx, const float *dy, const float *x, int64_t n,
                                    void *stream) {
   bool vec = aligned16(dx) && aligned16(dy) && aligned16(x);
   return launch_map(GeluBackwardOp{dx, dy, x}, n, vec, stream);
@@ -189,10 +189,10 @@ __global__ void __launch_bounds__(L2L_THREADS)
                        (lo.z >= L2L_GELU_XMIN_D) << 2 | (lo.w >= L2L_GELU_XMIN_D) << 3 |
                        (hi.x >= L2L_GELU_XMIN_D) << 4 | (hi.y >= L2L_GELU_XMIN_D) << 5 |
                        (hi.z >= L2L_GELU_XMIN_D) << 6 | (hi.w >= L2L_GELU_XMIN_D) << 7);
-      store4(y, byte * 2, make_float4(l2l_gelu(lo.x), l2l_gelu(lo.y), l2l_gelu(lo.z),
-                                      l2l_gelu(lo.w)));
-      store4(y, byte * 2 + 1, make_float4(l2l_gelu(hi.x), l2l_gelu(hi.y), l2l_gelu(hi.z),
-                                          l2l_gelu(hi.w)));
+      store4(y, byte * 2, make_float4(k_gelu(lo.x), k_gelu(lo.y), k_gelu(lo.z),
+                                      k_gelu(lo.w)));
+      store4(y, byte * 2 + 1, make_float4(k_gelu(hi.x), k_gelu(hi.y), k_gelu(hi.z),
+                                          k_gelu(hi.w)));
     } else {
       const int count = n - first < 8 ? (int)(n - first) : 8;
       int64_t c = col;
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
           if (++c == cols) c = 0;
         }
         side |= (uint8_t)((v >= L2L_GELU_XMIN_D) << j);
-        y[first + j] = l2l_gelu(v); /* after the reads of element first+j: y may be in */
+        y[first + j] = k_gelu(v); /* after the reads of element first+j: y may be in */
       }
     }
     if (bits) bits[byte] = side;
@@ -215,25 +215,25 @@ __global__ void __launch_bounds__(L2L_THREADS)
   }
 }
 
-extern "C" int l2l_k_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_t n,
+extern "C" int k_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_t n,
                                        void *stream) {
   if (n < 0 || bits == NULL) return invalid_argument();
   if (n == 0) return 0;
   bool vec = aligned16(y) && aligned16(x);
-  gelu_bits_kernel<false><<<l2l_blocks_for((n + 7) >> 3), L2L_THREADS, 0,
+  gelu_bits_kernel<false><<<k_blocks_for((n + 7) >> 3), L2L_THREADS, 0,
                             (cudaStream_t)stream>>>(NULL, x, y, bits, NULL, n, 1, vec);
-  return l2l_launched();
+  return k_launched();
 }
 
-extern "C" int l2l_k_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
+extern "C" int k_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
                                        int64_t rows, int64_t cols, void *stream) {
   if (rows < 0 || cols < 0) return invalid_argument();
   if (rows == 0 || cols == 0) return 0;
   const int64_t n = rows * cols;
   bool vec = (cols & 7) == 0 && aligned16(pre) && aligned16(y) && aligned16(bias);
-  gelu_bits_kernel<true><<<l2l_blocks_for((n + 7) >> 3), L2L_THREADS, 0,
+  gelu_bits_kernel<true><<<k_blocks_for((n + 7) >> 3), L2L_THREADS, 0,
                            (cudaStream_t)stream>>>(pre, pre, y, bits, bias, n, cols, vec);
-  return l2l_launched();
+  return k_launched();
 }
 
 /* ---- GELU backward from its output y and the side bit (x >= X_MIN).
@@ -309,7 +309,7 @@ struct GeluBackwardFromOutputOp {
   }
 };
 
-extern "C" int l2l_k_gelu_backward_from_output(float *dx, const float *dy, const float *y,
+extern "C" int k_gelu_backward_from_output(float *dx, const float *dy, const float *y,
                                                const uint8_t *bits, int64_t n, void *stream) {
   bool vec = aligned16(dx) && aligned16(dy) && aligned16(y);
   return launch_map(GeluBackwardFromOutputOp{dx, dy, y, bits}, n, vec, stream);
@@ -333,15 +333,15 @@ __global__ void __launch_bounds__(L2L_THREADS)
     const int count = n - start < 8 ? (int)(n - start) : 8;
     const uint64_t index0 = first + (uint64_t)start, block0 = index0 >> 2;
     const uint64_t last_block = (index0 + (uint64_t)(count - 1)) >> 2;
-    const uint4 w0 = l2l_philox(seed, rng_stream, block0);
-    const uint4 w1 = last_block != block0 ? l2l_philox(seed, rng_stream, block0 + 1) : w0;
-    const uint4 w2 = last_block == block0 + 2 ? l2l_philox(seed, rng_stream, block0 + 2) : w0;
+    const uint4 w0 = k_philox(seed, rng_stream, block0);
+    const uint4 w1 = last_block != block0 ? k_philox(seed, rng_stream, block0 + 1) : w0;
+    const uint4 w2 = last_block == block0 + 2 ? k_philox(seed, rng_stream, block0 + 2) : w0;
     unsigned kept = 0;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
       uint64_t index = index0 + (uint64_t)j, offset = (index >> 2) - block0;
       uint4 w = offset == 0 ? w0 : offset == 1 ? w1 : w2;
-      if (j < count) kept |= (unsigned)l2l_kept(word_of(w, (unsigned)(index & 3)), threshold) << j;
+      if (j < count) kept |= (unsigned)k_kept(word_of(w, (unsigned)(index & 3)), threshold) << j;
     }
     if (vectorized && count == 8) {
       float4 lo = load4(x, byte * 2), hi = load4(x, byte * 2 + 1);
@@ -360,17 +360,17 @@ __global__ void __launch_bounds__(L2L_THREADS)
   }
 }
 
-extern "C" int l2l_k_dropout_forward(float *y, uint8_t *mask, const float *x, float p,
+extern "C" int k_dropout_forward(float *y, uint8_t *mask, const float *x, float p,
                                      uint32_t threshold, uint64_t seed, uint64_t rng_stream,
                                      int64_t first, int64_t n, void *stream) {
   if (n < 0) return invalid_argument();
   if (n == 0) return 0;
   const float keep_scale = 1.0f / (1.0f - p); /* in float, as cpu_dropout_forward */
   bool vec = aligned16(y) && aligned16(x);
-  dropout_forward_kernel<<<l2l_blocks_for((n + 7) >> 3), L2L_THREADS, 0,
+  dropout_forward_kernel<<<k_blocks_for((n + 7) >> 3), L2L_THREADS, 0,
                            (cudaStream_t)stream>>>(y, mask, x, keep_scale, threshold, seed,
                                                    rng_stream, (uint64_t)first, n, vec);
-  return l2l_launched();
+  return k_launched();
 }
 
 struct DropoutBackwardOp {
@@ -390,7 +390,7 @@ struct DropoutBackwardOp {
   }
 };
 
-extern "C" int l2l_k_dropout_backward(float *dx, const float *dy, const uint8_t *mask, float p,
+extern "C" int k_dropout_backward(float *dx, const float *dy, const uint8_t *mask, float p,
                                       int64_t n, void *stream) {
   const float keep_scale = 1.0f / (1.0f - p);
   bool vec = aligned16(dx) && aligned16(dy);
@@ -403,7 +403,7 @@ struct AdamwOp {
   float *param, *m, *v;
   const float *grad;
   float b1, b2, eps, lr_wd, step_size, inv_sqrt_bc2;
-  /* backend.h's l2l_adamw_element (the CPU backend's and the EPS's), expression for
+  /* backend.h's backend_adamw_element (the CPU backend's and the EPS's), expression for
      expression: device code cannot call that host function, so it is written again here */
   __device__ __forceinline__ void update(float &p, float &mi, float &vi, float g) const {
     mi = b1 * mi + (1.0f - b1) * g;
@@ -429,10 +429,10 @@ struct AdamwOp {
   }
 };
 
-extern "C" int l2l_k_adamw(float *param, float *m, float *v, const float *grad, int64_t n,
+extern "C" int k_adamw(float *param, float *m, float *v, const float *grad, int64_t n,
                            float lr, float beta1, float beta2, float eps, float weight_decay,
                            float bias_correction1, float bias_correction2, void *stream) {
-  /* The per-step constants as l2l_adamw_consts makes them on the host: in double,
+  /* The per-step constants as backend_adamw_consts makes them on the host: in double,
      rounded once (1.0f - b is that already: a float's 1 - b is exact in double); lr * wd
      * p associates as (lr * wd) * p there too. */
   const float step_size = (float)((double)lr / (double)bias_correction1);
@@ -469,7 +469,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
   }
 }
 
-extern "C" int l2l_k_fill(void *dst, int dtype, uint32_t pattern, int64_t n, void *stream) {
+extern "C" int k_fill(void *dst, int dtype, uint32_t pattern, int64_t n, void *stream) {
   int size;
   uint32_t word;
   switch (dtype) {
@@ -484,9 +484,9 @@ extern "C" int l2l_k_fill(void *dst, int dtype, uint32_t pattern, int64_t n, voi
   if (n == 0) return 0;
   bool vec = aligned16(dst);
   int64_t threads_needed = vec ? (n * size >> 4) + 16 : n;
-  fill_kernel<<<l2l_blocks_for(threads_needed), L2L_THREADS, 0, (cudaStream_t)stream>>>(
+  fill_kernel<<<k_blocks_for(threads_needed), L2L_THREADS, 0, (cudaStream_t)stream>>>(
       dst, word, pattern, size, n, vec);
-  return l2l_launched();
+  return k_launched();
 }
 
 /* cpu_convert's load_as_f32 / store_f32 for one dtype fixed at compile time. */
@@ -581,9 +581,9 @@ static int launch_convert(void *dst, const void *src, int64_t n, cudaStream_t st
   const uintptr_t src_align = 4u * (uintptr_t)dtype_size(SRC) - 1u;
   const uintptr_t dst_align = 4u * (uintptr_t)dtype_size(DST) - 1u;
   bool vec = ((uintptr_t)src & src_align) == 0 && ((uintptr_t)dst & dst_align) == 0;
-  convert_kernel<SRC, DST><<<l2l_blocks_for(vec ? (n >> 2) + (n & 3) : n), L2L_THREADS, 0,
+  convert_kernel<SRC, DST><<<k_blocks_for(vec ? (n >> 2) + (n & 3) : n), L2L_THREADS, 0,
                              stream>>>(dst, src, n, vec);
-  return l2l_launched();
+  return k_launched();
 }
 
 template <int SRC>
@@ -598,7 +598,7 @@ static int launch_convert_from(void *dst, int dst_dtype, const void *src, int64_
   }
 }
 
-extern "C" int l2l_k_convert(void *dst, int dst_dtype, const void *src, int src_dtype,
+extern "C" int k_convert(void *dst, int dst_dtype, const void *src, int src_dtype,
                              int64_t n, void *stream) {
   if (n < 0 || dtype_size(dst_dtype) == 0 || dtype_size(src_dtype) == 0)
     return invalid_argument();
@@ -636,21 +636,21 @@ __global__ void __launch_bounds__(L2L_THREADS)
   }
 }
 
-extern "C" int l2l_k_find_non_i32(int64_t *first_bad, const void *src, int src_dtype, int64_t n,
+extern "C" int k_find_non_i32(int64_t *first_bad, const void *src, int src_dtype, int64_t n,
                                   void *stream) {
   if (n < 0 || first_bad == NULL || src_dtype < DT_F32 || src_dtype > DT_I32)
     return invalid_argument();
   cudaStream_t s = (cudaStream_t)stream;
   unsigned long long *out = reinterpret_cast<unsigned long long *>(first_bad);
   set_minus_one_kernel<<<1, 1, 0, s>>>(out);
-  if (n == 0 || src_dtype == DT_I32) return l2l_launched(); /* nothing to check */
-  unsigned blocks = l2l_blocks_for(n);
+  if (n == 0 || src_dtype == DT_I32) return k_launched(); /* nothing to check */
+  unsigned blocks = k_blocks_for(n);
   switch (src_dtype) {
     case DT_F32: find_non_i32_kernel<DT_F32><<<blocks, L2L_THREADS, 0, s>>>(out, src, n); break;
     case DT_F16: find_non_i32_kernel<DT_F16><<<blocks, L2L_THREADS, 0, s>>>(out, src, n); break;
     default: find_non_i32_kernel<DT_BF16><<<blocks, L2L_THREADS, 0, s>>>(out, src, n); break;
   }
-  return l2l_launched();
+  return k_launched();
 }
 
 /* ---------------------------------------------------------------- random
@@ -717,7 +717,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
   const int per_block = normal ? 2 : 4;
   for (int64_t t = thread_index(); t < blocks; t += grid_threads()) {
     const uint64_t block = block0 + (uint64_t)t;
-    const uint4 w = l2l_philox(seed, rng_stream, block);
+    const uint4 w = k_philox(seed, rng_stream, block);
     for (int j = 0; j < per_block; j++) {
       const uint64_t index = block * (uint64_t)per_block + (uint64_t)j;
       const uint64_t i = index - first; /* wraps to huge below first: skipped */
@@ -734,7 +734,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
   }
 }
 
-extern "C" int l2l_k_random(void *dst, int dtype, int64_t n, int dist, uint64_t seed,
+extern "C" int k_random(void *dst, int dtype, int64_t n, int dist, uint64_t seed,
                             uint64_t rng_stream, int64_t first, double a, double b,
                             void *stream) {
   if (n < 0 || dtype < DT_F32 || dtype > DT_I32 || (dist != 0 && dist != 1))
@@ -745,7 +745,7 @@ extern "C" int l2l_k_random(void *dst, int dtype, int64_t n, int dist, uint64_t 
   const uint64_t start = (uint64_t)first, last = start + (uint64_t)(n - 1);
   const uint64_t block0 = start >> shift;
   const int64_t blocks = (int64_t)((last >> shift) - block0 + 1);
-  random_kernel<<<l2l_blocks_for(blocks), L2L_THREADS, 0, (cudaStream_t)stream>>>(
+  random_kernel<<<k_blocks_for(blocks), L2L_THREADS, 0, (cudaStream_t)stream>>>(
       dst, dtype, n, normal, seed, rng_stream, start, block0, blocks, a, b);
-  return l2l_launched();
+  return k_launched();
 }

@@ -309,7 +309,7 @@ int launch_layernorm_forward(bool fused, float *sum, float *y, float *mean, floa
   else
     layernorm_forward_kernel<false><<<l.blocks, l.threads, l.smem, s>>>(
         y, mean, rstd, sum, x, addend, weight, bias, eps, rows, cols, l.cache);
-  return l2l_launched();
+  return k_launched();
 }
 
 template <bool FROM_OUTPUT>
@@ -335,27 +335,27 @@ int launch_layernorm_backward(float *dx, float *dweight, float *dbias, const flo
   else
     layernorm_backward_kernel<false, FROM_OUTPUT><<<l.blocks, l.threads, l.smem, s>>>(
         dx, partials, dy, src, weight, mean, shift, rstd, rows, cols, l.cache, vec);
-  int status = l2l_launched();
+  int status = k_launched();
   if (status != 0 || !grads) return status;
   int64_t tiles = (cols + 31) / 32;
   if (tiles > MAX_BLOCKS) tiles = MAX_BLOCKS;
   column_partials_kernel<<<(unsigned)tiles, dim3(32, 32), 0, s>>>(dweight, dbias, scratch,
                                                                   (int64_t)l.blocks, cols);
-  return l2l_launched();
+  return k_launched();
 }
 
 } /* namespace */
 
 /* ---------------------------------------------------------------- launchers */
 
-extern "C" int l2l_k_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
+extern "C" int k_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
                                        const float *weight, const float *bias, float eps,
                                        int64_t rows, int64_t cols, void *stream) {
   return launch_layernorm_forward(false, nullptr, y, mean, rstd, x, nullptr, weight, bias, eps,
                                   rows, cols, stream);
 }
 
-extern "C" int l2l_k_add_layernorm_forward(float *sum, float *y, float *mean, float *rstd,
+extern "C" int k_add_layernorm_forward(float *sum, float *y, float *mean, float *rstd,
                                            const float *a, const float *b,
                                            const float *weight, const float *bias, float eps,
                                            int64_t rows, int64_t cols, void *stream) {
@@ -363,12 +363,12 @@ extern "C" int l2l_k_add_layernorm_forward(float *sum, float *y, float *mean, fl
                                   cols, stream);
 }
 
-extern "C" int64_t l2l_k_layernorm_backward_scratch_floats(int64_t rows, int64_t cols) {
+extern "C" int64_t k_layernorm_backward_scratch_floats(int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return 0;
   return 2 * layernorm_partial_groups(rows, cols) * cols;
 }
 
-extern "C" int l2l_k_layernorm_backward(float *dx, float *dweight, float *dbias,
+extern "C" int k_layernorm_backward(float *dx, float *dweight, float *dbias,
                                         const float *dy, const float *x, const float *weight,
                                         const float *mean, const float *rstd, int64_t rows,
                                         int64_t cols, float *scratch, void *stream) {
@@ -376,7 +376,7 @@ extern "C" int l2l_k_layernorm_backward(float *dx, float *dweight, float *dbias,
                                           rstd, rows, cols, scratch, stream);
 }
 
-extern "C" int l2l_k_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
+extern "C" int k_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
                                                     const float *dy, const float *y,
                                                     const float *weight, const float *bias,
                                                     const float *rstd, int64_t rows,

@@ -25,40 +25,40 @@ extern "C" {
 /* y = (x - mean) rstd weight + bias per row; mean = sum(x)/cols, then (second pass)
    rstd = 1 / sqrtf(sum((x - mean)^2)/cols + eps). mean and rstd (rows floats each) may be
    NULL. y may be x. */
-int l2l_k_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
+int k_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
                             const float *weight, const float *bias, float eps, int64_t rows,
                             int64_t cols, void *stream);
 
 /* Fused residual add + LayerNorm: sum = a + b (written; sum may be a or b), then y, mean,
-   rstd exactly as l2l_k_layernorm_forward(y, mean, rstd, sum, ...) would give, in one pass
+   rstd exactly as k_layernorm_forward(y, mean, rstd, sum, ...) would give, in one pass
    over memory (each row of sum is kept on chip between the add and the normalization).
    sum and y are required; mean and rstd may be NULL. y must not overlap sum (it may be
    whichever of a, b that sum is not). */
-int l2l_k_add_layernorm_forward(float *sum, float *y, float *mean, float *rstd, const float *a,
+int k_add_layernorm_forward(float *sum, float *y, float *mean, float *rstd, const float *a,
                                 const float *b, const float *weight, const float *bias,
                                 float eps, int64_t rows, int64_t cols, void *stream);
 
 /* Floats of scratch the two LayerNorm backward launchers need when dweight or dbias is
    not NULL (0 when rows or cols is 0): 2 * P * cols, P = per-row-group partial sums
    (P <= 1024). Depends only on (rows, cols). */
-int64_t l2l_k_layernorm_backward_scratch_floats(int64_t rows, int64_t cols);
+int64_t k_layernorm_backward_scratch_floats(int64_t rows, int64_t cols);
 
 /* With x^ = (x - mean[r]) rstd[r] and g = dy weight:
    dx = rstd (g - mean(g) - x^ mean(g x^)); dweight += sum_r dy x^; dbias += sum_r dy.
    dweight, dbias may be NULL (each independently); they ACCUMULATE (+=). dx may be dy.
-   scratch: l2l_k_layernorm_backward_scratch_floats(rows, cols) floats, needed (non-NULL)
+   scratch: k_layernorm_backward_scratch_floats(rows, cols) floats, needed (non-NULL)
    when dweight or dbias is given, else ignored. The parameter gradients are summed in a
    fixed order (bit-identical from run to run): per-row-group partials into scratch, then
    a second kernel adds them in group order into dweight / dbias. */
-int l2l_k_layernorm_backward(float *dx, float *dweight, float *dbias, const float *dy,
+int k_layernorm_backward(float *dx, float *dweight, float *dbias, const float *dy,
                              const float *x, const float *weight, const float *mean,
                              const float *rstd, int64_t rows, int64_t cols, float *scratch,
                              void *stream);
 
-/* As l2l_k_layernorm_backward with x^ = (y - bias) * (1/weight) from the forward's output
+/* As k_layernorm_backward with x^ = (y - bias) * (1/weight) from the forward's output
    (1/weight rounded to float first, as the CPU does); weight must have no zero channel.
    Same scratch. dx may be dy. */
-int l2l_k_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
+int k_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
                                          const float *dy, const float *y, const float *weight,
                                          const float *bias, const float *rstd, int64_t rows,
                                          int64_t cols, float *scratch, void *stream);
@@ -71,12 +71,12 @@ int l2l_k_layernorm_backward_from_output(float *dx, float *dweight, float *dbias
    only where key_mask[sample][j] != 0. y = softmax(scale x) over the visible keys, 0
    elsewhere; a row with no visible key (or whose visible scores are all -inf) is all 0.
    y may be x. */
-int l2l_k_softmax_forward(float *y, const float *x, const uint8_t *key_mask, int causal,
+int k_softmax_forward(float *y, const float *x, const uint8_t *key_mask, int causal,
                           float scale, int64_t samples, int64_t rows_per_sample, int64_t tq,
                           int64_t tk, void *stream);
 
 /* dx = scale y (dy - dot(dy, y)) per row. dx may be dy. */
-int l2l_k_softmax_backward(float *dx, const float *dy, const float *y, float scale,
+int k_softmax_backward(float *dx, const float *dy, const float *y, float scale,
                            int64_t rows, int64_t cols, void *stream);
 
 /* ---------------------------------------------------------------- cross-entropy */
@@ -84,22 +84,22 @@ int l2l_k_softmax_backward(float *dx, const float *dy, const float *y, float sca
 /* losses[r] = logsumexp(logits[r]) - logits[r][targets[r]]; 0 where targets[r] ==
    ignore_index. Targets must be in [0, vocab) or ignore_index (public_ops.c checks); an
    out-of-range one gives NaN instead of reading out of bounds. */
-int l2l_k_cross_entropy_forward(float *losses, const float *logits, const int32_t *targets,
+int k_cross_entropy_forward(float *losses, const float *logits, const int32_t *targets,
                                 int32_t ignore_index, int64_t rows, int64_t vocab,
                                 void *stream);
 
 /* dlogits[r][j] = scale expf(logits[r][j] - lse[r]), minus scale at j = targets[r]; rows
    whose target is ignore_index are all 0. dlogits may be logits (each row is read fully
    before any of it is written). */
-int l2l_k_cross_entropy_backward(float *dlogits, const float *logits, const int32_t *targets,
+int k_cross_entropy_backward(float *dlogits, const float *logits, const int32_t *targets,
                                  int32_t ignore_index, float scale, int64_t rows,
                                  int64_t vocab, void *stream);
 
-/* Both of the above from one log-sum-exp per row: losses as l2l_k_cross_entropy_forward and
-   dlogits as l2l_k_cross_entropy_backward (same scale). Either output may be NULL (then
+/* Both of the above from one log-sum-exp per row: losses as k_cross_entropy_forward and
+   dlogits as k_cross_entropy_backward (same scale). Either output may be NULL (then
    it is not written). dlogits may be logits: each row's target logit and log-sum-exp are
    taken before the row is overwritten. */
-int l2l_k_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
+int k_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
                               const int32_t *targets, int32_t ignore_index, float scale,
                               int64_t rows, int64_t vocab, void *stream);
 

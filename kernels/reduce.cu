@@ -56,7 +56,7 @@ static bias_plan plan_bias_backward(int64_t rows, int64_t cols) {
   return plan;
 }
 
-extern "C" int64_t l2l_k_bias_backward_scratch_floats(int64_t rows, int64_t cols) {
+extern "C" int64_t k_bias_backward_scratch_floats(int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return 0;
   bias_plan plan = plan_bias_backward(rows, cols);
   return plan.chunks == 1 ? 0 : plan.chunks * cols;
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
   }
 }
 
-extern "C" int l2l_k_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols,
+extern "C" int k_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols,
                                    float *scratch, void *stream) {
   if (rows < 0 || cols < 0) return invalid_argument();
   if (rows == 0 || cols == 0) return 0; /* dbias += nothing */
@@ -107,13 +107,13 @@ extern "C" int l2l_k_bias_backward(float *dbias, const float *dy, int64_t rows, 
   dim3 block(BIAS_TILE_COLS, BIAS_ROW_LANES);
   if (plan.chunks == 1) {
     column_chunk_sums<<<grid, block, 0, s>>>(dbias, true, dy, rows, cols, plan.rows_per_chunk);
-    return l2l_launched();
+    return k_launched();
   }
   column_chunk_sums<<<grid, block, 0, s>>>(scratch, false, dy, rows, cols, plan.rows_per_chunk);
-  int status = l2l_launched();
+  int status = k_launched();
   if (status != 0) return status;
-  add_chunk_sums<<<l2l_blocks_for(cols), L2L_THREADS, 0, s>>>(dbias, scratch, plan.chunks, cols);
-  return l2l_launched();
+  add_chunk_sums<<<k_blocks_for(cols), L2L_THREADS, 0, s>>>(dbias, scratch, plan.chunks, cols);
+  return k_launched();
 }
 
 /* ---------------------------------------------------------------- reduce
@@ -214,23 +214,23 @@ static int launch_reduce(double *out, const float *x, int64_t n, double *scratch
                          cudaStream_t s) {
   if (n == 0) { /* the CPU's result for no elements: 0 for every kind */
     reduce_finish<KIND><<<1, L2L_THREADS, 0, s>>>(out, NULL, 0);
-    return l2l_launched();
+    return k_launched();
   }
   int64_t parts = (n + REDUCE_PER_PART - 1) / REDUCE_PER_PART;
   if (parts > L2L_K_REDUCE_SCRATCH_DOUBLES) parts = L2L_K_REDUCE_SCRATCH_DOUBLES;
   if (parts == 1) {
     reduce_parts<KIND><<<1, L2L_THREADS, 0, s>>>(out, x, n, aligned16(x));
-    return l2l_launched();
+    return k_launched();
   }
   if (scratch == NULL) return invalid_argument();
   reduce_parts<KIND><<<(unsigned)parts, L2L_THREADS, 0, s>>>(scratch, x, n, aligned16(x));
-  int status = l2l_launched();
+  int status = k_launched();
   if (status != 0) return status;
   reduce_finish<KIND><<<1, L2L_THREADS, 0, s>>>(out, scratch, parts);
-  return l2l_launched();
+  return k_launched();
 }
 
-extern "C" int l2l_k_reduce(double *out, int kind, const float *x, int64_t n, double *scratch,
+extern "C" int k_reduce(double *out, int kind, const float *x, int64_t n, double *scratch,
                             void *stream) {
   if (n < 0 || out == NULL) return invalid_argument();
   cudaStream_t s = (cudaStream_t)stream;
@@ -260,16 +260,16 @@ __global__ void __launch_bounds__(L2L_THREADS)
   }
 }
 
-extern "C" int l2l_k_find_out_of_range(int64_t *out, const int32_t *values, int64_t n,
+extern "C" int k_find_out_of_range(int64_t *out, const int32_t *values, int64_t n,
                                        int32_t lo, int32_t hi, int32_t except, void *stream) {
   if (n < 0 || out == NULL) return invalid_argument();
   cudaStream_t s = (cudaStream_t)stream;
   unsigned long long *first = reinterpret_cast<unsigned long long *>(out);
   set_all_ones<<<1, 1, 0, s>>>(first);
-  if (n == 0) return l2l_launched();
-  find_out_of_range_kernel<<<l2l_blocks_for(n), L2L_THREADS, 0, s>>>(first, values, n, lo, hi,
+  if (n == 0) return k_launched();
+  find_out_of_range_kernel<<<k_blocks_for(n), L2L_THREADS, 0, s>>>(first, values, n, lo, hi,
                                                                     except);
-  return l2l_launched();
+  return k_launched();
 }
 
 /* ---------------------------------------------------------------- layernorm_uninvertible
@@ -289,17 +289,17 @@ __global__ void __launch_bounds__(L2L_THREADS)
   }
 }
 
-extern "C" int l2l_k_layernorm_uninvertible(int64_t *out, const float *weight,
+extern "C" int k_layernorm_uninvertible(int64_t *out, const float *weight,
                                             const float *bias, int64_t n, float min_weight,
                                             float bias_ratio, void *stream) {
   if (n < 0 || out == NULL) return invalid_argument();
   cudaStream_t s = (cudaStream_t)stream;
   unsigned long long *first = reinterpret_cast<unsigned long long *>(out);
   set_all_ones<<<1, 1, 0, s>>>(first);
-  if (n == 0) return l2l_launched();
-  layernorm_uninvertible_kernel<<<l2l_blocks_for(n), L2L_THREADS, 0, s>>>(
+  if (n == 0) return k_launched();
+  layernorm_uninvertible_kernel<<<k_blocks_for(n), L2L_THREADS, 0, s>>>(
       first, weight, bias, n, min_weight, bias_ratio);
-  return l2l_launched();
+  return k_launched();
 }
 
 /* ---------------------------------------------------------------- embedding
@@ -417,7 +417,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
   }
 }
 
-extern "C" int l2l_k_embedding_forward(float *out, const int32_t *ids, const void *table,
+extern "C" int k_embedding_forward(float *out, const int32_t *ids, const void *table,
                                        int table_dtype, int64_t n, int64_t cols, void *stream) {
   if (n < 0 || cols < 0) return invalid_argument();
   if (table_dtype != DT_F32 && table_dtype != DT_F16 && table_dtype != DT_BF16)
@@ -437,10 +437,10 @@ extern "C" int l2l_k_embedding_forward(float *out, const int32_t *ids, const voi
     embedding_forward_kernel<<<blocks, L2L_THREADS, 0, s>>>(
         out, ids, static_cast<const float *>(table), n, cols, layout.threads_per_row,
         layout.vectorized);
-  return l2l_launched();
+  return k_launched();
 }
 
-extern "C" int l2l_k_embedding_backward(float *dtable, const float *dout, const int32_t *ids,
+extern "C" int k_embedding_backward(float *dtable, const float *dout, const int32_t *ids,
                                         int64_t n, int64_t vocab, int64_t cols, void *stream) {
   (void)vocab;
   if (n < 0 || cols < 0) return invalid_argument();
@@ -451,5 +451,5 @@ extern "C" int l2l_k_embedding_backward(float *dtable, const float *dout, const 
   embedding_backward_kernel<<<row_blocks(n * slices, 32), L2L_THREADS, 0,
                               (cudaStream_t)stream>>>(dtable, dout, ids, n, cols, slices,
                                                       layout.vectorized);
-  return l2l_launched();
+  return k_launched();
 }

@@ -6,7 +6,7 @@
  * share one shape: a *row group* (one warp for rows of at most WARP_ROW_MAX_COLS, else one
  * block) owns a row at a time in a grid-stride loop over rows; it reads the row once into
  * shared memory where the row fits (else later passes re-read global memory, mostly from
- * L2), reduces with warp shuffles or l2l_block_sum/max, and maps. This header says how a
+ * L2), reduces with warp shuffles or k_block_sum/max, and maps. This header says how a
  * group finds its rows and threads, walks a row (float4 where aligned), reduces, and how
  * many blocks, threads and bytes of cache a launch takes, once for both files.
  * Must never: hold a kernel or a launcher of an op (those are the .cu files'), or state
@@ -134,21 +134,21 @@ __device__ __forceinline__ RowGroup row_group() {
 
 /* Group-wide sum / max: every thread of the group gets the same bits. Block groups run
    the row loop in lockstep (the row index is block-uniform), so the barriers inside
-   l2l_block_sum/max are never divergent. */
+   k_block_sum/max are never divergent. */
 template <bool WARP>
 __device__ __forceinline__ float group_sum(float v, float *red) {
   if constexpr (WARP)
-    return l2l_warp_sum(v);
+    return k_warp_sum(v);
   else
-    return l2l_block_sum(v, red);
+    return k_block_sum(v, red);
 }
 
 template <bool WARP>
 __device__ __forceinline__ float group_max(float v, float *red) {
   if constexpr (WARP)
-    return l2l_warp_max(v);
+    return k_warp_max(v);
   else
-    return l2l_block_max(v, red);
+    return k_block_max(v, red);
 }
 
 /* Orders the group's memory accesses (shuffles alone do not). */

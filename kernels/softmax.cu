@@ -225,14 +225,14 @@ int launch_cross_entropy(bool need_losses, bool need_dlogits, float *losses, flo
   else
     cross_entropy_kernel<false><<<l.blocks, l.threads, 0, s>>>(
         losses, dlogits, logits, targets, ignore_index, scale, rows, vocab);
-  return l2l_launched();
+  return k_launched();
 }
 
 } /* namespace */
 
 /* ---------------------------------------------------------------- launchers */
 
-extern "C" int l2l_k_softmax_forward(float *y, const float *x, const uint8_t *key_mask,
+extern "C" int k_softmax_forward(float *y, const float *x, const uint8_t *key_mask,
                                      int causal, float scale, int64_t samples,
                                      int64_t rows_per_sample, int64_t tq, int64_t tk,
                                      void *stream) {
@@ -248,10 +248,10 @@ extern "C" int l2l_k_softmax_forward(float *y, const float *x, const uint8_t *ke
   else
     softmax_forward_kernel<false><<<l.blocks, l.threads, l.smem, s>>>(
         y, x, key_mask, causal, scale, rows, rows_per_sample, tq, tk, l.cache);
-  return l2l_launched();
+  return k_launched();
 }
 
-extern "C" int l2l_k_softmax_backward(float *dx, const float *dy, const float *y, float scale,
+extern "C" int k_softmax_backward(float *dx, const float *dy, const float *y, float scale,
                                       int64_t rows, int64_t cols, void *stream) {
   if (rows < 0 || cols < 0) return INVALID;
   if (rows == 0 || cols == 0) return 0;
@@ -264,17 +264,17 @@ extern "C" int l2l_k_softmax_backward(float *dx, const float *dy, const float *y
   else
     softmax_backward_kernel<false><<<l.blocks, l.threads, l.smem, s>>>(dx, dy, y, scale, rows,
                                                                        cols, l.cache);
-  return l2l_launched();
+  return k_launched();
 }
 
-extern "C" int l2l_k_cross_entropy_forward(float *losses, const float *logits,
+extern "C" int k_cross_entropy_forward(float *losses, const float *logits,
                                            const int32_t *targets, int32_t ignore_index,
                                            int64_t rows, int64_t vocab, void *stream) {
   return launch_cross_entropy(true, false, losses, nullptr, logits, targets, ignore_index,
                               1.0f, rows, vocab, stream);
 }
 
-extern "C" int l2l_k_cross_entropy_backward(float *dlogits, const float *logits,
+extern "C" int k_cross_entropy_backward(float *dlogits, const float *logits,
                                             const int32_t *targets, int32_t ignore_index,
                                             float scale, int64_t rows, int64_t vocab,
                                             void *stream) {
@@ -282,7 +282,7 @@ extern "C" int l2l_k_cross_entropy_backward(float *dlogits, const float *logits,
                               scale, rows, vocab, stream);
 }
 
-extern "C" int l2l_k_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
+extern "C" int k_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
                                          const int32_t *targets, int32_t ignore_index,
                                          float scale, int64_t rows, int64_t vocab,
                                          void *stream) {

@@ -24,11 +24,11 @@ typedef void (*check_test_fn)(void);
 void check_register(const char *name, check_test_fn fn);
 
 #define TEST(name)                                                                   \
-  static void name(void);                                                            \
+  static void test_##name(void);                                                     \
   __attribute__((constructor)) static void register_##name(void) {                   \
-    check_register(#name, name);                                                     \
+    check_register(#name, test_##name);                                              \
   }                                                                                  \
-  static void name(void)
+  static void test_##name(void)
 
 /* Records a failure (and returns false) when cond is false. */
 bool check_that(bool cond, const char *file, int line, const char *expr, const char *fmt, ...)

@@ -9,7 +9,7 @@
  * splits, whose arithmetic is then a correct relay's to the bit), fold each layer's
  * gradient into per-record accumulators, and update them; the schedule and the clipping
  * norms are computed here from the header's formulas. Folding and updating call the f32
- * kernels the EPS runs (l2l_optim_axpy, l2l_optim_sgd / _adamw / _lamb_*, the gradient
+ * kernels the EPS runs (optim_axpy, optim_sgd / _adamw / _lamb_*, the gradient
  * scale passed in as the EPS passes it): test_optim.c checks those against float64, and
  * the same arithmetic here makes a relay that moves, splits and schedules right agree
  * with this executor exactly. Each layer call gets the batch
@@ -321,7 +321,7 @@ static void plain_fold(struct plain *p, int l) {
       double sq = 0.0;
       for (int j = 0; j < np; j++) {
         l2l_tensor *g = l2l_param_grad(l2l_layer_param(layer, j));
-        sq += l2l_optim_sumsq(check_data(g), numel(g));
+        sq += optim_sumsq(check_data(g), numel(g));
       }
       double norm = sqrt(sq);
       if (norm > p->cfg.clip_layer_norm) scale = (float)(p->cfg.clip_layer_norm / norm);
@@ -329,7 +329,7 @@ static void plain_fold(struct plain *p, int l) {
     for (int j = 0; j < np; j++) {
       l2l_param *param = l2l_layer_param(layer, j);
       struct prec *r = plain_rec(p, param);
-      l2l_optim_axpy(check_data(r->acc), check_data(l2l_param_grad(param)), scale,
+      optim_axpy(check_data(r->acc), check_data(l2l_param_grad(param)), scale,
                      numel(r->acc));
       r->touched = 1;
     }
@@ -429,7 +429,7 @@ static void plain_update(struct plain *p) {
   p->lr = o->lr * schedule_factor(&p->cfg.schedule, p->updates);
   double sq = 0.0;
   for (int i = 0; i < p->nrec; i++)
-    if (p->rec[i].touched) sq += l2l_optim_sumsq(check_data(p->rec[i].acc), numel(p->rec[i].acc));
+    if (p->rec[i].touched) sq += optim_sumsq(check_data(p->rec[i].acc), numel(p->rec[i].acc));
   p->grad_norm = sqrt(sq);
   float scale = 1.0f;   /* the kernels scale the gradient by it, in f32 */
   if (p->cfg.clip_global_norm > 0 && p->grad_norm > p->cfg.clip_global_norm)
@@ -442,19 +442,19 @@ static void plain_update(struct plain *p) {
     float *m = check_data(r->m), *v = check_data(r->v);
     int64_t n = numel(r->acc);
     bool decays = o->decay_all || l2l_param_decays(r->param) == 1;
-    struct l2l_optim_hyper h = {.kind = o->kind, .lr = (float)p->lr,
+    struct optim_hyper h = {.kind = o->kind, .lr = (float)p->lr,
                                 .weight_decay = decays ? o->weight_decay : 0.0f,
                                 .momentum = o->momentum, .nesterov = o->nesterov,
                                 .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .t = r->t,
                                 .grad_scale = scale};
     if (o->kind == L2L_OPTIMIZER_ADAMW) {
-      l2l_optim_adamw(w, m, v, acc, n, &h);
+      optim_adamw(w, m, v, acc, n, &h);
     } else if (o->kind == L2L_OPTIMIZER_SGD) {
-      l2l_optim_sgd(w, o->momentum > 0 ? m : NULL, acc, n, &h);
+      optim_sgd(w, o->momentum > 0 ? m : NULL, acc, n, &h);
     } else {
       double norms[2] = {0, 0};
-      l2l_optim_lamb_moments(m, v, w, acc, n, &h, norms);
-      l2l_optim_lamb_apply(w, m, v, n, &h, l2l_optim_lamb_trust(norms));
+      optim_lamb_moments(m, v, w, acc, n, &h, norms);
+      optim_lamb_apply(w, m, v, n, &h, optim_lamb_trust(norms));
     }
     memset(acc, 0, tensor_bytes(r->acc));
     r->touched = 0;

@@ -51,4 +51,40 @@ describe("libl2l.so's exports", function()
     table.sort(missing)
     assert.are.same({}, missing, "in include/l2l.h, not exported: " .. table.concat(missing, ", "))
   end)
+
+  it("leave l2l_ to them: no internal symbol or source name starts with it", function()
+    local names = declared()
+    local public = {}   -- every l2l_ name the public headers hold (functions, types, fields)
+    for _, file in ipairs(assert(dofile("scripts/public_header.lua")("include/l2l.h"))) do
+      for name in file.body:gmatch("l2l_[%w_]+") do public[name] = true end
+    end
+    for name in pairs(names) do public[name] = true end
+    local status, out = support.sh("nm --defined-only " .. support.build_dir .. "/libl2l.so")
+    assert.are.equal(0, status, out)
+    local internal, seen = {}, {}
+    for name in out:gmatch("%x* %a ([^\n]+)") do
+      local base = name:match("^(l2l_[%w_]+)")   -- a compiler's clone (.cold, ._omp_fn.0) is its function's
+      if base and not public[base] and not seen[base] then
+        seen[base] = true
+        internal[#internal + 1] = base .. " (symbol)"
+      end
+    end
+    local status2, files = support.sh("git ls-files src kernels")
+    assert.are.equal(0, status2, files)
+    local count = 0
+    for path in files:gmatch("[^\n]+") do
+      count = count + 1
+      local text = assert(io.open(path)):read("*a")
+      -- an identifier, not a file name (".l2l_history") or a string ("l2l_xxh3")
+      for name in text:gmatch('%f[%w_./"]l2l_[%w_]+') do
+        if not public[name] and not seen[name] then
+          seen[name] = true
+          internal[#internal + 1] = ("%s (%s)"):format(name, path)
+        end
+      end
+    end
+    assert.is_true(count > 50, ("only %d source files listed"):format(count))
+    table.sort(internal)
+    assert.are.same({}, internal, "internal names with the public prefix: " .. table.concat(internal, ", "))
+  end)
 end)

@@ -21,15 +21,15 @@
 
 #include "core/core.h"
 
-enum l2l_reduction { L2L_REDUCE_SUM, L2L_REDUCE_MAX_ABS, L2L_REDUCE_SUMSQ };
-enum l2l_distribution { L2L_UNIFORM, L2L_NORMAL };
+enum backend_reduction { L2L_REDUCE_SUM, L2L_REDUCE_MAX_ABS, L2L_REDUCE_SUMSQ };
+enum backend_distribution { L2L_UNIFORM, L2L_NORMAL };
 
 /* The x where the tanh-form GELU has its minimum (and that minimum). */
 #define L2L_GELU_XMIN (-0.75246142f)
 #define L2L_GELU_YMIN (-0.17004075f)
 
 /* Sizes and random stream of one attention call (see attention_forward). */
-struct l2l_attention_shape {
+struct backend_attention_shape {
   int64_t batch, heads, seq, head_dim;
   int64_t ld_qkv, ld_o;  /* row strides in floats */
   int causal;
@@ -48,13 +48,13 @@ struct l2l_attention_shape {
    node as the MPI launcher says it (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID,
    SLURM_LOCALID), modulo count, so that ranks sharing a node take different GPUs; else
    0. (dispatch.c) */
-int l2l_accelerator_index(int count, char *why, size_t len);
+int backend_accelerator_index(int count, char *why, size_t len);
 
 /* layernorm_invertible's thresholds (see there). */
 #define L2L_LN_MIN_WEIGHT 1e-6f
 #define L2L_LN_BIAS_RATIO 64.0f
 
-struct l2l_backend_ops {
+struct backend_ops {
   const char *name;
 
   /* c[i] = alpha op(a[i]) op(b[i]) + beta c[i] for i < batch; a[i] op'd is (m,k), b[i] op'd
@@ -159,7 +159,7 @@ struct l2l_backend_ops {
   l2l_status (*attention_forward)(float *o, float *lse, float *probs, float *dropped,
                                   uint8_t *mask, const float *q, const float *k,
                                   const float *v, const uint8_t *key_mask,
-                                  const struct l2l_attention_shape *shape, float *workspace,
+                                  const struct backend_attention_shape *shape, float *workspace,
                                   int64_t workspace_floats);
   /* dq, dk, dv (same layout as q, k, v; written) from do, given what the forward kept
      (probs / dropped / mask, or NULL to recompute them from q, k, lse and the generator). */
@@ -167,12 +167,12 @@ struct l2l_backend_ops {
                                    const float *o, const float *lse, const float *probs,
                                    const float *dropped, const uint8_t *mask, const float *q,
                                    const float *k, const float *v, const uint8_t *key_mask,
-                                   const struct l2l_attention_shape *shape, float *workspace,
+                                   const struct backend_attention_shape *shape, float *workspace,
                                    int64_t workspace_floats);
   /* Workspace floats one thread needs for a forward (backward = 0) or backward. */
   int64_t (*attention_workspace)(int64_t seq, int backward);
   /* *out (on the host) = the reduction of x (n), in double */
-  l2l_status (*reduce)(double *out, enum l2l_reduction kind, const float *x, int64_t n);
+  l2l_status (*reduce)(double *out, enum backend_reduction kind, const float *x, int64_t n);
   /* param, m, v (n) updated from grad (n): l2l_adamw_update's step */
   l2l_status (*adamw)(float *param, float *m, float *v, const float *grad, int64_t n,
                       const l2l_adamw_config *config, float bias_correction1,
@@ -197,7 +197,7 @@ struct l2l_backend_ops {
   l2l_status (*convert)(void *dst, l2l_dtype dst_dtype, const void *src, l2l_dtype src_dtype,
                         int64_t n, int64_t *bad);
   /* dst (n) of dtype := draws first .. first+n-1 of (seed, stream), dist with a, b */
-  l2l_status (*random)(void *dst, l2l_dtype dtype, int64_t n, enum l2l_distribution dist,
+  l2l_status (*random)(void *dst, l2l_dtype dtype, int64_t n, enum backend_distribution dist,
                        uint64_t seed, uint64_t stream, int64_t first, double a, double b);
   /* dst (bytes) := src (bytes) across pools; returns when done */
   l2l_status (*copy)(void *dst, l2l_pool_kind dst_pool, const void *src,
@@ -216,74 +216,74 @@ struct l2l_backend_ops {
 
 /* The CPU backend's table (cpu/cpu_ops.c): host and pinned memory, and the device pool when no
    device table is installed. */
-extern const struct l2l_backend_ops l2l_cpu_backend;
+extern const struct backend_ops cpu_backend;
 
 /* ---------------------------------------------------------------- dispatch (dispatch.c) */
 
 /* Sets compute threads from L2L_THREADS or the core count (cpu/threads.c), once; safe
-   from any thread. Every public entry that computes calls it (l2l_backend_for does). */
-void l2l_runtime_init(void);
+   from any thread. Every public entry that computes calls it (backend_for does). */
+void cpu_runtime_init(void);
 /* l2l_tensor_copy's checks, then the backend's copy_queued (tensor_ops.c): dst and src
    (their host side pinned, for the host not to wait) must stay allocated and unchanged
    until the calling thread's stream is next synchronized. The relay's micro-batch ids
    and losses, which would otherwise make the host wait for the device each call. */
-l2l_status l2l_tensor_copy_queued(l2l_tensor *dst, const l2l_tensor *src);
+l2l_status backend_tensor_copy_queued(l2l_tensor *dst, const l2l_tensor *src);
 /* Compute threads for OpenMP loops (cpu/threads.c). */
-extern atomic_int l2l_compute_threads;
+extern atomic_int cpu_compute_threads;
 
 /* The backend that runs ops on tensors of `pool`: the CPU's for host and pinned memory;
    for the device pool, the backend whose device table is installed (the CPU's when
    none is). */
-const struct l2l_backend_ops *l2l_backend_for(l2l_pool_kind pool);
+const struct backend_ops *backend_for(l2l_pool_kind pool);
 /* The device pool's own table, never the profile's (which forwards to it). */
-const struct l2l_backend_ops *l2l_backend_device_base(void);
+const struct backend_ops *backend_device_base(void);
 /* Which backend's memory a pool is: pools of one domain can meet in one op. */
-int l2l_pool_domain(l2l_pool_kind pool);
+int backend_pool_domain(l2l_pool_kind pool);
 /* Whether the device pool is host memory the host can read (the CPU backend serves it). */
-bool l2l_device_is_host(void);
+bool backend_device_is_host(void);
 
 /* ---------------------------------------------------------------- the profile (profile.c)
 
-   l2l.h's "the profile". While one runs, l2l_backend_for gives the device pool's ops
+   l2l.h's "the profile". While one runs, backend_for gives the device pool's ops
    through a table of the same entries (profile_ops.c) that times each call and hands its
    cost here. The relay says where its steps begin and end and when its thread waits. */
 
 /* The profile's table while a profile runs, else `base`. */
-const struct l2l_backend_ops *l2l_profile_wrap(const struct l2l_backend_ops *base);
+const struct backend_ops *profile_wrap(const struct backend_ops *base);
 /* A step begins and ends on the calling thread (the relay's): begin says whether the
    profile records it (a training step: evaluations are left out), and end is told so.
    `completed` false: a step refused or failed, left out. The environment's L2L_PROFILE
    starts a profile at the first begin. */
-bool l2l_profile_step_begin(bool training);
-void l2l_profile_step_end(bool began, bool completed);
-/* The step's thread waited, on the host, from `start` to `end` (l2l_now's seconds). */
-enum l2l_profile_wait { L2L_WAIT_COPY, L2L_WAIT_UPDATE, L2L_WAIT_COMM, L2L_PROFILE_WAITS };
-void l2l_profile_wait(enum l2l_profile_wait cause, double start, double end);
+bool profile_step_begin(bool training);
+void profile_step_end(bool began, bool completed);
+/* The step's thread waited, on the host, from `start` to `end` (core_now's seconds). */
+enum profile_wait { L2L_WAIT_COPY, L2L_WAIT_UPDATE, L2L_WAIT_COMM, L2L_PROFILE_WAITS };
+void profile_wait(enum profile_wait cause, double start, double end);
 
 /* One call of an op as profile_ops.c times it: open before the call, close after. */
-struct l2l_profile_probe {
+struct profile_probe {
   bool on;               /* a step is being profiled: close records the call */
   bool step_thread;      /* called on the step's thread (else a lane's) */
-  int64_t syncs;         /* l2l_device_sync_count() at open */
-  struct l2l_stamp start;
+  int64_t syncs;         /* device_sync_count() at open */
+  struct core_stamp start;
 };
-enum l2l_profile_bound { L2L_BOUND_MEM, L2L_BOUND_LINK, L2L_BOUND_FLOP32, L2L_BOUND_FLOP16 };
-void l2l_profile_open(struct l2l_profile_probe *p);
+enum profile_bound { L2L_BOUND_MEM, L2L_BOUND_LINK, L2L_BOUND_FLOP32, L2L_BOUND_FLOP16 };
+void profile_open(struct profile_probe *p);
 /* Whether the calling thread runs the step being profiled. */
-bool l2l_profile_on_step_thread(void);
+bool profile_on_step_thread(void);
 /* Records the call: its op name, FLOPs, bytes moved, bound, whether it handed a result
    to the host (a sync), and its shape as printf formats it. */
-void l2l_profile_close(struct l2l_profile_probe *p, const char *op, double flops, double bytes,
-                       enum l2l_profile_bound bound, bool sync, const char *fmt, ...)
+void profile_close(struct profile_probe *p, const char *op, double flops, double bytes,
+                       enum profile_bound bound, bool sync, const char *fmt, ...)
     __attribute__((format(printf, 7, 8)));
 /* The profile's ops table (profile_ops.c). */
-extern const struct l2l_backend_ops l2l_profile_ops;
+extern const struct backend_ops profile_ops;
 
 /* ---------------------------------------------------------------- shared by the backends */
 
 /* bits[i/8] bit i%8 := flags[i] (each 0 or 1) for i < count; the last byte's unused high
    bits 0. The CPU loops decide per element into a byte array (that vectorizes), then pack. */
-static inline void l2l_pack_bits(uint8_t *bits, const uint8_t *flags, int64_t count) {
+static inline void backend_pack_bits(uint8_t *bits, const uint8_t *flags, int64_t count) {
   const int64_t full = count / 8;
   for (int64_t b = 0; b < full; b++) {
     const uint8_t *k = flags + 8 * b;
@@ -297,7 +297,7 @@ static inline void l2l_pack_bits(uint8_t *bits, const uint8_t *flags, int64_t co
 }
 
 /* Dropout keeps an element when the top 24 bits of its draw are below this. */
-static inline uint32_t l2l_keep_threshold(float p) {
+static inline uint32_t backend_keep_threshold(float p) {
   return (uint32_t)llround((1.0 - (double)p) * 16777216.0);
 }
 
@@ -308,7 +308,7 @@ static inline uint32_t l2l_keep_threshold(float p) {
    entry behind l2l_adamw_update both run this one, so the two agree to the bit given the
    same constants. (The CUDA kernel, kernels/elementwise.cu, writes the same expression
    again: device code cannot call host code.) Inline, so the loops that call it vectorize. */
-struct l2l_adamw_consts {
+struct backend_adamw_consts {
   float scale;           /* g = scale * grad: the gradient unscaled before anything squares it */
   float step;            /* lr / (1 - b1^t) */
   float rsb2;            /* 1 / sqrt(1 - b2^t) */
@@ -323,11 +323,11 @@ struct l2l_adamw_consts {
    grad_scale s (the EPS's loss unscaling and clipping) multiplies each gradient first: it
    must not fold into the coefficients, where (1 - b2) s^2 underflows f32 for a loss scale
    of 2^64 or more while the scaled gradient's square overflows, and 0 x inf is NaN. */
-static inline struct l2l_adamw_consts l2l_adamw_consts(double lr, float beta1, float beta2,
+static inline struct backend_adamw_consts backend_adamw_consts(double lr, float beta1, float beta2,
                                                        float eps, float weight_decay,
                                                        double bc1, double bc2,
                                                        double grad_scale) {
-  return (struct l2l_adamw_consts){
+  return (struct backend_adamw_consts){
       .scale = (float)grad_scale,
       .step = (float)(lr / bc1),
       .rsb2 = (float)(1.0 / sqrt(bc2)),
@@ -341,8 +341,8 @@ static inline struct l2l_adamw_consts l2l_adamw_consts(double lr, float beta1, f
 }
 
 /* The new value of p, with *m and *v moved on by the gradient scale * grad. */
-static inline float l2l_adamw_element(float p, float grad, float *m, float *v,
-                                      const struct l2l_adamw_consts *k) {
+static inline float backend_adamw_element(float p, float grad, float *m, float *v,
+                                      const struct backend_adamw_consts *k) {
   float g = k->scale * grad;
   float mi = k->b1 * *m + k->c1 * g;
   float vi = k->b2 * *v + k->c2 * (g * g);

@@ -21,12 +21,12 @@ struct accelerator {
   const char *name;
   /* 1 if it can run here; else 0 with the reason in why (may be NULL). */
   int (*probe)(char *why, size_t len);
-  const struct l2l_device_ops *device;
-  const struct l2l_backend_ops *(*ops)(void);
+  const struct device_ops *device;
+  const struct backend_ops *(*ops)(void);
 };
 
 static const struct accelerator accelerators[] = {
-    {"cuda", l2l_cuda_probe, &l2l_cuda_device, l2l_cuda_ops},
+    {"cuda", cuda_probe, &cuda_device, cuda_ops},
 };
 enum { ACCELERATORS = sizeof accelerators / sizeof accelerators[0] };
 
@@ -38,7 +38,7 @@ static int small_count(const char *s) {
   return atoi(s);
 }
 
-int l2l_accelerator_index(int count, char *why, size_t len) {
+int backend_accelerator_index(int count, char *why, size_t len) {
   if (count < 1) {
     if (why != NULL && len > 0) snprintf(why, len, "no device to choose among");
     return -1;
@@ -64,7 +64,7 @@ int l2l_accelerator_index(int count, char *why, size_t len) {
 /* The first choice: L2L_DEVICE=cpu, or an accelerator named by L2L_DEVICE (one that
    cannot run falls back to the CPU, and the first device allocation then explains why),
    else the first that runs here. */
-static const struct l2l_device_ops *first_choice(void) {
+static const struct device_ops *first_choice(void) {
   const char *env = getenv("L2L_DEVICE");
   if (env != NULL && strcmp(env, "cpu") == 0) return NULL;
   for (int i = 0; i < ACCELERATORS; i++)
@@ -74,32 +74,32 @@ static const struct l2l_device_ops *first_choice(void) {
 
 /* Registering costs nothing at load: the probe waits for the first use of the device. */
 __attribute__((constructor)) static void register_chooser(void) {
-  l2l_device_set_chooser(first_choice);
+  device_set_chooser(first_choice);
 }
 
 static const struct accelerator *serving(void) {
-  const struct l2l_device_ops *device = l2l_device();
+  const struct device_ops *device = core_device();
   for (int i = 0; device != NULL && i < ACCELERATORS; i++)
     if (accelerators[i].device == device) return &accelerators[i];
   return NULL;
 }
 
-const struct l2l_backend_ops *l2l_backend_device_base(void) {
+const struct backend_ops *backend_device_base(void) {
   const struct accelerator *a = serving();
-  return a != NULL ? a->ops() : &l2l_cpu_backend;
+  return a != NULL ? a->ops() : &cpu_backend;
 }
 
-const struct l2l_backend_ops *l2l_backend_for(l2l_pool_kind pool) {
-  l2l_runtime_init();
-  return pool == L2L_POOL_DEVICE ? l2l_profile_wrap(l2l_backend_device_base())
-                                 : &l2l_cpu_backend;
+const struct backend_ops *backend_for(l2l_pool_kind pool) {
+  cpu_runtime_init();
+  return pool == L2L_POOL_DEVICE ? profile_wrap(backend_device_base())
+                                 : &cpu_backend;
 }
 
 /* The device pool is its own domain even on the CPU backend, so that host/device mixing
    is refused exactly as it is with a GPU. */
-int l2l_pool_domain(l2l_pool_kind pool) { return pool == L2L_POOL_DEVICE ? 1 : 0; }
+int backend_pool_domain(l2l_pool_kind pool) { return pool == L2L_POOL_DEVICE ? 1 : 0; }
 
-bool l2l_device_is_host(void) { return l2l_device() == NULL; }
+bool backend_device_is_host(void) { return core_device() == NULL; }
 
 const char *l2l_device_backend(void) {
   const struct accelerator *a = serving();
@@ -108,13 +108,13 @@ const char *l2l_device_backend(void) {
 
 l2l_status l2l_device_use(const char *backend) {
   if (backend == NULL) return FAIL(L2L_ERR_INVALID, "backend is NULL (want \"cpu\" or \"cuda\")");
-  if (strcmp(backend, "cpu") == 0) return l2l_device_switch(NULL, backend);
+  if (strcmp(backend, "cpu") == 0) return device_switch(NULL, backend);
   for (int i = 0; i < ACCELERATORS; i++) {
     if (strcmp(backend, accelerators[i].name) != 0) continue;
     char why[256];
     if (!accelerators[i].probe(why, sizeof why))
       return FAIL(L2L_ERR_UNSUPPORTED, "cannot use CUDA: %s", why);
-    return l2l_device_switch(accelerators[i].device, backend);
+    return device_switch(accelerators[i].device, backend);
   }
   return FAIL(L2L_ERR_INVALID, "backend must be \"cpu\" or \"cuda\", got \"%s\"", backend);
 }

@@ -7,7 +7,7 @@
  * give it all back as rows, a summary, a TSV file and a one-screen table.
  * How the idle time is split: the compute stream's ops, in order, leave gaps between one
  * op's end and the next one's start on the device's clock. The host waits the relay
- * reports (l2l_profile_wait) that ended between the two ops' queueing fill the gap first,
+ * reports (profile_wait) that ended between the two ops' queueing fill the gap first,
  * by cause, as far as they last; what is left was a sync's when the host waited for the
  * device in between (the stream had drained, and idled while the host queued again), else
  * a launch gap (the host queued more slowly than the device ran). On the CPU backend ops
@@ -29,20 +29,20 @@
 struct event {
   char op[32], shape[96];
   bool lane;                         /* on a copy lane, not the step's thread */
-  enum l2l_profile_bound bound;
+  enum profile_bound bound;
   double flops, bytes;
   int64_t syncs_open, syncs_close;   /* the sync count at the call's open and close */
-  struct l2l_stamp start, end;
+  struct core_stamp start, end;
 };
 
 struct wait {
-  enum l2l_profile_wait cause;
+  enum profile_wait cause;
   double start, end;
 };
 
 struct row {
   l2l_profile_row r;
-  enum l2l_profile_bound bound;
+  enum profile_bound bound;
   uint64_t hash;
 };
 
@@ -57,7 +57,7 @@ static struct {
   int64_t nevents, events_cap;
   struct wait *waits;              /* (nwaits) this step's host waits, in order */
   int64_t nwaits, waits_cap;
-  struct l2l_stamp begin;
+  struct core_stamp begin;
   int64_t syncs_begin, launches_begin;
 } cur;   /* the step being recorded */
 
@@ -69,18 +69,18 @@ static struct {
 
 /* ---------------------------------------------------------------- recording */
 
-const struct l2l_backend_ops *l2l_profile_wrap(const struct l2l_backend_ops *base) {
-  return atomic_load_explicit(&running, memory_order_relaxed) ? &l2l_profile_ops : base;
+const struct backend_ops *profile_wrap(const struct backend_ops *base) {
+  return atomic_load_explicit(&running, memory_order_relaxed) ? &profile_ops : base;
 }
 
-bool l2l_profile_on_step_thread(void) { return step_thread; }
+bool profile_on_step_thread(void) { return step_thread; }
 
-void l2l_profile_open(struct l2l_profile_probe *p) {
+void profile_open(struct profile_probe *p) {
   p->on = atomic_load_explicit(&in_step, memory_order_acquire);
   if (!p->on) return;
   p->step_thread = step_thread;
-  p->syncs = l2l_device_sync_count();
-  l2l_device_stamp(&p->start);
+  p->syncs = device_sync_count();
+  device_stamp(&p->start);
 }
 
 /* Grows *array (of *cap elements of `size`) to hold one more than `count`; false when no
@@ -94,13 +94,13 @@ static bool room(void **array, int64_t *cap, int64_t count, size_t size) {
   return true;
 }
 
-void l2l_profile_close(struct l2l_profile_probe *p, const char *op, double flops, double bytes,
-                       enum l2l_profile_bound bound, bool sync, const char *fmt, ...) {
-  if (sync) l2l_device_note_sync();
+void profile_close(struct profile_probe *p, const char *op, double flops, double bytes,
+                       enum profile_bound bound, bool sync, const char *fmt, ...) {
+  if (sync) device_note_sync();
   struct event e = {.lane = !p->step_thread, .bound = bound, .flops = flops,
                     .bytes = bytes, .syncs_open = p->syncs, .start = p->start};
-  l2l_device_stamp(&e.end);
-  e.syncs_close = l2l_device_sync_count();
+  device_stamp(&e.end);
+  e.syncs_close = device_sync_count();
   snprintf(e.op, sizeof e.op, "%s", op);
   va_list ap;
   va_start(ap, fmt);
@@ -113,12 +113,12 @@ void l2l_profile_close(struct l2l_profile_probe *p, const char *op, double flops
   else result.sum.dropped++;
   pthread_mutex_unlock(&lock);
   if (!kept) {
-    l2l_device_stamp_release(&e.start);
-    l2l_device_stamp_release(&e.end);
+    device_stamp_release(&e.start);
+    device_stamp_release(&e.end);
   }
 }
 
-void l2l_profile_wait(enum l2l_profile_wait cause, double start, double end) {
+void profile_wait(enum profile_wait cause, double start, double end) {
   if (!step_thread || !atomic_load(&in_step)) return;
   pthread_mutex_lock(&lock);
   if (room((void **)&cur.waits, &cur.waits_cap, cur.nwaits, sizeof *cur.waits))
@@ -127,7 +127,7 @@ void l2l_profile_wait(enum l2l_profile_wait cause, double start, double end) {
 }
 
 static int64_t launches_now(void) {
-  const struct l2l_backend_ops *ops = l2l_backend_device_base();
+  const struct backend_ops *ops = backend_device_base();
   return ops->launches ? ops->launches() : -1;
 }
 
@@ -174,7 +174,7 @@ static void env_start(void) {
 
 /* ---------------------------------------------------------------- steps */
 
-bool l2l_profile_step_begin(bool training) {
+bool profile_step_begin(bool training) {
   static pthread_once_t env_once = PTHREAD_ONCE_INIT;
   pthread_once(&env_once, env_start);
   if (!training || !atomic_load(&running)) return false;
@@ -187,16 +187,16 @@ bool l2l_profile_step_begin(bool training) {
   if (recording) {
     step_thread = true;
     cur.nevents = cur.nwaits = 0;
-    cur.syncs_begin = l2l_device_sync_count();
+    cur.syncs_begin = device_sync_count();
     cur.launches_begin = launches_now();
-    l2l_device_stamp(&cur.begin);
+    device_stamp(&cur.begin);
     atomic_store_explicit(&in_step, true, memory_order_release);
   }
   pthread_mutex_unlock(&lock);
   return recording;
 }
 
-static const char *bound_name(enum l2l_profile_bound b) {
+static const char *bound_name(enum profile_bound b) {
   return b == L2L_BOUND_MEM ? "mem" : b == L2L_BOUND_LINK ? "link" : "flop";
 }
 
@@ -262,10 +262,10 @@ static int by_seconds(const void *a, const void *b) {
 }
 
 /* Called with the lock held, once every stamp of the step has happened. */
-static void step_resolve(const struct l2l_stamp *end, int64_t syncs_end) {
+static void step_resolve(const struct core_stamp *end, int64_t syncs_end) {
   l2l_profile_summary *s = &result.sum;
   double step_seconds = 0;
-  if (!l2l_device_stamp_seconds(&step_seconds, &cur.begin, end)) {
+  if (!device_stamp_seconds(&step_seconds, &cur.begin, end)) {
     s->dropped += cur.nevents;
     return;
   }
@@ -274,8 +274,8 @@ static void step_resolve(const struct l2l_stamp *end, int64_t syncs_end) {
     const struct event *e = &cur.events[i];
     double t0 = 0, t1 = 0;
     struct row *r = NULL;
-    if (!l2l_device_stamp_seconds(&t0, &cur.begin, &e->start) ||
-        !l2l_device_stamp_seconds(&t1, &cur.begin, &e->end) || (r = row_of(e)) == NULL) {
+    if (!device_stamp_seconds(&t0, &cur.begin, &e->start) ||
+        !device_stamp_seconds(&t1, &cur.begin, &e->end) || (r = row_of(e)) == NULL) {
       s->dropped++;
       continue;
     }
@@ -300,25 +300,25 @@ static void step_resolve(const struct l2l_stamp *end, int64_t syncs_end) {
   qsort(result.rows, (size_t)result.nrows, sizeof *result.rows, by_seconds);
 }
 
-void l2l_profile_step_end(bool began, bool completed) {
+void profile_step_end(bool began, bool completed) {
   if (!began) return;
-  int64_t syncs_end = l2l_device_sync_count();
+  int64_t syncs_end = device_sync_count();
   atomic_store(&in_step, false);
   step_thread = false;
   /* every stamp of the step has happened after this wait (it is the profile's own: its
      sync is not the step's) */
-  struct l2l_stamp end;
-  l2l_device_stamp_anchor(&end);
+  struct core_stamp end;
+  device_stamp_anchor(&end);
   pthread_mutex_lock(&lock);
   if (completed && atomic_load(&running)) step_resolve(&end, syncs_end);
   for (int64_t i = 0; i < cur.nevents; i++) {
-    l2l_device_stamp_release(&cur.events[i].start);
-    l2l_device_stamp_release(&cur.events[i].end);
+    device_stamp_release(&cur.events[i].start);
+    device_stamp_release(&cur.events[i].end);
   }
   cur.nevents = cur.nwaits = 0;
   pthread_mutex_unlock(&lock);
-  l2l_device_stamp_release(&cur.begin);
-  l2l_device_stamp_release(&end);
+  device_stamp_release(&cur.begin);
+  device_stamp_release(&end);
 }
 
 /* ---------------------------------------------------------------- the rates (probed at start) */
@@ -327,16 +327,16 @@ void l2l_profile_step_end(bool began, bool completed) {
 static bool best_seconds(double *best, l2l_status (*run)(void *), void *arg) {
   *best = INFINITY;
   for (int i = 0; i < 4; i++) {
-    struct l2l_stamp a, b, done;
-    l2l_device_stamp(&a);
+    struct core_stamp a, b, done;
+    device_stamp(&a);
     l2l_status status = run(arg);
-    l2l_device_stamp(&b);
-    l2l_device_stamp_anchor(&done);
+    device_stamp(&b);
+    device_stamp_anchor(&done);
     double s = 0;
-    bool ok = status == L2L_OK && l2l_device_stamp_seconds(&s, &a, &b);
-    l2l_device_stamp_release(&a);
-    l2l_device_stamp_release(&b);
-    l2l_device_stamp_release(&done);
+    bool ok = status == L2L_OK && device_stamp_seconds(&s, &a, &b);
+    device_stamp_release(&a);
+    device_stamp_release(&b);
+    device_stamp_release(&done);
     if (!ok) return false;
     if (i > 0 && s > 0) *best = fmin(*best, s);
   }
@@ -344,7 +344,7 @@ static bool best_seconds(double *best, l2l_status (*run)(void *), void *arg) {
 }
 
 struct probe_args {
-  const struct l2l_backend_ops *ops;
+  const struct backend_ops *ops;
   l2l_tensor *a, *b, *c;
   l2l_dtype dtype;
   int64_t n;          /* bytes of a copy; the side of a GEMM */
@@ -371,7 +371,7 @@ static void free_args(struct probe_args *p) {
 
 /* Bytes a second of a copy of `bytes` from pool `from` into the device pool (0: not
    measured, e.g. no room under the device budget). */
-static double copy_rate(const struct l2l_backend_ops *ops, l2l_pool_kind from, int64_t bytes) {
+static double copy_rate(const struct backend_ops *ops, l2l_pool_kind from, int64_t bytes) {
   struct probe_args p = {.ops = ops, .n = bytes};
   double s = 0, rate = 0;
   if (l2l_tensor_new(&p.a, from, L2L_U8, 1, &bytes) == L2L_OK &&
@@ -383,7 +383,7 @@ static double copy_rate(const struct l2l_backend_ops *ops, l2l_pool_kind from, i
 }
 
 /* FLOP/s of an n x n x n GEMM with `dtype` inputs (0: not measured). */
-static double gemm_rate(const struct l2l_backend_ops *ops, l2l_dtype dtype, int64_t n) {
+static double gemm_rate(const struct backend_ops *ops, l2l_dtype dtype, int64_t n) {
   struct probe_args p = {.ops = ops, .dtype = dtype, .n = n};
   int64_t shape[2] = {n, n};
   double s = 0, rate = 0;
@@ -401,14 +401,14 @@ static double gemm_rate(const struct l2l_backend_ops *ops, l2l_dtype dtype, int6
    and a square GEMM (4096 on an accelerator, 512 on the CPU, where a larger one takes a
    second) with f32 and with bf16 inputs. Outside any step, its memory on no relay's meter. */
 static void probe_rates(l2l_profile_summary *s) {
-  const struct l2l_backend_ops *ops = l2l_backend_device_base();
-  struct l2l_pool_meter *meter = l2l_pool_meter_bind(NULL);
-  const int64_t bytes = 64 << 20, side = l2l_device_is_host() ? 512 : 4096;
+  const struct backend_ops *ops = backend_device_base();
+  struct pool_meter *meter = pool_meter_bind(NULL);
+  const int64_t bytes = 64 << 20, side = backend_device_is_host() ? 512 : 4096;
   s->copy_rate = copy_rate(ops, L2L_POOL_DEVICE, bytes);
   s->link_rate = copy_rate(ops, L2L_POOL_PINNED, bytes);
   s->gemm_rate_f32 = gemm_rate(ops, L2L_F32, side);
   s->gemm_rate_16 = gemm_rate(ops, L2L_BF16, side);
-  l2l_pool_meter_bind(meter);
+  pool_meter_bind(meter);
   l2l_clear_error();
   bool all = s->copy_rate > 0 && s->link_rate > 0 && s->gemm_rate_f32 > 0 && s->gemm_rate_16 > 0;
   snprintf(s->probe, sizeof s->probe, "best of 3: 64 MiB copies, GEMM %lld^3%s", (long long)side,
@@ -421,7 +421,7 @@ l2l_status l2l_profile_start(int skip_steps) {
   if (skip_steps < 0) return FAIL(L2L_ERR_INVALID, "skip_steps is %d (want >= 0)", skip_steps);
   if (atomic_load(&running))
     return FAIL(L2L_ERR_STATE, "a profile is running: stop it first (l2l_profile_stop)");
-  l2l_runtime_init();
+  cpu_runtime_init();
   l2l_profile_summary fresh = {.launches = -1};
   snprintf(fresh.backend, sizeof fresh.backend, "%s", l2l_device_backend());
   probe_rates(&fresh);

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* profile_ops.c — the profile's ops table: every entry of the device pool's table, timed.
  *
- * Purpose: while a profile runs (profile.c), l2l_backend_for hands out this table for the
+ * Purpose: while a profile runs (profile.c), backend_for hands out this table for the
  * device pool. Each entry opens a probe (a stamp on the calling thread's stream), calls
  * the device's own entry, and closes the probe with what the call cost by its arguments:
  * FLOPs (GEMMs and attention; 0 for ops the memory bounds), bytes moved (each operand
@@ -13,21 +13,21 @@
  */
 #include "accelerators.h"
 
-static const struct l2l_backend_ops *base(void) { return l2l_backend_device_base(); }
+static const struct backend_ops *base(void) { return backend_device_base(); }
 
 enum { F = sizeof(float) };
 
 /* Calls the device's entry `call` inside a probe; the cost arguments follow. */
 #define PROFILED(call, op, flops, bytes, bound, sync, ...)                             \
-  struct l2l_profile_probe probe_;                                                     \
-  l2l_profile_open(&probe_);                                                           \
+  struct profile_probe probe_;                                                     \
+  profile_open(&probe_);                                                           \
   l2l_status status_ = base()->call;                                                   \
   if (probe_.on && status_ == L2L_OK)                                                  \
-    l2l_profile_close(&probe_, op, flops, bytes, bound, sync, __VA_ARGS__);            \
+    profile_close(&probe_, op, flops, bytes, bound, sync, __VA_ARGS__);            \
   return status_
 
 static double d(int64_t n) { return (double)n; }
-static enum l2l_profile_bound flop_bound(l2l_dtype t) {
+static enum profile_bound flop_bound(l2l_dtype t) {
   return t == L2L_F32 ? L2L_BOUND_FLOP32 : L2L_BOUND_FLOP16;
 }
 static const char *dt(l2l_dtype t) { return l2l_dtype_name(t) ? l2l_dtype_name(t) : "?"; }
@@ -213,24 +213,24 @@ static l2l_status p_layernorm_backward_from_output(float *dx, float *dweight, fl
 /* The (query, key) products a call computes: all of them, or with a causal mask the
    S (S + 1) / 2 at or below the diagonal (what a kernel that skips masked tiles does at
    its best). */
-static double attention_pairs(const struct l2l_attention_shape *s) {
+static double attention_pairs(const struct backend_attention_shape *s) {
   double seq = d(s->seq);
   return d(s->batch) * d(s->heads) * (s->causal ? seq * (seq + 1) / 2 : seq * seq);
 }
 
 /* q, k, v (and o) in their strided rows: batch * seq rows of heads * head_dim floats. */
-static double attention_rows_bytes(const struct l2l_attention_shape *s, double tensors) {
+static double attention_rows_bytes(const struct backend_attention_shape *s, double tensors) {
   return tensors * F * d(s->batch) * d(s->seq) * d(s->heads) * d(s->head_dim);
 }
 
-static enum l2l_profile_bound attention_bound(const struct l2l_attention_shape *s) {
+static enum profile_bound attention_bound(const struct backend_attention_shape *s) {
   return flop_bound(s->precision);
 }
 
 /* Which path ran an attention call: " cudnn" when cuDNN's count of calls it ran moved
    across it (the CUDA backend handed it to cuDNN), else "" (l2l's own kernels). */
 static const char *attention_path(int64_t cudnn_runs_before) {
-  return l2l_cudnn_runs() != cudnn_runs_before ? " cudnn" : "";
+  return cudnn_runs() != cudnn_runs_before ? " cudnn" : "";
 }
 
 #define ATTENTION_SHAPE(s, kept, path)                                                    \
@@ -243,18 +243,18 @@ static const char *attention_path(int64_t cudnn_runs_before) {
 static l2l_status p_attention_forward(float *o, float *lse, float *probs, float *dropped,
                                       uint8_t *mask, const float *q, const float *k,
                                       const float *v, const uint8_t *key_mask,
-                                      const struct l2l_attention_shape *shape, float *workspace,
+                                      const struct backend_attention_shape *shape, float *workspace,
                                       int64_t workspace_floats) {
   double pairs = attention_pairs(shape), seq2 = d(shape->batch) * d(shape->heads) *
                                                 d(shape->seq) * d(shape->seq);
   double kept = F * seq2 * ((probs != NULL) + (dropped != NULL)) + (mask ? seq2 / 8 : 0);
-  int64_t cudnn_runs = l2l_cudnn_runs();
+  int64_t runs_before = cudnn_runs();
   PROFILED(attention_forward(o, lse, probs, dropped, mask, q, k, v, key_mask, shape, workspace,
                              workspace_floats),
            "attention_forward", 4 * d(shape->head_dim) * pairs,
            attention_rows_bytes(shape, 4) + F * d(shape->batch) * d(shape->heads) * d(shape->seq) +
            kept, attention_bound(shape), false,
-           ATTENTION_SHAPE(shape, probs != NULL, attention_path(cudnn_runs)));
+           ATTENTION_SHAPE(shape, probs != NULL, attention_path(runs_before)));
 }
 
 /* Backward: dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q, and S = q k^T again when the
@@ -263,18 +263,18 @@ static l2l_status p_attention_backward(float *dq, float *dk, float *dv, const fl
                                        const float *o, const float *lse, const float *probs,
                                        const float *dropped, const uint8_t *mask, const float *q,
                                        const float *k, const float *v, const uint8_t *key_mask,
-                                       const struct l2l_attention_shape *shape, float *workspace,
+                                       const struct backend_attention_shape *shape, float *workspace,
                                        int64_t workspace_floats) {
   double products = probs != NULL ? 4 : 5, seq2 = d(shape->batch) * d(shape->heads) *
                                                   d(shape->seq) * d(shape->seq);
   double kept = F * seq2 * ((probs != NULL) + (dropped != NULL)) + (mask ? seq2 / 8 : 0);
-  int64_t cudnn_runs = l2l_cudnn_runs();
+  int64_t runs_before = cudnn_runs();
   PROFILED(attention_backward(dq, dk, dv, d_o, o, lse, probs, dropped, mask, q, k, v, key_mask,
                               shape, workspace, workspace_floats),
            "attention_backward", 2 * products * d(shape->head_dim) * attention_pairs(shape),
            attention_rows_bytes(shape, 8) + F * d(shape->batch) * d(shape->heads) * d(shape->seq) +
            kept, attention_bound(shape), false,
-           ATTENTION_SHAPE(shape, probs != NULL, attention_path(cudnn_runs)));
+           ATTENTION_SHAPE(shape, probs != NULL, attention_path(runs_before)));
 }
 
 static int64_t p_attention_workspace(int64_t seq, int backward) {
@@ -283,7 +283,7 @@ static int64_t p_attention_workspace(int64_t seq, int backward) {
 
 /* ---------------------------------------------------------------- whole-tensor and host results */
 
-static l2l_status p_reduce(double *out, enum l2l_reduction kind, const float *x, int64_t n) {
+static l2l_status p_reduce(double *out, enum backend_reduction kind, const float *x, int64_t n) {
   static const char *const names[] = {"sum", "max_abs", "sumsq"};
   PROFILED(reduce(out, kind, x, n), "reduce", 0, F * d(n), L2L_BOUND_MEM, true, "n=%lld %s",
            (long long)n, (unsigned)kind < 3 ? names[kind] : "?");
@@ -323,7 +323,7 @@ static l2l_status p_convert(void *dst, l2l_dtype dst_dtype, const void *src, l2l
            checked, "n=%lld %s->%s", (long long)n, dt(src_dtype), dt(dst_dtype));
 }
 
-static l2l_status p_random(void *dst, l2l_dtype dtype, int64_t n, enum l2l_distribution dist,
+static l2l_status p_random(void *dst, l2l_dtype dtype, int64_t n, enum backend_distribution dist,
                            uint64_t seed, uint64_t stream, int64_t first, double a, double b) {
   PROFILED(random(dst, dtype, n, dist, seed, stream, first, a, b), "random", 0,
            d(n) * (double)l2l_dtype_size(dtype), L2L_BOUND_MEM, false, "n=%lld %s %s",
@@ -344,7 +344,7 @@ static double copy_bytes(bool within, uint64_t bytes) { return (double)bytes * (
 static l2l_status p_copy(void *dst, l2l_pool_kind dst_pool, const void *src,
                          l2l_pool_kind src_pool, uint64_t bytes) {
   bool within = dst_pool == L2L_POOL_DEVICE && src_pool == L2L_POOL_DEVICE;
-  bool on_step = l2l_profile_on_step_thread();
+  bool on_step = profile_on_step_thread();
   PROFILED(copy(dst, dst_pool, src, src_pool, bytes), "copy", 0, copy_bytes(within, bytes),
            within ? L2L_BOUND_MEM : L2L_BOUND_LINK, !within && on_step,
            COPY_SHAPE(within, dst_pool, bytes));
@@ -361,7 +361,7 @@ static l2l_status p_copy_queued(void *dst, l2l_pool_kind dst_pool, const void *s
 
 static int64_t p_launches(void) { return base()->launches ? base()->launches() : -1; }
 
-const struct l2l_backend_ops l2l_profile_ops = {
+const struct backend_ops profile_ops = {
     .name = "profile",
     .gemm_batched = p_gemm_batched,
     .bias_add = p_bias_add,

@@ -28,11 +28,11 @@
 
 /* ---------------------------------------------------------------- the plugin (mpi_plugin.c) */
 
-/* What libl2l-mpi.so exports, as l2l_mpi_plugin(): MPI's calls over handles of its own
+/* What libl2l-mpi.so exports, as mpi_plugin(): MPI's calls over handles of its own
    (ints for communicators and requests), so that no other file sees an MPI type. Every
    call returns an MPI error code (0: MPI_SUCCESS) unless said otherwise. */
 #define L2L_MPI_PLUGIN_VERSION 2
-struct l2l_mpi_plugin {
+struct mpi_plugin {
   int version;                 /* L2L_MPI_PLUGIN_VERSION */
   /* MPI_Init_thread(FUNNELED) unless MPI is up already; errors return (not abort). */
   int (*init)(int *rank, int *size);
@@ -55,12 +55,12 @@ struct l2l_mpi_plugin {
   void (*error_string)(int code, char *text, int len);
   const char *library;         /* MPI_Get_library_version's first line (after init) */
 };
-const struct l2l_mpi_plugin *l2l_mpi_plugin(void);
-typedef const struct l2l_mpi_plugin *(*l2l_mpi_plugin_fn)(void);
+const struct mpi_plugin *mpi_plugin(void);
+typedef const struct mpi_plugin *(*mpi_plugin_fn)(void);
 
 /* ---------------------------------------------------------------- operations (comm_thread.c) */
 
-enum l2l_dist_kind {
+enum dist_kind {
   DIST_NOOP,               /* takes its index on the stream and completes at once */
   DIST_REDUCE_SCATTER,     /* send (f32, the sum of counts), recv (counts[rank]) */
   DIST_ALLGATHERV,         /* recv in place, counts, displs (elements of `elem` bytes) */
@@ -70,15 +70,15 @@ enum l2l_dist_kind {
 };
 
 /* One collective, owned by its poster (who keeps it alive until its callback has run). */
-struct l2l_dist_op {
-  enum l2l_dist_kind kind;
+struct dist_op {
+  enum dist_kind kind;
   const void *send;
   void *recv;
   const int *counts, *displs;
   int n;
   int elem;                    /* DIST_ALLGATHERV: bytes an element, 4 (0 means 4: f32), 2, 1 */
   /* On the communication thread once the operation has completed (NULL: nothing). */
-  void (*done)(struct l2l_dist_op *op);
+  void (*done)(struct dist_op *op);
   void *ctx;
   /* For a timeout's report and the timeline: what it is for. */
   const char *what;            /* e.g. "reduce-scatter of gradients" */
@@ -86,45 +86,45 @@ struct l2l_dist_op {
   int layer;                   /* 0-based, -1: none */
   int64_t step;
   uint64_t bytes;              /* the bytes this rank sends (ring-minimum accounting) */
-  struct l2l_timeline *timeline;   /* NULL: not recorded */
+  struct core_timeline *timeline;   /* NULL: not recorded */
   int phase, lane;             /* its timeline phase and thread */
   /* Private to comm_thread.c. */
   int index;                   /* its place on the stream */
   int comm, request;
   double posted;
   int64_t sequence;            /* operations posted on its stream before it, ever */
-  struct l2l_dist_op *next;
+  struct dist_op *next;
 };
 
 /* An ordered stream: a communicator of its own and the next index to post (indexes count
    from 0 over the stream's life: its owner numbers its operations). */
-struct l2l_dist_stream;
+struct dist_stream;
 
 /* ---------------------------------------------------------------- the process's MPI */
 
 /* Opens the plugin and starts the communication thread, which initialises MPI; the
    second call and later ones do nothing. L2L_ERR_UNSUPPORTED when libl2l was built
    without MPI (no plugin), naming why. */
-l2l_status l2l_dist_start(void);
+l2l_status dist_start(void);
 /* Waits for what is in flight, finalizes MPI and stops the thread (MPI cannot start
    again in this process). */
-void l2l_dist_stop(void);
+void dist_stop(void);
 /* The deadline of every operation in flight, in seconds; false for one outside (0, 1e6]. */
-bool l2l_dist_set_timeout_now(double seconds);
-int l2l_dist_rank_now(void);   /* 0 and 1 when not running */
-int l2l_dist_size_now(void);
+bool dist_set_timeout_now(double seconds);
+int dist_rank_now(void);   /* 0 and 1 when not running */
+int dist_size_now(void);
 
-l2l_status l2l_dist_stream_new(struct l2l_dist_stream **out);   /* collective */
-void l2l_dist_stream_free(struct l2l_dist_stream *stream);
+l2l_status dist_stream_new(struct dist_stream **out);   /* collective */
+void dist_stream_free(struct dist_stream *stream);
 /* Hands op over as the stream's operation `index` (fills op's private fields). */
-void l2l_dist_post(struct l2l_dist_stream *stream, struct l2l_dist_op *op, int index);
+void dist_post(struct dist_stream *stream, struct dist_op *op, int index);
 /* Posts op on the process's control stream (operations in the calling threads' program
    order; the relay's per-step exchanges of counts and losses) and waits for it: every
    rank must call these in the same order. */
-l2l_status l2l_dist_run(struct l2l_dist_op *op);
+l2l_status dist_run(struct dist_op *op);
 
 /* Ends the job from a library thread that cannot go on (a failed exchange): prints what
    on stderr with the rank and calls MPI_Abort. */
-void l2l_dist_fail(const char *what);
+void dist_fail(const char *what);
 
 #endif /* L2L_CLUSTER_H */

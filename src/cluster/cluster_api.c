@@ -9,39 +9,39 @@
 
 #include "cluster.h"
 
-l2l_status l2l_dist_init(void) { return l2l_dist_start(); }
+l2l_status l2l_dist_init(void) { return dist_start(); }
 
 l2l_status l2l_dist_rank(int *out) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   TRY(l2l_dist_init());
-  *out = l2l_dist_rank_now();
+  *out = dist_rank_now();
   return L2L_OK;
 }
 
 l2l_status l2l_dist_size(int *out) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   TRY(l2l_dist_init());
-  *out = l2l_dist_size_now();
+  *out = dist_size_now();
   return L2L_OK;
 }
 
 l2l_status l2l_dist_barrier(void) {
   TRY(l2l_dist_init());
-  struct l2l_dist_op op = {.kind = DIST_BARRIER, .what = "barrier", .layer = -1, .step = -1};
-  return l2l_dist_run(&op);
+  struct dist_op op = {.kind = DIST_BARRIER, .what = "barrier", .layer = -1, .step = -1};
+  return dist_run(&op);
 }
 
 l2l_status l2l_dist_set_timeout(double seconds) {
-  if (!l2l_dist_set_timeout_now(seconds))
+  if (!dist_set_timeout_now(seconds))
     return FAIL(L2L_ERR_INVALID, "seconds must be in (0, 1e6], got %g", seconds);
   return L2L_OK;
 }
 
 l2l_status l2l_dist_finalize(void) {
-  l2l_dist_stop();
+  dist_stop();
   return L2L_OK;
 }
 
 void l2l_dist_abort(const char *message) {
-  l2l_dist_fail(message ? message : "l2l_dist_abort");
+  dist_fail(message ? message : "l2l_dist_abort");
 }

@@ -24,11 +24,11 @@
 #define POLL_SECONDS 50e-6
 #define DEFAULT_TIMEOUT 300.0
 
-struct l2l_dist_stream {
+struct dist_stream {
   int comm;
   int next;                      /* the index to post next */
   int64_t sequence;              /* operations posted on it, ever */
-  struct l2l_dist_op *waiting;   /* handed over, index above next: not posted yet */
+  struct dist_op *waiting;   /* handed over, index above next: not posted yet */
 };
 
 /* A call the thread makes for another thread (MPI's set-up and tear-down). */
@@ -36,7 +36,7 @@ struct thread_call {
   int (*fn)(struct thread_call *call);
   int rc;
   bool done;
-  struct l2l_dist_stream *stream;
+  struct dist_stream *stream;
   struct thread_call *next;
 };
 
@@ -46,15 +46,15 @@ static struct {
   pthread_cond_t finished;       /* a control operation or a call has completed */
   pthread_t thread;
   bool started, running, stopping;
-  const struct l2l_mpi_plugin *mpi;
+  const struct mpi_plugin *mpi;
   void *handle;
   int rank, size;
   double timeout;
-  struct l2l_dist_stream *streams[64];
+  struct dist_stream *streams[64];
   int nstreams;
-  struct l2l_dist_stream control;
+  struct dist_stream control;
   int control_given;             /* indexes handed out on the control stream */
-  struct l2l_dist_op *in_flight;
+  struct dist_op *in_flight;
   struct thread_call *calls;
   char abort_message[512];       /* non-empty: the thread ends the job */
   char error[512];               /* why start failed, or that MPI was finalized */
@@ -62,8 +62,8 @@ static struct {
 } D = {.lock = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER,
        .finished = PTHREAD_COND_INITIALIZER, .size = 1, .timeout = DEFAULT_TIMEOUT};
 
-int l2l_dist_rank_now(void) { return D.running ? D.rank : 0; }
-int l2l_dist_size_now(void) { return D.running ? D.size : 1; }
+int dist_rank_now(void) { return D.running ? D.rank : 0; }
+int dist_size_now(void) { return D.running ? D.size : 1; }
 
 /* ---------------------------------------------------------------- the thread */
 
@@ -76,7 +76,7 @@ int l2l_dist_size_now(void) { return D.running ? D.size : 1; }
    thread, which calls no MPI, ends the process once a call has not returned for the
    timeout and the grace after it. */
 enum { GRACE_SECONDS = 10 };
-static _Atomic double in_mpi_since = 0;   /* l2l_now() when the call began; 0: none */
+static _Atomic double in_mpi_since = 0;   /* core_now() when the call began; 0: none */
 
 static void *watchdog_main(void *unused) {
   (void)unused;
@@ -87,9 +87,9 @@ static void *watchdog_main(void *unused) {
     bool stopping = D.stopping;
     pthread_mutex_unlock(&D.lock);
     double since = atomic_load(&in_mpi_since);
-    if (since > 0 && l2l_now() - since > timeout + GRACE_SECONDS) {
+    if (since > 0 && core_now() - since > timeout + GRACE_SECONDS) {
       fprintf(stderr, "l2l: rank %d of %d: an MPI call has not returned for %.0f s (a rank or the "
-              "network between them gone?): ending this rank\n", D.rank, D.size, l2l_now() - since);
+              "network between them gone?): ending this rank\n", D.rank, D.size, core_now() - since);
       _exit(1);
     }
     if (stopping && since == 0) return NULL;
@@ -102,12 +102,12 @@ static void report_and_abort(const char *what) {
   pthread_mutex_lock(&D.lock);
   double timeout = D.timeout;
   pthread_mutex_unlock(&D.lock);
-  atomic_store(&in_mpi_since, l2l_now() - timeout);   /* the watchdog's grace starts now */
+  atomic_store(&in_mpi_since, core_now() - timeout);   /* the watchdog's grace starts now */
   D.mpi->abort(1);
   _exit(1);   /* MPI_Abort does not return; should it, this rank must still end */
 }
 
-static void mpi_failed(int rc, const struct l2l_dist_op *op, const char *doing) {
+static void mpi_failed(int rc, const struct dist_op *op, const char *doing) {
   char text[256], what[512];
   D.mpi->error_string(rc, text, sizeof text);
   snprintf(what, sizeof what, "MPI failed %s %s (layer %d, step %lld, sequence %lld): %s", doing,
@@ -116,9 +116,9 @@ static void mpi_failed(int rc, const struct l2l_dist_op *op, const char *doing) 
   report_and_abort(what);
 }
 
-static void post_one(struct l2l_dist_op *op) {
+static void post_one(struct dist_op *op) {
   int rc = 0;
-  op->posted = l2l_now();
+  op->posted = core_now();
   op->request = -1;
   switch (op->kind) {
     case DIST_NOOP: return;
@@ -138,11 +138,11 @@ static void post_one(struct l2l_dist_op *op) {
   if (rc != 0) mpi_failed(rc, op, "to post");
 }
 
-static struct l2l_dist_stream *stream_at(int s) { return s < 0 ? &D.control : D.streams[s]; }
+static struct dist_stream *stream_at(int s) { return s < 0 ? &D.control : D.streams[s]; }
 
 /* The stream's waiting operation whose turn it is (its link), or NULL; under the lock. */
-static struct l2l_dist_op **next_in_line(struct l2l_dist_stream *stream) {
-  for (struct l2l_dist_op **p = &stream->waiting; *p; p = &(*p)->next)
+static struct dist_op **next_in_line(struct dist_stream *stream) {
+  for (struct dist_op **p = &stream->waiting; *p; p = &(*p)->next)
     if ((*p)->index == stream->next) return p;
   return NULL;
 }
@@ -154,13 +154,13 @@ static bool any_ready(void) {
 }
 
 /* Takes, under the lock, every operation whose turn has come, in stream order. */
-static struct l2l_dist_op *take_ready(void) {
-  struct l2l_dist_op *ready = NULL, **tail = &ready;
+static struct dist_op *take_ready(void) {
+  struct dist_op *ready = NULL, **tail = &ready;
   for (int s = -1; s < D.nstreams; s++) {
-    struct l2l_dist_stream *stream = stream_at(s);
+    struct dist_stream *stream = stream_at(s);
     if (stream == NULL) continue;
-    for (struct l2l_dist_op **p; (p = next_in_line(stream)) != NULL;) {
-      struct l2l_dist_op *op = *p;
+    for (struct dist_op **p; (p = next_in_line(stream)) != NULL;) {
+      struct dist_op *op = *p;
       *p = op->next;
       op->next = NULL;
       op->comm = stream->comm;
@@ -173,13 +173,13 @@ static struct l2l_dist_op *take_ready(void) {
   return ready;
 }
 
-static void complete(struct l2l_dist_op *op) {
+static void complete(struct dist_op *op) {
   if (op->timeline && op->kind != DIST_NOOP)
-    l2l_timeline_add(op->timeline, op->layer, -1, op->phase, op->lane, op->posted, l2l_now());
+    timeline_add(op->timeline, op->layer, -1, op->phase, op->lane, op->posted, core_now());
   if (op->done) op->done(op);
 }
 
-static void check_deadline(const struct l2l_dist_op *op, double now, double timeout) {
+static void check_deadline(const struct dist_op *op, double now, double timeout) {
   if (now - op->posted <= timeout) return;
   char what[512];
   snprintf(what, sizeof what,
@@ -192,8 +192,8 @@ static void check_deadline(const struct l2l_dist_op *op, double now, double time
 }
 
 /* Posts what is ready, tests what is in flight; true when anything is in flight. */
-static bool progress(struct l2l_dist_op *ready) {
-  for (struct l2l_dist_op *op = ready, *next; op; op = next) {
+static bool progress(struct dist_op *ready) {
+  for (struct dist_op *op = ready, *next; op; op = next) {
     next = op->next;
     post_one(op);
     if (op->kind == DIST_NOOP) {
@@ -203,13 +203,13 @@ static bool progress(struct l2l_dist_op *ready) {
     op->next = D.in_flight;   /* only this thread touches the in-flight list */
     D.in_flight = op;
   }
-  double now = l2l_now();
+  double now = core_now();
   pthread_mutex_lock(&D.lock);
   double timeout = D.timeout;
   pthread_mutex_unlock(&D.lock);
-  for (struct l2l_dist_op **p = &D.in_flight; *p;) {
-    struct l2l_dist_op *op = *p;
-    atomic_store(&in_mpi_since, l2l_now());
+  for (struct dist_op **p = &D.in_flight; *p;) {
+    struct dist_op *op = *p;
+    atomic_store(&in_mpi_since, core_now());
     int done = 0, rc = D.mpi->test(op->request, &done);
     atomic_store(&in_mpi_since, 0.0);
     if (rc != 0) mpi_failed(rc, op, "while waiting for");
@@ -248,7 +248,7 @@ static void *thread_main(void *arg) {
     }
     struct thread_call *calls = D.calls;
     D.calls = NULL;
-    struct l2l_dist_op *ready = take_ready();
+    struct dist_op *ready = take_ready();
     if (D.stopping && D.in_flight == NULL && ready == NULL && calls == NULL) break;
     pthread_mutex_unlock(&D.lock);
 
@@ -308,7 +308,7 @@ static void *open_plugin(char *why, size_t len) {
   Dl_info info;
   if (env && *env) {
     snprintf(path, sizeof path, "%s", env);
-  } else if (dladdr((void *)l2l_dist_start, &info) && info.dli_fname) {
+  } else if (dladdr((void *)dist_start, &info) && info.dli_fname) {
     char copy[4096];
     snprintf(copy, sizeof copy, "%s", info.dli_fname);
     snprintf(path, sizeof path, "%s/libl2l-mpi.so", dirname(copy));
@@ -330,7 +330,7 @@ static void *open_plugin(char *why, size_t len) {
 static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
 static l2l_status start(void);
 
-l2l_status l2l_dist_start(void) {
+l2l_status dist_start(void) {
   pthread_mutex_lock(&start_lock);
   l2l_status status = start();
   pthread_mutex_unlock(&start_lock);
@@ -352,7 +352,7 @@ static l2l_status start(void) {
     D.error_status = L2L_ERR_UNSUPPORTED;
     return FAIL(L2L_ERR_UNSUPPORTED, "%s", why);
   }
-  l2l_mpi_plugin_fn get = (l2l_mpi_plugin_fn)dlsym(D.handle, "l2l_mpi_plugin");
+  mpi_plugin_fn get = (mpi_plugin_fn)dlsym(D.handle, "mpi_plugin");
   D.mpi = get ? get() : NULL;
   if (D.mpi == NULL || D.mpi->version != L2L_MPI_PLUGIN_VERSION) {
     snprintf(D.error, sizeof D.error, "the MPI plugin is not this libl2l's (version %d, "
@@ -391,7 +391,7 @@ static l2l_status start(void) {
   return L2L_OK;
 }
 
-void l2l_dist_stop(void) {
+void dist_stop(void) {
   pthread_mutex_lock(&start_lock);
   bool running = D.running;
   pthread_mutex_unlock(&start_lock);
@@ -406,7 +406,7 @@ void l2l_dist_stop(void) {
   snprintf(D.error, sizeof D.error, "MPI was finalized (l2l_dist_finalize): it cannot start again");
 }
 
-void l2l_dist_fail(const char *what) {
+void dist_fail(const char *what) {
   if (!D.running) return;
   pthread_mutex_lock(&D.lock);
   snprintf(D.abort_message, sizeof D.abort_message, "%s", what);
@@ -415,7 +415,7 @@ void l2l_dist_fail(const char *what) {
   for (;;) pause();   /* the communication thread ends the process */
 }
 
-bool l2l_dist_set_timeout_now(double seconds) {
+bool dist_set_timeout_now(double seconds) {
   if (!(seconds > 0 && seconds <= 1e6)) return false;
   pthread_mutex_lock(&D.lock);
   D.timeout = seconds;
@@ -439,9 +439,9 @@ static int dup_call(struct thread_call *call) {
   return rc;
 }
 
-l2l_status l2l_dist_stream_new(struct l2l_dist_stream **out) {
+l2l_status dist_stream_new(struct dist_stream **out) {
   if (!D.running) return FAIL(L2L_ERR_STATE, "MPI is not running");
-  struct l2l_dist_stream *stream = calloc(1, sizeof *stream);
+  struct dist_stream *stream = calloc(1, sizeof *stream);
   if (stream == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for an MPI stream");
   struct thread_call call = {.fn = dup_call, .stream = stream};
   int rc = on_thread(&call);
@@ -466,7 +466,7 @@ static int free_call(struct thread_call *call) {
   return 0;
 }
 
-void l2l_dist_stream_free(struct l2l_dist_stream *stream) {
+void dist_stream_free(struct dist_stream *stream) {
   if (stream == NULL) return;
   if (D.running) {
     struct thread_call call = {.fn = free_call, .stream = stream};
@@ -475,7 +475,7 @@ void l2l_dist_stream_free(struct l2l_dist_stream *stream) {
   free(stream);
 }
 
-void l2l_dist_post(struct l2l_dist_stream *stream, struct l2l_dist_op *op, int index) {
+void dist_post(struct dist_stream *stream, struct dist_op *op, int index) {
   pthread_mutex_lock(&D.lock);
   op->index = index;
   op->next = stream->waiting;
@@ -484,7 +484,7 @@ void l2l_dist_post(struct l2l_dist_stream *stream, struct l2l_dist_op *op, int i
   pthread_mutex_unlock(&D.lock);
 }
 
-static void control_done(struct l2l_dist_op *op) {
+static void control_done(struct dist_op *op) {
   bool *done = op->ctx;
   pthread_mutex_lock(&D.lock);
   *done = true;
@@ -492,7 +492,7 @@ static void control_done(struct l2l_dist_op *op) {
   pthread_mutex_unlock(&D.lock);
 }
 
-l2l_status l2l_dist_run(struct l2l_dist_op *op) {
+l2l_status dist_run(struct dist_op *op) {
   if (!D.running) return FAIL(L2L_ERR_STATE, "MPI is not running (l2l_dist_init first)");
   bool done = false;
   op->done = control_done;

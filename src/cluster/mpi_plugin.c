@@ -23,7 +23,7 @@ static MPI_Request requests[MAX_REQUESTS];
 static int free_requests[MAX_REQUESTS], nfree = -1;
 static char library_line[256];
 static int initialized;   /* MPI is up (by this plugin or before it): finalize may follow */
-static struct l2l_mpi_plugin table;
+static struct mpi_plugin table;
 
 /* A free request slot, or -1 (every slot in flight). */
 static int request_take(void) {
@@ -146,7 +146,7 @@ static void plugin_error_string(int code, char *text, int len) {
   text[len - 1] = '\0';
 }
 
-static struct l2l_mpi_plugin table = {
+static struct mpi_plugin table = {
     .version = L2L_MPI_PLUGIN_VERSION, .init = plugin_init, .finalize = plugin_finalize,
     .abort = plugin_abort, .comm_dup = plugin_comm_dup, .comm_free = plugin_comm_free,
     .reduce_scatter = plugin_reduce_scatter, .allgatherv = plugin_allgatherv,
@@ -154,4 +154,4 @@ static struct l2l_mpi_plugin table = {
     .barrier = plugin_barrier, .test = plugin_test, .error_string = plugin_error_string,
     .library = ""};
 
-const struct l2l_mpi_plugin *l2l_mpi_plugin(void) { return &table; }
+const struct mpi_plugin *mpi_plugin(void) { return &table; }

@@ -16,13 +16,13 @@ struct cached_block {
   void *ptr, *tag;
 };
 
-struct l2l_block_list {
+struct block_list {
   uint64_t size;
   struct cached_block *blocks;
   int count, capacity;
 };
 
-uint64_t l2l_block_size(uint64_t bytes) {
+uint64_t block_size(uint64_t bytes) {
   const uint64_t small = 512, large = 2u << 20;
   uint64_t unit = bytes < (1u << 20) ? small : large;
   return (bytes + unit - 1) / unit * unit;
@@ -30,25 +30,25 @@ uint64_t l2l_block_size(uint64_t bytes) {
 
 /* The free list for `size`, made if missing and `make` (NULL when out of host memory).
    Called with the lock held. */
-static struct l2l_block_list *list_for(struct l2l_block_cache *c, uint64_t size, bool make) {
+static struct block_list *list_for(struct block_cache *c, uint64_t size, bool make) {
   for (int i = 0; i < c->list_count; i++)
     if (c->lists[i].size == size) return &c->lists[i];
   if (!make) return NULL;
   if (c->list_count == c->list_capacity) {
     int capacity = c->list_capacity ? 2 * c->list_capacity : 16;
-    struct l2l_block_list *grown = realloc(c->lists, (size_t)capacity * sizeof *grown);
+    struct block_list *grown = realloc(c->lists, (size_t)capacity * sizeof *grown);
     if (grown == NULL) return NULL;
     c->lists = grown, c->list_capacity = capacity;
   }
-  struct l2l_block_list *list = &c->lists[c->list_count++];
-  *list = (struct l2l_block_list){.size = size};
+  struct block_list *list = &c->lists[c->list_count++];
+  *list = (struct block_list){.size = size};
   return list;
 }
 
 /* Every cached block back to the system. Called with the lock held. */
-static void drop_cached(struct l2l_block_cache *c) {
+static void drop_cached(struct block_cache *c) {
   for (int i = 0; i < c->list_count; i++) {
-    struct l2l_block_list *list = &c->lists[i];
+    struct block_list *list = &c->lists[i];
     for (int b = 0; b < list->count; b++) c->source->free(list->blocks[b].ptr, list->blocks[b].tag);
     c->reserved -= (uint64_t)list->count * list->size;
     c->cached -= (uint64_t)list->count * list->size;
@@ -56,15 +56,15 @@ static void drop_cached(struct l2l_block_cache *c) {
   }
 }
 
-static bool over_cap(const struct l2l_block_cache *c, uint64_t size) {
+static bool over_cap(const struct block_cache *c, uint64_t size) {
   return c->cap != 0 && (c->reserved > c->cap || size > c->cap - c->reserved);
 }
 
-int l2l_blocks_get(struct l2l_block_cache *c, void **out, uint64_t bytes, void **tag) {
-  uint64_t size = l2l_block_size(bytes);
+int blocks_get(struct block_cache *c, void **out, uint64_t bytes, void **tag) {
+  uint64_t size = block_size(bytes);
   *tag = NULL;
   pthread_mutex_lock(&c->lock);
-  struct l2l_block_list *list = list_for(c, size, false);
+  struct block_list *list = list_for(c, size, false);
   if (list != NULL && list->count > 0) {
     struct cached_block b = list->blocks[--list->count];
     *out = b.ptr, *tag = b.tag;
@@ -92,11 +92,11 @@ int l2l_blocks_get(struct l2l_block_cache *c, void **out, uint64_t bytes, void *
   return err;
 }
 
-void l2l_blocks_put(struct l2l_block_cache *c, void *ptr, uint64_t bytes, void *tag) {
+void blocks_put(struct block_cache *c, void *ptr, uint64_t bytes, void *tag) {
   if (ptr == NULL) return;
-  uint64_t size = l2l_block_size(bytes);
+  uint64_t size = block_size(bytes);
   pthread_mutex_lock(&c->lock);
-  struct l2l_block_list *list = list_for(c, size, true);
+  struct block_list *list = list_for(c, size, true);
   if (list != NULL && list->count == list->capacity) {
     int capacity = list->capacity ? 2 * list->capacity : 8;
     struct cached_block *grown = realloc(list->blocks, (size_t)capacity * sizeof *grown);
@@ -112,27 +112,27 @@ void l2l_blocks_put(struct l2l_block_cache *c, void *ptr, uint64_t bytes, void *
   pthread_mutex_unlock(&c->lock);
 }
 
-void l2l_blocks_release_cached(struct l2l_block_cache *c) {
+void blocks_release_cached(struct block_cache *c) {
   pthread_mutex_lock(&c->lock);
   drop_cached(c);
   pthread_mutex_unlock(&c->lock);
 }
 
-void l2l_blocks_set_cap(struct l2l_block_cache *c, uint64_t cap) {
+void blocks_set_cap(struct block_cache *c, uint64_t cap) {
   pthread_mutex_lock(&c->lock);
   c->cap = cap;
   if (cap != 0 && c->reserved > cap) drop_cached(c);
   pthread_mutex_unlock(&c->lock);
 }
 
-uint64_t l2l_blocks_cap(struct l2l_block_cache *c) {
+uint64_t blocks_cap(struct block_cache *c) {
   pthread_mutex_lock(&c->lock);
   uint64_t cap = c->cap;
   pthread_mutex_unlock(&c->lock);
   return cap;
 }
 
-void l2l_blocks_counts(struct l2l_block_cache *c, uint64_t *reserved, uint64_t *cached,
+void blocks_counts(struct block_cache *c, uint64_t *reserved, uint64_t *cached,
                        uint64_t *system_allocs) {
   pthread_mutex_lock(&c->lock);
   if (reserved) *reserved = c->reserved;

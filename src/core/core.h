@@ -6,7 +6,7 @@
  * the block cache, queues of jobs served by threads, the clock, the relay's timeline, and
  * safetensors files (read and written atomically, with checksums).
  * The core knows the device only through the table a backend installs (struct
- * l2l_device_ops): it never names a backend, never runs an op, and never includes a
+ * device_ops): it never names a backend, never runs an op, and never includes a
  * header of the parts above it (backend, layers, eps, relay); scripts/archcheck keeps it
  * so.
  * Must never: print, exit or abort on user input or a refused allocation; be included by
@@ -27,22 +27,22 @@
 /* ---------------------------------------------------------------- errors */
 
 /* Records a formatted message as this thread's last error and returns `status`, so that
-   a check reads `if (bad) return l2l_fail(L2L_ERR_INVALID, "...", ...);`. */
-l2l_status l2l_fail(l2l_status status, const char *fmt, ...)
+   a check reads `if (bad) return core_fail(L2L_ERR_INVALID, "...", ...);`. */
+l2l_status core_fail(l2l_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /* The same, prefixed with the calling function's name. */
-#define FAIL(status, ...) l2l_fail_in(__func__, (status), __VA_ARGS__)
-l2l_status l2l_fail_in(const char *func, l2l_status status, const char *fmt, ...)
+#define FAIL(status, ...) core_fail_in(__func__, (status), __VA_ARGS__)
+l2l_status core_fail_in(const char *func, l2l_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* What the message just recorded names (l2l_last_error_detail): each returns `status`, so
-   that a check reads `return l2l_error_note_layer(FAIL(...), k);`. */
-l2l_status l2l_error_note_layer(l2l_status status, int layer);
-l2l_status l2l_error_note_needed(l2l_status status, uint64_t bytes);
-l2l_status l2l_error_note_field(l2l_status status, const char *field);
-l2l_status l2l_error_note_micro_batch(l2l_status status, int64_t micro_batch);
-l2l_status l2l_error_note_element(l2l_status status, int dims, const int64_t *index);
+   that a check reads `return error_note_layer(FAIL(...), k);`. */
+l2l_status error_note_layer(l2l_status status, int layer);
+l2l_status error_note_needed(l2l_status status, uint64_t bytes);
+l2l_status error_note_field(l2l_status status, const char *field);
+l2l_status error_note_micro_batch(l2l_status status, int64_t micro_batch);
+l2l_status error_note_element(l2l_status status, int dims, const int64_t *index);
 /* Marks in a message's format around the words that name the layer, micro-batch or field
    the detail notes: "%s must be >= 1" with L2L_NAMED_FIELD "config->accumulate" L2L_NAMED_END
    as its argument, or in the format itself. The marks are not in the message; the detail
@@ -57,10 +57,10 @@ l2l_status l2l_error_note_element(l2l_status status, int dims, const int64_t *in
 /* The last message with fmt's words (marks and all) in front in place of its function's
    name, its spans moved behind them: "layers[2]: " + "the layer has dim 16, ...". The
    caller notes what its words name (the layer, the micro-batch). */
-l2l_status l2l_error_wrap(l2l_status status, const char *fmt, ...)
+l2l_status error_wrap(l2l_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* The last message named after func in place of the function it was, all else kept. */
-l2l_status l2l_error_rename(const char *func, l2l_status status);
+l2l_status error_rename(const char *func, l2l_status status);
 
 /* Propagate a failed status unchanged (its message is already set). */
 #define TRY(expr)                                   \
@@ -70,23 +70,23 @@ l2l_status l2l_error_rename(const char *func, l2l_status status);
   } while (0)
 
 /* "1.50 MiB" into buf (for messages beside the exact byte count). */
-const char *l2l_human_bytes(char *buf, size_t len, uint64_t bytes);
+const char *core_human_bytes(char *buf, size_t len, uint64_t bytes);
 
 /* ---------------------------------------------------------------- the options' table (options.c) */
 /* The rows of options.def (see l2l_option in l2l.h) and their number. */
-extern const l2l_option l2l_options[];
-extern const int l2l_options_count;
+extern const l2l_option options_rows[];
+extern const int options_count;
 /* Every field the table's defaults (precision f32: l2l_relay_config_default picks a GPU's). */
-void l2l_options_default(l2l_relay_config *out);
+void options_default(l2l_relay_config *out);
 /* The struct a group's fields are in: c, its optimizer or its schedule. */
-const void *l2l_option_base(const l2l_relay_config *c, l2l_option_group group);
+const void *option_base(const l2l_relay_config *c, l2l_option_group group);
 /* A row's field in `base` (its group's struct) as a word: an integer or enum as it is, a
    float's bits, a path 1 when given. */
-int64_t l2l_option_word(const l2l_option *o, const void *base);
+int64_t option_word(const l2l_option *o, const void *base);
 /* Each field of `group` in `base` against its row (bounds, choices, 0 or 1, finite floats,
    a non-empty path); the bounds of SGD's or Adam's rows only for that optimizer. The first
    that fails is L2L_ERR_INVALID, "func: <prefix><field> must be ...". */
-l2l_status l2l_options_check(l2l_option_group group, const void *base, int optimizer_kind,
+l2l_status options_check(l2l_option_group group, const void *base, int optimizer_kind,
                              const char *func, const char *prefix);
 
 /* ---------------------------------------------------------------- half floats */
@@ -163,21 +163,21 @@ static inline float half_f16_to_f32(uint16_t x) {
    reduction, a widened 16-bit value): LuaJIT keeps its other values inside NaNs' bits
    and takes a double with such a payload for a pointer (a weight's bits from a damaged
    file crashed run:step). */
-static inline double l2l_plain_nan(double x) { return x != x ? (double)NAN : x; }
+static inline double core_plain_nan(double x) { return x != x ? (double)NAN : x; }
 
 /* ---------------------------------------------------------------- Philox (rng.c) */
 
 /* The four 32-bit draws of Philox block `block` of (seed, stream): counter = (block,
    stream), key = seed, as rng.c states. Every backend draws through this layout. */
-void l2l_philox_draws(uint32_t *out4, uint64_t seed, uint64_t stream, uint64_t block);
+void philox_draws(uint32_t *out4, uint64_t seed, uint64_t stream, uint64_t block);
 /* out[i] := draw first + i of (seed, stream) for i < n (word (first+i)%4 of block
-   (first+i)/4): the same numbers as l2l_philox_draws, many blocks per SIMD pass. */
-void l2l_philox_range(uint32_t *out, uint64_t seed, uint64_t stream, uint64_t first, int64_t n);
+   (first+i)/4): the same numbers as philox_draws, many blocks per SIMD pass. */
+void philox_range(uint32_t *out, uint64_t seed, uint64_t stream, uint64_t first, int64_t n);
 
 /* ---------------------------------------------------------------- pools (pool.c) */
 
 /* Bytes an allocation of `bytes` is counted as (rounded up to L2L_ALIGN); 0 on overflow. */
-uint64_t l2l_pool_accounted(uint64_t bytes);
+uint64_t pool_accounted(uint64_t bytes);
 
 /* ---------------------------------------------------------------- the host tier (host_tier.c) */
 
@@ -186,39 +186,39 @@ uint64_t l2l_pool_accounted(uint64_t bytes);
    f32), `grad` its gradient accumulator, `state` its optimizer state in host memory
    (arrays of the shard, as the pool counts them), `moved` the bytes of that state a spill
    file reads or writes. */
-struct l2l_host_record {
+struct host_record {
   uint64_t fixed, grad, state, moved;
 };
-void l2l_host_record_bytes(struct l2l_host_record *out, int64_t numel, int64_t shard_n,
+void host_record_bytes(struct host_record *out, int64_t numel, int64_t shard_n,
                            int arrays, l2l_state_precision state, l2l_dtype master,
                            l2l_dtype staging, bool dist);
 /* Bytes of one optimizer state array of n elements in precision `state` (l2l.h, "optimizers":
    8bit is n codes padded to 4 bytes, then an f32 scale a block); 0 for an unknown one. */
-uint64_t l2l_host_state_bytes(l2l_state_precision state, int64_t n);
+uint64_t host_state_bytes(l2l_state_precision state, int64_t n);
 /* The layout of an 8-bit state array of n elements (l2l/relay.h, "optimizers"), written
    once: its n codes, zero padding to 4 bytes, then the f32 scale of each block of
    L2L_STATE_BLOCK elements. */
-static inline uint64_t l2l_state8_codes_bytes(int64_t n) {
+static inline uint64_t state8_codes_bytes(int64_t n) {
   return ((uint64_t)(n > 0 ? n : 0) + 3) & ~(uint64_t)3;   /* where the scales begin */
 }
-static inline int64_t l2l_state8_blocks(int64_t n) {
+static inline int64_t state8_blocks(int64_t n) {
   return n > 0 ? (n + L2L_STATE_BLOCK - 1) / L2L_STATE_BLOCK : 0;
 }
 /* An element's bytes in the state's precision (8 bits: a code's, the scales aside), and
    the dtype of an array kept in it (8 bits: a vector of bytes, codes and scales). */
-static inline int l2l_state_elem_bytes(l2l_state_precision state) {
+static inline int state_elem_bytes(l2l_state_precision state) {
   return state == L2L_STATE_F32 ? 4 : state == L2L_STATE_BF16 ? 2 : 1;
 }
-static inline l2l_dtype l2l_state_dtype(l2l_state_precision state) {
+static inline l2l_dtype state_dtype(l2l_state_precision state) {
   return state == L2L_STATE_F32 ? L2L_F32 : state == L2L_STATE_BF16 ? L2L_BF16 : L2L_U8;
 }
 /* Rank `rank`'s shard of a record of n elements over `ranks`: the elements [*begin,
    *begin + *count) with s = ceil(n / ranks) rounded up to a multiple of `align` (8-bit
    state: a shard holds whole blocks), rank·s clipped to n (the last shards may be shorter
    or empty). */
-void l2l_host_shard(int64_t n, int ranks, int rank, int64_t align, int64_t *begin, int64_t *count);
+void host_shard(int64_t n, int ranks, int rank, int64_t align, int64_t *begin, int64_t *count);
 /* The shards' alignment for optimizer state kept in `state`. */
-static inline int64_t l2l_host_shard_align(l2l_state_precision state) {
+static inline int64_t host_shard_align(l2l_state_precision state) {
   return state == L2L_STATE_8BIT ? L2L_STATE_BLOCK : 1;
 }
 /* Whether a record's gradient accumulator may pass this step: when the tier makes them
@@ -228,48 +228,48 @@ static inline int64_t l2l_host_shard_align(l2l_state_precision state) {
    window (with ranks: from its arrival to its reduce-scatter); any other (tied, deferred,
    accumulating over steps) is in memory through the step. `users`: relay layers holding
    it; `arrivals`: gradients it expects. */
-bool l2l_host_grad_passes(bool spill, bool defer, bool due, int users, int arrivals);
+bool host_grad_passes(bool spill, bool defer, bool due, int users, int arrivals);
 /* The host budget over records whose fixed bytes (with every accumulator in memory this
    step that cannot pass), state, largest state, and largest and total accumulators that
    may pass are given (budget 0: none; spill: a spill file holds what the budget leaves
    out): the smallest budget that works (need), whether the accumulators pass (only when
    the budget cannot hold them all), the state that stays in memory (keep: the records
-   first in the EPS's order that fit, l2l_host_tier_keeps), the window (at most that many
+   first in the EPS's order that fit, host_tier_keeps), the window (at most that many
    bytes of state read ahead, and as many of updates under way, or one record) and the
    gradient window (passing accumulators in memory at once, or one). */
 enum { L2L_TIER_WINDOW_MOST = 64 << 20, L2L_TIER_GRAD_MOST = 1 << 30 };
-struct l2l_host_tier {
+struct host_tier {
   uint64_t need, keep, window, grad_window;
   bool grads_pass;
 };
-void l2l_host_tier_plan(struct l2l_host_tier *out, uint64_t fixed, uint64_t state, uint64_t largest,
+void host_tier_plan(struct host_tier *out, uint64_t fixed, uint64_t state, uint64_t largest,
                         uint64_t passing, uint64_t passing_total, uint64_t budget, bool spill);
 /* The next record in order, of `bytes` of state, keeps it in memory (kept counts so far). */
-bool l2l_host_tier_keeps(const struct l2l_host_tier *tier, uint64_t *kept, uint64_t bytes);
+bool host_tier_keeps(const struct host_tier *tier, uint64_t *kept, uint64_t bytes);
 /* Allocates L2L_ALIGN-aligned memory counted against the pool's budget. */
-l2l_status l2l_pool_alloc(void **out, l2l_pool_kind pool, uint64_t bytes);
-/* Returns memory from l2l_pool_alloc; `bytes` must be the size that was asked for. */
-void l2l_pool_free(l2l_pool_kind pool, void *ptr, uint64_t bytes);
-bool l2l_pool_valid(int pool);
+l2l_status pool_alloc(void **out, l2l_pool_kind pool, uint64_t bytes);
+/* Returns memory from pool_alloc; `bytes` must be the size that was asked for. */
+void pool_free(l2l_pool_kind pool, void *ptr, uint64_t bytes);
+bool pool_valid(int pool);
 /* Zeroes `bytes` at ptr (memory of `pool`, host or pinned: memory the host writes): the
    whole pages among them are given back to
    the system instead where the pool allows (host memory: they read as zero, and take
    memory again only when written); returns the bytes given back. The EPS's gradient
    accumulators between updates under a host budget. */
-uint64_t l2l_pool_zero_pages(l2l_pool_kind pool, void *ptr, uint64_t bytes);
+uint64_t pool_zero_pages(l2l_pool_kind pool, void *ptr, uint64_t bytes);
 /* A meter of the device pool's bytes made and freed by whoever binds it: a relay binds
    its own on the threads that run its step, so its step's device peak is its own (the
    pool's peak is the process's, and relays stepping at once on other threads would show
    in it). Allocations and frees on a thread add to the meter bound there, if any. */
-struct l2l_pool_meter {
+struct pool_meter {
   _Atomic int64_t current, peak;
 };
 /* Binds `meter` (NULL: none) to the calling thread; returns the one bound before. */
-struct l2l_pool_meter *l2l_pool_meter_bind(struct l2l_pool_meter *meter);
-void l2l_pool_meter_reset(struct l2l_pool_meter *meter);   /* peak := current */
+struct pool_meter *pool_meter_bind(struct pool_meter *meter);
+void pool_meter_reset(struct pool_meter *meter);   /* peak := current */
 /* Gives the pages that freed tensors left cached in the pools' jemalloc arenas and the
    pinned pool's blocks back to the system (the device's own cache is its table's). */
-void l2l_pool_release_cached(void);
+void pool_release_cached(void);
 
 /* ---------------------------------------------------------------- the device (device.c) */
 
@@ -278,7 +278,7 @@ void l2l_pool_release_cached(void);
    for the pinned pool, and the ordering and timing of its queued work. No table
    installed (NULL) means the device pool is host memory run by the CPU backend: ops are
    done when they return, copies are memcpy, and the pools use their own arenas. */
-struct l2l_device_ops {
+struct device_ops {
   const char *name;
   /* Device memory of `bytes` (a multiple of L2L_ALIGN, as counted by the pool); a refusal
      says why in its message. */
@@ -294,12 +294,12 @@ struct l2l_device_ops {
   void (*host_free)(void *ptr);
   l2l_status (*release_cache)(void);
   l2l_status (*synchronize)(void);
-  /* Copy lanes (l2l_device_mark): an event after the compute stream's work so far, or NULL
+  /* Copy lanes (device_mark): an event after the compute stream's work so far, or NULL
      once the stream has been waited for; waiting for one makes the calling thread a lane,
      and frees it. */
   void *(*mark)(void);
   l2l_status (*wait_mark)(void *mark);
-  /* Stamps (l2l_device_stamp): a timing event recorded on the calling thread's stream, or
+  /* Stamps (device_stamp): a timing event recorded on the calling thread's stream, or
      NULL; whether it has happened after waiting for it; seconds between two that have
      happened (false otherwise); back to the table's pool. */
   void *(*stamp)(void);
@@ -309,24 +309,24 @@ struct l2l_device_ops {
 };
 
 /* The installed table, or NULL while the device pool is host memory. The first call asks
-   the chooser the backend registered (l2l_device_set_chooser), once: until then nothing
+   the chooser the backend registered (device_set_chooser), once: until then nothing
    of the device has been used, so the choice cannot change a pointer's meaning. */
-const struct l2l_device_ops *l2l_device(void);
+const struct device_ops *core_device(void);
 /* The backend registers how the first choice is made (at load: it only keeps the
    function; the choice itself waits for the first use of the device). */
-void l2l_device_set_chooser(const struct l2l_device_ops *(*choose)(void));
+void device_set_chooser(const struct device_ops *(*choose)(void));
 /* The installed table's own_bytes (0 with none, or before the device has started). */
-uint64_t l2l_device_own_bytes(void);
+uint64_t device_own_bytes(void);
 /* Installs `to` (NULL: host memory) when the device pool holds no tensor; otherwise
    L2L_ERR_STATE naming the bytes in use and both backends (`to_name` for the message). */
-l2l_status l2l_device_switch(const struct l2l_device_ops *to, const char *to_name);
+l2l_status device_switch(const struct device_ops *to, const char *to_name);
 
 /* Host waits for the device's compute stream: every l2l_device_synchronize and stamp
    anchor, and each op a backend's caller knows hands a result to the host
-   (l2l_device_note_sync). Counted whatever the backend, so a run on the CPU backend
+   (device_note_sync). Counted whatever the backend, so a run on the CPU backend
    counts the waits a GPU would make (the profile reports them a step). */
-void l2l_device_note_sync(void);
-int64_t l2l_device_sync_count(void);
+void device_note_sync(void);
+int64_t device_sync_count(void);
 
 /* A mark stands after everything queued on the device's compute stream so far: an event
    of the table, or NULL where the device's ops are done when they return (no table). A
@@ -334,36 +334,36 @@ int64_t l2l_device_sync_count(void);
    stream of its own, overlapping the kernels, and are done when the copy returns. The
    relay marks every job it queues for its copy threads, and the worker waits for the
    mark before it runs the job (queue.c). */
-struct l2l_device_mark;
-struct l2l_device_mark *l2l_device_mark(void);
+struct device_mark;
+struct device_mark *device_mark(void);
 /* Waits for the mark and frees it (NULL: nothing to wait for). */
-l2l_status l2l_device_wait_mark(struct l2l_device_mark *mark);
+l2l_status device_wait_mark(struct device_mark *mark);
 
 /* A stamp is a moment on the device's clock, taken in the calling thread's order: on a
    GPU a timing event recorded on its stream (the compute stream, or a copy lane's), so it
    happens when the GPU reaches it; with no table, where ops are done when they return,
    the host clock now. The relay times compute and exposed copies with them: on a GPU the
    host only queues kernels, and its clock says when, not when they ran. */
-struct l2l_stamp {
-  double host;  /* l2l_now() when taken */
+struct core_stamp {
+  double host;  /* core_now() when taken */
   void *event;  /* the table's event; NULL with no table, or when none could be made (the
                    stamp then never happens) */
 };
-void l2l_device_stamp(struct l2l_stamp *out);
+void device_stamp(struct core_stamp *out);
 /* A stamp to relate the device's clock to the host's: taken when the device has done
    everything queued before it, so its host time is its device time. */
-void l2l_device_stamp_anchor(struct l2l_stamp *out);
+void device_stamp_anchor(struct core_stamp *out);
 /* Seconds from `from` to `to` on the device's clock (negative when `to` came first), or
    false when either has not happened (yet). */
-bool l2l_device_stamp_seconds(double *out, const struct l2l_stamp *from,
-                              const struct l2l_stamp *to);
-void l2l_device_stamp_release(struct l2l_stamp *stamp);
+bool device_stamp_seconds(double *out, const struct core_stamp *from,
+                              const struct core_stamp *to);
+void device_stamp_release(struct core_stamp *stamp);
 
 /* ---------------------------------------------------------------- tensors (tensor.c) */
 
 #define L2L_TENSOR_MAGIC 0x6c326c74u  /* "l2lt": catches freed or foreign handles */
 
-struct l2l_storage {
+struct core_storage {
   atomic_int refs;       /* tensor handles (views included) using this storage */
   l2l_pool_kind pool;
   uint64_t bytes;        /* as asked of the pool */
@@ -377,26 +377,26 @@ struct l2l_tensor {
   int64_t shape[L2L_MAX_DIMS];
   int64_t numel;
   int64_t offset;        /* in elements, from the start of the storage */
-  struct l2l_storage *storage;
+  struct core_storage *storage;
 };
 
-static inline bool l2l_tensor_ok(const l2l_tensor *t) {
+static inline bool tensor_ok(const l2l_tensor *t) {
   return t != NULL && t->magic == L2L_TENSOR_MAGIC;
 }
 
-/* The first element of a tensor already checked with l2l_tensor_ok. */
-static inline void *l2l_tensor_ptr(const l2l_tensor *t) {
+/* The first element of a tensor already checked with tensor_ok. */
+static inline void *tensor_ptr(const l2l_tensor *t) {
   return (char *)t->storage->data + (size_t)t->offset * l2l_dtype_size(t->dtype);
 }
 
 /* Rows and columns of a tensor seen as a matrix (see l2l.h). */
-static inline int64_t l2l_tensor_cols(const l2l_tensor *t) { return t->shape[t->ndim - 1]; }
-static inline int64_t l2l_tensor_rows(const l2l_tensor *t) {
-  return t->numel / l2l_tensor_cols(t);
+static inline int64_t tensor_cols(const l2l_tensor *t) { return t->shape[t->ndim - 1]; }
+static inline int64_t tensor_rows(const l2l_tensor *t) {
+  return t->numel / tensor_cols(t);
 }
 
 /* Whether two tensors share any byte of storage. */
-static inline bool l2l_tensors_overlap(const l2l_tensor *a, const l2l_tensor *b) {
+static inline bool tensors_overlap(const l2l_tensor *a, const l2l_tensor *b) {
   if (a == NULL || b == NULL || a->storage != b->storage) return false;
   int64_t sa = (int64_t)l2l_dtype_size(a->dtype), sb = (int64_t)l2l_dtype_size(b->dtype);
   int64_t a0 = a->offset * sa, a1 = a0 + a->numel * sa;
@@ -405,25 +405,25 @@ static inline bool l2l_tensors_overlap(const l2l_tensor *a, const l2l_tensor *b)
 }
 
 /* A new tensor of `like`'s shape with its own dtype and pool (contents undefined). */
-l2l_status l2l_tensor_new_like(l2l_tensor **out, l2l_pool_kind pool, l2l_dtype dtype,
+l2l_status tensor_new_like(l2l_tensor **out, l2l_pool_kind pool, l2l_dtype dtype,
                                const l2l_tensor *like);
 /* A view of `dtype` in `like`'s shape on t's storage starting byte_offset bytes after t's
    first element (aligned to the dtype's size, within the storage): the relay's slots hold
    records of several dtypes. */
-l2l_status l2l_tensor_view_bytes(l2l_tensor **out, const l2l_tensor *t, uint64_t byte_offset,
+l2l_status tensor_view_bytes(l2l_tensor **out, const l2l_tensor *t, uint64_t byte_offset,
                                  l2l_dtype dtype, const l2l_tensor *like);
 /* t is a live tensor; else L2L_ERR_INVALID naming `name`, with func's name in front. */
-l2l_status l2l_tensor_check(const char *func, const char *name, const l2l_tensor *t);
+l2l_status tensor_check(const char *func, const char *name, const l2l_tensor *t);
 /* "(2,3,5)" into buf, for messages. */
-const char *l2l_shape_str(char *buf, size_t len, const l2l_tensor *t);
+const char *core_shape_str(char *buf, size_t len, const l2l_tensor *t);
 /* The element at row-major offset `flat` of t as C indexes it, "[1][2]" for 5 of a (2,3)
    tensor, into buf, for messages (the Lua front end shows them counted from 1). */
-const char *l2l_index_str(char *buf, size_t len, const l2l_tensor *t, int64_t flat);
+const char *core_index_str(char *buf, size_t len, const l2l_tensor *t, int64_t flat);
 /* The index of element `flat` of t in each of its dims (returned: their number). */
-int l2l_index_of(int64_t index[L2L_MAX_DIMS], const l2l_tensor *t, int64_t flat);
+int core_index_of(int64_t index[L2L_MAX_DIMS], const l2l_tensor *t, int64_t flat);
 /* t is a live tensor of `dtype` with exactly the dims given (ndim of them); else
    L2L_ERR_INVALID naming `name`, with func's name in front. */
-l2l_status l2l_need_shape(const char *func, const char *name, const l2l_tensor *t,
+l2l_status core_need_shape(const char *func, const char *name, const l2l_tensor *t,
                           l2l_dtype dtype, int ndim, const int64_t *dims);
 
 /* ---------------------------------------------------------------- the block cache (block_cache.c) */
@@ -443,18 +443,18 @@ l2l_status l2l_need_shape(const char *func, const char *name, const l2l_tensor *
    A tag is the caller's note on a freed block, kept with it until the block is handed
    out again or given back: a GPU backend's event after the last kernels that used it, so
    that a copy stream taking the block waits for those and nothing later. */
-struct l2l_block_source {
+struct block_source {
   int (*alloc)(void **out, uint64_t size);
   void (*free)(void *ptr, void *tag);
 };
 
-struct l2l_block_list;
+struct block_list;
 
-struct l2l_block_cache {
+struct block_cache {
   pthread_mutex_t lock;
-  const struct l2l_block_source *source;
+  const struct block_source *source;
   uint64_t cap;                /* reserved stays at or below it; 0: no cap */
-  struct l2l_block_list *lists;
+  struct block_list *lists;
   int list_count, list_capacity;
   uint64_t reserved;           /* from the system: in use plus cached */
   uint64_t cached;
@@ -468,21 +468,21 @@ enum { L2L_BLOCKS_OVER_CAP = -1 };
 
 /* The size a request of `bytes` is served with: rounded up (512 B below 1 MiB, 2 MiB
    above) so that near sizes share blocks. */
-uint64_t l2l_block_size(uint64_t bytes);
-/* A block of l2l_block_size(bytes): a cached one, else one from the system; when the
+uint64_t block_size(uint64_t bytes);
+/* A block of block_size(bytes): a cached one, else one from the system; when the
    system refuses or the cap would be passed, the cache is given back and the system
    asked once more. Returns 0, the source's code, or L2L_BLOCKS_OVER_CAP; *tag gets the
    tag a cached block was put back with (NULL for a block new from the system), which the
    caller now owns. */
-int l2l_blocks_get(struct l2l_block_cache *c, void **out, uint64_t bytes, void **tag);
-/* Takes back a block from l2l_blocks_get (the same `bytes`) for reuse, with its tag. */
-void l2l_blocks_put(struct l2l_block_cache *c, void *ptr, uint64_t bytes, void *tag);
+int blocks_get(struct block_cache *c, void **out, uint64_t bytes, void **tag);
+/* Takes back a block from blocks_get (the same `bytes`) for reuse, with its tag. */
+void blocks_put(struct block_cache *c, void *ptr, uint64_t bytes, void *tag);
 /* Gives every cached block back to the system. */
-void l2l_blocks_release_cached(struct l2l_block_cache *c);
+void blocks_release_cached(struct block_cache *c);
 /* A new cap (0: none); cached blocks go back until reserved fits under it if they can. */
-void l2l_blocks_set_cap(struct l2l_block_cache *c, uint64_t cap);
-uint64_t l2l_blocks_cap(struct l2l_block_cache *c);
-void l2l_blocks_counts(struct l2l_block_cache *c, uint64_t *reserved, uint64_t *cached,
+void blocks_set_cap(struct block_cache *c, uint64_t cap);
+uint64_t blocks_cap(struct block_cache *c);
+void blocks_counts(struct block_cache *c, uint64_t *reserved, uint64_t *cached,
                        uint64_t *system_allocs);
 
 /* ---------------------------------------------------------------- queues and threads (queue.c) */
@@ -491,28 +491,28 @@ void l2l_blocks_counts(struct l2l_block_cache *c, uint64_t *reserved, uint64_t *
    own threads: one thread per copy direction (host to device, device to host) so copies
    in one direction stay in order like a CUDA stream, several for the optimizer. A job is
    embedded in the struct of its kind; the thread that queued it waits for it with
-   l2l_job_wait. A copy job carries a device mark that its worker waits for first: on a
+   job_wait. A copy job carries a device mark that its worker waits for first: on a
    GPU, the kernels it depends on run after the queuing thread has moved on. Errors on a
    worker are recorded in the job and surface on the waiting thread. A job never runs on
    the thread that queued it, and never touches Lua. */
-struct l2l_queue;
+struct core_queue;
 
-struct l2l_job {
-  void (*run)(struct l2l_job *job, int thread);   /* thread: the worker's id */
-  struct l2l_job *next;
-  struct l2l_queue *queue;
+struct core_job {
+  void (*run)(struct core_job *job, int thread);   /* thread: the worker's id */
+  struct core_job *next;
+  struct core_queue *queue;
   bool done;                  /* under the queue's lock */
   bool free_when_done;        /* nobody waits: the worker frees it (with `release`) */
-  void (*release)(struct l2l_job *job);
-  struct l2l_device_mark *after;  /* the worker waits for it before run() (NULL: no wait) */
+  void (*release)(struct core_job *job);
+  struct device_mark *after;  /* the worker waits for it before run() (NULL: no wait) */
   l2l_status status;          /* set by run(); message below when not OK */
   char message[256];
 };
 
-struct l2l_queue {
+struct core_queue {
   pthread_mutex_t lock;
   pthread_cond_t work, finished;
-  struct l2l_job *head, *tail;
+  struct core_job *head, *tail;
   int threads, first_id;      /* worker ids first_id .. first_id + threads - 1 */
   int busy;                   /* jobs taken and not done */
   bool stop;
@@ -520,19 +520,19 @@ struct l2l_queue {
 };
 
 /* Starts `threads` workers whose ids begin at first_id. */
-l2l_status l2l_queue_start(struct l2l_queue *q, int threads, int first_id, const char *what);
+l2l_status queue_start(struct core_queue *q, int threads, int first_id, const char *what);
 /* Finishes every queued job, then stops the workers. */
-void l2l_queue_stop(struct l2l_queue *q);
-void l2l_queue_push(struct l2l_queue *q, struct l2l_job *job);
+void queue_stop(struct core_queue *q);
+void queue_push(struct core_queue *q, struct core_job *job);
 /* Blocks until job is done; returns its status (this thread's last error gets its message). */
-l2l_status l2l_job_wait(struct l2l_job *job);
+l2l_status job_wait(struct core_job *job);
 /* Blocks until the queue is empty and idle. */
-void l2l_queue_drain(struct l2l_queue *q);
+void queue_drain(struct core_queue *q);
 /* Records a failed status and this thread's message in the job (for run()). */
-void l2l_job_fail(struct l2l_job *job, l2l_status status);
+void job_fail(struct core_job *job, l2l_status status);
 
 /* Seconds on a monotonic clock. */
-double l2l_now(void);
+double core_now(void);
 
 /* ---------------------------------------------------------------- the timeline (timeline.c) */
 
@@ -541,19 +541,19 @@ double l2l_now(void);
    phase and by thread number, whatever the writers mean by them (the owner reads the
    sums it needs). A phase or thread number beyond the arrays is in no sum. */
 enum { L2L_TIMELINE_PHASES = 32, L2L_TIMELINE_THREADS = 8 };
-struct l2l_timeline {
+struct core_timeline {
   pthread_mutex_t lock;
   l2l_relay_event *events;
   int64_t count, cap;
-  double origin;             /* l2l_now() when the timeline began */
+  double origin;             /* core_now() when the timeline began */
   double phase_seconds[L2L_TIMELINE_PHASES];     /* since the last reset */
   double thread_seconds[L2L_TIMELINE_THREADS];   /* since the last reset */
 };
-void l2l_timeline_init(struct l2l_timeline *t);
-void l2l_timeline_free(struct l2l_timeline *t);
+void timeline_init(struct core_timeline *t);
+void timeline_free(struct core_timeline *t);
 /* Forgets the events and sums of the last step. */
-void l2l_timeline_reset(struct l2l_timeline *t);
-void l2l_timeline_add(struct l2l_timeline *t, int layer, int micro_batch, int phase, int thread,
+void timeline_reset(struct core_timeline *t);
+void timeline_add(struct core_timeline *t, int layer, int micro_batch, int phase, int thread,
                       double start, double end);
 
 /* ---------------------------------------------------------------- safetensors files

@@ -14,12 +14,12 @@
 #include "core.h"
 
 /* The installed table, once `decided`; read on every device allocation, so atomic. */
-static _Atomic(const struct l2l_device_ops *) installed = NULL;
+static _Atomic(const struct device_ops *) installed = NULL;
 static atomic_bool decided = false;
 static pthread_mutex_t choice_lock = PTHREAD_MUTEX_INITIALIZER;
-static const struct l2l_device_ops *(*chooser)(void) = NULL;
+static const struct device_ops *(*chooser)(void) = NULL;
 
-void l2l_device_set_chooser(const struct l2l_device_ops *(*choose)(void)) {
+void device_set_chooser(const struct device_ops *(*choose)(void)) {
   pthread_mutex_lock(&choice_lock);
   chooser = choose;
   pthread_mutex_unlock(&choice_lock);
@@ -32,7 +32,7 @@ static void decide_locked(void) {
   atomic_store_explicit(&decided, true, memory_order_release);
 }
 
-const struct l2l_device_ops *l2l_device(void) {
+const struct device_ops *core_device(void) {
   if (!atomic_load_explicit(&decided, memory_order_acquire)) {
     pthread_mutex_lock(&choice_lock);
     decide_locked();
@@ -41,15 +41,15 @@ const struct l2l_device_ops *l2l_device(void) {
   return atomic_load_explicit(&installed, memory_order_acquire);
 }
 
-uint64_t l2l_device_own_bytes(void) {
-  const struct l2l_device_ops *device = l2l_device();
+uint64_t device_own_bytes(void) {
+  const struct device_ops *device = core_device();
   return device != NULL ? device->own_bytes() : 0;
 }
 
-l2l_status l2l_device_switch(const struct l2l_device_ops *to, const char *to_name) {
+l2l_status device_switch(const struct device_ops *to, const char *to_name) {
   pthread_mutex_lock(&choice_lock);
   decide_locked();
-  const struct l2l_device_ops *now = atomic_load(&installed);
+  const struct device_ops *now = atomic_load(&installed);
   if (now != to) {
     l2l_pool_stats stats;
     l2l_pool_get_stats(&stats, L2L_POOL_DEVICE);
@@ -60,7 +60,7 @@ l2l_status l2l_device_switch(const struct l2l_device_ops *to, const char *to_nam
                   "the device pool holds %llu bytes (%s) of tensors on the %s backend: free "
                   "them before switching to %s",
                   (unsigned long long)stats.current,
-                  l2l_human_bytes(held, sizeof held, stats.current),
+                  core_human_bytes(held, sizeof held, stats.current),
                   now != NULL ? now->name : "cpu", to_name);
     }
     if (now != NULL) now->release_cache();
@@ -73,44 +73,44 @@ l2l_status l2l_device_switch(const struct l2l_device_ops *to, const char *to_nam
 /* Host waits for the device, counted whatever the backend (see core.h). */
 static atomic_llong device_syncs = 0;
 
-void l2l_device_note_sync(void) { atomic_fetch_add_explicit(&device_syncs, 1, memory_order_relaxed); }
+void device_note_sync(void) { atomic_fetch_add_explicit(&device_syncs, 1, memory_order_relaxed); }
 
-int64_t l2l_device_sync_count(void) {
+int64_t device_sync_count(void) {
   return atomic_load_explicit(&device_syncs, memory_order_relaxed);
 }
 
 l2l_status l2l_device_synchronize(void) {
-  l2l_device_note_sync();
-  const struct l2l_device_ops *device = l2l_device();
+  device_note_sync();
+  const struct device_ops *device = core_device();
   return device != NULL ? device->synchronize() : L2L_OK;
 }
 
 l2l_status l2l_device_release_cache(void) {
-  l2l_pool_release_cached();
-  const struct l2l_device_ops *device = l2l_device();
+  pool_release_cached();
+  const struct device_ops *device = core_device();
   return device != NULL ? device->release_cache() : L2L_OK;
 }
 
 /* ---------------------------------------------------------------- marks and stamps */
 
-struct l2l_device_mark *l2l_device_mark(void) {
-  const struct l2l_device_ops *device = l2l_device();
-  return device != NULL ? (struct l2l_device_mark *)device->mark() : NULL;
+struct device_mark *device_mark(void) {
+  const struct device_ops *device = core_device();
+  return device != NULL ? (struct device_mark *)device->mark() : NULL;
 }
 
-l2l_status l2l_device_wait_mark(struct l2l_device_mark *mark) {
-  return mark != NULL ? l2l_device()->wait_mark(mark) : L2L_OK;
+l2l_status device_wait_mark(struct device_mark *mark) {
+  return mark != NULL ? core_device()->wait_mark(mark) : L2L_OK;
 }
 
-void l2l_device_stamp(struct l2l_stamp *out) {
-  const struct l2l_device_ops *device = l2l_device();
+void device_stamp(struct core_stamp *out) {
+  const struct device_ops *device = core_device();
   out->event = device != NULL ? device->stamp() : NULL;
-  out->host = l2l_now();
+  out->host = core_now();
 }
 
-void l2l_device_stamp_anchor(struct l2l_stamp *out) {
-  l2l_device_note_sync();
-  const struct l2l_device_ops *device = l2l_device();
+void device_stamp_anchor(struct core_stamp *out) {
+  device_note_sync();
+  const struct device_ops *device = core_device();
   out->event = NULL;
   if (device != NULL) {
     out->event = device->stamp();
@@ -119,12 +119,12 @@ void l2l_device_stamp_anchor(struct l2l_stamp *out) {
       out->event = NULL;
     }
   }
-  out->host = l2l_now();
+  out->host = core_now();
 }
 
-bool l2l_device_stamp_seconds(double *out, const struct l2l_stamp *from,
-                              const struct l2l_stamp *to) {
-  const struct l2l_device_ops *device = l2l_device();
+bool device_stamp_seconds(double *out, const struct core_stamp *from,
+                              const struct core_stamp *to) {
+  const struct device_ops *device = core_device();
   if (from->event == NULL && to->event == NULL && device == NULL) {
     *out = to->host - from->host;
     return true;
@@ -133,7 +133,7 @@ bool l2l_device_stamp_seconds(double *out, const struct l2l_stamp *from,
   return device->stamp_seconds(out, from->event, to->event);
 }
 
-void l2l_device_stamp_release(struct l2l_stamp *stamp) {
-  if (stamp->event != NULL) l2l_device()->stamp_release(stamp->event);
+void device_stamp_release(struct core_stamp *stamp) {
+  if (stamp->event != NULL) core_device()->stamp_release(stamp->event);
   stamp->event = NULL;
 }

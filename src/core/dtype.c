@@ -30,6 +30,6 @@ const char *l2l_dtype_name(l2l_dtype dtype) {
 }
 
 uint16_t l2l_f32_to_bf16(float x) { return half_from_f32_bf16(x); }
-float l2l_bf16_to_f32(uint16_t x) { return (float)l2l_plain_nan(half_bf16_to_f32(x)); }
+float l2l_bf16_to_f32(uint16_t x) { return (float)core_plain_nan(half_bf16_to_f32(x)); }
 uint16_t l2l_f32_to_f16(float x) { return half_from_f32_f16(x); }
-float l2l_f16_to_f32(uint16_t x) { return (float)l2l_plain_nan(half_f16_to_f32(x)); }
+float l2l_f16_to_f32(uint16_t x) { return (float)core_plain_nan(half_f16_to_f32(x)); }

@@ -16,7 +16,7 @@
 enum { MESSAGE_CAPACITY = 1024 };
 static _Thread_local char last_message[MESSAGE_CAPACITY];
 
-/* what the message names, set by the failing check after its l2l_fail (l2l_error_note_*) */
+/* what the message names, set by the failing check after its core_fail (error_note_*) */
 #define NO_DETAIL ((l2l_error_detail){.layer = -1, .micro_batch = -1})
 static _Thread_local l2l_error_detail last_detail = NO_DETAIL;
 
@@ -28,32 +28,32 @@ void l2l_clear_error(void) {
 }
 
 l2l_status l2l_last_error_detail(l2l_error_detail *out) {
-  if (out == NULL) return l2l_fail_in(__func__, L2L_ERR_INVALID, "out is NULL");
+  if (out == NULL) return core_fail_in(__func__, L2L_ERR_INVALID, "out is NULL");
   *out = last_detail;
   return L2L_OK;
 }
 
-l2l_status l2l_error_note_layer(l2l_status status, int layer) {
+l2l_status error_note_layer(l2l_status status, int layer) {
   last_detail.layer = layer;
   return status;
 }
 
-l2l_status l2l_error_note_needed(l2l_status status, uint64_t bytes) {
+l2l_status error_note_needed(l2l_status status, uint64_t bytes) {
   last_detail.needed_bytes = bytes;
   return status;
 }
 
-l2l_status l2l_error_note_field(l2l_status status, const char *field) {
+l2l_status error_note_field(l2l_status status, const char *field) {
   snprintf(last_detail.field, sizeof last_detail.field, "%s", field);
   return status;
 }
 
-l2l_status l2l_error_note_micro_batch(l2l_status status, int64_t micro_batch) {
+l2l_status error_note_micro_batch(l2l_status status, int64_t micro_batch) {
   last_detail.micro_batch = micro_batch;
   return status;
 }
 
-l2l_status l2l_error_note_element(l2l_status status, int dims, const int64_t *index) {
+l2l_status error_note_element(l2l_status status, int dims, const int64_t *index) {
   last_detail.element_dims = dims < 0 ? 0 : dims > L2L_MAX_DIMS ? L2L_MAX_DIMS : dims;
   for (int i = 0; i < last_detail.element_dims; i++) last_detail.element[i] = index[i];
   return status;
@@ -133,7 +133,7 @@ static l2l_status rewrap(const char *func, l2l_status status, const char *fmt, v
   return status;
 }
 
-l2l_status l2l_error_wrap(l2l_status status, const char *fmt, ...) {
+l2l_status error_wrap(l2l_status status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   rewrap(NULL, status, fmt, ap);
@@ -149,9 +149,9 @@ static l2l_status rename_to(const char *func, l2l_status status, ...) {
   return status;
 }
 
-l2l_status l2l_error_rename(const char *func, l2l_status status) { return rename_to(func, status, ""); }
+l2l_status error_rename(const char *func, l2l_status status) { return rename_to(func, status, ""); }
 
-l2l_status l2l_fail(l2l_status status, const char *fmt, ...) {
+l2l_status core_fail(l2l_status status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   record(NULL, status, fmt, ap);
@@ -159,7 +159,7 @@ l2l_status l2l_fail(l2l_status status, const char *fmt, ...) {
   return status;
 }
 
-l2l_status l2l_fail_in(const char *func, l2l_status status, const char *fmt, ...) {
+l2l_status core_fail_in(const char *func, l2l_status status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   record(func, status, fmt, ap);
@@ -181,7 +181,7 @@ const char *l2l_status_name(l2l_status status) {
   return "unknown status";
 }
 
-const char *l2l_human_bytes(char *buf, size_t len, uint64_t bytes) {
+const char *core_human_bytes(char *buf, size_t len, uint64_t bytes) {
   static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double value = (double)bytes;
   int unit = 0;

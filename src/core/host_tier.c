@@ -11,33 +11,33 @@
  */
 #include "core.h"
 
-uint64_t l2l_host_state_bytes(l2l_state_precision state, int64_t n) {
+uint64_t host_state_bytes(l2l_state_precision state, int64_t n) {
   uint64_t u = n > 0 ? (uint64_t)n : 0;
   switch (state) {
   case L2L_STATE_F32:
-  case L2L_STATE_BF16: return u * (uint64_t)l2l_state_elem_bytes(state);
+  case L2L_STATE_BF16: return u * (uint64_t)state_elem_bytes(state);
   case L2L_STATE_8BIT:
-    return l2l_state8_codes_bytes(n) + (uint64_t)l2l_state8_blocks(n) * sizeof(float);
+    return state8_codes_bytes(n) + (uint64_t)state8_blocks(n) * sizeof(float);
   }
   return 0;
 }
 
-void l2l_host_record_bytes(struct l2l_host_record *out, int64_t numel, int64_t shard_n,
+void host_record_bytes(struct host_record *out, int64_t numel, int64_t shard_n,
                            int arrays, l2l_state_precision state, l2l_dtype master,
                            l2l_dtype staging, bool dist) {
-  uint64_t whole = l2l_pool_accounted((uint64_t)numel * sizeof(float)),
-           shard = l2l_pool_accounted((uint64_t)shard_n * sizeof(float)),
-           array = l2l_host_state_bytes(state, shard_n);
+  uint64_t whole = pool_accounted((uint64_t)numel * sizeof(float)),
+           shard = pool_accounted((uint64_t)shard_n * sizeof(float)),
+           array = host_state_bytes(state, shard_n);
   /* the master whole (f32, or a bf16 one the device reads); with ranks the reduced
      gradient of this rank's shard; a 16-bit staging copy whole */
-  out->fixed = l2l_pool_accounted((uint64_t)numel * l2l_dtype_size(master)) + (dist ? shard : 0) +
-               (staging != L2L_F32 ? l2l_pool_accounted((uint64_t)numel * l2l_dtype_size(staging)) : 0);
+  out->fixed = pool_accounted((uint64_t)numel * l2l_dtype_size(master)) + (dist ? shard : 0) +
+               (staging != L2L_F32 ? pool_accounted((uint64_t)numel * l2l_dtype_size(staging)) : 0);
   out->grad = whole;
-  out->state = (uint64_t)arrays * l2l_pool_accounted(array);
+  out->state = (uint64_t)arrays * pool_accounted(array);
   out->moved = (uint64_t)arrays * array;
 }
 
-void l2l_host_shard(int64_t n, int ranks, int rank, int64_t align, int64_t *begin, int64_t *count) {
+void host_shard(int64_t n, int ranks, int rank, int64_t align, int64_t *begin, int64_t *count) {
   int64_t s = (n + ranks - 1) / ranks;
   s = (s + align - 1) / align * align;
   int64_t b = (int64_t)rank * s < n ? (int64_t)rank * s : n;
@@ -45,7 +45,7 @@ void l2l_host_shard(int64_t n, int ranks, int rank, int64_t align, int64_t *begi
   *count = (b + s < n ? b + s : n) - b;
 }
 
-bool l2l_host_grad_passes(bool spill, bool defer, bool due, int users, int arrivals) {
+bool host_grad_passes(bool spill, bool defer, bool due, int users, int arrivals) {
   /* one arrival, then the update (with ranks: the reduce-scatter) that clears it, which
      waits for no later gradient: a tied table's first arrival would hold the window through
      the whole backward, a deferred update until its end. With ranks a record's
@@ -63,9 +63,9 @@ static uint64_t window_of(uint64_t least, uint64_t spare) {
   return least + spare / 8 < most ? least + spare / 8 : most;
 }
 
-void l2l_host_tier_plan(struct l2l_host_tier *out, uint64_t fixed, uint64_t state, uint64_t largest,
+void host_tier_plan(struct host_tier *out, uint64_t fixed, uint64_t state, uint64_t largest,
                         uint64_t passing, uint64_t passing_total, uint64_t budget, bool spill) {
-  *out = (struct l2l_host_tier){.window = L2L_TIER_WINDOW_MOST, .grad_window = UINT64_MAX};
+  *out = (struct host_tier){.window = L2L_TIER_WINDOW_MOST, .grad_window = UINT64_MAX};
   if (!spill) {   /* everything in memory: the budget is a check */
     out->need = fixed + passing_total + state;
     return;
@@ -95,7 +95,7 @@ void l2l_host_tier_plan(struct l2l_host_tier *out, uint64_t fixed, uint64_t stat
   out->keep = room > windows ? room - windows : 0;
 }
 
-bool l2l_host_tier_keeps(const struct l2l_host_tier *tier, uint64_t *kept, uint64_t bytes) {
+bool host_tier_keeps(const struct host_tier *tier, uint64_t *kept, uint64_t bytes) {
   if (*kept + bytes > tier->keep) return false;
   *kept += bytes;
   return true;

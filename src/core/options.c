@@ -77,14 +77,14 @@ _Static_assert(L2L_OPTIMIZER_SGD == 0 && L2L_OPTIMIZER_ADAMW == 1 && L2L_OPTIMIZ
 #define KINDS_OPTIMIZER(...) __VA_ARGS__   /* (BY_KIND's braces: its commas split arguments) */
 #define KINDS_SCHEDULE(...) __VA_ARGS__
 
-const l2l_option l2l_options[] = {
+const l2l_option options_rows[] = {
 #define OPTION(name, group, field, type, dflt, lo, hi, keep, flags, choices, help)              \
   {#name, #field, L2L_OPTION_##group, L2L_OPTION_##type, offsetof(GROUP_##group, field),     \
    (double)(lo), (double)(hi), (flags), L2L_KEEP_##keep, choices, help, KINDS_##group(dflt)},
 #include "options.def"
 #undef OPTION
 };
-const int l2l_options_count = (int)(sizeof l2l_options / sizeof l2l_options[0]);
+const int options_count = (int)(sizeof options_rows / sizeof options_rows[0]);
 
 /* The rows' defaults, each written in its field's type (a double would round an int64's):
    the relay's, and AdamW's and the constant schedule's of the others. */
@@ -101,20 +101,20 @@ static void default_fields(l2l_relay_config *c) {
 #undef OPTION
 }
 
-const void *l2l_option_base(const l2l_relay_config *c, l2l_option_group group) {
+const void *option_base(const l2l_relay_config *c, l2l_option_group group) {
   if (group == L2L_OPTION_OPTIMIZER) return &c->optimizer;
   if (group == L2L_OPTION_SCHEDULE) return &c->schedule;
   return c;
 }
 
-void l2l_options_default(l2l_relay_config *out) {
+void options_default(l2l_relay_config *out) {
   memset(out, 0, sizeof *out);
   default_fields(out);
 }
 
 /* ---------------------------------------------------------------- a field as a word */
 
-int64_t l2l_option_word(const l2l_option *o, const void *base) {
+int64_t option_word(const l2l_option *o, const void *base) {
   const char *at = (const char *)base + o->offset;
   int32_t i32;
   int64_t i64;
@@ -158,14 +158,14 @@ static bool applies(const l2l_option *o, int optimizer_kind) {
 static l2l_status check_float(const l2l_option *o, float v, int optimizer_kind, const char *func,
                               const char *prefix) {
   if (!isfinite(v))
-    return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be finite, got %g", prefix, o->field, (double)v);
+    return core_fail_in(func, L2L_ERR_INVALID, FIELD " must be finite, got %g", prefix, o->field, (double)v);
   if (!applies(o, optimizer_kind)) return L2L_OK;
   bool low = o->flags & L2L_OPTION_OPEN_LOW ? v > o->min : v >= o->min;
   bool high = o->flags & L2L_OPTION_OPEN_HIGH ? v < o->max : v <= o->max;
   if (low && high) return L2L_OK;
   if (isinf(o->max) && (o->flags & L2L_OPTION_OPEN_LOW))
-    return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be > %g, got %g", prefix, o->field, o->min, (double)v);
-  return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be in %c%g, %g%c, got %g", prefix, o->field,
+    return core_fail_in(func, L2L_ERR_INVALID, FIELD " must be > %g, got %g", prefix, o->field, o->min, (double)v);
+  return core_fail_in(func, L2L_ERR_INVALID, FIELD " must be in %c%g, %g%c, got %g", prefix, o->field,
                      o->flags & L2L_OPTION_OPEN_LOW ? '(' : '[', o->min, o->max,
                      o->flags & L2L_OPTION_OPEN_HIGH || isinf(o->max) ? ')' : ']', (double)v);
 }
@@ -175,22 +175,22 @@ static l2l_status check_integer(const l2l_option *o, int64_t w, const char *func
   if (o->type == L2L_OPTION_UINT64) {
     uint64_t u = (uint64_t)w;
     if ((double)u >= o->min && (o->max >= 0x1p64 || (double)u <= o->max)) return L2L_OK;
-    return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be %.0f to %.0f, got %llu", prefix, o->field,
+    return core_fail_in(func, L2L_ERR_INVALID, FIELD " must be %.0f to %.0f, got %llu", prefix, o->field,
                        o->min, o->max, (unsigned long long)u);
   }
   bool top = o->type == L2L_OPTION_INT ? o->max >= INT_MAX : o->max >= 0x1p63;
   if ((double)w >= o->min && (top || (double)w <= o->max)) return L2L_OK;
   if (top)
-    return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be >= %.0f, got %lld", prefix, o->field,
+    return core_fail_in(func, L2L_ERR_INVALID, FIELD " must be >= %.0f, got %lld", prefix, o->field,
                        o->min, (long long)w);
-  return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be %.0f to %.0f, got %lld", prefix, o->field,
+  return core_fail_in(func, L2L_ERR_INVALID, FIELD " must be %.0f to %.0f, got %lld", prefix, o->field,
                      o->min, o->max, (long long)w);
 }
 
 /* One field against its row. */
 static l2l_status check_row(const l2l_option *o, const void *base, int optimizer_kind,
                             const char *func, const char *prefix) {
-  int64_t w = l2l_option_word(o, base);
+  int64_t w = option_word(o, base);
   const char *at = (const char *)base + o->offset;
   char text[160];
   switch (o->type) {
@@ -202,28 +202,28 @@ static l2l_status check_row(const l2l_option *o, const void *base, int optimizer
     case L2L_OPTION_CHOICE:
       for (int k = 0; k < o->nchoices; k++)
         if (o->choice_values[k] == (int)w) return L2L_OK;
-      return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " %d is unknown: it must be %s", prefix,
+      return core_fail_in(func, L2L_ERR_INVALID, FIELD " %d is unknown: it must be %s", prefix,
                          o->field, (int)w, choices_text(text, sizeof text, o));
     case L2L_OPTION_BOOL:
       if (w == 0 || w == 1) return L2L_OK;
-      return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " must be 0 or 1, got %d", prefix, o->field, (int)w);
+      return core_fail_in(func, L2L_ERR_INVALID, FIELD " must be 0 or 1, got %d", prefix, o->field, (int)w);
     case L2L_OPTION_PATH: {
       const char *p;
       memcpy(&p, at, sizeof p);
       if (p == NULL || p[0] != '\0') return L2L_OK;
-      return l2l_fail_in(func, L2L_ERR_INVALID, FIELD " is empty (NULL: none)", prefix, o->field);
+      return core_fail_in(func, L2L_ERR_INVALID, FIELD " is empty (NULL: none)", prefix, o->field);
     }
     default:
       return applies(o, optimizer_kind) ? check_integer(o, w, func, prefix) : L2L_OK;
   }
 }
 
-l2l_status l2l_options_check(l2l_option_group group, const void *base, int optimizer_kind,
+l2l_status options_check(l2l_option_group group, const void *base, int optimizer_kind,
                              const char *func, const char *prefix) {
-  for (int i = 0; i < l2l_options_count; i++) {
-    const l2l_option *o = &l2l_options[i];
+  for (int i = 0; i < options_count; i++) {
+    const l2l_option *o = &options_rows[i];
     l2l_status status = o->group == group ? check_row(o, base, optimizer_kind, func, prefix) : L2L_OK;
-    if (status != L2L_OK) return l2l_error_note_field(status, o->field);
+    if (status != L2L_OK) return error_note_field(status, o->field);
   }
   return L2L_OK;
 }

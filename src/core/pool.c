@@ -68,21 +68,21 @@ static struct pool pools[POOL_COUNT] = {
 
 static const char *const pool_names[POOL_COUNT] = {"host", "pinned", "device"};
 
-static _Thread_local struct l2l_pool_meter *bound_meter;
+static _Thread_local struct pool_meter *bound_meter;
 
-struct l2l_pool_meter *l2l_pool_meter_bind(struct l2l_pool_meter *meter) {
-  struct l2l_pool_meter *before = bound_meter;
+struct pool_meter *pool_meter_bind(struct pool_meter *meter) {
+  struct pool_meter *before = bound_meter;
   bound_meter = meter;
   return before;
 }
 
-void l2l_pool_meter_reset(struct l2l_pool_meter *meter) {
+void pool_meter_reset(struct pool_meter *meter) {
   atomic_store(&meter->peak, atomic_load(&meter->current));
 }
 
 /* The device pool's bytes changed by `delta` on this thread: its meter follows. */
 static void meter_add(l2l_pool_kind kind, int64_t delta) {
-  struct l2l_pool_meter *m = bound_meter;
+  struct pool_meter *m = bound_meter;
   if (m == NULL || kind != L2L_POOL_DEVICE) return;
   int64_t now = atomic_fetch_add(&m->current, delta) + delta;
   int64_t peak = atomic_load(&m->peak);
@@ -93,11 +93,11 @@ static void meter_add(l2l_pool_kind kind, int64_t delta) {
 /* The pinned pool's blocks (see the top of this file and "the pinned pool" below). */
 static int pinned_block_alloc(void **out, uint64_t size);
 static void pinned_block_free(void *block, void *tag);
-static const struct l2l_block_source pinned_source = {pinned_block_alloc, pinned_block_free};
-static struct l2l_block_cache pinned_blocks = L2L_BLOCK_CACHE(&pinned_source);
-static struct l2l_block_cache *pinned_cache(void);   /* with its default cap set */
+static const struct block_source pinned_source = {pinned_block_alloc, pinned_block_free};
+static struct block_cache pinned_blocks = L2L_BLOCK_CACHE(&pinned_source);
+static struct block_cache *pinned_cache(void);   /* with its default cap set */
 
-bool l2l_pool_valid(int pool) { return pool >= 0 && pool < POOL_COUNT; }
+bool pool_valid(int pool) { return pool >= 0 && pool < POOL_COUNT; }
 
 /* The host pool's budget starts at the machine's physical memory: an allocation larger
    than what is left of it can never be served, and asking the system anyway (jemalloc maps
@@ -118,10 +118,10 @@ static struct pool *pool_of(l2l_pool_kind kind) {
 }
 
 const char *l2l_pool_name(l2l_pool_kind pool) {
-  return l2l_pool_valid((int)pool) ? pool_names[pool] : NULL;
+  return pool_valid((int)pool) ? pool_names[pool] : NULL;
 }
 
-uint64_t l2l_pool_accounted(uint64_t bytes) {
+uint64_t pool_accounted(uint64_t bytes) {
   if (bytes > UINT64_MAX - (L2L_ALIGN - 1)) return 0;
   return (bytes + (L2L_ALIGN - 1)) / L2L_ALIGN * L2L_ALIGN;
 }
@@ -147,7 +147,7 @@ static l2l_status ensure_arena(struct pool *p, const char *name) {
   size_t size = sizeof(p->arena);
   int err = mallctl("arenas.create", &p->arena, &size, NULL, 0);
   if (err != 0)
-    return l2l_fail(L2L_ERR_NOMEM, "%s pool: jemalloc could not create an arena (error %d)", name,
+    return core_fail(L2L_ERR_NOMEM, "%s pool: jemalloc could not create an arena (error %d)", name,
                     err);
   p->arena_ready = true;
   /* Never decay: freed pages stay for the next step (see the top of this file). Should
@@ -190,8 +190,8 @@ static void trim_if_fragmented(struct pool *p) {
   p->window_peak = p->stats.current;
 }
 
-void l2l_pool_release_cached(void) {
-  l2l_blocks_release_cached(pinned_cache());
+void pool_release_cached(void) {
+  blocks_release_cached(pinned_cache());
   for (int kind = 0; kind < POOL_COUNT; kind++) {
     struct pool *p = &pools[kind];
     pthread_mutex_lock(&p->lock);
@@ -201,7 +201,7 @@ void l2l_pool_release_cached(void) {
 }
 
 /* Host memory of pool p's arena (posix_memalign in a sanitizer build); NULL if refused.
-   The arena exists: l2l_pool_alloc made it before. A buffer of a page or more starts on a
+   The arena exists: pool_alloc made it before. A buffer of a page or more starts on a
    page: the EPS's spill file moves such buffers around the page cache (O_DIRECT wants
    page-aligned memory), and jemalloc otherwise offsets large ones by a random cache line. */
 static void *arena_alloc(const struct pool *p, uint64_t bytes) {
@@ -223,7 +223,7 @@ static void arena_free(void *ptr) {
 #endif
 }
 
-uint64_t l2l_pool_zero_pages(l2l_pool_kind pool, void *ptr, uint64_t bytes) {
+uint64_t pool_zero_pages(l2l_pool_kind pool, void *ptr, uint64_t bytes) {
   uintptr_t begin = (uintptr_t)ptr, end = begin + bytes;
   uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
   uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
@@ -256,7 +256,7 @@ enum { PINNED_MAGIC = 0x6c32706eu,  /* "l2pn" */
 struct pinned_header {
   uint32_t magic;
   uint32_t from;
-  const struct l2l_device_ops *device;  /* FROM_DEVICE: the table that page-locked it */
+  const struct device_ops *device;  /* FROM_DEVICE: the table that page-locked it */
 };
 _Static_assert(sizeof(struct pinned_header) <= L2L_ALIGN, "the header fits before the data");
 
@@ -265,7 +265,7 @@ static struct pinned_header *header_of(void *block) { return (struct pinned_head
 static int pinned_block_alloc(void **out, uint64_t size) {
   void *block = NULL;
   uint32_t from = FROM_HOST;
-  const struct l2l_device_ops *device = l2l_device();
+  const struct device_ops *device = core_device();
   if (device != NULL) {
     int err = device->host_alloc(&block, size);
     if (err != 0) return err;
@@ -289,19 +289,19 @@ static void pinned_block_free(void *block, void *tag) {
 static void pinned_default_cap(void) {
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   if (pages > 0 && page > 0)
-    l2l_blocks_set_cap(&pinned_blocks, (uint64_t)pages * (uint64_t)page / 4);
+    blocks_set_cap(&pinned_blocks, (uint64_t)pages * (uint64_t)page / 4);
 }
 
 /* Every use goes through here, so the default is set before anything reads or changes
    the cap (and never after a cap the caller set). */
-static struct l2l_block_cache *pinned_cache(void) {
+static struct block_cache *pinned_cache(void) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, pinned_default_cap);
   return &pinned_blocks;
 }
 
 l2l_status l2l_pinned_set_cap(uint64_t bytes) {
-  l2l_blocks_set_cap(pinned_cache(), bytes);
+  blocks_set_cap(pinned_cache(), bytes);
   return L2L_OK;
 }
 
@@ -310,23 +310,23 @@ static void warn_pageable(int err, uint64_t bytes) {
   static atomic_flag warned = ATOMIC_FLAG_INIT;
   if (atomic_flag_test_and_set(&warned)) return;
   char size[32], cap[32];
-  uint64_t limit = l2l_blocks_cap(pinned_cache());
+  uint64_t limit = blocks_cap(pinned_cache());
   if (err == L2L_BLOCKS_OVER_CAP)
     fprintf(stderr, "l2l: warning: the pinned pool is at its cap (%s): %s and later pinned "
             "allocations past it come from pageable memory (slower copies); raise the cap "
             "with l2l_pinned_set_cap (Lua: l2l.set_pinned_cap)\n",
-            l2l_human_bytes(cap, sizeof cap, limit), l2l_human_bytes(size, sizeof size, bytes));
+            core_human_bytes(cap, sizeof cap, limit), core_human_bytes(size, sizeof size, bytes));
   else
     fprintf(stderr, "l2l: warning: the system refused to page-lock %s (error %d): pinned "
             "allocations it refuses come from pageable memory (slower copies)\n",
-            l2l_human_bytes(size, sizeof size, bytes), err);
+            core_human_bytes(size, sizeof size, bytes), err);
 }
 
 /* A pinned allocation of `accounted` bytes: a block of the cache, or a pageable one. */
 static void *pinned_alloc(struct pool *p, uint64_t accounted) {
   uint64_t size = accounted + L2L_ALIGN;
   void *block = NULL, *no_tag = NULL;   /* the pinned cache keeps no tags */
-  int err = l2l_blocks_get(pinned_cache(), &block, size, &no_tag);
+  int err = blocks_get(pinned_cache(), &block, size, &no_tag);
   if (err != 0) {
     warn_pageable(err, size);
     struct pool *host = &pools[L2L_POOL_HOST];
@@ -351,7 +351,7 @@ static void *pinned_alloc(struct pool *p, uint64_t accounted) {
 static void pinned_free(struct pool *p, void *ptr, uint64_t accounted) {
   void *block = (char *)ptr - L2L_ALIGN;
   if (header_of(block)->from != FROM_PAGEABLE) {
-    l2l_blocks_put(pinned_cache(), block, accounted + L2L_ALIGN, NULL);
+    blocks_put(pinned_cache(), block, accounted + L2L_ALIGN, NULL);
     return;
   }
   arena_free(block);
@@ -363,17 +363,17 @@ static void pinned_free(struct pool *p, void *ptr, uint64_t accounted) {
 
 /* ---------------------------------------------------------------- allocation */
 
-l2l_status l2l_pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
+l2l_status pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
   char want[32], used[32], limit[32];
-  if (!l2l_pool_valid((int)kind)) return l2l_fail(L2L_ERR_INVALID, "no pool with number %d", kind);
+  if (!pool_valid((int)kind)) return core_fail(L2L_ERR_INVALID, "no pool with number %d", kind);
   struct pool *p = pool_of(kind);
   const char *name = pool_names[kind];
-  uint64_t accounted = l2l_pool_accounted(bytes);
+  uint64_t accounted = pool_accounted(bytes);
   if (bytes == 0 || accounted == 0 || accounted > (uint64_t)PTRDIFF_MAX)
-    return l2l_fail(L2L_ERR_INVALID, "%s pool: cannot allocate %llu bytes", name,
+    return core_fail(L2L_ERR_INVALID, "%s pool: cannot allocate %llu bytes", name,
                     (unsigned long long)bytes);
 
-  const struct l2l_device_ops *device = kind == L2L_POOL_DEVICE ? l2l_device() : NULL;
+  const struct device_ops *device = kind == L2L_POOL_DEVICE ? core_device() : NULL;
   /* A GPU backend's own bytes (scratch, cuBLAS's workspace) come out of the budget too. */
   uint64_t own = device != NULL ? device->own_bytes() : 0;
   /* Reserve the bytes under the lock, allocate outside it. */
@@ -383,15 +383,15 @@ l2l_status l2l_pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
     char backend[96] = "";
     if (own != 0)
       snprintf(backend, sizeof backend, " (and %s the backend keeps for itself)",
-               l2l_human_bytes(limit, 32, own));
+               core_human_bytes(limit, 32, own));
     p->stats.refused++;
     pthread_mutex_unlock(&p->lock);
-    return l2l_fail(L2L_ERR_BUDGET,
+    return core_fail(L2L_ERR_BUDGET,
                     "%s pool: cannot allocate %llu bytes (%s): %llu bytes (%s) in use%s, budget "
                     "%llu bytes (%s)",
-                    name, (unsigned long long)accounted, l2l_human_bytes(want, 32, accounted),
-                    (unsigned long long)current, l2l_human_bytes(used, 32, current), backend,
-                    (unsigned long long)budget, l2l_human_bytes(limit, 32, budget));
+                    name, (unsigned long long)accounted, core_human_bytes(want, 32, accounted),
+                    (unsigned long long)current, core_human_bytes(used, 32, current), backend,
+                    (unsigned long long)budget, core_human_bytes(limit, 32, budget));
   }
   /* Host memory (the host and pinned pools, the device pool of the CPU backend) is never
      asked for more than the machine has, whatever the budget: the system might map it,
@@ -399,9 +399,9 @@ l2l_status l2l_pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
   if (device == NULL && physical_bytes != 0 && accounted > physical_bytes) {
     p->stats.refused++;
     pthread_mutex_unlock(&p->lock);
-    return l2l_fail(L2L_ERR_NOMEM, "%s pool: cannot allocate %llu bytes (%s): more than this "
+    return core_fail(L2L_ERR_NOMEM, "%s pool: cannot allocate %llu bytes (%s): more than this "
                     "machine's memory (%s)", name, (unsigned long long)accounted,
-                    l2l_human_bytes(want, 32, accounted), l2l_human_bytes(limit, 32, physical_bytes));
+                    core_human_bytes(want, 32, accounted), core_human_bytes(limit, 32, physical_bytes));
   }
 #ifndef L2L_SANITIZE
   l2l_status arena_status = device != NULL ? L2L_OK : ensure_arena(p, name);
@@ -436,10 +436,10 @@ l2l_status l2l_pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
     p->stats.refused++;
     current = p->stats.current;
     pthread_mutex_unlock(&p->lock);
-    return l2l_fail(L2L_ERR_NOMEM,
+    return core_fail(L2L_ERR_NOMEM,
                     "%s pool: the system refused %llu bytes (%s); %llu bytes (%s) in use", name,
-                    (unsigned long long)accounted, l2l_human_bytes(want, 32, accounted),
-                    (unsigned long long)current, l2l_human_bytes(used, 32, current));
+                    (unsigned long long)accounted, core_human_bytes(want, 32, accounted),
+                    (unsigned long long)current, core_human_bytes(used, 32, current));
   }
   p->stats.allocs++;
   meter_add(kind, (int64_t)accounted);
@@ -450,11 +450,11 @@ l2l_status l2l_pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
   return L2L_OK;
 }
 
-void l2l_pool_free(l2l_pool_kind kind, void *ptr, uint64_t bytes) {
-  if (ptr == NULL || !l2l_pool_valid((int)kind)) return;
+void pool_free(l2l_pool_kind kind, void *ptr, uint64_t bytes) {
+  if (ptr == NULL || !pool_valid((int)kind)) return;
   struct pool *p = &pools[kind];
-  uint64_t accounted = l2l_pool_accounted(bytes);
-  const struct l2l_device_ops *device = kind == L2L_POOL_DEVICE ? l2l_device() : NULL;
+  uint64_t accounted = pool_accounted(bytes);
+  const struct device_ops *device = kind == L2L_POOL_DEVICE ? core_device() : NULL;
   bool to_arena = device == NULL && kind != L2L_POOL_PINNED;
   if (device != NULL) device->free(ptr, accounted);
   else if (kind == L2L_POOL_PINNED) pinned_free(p, ptr, accounted);
@@ -472,7 +472,7 @@ void l2l_pool_free(l2l_pool_kind kind, void *ptr, uint64_t bytes) {
 
 l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind kind) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  if (!l2l_pool_valid((int)kind)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", kind);
+  if (!pool_valid((int)kind)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", kind);
   pool_of(kind);
   pthread_mutex_lock(&pools[kind].lock);
   *out = pools[kind].stats;
@@ -480,37 +480,37 @@ l2l_status l2l_pool_get_stats(l2l_pool_stats *out, l2l_pool_kind kind) {
   uint64_t fallback_held = pools[kind].fallback_held;
   pthread_mutex_unlock(&pools[kind].lock);
   out->system_allocs = out->allocs;
-  const struct l2l_device_ops *device = kind == L2L_POOL_DEVICE ? l2l_device() : NULL;
+  const struct device_ops *device = kind == L2L_POOL_DEVICE ? core_device() : NULL;
   if (device != NULL) {
     device->counts(&out->reserved, &out->system_allocs);
     out->backend = device->own_bytes();
   }
   if (kind == L2L_POOL_PINNED) {
     uint64_t held = 0, made = 0;
-    l2l_blocks_counts(pinned_cache(), &held, NULL, &made);
+    blocks_counts(pinned_cache(), &held, NULL, &made);
     out->reserved = held + fallback_held;
     out->system_allocs = made + out->fallback_allocs;
-    out->cap = l2l_blocks_cap(pinned_cache());
+    out->cap = blocks_cap(pinned_cache());
   }
   return L2L_OK;
 }
 
 l2l_status l2l_pool_set_budget(l2l_pool_kind kind, uint64_t bytes) {
   char used[32], limit[32];
-  if (!l2l_pool_valid((int)kind)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", kind);
+  if (!pool_valid((int)kind)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", kind);
   struct pool *p = pool_of(kind);
-  uint64_t own = kind == L2L_POOL_DEVICE ? l2l_device_own_bytes() : 0;
+  uint64_t own = kind == L2L_POOL_DEVICE ? device_own_bytes() : 0;
   pthread_mutex_lock(&p->lock);
   uint64_t current = p->stats.current;
   if (bytes != 0 && bytes < current + own) {
     char backend[96] = "";
     if (own != 0)
       snprintf(backend, sizeof backend, " (with %s the backend keeps for itself)",
-               l2l_human_bytes(used, 32, own));
+               core_human_bytes(used, 32, own));
     pthread_mutex_unlock(&p->lock);
     return FAIL(L2L_ERR_STATE,
                 "%s pool: budget %llu bytes (%s) is below the %llu bytes in use%s",
-                pool_names[kind], (unsigned long long)bytes, l2l_human_bytes(limit, 32, bytes),
+                pool_names[kind], (unsigned long long)bytes, core_human_bytes(limit, 32, bytes),
                 (unsigned long long)(current + own), backend);
   }
   p->stats.budget = bytes;
@@ -519,7 +519,7 @@ l2l_status l2l_pool_set_budget(l2l_pool_kind kind, uint64_t bytes) {
 }
 
 l2l_status l2l_pool_reset_peak(l2l_pool_kind kind) {
-  if (!l2l_pool_valid((int)kind)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", kind);
+  if (!pool_valid((int)kind)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", kind);
   pthread_mutex_lock(&pools[kind].lock);
   pools[kind].stats.peak = pools[kind].stats.current;
   pthread_mutex_unlock(&pools[kind].lock);

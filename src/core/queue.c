@@ -14,34 +14,34 @@
 
 #include "core.h"
 
-double l2l_now(void) {
+double core_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 struct worker_arg {
-  struct l2l_queue *q;
+  struct core_queue *q;
   int id;
 };
 
 static void *worker_main(void *p) {
   struct worker_arg arg = *(struct worker_arg *)p;
   free(p);
-  struct l2l_queue *q = arg.q;
+  struct core_queue *q = arg.q;
   pthread_mutex_lock(&q->lock);
   for (;;) {
     while (q->head == NULL && !q->stop) pthread_cond_wait(&q->work, &q->lock);
     if (q->head == NULL) break;   /* stopping, and nothing is left */
-    struct l2l_job *job = q->head;
+    struct core_job *job = q->head;
     q->head = job->next;
     if (q->head == NULL) q->tail = NULL;
     q->busy++;
     pthread_mutex_unlock(&q->lock);
     if (job->after != NULL) {
-      l2l_status ordered = l2l_device_wait_mark(job->after);
+      l2l_status ordered = device_wait_mark(job->after);
       job->after = NULL;
-      if (ordered != L2L_OK) l2l_job_fail(job, ordered);   /* the run's copies fail too */
+      if (ordered != L2L_OK) job_fail(job, ordered);   /* the run's copies fail too */
     }
     job->run(job, arg.id);
     pthread_mutex_lock(&q->lock);
@@ -59,28 +59,28 @@ static void *worker_main(void *p) {
   return NULL;
 }
 
-l2l_status l2l_queue_start(struct l2l_queue *q, int threads, int first_id, const char *what) {
+l2l_status queue_start(struct core_queue *q, int threads, int first_id, const char *what) {
   memset(q, 0, sizeof *q);
   pthread_mutex_init(&q->lock, NULL);
   pthread_cond_init(&q->work, NULL);
   pthread_cond_init(&q->finished, NULL);
   q->first_id = first_id;
   q->tids = calloc((size_t)threads, sizeof *q->tids);
-  if (q->tids == NULL) return l2l_fail(L2L_ERR_NOMEM, "no memory for %s threads", what);
+  if (q->tids == NULL) return core_fail(L2L_ERR_NOMEM, "no memory for %s threads", what);
   for (int i = 0; i < threads; i++) {
     struct worker_arg *arg = malloc(sizeof *arg);
     if (arg == NULL || pthread_create(&q->tids[i], NULL, worker_main,
                                       (*arg = (struct worker_arg){q, first_id + i}, arg)) != 0) {
       free(arg);
-      l2l_queue_stop(q);
-      return l2l_fail(L2L_ERR_NOMEM, "cannot start %s thread %d", what, i);
+      queue_stop(q);
+      return core_fail(L2L_ERR_NOMEM, "cannot start %s thread %d", what, i);
     }
     q->threads++;
   }
   return L2L_OK;
 }
 
-void l2l_queue_stop(struct l2l_queue *q) {
+void queue_stop(struct core_queue *q) {
   if (q->tids == NULL) return;
   pthread_mutex_lock(&q->lock);
   q->stop = true;
@@ -94,7 +94,7 @@ void l2l_queue_stop(struct l2l_queue *q) {
   pthread_cond_destroy(&q->finished);
 }
 
-void l2l_queue_push(struct l2l_queue *q, struct l2l_job *job) {
+void queue_push(struct core_queue *q, struct core_job *job) {
   job->next = NULL;
   job->queue = q;
   job->done = false;
@@ -107,22 +107,22 @@ void l2l_queue_push(struct l2l_queue *q, struct l2l_job *job) {
   pthread_mutex_unlock(&q->lock);
 }
 
-l2l_status l2l_job_wait(struct l2l_job *job) {
-  struct l2l_queue *q = job->queue;
+l2l_status job_wait(struct core_job *job) {
+  struct core_queue *q = job->queue;
   pthread_mutex_lock(&q->lock);
   while (!job->done) pthread_cond_wait(&q->finished, &q->lock);
   pthread_mutex_unlock(&q->lock);
-  if (job->status != L2L_OK) return l2l_fail(job->status, "%s", job->message);
+  if (job->status != L2L_OK) return core_fail(job->status, "%s", job->message);
   return L2L_OK;
 }
 
-void l2l_queue_drain(struct l2l_queue *q) {
+void queue_drain(struct core_queue *q) {
   pthread_mutex_lock(&q->lock);
   while (q->head != NULL || q->busy > 0) pthread_cond_wait(&q->finished, &q->lock);
   pthread_mutex_unlock(&q->lock);
 }
 
-void l2l_job_fail(struct l2l_job *job, l2l_status status) {
+void job_fail(struct core_job *job, l2l_status status) {
   job->status = status;
   snprintf(job->message, sizeof job->message, "%s", l2l_last_error());
 }

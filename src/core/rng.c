@@ -42,7 +42,7 @@ l2l_status l2l_philox4x32(uint32_t *out4, const uint32_t *counter4, const uint32
   return L2L_OK;
 }
 
-void l2l_philox_draws(uint32_t *out4, uint64_t seed, uint64_t stream, uint64_t block) {
+void philox_draws(uint32_t *out4, uint64_t seed, uint64_t stream, uint64_t block) {
   uint32_t counter[4] = {(uint32_t)block, (uint32_t)(block >> 32), (uint32_t)stream,
                          (uint32_t)(stream >> 32)};
   uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
@@ -80,7 +80,7 @@ static void philox_lanes(uint32_t *words, uint64_t first_block, uint64_t stream,
     words[4 * l + 3] = c3[l];
 }
 
-void l2l_philox_range(uint32_t *out, uint64_t seed, uint64_t stream, uint64_t first, int64_t n) {
+void philox_range(uint32_t *out, uint64_t seed, uint64_t stream, uint64_t first, int64_t n) {
   uint32_t words[4 * LANES];
   uint64_t block = first >> 2;
   int64_t skip = (int64_t)(first & 3), done = 0;

@@ -112,7 +112,7 @@ static l2l_status bad_file(const char *path, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(what, sizeof what, fmt, ap);
   va_end(ap);
-  return l2l_fail(L2L_ERR_INVALID, "%s: %s", path, what);
+  return core_fail(L2L_ERR_INVALID, "%s: %s", path, what);
 }
 
 /* One entry of the header, checked. */
@@ -158,7 +158,7 @@ static l2l_status entry_of(struct safetensors_entry *e, const char *path, const 
   e->offset = (uint64_t)b;
   e->bytes = (uint64_t)(end - b);
   e->name = strdup(name);
-  return e->name ? L2L_OK : l2l_fail(L2L_ERR_NOMEM, "no memory for a tensor's name");
+  return e->name ? L2L_OK : core_fail(L2L_ERR_NOMEM, "no memory for a tensor's name");
 }
 
 static int by_offset(const void *a, const void *b) {
@@ -176,7 +176,7 @@ static int by_name(const void *a, const void *b, void *entries) {
 static l2l_status metadata_of(struct safetensors_file *f, const json_t *meta) {
   if (!json_is_object(meta)) return BAD(f->path, "__metadata__ is not an object");
   f->meta = calloc(2 * json_object_size(meta) + 1, sizeof *f->meta);
-  if (f->meta == NULL) return l2l_fail(L2L_ERR_NOMEM, "%s: out of memory decoding the header's metadata", f->path);
+  if (f->meta == NULL) return core_fail(L2L_ERR_NOMEM, "%s: out of memory decoding the header's metadata", f->path);
   const char *key;
   const json_t *v;
   json_object_foreach((json_t *)meta, key, v) {
@@ -185,7 +185,7 @@ static l2l_status metadata_of(struct safetensors_file *f, const json_t *meta) {
     f->meta[2 * f->nmeta + 1] = strdup(json_string_value(v));
     f->nmeta++;
     if (!f->meta[2 * f->nmeta - 2] || !f->meta[2 * f->nmeta - 1])
-      return l2l_fail(L2L_ERR_NOMEM, "%s: out of memory decoding the header's metadata", f->path);
+      return core_fail(L2L_ERR_NOMEM, "%s: out of memory decoding the header's metadata", f->path);
   }
   return L2L_OK;
 }
@@ -223,7 +223,7 @@ static l2l_status entries_of(struct safetensors_file *f, json_t *header, uint64_
   f->entries = calloc(json_object_size(header) + 1, sizeof *f->entries);
   f->order = calloc(json_object_size(header) + 1, sizeof *f->order);
   if (f->entries == NULL || f->order == NULL)
-    return l2l_fail(L2L_ERR_NOMEM, "%s: out of memory decoding the header's list of tensors", f->path);
+    return core_fail(L2L_ERR_NOMEM, "%s: out of memory decoding the header's list of tensors", f->path);
   const char *name;
   json_t *v;
   json_object_foreach(header, name, v) {
@@ -253,7 +253,7 @@ static l2l_status entries_of(struct safetensors_file *f, json_t *header, uint64_
 /* ---------------------------------------------------------------- opening */
 
 static l2l_status io_error(const char *what, const char *path, int err) {
-  return l2l_fail(L2L_ERR_IO, "%s %s: %s", what, path, strerror(err));
+  return core_fail(L2L_ERR_IO, "%s %s: %s", what, path, strerror(err));
 }
 
 /* Reads exactly n bytes at offset (false: the file ended first, or an error: errno). */
@@ -290,7 +290,7 @@ static l2l_status header_text(char **out, uint64_t *len, const struct safetensor
     return BAD(f->path, "header of %llu bytes but the file has %llu (truncated)", (unsigned long long)n,
                (unsigned long long)size);
   char *text = malloc((size_t)n + 1);
-  if (text == NULL) return l2l_fail(L2L_ERR_NOMEM, "no memory for the %llu-byte header of %s", (unsigned long long)n, f->path);
+  if (text == NULL) return core_fail(L2L_ERR_NOMEM, "no memory for the %llu-byte header of %s", (unsigned long long)n, f->path);
   if (!read_at(f->fd, text, n, 8)) {
     free(text);
     return io_error("cannot read the header of", f->path, errno);
@@ -303,9 +303,9 @@ static l2l_status header_text(char **out, uint64_t *len, const struct safetensor
 static l2l_status parse(struct safetensors_file *f) {
   struct stat st;
   if (fstat(f->fd, &st) != 0) return io_error("cannot read", f->path, errno);
-  if (S_ISDIR(st.st_mode)) return l2l_fail(L2L_ERR_IO, "cannot open %s: is a directory", f->path);
+  if (S_ISDIR(st.st_mode)) return core_fail(L2L_ERR_IO, "cannot open %s: is a directory", f->path);
   if (!S_ISREG(st.st_mode))   /* (lua/l2l/filesys.lua's words) */
-    return l2l_fail(L2L_ERR_IO, "cannot open %s: is %s, not a regular file", f->path,
+    return core_fail(L2L_ERR_IO, "cannot open %s: is %s, not a regular file", f->path,
                     S_ISFIFO(st.st_mode) ? "a FIFO (a named pipe)" : S_ISCHR(st.st_mode) ? "a character device"
                     : S_ISBLK(st.st_mode) ? "a block device" : S_ISSOCK(st.st_mode) ? "a socket" : "something");
   char *text = NULL;
@@ -318,7 +318,7 @@ static l2l_status parse(struct safetensors_file *f) {
   if (at) return BAD(f->path, "the header is not valid UTF-8 (byte %zu of it)", at);
   /* (jansson reports some of its failed allocations with no message at all) */
   if (header == NULL && (json_error_code(&err) == json_error_out_of_memory || err.text[0] == '\0'))
-    return l2l_fail(L2L_ERR_NOMEM, "%s: out of memory decoding the %llu-byte header", f->path,
+    return core_fail(L2L_ERR_NOMEM, "%s: out of memory decoding the %llu-byte header", f->path,
                     (unsigned long long)n);
   if (!json_is_object(header)) {
     json_decref(header);
@@ -335,7 +335,7 @@ l2l_status safetensors_open(struct safetensors_file **out, const char *path) {
   struct safetensors_file *f = calloc(1, sizeof *f);
   if (f == NULL || (f->path = strdup(path)) == NULL) {
     free(f);
-    return l2l_fail(L2L_ERR_NOMEM, "no memory to open %s", path);
+    return core_fail(L2L_ERR_NOMEM, "no memory to open %s", path);
   }
   /* O_NONBLOCK: a FIFO opens at once (and is refused as not a regular file) */
   f->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -382,14 +382,14 @@ const char *safetensors_metadata(const struct safetensors_file *f, const char *k
 
 static l2l_status damaged(const struct safetensors_file *f, const struct safetensors_entry *e,
                           uint64_t got) {
-  return l2l_fail(L2L_ERR_INVALID, "%s: tensor '%s' is damaged: its bytes hash to %016llx, the "
+  return core_fail(L2L_ERR_INVALID, "%s: tensor '%s' is damaged: its bytes hash to %016llx, the "
                   "file says %016llx (xxh3-64)", f->path, e->name, (unsigned long long)got,
                   (unsigned long long)e->sum);
 }
 
 static l2l_status cannot_read(const struct safetensors_file *f, const struct safetensors_entry *e) {
-  if (errno != 0) return l2l_fail(L2L_ERR_IO, "%s: cannot read '%s': %s", f->path, e->name, strerror(errno));
-  return l2l_fail(L2L_ERR_IO, "%s: cannot read '%s' (the file changed or is damaged)", f->path, e->name);
+  if (errno != 0) return core_fail(L2L_ERR_IO, "%s: cannot read '%s': %s", f->path, e->name, strerror(errno));
+  return core_fail(L2L_ERR_IO, "%s: cannot read '%s' (the file changed or is damaged)", f->path, e->name);
 }
 
 l2l_status safetensors_read(const struct safetensors_file *f, const struct safetensors_entry *e,
@@ -410,7 +410,7 @@ l2l_status safetensors_check(const struct safetensors_file *f, const struct safe
   if (buf == NULL || state == NULL) {
     free(buf);
     XXH3_freeState(state);
-    return l2l_fail(L2L_ERR_NOMEM, "no memory to check %s", f->path);
+    return core_fail(L2L_ERR_NOMEM, "no memory to check %s", f->path);
   }
   XXH3_64bits_reset(state);
   l2l_status status = L2L_OK;

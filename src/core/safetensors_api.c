@@ -37,7 +37,7 @@ static bool is_file(const l2l_safetensors *f) { return f != NULL && f->magic == 
 static bool is_writer(const l2l_safetensors_writer *w) { return w != NULL && w->magic == WRITER_MAGIC; }
 
 static l2l_status not_a_file(const char *func, const l2l_safetensors *file) {
-  return l2l_fail_in(func, L2L_ERR_INVALID, "file is %s", file ? "not an open safetensors file" : "NULL");
+  return core_fail_in(func, L2L_ERR_INVALID, "file is %s", file ? "not an open safetensors file" : "NULL");
 }
 
 /* The message of a failed call into the reader or the writer, named after the public
@@ -46,7 +46,7 @@ static l2l_status named(const char *func, l2l_status status) {
   if (status == L2L_OK) return status;
   char why[1024];
   snprintf(why, sizeof why, "%s", l2l_last_error());
-  return l2l_fail_in(func, status, "%s", why);
+  return core_fail_in(func, status, "%s", why);
 }
 
 /* ---------------------------------------------------------------- reading */

@@ -46,7 +46,7 @@ struct safetensors_writer {
 };
 
 static l2l_status io_error(const char *what, const char *path, int err) {
-  return l2l_fail(L2L_ERR_IO, "%s %s: %s", what, path, strerror(err));
+  return core_fail(L2L_ERR_IO, "%s %s: %s", what, path, strerror(err));
 }
 
 /* ---------------------------------------------------------------- the temporary */
@@ -98,11 +98,11 @@ static void sweep_temporaries(const char *path, const char *host) {
 static l2l_status create_temporary(struct safetensors_writer *w, const char *host) {
   size_t len = strlen(w->path) + strlen(host) + 64;
   w->tmp = malloc(len);
-  if (w->tmp == NULL) return l2l_fail(L2L_ERR_NOMEM, "no memory for a file name");
+  if (w->tmp == NULL) return core_fail(L2L_ERR_NOMEM, "no memory for a file name");
   int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
   for (int try = 0; try <= 8; try++) {
     uint32_t r = 0;
-    if (try > 0 && getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) r = (uint32_t)(l2l_now() * 1e9);
+    if (try > 0 && getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) r = (uint32_t)(core_now() * 1e9);
     int n = snprintf(w->tmp, len, "%s.tmp.%s.%ld", w->path, host, (long)getpid());
     if (try > 0) snprintf(w->tmp + n, len - (size_t)n, ".%08x", r);
     w->fd = open(w->tmp, flags, 0600);
@@ -110,7 +110,7 @@ static l2l_status create_temporary(struct safetensors_writer *w, const char *hos
     if (errno != EEXIST) return io_error("cannot create", w->tmp, errno);
   }
   snprintf(w->tmp, len, "%s.tmp.%s.%ld", w->path, host, (long)getpid());
-  l2l_status status = l2l_fail(L2L_ERR_IO, "cannot create %s or 8 other names beside it: something "
+  l2l_status status = core_fail(L2L_ERR_IO, "cannot create %s or 8 other names beside it: something "
                                "is there already (a file or link this save did not make); nothing "
                                "was written", w->tmp);
   free(w->tmp);
@@ -174,10 +174,10 @@ static char *header_json(struct safetensors_writer *w, size_t *len) {
 static l2l_status put_header(struct safetensors_writer *w, int64_t at) {
   size_t len = 0;
   char *json = header_json(w, &len);
-  if (json == NULL) return l2l_fail(L2L_ERR_NOMEM, "no memory for the header of %s", w->path);
+  if (json == NULL) return core_fail(L2L_ERR_NOMEM, "no memory for the header of %s", w->path);
   l2l_status status = L2L_OK;
   if (at >= 0 && len != w->header_len)   /* the same tables, each sum 16 digits: never */
-    status = l2l_fail(L2L_ERR_STATE, "the header of %s changed length with its checksums", w->path);
+    status = core_fail(L2L_ERR_STATE, "the header of %s changed length with its checksums", w->path);
   uint8_t len8[8];
   for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)len >> (8 * i));
   if (status == L2L_OK && (!write_all(w->fd, len8, 8, at) || !write_all(w->fd, json, len, at >= 0 ? 8 : -1)))
@@ -190,25 +190,25 @@ static l2l_status put_header(struct safetensors_writer *w, int64_t at) {
 /* One entry's line of the header, its name, dtype and shape checked. */
 static l2l_status add_entry(struct safetensors_writer *w, const struct safetensors_spec *e,
                             int i, uint64_t *offset) {
-  if (e->name == NULL) return l2l_fail(L2L_ERR_INVALID, "entries[%d].name is NULL", i);
+  if (e->name == NULL) return core_fail(L2L_ERR_INVALID, "entries[%d].name is NULL", i);
   if (e->name[0] == '\0' || strcmp(e->name, "__metadata__") == 0)
-    return l2l_fail(L2L_ERR_INVALID, "entry '%s': a name must be a non-empty string other than __metadata__",
+    return core_fail(L2L_ERR_INVALID, "entry '%s': a name must be a non-empty string other than __metadata__",
                     e->name);
   json_t *utf8 = json_string(e->name);   /* (jansson takes UTF-8 names only) */
-  if (utf8 == NULL) return l2l_fail(L2L_ERR_INVALID, "entries[%d]: its name is not a UTF-8 string", i);
+  if (utf8 == NULL) return core_fail(L2L_ERR_INVALID, "entries[%d]: its name is not a UTF-8 string", i);
   json_decref(utf8);
   if (json_object_get(w->header, e->name) != NULL)
-    return l2l_fail(L2L_ERR_INVALID, "name '%s' appears twice", e->name);
+    return core_fail(L2L_ERR_INVALID, "name '%s' appears twice", e->name);
   const char *dtype = safetensors_dtype_name(e->dtype);
-  if (dtype == NULL) return l2l_fail(L2L_ERR_INVALID, "entry '%s': dtype %d is not one l2l writes", e->name, (int)e->dtype);
+  if (dtype == NULL) return core_fail(L2L_ERR_INVALID, "entry '%s': dtype %d is not one l2l writes", e->name, (int)e->dtype);
   if (e->ndim < 1 || e->ndim > L2L_MAX_DIMS)
-    return l2l_fail(L2L_ERR_INVALID, "entry '%s': shape must list 1 to %d sizes, got %d", e->name, L2L_MAX_DIMS, e->ndim);
+    return core_fail(L2L_ERR_INVALID, "entry '%s': shape must list 1 to %d sizes, got %d", e->name, L2L_MAX_DIMS, e->ndim);
   json_t *shape = json_array();
   int64_t numel = 1;
   for (int d = 0; d < e->ndim; d++) {
     if (e->shape[d] < 1 || e->shape[d] > (INT64_C(1) << 48) / numel) {
       json_decref(shape);
-      return l2l_fail(L2L_ERR_INVALID, "entry '%s': shape[%d] = %lld is not a size l2l has", e->name, d,
+      return core_fail(L2L_ERR_INVALID, "entry '%s': shape[%d] = %lld is not a size l2l has", e->name, d,
                       (long long)e->shape[d]);
     }
     numel *= e->shape[d];
@@ -220,7 +220,7 @@ static l2l_status add_entry(struct safetensors_writer *w, const struct safetenso
   if (line == NULL || json_object_set_new(w->header, e->name, line) != 0 ||
       json_object_set_new(w->sums, e->name, json_string("0000000000000000")) != 0 ||
       (w->names[i] = strdup(e->name)) == NULL)
-    return l2l_fail(L2L_ERR_NOMEM, "no memory for the header of %s", w->path);
+    return core_fail(L2L_ERR_NOMEM, "no memory for the header of %s", w->path);
   w->bytes[i] = bytes;
   *offset += bytes;
   return L2L_OK;
@@ -232,24 +232,24 @@ static l2l_status begin(struct safetensors_writer *w, const struct safetensors_s
   w->names = calloc((size_t)count + 1, sizeof *w->names);
   w->bytes = calloc((size_t)count + 1, sizeof *w->bytes);
   if (!w->header || !w->meta || !w->sums || !w->names || !w->bytes)
-    return l2l_fail(L2L_ERR_NOMEM, "no memory for the header of %s", w->path);
+    return core_fail(L2L_ERR_NOMEM, "no memory for the header of %s", w->path);
   uint64_t offset = 0;
   for (w->count = 0; w->count < count; w->count++) TRY(add_entry(w, &entries[w->count], w->count, &offset));
   for (int i = 0; i < nmeta; i++)   /* (the checksums, copied from another file, are replaced) */
     if (json_object_set_new(w->meta, meta[2 * i], json_string(meta[2 * i + 1])) != 0)
-      return l2l_fail(L2L_ERR_INVALID, "metadata '%s' must be a UTF-8 string", meta[2 * i]);
+      return core_fail(L2L_ERR_INVALID, "metadata '%s' must be a UTF-8 string", meta[2 * i]);
   if (json_object_set(w->header, "__metadata__", w->meta) != 0)
-    return l2l_fail(L2L_ERR_NOMEM, "no memory for the header of %s", w->path);
+    return core_fail(L2L_ERR_NOMEM, "no memory for the header of %s", w->path);
   size_t len = 0;
   char *json = header_json(w, &len);
   free(json);
-  if (json == NULL) return l2l_fail(L2L_ERR_NOMEM, "no memory for the header of %s", w->path);
+  if (json == NULL) return core_fail(L2L_ERR_NOMEM, "no memory for the header of %s", w->path);
   if (len > SAFETENSORS_MAX_HEADER)   /* a file l2l could not read back is not written */
-    return l2l_fail(L2L_ERR_INVALID, "the header of %s would be %zu bytes, over the %d l2l reads (%d tensors)",
+    return core_fail(L2L_ERR_INVALID, "the header of %s would be %zu bytes, over the %d l2l reads (%d tensors)",
                     w->path, len, SAFETENSORS_MAX_HEADER, count);
   struct stat st;
   if (!w->replace && lstat(w->path, &st) == 0)
-    return l2l_fail(L2L_ERR_STATE, "%s exists already: nothing was written (give replace = 1 to "
+    return core_fail(L2L_ERR_STATE, "%s exists already: nothing was written (give replace = 1 to "
                     "replace it)", w->path);
   char host[256];
   host_name(host, sizeof host);
@@ -281,7 +281,7 @@ l2l_status safetensors_create(struct safetensors_writer **out, const char *path,
   struct safetensors_writer *w = calloc(1, sizeof *w);
   if (w == NULL || (w->path = strdup(path)) == NULL) {
     free(w);
-    return l2l_fail(L2L_ERR_NOMEM, "no memory to write %s", path);
+    return core_fail(L2L_ERR_NOMEM, "no memory to write %s", path);
   }
   w->fd = -1;
   w->replace = replace;
@@ -300,15 +300,15 @@ const char *safetensors_next(const struct safetensors_writer *w) {
 
 l2l_status safetensors_put(struct safetensors_writer *w, const void *data, uint64_t bytes) {
   if (w->next >= w->count)
-    return l2l_fail(L2L_ERR_STATE, "%s: every tensor the header lists is written already", w->path);
+    return core_fail(L2L_ERR_STATE, "%s: every tensor the header lists is written already", w->path);
   if (bytes != w->bytes[w->next])
-    return l2l_fail(L2L_ERR_INVALID, "%s: tensor '%s' has %llu bytes, its header says %llu", w->path,
+    return core_fail(L2L_ERR_INVALID, "%s: tensor '%s' has %llu bytes, its header says %llu", w->path,
                     w->names[w->next], (unsigned long long)bytes, (unsigned long long)w->bytes[w->next]);
   if (!write_all(w->fd, data, bytes, -1)) return io_error("cannot write", w->tmp, errno);
   char hex[17];
   snprintf(hex, sizeof hex, "%016llx", (unsigned long long)XXH3_64bits(data, (size_t)bytes));
   if (json_object_set_new(w->sums, w->names[w->next], json_string(hex)) != 0)
-    return l2l_fail(L2L_ERR_NOMEM, "no memory for the header of %s", w->path);
+    return core_fail(L2L_ERR_NOMEM, "no memory for the header of %s", w->path);
   w->next++;
   return L2L_OK;
 }
@@ -317,7 +317,7 @@ l2l_status safetensors_put(struct safetensors_writer *w, const void *data, uint6
    it after, or a power cut could bring back the old name. */
 static l2l_status finish(struct safetensors_writer *w) {
   if (w->next != w->count)
-    return l2l_fail(L2L_ERR_STATE, "%s: %d of the %d tensors the header lists were written", w->path,
+    return core_fail(L2L_ERR_STATE, "%s: %d of the %d tensors the header lists were written", w->path,
                     w->next, w->count);
   TRY(put_header(w, 0));
   if (fchmod(w->fd, created_mode()) != 0) return io_error("cannot set the mode of", w->tmp, errno);
@@ -332,7 +332,7 @@ static l2l_status finish(struct safetensors_writer *w) {
     if (renamed == 0) unlink(w->tmp);
   }
   if (renamed != 0 && errno == EEXIST)
-    return l2l_fail(L2L_ERR_STATE, "%s appeared while it was written: left as it is (give replace "
+    return core_fail(L2L_ERR_STATE, "%s appeared while it was written: left as it is (give replace "
                     "= 1 to replace it)", w->path);
   if (renamed != 0) return io_error("cannot rename to", w->path, errno);
   free(w->tmp);

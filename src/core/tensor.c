@@ -14,7 +14,7 @@
 
 #include "core.h"
 
-const char *l2l_shape_str(char *buf, size_t len, const l2l_tensor *t) {
+const char *core_shape_str(char *buf, size_t len, const l2l_tensor *t) {
   size_t used = 0;
   buf[0] = '\0';
   for (int i = 0; i < t->ndim && used < len; i++)
@@ -24,7 +24,7 @@ const char *l2l_shape_str(char *buf, size_t len, const l2l_tensor *t) {
   return buf;
 }
 
-int l2l_index_of(int64_t index[L2L_MAX_DIMS], const l2l_tensor *t, int64_t flat) {
+int core_index_of(int64_t index[L2L_MAX_DIMS], const l2l_tensor *t, int64_t flat) {
   int n = t->ndim > 0 && t->ndim <= L2L_MAX_DIMS ? t->ndim : 1;
   for (int i = n - 1; i > 0; i--) {
     int64_t d = t->shape[i] > 0 ? t->shape[i] : 1;
@@ -35,9 +35,9 @@ int l2l_index_of(int64_t index[L2L_MAX_DIMS], const l2l_tensor *t, int64_t flat)
   return n;
 }
 
-const char *l2l_index_str(char *buf, size_t len, const l2l_tensor *t, int64_t flat) {
+const char *core_index_str(char *buf, size_t len, const l2l_tensor *t, int64_t flat) {
   int64_t index[L2L_MAX_DIMS];
-  int n = l2l_index_of(index, t, flat);
+  int n = core_index_of(index, t, flat);
   size_t used = 0;
   buf[0] = '\0';
   for (int i = 0; i < n && used < len; i++)
@@ -45,11 +45,11 @@ const char *l2l_index_str(char *buf, size_t len, const l2l_tensor *t, int64_t fl
   return buf;
 }
 
-l2l_status l2l_need_shape(const char *func, const char *name, const l2l_tensor *t,
+l2l_status core_need_shape(const char *func, const char *name, const l2l_tensor *t,
                           l2l_dtype dtype, int ndim, const int64_t *dims) {
-  if (t == NULL) return l2l_fail_in(func, L2L_ERR_INVALID, "%s is NULL", name);
-  if (!l2l_tensor_ok(t))
-    return l2l_fail_in(func, L2L_ERR_INVALID, "%s is not a live tensor (freed?)", name);
+  if (t == NULL) return core_fail_in(func, L2L_ERR_INVALID, "%s is NULL", name);
+  if (!tensor_ok(t))
+    return core_fail_in(func, L2L_ERR_INVALID, "%s is not a live tensor (freed?)", name);
   char have[64], want[64] = "(";
   for (int i = 0; i < ndim; i++)
     snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? "," : "",
@@ -58,8 +58,8 @@ l2l_status l2l_need_shape(const char *func, const char *name, const l2l_tensor *
   bool match = t->dtype == dtype && t->ndim == ndim;
   for (int i = 0; match && i < ndim; i++) match = t->shape[i] == dims[i];
   if (!match)
-    return l2l_fail_in(func, L2L_ERR_INVALID, "%s is %s %s, need %s %s", name,
-                       l2l_dtype_name(t->dtype), l2l_shape_str(have, sizeof have, t),
+    return core_fail_in(func, L2L_ERR_INVALID, "%s is %s %s, need %s %s", name,
+                       l2l_dtype_name(t->dtype), core_shape_str(have, sizeof have, t),
                        l2l_dtype_name(dtype), want);
   return L2L_OK;
 }
@@ -67,45 +67,45 @@ l2l_status l2l_need_shape(const char *func, const char *name, const l2l_tensor *
 /* Checks ndim and shape and returns the element count through *numel. */
 static l2l_status check_shape(const char *func, int ndim, const int64_t *shape, int64_t *numel) {
   if (ndim < 1 || ndim > L2L_MAX_DIMS)
-    return l2l_fail_in(func, L2L_ERR_INVALID, "ndim must be 1 to %d, got %d", L2L_MAX_DIMS, ndim);
-  if (shape == NULL) return l2l_fail_in(func, L2L_ERR_INVALID, "shape is NULL");
+    return core_fail_in(func, L2L_ERR_INVALID, "ndim must be 1 to %d, got %d", L2L_MAX_DIMS, ndim);
+  if (shape == NULL) return core_fail_in(func, L2L_ERR_INVALID, "shape is NULL");
   int64_t count = 1;
   for (int i = 0; i < ndim; i++) {
     if (shape[i] < 1)
-      return l2l_fail_in(func, L2L_ERR_INVALID, "dim %d has size %lld; sizes must be >= 1", i,
+      return core_fail_in(func, L2L_ERR_INVALID, "dim %d has size %lld; sizes must be >= 1", i,
                          (long long)shape[i]);
     if (count > (INT64_C(1) << 48) / shape[i])
-      return l2l_fail_in(func, L2L_ERR_INVALID, "shape has more than 2^48 elements");
+      return core_fail_in(func, L2L_ERR_INVALID, "shape has more than 2^48 elements");
     count *= shape[i];
   }
   *numel = count;
   return L2L_OK;
 }
 
-l2l_status l2l_tensor_check(const char *func, const char *name, const l2l_tensor *t) {
-  if (t == NULL) return l2l_fail_in(func, L2L_ERR_INVALID, "%s is NULL", name);
-  if (!l2l_tensor_ok(t))
-    return l2l_fail_in(func, L2L_ERR_INVALID, "%s is not a live tensor (freed?)", name);
+l2l_status tensor_check(const char *func, const char *name, const l2l_tensor *t) {
+  if (t == NULL) return core_fail_in(func, L2L_ERR_INVALID, "%s is NULL", name);
+  if (!tensor_ok(t))
+    return core_fail_in(func, L2L_ERR_INVALID, "%s is not a live tensor (freed?)", name);
   return L2L_OK;
 }
 
 l2l_status l2l_tensor_new(l2l_tensor **out, l2l_pool_kind pool, l2l_dtype dtype, int ndim,
                           const int64_t *shape) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  if (!l2l_pool_valid((int)pool)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", pool);
+  if (!pool_valid((int)pool)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", pool);
   if (l2l_dtype_size(dtype) == 0) return FAIL(L2L_ERR_INVALID, "no dtype with number %d", dtype);
   int64_t numel;
   TRY(check_shape(__func__, ndim, shape, &numel));
 
   l2l_tensor *t = calloc(1, sizeof *t);
-  struct l2l_storage *s = calloc(1, sizeof *s);
+  struct core_storage *s = calloc(1, sizeof *s);
   if (t == NULL || s == NULL) {
     free(t);
     free(s);
     return FAIL(L2L_ERR_NOMEM, "no memory for a tensor handle");
   }
   uint64_t bytes = (uint64_t)numel * l2l_dtype_size(dtype);
-  l2l_status status = l2l_pool_alloc(&s->data, pool, bytes);
+  l2l_status status = pool_alloc(&s->data, pool, bytes);
   if (status != L2L_OK) {
     free(t);
     free(s);
@@ -125,12 +125,12 @@ l2l_status l2l_tensor_new(l2l_tensor **out, l2l_pool_kind pool, l2l_dtype dtype,
 }
 
 void l2l_tensor_free(l2l_tensor *t) {
-  if (!l2l_tensor_ok(t)) return;
-  struct l2l_storage *s = t->storage;
+  if (!tensor_ok(t)) return;
+  struct core_storage *s = t->storage;
   t->magic = 0;
   free(t);
   if (atomic_fetch_sub(&s->refs, 1) == 1) {
-    l2l_pool_free(s->pool, s->data, s->bytes);
+    pool_free(s->pool, s->data, s->bytes);
     free(s);
   }
 }
@@ -139,7 +139,7 @@ void l2l_tensor_free(l2l_tensor *t) {
 static l2l_status make_view(l2l_tensor **out, const l2l_tensor *t, int ndim,
                             const int64_t *shape, int64_t numel, int64_t offset) {
   l2l_tensor *v = calloc(1, sizeof *v);
-  if (v == NULL) return l2l_fail(L2L_ERR_NOMEM, "no memory for a tensor handle");
+  if (v == NULL) return core_fail(L2L_ERR_NOMEM, "no memory for a tensor handle");
   *v = *t;
   v->ndim = ndim;
   memset(v->shape, 0, sizeof v->shape);
@@ -154,7 +154,7 @@ static l2l_status make_view(l2l_tensor **out, const l2l_tensor *t, int ndim,
 l2l_status l2l_tensor_view_rows(l2l_tensor **out, const l2l_tensor *t, int64_t first,
                                 int64_t count) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  TRY(l2l_tensor_check(__func__, "t", t));
+  TRY(tensor_check(__func__, "t", t));
   if (first < 0 || count < 1 || first > t->shape[0] - count) {
     int64_t end;
     if (__builtin_add_overflow(first, count, &end))   /* first + count is not an int64 */
@@ -170,12 +170,12 @@ l2l_status l2l_tensor_view_rows(l2l_tensor **out, const l2l_tensor *t, int64_t f
   return make_view(out, t, t->ndim, shape, count * row, t->offset + first * row);
 }
 
-l2l_status l2l_tensor_new_like(l2l_tensor **out, l2l_pool_kind pool, l2l_dtype dtype,
+l2l_status tensor_new_like(l2l_tensor **out, l2l_pool_kind pool, l2l_dtype dtype,
                                const l2l_tensor *like) {
   return l2l_tensor_new(out, pool, dtype, like->ndim, like->shape);
 }
 
-l2l_status l2l_tensor_view_bytes(l2l_tensor **out, const l2l_tensor *t, uint64_t byte_offset,
+l2l_status tensor_view_bytes(l2l_tensor **out, const l2l_tensor *t, uint64_t byte_offset,
                                  l2l_dtype dtype, const l2l_tensor *like) {
   const int64_t numel = like->numel;
   uint64_t size = l2l_dtype_size(dtype), start = (uint64_t)t->offset * l2l_dtype_size(t->dtype);
@@ -191,7 +191,7 @@ l2l_status l2l_tensor_view_bytes(l2l_tensor **out, const l2l_tensor *t, uint64_t
 l2l_status l2l_tensor_reshape(l2l_tensor **out, const l2l_tensor *t, int ndim,
                               const int64_t *shape) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  TRY(l2l_tensor_check(__func__, "t", t));
+  TRY(tensor_check(__func__, "t", t));
   int64_t numel;
   TRY(check_shape(__func__, ndim, shape, &numel));
   if (numel != t->numel)
@@ -200,19 +200,19 @@ l2l_status l2l_tensor_reshape(l2l_tensor **out, const l2l_tensor *t, int ndim,
   return make_view(out, t, ndim, shape, numel, t->offset);
 }
 
-int l2l_tensor_ndim(const l2l_tensor *t) { return l2l_tensor_ok(t) ? t->ndim : -1; }
+int l2l_tensor_ndim(const l2l_tensor *t) { return tensor_ok(t) ? t->ndim : -1; }
 
 int64_t l2l_tensor_dim(const l2l_tensor *t, int axis) {
-  if (!l2l_tensor_ok(t) || axis < 0 || axis >= t->ndim) return -1;
+  if (!tensor_ok(t) || axis < 0 || axis >= t->ndim) return -1;
   return t->shape[axis];
 }
 
-int64_t l2l_tensor_numel(const l2l_tensor *t) { return l2l_tensor_ok(t) ? t->numel : -1; }
-int l2l_tensor_dtype(const l2l_tensor *t) { return l2l_tensor_ok(t) ? (int)t->dtype : -1; }
-int l2l_tensor_pool(const l2l_tensor *t) { return l2l_tensor_ok(t) ? (int)t->storage->pool : -1; }
-void *l2l_tensor_data(const l2l_tensor *t) { return l2l_tensor_ok(t) ? l2l_tensor_ptr(t) : NULL; }
-int64_t l2l_tensor_offset(const l2l_tensor *t) { return l2l_tensor_ok(t) ? t->offset : -1; }
+int64_t l2l_tensor_numel(const l2l_tensor *t) { return tensor_ok(t) ? t->numel : -1; }
+int l2l_tensor_dtype(const l2l_tensor *t) { return tensor_ok(t) ? (int)t->dtype : -1; }
+int l2l_tensor_pool(const l2l_tensor *t) { return tensor_ok(t) ? (int)t->storage->pool : -1; }
+void *l2l_tensor_data(const l2l_tensor *t) { return tensor_ok(t) ? tensor_ptr(t) : NULL; }
+int64_t l2l_tensor_offset(const l2l_tensor *t) { return tensor_ok(t) ? t->offset : -1; }
 
 int l2l_tensor_storage_refs(const l2l_tensor *t) {
-  return l2l_tensor_ok(t) ? atomic_load(&t->storage->refs) : -1;
+  return tensor_ok(t) ? atomic_load(&t->storage->refs) : -1;
 }

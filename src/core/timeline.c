@@ -10,19 +10,19 @@
 
 #include "core.h"
 
-void l2l_timeline_init(struct l2l_timeline *t) {
+void timeline_init(struct core_timeline *t) {
   memset(t, 0, sizeof *t);
   pthread_mutex_init(&t->lock, NULL);
-  t->origin = l2l_now();
+  t->origin = core_now();
 }
 
-void l2l_timeline_free(struct l2l_timeline *t) {
+void timeline_free(struct core_timeline *t) {
   pthread_mutex_destroy(&t->lock);
   free(t->events);
   t->events = NULL;
 }
 
-void l2l_timeline_reset(struct l2l_timeline *t) {
+void timeline_reset(struct core_timeline *t) {
   pthread_mutex_lock(&t->lock);
   t->count = 0;
   memset(t->phase_seconds, 0, sizeof t->phase_seconds);
@@ -30,7 +30,7 @@ void l2l_timeline_reset(struct l2l_timeline *t) {
   pthread_mutex_unlock(&t->lock);
 }
 
-void l2l_timeline_add(struct l2l_timeline *t, int layer, int micro_batch, int phase, int thread,
+void timeline_add(struct core_timeline *t, int layer, int micro_batch, int phase, int thread,
                       double start, double end) {
   pthread_mutex_lock(&t->lock);
   if (phase >= 0 && phase < L2L_TIMELINE_PHASES) t->phase_seconds[phase] += end - start;

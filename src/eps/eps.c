@@ -18,33 +18,33 @@
 
 /* ---------------------------------------------------------------- records */
 
-l2l_status l2l_eps_init(struct l2l_eps *eps, const struct l2l_eps_settings *settings) {
+l2l_status eps_init(struct eps *eps, const struct eps_settings *settings) {
   memset(eps, 0, sizeof *eps);
   eps->optimizer = *settings->optimizer;
   eps->seed = settings->seed;
-  eps->optim = l2l_optimizer_ops(eps->optimizer.kind);
+  eps->optim = optimizer_ops(eps->optimizer.kind);
   eps->precision = settings->precision;
   eps->timeline = settings->timeline;
   eps->host_budget = settings->host_budget;
   pthread_mutex_init(&eps->lock, NULL);
   pthread_cond_init(&eps->changed, NULL);
-  l2l_status status = l2l_queue_start(&eps->workers, settings->threads, 3, "optimizer");
+  l2l_status status = queue_start(&eps->workers, settings->threads, 3, "optimizer");
   if (status != L2L_OK) {
     pthread_mutex_destroy(&eps->lock);
     pthread_cond_destroy(&eps->changed);
     return status;
   }
-  if (settings->dist_lane >= 0) status = l2l_eps_dist_start(eps, settings->dist_lane);
+  if (settings->dist_lane >= 0) status = eps_dist_start(eps, settings->dist_lane);
   if (status == L2L_OK && settings->spill_dir != NULL)
-    status = l2l_eps_spill_state(eps, settings->spill_dir);
-  if (status != L2L_OK) l2l_eps_free(eps);
+    status = eps_spill_state(eps, settings->spill_dir);
+  if (status != L2L_OK) eps_free(eps);
   return status;
 }
 
 static void record_free(struct eps_record *rec) {
   if (rec->eps->gathered_last == rec) rec->eps->gathered_last = NULL;
   struct eps_spill *spill = rec->eps->spill;
-  for (int a = 0; spill && rec->spill_reserved && a < l2l_optim_state_count(&rec->eps->optimizer); a++)
+  for (int a = 0; spill && rec->spill_reserved && a < optim_state_count(&rec->eps->optimizer); a++)
     eps_spill_release(spill, rec->spill_at[a], eps_array_bytes(rec));
   if (spill) eps_ahead_drop(rec->eps, rec);
   l2l_tensor_free(rec->staging);
@@ -59,9 +59,9 @@ static void record_free(struct eps_record *rec) {
   free(rec);
 }
 
-void l2l_eps_free(struct l2l_eps *eps) {
-  if (eps->dist) l2l_eps_sync(eps);   /* no exchange may still name a record */
-  l2l_queue_stop(&eps->workers);
+void eps_free(struct eps *eps) {
+  if (eps->dist) eps_sync(eps);   /* no exchange may still name a record */
+  queue_stop(&eps->workers);
   eps_dist_free(eps);
   struct eps_spill *spill = eps->spill;
   if (spill) {
@@ -79,14 +79,14 @@ void l2l_eps_free(struct l2l_eps *eps) {
   pthread_cond_destroy(&eps->changed);
 }
 
-struct eps_record *l2l_eps_find(const struct l2l_eps *eps, const l2l_param *param) {
+struct eps_record *eps_find(const struct eps *eps, const l2l_param *param) {
   for (int i = 0; i < eps->count; i++)
     if (eps->records[i]->param == param) return eps->records[i];
   return NULL;
 }
 
 /* A new record of a source, with no optimizer state (a failure frees what it made). */
-static l2l_status record_new(struct l2l_eps *eps, const struct eps_record_source *source,
+static l2l_status record_new(struct eps *eps, const struct eps_record_source *source,
                              struct eps_record **out) {
   struct eps_record *rec = calloc(1, sizeof *rec);
   if (rec == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for an EPS record");
@@ -103,7 +103,7 @@ static l2l_status record_new(struct l2l_eps *eps, const struct eps_record_source
   /* a bf16 master is itself what the device reads */
   if (status == L2L_OK && eps->precision != L2L_F32 && source->low_precision &&
       l2l_tensor_dtype(rec->master) == L2L_F32)
-    status = l2l_tensor_new_like(&rec->staging, L2L_POOL_PINNED, eps->precision, rec->master);
+    status = tensor_new_like(&rec->staging, L2L_POOL_PINNED, eps->precision, rec->master);
   if (status != L2L_OK) {
     record_free(rec);
     return status;
@@ -125,7 +125,7 @@ static struct eps_record *sorted_find(struct eps_record **sorted, int n, const l
   return at ? *at : NULL;
 }
 
-l2l_status l2l_eps_set_records(struct l2l_eps *eps, const struct eps_record_source *sources,
+l2l_status eps_set_records(struct eps *eps, const struct eps_record_source *sources,
                                int n, int *failed) {
   *failed = -1;
   if (n < 0 || (n > 0 && sources == NULL))
@@ -189,32 +189,32 @@ l2l_status l2l_eps_set_records(struct l2l_eps *eps, const struct eps_record_sour
   return L2L_OK;
 }
 
-uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps) {
+uint64_t eps_host_bytes(const struct eps *eps) {
   uint64_t bytes = 0;
   for (int i = 0; i < eps->count; i++) {
     const struct eps_record *rec = eps->records[i];
-    uint64_t shard = l2l_pool_accounted((uint64_t)rec->shard_n * sizeof(float));
+    uint64_t shard = pool_accounted((uint64_t)rec->shard_n * sizeof(float));
     /* the optimizer state is the shard's, in its precision; the reduced gradient counts
        once made */
     uint64_t arrays = (rec->state[0] != NULL) + (rec->state[1] != NULL);
-    struct l2l_host_record b = eps_record_bytes(eps, rec);
-    bytes += b.fixed + (rec->grad_away ? 0 : b.grad) + l2l_pool_accounted(eps_array_bytes(rec)) * arrays;
+    struct host_record b = eps_record_bytes(eps, rec);
+    bytes += b.fixed + (rec->grad_away ? 0 : b.grad) + pool_accounted(eps_array_bytes(rec)) * arrays;
     if (eps->dist != NULL && rec->shard_grad == NULL) bytes -= shard;
   }
   return bytes;
 }
 
-const l2l_tensor *l2l_eps_device_source(const struct eps_record *rec) {
+const l2l_tensor *eps_device_source(const struct eps_record *rec) {
   return rec->staging ? rec->staging : rec->master;
 }
-l2l_param *l2l_eps_param(const struct eps_record *rec) { return rec->param; }
-int64_t l2l_eps_updates(const struct eps_record *rec) { return rec->updates; }
+l2l_param *eps_param(const struct eps_record *rec) { return rec->param; }
+int64_t eps_updates(const struct eps_record *rec) { return rec->updates; }
 
 void eps_set_stream(struct eps_record *rec, uint64_t stream) { rec->stream = stream; }
 
 /* ---------------------------------------------------------------- a step */
 
-void eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr) {
+void eps_begin_step(struct eps *eps, bool update, bool defer, double lr) {
   pthread_mutex_lock(&eps->lock);
   eps->defer = defer;
   eps->lr = lr;
@@ -232,22 +232,22 @@ void eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr) {
   pthread_mutex_unlock(&eps->lock);
 }
 
-void eps_expect(struct l2l_eps *eps, struct eps_record *rec) {
+void eps_expect(struct eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   if (rec->expected++ == 0) rec->first_expect = eps->expects;
   eps->expects++;
   pthread_mutex_unlock(&eps->lock);
 }
 
-void eps_hold(struct l2l_eps *eps, struct eps_record *rec) {
+void eps_hold(struct eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   if (rec->expected > 0) rec->expected++, rec->holds++;
   pthread_mutex_unlock(&eps->lock);
 }
 
-l2l_status eps_prepare(struct l2l_eps *eps) {
+l2l_status eps_prepare(struct eps *eps) {
   TRY(eps_host_plan(eps));
-  int arrays = l2l_optim_state_count(&eps->optimizer);
+  int arrays = optim_state_count(&eps->optimizer);
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     if (!rec->update_due || rec->expected == 0) continue;
@@ -265,45 +265,45 @@ l2l_status eps_prepare(struct l2l_eps *eps) {
   return L2L_OK;
 }
 
-void eps_order_exchanges(struct l2l_eps *eps) {
+void eps_order_exchanges(struct eps *eps) {
   if (eps->dist) eps_exchange_order(eps);
 }
 
 
-float l2l_eps_clip_scale(const l2l_tensor *const *grads, int n, float clip) {
+float eps_clip_scale(const l2l_tensor *const *grads, int n, float clip) {
   if (!(clip > 0)) return 1.0f;
   double sumsq = 0;
-  for (int i = 0; i < n; i++) sumsq += l2l_optim_tensor_sumsq(grads[i]);
+  for (int i = 0; i < n; i++) sumsq += optim_tensor_sumsq(grads[i]);
   double norm = sqrt(sumsq);
   return norm > clip ? (float)(clip / norm) : 1.0f;
 }
 
 /* One gradient arrival; freed by the worker. */
 struct absorb_job {
-  struct l2l_job job;
-  struct l2l_eps *eps;
+  struct core_job job;
+  struct eps *eps;
   struct eps_record *rec;
   l2l_tensor *incoming;
   float scale;
   int layer;
 };
 
-static void absorb_release(struct l2l_job *job) { free(job); }
+static void absorb_release(struct core_job *job) { free(job); }
 
-static void counted(struct l2l_eps *eps, struct eps_record *rec, bool finite, int layer);
+static void counted(struct eps *eps, struct eps_record *rec, bool finite, int layer);
 
 /* Adds scale * incoming (f32, or a 16-bit gradient widened) into rec's accumulator
    (drain: and zeroes an f32 incoming in the same pass), then counts the arrival. */
-static void absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incoming,
+static void absorb(struct eps *eps, struct eps_record *rec, l2l_tensor *incoming,
                    bool drain, float scale, int layer) {
   int64_t n = l2l_tensor_numel(rec->grad);
   float *g = l2l_tensor_data(rec->grad);
   l2l_dtype dtype = (l2l_dtype)l2l_tensor_dtype(incoming);
   bool finite;
   pthread_mutex_lock(&rec->absorb_lock);
-  if (dtype != L2L_F32) finite = l2l_optim_axpy_half(g, l2l_tensor_data(incoming), dtype, scale, n);
-  else if (drain) finite = l2l_optim_axpy_drain(g, l2l_tensor_data(incoming), scale, n);
-  else finite = l2l_optim_axpy(g, l2l_tensor_data(incoming), scale, n);
+  if (dtype != L2L_F32) finite = optim_axpy_half(g, l2l_tensor_data(incoming), dtype, scale, n);
+  else if (drain) finite = optim_axpy_drain(g, l2l_tensor_data(incoming), scale, n);
+  else finite = optim_axpy(g, l2l_tensor_data(incoming), scale, n);
   pthread_mutex_unlock(&rec->absorb_lock);
 
   counted(eps, rec, finite, layer);
@@ -311,7 +311,7 @@ static void absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *inco
 
 /* One arrival counted (a gradient added, or a hold released); the one that completes the
    record starts its update (or leaves its norm for global clipping). */
-static void counted(struct l2l_eps *eps, struct eps_record *rec, bool finite, int layer) {
+static void counted(struct eps *eps, struct eps_record *rec, bool finite, int layer) {
   int64_t n = l2l_tensor_numel(rec->grad);
   float *g = l2l_tensor_data(rec->grad);
   /* Counted under the lock right after this arrival's add, so the one arrival that
@@ -338,7 +338,7 @@ static void counted(struct l2l_eps *eps, struct eps_record *rec, bool finite, in
   }
   pthread_mutex_unlock(&eps->lock);
   float most = 0;
-  double sumsq = complete && defer && !exchange ? l2l_optim_sumsq_most(g, n, &most) : 0;
+  double sumsq = complete && defer && !exchange ? optim_sumsq_most(g, n, &most) : 0;
   if (exchange) eps_update_exchange(eps, rec);
   else if (skip) eps_grad_clear(eps, rec, false);
   else if (complete && !defer) eps_start_update(eps, rec, 1.0f);
@@ -352,7 +352,7 @@ static void counted(struct l2l_eps *eps, struct eps_record *rec, bool finite, in
   pthread_mutex_unlock(&eps->lock);
 }
 
-static void absorb_run(struct l2l_job *job, int thread) {
+static void absorb_run(struct core_job *job, int thread) {
   (void)thread;
   struct absorb_job *aj = (struct absorb_job *)job;
   absorb(aj->eps, aj->rec, aj->incoming, false, aj->scale, aj->layer);
@@ -364,7 +364,7 @@ static void absorb_run(struct l2l_job *job, int thread) {
    only for updates already under way: each passing accumulator in memory has had its one
    arrival, so its update runs and clears it without another (called on the relay's
    threads, never a worker's). */
-static void grad_arrives(struct l2l_eps *eps, struct eps_record *rec) {
+static void grad_arrives(struct eps *eps, struct eps_record *rec) {
   if (eps->spill == NULL) return;
   uint64_t bytes = eps_record_bytes(eps, rec).grad;
   pthread_mutex_lock(&eps->lock);
@@ -382,13 +382,13 @@ static void grad_arrives(struct l2l_eps *eps, struct eps_record *rec) {
   pthread_mutex_unlock(&eps->lock);
 }
 
-static void arrival_begins(struct l2l_eps *eps) {
+static void arrival_begins(struct eps *eps) {
   pthread_mutex_lock(&eps->lock);
   eps->arrivals_in_flight++;
   pthread_mutex_unlock(&eps->lock);
 }
 
-static void eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *incoming,
+static void eps_give(struct eps *eps, struct eps_record *rec, l2l_tensor *incoming,
                      float scale, int layer) {
   grad_arrives(eps, rec);
   arrival_begins(eps);
@@ -403,23 +403,23 @@ static void eps_give(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *in
   aj->job.run = absorb_run;
   aj->job.free_when_done = true;
   aj->job.release = absorb_release;
-  l2l_queue_push(&eps->workers, &aj->job);
+  queue_push(&eps->workers, &aj->job);
 }
 
-static void eps_absorb(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *grad,
+static void eps_absorb(struct eps *eps, struct eps_record *rec, l2l_tensor *grad,
                        float scale, int layer) {
   grad_arrives(eps, rec);
   arrival_begins(eps);
   absorb(eps, rec, grad, true, scale, layer);
 }
 
-void l2l_eps_give_gradient(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *grad,
+void eps_give_gradient(struct eps *eps, struct eps_record *rec, l2l_tensor *grad,
                            bool kept, float scale, int layer) {
   if (kept) eps_absorb(eps, rec, grad, scale, layer);
   else eps_give(eps, rec, grad, scale, layer);
 }
 
-void l2l_eps_release(struct l2l_eps *eps, struct eps_record *rec, int layer) {
+void eps_release(struct eps *eps, struct eps_record *rec, int layer) {
   pthread_mutex_lock(&eps->lock);
   bool held = rec->holds > 0;
   if (held) rec->holds--, eps->arrivals_in_flight++;
@@ -427,13 +427,13 @@ void l2l_eps_release(struct l2l_eps *eps, struct eps_record *rec, int layer) {
   if (held) counted(eps, rec, true, layer);
 }
 
-void l2l_eps_wait_record(struct l2l_eps *eps, struct eps_record *rec) {
+void eps_wait_record(struct eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   while (rec->pending) pthread_cond_wait(&eps->changed, &eps->lock);
   pthread_mutex_unlock(&eps->lock);
 }
 
-int64_t l2l_eps_settled_updates(struct l2l_eps *eps, struct eps_record *rec) {
+int64_t eps_settled_updates(struct eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   int64_t updates = rec->pending ? -1 : rec->updates;
   pthread_mutex_unlock(&eps->lock);
@@ -445,8 +445,8 @@ static bool due(const struct eps_record *rec) {
   return rec->update_due && rec->expected > 0 && rec->arrived == rec->expected;
 }
 
-void eps_abandon_step(struct l2l_eps *eps) {
-  l2l_eps_wait_arrivals(eps);
+void eps_abandon_step(struct eps *eps) {
+  eps_wait_arrivals(eps);
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     if (rec->arrived > 0 && rec->arrived < rec->expected) {
@@ -458,10 +458,10 @@ void eps_abandon_step(struct l2l_eps *eps) {
   }
 }
 
-bool l2l_eps_step_release(struct l2l_eps *eps, float clip, double unscale, double *norm) {
+bool eps_step_release(struct eps *eps, float clip, double unscale, double *norm) {
   double sumsq = 0;
-  l2l_eps_wait_arrivals(eps);
-  if (eps->dist) l2l_eps_wait_agreed(eps);   /* every record's norm summed over ranks */
+  eps_wait_arrivals(eps);
+  if (eps->dist) eps_wait_agreed(eps);   /* every record's norm summed over ranks */
   for (int i = 0; i < eps->count; i++)
     if (due(eps->records[i])) sumsq += eps->records[i]->sumsq;
   *norm = sqrt(sumsq) * unscale;
@@ -500,9 +500,9 @@ bool l2l_eps_step_release(struct l2l_eps *eps, float clip, double unscale, doubl
   return finite;
 }
 
-int eps_nonfinite_skips(struct l2l_eps *eps, const char **name, int *layer) {
-  l2l_eps_wait_arrivals(eps);   /* the last arrival's add decides its record */
-  if (eps->dist) l2l_eps_wait_agreed(eps);   /* with ranks, the summed gradient does */
+int eps_nonfinite_skips(struct eps *eps, const char **name, int *layer) {
+  eps_wait_arrivals(eps);   /* the last arrival's add decides its record */
+  if (eps->dist) eps_wait_agreed(eps);   /* with ranks, the summed gradient does */
   pthread_mutex_lock(&eps->lock);
   int skips = eps->nonfinite_skips;
   *name = eps->nonfinite_name;
@@ -511,13 +511,13 @@ int eps_nonfinite_skips(struct l2l_eps *eps, const char **name, int *layer) {
   return skips;
 }
 
-void l2l_eps_wait_arrivals(struct l2l_eps *eps) {
+void eps_wait_arrivals(struct eps *eps) {
   pthread_mutex_lock(&eps->lock);
   while (eps->arrivals_in_flight > 0) pthread_cond_wait(&eps->changed, &eps->lock);
   pthread_mutex_unlock(&eps->lock);
 }
 
-void l2l_eps_wait_agreed(struct l2l_eps *eps) {
+void eps_wait_agreed(struct eps *eps) {
   pthread_mutex_lock(&eps->lock);
   for (int i = 0; i < eps->count; i++)
     while (due(eps->records[i]) && !eps->records[i]->agreed)
@@ -525,12 +525,12 @@ void l2l_eps_wait_agreed(struct l2l_eps *eps) {
   pthread_mutex_unlock(&eps->lock);
 }
 
-void l2l_eps_sync(struct l2l_eps *eps) {
+void eps_sync(struct eps *eps) {
   /* With ranks a record stays pending through its exchange, between worker jobs. */
   pthread_mutex_lock(&eps->lock);
   for (int i = 0; eps->dist && i < eps->count; i++)
     while (eps->records[i]->pending) pthread_cond_wait(&eps->changed, &eps->lock);
   pthread_mutex_unlock(&eps->lock);
-  l2l_queue_drain(&eps->workers);
+  queue_drain(&eps->workers);
   if (eps->spill) eps_ahead_drop_all(eps);   /* reads no update took (skipped updates) */
 }

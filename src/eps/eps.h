@@ -37,7 +37,7 @@
    in l2l.h ("optimizers"). The kernels never allocate, take locks, or read anything
    beyond the n elements they are given. */
 /* One update's hyper-parameters, resolved by the EPS for one record. */
-struct l2l_optim_hyper {
+struct optim_hyper {
   l2l_optimizer_kind kind;
   float lr;              /* after the schedule */
   float weight_decay;    /* 0 for a record that does not decay */
@@ -50,12 +50,12 @@ struct l2l_optim_hyper {
 };
 
 /* One chunk of one wave of a record's update: the arrays from `begin`, n elements. */
-struct l2l_optim_chunk {
+struct optim_chunk {
   float *p;                    /* the master */
   float *state[2];             /* the optimizer state arrays (NULL beyond its count) */
   const float *grad;
   int64_t n;
-  const struct l2l_optim_hyper *h;
+  const struct optim_hyper *h;
   int wave;                    /* 0 .. waves - 1 */
   double *sums;                /* a first wave adds its whole-record sums here (two) */
   const double *record_sums;   /* a later wave reads the sums of every chunk (two) */
@@ -63,7 +63,7 @@ struct l2l_optim_chunk {
 
 /* An optimizer: one entry of the table in optim.c. Adding one is its kernels, an entry
    there, its kind in l2l.h and its constructor in lua/l2l/optim.lua. */
-struct l2l_optimizer_ops {
+struct optimizer_ops {
   const char *name;
   /* Passes over a record: 1, or 2 when the update needs whole-record sums between them
      (LAMB's trust ratio). The EPS starts a wave once every chunk of the last is done. */
@@ -76,33 +76,33 @@ struct l2l_optimizer_ops {
   int second_moment;
   /* The config's fields of this kind (the shared ones are checked before). */
   l2l_status (*check)(const l2l_optimizer_config *config);
-  void (*chunk)(const struct l2l_optim_chunk *chunk);
+  void (*chunk)(const struct optim_chunk *chunk);
 };
 /* The table's entry for a kind, or NULL for an unknown kind. */
-const struct l2l_optimizer_ops *l2l_optimizer_ops(l2l_optimizer_kind kind);
+const struct optimizer_ops *optimizer_ops(l2l_optimizer_kind kind);
 
 /* Config checks: L2L_ERR_INVALID naming the field and its value, or L2L_OK. */
-l2l_status l2l_optimizer_check(const l2l_optimizer_config *config);
-l2l_status l2l_schedule_check(const l2l_schedule_config *schedule);
+l2l_status optimizer_check(const l2l_optimizer_config *config);
+l2l_status schedule_check(const l2l_schedule_config *schedule);
 /* State arrays per record (the table's state_count): SGD 1 when momentum > 0 else 0;
    AdamW and LAMB 2; -1 for an unchecked config of an unknown kind. */
-int l2l_optim_state_count(const l2l_optimizer_config *config);
+int optim_state_count(const l2l_optimizer_config *config);
 
 /* SGD on n elements; buf is NULL when momentum = 0 (state arrays start at zero). */
-void l2l_optim_sgd(float *p, float *buf, const float *grad, int64_t n,
-                   const struct l2l_optim_hyper *h);
+void optim_sgd(float *p, float *buf, const float *grad, int64_t n,
+                   const struct optim_hyper *h);
 /* AdamW on n elements (backend.h's AdamW arithmetic, which l2l_adamw_update also runs). */
-void l2l_optim_adamw(float *p, float *m, float *v, const float *grad, int64_t n,
-                     const struct l2l_optim_hyper *h);
+void optim_adamw(float *p, float *m, float *v, const float *grad, int64_t n,
+                     const struct optim_hyper *h);
 /* LAMB in two passes, because its trust ratio needs whole-record norms: moments updates
    m and v of n elements and adds sum p^2 and sum r^2 of them into norms[0] and norms[1];
    apply (after every chunk's moments) does p -= lr * trust * r, r recomputed from m, v, p. */
-void l2l_optim_lamb_moments(float *m, float *v, const float *p, const float *grad, int64_t n,
-                            const struct l2l_optim_hyper *h, double norms[2]);
-void l2l_optim_lamb_apply(float *p, const float *m, const float *v, int64_t n,
-                          const struct l2l_optim_hyper *h, float trust);
+void optim_lamb_moments(float *m, float *v, const float *p, const float *grad, int64_t n,
+                            const struct optim_hyper *h, double norms[2]);
+void optim_lamb_apply(float *p, const float *m, const float *v, int64_t n,
+                          const struct optim_hyper *h, float trust);
 /* The trust ratio from the summed norms: |p| / |r|, 1 when either is 0. */
-float l2l_optim_lamb_trust(const double norms[2]);
+float optim_lamb_trust(const double norms[2]);
 
 /* The gradient an update takes: an element of magnitude EPS_GRAD_LIMIT (2^63) or more, as
    the update applies it (unscaled and clipped), counts as non-finite, as an inf or a NaN
@@ -116,20 +116,20 @@ float l2l_optim_lamb_trust(const double norms[2]);
 #define EPS_GRAD_OVER 0x1p65f
 
 /* sum x^2 in double (gradient norms for clipping). */
-double l2l_optim_sumsq(const float *x, int64_t n);
+double optim_sumsq(const float *x, int64_t n);
 /* The same, and the largest |x| into *most (a NaN aside) in the same pass. */
-double l2l_optim_sumsq_most(const float *x, int64_t n, float *most);
+double optim_sumsq_most(const float *x, int64_t n, float *most);
 /* The same over a gradient tensor the host can read: f32, or 16-bit widened exactly. */
-double l2l_optim_tensor_sumsq(const l2l_tensor *grad);
+double optim_tensor_sumsq(const l2l_tensor *grad);
 /* dst += scale * src (absorbing a gradient into the accumulator); returns whether every
    sum is finite and below EPS_GRAD_LIMIT in magnitude (what an eager update takes). */
-bool l2l_optim_axpy(float *dst, const float *src, float scale, int64_t n);
+bool optim_axpy(float *dst, const float *src, float scale, int64_t n);
 /* The same, and src := 0 in the same pass (a gradient slot emptied for its next use). */
-bool l2l_optim_axpy_drain(float *dst, float *src, float scale, int64_t n);
+bool optim_axpy_drain(float *dst, float *src, float scale, int64_t n);
 /* sum x^2 and dst += scale * x for x a 16-bit gradient (dtype bf16 or f16), widened
-   exactly to f32 first (the axpy returns as l2l_optim_axpy does). */
-double l2l_optim_sumsq_half(const uint16_t *x, l2l_dtype dtype, int64_t n);
-bool l2l_optim_axpy_half(float *dst, const uint16_t *src, l2l_dtype dtype, float scale,
+   exactly to f32 first (the axpy returns as optim_axpy does). */
+double optim_sumsq_half(const uint16_t *x, l2l_dtype dtype, int64_t n);
+bool optim_axpy_half(float *dst, const uint16_t *src, l2l_dtype dtype, float scale,
                          int64_t n);
 
 /* ---------------------------------------------------------------- compact state (quant.c) */
@@ -137,7 +137,7 @@ bool l2l_optim_axpy_half(float *dst, const uint16_t *src, l2l_dtype dtype, float
 /* The two 8-bit codes (l2l.h, "optimizers"): a momentum's signed one, and the unsigned
    one of a second moment's square root. */
 enum eps_code { EPS_CODE_SIGNED, EPS_CODE_ROOT };
-static inline enum eps_code eps_state_code(const struct l2l_optimizer_ops *optim, int array) {
+static inline enum eps_code eps_state_code(const struct optimizer_ops *optim, int array) {
   return array == optim->second_moment ? EPS_CODE_ROOT : EPS_CODE_SIGNED;
 }
 /* The value of each code byte (times a block's scale; a root code's squared too). */
@@ -164,7 +164,7 @@ struct eps_compact {
   uint64_t seed, stream, first_draw;   /* a bf16 master's stochastic rounding: element i of
                                           the chunk takes Philox draw first_draw + i */
 };
-void eps_compact_chunk(const struct l2l_optimizer_ops *optim, const struct l2l_optim_chunk *chunk,
+void eps_compact_chunk(const struct optimizer_ops *optim, const struct optim_chunk *chunk,
                        const struct eps_compact *compact, int64_t begin);
 /* x rounded to bf16 stochastically by the low 16 bits of r: up (in magnitude) with
    probability the fraction of a bf16 ulp x lies past the value below, so the rounding is
@@ -181,18 +181,18 @@ static inline uint16_t eps_bf16_stochastic(float x, uint32_t r) {
    accessors below. */
 struct eps_record;
 
-struct l2l_eps {
+struct eps {
   l2l_optimizer_config optimizer;
   uint64_t seed;               /* of a bf16 master's stochastic rounding */
-  const struct l2l_optimizer_ops *optim;   /* the optimizer's entry of the table */
+  const struct optimizer_ops *optim;   /* the optimizer's entry of the table */
   l2l_dtype precision;         /* the device's: f32, or f16 / bf16 for staging copies */
-  struct eps_record **records;   /* the relay's listing's order (l2l_eps_set_records) */
+  struct eps_record **records;   /* the relay's listing's order (eps_set_records) */
   int count;
-  struct l2l_queue workers;
-  struct l2l_timeline *timeline;
+  struct core_queue workers;
+  struct core_timeline *timeline;
   pthread_mutex_t lock;
   pthread_cond_t changed;
-  bool defer;                  /* global clipping: updates wait for l2l_eps_step_release */
+  bool defer;                  /* global clipping: updates wait for eps_step_release */
   int arrivals_in_flight;      /* gradients given and not yet added */
   double lr;
   /* This step's records whose accumulated gradient held an inf or NaN: their updates
@@ -228,7 +228,7 @@ struct l2l_eps {
   int64_t reads_late;          /* records whose state was read at their update, not ahead */
   /* With a spill file and a budget that cannot hold every accumulator, they pass: zero
      between updates, an accumulator's pages are given back whenever it is cleared
-     (grad_away); a passing one (core's l2l_host_grad_passes) comes back at its arrival,
+     (grad_away); a passing one (core's host_grad_passes) comes back at its arrival,
      within grad_limit bytes of passing accumulators in memory at once (grad_bytes; an
      arrival with no room waits for an update to clear one: grad_waits counts them).
      Under the lock. */
@@ -242,23 +242,23 @@ struct l2l_eps {
 };
 
 /* What an EPS is made with: the relay's settings of it. */
-struct l2l_eps_settings {
+struct eps_settings {
   const l2l_optimizer_config *optimizer;   /* checked already */
   l2l_dtype precision;         /* the device's */
   int threads;                 /* the workers' */
   uint64_t seed;               /* a bf16 master's stochastic rounding draws from it */
-  struct l2l_timeline *timeline;
-  int dist_lane;               /* >= 0: data parallel over the process's MPI (l2l_dist_start
-                                  first; l2l_eps_dist_start), the exchanges on this lane of
+  struct core_timeline *timeline;
+  int dist_lane;               /* >= 0: data parallel over the process's MPI (dist_start
+                                  first; eps_dist_start), the exchanges on this lane of
                                   the timeline; -1: one process */
-  uint64_t host_budget;        /* l2l_eps_set_host_budget's, 0: none */
-  const char *spill_dir;       /* the optimizer state spills there (l2l_eps_spill_state),
+  uint64_t host_budget;        /* eps_set_host_budget's, 0: none */
+  const char *spill_dir;       /* the optimizer state spills there (eps_spill_state),
                                   NULL: host memory */
 };
 /* An EPS with no records; a failure leaves nothing to free (collective with ranks). */
-l2l_status l2l_eps_init(struct l2l_eps *eps, const struct l2l_eps_settings *settings);
-void l2l_eps_free(struct l2l_eps *eps);
-struct eps_record *l2l_eps_find(const struct l2l_eps *eps, const l2l_param *param);
+l2l_status eps_init(struct eps *eps, const struct eps_settings *settings);
+void eps_free(struct eps *eps);
+struct eps_record *eps_find(const struct eps *eps, const l2l_param *param);
 /* What the EPS keeps of a parameter, read from it by the caller (the relay): the EPS
    never calls into the layers part. `param` is the record's key; `name` is borrowed and
    lives as long as the parameter; master and grad are its f32 host tensors. */
@@ -271,7 +271,7 @@ struct eps_record_source {
   uint64_t stream;      /* a bf16 master's draws for stochastic rounding: the record's own */
   int users;            /* the relay's layers that hold it (>= 1) */
 };
-/* Between steps (after l2l_eps_sync): the EPS's records become those listed, in that
+/* Between steps (after eps_sync): the EPS's records become those listed, in that
    order: the relay's model as layers_records lists it (src/layers/records.c: each record
    once, at its first user, layer by layer; the one rule the planner and the checkpoint
    use too), so the EPS keeps no rule of its own for which parameters are records. A
@@ -281,21 +281,21 @@ struct eps_record_source {
    bits); one no longer listed leaves, its state freed. A failure (no memory, a shard
    beyond MPI's counts, a record listed twice) changes nothing; *failed is then the index
    of the source it came from (-1: none). */
-l2l_status l2l_eps_set_records(struct l2l_eps *eps, const struct eps_record_source *sources,
+l2l_status eps_set_records(struct eps *eps, const struct eps_record_source *sources,
                                int n, int *failed);
-uint64_t l2l_eps_host_bytes(const struct l2l_eps *eps);
+uint64_t eps_host_bytes(const struct eps *eps);
 
 /* What the device copies of a record: its staging copy in device precision, or the f32
    master itself (whose shape every copy has). */
-const l2l_tensor *l2l_eps_device_source(const struct eps_record *rec);
-l2l_param *l2l_eps_param(const struct eps_record *rec);
-/* The record's updates so far; call between steps (after l2l_eps_sync). */
-int64_t l2l_eps_updates(const struct eps_record *rec);
+const l2l_tensor *eps_device_source(const struct eps_record *rec);
+l2l_param *eps_param(const struct eps_record *rec);
+/* The record's updates so far; call between steps (after eps_sync). */
+int64_t eps_updates(const struct eps_record *rec);
 /* A checkpoint's state for rec: `updates` so far and the optimizer's state arrays
    (NULL beyond the optimizer's count, and all NULL for updates 0), checked against the
    record, then copied in whole before the old state is freed: a refusal changes
    nothing; its message names `func`, the public call. Between steps. */
-l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_record *rec,
+l2l_status eps_restore(const char *func, struct eps *eps, struct eps_record *rec,
                            int64_t updates, const l2l_tensor *first, const l2l_tensor *second);
 /* A checkpoint's load: the record's stream of stochastic rounding draws (a bf16 master's:
    eps_record_source's), from the rng id its layer gets back. Between steps. */
@@ -304,21 +304,21 @@ void eps_set_stream(struct eps_record *rec, uint64_t stream);
 /* ---------------------------------------------------------------- a step (step.c)
 
    The relay drives a training step of the EPS through five calls, in this order:
-     l2l_eps_step_begin      before the first visit: which records expect gradients
-     l2l_eps_step_agreed     once every rank has begun the step alike (one process: at once)
-     l2l_eps_give_gradient   each visit's gradients, on the device-to-host thread
-     l2l_eps_step_release    with deferred updates, once every gradient has been given
-     l2l_eps_step_end        the outcome (or the step abandoned)
-   with, during the visits, l2l_eps_release (a frozen rebuild's read made),
-   l2l_eps_wait_record and l2l_eps_settled_updates (a copy to the device waits for its
-   record's update), l2l_eps_stage (16-bit staging copies); and before a step
-   l2l_eps_wait_arrivals and l2l_eps_io_status (the last step's arrivals counted, its
+     eps_step_begin      before the first visit: which records expect gradients
+     eps_step_agreed     once every rank has begun the step alike (one process: at once)
+     eps_give_gradient   each visit's gradients, on the device-to-host thread
+     eps_step_release    with deferred updates, once every gradient has been given
+     eps_step_end        the outcome (or the step abandoned)
+   with, during the visits, eps_release (a frozen rebuild's read made),
+   eps_wait_record and eps_settled_updates (a copy to the device waits for its
+   record's update), eps_stage (16-bit staging copies); and before a step
+   eps_wait_arrivals and eps_io_status (the last step's arrivals counted, its
    failures reported). Records join, leave and are restored between steps (above).
    Where a record's master and optimizer state live is its placement (record.h: the host
    today); a record placed on the device (a later issue) takes the same calls. */
-struct l2l_eps_step {
+struct eps_step {
   bool update;                 /* this step ends a minibatch accumulation: records update */
-  bool defer;                  /* updates wait for l2l_eps_step_release (global clipping,
+  bool defer;                  /* updates wait for eps_step_release (global clipping,
                                   loss scaling) */
   double lr;                   /* this step's learning rate, after the schedule */
   /* One entry per trainable visit of a record, from the lowest layer up and each layer's
@@ -329,7 +329,7 @@ struct l2l_eps_step {
   /* A record a frozen layer shares with a trainable one must not be updated before a later
      visit of the frozen layer this step (a rebuild) has read it, or the rebuild would not
      reproduce the forward: one entry per such read (nothing for a record no trainable user
-     expects); l2l_eps_release once the read's copy is made counts it like an arrival (and
+     expects); eps_release once the read's copy is made counts it like an arrival (and
      may start the update; a record without a hold left: nothing). */
   l2l_param *const *hold;
   int n_hold;
@@ -339,30 +339,30 @@ struct l2l_eps_step {
    host budget checked (with a spill file the first reads ahead queued), so that a failure
    comes before anything has changed (the step then undone). Every param named is a
    record. */
-l2l_status l2l_eps_step_begin(struct l2l_eps *eps, const struct l2l_eps_step *step);
+l2l_status eps_step_begin(struct eps *eps, const struct eps_step *step);
 /* After a step_begin that succeeded: `go`, every rank began the step (one process: true):
    with ranks the due records get their places on the exchange's streams; else the step is
    undone as a failed begin is. */
-void l2l_eps_step_agreed(struct l2l_eps *eps, bool go);
+void eps_step_agreed(struct eps *eps, bool go);
 /* A visit's gradient for rec, scale * grad added into its accumulator; its update starts
    once it is complete. kept = false: grad is pinned and owned by the EPS from here on (f32,
    or a 16-bit gradient the add widens), added on a worker (on the device-to-host thread).
    kept = true: added now on the calling thread from memory the host can read (a device
    tensor of the CPU backend), which the caller keeps: the add leaves an f32 grad zero,
    ready to accumulate the next visit's gradient (a 16-bit one is left as it was). */
-void l2l_eps_give_gradient(struct l2l_eps *eps, struct eps_record *rec, l2l_tensor *grad,
+void eps_give_gradient(struct eps *eps, struct eps_record *rec, l2l_tensor *grad,
                            bool kept, float scale, int layer);
-void l2l_eps_release(struct l2l_eps *eps, struct eps_record *rec, int layer);
+void eps_release(struct eps *eps, struct eps_record *rec, int layer);
 /* Deferred updates (global clipping, loss scaling): waits for every due record to be
    complete; *norm is the global norm of their gradients times unscale. If it is finite,
    every due update starts with its gradient scaled by unscale * min(1, clip / norm) (clip
    0: no clipping) and true is returned. If not (an inf or NaN anywhere: a loss-scaling
    overflow), nothing updates: every due accumulator is cleared, and false returned. */
-bool l2l_eps_step_release(struct l2l_eps *eps, float clip, double unscale, double *norm);
+bool eps_step_release(struct eps *eps, float clip, double unscale, double *norm);
 /* A step's outcome, once every gradient given has been added: the records skipped for a
    non-finite gradient (eager updates; deferred ones are skipped whole by
-   l2l_eps_step_release), and the first one's record name and layer. */
-struct l2l_eps_outcome {
+   eps_step_release), and the first one's record name and layer. */
+struct eps_outcome {
   int skips;
   const char *name;            /* NULL with no skip */
   int layer;                   /* -1 with no skip */
@@ -370,65 +370,65 @@ struct l2l_eps_outcome {
 /* ok: the step's outcome into *out. !ok (the step failed after gradients began to
    arrive; out may be NULL): accumulators that got part of this step's gradients are
    cleared (an update from a part would be wrong), nothing updates. */
-void l2l_eps_step_end(struct l2l_eps *eps, bool ok, struct l2l_eps_outcome *out);
+void eps_step_end(struct eps *eps, bool ok, struct eps_outcome *out);
 /* Per-layer clipping of a visit's gradients (host-readable, f32 or 16-bit): the scale
    that brings their joint norm down to clip, 1 when it is within (or clip is 0). */
-float l2l_eps_clip_scale(const l2l_tensor *const *grads, int n, float clip);
+float eps_clip_scale(const l2l_tensor *const *grads, int n, float clip);
 /* With a 16-bit precision, before a step's first copy to the device: every staging copy
    is rewritten from its master on the workers (after a pending update). The copies wait
    for it as for an update (eps_wait_record). */
-void l2l_eps_stage(struct l2l_eps *eps);
+void eps_stage(struct eps *eps);
 /* Waits until rec has no pending update or staging rewrite. */
-void l2l_eps_wait_record(struct l2l_eps *eps, struct eps_record *rec);
+void eps_wait_record(struct eps *eps, struct eps_record *rec);
 /* rec's update count when no update is pending or running, else -1: a copy of the
    master made at count c is still current while this returns c. */
-int64_t l2l_eps_settled_updates(struct l2l_eps *eps, struct eps_record *rec);
+int64_t eps_settled_updates(struct eps *eps, struct eps_record *rec);
 /* Data parallel (exchange.c): before any record joins, the EPS joins every rank of the
-   process's MPI (l2l_dist_start first); from then on each rank updates its shard of every
+   process's MPI (dist_start first); from then on each rank updates its shard of every
    record (see record.h) and the records' exchanges are recorded on the timeline's lane
    `lane`. Collective. */
-l2l_status l2l_eps_dist_start(struct l2l_eps *eps, int lane);
+l2l_status eps_dist_start(struct eps *eps, int lane);
 /* With ranks: waits until every record due this step has its gradient summed over ranks
    and its norm and finiteness agreed (before the global norm, and before a step's skips
    are counted). */
-void l2l_eps_wait_agreed(struct l2l_eps *eps);
+void eps_wait_agreed(struct eps *eps);
 /* The optimizer state array `which` of rec, whole (NULL before the first update): on one
    process the state itself (read from the spill file if it is there); with ranks gathered
    from every rank's shard (collective: every rank asks for the same records in the same
    order). A copy read or gathered is kept until the next step or until another record's
-   is asked for. Between steps, after l2l_eps_sync. */
-l2l_status l2l_eps_state_whole(l2l_tensor **out, struct l2l_eps *eps, struct eps_record *rec,
+   is asked for. Between steps, after eps_sync. */
+l2l_status eps_state_whole(l2l_tensor **out, struct eps *eps, struct eps_record *rec,
                                int which);
 /* Bytes the exchanges of the last step that updated send per rank (ring accounting:
    (N - 1) / N of a record's f32 gradient by reduce-scatter and of its master by
    all-gather, none for a record skipped on every rank). */
-uint64_t l2l_eps_dist_bytes(const struct l2l_eps *eps);
+uint64_t eps_dist_bytes(const struct eps *eps);
 /* From now on the optimizer state (with ranks, of this rank's shard) of every record the
    host budget does not keep lives in a spill file in `dir` between its updates: read
    ahead of its update, written back after its last wave, its host memory freed (the
-   updates are the same to the bit). Between steps (after l2l_eps_sync). A failure leaves
+   updates are the same to the bit). Between steps (after eps_sync). A failure leaves
    every record as it was. */
-l2l_status l2l_eps_spill_state(struct l2l_eps *eps, const char *dir);
+l2l_status eps_spill_state(struct eps *eps, const char *dir);
 /* The host bytes the EPS may hold from the next step on (0: none): its masters,
    accumulators, staging copies and the optimizer state in memory (kept, read ahead). Each
    step's eps_prepare checks it (L2L_ERR_BUDGET naming the smallest that works) and, with
    a spill file, keeps in memory the state that fits beside a read-ahead window. */
-void l2l_eps_set_host_budget(struct l2l_eps *eps, uint64_t bytes);
+void eps_set_host_budget(struct eps *eps, uint64_t bytes);
 /* The spill file's bytes read and written so far, records whose state was read at their
    update rather than ahead of it, gradient arrivals that waited for a passing
    accumulator's room, and the file's size (all 0 without a spill file). */
-struct l2l_eps_spill_counts {
+struct eps_spill_counts {
   uint64_t read, written, file;
   int64_t late, grad_waits;
 };
-void l2l_eps_spill_counts(struct l2l_eps *eps, struct l2l_eps_spill_counts *out);
+void eps_spill_counts(struct eps *eps, struct eps_spill_counts *out);
 /* L2L_OK, or the first spill I/O failure since the last call (its message set as this
-   thread's error), cleared. After l2l_eps_sync. */
-l2l_status l2l_eps_io_status(struct l2l_eps *eps);
+   thread's error), cleared. After eps_sync. */
+l2l_status eps_io_status(struct eps *eps);
 /* Waits until every gradient given has been added (updates may still run). */
-void l2l_eps_wait_arrivals(struct l2l_eps *eps);
+void eps_wait_arrivals(struct eps *eps);
 /* Waits until every queued absorb and update has finished. */
-void l2l_eps_sync(struct l2l_eps *eps);
+void eps_sync(struct eps *eps);
 
 /* ---------------------------------------------------------------- the spill file (spill.c) */
 
@@ -457,7 +457,7 @@ struct eps_spill {
   struct eps_spill_region { uint64_t at, bytes; } *free_list;   /* given back, reused first */
   int free_n, free_cap;
   pthread_mutex_t lock;
-  struct l2l_queue io;         /* threads: the pread/pwrite workers */
+  struct core_queue io;         /* threads: the pread/pwrite workers */
   struct io_uring *ring;       /* io_uring (NULL: threads), and what goes with it, under
                                   ring_lock: transfers on the ring (at most RING_DEPTH),
                                   room for one more, one finished; the thread reaping */
@@ -469,7 +469,7 @@ struct eps_spill {
 };
 /* One transfer between a buffer and a reserved region, queued and waited for. */
 struct eps_spill_io {
-  struct l2l_job job;          /* first: the threads' job; on the ring, its done and status
+  struct core_job job;          /* first: the threads' job; on the ring, its done and status
                                   (under ring_lock) */
   struct eps_spill *spill;
   bool write;

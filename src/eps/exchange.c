@@ -18,7 +18,7 @@
  * (eps_exchange_order), so collectives match across ranks whatever order the workers
  * finish in. A record skipped on every rank (agreed inf or NaN, or an overflow) takes its
  * place on the remaining streams with nothing sent.
- * Shards: core's l2l_host_shard (the planner counts them by it too), cut at whole blocks
+ * Shards: core's host_shard (the planner counts them by it too), cut at whole blocks
  * for 8-bit state; uneven sizes are padded by MPI's per-rank counts, never refused. A
  * bf16 master is all-gathered as 16-bit elements; a checkpoint's state in its precision.
  * Must never: issue a collective out of its place, or update a record before every rank
@@ -33,24 +33,24 @@
 #include "record.h"
 
 struct eps_dist {
-  struct l2l_dist_stream *rs, *flag, *lamb, *ag;
+  struct dist_stream *rs, *flag, *lamb, *ag;
   int rank, size, lane;
   int base;          /* the place of this step's first due record on every stream */
   uint64_t bytes;    /* what this step's exchanges send (eps_exchange_order, less skips) */
 };
 
-l2l_status l2l_eps_dist_start(struct l2l_eps *eps, int lane) {
+l2l_status eps_dist_start(struct eps *eps, int lane) {
   if (eps->count > 0) return FAIL(L2L_ERR_STATE, "the EPS holds records already");
   struct eps_dist *d = calloc(1, sizeof *d);
   if (d == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for the EPS's exchange");
-  d->rank = l2l_dist_rank_now();
-  d->size = l2l_dist_size_now();
+  d->rank = dist_rank_now();
+  d->size = dist_size_now();
   d->lane = lane;
-  struct l2l_dist_stream **streams[4] = {&d->rs, &d->flag, &d->lamb, &d->ag};
+  struct dist_stream **streams[4] = {&d->rs, &d->flag, &d->lamb, &d->ag};
   for (int i = 0; i < 4; i++) {
-    l2l_status status = l2l_dist_stream_new(streams[i]);
+    l2l_status status = dist_stream_new(streams[i]);
     if (status != L2L_OK) {
-      for (int j = 0; j < i; j++) l2l_dist_stream_free(*streams[j]);
+      for (int j = 0; j < i; j++) dist_stream_free(*streams[j]);
       free(d);
       return status;
     }
@@ -59,18 +59,18 @@ l2l_status l2l_eps_dist_start(struct l2l_eps *eps, int lane) {
   return L2L_OK;
 }
 
-void eps_dist_free(struct l2l_eps *eps) {
+void eps_dist_free(struct eps *eps) {
   struct eps_dist *d = eps->dist;
   if (d == NULL) return;
-  l2l_dist_stream_free(d->rs);
-  l2l_dist_stream_free(d->flag);
-  l2l_dist_stream_free(d->lamb);
-  l2l_dist_stream_free(d->ag);
+  dist_stream_free(d->rs);
+  dist_stream_free(d->flag);
+  dist_stream_free(d->lamb);
+  dist_stream_free(d->ag);
   free(d);
   eps->dist = NULL;
 }
 
-uint64_t l2l_eps_dist_bytes(const struct l2l_eps *eps) {
+uint64_t eps_dist_bytes(const struct eps *eps) {
   if (eps->dist == NULL) return 0;
   pthread_mutex_lock((pthread_mutex_t *)&eps->lock);
   uint64_t bytes = eps->dist->bytes;
@@ -78,7 +78,7 @@ uint64_t l2l_eps_dist_bytes(const struct l2l_eps *eps) {
   return bytes;
 }
 
-l2l_status eps_shard(struct l2l_eps *eps, struct eps_record *rec) {
+l2l_status eps_shard(struct eps *eps, struct eps_record *rec) {
   const struct eps_dist *d = eps->dist;
   int64_t n = l2l_tensor_numel(rec->master);
   /* MPI counts and displacements are ints: every offset into the record must be one */
@@ -92,7 +92,7 @@ l2l_status eps_shard(struct l2l_eps *eps, struct eps_record *rec) {
     return FAIL(L2L_ERR_NOMEM, "no memory for a record's shards");
   for (int r = 0; r < d->size; r++) {
     int64_t begin, count;
-    l2l_host_shard(n, d->size, r, l2l_host_shard_align(eps->optimizer.state), &begin, &count);
+    host_shard(n, d->size, r, host_shard_align(eps->optimizer.state), &begin, &count);
     rec->displs[r] = (int)begin;   /* <= n <= INT_MAX */
     rec->counts[r] = (int)count;
   }
@@ -109,7 +109,7 @@ static uint64_t exchange_bytes(const struct eps_record *rec, bool master) {
   return (uint64_t)(l2l_tensor_numel(rec->master) - rec->shard_n) * elem;
 }
 
-void eps_exchange_order(struct l2l_eps *eps) {
+void eps_exchange_order(struct eps *eps) {
   struct eps_record *list[eps->count > 0 ? eps->count : 1];
   int n = 0;
   for (int i = 0; i < eps->count; i++) {
@@ -128,18 +128,18 @@ void eps_exchange_order(struct l2l_eps *eps) {
   pthread_mutex_unlock(&eps->lock);
 }
 
-static void op_fill(struct l2l_dist_op *op, struct eps_record *rec, enum l2l_dist_kind kind,
-                    const char *what, void (*done)(struct l2l_dist_op *)) {
-  struct l2l_eps *eps = rec->eps;
-  *op = (struct l2l_dist_op){.kind = kind, .counts = rec->counts, .displs = rec->displs,
+static void op_fill(struct dist_op *op, struct eps_record *rec, enum dist_kind kind,
+                    const char *what, void (*done)(struct dist_op *)) {
+  struct eps *eps = rec->eps;
+  *op = (struct dist_op){.kind = kind, .counts = rec->counts, .displs = rec->displs,
                              .done = done, .ctx = rec, .what = what,
                              .name = rec->name, .layer = rec->last_layer,
                              .step = atomic_load(&eps->step), .lane = eps->dist->lane};
 }
 
 /* Each collective's operation (in the record), stream and words. */
-static struct l2l_dist_op *collective(struct l2l_eps *eps, struct eps_record *rec,
-                                      enum eps_collective which, struct l2l_dist_stream **stream,
+static struct dist_op *collective(struct eps *eps, struct eps_record *rec,
+                                      enum eps_collective which, struct dist_stream **stream,
                                       const char **what) {
   struct eps_dist *d = eps->dist;
   switch (which) {
@@ -152,11 +152,11 @@ static struct l2l_dist_op *collective(struct l2l_eps *eps, struct eps_record *re
   return &rec->ag;
 }
 
-void eps_exchange_post(struct l2l_eps *eps, struct eps_record *rec, enum eps_collective which,
-                       void (*done)(struct l2l_dist_op *op)) {
-  struct l2l_dist_stream *stream;
+void eps_exchange_post(struct eps *eps, struct eps_record *rec, enum eps_collective which,
+                       void (*done)(struct dist_op *op)) {
+  struct dist_stream *stream;
   const char *what;
-  struct l2l_dist_op *op = collective(eps, rec, which, &stream, &what);
+  struct dist_op *op = collective(eps, rec, which, &stream, &what);
   /* Its place for the whole exchange: the next step's eps_exchange_order may give the
      record a new one before this exchange's later stages are posted. */
   if (which == EPS_REDUCE_SCATTER) rec->place = rec->order;
@@ -171,7 +171,7 @@ void eps_exchange_post(struct l2l_eps *eps, struct eps_record *rec, enum eps_col
     op->phase = L2L_PHASE_REDUCE_SCATTER;
   } else if (which == EPS_NORM) {
     float most = 0;
-    double sumsq = l2l_optim_sumsq_most(l2l_tensor_data(rec->shard_grad), rec->shard_n, &most);
+    double sumsq = optim_sumsq_most(l2l_tensor_data(rec->shard_grad), rec->shard_n, &most);
     rec->flags[0] = sumsq;
     /* an eager update takes the gradient as it is: at EPS_GRAD_LIMIT or more it is skipped
        on every rank, as an inf is; a deferred one decides by the sum of the shards' largest
@@ -194,20 +194,20 @@ void eps_exchange_post(struct l2l_eps *eps, struct eps_record *rec, enum eps_col
     op->timeline = eps->timeline;
     op->phase = L2L_PHASE_ALL_GATHER;
   }
-  l2l_dist_post(stream, op, rec->place);
+  dist_post(stream, op, rec->place);
 }
 
-void eps_exchange_pass(struct l2l_eps *eps, struct eps_record *rec, enum eps_collective which,
-                       void (*done)(struct l2l_dist_op *op)) {
-  struct l2l_dist_stream *stream;
+void eps_exchange_pass(struct eps *eps, struct eps_record *rec, enum eps_collective which,
+                       void (*done)(struct dist_op *op)) {
+  struct dist_stream *stream;
   const char *what;
-  struct l2l_dist_op *op = collective(eps, rec, which, &stream, &what);
+  struct dist_op *op = collective(eps, rec, which, &stream, &what);
   if (which == EPS_LAMB_SUMS) what = "LAMB's sums";   /* (as a timeout names it) */
   op_fill(op, rec, DIST_NOOP, what, done);
-  l2l_dist_post(stream, op, rec->place);
+  dist_post(stream, op, rec->place);
 }
 
-void eps_exchange_skipped(struct l2l_eps *eps, struct eps_record *rec) {
+void eps_exchange_skipped(struct eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   eps->dist->bytes -= exchange_bytes(rec, true);   /* no all-gather */
   pthread_mutex_unlock(&eps->lock);
@@ -216,42 +216,42 @@ void eps_exchange_skipped(struct l2l_eps *eps, struct eps_record *rec) {
 /* The whole state array from every rank's shard, in its precision: each rank's shard laid
    in its place and all-gathered in place; 8 bits in two gathers, the codes (bytes) and the
    scales (a shard's whole blocks: shards start on a block). Collective. */
-static l2l_status state_gather(l2l_tensor **out, struct l2l_eps *eps, struct eps_record *rec,
+static l2l_status state_gather(l2l_tensor **out, struct eps *eps, struct eps_record *rec,
                                const l2l_tensor *shard) {
   l2l_state_precision p = eps->optimizer.state;
   int64_t n = l2l_tensor_numel(rec->master);
-  int size = eps->dist->size, elem = l2l_state_elem_bytes(p);
+  int size = eps->dist->size, elem = state_elem_bytes(p);
   l2l_status status;
   if (p == L2L_STATE_8BIT) {
-    int64_t shape[1] = {(int64_t)l2l_host_state_bytes(p, n)};
+    int64_t shape[1] = {(int64_t)host_state_bytes(p, n)};
     status = l2l_tensor_new(out, L2L_POOL_HOST, L2L_U8, 1, shape);
   } else {
-    status = l2l_tensor_new_like(out, L2L_POOL_HOST, l2l_state_dtype(p), rec->master);
+    status = tensor_new_like(out, L2L_POOL_HOST, state_dtype(p), rec->master);
   }
   if (status != L2L_OK) return status;
   uint8_t *whole = l2l_tensor_data(*out);
   const uint8_t *mine = l2l_tensor_data(shard);
   memcpy(whole + (size_t)rec->shard_begin * (size_t)elem, mine, (size_t)rec->shard_n * (size_t)elem);
-  struct l2l_dist_op op = {.kind = DIST_ALLGATHERV, .recv = whole, .elem = elem,
+  struct dist_op op = {.kind = DIST_ALLGATHERV, .recv = whole, .elem = elem,
                            .counts = rec->counts, .displs = rec->displs,
                            .what = "all-gather of optimizer state (a checkpoint)",
                            .name = rec->name, .layer = -1, .step = atomic_load(&eps->step)};
-  status = l2l_dist_run(&op);
+  status = dist_run(&op);
   if (status == L2L_OK && p == L2L_STATE_8BIT) {   /* then every shard's blocks' scales */
     int *counts = calloc(2 * (size_t)size, sizeof *counts), *displs = counts + size;
     if (counts == NULL) status = FAIL(L2L_ERR_NOMEM, "no memory for a gather's counts");
     for (int r = 0; status == L2L_OK && r < size; r++) {
-      counts[r] = (int)l2l_state8_blocks(rec->counts[r]);
+      counts[r] = (int)state8_blocks(rec->counts[r]);
       displs[r] = rec->displs[r] / L2L_STATE_BLOCK;
     }
-    uint64_t codes = l2l_state8_codes_bytes(n), own = l2l_state8_codes_bytes(rec->shard_n);
+    uint64_t codes = state8_codes_bytes(n), own = state8_codes_bytes(rec->shard_n);
     float *scales = (float *)(whole + codes);
     memset(whole + n, 0, (size_t)(codes - (uint64_t)n));   /* the padding, zero as documented */
     if (status == L2L_OK) {
       memcpy(scales + displs[eps->dist->rank], mine + own, (size_t)counts[eps->dist->rank] * sizeof(float));
       op.recv = scales, op.elem = 4, op.counts = counts, op.displs = displs;
       op.what = "all-gather of optimizer state's scales (a checkpoint)";
-      status = l2l_dist_run(&op);
+      status = dist_run(&op);
     }
     free(counts);
   }
@@ -262,7 +262,7 @@ static l2l_status state_gather(l2l_tensor **out, struct l2l_eps *eps, struct eps
   return status;
 }
 
-l2l_status l2l_eps_state_whole(l2l_tensor **out, struct l2l_eps *eps, struct eps_record *rec,
+l2l_status eps_state_whole(l2l_tensor **out, struct eps *eps, struct eps_record *rec,
                                int which) {
   *out = NULL;
   if (rec->gathered[which] != NULL) {   /* asked for before, this step */
@@ -275,12 +275,12 @@ l2l_status l2l_eps_state_whole(l2l_tensor **out, struct l2l_eps *eps, struct eps
   eps->gathered_last = rec;
   l2l_tensor *shard = rec->state[which], *read = NULL;
   if (rec->spilled) {   /* from the spill file (kept until the next step as a gathered one) */
-    if (which >= l2l_optim_state_count(&eps->optimizer)) return L2L_OK;
+    if (which >= optim_state_count(&eps->optimizer)) return L2L_OK;
     l2l_status status = eps_spill_read_state(eps, rec, which, &read);
     if (status != L2L_OK) {   /* the record named: the file's message knows only an offset */
       char why[1024];
       snprintf(why, sizeof why, "%s", l2l_last_error());
-      return l2l_fail(status, "%s: its optimizer state could not be read: %s", rec->name, why);
+      return core_fail(status, "%s: its optimizer state could not be read: %s", rec->name, why);
     }
     shard = read;
   } else if (rec->updates == 0 || shard == NULL) {
@@ -301,7 +301,7 @@ l2l_status l2l_eps_state_whole(l2l_tensor **out, struct l2l_eps *eps, struct eps
 
 /* ---------------------------------------------------------------- gathered state freed */
 
-void eps_gathered_free(struct l2l_eps *eps) {
+void eps_gathered_free(struct eps *eps) {
   struct eps_record *rec = eps->gathered_last;
   for (int a = 0; rec != NULL && a < 2; a++) {
     l2l_tensor_free(rec->gathered[a]);

@@ -27,11 +27,11 @@
 
 /* The rules of an optimizer beyond its fields' own (the table's rows hold those); their
    messages name the public check. */
-static const char CHECKER[] = "l2l_optimizer_check";
+static const char CHECKER[] = "optimizer_check";
 
 static l2l_status sgd_check(const l2l_optimizer_config *c) {
   if (c->nesterov && c->momentum == 0.0f)
-    return l2l_fail_in(CHECKER, L2L_ERR_INVALID,
+    return core_fail_in(CHECKER, L2L_ERR_INVALID,
                        "optimizer nesterov = 1 needs momentum > 0, got momentum %g",
                        (double)c->momentum);
   return L2L_OK;
@@ -43,15 +43,15 @@ static l2l_status adam_check(const l2l_optimizer_config *c) {
 }
 
 /* The table's checks of each field (core/options.def), then the optimizer's own rules. */
-l2l_status l2l_optimizer_check(const l2l_optimizer_config *c) {
+l2l_status optimizer_check(const l2l_optimizer_config *c) {
   if (c == NULL) return FAIL(L2L_ERR_INVALID, "optimizer config is NULL");
-  TRY(l2l_options_check(L2L_OPTION_OPTIMIZER, c, c->kind, __func__, "optimizer "));
-  return l2l_optimizer_ops(c->kind)->check(c);
+  TRY(options_check(L2L_OPTION_OPTIMIZER, c, c->kind, __func__, "optimizer "));
+  return optimizer_ops(c->kind)->check(c);
 }
 
-l2l_status l2l_schedule_check(const l2l_schedule_config *s) {
+l2l_status schedule_check(const l2l_schedule_config *s) {
   if (s == NULL) return FAIL(L2L_ERR_INVALID, "schedule config is NULL");
-  TRY(l2l_options_check(L2L_OPTION_SCHEDULE, s, -1, __func__, "schedule "));
+  TRY(options_check(L2L_OPTION_SCHEDULE, s, -1, __func__, "schedule "));
   if (s->kind != L2L_SCHEDULE_CONSTANT && s->total <= s->warmup)
     return FAIL(L2L_ERR_INVALID, "schedule total must be > warmup (%lld) for %s, got %lld",
                 (long long)s->warmup, s->kind == L2L_SCHEDULE_COSINE ? "cosine" : "linear",
@@ -59,16 +59,16 @@ l2l_status l2l_schedule_check(const l2l_schedule_config *s) {
   return L2L_OK;
 }
 
-int l2l_optim_state_count(const l2l_optimizer_config *c) {
-  const struct l2l_optimizer_ops *ops = c != NULL ? l2l_optimizer_ops(c->kind) : NULL;
+int optim_state_count(const l2l_optimizer_config *c) {
+  const struct optimizer_ops *ops = c != NULL ? optimizer_ops(c->kind) : NULL;
   return ops != NULL ? ops->state_count(c) : -1; /* unknown kind: the config was not checked */
 }
 
 l2l_status l2l_optimizer_state_arrays(int *out, const l2l_optimizer_config *config) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   if (config == NULL) return FAIL(L2L_ERR_INVALID, "config is NULL");
-  TRY(l2l_optimizer_check(config));
-  *out = l2l_optim_state_count(config);
+  TRY(optimizer_check(config));
+  *out = optim_state_count(config);
   return L2L_OK;
 }
 
@@ -78,7 +78,7 @@ l2l_status l2l_state_array_bytes(uint64_t *out, l2l_state_precision state, int64
     return FAIL(L2L_ERR_INVALID, "state %d is unknown (0 f32, 1 bf16, 2 8bit)", (int)state);
   if (n < 0 || n > INT64_MAX / 8)
     return FAIL(L2L_ERR_INVALID, "n must be in [0, 2^60), got %lld", (long long)n);
-  *out = l2l_host_state_bytes(state, n);
+  *out = host_state_bytes(state, n);
   return L2L_OK;
 }
 
@@ -91,7 +91,7 @@ l2l_status l2l_schedule_lr(double *out, const l2l_schedule_config *schedule, dou
                          (long long)t);
   if (!isfinite(base_lr) || base_lr < 0)
     return FAIL(L2L_ERR_INVALID, "base_lr must be finite and >= 0, got %g", base_lr);
-  TRY(l2l_schedule_check(schedule));
+  TRY(schedule_check(schedule));
   const l2l_schedule_config *s = schedule;
   double factor, final = (double)s->final_ratio;
   if (t <= s->warmup) {
@@ -114,15 +114,15 @@ l2l_status l2l_schedule_lr(double *out, const l2l_schedule_config *schedule, dou
 /* Adam's constants for step t (backend.h's AdamW arithmetic), the bias corrections in double
    (b^t underflows gracefully there); lr 1 for LAMB, which applies lr after its trust
    ratio. */
-static struct l2l_adamw_consts adam_consts(const struct l2l_optim_hyper *h, double lr) {
+static struct backend_adamw_consts adam_consts(const struct optim_hyper *h, double lr) {
   double t = (double)(h->t < 1 ? 1 : h->t);
   double bc1 = 1.0 - pow((double)h->beta1, t), bc2 = 1.0 - pow((double)h->beta2, t);
-  return l2l_adamw_consts(lr, h->beta1, h->beta2, h->eps, h->weight_decay, bc1, bc2,
+  return backend_adamw_consts(lr, h->beta1, h->beta2, h->eps, h->weight_decay, bc1, bc2,
                           (double)h->grad_scale);
 }
 
-void l2l_optim_sgd(float *restrict p, float *restrict buf, const float *restrict grad, int64_t n,
-                   const struct l2l_optim_hyper *h) {
+void optim_sgd(float *restrict p, float *restrict buf, const float *restrict grad, int64_t n,
+                   const struct optim_hyper *h) {
   const float lr = h->lr, s = h->grad_scale, mu = h->momentum;
   const float decay = h->lr * h->weight_decay; /* decoupled: p -= lr wd p, before the step */
   if (buf == NULL || mu == 0.0f) {
@@ -155,13 +155,13 @@ void l2l_optim_sgd(float *restrict p, float *restrict buf, const float *restrict
   }
 }
 
-void l2l_optim_adamw(float *restrict p, float *restrict m, float *restrict v,
-                     const float *restrict grad, int64_t n, const struct l2l_optim_hyper *h) {
-  const struct l2l_adamw_consts k = adam_consts(h, (double)h->lr);
+void optim_adamw(float *restrict p, float *restrict m, float *restrict v,
+                     const float *restrict grad, int64_t n, const struct optim_hyper *h) {
+  const struct backend_adamw_consts k = adam_consts(h, (double)h->lr);
 #pragma omp simd
   for (int64_t i = 0; i < n; i++) {
     float mi = m[i], vi = v[i];
-    p[i] = l2l_adamw_element(p[i], grad[i], &mi, &vi, &k);
+    p[i] = backend_adamw_element(p[i], grad[i], &mi, &vi, &k);
     m[i] = mi;
     v[i] = vi;
   }
@@ -174,15 +174,15 @@ static inline float lamb_r(float m, float v, float p, float step, float rsb2, fl
   return step * m / (sqrtf(v) * rsb2 + eps) + wd * p;
 }
 
-void l2l_optim_lamb_moments(float *restrict m, float *restrict v, const float *restrict p,
+void optim_lamb_moments(float *restrict m, float *restrict v, const float *restrict p,
                             const float *restrict grad, int64_t n,
-                            const struct l2l_optim_hyper *h, double norms[2]) {
-  const struct l2l_adamw_consts k = adam_consts(h, 1.0);
+                            const struct optim_hyper *h, double norms[2]) {
+  const struct backend_adamw_consts k = adam_consts(h, 1.0);
   const float eps = h->eps, wd = h->weight_decay;
   double pp = 0.0, rr = 0.0;
 #pragma omp simd reduction(+ : pp, rr)
   for (int64_t i = 0; i < n; i++) {
-    float g = k.scale * grad[i], pi = p[i];   /* unscaled first: see l2l_adamw_consts */
+    float g = k.scale * grad[i], pi = p[i];   /* unscaled first: see backend_adamw_consts */
     float mi = k.b1 * m[i] + k.c1 * g;
     float vi = k.b2 * v[i] + k.c2 * (g * g);
     m[i] = mi;
@@ -195,9 +195,9 @@ void l2l_optim_lamb_moments(float *restrict m, float *restrict v, const float *r
   norms[1] += rr;
 }
 
-void l2l_optim_lamb_apply(float *restrict p, const float *restrict m, const float *restrict v,
-                          int64_t n, const struct l2l_optim_hyper *h, float trust) {
-  const struct l2l_adamw_consts k = adam_consts(h, 1.0);
+void optim_lamb_apply(float *restrict p, const float *restrict m, const float *restrict v,
+                          int64_t n, const struct optim_hyper *h, float trust) {
+  const struct backend_adamw_consts k = adam_consts(h, 1.0);
   const float eps = h->eps, wd = h->weight_decay, rate = h->lr * trust;
 #pragma omp simd
   for (int64_t i = 0; i < n; i++) {
@@ -206,20 +206,20 @@ void l2l_optim_lamb_apply(float *restrict p, const float *restrict m, const floa
   }
 }
 
-float l2l_optim_lamb_trust(const double norms[2]) {
+float optim_lamb_trust(const double norms[2]) {
   /* !(x > 0) also catches NaN: a poisoned norm falls back to 1 and the NaN in r shows. */
   if (!(norms[0] > 0.0) || !(norms[1] > 0.0)) return 1.0f;
   return (float)(sqrt(norms[0]) / sqrt(norms[1]));
 }
 
-double l2l_optim_sumsq(const float *restrict x, int64_t n) {
+double optim_sumsq(const float *restrict x, int64_t n) {
   double acc = 0.0;
 #pragma omp simd reduction(+ : acc)
   for (int64_t i = 0; i < n; i++) acc += (double)x[i] * (double)x[i];
   return acc;
 }
 
-double l2l_optim_sumsq_most(const float *restrict x, int64_t n, float *most) {
+double optim_sumsq_most(const float *restrict x, int64_t n, float *most) {
   double acc = 0.0;
   float top = 0.0f;
   /* comparisons, not fmaxf: without -ffinite-math-only fmaxf is a call per element */
@@ -237,7 +237,7 @@ double l2l_optim_sumsq_most(const float *restrict x, int64_t n, float *most) {
    (eps.h): b = x * 2^65 is inf exactly when |x| >= 2^63 (or x is inf or NaN), b - b is 0
    for a finite b and NaN otherwise, and their sum vectorizes (a comparison per element
    would not without -ffinite-math-only), in the pass that writes them anyway. */
-bool l2l_optim_axpy(float *restrict dst, const float *restrict src, float scale, int64_t n) {
+bool optim_axpy(float *restrict dst, const float *restrict src, float scale, int64_t n) {
   float nonfinite = 0.0f;
 #pragma omp simd reduction(+ : nonfinite)
   for (int64_t i = 0; i < n; i++) {
@@ -249,7 +249,7 @@ bool l2l_optim_axpy(float *restrict dst, const float *restrict src, float scale,
   return nonfinite == 0.0f;
 }
 
-bool l2l_optim_axpy_drain(float *restrict dst, float *restrict src, float scale, int64_t n) {
+bool optim_axpy_drain(float *restrict dst, float *restrict src, float scale, int64_t n) {
   float nonfinite = 0.0f;
 #pragma omp simd reduction(+ : nonfinite)
   for (int64_t i = 0; i < n; i++) {
@@ -264,7 +264,7 @@ bool l2l_optim_axpy_drain(float *restrict dst, float *restrict src, float scale,
 
 /* Widening is a shift for bf16 and core.h's exact conversion for f16, one loop per dtype so
    that each vectorizes without a per-element branch. */
-double l2l_optim_sumsq_half(const uint16_t *restrict x, l2l_dtype dtype, int64_t n) {
+double optim_sumsq_half(const uint16_t *restrict x, l2l_dtype dtype, int64_t n) {
   double acc = 0.0;
   if (dtype == L2L_BF16) {
 #pragma omp simd reduction(+ : acc)
@@ -282,7 +282,7 @@ double l2l_optim_sumsq_half(const uint16_t *restrict x, l2l_dtype dtype, int64_t
   return acc;
 }
 
-bool l2l_optim_axpy_half(float *restrict dst, const uint16_t *restrict src, l2l_dtype dtype,
+bool optim_axpy_half(float *restrict dst, const uint16_t *restrict src, l2l_dtype dtype,
                          float scale, int64_t n) {
   float nonfinite = 0.0f;
   if (dtype == L2L_BF16) {
@@ -305,10 +305,10 @@ bool l2l_optim_axpy_half(float *restrict dst, const uint16_t *restrict src, l2l_
   return nonfinite == 0.0f;
 }
 
-double l2l_optim_tensor_sumsq(const l2l_tensor *grad) {
+double optim_tensor_sumsq(const l2l_tensor *grad) {
   l2l_dtype dtype = (l2l_dtype)l2l_tensor_dtype(grad);
-  if (dtype == L2L_F32) return l2l_optim_sumsq(l2l_tensor_data(grad), l2l_tensor_numel(grad));
-  return l2l_optim_sumsq_half(l2l_tensor_data(grad), dtype, l2l_tensor_numel(grad));
+  if (dtype == L2L_F32) return optim_sumsq(l2l_tensor_data(grad), l2l_tensor_numel(grad));
+  return optim_sumsq_half(l2l_tensor_data(grad), dtype, l2l_tensor_numel(grad));
 }
 
 /* ---------------------------------------------------------------- the table */
@@ -319,31 +319,31 @@ static int adam_state_count(const l2l_optimizer_config *c) {
   return 2;
 }
 
-static void sgd_chunk(const struct l2l_optim_chunk *c) {
-  l2l_optim_sgd(c->p, c->state[0], c->grad, c->n, c->h);
+static void sgd_chunk(const struct optim_chunk *c) {
+  optim_sgd(c->p, c->state[0], c->grad, c->n, c->h);
 }
 
-static void adamw_chunk(const struct l2l_optim_chunk *c) {
-  l2l_optim_adamw(c->p, c->state[0], c->state[1], c->grad, c->n, c->h);
+static void adamw_chunk(const struct optim_chunk *c) {
+  optim_adamw(c->p, c->state[0], c->state[1], c->grad, c->n, c->h);
 }
 
 /* Wave 0: the moments and the norms of p and r; wave 1: the step with the trust ratio of
    the whole record's norms. */
-static void lamb_chunk(const struct l2l_optim_chunk *c) {
+static void lamb_chunk(const struct optim_chunk *c) {
   if (c->wave == 0)
-    l2l_optim_lamb_moments(c->state[0], c->state[1], c->p, c->grad, c->n, c->h, c->sums);
+    optim_lamb_moments(c->state[0], c->state[1], c->p, c->grad, c->n, c->h, c->sums);
   else
-    l2l_optim_lamb_apply(c->p, c->state[0], c->state[1], c->n, c->h,
-                         l2l_optim_lamb_trust(c->record_sums));
+    optim_lamb_apply(c->p, c->state[0], c->state[1], c->n, c->h,
+                         optim_lamb_trust(c->record_sums));
 }
 
-static const struct l2l_optimizer_ops optimizers[] = {
+static const struct optimizer_ops optimizers[] = {
     [L2L_OPTIMIZER_SGD] = {"sgd", 1, sgd_state_count, -1, sgd_check, sgd_chunk},
     [L2L_OPTIMIZER_ADAMW] = {"adamw", 1, adam_state_count, 1, adam_check, adamw_chunk},
     [L2L_OPTIMIZER_LAMB] = {"lamb", 2, adam_state_count, 1, adam_check, lamb_chunk},
 };
 
-const struct l2l_optimizer_ops *l2l_optimizer_ops(l2l_optimizer_kind kind) {
+const struct optimizer_ops *optimizer_ops(l2l_optimizer_kind kind) {
   if ((int)kind < 0 || (size_t)kind >= sizeof optimizers / sizeof optimizers[0]) return NULL;
   return optimizers[kind].name != NULL ? &optimizers[kind] : NULL;
 }

@@ -2,7 +2,7 @@
 /* quant.c — the optimizer state in its precision: f32, bf16 or blockwise 8 bits (l2l.h,
  * "optimizers": the codes and the layout are stated there once); the update that runs on
  * compact state; a record's state arrays made in the precision, and a checkpoint's state,
- * in any precision, checked and converted into it (for l2l_eps_restore, which state_tier.c
+ * in any precision, checked and converted into it (for eps_restore, which state_tier.c
  * defines: the tier drops a stale read ahead and writes the new state out).
  *
  * Purpose: halve or quarter the host bytes of the optimizer state while the optimizer's
@@ -102,7 +102,7 @@ int eps_code_nearest(enum eps_code code, float y) {
 
 /* Where the 8-bit array of n elements keeps its scales (core.h's layout). */
 static float *scales_of(void *array, int64_t n) {
-  return (float *)((uint8_t *)array + l2l_state8_codes_bytes(n));
+  return (float *)((uint8_t *)array + state8_codes_bytes(n));
 }
 
 /* One block of at most L2L_STATE_BLOCK values x into codes and its scale. A root code
@@ -199,13 +199,13 @@ void eps_state_encode(void *array, int64_t array_n, int64_t begin, const float *
 
 /* ---------------------------------------------------------------- the update */
 
-void eps_compact_chunk(const struct l2l_optimizer_ops *optim, const struct l2l_optim_chunk *chunk,
+void eps_compact_chunk(const struct optimizer_ops *optim, const struct optim_chunk *chunk,
                        const struct eps_compact *compact, int64_t begin) {
   float scratch[2][L2L_STATE_BLOCK], master[L2L_STATE_BLOCK];
   uint32_t draws[L2L_STATE_BLOCK];
   bool last_wave = chunk->wave == optim->waves - 1;
   for (int64_t at = 0; at < chunk->n; at += L2L_STATE_BLOCK) {
-    struct l2l_optim_chunk block = *chunk;
+    struct optim_chunk block = *chunk;
     block.grad = chunk->grad + at;
     block.n = chunk->n - at < L2L_STATE_BLOCK ? chunk->n - at : L2L_STATE_BLOCK;
     const uint16_t *mh = compact->master != NULL ? compact->master + at : NULL;
@@ -230,7 +230,7 @@ void eps_compact_chunk(const struct l2l_optimizer_ops *optim, const struct l2l_o
                          compact->precision, eps_state_code(optim, a));
     if (mh != NULL && last_wave) {   /* the wave that moved the weights */
       uint16_t *out = compact->master + at;
-      l2l_philox_range(draws, compact->seed, compact->stream, compact->first_draw + (uint64_t)at,
+      philox_range(draws, compact->seed, compact->stream, compact->first_draw + (uint64_t)at,
                        block.n);
 #pragma omp simd
       for (int64_t i = 0; i < block.n; i++) out[i] = eps_bf16_stochastic(master[i], draws[i]);
@@ -248,16 +248,16 @@ l2l_status eps_state_new(l2l_tensor **out, const struct eps_record *rec) {
     int64_t shape[1] = {rec->shard_n > 0 ? (int64_t)eps_array_bytes(rec) : 4};
     return l2l_tensor_new(out, L2L_POOL_HOST, L2L_U8, 1, shape);
   }
-  l2l_dtype dtype = l2l_state_dtype(state);
+  l2l_dtype dtype = state_dtype(state);
   if (rec->eps->dist == NULL)   /* all of the record, in its shape */
-    return l2l_tensor_new_like(out, L2L_POOL_HOST, dtype, rec->master);
+    return tensor_new_like(out, L2L_POOL_HOST, dtype, rec->master);
   int64_t shape[1] = {rec->shard_n > 0 ? rec->shard_n : 1};   /* an empty shard: 1 unused */
   return l2l_tensor_new(out, L2L_POOL_HOST, dtype, 1, shape);
 }
 
 /* The shard's elements of a whole state array in precision p, copied as they are into
    the shard's own array: 8 bits, its codes and its blocks' scales (a shard starts on a
-   block: l2l_host_shard_align). */
+   block: host_shard_align). */
 static void shard_copy(void *dst, const void *src, const struct eps_record *rec,
                        l2l_state_precision p) {
   int64_t n = l2l_tensor_numel(rec->master), lo = rec->shard_begin, k = rec->shard_n;
@@ -265,9 +265,9 @@ static void shard_copy(void *dst, const void *src, const struct eps_record *rec,
     memcpy(dst, (const uint8_t *)src + lo, (size_t)k);
     memset((uint8_t *)dst + k, 0, (size_t)((uint8_t *)scales_of(dst, k) - ((uint8_t *)dst + k)));
     memcpy(scales_of(dst, k), scales_of((void *)src, n) + lo / L2L_STATE_BLOCK,
-           (size_t)l2l_state8_blocks(k) * sizeof(float));
+           (size_t)state8_blocks(k) * sizeof(float));
   } else {
-    size_t elem = (size_t)l2l_state_elem_bytes(p);
+    size_t elem = (size_t)state_elem_bytes(p);
     memcpy(dst, (const uint8_t *)src + (size_t)lo * elem, (size_t)k * elem);
   }
 }
@@ -285,7 +285,7 @@ static l2l_status values_check(const char *func, const char *name, const float *
                                int64_t bn, int64_t at, enum eps_code code) {
   for (int64_t i = 0; i < bn; i++)
     if (!isfinite(block[i]) || (code == EPS_CODE_ROOT && block[i] < 0.0f))
-      return l2l_fail_in(func, L2L_ERR_INVALID, "%s holds %g at element %lld: optimizer state "
+      return core_fail_in(func, L2L_ERR_INVALID, "%s holds %g at element %lld: optimizer state "
                          "must be finite%s", name, (double)block[i], (long long)(at + i),
                          code == EPS_CODE_ROOT ? ", and a second moment >= 0" : "");
   return L2L_OK;
@@ -298,13 +298,13 @@ static l2l_status state_convert(const char *func, const char *name, l2l_tensor *
                                 const l2l_tensor *src, const struct eps_record *rec, int which) {
   if (l2l_tensor_pool(src) == L2L_POOL_DEVICE) {   /* one whole copy into host memory first */
     l2l_tensor *whole = NULL;
-    TRY(l2l_tensor_new_like(&whole, L2L_POOL_HOST, (l2l_dtype)l2l_tensor_dtype(src), src));
+    TRY(tensor_new_like(&whole, L2L_POOL_HOST, (l2l_dtype)l2l_tensor_dtype(src), src));
     l2l_status status = l2l_tensor_copy(whole, src);
     if (status == L2L_OK) status = state_convert(func, name, dst, whole, rec, which);
     l2l_tensor_free(whole);
     return status;
   }
-  const struct l2l_eps *eps = rec->eps;
+  const struct eps *eps = rec->eps;
   enum eps_code code = eps_state_code(eps->optim, which);
   l2l_state_precision from = given_precision(src), to = eps->optimizer.state;
   int64_t n = l2l_tensor_numel(rec->master), lo = rec->shard_begin, hi = lo + rec->shard_n;
@@ -325,36 +325,36 @@ static l2l_status state_convert(const char *func, const char *name, l2l_tensor *
   return L2L_OK;
 }
 
-l2l_status eps_restore_check(const char *func, const struct l2l_eps *eps,
+l2l_status eps_restore_check(const char *func, const struct eps *eps,
                              const struct eps_record *rec, int64_t updates,
                              const l2l_tensor *const given[2], int *arrays) {
   const char *names[2] = {"first", "second"};
   /* The next update is t = updates + 1: it must be an int64 too. */
   if (updates == INT64_MAX)
-    return l2l_fail_in(func, L2L_ERR_INVALID, "updates must be below 2^63 - 1 (the next update "
+    return core_fail_in(func, L2L_ERR_INVALID, "updates must be below 2^63 - 1 (the next update "
                        "counts one more), got %lld", (long long)updates);
-  int count = l2l_optim_state_count(&eps->optimizer);
+  int count = optim_state_count(&eps->optimizer);
   *arrays = updates > 0 ? count : 0;
   for (int a = 0; a < 2; a++) {
     if (a >= *arrays) {
       if (given[a] != NULL)
-        return l2l_fail_in(func, L2L_ERR_INVALID,
+        return core_fail_in(func, L2L_ERR_INVALID,
                            "%s must be NULL: the optimizer keeps %d state arrays%s", names[a],
                            count, updates == 0 ? " and none before the first update" : "");
       continue;
     }
     if (given[a] == NULL)
-      return l2l_fail_in(func, L2L_ERR_INVALID, "%s is NULL: the optimizer keeps %d state arrays",
+      return core_fail_in(func, L2L_ERR_INVALID, "%s is NULL: the optimizer keeps %d state arrays",
                          names[a], *arrays);
-    TRY(l2l_tensor_check(func, names[a], given[a]));
+    TRY(tensor_check(func, names[a], given[a]));
     l2l_dtype dtype = (l2l_dtype)l2l_tensor_dtype(given[a]);
     if (dtype != L2L_F32 && dtype != L2L_BF16 && dtype != L2L_U8)
-      return l2l_fail_in(func, L2L_ERR_INVALID, "%s must be f32, bf16 or u8 (8-bit state), got %s",
+      return core_fail_in(func, L2L_ERR_INVALID, "%s must be f32, bf16 or u8 (8-bit state), got %s",
                          names[a], l2l_dtype_name(dtype));
     int64_t n = l2l_tensor_numel(rec->master);
-    int64_t want = dtype == L2L_U8 ? (int64_t)l2l_host_state_bytes(L2L_STATE_8BIT, n) : n;
+    int64_t want = dtype == L2L_U8 ? (int64_t)host_state_bytes(L2L_STATE_8BIT, n) : n;
     if (l2l_tensor_numel(given[a]) != want)
-      return l2l_fail_in(func, L2L_ERR_INVALID, "%s has %lld elements, the parameter's state "
+      return core_fail_in(func, L2L_ERR_INVALID, "%s has %lld elements, the parameter's state "
                          "in %s %lld", names[a], (long long)l2l_tensor_numel(given[a]),
                          dtype == L2L_U8 ? "8 bits" : l2l_dtype_name(dtype), (long long)want);
   }
@@ -379,10 +379,10 @@ l2l_status eps_restore_convert(const char *func, const struct eps_record *rec, i
 
 l2l_status l2l_state_array_check(const l2l_tensor *array, const l2l_optimizer_config *optimizer,
                                  int which, int64_t n) {
-  TRY(l2l_tensor_check(__func__, "array", array));
+  TRY(tensor_check(__func__, "array", array));
   if (optimizer == NULL) return FAIL(L2L_ERR_INVALID, "optimizer is NULL");
-  TRY(l2l_optimizer_check(optimizer));
-  int count = l2l_optim_state_count(optimizer);
+  TRY(optimizer_check(optimizer));
+  int count = optim_state_count(optimizer);
   if (which < 0 || which >= count)
     return FAIL(L2L_ERR_INVALID, "which must be 0 to %d (the optimizer keeps %d state arrays), "
                 "got %d", count - 1, count, which);
@@ -392,21 +392,21 @@ l2l_status l2l_state_array_check(const l2l_tensor *array, const l2l_optimizer_co
   if (dtype != L2L_F32 && dtype != L2L_BF16 && dtype != L2L_U8)
     return FAIL(L2L_ERR_INVALID, "array must be f32, bf16 or u8 (8-bit state), got %s",
                 l2l_dtype_name(dtype));
-  int64_t want = dtype == L2L_U8 ? (int64_t)l2l_host_state_bytes(L2L_STATE_8BIT, n) : n;
+  int64_t want = dtype == L2L_U8 ? (int64_t)host_state_bytes(L2L_STATE_8BIT, n) : n;
   if (l2l_tensor_numel(array) != want)
     return FAIL(L2L_ERR_INVALID, "array has %lld elements, a state array of %lld in %s %lld",
                 (long long)l2l_tensor_numel(array), (long long)n,
                 dtype == L2L_U8 ? "8 bits" : l2l_dtype_name(dtype), (long long)want);
   if (l2l_tensor_pool(array) == L2L_POOL_DEVICE) {   /* one whole copy into host memory first */
     l2l_tensor *whole = NULL;
-    TRY(l2l_tensor_new_like(&whole, L2L_POOL_HOST, dtype, array));
+    TRY(tensor_new_like(&whole, L2L_POOL_HOST, dtype, array));
     l2l_status status = l2l_tensor_copy(whole, array);
     if (status == L2L_OK) status = l2l_state_array_check(whole, optimizer, which, n);
     l2l_tensor_free(whole);
     return status;
   }
   pthread_once(&codes_once, codes_build);
-  enum eps_code code = eps_state_code(l2l_optimizer_ops(optimizer->kind), which);
+  enum eps_code code = eps_state_code(optimizer_ops(optimizer->kind), which);
   l2l_state_precision from = given_precision(array);
   float block[L2L_STATE_BLOCK];
   for (int64_t at = 0; at < n; at += L2L_STATE_BLOCK) {

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* record.c — the bottom of the EPS: what every file of it reads of a record.
  *
- * Purpose: a record's bytes in host memory and on disk (core's l2l_host_record_bytes,
+ * Purpose: a record's bytes in host memory and on disk (core's host_record_bytes,
  * the one formula the planner and the host budget use too), and the order backward
  * completes a step's due records in (the read-ahead list of state_tier.c and the places
  * on the ranks' streams of exchange.c). The core (eps.c) and its parts (exchange.c,
@@ -13,10 +13,10 @@
 
 #include "record.h"
 
-struct l2l_host_record eps_record_bytes(const struct l2l_eps *eps, const struct eps_record *rec) {
-  struct l2l_host_record b;
-  l2l_host_record_bytes(&b, l2l_tensor_numel(rec->master), rec->shard_n,
-                        l2l_optim_state_count(&eps->optimizer), eps->optimizer.state,
+struct host_record eps_record_bytes(const struct eps *eps, const struct eps_record *rec) {
+  struct host_record b;
+  host_record_bytes(&b, l2l_tensor_numel(rec->master), rec->shard_n,
+                        optim_state_count(&eps->optimizer), eps->optimizer.state,
                         (l2l_dtype)l2l_tensor_dtype(rec->master),
                         rec->staging ? eps->precision : L2L_F32, eps->dist != NULL);
   return b;

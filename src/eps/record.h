@@ -27,7 +27,7 @@ struct eps_record {
                                   sees records, not layers) */
   const char *name;            /* the parameter's name, for messages (lives as long as it) */
   bool decays;                 /* weight decay applies (unless the optimizer decays all) */
-  struct l2l_eps *eps;         /* its EPS (for a worker's job or an exchange's completion,
+  struct eps *eps;         /* its EPS (for a worker's job or an exchange's completion,
                                   which get only the record) */
   l2l_tensor *master, *grad;   /* the record's own tensors (host pool) */
   l2l_tensor *state[2];        /* optimizer state (host pool), NULL until the first update
@@ -71,7 +71,7 @@ struct eps_record {
                                   EPS_GRAD_LIMIT or more (until cleared) */
   int chunks_left;
   double wave_sums[2];         /* a first wave's whole-record sums (LAMB's norms) */
-  struct l2l_optim_hyper hyper;
+  struct optim_hyper hyper;
   /* Data parallel (eps->dist): this rank's shard of the record, [shard_begin,
      shard_begin + shard_n), whose master and optimizer state it updates; the others come
      back by all-gather. state[] then holds the shard alone. */
@@ -87,7 +87,7 @@ struct eps_record {
                                   inf, a NaN or EPS_GRAD_LIMIT or more) and its largest
                                   |grad|, summed over ranks */
   double lamb[2];              /* LAMB's whole-record sums, summed over ranks */
-  struct l2l_dist_op rs, flag, lamb_op, ag;
+  struct dist_op rs, flag, lamb_op, ag;
 };
 
 /* The files of the EPS call down only, never back up, directly or through a pointer
@@ -107,22 +107,22 @@ struct eps_record {
 
 /* ---------------------------------------------------------------- the core's step (eps.c)
 
-   What l2l_eps_step_begin, _agreed and _end (step.c, eps.h's step interface) are made of.
+   What eps_step_begin, _agreed and _end (step.c, eps.h's step interface) are made of.
    eps_begin_step: every record's counts reset (update: this step ends an accumulation;
-   defer: updates wait for l2l_eps_step_release); then eps_expect once per trainable visit
+   defer: updates wait for eps_step_release); then eps_expect once per trainable visit
    of each record, eps_hold once per frozen rebuild's read; eps_prepare allocates missing
    optimizer state for records due and checks the host budget (a failure comes before
    anything has changed); with ranks, eps_order_exchanges then gives the due records their
    places on the exchange's streams. eps_abandon_step: a failed step's partial
    accumulators cleared; eps_nonfinite_skips: the step's records skipped for a non-finite
    gradient, and the first one's name and layer. */
-void eps_begin_step(struct l2l_eps *eps, bool update, bool defer, double lr);
-void eps_expect(struct l2l_eps *eps, struct eps_record *rec);
-void eps_hold(struct l2l_eps *eps, struct eps_record *rec);
-l2l_status eps_prepare(struct l2l_eps *eps);
-void eps_order_exchanges(struct l2l_eps *eps);
-void eps_abandon_step(struct l2l_eps *eps);
-int eps_nonfinite_skips(struct l2l_eps *eps, const char **name, int *layer);
+void eps_begin_step(struct eps *eps, bool update, bool defer, double lr);
+void eps_expect(struct eps *eps, struct eps_record *rec);
+void eps_hold(struct eps *eps, struct eps_record *rec);
+l2l_status eps_prepare(struct eps *eps);
+void eps_order_exchanges(struct eps *eps);
+void eps_abandon_step(struct eps *eps);
+int eps_nonfinite_skips(struct eps *eps, const char **name, int *layer);
 
 /* ---------------------------------------------------------------- the core's update queue (update.c) */
 
@@ -131,22 +131,22 @@ enum { STAGE_WAVE = -1 };
 /* rec's update (its first wave) queued with its gradient times grad_scale, once the
    storage tier gives it room (else it waits, pending, and begins when the tier hands it
    back); eps.c's arrivals and deferred release, and an exchange's agreed norm. */
-void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
+void eps_start_update(struct eps *eps, struct eps_record *rec, float grad_scale);
 /* With ranks: rec's gradient is complete on this rank: its exchange begins (reduce-scatter
    in its turn, then the norm's all-reduce, then its update or its skip). */
-void eps_update_exchange(struct l2l_eps *eps, struct eps_record *rec);
+void eps_update_exchange(struct eps *eps, struct eps_record *rec);
 /* With ranks: rec's update is skipped on every rank (an agreed inf or NaN, or an
    overflow): its turn for room and its places on the remaining streams pass. */
-void eps_update_skipped(struct l2l_eps *eps, struct eps_record *rec);
+void eps_update_skipped(struct eps *eps, struct eps_record *rec);
 
 /* ---------------------------------------------------------------- record.c (the bottom) */
 
 /* One optimizer state array of rec (its shard), as the spill file moves it. */
 static inline uint64_t eps_array_bytes(const struct eps_record *rec) {
-  return l2l_host_state_bytes(rec->eps->optimizer.state, rec->shard_n);
+  return host_state_bytes(rec->eps->optimizer.state, rec->shard_n);
 }
-/* rec's bytes in host memory and on disk (core's l2l_host_record_bytes). */
-struct l2l_host_record eps_record_bytes(const struct l2l_eps *eps, const struct eps_record *rec);
+/* rec's bytes in host memory and on disk (core's host_record_bytes). */
+struct host_record eps_record_bytes(const struct eps *eps, const struct eps_record *rec);
 /* Sorts records due this step in the order backward completes them. */
 void eps_sort_by_completion(struct eps_record **list, int n);
 
@@ -154,11 +154,11 @@ void eps_sort_by_completion(struct eps_record **list, int n);
 
 /* A new optimizer state array of rec (its shard's elements; host pool). */
 l2l_status eps_state_new(l2l_tensor **out, const struct eps_record *rec);
-/* A restore (l2l_eps_restore) in two halves: the arrays given checked against the
+/* A restore (eps_restore) in two halves: the arrays given checked against the
    optimizer and the record (*arrays: how many it keeps after `updates`), then each
    converted into a new array in the EPS's precision, its values checked (on a failure
    fresh[] holds none). Neither changes the record. */
-l2l_status eps_restore_check(const char *func, const struct l2l_eps *eps,
+l2l_status eps_restore_check(const char *func, const struct eps *eps,
                              const struct eps_record *rec, int64_t updates,
                              const l2l_tensor *const given[2], int *arrays);
 l2l_status eps_restore_convert(const char *func, const struct eps_record *rec, int arrays,
@@ -169,21 +169,21 @@ l2l_status eps_restore_convert(const char *func, const struct eps_record *rec, i
 /* With eps->spill: rec's state to the spill file, its host memory freed (a
    failure leaves it in memory); in memory for its update (read back, or zero for its
    first); array `which` of a spilled record read into a new host tensor (a checkpoint's);
-   the first failure on a worker kept for l2l_eps_io_status. */
-l2l_status eps_state_out(struct l2l_eps *eps, struct eps_record *rec);
-l2l_status eps_state_for_update(struct l2l_eps *eps, struct eps_record *rec);
-l2l_status eps_spill_read_state(struct l2l_eps *eps, struct eps_record *rec, int which,
+   the first failure on a worker kept for eps_io_status. */
+l2l_status eps_state_out(struct eps *eps, struct eps_record *rec);
+l2l_status eps_state_for_update(struct eps *eps, struct eps_record *rec);
+l2l_status eps_spill_read_state(struct eps *eps, struct eps_record *rec, int which,
                                 l2l_tensor **out);
-void eps_io_failed(struct l2l_eps *eps, l2l_status status);
+void eps_io_failed(struct eps *eps, l2l_status status);
 /* Before a step's updates (eps_prepare, before anything changes): the host
    budget checked; with a spill file, which records keep their state in memory (the
    others' written out now) and the first reads ahead queued. */
 enum { AHEAD_NONE, AHEAD_QUEUED, AHEAD_TAKEN };
-l2l_status eps_host_plan(struct l2l_eps *eps);
+l2l_status eps_host_plan(struct eps *eps);
 /* rec's read ahead, if any, waited for and its buffers freed (its state stays on disk);
    every record's, between steps. */
-void eps_ahead_drop(struct l2l_eps *eps, struct eps_record *rec);
-void eps_ahead_drop_all(struct l2l_eps *eps);
+void eps_ahead_drop(struct eps *eps, struct eps_record *rec);
+void eps_ahead_drop_all(struct eps *eps);
 /* With a spill file, before rec's update takes its state: true when there is room for it
    (it is kept in memory, or update_bytes has room: counted there now, and with ranks it
    is its turn); else its update waits (rec pending, in eps->waiting) and false.
@@ -192,28 +192,28 @@ void eps_ahead_drop_all(struct l2l_eps *eps);
    that now fits, taken (its room counted, its turn passed, out of the waiting list) in
    the same hold of the lock, or NULL; eps_room_next takes the next one. The tier begins
    nothing: the caller (update.c) begins each update handed back, in that order. */
-bool eps_update_room(struct l2l_eps *eps, struct eps_record *rec, float grad_scale,
+bool eps_update_room(struct eps *eps, struct eps_record *rec, float grad_scale,
                      struct eps_record **next);
-struct eps_record *eps_room_return(struct l2l_eps *eps, struct eps_record *rec);
-struct eps_record *eps_room_next(struct l2l_eps *eps);
+struct eps_record *eps_room_return(struct eps *eps, struct eps_record *rec);
+struct eps_record *eps_room_next(struct eps *eps);
 /* With ranks, a due record whose update will not take room (skipped on every rank) passes
    its turn. */
-struct eps_record *eps_turn_pass(struct l2l_eps *eps, struct eps_record *rec);
+struct eps_record *eps_turn_pass(struct eps *eps, struct eps_record *rec);
 /* rec's accumulator cleared for its next minibatch (its update read it, or its gradient
    is dropped): when the accumulators pass its pages are given back. `zeroed`: its
    elements are zero already (its update's chunks wrote them); it is counted out of the
    passing accumulators in memory either way. */
-void eps_grad_clear(struct l2l_eps *eps, struct eps_record *rec, bool zeroed);
+void eps_grad_clear(struct eps *eps, struct eps_record *rec, bool zeroed);
 
 /* ---------------------------------------------------------------- exchange.c (ranks) */
 
 /* The streams freed (after every exchange has ended). */
-void eps_dist_free(struct l2l_eps *eps);
+void eps_dist_free(struct eps *eps);
 /* This step's due records get their places on the streams (eps_prepare). */
-void eps_exchange_order(struct l2l_eps *eps);
+void eps_exchange_order(struct eps *eps);
 /* Shards of a new record (counts, displs, begin, n) for this process's ranks;
    L2L_ERR_INVALID for a shard beyond MPI's int counts. */
-l2l_status eps_shard(struct l2l_eps *eps, struct eps_record *rec);
+l2l_status eps_shard(struct eps *eps, struct eps_record *rec);
 /* A record's collectives with ranks, each on a stream of its own, in the record's place
    there (a reduce-scatter takes the place, eps_exchange_order's, for the whole exchange). */
 enum eps_collective {
@@ -225,15 +225,15 @@ enum eps_collective {
 };
 /* Posts rec's collective `which`; `done` (the core's, update.c) is the operation's
    completion, called on the communication thread when it has ended. */
-void eps_exchange_post(struct l2l_eps *eps, struct eps_record *rec, enum eps_collective which,
-                       void (*done)(struct l2l_dist_op *op));
+void eps_exchange_post(struct eps *eps, struct eps_record *rec, enum eps_collective which,
+                       void (*done)(struct dist_op *op));
 /* The same place passed with nothing sent (a record skipped on every rank). */
-void eps_exchange_pass(struct l2l_eps *eps, struct eps_record *rec, enum eps_collective which,
-                       void (*done)(struct l2l_dist_op *op));
+void eps_exchange_pass(struct eps *eps, struct eps_record *rec, enum eps_collective which,
+                       void (*done)(struct dist_op *op));
 /* rec is skipped on every rank: its all-gather's bytes are not sent (the step's count). */
-void eps_exchange_skipped(struct l2l_eps *eps, struct eps_record *rec);
-/* The whole state l2l_eps_state_whole gathered or read for a checkpoint, freed (only
+void eps_exchange_skipped(struct eps *eps, struct eps_record *rec);
+/* The whole state eps_state_whole gathered or read for a checkpoint, freed (only
    eps->gathered_last has any). */
-void eps_gathered_free(struct l2l_eps *eps);
+void eps_gathered_free(struct eps *eps);
 
 #endif /* L2L_EPS_RECORD_H */

@@ -164,7 +164,7 @@ static l2l_status engine_chosen(enum eps_spill_engine *engine) {
   if (env == NULL || env[0] == '\0') return L2L_OK;
   if (strcmp(env, "io_uring") == 0) *engine = EPS_SPILL_ENGINE_RING;
   else if (strcmp(env, "threads") == 0) *engine = EPS_SPILL_ENGINE_THREADS;
-  else return l2l_fail(L2L_ERR_INVALID, "L2L_SPILL_IO is \"%s\": io_uring or threads, or unset "
+  else return core_fail(L2L_ERR_INVALID, "L2L_SPILL_IO is \"%s\": io_uring or threads, or unset "
                        "for io_uring where the kernel allows it", env);
   return L2L_OK;
 }
@@ -172,18 +172,18 @@ static l2l_status engine_chosen(enum eps_spill_engine *engine) {
 l2l_status eps_spill_open(struct eps_spill *sp, const char *dir, enum eps_spill_engine engine,
                           int threads, char *found, size_t found_len) {
   if (sp == NULL || dir == NULL || dir[0] == '\0')
-    return l2l_fail(L2L_ERR_INVALID, "the spill directory is empty");
+    return core_fail(L2L_ERR_INVALID, "the spill directory is empty");
   if (threads < 1 || threads > 64)
-    return l2l_fail(L2L_ERR_INVALID, "spill I/O threads must be 1 to 64, got %d", threads);
+    return core_fail(L2L_ERR_INVALID, "spill I/O threads must be 1 to 64, got %d", threads);
   TRY(engine_chosen(&engine));
   memset(sp, 0, sizeof *sp);
   sp->fd = sp->fd_direct = -1;
   struct stat st;
   if (stat(dir, &st) != 0)
-    return l2l_fail(L2L_ERR_IO, "spill directory %s: %s (make it, or give another)", dir,
+    return core_fail(L2L_ERR_IO, "spill directory %s: %s (make it, or give another)", dir,
                     strerror(errno));
   if (!S_ISDIR(st.st_mode))
-    return l2l_fail(L2L_ERR_IO, "spill directory %s is not a directory", dir);
+    return core_fail(L2L_ERR_IO, "spill directory %s is not a directory", dir);
   pthread_mutex_lock(&files_lock);
   if (found && found_len) find_left_behind(dir, found, found_len);
   /* a name in use is a file left by a dead process that had this pid (named above; this
@@ -194,7 +194,7 @@ l2l_status eps_spill_open(struct eps_spill *sp, const char *dir, enum eps_spill_
     int w = snprintf(sp->path, sizeof sp->path, "%s/l2l-spill-%ld-%d.bin", dir, (long)getpid(), n);
     if (w < 0 || (size_t)w >= sizeof sp->path) {
       pthread_mutex_unlock(&files_lock);
-      return l2l_fail(L2L_ERR_INVALID, "spill directory %s: the path is too long", dir);
+      return core_fail(L2L_ERR_INVALID, "spill directory %s: the path is too long", dir);
     }
     sp->fd = open(sp->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (sp->fd >= 0 || errno != EEXIST) break;
@@ -202,7 +202,7 @@ l2l_status eps_spill_open(struct eps_spill *sp, const char *dir, enum eps_spill_
   if (sp->fd < 0) {
     int err = errno;
     pthread_mutex_unlock(&files_lock);
-    return l2l_fail(L2L_ERR_IO, "spill file %s cannot be made: %s (a writable directory on a "
+    return core_fail(L2L_ERR_IO, "spill file %s cannot be made: %s (a writable directory on a "
                     "local disk is needed)", sp->path, strerror(err));
   }
   file_opened(sp);
@@ -211,7 +211,7 @@ l2l_status eps_spill_open(struct eps_spill *sp, const char *dir, enum eps_spill_
   sp->fd_direct = open(sp->path, O_RDWR | O_DIRECT | O_CLOEXEC);   /* -1: buffered only */
   l2l_status status = engine == EPS_SPILL_ENGINE_THREADS ? L2L_ERR_UNSUPPORTED : ring_start(sp);
   if (status != L2L_OK && engine != EPS_SPILL_ENGINE_RING)
-    status = l2l_queue_start(&sp->io, threads, 0, "spill I/O");
+    status = queue_start(&sp->io, threads, 0, "spill I/O");
   if (status != L2L_OK) {
     file_closed(sp);
     if (sp->fd_direct >= 0) close(sp->fd_direct);
@@ -227,7 +227,7 @@ l2l_status eps_spill_open(struct eps_spill *sp, const char *dir, enum eps_spill_
 void eps_spill_close(struct eps_spill *sp) {
   if (sp == NULL || sp->fd < 0) return;
   if (sp->ring) ring_stop(sp);
-  else l2l_queue_stop(&sp->io);
+  else queue_stop(&sp->io);
   file_closed(sp);
   if (sp->fd_direct >= 0) close(sp->fd_direct);
   close(sp->fd);
@@ -242,7 +242,7 @@ void eps_spill_close(struct eps_spill *sp) {
 
 l2l_status eps_spill_reserve(struct eps_spill *sp, uint64_t bytes, uint64_t *offset) {
   if (sp == NULL || sp->fd < 0 || offset == NULL)
-    return l2l_fail(L2L_ERR_INVALID, "the spill file is not open");
+    return core_fail(L2L_ERR_INVALID, "the spill file is not open");
   uint64_t size = round_up(bytes > 0 ? bytes : 1);
   pthread_mutex_lock(&sp->lock);
   /* a region given back fits first (the smallest that does): a model whose layers are
@@ -270,10 +270,10 @@ l2l_status eps_spill_reserve(struct eps_spill *sp, uint64_t bytes, uint64_t *off
   pthread_mutex_unlock(&sp->lock);
   if (err != 0) {
     char have[32], want[32];
-    return l2l_fail(L2L_ERR_IO, "spill file %s: no room for %s more (%s in the file): %s; free "
+    return core_fail(L2L_ERR_IO, "spill file %s: no room for %s more (%s in the file): %s; free "
                     "space on that disk or give a spill directory on another%s",
-                    sp->path, l2l_human_bytes(want, sizeof want, size),
-                    l2l_human_bytes(have, sizeof have, used), strerror(err),
+                    sp->path, core_human_bytes(want, sizeof want, size),
+                    core_human_bytes(have, sizeof have, used), strerror(err),
                     err == EFBIG ? ", or raise the file size limit (ulimit -f)" : "");
   }
   *offset = used;
@@ -315,14 +315,14 @@ static bool transfer_step(struct eps_spill_io *io, int64_t n) {
     return true;
   }
   if (n < 0) {
-    l2l_job_fail(&io->job, l2l_fail(L2L_ERR_IO, "spill file %s: %s %llu bytes at %llu: %s",
+    job_fail(&io->job, core_fail(L2L_ERR_IO, "spill file %s: %s %llu bytes at %llu: %s",
                                     sp->path, io->write ? "writing" : "reading",
                                     (unsigned long long)io->bytes,
                                     (unsigned long long)io->offset, strerror((int)-n)));
     return false;
   }
   if (n == 0) {
-    l2l_job_fail(&io->job, l2l_fail(L2L_ERR_IO, "spill file %s: short %s at %llu (%llu of %llu "
+    job_fail(&io->job, core_fail(L2L_ERR_IO, "spill file %s: short %s at %llu (%llu of %llu "
                                     "bytes): the file was cut short by another program",
                                     sp->path, io->write ? "write" : "read",
                                     (unsigned long long)io->offset, (unsigned long long)io->moved,
@@ -346,7 +346,7 @@ static void transfer_hash(struct eps_spill_io *io) {
 
 /* ---------------------------------------------------------- the pool of pread/pwrite threads */
 
-static void io_run(struct l2l_job *job, int thread) {
+static void io_run(struct core_job *job, int thread) {
   (void)thread;
   struct eps_spill_io *io = (struct eps_spill_io *)job;
   struct eps_spill *sp = io->spill;
@@ -438,11 +438,11 @@ static void *ring_reap(void *arg) {
 /* The ring and its reaper, or L2L_ERR_UNSUPPORTED saying why not (nothing made). */
 static l2l_status ring_start(struct eps_spill *sp) {
   struct io_uring *ring = calloc(1, sizeof *ring);
-  if (ring == NULL) return l2l_fail(L2L_ERR_NOMEM, "no memory for an io_uring");
+  if (ring == NULL) return core_fail(L2L_ERR_NOMEM, "no memory for an io_uring");
   int err = io_uring_queue_init(RING_DEPTH, ring, 0);
   if (err < 0) {
     free(ring);
-    return l2l_fail(L2L_ERR_UNSUPPORTED, "io_uring: %s (the kernel or its sandbox refuses it)",
+    return core_fail(L2L_ERR_UNSUPPORTED, "io_uring: %s (the kernel or its sandbox refuses it)",
                     strerror(-err));
   }
   sp->ring = ring;
@@ -453,7 +453,7 @@ static l2l_status ring_start(struct eps_spill *sp) {
     io_uring_queue_exit(ring);
     free(ring);
     sp->ring = NULL;
-    return l2l_fail(L2L_ERR_NOMEM, "cannot start the spill file's io_uring thread");
+    return core_fail(L2L_ERR_NOMEM, "cannot start the spill file's io_uring thread");
   }
   return L2L_OK;
 }
@@ -495,12 +495,12 @@ static l2l_status ring_wait(struct eps_spill *sp, struct eps_spill_io *io) {
   pthread_mutex_lock(&sp->ring_lock);
   while (!io->job.done) pthread_cond_wait(&sp->ring_done, &sp->ring_lock);
   pthread_mutex_unlock(&sp->ring_lock);
-  return io->job.status == L2L_OK ? L2L_OK : l2l_fail(io->job.status, "%s", io->job.message);
+  return io->job.status == L2L_OK ? L2L_OK : core_fail(io->job.status, "%s", io->job.message);
 }
 #else
 static l2l_status ring_start(struct eps_spill *sp) {
   (void)sp;
-  return l2l_fail(L2L_ERR_UNSUPPORTED, "io_uring: this libl2l was built without liburing");
+  return core_fail(L2L_ERR_UNSUPPORTED, "io_uring: this libl2l was built without liburing");
 }
 static void ring_stop(struct eps_spill *sp) { (void)sp; }
 static void ring_queue(struct eps_spill *sp, struct eps_spill_io *io) { (void)sp, (void)io; }
@@ -513,12 +513,12 @@ static l2l_status ring_wait(struct eps_spill *sp, struct eps_spill_io *io) {
 l2l_status eps_spill_queue(struct eps_spill *sp, struct eps_spill_io *io, bool write, void *buffer,
                            uint64_t offset, uint64_t bytes, uint64_t sum) {
   if (sp == NULL || sp->fd < 0 || io == NULL || (buffer == NULL && bytes > 0))
-    return l2l_fail(L2L_ERR_INVALID, "the spill file is not open, or no buffer");
+    return core_fail(L2L_ERR_INVALID, "the spill file is not open, or no buffer");
   pthread_mutex_lock(&sp->lock);
   uint64_t used = sp->used;
   pthread_mutex_unlock(&sp->lock);
   if (offset > used || bytes > used - offset)
-    return l2l_fail(L2L_ERR_INVALID, "spill file %s: %llu bytes at %llu lie beyond its %llu "
+    return core_fail(L2L_ERR_INVALID, "spill file %s: %llu bytes at %llu lie beyond its %llu "
                     "reserved", sp->path, (unsigned long long)bytes, (unsigned long long)offset,
                     (unsigned long long)used);
   *io = (struct eps_spill_io){.spill = sp, .write = write, .buffer = buffer, .offset = offset,
@@ -526,7 +526,7 @@ l2l_status eps_spill_queue(struct eps_spill *sp, struct eps_spill_io *io, bool w
                               .direct = aligned_transfer(sp, buffer, offset, bytes)};
   if (sp->ring == NULL) {
     io->job.run = io_run;
-    l2l_queue_push(&sp->io, &io->job);
+    queue_push(&sp->io, &io->job);
   } else if (bytes > 0) {
     ring_queue(sp, io);
   } else {
@@ -538,9 +538,9 @@ l2l_status eps_spill_queue(struct eps_spill *sp, struct eps_spill_io *io, bool w
 
 l2l_status eps_spill_wait(struct eps_spill_io *io) {
   struct eps_spill *sp = io->spill;
-  TRY(sp->ring ? ring_wait(sp, io) : l2l_job_wait(&io->job));
+  TRY(sp->ring ? ring_wait(sp, io) : job_wait(&io->job));
   if (io->write || io->hash == io->sum) return L2L_OK;
-  return l2l_fail(L2L_ERR_IO, "spill file %s: the %llu bytes at %llu are not those written there "
+  return core_fail(L2L_ERR_IO, "spill file %s: the %llu bytes at %llu are not those written there "
                   "(their XXH3-64 is %016llx, %016llx when written): another program changed "
                   "the file", sp->path, (unsigned long long)io->bytes,
                   (unsigned long long)io->offset, (unsigned long long)io->hash,

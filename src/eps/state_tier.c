@@ -2,7 +2,7 @@
 /* state_tier.c — the optimizer state in the spill file between a record's updates.
  *
  * Purpose: the EPS's third tier (issue "Beyond host memory"). With a spill file
- * (l2l_eps_spill_state) the records first in the EPS's list whose state fits what the
+ * (eps_spill_state) the records first in the EPS's list whose state fits what the
  * host budget leaves keep it in host memory; every other record's state is in the file
  * between its updates: read back for its update alone and written out after the update's
  * last wave, while the record is still pending, so that neither its next update nor a
@@ -28,14 +28,14 @@
 #include "record.h"
 
 /* A record's optimizer state, as the host pool counts it. */
-static uint64_t state_bytes(const struct l2l_eps *eps, const struct eps_record *rec) {
+static uint64_t state_bytes(const struct eps *eps, const struct eps_record *rec) {
   return eps_record_bytes(eps, rec).state;
 }
 
 /* Moves rec's state arrays to the spill file (each its own region, reserved the first
    time) and frees their host memory; a failure leaves them in memory. */
-l2l_status eps_state_out(struct l2l_eps *eps, struct eps_record *rec) {
-  int arrays = l2l_optim_state_count(&eps->optimizer);
+l2l_status eps_state_out(struct eps *eps, struct eps_record *rec) {
+  int arrays = optim_state_count(&eps->optimizer);
   if (rec->state[0] == NULL) return L2L_OK;
   uint64_t bytes = eps_array_bytes(rec);
   for (int a = 0; !rec->spill_reserved && a < arrays; a++)
@@ -67,7 +67,7 @@ l2l_status eps_state_out(struct l2l_eps *eps, struct eps_record *rec) {
 
 /* A read of state array `which` of rec queued into a new host tensor (*out, NULL when it
    cannot be queued). */
-static l2l_status read_queue(struct l2l_eps *eps, struct eps_record *rec, int which,
+static l2l_status read_queue(struct eps *eps, struct eps_record *rec, int which,
                              l2l_tensor **out, struct eps_spill_io *io) {
   TRY(eps_state_new(out, rec));
   l2l_status status = eps_spill_queue(eps->spill, io, false, l2l_tensor_data(*out),
@@ -80,7 +80,7 @@ static l2l_status read_queue(struct l2l_eps *eps, struct eps_record *rec, int wh
   return status;
 }
 
-l2l_status eps_spill_read_state(struct l2l_eps *eps, struct eps_record *rec, int which,
+l2l_status eps_spill_read_state(struct eps *eps, struct eps_record *rec, int which,
                                 l2l_tensor **out) {
   struct eps_spill_io io;
   TRY(read_queue(eps, rec, which, out, &io));
@@ -95,8 +95,8 @@ l2l_status eps_spill_read_state(struct l2l_eps *eps, struct eps_record *rec, int
 /* Under the lock: reads of the next records in the list queued while the window has room
    (one record always: the window never stalls on a record larger than it). A read that
    cannot be queued is left to the record's update, which reports its failure. */
-static l2l_status ahead_queue(struct l2l_eps *eps, struct eps_record *rec);
-static void ahead_fill(struct l2l_eps *eps) {
+static l2l_status ahead_queue(struct eps *eps, struct eps_record *rec);
+static void ahead_fill(struct eps *eps) {
   while (eps->ahead_next < eps->ahead_n) {
     struct eps_record *rec = eps->ahead[eps->ahead_next];
     uint64_t bytes = state_bytes(eps, rec);
@@ -108,8 +108,8 @@ static void ahead_fill(struct l2l_eps *eps) {
   }
 }
 
-static l2l_status ahead_queue(struct l2l_eps *eps, struct eps_record *rec) {
-  int arrays = l2l_optim_state_count(&eps->optimizer), queued = 0;
+static l2l_status ahead_queue(struct eps *eps, struct eps_record *rec) {
+  int arrays = optim_state_count(&eps->optimizer), queued = 0;
   l2l_status status = L2L_OK;
   for (int a = 0; a < arrays && status == L2L_OK; a++) {
     status = read_queue(eps, rec, a, &rec->ahead_state[a], &rec->ahead_io[a]);
@@ -124,7 +124,7 @@ static l2l_status ahead_queue(struct l2l_eps *eps, struct eps_record *rec) {
   return status;
 }
 
-void eps_ahead_drop(struct l2l_eps *eps, struct eps_record *rec) {
+void eps_ahead_drop(struct eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   bool queued = rec->ahead == AHEAD_QUEUED;
   if (queued) eps->ahead_bytes -= state_bytes(eps, rec);
@@ -138,7 +138,7 @@ void eps_ahead_drop(struct l2l_eps *eps, struct eps_record *rec) {
   }
 }
 
-void eps_ahead_drop_all(struct l2l_eps *eps) {
+void eps_ahead_drop_all(struct eps *eps) {
   for (int i = 0; i < eps->count; i++) eps_ahead_drop(eps, eps->records[i]);
   pthread_mutex_lock(&eps->lock);
   eps->ahead_n = eps->ahead_next = 0;
@@ -146,7 +146,7 @@ void eps_ahead_drop_all(struct l2l_eps *eps) {
 }
 
 /* Under the lock: rec's turn passed, and the turns after it that passed already. */
-static void turn_pass(struct l2l_eps *eps, const struct eps_record *rec) {
+static void turn_pass(struct eps *eps, const struct eps_record *rec) {
   if (rec->turn < 0) return;
   eps->turn_passed[rec->turn] = true;
   while (eps->turn_next < eps->ahead_n && eps->turn_passed[eps->turn_next]) eps->turn_next++;
@@ -157,14 +157,14 @@ static void turn_pass(struct l2l_eps *eps, const struct eps_record *rec) {
    ranks' stream of norms: one of a later place holding room that an earlier place's
    update waits for would wait forever. (The updates ask for room in the order their norms'
    all-reduces end, which is not always the places'.) */
-static bool turn_waits(const struct l2l_eps *eps, const struct eps_record *rec) {
+static bool turn_waits(const struct eps *eps, const struct eps_record *rec) {
   return eps->dist != NULL && rec->turn >= 0 && rec->turn != eps->turn_next;
 }
 
 /* Under the lock: the first waiting update whose room (and turn) has come, taken (first
    come first: its room counted, its turn passed, out of the list), or NULL. The core
    begins it with the lock let go (eps_room_next then takes the next). */
-static struct eps_record *waiting_take(struct l2l_eps *eps) {
+static struct eps_record *waiting_take(struct eps *eps) {
   int at = 0;
   while (at < eps->waiting_n && turn_waits(eps, eps->waiting[at])) at++;
   if (at == eps->waiting_n) return NULL;
@@ -178,14 +178,14 @@ static struct eps_record *waiting_take(struct l2l_eps *eps) {
   return next;
 }
 
-struct eps_record *eps_room_next(struct l2l_eps *eps) {
+struct eps_record *eps_room_next(struct eps *eps) {
   pthread_mutex_lock(&eps->lock);
   struct eps_record *next = waiting_take(eps);
   pthread_mutex_unlock(&eps->lock);
   return next;
 }
 
-bool eps_update_room(struct l2l_eps *eps, struct eps_record *rec, float grad_scale,
+bool eps_update_room(struct eps *eps, struct eps_record *rec, float grad_scale,
                      struct eps_record **next) {
   uint64_t bytes = state_bytes(eps, rec);
   *next = NULL;
@@ -209,7 +209,7 @@ bool eps_update_room(struct l2l_eps *eps, struct eps_record *rec, float grad_sca
   return room;
 }
 
-struct eps_record *eps_room_return(struct l2l_eps *eps, struct eps_record *rec) {
+struct eps_record *eps_room_return(struct eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   if (rec->room) eps->update_bytes -= state_bytes(eps, rec);
   rec->room = false;
@@ -218,7 +218,7 @@ struct eps_record *eps_room_return(struct l2l_eps *eps, struct eps_record *rec) 
   return next;
 }
 
-struct eps_record *eps_turn_pass(struct l2l_eps *eps, struct eps_record *rec) {
+struct eps_record *eps_turn_pass(struct eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   turn_pass(eps, rec);
   struct eps_record *next = waiting_take(eps);
@@ -236,7 +236,7 @@ static bool has_state(const struct eps_record *rec) {
 
 /* Which records keep their state in memory by the tier's choice (the others' written out
    now), and the first reads of the step's due records queued. */
-static l2l_status ahead_begin(struct l2l_eps *eps, const struct l2l_host_tier *tier) {
+static l2l_status ahead_begin(struct eps *eps, const struct host_tier *tier) {
   /* On one process the last step's updates have all begun (their reads are taken) once
      its arrivals are counted; with ranks an update begins once its exchange has summed the
      gradient, which may come later: those are waited for. A read nobody took (an update
@@ -250,7 +250,7 @@ static l2l_status ahead_begin(struct l2l_eps *eps, const struct l2l_host_tier *t
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     pthread_mutex_lock(&eps->lock);
-    bool keep = l2l_host_tier_keeps(tier, &kept, has_state(rec) ? state_bytes(eps, rec) : 0);
+    bool keep = host_tier_keeps(tier, &kept, has_state(rec) ? state_bytes(eps, rec) : 0);
     rec->keep_state = keep;   /* a running update reads it as it ends, and spills or not */
     bool settled = !rec->pending;
     pthread_mutex_unlock(&eps->lock);
@@ -295,8 +295,8 @@ static bool grad_is_zero(const struct eps_record *rec) {
 }
 
 /* rec's accumulator, which holds nothing, gives its pages back. */
-static void grad_give_back(struct l2l_eps *eps, struct eps_record *rec) {
-  l2l_pool_zero_pages(L2L_POOL_HOST, l2l_tensor_data(rec->grad),
+static void grad_give_back(struct eps *eps, struct eps_record *rec) {
+  pool_zero_pages(L2L_POOL_HOST, l2l_tensor_data(rec->grad),
                       (uint64_t)l2l_tensor_numel(rec->grad) * sizeof(float));
   pthread_mutex_lock(&eps->lock);
   rec->grad_away = true;
@@ -304,14 +304,14 @@ static void grad_give_back(struct l2l_eps *eps, struct eps_record *rec) {
 }
 
 /* With a spill file, before the budget's check: which accumulators may pass this step
-   (l2l_host_grad_passes; rec->grad_passing until the tier says whether they do), and the
+   (host_grad_passes; rec->grad_passing until the tier says whether they do), and the
    pages of those that expect no gradient given back when they hold nothing (a frozen
    layer's). A record of the last step still updating is cleared as its update ends. */
-static void grads_candidates(struct l2l_eps *eps) {
+static void grads_candidates(struct eps *eps) {
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     pthread_mutex_lock(&eps->lock);
-    bool passes = l2l_host_grad_passes(true, eps->defer, rec->update_due, rec->users, rec->expected);
+    bool passes = host_grad_passes(true, eps->defer, rec->update_due, rec->users, rec->expected);
     bool idle = !rec->pending && !rec->grad_away;
     pthread_mutex_unlock(&eps->lock);
     if (idle && rec->expected == 0 && grad_is_zero(rec)) grad_give_back(eps, rec);
@@ -324,7 +324,7 @@ static void grads_candidates(struct l2l_eps *eps) {
 /* The accumulators pass: each that may and is in memory gives its pages back if it holds
    nothing (a layer's fresh one, or one cleared while they did not pass); one that holds a
    gradient (a script wrote into it) does not pass. Whether any stopped passing. */
-static bool grads_release(struct l2l_eps *eps) {
+static bool grads_release(struct eps *eps) {
   bool changed = false;
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
@@ -347,12 +347,12 @@ static bool grads_release(struct l2l_eps *eps) {
 /* The tier over the EPS's records as they are (under the lock): an accumulator that may
    pass is the window's; any other in memory through the step counts as fixed (*fixed: the
    bytes in memory whatever the budget, with them when they do not pass). */
-static void host_tier_now(struct l2l_eps *eps, struct l2l_host_tier *tier, uint64_t *fixed_out) {
+static void host_tier_now(struct eps *eps, struct host_tier *tier, uint64_t *fixed_out) {
   uint64_t fixed = 0, state = 0, largest = 0, passing = 0, passing_total = 0;
   pthread_mutex_lock(&eps->lock);
   for (int i = 0; i < eps->count; i++) {
     const struct eps_record *rec = eps->records[i];
-    struct l2l_host_record b = eps_record_bytes(eps, rec);
+    struct host_record b = eps_record_bytes(eps, rec);
     uint64_t bytes = has_state(rec) ? b.state : 0;
     fixed += b.fixed;
     if (rec->grad_passing) {
@@ -365,13 +365,13 @@ static void host_tier_now(struct l2l_eps *eps, struct l2l_host_tier *tier, uint6
     largest = bytes > largest ? bytes : largest;
   }
   pthread_mutex_unlock(&eps->lock);
-  l2l_host_tier_plan(tier, fixed, state, largest, passing, passing_total, eps->host_budget,
+  host_tier_plan(tier, fixed, state, largest, passing, passing_total, eps->host_budget,
                      eps->spill != NULL);
   *fixed_out = fixed + (tier->grads_pass ? 0 : passing_total);
 }
 
-l2l_status eps_host_plan(struct l2l_eps *eps) {
-  struct l2l_host_tier tier;
+l2l_status eps_host_plan(struct eps *eps) {
+  struct host_tier tier;
   uint64_t fixed;
   if (eps->spill) grads_candidates(eps);
   host_tier_now(eps, &tier, &fixed);
@@ -386,10 +386,10 @@ l2l_status eps_host_plan(struct l2l_eps *eps) {
                 "the relay's host budget of %llu bytes (%s) is below the %llu (%s) its EPS "
                 "needs: %s of masters, staging copies and gradient accumulators in memory "
                 "through the step%s %s of %s",
-                (unsigned long long)eps->host_budget, l2l_human_bytes(a, sizeof a, eps->host_budget),
-                (unsigned long long)tier.need, l2l_human_bytes(b, sizeof b, tier.need),
-                l2l_human_bytes(c, sizeof c, fixed), eps->spill ? ", and" : " and",
-                l2l_human_bytes(d, sizeof d, tier.need - fixed),
+                (unsigned long long)eps->host_budget, core_human_bytes(a, sizeof a, eps->host_budget),
+                (unsigned long long)tier.need, core_human_bytes(b, sizeof b, tier.need),
+                core_human_bytes(c, sizeof c, fixed), eps->spill ? ", and" : " and",
+                core_human_bytes(d, sizeof d, tier.need - fixed),
                 eps->spill ? "the windows (the largest record's optimizer state twice, one read "
                              "ahead and one updating, and the largest passing accumulator once)"
                            : "optimizer state: a spill directory (spill_dir) keeps it on disk instead");
@@ -401,7 +401,7 @@ l2l_status eps_host_plan(struct l2l_eps *eps) {
   return eps->spill ? ahead_begin(eps, &tier) : L2L_OK;
 }
 
-void l2l_eps_set_host_budget(struct l2l_eps *eps, uint64_t bytes) {
+void eps_set_host_budget(struct eps *eps, uint64_t bytes) {
   pthread_mutex_lock(&eps->lock);
   eps->host_budget = bytes;
   pthread_mutex_unlock(&eps->lock);
@@ -410,7 +410,7 @@ void l2l_eps_set_host_budget(struct l2l_eps *eps, uint64_t bytes) {
 /* Brings a spilled record's state back to host memory for its update: the read ahead
    when there is one (the next read then queued), else read now; a failure leaves it on
    disk. */
-static l2l_status state_in(struct l2l_eps *eps, struct eps_record *rec) {
+static l2l_status state_in(struct eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   bool spilled = rec->spilled, ahead = rec->ahead == AHEAD_QUEUED;
   if (ahead) eps->ahead_bytes -= state_bytes(eps, rec);   /* its update's from here */
@@ -419,7 +419,7 @@ static l2l_status state_in(struct l2l_eps *eps, struct eps_record *rec) {
   ahead_fill(eps);
   pthread_mutex_unlock(&eps->lock);
   if (!spilled) return L2L_OK;
-  int arrays = l2l_optim_state_count(&eps->optimizer);
+  int arrays = optim_state_count(&eps->optimizer);
   l2l_tensor *fresh[2] = {NULL, NULL};
   l2l_status status = L2L_OK;
   for (int a = 0; a < arrays; a++) {
@@ -441,7 +441,7 @@ static l2l_status state_in(struct l2l_eps *eps, struct eps_record *rec) {
 }
 
 /* A spill failure on a worker: the first is kept for the step to report. */
-void eps_io_failed(struct l2l_eps *eps, l2l_status status) {
+void eps_io_failed(struct eps *eps, l2l_status status) {
   pthread_mutex_lock(&eps->lock);
   if (eps->io_status == L2L_OK) {
     eps->io_status = status;
@@ -450,18 +450,18 @@ void eps_io_failed(struct l2l_eps *eps, l2l_status status) {
   pthread_mutex_unlock(&eps->lock);
 }
 
-l2l_status l2l_eps_io_status(struct l2l_eps *eps) {
+l2l_status eps_io_status(struct eps *eps) {
   pthread_mutex_lock(&eps->lock);
   l2l_status status = eps->io_status;
   char message[sizeof eps->io_message];
   memcpy(message, eps->io_message, sizeof message);
   eps->io_status = L2L_OK;
   pthread_mutex_unlock(&eps->lock);
-  return status == L2L_OK ? L2L_OK : l2l_fail(status, "%s", message);
+  return status == L2L_OK ? L2L_OK : core_fail(status, "%s", message);
 }
 
-void l2l_eps_spill_counts(struct l2l_eps *eps, struct l2l_eps_spill_counts *out) {
-  *out = (struct l2l_eps_spill_counts){0};
+void eps_spill_counts(struct eps *eps, struct eps_spill_counts *out) {
+  *out = (struct eps_spill_counts){0};
   if (eps->spill) {
     out->read = atomic_load(&eps->spill->read);
     out->written = atomic_load(&eps->spill->written);
@@ -475,7 +475,7 @@ void l2l_eps_spill_counts(struct l2l_eps *eps, struct l2l_eps_spill_counts *out)
   pthread_mutex_unlock(&eps->lock);
 }
 
-l2l_status l2l_eps_spill_state(struct l2l_eps *eps, const char *dir) {
+l2l_status eps_spill_state(struct eps *eps, const char *dir) {
   if (eps->spill) return FAIL(L2L_ERR_STATE, "the optimizer state spills already (to %s)", eps->spill->path);
   struct eps_spill *sp = calloc(1, sizeof *sp);
   if (sp == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a spill file");
@@ -502,9 +502,9 @@ l2l_status l2l_eps_spill_state(struct l2l_eps *eps, const char *dir) {
 
 /* With a spill file: rec's state in memory for its update (read back, or zero for its
    first). */
-l2l_status eps_state_for_update(struct l2l_eps *eps, struct eps_record *rec) {
+l2l_status eps_state_for_update(struct eps *eps, struct eps_record *rec) {
   TRY(state_in(eps, rec));
-  for (int a = 0; a < l2l_optim_state_count(&eps->optimizer); a++) {
+  for (int a = 0; a < optim_state_count(&eps->optimizer); a++) {
     if (rec->state[a] != NULL) continue;
     TRY(eps_state_new(&rec->state[a], rec));
     TRY(l2l_tensor_fill(rec->state[a], 0.0));
@@ -514,7 +514,7 @@ l2l_status eps_state_for_update(struct l2l_eps *eps, struct eps_record *rec) {
 
 /* ---------------------------------------------------------------- an accumulator cleared */
 
-void eps_grad_clear(struct l2l_eps *eps, struct eps_record *rec, bool zeroed) {
+void eps_grad_clear(struct eps *eps, struct eps_record *rec, bool zeroed) {
   void *g = l2l_tensor_data(rec->grad);
   uint64_t bytes = (uint64_t)l2l_tensor_numel(rec->grad) * sizeof(float);
   if (eps->spill == NULL) {
@@ -524,7 +524,7 @@ void eps_grad_clear(struct l2l_eps *eps, struct eps_record *rec, bool zeroed) {
   pthread_mutex_lock(&eps->lock);
   bool give = eps->grads_pass && !zeroed;
   pthread_mutex_unlock(&eps->lock);
-  if (give) l2l_pool_zero_pages(L2L_POOL_HOST, g, bytes);   /* (the EPS's tensors are host memory) */
+  if (give) pool_zero_pages(L2L_POOL_HOST, g, bytes);   /* (the EPS's tensors are host memory) */
   else if (!zeroed) memset(g, 0, bytes);
   pthread_mutex_lock(&eps->lock);
   if (rec->grad_counted) eps->grad_bytes -= eps_record_bytes(eps, rec).grad;
@@ -539,7 +539,7 @@ void eps_grad_clear(struct l2l_eps *eps, struct eps_record *rec, bool zeroed) {
 /* The arrays checked and converted by quant.c; the tier's part here: a read ahead of the
    old state dropped first (stale), the new state written out after (kept in memory if it
    cannot go: nothing lost). */
-l2l_status l2l_eps_restore(const char *func, struct l2l_eps *eps, struct eps_record *rec,
+l2l_status eps_restore(const char *func, struct eps *eps, struct eps_record *rec,
                            int64_t updates, const l2l_tensor *first, const l2l_tensor *second) {
   const l2l_tensor *given[2] = {first, second};
   int arrays = 0;

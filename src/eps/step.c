@@ -12,21 +12,21 @@
  */
 #include "record.h"
 
-l2l_status l2l_eps_step_begin(struct l2l_eps *eps, const struct l2l_eps_step *step) {
+l2l_status eps_step_begin(struct eps *eps, const struct eps_step *step) {
   eps_begin_step(eps, step->update, step->defer, step->lr);
-  for (int i = 0; i < step->n_expect; i++) eps_expect(eps, l2l_eps_find(eps, step->expect[i]));
-  for (int i = 0; i < step->n_hold; i++) eps_hold(eps, l2l_eps_find(eps, step->hold[i]));
+  for (int i = 0; i < step->n_expect; i++) eps_expect(eps, eps_find(eps, step->expect[i]));
+  for (int i = 0; i < step->n_hold; i++) eps_hold(eps, eps_find(eps, step->hold[i]));
   l2l_status status = eps_prepare(eps);
   if (status != L2L_OK) eps_begin_step(eps, false, false, 0);
   return status;
 }
 
-void l2l_eps_step_agreed(struct l2l_eps *eps, bool go) {
+void eps_step_agreed(struct eps *eps, bool go) {
   if (go) eps_order_exchanges(eps);
   else eps_begin_step(eps, false, false, 0);   /* (as a failed begin undoes itself) */
 }
 
-void l2l_eps_step_end(struct l2l_eps *eps, bool ok, struct l2l_eps_outcome *out) {
+void eps_step_end(struct eps *eps, bool ok, struct eps_outcome *out) {
   if (!ok) {
     eps_abandon_step(eps);
     return;

@@ -27,20 +27,20 @@
 
 /* One chunk of one record's update; freed by the worker. */
 struct chunk_job {
-  struct l2l_job job;
-  struct l2l_eps *eps;
+  struct core_job job;
+  struct eps *eps;
   struct eps_record *rec;
   int64_t begin, end;
   int wave;            /* 0 .. the optimizer's waves - 1; STAGE_WAVE: the staging copy
                           from the master */
 };
 
-static void chunk_release(struct l2l_job *job) { free(job); }
-static void chunk_run(struct l2l_job *job, int thread);
-static void stage_chunk(struct l2l_eps *eps, struct eps_record *rec, int64_t begin, int64_t n,
+static void chunk_release(struct core_job *job) { free(job); }
+static void chunk_run(struct core_job *job, int thread);
+static void stage_chunk(struct eps *eps, struct eps_record *rec, int64_t begin, int64_t n,
                         int thread, double t0);
-static void gathered(struct l2l_dist_op *op);
-static void lamb_summed(struct l2l_dist_op *op);
+static void gathered(struct dist_op *op);
+static void lamb_summed(struct dist_op *op);
 
 /* An update covers this rank's shard (all of the record on one process); a staging
    rewrite the whole record. */
@@ -49,7 +49,7 @@ static int64_t wave_elements(const struct eps_record *rec, int wave) {
 }
 
 /* Queues the chunks of one wave of rec's update (rec's chunks_left set under the lock). */
-static void queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave) {
+static void queue_wave(struct eps *eps, struct eps_record *rec, int wave) {
   int64_t n = wave_elements(rec, wave);
   int chunks = (int)((n + CHUNK - 1) / CHUNK);
   if (chunks == 0) chunks = 1;   /* an empty shard still ends its wave (one empty chunk) */
@@ -69,19 +69,19 @@ static void queue_wave(struct l2l_eps *eps, struct eps_record *rec, int wave) {
     cj->job.run = chunk_run;
     cj->job.free_when_done = true;
     cj->job.release = chunk_release;
-    l2l_queue_push(&eps->workers, &cj->job);
+    queue_push(&eps->workers, &cj->job);
   }
 }
 
-static void update_begin(struct l2l_eps *eps, struct eps_record *rec, float grad_scale);
+static void update_begin(struct eps *eps, struct eps_record *rec, float grad_scale);
 
 /* The waiting updates the storage tier hands back, first the one it took with the room or
    the turn just given (NULL: none), then each whose room has come since, begun in turn. */
-static void waiting_begin(struct l2l_eps *eps, struct eps_record *next) {
+static void waiting_begin(struct eps *eps, struct eps_record *next) {
   for (; next != NULL; next = eps_room_next(eps)) update_begin(eps, next, next->wait_grad_scale);
 }
 
-void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
+void eps_start_update(struct eps *eps, struct eps_record *rec, float grad_scale) {
   if (eps->spill == NULL) {
     update_begin(eps, rec, grad_scale);
     return;
@@ -95,13 +95,13 @@ void eps_start_update(struct l2l_eps *eps, struct eps_record *rec, float grad_sc
 
 /* rec's update has begun with room: its state in memory (a spill file's read), the
    first wave queued. A failed read: not updated, settled as it is. */
-static void update_begin(struct l2l_eps *eps, struct eps_record *rec, float grad_scale) {
+static void update_begin(struct eps *eps, struct eps_record *rec, float grad_scale) {
   if (eps->spill) {
     l2l_status status = eps_state_for_update(eps, rec);
-    if (status != L2L_OK) {   /* not updated: the next step reports it (l2l_eps_io_status) */
+    if (status != L2L_OK) {   /* not updated: the next step reports it (eps_io_status) */
       char why[1024];
       snprintf(why, sizeof why, "%s", l2l_last_error());
-      eps_io_failed(eps, l2l_fail(status, "%s was not updated (its optimizer state could not "
+      eps_io_failed(eps, core_fail(status, "%s was not updated (its optimizer state could not "
                                   "be read): %s", rec->name, why));
       eps_grad_clear(eps, rec, false);
       if (eps->dist) {   /* the other ranks wait for its all-gather: the shard as it is */
@@ -118,7 +118,7 @@ static void update_begin(struct l2l_eps *eps, struct eps_record *rec, float grad
   }
   const l2l_optimizer_config *o = &eps->optimizer;
   bool decays = o->decay_all || rec->decays;
-  rec->hyper = (struct l2l_optim_hyper){
+  rec->hyper = (struct optim_hyper){
       .kind = o->kind, .lr = (float)eps->lr, .weight_decay = decays ? o->weight_decay : 0.0f,
       .momentum = o->momentum, .nesterov = o->nesterov, .beta1 = o->beta1, .beta2 = o->beta2,
       .eps = o->eps, .t = rec->updates + 1, .grad_scale = grad_scale};
@@ -130,11 +130,11 @@ static void update_begin(struct l2l_eps *eps, struct eps_record *rec, float grad
   queue_wave(eps, rec, 0);
 }
 
-static void chunk_run(struct l2l_job *job, int thread) {
+static void chunk_run(struct core_job *job, int thread) {
   struct chunk_job *cj = (struct chunk_job *)job;
-  struct l2l_eps *eps = cj->eps;
+  struct eps *eps = cj->eps;
   struct eps_record *rec = cj->rec;
-  double t0 = l2l_now();
+  double t0 = core_now();
   int64_t n = cj->end - cj->begin;
   if (cj->wave == STAGE_WAVE) {
     stage_chunk(eps, rec, cj->begin, n, thread, t0);
@@ -145,7 +145,7 @@ static void chunk_run(struct l2l_job *job, int thread) {
   float *g = (float *)l2l_tensor_data(rec->shard_grad ? rec->shard_grad : rec->grad) + cj->begin;
   double sums[2] = {0, 0};
   bool bf16_master = l2l_tensor_dtype(rec->master) == L2L_BF16;   /* (quant.c decodes it) */
-  struct l2l_optim_chunk chunk = {
+  struct optim_chunk chunk = {
       .p = bf16_master ? NULL : (float *)l2l_tensor_data(rec->master) + rec->shard_begin + cj->begin,
       .grad = g, .n = n, .h = &rec->hyper, .wave = cj->wave, .sums = sums,
       .record_sums = rec->wave_sums};
@@ -172,7 +172,7 @@ static void chunk_run(struct l2l_job *job, int thread) {
      are given back once the whole update has read it (eps_grad_clear) */
   bool give = rec->grad_give;
   if (last_wave && !give) memset(g, 0, (size_t)n * sizeof *g);
-  l2l_timeline_add(eps->timeline, rec->last_layer, -1, L2L_PHASE_UPDATE, thread, t0, l2l_now());
+  timeline_add(eps->timeline, rec->last_layer, -1, L2L_PHASE_UPDATE, thread, t0, core_now());
 
   pthread_mutex_lock(&eps->lock);
   if (!last_wave) {   /* the last wave reads the sums: nothing writes them then */
@@ -215,7 +215,7 @@ static void chunk_run(struct l2l_job *job, int thread) {
 
 
 /* One chunk of a staging rewrite: the master's elements rounded to the device precision. */
-static void stage_chunk(struct l2l_eps *eps, struct eps_record *rec, int64_t begin, int64_t n,
+static void stage_chunk(struct eps *eps, struct eps_record *rec, int64_t begin, int64_t n,
                         int thread, double t0) {
   const float *p = (const float *)l2l_tensor_data(rec->master) + begin;
   uint16_t *h = (uint16_t *)l2l_tensor_data(rec->staging) + begin;
@@ -223,7 +223,7 @@ static void stage_chunk(struct l2l_eps *eps, struct eps_record *rec, int64_t beg
     for (int64_t i = 0; i < n; i++) h[i] = half_from_f32_bf16(p[i]);
   else
     for (int64_t i = 0; i < n; i++) h[i] = half_from_f32_f16(p[i]);
-  l2l_timeline_add(eps->timeline, rec->last_layer, -1, L2L_PHASE_UPDATE, thread, t0, l2l_now());
+  timeline_add(eps->timeline, rec->last_layer, -1, L2L_PHASE_UPDATE, thread, t0, core_now());
   pthread_mutex_lock(&eps->lock);
   if (--rec->chunks_left == 0) {
     rec->pending = false;
@@ -233,7 +233,7 @@ static void stage_chunk(struct l2l_eps *eps, struct eps_record *rec, int64_t beg
   pthread_mutex_unlock(&eps->lock);
 }
 
-void l2l_eps_stage(struct l2l_eps *eps) {
+void eps_stage(struct eps *eps) {
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     if (rec->staging == NULL) continue;
@@ -253,9 +253,9 @@ void l2l_eps_stage(struct l2l_eps *eps) {
 
 /* rec's all-gather has ended (updated or skipped): no longer pending, its staging copy
    rewritten first when one was asked for. */
-static void gathered(struct l2l_dist_op *op) {
+static void gathered(struct dist_op *op) {
   struct eps_record *rec = op->ctx;
-  struct l2l_eps *eps = rec->eps;
+  struct eps *eps = rec->eps;
   pthread_mutex_lock(&eps->lock);
   bool stage = rec->stage_after;
   rec->stage_after = false;
@@ -266,7 +266,7 @@ static void gathered(struct l2l_dist_op *op) {
 }
 
 /* A two-wave update's sums, summed over ranks: its second wave. */
-static void lamb_summed(struct l2l_dist_op *op) {
+static void lamb_summed(struct dist_op *op) {
   struct eps_record *rec = op->ctx;
   rec->wave_sums[0] = rec->lamb[0];
   rec->wave_sums[1] = rec->lamb[1];
@@ -274,12 +274,12 @@ static void lamb_summed(struct l2l_dist_op *op) {
 }
 
 /* A skipped record's place on the stream of LAMB's sums passed: its all-gather's next. */
-static void lamb_passed(struct l2l_dist_op *op) {
+static void lamb_passed(struct dist_op *op) {
   struct eps_record *rec = op->ctx;
   eps_exchange_pass(rec->eps, rec, EPS_ALL_GATHER, gathered);
 }
 
-void eps_update_skipped(struct l2l_eps *eps, struct eps_record *rec) {
+void eps_update_skipped(struct eps *eps, struct eps_record *rec) {
   eps_exchange_skipped(eps, rec);
   if (eps->spill) waiting_begin(eps, eps_turn_pass(eps, rec));   /* (its update takes no room) */
   /* the all-gather's place passes last: its completion settles the record, after which
@@ -290,9 +290,9 @@ void eps_update_skipped(struct l2l_eps *eps, struct eps_record *rec) {
 
 /* The record's norm and finiteness, summed over ranks: an eager update starts, or the
    record is skipped on every rank alike; a deferred one waits for the relay. */
-static void norm_agreed(struct l2l_dist_op *op) {
+static void norm_agreed(struct dist_op *op) {
   struct eps_record *rec = op->ctx;
-  struct l2l_eps *eps = rec->eps;
+  struct eps *eps = rec->eps;
   bool nonfinite = rec->flags[1] > 0;
   pthread_mutex_lock(&eps->lock);
   bool defer = eps->defer;
@@ -313,12 +313,12 @@ static void norm_agreed(struct l2l_dist_op *op) {
 
 /* The accumulator went out whole, reduce-scattered: the next minibatch starts from zero,
    and the shard's norm goes round. */
-static void reduced(struct l2l_dist_op *op) {
+static void reduced(struct dist_op *op) {
   struct eps_record *rec = op->ctx;
   eps_grad_clear(rec->eps, rec, false);
   eps_exchange_post(rec->eps, rec, EPS_NORM, norm_agreed);
 }
 
-void eps_update_exchange(struct l2l_eps *eps, struct eps_record *rec) {
+void eps_update_exchange(struct eps *eps, struct eps_record *rec) {
   eps_exchange_post(eps, rec, EPS_REDUCE_SCATTER, reduced);
 }

@@ -59,9 +59,9 @@ static l2l_status block_create(l2l_layer *layer) {
     bool linear_bias = role == QKV_B || role == PROJ_B || role == FC_B || role == FC2_B;
     if (linear_bias && !c->bias) continue;
     int64_t shape[2] = {spec[role].rows, spec[role].cols};
-    TRY(l2l_layer_add_param(layer, role, spec[role].name, spec[role].cols ? 2 : 1, shape,
+    TRY(layer_add_param(layer, role, spec[role].name, spec[role].cols ? 2 : 1, shape,
                             spec[role].init, spec[role].std, spec[role].decays));
-    if (spec[role].cols) l2l_layer_mark_low_precision(layer, role);   /* the four GEMM weights */
+    if (spec[role].cols) layer_mark_low_precision(layer, role);   /* the four GEMM weights */
   }
   return L2L_OK;
 }
@@ -116,14 +116,14 @@ static struct slot put(struct arena *a, enum where where, uint64_t bytes) {
   struct slot s = {NONE, NO_BUFFER};
   if (where == NONE || bytes == 0) return s;
   s.where = where;
-  s.offset = l2l_arena_reserve(a, bytes);
+  s.offset = arena_reserve(a, bytes);
   return s;
 }
 
 static void block_plan(struct block_plan *p, const l2l_layer *layer, int64_t B, int64_t S,
                        uint32_t flags) {
   const l2l_layer_config *c = &layer->config;
-  const struct l2l_backend_ops *ops = l2l_backend_for(layer->pool);
+  const struct backend_ops *ops = backend_for(layer->pool);
   *p = (struct block_plan){.B = B, .S = S, .N = B * S, .D = c->dim, .F = c->mlp,
                            .H = c->heads, .flags = flags};
   const uint64_t f4 = sizeof(float), nd = (uint64_t)(p->N * p->D) * f4;
@@ -184,8 +184,8 @@ static uint32_t block_flags(const l2l_layer *layer, bool training, bool logits) 
   if (training && c->attn_dropout > 0) flags |= ATTN_DROPOUT;
   if (c->memory == L2L_MEMORY_FRUGAL) {
     flags |= FRUGAL;
-    if (l2l_layernorm_guarded(layer, LN1_W, LN1_B)) flags |= LN1_GUARDED;
-    if (l2l_layernorm_guarded(layer, LN2_W, LN2_B)) flags |= LN2_GUARDED;
+    if (layers_layernorm_guarded(layer, LN1_W, LN1_B)) flags |= LN1_GUARDED;
+    if (layers_layernorm_guarded(layer, LN2_W, LN2_B)) flags |= LN2_GUARDED;
   }
   return flags;
 }
@@ -216,18 +216,18 @@ static float *at(const struct block_buffers *m, struct slot s) {
 }
 #define BUF(name) at(&mem, p.name)
 
-static const float *param(const l2l_layer *layer, int role) { return l2l_param_f32(layer, role); }
+static const float *param(const l2l_layer *layer, int role) { return param_f32(layer, role); }
 
-static void attention_shape(struct l2l_attention_shape *sh, const struct block_plan *p,
+static void attention_shape(struct backend_attention_shape *sh, const struct block_plan *p,
                             const l2l_layer *layer, const struct layer_call *call) {
   const l2l_layer_batch *b = call->b;
   const l2l_layer_config *c = &layer->config;
-  *sh = (struct l2l_attention_shape){
+  *sh = (struct backend_attention_shape){
       .batch = p->B, .heads = p->H, .seq = p->S, .head_dim = p->D / p->H,
       .ld_qkv = 3 * p->D, .ld_o = p->D, .causal = c->causal,
       .scale = 1.0f / sqrtf((float)(p->D / p->H)),
       .dropout = (p->flags & ATTN_DROPOUT) ? c->attn_dropout : 0.0f, .seed = b->seed,
-      .stream = l2l_dropout_stream(layer, b, 0), .first_sample = b->first_sample,
+      .stream = layers_dropout_stream(layer, b, 0), .first_sample = b->first_sample,
       .precision = call->precision}; /* 16-bit weights: 16-bit attention products too */
 }
 
@@ -240,7 +240,7 @@ static l2l_status residual_dropout(const struct layer_call *call, const l2l_laye
   const l2l_layer_batch *b = call->b;
   uint64_t per_sample = (uint64_t)(p->S * p->D);
   return call->ops->dropout_forward(branch, bits, branch, layer->config.dropout, b->seed,
-                                    l2l_dropout_stream(layer, b, site),
+                                    layers_dropout_stream(layer, b, site),
                                     (int64_t)((uint64_t)b->first_sample * per_sample), p->N * p->D);
 }
 
@@ -266,15 +266,15 @@ static l2l_status add_layernorm(const struct layer_call *call, const struct bloc
 
 static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer, float *y,
                                 const float *x, struct l2l_saved *saved, void *work) {
-  const struct l2l_backend_ops *ops = call->ops;
+  const struct backend_ops *ops = call->ops;
   const l2l_layer_config *c = &layer->config;
   struct block_plan p;
   block_plan(&p, layer, call->batch, call->seq, saved->flags);
   const uint32_t flags = saved->flags;
-  struct block_buffers mem = {l2l_saved_base(saved), work};
+  struct block_buffers mem = {saved_base(saved), work};
   const int64_t N = p.N, D = p.D, F = p.F;
-  const uint8_t *key_mask = call->b->key_mask ? l2l_tensor_ptr(call->b->key_mask) : NULL;
-  struct l2l_attention_shape sh;
+  const uint8_t *key_mask = call->b->key_mask ? tensor_ptr(call->b->key_mask) : NULL;
+  struct backend_attention_shape sh;
   attention_shape(&sh, &p, layer, call);
   float *qkv = BUF(qkv), *ctx = BUF(ctx);
 
@@ -284,13 +284,13 @@ static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer,
     TRY(layernorm(call, &p, BUF(ln1_out), BUF(mean1), BUF(rstd1), x, layer, LN1_W));
     attn_in = BUF(ln1_out);
   }
-  TRY(l2l_linear_forward(call, qkv, attn_in, l2l_weight(layer, QKV_W), param(layer, QKV_B), N, D, 3 * D));
+  TRY(layers_linear_forward(call, qkv, attn_in, layers_weight(layer, QKV_W), param(layer, QKV_B), N, D, 3 * D));
   TRY(ops->attention_forward(ctx, BUF(lse), BUF(probs), BUF(dropped), (uint8_t *)BUF(attn_mask),
                              qkv, qkv + D, qkv + 2 * D, key_mask, &sh, BUF(attn_work),
                              p.attn_work_floats));
   /* first residual: r = x + drop1(ctx Wp) */
   float *r1 = c->post_ln ? (BUF(ln1_in) ? BUF(ln1_in) : BUF(ln1_out)) : BUF(ln2_in);
-  TRY(l2l_linear_forward(call, r1, ctx, l2l_weight(layer, PROJ_W), param(layer, PROJ_B), N, D, D));
+  TRY(layers_linear_forward(call, r1, ctx, layers_weight(layer, PROJ_W), param(layer, PROJ_B), N, D, D));
   TRY(residual_dropout(call, layer, &p, r1, (uint8_t *)BUF(drop1_mask), 1));
   const float *mlp_in;
   if (c->post_ln) { /* h = ln1(r1), in place when frugal keeps no r1 */
@@ -304,7 +304,7 @@ static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer,
   float *fc = BUF(fc) ? BUF(fc) : BUF(gelu), *g = BUF(gelu);
   uint8_t *side_bits = flags & FRUGAL ? (uint8_t *)BUF(gelu_bits) : NULL;
   const float *fc_bias = param(layer, FC_B);
-  TRY(l2l_linear_forward(call, fc, mlp_in, l2l_weight(layer, FC_W), NULL, N, D, F));
+  TRY(layers_linear_forward(call, fc, mlp_in, layers_weight(layer, FC_W), NULL, N, D, F));
   if (fc_bias)
     TRY(ops->bias_gelu_forward(fc, g, side_bits, fc_bias, N, F));
   else if (side_bits)
@@ -313,12 +313,12 @@ static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer,
     TRY(ops->gelu_forward(g, fc, N * F));
   if (c->post_ln) { /* y = ln2(r2), r2 = h + drop2(g Wf2), built in y when not kept */
     float *r2 = BUF(ln2_in) ? BUF(ln2_in) : y;
-    TRY(l2l_linear_forward(call, r2, g, l2l_weight(layer, FC2_W), param(layer, FC2_B), N, F, D));
+    TRY(layers_linear_forward(call, r2, g, layers_weight(layer, FC2_W), param(layer, FC2_B), N, F, D));
     TRY(residual_dropout(call, layer, &p, r2, (uint8_t *)BUF(drop2_mask), 2));
     TRY(add_layernorm(call, &p, y, BUF(mean2), BUF(rstd2), r2, r2, mlp_in, layer, LN2_W));
   } else { /* y = h + drop2(g Wf2) */
     float *m = BUF(scratch_d);
-    TRY(l2l_linear_forward(call, m, g, l2l_weight(layer, FC2_W), param(layer, FC2_B), N, F, D));
+    TRY(layers_linear_forward(call, m, g, layers_weight(layer, FC2_W), param(layer, FC2_B), N, F, D));
     TRY(residual_dropout(call, layer, &p, m, (uint8_t *)BUF(drop2_mask), 2));
     TRY(ops->add(y, r1, m, N * D));
   }
@@ -343,7 +343,7 @@ static l2l_status residual_dropout_backward(const float **out, float *dst,
   const l2l_layer_batch *b = call->b;
   /* the forward's first draw (residual_dropout): in uint64, as first_sample may be huge */
   uint64_t per_sample = (uint64_t)(p->S * p->D);
-  return call->ops->dropout_forward(dst, NULL, in, rate, b->seed, l2l_dropout_stream(layer, b, site),
+  return call->ops->dropout_forward(dst, NULL, in, rate, b->seed, layers_dropout_stream(layer, b, site),
                                     (int64_t)((uint64_t)b->first_sample * per_sample), p->N * p->D);
 }
 
@@ -352,31 +352,31 @@ static l2l_status layernorm_backward(const struct layer_call *call, const struct
                                      l2l_layer *layer, int w, float *dx, const float *dy,
                                      const float *in, const float *mean, const float *out,
                                      const float *rstd) {
-  float *dw = l2l_grad_f32(layer, w), *db = l2l_grad_f32(layer, w + 1);
+  float *dw = layers_grad_f32(layer, w), *db = layers_grad_f32(layer, w + 1);
   if (mean) /* the standard path, also frugal's guarded LayerNorm */
     return call->ops->layernorm_backward(dx, dw, db, dy, in, param(layer, w), mean, rstd, p->N, p->D);
   return call->ops->layernorm_backward_from_output(dx, dw, db, dy, out, param(layer, w),
                                                    param(layer, w + 1), rstd, p->N, p->D);
 }
 
-static float *grad(const l2l_layer *layer, int role) { return l2l_grad_f32(layer, role); }
+static float *grad(const l2l_layer *layer, int role) { return layers_grad_f32(layer, role); }
 
 /* The MLP's backward: dh := d(mlp input) from dm = d(mlp output); in: the MLP's input. */
 static l2l_status mlp_backward(const struct layer_call *call, const struct block_plan *p,
                                l2l_layer *layer, const struct block_buffers *m, float *dh,
                                const float *dm, const float *in) {
-  const struct l2l_backend_ops *ops = call->ops;
+  const struct backend_ops *ops = call->ops;
   const int64_t N = p->N, D = p->D, F = p->F;
   float *df = at(m, p->tf);
   const float *g = at(m, p->gelu);
-  TRY(l2l_linear_backward(call, df, grad(layer, FC2_W), grad(layer, FC2_B), dm, g,
-                          l2l_weight(layer, FC2_W), N, F, D, 0.0f));
+  TRY(layers_linear_backward(call, df, grad(layer, FC2_W), grad(layer, FC2_B), dm, g,
+                          layers_weight(layer, FC2_W), N, F, D, 0.0f));
   if (p->flags & FRUGAL)
     TRY(ops->gelu_backward_from_output(df, df, g, (const uint8_t *)at(m, p->gelu_bits), N * F));
   else
     TRY(ops->gelu_backward(df, df, at(m, p->fc), N * F));
-  return l2l_linear_backward(call, dh, grad(layer, FC_W), grad(layer, FC_B), df, in,
-                             l2l_weight(layer, FC_W), N, D, F, 0.0f);
+  return layers_linear_backward(call, dh, grad(layer, FC_W), grad(layer, FC_B), df, in,
+                             layers_weight(layer, FC_W), N, D, F, 0.0f);
 }
 
 /* The attention branch's backward: da := d(attention input) from dz = d(ctx Wp + bp). */
@@ -384,30 +384,30 @@ static l2l_status attention_branch_backward(const struct layer_call *call,
                                             const struct block_plan *p, l2l_layer *layer,
                                             const struct block_buffers *m, float *da,
                                             const float *dz, const float *in) {
-  const struct l2l_backend_ops *ops = call->ops;
+  const struct backend_ops *ops = call->ops;
   const int64_t N = p->N, D = p->D;
   float *dctx = at(m, p->t3), *dqkv = at(m, p->tqkv), *qkv = at(m, p->qkv), *ctx = at(m, p->ctx);
-  TRY(l2l_linear_backward(call, dctx, grad(layer, PROJ_W), grad(layer, PROJ_B), dz, ctx,
-                          l2l_weight(layer, PROJ_W), N, D, D, 0.0f));
-  struct l2l_attention_shape sh;
+  TRY(layers_linear_backward(call, dctx, grad(layer, PROJ_W), grad(layer, PROJ_B), dz, ctx,
+                          layers_weight(layer, PROJ_W), N, D, D, 0.0f));
+  struct backend_attention_shape sh;
   attention_shape(&sh, p, layer, call);
-  const uint8_t *key_mask = call->b->key_mask ? l2l_tensor_ptr(call->b->key_mask) : NULL;
+  const uint8_t *key_mask = call->b->key_mask ? tensor_ptr(call->b->key_mask) : NULL;
   TRY(ops->attention_backward(dqkv, dqkv + D, dqkv + 2 * D, dctx, ctx, at(m, p->lse),
                               at(m, p->probs), at(m, p->dropped),
                               (const uint8_t *)at(m, p->attn_mask), qkv, qkv + D, qkv + 2 * D,
                               key_mask, &sh, at(m, p->attn_back_work), p->attn_back_work_floats));
-  return l2l_linear_backward(call, da, grad(layer, QKV_W), grad(layer, QKV_B), dqkv, in,
-                             l2l_weight(layer, QKV_W), N, D, 3 * D, 0.0f);
+  return layers_linear_backward(call, da, grad(layer, QKV_W), grad(layer, QKV_B), dqkv, in,
+                             layers_weight(layer, QKV_W), N, D, 3 * D, 0.0f);
 }
 
 static l2l_status block_backward(const struct layer_call *call, l2l_layer *layer, float *dx,
                                  const float *dy, struct l2l_saved *saved, void *work) {
-  const struct l2l_backend_ops *ops = call->ops;
+  const struct backend_ops *ops = call->ops;
   struct block_plan p;
   block_plan(&p, layer, call->batch, call->seq, saved->flags);
-  struct block_buffers mem = {l2l_saved_base(saved), work};
+  struct block_buffers mem = {saved_base(saved), work};
   const int64_t N = p.N, D = p.D;
-  const float *x = saved->input ? l2l_tensor_ptr(saved->input) : NULL;
+  const float *x = saved->input ? tensor_ptr(saved->input) : NULL;
   float *t1 = BUF(t1), *t2 = BUF(t2), *t3 = BUF(t3);
   const float *dm, *dz;
   if (!layer->config.post_ln) {
@@ -424,7 +424,7 @@ static l2l_status block_backward(const struct layer_call *call, l2l_layer *layer
                            BUF(rstd1)));
     return ops->add(dx, dx, t2, N * D);
   }
-  const float *y = saved->output ? l2l_tensor_ptr(saved->output) : NULL;
+  const float *y = saved->output ? tensor_ptr(saved->output) : NULL;
   /* dr2 = ln2'(dy); dh = mlp'(drop2'(dr2)) + dr2 */
   TRY(layernorm_backward(call, &p, layer, LN2_W, t1, dy, BUF(ln2_in), BUF(mean2), y, BUF(rstd2)));
   TRY(residual_dropout_backward(&dm, t2, call, layer, &p, t1, (uint8_t *)BUF(drop2_mask), 2));
@@ -456,11 +456,11 @@ static l2l_status block_check_config(const l2l_layer_config *c) {
   return L2L_OK;
 }
 
-const struct layer_kind_ops l2l_block_kind = {
+const struct layer_kind_ops layers_block_kind = {
     .name = "block",
     .role = L2L_ROLE_BODY,
     .check_config = block_check_config,
-    .check_batch = l2l_check_key_mask,
+    .check_batch = layers_check_key_mask,
     .create_params = block_create,
     .choose_flags = block_flags,
     .weights_set = LN1_GUARDED | LN2_GUARDED,

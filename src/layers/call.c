@@ -22,17 +22,17 @@
 static uint64_t param_bytes(const l2l_layer *layer) {
   uint64_t bytes = 0;
   for (int i = 0; i < layer->nparams; i++)
-    bytes += l2l_pool_accounted((uint64_t)layer->params[i]->value->numel * sizeof(float));
+    bytes += pool_accounted((uint64_t)layer->params[i]->value->numel * sizeof(float));
   return bytes;
 }
 
 /* Bytes of the cast scratch for 16-bit weights of `precision` (f32: none). */
 static uint64_t cast_bytes(const l2l_layer *layer, int64_t batch, int64_t seq,
                            l2l_dtype precision) {
-  const struct layer_kind_ops *k = l2l_layer_kind_of(layer);
+  const struct layer_kind_ops *k = layer_kind_of(layer);
   if (precision == L2L_F32 || k->cast_elements == NULL) return 0;
   struct arena a = {0};
-  l2l_arena_reserve(&a, (uint64_t)k->cast_elements(layer, batch, seq) * l2l_dtype_size(precision));
+  arena_reserve(&a, (uint64_t)k->cast_elements(layer, batch, seq) * l2l_dtype_size(precision));
   return a.bytes;
 }
 
@@ -47,11 +47,11 @@ static l2l_dtype layer_precision(const l2l_layer *layer) {
 static void memory_for(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
                        int64_t seq, uint32_t flags, l2l_dtype precision) {
   memset(out, 0, sizeof *out);
-  l2l_layer_kind_of(layer)->memory(out, layer, batch, seq, flags);
+  layer_kind_of(layer)->memory(out, layer, batch, seq, flags);
   struct arena fwd = {out->work_forward}, bwd = {out->work_backward};
   uint64_t cast = cast_bytes(layer, batch, seq, precision);
-  l2l_arena_reserve(&fwd, cast);
-  l2l_arena_reserve(&bwd, cast);
+  arena_reserve(&fwd, cast);
+  arena_reserve(&bwd, cast);
   out->work_forward = fwd.bytes;
   out->work_backward = bwd.bytes;
   out->params = param_bytes(layer);
@@ -62,7 +62,7 @@ static void memory_for(l2l_layer_memory *out, const l2l_layer *layer, int64_t ba
 /* The flags a call chooses with the layer's present parameters: training or not, with or
    without targets (logits). */
 static uint32_t flags_for(const l2l_layer *layer, bool training, bool logits) {
-  const struct layer_kind_ops *k = l2l_layer_kind_of(layer);
+  const struct layer_kind_ops *k = layer_kind_of(layer);
   return k->choose_flags ? k->choose_flags(layer, training, logits) : 0;
 }
 
@@ -74,12 +74,12 @@ static uint32_t flags_now(const l2l_layer *layer, const l2l_layer_batch *batch) 
 l2l_status l2l_layer_memory_use(l2l_layer_memory *out, const l2l_layer *layer,
                                 int64_t micro_batch, int64_t seq) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  if (!l2l_layer_live(layer)) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
+  if (!layer_live(layer)) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
   if (micro_batch < 1 || seq < 1 || micro_batch > (INT64_C(1) << 24) || seq > (INT64_C(1) << 24))
     return FAIL(L2L_ERR_INVALID, "micro_batch and seq must be 1 to 2^24, got %lld and %lld",
                 (long long)micro_batch, (long long)seq);
   const l2l_layer_config *c = &layer->config;
-  if (l2l_layer_role(layer) == L2L_ROLE_INPUT && seq > c->max_seq)
+  if (layer_role(layer) == L2L_ROLE_INPUT && seq > c->max_seq)
     return FAIL(L2L_ERR_INVALID, "seq %lld exceeds the embedding's max_seq %lld",
                 (long long)seq, (long long)c->max_seq);
   /* The kinds plan in int64 elements (B x S x the widest row, B x heads x S x S): sizes
@@ -95,14 +95,14 @@ l2l_status l2l_layer_memory_use(l2l_layer_memory *out, const l2l_layer *layer,
   return L2L_OK;
 }
 
-void l2l_layer_memory_in(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
+void layer_memory_in(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
                          int64_t seq, l2l_dtype precision, bool training) {
   memory_for(out, layer, batch, seq, flags_for(layer, training, false), precision);
 }
 
-void l2l_layer_memory_bound(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
+void layer_memory_bound(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
                             int64_t seq, l2l_dtype precision, bool training) {
-  const struct layer_kind_ops *k = l2l_layer_kind_of(layer);
+  const struct layer_kind_ops *k = layer_kind_of(layer);
   uint32_t now = flags_for(layer, training, false);
   uint32_t worst = (now | k->weights_set) & ~k->weights_clear;
   memory_for(out, layer, batch, seq, now, precision);
@@ -122,24 +122,24 @@ void l2l_layer_memory_bound(l2l_layer_memory *out, const l2l_layer *layer, int64
 static l2l_status call_shape(const char *func, const l2l_layer *layer, const l2l_tensor *x,
                              const l2l_layer_batch *b, int64_t *batch, int64_t *seq) {
   const l2l_layer_config *c = &layer->config;
-  if (l2l_layer_role(layer) == L2L_ROLE_INPUT) {
+  if (layer_role(layer) == L2L_ROLE_INPUT) {
     if (x != NULL)
-      return l2l_fail_in(func, L2L_ERR_INVALID, "x must be NULL for an %s (it reads batch->tokens)",
+      return core_fail_in(func, L2L_ERR_INVALID, "x must be NULL for an %s (it reads batch->tokens)",
                          l2l_layer_name(layer));
     const l2l_tensor *t = b->tokens;
-    if (t == NULL || !l2l_tensor_ok(t) || t->ndim != 2 || t->dtype != L2L_I32)
-      return l2l_fail_in(func, L2L_ERR_INVALID, "batch->tokens must be a live (B,S) i32 tensor");
+    if (t == NULL || !tensor_ok(t) || t->ndim != 2 || t->dtype != L2L_I32)
+      return core_fail_in(func, L2L_ERR_INVALID, "batch->tokens must be a live (B,S) i32 tensor");
     *batch = t->shape[0];
     *seq = t->shape[1];
     return L2L_OK;
   }
-  if (x == NULL || !l2l_tensor_ok(x) || x->ndim != 3)
-    return l2l_fail_in(func, L2L_ERR_INVALID, "x must be a live (B,S,%lld) f32 tensor",
+  if (x == NULL || !tensor_ok(x) || x->ndim != 3)
+    return core_fail_in(func, L2L_ERR_INVALID, "x must be a live (B,S,%lld) f32 tensor",
                        (long long)c->dim);
   *batch = x->shape[0];
   *seq = x->shape[1];
   int64_t dims[3] = {*batch, *seq, c->dim};
-  return l2l_need_shape(func, "x", x, L2L_F32, 3, dims);
+  return core_need_shape(func, "x", x, L2L_F32, 3, dims);
 }
 
 /* A batch field's name marked as naming it (L2L_NAMED), and the refusal `status` of it,
@@ -148,69 +148,69 @@ static const char *named_field(char *buf, size_t len, const char *name) {
   snprintf(buf, len, L2L_NAMED_FIELD "%s" L2L_NAMED_END, name);
   return buf;
 }
-l2l_status l2l_batch_refused(l2l_status status, const char *name) {
+l2l_status batch_refused(l2l_status status, const char *name) {
   const char *arrow = strstr(name, "->");
-  return l2l_error_note_field(status, arrow ? arrow + 2 : name);
+  return error_note_field(status, arrow ? arrow + 2 : name);
 }
 
-l2l_status l2l_batch_tensor(const struct batch_check *bc, const char *name, const l2l_tensor *t,
+l2l_status batch_tensor(const struct batch_check *bc, const char *name, const l2l_tensor *t,
                             l2l_dtype dtype, int ndim) {
   int64_t dims[2] = {bc->batch, bc->seq};
   char named[64];
-  l2l_status status = l2l_need_shape(bc->func, named_field(named, sizeof named, name), t, dtype, ndim, dims);
-  if (status != L2L_OK) return l2l_batch_refused(status, name);
-  if (l2l_pool_domain(t->storage->pool) != bc->domain)
-    return l2l_batch_refused(l2l_fail_in(bc->func, L2L_ERR_INVALID, "%s must be in %s, not '%s'", named,
-                                         bc->domain == l2l_pool_domain(L2L_POOL_HOST)
+  l2l_status status = core_need_shape(bc->func, named_field(named, sizeof named, name), t, dtype, ndim, dims);
+  if (status != L2L_OK) return batch_refused(status, name);
+  if (backend_pool_domain(t->storage->pool) != bc->domain)
+    return batch_refused(core_fail_in(bc->func, L2L_ERR_INVALID, "%s must be in %s, not '%s'", named,
+                                         bc->domain == backend_pool_domain(L2L_POOL_HOST)
                                              ? "the host or pinned pool" : "the device pool",
                                          l2l_pool_name(t->storage->pool)), name);
   return L2L_OK;
 }
 
-l2l_status l2l_batch_ids(const struct batch_check *bc, const char *name, const l2l_tensor *t,
+l2l_status batch_ids(const struct batch_check *bc, const char *name, const l2l_tensor *t,
                          int64_t hi, int32_t except) {
   if (bc->values_checked) return L2L_OK;
   int64_t bad = -1;
   int32_t value = 0;
-  TRY(bc->ops->find_out_of_range(&bad, &value, l2l_tensor_ptr(t), t->numel, 0, (int32_t)hi,
+  TRY(bc->ops->find_out_of_range(&bad, &value, tensor_ptr(t), t->numel, 0, (int32_t)hi,
                                  except));
   char at[128], named[64];
   int64_t index[L2L_MAX_DIMS];
   if (bad >= 0) {
-    l2l_status status = l2l_fail_in(bc->func, L2L_ERR_INVALID,
+    l2l_status status = core_fail_in(bc->func, L2L_ERR_INVALID,
                                     "%s" L2L_NAMED_ELEMENT "%s" L2L_NAMED_END " = %d is outside [0, %lld)%s",
                                     named_field(named, sizeof named, name),
-                                    l2l_index_str(at, sizeof at, t, bad), value, (long long)hi,
+                                    core_index_str(at, sizeof at, t, bad), value, (long long)hi,
                                     except == -1 ? " and not -1" : "");
-    return l2l_batch_refused(l2l_error_note_element(status, l2l_index_of(index, t, bad), index), name);
+    return batch_refused(error_note_element(status, core_index_of(index, t, bad), index), name);
   }
   return L2L_OK;
 }
 
-l2l_status l2l_layer_check_batch(const char *func, const l2l_layer *layer,
+l2l_status layer_check_batch(const char *func, const l2l_layer *layer,
                                  const l2l_layer_batch *b, int64_t B, int64_t S,
                                  l2l_pool_kind pool, bool backward, bool values_checked) {
   if (b->first_sample < 0)
-    return l2l_fail_in(func, L2L_ERR_INVALID, "batch->first_sample must be >= 0, got %lld",
+    return core_fail_in(func, L2L_ERR_INVALID, "batch->first_sample must be >= 0, got %lld",
                        (long long)b->first_sample);
   if (b->training != 0 && b->training != 1)
-    return l2l_fail_in(func, L2L_ERR_INVALID, "batch->training must be 0 or 1, got %d",
+    return core_fail_in(func, L2L_ERR_INVALID, "batch->training must be 0 or 1, got %d",
                        b->training);
-  const struct layer_kind_ops *kind = l2l_layer_kind_of(layer);
+  const struct layer_kind_ops *kind = layer_kind_of(layer);
   if (kind->check_batch == NULL) return L2L_OK;
-  struct batch_check bc = {func, layer, b, B, S, l2l_pool_domain(pool), l2l_backend_for(pool),
+  struct batch_check bc = {func, layer, b, B, S, backend_pool_domain(pool), backend_for(pool),
                            backward, values_checked};
   return kind->check_batch(&bc);
 }
 
-l2l_status l2l_check_key_mask(const struct batch_check *bc) {
+l2l_status layers_check_key_mask(const struct batch_check *bc) {
   const l2l_tensor *mask = bc->b->key_mask;
-  return mask != NULL ? l2l_batch_tensor(bc, "batch->key_mask", mask, L2L_U8, 2) : L2L_OK;
+  return mask != NULL ? batch_tensor(bc, "batch->key_mask", mask, L2L_U8, 2) : L2L_OK;
 }
 
-int l2l_layer_output_dims(int64_t *dims, const l2l_layer *layer, const l2l_layer_batch *batch,
+int layer_output_dims(int64_t *dims, const l2l_layer *layer, const l2l_layer_batch *batch,
                           int64_t B, int64_t S) {
-  const struct layer_kind_ops *kind = l2l_layer_kind_of(layer);
+  const struct layer_kind_ops *kind = layer_kind_of(layer);
   if (kind->output_dims) return kind->output_dims(dims, layer, batch, B, S);
   dims[0] = B, dims[1] = S, dims[2] = layer->config.dim;
   return 3;
@@ -218,8 +218,8 @@ int l2l_layer_output_dims(int64_t *dims, const l2l_layer *layer, const l2l_layer
 
 static l2l_status check_params_domain(const char *func, const l2l_layer *layer, int domain) {
   for (int i = 0; i < layer->nparams; i++)
-    if (l2l_pool_domain(layer->params[i]->value->storage->pool) != domain)
-      return l2l_fail_in(func, L2L_ERR_INVALID,
+    if (backend_pool_domain(layer->params[i]->value->storage->pool) != domain)
+      return core_fail_in(func, L2L_ERR_INVALID,
                          "parameter '%s' is in pool '%s', not of the call's backend (copy the "
                          "layer's parameters or the activations first)",
                          layer->params[i]->name,
@@ -235,11 +235,11 @@ static l2l_status check_apart_from_params(const char *func, const l2l_layer *lay
   if (t == NULL) return L2L_OK;
   for (int i = 0; i < layer->nparams; i++) {
     const l2l_param *p = layer->params[i];
-    if (values && l2l_tensors_overlap(t, p->value))
-      return l2l_fail_in(func, L2L_ERR_INVALID, "%s overlaps the value of parameter '%s'", name,
+    if (values && tensors_overlap(t, p->value))
+      return core_fail_in(func, L2L_ERR_INVALID, "%s overlaps the value of parameter '%s'", name,
                          p->name);
-    if (l2l_tensors_overlap(t, p->grad))
-      return l2l_fail_in(func, L2L_ERR_INVALID, "%s overlaps the gradient of parameter '%s'",
+    if (tensors_overlap(t, p->grad))
+      return core_fail_in(func, L2L_ERR_INVALID, "%s overlaps the gradient of parameter '%s'",
                          name, p->name);
   }
   return L2L_OK;
@@ -258,7 +258,7 @@ static void *cast_scratch(const l2l_tensor *work, const l2l_layer *layer, int64_
                           l2l_dtype precision) {
   uint64_t bytes = cast_bytes(layer, B, S, precision);
   if (bytes == 0) return NULL;
-  return (char *)l2l_tensor_ptr(work) + (work->storage->bytes - bytes);
+  return (char *)tensor_ptr(work) + (work->storage->bytes - bytes);
 }
 
 /* A handle on the same storage as t (the saved state's reference). */
@@ -293,17 +293,17 @@ static l2l_status move_tensor(l2l_tensor **t, l2l_pool_kind pool) {
   return L2L_OK;
 }
 
-const void *l2l_layer_owner(const l2l_layer *layer) { return layer->owner; }
-void l2l_layer_set_owner(l2l_layer *layer, const void *owner) {
+const void *layer_owner(const l2l_layer *layer) { return layer->owner; }
+void layer_set_owner(l2l_layer *layer, const void *owner) {
   layer->owner = owner;
   if (owner == NULL && layer->free_pending) l2l_layer_free(layer);
 }
 
 l2l_relay *l2l_layer_relay(const l2l_layer *layer) {
-  return l2l_layer_live(layer) ? (l2l_relay *)layer->owner : NULL;
+  return layer_live(layer) ? (l2l_relay *)layer->owner : NULL;
 }
 
-l2l_status l2l_saved_move(l2l_saved *saved, l2l_pool_kind pool) {
+l2l_status saved_move(l2l_saved *saved, l2l_pool_kind pool) {
   if (saved == NULL) return L2L_OK;
   if (saved->magic != L2L_SAVED_MAGIC) return FAIL(L2L_ERR_INVALID, "saved is not a live saved state");
   TRY(move_tensor(&saved->buffer, pool));
@@ -311,12 +311,12 @@ l2l_status l2l_saved_move(l2l_saved *saved, l2l_pool_kind pool) {
   return move_tensor(&saved->output, pool);
 }
 
-uint64_t l2l_saved_pool_bytes(const l2l_saved *saved) {
+uint64_t saved_pool_bytes(const l2l_saved *saved) {
   if (saved == NULL || saved->magic != L2L_SAVED_MAGIC) return 0;
   uint64_t bytes = 0;
   const l2l_tensor *held[3] = {saved->buffer, saved->input, saved->output};
   for (int i = 0; i < 3; i++)
-    if (held[i]) bytes += l2l_pool_accounted(held[i]->storage->bytes);
+    if (held[i]) bytes += pool_accounted(held[i]->storage->bytes);
   return bytes;
 }
 
@@ -329,21 +329,21 @@ static l2l_status layer_forward(l2l_saved **saved_out, l2l_layer *layer, l2l_ten
                                const l2l_tensor *x, const l2l_layer_batch *batch,
                                bool values_checked) {
   const char *f = "l2l_layer_forward";
-  if (!l2l_layer_live(layer)) return l2l_fail_in(f, L2L_ERR_INVALID, "layer is not a live layer");
-  if (batch == NULL) return l2l_fail_in(f, L2L_ERR_INVALID, "batch is NULL");
+  if (!layer_live(layer)) return core_fail_in(f, L2L_ERR_INVALID, "layer is not a live layer");
+  if (batch == NULL) return core_fail_in(f, L2L_ERR_INVALID, "batch is NULL");
   int64_t B = 0, S = 0, dims[3];
   TRY(call_shape(f, layer, x, batch, &B, &S));
-  int ndim = l2l_layer_output_dims(dims, layer, batch, B, S);
-  TRY(l2l_need_shape(f, "y", y, L2L_F32, ndim, dims));
-  if (l2l_tensors_overlap(x, y)) return l2l_fail_in(f, L2L_ERR_INVALID, "x and y overlap");
+  int ndim = layer_output_dims(dims, layer, batch, B, S);
+  TRY(core_need_shape(f, "y", y, L2L_F32, ndim, dims));
+  if (tensors_overlap(x, y)) return core_fail_in(f, L2L_ERR_INVALID, "x and y overlap");
   TRY(check_apart_from_params(f, layer, "y", y, true));
-  int domain = l2l_pool_domain(y->storage->pool);
-  if (x && l2l_pool_domain(x->storage->pool) != domain)
-    return l2l_fail_in(f, L2L_ERR_INVALID, "x is in pool '%s' but y in '%s'",
+  int domain = backend_pool_domain(y->storage->pool);
+  if (x && backend_pool_domain(x->storage->pool) != domain)
+    return core_fail_in(f, L2L_ERR_INVALID, "x is in pool '%s' but y in '%s'",
                 l2l_pool_name(x->storage->pool), l2l_pool_name(y->storage->pool));
   TRY(check_params_domain(f, layer, domain));
-  TRY(l2l_layer_check_batch(f, layer, batch, B, S, y->storage->pool, false, values_checked));
-  bool is_head = l2l_layer_role(layer) == L2L_ROLE_HEAD;
+  TRY(layer_check_batch(f, layer, batch, B, S, y->storage->pool, false, values_checked));
+  bool is_head = layer_role(layer) == L2L_ROLE_HEAD;
   bool keep = saved_out != NULL && !(is_head && batch->targets == NULL);
   if (saved_out) *saved_out = NULL;
 
@@ -354,7 +354,7 @@ static l2l_status layer_forward(l2l_saved **saved_out, l2l_layer *layer, l2l_ten
   l2l_layer_memory mem;
   memory_for(&mem, layer, B, S, flags, precision);
   struct l2l_saved *saved = calloc(1, sizeof *saved);
-  if (saved == NULL) return l2l_fail_in(f, L2L_ERR_NOMEM, "no memory for a saved state");
+  if (saved == NULL) return core_fail_in(f, L2L_ERR_NOMEM, "no memory for a saved state");
   saved->magic = L2L_SAVED_MAGIC;
   saved->kind = layer->config.kind;
   saved->layer_serial = layer->serial;
@@ -368,12 +368,12 @@ static l2l_status layer_forward(l2l_saved **saved_out, l2l_layer *layer, l2l_ten
   if (status == L2L_OK && keep && mem.output_kept) status = reference(&saved->output, y);
   if (status == L2L_OK) status = arena_new(&work, y->storage->pool, mem.work_forward);
   if (status == L2L_OK) {
-    struct layer_call call = {l2l_backend_for(y->storage->pool), y->storage->pool, B, S, batch,
+    struct layer_call call = {backend_for(y->storage->pool), y->storage->pool, B, S, batch,
                               .keep = keep, .y = y, .x = x, .precision = precision,
                               .cast = cast_scratch(work, layer, B, S, precision)};
-    status = l2l_layer_kind_of(layer)->forward(
-        &call, layer, l2l_tensor_ptr(y), x ? l2l_tensor_ptr(x) : NULL, saved,
-        work ? l2l_tensor_ptr(work) : NULL);
+    status = layer_kind_of(layer)->forward(
+        &call, layer, tensor_ptr(y), x ? tensor_ptr(x) : NULL, saved,
+        work ? tensor_ptr(work) : NULL);
   }
   l2l_tensor_free(work);
   if (status != L2L_OK || !keep) {
@@ -388,68 +388,68 @@ static l2l_status layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_ten
                                 l2l_saved *saved, const l2l_layer_batch *batch,
                                 bool values_checked) {
   const char *f = "l2l_layer_backward";
-  if (!l2l_layer_live(layer)) return l2l_fail_in(f, L2L_ERR_INVALID, "layer is not a live layer");
-  if (batch == NULL) return l2l_fail_in(f, L2L_ERR_INVALID, "batch is NULL");
+  if (!layer_live(layer)) return core_fail_in(f, L2L_ERR_INVALID, "layer is not a live layer");
+  if (batch == NULL) return core_fail_in(f, L2L_ERR_INVALID, "batch is NULL");
   if (saved == NULL || saved->magic != L2L_SAVED_MAGIC)
-    return l2l_fail_in(f, L2L_ERR_INVALID, "saved is not a live saved state");
+    return core_fail_in(f, L2L_ERR_INVALID, "saved is not a live saved state");
   if (saved->kind != layer->config.kind)
-    return l2l_fail_in(f, L2L_ERR_INVALID, "saved comes from a %s layer, not a %s",
-                l2l_kind_ops(saved->kind)->name, l2l_layer_kind_of(layer)->name);
+    return core_fail_in(f, L2L_ERR_INVALID, "saved comes from a %s layer, not a %s",
+                kind_ops(saved->kind)->name, layer_kind_of(layer)->name);
   /* Its buffers are laid out for the layer and config that made it: another layer of the
      same kind (a wider MLP, more heads, the other memory mode), or this one changed since,
      would read them out of bounds. */
   if (saved->layer_serial != layer->serial)
-    return l2l_fail_in(f, L2L_ERR_INVALID, "saved comes from another %s layer's forward, not this "
+    return core_fail_in(f, L2L_ERR_INVALID, "saved comes from another %s layer's forward, not this "
                 "layer's (run this layer's forward)", l2l_layer_name(layer));
   if (memcmp(&saved->config, &layer->config, sizeof saved->config) != 0)
-    return l2l_fail_in(f, L2L_ERR_STATE, "the layer's config changed since the forward that made saved "
+    return core_fail_in(f, L2L_ERR_STATE, "the layer's config changed since the forward that made saved "
                 "(its memory mode?): run the forward again");
   if (saved->used)
-    return l2l_fail_in(f, L2L_ERR_STATE, "saved has already served a backward (run the forward again)");
+    return core_fail_in(f, L2L_ERR_STATE, "saved has already served a backward (run the forward again)");
   const l2l_layer_config *c = &layer->config;
   int64_t B = saved->batch, S = saved->seq, dims[3] = {B, S, c->dim};
-  enum l2l_layer_role role = l2l_layer_role(layer);
+  enum layer_role role = layer_role(layer);
   if (role == L2L_ROLE_HEAD) {
-    if (dy != NULL) return l2l_fail_in(f, L2L_ERR_INVALID, "dy must be NULL for a head (batch->loss_scale is used)");
+    if (dy != NULL) return core_fail_in(f, L2L_ERR_INVALID, "dy must be NULL for a head (batch->loss_scale is used)");
   } else {
-    TRY(l2l_need_shape(f, "dy", dy, L2L_F32, 3, dims));
+    TRY(core_need_shape(f, "dy", dy, L2L_F32, 3, dims));
   }
   if (role == L2L_ROLE_INPUT) {
-    if (dx != NULL) return l2l_fail_in(f, L2L_ERR_INVALID, "dx must be NULL for an embedding");
+    if (dx != NULL) return core_fail_in(f, L2L_ERR_INVALID, "dx must be NULL for an embedding");
   } else {
-    TRY(l2l_need_shape(f, "dx", dx, L2L_F32, 3, dims));
+    TRY(core_need_shape(f, "dx", dx, L2L_F32, 3, dims));
   }
-  if (l2l_tensors_overlap(dx, dy)) return l2l_fail_in(f, L2L_ERR_INVALID, "dx and dy overlap");
+  if (tensors_overlap(dx, dy)) return core_fail_in(f, L2L_ERR_INVALID, "dx and dy overlap");
   TRY(check_apart_from_params(f, layer, "dx", dx, true));
   TRY(check_apart_from_params(f, layer, "dy", dy, false));
   const l2l_tensor *any = dx ? dx : dy;
   l2l_pool_kind pool = any ? any->storage->pool : saved->buffer ? saved->buffer->storage->pool
                                                                  : layer->pool;
-  int domain = l2l_pool_domain(pool);
-  if (dx && dy && l2l_pool_domain(dy->storage->pool) != domain)
-    return l2l_fail_in(f, L2L_ERR_INVALID, "dx is in pool '%s' but dy in '%s'",
+  int domain = backend_pool_domain(pool);
+  if (dx && dy && backend_pool_domain(dy->storage->pool) != domain)
+    return core_fail_in(f, L2L_ERR_INVALID, "dx is in pool '%s' but dy in '%s'",
                 l2l_pool_name(dx->storage->pool), l2l_pool_name(dy->storage->pool));
-  if (saved->buffer && l2l_pool_domain(saved->buffer->storage->pool) != domain)
-    return l2l_fail_in(f, L2L_ERR_INVALID, "saved is in pool '%s', not of the backend of dx/dy",
+  if (saved->buffer && backend_pool_domain(saved->buffer->storage->pool) != domain)
+    return core_fail_in(f, L2L_ERR_INVALID, "saved is in pool '%s', not of the backend of dx/dy",
                 l2l_pool_name(saved->buffer->storage->pool));
   TRY(check_params_domain(f, layer, domain));
-  TRY(l2l_layer_check_batch(f, layer, batch, B, S, pool, true, values_checked));
+  TRY(layer_check_batch(f, layer, batch, B, S, pool, true, values_checked));
   if (role == L2L_ROLE_INPUT && (batch->tokens->shape[0] != B || batch->tokens->shape[1] != S))
-    return l2l_fail_in(f, L2L_ERR_INVALID, "batch->tokens is not the forward's shape");
-  if (l2l_tensors_overlap(dx, saved->input) || l2l_tensors_overlap(dx, saved->output))
-    return l2l_fail_in(f, L2L_ERR_INVALID, "dx overlaps a tensor the saved state reads");
+    return core_fail_in(f, L2L_ERR_INVALID, "batch->tokens is not the forward's shape");
+  if (tensors_overlap(dx, saved->input) || tensors_overlap(dx, saved->output))
+    return core_fail_in(f, L2L_ERR_INVALID, "dx overlaps a tensor the saved state reads");
 
   l2l_dtype precision = layer_precision(layer);
   l2l_layer_memory mem;
   memory_for(&mem, layer, B, S, saved->flags, precision);
   l2l_tensor *work = NULL;
   TRY(arena_new(&work, pool, mem.work_backward));
-  struct layer_call call = {l2l_backend_for(pool), pool, B, S, batch, .dx = dx, .dy = dy,
+  struct layer_call call = {backend_for(pool), pool, B, S, batch, .dx = dx, .dy = dy,
                             .precision = precision,
                             .cast = cast_scratch(work, layer, B, S, precision)};
-  l2l_status status = l2l_layer_kind_of(layer)->backward(
-      &call, layer, dx ? l2l_tensor_ptr(dx) : NULL, dy ? l2l_tensor_ptr(dy) : NULL, saved,
-      work ? l2l_tensor_ptr(work) : NULL);
+  l2l_status status = layer_kind_of(layer)->backward(
+      &call, layer, dx ? tensor_ptr(dx) : NULL, dy ? tensor_ptr(dy) : NULL, saved,
+      work ? tensor_ptr(work) : NULL);
   l2l_tensor_free(work);
   if (status == L2L_OK) saved->used = true;
   return status;
@@ -460,7 +460,7 @@ l2l_status l2l_layer_forward(l2l_saved **saved, l2l_layer *layer, l2l_tensor *y,
   return layer_forward(saved, layer, y, x, batch, false);
 }
 
-l2l_status l2l_layer_forward_prechecked(l2l_saved **saved, l2l_layer *layer, l2l_tensor *y,
+l2l_status layer_forward_prechecked(l2l_saved **saved, l2l_layer *layer, l2l_tensor *y,
                                         const l2l_tensor *x, const l2l_layer_batch *batch) {
   return layer_forward(saved, layer, y, x, batch, true);
 }
@@ -470,7 +470,7 @@ l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor
   return layer_backward(layer, dx, dy, saved, batch, false);
 }
 
-l2l_status l2l_layer_backward_prechecked(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
+l2l_status layer_backward_prechecked(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
                                          l2l_saved *saved, const l2l_layer_batch *batch) {
   return layer_backward(layer, dx, dy, saved, batch, true);
 }

@@ -23,13 +23,13 @@ static void custom_release(l2l_layer *layer) {
 }
 
 static l2l_status custom_check_config(const l2l_layer_config *c) {
-  return l2l_config_fail(c, "custom layers are made with l2l_layer_new_custom");
+  return layers_config_fail(c, "custom layers are made with l2l_layer_new_custom");
 }
 
 static void custom_memory(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
                           int64_t seq, uint32_t flags) {
   (void)flags;
-  out->input_kept = l2l_pool_accounted((uint64_t)(batch * seq * layer->config.dim) * sizeof(float));
+  out->input_kept = pool_accounted((uint64_t)(batch * seq * layer->config.dim) * sizeof(float));
 }
 
 static l2l_status custom_forward(const struct layer_call *call, l2l_layer *layer, float *y,
@@ -37,7 +37,7 @@ static l2l_status custom_forward(const struct layer_call *call, l2l_layer *layer
   (void)y, (void)x, (void)saved, (void)work;
   const struct custom_kind *k = layer->custom;
   if (k->forward(k->user, layer, call->y, call->x, call->b) != 0)
-    return l2l_fail(L2L_ERR_BACKEND, "custom layer '%s': its forward failed", k->name);
+    return core_fail(L2L_ERR_BACKEND, "custom layer '%s': its forward failed", k->name);
   return L2L_OK;
 }
 
@@ -46,17 +46,17 @@ static l2l_status custom_backward(const struct layer_call *call, l2l_layer *laye
   (void)dx, (void)dy, (void)work;
   const struct custom_kind *k = layer->custom;
   if (saved->input == NULL)
-    return l2l_fail(L2L_ERR_STATE, "custom layer '%s': the saved state holds no input", k->name);
+    return core_fail(L2L_ERR_STATE, "custom layer '%s': the saved state holds no input", k->name);
   if (k->backward(k->user, layer, call->dx, call->dy, saved->input, call->b) != 0)
-    return l2l_fail(L2L_ERR_BACKEND, "custom layer '%s': its backward failed", k->name);
+    return core_fail(L2L_ERR_BACKEND, "custom layer '%s': its backward failed", k->name);
   return L2L_OK;
 }
 
-const struct layer_kind_ops l2l_custom_kind = {
+const struct layer_kind_ops layers_custom_kind = {
     .name = "custom",
     .role = L2L_ROLE_BODY,
     .check_config = custom_check_config,
-    .check_batch = l2l_check_key_mask,
+    .check_batch = layers_check_key_mask,
     .create_params = NULL,   /* l2l_layer_new_custom makes them from the caller's list */
     .choose_flags = NULL,
     .memory = custom_memory,
@@ -69,7 +69,7 @@ l2l_status l2l_layer_new_custom(l2l_layer **out, const char *name, int64_t dim,
                                 const l2l_custom_param *params, int nparams,
                                 l2l_custom_forward_fn forward, l2l_custom_backward_fn backward,
                                 void *user, uint64_t init_seed, l2l_pool_kind pool) {
-  l2l_runtime_init();
+  cpu_runtime_init();
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   if (name == NULL || name[0] == '\0' || strlen(name) >= L2L_PARAM_NAME)
     return FAIL(L2L_ERR_INVALID, "name must be 1 to %d characters", L2L_PARAM_NAME - 1);
@@ -80,7 +80,7 @@ l2l_status l2l_layer_new_custom(l2l_layer **out, const char *name, int64_t dim,
                 L2L_LAYER_MAX_PARAMS, nparams);
   if (forward == NULL || backward == NULL)
     return FAIL(L2L_ERR_INVALID, "layer '%s': forward and backward are required", name);
-  if (!l2l_pool_valid((int)pool)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", pool);
+  if (!pool_valid((int)pool)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", pool);
   for (int i = 0; i < nparams; i++) {
     const l2l_custom_param *p = &params[i];
     if (p->name == NULL || p->name[0] == '\0' || strlen(p->name) >= L2L_PARAM_NAME)
@@ -113,7 +113,7 @@ l2l_status l2l_layer_new_custom(l2l_layer **out, const char *name, int64_t dim,
   l2l_layer_config config = {.kind = L2L_LAYER_CUSTOM, .dim = dim, .init_std = 1.0f,
                              .resid_std = 1.0f, .eps = 1e-5f, .init_seed = init_seed};
   l2l_layer *layer = NULL;
-  l2l_status status = l2l_layer_alloc(&layer, &config, pool);
+  l2l_status status = layer_alloc(&layer, &config, pool);
   if (status != L2L_OK) {
     free(kind);
     return status;
@@ -122,7 +122,7 @@ l2l_status l2l_layer_new_custom(l2l_layer **out, const char *name, int64_t dim,
   for (int i = 0; i < nparams && status == L2L_OK; i++) {
     const l2l_custom_param *p = &params[i];
     bool random = p->init_std > 0;
-    status = l2l_layer_add_param(layer, i, p->name, p->ndim, p->shape, random ? 'n' : '0',
+    status = layer_add_param(layer, i, p->name, p->ndim, p->shape, random ? 'n' : '0',
                                  p->init_std, p->decays);
     if (status == L2L_OK && !random && p->init_value != 0)
       status = l2l_tensor_fill(layer->params[i]->value, p->init_value);

@@ -27,7 +27,7 @@ enum { CLS_W = 0, CLS_B = 1 };
    only be known after the forward: Lua's Sequential counts the real targets then). */
 static l2l_status lm_head_losses(const struct layer_call *call, float *losses, float *logits,
                                  int64_t rows, int64_t vocab) {
-  const int32_t *targets = l2l_tensor_ptr(call->b->targets);
+  const int32_t *targets = tensor_ptr(call->b->targets);
   if (call->keep)
     return call->ops->cross_entropy_fused(losses, logits, logits, targets, -1, 1.0f, rows, vocab);
   return call->ops->cross_entropy_forward(losses, logits, targets, -1, rows, vocab);
@@ -39,11 +39,11 @@ static l2l_status lm_head_create(l2l_layer *layer) {
   const l2l_layer_config *c = &layer->config;
   int64_t d[1] = {c->dim}, proj[2] = {c->vocab, c->dim};
   if (c->final_ln) {
-    TRY(l2l_layer_add_param(layer, HEAD_LN_W, "ln.weight", 1, d, '1', 0, 0));
-    TRY(l2l_layer_add_param(layer, HEAD_LN_B, "ln.bias", 1, d, '0', 0, 0));
+    TRY(layer_add_param(layer, HEAD_LN_W, "ln.weight", 1, d, '1', 0, 0));
+    TRY(layer_add_param(layer, HEAD_LN_B, "ln.bias", 1, d, '0', 0, 0));
   }
-  TRY(l2l_layer_add_param(layer, HEAD_PROJ, "proj.weight", 2, proj, 'n', c->init_std, 1));
-  l2l_layer_mark_low_precision(layer, HEAD_PROJ);
+  TRY(layer_add_param(layer, HEAD_PROJ, "proj.weight", 2, proj, 'n', c->init_std, 1));
+  layer_mark_low_precision(layer, HEAD_PROJ);
   return L2L_OK;
 }
 
@@ -52,7 +52,7 @@ static uint32_t lm_head_flags(const l2l_layer *layer, bool training, bool logits
   (void)training;
   uint32_t flags = logits ? LOGITS : 0;
   if (c->final_ln && c->memory == L2L_MEMORY_FRUGAL &&
-      !l2l_layernorm_guarded(layer, HEAD_LN_W, HEAD_LN_B))
+      !layers_layernorm_guarded(layer, HEAD_LN_W, HEAD_LN_B))
     flags |= FRUGAL_LN;
   return flags;
 }
@@ -69,12 +69,12 @@ static void lm_head_plan(struct lm_head_plan *p, const l2l_layer *layer, int64_t
   memset(p, 0, sizeof *p);
   p->h = p->mean = p->rstd = p->logits = p->dh = NO_BUFFER;
   if (c->final_ln) {
-    p->h = l2l_arena_reserve(&p->saved, nd);
-    if (!(flags & FRUGAL_LN)) p->mean = l2l_arena_reserve(&p->saved, rows);
-    p->rstd = l2l_arena_reserve(&p->saved, rows);
-    p->dh = l2l_arena_reserve(&p->bwd, nd);
+    p->h = arena_reserve(&p->saved, nd);
+    if (!(flags & FRUGAL_LN)) p->mean = arena_reserve(&p->saved, rows);
+    p->rstd = arena_reserve(&p->saved, rows);
+    p->dh = arena_reserve(&p->bwd, nd);
   }
-  if (!(flags & LOGITS)) p->logits = l2l_arena_reserve(&p->saved, (uint64_t)(N * c->vocab) * sizeof(float));
+  if (!(flags & LOGITS)) p->logits = arena_reserve(&p->saved, (uint64_t)(N * c->vocab) * sizeof(float));
 }
 
 static void lm_head_memory(l2l_layer_memory *out, const l2l_layer *layer, int64_t B, int64_t S,
@@ -92,22 +92,22 @@ static void lm_head_memory(l2l_layer_memory *out, const l2l_layer *layer, int64_
 static l2l_status lm_head_forward(const struct layer_call *call, l2l_layer *layer, float *y,
                                   const float *x, struct l2l_saved *saved, void *work) {
   (void)work;
-  const struct l2l_backend_ops *ops = call->ops;
+  const struct backend_ops *ops = call->ops;
   const l2l_layer_config *c = &layer->config;
   const int64_t N = call->batch * call->seq, D = c->dim, V = c->vocab;
   struct lm_head_plan p;
   lm_head_plan(&p, layer, N, saved->flags);
-  void *base = l2l_saved_base(saved);
+  void *base = saved_base(saved);
   const float *h = x;
   if (c->final_ln) {
-    float *hn = l2l_arena_at(base, p.h);
-    TRY(ops->layernorm_forward(hn, l2l_arena_at(base, p.mean), l2l_arena_at(base, p.rstd), x,
-                               l2l_param_f32(layer, HEAD_LN_W), l2l_param_f32(layer, HEAD_LN_B),
+    float *hn = arena_at(base, p.h);
+    TRY(ops->layernorm_forward(hn, arena_at(base, p.mean), arena_at(base, p.rstd), x,
+                               param_f32(layer, HEAD_LN_W), param_f32(layer, HEAD_LN_B),
                                c->eps, N, D));
     h = hn;
   }
-  float *logits = saved->flags & LOGITS ? y : l2l_arena_at(base, p.logits); /* (N,V) */
-  TRY(l2l_gemm_weight(call, logits, h, l2l_weight(layer, HEAD_PROJ), 0, N, V, D, 0, 1, 1.0f, 0.0f));
+  float *logits = saved->flags & LOGITS ? y : arena_at(base, p.logits); /* (N,V) */
+  TRY(layers_gemm_weight(call, logits, h, layers_weight(layer, HEAD_PROJ), 0, N, V, D, 0, 1, 1.0f, 0.0f));
   if (saved->flags & LOGITS) return L2L_OK;
   return lm_head_losses(call, y, logits, N, V);
 }
@@ -115,32 +115,32 @@ static l2l_status lm_head_forward(const struct layer_call *call, l2l_layer *laye
 static l2l_status lm_head_backward(const struct layer_call *call, l2l_layer *layer, float *dx,
                                    const float *dy, struct l2l_saved *saved, void *work) {
   (void)dy;
-  const struct l2l_backend_ops *ops = call->ops;
+  const struct backend_ops *ops = call->ops;
   const l2l_layer_config *c = &layer->config;
   const int64_t N = call->batch * call->seq, D = c->dim, V = c->vocab;
   struct lm_head_plan p;
   lm_head_plan(&p, layer, N, saved->flags);
-  void *base = l2l_saved_base(saved);
-  const float *x = saved->input ? l2l_tensor_ptr(saved->input) : NULL;
-  const float *h = c->final_ln ? l2l_arena_at(base, p.h) : x;
+  void *base = saved_base(saved);
+  const float *x = saved->input ? tensor_ptr(saved->input) : NULL;
+  const float *h = c->final_ln ? arena_at(base, p.h) : x;
   /* the forward's lm_head_losses left softmax - one-hot here; scaled in the GEMMs */
-  const float *dlogits = l2l_arena_at(base, p.logits), scale = call->b->loss_scale;
+  const float *dlogits = arena_at(base, p.logits), scale = call->b->loss_scale;
   /* with a 16-bit projection, dlogits and h are rounded to its dtype like any GEMM input */
-  const struct weight proj = l2l_weight(layer, HEAD_PROJ);
+  const struct weight proj = layers_weight(layer, HEAD_PROJ);
   const void *dl = NULL, *hr = NULL;
-  TRY(l2l_cast_activation(call, &dl, dlogits, N * V, proj.dtype, 0));
-  TRY(l2l_cast_activation(call, &hr, h, N * D, proj.dtype, N * V));
-  TRY(ops->gemm_batched(l2l_grad_f32(layer, HEAD_PROJ), dl, hr, proj.dtype, 1, V, D, N, 1, 0,
+  TRY(layers_cast_activation(call, &dl, dlogits, N * V, proj.dtype, 0));
+  TRY(layers_cast_activation(call, &hr, h, N * D, proj.dtype, N * V));
+  TRY(ops->gemm_batched(layers_grad_f32(layer, HEAD_PROJ), dl, hr, proj.dtype, 1, V, D, N, 1, 0,
                         scale, 1.0f));
-  float *dh = c->final_ln ? l2l_arena_at(work, p.dh) : dx;
+  float *dh = c->final_ln ? arena_at(work, p.dh) : dx;
   TRY(ops->gemm_batched(dh, dl, proj.data, proj.dtype, 1, N, D, V, 0, 0, scale, 0.0f));
   if (!c->final_ln) return L2L_OK;
-  float *dw = l2l_grad_f32(layer, HEAD_LN_W), *db = l2l_grad_f32(layer, HEAD_LN_B);
-  const float *w = l2l_param_f32(layer, HEAD_LN_W), *rstd = l2l_arena_at(base, p.rstd);
+  float *dw = layers_grad_f32(layer, HEAD_LN_W), *db = layers_grad_f32(layer, HEAD_LN_B);
+  const float *w = param_f32(layer, HEAD_LN_W), *rstd = arena_at(base, p.rstd);
   if (saved->flags & FRUGAL_LN)
     return ops->layernorm_backward_from_output(dx, dw, db, dh, h, w,
-                                               l2l_param_f32(layer, HEAD_LN_B), rstd, N, D);
-  return ops->layernorm_backward(dx, dw, db, dh, x, w, l2l_arena_at(base, p.mean), rstd, N, D);
+                                               param_f32(layer, HEAD_LN_B), rstd, N, D);
+  return ops->layernorm_backward(dx, dw, db, dh, x, w, arena_at(base, p.mean), rstd, N, D);
 }
 
 /* The backward's dlogits (N,V) and h (N,D). */
@@ -153,15 +153,15 @@ static int64_t lm_head_cast_elements(const l2l_layer *layer, int64_t B, int64_t 
 static l2l_status head_check_batch(const struct batch_check *bc, int ndim, int64_t classes) {
   const l2l_layer_batch *b = bc->b;
   if (b->targets != NULL) {
-    TRY(l2l_batch_tensor(bc, "batch->targets", b->targets, L2L_I32, ndim));
+    TRY(batch_tensor(bc, "batch->targets", b->targets, L2L_I32, ndim));
   } else if (bc->backward) {
-    return l2l_fail_in(bc->func, L2L_ERR_INVALID,
+    return core_fail_in(bc->func, L2L_ERR_INVALID,
                        "batch->targets is NULL: a head's backward needs targets");
   }
   if (bc->backward && !isfinite(b->loss_scale))
-    return l2l_fail_in(bc->func, L2L_ERR_INVALID, "batch->loss_scale must be finite, got %g",
+    return core_fail_in(bc->func, L2L_ERR_INVALID, "batch->loss_scale must be finite, got %g",
                        b->loss_scale);
-  return b->targets != NULL ? l2l_batch_ids(bc, "batch->targets", b->targets, classes, -1) : L2L_OK;
+  return b->targets != NULL ? batch_ids(bc, "batch->targets", b->targets, classes, -1) : L2L_OK;
 }
 
 static l2l_status lm_head_check_config(const l2l_layer_config *c) {
@@ -182,7 +182,7 @@ static int lm_head_output_dims(int64_t *dims, const l2l_layer *layer,
   return batch->targets ? 2 : 3;
 }
 
-const struct layer_kind_ops l2l_lm_head_kind = {
+const struct layer_kind_ops layers_lm_head_kind = {
     .name = "LM head",
     .role = L2L_ROLE_HEAD,
     .check_config = lm_head_check_config,
@@ -202,9 +202,9 @@ const struct layer_kind_ops l2l_lm_head_kind = {
 static l2l_status classifier_create(l2l_layer *layer) {
   const l2l_layer_config *c = &layer->config;
   int64_t w[2] = {c->dim, c->classes}, b[1] = {c->classes};
-  TRY(l2l_layer_add_param(layer, CLS_W, "weight", 2, w, 'n', c->init_std, 1));
-  l2l_layer_mark_low_precision(layer, CLS_W);
-  return l2l_layer_add_param(layer, CLS_B, "bias", 1, b, '0', 0, 0);
+  TRY(layer_add_param(layer, CLS_W, "weight", 2, w, 'n', c->init_std, 1));
+  layer_mark_low_precision(layer, CLS_W);
+  return layer_add_param(layer, CLS_B, "bias", 1, b, '0', 0, 0);
 }
 
 static uint32_t classifier_flags(const l2l_layer *layer, bool training, bool logits) {
@@ -218,45 +218,45 @@ static void classifier_memory(l2l_layer_memory *out, const l2l_layer *layer, int
   (void)S;
   const l2l_layer_config *c = &layer->config;
   struct arena saved = {0}, bwd = {0};
-  l2l_arena_reserve(&saved, (uint64_t)(B * c->dim) * sizeof(float));
-  if (!(flags & LOGITS)) l2l_arena_reserve(&saved, (uint64_t)(B * c->classes) * sizeof(float));
-  l2l_arena_reserve(&bwd, (uint64_t)(B * c->dim) * sizeof(float));
+  arena_reserve(&saved, (uint64_t)(B * c->dim) * sizeof(float));
+  if (!(flags & LOGITS)) arena_reserve(&saved, (uint64_t)(B * c->classes) * sizeof(float));
+  arena_reserve(&bwd, (uint64_t)(B * c->dim) * sizeof(float));
   out->saved = saved.bytes;
   out->work_backward = bwd.bytes;
 }
 
 static float *classifier_logits(void *base, const l2l_layer *layer, int64_t B) {
   struct arena a = {0};
-  l2l_arena_reserve(&a, (uint64_t)(B * layer->config.dim) * sizeof(float));
+  arena_reserve(&a, (uint64_t)(B * layer->config.dim) * sizeof(float));
   return (float *)((char *)base + a.bytes);
 }
 
 static l2l_status classifier_forward(const struct layer_call *call, l2l_layer *layer, float *y,
                                      const float *x, struct l2l_saved *saved, void *work) {
   (void)work;
-  const struct l2l_backend_ops *ops = call->ops;
+  const struct backend_ops *ops = call->ops;
   const int64_t B = call->batch, S = call->seq, D = layer->config.dim, C = layer->config.classes;
-  float *f = l2l_saved_base(saved);
+  float *f = saved_base(saved);
   for (int64_t b = 0; b < B; b++)
     TRY(ops->copy(f + b * D, call->pool, x + b * S * D, call->pool, (uint64_t)D * sizeof(float)));
   float *logits = saved->flags & LOGITS ? y : classifier_logits(f, layer, B);
-  TRY(l2l_linear_forward(call, logits, f, l2l_weight(layer, CLS_W), l2l_param_f32(layer, CLS_B),
+  TRY(layers_linear_forward(call, logits, f, layers_weight(layer, CLS_W), param_f32(layer, CLS_B),
                          B, D, C));
   if (saved->flags & LOGITS) return L2L_OK;
-  return ops->cross_entropy_forward(y, logits, l2l_tensor_ptr(call->b->targets), -1, B, C);
+  return ops->cross_entropy_forward(y, logits, tensor_ptr(call->b->targets), -1, B, C);
 }
 
 static l2l_status classifier_backward(const struct layer_call *call, l2l_layer *layer,
                                       float *dx, const float *dy, struct l2l_saved *saved,
                                       void *work) {
   (void)dy;
-  const struct l2l_backend_ops *ops = call->ops;
+  const struct backend_ops *ops = call->ops;
   const int64_t B = call->batch, S = call->seq, D = layer->config.dim, C = layer->config.classes;
-  float *f = l2l_saved_base(saved), *dlogits = classifier_logits(f, layer, B), *df = work;
-  TRY(ops->cross_entropy_backward(dlogits, dlogits, l2l_tensor_ptr(call->b->targets), -1,
+  float *f = saved_base(saved), *dlogits = classifier_logits(f, layer, B), *df = work;
+  TRY(ops->cross_entropy_backward(dlogits, dlogits, tensor_ptr(call->b->targets), -1,
                                   call->b->loss_scale, B, C));
-  TRY(l2l_linear_backward(call, df, l2l_grad_f32(layer, CLS_W), l2l_grad_f32(layer, CLS_B),
-                          dlogits, f, l2l_weight(layer, CLS_W), B, D, C, 0.0f));
+  TRY(layers_linear_backward(call, df, layers_grad_f32(layer, CLS_W), layers_grad_f32(layer, CLS_B),
+                          dlogits, f, layers_weight(layer, CLS_W), B, D, C, 0.0f));
   TRY(ops->fill(dx, L2L_F32, 0.0, B * S * D));
   for (int64_t b = 0; b < B; b++)
     TRY(ops->copy(dx + b * S * D, call->pool, df + b * D, call->pool, (uint64_t)D * sizeof(float)));
@@ -285,7 +285,7 @@ static int classifier_output_dims(int64_t *dims, const l2l_layer *layer,
   return batch->targets ? 1 : 2;
 }
 
-const struct layer_kind_ops l2l_classifier_kind = {
+const struct layer_kind_ops layers_classifier_kind = {
     .name = "classifier",
     .role = L2L_ROLE_HEAD,
     .check_config = classifier_check_config,

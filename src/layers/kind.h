@@ -50,17 +50,17 @@ struct l2l_layer {
   int8_t role[L2L_LAYER_MAX_PARAMS];
   /* A custom kind's name and functions (NULL for the built-in kinds). */
   const struct custom_kind *custom;
-  /* Set only on the stand-in layer of l2l_layer_config_params: l2l_layer_add_param then
+  /* Set only on the stand-in layer of l2l_layer_config_params: layer_add_param then
      writes each record's name and shape here instead of making it. */
   l2l_param_info *describe;
   const void *owner;            /* the relay holding the layer, NULL if none */
   bool free_pending;            /* freed while held: freed when the relay lets it go */
 };
 
-static inline bool l2l_layer_live(const l2l_layer *layer) {
+static inline bool layer_live(const l2l_layer *layer) {
   return layer != NULL && layer->magic == L2L_LAYER_MAGIC;
 }
-static inline bool l2l_param_live(const l2l_param *param) {
+static inline bool param_live(const l2l_param *param) {
   return param != NULL && param->magic == L2L_PARAM_MAGIC;
 }
 
@@ -79,8 +79,8 @@ struct arena {
 };
 enum { NO_BUFFER = -1 };
 /* Reserves `bytes` (0: none) and returns the offset, or NO_BUFFER. */
-int64_t l2l_arena_reserve(struct arena *a, uint64_t bytes);
-static inline void *l2l_arena_at(void *base, int64_t offset) {
+int64_t arena_reserve(struct arena *a, uint64_t bytes);
+static inline void *arena_at(void *base, int64_t offset) {
   return offset == NO_BUFFER ? NULL : (char *)base + offset;
 }
 
@@ -103,7 +103,7 @@ struct l2l_saved {
 
 /* One call's view of its tensors, checked by call.c. */
 struct layer_call {
-  const struct l2l_backend_ops *ops;
+  const struct backend_ops *ops;
   l2l_pool_kind pool;           /* where saved and work arenas go (y's pool) */
   int64_t batch, seq;
   const l2l_layer_batch *b;
@@ -118,7 +118,7 @@ struct layer_call {
 };
 
 /* Draw stream of a dropout site (l2l.h). */
-static inline uint64_t l2l_dropout_stream(const l2l_layer *layer, const l2l_layer_batch *b,
+static inline uint64_t layers_dropout_stream(const l2l_layer *layer, const l2l_layer_batch *b,
                                           int site) {
   return (b->step << 32) + ((uint64_t)layer->rng_id << 8) + (uint64_t)site;
 }
@@ -130,22 +130,22 @@ struct batch_check {
   const l2l_layer *layer;
   const l2l_layer_batch *b;
   int64_t batch, seq;
-  int domain;                  /* l2l_pool_domain of the call */
-  const struct l2l_backend_ops *ops;
+  int domain;                  /* backend_pool_domain of the call */
+  const struct backend_ops *ops;
   bool backward;
-  bool values_checked;         /* ids are not scanned (l2l_layer_check_batch) */
+  bool values_checked;         /* ids are not scanned (layer_check_batch) */
 };
 /* The refusal `status` of batch field `name` ("batch->tokens"), its message naming it marked
    (L2L_NAMED_FIELD): the error's detail names the field ("tokens"). Returns status. */
-l2l_status l2l_batch_refused(l2l_status status, const char *name);
+l2l_status batch_refused(l2l_status status, const char *name);
 /* A batch field `name` (e.g. "batch->tokens"): `dtype` with dims (B, S) (ndim 2) or (B)
    (ndim 1), in the call's domain of pools. */
-l2l_status l2l_batch_tensor(const struct batch_check *bc, const char *name, const l2l_tensor *t,
+l2l_status batch_tensor(const struct batch_check *bc, const char *name, const l2l_tensor *t,
                             l2l_dtype dtype, int ndim);
 /* The batch check of a (B,S,D) -> (B,S,D) kind that attends: an optional (B,S) u8 key mask. */
-l2l_status l2l_check_key_mask(const struct batch_check *bc);
+l2l_status layers_check_key_mask(const struct batch_check *bc);
 /* Every id of an i32 field within [0, hi), or `except` (-1: ignored targets; 0: none). */
-l2l_status l2l_batch_ids(const struct batch_check *bc, const char *name, const l2l_tensor *t,
+l2l_status batch_ids(const struct batch_check *bc, const char *name, const l2l_tensor *t,
                          int64_t hi, int32_t except);
 
 /* A layer kind: one entry of the registry (registry.c). Adding a kind is its C file with
@@ -154,11 +154,11 @@ l2l_status l2l_batch_ids(const struct batch_check *bc, const char *name, const l
    lua/l2l/layers.lua's table of kinds. */
 struct layer_kind_ops {
   const char *name;
-  enum l2l_layer_role role;
+  enum layer_role role;
   /* The config fields of this kind (the shared ones, dim, init_std and dropout, are
-     checked before); refusals through l2l_config_fail. */
+     checked before); refusals through layers_config_fail. */
   l2l_status (*check_config)(const l2l_layer_config *c);
-  /* The batch fields the kind reads (l2l_batch_tensor, l2l_batch_ids); NULL: none. */
+  /* The batch fields the kind reads (batch_tensor, batch_ids); NULL: none. */
   l2l_status (*check_batch)(const struct batch_check *bc);
   /* The dims of the output for B, S (activations by default: NULL gives (B, S, dim)). */
   int (*output_dims)(int64_t *dims, const l2l_layer *layer, const l2l_layer_batch *batch,
@@ -171,7 +171,7 @@ struct layer_kind_ops {
      head called without targets. */
   uint32_t (*choose_flags)(const l2l_layer *layer, bool training, bool logits);
   /* The flags the parameters' values decide (the LayerNorm guard), as they go when that
-     keeps more: set these, clear those (l2l_layer_memory_bound). */
+     keeps more: set these, clear those (layer_memory_bound). */
   uint32_t weights_set, weights_clear;
   /* Bytes for B, S under `flags`, params excluded: what forward and backward allocate. */
   void (*memory)(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch, int64_t seq,
@@ -192,20 +192,20 @@ struct layer_kind_ops {
 };
 
 /* The config's shared fields, then its kind's (registry.c). */
-l2l_status l2l_layer_check_config(const l2l_layer_config *c);
+l2l_status layer_check_config(const l2l_layer_config *c);
 /* The registry's entry for a kind number, or NULL. */
-const struct layer_kind_ops *l2l_kind_ops(l2l_layer_kind kind);
+const struct layer_kind_ops *kind_ops(l2l_layer_kind kind);
 /* A kind's entry, for a live layer. */
-static inline const struct layer_kind_ops *l2l_layer_kind_of(const l2l_layer *layer) {
-  return l2l_kind_ops(layer->config.kind);
+static inline const struct layer_kind_ops *layer_kind_of(const l2l_layer *layer) {
+  return kind_ops(layer->config.kind);
 }
 
 /* For a kind's check_config: L2L_ERR_INVALID "l2l_layer_new (<kind>): <message>". */
-l2l_status l2l_config_fail(const l2l_layer_config *c, const char *fmt, ...)
+l2l_status layers_config_fail(const l2l_layer_config *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 #define CONFIG_NEED(cond, ...)                                     \
   do {                                                             \
-    if (!(cond)) return l2l_config_fail(c, __VA_ARGS__);           \
+    if (!(cond)) return layers_config_fail(c, __VA_ARGS__);           \
   } while (0)
 #define CONFIG_SIZE(field)                                                           \
   CONFIG_NEED(c->field >= 1 && c->field <= (INT64_C(1) << 24),                       \
@@ -220,56 +220,56 @@ l2l_status l2l_config_fail(const l2l_layer_config *c, const char *fmt, ...)
    y = x^ w + b to float precision (the backend's layernorm_invertible says no: a channel
    with a tiny or NaN weight, or a bias too large for it). The frugal modes then keep that
    LayerNorm the standard way (its input, mean and rstd). */
-bool l2l_layernorm_guarded(const l2l_layer *layer, int weight_role, int bias_role);
+bool layers_layernorm_guarded(const l2l_layer *layer, int weight_role, int bias_role);
 
 /* A weight as a GEMM reads it: f32, or the relay's 16-bit device copy. */
 struct weight {
   const void *data;
   l2l_dtype dtype;
 };
-static inline struct weight l2l_weight(const l2l_layer *layer, int role) {
+static inline struct weight layers_weight(const l2l_layer *layer, int role) {
   const l2l_tensor *v = layer->params[layer->role[role]]->value;
-  return (struct weight){l2l_tensor_ptr(v), v->dtype};
+  return (struct weight){tensor_ptr(v), v->dtype};
 }
 /* c = alpha op(a) op(w) + beta c for an activation a (f32) and a weight w: with a 16-bit
    w, a is first rounded to w's dtype into the call's cast scratch at element `at` (the
    products then accumulate in f32, as on a GPU's tensor cores). Shapes as gemm_batched. */
-l2l_status l2l_gemm_weight(const struct layer_call *call, float *c, const float *a,
+l2l_status layers_gemm_weight(const struct layer_call *call, float *c, const float *a,
                            struct weight w, int64_t at, int64_t m, int64_t n, int64_t k,
                            int trans_a, int trans_w, float alpha, float beta);
 /* a rounded to `dtype` in the call's cast scratch at element `at` (f32: a itself). */
-l2l_status l2l_cast_activation(const struct layer_call *call, const void **out, const float *a,
+l2l_status layers_cast_activation(const struct layer_call *call, const void **out, const float *a,
                                int64_t n, l2l_dtype dtype, int64_t at);
 /* Linear maps on row-major buffers, shared by the kinds: y (n,out) = x (n,in) @ w (in,out)
    [+ bias]; the backward adds x^T dy into dw and column sums of dy into db (NULL: none)
    and sets dx = dy w^T + dx_beta * dx (dx NULL: skipped). With a 16-bit w, x and dy are
    rounded to its dtype first (cast scratch: n * (in + out) elements). */
-l2l_status l2l_linear_forward(const struct layer_call *call, float *y, const float *x,
+l2l_status layers_linear_forward(const struct layer_call *call, float *y, const float *x,
                               struct weight w, const float *bias, int64_t n, int64_t in,
                               int64_t out);
-l2l_status l2l_linear_backward(const struct layer_call *call, float *dx, float *dw, float *db,
+l2l_status layers_linear_backward(const struct layer_call *call, float *dx, float *dw, float *db,
                                const float *dy, const float *x, struct weight w, int64_t n,
                                int64_t in, int64_t out, float dx_beta);
 /* Marks the parameter of `role` as one the relay may bind in 16 bits (create_params). */
-void l2l_layer_mark_low_precision(l2l_layer *layer, int role);
+void layer_mark_low_precision(l2l_layer *layer, int role);
 
 /* A layer record with no parameters yet and a fresh rng id (config already checked). */
-l2l_status l2l_layer_alloc(l2l_layer **out, const l2l_layer_config *config, l2l_pool_kind pool);
+l2l_status layer_alloc(l2l_layer **out, const l2l_layer_config *config, l2l_pool_kind pool);
 /* Adds the parameter of `role` for create_params (layer.c). init: 'n' normal(0, std),
    '0' zeros, '1' ones. */
-l2l_status l2l_layer_add_param(l2l_layer *layer, int role, const char *name, int ndim,
+l2l_status layer_add_param(l2l_layer *layer, int role, const char *name, int ndim,
                                const int64_t *shape, char init, float std, int decays);
 /* The value / gradient of a role, NULL when the layer has none. */
-static inline float *l2l_param_f32(const l2l_layer *layer, int role) {
+static inline float *param_f32(const l2l_layer *layer, int role) {
   int i = layer->role[role];
-  return i < 0 ? NULL : (float *)l2l_tensor_ptr(layer->params[i]->value);
+  return i < 0 ? NULL : (float *)tensor_ptr(layer->params[i]->value);
 }
-static inline float *l2l_grad_f32(const l2l_layer *layer, int role) {
+static inline float *layers_grad_f32(const l2l_layer *layer, int role) {
   int i = layer->role[role];
-  return i < 0 ? NULL : (float *)l2l_tensor_ptr(layer->params[i]->grad);
+  return i < 0 ? NULL : (float *)tensor_ptr(layer->params[i]->grad);
 }
-static inline void *l2l_saved_base(const struct l2l_saved *s) {
-  return s && s->buffer ? l2l_tensor_ptr(s->buffer) : NULL;
+static inline void *saved_base(const struct l2l_saved *s) {
+  return s && s->buffer ? tensor_ptr(s->buffer) : NULL;
 }
 
 #endif /* L2L_LAYERS_KIND_H */

@@ -11,7 +11,7 @@
 
 #include "kind.h"
 
-int64_t l2l_arena_reserve(struct arena *a, uint64_t bytes) {
+int64_t arena_reserve(struct arena *a, uint64_t bytes) {
   if (bytes == 0) return NO_BUFFER;
   int64_t offset = (int64_t)a->bytes;
   a->bytes += (bytes + L2L_ALIGN - 1) / L2L_ALIGN * L2L_ALIGN;
@@ -32,21 +32,21 @@ static const l2l_tensor *guard_source(const l2l_layer *layer, int role) {
   return home != NULL && home->dtype == L2L_F32 && p->value->dtype == L2L_F32 ? home : p->value;
 }
 
-bool l2l_layernorm_guarded(const l2l_layer *layer, int weight_role, int bias_role) {
+bool layers_layernorm_guarded(const l2l_layer *layer, int weight_role, int bias_role) {
   /* A check that fails (a device fault, which the next op reports too) guards: the
      standard backward is right for any weights. */
   const l2l_tensor *weight = guard_source(layer, weight_role), *bias = guard_source(layer, bias_role);
   if (weight->dtype != L2L_F32 || (bias != NULL && bias->dtype != L2L_F32)) return true;
-  if (bias != NULL && l2l_pool_domain(bias->storage->pool) != l2l_pool_domain(weight->storage->pool))
+  if (bias != NULL && backend_pool_domain(bias->storage->pool) != backend_pool_domain(weight->storage->pool))
     return true;
   bool invertible = false;
-  l2l_status st = l2l_backend_for(weight->storage->pool)->layernorm_invertible(
-      &invertible, l2l_tensor_ptr(weight), bias != NULL ? l2l_tensor_ptr(bias) : NULL,
+  l2l_status st = backend_for(weight->storage->pool)->layernorm_invertible(
+      &invertible, tensor_ptr(weight), bias != NULL ? tensor_ptr(bias) : NULL,
       layer->config.dim);
   return st != L2L_OK || !invertible;
 }
 
-l2l_status l2l_cast_activation(const struct layer_call *call, const void **out, const float *a,
+l2l_status layers_cast_activation(const struct layer_call *call, const void **out, const float *a,
                                int64_t n, l2l_dtype dtype, int64_t at) {
   if (dtype == L2L_F32) {
     *out = a;
@@ -59,30 +59,30 @@ l2l_status l2l_cast_activation(const struct layer_call *call, const void **out, 
   return L2L_OK;
 }
 
-l2l_status l2l_gemm_weight(const struct layer_call *call, float *c, const float *a,
+l2l_status layers_gemm_weight(const struct layer_call *call, float *c, const float *a,
                            struct weight w, int64_t at, int64_t m, int64_t n, int64_t k,
                            int trans_a, int trans_w, float alpha, float beta) {
   const void *ar = NULL;
-  TRY(l2l_cast_activation(call, &ar, a, m * k, w.dtype, at));
+  TRY(layers_cast_activation(call, &ar, a, m * k, w.dtype, at));
   return call->ops->gemm_batched(c, ar, w.data, w.dtype, 1, m, n, k, trans_a, trans_w, alpha,
                                  beta);
 }
 
-l2l_status l2l_linear_forward(const struct layer_call *call, float *y, const float *x,
+l2l_status layers_linear_forward(const struct layer_call *call, float *y, const float *x,
                               struct weight w, const float *bias, int64_t n, int64_t in,
                               int64_t out) {
-  TRY(l2l_gemm_weight(call, y, x, w, 0, n, out, in, 0, 0, 1.0f, 0.0f));
+  TRY(layers_gemm_weight(call, y, x, w, 0, n, out, in, 0, 0, 1.0f, 0.0f));
   return bias ? call->ops->bias_add(y, bias, n, out) : L2L_OK;
 }
 
-l2l_status l2l_linear_backward(const struct layer_call *call, float *dx, float *dw, float *db,
+l2l_status layers_linear_backward(const struct layer_call *call, float *dx, float *dw, float *db,
                                const float *dy, const float *x, struct weight w, int64_t n,
                                int64_t in, int64_t out, float dx_beta) {
-  const struct l2l_backend_ops *ops = call->ops;
+  const struct backend_ops *ops = call->ops;
   /* dw accumulates in f32 from x and dy rounded like the weight (both 16-bit, or both f32) */
   const void *xr = NULL, *dyr = NULL;
-  TRY(l2l_cast_activation(call, &dyr, dy, n * out, w.dtype, 0));
-  TRY(l2l_cast_activation(call, &xr, x, n * in, w.dtype, n * out));
+  TRY(layers_cast_activation(call, &dyr, dy, n * out, w.dtype, 0));
+  TRY(layers_cast_activation(call, &xr, x, n * in, w.dtype, n * out));
   TRY(ops->gemm_batched(dw, xr, dyr, w.dtype, 1, in, out, n, 1, 0, 1.0f, 1.0f));
   if (db) TRY(ops->bias_backward(db, dy, n, out));
   return dx ? ops->gemm_batched(dx, dyr, w.data, w.dtype, 1, n, in, out, 0, 1, 1.0f, dx_beta)

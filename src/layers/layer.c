@@ -19,7 +19,7 @@
 
 static void param_release(l2l_param *param) {
   if (param == NULL || atomic_fetch_sub(&param->users, 1) != 1) return;
-  l2l_param_bind(param, NULL, NULL);
+  param_bind(param, NULL, NULL);
   l2l_tensor_free(param->value);
   l2l_tensor_free(param->grad);
   param->magic = 0;
@@ -41,7 +41,7 @@ static l2l_status param_new(l2l_param **out, const char *name, l2l_pool_kind poo
      read as zero): a model made for a relay whose EPS lives mostly on disk does not hold
      4 bytes a parameter for it meanwhile */
   if (status == L2L_OK && pool == L2L_POOL_HOST)
-    l2l_pool_zero_pages(pool, l2l_tensor_data(param->grad),
+    pool_zero_pages(pool, l2l_tensor_data(param->grad),
                         (uint64_t)l2l_tensor_numel(param->grad) * sizeof(float));
   else if (status == L2L_OK) status = l2l_tensor_fill(param->grad, 0.0);
   if (status != L2L_OK) {
@@ -52,7 +52,7 @@ static l2l_status param_new(l2l_param **out, const char *name, l2l_pool_kind poo
   return L2L_OK;
 }
 
-l2l_status l2l_layer_add_param(l2l_layer *layer, int role, const char *name, int ndim,
+l2l_status layer_add_param(l2l_layer *layer, int role, const char *name, int ndim,
                                const int64_t *shape, char init, float std, int decays) {
   int index = layer->nparams;
   if (layer->describe != NULL) {   /* l2l_layer_config_params: the record's description only */
@@ -79,31 +79,31 @@ l2l_status l2l_layer_add_param(l2l_layer *layer, int role, const char *name, int
 }
 
 const char *l2l_param_name(const l2l_param *param) {
-  return l2l_param_live(param) ? param->name : NULL;
+  return param_live(param) ? param->name : NULL;
 }
 l2l_tensor *l2l_param_value(const l2l_param *param) {
-  return l2l_param_live(param) ? param->value : NULL;
+  return param_live(param) ? param->value : NULL;
 }
 l2l_tensor *l2l_param_grad(const l2l_param *param) {
-  return l2l_param_live(param) ? param->grad : NULL;
+  return param_live(param) ? param->grad : NULL;
 }
 int l2l_param_users(const l2l_param *param) {
-  return l2l_param_live(param) ? atomic_load(&param->users) : -1;
+  return param_live(param) ? atomic_load(&param->users) : -1;
 }
-int l2l_param_decays(const l2l_param *param) { return l2l_param_live(param) ? param->decays : -1; }
-bool l2l_param_low_precision(const l2l_param *param) { return param->low_precision; }
+int l2l_param_decays(const l2l_param *param) { return param_live(param) ? param->decays : -1; }
+bool param_low_precision(const l2l_param *param) { return param->low_precision; }
 
-void l2l_layer_mark_low_precision(l2l_layer *layer, int role) {
+void layer_mark_low_precision(l2l_layer *layer, int role) {
   if (layer->describe != NULL) return;
   layer->params[layer->role[role]]->low_precision = true;
 }
 
-l2l_status l2l_param_rehome(l2l_param *param, l2l_pool_kind pool, l2l_dtype dtype) {
+l2l_status param_rehome(l2l_param *param, l2l_pool_kind pool, l2l_dtype dtype) {
   if (param->home_value != NULL)
     return FAIL(L2L_ERR_STATE, "parameter '%s' is bound to other tensors", param->name);
   if (param->value->dtype == dtype && param->value->storage->pool == pool) return L2L_OK;
   l2l_tensor *fresh = NULL;
-  TRY(l2l_tensor_new_like(&fresh, pool, dtype, param->value));
+  TRY(tensor_new_like(&fresh, pool, dtype, param->value));
   l2l_status status = l2l_tensor_cast(fresh, param->value);   /* to nearest even, or exact */
   if (status != L2L_OK) {
     l2l_tensor_free(fresh);
@@ -114,7 +114,7 @@ l2l_status l2l_param_rehome(l2l_param *param, l2l_pool_kind pool, l2l_dtype dtyp
   return L2L_OK;
 }
 
-void l2l_param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad) {
+void param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad) {
   if (value != NULL) {
     if (param->home_value == NULL) {
       param->home_value = param->value;
@@ -135,22 +135,22 @@ static atomic_uint next_rng_id = 1;
 static atomic_uint_fast64_t next_serial = 1;
 
 void l2l_layer_free(l2l_layer *layer) {
-  if (!l2l_layer_live(layer)) return;
+  if (!layer_live(layer)) return;
   if (layer->owner != NULL) {   /* the relay still runs it: freed when it lets it go */
     layer->free_pending = true;
     return;
   }
   for (int i = 0; i < layer->nparams; i++) param_release(layer->params[i]);
-  const struct layer_kind_ops *kind = l2l_layer_kind_of(layer);
+  const struct layer_kind_ops *kind = layer_kind_of(layer);
   if (kind->release) kind->release(layer);
   layer->magic = 0;
   free(layer);
 }
 
-l2l_status l2l_layer_alloc(l2l_layer **out, const l2l_layer_config *config,
+l2l_status layer_alloc(l2l_layer **out, const l2l_layer_config *config,
                               l2l_pool_kind pool) {
   l2l_layer *layer = calloc(1, sizeof *layer);
-  if (layer == NULL) return l2l_fail(L2L_ERR_NOMEM, "no memory for a layer");
+  if (layer == NULL) return core_fail(L2L_ERR_NOMEM, "no memory for a layer");
   layer->magic = L2L_LAYER_MAGIC;
   layer->config = *config;
   layer->pool = pool;
@@ -162,13 +162,13 @@ l2l_status l2l_layer_alloc(l2l_layer **out, const l2l_layer_config *config,
 }
 
 l2l_status l2l_layer_new(l2l_layer **out, const l2l_layer_config *config, l2l_pool_kind pool) {
-  l2l_runtime_init();
+  cpu_runtime_init();
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  TRY(l2l_layer_check_config(config));
-  if (!l2l_pool_valid((int)pool)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", pool);
+  TRY(layer_check_config(config));
+  if (!pool_valid((int)pool)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", pool);
   l2l_layer *layer = NULL;
-  TRY(l2l_layer_alloc(&layer, config, pool));
-  l2l_status status = l2l_kind_ops(config->kind)->create_params(layer);
+  TRY(layer_alloc(&layer, config, pool));
+  l2l_status status = kind_ops(config->kind)->create_params(layer);
   if (status != L2L_OK) {
     l2l_layer_free(layer);
     return status;
@@ -181,13 +181,13 @@ l2l_status l2l_layer_config_params(l2l_param_info *out, int capacity, int *count
                                    const l2l_layer_config *config) {
   if (count == NULL) return FAIL(L2L_ERR_INVALID, "count is NULL");
   if (out == NULL && capacity != 0) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  TRY(l2l_layer_check_config(config));
+  TRY(layer_check_config(config));
   /* The kind's own create_params runs on a stand-in layer that describes instead of
      allocating, so the names and shapes cannot drift from what l2l_layer_new makes. */
   l2l_param_info infos[L2L_LAYER_MAX_PARAMS];
   l2l_layer stand_in = {.config = *config, .describe = infos};
   memset(stand_in.role, -1, sizeof stand_in.role);
-  TRY(l2l_kind_ops(config->kind)->create_params(&stand_in));
+  TRY(kind_ops(config->kind)->create_params(&stand_in));
   *count = stand_in.nparams;
   if (capacity < stand_in.nparams)
     return FAIL(L2L_ERR_INVALID, "out has room for %d records, the layer has %d", capacity,
@@ -198,9 +198,9 @@ l2l_status l2l_layer_config_params(l2l_param_info *out, int capacity, int *count
 
 l2l_status l2l_layer_clone(l2l_layer **out, const l2l_layer *layer) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  if (!l2l_layer_live(layer)) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
+  if (!layer_live(layer)) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
   l2l_layer *copy = NULL;
-  TRY(l2l_layer_alloc(&copy, &layer->config, layer->pool));
+  TRY(layer_alloc(&copy, &layer->config, layer->pool));
   memcpy(copy->role, layer->role, sizeof copy->role);
   if (layer->custom) {
     atomic_fetch_add(&((struct custom_kind *)layer->custom)->refs, 1);
@@ -214,7 +214,7 @@ l2l_status l2l_layer_clone(l2l_layer **out, const l2l_layer *layer) {
     if (status != L2L_OK) break;
     q->low_precision = p->low_precision;
     copy->params[copy->nparams++] = q;
-    /* a relay's bf16 master (l2l_param_rehome) widens exactly into the copy's f32 */
+    /* a relay's bf16 master (param_rehome) widens exactly into the copy's f32 */
     status = p->value->dtype == L2L_F32 ? l2l_tensor_copy(q->value, p->value)
                                         : l2l_tensor_cast(q->value, p->value);
   }
@@ -227,9 +227,9 @@ l2l_status l2l_layer_clone(l2l_layer **out, const l2l_layer *layer) {
 }
 
 l2l_status l2l_layer_tie(l2l_layer *head, l2l_layer *embedding) {
-  if (!l2l_layer_live(head) || head->config.kind != L2L_LAYER_LM_HEAD)
+  if (!layer_live(head) || head->config.kind != L2L_LAYER_LM_HEAD)
     return FAIL(L2L_ERR_INVALID, "head must be a live LM head layer");
-  if (!l2l_layer_live(embedding) || embedding->config.kind != L2L_LAYER_EMBEDDING)
+  if (!layer_live(embedding) || embedding->config.kind != L2L_LAYER_EMBEDDING)
     return FAIL(L2L_ERR_INVALID, "embedding must be a live embedding layer");
   /* A relay's EPS holds the head's records: swapping one under it would leave the EPS
      with a freed record and none for the new one. (The embedding may be in a relay: the
@@ -241,7 +241,7 @@ l2l_status l2l_layer_tie(l2l_layer *head, l2l_layer *embedding) {
     return FAIL(L2L_ERR_INVALID,
                 "head (vocab %lld, dim %lld) and embedding (vocab %lld, dim %lld) differ",
                 (long long)h->vocab, (long long)h->dim, (long long)e->vocab, (long long)e->dim);
-  if (l2l_pool_domain(head->pool) != l2l_pool_domain(embedding->pool))
+  if (backend_pool_domain(head->pool) != backend_pool_domain(embedding->pool))
     return FAIL(L2L_ERR_INVALID, "head is in pool '%s' but embedding in '%s'",
                 l2l_pool_name(head->pool), l2l_pool_name(embedding->pool));
   int proj = head->role[HEAD_PROJ];
@@ -255,13 +255,13 @@ l2l_status l2l_layer_tie(l2l_layer *head, l2l_layer *embedding) {
 
 l2l_status l2l_layer_get_config(l2l_layer_config *out, const l2l_layer *layer) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  if (!l2l_layer_live(layer)) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
+  if (!layer_live(layer)) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
   *out = layer->config;
   return L2L_OK;
 }
 
 l2l_status l2l_layer_set_memory(l2l_layer *layer, l2l_memory_mode memory) {
-  if (!l2l_layer_live(layer)) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
+  if (!layer_live(layer)) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
   if (memory != L2L_MEMORY_STANDARD && memory != L2L_MEMORY_FRUGAL)
     return FAIL(L2L_ERR_INVALID, "memory must be standard (0) or frugal (1), got %d", memory);
   layer->config.memory = memory;
@@ -269,34 +269,34 @@ l2l_status l2l_layer_set_memory(l2l_layer *layer, l2l_memory_mode memory) {
 }
 
 uint32_t l2l_layer_rng_id(const l2l_layer *layer) {
-  return l2l_layer_live(layer) ? layer->rng_id : 0;
+  return layer_live(layer) ? layer->rng_id : 0;
 }
 
 l2l_status l2l_layer_set_rng_id(l2l_layer *layer, uint32_t rng_id) {
-  if (!l2l_layer_live(layer)) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
+  if (!layer_live(layer)) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
   if (rng_id >= (1u << 24)) return FAIL(L2L_ERR_INVALID, "rng_id must be below 2^24, got %u", rng_id);
   layer->rng_id = rng_id;
   return L2L_OK;
 }
 
 int l2l_layer_param_count(const l2l_layer *layer) {
-  return l2l_layer_live(layer) ? layer->nparams : -1;
+  return layer_live(layer) ? layer->nparams : -1;
 }
 
 l2l_param *l2l_layer_param(const l2l_layer *layer, int index) {
-  if (!l2l_layer_live(layer) || index < 0 || index >= layer->nparams) return NULL;
+  if (!layer_live(layer) || index < 0 || index >= layer->nparams) return NULL;
   return layer->params[index];
 }
 
 int64_t l2l_layer_nparams(const l2l_layer *layer) {
-  if (!l2l_layer_live(layer)) return -1;
+  if (!layer_live(layer)) return -1;
   int64_t n = 0;
   for (int i = 0; i < layer->nparams; i++) n += layer->params[i]->value->numel;
   return n;
 }
 
 l2l_status l2l_layer_zero_grad(l2l_layer *layer) {
-  if (!l2l_layer_live(layer)) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
+  if (!layer_live(layer)) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
   for (int i = 0; i < layer->nparams; i++) TRY(l2l_tensor_fill(layer->params[i]->grad, 0.0));
   return L2L_OK;
 }

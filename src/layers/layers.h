@@ -16,55 +16,55 @@
 /* What a kind does in a model: the input (reads batch->tokens; no x), a body layer
    ((B,S,D) -> (B,S,D)), or a head (per-target losses, or logits without targets). The
    relay checks a model's shape and feeds each layer its batch fields by role. */
-enum l2l_layer_role { L2L_ROLE_INPUT, L2L_ROLE_BODY, L2L_ROLE_HEAD };
-enum l2l_layer_role l2l_layer_role(const l2l_layer *layer);
+enum layer_role { L2L_ROLE_INPUT, L2L_ROLE_BODY, L2L_ROLE_HEAD };
+enum layer_role layer_role(const l2l_layer *layer);
 /* The batch fields a live layer reads, for B samples of S positions in the pools of
-   `pool`'s domain (l2l_pool_domain): shapes, dtypes, pools, ids in range; a head's backward
+   `pool`'s domain (backend_pool_domain): shapes, dtypes, pools, ids in range; a head's backward
    also needs targets and a finite loss scale. The message names func and the field. The
    relay checks a whole batch with it (host pool) before a step runs. values_checked: the
    caller checked these values before (the relay, the whole batch on the host): ids are
    not scanned again where they are (on a GPU a device read, a sync, for every call). */
-l2l_status l2l_layer_check_batch(const char *func, const l2l_layer *layer,
+l2l_status layer_check_batch(const char *func, const l2l_layer *layer,
                                  const l2l_layer_batch *batch, int64_t B, int64_t S,
                                  l2l_pool_kind pool, bool backward, bool values_checked);
 /* l2l_layer_forward and l2l_layer_backward for the relay, whose micro-batches are rows of
    a batch it checked whole on the host before the step: every check but the scan of the
    batch's ids (above). */
-l2l_status l2l_layer_forward_prechecked(l2l_saved **saved, l2l_layer *layer, l2l_tensor *y,
+l2l_status layer_forward_prechecked(l2l_saved **saved, l2l_layer *layer, l2l_tensor *y,
                                         const l2l_tensor *x, const l2l_layer_batch *batch);
-l2l_status l2l_layer_backward_prechecked(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
+l2l_status layer_backward_prechecked(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
                                          l2l_saved *saved, const l2l_layer_batch *batch);
 /* The dims (returned: how many) of a live layer's output for B, S and this batch (a head's
    depend on whether it has targets). */
-int l2l_layer_output_dims(int64_t *dims, const l2l_layer *layer, const l2l_layer_batch *batch,
+int layer_output_dims(int64_t *dims, const l2l_layer *layer, const l2l_layer_batch *batch,
                           int64_t B, int64_t S);
 
 /* Points a parameter record at other tensors (same shape; grad f32, value f32 or, for a
    low-precision parameter, f16 / bf16) for the layer calls that follow: the relay's
    device copies. value NULL points it back at its own tensors. */
-void l2l_param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad);
+void param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad);
 /* The parameter's own value replaced by a tensor of `dtype` in `pool` holding its values
    (rounded to nearest even, or exactly widened): the relay's bf16 masters, and f32 again as
    its layer leaves. Refused while bound; a failure leaves the value as it was. */
-l2l_status l2l_param_rehome(l2l_param *param, l2l_pool_kind pool, l2l_dtype dtype);
+l2l_status param_rehome(l2l_param *param, l2l_pool_kind pool, l2l_dtype dtype);
 /* Whether the relay may bind a 16-bit copy of the parameter (a GEMM weight or a gathered
    table); the others stay f32 on the device. */
-bool l2l_param_low_precision(const l2l_param *param);
+bool param_low_precision(const l2l_param *param);
 /* What a call with targets allocates (l2l_layer_memory_use: a training call) of a layer
    whose low-precision parameters are bound in `precision` (f32: all f32), training (dropout
    runs) or not: the relay's plans. */
-void l2l_layer_memory_in(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
+void layer_memory_in(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
                          int64_t seq, l2l_dtype precision, bool training);
 /* The same, the most over every value the parameters may take: the frugal modes' LayerNorm
    guard keeps more once a weight channel gets tiny (per field, the larger of the present
    weights' statement and the guarded one). What a budget must hold for steps to come. */
-void l2l_layer_memory_bound(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
+void layer_memory_bound(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
                             int64_t seq, l2l_dtype precision, bool training);
 /* The relay holding a live layer (NULL if none), and setting it. */
-const void *l2l_layer_owner(const l2l_layer *layer);
+const void *layer_owner(const l2l_layer *layer);
 /* The relay takes the layer (owner) or lets it go (NULL): a layer freed while held
    (l2l_layer_free) is freed then. */
-void l2l_layer_set_owner(l2l_layer *layer, const void *owner);
+void layer_set_owner(l2l_layer *layer, const void *owner);
 
 /* One parameter record of a list of layers (records.c): a record shared by layers (the
    tied token table) once, at its first user. */
@@ -83,8 +83,8 @@ l2l_status layers_records(struct layers_record **out, int *count, const l2l_laye
                           const bool *frozen, int n);
 /* Moves everything a saved state holds (its buffer and the inputs and outputs it refers
    to) into `pool` (KARMA's swap); the other pool's bytes go with their last handle. */
-l2l_status l2l_saved_move(l2l_saved *saved, l2l_pool_kind pool);
+l2l_status saved_move(l2l_saved *saved, l2l_pool_kind pool);
 /* Bytes of pool memory a saved state holds, its references to x and y included. */
-uint64_t l2l_saved_pool_bytes(const l2l_saved *saved);
+uint64_t saved_pool_bytes(const l2l_saved *saved);
 
 #endif /* L2L_LAYERS_H */

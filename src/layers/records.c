@@ -39,7 +39,7 @@ l2l_status layers_records(struct layers_record **out, int *count, const l2l_laye
   struct layers_record *recs = calloc((size_t)(cap > 0 ? cap : 1), sizeof *recs);
   if (uses == NULL || recs == NULL) {
     free(uses), free(recs);
-    return l2l_fail(L2L_ERR_NOMEM, "no memory for the records of %d layers", n);
+    return core_fail(L2L_ERR_NOMEM, "no memory for the records of %d layers", n);
   }
   int u = 0;
   for (int k = 0; k < n; k++)

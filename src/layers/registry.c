@@ -13,37 +13,37 @@
 
 /* One line per kind: its number in l2l.h, and its operations (defined in its own file). */
 #define LAYER_KINDS(X)                         \
-  X(L2L_LAYER_EMBEDDING, l2l_embedding_kind)   \
-  X(L2L_LAYER_BLOCK, l2l_block_kind)           \
-  X(L2L_LAYER_LM_HEAD, l2l_lm_head_kind)       \
-  X(L2L_LAYER_CLASSIFIER, l2l_classifier_kind) \
-  X(L2L_LAYER_CUSTOM, l2l_custom_kind)
+  X(L2L_LAYER_EMBEDDING, layers_embedding_kind)   \
+  X(L2L_LAYER_BLOCK, layers_block_kind)           \
+  X(L2L_LAYER_LM_HEAD, layers_lm_head_kind)       \
+  X(L2L_LAYER_CLASSIFIER, layers_classifier_kind) \
+  X(L2L_LAYER_CUSTOM, layers_custom_kind)
 
 #define DECLARE(number, ops) extern const struct layer_kind_ops ops;
 LAYER_KINDS(DECLARE)
 #define ENTRY(number, ops) [number] = &ops,
 static const struct layer_kind_ops *const kinds[] = {LAYER_KINDS(ENTRY)};
 
-const struct layer_kind_ops *l2l_kind_ops(l2l_layer_kind kind) {
+const struct layer_kind_ops *kind_ops(l2l_layer_kind kind) {
   if ((int)kind < 0 || (size_t)kind >= sizeof kinds / sizeof kinds[0]) return NULL;
   return kinds[kind];
 }
 
-l2l_status l2l_config_fail(const l2l_layer_config *c, const char *fmt, ...) {
+l2l_status layers_config_fail(const l2l_layer_config *c, const char *fmt, ...) {
   char message[160];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(message, sizeof message, fmt, ap);
   va_end(ap);
-  return l2l_fail(L2L_ERR_INVALID, "l2l_layer_new (%s): %s", l2l_kind_ops(c->kind)->name,
+  return core_fail(L2L_ERR_INVALID, "l2l_layer_new (%s): %s", kind_ops(c->kind)->name,
                   message);
 }
 
-l2l_status l2l_layer_check_config(const l2l_layer_config *c) {
-  if (c == NULL) return l2l_fail(L2L_ERR_INVALID, "l2l_layer_new: config is NULL");
-  const struct layer_kind_ops *kind = l2l_kind_ops(c->kind);
+l2l_status layer_check_config(const l2l_layer_config *c) {
+  if (c == NULL) return core_fail(L2L_ERR_INVALID, "l2l_layer_new: config is NULL");
+  const struct layer_kind_ops *kind = kind_ops(c->kind);
   if (kind == NULL)
-    return l2l_fail(L2L_ERR_INVALID, "l2l_layer_new: no layer kind with number %d", c->kind);
+    return core_fail(L2L_ERR_INVALID, "l2l_layer_new: no layer kind with number %d", c->kind);
   CONFIG_SIZE(dim);
   CONFIG_NEED(isfinite(c->init_std) && c->init_std > 0, "init_std must be finite and > 0, got %g",
               c->init_std);
@@ -53,11 +53,11 @@ l2l_status l2l_layer_check_config(const l2l_layer_config *c) {
 }
 
 const char *l2l_layer_name(const l2l_layer *layer) {
-  if (!l2l_layer_live(layer)) return NULL;
+  if (!layer_live(layer)) return NULL;
   if (layer->custom) return layer->custom->name;
-  return l2l_layer_kind_of(layer)->name;
+  return layer_kind_of(layer)->name;
 }
 
-enum l2l_layer_role l2l_layer_role(const l2l_layer *layer) {
-  return l2l_layer_kind_of(layer)->role;
+enum layer_role layer_role(const l2l_layer *layer) {
+  return layer_kind_of(layer)->role;
 }

@@ -21,25 +21,25 @@
 
 /* ---------------------------------------------------------------- the visit order */
 
-enum schedule_visit_kind { SCHEDULE_FORWARD, SCHEDULE_REBUILD, SCHEDULE_HEAD, SCHEDULE_BACKWARD };
-struct schedule_visit {
+enum order_visit_kind { ORDER_FORWARD, ORDER_REBUILD, ORDER_HEAD, ORDER_BACKWARD };
+struct order_visit {
   int k;                       /* index among the step's layers */
-  enum schedule_visit_kind kind;
+  enum order_visit_kind kind;
 };
 
 /* What the order depends on, per layer, and the layer (its records fill the slots). */
-struct schedule_layer {
+struct order_layer {
   const l2l_layer *layer;
   bool frozen;
   l2l_inner_policy inner;      /* its saved state: keep, swap or recompute */
   l2l_stash_policy stash;      /* where the boundary entering it waits (k >= 1) */
 };
 
-struct schedule {
+struct order {
   int L;
   bool training;
-  struct schedule_layer *layers;   /* L, the caller fills them before schedule_order */
-  struct schedule_visit *visits;
+  struct order_layer *layers;   /* L, the caller fills them before order_build */
+  struct order_visit *visits;
   int nvisits;
   int lowest;                  /* the lowest trainable layer (L: none, or not training) */
   bool *rebuilt;               /* boundary k rebuilt on the device for its backward */
@@ -47,46 +47,46 @@ struct schedule {
 };
 
 /* Whether layer k's forward keeps its saved state for the backward (keep or swap). */
-static inline bool schedule_keeps(const struct schedule *sc, int k) {
+static inline bool order_keeps(const struct order *sc, int k) {
   return sc->training && sc->layers[k].inner != L2L_INNER_RECOMPUTE && k >= sc->lowest;
 }
 /* Whether a visit computes gradients (a backward, or the head's turnaround in training). */
-static inline bool schedule_visit_grads(const struct schedule *sc, const struct schedule_visit *v) {
-  return sc->training && (v->kind == SCHEDULE_BACKWARD ||
-                          (v->kind == SCHEDULE_HEAD && sc->lowest < sc->L));
+static inline bool order_visit_grads(const struct order *sc, const struct order_visit *v) {
+  return sc->training && (v->kind == ORDER_BACKWARD ||
+                          (v->kind == ORDER_HEAD && sc->lowest < sc->L));
 }
 
-/* Room for a step of L layers (freed by schedule_free, also after a failure). */
-l2l_status schedule_new(struct schedule *sc, int L, bool training);
+/* Room for a step of L layers (freed by order_free, also after a failure). */
+l2l_status order_new(struct order *sc, int L, bool training);
 /* The visits, lowest, rebuilt and reread from the layers' policies. */
-void schedule_order(struct schedule *sc);
-void schedule_free(struct schedule *sc);
+void order_build(struct order *sc);
+void order_free(struct order *sc);
 
 /* ---------------------------------------------------------------- the walk */
 
 /* The step's activations, per boundary and micro-batch: x[k][u], the input of layer k
    (k >= 1); g[k][u], the gradient for it; the scratch output of a recomputing backward. */
-enum schedule_act { SCHEDULE_X, SCHEDULE_G, SCHEDULE_SCRATCH };
+enum order_act { ORDER_X, ORDER_G, ORDER_SCRATCH };
 
 /* The executor's acts, called in the step's order. Optional hooks may be NULL. */
-struct schedule_ops {
+struct order_ops {
   /* Hooks: visit i is about to start (before its first inputs are brought in); micro-batch
      u of the visit running is about to start. */
   void (*visit_start)(void *ctx, int i);
   void (*micro_batch)(void *ctx, int64_t u);
   /* Visit i starts, its first inputs on their way: its parameters bound (with gradients
      when `grads`). After it: they go (with the gradients). */
-  l2l_status (*visit_bind)(void *ctx, int i, const struct schedule_visit *v, bool grads);
-  l2l_status (*visit_end)(void *ctx, int i, const struct schedule_visit *v, bool grads);
+  l2l_status (*visit_bind)(void *ctx, int i, const struct order_visit *v, bool grads);
+  l2l_status (*visit_end)(void *ctx, int i, const struct order_visit *v, bool grads);
   /* a[k][u]: brought toward the device when only on the host; on the device (waiting for
      its copy); made new on the device (micro-batch u's rows); freed; its device copy freed
      (a host stash stays); sent to a new host stash, its device tensor freed once copied. */
-  l2l_status (*prefetch)(void *ctx, enum schedule_act a, int k, int64_t u);
-  l2l_status (*on_device)(void *ctx, enum schedule_act a, int k, int64_t u);
-  l2l_status (*make)(void *ctx, enum schedule_act a, int k, int64_t u);
-  void (*free)(void *ctx, enum schedule_act a, int k, int64_t u);
-  void (*release_device)(void *ctx, enum schedule_act a, int k, int64_t u);
-  l2l_status (*stash_out)(void *ctx, enum schedule_act a, int k, int64_t u);
+  l2l_status (*prefetch)(void *ctx, enum order_act a, int k, int64_t u);
+  l2l_status (*on_device)(void *ctx, enum order_act a, int k, int64_t u);
+  l2l_status (*make)(void *ctx, enum order_act a, int k, int64_t u);
+  void (*free)(void *ctx, enum order_act a, int k, int64_t u);
+  void (*release_device)(void *ctx, enum order_act a, int k, int64_t u);
+  l2l_status (*stash_out)(void *ctx, enum order_act a, int k, int64_t u);
   /* Retires the oldest stash-outs until at most `keep` are in flight. */
   l2l_status (*throttle)(void *ctx, int keep);
   /* Micro-batch u's rows of the batch fields layer k's role reads, on the device (one
@@ -111,7 +111,7 @@ struct schedule_ops {
   l2l_status (*swap_in_wait)(void *ctx, int k, int64_t u);
 };
 
-/* schedule_walk(sc, nmb, ops, ctx): runs the step's visits over nmb micro-batches through
+/* order_walk(sc, nmb, ops, ctx): runs the step's visits over nmb micro-batches through
    `ops` (a static const table: the walk is inline, walk.h), stopping at the first act that
    fails (the executor frees what the step holds). */
 #include "order/walk.h"
@@ -119,7 +119,7 @@ struct schedule_ops {
 /* ---------------------------------------------------------------- device slots */
 
 /* A parameter slot as the choice of slots sees it. */
-struct schedule_slot {
+struct order_slot {
   int held;                    /* the layer whose parameters it holds, -1: none reusable */
   int64_t last_used;           /* the tick when last chosen, -1: never */
 };
@@ -128,35 +128,35 @@ struct schedule_slot {
    NULL, current(ctx, i): the relay asks whether the layer was updated since), else the
    least recently used. *reused says which; the slot is marked used at `tick`, and one not
    reused holds nothing reusable until its copy is done (the caller then sets held). */
-int schedule_slot_choose(struct schedule_slot *slots, int nslots, int k, int busy, int64_t tick,
+int order_slot_choose(struct order_slot *slots, int nslots, int k, int busy, int64_t tick,
                          bool (*current)(void *ctx, int i), void *ctx, bool *reused);
 
 /* What a device slot holds for each record: its values in their device dtype, its f32
    gradient, or the 16-bit copy of a gradient made to leave the device (f32 gradients leave
    from the gradient slot itself: 0 bytes). */
-enum schedule_slot_content { SCHEDULE_SLOT_VALUES, SCHEDULE_SLOT_GRADS, SCHEDULE_SLOT_GRADS_OUT };
+enum order_slot_content { ORDER_SLOT_VALUES, ORDER_SLOT_GRADS, ORDER_SLOT_GRADS_OUT };
 
 /* The dtype `param` takes in a slot holding `content`: values in `precision` for the
    parameters that may go 16-bit (GEMM weights, token tables), else f32; gradients in f32;
    gradients out in `grad_precision` for those parameters, else f32. */
-l2l_dtype schedule_slot_dtype(const l2l_param *param, enum schedule_slot_content content,
+l2l_dtype order_slot_dtype(const l2l_param *param, enum order_slot_content content,
                               l2l_dtype precision, l2l_dtype grad_precision);
 /* Bytes `param` takes in such a slot, rounded so that every record starts on L2L_ALIGN. */
-uint64_t schedule_param_slot_bytes(const l2l_param *param, enum schedule_slot_content content,
+uint64_t order_param_slot_bytes(const l2l_param *param, enum order_slot_content content,
                                    l2l_dtype precision, l2l_dtype grad_precision);
 /* Bytes of a layer's records in such a slot. */
-uint64_t schedule_layer_slot_bytes(const l2l_layer *layer, enum schedule_slot_content content,
+uint64_t order_layer_slot_bytes(const l2l_layer *layer, enum order_slot_content content,
                                    l2l_dtype precision, l2l_dtype grad_precision);
 /* The layer whose records take the most in such a slot (the first of equals), and in
    *bytes the slot's size: its bytes, at least L2L_ALIGN. */
-int schedule_largest_layer(const struct schedule *sc, enum schedule_slot_content content,
+int order_largest_layer(const struct order *sc, enum order_slot_content content,
                            l2l_dtype precision, l2l_dtype grad_precision, uint64_t *bytes);
 /* Bytes of one such slot of a step: the largest layer's, at least L2L_ALIGN. */
-uint64_t schedule_slot_size(const struct schedule *sc, enum schedule_slot_content content,
+uint64_t order_slot_size(const struct order *sc, enum order_slot_content content,
                             l2l_dtype precision, l2l_dtype grad_precision);
 /* Bytes of every slot a step holds: param_slots (0: two) for values and, in training, two
    for gradients and two for their 16-bit copies when grad_precision is 16-bit. */
-uint64_t schedule_slots_bytes(const struct schedule *sc, int param_slots, l2l_dtype precision,
+uint64_t order_slots_bytes(const struct order *sc, int param_slots, l2l_dtype precision,
                               l2l_dtype grad_precision);
 
 #endif /* L2L_ORDER_H */

@@ -10,61 +10,61 @@
  */
 #include "order.h"
 
-l2l_dtype schedule_slot_dtype(const l2l_param *param, enum schedule_slot_content content,
+l2l_dtype order_slot_dtype(const l2l_param *param, enum order_slot_content content,
                               l2l_dtype precision, l2l_dtype grad_precision) {
-  bool low = l2l_param_low_precision(param);
+  bool low = param_low_precision(param);
   switch (content) {
-    case SCHEDULE_SLOT_VALUES: return low ? precision : L2L_F32;
-    case SCHEDULE_SLOT_GRADS: return L2L_F32;
+    case ORDER_SLOT_VALUES: return low ? precision : L2L_F32;
+    case ORDER_SLOT_GRADS: return L2L_F32;
     default: return low ? grad_precision : L2L_F32;
   }
 }
 
-uint64_t schedule_param_slot_bytes(const l2l_param *param, enum schedule_slot_content content,
+uint64_t order_param_slot_bytes(const l2l_param *param, enum order_slot_content content,
                                    l2l_dtype precision, l2l_dtype grad_precision) {
-  l2l_dtype dtype = schedule_slot_dtype(param, content, precision, grad_precision);
-  if (content == SCHEDULE_SLOT_GRADS_OUT && dtype == L2L_F32) return 0;
-  return l2l_pool_accounted((uint64_t)l2l_tensor_numel(l2l_param_value(param)) *
+  l2l_dtype dtype = order_slot_dtype(param, content, precision, grad_precision);
+  if (content == ORDER_SLOT_GRADS_OUT && dtype == L2L_F32) return 0;
+  return pool_accounted((uint64_t)l2l_tensor_numel(l2l_param_value(param)) *
                             l2l_dtype_size(dtype));
 }
 
-uint64_t schedule_layer_slot_bytes(const l2l_layer *layer, enum schedule_slot_content content,
+uint64_t order_layer_slot_bytes(const l2l_layer *layer, enum order_slot_content content,
                                    l2l_dtype precision, l2l_dtype grad_precision) {
   uint64_t n = 0;
   for (int i = 0; i < l2l_layer_param_count(layer); i++)
-    n += schedule_param_slot_bytes(l2l_layer_param(layer, i), content, precision, grad_precision);
+    n += order_param_slot_bytes(l2l_layer_param(layer, i), content, precision, grad_precision);
   return n;
 }
 
-int schedule_largest_layer(const struct schedule *sc, enum schedule_slot_content content,
+int order_largest_layer(const struct order *sc, enum order_slot_content content,
                            l2l_dtype precision, l2l_dtype grad_precision, uint64_t *bytes) {
   int largest = 0;
   uint64_t most = 0;
   for (int k = 0; k < sc->L; k++) {
-    uint64_t n = schedule_layer_slot_bytes(sc->layers[k].layer, content, precision, grad_precision);
+    uint64_t n = order_layer_slot_bytes(sc->layers[k].layer, content, precision, grad_precision);
     if (n > most) most = n, largest = k;
   }
   *bytes = most > L2L_ALIGN ? most : L2L_ALIGN;
   return largest;
 }
 
-uint64_t schedule_slot_size(const struct schedule *sc, enum schedule_slot_content content,
+uint64_t order_slot_size(const struct order *sc, enum order_slot_content content,
                             l2l_dtype precision, l2l_dtype grad_precision) {
   uint64_t bytes;
-  schedule_largest_layer(sc, content, precision, grad_precision, &bytes);
+  order_largest_layer(sc, content, precision, grad_precision, &bytes);
   return bytes;
 }
 
-uint64_t schedule_slots_bytes(const struct schedule *sc, int param_slots, l2l_dtype precision,
+uint64_t order_slots_bytes(const struct order *sc, int param_slots, l2l_dtype precision,
                               l2l_dtype grad_precision) {
-  uint64_t values = schedule_slot_size(sc, SCHEDULE_SLOT_VALUES, precision, grad_precision);
-  uint64_t grads = schedule_slot_size(sc, SCHEDULE_SLOT_GRADS, precision, grad_precision);
+  uint64_t values = order_slot_size(sc, ORDER_SLOT_VALUES, precision, grad_precision);
+  uint64_t grads = order_slot_size(sc, ORDER_SLOT_GRADS, precision, grad_precision);
   if (grad_precision != L2L_F32)
-    grads += schedule_slot_size(sc, SCHEDULE_SLOT_GRADS_OUT, precision, grad_precision);
+    grads += order_slot_size(sc, ORDER_SLOT_GRADS_OUT, precision, grad_precision);
   return (uint64_t)(param_slots > 0 ? param_slots : 2) * values + (sc->training ? 2 * grads : 0);
 }
 
-int schedule_slot_choose(struct schedule_slot *slots, int nslots, int k, int busy, int64_t tick,
+int order_slot_choose(struct order_slot *slots, int nslots, int k, int busy, int64_t tick,
                          bool (*current)(void *ctx, int i), void *ctx, bool *reused) {
   int pick = -1;
   *reused = false;

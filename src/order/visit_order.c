@@ -13,7 +13,7 @@
 
 #include "order.h"
 
-l2l_status schedule_new(struct schedule *sc, int L, bool training) {
+l2l_status order_new(struct order *sc, int L, bool training) {
   memset(sc, 0, sizeof *sc);
   sc->L = L, sc->training = training;
   sc->layers = calloc((size_t)L, sizeof *sc->layers);
@@ -21,11 +21,11 @@ l2l_status schedule_new(struct schedule *sc, int L, bool training) {
   sc->rebuilt = calloc((size_t)L + 1, sizeof *sc->rebuilt);
   sc->reread = calloc((size_t)L + 1, sizeof *sc->reread);
   if (sc->layers == NULL || sc->visits == NULL || sc->rebuilt == NULL || sc->reread == NULL)
-    return FAIL(L2L_ERR_NOMEM, "no memory for a step's schedule of %d layers", L);
+    return FAIL(L2L_ERR_NOMEM, "no memory for a step's visit order of %d layers", L);
   return L2L_OK;
 }
 
-void schedule_free(struct schedule *sc) {
+void order_free(struct order *sc) {
   free(sc->layers);
   free(sc->visits);
   free(sc->rebuilt);
@@ -33,16 +33,16 @@ void schedule_free(struct schedule *sc) {
   memset(sc, 0, sizeof *sc);
 }
 
-static bool dropped(const struct schedule *sc, int k) {
+static bool dropped(const struct order *sc, int k) {
   return sc->layers[k].stash == L2L_STASH_RECOMPUTE;
 }
 
-void schedule_order(struct schedule *sc) {
+void order_build(struct order *sc) {
   int L = sc->L, n = 0;
   memset(sc->rebuilt, 0, ((size_t)L + 1) * sizeof *sc->rebuilt);
   memset(sc->reread, 0, ((size_t)L + 1) * sizeof *sc->reread);
-  for (int k = 0; k < L - 1; k++) sc->visits[n++] = (struct schedule_visit){k, SCHEDULE_FORWARD};
-  sc->visits[n++] = (struct schedule_visit){L - 1, SCHEDULE_HEAD};
+  for (int k = 0; k < L - 1; k++) sc->visits[n++] = (struct order_visit){k, ORDER_FORWARD};
+  sc->visits[n++] = (struct order_visit){L - 1, ORDER_HEAD};
   /* Backward reaches down to the lowest trainable layer: below it nobody needs a gradient. */
   sc->lowest = L;
   for (int k = 0; sc->training && k < L; k++)
@@ -55,12 +55,12 @@ void schedule_order(struct schedule *sc) {
     if (k >= 1 && recompute && dropped(sc, k) && !sc->rebuilt[k]) {
       int j = k - 1;
       while (j >= 1 && dropped(sc, j) && !sc->rebuilt[j]) j--;
-      for (int m = j; m < k; m++) sc->visits[n++] = (struct schedule_visit){m, SCHEDULE_REBUILD};
+      for (int m = j; m < k; m++) sc->visits[n++] = (struct order_visit){m, ORDER_REBUILD};
       for (int m = j + 1; m <= k; m++) sc->rebuilt[m] = true;
       if (!sc->rebuilt[j]) sc->reread[j] = true;
     }
     if (recompute && !sc->rebuilt[k]) sc->reread[k] = true;
-    sc->visits[n++] = (struct schedule_visit){k, SCHEDULE_BACKWARD};
+    sc->visits[n++] = (struct order_visit){k, ORDER_BACKWARD};
   }
   sc->nvisits = n;
 }

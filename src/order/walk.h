@@ -19,24 +19,24 @@
 
 /* The walk's own names end in _: being inline, they are compiled into each executor's
    file beside its acts. */
-struct schedule_walk_ {
-  const struct schedule *sc;
-  const struct schedule_ops *ops;
+struct order_walk_ {
+  const struct order *sc;
+  const struct order_ops *ops;
   void *ctx;
   int64_t nmb;
 };
 
-static inline void schedule_micro_batch_(const struct schedule_walk_ *w, int64_t u) {
+static inline void order_micro_batch_(const struct order_walk_ *w, int64_t u) {
   if (w->ops->micro_batch) w->ops->micro_batch(w->ctx, u);
 }
 
 /* Forward (or rebuild) of layer k over every micro-batch: x[k] -> x[k+1]. */
-static inline l2l_status schedule_visit_forward_(const struct schedule_walk_ *w, int k,
+static inline l2l_status order_visit_forward_(const struct order_walk_ *w, int k,
                                                  bool rebuild) {
-  const struct schedule *sc = w->sc;
-  const struct schedule_ops *op = w->ops;
-  const struct schedule_layer *sl = &sc->layers[k];
-  bool keep = !rebuild && schedule_keeps(sc, k);
+  const struct order *sc = w->sc;
+  const struct order_ops *op = w->ops;
+  const struct order_layer *sl = &sc->layers[k];
+  bool keep = !rebuild && order_keeps(sc, k);
   bool swap = keep && sl->inner == L2L_INNER_SWAP;
   /* Whether x[k] is read again (by its backward or a rebuild), and whether it then waits
      on the device (stash device, or rebuilt for the backward) rather than on the host. */
@@ -47,13 +47,13 @@ static inline l2l_status schedule_visit_forward_(const struct schedule_walk_ *w,
      rebuilding: rebuilt boundaries stay on the device until their backward). */
   bool out_host = !rebuild && sc->layers[k + 1].stash == L2L_STASH_HOST;
   for (int64_t u = 0; u < w->nmb; u++) {
-    schedule_micro_batch_(w, u);
+    order_micro_batch_(w, u);
     if (k > 0) {
-      if (u + 1 < w->nmb) TRY(op->prefetch(w->ctx, SCHEDULE_X, k, u + 1));
-      TRY(op->on_device(w->ctx, SCHEDULE_X, k, u));
+      if (u + 1 < w->nmb) TRY(op->prefetch(w->ctx, ORDER_X, k, u + 1));
+      TRY(op->on_device(w->ctx, ORDER_X, k, u));
     }
     TRY(op->inputs(w->ctx, k, u, sc->training));
-    TRY(op->make(w->ctx, SCHEDULE_X, k + 1, u));
+    TRY(op->make(w->ctx, ORDER_X, k + 1, u));
     TRY(op->forward(w->ctx, k, u, keep, rebuild));
     op->inputs_free(w->ctx);
     if (swap) TRY(op->swap_out(w->ctx, k, u));
@@ -61,11 +61,11 @@ static inline l2l_status schedule_visit_forward_(const struct schedule_walk_ *w,
        device is where it waits (a host stash stays; a dropped one is rebuilt later). */
     if (k > 0) {
       if (!input_needed || (!input_home_device && sl->stash == L2L_STASH_RECOMPUTE))
-        op->free(w->ctx, SCHEDULE_X, k, u);
+        op->free(w->ctx, ORDER_X, k, u);
       else if (!input_home_device)
-        op->release_device(w->ctx, SCHEDULE_X, k, u);
+        op->release_device(w->ctx, ORDER_X, k, u);
     }
-    if (out_host) TRY(op->stash_out(w->ctx, SCHEDULE_X, k + 1, u));
+    if (out_host) TRY(op->stash_out(w->ctx, ORDER_X, k + 1, u));
   }
   /* A swap finishes by the visit's end: its device bytes are free then. */
   for (int64_t u = 0; swap && u < w->nmb; u++) TRY(op->swap_out_wait(w->ctx, k, u));
@@ -74,92 +74,92 @@ static inline l2l_status schedule_visit_forward_(const struct schedule_walk_ *w,
 
 /* g[k][u], the gradient for x[k]: kept on the device for the layer below (and stashed to
    the host when boundary k's policy says so), or freed when no layer below wants it. */
-static inline l2l_status schedule_pass_down_(const struct schedule_walk_ *w, int k, int64_t u,
+static inline l2l_status order_pass_down_(const struct order_walk_ *w, int k, int64_t u,
                                              bool keep, bool host) {
   if (!keep) {
-    w->ops->free(w->ctx, SCHEDULE_G, k, u);
+    w->ops->free(w->ctx, ORDER_G, k, u);
     return L2L_OK;
   }
-  return host ? w->ops->stash_out(w->ctx, SCHEDULE_G, k, u) : L2L_OK;
+  return host ? w->ops->stash_out(w->ctx, ORDER_G, k, u) : L2L_OK;
 }
 
 /* The head: forward of each micro-batch, its loss, and (training) its backward at once. */
-static inline l2l_status schedule_visit_head_(const struct schedule_walk_ *w, int k) {
-  const struct schedule *sc = w->sc;
-  const struct schedule_ops *op = w->ops;
+static inline l2l_status order_visit_head_(const struct order_walk_ *w, int k) {
+  const struct order *sc = w->sc;
+  const struct order_ops *op = w->ops;
   bool backward = sc->training && sc->lowest < sc->L;
   bool keep_dx = backward && k > sc->lowest;   /* a layer below wants the gradient */
   bool grad_host = sc->layers[k].stash == L2L_STASH_HOST;
   for (int64_t u = 0; u < w->nmb; u++) {
-    schedule_micro_batch_(w, u);
-    if (u + 1 < w->nmb) TRY(op->prefetch(w->ctx, SCHEDULE_X, k, u + 1));
-    TRY(op->on_device(w->ctx, SCHEDULE_X, k, u));
+    order_micro_batch_(w, u);
+    if (u + 1 < w->nmb) TRY(op->prefetch(w->ctx, ORDER_X, k, u + 1));
+    TRY(op->on_device(w->ctx, ORDER_X, k, u));
     TRY(op->inputs(w->ctx, k, u, sc->training));
     TRY(op->head(w->ctx, k, u, backward));
     op->inputs_free(w->ctx);
-    op->free(w->ctx, SCHEDULE_X, k, u);
-    if (backward) TRY(schedule_pass_down_(w, k, u, keep_dx, grad_host));
+    op->free(w->ctx, ORDER_X, k, u);
+    if (backward) TRY(order_pass_down_(w, k, u, keep_dx, grad_host));
   }
   return op->throttle(w->ctx, 0);
 }
 
 /* Backward of layer k over every micro-batch: g[k+1] -> g[k], gradients summed over
    micro-batches on the device. */
-static inline l2l_status schedule_visit_backward_(const struct schedule_walk_ *w, int k) {
-  const struct schedule *sc = w->sc;
-  const struct schedule_ops *op = w->ops;
+static inline l2l_status order_visit_backward_(const struct order_walk_ *w, int k) {
+  const struct order *sc = w->sc;
+  const struct order_ops *op = w->ops;
   bool recompute = sc->layers[k].inner == L2L_INNER_RECOMPUTE;
   bool keep_dx = k > sc->lowest;    /* a layer below wants the gradient */
   bool grad_host = k > 0 && sc->layers[k].stash == L2L_STASH_HOST;
   for (int64_t u = 0; u < w->nmb; u++) {
-    schedule_micro_batch_(w, u);
+    order_micro_batch_(w, u);
     if (u + 1 < w->nmb) {
-      TRY(op->prefetch(w->ctx, SCHEDULE_G, k + 1, u + 1));
-      if (recompute && k > 0) TRY(op->prefetch(w->ctx, SCHEDULE_X, k, u + 1));
+      TRY(op->prefetch(w->ctx, ORDER_G, k + 1, u + 1));
+      if (recompute && k > 0) TRY(op->prefetch(w->ctx, ORDER_X, k, u + 1));
     }
-    TRY(op->on_device(w->ctx, SCHEDULE_G, k + 1, u));
+    TRY(op->on_device(w->ctx, ORDER_G, k + 1, u));
     /* A swapped state comes back one micro-batch ahead of its use. */
     for (int64_t v = u; v < w->nmb && v <= u + 1; v++) TRY(op->swap_in(w->ctx, k, v));
     TRY(op->swap_in_wait(w->ctx, k, u));
     TRY(op->inputs(w->ctx, k, u, true));
     if (recompute) {
-      if (k > 0) TRY(op->on_device(w->ctx, SCHEDULE_X, k, u));
-      TRY(op->make(w->ctx, SCHEDULE_SCRATCH, k, u));
+      if (k > 0) TRY(op->on_device(w->ctx, ORDER_X, k, u));
+      TRY(op->make(w->ctx, ORDER_SCRATCH, k, u));
     }
-    if (k > 0) TRY(op->make(w->ctx, SCHEDULE_G, k, u));
+    if (k > 0) TRY(op->make(w->ctx, ORDER_G, k, u));
     TRY(op->backward(w->ctx, k, u, recompute));
     op->inputs_free(w->ctx);
     op->saved_free(w->ctx, k, u);
-    if (recompute) op->free(w->ctx, SCHEDULE_SCRATCH, k, u);
-    op->free(w->ctx, SCHEDULE_G, k + 1, u);
+    if (recompute) op->free(w->ctx, ORDER_SCRATCH, k, u);
+    op->free(w->ctx, ORDER_G, k + 1, u);
     if (k > 0) {
-      op->free(w->ctx, SCHEDULE_X, k, u);
-      TRY(schedule_pass_down_(w, k, u, keep_dx, grad_host));
+      op->free(w->ctx, ORDER_X, k, u);
+      TRY(order_pass_down_(w, k, u, keep_dx, grad_host));
     }
   }
   return op->throttle(w->ctx, 0);
 }
 
-static inline l2l_status schedule_walk(const struct schedule *sc, int64_t nmb,
-                                       const struct schedule_ops *ops, void *ctx) {
-  struct schedule_walk_ w = {sc, ops, ctx, nmb};
+static inline l2l_status order_walk(const struct order *sc, int64_t nmb,
+                                       const struct order_ops *ops, void *ctx) {
+  struct order_walk_ w = {sc, ops, ctx, nmb};
   for (int i = 0; i < sc->nvisits; i++) {
-    const struct schedule_visit *v = &sc->visits[i];
+    const struct order_visit *v = &sc->visits[i];
     int k = v->k;
     if (ops->visit_start) ops->visit_start(ctx, i);
     /* What the visit's first micro-batch reads from the host stash starts on its way
        first: the next visit's parameters copy behind it (visit_bind), on the same thread,
        and a layer's parameters take far longer than a micro-batch's activations. */
-    bool reads_input = v->kind != SCHEDULE_BACKWARD || sc->layers[k].inner == L2L_INNER_RECOMPUTE;
-    if (v->kind == SCHEDULE_BACKWARD) TRY(ops->prefetch(ctx, SCHEDULE_G, k + 1, 0));
-    if (reads_input && k > 0) TRY(ops->prefetch(ctx, SCHEDULE_X, k, 0));
-    bool grads = schedule_visit_grads(sc, v);
+    bool reads_input = v->kind != ORDER_BACKWARD || sc->layers[k].inner == L2L_INNER_RECOMPUTE;
+    if (v->kind == ORDER_BACKWARD) TRY(ops->prefetch(ctx, ORDER_G, k + 1, 0));
+    if (reads_input && k > 0) TRY(ops->prefetch(ctx, ORDER_X, k, 0));
+    bool grads = order_visit_grads(sc, v);
     TRY(ops->visit_bind(ctx, i, v, grads));
     switch (v->kind) {
-      case SCHEDULE_FORWARD: TRY(schedule_visit_forward_(&w, k, false)); break;
-      case SCHEDULE_REBUILD: TRY(schedule_visit_forward_(&w, k, true)); break;
-      case SCHEDULE_HEAD: TRY(schedule_visit_head_(&w, k)); break;
-      case SCHEDULE_BACKWARD: TRY(schedule_visit_backward_(&w, k)); break;
+      case ORDER_FORWARD: TRY(order_visit_forward_(&w, k, false)); break;
+      case ORDER_REBUILD: TRY(order_visit_forward_(&w, k, true)); break;
+      case ORDER_HEAD: TRY(order_visit_head_(&w, k)); break;
+      case ORDER_BACKWARD: TRY(order_visit_backward_(&w, k)); break;
     }
     TRY(ops->visit_end(ctx, i, v, grads));
   }

@@ -136,10 +136,10 @@ static l2l_status copy_rate(double *out, l2l_pool_kind src, l2l_pool_kind dst) {
   if (status == L2L_OK) status = l2l_tensor_fill(a, 1.0);
   double t[REPEATS];
   for (int i = 0; i < REPEATS && status == L2L_OK; i++) {
-    double t0 = l2l_now();
+    double t0 = core_now();
     status = l2l_tensor_copy(b, a);
     if (status == L2L_OK) status = l2l_device_synchronize();
-    t[i] = l2l_now() - t0;
+    t[i] = core_now() - t0;
   }
   if (status == L2L_OK) *out = (double)n * sizeof(float) / plan_median(t, REPEATS);
   l2l_tensor_free(a);
@@ -159,9 +159,9 @@ static l2l_status optimizer_rate(double *out) {
   l2l_adamw_config cfg = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
   double times[REPEATS];
   for (int i = 0; i < REPEATS && status == L2L_OK; i++) {
-    double t0 = l2l_now();
+    double t0 = core_now();
     status = l2l_adamw_update(t[0], t[1], t[2], t[3], &cfg, i + 1);
-    times[i] = l2l_now() - t0;
+    times[i] = core_now() - t0;
   }
   if (status == L2L_OK) *out = (double)n * sizeof(float) / plan_median(times, REPEATS);
   for (int i = 0; i < 4; i++) l2l_tensor_free(t[i]);
@@ -224,7 +224,7 @@ static void timing_free(struct timing_call *t, bool own_layer) {
 static l2l_status timing_tensors(struct timing_call *t, int64_t rows, int64_t seq) {
   l2l_layer_config c;
   TRY(l2l_layer_get_config(&c, t->layer));
-  enum l2l_layer_role role = l2l_layer_role(t->layer);
+  enum layer_role role = layer_role(t->layer);
   int64_t act[3] = {rows, seq, c.dim}, ids[2] = {rows, seq};
   TRY(l2l_tensor_new(&t->tokens, t->pool, L2L_I32, 2, ids));
   TRY(l2l_tensor_fill(t->tokens, 0.0));
@@ -253,14 +253,14 @@ static l2l_status timing_tensors(struct timing_call *t, int64_t rows, int64_t se
 static l2l_status time_once(struct timing_call *t, double *fwd, double *bwd) {
   l2l_saved *saved = NULL;
   TRY(l2l_device_synchronize());
-  double t0 = l2l_now();
+  double t0 = core_now();
   l2l_status status = l2l_layer_forward(&saved, t->layer, t->y, t->x, &t->batch);
   if (status == L2L_OK) status = l2l_device_synchronize();
-  double t1 = l2l_now();
+  double t1 = core_now();
   if (status == L2L_OK) status = l2l_layer_backward(t->layer, t->dx, t->dy, saved, &t->batch);
   if (status == L2L_OK) status = l2l_device_synchronize();
   *fwd = t1 - t0;
-  *bwd = l2l_now() - t1;
+  *bwd = core_now() - t1;
   l2l_saved_free(saved);
   return status;
 }

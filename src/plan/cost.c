@@ -58,13 +58,13 @@ static l2l_status master_bytes_of(uint64_t *out, const struct plan_chain *c) {
 
 /* Bytes a copy of a layer's records moves: each record's elements in its slot's dtype (a
    slot's alignment padding is not copied). */
-static uint64_t copied_bytes(const l2l_layer *layer, enum schedule_slot_content content,
+static uint64_t copied_bytes(const l2l_layer *layer, enum order_slot_content content,
                              const struct plan_chain *c) {
   uint64_t bytes = 0;
   for (int i = 0; i < l2l_layer_param_count(layer); i++) {
     const l2l_param *p = l2l_layer_param(layer, i);
     bytes += (uint64_t)l2l_tensor_numel(l2l_param_value(p)) *
-             l2l_dtype_size(schedule_slot_dtype(p, content, c->precision, c->grad_precision));
+             l2l_dtype_size(order_slot_dtype(p, content, c->precision, c->grad_precision));
   }
   return bytes;
 }
@@ -89,13 +89,13 @@ l2l_status plan_layer_costs(struct plan_layer_costs *out, const struct plan_chai
         o->bwd[i] = 2 * o->fwd[i];
       }
       l2l_layer_memory m;
-      l2l_layer_memory_in(&m, layer, rows[i], c->seq, c->precision, true);
-      o->swap_bytes[i] = l2l_pool_accounted(m.saved) + l2l_pool_accounted(m.input_kept) +
-                         l2l_pool_accounted(m.output_kept);   /* as the swap counts them */
+      layer_memory_in(&m, layer, rows[i], c->seq, c->precision, true);
+      o->swap_bytes[i] = pool_accounted(m.saved) + pool_accounted(m.input_kept) +
+                         pool_accounted(m.output_kept);   /* as the swap counts them */
     }
-    o->param_bytes = copied_bytes(layer, SCHEDULE_SLOT_VALUES, c);
+    o->param_bytes = copied_bytes(layer, ORDER_SLOT_VALUES, c);
     o->grad_bytes = copied_bytes(
-        layer, c->grad_precision != L2L_F32 ? SCHEDULE_SLOT_GRADS_OUT : SCHEDULE_SLOT_GRADS, c);
+        layer, c->grad_precision != L2L_F32 ? ORDER_SLOT_GRADS_OUT : ORDER_SLOT_GRADS, c);
     o->master_bytes = masters[k];
   }
   free(masters);
@@ -122,13 +122,13 @@ struct timed_act {
 
 struct timing {
   const struct plan_chain *c;
-  const struct schedule *sc;
+  const struct order *sc;
   const struct plan_layer_costs *costs;
   const l2l_plan_rates *rates;
   int64_t nmb, walked, mb, last;
   struct timed_act *x, *g, scratch;   /* [(L + 1) * walked] */
   bool *away;                         /* [L * walked]: a saved state swapped out */
-  struct schedule_slot *slot_use;
+  struct order_slot *slot_use;
   int slots, running;
   /* the running visit's channels: seconds of compute, bytes in and out, exposed seconds */
   double compute, in, out, exposed, first_exposed;
@@ -155,9 +155,9 @@ static double timed_act_bytes(const struct timing *t, int64_t u) {
   return (double)(timed_rows(t, u) * t->c->seq * t->c->dim) * sizeof(float);
 }
 
-static struct timed_act *timed_at(struct timing *t, enum schedule_act a, int k, int64_t u) {
-  if (a == SCHEDULE_SCRATCH) return &t->scratch;
-  return (a == SCHEDULE_X ? t->x : t->g) + (size_t)k * (size_t)t->walked + (size_t)u;
+static struct timed_act *timed_at(struct timing *t, enum order_act a, int k, int64_t u) {
+  if (a == ORDER_SCRATCH) return &t->scratch;
+  return (a == ORDER_X ? t->x : t->g) + (size_t)k * (size_t)t->walked + (size_t)u;
 }
 
 /* Bytes moved out of the device: the visit waits for its last micro-batch's (the relay
@@ -173,7 +173,7 @@ static void timed_out(struct timing *t, double bytes, int64_t u) {
 static bool timed_params_copied(struct timing *t, int i) {
   bool reused = false;
   int k = t->sc->visits[i].k;
-  int slot = schedule_slot_choose(t->slot_use, t->slots, k, t->running, i, NULL, NULL, &reused);
+  int slot = order_slot_choose(t->slot_use, t->slots, k, t->running, i, NULL, NULL, &reused);
   if (!reused) t->slot_use[slot].held = k;
   t->running = slot;   /* the busy one when the visit after it is queued */
   return !reused;
@@ -186,7 +186,7 @@ static void timed_visit_start(void *ctx, int i) {
 }
 
 /* The next visit's parameters copy in under this one (the relay queues them here). */
-static l2l_status timed_visit_bind(void *ctx, int i, const struct schedule_visit *v, bool grads) {
+static l2l_status timed_visit_bind(void *ctx, int i, const struct order_visit *v, bool grads) {
   struct timing *t = ctx;
   (void)v, (void)grads;
   if (i + 1 < t->sc->nvisits && timed_params_copied(t, i + 1)) {
@@ -199,7 +199,7 @@ static l2l_status timed_visit_bind(void *ctx, int i, const struct schedule_visit
 
 /* Its gradients leave the device (a frozen layer's are not sent), and its update starts on
    the EPS workers: eager ones under the rest of the backward, deferred ones at its end. */
-static l2l_status timed_visit_end(void *ctx, int i, const struct schedule_visit *v, bool grads) {
+static l2l_status timed_visit_end(void *ctx, int i, const struct order_visit *v, bool grads) {
   struct timing *t = ctx;
   (void)i;
   int k = v->k;
@@ -229,7 +229,7 @@ static l2l_status timed_visit_end(void *ctx, int i, const struct schedule_visit 
 }
 
 /* A copy in when the activation is only on the host (counted from its start). */
-static l2l_status timed_on_device(void *ctx, enum schedule_act a, int k, int64_t u) {
+static l2l_status timed_on_device(void *ctx, enum order_act a, int k, int64_t u) {
   struct timing *t = ctx;
   struct timed_act *x = timed_at(t, a, k, u);
   if (!x->dev && x->host) {
@@ -241,20 +241,20 @@ static l2l_status timed_on_device(void *ctx, enum schedule_act a, int k, int64_t
   return L2L_OK;
 }
 
-static l2l_status timed_make(void *ctx, enum schedule_act a, int k, int64_t u) {
+static l2l_status timed_make(void *ctx, enum order_act a, int k, int64_t u) {
   *timed_at(ctx, a, k, u) = (struct timed_act){.dev = true};
   return L2L_OK;
 }
 
-static void timed_free(void *ctx, enum schedule_act a, int k, int64_t u) {
+static void timed_free(void *ctx, enum order_act a, int k, int64_t u) {
   *timed_at(ctx, a, k, u) = (struct timed_act){0};
 }
 
-static void timed_release(void *ctx, enum schedule_act a, int k, int64_t u) {
+static void timed_release(void *ctx, enum order_act a, int k, int64_t u) {
   timed_at(ctx, a, k, u)->dev = false;
 }
 
-static l2l_status timed_stash_out(void *ctx, enum schedule_act a, int k, int64_t u) {
+static l2l_status timed_stash_out(void *ctx, enum order_act a, int k, int64_t u) {
   struct timing *t = ctx;
   *timed_at(t, a, k, u) = (struct timed_act){.host = true};
   timed_out(t, timed_act_bytes(t, u), u);
@@ -346,7 +346,7 @@ static l2l_status timed_wait(void *ctx, int k, int64_t u) {
   return L2L_OK;
 }
 
-static const struct schedule_ops timing_acts = {
+static const struct order_ops timing_acts = {
     .visit_start = timed_visit_start, .visit_bind = timed_visit_bind,
     .visit_end = timed_visit_end, .prefetch = timed_on_device, .on_device = timed_on_device,
     .make = timed_make, .free = timed_free, .release_device = timed_release,
@@ -367,7 +367,7 @@ __attribute__((flatten)) double plan_step_seconds(const struct plan_chain *c,
                      .last = c->batch - (nmb - 1) * mb, .per_layer = per_layer,
                      .walked = nmb < TIMED_MICRO_BATCHES ? nmb : TIMED_MICRO_BATCHES,
                      .slots = c->param_slots > 0 ? c->param_slots : 2};
-  struct schedule sc;
+  struct order sc;
   if (plan_schedule(&sc, c) != L2L_OK) return -1;
   t.sc = &sc;
   l2l_layer_config head;
@@ -382,13 +382,13 @@ __attribute__((flatten)) double plan_step_seconds(const struct plan_chain *c,
   if (t.x && t.g && t.away && t.slot_use) {
     if (per_layer) memset(per_layer, 0, (size_t)c->L * sizeof *per_layer);
     for (int i = 0; i < t.slots; i++)
-      t.slot_use[i] = (struct schedule_slot){.held = -1, .last_used = -1};
+      t.slot_use[i] = (struct order_slot){.held = -1, .last_used = -1};
     /* the first visit's parameters are queued before the step and waited for */
     if (sc.nvisits > 0 && timed_params_copied(&t, 0)) {
       t.moved.h2d = (double)costs[sc.visits[0].k].param_bytes;
       t.first_exposed = seconds_for(t.moved.h2d, rates->h2d);
     }
-    (void)schedule_walk(&sc, t.walked, &timing_acts, &t);   /* the timing acts cannot fail */
+    (void)order_walk(&sc, t.walked, &timing_acts, &t);   /* the timing acts cannot fail */
     /* updates the backward did not hide: deferred ones all, eager ones past its end; on
        shared cores every update takes its time from the step */
     double tail = c->updates_deferred ? t.workers_free : t.workers_free - t.backward_end;
@@ -397,6 +397,6 @@ __attribute__((flatten)) double plan_step_seconds(const struct plan_chain *c,
     if (moved) *moved = t.moved;
   }
   free(t.x), free(t.g), free(t.away), free(t.slot_use);
-  schedule_free(&sc);
+  order_free(&sc);
   return total;
 }

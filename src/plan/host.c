@@ -30,15 +30,15 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
   bool *frozen = calloc((size_t)(L > 0 ? L : 1), sizeof *frozen);
   struct layers_record *recs = NULL;
   int n = 0;
-  l2l_status status = list && frozen ? L2L_OK : l2l_fail_in("l2l_plan_new", L2L_ERR_NOMEM, "no memory for %d layers", L);
+  l2l_status status = list && frozen ? L2L_OK : core_fail_in("l2l_plan_new", L2L_ERR_NOMEM, "no memory for %d layers", L);
   for (int k = 0; status == L2L_OK && k < L; k++) list[k] = layers[k].layer, frozen[k] = layers[k].frozen;
   if (status == L2L_OK) status = layers_records(&recs, &n, list, frozen, L);
   free(list), free(frozen);
   TRY(status);
-  struct l2l_host_record *bytes = calloc((size_t)(n > 0 ? n : 1), sizeof *bytes);
+  struct host_record *bytes = calloc((size_t)(n > 0 ? n : 1), sizeof *bytes);
   if (bytes == NULL) {
     free(recs);
-    return l2l_fail_in("l2l_plan_new", L2L_ERR_NOMEM, "no memory for %d records", n);
+    return core_fail_in("l2l_plan_new", L2L_ERR_NOMEM, "no memory for %d records", n);
   }
   /* with a spill file a frozen record's accumulator is never in memory (it holds nothing:
      its pages are given back), and the others pass when the budget cannot hold them all
@@ -47,18 +47,18 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
      is in memory through the step */
   bool spill = config->spill_dir != NULL, dist = config->dist != L2L_DIST_NONE;
   /* with ranks, this rank's: its shards of the reduced gradients and the state */
-  int ranks = dist ? l2l_dist_size_now() : 1, rank = dist ? l2l_dist_rank_now() : 0;
+  int ranks = dist ? dist_size_now() : 1, rank = dist ? dist_rank_now() : 0;
   bool defer = config->clip_global_norm > 0 || config->loss_scale > 0, every = config->accumulate <= 1;
   uint64_t base = 0, fixed = 0, state = 0, largest = 0, passing = 0, passing_total = 0, grads = 0;
   for (int i = 0; i < n; i++) {
     int64_t numel = l2l_tensor_numel(l2l_param_value(recs[i].param));
     /* a low-precision record has a 16-bit staging copy, or a bf16 master that is it */
-    bool low = config->precision != L2L_F32 && l2l_param_low_precision(recs[i].param);
+    bool low = config->precision != L2L_F32 && param_low_precision(recs[i].param);
     bool bf16_master = low && config->master == L2L_BF16, staged = low && !bf16_master;
     int64_t begin, shard_n;
-    l2l_host_shard(numel, ranks, rank, l2l_host_shard_align(config->optimizer.state), &begin,
+    host_shard(numel, ranks, rank, host_shard_align(config->optimizer.state), &begin,
                    &shard_n);
-    l2l_host_record_bytes(&bytes[i], numel, shard_n, arrays, config->optimizer.state,
+    host_record_bytes(&bytes[i], numel, shard_n, arrays, config->optimizer.state,
                           bf16_master ? L2L_BF16 : L2L_F32, staged ? config->precision : L2L_F32,
                           dist);
     bool trained = recs[i].trained;
@@ -66,7 +66,7 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
     base += bytes[i].fixed;
     fixed += bytes[i].fixed;
     grads += !spill || trained ? bytes[i].grad : 0;
-    if (l2l_host_grad_passes(spill, defer, every, recs[i].users, trained ? 1 : 0)) {
+    if (host_grad_passes(spill, defer, every, recs[i].users, trained ? 1 : 0)) {
       passing = bytes[i].grad > passing ? bytes[i].grad : passing;
       passing_total += bytes[i].grad;
     } else if (!spill || trained) {
@@ -75,14 +75,14 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
     state += bytes[i].state;
     largest = bytes[i].state > largest ? bytes[i].state : largest;
   }
-  struct l2l_host_tier tier;
-  l2l_host_tier_plan(&tier, fixed, state, largest, passing, passing_total, config->host_budget, spill);
+  struct host_tier tier;
+  host_tier_plan(&tier, fixed, state, largest, passing, passing_total, config->host_budget, spill);
   /* between steps: the masters and staging copies, and the accumulators unless they pass */
   uint64_t between = base + (tier.grads_pass ? 0 : grads);
   *out = (struct plan_host){.smallest_budget = tier.need, .eps_bytes = between};
   uint64_t kept = 0;
   for (int i = 0; i < n; i++) {
-    if (!spill || l2l_host_tier_keeps(&tier, &kept, bytes[i].state)) out->eps_bytes += bytes[i].state;
+    if (!spill || host_tier_keeps(&tier, &kept, bytes[i].state)) out->eps_bytes += bytes[i].state;
     else out->disk_bytes += bytes[i].moved;   /* read before its update, written after */
   }
   free(recs), free(bytes);
@@ -94,18 +94,18 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
 static l2l_status disk_pass(double *seconds, int fd, char *buffer, uint64_t total, bool write,
                             const char *dir) {
   enum { CHUNK = 8 << 20 };
-  double t0 = l2l_now();
+  double t0 = core_now();
   for (uint64_t done = 0; done < total;) {
     ssize_t got = write ? pwrite(fd, buffer, CHUNK, (off_t)done) : pread(fd, buffer, CHUNK, (off_t)done);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0)
-      return l2l_fail_in("l2l_plan_new", L2L_ERR_IO, "measuring the spill directory %s: %s", dir,
+      return core_fail_in("l2l_plan_new", L2L_ERR_IO, "measuring the spill directory %s: %s", dir,
                       got < 0 ? strerror(errno) : "a read came back short");
     done += (uint64_t)got;
   }
   if (write && fdatasync(fd) != 0)
-    return l2l_fail_in("l2l_plan_new", L2L_ERR_IO, "measuring the spill directory %s: %s", dir, strerror(errno));
-  *seconds = l2l_now() - t0;
+    return core_fail_in("l2l_plan_new", L2L_ERR_IO, "measuring the spill directory %s: %s", dir, strerror(errno));
+  *seconds = core_now() - t0;
   return L2L_OK;
 }
 
@@ -130,13 +130,13 @@ l2l_status plan_disk_rates(double *read, double *write, const char *dir) {
   snprintf(path, sizeof path, "%s/l2l-rates-XXXXXX", dir);
   int fd = mkstemp(path);
   if (fd < 0)
-    return l2l_fail_in("l2l_plan_new", L2L_ERR_IO, "the spill directory %s cannot be measured: %s", dir,
+    return core_fail_in("l2l_plan_new", L2L_ERR_IO, "the spill directory %s cannot be measured: %s", dir,
                     strerror(errno));
   int direct = open(path, O_RDWR | O_DIRECT | O_CLOEXEC);
   unlink(path);   /* the descriptors keep it until closed: nothing is left behind */
   void *buffer = NULL;
   l2l_status status = posix_memalign(&buffer, 4096, 8 << 20) == 0
-                          ? L2L_OK : l2l_fail_in("l2l_plan_new", L2L_ERR_NOMEM, "no memory to measure a disk");
+                          ? L2L_OK : core_fail_in("l2l_plan_new", L2L_ERR_NOMEM, "no memory to measure a disk");
   /* the file allocated first, as a spill file's regions are (posix_fallocate), so the
      writes overwrite as the spill's do (allocating writes run slower); then three passes
      each way, the median kept: a virtual machine's disk moves by a third between passes,
@@ -146,7 +146,7 @@ l2l_status plan_disk_rates(double *read, double *write, const char *dir) {
   int use = direct >= 0 ? direct : fd;
   if (status == L2L_OK) memset(buffer, 0x5a, 8 << 20);
   if (status == L2L_OK && posix_fallocate(fd, 0, TOTAL) != 0)
-    status = l2l_fail_in("l2l_plan_new", L2L_ERR_IO, "the spill directory %s has no room for a 256 MiB "
+    status = core_fail_in("l2l_plan_new", L2L_ERR_IO, "the spill directory %s has no room for a 256 MiB "
                       "measuring file", dir);
   for (int i = 0; i < PASSES && status == L2L_OK; i++) {
     status = disk_pass(&writes[i], use, buffer, TOTAL, true, dir);

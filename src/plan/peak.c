@@ -82,7 +82,7 @@ static struct block *take(struct replay *r, uint64_t bytes) {
   }
   struct block *b = r->free_blocks;
   r->free_blocks = b->next_free;
-  b->bytes = l2l_pool_accounted(bytes);
+  b->bytes = pool_accounted(bytes);
   b->refs = 1;
   r->now += b->bytes;
   if (r->now > r->peak) r->peak = r->now;
@@ -245,8 +245,8 @@ struct step {
   struct outs outs;
 };
 
-static struct act *act_at(struct step *s, enum schedule_act a, int k, int64_t u) {
-  return a == SCHEDULE_X ? &s->x[k][u] : a == SCHEDULE_G ? &s->g[k][u] : &s->scratch;
+static struct act *act_at(struct step *s, enum order_act a, int k, int64_t u) {
+  return a == ORDER_X ? &s->x[k][u] : a == ORDER_G ? &s->g[k][u] : &s->scratch;
 }
 
 /* The stretches (see the top): a visit's first three, of its micro-batches. */
@@ -259,34 +259,34 @@ static void visit_start(void *ctx, int i) {
 static void micro_batch(void *ctx, int64_t u) { stretch_at(((struct step *)ctx)->r, u); }
 
 /* The slots live through the step: nothing to bind. */
-static l2l_status visit_bind(void *ctx, int i, const struct schedule_visit *v, bool grads) {
+static l2l_status visit_bind(void *ctx, int i, const struct order_visit *v, bool grads) {
   (void)ctx, (void)i, (void)v, (void)grads;
   return L2L_OK;
 }
 
-static l2l_status on_device(void *ctx, enum schedule_act a, int k, int64_t u) {
+static l2l_status on_device(void *ctx, enum order_act a, int k, int64_t u) {
   struct step *s = ctx;
   prefetch(s->r, act_at(s, a, k, u), u);
   return L2L_OK;
 }
 
-static l2l_status make(void *ctx, enum schedule_act a, int k, int64_t u) {
+static l2l_status make(void *ctx, enum order_act a, int k, int64_t u) {
   struct step *s = ctx;
   act_at(s, a, k, u)->dev = new_act(s->r, u);
   return L2L_OK;
 }
 
-static void free_act(void *ctx, enum schedule_act a, int k, int64_t u) {
+static void free_act(void *ctx, enum order_act a, int k, int64_t u) {
   struct step *s = ctx;
   act_free(s->r, act_at(s, a, k, u));
 }
 
-static void release(void *ctx, enum schedule_act a, int k, int64_t u) {
+static void release(void *ctx, enum order_act a, int k, int64_t u) {
   struct step *s = ctx;
   release_device(s->r, act_at(s, a, k, u));
 }
 
-static l2l_status stash(void *ctx, enum schedule_act a, int k, int64_t u) {
+static l2l_status stash(void *ctx, enum order_act a, int k, int64_t u) {
   struct step *s = ctx;
   stash_out(s->r, &s->outs, act_at(s, a, k, u));
   return L2L_OK;
@@ -381,11 +381,11 @@ static l2l_status swap_in_wait(void *ctx, int k, int64_t u) {
   return L2L_OK;
 }
 
-static l2l_status prefetch_act(void *ctx, enum schedule_act a, int k, int64_t u) {
+static l2l_status prefetch_act(void *ctx, enum order_act a, int k, int64_t u) {
   return on_device(ctx, a, k, u);   /* the replay counts a copy's bytes from its start */
 }
 
-static const struct schedule_ops replay_acts = {
+static const struct order_ops replay_acts = {
     .visit_start = visit_start, .micro_batch = micro_batch, .visit_bind = visit_bind,
     .visit_end = visit_bind, .prefetch = prefetch_act, .on_device = on_device, .make = make,
     .free = free_act, .release_device = release, .stash_out = stash, .throttle = retire,
@@ -396,18 +396,18 @@ static const struct schedule_ops replay_acts = {
 
 /* ---------------------------------------------------------------- the step */
 
-l2l_status plan_schedule(struct schedule *sc, const struct plan_chain *c) {
-  TRY(schedule_new(sc, c->L, !c->evaluation));
+l2l_status plan_schedule(struct order *sc, const struct plan_chain *c) {
+  TRY(order_new(sc, c->L, !c->evaluation));
   for (int k = 0; k < c->L; k++)
-    sc->layers[k] = (struct schedule_layer){c->layers[k].layer, c->layers[k].frozen,
+    sc->layers[k] = (struct order_layer){c->layers[k].layer, c->layers[k].frozen,
                                             c->layers[k].inner, c->layers[k].stash};
-  schedule_order(sc);
+  order_build(sc);
   return L2L_OK;
 }
 
 /* The memory statements and slot sizes a replay of sc reads, for micro-batch mb (arrays
    NULL when out of memory). */
-static void memo_fill(struct plan_memo *m, const struct plan_chain *c, const struct schedule *sc,
+static void memo_fill(struct plan_memo *m, const struct plan_chain *c, const struct order *sc,
                       int64_t mb) {
   int L = c->L;
   int64_t nmb = (c->batch + mb - 1) / mb, last = c->batch - (nmb - 1) * mb;
@@ -419,12 +419,12 @@ static void memo_fill(struct plan_memo *m, const struct plan_chain *c, const str
   }
   for (int k = 0; m->mem[0] && m->mem[1] && k < L; k++) {
     void (*statement)(l2l_layer_memory *, const l2l_layer *, int64_t, int64_t, l2l_dtype, bool) =
-        c->any_weights ? l2l_layer_memory_bound : l2l_layer_memory_in;
+        c->any_weights ? layer_memory_bound : layer_memory_in;
     statement(&m->mem[0][k], c->layers[k].layer, mb, c->seq, c->precision, !c->evaluation);
     statement(&m->mem[1][k], c->layers[k].layer, last, c->seq, c->precision, !c->evaluation);
   }
   for (int i = 0; i < 3; i++)
-    m->slots[i] = schedule_slot_size(sc, (enum schedule_slot_content)i, c->precision,
+    m->slots[i] = order_slot_size(sc, (enum order_slot_content)i, c->precision,
                                      c->grad_precision);
 }
 
@@ -432,10 +432,10 @@ l2l_status plan_chain_memo(struct plan_chain *c) {
   if (c->memo == NULL && (c->memo = calloc(1, sizeof *c->memo)) == NULL)
     return FAIL(L2L_ERR_NOMEM, "no memory to plan");
   int64_t mb = c->micro_batch < c->batch ? c->micro_batch : c->batch;
-  struct schedule sc;
+  struct order sc;
   l2l_status status = plan_schedule(&sc, c);
   if (status == L2L_OK) memo_fill(c->memo, c, &sc, mb);
-  schedule_free(&sc);
+  order_free(&sc);
   TRY(status);
   if (c->memo->mem[0] == NULL || c->memo->mem[1] == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to plan");
   return L2L_OK;
@@ -454,7 +454,7 @@ void plan_memo_free(struct plan_chain *c) {
    calls to the acts (direct once the table is known, but left as calls by GCC) are
    inlined; without it the 800-layer plan took a fifth to a third longer (bench/RESULTS.md). */
 static __attribute__((flatten)) l2l_status replay_step(uint64_t *peak, uint64_t *stretch_peak, const struct plan_chain *c,
-                              const struct schedule *sc, const struct plan_memo *memo, int64_t mb,
+                              const struct order *sc, const struct plan_memo *memo, int64_t mb,
                               int64_t nmb, int64_t last) {
   struct replay r = {.c = c, .mb = mb, .nmb = nmb, .last = last, .stretch_peak = stretch_peak};
   plan_replayed_micro_batches += nmb;
@@ -478,12 +478,12 @@ static __attribute__((flatten)) l2l_status replay_step(uint64_t *peak, uint64_t 
   l2l_status status = L2L_OK;
   if (ok) {
     /* the slots live through the step (the relay's slots.c) */
-    struct block *slots = take(&r, memo->slots[SCHEDULE_SLOT_VALUES] * (uint64_t)c->param_slots);
-    struct block *grads = c->evaluation ? NULL : take(&r, 2 * memo->slots[SCHEDULE_SLOT_GRADS]);
+    struct block *slots = take(&r, memo->slots[ORDER_SLOT_VALUES] * (uint64_t)c->param_slots);
+    struct block *grads = c->evaluation ? NULL : take(&r, 2 * memo->slots[ORDER_SLOT_GRADS]);
     struct block *grads_out = c->grad_precision != L2L_F32 && !c->evaluation
-                                  ? take(&r, 2 * memo->slots[SCHEDULE_SLOT_GRADS_OUT])
+                                  ? take(&r, 2 * memo->slots[ORDER_SLOT_GRADS_OUT])
                                   : NULL;
-    (void)schedule_walk(sc, r.nmb, &replay_acts, &s);   /* the replay's acts cannot fail */
+    (void)order_walk(sc, r.nmb, &replay_acts, &s);   /* the replay's acts cannot fail */
     inputs_free(&s);
     drop(&r, s.scratch.dev);
     drop(&r, slots);
@@ -524,7 +524,7 @@ _Atomic int64_t plan_replayed_micro_batches;
    short replays (see the top); *exact false when a stretch's three values are not on a
    line (then the caller replays the whole step). */
 static l2l_status extrapolate(uint64_t *peak, bool *exact, const struct plan_chain *c,
-                              const struct schedule *sc, const struct plan_memo *memo, int64_t mb,
+                              const struct order *sc, const struct plan_memo *memo, int64_t mb,
                               int64_t nmb, int64_t last) {
   int n = 1 + STRETCHES * sc->nvisits;
   uint64_t *v = calloc((size_t)n * 3, sizeof *v);
@@ -557,12 +557,12 @@ static l2l_status extrapolate(uint64_t *peak, bool *exact, const struct plan_cha
   return status;
 }
 
-l2l_status l2l_plan_peak(uint64_t *peak, const struct plan_chain *c) {
+l2l_status plan_peak(uint64_t *peak, const struct plan_chain *c) {
   *peak = 0;
   if (c->L < 2) return FAIL(L2L_ERR_INVALID, "a chain needs an input layer and a head");
   int64_t mb = c->micro_batch < c->batch ? c->micro_batch : c->batch;
   int64_t nmb = (c->batch + mb - 1) / mb, last = c->batch - (nmb - 1) * mb;
-  struct schedule sc;
+  struct order sc;
   l2l_status status = plan_schedule(&sc, c);
   struct plan_memo own = {0};
   const struct plan_memo *memo = c->memo;
@@ -578,7 +578,7 @@ l2l_status l2l_plan_peak(uint64_t *peak, const struct plan_chain *c) {
     if (nmb > plan_peak_whole_replay_max) plan_peak_fallbacks++;
     status = replay_step(peak, NULL, c, &sc, memo, mb, nmb, last);
   }
-  schedule_free(&sc);
+  order_free(&sc);
   free(own.mem[0]);
   free(own.mem[1]);
   return status;

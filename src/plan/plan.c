@@ -93,7 +93,7 @@ l2l_status plan_step_peak(uint64_t *peak, struct plan_layer *layers, int L,
   chain.micro_batch = micro_batch;
   chain.any_weights = any_weights;
   chain.evaluation = !training;
-  return l2l_plan_peak(peak, &chain);
+  return plan_peak(peak, &chain);
 }
 
 static void describe_key(char *out, size_t len, const struct plan_layer_key *k) {
@@ -106,9 +106,9 @@ static void describe_key(char *out, size_t len, const struct plan_layer_key *k) 
 
 l2l_status plan_check_model(const l2l_plan *plan, l2l_layer *const *layers, const bool *frozen,
                             int nlayers, const l2l_relay_config *config) {
-  if (!plan_live(plan)) return l2l_fail(L2L_ERR_INVALID, "plan is not a live plan");
+  if (!plan_live(plan)) return core_fail(L2L_ERR_INVALID, "plan is not a live plan");
   if (plan->summary.nlayers != nlayers)
-    return l2l_fail(L2L_ERR_INVALID, "the plan is for %d layers, the relay has %d",
+    return core_fail(L2L_ERR_INVALID, "the plan is for %d layers, the relay has %d",
                     plan->summary.nlayers, nlayers);
   for (int k = 0; k < nlayers; k++) {
     struct plan_layer_key here = layer_key(layers[k], frozen[k]);
@@ -117,13 +117,13 @@ l2l_status plan_check_model(const l2l_plan *plan, l2l_layer *const *layers, cons
       describe_key(a, sizeof a, &here);
       describe_key(b, sizeof b, &plan->keys[k]);
       if (strcmp(a, b) == 0) snprintf(a, sizeof a, "another config of %.255s", b);
-      return l2l_error_note_layer(l2l_fail(L2L_ERR_INVALID, "the plan was made for another model: " LAYER
+      return error_note_layer(core_fail(L2L_ERR_INVALID, "the plan was made for another model: " LAYER
                                            " is %s here, %s in the plan", k, a, b), k);
     }
   }
   struct plan_settings_key s = settings_key(config), p = plan->settings;
   if (memcmp(&s, &p, sizeof s) != 0)
-    return l2l_fail(L2L_ERR_INVALID, "the plan was made for other relay settings: param_slots %d, "
+    return core_fail(L2L_ERR_INVALID, "the plan was made for other relay settings: param_slots %d, "
                     "accumulate %d, precision %s, grad_precision %s, updates %s; the relay has %d, %d, "
                     "%s, %s, %s", p.param_slots, p.accumulate, l2l_dtype_name(p.precision),
                     l2l_dtype_name(p.grad_precision), p.updates_deferred ? "deferred" : "eager",
@@ -136,71 +136,71 @@ l2l_status plan_check_model(const l2l_plan *plan, l2l_layer *const *layers, cons
 static l2l_status too_small(const struct plan_chain *c, const struct plan_result *r,
                             uint64_t budget) {
   char want[32], have[32], slots_text[32];
-  struct schedule sc;
+  struct order sc;
   TRY(plan_schedule(&sc, c));
-  uint64_t slots = schedule_slots_bytes(&sc, c->param_slots, c->precision, c->grad_precision),
+  uint64_t slots = order_slots_bytes(&sc, c->param_slots, c->precision, c->grad_precision),
            bytes;
-  int largest = schedule_largest_layer(&sc, SCHEDULE_SLOT_VALUES, c->precision, c->grad_precision,
+  int largest = order_largest_layer(&sc, ORDER_SLOT_VALUES, c->precision, c->grad_precision,
                                        &bytes);
-  schedule_free(&sc);
-  l2l_status refused = l2l_error_note_needed(l2l_fail_in("l2l_plan_new", L2L_ERR_BUDGET,
+  order_free(&sc);
+  l2l_status refused = error_note_needed(core_fail_in("l2l_plan_new", L2L_ERR_BUDGET,
               "no plan fits a device budget of %llu bytes (%s): the smallest needs %llu bytes (%s), "
               "in micro-batches of %lld samples with every layer recomputed and its boundary on the "
               "host; of "
               "them %s are the %d parameter slots and 2 gradient slots sized by " LAYER " (%s)",
-              (unsigned long long)budget, l2l_human_bytes(have, 32, budget),
-              (unsigned long long)r->leanest_peak, l2l_human_bytes(want, 32, r->leanest_peak),
-              (long long)r->leanest_micro_batch, l2l_human_bytes(slots_text, 32, slots),
+              (unsigned long long)budget, core_human_bytes(have, 32, budget),
+              (unsigned long long)r->leanest_peak, core_human_bytes(want, 32, r->leanest_peak),
+              (long long)r->leanest_micro_batch, core_human_bytes(slots_text, 32, slots),
               c->param_slots, largest, l2l_layer_name(c->layers[largest].layer)), r->leanest_peak);
-  return l2l_error_note_layer(refused, largest);
+  return error_note_layer(refused, largest);
 }
 
 static l2l_status check_request(l2l_layer *const *layers, int nlayers, const l2l_relay_config *config,
                                 const l2l_plan_request *q) {
-  if (layers == NULL) return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "layers is NULL");
-  if (config == NULL) return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "config is NULL");
-  if (q == NULL) return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "request is NULL");
+  if (layers == NULL) return core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "layers is NULL");
+  if (config == NULL) return core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "config is NULL");
+  if (q == NULL) return core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "request is NULL");
   if (nlayers < 2 || nlayers > 1 << 20)
-    return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "nlayers must be 2 to 2^20 (an input layer, a head), got %d", nlayers);
+    return core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "nlayers must be 2 to 2^20 (an input layer, a head), got %d", nlayers);
   for (int k = 0; k < nlayers; k++)   /* live first: a role is read from the layer */
     if (l2l_layer_param_count(layers[k]) < 0)
-      return l2l_error_note_layer(l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" L2L_NAMED_LAYER "layers[%d]"
+      return error_note_layer(core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" L2L_NAMED_LAYER "layers[%d]"
                                            L2L_NAMED_END " is not a live layer", k), k);
   for (int k = 0; k < nlayers; k++)
-    if (l2l_layer_role(layers[k]) == L2L_ROLE_HEAD && k != nlayers - 1)
-      return l2l_error_note_layer(l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" LAYER " is a head but not the "
+    if (layer_role(layers[k]) == L2L_ROLE_HEAD && k != nlayers - 1)
+      return error_note_layer(core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" LAYER " is a head but not the "
                                            "last", k), k);
-  if (l2l_layer_role(layers[0]) != L2L_ROLE_INPUT)
-    return l2l_error_note_layer(l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" LAYER " must be an input layer", 0), 0);
-  if (l2l_layer_role(layers[nlayers - 1]) != L2L_ROLE_HEAD) return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "the last layer must be a head");
+  if (layer_role(layers[0]) != L2L_ROLE_INPUT)
+    return error_note_layer(core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" LAYER " must be an input layer", 0), 0);
+  if (layer_role(layers[nlayers - 1]) != L2L_ROLE_HEAD) return core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "the last layer must be a head");
   l2l_layer_config input;
   l2l_layer_get_config(&input, layers[0]);
   if (input.kind == L2L_LAYER_EMBEDDING && q->seq > input.max_seq)
-    return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "seq %lld is above the embedding's max_seq %lld",
+    return core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "seq %lld is above the embedding's max_seq %lld",
                     (long long)q->seq, (long long)input.max_seq);
   if (q->batch < 1 || q->batch > (INT64_C(1) << 24) || q->seq < 1 || q->seq > (INT64_C(1) << 24))
-    return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "batch and seq must be 1 to 2^24, got %lld and %lld",
+    return core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "batch and seq must be 1 to 2^24, got %lld and %lld",
                 (long long)q->batch, (long long)q->seq);
-  if (q->device_budget == 0) return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "device_budget must be > 0");
+  if (q->device_budget == 0) return core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "device_budget must be > 0");
   if ((q->token_types != 0 && q->token_types != 1) || (q->key_mask != 0 && q->key_mask != 1))
-    return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "token_types and key_mask must be 0 or 1");
+    return core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "token_types and key_mask must be 0 or 1");
   if (config->param_slots != 0 && (config->param_slots < 2 || config->param_slots > 4096))
-    return l2l_error_note_field(l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" CONFIG(param_slots) " must be 0 or 2 "
+    return error_note_field(core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" CONFIG(param_slots) " must be 0 or 2 "
                                          "to 4096, got %d", config->param_slots), "param_slots");
   if (config->accumulate < 1)
-    return l2l_error_note_field(l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" CONFIG(accumulate) " must be >= 1"),
+    return error_note_field(core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" CONFIG(accumulate) " must be >= 1"),
                                 "accumulate");
   const l2l_plan_rates *r = q->rates;
   if (r && !(r->flops >= 0 && r->h2d > 0 && r->d2h > 0 && r->optimizer > 0 && r->visit >= 0 &&
              r->flops < 1e30 && r->h2d < 1e30 && r->d2h < 1e30 && r->optimizer < 1e30 && r->visit < 1e6))
-    return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "rates must be finite, h2d, d2h and optimizer > 0, flops and visit >= 0");
+    return core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "rates must be finite, h2d, d2h and optimizer > 0, flops and visit >= 0");
   if (r && ((r->timed != 0 && r->timed != 1) || (r->shared != 0 && r->shared != 1)))
-    return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "rates->timed and rates->shared must be 0 or 1");
-  if (r && !r->timed && !(r->flops > 0)) return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "rates that time no layer need flops > 0");
+    return core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "rates->timed and rates->shared must be 0 or 1");
+  if (r && !r->timed && !(r->flops > 0)) return core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "rates that time no layer need flops > 0");
   if (r && !(r->disk_read >= 0 && r->disk_write >= 0 && r->disk_read < 1e30 && r->disk_write < 1e30))
-    return l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "rates->disk_read and disk_write must be finite and >= 0 (0: measured)");
+    return core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "rates->disk_read and disk_write must be finite and >= 0 (0: measured)");
   if (config->spill_dir != NULL && config->spill_dir[0] == '\0')
-    return l2l_error_note_field(l2l_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" CONFIG(spill_dir) " is empty (NULL: "
+    return error_note_field(core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" CONFIG(spill_dir) " is empty (NULL: "
                                          "no spill file)"), "spill_dir");
   return L2L_OK;
 }
@@ -221,7 +221,7 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
     return FAIL(L2L_ERR_NOMEM, "no memory to plan %d layers", nlayers);
   }
   for (int k = 0; k < nlayers; k++)
-    pl[k] = (struct plan_layer){.layer = layers[k], .role = l2l_layer_role(layers[k]),
+    pl[k] = (struct plan_layer){.layer = layers[k], .role = layer_role(layers[k]),
                                 .frozen = request->frozen && request->frozen[k]};
   struct plan_chain chain = chain_of(pl, nlayers, config, request->batch, request->seq,
                                      request->token_types, request->key_mask);
@@ -245,12 +245,12 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
   if (status == L2L_OK) status = plan_host(&host, pl, nlayers, config);
   if (status == L2L_OK && config->host_budget > 0 && host.smallest_budget > config->host_budget) {
     char want[32], have[32];
-    status = l2l_fail_in("l2l_plan_new", L2L_ERR_BUDGET, "no plan fits a host budget of %llu bytes (%s): the "
+    status = core_fail_in("l2l_plan_new", L2L_ERR_BUDGET, "no plan fits a host budget of %llu bytes (%s): the "
                       "EPS needs %llu (%s)%s", (unsigned long long)config->host_budget,
-                      l2l_human_bytes(have, 32, config->host_budget),
-                      (unsigned long long)host.smallest_budget, l2l_human_bytes(want, 32, host.smallest_budget),
+                      core_human_bytes(have, 32, config->host_budget),
+                      (unsigned long long)host.smallest_budget, core_human_bytes(want, 32, host.smallest_budget),
                       config->spill_dir ? "" : ": a spill directory (" CONFIG(spill_dir) ") keeps the optimizer state on disk");
-    if (config->spill_dir == NULL) l2l_error_note_field(status, "spill_dir");
+    if (config->spill_dir == NULL) error_note_field(status, "spill_dir");
   }
   if (status == L2L_OK && config->spill_dir && !(rates.disk_read > 0 && rates.disk_write > 0))
     status = plan_disk_rates(&rates.disk_read, &rates.disk_write, config->spill_dir);
@@ -259,7 +259,7 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
   if (status == L2L_OK) {
     for (int k = 0; k < nlayers; k++) {
       l2l_layer_memory m;
-      l2l_layer_memory_in(&m, layers[k], r.micro_batch, request->seq, config->precision, true);
+      layer_memory_in(&m, layers[k], r.micro_batch, request->seq, config->precision, true);
       int64_t nmb = (request->batch + r.micro_batch - 1) / r.micro_batch;
       bool kept = pl[k].inner == L2L_INNER_KEEP && pl[k].role != L2L_ROLE_HEAD;
       result[k] = (l2l_plan_layer){.inner = pl[k].inner, .stash = pl[k].stash,

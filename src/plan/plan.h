@@ -5,7 +5,7 @@
  * Purpose: the KARMA-style planner (issue 22) chooses, per layer, keep / swap / recompute
  * and where each boundary waits, and the micro-batch, under a device budget. Its first
  * piece is here: the device peak of one training step, replayed from the layers' memory
- * statements (l2l_layer_memory_in) by walking the step's visit order as the relay does
+ * statements (layer_memory_in) by walking the step's visit order as the relay does
  * (src/order), so that on the CPU backend it equals the pool's measured peak to the
  * byte.
  * Must never: include the relay's headers or read its state: what it knows of the relay's
@@ -26,7 +26,7 @@ l2l_status plan_check_model(const l2l_plan *plan, l2l_layer *const *layers, cons
 /* A layer of the chain: its memory statement is asked per micro-batch size. */
 struct plan_layer {
   const l2l_layer *layer;
-  enum l2l_layer_role role;
+  enum layer_role role;
   bool frozen;
   l2l_inner_policy inner;
   l2l_stash_policy stash;    /* where the boundary entering this layer waits (k >= 1) */
@@ -43,7 +43,7 @@ struct plan_chain {
   l2l_dtype precision;       /* of the weights bound on the device */
   l2l_dtype grad_precision;  /* of the gradients leaving it */
   bool token_types, key_mask;  /* the batch has them */
-  bool any_weights;          /* layers' memory whatever their weights (l2l_layer_memory_bound) */
+  bool any_weights;          /* layers' memory whatever their weights (layer_memory_bound) */
   bool evaluation;           /* a forward-only step (l2l_relay_evaluate): no gradients, nothing
                                 kept; the peak replays it, the time model and search do not */
   /* for the time model */
@@ -59,7 +59,7 @@ struct plan_memo {
   int64_t micro_batch;         /* what it was made for */
   bool evaluation;
   l2l_layer_memory *mem[2];    /* per layer: a full micro-batch, the last */
-  uint64_t slots[3];           /* a slot's bytes per schedule_slot_content */
+  uint64_t slots[3];           /* a slot's bytes per order_slot_content */
 };
 /* The memo for the chain's micro-batch (made or remade; freed by plan_memo_free). */
 l2l_status plan_chain_memo(struct plan_chain *c);
@@ -68,14 +68,14 @@ void plan_memo_free(struct plan_chain *c);
 /* ---------------------------------------------------------------- the step's order */
 
 /* The training step's order (src/order: the visits and their acts) from the
-   chain's policies; schedule_free frees it, also after a failure. */
-l2l_status plan_schedule(struct schedule *sc, const struct plan_chain *c);
+   chain's policies; order_free frees it, also after a failure. */
+l2l_status plan_schedule(struct order *sc, const struct plan_chain *c);
 
 /* The device peak (pool bytes) of one step of `c` (training, or an evaluation) on top of
    what the pool already holds, or 0 when the chain cannot be replayed (the message says why). Swap
    moves run on the copy threads, so their timing sets where in between a peak with swap
    falls: this gives the bound that holds whatever the timing. */
-l2l_status l2l_plan_peak(uint64_t *peak, const struct plan_chain *c);
+l2l_status plan_peak(uint64_t *peak, const struct plan_chain *c);
 /* Steps of more micro-batches than this are not replayed whole but from three short
    replays (peak.c says why that is exact); test_plan sets it low to compare the two. */
 extern int64_t plan_peak_whole_replay_max;

@@ -74,7 +74,7 @@ struct judge {
 /* The chain under `modes`: its time and peak (exact: the models'). */
 static l2l_status judge(struct judge *j, const enum mode *modes, double *seconds, uint64_t *peak) {
   for (int k = 0; k < j->c->L; k++) set_mode(&j->c->layers[k], k, j->c->L, modes[k]);
-  TRY(l2l_plan_peak(peak, j->c));
+  TRY(plan_peak(peak, j->c));
   *seconds = plan_step_seconds(j->c, j->costs, j->rates, NULL, NULL);
   if (*seconds < 0) return FAIL(L2L_ERR_NOMEM, "no memory to time a plan");
   return L2L_OK;
@@ -85,7 +85,7 @@ l2l_status plan_leanest_peak(uint64_t *peak, struct plan_chain *c) {
   for (int k = 0; k < c->L; k++)
     set_mode(&c->layers[k], k, c->L, mode_allowed(k, c->L, M_HOST) ? M_HOST : k == 0 ? M_KEEP : M_HOST);
   TRY(plan_chain_memo(c));
-  return l2l_plan_peak(peak, c);
+  return plan_peak(peak, c);
 }
 
 /* Two layers cost alike when they are of one kind and shape and sit alike (first body

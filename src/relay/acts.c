@@ -52,8 +52,8 @@ void relay_act_release_device(struct act *a) {
    boundary wait on the device. */
 l2l_status relay_out_throttle(struct step *s, int keep) {
   while ((s->out[0] != NULL) + (s->out[1] != NULL) > keep) {
-    double t0 = l2l_now();
-    l2l_status status = l2l_job_wait(&s->out[0]->job);
+    double t0 = core_now();
+    l2l_status status = job_wait(&s->out[0]->job);
     relay_waited(s, L2L_WAIT_COPY, t0);
     l2l_tensor_free(s->out[0]->src);
     relay_copy_job_free(s->out[0]);
@@ -76,7 +76,7 @@ l2l_status relay_act_stash_out(struct step *s, struct act *a, int layer, int64_t
     l2l_tensor_free(host);
     return status;
   }
-  relay_count_stash(s->run, (int64_t)l2l_pool_accounted(relay_tensor_bytes(host)));
+  relay_count_stash(s->run, (int64_t)pool_accounted(relay_tensor_bytes(host)));
   a->host = host;
   a->dev = NULL;
   s->out[s->out[0] ? 1 : 0] = cj;
@@ -121,7 +121,7 @@ static l2l_status rows_to_device(struct step *s, l2l_tensor **out, const l2l_ten
   l2l_tensor *view = NULL;
   TRY(l2l_tensor_view_rows(&view, t, u * s->mb, relay_mb_rows(s, u)));
   l2l_status status = relay_tensor_like(out, L2L_POOL_DEVICE, view);
-  if (status == L2L_OK) status = l2l_tensor_copy_queued(*out, view);
+  if (status == L2L_OK) status = backend_tensor_copy_queued(*out, view);
   if (status == L2L_OK) relay_count_bytes(s->run, &s->run->h2d_bytes, relay_tensor_bytes(view));
   l2l_tensor_free(view);
   return status;
@@ -129,7 +129,7 @@ static l2l_status rows_to_device(struct step *s, l2l_tensor **out, const l2l_ten
 
 l2l_status relay_loss_queue(struct step *s, int64_t u, const l2l_tensor *losses) {
   TRY(relay_tensor_like(&s->losses[u], L2L_POOL_PINNED, losses));
-  return l2l_tensor_copy_queued(s->losses[u], losses);   /* (a failed one: freed with the step) */
+  return backend_tensor_copy_queued(s->losses[u], losses);   /* (a failed one: freed with the step) */
 }
 
 void relay_mb_inputs_free(struct mb_inputs *m) {
@@ -140,7 +140,7 @@ void relay_mb_inputs_free(struct mb_inputs *m) {
 l2l_status relay_mb_inputs(struct step *s, struct mb_inputs *m, int k, int64_t u, bool training) {
   memset(m, 0, sizeof *m);
   /* each layer gets the batch fields of its role: tokens, targets, or the key mask */
-  enum l2l_layer_role role = l2l_layer_role(active_layer(s, k)->layer);
+  enum layer_role role = layer_role(active_layer(s, k)->layer);
   l2l_status status = L2L_OK;
   if (role == L2L_ROLE_INPUT) {
     status = rows_to_device(s, &m->f.tokens, s->staged.tokens, u);
@@ -169,8 +169,8 @@ l2l_status relay_new_activation(struct step *s, l2l_tensor **out, int64_t u) {
 
 /* Layer calls on this thread since `start`: compute, timed on the device's clock. */
 void relay_compute_done(struct step *s, int layer, int64_t u, int phase,
-                        struct l2l_stamp *start) {
-  struct l2l_stamp end;
-  l2l_device_stamp(&end);
+                        struct core_stamp *start) {
+  struct core_stamp end;
+  device_stamp(&end);
   relay_stamped_add(s, start, &end, layer, (int)u, phase);
 }

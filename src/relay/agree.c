@@ -159,11 +159,11 @@ static void describe(struct description *d, const struct step *s) {
   word(d, s->training, "kind of step (1 training, 0 evaluation)");
   word(d, s->S, "sequence length");
   word(d, s->L, "number of active layers");
-  for (int i = 0; i < l2l_options_count; i++) {   /* the options the ranks share */
-    const l2l_option *o = &l2l_options[i];
+  for (int i = 0; i < options_count; i++) {   /* the options the ranks share */
+    const l2l_option *o = &options_rows[i];
     if (!(o->flags & L2L_OPTION_AGREE)) continue;
     if (o->type == L2L_OPTION_FLOAT) d->next = AS_F32;
-    int64_t w = l2l_option_word(o, l2l_option_base(c, o->group));
+    int64_t w = option_word(o, option_base(c, o->group));
     if (o->group == L2L_OPTION_RELAY) word(d, w, "%s", o->name);
     else if (o->type == L2L_OPTION_CHOICE && strcmp(o->field, "kind") == 0) word(d, w, "%s", o->name);
     else word(d, w, "%s: %s", o->group == L2L_OPTION_OPTIMIZER ? "optimizer" : "schedule", o->name);
@@ -182,7 +182,7 @@ int64_t relay_agreement_digest(const struct step *s) {
 /* Every rank's description, word by word: counts first, then the words padded to the
    longest. Called by every rank once their digests differ. */
 l2l_status relay_explain_disagreement(const struct step *s) {
-  int size = l2l_dist_size_now(), rank = l2l_dist_rank_now();
+  int size = dist_size_now(), rank = dist_rank_now();
   struct description d = {.layer = -1};
   describe(&d, s);   /* (the count) */
   d.room = d.count;
@@ -199,20 +199,20 @@ l2l_status relay_explain_disagreement(const struct step *s) {
   /* every rank takes part in both exchanges whatever happens (a NOMEM rank sends 0) */
   int64_t mine = status == L2L_OK ? d.room : 0;
   if (status == L2L_OK) describe(&d, s);
-  struct l2l_dist_op op = {.kind = DIST_ALLGATHER_I64, .send = &mine, .recv = counts, .n = 1,
+  struct dist_op op = {.kind = DIST_ALLGATHER_I64, .send = &mine, .recv = counts, .n = 1,
                            .what = "exchange of the ranks' description lengths", .layer = -1,
                            .step = s->run->steps + 1};
-  l2l_status sent = l2l_dist_run(&op);
+  l2l_status sent = dist_run(&op);
   int64_t longest = 0;
   for (int r = 0; r < size; r++) longest = counts[r] > longest ? counts[r] : longest;
   int64_t *padded = calloc((size_t)longest + 1, sizeof *padded);
   int64_t *all = calloc((size_t)size * (size_t)(longest + 1), sizeof *all);
   if (sent == L2L_OK && padded && all) {
     if (status == L2L_OK) memcpy(padded, d.words, (size_t)d.room * sizeof *padded);
-    op = (struct l2l_dist_op){.kind = DIST_ALLGATHER_I64, .send = padded, .recv = all,
+    op = (struct dist_op){.kind = DIST_ALLGATHER_I64, .send = padded, .recv = all,
                               .n = (int)longest, .what = "exchange of the ranks' descriptions",
                               .layer = -1, .step = s->run->steps + 1};
-    sent = longest > 0 ? l2l_dist_run(&op) : L2L_OK;
+    sent = longest > 0 ? dist_run(&op) : L2L_OK;
   } else if (sent == L2L_OK) {
     sent = FAIL(L2L_ERR_NOMEM, "no memory to compare the ranks");
   }
@@ -245,7 +245,7 @@ l2l_status relay_explain_disagreement(const struct step *s) {
                     "%d's %lld (%s): every rank must build the same model and relay",
                     rank, (long long)mine, other, (long long)counts[other],
                     at < mine ? d.labels[at] : "the other has more layers or records");
-    if (other >= 0 && at < mine && d.layers[at] >= 0) l2l_error_note_layer(status, d.layers[at]);
+    if (other >= 0 && at < mine && d.layers[at] >= 0) error_note_layer(status, d.layers[at]);
   }
   free(d.words), free(d.labels), free(d.kinds), free(d.layers), free(counts), free(padded), free(all);
   return status;

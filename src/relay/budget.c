@@ -32,16 +32,16 @@ static uint64_t step_key(const struct step *s) {
                             s->training,
                             s->in->token_types != NULL, s->in->key_mask != NULL};
   for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) mix(&h, shape[i]);
-  for (int i = 0; i < l2l_options_count; i++)   /* the options the option table marks STEP */
-    if (l2l_options[i].flags & L2L_OPTION_STEP)
-      mix(&h, (uint64_t)l2l_option_word(&l2l_options[i], l2l_option_base(c, l2l_options[i].group)));
+  for (int i = 0; i < options_count; i++)   /* the options the option table marks STEP */
+    if (options_rows[i].flags & L2L_OPTION_STEP)
+      mix(&h, (uint64_t)option_word(&options_rows[i], option_base(c, options_rows[i].group)));
   for (int k = 0; k < s->L; k++) {
     const struct relay_layer *rl = active_layer(s, k);
     l2l_layer_config lc;
     l2l_layer_get_config(&lc, rl->layer);
     mix(&h, (uint64_t)(uintptr_t)rl->layer), mix(&h, rl->frozen), mix(&h, (uint64_t)rl->stash);
     l2l_layer_memory m;   /* the present weights' statement: the guard flips with them */
-    l2l_layer_memory_in(&m, rl->layer, s->mb, s->S, c->precision, s->training);
+    layer_memory_in(&m, rl->layer, s->mb, s->S, c->precision, s->training);
     mix(&h, m.saved), mix(&h, m.work_forward), mix(&h, m.work_backward);
     mix(&h, (uint64_t)rl->inner), mix(&h, (uint64_t)lc.memory), mix(&h, (uint64_t)lc.dim);
     mix(&h, (uint64_t)lc.mlp), mix(&h, (uint64_t)lc.heads), mix(&h, (uint64_t)lc.vocab);
@@ -57,7 +57,7 @@ static l2l_status step_peak(uint64_t *peak, const l2l_relay *run, const int *act
   if (pl == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to replay a step");
   for (int k = 0; k < L; k++) {
     const struct relay_layer *rl = &run->layers[active[k]];
-    pl[k] = (struct plan_layer){.layer = rl->layer, .role = l2l_layer_role(rl->layer),
+    pl[k] = (struct plan_layer){.layer = rl->layer, .role = layer_role(rl->layer),
                                 .frozen = rl->frozen, .inner = rl->inner, .stash = rl->stash};
   }
   l2l_status status = plan_step_peak(peak, pl, L, &run->config, B, S, mb, token_types, key_mask,
@@ -105,25 +105,25 @@ l2l_status l2l_relay_step_peak(uint64_t *peak, const l2l_relay *run, int64_t bat
 static l2l_status refuse(const struct step *s, const char *whose, uint64_t budget, uint64_t peak,
                          uint64_t held) {
   const l2l_relay_config *cfg = &s->run->config;
-  uint64_t slots = schedule_slots_bytes(&s->sched, cfg->param_slots, cfg->precision,
+  uint64_t slots = order_slots_bytes(&s->sched, cfg->param_slots, cfg->precision,
                                         cfg->grad_precision);
   char a[32], b[32], c[32], d[32], e[96] = "";
   uint64_t smallest = peak + held;
   if (held != 0) {
     char h[32];
-    snprintf(e, sizeof e, "; %s is in use already", l2l_human_bytes(h, sizeof h, held));
+    snprintf(e, sizeof e, "; %s is in use already", core_human_bytes(h, sizeof h, held));
   }
-  return l2l_error_note_needed(FAIL(L2L_ERR_BUDGET,
+  return error_note_needed(FAIL(L2L_ERR_BUDGET,
               "the %s budget of %llu bytes (%s) is too small for this step: the smallest "
               "that works is %llu bytes (%s). The step needs %s on the device at its peak "
               "(the planner's replay of it, in micro-batches of %lld samples with the layers' "
               "policies), "
               "%s of them the %d parameter slots%s (each the size of the largest layer), the "
               "rest activations and working memory%s. %s need less",
-              whose, (unsigned long long)budget, l2l_human_bytes(a, sizeof a, budget),
-              (unsigned long long)smallest, l2l_human_bytes(b, sizeof b, smallest),
-              l2l_human_bytes(c, sizeof c, peak), (long long)s->mb,
-              l2l_human_bytes(d, sizeof d, slots), cfg->param_slots ? cfg->param_slots : 2,
+              whose, (unsigned long long)budget, core_human_bytes(a, sizeof a, budget),
+              (unsigned long long)smallest, core_human_bytes(b, sizeof b, smallest),
+              core_human_bytes(c, sizeof c, peak), (long long)s->mb,
+              core_human_bytes(d, sizeof d, slots), cfg->param_slots ? cfg->param_slots : 2,
               s->training ? " and 2 gradient slots" : "", e,
               s->training ? "A smaller micro-batch, stash = \"host\", recomputing or plan = "
                             "\"auto\" (l2l.plan)"

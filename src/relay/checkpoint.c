@@ -11,7 +11,7 @@
  * they use the relay's own restores (relay.c) and the EPS's records; the file's format is
  * the core's (src/core/safetensors*.c), below every part, and the arrows stay downward. No
  * part above the relay was needed: the front end calls these through l2l.h.
- * A save holds one record's optimizer state in memory at a time (l2l_eps_state_whole: from
+ * A save holds one record's optimizer state in memory at a time (eps_state_whole: from
  * the spill file, or gathered from the ranks' shards) and checks each state array as a
  * restore would before writing it. A load checks the whole file first (the description
  * against the relay, every record's entries, every checksum, every state array) and reads
@@ -59,7 +59,7 @@ static l2l_status records_list(struct records *rs, l2l_relay *run) {
   rs->n = 0, rs->r = NULL;
   if (list == NULL || rs->tied == NULL) {
     free(list);
-    return l2l_fail(L2L_ERR_NOMEM, "no memory for a list of records");
+    return core_fail(L2L_ERR_NOMEM, "no memory for a list of records");
   }
   for (int i = 0; i < run->count; i++) list[i] = run->layers[i].layer;
   struct layers_record *recs = NULL;
@@ -70,14 +70,14 @@ static l2l_status records_list(struct records *rs, l2l_relay *run) {
   rs->r = calloc((size_t)n + 1, sizeof *rs->r);
   if (rs->r == NULL) {
     free(recs);
-    return l2l_fail(L2L_ERR_NOMEM, "no memory for a list of records");
+    return core_fail(L2L_ERR_NOMEM, "no memory for a list of records");
   }
   for (int i = 0; i < n && status == L2L_OK; i++) {
     struct record *r = &rs->r[rs->n++];
-    *r = (struct record){.param = recs[i].param, .rec = l2l_eps_find(&run->eps, recs[i].param),
+    *r = (struct record){.param = recs[i].param, .rec = eps_find(&run->eps, recs[i].param),
                          .layer = recs[i].layer, .place = recs[i].place};
     snprintf(r->name, sizeof r->name, "%d.%s", r->layer + 1, l2l_param_name(r->param));
-    if (r->rec == NULL) status = l2l_fail(L2L_ERR_STATE, "record %s is not in the relay's EPS", r->name);
+    if (r->rec == NULL) status = core_fail(L2L_ERR_STATE, "record %s is not in the relay's EPS", r->name);
   }
   /* a layer holding a record an earlier layer holds first: fewer records of its own */
   for (int k = 0, i = 0; k < run->count; k++) {
@@ -91,16 +91,16 @@ static l2l_status records_list(struct records *rs, l2l_relay *run) {
 
 /* The message of a failed call, named after the public function. */
 static l2l_status named(const char *func, l2l_status status) {
-  return status == L2L_OK ? status : l2l_error_rename(func, status);
+  return status == L2L_OK ? status : error_rename(func, status);
 }
 
 /* The same, for a message that does not name the file yet. */
 static l2l_status in_file(const char *path, l2l_status status) {
   if (status == L2L_OK) return status;
-  return l2l_error_wrap(status, "%s: ", path);   /* (what the message names still named) */
+  return error_wrap(status, "%s: ", path);   /* (what the message names still named) */
 }
 
-static l2l_status no_memory(void) { return l2l_fail(L2L_ERR_NOMEM, "no memory for a checkpoint's description"); }
+static l2l_status no_memory(void) { return core_fail(L2L_ERR_NOMEM, "no memory for a checkpoint's description"); }
 
 /* The shape and dtype a record's state array is written in: the parameter's shape in f32
    or bf16, or 8 bits' u8 vector of codes and scales. */
@@ -135,11 +135,11 @@ struct save {
 static l2l_status parse_given(json_t **out, const char *text, const char *what, bool array) {
   json_error_t err;
   *out = json_loads(text, JSON_REJECT_DUPLICATES, &err);
-  if (*out == NULL) return l2l_fail(L2L_ERR_INVALID, "options->%s is not JSON: %s", what, err.text);
+  if (*out == NULL) return core_fail(L2L_ERR_INVALID, "options->%s is not JSON: %s", what, err.text);
   if (array ? !json_is_array(*out) : !json_is_object(*out)) {
     json_decref(*out);
     *out = NULL;
-    return l2l_fail(L2L_ERR_INVALID, "options->%s must be a JSON %s", what, array ? "array" : "object");
+    return core_fail(L2L_ERR_INVALID, "options->%s must be a JSON %s", what, array ? "array" : "object");
   }
   return L2L_OK;
 }
@@ -152,7 +152,7 @@ static l2l_status describe_layers(json_t *desc, const struct save *s, const char
     TRY(parse_given(&layers, given, "layers", true));
     if (json_array_size(layers) != (size_t)s->run->count) {
       json_decref(layers);
-      return l2l_fail(L2L_ERR_INVALID, "options->layers describes %zu layers, the relay has %d",
+      return core_fail(L2L_ERR_INVALID, "options->layers describes %zu layers, the relay has %d",
                       json_array_size(layers), s->run->count);
     }
   } else if ((layers = json_array()) == NULL) {
@@ -209,7 +209,7 @@ static l2l_status describe_rest(json_t *desc, const struct save *s, const l2l_sa
   if (o->extra != NULL) {
     json_error_t err;
     extra = json_loads(o->extra, JSON_REJECT_DUPLICATES, &err);
-    if (extra == NULL) return l2l_fail(L2L_ERR_INVALID, "options->extra is not JSON: %s", err.text);
+    if (extra == NULL) return core_fail(L2L_ERR_INVALID, "options->extra is not JSON: %s", err.text);
     if (json_object_set_new(desc, "extra", extra) != 0) return no_memory();
   }
   return L2L_OK;
@@ -231,10 +231,10 @@ static l2l_status describe(char **out, const struct save *s, const l2l_save_opti
 static l2l_status save_specs(struct save *s) {
   s->specs = calloc((size_t)s->rs.n * 4 + 1, sizeof *s->specs);
   s->names = calloc((size_t)s->rs.n * 4 + 1, sizeof *s->names);
-  if (s->specs == NULL || s->names == NULL) return l2l_fail(L2L_ERR_NOMEM, "no memory for a checkpoint's list");
+  if (s->specs == NULL || s->names == NULL) return core_fail(L2L_ERR_NOMEM, "no memory for a checkpoint's list");
   for (int k = 0; k < s->rs.n; k++) {
     struct record *r = &s->rs.r[k];
-    r->updates = l2l_eps_updates(r->rec);
+    r->updates = eps_updates(r->rec);
     r->state = r->updates > 0 ? s->arrays : 0;
     const l2l_tensor *value = l2l_param_value(r->param);
     for (int e = -1; e < r->state + (s->mid ? 1 : 0); e++) {
@@ -262,10 +262,10 @@ static l2l_status put_tensor(struct safetensors_writer *w, const l2l_tensor *t) 
 static l2l_status state_of(const l2l_tensor **out, struct save *s, int k, int a) {
   const struct record *r = &s->rs.r[k];
   l2l_tensor *t = NULL;
-  l2l_status status = l2l_eps_state_whole(&t, &s->run->eps, r->rec, a);
+  l2l_status status = eps_state_whole(&t, &s->run->eps, r->rec, a);
   s->gathers++;
   if (status != L2L_OK) return status;
-  if (t == NULL) return l2l_fail(L2L_ERR_STATE, "record %s has no optimizer state %s", r->name, a ? "v" : "m");
+  if (t == NULL) return core_fail(L2L_ERR_STATE, "record %s has no optimizer state %s", r->name, a ? "v" : "m");
   *out = t;
   return L2L_OK;
 }
@@ -281,7 +281,7 @@ static l2l_status put_state(struct safetensors_writer *w, struct save *s, int k,
     if (strncmp(why, prefix, strlen(prefix)) == 0) why += strlen(prefix);
     char copy[768];
     snprintf(copy, sizeof copy, "%s", why);
-    return l2l_fail(L2L_ERR_INVALID, "the optimizer state of record %s (%s) %s; a checkpoint "
+    return core_fail(L2L_ERR_INVALID, "the optimizer state of record %s (%s) %s; a checkpoint "
                     "holding it would not load, so %s is left as it was", r->name, a ? "v" : "m",
                     copy, s->path);
   }
@@ -337,7 +337,7 @@ static l2l_status save_file(struct save *s, const l2l_save_options *o) {
     l2l_status gathered = gather_rest(s, status != L2L_OK);
     l2l_status met = l2l_dist_barrier();   /* every rank returns once the file is in place */
     if (status == L2L_OK) status = gathered != L2L_OK ? gathered : met;
-    else l2l_fail(status, "%s", why);
+    else core_fail(status, "%s", why);
   }
   return status;
 }
@@ -381,25 +381,25 @@ struct load {
 };
 
 /* A refusal naming the file. */
-#define REFUSE(ld, ...) in_file((ld)->path, l2l_fail(L2L_ERR_INVALID, __VA_ARGS__))
+#define REFUSE(ld, ...) in_file((ld)->path, core_fail(L2L_ERR_INVALID, __VA_ARGS__))
 
 /* The file's description, decoded and its parts' types checked. */
 static l2l_status description_of(json_t **out, const struct safetensors_file *f) {
   const char *text = safetensors_metadata(f, "l2l");
   if (text == NULL)
-    return l2l_fail(L2L_ERR_INVALID, "%s is a safetensors file but not an l2l checkpoint (no l2l metadata)", f->path);
+    return core_fail(L2L_ERR_INVALID, "%s is a safetensors file but not an l2l checkpoint (no l2l metadata)", f->path);
   json_t *d = json_loads(text, JSON_REJECT_DUPLICATES, NULL);
   const char *format = json_string_value(json_object_get(d, "format"));
   int64_t version = 0;
   l2l_status status = L2L_OK;
   if (format == NULL || strcmp(format, FORMAT) != 0)
-    status = l2l_fail(L2L_ERR_INVALID, "%s: the l2l metadata is damaged", f->path);
+    status = core_fail(L2L_ERR_INVALID, "%s: the l2l metadata is damaged", f->path);
   else if (!relay_json_whole(json_object_get(d, "version"), 0, COUNT_MAX, &version) || version != VERSION)
-    status = l2l_fail(L2L_ERR_INVALID, "%s: checkpoint version %lld, this l2l reads version %d", f->path,
+    status = core_fail(L2L_ERR_INVALID, "%s: checkpoint version %lld, this l2l reads version %d", f->path,
                       (long long)version, VERSION);
   else if (json_array_size(json_object_get(d, "layers")) == 0 || !json_is_array(json_object_get(d, "records")) ||
            !json_is_object(json_object_get(d, "relay")) || !json_is_object(json_object_get(d, "progress")))
-    status = l2l_fail(L2L_ERR_INVALID, "%s: the l2l metadata is incomplete", f->path);
+    status = core_fail(L2L_ERR_INVALID, "%s: the l2l metadata is incomplete", f->path);
   if (status != L2L_OK) {
     json_decref(d);
     return status;
@@ -428,7 +428,7 @@ static l2l_status check_progress(struct load *ld) {
     return REFUSE(ld, "progress: loss_scale: need 0 <= good < the relay's loss_scale_window (%d) and "
                   "0 <= skipped <= 2^53 - 1", ld->run->config.loss_scale_window);
   if (ld->run->config.loss_scale == 0)
-    return l2l_error_note_field(REFUSE(ld, "progress: the file's run scaled its loss, the relay does not ("
+    return error_note_field(REFUSE(ld, "progress: the file's run scaled its loss, the relay does not ("
                                        L2L_NAMED_FIELD "config->loss_scale" L2L_NAMED_END " is 0)"),
                                 "loss_scale");
   return L2L_OK;
@@ -508,7 +508,7 @@ static l2l_status check_description(struct load *ld) {
   if (json_array_size(layers) != (size_t)run->count)
     return REFUSE(ld, "the file describes %zu layers, the relay has %d", json_array_size(layers), run->count);
   ld->saved = calloc((size_t)run->count, sizeof *ld->saved);
-  if (ld->saved == NULL) return l2l_fail(L2L_ERR_NOMEM, "no memory to load %s", ld->path);
+  if (ld->saved == NULL) return core_fail(L2L_ERR_NOMEM, "no memory to load %s", ld->path);
   for (int i = 0; i < run->count; i++)
     TRY(in_file(ld->path, relay_check_layer(run, i, json_array_get(layers, (size_t)i), &ld->saved[i])));
   TRY(in_file(ld->path, relay_check_options(run, json_object_get(ld->desc, "relay"))));
@@ -615,7 +615,7 @@ l2l_status l2l_relay_load(l2l_relay *run, const char *path) {
   if (status == L2L_OK && (status = restore(&ld)) != L2L_OK) {
     char why[1024];
     snprintf(why, sizeof why, "%s", l2l_last_error());
-    l2l_fail(status, "%s (past the checks: the relay is partly loaded; load it again, or free it)", why);
+    core_fail(status, "%s (past the checks: the relay is partly loaded; load it again, or free it)", why);
   }
   safetensors_close(ld.file);
   json_decref(ld.desc);
@@ -635,7 +635,7 @@ l2l_status l2l_checkpoint_description(char *out, size_t capacity, size_t *length
     const char *text = safetensors_metadata(f, "l2l");
     size_t n = strlen(text);
     if (out != NULL && capacity < n + 1)
-      status = l2l_fail(L2L_ERR_INVALID, "capacity %zu is too small: the description of %s is %zu bytes "
+      status = core_fail(L2L_ERR_INVALID, "capacity %zu is too small: the description of %s is %zu bytes "
                         "and a NUL", capacity, path, n);
     else if (out != NULL)
       memcpy(out, text, n + 1);

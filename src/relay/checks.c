@@ -17,8 +17,8 @@
    refusal `status` of layer i, or of a field of the batch, its detail naming it. */
 #define LAYER L2L_NAMED_LAYER "layer %d" L2L_NAMED_END
 #define BATCH(field) L2L_NAMED_FIELD "batch->" #field L2L_NAMED_END
-#define OF_LAYER(status, i) l2l_error_note_layer((status), (i))
-#define OF_BATCH(status, field) l2l_error_note_field((status), #field)
+#define OF_LAYER(status, i) error_note_layer((status), (i))
+#define OF_BATCH(status, field) error_note_field((status), #field)
 
 /* The model's shape: an input layer first, a head last, body layers between, one width. */
 l2l_status relay_check_model(const l2l_relay *run) {
@@ -26,16 +26,16 @@ l2l_status relay_check_model(const l2l_relay *run) {
     return FAIL(L2L_ERR_INVALID, "the model has %d layers: it needs at least an embedding and a head",
                 run->count);
   const l2l_layer *first = run->layers[0].layer, *last = run->layers[run->count - 1].layer;
-  if (l2l_layer_role(first) != L2L_ROLE_INPUT)
+  if (layer_role(first) != L2L_ROLE_INPUT)
     return OF_LAYER(FAIL(L2L_ERR_INVALID, LAYER " must be an embedding (it reads the tokens)", 0), 0);
-  if (l2l_layer_role(last) != L2L_ROLE_HEAD)
+  if (layer_role(last) != L2L_ROLE_HEAD)
     return OF_LAYER(FAIL(L2L_ERR_INVALID, LAYER " (the last) must be an LM head or a classifier",
                          run->count - 1), run->count - 1);
   l2l_layer_config c0, c;
   l2l_layer_get_config(&c0, first);
   for (int i = 1; i < run->count; i++) {
     const l2l_layer *layer = run->layers[i].layer;
-    if (i < run->count - 1 && l2l_layer_role(layer) != L2L_ROLE_BODY)
+    if (i < run->count - 1 && layer_role(layer) != L2L_ROLE_BODY)
       return OF_LAYER(FAIL(L2L_ERR_INVALID, LAYER " is a %s: only blocks and custom layers go between the "
                            "embedding and the head", i, l2l_layer_name(layer)), i);
     l2l_layer_get_config(&c, layer);
@@ -66,7 +66,7 @@ static l2l_status check_batch(struct step *s, const l2l_relay_batch *in) {
   if (in->targets == NULL) return OF_BATCH(FAIL(L2L_ERR_INVALID, BATCH(targets) " is NULL"), targets);
   for (int i = 0; i < run->count; i++) {
     const l2l_layer *layer = run->layers[i].layer;
-    TRY(l2l_layer_check_batch(s->training ? "l2l_relay_step" : "l2l_relay_evaluate", layer,
+    TRY(layer_check_batch(s->training ? "l2l_relay_step" : "l2l_relay_evaluate", layer,
                               &whole, s->B, s->S, L2L_POOL_HOST, false, false));
   }
   s->real = 0;

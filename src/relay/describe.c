@@ -102,8 +102,8 @@ static void option_fields(struct option_fields *out, l2l_option_group group) {
       [L2L_OPTION_FLOAT] = F_F32, [L2L_OPTION_CHOICE] = F_ENUM, [L2L_OPTION_BOOL] = F_BOOL,
       [L2L_OPTION_PATH] = F_PATH};
   out->n = 0;
-  for (int i = 0; i < l2l_options_count && out->n < MAX_OPTION_FIELDS; i++) {
-    const l2l_option *o = &l2l_options[i];
+  for (int i = 0; i < options_count && out->n < MAX_OPTION_FIELDS; i++) {
+    const l2l_option *o = &options_rows[i];
     if (o->group != group) continue;
     struct names *names = &out->names[out->n];
     *names = row_names(o);
@@ -116,8 +116,8 @@ static void option_fields(struct option_fields *out, l2l_option_group group) {
 
 /* The names of a choice row's choices ("optimizer", "schedule", "stash", "inner"). */
 static struct names choice_names(const char *row) {
-  for (int i = 0; i < l2l_options_count; i++)
-    if (strcmp(l2l_options[i].name, row) == 0) return row_names(&l2l_options[i]);
+  for (int i = 0; i < options_count; i++)
+    if (strcmp(options_rows[i].name, row) == 0) return row_names(&options_rows[i]);
   return (struct names){0};
 }
 
@@ -207,14 +207,14 @@ static l2l_status field_write(json_t *obj, const struct field *f, const void *ba
     case F_F32: v = json_real((double)*(const float *)p); break;
     case F_ENUM: {
       const char *name = name_of(f->names, *(const int *)p);
-      if (name == NULL) return l2l_fail(L2L_ERR_INVALID, "%s is %d, which has no name", f->name, *(const int *)p);
+      if (name == NULL) return core_fail(L2L_ERR_INVALID, "%s is %d, which has no name", f->name, *(const int *)p);
       v = json_string(name);
       break;
     }
     case F_PATH:
       if (*(const char *const *)p == NULL) return L2L_OK;   /* none: the key is left out */
       v = json_string(*(const char *const *)p);
-      if (v == NULL) return l2l_fail(L2L_ERR_INVALID, "%s is not UTF-8: a checkpoint cannot keep it", f->name);
+      if (v == NULL) return core_fail(L2L_ERR_INVALID, "%s is not UTF-8: a checkpoint cannot keep it", f->name);
       break;
     case F_I64:
       memcpy(&i64, p, sizeof i64);
@@ -228,10 +228,10 @@ static l2l_status field_write(json_t *obj, const struct field *f, const void *ba
       break;
   }
   if (v == NULL || json_object_set_new(obj, f->name, v) != 0)
-    return l2l_fail(L2L_ERR_NOMEM, "no memory for a checkpoint's description");
+    return core_fail(L2L_ERR_NOMEM, "no memory for a checkpoint's description");
   return L2L_OK;
 too_large:
-  return l2l_fail(L2L_ERR_INVALID, "%s is over 2^53 - 1, the largest integer a checkpoint's JSON "
+  return core_fail(L2L_ERR_INVALID, "%s is over 2^53 - 1, the largest integer a checkpoint's JSON "
                   "holds exactly (and the front end reads)", f->name);
 }
 
@@ -265,7 +265,7 @@ static l2l_status field_read(void *base, const struct field *f, const json_t *v,
     case F_PATH:
       return L2L_OK;   /* the machine's: never compared, never taken */
   }
-  return l2l_fail(L2L_ERR_INVALID, "%s: '%s' is not a value it takes", where, f->name);
+  return core_fail(L2L_ERR_INVALID, "%s: '%s' is not a value it takes", where, f->name);
 }
 
 static bool field_equal(const struct field *f, const void *a, const void *b) {
@@ -308,7 +308,7 @@ static l2l_status fields_check(const struct field *fields, int n, unsigned kind,
     if (!(f->kinds & BIT(kind))) continue;
     const json_t *v = json_object_get(obj, f->name);
     if (v == NULL && required && f->numbers)
-      return l2l_fail(L2L_ERR_INVALID, "%s: no '%s'", where, f->name);
+      return core_fail(L2L_ERR_INVALID, "%s: no '%s'", where, f->name);
     if (v != NULL) TRY(field_read(want, f, v, where));
   }
   for (int k = 0; k < n; k++) {
@@ -317,7 +317,7 @@ static l2l_status fields_check(const struct field *fields, int n, unsigned kind,
     char saved[64], here[64];
     field_text(saved, sizeof saved, f, want);
     field_text(here, sizeof here, f, have);
-    return l2l_fail(L2L_ERR_INVALID, "%s: '%s' is %s in the file, %s in the relay: %s", where, f->name,
+    return core_fail(L2L_ERR_INVALID, "%s: '%s' is %s in the file, %s in the relay: %s", where, f->name,
                     saved, here, why);
   }
   return L2L_OK;
@@ -344,7 +344,7 @@ l2l_status relay_describe_options(json_t **out, const l2l_relay *run) {
   json_t *relay = json_object(), *optimizer = relay ? object_in(relay, "optimizer") : NULL;
   json_t *schedule = relay ? object_in(relay, "schedule") : NULL;
   l2l_status status = optimizer && schedule ? L2L_OK
-                                            : l2l_fail(L2L_ERR_NOMEM, "no memory for a checkpoint's description");
+                                            : core_fail(L2L_ERR_NOMEM, "no memory for a checkpoint's description");
   const l2l_relay_config *c = &run->config;
   struct option_fields f;
   option_fields(&f, L2L_OPTION_RELAY);
@@ -363,14 +363,14 @@ l2l_status relay_describe_options(json_t **out, const l2l_relay *run) {
 
 /* The kind of `obj` (the optimizer's or the schedule's) as its number. */
 static l2l_status kind_of(int *out, const json_t *obj, const struct names *kinds, const char *where) {
-  if (!json_is_object(obj)) return l2l_fail(L2L_ERR_INVALID, "%s: not an object", where);
+  if (!json_is_object(obj)) return core_fail(L2L_ERR_INVALID, "%s: not an object", where);
   if (!enum_read(kinds, json_object_get(obj, "kind"), out))
-    return l2l_fail(L2L_ERR_INVALID, "%s: no kind l2l has", where);
+    return core_fail(L2L_ERR_INVALID, "%s: no kind l2l has", where);
   return L2L_OK;
 }
 
 l2l_status relay_check_options(const l2l_relay *run, const json_t *relay) {
-  if (!json_is_object(relay)) return l2l_fail(L2L_ERR_INVALID, "relay: not an object");
+  if (!json_is_object(relay)) return core_fail(L2L_ERR_INVALID, "relay: not an object");
   /* what a relay made from the file would hold: the defaults, then the file's values
      (a key an older file lacks takes the default, as the front end's load gives it) */
   l2l_relay_config want;
@@ -407,17 +407,17 @@ l2l_status relay_describe_layer(json_t **out, const l2l_relay *run, int i, bool 
   l2l_layer_config c;
   TRY(l2l_layer_get_config(&c, layer));
   json_t *d = json_object(), *options = d ? object_in(d, "options") : NULL;
-  l2l_status status = options ? L2L_OK : l2l_fail(L2L_ERR_NOMEM, "no memory for a checkpoint's description");
+  l2l_status status = options ? L2L_OK : core_fail(L2L_ERR_NOMEM, "no memory for a checkpoint's description");
   if (status == L2L_OK && json_object_set_new(d, "kind", json_string(KIND_NAMES[c.kind])) != 0)
-    status = l2l_fail(L2L_ERR_NOMEM, "no memory for a checkpoint's description");
+    status = core_fail(L2L_ERR_NOMEM, "no memory for a checkpoint's description");
   if (status == L2L_OK && c.kind == L2L_LAYER_CUSTOM) {
     json_t *name = json_string(l2l_layer_name(layer));
     if (name == NULL || json_object_set_new(d, "custom", name) != 0)
-      status = l2l_error_note_layer(l2l_fail(L2L_ERR_INVALID, LAYER ": its kind's name is not UTF-8", i), i);
+      status = error_note_layer(core_fail(L2L_ERR_INVALID, LAYER ": its kind's name is not UTF-8", i), i);
   } else if (status == L2L_OK) {
     status = fields_write(options, LAYER_FIELDS, COUNT(LAYER_FIELDS), c.kind, &c);
     if (status == L2L_OK && tied && json_object_set_new(options, "tie", json_true()) != 0)
-      status = l2l_fail(L2L_ERR_NOMEM, "no memory for a checkpoint's description");
+      status = core_fail(L2L_ERR_NOMEM, "no memory for a checkpoint's description");
   }
   if (status != L2L_OK) {
     json_decref(d);
@@ -436,7 +436,7 @@ l2l_status relay_describe_layer_state(json_t *d, const l2l_relay *run, int i) {
   const struct names inner = choice_names("inner"), stash = choice_names("stash");
   bad |= json_object_set_new(d, "inner", json_string(name_of(&inner, (int)rl->inner)));
   if (i >= 1) bad |= json_object_set_new(d, "stash", json_string(name_of(&stash, (int)rl->stash)));
-  return bad ? l2l_fail(L2L_ERR_NOMEM, "no memory for a checkpoint's description") : L2L_OK;
+  return bad ? core_fail(L2L_ERR_NOMEM, "no memory for a checkpoint's description") : L2L_OK;
 }
 
 /* d, the file's description of layer i, against the relay's layer: the same kind, the same
@@ -449,19 +449,19 @@ static l2l_status check_layer_described(const l2l_relay *run, int i, const json_
   const char *kind = json_string_value(json_object_get(d, "kind"));
   const json_t *options = json_object_get(d, "options");
   if (!json_is_object(d) || kind == NULL)
-    return l2l_fail(L2L_ERR_INVALID, LAYER ": no description", i);
+    return core_fail(L2L_ERR_INVALID, LAYER ": no description", i);
   if (strcmp(kind, KIND_NAMES[have.kind]) != 0)
-    return l2l_fail(L2L_ERR_INVALID, LAYER " is a %s in the file, a %s in the relay", i, kind,
+    return core_fail(L2L_ERR_INVALID, LAYER " is a %s in the file, a %s in the relay", i, kind,
                     KIND_NAMES[have.kind]);
   char where[64];
   snprintf(where, sizeof where, LAYER " (%s)", i, kind);
   if (have.kind == L2L_LAYER_CUSTOM) {
     const char *name = json_string_value(json_object_get(d, "custom"));
     if (name == NULL || strcmp(name, l2l_layer_name(layer)) != 0)
-      return l2l_fail(L2L_ERR_INVALID, LAYER " is of the custom kind '%s' in the file, '%s' in the relay",
+      return core_fail(L2L_ERR_INVALID, LAYER " is of the custom kind '%s' in the file, '%s' in the relay",
                       i, name ? name : "(none)", l2l_layer_name(layer));
   } else {
-    if (!json_is_object(options)) return l2l_fail(L2L_ERR_INVALID, LAYER " (%s): no options", i, kind);
+    if (!json_is_object(options)) return core_fail(L2L_ERR_INVALID, LAYER " (%s): no options", i, kind);
     l2l_layer_config want = have;
     TRY(fields_check(LAYER_FIELDS, COUNT(LAYER_FIELDS), have.kind, options, &want, &have, true, where,
                      "the relay must be made over the model the file holds"));
@@ -470,10 +470,10 @@ static l2l_status check_layer_described(const l2l_relay *run, int i, const json_
   const json_t *v = json_object_get(d, "rng_id"), *frozen = json_object_get(d, "frozen");
   int64_t id = 0;
   if (v != NULL && !relay_json_whole(v, 0, (1 << 24) - 1, &id))
-    return l2l_fail(L2L_ERR_INVALID, LAYER ": rng_id must be an integer from 0 to 2^24 - 1", i);
+    return core_fail(L2L_ERR_INVALID, LAYER ": rng_id must be an integer from 0 to 2^24 - 1", i);
   if (v != NULL) out->rng_id = (int)id;
   if (frozen != NULL && !json_is_boolean(frozen))
-    return l2l_fail(L2L_ERR_INVALID, LAYER ": frozen must be true or false", i);
+    return core_fail(L2L_ERR_INVALID, LAYER ": frozen must be true or false", i);
   if (frozen != NULL) out->frozen = json_is_true(frozen);
   const struct names inner = choice_names("inner"), stash = choice_names("stash");
   const struct field policies[2] = {{"inner", F_ENUM, offsetof(struct layer_saved, inner), &inner, ALL, false},
@@ -487,5 +487,5 @@ static l2l_status check_layer_described(const l2l_relay *run, int i, const json_
 
 l2l_status relay_check_layer(const l2l_relay *run, int i, const json_t *d, struct layer_saved *out) {
   l2l_status status = check_layer_described(run, i, d, out);
-  return status == L2L_OK ? status : l2l_error_note_layer(status, i);
+  return status == L2L_OK ? status : error_note_layer(status, i);
 }

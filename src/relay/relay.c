@@ -19,37 +19,37 @@
 
 void l2l_relay_config_default(l2l_relay_config *out) {
   if (out == NULL) return;
-  l2l_options_default(out);   /* the table's (core/options.def) */
+  options_default(out);   /* the table's (core/options.def) */
   /* a GPU runs 16-bit products at many times its fp32 rate; a CPU gains nothing */
-  if (!l2l_device_is_host()) out->precision = L2L_BF16;
+  if (!backend_device_is_host()) out->precision = L2L_BF16;
 }
 
 /* config->field in a message, marked as naming the field (L2L_NAMED) */
 #define CONFIG(field) L2L_NAMED_FIELD "config->" #field L2L_NAMED_END
 /* The refusal `status`, its detail naming `field`. */
-#define REFUSED(status, field) l2l_error_note_field((status), #field)
+#define REFUSED(status, field) error_note_field((status), #field)
 
 /* The table's checks of each field (core/options.def), then the rules across fields. */
 static l2l_status check_config(const l2l_relay_config *c) {
   const char *f = "l2l_relay_config_check";
-  if (c == NULL) return l2l_fail_in(f, L2L_ERR_INVALID, "config is NULL");
+  if (c == NULL) return core_fail_in(f, L2L_ERR_INVALID, "config is NULL");
   /* (ranges with a hole, which a row's bounds cannot say) */
   if (isfinite(c->loss_scale) && c->loss_scale != 0 &&
       !(c->loss_scale >= MIN_LOSS_SCALE && c->loss_scale <= MAX_LOSS_SCALE))
-    return REFUSED(l2l_fail_in(f, L2L_ERR_INVALID, CONFIG(loss_scale) " must be 0 (off) or 2^-64 to "
+    return REFUSED(core_fail_in(f, L2L_ERR_INVALID, CONFIG(loss_scale) " must be 0 (off) or 2^-64 to "
                                "2^100, got %g", c->loss_scale), loss_scale);
   if (c->param_slots != 0 && (c->param_slots < 2 || c->param_slots > MAX_PARAM_SLOTS))
-    return REFUSED(l2l_fail_in(f, L2L_ERR_INVALID, CONFIG(param_slots) " must be 0 (two) or 2 to %d, "
+    return REFUSED(core_fail_in(f, L2L_ERR_INVALID, CONFIG(param_slots) " must be 0 (two) or 2 to %d, "
                                "got %d", MAX_PARAM_SLOTS, c->param_slots), param_slots);
-  TRY(l2l_options_check(L2L_OPTION_RELAY, c, c->optimizer.kind, f, "config->"));
-  TRY(l2l_optimizer_check(&c->optimizer));
-  TRY(l2l_schedule_check(&c->schedule));
+  TRY(options_check(L2L_OPTION_RELAY, c, c->optimizer.kind, f, "config->"));
+  TRY(optimizer_check(&c->optimizer));
+  TRY(schedule_check(&c->schedule));
   if (c->master == L2L_BF16 && c->precision != L2L_BF16)
-    return REFUSED(l2l_fail_in(f, L2L_ERR_INVALID, CONFIG(master) " bf16 needs precision bf16 (the bf16 "
+    return REFUSED(core_fail_in(f, L2L_ERR_INVALID, CONFIG(master) " bf16 needs precision bf16 (the bf16 "
                                "masters are what the device reads), got precision %s",
                                l2l_dtype_name(c->precision)), master);
   if (c->grad_precision == L2L_F16 && c->loss_scale == 0)
-    return REFUSED(l2l_fail_in(f, L2L_ERR_INVALID, CONFIG(grad_precision) " f16 needs loss_scale > 0 (f16 "
+    return REFUSED(core_fail_in(f, L2L_ERR_INVALID, CONFIG(grad_precision) " f16 needs loss_scale > 0 (f16 "
                                "gradients flush below 6e-8 and turn inf above 65504: loss scaling keeps "
                                "them in range and skips a step that overflows)"), grad_precision);
   return L2L_OK;
@@ -66,7 +66,7 @@ static l2l_status check_layer(const l2l_relay *run, const l2l_layer *layer, int 
   for (int i = 0; i < run->count; i++)
     if (run->layers[i].layer == layer && i != replacing)
       return FAIL(L2L_ERR_INVALID, "the layer is already in the relay (position %d)", i);
-  const void *owner = l2l_layer_owner(layer);
+  const void *owner = layer_owner(layer);
   if (owner != NULL && owner != run)
     return FAIL(L2L_ERR_STATE, "the layer is in another relay (remove it there first)");
   l2l_layer_config c, other;
@@ -83,7 +83,7 @@ static l2l_status check_layer(const l2l_relay *run, const l2l_layer *layer, int 
     const l2l_param *p = l2l_layer_param(layer, r);
     const l2l_tensor *v = l2l_param_value(p);
     /* (a record the relay holds already, a tied table, may be its bf16 master, pinned) */
-    if (l2l_tensor_pool(v) != L2L_POOL_HOST && l2l_eps_find(&run->eps, p) == NULL)
+    if (l2l_tensor_pool(v) != L2L_POOL_HOST && eps_find(&run->eps, p) == NULL)
       return FAIL(L2L_ERR_INVALID, "the layer's parameter '%s' is in pool '%s': a relay's layers "
                   "keep their parameters in the host pool (the EPS)",
                   l2l_param_name(l2l_layer_param(layer, r)),
@@ -104,7 +104,7 @@ static l2l_status grow(l2l_relay *run) {
 
 /* With master bf16, a parameter whose master is bf16 (a low-precision one). */
 static bool bf16_master(const l2l_relay *run, const l2l_param *p) {
-  return run->config.master == L2L_BF16 && l2l_param_low_precision(p);
+  return run->config.master == L2L_BF16 && param_low_precision(p);
 }
 
 /* A layer's parameters leaving the relay's bf16 masters: f32 host values again, once no
@@ -113,8 +113,8 @@ static bool bf16_master(const l2l_relay *run, const l2l_param *p) {
 static void masters_home(l2l_relay *run, l2l_layer *layer, bool freeing) {
   for (int r = 0; r < l2l_layer_param_count(layer); r++) {
     l2l_param *p = l2l_layer_param(layer, r);
-    if (bf16_master(run, p) && (freeing || l2l_eps_find(&run->eps, p) == NULL))
-      (void)l2l_param_rehome(p, L2L_POOL_HOST, L2L_F32);
+    if (bf16_master(run, p) && (freeing || eps_find(&run->eps, p) == NULL))
+      (void)param_rehome(p, L2L_POOL_HOST, L2L_F32);
   }
 }
 
@@ -135,19 +135,19 @@ static l2l_status eps_records(l2l_relay *run, l2l_layer *const *list, int n, int
   int at = 0;
   for (; at < count && status == L2L_OK; at++) {
     l2l_param *p = recs[at].param;
-    if (bf16_master(run, p)) status = l2l_param_rehome(p, L2L_POOL_PINNED, L2L_BF16);   /* (or is) */
+    if (bf16_master(run, p)) status = param_rehome(p, L2L_POOL_PINNED, L2L_BF16);   /* (or is) */
     if (status != L2L_OK) failed = at;
     sources[at] = (struct eps_record_source){
         .param = p, .name = l2l_param_name(p), .master = l2l_param_value(p),
         .grad = l2l_param_grad(p), .decays = l2l_param_decays(p) == 1,
-        .low_precision = l2l_param_low_precision(p), .users = recs[at].users,
+        .low_precision = param_low_precision(p), .users = recs[at].users,
         .stream = (uint64_t)l2l_layer_rng_id(list[recs[at].layer]) << 8 | (uint64_t)recs[at].place};
   }
-  if (status == L2L_OK) status = l2l_eps_set_records(&run->eps, sources, count, &failed);
+  if (status == L2L_OK) status = eps_set_records(&run->eps, sources, count, &failed);
   if (failed >= 0) *failed_layer = recs[failed].layer;
   for (int i = 0; status != L2L_OK && i < at; i++)   /* the joining masters home again */
-    if (bf16_master(run, recs[i].param) && l2l_eps_find(&run->eps, recs[i].param) == NULL)
-      (void)l2l_param_rehome(recs[i].param, L2L_POOL_HOST, L2L_F32);
+    if (bf16_master(run, recs[i].param) && eps_find(&run->eps, recs[i].param) == NULL)
+      (void)param_rehome(recs[i].param, L2L_POOL_HOST, L2L_F32);
   free(sources);
   free(recs);
   return status;
@@ -174,7 +174,7 @@ static l2l_status records_for(l2l_relay *run, enum change change, int index, l2l
 static l2l_status insert_at(l2l_relay *run, int index, l2l_layer *layer) {
   TRY(grow(run));
   TRY(records_for(run, CHANGE_INSERT, index, layer));
-  l2l_layer_set_owner(layer, run);
+  layer_set_owner(layer, run);
   memmove(&run->layers[index + 1], &run->layers[index],
           (size_t)(run->count - index) * sizeof *run->layers);
   run->layers[index] = (struct relay_layer){.layer = layer, .frozen = false,
@@ -208,16 +208,16 @@ static l2l_status first_layers(l2l_relay *run, l2l_layer *const *layers, int nla
   if (status != L2L_OK) {
     run->count = 0;   /* none is the relay's */
     if (failed < 0) return status;
-    return l2l_error_note_layer(
-        l2l_error_wrap(status, L2L_NAMED_LAYER "layers[%d]" L2L_NAMED_END ": ", failed), failed);
+    return error_note_layer(
+        error_wrap(status, L2L_NAMED_LAYER "layers[%d]" L2L_NAMED_END ": ", failed), failed);
   }
-  for (int i = 0; i < nlayers; i++) l2l_layer_set_owner(layers[i], run);
+  for (int i = 0; i < nlayers; i++) layer_set_owner(layers[i], run);
   return L2L_OK;
 }
 
 l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
                          const l2l_relay_config *config) {
-  l2l_runtime_init();
+  cpu_runtime_init();
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   TRY(check_config(config));
   if (nlayers < 0 || (nlayers > 0 && layers == NULL))
@@ -231,7 +231,7 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
   run->scale = run->config.loss_scale;
   run->stats.loss_scale = run->scale;
   pthread_mutex_init(&run->lock, NULL);
-  l2l_timeline_init(&run->timeline);
+  timeline_init(&run->timeline);
   run->stats.grad_norm = -1;
   int threads = config->optimizer_threads;
   if (threads == 0) {
@@ -239,24 +239,24 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
     threads = cores > 0 ? (int)cores : 1;
   }
   bool eps_up = false, h2d_up = false, d2h_up = false;
-  l2l_status status = config->dist == L2L_DIST_MPI ? l2l_dist_start() : L2L_OK;
+  l2l_status status = config->dist == L2L_DIST_MPI ? dist_start() : L2L_OK;
   if (status == L2L_OK && config->spill_dir != NULL) {
     run->spill_dir = strdup(config->spill_dir);
     if (run->spill_dir == NULL) status = FAIL(L2L_ERR_NOMEM, "no memory for config->spill_dir");
   }
   /* (the communication thread's lane follows the optimizer workers': 3 ..) */
-  struct l2l_eps_settings eps = {
+  struct eps_settings eps = {
       .optimizer = &config->optimizer, .precision = config->precision, .threads = threads,
       .seed = config->seed, .timeline = &run->timeline,
       .dist_lane = config->dist == L2L_DIST_MPI ? THREAD_D2H + 1 + threads : -1,
       .host_budget = config->host_budget, .spill_dir = run->spill_dir};
-  if (status == L2L_OK) status = l2l_eps_init(&run->eps, &eps);
+  if (status == L2L_OK) status = eps_init(&run->eps, &eps);
   eps_up = status == L2L_OK;
   run->config.spill_dir = run->spill_dir;
-  run->stats.dist_ranks = config->dist == L2L_DIST_MPI && status == L2L_OK ? l2l_dist_size_now() : 1;
-  if (status == L2L_OK) status = l2l_queue_start(&run->h2d, 1, THREAD_H2D, "host-to-device copy");
+  run->stats.dist_ranks = config->dist == L2L_DIST_MPI && status == L2L_OK ? dist_size_now() : 1;
+  if (status == L2L_OK) status = queue_start(&run->h2d, 1, THREAD_H2D, "host-to-device copy");
   h2d_up = status == L2L_OK;
-  if (status == L2L_OK) status = l2l_queue_start(&run->d2h, 1, THREAD_D2H, "device-to-host copy");
+  if (status == L2L_OK) status = queue_start(&run->d2h, 1, THREAD_D2H, "device-to-host copy");
   d2h_up = status == L2L_OK;
   run->magic = RELAY_MAGIC;
   if (status == L2L_OK) status = first_layers(run, layers, nlayers);
@@ -264,8 +264,8 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
     if (d2h_up && h2d_up && eps_up) {
       l2l_relay_free(run);
     } else {
-      if (h2d_up) l2l_queue_stop(&run->h2d);
-      if (eps_up) l2l_eps_free(&run->eps);
+      if (h2d_up) queue_stop(&run->h2d);
+      if (eps_up) eps_free(&run->eps);
       free(run->spill_dir);
       free(run);
     }
@@ -277,22 +277,22 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
 
 l2l_status l2l_relay_config_check(const l2l_relay_config *config) { return check_config(config); }
 
-int l2l_relay_option_count(void) { return l2l_options_count; }
+int l2l_relay_option_count(void) { return options_count; }
 
 l2l_status l2l_relay_option(const l2l_option **out, int index) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  if (index < 0 || index >= l2l_options_count)
-    return FAIL(L2L_ERR_INVALID, "index must be 0 to %d, got %d", l2l_options_count - 1, index);
-  *out = &l2l_options[index];
+  if (index < 0 || index >= options_count)
+    return FAIL(L2L_ERR_INVALID, "index must be 0 to %d, got %d", options_count - 1, index);
+  *out = &options_rows[index];
   return L2L_OK;
 }
 
 l2l_status relay_enter(const l2l_relay *run, const char *func) {
-  if (!relay_ok(run)) return l2l_fail_in(func, L2L_ERR_INVALID, "run is not a live relay");
+  if (!relay_ok(run)) return core_fail_in(func, L2L_ERR_INVALID, "run is not a live relay");
   l2l_relay *r = (l2l_relay *)run;
   const char *running = NULL;
   if (!atomic_compare_exchange_strong(&r->in_call, &running, func))
-    return l2l_fail_in(func, L2L_ERR_STATE,
+    return core_fail_in(func, L2L_ERR_STATE,
                        "%s is running on this relay: a relay takes one call at a time (a "
                        "callback of its own layers, or another thread, must wait until it "
                        "returns)", running);
@@ -305,16 +305,16 @@ void relay_leave(const l2l_relay *run) { atomic_store(&((l2l_relay *)run)->in_ca
    in l2l_last_error (this function returns nothing, like every free of the API). */
 void l2l_relay_free(l2l_relay *run) {
   if (relay_enter(run, __func__) != L2L_OK) return;
-  l2l_queue_stop(&run->h2d);
-  l2l_queue_stop(&run->d2h);
-  l2l_eps_free(&run->eps);
+  queue_stop(&run->h2d);
+  queue_stop(&run->d2h);
+  eps_free(&run->eps);
   l2l_plan_free(run->auto_plan);
   for (int i = 0; i < run->count; i++) {
     masters_home(run, run->layers[i].layer, true);
-    l2l_layer_set_owner(run->layers[i].layer, NULL);
+    layer_set_owner(run->layers[i].layer, NULL);
   }
   pthread_mutex_destroy(&run->lock);
-  l2l_timeline_free(&run->timeline);
+  timeline_free(&run->timeline);
   free(run->layers);
   free(run->spill_dir);
   run->magic = 0;
@@ -347,17 +347,17 @@ l2l_status l2l_relay_insert(l2l_relay *run, int index, l2l_layer *layer) {
   RELAY_ENTER(run);
   CHECK_INDEX(index, 0, run->count, "index");
   TRY(check_layer(run, layer, -1));
-  l2l_eps_sync(&run->eps);
+  eps_sync(&run->eps);
   return insert_at(run, index, layer);
 }
 
 l2l_status l2l_relay_remove(l2l_relay *run, int index) {
   RELAY_ENTER(run);
   CHECK_INDEX(index, 0, run->count - 1, "index");
-  l2l_eps_sync(&run->eps);
+  eps_sync(&run->eps);
   TRY(records_for(run, CHANGE_REMOVE, index, NULL));
   masters_home(run, run->layers[index].layer, false);
-  l2l_layer_set_owner(run->layers[index].layer, NULL);
+  layer_set_owner(run->layers[index].layer, NULL);
   memmove(&run->layers[index], &run->layers[index + 1],
           (size_t)(run->count - index - 1) * sizeof *run->layers);
   run->count--;
@@ -368,13 +368,13 @@ l2l_status l2l_relay_replace(l2l_relay *run, int index, l2l_layer *layer) {
   RELAY_ENTER(run);
   CHECK_INDEX(index, 0, run->count - 1, "index");
   TRY(check_layer(run, layer, index));
-  l2l_eps_sync(&run->eps);
+  eps_sync(&run->eps);
   /* Records the new layer shares with the old one (or another) keep their state. */
   struct relay_layer old = run->layers[index];
   TRY(records_for(run, CHANGE_REPLACE, index, layer));
   masters_home(run, old.layer, false);
-  l2l_layer_set_owner(old.layer, NULL);
-  l2l_layer_set_owner(layer, run);
+  layer_set_owner(old.layer, NULL);
+  layer_set_owner(layer, run);
   run->layers[index].layer = layer;
   run->layers[index].frozen = false;
   return L2L_OK;
@@ -445,7 +445,7 @@ l2l_status l2l_relay_set_device_budget(l2l_relay *run, uint64_t bytes) {
 l2l_status l2l_relay_set_host_budget(l2l_relay *run, uint64_t bytes) {
   RELAY_ENTER(run);
   run->config.host_budget = bytes;
-  l2l_eps_set_host_budget(&run->eps, bytes);
+  eps_set_host_budget(&run->eps, bytes);
   return L2L_OK;
 }
 
@@ -478,7 +478,7 @@ l2l_status relay_apply_plan(l2l_relay *run, const l2l_plan *plan) {
   l2l_status status = relay_check_plan(run, plan);
   if (status != L2L_OK) {
     free(layers);
-    return l2l_error_rename("l2l_relay_apply_plan", status);
+    return error_rename("l2l_relay_apply_plan", status);
   }
   for (int k = 0; k < n; k++) l2l_plan_get_layer(&layers[k], plan, k);
   run->config.micro_batch = summary.micro_batch;
@@ -491,10 +491,10 @@ l2l_status relay_apply_plan(l2l_relay *run, const l2l_plan *plan) {
 }
 
 l2l_status relay_sync_now(l2l_relay *run) {
-  l2l_queue_drain(&run->d2h);
-  l2l_eps_sync(&run->eps);
+  queue_drain(&run->d2h);
+  eps_sync(&run->eps);
   TRY(relay_check_async(run));
-  return l2l_eps_io_status(&run->eps);
+  return eps_io_status(&run->eps);
 }
 
 l2l_status l2l_relay_sync(l2l_relay *run) {
@@ -506,18 +506,18 @@ l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   RELAY_ENTER(run);
   l2l_relay *r = (l2l_relay *)run;
-  l2l_eps_sync(&r->eps);   /* optimizer time is complete only when the updates are */
+  eps_sync(&r->eps);   /* optimizer time is complete only when the updates are */
   *out = run->stats;
-  out->host_eps_bytes = l2l_eps_host_bytes(&run->eps);
+  out->host_eps_bytes = eps_host_bytes(&run->eps);
   pthread_mutex_lock(&r->timeline.lock);
   out->events = run->timeline.count;
   out->optimizer_seconds = run->timeline.phase_seconds[L2L_PHASE_UPDATE];
   out->h2d_seconds = run->timeline.thread_seconds[THREAD_H2D];
   out->d2h_seconds = run->timeline.thread_seconds[THREAD_D2H];
   pthread_mutex_unlock(&r->timeline.lock);
-  out->dist_sent_bytes = out->dist_received_bytes = l2l_eps_dist_bytes(&run->eps);
-  struct l2l_eps_spill_counts spill;
-  l2l_eps_spill_counts(&r->eps, &spill);
+  out->dist_sent_bytes = out->dist_received_bytes = eps_dist_bytes(&run->eps);
+  struct eps_spill_counts spill;
+  eps_spill_counts(&r->eps, &spill);
   out->spill_read_bytes = spill.read - run->spill_at.read;
   out->spill_written_bytes = spill.written - run->spill_at.written;
   out->spill_late_reads = spill.late - run->spill_at.late;
@@ -549,9 +549,9 @@ l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_par
   RELAY_ENTER(run);
   if (which != 0 && which != 1) return FAIL(L2L_ERR_INVALID, "which must be 0 or 1, got %d", which);
   TRY(relay_sync_now(run));
-  struct eps_record *rec = l2l_eps_find(&run->eps, param);
+  struct eps_record *rec = eps_find(&run->eps, param);
   if (rec == NULL) return FAIL(L2L_ERR_INVALID, "param is not a record of this relay's layers");
-  return l2l_eps_state_whole(out, &run->eps, rec, which);
+  return eps_state_whole(out, &run->eps, rec, which);
 }
 
 /* ---------------------------------------------------------------- checkpoints */
@@ -560,9 +560,9 @@ l2l_status l2l_relay_param_updates(int64_t *out, l2l_relay *run, const l2l_param
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   RELAY_ENTER(run);
   TRY(relay_sync_now(run));
-  struct eps_record *rec = l2l_eps_find(&run->eps, param);
+  struct eps_record *rec = eps_find(&run->eps, param);
   if (rec == NULL) return FAIL(L2L_ERR_INVALID, "param is not a record of this relay's layers");
-  *out = l2l_eps_updates(rec);
+  *out = eps_updates(rec);
   return L2L_OK;
 }
 
@@ -577,12 +577,12 @@ l2l_status l2l_relay_restore_param(l2l_relay *run, const l2l_param *param, int64
 l2l_status relay_restore_param(l2l_relay *run, const char *func, const l2l_param *param,
                                int64_t updates, const l2l_tensor *first, const l2l_tensor *second) {
   if (updates < 0 || updates > COUNT_MAX)
-    return l2l_fail_in(func, L2L_ERR_INVALID, "updates must be 0 to 2^53 - 1 (the largest count "
+    return core_fail_in(func, L2L_ERR_INVALID, "updates must be 0 to 2^53 - 1 (the largest count "
                        "a checkpoint holds), got %lld", (long long)updates);
   TRY(relay_sync_now(run));
-  struct eps_record *rec = l2l_eps_find(&run->eps, param);
-  if (rec == NULL) return l2l_fail_in(func, L2L_ERR_INVALID, "param is not a record of this relay's layers");
-  return l2l_eps_restore(func, &run->eps, rec, updates, first, second);
+  struct eps_record *rec = eps_find(&run->eps, param);
+  if (rec == NULL) return core_fail_in(func, L2L_ERR_INVALID, "param is not a record of this relay's layers");
+  return eps_restore(func, &run->eps, rec, updates, first, second);
 }
 
 l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t good,
@@ -594,12 +594,12 @@ l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t go
 l2l_status relay_restore_loss_scale(l2l_relay *run, const char *func, double scale, int64_t good,
                                     int64_t skipped) {
   if (run->config.loss_scale == 0)
-    return REFUSED(l2l_fail_in(func, L2L_ERR_STATE, "the relay does not scale its loss (" CONFIG(loss_scale)
+    return REFUSED(core_fail_in(func, L2L_ERR_STATE, "the relay does not scale its loss (" CONFIG(loss_scale)
                                " is 0)"), loss_scale);
   if (!(scale >= MIN_LOSS_SCALE && scale <= MAX_LOSS_SCALE))
-    return l2l_fail_in(func, L2L_ERR_INVALID, "scale must be 2^-64 to 2^100, got %g", scale);
+    return core_fail_in(func, L2L_ERR_INVALID, "scale must be 2^-64 to 2^100, got %g", scale);
   if (good < 0 || good >= run->config.loss_scale_window || skipped < 0 || skipped > COUNT_MAX)
-    return l2l_fail_in(func, L2L_ERR_INVALID, "need 0 <= good < loss_scale_window (%d) and skipped "
+    return core_fail_in(func, L2L_ERR_INVALID, "need 0 <= good < loss_scale_window (%d) and skipped "
                        "0 to 2^53 - 1 (the largest count a checkpoint holds), got good %lld, "
                        "skipped %lld", run->config.loss_scale_window, (long long)good,
                        (long long)skipped);
@@ -620,7 +620,7 @@ l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int64_t upd
 
 l2l_status relay_restore_progress(l2l_relay *run, const char *func, int64_t steps, int64_t updates) {
   if (steps < 0 || steps > COUNT_MAX || updates < 0 || updates > steps)
-    return l2l_fail_in(func, L2L_ERR_INVALID,
+    return core_fail_in(func, L2L_ERR_INVALID,
                        "need 0 <= updates <= steps <= 2^53 - 1 (the largest count a checkpoint "
                        "holds), got steps %lld, updates %lld", (long long)steps, (long long)updates);
   TRY(relay_sync_now(run));

@@ -76,9 +76,9 @@ struct l2l_relay {
   int64_t auto_key[6];   /* batch, seq, token_types, key_mask, relay budget, pool budget */
   struct relay_layer *layers;
   int count, cap;
-  struct l2l_eps eps;
-  struct l2l_queue h2d, d2h;
-  struct l2l_timeline timeline;
+  struct eps eps;
+  struct core_queue h2d, d2h;
+  struct core_timeline timeline;
   int64_t steps, updates;     /* every step is one minibatch of an accumulation */
   /* Dynamic loss scaling (config.loss_scale > 0): the scale, updates since it last
      changed, updates skipped for an overflow. */
@@ -88,7 +88,7 @@ struct l2l_relay {
   /* The device bytes this relay's steps make and free (bound on the compute thread for a
      step, and by the swap jobs): stats.device_peak is the pool's bytes when the step
      began plus the most this meter rose in it. */
-  struct l2l_pool_meter device_meter;
+  struct pool_meter device_meter;
   uint64_t device_at_start;   /* the pool's bytes in use when the step began */
   int64_t meter_at_start;     /* the meter's then */
   /* Filled by jobs on the copy threads; read between steps. */
@@ -97,7 +97,7 @@ struct l2l_relay {
   l2l_status async_status;    /* a job nobody waits for failed (gradients out) */
   char async_message[256];
   bool warned_nonfinite;      /* a non-finite gradient's skip has been said on stderr */
-  struct l2l_eps_spill_counts spill_at;   /* the spill file's counts when the step began */
+  struct eps_spill_counts spill_at;   /* the spill file's counts when the step began */
 };
 
 /* Whether the plan was made for the relay's layers as they are and its settings
@@ -128,12 +128,12 @@ static inline void relay_leave_at(l2l_relay *const *run) {
 #define RELAY_ENTER(run) RELAY_ENTER_AS(run, __func__)
 
 /* Binds the relay's device meter to the calling thread for the rest of the function. */
-static inline void relay_meter_restore(struct l2l_pool_meter *const *before) {
-  l2l_pool_meter_bind(*before);
+static inline void relay_meter_restore(struct pool_meter *const *before) {
+  pool_meter_bind(*before);
 }
 #define RELAY_METER_BIND(run)                                                              \
-  struct l2l_pool_meter *const relay_meter_before_ __attribute__((cleanup(relay_meter_restore))) = \
-      l2l_pool_meter_bind(&(run)->device_meter)
+  struct pool_meter *const relay_meter_before_ __attribute__((cleanup(relay_meter_restore))) = \
+      pool_meter_bind(&(run)->device_meter)
 
 /* ---------------------------------------------------------------- jobs of the copy threads */
 
@@ -141,18 +141,18 @@ static inline void relay_meter_restore(struct l2l_pool_meter *const *before) {
    after waiting, at points of its choosing, so device memory does not depend on when a
    copy thread gets to run. */
 struct copy_job {
-  struct l2l_job job;
+  struct core_job job;
   l2l_relay *run;
   l2l_tensor *dst, *src;
   int layer, micro_batch, phase;
-  struct l2l_stamp done;  /* a copy onto the device: its end on the device's clock
+  struct core_stamp done;  /* a copy onto the device: its end on the device's clock
                              (copy_wait takes it) */
 };
 
 /* A saved state moved between the device and pinned host memory on a copy thread
    (KARMA's swap). */
 struct swap_job {
-  struct l2l_job job;
+  struct core_job job;
   l2l_relay *run;
   l2l_saved *saved;
   l2l_pool_kind pool;
@@ -161,7 +161,7 @@ struct swap_job {
 
 /* A layer's parameters into their device tensors, after the layer's pending updates. */
 struct params_job {
-  struct l2l_job job;
+  struct core_job job;
   l2l_relay *run;
   int layer, nrec;
   struct eps_record *rec[MAX_RECORDS];
@@ -169,8 +169,8 @@ struct params_job {
   int64_t updates[MAX_RECORDS];   /* each record's update count when copied */
   int slot;                       /* the parameter slot it fills */
   bool releases;                  /* a frozen layer's rebuild: each record's hold released
-                                     once copied (l2l_eps_step's holds) */
-  struct l2l_stamp done;          /* as copy_job's */
+                                     once copied (eps_step's holds) */
+  struct core_stamp done;          /* as copy_job's */
 };
 
 /* A visit's gradients out to the EPS: copied to pinned buffers the EPS then owns and
@@ -181,7 +181,7 @@ struct params_job {
    EPS widens them as it adds. The compute thread waits for this job before the gradient
    slot serves another visit. */
 struct grads_job {
-  struct l2l_job job;
+  struct core_job job;
   l2l_relay *run;
   int layer, nrec;
   float clip;                 /* per-layer clipping, 0: off */
@@ -233,14 +233,14 @@ struct step {
   struct act scratch;         /* the output of a recomputing backward's forward */
   struct mb_inputs mb_in;     /* the micro-batch's batch fields the visit's layer reads */
   /* The batch's fields copied into pinned memory when the step begins: a micro-batch's
-     rows go to the device from here queued (l2l_tensor_copy_queued), so the host never
+     rows go to the device from here queued (backend_tensor_copy_queued), so the host never
      waits for the device on them. Freed when the step is (after its last wait). */
   struct batch_fields staged;
   /* losses[u]: the head's per-target losses of micro-batch u, copied back to pinned
      memory queued; summed into loss_sum in micro-batch order (the order the head is
      called in) when the step's last wait has passed (relay_step_free). */
   l2l_tensor **losses;
-  struct schedule sched;      /* the visits and their order (src/order) */
+  struct order sched;      /* the visits and their order (src/order) */
   int visit_layer;            /* the visit running: its layer's index in run->layers */
   /* The visit running and the next one's parameters. */
   struct params_job *params[2];
@@ -254,7 +254,7 @@ struct step {
      right after the head and a layer's backward after its own rebuild; each more slot
      keeps one more of the forward's last layers for the backward. */
   struct param_slot *pslots;
-  struct schedule_slot *slot_use;   /* per slot: the layer it holds, when last chosen */
+  struct order_slot *slot_use;   /* per slot: the layer it holds, when last chosen */
   int nslots;
   int64_t slot_ticks;         /* counts slot choices, for least recently used */
   /* Two gradient slots, the size of a parameter slot: visit i computes into slot
@@ -278,25 +278,25 @@ struct step {
   /* The compute thread's work and its waits for copies, between stamps: on the timeline
      and in compute / exposed_copy once the step is done and the device's clock can be
      read (stamped_resolve), against the anchor taken as the step began. */
-  struct l2l_stamp anchor;
+  struct core_stamp anchor;
   struct stamped *stamped;
   int64_t nstamped, stamped_cap;
 };
 
 /* The step's thread waited from t0 until now: for a copy, an update or the ranks (MPI).
    Counted in the step's sum for that cause and told to the profile. */
-static inline void relay_waited(struct step *s, enum l2l_profile_wait cause, double t0) {
-  double t1 = l2l_now();
+static inline void relay_waited(struct step *s, enum profile_wait cause, double t0) {
+  double t1 = core_now();
   *(cause == L2L_WAIT_COPY ? &s->wait_copy : cause == L2L_WAIT_UPDATE ? &s->wait_update
                                                                        : &s->exposed_comm) += t1 - t0;
-  l2l_profile_wait(cause, t0, t1);
+  profile_wait(cause, t0, t1);
 }
 
 /* One unit of the compute thread's work (or of its waiting for a copy) on the device's
    clock: on a GPU the host only queues kernels, so its clock says when they were queued,
    not when they ran. */
 struct stamped {
-  struct l2l_stamp start, end;
+  struct core_stamp start, end;
   int layer, micro_batch, phase;
 };
 
@@ -307,17 +307,17 @@ static inline struct relay_layer *active_layer(const struct step *s, int k) {
 /* ---------------------------------------------------------------- transfer.c */
 
 void relay_copy_job_free(struct copy_job *cj);
-l2l_status relay_copy_queue(struct copy_job **out, l2l_relay *run, struct l2l_queue *q,
+l2l_status relay_copy_queue(struct copy_job **out, l2l_relay *run, struct core_queue *q,
                             l2l_tensor *dst, l2l_tensor *src, int layer, int micro_batch,
                             int phase);
-void relay_copy_thread_push(struct l2l_queue *q, struct l2l_job *job);
+void relay_copy_thread_push(struct core_queue *q, struct core_job *job);
 void relay_count_bytes(l2l_relay *run, uint64_t *counter, uint64_t bytes);
 void relay_count_stash(l2l_relay *run, int64_t bytes);
-void relay_grads_release(struct l2l_job *job);
-void relay_grads_run(struct l2l_job *job, int thread);
+void relay_grads_release(struct core_job *job);
+void relay_grads_run(struct core_job *job, int thread);
 void relay_params_job_free(struct params_job *pj);
-void relay_params_run(struct l2l_job *job, int thread);
-l2l_status relay_swap_queue(l2l_relay *run, struct l2l_queue *q, struct swap_job **slot,
+void relay_params_run(struct core_job *job, int thread);
+l2l_status relay_swap_queue(l2l_relay *run, struct core_queue *q, struct swap_job **slot,
                             l2l_saved *saved, l2l_pool_kind pool, int layer, int64_t u);
 l2l_status relay_swap_wait(double *waited, struct swap_job **slot);
 uint64_t relay_tensor_bytes(const l2l_tensor *t);
@@ -326,7 +326,7 @@ l2l_status relay_tensor_like(l2l_tensor **out, l2l_pool_kind pool, const l2l_ten
 /* ---------------------------------------------------------------- state.c */
 
 void relay_act_free(l2l_relay *run, struct act *a);
-void relay_stamped_add(struct step *s, struct l2l_stamp *start, struct l2l_stamp *end,
+void relay_stamped_add(struct step *s, struct core_stamp *start, struct core_stamp *end,
                        int layer, int micro_batch, int phase);
 void relay_stamped_resolve(struct step *s);
 l2l_status relay_step_alloc(struct step *s);
@@ -344,7 +344,7 @@ l2l_status relay_check_budget(const struct step *s);
 
 /* ---------------------------------------------------------------- slots.c */
 
-l2l_status relay_copy_wait(struct step *s, struct l2l_job *job, struct l2l_stamp *done,
+l2l_status relay_copy_wait(struct step *s, struct core_job *job, struct core_stamp *done,
                            int layer, int micro_batch);
 void relay_grads_wait(struct step *s, int slot);
 l2l_status relay_params_bind(struct step *s, int k, bool grads);
@@ -360,7 +360,7 @@ l2l_status relay_act_prefetch(struct step *s, struct act *a, int layer, int64_t 
 void relay_act_release_device(struct act *a);
 l2l_status relay_act_stash_out(struct step *s, struct act *a, int layer, int64_t u);
 void relay_compute_done(struct step *s, int layer, int64_t u, int phase,
-                        struct l2l_stamp *start);
+                        struct core_stamp *start);
 l2l_status relay_mb_inputs(struct step *s, struct mb_inputs *m, int k, int64_t u, bool training);
 void relay_mb_inputs_free(struct mb_inputs *m);
 /* The batch's fields into pinned memory (s->staged), when the step's arrays are made. */

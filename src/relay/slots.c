@@ -17,19 +17,19 @@
 /* What a slot holds of a record (param), in which dtype, and its bytes there (src/order,
    which the planner counts by too). */
 static l2l_dtype slot_dtype(const l2l_relay *run, const l2l_param *param,
-                            enum schedule_slot_content content) {
-  return schedule_slot_dtype(param, content, run->config.precision, run->config.grad_precision);
+                            enum order_slot_content content) {
+  return order_slot_dtype(param, content, run->config.precision, run->config.grad_precision);
 }
 
 static uint64_t slot_bytes(const l2l_relay *run, const l2l_param *param,
-                           enum schedule_slot_content content) {
-  return schedule_param_slot_bytes(param, content, run->config.precision,
+                           enum order_slot_content content) {
+  return order_param_slot_bytes(param, content, run->config.precision,
                                    run->config.grad_precision);
 }
 
 /* Bytes of a device slot: the largest active layer's. */
-static uint64_t slot_size(const struct step *s, enum schedule_slot_content content) {
-  return schedule_slot_size(&s->sched, content, s->run->config.precision,
+static uint64_t slot_size(const struct step *s, enum order_slot_content content) {
+  return order_slot_size(&s->sched, content, s->run->config.precision,
                             s->run->config.grad_precision);
 }
 
@@ -39,8 +39,8 @@ static uint64_t slot_size(const struct step *s, enum schedule_slot_content conte
    its value (the master's shape, bound to a slot or not); *offset moves past it. */
 static l2l_status slot_view(l2l_tensor **out, const struct step *s, const l2l_tensor *slot,
                             uint64_t *offset, const l2l_param *param,
-                            enum schedule_slot_content content) {
-  TRY(l2l_tensor_view_bytes(out, slot, *offset, slot_dtype(s->run, param, content),
+                            enum order_slot_content content) {
+  TRY(tensor_view_bytes(out, slot, *offset, slot_dtype(s->run, param, content),
                             l2l_param_value(param)));
   *offset += slot_bytes(s->run, param, content);
   return L2L_OK;
@@ -59,16 +59,16 @@ static l2l_status zero_slot_bytes(const l2l_tensor *slot, uint64_t bytes) {
 
 /* The slots (bytes), sized for the largest active layer. */
 l2l_status relay_slots_new(struct step *s) {
-  int64_t shape[1] = {(int64_t)slot_size(s, SCHEDULE_SLOT_VALUES)};
-  int64_t gshape[1] = {(int64_t)slot_size(s, SCHEDULE_SLOT_GRADS)};
-  int64_t oshape[1] = {(int64_t)slot_size(s, SCHEDULE_SLOT_GRADS_OUT)};
-  s->host_device = l2l_device_is_host();
+  int64_t shape[1] = {(int64_t)slot_size(s, ORDER_SLOT_VALUES)};
+  int64_t gshape[1] = {(int64_t)slot_size(s, ORDER_SLOT_GRADS)};
+  int64_t oshape[1] = {(int64_t)slot_size(s, ORDER_SLOT_GRADS_OUT)};
+  s->host_device = backend_device_is_host();
   s->nslots = s->run->config.param_slots;
   s->pslots = calloc((size_t)s->nslots, sizeof *s->pslots);
   s->slot_use = calloc((size_t)s->nslots, sizeof *s->slot_use);
   if (s->pslots == NULL || s->slot_use == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a step");
   for (int i = 0; i < s->nslots; i++) {
-    s->slot_use[i] = (struct schedule_slot){.held = -1, .last_used = -1};
+    s->slot_use[i] = (struct order_slot){.held = -1, .last_used = -1};
     TRY(l2l_tensor_new(&s->pslots[i].t, L2L_POOL_DEVICE, L2L_U8, 1, shape));
   }
   for (int i = 0; s->training && i < 2; i++) {
@@ -93,7 +93,7 @@ struct slot_question {
 static bool slot_current(void *ctx, int i) {
   const struct slot_question *q = ctx;
   for (int r = 0; r < q->pj->nrec; r++) {
-    int64_t now = l2l_eps_settled_updates(&q->s->run->eps, q->pj->rec[r]);
+    int64_t now = eps_settled_updates(&q->s->run->eps, q->pj->rec[r]);
     if (now < 0 || now != q->s->pslots[i].updates[r]) return false;
   }
   return true;
@@ -113,21 +113,21 @@ l2l_status relay_params_queue(struct step *s, int which, int visit) {
   pj->layer = s->active[k];
   pj->nrec = l2l_layer_param_count(layer);
   for (int r = 0; r < pj->nrec; r++)
-    pj->rec[r] = l2l_eps_find(&run->eps, l2l_layer_param(layer, r));
+    pj->rec[r] = eps_find(&run->eps, l2l_layer_param(layer, r));
   bool current = false;
   int busy = which == 1 && s->params[0] != NULL ? s->params[0]->slot : -1;
   struct slot_question q = {s, pj};
-  pj->slot = schedule_slot_choose(s->slot_use, s->nslots, k, busy, s->slot_ticks++, slot_current,
+  pj->slot = order_slot_choose(s->slot_use, s->nslots, k, busy, s->slot_ticks++, slot_current,
                                   &q, &current);
   uint64_t offset = 0;
   for (int r = 0; r < pj->nrec; r++)
     TRY(slot_view(&pj->value[r], s, s->pslots[pj->slot].t, &offset, l2l_layer_param(layer, r),
-                  SCHEDULE_SLOT_VALUES));
+                  ORDER_SLOT_VALUES));
   pj->job.run = relay_params_run;
-  pj->releases = s->sched.visits[visit].kind == SCHEDULE_REBUILD && active_layer(s, k)->frozen;
+  pj->releases = s->sched.visits[visit].kind == ORDER_REBUILD && active_layer(s, k)->frozen;
   if (current) {   /* done already: nothing to copy */
     memcpy(pj->updates, s->pslots[pj->slot].updates, sizeof pj->updates);
-    for (int r = 0; pj->releases && r < pj->nrec; r++) l2l_eps_release(&run->eps, pj->rec[r], pj->layer);
+    for (int r = 0; pj->releases && r < pj->nrec; r++) eps_release(&run->eps, pj->rec[r], pj->layer);
     pj->job.queue = &run->h2d;
     pj->job.done = true;
     return L2L_OK;
@@ -141,8 +141,8 @@ l2l_status relay_params_queue(struct step *s, int which, int visit) {
 void relay_grads_wait(struct step *s, int slot) {
   struct grads_job *gj = s->gout[slot];
   if (gj == NULL) return;
-  double t0 = l2l_now();
-  l2l_status status = l2l_job_wait(&gj->job);
+  double t0 = core_now();
+  l2l_status status = job_wait(&gj->job);
   relay_waited(s, L2L_WAIT_COPY, t0);
   if (status == L2L_OK && s->host_device && gj->drains) s->gzero[slot] = true;
   relay_grads_release(&gj->job);
@@ -153,16 +153,16 @@ void relay_grads_wait(struct step *s, int slot) {
    host's wait counts in wait_copy; whether the device waited too is known once the step
    is done (relay_stamped_resolve): from a stamp queued now, after the work the copy hides
    under, to `done`. */
-l2l_status relay_copy_wait(struct step *s, struct l2l_job *job, struct l2l_stamp *done,
+l2l_status relay_copy_wait(struct step *s, struct core_job *job, struct core_stamp *done,
                            int layer, int micro_batch) {
-  struct l2l_stamp before;
-  l2l_device_stamp(&before);
-  l2l_status status = l2l_job_wait(job);
+  struct core_stamp before;
+  device_stamp(&before);
+  l2l_status status = job_wait(job);
   relay_waited(s, L2L_WAIT_COPY, before.host);
   if (done->host > 0) /* a copy that ran, not parameters already in their slot */
     relay_stamped_add(s, &before, done, layer, micro_batch, L2L_PHASE_WAIT_COPY);
   else
-    l2l_device_stamp_release(&before);
+    device_stamp_release(&before);
   return status;
 }
 
@@ -172,13 +172,13 @@ l2l_status relay_params_bind(struct step *s, int k, bool grads) {
   l2l_relay *run = s->run;
   struct params_job *pj = s->params[0];
   l2l_layer *layer = active_layer(s, k)->layer;
-  double t0 = l2l_now();
+  double t0 = core_now();
   /* The copy job waits for the updates too; waiting here first tells the two waits apart. */
-  for (int r = 0; r < pj->nrec; r++) l2l_eps_wait_record(&run->eps, pj->rec[r]);
+  for (int r = 0; r < pj->nrec; r++) eps_wait_record(&run->eps, pj->rec[r]);
   relay_waited(s, L2L_WAIT_UPDATE, t0);
-  double t1 = l2l_now();
+  double t1 = core_now();
   if (t1 - t0 > 1e-5)
-    l2l_timeline_add(&run->timeline, s->active[k], -1, L2L_PHASE_WAIT_UPDATE, THREAD_COMPUTE, t0, t1);
+    timeline_add(&run->timeline, s->active[k], -1, L2L_PHASE_WAIT_UPDATE, THREAD_COMPUTE, t0, t1);
   TRY(relay_copy_wait(s, &pj->job, &pj->done, s->active[k], -1));
   s->ngrads = 0;
   if (grads) relay_grads_wait(s, s->gs);
@@ -186,10 +186,10 @@ l2l_status relay_params_bind(struct step *s, int k, bool grads) {
   for (int r = 0; r < pj->nrec; r++) {
     if (grads) {
       TRY(slot_view(&s->grads[r], s, s->gslot[s->gs], &offset, l2l_layer_param(layer, r),
-                    SCHEDULE_SLOT_GRADS));
+                    ORDER_SLOT_GRADS));
       s->ngrads = r + 1;
     }
-    l2l_param_bind(l2l_layer_param(layer, r), pj->value[r], grads ? s->grads[r] : NULL);
+    param_bind(l2l_layer_param(layer, r), pj->value[r], grads ? s->grads[r] : NULL);
   }
   if (grads && !s->gzero[s->gs]) TRY(zero_slot_bytes(s->gslot[s->gs], offset));
   if (grads) s->gzero[s->gs] = false;
@@ -204,9 +204,9 @@ l2l_status relay_params_done(struct step *s, int k, bool give) {
   l2l_layer *layer = active_layer(s, k)->layer;
   uint64_t grad_bytes = 0;   /* of the gradient slot, the records' */
   for (int r = 0; r < pj->nrec; r++) {
-    l2l_param_bind(l2l_layer_param(layer, r), NULL, NULL);
+    param_bind(l2l_layer_param(layer, r), NULL, NULL);
     l2l_tensor_free(pj->value[r]);
-    if (r < s->ngrads) grad_bytes += slot_bytes(run, l2l_layer_param(layer, r), SCHEDULE_SLOT_GRADS);
+    if (r < s->ngrads) grad_bytes += slot_bytes(run, l2l_layer_param(layer, r), ORDER_SLOT_GRADS);
   }
   s->slot_use[pj->slot].held = k;
   memcpy(s->pslots[pj->slot].updates, pj->updates, sizeof pj->updates);
@@ -230,7 +230,7 @@ l2l_status relay_params_done(struct step *s, int k, bool give) {
   gj->nrec = s->ngrads;
   gj->drains = true;
   for (int r = 0; r < s->ngrads; r++) {
-    gj->rec[r] = l2l_eps_find(&run->eps, l2l_layer_param(layer, r));
+    gj->rec[r] = eps_find(&run->eps, l2l_layer_param(layer, r));
     gj->grad[r] = s->grads[r];
   }
   s->ngrads = 0;
@@ -239,10 +239,10 @@ l2l_status relay_params_done(struct step *s, int k, bool give) {
   uint64_t offset = 0;
   for (int r = 0; r < gj->nrec; r++) {
     const l2l_param *param = l2l_layer_param(layer, r);
-    if (slot_dtype(run, param, SCHEDULE_SLOT_GRADS_OUT) == L2L_F32) continue;
+    if (slot_dtype(run, param, ORDER_SLOT_GRADS_OUT) == L2L_F32) continue;
     l2l_tensor *out = NULL;
     l2l_status status =
-        slot_view(&out, s, s->gout_slot[s->gs], &offset, param, SCHEDULE_SLOT_GRADS_OUT);
+        slot_view(&out, s, s->gout_slot[s->gs], &offset, param, ORDER_SLOT_GRADS_OUT);
     if (status == L2L_OK) status = l2l_tensor_cast(out, gj->grad[r]);
     l2l_tensor_free(gj->grad[r]);
     gj->grad[r] = out;

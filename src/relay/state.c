@@ -12,14 +12,14 @@
 
 /* Keeps [start, end) for relay_stamped_resolve, which releases both; without memory for it,
    releases them now (the unit then misses the timeline and the sums). */
-void relay_stamped_add(struct step *s, struct l2l_stamp *start, struct l2l_stamp *end,
+void relay_stamped_add(struct step *s, struct core_stamp *start, struct core_stamp *end,
                        int layer, int micro_batch, int phase) {
   if (s->nstamped == s->stamped_cap) {
     int64_t cap = s->stamped_cap ? 2 * s->stamped_cap : 256;
     struct stamped *grown = realloc(s->stamped, (size_t)cap * sizeof *grown);
     if (grown == NULL) {
-      l2l_device_stamp_release(start);
-      l2l_device_stamp_release(end);
+      device_stamp_release(start);
+      device_stamp_release(end);
       return;
     }
     s->stamped = grown, s->stamped_cap = cap;
@@ -37,38 +37,38 @@ void relay_stamped_resolve(struct step *s) {
   l2l_relay *run = s->run;
   /* the step's one wait for the device: every stamp has happened after it (a failure:
      those not, dropped), and the anchor relates the device's clock to the host's */
-  l2l_device_stamp_anchor(&s->anchor);
+  device_stamp_anchor(&s->anchor);
   for (int64_t i = 0; i < s->nstamped; i++) {
     struct stamped *e = &s->stamped[i];
     double from = 0, to = 0;
-    if (l2l_device_stamp_seconds(&from, &s->anchor, &e->start) &&
-        l2l_device_stamp_seconds(&to, &s->anchor, &e->end)) {
+    if (device_stamp_seconds(&from, &s->anchor, &e->start) &&
+        device_stamp_seconds(&to, &s->anchor, &e->end)) {
       double t0 = s->anchor.host + from, t1 = s->anchor.host + to;
       bool wait = e->phase == L2L_PHASE_WAIT_COPY;
       if (!wait && t1 < t0) t1 = t0;
       if (!wait || t1 - t0 > 1e-5) {
         *(wait ? &s->exposed_copy : &s->compute) += t1 - t0;
-        l2l_timeline_add(&run->timeline, e->layer, e->micro_batch, e->phase, THREAD_COMPUTE,
+        timeline_add(&run->timeline, e->layer, e->micro_batch, e->phase, THREAD_COMPUTE,
                          t0, t1);
       }
     }
-    l2l_device_stamp_release(&e->start);
-    l2l_device_stamp_release(&e->end);
+    device_stamp_release(&e->start);
+    device_stamp_release(&e->end);
   }
   free(s->stamped);
   s->stamped = NULL;
   s->nstamped = s->stamped_cap = 0;
-  l2l_device_stamp_release(&s->anchor);
+  device_stamp_release(&s->anchor);
 }
 
 void relay_act_free(l2l_relay *run, struct act *a) {
   if (a->in) {
-    l2l_job_wait(&a->in->job);
+    job_wait(&a->in->job);
     l2l_tensor_free(a->in->dst);
     relay_copy_job_free(a->in);
     a->in = NULL;
   }
-  if (a->host) relay_count_stash(run, -(int64_t)l2l_pool_accounted(relay_tensor_bytes(a->host)));
+  if (a->host) relay_count_stash(run, -(int64_t)pool_accounted(relay_tensor_bytes(a->host)));
   l2l_tensor_free(a->dev);
   l2l_tensor_free(a->host);
   a->dev = a->host = NULL;
@@ -77,8 +77,8 @@ void relay_act_free(l2l_relay *run, struct act *a) {
 void relay_step_free(struct step *s) {
   l2l_relay *run = s->run;
   /* Jobs first: they may still read or free what is below. */
-  l2l_queue_drain(&run->h2d);
-  l2l_queue_drain(&run->d2h);
+  queue_drain(&run->h2d);
+  queue_drain(&run->d2h);
   relay_stamped_resolve(s);
   /* past the step's last wait for the device: the queued copies are done */
   for (int64_t u = 0; s->losses && u < s->nmb; u++) {
@@ -110,7 +110,7 @@ void relay_step_free(struct step *s) {
       if (s->g && s->g[k]) relay_act_free(run, &s->g[k][u]);
       if (s->swap && s->swap[k] && s->swap[k][u]) free(s->swap[k][u]);
       if (s->saved && s->saved[k] && s->saved[k][u]) {
-        if (s->where[k][u]) relay_count_stash(run, -(int64_t)l2l_saved_pool_bytes(s->saved[k][u]));
+        if (s->where[k][u]) relay_count_stash(run, -(int64_t)saved_pool_bytes(s->saved[k][u]));
         l2l_saved_free(s->saved[k][u]);
       }
     }
@@ -127,13 +127,13 @@ void relay_step_free(struct step *s) {
   free(s->swap);
   relay_act_free(run, &s->scratch);
   relay_mb_inputs_free(&s->mb_in);
-  schedule_free(&s->sched);
+  order_free(&s->sched);
   free(s->active);
   /* Parameters back to their own tensors whatever happened. */
   for (int i = 0; i < run->count; i++) {
     l2l_layer *layer = run->layers[i].layer;
     for (int r = 0; r < l2l_layer_param_count(layer); r++)
-      l2l_param_bind(l2l_layer_param(layer, r), NULL, NULL);
+      param_bind(l2l_layer_param(layer, r), NULL, NULL);
   }
 }
 

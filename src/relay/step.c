@@ -21,7 +21,7 @@ l2l_status relay_check_async(l2l_relay *run) {
   snprintf(message, sizeof message, "%s", run->async_message);
   run->async_status = L2L_OK;
   pthread_mutex_unlock(&run->lock);
-  return status == L2L_OK ? L2L_OK : l2l_fail(status, "%s", message);
+  return status == L2L_OK ? L2L_OK : core_fail(status, "%s", message);
 }
 
 /* ---------------------------------------------------------------- data parallel */
@@ -35,16 +35,16 @@ l2l_status relay_check_async(l2l_relay *run) {
 static l2l_status dist_begin(struct step *s) {
   l2l_relay *run = s->run;
   if (run->config.dist == L2L_DIST_NONE) return L2L_OK;
-  int size = l2l_dist_size_now(), rank = l2l_dist_rank_now();
+  int size = dist_size_now(), rank = dist_rank_now();
   enum { FIELDS = 3 };
   int64_t mine[FIELDS] = {s->B, s->real, relay_agreement_digest(s)};
   int64_t *all = malloc((size_t)size * FIELDS * sizeof *all);
   if (all == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for the ranks' step sizes");
-  struct l2l_dist_op op = {.kind = DIST_ALLGATHER_I64, .send = mine, .recv = all, .n = FIELDS,
+  struct dist_op op = {.kind = DIST_ALLGATHER_I64, .send = mine, .recv = all, .n = FIELDS,
                            .what = "exchange of the step's sizes", .layer = -1,
                            .step = run->steps + 1};
-  double t0 = l2l_now();
-  l2l_status status = l2l_dist_run(&op);
+  double t0 = core_now();
+  l2l_status status = dist_run(&op);
   relay_waited(s, L2L_WAIT_COMM, t0);
   int64_t real = 0, base = 0;
   bool differ = false;
@@ -57,7 +57,7 @@ static l2l_status dist_begin(struct step *s) {
   /* every rank sees the same digests: all of them explain, and refuse, alike */
   if (status == L2L_OK && differ) status = relay_explain_disagreement(s);
   if (status == L2L_OK && real == 0)
-    status = l2l_error_note_field(FAIL(L2L_ERR_INVALID, L2L_NAMED_FIELD "batch->targets" L2L_NAMED_END
+    status = error_note_field(FAIL(L2L_ERR_INVALID, L2L_NAMED_FIELD "batch->targets" L2L_NAMED_END
                                        " has no target other than -1 on any rank"), "targets");
   s->real = real;
   s->sample_base = base;
@@ -72,7 +72,7 @@ static void dist_diverged(const l2l_relay *run) {
   char what[512];
   snprintf(what, sizeof what, "step %lld failed after the ranks' exchange began, so the ranks "
            "can no longer agree: %s", (long long)run->steps + 1, l2l_last_error());
-  l2l_dist_fail(what);
+  dist_fail(what);
 }
 
 /* With ranks, after each rank began the step on its side (`own`: its status, its host
@@ -82,14 +82,14 @@ static void dist_diverged(const l2l_relay *run) {
 static l2l_status dist_begun(struct step *s, l2l_status own) {
   l2l_relay *run = s->run;
   if (run->config.dist == L2L_DIST_NONE) return own;
-  int size = l2l_dist_size_now();
+  int size = dist_size_now();
   int64_t mine = own != L2L_OK, *all = malloc((size_t)size * sizeof *all);
   if (all == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for the ranks' step sizes");
-  struct l2l_dist_op op = {.kind = DIST_ALLGATHER_I64, .send = &mine, .recv = all, .n = 1,
+  struct dist_op op = {.kind = DIST_ALLGATHER_I64, .send = &mine, .recv = all, .n = 1,
                            .what = "exchange of whether each rank began the step", .layer = -1,
                            .step = run->steps + 1};
-  double t0 = l2l_now();
-  l2l_status status = l2l_dist_run(&op);
+  double t0 = core_now();
+  l2l_status status = dist_run(&op);
   relay_waited(s, L2L_WAIT_COMM, t0);
   int refused = -1;   /* the first rank that could not begin the step */
   for (int r = 0; r < size && status == L2L_OK; r++)
@@ -110,11 +110,11 @@ static l2l_status dist_begun(struct step *s, l2l_status own) {
 /* With ranks: the loss summed over every rank's slice. */
 static l2l_status dist_loss(struct step *s) {
   if (s->run->config.dist == L2L_DIST_NONE) return L2L_OK;
-  struct l2l_dist_op op = {.kind = DIST_ALLREDUCE_SUM, .recv = &s->loss_sum, .n = 1,
+  struct dist_op op = {.kind = DIST_ALLREDUCE_SUM, .recv = &s->loss_sum, .n = 1,
                            .what = "all-reduce of the loss", .layer = -1,
                            .step = s->run->steps + 1};
-  double t0 = l2l_now();
-  l2l_status status = l2l_dist_run(&op);
+  double t0 = core_now();
+  l2l_status status = dist_run(&op);
   relay_waited(s, L2L_WAIT_COMM, t0);
   return status;
 }
@@ -155,13 +155,13 @@ static l2l_status eps_begin(struct step *s, const struct step_plan *p) {
     if (!rl->frozen) n_expect += l2l_layer_param_count(rl->layer);
   }
   for (int i = 0; i < s->sched.nvisits; i++) {
-    const struct schedule_visit *v = &s->sched.visits[i];
+    const struct order_visit *v = &s->sched.visits[i];
     struct relay_layer *rl = active_layer(s, v->k);
-    if (v->kind == SCHEDULE_REBUILD && rl->frozen) n_hold += l2l_layer_param_count(rl->layer);
+    if (v->kind == ORDER_REBUILD && rl->frozen) n_hold += l2l_layer_param_count(rl->layer);
   }
   l2l_param **list = malloc((size_t)(n_expect + n_hold + 1) * sizeof *list);
   if (list == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for the step's list of records");
-  struct l2l_eps_step step = {.update = p->update, .defer = p->defer, .lr = p->lr,
+  struct eps_step step = {.update = p->update, .defer = p->defer, .lr = p->lr,
                               .expect = list, .n_expect = n_expect,
                               .hold = list + n_expect, .n_hold = n_hold};
   /* From the lowest layer up, and each layer's records from its last: the later a record
@@ -177,20 +177,20 @@ static l2l_status eps_begin(struct step *s, const struct step_plan *p) {
   /* a frozen layer's rebuild reads its records after the forward: one that a trainable
      layer shares is not updated before (the rebuild must reproduce the forward) */
   for (int i = 0; i < s->sched.nvisits; i++) {
-    const struct schedule_visit *v = &s->sched.visits[i];
+    const struct order_visit *v = &s->sched.visits[i];
     struct relay_layer *rl = active_layer(s, v->k);
-    if (v->kind != SCHEDULE_REBUILD || !rl->frozen) continue;
+    if (v->kind != ORDER_REBUILD || !rl->frozen) continue;
     for (int r = 0; r < l2l_layer_param_count(rl->layer); r++)
       list[at++] = l2l_layer_param(rl->layer, r);
   }
-  l2l_status status = l2l_eps_step_begin(&s->run->eps, &step);
+  l2l_status status = eps_step_begin(&s->run->eps, &step);
   free(list);
   return status;
 }
 
 /* The last step's timeline, transfer counts and device peak are forgotten. */
 static void counters_reset(l2l_relay *run) {
-  l2l_timeline_reset(&run->timeline);
+  timeline_reset(&run->timeline);
   pthread_mutex_lock(&run->lock);
   run->h2d_bytes = run->d2h_bytes = 0;
   run->stash_peak = run->stash_now;
@@ -200,7 +200,7 @@ static void counters_reset(l2l_relay *run) {
   l2l_pool_stats device;
   l2l_pool_get_stats(&device, L2L_POOL_DEVICE);
   run->device_at_start = device.current;
-  l2l_pool_meter_reset(&run->device_meter);
+  pool_meter_reset(&run->device_meter);
   run->meter_at_start = atomic_load(&run->device_meter.current);
 }
 
@@ -223,7 +223,7 @@ static void loss_scale_adjust(l2l_relay *run, bool applied) {
 static l2l_status nonfinite_report(l2l_relay *run, int skips, const char *name, int layer) {
   if (skips == 0) return L2L_OK;
   if (run->config.nonfinite_error)
-    return l2l_fail(L2L_ERR_STATE, "the gradient of %d parameter record%s held an inf or NaN "
+    return core_fail(L2L_ERR_STATE, "the gradient of %d parameter record%s held an inf or NaN "
                     "or a value of 2^63 or more, which the optimizer state cannot take (the "
                     "first: '%s' of layer %d): %s updates skipped", skips,
                     skips == 1 ? "" : "s", name ? name : "?", layer, skips == 1 ? "its" : "their");
@@ -244,13 +244,13 @@ static void stats_record(l2l_relay *run, const struct step *s, const struct step
   l2l_pool_get_stats(&device, L2L_POOL_DEVICE);
   st->steps = run->steps;
   st->updates = run->updates;
-  st->loss = l2l_plain_nan(loss);
+  st->loss = core_plain_nan(loss);
   if (applied) st->lr = p->lr;
   st->loss_scale = run->config.loss_scale > 0 ? run->scale : 0;
   st->loss_scale_good = run->scale_good;
   st->skipped_updates = run->skipped;
   st->overflow = p->update && !applied;
-  st->grad_norm = l2l_plain_nan(norm);
+  st->grad_norm = core_plain_nan(norm);
   st->updates_deferred = p->defer;
   int64_t rise = atomic_load(&run->device_meter.peak) - run->meter_at_start;
   st->device_peak = run->device_at_start + (uint64_t)(rise > 0 ? rise : 0);
@@ -286,7 +286,7 @@ static l2l_status step_begin(struct step *s, struct step_plan *p) {
       began = own == L2L_OK;
     }
     status = dist_begun(s, own);
-    if (began) l2l_eps_step_agreed(&s->run->eps, status == L2L_OK);   /* (else: undone) */
+    if (began) eps_step_agreed(&s->run->eps, status == L2L_OK);   /* (else: undone) */
   }
   if (status != L2L_OK) relay_step_free(s);
   return status;
@@ -300,9 +300,9 @@ static l2l_status relay_run_step(double *loss, l2l_relay *run, const l2l_relay_b
   atomic_store(&run->eps.step, run->steps + 1);
   /* The step's time starts before its beginning: with ranks, the exchange of sizes there
      is a wait for MPI (exposed_comm), and every part of the step lies within its time. */
-  double t0 = l2l_now();
+  double t0 = core_now();
   /* the spill file's counts before this step's first read ahead */
-  l2l_eps_spill_counts(&run->eps, &run->spill_at);
+  eps_spill_counts(&run->eps, &run->spill_at);
   TRY(step_begin(&s, &p));
   counters_reset(run);
   l2l_status status = relay_run_visits(&s);
@@ -311,9 +311,9 @@ static l2l_status relay_run_step(double *loss, l2l_relay *run, const l2l_relay_b
   if (status == L2L_OK && p.defer) {
     /* relay_run_visits waited for every gradient job, so every gradient has been given. */
     status = relay_check_async(run);
-    double released = l2l_now();   /* with ranks it waits for every record's agreed norm */
+    double released = core_now();   /* with ranks it waits for every record's agreed norm */
     if (status == L2L_OK)
-      applied = l2l_eps_step_release(&run->eps, run->config.clip_global_norm,
+      applied = eps_step_release(&run->eps, run->config.clip_global_norm,
                                         1.0 / p.dynamic, &norm);
     if (run->config.dist != L2L_DIST_NONE) relay_waited(&s, L2L_WAIT_COMM, released);
   }
@@ -322,14 +322,14 @@ static l2l_status relay_run_step(double *loss, l2l_relay *run, const l2l_relay_b
   if (status == L2L_OK) status = dist_loss(&s);
   if (status != L2L_OK) {
     dist_diverged(run);
-    if (training) l2l_eps_step_end(&run->eps, false, NULL);
+    if (training) eps_step_end(&run->eps, false, NULL);
     return status;
   }
 
-  *loss = l2l_plain_nan(s.loss_sum / (double)s.real);
-  double agreed = l2l_now();   /* with ranks, skips are known once every record is agreed */
-  struct l2l_eps_outcome outcome = {.skips = 0, .name = NULL, .layer = -1};
-  if (training) l2l_eps_step_end(&run->eps, true, &outcome);
+  *loss = core_plain_nan(s.loss_sum / (double)s.real);
+  double agreed = core_now();   /* with ranks, skips are known once every record is agreed */
+  struct eps_outcome outcome = {.skips = 0, .name = NULL, .layer = -1};
+  if (training) eps_step_end(&run->eps, true, &outcome);
   int skips = outcome.skips;
   if (run->config.dist != L2L_DIST_NONE) relay_waited(&s, L2L_WAIT_COMM, agreed);
   if (training) {
@@ -338,7 +338,7 @@ static l2l_status relay_run_step(double *loss, l2l_relay *run, const l2l_relay_b
     if ((p.update && !applied) || skips > 0) run->skipped++;
   }
   if (p.update && run->config.loss_scale > 0) loss_scale_adjust(run, applied);
-  stats_record(run, &s, &p, *loss, applied, norm, l2l_now() - t0);
+  stats_record(run, &s, &p, *loss, applied, norm, core_now() - t0);
   run->stats.skipped_records = skips;
   return nonfinite_report(run, skips, outcome.name, outcome.layer);
 }
@@ -350,12 +350,12 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
   RELAY_METER_BIND(run);
   /* Updates of the last step may still run (each layer's forward waits for its own);
      its gradient arrivals must be counted before this step's bookkeeping starts. */
-  l2l_eps_wait_arrivals(&run->eps);
+  eps_wait_arrivals(&run->eps);
   TRY(relay_check_async(run));
-  TRY(l2l_eps_io_status(&run->eps));   /* the last step's updates could not read or write */
-  bool profiled = l2l_profile_step_begin(training);
+  TRY(eps_io_status(&run->eps));   /* the last step's updates could not read or write */
+  bool profiled = profile_step_begin(training);
   l2l_status status = relay_run_step(loss, run, batch, training);
-  l2l_profile_step_end(profiled, status == L2L_OK);
+  profile_step_end(profiled, status == L2L_OK);
   return status;
 }
 

@@ -34,7 +34,7 @@ uint64_t relay_tensor_bytes(const l2l_tensor *t) {
 }
 
 l2l_status relay_tensor_like(l2l_tensor **out, l2l_pool_kind pool, const l2l_tensor *t) {
-  return l2l_tensor_new_like(out, pool, (l2l_dtype)l2l_tensor_dtype(t), t);
+  return tensor_new_like(out, pool, (l2l_dtype)l2l_tensor_dtype(t), t);
 }
 
 /* ---------------------------------------------------------------- copy jobs */
@@ -42,31 +42,31 @@ l2l_status relay_tensor_like(l2l_tensor **out, l2l_pool_kind pool, const l2l_ten
 /* Queues a job for a copy thread. On a GPU the kernels queued so far (which write what
    the job copies out, or still read what it overwrites) may not have run yet: the job
    carries a mark after them, which its worker waits for (core/queue.c). */
-void relay_copy_thread_push(struct l2l_queue *q, struct l2l_job *job) {
-  job->after = l2l_device_mark();
-  l2l_queue_push(q, job);
+void relay_copy_thread_push(struct core_queue *q, struct core_job *job) {
+  job->after = device_mark();
+  queue_push(q, job);
 }
 
 void relay_copy_job_free(struct copy_job *cj) {
   if (cj == NULL) return;
-  l2l_device_stamp_release(&cj->done);
+  device_stamp_release(&cj->done);
   free(cj);
 }
 
-static void copy_run(struct l2l_job *job, int thread) {
+static void copy_run(struct core_job *job, int thread) {
   struct copy_job *cj = (struct copy_job *)job;
-  double t0 = l2l_now();
+  double t0 = core_now();
   l2l_status status = l2l_tensor_copy(cj->dst, cj->src);
-  if (status != L2L_OK) l2l_job_fail(job, status);
+  if (status != L2L_OK) job_fail(job, status);
   uint64_t bytes = relay_tensor_bytes(cj->src);
   relay_count_bytes(cj->run, thread == THREAD_H2D ? &cj->run->h2d_bytes : &cj->run->d2h_bytes, bytes);
-  l2l_timeline_add(&cj->run->timeline, cj->layer, cj->micro_batch, cj->phase, thread, t0,
-                   l2l_now());
+  timeline_add(&cj->run->timeline, cj->layer, cj->micro_batch, cj->phase, thread, t0,
+                   core_now());
   /* compute waits only for copies onto the device (relay_copy_wait reads this) */
-  if (thread == THREAD_H2D) l2l_device_stamp(&cj->done);
+  if (thread == THREAD_H2D) device_stamp(&cj->done);
 }
 
-l2l_status relay_copy_queue(struct copy_job **out, l2l_relay *run, struct l2l_queue *q,
+l2l_status relay_copy_queue(struct copy_job **out, l2l_relay *run, struct core_queue *q,
                             l2l_tensor *dst, l2l_tensor *src, int layer, int micro_batch,
                             int phase) {
   struct copy_job *cj = calloc(1, sizeof *cj);
@@ -79,23 +79,23 @@ l2l_status relay_copy_queue(struct copy_job **out, l2l_relay *run, struct l2l_qu
   return L2L_OK;
 }
 
-static void swap_run(struct l2l_job *job, int thread) {
+static void swap_run(struct core_job *job, int thread) {
   struct swap_job *sj = (struct swap_job *)job;
-  double t0 = l2l_now();
-  uint64_t bytes = l2l_saved_pool_bytes(sj->saved);
+  double t0 = core_now();
+  uint64_t bytes = saved_pool_bytes(sj->saved);
   /* the one job that makes and frees device memory: on the relay's meter */
-  struct l2l_pool_meter *before = l2l_pool_meter_bind(&sj->run->device_meter);
-  l2l_status status = l2l_saved_move(sj->saved, sj->pool);
-  l2l_pool_meter_bind(before);
-  if (status != L2L_OK) l2l_job_fail(job, status);
+  struct pool_meter *before = pool_meter_bind(&sj->run->device_meter);
+  l2l_status status = saved_move(sj->saved, sj->pool);
+  pool_meter_bind(before);
+  if (status != L2L_OK) job_fail(job, status);
   relay_count_bytes(sj->run, thread == THREAD_H2D ? &sj->run->h2d_bytes : &sj->run->d2h_bytes, bytes);
   if (status == L2L_OK) relay_count_stash(sj->run, sj->pool != L2L_POOL_DEVICE ? (int64_t)bytes : -(int64_t)bytes);
-  l2l_timeline_add(&sj->run->timeline, sj->layer, sj->micro_batch, sj->phase, thread, t0,
-                   l2l_now());
+  timeline_add(&sj->run->timeline, sj->layer, sj->micro_batch, sj->phase, thread, t0,
+                   core_now());
 }
 
 /* Queues the move of saved[k][u] to `pool` (no-op if it is there or on its way). */
-l2l_status relay_swap_queue(l2l_relay *run, struct l2l_queue *q, struct swap_job **slot,
+l2l_status relay_swap_queue(l2l_relay *run, struct core_queue *q, struct swap_job **slot,
                             l2l_saved *saved, l2l_pool_kind pool, int layer, int64_t u) {
   if (*slot != NULL) return L2L_OK;
   struct swap_job *sj = calloc(1, sizeof *sj);
@@ -112,51 +112,51 @@ l2l_status relay_swap_queue(l2l_relay *run, struct l2l_queue *q, struct swap_job
 /* Waits for a swap in flight; the saved state is then where the job took it. */
 l2l_status relay_swap_wait(double *waited, struct swap_job **slot) {
   if (*slot == NULL) return L2L_OK;
-  double t0 = l2l_now();
-  l2l_status status = l2l_job_wait(&(*slot)->job);
-  *waited += l2l_now() - t0;
+  double t0 = core_now();
+  l2l_status status = job_wait(&(*slot)->job);
+  *waited += core_now() - t0;
   free(*slot);
   *slot = NULL;
   return status;
 }
 
 void relay_params_job_free(struct params_job *pj) {
-  l2l_device_stamp_release(&pj->done);
+  device_stamp_release(&pj->done);
   free(pj);
 }
 
-void relay_params_run(struct l2l_job *job, int thread) {
+void relay_params_run(struct core_job *job, int thread) {
   struct params_job *pj = (struct params_job *)job;
-  double t0 = l2l_now();
+  double t0 = core_now();
   for (int i = 0; i < pj->nrec; i++) {
-    l2l_eps_wait_record(&pj->run->eps, pj->rec[i]);
-    pj->updates[i] = l2l_eps_settled_updates(&pj->run->eps, pj->rec[i]);
-    l2l_status status = l2l_tensor_copy(pj->value[i], l2l_eps_device_source(pj->rec[i]));
+    eps_wait_record(&pj->run->eps, pj->rec[i]);
+    pj->updates[i] = eps_settled_updates(&pj->run->eps, pj->rec[i]);
+    l2l_status status = l2l_tensor_copy(pj->value[i], eps_device_source(pj->rec[i]));
     if (status != L2L_OK) {
-      l2l_job_fail(job, status);
+      job_fail(job, status);
       break;
     }
     relay_count_bytes(pj->run, &pj->run->h2d_bytes, relay_tensor_bytes(pj->value[i]));
     /* a frozen layer's rebuild has its copy (a copy lane's copy is done when it returns):
        the record may be updated now */
-    if (pj->releases) l2l_eps_release(&pj->run->eps, pj->rec[i], pj->layer);
+    if (pj->releases) eps_release(&pj->run->eps, pj->rec[i], pj->layer);
   }
-  l2l_timeline_add(&pj->run->timeline, pj->layer, -1, L2L_PHASE_PARAMS_IN, thread, t0,
-                   l2l_now());
-  l2l_device_stamp(&pj->done);
+  timeline_add(&pj->run->timeline, pj->layer, -1, L2L_PHASE_PARAMS_IN, thread, t0,
+                   core_now());
+  device_stamp(&pj->done);
 }
 
-void relay_grads_release(struct l2l_job *job) {
+void relay_grads_release(struct core_job *job) {
   struct grads_job *gj = (struct grads_job *)job;
   for (int i = 0; i < gj->nrec; i++) l2l_tensor_free(gj->grad[i]);
   free(gj);
 }
 
-void relay_grads_run(struct l2l_job *job, int thread) {
+void relay_grads_run(struct core_job *job, int thread) {
   struct grads_job *gj = (struct grads_job *)job;
   l2l_relay *run = gj->run;
   const bool host_readable = gj->host_readable;
-  double t0 = l2l_now();
+  double t0 = core_now();
   l2l_tensor *incoming[MAX_RECORDS] = {0};
   const l2l_tensor *host[MAX_RECORDS] = {0};
   l2l_status status = L2L_OK;
@@ -170,7 +170,7 @@ void relay_grads_run(struct l2l_job *job, int thread) {
     if (status == L2L_OK) relay_count_bytes(run, &run->d2h_bytes, relay_tensor_bytes(gj->grad[i]));
   }
   if (status != L2L_OK) {
-    l2l_timeline_add(&run->timeline, gj->layer, -1, L2L_PHASE_GRADS_OUT, thread, t0, l2l_now());
+    timeline_add(&run->timeline, gj->layer, -1, L2L_PHASE_GRADS_OUT, thread, t0, core_now());
     for (int i = 0; i < gj->nrec; i++) l2l_tensor_free(incoming[i]);
     pthread_mutex_lock(&run->lock);
     if (run->async_status == L2L_OK) {
@@ -180,10 +180,10 @@ void relay_grads_run(struct l2l_job *job, int thread) {
     pthread_mutex_unlock(&run->lock);
     return;   /* the step fails at its end (relay_check_async) and abandons its gradients */
   }
-  float scale = l2l_eps_clip_scale(host, gj->nrec, gj->clip);
+  float scale = eps_clip_scale(host, gj->nrec, gj->clip);
   for (int i = 0; i < gj->nrec; i++) {   /* absorbing leaves the slot zero for its next visit */
-    l2l_eps_give_gradient(&run->eps, gj->rec[i], host_readable ? gj->grad[i] : incoming[i],
+    eps_give_gradient(&run->eps, gj->rec[i], host_readable ? gj->grad[i] : incoming[i],
                           host_readable, scale, gj->layer);
   }
-  l2l_timeline_add(&run->timeline, gj->layer, -1, L2L_PHASE_GRADS_OUT, thread, t0, l2l_now());
+  timeline_add(&run->timeline, gj->layer, -1, L2L_PHASE_GRADS_OUT, thread, t0, core_now());
 }

@@ -53,7 +53,7 @@ static l2l_status measure_visit(double *out, const l2l_plan_rates *rates) {
   if (status == L2L_OK) {
     struct plan_layer pl[L];
     for (int k = 0; k < L; k++)
-      pl[k] = (struct plan_layer){.layer = layers[k], .role = l2l_layer_role(layers[k]),
+      pl[k] = (struct plan_layer){.layer = layers[k], .role = layer_role(layers[k]),
                                   .inner = (l2l_inner_policy)l2l_relay_inner(run, k),
                                   .stash = k ? (l2l_stash_policy)l2l_relay_stash(run, k) : L2L_STASH_DEVICE};
     struct plan_chain chain = {.L = L, .layers = pl, .batch = B, .seq = S, .dim = D,
@@ -64,14 +64,14 @@ static l2l_status measure_visit(double *out, const l2l_plan_rates *rates) {
     bare.visit = 0;
     status = plan_layer_costs(costs, &chain, &bare);
     if (status == L2L_OK) {
-      struct schedule sc;
+      struct order sc;
       status = plan_schedule(&sc, &chain);
       if (status == L2L_OK) {
         double predicted = plan_step_seconds(&chain, costs, &bare, NULL, NULL);
         double extra = (plan_median(seconds, PROBE_STEPS) - predicted) / sc.nvisits;
         *out = extra > 0 ? extra : 0;
       }
-      schedule_free(&sc);
+      order_free(&sc);
     }
   }
   l2l_tensor_free(tokens);
@@ -82,9 +82,9 @@ static l2l_status measure_visit(double *out, const l2l_plan_rates *rates) {
 
 /* The rates, refusing bad arguments in the words of `func`, the name the caller used. */
 static l2l_status calibrate(const char *func, l2l_plan_rates *out, int remeasure) {
-  if (out == NULL) return l2l_fail_in(func, L2L_ERR_INVALID, "out is NULL");
+  if (out == NULL) return core_fail_in(func, L2L_ERR_INVALID, "out is NULL");
   if (remeasure != 0 && remeasure != 1)
-    return l2l_fail_in(func, L2L_ERR_INVALID, "remeasure must be 0 or 1, got %d", remeasure);
+    return core_fail_in(func, L2L_ERR_INVALID, "remeasure must be 0 or 1, got %d", remeasure);
   l2l_plan_rates rates;
   TRY(plan_machine_rates(&rates, remeasure));
   if (remeasure || rates.visit < 0) {

@@ -16,26 +16,26 @@
 #include "relay.h"
 
 l2l_status relay_schedule(struct step *s) {
-  TRY(schedule_new(&s->sched, s->L, s->training));
+  TRY(order_new(&s->sched, s->L, s->training));
   for (int k = 0; k < s->L; k++) {
     const struct relay_layer *rl = active_layer(s, k);
-    s->sched.layers[k] = (struct schedule_layer){rl->layer, rl->frozen, rl->inner, rl->stash};
+    s->sched.layers[k] = (struct order_layer){rl->layer, rl->frozen, rl->inner, rl->stash};
   }
-  schedule_order(&s->sched);
+  order_build(&s->sched);
   return L2L_OK;
 }
 
 /* A layer call of active layer k's micro-batch u failed: its message, with the layer's
    index in the relay, its kind and the micro-batch in front. */
 static l2l_status layer_failed(const struct step *s, int k, int64_t u, l2l_status status) {
-  status = l2l_error_wrap(status, L2L_NAMED_LAYER "layer %d" L2L_NAMED_END " (%s), " L2L_NAMED_MICRO_BATCH
+  status = error_wrap(status, L2L_NAMED_LAYER "layer %d" L2L_NAMED_END " (%s), " L2L_NAMED_MICRO_BATCH
                           "micro-batch %lld" L2L_NAMED_END ": ", s->active[k],
                           l2l_layer_name(active_layer(s, k)->layer), (long long)u);
-  return l2l_error_note_micro_batch(l2l_error_note_layer(status, s->active[k]), u);
+  return error_note_micro_batch(error_note_layer(status, s->active[k]), u);
 }
 
-static struct act *act_at(struct step *s, enum schedule_act a, int k, int64_t u) {
-  return a == SCHEDULE_X ? &s->x[k][u] : a == SCHEDULE_G ? &s->g[k][u] : &s->scratch;
+static struct act *act_at(struct step *s, enum order_act a, int k, int64_t u) {
+  return a == ORDER_X ? &s->x[k][u] : a == ORDER_G ? &s->g[k][u] : &s->scratch;
 }
 
 /* ---------------------------------------------------------------- visits */
@@ -47,14 +47,14 @@ static void visit_start(void *ctx, int i) {
   s->visit_layer = s->active[s->sched.visits[i].k];
 }
 
-static l2l_status visit_bind(void *ctx, int i, const struct schedule_visit *v, bool grads) {
+static l2l_status visit_bind(void *ctx, int i, const struct order_visit *v, bool grads) {
   struct step *s = ctx;
   s->gs = i % 2;
   if (i + 1 < s->sched.nvisits) TRY(relay_params_queue(s, 1, i + 1));
   return relay_params_bind(s, v->k, grads);
 }
 
-static l2l_status visit_end(void *ctx, int i, const struct schedule_visit *v, bool grads) {
+static l2l_status visit_end(void *ctx, int i, const struct order_visit *v, bool grads) {
   struct step *s = ctx;
   (void)i;
   return relay_params_done(s, v->k, grads && !active_layer(s, v->k)->frozen);
@@ -62,33 +62,33 @@ static l2l_status visit_end(void *ctx, int i, const struct schedule_visit *v, bo
 
 /* ---------------------------------------------------------------- activations */
 
-static l2l_status prefetch(void *ctx, enum schedule_act a, int k, int64_t u) {
+static l2l_status prefetch(void *ctx, enum order_act a, int k, int64_t u) {
   struct step *s = ctx;
   return relay_act_prefetch(s, act_at(s, a, k, u), s->visit_layer, u);
 }
 
-static l2l_status on_device(void *ctx, enum schedule_act a, int k, int64_t u) {
+static l2l_status on_device(void *ctx, enum order_act a, int k, int64_t u) {
   struct step *s = ctx;
   l2l_tensor *t = NULL;
   return relay_act_on_device(s, act_at(s, a, k, u), s->visit_layer, u, &t);
 }
 
-static l2l_status make(void *ctx, enum schedule_act a, int k, int64_t u) {
+static l2l_status make(void *ctx, enum order_act a, int k, int64_t u) {
   struct step *s = ctx;
   return relay_new_activation(s, &act_at(s, a, k, u)->dev, u);
 }
 
-static void act_free(void *ctx, enum schedule_act a, int k, int64_t u) {
+static void act_free(void *ctx, enum order_act a, int k, int64_t u) {
   struct step *s = ctx;
   relay_act_free(s->run, act_at(s, a, k, u));
 }
 
-static void release_device(void *ctx, enum schedule_act a, int k, int64_t u) {
+static void release_device(void *ctx, enum order_act a, int k, int64_t u) {
   struct step *s = ctx;
   relay_act_release_device(act_at(s, a, k, u));
 }
 
-static l2l_status stash_out(void *ctx, enum schedule_act a, int k, int64_t u) {
+static l2l_status stash_out(void *ctx, enum order_act a, int k, int64_t u) {
   struct step *s = ctx;
   return relay_act_stash_out(s, act_at(s, a, k, u), s->visit_layer, u);
 }
@@ -109,9 +109,9 @@ static void inputs_free(void *ctx) {
 
 static l2l_status forward(void *ctx, int k, int64_t u, bool keep, bool rebuild) {
   struct step *s = ctx;
-  struct l2l_stamp t0;
-  l2l_device_stamp(&t0);
-  l2l_status status = l2l_layer_forward_prechecked(keep ? &s->saved[k][u] : NULL, active_layer(s, k)->layer,
+  struct core_stamp t0;
+  device_stamp(&t0);
+  l2l_status status = layer_forward_prechecked(keep ? &s->saved[k][u] : NULL, active_layer(s, k)->layer,
                                         s->x[k + 1][u].dev, k > 0 ? s->x[k][u].dev : NULL,
                                         &s->mb_in.batch);
   relay_compute_done(s, s->active[k], u, rebuild ? L2L_PHASE_REBUILD : L2L_PHASE_FORWARD, &t0);
@@ -122,19 +122,19 @@ static l2l_status head(void *ctx, int k, int64_t u, bool backward) {
   struct step *s = ctx;
   l2l_layer *layer = active_layer(s, k)->layer;
   int64_t lshape[3];
-  int ldims = l2l_layer_output_dims(lshape, layer, &s->mb_in.batch, relay_mb_rows(s, u), s->S);
+  int ldims = layer_output_dims(lshape, layer, &s->mb_in.batch, relay_mb_rows(s, u), s->S);
   l2l_tensor *losses = NULL;
   l2l_saved *saved = NULL;
   l2l_status status = l2l_tensor_new(&losses, L2L_POOL_DEVICE, L2L_F32, ldims, lshape);
   if (status == L2L_OK && backward) status = relay_new_activation(s, &s->g[k][u].dev, u);
-  struct l2l_stamp t0;
-  l2l_device_stamp(&t0);
+  struct core_stamp t0;
+  device_stamp(&t0);
   if (status == L2L_OK)
-    status = l2l_layer_forward_prechecked(backward ? &saved : NULL, layer, losses, s->x[k][u].dev,
+    status = layer_forward_prechecked(backward ? &saved : NULL, layer, losses, s->x[k][u].dev,
                                &s->mb_in.batch);
   if (status == L2L_OK) status = relay_loss_queue(s, u, losses);
   if (status == L2L_OK && backward)
-    status = l2l_layer_backward_prechecked(layer, s->g[k][u].dev, NULL, saved, &s->mb_in.batch);
+    status = layer_backward_prechecked(layer, s->g[k][u].dev, NULL, saved, &s->mb_in.batch);
   relay_compute_done(s, s->active[k], u, backward ? L2L_PHASE_BACKWARD : L2L_PHASE_FORWARD, &t0);
   l2l_saved_free(saved);
   l2l_tensor_free(losses);
@@ -146,14 +146,14 @@ static l2l_status backward(void *ctx, int k, int64_t u, bool recompute) {
   struct step *s = ctx;
   l2l_layer *layer = active_layer(s, k)->layer;
   l2l_tensor *dx = k > 0 ? s->g[k][u].dev : NULL;
-  struct l2l_stamp t0;
-  l2l_device_stamp(&t0);
+  struct core_stamp t0;
+  device_stamp(&t0);
   l2l_status status = L2L_OK;
   if (recompute)
-    status = l2l_layer_forward_prechecked(&s->saved[k][u], layer, s->scratch.dev,
+    status = layer_forward_prechecked(&s->saved[k][u], layer, s->scratch.dev,
                                k > 0 ? s->x[k][u].dev : NULL, &s->mb_in.batch);
   if (status == L2L_OK)
-    status = l2l_layer_backward_prechecked(layer, dx, s->g[k + 1][u].dev, s->saved[k][u], &s->mb_in.batch);
+    status = layer_backward_prechecked(layer, dx, s->g[k + 1][u].dev, s->saved[k][u], &s->mb_in.batch);
   relay_compute_done(s, s->active[k], u, L2L_PHASE_BACKWARD, &t0);
   return status == L2L_OK ? L2L_OK : layer_failed(s, k, u, status);
 }
@@ -188,7 +188,7 @@ static l2l_status swap_in(void *ctx, int k, int64_t u) {
   return L2L_OK;
 }
 
-static const struct schedule_ops relay_acts = {
+static const struct order_ops relay_acts = {
     .visit_start = visit_start, .visit_bind = visit_bind, .visit_end = visit_end,
     .prefetch = prefetch, .on_device = on_device, .make = make, .free = act_free,
     .release_device = release_device, .stash_out = stash_out, .throttle = throttle,
@@ -201,9 +201,9 @@ l2l_status relay_run_visits(struct step *s) {
   TRY(relay_slots_new(s));
   /* 16-bit staging copies from the masters as they are now (a script may have edited
      them since the last step), each behind its record's pending update */
-  if (s->run->config.precision != L2L_F32) l2l_eps_stage(&s->run->eps);
+  if (s->run->config.precision != L2L_F32) eps_stage(&s->run->eps);
   if (s->sched.nvisits > 0) TRY(relay_params_queue(s, 0, 0));
-  TRY(schedule_walk(&s->sched, s->nmb, &relay_acts, s));
+  TRY(order_walk(&s->sched, s->nmb, &relay_acts, s));
   relay_grads_wait(s, 0);
   relay_grads_wait(s, 1);
   return L2L_OK;

@@ -230,7 +230,7 @@ static bool dry_run(void) {
 }
 
 /* Every entry of the device's ops table is there (a missing one would crash the run). */
-static bool ops_complete(const struct l2l_backend_ops *ops) {
+static bool ops_complete(const struct backend_ops *ops) {
   const struct {
     const char *name;
     bool present;
@@ -290,9 +290,9 @@ bool use_gpu(void) {
     return false;
   }
   if (!CHECK_OK(l2l_device_use("cuda"))) return false;
-  const struct l2l_backend_ops *ops = l2l_backend_for(L2L_POOL_DEVICE);
+  const struct backend_ops *ops = backend_for(L2L_POOL_DEVICE);
   bool ok = CHECK(strcmp(l2l_device_backend(), "cuda") == 0 && ops != NULL &&
-                      ops != l2l_backend_for(L2L_POOL_HOST),
+                      ops != backend_for(L2L_POOL_HOST),
                   "after l2l_device_use(\"cuda\") the device pool is served by \"%s\"",
                   l2l_device_backend());
   ok = ok && ops_complete(ops);

@@ -14,19 +14,19 @@
 
 #include "check.h"
 
-int64_t sdpa_eval_span(const struct l2l_sdpa_tensor *t) {
+int64_t sdpa_eval_span(const struct backend_sdpa_tensor *t) {
   int64_t last = 0;
   for (int n = 0; n < 4; n++) last += (t->dims[n] - 1) * t->strides[n];
   return last + 1;
 }
 
-static int64_t at(const struct l2l_sdpa_tensor *t, const int64_t i[4]) {
+static int64_t at(const struct backend_sdpa_tensor *t, const int64_t i[4]) {
   int64_t off = 0;
   for (int n = 0; n < 4; n++) off += (t->dims[n] == 1 ? 0 : i[n]) * t->strides[n];
   return off;
 }
 
-double sdpa_eval_round(enum l2l_sdpa_type type, double x) {
+double sdpa_eval_round(enum backend_sdpa_type type, double x) {
   if ((type != L2L_SDPA_BF16 && type != L2L_SDPA_F16) || x == 0.0 || !isfinite(x)) return x;
   int bits = type == L2L_SDPA_BF16 ? 8 : 11;   /* significant bits */
   int e;
@@ -34,7 +34,7 @@ double sdpa_eval_round(enum l2l_sdpa_type type, double x) {
   return ldexp(nearbyint(ldexp(m, bits)), e - bits);
 }
 
-void sdpa_eval_init(struct sdpa_eval *e, const struct l2l_sdpa_view *view) {
+void sdpa_eval_init(struct sdpa_eval *e, const struct backend_sdpa_view *view) {
   memset(e, 0, sizeof *e);
   e->view = view;
   for (int t = 0; t < view->tensors; t++)
@@ -45,7 +45,7 @@ void sdpa_eval_free(struct sdpa_eval *e) {
   for (int t = 0; t < e->view->tensors; t++) free(e->mem[t]);
 }
 
-int sdpa_eval_find(const struct l2l_sdpa_view *view, int64_t uid) {
+int sdpa_eval_find(const struct backend_sdpa_view *view, int64_t uid) {
   for (int t = 0; t < view->tensors; t++)
     if (view->tensor[t].uid == uid && !view->tensor[t].is_virtual) return t;
   return -1;
@@ -60,7 +60,7 @@ void sdpa_eval_set(struct sdpa_eval *e, int64_t uid, double (*value)(void *ctx, 
                    void *ctx) {
   int t = sdpa_eval_find(e->view, uid);
   if (t < 0) return;
-  const struct l2l_sdpa_tensor *x = &e->view->tensor[t];
+  const struct backend_sdpa_tensor *x = &e->view->tensor[t];
   int64_t i[4];
   EACH(x->dims, i) e->mem[t][at(x, i)] = sdpa_eval_round(x->type, value(ctx, i));
 }
@@ -70,7 +70,7 @@ double sdpa_eval_get(const struct sdpa_eval *e, int64_t uid, const int64_t i[4])
   return t < 0 ? NAN : e->mem[t][at(&e->view->tensor[t], i)];
 }
 
-static double pointwise(enum l2l_sdpa_pw mode, double a, double b, double c, double index) {
+static double pointwise(enum backend_sdpa_pw mode, double a, double b, double c, double index) {
   switch (mode) {
     case L2L_SDPA_ADD: return a + b;
     case L2L_SDPA_SUB: return a - b;
@@ -85,13 +85,13 @@ static double pointwise(enum l2l_sdpa_pw mode, double a, double b, double c, dou
   }
 }
 
-static void run_node(struct sdpa_eval *e, const struct l2l_sdpa_node *n) {
-  const struct l2l_sdpa_tensor *ts = e->view->tensor, *y = &ts[n->out];
+static void run_node(struct sdpa_eval *e, const struct backend_sdpa_node *n) {
+  const struct backend_sdpa_tensor *ts = e->view->tensor, *y = &ts[n->out];
   double *out = e->mem[n->out];
   int64_t i[4];
   switch (n->kind) {
     case L2L_SDPA_MATMUL: {
-      const struct l2l_sdpa_tensor *a = &ts[n->in[0]], *b = &ts[n->in[1]];
+      const struct backend_sdpa_tensor *a = &ts[n->in[0]], *b = &ts[n->in[1]];
       const double *am = e->mem[n->in[0]], *bm = e->mem[n->in[1]];
       EACH(y->dims, i) {
         double sum = 0.0;
@@ -105,7 +105,7 @@ static void run_node(struct sdpa_eval *e, const struct l2l_sdpa_node *n) {
     }
     case L2L_SDPA_REDUCE_MAX:
     case L2L_SDPA_REDUCE_ADD: {
-      const struct l2l_sdpa_tensor *x = &ts[n->in[0]];
+      const struct backend_sdpa_tensor *x = &ts[n->in[0]];
       const double *xm = e->mem[n->in[0]];
       bool max = n->kind == L2L_SDPA_REDUCE_MAX;
       EACH(y->dims, i) out[at(y, i)] = max ? -INFINITY : 0.0;

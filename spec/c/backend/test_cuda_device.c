@@ -151,34 +151,34 @@ TEST(cuda_device_index_from_environment) {
   }
   char why[256];
   int count = (int)check_rand_int(1, 16);
-  CHECK(l2l_accelerator_index(count, why, sizeof why) == 0, "no variable: device 0");
+  CHECK(backend_accelerator_index(count, why, sizeof why) == 0, "no variable: device 0");
   int rank = (int)check_rand_int(0, 1000);
   setenv("SLURM_LOCALID", "999999", 1);
   setenv("OMPI_COMM_WORLD_LOCAL_RANK", "x", 1);   /* not a number: the next one counts */
   char text[16];
   snprintf(text, sizeof text, "%d", rank);
   setenv("MPI_LOCALRANKID", text, 1);
-  CHECK(l2l_accelerator_index(count, why, sizeof why) == rank % count,
+  CHECK(backend_accelerator_index(count, why, sizeof why) == rank % count,
         "local rank %d of %d devices: device %d", rank, count, rank % count);
   snprintf(text, sizeof text, "%d", rank);
   setenv("OMPI_COMM_WORLD_LOCAL_RANK", text, 1);   /* OpenMPI's comes first */
-  CHECK(l2l_accelerator_index(count, why, sizeof why) == rank % count, "OpenMPI's local rank");
+  CHECK(backend_accelerator_index(count, why, sizeof why) == rank % count, "OpenMPI's local rank");
   int pick = (int)check_rand_int(0, count - 1);
   snprintf(text, sizeof text, "%d", pick);
   setenv("L2L_CUDA_DEVICE", text, 1);
-  CHECK(l2l_accelerator_index(count, why, sizeof why) == pick, "L2L_CUDA_DEVICE=%d wins", pick);
+  CHECK(backend_accelerator_index(count, why, sizeof why) == pick, "L2L_CUDA_DEVICE=%d wins", pick);
   static const char *const bad[] = {"-1", "", "1x", "99999999999", "0.5"};
   for (int k = 0; k < 5; k++) {
     setenv("L2L_CUDA_DEVICE", bad[k], 1);
     why[0] = '\0';
-    CHECK(l2l_accelerator_index(count, why, sizeof why) == -1 && strstr(why, "L2L_CUDA_DEVICE"),
+    CHECK(backend_accelerator_index(count, why, sizeof why) == -1 && strstr(why, "L2L_CUDA_DEVICE"),
           "L2L_CUDA_DEVICE='%s' refused with a reason (got '%s')", bad[k], why);
   }
   snprintf(text, sizeof text, "%d", count);
   setenv("L2L_CUDA_DEVICE", text, 1);
-  CHECK(l2l_accelerator_index(count, why, sizeof why) == -1, "L2L_CUDA_DEVICE=%d of %d devices",
+  CHECK(backend_accelerator_index(count, why, sizeof why) == -1, "L2L_CUDA_DEVICE=%d of %d devices",
         count, count);
-  CHECK(l2l_accelerator_index(0, why, sizeof why) == -1, "no devices at all");
+  CHECK(backend_accelerator_index(0, why, sizeof why) == -1, "no devices at all");
   for (int k = 0; k < 4; k++) {
     if (saved[k]) setenv(vars[k], saved[k], 1); else unsetenv(vars[k]);
     free(saved[k]);

@@ -18,8 +18,8 @@
 
 TEST(cuda_backend_gelu_side_bits) {
   if (!use_gpu()) return;
-  const struct l2l_backend_ops *hops = l2l_backend_for(L2L_POOL_HOST);
-  const struct l2l_backend_ops *dops = l2l_backend_for(L2L_POOL_DEVICE);
+  const struct backend_ops *hops = backend_for(L2L_POOL_HOST);
+  const struct backend_ops *dops = backend_for(L2L_POOL_DEVICE);
   static const int64_t sizes[] = {1, 7, 8, 9, 33, 1000003};
   for (int s = 0; s < 6; s++) {
     int64_t n = sizes[s], nb = (n + 7) / 8;
@@ -68,8 +68,8 @@ TEST(cuda_backend_gelu_side_bits) {
    NULL variants. */
 TEST(cuda_backend_fused_ops) {
   if (!use_gpu()) return;
-  const struct l2l_backend_ops *hops = l2l_backend_for(L2L_POOL_HOST);
-  const struct l2l_backend_ops *dops = l2l_backend_for(L2L_POOL_DEVICE);
+  const struct backend_ops *hops = backend_for(L2L_POOL_HOST);
+  const struct backend_ops *dops = backend_for(L2L_POOL_DEVICE);
   static const int64_t shapes[][2] = {{1, 1}, {7, 33}, {13, 3072}, {1031, 257}};
   for (int s = 0; s < 4; s++) {
     int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols, nb = (n + 7) / 8;
@@ -97,7 +97,7 @@ TEST(cuda_backend_fused_ops) {
                   bb = twin_of(b0), y = twin_of(NANS(rows, cols)), mean = twin_of(NANS(rows)),
                   rstd = twin_of(NANS(rows));
       for (int side = 0; side < 2; side++) {
-        const struct l2l_backend_ops *ops = side ? dops : hops;
+        const struct backend_ops *ops = side ? dops : hops;
         CHECK_OK(ops->add_layernorm_forward(
             fdata(side ? a.d : a.h), fdata(side ? y.d : y.h),
             with_mean ? fdata(side ? mean.d : mean.h) : NULL, fdata(side ? rstd.d : rstd.h),
@@ -120,7 +120,7 @@ TEST(cuda_backend_fused_ops) {
                   losses = twin_of(NANS(rows)), dlogits = twin_of(NANS(rows, cols));
       float scale = 1.0f / (float)(real > 0 ? real : 1);
       for (int side = 0; side < 2; side++) {
-        const struct l2l_backend_ops *ops = side ? dops : hops;
+        const struct backend_ops *ops = side ? dops : hops;
         float *lg = fdata(side ? logits.d : logits.h), *dl = fdata(side ? dlogits.d : dlogits.h);
         CHECK_OK(ops->cross_entropy_fused(fdata(side ? losses.d : losses.h), in_place ? lg : dl, lg,
                                           idata(side ? targets.d : targets.h), -1, scale, rows, cols));
@@ -138,8 +138,8 @@ TEST(cuda_backend_fused_ops) {
 
 TEST(cuda_backend_layernorm_from_output) {
   if (!use_gpu()) return;
-  const struct l2l_backend_ops *hops = l2l_backend_for(L2L_POOL_HOST);
-  const struct l2l_backend_ops *dops = l2l_backend_for(L2L_POOL_DEVICE);
+  const struct backend_ops *hops = backend_for(L2L_POOL_HOST);
+  const struct backend_ops *dops = backend_for(L2L_POOL_DEVICE);
   static const int64_t shapes[][2] = {{1, 33}, {7, 33}, {1031, 257}, {33, 4099}};
   for (int s = 0; s < 4; s++) {
     int64_t rows = shapes[s][0], cols = shapes[s][1];
@@ -246,7 +246,7 @@ static bool attention_mask_bits_match(const char *what, struct twin mask, int64_
    heads over threads), or the device's single one (NULL when it asks for none). */
 static l2l_tensor *attention_workspace(l2l_pool_kind pool, int64_t seq, int backward,
                                        int64_t *floats) {
-  const struct l2l_backend_ops *ops = l2l_backend_for(pool);
+  const struct backend_ops *ops = backend_for(pool);
   int64_t n = ops->attention_workspace(seq, backward);
   if (pool != L2L_POOL_DEVICE) n *= l2l_get_threads();
   *floats = n > 0 ? n : 0;
@@ -256,17 +256,17 @@ static l2l_tensor *attention_workspace(l2l_pool_kind pool, int64_t seq, int back
 /* Forward and backward of one attention call, laid out as the block lays it out: q, k
    and v are the column blocks of one (B*S, 3D) buffer, o is (B*S, D). */
 static bool attention_case(const struct attention_case *c) {
-  const struct l2l_backend_ops *hops = l2l_backend_for(L2L_POOL_HOST);
-  const struct l2l_backend_ops *dops = l2l_backend_for(L2L_POOL_DEVICE);
+  const struct backend_ops *hops = backend_for(L2L_POOL_HOST);
+  const struct backend_ops *dops = backend_for(L2L_POOL_DEVICE);
   const int64_t S = c->seq, hd = c->head_dim, H = c->heads, B = c->masked ? 3 : 2;
   const int64_t D = H * hd, N = B * S, rows = B * H * S;
-  struct l2l_attention_shape sh;
+  struct backend_attention_shape sh;
   memset(&sh, 0, sizeof sh);
   sh.batch = B, sh.heads = H, sh.seq = S, sh.head_dim = hd, sh.ld_qkv = 3 * D, sh.ld_o = D;
   sh.causal = c->causal, sh.scale = 1.0f / sqrtf((float)hd), sh.dropout = c->dropout;
   sh.seed = check_rand_u64(), sh.stream = check_rand_u64();
   sh.first_sample = check_rand_int(0, 1000);
-  struct l2l_attention_shape dsh = sh; /* the device's: its product dtype */
+  struct backend_attention_shape dsh = sh; /* the device's: its product dtype */
   dsh.precision = c->precision;
   char what[200], label[260];
   snprintf(what, sizeof what, "attention %s S=%lld hd=%lld H=%lld B=%lld%s%s dropout=%g%s%s",
@@ -424,7 +424,7 @@ TEST(cuda_backend_attention) {
    so that the own kernels run every case (test_cudnn.c tests the cuDNN path). */
 TEST(cuda_backend_attention_16bit_products) {
   if (!use_gpu()) return;
-  l2l_cudnn_enable(0);
+  cudnn_enable(0);
   static const int64_t seqs[] = {1, 5, 63, 64, 65, 200}, dims[] = {16, 64, 80, 128};
   static const int64_t heads[] = {1, 3};
   static const l2l_dtype precisions[] = {L2L_BF16, L2L_F16};
@@ -441,7 +441,7 @@ TEST(cuda_backend_attention_16bit_products) {
             cases++;
           }
   CHECK(cases == 768 || failed >= 5, "ran %d cases", cases);
-  l2l_cudnn_enable(1);
+  cudnn_enable(1);
   end_gpu();
 }
 

@@ -22,8 +22,8 @@
 
 /* A drawn shape as the block lays attention out: q, k, v column blocks of one (B*S, 3 H d)
    buffer, o (B*S, H d). */
-static struct l2l_attention_shape drawn_shape(int64_t head_dim, int causal, l2l_dtype precision) {
-  struct l2l_attention_shape sh;
+static struct backend_attention_shape drawn_shape(int64_t head_dim, int causal, l2l_dtype precision) {
+  struct backend_attention_shape sh;
   memset(&sh, 0, sizeof sh);
   sh.batch = PICK(1, 2, 3, 5), sh.heads = PICK(1, 2, 3, 12), sh.seq = PICK(1, 7, 64, 129, 200, 1000);
   sh.head_dim = head_dim, sh.causal = causal, sh.precision = precision;
@@ -35,15 +35,15 @@ static struct l2l_attention_shape drawn_shape(int64_t head_dim, int causal, l2l_
 /* false (skipped, with why) when libcudnn cannot be loaded. */
 static bool need_cudnn(void) {
   char about[512];
-  if (l2l_cudnn_probe(about, sizeof about) != 0) return true;
+  if (cudnn_probe(about, sizeof about) != 0) return true;
   check_skip("cuDNN is not loaded: %s", about);
   return false;
 }
 
 TEST(cudnn_loads_and_says_from_where) {
   char about[512] = "";
-  int version = l2l_cudnn_probe(about, sizeof about);
-  CHECK(about[0] != '\0', "l2l_cudnn_probe gave no words");
+  int version = cudnn_probe(about, sizeof about);
+  CHECK(about[0] != '\0', "cudnn_probe gave no words");
   if (version == 0) {
     check_skip("cuDNN is not loaded: %s", about);
     return;
@@ -64,14 +64,14 @@ TEST(cudnn_graph_nodes_finalize) {
   for (int backward = 0; backward < 2; backward++)
     for (int d = 0; d < 2; d++)
       for (int causal = 0; causal < 2; causal++) {
-        struct l2l_attention_shape sh = drawn_shape(d ? 128 : 64, causal, types[check_rand_int(0, 1)]);
+        struct backend_attention_shape sh = drawn_shape(d ? 128 : 64, causal, types[check_rand_int(0, 1)]);
         char what[160];
         snprintf(what, sizeof what, "%s B=%lld H=%lld S=%lld d=%lld%s %s",
                  backward ? "backward" : "forward", (long long)sh.batch, (long long)sh.heads,
                  (long long)sh.seq, (long long)sh.head_dim, causal ? " causal" : "",
                  l2l_dtype_name(sh.precision));
         report[0] = '\0';
-        if (!CHECK_OK(l2l_cudnn_check_graphs(&sh, backward, 0, report, sizeof report))) continue;
+        if (!CHECK_OK(cudnn_check_graphs(&sh, backward, 0, report, sizeof report))) continue;
         built++;
         /* the nodes cudnn_sdpa.c lists: 10 forward, 18 backward, 4 more for the causal mask */
         int tensors = 0, ops = 0;
@@ -85,7 +85,7 @@ TEST(cudnn_graph_nodes_finalize) {
            unread (the wiring check) */
         for (int miswire = 1; miswire <= 2; miswire++) {
           char ignored[64];
-          l2l_status st = l2l_cudnn_check_graphs(&sh, backward, miswire, ignored, sizeof ignored);
+          l2l_status st = cudnn_check_graphs(&sh, backward, miswire, ignored, sizeof ignored);
           if (built == 1) printf("  cudnn: miswired, as it must be: %s\n", l2l_last_error());
           CHECK(st == L2L_ERR_BACKEND && strstr(l2l_last_error(), "refused") != NULL,
                 "%s miswired (%d): status %d (%s), want a refusal", what, miswire, (int)st,
@@ -94,7 +94,7 @@ TEST(cudnn_graph_nodes_finalize) {
       }
   if (built > 0) printf("  cudnn: %s\n", report);
   char why[300];
-  if (built > 0 && !l2l_cuda_probe(why, sizeof why))
+  if (built > 0 && !cuda_probe(why, sizeof why))
     printf("  skipped: the engine choice, plan and execution (no GPU: %s)\n", why);
 }
 
@@ -132,11 +132,11 @@ static bool close_to(const char *what, const l2l_tensor *got_d, const l2l_tensor
 /* The cuDNN path against the own f32 kernels on one drawn shape; own16: cuDNN switched off
    (the own 16-bit kernels must run: cuDNN's count stays). */
 static void gpu_case(int64_t head_dim, int causal, l2l_dtype precision) {
-  const struct l2l_backend_ops *ops = l2l_backend_for(L2L_POOL_DEVICE);
-  struct l2l_attention_shape sh = drawn_shape(head_dim, causal, precision);
+  const struct backend_ops *ops = backend_for(L2L_POOL_DEVICE);
+  struct backend_attention_shape sh = drawn_shape(head_dim, causal, precision);
   if (sh.seq > 200) sh.seq = 200;
   const int64_t D = sh.heads * head_dim, N = sh.batch * sh.seq, rows = sh.batch * sh.heads * sh.seq;
-  struct l2l_attention_shape ref = sh;
+  struct backend_attention_shape ref = sh;
   ref.precision = L2L_F32;
   l2l_tensor *hq, *hd;
   l2l_tensor *qkv = device_randn(&hq, N, 3 * D), *d_o = device_randn(&hd, N, D);
@@ -152,14 +152,14 @@ static void gpu_case(int64_t head_dim, int causal, l2l_dtype precision) {
   snprintf(what, sizeof what, "B=%lld H=%lld S=%lld d=%lld%s %s", (long long)sh.batch,
            (long long)sh.heads, (long long)sh.seq, (long long)head_dim, causal ? " causal" : "",
            l2l_dtype_name(precision));
-  bool routed = l2l_cudnn_routes(&sh, NULL, NULL, NULL, NULL);
+  bool routed = cudnn_routes(&sh, NULL, NULL, NULL, NULL);
   /* cuDNN 9 runs head dims 64 and 128 in bf16 and f16 on compute capability 8.0 and newer
      (before 9.16, only with S a multiple of 128 here: no padding mask in l2l's graphs) */
-  bool expected = l2l_cudnn_probe(NULL, 0) > 91500 || sh.seq % 128 == 0;
+  bool expected = cudnn_probe(NULL, 0) > 91500 || sh.seq % 128 == 0;
   CHECK(routed || !expected, "%s: cuDNN refused the graph on this GPU (its reason: stderr)", what);
-  int64_t before = l2l_cudnn_runs();
+  int64_t before = cudnn_runs();
   for (int side = 0; side < 2; side++) {
-    const struct l2l_attention_shape *s = side == 0 ? &sh : &ref;
+    const struct backend_attention_shape *s = side == 0 ? &sh : &ref;
     float *gp = fdata(g[side]);
     CHECK_OK(ops->attention_forward(fdata(o[side]), lse[side], NULL, NULL, NULL, q, q + D,
                                     q + 2 * D, NULL, s, NULL, 0));
@@ -168,8 +168,8 @@ static void gpu_case(int64_t head_dim, int causal, l2l_dtype precision) {
                                      s, NULL, 0));
   }
   CHECK_OK(l2l_device_synchronize());
-  CHECK(!routed || l2l_cudnn_runs() == before + 2, "%s: cuDNN ran %lld calls, want 2", what,
-        (long long)(l2l_cudnn_runs() - before));
+  CHECK(!routed || cudnn_runs() == before + 2, "%s: cuDNN ran %lld calls, want 2", what,
+        (long long)(cudnn_runs() - before));
   /* cuda_twins.h's 16-bit tolerances (inputs, P and dS rounded) plus the 16-bit rounding of
      the outputs cuDNN writes (o, dq, dk, dv: 2^-8 relative for bf16, 2^-11 for f16) */
   double f = precision == L2L_F16 ? 0.25 : 1.0, out = precision == L2L_F16 ? 0x1p-11 : 0x1p-8;
@@ -191,19 +191,19 @@ static void gpu_case(int64_t head_dim, int causal, l2l_dtype precision) {
   l2l_tensor *hm = HOST(L2L_U8, sh.batch, sh.seq);
   memset(l2l_tensor_data(hm), 1, (size_t)(sh.batch * sh.seq));
   l2l_tensor *key_mask = copied_to(hm, L2L_POOL_DEVICE);
-  struct l2l_attention_shape dropped = sh;
+  struct backend_attention_shape dropped = sh;
   dropped.dropout = 0.1f;
-  CHECK(!l2l_cudnn_routes(&sh, NULL, NULL, NULL, l2l_tensor_data(key_mask)) &&
-            !l2l_cudnn_routes(&dropped, NULL, NULL, NULL, NULL) &&
-            !l2l_cudnn_routes(&ref, NULL, NULL, NULL, NULL),
+  CHECK(!cudnn_routes(&sh, NULL, NULL, NULL, l2l_tensor_data(key_mask)) &&
+            !cudnn_routes(&dropped, NULL, NULL, NULL, NULL) &&
+            !cudnn_routes(&ref, NULL, NULL, NULL, NULL),
         "%s: a key mask, dropout or f32 products routed to cuDNN", what);
-  before = l2l_cudnn_runs();
-  l2l_cudnn_enable(0);
+  before = cudnn_runs();
+  cudnn_enable(0);
   CHECK_OK(ops->attention_forward(fdata(o[1]), lse[1], NULL, NULL, NULL, q, q + D,
                                   q + 2 * D, NULL, &sh, NULL, 0));
-  l2l_cudnn_enable(1);
+  cudnn_enable(1);
   CHECK_OK(l2l_device_synchronize());
-  CHECK(l2l_cudnn_runs() == before, "%s: cuDNN ran while switched off", what);
+  CHECK(cudnn_runs() == before, "%s: cuDNN ran while switched off", what);
   snprintf(label, sizeof label, "%s: o, own 16-bit kernels against cuDNN", what);
   close_to(label, o[1], o[0], N, D, D, 0, 2 * f * TOL_ATTN16_ELEMENT[ATTN_VALUES] + out,
            2 * f * TOL_ATTN16_NORM[ATTN_VALUES] + out);
@@ -254,7 +254,7 @@ static double scalar_value(void *ctx, const int64_t i[4]) {
    want in the block's layout (rows: want[(b*H + h)*S + s]), relative to |want| + the
    larger of want's rms and `floor`; tolerances as the GPU test's. */
 static void graph_close(const char *what, const struct sdpa_eval *e, int64_t uid,
-                        const struct l2l_attention_shape *sh, const float *want, int64_t ld,
+                        const struct backend_attention_shape *sh, const float *want, int64_t ld,
                         bool rows, double floor, double elem_tol, double norm_tol) {
   const int64_t B = sh->batch, H = sh->heads, S = sh->seq, hd = rows ? 1 : sh->head_dim;
   double sw = 0, se = 0, worst = 0;
@@ -286,11 +286,11 @@ static void graph_close(const char *what, const struct sdpa_eval *e, int64_t uid
    cuDNN's can show without a GPU. */
 TEST(cudnn_graph_math_on_cpu) {
   if (!need_cudnn()) return;
-  const struct l2l_backend_ops *hops = l2l_backend_for(L2L_POOL_HOST);
-  struct l2l_sdpa_view *view = xmalloc(sizeof *view);
+  const struct backend_ops *hops = backend_for(L2L_POOL_HOST);
+  struct backend_sdpa_view *view = xmalloc(sizeof *view);
   for (int d = 0; d < 2; d++)
     for (int causal = 0; causal < 2; causal++) {
-      struct l2l_attention_shape sh = drawn_shape(d ? 128 : 64, causal, PICK(L2L_BF16, L2L_F16));
+      struct backend_attention_shape sh = drawn_shape(d ? 128 : 64, causal, PICK(L2L_BF16, L2L_F16));
       sh.batch = PICK(1, 2), sh.heads = PICK(1, 3), sh.seq = PICK(1, 7, 33, 64, 65);
       sh.ld_qkv = 3 * sh.heads * sh.head_dim, sh.ld_o = sh.heads * sh.head_dim;
       const int64_t D = sh.heads * sh.head_dim, N = sh.batch * sh.seq;
@@ -303,7 +303,7 @@ TEST(cudnn_graph_math_on_cpu) {
       l2l_tensor *lse = NANS(rows), *g = NANS(N, 3 * D);
       int64_t wf = hops->attention_workspace(sh.seq, 1) * l2l_get_threads();
       l2l_tensor *work = HOST(L2L_F32, wf > 0 ? wf : 1);
-      struct l2l_attention_shape ref = sh;
+      struct backend_attention_shape ref = sh;
       ref.precision = L2L_F32;
       const float *q = fdata(qkv);
       CHECK_OK(hops->attention_forward(fdata(o), fdata(lse), NULL, NULL, NULL, q, q + D, q + 2 * D,
@@ -317,7 +317,7 @@ TEST(cudnn_graph_math_on_cpu) {
       double scale = sh.scale, hidden = -INFINITY, one = 1.0;
       char label[200];
       /* forward */
-      if (!CHECK_OK(l2l_cudnn_describe(&sh, 0, view))) break;
+      if (!CHECK_OK(cudnn_describe(&sh, 0, view))) break;
       struct sdpa_eval fe;
       sdpa_eval_init(&fe, view);
       struct bound bq = {q, sh.seq, sh.head_dim, 3 * D, false}, bk = {q + D, sh.seq, sh.head_dim, 3 * D, true};
@@ -337,7 +337,7 @@ TEST(cudnn_graph_math_on_cpu) {
       graph_close(label, &fe, SDPA_STATS, &sh, fdata(lse), 0, true, 1.0,
                   f * TOL_ATTN16_ELEMENT[ATTN_LSE], f * TOL_ATTN16_NORM[ATTN_LSE]);
       /* backward, from the CPU forward's o and lse (as the GPU test's backward) */
-      if (!CHECK_OK(l2l_cudnn_describe(&sh, 1, view))) {
+      if (!CHECK_OK(cudnn_describe(&sh, 1, view))) {
         sdpa_eval_free(&fe);
         break;
       }

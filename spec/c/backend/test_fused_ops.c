@@ -54,7 +54,7 @@ static bool same_bits(const char *what, const float *got, const float *want, int
 }
 
 TEST(fused_bias_gelu_equals_bias_add_then_gelu) {
-  const struct l2l_backend_ops *ops = &l2l_cpu_backend;
+  const struct backend_ops *ops = &cpu_backend;
   for (int s = 0; s < SHAPES; s++) {
     const int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols, nb = (n + 7) / 8;
     float *x = randn(n, 2.0), *bias = randn(cols, 1.0);
@@ -89,7 +89,7 @@ TEST(fused_bias_gelu_equals_bias_add_then_gelu) {
 }
 
 TEST(fused_add_layernorm_equals_add_then_layernorm) {
-  const struct l2l_backend_ops *ops = &l2l_cpu_backend;
+  const struct backend_ops *ops = &cpu_backend;
   for (int s = 0; s < SHAPES; s++) {
     const int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
     float *a = randn(n, 1.0), *b = randn(n, 1.0), *w = randn(cols, 1.0), *bias = randn(cols, 0.5);
@@ -115,7 +115,7 @@ TEST(fused_add_layernorm_equals_add_then_layernorm) {
 }
 
 TEST(fused_cross_entropy_equals_forward_and_backward) {
-  const struct l2l_backend_ops *ops = &l2l_cpu_backend;
+  const struct backend_ops *ops = &cpu_backend;
   for (int s = 0; s < SHAPES; s++) {
     const int64_t rows = shapes[s][0], vocab = shapes[s][1], n = rows * vocab;
     const int32_t ignore = -1;

@@ -8,8 +8,8 @@
  * l2l_adamw_update; the LAMB trust ratio (1 when a norm is 0); sumsq, axpy and its
  * draining form, and the axpys' flag of a sum at 2^63 or beyond (EPS_GRAD_LIMIT); the
  * schedules at warm-up steps, midpoints, the end and beyond, against
- * closed forms; every refusal of l2l_optimizer_check, l2l_schedule_check and
- * l2l_schedule_lr (status, field name and value in the message); l2l_optim_state_count.
+ * closed forms; every refusal of optimizer_check, schedule_check and
+ * l2l_schedule_lr (status, field name and value in the message); optim_state_count.
  *
  * How: the internal kernels are called directly (the test links libl2l.a). Inputs are
  * drawn fresh each run from check.h's generator, at sizes 1, 7, 33, a random one and
@@ -98,7 +98,7 @@ static double scaled_err(const float *got, const double *want, const double *mag
    b = g at t = 1; p -= lr (g + mu b) with nesterov, else lr b; no momentum: p -= lr g). */
 static void ref_sgd(double *p, double *pmag, double *b, double *bmag, const float *p0,
                     const float *b0, const float *grad, int64_t n,
-                    const struct l2l_optim_hyper *h) {
+                    const struct optim_hyper *h) {
   double lr = h->lr, mu = h->momentum, wd = h->weight_decay;
   for (int64_t i = 0; i < n; i++) {
     double g = (double)h->grad_scale * grad[i], pi = p0[i], step, stepmag;
@@ -122,7 +122,7 @@ static void ref_sgd(double *p, double *pmag, double *b, double *bmag, const floa
    goes through the division). */
 static void ref_moments(double *m, double *mmag, double *v, double *dir, double *dirmag,
                         const float *m0, const float *v0, const float *grad, int64_t n,
-                        const struct l2l_optim_hyper *h) {
+                        const struct optim_hyper *h) {
   double b1 = h->beta1, b2 = h->beta2, t = (double)h->t;
   double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
   for (int64_t i = 0; i < n; i++) {
@@ -140,7 +140,7 @@ static void ref_moments(double *m, double *mmag, double *v, double *dir, double 
    ref_adamw is l2l.h's statement for the public op, without sizes. */
 static void ref_adamw_sized(double *p, double *pmag, double *m, double *mmag, double *v,
                             const float *p0, const float *m0, const float *v0,
-                            const float *grad, int64_t n, const struct l2l_optim_hyper *h) {
+                            const float *grad, int64_t n, const struct optim_hyper *h) {
   double *dir = dalloc(n), *dirmag = dalloc(n);
   ref_moments(m, mmag, v, dir, dirmag, m0, v0, grad, n, h);
   double lr = h->lr, wd = h->weight_decay;
@@ -157,7 +157,7 @@ static void ref_adamw_sized(double *p, double *pmag, double *m, double *mmag, do
    magnitudes of the terms (an r that cancels has an error relative to rmag, not to r). */
 static void ref_lamb(double *p, double *pmag, double *m, double *mmag, double *v,
                      double norms[2], double normmag[2], const float *p0, const float *m0, const float *v0,
-                     const float *grad, int64_t n, const struct l2l_optim_hyper *h) {
+                     const float *grad, int64_t n, const struct optim_hyper *h) {
   double *r = dalloc(n), *rmag = dalloc(n);
   ref_moments(m, mmag, v, r, rmag, m0, v0, grad, n, h);
   double wd = h->weight_decay, pp = 0.0, rr = 0.0, rrmag = 0.0;
@@ -181,9 +181,9 @@ static void ref_lamb(double *p, double *pmag, double *m, double *mmag, double *v
 
 /* ---------------------------------------------------------------- kernel runs */
 
-static struct l2l_optim_hyper random_adam_hyper(l2l_optimizer_kind kind, int decay,
+static struct optim_hyper random_adam_hyper(l2l_optimizer_kind kind, int decay,
                                                 int scaled) {
-  struct l2l_optim_hyper h = {
+  struct optim_hyper h = {
       .kind = kind,
       .lr = (float)check_rand_uniform(0.005, 0.05),
       .weight_decay = decay ? (float)check_rand_uniform(0.01, 0.2) : 0.0f,
@@ -221,7 +221,7 @@ TEST(optim_sgd) {
       int drawn = (int)check_rand_int(0, 3);
       for (int flags = 0; flags < 4; flags++) {
         if (skip_big(n, flags, drawn)) continue;
-        struct l2l_optim_hyper h = {
+        struct optim_hyper h = {
             .kind = L2L_OPTIMIZER_SGD,
             .lr = (float)check_rand_uniform(0.01, 0.1),
             .weight_decay = flags & 1 ? (float)check_rand_uniform(0.01, 0.2) : 0.0f,
@@ -237,7 +237,7 @@ TEST(optim_sgd) {
           struct grad gr = new_grad(n);
           h.t = t;
           ref_sgd(pw, pm, bw, bm, p, b, gr.g, n, &h);
-          l2l_optim_sgd(p, b, gr.g, n, &h);
+          optim_sgd(p, b, gr.g, n, &h);
           CHECK_CLOSE("sgd p", p, pw, pm, n, TOL_KERNEL);
           if (b) CHECK_CLOSE("sgd momentum buffer", b, bw, bm, n, TOL_KERNEL);
           CHECK(grad_intact(gr, n), "sgd wrote the gradient or its guards (n=%lld)",
@@ -264,9 +264,9 @@ TEST(optim_sgd_pytorch_convention) {
     float p = 1.0f, buf = 0.0f;
     double want_p = 1.0, want_buf = 0.0;
     for (int64_t t = 1; t <= 3; t++) {
-      struct l2l_optim_hyper h = {.kind = L2L_OPTIMIZER_SGD, .lr = lr, .momentum = mu,
+      struct optim_hyper h = {.kind = L2L_OPTIMIZER_SGD, .lr = lr, .momentum = mu,
                                   .nesterov = nesterov, .t = t, .grad_scale = 1.0f};
-      l2l_optim_sgd(&p, &buf, &g[t - 1], 1, &h);
+      optim_sgd(&p, &buf, &g[t - 1], 1, &h);
       want_buf = t == 1 ? g[0] : (double)mu * want_buf + g[t - 1];
       double d = nesterov ? g[t - 1] + (double)mu * want_buf : want_buf;
       want_p -= (double)lr * d;
@@ -288,7 +288,7 @@ TEST(optim_adamw) {
     int drawn = (int)check_rand_int(0, 3);
     for (int flags = 0; flags < 4; flags++) {
       if (skip_big(n, flags, drawn)) continue;
-      struct l2l_optim_hyper h = random_adam_hyper(L2L_OPTIMIZER_ADAMW, flags & 1, flags & 2);
+      struct optim_hyper h = random_adam_hyper(L2L_OPTIMIZER_ADAMW, flags & 1, flags & 2);
       float *p = guarded(n), *m = guarded(n), *v = guarded(n);
       fill_floats_normal(p, n, 1.0);
       memset(m, 0, sizeof(float) * (size_t)n);
@@ -299,7 +299,7 @@ TEST(optim_adamw) {
         struct grad gr = new_grad(n);
         h.t = t;
         ref_adamw_sized(pw, pm, mw, mm, vw, p, m, v, gr.g, n, &h);
-        l2l_optim_adamw(p, m, v, gr.g, n, &h);
+        optim_adamw(p, m, v, gr.g, n, &h);
         CHECK_CLOSE("adamw p", p, pw, pm, n, TOL_KERNEL);
         CHECK_CLOSE("adamw m", m, mw, mm, n, TOL_KERNEL);
         CHECK_CLOSE("adamw v", v, vw, vw, n, TOL_KERNEL);
@@ -320,7 +320,7 @@ TEST(optim_adamw) {
 TEST(optim_adamw_matches_public_update) {
   int64_t n = check_rand_int(100, 3000);
   size_t bytes = sizeof(float) * (size_t)n;
-  struct l2l_optim_hyper h = random_adam_hyper(L2L_OPTIMIZER_ADAMW, 1, 0);
+  struct optim_hyper h = random_adam_hyper(L2L_OPTIMIZER_ADAMW, 1, 0);
   l2l_adamw_config c = {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay};
   l2l_tensor *p = check_randn(1.0, 1, n), *m = check_f32(1, n), *v = check_f32(1, n),
              *g = check_f32(1, n);
@@ -336,13 +336,13 @@ TEST(optim_adamw_matches_public_update) {
     memcpy(v2, check_data(v), bytes);
     ref_adamw_sized(pw, pm, mw, mm, vw, p2, m2, v2, check_data(g), n, &h);
     CHECK_OK(l2l_adamw_update(p, m, v, g, &c, t));
-    l2l_optim_adamw(p2, m2, v2, check_data(g), n, &h);
+    optim_adamw(p2, m2, v2, check_data(g), n, &h);
     CHECK_CLOSE("l2l_adamw_update p", check_data(p), pw, pm, n, TOL_KERNEL);
-    CHECK_CLOSE("l2l_optim_adamw p", p2, pw, pm, n, TOL_KERNEL);
+    CHECK_CLOSE("optim_adamw p", p2, pw, pm, n, TOL_KERNEL);
     CHECK_CLOSE("l2l_adamw_update m", check_data(m), mw, mm, n, TOL_KERNEL);
-    CHECK_CLOSE("l2l_optim_adamw m", m2, mw, mm, n, TOL_KERNEL);
+    CHECK_CLOSE("optim_adamw m", m2, mw, mm, n, TOL_KERNEL);
     CHECK_CLOSE("l2l_adamw_update v", check_data(v), vw, vw, n, TOL_KERNEL);
-    CHECK_CLOSE("l2l_optim_adamw v", v2, vw, vw, n, TOL_KERNEL);
+    CHECK_CLOSE("optim_adamw v", v2, vw, vw, n, TOL_KERNEL);
   }
   l2l_tensor_free(p), l2l_tensor_free(m), l2l_tensor_free(v), l2l_tensor_free(g);
   free(p2), free(m2), free(v2), free(pw), free(pm), free(mw), free(mm), free(vw);
@@ -350,14 +350,14 @@ TEST(optim_adamw_matches_public_update) {
 
 /* LAMB through the kernels over chunks [cut[c], cut[c+1]), as the EPS runs it. */
 static void lamb_chunked(float *p, float *m, float *v, const float *g, const int64_t *cut,
-                         int chunks, const struct l2l_optim_hyper *h, double norms[2]) {
+                         int chunks, const struct optim_hyper *h, double norms[2]) {
   norms[0] = norms[1] = 0.0;
   for (int c = 0; c < chunks; c++)
-    l2l_optim_lamb_moments(m + cut[c], v + cut[c], p + cut[c], g + cut[c], cut[c + 1] - cut[c],
+    optim_lamb_moments(m + cut[c], v + cut[c], p + cut[c], g + cut[c], cut[c + 1] - cut[c],
                            h, norms);
-  float trust = l2l_optim_lamb_trust(norms);
+  float trust = optim_lamb_trust(norms);
   for (int c = 0; c < chunks; c++)
-    l2l_optim_lamb_apply(p + cut[c], m + cut[c], v + cut[c], cut[c + 1] - cut[c], h, trust);
+    optim_lamb_apply(p + cut[c], m + cut[c], v + cut[c], cut[c + 1] - cut[c], h, trust);
 }
 
 static int compare_i64(const void *a, const void *b) {
@@ -372,7 +372,7 @@ TEST(optim_lamb) {
     int drawn = (int)check_rand_int(0, 3);
     for (int flags = 0; flags < 4; flags++) {
       if (skip_big(n, flags, drawn)) continue;
-      struct l2l_optim_hyper h = random_adam_hyper(L2L_OPTIMIZER_LAMB, flags & 1, flags & 2);
+      struct optim_hyper h = random_adam_hyper(L2L_OPTIMIZER_LAMB, flags & 1, flags & 2);
       /* Two copies of the state: one run in one chunk, one in uneven chunks (random cuts,
          so some chunks may be empty or one element). */
       float *p = guarded(n), *m = guarded(n), *v = guarded(n);
@@ -444,20 +444,20 @@ TEST(optim_lamb_trust) {
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     double norms[2] = {cases[i][0], cases[i][1]};
-    float got = l2l_optim_lamb_trust(norms);
+    float got = optim_lamb_trust(norms);
     CHECK(fabs(got - cases[i][2]) <= 1e-7 * cases[i][2], "trust(%g, %g) = %.9g, want %g",
           norms[0], norms[1], got, cases[i][2]);
   }
   /* A zero parameter (a fresh bias): trust 1, so p = -lr r exactly as plain Adam would. */
-  struct l2l_optim_hyper h = random_adam_hyper(L2L_OPTIMIZER_LAMB, 1, 0);
+  struct optim_hyper h = random_adam_hyper(L2L_OPTIMIZER_LAMB, 1, 0);
   h.t = 1;
   float p[5] = {0}, m[5] = {0}, v[5] = {0}, g[5] = {1, -2, 3, -4, 5};
   double norms[2] = {0, 0};
-  l2l_optim_lamb_moments(m, v, p, g, 5, &h, norms);
+  optim_lamb_moments(m, v, p, g, 5, &h, norms);
   CHECK(norms[0] == 0.0 && norms[1] > 0.0, "norms %g %g", norms[0], norms[1]);
-  float trust = l2l_optim_lamb_trust(norms);
+  float trust = optim_lamb_trust(norms);
   CHECK(trust == 1.0f, "trust %g with |p| = 0", trust);
-  l2l_optim_lamb_apply(p, m, v, 5, &h, trust);
+  optim_lamb_apply(p, m, v, 5, &h, trust);
   for (int i = 0; i < 5; i++) {
     /* t = 1: m^ = g, v^ = g^2, so r = g / (|g| + eps) */
     double want = -(double)h.lr * g[i] / (fabs(g[i]) + h.eps);
@@ -474,7 +474,7 @@ TEST(optim_sumsq_axpy) {
     fill_floats_normal(dst, n, 1.0);
     double want = 0.0;
     for (int64_t i = 0; i < n; i++) want += (double)x[i] * x[i];
-    double got = l2l_optim_sumsq(x, n);
+    double got = optim_sumsq(x, n);
     CHECK(fabs(got - want) <= TOL_SUM * want, "sumsq n=%lld: %.17g, want %.17g",
           (long long)n, got, want);
     float scale = (float)check_rand_uniform(-2.0, 2.0);
@@ -483,7 +483,7 @@ TEST(optim_sumsq_axpy) {
       w[i] = dst[i] + (double)scale * x[i];
       mag[i] = fabs(dst[i]) + fabs((double)scale * x[i]);
     }
-    l2l_optim_axpy(dst, x, scale, n);
+    optim_axpy(dst, x, scale, n);
     int64_t t = 0; /* for CHECK_CLOSE's message */
     CHECK_CLOSE("axpy", dst, w, mag, n, TOL_KERNEL);
     CHECK(guards_intact(dst, n) && guards_intact(x, n), "axpy wrote outside [0, n)");
@@ -492,7 +492,7 @@ TEST(optim_sumsq_axpy) {
       w[i] = dst[i] + (double)scale * x[i];
       mag[i] = fabs(dst[i]) + fabs((double)scale * x[i]);
     }
-    l2l_optim_axpy_drain(dst, x, scale, n);
+    optim_axpy_drain(dst, x, scale, n);
     CHECK_CLOSE("axpy_drain", dst, w, mag, n, TOL_KERNEL);
     int64_t left = 0;
     for (int64_t i = 0; i < n; i++) left += x[i] != 0.0f;
@@ -502,7 +502,7 @@ TEST(optim_sumsq_axpy) {
     guarded_free(x), guarded_free(dst);
     free(w), free(mag);
   }
-  CHECK(l2l_optim_sumsq(NULL, 0) == 0.0, "sumsq of nothing is 0");
+  CHECK(optim_sumsq(NULL, 0) == 0.0, "sumsq of nothing is 0");
 }
 
 /* The axpy kernels' flag is what an eager update takes (eps.h, EPS_GRAD_LIMIT): every sum
@@ -530,9 +530,9 @@ TEST(optim_axpy_limit) {
         dst[at] = v;
         x[at] = 0.0f;
         float scale = (float)check_rand_uniform(-2, 2);
-        bool got = form == 0   ? l2l_optim_axpy(dst, x, scale, n)
-                   : form == 1 ? l2l_optim_axpy_drain(dst, x, scale, n)
-                               : l2l_optim_axpy_half(dst, half, L2L_BF16, scale, n);
+        bool got = form == 0   ? optim_axpy(dst, x, scale, n)
+                   : form == 1 ? optim_axpy_drain(dst, x, scale, n)
+                               : optim_axpy_half(dst, half, L2L_BF16, scale, n);
         CHECK(got == pass, "axpy form %d n=%lld: a sum of %.9g at %lld %s, want %s", form,
               (long long)n, (double)v, (long long)at, got ? "passed" : "was flagged",
               pass ? "passed (below 2^63)" : "flagged");
@@ -540,7 +540,7 @@ TEST(optim_axpy_limit) {
     }
     fill_floats_normal(x, n, check_rand_uniform(1e-3, 1e3));
     float most = -1.0f;
-    double sum = l2l_optim_sumsq_most(x, n, &most), want_sum = l2l_optim_sumsq(x, n);
+    double sum = optim_sumsq_most(x, n, &most), want_sum = optim_sumsq(x, n);
     float want = 0.0f;
     for (int64_t i = 0; i < n; i++) want = fabsf(x[i]) > want ? fabsf(x[i]) : want;
     CHECK(most == want, "sumsq_most n=%lld: largest %.9g, want %.9g", (long long)n, (double)most,
@@ -618,25 +618,25 @@ TEST(optim_schedule_values) {
 TEST(optim_schedule_refusals) {
   l2l_schedule_config good = {L2L_SCHEDULE_COSINE, 10, 100, 0.1f}, s;
   double out = 7.0;
-  CHECK_OK(l2l_schedule_check(&good));
-  CHECK_FAILS(l2l_schedule_check(NULL), L2L_ERR_INVALID, "NULL");
+  CHECK_OK(schedule_check(&good));
+  CHECK_FAILS(schedule_check(NULL), L2L_ERR_INVALID, "NULL");
   s = good, s.kind = (l2l_schedule_kind)3;
-  CHECK_FAILS(l2l_schedule_check(&s), L2L_ERR_INVALID, "kind 3");
+  CHECK_FAILS(schedule_check(&s), L2L_ERR_INVALID, "kind 3");
   s = good, s.warmup = -1;
-  CHECK_FAILS(l2l_schedule_check(&s), L2L_ERR_INVALID, "warmup must be >= 0, got -1");
+  CHECK_FAILS(schedule_check(&s), L2L_ERR_INVALID, "warmup must be >= 0, got -1");
   s = good, s.total = 10;
-  CHECK_FAILS(l2l_schedule_check(&s), L2L_ERR_INVALID, "total must be > warmup (10)");
+  CHECK_FAILS(schedule_check(&s), L2L_ERR_INVALID, "total must be > warmup (10)");
   s = good, s.kind = L2L_SCHEDULE_LINEAR, s.total = 3;
-  CHECK_FAILS(l2l_schedule_check(&s), L2L_ERR_INVALID, "got 3");
+  CHECK_FAILS(schedule_check(&s), L2L_ERR_INVALID, "got 3");
   s = good, s.final_ratio = 1.5f;
-  CHECK_FAILS(l2l_schedule_check(&s), L2L_ERR_INVALID, "final_ratio must be in [0, 1], got 1.5");
+  CHECK_FAILS(schedule_check(&s), L2L_ERR_INVALID, "final_ratio must be in [0, 1], got 1.5");
   s = good, s.final_ratio = -0.25f;
-  CHECK_FAILS(l2l_schedule_check(&s), L2L_ERR_INVALID, "final_ratio");
+  CHECK_FAILS(schedule_check(&s), L2L_ERR_INVALID, "final_ratio");
   s = good, s.final_ratio = NAN;
-  CHECK_FAILS(l2l_schedule_check(&s), L2L_ERR_INVALID, "final_ratio");
+  CHECK_FAILS(schedule_check(&s), L2L_ERR_INVALID, "final_ratio");
   /* constant ignores total; final_ratio 1 is allowed */
   s = good, s.kind = L2L_SCHEDULE_CONSTANT, s.total = 0, s.final_ratio = 1.0f;
-  CHECK_OK(l2l_schedule_check(&s));
+  CHECK_OK(schedule_check(&s));
 
   CHECK_FAILS(l2l_schedule_lr(NULL, &good, 1.0, 1), L2L_ERR_INVALID, "out");
   CHECK_FAILS(l2l_schedule_lr(&out, &good, 1.0, 0), L2L_ERR_INVALID, "t must be >= 1");
@@ -657,14 +657,14 @@ TEST(optim_optimizer_refusals) {
                                      .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
                                      .decay_all = 1};
   l2l_optimizer_config c;
-  CHECK_OK(l2l_optimizer_check(&sgd)); /* betas and eps 0: unused by SGD */
-  CHECK_OK(l2l_optimizer_check(&adam));
+  CHECK_OK(optimizer_check(&sgd)); /* betas and eps 0: unused by SGD */
+  CHECK_OK(optimizer_check(&adam));
   c = adam, c.kind = L2L_OPTIMIZER_LAMB, c.lr = 0.0f;
-  CHECK_OK(l2l_optimizer_check(&c)); /* lr 0 allowed; momentum unused */
+  CHECK_OK(optimizer_check(&c)); /* lr 0 allowed; momentum unused */
   c = sgd, c.momentum = 0.0f, c.nesterov = 0;
-  CHECK_OK(l2l_optimizer_check(&c)); /* plain SGD */
+  CHECK_OK(optimizer_check(&c)); /* plain SGD */
 
-  CHECK_FAILS(l2l_optimizer_check(NULL), L2L_ERR_INVALID, "NULL");
+  CHECK_FAILS(optimizer_check(NULL), L2L_ERR_INVALID, "NULL");
   struct {
     l2l_optimizer_config c;
     const char *needle;
@@ -691,7 +691,7 @@ TEST(optim_optimizer_refusals) {
       {{.kind = L2L_OPTIMIZER_ADAMW, .lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .momentum = -INFINITY}, "momentum must be finite, got -inf"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    if (!CHECK_FAILS(l2l_optimizer_check(&bad[i].c), L2L_ERR_INVALID, bad[i].needle))
+    if (!CHECK_FAILS(optimizer_check(&bad[i].c), L2L_ERR_INVALID, bad[i].needle))
       fprintf(stderr, "    (case %zu)\n", i);
     CHECK(strstr(l2l_last_error(), "optimizer") != NULL, "message names the optimizer: %s",
           l2l_last_error());
@@ -700,11 +700,11 @@ TEST(optim_optimizer_refusals) {
 
 TEST(optim_state_count) {
   l2l_optimizer_config c = {.kind = L2L_OPTIMIZER_SGD, .lr = 0.1f};
-  CHECK(l2l_optim_state_count(&c) == 0, "plain SGD keeps no state");
+  CHECK(optim_state_count(&c) == 0, "plain SGD keeps no state");
   c.momentum = 0.9f;
-  CHECK(l2l_optim_state_count(&c) == 1, "SGD with momentum keeps its buffer");
+  CHECK(optim_state_count(&c) == 1, "SGD with momentum keeps its buffer");
   c.kind = L2L_OPTIMIZER_ADAMW;
-  CHECK(l2l_optim_state_count(&c) == 2, "AdamW keeps m and v");
+  CHECK(optim_state_count(&c) == 2, "AdamW keeps m and v");
   c.kind = L2L_OPTIMIZER_LAMB;
-  CHECK(l2l_optim_state_count(&c) == 2, "LAMB keeps m and v");
+  CHECK(optim_state_count(&c) == 2, "LAMB keeps m and v");
 }

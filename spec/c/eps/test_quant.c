@@ -289,13 +289,13 @@ TEST(quant_stochastic_rounding) {
    state, encoded after. */
 static void compact_update(l2l_optimizer_kind kind, l2l_state_precision state, bool nesterov,
                            bool bf16_master) {
-  const struct l2l_optimizer_ops *ops = l2l_optimizer_ops(kind);
+  const struct optimizer_ops *ops = optimizer_ops(kind);
   l2l_optimizer_config cfg = {.kind = kind, .momentum = 0.9f, .nesterov = nesterov};
   int count = ops->state_count(&cfg);
   int64_t skip = check_rand_int(0, 3) * BLOCK;            /* the chunk starts blocks in */
   int64_t n = check_rand_int(1, 4 * BLOCK), total = skip + n;
-  uint64_t bytes = l2l_host_state_bytes(state, total);
-  struct l2l_optim_hyper h = {.kind = kind, .lr = 1e-2f, .weight_decay = 0.1f, .momentum = 0.9f,
+  uint64_t bytes = host_state_bytes(state, total);
+  struct optim_hyper h = {.kind = kind, .lr = 1e-2f, .weight_decay = 0.1f, .momentum = 0.9f,
                               .nesterov = nesterov, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                               .t = check_rand_int(2, 50), .grad_scale = 0.5f};
   float *p = xmalloc(4 * (size_t)n), *p_ref = xmalloc(4 * (size_t)n), *g = xmalloc(4 * (size_t)n);
@@ -322,9 +322,9 @@ static void compact_update(l2l_optimizer_kind kind, l2l_state_precision state, b
   for (int wave = 0; wave < ops->waves; wave++) {
     double sums[2] = {0, 0}, ref_sums[2] = {0, 0};
     static double record_sums[2];
-    struct l2l_optim_chunk chunk = {.p = p, .grad = g, .n = n, .h = &h, .wave = wave,
+    struct optim_chunk chunk = {.p = p, .grad = g, .n = n, .h = &h, .wave = wave,
                                     .sums = sums, .record_sums = record_sums};
-    struct l2l_optim_chunk plain = {.p = p_ref, .grad = g, .n = n, .h = &h, .wave = wave,
+    struct optim_chunk plain = {.p = p_ref, .grad = g, .n = n, .h = &h, .wave = wave,
                                     .sums = ref_sums, .record_sums = record_sums,
                                     .state = {dec[0], dec[1]}};
     uint8_t *before = count > 0 ? xmalloc(bytes) : NULL;
@@ -337,7 +337,7 @@ static void compact_update(l2l_optimizer_kind kind, l2l_state_precision state, b
     ops->chunk(&plain);
     if (bf16_master && wave == ops->waves - 1) {   /* rounded by draw first + i */
       uint32_t *draws = xmalloc(4 * (size_t)n);
-      l2l_philox_range(draws, seed, stream, first, n);
+      philox_range(draws, seed, stream, first, n);
       for (int64_t i = 0; i < n; i++) p_ref[i] = half_bf16_to_f32(eps_bf16_stochastic(p_ref[i], draws[i]));
       for (int64_t i = 0; i < n; i++) p[i] = half_bf16_to_f32(ph[i]);
       free(draws);
@@ -413,7 +413,7 @@ TEST(quant_state_check) {
       }
       l2l_tensor *t = NULL;
       if (states[s] == L2L_STATE_8BIT)
-        t = NEW(L2L_POOL_HOST, L2L_U8, (int64_t)l2l_host_state_bytes(L2L_STATE_8BIT, n));
+        t = NEW(L2L_POOL_HOST, L2L_U8, (int64_t)host_state_bytes(L2L_STATE_8BIT, n));
       else
         t = NEW(L2L_POOL_HOST, states[s] == L2L_STATE_BF16 ? L2L_BF16 : L2L_F32, n);
       eps_state_encode(l2l_tensor_data(t), n, 0, x, n, states[s], code);

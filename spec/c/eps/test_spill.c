@@ -9,7 +9,7 @@
  * limit stands for it), a file cut short by another program, a file left by a run
  * that died (found and named, not reused or removed), one of them with this process's own
  * pid (a free name taken past it). And the host pool's page return
- * that lets a gradient accumulator leave memory between updates (l2l_pool_zero_pages).
+ * that lets a gradient accumulator leave memory between updates (pool_zero_pages).
  * Must never: leave files behind in the system's temporary directory.
  */
 #include <fcntl.h>
@@ -369,12 +369,12 @@ TEST(pool_zero_pages_gives_whole_pages_back) {
     uint64_t bytes = trial == 0 ? (uint64_t)check_rand_int(1, (int)page - 1)
                                 : (uint64_t)check_rand_int((int)page, 64 * (int)page);
     void *buffer = NULL;
-    if (!CHECK_OK(l2l_pool_alloc(&buffer, pool, bytes))) return;
+    if (!CHECK_OK(pool_alloc(&buffer, pool, bytes))) return;
     /* a view's range: some bytes in from the buffer's start */
     uint64_t skip = trial >= 3 ? (uint64_t)check_rand_int(1, 64) * 4 : 0, n = bytes - skip;
     unsigned char *b = (unsigned char *)buffer;
     memset(b, 0xa5, bytes);
-    uint64_t given = l2l_pool_zero_pages(pool, b + skip, n);
+    uint64_t given = pool_zero_pages(pool, b + skip, n);
     uintptr_t first = ((uintptr_t)(b + skip) + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page,
               last = ((uintptr_t)(b + skip) + n) / (uintptr_t)page * (uintptr_t)page;
     uint64_t whole = pool == L2L_POOL_HOST && last > first ? last - first : 0;
@@ -397,6 +397,6 @@ TEST(pool_zero_pages_gives_whole_pages_back) {
     memset(b, 1, bytes);   /* and the memory is the buffer's as before */
     for (uint64_t i = 0; i < bytes; i++) bad += b[i] != 1;
     CHECK(bad == 0, "trial %d: written again, %zu bytes differ", trial, bad);
-    l2l_pool_free(pool, buffer, bytes);
+    pool_free(pool, buffer, bytes);
   }
 }

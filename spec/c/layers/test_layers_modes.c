@@ -53,7 +53,7 @@ static void compare_runs(const char *what, struct run *a, struct run *b, const c
 /* ---------------------------------------------------------------- 16-bit weights */
 
 /* The relay's binding (src/layers/layers.h): a parameter record pointed at other tensors. */
-void l2l_param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad);
+void param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad);
 
 /* The parameters the relay binds in 16 bits: the GEMM weights and the token table. */
 static bool low_precision_name(const l2l_layer_config *c, const char *name) {
@@ -108,7 +108,7 @@ TEST(layer_16bit_weights_match_rounded_f32) {
                                (int64_t[]){l2l_tensor_dim(v, 0), l2l_tensor_dim(v, 1)});
         CHECK_OK(l2l_tensor_cast(half[i], v));
         CHECK_OK(l2l_tensor_cast(w, half[i]));   /* the twin's weight: the same values, f32 */
-        l2l_param_bind(p, half[i], l2l_param_grad(p));
+        param_bind(p, half[i], l2l_param_grad(p));
         bound++;
       }
       static const char *const kind_names[] = {"embedding", "block", "LM head", "classifier"};
@@ -127,7 +127,7 @@ TEST(layer_16bit_weights_match_rounded_f32) {
         }
       }
       for (int i = 0; i < l2l_layer_param_count(layer); i++) {
-        if (half[i]) l2l_param_bind(l2l_layer_param(layer, i), NULL, NULL);
+        if (half[i]) param_bind(l2l_layer_param(layer, i), NULL, NULL);
         l2l_tensor_free(half[i]);
       }
       FREE(twin.y, twin.dx);

@@ -70,7 +70,7 @@ static void compare_one(int trial, bool allow_swap) {
     CHECK_OK(l2l_relay_set_inner(r, k, inner));
     if (k >= 1) CHECK_OK(l2l_relay_set_stash(r, k, stash));
     CHECK_OK(l2l_relay_set_frozen(r, k, frozen));
-    layers[k] = (struct plan_layer){.layer = m.layer[k], .role = l2l_layer_role(m.layer[k]),
+    layers[k] = (struct plan_layer){.layer = m.layer[k], .role = layer_role(m.layer[k]),
                                     .frozen = frozen, .inner = (l2l_inner_policy)l2l_relay_inner(r, k),
                                     .stash = k >= 1 ? (l2l_stash_policy)l2l_relay_stash(r, k)
                                                     : L2L_STASH_DEVICE};
@@ -81,7 +81,7 @@ static void compare_one(int trial, bool allow_swap) {
                              .precision = cfg.precision, .grad_precision = cfg.grad_precision,
                              .token_types = d.types != NULL, .key_mask = d.key_mask != NULL};
   uint64_t predicted = 0;
-  if (!CHECK_OK(l2l_plan_peak(&predicted, &chain))) goto done;
+  if (!CHECK_OK(plan_peak(&predicted, &chain))) goto done;
   l2l_pool_stats before;
   CHECK_OK(l2l_pool_get_stats(&before, L2L_POOL_DEVICE));
   l2l_relay_batch b = {.tokens = d.tokens, .targets = d.targets, .token_types = d.types,
@@ -116,7 +116,7 @@ static void compare_one(int trial, bool allow_swap) {
   /* An evaluation of the same batch (nothing kept, nothing swapped: exact with any policy),
      with the weights the step left (the frugal guard's statements follow them). */
   chain.evaluation = true;
-  if (!CHECK_OK(l2l_plan_peak(&predicted, &chain))) goto done;
+  if (!CHECK_OK(plan_peak(&predicted, &chain))) goto done;
   CHECK_OK(l2l_pool_get_stats(&before, L2L_POOL_DEVICE));
   if (!CHECK_OK(l2l_relay_evaluate(&loss, r, &b))) goto done;
   CHECK_OK(l2l_relay_get_stats(&st, r));
@@ -165,7 +165,7 @@ TEST(plan_peak_of_many_micro_batches_is_the_whole_replays) {
     struct plan_layer layers[MAX_LAYERS];
     for (int k = 0; k < m.n; k++) {
       int mode = (int)check_rand_int(0, 4);
-      layers[k] = (struct plan_layer){.layer = m.layer[k], .role = l2l_layer_role(m.layer[k]),
+      layers[k] = (struct plan_layer){.layer = m.layer[k], .role = layer_role(m.layer[k]),
                                       .frozen = k < m.n - 1 && check_rand_int(0, 5) == 0,
                                       .inner = mode_inner[mode], .stash = k ? mode_stash[mode] : L2L_STASH_DEVICE};
     }
@@ -179,10 +179,10 @@ TEST(plan_peak_of_many_micro_batches_is_the_whole_replays) {
                            .key_mask = check_rand_int(0, 1), .accumulate = 1};
     uint64_t whole = 0, short_replays = 0;
     plan_peak_whole_replay_max = INT64_MAX;
-    CHECK_OK(l2l_plan_peak(&whole, &c));
+    CHECK_OK(plan_peak(&whole, &c));
     plan_peak_whole_replay_max = 0;
     int64_t fallbacks = plan_peak_fallbacks;
-    CHECK_OK(l2l_plan_peak(&short_replays, &c));
+    CHECK_OK(plan_peak(&short_replays, &c));
     CHECK(plan_peak_fallbacks == fallbacks, "trial %d: the short replays were not on lines: the "
           "whole replay was used (%d layers, %lld micro-batches)", trial, m.n, (long long)nmb);
     CHECK(whole == short_replays && whole > 0, "trial %d (%d layers, B %lld, micro-batch %lld): "
@@ -216,7 +216,7 @@ TEST(plan_search_work_is_bounded_in_the_batch) {
   const int64_t batches[2] = {INT64_C(1) << 10, INT64_C(1) << 24};
   for (int i = 0; i < 2; i++) {
     for (int k = 0; k < m.n; k++)
-      layers[k] = (struct plan_layer){.layer = m.layer[k], .role = l2l_layer_role(m.layer[k])};
+      layers[k] = (struct plan_layer){.layer = m.layer[k], .role = layer_role(m.layer[k])};
     struct plan_chain c = {.L = m.n, .layers = layers, .batch = batches[i], .seq = g.S, .dim = g.D,
                            .param_slots = 2, .precision = L2L_F32, .grad_precision = L2L_F32,
                            .accumulate = 1};
@@ -256,7 +256,7 @@ static double brute_force(struct plan_chain *c, const l2l_plan_rates *rates, uin
       c->layers[L - 1].inner = L2L_INNER_RECOMPUTE;
       c->layers[L - 1].stash = rest % 2 ? L2L_STASH_HOST : L2L_STASH_DEVICE;
       uint64_t peak;
-      if (!CHECK_OK(l2l_plan_peak(&peak, c))) return NAN;
+      if (!CHECK_OK(plan_peak(&peak, c))) return NAN;
       double s = plan_step_seconds(c, costs, rates, NULL, NULL);
       if (peak <= budget && s < best) best = s, *best_mb = mb;
     }
@@ -291,7 +291,7 @@ TEST(plan_search_finds_what_a_brute_force_finds) {
     model_new(&m, &g);
     struct plan_layer layers[MAX_LAYERS];
     for (int k = 0; k < m.n; k++)
-      layers[k] = (struct plan_layer){.layer = m.layer[k], .role = l2l_layer_role(m.layer[k])};
+      layers[k] = (struct plan_layer){.layer = m.layer[k], .role = layer_role(m.layer[k])};
     struct plan_chain c = {.L = m.n, .layers = layers, .batch = B, .seq = g.S, .dim = g.D,
                            .param_slots = 2, .precision = L2L_F32, .grad_precision = L2L_F32,
                            .accumulate = 1};
@@ -299,10 +299,10 @@ TEST(plan_search_finds_what_a_brute_force_finds) {
     uint64_t lean = 0, fat = 0;
     c.micro_batch = 1;
     for (int k = 1; k < m.n; k++) layers[k].inner = L2L_INNER_RECOMPUTE, layers[k].stash = L2L_STASH_HOST;
-    CHECK_OK(l2l_plan_peak(&lean, &c));
+    CHECK_OK(plan_peak(&lean, &c));
     c.micro_batch = B;
     for (int k = 0; k < m.n; k++) layers[k].inner = L2L_INNER_KEEP, layers[k].stash = L2L_STASH_DEVICE;
-    CHECK_OK(l2l_plan_peak(&fat, &c));
+    CHECK_OK(plan_peak(&fat, &c));
     uint64_t budget = lean + (uint64_t)((double)(fat > lean ? fat - lean : 0) * check_rand_uniform(0, 1.2));
     int64_t brute_mb = 0;
     double brute = brute_force(&c, &rates, budget, &brute_mb);
@@ -312,7 +312,7 @@ TEST(plan_search_finds_what_a_brute_force_finds) {
       CHECK(r.found, "trial %d: no plan within %llu bytes, the brute force found %g s", trial,
             (unsigned long long)budget, brute);
       uint64_t peak = 0;
-      CHECK_OK(l2l_plan_peak(&peak, &c));
+      CHECK_OK(plan_peak(&peak, &c));
       CHECK(peak == r.peak && peak <= budget, "trial %d: the plan's peak %llu (said %llu), budget %llu",
             trial, (unsigned long long)peak, (unsigned long long)r.peak, (unsigned long long)budget);
       CHECK(r.seconds <= brute * SEARCH_WORST || !r.found,

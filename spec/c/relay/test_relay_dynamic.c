@@ -335,8 +335,8 @@ TEST(relay_eps_records_are_the_models_listing_through_changes) {
       int64_t updates[MAX_EPS];
       int nbefore = r->eps.count < MAX_EPS ? r->eps.count : MAX_EPS;
       for (int i = 0; i < nbefore; i++) {
-        before[i] = l2l_eps_param(r->eps.records[i]);
-        updates[i] = l2l_eps_updates(r->eps.records[i]);
+        before[i] = eps_param(r->eps.records[i]);
+        updates[i] = eps_updates(r->eps.records[i]);
       }
       int op = (int)check_rand_int(0, 3), at = (int)check_rand_int(0, m.n - 1);
       const char *what = "?";
@@ -385,12 +385,12 @@ TEST(relay_eps_records_are_the_models_listing_through_changes) {
         int64_t was = 0;
         for (int j = 0; j < nbefore; j++)
           if (before[j] == want[i]) was = updates[j];
-        ok &= CHECK(l2l_eps_param(r->eps.records[i]) == want[i] &&
-                        l2l_eps_updates(r->eps.records[i]) == was,
+        ok &= CHECK(eps_param(r->eps.records[i]) == want[i] &&
+                        eps_updates(r->eps.records[i]) == was,
                     "trial %d (tie %d), change %d (%s at %d): the EPS's record %d is %s with %lld "
                     "updates, the listing's is %s with %lld", trial, g.tie, change, what, at, i,
-                    l2l_param_name(l2l_eps_param(r->eps.records[i])),
-                    (long long)l2l_eps_updates(r->eps.records[i]), l2l_param_name(want[i]),
+                    l2l_param_name(eps_param(r->eps.records[i])),
+                    (long long)eps_updates(r->eps.records[i]), l2l_param_name(want[i]),
                     (long long)was);
       }
       if (!ok || ngone == 16) break;

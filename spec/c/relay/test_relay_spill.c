@@ -48,7 +48,7 @@ TEST(relay_with_the_state_spilled_is_the_same_to_the_bit) {
     bool tight = check_rand_int(0, 1) == 1, ok = a && b;
     printf("  optimizer %d: the spilled relay's host budget %s\n", o, tight ? "the smallest that works" : "none");
     for (int step = 0; ok && step < 4; step++) {
-      if (step == spill_after) ok &= CHECK_OK(l2l_relay_sync(b)) && CHECK_OK(l2l_eps_spill_state(&b->eps, dir));
+      if (step == spill_after) ok &= CHECK_OK(l2l_relay_sync(b)) && CHECK_OK(eps_spill_state(&b->eps, dir));
       double la, lb;
       ok &= relay_step(&la, a, &d, NULL);
       l2l_relay_batch bb = relay_batch(&d, NULL);
@@ -64,7 +64,7 @@ TEST(relay_with_the_state_spilled_is_the_same_to_the_bit) {
                           step, la, lb);
     }
     if (ok && CHECK_OK(l2l_relay_sync(a)) && CHECK_OK(l2l_relay_sync(b))) {
-      CHECK_OK(l2l_eps_io_status(&b->eps));
+      CHECK_OK(eps_io_status(&b->eps));
       CHECK(check_dir_entries(dir) == 1, "optimizer %d: %d files in %s, want the spill file", o,
             check_dir_entries(dir), dir);
       CHECK(relay_stats(b).host_eps_bytes < relay_stats(a).host_eps_bytes,

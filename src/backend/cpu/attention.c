@@ -29,29 +29,29 @@
 
 enum { TILE_Q = 64 }; /* query rows per tile: a tile row of scores stays in cache */
 
-int64_t l2l_cpu_attention_workspace(int64_t seq, int backward) {
+int64_t cpu_attention_workspace(int64_t seq, int backward) {
   /* forward: one score tile; backward: P, P' and dP' tiles. */
   return (backward ? 3 : 1) * (int64_t)TILE_Q * seq;
 }
 
 /* Threads that fit the workspace, at most the compute threads and `items`; one for
    small problems, where waking a team costs more than it saves. */
-static int attention_threads(const struct l2l_attention_shape *sh, int backward,
+static int attention_threads(const struct backend_attention_shape *sh, int backward,
                              int64_t workspace_floats, int64_t items) {
-  int64_t fit = workspace_floats / l2l_cpu_attention_workspace(sh->seq, backward);
+  int64_t fit = workspace_floats / cpu_attention_workspace(sh->seq, backward);
   int64_t flops = sh->batch * sh->heads * sh->seq * sh->seq * sh->head_dim;
-  int64_t nt = flops < (1 << 18) ? 1 : atomic_load_explicit(&l2l_compute_threads, memory_order_relaxed);
+  int64_t nt = flops < (1 << 18) ? 1 : atomic_load_explicit(&cpu_compute_threads, memory_order_relaxed);
   if (nt > fit) nt = fit;
   if (nt > items) nt = items;
   return nt < 1 ? 1 : (int)nt;
 }
 
 /* Keys visible to query i lie in [0, key_end(i)): causal self-attention stops at i. */
-static inline int64_t tile_key_end(const struct l2l_attention_shape *sh, int64_t last_row) {
+static inline int64_t tile_key_end(const struct backend_attention_shape *sh, int64_t last_row) {
   return sh->causal ? last_row + 1 : sh->seq;
 }
 
-static inline bool key_hidden(const struct l2l_attention_shape *sh, const uint8_t *key_mask,
+static inline bool key_hidden(const struct backend_attention_shape *sh, const uint8_t *key_mask,
                               int64_t b, int64_t i, int64_t j) {
   return (sh->causal && j > i) || (key_mask != NULL && key_mask[b * sh->seq + j] == 0);
 }
@@ -65,21 +65,21 @@ static inline int64_t mask_row_bytes(int64_t seq) { return (seq + 7) / 8; }
 enum { DROP_CHUNK = 256 };
 
 static void dropout_row(float *row, uint8_t *bits, int64_t count, uint64_t index0,
-                        const struct l2l_attention_shape *sh) {
-  const uint32_t threshold = l2l_keep_threshold(sh->dropout);
+                        const struct backend_attention_shape *sh) {
+  const uint32_t threshold = backend_keep_threshold(sh->dropout);
   const float keep_scale = 1.0f / (1.0f - sh->dropout);
   uint32_t draws[DROP_CHUNK];
   uint8_t kept[DROP_CHUNK];
   for (int64_t start = 0; start < count; start += DROP_CHUNK) { /* whole bytes of bits */
     int64_t n = count - start < DROP_CHUNK ? count - start : DROP_CHUNK;
     float *r = row + start;
-    l2l_philox_range(draws, sh->seed, sh->stream, index0 + (uint64_t)start, n);
+    philox_range(draws, sh->seed, sh->stream, index0 + (uint64_t)start, n);
 #pragma omp simd
     for (int64_t j = 0; j < n; j++) {
       kept[j] = (draws[j] >> 8) < threshold;
       r[j] = kept[j] ? r[j] * keep_scale : 0.0f;
     }
-    if (bits) l2l_pack_bits(bits + start / 8, kept, n);
+    if (bits) backend_pack_bits(bits + start / 8, kept, n);
   }
 }
 
@@ -92,7 +92,7 @@ static void dropout_row_from_bits(float *row, const uint8_t *bits, int64_t count
 
 /* Draw index of element (b, h, i, 0) at block site 0 (l2l.h), modulo 2^64 like every draw
    index (first_sample may be as large as INT64_MAX: adding b in int64 overflowed). */
-static inline uint64_t draw_index(const struct l2l_attention_shape *sh, int64_t b, int64_t h,
+static inline uint64_t draw_index(const struct backend_attention_shape *sh, int64_t b, int64_t h,
                                   int64_t i) {
   return (((uint64_t)sh->first_sample + (uint64_t)b) * (uint64_t)sh->heads + (uint64_t)h) *
              (uint64_t)(sh->seq * sh->seq) + (uint64_t)(i * sh->seq);
@@ -102,7 +102,7 @@ static inline uint64_t draw_index(const struct l2l_attention_shape *sh, int64_t 
 
 static void forward_tile(float *o, float *lse, float *probs, float *dropped, uint8_t *mask,
                          const float *q, const float *k, const float *v,
-                         const uint8_t *key_mask, const struct l2l_attention_shape *sh,
+                         const uint8_t *key_mask, const struct backend_attention_shape *sh,
                          int64_t b, int64_t h, int64_t i0, float *scratch) {
   const int64_t S = sh->seq, hd = sh->head_dim, ld = sh->ld_qkv;
   const int64_t rows = S - i0 < TILE_Q ? S - i0 : TILE_Q, kend = tile_key_end(sh, i0 + rows - 1);
@@ -155,14 +155,14 @@ static void forward_tile(float *o, float *lse, float *probs, float *dropped, uin
               (int)sh->ld_o);
 }
 
-l2l_status l2l_cpu_attention_forward(float *o, float *lse, float *probs, float *dropped,
+l2l_status cpu_attention_forward(float *o, float *lse, float *probs, float *dropped,
                                      uint8_t *mask, const float *q, const float *k,
                                      const float *v, const uint8_t *key_mask,
-                                     const struct l2l_attention_shape *sh, float *workspace,
+                                     const struct backend_attention_shape *sh, float *workspace,
                                      int64_t workspace_floats) {
   const int64_t tiles = (sh->seq + TILE_Q - 1) / TILE_Q;
   const int64_t items = sh->batch * sh->heads * tiles;
-  const int64_t per_thread = l2l_cpu_attention_workspace(sh->seq, 0);
+  const int64_t per_thread = cpu_attention_workspace(sh->seq, 0);
   int nt = attention_threads(sh, 0, workspace_floats, items);
 #pragma omp parallel for schedule(dynamic) num_threads(nt)
   for (int64_t item = 0; item < items; item++) {
@@ -179,7 +179,7 @@ l2l_status l2l_cpu_attention_forward(float *o, float *lse, float *probs, float *
 static void backward_head(float *dq, float *dk, float *dv, const float *d_o, const float *o,
                           const float *lse, const float *probs, const float *dropped,
                           const uint8_t *mask, const float *q, const float *k, const float *v,
-                          const uint8_t *key_mask, const struct l2l_attention_shape *sh,
+                          const uint8_t *key_mask, const struct backend_attention_shape *sh,
                           int64_t b, int64_t h, float *scratch) {
   const int64_t S = sh->seq, hd = sh->head_dim, ld = sh->ld_qkv, ldo = sh->ld_o;
   const int64_t head = b * sh->heads + h;
@@ -262,15 +262,15 @@ static void backward_head(float *dq, float *dk, float *dv, const float *d_o, con
   }
 }
 
-l2l_status l2l_cpu_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
+l2l_status cpu_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
                                       const float *o, const float *lse, const float *probs,
                                       const float *dropped, const uint8_t *mask,
                                       const float *q, const float *k, const float *v,
                                       const uint8_t *key_mask,
-                                      const struct l2l_attention_shape *sh, float *workspace,
+                                      const struct backend_attention_shape *sh, float *workspace,
                                       int64_t workspace_floats) {
   const int64_t items = sh->batch * sh->heads;
-  const int64_t per_thread = l2l_cpu_attention_workspace(sh->seq, 1);
+  const int64_t per_thread = cpu_attention_workspace(sh->seq, 1);
   int nt = attention_threads(sh, 1, workspace_floats, items);
 #pragma omp parallel for schedule(dynamic) num_threads(nt)
   for (int64_t item = 0; item < items; item++) {

@@ -22,7 +22,7 @@
 
 /* ---------------------------------------------------------------- reductions, AdamW */
 
-static l2l_status cpu_reduce(double *out, enum l2l_reduction kind, const float *x, int64_t n) {
+static l2l_status cpu_reduce(double *out, enum backend_reduction kind, const float *x, int64_t n) {
   int nt = threads_for(n);
   double acc = 0.0;
   if (kind == L2L_REDUCE_MAX_ABS) {
@@ -53,14 +53,14 @@ static l2l_status cpu_adamw(float *param, float *m, float *v, const float *grad,
                             const l2l_adamw_config *c, float bias_correction1,
                             float bias_correction2) {
   /* backend.h's AdamW arithmetic, the EPS's own, split across the compute threads */
-  const struct l2l_adamw_consts k =
-      l2l_adamw_consts(c->lr, c->beta1, c->beta2, c->eps, c->weight_decay, bias_correction1,
+  const struct backend_adamw_consts k =
+      backend_adamw_consts(c->lr, c->beta1, c->beta2, c->eps, c->weight_decay, bias_correction1,
                        bias_correction2, 1.0);
   int nt = threads_for(n * 4);
 #pragma omp parallel for simd schedule(static) num_threads(nt)
   for (int64_t i = 0; i < n; i++) {
     float mi = m[i], vi = v[i];
-    param[i] = l2l_adamw_element(param[i], grad[i], &mi, &vi, &k);
+    param[i] = backend_adamw_element(param[i], grad[i], &mi, &vi, &k);
     m[i] = mi;
     v[i] = vi;
   }
@@ -184,7 +184,7 @@ static void store_uniform(void *dst, l2l_dtype dtype, int64_t i, double value, d
 /* Uniform: element i is the 24-bit draw first+i (rng.c layout) scaled into [lo, hi).
    Normal: element i uses draws 2i and 2i + 1 (words 2(i%2), 2(i%2)+1 of block i/2) for
    Box-Muller (u1 in (0, 1], u2 in [0, 1)), so each element is its own pair of draws. */
-static l2l_status cpu_random(void *dst, l2l_dtype dtype, int64_t n, enum l2l_distribution dist,
+static l2l_status cpu_random(void *dst, l2l_dtype dtype, int64_t n, enum backend_distribution dist,
                              uint64_t seed, uint64_t stream, int64_t first, double a, double b) {
   enum { CHUNK = 2048 };
   const int per = dist == L2L_UNIFORM ? 1 : 2;
@@ -194,7 +194,7 @@ static l2l_status cpu_random(void *dst, l2l_dtype dtype, int64_t n, enum l2l_dis
   for (int64_t c = 0; c < chunks; c++) {
     int64_t start = c * CHUNK, count = n - start < CHUNK ? n - start : CHUNK;
     uint32_t draws[2 * CHUNK];
-    l2l_philox_range(draws, seed, stream, (uint64_t)per * ((uint64_t)first + (uint64_t)start),
+    philox_range(draws, seed, stream, (uint64_t)per * ((uint64_t)first + (uint64_t)start),
                      per * count);
     for (int64_t i = 0; i < count; i++) {
       if (dist == L2L_UNIFORM) {
@@ -220,33 +220,33 @@ static l2l_status cpu_copy(void *dst, l2l_pool_kind dst_pool, const void *src,
 
 /* ---------------------------------------------------------------- the table */
 
-const struct l2l_backend_ops l2l_cpu_backend = {
+const struct backend_ops cpu_backend = {
     .name = "cpu",
-    .gemm_batched = l2l_cpu_gemm_batched,
-    .bias_add = l2l_cpu_bias_add,
-    .bias_backward = l2l_cpu_bias_backward,
-    .add = l2l_cpu_add,
-    .gelu_forward = l2l_cpu_gelu_forward,
-    .gelu_backward = l2l_cpu_gelu_backward,
-    .layernorm_forward = l2l_cpu_layernorm_forward,
-    .layernorm_backward = l2l_cpu_layernorm_backward,
-    .softmax_forward = l2l_cpu_softmax_forward,
-    .softmax_backward = l2l_cpu_softmax_backward,
-    .embedding_forward = l2l_cpu_embedding_forward,
-    .embedding_backward = l2l_cpu_embedding_backward,
-    .cross_entropy_forward = l2l_cpu_cross_entropy_forward,
-    .cross_entropy_backward = l2l_cpu_cross_entropy_backward,
-    .dropout_forward = l2l_cpu_dropout_forward,
-    .dropout_backward = l2l_cpu_dropout_backward,
-    .gelu_forward_bits = l2l_cpu_gelu_forward_bits,
-    .gelu_backward_from_output = l2l_cpu_gelu_backward_from_output,
-    .bias_gelu_forward = l2l_cpu_bias_gelu_forward,
-    .add_layernorm_forward = l2l_cpu_add_layernorm_forward,
-    .cross_entropy_fused = l2l_cpu_cross_entropy_fused,
-    .layernorm_backward_from_output = l2l_cpu_layernorm_backward_from_output,
-    .attention_forward = l2l_cpu_attention_forward,
-    .attention_backward = l2l_cpu_attention_backward,
-    .attention_workspace = l2l_cpu_attention_workspace,
+    .gemm_batched = cpu_gemm_batched,
+    .bias_add = cpu_bias_add,
+    .bias_backward = cpu_bias_backward,
+    .add = cpu_add,
+    .gelu_forward = cpu_gelu_forward,
+    .gelu_backward = cpu_gelu_backward,
+    .layernorm_forward = cpu_layernorm_forward,
+    .layernorm_backward = cpu_layernorm_backward,
+    .softmax_forward = cpu_softmax_forward,
+    .softmax_backward = cpu_softmax_backward,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .cross_entropy_forward = cpu_cross_entropy_forward,
+    .cross_entropy_backward = cpu_cross_entropy_backward,
+    .dropout_forward = cpu_dropout_forward,
+    .dropout_backward = cpu_dropout_backward,
+    .gelu_forward_bits = cpu_gelu_forward_bits,
+    .gelu_backward_from_output = cpu_gelu_backward_from_output,
+    .bias_gelu_forward = cpu_bias_gelu_forward,
+    .add_layernorm_forward = cpu_add_layernorm_forward,
+    .cross_entropy_fused = cpu_cross_entropy_fused,
+    .layernorm_backward_from_output = cpu_layernorm_backward_from_output,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .attention_workspace = cpu_attention_workspace,
     .reduce = cpu_reduce,
     .adamw = cpu_adamw,
     .find_out_of_range = cpu_find_out_of_range,

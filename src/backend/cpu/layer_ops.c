@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* layer_ops.c — the CPU backend's ops that layers run: GEMMs (OpenBLAS), bias, GELU
  * (with its memory-frugal form from the output), LayerNorm, softmax, embedding,
- * cross-entropy and dropout, as entries of l2l_cpu_backend (cpu/cpu_ops.c).
+ * cross-entropy and dropout, as entries of cpu_backend (cpu/cpu_ops.c).
  *
  * Purpose and rules: as cpu/cpu_ops.c says for the whole backend: every loop vectorizes and
  * splits across the compute threads with a static schedule, so results are the same from
@@ -29,7 +29,7 @@
 
 /* f16 / bf16 inputs are widened to f32 (exactly) one matrix pair at a time, in memory of
    the backend's own: OpenBLAS has no 16-bit GEMM with f32 accumulation. */
-l2l_status l2l_cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
+l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
                                 int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
                                 int trans_b, float alpha, float beta) {
   /* Row-major: the leading dimension is a stored matrix's column count. */
@@ -38,7 +38,7 @@ l2l_status l2l_cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtyp
   if (ab_dtype != L2L_F32) {
     wide = malloc((size_t)(m * k + k * n) * sizeof *wide);
     if (wide == NULL)
-      return l2l_fail(L2L_ERR_NOMEM, "cpu backend: no memory to widen a %s GEMM's inputs",
+      return core_fail(L2L_ERR_NOMEM, "cpu backend: no memory to widen a %s GEMM's inputs",
                       l2l_dtype_name(ab_dtype));
   }
   for (int64_t i = 0; i < batch; i++) {
@@ -62,14 +62,14 @@ l2l_status l2l_cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtyp
 
 /* ---------------------------------------------------------------- element-wise */
 
-l2l_status l2l_cpu_add(float *out, const float *a, const float *b, int64_t n) {
+l2l_status cpu_add(float *out, const float *a, const float *b, int64_t n) {
   int nt = threads_for(n);
 #pragma omp parallel for simd schedule(static) num_threads(nt)
   for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
   return L2L_OK;
 }
 
-l2l_status l2l_cpu_bias_add(float *y, const float *bias, int64_t rows, int64_t cols) {
+l2l_status cpu_bias_add(float *y, const float *bias, int64_t rows, int64_t cols) {
   int nt = threads_for(rows * cols);
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t r = 0; r < rows; r++) {
@@ -88,7 +88,7 @@ static l2l_status column_sums(float *out, const float *src, int64_t rows, int64_
   if (nt > rows) nt = (int)rows;
   float *partial = calloc((size_t)nt * (size_t)cols, sizeof *partial);
   if (partial == NULL)
-    return l2l_fail(L2L_ERR_NOMEM, "cpu backend: no memory for %d column-sum buffers", nt);
+    return core_fail(L2L_ERR_NOMEM, "cpu backend: no memory for %d column-sum buffers", nt);
 #pragma omp parallel num_threads(nt)
   {
     int t = nt > 1 ? omp_get_thread_num() : 0;
@@ -108,7 +108,7 @@ static l2l_status column_sums(float *out, const float *src, int64_t rows, int64_
   return L2L_OK;
 }
 
-l2l_status l2l_cpu_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols) {
+l2l_status cpu_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols) {
   return column_sums(dbias, dy, rows, cols);
 }
 
@@ -117,7 +117,7 @@ static inline float gelu_of(float v) {
   return v / (1.0f + vexp(-2.0f * u));
 }
 
-l2l_status l2l_cpu_gelu_forward(float *y, const float *x, int64_t n) {
+l2l_status cpu_gelu_forward(float *y, const float *x, int64_t n) {
   int nt = threads_for(n * 8);
 #pragma omp parallel for simd schedule(static) num_threads(nt)
   for (int64_t i = 0; i < n; i++) y[i] = gelu_of(x[i]);
@@ -125,7 +125,7 @@ l2l_status l2l_cpu_gelu_forward(float *y, const float *x, int64_t n) {
 }
 
 /* d/dx [x s(2u)] = s + x * 2u' * s (1 - s), with s = sigmoid(2u), u' = k0 (1 + 3 k1 x^2). */
-l2l_status l2l_cpu_gelu_backward(float *dx, const float *dy, const float *x, int64_t n) {
+l2l_status cpu_gelu_backward(float *dx, const float *dy, const float *x, int64_t n) {
   int nt = threads_for(n * 8);
 #pragma omp parallel for simd schedule(static) num_threads(nt)
   for (int64_t i = 0; i < n; i++) {
@@ -216,7 +216,7 @@ static void gelu_tables_build(void) {
   gelu_tables.y_left = (float)y_left;
 }
 
-l2l_status l2l_cpu_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_t n) {
+l2l_status cpu_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_t n) {
   int64_t bytes = (n + 7) / 8;
   int nt = threads_for(n * 8);
   /* Bits first: y may be x. */
@@ -227,10 +227,10 @@ l2l_status l2l_cpu_gelu_forward_bits(float *y, uint8_t *bits, const float *x, in
     for (int64_t i = byte * 8; i < end; i++) b |= (uint8_t)((x[i] >= L2L_GELU_XMIN) << (i & 7));
     bits[byte] = b;
   }
-  return l2l_cpu_gelu_forward(y, x, n);
+  return cpu_gelu_forward(y, x, n);
 }
 
-l2l_status l2l_cpu_gelu_backward_from_output(float *dx, const float *dy, const float *y,
+l2l_status cpu_gelu_backward_from_output(float *dx, const float *dy, const float *y,
                                              const uint8_t *bits, int64_t n) {
   pthread_once(&gelu_tables_once, gelu_tables_build);
   const float *table = &gelu_tables.slope[0][0];
@@ -268,7 +268,7 @@ l2l_status l2l_cpu_gelu_backward_from_output(float *dx, const float *dy, const f
 /* pre += bias per column, y = gelu(pre), bits = pre's side bits (may be NULL), in one pass:
    the sequence bias_add, gelu_forward_bits (or gelu_forward) with the same results. Flat
    chunks of whole mask bytes, each walked row segment by row segment. y may be pre. */
-l2l_status l2l_cpu_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
+l2l_status cpu_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
                                      int64_t rows, int64_t cols) {
   const int64_t n = rows * cols, chunks = (n + GELU_CHUNK - 1) / GELU_CHUNK;
   int nt = threads_for(n * 10);
@@ -290,7 +290,7 @@ l2l_status l2l_cpu_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const 
       }
       i += len;
     }
-    if (bits) l2l_pack_bits(bits + start / 8, side, end - start);
+    if (bits) backend_pack_bits(bits + start / 8, side, end - start);
   }
   return L2L_OK;
 }
@@ -314,7 +314,7 @@ static inline void layernorm_row(float *yr, float *mean_out, float *rstd_out, co
   if (rstd_out) *rstd_out = rstd;
 }
 
-l2l_status l2l_cpu_layernorm_forward(float *y, float *mean_out, float *rstd_out,
+l2l_status cpu_layernorm_forward(float *y, float *mean_out, float *rstd_out,
                                      const float *x, const float *weight, const float *bias,
                                      float eps, int64_t rows, int64_t cols) {
   int nt = threads_for(rows * cols * 4);
@@ -328,7 +328,7 @@ l2l_status l2l_cpu_layernorm_forward(float *y, float *mean_out, float *rstd_out,
 /* sum = a + b, then LayerNorm of sum, row by row while the row is in cache: the sequence
    add, layernorm_forward with the same results. sum may be a or b; y must not overlap
    sum. */
-l2l_status l2l_cpu_add_layernorm_forward(float *sum, float *y, float *mean_out,
+l2l_status cpu_add_layernorm_forward(float *sum, float *y, float *mean_out,
                                          float *rstd_out, const float *a, const float *b,
                                          const float *weight, const float *bias, float eps,
                                          int64_t rows, int64_t cols) {
@@ -363,7 +363,7 @@ static l2l_status layernorm_backward_rows(float *dx, float *dweight, float *dbia
   if (dweight || dbias) {
     partial = calloc((size_t)nt * 2 * (size_t)cols, sizeof *partial);
     if (partial == NULL)
-      return l2l_fail(L2L_ERR_NOMEM, "cpu backend: no memory for LayerNorm partial sums");
+      return core_fail(L2L_ERR_NOMEM, "cpu backend: no memory for LayerNorm partial sums");
   }
   const bool from_output = mean == NULL;
 #pragma omp parallel num_threads(nt)
@@ -414,7 +414,7 @@ static l2l_status layernorm_backward_rows(float *dx, float *dweight, float *dbia
   return L2L_OK;
 }
 
-l2l_status l2l_cpu_layernorm_backward(float *dx, float *dweight, float *dbias,
+l2l_status cpu_layernorm_backward(float *dx, float *dweight, float *dbias,
                                       const float *dy, const float *x, const float *weight,
                                       const float *mean, const float *rstd, int64_t rows,
                                       int64_t cols) {
@@ -422,14 +422,14 @@ l2l_status l2l_cpu_layernorm_backward(float *dx, float *dweight, float *dbias,
                                  rows, cols);
 }
 
-l2l_status l2l_cpu_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
+l2l_status cpu_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
                                                   const float *dy, const float *y,
                                                   const float *weight, const float *bias,
                                                   const float *rstd, int64_t rows,
                                                   int64_t cols) {
   float *inv_weight = malloc((size_t)cols * sizeof *inv_weight);
   if (inv_weight == NULL)
-    return l2l_fail(L2L_ERR_NOMEM, "cpu backend: no memory for LayerNorm inverse weights");
+    return core_fail(L2L_ERR_NOMEM, "cpu backend: no memory for LayerNorm inverse weights");
   for (int64_t j = 0; j < cols; j++) inv_weight[j] = 1.0f / weight[j];
   l2l_status status = layernorm_backward_rows(dx, dweight, dbias, dy, y, weight, NULL, bias,
                                               inv_weight, rstd, rows, cols);
@@ -439,7 +439,7 @@ l2l_status l2l_cpu_layernorm_backward_from_output(float *dx, float *dweight, flo
 
 /* ---------------------------------------------------------------- softmax */
 
-l2l_status l2l_cpu_softmax_forward(float *y, const float *x, const uint8_t *key_mask,
+l2l_status cpu_softmax_forward(float *y, const float *x, const uint8_t *key_mask,
                                    int causal, float scale, int64_t samples,
                                    int64_t rows_per_sample, int64_t tq, int64_t tk) {
   int64_t rows = samples * rows_per_sample;
@@ -495,7 +495,7 @@ l2l_status l2l_cpu_softmax_forward(float *y, const float *x, const uint8_t *key_
   return L2L_OK;
 }
 
-l2l_status l2l_cpu_softmax_backward(float *dx, const float *dy, const float *y, float scale,
+l2l_status cpu_softmax_backward(float *dx, const float *dy, const float *y, float scale,
                                     int64_t rows, int64_t cols) {
   int nt = threads_for(rows * cols * 4);
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -513,7 +513,7 @@ l2l_status l2l_cpu_softmax_backward(float *dx, const float *dy, const float *y, 
 
 /* ---------------------------------------------------------------- embedding */
 
-l2l_status l2l_cpu_embedding_forward(float *out, const int32_t *ids, const void *table,
+l2l_status cpu_embedding_forward(float *out, const int32_t *ids, const void *table,
                                      l2l_dtype table_dtype, int64_t n, int64_t cols) {
   int nt = threads_for(n * cols);
   if (table_dtype == L2L_F32) {
@@ -538,7 +538,7 @@ l2l_status l2l_cpu_embedding_forward(float *out, const int32_t *ids, const void 
 
 /* Threads split the columns, not the tokens: each table element has one writer, so
    repeated ids need no atomics and the sums come in token order. */
-l2l_status l2l_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids,
+l2l_status cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids,
                                       int64_t n, int64_t vocab, int64_t cols) {
   (void)vocab;
   int nt = threads_for(n * cols);
@@ -574,7 +574,7 @@ static inline void row_logsumexp(const float *row, int64_t v, float *max_out, fl
 /* losses and dlogits (either may be NULL) from one log-sum-exp per row; the forward and
    backward entries are its two halves. dlogits may be logits (the row's target logit is
    read before the row is overwritten). */
-l2l_status l2l_cpu_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
+l2l_status cpu_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
                                        const int32_t *targets, int32_t ignore_index,
                                        float scale, int64_t rows, int64_t vocab) {
   int nt = threads_for(rows * vocab * 6);
@@ -598,28 +598,28 @@ l2l_status l2l_cpu_cross_entropy_fused(float *losses, float *dlogits, const floa
   return L2L_OK;
 }
 
-l2l_status l2l_cpu_cross_entropy_forward(float *losses, const float *logits,
+l2l_status cpu_cross_entropy_forward(float *losses, const float *logits,
                                          const int32_t *targets, int32_t ignore_index,
                                          int64_t rows, int64_t vocab) {
-  return l2l_cpu_cross_entropy_fused(losses, NULL, logits, targets, ignore_index, 0.0f, rows, vocab);
+  return cpu_cross_entropy_fused(losses, NULL, logits, targets, ignore_index, 0.0f, rows, vocab);
 }
 
-l2l_status l2l_cpu_cross_entropy_backward(float *dlogits, const float *logits,
+l2l_status cpu_cross_entropy_backward(float *dlogits, const float *logits,
                                           const int32_t *targets, int32_t ignore_index,
                                           float scale, int64_t rows, int64_t vocab) {
-  return l2l_cpu_cross_entropy_fused(NULL, dlogits, logits, targets, ignore_index, scale, rows, vocab);
+  return cpu_cross_entropy_fused(NULL, dlogits, logits, targets, ignore_index, scale, rows, vocab);
 }
 
 /* ---------------------------------------------------------------- dropout */
 
-/* Element kept when its 24 random bits are below (1 - p) 2^24 (l2l_keep_threshold).
+/* Element kept when its 24 random bits are below (1 - p) 2^24 (backend_keep_threshold).
    Chunks of DROPOUT_CHUNK elements (whole mask bytes): their draws in one vectorized
    Philox pass, then the scaling and the mask bits in loops that vectorize too. */
 #define DROPOUT_CHUNK 2048
 
-l2l_status l2l_cpu_dropout_forward(float *y, uint8_t *mask, const float *x, float p,
+l2l_status cpu_dropout_forward(float *y, uint8_t *mask, const float *x, float p,
                                    uint64_t seed, uint64_t stream, int64_t first, int64_t n) {
-  const uint32_t threshold = l2l_keep_threshold(p);
+  const uint32_t threshold = backend_keep_threshold(p);
   const float keep_scale = 1.0f / (1.0f - p);
   int64_t chunks = (n + DROPOUT_CHUNK - 1) / DROPOUT_CHUNK;
   int nt = threads_for(n * 16);
@@ -628,18 +628,18 @@ l2l_status l2l_cpu_dropout_forward(float *y, uint8_t *mask, const float *x, floa
     int64_t start = c * DROPOUT_CHUNK, count = n - start < DROPOUT_CHUNK ? n - start : DROPOUT_CHUNK;
     uint32_t draws[DROPOUT_CHUNK];
     uint8_t kept[DROPOUT_CHUNK];
-    l2l_philox_range(draws, seed, stream, (uint64_t)first + (uint64_t)start, count);
+    philox_range(draws, seed, stream, (uint64_t)first + (uint64_t)start, count);
 #pragma omp simd
     for (int64_t i = 0; i < count; i++) {
       kept[i] = (draws[i] >> 8) < threshold;
       y[start + i] = kept[i] ? x[start + i] * keep_scale : 0.0f;
     }
-    if (mask) l2l_pack_bits(mask + start / 8, kept, count); /* NULL: a backward regenerates */
+    if (mask) backend_pack_bits(mask + start / 8, kept, count); /* NULL: a backward regenerates */
   }
   return L2L_OK;
 }
 
-l2l_status l2l_cpu_dropout_backward(float *dx, const float *dy, const uint8_t *mask, float p,
+l2l_status cpu_dropout_backward(float *dx, const float *dy, const uint8_t *mask, float p,
                                     int64_t n) {
   float keep_scale = 1.0f / (1.0f - p);
   int nt = threads_for(n * 2);

@@ -17,11 +17,11 @@
 /* openblas_set_num_threads is OpenBLAS's own extension of the BLAS interface. */
 void openblas_set_num_threads(int threads);
 
-atomic_int l2l_compute_threads = 1;
+atomic_int cpu_compute_threads = 1;
 static pthread_once_t runtime_once = PTHREAD_ONCE_INIT;
 
 static void apply_threads(int threads) {
-  atomic_store(&l2l_compute_threads, threads);
+  atomic_store(&cpu_compute_threads, threads);
   openblas_set_num_threads(threads);
 }
 
@@ -36,10 +36,10 @@ static void runtime_start(void) {
   apply_threads(threads < 1 ? 1 : threads);
 }
 
-void l2l_runtime_init(void) { pthread_once(&runtime_once, runtime_start); }
+void cpu_runtime_init(void) { pthread_once(&runtime_once, runtime_start); }
 
 l2l_status l2l_set_threads(int threads) {
-  l2l_runtime_init();
+  cpu_runtime_init();
   if (threads < 1 || threads > 4096)
     return FAIL(L2L_ERR_INVALID, "threads must be between 1 and 4096, got %d", threads);
   apply_threads(threads);
@@ -47,6 +47,6 @@ l2l_status l2l_set_threads(int threads) {
 }
 
 int l2l_get_threads(void) {
-  l2l_runtime_init();
-  return atomic_load(&l2l_compute_threads);
+  cpu_runtime_init();
+  return atomic_load(&cpu_compute_threads);
 }

@@ -7,19 +7,19 @@
  */
 #include "backend/accelerators.h"
 
-int l2l_cuda_available(char *why, size_t len) { return l2l_cuda_probe(why, len); }
+int l2l_cuda_available(char *why, size_t len) { return cuda_probe(why, len); }
 
 int l2l_cudnn_available(char *about, size_t len) {
-  return l2l_cudnn_probe(len > 0 ? about : NULL, len);
+  return cudnn_probe(len > 0 ? about : NULL, len);
 }
 
 l2l_status l2l_cuda_get_info(l2l_cuda_info *out) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   char why[256];
-  if (!l2l_cuda_probe(why, sizeof why))
+  if (!cuda_probe(why, sizeof why))
     return FAIL(L2L_ERR_UNSUPPORTED, "CUDA cannot run here: %s", why);
-  TRY(l2l_cuda_fill_info(out));
-  out->cudnn_version = l2l_cudnn_probe(NULL, 0);
+  TRY(cuda_fill_info(out));
+  out->cudnn_version = cudnn_probe(NULL, 0);
   return L2L_OK;
 }
 
@@ -27,6 +27,6 @@ l2l_status l2l_cuda_get_info(l2l_cuda_info *out) {
 l2l_status l2l_cuda_set_tf32(int enable) {
   if (enable != 0 && enable != 1)
     return FAIL(L2L_ERR_INVALID, "enable must be 0 or 1, got %d", enable);
-  l2l_cuda_use_tf32(enable);
+  cuda_use_tf32(enable);
   return L2L_OK;
 }

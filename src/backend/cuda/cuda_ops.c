@@ -150,20 +150,20 @@ static l2l_status read_result(void *host, uint64_t bytes) {
 /* ---------------------------------------------------------------- element-wise */
 
 static l2l_status cuda_add(float *out, const float *a, const float *b, int64_t n) {
-  LAUNCH(l2l_k_add(out, a, b, n, cuda_rt.compute));
+  LAUNCH(k_add(out, a, b, n, cuda_rt.compute));
   return L2L_OK;
 }
 
 static l2l_status cuda_bias_add(float *y, const float *bias, int64_t rows, int64_t cols) {
-  LAUNCH(l2l_k_bias_add(y, bias, rows, cols, cuda_rt.compute));
+  LAUNCH(k_bias_add(y, bias, rows, cols, cuda_rt.compute));
   return L2L_OK;
 }
 
 static l2l_status bias_backward_locked(float *dbias, const float *dy, int64_t rows,
                                        int64_t cols) {
   float *scratch = NULL;
-  TRY(scratch_floats(&scratch, l2l_k_bias_backward_scratch_floats(rows, cols)));
-  LAUNCH(l2l_k_bias_backward(dbias, dy, rows, cols, scratch, cuda_rt.compute));
+  TRY(scratch_floats(&scratch, k_bias_backward_scratch_floats(rows, cols)));
+  LAUNCH(k_bias_backward(dbias, dy, rows, cols, scratch, cuda_rt.compute));
   return L2L_OK;
 }
 
@@ -172,49 +172,49 @@ static l2l_status cuda_bias_backward(float *dbias, const float *dy, int64_t rows
 }
 
 static l2l_status cuda_gelu_forward(float *y, const float *x, int64_t n) {
-  LAUNCH(l2l_k_gelu_forward(y, x, n, cuda_rt.compute));
+  LAUNCH(k_gelu_forward(y, x, n, cuda_rt.compute));
   return L2L_OK;
 }
 
 static l2l_status cuda_gelu_backward(float *dx, const float *dy, const float *x, int64_t n) {
-  LAUNCH(l2l_k_gelu_backward(dx, dy, x, n, cuda_rt.compute));
+  LAUNCH(k_gelu_backward(dx, dy, x, n, cuda_rt.compute));
   return L2L_OK;
 }
 
 static l2l_status cuda_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_t n) {
-  LAUNCH(l2l_k_gelu_forward_bits(y, bits, x, n, cuda_rt.compute));
+  LAUNCH(k_gelu_forward_bits(y, bits, x, n, cuda_rt.compute));
   return L2L_OK;
 }
 
 static l2l_status cuda_gelu_backward_from_output(float *dx, const float *dy, const float *y,
                                                  const uint8_t *bits, int64_t n) {
-  LAUNCH(l2l_k_gelu_backward_from_output(dx, dy, y, bits, n, cuda_rt.compute));
+  LAUNCH(k_gelu_backward_from_output(dx, dy, y, bits, n, cuda_rt.compute));
   return L2L_OK;
 }
 
 static l2l_status cuda_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
                                          int64_t rows, int64_t cols) {
-  LAUNCH(l2l_k_bias_gelu_forward(pre, y, bits, bias, rows, cols, cuda_rt.compute));
+  LAUNCH(k_bias_gelu_forward(pre, y, bits, bias, rows, cols, cuda_rt.compute));
   return L2L_OK;
 }
 
 static l2l_status cuda_dropout_forward(float *y, uint8_t *mask, const float *x, float p,
                                        uint64_t seed, uint64_t stream, int64_t first, int64_t n) {
-  LAUNCH(l2l_k_dropout_forward(y, mask, x, p, l2l_keep_threshold(p), seed, stream, first, n,
+  LAUNCH(k_dropout_forward(y, mask, x, p, backend_keep_threshold(p), seed, stream, first, n,
                                cuda_rt.compute));
   return L2L_OK;
 }
 
 static l2l_status cuda_dropout_backward(float *dx, const float *dy, const uint8_t *mask, float p,
                                         int64_t n) {
-  LAUNCH(l2l_k_dropout_backward(dx, dy, mask, p, n, cuda_rt.compute));
+  LAUNCH(k_dropout_backward(dx, dy, mask, p, n, cuda_rt.compute));
   return L2L_OK;
 }
 
 static l2l_status cuda_adamw(float *param, float *m, float *v, const float *grad, int64_t n,
                              const l2l_adamw_config *c, float bias_correction1,
                              float bias_correction2) {
-  LAUNCH(l2l_k_adamw(param, m, v, grad, n, c->lr, c->beta1, c->beta2, c->eps, c->weight_decay,
+  LAUNCH(k_adamw(param, m, v, grad, n, c->lr, c->beta1, c->beta2, c->eps, c->weight_decay,
                      bias_correction1, bias_correction2, cuda_rt.compute));
   return L2L_OK;
 }
@@ -224,7 +224,7 @@ static l2l_status cuda_adamw(float *param, float *m, float *v, const float *grad
 static l2l_status cuda_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
                                          const float *weight, const float *bias, float eps,
                                          int64_t rows, int64_t cols) {
-  LAUNCH(l2l_k_layernorm_forward(y, mean, rstd, x, weight, bias, eps, rows, cols, cuda_rt.compute));
+  LAUNCH(k_layernorm_forward(y, mean, rstd, x, weight, bias, eps, rows, cols, cuda_rt.compute));
   return L2L_OK;
 }
 
@@ -232,7 +232,7 @@ static l2l_status cuda_add_layernorm_forward(float *sum, float *y, float *mean, 
                                              const float *a, const float *b, const float *weight,
                                              const float *bias, float eps, int64_t rows,
                                              int64_t cols) {
-  LAUNCH(l2l_k_add_layernorm_forward(sum, y, mean, rstd, a, b, weight, bias, eps, rows, cols,
+  LAUNCH(k_add_layernorm_forward(sum, y, mean, rstd, a, b, weight, bias, eps, rows, cols,
                                      cuda_rt.compute));
   return L2L_OK;
 }
@@ -244,12 +244,12 @@ static l2l_status layernorm_backward_locked(float *dx, float *dweight, float *db
                                             int64_t cols) {
   float *scratch = NULL;
   if (dweight != NULL || dbias != NULL)
-    TRY(scratch_floats(&scratch, l2l_k_layernorm_backward_scratch_floats(rows, cols)));
+    TRY(scratch_floats(&scratch, k_layernorm_backward_scratch_floats(rows, cols)));
   if (mean != NULL)
-    LAUNCH(l2l_k_layernorm_backward(dx, dweight, dbias, dy, src, weight, mean, rstd, rows, cols,
+    LAUNCH(k_layernorm_backward(dx, dweight, dbias, dy, src, weight, mean, rstd, rows, cols,
                                     scratch, cuda_rt.compute));
   else
-    LAUNCH(l2l_k_layernorm_backward_from_output(dx, dweight, dbias, dy, src, weight, bias, rstd,
+    LAUNCH(k_layernorm_backward_from_output(dx, dweight, dbias, dy, src, weight, bias, rstd,
                                                 rows, cols, scratch, cuda_rt.compute));
   return L2L_OK;
 }
@@ -274,14 +274,14 @@ static l2l_status cuda_layernorm_backward_from_output(float *dx, float *dweight,
 static l2l_status cuda_softmax_forward(float *y, const float *x, const uint8_t *key_mask,
                                        int causal, float scale, int64_t samples,
                                        int64_t rows_per_sample, int64_t tq, int64_t tk) {
-  LAUNCH(l2l_k_softmax_forward(y, x, key_mask, causal, scale, samples, rows_per_sample, tq, tk,
+  LAUNCH(k_softmax_forward(y, x, key_mask, causal, scale, samples, rows_per_sample, tq, tk,
                                cuda_rt.compute));
   return L2L_OK;
 }
 
 static l2l_status cuda_softmax_backward(float *dx, const float *dy, const float *y, float scale,
                                         int64_t rows, int64_t cols) {
-  LAUNCH(l2l_k_softmax_backward(dx, dy, y, scale, rows, cols, cuda_rt.compute));
+  LAUNCH(k_softmax_backward(dx, dy, y, scale, rows, cols, cuda_rt.compute));
   return L2L_OK;
 }
 
@@ -289,20 +289,20 @@ static l2l_status cuda_softmax_backward(float *dx, const float *dy, const float 
 
 static l2l_status cuda_embedding_forward(float *out, const int32_t *ids, const void *table,
                                          l2l_dtype table_dtype, int64_t n, int64_t cols) {
-  LAUNCH(l2l_k_embedding_forward(out, ids, table, (int)table_dtype, n, cols, cuda_rt.compute));
+  LAUNCH(k_embedding_forward(out, ids, table, (int)table_dtype, n, cols, cuda_rt.compute));
   return L2L_OK;
 }
 
 static l2l_status cuda_embedding_backward(float *dtable, const float *dout, const int32_t *ids,
                                           int64_t n, int64_t vocab, int64_t cols) {
-  LAUNCH(l2l_k_embedding_backward(dtable, dout, ids, n, vocab, cols, cuda_rt.compute));
+  LAUNCH(k_embedding_backward(dtable, dout, ids, n, vocab, cols, cuda_rt.compute));
   return L2L_OK;
 }
 
 static l2l_status cuda_cross_entropy_forward(float *losses, const float *logits,
                                              const int32_t *targets, int32_t ignore_index,
                                              int64_t rows, int64_t vocab) {
-  LAUNCH(l2l_k_cross_entropy_forward(losses, logits, targets, ignore_index, rows, vocab,
+  LAUNCH(k_cross_entropy_forward(losses, logits, targets, ignore_index, rows, vocab,
                                      cuda_rt.compute));
   return L2L_OK;
 }
@@ -310,7 +310,7 @@ static l2l_status cuda_cross_entropy_forward(float *losses, const float *logits,
 static l2l_status cuda_cross_entropy_backward(float *dlogits, const float *logits,
                                               const int32_t *targets, int32_t ignore_index,
                                               float scale, int64_t rows, int64_t vocab) {
-  LAUNCH(l2l_k_cross_entropy_backward(dlogits, logits, targets, ignore_index, scale, rows, vocab,
+  LAUNCH(k_cross_entropy_backward(dlogits, logits, targets, ignore_index, scale, rows, vocab,
                                       cuda_rt.compute));
   return L2L_OK;
 }
@@ -318,7 +318,7 @@ static l2l_status cuda_cross_entropy_backward(float *dlogits, const float *logit
 static l2l_status cuda_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
                                            const int32_t *targets, int32_t ignore_index,
                                            float scale, int64_t rows, int64_t vocab) {
-  LAUNCH(l2l_k_cross_entropy_fused(losses, dlogits, logits, targets, ignore_index, scale, rows,
+  LAUNCH(k_cross_entropy_fused(losses, dlogits, logits, targets, ignore_index, scale, rows,
                                    vocab, cuda_rt.compute));
   return L2L_OK;
 }
@@ -332,7 +332,7 @@ static int64_t cuda_attention_workspace(int64_t seq, int backward) {
   return 0;
 }
 
-/* The calls l2l_cudnn_routes accepts run through cuDNN (cudnn_sdpa.c), forward and
+/* The calls cudnn_routes accepts run through cuDNN (cudnn_sdpa.c), forward and
    backward alike, with the scratch (256-byte aligned) for their 16-bit copies and cuDNN's
    workspace; the work they queue counts as the casts (one a tensor), a memset (backward)
    and cuDNN's plan. Where the scratch cannot grow that far (the device pool's budget),
@@ -341,7 +341,7 @@ static int64_t cuda_attention_workspace(int64_t seq, int backward) {
    cuda_rt.lock held. */
 enum { CUDNN_FORWARD_LAUNCHES = 5, CUDNN_BACKWARD_LAUNCHES = 10 };
 
-static l2l_status cudnn_scratch(void **out, const struct l2l_attention_shape *sh, int backward) {
+static l2l_status cudnn_scratch(void **out, const struct backend_attention_shape *sh, int backward) {
   float *floats = NULL;
   uint64_t bytes = cudnn_sdpa_scratch_bytes(sh, backward) + 256;
   TRY(scratch_floats(&floats, (int64_t)((bytes + sizeof(float) - 1) / sizeof(float))));
@@ -351,7 +351,7 @@ static l2l_status cudnn_scratch(void **out, const struct l2l_attention_shape *sh
 
 static l2l_status attention_forward_cudnn(bool *ran, float *o, float *lse, const float *q,
                                           const float *k, const float *v,
-                                          const struct l2l_attention_shape *sh) {
+                                          const struct backend_attention_shape *sh) {
   void *scratch = NULL;
   l2l_status st = cudnn_scratch(&scratch, sh, 0);
   if (st == L2L_ERR_NOMEM) return L2L_OK;
@@ -364,20 +364,20 @@ static l2l_status attention_forward_cudnn(bool *ran, float *o, float *lse, const
 static l2l_status cuda_attention_forward(float *o, float *lse, float *probs, float *dropped,
                                          uint8_t *mask, const float *q, const float *k,
                                          const float *v, const uint8_t *key_mask,
-                                         const struct l2l_attention_shape *sh, float *workspace,
+                                         const struct backend_attention_shape *sh, float *workspace,
                                          int64_t workspace_floats) {
   (void)workspace, (void)workspace_floats;
-  if (l2l_cudnn_routes(sh, probs, dropped, mask, key_mask)) {
+  if (cudnn_routes(sh, probs, dropped, mask, key_mask)) {
     bool ran = false;
     pthread_mutex_lock(&cuda_rt.lock);
     l2l_status st = attention_forward_cudnn(&ran, o, lse, q, k, v, sh);
     pthread_mutex_unlock(&cuda_rt.lock);
     if (ran || st != L2L_OK) return st;
   }
-  LAUNCH(l2l_k_attention_forward(o, lse, probs, dropped, mask, q, k, v, key_mask, sh->batch,
+  LAUNCH(k_attention_forward(o, lse, probs, dropped, mask, q, k, v, key_mask, sh->batch,
                                  sh->heads, sh->seq, sh->head_dim, sh->ld_qkv, sh->ld_o,
                                  sh->causal, sh->scale, sh->dropout,
-                                 l2l_keep_threshold(sh->dropout), sh->seed, sh->stream,
+                                 backend_keep_threshold(sh->dropout), sh->seed, sh->stream,
                                  sh->first_sample, (int)sh->precision, NULL, cuda_rt.compute));
   return L2L_OK;
 }
@@ -387,13 +387,13 @@ static l2l_status attention_backward_locked(float *dq, float *dk, float *dv, con
                                             const float *dropped, const uint8_t *mask,
                                             const float *q, const float *k, const float *v,
                                             const uint8_t *key_mask,
-                                            const struct l2l_attention_shape *sh) {
+                                            const struct backend_attention_shape *sh) {
   float *scratch = NULL;
-  TRY(scratch_floats(&scratch, l2l_k_attention_scratch_floats(sh->batch, sh->heads, sh->seq, 1)));
-  LAUNCH(l2l_k_attention_backward(dq, dk, dv, d_o, o, lse, probs, dropped, mask, q, k, v,
+  TRY(scratch_floats(&scratch, k_attention_scratch_floats(sh->batch, sh->heads, sh->seq, 1)));
+  LAUNCH(k_attention_backward(dq, dk, dv, d_o, o, lse, probs, dropped, mask, q, k, v,
                                   key_mask, sh->batch, sh->heads, sh->seq, sh->head_dim,
                                   sh->ld_qkv, sh->ld_o, sh->causal, sh->scale, sh->dropout,
-                                  l2l_keep_threshold(sh->dropout), sh->seed, sh->stream,
+                                  backend_keep_threshold(sh->dropout), sh->seed, sh->stream,
                                   sh->first_sample, (int)sh->precision, scratch, cuda_rt.compute));
   return L2L_OK;
 }
@@ -401,7 +401,7 @@ static l2l_status attention_backward_locked(float *dq, float *dk, float *dv, con
 static l2l_status attention_backward_cudnn(bool *ran, float *dq, float *dk, float *dv,
                                            const float *d_o, const float *o, const float *lse,
                                            const float *q, const float *k, const float *v,
-                                           const struct l2l_attention_shape *sh) {
+                                           const struct backend_attention_shape *sh) {
   void *scratch = NULL;
   l2l_status st = cudnn_scratch(&scratch, sh, 1);
   if (st == L2L_ERR_NOMEM) return L2L_OK;
@@ -416,10 +416,10 @@ static l2l_status cuda_attention_backward(float *dq, float *dk, float *dv, const
                                           const float *dropped, const uint8_t *mask,
                                           const float *q, const float *k, const float *v,
                                           const uint8_t *key_mask,
-                                          const struct l2l_attention_shape *sh,
+                                          const struct backend_attention_shape *sh,
                                           float *workspace, int64_t workspace_floats) {
   (void)workspace, (void)workspace_floats;
-  if (l2l_cudnn_routes(sh, probs, dropped, mask, key_mask)) {
+  if (cudnn_routes(sh, probs, dropped, mask, key_mask)) {
     bool ran = false;
     pthread_mutex_lock(&cuda_rt.lock);
     l2l_status st = attention_backward_cudnn(&ran, dq, dk, dv, d_o, o, lse, q, k, v, sh);
@@ -432,20 +432,20 @@ static l2l_status cuda_attention_backward(float *dq, float *dk, float *dv, const
 
 /* ---------------------------------------------------------------- results for the host */
 
-static l2l_status reduce_locked(double *out, enum l2l_reduction kind, const float *x,
+static l2l_status reduce_locked(double *out, enum backend_reduction kind, const float *x,
                                 int64_t n) {
-  LAUNCH(l2l_k_reduce((double *)cuda_rt.scratch, (int)kind, x, n, scratch_reduce(), cuda_rt.compute));
+  LAUNCH(k_reduce((double *)cuda_rt.scratch, (int)kind, x, n, scratch_reduce(), cuda_rt.compute));
   return read_result(out, sizeof *out);
 }
 
-static l2l_status cuda_reduce(double *out, enum l2l_reduction kind, const float *x, int64_t n) {
+static l2l_status cuda_reduce(double *out, enum backend_reduction kind, const float *x, int64_t n) {
   WITH_SCRATCH(reduce_locked(out, kind, x, n));
 }
 
 static l2l_status find_out_of_range_locked(int64_t *index, int32_t *value,
                                            const int32_t *values, int64_t n, int32_t lo,
                                            int32_t hi, int32_t except) {
-  LAUNCH(l2l_k_find_out_of_range((int64_t *)cuda_rt.scratch, values, n, lo, hi, except, cuda_rt.compute));
+  LAUNCH(k_find_out_of_range((int64_t *)cuda_rt.scratch, values, n, lo, hi, except, cuda_rt.compute));
   TRY(read_result(index, sizeof *index));
   if (*index >= 0) {
     CUDA_TRY(cudaMemcpyAsync(value, values + *index, sizeof *value, cudaMemcpyDeviceToHost,
@@ -463,7 +463,7 @@ static l2l_status cuda_find_out_of_range(int64_t *index, int32_t *value, const i
 static l2l_status layernorm_invertible_locked(bool *invertible, const float *weight,
                                               const float *bias, int64_t n) {
   int64_t first = -1;
-  LAUNCH(l2l_k_layernorm_uninvertible((int64_t *)cuda_rt.scratch, weight, bias, n,
+  LAUNCH(k_layernorm_uninvertible((int64_t *)cuda_rt.scratch, weight, bias, n,
                                       L2L_LN_MIN_WEIGHT, L2L_LN_BIAS_RATIO, cuda_rt.compute));
   TRY(read_result(&first, sizeof first));
   *invertible = first < 0;
@@ -491,7 +491,7 @@ static l2l_status cuda_fill(void *dst, l2l_dtype dtype, double value, int64_t n)
     case L2L_I32: pattern = (uint32_t)(int32_t)value; break;
     case L2L_U8: pattern = (uint8_t)(int)value; break;
   }
-  LAUNCH(l2l_k_fill(dst, (int)dtype, pattern, n, cuda_rt.compute));
+  LAUNCH(k_fill(dst, (int)dtype, pattern, n, cuda_rt.compute));
   return L2L_OK;
 }
 
@@ -501,11 +501,11 @@ static l2l_status convert_locked(void *dst, l2l_dtype dst_dtype, const void *src
                                  l2l_dtype src_dtype, int64_t n, int64_t *bad) {
   *bad = -1;
   if (dst_dtype == L2L_I32 && src_dtype != L2L_I32) {
-    LAUNCH(l2l_k_find_non_i32((int64_t *)cuda_rt.scratch, src, (int)src_dtype, n, cuda_rt.compute));
+    LAUNCH(k_find_non_i32((int64_t *)cuda_rt.scratch, src, (int)src_dtype, n, cuda_rt.compute));
     TRY(read_result(bad, sizeof *bad));
     if (*bad >= 0) return L2L_OK;
   }
-  LAUNCH(l2l_k_convert(dst, (int)dst_dtype, src, (int)src_dtype, n, cuda_rt.compute));
+  LAUNCH(k_convert(dst, (int)dst_dtype, src, (int)src_dtype, n, cuda_rt.compute));
   return L2L_OK;
 }
 
@@ -514,16 +514,16 @@ static l2l_status cuda_convert(void *dst, l2l_dtype dst_dtype, const void *src,
   WITH_SCRATCH(convert_locked(dst, dst_dtype, src, src_dtype, n, bad));
 }
 
-static l2l_status cuda_random(void *dst, l2l_dtype dtype, int64_t n, enum l2l_distribution dist,
+static l2l_status cuda_random(void *dst, l2l_dtype dtype, int64_t n, enum backend_distribution dist,
                               uint64_t seed, uint64_t stream, int64_t first, double a, double b) {
-  LAUNCH(l2l_k_random(dst, (int)dtype, n, dist == L2L_NORMAL ? 1 : 0, seed, stream, first, a, b,
+  LAUNCH(k_random(dst, (int)dtype, n, dist == L2L_NORMAL ? 1 : 0, seed, stream, first, a, b,
                       cuda_rt.compute));
   return L2L_OK;
 }
 
 /* ---------------------------------------------------------------- the table */
 
-static const struct l2l_backend_ops cuda_backend = {
+static const struct backend_ops cuda_backend = {
     .name = "cuda",
     .gemm_batched = cuda_gemm_batched,
     .bias_add = cuda_bias_add,
@@ -562,6 +562,6 @@ static const struct l2l_backend_ops cuda_backend = {
     .launches = cuda_launches,
 };
 
-const struct l2l_backend_ops *l2l_cuda_ops(void) { return &cuda_backend; }
+const struct backend_ops *cuda_ops(void) { return &cuda_backend; }
 
 #endif /* L2L_CUDA */

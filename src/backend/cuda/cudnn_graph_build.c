@@ -43,7 +43,7 @@ struct sdpa_graph {
   desc all[MAX_DESCS];          /* every descriptor made, destroyed in reverse */
   int count, tensors;
   struct tensor_use uses[MAX_TENSORS];
-  struct l2l_sdpa_node nodes[MAX_OPS];   /* what each node does, for l2l_cudnn_describe */
+  struct backend_sdpa_node nodes[MAX_OPS];   /* what each node does, for cudnn_describe */
   desc ops[MAX_OPS];
   int nops;
   int64_t next_uid;
@@ -136,11 +136,11 @@ static struct tensor_use *use_of(struct sdpa_graph *g, desc d) {
 
 /* The node about to be added (number g->nops, of `kind`; pointwise: `mode` and `axis`)
    reads in[0..n) and writes out. */
-static void wire(struct sdpa_graph *g, enum l2l_sdpa_kind kind, enum l2l_sdpa_pw mode,
+static void wire(struct sdpa_graph *g, enum backend_sdpa_kind kind, enum backend_sdpa_pw mode,
                  int64_t axis, const desc *in, int n, desc out, const char *what) {
   if (g->status != CUDNN_STATUS_SUCCESS || g->nops == MAX_OPS) return;
-  struct l2l_sdpa_node *node = &g->nodes[g->nops];
-  *node = (struct l2l_sdpa_node){.kind = kind, .mode = mode, .axis = axis, .inputs = n};
+  struct backend_sdpa_node *node = &g->nodes[g->nops];
+  *node = (struct backend_sdpa_node){.kind = kind, .mode = mode, .axis = axis, .inputs = n};
   for (int i = 0; i < n; i++) {
     struct tensor_use *u = use_of(g, in[i]);
     if (u == NULL) return miswired(g, what, "reads a tensor outside the graph", "");
@@ -158,7 +158,7 @@ static void wire(struct sdpa_graph *g, enum l2l_sdpa_kind kind, enum l2l_sdpa_pw
 }
 
 /* The plain-C name of a pointwise mode the graphs use. */
-static enum l2l_sdpa_pw pw_of(cudnnPointwiseMode_t mode) {
+static enum backend_sdpa_pw pw_of(cudnnPointwiseMode_t mode) {
   switch (mode) {
     case CUDNN_POINTWISE_ADD: return L2L_SDPA_ADD;
     case CUDNN_POINTWISE_SUB: return L2L_SDPA_SUB;
@@ -268,7 +268,7 @@ static void reshape(struct sdpa_graph *g, desc x, desc y, const char *what) {
    [B, H, D, S]), the scores [B, H, S, S] (and transposed), the rows [B, H, S, 1]. */
 struct shapes { struct dims bhsd, bhds, scores, scores_t, rows; };
 
-static struct shapes shapes_of(const struct l2l_attention_shape *sh) {
+static struct shapes shapes_of(const struct backend_attention_shape *sh) {
   const int64_t B = sh->batch, H = sh->heads, S = sh->seq, D = sh->head_dim;
   struct shapes x = {
       .bhsd = {{B, H, S, D}, {S * H * D, D, H * D, 1}},
@@ -301,7 +301,7 @@ static desc scores(struct sdpa_graph *g, const struct shapes *x, desc q, desc kt
   return s3;
 }
 
-static void build_forward(struct sdpa_graph *g, const struct l2l_attention_shape *sh, cudnnDataType_t t16,
+static void build_forward(struct sdpa_graph *g, const struct backend_attention_shape *sh, cudnnDataType_t t16,
                     int miswire) {
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
   struct shapes x = shapes_of(sh);
@@ -330,7 +330,7 @@ static void build_forward(struct sdpa_graph *g, const struct l2l_attention_shape
   matmul(g, p, v, o, "O = P V");
 }
 
-static void build_backward(struct sdpa_graph *g, const struct l2l_attention_shape *sh,
+static void build_backward(struct sdpa_graph *g, const struct backend_attention_shape *sh,
                            cudnnDataType_t t16, int miswire) {
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
   struct shapes x = shapes_of(sh);
@@ -400,7 +400,7 @@ static void build_backward(struct sdpa_graph *g, const struct l2l_attention_shap
   pointwise(g, CUDNN_POINTWISE_IDENTITY, f32, -1, dq_acc, NULL, NULL, dq, "dQ = dQacc");
 }
 
-struct sdpa_graph *sdpa_graph_build(const struct l2l_attention_shape *sh, int backward,
+struct sdpa_graph *sdpa_graph_build(const struct backend_attention_shape *sh, int backward,
                                     int miswire, char *why, size_t len) {
   struct sdpa_graph *g = calloc(1, sizeof *g);
   if (g == NULL) {
@@ -508,12 +508,12 @@ void sdpa_graph_counts(const struct sdpa_graph *g, int *tensors, int *ops) {
   *tensors = g->tensors, *ops = g->nops;
 }
 
-void sdpa_graph_describe(const struct sdpa_graph *g, struct l2l_sdpa_view *out) {
+void sdpa_graph_describe(const struct sdpa_graph *g, struct backend_sdpa_view *out) {
   memset(out, 0, sizeof *out);
   out->tensors = g->tensors, out->nodes = g->nops;
   for (int i = 0; i < g->tensors; i++) {
     const struct tensor_use *u = &g->uses[i];
-    struct l2l_sdpa_tensor *t = &out->tensor[i];
+    struct backend_sdpa_tensor *t = &out->tensor[i];
     t->uid = u->uid, t->is_virtual = u->is_virtual, t->by_value = u->by_value;
     memcpy(t->dims, u->shape.d, sizeof t->dims);
     memcpy(t->strides, u->shape.s, sizeof t->strides);
@@ -524,7 +524,7 @@ void sdpa_graph_describe(const struct sdpa_graph *g, struct l2l_sdpa_view *out) 
                                              : L2L_SDPA_F32;
     snprintf(t->name, sizeof t->name, "%s", u->what);
   }
-  memcpy(out->node, g->nodes, sizeof(struct l2l_sdpa_node) * (size_t)g->nops);
+  memcpy(out->node, g->nodes, sizeof(struct backend_sdpa_node) * (size_t)g->nops);
 }
 
 void sdpa_graph_free(struct sdpa_graph *g) {

@@ -13,7 +13,7 @@
 
 #include "cudnn_sdpa.h"
 
-/* The real tensors' unique ids: accelerators.h's enum l2l_sdpa_uid. */
+/* The real tensors' unique ids: accelerators.h's enum backend_sdpa_uid. */
 
 struct sdpa_graph;
 
@@ -23,7 +23,7 @@ struct sdpa_graph;
    with half the head dim (cuDNN refuses the matmul); 2, a node reading a tensor nothing
    writes (forward: P V from a stray P) or leaving one unread (backward: dS from dP - Dsum,
    P unused there). */
-CUDA_INTERNAL struct sdpa_graph *sdpa_graph_build(const struct l2l_attention_shape *sh,
+CUDA_INTERNAL struct sdpa_graph *sdpa_graph_build(const struct backend_attention_shape *sh,
                                                   int backward, int miswire, char *why,
                                                   size_t len);
 /* The operation graph (from cuDNN 9.8 on, h may be NULL: no GPU needed); false with why
@@ -38,7 +38,7 @@ CUDA_INTERNAL int64_t sdpa_graph_workspace(const struct sdpa_graph *g);  /* byte
 CUDA_INTERNAL bool sdpa_graph_execute(struct sdpa_graph *g, cudnnHandle_t h, const int64_t *uids,
                                       void **ptrs, int n, void *workspace, char *why, size_t len);
 CUDA_INTERNAL void sdpa_graph_counts(const struct sdpa_graph *g, int *tensors, int *ops);
-CUDA_INTERNAL void sdpa_graph_describe(const struct sdpa_graph *g, struct l2l_sdpa_view *out);
+CUDA_INTERNAL void sdpa_graph_describe(const struct sdpa_graph *g, struct backend_sdpa_view *out);
 CUDA_INTERNAL void sdpa_graph_free(struct sdpa_graph *g);   /* NULL: nothing */
 /* The masked scores' value: -inf from cuDNN 9.10 on, the lowest float before (as
    cudnn-frontend chooses). */

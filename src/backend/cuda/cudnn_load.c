@@ -8,7 +8,7 @@
  * (compiled in); the folders PyTorch's wheels install it in (nvidia/cudnn/lib under the
  * site-packages and dist-packages of /usr/lib/python3*, /usr/local/lib/python3* and
  * ~/.local/lib/python3*); then the plain soname through the loader's own paths. What was
- * loaded, from where, or why nothing was, l2l_cudnn_probe says. Without cuDNN every
+ * loaded, from where, or why nothing was, cudnn_probe says. Without cuDNN every
  * attention call runs on the project's own kernels, as before.
  * Must never: fail a call because cuDNN is missing (it is optional), or abort.
  */
@@ -139,7 +139,7 @@ int cudnn_loaded(void) {
 
 int cudnn_loaded_version(void) { return cudnn_loaded() ? loaded_version : 0; }
 
-int l2l_cudnn_probe(char *out, size_t len) {
+int cudnn_probe(char *out, size_t len) {
   int version = cudnn_loaded_version();
   if (out != NULL && len > 0) snprintf(out, len, "%s", about);
   return version;

@@ -11,7 +11,7 @@
  * exp(S - stats), dV = E^T dO, dP = dO V^T, dS = (dP - Dsum) * E * scale, dK = dS^T Q,
  * dQacc = dS K (f32, zeroed, in the scratch), dQ = identity(dQacc). Stats is exactly the
  * own kernels' lse (natural log, [B, H, S]), so either path's lse serves either backward;
- * still, both directions take the path l2l_cudnn_routes picks by one predicate per shape,
+ * still, both directions take the path cudnn_routes picks by one predicate per shape,
  * whose plans (forward and backward) are built together and cached (16 shapes).
  * The activations are f32 in this backend today: q, k, v (and do, o) are cast to packed
  * 16-bit copies in the scratch, one kernel each, and O, dQ, dK, dV cast back (the issue's
@@ -35,43 +35,43 @@
 
 static atomic_int enabled = 1;
 static atomic_llong runs;
-void l2l_cudnn_enable(int on) { atomic_store(&enabled, on != 0); }
-int64_t l2l_cudnn_runs(void) { return atomic_load(&runs); }
+void cudnn_enable(int on) { atomic_store(&enabled, on != 0); }
+int64_t cudnn_runs(void) { return atomic_load(&runs); }
 
 #ifndef L2L_CUDNN_HEADERS
 
-bool l2l_cudnn_routes(const struct l2l_attention_shape *sh, const void *probs,
+bool cudnn_routes(const struct backend_attention_shape *sh, const void *probs,
                       const void *dropped, const void *mask, const void *key_mask) {
   (void)sh, (void)probs, (void)dropped, (void)mask, (void)key_mask;
   return false;
 }
-l2l_status l2l_cudnn_check_graphs(const struct l2l_attention_shape *sh, int backward, int miswire,
+l2l_status cudnn_check_graphs(const struct backend_attention_shape *sh, int backward, int miswire,
                                   char *report, size_t len) {
   (void)sh, (void)backward, (void)miswire, (void)report, (void)len;
   char why[512];
-  l2l_cudnn_probe(why, sizeof why);
-  return l2l_fail(L2L_ERR_UNSUPPORTED, "%s", why);
+  cudnn_probe(why, sizeof why);
+  return core_fail(L2L_ERR_UNSUPPORTED, "%s", why);
 }
-l2l_status l2l_cudnn_describe(const struct l2l_attention_shape *sh, int backward,
-                              struct l2l_sdpa_view *out) {
+l2l_status cudnn_describe(const struct backend_attention_shape *sh, int backward,
+                              struct backend_sdpa_view *out) {
   (void)sh, (void)backward, (void)out;
-  return l2l_fail(L2L_ERR_UNSUPPORTED, "this build has no cuDNN support");
+  return core_fail(L2L_ERR_UNSUPPORTED, "this build has no cuDNN support");
 }
-uint64_t cudnn_sdpa_scratch_bytes(const struct l2l_attention_shape *sh, int backward) {
+uint64_t cudnn_sdpa_scratch_bytes(const struct backend_attention_shape *sh, int backward) {
   (void)sh, (void)backward;
   return 0;
 }
 l2l_status cudnn_sdpa_forward(float *o, float *lse, const float *q, const float *k, const float *v,
-                              const struct l2l_attention_shape *sh, void *scratch) {
+                              const struct backend_attention_shape *sh, void *scratch) {
   (void)o, (void)lse, (void)q, (void)k, (void)v, (void)sh, (void)scratch;
-  return l2l_fail(L2L_ERR_UNSUPPORTED, "this build has no cuDNN support");
+  return core_fail(L2L_ERR_UNSUPPORTED, "this build has no cuDNN support");
 }
 l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o, const float *o,
                                const float *lse, const float *q, const float *k, const float *v,
-                               const struct l2l_attention_shape *sh, void *scratch) {
+                               const struct backend_attention_shape *sh, void *scratch) {
   (void)dq, (void)dk, (void)dv, (void)d_o, (void)o, (void)lse, (void)q, (void)k, (void)v;
   (void)sh, (void)scratch;
-  return l2l_fail(L2L_ERR_UNSUPPORTED, "this build has no cuDNN support");
+  return core_fail(L2L_ERR_UNSUPPORTED, "this build has no cuDNN support");
 }
 
 #else
@@ -115,7 +115,7 @@ static cudnnHandle_t get_handle(void) {
   return handle;
 }
 
-static struct key key_of(const struct l2l_attention_shape *sh) {
+static struct key key_of(const struct backend_attention_shape *sh) {
   struct key k;
   memset(&k, 0, sizeof k);
   k.batch = sh->batch, k.heads = sh->heads, k.seq = sh->seq, k.head_dim = sh->head_dim;
@@ -124,7 +124,7 @@ static struct key key_of(const struct l2l_attention_shape *sh) {
 }
 
 /* The cache's entry for this shape, its plans built when first met (cache_lock held). */
-static struct entry *entry_for(const struct l2l_attention_shape *sh) {
+static struct entry *entry_for(const struct backend_attention_shape *sh) {
   struct key k = key_of(sh);
   for (int i = 0; i < CACHE_SLOTS; i++)
     if (cache[i].stamp != 0 && memcmp(&cache[i].key, &k, sizeof k) == 0) {
@@ -158,7 +158,7 @@ static struct entry *entry_for(const struct l2l_attention_shape *sh) {
 }
 
 /* What cuDNN's SDPA covers and this path serves; the rest stays on the own kernels. */
-static bool covered(const struct l2l_attention_shape *sh, const void *probs, const void *dropped,
+static bool covered(const struct backend_attention_shape *sh, const void *probs, const void *dropped,
                     const void *mask, const void *key_mask) {
   if (probs != NULL || dropped != NULL || mask != NULL || key_mask != NULL) return false;
   if (sh->dropout != 0 || (sh->precision != L2L_BF16 && sh->precision != L2L_F16)) return false;
@@ -171,7 +171,7 @@ static bool covered(const struct l2l_attention_shape *sh, const void *probs, con
   return true;
 }
 
-bool l2l_cudnn_routes(const struct l2l_attention_shape *sh, const void *probs,
+bool cudnn_routes(const struct backend_attention_shape *sh, const void *probs,
                       const void *dropped, const void *mask, const void *key_mask) {
   if (!atomic_load(&enabled) || !cudnn_loaded() || !covered(sh, probs, dropped, mask, key_mask))
     return false;
@@ -186,11 +186,11 @@ bool l2l_cudnn_routes(const struct l2l_attention_shape *sh, const void *probs,
 static uint64_t up256(uint64_t n) { return (n + 255) & ~(uint64_t)255; }
 
 /* Bytes of one packed 16-bit [B, S, H, D] copy. */
-static uint64_t half_bytes(const struct l2l_attention_shape *sh) {
+static uint64_t half_bytes(const struct backend_attention_shape *sh) {
   return up256((uint64_t)sh->batch * sh->seq * sh->heads * sh->head_dim * 2);
 }
 
-uint64_t cudnn_sdpa_scratch_bytes(const struct l2l_attention_shape *sh, int backward) {
+uint64_t cudnn_sdpa_scratch_bytes(const struct backend_attention_shape *sh, int backward) {
   pthread_mutex_lock(&cache_lock);
   struct entry *e = entry_for(sh);
   int64_t ws = !e->usable ? 0 : backward ? sdpa_graph_workspace(e->bwd) : sdpa_graph_workspace(e->fwd);
@@ -208,7 +208,7 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 #define CAST(dst, dst_t, dst_ld, src, src_t, src_ld)                                        \
   do {                                                                                     \
-    CUDA_TRY(l2l_k_cast_rows(dst, dst_t, dst_ld, src, src_t, src_ld, sh->batch * sh->seq,  \
+    CUDA_TRY(k_cast_rows(dst, dst_t, dst_ld, src, src_t, src_ld, sh->batch * sh->seq,  \
                              sh->heads * sh->head_dim, cuda_rt.compute));                  \
   } while (0)
 
@@ -216,12 +216,12 @@ static l2l_status execute(struct sdpa_graph *g, const int64_t *uids, void **ptrs
                           void *workspace) {
   char why[400];
   if (!sdpa_graph_execute(g, get_handle(), uids, ptrs, n, workspace, why, sizeof why))
-    return l2l_fail(L2L_ERR_BACKEND, "cuDNN attention: %s", why);
+    return core_fail(L2L_ERR_BACKEND, "cuDNN attention: %s", why);
   atomic_fetch_add(&runs, 1);
   return L2L_OK;
 }
 
-static struct entry *entry_locked(const struct l2l_attention_shape *sh) {
+static struct entry *entry_locked(const struct backend_attention_shape *sh) {
   pthread_mutex_lock(&cache_lock);
   struct entry *e = entry_for(sh);
   pthread_mutex_unlock(&cache_lock);
@@ -229,9 +229,9 @@ static struct entry *entry_locked(const struct l2l_attention_shape *sh) {
 }
 
 l2l_status cudnn_sdpa_forward(float *o, float *lse, const float *q, const float *k, const float *v,
-                              const struct l2l_attention_shape *sh, void *scratch) {
+                              const struct backend_attention_shape *sh, void *scratch) {
   struct entry *e = entry_locked(sh);
-  if (!e->usable) return l2l_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
+  if (!e->usable) return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
   const int t = (int)sh->precision;
   const int64_t hd = sh->heads * sh->head_dim;
   char *s = scratch;
@@ -254,9 +254,9 @@ l2l_status cudnn_sdpa_forward(float *o, float *lse, const float *q, const float 
 
 l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o, const float *o,
                                const float *lse, const float *q, const float *k, const float *v,
-                               const struct l2l_attention_shape *sh, void *scratch) {
+                               const struct backend_attention_shape *sh, void *scratch) {
   struct entry *e = entry_locked(sh);
-  if (!e->usable) return l2l_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
+  if (!e->usable) return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
   const int t = (int)sh->precision;
   const int64_t hd = sh->heads * sh->head_dim;
   uint64_t hb = half_bytes(sh), rows = (uint64_t)sh->batch * sh->heads * sh->seq;
@@ -288,34 +288,34 @@ l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o
 
 /* ---------------------------------------------------------------- the check */
 
-l2l_status l2l_cudnn_describe(const struct l2l_attention_shape *sh, int backward,
-                              struct l2l_sdpa_view *out) {
+l2l_status cudnn_describe(const struct backend_attention_shape *sh, int backward,
+                              struct backend_sdpa_view *out) {
   char why[512];
-  if (out == NULL) return l2l_fail(L2L_ERR_INVALID, "out is NULL");
+  if (out == NULL) return core_fail(L2L_ERR_INVALID, "out is NULL");
   if (!cudnn_loaded()) {
-    l2l_cudnn_probe(why, sizeof why);
-    return l2l_fail(L2L_ERR_UNSUPPORTED, "cuDNN is not loaded: %s", why);
+    cudnn_probe(why, sizeof why);
+    return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN is not loaded: %s", why);
   }
   struct sdpa_graph *g = sdpa_graph_build(sh, backward, 0, why, sizeof why);
-  if (g == NULL) return l2l_fail(L2L_ERR_BACKEND, "%s", why);
+  if (g == NULL) return core_fail(L2L_ERR_BACKEND, "%s", why);
   sdpa_graph_describe(g, out);
   sdpa_graph_free(g);
   return L2L_OK;
 }
 
-l2l_status l2l_cudnn_check_graphs(const struct l2l_attention_shape *sh, int backward, int miswire,
+l2l_status cudnn_check_graphs(const struct backend_attention_shape *sh, int backward, int miswire,
                                   char *report, size_t len) {
   char why[512];
   if (!cudnn_loaded()) {
-    l2l_cudnn_probe(why, sizeof why);
-    return l2l_fail(L2L_ERR_UNSUPPORTED, "cuDNN is not loaded: %s", why);
+    cudnn_probe(why, sizeof why);
+    return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN is not loaded: %s", why);
   }
   struct sdpa_graph *g = sdpa_graph_build(sh, backward, miswire, why, sizeof why);
-  if (g == NULL) return l2l_fail(L2L_ERR_BACKEND, "%s", why);
+  if (g == NULL) return core_fail(L2L_ERR_BACKEND, "%s", why);
   int tensors = 0, ops = 0;
   sdpa_graph_counts(g, &tensors, &ops);
   char plan[640];
-  if (l2l_cuda_probe(NULL, 0)) {
+  if (cuda_probe(NULL, 0)) {
     cudnnHandle_t h = get_handle();
     if (h == NULL)
       snprintf(plan, sizeof plan, "no plan: %s", handle_why);
@@ -326,16 +326,16 @@ l2l_status l2l_cudnn_check_graphs(const struct l2l_attention_shape *sh, int back
       snprintf(plan, sizeof plan, "refused on this GPU: %s", why);
   } else if (cudnn_loaded_version() >= 90800) {   /* the graph itself needs no handle */
     char cuda_why[320];
-    l2l_cuda_probe(cuda_why, sizeof cuda_why);
+    cuda_probe(cuda_why, sizeof cuda_why);
     if (!sdpa_graph_finalize(g, NULL, why, sizeof why)) {
       sdpa_graph_free(g);
-      return l2l_fail(L2L_ERR_BACKEND, "the %s graph is refused: %s",
+      return core_fail(L2L_ERR_BACKEND, "the %s graph is refused: %s",
                       backward ? "backward" : "forward", why);
     }
     snprintf(plan, sizeof plan, "operation graph finalized without a GPU; engine choice, plan "
              "and execution skipped: they need a GPU, and CUDA cannot run here (%.300s)", cuda_why);
   } else {
-    l2l_cuda_probe(why, sizeof why);
+    cuda_probe(why, sizeof why);
     snprintf(plan, sizeof plan, "graph finalize, plan and execution skipped: they need a GPU, "
              "and CUDA cannot run here (%.300s)", why);
   }

@@ -6,7 +6,7 @@
  * toolkit's folders, PyTorch's wheels, the soname), its functions kept in `cudnn`; its
  * fused scaled-dot-product attention is built through the backend C API as an operation
  * graph per shape (cudnn_sdpa.c) and run by cuda_ops.c for the attention calls
- * l2l_cudnn_routes accepts. The 16-bit copies of q, k, v, o, do and the gradients, the
+ * cudnn_routes accepts. The 16-bit copies of q, k, v, o, do and the gradients, the
  * softmax row sums and dq's f32 accumulator live in the backend's scratch.
  * Must never: be included outside backend/cuda/.
  */
@@ -41,17 +41,17 @@ CUDA_INTERNAL int cudnn_loaded(void);
 CUDA_INTERNAL int cudnn_loaded_version(void);
 
 /* Bytes of scratch cudnn_sdpa_forward (backward = 0) or _backward needs for this shape;
-   call after l2l_cudnn_routes said yes (its plans are then built). */
-CUDA_INTERNAL uint64_t cudnn_sdpa_scratch_bytes(const struct l2l_attention_shape *sh, int backward);
+   call after cudnn_routes said yes (its plans are then built). */
+CUDA_INTERNAL uint64_t cudnn_sdpa_scratch_bytes(const struct backend_attention_shape *sh, int backward);
 /* o and lse as the own kernels write them (lse: each row's natural-log log-sum-exp of the
    scaled visible scores, cuDNN's softmax stats, the same quantity), through cuDNN, with
    `scratch` (cudnn_sdpa_scratch_bytes, 256-byte aligned) held by the caller (cuda_rt.lock). */
 CUDA_INTERNAL l2l_status cudnn_sdpa_forward(float *o, float *lse, const float *q, const float *k,
-                                            const float *v, const struct l2l_attention_shape *sh,
+                                            const float *v, const struct backend_attention_shape *sh,
                                             void *scratch);
 CUDA_INTERNAL l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o,
                                              const float *o, const float *lse, const float *q,
                                              const float *k, const float *v,
-                                             const struct l2l_attention_shape *sh, void *scratch);
+                                             const struct backend_attention_shape *sh, void *scratch);
 
 #endif /* L2L_CUDA_CUDNN_SDPA_H */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* runtime.c — the CUDA backend's runtime: start-up (device, stream, scratch, cuBLAS),
  * copy lanes, marks and stamps, the caching allocator over cudaMalloc, page-locked host
- * memory, and the device table it installs in the core (l2l_cuda_device).
+ * memory, and the device table it installs in the core (cuda_device).
  *
  * Purpose: the relay's copy threads are "lanes": each copies on a stream of its own, so
  * that transfers in both directions overlap the kernels. A lane copy first waits for a
@@ -30,13 +30,13 @@
 /* ---------------------------------------------------------------- errors */
 
 l2l_status cuda_error(cudaError_t err, const char *file, int line, const char *call) {
-  return l2l_fail(L2L_ERR_BACKEND, "%s:%d: %s failed: %s (%s)", file, line, call,
+  return core_fail(L2L_ERR_BACKEND, "%s:%d: %s failed: %s (%s)", file, line, call,
                   cudaGetErrorString(err), cudaGetErrorName(err));
 }
 
 l2l_status cublas_error(cublasStatus_t err, const char *file, int line,
                                const char *call) {
-  return l2l_fail(L2L_ERR_BACKEND, "%s:%d: %s failed: %s (%s)", file, line, call,
+  return core_fail(L2L_ERR_BACKEND, "%s:%d: %s failed: %s (%s)", file, line, call,
                   cublas.status_string(err), cublas.status_name(err));
 }
 
@@ -146,7 +146,7 @@ static void runtime_start(void) {
     snprintf(cuda_rt.why, sizeof cuda_rt.why, "no CUDA device is present");
     return;
   }
-  cuda_rt.device = l2l_accelerator_index(count, cuda_rt.why, sizeof cuda_rt.why);
+  cuda_rt.device = backend_accelerator_index(count, cuda_rt.why, sizeof cuda_rt.why);
   if (cuda_rt.device < 0) return;
   struct cudaDeviceProp prop;
   if ((err = cudaGetDeviceProperties(&prop, cuda_rt.device)) != cudaSuccess) {
@@ -187,7 +187,7 @@ static void runtime_start(void) {
    runtime_start). */
 static _Thread_local bool thread_on_device;
 
-int l2l_cuda_probe(char *why, size_t len) {
+int cuda_probe(char *why, size_t len) {
   pthread_once(&cuda_rt.once, runtime_start);
   if (!cuda_rt.usable && why != NULL && len > 0) snprintf(why, len, "%s", cuda_rt.why);
   if (cuda_rt.usable && !thread_on_device) {
@@ -198,8 +198,8 @@ int l2l_cuda_probe(char *why, size_t len) {
 }
 
 l2l_status cuda_need_runtime(void) {
-  if (l2l_cuda_probe(NULL, 0)) return L2L_OK;
-  return l2l_fail(L2L_ERR_UNSUPPORTED, "CUDA cannot run here: %s", cuda_rt.why);
+  if (cuda_probe(NULL, 0)) return L2L_OK;
+  return core_fail(L2L_ERR_UNSUPPORTED, "CUDA cannot run here: %s", cuda_rt.why);
 }
 
 l2l_status cuda_wait_stream(void) {
@@ -212,9 +212,9 @@ static l2l_status cuda_synchronize(void) {
   return cuda_wait_stream();
 }
 
-void l2l_cuda_use_tf32(int enable) { atomic_store(&cuda_rt.tf32, enable); }
+void cuda_use_tf32(int enable) { atomic_store(&cuda_rt.tf32, enable); }
 
-l2l_status l2l_cuda_fill_info(l2l_cuda_info *out) {
+l2l_status cuda_fill_info(l2l_cuda_info *out) {
   struct cudaDeviceProp prop;
   l2l_cuda_info info;
   memset(&info, 0, sizeof info);
@@ -279,7 +279,7 @@ static pthread_mutex_t event_pool_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* An event from the pool recorded on `stream`, or NULL (the error cleared). */
 static cudaEvent_t event_record(cudaStream_t stream) {
-  if (!l2l_cuda_probe(NULL, 0)) return NULL;
+  if (!cuda_probe(NULL, 0)) return NULL;
   cudaEvent_t ev = NULL;
   pthread_mutex_lock(&event_pool_lock);
   if (event_pool_count > 0) ev = event_pool[--event_pool_count];
@@ -306,7 +306,7 @@ static void event_give_back(cudaEvent_t ev) {
 
 static void *cuda_mark(void) {
   cudaEvent_t mark = event_record(cuda_rt.compute);
-  if (mark == NULL && l2l_cuda_probe(NULL, 0))
+  if (mark == NULL && cuda_probe(NULL, 0))
     cudaStreamSynchronize(cuda_rt.compute); /* no mark: the order then holds by waiting now */
   return mark;
 }
@@ -379,8 +379,8 @@ static void device_block_free(void *ptr, void *tag) {
   cudaFree(ptr);   /* synchronizes the device: the tag's event is past */
   if (tag != NULL) event_give_back((cudaEvent_t)tag);
 }
-static const struct l2l_block_source device_blocks = {device_block_alloc, device_block_free};
-static struct l2l_block_cache cache = L2L_BLOCK_CACHE(&device_blocks);
+static const struct block_source device_blocks = {device_block_alloc, device_block_free};
+static struct block_cache cache = L2L_BLOCK_CACHE(&device_blocks);
 
 /* The calling thread may use a block taken from the cache with `tag`: a lane's stream
    waits for the tag on the GPU (the host, if that fails); the compute stream is in order. */
@@ -400,23 +400,23 @@ static l2l_status cuda_malloc(void **out, uint64_t bytes) {
   char want[32], held[32];
   TRY(cuda_need_runtime());
   void *tag = NULL;
-  int err = l2l_blocks_get(&cache, out, bytes, &tag);
+  int err = blocks_get(&cache, out, bytes, &tag);
   if (err == 0) {
     cudaError_t ready = block_ready(tag);
     if (ready != cudaSuccess) {
-      l2l_blocks_put(&cache, *out, bytes, NULL);
+      blocks_put(&cache, *out, bytes, NULL);
       CUDA_TRY(ready);
     }
     return L2L_OK;
   }
-  uint64_t size = l2l_block_size(bytes), reserved = 0;
-  l2l_blocks_counts(&cache, &reserved, NULL, NULL);
-  return l2l_fail(L2L_ERR_NOMEM,
+  uint64_t size = block_size(bytes), reserved = 0;
+  blocks_counts(&cache, &reserved, NULL, NULL);
+  return core_fail(L2L_ERR_NOMEM,
                   "device pool: the GPU refused %llu bytes (%s): %s; l2l holds %llu bytes (%s) "
                   "of device memory",
-                  (unsigned long long)size, l2l_human_bytes(want, 32, size),
+                  (unsigned long long)size, core_human_bytes(want, 32, size),
                   cudaGetErrorString((cudaError_t)err), (unsigned long long)reserved,
-                  l2l_human_bytes(held, 32, reserved));
+                  core_human_bytes(held, 32, reserved));
 }
 
 /* Back to the cache, tagged with an event after the kernels queued so far when kernels
@@ -427,7 +427,7 @@ static void put_back(void *ptr, uint64_t bytes, bool after_compute) {
     tag = event_record(cuda_rt.compute);
     if (tag == NULL) cudaStreamSynchronize(cuda_rt.compute);
   }
-  l2l_blocks_put(&cache, ptr, bytes, tag);
+  blocks_put(&cache, ptr, bytes, tag);
 }
 
 /* A lane frees a block after its own copy of it is done (the copy waited for the kernels
@@ -444,12 +444,12 @@ static _Atomic uint64_t own_bytes_now;
 
 static int own_alloc(void **out, uint64_t bytes) {
   void *tag = NULL;
-  int err = l2l_blocks_get(&cache, out, bytes, &tag);
+  int err = blocks_get(&cache, out, bytes, &tag);
   if (err == 0) {
     err = (int)block_ready(tag);
-    if (err != 0) l2l_blocks_put(&cache, *out, bytes, NULL);
+    if (err != 0) blocks_put(&cache, *out, bytes, NULL);
   }
-  if (err == 0) atomic_fetch_add(&own_bytes_now, l2l_block_size(bytes));
+  if (err == 0) atomic_fetch_add(&own_bytes_now, block_size(bytes));
   return err;
 }
 
@@ -458,11 +458,11 @@ l2l_status cuda_scratch_grow(uint64_t bytes) {
   int err = own_alloc(&grown, bytes);
   if (err != 0) {
     char want[32];
-    return l2l_fail(L2L_ERR_NOMEM, "the CUDA backend's scratch cannot grow to %s: %s",
-                    l2l_human_bytes(want, 32, bytes), cudaGetErrorString((cudaError_t)err));
+    return core_fail(L2L_ERR_NOMEM, "the CUDA backend's scratch cannot grow to %s: %s",
+                    core_human_bytes(want, 32, bytes), cudaGetErrorString((cudaError_t)err));
   }
   put_back(cuda_rt.scratch, cuda_rt.scratch_bytes, true);   /* after the kernels using it */
-  atomic_fetch_sub(&own_bytes_now, l2l_block_size(cuda_rt.scratch_bytes));
+  atomic_fetch_sub(&own_bytes_now, block_size(cuda_rt.scratch_bytes));
   cuda_rt.scratch = grown, cuda_rt.scratch_bytes = bytes;
   return L2L_OK;
 }
@@ -470,7 +470,7 @@ l2l_status cuda_scratch_grow(uint64_t bytes) {
 static uint64_t cuda_own_bytes(void) { return atomic_load(&own_bytes_now); }
 
 static void cuda_pool_counts(uint64_t *reserved, uint64_t *system_allocs) {
-  l2l_blocks_counts(&cache, reserved, NULL, system_allocs);
+  blocks_counts(&cache, reserved, NULL, system_allocs);
 }
 
 static int cuda_host_alloc(void **out, uint64_t bytes) {
@@ -484,13 +484,13 @@ static void cuda_host_free(void *ptr) { cudaFreeHost(ptr); }
 static l2l_status cuda_release_cache(void) {
   TRY(cuda_need_runtime());
   TRY(cuda_wait_stream());
-  l2l_blocks_release_cached(&cache);
+  blocks_release_cached(&cache);
   return L2L_OK;
 }
 
 /* ---------------------------------------------------------------- the device table */
 
-const struct l2l_device_ops l2l_cuda_device = {
+const struct device_ops cuda_device = {
     .name = "cuda",
     .alloc = cuda_malloc,
     .free = cuda_free,
