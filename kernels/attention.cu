@@ -563,18 +563,18 @@ int check_shape(AttentionShape *sh, int64_t batch, int64_t heads, int64_t seq,
 /* ---------------------------------------------------------------- launchers */
 
 extern "C" int64_t k_attention_scratch_floats(int64_t batch, int64_t heads, int64_t seq,
-                                                  int backward) {
+                                              int backward) {
   return backward ? batch * heads * seq : 0;
 }
 
 extern "C" int k_attention_forward(float *o, float *lse, float *probs, float *dropped,
-                                       uint8_t *mask, const float *q, const float *k,
-                                       const float *v, const uint8_t *key_mask, int64_t batch,
-                                       int64_t heads, int64_t seq, int64_t head_dim,
-                                       int64_t ld_qkv, int64_t ld_o, int causal, float scale,
-                                       float dropout, uint32_t keep_threshold, uint64_t seed,
-                                       uint64_t stream_id, int64_t first_sample,
-                                       int product_dtype, float *scratch, void *stream) {
+                                   uint8_t *mask, const float *q, const float *k,
+                                   const float *v, const uint8_t *key_mask, int64_t batch,
+                                   int64_t heads, int64_t seq, int64_t head_dim,
+                                   int64_t ld_qkv, int64_t ld_o, int causal, float scale,
+                                   float dropout, uint32_t keep_threshold, uint64_t seed,
+                                   uint64_t stream_id, int64_t first_sample,
+                                   int product_dtype, float *scratch, void *stream) {
   (void)scratch; /* the forward needs none */
   ForwardArgs args;
   int state = check_shape(&args.sh, batch, heads, seq, head_dim, ld_qkv, ld_o, causal, scale,
@@ -596,15 +596,15 @@ extern "C" int k_attention_forward(float *o, float *lse, float *probs, float *dr
 }
 
 extern "C" int k_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
-                                        const float *o, const float *lse, const float *probs,
-                                        const float *dropped, const uint8_t *mask,
-                                        const float *q, const float *k, const float *v,
-                                        const uint8_t *key_mask, int64_t batch, int64_t heads,
-                                        int64_t seq, int64_t head_dim, int64_t ld_qkv,
-                                        int64_t ld_o, int causal, float scale, float dropout,
-                                        uint32_t keep_threshold, uint64_t seed,
-                                        uint64_t stream_id, int64_t first_sample,
-                                        int product_dtype, float *scratch, void *stream) {
+                                    const float *o, const float *lse, const float *probs,
+                                    const float *dropped, const uint8_t *mask,
+                                    const float *q, const float *k, const float *v,
+                                    const uint8_t *key_mask, int64_t batch, int64_t heads,
+                                    int64_t seq, int64_t head_dim, int64_t ld_qkv,
+                                    int64_t ld_o, int causal, float scale, float dropout,
+                                    uint32_t keep_threshold, uint64_t seed,
+                                    uint64_t stream_id, int64_t first_sample,
+                                    int product_dtype, float *scratch, void *stream) {
   BackwardArgs args;
   int state = check_shape(&args.sh, batch, heads, seq, head_dim, ld_qkv, ld_o, causal, scale,
                           dropout, keep_threshold, seed, stream_id, first_sample,
@@ -618,7 +618,7 @@ extern "C" int k_attention_backward(float *dq, float *dk, float *dv, const float
   /* D and dq := 0 first; the tile kernel follows on the same stream */
   const int64_t rows = batch * seq * heads;
   attention_row_dots_kernel<<<k_blocks_for(rows * 32), kThreads, 0, s>>>(scratch, dq, d_o, o,
-                                                                           args.sh);
+                                                                         args.sh);
   int err = k_launched();
   if (err != 0) return err;
 

@@ -35,7 +35,7 @@ extern "C" {
    forward needs none (0; scratch may be NULL), the backward batch * heads * seq (each
    query row's D = do . o). */
 int64_t k_attention_scratch_floats(int64_t batch, int64_t heads, int64_t seq,
-                                       int backward);
+                                   int backward);
 
 /* o, lse (batch, heads, seq) and, when not NULL, the standard mode's full rows of P
    (probs), P' (dropped, written only when dropout > 0) and kept bits (mask, written only
@@ -43,26 +43,26 @@ int64_t k_attention_scratch_floats(int64_t batch, int64_t heads, int64_t seq,
    ((seq + 7) / 8), and only the bytes the CPU backend writes are written).
    keep_threshold = backend_keep_threshold(dropout), computed on the host. */
 int k_attention_forward(float *o, float *lse, float *probs, float *dropped, uint8_t *mask,
-                            const float *q, const float *k, const float *v,
-                            const uint8_t *key_mask, int64_t batch, int64_t heads,
-                            int64_t seq, int64_t head_dim, int64_t ld_qkv, int64_t ld_o,
-                            int causal, float scale, float dropout, uint32_t keep_threshold,
-                            uint64_t seed, uint64_t stream_id, int64_t first_sample,
-                            int product_dtype, float *scratch, void *stream);
+                        const float *q, const float *k, const float *v,
+                        const uint8_t *key_mask, int64_t batch, int64_t heads,
+                        int64_t seq, int64_t head_dim, int64_t ld_qkv, int64_t ld_o,
+                        int causal, float scale, float dropout, uint32_t keep_threshold,
+                        uint64_t seed, uint64_t stream_id, int64_t first_sample,
+                        int product_dtype, float *scratch, void *stream);
 
 /* dq, dk, dv (written; only their (b, i, h, 0..head_dim) entries are touched) from d_o,
    given the forward's o and lse, and its probs / dropped / mask when kept (NULL: P is
    recomputed from q, k, lse and P' from the generator). lse may be NULL when probs is
    not. scratch: k_attention_scratch_floats(batch, heads, seq, 1) floats. */
 int k_attention_backward(float *dq, float *dk, float *dv, const float *d_o, const float *o,
-                             const float *lse, const float *probs, const float *dropped,
-                             const uint8_t *mask, const float *q, const float *k,
-                             const float *v, const uint8_t *key_mask, int64_t batch,
-                             int64_t heads, int64_t seq, int64_t head_dim, int64_t ld_qkv,
-                             int64_t ld_o, int causal, float scale, float dropout,
-                             uint32_t keep_threshold, uint64_t seed, uint64_t stream_id,
-                             int64_t first_sample, int product_dtype, float *scratch,
-                             void *stream);
+                         const float *lse, const float *probs, const float *dropped,
+                         const uint8_t *mask, const float *q, const float *k,
+                         const float *v, const uint8_t *key_mask, int64_t batch,
+                         int64_t heads, int64_t seq, int64_t head_dim, int64_t ld_qkv,
+                         int64_t ld_o, int causal, float scale, float dropout,
+                         uint32_t keep_threshold, uint64_t seed, uint64_t stream_id,
+                         int64_t first_sample, int product_dtype, float *scratch,
+                         void *stream);
 
 #ifdef __cplusplus
 }

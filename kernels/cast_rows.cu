@@ -27,8 +27,8 @@ static __global__ void __launch_bounds__(L2L_THREADS)
 }
 
 extern "C" int k_cast_rows(void *dst, int dst_dtype, int64_t dst_ld, const void *src,
-                               int src_dtype, int64_t src_ld, int64_t rows, int64_t cols,
-                               void *stream) {
+                           int src_dtype, int64_t src_ld, int64_t rows, int64_t cols,
+                           void *stream) {
   if (dst == NULL || src == NULL || rows < 0 || cols < 0 || dst_ld < cols || src_ld < cols)
     return (int)cudaErrorInvalidValue;
   const bool to_half = src_dtype == DT_F32;

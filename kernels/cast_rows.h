@@ -25,7 +25,7 @@ extern "C" {
    for another pair of types, a negative size, an ld below cols or a NULL pointer, else
    the launch's cudaError_t. */
 int k_cast_rows(void *dst, int dst_dtype, int64_t dst_ld, const void *src, int src_dtype,
-                    int64_t src_ld, int64_t rows, int64_t cols, void *stream);
+                int64_t src_ld, int64_t rows, int64_t cols, void *stream);
 
 #ifdef __cplusplus
 }

@@ -54,7 +54,7 @@ __device__ __forceinline__ uint4 k_philox(uint64_t seed, uint64_t stream, uint64
 
 /* Draw `index` of (seed, stream): word index % 4 of block index / 4. */
 __device__ __forceinline__ uint32_t k_philox_draw(uint64_t seed, uint64_t stream,
-                                                    uint64_t index) {
+                                                  uint64_t index) {
   uint4 w = k_philox(seed, stream, index >> 2);
   switch (index & 3) {
     case 0: return w.x;

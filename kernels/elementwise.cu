@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
 }
 
 extern "C" int k_bias_add(float *y, const float *bias, int64_t rows, int64_t cols,
-                              void *stream) {
+                          void *stream) {
   if (rows < 0 || cols < 0) return invalid_argument();
   if (rows == 0 || cols == 0) return 0;
   bool vec = (cols & 3) == 0 && aligned16(y) && aligned16(bias);
@@ -149,7 +149,7 @@ extern "C" int k_gelu_forward(float *y, const float *x, int64_t n, void *stream)
 }
 
 extern "C" int k_gelu_backward(float *dx, const float *dy, const float *x, int64_t n,
-                                   void *stream) {
+                               void *stream) {
   bool vec = aligned16(dx) && aligned16(dy) && aligned16(x);
   return launch_map(GeluBackwardOp{dx, dy, x}, n, vec, stream);
 }
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
 }
 
 extern "C" int k_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_t n,
-                                       void *stream) {
+                                   void *stream) {
   if (n < 0 || bits == NULL) return invalid_argument();
   if (n == 0) return 0;
   bool vec = aligned16(y) && aligned16(x);
@@ -226,7 +226,7 @@ extern "C" int k_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int6
 }
 
 extern "C" int k_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
-                                       int64_t rows, int64_t cols, void *stream) {
+                                   int64_t rows, int64_t cols, void *stream) {
   if (rows < 0 || cols < 0) return invalid_argument();
   if (rows == 0 || cols == 0) return 0;
   const int64_t n = rows * cols;
@@ -310,7 +310,7 @@ struct GeluBackwardFromOutputOp {
 };
 
 extern "C" int k_gelu_backward_from_output(float *dx, const float *dy, const float *y,
-                                               const uint8_t *bits, int64_t n, void *stream) {
+                                           const uint8_t *bits, int64_t n, void *stream) {
   bool vec = aligned16(dx) && aligned16(dy) && aligned16(y);
   return launch_map(GeluBackwardFromOutputOp{dx, dy, y, bits}, n, vec, stream);
 }
@@ -361,8 +361,8 @@ __global__ void __launch_bounds__(L2L_THREADS)
 }
 
 extern "C" int k_dropout_forward(float *y, uint8_t *mask, const float *x, float p,
-                                     uint32_t threshold, uint64_t seed, uint64_t rng_stream,
-                                     int64_t first, int64_t n, void *stream) {
+                                 uint32_t threshold, uint64_t seed, uint64_t rng_stream,
+                                 int64_t first, int64_t n, void *stream) {
   if (n < 0) return invalid_argument();
   if (n == 0) return 0;
   const float keep_scale = 1.0f / (1.0f - p); /* in float, as cpu_dropout_forward */
@@ -391,7 +391,7 @@ struct DropoutBackwardOp {
 };
 
 extern "C" int k_dropout_backward(float *dx, const float *dy, const uint8_t *mask, float p,
-                                      int64_t n, void *stream) {
+                                  int64_t n, void *stream) {
   const float keep_scale = 1.0f / (1.0f - p);
   bool vec = aligned16(dx) && aligned16(dy);
   return launch_map(DropoutBackwardOp{dx, dy, mask, keep_scale}, n, vec, stream);
@@ -430,8 +430,8 @@ struct AdamwOp {
 };
 
 extern "C" int k_adamw(float *param, float *m, float *v, const float *grad, int64_t n,
-                           float lr, float beta1, float beta2, float eps, float weight_decay,
-                           float bias_correction1, float bias_correction2, void *stream) {
+                       float lr, float beta1, float beta2, float eps, float weight_decay,
+                       float bias_correction1, float bias_correction2, void *stream) {
   /* The per-step constants as backend_adamw_consts makes them on the host: in double,
      rounded once (1.0f - b is that already: a float's 1 - b is exact in double); lr * wd
      * p associates as (lr * wd) * p there too. */
@@ -599,7 +599,7 @@ static int launch_convert_from(void *dst, int dst_dtype, const void *src, int64_
 }
 
 extern "C" int k_convert(void *dst, int dst_dtype, const void *src, int src_dtype,
-                             int64_t n, void *stream) {
+                         int64_t n, void *stream) {
   if (n < 0 || dtype_size(dst_dtype) == 0 || dtype_size(src_dtype) == 0)
     return invalid_argument();
   if (n == 0) return 0;
@@ -637,7 +637,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
 }
 
 extern "C" int k_find_non_i32(int64_t *first_bad, const void *src, int src_dtype, int64_t n,
-                                  void *stream) {
+                              void *stream) {
   if (n < 0 || first_bad == NULL || src_dtype < DT_F32 || src_dtype > DT_I32)
     return invalid_argument();
   cudaStream_t s = (cudaStream_t)stream;
@@ -735,8 +735,8 @@ __global__ void __launch_bounds__(L2L_THREADS)
 }
 
 extern "C" int k_random(void *dst, int dtype, int64_t n, int dist, uint64_t seed,
-                            uint64_t rng_stream, int64_t first, double a, double b,
-                            void *stream) {
+                        uint64_t rng_stream, int64_t first, double a, double b,
+                        void *stream) {
   if (n < 0 || dtype < DT_F32 || dtype > DT_I32 || (dist != 0 && dist != 1))
     return invalid_argument();
   if (n == 0) return 0;

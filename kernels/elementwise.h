@@ -42,7 +42,7 @@ int k_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_t n, void
 /* dx = dy * gelu'(x), x recovered from y = gelu(x) and its side bit (the CPU's Newton
    inversion, step for step). dx may be dy. */
 int k_gelu_backward_from_output(float *dx, const float *dy, const float *y,
-                                    const uint8_t *bits, int64_t n, void *stream);
+                                const uint8_t *bits, int64_t n, void *stream);
 
 /* Fused bias + GELU for the layers (the ops table's bias_gelu_forward; defined as the sequence
    k_bias_add(pre, bias, rows, cols) then k_gelu_forward_bits(y, bits, pre,
@@ -55,26 +55,26 @@ int k_gelu_backward_from_output(float *dx, const float *dy, const float *y,
    y may be pre (then pre ends up holding gelu(pre + bias)); otherwise they must not
    overlap. */
 int k_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
-                            int64_t rows, int64_t cols, void *stream);
+                        int64_t rows, int64_t cols, void *stream);
 
 /* Element i (draw first+i of (seed, rng_stream)) is kept iff (draw >> 8) < threshold,
    threshold = backend_keep_threshold(p) computed by the caller; y = kept ? x * (1/(1-p)) : 0
    (the scale computed in float exactly as the CPU does). mask (may be NULL: regenerating
    a backward's mask) gets the kept bits, (n+7)/8 bytes, unused high bits 0. y may be x. */
 int k_dropout_forward(float *y, uint8_t *mask, const float *x, float p, uint32_t threshold,
-                          uint64_t seed, uint64_t rng_stream, int64_t first, int64_t n,
-                          void *stream);
+                      uint64_t seed, uint64_t rng_stream, int64_t first, int64_t n,
+                      void *stream);
 
 /* dx = mask bit ? dy * (1/(1-p)) : 0. dx may be dy. */
 int k_dropout_backward(float *dx, const float *dy, const uint8_t *mask, float p, int64_t n,
-                           void *stream);
+                       void *stream);
 
 /* One AdamW step, cpu_adamw's formula and operation order:
      m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g g;
      param = param - (lr/bc1) m / (sqrt(v) (1/sqrt(bc2)) + eps) - lr wd param. */
 int k_adamw(float *param, float *m, float *v, const float *grad, int64_t n, float lr,
-                float beta1, float beta2, float eps, float weight_decay, float bias_correction1,
-                float bias_correction2, void *stream);
+            float beta1, float beta2, float eps, float weight_decay, float bias_correction1,
+            float bias_correction2, void *stream);
 
 /* Writes the element bit pattern `pattern` into all n elements of dst (dtype 0..4). The
    caller converts the value on the host exactly as cpu_fill does:
@@ -93,14 +93,14 @@ int k_fill(void *dst, int dtype, uint32_t pattern, int64_t n, void *stream);
    dst == src; otherwise dst and src must not overlap). dst may be src only for the same
    dtype. */
 int k_convert(void *dst, int dst_dtype, const void *src, int src_dtype, int64_t n,
-                  void *stream);
+              void *stream);
 
 /* *first_bad (device memory) := the first index whose value, read as f32 from src's
    dtype, is not an integer in [-2^31, 2^31) (NaN and inf included), or -1 if none: the
    check cpu_convert makes before an f32/f16/bf16 -> i32 conversion. src_dtype i32 always
    gives -1 (the CPU checks nothing then). Written even for n == 0 (-1). */
 int k_find_non_i32(int64_t *first_bad, const void *src, int src_dtype, int64_t n,
-                       void *stream);
+                   void *stream);
 
 /* cpu_random into dst (dtype f32, f16, bf16 or i32), dist 0 = uniform, 1 = normal
    (enum backend_distribution):
@@ -111,7 +111,7 @@ int k_find_non_i32(int64_t *first_bad, const void *src, int src_dtype, int64_t n
        first+i), u1 = (w0+1) 2^-32, u2 = w1 2^-32, value = a + b sqrt(-2 ln u1)
        cos(2 pi u2) in double, then (float)value stored as dtype. */
 int k_random(void *dst, int dtype, int64_t n, int dist, uint64_t seed, uint64_t rng_stream,
-                 int64_t first, double a, double b, void *stream);
+             int64_t first, double a, double b, void *stream);
 
 #ifdef __cplusplus
 }

@@ -349,16 +349,16 @@ int launch_layernorm_backward(float *dx, float *dweight, float *dbias, const flo
 /* ---------------------------------------------------------------- launchers */
 
 extern "C" int k_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
-                                       const float *weight, const float *bias, float eps,
-                                       int64_t rows, int64_t cols, void *stream) {
+                                   const float *weight, const float *bias, float eps,
+                                   int64_t rows, int64_t cols, void *stream) {
   return launch_layernorm_forward(false, nullptr, y, mean, rstd, x, nullptr, weight, bias, eps,
                                   rows, cols, stream);
 }
 
 extern "C" int k_add_layernorm_forward(float *sum, float *y, float *mean, float *rstd,
-                                           const float *a, const float *b,
-                                           const float *weight, const float *bias, float eps,
-                                           int64_t rows, int64_t cols, void *stream) {
+                                       const float *a, const float *b,
+                                       const float *weight, const float *bias, float eps,
+                                       int64_t rows, int64_t cols, void *stream) {
   return launch_layernorm_forward(true, sum, y, mean, rstd, a, b, weight, bias, eps, rows,
                                   cols, stream);
 }
@@ -369,19 +369,19 @@ extern "C" int64_t k_layernorm_backward_scratch_floats(int64_t rows, int64_t col
 }
 
 extern "C" int k_layernorm_backward(float *dx, float *dweight, float *dbias,
-                                        const float *dy, const float *x, const float *weight,
-                                        const float *mean, const float *rstd, int64_t rows,
-                                        int64_t cols, float *scratch, void *stream) {
+                                    const float *dy, const float *x, const float *weight,
+                                    const float *mean, const float *rstd, int64_t rows,
+                                    int64_t cols, float *scratch, void *stream) {
   return launch_layernorm_backward<false>(dx, dweight, dbias, dy, x, weight, mean, nullptr,
                                           rstd, rows, cols, scratch, stream);
 }
 
 extern "C" int k_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
-                                                    const float *dy, const float *y,
-                                                    const float *weight, const float *bias,
-                                                    const float *rstd, int64_t rows,
-                                                    int64_t cols, float *scratch,
-                                                    void *stream) {
+                                                const float *dy, const float *y,
+                                                const float *weight, const float *bias,
+                                                const float *rstd, int64_t rows,
+                                                int64_t cols, float *scratch,
+                                                void *stream) {
   return launch_layernorm_backward<true>(dx, dweight, dbias, dy, y, weight, nullptr, bias,
                                          rstd, rows, cols, scratch, stream);
 }

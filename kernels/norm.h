@@ -26,8 +26,8 @@ extern "C" {
    rstd = 1 / sqrtf(sum((x - mean)^2)/cols + eps). mean and rstd (rows floats each) may be
    NULL. y may be x. */
 int k_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
-                            const float *weight, const float *bias, float eps, int64_t rows,
-                            int64_t cols, void *stream);
+                        const float *weight, const float *bias, float eps, int64_t rows,
+                        int64_t cols, void *stream);
 
 /* Fused residual add + LayerNorm: sum = a + b (written; sum may be a or b), then y, mean,
    rstd exactly as k_layernorm_forward(y, mean, rstd, sum, ...) would give, in one pass
@@ -35,8 +35,8 @@ int k_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
    sum and y are required; mean and rstd may be NULL. y must not overlap sum (it may be
    whichever of a, b that sum is not). */
 int k_add_layernorm_forward(float *sum, float *y, float *mean, float *rstd, const float *a,
-                                const float *b, const float *weight, const float *bias,
-                                float eps, int64_t rows, int64_t cols, void *stream);
+                            const float *b, const float *weight, const float *bias,
+                            float eps, int64_t rows, int64_t cols, void *stream);
 
 /* Floats of scratch the two LayerNorm backward launchers need when dweight or dbias is
    not NULL (0 when rows or cols is 0): 2 * P * cols, P = per-row-group partial sums
@@ -51,17 +51,17 @@ int64_t k_layernorm_backward_scratch_floats(int64_t rows, int64_t cols);
    fixed order (bit-identical from run to run): per-row-group partials into scratch, then
    a second kernel adds them in group order into dweight / dbias. */
 int k_layernorm_backward(float *dx, float *dweight, float *dbias, const float *dy,
-                             const float *x, const float *weight, const float *mean,
-                             const float *rstd, int64_t rows, int64_t cols, float *scratch,
-                             void *stream);
+                         const float *x, const float *weight, const float *mean,
+                         const float *rstd, int64_t rows, int64_t cols, float *scratch,
+                         void *stream);
 
 /* As k_layernorm_backward with x^ = (y - bias) * (1/weight) from the forward's output
    (1/weight rounded to float first, as the CPU does); weight must have no zero channel.
    Same scratch. dx may be dy. */
 int k_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
-                                         const float *dy, const float *y, const float *weight,
-                                         const float *bias, const float *rstd, int64_t rows,
-                                         int64_t cols, float *scratch, void *stream);
+                                     const float *dy, const float *y, const float *weight,
+                                     const float *bias, const float *rstd, int64_t rows,
+                                     int64_t cols, float *scratch, void *stream);
 
 /* ---------------------------------------------------------------- softmax */
 
@@ -72,12 +72,12 @@ int k_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
    elsewhere; a row with no visible key (or whose visible scores are all -inf) is all 0.
    y may be x. */
 int k_softmax_forward(float *y, const float *x, const uint8_t *key_mask, int causal,
-                          float scale, int64_t samples, int64_t rows_per_sample, int64_t tq,
-                          int64_t tk, void *stream);
+                      float scale, int64_t samples, int64_t rows_per_sample, int64_t tq,
+                      int64_t tk, void *stream);
 
 /* dx = scale y (dy - dot(dy, y)) per row. dx may be dy. */
 int k_softmax_backward(float *dx, const float *dy, const float *y, float scale,
-                           int64_t rows, int64_t cols, void *stream);
+                       int64_t rows, int64_t cols, void *stream);
 
 /* ---------------------------------------------------------------- cross-entropy */
 
@@ -85,23 +85,23 @@ int k_softmax_backward(float *dx, const float *dy, const float *y, float scale,
    ignore_index. Targets must be in [0, vocab) or ignore_index (public_ops.c checks); an
    out-of-range one gives NaN instead of reading out of bounds. */
 int k_cross_entropy_forward(float *losses, const float *logits, const int32_t *targets,
-                                int32_t ignore_index, int64_t rows, int64_t vocab,
-                                void *stream);
+                            int32_t ignore_index, int64_t rows, int64_t vocab,
+                            void *stream);
 
 /* dlogits[r][j] = scale expf(logits[r][j] - lse[r]), minus scale at j = targets[r]; rows
    whose target is ignore_index are all 0. dlogits may be logits (each row is read fully
    before any of it is written). */
 int k_cross_entropy_backward(float *dlogits, const float *logits, const int32_t *targets,
-                                 int32_t ignore_index, float scale, int64_t rows,
-                                 int64_t vocab, void *stream);
+                             int32_t ignore_index, float scale, int64_t rows,
+                             int64_t vocab, void *stream);
 
 /* Both of the above from one log-sum-exp per row: losses as k_cross_entropy_forward and
    dlogits as k_cross_entropy_backward (same scale). Either output may be NULL (then
    it is not written). dlogits may be logits: each row's target logit and log-sum-exp are
    taken before the row is overwritten. */
 int k_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
-                              const int32_t *targets, int32_t ignore_index, float scale,
-                              int64_t rows, int64_t vocab, void *stream);
+                          const int32_t *targets, int32_t ignore_index, float scale,
+                          int64_t rows, int64_t vocab, void *stream);
 
 #ifdef __cplusplus
 }

@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
 }
 
 extern "C" int k_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols,
-                                   float *scratch, void *stream) {
+                               float *scratch, void *stream) {
   if (rows < 0 || cols < 0) return invalid_argument();
   if (rows == 0 || cols == 0) return 0; /* dbias += nothing */
   cudaStream_t s = (cudaStream_t)stream;
@@ -231,7 +231,7 @@ static int launch_reduce(double *out, const float *x, int64_t n, double *scratch
 }
 
 extern "C" int k_reduce(double *out, int kind, const float *x, int64_t n, double *scratch,
-                            void *stream) {
+                        void *stream) {
   if (n < 0 || out == NULL) return invalid_argument();
   cudaStream_t s = (cudaStream_t)stream;
   switch (kind) {
@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
 }
 
 extern "C" int k_find_out_of_range(int64_t *out, const int32_t *values, int64_t n,
-                                       int32_t lo, int32_t hi, int32_t except, void *stream) {
+                                   int32_t lo, int32_t hi, int32_t except, void *stream) {
   if (n < 0 || out == NULL) return invalid_argument();
   cudaStream_t s = (cudaStream_t)stream;
   unsigned long long *first = reinterpret_cast<unsigned long long *>(out);
@@ -290,8 +290,8 @@ __global__ void __launch_bounds__(L2L_THREADS)
 }
 
 extern "C" int k_layernorm_uninvertible(int64_t *out, const float *weight,
-                                            const float *bias, int64_t n, float min_weight,
-                                            float bias_ratio, void *stream) {
+                                        const float *bias, int64_t n, float min_weight,
+                                        float bias_ratio, void *stream) {
   if (n < 0 || out == NULL) return invalid_argument();
   cudaStream_t s = (cudaStream_t)stream;
   unsigned long long *first = reinterpret_cast<unsigned long long *>(out);
@@ -418,7 +418,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
 }
 
 extern "C" int k_embedding_forward(float *out, const int32_t *ids, const void *table,
-                                       int table_dtype, int64_t n, int64_t cols, void *stream) {
+                                   int table_dtype, int64_t n, int64_t cols, void *stream) {
   if (n < 0 || cols < 0) return invalid_argument();
   if (table_dtype != DT_F32 && table_dtype != DT_F16 && table_dtype != DT_BF16)
     return invalid_argument();
@@ -441,7 +441,7 @@ extern "C" int k_embedding_forward(float *out, const int32_t *ids, const void *t
 }
 
 extern "C" int k_embedding_backward(float *dtable, const float *dout, const int32_t *ids,
-                                        int64_t n, int64_t vocab, int64_t cols, void *stream) {
+                                    int64_t n, int64_t vocab, int64_t cols, void *stream) {
   (void)vocab;
   if (n < 0 || cols < 0) return invalid_argument();
   if (n == 0 || cols == 0) return 0;

@@ -29,7 +29,7 @@ int64_t k_bias_backward_scratch_floats(int64_t rows, int64_t cols);
    a fixed order into scratch (device memory, k_bias_backward_scratch_floats floats),
    then added in chunk order. Float accumulation, as the CPU. */
 int k_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols,
-                        float *scratch, void *stream);
+                    float *scratch, void *stream);
 
 /* Doubles of scratch k_reduce needs, whatever n. */
 #define L2L_K_REDUCE_SCRATCH_DOUBLES 1024
@@ -40,29 +40,29 @@ int k_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols,
    for n == 0). Deterministic: a fixed partition into at most 1024 partials in scratch
    (device memory, L2L_K_REDUCE_SCRATCH_DOUBLES doubles), summed in a fixed order. */
 int k_reduce(double *out, int kind, const float *x, int64_t n, double *scratch,
-                 void *stream);
+             void *stream);
 
 /* *out (one int64, device memory) := the first i with (values[i] < lo || values[i] >= hi)
    && values[i] != except, or -1. */
 int k_find_out_of_range(int64_t *out, const int32_t *values, int64_t n, int32_t lo,
-                            int32_t hi, int32_t except, void *stream);
+                        int32_t hi, int32_t except, void *stream);
 
 /* *out (one int64, device memory) := the first i with !(|weight[i]| >= min_weight) ||
    |weight[i]| * bias_ratio < |bias[i]|, or -1 (the backend's layernorm_invertible). */
 int k_layernorm_uninvertible(int64_t *out, const float *weight, const float *bias,
-                                 int64_t n, float min_weight, float bias_ratio, void *stream);
+                             int64_t n, float min_weight, float bias_ratio, void *stream);
 
 /* out (n, cols) row i := table row ids[i], the table f32 or f16 / bf16 (table_dtype as
    l2l_dtype's values; widened exactly). ids must be valid (checked by the caller). */
 int k_embedding_forward(float *out, const int32_t *ids, const void *table, int table_dtype,
-                            int64_t n, int64_t cols, void *stream);
+                        int64_t n, int64_t cols, void *stream);
 
 /* dtable (vocab, cols) row ids[i] += dout row i, for every i. Uses float atomicAdd: for an
    id that appears more than once the additions land in no fixed order, so the sum can
    differ in the last bits from run to run (and from the CPU, which adds in token order);
    rows of ids that appear once are exact. vocab is unused (as on the CPU). */
 int k_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int64_t n,
-                             int64_t vocab, int64_t cols, void *stream);
+                         int64_t vocab, int64_t cols, void *stream);
 
 #ifdef __cplusplus
 }

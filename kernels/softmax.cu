@@ -233,9 +233,9 @@ int launch_cross_entropy(bool need_losses, bool need_dlogits, float *losses, flo
 /* ---------------------------------------------------------------- launchers */
 
 extern "C" int k_softmax_forward(float *y, const float *x, const uint8_t *key_mask,
-                                     int causal, float scale, int64_t samples,
-                                     int64_t rows_per_sample, int64_t tq, int64_t tk,
-                                     void *stream) {
+                                 int causal, float scale, int64_t samples,
+                                 int64_t rows_per_sample, int64_t tq, int64_t tk,
+                                 void *stream) {
   if (samples < 0 || rows_per_sample < 0 || tk < 0) return INVALID;
   const int64_t rows = samples * rows_per_sample;
   if (rows == 0 || tk == 0) return 0;
@@ -252,7 +252,7 @@ extern "C" int k_softmax_forward(float *y, const float *x, const uint8_t *key_ma
 }
 
 extern "C" int k_softmax_backward(float *dx, const float *dy, const float *y, float scale,
-                                      int64_t rows, int64_t cols, void *stream) {
+                                  int64_t rows, int64_t cols, void *stream) {
   if (rows < 0 || cols < 0) return INVALID;
   if (rows == 0 || cols == 0) return 0;
   if (!dx || !dy || !y) return INVALID;
@@ -268,24 +268,24 @@ extern "C" int k_softmax_backward(float *dx, const float *dy, const float *y, fl
 }
 
 extern "C" int k_cross_entropy_forward(float *losses, const float *logits,
-                                           const int32_t *targets, int32_t ignore_index,
-                                           int64_t rows, int64_t vocab, void *stream) {
+                                       const int32_t *targets, int32_t ignore_index,
+                                       int64_t rows, int64_t vocab, void *stream) {
   return launch_cross_entropy(true, false, losses, nullptr, logits, targets, ignore_index,
                               1.0f, rows, vocab, stream);
 }
 
 extern "C" int k_cross_entropy_backward(float *dlogits, const float *logits,
-                                            const int32_t *targets, int32_t ignore_index,
-                                            float scale, int64_t rows, int64_t vocab,
-                                            void *stream) {
+                                        const int32_t *targets, int32_t ignore_index,
+                                        float scale, int64_t rows, int64_t vocab,
+                                        void *stream) {
   return launch_cross_entropy(false, true, nullptr, dlogits, logits, targets, ignore_index,
                               scale, rows, vocab, stream);
 }
 
 extern "C" int k_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
-                                         const int32_t *targets, int32_t ignore_index,
-                                         float scale, int64_t rows, int64_t vocab,
-                                         void *stream) {
+                                     const int32_t *targets, int32_t ignore_index,
+                                     float scale, int64_t rows, int64_t vocab,
+                                     void *stream) {
   return launch_cross_entropy(false, false, losses, dlogits, logits, targets, ignore_index,
                               scale, rows, vocab, stream);
 }

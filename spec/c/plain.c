@@ -330,7 +330,7 @@ static void plain_fold(struct plain *p, int l) {
       l2l_param *param = l2l_layer_param(layer, j);
       struct prec *r = plain_rec(p, param);
       optim_axpy(check_data(r->acc), check_data(l2l_param_grad(param)), scale,
-                     numel(r->acc));
+                 numel(r->acc));
       r->touched = 1;
     }
   }

@@ -39,14 +39,14 @@ int cudnn_probe(char *about, size_t len);
    cuDNN's plans for the shape built on this GPU (made and cached at the first ask). The
    one predicate the forward, the backward and the profile ask. */
 bool cudnn_routes(const struct backend_attention_shape *shape, const void *probs,
-                      const void *dropped, const void *mask, const void *key_mask);
+                  const void *dropped, const void *mask, const void *key_mask);
 /* Builds the forward (backward = 0) or backward SDPA graph's tensor and operation
    descriptors, finalizing each (no GPU needed), and, where a GPU runs, its operation graph
    and execution plan; report gets the counts and what became of the plan (or why it was
    skipped). miswire != 0 builds a wrong graph on purpose, which must be refused.
    L2L_ERR_UNSUPPORTED when cuDNN is not loaded; L2L_ERR_BACKEND naming the node refused. */
 l2l_status cudnn_check_graphs(const struct backend_attention_shape *shape, int backward,
-                                  int miswire, char *report, size_t len);
+                              int miswire, char *report, size_t len);
 /* The graph cudnn_check_graphs builds, in plain C: its tensors (uid, dims, strides:
    element (i0..i3) at sum i_n strides[n] of its memory) and its nodes in order, so that a
    test can evaluate it on the CPU with cuDNN's meanings: MATMUL c = a b over the last two
@@ -89,7 +89,7 @@ struct backend_sdpa_view {
 /* The forward (backward = 0) or backward graph as l2l builds it for `shape` (with cuDNN
    loaded: its descriptors are made and finalized on the way). */
 l2l_status cudnn_describe(const struct backend_attention_shape *shape, int backward,
-                              struct backend_sdpa_view *out);
+                          struct backend_sdpa_view *out);
 /* Tests' switch: 0 keeps every attention call on the own kernels (default 1); and how many
    attention calls cuDNN has run. */
 void cudnn_enable(int on);

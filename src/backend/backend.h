@@ -274,7 +274,7 @@ bool profile_on_step_thread(void);
 /* Records the call: its op name, FLOPs, bytes moved, bound, whether it handed a result
    to the host (a sync), and its shape as printf formats it. */
 void profile_close(struct profile_probe *p, const char *op, double flops, double bytes,
-                       enum profile_bound bound, bool sync, const char *fmt, ...)
+                   enum profile_bound bound, bool sync, const char *fmt, ...)
     __attribute__((format(printf, 7, 8)));
 /* The profile's ops table (profile_ops.c). */
 extern const struct backend_ops profile_ops;
@@ -324,9 +324,9 @@ struct backend_adamw_consts {
    must not fold into the coefficients, where (1 - b2) s^2 underflows f32 for a loss scale
    of 2^64 or more while the scaled gradient's square overflows, and 0 x inf is NaN. */
 static inline struct backend_adamw_consts backend_adamw_consts(double lr, float beta1, float beta2,
-                                                       float eps, float weight_decay,
-                                                       double bc1, double bc2,
-                                                       double grad_scale) {
+                                                               float eps, float weight_decay,
+                                                               double bc1, double bc2,
+                                                               double grad_scale) {
   return (struct backend_adamw_consts){
       .scale = (float)grad_scale,
       .step = (float)(lr / bc1),
@@ -342,7 +342,7 @@ static inline struct backend_adamw_consts backend_adamw_consts(double lr, float 
 
 /* The new value of p, with *m and *v moved on by the gradient scale * grad. */
 static inline float backend_adamw_element(float p, float grad, float *m, float *v,
-                                      const struct backend_adamw_consts *k) {
+                                          const struct backend_adamw_consts *k) {
   float g = k->scale * grad;
   float mi = k->b1 * *m + k->c1 * g;
   float vi = k->b2 * *v + k->c2 * (g * g);

@@ -95,7 +95,7 @@ static bool room(void **array, int64_t *cap, int64_t count, size_t size) {
 }
 
 void profile_close(struct profile_probe *p, const char *op, double flops, double bytes,
-                       enum profile_bound bound, bool sync, const char *fmt, ...) {
+                   enum profile_bound bound, bool sync, const char *fmt, ...) {
   if (sync) device_note_sync();
   struct event e = {.lane = !p->step_thread, .bound = bound, .flops = flops,
                     .bytes = bytes, .syncs_open = p->syncs, .start = p->start};

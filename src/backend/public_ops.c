@@ -27,7 +27,7 @@ static l2l_status need(const char *func, const char *name, const l2l_tensor *t,
     return core_fail_in(func, L2L_ERR_INVALID, "%s is not a live tensor (freed?)", name);
   if (t->dtype != dtype)
     return core_fail_in(func, L2L_ERR_INVALID, "%s is %s, need %s", name,
-                       l2l_dtype_name(t->dtype), l2l_dtype_name(dtype));
+                        l2l_dtype_name(t->dtype), l2l_dtype_name(dtype));
   return L2L_OK;
 }
 
@@ -44,9 +44,9 @@ static l2l_status one_backend(const char *func, const struct backend_ops **ops,
     l2l_pool_kind a = first->t->storage->pool, b = args[i].t->storage->pool;
     if (backend_pool_domain(a) != backend_pool_domain(b))
       return core_fail_in(func, L2L_ERR_INVALID,
-                         "%s is in pool '%s' but %s is in pool '%s': an op's tensors must share "
-                         "one backend (copy them first)",
-                         first->name, l2l_pool_name(a), args[i].name, l2l_pool_name(b));
+                          "%s is in pool '%s' but %s is in pool '%s': an op's tensors must share "
+                          "one backend (copy them first)",
+                          first->name, l2l_pool_name(a), args[i].name, l2l_pool_name(b));
   }
   *ops = backend_for(first ? first->t->storage->pool : L2L_POOL_HOST);
   return L2L_OK;
@@ -59,7 +59,7 @@ static l2l_status distinct(const char *func, const char *out_name, const l2l_ten
   if (!tensors_overlap(out, in)) return L2L_OK;
   if (same_ok && out->offset == in->offset && out->numel == in->numel) return L2L_OK;
   return core_fail_in(func, L2L_ERR_INVALID, "%s overlaps %s in memory%s", out_name, in_name,
-                     same_ok ? " (only exactly the same tensor is allowed)" : "");
+                      same_ok ? " (only exactly the same tensor is allowed)" : "");
 }
 
 static l2l_status same_shape(const char *func, const char *an, const l2l_tensor *a,
@@ -69,14 +69,14 @@ static l2l_status same_shape(const char *func, const char *an, const l2l_tensor 
   if (same) return L2L_OK;
   char sa[64], sb[64];
   return core_fail_in(func, L2L_ERR_INVALID, "%s has shape %s but %s has shape %s", an,
-                     core_shape_str(sa, 64, a), bn, core_shape_str(sb, 64, b));
+                      core_shape_str(sa, 64, a), bn, core_shape_str(sb, 64, b));
 }
 
 static l2l_status numel_is(const char *func, const char *name, const l2l_tensor *t,
                            int64_t want, const char *why) {
   if (t->numel == want) return L2L_OK;
   return core_fail_in(func, L2L_ERR_INVALID, "%s has %lld elements, need %lld (%s)", name,
-                     (long long)t->numel, (long long)want, why);
+                      (long long)t->numel, (long long)want, why);
 }
 
 static l2l_status need_finite(const char *func, const char *name, double value) {
@@ -105,7 +105,7 @@ static l2l_status gemm_common(const char *func, l2l_tensor *c, const l2l_tensor 
   }
   if ((trans_a != 0 && trans_a != 1) || (trans_b != 0 && trans_b != 1))
     return core_fail_in(func, L2L_ERR_INVALID, "trans_a and trans_b must be 0 or 1, got %d, %d",
-                       trans_a, trans_b);
+                        trans_a, trans_b);
   TRY(need_finite(func, "alpha", alpha));
   TRY(need_finite(func, "beta", beta));
   const struct backend_ops *ops = NULL;
@@ -123,8 +123,8 @@ static l2l_status gemm_common(const char *func, l2l_tensor *c, const l2l_tensor 
     as_batch(c, &bc, &cr, &cc);
     if (ba != bb || ba != bc)
       return core_fail_in(func, L2L_ERR_INVALID,
-                         "batch counts differ: a has %lld, b has %lld, c has %lld",
-                         (long long)ba, (long long)bb, (long long)bc);
+                          "batch counts differ: a has %lld, b has %lld, c has %lld",
+                          (long long)ba, (long long)bb, (long long)bc);
   } else {
     ar = tensor_rows(a), ac = tensor_cols(a);
     br = tensor_rows(b), bcols = tensor_cols(b);
@@ -134,12 +134,12 @@ static l2l_status gemm_common(const char *func, l2l_tensor *c, const l2l_tensor 
   int64_t kb = trans_b ? bcols : br, n = trans_b ? br : bcols;
   if (k != kb)
     return core_fail_in(func, L2L_ERR_INVALID,
-                       "inner dims differ: op(a) is (%lld,%lld) but op(b) is (%lld,%lld) "
-                       "(trans_a = %d, trans_b = %d)",
-                       (long long)m, (long long)k, (long long)kb, (long long)n, trans_a, trans_b);
+                        "inner dims differ: op(a) is (%lld,%lld) but op(b) is (%lld,%lld) "
+                        "(trans_a = %d, trans_b = %d)",
+                        (long long)m, (long long)k, (long long)kb, (long long)n, trans_a, trans_b);
   if (cr != m || cc != n)
     return core_fail_in(func, L2L_ERR_INVALID, "c is (%lld,%lld) but op(a) op(b) is (%lld,%lld)",
-                       (long long)cr, (long long)cc, (long long)m, (long long)n);
+                        (long long)cr, (long long)cc, (long long)m, (long long)n);
   if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
     return core_fail_in(func, L2L_ERR_INVALID, "matrix dims above 2^31-1 are not supported");
   return ops->gemm_batched(tensor_ptr(c), tensor_ptr(a), tensor_ptr(b), a->dtype, ba,
@@ -330,13 +330,13 @@ l2l_status l2l_softmax_forward(l2l_tensor *y, const l2l_tensor *x, const l2l_ten
   if (key_mask) {
     if (x->ndim < 3)
       return core_fail_in(f, L2L_ERR_INVALID,
-                         "a key_mask needs x as (B, ..., Tq, Tk) with at least 3 dims, x has %d",
-                         x->ndim);
+                          "a key_mask needs x as (B, ..., Tq, Tk) with at least 3 dims, x has %d",
+                          x->ndim);
     samples = x->shape[0];
     char sm[64];
     if (key_mask->ndim != 2 || key_mask->shape[0] != samples || key_mask->shape[1] != tk)
       return core_fail_in(f, L2L_ERR_INVALID, "key_mask has shape %s, need (%lld,%lld) = (B, Tk)",
-                         core_shape_str(sm, 64, key_mask), (long long)samples, (long long)tk);
+                          core_shape_str(sm, 64, key_mask), (long long)samples, (long long)tk);
   }
   return ops->softmax_forward(tensor_ptr(y), tensor_ptr(x),
                               key_mask ? tensor_ptr(key_mask) : NULL, causal, scale, samples,
@@ -375,9 +375,9 @@ static l2l_status ids_in_range(const char *func, const struct backend_ops *ops,
   char at[128];
   int64_t index[L2L_MAX_DIMS];
   l2l_status status = core_fail_in(func, L2L_ERR_INVALID,
-                                  "%s" L2L_NAMED_ELEMENT "%s" L2L_NAMED_END " = %d is outside [0, %d)%s",
-                                  name, core_index_str(at, sizeof at, ids, bad), value, hi,
-                                  has_except ? " and not the ignore index" : "");
+                                   "%s" L2L_NAMED_ELEMENT "%s" L2L_NAMED_END " = %d is outside [0, %d)%s",
+                                   name, core_index_str(at, sizeof at, ids, bad), value, hi,
+                                   has_except ? " and not the ignore index" : "");
   return error_note_element(status, core_index_of(index, ids, bad), index);
 }
 
@@ -398,13 +398,13 @@ static l2l_status check_embedding(const char *f, const struct backend_ops **ops,
   char st[64];
   if (table->ndim != 2)
     return core_fail_in(f, L2L_ERR_INVALID, "%s has shape %s, need (V, C)", table_name,
-                       core_shape_str(st, 64, table));
+                        core_shape_str(st, 64, table));
   int64_t vocab = table->shape[0], cols = table->shape[1];
   if (vocab > INT32_MAX) return core_fail_in(f, L2L_ERR_INVALID, "vocabulary above 2^31-1");
   TRY(numel_is(f, rows_name, rows, ids->numel * cols, "ids elements times table columns"));
   if (tensor_cols(rows) != cols)
     return core_fail_in(f, L2L_ERR_INVALID, "%s's last dim is %lld, need %lld (table columns)",
-                       rows_name, (long long)tensor_cols(rows), (long long)cols);
+                        rows_name, (long long)tensor_cols(rows), (long long)cols);
   const char *out_name = table_is_output ? table_name : rows_name;
   const l2l_tensor *out = table_is_output ? table : rows;
   TRY(distinct(f, out_name, out, "ids", ids, false));
@@ -558,9 +558,9 @@ l2l_status l2l_adamw_update(l2l_tensor *param, l2l_tensor *m, l2l_tensor *v,
       !(c->beta2 >= 0 && c->beta2 < 1) || !(c->eps > 0) || !isfinite(c->eps) ||
       !(c->weight_decay >= 0) || !isfinite(c->weight_decay))
     return core_fail_in(f, L2L_ERR_INVALID,
-                       "need lr >= 0, 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0; got lr "
-                       "= %g, beta1 = %g, beta2 = %g, eps = %g, weight_decay = %g",
-                       c->lr, c->beta1, c->beta2, c->eps, c->weight_decay);
+                        "need lr >= 0, 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0; got lr "
+                        "= %g, beta1 = %g, beta2 = %g, eps = %g, weight_decay = %g",
+                        c->lr, c->beta1, c->beta2, c->eps, c->weight_decay);
   if (step < 1)
     return core_fail_in(f, L2L_ERR_INVALID, "step must be >= 1, got %lld", (long long)step);
   const struct backend_ops *ops = NULL;
@@ -582,7 +582,7 @@ l2l_status l2l_adamw_update(l2l_tensor *param, l2l_tensor *m, l2l_tensor *v,
   float bc2 = (float)(1.0 - pow(c->beta2, (double)step));
   if (!(bc1 > 0.0f) || !(bc2 > 0.0f))  /* beta within float rounding of 1 */
     return core_fail_in(f, L2L_ERR_INVALID, "bias correction 1 - beta^%lld rounds to 0 in f32",
-                       (long long)step);
+                        (long long)step);
   return ops->adamw(tensor_ptr(param), tensor_ptr(m), tensor_ptr(v),
                     tensor_ptr(grad), param->numel, c, bc1, bc2);
 }

@@ -22,10 +22,10 @@ static l2l_status tensor_copy(const char *func, l2l_tensor *dst, const l2l_tenso
   TRY(tensor_check(func, "src", src));
   if (dst->dtype != src->dtype)
     return core_fail_in(func, L2L_ERR_INVALID, "dst is %s but src is %s (use l2l_tensor_cast)",
-                       l2l_dtype_name(dst->dtype), l2l_dtype_name(src->dtype));
+                        l2l_dtype_name(dst->dtype), l2l_dtype_name(src->dtype));
   if (dst->numel != src->numel)
     return core_fail_in(func, L2L_ERR_INVALID, "dst has %lld elements but src has %lld",
-                       (long long)dst->numel, (long long)src->numel);
+                        (long long)dst->numel, (long long)src->numel);
   if (dst->storage == src->storage && dst->offset == src->offset) return L2L_OK;
   if (dst->storage == src->storage &&
       dst->offset < src->offset + src->numel && src->offset < dst->offset + dst->numel)
@@ -92,9 +92,9 @@ static l2l_status random_fill(const char *func, l2l_tensor *t, enum backend_dist
   TRY(tensor_check(func, "t", t));
   if (!is_float(t->dtype))
     return core_fail_in(func, L2L_ERR_INVALID, "t is %s; random fills need f32, f16 or bf16",
-                       l2l_dtype_name(t->dtype));
+                        l2l_dtype_name(t->dtype));
   if (first < 0) return core_fail_in(func, L2L_ERR_INVALID, "first must be >= 0, got %lld",
-                                    (long long)first);
+                                     (long long)first);
   return backend_for(t->storage->pool)
       ->random(tensor_ptr(t), t->dtype, t->numel, dist, seed, stream, first, a, b);
 }

@@ -133,7 +133,7 @@ uint64_t blocks_cap(struct block_cache *c) {
 }
 
 void blocks_counts(struct block_cache *c, uint64_t *reserved, uint64_t *cached,
-                       uint64_t *system_allocs) {
+                   uint64_t *system_allocs) {
   pthread_mutex_lock(&c->lock);
   if (reserved) *reserved = c->reserved;
   if (cached) *cached = c->cached;

@@ -87,7 +87,7 @@ int64_t option_word(const l2l_option *o, const void *base);
    a non-empty path); the bounds of SGD's or Adam's rows only for that optimizer. The first
    that fails is L2L_ERR_INVALID, "func: <prefix><field> must be ...". */
 l2l_status options_check(l2l_option_group group, const void *base, int optimizer_kind,
-                             const char *func, const char *prefix);
+                         const char *func, const char *prefix);
 
 /* ---------------------------------------------------------------- half floats */
 
@@ -190,8 +190,8 @@ struct host_record {
   uint64_t fixed, grad, state, moved;
 };
 void host_record_bytes(struct host_record *out, int64_t numel, int64_t shard_n,
-                           int arrays, l2l_state_precision state, l2l_dtype master,
-                           l2l_dtype staging, bool dist);
+                       int arrays, l2l_state_precision state, l2l_dtype master,
+                       l2l_dtype staging, bool dist);
 /* Bytes of one optimizer state array of n elements in precision `state` (l2l.h, "optimizers":
    8bit is n codes padded to 4 bytes, then an f32 scale a block); 0 for an unknown one. */
 uint64_t host_state_bytes(l2l_state_precision state, int64_t n);
@@ -243,7 +243,7 @@ struct host_tier {
   bool grads_pass;
 };
 void host_tier_plan(struct host_tier *out, uint64_t fixed, uint64_t state, uint64_t largest,
-                        uint64_t passing, uint64_t passing_total, uint64_t budget, bool spill);
+                    uint64_t passing, uint64_t passing_total, uint64_t budget, bool spill);
 /* The next record in order, of `bytes` of state, keeps it in memory (kept counts so far). */
 bool host_tier_keeps(const struct host_tier *tier, uint64_t *kept, uint64_t bytes);
 /* Allocates L2L_ALIGN-aligned memory counted against the pool's budget. */
@@ -356,7 +356,7 @@ void device_stamp_anchor(struct core_stamp *out);
 /* Seconds from `from` to `to` on the device's clock (negative when `to` came first), or
    false when either has not happened (yet). */
 bool device_stamp_seconds(double *out, const struct core_stamp *from,
-                              const struct core_stamp *to);
+                          const struct core_stamp *to);
 void device_stamp_release(struct core_stamp *stamp);
 
 /* ---------------------------------------------------------------- tensors (tensor.c) */
@@ -406,12 +406,12 @@ static inline bool tensors_overlap(const l2l_tensor *a, const l2l_tensor *b) {
 
 /* A new tensor of `like`'s shape with its own dtype and pool (contents undefined). */
 l2l_status tensor_new_like(l2l_tensor **out, l2l_pool_kind pool, l2l_dtype dtype,
-                               const l2l_tensor *like);
+                           const l2l_tensor *like);
 /* A view of `dtype` in `like`'s shape on t's storage starting byte_offset bytes after t's
    first element (aligned to the dtype's size, within the storage): the relay's slots hold
    records of several dtypes. */
 l2l_status tensor_view_bytes(l2l_tensor **out, const l2l_tensor *t, uint64_t byte_offset,
-                                 l2l_dtype dtype, const l2l_tensor *like);
+                             l2l_dtype dtype, const l2l_tensor *like);
 /* t is a live tensor; else L2L_ERR_INVALID naming `name`, with func's name in front. */
 l2l_status tensor_check(const char *func, const char *name, const l2l_tensor *t);
 /* "(2,3,5)" into buf, for messages. */
@@ -424,7 +424,7 @@ int core_index_of(int64_t index[L2L_MAX_DIMS], const l2l_tensor *t, int64_t flat
 /* t is a live tensor of `dtype` with exactly the dims given (ndim of them); else
    L2L_ERR_INVALID naming `name`, with func's name in front. */
 l2l_status core_need_shape(const char *func, const char *name, const l2l_tensor *t,
-                          l2l_dtype dtype, int ndim, const int64_t *dims);
+                           l2l_dtype dtype, int ndim, const int64_t *dims);
 
 /* ---------------------------------------------------------------- the block cache (block_cache.c) */
 
@@ -483,7 +483,7 @@ void blocks_release_cached(struct block_cache *c);
 void blocks_set_cap(struct block_cache *c, uint64_t cap);
 uint64_t blocks_cap(struct block_cache *c);
 void blocks_counts(struct block_cache *c, uint64_t *reserved, uint64_t *cached,
-                       uint64_t *system_allocs);
+                   uint64_t *system_allocs);
 
 /* ---------------------------------------------------------------- queues and threads (queue.c) */
 
@@ -554,7 +554,7 @@ void timeline_free(struct core_timeline *t);
 /* Forgets the events and sums of the last step. */
 void timeline_reset(struct core_timeline *t);
 void timeline_add(struct core_timeline *t, int layer, int micro_batch, int phase, int thread,
-                      double start, double end);
+                  double start, double end);
 
 /* ---------------------------------------------------------------- safetensors files
    (safetensors.c reads, safetensors_write.c writes: the format and its promises are stated

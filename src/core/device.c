@@ -123,7 +123,7 @@ void device_stamp_anchor(struct core_stamp *out) {
 }
 
 bool device_stamp_seconds(double *out, const struct core_stamp *from,
-                              const struct core_stamp *to) {
+                          const struct core_stamp *to) {
   const struct device_ops *device = core_device();
   if (from->event == NULL && to->event == NULL && device == NULL) {
     *out = to->host - from->host;

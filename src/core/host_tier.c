@@ -23,8 +23,8 @@ uint64_t host_state_bytes(l2l_state_precision state, int64_t n) {
 }
 
 void host_record_bytes(struct host_record *out, int64_t numel, int64_t shard_n,
-                           int arrays, l2l_state_precision state, l2l_dtype master,
-                           l2l_dtype staging, bool dist) {
+                       int arrays, l2l_state_precision state, l2l_dtype master,
+                       l2l_dtype staging, bool dist) {
   uint64_t whole = pool_accounted((uint64_t)numel * sizeof(float)),
            shard = pool_accounted((uint64_t)shard_n * sizeof(float)),
            array = host_state_bytes(state, shard_n);
@@ -64,7 +64,7 @@ static uint64_t window_of(uint64_t least, uint64_t spare) {
 }
 
 void host_tier_plan(struct host_tier *out, uint64_t fixed, uint64_t state, uint64_t largest,
-                        uint64_t passing, uint64_t passing_total, uint64_t budget, bool spill) {
+                    uint64_t passing, uint64_t passing_total, uint64_t budget, bool spill) {
   *out = (struct host_tier){.window = L2L_TIER_WINDOW_MOST, .grad_window = UINT64_MAX};
   if (!spill) {   /* everything in memory: the budget is a check */
     out->need = fixed + passing_total + state;

@@ -166,8 +166,8 @@ static l2l_status check_float(const l2l_option *o, float v, int optimizer_kind, 
   if (isinf(o->max) && (o->flags & L2L_OPTION_OPEN_LOW))
     return core_fail_in(func, L2L_ERR_INVALID, FIELD " must be > %g, got %g", prefix, o->field, o->min, (double)v);
   return core_fail_in(func, L2L_ERR_INVALID, FIELD " must be in %c%g, %g%c, got %g", prefix, o->field,
-                     o->flags & L2L_OPTION_OPEN_LOW ? '(' : '[', o->min, o->max,
-                     o->flags & L2L_OPTION_OPEN_HIGH || isinf(o->max) ? ')' : ']', (double)v);
+                      o->flags & L2L_OPTION_OPEN_LOW ? '(' : '[', o->min, o->max,
+                      o->flags & L2L_OPTION_OPEN_HIGH || isinf(o->max) ? ')' : ']', (double)v);
 }
 
 /* An integer field: int64 words compared as such (uint64 as unsigned). */
@@ -176,15 +176,15 @@ static l2l_status check_integer(const l2l_option *o, int64_t w, const char *func
     uint64_t u = (uint64_t)w;
     if ((double)u >= o->min && (o->max >= 0x1p64 || (double)u <= o->max)) return L2L_OK;
     return core_fail_in(func, L2L_ERR_INVALID, FIELD " must be %.0f to %.0f, got %llu", prefix, o->field,
-                       o->min, o->max, (unsigned long long)u);
+                        o->min, o->max, (unsigned long long)u);
   }
   bool top = o->type == L2L_OPTION_INT ? o->max >= INT_MAX : o->max >= 0x1p63;
   if ((double)w >= o->min && (top || (double)w <= o->max)) return L2L_OK;
   if (top)
     return core_fail_in(func, L2L_ERR_INVALID, FIELD " must be >= %.0f, got %lld", prefix, o->field,
-                       o->min, (long long)w);
+                        o->min, (long long)w);
   return core_fail_in(func, L2L_ERR_INVALID, FIELD " must be %.0f to %.0f, got %lld", prefix, o->field,
-                     o->min, o->max, (long long)w);
+                      o->min, o->max, (long long)w);
 }
 
 /* One field against its row. */
@@ -203,7 +203,7 @@ static l2l_status check_row(const l2l_option *o, const void *base, int optimizer
       for (int k = 0; k < o->nchoices; k++)
         if (o->choice_values[k] == (int)w) return L2L_OK;
       return core_fail_in(func, L2L_ERR_INVALID, FIELD " %d is unknown: it must be %s", prefix,
-                         o->field, (int)w, choices_text(text, sizeof text, o));
+                          o->field, (int)w, choices_text(text, sizeof text, o));
     case L2L_OPTION_BOOL:
       if (w == 0 || w == 1) return L2L_OK;
       return core_fail_in(func, L2L_ERR_INVALID, FIELD " must be 0 or 1, got %d", prefix, o->field, (int)w);
@@ -219,7 +219,7 @@ static l2l_status check_row(const l2l_option *o, const void *base, int optimizer
 }
 
 l2l_status options_check(l2l_option_group group, const void *base, int optimizer_kind,
-                             const char *func, const char *prefix) {
+                         const char *func, const char *prefix) {
   for (int i = 0; i < options_count; i++) {
     const l2l_option *o = &options_rows[i];
     l2l_status status = o->group == group ? check_row(o, base, optimizer_kind, func, prefix) : L2L_OK;

@@ -148,7 +148,7 @@ static l2l_status ensure_arena(struct pool *p, const char *name) {
   int err = mallctl("arenas.create", &p->arena, &size, NULL, 0);
   if (err != 0)
     return core_fail(L2L_ERR_NOMEM, "%s pool: jemalloc could not create an arena (error %d)", name,
-                    err);
+                     err);
   p->arena_ready = true;
   /* Never decay: freed pages stay for the next step (see the top of this file). Should
      jemalloc refuse, the arena still works with its default decay. */
@@ -371,7 +371,7 @@ l2l_status pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
   uint64_t accounted = pool_accounted(bytes);
   if (bytes == 0 || accounted == 0 || accounted > (uint64_t)PTRDIFF_MAX)
     return core_fail(L2L_ERR_INVALID, "%s pool: cannot allocate %llu bytes", name,
-                    (unsigned long long)bytes);
+                     (unsigned long long)bytes);
 
   const struct device_ops *device = kind == L2L_POOL_DEVICE ? core_device() : NULL;
   /* A GPU backend's own bytes (scratch, cuBLAS's workspace) come out of the budget too. */
@@ -387,11 +387,11 @@ l2l_status pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
     p->stats.refused++;
     pthread_mutex_unlock(&p->lock);
     return core_fail(L2L_ERR_BUDGET,
-                    "%s pool: cannot allocate %llu bytes (%s): %llu bytes (%s) in use%s, budget "
-                    "%llu bytes (%s)",
-                    name, (unsigned long long)accounted, core_human_bytes(want, 32, accounted),
-                    (unsigned long long)current, core_human_bytes(used, 32, current), backend,
-                    (unsigned long long)budget, core_human_bytes(limit, 32, budget));
+                     "%s pool: cannot allocate %llu bytes (%s): %llu bytes (%s) in use%s, budget "
+                     "%llu bytes (%s)",
+                     name, (unsigned long long)accounted, core_human_bytes(want, 32, accounted),
+                     (unsigned long long)current, core_human_bytes(used, 32, current), backend,
+                     (unsigned long long)budget, core_human_bytes(limit, 32, budget));
   }
   /* Host memory (the host and pinned pools, the device pool of the CPU backend) is never
      asked for more than the machine has, whatever the budget: the system might map it,
@@ -400,8 +400,8 @@ l2l_status pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
     p->stats.refused++;
     pthread_mutex_unlock(&p->lock);
     return core_fail(L2L_ERR_NOMEM, "%s pool: cannot allocate %llu bytes (%s): more than this "
-                    "machine's memory (%s)", name, (unsigned long long)accounted,
-                    core_human_bytes(want, 32, accounted), core_human_bytes(limit, 32, physical_bytes));
+                     "machine's memory (%s)", name, (unsigned long long)accounted,
+                     core_human_bytes(want, 32, accounted), core_human_bytes(limit, 32, physical_bytes));
   }
 #ifndef L2L_SANITIZE
   l2l_status arena_status = device != NULL ? L2L_OK : ensure_arena(p, name);
@@ -437,9 +437,9 @@ l2l_status pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
     current = p->stats.current;
     pthread_mutex_unlock(&p->lock);
     return core_fail(L2L_ERR_NOMEM,
-                    "%s pool: the system refused %llu bytes (%s); %llu bytes (%s) in use", name,
-                    (unsigned long long)accounted, core_human_bytes(want, 32, accounted),
-                    (unsigned long long)current, core_human_bytes(used, 32, current));
+                     "%s pool: the system refused %llu bytes (%s); %llu bytes (%s) in use", name,
+                     (unsigned long long)accounted, core_human_bytes(want, 32, accounted),
+                     (unsigned long long)current, core_human_bytes(used, 32, current));
   }
   p->stats.allocs++;
   meter_add(kind, (int64_t)accounted);

@@ -306,8 +306,8 @@ static l2l_status parse(struct safetensors_file *f) {
   if (S_ISDIR(st.st_mode)) return core_fail(L2L_ERR_IO, "cannot open %s: is a directory", f->path);
   if (!S_ISREG(st.st_mode))   /* (lua/l2l/filesys.lua's words) */
     return core_fail(L2L_ERR_IO, "cannot open %s: is %s, not a regular file", f->path,
-                    S_ISFIFO(st.st_mode) ? "a FIFO (a named pipe)" : S_ISCHR(st.st_mode) ? "a character device"
-                    : S_ISBLK(st.st_mode) ? "a block device" : S_ISSOCK(st.st_mode) ? "a socket" : "something");
+                     S_ISFIFO(st.st_mode) ? "a FIFO (a named pipe)" : S_ISCHR(st.st_mode) ? "a character device"
+                     : S_ISBLK(st.st_mode) ? "a block device" : S_ISSOCK(st.st_mode) ? "a socket" : "something");
   char *text = NULL;
   uint64_t n = 0;
   TRY(header_text(&text, &n, f, (uint64_t)st.st_size));
@@ -319,7 +319,7 @@ static l2l_status parse(struct safetensors_file *f) {
   /* (jansson reports some of its failed allocations with no message at all) */
   if (header == NULL && (json_error_code(&err) == json_error_out_of_memory || err.text[0] == '\0'))
     return core_fail(L2L_ERR_NOMEM, "%s: out of memory decoding the %llu-byte header", f->path,
-                    (unsigned long long)n);
+                     (unsigned long long)n);
   if (!json_is_object(header)) {
     json_decref(header);
     return BAD(f->path, "the header is not a JSON object: not a safetensors file (or damaged)");
@@ -383,8 +383,8 @@ const char *safetensors_metadata(const struct safetensors_file *f, const char *k
 static l2l_status damaged(const struct safetensors_file *f, const struct safetensors_entry *e,
                           uint64_t got) {
   return core_fail(L2L_ERR_INVALID, "%s: tensor '%s' is damaged: its bytes hash to %016llx, the "
-                  "file says %016llx (xxh3-64)", f->path, e->name, (unsigned long long)got,
-                  (unsigned long long)e->sum);
+                   "file says %016llx (xxh3-64)", f->path, e->name, (unsigned long long)got,
+                   (unsigned long long)e->sum);
 }
 
 static l2l_status cannot_read(const struct safetensors_file *f, const struct safetensors_entry *e) {

@@ -111,8 +111,8 @@ static l2l_status create_temporary(struct safetensors_writer *w, const char *hos
   }
   snprintf(w->tmp, len, "%s.tmp.%s.%ld", w->path, host, (long)getpid());
   l2l_status status = core_fail(L2L_ERR_IO, "cannot create %s or 8 other names beside it: something "
-                               "is there already (a file or link this save did not make); nothing "
-                               "was written", w->tmp);
+                                "is there already (a file or link this save did not make); nothing "
+                                "was written", w->tmp);
   free(w->tmp);
   w->tmp = NULL;
   return status;
@@ -193,7 +193,7 @@ static l2l_status add_entry(struct safetensors_writer *w, const struct safetenso
   if (e->name == NULL) return core_fail(L2L_ERR_INVALID, "entries[%d].name is NULL", i);
   if (e->name[0] == '\0' || strcmp(e->name, "__metadata__") == 0)
     return core_fail(L2L_ERR_INVALID, "entry '%s': a name must be a non-empty string other than __metadata__",
-                    e->name);
+                     e->name);
   json_t *utf8 = json_string(e->name);   /* (jansson takes UTF-8 names only) */
   if (utf8 == NULL) return core_fail(L2L_ERR_INVALID, "entries[%d]: its name is not a UTF-8 string", i);
   json_decref(utf8);
@@ -209,7 +209,7 @@ static l2l_status add_entry(struct safetensors_writer *w, const struct safetenso
     if (e->shape[d] < 1 || e->shape[d] > (INT64_C(1) << 48) / numel) {
       json_decref(shape);
       return core_fail(L2L_ERR_INVALID, "entry '%s': shape[%d] = %lld is not a size l2l has", e->name, d,
-                      (long long)e->shape[d]);
+                       (long long)e->shape[d]);
     }
     numel *= e->shape[d];
     json_array_append_new(shape, json_integer(e->shape[d]));
@@ -246,11 +246,11 @@ static l2l_status begin(struct safetensors_writer *w, const struct safetensors_s
   if (json == NULL) return core_fail(L2L_ERR_NOMEM, "no memory for the header of %s", w->path);
   if (len > SAFETENSORS_MAX_HEADER)   /* a file l2l could not read back is not written */
     return core_fail(L2L_ERR_INVALID, "the header of %s would be %zu bytes, over the %d l2l reads (%d tensors)",
-                    w->path, len, SAFETENSORS_MAX_HEADER, count);
+                     w->path, len, SAFETENSORS_MAX_HEADER, count);
   struct stat st;
   if (!w->replace && lstat(w->path, &st) == 0)
     return core_fail(L2L_ERR_STATE, "%s exists already: nothing was written (give replace = 1 to "
-                    "replace it)", w->path);
+                     "replace it)", w->path);
   char host[256];
   host_name(host, sizeof host);
   sweep_temporaries(w->path, host);
@@ -303,7 +303,7 @@ l2l_status safetensors_put(struct safetensors_writer *w, const void *data, uint6
     return core_fail(L2L_ERR_STATE, "%s: every tensor the header lists is written already", w->path);
   if (bytes != w->bytes[w->next])
     return core_fail(L2L_ERR_INVALID, "%s: tensor '%s' has %llu bytes, its header says %llu", w->path,
-                    w->names[w->next], (unsigned long long)bytes, (unsigned long long)w->bytes[w->next]);
+                     w->names[w->next], (unsigned long long)bytes, (unsigned long long)w->bytes[w->next]);
   if (!write_all(w->fd, data, bytes, -1)) return io_error("cannot write", w->tmp, errno);
   char hex[17];
   snprintf(hex, sizeof hex, "%016llx", (unsigned long long)XXH3_64bits(data, (size_t)bytes));
@@ -318,7 +318,7 @@ l2l_status safetensors_put(struct safetensors_writer *w, const void *data, uint6
 static l2l_status finish(struct safetensors_writer *w) {
   if (w->next != w->count)
     return core_fail(L2L_ERR_STATE, "%s: %d of the %d tensors the header lists were written", w->path,
-                    w->next, w->count);
+                     w->next, w->count);
   TRY(put_header(w, 0));
   if (fchmod(w->fd, created_mode()) != 0) return io_error("cannot set the mode of", w->tmp, errno);
   if (fsync(w->fd) != 0) return io_error("cannot sync", w->tmp, errno);
@@ -333,7 +333,7 @@ static l2l_status finish(struct safetensors_writer *w) {
   }
   if (renamed != 0 && errno == EEXIST)
     return core_fail(L2L_ERR_STATE, "%s appeared while it was written: left as it is (give replace "
-                    "= 1 to replace it)", w->path);
+                     "= 1 to replace it)", w->path);
   if (renamed != 0) return io_error("cannot rename to", w->path, errno);
   free(w->tmp);
   w->tmp = NULL;   /* it is the file now */

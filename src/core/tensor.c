@@ -46,7 +46,7 @@ const char *core_index_str(char *buf, size_t len, const l2l_tensor *t, int64_t f
 }
 
 l2l_status core_need_shape(const char *func, const char *name, const l2l_tensor *t,
-                          l2l_dtype dtype, int ndim, const int64_t *dims) {
+                           l2l_dtype dtype, int ndim, const int64_t *dims) {
   if (t == NULL) return core_fail_in(func, L2L_ERR_INVALID, "%s is NULL", name);
   if (!tensor_ok(t))
     return core_fail_in(func, L2L_ERR_INVALID, "%s is not a live tensor (freed?)", name);
@@ -59,8 +59,8 @@ l2l_status core_need_shape(const char *func, const char *name, const l2l_tensor 
   for (int i = 0; match && i < ndim; i++) match = t->shape[i] == dims[i];
   if (!match)
     return core_fail_in(func, L2L_ERR_INVALID, "%s is %s %s, need %s %s", name,
-                       l2l_dtype_name(t->dtype), core_shape_str(have, sizeof have, t),
-                       l2l_dtype_name(dtype), want);
+                        l2l_dtype_name(t->dtype), core_shape_str(have, sizeof have, t),
+                        l2l_dtype_name(dtype), want);
   return L2L_OK;
 }
 
@@ -73,7 +73,7 @@ static l2l_status check_shape(const char *func, int ndim, const int64_t *shape, 
   for (int i = 0; i < ndim; i++) {
     if (shape[i] < 1)
       return core_fail_in(func, L2L_ERR_INVALID, "dim %d has size %lld; sizes must be >= 1", i,
-                         (long long)shape[i]);
+                          (long long)shape[i]);
     if (count > (INT64_C(1) << 48) / shape[i])
       return core_fail_in(func, L2L_ERR_INVALID, "shape has more than 2^48 elements");
     count *= shape[i];
@@ -171,12 +171,12 @@ l2l_status l2l_tensor_view_rows(l2l_tensor **out, const l2l_tensor *t, int64_t f
 }
 
 l2l_status tensor_new_like(l2l_tensor **out, l2l_pool_kind pool, l2l_dtype dtype,
-                               const l2l_tensor *like) {
+                           const l2l_tensor *like) {
   return l2l_tensor_new(out, pool, dtype, like->ndim, like->shape);
 }
 
 l2l_status tensor_view_bytes(l2l_tensor **out, const l2l_tensor *t, uint64_t byte_offset,
-                                 l2l_dtype dtype, const l2l_tensor *like) {
+                             l2l_dtype dtype, const l2l_tensor *like) {
   const int64_t numel = like->numel;
   uint64_t size = l2l_dtype_size(dtype), start = (uint64_t)t->offset * l2l_dtype_size(t->dtype);
   if (size == 0 || byte_offset % size != 0 || (start + byte_offset) % size != 0 ||

@@ -31,7 +31,7 @@ void timeline_reset(struct core_timeline *t) {
 }
 
 void timeline_add(struct core_timeline *t, int layer, int micro_batch, int phase, int thread,
-                      double start, double end) {
+                  double start, double end) {
   pthread_mutex_lock(&t->lock);
   if (phase >= 0 && phase < L2L_TIMELINE_PHASES) t->phase_seconds[phase] += end - start;
   if (thread >= 0 && thread < L2L_TIMELINE_THREADS) t->thread_seconds[thread] += end - start;

@@ -126,7 +126,7 @@ static struct eps_record *sorted_find(struct eps_record **sorted, int n, const l
 }
 
 l2l_status eps_set_records(struct eps *eps, const struct eps_record_source *sources,
-                               int n, int *failed) {
+                           int n, int *failed) {
   *failed = -1;
   if (n < 0 || (n > 0 && sources == NULL))
     return FAIL(L2L_ERR_INVALID, "sources must list n >= 0 records, got %d", n);
@@ -414,7 +414,7 @@ static void eps_absorb(struct eps *eps, struct eps_record *rec, l2l_tensor *grad
 }
 
 void eps_give_gradient(struct eps *eps, struct eps_record *rec, l2l_tensor *grad,
-                           bool kept, float scale, int layer) {
+                       bool kept, float scale, int layer) {
   if (kept) eps_absorb(eps, rec, grad, scale, layer);
   else eps_give(eps, rec, grad, scale, layer);
 }

@@ -90,17 +90,17 @@ int optim_state_count(const l2l_optimizer_config *config);
 
 /* SGD on n elements; buf is NULL when momentum = 0 (state arrays start at zero). */
 void optim_sgd(float *p, float *buf, const float *grad, int64_t n,
-                   const struct optim_hyper *h);
+               const struct optim_hyper *h);
 /* AdamW on n elements (backend.h's AdamW arithmetic, which l2l_adamw_update also runs). */
 void optim_adamw(float *p, float *m, float *v, const float *grad, int64_t n,
-                     const struct optim_hyper *h);
+                 const struct optim_hyper *h);
 /* LAMB in two passes, because its trust ratio needs whole-record norms: moments updates
    m and v of n elements and adds sum p^2 and sum r^2 of them into norms[0] and norms[1];
    apply (after every chunk's moments) does p -= lr * trust * r, r recomputed from m, v, p. */
 void optim_lamb_moments(float *m, float *v, const float *p, const float *grad, int64_t n,
-                            const struct optim_hyper *h, double norms[2]);
+                        const struct optim_hyper *h, double norms[2]);
 void optim_lamb_apply(float *p, const float *m, const float *v, int64_t n,
-                          const struct optim_hyper *h, float trust);
+                      const struct optim_hyper *h, float trust);
 /* The trust ratio from the summed norms: |p| / |r|, 1 when either is 0. */
 float optim_lamb_trust(const double norms[2]);
 
@@ -130,7 +130,7 @@ bool optim_axpy_drain(float *dst, float *src, float scale, int64_t n);
    exactly to f32 first (the axpy returns as optim_axpy does). */
 double optim_sumsq_half(const uint16_t *x, l2l_dtype dtype, int64_t n);
 bool optim_axpy_half(float *dst, const uint16_t *src, l2l_dtype dtype, float scale,
-                         int64_t n);
+                     int64_t n);
 
 /* ---------------------------------------------------------------- compact state (quant.c) */
 
@@ -282,7 +282,7 @@ struct eps_record_source {
    beyond MPI's counts, a record listed twice) changes nothing; *failed is then the index
    of the source it came from (-1: none). */
 l2l_status eps_set_records(struct eps *eps, const struct eps_record_source *sources,
-                               int n, int *failed);
+                           int n, int *failed);
 uint64_t eps_host_bytes(const struct eps *eps);
 
 /* What the device copies of a record: its staging copy in device precision, or the f32
@@ -296,7 +296,7 @@ int64_t eps_updates(const struct eps_record *rec);
    record, then copied in whole before the old state is freed: a refusal changes
    nothing; its message names `func`, the public call. Between steps. */
 l2l_status eps_restore(const char *func, struct eps *eps, struct eps_record *rec,
-                           int64_t updates, const l2l_tensor *first, const l2l_tensor *second);
+                       int64_t updates, const l2l_tensor *first, const l2l_tensor *second);
 /* A checkpoint's load: the record's stream of stochastic rounding draws (a bf16 master's:
    eps_record_source's), from the rng id its layer gets back. Between steps. */
 void eps_set_stream(struct eps_record *rec, uint64_t stream);
@@ -351,7 +351,7 @@ void eps_step_agreed(struct eps *eps, bool go);
    tensor of the CPU backend), which the caller keeps: the add leaves an f32 grad zero,
    ready to accumulate the next visit's gradient (a 16-bit one is left as it was). */
 void eps_give_gradient(struct eps *eps, struct eps_record *rec, l2l_tensor *grad,
-                           bool kept, float scale, int layer);
+                       bool kept, float scale, int layer);
 void eps_release(struct eps *eps, struct eps_record *rec, int layer);
 /* Deferred updates (global clipping, loss scaling): waits for every due record to be
    complete; *norm is the global norm of their gradients times unscale. If it is finite,
@@ -398,7 +398,7 @@ void eps_wait_agreed(struct eps *eps);
    order). A copy read or gathered is kept until the next step or until another record's
    is asked for. Between steps, after eps_sync. */
 l2l_status eps_state_whole(l2l_tensor **out, struct eps *eps, struct eps_record *rec,
-                               int which);
+                           int which);
 /* Bytes the exchanges of the last step that updated send per rank (ring accounting:
    (N - 1) / N of a record's f32 gradient by reduce-scatter and of its master by
    all-gather, none for a record skipped on every rank). */

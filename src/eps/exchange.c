@@ -139,8 +139,8 @@ static void op_fill(struct dist_op *op, struct eps_record *rec, enum dist_kind k
 
 /* Each collective's operation (in the record), stream and words. */
 static struct dist_op *collective(struct eps *eps, struct eps_record *rec,
-                                      enum eps_collective which, struct dist_stream **stream,
-                                      const char **what) {
+                                  enum eps_collective which, struct dist_stream **stream,
+                                  const char **what) {
   struct eps_dist *d = eps->dist;
   switch (which) {
   case EPS_REDUCE_SCATTER: *stream = d->rs, *what = "reduce-scatter of gradients"; return &rec->rs;
@@ -263,7 +263,7 @@ static l2l_status state_gather(l2l_tensor **out, struct eps *eps, struct eps_rec
 }
 
 l2l_status eps_state_whole(l2l_tensor **out, struct eps *eps, struct eps_record *rec,
-                               int which) {
+                           int which) {
   *out = NULL;
   if (rec->gathered[which] != NULL) {   /* asked for before, this step */
     *out = rec->gathered[which];

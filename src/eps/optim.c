@@ -32,8 +32,8 @@ static const char CHECKER[] = "optimizer_check";
 static l2l_status sgd_check(const l2l_optimizer_config *c) {
   if (c->nesterov && c->momentum == 0.0f)
     return core_fail_in(CHECKER, L2L_ERR_INVALID,
-                       "optimizer nesterov = 1 needs momentum > 0, got momentum %g",
-                       (double)c->momentum);
+                        "optimizer nesterov = 1 needs momentum > 0, got momentum %g",
+                        (double)c->momentum);
   return L2L_OK;
 }
 
@@ -118,11 +118,11 @@ static struct backend_adamw_consts adam_consts(const struct optim_hyper *h, doub
   double t = (double)(h->t < 1 ? 1 : h->t);
   double bc1 = 1.0 - pow((double)h->beta1, t), bc2 = 1.0 - pow((double)h->beta2, t);
   return backend_adamw_consts(lr, h->beta1, h->beta2, h->eps, h->weight_decay, bc1, bc2,
-                          (double)h->grad_scale);
+                              (double)h->grad_scale);
 }
 
 void optim_sgd(float *restrict p, float *restrict buf, const float *restrict grad, int64_t n,
-                   const struct optim_hyper *h) {
+               const struct optim_hyper *h) {
   const float lr = h->lr, s = h->grad_scale, mu = h->momentum;
   const float decay = h->lr * h->weight_decay; /* decoupled: p -= lr wd p, before the step */
   if (buf == NULL || mu == 0.0f) {
@@ -156,7 +156,7 @@ void optim_sgd(float *restrict p, float *restrict buf, const float *restrict gra
 }
 
 void optim_adamw(float *restrict p, float *restrict m, float *restrict v,
-                     const float *restrict grad, int64_t n, const struct optim_hyper *h) {
+                 const float *restrict grad, int64_t n, const struct optim_hyper *h) {
   const struct backend_adamw_consts k = adam_consts(h, (double)h->lr);
 #pragma omp simd
   for (int64_t i = 0; i < n; i++) {
@@ -175,8 +175,8 @@ static inline float lamb_r(float m, float v, float p, float step, float rsb2, fl
 }
 
 void optim_lamb_moments(float *restrict m, float *restrict v, const float *restrict p,
-                            const float *restrict grad, int64_t n,
-                            const struct optim_hyper *h, double norms[2]) {
+                        const float *restrict grad, int64_t n,
+                        const struct optim_hyper *h, double norms[2]) {
   const struct backend_adamw_consts k = adam_consts(h, 1.0);
   const float eps = h->eps, wd = h->weight_decay;
   double pp = 0.0, rr = 0.0;
@@ -196,7 +196,7 @@ void optim_lamb_moments(float *restrict m, float *restrict v, const float *restr
 }
 
 void optim_lamb_apply(float *restrict p, const float *restrict m, const float *restrict v,
-                          int64_t n, const struct optim_hyper *h, float trust) {
+                      int64_t n, const struct optim_hyper *h, float trust) {
   const struct backend_adamw_consts k = adam_consts(h, 1.0);
   const float eps = h->eps, wd = h->weight_decay, rate = h->lr * trust;
 #pragma omp simd
@@ -283,7 +283,7 @@ double optim_sumsq_half(const uint16_t *restrict x, l2l_dtype dtype, int64_t n) 
 }
 
 bool optim_axpy_half(float *restrict dst, const uint16_t *restrict src, l2l_dtype dtype,
-                         float scale, int64_t n) {
+                     float scale, int64_t n) {
   float nonfinite = 0.0f;
   if (dtype == L2L_BF16) {
 #pragma omp simd reduction(+ : nonfinite)
@@ -334,7 +334,7 @@ static void lamb_chunk(const struct optim_chunk *c) {
     optim_lamb_moments(c->state[0], c->state[1], c->p, c->grad, c->n, c->h, c->sums);
   else
     optim_lamb_apply(c->p, c->state[0], c->state[1], c->n, c->h,
-                         optim_lamb_trust(c->record_sums));
+                     optim_lamb_trust(c->record_sums));
 }
 
 static const struct optimizer_ops optimizers[] = {

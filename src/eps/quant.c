@@ -231,7 +231,7 @@ void eps_compact_chunk(const struct optimizer_ops *optim, const struct optim_chu
     if (mh != NULL && last_wave) {   /* the wave that moved the weights */
       uint16_t *out = compact->master + at;
       philox_range(draws, compact->seed, compact->stream, compact->first_draw + (uint64_t)at,
-                       block.n);
+                   block.n);
 #pragma omp simd
       for (int64_t i = 0; i < block.n; i++) out[i] = eps_bf16_stochastic(master[i], draws[i]);
     }
@@ -286,8 +286,8 @@ static l2l_status values_check(const char *func, const char *name, const float *
   for (int64_t i = 0; i < bn; i++)
     if (!isfinite(block[i]) || (code == EPS_CODE_ROOT && block[i] < 0.0f))
       return core_fail_in(func, L2L_ERR_INVALID, "%s holds %g at element %lld: optimizer state "
-                         "must be finite%s", name, (double)block[i], (long long)(at + i),
-                         code == EPS_CODE_ROOT ? ", and a second moment >= 0" : "");
+                          "must be finite%s", name, (double)block[i], (long long)(at + i),
+                          code == EPS_CODE_ROOT ? ", and a second moment >= 0" : "");
   return L2L_OK;
 }
 
@@ -332,31 +332,31 @@ l2l_status eps_restore_check(const char *func, const struct eps *eps,
   /* The next update is t = updates + 1: it must be an int64 too. */
   if (updates == INT64_MAX)
     return core_fail_in(func, L2L_ERR_INVALID, "updates must be below 2^63 - 1 (the next update "
-                       "counts one more), got %lld", (long long)updates);
+                        "counts one more), got %lld", (long long)updates);
   int count = optim_state_count(&eps->optimizer);
   *arrays = updates > 0 ? count : 0;
   for (int a = 0; a < 2; a++) {
     if (a >= *arrays) {
       if (given[a] != NULL)
         return core_fail_in(func, L2L_ERR_INVALID,
-                           "%s must be NULL: the optimizer keeps %d state arrays%s", names[a],
-                           count, updates == 0 ? " and none before the first update" : "");
+                            "%s must be NULL: the optimizer keeps %d state arrays%s", names[a],
+                            count, updates == 0 ? " and none before the first update" : "");
       continue;
     }
     if (given[a] == NULL)
       return core_fail_in(func, L2L_ERR_INVALID, "%s is NULL: the optimizer keeps %d state arrays",
-                         names[a], *arrays);
+                          names[a], *arrays);
     TRY(tensor_check(func, names[a], given[a]));
     l2l_dtype dtype = (l2l_dtype)l2l_tensor_dtype(given[a]);
     if (dtype != L2L_F32 && dtype != L2L_BF16 && dtype != L2L_U8)
       return core_fail_in(func, L2L_ERR_INVALID, "%s must be f32, bf16 or u8 (8-bit state), got %s",
-                         names[a], l2l_dtype_name(dtype));
+                          names[a], l2l_dtype_name(dtype));
     int64_t n = l2l_tensor_numel(rec->master);
     int64_t want = dtype == L2L_U8 ? (int64_t)host_state_bytes(L2L_STATE_8BIT, n) : n;
     if (l2l_tensor_numel(given[a]) != want)
       return core_fail_in(func, L2L_ERR_INVALID, "%s has %lld elements, the parameter's state "
-                         "in %s %lld", names[a], (long long)l2l_tensor_numel(given[a]),
-                         dtype == L2L_U8 ? "8 bits" : l2l_dtype_name(dtype), (long long)want);
+                          "in %s %lld", names[a], (long long)l2l_tensor_numel(given[a]),
+                          dtype == L2L_U8 ? "8 bits" : l2l_dtype_name(dtype), (long long)want);
   }
   return L2L_OK;
 }

@@ -16,9 +16,9 @@
 struct host_record eps_record_bytes(const struct eps *eps, const struct eps_record *rec) {
   struct host_record b;
   host_record_bytes(&b, l2l_tensor_numel(rec->master), rec->shard_n,
-                        optim_state_count(&eps->optimizer), eps->optimizer.state,
-                        (l2l_dtype)l2l_tensor_dtype(rec->master),
-                        rec->staging ? eps->precision : L2L_F32, eps->dist != NULL);
+                    optim_state_count(&eps->optimizer), eps->optimizer.state,
+                    (l2l_dtype)l2l_tensor_dtype(rec->master),
+                    rec->staging ? eps->precision : L2L_F32, eps->dist != NULL);
   return b;
 }
 

@@ -165,7 +165,7 @@ static l2l_status engine_chosen(enum eps_spill_engine *engine) {
   if (strcmp(env, "io_uring") == 0) *engine = EPS_SPILL_ENGINE_RING;
   else if (strcmp(env, "threads") == 0) *engine = EPS_SPILL_ENGINE_THREADS;
   else return core_fail(L2L_ERR_INVALID, "L2L_SPILL_IO is \"%s\": io_uring or threads, or unset "
-                       "for io_uring where the kernel allows it", env);
+                        "for io_uring where the kernel allows it", env);
   return L2L_OK;
 }
 
@@ -181,7 +181,7 @@ l2l_status eps_spill_open(struct eps_spill *sp, const char *dir, enum eps_spill_
   struct stat st;
   if (stat(dir, &st) != 0)
     return core_fail(L2L_ERR_IO, "spill directory %s: %s (make it, or give another)", dir,
-                    strerror(errno));
+                     strerror(errno));
   if (!S_ISDIR(st.st_mode))
     return core_fail(L2L_ERR_IO, "spill directory %s is not a directory", dir);
   pthread_mutex_lock(&files_lock);
@@ -203,7 +203,7 @@ l2l_status eps_spill_open(struct eps_spill *sp, const char *dir, enum eps_spill_
     int err = errno;
     pthread_mutex_unlock(&files_lock);
     return core_fail(L2L_ERR_IO, "spill file %s cannot be made: %s (a writable directory on a "
-                    "local disk is needed)", sp->path, strerror(err));
+                     "local disk is needed)", sp->path, strerror(err));
   }
   file_opened(sp);
   pthread_mutex_unlock(&files_lock);
@@ -271,10 +271,10 @@ l2l_status eps_spill_reserve(struct eps_spill *sp, uint64_t bytes, uint64_t *off
   if (err != 0) {
     char have[32], want[32];
     return core_fail(L2L_ERR_IO, "spill file %s: no room for %s more (%s in the file): %s; free "
-                    "space on that disk or give a spill directory on another%s",
-                    sp->path, core_human_bytes(want, sizeof want, size),
-                    core_human_bytes(have, sizeof have, used), strerror(err),
-                    err == EFBIG ? ", or raise the file size limit (ulimit -f)" : "");
+                     "space on that disk or give a spill directory on another%s",
+                     sp->path, core_human_bytes(want, sizeof want, size),
+                     core_human_bytes(have, sizeof have, used), strerror(err),
+                     err == EFBIG ? ", or raise the file size limit (ulimit -f)" : "");
   }
   *offset = used;
   return L2L_OK;
@@ -316,17 +316,17 @@ static bool transfer_step(struct eps_spill_io *io, int64_t n) {
   }
   if (n < 0) {
     job_fail(&io->job, core_fail(L2L_ERR_IO, "spill file %s: %s %llu bytes at %llu: %s",
-                                    sp->path, io->write ? "writing" : "reading",
-                                    (unsigned long long)io->bytes,
-                                    (unsigned long long)io->offset, strerror((int)-n)));
+                                 sp->path, io->write ? "writing" : "reading",
+                                 (unsigned long long)io->bytes,
+                                 (unsigned long long)io->offset, strerror((int)-n)));
     return false;
   }
   if (n == 0) {
     job_fail(&io->job, core_fail(L2L_ERR_IO, "spill file %s: short %s at %llu (%llu of %llu "
-                                    "bytes): the file was cut short by another program",
-                                    sp->path, io->write ? "write" : "read",
-                                    (unsigned long long)io->offset, (unsigned long long)io->moved,
-                                    (unsigned long long)io->bytes));
+                                 "bytes): the file was cut short by another program",
+                                 sp->path, io->write ? "write" : "read",
+                                 (unsigned long long)io->offset, (unsigned long long)io->moved,
+                                 (unsigned long long)io->bytes));
     return false;
   }
   io->moved += (uint64_t)n;
@@ -443,7 +443,7 @@ static l2l_status ring_start(struct eps_spill *sp) {
   if (err < 0) {
     free(ring);
     return core_fail(L2L_ERR_UNSUPPORTED, "io_uring: %s (the kernel or its sandbox refuses it)",
-                    strerror(-err));
+                     strerror(-err));
   }
   sp->ring = ring;
   pthread_mutex_init(&sp->ring_lock, NULL);
@@ -519,8 +519,8 @@ l2l_status eps_spill_queue(struct eps_spill *sp, struct eps_spill_io *io, bool w
   pthread_mutex_unlock(&sp->lock);
   if (offset > used || bytes > used - offset)
     return core_fail(L2L_ERR_INVALID, "spill file %s: %llu bytes at %llu lie beyond its %llu "
-                    "reserved", sp->path, (unsigned long long)bytes, (unsigned long long)offset,
-                    (unsigned long long)used);
+                     "reserved", sp->path, (unsigned long long)bytes, (unsigned long long)offset,
+                     (unsigned long long)used);
   *io = (struct eps_spill_io){.spill = sp, .write = write, .buffer = buffer, .offset = offset,
                               .bytes = bytes, .sum = write ? 0 : sum,
                               .direct = aligned_transfer(sp, buffer, offset, bytes)};
@@ -541,8 +541,8 @@ l2l_status eps_spill_wait(struct eps_spill_io *io) {
   TRY(sp->ring ? ring_wait(sp, io) : job_wait(&io->job));
   if (io->write || io->hash == io->sum) return L2L_OK;
   return core_fail(L2L_ERR_IO, "spill file %s: the %llu bytes at %llu are not those written there "
-                  "(their XXH3-64 is %016llx, %016llx when written): another program changed "
-                  "the file", sp->path, (unsigned long long)io->bytes,
-                  (unsigned long long)io->offset, (unsigned long long)io->hash,
-                  (unsigned long long)io->sum);
+                   "(their XXH3-64 is %016llx, %016llx when written): another program changed "
+                   "the file", sp->path, (unsigned long long)io->bytes,
+                   (unsigned long long)io->offset, (unsigned long long)io->hash,
+                   (unsigned long long)io->sum);
 }

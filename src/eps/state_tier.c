@@ -297,7 +297,7 @@ static bool grad_is_zero(const struct eps_record *rec) {
 /* rec's accumulator, which holds nothing, gives its pages back. */
 static void grad_give_back(struct eps *eps, struct eps_record *rec) {
   pool_zero_pages(L2L_POOL_HOST, l2l_tensor_data(rec->grad),
-                      (uint64_t)l2l_tensor_numel(rec->grad) * sizeof(float));
+                  (uint64_t)l2l_tensor_numel(rec->grad) * sizeof(float));
   pthread_mutex_lock(&eps->lock);
   rec->grad_away = true;
   pthread_mutex_unlock(&eps->lock);
@@ -366,7 +366,7 @@ static void host_tier_now(struct eps *eps, struct host_tier *tier, uint64_t *fix
   }
   pthread_mutex_unlock(&eps->lock);
   host_tier_plan(tier, fixed, state, largest, passing, passing_total, eps->host_budget,
-                     eps->spill != NULL);
+                 eps->spill != NULL);
   *fixed_out = fixed + (tier->grads_pass ? 0 : passing_total);
 }
 
@@ -540,7 +540,7 @@ void eps_grad_clear(struct eps *eps, struct eps_record *rec, bool zeroed) {
    old state dropped first (stale), the new state written out after (kept in memory if it
    cannot go: nothing lost). */
 l2l_status eps_restore(const char *func, struct eps *eps, struct eps_record *rec,
-                           int64_t updates, const l2l_tensor *first, const l2l_tensor *second) {
+                       int64_t updates, const l2l_tensor *first, const l2l_tensor *second) {
   const l2l_tensor *given[2] = {first, second};
   int arrays = 0;
   TRY(eps_restore_check(func, eps, rec, updates, given, &arrays));

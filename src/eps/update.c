@@ -102,7 +102,7 @@ static void update_begin(struct eps *eps, struct eps_record *rec, float grad_sca
       char why[1024];
       snprintf(why, sizeof why, "%s", l2l_last_error());
       eps_io_failed(eps, core_fail(status, "%s was not updated (its optimizer state could not "
-                                  "be read): %s", rec->name, why));
+                                   "be read): %s", rec->name, why));
       eps_grad_clear(eps, rec, false);
       if (eps->dist) {   /* the other ranks wait for its all-gather: the shard as it is */
         eps_exchange_post(eps, rec, EPS_ALL_GATHER, gathered);

@@ -60,7 +60,7 @@ static l2l_status block_create(l2l_layer *layer) {
     if (linear_bias && !c->bias) continue;
     int64_t shape[2] = {spec[role].rows, spec[role].cols};
     TRY(layer_add_param(layer, role, spec[role].name, spec[role].cols ? 2 : 1, shape,
-                            spec[role].init, spec[role].std, spec[role].decays));
+                        spec[role].init, spec[role].std, spec[role].decays));
     if (spec[role].cols) layer_mark_low_precision(layer, role);   /* the four GEMM weights */
   }
   return L2L_OK;
@@ -370,13 +370,13 @@ static l2l_status mlp_backward(const struct layer_call *call, const struct block
   float *df = at(m, p->tf);
   const float *g = at(m, p->gelu);
   TRY(layers_linear_backward(call, df, grad(layer, FC2_W), grad(layer, FC2_B), dm, g,
-                          layers_weight(layer, FC2_W), N, F, D, 0.0f));
+                             layers_weight(layer, FC2_W), N, F, D, 0.0f));
   if (p->flags & FRUGAL)
     TRY(ops->gelu_backward_from_output(df, df, g, (const uint8_t *)at(m, p->gelu_bits), N * F));
   else
     TRY(ops->gelu_backward(df, df, at(m, p->fc), N * F));
   return layers_linear_backward(call, dh, grad(layer, FC_W), grad(layer, FC_B), df, in,
-                             layers_weight(layer, FC_W), N, D, F, 0.0f);
+                                layers_weight(layer, FC_W), N, D, F, 0.0f);
 }
 
 /* The attention branch's backward: da := d(attention input) from dz = d(ctx Wp + bp). */
@@ -388,7 +388,7 @@ static l2l_status attention_branch_backward(const struct layer_call *call,
   const int64_t N = p->N, D = p->D;
   float *dctx = at(m, p->t3), *dqkv = at(m, p->tqkv), *qkv = at(m, p->qkv), *ctx = at(m, p->ctx);
   TRY(layers_linear_backward(call, dctx, grad(layer, PROJ_W), grad(layer, PROJ_B), dz, ctx,
-                          layers_weight(layer, PROJ_W), N, D, D, 0.0f));
+                             layers_weight(layer, PROJ_W), N, D, D, 0.0f));
   struct backend_attention_shape sh;
   attention_shape(&sh, p, layer, call);
   const uint8_t *key_mask = call->b->key_mask ? tensor_ptr(call->b->key_mask) : NULL;
@@ -397,7 +397,7 @@ static l2l_status attention_branch_backward(const struct layer_call *call,
                               (const uint8_t *)at(m, p->attn_mask), qkv, qkv + D, qkv + 2 * D,
                               key_mask, &sh, at(m, p->attn_back_work), p->attn_back_work_floats));
   return layers_linear_backward(call, da, grad(layer, QKV_W), grad(layer, QKV_B), dqkv, in,
-                             layers_weight(layer, QKV_W), N, D, 3 * D, 0.0f);
+                                layers_weight(layer, QKV_W), N, D, 3 * D, 0.0f);
 }
 
 static l2l_status block_backward(const struct layer_call *call, l2l_layer *layer, float *dx,

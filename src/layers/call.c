@@ -96,12 +96,12 @@ l2l_status l2l_layer_memory_use(l2l_layer_memory *out, const l2l_layer *layer,
 }
 
 void layer_memory_in(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
-                         int64_t seq, l2l_dtype precision, bool training) {
+                     int64_t seq, l2l_dtype precision, bool training) {
   memory_for(out, layer, batch, seq, flags_for(layer, training, false), precision);
 }
 
 void layer_memory_bound(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
-                            int64_t seq, l2l_dtype precision, bool training) {
+                        int64_t seq, l2l_dtype precision, bool training) {
   const struct layer_kind_ops *k = layer_kind_of(layer);
   uint32_t now = flags_for(layer, training, false);
   uint32_t worst = (now | k->weights_set) & ~k->weights_clear;
@@ -125,7 +125,7 @@ static l2l_status call_shape(const char *func, const l2l_layer *layer, const l2l
   if (layer_role(layer) == L2L_ROLE_INPUT) {
     if (x != NULL)
       return core_fail_in(func, L2L_ERR_INVALID, "x must be NULL for an %s (it reads batch->tokens)",
-                         l2l_layer_name(layer));
+                          l2l_layer_name(layer));
     const l2l_tensor *t = b->tokens;
     if (t == NULL || !tensor_ok(t) || t->ndim != 2 || t->dtype != L2L_I32)
       return core_fail_in(func, L2L_ERR_INVALID, "batch->tokens must be a live (B,S) i32 tensor");
@@ -135,7 +135,7 @@ static l2l_status call_shape(const char *func, const l2l_layer *layer, const l2l
   }
   if (x == NULL || !tensor_ok(x) || x->ndim != 3)
     return core_fail_in(func, L2L_ERR_INVALID, "x must be a live (B,S,%lld) f32 tensor",
-                       (long long)c->dim);
+                        (long long)c->dim);
   *batch = x->shape[0];
   *seq = x->shape[1];
   int64_t dims[3] = {*batch, *seq, c->dim};
@@ -154,21 +154,21 @@ l2l_status batch_refused(l2l_status status, const char *name) {
 }
 
 l2l_status batch_tensor(const struct batch_check *bc, const char *name, const l2l_tensor *t,
-                            l2l_dtype dtype, int ndim) {
+                        l2l_dtype dtype, int ndim) {
   int64_t dims[2] = {bc->batch, bc->seq};
   char named[64];
   l2l_status status = core_need_shape(bc->func, named_field(named, sizeof named, name), t, dtype, ndim, dims);
   if (status != L2L_OK) return batch_refused(status, name);
   if (backend_pool_domain(t->storage->pool) != bc->domain)
     return batch_refused(core_fail_in(bc->func, L2L_ERR_INVALID, "%s must be in %s, not '%s'", named,
-                                         bc->domain == backend_pool_domain(L2L_POOL_HOST)
+                                      bc->domain == backend_pool_domain(L2L_POOL_HOST)
                                              ? "the host or pinned pool" : "the device pool",
                                          l2l_pool_name(t->storage->pool)), name);
   return L2L_OK;
 }
 
 l2l_status batch_ids(const struct batch_check *bc, const char *name, const l2l_tensor *t,
-                         int64_t hi, int32_t except) {
+                     int64_t hi, int32_t except) {
   if (bc->values_checked) return L2L_OK;
   int64_t bad = -1;
   int32_t value = 0;
@@ -178,24 +178,24 @@ l2l_status batch_ids(const struct batch_check *bc, const char *name, const l2l_t
   int64_t index[L2L_MAX_DIMS];
   if (bad >= 0) {
     l2l_status status = core_fail_in(bc->func, L2L_ERR_INVALID,
-                                    "%s" L2L_NAMED_ELEMENT "%s" L2L_NAMED_END " = %d is outside [0, %lld)%s",
-                                    named_field(named, sizeof named, name),
-                                    core_index_str(at, sizeof at, t, bad), value, (long long)hi,
-                                    except == -1 ? " and not -1" : "");
+                                     "%s" L2L_NAMED_ELEMENT "%s" L2L_NAMED_END " = %d is outside [0, %lld)%s",
+                                     named_field(named, sizeof named, name),
+                                     core_index_str(at, sizeof at, t, bad), value, (long long)hi,
+                                     except == -1 ? " and not -1" : "");
     return batch_refused(error_note_element(status, core_index_of(index, t, bad), index), name);
   }
   return L2L_OK;
 }
 
 l2l_status layer_check_batch(const char *func, const l2l_layer *layer,
-                                 const l2l_layer_batch *b, int64_t B, int64_t S,
-                                 l2l_pool_kind pool, bool backward, bool values_checked) {
+                             const l2l_layer_batch *b, int64_t B, int64_t S,
+                             l2l_pool_kind pool, bool backward, bool values_checked) {
   if (b->first_sample < 0)
     return core_fail_in(func, L2L_ERR_INVALID, "batch->first_sample must be >= 0, got %lld",
-                       (long long)b->first_sample);
+                        (long long)b->first_sample);
   if (b->training != 0 && b->training != 1)
     return core_fail_in(func, L2L_ERR_INVALID, "batch->training must be 0 or 1, got %d",
-                       b->training);
+                        b->training);
   const struct layer_kind_ops *kind = layer_kind_of(layer);
   if (kind->check_batch == NULL) return L2L_OK;
   struct batch_check bc = {func, layer, b, B, S, backend_pool_domain(pool), backend_for(pool),
@@ -209,7 +209,7 @@ l2l_status layers_check_key_mask(const struct batch_check *bc) {
 }
 
 int layer_output_dims(int64_t *dims, const l2l_layer *layer, const l2l_layer_batch *batch,
-                          int64_t B, int64_t S) {
+                      int64_t B, int64_t S) {
   const struct layer_kind_ops *kind = layer_kind_of(layer);
   if (kind->output_dims) return kind->output_dims(dims, layer, batch, B, S);
   dims[0] = B, dims[1] = S, dims[2] = layer->config.dim;
@@ -220,10 +220,10 @@ static l2l_status check_params_domain(const char *func, const l2l_layer *layer, 
   for (int i = 0; i < layer->nparams; i++)
     if (backend_pool_domain(layer->params[i]->value->storage->pool) != domain)
       return core_fail_in(func, L2L_ERR_INVALID,
-                         "parameter '%s' is in pool '%s', not of the call's backend (copy the "
-                         "layer's parameters or the activations first)",
-                         layer->params[i]->name,
-                         l2l_pool_name(layer->params[i]->value->storage->pool));
+                          "parameter '%s' is in pool '%s', not of the call's backend (copy the "
+                          "layer's parameters or the activations first)",
+                          layer->params[i]->name,
+                          l2l_pool_name(layer->params[i]->value->storage->pool));
   return L2L_OK;
 }
 
@@ -237,10 +237,10 @@ static l2l_status check_apart_from_params(const char *func, const l2l_layer *lay
     const l2l_param *p = layer->params[i];
     if (values && tensors_overlap(t, p->value))
       return core_fail_in(func, L2L_ERR_INVALID, "%s overlaps the value of parameter '%s'", name,
-                         p->name);
+                          p->name);
     if (tensors_overlap(t, p->grad))
       return core_fail_in(func, L2L_ERR_INVALID, "%s overlaps the gradient of parameter '%s'",
-                         name, p->name);
+                          name, p->name);
   }
   return L2L_OK;
 }
@@ -461,7 +461,7 @@ l2l_status l2l_layer_forward(l2l_saved **saved, l2l_layer *layer, l2l_tensor *y,
 }
 
 l2l_status layer_forward_prechecked(l2l_saved **saved, l2l_layer *layer, l2l_tensor *y,
-                                        const l2l_tensor *x, const l2l_layer_batch *batch) {
+                                    const l2l_tensor *x, const l2l_layer_batch *batch) {
   return layer_forward(saved, layer, y, x, batch, true);
 }
 
@@ -471,6 +471,6 @@ l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor
 }
 
 l2l_status layer_backward_prechecked(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
-                                         l2l_saved *saved, const l2l_layer_batch *batch) {
+                                     l2l_saved *saved, const l2l_layer_batch *batch) {
   return layer_backward(layer, dx, dy, saved, batch, true);
 }

@@ -123,7 +123,7 @@ l2l_status l2l_layer_new_custom(l2l_layer **out, const char *name, int64_t dim,
     const l2l_custom_param *p = &params[i];
     bool random = p->init_std > 0;
     status = layer_add_param(layer, i, p->name, p->ndim, p->shape, random ? 'n' : '0',
-                                 p->init_std, p->decays);
+                             p->init_std, p->decays);
     if (status == L2L_OK && !random && p->init_value != 0)
       status = l2l_tensor_fill(layer->params[i]->value, p->init_value);
   }

@@ -105,15 +105,15 @@ static l2l_status embedding_check_batch(const struct batch_check *bc) {
   TRY(batch_tensor(bc, "batch->tokens", b->tokens, L2L_I32, 2));
   if (bc->seq > c->max_seq)
     return batch_refused(core_fail_in(bc->func, L2L_ERR_INVALID,
-                                         L2L_NAMED_FIELD "batch->tokens" L2L_NAMED_END
-                                         ": sequence length %lld exceeds max_seq %lld",
-                                         (long long)bc->seq, (long long)c->max_seq), "batch->tokens");
+                                      L2L_NAMED_FIELD "batch->tokens" L2L_NAMED_END
+                                      ": sequence length %lld exceeds max_seq %lld",
+                                      (long long)bc->seq, (long long)c->max_seq), "batch->tokens");
   if (c->type_vocab > 0)
     TRY(batch_tensor(bc, "batch->token_types", b->token_types, L2L_I32, 2));
   else if (b->token_types != NULL)
     return batch_refused(core_fail_in(bc->func, L2L_ERR_INVALID,
-                                         L2L_NAMED_FIELD "batch->token_types" L2L_NAMED_END
-                                         " given but the embedding has type_vocab 0"), "batch->token_types");
+                                      L2L_NAMED_FIELD "batch->token_types" L2L_NAMED_END
+                                      " given but the embedding has type_vocab 0"), "batch->token_types");
   /* Ids out of range are refused before anything runs. */
   TRY(batch_ids(bc, "batch->tokens", b->tokens, c->vocab, 0));
   if (c->type_vocab > 0) TRY(batch_ids(bc, "batch->token_types", b->token_types, c->type_vocab, 0));

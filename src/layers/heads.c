@@ -156,11 +156,11 @@ static l2l_status head_check_batch(const struct batch_check *bc, int ndim, int64
     TRY(batch_tensor(bc, "batch->targets", b->targets, L2L_I32, ndim));
   } else if (bc->backward) {
     return core_fail_in(bc->func, L2L_ERR_INVALID,
-                       "batch->targets is NULL: a head's backward needs targets");
+                        "batch->targets is NULL: a head's backward needs targets");
   }
   if (bc->backward && !isfinite(b->loss_scale))
     return core_fail_in(bc->func, L2L_ERR_INVALID, "batch->loss_scale must be finite, got %g",
-                       b->loss_scale);
+                        b->loss_scale);
   return b->targets != NULL ? batch_ids(bc, "batch->targets", b->targets, classes, -1) : L2L_OK;
 }
 
@@ -241,7 +241,7 @@ static l2l_status classifier_forward(const struct layer_call *call, l2l_layer *l
     TRY(ops->copy(f + b * D, call->pool, x + b * S * D, call->pool, (uint64_t)D * sizeof(float)));
   float *logits = saved->flags & LOGITS ? y : classifier_logits(f, layer, B);
   TRY(layers_linear_forward(call, logits, f, layers_weight(layer, CLS_W), param_f32(layer, CLS_B),
-                         B, D, C));
+                            B, D, C));
   if (saved->flags & LOGITS) return L2L_OK;
   return ops->cross_entropy_forward(y, logits, tensor_ptr(call->b->targets), -1, B, C);
 }
@@ -256,7 +256,7 @@ static l2l_status classifier_backward(const struct layer_call *call, l2l_layer *
   TRY(ops->cross_entropy_backward(dlogits, dlogits, tensor_ptr(call->b->targets), -1,
                                   call->b->loss_scale, B, C));
   TRY(layers_linear_backward(call, df, layers_grad_f32(layer, CLS_W), layers_grad_f32(layer, CLS_B),
-                          dlogits, f, layers_weight(layer, CLS_W), B, D, C, 0.0f));
+                             dlogits, f, layers_weight(layer, CLS_W), B, D, C, 0.0f));
   TRY(ops->fill(dx, L2L_F32, 0.0, B * S * D));
   for (int64_t b = 0; b < B; b++)
     TRY(ops->copy(dx + b * S * D, call->pool, df + b * D, call->pool, (uint64_t)D * sizeof(float)));

@@ -119,7 +119,7 @@ struct layer_call {
 
 /* Draw stream of a dropout site (l2l.h). */
 static inline uint64_t layers_dropout_stream(const l2l_layer *layer, const l2l_layer_batch *b,
-                                          int site) {
+                                             int site) {
   return (b->step << 32) + ((uint64_t)layer->rng_id << 8) + (uint64_t)site;
 }
 
@@ -141,12 +141,12 @@ l2l_status batch_refused(l2l_status status, const char *name);
 /* A batch field `name` (e.g. "batch->tokens"): `dtype` with dims (B, S) (ndim 2) or (B)
    (ndim 1), in the call's domain of pools. */
 l2l_status batch_tensor(const struct batch_check *bc, const char *name, const l2l_tensor *t,
-                            l2l_dtype dtype, int ndim);
+                        l2l_dtype dtype, int ndim);
 /* The batch check of a (B,S,D) -> (B,S,D) kind that attends: an optional (B,S) u8 key mask. */
 l2l_status layers_check_key_mask(const struct batch_check *bc);
 /* Every id of an i32 field within [0, hi), or `except` (-1: ignored targets; 0: none). */
 l2l_status batch_ids(const struct batch_check *bc, const char *name, const l2l_tensor *t,
-                         int64_t hi, int32_t except);
+                     int64_t hi, int32_t except);
 
 /* A layer kind: one entry of the registry (registry.c). Adding a kind is its C file with
    one of these (const struct layer_kind_ops l2l_<name>_kind), one line in the registry's
@@ -235,21 +235,21 @@ static inline struct weight layers_weight(const l2l_layer *layer, int role) {
    w, a is first rounded to w's dtype into the call's cast scratch at element `at` (the
    products then accumulate in f32, as on a GPU's tensor cores). Shapes as gemm_batched. */
 l2l_status layers_gemm_weight(const struct layer_call *call, float *c, const float *a,
-                           struct weight w, int64_t at, int64_t m, int64_t n, int64_t k,
-                           int trans_a, int trans_w, float alpha, float beta);
+                              struct weight w, int64_t at, int64_t m, int64_t n, int64_t k,
+                              int trans_a, int trans_w, float alpha, float beta);
 /* a rounded to `dtype` in the call's cast scratch at element `at` (f32: a itself). */
 l2l_status layers_cast_activation(const struct layer_call *call, const void **out, const float *a,
-                               int64_t n, l2l_dtype dtype, int64_t at);
+                                  int64_t n, l2l_dtype dtype, int64_t at);
 /* Linear maps on row-major buffers, shared by the kinds: y (n,out) = x (n,in) @ w (in,out)
    [+ bias]; the backward adds x^T dy into dw and column sums of dy into db (NULL: none)
    and sets dx = dy w^T + dx_beta * dx (dx NULL: skipped). With a 16-bit w, x and dy are
    rounded to its dtype first (cast scratch: n * (in + out) elements). */
 l2l_status layers_linear_forward(const struct layer_call *call, float *y, const float *x,
-                              struct weight w, const float *bias, int64_t n, int64_t in,
-                              int64_t out);
+                                 struct weight w, const float *bias, int64_t n, int64_t in,
+                                 int64_t out);
 l2l_status layers_linear_backward(const struct layer_call *call, float *dx, float *dw, float *db,
-                               const float *dy, const float *x, struct weight w, int64_t n,
-                               int64_t in, int64_t out, float dx_beta);
+                                  const float *dy, const float *x, struct weight w, int64_t n,
+                                  int64_t in, int64_t out, float dx_beta);
 /* Marks the parameter of `role` as one the relay may bind in 16 bits (create_params). */
 void layer_mark_low_precision(l2l_layer *layer, int role);
 
@@ -258,7 +258,7 @@ l2l_status layer_alloc(l2l_layer **out, const l2l_layer_config *config, l2l_pool
 /* Adds the parameter of `role` for create_params (layer.c). init: 'n' normal(0, std),
    '0' zeros, '1' ones. */
 l2l_status layer_add_param(l2l_layer *layer, int role, const char *name, int ndim,
-                               const int64_t *shape, char init, float std, int decays);
+                           const int64_t *shape, char init, float std, int decays);
 /* The value / gradient of a role, NULL when the layer has none. */
 static inline float *param_f32(const l2l_layer *layer, int role) {
   int i = layer->role[role];

@@ -47,7 +47,7 @@ bool layers_layernorm_guarded(const l2l_layer *layer, int weight_role, int bias_
 }
 
 l2l_status layers_cast_activation(const struct layer_call *call, const void **out, const float *a,
-                               int64_t n, l2l_dtype dtype, int64_t at) {
+                                  int64_t n, l2l_dtype dtype, int64_t at) {
   if (dtype == L2L_F32) {
     *out = a;
     return L2L_OK;
@@ -60,8 +60,8 @@ l2l_status layers_cast_activation(const struct layer_call *call, const void **ou
 }
 
 l2l_status layers_gemm_weight(const struct layer_call *call, float *c, const float *a,
-                           struct weight w, int64_t at, int64_t m, int64_t n, int64_t k,
-                           int trans_a, int trans_w, float alpha, float beta) {
+                              struct weight w, int64_t at, int64_t m, int64_t n, int64_t k,
+                              int trans_a, int trans_w, float alpha, float beta) {
   const void *ar = NULL;
   TRY(layers_cast_activation(call, &ar, a, m * k, w.dtype, at));
   return call->ops->gemm_batched(c, ar, w.data, w.dtype, 1, m, n, k, trans_a, trans_w, alpha,
@@ -69,15 +69,15 @@ l2l_status layers_gemm_weight(const struct layer_call *call, float *c, const flo
 }
 
 l2l_status layers_linear_forward(const struct layer_call *call, float *y, const float *x,
-                              struct weight w, const float *bias, int64_t n, int64_t in,
-                              int64_t out) {
+                                 struct weight w, const float *bias, int64_t n, int64_t in,
+                                 int64_t out) {
   TRY(layers_gemm_weight(call, y, x, w, 0, n, out, in, 0, 0, 1.0f, 0.0f));
   return bias ? call->ops->bias_add(y, bias, n, out) : L2L_OK;
 }
 
 l2l_status layers_linear_backward(const struct layer_call *call, float *dx, float *dw, float *db,
-                               const float *dy, const float *x, struct weight w, int64_t n,
-                               int64_t in, int64_t out, float dx_beta) {
+                                  const float *dy, const float *x, struct weight w, int64_t n,
+                                  int64_t in, int64_t out, float dx_beta) {
   const struct backend_ops *ops = call->ops;
   /* dw accumulates in f32 from x and dy rounded like the weight (both 16-bit, or both f32) */
   const void *xr = NULL, *dyr = NULL;

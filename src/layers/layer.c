@@ -42,7 +42,7 @@ static l2l_status param_new(l2l_param **out, const char *name, l2l_pool_kind poo
      4 bytes a parameter for it meanwhile */
   if (status == L2L_OK && pool == L2L_POOL_HOST)
     pool_zero_pages(pool, l2l_tensor_data(param->grad),
-                        (uint64_t)l2l_tensor_numel(param->grad) * sizeof(float));
+                    (uint64_t)l2l_tensor_numel(param->grad) * sizeof(float));
   else if (status == L2L_OK) status = l2l_tensor_fill(param->grad, 0.0);
   if (status != L2L_OK) {
     param_release(param);
@@ -53,7 +53,7 @@ static l2l_status param_new(l2l_param **out, const char *name, l2l_pool_kind poo
 }
 
 l2l_status layer_add_param(l2l_layer *layer, int role, const char *name, int ndim,
-                               const int64_t *shape, char init, float std, int decays) {
+                           const int64_t *shape, char init, float std, int decays) {
   int index = layer->nparams;
   if (layer->describe != NULL) {   /* l2l_layer_config_params: the record's description only */
     l2l_param_info *info = &layer->describe[layer->nparams++];

@@ -25,19 +25,19 @@ enum layer_role layer_role(const l2l_layer *layer);
    caller checked these values before (the relay, the whole batch on the host): ids are
    not scanned again where they are (on a GPU a device read, a sync, for every call). */
 l2l_status layer_check_batch(const char *func, const l2l_layer *layer,
-                                 const l2l_layer_batch *batch, int64_t B, int64_t S,
-                                 l2l_pool_kind pool, bool backward, bool values_checked);
+                             const l2l_layer_batch *batch, int64_t B, int64_t S,
+                             l2l_pool_kind pool, bool backward, bool values_checked);
 /* l2l_layer_forward and l2l_layer_backward for the relay, whose micro-batches are rows of
    a batch it checked whole on the host before the step: every check but the scan of the
    batch's ids (above). */
 l2l_status layer_forward_prechecked(l2l_saved **saved, l2l_layer *layer, l2l_tensor *y,
-                                        const l2l_tensor *x, const l2l_layer_batch *batch);
+                                    const l2l_tensor *x, const l2l_layer_batch *batch);
 l2l_status layer_backward_prechecked(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
-                                         l2l_saved *saved, const l2l_layer_batch *batch);
+                                     l2l_saved *saved, const l2l_layer_batch *batch);
 /* The dims (returned: how many) of a live layer's output for B, S and this batch (a head's
    depend on whether it has targets). */
 int layer_output_dims(int64_t *dims, const l2l_layer *layer, const l2l_layer_batch *batch,
-                          int64_t B, int64_t S);
+                      int64_t B, int64_t S);
 
 /* Points a parameter record at other tensors (same shape; grad f32, value f32 or, for a
    low-precision parameter, f16 / bf16) for the layer calls that follow: the relay's
@@ -54,12 +54,12 @@ bool param_low_precision(const l2l_param *param);
    whose low-precision parameters are bound in `precision` (f32: all f32), training (dropout
    runs) or not: the relay's plans. */
 void layer_memory_in(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
-                         int64_t seq, l2l_dtype precision, bool training);
+                     int64_t seq, l2l_dtype precision, bool training);
 /* The same, the most over every value the parameters may take: the frugal modes' LayerNorm
    guard keeps more once a weight channel gets tiny (per field, the larger of the present
    weights' statement and the guarded one). What a budget must hold for steps to come. */
 void layer_memory_bound(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
-                            int64_t seq, l2l_dtype precision, bool training);
+                        int64_t seq, l2l_dtype precision, bool training);
 /* The relay holding a live layer (NULL if none), and setting it. */
 const void *layer_owner(const l2l_layer *layer);
 /* The relay takes the layer (owner) or lets it go (NULL): a layer freed while held

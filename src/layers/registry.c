@@ -36,7 +36,7 @@ l2l_status layers_config_fail(const l2l_layer_config *c, const char *fmt, ...) {
   vsnprintf(message, sizeof message, fmt, ap);
   va_end(ap);
   return core_fail(L2L_ERR_INVALID, "l2l_layer_new (%s): %s", kind_ops(c->kind)->name,
-                  message);
+                   message);
 }
 
 l2l_status layer_check_config(const l2l_layer_config *c) {

@@ -129,7 +129,7 @@ struct order_slot {
    least recently used. *reused says which; the slot is marked used at `tick`, and one not
    reused holds nothing reusable until its copy is done (the caller then sets held). */
 int order_slot_choose(struct order_slot *slots, int nslots, int k, int busy, int64_t tick,
-                         bool (*current)(void *ctx, int i), void *ctx, bool *reused);
+                      bool (*current)(void *ctx, int i), void *ctx, bool *reused);
 
 /* What a device slot holds for each record: its values in their device dtype, its f32
    gradient, or the 16-bit copy of a gradient made to leave the device (f32 gradients leave
@@ -140,23 +140,23 @@ enum order_slot_content { ORDER_SLOT_VALUES, ORDER_SLOT_GRADS, ORDER_SLOT_GRADS_
    parameters that may go 16-bit (GEMM weights, token tables), else f32; gradients in f32;
    gradients out in `grad_precision` for those parameters, else f32. */
 l2l_dtype order_slot_dtype(const l2l_param *param, enum order_slot_content content,
-                              l2l_dtype precision, l2l_dtype grad_precision);
+                           l2l_dtype precision, l2l_dtype grad_precision);
 /* Bytes `param` takes in such a slot, rounded so that every record starts on L2L_ALIGN. */
 uint64_t order_param_slot_bytes(const l2l_param *param, enum order_slot_content content,
-                                   l2l_dtype precision, l2l_dtype grad_precision);
+                                l2l_dtype precision, l2l_dtype grad_precision);
 /* Bytes of a layer's records in such a slot. */
 uint64_t order_layer_slot_bytes(const l2l_layer *layer, enum order_slot_content content,
-                                   l2l_dtype precision, l2l_dtype grad_precision);
+                                l2l_dtype precision, l2l_dtype grad_precision);
 /* The layer whose records take the most in such a slot (the first of equals), and in
    *bytes the slot's size: its bytes, at least L2L_ALIGN. */
 int order_largest_layer(const struct order *sc, enum order_slot_content content,
-                           l2l_dtype precision, l2l_dtype grad_precision, uint64_t *bytes);
+                        l2l_dtype precision, l2l_dtype grad_precision, uint64_t *bytes);
 /* Bytes of one such slot of a step: the largest layer's, at least L2L_ALIGN. */
 uint64_t order_slot_size(const struct order *sc, enum order_slot_content content,
-                            l2l_dtype precision, l2l_dtype grad_precision);
+                         l2l_dtype precision, l2l_dtype grad_precision);
 /* Bytes of every slot a step holds: param_slots (0: two) for values and, in training, two
    for gradients and two for their 16-bit copies when grad_precision is 16-bit. */
 uint64_t order_slots_bytes(const struct order *sc, int param_slots, l2l_dtype precision,
-                              l2l_dtype grad_precision);
+                           l2l_dtype grad_precision);
 
 #endif /* L2L_ORDER_H */

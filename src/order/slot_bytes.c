@@ -11,7 +11,7 @@
 #include "order.h"
 
 l2l_dtype order_slot_dtype(const l2l_param *param, enum order_slot_content content,
-                              l2l_dtype precision, l2l_dtype grad_precision) {
+                           l2l_dtype precision, l2l_dtype grad_precision) {
   bool low = param_low_precision(param);
   switch (content) {
     case ORDER_SLOT_VALUES: return low ? precision : L2L_F32;
@@ -21,15 +21,15 @@ l2l_dtype order_slot_dtype(const l2l_param *param, enum order_slot_content conte
 }
 
 uint64_t order_param_slot_bytes(const l2l_param *param, enum order_slot_content content,
-                                   l2l_dtype precision, l2l_dtype grad_precision) {
+                                l2l_dtype precision, l2l_dtype grad_precision) {
   l2l_dtype dtype = order_slot_dtype(param, content, precision, grad_precision);
   if (content == ORDER_SLOT_GRADS_OUT && dtype == L2L_F32) return 0;
   return pool_accounted((uint64_t)l2l_tensor_numel(l2l_param_value(param)) *
-                            l2l_dtype_size(dtype));
+                        l2l_dtype_size(dtype));
 }
 
 uint64_t order_layer_slot_bytes(const l2l_layer *layer, enum order_slot_content content,
-                                   l2l_dtype precision, l2l_dtype grad_precision) {
+                                l2l_dtype precision, l2l_dtype grad_precision) {
   uint64_t n = 0;
   for (int i = 0; i < l2l_layer_param_count(layer); i++)
     n += order_param_slot_bytes(l2l_layer_param(layer, i), content, precision, grad_precision);
@@ -37,7 +37,7 @@ uint64_t order_layer_slot_bytes(const l2l_layer *layer, enum order_slot_content 
 }
 
 int order_largest_layer(const struct order *sc, enum order_slot_content content,
-                           l2l_dtype precision, l2l_dtype grad_precision, uint64_t *bytes) {
+                        l2l_dtype precision, l2l_dtype grad_precision, uint64_t *bytes) {
   int largest = 0;
   uint64_t most = 0;
   for (int k = 0; k < sc->L; k++) {
@@ -49,14 +49,14 @@ int order_largest_layer(const struct order *sc, enum order_slot_content content,
 }
 
 uint64_t order_slot_size(const struct order *sc, enum order_slot_content content,
-                            l2l_dtype precision, l2l_dtype grad_precision) {
+                         l2l_dtype precision, l2l_dtype grad_precision) {
   uint64_t bytes;
   order_largest_layer(sc, content, precision, grad_precision, &bytes);
   return bytes;
 }
 
 uint64_t order_slots_bytes(const struct order *sc, int param_slots, l2l_dtype precision,
-                              l2l_dtype grad_precision) {
+                           l2l_dtype grad_precision) {
   uint64_t values = order_slot_size(sc, ORDER_SLOT_VALUES, precision, grad_precision);
   uint64_t grads = order_slot_size(sc, ORDER_SLOT_GRADS, precision, grad_precision);
   if (grad_precision != L2L_F32)
@@ -65,7 +65,7 @@ uint64_t order_slots_bytes(const struct order *sc, int param_slots, l2l_dtype pr
 }
 
 int order_slot_choose(struct order_slot *slots, int nslots, int k, int busy, int64_t tick,
-                         bool (*current)(void *ctx, int i), void *ctx, bool *reused) {
+                      bool (*current)(void *ctx, int i), void *ctx, bool *reused) {
   int pick = -1;
   *reused = false;
   for (int i = 0; i < nslots; i++) {

@@ -32,7 +32,7 @@ static inline void order_micro_batch_(const struct order_walk_ *w, int64_t u) {
 
 /* Forward (or rebuild) of layer k over every micro-batch: x[k] -> x[k+1]. */
 static inline l2l_status order_visit_forward_(const struct order_walk_ *w, int k,
-                                                 bool rebuild) {
+                                              bool rebuild) {
   const struct order *sc = w->sc;
   const struct order_ops *op = w->ops;
   const struct order_layer *sl = &sc->layers[k];
@@ -75,7 +75,7 @@ static inline l2l_status order_visit_forward_(const struct order_walk_ *w, int k
 /* g[k][u], the gradient for x[k]: kept on the device for the layer below (and stashed to
    the host when boundary k's policy says so), or freed when no layer below wants it. */
 static inline l2l_status order_pass_down_(const struct order_walk_ *w, int k, int64_t u,
-                                             bool keep, bool host) {
+                                          bool keep, bool host) {
   if (!keep) {
     w->ops->free(w->ctx, ORDER_G, k, u);
     return L2L_OK;
@@ -141,7 +141,7 @@ static inline l2l_status order_visit_backward_(const struct order_walk_ *w, int 
 }
 
 static inline l2l_status order_walk(const struct order *sc, int64_t nmb,
-                                       const struct order_ops *ops, void *ctx) {
+                                    const struct order_ops *ops, void *ctx) {
   struct order_walk_ w = {sc, ops, ctx, nmb};
   for (int i = 0; i < sc->nvisits; i++) {
     const struct order_visit *v = &sc->visits[i];

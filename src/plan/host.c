@@ -57,10 +57,10 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
     bool bf16_master = low && config->master == L2L_BF16, staged = low && !bf16_master;
     int64_t begin, shard_n;
     host_shard(numel, ranks, rank, host_shard_align(config->optimizer.state), &begin,
-                   &shard_n);
+               &shard_n);
     host_record_bytes(&bytes[i], numel, shard_n, arrays, config->optimizer.state,
-                          bf16_master ? L2L_BF16 : L2L_F32, staged ? config->precision : L2L_F32,
-                          dist);
+                      bf16_master ? L2L_BF16 : L2L_F32, staged ? config->precision : L2L_F32,
+                      dist);
     bool trained = recs[i].trained;
     if (!trained) bytes[i].state = bytes[i].moved = 0;   /* never updated: no state */
     base += bytes[i].fixed;

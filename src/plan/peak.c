@@ -425,7 +425,7 @@ static void memo_fill(struct plan_memo *m, const struct plan_chain *c, const str
   }
   for (int i = 0; i < 3; i++)
     m->slots[i] = order_slot_size(sc, (enum order_slot_content)i, c->precision,
-                                     c->grad_precision);
+                                  c->grad_precision);
 }
 
 l2l_status plan_chain_memo(struct plan_chain *c) {

@@ -109,7 +109,7 @@ l2l_status plan_check_model(const l2l_plan *plan, l2l_layer *const *layers, cons
   if (!plan_live(plan)) return core_fail(L2L_ERR_INVALID, "plan is not a live plan");
   if (plan->summary.nlayers != nlayers)
     return core_fail(L2L_ERR_INVALID, "the plan is for %d layers, the relay has %d",
-                    plan->summary.nlayers, nlayers);
+                     plan->summary.nlayers, nlayers);
   for (int k = 0; k < nlayers; k++) {
     struct plan_layer_key here = layer_key(layers[k], frozen[k]);
     if (memcmp(&here, &plan->keys[k], sizeof here) != 0) {
@@ -118,17 +118,17 @@ l2l_status plan_check_model(const l2l_plan *plan, l2l_layer *const *layers, cons
       describe_key(b, sizeof b, &plan->keys[k]);
       if (strcmp(a, b) == 0) snprintf(a, sizeof a, "another config of %.255s", b);
       return error_note_layer(core_fail(L2L_ERR_INVALID, "the plan was made for another model: " LAYER
-                                           " is %s here, %s in the plan", k, a, b), k);
+                                        " is %s here, %s in the plan", k, a, b), k);
     }
   }
   struct plan_settings_key s = settings_key(config), p = plan->settings;
   if (memcmp(&s, &p, sizeof s) != 0)
     return core_fail(L2L_ERR_INVALID, "the plan was made for other relay settings: param_slots %d, "
-                    "accumulate %d, precision %s, grad_precision %s, updates %s; the relay has %d, %d, "
-                    "%s, %s, %s", p.param_slots, p.accumulate, l2l_dtype_name(p.precision),
-                    l2l_dtype_name(p.grad_precision), p.updates_deferred ? "deferred" : "eager",
-                    s.param_slots, s.accumulate, l2l_dtype_name(s.precision),
-                    l2l_dtype_name(s.grad_precision), s.updates_deferred ? "deferred" : "eager");
+                     "accumulate %d, precision %s, grad_precision %s, updates %s; the relay has %d, %d, "
+                     "%s, %s, %s", p.param_slots, p.accumulate, l2l_dtype_name(p.precision),
+                     l2l_dtype_name(p.grad_precision), p.updates_deferred ? "deferred" : "eager",
+                     s.param_slots, s.accumulate, l2l_dtype_name(s.precision),
+                     l2l_dtype_name(s.grad_precision), s.updates_deferred ? "deferred" : "eager");
   return L2L_OK;
 }
 
@@ -141,7 +141,7 @@ static l2l_status too_small(const struct plan_chain *c, const struct plan_result
   uint64_t slots = order_slots_bytes(&sc, c->param_slots, c->precision, c->grad_precision),
            bytes;
   int largest = order_largest_layer(&sc, ORDER_SLOT_VALUES, c->precision, c->grad_precision,
-                                       &bytes);
+                                    &bytes);
   order_free(&sc);
   l2l_status refused = error_note_needed(core_fail_in("l2l_plan_new", L2L_ERR_BUDGET,
               "no plan fits a device budget of %llu bytes (%s): the smallest needs %llu bytes (%s), "
@@ -189,7 +189,7 @@ static l2l_status check_request(l2l_layer *const *layers, int nlayers, const l2l
                                          "to 4096, got %d", config->param_slots), "param_slots");
   if (config->accumulate < 1)
     return error_note_field(core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" CONFIG(accumulate) " must be >= 1"),
-                                "accumulate");
+                            "accumulate");
   const l2l_plan_rates *r = q->rates;
   if (r && !(r->flops >= 0 && r->h2d > 0 && r->d2h > 0 && r->optimizer > 0 && r->visit >= 0 &&
              r->flops < 1e30 && r->h2d < 1e30 && r->d2h < 1e30 && r->optimizer < 1e30 && r->visit < 1e6))

@@ -32,8 +32,8 @@ static l2l_status auto_budget(uint64_t *budget, uint64_t *held, const l2l_relay 
   }
   if (*budget == 0)
     return error_note_field(FAIL(L2L_ERR_INVALID, "plans within a device budget: the relay has none "
-                                     "(" L2L_NAMED_FIELD "config->device_budget" L2L_NAMED_END ") and the device "
-                                     "pool has none"),
+                                 "(" L2L_NAMED_FIELD "config->device_budget" L2L_NAMED_END ") and the device "
+                                 "pool has none"),
                                 "device_budget");
   return L2L_OK;
 }
@@ -65,8 +65,8 @@ static l2l_status make_plan(l2l_plan **out, const l2l_relay *run, int64_t batch,
   if (needed == 0) return status;
   if (held == 0)
     return error_note_needed(FAIL(status, "no plan fits the relay's device budget of %llu bytes: "
-                                      "the smallest budget that works is %llu bytes",
-                                      (unsigned long long)budget, (unsigned long long)needed), needed);
+                                  "the smallest budget that works is %llu bytes",
+                                  (unsigned long long)budget, (unsigned long long)needed), needed);
   return error_note_needed(
       FAIL(status, "no plan fits what the device pool's budget leaves (%llu bytes): the smallest device "
            "pool budget that works is %llu bytes (the plan's %llu and %llu in use)",

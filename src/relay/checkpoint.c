@@ -153,7 +153,7 @@ static l2l_status describe_layers(json_t *desc, const struct save *s, const char
     if (json_array_size(layers) != (size_t)s->run->count) {
       json_decref(layers);
       return core_fail(L2L_ERR_INVALID, "options->layers describes %zu layers, the relay has %d",
-                      json_array_size(layers), s->run->count);
+                       json_array_size(layers), s->run->count);
     }
   } else if ((layers = json_array()) == NULL) {
     return no_memory();
@@ -282,8 +282,8 @@ static l2l_status put_state(struct safetensors_writer *w, struct save *s, int k,
     char copy[768];
     snprintf(copy, sizeof copy, "%s", why);
     return core_fail(L2L_ERR_INVALID, "the optimizer state of record %s (%s) %s; a checkpoint "
-                    "holding it would not load, so %s is left as it was", r->name, a ? "v" : "m",
-                    copy, s->path);
+                     "holding it would not load, so %s is left as it was", r->name, a ? "v" : "m",
+                     copy, s->path);
   }
   return put_tensor(w, t);
 }
@@ -396,7 +396,7 @@ static l2l_status description_of(json_t **out, const struct safetensors_file *f)
     status = core_fail(L2L_ERR_INVALID, "%s: the l2l metadata is damaged", f->path);
   else if (!relay_json_whole(json_object_get(d, "version"), 0, COUNT_MAX, &version) || version != VERSION)
     status = core_fail(L2L_ERR_INVALID, "%s: checkpoint version %lld, this l2l reads version %d", f->path,
-                      (long long)version, VERSION);
+                       (long long)version, VERSION);
   else if (json_array_size(json_object_get(d, "layers")) == 0 || !json_is_array(json_object_get(d, "records")) ||
            !json_is_object(json_object_get(d, "relay")) || !json_is_object(json_object_get(d, "progress")))
     status = core_fail(L2L_ERR_INVALID, "%s: the l2l metadata is incomplete", f->path);
@@ -429,7 +429,7 @@ static l2l_status check_progress(struct load *ld) {
                   "0 <= skipped <= 2^53 - 1", ld->run->config.loss_scale_window);
   if (ld->run->config.loss_scale == 0)
     return error_note_field(REFUSE(ld, "progress: the file's run scaled its loss, the relay does not ("
-                                       L2L_NAMED_FIELD "config->loss_scale" L2L_NAMED_END " is 0)"),
+                                   L2L_NAMED_FIELD "config->loss_scale" L2L_NAMED_END " is 0)"),
                                 "loss_scale");
   return L2L_OK;
 }
@@ -636,7 +636,7 @@ l2l_status l2l_checkpoint_description(char *out, size_t capacity, size_t *length
     size_t n = strlen(text);
     if (out != NULL && capacity < n + 1)
       status = core_fail(L2L_ERR_INVALID, "capacity %zu is too small: the description of %s is %zu bytes "
-                        "and a NUL", capacity, path, n);
+                         "and a NUL", capacity, path, n);
     else if (out != NULL)
       memcpy(out, text, n + 1);
     if (status == L2L_OK) *length = n;

@@ -67,7 +67,7 @@ static l2l_status check_batch(struct step *s, const l2l_relay_batch *in) {
   for (int i = 0; i < run->count; i++) {
     const l2l_layer *layer = run->layers[i].layer;
     TRY(layer_check_batch(s->training ? "l2l_relay_step" : "l2l_relay_evaluate", layer,
-                              &whole, s->B, s->S, L2L_POOL_HOST, false, false));
+                          &whole, s->B, s->S, L2L_POOL_HOST, false, false));
   }
   s->real = 0;
   const int32_t *t = l2l_tensor_data(in->targets);

@@ -232,7 +232,7 @@ static l2l_status field_write(json_t *obj, const struct field *f, const void *ba
   return L2L_OK;
 too_large:
   return core_fail(L2L_ERR_INVALID, "%s is over 2^53 - 1, the largest integer a checkpoint's JSON "
-                  "holds exactly (and the front end reads)", f->name);
+                   "holds exactly (and the front end reads)", f->name);
 }
 
 /* v, the file's value of f, into base's field (its type and range checked). */
@@ -318,7 +318,7 @@ static l2l_status fields_check(const struct field *fields, int n, unsigned kind,
     field_text(saved, sizeof saved, f, want);
     field_text(here, sizeof here, f, have);
     return core_fail(L2L_ERR_INVALID, "%s: '%s' is %s in the file, %s in the relay: %s", where, f->name,
-                    saved, here, why);
+                     saved, here, why);
   }
   return L2L_OK;
 }
@@ -452,14 +452,14 @@ static l2l_status check_layer_described(const l2l_relay *run, int i, const json_
     return core_fail(L2L_ERR_INVALID, LAYER ": no description", i);
   if (strcmp(kind, KIND_NAMES[have.kind]) != 0)
     return core_fail(L2L_ERR_INVALID, LAYER " is a %s in the file, a %s in the relay", i, kind,
-                    KIND_NAMES[have.kind]);
+                     KIND_NAMES[have.kind]);
   char where[64];
   snprintf(where, sizeof where, LAYER " (%s)", i, kind);
   if (have.kind == L2L_LAYER_CUSTOM) {
     const char *name = json_string_value(json_object_get(d, "custom"));
     if (name == NULL || strcmp(name, l2l_layer_name(layer)) != 0)
       return core_fail(L2L_ERR_INVALID, LAYER " is of the custom kind '%s' in the file, '%s' in the relay",
-                      i, name ? name : "(none)", l2l_layer_name(layer));
+                       i, name ? name : "(none)", l2l_layer_name(layer));
   } else {
     if (!json_is_object(options)) return core_fail(L2L_ERR_INVALID, LAYER " (%s): no options", i, kind);
     l2l_layer_config want = have;

@@ -37,21 +37,21 @@ static l2l_status check_config(const l2l_relay_config *c) {
   if (isfinite(c->loss_scale) && c->loss_scale != 0 &&
       !(c->loss_scale >= MIN_LOSS_SCALE && c->loss_scale <= MAX_LOSS_SCALE))
     return REFUSED(core_fail_in(f, L2L_ERR_INVALID, CONFIG(loss_scale) " must be 0 (off) or 2^-64 to "
-                               "2^100, got %g", c->loss_scale), loss_scale);
+                                "2^100, got %g", c->loss_scale), loss_scale);
   if (c->param_slots != 0 && (c->param_slots < 2 || c->param_slots > MAX_PARAM_SLOTS))
     return REFUSED(core_fail_in(f, L2L_ERR_INVALID, CONFIG(param_slots) " must be 0 (two) or 2 to %d, "
-                               "got %d", MAX_PARAM_SLOTS, c->param_slots), param_slots);
+                                "got %d", MAX_PARAM_SLOTS, c->param_slots), param_slots);
   TRY(options_check(L2L_OPTION_RELAY, c, c->optimizer.kind, f, "config->"));
   TRY(optimizer_check(&c->optimizer));
   TRY(schedule_check(&c->schedule));
   if (c->master == L2L_BF16 && c->precision != L2L_BF16)
     return REFUSED(core_fail_in(f, L2L_ERR_INVALID, CONFIG(master) " bf16 needs precision bf16 (the bf16 "
-                               "masters are what the device reads), got precision %s",
-                               l2l_dtype_name(c->precision)), master);
+                                "masters are what the device reads), got precision %s",
+                                l2l_dtype_name(c->precision)), master);
   if (c->grad_precision == L2L_F16 && c->loss_scale == 0)
     return REFUSED(core_fail_in(f, L2L_ERR_INVALID, CONFIG(grad_precision) " f16 needs loss_scale > 0 (f16 "
-                               "gradients flush below 6e-8 and turn inf above 65504: loss scaling keeps "
-                               "them in range and skips a step that overflows)"), grad_precision);
+                                "gradients flush below 6e-8 and turn inf above 65504: loss scaling keeps "
+                                "them in range and skips a step that overflows)"), grad_precision);
   return L2L_OK;
 }
 
@@ -293,9 +293,9 @@ l2l_status relay_enter(const l2l_relay *run, const char *func) {
   const char *running = NULL;
   if (!atomic_compare_exchange_strong(&r->in_call, &running, func))
     return core_fail_in(func, L2L_ERR_STATE,
-                       "%s is running on this relay: a relay takes one call at a time (a "
-                       "callback of its own layers, or another thread, must wait until it "
-                       "returns)", running);
+                        "%s is running on this relay: a relay takes one call at a time (a "
+                        "callback of its own layers, or another thread, must wait until it "
+                        "returns)", running);
   return L2L_OK;
 }
 
@@ -578,7 +578,7 @@ l2l_status relay_restore_param(l2l_relay *run, const char *func, const l2l_param
                                int64_t updates, const l2l_tensor *first, const l2l_tensor *second) {
   if (updates < 0 || updates > COUNT_MAX)
     return core_fail_in(func, L2L_ERR_INVALID, "updates must be 0 to 2^53 - 1 (the largest count "
-                       "a checkpoint holds), got %lld", (long long)updates);
+                        "a checkpoint holds), got %lld", (long long)updates);
   TRY(relay_sync_now(run));
   struct eps_record *rec = eps_find(&run->eps, param);
   if (rec == NULL) return core_fail_in(func, L2L_ERR_INVALID, "param is not a record of this relay's layers");
@@ -595,14 +595,14 @@ l2l_status relay_restore_loss_scale(l2l_relay *run, const char *func, double sca
                                     int64_t skipped) {
   if (run->config.loss_scale == 0)
     return REFUSED(core_fail_in(func, L2L_ERR_STATE, "the relay does not scale its loss (" CONFIG(loss_scale)
-                               " is 0)"), loss_scale);
+                                " is 0)"), loss_scale);
   if (!(scale >= MIN_LOSS_SCALE && scale <= MAX_LOSS_SCALE))
     return core_fail_in(func, L2L_ERR_INVALID, "scale must be 2^-64 to 2^100, got %g", scale);
   if (good < 0 || good >= run->config.loss_scale_window || skipped < 0 || skipped > COUNT_MAX)
     return core_fail_in(func, L2L_ERR_INVALID, "need 0 <= good < loss_scale_window (%d) and skipped "
-                       "0 to 2^53 - 1 (the largest count a checkpoint holds), got good %lld, "
-                       "skipped %lld", run->config.loss_scale_window, (long long)good,
-                       (long long)skipped);
+                        "0 to 2^53 - 1 (the largest count a checkpoint holds), got good %lld, "
+                        "skipped %lld", run->config.loss_scale_window, (long long)good,
+                        (long long)skipped);
   TRY(relay_sync_now(run));
   run->scale = scale;
   run->scale_good = good;
@@ -621,8 +621,8 @@ l2l_status l2l_relay_restore_progress(l2l_relay *run, int64_t steps, int64_t upd
 l2l_status relay_restore_progress(l2l_relay *run, const char *func, int64_t steps, int64_t updates) {
   if (steps < 0 || steps > COUNT_MAX || updates < 0 || updates > steps)
     return core_fail_in(func, L2L_ERR_INVALID,
-                       "need 0 <= updates <= steps <= 2^53 - 1 (the largest count a checkpoint "
-                       "holds), got steps %lld, updates %lld", (long long)steps, (long long)updates);
+                        "need 0 <= updates <= steps <= 2^53 - 1 (the largest count a checkpoint "
+                        "holds), got steps %lld, updates %lld", (long long)steps, (long long)updates);
   TRY(relay_sync_now(run));
   run->steps = steps;
   run->updates = updates;

@@ -24,13 +24,13 @@ static l2l_dtype slot_dtype(const l2l_relay *run, const l2l_param *param,
 static uint64_t slot_bytes(const l2l_relay *run, const l2l_param *param,
                            enum order_slot_content content) {
   return order_param_slot_bytes(param, content, run->config.precision,
-                                   run->config.grad_precision);
+                                run->config.grad_precision);
 }
 
 /* Bytes of a device slot: the largest active layer's. */
 static uint64_t slot_size(const struct step *s, enum order_slot_content content) {
   return order_slot_size(&s->sched, content, s->run->config.precision,
-                            s->run->config.grad_precision);
+                         s->run->config.grad_precision);
 }
 
 /* ---------------------------------------------------------------- parameters */
@@ -41,7 +41,7 @@ static l2l_status slot_view(l2l_tensor **out, const struct step *s, const l2l_te
                             uint64_t *offset, const l2l_param *param,
                             enum order_slot_content content) {
   TRY(tensor_view_bytes(out, slot, *offset, slot_dtype(s->run, param, content),
-                            l2l_param_value(param)));
+                        l2l_param_value(param)));
   *offset += slot_bytes(s->run, param, content);
   return L2L_OK;
 }
@@ -118,7 +118,7 @@ l2l_status relay_params_queue(struct step *s, int which, int visit) {
   int busy = which == 1 && s->params[0] != NULL ? s->params[0]->slot : -1;
   struct slot_question q = {s, pj};
   pj->slot = order_slot_choose(s->slot_use, s->nslots, k, busy, s->slot_ticks++, slot_current,
-                                  &q, &current);
+                               &q, &current);
   uint64_t offset = 0;
   for (int r = 0; r < pj->nrec; r++)
     TRY(slot_view(&pj->value[r], s, s->pslots[pj->slot].t, &offset, l2l_layer_param(layer, r),

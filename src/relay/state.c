@@ -49,7 +49,7 @@ void relay_stamped_resolve(struct step *s) {
       if (!wait || t1 - t0 > 1e-5) {
         *(wait ? &s->exposed_copy : &s->compute) += t1 - t0;
         timeline_add(&run->timeline, e->layer, e->micro_batch, e->phase, THREAD_COMPUTE,
-                         t0, t1);
+                     t0, t1);
       }
     }
     device_stamp_release(&e->start);

@@ -58,7 +58,7 @@ static l2l_status dist_begin(struct step *s) {
   if (status == L2L_OK && differ) status = relay_explain_disagreement(s);
   if (status == L2L_OK && real == 0)
     status = error_note_field(FAIL(L2L_ERR_INVALID, L2L_NAMED_FIELD "batch->targets" L2L_NAMED_END
-                                       " has no target other than -1 on any rank"), "targets");
+                                   " has no target other than -1 on any rank"), "targets");
   s->real = real;
   s->sample_base = base;
   return status;
@@ -224,9 +224,9 @@ static l2l_status nonfinite_report(l2l_relay *run, int skips, const char *name, 
   if (skips == 0) return L2L_OK;
   if (run->config.nonfinite_error)
     return core_fail(L2L_ERR_STATE, "the gradient of %d parameter record%s held an inf or NaN "
-                    "or a value of 2^63 or more, which the optimizer state cannot take (the "
-                    "first: '%s' of layer %d): %s updates skipped", skips,
-                    skips == 1 ? "" : "s", name ? name : "?", layer, skips == 1 ? "its" : "their");
+                     "or a value of 2^63 or more, which the optimizer state cannot take (the "
+                     "first: '%s' of layer %d): %s updates skipped", skips,
+                     skips == 1 ? "" : "s", name ? name : "?", layer, skips == 1 ? "its" : "their");
   if (!run->warned_nonfinite) {
     run->warned_nonfinite = true;
     fprintf(stderr, "l2l: warning: the gradient of '%s' (layer %d) held an inf or NaN or a "

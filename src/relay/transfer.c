@@ -61,7 +61,7 @@ static void copy_run(struct core_job *job, int thread) {
   uint64_t bytes = relay_tensor_bytes(cj->src);
   relay_count_bytes(cj->run, thread == THREAD_H2D ? &cj->run->h2d_bytes : &cj->run->d2h_bytes, bytes);
   timeline_add(&cj->run->timeline, cj->layer, cj->micro_batch, cj->phase, thread, t0,
-                   core_now());
+               core_now());
   /* compute waits only for copies onto the device (relay_copy_wait reads this) */
   if (thread == THREAD_H2D) device_stamp(&cj->done);
 }
@@ -91,7 +91,7 @@ static void swap_run(struct core_job *job, int thread) {
   relay_count_bytes(sj->run, thread == THREAD_H2D ? &sj->run->h2d_bytes : &sj->run->d2h_bytes, bytes);
   if (status == L2L_OK) relay_count_stash(sj->run, sj->pool != L2L_POOL_DEVICE ? (int64_t)bytes : -(int64_t)bytes);
   timeline_add(&sj->run->timeline, sj->layer, sj->micro_batch, sj->phase, thread, t0,
-                   core_now());
+               core_now());
 }
 
 /* Queues the move of saved[k][u] to `pool` (no-op if it is there or on its way). */
@@ -142,7 +142,7 @@ void relay_params_run(struct core_job *job, int thread) {
     if (pj->releases) eps_release(&pj->run->eps, pj->rec[i], pj->layer);
   }
   timeline_add(&pj->run->timeline, pj->layer, -1, L2L_PHASE_PARAMS_IN, thread, t0,
-                   core_now());
+               core_now());
   device_stamp(&pj->done);
 }
 
@@ -183,7 +183,7 @@ void relay_grads_run(struct core_job *job, int thread) {
   float scale = eps_clip_scale(host, gj->nrec, gj->clip);
   for (int i = 0; i < gj->nrec; i++) {   /* absorbing leaves the slot zero for its next visit */
     eps_give_gradient(&run->eps, gj->rec[i], host_readable ? gj->grad[i] : incoming[i],
-                          host_readable, scale, gj->layer);
+                      host_readable, scale, gj->layer);
   }
   timeline_add(&run->timeline, gj->layer, -1, L2L_PHASE_GRADS_OUT, thread, t0, core_now());
 }

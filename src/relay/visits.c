@@ -29,8 +29,8 @@ l2l_status relay_schedule(struct step *s) {
    index in the relay, its kind and the micro-batch in front. */
 static l2l_status layer_failed(const struct step *s, int k, int64_t u, l2l_status status) {
   status = error_wrap(status, L2L_NAMED_LAYER "layer %d" L2L_NAMED_END " (%s), " L2L_NAMED_MICRO_BATCH
-                          "micro-batch %lld" L2L_NAMED_END ": ", s->active[k],
-                          l2l_layer_name(active_layer(s, k)->layer), (long long)u);
+                      "micro-batch %lld" L2L_NAMED_END ": ", s->active[k],
+                      l2l_layer_name(active_layer(s, k)->layer), (long long)u);
   return error_note_micro_batch(error_note_layer(status, s->active[k]), u);
 }
 

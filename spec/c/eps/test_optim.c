@@ -182,7 +182,7 @@ static void ref_lamb(double *p, double *pmag, double *m, double *mmag, double *v
 /* ---------------------------------------------------------------- kernel runs */
 
 static struct optim_hyper random_adam_hyper(l2l_optimizer_kind kind, int decay,
-                                                int scaled) {
+                                            int scaled) {
   struct optim_hyper h = {
       .kind = kind,
       .lr = (float)check_rand_uniform(0.005, 0.05),
@@ -354,7 +354,7 @@ static void lamb_chunked(float *p, float *m, float *v, const float *g, const int
   norms[0] = norms[1] = 0.0;
   for (int c = 0; c < chunks; c++)
     optim_lamb_moments(m + cut[c], v + cut[c], p + cut[c], g + cut[c], cut[c + 1] - cut[c],
-                           h, norms);
+                       h, norms);
   float trust = optim_lamb_trust(norms);
   for (int c = 0; c < chunks; c++)
     optim_lamb_apply(p + cut[c], m + cut[c], v + cut[c], cut[c + 1] - cut[c], h, trust);

@@ -156,10 +156,10 @@ static void forward_tile(float *o, float *lse, float *probs, float *dropped, uin
 }
 
 l2l_status cpu_attention_forward(float *o, float *lse, float *probs, float *dropped,
-                                     uint8_t *mask, const float *q, const float *k,
-                                     const float *v, const uint8_t *key_mask,
-                                     const struct backend_attention_shape *sh, float *workspace,
-                                     int64_t workspace_floats) {
+                                 uint8_t *mask, const float *q, const float *k,
+                                 const float *v, const uint8_t *key_mask,
+                                 const struct backend_attention_shape *sh, float *workspace,
+                                 int64_t workspace_floats) {
   const int64_t tiles = (sh->seq + TILE_Q - 1) / TILE_Q;
   const int64_t items = sh->batch * sh->heads * tiles;
   const int64_t per_thread = cpu_attention_workspace(sh->seq, 0);
@@ -263,12 +263,12 @@ static void backward_head(float *dq, float *dk, float *dv, const float *d_o, con
 }
 
 l2l_status cpu_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
-                                      const float *o, const float *lse, const float *probs,
-                                      const float *dropped, const uint8_t *mask,
-                                      const float *q, const float *k, const float *v,
-                                      const uint8_t *key_mask,
-                                      const struct backend_attention_shape *sh, float *workspace,
-                                      int64_t workspace_floats) {
+                                  const float *o, const float *lse, const float *probs,
+                                  const float *dropped, const uint8_t *mask,
+                                  const float *q, const float *k, const float *v,
+                                  const uint8_t *key_mask,
+                                  const struct backend_attention_shape *sh, float *workspace,
+                                  int64_t workspace_floats) {
   const int64_t items = sh->batch * sh->heads;
   const int64_t per_thread = cpu_attention_workspace(sh->seq, 1);
   int nt = attention_threads(sh, 1, workspace_floats, items);

@@ -20,72 +20,72 @@ static inline int threads_for(int64_t work) {
 /* ---------------------------------------------------------------- the ops layers run (layer_ops.c) */
 
 l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
-                                int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
-                                int trans_b, float alpha, float beta);
+                            int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
+                            int trans_b, float alpha, float beta);
 l2l_status cpu_bias_add(float *y, const float *bias, int64_t rows, int64_t cols);
 l2l_status cpu_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols);
 l2l_status cpu_add(float *out, const float *a, const float *b, int64_t n);
 l2l_status cpu_gelu_forward(float *y, const float *x, int64_t n);
 l2l_status cpu_gelu_backward(float *dx, const float *dy, const float *x, int64_t n);
 l2l_status cpu_layernorm_forward(float *y, float *mean_out, float *rstd_out,
-                                     const float *x, const float *weight, const float *bias,
-                                     float eps, int64_t rows, int64_t cols);
+                                 const float *x, const float *weight, const float *bias,
+                                 float eps, int64_t rows, int64_t cols);
 l2l_status cpu_layernorm_backward(float *dx, float *dweight, float *dbias,
-                                      const float *dy, const float *x, const float *weight,
-                                      const float *mean, const float *rstd, int64_t rows,
-                                      int64_t cols);
+                                  const float *dy, const float *x, const float *weight,
+                                  const float *mean, const float *rstd, int64_t rows,
+                                  int64_t cols);
 l2l_status cpu_softmax_forward(float *y, const float *x, const uint8_t *key_mask,
-                                   int causal, float scale, int64_t samples,
-                                   int64_t rows_per_sample, int64_t tq, int64_t tk);
+                               int causal, float scale, int64_t samples,
+                               int64_t rows_per_sample, int64_t tq, int64_t tk);
 l2l_status cpu_softmax_backward(float *dx, const float *dy, const float *y, float scale,
-                                    int64_t rows, int64_t cols);
+                                int64_t rows, int64_t cols);
 l2l_status cpu_embedding_forward(float *out, const int32_t *ids, const void *table,
-                                     l2l_dtype table_dtype, int64_t n, int64_t cols);
+                                 l2l_dtype table_dtype, int64_t n, int64_t cols);
 l2l_status cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids,
-                                      int64_t n, int64_t vocab, int64_t cols);
+                                  int64_t n, int64_t vocab, int64_t cols);
 l2l_status cpu_cross_entropy_forward(float *losses, const float *logits,
-                                         const int32_t *targets, int32_t ignore_index,
-                                         int64_t rows, int64_t vocab);
+                                     const int32_t *targets, int32_t ignore_index,
+                                     int64_t rows, int64_t vocab);
 l2l_status cpu_cross_entropy_backward(float *dlogits, const float *logits,
-                                          const int32_t *targets, int32_t ignore_index,
-                                          float scale, int64_t rows, int64_t vocab);
+                                      const int32_t *targets, int32_t ignore_index,
+                                      float scale, int64_t rows, int64_t vocab);
 l2l_status cpu_dropout_forward(float *y, uint8_t *mask, const float *x, float p,
-                                   uint64_t seed, uint64_t stream, int64_t first, int64_t n);
+                               uint64_t seed, uint64_t stream, int64_t first, int64_t n);
 l2l_status cpu_dropout_backward(float *dx, const float *dy, const uint8_t *mask, float p,
-                                    int64_t n);
+                                int64_t n);
 l2l_status cpu_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_t n);
 l2l_status cpu_gelu_backward_from_output(float *dx, const float *dy, const float *y,
-                                             const uint8_t *bits, int64_t n);
+                                         const uint8_t *bits, int64_t n);
 l2l_status cpu_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
-                                     int64_t rows, int64_t cols);
+                                 int64_t rows, int64_t cols);
 l2l_status cpu_add_layernorm_forward(float *sum, float *y, float *mean_out,
-                                         float *rstd_out, const float *a, const float *b,
-                                         const float *weight, const float *bias, float eps,
-                                         int64_t rows, int64_t cols);
+                                     float *rstd_out, const float *a, const float *b,
+                                     const float *weight, const float *bias, float eps,
+                                     int64_t rows, int64_t cols);
 l2l_status cpu_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
-                                       const int32_t *targets, int32_t ignore_index,
-                                       float scale, int64_t rows, int64_t vocab);
+                                   const int32_t *targets, int32_t ignore_index,
+                                   float scale, int64_t rows, int64_t vocab);
 l2l_status cpu_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
-                                                  const float *dy, const float *y,
-                                                  const float *weight, const float *bias,
-                                                  const float *rstd, int64_t rows,
-                                                  int64_t cols);
+                                              const float *dy, const float *y,
+                                              const float *weight, const float *bias,
+                                              const float *rstd, int64_t rows,
+                                              int64_t cols);
 
 /* ---------------------------------------------------------------- attention (attention.c) */
 
 /* The CPU backend's attention (attention.c), entries of cpu_backend. */
 l2l_status cpu_attention_forward(float *o, float *lse, float *probs, float *dropped,
-                                     uint8_t *mask, const float *q, const float *k,
-                                     const float *v, const uint8_t *key_mask,
-                                     const struct backend_attention_shape *shape, float *workspace,
-                                     int64_t workspace_floats);
+                                 uint8_t *mask, const float *q, const float *k,
+                                 const float *v, const uint8_t *key_mask,
+                                 const struct backend_attention_shape *shape, float *workspace,
+                                 int64_t workspace_floats);
 l2l_status cpu_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
-                                      const float *o, const float *lse, const float *probs,
-                                      const float *dropped, const uint8_t *mask,
-                                      const float *q, const float *k, const float *v,
-                                      const uint8_t *key_mask,
-                                      const struct backend_attention_shape *shape,
-                                      float *workspace, int64_t workspace_floats);
+                                  const float *o, const float *lse, const float *probs,
+                                  const float *dropped, const uint8_t *mask,
+                                  const float *q, const float *k, const float *v,
+                                  const uint8_t *key_mask,
+                                  const struct backend_attention_shape *shape,
+                                  float *workspace, int64_t workspace_floats);
 int64_t cpu_attention_workspace(int64_t seq, int backward);
 
 #endif /* L2L_BACKEND_CPU_H */

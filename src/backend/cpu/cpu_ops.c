@@ -55,7 +55,7 @@ static l2l_status cpu_adamw(float *param, float *m, float *v, const float *grad,
   /* backend.h's AdamW arithmetic, the EPS's own, split across the compute threads */
   const struct backend_adamw_consts k =
       backend_adamw_consts(c->lr, c->beta1, c->beta2, c->eps, c->weight_decay, bias_correction1,
-                       bias_correction2, 1.0);
+                           bias_correction2, 1.0);
   int nt = threads_for(n * 4);
 #pragma omp parallel for simd schedule(static) num_threads(nt)
   for (int64_t i = 0; i < n; i++) {
@@ -195,7 +195,7 @@ static l2l_status cpu_random(void *dst, l2l_dtype dtype, int64_t n, enum backend
     int64_t start = c * CHUNK, count = n - start < CHUNK ? n - start : CHUNK;
     uint32_t draws[2 * CHUNK];
     philox_range(draws, seed, stream, (uint64_t)per * ((uint64_t)first + (uint64_t)start),
-                     per * count);
+                 per * count);
     for (int64_t i = 0; i < count; i++) {
       if (dist == L2L_UNIFORM) {
         double u = (double)(draws[i] >> 8) * 0x1p-24;

@@ -30,8 +30,8 @@
 /* f16 / bf16 inputs are widened to f32 (exactly) one matrix pair at a time, in memory of
    the backend's own: OpenBLAS has no 16-bit GEMM with f32 accumulation. */
 l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
-                                int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
-                                int trans_b, float alpha, float beta) {
+                            int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
+                            int trans_b, float alpha, float beta) {
   /* Row-major: the leading dimension is a stored matrix's column count. */
   int lda = (int)(trans_a ? m : k), ldb = (int)(trans_b ? k : n), ldc = (int)n;
   float *wide = NULL;
@@ -39,7 +39,7 @@ l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab
     wide = malloc((size_t)(m * k + k * n) * sizeof *wide);
     if (wide == NULL)
       return core_fail(L2L_ERR_NOMEM, "cpu backend: no memory to widen a %s GEMM's inputs",
-                      l2l_dtype_name(ab_dtype));
+                       l2l_dtype_name(ab_dtype));
   }
   for (int64_t i = 0; i < batch; i++) {
     const float *ai = (const float *)a + i * m * k, *bi = (const float *)b + i * k * n;
@@ -231,7 +231,7 @@ l2l_status cpu_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_
 }
 
 l2l_status cpu_gelu_backward_from_output(float *dx, const float *dy, const float *y,
-                                             const uint8_t *bits, int64_t n) {
+                                         const uint8_t *bits, int64_t n) {
   pthread_once(&gelu_tables_once, gelu_tables_build);
   const float *table = &gelu_tables.slope[0][0];
   const float y_left = gelu_tables.y_left, last = (float)(GELU_TABLE - 1);
@@ -269,7 +269,7 @@ l2l_status cpu_gelu_backward_from_output(float *dx, const float *dy, const float
    the sequence bias_add, gelu_forward_bits (or gelu_forward) with the same results. Flat
    chunks of whole mask bytes, each walked row segment by row segment. y may be pre. */
 l2l_status cpu_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
-                                     int64_t rows, int64_t cols) {
+                                 int64_t rows, int64_t cols) {
   const int64_t n = rows * cols, chunks = (n + GELU_CHUNK - 1) / GELU_CHUNK;
   int nt = threads_for(n * 10);
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -315,8 +315,8 @@ static inline void layernorm_row(float *yr, float *mean_out, float *rstd_out, co
 }
 
 l2l_status cpu_layernorm_forward(float *y, float *mean_out, float *rstd_out,
-                                     const float *x, const float *weight, const float *bias,
-                                     float eps, int64_t rows, int64_t cols) {
+                                 const float *x, const float *weight, const float *bias,
+                                 float eps, int64_t rows, int64_t cols) {
   int nt = threads_for(rows * cols * 4);
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t r = 0; r < rows; r++)
@@ -329,9 +329,9 @@ l2l_status cpu_layernorm_forward(float *y, float *mean_out, float *rstd_out,
    add, layernorm_forward with the same results. sum may be a or b; y must not overlap
    sum. */
 l2l_status cpu_add_layernorm_forward(float *sum, float *y, float *mean_out,
-                                         float *rstd_out, const float *a, const float *b,
-                                         const float *weight, const float *bias, float eps,
-                                         int64_t rows, int64_t cols) {
+                                     float *rstd_out, const float *a, const float *b,
+                                     const float *weight, const float *bias, float eps,
+                                     int64_t rows, int64_t cols) {
   int nt = threads_for(rows * cols * 5);
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t r = 0; r < rows; r++) {
@@ -415,18 +415,18 @@ static l2l_status layernorm_backward_rows(float *dx, float *dweight, float *dbia
 }
 
 l2l_status cpu_layernorm_backward(float *dx, float *dweight, float *dbias,
-                                      const float *dy, const float *x, const float *weight,
-                                      const float *mean, const float *rstd, int64_t rows,
-                                      int64_t cols) {
+                                  const float *dy, const float *x, const float *weight,
+                                  const float *mean, const float *rstd, int64_t rows,
+                                  int64_t cols) {
   return layernorm_backward_rows(dx, dweight, dbias, dy, x, weight, mean, NULL, NULL, rstd,
                                  rows, cols);
 }
 
 l2l_status cpu_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
-                                                  const float *dy, const float *y,
-                                                  const float *weight, const float *bias,
-                                                  const float *rstd, int64_t rows,
-                                                  int64_t cols) {
+                                              const float *dy, const float *y,
+                                              const float *weight, const float *bias,
+                                              const float *rstd, int64_t rows,
+                                              int64_t cols) {
   float *inv_weight = malloc((size_t)cols * sizeof *inv_weight);
   if (inv_weight == NULL)
     return core_fail(L2L_ERR_NOMEM, "cpu backend: no memory for LayerNorm inverse weights");
@@ -440,8 +440,8 @@ l2l_status cpu_layernorm_backward_from_output(float *dx, float *dweight, float *
 /* ---------------------------------------------------------------- softmax */
 
 l2l_status cpu_softmax_forward(float *y, const float *x, const uint8_t *key_mask,
-                                   int causal, float scale, int64_t samples,
-                                   int64_t rows_per_sample, int64_t tq, int64_t tk) {
+                               int causal, float scale, int64_t samples,
+                               int64_t rows_per_sample, int64_t tq, int64_t tk) {
   int64_t rows = samples * rows_per_sample;
   int nt = threads_for(rows * tk * 6);
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -496,7 +496,7 @@ l2l_status cpu_softmax_forward(float *y, const float *x, const uint8_t *key_mask
 }
 
 l2l_status cpu_softmax_backward(float *dx, const float *dy, const float *y, float scale,
-                                    int64_t rows, int64_t cols) {
+                                int64_t rows, int64_t cols) {
   int nt = threads_for(rows * cols * 4);
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t r = 0; r < rows; r++) {
@@ -514,7 +514,7 @@ l2l_status cpu_softmax_backward(float *dx, const float *dy, const float *y, floa
 /* ---------------------------------------------------------------- embedding */
 
 l2l_status cpu_embedding_forward(float *out, const int32_t *ids, const void *table,
-                                     l2l_dtype table_dtype, int64_t n, int64_t cols) {
+                                 l2l_dtype table_dtype, int64_t n, int64_t cols) {
   int nt = threads_for(n * cols);
   if (table_dtype == L2L_F32) {
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -539,7 +539,7 @@ l2l_status cpu_embedding_forward(float *out, const int32_t *ids, const void *tab
 /* Threads split the columns, not the tokens: each table element has one writer, so
    repeated ids need no atomics and the sums come in token order. */
 l2l_status cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids,
-                                      int64_t n, int64_t vocab, int64_t cols) {
+                                  int64_t n, int64_t vocab, int64_t cols) {
   (void)vocab;
   int nt = threads_for(n * cols);
   if (nt > cols / 16) nt = cols >= 32 ? (int)(cols / 16) : 1;
@@ -575,8 +575,8 @@ static inline void row_logsumexp(const float *row, int64_t v, float *max_out, fl
    backward entries are its two halves. dlogits may be logits (the row's target logit is
    read before the row is overwritten). */
 l2l_status cpu_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
-                                       const int32_t *targets, int32_t ignore_index,
-                                       float scale, int64_t rows, int64_t vocab) {
+                                   const int32_t *targets, int32_t ignore_index,
+                                   float scale, int64_t rows, int64_t vocab) {
   int nt = threads_for(rows * vocab * 6);
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t r = 0; r < rows; r++) {
@@ -599,14 +599,14 @@ l2l_status cpu_cross_entropy_fused(float *losses, float *dlogits, const float *l
 }
 
 l2l_status cpu_cross_entropy_forward(float *losses, const float *logits,
-                                         const int32_t *targets, int32_t ignore_index,
-                                         int64_t rows, int64_t vocab) {
+                                     const int32_t *targets, int32_t ignore_index,
+                                     int64_t rows, int64_t vocab) {
   return cpu_cross_entropy_fused(losses, NULL, logits, targets, ignore_index, 0.0f, rows, vocab);
 }
 
 l2l_status cpu_cross_entropy_backward(float *dlogits, const float *logits,
-                                          const int32_t *targets, int32_t ignore_index,
-                                          float scale, int64_t rows, int64_t vocab) {
+                                      const int32_t *targets, int32_t ignore_index,
+                                      float scale, int64_t rows, int64_t vocab) {
   return cpu_cross_entropy_fused(NULL, dlogits, logits, targets, ignore_index, scale, rows, vocab);
 }
 
@@ -618,7 +618,7 @@ l2l_status cpu_cross_entropy_backward(float *dlogits, const float *logits,
 #define DROPOUT_CHUNK 2048
 
 l2l_status cpu_dropout_forward(float *y, uint8_t *mask, const float *x, float p,
-                                   uint64_t seed, uint64_t stream, int64_t first, int64_t n) {
+                               uint64_t seed, uint64_t stream, int64_t first, int64_t n) {
   const uint32_t threshold = backend_keep_threshold(p);
   const float keep_scale = 1.0f / (1.0f - p);
   int64_t chunks = (n + DROPOUT_CHUNK - 1) / DROPOUT_CHUNK;
@@ -640,7 +640,7 @@ l2l_status cpu_dropout_forward(float *y, uint8_t *mask, const float *x, float p,
 }
 
 l2l_status cpu_dropout_backward(float *dx, const float *dy, const uint8_t *mask, float p,
-                                    int64_t n) {
+                                int64_t n) {
   float keep_scale = 1.0f / (1.0f - p);
   int nt = threads_for(n * 2);
 #pragma omp parallel for simd schedule(static) num_threads(nt)

@@ -201,7 +201,7 @@ static l2l_status cuda_bias_gelu_forward(float *pre, float *y, uint8_t *bits, co
 static l2l_status cuda_dropout_forward(float *y, uint8_t *mask, const float *x, float p,
                                        uint64_t seed, uint64_t stream, int64_t first, int64_t n) {
   LAUNCH(k_dropout_forward(y, mask, x, p, backend_keep_threshold(p), seed, stream, first, n,
-                               cuda_rt.compute));
+                           cuda_rt.compute));
   return L2L_OK;
 }
 
@@ -215,7 +215,7 @@ static l2l_status cuda_adamw(float *param, float *m, float *v, const float *grad
                              const l2l_adamw_config *c, float bias_correction1,
                              float bias_correction2) {
   LAUNCH(k_adamw(param, m, v, grad, n, c->lr, c->beta1, c->beta2, c->eps, c->weight_decay,
-                     bias_correction1, bias_correction2, cuda_rt.compute));
+                 bias_correction1, bias_correction2, cuda_rt.compute));
   return L2L_OK;
 }
 
@@ -233,7 +233,7 @@ static l2l_status cuda_add_layernorm_forward(float *sum, float *y, float *mean, 
                                              const float *bias, float eps, int64_t rows,
                                              int64_t cols) {
   LAUNCH(k_add_layernorm_forward(sum, y, mean, rstd, a, b, weight, bias, eps, rows, cols,
-                                     cuda_rt.compute));
+                                 cuda_rt.compute));
   return L2L_OK;
 }
 
@@ -247,10 +247,10 @@ static l2l_status layernorm_backward_locked(float *dx, float *dweight, float *db
     TRY(scratch_floats(&scratch, k_layernorm_backward_scratch_floats(rows, cols)));
   if (mean != NULL)
     LAUNCH(k_layernorm_backward(dx, dweight, dbias, dy, src, weight, mean, rstd, rows, cols,
-                                    scratch, cuda_rt.compute));
+                                scratch, cuda_rt.compute));
   else
     LAUNCH(k_layernorm_backward_from_output(dx, dweight, dbias, dy, src, weight, bias, rstd,
-                                                rows, cols, scratch, cuda_rt.compute));
+                                            rows, cols, scratch, cuda_rt.compute));
   return L2L_OK;
 }
 
@@ -275,7 +275,7 @@ static l2l_status cuda_softmax_forward(float *y, const float *x, const uint8_t *
                                        int causal, float scale, int64_t samples,
                                        int64_t rows_per_sample, int64_t tq, int64_t tk) {
   LAUNCH(k_softmax_forward(y, x, key_mask, causal, scale, samples, rows_per_sample, tq, tk,
-                               cuda_rt.compute));
+                           cuda_rt.compute));
   return L2L_OK;
 }
 
@@ -303,7 +303,7 @@ static l2l_status cuda_cross_entropy_forward(float *losses, const float *logits,
                                              const int32_t *targets, int32_t ignore_index,
                                              int64_t rows, int64_t vocab) {
   LAUNCH(k_cross_entropy_forward(losses, logits, targets, ignore_index, rows, vocab,
-                                     cuda_rt.compute));
+                                 cuda_rt.compute));
   return L2L_OK;
 }
 
@@ -311,7 +311,7 @@ static l2l_status cuda_cross_entropy_backward(float *dlogits, const float *logit
                                               const int32_t *targets, int32_t ignore_index,
                                               float scale, int64_t rows, int64_t vocab) {
   LAUNCH(k_cross_entropy_backward(dlogits, logits, targets, ignore_index, scale, rows, vocab,
-                                      cuda_rt.compute));
+                                  cuda_rt.compute));
   return L2L_OK;
 }
 
@@ -319,7 +319,7 @@ static l2l_status cuda_cross_entropy_fused(float *losses, float *dlogits, const 
                                            const int32_t *targets, int32_t ignore_index,
                                            float scale, int64_t rows, int64_t vocab) {
   LAUNCH(k_cross_entropy_fused(losses, dlogits, logits, targets, ignore_index, scale, rows,
-                                   vocab, cuda_rt.compute));
+                               vocab, cuda_rt.compute));
   return L2L_OK;
 }
 
@@ -375,10 +375,10 @@ static l2l_status cuda_attention_forward(float *o, float *lse, float *probs, flo
     if (ran || st != L2L_OK) return st;
   }
   LAUNCH(k_attention_forward(o, lse, probs, dropped, mask, q, k, v, key_mask, sh->batch,
-                                 sh->heads, sh->seq, sh->head_dim, sh->ld_qkv, sh->ld_o,
-                                 sh->causal, sh->scale, sh->dropout,
-                                 backend_keep_threshold(sh->dropout), sh->seed, sh->stream,
-                                 sh->first_sample, (int)sh->precision, NULL, cuda_rt.compute));
+                             sh->heads, sh->seq, sh->head_dim, sh->ld_qkv, sh->ld_o,
+                             sh->causal, sh->scale, sh->dropout,
+                             backend_keep_threshold(sh->dropout), sh->seed, sh->stream,
+                             sh->first_sample, (int)sh->precision, NULL, cuda_rt.compute));
   return L2L_OK;
 }
 
@@ -391,10 +391,10 @@ static l2l_status attention_backward_locked(float *dq, float *dk, float *dv, con
   float *scratch = NULL;
   TRY(scratch_floats(&scratch, k_attention_scratch_floats(sh->batch, sh->heads, sh->seq, 1)));
   LAUNCH(k_attention_backward(dq, dk, dv, d_o, o, lse, probs, dropped, mask, q, k, v,
-                                  key_mask, sh->batch, sh->heads, sh->seq, sh->head_dim,
-                                  sh->ld_qkv, sh->ld_o, sh->causal, sh->scale, sh->dropout,
-                                  backend_keep_threshold(sh->dropout), sh->seed, sh->stream,
-                                  sh->first_sample, (int)sh->precision, scratch, cuda_rt.compute));
+                              key_mask, sh->batch, sh->heads, sh->seq, sh->head_dim,
+                              sh->ld_qkv, sh->ld_o, sh->causal, sh->scale, sh->dropout,
+                              backend_keep_threshold(sh->dropout), sh->seed, sh->stream,
+                              sh->first_sample, (int)sh->precision, scratch, cuda_rt.compute));
   return L2L_OK;
 }
 
@@ -464,7 +464,7 @@ static l2l_status layernorm_invertible_locked(bool *invertible, const float *wei
                                               const float *bias, int64_t n) {
   int64_t first = -1;
   LAUNCH(k_layernorm_uninvertible((int64_t *)cuda_rt.scratch, weight, bias, n,
-                                      L2L_LN_MIN_WEIGHT, L2L_LN_BIAS_RATIO, cuda_rt.compute));
+                                  L2L_LN_MIN_WEIGHT, L2L_LN_BIAS_RATIO, cuda_rt.compute));
   TRY(read_result(&first, sizeof first));
   *invertible = first < 0;
   return L2L_OK;
@@ -517,7 +517,7 @@ static l2l_status cuda_convert(void *dst, l2l_dtype dst_dtype, const void *src,
 static l2l_status cuda_random(void *dst, l2l_dtype dtype, int64_t n, enum backend_distribution dist,
                               uint64_t seed, uint64_t stream, int64_t first, double a, double b) {
   LAUNCH(k_random(dst, (int)dtype, n, dist == L2L_NORMAL ? 1 : 0, seed, stream, first, a, b,
-                      cuda_rt.compute));
+                  cuda_rt.compute));
   return L2L_OK;
 }
 

@@ -41,19 +41,19 @@ int64_t cudnn_runs(void) { return atomic_load(&runs); }
 #ifndef L2L_CUDNN_HEADERS
 
 bool cudnn_routes(const struct backend_attention_shape *sh, const void *probs,
-                      const void *dropped, const void *mask, const void *key_mask) {
+                  const void *dropped, const void *mask, const void *key_mask) {
   (void)sh, (void)probs, (void)dropped, (void)mask, (void)key_mask;
   return false;
 }
 l2l_status cudnn_check_graphs(const struct backend_attention_shape *sh, int backward, int miswire,
-                                  char *report, size_t len) {
+                              char *report, size_t len) {
   (void)sh, (void)backward, (void)miswire, (void)report, (void)len;
   char why[512];
   cudnn_probe(why, sizeof why);
   return core_fail(L2L_ERR_UNSUPPORTED, "%s", why);
 }
 l2l_status cudnn_describe(const struct backend_attention_shape *sh, int backward,
-                              struct backend_sdpa_view *out) {
+                          struct backend_sdpa_view *out) {
   (void)sh, (void)backward, (void)out;
   return core_fail(L2L_ERR_UNSUPPORTED, "this build has no cuDNN support");
 }
@@ -172,7 +172,7 @@ static bool covered(const struct backend_attention_shape *sh, const void *probs,
 }
 
 bool cudnn_routes(const struct backend_attention_shape *sh, const void *probs,
-                      const void *dropped, const void *mask, const void *key_mask) {
+                  const void *dropped, const void *mask, const void *key_mask) {
   if (!atomic_load(&enabled) || !cudnn_loaded() || !covered(sh, probs, dropped, mask, key_mask))
     return false;
   pthread_mutex_lock(&cache_lock);
@@ -209,7 +209,7 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 #define CAST(dst, dst_t, dst_ld, src, src_t, src_ld)                                        \
   do {                                                                                     \
     CUDA_TRY(k_cast_rows(dst, dst_t, dst_ld, src, src_t, src_ld, sh->batch * sh->seq,  \
-                             sh->heads * sh->head_dim, cuda_rt.compute));                  \
+                         sh->heads * sh->head_dim, cuda_rt.compute));                  \
   } while (0)
 
 static l2l_status execute(struct sdpa_graph *g, const int64_t *uids, void **ptrs, int n,
@@ -289,7 +289,7 @@ l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o
 /* ---------------------------------------------------------------- the check */
 
 l2l_status cudnn_describe(const struct backend_attention_shape *sh, int backward,
-                              struct backend_sdpa_view *out) {
+                          struct backend_sdpa_view *out) {
   char why[512];
   if (out == NULL) return core_fail(L2L_ERR_INVALID, "out is NULL");
   if (!cudnn_loaded()) {
@@ -304,7 +304,7 @@ l2l_status cudnn_describe(const struct backend_attention_shape *sh, int backward
 }
 
 l2l_status cudnn_check_graphs(const struct backend_attention_shape *sh, int backward, int miswire,
-                                  char *report, size_t len) {
+                              char *report, size_t len) {
   char why[512];
   if (!cudnn_loaded()) {
     cudnn_probe(why, sizeof why);
@@ -330,7 +330,7 @@ l2l_status cudnn_check_graphs(const struct backend_attention_shape *sh, int back
     if (!sdpa_graph_finalize(g, NULL, why, sizeof why)) {
       sdpa_graph_free(g);
       return core_fail(L2L_ERR_BACKEND, "the %s graph is refused: %s",
-                      backward ? "backward" : "forward", why);
+                       backward ? "backward" : "forward", why);
     }
     snprintf(plan, sizeof plan, "operation graph finalized without a GPU; engine choice, plan "
              "and execution skipped: they need a GPU, and CUDA cannot run here (%.300s)", cuda_why);

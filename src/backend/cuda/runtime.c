@@ -31,13 +31,13 @@
 
 l2l_status cuda_error(cudaError_t err, const char *file, int line, const char *call) {
   return core_fail(L2L_ERR_BACKEND, "%s:%d: %s failed: %s (%s)", file, line, call,
-                  cudaGetErrorString(err), cudaGetErrorName(err));
+                   cudaGetErrorString(err), cudaGetErrorName(err));
 }
 
 l2l_status cublas_error(cublasStatus_t err, const char *file, int line,
                                const char *call) {
   return core_fail(L2L_ERR_BACKEND, "%s:%d: %s failed: %s (%s)", file, line, call,
-                  cublas.status_string(err), cublas.status_name(err));
+                   cublas.status_string(err), cublas.status_name(err));
 }
 
 /* ---------------------------------------------------------------- the runtime */
@@ -412,11 +412,11 @@ static l2l_status cuda_malloc(void **out, uint64_t bytes) {
   uint64_t size = block_size(bytes), reserved = 0;
   blocks_counts(&cache, &reserved, NULL, NULL);
   return core_fail(L2L_ERR_NOMEM,
-                  "device pool: the GPU refused %llu bytes (%s): %s; l2l holds %llu bytes (%s) "
-                  "of device memory",
-                  (unsigned long long)size, core_human_bytes(want, 32, size),
-                  cudaGetErrorString((cudaError_t)err), (unsigned long long)reserved,
-                  core_human_bytes(held, 32, reserved));
+                   "device pool: the GPU refused %llu bytes (%s): %s; l2l holds %llu bytes (%s) "
+                   "of device memory",
+                   (unsigned long long)size, core_human_bytes(want, 32, size),
+                   cudaGetErrorString((cudaError_t)err), (unsigned long long)reserved,
+                   core_human_bytes(held, 32, reserved));
 }
 
 /* Back to the cache, tagged with an event after the kernels queued so far when kernels
@@ -459,7 +459,7 @@ l2l_status cuda_scratch_grow(uint64_t bytes) {
   if (err != 0) {
     char want[32];
     return core_fail(L2L_ERR_NOMEM, "the CUDA backend's scratch cannot grow to %s: %s",
-                    core_human_bytes(want, 32, bytes), cudaGetErrorString((cudaError_t)err));
+                     core_human_bytes(want, 32, bytes), cudaGetErrorString((cudaError_t)err));
   }
   put_back(cuda_rt.scratch, cuda_rt.scratch_bytes, true);   /* after the kernels using it */
   atomic_fetch_sub(&own_bytes_now, block_size(cuda_rt.scratch_bytes));

@@ -37,19 +37,19 @@ int cudnn_probe(char *about, size_t len) {
 }
 
 bool cudnn_routes(const struct backend_attention_shape *shape, const void *probs,
-                      const void *dropped, const void *mask, const void *key_mask) {
+                  const void *dropped, const void *mask, const void *key_mask) {
   (void)shape, (void)probs, (void)dropped, (void)mask, (void)key_mask;
   return false;
 }
 
 l2l_status cudnn_check_graphs(const struct backend_attention_shape *shape, int backward,
-                                  int miswire, char *report, size_t len) {
+                              int miswire, char *report, size_t len) {
   (void)shape, (void)backward, (void)miswire, (void)report, (void)len;
   return core_fail(L2L_ERR_UNSUPPORTED, "%s", no_cuda);
 }
 
 l2l_status cudnn_describe(const struct backend_attention_shape *shape, int backward,
-                              struct backend_sdpa_view *out) {
+                          struct backend_sdpa_view *out) {
   (void)shape, (void)backward, (void)out;
   return core_fail(L2L_ERR_UNSUPPORTED, "%s", no_cuda);
 }
