@@ -100,10 +100,9 @@ static l2l_status record_new(struct eps *eps, const struct eps_record_source *so
   rec->stream = source->stream;
   pthread_mutex_init(&rec->absorb_lock, NULL);
   l2l_status status = eps->dist ? eps_shard(eps, rec) : L2L_OK;
-  /* a bf16 master is itself what the device reads */
-  if (status == L2L_OK && eps->precision != L2L_F32 && source->low_precision &&
-      l2l_tensor_dtype(rec->master) == L2L_F32)
-    status = tensor_new_like(&rec->staging, L2L_POOL_PINNED, eps->precision, rec->master);
+  /* the staging copy the source names (none for a bf16 master: it is what the device reads) */
+  if (status == L2L_OK && source->staging != L2L_F32)
+    status = tensor_new_like(&rec->staging, L2L_POOL_PINNED, source->staging, rec->master);
   if (status != L2L_OK) {
     record_free(rec);
     return status;

@@ -267,7 +267,9 @@ struct eps_record_source {
   const char *name;
   l2l_tensor *master, *grad;
   bool decays;          /* weight decay applies (unless the optimizer decays all) */
-  bool low_precision;   /* the device may hold it in 16 bits (a staging copy) */
+  l2l_dtype staging;    /* its staging copy's dtype, the 16 bits the device reads (the
+                           layers' rule, layers_record_dtypes); L2L_F32: none, the master
+                           is what the device reads */
   uint64_t stream;      /* a bf16 master's draws for stochastic rounding: the record's own */
   int users;            /* the relay's layers that hold it (>= 1) */
 };
@@ -276,9 +278,8 @@ struct eps_record_source {
    once, at its first user, layer by layer; the one rule the planner and the checkpoint
    use too), so the EPS keeps no rule of its own for which parameters are records. A
    record listed that the EPS holds keeps its master, state, stream and update count
-   (only its users change); a new one starts with no optimizer state (and, for a 16-bit
-   precision, a staging tensor when low_precision says the device may hold it in 16
-   bits); one no longer listed leaves, its state freed. A failure (no memory, a shard
+   (only its users change); a new one starts with no optimizer state (and a staging tensor
+   when the source names its dtype); one no longer listed leaves, its state freed. A failure (no memory, a shard
    beyond MPI's counts, a record listed twice) changes nothing; *failed is then the index
    of the source it came from (-1: none). */
 l2l_status eps_set_records(struct eps *eps, const struct eps_record_source *sources,

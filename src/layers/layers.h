@@ -81,6 +81,16 @@ struct layers_record {
    one flag a layer. */
 l2l_status layers_records(struct layers_record **out, int *count, const l2l_layer *const *layers,
                           const bool *frozen, int n);
+/* How a record is held on the host under a relay's precision and master setting (f32 or
+   bf16): its master's dtype (bf16 for a low-precision record under master bf16, else f32)
+   and its staging copy's, the 16 bits the device reads (the precision, for a low-precision
+   record under a 16-bit precision whose master is f32; L2L_F32: no copy, the master is
+   what the device reads). The one rule the planner, the EPS and the relay hold records by. */
+struct layers_record_dtypes {
+  l2l_dtype master, staging;
+};
+struct layers_record_dtypes layers_record_dtypes(const l2l_param *param, l2l_dtype precision,
+                                                 l2l_dtype master);
 /* Moves everything a saved state holds (its buffer and the inputs and outputs it refers
    to) into `pool` (KARMA's swap); the other pool's bytes go with their last handle. */
 l2l_status saved_move(l2l_saved *saved, l2l_pool_kind pool);

@@ -9,6 +9,8 @@
  * parameter order: the order in which a relay made over the list holds them. Sorted by
  * record, not searched: O(r log r) for r parameters (a search of the layers before each
  * was O(r^2): 800 layers took seconds).
+ * And how each is held on the host: its master's and staging copy's dtypes
+ * (layers_record_dtypes), the rule the EPS holds records by and the planner counts.
  * Must never: count a record twice, or change a layer.
  */
 #include <stdlib.h>
@@ -60,4 +62,12 @@ l2l_status layers_records(struct layers_record **out, int *count, const l2l_laye
   qsort(recs, (size_t)m, sizeof *recs, by_pos);
   *out = recs, *count = m;
   return L2L_OK;
+}
+
+struct layers_record_dtypes layers_record_dtypes(const l2l_param *param, l2l_dtype precision,
+                                                 l2l_dtype master) {
+  bool low = precision != L2L_F32 && param_low_precision(param);
+  bool bf16_master = low && master == L2L_BF16;
+  return (struct layers_record_dtypes){.master = bf16_master ? L2L_BF16 : L2L_F32,
+                                       .staging = low && !bf16_master ? precision : L2L_F32};
 }

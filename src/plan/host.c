@@ -53,14 +53,13 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
   for (int i = 0; i < n; i++) {
     int64_t numel = l2l_tensor_numel(l2l_param_value(recs[i].param));
     /* a low-precision record has a 16-bit staging copy, or a bf16 master that is it */
-    bool low = config->precision != L2L_F32 && param_low_precision(recs[i].param);
-    bool bf16_master = low && config->master == L2L_BF16, staged = low && !bf16_master;
+    struct layers_record_dtypes held =
+        layers_record_dtypes(recs[i].param, config->precision, config->master);
     int64_t begin, shard_n;
     host_shard(numel, ranks, rank, host_shard_align(config->optimizer.state), &begin,
                &shard_n);
     host_record_bytes(&bytes[i], numel, shard_n, arrays, config->optimizer.state,
-                      bf16_master ? L2L_BF16 : L2L_F32, staged ? config->precision : L2L_F32,
-                      dist);
+                      held.master, held.staging, dist);
     bool trained = recs[i].trained;
     if (!trained) bytes[i].state = bytes[i].moved = 0;   /* never updated: no state */
     base += bytes[i].fixed;

@@ -102,9 +102,14 @@ static l2l_status grow(l2l_relay *run) {
   return L2L_OK;
 }
 
+/* How the EPS holds p's record under the relay's precision and master (the layers' rule). */
+static struct layers_record_dtypes held(const l2l_relay *run, const l2l_param *p) {
+  return layers_record_dtypes(p, run->config.precision, run->config.master);
+}
+
 /* With master bf16, a parameter whose master is bf16 (a low-precision one). */
 static bool bf16_master(const l2l_relay *run, const l2l_param *p) {
-  return run->config.master == L2L_BF16 && param_low_precision(p);
+  return held(run, p).master == L2L_BF16;
 }
 
 /* A layer's parameters leaving the relay's bf16 masters: f32 host values again, once no
@@ -140,7 +145,7 @@ static l2l_status eps_records(l2l_relay *run, l2l_layer *const *list, int n, int
     sources[at] = (struct eps_record_source){
         .param = p, .name = l2l_param_name(p), .master = l2l_param_value(p),
         .grad = l2l_param_grad(p), .decays = l2l_param_decays(p) == 1,
-        .low_precision = param_low_precision(p), .users = recs[at].users,
+        .staging = held(run, p).staging, .users = recs[at].users,
         .stream = (uint64_t)l2l_layer_rng_id(list[recs[at].layer]) << 8 | (uint64_t)recs[at].place};
   }
   if (status == L2L_OK) status = eps_set_records(&run->eps, sources, count, &failed);
