@@ -301,8 +301,8 @@ static desc scores(struct sdpa_graph *g, const struct shapes *x, desc q, desc kt
   return s3;
 }
 
-static void build_forward(struct sdpa_graph *g, const struct backend_attention_shape *sh, cudnnDataType_t t16,
-                    int miswire) {
+static void build_forward(struct sdpa_graph *g, const struct backend_attention_shape *sh,
+                          cudnnDataType_t t16, int miswire) {
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
   struct shapes x = shapes_of(sh);
   struct dims vdims = x.bhsd;
