@@ -32,6 +32,7 @@ TEST(relay_with_the_state_spilled_is_the_same_to_the_bit) {
   for (int o = 0; o < 3; o++) {
     struct shape g = gpt_shape();
     g.dropout = 0;
+    g.tie = (int)check_rand_int(0, 1);   /* tied: the token table one record of two users */
     struct model init, mem, disk;
     model_new(&init, &g);
     model_clone(&mem, &init);
@@ -46,7 +47,8 @@ TEST(relay_with_the_state_spilled_is_the_same_to_the_bit) {
     /* tight: the host budget the smallest that works, so that updates wait for room one
        record at a time (a step refused for it changes nothing, and is taken again) */
     bool tight = check_rand_int(0, 1) == 1, ok = a && b;
-    printf("  optimizer %d: the spilled relay's host budget %s\n", o, tight ? "the smallest that works" : "none");
+    printf("  optimizer %d: the spilled relay's host budget %s, %s head\n", o,
+           tight ? "the smallest that works" : "none", g.tie ? "a tied" : "an untied");
     for (int step = 0; ok && step < 4; step++) {
       if (step == spill_after) ok &= CHECK_OK(l2l_relay_sync(b)) && CHECK_OK(eps_spill_state(&b->eps, dir));
       double la, lb;
