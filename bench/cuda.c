@@ -472,6 +472,9 @@ static void bench_attention(int64_t batch, int64_t heads, int64_t seq, int64_t h
 /* ---------------------------------------------------------------- main */
 
 int main(void) {
+  /* a line at a time: gpu-check's kernels phase runs this under a timeout into a file, and
+     the rows done before a cut must reach it */
+  setvbuf(stdout, NULL, _IOLBF, 0);
   char why[512] = "";
   if (!l2l_cuda_available(why, sizeof why)) {
     printf("bench/cuda: no GPU: %s\n", why[0] ? why : "(no reason given)");
