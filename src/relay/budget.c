@@ -105,7 +105,7 @@ l2l_status l2l_relay_step_peak(uint64_t *peak, const l2l_relay *run, int64_t bat
 static l2l_status refuse(const struct step *s, const char *whose, uint64_t budget, uint64_t peak,
                          uint64_t held) {
   const l2l_relay_config *cfg = &s->run->config;
-  uint64_t slots = order_slots_bytes(&s->sched, cfg->param_slots, cfg->precision,
+  uint64_t slots = order_slots_bytes(&s->order, cfg->param_slots, cfg->precision,
                                      cfg->grad_precision);
   char a[32], b[32], c[32], d[32], e[96] = "";
   uint64_t smallest = peak + held;

@@ -240,7 +240,7 @@ struct step {
      memory queued; summed into loss_sum in micro-batch order (the order the head is
      called in) when the step's last wait has passed (relay_step_free). */
   l2l_tensor **losses;
-  struct order sched;      /* the visits and their order (src/order) */
+  struct order order;      /* the visits and their order (src/order) */
   int visit_layer;            /* the visit running: its layer's index in run->layers */
   /* The visit running and the next one's parameters. */
   struct params_job *params[2];

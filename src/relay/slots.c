@@ -29,7 +29,7 @@ static uint64_t slot_bytes(const l2l_relay *run, const l2l_param *param,
 
 /* Bytes of a device slot: the largest active layer's. */
 static uint64_t slot_size(const struct step *s, enum order_slot_content content) {
-  return order_slot_size(&s->sched, content, s->run->config.precision,
+  return order_slot_size(&s->order, content, s->run->config.precision,
                          s->run->config.grad_precision);
 }
 
@@ -104,7 +104,7 @@ static bool slot_current(void *ctx, int i) {
    keeps its slot). */
 l2l_status relay_params_queue(struct step *s, int which, int visit) {
   l2l_relay *run = s->run;
-  int k = s->sched.visits[visit].k;
+  int k = s->order.visits[visit].k;
   l2l_layer *layer = active_layer(s, k)->layer;
   struct params_job *pj = calloc(1, sizeof *pj);
   if (pj == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a copy job");
@@ -124,7 +124,7 @@ l2l_status relay_params_queue(struct step *s, int which, int visit) {
     TRY(slot_view(&pj->value[r], s, s->pslots[pj->slot].t, &offset, l2l_layer_param(layer, r),
                   ORDER_SLOT_VALUES));
   pj->job.run = relay_params_run;
-  pj->releases = s->sched.visits[visit].kind == ORDER_REBUILD && active_layer(s, k)->frozen;
+  pj->releases = s->order.visits[visit].kind == ORDER_REBUILD && active_layer(s, k)->frozen;
   if (current) {   /* done already: nothing to copy */
     memcpy(pj->updates, s->pslots[pj->slot].updates, sizeof pj->updates);
     for (int r = 0; pj->releases && r < pj->nrec; r++) eps_release(&run->eps, pj->rec[r], pj->layer);

@@ -127,7 +127,7 @@ void relay_step_free(struct step *s) {
   free(s->swap);
   relay_act_free(run, &s->scratch);
   relay_mb_inputs_free(&s->mb_in);
-  order_free(&s->sched);
+  order_free(&s->order);
   free(s->active);
   /* Parameters back to their own tensors whatever happened. */
   for (int i = 0; i < run->count; i++) {

@@ -150,12 +150,12 @@ static l2l_status plan_step(struct step_plan *p, struct step *s) {
    before any change. */
 static l2l_status eps_begin(struct step *s, const struct step_plan *p) {
   int n_expect = 0, n_hold = 0;
-  for (int k = s->sched.lowest; k < s->L; k++) {
+  for (int k = s->order.lowest; k < s->L; k++) {
     struct relay_layer *rl = active_layer(s, k);
     if (!rl->frozen) n_expect += l2l_layer_param_count(rl->layer);
   }
-  for (int i = 0; i < s->sched.nvisits; i++) {
-    const struct order_visit *v = &s->sched.visits[i];
+  for (int i = 0; i < s->order.nvisits; i++) {
+    const struct order_visit *v = &s->order.visits[i];
     struct relay_layer *rl = active_layer(s, v->k);
     if (v->kind == ORDER_REBUILD && rl->frozen) n_hold += l2l_layer_param_count(rl->layer);
   }
@@ -168,7 +168,7 @@ static l2l_status eps_begin(struct step *s, const struct step_plan *p) {
      is named, the sooner its gradient comes (a visit gives its records first to last), so
      the EPS knows the order backward completes them. */
   int at = 0;
-  for (int k = s->sched.lowest; k < s->L; k++) {
+  for (int k = s->order.lowest; k < s->L; k++) {
     struct relay_layer *rl = active_layer(s, k);
     if (rl->frozen) continue;
     for (int r = l2l_layer_param_count(rl->layer) - 1; r >= 0; r--)
@@ -176,8 +176,8 @@ static l2l_status eps_begin(struct step *s, const struct step_plan *p) {
   }
   /* a frozen layer's rebuild reads its records after the forward: one that a trainable
      layer shares is not updated before (the rebuild must reproduce the forward) */
-  for (int i = 0; i < s->sched.nvisits; i++) {
-    const struct order_visit *v = &s->sched.visits[i];
+  for (int i = 0; i < s->order.nvisits; i++) {
+    const struct order_visit *v = &s->order.visits[i];
     struct relay_layer *rl = active_layer(s, v->k);
     if (v->kind != ORDER_REBUILD || !rl->frozen) continue;
     for (int r = 0; r < l2l_layer_param_count(rl->layer); r++)

@@ -16,12 +16,12 @@
 #include "relay.h"
 
 l2l_status relay_schedule(struct step *s) {
-  TRY(order_new(&s->sched, s->L, s->training));
+  TRY(order_new(&s->order, s->L, s->training));
   for (int k = 0; k < s->L; k++) {
     const struct relay_layer *rl = active_layer(s, k);
-    s->sched.layers[k] = (struct order_layer){rl->layer, rl->frozen, rl->inner, rl->stash};
+    s->order.layers[k] = (struct order_layer){rl->layer, rl->frozen, rl->inner, rl->stash};
   }
-  order_build(&s->sched);
+  order_build(&s->order);
   return L2L_OK;
 }
 
@@ -44,13 +44,13 @@ static struct act *act_at(struct step *s, enum order_act a, int k, int64_t u) {
    move. */
 static void visit_start(void *ctx, int i) {
   struct step *s = ctx;
-  s->visit_layer = s->active[s->sched.visits[i].k];
+  s->visit_layer = s->active[s->order.visits[i].k];
 }
 
 static l2l_status visit_bind(void *ctx, int i, const struct order_visit *v, bool grads) {
   struct step *s = ctx;
   s->gs = i % 2;
-  if (i + 1 < s->sched.nvisits) TRY(relay_params_queue(s, 1, i + 1));
+  if (i + 1 < s->order.nvisits) TRY(relay_params_queue(s, 1, i + 1));
   return relay_params_bind(s, v->k, grads);
 }
 
@@ -202,8 +202,8 @@ l2l_status relay_run_visits(struct step *s) {
   /* 16-bit staging copies from the masters as they are now (a script may have edited
      them since the last step), each behind its record's pending update */
   if (s->run->config.precision != L2L_F32) eps_stage(&s->run->eps);
-  if (s->sched.nvisits > 0) TRY(relay_params_queue(s, 0, 0));
-  TRY(order_walk(&s->sched, s->nmb, &relay_acts, s));
+  if (s->order.nvisits > 0) TRY(relay_params_queue(s, 0, 0));
+  TRY(order_walk(&s->order, s->nmb, &relay_acts, s));
   relay_grads_wait(s, 0);
   relay_grads_wait(s, 1);
   return L2L_OK;
