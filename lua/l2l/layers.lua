@@ -73,16 +73,15 @@ end
 function M.clear_callback_error() callback.message, callback.layer = nil, nil end
 
 -- Like lib.check, but a saved callback error wins over C's own message. With `locate`,
--- locate(layer_address) may return a prefix such as "layer 3 (GatedMLP): "; with
--- `translate`, C's message goes through translate(message) first.
-function M.check_call(status, fname, level, locate, translate)
+-- locate(layer_address) may return a prefix such as "layer 3 (GatedMLP): "; `words()`
+-- gives C's last error in the caller's terms (default lib.last_error).
+function M.check_call(status, fname, level, locate, words)
   local message, where = callback.message, callback.layer
   callback.message, callback.layer = nil, nil
   if status == 0 then return end
   local prefix = (locate and where) and locate(where) or ""
   if message ~= nil then error(fname .. ": " .. prefix .. message, level + 1) end
-  local c_message = lib.last_error()
-  error(fname .. ": " .. (translate and translate(c_message) or c_message), level + 1)
+  error(fname .. ": " .. (words or lib.last_error)(), level + 1)
 end
 local check_call = M.check_call
 

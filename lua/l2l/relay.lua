@@ -375,7 +375,7 @@ local function step_or_evaluate(self, fname, cfunc, tokens, targets, opts)
   end
   self.device_before = tonumber(device_pool().current)
   local status = run_layers(self, fname, cfunc, r, b, skip)
-  check_call(status, fname, 3, locator(self), function() return lua_message() end)
+  check_call(status, fname, 3, locator(self), lua_message)
   if self.plan and cfunc == C.l2l_relay_step then plan_mod.check_prediction(self) end
   return tonumber(loss_out[0])
 end

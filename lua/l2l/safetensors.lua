@@ -37,7 +37,8 @@ local M = {}
 M.max_header = tonumber(C.L2L_SAFETENSORS_MAX_HEADER)   -- the largest header l2l reads or writes
 local MAX_DIMS = tonumber(C.L2L_MAX_DIMS)
 
-local function failed(fname, level) error(fname .. ": " .. lib.last_error(), level + 1) end   -- level -1: none
+-- C's last error under fname, at `level` as for error() (0: no position).
+local function failed(fname, level) error(fname .. ": " .. lib.last_error(), level == 0 and 0 or level + 1) end
 
 -- Bytes a tensor of `dtype` (l2l's name) and numel elements takes.
 local function bytes_of(dtype, numel) return numel * tonumber(C.l2l_dtype_size(lib.dtypes[dtype])) end
@@ -192,7 +193,7 @@ end
 local function open_file(path, fname, level, caller)
   if not c_string(path) or path == "" then error(fname .. ": path must be a non-empty string", level) end
   local box = ffi.new("l2l_safetensors *[1]")
-  if C.l2l_safetensors_open(box, path) ~= 0 then failed(fname, level == 0 and -1 or level) end
+  if C.l2l_safetensors_open(box, path) ~= 0 then failed(fname, level) end
   local handle = ffi.gc(box[0], C.l2l_safetensors_close)   -- closed by file:close(), or the collector
   local file = setmetatable({ path = path, handle = handle, entries = {}, names = {}, metadata = {},
                               caller = caller }, File)
@@ -261,7 +262,7 @@ function File:verify(...)
   local fname, level = named(self, "file:verify")
   if select("#", ...) ~= 0 then too_many(fname, "", 2, ...) end
   open_self(self, fname, level)
-  if C.l2l_safetensors_verify(self.handle) ~= 0 then failed(fname, level == 0 and -1 or level) end
+  if C.l2l_safetensors_verify(self.handle) ~= 0 then failed(fname, level) end
 end
 
 function File:close(...)
