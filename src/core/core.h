@@ -54,6 +54,11 @@ l2l_status error_note_element(l2l_status status, int dims, const int64_t *index)
 #define L2L_NAMED_MICRO_BATCH L2L_NAMED_START "M"
 #define L2L_NAMED_FIELD L2L_NAMED_START "F"
 #define L2L_NAMED_ELEMENT L2L_NAMED_START "E"
+/* The words most messages mark: a layer counted from 0, a field of the relay's config or of
+   a step's batch. */
+#define NAMED_LAYER L2L_NAMED_LAYER "layer %d" L2L_NAMED_END
+#define NAMED_CONFIG(field) L2L_NAMED_FIELD "config->" #field L2L_NAMED_END
+#define NAMED_BATCH(field) L2L_NAMED_FIELD "batch->" #field L2L_NAMED_END
 /* The last message with fmt's words (marks and all) in front in place of its function's
    name, its spans moved behind them: "layers[2]: " + "the layer has dim 16, ...". The
    caller notes what its words name (the layer, the micro-batch). */

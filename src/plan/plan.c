@@ -16,9 +16,6 @@
 #define PLAN_MAGIC 0x6c32706cu   /* "l2pl" */
 
 
-/* "layer %d" and config->field in a message, marked as naming them (L2L_NAMED) */
-#define LAYER L2L_NAMED_LAYER "layer %d" L2L_NAMED_END
-#define CONFIG(field) L2L_NAMED_FIELD "config->" #field L2L_NAMED_END
 /* What a plan was made for, layer by layer: everything that sets a layer's memory and
    time (its config without the seed of its initial weights, its records' sizes, whether
    it is frozen), and the relay settings that set the step's. A relay given the plan is
@@ -117,7 +114,7 @@ l2l_status plan_check_model(const l2l_plan *plan, l2l_layer *const *layers, cons
       describe_key(a, sizeof a, &here);
       describe_key(b, sizeof b, &plan->keys[k]);
       if (strcmp(a, b) == 0) snprintf(a, sizeof a, "another config of %.255s", b);
-      return error_note_layer(core_fail(L2L_ERR_INVALID, "the plan was made for another model: " LAYER
+      return error_note_layer(core_fail(L2L_ERR_INVALID, "the plan was made for another model: " NAMED_LAYER
                                         " is %s here, %s in the plan", k, a, b), k);
     }
   }
@@ -147,7 +144,7 @@ static l2l_status too_small(const struct plan_chain *c, const struct plan_result
               "no plan fits a device budget of %llu bytes (%s): the smallest needs %llu bytes (%s), "
               "in micro-batches of %lld samples with every layer recomputed and its boundary on the "
               "host; of "
-              "them %s are the %d parameter slots and 2 gradient slots sized by " LAYER " (%s)",
+              "them %s are the %d parameter slots and 2 gradient slots sized by " NAMED_LAYER " (%s)",
               (unsigned long long)budget, core_human_bytes(have, 32, budget),
               (unsigned long long)r->leanest_peak, core_human_bytes(want, 32, r->leanest_peak),
               (long long)r->leanest_micro_batch, core_human_bytes(slots_text, 32, slots),
@@ -168,10 +165,10 @@ static l2l_status check_request(l2l_layer *const *layers, int nlayers, const l2l
                                            L2L_NAMED_END " is not a live layer", k), k);
   for (int k = 0; k < nlayers; k++)
     if (layer_role(layers[k]) == L2L_ROLE_HEAD && k != nlayers - 1)
-      return error_note_layer(core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" LAYER " is a head but not the "
+      return error_note_layer(core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" NAMED_LAYER " is a head but not the "
                                            "last", k), k);
   if (layer_role(layers[0]) != L2L_ROLE_INPUT)
-    return error_note_layer(core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" LAYER " must be an input layer", 0), 0);
+    return error_note_layer(core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" NAMED_LAYER " must be an input layer", 0), 0);
   if (layer_role(layers[nlayers - 1]) != L2L_ROLE_HEAD) return core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "the last layer must be a head");
   l2l_layer_config input;
   l2l_layer_get_config(&input, layers[0]);
@@ -185,10 +182,10 @@ static l2l_status check_request(l2l_layer *const *layers, int nlayers, const l2l
   if ((q->token_types != 0 && q->token_types != 1) || (q->key_mask != 0 && q->key_mask != 1))
     return core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "token_types and key_mask must be 0 or 1");
   if (config->param_slots != 0 && (config->param_slots < 2 || config->param_slots > 4096))
-    return error_note_field(core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" CONFIG(param_slots) " must be 0 or 2 "
+    return error_note_field(core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" NAMED_CONFIG(param_slots) " must be 0 or 2 "
                                          "to 4096, got %d", config->param_slots), "param_slots");
   if (config->accumulate < 1)
-    return error_note_field(core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" CONFIG(accumulate) " must be >= 1"),
+    return error_note_field(core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" NAMED_CONFIG(accumulate) " must be >= 1"),
                             "accumulate");
   const l2l_plan_rates *r = q->rates;
   if (r && !(r->flops >= 0 && r->h2d > 0 && r->d2h > 0 && r->optimizer > 0 && r->visit >= 0 &&
@@ -200,7 +197,7 @@ static l2l_status check_request(l2l_layer *const *layers, int nlayers, const l2l
   if (r && !(r->disk_read >= 0 && r->disk_write >= 0 && r->disk_read < 1e30 && r->disk_write < 1e30))
     return core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "rates->disk_read and disk_write must be finite and >= 0 (0: measured)");
   if (config->spill_dir != NULL && config->spill_dir[0] == '\0')
-    return error_note_field(core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" CONFIG(spill_dir) " is empty (NULL: "
+    return error_note_field(core_fail_in("l2l_plan_new", L2L_ERR_INVALID, "" NAMED_CONFIG(spill_dir) " is empty (NULL: "
                                          "no spill file)"), "spill_dir");
   return L2L_OK;
 }
@@ -249,7 +246,7 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
                       "EPS needs %llu (%s)%s", (unsigned long long)config->host_budget,
                       core_human_bytes(have, 32, config->host_budget),
                       (unsigned long long)host.smallest_budget, core_human_bytes(want, 32, host.smallest_budget),
-                      config->spill_dir ? "" : ": a spill directory (" CONFIG(spill_dir) ") keeps the optimizer state on disk");
+                      config->spill_dir ? "" : ": a spill directory (" NAMED_CONFIG(spill_dir) ") keeps the optimizer state on disk");
     if (config->spill_dir == NULL) error_note_field(status, "spill_dir");
   }
   if (status == L2L_OK && config->spill_dir && !(rates.disk_read > 0 && rates.disk_write > 0))

@@ -44,10 +44,8 @@ struct description {
   int layer;             /* the layer the next words' labels name (-1: none) */
 };
 
-/* "layer %d" in a label, marked as naming the layer (L2L_NAMED): a refusal quoting the
-   label names that layer in its detail too */
-#define LAYER L2L_NAMED_LAYER "layer %d" L2L_NAMED_END
-
+/* A label names its layer with NAMED_LAYER: a refusal quoting the label names that layer
+   in its detail too. */
 static void word(struct description *d, int64_t value, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
@@ -103,7 +101,7 @@ static void describe_layer(struct description *d, const struct step *s, int k) {
   const char *name = l2l_layer_name(rl->layer);
   int at = s->active[k];
   d->layer = k;   /* (the active layer's count) */
-  word(d, at, "active " LAYER "'s place in the relay", k);
+  word(d, at, "active " NAMED_LAYER "'s place in the relay", k);
   d->layer = at;
   /* the name, 8 bytes a word */
   char padded[32] = {0};
@@ -111,39 +109,39 @@ static void describe_layer(struct description *d, const struct step *s, int k) {
   for (int i = 0; i < 4; i++) {
     int64_t w;
     memcpy(&w, padded + 8 * i, sizeof w);
-    word(d, w, LAYER "'s kind or name (%s)", at, name);
+    word(d, w, NAMED_LAYER "'s kind or name (%s)", at, name);
   }
-  word(d, c.kind, LAYER " (%s): kind", at, name);
-  word(d, c.dim, LAYER " (%s): dim", at, name);
-  word(d, c.heads, LAYER " (%s): heads", at, name);
-  word(d, c.mlp, LAYER " (%s): mlp", at, name);
-  word(d, c.vocab, LAYER " (%s): vocab", at, name);
-  word(d, c.max_seq, LAYER " (%s): max_seq", at, name);
-  word(d, c.type_vocab, LAYER " (%s): type_vocab", at, name);
-  word(d, c.classes, LAYER " (%s): classes", at, name);
-  word(d, c.causal, LAYER " (%s): causal", at, name);
-  word(d, c.post_ln, LAYER " (%s): post_ln", at, name);
-  word(d, c.bias, LAYER " (%s): bias", at, name);
-  word(d, c.final_ln, LAYER " (%s): final_ln", at, name);
-  word(d, f32w(d, c.dropout), LAYER " (%s): dropout", at, name);
-  word(d, f32w(d, c.attn_dropout), LAYER " (%s): attn_dropout", at, name);
-  word(d, f32w(d, c.eps), LAYER " (%s): eps", at, name);
-  word(d, c.memory, LAYER " (%s): memory", at, name);
-  word(d, f32w(d, c.init_std), LAYER " (%s): init_std", at, name);
-  word(d, f32w(d, c.resid_std), LAYER " (%s): resid_std", at, name);
-  word(d, (int64_t)c.init_seed, LAYER " (%s): init_seed", at, name);
-  word(d, l2l_layer_rng_id(rl->layer), LAYER " (%s): rng id (its dropout draws)", at, name);
-  word(d, rl->frozen, LAYER " (%s): frozen", at, name);
+  word(d, c.kind, NAMED_LAYER " (%s): kind", at, name);
+  word(d, c.dim, NAMED_LAYER " (%s): dim", at, name);
+  word(d, c.heads, NAMED_LAYER " (%s): heads", at, name);
+  word(d, c.mlp, NAMED_LAYER " (%s): mlp", at, name);
+  word(d, c.vocab, NAMED_LAYER " (%s): vocab", at, name);
+  word(d, c.max_seq, NAMED_LAYER " (%s): max_seq", at, name);
+  word(d, c.type_vocab, NAMED_LAYER " (%s): type_vocab", at, name);
+  word(d, c.classes, NAMED_LAYER " (%s): classes", at, name);
+  word(d, c.causal, NAMED_LAYER " (%s): causal", at, name);
+  word(d, c.post_ln, NAMED_LAYER " (%s): post_ln", at, name);
+  word(d, c.bias, NAMED_LAYER " (%s): bias", at, name);
+  word(d, c.final_ln, NAMED_LAYER " (%s): final_ln", at, name);
+  word(d, f32w(d, c.dropout), NAMED_LAYER " (%s): dropout", at, name);
+  word(d, f32w(d, c.attn_dropout), NAMED_LAYER " (%s): attn_dropout", at, name);
+  word(d, f32w(d, c.eps), NAMED_LAYER " (%s): eps", at, name);
+  word(d, c.memory, NAMED_LAYER " (%s): memory", at, name);
+  word(d, f32w(d, c.init_std), NAMED_LAYER " (%s): init_std", at, name);
+  word(d, f32w(d, c.resid_std), NAMED_LAYER " (%s): resid_std", at, name);
+  word(d, (int64_t)c.init_seed, NAMED_LAYER " (%s): init_seed", at, name);
+  word(d, l2l_layer_rng_id(rl->layer), NAMED_LAYER " (%s): rng id (its dropout draws)", at, name);
+  word(d, rl->frozen, NAMED_LAYER " (%s): frozen", at, name);
   int n = l2l_layer_param_count(rl->layer);
-  word(d, n, LAYER " (%s): number of records", at, name);
+  word(d, n, NAMED_LAYER " (%s): number of records", at, name);
   for (int r = 0; r < n; r++) {
     const l2l_param *p = l2l_layer_param(rl->layer, r);
     const l2l_tensor *v = l2l_param_value(p);
     const char *pname = l2l_param_name(p);
     int nd = l2l_tensor_ndim(v);
-    word(d, nd, LAYER " (%s): record '%s': dims", at, name, pname);
+    word(d, nd, NAMED_LAYER " (%s): record '%s': dims", at, name, pname);
     for (int i = 0; i < nd; i++)
-      word(d, l2l_tensor_dim(v, i), LAYER " (%s): record '%s': shape[%d]", at, name, pname, i);
+      word(d, l2l_tensor_dim(v, i), NAMED_LAYER " (%s): record '%s': shape[%d]", at, name, pname, i);
   }
   d->layer = -1;
 }

@@ -13,10 +13,8 @@
 
 #include "relay.h"
 
-/* "layer %d" and batch->field in a message, marked as naming them (L2L_NAMED); the
-   refusal `status` of layer i, or of a field of the batch, its detail naming it. */
-#define LAYER L2L_NAMED_LAYER "layer %d" L2L_NAMED_END
-#define BATCH(field) L2L_NAMED_FIELD "batch->" #field L2L_NAMED_END
+/* The refusal `status` of layer i, or of a field of the batch (NAMED_LAYER, NAMED_BATCH in
+   its words), its detail naming it. */
 #define OF_LAYER(status, i) error_note_layer((status), (i))
 #define OF_BATCH(status, field) error_note_field((status), #field)
 
@@ -27,20 +25,20 @@ l2l_status relay_check_model(const l2l_relay *run) {
                 run->count);
   const l2l_layer *first = run->layers[0].layer, *last = run->layers[run->count - 1].layer;
   if (layer_role(first) != L2L_ROLE_INPUT)
-    return OF_LAYER(FAIL(L2L_ERR_INVALID, LAYER " must be an embedding (it reads the tokens)", 0), 0);
+    return OF_LAYER(FAIL(L2L_ERR_INVALID, NAMED_LAYER " must be an embedding (it reads the tokens)", 0), 0);
   if (layer_role(last) != L2L_ROLE_HEAD)
-    return OF_LAYER(FAIL(L2L_ERR_INVALID, LAYER " (the last) must be an LM head or a classifier",
+    return OF_LAYER(FAIL(L2L_ERR_INVALID, NAMED_LAYER " (the last) must be an LM head or a classifier",
                          run->count - 1), run->count - 1);
   l2l_layer_config c0, c;
   l2l_layer_get_config(&c0, first);
   for (int i = 1; i < run->count; i++) {
     const l2l_layer *layer = run->layers[i].layer;
     if (i < run->count - 1 && layer_role(layer) != L2L_ROLE_BODY)
-      return OF_LAYER(FAIL(L2L_ERR_INVALID, LAYER " is a %s: only blocks and custom layers go between the "
+      return OF_LAYER(FAIL(L2L_ERR_INVALID, NAMED_LAYER " is a %s: only blocks and custom layers go between the "
                            "embedding and the head", i, l2l_layer_name(layer)), i);
     l2l_layer_get_config(&c, layer);
     if (c.dim != c0.dim)
-      return OF_LAYER(FAIL(L2L_ERR_INVALID, LAYER " has dim %lld but the embedding has %lld", i,
+      return OF_LAYER(FAIL(L2L_ERR_INVALID, NAMED_LAYER " has dim %lld but the embedding has %lld", i,
                            (long long)c.dim, (long long)c0.dim), i);
   }
   return L2L_OK;
@@ -53,7 +51,7 @@ static l2l_status check_batch(struct step *s, const l2l_relay_batch *in) {
   const l2l_relay *run = s->run;
   const l2l_tensor *tokens = in->tokens;
   if (tokens == NULL || l2l_tensor_ndim(tokens) != 2)
-    return OF_BATCH(FAIL(L2L_ERR_INVALID, BATCH(tokens) " must be a (B,S) i32 tensor%s",
+    return OF_BATCH(FAIL(L2L_ERR_INVALID, NAMED_BATCH(tokens) " must be a (B,S) i32 tensor%s",
                          tokens == NULL ? " (it is NULL)" : ""), tokens);
   s->B = l2l_tensor_dim(tokens, 0);
   s->S = l2l_tensor_dim(tokens, 1);
@@ -63,7 +61,7 @@ static l2l_status check_batch(struct step *s, const l2l_relay_batch *in) {
   const l2l_layer_batch whole = {.tokens = in->tokens, .token_types = in->token_types,
                                  .targets = in->targets, .key_mask = in->key_mask,
                                  .training = 1, .loss_scale = 1};
-  if (in->targets == NULL) return OF_BATCH(FAIL(L2L_ERR_INVALID, BATCH(targets) " is NULL"), targets);
+  if (in->targets == NULL) return OF_BATCH(FAIL(L2L_ERR_INVALID, NAMED_BATCH(targets) " is NULL"), targets);
   for (int i = 0; i < run->count; i++) {
     const l2l_layer *layer = run->layers[i].layer;
     TRY(layer_check_batch(s->training ? "l2l_relay_step" : "l2l_relay_evaluate", layer,
@@ -74,7 +72,7 @@ static l2l_status check_batch(struct step *s, const l2l_relay_batch *in) {
   for (int64_t i = 0; i < l2l_tensor_numel(in->targets); i++) s->real += t[i] != -1;
   /* (with ranks a slice may have none: the whole minibatch's count is checked) */
   if (s->real == 0 && run->config.dist == L2L_DIST_NONE)
-    return OF_BATCH(FAIL(L2L_ERR_INVALID, BATCH(targets) " has no target other than -1"), targets);
+    return OF_BATCH(FAIL(L2L_ERR_INVALID, NAMED_BATCH(targets) " has no target other than -1"), targets);
   return L2L_OK;
 }
 

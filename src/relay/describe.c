@@ -64,8 +64,6 @@ struct field {
   unsigned kinds;
   bool numbers;
 };
-/* "layer %d" in a message, marked as naming the layer (L2L_NAMED) */
-#define LAYER L2L_NAMED_LAYER "layer %d" L2L_NAMED_END
 
 #define ALL 0xffu
 #define BIT(k) (1u << (k))
@@ -413,7 +411,7 @@ l2l_status relay_describe_layer(json_t **out, const l2l_relay *run, int i, bool 
   if (status == L2L_OK && c.kind == L2L_LAYER_CUSTOM) {
     json_t *name = json_string(l2l_layer_name(layer));
     if (name == NULL || json_object_set_new(d, "custom", name) != 0)
-      status = error_note_layer(core_fail(L2L_ERR_INVALID, LAYER ": its kind's name is not UTF-8", i), i);
+      status = error_note_layer(core_fail(L2L_ERR_INVALID, NAMED_LAYER ": its kind's name is not UTF-8", i), i);
   } else if (status == L2L_OK) {
     status = fields_write(options, LAYER_FIELDS, COUNT(LAYER_FIELDS), c.kind, &c);
     if (status == L2L_OK && tied && json_object_set_new(options, "tie", json_true()) != 0)
@@ -449,19 +447,19 @@ static l2l_status check_layer_described(const l2l_relay *run, int i, const json_
   const char *kind = json_string_value(json_object_get(d, "kind"));
   const json_t *options = json_object_get(d, "options");
   if (!json_is_object(d) || kind == NULL)
-    return core_fail(L2L_ERR_INVALID, LAYER ": no description", i);
+    return core_fail(L2L_ERR_INVALID, NAMED_LAYER ": no description", i);
   if (strcmp(kind, KIND_NAMES[have.kind]) != 0)
-    return core_fail(L2L_ERR_INVALID, LAYER " is a %s in the file, a %s in the relay", i, kind,
+    return core_fail(L2L_ERR_INVALID, NAMED_LAYER " is a %s in the file, a %s in the relay", i, kind,
                      KIND_NAMES[have.kind]);
   char where[64];
-  snprintf(where, sizeof where, LAYER " (%s)", i, kind);
+  snprintf(where, sizeof where, NAMED_LAYER " (%s)", i, kind);
   if (have.kind == L2L_LAYER_CUSTOM) {
     const char *name = json_string_value(json_object_get(d, "custom"));
     if (name == NULL || strcmp(name, l2l_layer_name(layer)) != 0)
-      return core_fail(L2L_ERR_INVALID, LAYER " is of the custom kind '%s' in the file, '%s' in the relay",
+      return core_fail(L2L_ERR_INVALID, NAMED_LAYER " is of the custom kind '%s' in the file, '%s' in the relay",
                        i, name ? name : "(none)", l2l_layer_name(layer));
   } else {
-    if (!json_is_object(options)) return core_fail(L2L_ERR_INVALID, LAYER " (%s): no options", i, kind);
+    if (!json_is_object(options)) return core_fail(L2L_ERR_INVALID, NAMED_LAYER " (%s): no options", i, kind);
     l2l_layer_config want = have;
     TRY(fields_check(LAYER_FIELDS, COUNT(LAYER_FIELDS), have.kind, options, &want, &have, true, where,
                      "the relay must be made over the model the file holds"));
@@ -470,10 +468,10 @@ static l2l_status check_layer_described(const l2l_relay *run, int i, const json_
   const json_t *v = json_object_get(d, "rng_id"), *frozen = json_object_get(d, "frozen");
   int64_t id = 0;
   if (v != NULL && !relay_json_whole(v, 0, (1 << 24) - 1, &id))
-    return core_fail(L2L_ERR_INVALID, LAYER ": rng_id must be an integer from 0 to 2^24 - 1", i);
+    return core_fail(L2L_ERR_INVALID, NAMED_LAYER ": rng_id must be an integer from 0 to 2^24 - 1", i);
   if (v != NULL) out->rng_id = (int)id;
   if (frozen != NULL && !json_is_boolean(frozen))
-    return core_fail(L2L_ERR_INVALID, LAYER ": frozen must be true or false", i);
+    return core_fail(L2L_ERR_INVALID, NAMED_LAYER ": frozen must be true or false", i);
   if (frozen != NULL) out->frozen = json_is_true(frozen);
   const struct names inner = choice_names("inner"), stash = choice_names("stash");
   const struct field policies[2] = {{"inner", F_ENUM, offsetof(struct layer_saved, inner), &inner, ALL, false},

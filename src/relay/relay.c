@@ -24,8 +24,6 @@ void l2l_relay_config_default(l2l_relay_config *out) {
   if (!backend_device_is_host()) out->precision = L2L_BF16;
 }
 
-/* config->field in a message, marked as naming the field (L2L_NAMED) */
-#define CONFIG(field) L2L_NAMED_FIELD "config->" #field L2L_NAMED_END
 /* The refusal `status`, its detail naming `field`. */
 #define REFUSED(status, field) error_note_field((status), #field)
 
@@ -36,20 +34,20 @@ static l2l_status check_config(const l2l_relay_config *c) {
   /* (ranges with a hole, which a row's bounds cannot say) */
   if (isfinite(c->loss_scale) && c->loss_scale != 0 &&
       !(c->loss_scale >= MIN_LOSS_SCALE && c->loss_scale <= MAX_LOSS_SCALE))
-    return REFUSED(core_fail_in(f, L2L_ERR_INVALID, CONFIG(loss_scale) " must be 0 (off) or 2^-64 to "
+    return REFUSED(core_fail_in(f, L2L_ERR_INVALID, NAMED_CONFIG(loss_scale) " must be 0 (off) or 2^-64 to "
                                 "2^100, got %g", c->loss_scale), loss_scale);
   if (c->param_slots != 0 && (c->param_slots < 2 || c->param_slots > MAX_PARAM_SLOTS))
-    return REFUSED(core_fail_in(f, L2L_ERR_INVALID, CONFIG(param_slots) " must be 0 (two) or 2 to %d, "
+    return REFUSED(core_fail_in(f, L2L_ERR_INVALID, NAMED_CONFIG(param_slots) " must be 0 (two) or 2 to %d, "
                                 "got %d", MAX_PARAM_SLOTS, c->param_slots), param_slots);
   TRY(options_check(L2L_OPTION_RELAY, c, c->optimizer.kind, f, "config->"));
   TRY(optimizer_check(&c->optimizer));
   TRY(schedule_check(&c->schedule));
   if (c->master == L2L_BF16 && c->precision != L2L_BF16)
-    return REFUSED(core_fail_in(f, L2L_ERR_INVALID, CONFIG(master) " bf16 needs precision bf16 (the bf16 "
+    return REFUSED(core_fail_in(f, L2L_ERR_INVALID, NAMED_CONFIG(master) " bf16 needs precision bf16 (the bf16 "
                                 "masters are what the device reads), got precision %s",
                                 l2l_dtype_name(c->precision)), master);
   if (c->grad_precision == L2L_F16 && c->loss_scale == 0)
-    return REFUSED(core_fail_in(f, L2L_ERR_INVALID, CONFIG(grad_precision) " f16 needs loss_scale > 0 (f16 "
+    return REFUSED(core_fail_in(f, L2L_ERR_INVALID, NAMED_CONFIG(grad_precision) " f16 needs loss_scale > 0 (f16 "
                                 "gradients flush below 6e-8 and turn inf above 65504: loss scaling keeps "
                                 "them in range and skips a step that overflows)"), grad_precision);
   return L2L_OK;
@@ -599,7 +597,7 @@ l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, int64_t go
 l2l_status relay_restore_loss_scale(l2l_relay *run, const char *func, double scale, int64_t good,
                                     int64_t skipped) {
   if (run->config.loss_scale == 0)
-    return REFUSED(core_fail_in(func, L2L_ERR_STATE, "the relay does not scale its loss (" CONFIG(loss_scale)
+    return REFUSED(core_fail_in(func, L2L_ERR_STATE, "the relay does not scale its loss (" NAMED_CONFIG(loss_scale)
                                 " is 0)"), loss_scale);
   if (!(scale >= MIN_LOSS_SCALE && scale <= MAX_LOSS_SCALE))
     return core_fail_in(func, L2L_ERR_INVALID, "scale must be 2^-64 to 2^100, got %g", scale);

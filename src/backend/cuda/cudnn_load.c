@@ -41,24 +41,15 @@ struct cuda_cudnn cudnn;
 
 /* Opens `path` and takes l2l's functions from it; false with the reason in about. */
 static bool open_at(const char *path) {
-  void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (lib == NULL) {
-    const char *e = dlerror();
-    snprintf(about, sizeof about, "cannot open %.200s: %.250s", path, e ? e : "?");
-    return false;
-  }
   static const char *const names[] = {
       "cudnnGetVersion",          "cudnnGetErrorString",           "cudnnGetLastErrorString",
       "cudnnCreate",              "cudnnSetStream",                "cudnnBackendCreateDescriptor",
       "cudnnBackendDestroyDescriptor", "cudnnBackendSetAttribute", "cudnnBackendGetAttribute",
       "cudnnBackendFinalize",     "cudnnBackendExecute"};
   void *fns[sizeof names / sizeof names[0]];
-  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-    if ((fns[i] = dlsym(lib, names[i])) == NULL) {
-      snprintf(about, sizeof about, "%.200s lacks %s, which l2l needs", path, names[i]);
-      dlclose(lib);
-      return false;
-    }
+  void *lib =
+      cuda_open_functions(path, names, sizeof names / sizeof names[0], fns, about, sizeof about);
+  if (lib == NULL) return false;
   struct cuda_cudnn t;
   _Static_assert(sizeof t == sizeof fns, "struct cuda_cudnn and the names listed disagree");
   memcpy(&t, fns, sizeof t);   /* POSIX lets a void * from dlsym become a function pointer */

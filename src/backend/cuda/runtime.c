@@ -53,43 +53,46 @@ static void runtime_say(const char *what, cudaError_t err) {
            cudaGetErrorName(err));
 }
 
+void *cuda_open_functions(const char *path, const char *const *names, size_t n, void **fns,
+                          char *why, size_t why_len) {
+  void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (lib == NULL) {
+    const char *e = dlerror();
+    snprintf(why, why_len, "cannot open %.200s: %.250s", path, e ? e : "?");
+    return NULL;
+  }
+  for (size_t i = 0; i < n; i++)
+    if ((fns[i] = dlsym(lib, names[i])) == NULL) {
+      snprintf(why, why_len, "%.200s lacks %s, which l2l needs", path, names[i]);
+      dlclose(lib);
+      return NULL;
+    }
+  return lib;
+}
+
 /* libcublas of the toolkit l2l was built with: from its lib folder (compiled in), else
    wherever the dynamic loader finds that version. */
 static bool open_cublas(void) {
+  static const char *const names[] = {
+      "cublasCreate_v2",       "cublasSetStream_v2",         "cublasSetWorkspace_v2",
+      "cublasSetPointerMode_v2", "cublasGemmEx",             "cublasGemmStridedBatchedEx",
+      "cublasGetStatusString", "cublasGetStatusName"};
+  void *fns[sizeof names / sizeof names[0]];
+  _Static_assert(sizeof cublas == sizeof fns, "struct cuda_cublas and the names listed disagree");
   char path[512];
   void *lib = NULL;
 #ifdef L2L_CUDA_LIBDIR
   snprintf(path, sizeof path, "%s/libcublas.so.%d", L2L_CUDA_LIBDIR, CUBLAS_VER_MAJOR);
-  lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  lib = cuda_open_functions(path, names, sizeof names / sizeof names[0], fns, cuda_rt.why,
+                            sizeof cuda_rt.why);
 #endif
   if (lib == NULL) {
     snprintf(path, sizeof path, "libcublas.so.%d", CUBLAS_VER_MAJOR);
-    lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    lib = cuda_open_functions(path, names, sizeof names / sizeof names[0], fns, cuda_rt.why,
+                              sizeof cuda_rt.why);
   }
-  if (lib == NULL) {
-    snprintf(cuda_rt.why, sizeof cuda_rt.why, "cannot open %.200s: %.250s", path, dlerror());
-    return false;
-  }
-  void *fns[] = {
-      dlsym(lib, "cublasCreate_v2"),         dlsym(lib, "cublasSetStream_v2"),
-      dlsym(lib, "cublasSetWorkspace_v2"),   dlsym(lib, "cublasSetPointerMode_v2"),
-      dlsym(lib, "cublasGemmEx"),            dlsym(lib, "cublasGemmStridedBatchedEx"),
-      dlsym(lib, "cublasGetStatusString"),   dlsym(lib, "cublasGetStatusName"),
-  };
-  for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
-    if (fns[i] == NULL) {
-      snprintf(cuda_rt.why, sizeof cuda_rt.why, "%.200s lacks a function l2l needs (number %zu)", path, i);
-      return false;
-    }
-  /* POSIX lets a void * from dlsym become a function pointer; memcpy says so to C. */
-  memcpy(&cublas.create, &fns[0], sizeof fns[0]);
-  memcpy(&cublas.set_stream, &fns[1], sizeof fns[1]);
-  memcpy(&cublas.set_workspace, &fns[2], sizeof fns[2]);
-  memcpy(&cublas.set_pointer_mode, &fns[3], sizeof fns[3]);
-  memcpy(&cublas.gemm, &fns[4], sizeof fns[4]);
-  memcpy(&cublas.gemm_strided_batched, &fns[5], sizeof fns[5]);
-  memcpy(&cublas.status_string, &fns[6], sizeof fns[6]);
-  memcpy(&cublas.status_name, &fns[7], sizeof fns[7]);
+  if (lib == NULL) return false;
+  memcpy(&cublas, fns, sizeof cublas);   /* POSIX lets a void * from dlsym become a function pointer */
   return true;
 }
 

@@ -33,6 +33,13 @@ struct cuda_cublas {
 };
 extern CUDA_INTERNAL struct cuda_cublas cublas;
 
+/* The library at `path` opened (dlopen) and its functions `names[0 .. n)` taken into
+   fns (dlsym), for a table of function pointers in the same order (cuBLAS's above,
+   cuDNN's); NULL with the reason in why (the library closed again) when it cannot be
+   opened or lacks one. */
+CUDA_INTERNAL void *cuda_open_functions(const char *path, const char *const *names, size_t n,
+                                        void **fns, char *why, size_t why_len);
+
 /* Bytes of device scratch the backend keeps for ops that need a little (reduction
    partials, a result to copy back, column-sum partials) and for cuBLAS's workspace. */
 enum { SCRATCH_BYTES = 32 << 20, CUBLAS_WORKSPACE_BYTES = 32 << 20 };
