@@ -159,15 +159,35 @@ extern "C" int k_gelu_backward(float *dx, const float *dy, const float *x, int64
    BIAS: in = pre (rows, cols), pre += bias[col] is written back before y = gelu(pre).
    Not BIAS: in = x, read only. Full bytes move as two float4s when aligned (with BIAS
    this also needs cols % 8 == 0, so a byte's 8 elements share a row and bias float4s).
-   The column of a byte's first element is tracked like bias_add_kernel's. */
+   The column of a byte's first element is tracked like bias_add_kernel's. y (may be null)
+   gets gelu in f32, y16 (may be null) rounded to y16_dtype as k_convert rounds it: the
+   8 halves of a byte in one 16-byte store when y16 is 16-byte aligned. */
+
+/* The 8 values of a byte rounded to dtype and stored at h (element 8*byte of y16). */
+static __device__ __forceinline__ void store_byte_halves(uint16_t *h, const float v[8],
+                                                         int dtype, bool aligned) {
+  uint16_t out[8];
+#pragma unroll
+  for (int e = 0; e < 8; e++) out[e] = dtype == DT_BF16 ? f32_to_bf16(v[e]) : f32_to_f16(v[e]);
+  if (aligned) {
+    *reinterpret_cast<uint4 *>(h) =
+        make_uint4(out[0] | (uint32_t)out[1] << 16, out[2] | (uint32_t)out[3] << 16,
+                   out[4] | (uint32_t)out[5] << 16, out[6] | (uint32_t)out[7] << 16);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; e++) h[e] = out[e];
+  }
+}
 
 template <bool BIAS>
 __global__ void __launch_bounds__(L2L_THREADS)
-    gelu_bits_kernel(float *pre, const float *in, float *y, uint8_t *bits, const float *bias,
-                     int64_t n, int64_t cols, bool vectorized) {
+    gelu_bits_kernel(float *pre, const float *in, float *y, uint16_t *y16, int y16_dtype,
+                     uint8_t *bits, const float *bias, int64_t n, int64_t cols,
+                     bool vectorized) {
   const int64_t bytes = (n + 7) >> 3, stride = grid_threads();
   int64_t byte = thread_index();
   if (byte >= bytes) return;
+  const bool y16_aligned = ((uintptr_t)y16 & 15) == 0;
   int64_t col = 0, col_step = 0; /* column of element 8*byte; used only with BIAS */
   if (BIAS) {
     col = (byte << 3) % cols;
@@ -189,10 +209,13 @@ __global__ void __launch_bounds__(L2L_THREADS)
                        (lo.z >= L2L_GELU_XMIN_D) << 2 | (lo.w >= L2L_GELU_XMIN_D) << 3 |
                        (hi.x >= L2L_GELU_XMIN_D) << 4 | (hi.y >= L2L_GELU_XMIN_D) << 5 |
                        (hi.z >= L2L_GELU_XMIN_D) << 6 | (hi.w >= L2L_GELU_XMIN_D) << 7);
-      store4(y, byte * 2, make_float4(k_gelu(lo.x), k_gelu(lo.y), k_gelu(lo.z),
-                                      k_gelu(lo.w)));
-      store4(y, byte * 2 + 1, make_float4(k_gelu(hi.x), k_gelu(hi.y), k_gelu(hi.z),
-                                          k_gelu(hi.w)));
+      const float g[8] = {k_gelu(lo.x), k_gelu(lo.y), k_gelu(lo.z), k_gelu(lo.w),
+                          k_gelu(hi.x), k_gelu(hi.y), k_gelu(hi.z), k_gelu(hi.w)};
+      if (y) {
+        store4(y, byte * 2, make_float4(g[0], g[1], g[2], g[3]));
+        store4(y, byte * 2 + 1, make_float4(g[4], g[5], g[6], g[7]));
+      }
+      if (y16) store_byte_halves(y16 + first, g, y16_dtype, y16_aligned);
     } else {
       const int count = n - first < 8 ? (int)(n - first) : 8;
       int64_t c = col;
@@ -204,7 +227,9 @@ __global__ void __launch_bounds__(L2L_THREADS)
           if (++c == cols) c = 0;
         }
         side |= (uint8_t)((v >= L2L_GELU_XMIN_D) << j);
-        y[first + j] = k_gelu(v); /* after the reads of element first+j: y may be in */
+        const float g = k_gelu(v);
+        if (y) y[first + j] = g; /* after the reads of element first+j: y may be in */
+        if (y16) y16[first + j] = y16_dtype == DT_BF16 ? f32_to_bf16(g) : f32_to_f16(g);
       }
     }
     if (bits) bits[byte] = side;
@@ -221,18 +246,29 @@ extern "C" int k_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int6
   if (n == 0) return 0;
   bool vec = aligned16(y) && aligned16(x);
   gelu_bits_kernel<false><<<k_blocks_for((n + 7) >> 3), L2L_THREADS, 0,
-                            (cudaStream_t)stream>>>(NULL, x, y, bits, NULL, n, 1, vec);
+                            (cudaStream_t)stream>>>(NULL, x, y, NULL, 0, bits, NULL, n, 1, vec);
   return k_launched();
 }
 
-extern "C" int k_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
-                                   int64_t rows, int64_t cols, void *stream) {
-  if (rows < 0 || cols < 0) return invalid_argument();
+extern "C" int k_bias_gelu_forward(float *pre, float *y, void *y16, int y16_dtype,
+                                   uint8_t *bits, const float *bias, int64_t rows,
+                                   int64_t cols, void *stream) {
+  if (rows < 0 || cols < 0 || (y == NULL && y16 == NULL)) return invalid_argument();
+  if (y16 != NULL && y16_dtype != DT_BF16 && y16_dtype != DT_F16) return invalid_argument();
   if (rows == 0 || cols == 0) return 0;
   const int64_t n = rows * cols;
-  bool vec = (cols & 7) == 0 && aligned16(pre) && aligned16(y) && aligned16(bias);
-  gelu_bits_kernel<true><<<k_blocks_for((n + 7) >> 3), L2L_THREADS, 0,
-                           (cudaStream_t)stream>>>(pre, pre, y, bits, bias, n, cols, vec);
+  uint16_t *h = static_cast<uint16_t *>(y16);
+  cudaStream_t s = (cudaStream_t)stream;
+  /* (a null y is no constraint on the float4 path) */
+  const bool y_ok = y == NULL || aligned16(y);
+  if (bias == NULL) {
+    gelu_bits_kernel<false><<<k_blocks_for((n + 7) >> 3), L2L_THREADS, 0, s>>>(
+        NULL, pre, y, h, y16_dtype, bits, NULL, n, 1, y_ok && aligned16(pre));
+    return k_launched();
+  }
+  bool vec = (cols & 7) == 0 && aligned16(pre) && y_ok && aligned16(bias);
+  gelu_bits_kernel<true><<<k_blocks_for((n + 7) >> 3), L2L_THREADS, 0, s>>>(
+      pre, pre, y, h, y16_dtype, bits, bias, n, cols, vec);
   return k_launched();
 }
 

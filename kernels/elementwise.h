@@ -53,9 +53,11 @@ int k_gelu_backward_from_output(float *dx, const float *dy, const float *y,
      bits (may be NULL; (rows*cols+7)/8 bytes) = side bits of pre, indexed by the flat
        element index r*cols + c exactly as k_gelu_forward_bits.
    y may be pre (then pre ends up holding gelu(pre + bias)); otherwise they must not
-   overlap. */
-int k_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
-                        int64_t rows, int64_t cols, void *stream);
+   overlap. bias NULL: no bias (pre only read). y16 (rows x cols of y16_dtype, DT_BF16 or
+   DT_F16), when not NULL, gets y rounded to nearest even as k_convert rounds; y or y16 may
+   be NULL, not both. */
+int k_bias_gelu_forward(float *pre, float *y, void *y16, int y16_dtype, uint8_t *bits,
+                        const float *bias, int64_t rows, int64_t cols, void *stream);
 
 /* Element i (draw first+i of (seed, rng_stream)) is kept iff (draw >> 8) < threshold,
    threshold = backend_keep_threshold(p) computed by the caller; y = kept ? x * (1/(1-p)) : 0

@@ -62,13 +62,14 @@ __device__ __forceinline__ void for_owned(int64_t n, bool vec, int t, int T, flo
 /* y = LayerNorm(x) per row, or with addend: sum_out = x + addend first and y =
    LayerNorm(sum_out). Three passes as the CPU: mean, then the centred sum of squares (no
    E[x^2] - E[x]^2 cancellation), then y; the first reads global memory (and caches), the
-   others read the cache when the row fits. */
+   others read the cache when the row fits. y16 (of y16_dtype), when not null, gets y
+   rounded to nearest even as k_convert rounds (y itself may then be null). */
 template <bool WARP>
 __global__ void __launch_bounds__(1024)
-    layernorm_forward_kernel(float *y, float *mean_out, float *rstd_out, float *sum_out,
-                             const float *x, const float *addend, const float *weight,
-                             const float *bias, float eps, int64_t rows, int64_t cols,
-                             bool cache_rows) {
+    layernorm_forward_kernel(float *y, uint16_t *y16, int y16_dtype, float *mean_out,
+                             float *rstd_out, float *sum_out, const float *x,
+                             const float *addend, const float *weight, const float *bias,
+                             float eps, int64_t rows, int64_t cols, bool cache_rows) {
   __shared__ float red[32];
   extern __shared__ float4 row_cache[];
   const RowGroup g = row_group<WARP>();
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(1024)
   const bool vec_in = !fused || (congruent(x, addend) && congruent(x, sum_out));
   /* Uncached rows are re-read from sum_out (fused: a or b may be overwritten by it). */
   const float *reread = fused ? sum_out : x;
-  const bool vec_out = congruent(y, cache_rows ? x : reread);
+  const bool vec_out = y == nullptr || congruent(y, cache_rows ? x : reread);
 
   for (int64_t row = g.first; row < rows; row += g.stride) {
     const int64_t off = row * cols;
@@ -116,14 +117,16 @@ __global__ void __launch_bounds__(1024)
     });
     const float rstd = 1.0f / sqrtf(group_sum<WARP>(sq, red) / (float)cols + eps);
 
-    float *yr = y + off;
+    float *yr = y ? y + off : nullptr;
+    uint16_t *hr = y16 ? y16 + off : nullptr;
     for_row(src, cols, vec_out, g.t, g.T, [&](auto w, int64_t j) {
       constexpr int W = decltype(w)::value;
       const Pack<W> v = load_pack<W>(src + j);
       Pack<W> o;
 #pragma unroll
       for (int e = 0; e < W; e++) o.v[e] = (v.v[e] - mean) * rstd * weight[j + e] + bias[j + e];
-      store_pack<W>(yr + j, o);
+      if (yr) store_pack<W>(yr + j, o);
+      if (hr) store_half_pack<W>(hr + j, o, y16_dtype);
     });
     if (g.t == 0) {
       if (mean_out) mean_out[row] = mean;
@@ -294,21 +297,23 @@ int64_t layernorm_partial_groups(int64_t rows, int64_t cols) {
 }
 
 /* fused: sum = x + addend first (both required then). */
-int launch_layernorm_forward(bool fused, float *sum, float *y, float *mean, float *rstd,
-                             const float *x, const float *addend, const float *weight,
-                             const float *bias, float eps, int64_t rows, int64_t cols,
-                             void *stream) {
+int launch_layernorm_forward(bool fused, float *sum, float *y, void *y16, int y16_dtype,
+                             float *mean, float *rstd, const float *x, const float *addend,
+                             const float *weight, const float *bias, float eps, int64_t rows,
+                             int64_t cols, void *stream) {
   if (rows < 0 || cols < 0) return INVALID;
   if (rows == 0 || cols == 0) return 0;
-  if (!y || !x || !weight || !bias || (fused && (!addend || !sum))) return INVALID;
+  if ((!y && !y16) || !x || !weight || !bias || (fused && (!addend || !sum))) return INVALID;
+  if (y16 && y16_dtype != DT_BF16 && y16_dtype != DT_F16) return INVALID;
   const RowLaunch l = row_launch(rows, cols, 1, MAX_BLOCKS);
   cudaStream_t s = (cudaStream_t)stream;
+  uint16_t *h = static_cast<uint16_t *>(y16);
   if (l.warp_mode)
     layernorm_forward_kernel<true><<<l.blocks, l.threads, l.smem, s>>>(
-        y, mean, rstd, sum, x, addend, weight, bias, eps, rows, cols, l.cache);
+        y, h, y16_dtype, mean, rstd, sum, x, addend, weight, bias, eps, rows, cols, l.cache);
   else
     layernorm_forward_kernel<false><<<l.blocks, l.threads, l.smem, s>>>(
-        y, mean, rstd, sum, x, addend, weight, bias, eps, rows, cols, l.cache);
+        y, h, y16_dtype, mean, rstd, sum, x, addend, weight, bias, eps, rows, cols, l.cache);
   return k_launched();
 }
 
@@ -348,19 +353,20 @@ int launch_layernorm_backward(float *dx, float *dweight, float *dbias, const flo
 
 /* ---------------------------------------------------------------- launchers */
 
-extern "C" int k_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
-                                   const float *weight, const float *bias, float eps,
-                                   int64_t rows, int64_t cols, void *stream) {
-  return launch_layernorm_forward(false, nullptr, y, mean, rstd, x, nullptr, weight, bias, eps,
-                                  rows, cols, stream);
+extern "C" int k_layernorm_forward(float *y, void *y16, int y16_dtype, float *mean,
+                                   float *rstd, const float *x, const float *weight,
+                                   const float *bias, float eps, int64_t rows, int64_t cols,
+                                   void *stream) {
+  return launch_layernorm_forward(false, nullptr, y, y16, y16_dtype, mean, rstd, x, nullptr,
+                                  weight, bias, eps, rows, cols, stream);
 }
 
-extern "C" int k_add_layernorm_forward(float *sum, float *y, float *mean, float *rstd,
-                                       const float *a, const float *b,
-                                       const float *weight, const float *bias, float eps,
-                                       int64_t rows, int64_t cols, void *stream) {
-  return launch_layernorm_forward(true, sum, y, mean, rstd, a, b, weight, bias, eps, rows,
-                                  cols, stream);
+extern "C" int k_add_layernorm_forward(float *sum, float *y, void *y16, int y16_dtype,
+                                       float *mean, float *rstd, const float *a,
+                                       const float *b, const float *weight, const float *bias,
+                                       float eps, int64_t rows, int64_t cols, void *stream) {
+  return launch_layernorm_forward(true, sum, y, y16, y16_dtype, mean, rstd, a, b, weight, bias,
+                                  eps, rows, cols, stream);
 }
 
 extern "C" int64_t k_layernorm_backward_scratch_floats(int64_t rows, int64_t cols) {

@@ -24,19 +24,21 @@ extern "C" {
 
 /* y = (x - mean) rstd weight + bias per row; mean = sum(x)/cols, then (second pass)
    rstd = 1 / sqrtf(sum((x - mean)^2)/cols + eps). mean and rstd (rows floats each) may be
-   NULL. y may be x. */
-int k_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
-                        const float *weight, const float *bias, float eps, int64_t rows,
-                        int64_t cols, void *stream);
+   NULL. y may be x. y16 (rows x cols of y16_dtype, DT_BF16 or DT_F16), when not NULL, gets
+   y rounded to nearest even, the bits k_convert gives; y or y16 may be NULL, not both. */
+int k_layernorm_forward(float *y, void *y16, int y16_dtype, float *mean, float *rstd,
+                        const float *x, const float *weight, const float *bias, float eps,
+                        int64_t rows, int64_t cols, void *stream);
 
 /* Fused residual add + LayerNorm: sum = a + b (written; sum may be a or b), then y, mean,
    rstd exactly as k_layernorm_forward(y, mean, rstd, sum, ...) would give, in one pass
    over memory (each row of sum is kept on chip between the add and the normalization).
-   sum and y are required; mean and rstd may be NULL. y must not overlap sum (it may be
-   whichever of a, b that sum is not). */
-int k_add_layernorm_forward(float *sum, float *y, float *mean, float *rstd, const float *a,
-                            const float *b, const float *weight, const float *bias,
-                            float eps, int64_t rows, int64_t cols, void *stream);
+   sum is required; y and y16 as k_layernorm_forward's; mean and rstd may be NULL. y must
+   not overlap sum (it may be whichever of a, b that sum is not). */
+int k_add_layernorm_forward(float *sum, float *y, void *y16, int y16_dtype, float *mean,
+                            float *rstd, const float *a, const float *b, const float *weight,
+                            const float *bias, float eps, int64_t rows, int64_t cols,
+                            void *stream);
 
 /* Floats of scratch the two LayerNorm backward launchers need when dweight or dbias is
    not NULL (0 when rows or cols is 0): 2 * P * cols, P = per-row-group partial sums

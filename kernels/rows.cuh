@@ -77,6 +77,14 @@ __device__ __forceinline__ void store_pack(float *p, const Pack<W> &in) {
     *p = in.v[0];
 }
 
+/* W floats rounded to f16 or bf16 (dtype DT_F16 / DT_BF16) as k_convert rounds them, one
+   16-bit store each (p needs no alignment). */
+template <int W>
+__device__ __forceinline__ void store_half_pack(uint16_t *p, const Pack<W> &in, int dtype) {
+#pragma unroll
+  for (int e = 0; e < W; e++) p[e] = dtype == DT_BF16 ? f32_to_bf16(in.v[e]) : f32_to_f16(in.v[e]);
+}
+
 __device__ __forceinline__ bool congruent(const void *a, const void *b) {
   return (((uintptr_t)a ^ (uintptr_t)b) & 15) == 0;
 }

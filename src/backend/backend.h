@@ -75,10 +75,12 @@ struct backend_ops {
   /* dx (n) = dy (n) * gelu'(x (n)) */
   l2l_status (*gelu_backward)(float *dx, const float *dy, const float *x, int64_t n);
   /* y (rows,cols), mean and rstd (rows; either may be NULL) from x (rows,cols), weight and
-     bias (cols) */
-  l2l_status (*layernorm_forward)(float *y, float *mean, float *rstd, const float *x,
-                                  const float *weight, const float *bias, float eps,
-                                  int64_t rows, int64_t cols);
+     bias (cols). y16 (rows,cols) of y16_dtype (f16 or bf16), when not NULL, gets y rounded
+     to nearest even in the same pass (the bits l2l_tensor_cast gives): the 16-bit input of
+     the GEMM that reads y. Either y or y16 may be NULL, not both. */
+  l2l_status (*layernorm_forward)(float *y, void *y16, l2l_dtype y16_dtype, float *mean,
+                                  float *rstd, const float *x, const float *weight,
+                                  const float *bias, float eps, int64_t rows, int64_t cols);
   /* dx (rows,cols) written; dweight, dbias (cols; either may be NULL) accumulated; from dy,
      x (rows,cols), weight (cols), mean, rstd (rows) */
   l2l_status (*layernorm_backward)(float *dx, float *dweight, float *dbias, const float *dy,
@@ -123,16 +125,18 @@ struct backend_ops {
   l2l_status (*gelu_backward_from_output)(float *dx, const float *dy, const float *y,
                                           const uint8_t *bits, int64_t n);
   /* ---- fused forms (one pass over memory; the same results as the sequences named) */
-  /* pre (rows, cols) += bias per column (kept: standard mode saves it), y = gelu(pre),
-     bits = pre's side bits as gelu_forward_bits, or not written when NULL: bias_add then
-     gelu_forward_bits / gelu_forward. y may be pre. */
-  l2l_status (*bias_gelu_forward)(float *pre, float *y, uint8_t *bits, const float *bias,
-                                  int64_t rows, int64_t cols);
+  /* pre (rows, cols) += bias per column (bias NULL: none; kept: standard mode saves it),
+     y = gelu(pre), bits = pre's side bits as gelu_forward_bits, or not written when NULL:
+     bias_add then gelu_forward_bits / gelu_forward. y may be pre. y16 as layernorm_forward's
+     (y or y16 may be NULL, not both). */
+  l2l_status (*bias_gelu_forward)(float *pre, float *y, void *y16, l2l_dtype y16_dtype,
+                                  uint8_t *bits, const float *bias, int64_t rows, int64_t cols);
   /* sum = a + b (sum may be a or b), y, mean, rstd = LayerNorm of sum: add then
-     layernorm_forward. y must not overlap sum; mean, rstd may be NULL. */
-  l2l_status (*add_layernorm_forward)(float *sum, float *y, float *mean, float *rstd,
-                                      const float *a, const float *b, const float *weight,
-                                      const float *bias, float eps, int64_t rows, int64_t cols);
+     layernorm_forward (y16 as there). y must not overlap sum; mean, rstd may be NULL. */
+  l2l_status (*add_layernorm_forward)(float *sum, float *y, void *y16, l2l_dtype y16_dtype,
+                                      float *mean, float *rstd, const float *a, const float *b,
+                                      const float *weight, const float *bias, float eps,
+                                      int64_t rows, int64_t cols);
   /* losses and dlogits (either may be NULL) from one log-sum-exp per row:
      cross_entropy_forward and cross_entropy_backward. dlogits may be logits. */
   l2l_status (*cross_entropy_fused)(float *losses, float *dlogits, const float *logits,

@@ -75,11 +75,17 @@ static double row_stats(const void *mean, const void *rstd, int64_t rows) {
   return F * d(rows) * ((mean != NULL) + (rstd != NULL));
 }
 
-static l2l_status p_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
-                                      const float *weight, const float *bias, float eps,
-                                      int64_t rows, int64_t cols) {
-  PROFILED(layernorm_forward(y, mean, rstd, x, weight, bias, eps, rows, cols),
-           "layernorm_forward", 0, F * (2 * d(rows) * d(cols) + 2 * d(cols)) +
+/* The bytes of a y written in f32 and of its 16-bit copy, each when not NULL. */
+static double outputs(const void *y, const void *y16, double n) {
+  return (y != NULL ? F * n : 0) + (y16 != NULL ? 2 * n : 0);
+}
+
+static l2l_status p_layernorm_forward(float *y, void *y16, l2l_dtype y16_dtype, float *mean,
+                                      float *rstd, const float *x, const float *weight,
+                                      const float *bias, float eps, int64_t rows, int64_t cols) {
+  double n = d(rows) * d(cols);
+  PROFILED(layernorm_forward(y, y16, y16_dtype, mean, rstd, x, weight, bias, eps, rows, cols),
+           "layernorm_forward", 0, F * (n + 2 * d(cols)) + outputs(y, y16, n) +
            row_stats(mean, rstd, rows), L2L_BOUND_MEM, false, "rows=%lld cols=%lld",
            (long long)rows, (long long)cols);
 }
@@ -168,20 +174,27 @@ static l2l_status p_gelu_backward_from_output(float *dx, const float *dy, const 
            3 * F * d(n) + d(n) / 8, L2L_BOUND_MEM, false, "n=%lld", (long long)n);
 }
 
-static l2l_status p_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
-                                      int64_t rows, int64_t cols) {
+static l2l_status p_bias_gelu_forward(float *pre, float *y, void *y16, l2l_dtype y16_dtype,
+                                      uint8_t *bits, const float *bias, int64_t rows,
+                                      int64_t cols) {
   double n = d(rows) * d(cols);
-  PROFILED(bias_gelu_forward(pre, y, bits, bias, rows, cols), "bias_gelu_forward", 0,
-           F * n * (y != pre ? 3 : 2) + F * d(cols) + (bits ? n / 8 : 0), L2L_BOUND_MEM, false,
-           "rows=%lld cols=%lld", (long long)rows, (long long)cols);
+  /* pre read, written back with a bias; y written unless it is that write */
+  double pre_bytes = F * n * (bias ? 2 : 1) + (bias ? F * d(cols) : 0);
+  PROFILED(bias_gelu_forward(pre, y, y16, y16_dtype, bits, bias, rows, cols),
+           "bias_gelu_forward", 0,
+           pre_bytes + outputs(y == pre && bias ? NULL : y, y16, n) + (bits ? n / 8 : 0),
+           L2L_BOUND_MEM, false, "rows=%lld cols=%lld", (long long)rows, (long long)cols);
 }
 
-static l2l_status p_add_layernorm_forward(float *sum, float *y, float *mean, float *rstd,
-                                          const float *a, const float *b, const float *weight,
+static l2l_status p_add_layernorm_forward(float *sum, float *y, void *y16, l2l_dtype y16_dtype,
+                                          float *mean, float *rstd, const float *a,
+                                          const float *b, const float *weight,
                                           const float *bias, float eps, int64_t rows,
                                           int64_t cols) {
-  PROFILED(add_layernorm_forward(sum, y, mean, rstd, a, b, weight, bias, eps, rows, cols),
-           "add_layernorm_forward", 0, F * (4 * d(rows) * d(cols) + 2 * d(cols)) +
+  double n = d(rows) * d(cols);
+  PROFILED(add_layernorm_forward(sum, y, y16, y16_dtype, mean, rstd, a, b, weight, bias, eps,
+                                 rows, cols),
+           "add_layernorm_forward", 0, F * (3 * n + 2 * d(cols)) + outputs(y, y16, n) +
            row_stats(mean, rstd, rows), L2L_BOUND_MEM, false, "rows=%lld cols=%lld",
            (long long)rows, (long long)cols);
 }

@@ -261,7 +261,7 @@ l2l_status l2l_layernorm_forward(l2l_tensor *y, l2l_tensor *mean, l2l_tensor *rs
   }
   if (mean) TRY(distinct(f, "mean", mean, "x", x, false));
   if (rstd) TRY(distinct(f, "rstd", rstd, "x", x, false));
-  return ops->layernorm_forward(tensor_ptr(y), mean ? tensor_ptr(mean) : NULL,
+  return ops->layernorm_forward(tensor_ptr(y), NULL, L2L_F32, mean ? tensor_ptr(mean) : NULL,
                                 rstd ? tensor_ptr(rstd) : NULL, tensor_ptr(x),
                                 tensor_ptr(weight), tensor_ptr(bias), eps, rows, cols);
 }

@@ -81,15 +81,19 @@ struct slot {
   int64_t offset;
 };
 
-/* Each buffer's shape, f32 unless said (N = B*S rows; bits: one a value, in bytes of 8),
-   as block_plan sizes it: */
+/* Each buffer's shape, f32 unless said (N = B*S rows; bits: one a value, in bytes of 8;
+   16: in the 16-bit weights' dtype when the plan says so), as block_plan sizes it: */
 struct block_plan {
   int64_t B, S, N, D, F, H;     /* batch, sequence, rows, width, MLP width, heads */
   uint32_t flags;
+  /* With 16-bit weights (LAYER_ACTS_16), the activations only their GEMMs read are kept
+     in that dtype: pre-LN's LayerNorm outputs when their backward is the standard one
+     (it reads the input), GELU's output in standard mode (its backward reads fc). */
+  bool ln1_16, ln2_16, gelu_16;
   struct arena saved, fwd, bwd;
   /* forward state */
   struct slot mean1, rstd1;     /* (N) LayerNorm 1's row statistics */
-  struct slot ln1_in, ln1_out;  /* (N,D) its input (post-LN: r1) and output */
+  struct slot ln1_in, ln1_out;  /* (N,D) its input (post-LN: r1) and output (16) */
   struct slot qkv;              /* (N,3D) q, k, v side by side */
   struct slot lse;              /* (B,H,S) each attention row's log-sum-exp */
   struct slot probs, dropped;   /* (B,H,S,S) P, and P after dropout (standard mode) */
@@ -97,9 +101,9 @@ struct block_plan {
   struct slot ctx;              /* (N,D) attention's output before its projection */
   struct slot drop1_mask;       /* (ceil(N*D/8)) u8 bits kept by the first residual dropout */
   struct slot mean2, rstd2;     /* (N) LayerNorm 2's row statistics */
-  struct slot ln2_in, ln2_out;  /* (N,D) its input (pre-LN: h) and output */
+  struct slot ln2_in, ln2_out;  /* (N,D) its input (pre-LN: h) and output (16) */
   struct slot fc;               /* (N,F) the MLP's first projection, before GELU */
-  struct slot gelu;             /* (N,F) GELU's output */
+  struct slot gelu;             /* (N,F) GELU's output (16) */
   struct slot gelu_bits;        /* (ceil(N*F/8)) u8 side bits of frugal GELU */
   struct slot drop2_mask;       /* (ceil(N*D/8)) u8 bits kept by the second residual dropout */
   struct slot scratch_d;        /* (N,D) a projection's output before the residual add */
@@ -133,13 +137,17 @@ static void block_plan(struct block_plan *p, const l2l_layer *layer, int64_t B, 
   const bool std1 = !frugal || (flags & LN1_GUARDED), std2 = !frugal || (flags & LN2_GUARDED);
   struct arena *sv = &p->saved, *fw = &p->fwd, *bw = &p->bwd;
   int nt = l2l_get_threads();
+  const bool acts16 = flags & LAYER_ACTS_16;
+  p->ln1_16 = acts16 && !post && std1;
+  p->ln2_16 = acts16 && !post && std2;
+  p->gelu_16 = acts16 && !frugal;
 
   /* LayerNorm 1: pre-LN normalizes x (the input, kept by reference when needed);
      post-LN normalizes r1 = x + drop1(...), which the forward builds. */
   p->mean1 = put(sv, std1 ? SAVED : NONE, rows);
   p->rstd1 = put(sv, SAVED, rows);
   if (post) p->ln1_in = put(sv, std1 ? SAVED : NONE, nd); /* frugal: built in ln1_out */
-  p->ln1_out = put(sv, SAVED, nd);
+  p->ln1_out = put(sv, SAVED, p->ln1_16 ? nd / 2 : nd);
   p->qkv = put(sv, SAVED, 3 * nd);
   p->lse = put(frugal ? sv : fw, frugal ? SAVED : WORK, (uint64_t)(B * p->H * S) * f4);
   p->probs = put(sv, frugal ? NONE : SAVED, ss);
@@ -155,12 +163,12 @@ static void block_plan(struct block_plan *p, const l2l_layer *layer, int64_t B, 
   p->rstd2 = put(sv, SAVED, rows);
   if (!post) {
     p->ln2_in = std2 ? put(sv, SAVED, nd) : put(fw, WORK, nd);
-    p->ln2_out = put(sv, SAVED, nd);
+    p->ln2_out = put(sv, SAVED, p->ln2_16 ? nd / 2 : nd);
   } else {
     p->ln2_in = put(sv, std2 ? SAVED : NONE, nd); /* frugal: r2 is built in y itself */
   }
   p->fc = put(sv, frugal ? NONE : SAVED, nf); /* frugal: GELU runs in place */
-  p->gelu = put(sv, SAVED, nf);
+  p->gelu = put(sv, SAVED, p->gelu_16 ? nf / 2 : nf);
   p->gelu_bits = put(sv, frugal ? SAVED : NONE, nf_bits);
   p->drop2_mask = put(sv, !frugal && resid_drop ? SAVED : NONE, nd_bits);
   if (!post) p->scratch_d = put(fw, WORK, nd); /* the MLP branch before y = h + it */
@@ -244,24 +252,36 @@ static l2l_status residual_dropout(const struct layer_call *call, const l2l_laye
                                     (int64_t)((uint64_t)b->first_sample * per_sample), p->N * p->D);
 }
 
+/* out = LayerNorm(in) (out NULL: only its 16-bit copy out16, NULL: none). */
 static l2l_status layernorm(const struct layer_call *call, const struct block_plan *p,
-                            float *out, float *mean, float *rstd, const float *in,
+                            float *out, void *out16, float *mean, float *rstd, const float *in,
                             const l2l_layer *layer, int w) {
-  return call->ops->layernorm_forward(out, mean, rstd, in, param(layer, w), param(layer, w + 1),
-                                      layer->config.eps, p->N, p->D);
+  return call->ops->layernorm_forward(out, out16, call->precision, mean, rstd, in, param(layer, w),
+                                      param(layer, w + 1), layer->config.eps, p->N, p->D);
 }
 
-/* sum := a + b, then out = LayerNorm(sum): one fused pass, or add then an in-place
-   LayerNorm when out is sum (post-LN frugal mode keeps no separate sum). */
+/* sum := a + b, then out = LayerNorm(sum) (out16 as layernorm's): one fused pass, or add
+   then an in-place LayerNorm when out is sum (post-LN frugal mode keeps no separate sum). */
 static l2l_status add_layernorm(const struct layer_call *call, const struct block_plan *p,
-                                float *out, float *mean, float *rstd, float *sum, const float *a,
-                                const float *b, const l2l_layer *layer, int w) {
+                                float *out, void *out16, float *mean, float *rstd, float *sum,
+                                const float *a, const float *b, const l2l_layer *layer, int w) {
   if (out == sum) {
     TRY(call->ops->add(sum, a, b, p->N * p->D));
-    return layernorm(call, p, out, mean, rstd, sum, layer, w);
+    return layernorm(call, p, out, out16, mean, rstd, sum, layer, w);
   }
-  return call->ops->add_layernorm_forward(sum, out, mean, rstd, a, b, param(layer, w),
-                                          param(layer, w + 1), layer->config.eps, p->N, p->D);
+  return call->ops->add_layernorm_forward(sum, out, out16, call->precision, mean, rstd, a, b,
+                                          param(layer, w), param(layer, w + 1),
+                                          layer->config.eps, p->N, p->D);
+}
+
+/* A kept activation's buffers: f32 (NULL when it is kept 16-bit) and the 16-bit one the
+   op writes for the next GEMM (layers_out16). */
+struct kept {
+  float *f32;
+  void *h16;
+};
+static struct kept kept_as(const struct layer_call *call, float *buffer, bool kept16) {
+  return (struct kept){kept16 ? NULL : buffer, layers_out16(call, kept16 ? buffer : NULL)};
 }
 
 static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer, float *y,
@@ -279,10 +299,11 @@ static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer,
   float *qkv = BUF(qkv), *ctx = BUF(ctx);
 
   /* attention on its input */
-  const float *attn_in = x;
+  struct act attn_in = act_f32(x);
   if (!c->post_ln) {
-    TRY(layernorm(call, &p, BUF(ln1_out), BUF(mean1), BUF(rstd1), x, layer, LN1_W));
-    attn_in = BUF(ln1_out);
+    struct kept ln1 = kept_as(call, BUF(ln1_out), p.ln1_16);
+    TRY(layernorm(call, &p, ln1.f32, ln1.h16, BUF(mean1), BUF(rstd1), x, layer, LN1_W));
+    attn_in = layers_act_of(call, ln1.f32, ln1.h16);
   }
   TRY(layers_linear_forward(call, qkv, attn_in, layers_weight(layer, QKV_W), param(layer, QKV_B), N, D, 3 * D));
   TRY(ops->attention_forward(ctx, BUF(lse), BUF(probs), BUF(dropped), (uint8_t *)BUF(attn_mask),
@@ -290,35 +311,36 @@ static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer,
                              p.attn_work_floats));
   /* first residual: r = x + drop1(ctx Wp) */
   float *r1 = c->post_ln ? (BUF(ln1_in) ? BUF(ln1_in) : BUF(ln1_out)) : BUF(ln2_in);
-  TRY(layers_linear_forward(call, r1, ctx, layers_weight(layer, PROJ_W), param(layer, PROJ_B), N, D, D));
+  TRY(layers_linear_forward(call, r1, act_f32(ctx), layers_weight(layer, PROJ_W), param(layer, PROJ_B), N, D, D));
   TRY(residual_dropout(call, layer, &p, r1, (uint8_t *)BUF(drop1_mask), 1));
-  const float *mlp_in;
+  struct act mlp_in;
+  const float *h = NULL; /* post-LN: the MLP's input, which the second residual adds */
   if (c->post_ln) { /* h = ln1(r1), in place when frugal keeps no r1 */
-    TRY(add_layernorm(call, &p, BUF(ln1_out), BUF(mean1), BUF(rstd1), r1, r1, x, layer, LN1_W));
-    mlp_in = BUF(ln1_out);
+    struct kept ln1 = kept_as(call, BUF(ln1_out), false);
+    TRY(add_layernorm(call, &p, ln1.f32, ln1.h16, BUF(mean1), BUF(rstd1), r1, r1, x, layer, LN1_W));
+    mlp_in = layers_act_of(call, ln1.f32, ln1.h16);
+    h = ln1.f32;
   } else {
-    TRY(add_layernorm(call, &p, BUF(ln2_out), BUF(mean2), BUF(rstd2), r1, r1, x, layer, LN2_W));
-    mlp_in = BUF(ln2_out);
+    struct kept ln2 = kept_as(call, BUF(ln2_out), p.ln2_16);
+    TRY(add_layernorm(call, &p, ln2.f32, ln2.h16, BUF(mean2), BUF(rstd2), r1, r1, x, layer, LN2_W));
+    mlp_in = layers_act_of(call, ln2.f32, ln2.h16);
   }
   /* MLP: the bias and GELU (and frugal mode's side bits) in one pass after the GEMM */
-  float *fc = BUF(fc) ? BUF(fc) : BUF(gelu), *g = BUF(gelu);
+  float *fc = BUF(fc) ? BUF(fc) : BUF(gelu);
+  struct kept g = kept_as(call, BUF(gelu), p.gelu_16);
   uint8_t *side_bits = flags & FRUGAL ? (uint8_t *)BUF(gelu_bits) : NULL;
-  const float *fc_bias = param(layer, FC_B);
   TRY(layers_linear_forward(call, fc, mlp_in, layers_weight(layer, FC_W), NULL, N, D, F));
-  if (fc_bias)
-    TRY(ops->bias_gelu_forward(fc, g, side_bits, fc_bias, N, F));
-  else if (side_bits)
-    TRY(ops->gelu_forward_bits(g, side_bits, fc, N * F));
-  else
-    TRY(ops->gelu_forward(g, fc, N * F));
+  TRY(ops->bias_gelu_forward(fc, g.f32, g.h16, call->precision, side_bits, param(layer, FC_B),
+                             N, F));
+  struct act g_in = layers_act_of(call, g.f32, g.h16);
   if (c->post_ln) { /* y = ln2(r2), r2 = h + drop2(g Wf2), built in y when not kept */
     float *r2 = BUF(ln2_in) ? BUF(ln2_in) : y;
-    TRY(layers_linear_forward(call, r2, g, layers_weight(layer, FC2_W), param(layer, FC2_B), N, F, D));
+    TRY(layers_linear_forward(call, r2, g_in, layers_weight(layer, FC2_W), param(layer, FC2_B), N, F, D));
     TRY(residual_dropout(call, layer, &p, r2, (uint8_t *)BUF(drop2_mask), 2));
-    TRY(add_layernorm(call, &p, y, BUF(mean2), BUF(rstd2), r2, r2, mlp_in, layer, LN2_W));
+    TRY(add_layernorm(call, &p, y, NULL, BUF(mean2), BUF(rstd2), r2, r2, h, layer, LN2_W));
   } else { /* y = h + drop2(g Wf2) */
     float *m = BUF(scratch_d);
-    TRY(layers_linear_forward(call, m, g, layers_weight(layer, FC2_W), param(layer, FC2_B), N, F, D));
+    TRY(layers_linear_forward(call, m, g_in, layers_weight(layer, FC2_W), param(layer, FC2_B), N, F, D));
     TRY(residual_dropout(call, layer, &p, m, (uint8_t *)BUF(drop2_mask), 2));
     TRY(ops->add(y, r1, m, N * D));
   }
@@ -361,16 +383,22 @@ static l2l_status layernorm_backward(const struct layer_call *call, const struct
 
 static float *grad(const l2l_layer *layer, int role) { return layers_grad_f32(layer, role); }
 
+/* A kept activation as the backward's GEMMs read it: 16-bit when the plan kept it so. */
+static struct act kept_act(const struct layer_call *call, const void *buffer, bool kept16) {
+  return kept16 ? (struct act){buffer, call->precision} : act_f32(buffer);
+}
+
 /* The MLP's backward: dh := d(mlp input) from dm = d(mlp output); in: the MLP's input. */
 static l2l_status mlp_backward(const struct layer_call *call, const struct block_plan *p,
                                l2l_layer *layer, const struct block_buffers *m, float *dh,
-                               const float *dm, const float *in) {
+                               const float *dm, struct act in) {
   const struct backend_ops *ops = call->ops;
   const int64_t N = p->N, D = p->D, F = p->F;
   float *df = at(m, p->tf);
-  const float *g = at(m, p->gelu);
-  TRY(layers_linear_backward(call, df, grad(layer, FC2_W), grad(layer, FC2_B), dm, g,
-                             layers_weight(layer, FC2_W), N, F, D, 0.0f));
+  const float *g = at(m, p->gelu);   /* (f32 in frugal mode, the one that reads it) */
+  TRY(layers_linear_backward(call, df, grad(layer, FC2_W), grad(layer, FC2_B), dm,
+                             kept_act(call, g, p->gelu_16), layers_weight(layer, FC2_W), N, F,
+                             D, 0.0f));
   if (p->flags & FRUGAL)
     TRY(ops->gelu_backward_from_output(df, df, g, (const uint8_t *)at(m, p->gelu_bits), N * F));
   else
@@ -383,11 +411,11 @@ static l2l_status mlp_backward(const struct layer_call *call, const struct block
 static l2l_status attention_branch_backward(const struct layer_call *call,
                                             const struct block_plan *p, l2l_layer *layer,
                                             const struct block_buffers *m, float *da,
-                                            const float *dz, const float *in) {
+                                            const float *dz, struct act in) {
   const struct backend_ops *ops = call->ops;
   const int64_t N = p->N, D = p->D;
   float *dctx = at(m, p->t3), *dqkv = at(m, p->tqkv), *qkv = at(m, p->qkv), *ctx = at(m, p->ctx);
-  TRY(layers_linear_backward(call, dctx, grad(layer, PROJ_W), grad(layer, PROJ_B), dz, ctx,
+  TRY(layers_linear_backward(call, dctx, grad(layer, PROJ_W), grad(layer, PROJ_B), dz, act_f32(ctx),
                              layers_weight(layer, PROJ_W), N, D, D, 0.0f));
   struct backend_attention_shape sh;
   attention_shape(&sh, p, layer, call);
@@ -412,13 +440,14 @@ static l2l_status block_backward(const struct layer_call *call, l2l_layer *layer
   const float *dm, *dz;
   if (!layer->config.post_ln) {
     TRY(residual_dropout_backward(&dm, t1, call, layer, &p, dy, (uint8_t *)BUF(drop2_mask), 2));
-    TRY(mlp_backward(call, &p, layer, &mem, t3, dm, BUF(ln2_out)));
+    TRY(mlp_backward(call, &p, layer, &mem, t3, dm, kept_act(call, BUF(ln2_out), p.ln2_16)));
     /* dh = ln2'(dc) + dy */
     TRY(layernorm_backward(call, &p, layer, LN2_W, t2, t3, BUF(ln2_in), BUF(mean2),
                            BUF(ln2_out), BUF(rstd2)));
     TRY(ops->add(t2, t2, dy, N * D));
     TRY(residual_dropout_backward(&dz, t1, call, layer, &p, t2, (uint8_t *)BUF(drop1_mask), 1));
-    TRY(attention_branch_backward(call, &p, layer, &mem, t1, dz, BUF(ln1_out)));
+    TRY(attention_branch_backward(call, &p, layer, &mem, t1, dz,
+                                  kept_act(call, BUF(ln1_out), p.ln1_16)));
     /* dx = ln1'(da) + dh */
     TRY(layernorm_backward(call, &p, layer, LN1_W, dx, t1, x, BUF(mean1), BUF(ln1_out),
                            BUF(rstd1)));
@@ -428,13 +457,13 @@ static l2l_status block_backward(const struct layer_call *call, l2l_layer *layer
   /* dr2 = ln2'(dy); dh = mlp'(drop2'(dr2)) + dr2 */
   TRY(layernorm_backward(call, &p, layer, LN2_W, t1, dy, BUF(ln2_in), BUF(mean2), y, BUF(rstd2)));
   TRY(residual_dropout_backward(&dm, t2, call, layer, &p, t1, (uint8_t *)BUF(drop2_mask), 2));
-  TRY(mlp_backward(call, &p, layer, &mem, t3, dm, BUF(ln1_out)));
+  TRY(mlp_backward(call, &p, layer, &mem, t3, dm, act_f32(BUF(ln1_out))));
   TRY(ops->add(t3, t3, t1, N * D));
   /* dr1 = ln1'(dh); dx = attn'(drop1'(dr1)) + dr1 */
   TRY(layernorm_backward(call, &p, layer, LN1_W, t1, t3, BUF(ln1_in), BUF(mean1), BUF(ln1_out),
                          BUF(rstd1)));
   TRY(residual_dropout_backward(&dz, t2, call, layer, &p, t1, (uint8_t *)BUF(drop1_mask), 1));
-  TRY(attention_branch_backward(call, &p, layer, &mem, dx, dz, x));
+  TRY(attention_branch_backward(call, &p, layer, &mem, dx, dz, act_f32(x)));
   return ops->add(dx, dx, t1, N * D);
 }
 

@@ -43,11 +43,16 @@ static l2l_dtype layer_precision(const l2l_layer *layer) {
   return L2L_F32;
 }
 
+/* A call's flags with LAYER_ACTS_16 when its GEMM weights are 16-bit. */
+static uint32_t with_precision(uint32_t flags, l2l_dtype precision) {
+  return precision != L2L_F32 ? flags | LAYER_ACTS_16 : flags & ~(uint32_t)LAYER_ACTS_16;
+}
+
 /* Work arenas: the kind's buffers first, then the cast scratch. */
 static void memory_for(l2l_layer_memory *out, const l2l_layer *layer, int64_t batch,
                        int64_t seq, uint32_t flags, l2l_dtype precision) {
   memset(out, 0, sizeof *out);
-  layer_kind_of(layer)->memory(out, layer, batch, seq, flags);
+  layer_kind_of(layer)->memory(out, layer, batch, seq, with_precision(flags, precision));
   struct arena fwd = {out->work_forward}, bwd = {out->work_backward};
   uint64_t cast = cast_bytes(layer, batch, seq, precision);
   arena_reserve(&fwd, cast);
@@ -349,8 +354,8 @@ static l2l_status layer_forward(l2l_saved **saved_out, l2l_layer *layer, l2l_ten
 
   /* The forward always fills a saved state (its buffers are where it computes); an
      inference call drops it on return. */
-  uint32_t flags = flags_now(layer, batch);
   l2l_dtype precision = layer_precision(layer);
+  uint32_t flags = with_precision(flags_now(layer, batch), precision);
   l2l_layer_memory mem;
   memory_for(&mem, layer, B, S, flags, precision);
   struct l2l_saved *saved = calloc(1, sizeof *saved);
@@ -362,6 +367,7 @@ static l2l_status layer_forward(l2l_saved **saved_out, l2l_layer *layer, l2l_ten
   saved->batch = B;
   saved->seq = S;
   saved->flags = flags;
+  saved->precision = precision;
   l2l_tensor *work = NULL;
   l2l_status status = arena_new(&saved->buffer, y->storage->pool, mem.saved);
   if (status == L2L_OK && keep && mem.input_kept) status = reference(&saved->input, x);
@@ -439,7 +445,13 @@ static l2l_status layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_ten
   if (tensors_overlap(dx, saved->input) || tensors_overlap(dx, saved->output))
     return core_fail_in(f, L2L_ERR_INVALID, "dx overlaps a tensor the saved state reads");
 
+  /* its 16-bit activations are the forward's weights' dtype, which the backward's GEMMs
+     must read too */
   l2l_dtype precision = layer_precision(layer);
+  if (precision != saved->precision)
+    return core_fail_in(f, L2L_ERR_STATE, "the layer's GEMM weights are %s, the forward that made "
+                        "saved had them %s: run the forward again", l2l_dtype_name(precision),
+                        l2l_dtype_name(saved->precision));
   l2l_layer_memory mem;
   memory_for(&mem, layer, B, S, saved->flags, precision);
   l2l_tensor *work = NULL;

@@ -59,7 +59,9 @@ static uint32_t lm_head_flags(const l2l_layer *layer, bool training, bool logits
 
 struct lm_head_plan {
   struct arena saved, fwd, bwd;
-  int64_t h, mean, rstd, logits, dh;
+  int64_t h, mean, rstd, logits, dh;   /* h (N,D): f32, or 16-bit when h16 */
+  bool h16;   /* the final LayerNorm's output kept in the 16-bit projection's dtype (its
+                 standard backward reads x; only the projection reads h) */
 };
 
 static void lm_head_plan(struct lm_head_plan *p, const l2l_layer *layer, int64_t N,
@@ -68,8 +70,9 @@ static void lm_head_plan(struct lm_head_plan *p, const l2l_layer *layer, int64_t
   const uint64_t nd = (uint64_t)(N * c->dim) * sizeof(float), rows = (uint64_t)N * sizeof(float);
   memset(p, 0, sizeof *p);
   p->h = p->mean = p->rstd = p->logits = p->dh = NO_BUFFER;
+  p->h16 = c->final_ln && (flags & LAYER_ACTS_16) && !(flags & FRUGAL_LN);
   if (c->final_ln) {
-    p->h = arena_reserve(&p->saved, nd);
+    p->h = arena_reserve(&p->saved, p->h16 ? nd / 2 : nd);
     if (!(flags & FRUGAL_LN)) p->mean = arena_reserve(&p->saved, rows);
     p->rstd = arena_reserve(&p->saved, rows);
     p->dh = arena_reserve(&p->bwd, nd);
@@ -98,13 +101,15 @@ static l2l_status lm_head_forward(const struct layer_call *call, l2l_layer *laye
   struct lm_head_plan p;
   lm_head_plan(&p, layer, N, saved->flags);
   void *base = saved_base(saved);
-  const float *h = x;
+  struct act h = act_f32(x);
   if (c->final_ln) {
     float *hn = arena_at(base, p.h);
-    TRY(ops->layernorm_forward(hn, arena_at(base, p.mean), arena_at(base, p.rstd), x,
-                               param_f32(layer, HEAD_LN_W), param_f32(layer, HEAD_LN_B),
-                               c->eps, N, D));
-    h = hn;
+    float *h32 = p.h16 ? NULL : hn;
+    void *h16 = layers_out16(call, p.h16 ? hn : NULL);
+    TRY(ops->layernorm_forward(h32, h16, call->precision, arena_at(base, p.mean),
+                               arena_at(base, p.rstd), x, param_f32(layer, HEAD_LN_W),
+                               param_f32(layer, HEAD_LN_B), c->eps, N, D));
+    h = layers_act_of(call, h32, h16);
   }
   float *logits = saved->flags & LOGITS ? y : arena_at(base, p.logits); /* (N,V) */
   TRY(layers_gemm_weight(call, logits, h, layers_weight(layer, HEAD_PROJ), 0, N, V, D, 0, 1, 1.0f, 0.0f));
@@ -122,14 +127,15 @@ static l2l_status lm_head_backward(const struct layer_call *call, l2l_layer *lay
   lm_head_plan(&p, layer, N, saved->flags);
   void *base = saved_base(saved);
   const float *x = saved->input ? tensor_ptr(saved->input) : NULL;
-  const float *h = c->final_ln ? arena_at(base, p.h) : x;
+  const float *h = c->final_ln ? arena_at(base, p.h) : x;   /* (16-bit when p.h16) */
   /* the forward's lm_head_losses left softmax - one-hot here; scaled in the GEMMs */
   const float *dlogits = arena_at(base, p.logits), scale = call->b->loss_scale;
   /* with a 16-bit projection, dlogits and h are rounded to its dtype like any GEMM input */
   const struct weight proj = layers_weight(layer, HEAD_PROJ);
   const void *dl = NULL, *hr = NULL;
-  TRY(layers_cast_activation(call, &dl, dlogits, N * V, proj.dtype, 0));
-  TRY(layers_cast_activation(call, &hr, h, N * D, proj.dtype, N * V));
+  TRY(layers_cast_activation(call, &dl, act_f32(dlogits), N * V, proj.dtype, 0));
+  TRY(layers_cast_activation(call, &hr, p.h16 ? (struct act){h, call->precision} : act_f32(h),
+                             N * D, proj.dtype, N * V));
   TRY(ops->gemm_batched(layers_grad_f32(layer, HEAD_PROJ), dl, hr, proj.dtype, 1, V, D, N, 1, 0,
                         scale, 1.0f));
   float *dh = c->final_ln ? arena_at(work, p.dh) : dx;
@@ -240,7 +246,7 @@ static l2l_status classifier_forward(const struct layer_call *call, l2l_layer *l
   for (int64_t b = 0; b < B; b++)
     TRY(ops->copy(f + b * D, call->pool, x + b * S * D, call->pool, (uint64_t)D * sizeof(float)));
   float *logits = saved->flags & LOGITS ? y : classifier_logits(f, layer, B);
-  TRY(layers_linear_forward(call, logits, f, layers_weight(layer, CLS_W), param_f32(layer, CLS_B),
+  TRY(layers_linear_forward(call, logits, act_f32(f), layers_weight(layer, CLS_W), param_f32(layer, CLS_B),
                             B, D, C));
   if (saved->flags & LOGITS) return L2L_OK;
   return ops->cross_entropy_forward(y, logits, tensor_ptr(call->b->targets), -1, B, C);
@@ -256,7 +262,7 @@ static l2l_status classifier_backward(const struct layer_call *call, l2l_layer *
   TRY(ops->cross_entropy_backward(dlogits, dlogits, tensor_ptr(call->b->targets), -1,
                                   call->b->loss_scale, B, C));
   TRY(layers_linear_backward(call, df, layers_grad_f32(layer, CLS_W), layers_grad_f32(layer, CLS_B),
-                             dlogits, f, layers_weight(layer, CLS_W), B, D, C, 0.0f));
+                             dlogits, act_f32(f), layers_weight(layer, CLS_W), B, D, C, 0.0f));
   TRY(ops->fill(dx, L2L_F32, 0.0, B * S * D));
   for (int64_t b = 0; b < B; b++)
     TRY(ops->copy(dx + b * S * D, call->pool, df + b * D, call->pool, (uint64_t)D * sizeof(float)));

@@ -88,6 +88,12 @@ static inline void *arena_at(void *base, int64_t offset) {
 enum { EMBED_WTE = 0, EMBED_WPE = 1, EMBED_WTT = 2 };
 enum { HEAD_LN_W = 0, HEAD_LN_B = 1, HEAD_PROJ = 2 };
 
+/* A call's flag beside its kind's own: the layer's GEMM weights are 16-bit (the call's
+   precision), so a kind may keep an activation that only those GEMMs read in their dtype,
+   written so by the op that makes it (half the bytes, no cast before the GEMMs). call.c
+   sets it from the precision, for the memory reports and the calls alike. */
+enum { LAYER_ACTS_16 = 1u << 31 };
+
 struct l2l_saved {
   uint32_t magic;
   l2l_layer_kind kind;
@@ -95,7 +101,9 @@ struct l2l_saved {
   l2l_layer_config config;      /* that layer's config then (byte for byte): its buffers are
                                    laid out for it */
   int64_t batch, seq;           /* the forward's B and S */
-  uint32_t flags;               /* kind-specific choices made in forward (e.g. fallbacks) */
+  uint32_t flags;               /* kind-specific choices made in forward (e.g. fallbacks),
+                                  and LAYER_ACTS_16 */
+  l2l_dtype precision;          /* the forward's 16-bit weights' dtype (f32: none) */
   bool used;                    /* a backward has consumed it */
   l2l_tensor *buffer;           /* the saved arena (u8), NULL when empty */
   l2l_tensor *input, *output;   /* references to x and y when the backward reads them */
@@ -231,25 +239,46 @@ static inline struct weight layers_weight(const l2l_layer *layer, int role) {
   const l2l_tensor *v = layer->params[layer->role[role]]->value;
   return (struct weight){tensor_ptr(v), v->dtype};
 }
-/* c = alpha op(a) op(w) + beta c for an activation a (f32) and a weight w: with a 16-bit
-   w, a is first rounded to w's dtype into the call's cast scratch at element `at` (the
-   products then accumulate in f32, as on a GPU's tensor cores). Shapes as gemm_batched. */
-l2l_status layers_gemm_weight(const struct layer_call *call, float *c, const float *a,
+/* An activation as a GEMM reads it: f32, or already in the 16-bit weights' dtype (the op
+   that made it wrote it so, LAYER_ACTS_16: no cast). */
+struct act {
+  const void *data;
+  l2l_dtype dtype;
+};
+static inline struct act act_f32(const float *data) { return (struct act){data, L2L_F32}; }
+/* c = alpha op(a) op(w) + beta c for an activation a and a weight w: with a 16-bit w, an f32
+   a is first rounded to w's dtype into the call's cast scratch at element `at` (the
+   products then accumulate in f32, as on a GPU's tensor cores); a 16-bit a is read as it
+   is (it must be w's dtype). Shapes as gemm_batched. */
+l2l_status layers_gemm_weight(const struct layer_call *call, float *c, struct act a,
                               struct weight w, int64_t at, int64_t m, int64_t n, int64_t k,
                               int trans_a, int trans_w, float alpha, float beta);
-/* a rounded to `dtype` in the call's cast scratch at element `at` (f32: a itself). */
-l2l_status layers_cast_activation(const struct layer_call *call, const void **out, const float *a,
+/* a as `dtype` reads it: an f32 a rounded into the call's cast scratch at element `at` (f32:
+   a itself; a 16-bit a of that dtype: itself). */
+l2l_status layers_cast_activation(const struct layer_call *call, const void **out, struct act a,
                                   int64_t n, l2l_dtype dtype, int64_t at);
 /* Linear maps on row-major buffers, shared by the kinds: y (n,out) = x (n,in) @ w (in,out)
    [+ bias]; the backward adds x^T dy into dw and column sums of dy into db (NULL: none)
-   and sets dx = dy w^T + dx_beta * dx (dx NULL: skipped). With a 16-bit w, x and dy are
-   rounded to its dtype first (cast scratch: n * (in + out) elements). */
-l2l_status layers_linear_forward(const struct layer_call *call, float *y, const float *x,
+   and sets dx = dy w^T + dx_beta * dx (dx NULL: skipped). With a 16-bit w, x (unless it is
+   16-bit already) and dy are rounded to its dtype first (cast scratch: n * (in + out)
+   elements). */
+l2l_status layers_linear_forward(const struct layer_call *call, float *y, struct act x,
                                  struct weight w, const float *bias, int64_t n, int64_t in,
                                  int64_t out);
 l2l_status layers_linear_backward(const struct layer_call *call, float *dx, float *dw, float *db,
-                                  const float *dy, const float *x, struct weight w, int64_t n,
+                                  const float *dy, struct act x, struct weight w, int64_t n,
                                   int64_t in, int64_t out, float dx_beta);
+/* Where an op writes an activation that a 16-bit GEMM reads next (its 16-bit output, NULL
+   when it writes none): the kept 16-bit buffer when the activation is kept so, else the
+   call's cast scratch (element 0) when the weights are 16-bit, else none. */
+static inline void *layers_out16(const struct layer_call *call, void *kept16) {
+  return kept16 != NULL ? kept16 : call->precision != L2L_F32 ? call->cast : NULL;
+}
+/* The activation the GEMM then reads: the 16-bit output when there is one, else y. */
+static inline struct act layers_act_of(const struct layer_call *call, const float *y,
+                                       const void *y16) {
+  return y16 != NULL ? (struct act){y16, call->precision} : act_f32(y);
+}
 /* Marks the parameter of `role` as one the relay may bind in 16 bits (create_params). */
 void layer_mark_low_precision(l2l_layer *layer, int role);
 

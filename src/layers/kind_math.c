@@ -46,20 +46,23 @@ bool layers_layernorm_guarded(const l2l_layer *layer, int weight_role, int bias_
   return st != L2L_OK || !invertible;
 }
 
-l2l_status layers_cast_activation(const struct layer_call *call, const void **out, const float *a,
+l2l_status layers_cast_activation(const struct layer_call *call, const void **out, struct act a,
                                   int64_t n, l2l_dtype dtype, int64_t at) {
-  if (dtype == L2L_F32) {
-    *out = a;
+  if (a.dtype == dtype) {
+    *out = a.data;
     return L2L_OK;
   }
+  if (a.dtype != L2L_F32)   /* (a kind's bug: 16-bit activations are the weights' dtype) */
+    return core_fail(L2L_ERR_STATE, "a %s activation meets a %s weight",
+                     l2l_dtype_name(a.dtype), l2l_dtype_name(dtype));
   void *dst = (uint16_t *)call->cast + at;
   int64_t bad = -1;
-  TRY(call->ops->convert(dst, dtype, a, L2L_F32, n, &bad));
+  TRY(call->ops->convert(dst, dtype, a.data, L2L_F32, n, &bad));
   *out = dst;
   return L2L_OK;
 }
 
-l2l_status layers_gemm_weight(const struct layer_call *call, float *c, const float *a,
+l2l_status layers_gemm_weight(const struct layer_call *call, float *c, struct act a,
                               struct weight w, int64_t at, int64_t m, int64_t n, int64_t k,
                               int trans_a, int trans_w, float alpha, float beta) {
   const void *ar = NULL;
@@ -68,7 +71,7 @@ l2l_status layers_gemm_weight(const struct layer_call *call, float *c, const flo
                                  beta);
 }
 
-l2l_status layers_linear_forward(const struct layer_call *call, float *y, const float *x,
+l2l_status layers_linear_forward(const struct layer_call *call, float *y, struct act x,
                                  struct weight w, const float *bias, int64_t n, int64_t in,
                                  int64_t out) {
   TRY(layers_gemm_weight(call, y, x, w, 0, n, out, in, 0, 0, 1.0f, 0.0f));
@@ -76,12 +79,12 @@ l2l_status layers_linear_forward(const struct layer_call *call, float *y, const 
 }
 
 l2l_status layers_linear_backward(const struct layer_call *call, float *dx, float *dw, float *db,
-                                  const float *dy, const float *x, struct weight w, int64_t n,
+                                  const float *dy, struct act x, struct weight w, int64_t n,
                                   int64_t in, int64_t out, float dx_beta) {
   const struct backend_ops *ops = call->ops;
   /* dw accumulates in f32 from x and dy rounded like the weight (both 16-bit, or both f32) */
   const void *xr = NULL, *dyr = NULL;
-  TRY(layers_cast_activation(call, &dyr, dy, n * out, w.dtype, 0));
+  TRY(layers_cast_activation(call, &dyr, act_f32(dy), n * out, w.dtype, 0));
   TRY(layers_cast_activation(call, &xr, x, n * in, w.dtype, n * out));
   TRY(ops->gemm_batched(dw, xr, dyr, w.dtype, 1, in, out, n, 1, 0, 1.0f, 1.0f));
   if (db) TRY(ops->bias_backward(db, dy, n, out));

@@ -63,6 +63,100 @@ TEST(cuda_backend_gelu_side_bits) {
   end_gpu();
 }
 
+/* The device's f32 y rounded on the host is what the same kernel wrote as y16, bit for bit
+   (the cast the layers made before). */
+static void check_y16(const char *what, const l2l_tensor *y_dev, const l2l_tensor *y16_dev,
+                      l2l_dtype dtype) {
+  l2l_tensor *back = copied_to(y_dev, L2L_POOL_HOST);
+  struct twin t = pair(cast_on_host(back, dtype), (l2l_tensor *)y16_dev);
+  CHECK_TWIN_BITS(what, t);
+  l2l_tensor_free(t.h);
+  l2l_tensor_free(back);
+}
+
+/* The fused ops' 16-bit outputs (LAYER_ACTS_16: the activation a 16-bit GEMM reads next),
+   beside y and alone, for both 16-bit types, unaligned 16-bit rows included. */
+TEST(cuda_backend_16bit_outputs) {
+  if (!use_gpu()) return;
+  const struct backend_ops *dops = backend_for(L2L_POOL_DEVICE);
+  static const int64_t shapes[][2] = {{1, 1}, {7, 33}, {13, 3072}, {1031, 257}};
+  static const l2l_dtype halves[] = {L2L_BF16, L2L_F16};
+  for (int s = 0; s < 4; s++) {
+    for (int d = 0; d < 2; d++) {
+      const int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
+      const l2l_dtype dt = halves[d];
+      char what[160];
+      l2l_tensor *x0 = HOST(L2L_F32, rows, cols), *w0 = HOST(L2L_F32, cols), *b0 = HOST(L2L_F32, cols);
+      layernorm_inputs(x0, w0, b0);
+      struct twin x = twin_of(x0), w = twin_of(w0), b = twin_of(b0), add = twin_of(RANDN(1.0, rows, cols));
+      l2l_tensor *y0 = NANS(rows, cols), *y = copied_to(y0, L2L_POOL_DEVICE);
+      l2l_tensor *sum = DEV(L2L_F32, rows, cols);
+      l2l_tensor_free(y0);
+      l2l_tensor *h = DEV(dt, rows, cols), *h_alone = DEV(dt, rows, cols);
+      CHECK_OK(dops->layernorm_forward(fdata(y), l2l_tensor_data(h), dt, NULL, NULL, fdata(x.d),
+                                       fdata(w.d), fdata(b.d), 1e-5f, rows, cols));
+      CHECK_OK(dops->layernorm_forward(NULL, l2l_tensor_data(h_alone), dt, NULL, NULL, fdata(x.d),
+                                       fdata(w.d), fdata(b.d), 1e-5f, rows, cols));
+      CHECK_OK(l2l_device_synchronize());
+      snprintf(what, sizeof what, "layernorm_forward %lldx%lld y16 (%s)", (long long)rows,
+               (long long)cols, l2l_dtype_name(dt));
+      check_y16(what, y, h, dt);
+      check_y16(what, y, h_alone, dt);
+      CHECK_OK(dops->add_layernorm_forward(fdata(sum), fdata(y), l2l_tensor_data(h), dt, NULL, NULL,
+                                           fdata(x.d), fdata(add.d), fdata(w.d), fdata(b.d), 1e-5f,
+                                           rows, cols));
+      CHECK_OK(dops->add_layernorm_forward(fdata(sum), NULL, l2l_tensor_data(h_alone), dt, NULL,
+                                           NULL, fdata(x.d), fdata(add.d), fdata(w.d),
+                                           fdata(b.d), 1e-5f, rows, cols));
+      CHECK_OK(l2l_device_synchronize());
+      snprintf(what, sizeof what, "add_layernorm_forward %lldx%lld y16 (%s)", (long long)rows,
+               (long long)cols, l2l_dtype_name(dt));
+      check_y16(what, y, h, dt);
+      check_y16(what, y, h_alone, dt);
+      /* bias + GELU over a copy of x (pre is written back), and without a bias */
+      for (int with_bias = 0; with_bias < 2; with_bias++) {
+        l2l_tensor *pre = copied_to(x.d, L2L_POOL_DEVICE), *pre2 = copied_to(x.d, L2L_POOL_DEVICE);
+        const float *bias = with_bias ? fdata(b.d) : NULL;
+        CHECK_OK(dops->bias_gelu_forward(fdata(pre), fdata(y), l2l_tensor_data(h), dt, NULL, bias,
+                                         rows, cols));
+        CHECK_OK(dops->bias_gelu_forward(fdata(pre2), NULL, l2l_tensor_data(h_alone), dt, NULL,
+                                         bias, rows, cols));
+        CHECK_OK(l2l_device_synchronize());
+        snprintf(what, sizeof what, "bias_gelu_forward %lldx%lld%s y16 (%s)", (long long)rows,
+                 (long long)cols, with_bias ? "" : " without a bias", l2l_dtype_name(dt));
+        check_y16(what, y, h, dt);
+        check_y16(what, y, h_alone, dt);
+        l2l_tensor_free(pre);
+        l2l_tensor_free(pre2);
+      }
+      /* a 16-bit output at an odd element: rows that start off every alignment */
+      l2l_tensor *wide = DEV(dt, n + 1);
+      uint16_t *odd = (uint16_t *)l2l_tensor_data(wide) + 1;
+      for (int op = 0; op < 2; op++) {
+        l2l_tensor *pre = copied_to(x.d, L2L_POOL_DEVICE);
+        if (op == 0)
+          CHECK_OK(dops->layernorm_forward(fdata(y), odd, dt, NULL, NULL, fdata(x.d), fdata(w.d),
+                                           fdata(b.d), 1e-5f, rows, cols));
+        else
+          CHECK_OK(dops->bias_gelu_forward(fdata(pre), fdata(y), odd, dt, NULL, fdata(b.d), rows,
+                                           cols));
+        CHECK_OK(l2l_device_synchronize());
+        l2l_tensor *back = copied_to(wide, L2L_POOL_HOST), *y_back = copied_to(y, L2L_POOL_HOST);
+        l2l_tensor *want = cast_on_host(y_back, dt);
+        CHECK(memcmp((uint16_t *)l2l_tensor_data(back) + 1, l2l_tensor_data(want), (size_t)n * 2) == 0,
+              "%s %lldx%lld: y16 at an odd element differs from y rounded (%s)",
+              op == 0 ? "layernorm_forward" : "bias_gelu_forward", (long long)rows,
+              (long long)cols, l2l_dtype_name(dt));
+        l2l_tensor_free(back), l2l_tensor_free(y_back), l2l_tensor_free(want), l2l_tensor_free(pre);
+      }
+      l2l_tensor_free(wide);
+      l2l_tensor_free(y), l2l_tensor_free(sum), l2l_tensor_free(h), l2l_tensor_free(h_alone);
+      TWIN_FREE(&x, &w, &b, &add);
+    }
+  }
+  end_gpu();
+}
+
 /* The fused forms the layers use, on the GPU against the CPU's (which test_fused_ops.c
    holds equal to the unfused sequences): odd shapes, poisoned outputs, the in-place and
    NULL variants. */
@@ -79,8 +173,10 @@ TEST(cuda_backend_fused_ops) {
       struct twin pre = twin_of(RANDN(2.0, rows, cols)), bias = twin_of(RANDN(1.0, cols));
       struct twin y = twin_of(NANS(rows, cols)), bits = twin_of(bytes_of(nb, 0xA5));
       float *yh = in_place ? fdata(pre.h) : fdata(y.h), *yd = in_place ? fdata(pre.d) : fdata(y.d);
-      CHECK_OK(hops->bias_gelu_forward(fdata(pre.h), yh, bdata(bits.h), fdata(bias.h), rows, cols));
-      CHECK_OK(dops->bias_gelu_forward(fdata(pre.d), yd, bdata(bits.d), fdata(bias.d), rows, cols));
+      CHECK_OK(hops->bias_gelu_forward(fdata(pre.h), yh, NULL, L2L_F32, bdata(bits.h), fdata(bias.h),
+                                       rows, cols));
+      CHECK_OK(dops->bias_gelu_forward(fdata(pre.d), yd, NULL, L2L_F32, bdata(bits.d), fdata(bias.d),
+                                       rows, cols));
       CHECK_OK(l2l_device_synchronize());
       snprintf(what, sizeof what, "bias_gelu_forward %lldx%lld%s", (long long)rows,
                (long long)cols, in_place ? " in place" : "");
@@ -99,7 +195,7 @@ TEST(cuda_backend_fused_ops) {
       for (int side = 0; side < 2; side++) {
         const struct backend_ops *ops = side ? dops : hops;
         CHECK_OK(ops->add_layernorm_forward(
-            fdata(side ? a.d : a.h), fdata(side ? y.d : y.h),
+            fdata(side ? a.d : a.h), fdata(side ? y.d : y.h), NULL, L2L_F32,
             with_mean ? fdata(side ? mean.d : mean.h) : NULL, fdata(side ? rstd.d : rstd.h),
             fdata(side ? a.d : a.h), fdata(side ? b.d : b.h), fdata(side ? w.d : w.h),
             fdata(side ? bb.d : bb.h), 1e-5f, rows, cols));

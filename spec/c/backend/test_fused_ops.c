@@ -7,7 +7,8 @@
  * their float64 tests in test_ops.c) define; backend.h promises the same results, so they
  * are held to the sequences bit for bit, on fresh random inputs with awkward shapes (rows
  * and columns not multiples of 8, so side bits straddle rows; a single element), outputs
- * poisoned first, and the in-place and NULL variants the layers use. (The CPU's
+ * poisoned first, and the in-place and NULL variants the layers use; a 16-bit output
+ * (bf16, f16) beside y or alone is the convert op's rounding of the sequence's y. (The CPU's
  * cross-entropy forward and backward are the fused op's two halves, held to float64 in
  * test_ops.c; here the fused call with both outputs, and over its own logits, must agree
  * with them.) White box: the ops table is called directly. The GPU's fused kernels are
@@ -53,6 +54,30 @@ static bool same_bits(const char *what, const float *got, const float *want, int
   return true;
 }
 
+/* A 16-bit output (NULL: none asked) against the sequence's f32 y rounded by the convert
+   op, the cast the layers made before: bit for bit. */
+static const l2l_dtype halves[] = {L2L_BF16, L2L_F16};
+
+static uint16_t *poison16(int64_t n) {
+  uint16_t *v = xmalloc((size_t)n * sizeof *v);
+  for (int64_t i = 0; i < n; i++) v[i] = 0x7fc1; /* a NaN in both 16-bit types */
+  return v;
+}
+
+static bool same_halves(const char *what, l2l_dtype dtype, const uint16_t *got, const float *y,
+                        int64_t n, int64_t rows, int64_t cols) {
+  uint16_t *want = poison16(n);
+  int64_t bad = -1;
+  CHECK_OK(cpu_backend.convert(want, dtype, y, L2L_F32, n, &bad));
+  bool ok = true;
+  for (int64_t i = 0; i < n && ok; i++)
+    ok = CHECK(got[i] == want[i], "%s (%s) %lldx%lld: element %lld is 0x%04x, convert gives 0x%04x",
+               what, l2l_dtype_name(dtype), (long long)rows, (long long)cols, (long long)i,
+               got[i], want[i]);
+  free(want);
+  return ok;
+}
+
 TEST(fused_bias_gelu_equals_bias_add_then_gelu) {
   const struct backend_ops *ops = &cpu_backend;
   for (int s = 0; s < SHAPES; s++) {
@@ -60,31 +85,58 @@ TEST(fused_bias_gelu_equals_bias_add_then_gelu) {
     float *x = randn(n, 2.0), *bias = randn(cols, 1.0);
     /* a band right at GELU's minimum, where the side bit decides */
     for (int64_t i = 0; i < n; i += 3) x[i] = L2L_GELU_XMIN - bias[i % cols] + (float)check_rand_uniform(-1e-3, 1e-3);
-    /* the sequence */
-    float *pre_seq = copy_of(x, n), *y_seq = poison(n);
-    uint8_t *bits_seq = xmalloc((size_t)nb);
+    /* the sequence, and without a bias */
+    float *pre_seq = copy_of(x, n), *y_seq = poison(n), *y_nob = poison(n);
+    uint8_t *bits_seq = xmalloc((size_t)nb), *bits_nob = xmalloc((size_t)nb);
+    CHECK_OK(ops->gelu_forward_bits(y_nob, bits_nob, x, n));
     CHECK_OK(ops->bias_add(pre_seq, bias, rows, cols));
     CHECK_OK(ops->gelu_forward_bits(y_seq, bits_seq, pre_seq, n));
     /* fused, y beside pre, with and without bits */
     float *pre = copy_of(x, n), *y = poison(n);
     uint8_t *bits = xmalloc((size_t)nb);
     memset(bits, 0xA5, (size_t)nb);
-    CHECK_OK(ops->bias_gelu_forward(pre, y, bits, bias, rows, cols));
+    CHECK_OK(ops->bias_gelu_forward(pre, y, NULL, L2L_F32, bits, bias, rows, cols));
     same_bits("bias_gelu_forward: pre", pre, pre_seq, n, rows, cols);
     same_bits("bias_gelu_forward: y", y, y_seq, n, rows, cols);
     CHECK(memcmp(bits, bits_seq, (size_t)nb) == 0, "bias_gelu_forward %lldx%lld: side bits differ",
           (long long)rows, (long long)cols);
     float *pre2 = copy_of(x, n), *y2 = poison(n);
-    CHECK_OK(ops->bias_gelu_forward(pre2, y2, NULL, bias, rows, cols));
+    CHECK_OK(ops->bias_gelu_forward(pre2, y2, NULL, L2L_F32, NULL, bias, rows, cols));
     same_bits("bias_gelu_forward without bits: y", y2, y_seq, n, rows, cols);
     /* in place: pre ends up holding gelu(pre + bias) */
     float *inplace = copy_of(x, n);
-    CHECK_OK(ops->bias_gelu_forward(inplace, inplace, bits, bias, rows, cols));
+    CHECK_OK(ops->bias_gelu_forward(inplace, inplace, NULL, L2L_F32, bits, bias, rows, cols));
     same_bits("bias_gelu_forward in place", inplace, y_seq, n, rows, cols);
     CHECK(memcmp(bits, bits_seq, (size_t)nb) == 0, "bias_gelu_forward in place %lldx%lld: side "
           "bits differ", (long long)rows, (long long)cols);
+    /* no bias: pre only read */
+    float *pre3 = copy_of(x, n), *y3 = poison(n);
+    memset(bits, 0xA5, (size_t)nb);
+    CHECK_OK(ops->bias_gelu_forward(pre3, y3, NULL, L2L_F32, bits, NULL, rows, cols));
+    same_bits("bias_gelu_forward without a bias: pre", pre3, x, n, rows, cols);
+    same_bits("bias_gelu_forward without a bias: y", y3, y_nob, n, rows, cols);
+    CHECK(memcmp(bits, bits_nob, (size_t)nb) == 0, "bias_gelu_forward without a bias %lldx%lld: "
+          "side bits differ", (long long)rows, (long long)cols);
+    /* the 16-bit output beside y, and alone (standard mode's kept GELU), and in place */
+    for (int d = 0; d < 2; d++) {
+      uint16_t *h = poison16(n), *h_alone = poison16(n), *h_inplace = poison16(n);
+      float *pre4 = copy_of(x, n), *y4 = poison(n), *pre5 = copy_of(x, n), *pre6 = copy_of(x, n);
+      CHECK_OK(ops->bias_gelu_forward(pre4, y4, h, halves[d], NULL, bias, rows, cols));
+      same_bits("bias_gelu_forward with y16: y", y4, y_seq, n, rows, cols);
+      same_halves("bias_gelu_forward: y16", halves[d], h, y_seq, n, rows, cols);
+      CHECK_OK(ops->bias_gelu_forward(pre5, NULL, h_alone, halves[d], bits, bias, rows, cols));
+      same_bits("bias_gelu_forward, y16 alone: pre", pre5, pre_seq, n, rows, cols);
+      same_halves("bias_gelu_forward: y16 alone", halves[d], h_alone, y_seq, n, rows, cols);
+      CHECK(memcmp(bits, bits_seq, (size_t)nb) == 0, "bias_gelu_forward, y16 alone %lldx%lld: "
+            "side bits differ", (long long)rows, (long long)cols);
+      CHECK_OK(ops->bias_gelu_forward(pre6, pre6, h_inplace, halves[d], bits, bias, rows, cols));
+      same_bits("bias_gelu_forward in place with y16", pre6, y_seq, n, rows, cols);
+      same_halves("bias_gelu_forward in place: y16", halves[d], h_inplace, y_seq, n, rows, cols);
+      free(h), free(h_alone), free(h_inplace), free(pre4), free(y4), free(pre5), free(pre6);
+    }
     free(x), free(bias), free(pre_seq), free(y_seq), free(bits_seq), free(pre), free(y);
-    free(bits), free(pre2), free(y2), free(inplace);
+    free(bits), free(pre2), free(y2), free(inplace), free(y_nob), free(bits_nob), free(pre3);
+    free(y3);
   }
 }
 
@@ -96,16 +148,46 @@ TEST(fused_add_layernorm_equals_add_then_layernorm) {
     for (int64_t i = 0; i < n; i++) a[i] += 3.0f; /* a mean far from 0 */
     float *sum_seq = poison(n), *y_seq = poison(n), *mean_seq = poison(rows), *rstd_seq = poison(rows);
     CHECK_OK(ops->add(sum_seq, a, b, n));
-    CHECK_OK(ops->layernorm_forward(y_seq, mean_seq, rstd_seq, sum_seq, w, bias, 1e-5f, rows, cols));
+    CHECK_OK(ops->layernorm_forward(y_seq, NULL, L2L_F32, mean_seq, rstd_seq, sum_seq, w, bias,
+                                    1e-5f, rows, cols));
+    /* the 16-bit output of LayerNorm alone: beside y, and alone */
+    for (int d = 0; d < 2; d++) {
+      uint16_t *h = poison16(n), *h_alone = poison16(n);
+      float *y16_y = poison(n), *rstd16 = poison(rows);
+      CHECK_OK(ops->layernorm_forward(y16_y, h, halves[d], NULL, NULL, sum_seq, w, bias, 1e-5f,
+                                      rows, cols));
+      same_bits("layernorm_forward with y16: y", y16_y, y_seq, n, rows, cols);
+      same_halves("layernorm_forward: y16", halves[d], h, y_seq, n, rows, cols);
+      CHECK_OK(ops->layernorm_forward(NULL, h_alone, halves[d], NULL, rstd16, sum_seq, w, bias,
+                                      1e-5f, rows, cols));
+      same_halves("layernorm_forward: y16 alone", halves[d], h_alone, y_seq, n, rows, cols);
+      same_bits("layernorm_forward, y16 alone: rstd", rstd16, rstd_seq, rows, rows, cols);
+      free(h), free(h_alone), free(y16_y), free(rstd16);
+    }
     /* fused into a third buffer, then over a (the block's r1 = r1 + x), without mean */
     float *sum = poison(n), *y = poison(n), *mean = poison(rows), *rstd = poison(rows);
-    CHECK_OK(ops->add_layernorm_forward(sum, y, mean, rstd, a, b, w, bias, 1e-5f, rows, cols));
+    CHECK_OK(ops->add_layernorm_forward(sum, y, NULL, L2L_F32, mean, rstd, a, b, w, bias, 1e-5f,
+                                        rows, cols));
     same_bits("add_layernorm_forward: sum", sum, sum_seq, n, rows, cols);
     same_bits("add_layernorm_forward: y", y, y_seq, n, rows, cols);
     same_bits("add_layernorm_forward: mean", mean, mean_seq, rows, rows, cols);
     same_bits("add_layernorm_forward: rstd", rstd, rstd_seq, rows, rows, cols);
+    for (int d = 0; d < 2; d++) {   /* with its 16-bit output, beside y and alone */
+      uint16_t *h = poison16(n), *h_alone = poison16(n);
+      float *sum2 = poison(n), *y2 = poison(n), *sum3 = poison(n);
+      CHECK_OK(ops->add_layernorm_forward(sum2, y2, h, halves[d], NULL, NULL, a, b, w, bias, 1e-5f,
+                                          rows, cols));
+      same_bits("add_layernorm_forward with y16: y", y2, y_seq, n, rows, cols);
+      same_halves("add_layernorm_forward: y16", halves[d], h, y_seq, n, rows, cols);
+      CHECK_OK(ops->add_layernorm_forward(sum3, NULL, h_alone, halves[d], NULL, NULL, a, b, w, bias,
+                                          1e-5f, rows, cols));
+      same_bits("add_layernorm_forward, y16 alone: sum", sum3, sum_seq, n, rows, cols);
+      same_halves("add_layernorm_forward: y16 alone", halves[d], h_alone, y_seq, n, rows, cols);
+      free(h), free(h_alone), free(sum2), free(y2), free(sum3);
+    }
     float *y2 = poison(n), *rstd2 = poison(rows);
-    CHECK_OK(ops->add_layernorm_forward(a, y2, NULL, rstd2, a, b, w, bias, 1e-5f, rows, cols));
+    CHECK_OK(ops->add_layernorm_forward(a, y2, NULL, L2L_F32, NULL, rstd2, a, b, w, bias, 1e-5f,
+                                        rows, cols));
     same_bits("add_layernorm_forward over a: sum", a, sum_seq, n, rows, cols);
     same_bits("add_layernorm_forward over a: y", y2, y_seq, n, rows, cols);
     same_bits("add_layernorm_forward over a: rstd", rstd2, rstd_seq, rows, rows, cols);

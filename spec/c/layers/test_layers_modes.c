@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "layer_mirror.h"
+#include "layers/layers.h"
 
 /* ---------------------------------------------------------------- frugal against standard */
 
@@ -51,9 +52,6 @@ static void compare_runs(const char *what, struct run *a, struct run *b, const c
 }
 
 /* ---------------------------------------------------------------- 16-bit weights */
-
-/* The relay's binding (src/layers/layers.h): a parameter record pointed at other tensors. */
-void param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad);
 
 /* The parameters the relay binds in 16 bits: the GEMM weights and the token table. */
 static bool low_precision_name(const l2l_layer_config *c, const char *name) {
@@ -498,6 +496,85 @@ TEST(layer_saved_bytes_are_exact) {
       check_memory_account(&r, what);
       run_free(&r);
     }
+    l2l_layer_free(layer);
+  }
+}
+
+/* Bytes an allocation of n elements of `size` bytes is counted as. */
+static uint64_t counted(int64_t n, int size) {
+  return ((uint64_t)n * (uint64_t)size + L2L_ALIGN - 1) / L2L_ALIGN * L2L_ALIGN;
+}
+
+/* With 16-bit weights a layer keeps the activations that only its GEMMs read in their
+   dtype, written so by the ops that make them: the statement (layer_memory_in, the relay's
+   plans) keeps exactly those buffers' other halves fewer bytes than with f32 weights, and
+   the forward allocates what it states. Which activations those are is this test's own
+   reading of the layers: a pre-LN block's two LayerNorm outputs (N x D) unless frugal
+   mode rebuilds its backward from them, and the GELU output (N x F) in standard mode (its
+   backward reads the pre-activation); an LM head's final LayerNorm output likewise. */
+TEST(layer_16bit_weights_keep_gemm_inputs_in_16_bits) {
+  for (int kind = 0; kind < 6; kind++) {
+    const bool block = kind < 4, frugal = kind & 1, post = kind >= 2 && kind < 4;
+    l2l_layer_config c = base_config(block ? L2L_LAYER_BLOCK : L2L_LAYER_LM_HEAD);
+    c.memory = frugal ? L2L_MEMORY_FRUGAL : L2L_MEMORY_STANDARD;
+    if (block) c.post_ln = post, c.causal = !post, c.dropout = 0.1f, c.bias = kind != 2;
+    else c.final_ln = 1;
+    const l2l_dtype dtype = check_rand_int(0, 1) ? L2L_BF16 : L2L_F16;
+    l2l_layer *layer = new_layer(&c, L2L_POOL_DEVICE);
+    if (layer == NULL) continue;
+    randomize_params(layer);
+    struct run r;
+    run_init(&r, layer, PICK(2, 3), PICK(5, 7), L2L_POOL_DEVICE, block);
+    const int64_t N = r.B * r.S;
+    int64_t pairs_nd = 0, pairs_nf = 0;   /* buffers kept 16-bit */
+    if (block && !post && !frugal) pairs_nd = 2;
+    if (block && !frugal) pairs_nf = 1;
+    if (!block && !frugal) pairs_nd = 1;
+    const uint64_t fewer = (uint64_t)pairs_nd * (counted(N * c.dim, 4) - counted(N * c.dim, 2)) +
+                           (uint64_t)pairs_nf * (counted(N * c.mlp, 4) - counted(N * c.mlp, 2));
+    char what[128];
+    snprintf(what, sizeof what, "%s %s, %s, %s weights, B=%lld S=%lld", block ? "block" : "LM head",
+             post ? "post-LN" : "pre-LN", frugal ? "frugal" : "standard", l2l_dtype_name(dtype),
+             (long long)r.B, (long long)r.S);
+    l2l_layer_memory m32, m16;
+    layer_memory_in(&m32, layer, r.B, r.S, L2L_F32, r.batch.training);
+    layer_memory_in(&m16, layer, r.B, r.S, dtype, r.batch.training);
+    CHECK(m32.saved - m16.saved == fewer, "%s: keeps %lld bytes fewer than with f32 weights, "
+          "expected %llu", what, (long long)(m32.saved - m16.saved), (unsigned long long)fewer);
+    l2l_tensor *half[MAX_PARAMS] = {0};
+    for (int i = 0; i < l2l_layer_param_count(layer); i++) {
+      l2l_param *p = l2l_layer_param(layer, i);
+      if (!low_precision_name(&c, l2l_param_name(p))) continue;
+      l2l_tensor *v = l2l_param_value(p);
+      half[i] = check_tensor(L2L_POOL_DEVICE, dtype, l2l_tensor_ndim(v),
+                             (int64_t[]){l2l_tensor_dim(v, 0), l2l_tensor_dim(v, 1)});
+      CHECK_OK(l2l_tensor_cast(half[i], v));
+      param_bind(p, half[i], l2l_param_grad(p));
+    }
+    uint64_t before = stats_of(L2L_POOL_DEVICE).current;
+    l2l_saved *saved = NULL;
+    if (CHECK_OK(l2l_layer_forward(&saved, layer, r.y, r.x, &r.batch))) {
+      CHECK(stats_of(L2L_POOL_DEVICE).current - before == m16.saved &&
+            l2l_saved_bytes(saved) == m16.saved, "%s: the forward kept %llu bytes, the "
+            "statement says %llu", what, (unsigned long long)(stats_of(L2L_POOL_DEVICE).current - before),
+            (unsigned long long)m16.saved);
+      if (kind == 0) {   /* weights bound otherwise since: its 16-bit buffers are refused */
+        for (int i = 0; i < l2l_layer_param_count(layer); i++)
+          if (half[i]) param_bind(l2l_layer_param(layer, i), NULL, NULL);
+        l2l_status st = l2l_layer_backward(layer, r.dx, r.dy, saved, &r.batch);
+        CHECK(st == L2L_ERR_STATE && strstr(l2l_last_error(), "run the forward again"),
+              "%s: a backward with f32 weights took a 16-bit forward's state: %s", what,
+              st == L2L_OK ? "ok" : l2l_last_error());
+      } else {
+        CHECK_OK(l2l_layer_backward(layer, r.dx, r.dy, saved, &r.batch));
+      }
+      l2l_saved_free(saved);
+    }
+    for (int i = 0; i < l2l_layer_param_count(layer); i++) {
+      if (half[i] && kind != 0) param_bind(l2l_layer_param(layer, i), NULL, NULL);
+      l2l_tensor_free(half[i]);
+    }
+    run_free(&r);
     l2l_layer_free(layer);
   }
 }

@@ -17,6 +17,15 @@ static inline int threads_for(int64_t work) {
   return work < 32768 ? 1 : atomic_load_explicit(&cpu_compute_threads, memory_order_relaxed);
 }
 
+/* dst (n) of dtype f16 or bf16 := src (n) rounded to nearest even: cpu_convert's rounding,
+   for the ops that hand a GEMM its 16-bit input in the pass that makes it. */
+static inline void cpu_round_16(uint16_t *dst, l2l_dtype dtype, const float *src, int64_t n) {
+  if (dtype == L2L_BF16)
+    for (int64_t i = 0; i < n; i++) dst[i] = half_from_f32_bf16(src[i]);
+  else
+    for (int64_t i = 0; i < n; i++) dst[i] = half_from_f32_f16(src[i]);
+}
+
 /* ---------------------------------------------------------------- the ops layers run (layer_ops.c) */
 
 l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
@@ -27,9 +36,9 @@ l2l_status cpu_bias_backward(float *dbias, const float *dy, int64_t rows, int64_
 l2l_status cpu_add(float *out, const float *a, const float *b, int64_t n);
 l2l_status cpu_gelu_forward(float *y, const float *x, int64_t n);
 l2l_status cpu_gelu_backward(float *dx, const float *dy, const float *x, int64_t n);
-l2l_status cpu_layernorm_forward(float *y, float *mean_out, float *rstd_out,
-                                 const float *x, const float *weight, const float *bias,
-                                 float eps, int64_t rows, int64_t cols);
+l2l_status cpu_layernorm_forward(float *y, void *y16, l2l_dtype y16_dtype, float *mean_out,
+                                 float *rstd_out, const float *x, const float *weight,
+                                 const float *bias, float eps, int64_t rows, int64_t cols);
 l2l_status cpu_layernorm_backward(float *dx, float *dweight, float *dbias,
                                   const float *dy, const float *x, const float *weight,
                                   const float *mean, const float *rstd, int64_t rows,
@@ -56,12 +65,12 @@ l2l_status cpu_dropout_backward(float *dx, const float *dy, const uint8_t *mask,
 l2l_status cpu_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_t n);
 l2l_status cpu_gelu_backward_from_output(float *dx, const float *dy, const float *y,
                                          const uint8_t *bits, int64_t n);
-l2l_status cpu_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
-                                 int64_t rows, int64_t cols);
-l2l_status cpu_add_layernorm_forward(float *sum, float *y, float *mean_out,
-                                     float *rstd_out, const float *a, const float *b,
-                                     const float *weight, const float *bias, float eps,
-                                     int64_t rows, int64_t cols);
+l2l_status cpu_bias_gelu_forward(float *pre, float *y, void *y16, l2l_dtype y16_dtype,
+                                 uint8_t *bits, const float *bias, int64_t rows, int64_t cols);
+l2l_status cpu_add_layernorm_forward(float *sum, float *y, void *y16, l2l_dtype y16_dtype,
+                                     float *mean_out, float *rstd_out, const float *a,
+                                     const float *b, const float *weight, const float *bias,
+                                     float eps, int64_t rows, int64_t cols);
 l2l_status cpu_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
                                    const int32_t *targets, int32_t ignore_index,
                                    float scale, int64_t rows, int64_t vocab);

@@ -265,32 +265,45 @@ l2l_status cpu_gelu_backward_from_output(float *dx, const float *dy, const float
   return L2L_OK;
 }
 
-/* pre += bias per column, y = gelu(pre), bits = pre's side bits (may be NULL), in one pass:
-   the sequence bias_add, gelu_forward_bits (or gelu_forward) with the same results. Flat
-   chunks of whole mask bytes, each walked row segment by row segment. y may be pre. */
-l2l_status cpu_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
-                                 int64_t rows, int64_t cols) {
+/* pre += bias per column (bias NULL: none), y = gelu(pre), bits = pre's side bits (may be
+   NULL), y16 = y rounded (may be NULL; y too, not both), in one pass: the sequence
+   bias_add, gelu_forward_bits (or gelu_forward), convert with the same results. Flat chunks
+   of whole mask bytes, each walked row segment by row segment. y may be pre. */
+l2l_status cpu_bias_gelu_forward(float *pre, float *y, void *y16, l2l_dtype y16_dtype,
+                                 uint8_t *bits, const float *bias, int64_t rows, int64_t cols) {
   const int64_t n = rows * cols, chunks = (n + GELU_CHUNK - 1) / GELU_CHUNK;
   int nt = threads_for(n * 10);
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t c = 0; c < chunks; c++) {
     const int64_t start = c * GELU_CHUNK, end = n - start < GELU_CHUNK ? n : start + GELU_CHUNK;
     uint8_t side[GELU_CHUNK];
+    float own[GELU_CHUNK];   /* y's chunk when only y16 is wanted */
+    float *yc = y ? y + start : own;
     for (int64_t i = start; i < end;) {
       const int64_t col = i % cols, len = cols - col < end - i ? cols - col : end - i;
-      float *p = pre + i, *out = y + i;
-      const float *b = bias + col;
+      float *p = pre + i, *out = yc + (i - start);
       uint8_t *sd = side + (i - start);
+      if (bias) {
+        const float *b = bias + col;
 #pragma omp simd
-      for (int64_t j = 0; j < len; j++) {
-        float v = p[j] + b[j];
-        sd[j] = v >= L2L_GELU_XMIN;
-        p[j] = v;
-        out[j] = gelu_of(v);
+        for (int64_t j = 0; j < len; j++) {
+          float v = p[j] + b[j];
+          sd[j] = v >= L2L_GELU_XMIN;
+          p[j] = v;
+          out[j] = gelu_of(v);
+        }
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < len; j++) {
+          float v = p[j];
+          sd[j] = v >= L2L_GELU_XMIN;
+          out[j] = gelu_of(v);
+        }
       }
       i += len;
     }
     if (bits) backend_pack_bits(bits + start / 8, side, end - start);
+    if (y16) cpu_round_16((uint16_t *)y16 + start, y16_dtype, yc, end - start);
   }
   return L2L_OK;
 }
@@ -314,34 +327,60 @@ static inline void layernorm_row(float *yr, float *mean_out, float *rstd_out, co
   if (rstd_out) *rstd_out = rstd;
 }
 
-l2l_status cpu_layernorm_forward(float *y, float *mean_out, float *rstd_out,
-                                 const float *x, const float *weight, const float *bias,
-                                 float eps, int64_t rows, int64_t cols) {
+/* Row r of y, or of `own` (a row of the calling thread) when only y16 is wanted; then
+   y16's row rounded from it. */
+static inline void layernorm_row_out(float *y, void *y16, l2l_dtype y16_dtype, float *own,
+                                     float *mean_out, float *rstd_out, const float *xr,
+                                     const float *weight, const float *bias, float eps,
+                                     int64_t r, int64_t cols) {
+  float *yr = y ? y + r * cols : own;
+  layernorm_row(yr, mean_out ? mean_out + r : NULL, rstd_out ? rstd_out + r : NULL, xr, weight,
+                bias, eps, cols);
+  if (y16) cpu_round_16((uint16_t *)y16 + r * cols, y16_dtype, yr, cols);
+}
+
+/* A row for each of nt threads when y is not written (NULL when it is). */
+static l2l_status layernorm_rows_own(float **own, const float *y, int nt, int64_t cols) {
+  *own = NULL;
+  if (y != NULL) return L2L_OK;
+  *own = malloc((size_t)nt * (size_t)cols * sizeof **own);
+  return *own ? L2L_OK : core_fail(L2L_ERR_NOMEM, "cpu backend: no memory for LayerNorm rows");
+}
+
+l2l_status cpu_layernorm_forward(float *y, void *y16, l2l_dtype y16_dtype, float *mean_out,
+                                 float *rstd_out, const float *x, const float *weight,
+                                 const float *bias, float eps, int64_t rows, int64_t cols) {
   int nt = threads_for(rows * cols * 4);
+  float *own;
+  TRY(layernorm_rows_own(&own, y, nt, cols));
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t r = 0; r < rows; r++)
-    layernorm_row(y + r * cols, mean_out ? mean_out + r : NULL, rstd_out ? rstd_out + r : NULL,
-                  x + r * cols, weight, bias, eps, cols);
+    layernorm_row_out(y, y16, y16_dtype, own ? own + (size_t)omp_get_thread_num() * cols : NULL,
+                      mean_out, rstd_out, x + r * cols, weight, bias, eps, r, cols);
+  free(own);
   return L2L_OK;
 }
 
 /* sum = a + b, then LayerNorm of sum, row by row while the row is in cache: the sequence
    add, layernorm_forward with the same results. sum may be a or b; y must not overlap
    sum. */
-l2l_status cpu_add_layernorm_forward(float *sum, float *y, float *mean_out,
-                                     float *rstd_out, const float *a, const float *b,
-                                     const float *weight, const float *bias, float eps,
-                                     int64_t rows, int64_t cols) {
+l2l_status cpu_add_layernorm_forward(float *sum, float *y, void *y16, l2l_dtype y16_dtype,
+                                     float *mean_out, float *rstd_out, const float *a,
+                                     const float *b, const float *weight, const float *bias,
+                                     float eps, int64_t rows, int64_t cols) {
   int nt = threads_for(rows * cols * 5);
+  float *own;
+  TRY(layernorm_rows_own(&own, y, nt, cols));
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t r = 0; r < rows; r++) {
     float *sr = sum + r * cols;
     const float *ar = a + r * cols, *br = b + r * cols;
 #pragma omp simd
     for (int64_t j = 0; j < cols; j++) sr[j] = ar[j] + br[j];
-    layernorm_row(y + r * cols, mean_out ? mean_out + r : NULL, rstd_out ? rstd_out + r : NULL,
-                  sr, weight, bias, eps, cols);
+    layernorm_row_out(y, y16, y16_dtype, own ? own + (size_t)omp_get_thread_num() * cols : NULL,
+                      mean_out, rstd_out, sr, weight, bias, eps, r, cols);
   }
+  free(own);
   return L2L_OK;
 }
 

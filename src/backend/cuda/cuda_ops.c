@@ -192,9 +192,11 @@ static l2l_status cuda_gelu_backward_from_output(float *dx, const float *dy, con
   return L2L_OK;
 }
 
-static l2l_status cuda_bias_gelu_forward(float *pre, float *y, uint8_t *bits, const float *bias,
-                                         int64_t rows, int64_t cols) {
-  LAUNCH(k_bias_gelu_forward(pre, y, bits, bias, rows, cols, cuda_rt.compute));
+static l2l_status cuda_bias_gelu_forward(float *pre, float *y, void *y16, l2l_dtype y16_dtype,
+                                         uint8_t *bits, const float *bias, int64_t rows,
+                                         int64_t cols) {
+  LAUNCH(k_bias_gelu_forward(pre, y, y16, (int)y16_dtype, bits, bias, rows, cols,
+                             cuda_rt.compute));
   return L2L_OK;
 }
 
@@ -221,19 +223,22 @@ static l2l_status cuda_adamw(float *param, float *m, float *v, const float *grad
 
 /* ---------------------------------------------------------------- LayerNorm, softmax */
 
-static l2l_status cuda_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
-                                         const float *weight, const float *bias, float eps,
-                                         int64_t rows, int64_t cols) {
-  LAUNCH(k_layernorm_forward(y, mean, rstd, x, weight, bias, eps, rows, cols, cuda_rt.compute));
+static l2l_status cuda_layernorm_forward(float *y, void *y16, l2l_dtype y16_dtype, float *mean,
+                                         float *rstd, const float *x, const float *weight,
+                                         const float *bias, float eps, int64_t rows,
+                                         int64_t cols) {
+  LAUNCH(k_layernorm_forward(y, y16, (int)y16_dtype, mean, rstd, x, weight, bias, eps, rows,
+                             cols, cuda_rt.compute));
   return L2L_OK;
 }
 
-static l2l_status cuda_add_layernorm_forward(float *sum, float *y, float *mean, float *rstd,
+static l2l_status cuda_add_layernorm_forward(float *sum, float *y, void *y16,
+                                             l2l_dtype y16_dtype, float *mean, float *rstd,
                                              const float *a, const float *b, const float *weight,
                                              const float *bias, float eps, int64_t rows,
                                              int64_t cols) {
-  LAUNCH(k_add_layernorm_forward(sum, y, mean, rstd, a, b, weight, bias, eps, rows, cols,
-                                 cuda_rt.compute));
+  LAUNCH(k_add_layernorm_forward(sum, y, y16, (int)y16_dtype, mean, rstd, a, b, weight, bias,
+                                 eps, rows, cols, cuda_rt.compute));
   return L2L_OK;
 }
 
