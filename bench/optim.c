@@ -22,10 +22,13 @@
  * Compact state (issue 33): AdamW and SGD with bf16 and 8-bit state (src/eps/quant.c, the
  * EPS's own path: per block decode, the f32 kernel, encode), each against the bytes it
  * must move (AdamW bf16 20, 8-bit 16; SGD bf16 16, 8-bit 14 a parameter).
+ * Gradient arrivals: a bf16 gradient of N parameters given to the EPS (as a GPU's comes back),
+ * timed until added, against one thread adding it (the way before: a job per arrival).
  * Run: make build/bench_optim && build/bench_optim   (OMP_PROC_BIND=close pins threads)
  */
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bench.h"
@@ -206,6 +209,72 @@ static void in_cache(void) {
            (double)SMALL * CALLS / median(secs[k], REPEATS) * 1e-9, k < 2 ? ", " : "\n");
 }
 
+/* ---------------------------------------------------------------- gradient arrivals */
+
+/* A gradient copied back from a GPU (N parameters, bf16, pinned) given to the EPS, timed
+   until it is added into the accumulator (eps_wait_arrivals): the EPS's way, chunk jobs on
+   all its workers, against one thread adding it whole (each arrival one job, as before
+   issue 46's change). 10 bytes a parameter: the gradient read, the accumulator read and
+   written. */
+static void arrivals(int threads) {
+  l2l_layer_config c = {.kind = L2L_LAYER_EMBEDDING, .dim = 64, .vocab = N / 64, .max_seq = 1,
+                        .init_std = 0.02f};
+  l2l_layer *layer = NULL;
+  l2l_tensor *g16 = NULL;
+  struct core_timeline tl;
+  timeline_init(&tl);
+  l2l_optimizer_config opt = {.kind = L2L_OPTIMIZER_SGD, .lr = 1e-3f};
+  struct eps_settings settings = {.optimizer = &opt, .precision = L2L_BF16, .threads = threads,
+                                  .seed = 1, .timeline = &tl, .dist_lane = -1};
+  struct eps eps;
+  int64_t shape[2] = {N / 64, 64};
+  if (l2l_layer_new(&layer, &c, L2L_POOL_HOST) != L2L_OK ||
+      l2l_tensor_new(&g16, L2L_POOL_HOST, L2L_BF16, 2, shape) != L2L_OK ||
+      eps_init(&eps, &settings) != L2L_OK) {
+    fprintf(stderr, "bench_optim: %s\n", l2l_last_error());
+    exit(1);
+  }
+  l2l_param *wte = l2l_layer_param(layer, 0);
+  struct eps_record_source source = {.param = wte, .name = "wte", .master = l2l_param_value(wte),
+                                  .grad = l2l_param_grad(wte), .staging = L2L_BF16, .users = 1};
+  int failed = -1;
+  if (eps_set_records(&eps, &source, 1, &failed) != L2L_OK) exit(1);
+  uint16_t *h = l2l_tensor_data(g16);
+  for (int64_t i = 0; i < N; i++) h[i] = half_from_f32_bf16(g[i]);
+  float *acc = l2l_tensor_data(l2l_param_grad(wte));
+  double secs[2][REPEATS];
+  for (int r = -1; r < REPEATS; r++) {
+    l2l_tensor *pinned = NULL;
+    if (l2l_tensor_new(&pinned, L2L_POOL_PINNED, L2L_BF16, 2, shape) != L2L_OK ||
+        l2l_tensor_copy(pinned, g16) != L2L_OK)
+      exit(1);
+    l2l_param *expect[1] = {wte};
+    struct eps_step step = {.update = false, .lr = 1e-3, .expect = expect, .n_expect = 1};
+    if (eps_step_begin(&eps, &step) != L2L_OK) exit(1);
+    eps_step_agreed(&eps, true);
+    double t0 = now();
+    eps_give_gradient(&eps, eps_find(&eps, wte), pinned, false, 1.0f, 0);
+    eps_wait_arrivals(&eps);
+    double t_eps = now() - t0;
+    struct eps_outcome out;
+    eps_step_end(&eps, true, &out);
+    t0 = now();
+    optim_axpy_half(acc, h, L2L_BF16, 1.0f, N);
+    double t_one = now() - t0;
+    if (r >= 0) secs[0][r] = t_eps, secs[1][r] = t_one;
+  }
+  const char *names[2] = {"the EPS's arrival (chunks on its workers)", "one thread adding it whole"};
+  for (int k = 0; k < 2; k++) {
+    double med = median(secs[k], REPEATS);
+    printf("| %d | %s | 10 | %.2f | %.2f | %.1f |\n", k == 0 ? threads : 1, names[k], med * 1e3,
+           (double)N / med * 1e-9, (double)N / med * 1e-9 * 10.0);
+  }
+  eps_free(&eps);
+  timeline_free(&tl);
+  l2l_tensor_free(g16);
+  l2l_layer_free(layer);
+}
+
 int main(void) {
   p = alloc_or_die(sizeof(float) * N), g = alloc_or_die(sizeof(float) * N);
   m = alloc_or_die(sizeof(float) * N), v = alloc_or_die(sizeof(float) * N);
@@ -242,6 +311,15 @@ int main(void) {
   run(1);
   if (all > 1) run(all);
   in_cache();
+  printf("\nA bf16 gradient of %d Mi parameters given to the EPS (pinned), until added:\n\n",
+         N >> 20);
+  printf("| threads | path | B/param | ms | Gparam/s | GB/s |\n|---:|---|---:|---:|---:|---:|\n");
+  const char *bind = getenv("OMP_PROC_BIND");
+  if (bind != NULL && strcmp(bind, "false") != 0)   /* the EPS's workers would inherit it */
+    printf("(not run: OMP_PROC_BIND=%s binds this thread, and the EPS's worker threads it "
+           "starts inherit that binding: all on one core; run without it)\n", bind);
+  else
+    arrivals(all);
   printf("\nTarget: AdamW on %d threads >= 70 %% of the copy's bandwidth.\n", all);
   free(p), free(g), free(m), free(v), free(b), free(src), free(dst);
   for (int a = 0; a < 2; a++) free(mv16[a]), free(mv8[a]);

@@ -3,8 +3,9 @@
  *
  * Purpose: the records (joining and leaving between steps as the relay's list says), a
  * step's bookkeeping (what each record expects, its arrivals counted, deferred updates
- * released, the outcome), and the gradient arrivals: each one a job on the worker queue
- * that adds into the accumulator; the arrival that completes a record starts its update
+ * released, the outcome), and the gradient arrivals: each one chunk jobs on the worker
+ * queue that add into the accumulator (all the workers on a large record); the arrival
+ * that completes a record starts its update
  * (update.c, the core's update queue) or, with ranks, its exchange.
  * Must never: update a record before all its gradients for the minibatch have arrived,
  * or change anything of a record that the step does not update.
@@ -55,7 +56,6 @@ static void record_free(struct eps_record *rec) {
   free(rec->displs);
   l2l_tensor_free(rec->state[0]);
   l2l_tensor_free(rec->state[1]);
-  pthread_mutex_destroy(&rec->absorb_lock);
   free(rec);
 }
 
@@ -98,7 +98,6 @@ static l2l_status record_new(struct eps *eps, const struct eps_record_source *so
   rec->grad = source->grad;
   rec->shard_n = l2l_tensor_numel(rec->master);   /* one process: all of it */
   rec->stream = source->stream;
-  pthread_mutex_init(&rec->absorb_lock, NULL);
   l2l_status status = eps->dist ? eps_shard(eps, rec) : L2L_OK;
   /* the staging copy the source names (none for a bf16 master: it is what the device reads) */
   if (status == L2L_OK && source->staging != L2L_F32)
@@ -277,35 +276,105 @@ float eps_clip_scale(const l2l_tensor *const *grads, int n, float clip) {
   return norm > clip ? (float)(clip / norm) : 1.0f;
 }
 
-/* One gradient arrival; freed by the worker. */
-struct absorb_job {
-  struct core_job job;
+/* One gradient arrival given to the EPS: its adds run as chunk jobs of CHUNK elements on
+   all the workers (a token table's gradient is never one thread's), and the last chunk to
+   finish counts it. A record's arrivals add one after the other, in the order given (its
+   tied users' gradients sum in the same order every run): one given while another is
+   adding waits in the record's list (rec->absorb_tail) and is queued when that one ends. */
+struct arrival {
   struct eps *eps;
   struct eps_record *rec;
   l2l_tensor *incoming;
   float scale;
   int layer;
+  atomic_int chunks_left;
+  atomic_bool nonfinite;
+  struct arrival *next;        /* the record's next arrival, given meanwhile (under the lock) */
 };
 
-static void absorb_release(struct core_job *job) { free(job); }
+struct absorb_chunk {
+  struct core_job job;
+  struct arrival *arrival;
+  int64_t begin, end;
+};
 
 static void counted(struct eps *eps, struct eps_record *rec, bool finite, int layer);
 
-/* Adds scale * incoming (f32, or a 16-bit gradient widened) into rec's accumulator
-   (drain: and zeroes an f32 incoming in the same pass), then counts the arrival. */
-static void absorb(struct eps *eps, struct eps_record *rec, l2l_tensor *incoming,
-                   bool drain, float scale, int layer) {
-  int64_t n = l2l_tensor_numel(rec->grad);
-  float *g = l2l_tensor_data(rec->grad);
+/* Adds scale * incoming[begin, end) (f32, or a 16-bit gradient widened) into rec's
+   accumulator (drain: and zeroes an f32 incoming in the same pass); returns whether every
+   sum is finite and below EPS_GRAD_LIMIT. */
+static bool absorb_range(struct eps_record *rec, l2l_tensor *incoming, bool drain, float scale,
+                         int64_t begin, int64_t end) {
+  float *g = (float *)l2l_tensor_data(rec->grad) + begin;
   l2l_dtype dtype = (l2l_dtype)l2l_tensor_dtype(incoming);
-  bool finite;
-  pthread_mutex_lock(&rec->absorb_lock);
-  if (dtype != L2L_F32) finite = optim_axpy_half(g, l2l_tensor_data(incoming), dtype, scale, n);
-  else if (drain) finite = optim_axpy_drain(g, l2l_tensor_data(incoming), scale, n);
-  else finite = optim_axpy(g, l2l_tensor_data(incoming), scale, n);
-  pthread_mutex_unlock(&rec->absorb_lock);
+  int64_t n = end - begin;
+  if (dtype != L2L_F32)
+    return optim_axpy_half(g, (const uint16_t *)l2l_tensor_data(incoming) + begin, dtype, scale, n);
+  if (drain) return optim_axpy_drain(g, (float *)l2l_tensor_data(incoming) + begin, scale, n);
+  return optim_axpy(g, (const float *)l2l_tensor_data(incoming) + begin, scale, n);
+}
 
-  counted(eps, rec, finite, layer);
+/* Whether the whole of an arrival adds to a finite sum, added on the calling thread. */
+static bool absorb_whole(struct eps_record *rec, l2l_tensor *incoming, bool drain, float scale) {
+  int64_t n = l2l_tensor_numel(rec->grad);
+  bool finite = true;
+  for (int64_t begin = 0; begin < n; begin += CHUNK)
+    finite &= absorb_range(rec, incoming, drain, scale, begin, n - begin < CHUNK ? n : begin + CHUNK);
+  return finite;
+}
+
+static void arrival_queue(struct arrival *a);
+
+/* An arrival's adds are done: counted, freed, and the record's next arrival queued. */
+static void arrival_done(struct arrival *a, bool finite) {
+  struct eps *eps = a->eps;
+  struct eps_record *rec = a->rec;
+  pthread_mutex_lock(&eps->lock);
+  struct arrival *next = a->next;
+  if (rec->absorb_tail == a) rec->absorb_tail = NULL;
+  pthread_mutex_unlock(&eps->lock);
+  counted(eps, rec, finite, a->layer);
+  l2l_tensor_free(a->incoming);
+  free(a);
+  if (next) arrival_queue(next);
+}
+
+static void absorb_chunk_release(struct core_job *job) { free(job); }
+
+static void absorb_chunk_run(struct core_job *job, int thread) {
+  (void)thread;
+  struct absorb_chunk *ac = (struct absorb_chunk *)job;
+  struct arrival *a = ac->arrival;
+  if (!absorb_range(a->rec, a->incoming, false, a->scale, ac->begin, ac->end))
+    atomic_store(&a->nonfinite, true);
+  if (atomic_fetch_sub(&a->chunks_left, 1) == 1) arrival_done(a, !atomic_load(&a->nonfinite));
+}
+
+/* The arrival's chunk jobs on the workers (with no memory for them: added here). */
+static void arrival_queue(struct arrival *a) {
+  int64_t n = l2l_tensor_numel(a->rec->grad);
+  int chunks = n > 0 ? (int)((n + CHUNK - 1) / CHUNK) : 1;
+  struct absorb_chunk **jobs = calloc((size_t)chunks, sizeof *jobs);
+  bool made = jobs != NULL;
+  for (int c = 0; made && c < chunks; c++) made = (jobs[c] = calloc(1, sizeof **jobs)) != NULL;
+  if (!made) {   /* add it here rather than lose it */
+    for (int c = 0; jobs && c < chunks; c++) free(jobs[c]);
+    free(jobs);
+    arrival_done(a, absorb_whole(a->rec, a->incoming, false, a->scale));
+    return;
+  }
+  atomic_init(&a->chunks_left, chunks);
+  atomic_init(&a->nonfinite, false);
+  for (int c = 0; c < chunks; c++) {
+    int64_t begin = (int64_t)c * CHUNK;
+    *jobs[c] = (struct absorb_chunk){.arrival = a, .begin = begin,
+                                     .end = n - begin < CHUNK ? n : begin + CHUNK};
+    jobs[c]->job.run = absorb_chunk_run;
+    jobs[c]->job.free_when_done = true;
+    jobs[c]->job.release = absorb_chunk_release;
+  }
+  for (int c = 0; c < chunks; c++) queue_push(&a->eps->workers, &jobs[c]->job);
+  free(jobs);
 }
 
 /* One arrival counted (a gradient added, or a hold released); the one that completes the
@@ -351,13 +420,6 @@ static void counted(struct eps *eps, struct eps_record *rec, bool finite, int la
   pthread_mutex_unlock(&eps->lock);
 }
 
-static void absorb_run(struct core_job *job, int thread) {
-  (void)thread;
-  struct absorb_job *aj = (struct absorb_job *)job;
-  absorb(aj->eps, aj->rec, aj->incoming, false, aj->scale, aj->layer);
-  l2l_tensor_free(aj->incoming);
-}
-
 /* A gradient reaches rec's accumulator (whose pages come back as it is written): a
    passing one waits first for room among the passing accumulators in memory. It waits
    only for updates already under way: each passing accumulator in memory has had its one
@@ -381,6 +443,13 @@ static void grad_arrives(struct eps *eps, struct eps_record *rec) {
   pthread_mutex_unlock(&eps->lock);
 }
 
+/* Until no arrival of rec is adding (a whole add on the caller's thread comes after). */
+static void eps_wait_absorbs(struct eps *eps, struct eps_record *rec) {
+  pthread_mutex_lock(&eps->lock);
+  while (rec->absorb_tail != NULL) pthread_cond_wait(&eps->changed, &eps->lock);
+  pthread_mutex_unlock(&eps->lock);
+}
+
 static void arrival_begins(struct eps *eps) {
   pthread_mutex_lock(&eps->lock);
   eps->arrivals_in_flight++;
@@ -391,25 +460,29 @@ static void eps_give(struct eps *eps, struct eps_record *rec, l2l_tensor *incomi
                      float scale, int layer) {
   grad_arrives(eps, rec);
   arrival_begins(eps);
-  struct absorb_job *aj = calloc(1, sizeof *aj);
-  if (aj == NULL) {   /* add it here rather than lose it */
-    absorb(eps, rec, incoming, false, scale, layer);
+  struct arrival *a = calloc(1, sizeof *a);
+  if (a == NULL) {   /* add it here rather than lose it (after the record's arrivals ahead) */
+    eps_wait_absorbs(eps, rec);
+    counted(eps, rec, absorb_whole(rec, incoming, false, scale), layer);
     l2l_tensor_free(incoming);
     return;
   }
-  *aj = (struct absorb_job){.eps = eps, .rec = rec, .incoming = incoming, .scale = scale,
-                            .layer = layer};
-  aj->job.run = absorb_run;
-  aj->job.free_when_done = true;
-  aj->job.release = absorb_release;
-  queue_push(&eps->workers, &aj->job);
+  *a = (struct arrival){.eps = eps, .rec = rec, .incoming = incoming, .scale = scale,
+                        .layer = layer};
+  pthread_mutex_lock(&eps->lock);
+  struct arrival *ahead = rec->absorb_tail;
+  if (ahead) ahead->next = a;   /* queued when the one ahead ends */
+  rec->absorb_tail = a;
+  pthread_mutex_unlock(&eps->lock);
+  if (ahead == NULL) arrival_queue(a);
 }
 
 static void eps_absorb(struct eps *eps, struct eps_record *rec, l2l_tensor *grad,
                        float scale, int layer) {
   grad_arrives(eps, rec);
   arrival_begins(eps);
-  absorb(eps, rec, grad, true, scale, layer);
+  eps_wait_absorbs(eps, rec);
+  counted(eps, rec, absorb_whole(rec, grad, true, scale), layer);
 }
 
 void eps_give_gradient(struct eps *eps, struct eps_record *rec, l2l_tensor *grad,

@@ -54,8 +54,9 @@ struct eps_record {
   l2l_tensor *staging;         /* device-precision copy (pinned), NULL: the master is it */
   uint64_t stream;             /* a bf16 master's stochastic rounding draws (the relay's) */
   int users;                   /* relay layers holding the record */
+  struct arrival *absorb_tail; /* the last of its gradients adding (eps.c's arrivals, one
+                                  after the other), NULL: none; under the EPS lock */
   int64_t updates;             /* t of its last update */
-  pthread_mutex_t absorb_lock; /* gradient arrivals add into grad one at a time */
   /* This step's bookkeeping, under the EPS lock. */
   int expected, arrived;       /* gradient visits due and done (holds included) */
   int holds;                   /* of them, reads of a frozen user's rebuild still to come */

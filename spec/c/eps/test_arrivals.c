@@ -1,0 +1,243 @@
+/* SPDX-License-Identifier: MIT */
+/* test_arrivals.c — a gradient given to the EPS (eps_give_gradient) is added as one, however
+ * its adds are split.
+ *
+ * What it tests: a gradient the EPS owns (kept = false: a GPU's copy in pinned memory) is
+ * added by chunk jobs on all the workers, two arrivals of a record at once (a tied table's
+ * two users) included, f32 or bf16; the accumulator then holds scale1 g1 + scale2 g2 to an
+ * f32 rounding of each add (float64 reference), and a step's updates leave the masters and
+ * the count of non-finite skips exactly as the same gradients added whole on the calling
+ * thread (kept = true: the CPU backend's way) leave them, given in the same order (a
+ * record's arrivals add in the order given), an inf in one chunk of a record skipping that
+ * record alone. Records span a few chunks with a short last one.
+ * How: white box, the EPS's step interface (eps.h, "a step") driven as the relay drives it,
+ * records made from a layer's parameters (an embedding with a large table). All test names
+ * start with "eps_".
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "eps/record.h"
+#include "layers/layers.h"
+#include "reference.h"
+
+/* An EPS of the records of `layer` (f32 masters, no staging), SGD without momentum. */
+static bool eps_of(struct eps *eps, struct core_timeline *tl, l2l_layer *layer,
+                   const l2l_optimizer_config *opt) {
+  struct eps_settings settings = {.optimizer = opt, .precision = L2L_F32, .threads = 3,
+                                  .seed = 1, .timeline = tl, .dist_lane = -1};
+  if (!CHECK_OK(eps_init(eps, &settings))) return false;
+  struct eps_record_source src[L2L_MAX_PARAMS];
+  int n = l2l_layer_param_count(layer), failed = -1;
+  for (int i = 0; i < n; i++) {
+    l2l_param *p = l2l_layer_param(layer, i);
+    src[i] = (struct eps_record_source){.param = p, .name = l2l_param_name(p),
+                                        .master = l2l_param_value(p), .grad = l2l_param_grad(p),
+                                        .staging = L2L_F32, .users = 1};
+  }
+  return CHECK_OK(eps_set_records(eps, src, n, &failed));
+}
+
+/* A step in which each record of `layer` gets the two gradients g[0][i], g[1][i] (scaled
+   by scale[0], scale[1]): `owned`, kept = false (the EPS adds and frees a pinned copy),
+   else kept = true (f32 only: drained); from two threads at once when `concurrent`, else
+   the first's all before the second's. */
+struct give {
+  struct eps *eps;
+  l2l_layer *layer;
+  l2l_tensor **g;
+  float scale;
+  bool owned;
+};
+
+static void *give_all(void *arg) {
+  struct give *gv = arg;
+  for (int i = 0; i < l2l_layer_param_count(gv->layer); i++) {
+    struct eps_record *rec = eps_find(gv->eps, l2l_layer_param(gv->layer, i));
+    l2l_tensor *grad = gv->g[i];
+    if (gv->owned) {
+      l2l_tensor *pinned = NULL;
+      const l2l_tensor *t = gv->g[i];
+      int64_t shape[L2L_MAX_DIMS];
+      for (int d = 0; d < l2l_tensor_ndim(t); d++) shape[d] = l2l_tensor_dim(t, d);
+      if (!CHECK_OK(l2l_tensor_new(&pinned, L2L_POOL_PINNED, l2l_tensor_dtype(t), l2l_tensor_ndim(t),
+                                   shape)) ||
+          !CHECK_OK(l2l_tensor_copy(pinned, t)))
+        return NULL;
+      grad = pinned;
+    }
+    eps_give_gradient(gv->eps, rec, grad, !gv->owned, gv->scale, 0);
+  }
+  return NULL;
+}
+
+static bool run_step(struct eps *eps, l2l_layer *layer, l2l_tensor **g[2], const float scale[2],
+                     bool owned, bool concurrent, bool update, struct eps_outcome *out) {
+  l2l_param *expect[2 * L2L_MAX_PARAMS];
+  int n = l2l_layer_param_count(layer);
+  for (int i = 0; i < n; i++) expect[2 * i] = expect[2 * i + 1] = l2l_layer_param(layer, i);
+  struct eps_step step = {.update = update, .lr = 0.5, .expect = expect, .n_expect = 2 * n};
+  if (!CHECK_OK(eps_step_begin(eps, &step))) return false;
+  eps_step_agreed(eps, true);
+  struct give gv[2] = {{eps, layer, g[0], scale[0], owned}, {eps, layer, g[1], scale[1], owned}};
+  pthread_t other;
+  bool two = concurrent && pthread_create(&other, NULL, give_all, &gv[1]) == 0;
+  give_all(&gv[0]);
+  if (two) pthread_join(other, NULL);
+  else give_all(&gv[1]);
+  eps_wait_arrivals(eps);
+  eps_step_end(eps, true, out);
+  eps_sync(eps);
+  return true;
+}
+
+/* Gradients like the layer's parameters: normal, f32 or bf16 (kept gradients are f32). */
+static void draw_grads(l2l_tensor **g, l2l_layer *layer, l2l_dtype dtype) {
+  for (int i = 0; i < l2l_layer_param_count(layer); i++) {
+    const l2l_tensor *v = l2l_param_value(l2l_layer_param(layer, i));
+    int64_t shape[L2L_MAX_DIMS];
+    for (int d = 0; d < l2l_tensor_ndim(v); d++) shape[d] = l2l_tensor_dim(v, d);
+    l2l_tensor *f = check_tensor(L2L_POOL_HOST, L2L_F32, l2l_tensor_ndim(v), shape);
+    float *x = l2l_tensor_data(f);
+    for (int64_t e = 0; e < l2l_tensor_numel(f); e++) x[e] = (float)check_rand_normal();
+    g[i] = f;
+    if (dtype != L2L_F32) {
+      g[i] = check_tensor(L2L_POOL_HOST, dtype, l2l_tensor_ndim(v), shape);
+      CHECK_OK(l2l_tensor_cast(g[i], f));
+      l2l_tensor_free(f);
+    }
+  }
+}
+
+static double value_at(const l2l_tensor *t, int64_t e) {
+  const void *d = l2l_tensor_data(t);
+  switch (l2l_tensor_dtype(t)) {
+    case L2L_BF16: return (double)half_bf16_to_f32(((const uint16_t *)d)[e]);
+    default: return (double)((const float *)d)[e];
+  }
+}
+
+/* An embedding whose token table spans 2 to 4 chunks of the EPS's adds, the last short. */
+static l2l_layer *big_embedding(void) {
+  l2l_layer_config c = default_layer_config(L2L_LAYER_EMBEDDING);
+  c.dim = 64;
+  c.vocab = (int64_t)check_rand_int(2 * CHUNK / 64 + 1, 4 * CHUNK / 64 - 1);
+  c.max_seq = 33;
+  l2l_layer *layer = NULL;
+  if (!CHECK_OK(l2l_layer_new(&layer, &c, L2L_POOL_HOST))) return NULL;
+  return layer;
+}
+
+TEST(eps_gives_split_across_workers_add_as_one) {
+  l2l_layer *layer = big_embedding();
+  if (layer == NULL) return;
+  const int n = l2l_layer_param_count(layer);
+  l2l_optimizer_config opt = {.kind = L2L_OPTIMIZER_SGD, .lr = 0.5f};
+  for (int d = 0; d < 2; d++) {
+    const l2l_dtype dtype = d ? L2L_BF16 : L2L_F32;
+    struct core_timeline tl;
+    timeline_init(&tl);
+    struct eps eps;
+    if (!eps_of(&eps, &tl, layer, &opt)) return;
+    l2l_tensor *g0[L2L_MAX_PARAMS], *g1[L2L_MAX_PARAMS], **g[2] = {g0, g1};
+    draw_grads(g0, layer, dtype);
+    draw_grads(g1, layer, dtype);
+    const float scale[2] = {(float)check_rand_uniform(0.5, 2), (float)check_rand_uniform(0.5, 2)};
+    for (int i = 0; i < n; i++) CHECK_OK(l2l_tensor_fill(l2l_param_grad(l2l_layer_param(layer, i)), 0.0));
+    struct eps_outcome out = {0};
+    /* accumulation only: the sum stays in the accumulator */
+    if (run_step(&eps, layer, g, scale, true, true, false, &out)) {
+      for (int i = 0; i < n; i++) {
+        const l2l_tensor *acc = l2l_param_grad(l2l_layer_param(layer, i));
+        const float *a = l2l_tensor_data(acc);
+        int64_t bad = -1;
+        double worst = 0;
+        for (int64_t e = 0; e < l2l_tensor_numel(acc) && bad < 0; e++) {
+          double t0 = scale[0] * value_at(g0[i], e), t1 = scale[1] * value_at(g1[i], e);
+          /* two f32 adds, each rounded once (an fma's product exactly): 2^-24 of the
+             terms' magnitudes each */
+          double err = fabs((double)a[e] - (t0 + t1)), tol = 0x1p-23 * (fabs(t0) + fabs(t1));
+          if (err > tol || a[e] != a[e]) bad = e;
+          worst = err > worst ? err : worst;
+        }
+        CHECK(bad < 0, "%s (%s gradients, %lld elements): element %lld of the accumulator is "
+              "not the two gradients' sum", l2l_param_name(l2l_layer_param(layer, i)),
+              l2l_dtype_name(dtype), (long long)l2l_tensor_numel(acc), (long long)bad);
+      }
+    }
+    for (int i = 0; i < n; i++) {
+      l2l_tensor_free(g0[i]);
+      l2l_tensor_free(g1[i]);
+    }
+    eps_free(&eps);
+    timeline_free(&tl);
+  }
+  l2l_layer_free(layer);
+}
+
+/* Two twins of one layer, one EPS each: gradients given whole on this thread (kept) to one
+   and split over the workers (owned) to the other give the same masters, step after step,
+   an inf in a chunk past the first skipping its record in both. */
+TEST(eps_gives_split_across_workers_update_as_whole_ones) {
+  l2l_layer *a = big_embedding(), *b = NULL;
+  if (a == NULL) return;
+  if (!CHECK_OK(l2l_layer_clone(&b, a))) return;
+  const int n = l2l_layer_param_count(a);
+  l2l_optimizer_config opt = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-2f, .beta1 = 0.9f,
+                              .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
+  struct core_timeline tl[2];
+  struct eps eps[2];
+  l2l_layer *layers[2] = {a, b};
+  for (int k = 0; k < 2; k++) {
+    timeline_init(&tl[k]);
+    if (!eps_of(&eps[k], &tl[k], layers[k], &opt)) return;
+  }
+  for (int step = 0; step < 3; step++) {
+    l2l_tensor *g0[L2L_MAX_PARAMS], *g1[L2L_MAX_PARAMS];
+    draw_grads(g0, a, L2L_F32);
+    draw_grads(g1, a, L2L_F32);
+    int poisoned = step == 1 ? (int)check_rand_int(0, n - 1) : -1;
+    if (poisoned >= 0) {   /* an inf past the first chunk of a record (or its last element) */
+      int64_t m = l2l_tensor_numel(g1[poisoned]);
+      int64_t at = m > CHUNK ? (int64_t)check_rand_int(CHUNK, m - 1) : m - 1;
+      ((float *)l2l_tensor_data(g1[poisoned]))[at] = INFINITY;
+    }
+    const float scale[2] = {(float)check_rand_uniform(0.5, 2), (float)check_rand_uniform(0.5, 2)};
+    struct eps_outcome out[2] = {{0}, {0}};
+    for (int k = 0; k < 2; k++) {
+      /* kept gradients are drained (zeroed): each EPS gets its own copies */
+      l2l_tensor *c0[L2L_MAX_PARAMS], *c1[L2L_MAX_PARAMS], **c[2] = {c0, c1};
+      for (int i = 0; i < n; i++) {
+        c0[i] = check_tensor(L2L_POOL_HOST, L2L_F32, 1, (int64_t[]){l2l_tensor_numel(g0[i])});
+        c1[i] = check_tensor(L2L_POOL_HOST, L2L_F32, 1, (int64_t[]){l2l_tensor_numel(g1[i])});
+        memcpy(l2l_tensor_data(c0[i]), l2l_tensor_data(g0[i]), (size_t)l2l_tensor_numel(g0[i]) * 4);
+        memcpy(l2l_tensor_data(c1[i]), l2l_tensor_data(g1[i]), (size_t)l2l_tensor_numel(g1[i]) * 4);
+      }
+      run_step(&eps[k], layers[k], c, scale, k == 1, false, true, &out[k]);
+      for (int i = 0; i < n; i++) {
+        l2l_tensor_free(c0[i]);
+        l2l_tensor_free(c1[i]);
+      }
+    }
+    CHECK(out[0].skips == (poisoned >= 0) && out[1].skips == out[0].skips,
+          "step %d: %d skips whole, %d split, %d expected", step, out[0].skips, out[1].skips,
+          poisoned >= 0);
+    for (int i = 0; i < n; i++) {
+      const l2l_tensor *pa = l2l_param_value(l2l_layer_param(a, i));
+      const l2l_tensor *pb = l2l_param_value(l2l_layer_param(b, i));
+      CHECK(memcmp(l2l_tensor_data(pa), l2l_tensor_data(pb), (size_t)l2l_tensor_numel(pa) * 4) == 0,
+            "step %d: %s differs between gradients added whole and split", step,
+            l2l_param_name(l2l_layer_param(a, i)));
+      l2l_tensor_free(g0[i]);
+      l2l_tensor_free(g1[i]);
+    }
+  }
+  for (int k = 0; k < 2; k++) {
+    eps_free(&eps[k]);
+    timeline_free(&tl[k]);
+  }
+  l2l_layer_free(a);
+  l2l_layer_free(b);
+}
