@@ -100,10 +100,12 @@ int k_cross_entropy_backward(float *dlogits, const float *logits, const int32_t 
 /* Both of the above from one log-sum-exp per row: losses as k_cross_entropy_forward and
    dlogits as k_cross_entropy_backward (same scale). Either output may be NULL (then
    it is not written). dlogits may be logits: each row's target logit and log-sum-exp are
-   taken before the row is overwritten. */
-int k_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
-                          const int32_t *targets, int32_t ignore_index, float scale,
-                          int64_t rows, int64_t vocab, void *stream);
+   taken before the row is overwritten. dlogits16 (of dlogits16_dtype, DT_BF16 or DT_F16;
+   NULL: none) gets dlogits rounded to nearest even as k_convert rounds (dlogits may then be
+   NULL). */
+int k_cross_entropy_fused(float *losses, float *dlogits, void *dlogits16, int dlogits16_dtype,
+                          const float *logits, const int32_t *targets, int32_t ignore_index,
+                          float scale, int64_t rows, int64_t vocab, void *stream);
 
 #ifdef __cplusplus
 }

@@ -146,12 +146,12 @@ __global__ void __launch_bounds__(1024)
    (too long to cache); the write pass re-reads them, mostly from L2. */
 template <bool WARP>
 __global__ void __launch_bounds__(1024)
-    cross_entropy_kernel(float *losses, float *dlogits, const float *logits,
-                         const int32_t *targets, int32_t ignore_index, float scale,
-                         int64_t rows, int64_t vocab) {
+    cross_entropy_kernel(float *losses, float *dlogits, uint16_t *d16, int d16_dtype,
+                         const float *logits, const int32_t *targets, int32_t ignore_index,
+                         float scale, int64_t rows, int64_t vocab) {
   __shared__ float red[32];
   const RowGroup g = row_group<WARP>();
-  const bool vec_out = dlogits && congruent(dlogits, logits);
+  const bool vec_out = !dlogits || congruent(dlogits, logits);
 
   for (int64_t row = g.first; row < rows; row += g.stride) {
     const int32_t target = targets[row];
@@ -183,9 +183,10 @@ __global__ void __launch_bounds__(1024)
     const float lse = m_all + logf(s_all);
     if (losses && g.t == 0) losses[row] = ignored ? 0.0f : known ? lse - target_logit : NAN;
 
-    if (dlogits) {
+    if (dlogits || d16) {
       group_sync<WARP>(); /* in place: every read of this row above precedes the writes */
-      float *dr = dlogits + row * vocab;
+      float *dr = dlogits ? dlogits + row * vocab : nullptr;
+      uint16_t *hr = d16 ? d16 + row * vocab : nullptr;
       for_row(lr, vocab, vec_out, g.t, g.T, [&](auto w, int64_t j) {
         constexpr int W = decltype(w)::value;
         Pack<W> o;
@@ -201,7 +202,8 @@ __global__ void __launch_bounds__(1024)
             o.v[e] = d;
           }
         }
-        store_pack<W>(dr + j, o);
+        if (dr) store_pack<W>(dr + j, o);
+        if (hr) store_half_pack<W>(hr + j, o, d16_dtype);
       });
     }
   }
@@ -210,21 +212,24 @@ __global__ void __launch_bounds__(1024)
 /* need_losses / need_dlogits: that output is required (the unfused ops); the fused one
    writes whichever it is given. */
 int launch_cross_entropy(bool need_losses, bool need_dlogits, float *losses, float *dlogits,
-                         const float *logits, const int32_t *targets, int32_t ignore_index,
-                         float scale, int64_t rows, int64_t vocab, void *stream) {
+                         void *d16, int d16_dtype, const float *logits, const int32_t *targets,
+                         int32_t ignore_index, float scale, int64_t rows, int64_t vocab,
+                         void *stream) {
   if (rows < 0 || vocab < 0) return INVALID;
   if (rows == 0 || vocab == 0) return 0;
   if (!logits || !targets || (need_losses && !losses) || (need_dlogits && !dlogits))
     return INVALID;
-  if (!losses && !dlogits) return 0;
+  if (d16 && d16_dtype != DT_BF16 && d16_dtype != DT_F16) return INVALID;
+  if (!losses && !dlogits && !d16) return 0;
   const RowLaunch l = row_launch(rows, vocab, 0, MAX_BLOCKS);
   cudaStream_t s = (cudaStream_t)stream;
+  uint16_t *h = static_cast<uint16_t *>(d16);
   if (l.warp_mode)
     cross_entropy_kernel<true><<<l.blocks, l.threads, 0, s>>>(
-        losses, dlogits, logits, targets, ignore_index, scale, rows, vocab);
+        losses, dlogits, h, d16_dtype, logits, targets, ignore_index, scale, rows, vocab);
   else
     cross_entropy_kernel<false><<<l.blocks, l.threads, 0, s>>>(
-        losses, dlogits, logits, targets, ignore_index, scale, rows, vocab);
+        losses, dlogits, h, d16_dtype, logits, targets, ignore_index, scale, rows, vocab);
   return k_launched();
 }
 
@@ -270,22 +275,23 @@ extern "C" int k_softmax_backward(float *dx, const float *dy, const float *y, fl
 extern "C" int k_cross_entropy_forward(float *losses, const float *logits,
                                        const int32_t *targets, int32_t ignore_index,
                                        int64_t rows, int64_t vocab, void *stream) {
-  return launch_cross_entropy(true, false, losses, nullptr, logits, targets, ignore_index,
-                              1.0f, rows, vocab, stream);
+  return launch_cross_entropy(true, false, losses, nullptr, nullptr, 0, logits, targets,
+                              ignore_index, 1.0f, rows, vocab, stream);
 }
 
 extern "C" int k_cross_entropy_backward(float *dlogits, const float *logits,
                                         const int32_t *targets, int32_t ignore_index,
                                         float scale, int64_t rows, int64_t vocab,
                                         void *stream) {
-  return launch_cross_entropy(false, true, nullptr, dlogits, logits, targets, ignore_index,
-                              scale, rows, vocab, stream);
+  return launch_cross_entropy(false, true, nullptr, dlogits, nullptr, 0, logits, targets,
+                              ignore_index, scale, rows, vocab, stream);
 }
 
-extern "C" int k_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
+extern "C" int k_cross_entropy_fused(float *losses, float *dlogits, void *dlogits16,
+                                     int dlogits16_dtype, const float *logits,
                                      const int32_t *targets, int32_t ignore_index,
                                      float scale, int64_t rows, int64_t vocab,
                                      void *stream) {
-  return launch_cross_entropy(false, false, losses, dlogits, logits, targets, ignore_index,
-                              scale, rows, vocab, stream);
+  return launch_cross_entropy(false, false, losses, dlogits, dlogits16, dlogits16_dtype, logits,
+                              targets, ignore_index, scale, rows, vocab, stream);
 }

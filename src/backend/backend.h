@@ -138,8 +138,11 @@ struct backend_ops {
                                       const float *weight, const float *bias, float eps,
                                       int64_t rows, int64_t cols);
   /* losses and dlogits (either may be NULL) from one log-sum-exp per row:
-     cross_entropy_forward and cross_entropy_backward. dlogits may be logits. */
-  l2l_status (*cross_entropy_fused)(float *losses, float *dlogits, const float *logits,
+     cross_entropy_forward and cross_entropy_backward. dlogits may be logits. dlogits16 (of
+     dlogits16_dtype; NULL: none) gets dlogits rounded as layernorm_forward's y16 (dlogits
+     itself may then be NULL): the 16-bit input of the head's GEMMs. */
+  l2l_status (*cross_entropy_fused)(float *losses, float *dlogits, void *dlogits16,
+                                    l2l_dtype dlogits16_dtype, const float *logits,
                                     const int32_t *targets, int32_t ignore_index, float scale,
                                     int64_t rows, int64_t vocab);
   /* LayerNorm backward with x^ = (y - bias) / weight instead of (x - mean) rstd; weight

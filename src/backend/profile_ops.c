@@ -199,12 +199,14 @@ static l2l_status p_add_layernorm_forward(float *sum, float *y, void *y16, l2l_d
            (long long)rows, (long long)cols);
 }
 
-static l2l_status p_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
+static l2l_status p_cross_entropy_fused(float *losses, float *dlogits, void *dlogits16,
+                                        l2l_dtype dlogits16_dtype, const float *logits,
                                         const int32_t *targets, int32_t ignore_index,
                                         float scale, int64_t rows, int64_t vocab) {
-  PROFILED(cross_entropy_fused(losses, dlogits, logits, targets, ignore_index, scale, rows,
-                               vocab),
-           "cross_entropy_fused", 0, F * d(rows) * d(vocab) * (dlogits ? 2 : 1) +
+  double n = d(rows) * d(vocab);
+  PROFILED(cross_entropy_fused(losses, dlogits, dlogits16, dlogits16_dtype, logits, targets,
+                               ignore_index, scale, rows, vocab),
+           "cross_entropy_fused", 0, F * n + outputs(dlogits, dlogits16, n) +
            (losses ? 8 : 4) * d(rows), L2L_BOUND_MEM, false, "rows=%lld vocab=%lld",
            (long long)rows, (long long)vocab);
 }

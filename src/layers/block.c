@@ -67,7 +67,8 @@ static l2l_status block_create(l2l_layer *layer) {
 }
 
 /* The widest linear map's x and dy: qkv (D in, 3D out) or the MLP's (D, F). */
-static int64_t block_cast_elements(const l2l_layer *layer, int64_t B, int64_t S) {
+static int64_t block_cast_elements(const l2l_layer *layer, int64_t B, int64_t S, uint32_t flags) {
+  (void)flags;
   const int64_t D = layer->config.dim, F = layer->config.mlp;
   return B * S * (4 * D > D + F ? 4 * D : D + F);
 }

@@ -27,12 +27,13 @@ static uint64_t param_bytes(const l2l_layer *layer) {
 }
 
 /* Bytes of the cast scratch for 16-bit weights of `precision` (f32: none). */
-static uint64_t cast_bytes(const l2l_layer *layer, int64_t batch, int64_t seq,
+static uint64_t cast_bytes(const l2l_layer *layer, int64_t batch, int64_t seq, uint32_t flags,
                            l2l_dtype precision) {
   const struct layer_kind_ops *k = layer_kind_of(layer);
   if (precision == L2L_F32 || k->cast_elements == NULL) return 0;
   struct arena a = {0};
-  arena_reserve(&a, (uint64_t)k->cast_elements(layer, batch, seq) * l2l_dtype_size(precision));
+  arena_reserve(&a, (uint64_t)k->cast_elements(layer, batch, seq, flags) *
+                        l2l_dtype_size(precision));
   return a.bytes;
 }
 
@@ -54,7 +55,7 @@ static void memory_for(l2l_layer_memory *out, const l2l_layer *layer, int64_t ba
   memset(out, 0, sizeof *out);
   layer_kind_of(layer)->memory(out, layer, batch, seq, with_precision(flags, precision));
   struct arena fwd = {out->work_forward}, bwd = {out->work_backward};
-  uint64_t cast = cast_bytes(layer, batch, seq, precision);
+  uint64_t cast = cast_bytes(layer, batch, seq, with_precision(flags, precision), precision);
   arena_reserve(&fwd, cast);
   arena_reserve(&bwd, cast);
   out->work_forward = fwd.bytes;
@@ -260,8 +261,8 @@ static l2l_status arena_new(l2l_tensor **out, l2l_pool_kind pool, uint64_t bytes
 
 /* The cast scratch at the end of a work arena (memory_for put it there). */
 static void *cast_scratch(const l2l_tensor *work, const l2l_layer *layer, int64_t B, int64_t S,
-                          l2l_dtype precision) {
-  uint64_t bytes = cast_bytes(layer, B, S, precision);
+                          uint32_t flags, l2l_dtype precision) {
+  uint64_t bytes = cast_bytes(layer, B, S, flags, precision);
   if (bytes == 0) return NULL;
   return (char *)tensor_ptr(work) + (work->storage->bytes - bytes);
 }
@@ -376,7 +377,7 @@ static l2l_status layer_forward(l2l_saved **saved_out, l2l_layer *layer, l2l_ten
   if (status == L2L_OK) {
     struct layer_call call = {backend_for(y->storage->pool), y->storage->pool, B, S, batch,
                               .keep = keep, .y = y, .x = x, .precision = precision,
-                              .cast = cast_scratch(work, layer, B, S, precision)};
+                              .cast = cast_scratch(work, layer, B, S, flags, precision)};
     status = layer_kind_of(layer)->forward(
         &call, layer, tensor_ptr(y), x ? tensor_ptr(x) : NULL, saved,
         work ? tensor_ptr(work) : NULL);
@@ -458,7 +459,7 @@ static l2l_status layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_ten
   TRY(arena_new(&work, pool, mem.work_backward));
   struct layer_call call = {backend_for(pool), pool, B, S, batch, .dx = dx, .dy = dy,
                             .precision = precision,
-                            .cast = cast_scratch(work, layer, B, S, precision)};
+                            .cast = cast_scratch(work, layer, B, S, saved->flags, precision)};
   l2l_status status = layer_kind_of(layer)->backward(
       &call, layer, dx ? tensor_ptr(dx) : NULL, dy ? tensor_ptr(dy) : NULL, saved,
       work ? tensor_ptr(work) : NULL);

@@ -22,14 +22,17 @@ enum { LOGITS = 1, FRUGAL_LN = 2 };
 enum { CLS_W = 0, CLS_B = 1 };
 
 /* Losses from the logits; when a backward will follow, also the logits' gradient for a
-   unit loss scale (softmax - one-hot) in place of the kept logits: one log-sum-exp per row
-   serves both. The backward applies batch->loss_scale as its GEMMs' alpha (the scale may
-   only be known after the forward: Lua's Sequential counts the real targets then). */
+   unit loss scale (softmax - one-hot) in place of the kept logits, or in 16 bits into
+   dlogits16 (not NULL): one log-sum-exp per row serves both. The backward applies
+   batch->loss_scale as its GEMMs' alpha (the scale may only be known after the forward:
+   Lua's Sequential counts the real targets then). */
 static l2l_status lm_head_losses(const struct layer_call *call, float *losses, float *logits,
-                                 int64_t rows, int64_t vocab) {
+                                 void *dlogits16, int64_t rows, int64_t vocab) {
   const int32_t *targets = tensor_ptr(call->b->targets);
   if (call->keep)
-    return call->ops->cross_entropy_fused(losses, logits, logits, targets, -1, 1.0f, rows, vocab);
+    return call->ops->cross_entropy_fused(losses, dlogits16 ? NULL : logits, dlogits16,
+                                          call->precision, logits, targets, -1, 1.0f, rows,
+                                          vocab);
   return call->ops->cross_entropy_forward(losses, logits, targets, -1, rows, vocab);
 }
 
@@ -59,9 +62,13 @@ static uint32_t lm_head_flags(const l2l_layer *layer, bool training, bool logits
 
 struct lm_head_plan {
   struct arena saved, fwd, bwd;
-  int64_t h, mean, rstd, logits, dh;   /* h (N,D): f32, or 16-bit when h16 */
-  bool h16;   /* the final LayerNorm's output kept in the 16-bit projection's dtype (its
-                 standard backward reads x; only the projection reads h) */
+  int64_t h, mean, rstd, logits, dlogits16, dh;   /* h (N,D): f32, or 16-bit when h16;
+                                                     logits (N,V) f32; dlogits16 (N,V) */
+  /* With a 16-bit projection (LAYER_ACTS_16): the final LayerNorm's output kept in its
+     dtype (its standard backward reads x; only the projection reads h), and the logits'
+     gradient, which only the projection's GEMMs read: kept 16-bit, the f32 logits a
+     forward's work. */
+  bool h16, dl16;
 };
 
 static void lm_head_plan(struct lm_head_plan *p, const l2l_layer *layer, int64_t N,
@@ -69,15 +76,22 @@ static void lm_head_plan(struct lm_head_plan *p, const l2l_layer *layer, int64_t
   const l2l_layer_config *c = &layer->config;
   const uint64_t nd = (uint64_t)(N * c->dim) * sizeof(float), rows = (uint64_t)N * sizeof(float);
   memset(p, 0, sizeof *p);
-  p->h = p->mean = p->rstd = p->logits = p->dh = NO_BUFFER;
+  p->h = p->mean = p->rstd = p->logits = p->dlogits16 = p->dh = NO_BUFFER;
   p->h16 = c->final_ln && (flags & LAYER_ACTS_16) && !(flags & FRUGAL_LN);
+  p->dl16 = (flags & LAYER_ACTS_16) && !(flags & LOGITS);
   if (c->final_ln) {
     p->h = arena_reserve(&p->saved, p->h16 ? nd / 2 : nd);
     if (!(flags & FRUGAL_LN)) p->mean = arena_reserve(&p->saved, rows);
     p->rstd = arena_reserve(&p->saved, rows);
     p->dh = arena_reserve(&p->bwd, nd);
   }
-  if (!(flags & LOGITS)) p->logits = arena_reserve(&p->saved, (uint64_t)(N * c->vocab) * sizeof(float));
+  const uint64_t nv = (uint64_t)(N * c->vocab);
+  if (p->dl16) {
+    p->logits = arena_reserve(&p->fwd, nv * sizeof(float));
+    p->dlogits16 = arena_reserve(&p->saved, nv * 2);
+  } else if (!(flags & LOGITS)) {
+    p->logits = arena_reserve(&p->saved, nv * sizeof(float));
+  }
 }
 
 static void lm_head_memory(l2l_layer_memory *out, const l2l_layer *layer, int64_t B, int64_t S,
@@ -94,7 +108,6 @@ static void lm_head_memory(l2l_layer_memory *out, const l2l_layer *layer, int64_
 
 static l2l_status lm_head_forward(const struct layer_call *call, l2l_layer *layer, float *y,
                                   const float *x, struct l2l_saved *saved, void *work) {
-  (void)work;
   const struct backend_ops *ops = call->ops;
   const l2l_layer_config *c = &layer->config;
   const int64_t N = call->batch * call->seq, D = c->dim, V = c->vocab;
@@ -111,10 +124,10 @@ static l2l_status lm_head_forward(const struct layer_call *call, l2l_layer *laye
                                param_f32(layer, HEAD_LN_B), c->eps, N, D));
     h = layers_act_of(call, h32, h16);
   }
-  float *logits = saved->flags & LOGITS ? y : arena_at(base, p.logits); /* (N,V) */
+  float *logits = saved->flags & LOGITS ? y : arena_at(p.dl16 ? work : base, p.logits); /* (N,V) */
   TRY(layers_gemm_weight(call, logits, h, layers_weight(layer, HEAD_PROJ), 0, N, V, D, 0, 1, 1.0f, 0.0f));
   if (saved->flags & LOGITS) return L2L_OK;
-  return lm_head_losses(call, y, logits, N, V);
+  return lm_head_losses(call, y, logits, arena_at(base, p.dlogits16), N, V);
 }
 
 static l2l_status lm_head_backward(const struct layer_call *call, l2l_layer *layer, float *dx,
@@ -128,14 +141,18 @@ static l2l_status lm_head_backward(const struct layer_call *call, l2l_layer *lay
   void *base = saved_base(saved);
   const float *x = saved->input ? tensor_ptr(saved->input) : NULL;
   const float *h = c->final_ln ? arena_at(base, p.h) : x;   /* (16-bit when p.h16) */
-  /* the forward's lm_head_losses left softmax - one-hot here; scaled in the GEMMs */
-  const float *dlogits = arena_at(base, p.logits), scale = call->b->loss_scale;
-  /* with a 16-bit projection, dlogits and h are rounded to its dtype like any GEMM input */
+  /* the forward's lm_head_losses left softmax - one-hot here (in 16 bits when dl16);
+     scaled in the GEMMs */
+  const float scale = call->b->loss_scale;
+  struct act dlogits = p.dl16 ? (struct act){arena_at(base, p.dlogits16), call->precision}
+                              : act_f32(arena_at(base, p.logits));
+  /* with a 16-bit projection, dlogits and h are rounded to its dtype like any GEMM input
+     (the cast scratch: h, after dlogits when that is cast too) */
   const struct weight proj = layers_weight(layer, HEAD_PROJ);
   const void *dl = NULL, *hr = NULL;
-  TRY(layers_cast_activation(call, &dl, act_f32(dlogits), N * V, proj.dtype, 0));
+  TRY(layers_cast_activation(call, &dl, dlogits, N * V, proj.dtype, 0));
   TRY(layers_cast_activation(call, &hr, p.h16 ? (struct act){h, call->precision} : act_f32(h),
-                             N * D, proj.dtype, N * V));
+                             N * D, proj.dtype, p.dl16 ? 0 : N * V));
   TRY(ops->gemm_batched(layers_grad_f32(layer, HEAD_PROJ), dl, hr, proj.dtype, 1, V, D, N, 1, 0,
                         scale, 1.0f));
   float *dh = c->final_ln ? arena_at(work, p.dh) : dx;
@@ -149,9 +166,11 @@ static l2l_status lm_head_backward(const struct layer_call *call, l2l_layer *lay
   return ops->layernorm_backward(dx, dw, db, dh, x, w, arena_at(base, p.mean), rstd, N, D);
 }
 
-/* The backward's dlogits (N,V) and h (N,D). */
-static int64_t lm_head_cast_elements(const l2l_layer *layer, int64_t B, int64_t S) {
-  return B * S * (layer->config.vocab + layer->config.dim);
+/* The backward's dlogits (N,V) unless the forward left them in 16 bits, and h (N,D). */
+static int64_t lm_head_cast_elements(const l2l_layer *layer, int64_t B, int64_t S,
+                                     uint32_t flags) {
+  bool dl16 = (flags & LAYER_ACTS_16) && !(flags & LOGITS);
+  return B * S * ((dl16 ? 0 : layer->config.vocab) + layer->config.dim);
 }
 
 /* Targets, when given: (B,S) for an LM head (ndim 2), (B) for a classifier (ndim 1), each a
@@ -269,8 +288,9 @@ static l2l_status classifier_backward(const struct layer_call *call, l2l_layer *
   return L2L_OK;
 }
 
-static int64_t classifier_cast_elements(const l2l_layer *layer, int64_t B, int64_t S) {
-  (void)S;
+static int64_t classifier_cast_elements(const l2l_layer *layer, int64_t B, int64_t S,
+                                        uint32_t flags) {
+  (void)S, (void)flags;
   return B * (layer->config.dim + layer->config.classes);
 }
 

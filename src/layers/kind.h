@@ -189,8 +189,8 @@ struct layer_kind_ops {
   l2l_status (*forward)(const struct layer_call *call, l2l_layer *layer, float *y,
                         const float *x, struct l2l_saved *saved, void *work);
   /* Elements of activations that the kind's widest GEMM with a 16-bit weight reads (the
-     call's cast scratch); NULL: the kind has no such GEMM. */
-  int64_t (*cast_elements)(const l2l_layer *layer, int64_t batch, int64_t seq);
+     call's cast scratch), under the call's flags; NULL: the kind has no such GEMM. */
+  int64_t (*cast_elements)(const l2l_layer *layer, int64_t batch, int64_t seq, uint32_t flags);
   /* dx (NULL for the embedding) from dy (NULL for heads). work: work_backward bytes. */
   l2l_status (*backward)(const struct layer_call *call, l2l_layer *layer, float *dx,
                          const float *dy, struct l2l_saved *saved, void *work);

@@ -74,8 +74,9 @@ static void check_y16(const char *what, const l2l_tensor *y_dev, const l2l_tenso
   l2l_tensor_free(back);
 }
 
-/* The fused ops' 16-bit outputs (LAYER_ACTS_16: the activation a 16-bit GEMM reads next),
-   beside y and alone, for both 16-bit types, unaligned 16-bit rows included. */
+/* The fused ops' 16-bit outputs (LAYER_ACTS_16: the activation a 16-bit GEMM reads next;
+   the logits' gradient), beside y and alone, for both 16-bit types, unaligned 16-bit rows
+   included. */
 TEST(cuda_backend_16bit_outputs) {
   if (!use_gpu()) return;
   const struct backend_ops *dops = backend_for(L2L_POOL_DEVICE);
@@ -129,6 +130,20 @@ TEST(cuda_backend_16bit_outputs) {
         l2l_tensor_free(pre);
         l2l_tensor_free(pre2);
       }
+      /* the logits' gradient (cols the vocabulary), beside the f32 one and alone */
+      l2l_tensor *targets0 = HOST(L2L_I32, rows);
+      random_targets(targets0, (int32_t)cols, -1);
+      l2l_tensor *targets = copied_to(targets0, L2L_POOL_DEVICE);
+      CHECK_OK(dops->cross_entropy_fused(NULL, fdata(y), l2l_tensor_data(h), dt, fdata(x.d),
+                                         idata(targets), -1, 0.25f, rows, cols));
+      CHECK_OK(dops->cross_entropy_fused(NULL, NULL, l2l_tensor_data(h_alone), dt, fdata(x.d),
+                                         idata(targets), -1, 0.25f, rows, cols));
+      CHECK_OK(l2l_device_synchronize());
+      snprintf(what, sizeof what, "cross_entropy_fused %lldx%lld dlogits16 (%s)", (long long)rows,
+               (long long)cols, l2l_dtype_name(dt));
+      check_y16(what, y, h, dt);
+      check_y16(what, y, h_alone, dt);
+      l2l_tensor_free(targets0), l2l_tensor_free(targets);
       /* a 16-bit output at an odd element: rows that start off every alignment */
       l2l_tensor *wide = DEV(dt, n + 1);
       uint16_t *odd = (uint16_t *)l2l_tensor_data(wide) + 1;
@@ -218,8 +233,9 @@ TEST(cuda_backend_fused_ops) {
       for (int side = 0; side < 2; side++) {
         const struct backend_ops *ops = side ? dops : hops;
         float *lg = fdata(side ? logits.d : logits.h), *dl = fdata(side ? dlogits.d : dlogits.h);
-        CHECK_OK(ops->cross_entropy_fused(fdata(side ? losses.d : losses.h), in_place ? lg : dl, lg,
-                                          idata(side ? targets.d : targets.h), -1, scale, rows, cols));
+        CHECK_OK(ops->cross_entropy_fused(fdata(side ? losses.d : losses.h), in_place ? lg : dl,
+                                          NULL, L2L_F32, lg, idata(side ? targets.d : targets.h),
+                                          -1, scale, rows, cols));
       }
       CHECK_OK(l2l_device_synchronize());
       snprintf(what, sizeof what, "cross_entropy_fused %lldx%lld%s", (long long)rows,

@@ -210,19 +210,40 @@ TEST(fused_cross_entropy_equals_forward_and_backward) {
     CHECK_OK(ops->cross_entropy_forward(losses_seq, logits, targets, ignore, rows, vocab));
     CHECK_OK(ops->cross_entropy_backward(dlogits_seq, logits, targets, ignore, scale, rows, vocab));
     float *losses = poison(rows), *dlogits = poison(n);
-    CHECK_OK(ops->cross_entropy_fused(losses, dlogits, logits, targets, ignore, scale, rows, vocab));
+    CHECK_OK(ops->cross_entropy_fused(losses, dlogits, NULL, L2L_F32, logits, targets, ignore,
+                                      scale, rows, vocab));
     same_bits("cross_entropy_fused: losses", losses, losses_seq, rows, rows, vocab);
     same_bits("cross_entropy_fused: dlogits", dlogits, dlogits_seq, n, rows, vocab);
     /* the heads' way: the gradient over the logits; and each output alone */
     float *inplace = copy_of(logits, n), *losses2 = poison(rows), *losses3 = poison(rows);
-    CHECK_OK(ops->cross_entropy_fused(losses2, inplace, inplace, targets, ignore, scale, rows, vocab));
+    CHECK_OK(ops->cross_entropy_fused(losses2, inplace, NULL, L2L_F32, inplace, targets, ignore,
+                                      scale, rows, vocab));
     same_bits("cross_entropy_fused in place: losses", losses2, losses_seq, rows, rows, vocab);
     same_bits("cross_entropy_fused in place: dlogits", inplace, dlogits_seq, n, rows, vocab);
-    CHECK_OK(ops->cross_entropy_fused(losses3, NULL, logits, targets, ignore, scale, rows, vocab));
+    CHECK_OK(ops->cross_entropy_fused(losses3, NULL, NULL, L2L_F32, logits, targets, ignore, scale,
+                                      rows, vocab));
     same_bits("cross_entropy_fused, losses only", losses3, losses_seq, rows, rows, vocab);
     float *dlogits2 = poison(n);
-    CHECK_OK(ops->cross_entropy_fused(NULL, dlogits2, logits, targets, ignore, scale, rows, vocab));
+    CHECK_OK(ops->cross_entropy_fused(NULL, dlogits2, NULL, L2L_F32, logits, targets, ignore, scale,
+                                      rows, vocab));
     same_bits("cross_entropy_fused, gradient only", dlogits2, dlogits_seq, n, rows, vocab);
+    /* the 16-bit gradient (the LM head's with a 16-bit projection): alone, beside the f32
+       one over the logits, and beside the losses */
+    for (int d = 0; d < 2; d++) {
+      uint16_t *h = poison16(n), *h2 = poison16(n);
+      float *over = copy_of(logits, n), *losses4 = poison(rows);
+      CHECK_OK(ops->cross_entropy_fused(losses4, NULL, h, halves[d], logits, targets, ignore, scale,
+                                        rows, vocab));
+      same_bits("cross_entropy_fused with dlogits16 alone: losses", losses4, losses_seq, rows, rows,
+                vocab);
+      same_halves("cross_entropy_fused: dlogits16 alone", halves[d], h, dlogits_seq, n, rows, vocab);
+      CHECK_OK(ops->cross_entropy_fused(NULL, over, h2, halves[d], over, targets, ignore, scale,
+                                        rows, vocab));
+      same_bits("cross_entropy_fused in place with dlogits16", over, dlogits_seq, n, rows, vocab);
+      same_halves("cross_entropy_fused: dlogits16 beside", halves[d], h2, dlogits_seq, n, rows,
+                  vocab);
+      free(h), free(h2), free(over), free(losses4);
+    }
     free(logits), free(targets), free(losses_seq), free(dlogits_seq), free(losses), free(dlogits);
     free(inplace), free(losses2), free(losses3), free(dlogits2);
   }

@@ -511,7 +511,8 @@ static uint64_t counted(int64_t n, int size) {
    the forward allocates what it states. Which activations those are is this test's own
    reading of the layers: a pre-LN block's two LayerNorm outputs (N x D) unless frugal
    mode rebuilds its backward from them, and the GELU output (N x F) in standard mode (its
-   backward reads the pre-activation); an LM head's final LayerNorm output likewise. */
+   backward reads the pre-activation); an LM head's final LayerNorm output likewise, and
+   its logits' gradient (N x V) in either mode (only the projection's GEMMs read it). */
 TEST(layer_16bit_weights_keep_gemm_inputs_in_16_bits) {
   for (int kind = 0; kind < 6; kind++) {
     const bool block = kind < 4, frugal = kind & 1, post = kind >= 2 && kind < 4;
@@ -531,7 +532,8 @@ TEST(layer_16bit_weights_keep_gemm_inputs_in_16_bits) {
     if (block && !frugal) pairs_nf = 1;
     if (!block && !frugal) pairs_nd = 1;
     const uint64_t fewer = (uint64_t)pairs_nd * (counted(N * c.dim, 4) - counted(N * c.dim, 2)) +
-                           (uint64_t)pairs_nf * (counted(N * c.mlp, 4) - counted(N * c.mlp, 2));
+                           (uint64_t)pairs_nf * (counted(N * c.mlp, 4) - counted(N * c.mlp, 2)) +
+                           (block ? 0 : counted(N * c.vocab, 4) - counted(N * c.vocab, 2));
     char what[128];
     snprintf(what, sizeof what, "%s %s, %s, %s weights, B=%lld S=%lld", block ? "block" : "LM head",
              post ? "post-LN" : "pre-LN", frugal ? "frugal" : "standard", l2l_dtype_name(dtype),

@@ -71,7 +71,8 @@ l2l_status cpu_add_layernorm_forward(float *sum, float *y, void *y16, l2l_dtype 
                                      float *mean_out, float *rstd_out, const float *a,
                                      const float *b, const float *weight, const float *bias,
                                      float eps, int64_t rows, int64_t cols);
-l2l_status cpu_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
+l2l_status cpu_cross_entropy_fused(float *losses, float *dlogits, void *dlogits16,
+                                   l2l_dtype dlogits16_dtype, const float *logits,
                                    const int32_t *targets, int32_t ignore_index,
                                    float scale, int64_t rows, int64_t vocab);
 l2l_status cpu_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,

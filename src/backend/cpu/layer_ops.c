@@ -613,26 +613,47 @@ static inline void row_logsumexp(const float *row, int64_t v, float *max_out, fl
 /* losses and dlogits (either may be NULL) from one log-sum-exp per row; the forward and
    backward entries are its two halves. dlogits may be logits (the row's target logit is
    read before the row is overwritten). */
-l2l_status cpu_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
+/* The gradient of row `row` (scale (softmax - one-hot), lse its log-sum-exp) for columns
+   [first, first + n) into out. */
+static inline void cross_entropy_grad(float *out, const float *row, float lse, int32_t target,
+                                      float scale, int64_t first, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; j++) out[j] = scale * vexp(row[first + j] - lse);
+  if (target >= first && target < first + n) out[target - first] -= scale;
+}
+
+enum { CE_CHUNK = 2048 };   /* columns a 16-bit gradient alone is made in, on the stack */
+
+l2l_status cpu_cross_entropy_fused(float *losses, float *dlogits, void *dlogits16,
+                                   l2l_dtype dlogits16_dtype, const float *logits,
                                    const int32_t *targets, int32_t ignore_index,
                                    float scale, int64_t rows, int64_t vocab) {
   int nt = threads_for(rows * vocab * 6);
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t r = 0; r < rows; r++) {
+    uint16_t *hrow = dlogits16 ? (uint16_t *)dlogits16 + r * vocab : NULL;
     if (targets[r] == ignore_index) {
       if (losses) losses[r] = 0.0f;
       if (dlogits) memset(dlogits + r * vocab, 0, (size_t)vocab * sizeof *dlogits);
+      if (hrow) memset(hrow, 0, (size_t)vocab * sizeof *hrow);   /* (+0 in both 16-bit types) */
       continue;
     }
     const float *row = logits + r * vocab;
     float mx, lse;
     row_logsumexp(row, vocab, &mx, &lse);
     if (losses) losses[r] = lse - row[targets[r]];
-    if (dlogits == NULL) continue;
-    float *drow = dlogits + r * vocab;
-#pragma omp simd
-    for (int64_t j = 0; j < vocab; j++) drow[j] = scale * vexp(row[j] - lse);
-    drow[targets[r]] -= scale;
+    if (dlogits != NULL) {
+      float *drow = dlogits + r * vocab;
+      cross_entropy_grad(drow, row, lse, targets[r], scale, 0, vocab);
+      if (hrow) cpu_round_16(hrow, dlogits16_dtype, drow, vocab);
+    } else if (hrow) {
+      float own[CE_CHUNK];
+      for (int64_t j = 0; j < vocab; j += CE_CHUNK) {
+        int64_t n = vocab - j < CE_CHUNK ? vocab - j : CE_CHUNK;
+        cross_entropy_grad(own, row, lse, targets[r], scale, j, n);
+        cpu_round_16(hrow + j, dlogits16_dtype, own, n);
+      }
+    }
   }
   return L2L_OK;
 }
@@ -640,13 +661,15 @@ l2l_status cpu_cross_entropy_fused(float *losses, float *dlogits, const float *l
 l2l_status cpu_cross_entropy_forward(float *losses, const float *logits,
                                      const int32_t *targets, int32_t ignore_index,
                                      int64_t rows, int64_t vocab) {
-  return cpu_cross_entropy_fused(losses, NULL, logits, targets, ignore_index, 0.0f, rows, vocab);
+  return cpu_cross_entropy_fused(losses, NULL, NULL, L2L_F32, logits, targets, ignore_index, 0.0f,
+                                 rows, vocab);
 }
 
 l2l_status cpu_cross_entropy_backward(float *dlogits, const float *logits,
                                       const int32_t *targets, int32_t ignore_index,
                                       float scale, int64_t rows, int64_t vocab) {
-  return cpu_cross_entropy_fused(NULL, dlogits, logits, targets, ignore_index, scale, rows, vocab);
+  return cpu_cross_entropy_fused(NULL, dlogits, NULL, L2L_F32, logits, targets, ignore_index,
+                                 scale, rows, vocab);
 }
 
 /* ---------------------------------------------------------------- dropout */

@@ -320,11 +320,12 @@ static l2l_status cuda_cross_entropy_backward(float *dlogits, const float *logit
   return L2L_OK;
 }
 
-static l2l_status cuda_cross_entropy_fused(float *losses, float *dlogits, const float *logits,
+static l2l_status cuda_cross_entropy_fused(float *losses, float *dlogits, void *dlogits16,
+                                           l2l_dtype dlogits16_dtype, const float *logits,
                                            const int32_t *targets, int32_t ignore_index,
                                            float scale, int64_t rows, int64_t vocab) {
-  LAUNCH(k_cross_entropy_fused(losses, dlogits, logits, targets, ignore_index, scale, rows,
-                               vocab, cuda_rt.compute));
+  LAUNCH(k_cross_entropy_fused(losses, dlogits, dlogits16, (int)dlogits16_dtype, logits, targets,
+                               ignore_index, scale, rows, vocab, cuda_rt.compute));
   return L2L_OK;
 }
 
