@@ -15,6 +15,8 @@
  *          g = gelu(c Wf); y = h + drop2(g Wf2).
  * Post-LN: ctx = attn(x); r1 = x + drop1(ctx Wp); h = ln1(r1); g = gelu(h Wf);
  *          r2 = h + drop2(g Wf2); y = ln2(r2).
+ * With 16-bit weights the GEMMs' inputs that LayerNorm and GELU make come from those ops in
+ * 16 bits (kept so when nothing else reads them: LAYER_ACTS_16 in block_plan).
  * Accumulation: parameter gradients +=, dx written.
  * Must never: keep a buffer the plan does not list, or read one the plan put elsewhere.
  */
@@ -275,15 +277,6 @@ static l2l_status add_layernorm(const struct layer_call *call, const struct bloc
                                           layer->config.eps, p->N, p->D);
 }
 
-/* A kept activation's buffers: f32 (NULL when it is kept 16-bit) and the 16-bit one the
-   op writes for the next GEMM (layers_out16). */
-struct kept {
-  float *f32;
-  void *h16;
-};
-static struct kept kept_as(const struct layer_call *call, float *buffer, bool kept16) {
-  return (struct kept){kept16 ? NULL : buffer, layers_out16(call, kept16 ? buffer : NULL)};
-}
 
 static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer, float *y,
                                 const float *x, struct l2l_saved *saved, void *work) {
@@ -302,9 +295,9 @@ static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer,
   /* attention on its input */
   struct act attn_in = act_f32(x);
   if (!c->post_ln) {
-    struct kept ln1 = kept_as(call, BUF(ln1_out), p.ln1_16);
+    struct layers_out ln1 = layers_out_of(call, BUF(ln1_out), p.ln1_16);
     TRY(layernorm(call, &p, ln1.f32, ln1.h16, BUF(mean1), BUF(rstd1), x, layer, LN1_W));
-    attn_in = layers_act_of(call, ln1.f32, ln1.h16);
+    attn_in = layers_act_of(call, ln1);
   }
   TRY(layers_linear_forward(call, qkv, attn_in, layers_weight(layer, QKV_W), param(layer, QKV_B), N, D, 3 * D));
   TRY(ops->attention_forward(ctx, BUF(lse), BUF(probs), BUF(dropped), (uint8_t *)BUF(attn_mask),
@@ -317,23 +310,23 @@ static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer,
   struct act mlp_in;
   const float *h = NULL; /* post-LN: the MLP's input, which the second residual adds */
   if (c->post_ln) { /* h = ln1(r1), in place when frugal keeps no r1 */
-    struct kept ln1 = kept_as(call, BUF(ln1_out), false);
+    struct layers_out ln1 = layers_out_of(call, BUF(ln1_out), false);
     TRY(add_layernorm(call, &p, ln1.f32, ln1.h16, BUF(mean1), BUF(rstd1), r1, r1, x, layer, LN1_W));
-    mlp_in = layers_act_of(call, ln1.f32, ln1.h16);
+    mlp_in = layers_act_of(call, ln1);
     h = ln1.f32;
   } else {
-    struct kept ln2 = kept_as(call, BUF(ln2_out), p.ln2_16);
+    struct layers_out ln2 = layers_out_of(call, BUF(ln2_out), p.ln2_16);
     TRY(add_layernorm(call, &p, ln2.f32, ln2.h16, BUF(mean2), BUF(rstd2), r1, r1, x, layer, LN2_W));
-    mlp_in = layers_act_of(call, ln2.f32, ln2.h16);
+    mlp_in = layers_act_of(call, ln2);
   }
   /* MLP: the bias and GELU (and frugal mode's side bits) in one pass after the GEMM */
   float *fc = BUF(fc) ? BUF(fc) : BUF(gelu);
-  struct kept g = kept_as(call, BUF(gelu), p.gelu_16);
+  struct layers_out g = layers_out_of(call, BUF(gelu), p.gelu_16);
   uint8_t *side_bits = flags & FRUGAL ? (uint8_t *)BUF(gelu_bits) : NULL;
   TRY(layers_linear_forward(call, fc, mlp_in, layers_weight(layer, FC_W), NULL, N, D, F));
   TRY(ops->bias_gelu_forward(fc, g.f32, g.h16, call->precision, side_bits, param(layer, FC_B),
                              N, F));
-  struct act g_in = layers_act_of(call, g.f32, g.h16);
+  struct act g_in = layers_act_of(call, g);
   if (c->post_ln) { /* y = ln2(r2), r2 = h + drop2(g Wf2), built in y when not kept */
     float *r2 = BUF(ln2_in) ? BUF(ln2_in) : y;
     TRY(layers_linear_forward(call, r2, g_in, layers_weight(layer, FC2_W), param(layer, FC2_B), N, F, D));
@@ -384,11 +377,6 @@ static l2l_status layernorm_backward(const struct layer_call *call, const struct
 
 static float *grad(const l2l_layer *layer, int role) { return layers_grad_f32(layer, role); }
 
-/* A kept activation as the backward's GEMMs read it: 16-bit when the plan kept it so. */
-static struct act kept_act(const struct layer_call *call, const void *buffer, bool kept16) {
-  return kept16 ? (struct act){buffer, call->precision} : act_f32(buffer);
-}
-
 /* The MLP's backward: dh := d(mlp input) from dm = d(mlp output); in: the MLP's input. */
 static l2l_status mlp_backward(const struct layer_call *call, const struct block_plan *p,
                                l2l_layer *layer, const struct block_buffers *m, float *dh,
@@ -398,7 +386,7 @@ static l2l_status mlp_backward(const struct layer_call *call, const struct block
   float *df = at(m, p->tf);
   const float *g = at(m, p->gelu);   /* (f32 in frugal mode, the one that reads it) */
   TRY(layers_linear_backward(call, df, grad(layer, FC2_W), grad(layer, FC2_B), dm,
-                             kept_act(call, g, p->gelu_16), layers_weight(layer, FC2_W), N, F,
+                             layers_kept_act(call, g, p->gelu_16), layers_weight(layer, FC2_W), N, F,
                              D, 0.0f));
   if (p->flags & FRUGAL)
     TRY(ops->gelu_backward_from_output(df, df, g, (const uint8_t *)at(m, p->gelu_bits), N * F));
@@ -441,14 +429,14 @@ static l2l_status block_backward(const struct layer_call *call, l2l_layer *layer
   const float *dm, *dz;
   if (!layer->config.post_ln) {
     TRY(residual_dropout_backward(&dm, t1, call, layer, &p, dy, (uint8_t *)BUF(drop2_mask), 2));
-    TRY(mlp_backward(call, &p, layer, &mem, t3, dm, kept_act(call, BUF(ln2_out), p.ln2_16)));
+    TRY(mlp_backward(call, &p, layer, &mem, t3, dm, layers_kept_act(call, BUF(ln2_out), p.ln2_16)));
     /* dh = ln2'(dc) + dy */
     TRY(layernorm_backward(call, &p, layer, LN2_W, t2, t3, BUF(ln2_in), BUF(mean2),
                            BUF(ln2_out), BUF(rstd2)));
     TRY(ops->add(t2, t2, dy, N * D));
     TRY(residual_dropout_backward(&dz, t1, call, layer, &p, t2, (uint8_t *)BUF(drop1_mask), 1));
     TRY(attention_branch_backward(call, &p, layer, &mem, t1, dz,
-                                  kept_act(call, BUF(ln1_out), p.ln1_16)));
+                                  layers_kept_act(call, BUF(ln1_out), p.ln1_16)));
     /* dx = ln1'(da) + dh */
     TRY(layernorm_backward(call, &p, layer, LN1_W, dx, t1, x, BUF(mean1), BUF(ln1_out),
                            BUF(rstd1)));

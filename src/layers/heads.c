@@ -7,10 +7,11 @@
  * targets) with -1 ignored. Classifier: the first position's features f, logits = f W + b,
  * losses = CE per sample. Backward starts from d(loss)/d(each loss) = batch->loss_scale.
  * The LM head's forward, when a backward will follow, computes the losses and the logits'
- * gradient (softmax - one-hot) in one pass and keeps the gradient in place of the logits.
- * The LM head keeps h and the logits; its LayerNorm is kept the frugal way (output and
- * rstd, h being needed anyway) when the layer's memory mode is frugal and the weights
- * allow it.
+ * gradient (softmax - one-hot) in one pass and keeps the gradient in place of the logits,
+ * or in 16 bits with a 16-bit projection (which is all that reads it; the f32 logits are
+ * then the forward's work). The LM head keeps h and that gradient; its LayerNorm is kept
+ * the frugal way (output and rstd, h being needed anyway) when the layer's memory mode is
+ * frugal and the weights allow it.
  * Accumulation: parameter gradients += (a tied table gets both users' shares), dx written.
  * Must never: write dx rows the head did not compute (the classifier zeroes the rest).
  */
@@ -116,13 +117,11 @@ static l2l_status lm_head_forward(const struct layer_call *call, l2l_layer *laye
   void *base = saved_base(saved);
   struct act h = act_f32(x);
   if (c->final_ln) {
-    float *hn = arena_at(base, p.h);
-    float *h32 = p.h16 ? NULL : hn;
-    void *h16 = layers_out16(call, p.h16 ? hn : NULL);
-    TRY(ops->layernorm_forward(h32, h16, call->precision, arena_at(base, p.mean),
+    struct layers_out hn = layers_out_of(call, arena_at(base, p.h), p.h16);
+    TRY(ops->layernorm_forward(hn.f32, hn.h16, call->precision, arena_at(base, p.mean),
                                arena_at(base, p.rstd), x, param_f32(layer, HEAD_LN_W),
                                param_f32(layer, HEAD_LN_B), c->eps, N, D));
-    h = layers_act_of(call, h32, h16);
+    h = layers_act_of(call, hn);
   }
   float *logits = saved->flags & LOGITS ? y : arena_at(p.dl16 ? work : base, p.logits); /* (N,V) */
   TRY(layers_gemm_weight(call, logits, h, layers_weight(layer, HEAD_PROJ), 0, N, V, D, 0, 1, 1.0f, 0.0f));
@@ -144,15 +143,15 @@ static l2l_status lm_head_backward(const struct layer_call *call, l2l_layer *lay
   /* the forward's lm_head_losses left softmax - one-hot here (in 16 bits when dl16);
      scaled in the GEMMs */
   const float scale = call->b->loss_scale;
-  struct act dlogits = p.dl16 ? (struct act){arena_at(base, p.dlogits16), call->precision}
+  struct act dlogits = p.dl16 ? layers_kept_act(call, arena_at(base, p.dlogits16), true)
                               : act_f32(arena_at(base, p.logits));
   /* with a 16-bit projection, dlogits and h are rounded to its dtype like any GEMM input
      (the cast scratch: h, after dlogits when that is cast too) */
   const struct weight proj = layers_weight(layer, HEAD_PROJ);
   const void *dl = NULL, *hr = NULL;
   TRY(layers_cast_activation(call, &dl, dlogits, N * V, proj.dtype, 0));
-  TRY(layers_cast_activation(call, &hr, p.h16 ? (struct act){h, call->precision} : act_f32(h),
-                             N * D, proj.dtype, p.dl16 ? 0 : N * V));
+  TRY(layers_cast_activation(call, &hr, layers_kept_act(call, h, p.h16), N * D, proj.dtype,
+                             p.dl16 ? 0 : N * V));
   TRY(ops->gemm_batched(layers_grad_f32(layer, HEAD_PROJ), dl, hr, proj.dtype, 1, V, D, N, 1, 0,
                         scale, 1.0f));
   float *dh = c->final_ln ? arena_at(work, p.dh) : dx;

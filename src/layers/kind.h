@@ -268,16 +268,27 @@ l2l_status layers_linear_forward(const struct layer_call *call, float *y, struct
 l2l_status layers_linear_backward(const struct layer_call *call, float *dx, float *dw, float *db,
                                   const float *dy, struct act x, struct weight w, int64_t n,
                                   int64_t in, int64_t out, float dx_beta);
-/* Where an op writes an activation that a 16-bit GEMM reads next (its 16-bit output, NULL
-   when it writes none): the kept 16-bit buffer when the activation is kept so, else the
-   call's cast scratch (element 0) when the weights are 16-bit, else none. */
-static inline void *layers_out16(const struct layer_call *call, void *kept16) {
-  return kept16 != NULL ? kept16 : call->precision != L2L_F32 ? call->cast : NULL;
+/* Where an op writes an activation that a 16-bit GEMM reads next, kept in `buffer`: f32
+   there (NULL when it is kept 16-bit), and its 16-bit output (NULL: none) there when kept
+   16-bit, else into the call's cast scratch (element 0) when the weights are 16-bit. */
+struct layers_out {
+  float *f32;
+  void *h16;
+};
+static inline struct layers_out layers_out_of(const struct layer_call *call, float *buffer,
+                                              bool kept16) {
+  return (struct layers_out){kept16 ? NULL : buffer,
+                             kept16 ? (void *)buffer
+                                    : call->precision != L2L_F32 ? call->cast : NULL};
 }
-/* The activation the GEMM then reads: the 16-bit output when there is one, else y. */
-static inline struct act layers_act_of(const struct layer_call *call, const float *y,
-                                       const void *y16) {
-  return y16 != NULL ? (struct act){y16, call->precision} : act_f32(y);
+/* The activation the next GEMM reads: the 16-bit output when there is one, else the f32. */
+static inline struct act layers_act_of(const struct layer_call *call, struct layers_out o) {
+  return o.h16 != NULL ? (struct act){o.h16, call->precision} : act_f32(o.f32);
+}
+/* A kept activation as later GEMMs (a backward's) read it: 16-bit when kept so. */
+static inline struct act layers_kept_act(const struct layer_call *call, const void *buffer,
+                                         bool kept16) {
+  return kept16 ? (struct act){buffer, call->precision} : act_f32(buffer);
 }
 /* Marks the parameter of `role` as one the relay may bind in 16 bits (create_params). */
 void layer_mark_low_precision(l2l_layer *layer, int role);
