@@ -32,17 +32,19 @@ int k_bias_add(float *y, const float *bias, int64_t rows, int64_t cols, void *st
 /* y = gelu(x) (tanh form). y may be x. */
 int k_gelu_forward(float *y, const float *x, int64_t n, void *stream);
 
-/* dx = dy * gelu'(x). dx may be dy. */
-int k_gelu_backward(float *dx, const float *dy, const float *x, int64_t n, void *stream);
+/* dx = dy * gelu'(x). dx may be dy. dx16 (n of dx16_dtype, DT_BF16 or DT_F16; NULL: none)
+   gets dx rounded to nearest even as k_convert rounds. */
+int k_gelu_backward(float *dx, void *dx16, int dx16_dtype, const float *dy, const float *x,
+                    int64_t n, void *stream);
 
 /* y = gelu(x) and bit i%8 of bits[i/8] := (x[i] >= L2L_GELU_XMIN); the last byte's unused
    high bits are 0. bits has (n+7)/8 bytes. y may be x. */
 int k_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_t n, void *stream);
 
 /* dx = dy * gelu'(x), x recovered from y = gelu(x) and its side bit (the CPU's Newton
-   inversion, step for step). dx may be dy. */
-int k_gelu_backward_from_output(float *dx, const float *dy, const float *y,
-                                const uint8_t *bits, int64_t n, void *stream);
+   inversion, step for step). dx may be dy. dx16 as k_gelu_backward's. */
+int k_gelu_backward_from_output(float *dx, void *dx16, int dx16_dtype, const float *dy,
+                                const float *y, const uint8_t *bits, int64_t n, void *stream);
 
 /* Fused bias + GELU for the layers (the ops table's bias_gelu_forward; defined as the sequence
    k_bias_add(pre, bias, rows, cols) then k_gelu_forward_bits(y, bits, pre,

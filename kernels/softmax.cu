@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(1024)
 /* One streaming read per row gives max and sum of exps (online: the running sum is
    rescaled when the max grows), then losses and/or dlogits. Rows are vocabulary-long
    (too long to cache); the write pass re-reads them, mostly from L2. */
-template <bool WARP>
+template <bool WARP, bool HALF>   /* HALF: d16 is given (its own variant: no spills without) */
 __global__ void __launch_bounds__(1024)
     cross_entropy_kernel(float *losses, float *dlogits, uint16_t *d16, int d16_dtype,
                          const float *logits, const int32_t *targets, int32_t ignore_index,
@@ -183,10 +183,10 @@ __global__ void __launch_bounds__(1024)
     const float lse = m_all + logf(s_all);
     if (losses && g.t == 0) losses[row] = ignored ? 0.0f : known ? lse - target_logit : NAN;
 
-    if (dlogits || d16) {
+    if (dlogits || HALF) {
       group_sync<WARP>(); /* in place: every read of this row above precedes the writes */
       float *dr = dlogits ? dlogits + row * vocab : nullptr;
-      uint16_t *hr = d16 ? d16 + row * vocab : nullptr;
+      uint16_t *hr = HALF ? d16 + row * vocab : nullptr;
       for_row(lr, vocab, vec_out, g.t, g.T, [&](auto w, int64_t j) {
         constexpr int W = decltype(w)::value;
         Pack<W> o;
@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(1024)
           }
         }
         if (dr) store_pack<W>(dr + j, o);
-        if (hr) store_half_pack<W>(hr + j, o, d16_dtype);
+        if (HALF) store_half_pack<W>(hr + j, o, d16_dtype);
       });
     }
   }
@@ -224,12 +224,14 @@ int launch_cross_entropy(bool need_losses, bool need_dlogits, float *losses, flo
   const RowLaunch l = row_launch(rows, vocab, 0, MAX_BLOCKS);
   cudaStream_t s = (cudaStream_t)stream;
   uint16_t *h = static_cast<uint16_t *>(d16);
-  if (l.warp_mode)
-    cross_entropy_kernel<true><<<l.blocks, l.threads, 0, s>>>(
-        losses, dlogits, h, d16_dtype, logits, targets, ignore_index, scale, rows, vocab);
-  else
-    cross_entropy_kernel<false><<<l.blocks, l.threads, 0, s>>>(
-        losses, dlogits, h, d16_dtype, logits, targets, ignore_index, scale, rows, vocab);
+#define CE_LAUNCH(WARP, HALF)                                                             \
+  cross_entropy_kernel<WARP, HALF><<<l.blocks, l.threads, 0, s>>>(                        \
+      losses, dlogits, h, d16_dtype, logits, targets, ignore_index, scale, rows, vocab)
+  if (l.warp_mode && h) CE_LAUNCH(true, true);
+  else if (l.warp_mode) CE_LAUNCH(true, false);
+  else if (h) CE_LAUNCH(false, true);
+  else CE_LAUNCH(false, false);
+#undef CE_LAUNCH
   return k_launched();
 }
 

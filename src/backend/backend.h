@@ -72,8 +72,11 @@ struct backend_ops {
   l2l_status (*add)(float *out, const float *a, const float *b, int64_t n);
   /* y (n) = gelu(x (n)); y may be x */
   l2l_status (*gelu_forward)(float *y, const float *x, int64_t n);
-  /* dx (n) = dy (n) * gelu'(x (n)) */
-  l2l_status (*gelu_backward)(float *dx, const float *dy, const float *x, int64_t n);
+  /* dx (n) = dy (n) * gelu'(x (n)); dx may be dy. dx16 as layernorm_forward's y16 (beside
+     dx, which is always written: the bias's gradient sums it): the 16-bit dy of the GEMMs
+     below. */
+  l2l_status (*gelu_backward)(float *dx, void *dx16, l2l_dtype dx16_dtype, const float *dy,
+                              const float *x, int64_t n);
   /* y (rows,cols), mean and rstd (rows; either may be NULL) from x (rows,cols), weight and
      bias (cols). y16 (rows,cols) of y16_dtype (f16 or bf16), when not NULL, gets y rounded
      to nearest even in the same pass (the bits l2l_tensor_cast gives): the 16-bit input of
@@ -121,9 +124,11 @@ struct backend_ops {
   /* y = gelu(x) and bit i%8 of bits[i/8] := (x[i] >= L2L_GELU_XMIN), the side of GELU's
      minimum x was on. y may be x. */
   l2l_status (*gelu_forward_bits)(float *y, uint8_t *bits, const float *x, int64_t n);
-  /* dx = dy * gelu'(x), x recovered from y = gelu(x) and its side bit. dx may be dy. */
-  l2l_status (*gelu_backward_from_output)(float *dx, const float *dy, const float *y,
-                                          const uint8_t *bits, int64_t n);
+  /* dx = dy * gelu'(x), x recovered from y = gelu(x) and its side bit. dx may be dy. dx16
+     as gelu_backward's. */
+  l2l_status (*gelu_backward_from_output)(float *dx, void *dx16, l2l_dtype dx16_dtype,
+                                          const float *dy, const float *y, const uint8_t *bits,
+                                          int64_t n);
   /* ---- fused forms (one pass over memory; the same results as the sequences named) */
   /* pre (rows, cols) += bias per column (bias NULL: none; kept: standard mode saves it),
      y = gelu(pre), bits = pre's side bits as gelu_forward_bits, or not written when NULL:

@@ -223,7 +223,8 @@ l2l_status l2l_gelu_backward(l2l_tensor *dx, const l2l_tensor *dy, const l2l_ten
   TRY(same_shape(f, "dx", dx, "x", x));
   TRY(distinct(f, "dx", dx, "dy", dy, true));
   TRY(distinct(f, "dx", dx, "x", x, true));
-  return ops->gelu_backward(tensor_ptr(dx), tensor_ptr(dy), tensor_ptr(x), x->numel);
+  return ops->gelu_backward(tensor_ptr(dx), NULL, L2L_F32, tensor_ptr(dy), tensor_ptr(x),
+                            x->numel);
 }
 
 /* ---------------------------------------------------------------- LayerNorm */

@@ -385,14 +385,17 @@ static l2l_status mlp_backward(const struct layer_call *call, const struct block
   const int64_t N = p->N, D = p->D, F = p->F;
   float *df = at(m, p->tf);
   const float *g = at(m, p->gelu);   /* (f32 in frugal mode, the one that reads it) */
-  TRY(layers_linear_backward(call, df, grad(layer, FC2_W), grad(layer, FC2_B), dm,
+  TRY(layers_linear_backward(call, df, grad(layer, FC2_W), grad(layer, FC2_B), dm, NULL,
                              layers_kept_act(call, g, p->gelu_16), layers_weight(layer, FC2_W), N, F,
                              D, 0.0f));
+  /* d(fc) in f32 (its bias's gradient sums it) and in 16 bits for the GEMMs below */
+  void *df16 = layers_dy16_out(call);
   if (p->flags & FRUGAL)
-    TRY(ops->gelu_backward_from_output(df, df, g, (const uint8_t *)at(m, p->gelu_bits), N * F));
+    TRY(ops->gelu_backward_from_output(df, df16, call->precision, df, g,
+                                       (const uint8_t *)at(m, p->gelu_bits), N * F));
   else
-    TRY(ops->gelu_backward(df, df, at(m, p->fc), N * F));
-  return layers_linear_backward(call, dh, grad(layer, FC_W), grad(layer, FC_B), df, in,
+    TRY(ops->gelu_backward(df, df16, call->precision, df, at(m, p->fc), N * F));
+  return layers_linear_backward(call, dh, grad(layer, FC_W), grad(layer, FC_B), df, df16, in,
                                 layers_weight(layer, FC_W), N, D, F, 0.0f);
 }
 
@@ -404,7 +407,7 @@ static l2l_status attention_branch_backward(const struct layer_call *call,
   const struct backend_ops *ops = call->ops;
   const int64_t N = p->N, D = p->D;
   float *dctx = at(m, p->t3), *dqkv = at(m, p->tqkv), *qkv = at(m, p->qkv), *ctx = at(m, p->ctx);
-  TRY(layers_linear_backward(call, dctx, grad(layer, PROJ_W), grad(layer, PROJ_B), dz, act_f32(ctx),
+  TRY(layers_linear_backward(call, dctx, grad(layer, PROJ_W), grad(layer, PROJ_B), dz, NULL, act_f32(ctx),
                              layers_weight(layer, PROJ_W), N, D, D, 0.0f));
   struct backend_attention_shape sh;
   attention_shape(&sh, p, layer, call);
@@ -413,7 +416,7 @@ static l2l_status attention_branch_backward(const struct layer_call *call,
                               at(m, p->probs), at(m, p->dropped),
                               (const uint8_t *)at(m, p->attn_mask), qkv, qkv + D, qkv + 2 * D,
                               key_mask, &sh, at(m, p->attn_back_work), p->attn_back_work_floats));
-  return layers_linear_backward(call, da, grad(layer, QKV_W), grad(layer, QKV_B), dqkv, in,
+  return layers_linear_backward(call, da, grad(layer, QKV_W), grad(layer, QKV_B), dqkv, NULL, in,
                                 layers_weight(layer, QKV_W), N, D, 3 * D, 0.0f);
 }
 

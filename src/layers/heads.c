@@ -280,7 +280,8 @@ static l2l_status classifier_backward(const struct layer_call *call, l2l_layer *
   TRY(ops->cross_entropy_backward(dlogits, dlogits, tensor_ptr(call->b->targets), -1,
                                   call->b->loss_scale, B, C));
   TRY(layers_linear_backward(call, df, layers_grad_f32(layer, CLS_W), layers_grad_f32(layer, CLS_B),
-                             dlogits, act_f32(f), layers_weight(layer, CLS_W), B, D, C, 0.0f));
+                             dlogits, NULL, act_f32(f), layers_weight(layer, CLS_W), B, D, C,
+                             0.0f));
   TRY(ops->fill(dx, L2L_F32, 0.0, B * S * D));
   for (int64_t b = 0; b < B; b++)
     TRY(ops->copy(dx + b * S * D, call->pool, df + b * D, call->pool, (uint64_t)D * sizeof(float)));

@@ -260,14 +260,15 @@ l2l_status layers_cast_activation(const struct layer_call *call, const void **ou
 /* Linear maps on row-major buffers, shared by the kinds: y (n,out) = x (n,in) @ w (in,out)
    [+ bias]; the backward adds x^T dy into dw and column sums of dy into db (NULL: none)
    and sets dx = dy w^T + dx_beta * dx (dx NULL: skipped). With a 16-bit w, x (unless it is
-   16-bit already) and dy are rounded to its dtype first (cast scratch: n * (in + out)
-   elements). */
+   16-bit already) and dy (unless dy16, its copy in w's dtype, is given; NULL: none) are
+   rounded to its dtype first (cast scratch: dy's n * out elements, then x's n * in). */
 l2l_status layers_linear_forward(const struct layer_call *call, float *y, struct act x,
                                  struct weight w, const float *bias, int64_t n, int64_t in,
                                  int64_t out);
 l2l_status layers_linear_backward(const struct layer_call *call, float *dx, float *dw, float *db,
-                                  const float *dy, struct act x, struct weight w, int64_t n,
-                                  int64_t in, int64_t out, float dx_beta);
+                                  const float *dy, const void *dy16, struct act x,
+                                  struct weight w, int64_t n, int64_t in, int64_t out,
+                                  float dx_beta);
 /* Where an op writes an activation that a 16-bit GEMM reads next, kept in `buffer`: f32
    there (NULL when it is kept 16-bit), and its 16-bit output (NULL: none) there when kept
    16-bit, else into the call's cast scratch (element 0) when the weights are 16-bit. */
@@ -284,6 +285,11 @@ static inline struct layers_out layers_out_of(const struct layer_call *call, flo
 /* The activation the next GEMM reads: the 16-bit output when there is one, else the f32. */
 static inline struct act layers_act_of(const struct layer_call *call, struct layers_out o) {
   return o.h16 != NULL ? (struct act){o.h16, call->precision} : act_f32(o.f32);
+}
+/* Where a backward's op writes the 16-bit copy of a gradient the next GEMMs read as their
+   dy (layers_linear_backward's dy16: the cast scratch's start), NULL with f32 weights. */
+static inline void *layers_dy16_out(const struct layer_call *call) {
+  return call->precision != L2L_F32 ? call->cast : NULL;
 }
 /* A kept activation as later GEMMs (a backward's) read it: 16-bit when kept so. */
 static inline struct act layers_kept_act(const struct layer_call *call, const void *buffer,

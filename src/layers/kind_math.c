@@ -79,12 +79,14 @@ l2l_status layers_linear_forward(const struct layer_call *call, float *y, struct
 }
 
 l2l_status layers_linear_backward(const struct layer_call *call, float *dx, float *dw, float *db,
-                                  const float *dy, struct act x, struct weight w, int64_t n,
-                                  int64_t in, int64_t out, float dx_beta) {
+                                  const float *dy, const void *dy16, struct act x,
+                                  struct weight w, int64_t n, int64_t in, int64_t out,
+                                  float dx_beta) {
   const struct backend_ops *ops = call->ops;
   /* dw accumulates in f32 from x and dy rounded like the weight (both 16-bit, or both f32) */
   const void *xr = NULL, *dyr = NULL;
-  TRY(layers_cast_activation(call, &dyr, act_f32(dy), n * out, w.dtype, 0));
+  TRY(layers_cast_activation(call, &dyr, dy16 ? (struct act){dy16, w.dtype} : act_f32(dy),
+                             n * out, w.dtype, 0));
   TRY(layers_cast_activation(call, &xr, x, n * in, w.dtype, n * out));
   TRY(ops->gemm_batched(dw, xr, dyr, w.dtype, 1, in, out, n, 1, 0, 1.0f, 1.0f));
   if (db) TRY(ops->bias_backward(db, dy, n, out));

@@ -48,11 +48,11 @@ TEST(cuda_backend_gelu_side_bits) {
       fdata(dy0)[i] = (float)((check_rand_int(0, 1) ? 1 : -1) * check_rand_uniform(0.5, 1.5));
     struct twin dy = twin_of(dy0), dx = twin_of(NANS(n));
     struct twin dyc = twin_of(copied_to(dy.h, L2L_POOL_HOST));
-    CHECK_OK(hops->gelu_backward_from_output(fdata(dx.h), fdata(dy.h), fdata(y.h), bdata(bits.h), n));
-    CHECK_OK(dops->gelu_backward_from_output(fdata(dx.d), fdata(dy.d), fdata(y.d), bdata(bits.d), n));
+    CHECK_OK(hops->gelu_backward_from_output(fdata(dx.h), NULL, L2L_F32, fdata(dy.h), fdata(y.h), bdata(bits.h), n));
+    CHECK_OK(dops->gelu_backward_from_output(fdata(dx.d), NULL, L2L_F32, fdata(dy.d), fdata(y.d), bdata(bits.d), n));
     /* dx may be dy */
-    CHECK_OK(hops->gelu_backward_from_output(fdata(dyc.h), fdata(dyc.h), fdata(y.h), bdata(bits.h), n));
-    CHECK_OK(dops->gelu_backward_from_output(fdata(dyc.d), fdata(dyc.d), fdata(y.d), bdata(bits.d), n));
+    CHECK_OK(hops->gelu_backward_from_output(fdata(dyc.h), NULL, L2L_F32, fdata(dyc.h), fdata(y.h), bdata(bits.h), n));
+    CHECK_OK(dops->gelu_backward_from_output(fdata(dyc.d), NULL, L2L_F32, fdata(dyc.d), fdata(y.d), bdata(bits.d), n));
     CHECK_OK(l2l_device_synchronize());
     snprintf(what, sizeof what, "gelu_backward_from_output n=%lld", (long long)n);
     CHECK_TWIN(what, dx, 1.0, TOL_GELU_FROM_OUTPUT);
@@ -144,6 +144,23 @@ TEST(cuda_backend_16bit_outputs) {
       check_y16(what, y, h, dt);
       check_y16(what, y, h_alone, dt);
       l2l_tensor_free(targets0), l2l_tensor_free(targets);
+      /* GELU's backward, both forms (x as dy, the layer's values as y), its 16-bit dx copy */
+      for (int form = 0; form < 2; form++) {
+        l2l_tensor *gy = DEV(L2L_F32, rows, cols), *gbits = DEV(L2L_U8, (n + 7) / 8);
+        CHECK_OK(dops->gelu_forward_bits(fdata(gy), l2l_tensor_data(gbits), fdata(x.d), n));
+        if (form)
+          CHECK_OK(dops->gelu_backward_from_output(fdata(y), l2l_tensor_data(h), dt, fdata(add.d),
+                                                   fdata(gy), l2l_tensor_data(gbits), n));
+        else
+          CHECK_OK(dops->gelu_backward(fdata(y), l2l_tensor_data(h), dt, fdata(add.d), fdata(x.d),
+                                       n));
+        CHECK_OK(l2l_device_synchronize());
+        snprintf(what, sizeof what, "%s %lldx%lld dx16 (%s)",
+                 form ? "gelu_backward_from_output" : "gelu_backward", (long long)rows,
+                 (long long)cols, l2l_dtype_name(dt));
+        check_y16(what, y, h, dt);
+        l2l_tensor_free(gy), l2l_tensor_free(gbits);
+      }
       /* a 16-bit output at an odd element: rows that start off every alignment */
       l2l_tensor *wide = DEV(dt, n + 1);
       uint16_t *odd = (uint16_t *)l2l_tensor_data(wide) + 1;

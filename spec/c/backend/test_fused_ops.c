@@ -140,6 +140,42 @@ TEST(fused_bias_gelu_equals_bias_add_then_gelu) {
   }
 }
 
+/* GELU's backward, both forms, with the 16-bit copy of dx the GEMMs below read: dx as
+   without it, and the copy convert's rounding of dx; in place over dy too. */
+TEST(gelu_backward_16bit_copy_is_dx_rounded) {
+  const struct backend_ops *ops = &cpu_backend;
+  for (int s = 0; s < SHAPES; s++) {
+    const int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols, nb = (n + 7) / 8;
+    float *x = randn(n, 2.0), *dy = randn(n, 1.0), *y = poison(n);
+    uint8_t *bits = xmalloc((size_t)nb);
+    CHECK_OK(ops->gelu_forward_bits(y, bits, x, n));
+    for (int form = 0; form < 2; form++) {
+      const char *name = form ? "gelu_backward_from_output" : "gelu_backward";
+      float *want = poison(n);
+      if (form) CHECK_OK(ops->gelu_backward_from_output(want, NULL, L2L_F32, dy, y, bits, n));
+      else CHECK_OK(ops->gelu_backward(want, NULL, L2L_F32, dy, x, n));
+      for (int d = 0; d < 2; d++) {
+        float *dx = poison(n), *over = copy_of(dy, n);
+        uint16_t *h = poison16(n), *h_over = poison16(n);
+        if (form) {
+          CHECK_OK(ops->gelu_backward_from_output(dx, h, halves[d], dy, y, bits, n));
+          CHECK_OK(ops->gelu_backward_from_output(over, h_over, halves[d], over, y, bits, n));
+        } else {
+          CHECK_OK(ops->gelu_backward(dx, h, halves[d], dy, x, n));
+          CHECK_OK(ops->gelu_backward(over, h_over, halves[d], over, x, n));
+        }
+        same_bits(name, dx, want, n, rows, cols);
+        same_bits(name, over, want, n, rows, cols);
+        same_halves(name, halves[d], h, want, n, rows, cols);
+        same_halves(name, halves[d], h_over, want, n, rows, cols);
+        free(dx), free(over), free(h), free(h_over);
+      }
+      free(want);
+    }
+    free(x), free(dy), free(y), free(bits);
+  }
+}
+
 TEST(fused_add_layernorm_equals_add_then_layernorm) {
   const struct backend_ops *ops = &cpu_backend;
   for (int s = 0; s < SHAPES; s++) {

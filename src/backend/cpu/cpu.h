@@ -35,7 +35,8 @@ l2l_status cpu_bias_add(float *y, const float *bias, int64_t rows, int64_t cols)
 l2l_status cpu_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols);
 l2l_status cpu_add(float *out, const float *a, const float *b, int64_t n);
 l2l_status cpu_gelu_forward(float *y, const float *x, int64_t n);
-l2l_status cpu_gelu_backward(float *dx, const float *dy, const float *x, int64_t n);
+l2l_status cpu_gelu_backward(float *dx, void *dx16, l2l_dtype dx16_dtype, const float *dy,
+                             const float *x, int64_t n);
 l2l_status cpu_layernorm_forward(float *y, void *y16, l2l_dtype y16_dtype, float *mean_out,
                                  float *rstd_out, const float *x, const float *weight,
                                  const float *bias, float eps, int64_t rows, int64_t cols);
@@ -63,8 +64,9 @@ l2l_status cpu_dropout_forward(float *y, uint8_t *mask, const float *x, float p,
 l2l_status cpu_dropout_backward(float *dx, const float *dy, const uint8_t *mask, float p,
                                 int64_t n);
 l2l_status cpu_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_t n);
-l2l_status cpu_gelu_backward_from_output(float *dx, const float *dy, const float *y,
-                                         const uint8_t *bits, int64_t n);
+l2l_status cpu_gelu_backward_from_output(float *dx, void *dx16, l2l_dtype dx16_dtype,
+                                         const float *dy, const float *y, const uint8_t *bits,
+                                         int64_t n);
 l2l_status cpu_bias_gelu_forward(float *pre, float *y, void *y16, l2l_dtype y16_dtype,
                                  uint8_t *bits, const float *bias, int64_t rows, int64_t cols);
 l2l_status cpu_add_layernorm_forward(float *sum, float *y, void *y16, l2l_dtype y16_dtype,

@@ -125,15 +125,25 @@ l2l_status cpu_gelu_forward(float *y, const float *x, int64_t n) {
 }
 
 /* d/dx [x s(2u)] = s + x * 2u' * s (1 - s), with s = sigmoid(2u), u' = k0 (1 + 3 k1 x^2). */
-l2l_status cpu_gelu_backward(float *dx, const float *dy, const float *x, int64_t n) {
+enum { GELU_BACKWARD_CHUNK = 4096 };
+
+l2l_status cpu_gelu_backward(float *dx, void *dx16, l2l_dtype dx16_dtype, const float *dy,
+                             const float *x, int64_t n) {
+  const int64_t chunks = (n + GELU_BACKWARD_CHUNK - 1) / GELU_BACKWARD_CHUNK;
   int nt = threads_for(n * 8);
-#pragma omp parallel for simd schedule(static) num_threads(nt)
-  for (int64_t i = 0; i < n; i++) {
-    float v = x[i];
-    float u = GELU_K0 * (v + GELU_K1 * v * v * v);
-    float du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * v * v);
-    float s = 1.0f / (1.0f + vexp(-2.0f * u));
-    dx[i] = dy[i] * (s + v * 2.0f * du * s * (1.0f - s));
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t c = 0; c < chunks; c++) {
+    const int64_t first = c * GELU_BACKWARD_CHUNK;
+    const int64_t count = n - first < GELU_BACKWARD_CHUNK ? n - first : GELU_BACKWARD_CHUNK;
+#pragma omp simd
+    for (int64_t i = first; i < first + count; i++) {
+      float v = x[i];
+      float u = GELU_K0 * (v + GELU_K1 * v * v * v);
+      float du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * v * v);
+      float s = 1.0f / (1.0f + vexp(-2.0f * u));
+      dx[i] = dy[i] * (s + v * 2.0f * du * s * (1.0f - s));
+    }
+    if (dx16) cpu_round_16((uint16_t *)dx16 + first, dx16_dtype, dx + first, count);
   }
   return L2L_OK;
 }
@@ -230,8 +240,9 @@ l2l_status cpu_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_
   return cpu_gelu_forward(y, x, n);
 }
 
-l2l_status cpu_gelu_backward_from_output(float *dx, const float *dy, const float *y,
-                                         const uint8_t *bits, int64_t n) {
+l2l_status cpu_gelu_backward_from_output(float *dx, void *dx16, l2l_dtype dx16_dtype,
+                                         const float *dy, const float *y, const uint8_t *bits,
+                                         int64_t n) {
   pthread_once(&gelu_tables_once, gelu_tables_build);
   const float *table = &gelu_tables.slope[0][0];
   const float y_left = gelu_tables.y_left, last = (float)(GELU_TABLE - 1);
@@ -261,6 +272,7 @@ l2l_status cpu_gelu_backward_from_output(float *dx, const float *dy, const float
       float slope = lo + f * (hi - lo);
       dx[first + i] = dy[first + i] * (v == v ? slope : v); /* a NaN output stays NaN */
     }
+    if (dx16) cpu_round_16((uint16_t *)dx16 + first, dx16_dtype, dx + first, count);
   }
   return L2L_OK;
 }

@@ -176,8 +176,9 @@ static l2l_status cuda_gelu_forward(float *y, const float *x, int64_t n) {
   return L2L_OK;
 }
 
-static l2l_status cuda_gelu_backward(float *dx, const float *dy, const float *x, int64_t n) {
-  LAUNCH(k_gelu_backward(dx, dy, x, n, cuda_rt.compute));
+static l2l_status cuda_gelu_backward(float *dx, void *dx16, l2l_dtype dx16_dtype, const float *dy,
+                                     const float *x, int64_t n) {
+  LAUNCH(k_gelu_backward(dx, dx16, (int)dx16_dtype, dy, x, n, cuda_rt.compute));
   return L2L_OK;
 }
 
@@ -186,9 +187,11 @@ static l2l_status cuda_gelu_forward_bits(float *y, uint8_t *bits, const float *x
   return L2L_OK;
 }
 
-static l2l_status cuda_gelu_backward_from_output(float *dx, const float *dy, const float *y,
+static l2l_status cuda_gelu_backward_from_output(float *dx, void *dx16, l2l_dtype dx16_dtype,
+                                                 const float *dy, const float *y,
                                                  const uint8_t *bits, int64_t n) {
-  LAUNCH(k_gelu_backward_from_output(dx, dy, y, bits, n, cuda_rt.compute));
+  LAUNCH(k_gelu_backward_from_output(dx, dx16, (int)dx16_dtype, dy, y, bits, n,
+                                     cuda_rt.compute));
   return L2L_OK;
 }
 

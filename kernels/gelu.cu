@@ -1,0 +1,275 @@
+/* SPDX-License-Identifier: MIT */
+/* gelu.cu — GELU on the GPU: forward, backward, the frugal mode's side bits and its
+ * backward from the output, and the fused bias + GELU of the block.
+ *
+ * Purpose: the CPU backend's GELU ops (src/backend/cpu/layer_ops.c defines every result)
+ * as elementwise.cu's maps (map.cuh), with the 16-bit copies the layers' GEMMs read
+ * written in the same pass (rounded as k_convert rounds). Launchers are declared in
+ * elementwise.h.
+ * Aliasing: as elementwise.cu's (each thread reads its elements before it writes them).
+ * Must never: synchronize, allocate, print or exit; use fast-math intrinsics.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "elementwise.h"
+#include "map.cuh"
+
+/* ---------------------------------------------------------------- GELU */
+
+struct GeluOp {
+  float *y;
+  const float *x;
+  __device__ void scalar(int64_t i) const { y[i] = k_gelu(x[i]); }
+  __device__ void quad(int64_t q) const {
+    float4 v = load4(x, q);
+    store4(y, q, make_float4(k_gelu(v.x), k_gelu(v.y), k_gelu(v.z), k_gelu(v.w)));
+  }
+};
+
+/* A backward's dx rounded to its 16-bit copy (dx16 NULL: none), element i or quad q. */
+struct Half16Out {
+  uint16_t *dx16;
+  int dtype;
+  __device__ void one(int64_t i, float v) const {
+    if (dx16) dx16[i] = dtype == DT_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+  }
+  __device__ void four(int64_t q, float4 v) const {
+    one(4 * q, v.x), one(4 * q + 1, v.y), one(4 * q + 2, v.z), one(4 * q + 3, v.w);
+  }
+};
+
+struct GeluBackwardOp {
+  float *dx;
+  const float *dy, *x;
+  Half16Out out16;
+  __device__ void scalar(int64_t i) const {
+    const float r = dy[i] * k_gelu_prime(x[i]);
+    dx[i] = r;
+    out16.one(i, r);
+  }
+  __device__ void quad(int64_t q) const {
+    float4 d = load4(dy, q), v = load4(x, q);
+    const float4 r = make_float4(d.x * k_gelu_prime(v.x), d.y * k_gelu_prime(v.y),
+                                 d.z * k_gelu_prime(v.z), d.w * k_gelu_prime(v.w));
+    store4(dx, q, r);
+    out16.four(q, r);
+  }
+};
+
+extern "C" int k_gelu_forward(float *y, const float *x, int64_t n, void *stream) {
+  return launch_map(GeluOp{y, x}, n, aligned16(y) && aligned16(x), stream);
+}
+
+extern "C" int k_gelu_backward(float *dx, void *dx16, int dx16_dtype, const float *dy,
+                               const float *x, int64_t n, void *stream) {
+  if (dx16 != NULL && dx16_dtype != DT_BF16 && dx16_dtype != DT_F16) return invalid_argument();
+  bool vec = aligned16(dx) && aligned16(dy) && aligned16(x);
+  return launch_map(GeluBackwardOp{dx, dy, x, {static_cast<uint16_t *>(dx16), dx16_dtype}}, n,
+                    vec, stream);
+}
+
+/* ---- GELU with side bits, plain or fused with the bias add
+   One thread per output byte of bits (8 elements), so no two threads share a byte.
+   BIAS: in = pre (rows, cols), pre += bias[col] is written back before y = gelu(pre).
+   Not BIAS: in = x, read only. Full bytes move as two float4s when aligned (with BIAS
+   this also needs cols % 8 == 0, so a byte's 8 elements share a row and bias float4s).
+   The column of a byte's first element is tracked like bias_add_kernel's. y (may be null)
+   gets gelu in f32, y16 (may be null) rounded to y16_dtype as k_convert rounds it: the
+   8 halves of a byte in one 16-byte store when y16 is 16-byte aligned. */
+
+/* The 8 values of a byte rounded to dtype and stored at h (element 8*byte of y16). */
+static __device__ __forceinline__ void store_byte_halves(uint16_t *h, const float v[8],
+                                                         int dtype, bool aligned) {
+  uint16_t out[8];
+#pragma unroll
+  for (int e = 0; e < 8; e++) out[e] = dtype == DT_BF16 ? f32_to_bf16(v[e]) : f32_to_f16(v[e]);
+  if (aligned) {
+    *reinterpret_cast<uint4 *>(h) =
+        make_uint4(out[0] | (uint32_t)out[1] << 16, out[2] | (uint32_t)out[3] << 16,
+                   out[4] | (uint32_t)out[5] << 16, out[6] | (uint32_t)out[7] << 16);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; e++) h[e] = out[e];
+  }
+}
+
+template <bool BIAS>
+__global__ void __launch_bounds__(L2L_THREADS)
+    gelu_bits_kernel(float *pre, const float *in, float *y, uint16_t *y16, int y16_dtype,
+                     uint8_t *bits, const float *bias, int64_t n, int64_t cols,
+                     bool vectorized) {
+  const int64_t bytes = (n + 7) >> 3, stride = grid_threads();
+  int64_t byte = thread_index();
+  if (byte >= bytes) return;
+  const bool y16_aligned = ((uintptr_t)y16 & 15) == 0;
+  int64_t col = 0, col_step = 0; /* column of element 8*byte; used only with BIAS */
+  if (BIAS) {
+    col = (byte << 3) % cols;
+    col_step = (stride << 3) % cols;
+  }
+  for (; byte < bytes; byte += stride) {
+    const int64_t first = byte << 3;
+    uint8_t side = 0;
+    if (vectorized && first + 8 <= n) {
+      float4 lo = load4(in, byte * 2), hi = load4(in, byte * 2 + 1);
+      if (BIAS) {
+        float4 b0 = load4(bias, col >> 2), b1 = load4(bias, (col >> 2) + 1);
+        lo = make_float4(lo.x + b0.x, lo.y + b0.y, lo.z + b0.z, lo.w + b0.w);
+        hi = make_float4(hi.x + b1.x, hi.y + b1.y, hi.z + b1.z, hi.w + b1.w);
+        store4(pre, byte * 2, lo);
+        store4(pre, byte * 2 + 1, hi);
+      }
+      side = (uint8_t)((lo.x >= L2L_GELU_XMIN_D) | (lo.y >= L2L_GELU_XMIN_D) << 1 |
+                       (lo.z >= L2L_GELU_XMIN_D) << 2 | (lo.w >= L2L_GELU_XMIN_D) << 3 |
+                       (hi.x >= L2L_GELU_XMIN_D) << 4 | (hi.y >= L2L_GELU_XMIN_D) << 5 |
+                       (hi.z >= L2L_GELU_XMIN_D) << 6 | (hi.w >= L2L_GELU_XMIN_D) << 7);
+      const float g[8] = {k_gelu(lo.x), k_gelu(lo.y), k_gelu(lo.z), k_gelu(lo.w),
+                          k_gelu(hi.x), k_gelu(hi.y), k_gelu(hi.z), k_gelu(hi.w)};
+      if (y) {
+        store4(y, byte * 2, make_float4(g[0], g[1], g[2], g[3]));
+        store4(y, byte * 2 + 1, make_float4(g[4], g[5], g[6], g[7]));
+      }
+      if (y16) store_byte_halves(y16 + first, g, y16_dtype, y16_aligned);
+    } else {
+      const int count = n - first < 8 ? (int)(n - first) : 8;
+      int64_t c = col;
+      for (int j = 0; j < count; j++) {
+        float v = in[first + j];
+        if (BIAS) {
+          v += bias[c];
+          pre[first + j] = v;
+          if (++c == cols) c = 0;
+        }
+        side |= (uint8_t)((v >= L2L_GELU_XMIN_D) << j);
+        const float g = k_gelu(v);
+        if (y) y[first + j] = g; /* after the reads of element first+j: y may be in */
+        if (y16) y16[first + j] = y16_dtype == DT_BF16 ? f32_to_bf16(g) : f32_to_f16(g);
+      }
+    }
+    if (bits) bits[byte] = side;
+    if (BIAS) {
+      col += col_step;
+      if (col >= cols) col -= cols;
+    }
+  }
+}
+
+extern "C" int k_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_t n,
+                                   void *stream) {
+  if (n < 0 || bits == NULL) return invalid_argument();
+  if (n == 0) return 0;
+  bool vec = aligned16(y) && aligned16(x);
+  gelu_bits_kernel<false><<<k_blocks_for((n + 7) >> 3), L2L_THREADS, 0,
+                            (cudaStream_t)stream>>>(NULL, x, y, NULL, 0, bits, NULL, n, 1, vec);
+  return k_launched();
+}
+
+extern "C" int k_bias_gelu_forward(float *pre, float *y, void *y16, int y16_dtype,
+                                   uint8_t *bits, const float *bias, int64_t rows,
+                                   int64_t cols, void *stream) {
+  if (rows < 0 || cols < 0 || (y == NULL && y16 == NULL)) return invalid_argument();
+  if (y16 != NULL && y16_dtype != DT_BF16 && y16_dtype != DT_F16) return invalid_argument();
+  if (rows == 0 || cols == 0) return 0;
+  const int64_t n = rows * cols;
+  uint16_t *h = static_cast<uint16_t *>(y16);
+  cudaStream_t s = (cudaStream_t)stream;
+  /* (a null y is no constraint on the float4 path) */
+  const bool y_ok = y == NULL || aligned16(y);
+  if (bias == NULL) {
+    gelu_bits_kernel<false><<<k_blocks_for((n + 7) >> 3), L2L_THREADS, 0, s>>>(
+        NULL, pre, y, h, y16_dtype, bits, NULL, n, 1, y_ok && aligned16(pre));
+    return k_launched();
+  }
+  bool vec = (cols & 7) == 0 && aligned16(pre) && y_ok && aligned16(bias);
+  gelu_bits_kernel<true><<<k_blocks_for((n + 7) >> 3), L2L_THREADS, 0, s>>>(
+      pre, pre, y, h, y16_dtype, bits, bias, n, cols, vec);
+  return k_launched();
+}
+
+/* ---- GELU backward from its output y and the side bit (x >= X_MIN).
+   The CPU reads gelu' off tables (src/backend/cpu/layer_ops.c); a GPU has arithmetic to
+   spare and scattered table reads cost more there, so this kernel inverts y by Newton
+   steps, as the CPU backend did before its tables (same spec, spec/c/backend/test_frugal_gelu.c's
+   bounds). Near the minimum gelu' -> 0 and x(y) has a square-root singularity, so Newton
+   runs on T(x) = +-sqrt(gelu(x) - Y_MIN) (sign = branch), which is smooth with slope -> C
+   there. Far out on the left branch (t < -0.2, x < about -1.5) y -> 0- exponentially; there
+   Newton runs on ln(-gelu(x)) = ln(-x) + ln s, nearly a cubic, which converges from the
+   right. Four steps from x0 = X_MIN + t/C (or x0 = y right of the minimum when larger,
+   since gelu(x) <= x there) bring gelu' within 2.1e-6 of the float64 value everywhere
+   except within ~0.05 of the minimum, where y's own rounding limits any method. Branch
+   logic is written as float selects, one division per step. */
+#define GELU_C 0.46389659f /* sqrt(gelu''(X_MIN) / 2): dT/dx at the minimum */
+#define GELU_NEWTON_STEPS 4
+
+static __host__ __device__ __forceinline__ float max0(float v) { return v > 0.0f ? v : 0.0f; }
+
+static __host__ __device__ __forceinline__ float gelu_prime_from_output(float y, float right) {
+  float side = 2.0f * right - 1.0f;
+  float t = side * sqrtf(max0(y - L2L_GELU_YMIN_D));
+  float x = L2L_GELU_XMIN_D + t * (1.0f / GELU_C);
+  x += right * max0(y - x); /* right of the minimum gelu(x) <= x, so x >= y */
+  float left_far = t < -0.2f ? 1.0f : 0.0f; /* t < -0.2 only happens on the left branch */
+  float log_target = logf(max0(-y) + 1e-37f);
+#pragma unroll
+  for (int step = 0; step < GELU_NEWTON_STEPS; step++) {
+    float u = L2L_GELU_K0 * (x + L2L_GELU_K1 * x * x * x);
+    float du = L2L_GELU_K0 * (1.0f + 3.0f * L2L_GELU_K1 * x * x);
+    float s = 1.0f / (1.0f + expf(-2.0f * u));
+    float g = x * s, g1 = s + x * 2.0f * du * s * (1.0f - s);
+    float e = max0(g - L2L_GELU_YMIN_D);
+    float tx = (x >= L2L_GELU_XMIN_D ? 1.0f : -1.0f) * sqrtf(e);
+    /* T-space step (tx - t) / (g1 / 2tx), or (tx - t) / C right at the minimum;
+       log-space step (ln(-g) - ln(-y)) / (1/x + 2u'(1 - s)), multiplied through by x. */
+    float num_t = e > 1e-6f ? (tx - t) * 2.0f * tx : (tx - t) * (1.0f / GELU_C);
+    float den_t = e > 1e-6f ? g1 : 1.0f;
+    float num_log = (logf(max0(-g) + 1e-37f) - log_target) * x;
+    float den_log = 1.0f + 2.0f * x * du * (1.0f - s);
+    float next = x - (left_far > 0.5f ? num_log : num_t) / (left_far > 0.5f ? den_log : den_t);
+    /* stay on the bit's branch */
+    float above = next > L2L_GELU_XMIN_D ? next : L2L_GELU_XMIN_D;
+    float below = next < L2L_GELU_XMIN_D ? next : L2L_GELU_XMIN_D;
+    x = right > 0.5f ? above : below;
+  }
+  float u = L2L_GELU_K0 * (x + L2L_GELU_K1 * x * x * x);
+  float du = L2L_GELU_K0 * (1.0f + 3.0f * L2L_GELU_K1 * x * x);
+  float s = 1.0f / (1.0f + expf(-2.0f * u));
+  return s + x * 2.0f * du * s * (1.0f - s);
+}
+
+static __device__ __forceinline__ float bit_as_float(unsigned byte, int bit) {
+  return (float)((byte >> bit) & 1u);
+}
+
+struct GeluBackwardFromOutputOp {
+  float *dx;
+  const float *dy, *y;
+  const uint8_t *bits;
+  Half16Out out16;
+  __device__ void scalar(int64_t i) const {
+    const float r = dy[i] * gelu_prime_from_output(y[i], bit_as_float(bits[i >> 3], (int)(i & 7)));
+    dx[i] = r;
+    out16.one(i, r);
+  }
+  __device__ void quad(int64_t q) const { /* elements 4q..4q+3: one nibble of byte q/2 */
+    unsigned byte = bits[q >> 1];
+    int shift = (int)(q & 1) * 4;
+    float4 d = load4(dy, q), v = load4(y, q);
+    const float4 r = make_float4(d.x * gelu_prime_from_output(v.x, bit_as_float(byte, shift)),
+                                 d.y * gelu_prime_from_output(v.y, bit_as_float(byte, shift + 1)),
+                                 d.z * gelu_prime_from_output(v.z, bit_as_float(byte, shift + 2)),
+                                 d.w * gelu_prime_from_output(v.w, bit_as_float(byte, shift + 3)));
+    store4(dx, q, r);
+    out16.four(q, r);
+  }
+};
+
+extern "C" int k_gelu_backward_from_output(float *dx, void *dx16, int dx16_dtype,
+                                           const float *dy, const float *y, const uint8_t *bits,
+                                           int64_t n, void *stream) {
+  if (dx16 != NULL && dx16_dtype != DT_BF16 && dx16_dtype != DT_F16) return invalid_argument();
+  bool vec = aligned16(dx) && aligned16(dy) && aligned16(y);
+  return launch_map(
+      GeluBackwardFromOutputOp{dx, dy, y, bits, {static_cast<uint16_t *>(dx16), dx16_dtype}}, n,
+      vec, stream);
+}
