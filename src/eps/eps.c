@@ -3,10 +3,10 @@
  *
  * Purpose: the records (joining and leaving between steps as the relay's list says), a
  * step's bookkeeping (what each record expects, its arrivals counted, deferred updates
- * released, the outcome), and the gradient arrivals: each one chunk jobs on the worker
- * queue that add into the accumulator (all the workers on a large record); the arrival
- * that completes a record starts its update
- * (update.c, the core's update queue) or, with ranks, its exchange.
+ * released, the outcome), and the gradient arrivals: each one split into chunk jobs on
+ * the worker queue that add into the accumulator (all the workers on a large record); the
+ * arrival that completes a record starts its update (update.c, the core's update queue)
+ * or, with ranks, its exchange.
  * Must never: update a record before all its gradients for the minibatch have arrived,
  * or change anything of a record that the step does not update.
  */

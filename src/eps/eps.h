@@ -194,7 +194,6 @@ struct eps {
   pthread_cond_t changed;
   bool defer;                  /* global clipping: updates wait for eps_step_release */
   int arrivals_in_flight;      /* gradients given and not yet added */
-
   double lr;
   /* This step's records whose accumulated gradient held an inf or NaN: their updates
      skipped, their accumulators cleared (under the lock); the first one's name and the
