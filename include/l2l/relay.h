@@ -184,7 +184,11 @@ typedef struct l2l_relay_config {
                                    at every step's start, so transfers move 16-bit weights
                                    and the layers' GEMMs read 16-bit weights and 16-bit-
                                    rounded activations, accumulating in f32 (so do the
-                                   attention products on a GPU). f16 wants loss_scale. */
+                                   attention products on a GPU); an activation that only
+                                   those GEMMs read (LayerNorm's and GELU's outputs where
+                                   no backward reads them in f32, the logits' gradient) is
+                                   kept in 16 bits, half its bytes, written so by the op
+                                   that makes it. f16 wants loss_scale. */
   l2l_dtype grad_precision;     /* gradients out of the device: f32 (0, the default), or
                                    bf16 / f16: the gradient of each GEMM weight and token
                                    table (the parameters `precision` makes 16-bit, whatever
