@@ -47,7 +47,7 @@ end
 local function relay(c)
   local model = gpt(c)
   return l2l.Relay { model = model, micro_batch = c.micro_batch, stash = c.stash, inner = c.inner,
-                     optimizer = l2l.AdamW { lr = 1e-3 }, seed = 7 }, model
+                     precision = c.precision, optimizer = l2l.AdamW { lr = 1e-3 }, seed = 7 }, model
 end
 
 -- A training step's FLOPs by the profile's rules, from the model's shapes alone. GEMMs:
@@ -137,6 +137,40 @@ describe("l2l.profile", function()
       -- 46's "at most one device synchronisation a step")
       assert.are.equal(steps, p.syncs, what)
       assert.are.equal(-1, p.launches, what)   -- the CPU queues nothing
+      run:free()
+    end
+  end)
+
+  -- With 16-bit weights a GEMM reads its activation and its dy in 16 bits; the ops that make
+  -- LayerNorm's and GELU's outputs, GELU's backward and the head's logits' gradient write
+  -- them so themselves (issue 46's fewer passes), so a step's casts are only the GEMM
+  -- inputs nothing writes in 16 bits, counted here from the block's structure: per block
+  -- and micro-batch, the forward's attention output (before the projection; again in a
+  -- recomputed forward), and in the backward the dy of the MLP's second projection, of
+  -- the attention's projection and of the qkv map, and the attention output as the
+  -- projection's x; frugal mode keeps LayerNorm's and GELU's outputs in f32 (its backward
+  -- reads them), so their three weight-gradient GEMMs cast them too. The standard head
+  -- keeps its LayerNorm's output and the logits' gradient 16-bit: no cast.
+  it("with 16-bit weights casts only the GEMM inputs no op writes in 16 bits", function()
+    for _, memory in ipairs { "standard", "frugal", support.int(0, 1) == 1 and "frugal" or "standard" } do
+      local c = draw()
+      c.precision, c.memory = "bf16", memory
+      local what = describe_config(c)
+      local run = relay(c)
+      local tok, tgt = batch(c)
+      run:step(tok, tgt)
+      local steps = support.int(1, 2)
+      l2l.profile.start()
+      for _ = 1, steps do run:step(tok, tgt) end
+      l2l.profile.stop()
+      local casts = 0
+      for _, r in ipairs(l2l.profile.report().rows) do
+        if r.op == "convert" then casts = casts + r.calls end
+      end
+      local micro_batches = math.ceil(c.B / c.micro_batch)
+      local forward = c.inner == "recompute" and 2 or 1
+      local per_block = forward + 4 + (c.memory == "frugal" and 3 or 0)
+      assert.are.equal(steps * micro_batches * c.L * per_block, casts, what)
       run:free()
     end
   end)
