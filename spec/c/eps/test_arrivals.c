@@ -23,7 +23,7 @@
 #include "layers/layers.h"
 #include "reference.h"
 
-/* An EPS of the records of `layer` (f32 masters, no staging), SGD without momentum. */
+/* An EPS of the records of `layer` (f32 masters, no staging) with optimizer `opt`. */
 static bool eps_of(struct eps *eps, struct core_timeline *tl, l2l_layer *layer,
                    const l2l_optimizer_config *opt) {
   struct eps_settings settings = {.optimizer = opt, .precision = L2L_F32, .threads = 3,
