@@ -28,7 +28,6 @@
  */
 #include <omp.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "bench.h"
@@ -314,12 +313,7 @@ int main(void) {
   printf("\nA bf16 gradient of %d Mi parameters given to the EPS (pinned), until added:\n\n",
          N >> 20);
   printf("| threads | path | B/param | ms | Gparam/s | GB/s |\n|---:|---|---:|---:|---:|---:|\n");
-  const char *bind = getenv("OMP_PROC_BIND");
-  if (bind != NULL && strcmp(bind, "false") != 0)   /* the EPS's workers would inherit it */
-    printf("(not run: OMP_PROC_BIND=%s binds this thread, and the EPS's worker threads it "
-           "starts inherit that binding: all on one core; run without it)\n", bind);
-  else
-    arrivals(all);
+  arrivals(all);
   printf("\nTarget: AdamW on %d threads >= 70 %% of the copy's bandwidth.\n", all);
   free(p), free(g), free(m), free(v), free(b), free(src), free(dst);
   for (int a = 0; a < 2; a++) free(mv16[a]), free(mv8[a]);

@@ -366,14 +366,14 @@ static l2l_status start(void) {
     double seconds = strtod(t, &end);
     if (*end == '\0' && seconds > 0 && seconds <= 1e6) D.timeout = seconds;
   }
-  if (pthread_create(&D.thread, NULL, thread_main, NULL) != 0) {
+  if (core_thread_create(&D.thread, thread_main, NULL) != 0) {
     snprintf(D.error, sizeof D.error, "cannot start the communication thread: %s",
              strerror(errno));
     D.error_status = L2L_ERR_NOMEM;
     return FAIL(L2L_ERR_NOMEM, "%s", D.error);
   }
   pthread_t watchdog;   /* (detached: it ends with the thread, or ends the process) */
-  if (pthread_create(&watchdog, NULL, watchdog_main, NULL) == 0) pthread_detach(watchdog);
+  if (core_thread_create(&watchdog, watchdog_main, NULL) == 0) pthread_detach(watchdog);
   struct thread_call call = {.fn = init_call};
   int rc = on_thread(&call);
   if (rc != 0) {

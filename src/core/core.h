@@ -17,6 +17,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -526,6 +527,12 @@ struct core_queue {
 
 /* Starts `threads` workers whose ids begin at first_id. */
 l2l_status queue_start(struct core_queue *q, int threads, int first_id, const char *what);
+/* Starts one of l2l's own threads (copies, the optimizer's workers, communication, I/O)
+   as pthread_create does: when OpenMP binds its threads (OMP_PROC_BIND set) on every CPU
+   of OpenMP's places, since OpenMP binds the initial thread to its first place (a core)
+   as the process starts and a thread started later would inherit that one core; else (or
+   when the system refuses those CPUs) where its creator may run. */
+int core_thread_create(pthread_t *tid, void *(*fn)(void *), void *arg);
 /* Finishes every queued job, then stops the workers. */
 void queue_stop(struct core_queue *q);
 void queue_push(struct core_queue *q, struct core_job *job);

@@ -4,9 +4,13 @@
  * Purpose: the smallest thing that gives the relay CUDA-stream-like ordering on the CPU:
  * a locked FIFO, worker threads that take jobs in order, and a condition variable that
  * wakes whoever waits for a job. Jobs are owned by their waiter, or freed by the worker
- * when nobody waits (free_when_done).
+ * when nobody waits (free_when_done). Workers run on every CPU of OpenMP's places when
+ * OpenMP binds its threads (OMP_PROC_BIND), not on the one place the process's initial
+ * thread was bound to, which a new thread would inherit.
  * Must never: hold the queue's lock while a job runs.
  */
+#include <omp.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +63,35 @@ static void *worker_main(void *p) {
   return NULL;
 }
 
+/* The union of OpenMP's places when OpenMP binds its threads, else false. */
+static bool thread_cpus(cpu_set_t *set) {
+  if (omp_get_proc_bind() == omp_proc_bind_false) return false;
+  int places = omp_get_num_places();
+  CPU_ZERO(set);
+  for (int p = 0; p < places; p++) {
+    int n = omp_get_place_num_procs(p);
+    int *ids = n > 0 ? malloc((size_t)n * sizeof *ids) : NULL;
+    if (ids == NULL) continue;
+    omp_get_place_proc_ids(p, ids);
+    for (int i = 0; i < n; i++)
+      if (ids[i] >= 0 && ids[i] < CPU_SETSIZE) CPU_SET(ids[i], set);
+    free(ids);
+  }
+  return CPU_COUNT(set) > 0;
+}
+
+int core_thread_create(pthread_t *tid, void *(*fn)(void *), void *arg) {
+  cpu_set_t set;
+  pthread_attr_t attr;
+  if (thread_cpus(&set) && pthread_attr_init(&attr) == 0) {
+    int rc = pthread_attr_setaffinity_np(&attr, sizeof set, &set);
+    if (rc == 0) rc = pthread_create(tid, &attr, fn, arg);
+    pthread_attr_destroy(&attr);
+    if (rc == 0) return 0;
+  }
+  return pthread_create(tid, NULL, fn, arg);
+}
+
 l2l_status queue_start(struct core_queue *q, int threads, int first_id, const char *what) {
   memset(q, 0, sizeof *q);
   pthread_mutex_init(&q->lock, NULL);
@@ -69,8 +102,9 @@ l2l_status queue_start(struct core_queue *q, int threads, int first_id, const ch
   if (q->tids == NULL) return core_fail(L2L_ERR_NOMEM, "no memory for %s threads", what);
   for (int i = 0; i < threads; i++) {
     struct worker_arg *arg = malloc(sizeof *arg);
-    if (arg == NULL || pthread_create(&q->tids[i], NULL, worker_main,
-                                      (*arg = (struct worker_arg){q, first_id + i}, arg)) != 0) {
+    if (arg == NULL ||
+        core_thread_create(&q->tids[i], worker_main,
+                           (*arg = (struct worker_arg){q, first_id + i}, arg)) != 0) {
       free(arg);
       queue_stop(q);
       return core_fail(L2L_ERR_NOMEM, "cannot start %s thread %d", what, i);

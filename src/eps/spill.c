@@ -449,7 +449,7 @@ static l2l_status ring_start(struct eps_spill *sp) {
   pthread_mutex_init(&sp->ring_lock, NULL);
   pthread_cond_init(&sp->ring_room, NULL);
   pthread_cond_init(&sp->ring_done, NULL);
-  if (pthread_create(&sp->reaper, NULL, ring_reap, sp) != 0) {
+  if (core_thread_create(&sp->reaper, ring_reap, sp) != 0) {
     io_uring_queue_exit(ring);
     free(ring);
     sp->ring = NULL;
