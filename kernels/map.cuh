@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* map.cuh — what the element-wise kernel files (elementwise.cu, gelu.cu) share: a
- * grid-stride map over elements with a float4 path, and the launchers' small helpers.
+/* map.cuh — what the element-wise kernel files (elementwise.cu, gelu.cu; reduce.cu for the
+ * helpers) share: a grid-stride map over elements with a float4 path, and the launchers'
+ * small helpers.
  *
  * Purpose: one copy of the generic map and its alignment test, so that each op is an Op
  * struct (scalar(i), quad(q)) and a launcher.

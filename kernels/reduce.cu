@@ -14,19 +14,8 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "common.cuh"
+#include "map.cuh"
 #include "reduce.h"
-
-static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
-static inline int invalid_argument(void) { return (int)cudaErrorInvalidValue; }
-
-static __device__ __forceinline__ int64_t thread_index(void) {
-  return (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-}
-static __device__ __forceinline__ int64_t grid_threads(void) {
-  return (int64_t)gridDim.x * blockDim.x;
-}
 
 /* ---------------------------------------------------------------- bias_backward
    A block is 32 columns x 8 row lanes (each warp reads 32 consecutive floats of a row).
