@@ -182,6 +182,11 @@ static __host__ __device__ __forceinline__ uint16_t f32_to_f16(float x) {
   return sign | (uint16_t)shift_round_even(m, 126 - e);
 }
 
+/* x rounded to dtype (DT_BF16, else DT_F16) as the two above round it. */
+static __host__ __device__ __forceinline__ uint16_t f32_to_16(float x, int dtype) {
+  return dtype == DT_BF16 ? f32_to_bf16(x) : f32_to_f16(x);
+}
+
 static __host__ __device__ __forceinline__ float f16_to_f32(uint16_t x) {
   uint32_t sign = (uint32_t)(x & 0x8000u) << 16;
   uint32_t e = (x >> 10) & 0x1fu, m = x & 0x3ffu;

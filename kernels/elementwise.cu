@@ -432,7 +432,7 @@ static __host__ __device__ __forceinline__ void store_uniform(void *dst, int dty
       b = (b & 0x7fffffffu) == 0 ? 0x80000001u : (b & 0x80000000u) ? b + 1 : b - 1;
     reinterpret_cast<float *>(dst)[i] = bits_f32(b);
   } else if (dtype == DT_F16 || dtype == DT_BF16) {
-    uint16_t h = dtype == DT_F16 ? f32_to_f16(f) : f32_to_bf16(f);
+    uint16_t h = f32_to_16(f, dtype);
     for (int guard = 0; hi > lo && guard < 4 &&
                         (double)(dtype == DT_F16 ? f16_to_f32(h) : bf16_to_f32(h)) >= hi;
          guard++)
@@ -447,8 +447,8 @@ static __host__ __device__ __forceinline__ void store_uniform(void *dst, int dty
 static __host__ __device__ __forceinline__ void store_value(void *dst, int dtype, int64_t i,
                                                             float f) {
   if (dtype == DT_F32) reinterpret_cast<float *>(dst)[i] = f;
-  else if (dtype == DT_F16) reinterpret_cast<uint16_t *>(dst)[i] = f32_to_f16(f);
-  else if (dtype == DT_BF16) reinterpret_cast<uint16_t *>(dst)[i] = f32_to_bf16(f);
+  else if (dtype == DT_F16 || dtype == DT_BF16)
+    reinterpret_cast<uint16_t *>(dst)[i] = f32_to_16(f, dtype);
   else reinterpret_cast<int32_t *>(dst)[i] = (int32_t)f;
 }
 

@@ -32,7 +32,7 @@ struct Half16Out {
   uint16_t *dx16;
   int dtype;
   __device__ void one(int64_t i, float v) const {
-    if (dx16) dx16[i] = dtype == DT_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+    if (dx16) dx16[i] = f32_to_16(v, dtype);
   }
   __device__ void four(int64_t q, float4 v) const {
     one(4 * q, v.x), one(4 * q + 1, v.y), one(4 * q + 2, v.z), one(4 * q + 3, v.w);
@@ -83,7 +83,7 @@ static __device__ __forceinline__ void store_byte_halves(uint16_t *h, const floa
                                                          int dtype, bool aligned) {
   uint16_t out[8];
 #pragma unroll
-  for (int e = 0; e < 8; e++) out[e] = dtype == DT_BF16 ? f32_to_bf16(v[e]) : f32_to_f16(v[e]);
+  for (int e = 0; e < 8; e++) out[e] = f32_to_16(v[e], dtype);
   if (aligned) {
     *reinterpret_cast<uint4 *>(h) =
         make_uint4(out[0] | (uint32_t)out[1] << 16, out[2] | (uint32_t)out[3] << 16,
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
         side |= (uint8_t)((v >= L2L_GELU_XMIN_D) << j);
         const float g = k_gelu(v);
         if (y) y[first + j] = g; /* after the reads of element first+j: y may be in */
-        if (y16) y16[first + j] = y16_dtype == DT_BF16 ? f32_to_bf16(g) : f32_to_f16(g);
+        if (y16) y16[first + j] = f32_to_16(g, y16_dtype);
       }
     }
     if (bits) bits[byte] = side;

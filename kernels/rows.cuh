@@ -82,7 +82,7 @@ __device__ __forceinline__ void store_pack(float *p, const Pack<W> &in) {
 template <int W>
 __device__ __forceinline__ void store_half_pack(uint16_t *p, const Pack<W> &in, int dtype) {
 #pragma unroll
-  for (int e = 0; e < W; e++) p[e] = dtype == DT_BF16 ? f32_to_bf16(in.v[e]) : f32_to_f16(in.v[e]);
+  for (int e = 0; e < W; e++) p[e] = f32_to_16(in.v[e], dtype);
 }
 
 __device__ __forceinline__ bool congruent(const void *a, const void *b) {

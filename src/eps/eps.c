@@ -319,7 +319,7 @@ static bool absorb_whole(struct eps_record *rec, l2l_tensor *incoming, bool drai
   int64_t n = l2l_tensor_numel(rec->grad);
   bool finite = true;
   for (int64_t begin = 0; begin < n; begin += CHUNK)
-    finite &= absorb_range(rec, incoming, drain, scale, begin, n - begin < CHUNK ? n : begin + CHUNK);
+    finite &= absorb_range(rec, incoming, drain, scale, begin, eps_chunk_end(n, begin));
   return finite;
 }
 
@@ -353,7 +353,7 @@ static void absorb_chunk_run(struct core_job *job, int thread) {
 /* The arrival's chunk jobs on the workers (with no memory for them: added here). */
 static void arrival_queue(struct arrival *a) {
   int64_t n = l2l_tensor_numel(a->rec->grad);
-  int chunks = n > 0 ? (int)((n + CHUNK - 1) / CHUNK) : 1;
+  int chunks = eps_chunks(n);
   struct absorb_chunk **jobs = calloc((size_t)chunks, sizeof *jobs);
   bool made = jobs != NULL;
   for (int c = 0; made && c < chunks; c++) made = (jobs[c] = calloc(1, sizeof **jobs)) != NULL;
@@ -368,7 +368,7 @@ static void arrival_queue(struct arrival *a) {
   for (int c = 0; c < chunks; c++) {
     int64_t begin = (int64_t)c * CHUNK;
     *jobs[c] = (struct absorb_chunk){.arrival = a, .begin = begin,
-                                     .end = n - begin < CHUNK ? n : begin + CHUNK};
+                                     .end = eps_chunk_end(n, begin)};
     jobs[c]->job.run = absorb_chunk_run;
     jobs[c]->job.free_when_done = true;
     jobs[c]->job.release = absorb_chunk_release;

@@ -14,6 +14,12 @@
 
 enum { CHUNK = 1 << 18 };   /* a multiple of L2L_STATE_BLOCK */
 _Static_assert(CHUNK % L2L_STATE_BLOCK == 0, "a chunk is whole blocks of compact state");
+/* The chunks an n-element pass (an update's wave, a gradient's add) is cut into: at least
+   one (an empty one ends an empty shard's wave), and where the one from `begin` ends. */
+static inline int eps_chunks(int64_t n) { return n > 0 ? (int)((n + CHUNK - 1) / CHUNK) : 1; }
+static inline int64_t eps_chunk_end(int64_t n, int64_t begin) {
+  return n - begin > CHUNK ? begin + CHUNK : n > begin ? n : begin;
+}
 
 /* Where a record's master and optimizer state live and are updated. Only the host today.
    Seam (issue 48, the GPU work's part 2): EPS_PLACE_DEVICE will keep them on the device and

@@ -51,14 +51,12 @@ static int64_t wave_elements(const struct eps_record *rec, int wave) {
 /* Queues the chunks of one wave of rec's update (rec's chunks_left set under the lock). */
 static void queue_wave(struct eps *eps, struct eps_record *rec, int wave) {
   int64_t n = wave_elements(rec, wave);
-  int chunks = (int)((n + CHUNK - 1) / CHUNK);
-  if (chunks == 0) chunks = 1;   /* an empty shard still ends its wave (one empty chunk) */
+  int chunks = eps_chunks(n);
   pthread_mutex_lock(&eps->lock);
   rec->chunks_left = chunks;
   pthread_mutex_unlock(&eps->lock);
   for (int c = 0; c < chunks; c++) {
-    int64_t begin = (int64_t)c * CHUNK, end = n - begin < CHUNK ? n : begin + CHUNK;
-    if (end < begin) end = begin;
+    int64_t begin = (int64_t)c * CHUNK, end = eps_chunk_end(n, begin);
     struct chunk_job chunk = {.eps = eps, .rec = rec, .begin = begin, .end = end, .wave = wave};
     struct chunk_job *cj = calloc(1, sizeof *cj);
     if (cj == NULL) {   /* finish the wave inline rather than lose it */

@@ -389,7 +389,7 @@ static l2l_status mlp_backward(const struct layer_call *call, const struct block
                              layers_kept_act(call, g, p->gelu_16), layers_weight(layer, FC2_W), N, F,
                              D, 0.0f));
   /* d(fc) in f32 (its bias's gradient sums it) and in 16 bits for the GEMMs below */
-  void *df16 = layers_dy16_out(call);
+  void *df16 = layers_scratch16(call);
   if (p->flags & FRUGAL)
     TRY(ops->gelu_backward_from_output(df, df16, call->precision, df, g,
                                        (const uint8_t *)at(m, p->gelu_bits), N * F));

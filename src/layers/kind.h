@@ -269,6 +269,11 @@ l2l_status layers_linear_backward(const struct layer_call *call, float *dx, floa
                                   const float *dy, const void *dy16, struct act x,
                                   struct weight w, int64_t n, int64_t in, int64_t out,
                                   float dx_beta);
+/* Where an op writes the 16-bit copy a GEMM reads next when nothing keeps it: the cast
+   scratch's start (where layers_linear_backward's dy16 is too), NULL with f32 weights. */
+static inline void *layers_scratch16(const struct layer_call *call) {
+  return call->precision != L2L_F32 ? call->cast : NULL;
+}
 /* Where an op writes an activation that a 16-bit GEMM reads next, kept in `buffer`: f32
    there (NULL when it is kept 16-bit), and its 16-bit output (NULL: none) there when kept
    16-bit, else into the call's cast scratch (element 0) when the weights are 16-bit. */
@@ -279,17 +284,11 @@ struct layers_out {
 static inline struct layers_out layers_out_of(const struct layer_call *call, float *buffer,
                                               bool kept16) {
   return (struct layers_out){kept16 ? NULL : buffer,
-                             kept16 ? (void *)buffer
-                                    : call->precision != L2L_F32 ? call->cast : NULL};
+                             kept16 ? (void *)buffer : layers_scratch16(call)};
 }
 /* The activation the next GEMM reads: the 16-bit output when there is one, else the f32. */
 static inline struct act layers_act_of(const struct layer_call *call, struct layers_out o) {
   return o.h16 != NULL ? (struct act){o.h16, call->precision} : act_f32(o.f32);
-}
-/* Where a backward's op writes the 16-bit copy of a gradient the next GEMMs read as their
-   dy (layers_linear_backward's dy16: the cast scratch's start), NULL with f32 weights. */
-static inline void *layers_dy16_out(const struct layer_call *call) {
-  return call->precision != L2L_F32 ? call->cast : NULL;
 }
 /* A kept activation as later GEMMs (a backward's) read it: 16-bit when kept so. */
 static inline struct act layers_kept_act(const struct layer_call *call, const void *buffer,

@@ -17,8 +17,8 @@ static inline int threads_for(int64_t work) {
   return work < 32768 ? 1 : atomic_load_explicit(&cpu_compute_threads, memory_order_relaxed);
 }
 
-/* dst (n) of dtype f16 or bf16 := src (n) rounded to nearest even: cpu_convert's rounding,
-   for the ops that hand a GEMM its 16-bit input in the pass that makes it. */
+/* dst (n) of dtype f16 or bf16 := src (n) rounded to nearest even: cpu_convert's f32 to
+   16-bit path, and the ops that hand a GEMM its 16-bit input in the pass that makes it. */
 static inline void cpu_round_16(uint16_t *dst, l2l_dtype dtype, const float *src, int64_t n) {
   if (dtype == L2L_BF16)
     for (int64_t i = 0; i < n; i++) dst[i] = half_from_f32_bf16(src[i]);

@@ -159,6 +159,18 @@ static l2l_status cpu_convert(void *dst, l2l_dtype dst_dtype, const void *src,
     return L2L_OK;
   }
   int nt = threads_for(n * 4);
+  if (src_dtype == L2L_F32 && (dst_dtype == L2L_F16 || dst_dtype == L2L_BF16)) {
+    /* the rounding the ops' 16-bit outputs use (cpu_round_16), in chunks on every thread */
+    enum { CONVERT_CHUNK = 1 << 14 };
+    const int64_t chunks = (n + CONVERT_CHUNK - 1) / CONVERT_CHUNK;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t c = 0; c < chunks; c++) {
+      int64_t first = c * CONVERT_CHUNK;
+      int64_t count = n - first < CONVERT_CHUNK ? n - first : CONVERT_CHUNK;
+      cpu_round_16((uint16_t *)dst + first, dst_dtype, (const float *)src + first, count);
+    }
+    return L2L_OK;
+  }
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t i = 0; i < n; i++) store_f32(dst, dst_dtype, i, load_as_f32(src, src_dtype, i));
   return L2L_OK;

@@ -124,9 +124,9 @@ l2l_status cpu_gelu_forward(float *y, const float *x, int64_t n) {
   return L2L_OK;
 }
 
-/* d/dx [x s(2u)] = s + x * 2u' * s (1 - s), with s = sigmoid(2u), u' = k0 (1 + 3 k1 x^2). */
-enum { GELU_BACKWARD_CHUNK = 4096 };
+enum { GELU_BACKWARD_CHUNK = 4096 };   /* elements a thread makes, then rounds to dx16 */
 
+/* d/dx [x s(2u)] = s + x * 2u' * s (1 - s), with s = sigmoid(2u), u' = k0 (1 + 3 k1 x^2). */
 l2l_status cpu_gelu_backward(float *dx, void *dx16, l2l_dtype dx16_dtype, const float *dy,
                              const float *x, int64_t n) {
   const int64_t chunks = (n + GELU_BACKWARD_CHUNK - 1) / GELU_BACKWARD_CHUNK;
@@ -622,9 +622,6 @@ static inline void row_logsumexp(const float *row, int64_t v, float *max_out, fl
   *lse_out = mx + logf(sum);
 }
 
-/* losses and dlogits (either may be NULL) from one log-sum-exp per row; the forward and
-   backward entries are its two halves. dlogits may be logits (the row's target logit is
-   read before the row is overwritten). */
 /* The gradient of row `row` (scale (softmax - one-hot), lse its log-sum-exp) for columns
    [first, first + n) into out. */
 static inline void cross_entropy_grad(float *out, const float *row, float lse, int32_t target,
@@ -636,6 +633,10 @@ static inline void cross_entropy_grad(float *out, const float *row, float lse, i
 
 enum { CE_CHUNK = 2048 };   /* columns a 16-bit gradient alone is made in, on the stack */
 
+/* losses and dlogits (either may be NULL) from one log-sum-exp per row; the forward and
+   backward entries are its two halves. dlogits may be logits (the row's target logit is
+   read before the row is overwritten). dlogits16 (NULL: none) gets dlogits rounded, made
+   a chunk at a time on the stack when dlogits is NULL. */
 l2l_status cpu_cross_entropy_fused(float *losses, float *dlogits, void *dlogits16,
                                    l2l_dtype dlogits16_dtype, const float *logits,
                                    const int32_t *targets, int32_t ignore_index,
