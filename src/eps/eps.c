@@ -27,6 +27,7 @@ l2l_status eps_init(struct eps *eps, const struct eps_settings *settings) {
   eps->precision = settings->precision;
   eps->timeline = settings->timeline;
   eps->host_budget = settings->host_budget;
+  eps->add_arrivals = settings->add_arrivals;
   pthread_mutex_init(&eps->lock, NULL);
   pthread_cond_init(&eps->changed, NULL);
   l2l_status status = queue_start(&eps->workers, settings->threads, 3, "optimizer");
@@ -48,6 +49,8 @@ static void record_free(struct eps_record *rec) {
   for (int a = 0; spill && rec->spill_reserved && a < optim_state_count(&rec->eps->optimizer); a++)
     eps_spill_release(spill, rec->spill_at[a], eps_array_bytes(rec));
   if (spill) eps_ahead_drop(rec->eps, rec);
+  eps_held_free(rec);
+  free(rec->grad_zero);
   l2l_tensor_free(rec->staging);
   l2l_tensor_free(rec->shard_grad);
   l2l_tensor_free(rec->gathered[0]);
@@ -212,6 +215,8 @@ void eps_set_stream(struct eps_record *rec, uint64_t stream) { rec->stream = str
 
 /* ---------------------------------------------------------------- a step */
 
+static void held_add(struct eps_record *rec);
+
 void eps_begin_step(struct eps *eps, bool update, bool defer, double lr) {
   pthread_mutex_lock(&eps->lock);
   eps->defer = defer;
@@ -219,7 +224,8 @@ void eps_begin_step(struct eps *eps, bool update, bool defer, double lr) {
   eps->nonfinite_skips = 0;
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
-    rec->expected = rec->arrived = rec->holds = 0;
+    held_add(rec);   /* (a step that ended before its update: kept as an added one's is) */
+    rec->expected = rec->arrived = rec->given = rec->holds = 0;
     rec->update_due = update;
     rec->sumsq = 0;
     rec->first_expect = -1;
@@ -280,11 +286,24 @@ float eps_clip_scale(const l2l_tensor *const *grads, int n, float clip) {
    all the workers (a token table's gradient is never one thread's), and the last chunk to
    finish counts it. A record's arrivals add one after the other, in the order given (its
    tied users' gradients sum in the same order every run): one given while another is
-   adding waits in the record's list (rec->absorb_tail) and is queued when that one ends. */
+   adding waits in the record's list (rec->absorb_tail) and is queued when that one ends.
+
+   Held arrivals. An owned gradient whose record's update follows at once (one process, no
+   spill file, no deferred updates, at most EPS_HELD_MAX gradients due, none added) is
+   not added: the record holds it, and its update reads it beside the accumulator a block
+   at a time (update.c), so the accumulator is neither written by the add nor cleared
+   after, and the gradient is read once more instead: 2 + 4 bytes a parameter for a bf16
+   one instead of 2 + 8 + 4 + 4. The last of them is checked before the update begins, by
+   chunk jobs (`check`) that read the accumulator and the held gradients as the update
+   will: an inf, a NaN or EPS_GRAD_LIMIT in any partial sum skips the record as an add's
+   would, and each accumulator chunk found all zero is not read again. The sums are the
+   adds' own arithmetic in the order given, so the update's bits are those of the same
+   gradients added (test_arrivals.c). */
 struct arrival {
   struct eps *eps;
   struct eps_record *rec;
-  l2l_tensor *incoming;
+  l2l_tensor *incoming;        /* NULL for a check */
+  bool check;                  /* the held gradients checked, not an add */
   float scale;
   int layer;
   atomic_int chunks_left;
@@ -323,6 +342,28 @@ static bool absorb_whole(struct eps_record *rec, l2l_tensor *incoming, bool drai
   return finite;
 }
 
+/* The check of rec's held gradients over [begin, end) (within one chunk): whether every
+   partial sum is finite and below EPS_GRAD_LIMIT; the chunk's grad_zero found. */
+static bool check_range(struct eps_record *rec, int64_t begin, int64_t end) {
+  const float *acc = (const float *)l2l_tensor_data(rec->grad);
+  float block[L2L_STATE_BLOCK];
+  bool finite = true, zero = true;
+  for (int64_t at = begin; at < end; at += L2L_STATE_BLOCK) {
+    int64_t k = end - at < L2L_STATE_BLOCK ? end - at : L2L_STATE_BLOCK;
+    bool z = optim_all_zero(acc + at, k);
+    zero &= z;
+    finite &= eps_held_block(block, rec, z ? NULL : acc + at, at, k);
+  }
+  if (rec->grad_zero != NULL) rec->grad_zero[begin / CHUNK] = zero;
+  return finite;
+}
+
+/* An arrival's work on [begin, end): its add, or the held gradients' check. */
+static bool arrival_range(struct arrival *a, int64_t begin, int64_t end) {
+  if (a->check) return check_range(a->rec, begin, end);
+  return absorb_range(a->rec, a->incoming, false, a->scale, begin, end);
+}
+
 static void arrival_queue(struct arrival *a);
 
 /* An arrival's adds are done: counted, freed, and the record's next arrival queued. */
@@ -345,8 +386,7 @@ static void absorb_chunk_run(struct core_job *job, int thread) {
   (void)thread;
   struct absorb_chunk *ac = (struct absorb_chunk *)job;
   struct arrival *a = ac->arrival;
-  if (!absorb_range(a->rec, a->incoming, false, a->scale, ac->begin, ac->end))
-    atomic_store(&a->nonfinite, true);
+  if (!arrival_range(a, ac->begin, ac->end)) atomic_store(&a->nonfinite, true);
   if (atomic_fetch_sub(&a->chunks_left, 1) == 1) arrival_done(a, !atomic_load(&a->nonfinite));
 }
 
@@ -357,10 +397,13 @@ static void arrival_queue(struct arrival *a) {
   struct absorb_chunk **jobs = calloc((size_t)chunks, sizeof *jobs);
   bool made = jobs != NULL;
   for (int c = 0; made && c < chunks; c++) made = (jobs[c] = calloc(1, sizeof **jobs)) != NULL;
-  if (!made) {   /* add it here rather than lose it */
+  if (!made) {   /* add (or check) it here rather than lose it */
     for (int c = 0; jobs && c < chunks; c++) free(jobs[c]);
     free(jobs);
-    arrival_done(a, absorb_whole(a->rec, a->incoming, false, a->scale));
+    bool finite = true;
+    for (int64_t begin = 0; begin < n; begin += CHUNK)
+      finite &= arrival_range(a, begin, eps_chunk_end(n, begin));
+    arrival_done(a, finite);
     return;
   }
   atomic_init(&a->chunks_left, chunks);
@@ -456,10 +499,60 @@ static void arrival_begins(struct eps *eps) {
   pthread_mutex_unlock(&eps->lock);
 }
 
+/* Whether rec's next owned arrival is held (see "Held arrivals" above): every one before
+   it this step was, and its update follows the last at once. Under the lock. */
+static bool holds_arrival(const struct eps *eps, const struct eps_record *rec) {
+  return !eps->add_arrivals && eps->dist == NULL && eps->spill == NULL && !eps->defer &&
+         rec->update_due && rec->holds == 0 && rec->expected <= EPS_HELD_MAX &&
+         rec->held_n == rec->given && rec->held_n < EPS_HELD_MAX;
+}
+
+/* rec's held gradients added into its accumulator, as they would have been on arrival
+   (before a step begins: a step that ended before its update). */
+static void held_add(struct eps_record *rec) {
+  for (int k = 0; k < rec->held_n; k++)
+    if (!absorb_whole(rec, rec->held[k].grad, false, rec->held[k].scale)) rec->nonfinite = true;
+  eps_held_free(rec);
+}
+
+/* The last held gradient of rec arrived: the check's chunk jobs (the accumulator's chunks
+   found zero noted in rec->grad_zero: none if there is no memory for the list). */
+static void held_check(struct eps *eps, struct eps_record *rec, int layer) {
+  pthread_mutex_lock(&eps->lock);
+  eps->held_checks++;
+  pthread_mutex_unlock(&eps->lock);
+  if (rec->grad_zero == NULL) rec->grad_zero = malloc((size_t)eps_chunks(l2l_tensor_numel(rec->grad)));
+  if (rec->grad_zero != NULL) memset(rec->grad_zero, 0, (size_t)eps_chunks(l2l_tensor_numel(rec->grad)));
+  struct arrival *a = calloc(1, sizeof *a);
+  if (a == NULL) {   /* checked here */
+    bool finite = true;
+    int64_t n = l2l_tensor_numel(rec->grad);
+    for (int64_t begin = 0; begin < n; begin += CHUNK)
+      finite &= check_range(rec, begin, eps_chunk_end(n, begin));
+    counted(eps, rec, finite, layer);
+    return;
+  }
+  *a = (struct arrival){.eps = eps, .rec = rec, .check = true, .layer = layer};
+  arrival_queue(a);
+}
+
 static void eps_give(struct eps *eps, struct eps_record *rec, l2l_tensor *incoming,
                      float scale, int layer) {
   grad_arrives(eps, rec);
   arrival_begins(eps);
+  pthread_mutex_lock(&eps->lock);
+  bool hold = holds_arrival(eps, rec), last = false;
+  rec->given++;
+  if (hold) {
+    rec->held[rec->held_n++] = (struct eps_held){.grad = incoming, .scale = scale};
+    last = rec->held_n == rec->expected;
+  }
+  pthread_mutex_unlock(&eps->lock);
+  if (hold) {   /* counted now, or checked first when it completes the record */
+    if (last) held_check(eps, rec, layer);
+    else counted(eps, rec, true, layer);
+    return;
+  }
   struct arrival *a = calloc(1, sizeof *a);
   if (a == NULL) {   /* add it here rather than lose it (after the record's arrivals ahead) */
     eps_wait_absorbs(eps, rec);
@@ -525,7 +618,7 @@ void eps_abandon_step(struct eps *eps) {
       eps_grad_clear(eps, rec, false);
       rec->nonfinite = false;
     }
-    rec->expected = rec->arrived = rec->holds = 0;
+    rec->expected = rec->arrived = rec->given = rec->holds = 0;
     rec->update_due = false;
   }
 }

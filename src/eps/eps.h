@@ -120,6 +120,8 @@ double optim_sumsq(const float *x, int64_t n);
 /* The same, and the largest |x| into *most (a NaN aside) in the same pass. */
 double optim_sumsq_most(const float *x, int64_t n, float *most);
 /* The same over a gradient tensor the host can read: f32, or 16-bit widened exactly. */
+/* Whether x[0, n) is all +0 (every bit zero). */
+bool optim_all_zero(const float *x, int64_t n);
 double optim_tensor_sumsq(const l2l_tensor *grad);
 /* dst += scale * src (absorbing a gradient into the accumulator); returns whether every
    sum is finite and below EPS_GRAD_LIMIT in magnitude (what an eager update takes). */
@@ -193,6 +195,10 @@ struct eps {
   pthread_mutex_t lock;
   pthread_cond_t changed;
   bool defer;                  /* global clipping: updates wait for eps_step_release */
+  bool add_arrivals;           /* every gradient added as it arrives, none held (eps.c,
+                                  "held arrivals"; bench/optim's before) */
+  int64_t held_checks;         /* records whose held gradients were checked for their
+                                  update, since eps_init (under the lock) */
   int arrivals_in_flight;      /* gradients given and not yet added */
   double lr;
   /* This step's records whose accumulated gradient held an inf or NaN: their updates
@@ -254,6 +260,8 @@ struct eps_settings {
   uint64_t host_budget;        /* eps_set_host_budget's, 0: none */
   const char *spill_dir;       /* the optimizer state spills there (eps_spill_state),
                                   NULL: host memory */
+  bool add_arrivals;           /* (bench/optim's baseline) add every gradient as it
+                                  arrives: hold none for its update to read */
 };
 /* An EPS with no records; a failure leaves nothing to free (collective with ranks). */
 l2l_status eps_init(struct eps *eps, const struct eps_settings *settings);

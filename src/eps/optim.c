@@ -305,6 +305,14 @@ bool optim_axpy_half(float *restrict dst, const uint16_t *restrict src, l2l_dtyp
   return nonfinite == 0.0f;
 }
 
+bool optim_all_zero(const float *restrict x, int64_t n) {
+  const uint32_t *restrict u = (const uint32_t *)x;
+  uint32_t bits = 0;
+#pragma omp simd reduction(| : bits)
+  for (int64_t i = 0; i < n; i++) bits |= u[i];
+  return bits == 0;
+}
+
 double optim_tensor_sumsq(const l2l_tensor *grad) {
   l2l_dtype dtype = (l2l_dtype)l2l_tensor_dtype(grad);
   if (dtype == L2L_F32) return optim_sumsq(l2l_tensor_data(grad), l2l_tensor_numel(grad));

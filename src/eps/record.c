@@ -2,14 +2,17 @@
 /* record.c — the bottom of the EPS: what every file of it reads of a record.
  *
  * Purpose: a record's bytes in host memory and on disk (core's host_record_bytes,
- * the one formula the planner and the host budget use too), and the order backward
+ * the one formula the planner and the host budget use too), the order backward
  * completes a step's due records in (the read-ahead list of state_tier.c and the places
- * on the ranks' streams of exchange.c). The core (eps.c) and its parts (exchange.c,
- * state_tier.c, quant.c, spill.c) call these; they call nothing of the EPS above them.
- * Must never: call a function of another file of src/eps/ (it is the EPS's bottom), or
- * take the EPS's lock.
+ * on the ranks' streams of exchange.c), and a block of its gradient as the accumulator
+ * and its held arrivals make it (eps.c's check of the last arrival, update.c's update).
+ * The core (eps.c) and its parts (exchange.c, state_tier.c, quant.c, spill.c) call these;
+ * they call nothing of the EPS above them.
+ * Must never: call a function of another file of src/eps/ but optim.c's kernels (it is
+ * the EPS's bottom), or take the EPS's lock.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "record.h"
 
@@ -31,4 +34,26 @@ static int by_completion(const void *a, const void *b) {
 
 void eps_sort_by_completion(struct eps_record **list, int n) {
   qsort(list, (size_t)n, sizeof *list, by_completion);
+}
+
+bool eps_held_block(float *g, const struct eps_record *rec, const float *acc, int64_t begin,
+                    int64_t n) {
+  if (acc != NULL) memcpy(g, acc, (size_t)n * sizeof *g);
+  else memset(g, 0, (size_t)n * sizeof *g);
+  bool finite = true;
+  for (int k = 0; k < rec->held_n; k++) {
+    const l2l_tensor *x = rec->held[k].grad;
+    l2l_dtype dtype = (l2l_dtype)l2l_tensor_dtype(x);
+    float scale = rec->held[k].scale;
+    if (dtype == L2L_F32)
+      finite &= optim_axpy(g, (const float *)l2l_tensor_data(x) + begin, scale, n);
+    else
+      finite &= optim_axpy_half(g, (const uint16_t *)l2l_tensor_data(x) + begin, dtype, scale, n);
+  }
+  return finite;
+}
+
+void eps_held_free(struct eps_record *rec) {
+  for (int k = 0; k < rec->held_n; k++) l2l_tensor_free(rec->held[k].grad);
+  rec->held_n = 0;
 }

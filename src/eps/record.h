@@ -21,6 +21,15 @@ static inline int64_t eps_chunk_end(int64_t n, int64_t begin) {
   return n - begin > CHUNK ? begin + CHUNK : n > begin ? n : begin;
 }
 
+/* A gradient the EPS owns (a GPU's, copied back to pinned memory), held for the update
+   to read instead of added into the accumulator first: scale * grad, f32 or 16-bit. A
+   record holds at most EPS_HELD_MAX a step (a tied table's two users). */
+enum { EPS_HELD_MAX = 2 };
+struct eps_held {
+  l2l_tensor *grad;
+  float scale;
+};
+
 /* Where a record's master and optimizer state live and are updated. Only the host today.
    Seam (issue 48, the GPU work's part 2): EPS_PLACE_DEVICE will keep them on the device and
    update them there; the relay's step interface (eps.h) stays the same for such a record:
@@ -62,9 +71,17 @@ struct eps_record {
   int users;                   /* relay layers holding the record */
   struct arrival *absorb_tail; /* the last of its gradients adding (eps.c's arrivals, one
                                   after the other), NULL: none; under the EPS lock */
+  /* This step's gradients held, not added (eps.c, "held arrivals"): the update reads
+     them beside the accumulator, in the order given (eps_held_block). held_n under the
+     EPS lock; grad_zero[c]: chunk c of the accumulator was all +0 when the last arrival's
+     check read it (NULL: not known), so the update need neither read nor clear it. */
+  struct eps_held held[EPS_HELD_MAX];
+  int held_n;
+  uint8_t *grad_zero;
   int64_t updates;             /* t of its last update */
   /* This step's bookkeeping, under the EPS lock. */
   int expected, arrived;       /* gradient visits due and done (holds included) */
+  int given;                   /* gradients given (eps_give_gradient), held or not */
   int holds;                   /* of them, reads of a frozen user's rebuild still to come */
   bool update_due;             /* this step ends a minibatch accumulation for it */
   bool pending;                /* an update or a staging rewrite is queued or running */
@@ -156,6 +173,14 @@ static inline uint64_t eps_array_bytes(const struct eps_record *rec) {
 struct host_record eps_record_bytes(const struct eps *eps, const struct eps_record *rec);
 /* Sorts records due this step in the order backward completes them. */
 void eps_sort_by_completion(struct eps_record **list, int n);
+/* g[0, n) = the accumulator's elements [begin, begin + n) (acc; NULL: zeros) plus each of
+   rec's held gradients in turn, with the add kernels' own arithmetic (the sums an
+   accumulator would hold had each been added as it came, to the bit; n <= one chunk);
+   returns whether every partial sum is finite and below EPS_GRAD_LIMIT. */
+bool eps_held_block(float *g, const struct eps_record *rec, const float *acc, int64_t begin,
+                    int64_t n);
+/* rec's held gradients freed (read by its update, or dropped with its accumulator). */
+void eps_held_free(struct eps_record *rec);
 
 /* ---------------------------------------------------------------- quant.c (precision) */
 
@@ -207,7 +232,7 @@ struct eps_record *eps_room_next(struct eps *eps);
    its turn. */
 struct eps_record *eps_turn_pass(struct eps *eps, struct eps_record *rec);
 /* rec's accumulator cleared for its next minibatch (its update read it, or its gradient
-   is dropped): when the accumulators pass its pages are given back. `zeroed`: its
+   is dropped), the gradients it holds freed: when the accumulators pass its pages are given back. `zeroed`: its
    elements are zero already (its update's chunks wrote them); it is counted out of the
    passing accumulators in memory either way. */
 void eps_grad_clear(struct eps *eps, struct eps_record *rec, bool zeroed);

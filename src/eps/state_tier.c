@@ -515,6 +515,7 @@ l2l_status eps_state_for_update(struct eps *eps, struct eps_record *rec) {
 /* ---------------------------------------------------------------- an accumulator cleared */
 
 void eps_grad_clear(struct eps *eps, struct eps_record *rec, bool zeroed) {
+  eps_held_free(rec);   /* (the gradients held beside it go with it) */
   void *g = l2l_tensor_data(rec->grad);
   uint64_t bytes = (uint64_t)l2l_tensor_numel(rec->grad) * sizeof(float);
   if (eps->spill == NULL) {

@@ -128,6 +128,36 @@ static void update_begin(struct eps *eps, struct eps_record *rec, float grad_sca
   queue_wave(eps, rec, 0);
 }
 
+/* The optimizer on elements [begin, begin + n) of rec's shard (n within one chunk), its
+   gradient g[0, n): f32 state in place, compact state or a bf16 master decoded a block at
+   a time (a range begins on a block: chunks and the held path's blocks do). */
+static void update_range(struct eps *eps, struct eps_record *rec, int64_t begin, int64_t n,
+                         const float *g, int wave, double sums[2]) {
+  bool bf16_master = l2l_tensor_dtype(rec->master) == L2L_BF16;   /* (quant.c decodes it) */
+  struct optim_chunk chunk = {
+      .p = bf16_master ? NULL : (float *)l2l_tensor_data(rec->master) + rec->shard_begin + begin,
+      .grad = g, .n = n, .h = &rec->hyper, .wave = wave, .sums = sums,
+      .record_sums = rec->wave_sums};
+  if (eps->optimizer.state == L2L_STATE_F32 && !bf16_master) {
+    for (int a = 0; a < 2; a++)
+      chunk.state[a] = rec->state[a] ? (float *)l2l_tensor_data(rec->state[a]) + begin : NULL;
+    eps->optim->chunk(&chunk);
+  } else {
+    struct eps_compact compact = {
+        .state = {rec->state[0] ? l2l_tensor_data(rec->state[0]) : NULL,
+                  rec->state[1] ? l2l_tensor_data(rec->state[1]) : NULL},
+        .state_n = rec->shard_n, .precision = eps->optimizer.state,
+        /* update t of record `stream` draws t * numel + element (the record's, whatever
+           rank updates it) */
+        .master = bf16_master ? (uint16_t *)l2l_tensor_data(rec->master) + rec->shard_begin + begin
+                              : NULL,
+        .seed = eps->seed, .stream = rec->stream,
+        .first_draw = (uint64_t)rec->hyper.t * (uint64_t)l2l_tensor_numel(rec->master) +
+                      (uint64_t)(rec->shard_begin + begin)};
+    eps_compact_chunk(eps->optim, &chunk, &compact, begin);
+  }
+}
+
 static void chunk_run(struct core_job *job, int thread) {
   struct chunk_job *cj = (struct chunk_job *)job;
   struct eps *eps = cj->eps;
@@ -142,34 +172,28 @@ static void chunk_run(struct core_job *job, int thread) {
      gradient (the accumulator was cleared once it went out). */
   float *g = (float *)l2l_tensor_data(rec->shard_grad ? rec->shard_grad : rec->grad) + cj->begin;
   double sums[2] = {0, 0};
-  bool bf16_master = l2l_tensor_dtype(rec->master) == L2L_BF16;   /* (quant.c decodes it) */
-  struct optim_chunk chunk = {
-      .p = bf16_master ? NULL : (float *)l2l_tensor_data(rec->master) + rec->shard_begin + cj->begin,
-      .grad = g, .n = n, .h = &rec->hyper, .wave = cj->wave, .sums = sums,
-      .record_sums = rec->wave_sums};
-  if (eps->optimizer.state == L2L_STATE_F32 && !bf16_master) {
-    for (int a = 0; a < 2; a++)
-      chunk.state[a] = rec->state[a] ? (float *)l2l_tensor_data(rec->state[a]) + cj->begin : NULL;
-    eps->optim->chunk(&chunk);
-  } else {   /* decoded a block at a time (chunks begin on a block: CHUNK is a multiple) */
-    struct eps_compact compact = {
-        .state = {rec->state[0] ? l2l_tensor_data(rec->state[0]) : NULL,
-                  rec->state[1] ? l2l_tensor_data(rec->state[1]) : NULL},
-        .state_n = rec->shard_n, .precision = eps->optimizer.state,
-        /* update t of record `stream` draws t * numel + element (the record's, whatever
-           rank updates it) */
-        .master = bf16_master ? (uint16_t *)l2l_tensor_data(rec->master) + rec->shard_begin + cj->begin
-                              : NULL,
-        .seed = eps->seed, .stream = rec->stream,
-        .first_draw = (uint64_t)rec->hyper.t * (uint64_t)l2l_tensor_numel(rec->master) +
-                      (uint64_t)(rec->shard_begin + cj->begin)};
-    eps_compact_chunk(eps->optim, &chunk, &compact, cj->begin);
+  /* A block at a time, whatever the state's precision (so a first wave's sums, LAMB's
+     norms, add in the same order either way). Gradients held beside the accumulator are
+     read by the first wave, which reads the accumulator's chunk only if it held anything
+     and clears it as it reads it. */
+  bool held = rec->held_n > 0, reads_held = held && cj->wave == 0;
+  bool zero = reads_held && rec->grad_zero != NULL && rec->grad_zero[cj->begin / CHUNK];
+  float block[L2L_STATE_BLOCK];   /* the held path's gradient block */
+  for (int64_t at = 0; at < n || at == 0; at += L2L_STATE_BLOCK) {
+    int64_t k = n - at < L2L_STATE_BLOCK ? n - at : L2L_STATE_BLOCK;
+    const float *gk = g + at;
+    if (reads_held) {
+      eps_held_block(block, rec, zero ? NULL : g + at, cj->begin + at, k);
+      if (!zero) memset(g + at, 0, (size_t)k * sizeof *g);
+      gk = block;
+    }
+    update_range(eps, rec, cj->begin + at, k, gk, cj->wave, sums);
   }
   bool last_wave = cj->wave == eps->optim->waves - 1;
   /* the next minibatch starts at 0: when the accumulators pass, the accumulator's pages
      are given back once the whole update has read it (eps_grad_clear) */
   bool give = rec->grad_give;
-  if (last_wave && !give) memset(g, 0, (size_t)n * sizeof *g);
+  if (last_wave && !give && !held) memset(g, 0, (size_t)n * sizeof *g);
   timeline_add(eps->timeline, rec->last_layer, -1, L2L_PHASE_UPDATE, thread, t0, core_now());
 
   pthread_mutex_lock(&eps->lock);
@@ -193,6 +217,7 @@ static void chunk_run(struct core_job *job, int thread) {
   bool stage = wave_done && last_wave && rec->stage_after;
   bool exchange = eps->dist != NULL;
   if (wave_done && last_wave) {
+    eps_held_free(rec);   /* (every chunk has read them) */
     rec->updates++;
     if (!exchange) {
       rec->stage_after = false;

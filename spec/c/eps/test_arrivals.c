@@ -23,11 +23,13 @@
 #include "layers/layers.h"
 #include "reference.h"
 
-/* An EPS of the records of `layer` (f32 masters, no staging) with optimizer `opt`. */
-static bool eps_of(struct eps *eps, struct core_timeline *tl, l2l_layer *layer,
-                   const l2l_optimizer_config *opt) {
+/* An EPS of the records of `layer` (f32 masters, no staging) with optimizer `opt`, adding
+   every gradient as it arrives when `add`. */
+static bool eps_adding(struct eps *eps, struct core_timeline *tl, l2l_layer *layer,
+                       const l2l_optimizer_config *opt, bool add) {
   struct eps_settings settings = {.optimizer = opt, .precision = L2L_F32, .threads = 3,
-                                  .seed = 1, .timeline = tl, .dist_lane = -1};
+                                  .seed = 1, .timeline = tl, .dist_lane = -1,
+                                  .add_arrivals = add};
   if (!CHECK_OK(eps_init(eps, &settings))) return false;
   struct eps_record_source src[L2L_MAX_PARAMS];
   int n = l2l_layer_param_count(layer), failed = -1;
@@ -38,6 +40,11 @@ static bool eps_of(struct eps *eps, struct core_timeline *tl, l2l_layer *layer,
                                         .staging = L2L_F32, .users = 1};
   }
   return CHECK_OK(eps_set_records(eps, src, n, &failed));
+}
+
+static bool eps_of(struct eps *eps, struct core_timeline *tl, l2l_layer *layer,
+                   const l2l_optimizer_config *opt) {
+  return eps_adding(eps, tl, layer, opt, false);
 }
 
 /* A step in which each record of `layer` gets the two gradients g[0][i], g[1][i] (scaled
@@ -73,24 +80,31 @@ static void *give_all(void *arg) {
   return NULL;
 }
 
-static bool run_step(struct eps *eps, l2l_layer *layer, l2l_tensor **g[2], const float scale[2],
-                     bool owned, bool concurrent, bool update, struct eps_outcome *out) {
+static bool run_step_of(struct eps *eps, l2l_layer *layer, l2l_tensor **g[2], const float scale[2],
+                        int users, bool owned, bool concurrent, bool update,
+                        struct eps_outcome *out) {
   l2l_param *expect[2 * L2L_MAX_PARAMS];
   int n = l2l_layer_param_count(layer);
-  for (int i = 0; i < n; i++) expect[2 * i] = expect[2 * i + 1] = l2l_layer_param(layer, i);
-  struct eps_step step = {.update = update, .lr = 0.5, .expect = expect, .n_expect = 2 * n};
+  for (int i = 0; i < n; i++)
+    for (int u = 0; u < users; u++) expect[users * i + u] = l2l_layer_param(layer, i);
+  struct eps_step step = {.update = update, .lr = 0.5, .expect = expect, .n_expect = users * n};
   if (!CHECK_OK(eps_step_begin(eps, &step))) return false;
   eps_step_agreed(eps, true);
   struct give gv[2] = {{eps, layer, g[0], scale[0], owned}, {eps, layer, g[1], scale[1], owned}};
   pthread_t other;
-  bool two = concurrent && pthread_create(&other, NULL, give_all, &gv[1]) == 0;
+  bool two = users == 2 && concurrent && pthread_create(&other, NULL, give_all, &gv[1]) == 0;
   give_all(&gv[0]);
   if (two) pthread_join(other, NULL);
-  else give_all(&gv[1]);
+  else if (users == 2) give_all(&gv[1]);
   eps_wait_arrivals(eps);
   eps_step_end(eps, true, out);
   eps_sync(eps);
   return true;
+}
+
+static bool run_step(struct eps *eps, l2l_layer *layer, l2l_tensor **g[2], const float scale[2],
+                     bool owned, bool concurrent, bool update, struct eps_outcome *out) {
+  return run_step_of(eps, layer, g, scale, 2, owned, concurrent, update, out);
 }
 
 /* Gradients like the layer's parameters: normal, f32 or bf16 (kept gradients are f32). */
@@ -240,4 +254,108 @@ TEST(eps_gives_split_across_workers_update_as_whole_ones) {
   }
   l2l_layer_free(a);
   l2l_layer_free(b);
+}
+
+/* Element `at` of gradient t (f32 or bf16) set to x (exact in both). */
+static void set_element(l2l_tensor *t, int64_t at, float x) {
+  if (l2l_tensor_dtype(t) == L2L_F32) ((float *)l2l_tensor_data(t))[at] = x;
+  else ((uint16_t *)l2l_tensor_data(t))[at] = half_from_f32_bf16(x);
+}
+
+/* Held gradients (eps.c: one process, eager updates, the update reading a GPU's owned
+   arrivals beside the accumulator) against the same gradients added as they arrive
+   (add_arrivals): masters, optimizer state and skips the same to the bit, every
+   accumulator zero after, for each optimizer x state precision x one or two gradients a
+   record x f32 or bf16 gradients. Step 0 finds values a script wrote into part of one
+   chunk of one accumulator (its other chunks zero: both ways of the update's read), step
+   1 an inf past the first chunk of one record's last gradient, step 2 an element whose
+   scaled value reaches EPS_GRAD_LIMIT (2^64 times a scale >= 1/2): each skips that record
+   alone. */
+TEST(eps_held_gradients_update_as_added_ones) {
+  static const l2l_optimizer_kind kinds[] = {L2L_OPTIMIZER_SGD, L2L_OPTIMIZER_ADAMW,
+                                             L2L_OPTIMIZER_LAMB};
+  static const l2l_state_precision states[] = {L2L_STATE_F32, L2L_STATE_BF16, L2L_STATE_8BIT};
+  for (int kind = 0; kind < 3; kind++)
+    for (int st = 0; st < 3; st++)
+      for (int users = 1; users <= 2; users++)
+        for (int d = 0; d < 2; d++) {
+          const l2l_dtype dtype = d ? L2L_BF16 : L2L_F32;
+          l2l_optimizer_config opt = {.kind = kinds[kind], .lr = 1e-2f, .beta1 = 0.9f,
+                                      .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
+                                      .momentum = 0.9f, .state = states[st]};
+          l2l_layer *layers[2] = {big_embedding(), NULL};
+          if (layers[0] == NULL || !CHECK_OK(l2l_layer_clone(&layers[1], layers[0]))) return;
+          const int n = l2l_layer_param_count(layers[0]);
+          struct core_timeline tl[2];
+          struct eps eps[2];
+          for (int k = 0; k < 2; k++) {
+            timeline_init(&tl[k]);
+            for (int i = 0; i < n; i++)
+              CHECK_OK(l2l_tensor_fill(l2l_param_grad(l2l_layer_param(layers[k], i)), 0.0));
+            if (!eps_adding(&eps[k], &tl[k], layers[k], &opt, k == 0)) return;
+          }
+          char what[160];
+          snprintf(what, sizeof what, "%s, %s state, %d gradient(s) a record, %s",
+                   optimizer_ops(opt.kind)->name, states[st] == L2L_STATE_F32 ? "f32"
+                   : states[st] == L2L_STATE_BF16 ? "bf16" : "8-bit", users, l2l_dtype_name(dtype));
+          for (int step = 0; step < 3; step++) {
+            l2l_tensor *g0[L2L_MAX_PARAMS], *g1[L2L_MAX_PARAMS], **g[2] = {g0, g1};
+            draw_grads(g0, layers[0], dtype);
+            draw_grads(g1, layers[0], dtype);
+            int r = (int)check_rand_int(0, n - 1);
+            int64_t m = l2l_tensor_numel(g0[r]);
+            int64_t at = m > CHUNK ? (int64_t)check_rand_int(CHUNK, m - 1) : m - 1;
+            if (step == 0) {   /* a script's values in part of the chunk holding `at` */
+              int64_t from = at / CHUNK * CHUNK, to = from + 3 * L2L_STATE_BLOCK + 5;
+              to = to < m ? to : m;
+              for (int64_t e = from; e < to; e++) {
+                float x = (float)check_rand_normal();
+                for (int k = 0; k < 2; k++)
+                  ((float *)l2l_tensor_data(l2l_param_grad(l2l_layer_param(layers[k], r))))[e] = x;
+              }
+            }
+            if (step > 0) set_element(users == 2 ? g1[r] : g0[r], at, step == 1 ? INFINITY : 0x1p64f);
+            const float scale[2] = {(float)check_rand_uniform(0.5, 2),
+                                    (float)check_rand_uniform(0.5, 2)};
+            struct eps_outcome out[2] = {{0}, {0}};
+            for (int k = 0; k < 2; k++)
+              run_step_of(&eps[k], layers[k], g, scale, users, true, k == 1, true, &out[k]);
+            CHECK(out[0].skips == (step > 0) && out[1].skips == out[0].skips,
+                  "%s, step %d: %d skips added, %d held, %d expected", what, step, out[0].skips,
+                  out[1].skips, step > 0);
+            for (int i = 0; i < n; i++) {
+              l2l_param *pa = l2l_layer_param(layers[0], i), *pb = l2l_layer_param(layers[1], i);
+              const l2l_tensor *va = l2l_param_value(pa), *vb = l2l_param_value(pb);
+              CHECK(memcmp(l2l_tensor_data(va), l2l_tensor_data(vb),
+                           (size_t)l2l_tensor_numel(va) * 4) == 0,
+                    "%s, step %d: %s differs between gradients added and held", what, step,
+                    l2l_param_name(pa));
+              const struct eps_record *ra = eps_find(&eps[0], pa), *rb = eps_find(&eps[1], pb);
+              for (int a = 0; a < 2; a++) {
+                bool both = (ra->state[a] == NULL) == (rb->state[a] == NULL);
+                CHECK(both && (ra->state[a] == NULL ||
+                               memcmp(l2l_tensor_data(ra->state[a]), l2l_tensor_data(rb->state[a]),
+                                      (size_t)eps_array_bytes(ra)) == 0),
+                      "%s, step %d: %s's state array %d differs between added and held", what,
+                      step, l2l_param_name(pa), a);
+              }
+              for (int k = 0; k < 2; k++) {
+                const l2l_tensor *acc = l2l_param_grad(l2l_layer_param(layers[k], i));
+                CHECK(optim_all_zero(l2l_tensor_data(acc), l2l_tensor_numel(acc)),
+                      "%s, step %d: %s's accumulator is not zero after its update (%s)", what,
+                      step, l2l_param_name(pa), k ? "held" : "added");
+              }
+              l2l_tensor_free(g0[i]);
+              l2l_tensor_free(g1[i]);
+            }
+          }
+          CHECK(eps[0].held_checks == 0 && eps[1].held_checks == 3 * n,
+                "%s: %lld and %lld records' held gradients checked, want 0 (added) and %d",
+                what, (long long)eps[0].held_checks, (long long)eps[1].held_checks, 3 * n);
+          for (int k = 0; k < 2; k++) {
+            eps_free(&eps[k]);
+            timeline_free(&tl[k]);
+            l2l_layer_free(layers[k]);
+          }
+        }
 }
