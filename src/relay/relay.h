@@ -265,7 +265,9 @@ struct step {
   int gs;
   /* Device memory the host can read (the CPU backend): the copy thread adds a gradient
      slot into the EPS and zeroes it in the same pass, so a slot is all zero between
-     visits (gzero) and the next visit need not clear it. */
+     visits (gzero) and the next visit need not clear it. False on a GPU, and on the CPU
+     backend with L2L_GRADS_OUT=copy: gradients leave by a copy into pinned memory that
+     the EPS owns (the GPU's path, proven on the CPU: test_relay.c). */
   bool host_device, gzero[2];
   struct copy_job *out[2];    /* stash-outs in flight (oldest first) */
   double loss_sum;

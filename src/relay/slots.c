@@ -57,12 +57,24 @@ static l2l_status zero_slot_bytes(const l2l_tensor *slot, uint64_t bytes) {
   return status;
 }
 
+/* Whether gradients leave the device by a copy, as a GPU's do, where the host could read
+   them in place: L2L_GRADS_OUT=copy (unset: where the device is host memory, in place). */
+static l2l_status grads_copied(bool *out) {
+  const char *env = getenv("L2L_GRADS_OUT");
+  *out = env != NULL && strcmp(env, "copy") == 0;
+  if (env != NULL && !*out)
+    return FAIL(L2L_ERR_INVALID, "L2L_GRADS_OUT is \"%s\": copy, or unset", env);
+  return L2L_OK;
+}
+
 /* The slots (bytes), sized for the largest active layer. */
 l2l_status relay_slots_new(struct step *s) {
   int64_t shape[1] = {(int64_t)slot_size(s, ORDER_SLOT_VALUES)};
   int64_t gshape[1] = {(int64_t)slot_size(s, ORDER_SLOT_GRADS)};
   int64_t oshape[1] = {(int64_t)slot_size(s, ORDER_SLOT_GRADS_OUT)};
-  s->host_device = backend_device_is_host();
+  bool copied = false;
+  TRY(grads_copied(&copied));
+  s->host_device = backend_device_is_host() && !copied;
   s->nslots = s->run->config.param_slots;
   s->pslots = calloc((size_t)s->nslots, sizeof *s->pslots);
   s->slot_use = calloc((size_t)s->nslots, sizeof *s->slot_use);

@@ -73,6 +73,10 @@ static void reference_run(struct reference *ref, const struct model *init,
   }
 }
 
+/* The last relay_matches relay's EPS: records whose held gradients it checked (eps.c,
+   "held arrivals"), read before the relay is freed. */
+static int64_t matched_held_checks;
+
 /* What a test may do to a relay before its first step (per-boundary policies). */
 typedef void (*relay_setup_fn)(l2l_relay *r);
 
@@ -115,6 +119,7 @@ static bool relay_matches(const struct model *init, const l2l_relay_config *cfg,
                 "%g, events %lld", what, (unsigned long long)s.device_peak,
                 (unsigned long long)s.host_eps_bytes, s.step_seconds, (long long)s.events);
   }
+  matched_held_checks = r ? r->eps.held_checks : 0;
   l2l_relay_free(r);
   model_free(&rm);
   plain_free(&ref->plain);
@@ -295,6 +300,77 @@ TEST(relay_sgd_and_lamb_match_plain_training) {
     cfg.micro_batch = 2;
     relay_matches(&init, &cfg, NULL, batches, STEPS, what);
   }
+  free_batches(batches, STEPS);
+  model_free(&init);
+}
+
+TEST(relay_gradients_copied_out_as_a_gpus_match_plain_training) {
+  /* L2L_GRADS_OUT=copy: each visit's gradients leave the device by a copy into pinned
+     memory the EPS owns, as a GPU's do, where the CPU backend would add the slot in place.
+     The EPS then holds them for the updates (eps.c, "held arrivals": every record once a
+     step, the tied table twice) instead of adding them: AdamW, SGD with momentum and LAMB
+     against plain training as above, and every record of every step checked held; with
+     accumulation over two steps the first step's are added (no update follows) and the
+     second's held, read beside that sum; with global clipping (deferred updates) all are
+     added as they come; both match too. An unknown value is refused by the step, naming
+     it. */
+  enum { STEPS = 4 };
+  const char *kept = getenv("L2L_GRADS_OUT");
+  setenv("L2L_GRADS_OUT", "copy", 1);
+  struct shape g = gpt_shape();
+  struct model init;
+  model_new(&init, &g);
+  struct data batches[STEPS];
+  make_batches(batches, STEPS, &g, 5, 1, 1.0);
+  int records = 0;   /* distinct parameters (the tied head's table is the embedding's) */
+  const l2l_param *seen[MAX_LAYERS * L2L_MAX_PARAMS];
+  for (int i = 0; i < init.n; i++)
+    for (int j = 0; j < l2l_layer_param_count(init.layer[i]); j++) {
+      const l2l_param *p = l2l_layer_param(init.layer[i], j);
+      bool again = false;
+      for (int k = 0; k < records; k++) again |= seen[k] == p;
+      if (!again) seen[records++] = p;
+    }
+  for (int variant = 0; variant < 5; variant++) {
+    l2l_relay_config cfg = adamw_config();
+    const char *what = "AdamW, gradients copied out";
+    cfg.micro_batch = 2;
+    cfg.inner = (l2l_inner_policy)(variant % 3);
+    if (variant == 1) {
+      cfg.optimizer = (l2l_optimizer_config){.kind = L2L_OPTIMIZER_SGD, .lr = 0.05f,
+                                             .momentum = 0.9f, .weight_decay = 0.01f};
+      what = "SGD momentum, gradients copied out";
+    } else if (variant == 2) {
+      cfg.optimizer = (l2l_optimizer_config){.kind = L2L_OPTIMIZER_LAMB, .lr = 0.02f,
+                                             .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-5f,
+                                             .weight_decay = 0.05f};
+      what = "LAMB, gradients copied out";
+    } else if (variant == 3) {
+      cfg.clip_global_norm = 0.5f;
+      what = "AdamW, global clipping, gradients copied out";
+    } else if (variant == 4) {
+      cfg.accumulate = 2;
+      what = "AdamW, accumulate 2, gradients copied out";
+    }
+    int64_t want = variant < 3 ? STEPS * records : variant == 4 ? STEPS / 2 * records : 0;
+    if (relay_matches(&init, &cfg, NULL, batches, STEPS, what))
+      CHECK(matched_held_checks == want, "%s: %lld records' held gradients checked, want %lld",
+            what, (long long)matched_held_checks, (long long)want);
+  }
+  setenv("L2L_GRADS_OUT", "by post", 1);
+  struct model rm;
+  model_clone(&rm, &init);
+  l2l_relay_config cfg = adamw_config();
+  l2l_relay *r = relay_new(&rm, &cfg);
+  if (r != NULL) {
+    double loss;
+    l2l_relay_batch b = relay_batch(&batches[0], NULL);
+    CHECK_FAILS(l2l_relay_step(&loss, r, &b), L2L_ERR_INVALID, "L2L_GRADS_OUT is \"by post\"");
+    l2l_relay_free(r);
+  }
+  model_free(&rm);
+  if (kept) setenv("L2L_GRADS_OUT", kept, 1);
+  else unsetenv("L2L_GRADS_OUT");
   free_batches(batches, STEPS);
   model_free(&init);
 }
