@@ -36,7 +36,7 @@ ctest_only=() specs=(spec) filter=() only=${L2L_TEST_ONLY:-}
 if [[ ${L2L_TSAN:-0} == 1 ]]; then
   export TSAN_OPTIONS="suppressions=$PWD/scripts/tsan.supp ${TSAN_OPTIONS:-}"
   export OMP_NUM_THREADS=1 L2L_THREADS=1
-  ctest_only=(relay_ misuse_errors_threads pool_ pinned_pool spill_ eps_gives)
+  ctest_only=(relay_ misuse_errors_threads pool_ pinned_pool spill_ eps_gives eps_held_gradients_given eps_deferred)
   specs=(spec/l2l/relay_running_spec.lua spec/l2l/relay_spec.lua spec/l2l/dist_spec.lua spec/l2l/relay_interrupt_spec.lua)
 fi
 log=$(mktemp -d)

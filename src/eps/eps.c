@@ -51,6 +51,7 @@ static void record_free(struct eps_record *rec) {
   if (spill) eps_ahead_drop(rec->eps, rec);
   eps_held_free(rec);
   free(rec->grad_zero);
+  free(rec->chunk_norms);
   l2l_tensor_free(rec->staging);
   l2l_tensor_free(rec->shard_grad);
   l2l_tensor_free(rec->gathered[0]);
@@ -224,7 +225,10 @@ void eps_begin_step(struct eps *eps, bool update, bool defer, double lr) {
   eps->nonfinite_skips = 0;
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
-    held_add(rec);   /* (a step that ended before its update: kept as an added one's is) */
+    /* (a step that ended before its record was complete: what it held is kept as added
+       gradients are; a complete record's update, which may still run, owns them) */
+    if (rec->arrived < rec->expected) held_add(rec);
+    rec->norms_valid = false;
     rec->expected = rec->arrived = rec->given = rec->holds = 0;
     rec->update_due = update;
     rec->sumsq = 0;
@@ -304,6 +308,7 @@ struct arrival {
   struct eps_record *rec;
   l2l_tensor *incoming;        /* NULL for a check */
   bool check;                  /* the held gradients checked, not an add */
+  bool norms;                  /* each chunk's norm found as it is added (deferred updates) */
   float scale;
   int layer;
   atomic_int chunks_left;
@@ -333,12 +338,35 @@ static bool absorb_range(struct eps_record *rec, l2l_tensor *incoming, bool drai
   return optim_axpy(g, (const float *)l2l_tensor_data(incoming) + begin, scale, n);
 }
 
-/* Whether the whole of an arrival adds to a finite sum, added on the calling thread. */
-static bool absorb_whole(struct eps_record *rec, l2l_tensor *incoming, bool drain, float scale) {
+/* Whether rec's adds find each chunk's norm as they write it (deferred updates: the norm
+   is wanted once the gradient is complete, and a chunk just written is still in cache), its
+   list made the first time (no memory: the norm is found at the end, as it was). Under
+   the lock. */
+static bool adds_norms(const struct eps *eps, struct eps_record *rec) {
+  if (!eps->defer || eps->dist) return false;   /* (with ranks the shard's is found) */
+  if (rec->chunk_norms == NULL)
+    rec->chunk_norms = calloc((size_t)eps_chunks(l2l_tensor_numel(rec->grad)), sizeof *rec->chunk_norms);
+  return rec->chunk_norms != NULL;
+}
+
+/* The norm of the accumulator's chunk from begin, just written by an add. */
+static void chunk_norm(struct eps_record *rec, int64_t begin, int64_t end) {
+  struct eps_norm *norm = &rec->chunk_norms[begin / CHUNK];
+  *norm = (struct eps_norm){0, 0};
+  eps_norm_add(norm, (const float *)l2l_tensor_data(rec->grad) + begin, end - begin);
+}
+
+/* Whether the whole of an arrival adds to a finite sum, added on the calling thread (with
+   its chunks' norms when `norms`). */
+static bool absorb_whole(struct eps_record *rec, l2l_tensor *incoming, bool drain, float scale,
+                         bool norms) {
   int64_t n = l2l_tensor_numel(rec->grad);
   bool finite = true;
-  for (int64_t begin = 0; begin < n; begin += CHUNK)
-    finite &= absorb_range(rec, incoming, drain, scale, begin, eps_chunk_end(n, begin));
+  for (int64_t begin = 0; begin < n; begin += CHUNK) {
+    int64_t end = eps_chunk_end(n, begin);
+    finite &= absorb_range(rec, incoming, drain, scale, begin, end);
+    if (norms) chunk_norm(rec, begin, end);
+  }
   return finite;
 }
 
@@ -358,10 +386,13 @@ static bool check_range(struct eps_record *rec, int64_t begin, int64_t end) {
   return finite;
 }
 
-/* An arrival's work on [begin, end): its add, or the held gradients' check. */
+/* An arrival's work on [begin, end): its add (and the chunk's norm), or the held
+   gradients' check. */
 static bool arrival_range(struct arrival *a, int64_t begin, int64_t end) {
   if (a->check) return check_range(a->rec, begin, end);
-  return absorb_range(a->rec, a->incoming, false, a->scale, begin, end);
+  bool finite = absorb_range(a->rec, a->incoming, false, a->scale, begin, end);
+  if (a->norms) chunk_norm(a->rec, begin, end);
+  return finite;
 }
 
 static void arrival_queue(struct arrival *a);
@@ -373,6 +404,7 @@ static void arrival_done(struct arrival *a, bool finite) {
   pthread_mutex_lock(&eps->lock);
   struct arrival *next = a->next;
   if (rec->absorb_tail == a) rec->absorb_tail = NULL;
+  if (a->norms) rec->norms_valid = true;   /* (every chunk's, of the sum as it now is) */
   pthread_mutex_unlock(&eps->lock);
   counted(eps, rec, finite, a->layer);
   l2l_tensor_free(a->incoming);
@@ -423,8 +455,6 @@ static void arrival_queue(struct arrival *a) {
 /* One arrival counted (a gradient added, or a hold released); the one that completes the
    record starts its update (or leaves its norm for global clipping). */
 static void counted(struct eps *eps, struct eps_record *rec, bool finite, int layer) {
-  int64_t n = l2l_tensor_numel(rec->grad);
-  float *g = l2l_tensor_data(rec->grad);
   /* Counted under the lock right after this arrival's add, so the one arrival that
      completes the record is the last to have added (two users' gradients may arrive at
      once). */
@@ -448,16 +478,16 @@ static void counted(struct eps *eps, struct eps_record *rec, bool finite, int la
     rec->nonfinite = false;
   }
   pthread_mutex_unlock(&eps->lock);
-  float most = 0;
-  double sumsq = complete && defer && !exchange ? optim_sumsq_most(g, n, &most) : 0;
+  struct eps_norm norm = {0, 0};
+  if (complete && defer && !exchange) norm = eps_grad_norm(rec);
   if (exchange) eps_update_exchange(eps, rec);
   else if (skip) eps_grad_clear(eps, rec, false);
   else if (complete && !defer) eps_start_update(eps, rec, 1.0f);
   /* Counted out last: whoever waits for arrivals then finds the record's norm (or its
      update queued) in place. */
   pthread_mutex_lock(&eps->lock);
-  if (complete && !exchange) rec->sumsq = sumsq, rec->grad_most = most;   /* (an exchange
-                                                                             sets them when agreed) */
+  if (complete && !exchange) rec->sumsq = norm.sumsq, rec->grad_most = norm.most;   /* (an
+                                                     exchange sets them when agreed) */
   eps->arrivals_in_flight--;
   pthread_cond_broadcast(&eps->changed);
   pthread_mutex_unlock(&eps->lock);
@@ -511,7 +541,8 @@ static bool holds_arrival(const struct eps *eps, const struct eps_record *rec) {
    (before a step begins: a step that ended before its update). */
 static void held_add(struct eps_record *rec) {
   for (int k = 0; k < rec->held_n; k++)
-    if (!absorb_whole(rec, rec->held[k].grad, false, rec->held[k].scale)) rec->nonfinite = true;
+    if (!absorb_whole(rec, rec->held[k].grad, false, rec->held[k].scale, false))
+      rec->nonfinite = true;
   eps_held_free(rec);
 }
 
@@ -541,7 +572,7 @@ static void eps_give(struct eps *eps, struct eps_record *rec, l2l_tensor *incomi
   grad_arrives(eps, rec);
   arrival_begins(eps);
   pthread_mutex_lock(&eps->lock);
-  bool hold = holds_arrival(eps, rec), last = false;
+  bool hold = holds_arrival(eps, rec), last = false, norms = !hold && adds_norms(eps, rec);
   rec->given++;
   if (hold) {
     rec->held[rec->held_n++] = (struct eps_held){.grad = incoming, .scale = scale};
@@ -556,12 +587,16 @@ static void eps_give(struct eps *eps, struct eps_record *rec, l2l_tensor *incomi
   struct arrival *a = calloc(1, sizeof *a);
   if (a == NULL) {   /* add it here rather than lose it (after the record's arrivals ahead) */
     eps_wait_absorbs(eps, rec);
-    counted(eps, rec, absorb_whole(rec, incoming, false, scale), layer);
+    bool finite = absorb_whole(rec, incoming, false, scale, norms);
+    pthread_mutex_lock(&eps->lock);
+    if (norms) rec->norms_valid = true;
+    pthread_mutex_unlock(&eps->lock);
+    counted(eps, rec, finite, layer);
     l2l_tensor_free(incoming);
     return;
   }
   *a = (struct arrival){.eps = eps, .rec = rec, .incoming = incoming, .scale = scale,
-                        .layer = layer};
+                        .layer = layer, .norms = norms};
   pthread_mutex_lock(&eps->lock);
   struct arrival *ahead = rec->absorb_tail;
   if (ahead) ahead->next = a;   /* queued when the one ahead ends */
@@ -575,7 +610,14 @@ static void eps_absorb(struct eps *eps, struct eps_record *rec, l2l_tensor *grad
   grad_arrives(eps, rec);
   arrival_begins(eps);
   eps_wait_absorbs(eps, rec);
-  counted(eps, rec, absorb_whole(rec, grad, true, scale), layer);
+  pthread_mutex_lock(&eps->lock);
+  bool norms = adds_norms(eps, rec);
+  pthread_mutex_unlock(&eps->lock);
+  bool finite = absorb_whole(rec, grad, true, scale, norms);
+  pthread_mutex_lock(&eps->lock);
+  if (norms) rec->norms_valid = true;
+  pthread_mutex_unlock(&eps->lock);
+  counted(eps, rec, finite, layer);
 }
 
 void eps_give_gradient(struct eps *eps, struct eps_record *rec, l2l_tensor *grad,

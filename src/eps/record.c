@@ -53,7 +53,30 @@ bool eps_held_block(float *g, const struct eps_record *rec, const float *acc, in
   return finite;
 }
 
+void eps_norm_add(struct eps_norm *norm, const float *g, int64_t n) {
+  for (int64_t at = 0; at < n; at += L2L_STATE_BLOCK) {
+    float most = 0;
+    norm->sumsq += optim_sumsq_most(g + at, n - at < L2L_STATE_BLOCK ? n - at : L2L_STATE_BLOCK, &most);
+    norm->most = most > norm->most ? most : norm->most;
+  }
+}
+
+struct eps_norm eps_grad_norm(const struct eps_record *rec) {
+  int64_t n = l2l_tensor_numel(rec->grad);
+  const float *g = l2l_tensor_data(rec->grad);
+  struct eps_norm whole = {0, 0};
+  for (int c = 0; c < eps_chunks(n); c++) {
+    struct eps_norm chunk = {0, 0};
+    if (rec->norms_valid) chunk = rec->chunk_norms[c];
+    else eps_norm_add(&chunk, g + (int64_t)c * CHUNK, eps_chunk_end(n, (int64_t)c * CHUNK) - (int64_t)c * CHUNK);
+    whole.sumsq += chunk.sumsq;
+    whole.most = chunk.most > whole.most ? chunk.most : whole.most;
+  }
+  return whole;
+}
+
 void eps_held_free(struct eps_record *rec) {
+  if (rec->held_n == 0) return;   /* (writes nothing: a record's last update may still read) */
   for (int k = 0; k < rec->held_n; k++) l2l_tensor_free(rec->held[k].grad);
   rec->held_n = 0;
 }

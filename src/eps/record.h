@@ -25,6 +25,12 @@ static inline int64_t eps_chunk_end(int64_t n, int64_t begin) {
    to read instead of added into the accumulator first: scale * grad, f32 or 16-bit. A
    record holds at most EPS_HELD_MAX a step (a tied table's two users). */
 enum { EPS_HELD_MAX = 2 };
+
+/* A gradient's (or a chunk's) sum of squares and largest magnitude. */
+struct eps_norm {
+  double sumsq;
+  float most;
+};
 struct eps_held {
   l2l_tensor *grad;
   float scale;
@@ -78,6 +84,12 @@ struct eps_record {
   struct eps_held held[EPS_HELD_MAX];
   int held_n;
   uint8_t *grad_zero;
+  /* With deferred updates: each chunk's norm of the gradient as the last add (or the held
+     gradients' check) left it, found by that pass as it wrote (or built) it
+     (eps_norm_add); norms_valid (under the EPS lock) once a whole pass's are in, until the
+     next step begins. NULL: none made yet (or no memory: found again at the end). */
+  struct eps_norm *chunk_norms;
+  bool norms_valid;
   int64_t updates;             /* t of its last update */
   /* This step's bookkeeping, under the EPS lock. */
   int expected, arrived;       /* gradient visits due and done (holds included) */
@@ -179,6 +191,13 @@ void eps_sort_by_completion(struct eps_record **list, int n);
    returns whether every partial sum is finite and below EPS_GRAD_LIMIT. */
 bool eps_held_block(float *g, const struct eps_record *rec, const float *acc, int64_t begin,
                     int64_t n);
+/* Adds g[0, n)'s sum of squares and largest |g| into *norm, a block of L2L_STATE_BLOCK at a
+   time from g (a chunk's start): the one grouping every pass uses, so a gradient's norm
+   has the same bits whichever pass found it. */
+void eps_norm_add(struct eps_norm *norm, const float *g, int64_t n);
+/* rec's gradient's norm for a deferred update: its chunks' found by the last pass, summed
+   in order, or (none valid) found now from the accumulator the same way. */
+struct eps_norm eps_grad_norm(const struct eps_record *rec);
 /* rec's held gradients freed (read by its update, or dropped with its accumulator). */
 void eps_held_free(struct eps_record *rec);
 

@@ -80,14 +80,17 @@ static void *give_all(void *arg) {
   return NULL;
 }
 
+/* (norm non-NULL: updates deferred, released with global clipping to norm 1; the
+   accumulated gradients' norm as the EPS found it into *norm) */
 static bool run_step_of(struct eps *eps, l2l_layer *layer, l2l_tensor **g[2], const float scale[2],
                         int users, bool owned, bool concurrent, bool update,
-                        struct eps_outcome *out) {
+                        struct eps_outcome *out, double *norm) {
   l2l_param *expect[2 * L2L_MAX_PARAMS];
   int n = l2l_layer_param_count(layer);
   for (int i = 0; i < n; i++)
     for (int u = 0; u < users; u++) expect[users * i + u] = l2l_layer_param(layer, i);
-  struct eps_step step = {.update = update, .lr = 0.5, .expect = expect, .n_expect = users * n};
+  struct eps_step step = {.update = update, .defer = norm != NULL, .lr = 0.5, .expect = expect,
+                          .n_expect = users * n};
   if (!CHECK_OK(eps_step_begin(eps, &step))) return false;
   eps_step_agreed(eps, true);
   struct give gv[2] = {{eps, layer, g[0], scale[0], owned}, {eps, layer, g[1], scale[1], owned}};
@@ -97,6 +100,7 @@ static bool run_step_of(struct eps *eps, l2l_layer *layer, l2l_tensor **g[2], co
   if (two) pthread_join(other, NULL);
   else if (users == 2) give_all(&gv[1]);
   eps_wait_arrivals(eps);
+  if (norm != NULL) eps_step_release(eps, 1.0f, 1.0, norm);
   eps_step_end(eps, true, out);
   eps_sync(eps);
   return true;
@@ -104,7 +108,7 @@ static bool run_step_of(struct eps *eps, l2l_layer *layer, l2l_tensor **g[2], co
 
 static bool run_step(struct eps *eps, l2l_layer *layer, l2l_tensor **g[2], const float scale[2],
                      bool owned, bool concurrent, bool update, struct eps_outcome *out) {
-  return run_step_of(eps, layer, g, scale, 2, owned, concurrent, update, out);
+  return run_step_of(eps, layer, g, scale, 2, owned, concurrent, update, out, NULL);
 }
 
 /* Gradients like the layer's parameters: normal, f32 or bf16 (kept gradients are f32). */
@@ -319,7 +323,7 @@ TEST(eps_held_gradients_update_as_added_ones) {
                                     (float)check_rand_uniform(0.5, 2)};
             struct eps_outcome out[2] = {{0}, {0}};
             for (int k = 0; k < 2; k++)
-              run_step_of(&eps[k], layers[k], g, scale, users, true, k == 1, true, &out[k]);
+              run_step_of(&eps[k], layers[k], g, scale, users, true, false, true, &out[k], NULL);
             CHECK(out[0].skips == (step > 0) && out[1].skips == out[0].skips,
                   "%s, step %d: %d skips added, %d held, %d expected", what, step, out[0].skips,
                   out[1].skips, step > 0);
@@ -358,4 +362,141 @@ TEST(eps_held_gradients_update_as_added_ones) {
             l2l_layer_free(layers[k]);
           }
         }
+}
+
+/* Deferred updates (global clipping): each add finds its chunks' norms as it writes them,
+   on the workers for a GPU's gradients (owned) and on the calling thread for kept ones;
+   the global norm both find is the same to the bit, equals the float64 norm of the sums
+   the accumulators hold (computed here) to 2^-23, and the clipped updates leave the
+   same masters; a step whose gradients were poisoned with an inf overflows (the norm not
+   finite, nothing updated) on both. */
+TEST(eps_deferred_norms_are_found_by_the_adds) {
+  l2l_layer *layers[2] = {big_embedding(), NULL};
+  if (layers[0] == NULL || !CHECK_OK(l2l_layer_clone(&layers[1], layers[0]))) return;
+  const int n = l2l_layer_param_count(layers[0]);
+  l2l_optimizer_config opt = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-2f, .beta1 = 0.9f,
+                              .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
+  struct core_timeline tl[2];
+  struct eps eps[2];
+  for (int k = 0; k < 2; k++) {
+    timeline_init(&tl[k]);
+    for (int i = 0; i < n; i++)
+      CHECK_OK(l2l_tensor_fill(l2l_param_grad(l2l_layer_param(layers[k], i)), 0.0));
+    if (!eps_of(&eps[k], &tl[k], layers[k], &opt)) return;
+  }
+  for (int step = 0; step < 3; step++) {
+    l2l_tensor *g0[L2L_MAX_PARAMS], *g1[L2L_MAX_PARAMS];
+    draw_grads(g0, layers[0], L2L_F32);
+    draw_grads(g1, layers[0], L2L_F32);
+    if (step == 2) {
+      int r = (int)check_rand_int(0, n - 1);
+      ((float *)l2l_tensor_data(g1[r]))[check_rand_int(0, l2l_tensor_numel(g1[r]) - 1)] = INFINITY;
+    }
+    const float scale[2] = {(float)check_rand_uniform(0.5, 2), (float)check_rand_uniform(0.5, 2)};
+    double norm[2] = {0, 0}, want = 0;
+    for (int i = 0; i < n; i++) {   /* the sums each accumulator will hold, in float64 */
+      const float *x0 = l2l_tensor_data(g0[i]), *x1 = l2l_tensor_data(g1[i]);
+      for (int64_t e = 0; e < l2l_tensor_numel(g0[i]); e++) {
+        float sum = 0.0f + scale[0] * x0[e];   /* (f32, as the adds round) */
+        sum = sum + scale[1] * x1[e];
+        want += (double)sum * sum;
+      }
+    }
+    want = sqrt(want);
+    for (int k = 0; k < 2; k++) {
+      /* kept gradients are drained (zeroed): each EPS gets its own copies */
+      l2l_tensor *c0[L2L_MAX_PARAMS], *c1[L2L_MAX_PARAMS], **c[2] = {c0, c1};
+      for (int i = 0; i < n; i++) {
+        c0[i] = check_tensor(L2L_POOL_HOST, L2L_F32, 1, (int64_t[]){l2l_tensor_numel(g0[i])});
+        c1[i] = check_tensor(L2L_POOL_HOST, L2L_F32, 1, (int64_t[]){l2l_tensor_numel(g1[i])});
+        memcpy(l2l_tensor_data(c0[i]), l2l_tensor_data(g0[i]), (size_t)l2l_tensor_numel(g0[i]) * 4);
+        memcpy(l2l_tensor_data(c1[i]), l2l_tensor_data(g1[i]), (size_t)l2l_tensor_numel(g1[i]) * 4);
+      }
+      struct eps_outcome out;
+      run_step_of(&eps[k], layers[k], c, scale, 2, k == 1, false, true, &out, &norm[k]);
+      for (int i = 0; i < n; i++) {
+        l2l_tensor_free(c0[i]);
+        l2l_tensor_free(c1[i]);
+      }
+    }
+    CHECK(memcmp(&norm[0], &norm[1], sizeof norm[0]) == 0,
+          "step %d: the norm added on the workers %.17g, on the calling thread %.17g", step,
+          norm[1], norm[0]);
+    /* each f32 sum as the test rounds it may differ from the adds' by an ulp (a fused
+       multiply-add or not), 2^-24 of it, so the norms by 2^-24 of the norm, plus float64
+       sums grouped otherwise (~1e-16 each): 2^-23. A chunk's norm left out moves it by a
+       fifth or more. */
+    if (step < 2)
+      CHECK(fabs(norm[0] - want) <= 0x1p-23 * want, "step %d: norm %.17g, float64 %.17g", step,
+            norm[0], want);
+    else
+      CHECK(!isfinite(norm[0]), "step %d: an inf gradient gave the norm %g", step, norm[0]);
+    for (int i = 0; i < n; i++) {
+      const l2l_tensor *pa = l2l_param_value(l2l_layer_param(layers[0], i));
+      const l2l_tensor *pb = l2l_param_value(l2l_layer_param(layers[1], i));
+      CHECK(memcmp(l2l_tensor_data(pa), l2l_tensor_data(pb), (size_t)l2l_tensor_numel(pa) * 4) == 0,
+            "step %d: %s differs between gradients added on the workers and on the caller",
+            step, l2l_param_name(l2l_layer_param(layers[0], i)));
+      l2l_tensor_free(g0[i]);
+      l2l_tensor_free(g1[i]);
+    }
+  }
+  for (int k = 0; k < 2; k++) {
+    eps_free(&eps[k]);
+    timeline_free(&tl[k]);
+    l2l_layer_free(layers[k]);
+  }
+}
+
+/* Two gradients of each record given from two threads at once, held: in whichever order
+   they came, the update is the one of the same two added in that order. Each round, one
+   step from the same start on three twins: held (given at once), and added in each order
+   (one thread); every record's master equals one of the two added ones to the bit. */
+TEST(eps_held_gradients_given_at_once_update_as_added_in_either_order) {
+  l2l_optimizer_config opt = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-2f, .beta1 = 0.9f,
+                              .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
+  for (int round = 0; round < 4; round++) {
+    l2l_layer *layers[3] = {big_embedding(), NULL, NULL};
+    if (layers[0] == NULL || !CHECK_OK(l2l_layer_clone(&layers[1], layers[0])) ||
+        !CHECK_OK(l2l_layer_clone(&layers[2], layers[0])))
+      return;
+    const int n = l2l_layer_param_count(layers[0]);
+    struct core_timeline tl[3];
+    struct eps eps[3];
+    for (int k = 0; k < 3; k++) {
+      timeline_init(&tl[k]);
+      for (int i = 0; i < n; i++)
+        CHECK_OK(l2l_tensor_fill(l2l_param_grad(l2l_layer_param(layers[k], i)), 0.0));
+      if (!eps_adding(&eps[k], &tl[k], layers[k], &opt, k > 0)) return;
+    }
+    l2l_tensor *g0[L2L_MAX_PARAMS], *g1[L2L_MAX_PARAMS];
+    draw_grads(g0, layers[0], L2L_BF16);
+    draw_grads(g1, layers[0], L2L_BF16);
+    const float scale[2] = {(float)check_rand_uniform(0.5, 2), (float)check_rand_uniform(0.5, 2)};
+    const float swapped[2] = {scale[1], scale[0]};
+    l2l_tensor **in_order[2] = {g0, g1}, **reversed[2] = {g1, g0};
+    struct eps_outcome out[3];
+    run_step_of(&eps[0], layers[0], in_order, scale, 2, true, true, true, &out[0], NULL);
+    run_step_of(&eps[1], layers[1], in_order, scale, 2, true, false, true, &out[1], NULL);
+    run_step_of(&eps[2], layers[2], reversed, swapped, 2, true, false, true, &out[2], NULL);
+    CHECK(eps[0].held_checks == n, "round %d: %lld records' held gradients checked, want %d",
+          round, (long long)eps[0].held_checks, n);
+    for (int i = 0; i < n; i++) {
+      const l2l_tensor *v[3];
+      for (int k = 0; k < 3; k++) v[k] = l2l_param_value(l2l_layer_param(layers[k], i));
+      size_t bytes = (size_t)l2l_tensor_numel(v[0]) * 4;
+      CHECK(memcmp(l2l_tensor_data(v[0]), l2l_tensor_data(v[1]), bytes) == 0 ||
+                memcmp(l2l_tensor_data(v[0]), l2l_tensor_data(v[2]), bytes) == 0,
+            "round %d: %s, its two gradients held as they came from two threads, is neither "
+            "the update of the two added in one order nor in the other", round,
+            l2l_param_name(l2l_layer_param(layers[0], i)));
+      l2l_tensor_free(g0[i]);
+      l2l_tensor_free(g1[i]);
+    }
+    for (int k = 0; k < 3; k++) {
+      eps_free(&eps[k]);
+      timeline_free(&tl[k]);
+      l2l_layer_free(layers[k]);
+    }
+  }
 }
