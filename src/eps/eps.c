@@ -349,6 +349,13 @@ static bool adds_norms(const struct eps *eps, struct eps_record *rec) {
   return rec->chunk_norms != NULL;
 }
 
+/* rec's chunks' norms, found by the add on the calling thread just done, are its gradient's. */
+static void norms_found(struct eps *eps, struct eps_record *rec) {
+  pthread_mutex_lock(&eps->lock);
+  rec->norms_valid = true;
+  pthread_mutex_unlock(&eps->lock);
+}
+
 /* The norm of the accumulator's chunk from begin, just written by an add. */
 static void chunk_norm(struct eps_record *rec, int64_t begin, int64_t end) {
   struct eps_norm *norm = &rec->chunk_norms[begin / CHUNK];
@@ -538,7 +545,7 @@ static bool holds_arrival(const struct eps *eps, const struct eps_record *rec) {
 }
 
 /* rec's held gradients added into its accumulator, as they would have been on arrival
-   (before a step begins: a step that ended before its update). */
+   (as a step begins: the last one ended before the record was complete). */
 static void held_add(struct eps_record *rec) {
   for (int k = 0; k < rec->held_n; k++)
     if (!absorb_whole(rec, rec->held[k].grad, false, rec->held[k].scale, false))
@@ -588,9 +595,7 @@ static void eps_give(struct eps *eps, struct eps_record *rec, l2l_tensor *incomi
   if (a == NULL) {   /* add it here rather than lose it (after the record's arrivals ahead) */
     eps_wait_absorbs(eps, rec);
     bool finite = absorb_whole(rec, incoming, false, scale, norms);
-    pthread_mutex_lock(&eps->lock);
-    if (norms) rec->norms_valid = true;
-    pthread_mutex_unlock(&eps->lock);
+    if (norms) norms_found(eps, rec);
     counted(eps, rec, finite, layer);
     l2l_tensor_free(incoming);
     return;
@@ -614,9 +619,7 @@ static void eps_absorb(struct eps *eps, struct eps_record *rec, l2l_tensor *grad
   bool norms = adds_norms(eps, rec);
   pthread_mutex_unlock(&eps->lock);
   bool finite = absorb_whole(rec, grad, true, scale, norms);
-  pthread_mutex_lock(&eps->lock);
-  if (norms) rec->norms_valid = true;
-  pthread_mutex_unlock(&eps->lock);
+  if (norms) norms_found(eps, rec);
   counted(eps, rec, finite, layer);
 }
 

@@ -39,7 +39,9 @@ static bool eps_adding(struct eps *eps, struct core_timeline *tl, l2l_layer *lay
                                         .master = l2l_param_value(p), .grad = l2l_param_grad(p),
                                         .staging = L2L_F32, .users = 1};
   }
-  return CHECK_OK(eps_set_records(eps, src, n, &failed));
+  if (CHECK_OK(eps_set_records(eps, src, n, &failed))) return true;
+  eps_free(eps);   /* (a failed init leaves nothing to free) */
+  return false;
 }
 
 static bool eps_of(struct eps *eps, struct core_timeline *tl, l2l_layer *layer,
@@ -111,6 +113,26 @@ static bool run_step(struct eps *eps, l2l_layer *layer, l2l_tensor **g[2], const
   return run_step_of(eps, layer, g, scale, 2, owned, concurrent, update, out, NULL);
 }
 
+/* An updating step of two f32 gradients a record, g0[i] then g1[i], given from copies
+   (kept gradients are drained, zeroed: each EPS gets its own), owned or kept. */
+static void step_on_copies(struct eps *eps, l2l_layer *layer, l2l_tensor *const *g0,
+                           l2l_tensor *const *g1, const float scale[2], bool owned,
+                           struct eps_outcome *out, double *norm) {
+  const int n = l2l_layer_param_count(layer);
+  l2l_tensor *c0[L2L_MAX_PARAMS], *c1[L2L_MAX_PARAMS], **c[2] = {c0, c1};
+  for (int i = 0; i < n; i++) {
+    c0[i] = check_tensor(L2L_POOL_HOST, L2L_F32, 1, (int64_t[]){l2l_tensor_numel(g0[i])});
+    c1[i] = check_tensor(L2L_POOL_HOST, L2L_F32, 1, (int64_t[]){l2l_tensor_numel(g1[i])});
+    memcpy(l2l_tensor_data(c0[i]), l2l_tensor_data(g0[i]), (size_t)l2l_tensor_numel(g0[i]) * 4);
+    memcpy(l2l_tensor_data(c1[i]), l2l_tensor_data(g1[i]), (size_t)l2l_tensor_numel(g1[i]) * 4);
+  }
+  run_step_of(eps, layer, c, scale, 2, owned, false, true, out, norm);
+  for (int i = 0; i < n; i++) {
+    l2l_tensor_free(c0[i]);
+    l2l_tensor_free(c1[i]);
+  }
+}
+
 /* Gradients like the layer's parameters: normal, f32 or bf16 (kept gradients are f32). */
 static void draw_grads(l2l_tensor **g, l2l_layer *layer, l2l_dtype dtype) {
   for (int i = 0; i < l2l_layer_param_count(layer); i++) {
@@ -146,6 +168,40 @@ static l2l_layer *big_embedding(void) {
   l2l_layer *layer = NULL;
   if (!CHECK_OK(l2l_layer_new(&layer, &c, L2L_POOL_HOST))) return NULL;
   return layer;
+}
+
+/* `count` twins of one big embedding (clones, their accumulators zero), an EPS of each
+   with `opt` (twin k adding every gradient as it arrives when bit k of `adding` is set). */
+struct twins {
+  int count;
+  l2l_layer *layers[3];
+  struct core_timeline tl[3];
+  struct eps eps[3];
+};
+
+static void twins_free(struct twins *t) {
+  for (int k = 0; k < t->count; k++) {
+    eps_free(&t->eps[k]);
+    timeline_free(&t->tl[k]);
+  }
+  for (int k = 0; k < 3; k++) l2l_layer_free(t->layers[k]);
+}
+
+/* (a failure frees what was made) */
+static bool twins_new(struct twins *t, int count, const l2l_optimizer_config *opt, unsigned adding) {
+  memset(t, 0, sizeof *t);
+  bool made = (t->layers[0] = big_embedding()) != NULL;
+  for (int k = 1; made && k < count; k++) made = CHECK_OK(l2l_layer_clone(&t->layers[k], t->layers[0]));
+  for (int k = 0; made && k < count; k++) {
+    timeline_init(&t->tl[k]);
+    for (int i = 0; i < l2l_layer_param_count(t->layers[k]); i++)
+      CHECK_OK(l2l_tensor_fill(l2l_param_grad(l2l_layer_param(t->layers[k], i)), 0.0));
+    made = eps_adding(&t->eps[k], &t->tl[k], t->layers[k], opt, (adding >> k) & 1u);
+    if (made) t->count = k + 1;
+    else timeline_free(&t->tl[k]);
+  }
+  if (!made) twins_free(t);
+  return made;
 }
 
 TEST(eps_gives_split_across_workers_add_as_one) {
@@ -224,21 +280,8 @@ TEST(eps_gives_split_across_workers_update_as_whole_ones) {
     }
     const float scale[2] = {(float)check_rand_uniform(0.5, 2), (float)check_rand_uniform(0.5, 2)};
     struct eps_outcome out[2] = {{0}, {0}};
-    for (int k = 0; k < 2; k++) {
-      /* kept gradients are drained (zeroed): each EPS gets its own copies */
-      l2l_tensor *c0[L2L_MAX_PARAMS], *c1[L2L_MAX_PARAMS], **c[2] = {c0, c1};
-      for (int i = 0; i < n; i++) {
-        c0[i] = check_tensor(L2L_POOL_HOST, L2L_F32, 1, (int64_t[]){l2l_tensor_numel(g0[i])});
-        c1[i] = check_tensor(L2L_POOL_HOST, L2L_F32, 1, (int64_t[]){l2l_tensor_numel(g1[i])});
-        memcpy(l2l_tensor_data(c0[i]), l2l_tensor_data(g0[i]), (size_t)l2l_tensor_numel(g0[i]) * 4);
-        memcpy(l2l_tensor_data(c1[i]), l2l_tensor_data(g1[i]), (size_t)l2l_tensor_numel(g1[i]) * 4);
-      }
-      run_step(&eps[k], layers[k], c, scale, k == 1, false, true, &out[k]);
-      for (int i = 0; i < n; i++) {
-        l2l_tensor_free(c0[i]);
-        l2l_tensor_free(c1[i]);
-      }
-    }
+    for (int k = 0; k < 2; k++)
+      step_on_copies(&eps[k], layers[k], g0, g1, scale, k == 1, &out[k], NULL);
     CHECK(out[0].skips == (poisoned >= 0) && out[1].skips == out[0].skips,
           "step %d: %d skips whole, %d split, %d expected", step, out[0].skips, out[1].skips,
           poisoned >= 0);
@@ -287,17 +330,11 @@ TEST(eps_held_gradients_update_as_added_ones) {
           l2l_optimizer_config opt = {.kind = kinds[kind], .lr = 1e-2f, .beta1 = 0.9f,
                                       .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
                                       .momentum = 0.9f, .state = states[st]};
-          l2l_layer *layers[2] = {big_embedding(), NULL};
-          if (layers[0] == NULL || !CHECK_OK(l2l_layer_clone(&layers[1], layers[0]))) return;
+          struct twins t;
+          if (!twins_new(&t, 2, &opt, 1u)) return;   /* twin 0 adds, twin 1 holds */
+          l2l_layer **layers = t.layers;
+          struct eps *eps = t.eps;
           const int n = l2l_layer_param_count(layers[0]);
-          struct core_timeline tl[2];
-          struct eps eps[2];
-          for (int k = 0; k < 2; k++) {
-            timeline_init(&tl[k]);
-            for (int i = 0; i < n; i++)
-              CHECK_OK(l2l_tensor_fill(l2l_param_grad(l2l_layer_param(layers[k], i)), 0.0));
-            if (!eps_adding(&eps[k], &tl[k], layers[k], &opt, k == 0)) return;
-          }
           char what[160];
           snprintf(what, sizeof what, "%s, %s state, %d gradient(s) a record, %s",
                    optimizer_ops(opt.kind)->name, states[st] == L2L_STATE_F32 ? "f32"
@@ -356,11 +393,7 @@ TEST(eps_held_gradients_update_as_added_ones) {
           CHECK(eps[0].held_checks == 0 && eps[1].held_checks == 3 * n,
                 "%s: %lld and %lld records' held gradients checked, want 0 (added) and %d",
                 what, (long long)eps[0].held_checks, (long long)eps[1].held_checks, 3 * n);
-          for (int k = 0; k < 2; k++) {
-            eps_free(&eps[k]);
-            timeline_free(&tl[k]);
-            l2l_layer_free(layers[k]);
-          }
+          twins_free(&t);
         }
 }
 
@@ -371,19 +404,13 @@ TEST(eps_held_gradients_update_as_added_ones) {
    same masters; a step whose gradients were poisoned with an inf overflows (the norm not
    finite, nothing updated) on both. */
 TEST(eps_deferred_norms_are_found_by_the_adds) {
-  l2l_layer *layers[2] = {big_embedding(), NULL};
-  if (layers[0] == NULL || !CHECK_OK(l2l_layer_clone(&layers[1], layers[0]))) return;
-  const int n = l2l_layer_param_count(layers[0]);
   l2l_optimizer_config opt = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-2f, .beta1 = 0.9f,
                               .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
-  struct core_timeline tl[2];
-  struct eps eps[2];
-  for (int k = 0; k < 2; k++) {
-    timeline_init(&tl[k]);
-    for (int i = 0; i < n; i++)
-      CHECK_OK(l2l_tensor_fill(l2l_param_grad(l2l_layer_param(layers[k], i)), 0.0));
-    if (!eps_of(&eps[k], &tl[k], layers[k], &opt)) return;
-  }
+  struct twins t;
+  if (!twins_new(&t, 2, &opt, 0u)) return;
+  l2l_layer **layers = t.layers;
+  struct eps *eps = t.eps;
+  const int n = l2l_layer_param_count(layers[0]);
   for (int step = 0; step < 3; step++) {
     l2l_tensor *g0[L2L_MAX_PARAMS], *g1[L2L_MAX_PARAMS];
     draw_grads(g0, layers[0], L2L_F32);
@@ -404,20 +431,8 @@ TEST(eps_deferred_norms_are_found_by_the_adds) {
     }
     want = sqrt(want);
     for (int k = 0; k < 2; k++) {
-      /* kept gradients are drained (zeroed): each EPS gets its own copies */
-      l2l_tensor *c0[L2L_MAX_PARAMS], *c1[L2L_MAX_PARAMS], **c[2] = {c0, c1};
-      for (int i = 0; i < n; i++) {
-        c0[i] = check_tensor(L2L_POOL_HOST, L2L_F32, 1, (int64_t[]){l2l_tensor_numel(g0[i])});
-        c1[i] = check_tensor(L2L_POOL_HOST, L2L_F32, 1, (int64_t[]){l2l_tensor_numel(g1[i])});
-        memcpy(l2l_tensor_data(c0[i]), l2l_tensor_data(g0[i]), (size_t)l2l_tensor_numel(g0[i]) * 4);
-        memcpy(l2l_tensor_data(c1[i]), l2l_tensor_data(g1[i]), (size_t)l2l_tensor_numel(g1[i]) * 4);
-      }
       struct eps_outcome out;
-      run_step_of(&eps[k], layers[k], c, scale, 2, k == 1, false, true, &out, &norm[k]);
-      for (int i = 0; i < n; i++) {
-        l2l_tensor_free(c0[i]);
-        l2l_tensor_free(c1[i]);
-      }
+      step_on_copies(&eps[k], layers[k], g0, g1, scale, k == 1, &out, &norm[k]);
     }
     CHECK(memcmp(&norm[0], &norm[1], sizeof norm[0]) == 0,
           "step %d: the norm added on the workers %.17g, on the calling thread %.17g", step,
@@ -441,11 +456,7 @@ TEST(eps_deferred_norms_are_found_by_the_adds) {
       l2l_tensor_free(g1[i]);
     }
   }
-  for (int k = 0; k < 2; k++) {
-    eps_free(&eps[k]);
-    timeline_free(&tl[k]);
-    l2l_layer_free(layers[k]);
-  }
+  twins_free(&t);
 }
 
 /* Two gradients of each record given from two threads at once, held: in whichever order
@@ -456,19 +467,11 @@ TEST(eps_held_gradients_given_at_once_update_as_added_in_either_order) {
   l2l_optimizer_config opt = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-2f, .beta1 = 0.9f,
                               .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
   for (int round = 0; round < 4; round++) {
-    l2l_layer *layers[3] = {big_embedding(), NULL, NULL};
-    if (layers[0] == NULL || !CHECK_OK(l2l_layer_clone(&layers[1], layers[0])) ||
-        !CHECK_OK(l2l_layer_clone(&layers[2], layers[0])))
-      return;
+    struct twins t;
+    if (!twins_new(&t, 3, &opt, 6u)) return;   /* twin 0 holds, twins 1 and 2 add */
+    l2l_layer **layers = t.layers;
+    struct eps *eps = t.eps;
     const int n = l2l_layer_param_count(layers[0]);
-    struct core_timeline tl[3];
-    struct eps eps[3];
-    for (int k = 0; k < 3; k++) {
-      timeline_init(&tl[k]);
-      for (int i = 0; i < n; i++)
-        CHECK_OK(l2l_tensor_fill(l2l_param_grad(l2l_layer_param(layers[k], i)), 0.0));
-      if (!eps_adding(&eps[k], &tl[k], layers[k], &opt, k > 0)) return;
-    }
     l2l_tensor *g0[L2L_MAX_PARAMS], *g1[L2L_MAX_PARAMS];
     draw_grads(g0, layers[0], L2L_BF16);
     draw_grads(g1, layers[0], L2L_BF16);
@@ -493,10 +496,6 @@ TEST(eps_held_gradients_given_at_once_update_as_added_in_either_order) {
       l2l_tensor_free(g0[i]);
       l2l_tensor_free(g1[i]);
     }
-    for (int k = 0; k < 3; k++) {
-      eps_free(&eps[k]);
-      timeline_free(&tl[k]);
-      l2l_layer_free(layers[k]);
-    }
+    twins_free(&t);
   }
 }
