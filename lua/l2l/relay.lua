@@ -169,11 +169,11 @@ end
 
 -- l2l.Relay{model =, micro_batch = 1, stash = "host", recompute_every = 1, inner =
 -- "recompute", optimizer = l2l.AdamW{}, schedule = l2l.ConstantLR{}, clip_global_norm = 0,
--- clip_layer_norm = 0, accumulate = 1, optimizer_threads = 0 (every core), seed = 0,
--- param_slots = 2 (device buffers of layer parameters: each more keeps one more of the
--- forward's last layers on the device for its backward), loss_scale = 0 (> 0: dynamic
--- loss scaling from this scale), loss_scale_window = 2000 (updates without overflow
--- before the scale doubles), precision = "bf16" on a GPU, "f32" on the CPU backend
+-- clip_layer_norm = 0, accumulate = 1, optimizer_threads = 0 (every CPU the process may
+-- run on), seed = 0, param_slots = 2 (device buffers of layer parameters: each more keeps
+-- one more of the forward's last layers on the device for its backward), loss_scale = 0
+-- (> 0: dynamic loss scaling from this scale), loss_scale_window = 2000 (updates without
+-- overflow before the scale doubles), precision = "bf16" on a GPU, "f32" on the CPU backend
 -- ("bf16" or "f16": 16-bit weights on the device, f32 masters and optimizer state on the
 -- host), grad_precision = "f32" ("bf16" or
 -- "f16": the GEMM weights' and token tables' gradients leave the device rounded to 16

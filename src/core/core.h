@@ -533,6 +533,9 @@ l2l_status queue_start(struct core_queue *q, int threads, int first_id, const ch
    as the process starts and a thread started later would inherit that one core; else (or
    when the system refuses those CPUs) where its creator may run. */
 int core_thread_create(pthread_t *tid, void *(*fn)(void *), void *arg);
+/* The CPUs l2l's threads may run on: OpenMP's places when OpenMP binds its threads, else
+   the calling thread's affinity (a container's cpuset, taskset), at least 1. */
+int core_cpus(void);
 /* Finishes every queued job, then stops the workers. */
 void queue_stop(struct core_queue *q);
 void queue_push(struct core_queue *q, struct core_job *job);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core.h"
 
@@ -78,6 +79,15 @@ static bool thread_cpus(cpu_set_t *set) {
     free(ids);
   }
   return CPU_COUNT(set) > 0;
+}
+
+int core_cpus(void) {
+  cpu_set_t set;
+  if (thread_cpus(&set)) return CPU_COUNT(&set);
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > 0 ? (int)online : 1;
 }
 
 int core_thread_create(pthread_t *tid, void *(*fn)(void *), void *arg) {

@@ -236,11 +236,7 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
   pthread_mutex_init(&run->lock, NULL);
   timeline_init(&run->timeline);
   run->stats.grad_norm = -1;
-  int threads = config->optimizer_threads;
-  if (threads == 0) {
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    threads = cores > 0 ? (int)cores : 1;
-  }
+  int threads = config->optimizer_threads > 0 ? config->optimizer_threads : core_cpus();
   bool eps_up = false, h2d_up = false, d2h_up = false;
   l2l_status status = config->dist == L2L_DIST_MPI ? dist_start() : L2L_OK;
   if (status == L2L_OK && config->spill_dir != NULL) {

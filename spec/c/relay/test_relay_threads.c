@@ -1,12 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /* test_relay_threads.c — the relay's threads: updates that start while earlier layers are
- * still in backward (eager), one call at a time on a relay whatever thread makes it, and a
- * step's device peak its own beside another relay's. test_relay.c says how the relay's
- * tests test (the plain executor, plain.c, as the reference); relay_rig.h holds the
- * tolerances and helpers. All test names start with "relay_".
+ * still in backward (eager), one call at a time on a relay whatever thread makes it, a
+ * step's device peak its own beside another relay's, and by default as many optimizer
+ * workers as CPUs the process may run on. test_relay.c says how the relay's tests test
+ * (the plain executor, plain.c, as the reference); relay_rig.h holds the tolerances and
+ * helpers. All test names start with "relay_".
  */
 #include <math.h>
+#include <omp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -368,4 +371,57 @@ TEST(relay_device_peak_is_its_own) {
 done:
   model_free(&ma);
   model_free(&mb);
+}
+
+/* ---------------------------------------------------------------- the optimizer's workers */
+
+/* A relay made on a thread the system lets run on one CPU (its children inherit that). */
+struct one_cpu {
+  int cpu;
+  int workers;          /* the relay's EPS workers, -1: no relay */
+};
+
+static void *relay_on_one_cpu(void *arg) {
+  struct one_cpu *o = arg;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(o->cpu, &set);
+  o->workers = -1;
+  if (!CHECK(sched_setaffinity(0, sizeof set, &set) == 0, "cannot bind a thread to CPU %d", o->cpu))
+    return NULL;
+  struct shape g = gpt_shape();
+  struct model m;
+  model_new(&m, &g);
+  l2l_relay_config cfg = adamw_config();
+  cfg.optimizer_threads = 0;
+  l2l_relay *r = relay_new(&m, &cfg);
+  if (r != NULL) o->workers = r->eps.workers.threads;
+  l2l_relay_free(r);
+  model_free(&m);
+  return NULL;
+}
+
+TEST(relay_optimizer_threads_default_to_the_cpus_it_may_run_on) {
+  /* optimizer_threads = 0 starts a worker per CPU the process may run on (its affinity:
+     a container's cpuset, taskset), not per CPU online: a relay made where one CPU is
+     allowed has one. */
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (!CHECK(sched_getaffinity(0, sizeof set, &set) == 0, "sched_getaffinity failed")) return;
+  if (CPU_COUNT(&set) < 2) {
+    check_skip("this process may run on one CPU: one worker either way, nothing to tell apart");
+    return;
+  }
+  if (omp_get_proc_bind() != omp_proc_bind_false) {
+    check_skip("OMP_PROC_BIND is set: l2l's threads follow OpenMP's places, not an affinity");
+    return;
+  }
+  struct one_cpu o = {.cpu = -1};
+  for (int c = 0; c < CPU_SETSIZE && o.cpu < 0; c++)
+    if (CPU_ISSET(c, &set)) o.cpu = c;
+  pthread_t t;
+  if (!CHECK(pthread_create(&t, NULL, relay_on_one_cpu, &o) == 0, "cannot start a thread")) return;
+  pthread_join(t, NULL);
+  CHECK(o.workers == 1, "a relay made where only CPU %d is allowed (of %d) started %d workers, "
+        "want 1", o.cpu, CPU_COUNT(&set), o.workers);
 }
