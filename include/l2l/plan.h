@@ -69,6 +69,12 @@ typedef struct l2l_plan_summary {
   double disk_seconds;       /* those bytes at the directory's rates, a step's share (with
                                 accumulation, an update's over its steps): step_seconds is
                                 at least this (the disk works under compute) */
+  /* The step's channels at the rates, each as if alone (the relay overlaps them, so the
+     largest is the one a faster part of the machine would have to speed up): */
+  double compute_seconds;    /* the device computing, every visit's */
+  double h2d_seconds, d2h_seconds;   /* the copies each way (h2d_bytes, d2h_bytes) */
+  double update_seconds;     /* the host optimizer's updates on all its workers (with
+                                accumulation, an update's share of a step) */
 } l2l_plan_summary;
 typedef struct l2l_plan_layer {
   l2l_inner_policy inner;

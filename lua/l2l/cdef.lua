@@ -689,6 +689,10 @@ typedef struct l2l_plan_summary {
   uint64_t host_budget_smallest;
   uint64_t disk_bytes;
   double disk_seconds;
+
+  double compute_seconds;
+  double h2d_seconds, d2h_seconds;
+  double update_seconds;
 } l2l_plan_summary;
 typedef struct l2l_plan_layer {
   l2l_inner_policy inner;

@@ -8,7 +8,10 @@
 --   plan.host_eps_bytes, plan.host_budget_smallest (the EPS in host memory, and the
 --   smallest host_budget that works), plan.disk_bytes, plan.disk_seconds (what a step's
 --   updates read from the spill file and write back, each way, and its time at the
---   directory's rates),
+--   directory's rates), plan.channels = {compute =, copies_in =, copies_out =, updates =,
+--   disk =} (a step's seconds on each at the rates, as if alone: the device's compute, the
+--   copies each way, the host optimizer's updates, the spill file's I/O) and plan.limit
+--   (the name of the largest: what a faster part of the machine would have to speed up),
 --   plan.layers[i].inner, plan.layers[i].stash, plan.layers[i].kept_bytes, .seconds
 --   l2l.Relay{ model = model, plan = plan, ... }  (or plan = "auto": relay.lua)
 --
@@ -119,6 +122,33 @@ function M.make(model, config, request, fname)
   return M.wrap(ffi.gc(out, function(box) C.l2l_plan_free(box[0]) end), model, config, request)
 end
 
+-- A step's channels in the order a tie is named, and each in words.
+local CHANNELS = { "compute", "copies_in", "copies_out", "updates", "disk" }
+local CHANNEL_WORDS = { compute = "the device's compute", copies_in = "copies to the device",
+                        copies_out = "copies back", updates = "the host optimizer",
+                        disk = "the spill file" }
+
+-- The name of the channel that takes longest.
+local function limit_of(channels)
+  local best
+  for _, name in ipairs(CHANNELS) do
+    if best == nil or channels[name] > channels[best] then best = name end
+  end
+  return best
+end
+
+-- The channels as a line: each one's milliseconds, and the limit.
+local function channels_line(channels, limit)
+  local parts = {}
+  for _, name in ipairs(CHANNELS) do
+    if name ~= "disk" or channels.disk > 0 then
+      parts[#parts + 1] = ("%s %.2f ms"):format(CHANNEL_WORDS[name], channels[name] * 1e3)
+    end
+  end
+  return ("channels a step, each alone: %s; the limit: %s"):format(table.concat(parts, ", "),
+                                                                   CHANNEL_WORDS[limit])
+end
+
 -- The Lua plan of a C plan: out[0] the plan, out (a box) kept as its handle, or nil for a
 -- plan its relay owns (l2l_relay_plan_auto's: read here, then left to the relay).
 function M.wrap(out, model, config, request, owned_by_relay)
@@ -131,8 +161,11 @@ function M.wrap(out, model, config, request, owned_by_relay)
     h2d_bytes = tonumber(s.h2d_bytes), d2h_bytes = tonumber(s.d2h_bytes),
     host_eps_bytes = tonumber(s.host_eps_bytes), host_budget_smallest = tonumber(s.host_budget_smallest),
     disk_bytes = tonumber(s.disk_bytes), disk_seconds = s.disk_seconds, spill = config.spill_dir ~= nil,
+    channels = { compute = s.compute_seconds, copies_in = s.h2d_seconds, copies_out = s.d2h_seconds,
+                 updates = s.update_seconds, disk = s.disk_seconds },
     batch = request.batch, seq = request.seq, device_budget = request.device_budget, layers = {},
   }, Plan)
+  plan.limit = limit_of(plan.channels)
   local l = ffi.new("l2l_plan_layer")
   for i = 1, n do
     C.l2l_plan_get_layer(l, out[0], i - 1)
@@ -222,7 +255,11 @@ Report.__index = Report
 -- run:plan_report(): {layers = {{kind, inner, stash, predicted, measured}...},
 -- predicted_step_seconds, measured_step_seconds, predicted_device_peak, device_peak,
 -- predicted_h2d_bytes, h2d_bytes, predicted_d2h_bytes, d2h_bytes, predicted_host_eps_bytes,
--- host_eps_bytes, predicted_disk_bytes (each way), disk_read_bytes, disk_written_bytes};
+-- host_eps_bytes, predicted_disk_bytes (each way), disk_read_bytes, disk_written_bytes,
+-- predicted_channels and limit (the plan's), measured_channels = {compute =, copies_in =,
+-- copies_out =, updates =} (stats' compute_seconds, h2d_seconds, d2h_seconds and
+-- optimizer_seconds: the updates summed over the workers, where the plan's are all of them
+-- at once)};
 -- print() shows it as a table (predicted beside measured, per layer and for the step).
 -- Measured: the training steps after the first (which makes lasting buffers), their mean
 -- seconds and the last one's bytes (an evaluation in between, a validation pass, is not
@@ -238,7 +275,11 @@ function M.report(run)
                    predicted_d2h_bytes = plan.d2h_bytes, d2h_bytes = stats.d2h_bytes,
                    predicted_host_eps_bytes = plan.host_eps_bytes, host_eps_bytes = stats.host_eps_bytes,
                    predicted_disk_bytes = plan.disk_bytes, disk_read_bytes = stats.spill_read_bytes,
-                   disk_written_bytes = stats.spill_written_bytes }
+                   disk_written_bytes = stats.spill_written_bytes,
+                   predicted_channels = plan.channels, limit = plan.limit,
+                   measured_channels = { compute = stats.compute_seconds, copies_in = stats.h2d_seconds,
+                                         copies_out = stats.d2h_seconds,
+                                         updates = stats.optimizer_seconds } }
   for i, l in ipairs(plan.layers) do
     report.layers[i] = { kind = l.kind, inner = l.inner, stash = l.stash, predicted = l.seconds,
                          measured = per[i] or 0 }
@@ -282,6 +323,7 @@ function Plan:__tostring()
   rows[#rows + 1] = ("micro-batch %d of %d (seq %d): predicted %.1f ms a step, device peak %s of a %s budget"):format(
     self.micro_batch, self.batch, self.seq, self.step_seconds * 1e3, mib(self.device_peak), mib(self.device_budget))
   rows[#rows + 1] = ("copies a step: %s to the device, %s back"):format(mib(self.h2d_bytes), mib(self.d2h_bytes))
+  rows[#rows + 1] = channels_line(self.channels, self.limit)
   rows[#rows + 1] = ("host: the EPS holds %s between steps (the smallest host budget that works: %s)%s"):format(
     mib(self.host_eps_bytes), mib(self.host_budget_smallest), self.spill and
     (("; the spill file: %s read and %s written a step, %.1f ms at the disk's rates"):format(
@@ -308,6 +350,11 @@ function Report:__tostring()
   rows[#rows + 1] = ("host: EPS predicted %s, measured %s; disk: predicted %s each way, measured %s read, %s written"):format(
     mib(self.predicted_host_eps_bytes), mib(self.host_eps_bytes), mib(self.predicted_disk_bytes),
     mib(self.disk_read_bytes), mib(self.disk_written_bytes))
+  rows[#rows + 1] = "predicted " .. channels_line(self.predicted_channels, self.limit)
+  local m = self.measured_channels
+  rows[#rows + 1] = ("measured: the device's compute %.2f ms, copies to the device %.2f ms, back %.2f ms, "
+    .. "the host optimizer %.2f ms summed over its workers"):format(m.compute * 1e3, m.copies_in * 1e3,
+    m.copies_out * 1e3, m.updates * 1e3)
   return table.concat(rows, "\n")
 end
 

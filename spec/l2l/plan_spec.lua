@@ -155,6 +155,36 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
     assert.is_true(bigger > 1.7 * big, ("past the threshold the step grows with the batch: %g then %g"):format(big, bigger))
   end)
 
+  it("names a step's channels at the rates and the one that limits it", function()
+    -- copies each way: their bytes at the link's rates; the host optimizer: every record's
+    -- f32 master at its rate (nothing frozen); the limit: the largest, in words in print()
+    local model = tiny_gpt(4, 256, 64)
+    local masters = 0
+    for _, p in ipairs(model:params()) do masters = masters + 4 * p.value:numel() end
+    local function close(got, want, what)
+      assert.is_true(math.abs(got - want) <= 1e-12 * want, ("%s: %.17g, want %.17g"):format(what, got, want))
+    end
+    for _, optimizer in ipairs({ GPU.optimizer, GPU.optimizer / 1000 }) do
+      local rates = { flops = GPU.flops, h2d = GPU.h2d, d2h = GPU.d2h, optimizer = optimizer, visit = GPU.visit }
+      local plan = l2l.plan { model = model, batch = 2, seq = 64, device_budget = 2 ^ 40, rates = rates,
+                              precision = "bf16" }
+      local c = plan.channels
+      close(c.copies_in, plan.h2d_bytes / rates.h2d, "copies to the device")
+      close(c.copies_out, plan.d2h_bytes / rates.d2h, "copies back")
+      close(c.updates, masters / optimizer, "the host optimizer")
+      assert.is_true(c.compute > 0 and c.disk == 0, "compute and no disk")
+      local largest, name = -1, nil
+      for _, k in ipairs({ "compute", "copies_in", "copies_out", "updates" }) do
+        if c[k] > largest then largest, name = c[k], k end
+      end
+      assert.are.equal(name, plan.limit)
+      if optimizer < GPU.optimizer then
+        assert.are.equal("updates", plan.limit, "a slow host optimizer limits the step")
+        assert.is_truthy(tostring(plan):find("the limit: the host optimizer", 1, true), tostring(plan))
+      end
+    end
+  end)
+
   it("predicts the EPS's host bytes, the spill file's bytes and the smallest host budget, to the byte", function()
     math.randomseed(support.seed)
     local dir = support.tmpdir()

@@ -135,7 +135,7 @@ struct timing {
   /* the step: its seconds so far, the host optimizer's updates, the bytes copied */
   double total, workers_free, total_updates, backward_end;
   double *per_layer;
-  struct plan_step_bytes moved;
+  struct plan_step_channels moved;
   int64_t head_width;   /* targets per sample: S for an LM head, 1 for a classifier */
 };
 
@@ -207,6 +207,7 @@ static l2l_status timed_visit_end(void *ctx, int i, const struct order_visit *v,
   bool update = grads && !t->c->layers[k].frozen;
   if (update) t->out += (double)o->grad_bytes, t->moved.d2h += (double)o->grad_bytes;
   const l2l_plan_rates *rates = t->rates;
+  t->moved.compute += t->compute;
   double seconds = t->compute, in = seconds_for(t->in, rates->h2d),
          out = seconds_for(t->out, rates->d2h);
   if (rates->shared) {
@@ -360,7 +361,7 @@ static const struct order_ops timing_acts = {
 __attribute__((flatten)) double plan_step_seconds(const struct plan_chain *c,
                                                   const struct plan_layer_costs *costs,
                                                   const l2l_plan_rates *rates, double *per_layer,
-                                                  struct plan_step_bytes *moved) {
+                                                  struct plan_step_channels *moved) {
   int64_t mb = c->micro_batch < c->batch ? c->micro_batch : c->batch;
   int64_t nmb = (c->batch + mb - 1) / mb;
   struct timing t = {.c = c, .costs = costs, .rates = rates, .nmb = nmb, .mb = mb,
@@ -394,6 +395,7 @@ __attribute__((flatten)) double plan_step_seconds(const struct plan_chain *c,
     double tail = c->updates_deferred ? t.workers_free : t.workers_free - t.backward_end;
     if (rates->shared) tail = t.total_updates;
     total = t.total + (tail > 0 ? tail : 0);
+    t.moved.updates = t.total_updates;
     if (moved) *moved = t.moved;
   }
   free(t.x), free(t.g), free(t.away), free(t.slot_use);

@@ -107,16 +107,19 @@ struct plan_layer_costs {
    else from FLOPs at rates->flops. */
 l2l_status plan_layer_costs(struct plan_layer_costs *out, const struct plan_chain *c,
                             const l2l_plan_rates *rates);
-/* The bytes a step copies each way (as the relay's stats count them). */
-struct plan_step_bytes {
+/* A step's channels: the bytes it copies each way (as the relay's stats count them), the
+   seconds of its visits' compute on the device (with what the calling thread copies as it
+   goes: the ids) and of its updates on the host optimizer's workers, at the rates. */
+struct plan_step_channels {
   double h2d, d2h;
+  double compute, updates;
 };
 /* Seconds of one training step of the chain under its policies (the order's walk,
    timed; -1: no memory to walk it); per_layer (L entries, or NULL) gets each layer's
-   share (its visits), moved (or NULL) the bytes it copies. */
+   share (its visits), moved (or NULL) its channels. */
 double plan_step_seconds(const struct plan_chain *c, const struct plan_layer_costs *costs,
                          const l2l_plan_rates *rates, double *per_layer,
-                         struct plan_step_bytes *moved);
+                         struct plan_step_channels *moved);
 /* This machine's copy and optimizer rates (cached; measured when missing or asked), and
    the visit cost the relay measured (-1 until then). */
 l2l_status plan_machine_rates(l2l_plan_rates *out, bool remeasure);
@@ -156,7 +159,7 @@ struct plan_result {
   double seconds;
   uint64_t peak;
   double *layer_seconds;        /* L entries, the caller's (may be NULL) */
-  struct plan_step_bytes moved; /* the step's copies each way */
+  struct plan_step_channels moved; /* the step's copies each way, compute and updates */
   uint64_t leanest_peak;        /* the smallest peak any policy reached */
   int64_t leanest_micro_batch;  /* at this micro-batch */
 };

@@ -106,13 +106,36 @@ static void compare_one(int trial, bool allow_swap) {
      the relay's (swap's included: the copy threads' timing moves when, not what). */
   struct plan_layer_costs costs[MAX_LAYERS];
   l2l_plan_rates rates = {.flops = 1e9, .h2d = 1e9, .d2h = 1e9, .optimizer = 1e9};
-  struct plan_step_bytes moved = {-1, -1};
+  struct plan_step_channels moved = {-1, -1, -1, -1};
   chain.accumulate = 1;
-  if (CHECK_OK(plan_layer_costs(costs, &chain, &rates)))
+  bool costed = CHECK_OK(plan_layer_costs(costs, &chain, &rates));
+  if (costed)
     CHECK(plan_step_seconds(&chain, costs, &rates, NULL, &moved) > 0, "%s: no step time", what);
   CHECK(moved.h2d == (double)st.h2d_bytes && moved.d2h == (double)st.d2h_bytes,
         "%s: the step copied %llu bytes in and %llu out, the time model %.0f and %.0f", what,
         (unsigned long long)st.h2d_bytes, (unsigned long long)st.d2h_bytes, moved.h2d, moved.d2h);
+  /* Its other channels: the host optimizer's updates are the f32 masters of the records
+     whose first user is trainable (the planner's rule, counted here from the model) at the
+     optimizer's rate; and with copies and updates free (and no visit cost) a step is its
+     compute alone. */
+  double masters = 0;
+  for (int k = 0; k < m.n; k++)
+    for (int i = 0; !layers[k].frozen && i < l2l_layer_param_count(m.layer[k]); i++) {
+      const l2l_param *p = l2l_layer_param(m.layer[k], i);
+      bool earlier = false;
+      for (int j = 0; j < k; j++)
+        for (int q = 0; q < l2l_layer_param_count(m.layer[j]); q++) earlier |= l2l_layer_param(m.layer[j], q) == p;
+      if (!earlier) masters += 4.0 * (double)l2l_tensor_numel(l2l_param_value(p));
+    }
+  CHECK(fabs(moved.updates - masters / rates.optimizer) <= 1e-12 * (masters / rates.optimizer),
+        "%s: the updates take %.9g s, the masters' %.0f bytes at %.0f B/s %.9g s", what,
+        moved.updates, masters, rates.optimizer, masters / rates.optimizer);
+  l2l_plan_rates free_rates = {.flops = rates.flops, .h2d = 1e300, .d2h = 1e300, .optimizer = 1e300};
+  struct plan_step_channels alone = {-1, -1, -1, -1};
+  double step = costed ? plan_step_seconds(&chain, costs, &free_rates, NULL, &alone) : -1;
+  CHECK(alone.compute > 0 && fabs(step - alone.compute) <= 1e-9 * alone.compute,
+        "%s: with free copies and updates a step takes %.9g s, its compute %.9g s", what, step,
+        alone.compute);
   /* An evaluation of the same batch (nothing kept, nothing swapped: exact with any policy),
      with the weights the step left (the frugal guard's statements follow them). */
   chain.evaluation = true;
