@@ -56,7 +56,8 @@ bool eps_held_block(float *g, const struct eps_record *rec, const float *acc, in
 void eps_norm_add(struct eps_norm *norm, const float *g, int64_t n) {
   for (int64_t at = 0; at < n; at += L2L_STATE_BLOCK) {
     float most = 0;
-    norm->sumsq += optim_sumsq_most(g + at, n - at < L2L_STATE_BLOCK ? n - at : L2L_STATE_BLOCK, &most);
+    int64_t k = n - at < L2L_STATE_BLOCK ? n - at : L2L_STATE_BLOCK;
+    norm->sumsq += optim_sumsq_most(g + at, k, &most);
     norm->most = most > norm->most ? most : norm->most;
   }
 }
@@ -66,9 +67,10 @@ struct eps_norm eps_grad_norm(const struct eps_record *rec) {
   const float *g = l2l_tensor_data(rec->grad);
   struct eps_norm whole = {0, 0};
   for (int c = 0; c < eps_chunks(n); c++) {
+    int64_t begin = (int64_t)c * CHUNK;
     struct eps_norm chunk = {0, 0};
     if (rec->norms_valid) chunk = rec->chunk_norms[c];
-    else eps_norm_add(&chunk, g + (int64_t)c * CHUNK, eps_chunk_end(n, (int64_t)c * CHUNK) - (int64_t)c * CHUNK);
+    else eps_norm_add(&chunk, g + begin, eps_chunk_end(n, begin) - begin);
     whole.sumsq += chunk.sumsq;
     whole.most = chunk.most > whole.most ? chunk.most : whole.most;
   }

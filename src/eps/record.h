@@ -25,15 +25,15 @@ static inline int64_t eps_chunk_end(int64_t n, int64_t begin) {
    to read instead of added into the accumulator first: scale * grad, f32 or 16-bit. A
    record holds at most EPS_HELD_MAX a step (a tied table's two users). */
 enum { EPS_HELD_MAX = 2 };
+struct eps_held {
+  l2l_tensor *grad;
+  float scale;
+};
 
 /* A gradient's (or a chunk's) sum of squares and largest magnitude. */
 struct eps_norm {
   double sumsq;
   float most;
-};
-struct eps_held {
-  l2l_tensor *grad;
-  float scale;
 };
 
 /* Where a record's master and optimizer state live and are updated. Only the host today.
@@ -84,10 +84,10 @@ struct eps_record {
   struct eps_held held[EPS_HELD_MAX];
   int held_n;
   uint8_t *grad_zero;
-  /* With deferred updates: each chunk's norm of the gradient as the last add (or the held
-     gradients' check) left it, found by that pass as it wrote (or built) it
-     (eps_norm_add); norms_valid (under the EPS lock) once a whole pass's are in, until the
-     next step begins. NULL: none made yet (or no memory: found again at the end). */
+  /* With deferred updates: each chunk's norm of the gradient as the last add left it,
+     found by that add as it wrote the chunk (eps_norm_add); norms_valid (under the EPS
+     lock) once a whole add's are in, until the next step begins. NULL: none made yet (or
+     no memory: found again at the end). */
   struct eps_norm *chunk_norms;
   bool norms_valid;
   int64_t updates;             /* t of its last update */
@@ -251,9 +251,9 @@ struct eps_record *eps_room_next(struct eps *eps);
    its turn. */
 struct eps_record *eps_turn_pass(struct eps *eps, struct eps_record *rec);
 /* rec's accumulator cleared for its next minibatch (its update read it, or its gradient
-   is dropped), the gradients it holds freed: when the accumulators pass its pages are given back. `zeroed`: its
-   elements are zero already (its update's chunks wrote them); it is counted out of the
-   passing accumulators in memory either way. */
+   is dropped), and the gradients it holds freed: when the accumulators pass its pages are
+   given back. `zeroed`: its elements are zero already (its update's chunks wrote them);
+   it is counted out of the passing accumulators in memory either way. */
 void eps_grad_clear(struct eps *eps, struct eps_record *rec, bool zeroed);
 
 /* ---------------------------------------------------------------- exchange.c (ranks) */
