@@ -374,6 +374,13 @@ typedef struct l2l_relay_stats {
   double exposed_comm_seconds;  /* last step: the calling thread waiting for MPI: the
                                    exchanges of counts and losses, and records whose
                                    exchange was not done when it needed them */
+  uint64_t host_pass_bytes;     /* host memory the EPS's passes read and wrote since the
+                                   last step began (gradient adds or the checks of held
+                                   gradients, updates with their gradient, master, state
+                                   and the accumulator's clear, staging rewrites), counted
+                                   from each pass's elements and sizes as bench/optim
+                                   counts them (its updates may end after the step
+                                   returns: read after l2l_relay_sync for a step's whole) */
 } l2l_relay_stats;
 
 /* A relay over layers[0..nlayers) (the list may be empty only until the first step):

@@ -523,6 +523,7 @@ typedef struct l2l_relay_stats {
   int64_t spill_grad_waits;
   uint64_t spill_file_bytes;
   double exposed_comm_seconds;
+  uint64_t host_pass_bytes;
 } l2l_relay_stats;
 
 l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,

@@ -513,6 +513,7 @@ local STATS = {
   "loss_scale_good", "skipped_updates", "overflow", "skipped_records", "dist_ranks",
   "dist_sent_bytes", "dist_received_bytes", "spill_read_bytes", "spill_written_bytes",
   "spill_late_reads", "spill_grad_waits", "spill_file_bytes", "exposed_comm_seconds",
+  "host_pass_bytes",
 }
 M.stats_fields = STATS
 

@@ -332,6 +332,9 @@ static bool absorb_range(struct eps_record *rec, l2l_tensor *incoming, bool drai
   float *g = (float *)l2l_tensor_data(rec->grad) + begin;
   l2l_dtype dtype = (l2l_dtype)l2l_tensor_dtype(incoming);
   int64_t n = end - begin;
+  /* the incoming read (and zeroed when drained), the accumulator read and written */
+  uint64_t in = l2l_dtype_size(dtype) * (drain && dtype == L2L_F32 ? 2 : 1);
+  eps_count_bytes(rec->eps, (uint64_t)n * (in + 8));
   if (dtype != L2L_F32)
     return optim_axpy_half(g, (const uint16_t *)l2l_tensor_data(incoming) + begin, dtype, scale, n);
   if (drain) return optim_axpy_drain(g, (float *)l2l_tensor_data(incoming) + begin, scale, n);
@@ -390,6 +393,7 @@ static bool check_range(struct eps_record *rec, int64_t begin, int64_t end) {
     finite &= eps_held_block(block, rec, z ? NULL : acc + at, at, k);
   }
   if (rec->grad_zero != NULL) rec->grad_zero[begin / CHUNK] = zero;
+  eps_count_bytes(rec->eps, (uint64_t)(end - begin) * (eps_held_elem_bytes(rec) + 4));
   return finite;
 }
 
@@ -720,6 +724,8 @@ int eps_nonfinite_skips(struct eps *eps, const char **name, int *layer) {
   pthread_mutex_unlock(&eps->lock);
   return skips;
 }
+
+uint64_t eps_pass_bytes(const struct eps *eps) { return atomic_load(&eps->pass_bytes); }
 
 void eps_wait_arrivals(struct eps *eps) {
   pthread_mutex_lock(&eps->lock);

@@ -199,6 +199,8 @@ struct eps {
                                   "held arrivals"; bench/optim's before) */
   int64_t held_checks;         /* records whose held gradients were checked for their
                                   update, since eps_init (under the lock) */
+  _Atomic uint64_t pass_bytes; /* host memory its passes read and wrote since eps_init
+                                  (eps_pass_bytes) */
   int arrivals_in_flight;      /* gradients given and not yet added */
   double lr;
   /* This step's records whose accumulated gradient held an inf or NaN: their updates
@@ -431,6 +433,12 @@ struct eps_spill_counts {
   int64_t late, grad_waits;
 };
 void eps_spill_counts(struct eps *eps, struct eps_spill_counts *out);
+/* The bytes of host memory the EPS's passes have read and written since it was made:
+   gradient adds and held gradients' checks, updates (gradient, master, optimizer state,
+   the accumulator's clear), other clears and staging rewrites, each counted from its
+   elements and their sizes as the pass runs (a chunk's norm, read back while in cache,
+   is not counted). */
+uint64_t eps_pass_bytes(const struct eps *eps);
 /* L2L_OK, or the first spill I/O failure since the last call (its message set as this
    thread's error), cleared. After eps_sync. */
 l2l_status eps_io_status(struct eps *eps);

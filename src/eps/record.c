@@ -77,6 +77,12 @@ struct eps_norm eps_grad_norm(const struct eps_record *rec) {
   return whole;
 }
 
+uint64_t eps_held_elem_bytes(const struct eps_record *rec) {
+  uint64_t bytes = 0;
+  for (int k = 0; k < rec->held_n; k++) bytes += l2l_dtype_size(l2l_tensor_dtype(rec->held[k].grad));
+  return bytes;
+}
+
 void eps_held_free(struct eps_record *rec) {
   if (rec->held_n == 0) return;   /* (writes nothing: a record's last update may still read) */
   for (int k = 0; k < rec->held_n; k++) l2l_tensor_free(rec->held[k].grad);

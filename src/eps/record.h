@@ -198,6 +198,12 @@ void eps_norm_add(struct eps_norm *norm, const float *g, int64_t n);
 /* rec's gradient's norm for a deferred update: its chunks' found by the last pass, summed
    in order, or (none valid) found now from the accumulator the same way. */
 struct eps_norm eps_grad_norm(const struct eps_record *rec);
+/* A pass's host bytes counted (eps->pass_bytes). */
+static inline void eps_count_bytes(struct eps *eps, uint64_t bytes) {
+  atomic_fetch_add_explicit(&eps->pass_bytes, bytes, memory_order_relaxed);
+}
+/* Bytes an element of rec's held gradients takes, summed over them. */
+uint64_t eps_held_elem_bytes(const struct eps_record *rec);
 /* rec's held gradients freed (read by its update, or dropped with its accumulator). */
 void eps_held_free(struct eps_record *rec);
 

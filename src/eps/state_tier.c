@@ -519,14 +519,14 @@ void eps_grad_clear(struct eps *eps, struct eps_record *rec, bool zeroed) {
   void *g = l2l_tensor_data(rec->grad);
   uint64_t bytes = (uint64_t)l2l_tensor_numel(rec->grad) * sizeof(float);
   if (eps->spill == NULL) {
-    if (!zeroed) memset(g, 0, bytes);
+    if (!zeroed) memset(g, 0, bytes), eps_count_bytes(eps, bytes);
     return;
   }
   pthread_mutex_lock(&eps->lock);
   bool give = eps->grads_pass && !zeroed;
   pthread_mutex_unlock(&eps->lock);
   if (give) pool_zero_pages(L2L_POOL_HOST, g, bytes);   /* (the EPS's tensors are host memory) */
-  else if (!zeroed) memset(g, 0, bytes);
+  else if (!zeroed) memset(g, 0, bytes), eps_count_bytes(eps, bytes);
   pthread_mutex_lock(&eps->lock);
   if (rec->grad_counted) eps->grad_bytes -= eps_record_bytes(eps, rec).grad;
   rec->grad_counted = false;

@@ -158,6 +158,16 @@ static void update_range(struct eps *eps, struct eps_record *rec, int64_t begin,
   }
 }
 
+/* Host bytes an element of a wave of rec's update moves beside its gradient (bench/optim's
+   counts): the master read, and written by the last wave (the one that moves the
+   weights); each state array read, and written by the first. */
+static uint64_t wave_elem_bytes(const struct eps *eps, const struct eps_record *rec, int wave) {
+  uint64_t master = l2l_tensor_dtype(rec->master) == L2L_BF16 ? 2 : 4;
+  uint64_t state = (uint64_t)state_elem_bytes(eps->optimizer.state) *
+                   (uint64_t)optim_state_count(&eps->optimizer);
+  return master * (wave == eps->optim->waves - 1 ? 2 : 1) + state * (wave == 0 ? 2 : 1);
+}
+
 static void chunk_run(struct core_job *job, int thread) {
   struct chunk_job *cj = (struct chunk_job *)job;
   struct eps *eps = cj->eps;
@@ -193,7 +203,12 @@ static void chunk_run(struct core_job *job, int thread) {
   /* the next minibatch starts at 0: when the accumulators pass, the accumulator's pages
      are given back once the whole update has read it (eps_grad_clear) */
   bool give = rec->grad_give;
-  if (last_wave && !give && !held) memset(g, 0, (size_t)n * sizeof *g);
+  bool clears = last_wave && !give && !held;
+  if (clears) memset(g, 0, (size_t)n * sizeof *g);
+  /* the gradient: the first wave reads it (held: those, and the accumulator's chunk read
+     and cleared unless found zero); the accumulator cleared after the last */
+  uint64_t grad = cj->wave != 0 ? 0 : !reads_held ? 4 : eps_held_elem_bytes(rec) + (zero ? 0 : 8);
+  eps_count_bytes(eps, (uint64_t)n * (wave_elem_bytes(eps, rec, cj->wave) + grad + (clears ? 4 : 0)));
   timeline_add(eps->timeline, rec->last_layer, -1, L2L_PHASE_UPDATE, thread, t0, core_now());
 
   pthread_mutex_lock(&eps->lock);
@@ -242,6 +257,7 @@ static void stage_chunk(struct eps *eps, struct eps_record *rec, int64_t begin, 
                         int thread, double t0) {
   const float *p = (const float *)l2l_tensor_data(rec->master) + begin;
   uint16_t *h = (uint16_t *)l2l_tensor_data(rec->staging) + begin;
+  eps_count_bytes(eps, (uint64_t)n * (sizeof *p + sizeof *h));
   if (eps->precision == L2L_BF16)
     for (int64_t i = 0; i < n; i++) h[i] = half_from_f32_bf16(p[i]);
   else

@@ -522,6 +522,7 @@ l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run) {
   out->spill_late_reads = spill.late - run->spill_at.late;
   out->spill_grad_waits = spill.grad_waits - run->spill_at.grad_waits;
   out->spill_file_bytes = spill.file;
+  out->host_pass_bytes = eps_pass_bytes(&run->eps) - run->pass_bytes_at;
   return L2L_OK;
 }
 

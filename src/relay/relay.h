@@ -98,6 +98,7 @@ struct l2l_relay {
   char async_message[256];
   bool warned_nonfinite;      /* a non-finite gradient's skip has been said on stderr */
   struct eps_spill_counts spill_at;   /* the spill file's counts when the step began */
+  uint64_t pass_bytes_at;             /* the EPS's pass bytes then */
 };
 
 /* Whether the plan was made for the relay's layers as they are and its settings

@@ -303,6 +303,7 @@ static l2l_status relay_run_step(double *loss, l2l_relay *run, const l2l_relay_b
   double t0 = core_now();
   /* the spill file's counts before this step's first read ahead */
   eps_spill_counts(&run->eps, &run->spill_at);
+  run->pass_bytes_at = eps_pass_bytes(&run->eps);
   TRY(step_begin(&s, &p));
   counters_reset(run);
   l2l_status status = relay_run_visits(&s);

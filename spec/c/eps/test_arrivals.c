@@ -499,3 +499,53 @@ TEST(eps_held_gradients_given_at_once_update_as_added_in_either_order) {
     twins_free(&t);
   }
 }
+
+/* The host bytes the EPS's passes count (eps_pass_bytes), against bench/optim's counts
+   written here: two bf16 gradients a record (2 bytes an element each), f32 masters and
+   state; AdamW's update moves 28 bytes an element (p, g, m, v read, p, m, v written),
+   LAMB's 40 in two passes. Added: each gradient's add 2 + 8, the update, the clear 4.
+   Held: the check 2 + 2 + 4, the update reading the two gradients instead of the
+   accumulator (4 fewer, 4 more), and for a chunk of the accumulator a script wrote into,
+   that chunk read and cleared by the update (8 an element of it). */
+TEST(eps_pass_bytes_count_what_each_pass_moves) {
+  static const l2l_optimizer_kind kinds[] = {L2L_OPTIMIZER_ADAMW, L2L_OPTIMIZER_LAMB};
+  static const double update[] = {28, 40};
+  for (int kind = 0; kind < 2; kind++) {
+    l2l_optimizer_config opt = {.kind = kinds[kind], .lr = 1e-2f, .beta1 = 0.9f,
+                                .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
+    struct twins t;
+    if (!twins_new(&t, 2, &opt, 1u)) return;   /* twin 0 adds, twin 1 holds */
+    const int n = l2l_layer_param_count(t.layers[0]);
+    double elements = 0;
+    for (int i = 0; i < n; i++) elements += (double)l2l_tensor_numel(l2l_param_value(l2l_layer_param(t.layers[0], i)));
+    for (int step = 0; step < 2; step++) {
+      l2l_tensor *g0[L2L_MAX_PARAMS], *g1[L2L_MAX_PARAMS], **g[2] = {g0, g1};
+      draw_grads(g0, t.layers[0], L2L_BF16);
+      draw_grads(g1, t.layers[0], L2L_BF16);
+      double written = 0;   /* elements of the accumulator chunk a script wrote into */
+      if (step == 1) {
+        int r = (int)check_rand_int(0, n - 1);
+        int64_t m = l2l_tensor_numel(g0[r]), c = (int64_t)check_rand_int(0, eps_chunks(m) - 1);
+        written = (double)(eps_chunk_end(m, c * CHUNK) - c * CHUNK);
+        for (int k = 0; k < 2; k++)
+          ((float *)l2l_tensor_data(l2l_param_grad(l2l_layer_param(t.layers[k], r))))[c * CHUNK] = 1.0f;
+      }
+      const float scale[2] = {1.0f, 0.5f};
+      double want[2] = {elements * (2 * (2 + 8) + update[kind] + 4),
+                        elements * ((2 + 2 + 4) + update[kind] - 4 + 4) + 8 * written};
+      for (int k = 0; k < 2; k++) {
+        uint64_t before = eps_pass_bytes(&t.eps[k]);
+        struct eps_outcome out;
+        run_step_of(&t.eps[k], t.layers[k], g, scale, 2, true, false, true, &out, NULL);
+        double got = (double)(eps_pass_bytes(&t.eps[k]) - before);
+        CHECK(got == want[k], "%s, step %d, gradients %s: %.0f bytes counted, want %.0f",
+              optimizer_ops(opt.kind)->name, step, k ? "held" : "added", got, want[k]);
+      }
+      for (int i = 0; i < n; i++) {
+        l2l_tensor_free(g0[i]);
+        l2l_tensor_free(g1[i]);
+      }
+    }
+    twins_free(&t);
+  }
+}

@@ -114,10 +114,11 @@ static bool relay_matches(const struct model *init, const l2l_relay_config *cfg,
                 "%s: stats.updates_deferred %d with clip_global_norm %g", what,
                 s.updates_deferred, (double)cfg->clip_global_norm);
     ok &= CHECK(s.device_peak > 0 && s.host_eps_bytes > 0 && s.step_seconds > 0 &&
-                    s.events > 0,
+                    s.events > 0 && s.host_pass_bytes > 0,
                 "%s: stats not filled: device_peak %llu, host_eps_bytes %llu, step_seconds "
-                "%g, events %lld", what, (unsigned long long)s.device_peak,
-                (unsigned long long)s.host_eps_bytes, s.step_seconds, (long long)s.events);
+                "%g, events %lld, host_pass_bytes %llu", what, (unsigned long long)s.device_peak,
+                (unsigned long long)s.host_eps_bytes, s.step_seconds, (long long)s.events,
+                (unsigned long long)s.host_pass_bytes);
   }
   matched_held_checks = r ? r->eps.held_checks : 0;
   l2l_relay_free(r);
