@@ -406,6 +406,16 @@ static bool arrival_range(struct arrival *a, int64_t begin, int64_t end) {
   return finite;
 }
 
+/* Whether every partial sum of the whole arrival is finite, its work done on the calling
+   thread (with no memory for its chunk jobs). */
+static bool arrival_whole(struct arrival *a) {
+  int64_t n = l2l_tensor_numel(a->rec->grad);
+  bool finite = true;
+  for (int64_t begin = 0; begin < n; begin += CHUNK)
+    finite &= arrival_range(a, begin, eps_chunk_end(n, begin));
+  return finite;
+}
+
 static void arrival_queue(struct arrival *a);
 
 /* An arrival's adds are done: counted, freed, and the record's next arrival queued. */
@@ -443,10 +453,7 @@ static void arrival_queue(struct arrival *a) {
   if (!made) {   /* add (or check) it here rather than lose it */
     for (int c = 0; jobs && c < chunks; c++) free(jobs[c]);
     free(jobs);
-    bool finite = true;
-    for (int64_t begin = 0; begin < n; begin += CHUNK)
-      finite &= arrival_range(a, begin, eps_chunk_end(n, begin));
-    arrival_done(a, finite);
+    arrival_done(a, arrival_whole(a));
     return;
   }
   atomic_init(&a->chunks_left, chunks);
@@ -563,18 +570,16 @@ static void held_check(struct eps *eps, struct eps_record *rec, int layer) {
   pthread_mutex_lock(&eps->lock);
   eps->held_checks++;
   pthread_mutex_unlock(&eps->lock);
-  if (rec->grad_zero == NULL) rec->grad_zero = malloc((size_t)eps_chunks(l2l_tensor_numel(rec->grad)));
-  if (rec->grad_zero != NULL) memset(rec->grad_zero, 0, (size_t)eps_chunks(l2l_tensor_numel(rec->grad)));
+  size_t chunks = (size_t)eps_chunks(l2l_tensor_numel(rec->grad));
+  if (rec->grad_zero == NULL) rec->grad_zero = calloc(chunks, 1);
+  else memset(rec->grad_zero, 0, chunks);
+  struct arrival check = {.eps = eps, .rec = rec, .check = true, .layer = layer};
   struct arrival *a = calloc(1, sizeof *a);
   if (a == NULL) {   /* checked here */
-    bool finite = true;
-    int64_t n = l2l_tensor_numel(rec->grad);
-    for (int64_t begin = 0; begin < n; begin += CHUNK)
-      finite &= check_range(rec, begin, eps_chunk_end(n, begin));
-    counted(eps, rec, finite, layer);
+    counted(eps, rec, arrival_whole(&check), layer);
     return;
   }
-  *a = (struct arrival){.eps = eps, .rec = rec, .check = true, .layer = layer};
+  *a = check;
   arrival_queue(a);
 }
 

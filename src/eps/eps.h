@@ -120,9 +120,9 @@ double optim_sumsq(const float *x, int64_t n);
 /* The same, and the largest |x| into *most (a NaN aside) in the same pass. */
 double optim_sumsq_most(const float *x, int64_t n, float *most);
 /* The same over a gradient tensor the host can read: f32, or 16-bit widened exactly. */
+double optim_tensor_sumsq(const l2l_tensor *grad);
 /* Whether x[0, n) is all +0 (every bit zero). */
 bool optim_all_zero(const float *x, int64_t n);
-double optim_tensor_sumsq(const l2l_tensor *grad);
 /* dst += scale * src (absorbing a gradient into the accumulator); returns whether every
    sum is finite and below EPS_GRAD_LIMIT in magnitude (what an eager update takes). */
 bool optim_axpy(float *dst, const float *src, float scale, int64_t n);
