@@ -122,30 +122,37 @@ function M.make(model, config, request, fname)
   return M.wrap(ffi.gc(out, function(box) C.l2l_plan_free(box[0]) end), model, config, request)
 end
 
--- A step's channels in the order a tie is named, and each in words.
-local CHANNELS = { "compute", "copies_in", "copies_out", "updates", "disk" }
-local CHANNEL_WORDS = { compute = "the device's compute", copies_in = "copies to the device",
-                        copies_out = "copies back", updates = "the host optimizer",
-                        disk = "the spill file" }
+-- A step's channels, each with its words, in the order a tie is named.
+local CHANNELS = { { "compute", "the device's compute" }, { "copies_in", "copies to the device" },
+                   { "copies_out", "copies back" }, { "updates", "the host optimizer" },
+                   { "disk", "the spill file" } }
+local CHANNEL_WORDS = {}
+for _, c in ipairs(CHANNELS) do CHANNEL_WORDS[c[1]] = c[2] end
 
 -- The name of the channel that takes longest.
 local function limit_of(channels)
   local best
-  for _, name in ipairs(CHANNELS) do
-    if best == nil or channels[name] > channels[best] then best = name end
+  for _, c in ipairs(CHANNELS) do
+    if best == nil or channels[c[1]] > channels[best] then best = c[1] end
   end
   return best
 end
 
--- The channels as a line: each one's milliseconds, and the limit.
-local function channels_line(channels, limit)
+-- Each channel's milliseconds in words (a disk that moves nothing, or none given, left out).
+local function channels_text(channels)
   local parts = {}
-  for _, name in ipairs(CHANNELS) do
-    if name ~= "disk" or channels.disk > 0 then
-      parts[#parts + 1] = ("%s %.2f ms"):format(CHANNEL_WORDS[name], channels[name] * 1e3)
+  for _, c in ipairs(CHANNELS) do
+    local seconds = channels[c[1]]
+    if seconds ~= nil and (c[1] ~= "disk" or seconds > 0) then
+      parts[#parts + 1] = ("%s %.2f ms"):format(c[2], seconds * 1e3)
     end
   end
-  return ("channels a step, each alone: %s; the limit: %s"):format(table.concat(parts, ", "),
+  return table.concat(parts, ", ")
+end
+
+-- The channels as a line: each one's milliseconds, and the limit.
+local function channels_line(channels, limit)
+  return ("channels a step, each alone: %s; the limit: %s"):format(channels_text(channels),
                                                                    CHANNEL_WORDS[limit])
 end
 
@@ -351,10 +358,8 @@ function Report:__tostring()
     mib(self.predicted_host_eps_bytes), mib(self.host_eps_bytes), mib(self.predicted_disk_bytes),
     mib(self.disk_read_bytes), mib(self.disk_written_bytes))
   rows[#rows + 1] = "predicted " .. channels_line(self.predicted_channels, self.limit)
-  local m = self.measured_channels
-  rows[#rows + 1] = ("measured: the device's compute %.2f ms, copies to the device %.2f ms, back %.2f ms, "
-    .. "the host optimizer %.2f ms summed over its workers"):format(m.compute * 1e3, m.copies_in * 1e3,
-    m.copies_out * 1e3, m.updates * 1e3)
+  rows[#rows + 1] = ("measured: %s (the host optimizer's summed over its workers)"):format(
+    channels_text(self.measured_channels))
   return table.concat(rows, "\n")
 end
 

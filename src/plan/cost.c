@@ -132,10 +132,10 @@ struct timing {
   int slots, running;
   /* the running visit's channels: seconds of compute, bytes in and out, exposed seconds */
   double compute, in, out, exposed, first_exposed;
-  /* the step: its seconds so far, the host optimizer's updates, the bytes copied */
+  /* the step: its seconds so far, the host optimizer's updates, its channels */
   double total, workers_free, total_updates, backward_end;
   double *per_layer;
-  struct plan_step_channels moved;
+  struct plan_step_channels channels;
   int64_t head_width;   /* targets per sample: S for an LM head, 1 for a classifier */
 };
 
@@ -164,7 +164,7 @@ static struct timed_act *timed_at(struct timing *t, enum order_act a, int k, int
    waits for a visit's stash-outs and swap-outs before the next visit). */
 static void timed_out(struct timing *t, double bytes, int64_t u) {
   t->out += bytes * timed_weight(t, u);
-  t->moved.d2h += bytes * timed_weight(t, u);
+  t->channels.d2h += bytes * timed_weight(t, u);
   if (timed_last(t, u)) t->exposed += seconds_for(bytes, t->rates->d2h);
 }
 
@@ -192,7 +192,7 @@ static l2l_status timed_visit_bind(void *ctx, int i, const struct order_visit *v
   if (i + 1 < t->sc->nvisits && timed_params_copied(t, i + 1)) {
     double bytes = (double)t->costs[t->sc->visits[i + 1].k].param_bytes;
     t->in += bytes;
-    t->moved.h2d += bytes;
+    t->channels.h2d += bytes;
   }
   return L2L_OK;
 }
@@ -205,9 +205,9 @@ static l2l_status timed_visit_end(void *ctx, int i, const struct order_visit *v,
   int k = v->k;
   const struct plan_layer_costs *o = &t->costs[k];
   bool update = grads && !t->c->layers[k].frozen;
-  if (update) t->out += (double)o->grad_bytes, t->moved.d2h += (double)o->grad_bytes;
+  if (update) t->out += (double)o->grad_bytes, t->channels.d2h += (double)o->grad_bytes;
   const l2l_plan_rates *rates = t->rates;
-  t->moved.compute += t->compute;
+  t->channels.compute += t->compute;
   double seconds = t->compute, in = seconds_for(t->in, rates->h2d),
          out = seconds_for(t->out, rates->d2h);
   if (rates->shared) {
@@ -236,7 +236,7 @@ static l2l_status timed_on_device(void *ctx, enum order_act a, int k, int64_t u)
   if (!x->dev && x->host) {
     double bytes = timed_act_bytes(t, u) * timed_weight(t, u);
     t->in += bytes;
-    t->moved.h2d += bytes;
+    t->channels.h2d += bytes;
   }
   x->dev = true;
   return L2L_OK;
@@ -282,7 +282,7 @@ static l2l_status timed_inputs(void *ctx, int k, int64_t u, bool training) {
   }
   bytes *= timed_weight(t, u);
   t->compute += seconds_for(bytes, t->rates->h2d);
-  t->moved.h2d += bytes;
+  t->channels.h2d += bytes;
   return L2L_OK;
 }
 
@@ -336,7 +336,7 @@ static l2l_status timed_swap_in(void *ctx, int k, int64_t u) {
   if (*away) {
     double bytes = timed_swap_bytes(t, k, u) * timed_weight(t, u);
     t->in += bytes;
-    t->moved.h2d += bytes;
+    t->channels.h2d += bytes;
   }
   *away = false;
   return L2L_OK;
@@ -361,7 +361,7 @@ static const struct order_ops timing_acts = {
 __attribute__((flatten)) double plan_step_seconds(const struct plan_chain *c,
                                                   const struct plan_layer_costs *costs,
                                                   const l2l_plan_rates *rates, double *per_layer,
-                                                  struct plan_step_channels *moved) {
+                                                  struct plan_step_channels *channels) {
   int64_t mb = c->micro_batch < c->batch ? c->micro_batch : c->batch;
   int64_t nmb = (c->batch + mb - 1) / mb;
   struct timing t = {.c = c, .costs = costs, .rates = rates, .nmb = nmb, .mb = mb,
@@ -386,8 +386,8 @@ __attribute__((flatten)) double plan_step_seconds(const struct plan_chain *c,
       t.slot_use[i] = (struct order_slot){.held = -1, .last_used = -1};
     /* the first visit's parameters are queued before the step and waited for */
     if (sc.nvisits > 0 && timed_params_copied(&t, 0)) {
-      t.moved.h2d = (double)costs[sc.visits[0].k].param_bytes;
-      t.first_exposed = seconds_for(t.moved.h2d, rates->h2d);
+      t.channels.h2d = (double)costs[sc.visits[0].k].param_bytes;
+      t.first_exposed = seconds_for(t.channels.h2d, rates->h2d);
     }
     (void)order_walk(&sc, t.walked, &timing_acts, &t);   /* the timing acts cannot fail */
     /* updates the backward did not hide: deferred ones all, eager ones past its end; on
@@ -395,8 +395,8 @@ __attribute__((flatten)) double plan_step_seconds(const struct plan_chain *c,
     double tail = c->updates_deferred ? t.workers_free : t.workers_free - t.backward_end;
     if (rates->shared) tail = t.total_updates;
     total = t.total + (tail > 0 ? tail : 0);
-    t.moved.updates = t.total_updates;
-    if (moved) *moved = t.moved;
+    t.channels.updates = t.total_updates;
+    if (channels) *channels = t.channels;
   }
   free(t.x), free(t.g), free(t.away), free(t.slot_use);
   order_free(&sc);

@@ -281,16 +281,16 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
     plan->summary = (l2l_plan_summary){.nlayers = nlayers, .micro_batch = r.micro_batch,
                                        .step_seconds = r.seconds > disk ? r.seconds : disk,
                                        .device_peak = r.peak,
-                                       .h2d_bytes = (uint64_t)r.moved.h2d,
-                                       .d2h_bytes = (uint64_t)r.moved.d2h,
+                                       .h2d_bytes = (uint64_t)r.channels.h2d,
+                                       .d2h_bytes = (uint64_t)r.channels.d2h,
                                        .streaming_tokens = streaming,
                                        .host_eps_bytes = host.eps_bytes,
                                        .host_budget_smallest = host.smallest_budget,
                                        .disk_bytes = host.disk_bytes, .disk_seconds = disk,
-                                       .compute_seconds = r.moved.compute,
-                                       .h2d_seconds = rates.h2d > 0 ? r.moved.h2d / rates.h2d : 0,
-                                       .d2h_seconds = rates.d2h > 0 ? r.moved.d2h / rates.d2h : 0,
-                                       .update_seconds = r.moved.updates};
+                                       .compute_seconds = r.channels.compute,
+                                       .h2d_seconds = rates.h2d > 0 ? r.channels.h2d / rates.h2d : 0,
+                                       .d2h_seconds = rates.d2h > 0 ? r.channels.d2h / rates.d2h : 0,
+                                       .update_seconds = r.channels.updates};
     plan->layers = result;
     for (int k = 0; k < nlayers; k++) keys[k] = layer_key(layers[k], pl[k].frozen);
     plan->keys = keys;

@@ -116,10 +116,10 @@ struct plan_step_channels {
 };
 /* Seconds of one training step of the chain under its policies (the order's walk,
    timed; -1: no memory to walk it); per_layer (L entries, or NULL) gets each layer's
-   share (its visits), moved (or NULL) its channels. */
+   share (its visits), channels (or NULL) the step's channels. */
 double plan_step_seconds(const struct plan_chain *c, const struct plan_layer_costs *costs,
                          const l2l_plan_rates *rates, double *per_layer,
-                         struct plan_step_channels *moved);
+                         struct plan_step_channels *channels);
 /* This machine's copy and optimizer rates (cached; measured when missing or asked), and
    the visit cost the relay measured (-1 until then). */
 l2l_status plan_machine_rates(l2l_plan_rates *out, bool remeasure);
@@ -159,7 +159,7 @@ struct plan_result {
   double seconds;
   uint64_t peak;
   double *layer_seconds;        /* L entries, the caller's (may be NULL) */
-  struct plan_step_channels moved; /* the step's copies each way, compute and updates */
+  struct plan_step_channels channels; /* the step's copies each way, compute and updates */
   uint64_t leanest_peak;        /* the smallest peak any policy reached */
   int64_t leanest_micro_batch;  /* at this micro-batch */
 };

@@ -464,7 +464,7 @@ l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_
     c->micro_batch = sizes[chosen];
     for (int k = 0; k < L; k++) set_mode(&c->layers[k], k, L, b->modes[k]);
     status = plan_layer_costs(costs, c, rates);
-    if (status == L2L_OK) plan_step_seconds(c, costs, rates, out->layer_seconds, &out->moved);
+    if (status == L2L_OK) plan_step_seconds(c, costs, rates, out->layer_seconds, &out->channels);
   }
   for (int i = 0; choices && i < room; i++) free(choices[i].modes), free(choices[i].dt);
   free(sizes), free(choices), free(costs), free(same_as);
