@@ -144,6 +144,9 @@ typedef enum l2l_inner_policy {
 /* Data parallel (see "data parallel" below). */
 typedef enum l2l_dist_mode { L2L_DIST_NONE = 0, L2L_DIST_MPI = 1 } l2l_dist_mode;
 
+/* Where the parameter records live and are updated (see l2l_relay_config.placement). */
+typedef enum l2l_placement { L2L_PLACE_HOST = 0, L2L_PLACE_DEVICE = 1 } l2l_placement;
+
 typedef struct l2l_relay_config {
   int64_t micro_batch;          /* samples per micro-batch, >= 1; the last may be smaller */
   l2l_stash_policy stash;       /* every boundary's policy to begin with */
@@ -254,6 +257,21 @@ typedef struct l2l_relay_config {
                                    resumed one continues exactly. A layer leaving the relay
                                    (remove, replace, the relay freed) gets f32 values again,
                                    equal to the bf16 ones. The others stay f32 */
+  l2l_placement placement;      /* where every record's master, gradient accumulator and
+                                   optimizer state live and are updated. L2L_PLACE_HOST
+                                   (0): the EPS in host memory, updated by its workers while
+                                   the device runs on; the device reads 16-bit staging
+                                   copies over the link. L2L_PLACE_DEVICE: in the device
+                                   pool, for a model whose records fit there: a parameter's
+                                   value and grad become f32 device tensors while its layer
+                                   is in the relay (host tensors again, equal, when it
+                                   leaves), each gradient is added there as its visit ends
+                                   and each record is updated there by the same optimizer
+                                   as soon as it is complete, so no weight, gradient or
+                                   state crosses the link; on the CPU backend the same bits
+                                   as host placement. Needs state f32, master f32, no
+                                   dist, no spill_dir and no clip_layer_norm (not built for
+                                   the device yet) */
 } l2l_relay_config;
 
 /* AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant schedule, micro-
@@ -583,8 +601,8 @@ L2L_API l2l_status l2l_relay_save(l2l_relay *run, const char *path, const l2l_sa
    weights may be anything) and the relay (the options that change the numbers as the
    file's run had them: the optimizer but its state's precision, the schedule, clipping,
    accumulate, seed, loss scaling, precision, grad_precision, nonfinite_error; the rest
-   are this relay's: micro-batch, budgets, threads, slots, spill, dist, master, and the
-   state's precision, into which the state is converted). It restores the weights, each
+   are this relay's: micro-batch, budgets, threads, slots, spill, dist, master, placement,
+   and the state's precision, into which the state is converted). It restores the weights, each
    record's optimizer state and update count, a gradient saved mid-accumulation, the
    steps and updates done, the loss scale's state, and each layer's rng id, frozen flag
    and policies: training goes on as the saved run would have, to the bit on the CPU. The

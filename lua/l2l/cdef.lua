@@ -429,6 +429,8 @@ typedef enum l2l_inner_policy {
 
 typedef enum l2l_dist_mode { L2L_DIST_NONE = 0, L2L_DIST_MPI = 1 } l2l_dist_mode;
 
+typedef enum l2l_placement { L2L_PLACE_HOST = 0, L2L_PLACE_DEVICE = 1 } l2l_placement;
+
 typedef struct l2l_relay_config {
   int64_t micro_batch;
   l2l_stash_policy stash;
@@ -452,6 +454,7 @@ typedef struct l2l_relay_config {
   uint64_t host_budget;
   const char *spill_dir;
   l2l_dtype master;
+  l2l_placement placement;
 } l2l_relay_config;
 
 void l2l_relay_config_default(l2l_relay_config *out);

@@ -192,7 +192,13 @@ end
 -- master = "f32" ("bf16": the GEMM weights' and token tables' masters in bf16, rounded
 -- stochastically after each update, and read by the device as they are: 2 bytes a
 -- parameter instead of 6; precision bf16 then, unless given; p.value of such a parameter
--- is a bf16 tensor while its layer is in the relay, f32 again when it leaves)}
+-- is a bf16 tensor while its layer is in the relay, f32 again when it leaves),
+-- placement = "host" ("device": every record's master, gradient accumulator and optimizer
+-- state live in the device pool and are updated there by the same optimizer as each is
+-- complete, for a model whose records fit on the device: nothing of them crosses the
+-- link, and on the CPU backend the same bits as "host"; p.value and p.grad are device
+-- tensors while the layer is in the relay; not with dist, spill, compact state, bf16
+-- masters or clip_layer_norm yet)}
 function M.Relay(o, ...)
   local fname = "l2l.Relay"
   if select("#", ...) ~= 0 then too_many(fname, "options", 2, ...) end

@@ -54,6 +54,83 @@ int backend_accelerator_index(int count, char *why, size_t len);
 #define L2L_LN_MIN_WEIGHT 1e-6f
 #define L2L_LN_BIAS_RATIO 64.0f
 
+/* ---------------------------------------------------------------- the optimizers' arithmetic
+
+   The host kernels of the optimizers (optim_kernels.c): the EPS's workers run them on a
+   record kept on the host, a chunk at a time, and the CPU backend's optim_update on a
+   record placed on the device, in the same chunks and blocks, so the two placements give
+   the same bits. Single-threaded, SIMD-vectorized, on [0, n) of the arrays given: they
+   never allocate, take locks, or read anything beyond the n elements. */
+/* One update's hyper-parameters, resolved by the EPS for one record
+   (its update on the host, or on the device through optim_update below). */
+struct optim_hyper {
+  l2l_optimizer_kind kind;
+  float lr;              /* after the schedule */
+  float weight_decay;    /* 0 for a record that does not decay */
+  float momentum;        /* SGD */
+  int nesterov;          /* SGD */
+  float beta1, beta2, eps;
+  int64_t t;             /* updates of this record so far, this one included (>= 1) */
+  float grad_scale;      /* the kernels use g = grad_scale * grad (accumulation mean,
+                            clipping), without writing grad */
+};
+
+/* SGD on n elements; buf is NULL when momentum = 0 (state arrays start at zero). */
+void optim_sgd(float *p, float *buf, const float *grad, int64_t n,
+               const struct optim_hyper *h);
+/* AdamW on n elements (backend.h's AdamW arithmetic, which l2l_adamw_update also runs). */
+void optim_adamw(float *p, float *m, float *v, const float *grad, int64_t n,
+                 const struct optim_hyper *h);
+/* LAMB in two passes, because its trust ratio needs whole-record norms: moments updates
+   m and v of n elements and adds sum p^2 and sum r^2 of them into norms[0] and norms[1];
+   apply (after every chunk's moments) does p -= lr * trust * r, r recomputed from m, v, p. */
+void optim_lamb_moments(float *m, float *v, const float *p, const float *grad, int64_t n,
+                        const struct optim_hyper *h, double norms[2]);
+void optim_lamb_apply(float *p, const float *m, const float *v, int64_t n,
+                      const struct optim_hyper *h, float trust);
+/* The trust ratio from the summed norms: |p| / |r|, 1 when either is 0. */
+float optim_lamb_trust(const double norms[2]);
+
+/* The gradient an update takes: an element of magnitude EPS_GRAD_LIMIT (2^63) or more, as
+   the update applies it (unscaled and clipped), counts as non-finite, as an inf or a NaN
+   does: the record's update is skipped under the relay's non-finite policy (or the step
+   raises). Below it g^2 < 2^126, a factor 4 under f32's largest (2^128), so Adam's second
+   moment (a weighted mean of squares) stays finite, and so does SGD's momentum (at most
+   1 / (1 - momentum) <= 2^24 gradients' worth): an update never makes optimizer state
+   that a checkpoint could not hold. x * EPS_GRAD_OVER is inf exactly when |x| >= 2^63 or x
+   is inf or NaN (2^128 / 2^63: the largest float below 2^63 times it is FLT_MAX itself). */
+#define EPS_GRAD_LIMIT 0x1p63f
+#define EPS_GRAD_OVER 0x1p65f
+
+/* sum x^2 in double (gradient norms for clipping). */
+double optim_sumsq(const float *x, int64_t n);
+/* The same, and the largest |x| into *most (a NaN aside) in the same pass. */
+double optim_sumsq_most(const float *x, int64_t n, float *most);
+/* The same over a gradient tensor the host can read: f32, or 16-bit widened exactly. */
+double optim_tensor_sumsq(const l2l_tensor *grad);
+/* Whether x[0, n) is all +0 (every bit zero). */
+bool optim_all_zero(const float *x, int64_t n);
+/* dst += scale * src (absorbing a gradient into the accumulator); returns whether every
+   sum is finite and below EPS_GRAD_LIMIT in magnitude (what an eager update takes). */
+bool optim_axpy(float *dst, const float *src, float scale, int64_t n);
+/* The same, and src := 0 in the same pass (a gradient slot emptied for its next use). */
+bool optim_axpy_drain(float *dst, float *src, float scale, int64_t n);
+/* sum x^2 and dst += scale * x for x a 16-bit gradient (dtype bf16 or f16), widened
+   exactly to f32 first (the axpy returns as optim_axpy does). */
+double optim_sumsq_half(const uint16_t *x, l2l_dtype dtype, int64_t n);
+bool optim_axpy_half(float *dst, const uint16_t *src, l2l_dtype dtype, float scale,
+                     int64_t n);
+
+/* The elements of a chunk: an update's work is cut into chunks of this many (a multiple of
+   L2L_STATE_BLOCK), and sums over a record (LAMB's norms, a gradient's norm) are each
+   chunk's, a block of L2L_STATE_BLOCK at a time, added in the chunks' order, so that the
+   EPS's workers and the CPU backend's ops find the same bits. */
+enum { L2L_OPTIM_CHUNK = 1 << 18 };
+_Static_assert(L2L_OPTIM_CHUNK % L2L_STATE_BLOCK == 0, "a chunk is whole blocks of compact state");
+/* *sumsq += sum x^2 and *most = max(*most, |x|) over x[0, n), a block of L2L_STATE_BLOCK
+   at a time from x (a chunk's start): the one grouping every norm of a gradient uses. */
+void optim_norm_blocks(double *sumsq, float *most, const float *x, int64_t n);
+
 struct backend_ops {
   const char *name;
 
@@ -189,6 +266,24 @@ struct backend_ops {
   l2l_status (*adamw)(float *param, float *m, float *v, const float *grad, int64_t n,
                       const l2l_adamw_config *config, float bias_correction1,
                       float bias_correction2);
+  /* A record placed on the device (issue 49), its master p (n), f32 state s0 and s1 (NULL
+     beyond the optimizer's count) and gradient accumulator grad (n), on the device:
+     - optim_update: one update by h (the optimizer's kind, its step's constants, the
+       gradient's scale), which leaves grad zero; skip (on the device, may be NULL): where
+       *skip is not 0 p and the state stay as they are (grad is still cleared). LAMB's
+       whole-record sums in the chunks' order (L2L_OPTIM_CHUNK, above).
+     - grad_add: acc (n) += scale * g (n, f32 or a 16-bit dtype widened exactly), and
+       *flag (on the device; NULL: none) = 1 where a sum is an inf, a NaN or
+       EPS_GRAD_LIMIT or more (else left as it was): the EPS's add, whose flag the
+       update's skip reads.
+     - grad_norm: *sumsq and *most (on the host) of g (n): its sum of squares and largest
+       magnitude, a block at a time in chunks as optim_norm_blocks (a deferred update's
+       norm; a value returned to the host: on a GPU a sync). */
+  l2l_status (*optim_update)(float *p, float *s0, float *s1, float *grad, int64_t n,
+                             const struct optim_hyper *h, const int32_t *skip);
+  l2l_status (*grad_add)(float *acc, const void *g, l2l_dtype dtype, float scale, int64_t n,
+                         int32_t *flag);
+  l2l_status (*grad_norm)(double *sumsq, float *most, const float *g, int64_t n);
   /* First index whose value is outside [lo, hi) and not `except`, or -1 (*index), and
      that value (*value, when found): both on the host, whatever memory values is in. */
   l2l_status (*find_out_of_range)(int64_t *index, int32_t *value, const int32_t *values,

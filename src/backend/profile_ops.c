@@ -314,6 +314,28 @@ static l2l_status p_adamw(float *param, float *m, float *v, const float *grad, i
            7 * F * d(n), L2L_BOUND_MEM, false, "n=%lld", (long long)n);
 }
 
+/* A record's update on the device: the master and each state array read and written (LAMB
+   reads them once more in its second wave), the gradient read and cleared. */
+static l2l_status p_optim_update(float *p, float *s0, float *s1, float *grad, int64_t n,
+                                 const struct optim_hyper *h, const int32_t *skip) {
+  double arrays = (s0 != NULL) + (s1 != NULL), lamb = h->kind == L2L_OPTIMIZER_LAMB;
+  PROFILED(optim_update(p, s0, s1, grad, n, h, skip), "optim_update", 0,
+           d(n) * F * (2 + 2 * arrays + 2 + lamb * (1 + arrays)), L2L_BOUND_MEM, false,
+           "n=%lld kind=%d", (long long)n, (int)h->kind);
+}
+
+static l2l_status p_grad_add(float *acc, const void *g, l2l_dtype dtype, float scale, int64_t n,
+                             int32_t *flag) {
+  PROFILED(grad_add(acc, g, dtype, scale, n, flag), "grad_add", 0,
+           d(n) * (2 * F + (double)l2l_dtype_size(dtype)), L2L_BOUND_MEM, false, "n=%lld %s",
+           (long long)n, dt(dtype));
+}
+
+static l2l_status p_grad_norm(double *sumsq, float *most, const float *g, int64_t n) {
+  PROFILED(grad_norm(sumsq, most, g, n), "grad_norm", 0, d(n) * F, L2L_BOUND_MEM, true,
+           "n=%lld", (long long)n);
+}
+
 static l2l_status p_find_out_of_range(int64_t *index, int32_t *value, const int32_t *values,
                                       int64_t n, int32_t lo, int32_t hi, int32_t except) {
   PROFILED(find_out_of_range(index, value, values, n, lo, hi, except), "find_out_of_range", 0,
@@ -408,6 +430,9 @@ const struct backend_ops profile_ops = {
     .attention_workspace = p_attention_workspace,
     .reduce = p_reduce,
     .adamw = p_adamw,
+    .optim_update = p_optim_update,
+    .grad_add = p_grad_add,
+    .grad_norm = p_grad_norm,
     .find_out_of_range = p_find_out_of_range,
     .layernorm_invertible = p_layernorm_invertible,
     .fill = p_fill,

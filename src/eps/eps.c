@@ -52,7 +52,9 @@ static void record_free(struct eps_record *rec) {
   eps_held_free(rec);
   free(rec->grad_zero);
   free(rec->chunk_norms);
+  free(rec->chunk_sums);
   l2l_tensor_free(rec->staging);
+  l2l_tensor_free(rec->device_flag);
   l2l_tensor_free(rec->shard_grad);
   l2l_tensor_free(rec->gathered[0]);
   l2l_tensor_free(rec->gathered[1]);
@@ -102,10 +104,18 @@ static l2l_status record_new(struct eps *eps, const struct eps_record_source *so
   rec->grad = source->grad;
   rec->shard_n = l2l_tensor_numel(rec->master);   /* one process: all of it */
   rec->stream = source->stream;
+  rec->placement = source->device ? EPS_PLACE_DEVICE : EPS_PLACE_HOST;
   l2l_status status = eps->dist ? eps_shard(eps, rec) : L2L_OK;
-  /* the staging copy the source names (none for a bf16 master: it is what the device reads) */
+  /* the staging copy the source names (none for a bf16 master: it is what the device
+     reads); on the device, the 16-bit copy the device reads there */
+  l2l_pool_kind staging_pool = source->device ? L2L_POOL_DEVICE : L2L_POOL_PINNED;
   if (status == L2L_OK && source->staging != L2L_F32)
-    status = tensor_new_like(&rec->staging, L2L_POOL_PINNED, source->staging, rec->master);
+    status = tensor_new_like(&rec->staging, staging_pool, source->staging, rec->master);
+  if (status == L2L_OK && source->device) {
+    int64_t one[1] = {1};
+    status = l2l_tensor_new(&rec->device_flag, L2L_POOL_DEVICE, L2L_I32, 1, one);
+    if (status == L2L_OK) status = l2l_tensor_fill(rec->device_flag, 0.0);
+  }
   if (status != L2L_OK) {
     record_free(rec);
     return status;
@@ -195,6 +205,7 @@ uint64_t eps_host_bytes(const struct eps *eps) {
   uint64_t bytes = 0;
   for (int i = 0; i < eps->count; i++) {
     const struct eps_record *rec = eps->records[i];
+    if (rec->placement == EPS_PLACE_DEVICE) continue;   /* (none of it in host memory) */
     uint64_t shard = pool_accounted((uint64_t)rec->shard_n * sizeof(float));
     /* the optimizer state is the shard's, in its precision; the reduced gradient counts
        once made */
@@ -209,6 +220,7 @@ uint64_t eps_host_bytes(const struct eps *eps) {
 const l2l_tensor *eps_device_source(const struct eps_record *rec) {
   return rec->staging ? rec->staging : rec->master;
 }
+bool eps_on_device(const struct eps_record *rec) { return rec->placement == EPS_PLACE_DEVICE; }
 l2l_param *eps_param(const struct eps_record *rec) { return rec->param; }
 int64_t eps_updates(const struct eps_record *rec) { return rec->updates; }
 
@@ -220,7 +232,7 @@ static void held_add(struct eps_record *rec);
 
 void eps_begin_step(struct eps *eps, bool update, bool defer, double lr) {
   pthread_mutex_lock(&eps->lock);
-  eps->defer = defer;
+  eps->defer = eps->deferred_step = defer;
   eps->lr = lr;
   eps->nonfinite_skips = 0;
   for (int i = 0; i < eps->count; i++) {
@@ -262,8 +274,15 @@ l2l_status eps_prepare(struct eps *eps) {
     /* with a spill file the state comes to memory for its update alone (eps_start_update) */
     for (int a = 0; !eps->spill && a < arrays; a++) {
       if (rec->state[a] != NULL) continue;
-      TRY(eps_state_new(&rec->state[a], rec));
+      if (rec->placement == EPS_PLACE_DEVICE)   /* f32 there (the relay's rule) */
+        TRY(tensor_new_like(&rec->state[a], L2L_POOL_DEVICE, L2L_F32, rec->master));
+      else
+        TRY(eps_state_new(&rec->state[a], rec));
       TRY(l2l_tensor_fill(rec->state[a], 0.0));
+    }
+    if (eps->optim->waves > 1 && rec->chunk_sums == NULL) {
+      rec->chunk_sums = calloc((size_t)eps_chunks(rec->shard_n), sizeof *rec->chunk_sums);
+      if (rec->chunk_sums == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for %s's sums", rec->name);
     }
     if (eps->dist && rec->shard_grad == NULL) {   /* f32, whatever the state's precision */
       int64_t shape[1] = {rec->shard_n > 0 ? rec->shard_n : 1};   /* an empty shard: 1 unused */
@@ -363,7 +382,8 @@ static void norms_found(struct eps *eps, struct eps_record *rec) {
 static void chunk_norm(struct eps_record *rec, int64_t begin, int64_t end) {
   struct eps_norm *norm = &rec->chunk_norms[begin / CHUNK];
   *norm = (struct eps_norm){0, 0};
-  eps_norm_add(norm, (const float *)l2l_tensor_data(rec->grad) + begin, end - begin);
+  optim_norm_blocks(&norm->sumsq, &norm->most, (const float *)l2l_tensor_data(rec->grad) + begin,
+                    end - begin);
 }
 
 /* Whether the whole of an arrival adds to a finite sum, added on the calling thread (with
@@ -497,7 +517,12 @@ static void counted(struct eps *eps, struct eps_record *rec, bool finite, int la
   }
   pthread_mutex_unlock(&eps->lock);
   struct eps_norm norm = {0, 0};
-  if (complete && defer && !exchange) norm = eps_grad_norm(rec);
+  if (complete && defer && !exchange && rec->placement == EPS_PLACE_DEVICE) {
+    l2l_status status = eps_device_norm(rec, &norm);
+    if (status != L2L_OK) eps_io_failed(eps, status), norm.sumsq = NAN;   /* (nothing updates) */
+  } else if (complete && defer && !exchange) {
+    norm = eps_grad_norm(rec);
+  }
   if (exchange) eps_update_exchange(eps, rec);
   else if (skip) eps_grad_clear(eps, rec, false);
   else if (complete && !defer) eps_start_update(eps, rec, 1.0f);
@@ -632,9 +657,20 @@ static void eps_absorb(struct eps *eps, struct eps_record *rec, l2l_tensor *grad
   counted(eps, rec, finite, layer);
 }
 
+/* A record on the device: its add queued there now (on the compute thread, in the device's
+   order), then counted; the update it may start is queued there too. */
+static void eps_give_device(struct eps *eps, struct eps_record *rec, l2l_tensor *grad,
+                            float scale, int layer) {
+  arrival_begins(eps);
+  l2l_status status = eps_device_add(rec, grad, scale, !eps->deferred_step);
+  if (status != L2L_OK) eps_io_failed(eps, status);
+  counted(eps, rec, true, layer);   /* (its finiteness is the device's flag's) */
+}
+
 void eps_give_gradient(struct eps *eps, struct eps_record *rec, l2l_tensor *grad,
                        bool kept, float scale, int layer) {
-  if (kept) eps_absorb(eps, rec, grad, scale, layer);
+  if (rec->placement == EPS_PLACE_DEVICE) eps_give_device(eps, rec, grad, scale, layer);
+  else if (kept) eps_absorb(eps, rec, grad, scale, layer);
   else eps_give(eps, rec, grad, scale, layer);
 }
 
@@ -666,6 +702,10 @@ static bool due(const struct eps_record *rec) {
 
 void eps_abandon_step(struct eps *eps) {
   eps_wait_arrivals(eps);
+  /* updates queued on the device that a flag skipped are known now, their flags cleared
+     (else the next step's would read them) */
+  l2l_status status = eps_device_skips(eps);
+  if (status != L2L_OK) eps_io_failed(eps, status);
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     if (rec->arrived > 0 && rec->arrived < rec->expected) {
@@ -722,6 +762,8 @@ bool eps_step_release(struct eps *eps, float clip, double unscale, double *norm)
 int eps_nonfinite_skips(struct eps *eps, const char **name, int *layer) {
   eps_wait_arrivals(eps);   /* the last arrival's add decides its record */
   if (eps->dist) eps_wait_agreed(eps);   /* with ranks, the summed gradient does */
+  l2l_status status = eps_device_skips(eps);   /* records on the device: their flags */
+  if (status != L2L_OK) eps_io_failed(eps, status);
   pthread_mutex_lock(&eps->lock);
   int skips = eps->nonfinite_skips;
   *name = eps->nonfinite_name;

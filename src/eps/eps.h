@@ -27,28 +27,14 @@
 #ifndef L2L_EPS_H
 #define L2L_EPS_H
 
+#include "backend/backend.h"   /* the optimizers' host kernels */
 #include "core/core.h"
 
 /* ---------------------------------------------------------------- optimizers (optim.c) */
 
-/* One update of one chunk of one parameter record, in fp32, SIMD-vectorized and
-   single-threaded: the EPS splits a record into chunks and runs them on its worker
-   threads, so each kernel only ever sees [0, n) of its arrays. The maths is stated once,
-   in l2l.h ("optimizers"). The kernels never allocate, take locks, or read anything
-   beyond the n elements they are given. */
-/* One update's hyper-parameters, resolved by the EPS for one record. */
-struct optim_hyper {
-  l2l_optimizer_kind kind;
-  float lr;              /* after the schedule */
-  float weight_decay;    /* 0 for a record that does not decay */
-  float momentum;        /* SGD */
-  int nesterov;          /* SGD */
-  float beta1, beta2, eps;
-  int64_t t;             /* updates of this record so far, this one included (>= 1) */
-  float grad_scale;      /* the kernels use g = grad_scale * grad (accumulation mean,
-                            clipping), without writing grad */
-};
-
+/* One update of one chunk of one parameter record, in fp32, by the backend's host kernels
+   (backend.h, "the optimizers' arithmetic"): the EPS splits a record into chunks and runs
+   them on its worker threads, so each kernel only ever sees [0, n) of its arrays. */
 /* One chunk of one wave of a record's update: the arrays from `begin`, n elements. */
 struct optim_chunk {
   float *p;                    /* the master */
@@ -87,52 +73,6 @@ l2l_status schedule_check(const l2l_schedule_config *schedule);
 /* State arrays per record (the table's state_count): SGD 1 when momentum > 0 else 0;
    AdamW and LAMB 2; -1 for an unchecked config of an unknown kind. */
 int optim_state_count(const l2l_optimizer_config *config);
-
-/* SGD on n elements; buf is NULL when momentum = 0 (state arrays start at zero). */
-void optim_sgd(float *p, float *buf, const float *grad, int64_t n,
-               const struct optim_hyper *h);
-/* AdamW on n elements (backend.h's AdamW arithmetic, which l2l_adamw_update also runs). */
-void optim_adamw(float *p, float *m, float *v, const float *grad, int64_t n,
-                 const struct optim_hyper *h);
-/* LAMB in two passes, because its trust ratio needs whole-record norms: moments updates
-   m and v of n elements and adds sum p^2 and sum r^2 of them into norms[0] and norms[1];
-   apply (after every chunk's moments) does p -= lr * trust * r, r recomputed from m, v, p. */
-void optim_lamb_moments(float *m, float *v, const float *p, const float *grad, int64_t n,
-                        const struct optim_hyper *h, double norms[2]);
-void optim_lamb_apply(float *p, const float *m, const float *v, int64_t n,
-                      const struct optim_hyper *h, float trust);
-/* The trust ratio from the summed norms: |p| / |r|, 1 when either is 0. */
-float optim_lamb_trust(const double norms[2]);
-
-/* The gradient an update takes: an element of magnitude EPS_GRAD_LIMIT (2^63) or more, as
-   the update applies it (unscaled and clipped), counts as non-finite, as an inf or a NaN
-   does: the record's update is skipped under the relay's non-finite policy (or the step
-   raises). Below it g^2 < 2^126, a factor 4 under f32's largest (2^128), so Adam's second
-   moment (a weighted mean of squares) stays finite, and so does SGD's momentum (at most
-   1 / (1 - momentum) <= 2^24 gradients' worth): an update never makes optimizer state
-   that a checkpoint could not hold. x * EPS_GRAD_OVER is inf exactly when |x| >= 2^63 or x
-   is inf or NaN (2^128 / 2^63: the largest float below 2^63 times it is FLT_MAX itself). */
-#define EPS_GRAD_LIMIT 0x1p63f
-#define EPS_GRAD_OVER 0x1p65f
-
-/* sum x^2 in double (gradient norms for clipping). */
-double optim_sumsq(const float *x, int64_t n);
-/* The same, and the largest |x| into *most (a NaN aside) in the same pass. */
-double optim_sumsq_most(const float *x, int64_t n, float *most);
-/* The same over a gradient tensor the host can read: f32, or 16-bit widened exactly. */
-double optim_tensor_sumsq(const l2l_tensor *grad);
-/* Whether x[0, n) is all +0 (every bit zero). */
-bool optim_all_zero(const float *x, int64_t n);
-/* dst += scale * src (absorbing a gradient into the accumulator); returns whether every
-   sum is finite and below EPS_GRAD_LIMIT in magnitude (what an eager update takes). */
-bool optim_axpy(float *dst, const float *src, float scale, int64_t n);
-/* The same, and src := 0 in the same pass (a gradient slot emptied for its next use). */
-bool optim_axpy_drain(float *dst, float *src, float scale, int64_t n);
-/* sum x^2 and dst += scale * x for x a 16-bit gradient (dtype bf16 or f16), widened
-   exactly to f32 first (the axpy returns as optim_axpy does). */
-double optim_sumsq_half(const uint16_t *x, l2l_dtype dtype, int64_t n);
-bool optim_axpy_half(float *dst, const uint16_t *src, l2l_dtype dtype, float scale,
-                     int64_t n);
 
 /* ---------------------------------------------------------------- compact state (quant.c) */
 
@@ -195,6 +135,8 @@ struct eps {
   pthread_mutex_t lock;
   pthread_cond_t changed;
   bool defer;                  /* global clipping: updates wait for eps_step_release */
+  bool deferred_step;          /* this step began with defer (which the release clears):
+                                  a device record's update is then not flag-skipped */
   bool add_arrivals;           /* every gradient added as it arrives, none held (eps.c,
                                   "held arrivals"; bench/optim's before) */
   int64_t held_checks;         /* records whose held gradients were checked for their
@@ -277,6 +219,9 @@ struct eps_record_source {
   const char *name;
   l2l_tensor *master, *grad;
   bool decays;          /* weight decay applies (unless the optimizer decays all) */
+  bool device;          /* placed on the device: master and grad are device tensors (f32),
+                           its state and 16-bit copy are made there, and it is updated
+                           there (device.c); else the host's (the EPS's workers) */
   l2l_dtype staging;    /* its staging copy's dtype, the 16 bits the device reads (the
                            layers' rule, layers_record_dtypes); L2L_F32: none, the master
                            is what the device reads */
@@ -299,6 +244,10 @@ uint64_t eps_host_bytes(const struct eps *eps);
 /* What the device copies of a record: its staging copy in device precision, or the f32
    master itself (whose shape every copy has). */
 const l2l_tensor *eps_device_source(const struct eps_record *rec);
+/* Whether rec lives on the device (eps_record_source.device): what the device reads is
+   eps_device_source there, bound as it is (no copy), and its gradients are given on the
+   compute thread, each visit's as the visit ends (eps_give_gradient with kept = true). */
+bool eps_on_device(const struct eps_record *rec);
 l2l_param *eps_param(const struct eps_record *rec);
 /* The record's updates so far; call between steps (after eps_sync). */
 int64_t eps_updates(const struct eps_record *rec);

@@ -286,6 +286,12 @@ l2l_status eps_state_whole(l2l_tensor **out, struct eps *eps, struct eps_record 
   } else if (rec->updates == 0 || shard == NULL) {
     return L2L_OK;
   }
+  if (rec->placement == EPS_PLACE_DEVICE) {   /* a host copy (kept as a gathered one) */
+    TRY(tensor_new_like(&rec->gathered[which], L2L_POOL_HOST, L2L_F32, shard));
+    l2l_status status = l2l_tensor_copy(rec->gathered[which], shard);
+    if (status == L2L_OK) *out = rec->gathered[which];
+    return status;
+  }
   if (eps->dist == NULL) {
     if (read != NULL) rec->gathered[which] = read;   /* freed as the next step begins */
     *out = shard;

@@ -17,12 +17,23 @@
 #include "record.h"
 
 struct host_record eps_record_bytes(const struct eps *eps, const struct eps_record *rec) {
-  struct host_record b;
+  struct host_record b = {0};
+  if (rec->placement == EPS_PLACE_DEVICE) return b;   /* (none of it in host memory) */
   host_record_bytes(&b, l2l_tensor_numel(rec->master), rec->shard_n,
                     optim_state_count(&eps->optimizer), eps->optimizer.state,
                     (l2l_dtype)l2l_tensor_dtype(rec->master),
                     rec->staging ? eps->precision : L2L_F32, eps->dist != NULL);
   return b;
+}
+
+struct optim_hyper eps_update_hyper(const struct eps *eps, const struct eps_record *rec,
+                                    float grad_scale) {
+  const l2l_optimizer_config *o = &eps->optimizer;
+  bool decays = o->decay_all || rec->decays;
+  return (struct optim_hyper){
+      .kind = o->kind, .lr = (float)eps->lr, .weight_decay = decays ? o->weight_decay : 0.0f,
+      .momentum = o->momentum, .nesterov = o->nesterov, .beta1 = o->beta1, .beta2 = o->beta2,
+      .eps = o->eps, .t = rec->updates + 1, .grad_scale = grad_scale};
 }
 
 /* A record completes at the visit of its lowest user, and eps_expect names the layers from
@@ -53,15 +64,6 @@ bool eps_held_block(float *g, const struct eps_record *rec, const float *acc, in
   return finite;
 }
 
-void eps_norm_add(struct eps_norm *norm, const float *g, int64_t n) {
-  for (int64_t at = 0; at < n; at += L2L_STATE_BLOCK) {
-    float most = 0;
-    int64_t k = n - at < L2L_STATE_BLOCK ? n - at : L2L_STATE_BLOCK;
-    norm->sumsq += optim_sumsq_most(g + at, k, &most);
-    norm->most = most > norm->most ? most : norm->most;
-  }
-}
-
 struct eps_norm eps_grad_norm(const struct eps_record *rec) {
   int64_t n = l2l_tensor_numel(rec->grad);
   const float *g = l2l_tensor_data(rec->grad);
@@ -70,7 +72,7 @@ struct eps_norm eps_grad_norm(const struct eps_record *rec) {
     int64_t begin = (int64_t)c * CHUNK;
     struct eps_norm chunk = {0, 0};
     if (rec->norms_valid) chunk = rec->chunk_norms[c];
-    else eps_norm_add(&chunk, g + begin, eps_chunk_end(n, begin) - begin);
+    else optim_norm_blocks(&chunk.sumsq, &chunk.most, g + begin, eps_chunk_end(n, begin) - begin);
     whole.sumsq += chunk.sumsq;
     whole.most = chunk.most > whole.most ? chunk.most : whole.most;
   }

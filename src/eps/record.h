@@ -12,8 +12,7 @@
 #include "cluster/cluster.h"
 #include "eps.h"
 
-enum { CHUNK = 1 << 18 };   /* a multiple of L2L_STATE_BLOCK */
-_Static_assert(CHUNK % L2L_STATE_BLOCK == 0, "a chunk is whole blocks of compact state");
+enum { CHUNK = L2L_OPTIM_CHUNK };   /* (backend.h: the CPU backend's ops cut alike) */
 /* The chunks an n-element pass (an update's wave, a gradient's add) is cut into: at least
    one (an empty one ends an empty shard's wave), and where the one from `begin` ends. */
 static inline int eps_chunks(int64_t n) { return n > 0 ? (int)((n + CHUNK - 1) / CHUNK) : 1; }
@@ -36,14 +35,20 @@ struct eps_norm {
   float most;
 };
 
-/* Where a record's master and optimizer state live and are updated. Only the host today.
-   Seam (issue 48, the GPU work's part 2): EPS_PLACE_DEVICE will keep them on the device and
-   update them there; the relay's step interface (eps.h) stays the same for such a record:
-   its gradient given is queued on the device, its update settled like a host one's. */
-enum eps_placement { EPS_PLACE_HOST = 0 };
+/* Where a record's master, gradient accumulator and optimizer state live and are updated
+   (issue 49): the host (the EPS's workers), or the device (device.c: the backend's ops
+   table, on the relay's compute thread, in the device's order). The relay's step
+   interface (eps.h) is the same for both. */
+enum eps_placement { EPS_PLACE_HOST = 0, EPS_PLACE_DEVICE };
 
 struct eps_record {
-  enum eps_placement placement;   /* EPS_PLACE_HOST (zero: every record made today) */
+  enum eps_placement placement;
+  /* On the device (placement EPS_PLACE_DEVICE; master, grad, state[] and staging are
+     device tensors): device_flag, one i32, is 1 once an add has made a sum that is an inf, a NaN
+     or EPS_GRAD_LIMIT or more; an eager update reads it on the device and leaves the
+     record as it was (flag_armed: the step's end reads it, counts the skip and clears it). */
+  l2l_tensor *device_flag;
+  bool flag_armed;
   l2l_param *param;            /* the key it was added under (never called into: the EPS
                                   sees records, not layers) */
   const char *name;            /* the parameter's name, for messages (lives as long as it) */
@@ -85,7 +90,7 @@ struct eps_record {
   int held_n;
   uint8_t *grad_zero;
   /* With deferred updates: each chunk's norm of the gradient as the last add left it,
-     found by that add as it wrote the chunk (eps_norm_add); norms_valid (under the EPS
+     found by that add as it wrote the chunk (optim_norm_blocks); norms_valid (under the EPS
      lock) once a whole add's are in, until the next step begins. NULL: none made yet (or
      no memory: found again at the end). */
   struct eps_norm *chunk_norms;
@@ -107,6 +112,10 @@ struct eps_record {
                                   EPS_GRAD_LIMIT or more (until cleared) */
   int chunks_left;
   double wave_sums[2];         /* a first wave's whole-record sums (LAMB's norms) */
+  double (*chunk_sums)[2];     /* ... each chunk's, added in the chunks' order once the wave
+                                  ends (the same bits whichever worker ends last, and the
+                                  CPU backend's for a record on the device); made by
+                                  eps_prepare for an optimizer of two waves */
   struct optim_hyper hyper;
   /* Data parallel (eps->dist): this rank's shard of the record, [shard_begin,
      shard_begin + shard_n), whose master and optimizer state it updates; the others come
@@ -133,7 +142,8 @@ struct eps_record {
        -> eps.c (the core: records, arrivals, the step)
        -> update.c (the core: the update queue and every continuation of an update)
        -> exchange.c (the ranks' exchange) -> state_tier.c (storage tier) -> spill.c (the file)
-       -> quant.c (precision) -> record.c (this header's bottom) -> optim.c (the kernels)
+       -> quant.c (precision) -> device.c (records on the device) -> record.c (this
+       header's bottom) -> optim.c (the optimizers' table)
    each calling only files after it (exchange.c, say, calls state_tier.c, record.c and
    optim.c, never eps.c or update.c). What a part finds that the core must act on comes
    back as data: the storage tier returns the waiting updates whose room has come
@@ -175,6 +185,33 @@ void eps_update_exchange(struct eps *eps, struct eps_record *rec);
    overflow): its turn for room and its places on the remaining streams pass. */
 void eps_update_skipped(struct eps *eps, struct eps_record *rec);
 
+/* ---------------------------------------------------------------- device.c (on the device)
+
+   A record placed on the device, through the backend's ops table on the calling thread
+   (the relay's compute thread: queued in the device's order). Each returns the first
+   failure of an op (its message set), for the caller to keep (eps_io_failed). */
+
+/* rec's accumulator += scale * grad (a device tensor, f32 or 16-bit); flagged (eager
+   updates): its flag set where a sum is not finite (or EPS_GRAD_LIMIT or more). */
+l2l_status eps_device_add(struct eps_record *rec, const l2l_tensor *grad, float scale,
+                          bool flagged);
+/* rec's update by its hyper-parameters (eps_update_hyper); flagged: an eager update,
+   which its flag skips (armed for the step's end); else the relay's release decided. */
+l2l_status eps_device_update(struct eps_record *rec, const struct optim_hyper *h, bool flagged);
+/* rec's gradient's norm (a value read back: on a GPU a sync), in the host's grouping. */
+l2l_status eps_device_norm(const struct eps_record *rec, struct eps_norm *out);
+/* rec's accumulator and flag cleared (its gradient dropped). */
+l2l_status eps_device_clear(struct eps_record *rec);
+/* The step's armed updates on the device that their flags skipped: each flag read back
+   (then cleared and disarmed), each skip counted in eps->nonfinite_skips (the first named)
+   and its update count taken back. */
+l2l_status eps_device_skips(struct eps *eps);
+/* rec's 16-bit copy on the device rewritten from its master. */
+l2l_status eps_device_stage(struct eps_record *rec);
+/* A host tensor's values moved into a new device tensor of the same shape (*t replaced;
+   a failure leaves it as it was). */
+l2l_status eps_device_move(l2l_tensor **t);
+
 /* ---------------------------------------------------------------- record.c (the bottom) */
 
 /* One optimizer state array of rec (its shard), as the spill file moves it. */
@@ -191,13 +228,12 @@ void eps_sort_by_completion(struct eps_record **list, int n);
    returns whether every partial sum is finite and below EPS_GRAD_LIMIT. */
 bool eps_held_block(float *g, const struct eps_record *rec, const float *acc, int64_t begin,
                     int64_t n);
-/* Adds g[0, n)'s sum of squares and largest |g| into *norm, a block of L2L_STATE_BLOCK at a
-   time from g (a chunk's start): the one grouping every pass uses, so a gradient's norm
-   has the same bits whichever pass found it. */
-void eps_norm_add(struct eps_norm *norm, const float *g, int64_t n);
 /* rec's gradient's norm for a deferred update: its chunks' found by the last pass, summed
    in order, or (none valid) found now from the accumulator the same way. */
 struct eps_norm eps_grad_norm(const struct eps_record *rec);
+/* rec's update's hyper-parameters this step, its gradient times grad_scale. */
+struct optim_hyper eps_update_hyper(const struct eps *eps, const struct eps_record *rec,
+                                    float grad_scale);
 /* A pass's host bytes counted (eps->pass_bytes). */
 static inline void eps_count_bytes(struct eps *eps, uint64_t bytes) {
   atomic_fetch_add_explicit(&eps->pass_bytes, bytes, memory_order_relaxed);

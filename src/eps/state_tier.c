@@ -515,6 +515,11 @@ l2l_status eps_state_for_update(struct eps *eps, struct eps_record *rec) {
 /* ---------------------------------------------------------------- an accumulator cleared */
 
 void eps_grad_clear(struct eps *eps, struct eps_record *rec, bool zeroed) {
+  if (rec->placement == EPS_PLACE_DEVICE) {   /* (none of it in host memory) */
+    l2l_status status = eps_device_clear(rec);
+    if (status != L2L_OK) eps_io_failed(eps, status);
+    return;
+  }
   eps_held_free(rec);   /* (the gradients held beside it go with it) */
   void *g = l2l_tensor_data(rec->grad);
   uint64_t bytes = (uint64_t)l2l_tensor_numel(rec->grad) * sizeof(float);
@@ -548,6 +553,14 @@ l2l_status eps_restore(const char *func, struct eps *eps, struct eps_record *rec
   l2l_tensor *fresh[2] = {NULL, NULL};
   if (eps->spill) eps_ahead_drop(eps, rec);   /* a read of the old state is stale */
   TRY(eps_restore_convert(func, rec, arrays, given, fresh));
+  for (int a = 0; rec->placement == EPS_PLACE_DEVICE && a < arrays; a++) {   /* onto it */
+    l2l_status status = eps_device_move(&fresh[a]);
+    if (status != L2L_OK) {
+      l2l_tensor_free(fresh[0]);
+      l2l_tensor_free(fresh[1]);
+      return status;
+    }
+  }
   for (int a = 0; a < 2; a++) {
     l2l_tensor_free(rec->state[a]);
     rec->state[a] = fresh[a];

@@ -80,6 +80,12 @@ static void waiting_begin(struct eps *eps, struct eps_record *next) {
 }
 
 void eps_start_update(struct eps *eps, struct eps_record *rec, float grad_scale) {
+  if (rec->placement == EPS_PLACE_DEVICE) {   /* queued on the device now, on this thread */
+    rec->hyper = eps_update_hyper(eps, rec, grad_scale);
+    l2l_status status = eps_device_update(rec, &rec->hyper, !eps->deferred_step);
+    if (status != L2L_OK) eps_io_failed(eps, status);
+    return;
+  }
   if (eps->spill == NULL) {
     update_begin(eps, rec, grad_scale);
     return;
@@ -114,12 +120,7 @@ static void update_begin(struct eps *eps, struct eps_record *rec, float grad_sca
       return;
     }
   }
-  const l2l_optimizer_config *o = &eps->optimizer;
-  bool decays = o->decay_all || rec->decays;
-  rec->hyper = (struct optim_hyper){
-      .kind = o->kind, .lr = (float)eps->lr, .weight_decay = decays ? o->weight_decay : 0.0f,
-      .momentum = o->momentum, .nesterov = o->nesterov, .beta1 = o->beta1, .beta2 = o->beta2,
-      .eps = o->eps, .t = rec->updates + 1, .grad_scale = grad_scale};
+  rec->hyper = eps_update_hyper(eps, rec, grad_scale);
   rec->wave_sums[0] = rec->wave_sums[1] = 0;
   pthread_mutex_lock(&eps->lock);
   rec->pending = true;
@@ -213,10 +214,14 @@ static void chunk_run(struct core_job *job, int thread) {
 
   pthread_mutex_lock(&eps->lock);
   if (!last_wave) {   /* the last wave reads the sums: nothing writes them then */
-    rec->wave_sums[0] += sums[0];
-    rec->wave_sums[1] += sums[1];
+    rec->chunk_sums[cj->begin / CHUNK][0] = sums[0];
+    rec->chunk_sums[cj->begin / CHUNK][1] = sums[1];
   }
   bool wave_done = --rec->chunks_left == 0;
+  for (int c = 0; wave_done && !last_wave && c < eps_chunks(rec->shard_n); c++) {
+    rec->wave_sums[0] += rec->chunk_sums[c][0];
+    rec->wave_sums[1] += rec->chunk_sums[c][1];
+  }
   bool room = wave_done && last_wave && rec->room;   /* given back once the record settles */
   if (wave_done && last_wave && eps->spill) {
     /* the state back to disk and the accumulator cleared while the record is still
@@ -276,6 +281,11 @@ void eps_stage(struct eps *eps) {
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     if (rec->staging == NULL) continue;
+    if (rec->placement == EPS_PLACE_DEVICE) {   /* on the device, in its order */
+      l2l_status status = eps_device_stage(rec);
+      if (status != L2L_OK) eps_io_failed(eps, status);
+      continue;
+    }
     pthread_mutex_lock(&eps->lock);
     bool now = !rec->pending;
     if (now) rec->pending = true;

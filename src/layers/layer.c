@@ -98,20 +98,31 @@ void layer_mark_low_precision(l2l_layer *layer, int role) {
   layer->params[layer->role[role]]->low_precision = true;
 }
 
-l2l_status param_rehome(l2l_param *param, l2l_pool_kind pool, l2l_dtype dtype) {
+/* *t replaced by a tensor of `dtype` in `pool` holding its values: to nearest even, or
+   exactly; across backends (to or from a GPU) a copy of the same dtype. */
+static l2l_status rehome(const l2l_param *param, l2l_tensor **t, l2l_pool_kind pool,
+                         l2l_dtype dtype) {
   if (param->home_value != NULL)
     return FAIL(L2L_ERR_STATE, "parameter '%s' is bound to other tensors", param->name);
-  if (param->value->dtype == dtype && param->value->storage->pool == pool) return L2L_OK;
+  if ((*t)->dtype == dtype && (*t)->storage->pool == pool) return L2L_OK;
   l2l_tensor *fresh = NULL;
-  TRY(tensor_new_like(&fresh, pool, dtype, param->value));
-  l2l_status status = l2l_tensor_cast(fresh, param->value);   /* to nearest even, or exact */
+  TRY(tensor_new_like(&fresh, pool, dtype, *t));
+  l2l_status status = dtype == (*t)->dtype ? l2l_tensor_copy(fresh, *t) : l2l_tensor_cast(fresh, *t);
   if (status != L2L_OK) {
     l2l_tensor_free(fresh);
     return status;
   }
-  l2l_tensor_free(param->value);
-  param->value = fresh;
+  l2l_tensor_free(*t);
+  *t = fresh;
   return L2L_OK;
+}
+
+l2l_status param_rehome(l2l_param *param, l2l_pool_kind pool, l2l_dtype dtype) {
+  return rehome(param, &param->value, pool, dtype);
+}
+
+l2l_status param_rehome_grad(l2l_param *param, l2l_pool_kind pool) {
+  return rehome(param, &param->grad, pool, L2L_F32);
 }
 
 void param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad) {

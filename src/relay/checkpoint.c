@@ -255,7 +255,20 @@ static l2l_status save_specs(struct save *s) {
 }
 
 static l2l_status put_tensor(struct safetensors_writer *w, const l2l_tensor *t) {
-  return safetensors_put(w, l2l_tensor_data(t), (uint64_t)l2l_tensor_numel(t) * l2l_dtype_size(l2l_tensor_dtype(t)));
+  l2l_tensor *host = NULL;   /* a record on the device (placement device): read through a copy */
+  if (l2l_tensor_pool(t) == L2L_POOL_DEVICE) {
+    TRY(relay_tensor_like(&host, L2L_POOL_HOST, t));
+    l2l_status status = l2l_tensor_copy(host, t);
+    if (status != L2L_OK) {
+      l2l_tensor_free(host);
+      return status;
+    }
+  }
+  const l2l_tensor *from = host ? host : t;
+  l2l_status status = safetensors_put(w, l2l_tensor_data(from), (uint64_t)l2l_tensor_numel(from) *
+                                                                  l2l_dtype_size(l2l_tensor_dtype(from)));
+  l2l_tensor_free(host);
+  return status;
 }
 
 /* Record k's state array a, read (from memory, the spill file or the ranks' shards). */
@@ -549,21 +562,24 @@ static l2l_status check_data(struct load *ld) {
 
 /* ---------------------------------------------------------------- restoring */
 
-/* Record r's weights from the file: read in place, or converted (f32 and bf16 either way:
-   to nearest even, or exactly). */
-static l2l_status restore_value(struct load *ld, const struct record *r) {
-  l2l_tensor *value = l2l_param_value(r->param);
-  if (r->value->dtype == (l2l_dtype)l2l_tensor_dtype(value))
-    return safetensors_read(ld->file, r->value, l2l_tensor_data(value));
-  l2l_tensor *t = NULL;
-  TRY(safetensors_read_tensor(&t, ld->file, r->value));
-  l2l_status status = l2l_tensor_cast(value, t);
+/* An entry of the file into `into`: read in place, or (a tensor on the device, or of
+   another dtype: f32 and bf16 either way, to nearest even or exactly) read and converted. */
+static l2l_status restore_tensor(struct load *ld, const struct safetensors_entry *entry,
+                                 l2l_tensor *into) {
+  if (entry->dtype == (l2l_dtype)l2l_tensor_dtype(into) && l2l_tensor_pool(into) != L2L_POOL_DEVICE)
+    return safetensors_read(ld->file, entry, l2l_tensor_data(into));
+  l2l_tensor *t = NULL, *cast = NULL;
+  TRY(safetensors_read_tensor(&t, ld->file, entry));
+  l2l_status status = relay_tensor_like(&cast, L2L_POOL_HOST, into);
+  if (status == L2L_OK) status = l2l_tensor_cast(cast, t);   /* (on the host), then across */
+  if (status == L2L_OK) status = l2l_tensor_copy(into, cast);
   l2l_tensor_free(t);
+  l2l_tensor_free(cast);
   return status;
 }
 
 static l2l_status restore_record(struct load *ld, const struct record *r, bool grads) {
-  TRY(restore_value(ld, r));
+  TRY(restore_tensor(ld, r->value, l2l_param_value(r->param)));
   l2l_tensor *st[2] = {NULL, NULL};
   l2l_status status = L2L_OK;
   for (int a = 0; a < r->state && status == L2L_OK; a++) status = safetensors_read_tensor(&st[a], ld->file, r->arrays[a]);
@@ -571,7 +587,7 @@ static l2l_status restore_record(struct load *ld, const struct record *r, bool g
   l2l_tensor_free(st[0]);
   l2l_tensor_free(st[1]);
   if (status == L2L_OK && r->grad && grads)
-    status = safetensors_read(ld->file, r->grad_entry, l2l_tensor_data(l2l_param_grad(r->param)));
+    status = restore_tensor(ld, r->grad_entry, l2l_param_grad(r->param));
   return status;
 }
 

@@ -46,6 +46,16 @@ static l2l_status check_config(const l2l_relay_config *c) {
     return REFUSED(core_fail_in(f, L2L_ERR_INVALID, NAMED_CONFIG(master) " bf16 needs precision bf16 (the bf16 "
                                 "masters are what the device reads), got precision %s",
                                 l2l_dtype_name(c->precision)), master);
+  if (c->placement == L2L_PLACE_DEVICE) {   /* (what the device's updates do not do yet) */
+    const char *what = c->dist != L2L_DIST_NONE ? "dist mpi"
+                       : c->spill_dir != NULL ? "a spill directory"
+                       : c->optimizer.state != L2L_STATE_F32 ? "optimizer state other than f32"
+                       : c->master != L2L_F32 ? "master bf16"
+                       : c->clip_layer_norm > 0 ? "clip_layer_norm" : NULL;
+    if (what != NULL)
+      return REFUSED(core_fail_in(f, L2L_ERR_UNSUPPORTED, NAMED_CONFIG(placement) " device does not "
+                                  "take %s yet (placement host does)", what), placement);
+  }
   if (c->grad_precision == L2L_F16 && c->loss_scale == 0)
     return REFUSED(core_fail_in(f, L2L_ERR_INVALID, NAMED_CONFIG(grad_precision) " f16 needs loss_scale > 0 (f16 "
                                 "gradients flush below 6e-8 and turn inf above 65504: loss scaling keeps "
@@ -110,14 +120,30 @@ static bool bf16_master(const l2l_relay *run, const l2l_param *p) {
   return held(run, p).master == L2L_BF16;
 }
 
-/* A layer's parameters leaving the relay's bf16 masters: f32 host values again, once no
-   record of the EPS holds them (a tied one may stay with another layer). A failure (no
-   memory) leaves a value bf16: still its value, refused by the next relay's check. */
+/* Whether p's record lives on the device while its layer is in the relay: value and
+   grad f32 device tensors. */
+static bool on_device(const l2l_relay *run) { return run->config.placement == L2L_PLACE_DEVICE; }
+
+/* p's value and grad where the relay keeps them (pool, value dtype); a failure puts back
+   what moved. */
+static l2l_status param_home(l2l_param *p, l2l_pool_kind pool, l2l_dtype dtype, bool grad) {
+  l2l_pool_kind was = (l2l_pool_kind)l2l_tensor_pool(l2l_param_value(p));
+  l2l_dtype was_dtype = (l2l_dtype)l2l_tensor_dtype(l2l_param_value(p));
+  TRY(param_rehome(p, pool, dtype));
+  l2l_status status = grad ? param_rehome_grad(p, pool) : L2L_OK;
+  if (status != L2L_OK) (void)param_rehome(p, was, was_dtype);
+  return status;
+}
+
+/* A layer's parameters leaving the relay's bf16 masters or its device: f32 host values
+   (and grads) again, once no record of the EPS holds them (a tied one may stay with
+   another layer). A failure (no memory) leaves a value where it was: still its value,
+   refused by the next relay's check. */
 static void masters_home(l2l_relay *run, l2l_layer *layer, bool freeing) {
   for (int r = 0; r < l2l_layer_param_count(layer); r++) {
     l2l_param *p = l2l_layer_param(layer, r);
-    if (bf16_master(run, p) && (freeing || eps_find(&run->eps, p) == NULL))
-      (void)param_rehome(p, L2L_POOL_HOST, L2L_F32);
+    if ((bf16_master(run, p) || on_device(run)) && (freeing || eps_find(&run->eps, p) == NULL))
+      (void)param_home(p, L2L_POOL_HOST, L2L_F32, on_device(run));
   }
 }
 
@@ -139,18 +165,20 @@ static l2l_status eps_records(l2l_relay *run, l2l_layer *const *list, int n, int
   for (; at < count && status == L2L_OK; at++) {
     l2l_param *p = recs[at].param;
     if (bf16_master(run, p)) status = param_rehome(p, L2L_POOL_PINNED, L2L_BF16);   /* (or is) */
+    if (on_device(run)) status = param_home(p, L2L_POOL_DEVICE, L2L_F32, true);
     if (status != L2L_OK) failed = at;
     sources[at] = (struct eps_record_source){
         .param = p, .name = l2l_param_name(p), .master = l2l_param_value(p),
-        .grad = l2l_param_grad(p), .decays = l2l_param_decays(p) == 1,
+        .grad = l2l_param_grad(p), .decays = l2l_param_decays(p) == 1, .device = on_device(run),
         .staging = held(run, p).staging, .users = recs[at].users,
         .stream = (uint64_t)l2l_layer_rng_id(list[recs[at].layer]) << 8 | (uint64_t)recs[at].place};
   }
   if (status == L2L_OK) status = eps_set_records(&run->eps, sources, count, &failed);
   if (failed >= 0) *failed_layer = recs[failed].layer;
   for (int i = 0; status != L2L_OK && i < at; i++)   /* the joining masters home again */
-    if (bf16_master(run, recs[i].param) && eps_find(&run->eps, recs[i].param) == NULL)
-      (void)param_rehome(recs[i].param, L2L_POOL_HOST, L2L_F32);
+    if ((bf16_master(run, recs[i].param) || on_device(run)) &&
+        eps_find(&run->eps, recs[i].param) == NULL)
+      (void)param_home(recs[i].param, L2L_POOL_HOST, L2L_F32, on_device(run));
   free(sources);
   free(recs);
   return status;

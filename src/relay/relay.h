@@ -168,6 +168,8 @@ struct params_job {
   struct eps_record *rec[MAX_RECORDS];
   l2l_tensor *value[MAX_RECORDS];
   int64_t updates[MAX_RECORDS];   /* each record's update count when copied */
+  bool device[MAX_RECORDS];       /* the record lives on the device: value is a view of it,
+                                     nothing copied (eps_on_device) */
   int slot;                       /* the parameter slot it fills */
   bool releases;                  /* a frozen layer's rebuild: each record's hold released
                                      once copied (eps_step's holds) */

@@ -132,14 +132,25 @@ l2l_status relay_params_queue(struct step *s, int which, int visit) {
   pj->slot = order_slot_choose(s->slot_use, s->nslots, k, busy, s->slot_ticks++, slot_current,
                                &q, &current);
   uint64_t offset = 0;
-  for (int r = 0; r < pj->nrec; r++)
+  int copies = 0;
+  for (int r = 0; r < pj->nrec; r++) {
+    pj->device[r] = eps_on_device(pj->rec[r]);
+    copies += !pj->device[r];
+    if (pj->device[r]) {   /* bound where it lives (its slot bytes stay unused) */
+      const l2l_tensor *source = eps_device_source(pj->rec[r]);
+      TRY(tensor_view_bytes(&pj->value[r], source, 0, (l2l_dtype)l2l_tensor_dtype(source), source));
+      offset += slot_bytes(s->run, l2l_layer_param(layer, r), ORDER_SLOT_VALUES);
+      continue;
+    }
     TRY(slot_view(&pj->value[r], s, s->pslots[pj->slot].t, &offset, l2l_layer_param(layer, r),
                   ORDER_SLOT_VALUES));
+  }
   pj->job.run = relay_params_run;
   pj->releases = s->order.visits[visit].kind == ORDER_REBUILD && active_layer(s, k)->frozen;
-  if (current) {   /* done already: nothing to copy */
-    memcpy(pj->updates, s->pslots[pj->slot].updates, sizeof pj->updates);
-    for (int r = 0; pj->releases && r < pj->nrec; r++) eps_release(&run->eps, pj->rec[r], pj->layer);
+  if (current || copies == 0) {   /* done already, or on the device: nothing to copy */
+    if (current) memcpy(pj->updates, s->pslots[pj->slot].updates, sizeof pj->updates);
+    for (int r = 0; pj->releases && r < pj->nrec; r++)
+      if (!pj->device[r]) eps_release(&run->eps, pj->rec[r], pj->layer);
     pj->job.queue = &run->h2d;
     pj->job.done = true;
     return L2L_OK;
@@ -219,6 +230,9 @@ l2l_status relay_params_done(struct step *s, int k, bool give) {
     param_bind(l2l_layer_param(layer, r), NULL, NULL);
     l2l_tensor_free(pj->value[r]);
     if (r < s->ngrads) grad_bytes += slot_bytes(run, l2l_layer_param(layer, r), ORDER_SLOT_GRADS);
+    /* a frozen layer's rebuild of a record on the device has read it once its kernels are
+       queued: its update, queued after them, may come now */
+    if (pj->releases && pj->device[r]) eps_release(&run->eps, pj->rec[r], pj->layer);
   }
   s->slot_use[pj->slot].held = k;
   memcpy(s->pslots[pj->slot].updates, pj->updates, sizeof pj->updates);
@@ -263,6 +277,24 @@ l2l_status relay_params_done(struct step *s, int k, bool give) {
       relay_grads_release(&gj->job);
       return status;
     }
+  }
+  /* Records on the device: their gradients added there now, on this thread (queued in the
+     device's order, before the slot's next visit clears it); the job takes the others. */
+  int out_n = 0;
+  for (int r = 0; r < gj->nrec; r++) {
+    if (!eps_on_device(gj->rec[r])) {
+      gj->rec[out_n] = gj->rec[r];
+      gj->grad[out_n++] = gj->grad[r];
+      continue;
+    }
+    eps_give_gradient(&run->eps, gj->rec[r], gj->grad[r], true, 1.0f, gj->layer);
+    l2l_tensor_free(gj->grad[r]);
+    gj->drains = false;   /* (its part of the slot is left as it was) */
+  }
+  gj->nrec = out_n;
+  if (out_n == 0) {   /* nothing goes out */
+    relay_grads_release(&gj->job);
+    return L2L_OK;
   }
   gj->job.run = relay_grads_run;
   s->gout[s->gs] = gj;

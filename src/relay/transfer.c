@@ -129,6 +129,7 @@ void relay_params_run(struct core_job *job, int thread) {
   struct params_job *pj = (struct params_job *)job;
   double t0 = core_now();
   for (int i = 0; i < pj->nrec; i++) {
+    if (pj->device[i]) continue;   /* bound where it lives */
     eps_wait_record(&pj->run->eps, pj->rec[i]);
     pj->updates[i] = eps_settled_updates(&pj->run->eps, pj->rec[i]);
     l2l_status status = l2l_tensor_copy(pj->value[i], eps_device_source(pj->rec[i]));

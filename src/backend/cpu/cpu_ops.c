@@ -10,8 +10,8 @@
  * schedule, so results are the same from run to run for a given thread count.
  * l2l links OpenBLAS's OpenMP build, so BLAS and these loops share one thread pool (and
  * BLAS inside a parallel region, as attention does, runs single-threaded).
- * Must never: allocate from a pool, or read an output before writing it unless the op
- * accumulates.
+ * Must never: allocate from a pool (a record's update takes its sums from malloc), or read
+ * an output before writing it unless the op accumulates.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -64,6 +64,97 @@ static l2l_status cpu_adamw(float *param, float *m, float *v, const float *grad,
     m[i] = mi;
     v[i] = vi;
   }
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- a record on the device
+
+   The EPS's host kernels (optim_kernels.c) in the EPS's chunks and blocks: each chunk of
+   L2L_OPTIM_CHUNK is one thread's, a block of L2L_STATE_BLOCK at a time, and sums over the
+   record are each chunk's, added in the chunks' order, so a record placed on this
+   backend's device gets the bits its update on the host gets. */
+
+static int64_t chunks_of(int64_t n) { return n > 0 ? (n + L2L_OPTIM_CHUNK - 1) / L2L_OPTIM_CHUNK : 0; }
+static int64_t chunk_end(int64_t n, int64_t c) {
+  int64_t end = (c + 1) * (int64_t)L2L_OPTIM_CHUNK;
+  return end < n ? end : n;
+}
+
+/* One block of one wave of an update (LAMB: wave 0 the moments and their sums, wave 1 the
+   step with the trust ratio). */
+static void update_block(float *p, float *s0, float *s1, const float *g, int64_t n,
+                         const struct optim_hyper *h, int wave, double sums[2], float trust) {
+  switch (h->kind) {
+    case L2L_OPTIMIZER_SGD: optim_sgd(p, s0, g, n, h); break;
+    case L2L_OPTIMIZER_ADAMW: optim_adamw(p, s0, s1, g, n, h); break;
+    case L2L_OPTIMIZER_LAMB:
+      if (wave == 0) optim_lamb_moments(s0, s1, p, g, n, h, sums);
+      else optim_lamb_apply(p, s0, s1, n, h, trust);
+      break;
+  }
+}
+
+static l2l_status cpu_optim_update(float *p, float *s0, float *s1, float *grad, int64_t n,
+                                   const struct optim_hyper *h, const int32_t *skip) {
+  int64_t chunks = chunks_of(n);
+  int waves = h->kind == L2L_OPTIMIZER_LAMB ? 2 : 1, nt = threads_for(n * 8);
+  double (*sums)[2] = NULL;
+  if (waves > 1 && (sums = calloc((size_t)(chunks > 0 ? chunks : 1), sizeof *sums)) == NULL)
+    return core_fail(L2L_ERR_NOMEM, "no memory for an update's sums (%lld chunks)", (long long)chunks);
+  float trust = 1.0f;
+  for (int wave = 0; !(skip != NULL && *skip != 0) && wave < waves; wave++) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t c = 0; c < chunks; c++)
+      for (int64_t at = c * L2L_OPTIM_CHUNK; at < chunk_end(n, c); at += L2L_STATE_BLOCK) {
+        int64_t k = chunk_end(n, c) - at < L2L_STATE_BLOCK ? chunk_end(n, c) - at : L2L_STATE_BLOCK;
+        update_block(p + at, s0 ? s0 + at : NULL, s1 ? s1 + at : NULL, grad + at, k, h, wave,
+                     sums ? sums[c] : NULL, trust);
+      }
+    if (wave == 0 && waves > 1) {
+      double whole[2] = {0, 0};
+      for (int64_t c = 0; c < chunks; c++) whole[0] += sums[c][0], whole[1] += sums[c][1];
+      trust = optim_lamb_trust(whole);
+    }
+  }
+  free(sums);
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+  for (int64_t i = 0; i < n; i++) grad[i] = 0.0f;
+  return L2L_OK;
+}
+
+static l2l_status cpu_grad_add(float *acc, const void *g, l2l_dtype dtype, float scale,
+                               int64_t n, int32_t *flag) {
+  int64_t chunks = chunks_of(n);
+  int nonfinite = 0, nt = threads_for(n * 3);
+#pragma omp parallel for schedule(static) num_threads(nt) reduction(| : nonfinite)
+  for (int64_t c = 0; c < chunks; c++) {
+    int64_t at = c * L2L_OPTIM_CHUNK, k = chunk_end(n, c) - at;
+    bool finite = dtype == L2L_F32
+                      ? optim_axpy(acc + at, (const float *)g + at, scale, k)
+                      : optim_axpy_half(acc + at, (const uint16_t *)g + at, dtype, scale, k);
+    nonfinite |= !finite;
+  }
+  if (nonfinite && flag != NULL) *flag = 1;
+  return L2L_OK;
+}
+
+static l2l_status cpu_grad_norm(double *sumsq, float *most, const float *g, int64_t n) {
+  int64_t chunks = chunks_of(n);
+  struct { double sumsq; float most; } *part = calloc((size_t)(chunks > 0 ? chunks : 1), sizeof *part);
+  if (part == NULL)
+    return core_fail(L2L_ERR_NOMEM, "no memory for a norm's sums (%lld chunks)", (long long)chunks);
+  int nt = threads_for(n);
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t c = 0; c < chunks; c++)
+    optim_norm_blocks(&part[c].sumsq, &part[c].most, g + c * L2L_OPTIM_CHUNK,
+                      chunk_end(n, c) - c * L2L_OPTIM_CHUNK);
+  *sumsq = 0;
+  *most = 0;
+  for (int64_t c = 0; c < chunks; c++) {
+    *sumsq += part[c].sumsq;
+    *most = part[c].most > *most ? part[c].most : *most;
+  }
+  free(part);
   return L2L_OK;
 }
 
@@ -261,6 +352,9 @@ const struct backend_ops cpu_backend = {
     .attention_workspace = cpu_attention_workspace,
     .reduce = cpu_reduce,
     .adamw = cpu_adamw,
+    .optim_update = cpu_optim_update,
+    .grad_add = cpu_grad_add,
+    .grad_norm = cpu_grad_norm,
     .find_out_of_range = cpu_find_out_of_range,
     .layernorm_invertible = cpu_layernorm_invertible,
     .fill = cpu_fill,

@@ -24,6 +24,7 @@
 #include "kernels/dtype.h"
 #include "kernels/elementwise.h"
 #include "kernels/norm.h"
+#include "kernels/optim.h"
 #include "kernels/reduce.h"
 
 /* The launchers take dtypes as the kernels' numbers: they must be l2l_dtype's. */
@@ -221,6 +222,57 @@ static l2l_status cuda_adamw(float *param, float *m, float *v, const float *grad
                              float bias_correction2) {
   LAUNCH(k_adamw(param, m, v, grad, n, c->lr, c->beta1, c->beta2, c->eps, c->weight_decay,
                  bias_correction1, bias_correction2, cuda_rt.compute));
+  return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- a record on the device */
+
+static l2l_status cuda_grad_add(float *acc, const void *g, l2l_dtype dtype, float scale,
+                                int64_t n, int32_t *flag) {
+  LAUNCH(k_grad_add(acc, g, (int)dtype, scale, n, flag, cuda_rt.compute));
+  return L2L_OK;
+}
+
+/* The step's constants as the host kernels make them (optim_kernels.c: backend.h's AdamW
+   arithmetic; SGD's and LAMB's products in float). */
+static struct k_optim optim_consts(const struct optim_hyper *h) {
+  double t = (double)(h->t < 1 ? 1 : h->t);
+  double bc1 = 1.0 - pow((double)h->beta1, t), bc2 = 1.0 - pow((double)h->beta2, t);
+  bool lamb = h->kind == L2L_OPTIMIZER_LAMB;
+  struct backend_adamw_consts k = backend_adamw_consts(lamb ? 1.0 : (double)h->lr, h->beta1,
+                                                       h->beta2, h->eps, h->weight_decay,
+                                                       bc1, bc2, (double)h->grad_scale);
+  return (struct k_optim){
+      .kind = (int)h->kind, .scale = h->grad_scale, .lr = h->lr,
+      .decay = h->kind == L2L_OPTIMIZER_SGD ? h->lr * h->weight_decay : k.decay,
+      .momentum = h->momentum, .mu_prev = h->t <= 1 ? 0.0f : h->momentum,
+      .nesterov = h->nesterov, .step = k.step, .rsb2 = k.rsb2, .b1 = k.b1, .c1 = k.c1,
+      .b2 = k.b2, .c2 = k.c2, .eps = h->eps, .wd = h->weight_decay};
+}
+
+static l2l_status optim_update_locked(float *p, float *s0, float *s1, float *grad, int64_t n,
+                                      const struct optim_hyper *h, const int32_t *skip) {
+  float *scratch = NULL;
+  TRY(scratch_floats(&scratch, 2 * L2L_K_OPTIM_SCRATCH_DOUBLES));
+  struct k_optim o = optim_consts(h);
+  LAUNCH(k_optim_update(p, s0, s1, grad, n, &o, skip, (double *)scratch, cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_optim_update(float *p, float *s0, float *s1, float *grad, int64_t n,
+                                    const struct optim_hyper *h, const int32_t *skip) {
+  WITH_SCRATCH(optim_update_locked(p, s0, s1, grad, n, h, skip));
+}
+
+static l2l_status cuda_reduce(double *out, enum backend_reduction kind, const float *x, int64_t n);
+
+/* Two reductions read back (a deferred update's norm: the host needs it). A NaN's max is
+   NaN here, where the host's ignores it: the sum of squares is NaN either way. */
+static l2l_status cuda_grad_norm(double *sumsq, float *most, const float *g, int64_t n) {
+  double top = 0;
+  TRY(cuda_reduce(sumsq, L2L_REDUCE_SUMSQ, g, n));
+  TRY(cuda_reduce(&top, L2L_REDUCE_MAX_ABS, g, n));
+  *most = (float)top;
   return L2L_OK;
 }
 
@@ -561,6 +613,9 @@ static const struct backend_ops cuda_backend = {
     .attention_workspace = cuda_attention_workspace,
     .reduce = cuda_reduce,
     .adamw = cuda_adamw,
+    .optim_update = cuda_optim_update,
+    .grad_add = cuda_grad_add,
+    .grad_norm = cuda_grad_norm,
     .find_out_of_range = cuda_find_out_of_range,
     .layernorm_invertible = cuda_layernorm_invertible,
     .fill = cuda_fill,

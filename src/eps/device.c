@@ -1,0 +1,96 @@
+/* SPDX-License-Identifier: MIT */
+/* device.c — records placed on the device (issue 49): a gradient's add into the record's
+ * accumulator, its update, its norm, its clear, its 16-bit copy and the flag that says its
+ * gradient was not finite, each through the backend's ops table.
+ *
+ * Purpose: a record whose master, accumulator and optimizer state fit on the device is
+ * updated there, in the device's order, by the same optimizer (the backend's optim_update:
+ * on the CPU backend the EPS's own host kernels in the EPS's chunks, so the bits are the
+ * host placement's; on a GPU kernels/optim.cu), so no byte of it crosses the link or
+ * touches host memory in a step. The host never waits to learn whether a gradient was
+ * finite: the add sets the record's flag on the device, the eager update reads it there,
+ * and the step's end reads the flags back once the step's work is done (eps_device_skipped).
+ * Called on the relay's compute thread (the adds and eager updates as its visits end, the
+ * deferred ones at the release), never on a worker.
+ * Must never: read a device tensor's bytes from the host but through the ops table, or
+ * call a file of src/eps/ but record.c (its one lock taken: the EPS's, to count a skip).
+ */
+#include "record.h"
+
+static const struct backend_ops *ops(void) { return backend_for(L2L_POOL_DEVICE); }
+
+static float *f32_of(const l2l_tensor *t) { return t ? (float *)l2l_tensor_data(t) : NULL; }
+
+l2l_status eps_device_add(struct eps_record *rec, const l2l_tensor *grad, float scale,
+                          bool flagged) {
+  return ops()->grad_add(f32_of(rec->grad), l2l_tensor_data(grad),
+                         (l2l_dtype)l2l_tensor_dtype(grad), scale, l2l_tensor_numel(grad),
+                         flagged ? (int32_t *)l2l_tensor_data(rec->device_flag) : NULL);
+}
+
+l2l_status eps_device_update(struct eps_record *rec, const struct optim_hyper *h, bool flagged) {
+  TRY(ops()->optim_update(f32_of(rec->master), f32_of(rec->state[0]), f32_of(rec->state[1]),
+                          f32_of(rec->grad), l2l_tensor_numel(rec->master), h,
+                          flagged ? (const int32_t *)l2l_tensor_data(rec->device_flag) : NULL));
+  rec->updates++;   /* (taken back at the step's end if its flag skipped it) */
+  rec->flag_armed = flagged;
+  return L2L_OK;
+}
+
+l2l_status eps_device_norm(const struct eps_record *rec, struct eps_norm *out) {
+  *out = (struct eps_norm){0, 0};
+  return ops()->grad_norm(&out->sumsq, &out->most, f32_of(rec->grad), l2l_tensor_numel(rec->grad));
+}
+
+l2l_status eps_device_clear(struct eps_record *rec) {
+  TRY(l2l_tensor_fill(rec->grad, 0.0));
+  rec->flag_armed = false;
+  return l2l_tensor_fill(rec->device_flag, 0.0);
+}
+
+/* Whether rec's armed update was skipped (its flag read back, then cleared, disarmed). */
+static l2l_status skipped(struct eps_record *rec, bool *out) {
+  *out = false;
+  if (!rec->flag_armed) return L2L_OK;
+  int32_t flag = 0;
+  TRY(ops()->copy(&flag, L2L_POOL_HOST, l2l_tensor_data(rec->device_flag), L2L_POOL_DEVICE, sizeof flag));
+  rec->flag_armed = false;
+  if (flag == 0) return L2L_OK;
+  *out = true;
+  rec->updates--;
+  return l2l_tensor_fill(rec->device_flag, 0.0);
+}
+
+l2l_status eps_device_skips(struct eps *eps) {
+  l2l_status first = L2L_OK;
+  for (int i = 0; i < eps->count; i++) {
+    struct eps_record *rec = eps->records[i];
+    bool skip = false;
+    l2l_status status = rec->placement == EPS_PLACE_DEVICE ? skipped(rec, &skip) : L2L_OK;
+    if (first == L2L_OK) first = status;
+    pthread_mutex_lock(&eps->lock);
+    if (skip && eps->nonfinite_skips++ == 0) {
+      eps->nonfinite_name = rec->name;
+      eps->nonfinite_layer = rec->last_layer;
+    }
+    pthread_mutex_unlock(&eps->lock);
+  }
+  return first;
+}
+
+l2l_status eps_device_stage(struct eps_record *rec) {
+  return l2l_tensor_cast(rec->staging, rec->master);
+}
+
+l2l_status eps_device_move(l2l_tensor **t) {
+  l2l_tensor *fresh = NULL;
+  TRY(tensor_new_like(&fresh, L2L_POOL_DEVICE, (l2l_dtype)l2l_tensor_dtype(*t), *t));
+  l2l_status status = l2l_tensor_copy(fresh, *t);
+  if (status != L2L_OK) {
+    l2l_tensor_free(fresh);
+    return status;
+  }
+  l2l_tensor_free(*t);
+  *t = fresh;
+  return L2L_OK;
+}
