@@ -55,6 +55,9 @@ typedef struct l2l_plan_summary {
   int64_t micro_batch;
   double step_seconds;       /* predicted */
   uint64_t device_peak;      /* predicted: the step's own bytes at its peak */
+  uint64_t device_records_bytes;   /* with placement device: the records' bytes on the device
+                                      (masters, gradients, state, 16-bit copies), there
+                                      between steps; the budget holds them and the step */
   uint64_t h2d_bytes, d2h_bytes;   /* predicted: bytes the step copies to the device and
                                       back (as l2l_relay_stats counts them) */
   double streaming_tokens;   /* tokens per layer visit above which a block's weights stream

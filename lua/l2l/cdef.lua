@@ -686,6 +686,7 @@ typedef struct l2l_plan_summary {
   int64_t micro_batch;
   double step_seconds;
   uint64_t device_peak;
+  uint64_t device_records_bytes;
   uint64_t h2d_bytes, d2h_bytes;
   double streaming_tokens;
 

@@ -4,6 +4,8 @@
 --   local plan = l2l.plan{ model = model, batch = 32, seq = 1024, device_budget = 8 * 2^30 }
 --   print(plan)            -- per layer inner, stash, bytes kept, predicted ms; the totals
 --   plan.micro_batch, plan.step_seconds, plan.device_peak, plan.streaming_tokens,
+--   plan.device_records_bytes (placement = "device": the records kept on the device, which
+--   the budget holds beside the step's peak),
 --   plan.h2d_bytes, plan.d2h_bytes (what a step copies each way),
 --   plan.host_eps_bytes, plan.host_budget_smallest (the EPS in host memory, and the
 --   smallest host_budget that works), plan.disk_bytes, plan.disk_seconds (what a step's
@@ -165,6 +167,7 @@ function M.wrap(out, model, config, request, owned_by_relay)
   local plan = setmetatable({
     handle = not owned_by_relay and out or nil, micro_batch = tonumber(s.micro_batch), step_seconds = s.step_seconds,
     device_peak = tonumber(s.device_peak), streaming_tokens = s.streaming_tokens,
+    device_records_bytes = tonumber(s.device_records_bytes),
     h2d_bytes = tonumber(s.h2d_bytes), d2h_bytes = tonumber(s.d2h_bytes),
     host_eps_bytes = tonumber(s.host_eps_bytes), host_budget_smallest = tonumber(s.host_budget_smallest),
     disk_bytes = tonumber(s.disk_bytes), disk_seconds = s.disk_seconds, spill = config.spill_dir ~= nil,
@@ -329,6 +332,9 @@ function Plan:__tostring()
   end
   rows[#rows + 1] = ("micro-batch %d of %d (seq %d): predicted %.1f ms a step, device peak %s of a %s budget"):format(
     self.micro_batch, self.batch, self.seq, self.step_seconds * 1e3, mib(self.device_peak), mib(self.device_budget))
+  if self.device_records_bytes > 0 then
+    rows[#rows] = rows[#rows] .. (" (beside the records placed on the device: %s)"):format(mib(self.device_records_bytes))
+  end
   rows[#rows + 1] = ("copies a step: %s to the device, %s back"):format(mib(self.h2d_bytes), mib(self.d2h_bytes))
   rows[#rows + 1] = channels_line(self.channels, self.limit)
   rows[#rows + 1] = ("host: the EPS holds %s between steps (the smallest host budget that works: %s)%s"):format(

@@ -37,6 +37,12 @@ void host_record_bytes(struct host_record *out, int64_t numel, int64_t shard_n,
   out->moved = (uint64_t)arrays * array;
 }
 
+uint64_t device_record_bytes(int64_t numel, int arrays, l2l_dtype staging) {
+  uint64_t f32 = pool_accounted((uint64_t)numel * sizeof(float));
+  return (2 + (uint64_t)arrays) * f32 + pool_accounted(sizeof(int32_t)) +
+         (staging != L2L_F32 ? pool_accounted((uint64_t)numel * l2l_dtype_size(staging)) : 0);
+}
+
 void host_shard(int64_t n, int ranks, int rank, int64_t align, int64_t *begin, int64_t *count) {
   int64_t s = (n + ranks - 1) / ranks;
   s = (s + align - 1) / align * align;

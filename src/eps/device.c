@@ -82,15 +82,36 @@ l2l_status eps_device_stage(struct eps_record *rec) {
   return l2l_tensor_cast(rec->staging, rec->master);
 }
 
-l2l_status eps_device_move(l2l_tensor **t) {
-  l2l_tensor *fresh = NULL;
-  TRY(tensor_new_like(&fresh, L2L_POOL_DEVICE, (l2l_dtype)l2l_tensor_dtype(*t), *t));
-  l2l_status status = l2l_tensor_copy(fresh, *t);
-  if (status != L2L_OK) {
-    l2l_tensor_free(fresh);
-    return status;
+l2l_status eps_device_state(struct eps_record *rec) {
+  for (int a = 0; a < optim_state_count(&rec->eps->optimizer); a++) {
+    if (rec->state[a] != NULL) continue;
+    TRY(tensor_new_like(&rec->state[a], L2L_POOL_DEVICE, L2L_F32, rec->master));
+    TRY(l2l_tensor_fill(rec->state[a], 0.0));
   }
-  l2l_tensor_free(*t);
-  *t = fresh;
   return L2L_OK;
+}
+
+l2l_status eps_device_join(struct eps_record *rec) {
+  int64_t one[1] = {1};
+  TRY(l2l_tensor_new(&rec->device_flag, L2L_POOL_DEVICE, L2L_I32, 1, one));
+  TRY(l2l_tensor_fill(rec->device_flag, 0.0));
+  return eps_device_state(rec);
+}
+
+l2l_status eps_device_restore(struct eps_record *rec, l2l_tensor *const host[2]) {
+  TRY(eps_device_state(rec));
+  for (int a = 0; a < optim_state_count(&rec->eps->optimizer); a++)
+    TRY(host[a] ? l2l_tensor_copy(rec->state[a], host[a]) : l2l_tensor_fill(rec->state[a], 0.0));
+  return L2L_OK;
+}
+
+uint64_t eps_device_bytes(const struct eps *eps) {
+  uint64_t bytes = 0;
+  for (int i = 0; i < eps->count; i++) {
+    const struct eps_record *rec = eps->records[i];
+    if (rec->placement == EPS_PLACE_DEVICE)
+      bytes += device_record_bytes(l2l_tensor_numel(rec->master), optim_state_count(&eps->optimizer),
+                                   rec->staging ? (l2l_dtype)l2l_tensor_dtype(rec->staging) : L2L_F32);
+  }
+  return bytes;
 }

@@ -111,11 +111,7 @@ static l2l_status record_new(struct eps *eps, const struct eps_record_source *so
   l2l_pool_kind staging_pool = source->device ? L2L_POOL_DEVICE : L2L_POOL_PINNED;
   if (status == L2L_OK && source->staging != L2L_F32)
     status = tensor_new_like(&rec->staging, staging_pool, source->staging, rec->master);
-  if (status == L2L_OK && source->device) {
-    int64_t one[1] = {1};
-    status = l2l_tensor_new(&rec->device_flag, L2L_POOL_DEVICE, L2L_I32, 1, one);
-    if (status == L2L_OK) status = l2l_tensor_fill(rec->device_flag, 0.0);
-  }
+  if (status == L2L_OK && source->device) status = eps_device_join(rec);
   if (status != L2L_OK) {
     record_free(rec);
     return status;
@@ -201,22 +197,6 @@ l2l_status eps_set_records(struct eps *eps, const struct eps_record_source *sour
   return L2L_OK;
 }
 
-uint64_t eps_host_bytes(const struct eps *eps) {
-  uint64_t bytes = 0;
-  for (int i = 0; i < eps->count; i++) {
-    const struct eps_record *rec = eps->records[i];
-    if (rec->placement == EPS_PLACE_DEVICE) continue;   /* (none of it in host memory) */
-    uint64_t shard = pool_accounted((uint64_t)rec->shard_n * sizeof(float));
-    /* the optimizer state is the shard's, in its precision; the reduced gradient counts
-       once made */
-    uint64_t arrays = (rec->state[0] != NULL) + (rec->state[1] != NULL);
-    struct host_record b = eps_record_bytes(eps, rec);
-    bytes += b.fixed + (rec->grad_away ? 0 : b.grad) + pool_accounted(eps_array_bytes(rec)) * arrays;
-    if (eps->dist != NULL && rec->shard_grad == NULL) bytes -= shard;
-  }
-  return bytes;
-}
-
 const l2l_tensor *eps_device_source(const struct eps_record *rec) {
   return rec->staging ? rec->staging : rec->master;
 }
@@ -274,10 +254,11 @@ l2l_status eps_prepare(struct eps *eps) {
     /* with a spill file the state comes to memory for its update alone (eps_start_update) */
     for (int a = 0; !eps->spill && a < arrays; a++) {
       if (rec->state[a] != NULL) continue;
-      if (rec->placement == EPS_PLACE_DEVICE)   /* f32 there (the relay's rule) */
-        TRY(tensor_new_like(&rec->state[a], L2L_POOL_DEVICE, L2L_F32, rec->master));
-      else
-        TRY(eps_state_new(&rec->state[a], rec));
+      if (rec->placement == EPS_PLACE_DEVICE) {   /* (a restore of no updates freed it) */
+        TRY(eps_device_state(rec));
+        continue;
+      }
+      TRY(eps_state_new(&rec->state[a], rec));
       TRY(l2l_tensor_fill(rec->state[a], 0.0));
     }
     if (eps->optim->waves > 1 && rec->chunk_sums == NULL) {
@@ -297,13 +278,6 @@ void eps_order_exchanges(struct eps *eps) {
 }
 
 
-float eps_clip_scale(const l2l_tensor *const *grads, int n, float clip) {
-  if (!(clip > 0)) return 1.0f;
-  double sumsq = 0;
-  for (int i = 0; i < n; i++) sumsq += optim_tensor_sumsq(grads[i]);
-  double norm = sqrt(sumsq);
-  return norm > clip ? (float)(clip / norm) : 1.0f;
-}
 
 /* One gradient arrival given to the EPS: its adds run as chunk jobs of CHUNK elements on
    all the workers (a token table's gradient is never one thread's), and the last chunk to

@@ -240,6 +240,8 @@ struct eps_record_source {
 l2l_status eps_set_records(struct eps *eps, const struct eps_record_source *sources,
                            int n, int *failed);
 uint64_t eps_host_bytes(const struct eps *eps);
+/* The device bytes of its records placed on the device (core's device_record_bytes). */
+uint64_t eps_device_bytes(const struct eps *eps);
 
 /* What the device copies of a record: its staging copy in device precision, or the f32
    master itself (whose shape every copy has). */

@@ -2,14 +2,15 @@
 /* record.c — the bottom of the EPS: what every file of it reads of a record.
  *
  * Purpose: a record's bytes in host memory and on disk (core's host_record_bytes,
- * the one formula the planner and the host budget use too), the order backward
+ * the one formula the planner and the host budget use too; the EPS's whole, and a visit's
+ * gradients' norm for per-layer clipping), an update's hyper-parameters, the order backward
  * completes a step's due records in (the read-ahead list of state_tier.c and the places
  * on the ranks' streams of exchange.c), and a block of its gradient as the accumulator
  * and its held arrivals make it (eps.c's check of the last arrival, update.c's update).
  * The core (eps.c) and its parts (exchange.c, state_tier.c, quant.c, spill.c) call these;
  * they call nothing of the EPS above them.
- * Must never: call a function of another file of src/eps/ but optim.c's kernels (it is
- * the EPS's bottom), or take the EPS's lock.
+ * Must never: call a function of another file of src/eps/ but optim.c (it is the EPS's
+ * bottom), or take the EPS's lock.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,30 @@ struct optim_hyper eps_update_hyper(const struct eps *eps, const struct eps_reco
       .kind = o->kind, .lr = (float)eps->lr, .weight_decay = decays ? o->weight_decay : 0.0f,
       .momentum = o->momentum, .nesterov = o->nesterov, .beta1 = o->beta1, .beta2 = o->beta2,
       .eps = o->eps, .t = rec->updates + 1, .grad_scale = grad_scale};
+}
+
+uint64_t eps_host_bytes(const struct eps *eps) {
+  uint64_t bytes = 0;
+  for (int i = 0; i < eps->count; i++) {
+    const struct eps_record *rec = eps->records[i];
+    if (rec->placement == EPS_PLACE_DEVICE) continue;   /* (none of it in host memory) */
+    uint64_t shard = pool_accounted((uint64_t)rec->shard_n * sizeof(float));
+    /* the optimizer state is the shard's, in its precision; the reduced gradient counts
+       once made */
+    uint64_t arrays = (rec->state[0] != NULL) + (rec->state[1] != NULL);
+    struct host_record b = eps_record_bytes(eps, rec);
+    bytes += b.fixed + (rec->grad_away ? 0 : b.grad) + pool_accounted(eps_array_bytes(rec)) * arrays;
+    if (eps->dist != NULL && rec->shard_grad == NULL) bytes -= shard;
+  }
+  return bytes;
+}
+
+float eps_clip_scale(const l2l_tensor *const *grads, int n, float clip) {
+  if (!(clip > 0)) return 1.0f;
+  double sumsq = 0;
+  for (int i = 0; i < n; i++) sumsq += optim_tensor_sumsq(grads[i]);
+  double norm = sqrt(sumsq);
+  return norm > clip ? (float)(clip / norm) : 1.0f;
 }
 
 /* A record completes at the visit of its lowest user, and eps_expect names the layers from

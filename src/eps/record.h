@@ -208,9 +208,14 @@ l2l_status eps_device_clear(struct eps_record *rec);
 l2l_status eps_device_skips(struct eps *eps);
 /* rec's 16-bit copy on the device rewritten from its master. */
 l2l_status eps_device_stage(struct eps_record *rec);
-/* A host tensor's values moved into a new device tensor of the same shape (*t replaced;
-   a failure leaves it as it was). */
-l2l_status eps_device_move(l2l_tensor **t);
+/* rec's missing optimizer state arrays made on the device, zero (f32: the relay's rule). */
+l2l_status eps_device_state(struct eps_record *rec);
+/* A record joining on the device: its flag, and its state made now (so the device's bytes
+   are known before a step, and no step makes them). */
+l2l_status eps_device_join(struct eps_record *rec);
+/* rec's state arrays on the device given the values of host arrays (NULL: zero), a
+   restore's. */
+l2l_status eps_device_restore(struct eps_record *rec, l2l_tensor *const host[2]);
 
 /* ---------------------------------------------------------------- record.c (the bottom) */
 

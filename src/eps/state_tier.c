@@ -553,20 +553,15 @@ l2l_status eps_restore(const char *func, struct eps *eps, struct eps_record *rec
   l2l_tensor *fresh[2] = {NULL, NULL};
   if (eps->spill) eps_ahead_drop(eps, rec);   /* a read of the old state is stale */
   TRY(eps_restore_convert(func, rec, arrays, given, fresh));
-  for (int a = 0; rec->placement == EPS_PLACE_DEVICE && a < arrays; a++) {   /* onto it */
-    l2l_status status = eps_device_move(&fresh[a]);
-    if (status != L2L_OK) {
-      l2l_tensor_free(fresh[0]);
-      l2l_tensor_free(fresh[1]);
-      return status;
-    }
-  }
+  bool device = rec->placement == EPS_PLACE_DEVICE;   /* copied into its arrays there */
+  l2l_status status = device ? eps_device_restore(rec, fresh) : L2L_OK;
   for (int a = 0; a < 2; a++) {
-    l2l_tensor_free(rec->state[a]);
-    rec->state[a] = fresh[a];
-    l2l_tensor_free(rec->gathered[a]);
+    l2l_tensor_free(device ? fresh[a] : rec->state[a]);
+    if (!device) rec->state[a] = fresh[a];
+    l2l_tensor_free(rec->gathered[a]);   /* (a copy of the old) */
     rec->gathered[a] = NULL;
   }
+  TRY(status);
   rec->updates = updates;
   rec->spilled = false;
   return eps->spill && arrays > 0 && !rec->keep_state ? eps_state_out(eps, rec) : L2L_OK;

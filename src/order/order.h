@@ -33,6 +33,8 @@ struct order_layer {
   bool frozen;
   l2l_inner_policy inner;      /* its saved state: keep, swap or recompute */
   l2l_stash_policy stash;      /* where the boundary entering it waits (k >= 1) */
+  uint32_t on_device;          /* bit r: its record r lives on the device (placement): bound
+                                  where it lives, it takes no parameter slot and no copy */
 };
 
 struct order {
@@ -141,11 +143,12 @@ enum order_slot_content { ORDER_SLOT_VALUES, ORDER_SLOT_GRADS, ORDER_SLOT_GRADS_
    gradients out in `grad_precision` for those parameters, else f32. */
 l2l_dtype order_slot_dtype(const l2l_param *param, enum order_slot_content content,
                            l2l_dtype precision, l2l_dtype grad_precision);
-/* Bytes `param` takes in such a slot, rounded so that every record starts on L2L_ALIGN. */
+/* Bytes `param` takes in such a slot, rounded so that every record starts on L2L_ALIGN
+   (none in a parameter slot for a record on the device). */
 uint64_t order_param_slot_bytes(const l2l_param *param, enum order_slot_content content,
-                                l2l_dtype precision, l2l_dtype grad_precision);
-/* Bytes of a layer's records in such a slot. */
-uint64_t order_layer_slot_bytes(const l2l_layer *layer, enum order_slot_content content,
+                                l2l_dtype precision, l2l_dtype grad_precision, bool on_device);
+/* Bytes of a step's layer's records in such a slot. */
+uint64_t order_layer_slot_bytes(const struct order_layer *layer, enum order_slot_content content,
                                 l2l_dtype precision, l2l_dtype grad_precision);
 /* The layer whose records take the most in such a slot (the first of equals), and in
    *bytes the slot's size: its bytes, at least L2L_ALIGN. */

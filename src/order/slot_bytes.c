@@ -21,18 +21,20 @@ l2l_dtype order_slot_dtype(const l2l_param *param, enum order_slot_content conte
 }
 
 uint64_t order_param_slot_bytes(const l2l_param *param, enum order_slot_content content,
-                                l2l_dtype precision, l2l_dtype grad_precision) {
+                                l2l_dtype precision, l2l_dtype grad_precision, bool on_device) {
   l2l_dtype dtype = order_slot_dtype(param, content, precision, grad_precision);
   if (content == ORDER_SLOT_GRADS_OUT && dtype == L2L_F32) return 0;
+  if (content == ORDER_SLOT_VALUES && on_device) return 0;
   return pool_accounted((uint64_t)l2l_tensor_numel(l2l_param_value(param)) *
                         l2l_dtype_size(dtype));
 }
 
-uint64_t order_layer_slot_bytes(const l2l_layer *layer, enum order_slot_content content,
+uint64_t order_layer_slot_bytes(const struct order_layer *layer, enum order_slot_content content,
                                 l2l_dtype precision, l2l_dtype grad_precision) {
   uint64_t n = 0;
-  for (int i = 0; i < l2l_layer_param_count(layer); i++)
-    n += order_param_slot_bytes(l2l_layer_param(layer, i), content, precision, grad_precision);
+  for (int i = 0; i < l2l_layer_param_count(layer->layer); i++)
+    n += order_param_slot_bytes(l2l_layer_param(layer->layer, i), content, precision,
+                                grad_precision, layer->on_device >> i & 1);
   return n;
 }
 
@@ -41,7 +43,7 @@ int order_largest_layer(const struct order *sc, enum order_slot_content content,
   int largest = 0;
   uint64_t most = 0;
   for (int k = 0; k < sc->L; k++) {
-    uint64_t n = order_layer_slot_bytes(sc->layers[k].layer, content, precision, grad_precision);
+    uint64_t n = order_layer_slot_bytes(&sc->layers[k], content, precision, grad_precision);
     if (n > most) most = n, largest = k;
   }
   *bytes = most > L2L_ALIGN ? most : L2L_ALIGN;

@@ -61,6 +61,7 @@ static l2l_status master_bytes_of(uint64_t *out, const struct plan_chain *c) {
 static uint64_t copied_bytes(const l2l_layer *layer, enum order_slot_content content,
                              const struct plan_chain *c) {
   uint64_t bytes = 0;
+  if (c->records_on_device) return 0;   /* (nothing of a record crosses the link) */
   for (int i = 0; i < l2l_layer_param_count(layer); i++) {
     const l2l_param *p = l2l_layer_param(layer, i);
     bytes += (uint64_t)l2l_tensor_numel(l2l_param_value(p)) *
@@ -96,7 +97,7 @@ l2l_status plan_layer_costs(struct plan_layer_costs *out, const struct plan_chai
     o->param_bytes = copied_bytes(layer, ORDER_SLOT_VALUES, c);
     o->grad_bytes = copied_bytes(
         layer, c->grad_precision != L2L_F32 ? ORDER_SLOT_GRADS_OUT : ORDER_SLOT_GRADS, c);
-    o->master_bytes = masters[k];
+    o->master_bytes = c->records_on_device ? 0 : masters[k];   /* (the device updates them) */
   }
   free(masters);
   return status;

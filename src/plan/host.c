@@ -49,12 +49,17 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
   /* with ranks, this rank's: its shards of the reduced gradients and the state */
   int ranks = dist ? dist_size_now() : 1, rank = dist ? dist_rank_now() : 0;
   bool defer = config->clip_global_norm > 0 || config->loss_scale > 0, every = config->accumulate <= 1;
-  uint64_t base = 0, fixed = 0, state = 0, largest = 0, passing = 0, passing_total = 0, grads = 0;
+  uint64_t base = 0, fixed = 0, state = 0, largest = 0, passing = 0, passing_total = 0, grads = 0,
+           device = 0;
   for (int i = 0; i < n; i++) {
     int64_t numel = l2l_tensor_numel(l2l_param_value(recs[i].param));
     /* a low-precision record has a 16-bit staging copy, or a bf16 master that is it */
     struct layers_record_dtypes held =
         layers_record_dtypes(recs[i].param, config->precision, config->master);
+    if (config->placement == L2L_PLACE_DEVICE) {   /* (none of it on the host) */
+      device += device_record_bytes(numel, arrays, held.staging);
+      continue;
+    }
     int64_t begin, shard_n;
     host_shard(numel, ranks, rank, host_shard_align(config->optimizer.state), &begin,
                &shard_n);
@@ -78,7 +83,8 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
   host_tier_plan(&tier, fixed, state, largest, passing, passing_total, config->host_budget, spill);
   /* between steps: the masters and staging copies, and the accumulators unless they pass */
   uint64_t between = base + (tier.grads_pass ? 0 : grads);
-  *out = (struct plan_host){.smallest_budget = tier.need, .eps_bytes = between};
+  *out = (struct plan_host){.smallest_budget = tier.need, .eps_bytes = between,
+                            .device_bytes = device};
   uint64_t kept = 0;
   for (int i = 0; i < n; i++) {
     if (!spill || host_tier_keeps(&tier, &kept, bytes[i].state)) out->eps_bytes += bytes[i].state;

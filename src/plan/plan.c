@@ -32,6 +32,7 @@ struct plan_settings_key {
   int param_slots, accumulate;
   l2l_dtype precision, grad_precision;
   bool updates_deferred;
+  bool records_on_device;
 };
 
 struct l2l_plan {
@@ -65,6 +66,7 @@ static struct plan_settings_key settings_key(const l2l_relay_config *config) {
   k.precision = config->precision;
   k.grad_precision = config->grad_precision;
   k.updates_deferred = config->clip_global_norm > 0 || config->loss_scale > 0;
+  k.records_on_device = config->placement == L2L_PLACE_DEVICE;
   return k;
 }
 
@@ -79,7 +81,8 @@ static struct plan_chain chain_of(struct plan_layer *layers, int L, const l2l_re
       .L = L, .layers = layers, .batch = batch, .seq = seq, .dim = c0.dim,
       .param_slots = set.param_slots, .precision = set.precision,
       .grad_precision = set.grad_precision, .token_types = token_types, .key_mask = key_mask,
-      .updates_deferred = set.updates_deferred, .accumulate = set.accumulate};
+      .updates_deferred = set.updates_deferred, .accumulate = set.accumulate,
+      .records_on_device = set.records_on_device};
 }
 
 l2l_status plan_step_peak(uint64_t *peak, struct plan_layer *layers, int L,
@@ -121,18 +124,28 @@ l2l_status plan_check_model(const l2l_plan *plan, l2l_layer *const *layers, cons
   struct plan_settings_key s = settings_key(config), p = plan->settings;
   if (memcmp(&s, &p, sizeof s) != 0)
     return core_fail(L2L_ERR_INVALID, "the plan was made for other relay settings: param_slots %d, "
-                     "accumulate %d, precision %s, grad_precision %s, updates %s; the relay has %d, %d, "
-                     "%s, %s, %s", p.param_slots, p.accumulate, l2l_dtype_name(p.precision),
-                     l2l_dtype_name(p.grad_precision), p.updates_deferred ? "deferred" : "eager",
+                     "accumulate %d, precision %s, grad_precision %s, updates %s, records on the "
+                     "%s; the relay has %d, %d, %s, %s, %s, %s", p.param_slots, p.accumulate,
+                     l2l_dtype_name(p.precision), l2l_dtype_name(p.grad_precision),
+                     p.updates_deferred ? "deferred" : "eager", p.records_on_device ? "device" : "host",
                      s.param_slots, s.accumulate, l2l_dtype_name(s.precision),
-                     l2l_dtype_name(s.grad_precision), s.updates_deferred ? "deferred" : "eager");
+                     l2l_dtype_name(s.grad_precision), s.updates_deferred ? "deferred" : "eager",
+                     s.records_on_device ? "device" : "host");
   return L2L_OK;
 }
 
-/* Why the leanest plan needs what it needs: the slots of the largest layer, and the rest. */
+/* Why the leanest plan needs what it needs: the slots of the largest layer, and the rest
+   (`budget` is the step's: the request's less the `records` placed on the device). */
 static l2l_status too_small(const struct plan_chain *c, const struct plan_result *r,
-                            uint64_t budget) {
-  char want[32], have[32], slots_text[32];
+                            uint64_t budget, uint64_t records) {
+  char want[32], have[32], slots_text[32], records_text[96] = "";
+  if (records > 0) {
+    char b[32];
+    snprintf(records_text, sizeof records_text, "; and %s for the records placed on the device",
+             core_human_bytes(b, 32, records));
+  }
+  budget += records;
+  uint64_t needed = r->leanest_peak + records;
   struct order sc;
   TRY(plan_schedule(&sc, c));
   uint64_t slots = order_slots_bytes(&sc, c->param_slots, c->precision, c->grad_precision),
@@ -144,11 +157,11 @@ static l2l_status too_small(const struct plan_chain *c, const struct plan_result
               "no plan fits a device budget of %llu bytes (%s): the smallest needs %llu bytes (%s), "
               "in micro-batches of %lld samples with every layer recomputed and its boundary on the "
               "host; of "
-              "them %s are the %d parameter slots and 2 gradient slots sized by " NAMED_LAYER " (%s)",
+              "them %s are the %d parameter slots and 2 gradient slots sized by " NAMED_LAYER " (%s)%s",
               (unsigned long long)budget, core_human_bytes(have, 32, budget),
-              (unsigned long long)r->leanest_peak, core_human_bytes(want, 32, r->leanest_peak),
+              (unsigned long long)needed, core_human_bytes(want, 32, needed),
               (long long)r->leanest_micro_batch, core_human_bytes(slots_text, 32, slots),
-              c->param_slots, largest, l2l_layer_name(c->layers[largest].layer)), r->leanest_peak);
+              c->param_slots, largest, l2l_layer_name(c->layers[largest].layer), records_text), needed);
   return error_note_layer(refused, largest);
 }
 
@@ -223,14 +236,28 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
   struct plan_chain chain = chain_of(pl, nlayers, config, request->batch, request->seq,
                                      request->token_types, request->key_mask);
   struct plan_result r = {.layer_seconds = seconds};
+  /* the host's share, and the records placed on the device: the step has the rest */
+  struct plan_host host = {0};
+  l2l_status status = plan_host(&host, pl, nlayers, config);
+  uint64_t budget = request->device_budget > host.device_bytes ? request->device_budget - host.device_bytes : 0;
+  if (status == L2L_OK && budget == 0) {
+    char want[32], have[32];
+    status = error_note_needed(
+        core_fail_in("l2l_plan_new", L2L_ERR_BUDGET, "no plan fits a device budget of %llu bytes (%s): the "
+                     "records placed on the device take %llu (%s) before any step (placement host "
+                     "keeps them in host memory)", (unsigned long long)request->device_budget,
+                     core_human_bytes(have, 32, request->device_budget),
+                     (unsigned long long)host.device_bytes, core_human_bytes(want, 32, host.device_bytes)),
+        host.device_bytes + 1);
+  }
   /* No plan can need less than the leanest: a budget under it is refused before anything
      is timed (timing a layer takes device memory that budget does not have). */
   uint64_t leanest = 0;
-  l2l_status status = plan_leanest_peak(&leanest, &chain);
+  if (status == L2L_OK) status = plan_leanest_peak(&leanest, &chain);
   plan_memo_free(&chain);
-  if (status == L2L_OK && leanest > request->device_budget) {
+  if (status == L2L_OK && leanest > budget) {
     r.leanest_peak = leanest, r.leanest_micro_batch = 1;
-    status = too_small(&chain, &r, request->device_budget);
+    status = too_small(&chain, &r, budget, host.device_bytes);
   }
   /* this machine's rates (measured once, on the device: now that a plan can fit) */
   if (status == L2L_OK && request->rates == NULL) {
@@ -238,8 +265,6 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
     if (rates.visit < 0) rates.visit = 0;   /* not measured yet: l2l_relay_calibrate_plan does */
   }
   /* the host: a budget no plan of the device can help */
-  struct plan_host host = {0};
-  if (status == L2L_OK) status = plan_host(&host, pl, nlayers, config);
   if (status == L2L_OK && config->host_budget > 0 && host.smallest_budget > config->host_budget) {
     char want[32], have[32];
     status = core_fail_in("l2l_plan_new", L2L_ERR_BUDGET, "no plan fits a host budget of %llu bytes (%s): the "
@@ -251,8 +276,8 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
   }
   if (status == L2L_OK && config->spill_dir && !(rates.disk_read > 0 && rates.disk_write > 0))
     status = plan_disk_rates(&rates.disk_read, &rates.disk_write, config->spill_dir);
-  if (status == L2L_OK) status = plan_search(&r, &chain, &rates, request->device_budget);
-  if (status == L2L_OK && !r.found) status = too_small(&chain, &r, request->device_budget);
+  if (status == L2L_OK) status = plan_search(&r, &chain, &rates, budget);
+  if (status == L2L_OK && !r.found) status = too_small(&chain, &r, budget, host.device_bytes);
   if (status == L2L_OK) {
     for (int k = 0; k < nlayers; k++) {
       l2l_layer_memory m;
@@ -285,6 +310,7 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
                                        .d2h_bytes = (uint64_t)r.channels.d2h,
                                        .streaming_tokens = streaming,
                                        .host_eps_bytes = host.eps_bytes,
+                                       .device_records_bytes = host.device_bytes,
                                        .host_budget_smallest = host.smallest_budget,
                                        .disk_bytes = host.disk_bytes, .disk_seconds = disk,
                                        .compute_seconds = r.channels.compute,

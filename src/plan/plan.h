@@ -43,6 +43,8 @@ struct plan_chain {
   l2l_dtype precision;       /* of the weights bound on the device */
   l2l_dtype grad_precision;  /* of the gradients leaving it */
   bool token_types, key_mask;  /* the batch has them */
+  bool records_on_device;    /* placement device: every record lives on the device (no
+                                parameter slot, nothing copied in or out, no host update) */
   bool any_weights;          /* layers' memory whatever their weights (layer_memory_bound) */
   bool evaluation;           /* a forward-only step (l2l_relay_evaluate): no gradients, nothing
                                 kept; the peak replays it, the time model and search do not */
@@ -134,6 +136,7 @@ void plan_cache_put(const char *key, const double *values, int n);
    layer order). */
 struct plan_host {
   uint64_t eps_bytes, disk_bytes, smallest_budget;
+  uint64_t device_bytes;       /* the records placed on the device (placement device) */
 };
 l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int L,
                      const l2l_relay_config *config);

@@ -101,9 +101,9 @@ l2l_status l2l_relay_step_peak(uint64_t *peak, const l2l_relay *run, int64_t bat
 }
 
 /* Refuses a step whose peak is over `room`, naming the smallest budget that works
-   (`held` more than the peak: what else counts against that budget). */
+   (`held` more than the peak: what else counts against that budget, which `held_is` says). */
 static l2l_status refuse(const struct step *s, const char *whose, uint64_t budget, uint64_t peak,
-                         uint64_t held) {
+                         uint64_t held, const char *held_is) {
   const l2l_relay_config *cfg = &s->run->config;
   uint64_t slots = order_slots_bytes(&s->order, cfg->param_slots, cfg->precision,
                                      cfg->grad_precision);
@@ -111,7 +111,7 @@ static l2l_status refuse(const struct step *s, const char *whose, uint64_t budge
   uint64_t smallest = peak + held;
   if (held != 0) {
     char h[32];
-    snprintf(e, sizeof e, "; %s is in use already", core_human_bytes(h, sizeof h, held));
+    snprintf(e, sizeof e, "; %s %s", core_human_bytes(h, sizeof h, held), held_is);
   }
   return error_note_needed(FAIL(L2L_ERR_BUDGET,
               "the %s budget of %llu bytes (%s) is too small for this step: the smallest "
@@ -139,9 +139,13 @@ l2l_status relay_check_budget(const struct step *s) {
   if (own == 0 && device.budget == 0) return L2L_OK;
   uint64_t peak;
   TRY(replayed_peak(&peak, s));
-  if (own != 0 && peak > own) return refuse(s, "relay's device", own, peak, 0);
+  /* the relay's records placed on the device count against its own budget too */
+  uint64_t records = eps_device_bytes(&s->run->eps);
+  if (own != 0 && peak + records > own)
+    return refuse(s, "relay's device", own, peak, records, "are the records placed on the device");
   uint64_t held = device.current + device.backend;
   uint64_t room = device.budget > held ? device.budget - held : 0;
-  if (device.budget != 0 && peak > room) return refuse(s, "device pool's", device.budget, peak, held);
+  if (device.budget != 0 && peak > room)
+    return refuse(s, "device pool's", device.budget, peak, held, "is in use already");
   return L2L_OK;
 }

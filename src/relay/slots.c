@@ -24,7 +24,7 @@ static l2l_dtype slot_dtype(const l2l_relay *run, const l2l_param *param,
 static uint64_t slot_bytes(const l2l_relay *run, const l2l_param *param,
                            enum order_slot_content content) {
   return order_param_slot_bytes(param, content, run->config.precision,
-                                run->config.grad_precision);
+                                run->config.grad_precision, false);
 }
 
 /* Bytes of a device slot: the largest active layer's. */
@@ -139,7 +139,6 @@ l2l_status relay_params_queue(struct step *s, int which, int visit) {
     if (pj->device[r]) {   /* bound where it lives (its slot bytes stay unused) */
       const l2l_tensor *source = eps_device_source(pj->rec[r]);
       TRY(tensor_view_bytes(&pj->value[r], source, 0, (l2l_dtype)l2l_tensor_dtype(source), source));
-      offset += slot_bytes(s->run, l2l_layer_param(layer, r), ORDER_SLOT_VALUES);
       continue;
     }
     TRY(slot_view(&pj->value[r], s, s->pslots[pj->slot].t, &offset, l2l_layer_param(layer, r),

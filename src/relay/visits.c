@@ -19,7 +19,10 @@ l2l_status relay_schedule(struct step *s) {
   TRY(order_new(&s->order, s->L, s->training));
   for (int k = 0; k < s->L; k++) {
     const struct relay_layer *rl = active_layer(s, k);
-    s->order.layers[k] = (struct order_layer){rl->layer, rl->frozen, rl->inner, rl->stash};
+    uint32_t on_device = 0;   /* (its records where the EPS keeps them) */
+    for (int r = 0; r < l2l_layer_param_count(rl->layer); r++)
+      on_device |= (uint32_t)eps_on_device(eps_find(&s->run->eps, l2l_layer_param(rl->layer, r))) << r;
+    s->order.layers[k] = (struct order_layer){rl->layer, rl->frozen, rl->inner, rl->stash, on_device};
   }
   order_build(&s->order);
   return L2L_OK;

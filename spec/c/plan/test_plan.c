@@ -46,6 +46,7 @@ static l2l_relay_config random_config(int64_t B) {
   int precision = (int)check_rand_int(0, 2);
   c.precision = precision == 0 ? L2L_F32 : precision == 1 ? L2L_BF16 : L2L_F16;
   if (c.precision != L2L_F32 && check_rand_int(0, 1)) c.grad_precision = L2L_BF16;
+  if (check_rand_int(0, 3) == 0) c.placement = L2L_PLACE_DEVICE;   /* no slot, no copy of a record */
   return c;
 }
 
@@ -79,7 +80,8 @@ static void compare_one(int trial, bool allow_swap) {
   struct plan_chain chain = {.L = m.n, .layers = layers, .batch = B, .seq = g.S, .dim = g.D,
                              .micro_batch = cfg.micro_batch, .param_slots = cfg.param_slots,
                              .precision = cfg.precision, .grad_precision = cfg.grad_precision,
-                             .token_types = d.types != NULL, .key_mask = d.key_mask != NULL};
+                             .token_types = d.types != NULL, .key_mask = d.key_mask != NULL,
+                             .records_on_device = cfg.placement == L2L_PLACE_DEVICE};
   uint64_t predicted = 0;
   if (!CHECK_OK(plan_peak(&predicted, &chain))) goto done;
   l2l_pool_stats before;
@@ -93,9 +95,10 @@ static void compare_one(int trial, bool allow_swap) {
   uint64_t measured = st.device_peak - before.current;
   char what[200];
   snprintf(what, sizeof what, "trial %d: %d layers, B %lld, S %lld, D %lld, micro-batch %lld, "
-           "%d slots, precision %s/%s", trial, m.n, (long long)B, (long long)g.S, (long long)g.D,
-           (long long)cfg.micro_batch, cfg.param_slots, l2l_dtype_name(cfg.precision),
-           l2l_dtype_name(cfg.grad_precision));
+           "%d slots, precision %s/%s, records on the %s", trial, m.n, (long long)B,
+           (long long)g.S, (long long)g.D, (long long)cfg.micro_batch, cfg.param_slots,
+           l2l_dtype_name(cfg.precision), l2l_dtype_name(cfg.grad_precision),
+           chain.records_on_device ? "device" : "host");
   if (swapping)
     CHECK(measured <= predicted, "%s: a step with swap peaked at %llu bytes, above the bound %llu",
           what, (unsigned long long)measured, (unsigned long long)predicted);
@@ -116,10 +119,10 @@ static void compare_one(int trial, bool allow_swap) {
         (unsigned long long)st.h2d_bytes, (unsigned long long)st.d2h_bytes, moved.h2d, moved.d2h);
   /* Its other channels: the host optimizer's updates are the f32 masters of the records
      whose first user is trainable (the planner's rule, counted here from the model) at the
-     optimizer's rate; and with copies and updates free (and no visit cost) a step is its
-     compute alone. */
+     optimizer's rate (none with the records on the device); and with copies and updates
+     free (and no visit cost) a step is its compute alone. */
   double masters = 0;
-  for (int k = 0; k < m.n; k++)
+  for (int k = 0; !chain.records_on_device && k < m.n; k++)
     for (int i = 0; !layers[k].frozen && i < l2l_layer_param_count(m.layer[k]); i++) {
       const l2l_param *p = l2l_layer_param(m.layer[k], i);
       bool earlier = false;
@@ -348,4 +351,55 @@ TEST(plan_search_finds_what_a_brute_force_finds) {
   }
   CHECK(agree >= trials - SEARCH_MISSES, "the search came within %.1f %% of the brute force in "
         "only %d of %d chains", 100 * (SEARCH_CLOSE - 1), agree, trials);
+}
+
+TEST(plan_holds_the_records_placed_on_the_device_in_the_budget) {
+  /* placement device: the records' bytes on the device (masters, gradients, state, 16-bit
+     copies, flags) are what the device pool rose by as the relay was made, to the byte;
+     l2l_plan_new plans the step in the budget less them (a budget they fill is refused,
+     naming them), and the relay's own budget holds them beside the step's peak. */
+  struct shape g = random_shape();
+  g.dropout = 0;
+  int64_t B = check_rand_int(1, 5);
+  struct model m;
+  model_new(&m, &g);
+  struct data d;
+  data_new(&d, &g, B, g.S, 0, 1.0);
+  l2l_relay_config cfg = random_config(B);
+  cfg.placement = L2L_PLACE_DEVICE;
+  if (check_rand_int(0, 1)) cfg.optimizer.kind = L2L_OPTIMIZER_SGD, cfg.optimizer.momentum = 0;
+  l2l_pool_stats before, after;
+  CHECK_OK(l2l_pool_get_stats(&before, L2L_POOL_DEVICE));
+  l2l_relay *r = NULL;
+  if (!CHECK_OK(l2l_relay_new(&r, m.layer, m.n, &cfg))) goto done;
+  CHECK_OK(l2l_pool_get_stats(&after, L2L_POOL_DEVICE));
+  uint64_t records = after.current - before.current;
+  l2l_plan_rates rates = {.flops = 1e9, .h2d = 1e9, .d2h = 1e9, .optimizer = 1e9, .visit = 0};
+  l2l_plan_request q = {.batch = B, .seq = g.S, .device_budget = UINT64_C(1) << 30, .rates = &rates};
+  l2l_plan *plan = NULL;
+  l2l_plan_summary s = {0};
+  if (CHECK_OK(l2l_plan_new(&plan, m.layer, m.n, &cfg, &q)) && CHECK_OK(l2l_plan_get(&s, plan)))
+    CHECK(s.device_records_bytes == records && records > 0,
+          "the plan counts %llu bytes of records on the device, the pool rose by %llu",
+          (unsigned long long)s.device_records_bytes, (unsigned long long)records);
+  l2l_plan_free(plan);
+  plan = NULL;
+  q.device_budget = records;
+  CHECK_FAILS(l2l_plan_new(&plan, m.layer, m.n, &cfg, &q), L2L_ERR_BUDGET,
+              "records placed on the device");
+  /* the relay's own budget: the records alone are refused; the records and the step's
+     peak (the bound whatever the weights) run */
+  uint64_t peak = 0;
+  CHECK_OK(l2l_relay_step_peak(&peak, r, B, g.S, d.types != NULL, d.key_mask != NULL));
+  l2l_relay_batch b = {.tokens = d.tokens, .targets = d.targets, .token_types = d.types,
+                       .key_mask = d.key_mask};
+  double loss;
+  CHECK_OK(l2l_relay_set_device_budget(r, records));
+  CHECK_FAILS(l2l_relay_step(&loss, r, &b), L2L_ERR_BUDGET, "records placed on the device");
+  CHECK_OK(l2l_relay_set_device_budget(r, peak + records));
+  CHECK_OK(l2l_relay_step(&loss, r, &b));
+done:
+  l2l_relay_free(r);
+  data_free(&d);
+  model_free(&m);
 }
