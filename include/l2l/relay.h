@@ -145,7 +145,11 @@ typedef enum l2l_inner_policy {
 typedef enum l2l_dist_mode { L2L_DIST_NONE = 0, L2L_DIST_MPI = 1 } l2l_dist_mode;
 
 /* Where the parameter records live and are updated (see l2l_relay_config.placement). */
-typedef enum l2l_placement { L2L_PLACE_HOST = 0, L2L_PLACE_DEVICE = 1 } l2l_placement;
+typedef enum l2l_placement {
+  L2L_PLACE_HOST = 0,
+  L2L_PLACE_DEVICE = 1,
+  L2L_PLACE_AUTO = 2
+} l2l_placement;
 
 typedef struct l2l_relay_config {
   int64_t micro_batch;          /* samples per micro-batch, >= 1; the last may be smaller */
@@ -271,7 +275,16 @@ typedef struct l2l_relay_config {
                                    state crosses the link; on the CPU backend the same bits
                                    as host placement. Needs state f32, master f32, no
                                    dist, no spill_dir and no clip_layer_norm (not built for
-                                   the device yet) */
+                                   the device yet). L2L_PLACE_AUTO: before each training
+                                   step the planner places on the device the records that
+                                   fit beside the step's peak within the device budget
+                                   (device_budget, or what the device pool's leaves; none:
+                                   every record): every one when all fit, else the largest
+                                   first, each while it fits (the rest on the host), moved
+                                   between steps as the batch's shape, the budgets or the
+                                   layers change; the same bits whatever it moved (where
+                                   device placement is refused, every record stays on the
+                                   host) */
 } l2l_relay_config;
 
 /* AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant schedule, micro-
@@ -399,6 +412,9 @@ typedef struct l2l_relay_stats {
                                    from each pass's elements and sizes as bench/optim
                                    counts them (its updates may end after the step
                                    returns: read after l2l_relay_sync for a step's whole) */
+  uint64_t device_records_bytes;   /* the records placed on the device (placement device or
+                                   auto): their bytes there (masters, gradients, state,
+                                   16-bit copies), held between steps */
 } l2l_relay_stats;
 
 /* A relay over layers[0..nlayers) (the list may be empty only until the first step):

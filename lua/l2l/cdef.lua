@@ -429,7 +429,11 @@ typedef enum l2l_inner_policy {
 
 typedef enum l2l_dist_mode { L2L_DIST_NONE = 0, L2L_DIST_MPI = 1 } l2l_dist_mode;
 
-typedef enum l2l_placement { L2L_PLACE_HOST = 0, L2L_PLACE_DEVICE = 1 } l2l_placement;
+typedef enum l2l_placement {
+  L2L_PLACE_HOST = 0,
+  L2L_PLACE_DEVICE = 1,
+  L2L_PLACE_AUTO = 2
+} l2l_placement;
 
 typedef struct l2l_relay_config {
   int64_t micro_batch;
@@ -527,6 +531,7 @@ typedef struct l2l_relay_stats {
   uint64_t spill_file_bytes;
   double exposed_comm_seconds;
   uint64_t host_pass_bytes;
+  uint64_t device_records_bytes;
 } l2l_relay_stats;
 
 l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,

@@ -198,7 +198,9 @@ end
 -- complete, for a model whose records fit on the device: nothing of them crosses the
 -- link, and on the CPU backend the same bits as "host"; p.value and p.grad are device
 -- tensors while the layer is in the relay; not with dist, spill, compact state, bf16
--- masters or clip_layer_norm yet)}
+-- masters or clip_layer_norm yet; "auto": before each step, the records that fit beside the
+-- step within the device budget go on the device, the largest first, the rest stay on the
+-- host, moved between steps as the shape or the budget changes)}
 function M.Relay(o, ...)
   local fname = "l2l.Relay"
   if select("#", ...) ~= 0 then too_many(fname, "options", 2, ...) end
@@ -519,7 +521,7 @@ local STATS = {
   "loss_scale_good", "skipped_updates", "overflow", "skipped_records", "dist_ranks",
   "dist_sent_bytes", "dist_received_bytes", "spill_read_bytes", "spill_written_bytes",
   "spill_late_reads", "spill_grad_waits", "spill_file_bytes", "exposed_comm_seconds",
-  "host_pass_bytes",
+  "host_pass_bytes", "device_records_bytes",
 }
 M.stats_fields = STATS
 

@@ -135,7 +135,7 @@ describe("save and load agree (seed " .. seed .. ")", function()
       loss_scale_window = function() return support.int(1, 5) end,
       nonfinite = function() return pick { "skip", "error" } end,
       dist = function() return "none" end,   -- (mpi's saves and loads: dist_spec, under mpirun)
-      placement = function() return device_fits() and pick { "host", "device" } or "host" end,
+      placement = function() return device_fits() and pick { "host", "device", "auto" } or pick { "host", "auto" } end,
       plan = function()
         if support.int(0, 2) > 0 then return nil end
         if o.device_budget == 0 then o.device_budget = 512 * 2 ^ 20 end
@@ -222,7 +222,7 @@ describe("save and load agree (seed " .. seed .. ")", function()
                     device_budget = support.int(256, 1024) * 2 ^ 20, host_budget = support.int(1024, 2048) * 2 ^ 20,
                     spill = o.placement ~= "device" and (dir .. "/spill-given") or nil,   -- (not on the device yet)
                     master = o.precision == "bf16" and o.placement ~= "device" and pick { "f32", "bf16" } or nil,
-                    dist = "none", placement = device_fits() and pick { "host", "device" } or "host" }
+                    dist = "none", placement = device_fits() and pick { "host", "device", "auto" } or pick { "host", "auto" } }
     for _, name in ipairs(relay_options.option_names({ load = true })) do
       assert.is_truthy(given[name] ~= nil or name == "master" or (name == "spill" and o.placement == "device"),
                        "option '" .. name .. "': this spec gives no value for it at load")

@@ -15,6 +15,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "core.h"
 
@@ -32,8 +33,8 @@ CHOICE_LIST(MASTER, "f32", "bf16")
 CHOICE_VALUES(MASTER, L2L_F32, L2L_BF16)
 CHOICE_LIST(NONFINITE, "skip", "error")
 CHOICE_VALUES(NONFINITE, 0, 1)
-CHOICE_LIST(PLACEMENT, "host", "device")
-CHOICE_VALUES(PLACEMENT, L2L_PLACE_HOST, L2L_PLACE_DEVICE)
+CHOICE_LIST(PLACEMENT, "host", "device", "auto")
+CHOICE_VALUES(PLACEMENT, L2L_PLACE_HOST, L2L_PLACE_DEVICE, L2L_PLACE_AUTO)
 CHOICE_LIST(DIST, "none", "mpi")
 CHOICE_VALUES(DIST, L2L_DIST_NONE, L2L_DIST_MPI)
 CHOICE_LIST(OPTIMIZER, "sgd", "adamw", "lamb")
@@ -229,4 +230,22 @@ l2l_status options_check(l2l_option_group group, const void *base, int optimizer
     if (status != L2L_OK) return error_note_field(status, o->field);
   }
   return L2L_OK;
+}
+
+const char *options_choice_name(const char *name, int value) {
+  for (int i = 0; i < options_count; i++) {
+    const l2l_option *o = &options_rows[i];
+    if (o->group != L2L_OPTION_RELAY || strcmp(o->name, name) != 0) continue;
+    for (int c = 0; c < o->nchoices; c++)
+      if (o->choice_values[c] == value) return o->choice_names[c];
+  }
+  return "?";
+}
+
+const char *options_device_refusal(const l2l_relay_config *c) {
+  return c->dist != L2L_DIST_NONE ? "dist mpi"
+         : c->spill_dir != NULL ? "a spill directory"
+         : c->optimizer.state != L2L_STATE_F32 ? "optimizer state other than f32"
+         : c->master != L2L_F32 ? "master bf16"
+         : c->clip_layer_norm > 0 ? "clip_layer_norm" : NULL;
 }

@@ -115,3 +115,52 @@ uint64_t eps_device_bytes(const struct eps *eps) {
   }
   return bytes;
 }
+
+/* ---------------------------------------------------------------- a record's move (auto) */
+
+void eps_move_drop(struct eps_move *m) {
+  l2l_tensor_free(m->master), l2l_tensor_free(m->grad), l2l_tensor_free(m->staging);
+  l2l_tensor_free(m->state[0]), l2l_tensor_free(m->state[1]), l2l_tensor_free(m->flag);
+  *m = (struct eps_move){0};
+}
+
+/* dst: a new tensor in `pool` of t's dtype and shape holding t's values (t NULL: zeros
+   shaped like `like`, f32). */
+static l2l_status moved(l2l_tensor **dst, l2l_pool_kind pool, const l2l_tensor *t,
+                        const l2l_tensor *like) {
+  TRY(tensor_new_like(dst, pool, t ? (l2l_dtype)l2l_tensor_dtype(t) : L2L_F32, t ? t : like));
+  return t ? l2l_tensor_copy(*dst, t) : l2l_tensor_fill(*dst, 0.0);
+}
+
+l2l_status eps_move_prepare(struct eps_move *m, const struct eps_record *rec, bool to_device) {
+  *m = (struct eps_move){.to_device = to_device};
+  l2l_pool_kind pool = to_device ? L2L_POOL_DEVICE : L2L_POOL_HOST;
+  l2l_status status = moved(&m->master, pool, rec->master, NULL);
+  if (status == L2L_OK) status = moved(&m->grad, pool, rec->grad, NULL);
+  if (status == L2L_OK && rec->staging)   /* (rewritten from the master as each step begins) */
+    status = tensor_new_like(&m->staging, to_device ? L2L_POOL_DEVICE : L2L_POOL_PINNED,
+                             (l2l_dtype)l2l_tensor_dtype(rec->staging), rec->staging);
+  for (int a = 0; status == L2L_OK && a < optim_state_count(&rec->eps->optimizer); a++)
+    if (to_device || rec->state[a]) status = moved(&m->state[a], pool, rec->state[a], rec->master);
+  if (status == L2L_OK && to_device) {
+    int64_t one[1] = {1};
+    status = l2l_tensor_new(&m->flag, L2L_POOL_DEVICE, L2L_I32, 1, one);
+    if (status == L2L_OK) status = l2l_tensor_fill(m->flag, 0.0);
+  }
+  if (status != L2L_OK) eps_move_drop(m);
+  return status;
+}
+
+void eps_move_commit(struct eps_move *m, struct eps_record *rec, l2l_tensor **master,
+                     l2l_tensor **grad) {
+  rec->master = *master = m->master, rec->grad = *grad = m->grad;   /* (the param's) */
+  l2l_tensor_free(rec->staging), rec->staging = m->staging;
+  for (int a = 0; a < 2; a++) {
+    l2l_tensor_free(rec->state[a]), rec->state[a] = m->state[a];
+    l2l_tensor_free(rec->gathered[a]), rec->gathered[a] = NULL;
+  }
+  l2l_tensor_free(rec->device_flag), rec->device_flag = m->flag;
+  rec->flag_armed = false;
+  rec->placement = m->to_device ? EPS_PLACE_DEVICE : EPS_PLACE_HOST;
+  *m = (struct eps_move){0};
+}

@@ -242,6 +242,20 @@ l2l_status eps_set_records(struct eps *eps, const struct eps_record_source *sour
 uint64_t eps_host_bytes(const struct eps *eps);
 /* The device bytes of its records placed on the device (core's device_record_bytes). */
 uint64_t eps_device_bytes(const struct eps *eps);
+/* A record's move between the host and the device (placement auto), between steps (after
+   eps_sync), in two halves so that a failure changes nothing: prepare makes every tensor
+   of its new place (master and gradient accumulator copied, f32 optimizer state copied or
+   zero, a 16-bit copy, the device's flag); commit makes them the record's (the old state,
+   copy and flag freed) and hands the new master and grad to the caller, to give the
+   parameter (which frees the old ones: they are its own); drop frees a prepared move. */
+struct eps_move {
+  bool to_device;
+  l2l_tensor *master, *grad, *staging, *state[2], *flag;
+};
+l2l_status eps_move_prepare(struct eps_move *m, const struct eps_record *rec, bool to_device);
+void eps_move_commit(struct eps_move *m, struct eps_record *rec, l2l_tensor **master,
+                     l2l_tensor **grad);
+void eps_move_drop(struct eps_move *m);
 
 /* What the device copies of a record: its staging copy in device precision, or the f32
    master itself (whose shape every copy has). */

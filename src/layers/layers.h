@@ -49,6 +49,9 @@ void param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad);
 l2l_status param_rehome(l2l_param *param, l2l_pool_kind pool, l2l_dtype dtype);
 /* The same for its gradient (f32 always): a record placed on the device keeps it there. */
 l2l_status param_rehome_grad(l2l_param *param, l2l_pool_kind pool);
+/* The parameter's own value and grad become these (same shapes; its old ones freed): a
+   record the EPS moved between the host and the device. Not while bound. */
+void param_adopt(l2l_param *param, l2l_tensor *value, l2l_tensor *grad);
 /* Whether the relay may bind a 16-bit copy of the parameter (a GEMM weight or a gathered
    table); the others stay f32 on the device. */
 bool param_low_precision(const l2l_param *param);

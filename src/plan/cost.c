@@ -50,19 +50,21 @@ static l2l_status master_bytes_of(uint64_t *out, const struct plan_chain *c) {
   l2l_status status = layers_records(&recs, &n, list, NULL, c->L);
   free(list);
   TRY(status);
-  for (int i = 0; i < n; i++)
-    out[recs[i].layer] += (uint64_t)l2l_tensor_numel(l2l_param_value(recs[i].param)) * sizeof(float);
+  for (int i = 0; i < n; i++)   /* (one on the device is updated there) */
+    if (!(c->layers[recs[i].layer].on_device >> recs[i].place & 1))
+      out[recs[i].layer] += (uint64_t)l2l_tensor_numel(l2l_param_value(recs[i].param)) * sizeof(float);
   free(recs);
   return L2L_OK;
 }
 
 /* Bytes a copy of a layer's records moves: each record's elements in its slot's dtype (a
-   slot's alignment padding is not copied). */
-static uint64_t copied_bytes(const l2l_layer *layer, enum order_slot_content content,
+   slot's alignment padding is not copied; nothing of a record on the device crosses). */
+static uint64_t copied_bytes(const struct plan_layer *pl, enum order_slot_content content,
                              const struct plan_chain *c) {
+  const l2l_layer *layer = pl->layer;
   uint64_t bytes = 0;
-  if (c->records_on_device) return 0;   /* (nothing of a record crosses the link) */
   for (int i = 0; i < l2l_layer_param_count(layer); i++) {
+    if (pl->on_device >> i & 1) continue;
     const l2l_param *p = l2l_layer_param(layer, i);
     bytes += (uint64_t)l2l_tensor_numel(l2l_param_value(p)) *
              l2l_dtype_size(order_slot_dtype(p, content, c->precision, c->grad_precision));
@@ -94,10 +96,10 @@ l2l_status plan_layer_costs(struct plan_layer_costs *out, const struct plan_chai
       o->swap_bytes[i] = pool_accounted(m.saved) + pool_accounted(m.input_kept) +
                          pool_accounted(m.output_kept);   /* as the swap counts them */
     }
-    o->param_bytes = copied_bytes(layer, ORDER_SLOT_VALUES, c);
+    o->param_bytes = copied_bytes(&c->layers[k], ORDER_SLOT_VALUES, c);
     o->grad_bytes = copied_bytes(
-        layer, c->grad_precision != L2L_F32 ? ORDER_SLOT_GRADS_OUT : ORDER_SLOT_GRADS, c);
-    o->master_bytes = c->records_on_device ? 0 : masters[k];   /* (the device updates them) */
+        &c->layers[k], c->grad_precision != L2L_F32 ? ORDER_SLOT_GRADS_OUT : ORDER_SLOT_GRADS, c);
+    o->master_bytes = masters[k];
   }
   free(masters);
   return status;

@@ -56,7 +56,7 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
     /* a low-precision record has a 16-bit staging copy, or a bf16 master that is it */
     struct layers_record_dtypes held =
         layers_record_dtypes(recs[i].param, config->precision, config->master);
-    if (config->placement == L2L_PLACE_DEVICE) {   /* (none of it on the host) */
+    if (layers[recs[i].layer].on_device >> recs[i].place & 1) {   /* (none of it on the host) */
       device += device_record_bytes(numel, arrays, held.staging);
       continue;
     }

@@ -401,7 +401,7 @@ l2l_status plan_schedule(struct order *sc, const struct plan_chain *c) {
   for (int k = 0; k < c->L; k++)
     sc->layers[k] = (struct order_layer){c->layers[k].layer, c->layers[k].frozen,
                                          c->layers[k].inner, c->layers[k].stash,
-                                         c->records_on_device ? UINT32_MAX : 0};
+                                         c->layers[k].on_device};
   order_build(sc);
   return L2L_OK;
 }

@@ -32,7 +32,7 @@ struct plan_settings_key {
   int param_slots, accumulate;
   l2l_dtype precision, grad_precision;
   bool updates_deferred;
-  bool records_on_device;
+  l2l_placement placement;
 };
 
 struct l2l_plan {
@@ -66,7 +66,7 @@ static struct plan_settings_key settings_key(const l2l_relay_config *config) {
   k.precision = config->precision;
   k.grad_precision = config->grad_precision;
   k.updates_deferred = config->clip_global_norm > 0 || config->loss_scale > 0;
-  k.records_on_device = config->placement == L2L_PLACE_DEVICE;
+  k.placement = config->placement;
   return k;
 }
 
@@ -81,8 +81,7 @@ static struct plan_chain chain_of(struct plan_layer *layers, int L, const l2l_re
       .L = L, .layers = layers, .batch = batch, .seq = seq, .dim = c0.dim,
       .param_slots = set.param_slots, .precision = set.precision,
       .grad_precision = set.grad_precision, .token_types = token_types, .key_mask = key_mask,
-      .updates_deferred = set.updates_deferred, .accumulate = set.accumulate,
-      .records_on_device = set.records_on_device};
+      .updates_deferred = set.updates_deferred, .accumulate = set.accumulate};
 }
 
 l2l_status plan_step_peak(uint64_t *peak, struct plan_layer *layers, int L,
@@ -94,6 +93,14 @@ l2l_status plan_step_peak(uint64_t *peak, struct plan_layer *layers, int L,
   chain.any_weights = any_weights;
   chain.evaluation = !training;
   return plan_peak(peak, &chain);
+}
+
+l2l_status plan_step_place(struct plan_layer *layers, int L, const l2l_relay_config *config,
+                           int64_t batch, int64_t seq, int64_t micro_batch, bool token_types,
+                           bool key_mask, uint64_t budget, uint64_t *bytes) {
+  struct plan_chain chain = chain_of(layers, L, config, batch, seq, token_types, key_mask);
+  chain.micro_batch = micro_batch;
+  return plan_place(&chain, config, budget, bytes);
 }
 
 static void describe_key(char *out, size_t len, const struct plan_layer_key *k) {
@@ -124,13 +131,14 @@ l2l_status plan_check_model(const l2l_plan *plan, l2l_layer *const *layers, cons
   struct plan_settings_key s = settings_key(config), p = plan->settings;
   if (memcmp(&s, &p, sizeof s) != 0)
     return core_fail(L2L_ERR_INVALID, "the plan was made for other relay settings: param_slots %d, "
-                     "accumulate %d, precision %s, grad_precision %s, updates %s, records on the "
-                     "%s; the relay has %d, %d, %s, %s, %s, %s", p.param_slots, p.accumulate,
+                     "accumulate %d, precision %s, grad_precision %s, updates %s, placement %s; the "
+                     "relay has %d, %d, %s, %s, %s, %s", p.param_slots, p.accumulate,
                      l2l_dtype_name(p.precision), l2l_dtype_name(p.grad_precision),
-                     p.updates_deferred ? "deferred" : "eager", p.records_on_device ? "device" : "host",
+                     p.updates_deferred ? "deferred" : "eager",
+                     options_choice_name("placement", (int)p.placement),
                      s.param_slots, s.accumulate, l2l_dtype_name(s.precision),
                      l2l_dtype_name(s.grad_precision), s.updates_deferred ? "deferred" : "eager",
-                     s.records_on_device ? "device" : "host");
+                     options_choice_name("placement", (int)s.placement));
   return L2L_OK;
 }
 
@@ -236,9 +244,18 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
   struct plan_chain chain = chain_of(pl, nlayers, config, request->batch, request->seq,
                                      request->token_types, request->key_mask);
   struct plan_result r = {.layer_seconds = seconds};
+  /* the records on the device: every one (placement device), or (auto) those the budget
+     holds beside the leanest step */
+  l2l_status status = L2L_OK;
+  uint64_t placed = 0;
+  for (int k = 0; k < nlayers; k++) pl[k].on_device = config->placement == L2L_PLACE_DEVICE ? UINT32_MAX : 0;
+  if (config->placement == L2L_PLACE_AUTO) {
+    status = plan_leanest_peak(&placed, &chain);
+    if (status == L2L_OK) status = plan_place(&chain, config, request->device_budget, &placed);
+  }
   /* the host's share, and the records placed on the device: the step has the rest */
   struct plan_host host = {0};
-  l2l_status status = plan_host(&host, pl, nlayers, config);
+  if (status == L2L_OK) status = plan_host(&host, pl, nlayers, config);
   uint64_t budget = request->device_budget > host.device_bytes ? request->device_budget - host.device_bytes : 0;
   if (status == L2L_OK && budget == 0) {
     char want[32], have[32];

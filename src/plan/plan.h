@@ -30,6 +30,8 @@ struct plan_layer {
   bool frozen;
   l2l_inner_policy inner;
   l2l_stash_policy stash;    /* where the boundary entering this layer waits (k >= 1) */
+  uint32_t on_device;        /* bit r: its record r lives on the device (placement): no
+                                parameter slot, nothing copied in or out, no host update */
 };
 
 /* One training step's shape: the active layers, the batch, and the relay's settings that
@@ -43,8 +45,6 @@ struct plan_chain {
   l2l_dtype precision;       /* of the weights bound on the device */
   l2l_dtype grad_precision;  /* of the gradients leaving it */
   bool token_types, key_mask;  /* the batch has them */
-  bool records_on_device;    /* placement device: every record lives on the device (no
-                                parameter slot, nothing copied in or out, no host update) */
   bool any_weights;          /* layers' memory whatever their weights (layer_memory_bound) */
   bool evaluation;           /* a forward-only step (l2l_relay_evaluate): no gradients, nothing
                                 kept; the peak replays it, the time model and search do not */
@@ -89,6 +89,10 @@ l2l_status plan_step_peak(uint64_t *peak, struct plan_layer *layers, int L,
                           const l2l_relay_config *config, int64_t batch, int64_t seq,
                           int64_t micro_batch, bool token_types, bool key_mask,
                           bool training, bool any_weights);
+/* The same step's placement auto (plan_place) within budget: layers[k].on_device set. */
+l2l_status plan_step_place(struct plan_layer *layers, int L, const l2l_relay_config *config,
+                           int64_t batch, int64_t seq, int64_t micro_batch, bool token_types,
+                           bool key_mask, uint64_t budget, uint64_t *bytes);
 extern _Atomic int64_t plan_peak_fallbacks;   /* short replays not on lines (none expected) */
 extern _Atomic int64_t plan_replayed_micro_batches;   /* the replays' work, for test_plan */
 
@@ -172,6 +176,12 @@ struct plan_result {
    host): no plan needs less. Replayed only, nothing timed (a budget too small for it is
    refused before the timing would allocate past it). Leaves c at that policy. */
 l2l_status plan_leanest_peak(uint64_t *peak, struct plan_chain *c);
+/* Placement auto (place.c): the chain's layers' on_device bits for the records the budget
+   holds on the device beside the step's peak with its policies and micro-batch: every
+   record when all fit, else the largest first, each while it fits (a replay each); none
+   where the config keeps them on the host. *bytes: the placed records' device bytes. */
+l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint64_t budget,
+                      uint64_t *bytes);
 l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_plan_rates *rates,
                        uint64_t budget);
 

@@ -16,20 +16,31 @@
 #include "plan/plan.h"
 #include "relay.h"
 
-/* The device budget a plan gets: the relay's, or the room the device pool's (pool: its
-   stats) leaves when that is less (*held: what the pool holds then, 0 when the relay's
-   binds). */
+/* What the pool holds beside the relay's own records on the device (pool: its stats). */
+static uint64_t pool_held(const l2l_relay *run, const l2l_pool_stats *pool) {
+  return pool->current + pool->backend - eps_device_bytes(&run->eps);
+}
+
+/* The device bytes the relay's records and steps may hold: the relay's budget, or the
+   room the device pool's leaves beside what else it holds, when that is less (*held: what
+   else it holds then, 0 when the relay's binds); 0: neither has one, or the pool's is spent
+   (*held >= pool->budget). */
+static void device_room(uint64_t *budget, uint64_t *held, const l2l_relay *run,
+                        const l2l_pool_stats *pool) {
+  *budget = run->config.device_budget, *held = 0;
+  if (pool->budget == 0) return;
+  uint64_t in_use = pool_held(run, pool), room = in_use < pool->budget ? pool->budget - in_use : 0;
+  if (*budget == 0 || room < *budget) *budget = room, *held = in_use;
+}
+
+/* The device budget a plan gets (device_room): refused when spent, or when there is none. */
 static l2l_status auto_budget(uint64_t *budget, uint64_t *held, const l2l_relay *run,
                               const l2l_pool_stats *pool) {
-  *budget = run->config.device_budget, *held = 0;
-  if (pool->budget > 0) {
-    uint64_t in_use = pool->current + pool->backend;
-    if (in_use >= pool->budget)
-      return FAIL(L2L_ERR_BUDGET, "the device pool's budget (%llu bytes) is spent before the step "
-                  "(%llu bytes in use)", (unsigned long long)pool->budget, (unsigned long long)in_use);
-    uint64_t room = pool->budget - in_use;
-    if (*budget == 0 || room < *budget) *budget = room, *held = in_use;
-  }
+  device_room(budget, held, run, pool);
+  if (pool->budget > 0 && pool_held(run, pool) >= pool->budget)
+    return FAIL(L2L_ERR_BUDGET, "the device pool's budget (%llu bytes) is spent before the step "
+                "(%llu bytes in use)", (unsigned long long)pool->budget,
+                (unsigned long long)pool_held(run, pool));
   if (*budget == 0)
     return error_note_field(FAIL(L2L_ERR_INVALID, "plans within a device budget: the relay has none "
                                  "(" L2L_NAMED_FIELD "config->device_budget" L2L_NAMED_END ") and the device "
@@ -109,4 +120,37 @@ l2l_status l2l_relay_plan_auto(const l2l_plan **out, l2l_relay *run, int64_t bat
   }
   if (out != NULL) *out = run->auto_plan;
   return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- placement auto */
+
+l2l_status relay_place_auto(struct step *s) {
+  l2l_relay *run = s->run;
+  if (run->config.placement != L2L_PLACE_AUTO || !s->training) return L2L_OK;
+  l2l_pool_stats pool;
+  l2l_pool_get_stats(&pool, L2L_POOL_DEVICE);
+  uint64_t budget, held;
+  device_room(&budget, &held, run, &pool);
+  if (run->config.device_budget == 0 && pool.budget == 0) budget = UINT64_MAX;   /* (none) */
+  uint64_t key = relay_step_key(s, false) ^ budget * 0x9e3779b97f4a7c15ull;
+  if (run->place_key_set && run->place_key == key) return L2L_OK;
+  struct plan_layer *pl = calloc((size_t)s->L, sizeof *pl);
+  l2l_layer **layers = calloc((size_t)s->L, sizeof *layers);
+  uint32_t *want = calloc((size_t)s->L, sizeof *want);
+  l2l_status status = pl && layers && want ? L2L_OK : FAIL(L2L_ERR_NOMEM, "no memory to place a step's records");
+  for (int k = 0; status == L2L_OK && k < s->L; k++) {
+    const struct relay_layer *rl = active_layer(s, k);
+    layers[k] = rl->layer;
+    pl[k] = (struct plan_layer){.layer = rl->layer, .role = layer_role(rl->layer),
+                                .frozen = rl->frozen, .inner = rl->inner, .stash = rl->stash};
+  }
+  uint64_t bytes = 0;
+  if (status == L2L_OK)
+    status = plan_step_place(pl, s->L, &run->config, s->B, s->S, s->mb, s->in->token_types != NULL,
+                             s->in->key_mask != NULL, budget, &bytes);
+  for (int k = 0; status == L2L_OK && k < s->L; k++) want[k] = pl[k].on_device;
+  if (status == L2L_OK) status = relay_move_records(run, layers, want, s->L);
+  if (status == L2L_OK) run->place_key = key, run->place_key_set = true;
+  free(pl), free(layers), free(want);
+  return status;
 }

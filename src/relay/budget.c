@@ -25,7 +25,7 @@ static void mix(uint64_t *h, uint64_t v) {
   for (int b = 0; b < 8; b++) *h = (*h ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
 }
 
-static uint64_t step_key(const struct step *s) {
+uint64_t relay_step_key(const struct step *s, bool placement) {
   uint64_t h = 1469598103934665603ull;
   const l2l_relay_config *c = &s->run->config;
   const uint64_t shape[] = {(uint64_t)s->B, (uint64_t)s->S, (uint64_t)s->mb, (uint64_t)s->L,
@@ -40,6 +40,7 @@ static uint64_t step_key(const struct step *s) {
     l2l_layer_config lc;
     l2l_layer_get_config(&lc, rl->layer);
     mix(&h, (uint64_t)(uintptr_t)rl->layer), mix(&h, rl->frozen), mix(&h, (uint64_t)rl->stash);
+    if (placement) mix(&h, relay_on_device(s->run, rl->layer));   /* (the slots follow it) */
     l2l_layer_memory m;   /* the present weights' statement: the guard flips with them */
     layer_memory_in(&m, rl->layer, s->mb, s->S, c->precision, s->training);
     mix(&h, m.saved), mix(&h, m.work_forward), mix(&h, m.work_backward);
@@ -58,7 +59,8 @@ static l2l_status step_peak(uint64_t *peak, const l2l_relay *run, const int *act
   for (int k = 0; k < L; k++) {
     const struct relay_layer *rl = &run->layers[active[k]];
     pl[k] = (struct plan_layer){.layer = rl->layer, .role = layer_role(rl->layer),
-                                .frozen = rl->frozen, .inner = rl->inner, .stash = rl->stash};
+                                .frozen = rl->frozen, .inner = rl->inner, .stash = rl->stash,
+                                .on_device = relay_on_device(run, rl->layer)};
   }
   l2l_status status = plan_step_peak(peak, pl, L, &run->config, B, S, mb, token_types, key_mask,
                                      training, any_weights);
@@ -69,7 +71,7 @@ static l2l_status step_peak(uint64_t *peak, const l2l_relay *run, const int *act
 /* The exact device peak of this step. */
 static l2l_status replayed_peak(uint64_t *peak, const struct step *s) {
   l2l_relay *run = s->run;
-  uint64_t key = step_key(s);
+  uint64_t key = relay_step_key(s, true);
   if (run->budget_key == key && run->budget_key_set) {
     *peak = run->budget_peak;
     return L2L_OK;

@@ -47,11 +47,7 @@ static l2l_status check_config(const l2l_relay_config *c) {
                                 "masters are what the device reads), got precision %s",
                                 l2l_dtype_name(c->precision)), master);
   if (c->placement == L2L_PLACE_DEVICE) {   /* (what the device's updates do not do yet) */
-    const char *what = c->dist != L2L_DIST_NONE ? "dist mpi"
-                       : c->spill_dir != NULL ? "a spill directory"
-                       : c->optimizer.state != L2L_STATE_F32 ? "optimizer state other than f32"
-                       : c->master != L2L_F32 ? "master bf16"
-                       : c->clip_layer_norm > 0 ? "clip_layer_norm" : NULL;
+    const char *what = options_device_refusal(c);
     if (what != NULL)
       return REFUSED(core_fail_in(f, L2L_ERR_UNSUPPORTED, NAMED_CONFIG(placement) " device does not "
                                   "take %s yet (placement host does)", what), placement);
@@ -142,8 +138,9 @@ static l2l_status param_home(l2l_param *p, l2l_pool_kind pool, l2l_dtype dtype, 
 static void masters_home(l2l_relay *run, l2l_layer *layer, bool freeing) {
   for (int r = 0; r < l2l_layer_param_count(layer); r++) {
     l2l_param *p = l2l_layer_param(layer, r);
-    if ((bf16_master(run, p) || on_device(run)) && (freeing || eps_find(&run->eps, p) == NULL))
-      (void)param_home(p, L2L_POOL_HOST, L2L_F32, on_device(run));
+    bool away = bf16_master(run, p) || l2l_tensor_pool(l2l_param_value(p)) == L2L_POOL_DEVICE;
+    if (away && (freeing || eps_find(&run->eps, p) == NULL))
+      (void)param_home(p, L2L_POOL_HOST, L2L_F32, true);
   }
 }
 
@@ -181,6 +178,36 @@ static l2l_status eps_records(l2l_relay *run, l2l_layer *const *list, int n, int
       (void)param_home(recs[i].param, L2L_POOL_HOST, L2L_F32, on_device(run));
   free(sources);
   free(recs);
+  return status;
+}
+
+l2l_status relay_move_records(l2l_relay *run, l2l_layer *const *layers, const uint32_t *want, int L) {
+  int cap = 0, n = 0;
+  for (int k = 0; k < L; k++) cap += l2l_layer_param_count(layers[k]);
+  struct move { l2l_param *param; struct eps_record *rec; struct eps_move m; } *moves =
+      calloc((size_t)(cap > 0 ? cap : 1), sizeof *moves);
+  if (moves == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to move %d records", cap);
+  l2l_status status = L2L_OK;
+  for (int k = 0; status == L2L_OK && k < L; k++)
+    for (int r = 0; status == L2L_OK && r < l2l_layer_param_count(layers[k]); r++) {
+      l2l_param *p = l2l_layer_param(layers[k], r);
+      struct eps_record *rec = eps_find(&run->eps, p);
+      bool to = want[k] >> r & 1, seen = false;
+      for (int i = 0; i < n; i++) seen |= moves[i].param == p;   /* (a tied record: once) */
+      if (seen || rec == NULL || eps_on_device(rec) == to) continue;
+      moves[n] = (struct move){.param = p, .rec = rec};
+      status = eps_move_prepare(&moves[n++].m, rec, to);
+    }
+  for (int i = 0; i < n; i++) {   /* every one prepared, or none moves */
+    if (status != L2L_OK) {
+      eps_move_drop(&moves[i].m);
+      continue;
+    }
+    l2l_tensor *value = NULL, *grad = NULL;
+    eps_move_commit(&moves[i].m, moves[i].rec, &value, &grad);
+    param_adopt(moves[i].param, value, grad);
+  }
+  free(moves);
   return status;
 }
 
@@ -551,6 +578,7 @@ l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run) {
   out->spill_grad_waits = spill.grad_waits - run->spill_at.grad_waits;
   out->spill_file_bytes = spill.file;
   out->host_pass_bytes = eps_pass_bytes(&run->eps) - run->pass_bytes_at;
+  out->device_records_bytes = eps_device_bytes(&run->eps);
   return L2L_OK;
 }
 

@@ -74,6 +74,9 @@ struct l2l_relay {
   /* The plan l2l_relay_plan_auto applied and what it was made for (auto_plan.c). */
   l2l_plan *auto_plan;
   int64_t auto_key[6];   /* batch, seq, token_types, key_mask, relay budget, pool budget */
+  /* Placement auto: what the records' placement was chosen for (auto_plan.c). */
+  uint64_t place_key;
+  bool place_key_set;
   struct relay_layer *layers;
   int count, cap;
   struct eps eps;
@@ -381,6 +384,20 @@ l2l_status relay_out_throttle(struct step *s, int keep);
 
 /* The step's schedule from its active layers' policies. */
 l2l_status relay_schedule(struct step *s);
+/* What a step's device replay depends on, hashed (budget.c): its shape, the options
+   marked STEP, each active layer's policies and memory statement, and (placement) where
+   its records live. */
+uint64_t relay_step_key(const struct step *s, bool placement);
+/* Placement auto (auto_plan.c): before a training step, the records of its layers moved
+   to the device or the host as the planner places them within the device budget (plan_place),
+   again only when what the placement depends on changed. A failure moves nothing. */
+l2l_status relay_place_auto(struct step *s);
+/* The records of layers[0 .. L) moved between the host and the device as want[k] says
+   (bit r: record r of layer k on the device), every move prepared before any is made
+   (relay.c). */
+l2l_status relay_move_records(l2l_relay *run, l2l_layer *const *layers, const uint32_t *want, int L);
+/* A layer's records on the device as the EPS keeps them (bit r: its record r). */
+uint32_t relay_on_device(const l2l_relay *run, const l2l_layer *layer);
 l2l_status relay_run_visits(struct step *s);
 
 /* ---------------------------------------------------------------- relay.c */

@@ -274,6 +274,7 @@ static void stats_record(l2l_relay *run, const struct step *s, const struct step
    refuse the step. A failure frees the step and changes nothing. */
 static l2l_status step_begin(struct step *s, struct step_plan *p) {
   l2l_status status = relay_check_step(s, s->in);
+  if (status == L2L_OK) status = relay_place_auto(s);
   if (status == L2L_OK) status = relay_schedule(s);
   if (status == L2L_OK) status = relay_check_budget(s);
   if (status == L2L_OK) status = dist_begin(s);   /* (every rank refuses a failed one alike) */

@@ -15,14 +15,19 @@
 
 #include "relay.h"
 
+uint32_t relay_on_device(const l2l_relay *run, const l2l_layer *layer) {
+  uint32_t on_device = 0;
+  for (int r = 0; r < l2l_layer_param_count(layer); r++)
+    on_device |= (uint32_t)eps_on_device(eps_find(&run->eps, l2l_layer_param(layer, r))) << r;
+  return on_device;
+}
+
 l2l_status relay_schedule(struct step *s) {
   TRY(order_new(&s->order, s->L, s->training));
   for (int k = 0; k < s->L; k++) {
     const struct relay_layer *rl = active_layer(s, k);
-    uint32_t on_device = 0;   /* (its records where the EPS keeps them) */
-    for (int r = 0; r < l2l_layer_param_count(rl->layer); r++)
-      on_device |= (uint32_t)eps_on_device(eps_find(&s->run->eps, l2l_layer_param(rl->layer, r))) << r;
-    s->order.layers[k] = (struct order_layer){rl->layer, rl->frozen, rl->inner, rl->stash, on_device};
+    s->order.layers[k] = (struct order_layer){rl->layer, rl->frozen, rl->inner, rl->stash,
+                                              relay_on_device(s->run, rl->layer)};
   }
   order_build(&s->order);
   return L2L_OK;

@@ -80,8 +80,9 @@ static void compare_one(int trial, bool allow_swap) {
   struct plan_chain chain = {.L = m.n, .layers = layers, .batch = B, .seq = g.S, .dim = g.D,
                              .micro_batch = cfg.micro_batch, .param_slots = cfg.param_slots,
                              .precision = cfg.precision, .grad_precision = cfg.grad_precision,
-                             .token_types = d.types != NULL, .key_mask = d.key_mask != NULL,
-                             .records_on_device = cfg.placement == L2L_PLACE_DEVICE};
+                             .token_types = d.types != NULL, .key_mask = d.key_mask != NULL};
+  bool on_device = cfg.placement == L2L_PLACE_DEVICE;
+  for (int k = 0; k < m.n; k++) layers[k].on_device = on_device ? UINT32_MAX : 0;
   uint64_t predicted = 0;
   if (!CHECK_OK(plan_peak(&predicted, &chain))) goto done;
   l2l_pool_stats before;
@@ -98,7 +99,7 @@ static void compare_one(int trial, bool allow_swap) {
            "%d slots, precision %s/%s, records on the %s", trial, m.n, (long long)B,
            (long long)g.S, (long long)g.D, (long long)cfg.micro_batch, cfg.param_slots,
            l2l_dtype_name(cfg.precision), l2l_dtype_name(cfg.grad_precision),
-           chain.records_on_device ? "device" : "host");
+           on_device ? "device" : "host");
   if (swapping)
     CHECK(measured <= predicted, "%s: a step with swap peaked at %llu bytes, above the bound %llu",
           what, (unsigned long long)measured, (unsigned long long)predicted);
@@ -122,7 +123,7 @@ static void compare_one(int trial, bool allow_swap) {
      optimizer's rate (none with the records on the device); and with copies and updates
      free (and no visit cost) a step is its compute alone. */
   double masters = 0;
-  for (int k = 0; !chain.records_on_device && k < m.n; k++)
+  for (int k = 0; !on_device && k < m.n; k++)
     for (int i = 0; !layers[k].frozen && i < l2l_layer_param_count(m.layer[k]); i++) {
       const l2l_param *p = l2l_layer_param(m.layer[k], i);
       bool earlier = false;
@@ -397,7 +398,10 @@ TEST(plan_holds_the_records_placed_on_the_device_in_the_budget) {
   CHECK_OK(l2l_relay_set_device_budget(r, records));
   CHECK_FAILS(l2l_relay_step(&loss, r, &b), L2L_ERR_BUDGET, "records placed on the device");
   CHECK_OK(l2l_relay_set_device_budget(r, peak + records));
-  CHECK_OK(l2l_relay_step(&loss, r, &b));
+  l2l_relay_stats st;
+  if (CHECK_OK(l2l_relay_step(&loss, r, &b)) && CHECK_OK(l2l_relay_get_stats(&st, r)))
+    CHECK(st.device_records_bytes == records, "stats.device_records_bytes %llu, the pool rose by %llu",
+          (unsigned long long)st.device_records_bytes, (unsigned long long)records);
 done:
   l2l_relay_free(r);
   data_free(&d);

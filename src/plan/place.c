@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: MIT */
+/* place.c — placement auto (l2l_relay_config.placement): which records live on the device.
+ *
+ * Purpose: a model whose records fit on the device beside its step trains as an ordinary
+ * GPU trainer does, every record there (no weight, gradient or optimizer state crosses
+ * the link); one that does not fit keeps on the device what the budget holds, record by
+ * record, the rest on the host, so a model a little too large degrades a little, not off
+ * a cliff. A record on the device costs its device bytes (core's device_record_bytes) and
+ * spares the step its slot, its copies and its host update; the step's peak with any
+ * placement is the replay's (the slots shrink as the records of the largest layers leave
+ * them), so each choice is checked by a replay, exactly.
+ * Must never: place a record the config keeps on the host (options_device_refusal), or
+ * choose a placement whose records and step are over the budget when one with fewer is not.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan.h"
+
+/* A record of the chain (its first user and place there) and its bytes on the device. */
+struct candidate {
+  int layer, place;
+  const l2l_param *param;
+  uint64_t bytes;
+};
+
+static int larger_first(const void *a, const void *b) {
+  const struct candidate *x = a, *y = b;
+  if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
+  return x->layer != y->layer ? x->layer - y->layer : x->place - y->place;   /* (stable) */
+}
+
+/* Every layer's bits for param set to `on` (a record shared by layers: in each of them). */
+static void mark(struct plan_layer *layers, int L, const l2l_param *param, bool on) {
+  for (int k = 0; k < L; k++)
+    for (int r = 0; r < l2l_layer_param_count(layers[k].layer); r++)
+      if (l2l_layer_param(layers[k].layer, r) == param)
+        layers[k].on_device = on ? layers[k].on_device | 1u << r : layers[k].on_device & ~(1u << r);
+}
+
+/* The records placed and the step's peak with them fit the budget. */
+static l2l_status fits(bool *out, struct plan_chain *c, uint64_t records, uint64_t budget) {
+  uint64_t peak = 0;
+  plan_memo_free(c);   /* (the slots' sizes follow the placement) */
+  TRY(plan_peak(&peak, c));
+  *out = records <= budget && peak <= budget - records;
+  return L2L_OK;
+}
+
+l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint64_t budget,
+                      uint64_t *bytes) {
+  *bytes = 0;
+  for (int k = 0; k < c->L; k++) c->layers[k].on_device = 0;
+  if (options_device_refusal(config) != NULL) return L2L_OK;   /* (all on the host) */
+  int arrays = 0, n = 0;
+  TRY(l2l_optimizer_state_arrays(&arrays, &config->optimizer));
+  const l2l_layer **list = calloc((size_t)(c->L > 0 ? c->L : 1), sizeof *list);
+  if (list == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to place %d layers' records", c->L);
+  for (int k = 0; k < c->L; k++) list[k] = c->layers[k].layer;
+  struct layers_record *recs = NULL;
+  l2l_status status = layers_records(&recs, &n, list, NULL, c->L);
+  free(list);
+  TRY(status);
+  struct candidate *cand = calloc((size_t)(n > 0 ? n : 1), sizeof *cand);
+  if (cand == NULL) {
+    free(recs);
+    return FAIL(L2L_ERR_NOMEM, "no memory to place %d records", n);
+  }
+  uint64_t all = 0;
+  for (int i = 0; i < n; i++) {
+    const l2l_param *p = recs[i].param;
+    cand[i] = (struct candidate){recs[i].layer, recs[i].place, p,
+                                 device_record_bytes(l2l_tensor_numel(l2l_param_value(p)), arrays,
+                                                     layers_record_dtypes(p, config->precision,
+                                                                          config->master).staging)};
+    all += cand[i].bytes;
+    mark(c->layers, c->L, p, true);
+  }
+  free(recs);
+  bool ok = false;
+  status = fits(&ok, c, all, budget);   /* every record, the ordinary GPU trainer's way */
+  if (status == L2L_OK && ok) {
+    *bytes = all;
+  } else if (status == L2L_OK) {   /* else the largest first, each while it fits */
+    for (int k = 0; k < c->L; k++) c->layers[k].on_device = 0;
+    qsort(cand, (size_t)n, sizeof *cand, larger_first);
+    for (int i = 0; status == L2L_OK && i < n; i++) {
+      mark(c->layers, c->L, cand[i].param, true);
+      status = fits(&ok, c, *bytes + cand[i].bytes, budget);
+      if (status == L2L_OK && ok) *bytes += cand[i].bytes;
+      else mark(c->layers, c->L, cand[i].param, false);
+    }
+  }
+  plan_memo_free(c);
+  free(cand);
+  return status;
+}
