@@ -6,7 +6,11 @@
 --
 --   build/l2l bench/l2l_gpt.lua layers=12 dim=768 batch=8 [seq=1024 steps=5
 --       micro_batch=4 precision=bf16 grad_precision=bf16 stash=host inner=recompute
---       memory=frugal device=cuda]
+--       memory=frugal device=cuda placement=host device_budget=0 plan=]
+--
+-- placement=auto with device_budget=BYTES keeps on the device the records that fit beside
+-- the step (issue 49: an ordinary GPU trainer's way while the model fits), plan=auto lets
+-- the planner choose the micro-batch and policies within the same budget.
 --
 -- memory=frugal by default: its attention keeps only the row log-sum-exp, and with 16-bit
 -- precision runs on tensor cores (kernels/attention_mma.cu); standard keeps S x S
@@ -26,7 +30,8 @@ local now = require("l2l.progress").now
 
 local o = { layers = 12, dim = 768, vocab = 50257, seq = 1024, batch = 8, steps = 5,
             micro_batch = 4, precision = "bf16", grad_precision = "bf16", stash = "host",
-            device = "cuda", param_slots = 2, inner = "recompute", memory = "frugal", profile = "" }
+            device = "cuda", param_slots = 2, inner = "recompute", memory = "frugal", profile = "",
+            placement = "host", device_budget = 0, plan = "" }
 for _, a in ipairs(arg or {}) do
   local k, v = a:match("^([%w_]+)=(.+)$")
   if k == nil or o[k] == nil then error("l2l_gpt.lua: expected key=value with a known key, got " .. a) end
@@ -46,7 +51,9 @@ local model = l2l.Sequential(layers)
 local run = l2l.Relay { model = model, micro_batch = o.micro_batch, stash = o.stash,
                         inner = o.inner,
                         precision = o.precision, grad_precision = o.grad_precision,
-                        param_slots = o.param_slots,
+                        param_slots = o.param_slots, placement = o.placement,
+                        device_budget = o.device_budget > 0 and o.device_budget or nil,
+                        plan = o.plan ~= "" and o.plan or nil,
                         optimizer = l2l.AdamW { lr = 1e-4, weight_decay = 0.01 } }
 
 local ids, next_ids = {}, {}
@@ -92,6 +99,7 @@ print(cjson.encode({
   params = params, step_seconds = wall / n, step_seconds_stats = totals.step / n,
   tokens_per_second = o.batch * o.seq * n / wall,
   device_peak = totals.peak, host_eps_bytes = run:stats().host_eps_bytes,
+  device_records_bytes = run:stats().device_records_bytes, placement = o.placement,
   compute_seconds = totals.compute / n, wait_copy_seconds = totals.wait_copy / n,
   exposed_copy_seconds = totals.exposed_copy / n,
   wait_update_seconds = totals.wait_update / n,

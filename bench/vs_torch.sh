@@ -3,7 +3,9 @@
 # vs_torch.sh — l2l against PyTorch on the same GPU in one run (CUDA part 2's benchmark):
 # GPT-2 shapes, sequence length 1024, bf16, AdamW, random tokens.
 #   1. Fits on the GPU (124M and 350M): tokens/s and peak device memory, PyTorch eager with
-#      everything on the GPU against l2l streaming weights from the EPS.
+#      everything on the GPU against l2l streaming weights from the EPS, and against l2l
+#      given half of PyTorch's measured peak as its device budget with placement = "auto"
+#      and plan = "auto" (the records that fit there live and are updated on the device).
 #      Target: l2l >= 0.9x PyTorch's tokens/s with at most half its device memory.
 #   2. Does not fit: the largest width-4096 GPT-2 shape whose EPS (fp32 masters, gradients,
 #      AdamW state, bf16 staging: 18 bytes a parameter) fits in 80 % of host memory: l2l's
@@ -45,6 +47,13 @@ for shape in "124M 12 768" "350M 24 1024"; do
   read -r name layers dim <<< "$shape"
   run "torch-$name" python3 bench/torch_gpt.py --layers "$layers" --dim "$dim" --batch 8
   run "l2l-$name" build/l2l bench/l2l_gpt.lua layers="$layers" dim="$dim" batch=8 micro_batch=4
+  half=$(python3 -c "import json,sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    if r['case'] == 'torch-$name': print(int(r['result'].get('device_peak', 0) // 2))" "$log")
+  [[ ${half:-0} -gt 0 ]] &&
+    run "l2l-auto-$name" build/l2l bench/l2l_gpt.lua layers="$layers" dim="$dim" batch=8 \
+      micro_batch=4 placement=auto device_budget="$half" plan=auto
 done
 
 # The largest width-4096 model whose EPS fits in 80 % of host memory.
@@ -73,12 +82,13 @@ print("GPU: %s, PyTorch %s; bf16 GEMM (8192^3) %.0f TFLOP/s; pinned h2d %.1f GB/
          probe.get("d2h_bytes_per_second", float("nan")) / 1e9))
 print("| model | PyTorch tokens/s | PyTorch peak | l2l tokens/s | l2l peak | l2l / PyTorch speed | l2l / PyTorch memory |")
 print("|---|---:|---:|---:|---:|---:|---:|")
-for name in ("124M", "350M"):
-    t, l = rows.get("torch-" + name, {}), rows.get("l2l-" + name, {})
+for name in ("124M", "350M", "auto-124M", "auto-350M"):
+    t, l = rows.get("torch-" + name.replace("auto-", ""), {}), rows.get("l2l-" + name, {})
     ts, ls = t.get("tokens_per_second"), l.get("tokens_per_second")
     tm, lm = t.get("device_peak"), l.get("device_peak")
     print("| GPT-2 %s | %s | %s | %s | %s | %s | %s |" % (
-        name, "%.0f" % ts if ts else "-", gib(tm), "%.0f" % ls if ls else "-", gib(lm),
+        name.replace("auto-", "") + (" (l2l: placement auto, half the peak)" if "auto" in name else ""),
+        "%.0f" % ts if ts else "-", gib(tm), "%.0f" % ls if ls else "-", gib(lm),
         "%.2f" % (ls / ts) if ts and ls else "-", "%.2f" % (lm / tm) if tm and lm else "-"))
 big, tbig = rows.get("l2l-big", {}), rows.get("torch-big", {})
 if "tokens_per_second" in big:

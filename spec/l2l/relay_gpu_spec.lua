@@ -104,6 +104,30 @@ describe("the relay on a GPU", function()
     end
   end))
 
+  it("reproduces the CPU relay's f32 curve with its records on the device, or placed auto", gpu(function()
+    -- placement = "device": every record's master, gradient and AdamW state on the GPU, added
+    -- and updated there (kernels/optim.cu) on the compute stream, a gradient's finiteness
+    -- read back at the step's end; "auto" with a budget a little over the step's peak alone:
+    -- some records there, the rest on the host. The CPU relay with its records on the host is
+    -- the reference (the same bits as its own device placement: test_relay_placement.c); the
+    -- GPU's sums in another order and its fused multiply-adds move a loss by ~1e-6 of itself.
+    local data = batches(12, 6)
+    local seed = support.seed % 1000 + 2
+    local a, b = twins(seed)
+    local cpu = curve("cpu", a, data, { micro_batch = 4, stash = "host", precision = "f32" })
+    local on = curve("cuda", b, data, { micro_batch = 4, stash = "host", precision = "f32", placement = "device" })
+    local _, d = twins(seed)
+    for j = 1, #a do d[j]:rng_id(a[j]:rng_id()) end   -- (a's dropout draws)
+    local auto = curve("cuda", d, data, { micro_batch = 4, stash = "host", precision = "f32", placement = "auto",
+                                          device_budget = 3 * 2 ^ 20 })
+    for i = 1, #data do
+      for name, got in pairs { device = on[i], auto = auto[i] } do
+        assert.is_true(math.abs(cpu[i] - got) <= 1e-4 * cpu[i],
+                       ("step %d: cpu %.9g, cuda placed %s %.9g"):format(i, cpu[i], name, got))
+      end
+    end
+  end))
+
   it("learns as the f32 curve does with bf16 weights and gradients over 200 steps", gpu(function()
     local data, a, b = batches(200, 8), twins(support.seed % 1000)
     local cpu = curve("cpu", a, data, { micro_batch = 4, precision = "f32" })

@@ -626,3 +626,76 @@ TEST(cuda_adamw) {
     }
   end_gpu();
 }
+
+/* ================================================================ a record on the device */
+
+TEST(cuda_records_on_the_device_update_as_the_cpu) {
+  /* The ops a record placed on the device takes (grad_add, optim_update), the CUDA
+     backend's against the CPU backend's on the same arrays: two gradients added (f32, then
+     bf16 widened), one update, for SGD with Nesterov momentum, AdamW and LAMB (whose trust
+     ratio sums the whole record: a size past one chunk). The device contracts products
+     into FMAs where the host does not (kernels/optim.cu): within TOL_F32 of the
+     parameters' and state's scale. Then the flag: an inf and a 2^63 set it on both sides,
+     a NULL flag is left alone, and an update whose flag is set leaves the record as it
+     was and clears its gradient. */
+  if (!use_gpu()) return;
+  const struct backend_ops *sides[2] = {&cpu_backend, backend_for(L2L_POOL_DEVICE)};
+  static const int64_t sizes[] = {1, 7 * 13, (1 << 18) + 4099};
+  static const l2l_optimizer_kind kinds[] = {L2L_OPTIMIZER_SGD, L2L_OPTIMIZER_ADAMW,
+                                             L2L_OPTIMIZER_LAMB};
+  for (int s = 0; s < 3; s++)
+    for (int o = 0; o < 3; o++) {
+      int64_t n = sizes[s];
+      bool sgd = kinds[o] == L2L_OPTIMIZER_SGD;
+      struct optim_hyper h = {.kind = kinds[o], .lr = 1e-2f, .weight_decay = 0.05f,
+                              .momentum = 0.9f, .nesterov = 1, .beta1 = 0.9f, .beta2 = 0.99f,
+                              .eps = 1e-6f, .t = 3, .grad_scale = 0.5f};
+      struct twin p = twin_of(RANDN(1.0, n)), m = twin_of(RANDN(0.1, n)), g = twin_of(RANDN(0.0, n));
+      l2l_tensor *v0 = RANDN(0.1, n);
+      for (int64_t i = 0; i < n; i++) fdata(v0)[i] *= fdata(v0)[i];   /* (a second moment) */
+      struct twin v = twin_of(v0), g32 = twin_of(RANDN(1.0, n)), flag = twin_of(HOST(L2L_I32, 1));
+      struct twin g16 = twin_of(cast_on_host(RANDN(1.0, n), L2L_BF16));
+      idata(flag.h)[0] = 0;
+      CHECK_OK(l2l_tensor_fill(flag.d, 0.0));
+      SIDES {
+        const struct backend_ops *ops = sides[side];
+        OK_ON(ops->grad_add(fdata(AT(g)), fdata(AT(g32)), L2L_F32, 1.0f, n, idata(AT(flag))));
+        OK_ON(ops->grad_add(fdata(AT(g)), l2l_tensor_data(AT(g16)), L2L_BF16, 0.25f, n, idata(AT(flag))));
+        OK_ON(ops->optim_update(fdata(AT(p)), fdata(AT(m)), sgd ? NULL : fdata(AT(v)), fdata(AT(g)),
+                                n, &h, idata(AT(flag))));
+      }
+      char what[96];
+      snprintf(what, sizeof what, "optimizer %d, n %lld: p", (int)kinds[o], (long long)n);
+      CHECK_TWIN(what, p, RMS, TOL_F32);
+      snprintf(what, sizeof what, "optimizer %d, n %lld: state", (int)kinds[o], (long long)n);
+      CHECK_TWIN(what, m, RMS, TOL_F32);
+      snprintf(what, sizeof what, "optimizer %d, n %lld: the gradient, cleared", (int)kinds[o], (long long)n);
+      CHECK_TWIN_BITS(what, g);
+      l2l_tensor *clean = copied_to(flag.d, L2L_POOL_HOST);
+      CHECK(idata(flag.h)[0] == 0 && idata(clean)[0] == 0, "n %lld: finite sums set the flags: "
+            "%d (host), %d (device)", (long long)n, idata(flag.h)[0], idata(clean)[0]);
+      l2l_tensor_free(clean);
+      /* the flag: an inf (or 2^63) added sets it; the update it skips changes nothing */
+      fdata(g32.h)[n / 2] = s == 1 ? 0x1p63f : INFINITY;
+      l2l_tensor_free(g32.d);
+      g32.d = copied_to(g32.h, L2L_POOL_DEVICE);
+      l2l_tensor *before = copied_to(p.d, L2L_POOL_HOST);
+      SIDES {
+        const struct backend_ops *ops = sides[side];
+        OK_ON(ops->grad_add(fdata(AT(g)), fdata(AT(g32)), L2L_F32, 1.0f, n, NULL));
+        OK_ON(ops->grad_add(fdata(AT(g)), fdata(AT(g32)), L2L_F32, 1.0f, n, idata(AT(flag))));
+        OK_ON(ops->optim_update(fdata(AT(p)), fdata(AT(m)), sgd ? NULL : fdata(AT(v)), fdata(AT(g)),
+                                n, &h, idata(AT(flag))));
+      }
+      l2l_tensor *flag_d = copied_to(flag.d, L2L_POOL_HOST), *after = copied_to(p.d, L2L_POOL_HOST);
+      CHECK(idata(flag.h)[0] == 1 && idata(flag_d)[0] == 1, "n %lld: flags %d (host) and %d "
+            "(device) after a sum of %g, want 1", (long long)n, idata(flag.h)[0], idata(flag_d)[0],
+            (double)fdata(g32.h)[n / 2]);
+      CHECK(memcmp(l2l_tensor_data(before), l2l_tensor_data(after), (size_t)n * sizeof(float)) == 0,
+            "n %lld: an update its flag skips moved the device's parameters", (long long)n);
+      CHECK_TWIN_BITS("a skipped update's gradient, cleared", g);
+      l2l_tensor_free(before), l2l_tensor_free(after), l2l_tensor_free(flag_d);
+      TWIN_FREE(&p, &m, &v, &g, &g32, &g16, &flag);
+    }
+  end_gpu();
+}
