@@ -279,8 +279,9 @@ typedef struct l2l_relay_config {
                                    step the planner places on the device the records that
                                    fit beside the step's peak within the device budget
                                    (device_budget, or what the device pool's leaves; none:
-                                   every record): every one when all fit, else the largest
-                                   first, each while it fits (the rest on the host), moved
+                                   every record): every one when all fit, else a layer's
+                                   records at a time, the largest first, each while they
+                                   fit (the rest on the host), moved
                                    between steps as the batch's shape, the budgets or the
                                    layers change; the same bits whatever it moved (where
                                    device placement is refused, every record stays on the

@@ -199,7 +199,7 @@ end
 -- link, and on the CPU backend the same bits as "host"; p.value and p.grad are device
 -- tensors while the layer is in the relay; not with dist, spill, compact state, bf16
 -- masters or clip_layer_norm yet; "auto": before each step, the records that fit beside the
--- step within the device budget go on the device, the largest first, the rest stay on the
+-- step within the device budget go on the device, a layer's at a time, the largest first, the rest stay on the
 -- host, moved between steps as the shape or the budget changes)}
 function M.Relay(o, ...)
   local fname = "l2l.Relay"

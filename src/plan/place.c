@@ -8,7 +8,9 @@
  * a cliff. A record on the device costs its device bytes (core's device_record_bytes) and
  * spares the step its slot, its copies and its host update; the step's peak with any
  * placement is the replay's (the slots shrink as the records of the largest layers leave
- * them), so each choice is checked by a replay, exactly.
+ * them), so each choice is checked by a replay, exactly. A layer's own records move
+ * together (its LayerNorm's weight and bias are read side by side by the frugal guard,
+ * which takes them in one place).
  * Must never: place a record the config keeps on the host (options_device_refusal), or
  * choose a placement whose records and step are over the budget when one with fewer is not.
  */
@@ -17,25 +19,29 @@
 
 #include "plan.h"
 
-/* A record of the chain (its first user and place there) and its bytes on the device. */
+/* A layer's own records (those it is the first user of) and their bytes on the device:
+   they move together, so that a layer's LayerNorm weight and bias, which its backward's
+   guard reads side by side, are in one place. */
 struct candidate {
-  int layer, place;
-  const l2l_param *param;
+  int layer;
   uint64_t bytes;
 };
 
 static int larger_first(const void *a, const void *b) {
   const struct candidate *x = a, *y = b;
   if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
-  return x->layer != y->layer ? x->layer - y->layer : x->place - y->place;   /* (stable) */
+  return x->layer - y->layer;   /* (stable) */
 }
 
-/* Every layer's bits for param set to `on` (a record shared by layers: in each of them). */
-static void mark(struct plan_layer *layers, int L, const l2l_param *param, bool on) {
-  for (int k = 0; k < L; k++)
-    for (int r = 0; r < l2l_layer_param_count(layers[k].layer); r++)
-      if (l2l_layer_param(layers[k].layer, r) == param)
-        layers[k].on_device = on ? layers[k].on_device | 1u << r : layers[k].on_device & ~(1u << r);
+/* Every layer's bits for layer `owner`'s own records set to `on` (a record shared by
+   layers: in each of them). */
+static void mark(struct plan_layer *layers, int L, const struct layers_record *recs, int n,
+                 int owner, bool on) {
+  for (int i = 0; i < n; i++)
+    for (int k = 0; recs[i].layer == owner && k < L; k++)
+      for (int r = 0; r < l2l_layer_param_count(layers[k].layer); r++)
+        if (l2l_layer_param(layers[k].layer, r) == recs[i].param)
+          layers[k].on_device = on ? layers[k].on_device | 1u << r : layers[k].on_device & ~(1u << r);
 }
 
 /* The records placed and the step's peak with them fit the budget. */
@@ -61,36 +67,36 @@ l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint
   l2l_status status = layers_records(&recs, &n, list, NULL, c->L);
   free(list);
   TRY(status);
-  struct candidate *cand = calloc((size_t)(n > 0 ? n : 1), sizeof *cand);
+  struct candidate *cand = calloc((size_t)(c->L > 0 ? c->L : 1), sizeof *cand);
   if (cand == NULL) {
     free(recs);
-    return FAIL(L2L_ERR_NOMEM, "no memory to place %d records", n);
+    return FAIL(L2L_ERR_NOMEM, "no memory to place %d layers' records", c->L);
   }
   uint64_t all = 0;
+  for (int k = 0; k < c->L; k++) cand[k].layer = k;
   for (int i = 0; i < n; i++) {
     const l2l_param *p = recs[i].param;
-    cand[i] = (struct candidate){recs[i].layer, recs[i].place, p,
-                                 device_record_bytes(l2l_tensor_numel(l2l_param_value(p)), arrays,
-                                                     layers_record_dtypes(p, config->precision,
-                                                                          config->master).staging)};
-    all += cand[i].bytes;
-    mark(c->layers, c->L, p, true);
+    uint64_t its = device_record_bytes(l2l_tensor_numel(l2l_param_value(p)), arrays,
+                                       layers_record_dtypes(p, config->precision, config->master).staging);
+    cand[recs[i].layer].bytes += its;
+    all += its;
   }
-  free(recs);
+  for (int k = 0; k < c->L; k++) mark(c->layers, c->L, recs, n, k, true);
   bool ok = false;
   status = fits(&ok, c, all, budget);   /* every record, the ordinary GPU trainer's way */
   if (status == L2L_OK && ok) {
     *bytes = all;
-  } else if (status == L2L_OK) {   /* else the largest first, each while it fits */
+  } else if (status == L2L_OK) {   /* else the largest layer's first, each while it fits */
     for (int k = 0; k < c->L; k++) c->layers[k].on_device = 0;
-    qsort(cand, (size_t)n, sizeof *cand, larger_first);
-    for (int i = 0; status == L2L_OK && i < n; i++) {
-      mark(c->layers, c->L, cand[i].param, true);
+    qsort(cand, (size_t)c->L, sizeof *cand, larger_first);
+    for (int i = 0; status == L2L_OK && i < c->L && cand[i].bytes > 0; i++) {
+      mark(c->layers, c->L, recs, n, cand[i].layer, true);
       status = fits(&ok, c, *bytes + cand[i].bytes, budget);
       if (status == L2L_OK && ok) *bytes += cand[i].bytes;
-      else mark(c->layers, c->L, cand[i].param, false);
+      else mark(c->layers, c->L, recs, n, cand[i].layer, false);
     }
   }
+  free(recs);
   plan_memo_free(c);
   free(cand);
   return status;

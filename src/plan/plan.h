@@ -178,7 +178,8 @@ struct plan_result {
 l2l_status plan_leanest_peak(uint64_t *peak, struct plan_chain *c);
 /* Placement auto (place.c): the chain's layers' on_device bits for the records the budget
    holds on the device beside the step's peak with its policies and micro-batch: every
-   record when all fit, else the largest first, each while it fits (a replay each); none
+   record when all fit, else a layer's own records at a time, the largest first, each while
+   they fit (a replay each); none
    where the config keeps them on the host. *bytes: the placed records' device bytes. */
 l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint64_t budget,
                       uint64_t *bytes);

@@ -46,8 +46,32 @@ static l2l_relay_config random_config(int64_t B) {
   int precision = (int)check_rand_int(0, 2);
   c.precision = precision == 0 ? L2L_F32 : precision == 1 ? L2L_BF16 : L2L_F16;
   if (c.precision != L2L_F32 && check_rand_int(0, 1)) c.grad_precision = L2L_BF16;
-  if (check_rand_int(0, 3) == 0) c.placement = L2L_PLACE_DEVICE;   /* no slot, no copy of a record */
+  int placement = (int)check_rand_int(0, 5);   /* no slot, no copy of a record there */
+  if (placement < 2) c.placement = placement == 0 ? L2L_PLACE_DEVICE : L2L_PLACE_AUTO;
   return c;
+}
+
+/* Placement auto for a random case: a device budget between the step's peak with every
+   record on the host (the bound, whatever the weights) and that with all of the records'
+   device bytes (core's device_record_bytes, AdamW's two arrays) and a tenth more, given to
+   the relay; the layers' on_device bits as the planner places the records in it (the
+   relay's own choice at its step, checked against where the records then are). */
+static bool auto_placement(struct plan_layer *layers, const struct model *m, l2l_relay *r,
+                           const l2l_relay_config *cfg, const struct data *d, int64_t B, int64_t S) {
+  uint64_t bound = 0, total = 0, placed = 0;
+  struct layers_record *recs = NULL;
+  int n = 0;
+  if (!CHECK_OK(l2l_relay_step_peak(&bound, r, B, S, d->types != NULL, d->key_mask != NULL)) ||
+      !CHECK_OK(layers_records(&recs, &n, (const l2l_layer *const *)m->layer, NULL, m->n)))
+    return false;
+  for (int i = 0; i < n; i++)
+    total += device_record_bytes(l2l_tensor_numel(l2l_param_value(recs[i].param)), 2,
+                                 layers_record_dtypes(recs[i].param, cfg->precision, cfg->master).staging);
+  free(recs);
+  uint64_t budget = bound + (uint64_t)(check_rand_uniform(0, 1.1) * (double)total);
+  return CHECK_OK(l2l_relay_set_device_budget(r, budget)) &&
+         CHECK_OK(plan_step_place(layers, m->n, cfg, B, S, cfg->micro_batch, d->types != NULL,
+                                  d->key_mask != NULL, budget, &placed));
 }
 
 /* One random case: the relay's measured peak of a training step against the replay's.
@@ -83,6 +107,7 @@ static void compare_one(int trial, bool allow_swap) {
                              .token_types = d.types != NULL, .key_mask = d.key_mask != NULL};
   bool on_device = cfg.placement == L2L_PLACE_DEVICE;
   for (int k = 0; k < m.n; k++) layers[k].on_device = on_device ? UINT32_MAX : 0;
+  if (cfg.placement == L2L_PLACE_AUTO && !auto_placement(layers, &m, r, &cfg, &d, B, g.S)) goto done;
   uint64_t predicted = 0;
   if (!CHECK_OK(plan_peak(&predicted, &chain))) goto done;
   l2l_pool_stats before;
@@ -93,13 +118,21 @@ static void compare_one(int trial, bool allow_swap) {
   if (!CHECK_OK(l2l_relay_step(&loss, r, &b))) goto done;
   l2l_relay_stats st;
   CHECK_OK(l2l_relay_get_stats(&st, r));
-  uint64_t measured = st.device_peak - before.current;
+  /* (records placed auto moved to the device as the step began: not the step's bytes) */
+  uint64_t measured = st.device_peak - before.current -
+                      (cfg.placement == L2L_PLACE_AUTO ? st.device_records_bytes : 0);
+  for (int k = 0; k < m.n; k++)   /* and they are where the placement put them */
+    for (int i = 0; i < l2l_layer_param_count(m.layer[k]); i++) {
+      bool there = l2l_tensor_pool(l2l_param_value(l2l_layer_param(m.layer[k], i))) == L2L_POOL_DEVICE;
+      CHECK(there == (bool)(layers[k].on_device >> i & 1), "trial %d: layer %d's record %d is %s the "
+            "device, its placement says otherwise", trial, k, i, there ? "on" : "not on");
+    }
   char what[200];
   snprintf(what, sizeof what, "trial %d: %d layers, B %lld, S %lld, D %lld, micro-batch %lld, "
            "%d slots, precision %s/%s, records on the %s", trial, m.n, (long long)B,
            (long long)g.S, (long long)g.D, (long long)cfg.micro_batch, cfg.param_slots,
            l2l_dtype_name(cfg.precision), l2l_dtype_name(cfg.grad_precision),
-           on_device ? "device" : "host");
+           on_device ? "device" : cfg.placement == L2L_PLACE_AUTO ? "device and host (auto)" : "host");
   if (swapping)
     CHECK(measured <= predicted, "%s: a step with swap peaked at %llu bytes, above the bound %llu",
           what, (unsigned long long)measured, (unsigned long long)predicted);
@@ -123,8 +156,9 @@ static void compare_one(int trial, bool allow_swap) {
      optimizer's rate (none with the records on the device); and with copies and updates
      free (and no visit cost) a step is its compute alone. */
   double masters = 0;
-  for (int k = 0; !on_device && k < m.n; k++)
+  for (int k = 0; k < m.n; k++)
     for (int i = 0; !layers[k].frozen && i < l2l_layer_param_count(m.layer[k]); i++) {
+      if (layers[k].on_device >> i & 1) continue;   /* (updated on the device) */
       const l2l_param *p = l2l_layer_param(m.layer[k], i);
       bool earlier = false;
       for (int j = 0; j < k; j++)
