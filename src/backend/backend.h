@@ -276,14 +276,14 @@ struct backend_ops {
        *flag (on the device; NULL: none) = 1 where a sum is an inf, a NaN or
        EPS_GRAD_LIMIT or more (else left as it was): the EPS's add, whose flag the
        update's skip reads.
-     - grad_norm: *sumsq and *most (on the host) of g (n): its sum of squares and largest
+     - grad_norm: out[0] and out[1] (on the device) = g's (n) sum of squares and largest
        magnitude, a block at a time in chunks as optim_norm_blocks (a deferred update's
-       norm; a value returned to the host: on a GPU a sync). */
+       norm, read back with every record's at once). */
   l2l_status (*optim_update)(float *p, float *s0, float *s1, float *grad, int64_t n,
                              const struct optim_hyper *h, const int32_t *skip);
   l2l_status (*grad_add)(float *acc, const void *g, l2l_dtype dtype, float scale, int64_t n,
                          int32_t *flag);
-  l2l_status (*grad_norm)(double *sumsq, float *most, const float *g, int64_t n);
+  l2l_status (*grad_norm)(double *out, const float *g, int64_t n);
   /* First index whose value is outside [lo, hi) and not `except`, or -1 (*index), and
      that value (*value, when found): both on the host, whatever memory values is in. */
   l2l_status (*find_out_of_range)(int64_t *index, int32_t *value, const int32_t *values,

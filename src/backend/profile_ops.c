@@ -331,8 +331,8 @@ static l2l_status p_grad_add(float *acc, const void *g, l2l_dtype dtype, float s
            (long long)n, dt(dtype));
 }
 
-static l2l_status p_grad_norm(double *sumsq, float *most, const float *g, int64_t n) {
-  PROFILED(grad_norm(sumsq, most, g, n), "grad_norm", 0, d(n) * F, L2L_BOUND_MEM, true,
+static l2l_status p_grad_norm(double *out, const float *g, int64_t n) {
+  PROFILED(grad_norm(out, g, n), "grad_norm", 0, d(n) * F, L2L_BOUND_MEM, false,
            "n=%lld", (long long)n);
 }
 

@@ -39,8 +39,13 @@ void host_record_bytes(struct host_record *out, int64_t numel, int64_t shard_n,
 
 uint64_t device_record_bytes(int64_t numel, int arrays, l2l_dtype staging) {
   uint64_t f32 = pool_accounted((uint64_t)numel * sizeof(float));
-  return (2 + (uint64_t)arrays) * f32 + pool_accounted(sizeof(int32_t)) +
+  return (2 + (uint64_t)arrays) * f32 +
          (staging != L2L_F32 ? pool_accounted((uint64_t)numel * l2l_dtype_size(staging)) : 0);
+}
+
+uint64_t device_words_bytes(int n) {
+  if (n <= 0) return 0;
+  return pool_accounted((uint64_t)n * sizeof(int32_t)) + pool_accounted((uint64_t)n * 2 * sizeof(double));
 }
 
 void host_shard(int64_t n, int ranks, int rank, int64_t align, int64_t *begin, int64_t *count) {

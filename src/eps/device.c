@@ -9,73 +9,146 @@
  * host placement's; on a GPU kernels/optim.cu), so no byte of it crosses the link or
  * touches host memory in a step. The host never waits to learn whether a gradient was
  * finite: the add sets the record's flag on the device, the eager update reads it there,
- * and the step's end reads the flags back once the step's work is done (eps_device_skipped).
+ * and the step's end reads every record's flag back at once (eps_device_skips), as a
+ * deferred update's release reads every norm at once (eps_device_norms).
  * Called on the relay's compute thread (the adds and eager updates as its visits end, the
  * deferred ones at the release), never on a worker.
  * Must never: read a device tensor's bytes from the host but through the ops table, or
  * call a file of src/eps/ but record.c (its one lock taken: the EPS's, to count a skip).
  */
+#include <stdlib.h>
+
 #include "record.h"
 
 static const struct backend_ops *ops(void) { return backend_for(L2L_POOL_DEVICE); }
 
 static float *f32_of(const l2l_tensor *t) { return t ? (float *)l2l_tensor_data(t) : NULL; }
 
+/* ---------------------------------------------------------------- the records' words
+
+   Each record on the device has a word in two arrays of the EPS, at its index: its flag
+   (i32: an add made a sum that is not finite) and its gradient's norm (two f64: the sum of
+   squares and the largest magnitude, a deferred update's). Kept side by side so that a
+   step reads each array back once (a GPU's one sync for all the records), not a value a
+   record. They are made anew, exactly as many words as records there, when the records
+   on the device have changed (eps->words_stale: a record joined, left or moved), as a
+   training step begins. */
+
+static int32_t *flag_of(const struct eps_record *rec) {
+  return (int32_t *)l2l_tensor_data(rec->eps->device_flags) + rec->word;
+}
+static double *norm_of(const struct eps_record *rec) {
+  return (double *)l2l_tensor_data(rec->eps->device_norms) + 2 * rec->word;
+}
+
+/* n values of `array` (a device tensor, NULL: none) into host memory. */
+static l2l_status read_back(void *out, const l2l_tensor *array, size_t bytes) {
+  if (array == NULL || bytes == 0) return L2L_OK;
+  return ops()->copy(out, L2L_POOL_HOST, l2l_tensor_data(array), L2L_POOL_DEVICE, bytes);
+}
+
+l2l_status eps_device_words(struct eps *eps) {
+  if (!eps->words_stale) return L2L_OK;
+  int n = 0;
+  for (int i = 0; i < eps->count; i++) n += eps->records[i]->placement == EPS_PLACE_DEVICE;
+  int32_t *old = calloc((size_t)(eps->words > 0 ? eps->words : 1), sizeof *old);
+  int32_t *flags = calloc((size_t)(n > 0 ? n : 1), sizeof *flags);
+  l2l_tensor *fresh[2] = {NULL, NULL};
+  int64_t shape[2][1] = {{n}, {2 * (int64_t)n * (int64_t)sizeof(double)}};   /* (norms: bytes) */
+  l2l_status status = old && flags ? read_back(old, eps->device_flags, (size_t)eps->words * sizeof *old)
+                                   : FAIL(L2L_ERR_NOMEM, "no memory for %d records' flags", n);
+  for (int a = 0; status == L2L_OK && n > 0 && a < 2; a++)
+    status = l2l_tensor_new(&fresh[a], L2L_POOL_DEVICE, a ? L2L_U8 : L2L_I32, 1, shape[a]);
+  /* each record's flag kept: one that came from the host brings its own (nonfinite) */
+  for (int i = 0, w = 0; status == L2L_OK && i < eps->count; i++) {
+    struct eps_record *rec = eps->records[i];
+    if (rec->placement != EPS_PLACE_DEVICE) continue;
+    flags[w] = rec->word >= 0 && rec->word < eps->words ? old[rec->word] : rec->nonfinite;
+    rec->word = w++;
+  }
+  if (status == L2L_OK && n > 0)
+    status = ops()->copy(l2l_tensor_data(fresh[0]), L2L_POOL_DEVICE, flags, L2L_POOL_HOST,
+                         (size_t)n * sizeof *flags);
+  if (status == L2L_OK && n > 0) status = l2l_tensor_fill(fresh[1], 0.0);
+  if (status == L2L_OK) {
+    l2l_tensor_free(eps->device_flags), eps->device_flags = fresh[0];
+    l2l_tensor_free(eps->device_norms), eps->device_norms = fresh[1];
+    eps->words = n, eps->words_stale = false;
+    for (int i = 0; i < eps->count; i++)
+      if (eps->records[i]->placement == EPS_PLACE_DEVICE) eps->records[i]->nonfinite = false;
+  } else {   /* (the indices given are taken back: the old arrays stay, stale) */
+    for (int i = 0; i < eps->count; i++) eps->records[i]->word = -1;
+    l2l_tensor_free(fresh[0]), l2l_tensor_free(fresh[1]);
+  }
+  free(old), free(flags);
+  return status;
+}
+
 l2l_status eps_device_add(struct eps_record *rec, const l2l_tensor *grad, float scale,
                           bool flagged) {
   return ops()->grad_add(f32_of(rec->grad), l2l_tensor_data(grad),
                          (l2l_dtype)l2l_tensor_dtype(grad), scale, l2l_tensor_numel(grad),
-                         flagged ? (int32_t *)l2l_tensor_data(rec->device_flag) : NULL);
+                         flagged ? flag_of(rec) : NULL);
 }
 
 l2l_status eps_device_update(struct eps_record *rec, const struct optim_hyper *h, bool flagged) {
   TRY(ops()->optim_update(f32_of(rec->master), f32_of(rec->state[0]), f32_of(rec->state[1]),
                           f32_of(rec->grad), l2l_tensor_numel(rec->master), h,
-                          flagged ? (const int32_t *)l2l_tensor_data(rec->device_flag) : NULL));
+                          flagged ? flag_of(rec) : NULL));
   rec->updates++;   /* (taken back at the step's end if its flag skipped it) */
   rec->flag_armed = flagged;
   return L2L_OK;
 }
 
-l2l_status eps_device_norm(const struct eps_record *rec, struct eps_norm *out) {
-  *out = (struct eps_norm){0, 0};
-  return ops()->grad_norm(&out->sumsq, &out->most, f32_of(rec->grad), l2l_tensor_numel(rec->grad));
+l2l_status eps_device_norm(struct eps_record *rec) {
+  return ops()->grad_norm(norm_of(rec), f32_of(rec->grad), l2l_tensor_numel(rec->grad));
+}
+
+l2l_status eps_device_norms(struct eps *eps) {
+  double *norms = calloc((size_t)(2 * eps->words > 0 ? 2 * eps->words : 1), sizeof *norms);
+  if (norms == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for %d records' norms", eps->words);
+  l2l_status status = read_back(norms, eps->device_norms, (size_t)(2 * eps->words) * sizeof *norms);
+  for (int i = 0; status == L2L_OK && i < eps->count; i++) {
+    struct eps_record *rec = eps->records[i];
+    if (rec->placement != EPS_PLACE_DEVICE || rec->word < 0) continue;
+    rec->sumsq = norms[2 * rec->word];
+    /* (a NaN's largest is NaN here, not ignored: its sum of squares is NaN either way) */
+    rec->grad_most = (float)norms[2 * rec->word + 1];
+  }
+  free(norms);
+  return status;
 }
 
 l2l_status eps_device_clear(struct eps_record *rec) {
   TRY(l2l_tensor_fill(rec->grad, 0.0));
   rec->flag_armed = false;
-  return l2l_tensor_fill(rec->device_flag, 0.0);
-}
-
-/* Whether rec's armed update was skipped (its flag read back, then cleared, disarmed). */
-static l2l_status skipped(struct eps_record *rec, bool *out) {
-  *out = false;
-  if (!rec->flag_armed) return L2L_OK;
-  int32_t flag = 0;
-  TRY(ops()->copy(&flag, L2L_POOL_HOST, l2l_tensor_data(rec->device_flag), L2L_POOL_DEVICE, sizeof flag));
-  rec->flag_armed = false;
-  if (flag == 0) return L2L_OK;
-  *out = true;
-  rec->updates--;
-  return l2l_tensor_fill(rec->device_flag, 0.0);
+  return rec->word >= 0 ? ops()->fill(flag_of(rec), L2L_I32, 0.0, 1) : L2L_OK;
 }
 
 l2l_status eps_device_skips(struct eps *eps) {
-  l2l_status first = L2L_OK;
+  bool any = false;
+  for (int i = 0; i < eps->count; i++) any |= eps->records[i]->flag_armed;
+  if (!any) return L2L_OK;
+  int32_t *flags = calloc((size_t)eps->words, sizeof *flags);
+  if (flags == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for %d records' flags", eps->words);
+  l2l_status status = read_back(flags, eps->device_flags, (size_t)eps->words * sizeof *flags);
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
-    bool skip = false;
-    l2l_status status = rec->placement == EPS_PLACE_DEVICE ? skipped(rec, &skip) : L2L_OK;
-    if (first == L2L_OK) first = status;
+    bool skip = status == L2L_OK && rec->flag_armed && flags[rec->word] != 0;
+    rec->flag_armed = false;
+    if (!skip) continue;
+    rec->updates--;   /* (its update left it as it was) */
+    l2l_status cleared = ops()->fill(flag_of(rec), L2L_I32, 0.0, 1);
+    if (status == L2L_OK) status = cleared;
     pthread_mutex_lock(&eps->lock);
-    if (skip && eps->nonfinite_skips++ == 0) {
+    if (eps->nonfinite_skips++ == 0) {
       eps->nonfinite_name = rec->name;
       eps->nonfinite_layer = rec->last_layer;
     }
     pthread_mutex_unlock(&eps->lock);
   }
-  return first;
+  free(flags);
+  return status;
 }
 
 l2l_status eps_device_stage(struct eps_record *rec) {
@@ -92,9 +165,8 @@ l2l_status eps_device_state(struct eps_record *rec) {
 }
 
 l2l_status eps_device_join(struct eps_record *rec) {
-  int64_t one[1] = {1};
-  TRY(l2l_tensor_new(&rec->device_flag, L2L_POOL_DEVICE, L2L_I32, 1, one));
-  TRY(l2l_tensor_fill(rec->device_flag, 0.0));
+  rec->word = -1;
+  rec->eps->words_stale = true;   /* (its words made as the next step begins) */
   return eps_device_state(rec);
 }
 
@@ -107,20 +179,22 @@ l2l_status eps_device_restore(struct eps_record *rec, l2l_tensor *const host[2])
 
 uint64_t eps_device_bytes(const struct eps *eps) {
   uint64_t bytes = 0;
+  int n = 0;
   for (int i = 0; i < eps->count; i++) {
     const struct eps_record *rec = eps->records[i];
-    if (rec->placement == EPS_PLACE_DEVICE)
-      bytes += device_record_bytes(l2l_tensor_numel(rec->master), optim_state_count(&eps->optimizer),
-                                   rec->staging ? (l2l_dtype)l2l_tensor_dtype(rec->staging) : L2L_F32);
+    if (rec->placement != EPS_PLACE_DEVICE) continue;
+    n++;
+    bytes += device_record_bytes(l2l_tensor_numel(rec->master), optim_state_count(&eps->optimizer),
+                                 rec->staging ? (l2l_dtype)l2l_tensor_dtype(rec->staging) : L2L_F32);
   }
-  return bytes;
+  return bytes + device_words_bytes(n);
 }
 
 /* ---------------------------------------------------------------- a record's move (auto) */
 
 void eps_move_drop(struct eps_move *m) {
   l2l_tensor_free(m->master), l2l_tensor_free(m->grad), l2l_tensor_free(m->staging);
-  l2l_tensor_free(m->state[0]), l2l_tensor_free(m->state[1]), l2l_tensor_free(m->flag);
+  l2l_tensor_free(m->state[0]), l2l_tensor_free(m->state[1]);
   *m = (struct eps_move){0};
 }
 
@@ -142,11 +216,6 @@ l2l_status eps_move_prepare(struct eps_move *m, const struct eps_record *rec, bo
                              (l2l_dtype)l2l_tensor_dtype(rec->staging), rec->staging);
   for (int a = 0; status == L2L_OK && a < optim_state_count(&rec->eps->optimizer); a++)
     if (to_device || rec->state[a]) status = moved(&m->state[a], pool, rec->state[a], rec->master);
-  if (status == L2L_OK && to_device) {
-    int64_t one[1] = {1};
-    status = l2l_tensor_new(&m->flag, L2L_POOL_DEVICE, L2L_I32, 1, one);
-    if (status == L2L_OK) status = l2l_tensor_fill(m->flag, 0.0);
-  }
   if (status != L2L_OK) eps_move_drop(m);
   return status;
 }
@@ -159,8 +228,15 @@ void eps_move_commit(struct eps_move *m, struct eps_record *rec, l2l_tensor **ma
     l2l_tensor_free(rec->state[a]), rec->state[a] = m->state[a];
     l2l_tensor_free(rec->gathered[a]), rec->gathered[a] = NULL;
   }
-  l2l_tensor_free(rec->device_flag), rec->device_flag = m->flag;
+  /* its flag comes with it: the host's nonfinite, read back from the device (between
+     steps), or the host's into its word there (eps_device_words) */
+  int32_t flag = 0;
+  if (!m->to_device && rec->word >= 0 && rec->word < rec->eps->words &&
+      ops()->copy(&flag, L2L_POOL_HOST, flag_of(rec), L2L_POOL_DEVICE, sizeof flag) == L2L_OK)
+    rec->nonfinite |= flag != 0;
+  rec->word = -1;
   rec->flag_armed = false;
+  rec->eps->words_stale = true;
   rec->placement = m->to_device ? EPS_PLACE_DEVICE : EPS_PLACE_HOST;
   *m = (struct eps_move){0};
 }

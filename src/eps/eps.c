@@ -54,7 +54,6 @@ static void record_free(struct eps_record *rec) {
   free(rec->chunk_norms);
   free(rec->chunk_sums);
   l2l_tensor_free(rec->staging);
-  l2l_tensor_free(rec->device_flag);
   l2l_tensor_free(rec->shard_grad);
   l2l_tensor_free(rec->gathered[0]);
   l2l_tensor_free(rec->gathered[1]);
@@ -76,6 +75,7 @@ void eps_free(struct eps *eps) {
   }
   eps->spill = NULL;   /* closed: the records' regions go with the file */
   for (int i = 0; i < eps->count; i++) record_free(eps->records[i]);
+  l2l_tensor_free(eps->device_flags), l2l_tensor_free(eps->device_norms);
   free(spill);
   free(eps->records);
   free(eps->ahead);
@@ -105,6 +105,7 @@ static l2l_status record_new(struct eps *eps, const struct eps_record_source *so
   rec->shard_n = l2l_tensor_numel(rec->master);   /* one process: all of it */
   rec->stream = source->stream;
   rec->placement = source->device ? EPS_PLACE_DEVICE : EPS_PLACE_HOST;
+  rec->word = -1;
   l2l_status status = eps->dist ? eps_shard(eps, rec) : L2L_OK;
   /* the staging copy the source names (none for a bf16 master: it is what the device
      reads); on the device, the 16-bit copy the device reads there */
@@ -189,11 +190,15 @@ l2l_status eps_set_records(struct eps *eps, const struct eps_record_source *sour
   for (int i = 0; i < eps->count; i++) eps->records[i]->users = 0;
   for (int i = 0; i < n; i++) list[i]->users = sources[i].users;
   for (int i = 0; i < eps->count; i++)
-    if (eps->records[i]->users == 0) record_free(eps->records[i]);
+    if (eps->records[i]->users == 0) {
+      eps->words_stale |= eps->records[i]->placement == EPS_PLACE_DEVICE;
+      record_free(eps->records[i]);
+    }
   free(sorted);
   free(eps->records);
   eps->records = list;
   eps->count = n;
+  (void)eps_device_words(eps);   /* (else made as the next step begins) */
   return L2L_OK;
 }
 
@@ -247,6 +252,7 @@ void eps_hold(struct eps *eps, struct eps_record *rec) {
 
 l2l_status eps_prepare(struct eps *eps) {
   TRY(eps_host_plan(eps));
+  TRY(eps_device_words(eps));
   int arrays = optim_state_count(&eps->optimizer);
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
@@ -491,9 +497,10 @@ static void counted(struct eps *eps, struct eps_record *rec, bool finite, int la
   }
   pthread_mutex_unlock(&eps->lock);
   struct eps_norm norm = {0, 0};
-  if (complete && defer && !exchange && rec->placement == EPS_PLACE_DEVICE) {
-    l2l_status status = eps_device_norm(rec, &norm);
-    if (status != L2L_OK) eps_io_failed(eps, status), norm.sumsq = NAN;   /* (nothing updates) */
+  bool device = rec->placement == EPS_PLACE_DEVICE;   /* (its norm read at the release) */
+  if (complete && defer && !exchange && device) {
+    l2l_status status = eps_device_norm(rec);
+    if (status != L2L_OK) eps_io_failed(eps, status);
   } else if (complete && defer && !exchange) {
     norm = eps_grad_norm(rec);
   }
@@ -503,7 +510,7 @@ static void counted(struct eps *eps, struct eps_record *rec, bool finite, int la
   /* Counted out last: whoever waits for arrivals then finds the record's norm (or its
      update queued) in place. */
   pthread_mutex_lock(&eps->lock);
-  if (complete && !exchange) rec->sumsq = norm.sumsq, rec->grad_most = norm.most;   /* (an
+  if (complete && !exchange && !device) rec->sumsq = norm.sumsq, rec->grad_most = norm.most;   /* (an
                                                      exchange sets them when agreed) */
   eps->arrivals_in_flight--;
   pthread_cond_broadcast(&eps->changed);
@@ -694,6 +701,8 @@ void eps_abandon_step(struct eps *eps) {
 bool eps_step_release(struct eps *eps, float clip, double unscale, double *norm) {
   double sumsq = 0;
   eps_wait_arrivals(eps);
+  l2l_status read = eps_device_norms(eps);   /* the device's records' norms, at once */
+  if (read != L2L_OK) eps_io_failed(eps, read);
   if (eps->dist) eps_wait_agreed(eps);   /* every record's norm summed over ranks */
   for (int i = 0; i < eps->count; i++)
     if (due(eps->records[i])) sumsq += eps->records[i]->sumsq;

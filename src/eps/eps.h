@@ -137,6 +137,11 @@ struct eps {
   bool defer;                  /* global clipping: updates wait for eps_step_release */
   bool deferred_step;          /* this step began with defer (which the release clears):
                                   a device record's update is then not flag-skipped */
+  /* The words of its records on the device (device.c): words of them, flags (i32) and
+     norms (two f64 each, as bytes); words_stale: those records changed since. */
+  l2l_tensor *device_flags, *device_norms;
+  int words;
+  bool words_stale;
   bool add_arrivals;           /* every gradient added as it arrives, none held (eps.c,
                                   "held arrivals"; bench/optim's before) */
   int64_t held_checks;         /* records whose held gradients were checked for their
@@ -245,17 +250,23 @@ uint64_t eps_device_bytes(const struct eps *eps);
 /* A record's move between the host and the device (placement auto), between steps (after
    eps_sync), in two halves so that a failure changes nothing: prepare makes every tensor
    of its new place (master and gradient accumulator copied, f32 optimizer state copied or
-   zero, a 16-bit copy, the device's flag); commit makes them the record's (the old state,
-   copy and flag freed) and hands the new master and grad to the caller, to give the
+   zero, a 16-bit copy; its flag goes with it); commit makes them the record's (the old state,
+   copy freed) and hands the new master and grad to the caller, to give the
    parameter (which frees the old ones: they are its own); drop frees a prepared move. */
 struct eps_move {
   bool to_device;
-  l2l_tensor *master, *grad, *staging, *state[2], *flag;
+  l2l_tensor *master, *grad, *staging, *state[2];
 };
 l2l_status eps_move_prepare(struct eps_move *m, const struct eps_record *rec, bool to_device);
 void eps_move_commit(struct eps_move *m, struct eps_record *rec, l2l_tensor **master,
                      l2l_tensor **grad);
 void eps_move_drop(struct eps_move *m);
+/* The EPS's arrays of its records' words on the device (device.c) made anew when those
+   records have changed (a record joined, left or moved: eps->words_stale), each record's
+   flag kept (one that came from the host brings its nonfinite); at once after the change
+   (eps_set_records; the relay's moves), and, if that failed, as the next training step
+   begins (eps_prepare: its failure refuses the step). A failure changes nothing. */
+l2l_status eps_device_words(struct eps *eps);
 
 /* What the device copies of a record: its staging copy in device precision, or the f32
    master itself (whose shape every copy has). */

@@ -44,10 +44,12 @@ enum eps_placement { EPS_PLACE_HOST = 0, EPS_PLACE_DEVICE };
 struct eps_record {
   enum eps_placement placement;
   /* On the device (placement EPS_PLACE_DEVICE; master, grad, state[] and staging are
-     device tensors): device_flag, one i32, is 1 once an add has made a sum that is an inf, a NaN
-     or EPS_GRAD_LIMIT or more; an eager update reads it on the device and leaves the
-     record as it was (flag_armed: the step's end reads it, counts the skip and clears it). */
-  l2l_tensor *device_flag;
+     device tensors): its words (device.c) at index `word` (-1: none yet) of the EPS's
+     arrays: its flag, 1 once an add has made a sum that is an inf, a NaN or EPS_GRAD_LIMIT
+     or more, which an eager update reads on the device to leave the record as it was
+     (flag_armed: the step's end reads it, counts the skip and clears it), and its
+     gradient's norm, a deferred update's. */
+  int word;
   bool flag_armed;
   l2l_param *param;            /* the key it was added under (never called into: the EPS
                                   sees records, not layers) */
@@ -198,20 +200,23 @@ l2l_status eps_device_add(struct eps_record *rec, const l2l_tensor *grad, float 
 /* rec's update by its hyper-parameters (eps_update_hyper); flagged: an eager update,
    which its flag skips (armed for the step's end); else the relay's release decided. */
 l2l_status eps_device_update(struct eps_record *rec, const struct optim_hyper *h, bool flagged);
-/* rec's gradient's norm (a value read back: on a GPU a sync), in the host's grouping. */
-l2l_status eps_device_norm(const struct eps_record *rec, struct eps_norm *out);
+/* rec's gradient's norm into its word, in the host's grouping (queued: nothing read). */
+l2l_status eps_device_norm(struct eps_record *rec);
+/* Every record's norm read back at once (one copy: on a GPU the one sync of a deferred
+   release) into its sumsq and grad_most. */
+l2l_status eps_device_norms(struct eps *eps);
 /* rec's accumulator and flag cleared (its gradient dropped). */
 l2l_status eps_device_clear(struct eps_record *rec);
-/* The step's armed updates on the device that their flags skipped: each flag read back
-   (then cleared and disarmed), each skip counted in eps->nonfinite_skips (the first named)
-   and its update count taken back. */
+/* The step's armed updates on the device that their flags skipped: the flags read back at
+   once (one copy), each skipped one cleared, every one disarmed, each skip counted in
+   eps->nonfinite_skips (the first named) and its update count taken back. */
 l2l_status eps_device_skips(struct eps *eps);
 /* rec's 16-bit copy on the device rewritten from its master. */
 l2l_status eps_device_stage(struct eps_record *rec);
 /* rec's missing optimizer state arrays made on the device, zero (f32: the relay's rule). */
 l2l_status eps_device_state(struct eps_record *rec);
-/* A record joining on the device: its flag, and its state made now (so the device's bytes
-   are known before a step, and no step makes them). */
+/* A record joining on the device: its state made now (so the device's bytes are known
+   before a step, and no step makes them), its words with the next step's. */
 l2l_status eps_device_join(struct eps_record *rec);
 /* rec's state arrays on the device given the values of host arrays (NULL: zero), a
    restore's. */

@@ -51,6 +51,7 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
   bool defer = config->clip_global_norm > 0 || config->loss_scale > 0, every = config->accumulate <= 1;
   uint64_t base = 0, fixed = 0, state = 0, largest = 0, passing = 0, passing_total = 0, grads = 0,
            device = 0;
+  int on_device = 0;
   for (int i = 0; i < n; i++) {
     int64_t numel = l2l_tensor_numel(l2l_param_value(recs[i].param));
     /* a low-precision record has a 16-bit staging copy, or a bf16 master that is it */
@@ -58,6 +59,7 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
         layers_record_dtypes(recs[i].param, config->precision, config->master);
     if (layers[recs[i].layer].on_device >> recs[i].place & 1) {   /* (none of it on the host) */
       device += device_record_bytes(numel, arrays, held.staging);
+      on_device++;
       continue;
     }
     int64_t begin, shard_n;
@@ -84,7 +86,7 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
   /* between steps: the masters and staging copies, and the accumulators unless they pass */
   uint64_t between = base + (tier.grads_pass ? 0 : grads);
   *out = (struct plan_host){.smallest_budget = tier.need, .eps_bytes = between,
-                            .device_bytes = device};
+                            .device_bytes = device + device_words_bytes(on_device)};
   uint64_t kept = 0;
   for (int i = 0; i < n; i++) {
     if (!spill || host_tier_keeps(&tier, &kept, bytes[i].state)) out->eps_bytes += bytes[i].state;

@@ -23,7 +23,7 @@
    they move together, so that a layer's LayerNorm weight and bias, which its backward's
    guard reads side by side, are in one place. */
 struct candidate {
-  int layer;
+  int layer, records;
   uint64_t bytes;
 };
 
@@ -44,9 +44,10 @@ static void mark(struct plan_layer *layers, int L, const struct layers_record *r
           layers[k].on_device = on ? layers[k].on_device | 1u << r : layers[k].on_device & ~(1u << r);
 }
 
-/* The records placed and the step's peak with them fit the budget. */
-static l2l_status fits(bool *out, struct plan_chain *c, uint64_t records, uint64_t budget) {
-  uint64_t peak = 0;
+/* The records placed (their bytes, and their words: n of them) and the step's peak with
+   them fit the budget. */
+static l2l_status fits(bool *out, struct plan_chain *c, uint64_t bytes, int n, uint64_t budget) {
+  uint64_t peak = 0, records = bytes + device_words_bytes(n);
   plan_memo_free(c);   /* (the slots' sizes follow the placement) */
   TRY(plan_peak(&peak, c));
   *out = records <= budget && peak <= budget - records;
@@ -79,23 +80,26 @@ l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint
     uint64_t its = device_record_bytes(l2l_tensor_numel(l2l_param_value(p)), arrays,
                                        layers_record_dtypes(p, config->precision, config->master).staging);
     cand[recs[i].layer].bytes += its;
+    cand[recs[i].layer].records++;
     all += its;
   }
   for (int k = 0; k < c->L; k++) mark(c->layers, c->L, recs, n, k, true);
   bool ok = false;
-  status = fits(&ok, c, all, budget);   /* every record, the ordinary GPU trainer's way */
+  status = fits(&ok, c, all, n, budget);   /* every record, the ordinary GPU trainer's way */
+  int placed = 0;
   if (status == L2L_OK && ok) {
-    *bytes = all;
+    *bytes = all, placed = n;
   } else if (status == L2L_OK) {   /* else the largest layer's first, each while it fits */
     for (int k = 0; k < c->L; k++) c->layers[k].on_device = 0;
     qsort(cand, (size_t)c->L, sizeof *cand, larger_first);
     for (int i = 0; status == L2L_OK && i < c->L && cand[i].bytes > 0; i++) {
       mark(c->layers, c->L, recs, n, cand[i].layer, true);
-      status = fits(&ok, c, *bytes + cand[i].bytes, budget);
-      if (status == L2L_OK && ok) *bytes += cand[i].bytes;
+      status = fits(&ok, c, *bytes + cand[i].bytes, placed + cand[i].records, budget);
+      if (status == L2L_OK && ok) *bytes += cand[i].bytes, placed += cand[i].records;
       else mark(c->layers, c->L, recs, n, cand[i].layer, false);
     }
   }
+  *bytes += device_words_bytes(placed);
   free(recs);
   plan_memo_free(c);
   free(cand);

@@ -208,6 +208,7 @@ l2l_status relay_move_records(l2l_relay *run, l2l_layer *const *layers, const ui
     param_adopt(moves[i].param, value, grad);
   }
   free(moves);
+  if (status == L2L_OK && n > 0) (void)eps_device_words(&run->eps);   /* (else at eps_prepare) */
   return status;
 }
 

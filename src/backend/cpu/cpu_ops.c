@@ -138,7 +138,7 @@ static l2l_status cpu_grad_add(float *acc, const void *g, l2l_dtype dtype, float
   return L2L_OK;
 }
 
-static l2l_status cpu_grad_norm(double *sumsq, float *most, const float *g, int64_t n) {
+static l2l_status cpu_grad_norm(double *out, const float *g, int64_t n) {
   int64_t chunks = chunks_of(n);
   struct { double sumsq; float most; } *part = calloc((size_t)(chunks > 0 ? chunks : 1), sizeof *part);
   if (part == NULL)
@@ -148,12 +148,13 @@ static l2l_status cpu_grad_norm(double *sumsq, float *most, const float *g, int6
   for (int64_t c = 0; c < chunks; c++)
     optim_norm_blocks(&part[c].sumsq, &part[c].most, g + c * L2L_OPTIM_CHUNK,
                       chunk_end(n, c) - c * L2L_OPTIM_CHUNK);
-  *sumsq = 0;
-  *most = 0;
+  double sumsq = 0;
+  float most = 0;
   for (int64_t c = 0; c < chunks; c++) {
-    *sumsq += part[c].sumsq;
-    *most = part[c].most > *most ? part[c].most : *most;
+    sumsq += part[c].sumsq;
+    most = part[c].most > most ? part[c].most : most;
   }
+  out[0] = sumsq, out[1] = most;
   free(part);
   return L2L_OK;
 }

@@ -264,16 +264,16 @@ static l2l_status cuda_optim_update(float *p, float *s0, float *s1, float *grad,
   WITH_SCRATCH(optim_update_locked(p, s0, s1, grad, n, h, skip));
 }
 
-static l2l_status cuda_reduce(double *out, enum backend_reduction kind, const float *x, int64_t n);
-
-/* Two reductions read back (a deferred update's norm: the host needs it). A NaN's max is
-   NaN here, where the host's ignores it: the sum of squares is NaN either way. */
-static l2l_status cuda_grad_norm(double *sumsq, float *most, const float *g, int64_t n) {
-  double top = 0;
-  TRY(cuda_reduce(sumsq, L2L_REDUCE_SUMSQ, g, n));
-  TRY(cuda_reduce(&top, L2L_REDUCE_MAX_ABS, g, n));
-  *most = (float)top;
+/* Two reductions into the record's words on the device (nothing read back). A NaN's max
+   is NaN here, where the host's ignores it: the sum of squares is NaN either way. */
+static l2l_status grad_norm_locked(double *out, const float *g, int64_t n) {
+  LAUNCH(k_reduce(out, L2L_REDUCE_SUMSQ, g, n, scratch_reduce(), cuda_rt.compute));
+  LAUNCH(k_reduce(out + 1, L2L_REDUCE_MAX_ABS, g, n, scratch_reduce(), cuda_rt.compute));
   return L2L_OK;
+}
+
+static l2l_status cuda_grad_norm(double *out, const float *g, int64_t n) {
+  WITH_SCRATCH(grad_norm_locked(out, g, n));
 }
 
 /* ---------------------------------------------------------------- LayerNorm, softmax */
