@@ -17,6 +17,7 @@
  * call a file of src/eps/ but record.c (its one lock taken: the EPS's, to count a skip).
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "record.h"
 
@@ -70,7 +71,10 @@ l2l_status eps_device_words(struct eps *eps) {
     status = ops()->copy(l2l_tensor_data(fresh[0]), L2L_POOL_DEVICE, flags, L2L_POOL_HOST,
                          (size_t)n * sizeof *flags);
   if (status == L2L_OK && n > 0) status = l2l_tensor_fill(fresh[1], 0.0);
+  l2l_tensor *back = NULL;   /* (where the flags come back, queued) */
+  if (status == L2L_OK && n > 0) status = l2l_tensor_new(&back, L2L_POOL_PINNED, L2L_I32, 1, shape[0]);
   if (status == L2L_OK) {
+    l2l_tensor_free(eps->flags_back), eps->flags_back = back;
     l2l_tensor_free(eps->device_flags), eps->device_flags = fresh[0];
     l2l_tensor_free(eps->device_norms), eps->device_norms = fresh[1];
     eps->words = n, eps->words_stale = false;
@@ -78,7 +82,7 @@ l2l_status eps_device_words(struct eps *eps) {
       if (eps->records[i]->placement == EPS_PLACE_DEVICE) eps->records[i]->nonfinite = false;
   } else {   /* (the indices given are taken back: the old arrays stay, stale) */
     for (int i = 0; i < eps->count; i++) eps->records[i]->word = -1;
-    l2l_tensor_free(fresh[0]), l2l_tensor_free(fresh[1]);
+    l2l_tensor_free(fresh[0]), l2l_tensor_free(fresh[1]), l2l_tensor_free(back);
   }
   free(old), free(flags);
   return status;
@@ -125,13 +129,26 @@ l2l_status eps_device_clear(struct eps_record *rec) {
   return rec->word >= 0 ? ops()->fill(flag_of(rec), L2L_I32, 0.0, 1) : L2L_OK;
 }
 
+static bool any_armed(const struct eps *eps) {
+  for (int i = 0; i < eps->count; i++)
+    if (eps->records[i]->flag_armed) return true;
+  return false;
+}
+
+void eps_device_flags_queue(struct eps *eps) {
+  eps->flags_queued = any_armed(eps) && eps->flags_back != NULL &&
+                      backend_tensor_copy_queued(eps->flags_back, eps->device_flags) == L2L_OK;
+}
+
 l2l_status eps_device_skips(struct eps *eps) {
-  bool any = false;
-  for (int i = 0; i < eps->count; i++) any |= eps->records[i]->flag_armed;
-  if (!any) return L2L_OK;
+  bool queued = eps->flags_queued;   /* (read after the step's wait: there already) */
+  eps->flags_queued = false;
+  if (!any_armed(eps)) return L2L_OK;
   int32_t *flags = calloc((size_t)eps->words, sizeof *flags);
   if (flags == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for %d records' flags", eps->words);
-  l2l_status status = read_back(flags, eps->device_flags, (size_t)eps->words * sizeof *flags);
+  l2l_status status = L2L_OK;
+  if (queued) memcpy(flags, l2l_tensor_data(eps->flags_back), (size_t)eps->words * sizeof *flags);
+  else status = read_back(flags, eps->device_flags, (size_t)eps->words * sizeof *flags);
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     bool skip = status == L2L_OK && rec->flag_armed && flags[rec->word] != 0;

@@ -76,6 +76,7 @@ void eps_free(struct eps *eps) {
   eps->spill = NULL;   /* closed: the records' regions go with the file */
   for (int i = 0; i < eps->count; i++) record_free(eps->records[i]);
   l2l_tensor_free(eps->device_flags), l2l_tensor_free(eps->device_norms);
+  l2l_tensor_free(eps->flags_back);
   free(spill);
   free(eps->records);
   free(eps->ahead);

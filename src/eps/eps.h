@@ -142,6 +142,8 @@ struct eps {
   l2l_tensor *device_flags, *device_norms;
   int words;
   bool words_stale;
+  l2l_tensor *flags_back;      /* pinned: the flags queued back before the step's wait */
+  bool flags_queued;
   bool add_arrivals;           /* every gradient added as it arrives, none held (eps.c,
                                   "held arrivals"; bench/optim's before) */
   int64_t held_checks;         /* records whose held gradients were checked for their
@@ -267,6 +269,10 @@ void eps_move_drop(struct eps_move *m);
    (eps_set_records; the relay's moves), and, if that failed, as the next training step
    begins (eps_prepare: its failure refuses the step). A failure changes nothing. */
 l2l_status eps_device_words(struct eps *eps);
+/* The flags of the step's armed updates on the device queued back to pinned memory, behind
+   the step's work (before its one wait for the device), so that the step's end reads them
+   there without a wait of its own. On the relay's compute thread. */
+void eps_device_flags_queue(struct eps *eps);
 
 /* What the device copies of a record: its staging copy in device precision, or the f32
    master itself (whose shape every copy has). */

@@ -319,6 +319,7 @@ static l2l_status relay_run_step(double *loss, l2l_relay *run, const l2l_relay_b
                                         1.0 / p.dynamic, &norm);
     if (run->config.dist != L2L_DIST_NONE) relay_waited(&s, L2L_WAIT_COMM, released);
   }
+  if (training) eps_device_flags_queue(&run->eps);   /* (back with the step's one wait) */
   relay_step_free(&s);   /* drains the copy threads: every gradient has been given */
   if (status == L2L_OK) status = relay_check_async(run);
   if (status == L2L_OK) status = dist_loss(&s);
