@@ -181,10 +181,32 @@ l2l_status eps_device_state(struct eps_record *rec) {
   return L2L_OK;
 }
 
+/* A guard copy of `master` (pinned, f32, its values) for a 1-D one, else none. */
+static l2l_status guard_copy_of(l2l_tensor **out, const l2l_tensor *master) {
+  *out = NULL;
+  if (l2l_tensor_ndim(master) != 1) return L2L_OK;
+  TRY(tensor_new_like(out, L2L_POOL_PINNED, L2L_F32, master));
+  return l2l_tensor_copy(*out, master);
+}
+
 l2l_status eps_device_join(struct eps_record *rec) {
   rec->word = -1;
   rec->eps->words_stale = true;   /* (its words made as the next step begins) */
+  TRY(guard_copy_of(&rec->guard_copy, rec->master));
   return eps_device_state(rec);
+}
+
+const l2l_tensor *eps_guard_copy(const struct eps_record *rec) { return rec->guard_copy; }
+
+l2l_status eps_device_guard_copies(struct eps *eps) {
+  bool any = false;
+  for (int i = 0; i < eps->count; i++) {
+    struct eps_record *rec = eps->records[i];
+    if (rec->placement != EPS_PLACE_DEVICE || rec->guard_copy == NULL) continue;
+    TRY(backend_tensor_copy_queued(rec->guard_copy, rec->master));
+    any = true;
+  }
+  return any ? l2l_device_synchronize() : L2L_OK;
 }
 
 l2l_status eps_device_restore(struct eps_record *rec, l2l_tensor *const host[2]) {
@@ -211,7 +233,7 @@ uint64_t eps_device_bytes(const struct eps *eps) {
 
 void eps_move_drop(struct eps_move *m) {
   l2l_tensor_free(m->master), l2l_tensor_free(m->grad), l2l_tensor_free(m->staging);
-  l2l_tensor_free(m->state[0]), l2l_tensor_free(m->state[1]);
+  l2l_tensor_free(m->state[0]), l2l_tensor_free(m->state[1]), l2l_tensor_free(m->guard_copy);
   *m = (struct eps_move){0};
 }
 
@@ -233,6 +255,7 @@ l2l_status eps_move_prepare(struct eps_move *m, const struct eps_record *rec, bo
                              (l2l_dtype)l2l_tensor_dtype(rec->staging), rec->staging);
   for (int a = 0; status == L2L_OK && a < optim_state_count(&rec->eps->optimizer); a++)
     if (to_device || rec->state[a]) status = moved(&m->state[a], pool, rec->state[a], rec->master);
+  if (status == L2L_OK && to_device) status = guard_copy_of(&m->guard_copy, rec->master);
   if (status != L2L_OK) eps_move_drop(m);
   return status;
 }
@@ -241,6 +264,7 @@ void eps_move_commit(struct eps_move *m, struct eps_record *rec, l2l_tensor **ma
                      l2l_tensor **grad) {
   rec->master = *master = m->master, rec->grad = *grad = m->grad;   /* (the param's) */
   l2l_tensor_free(rec->staging), rec->staging = m->staging;
+  l2l_tensor_free(rec->guard_copy), rec->guard_copy = m->guard_copy;
   for (int a = 0; a < 2; a++) {
     l2l_tensor_free(rec->state[a]), rec->state[a] = m->state[a];
     l2l_tensor_free(rec->gathered[a]), rec->gathered[a] = NULL;

@@ -54,6 +54,7 @@ static void record_free(struct eps_record *rec) {
   free(rec->chunk_norms);
   free(rec->chunk_sums);
   l2l_tensor_free(rec->staging);
+  l2l_tensor_free(rec->guard_copy);
   l2l_tensor_free(rec->shard_grad);
   l2l_tensor_free(rec->gathered[0]);
   l2l_tensor_free(rec->gathered[1]);

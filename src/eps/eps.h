@@ -257,7 +257,7 @@ uint64_t eps_device_bytes(const struct eps *eps);
    parameter (which frees the old ones: they are its own); drop frees a prepared move. */
 struct eps_move {
   bool to_device;
-  l2l_tensor *master, *grad, *staging, *state[2];
+  l2l_tensor *master, *grad, *staging, *state[2], *guard_copy;
 };
 l2l_status eps_move_prepare(struct eps_move *m, const struct eps_record *rec, bool to_device);
 void eps_move_commit(struct eps_move *m, struct eps_record *rec, l2l_tensor **master,
@@ -273,6 +273,13 @@ l2l_status eps_device_words(struct eps *eps);
    the step's work (before its one wait for the device), so that the step's end reads them
    there without a wait of its own. On the relay's compute thread. */
 void eps_device_flags_queue(struct eps *eps);
+/* The host copies of the 1-D records on the device (a LayerNorm's weight and bias among
+   them) made equal to their masters: queued, then one wait for the device (none when no
+   such record): as a step begins, before anything reads them, so they see the last step's
+   updates and whatever a script wrote since. The copy of rec (NULL: none), borrowed until
+   it leaves or moves: what the relay gives its parameter's guard to read. */
+l2l_status eps_device_guard_copies(struct eps *eps);
+const l2l_tensor *eps_guard_copy(const struct eps_record *rec);
 
 /* What the device copies of a record: its staging copy in device precision, or the f32
    master itself (whose shape every copy has). */

@@ -51,6 +51,9 @@ struct eps_record {
      gradient's norm, a deferred update's. */
   int word;
   bool flag_armed;
+  l2l_tensor *guard_copy;      /* a 1-D record on the device: a pinned host copy of its
+                                  master, which the frugal LayerNorm guard reads instead of
+                                  the device (eps_device_guard_copies keeps it current) */
   l2l_param *param;            /* the key it was added under (never called into: the EPS
                                   sees records, not layers) */
   const char *name;            /* the parameter's name, for messages (lives as long as it) */

@@ -34,6 +34,8 @@ struct l2l_param {
                                    device tensors the layer computes with (the value may
                                    then be f16 / bf16 when low_precision; grad stays f32) */
   l2l_tensor *home_value, *home_grad;  /* the record's own tensors while bound, else NULL */
+  const l2l_tensor *guard_copy; /* a host copy of its value the frugal LayerNorm guard reads
+                                   instead of a device tensor (param_set_guard_copy), NULL */
 };
 
 struct l2l_layer {

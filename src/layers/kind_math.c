@@ -23,11 +23,13 @@ int64_t arena_reserve(struct arena *a, uint64_t bytes) {
    changes a record during its visit (the relay waits for a record's pending update before
    it copies it, and its next update waits for this visit's gradient), so the record's own
    tensor in host memory holds the same bits, readable with no device read (on a GPU, a
-   sync). Otherwise the parameter where it is. */
+   sync). A record that lives on the device is read from the host copy the relay keeps of
+   it (guard_copy). Otherwise the parameter where it is. */
 static const l2l_tensor *guard_source(const l2l_layer *layer, int role) {
   int i = layer->role[role];
   if (i < 0) return NULL;
   const struct l2l_param *p = layer->params[i];
+  if (p->guard_copy != NULL) return p->guard_copy;
   const l2l_tensor *home = p->home_value;
   return home != NULL && home->dtype == L2L_F32 && p->value->dtype == L2L_F32 ? home : p->value;
 }

@@ -125,6 +125,8 @@ l2l_status param_rehome_grad(l2l_param *param, l2l_pool_kind pool) {
   return rehome(param, &param->grad, pool, L2L_F32);
 }
 
+void param_set_guard_copy(l2l_param *param, const l2l_tensor *copy) { param->guard_copy = copy; }
+
 void param_adopt(l2l_param *param, l2l_tensor *value, l2l_tensor *grad) {
   l2l_tensor_free(param->value), param->value = value;
   l2l_tensor_free(param->grad), param->grad = grad;

@@ -52,6 +52,10 @@ l2l_status param_rehome_grad(l2l_param *param, l2l_pool_kind pool);
 /* The parameter's own value and grad become these (same shapes; its old ones freed): a
    record the EPS moved between the host and the device. Not while bound. */
 void param_adopt(l2l_param *param, l2l_tensor *value, l2l_tensor *grad);
+/* A host copy (f32, its shape; NULL: none) of the parameter's value that the frugal
+   LayerNorm guard reads instead of the value where it lives: a record on the device, whose
+   copy the relay keeps current (borrowed: its owner clears it before freeing it). */
+void param_set_guard_copy(l2l_param *param, const l2l_tensor *copy);
 /* Whether the relay may bind a 16-bit copy of the parameter (a GEMM weight or a gathered
    table); the others stay f32 on the device. */
 bool param_low_precision(const l2l_param *param);

@@ -139,8 +139,10 @@ static void masters_home(l2l_relay *run, l2l_layer *layer, bool freeing) {
   for (int r = 0; r < l2l_layer_param_count(layer); r++) {
     l2l_param *p = l2l_layer_param(layer, r);
     bool away = bf16_master(run, p) || l2l_tensor_pool(l2l_param_value(p)) == L2L_POOL_DEVICE;
-    if (away && (freeing || eps_find(&run->eps, p) == NULL))
+    if (away && (freeing || eps_find(&run->eps, p) == NULL)) {
+      param_set_guard_copy(p, NULL);   /* (the EPS's, gone with its record) */
       (void)param_home(p, L2L_POOL_HOST, L2L_F32, true);
+    }
   }
 }
 
@@ -206,6 +208,7 @@ l2l_status relay_move_records(l2l_relay *run, l2l_layer *const *layers, const ui
     l2l_tensor *value = NULL, *grad = NULL;
     eps_move_commit(&moves[i].m, moves[i].rec, &value, &grad);
     param_adopt(moves[i].param, value, grad);
+    param_set_guard_copy(moves[i].param, eps_guard_copy(moves[i].rec));
   }
   free(moves);
   if (status == L2L_OK && n > 0) (void)eps_device_words(&run->eps);   /* (else at eps_prepare) */

@@ -268,6 +268,26 @@ static void stats_record(l2l_relay *run, const struct step *s, const struct step
   pthread_mutex_unlock(&run->lock);
 }
 
+/* The host copies the frugal LayerNorm guard reads of the records on the device made
+   current (one wait, when there are any and a frugal layer reads them) and given to their
+   parameters, before the step's replay or any layer reads them. */
+static l2l_status guard_copies(l2l_relay *run) {
+  bool frugal = false;
+  for (int k = 0; k < run->count; k++) {
+    l2l_layer_config c;
+    l2l_layer_get_config(&c, run->layers[k].layer);
+    frugal |= c.memory == L2L_MEMORY_FRUGAL;
+  }
+  if (frugal) TRY(eps_device_guard_copies(&run->eps));
+  for (int k = 0; k < run->count; k++)
+    for (int r = 0; r < l2l_layer_param_count(run->layers[k].layer); r++) {
+      l2l_param *p = l2l_layer_param(run->layers[k].layer, r);
+      struct eps_record *rec = eps_find(&run->eps, p);
+      param_set_guard_copy(p, rec ? eps_guard_copy(rec) : NULL);
+    }
+  return L2L_OK;
+}
+
 /* Everything before the first visit: checks, the plan of visits, the step's arrays, the
    schedule, with ranks their exchange of sizes, the EPS's bookkeeping (its host budget's
    check), then with ranks whether every rank began: one that could not makes every rank
@@ -275,6 +295,7 @@ static void stats_record(l2l_relay *run, const struct step *s, const struct step
 static l2l_status step_begin(struct step *s, struct step_plan *p) {
   l2l_status status = relay_check_step(s, s->in);
   if (status == L2L_OK) status = relay_place_auto(s);
+  if (status == L2L_OK) status = guard_copies(s->run);
   if (status == L2L_OK) status = relay_schedule(s);
   if (status == L2L_OK) status = relay_check_budget(s);
   if (status == L2L_OK) status = dist_begin(s);   /* (every rank refuses a failed one alike) */

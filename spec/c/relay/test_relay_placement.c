@@ -235,6 +235,33 @@ TEST(relay_records_on_the_device_freeze_and_skip_as_on_the_host) {
   model_free(&init);
 }
 
+/* Between steps: at step 2 the frugal block's first LayerNorm weight (a script's p.value)
+   made tiny, past the guard's threshold: the backward must now take the guarded path, which
+   the guard knows only from the weights as they are (on the device: its host copy, made
+   current as the step begins). */
+static void tiny_layernorm(l2l_relay *r, struct model *m, int step) {
+  (void)r;
+  if (step != 2) return;
+  l2l_tensor *w = l2l_param_value(l2l_layer_param(m->layer[1], 0));
+  for (int64_t i = 0; i < l2l_tensor_numel(w); i += 3) ((float *)l2l_tensor_data(w))[i] = 1e-9f;
+}
+
+TEST(relay_records_on_the_device_guard_their_layernorms_as_on_the_host) {
+  struct shape g = gpt_shape();
+  g.frugal_block = 0;   /* (layer 1: the frugal one) */
+  struct model init;
+  struct data batches[STEPS];
+  model_and_batches(&init, batches, &g, 3, 1);
+  if (CHECK(strcmp(l2l_param_name(l2l_layer_param(init.layer[1], 0)), "ln1.weight") == 0,
+            "layer 1's first record is %s", l2l_param_name(l2l_layer_param(init.layer[1], 0)))) {
+    l2l_relay_config cfg = adamw_config();
+    cfg.micro_batch = 2;
+    placements_match(&init, &cfg, tiny_layernorm, batches, STEPS, "a frugal LayerNorm's weight made tiny");
+  }
+  free_batches(batches, STEPS);
+  model_free(&init);
+}
+
 /* Between steps: a new block (the same in both runs: a clone of this one) inserted before
    the head (step 1), a clone of the first block inserted after it (step 2), the first
    block removed (step 3). */
