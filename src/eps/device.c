@@ -32,8 +32,8 @@ static float *f32_of(const l2l_tensor *t) { return t ? (float *)l2l_tensor_data(
    squares and the largest magnitude, a deferred update's). Kept side by side so that a
    step reads each array back once (a GPU's one sync for all the records), not a value a
    record. They are made anew, exactly as many words as records there, when the records
-   on the device have changed (eps->words_stale: a record joined, left or moved), as a
-   training step begins. */
+   on the device have changed (eps->words_stale: a record joined, left or moved): at once,
+   or as the next training step begins. */
 
 static int32_t *flag_of(const struct eps_record *rec) {
   return (int32_t *)l2l_tensor_data(rec->eps->device_flags) + rec->word;
@@ -60,12 +60,12 @@ l2l_status eps_device_words(struct eps *eps) {
                                    : FAIL(L2L_ERR_NOMEM, "no memory for %d records' flags", n);
   for (int a = 0; status == L2L_OK && n > 0 && a < 2; a++)
     status = l2l_tensor_new(&fresh[a], L2L_POOL_DEVICE, a ? L2L_U8 : L2L_I32, 1, shape[a]);
-  /* each record's flag kept: one that came from the host brings its own (nonfinite) */
+  /* each record's flag kept: one that came from the host brings its own (nonfinite); its
+     new index given once everything is made (a failure keeps the old ones) */
   for (int i = 0, w = 0; status == L2L_OK && i < eps->count; i++) {
-    struct eps_record *rec = eps->records[i];
+    const struct eps_record *rec = eps->records[i];
     if (rec->placement != EPS_PLACE_DEVICE) continue;
-    flags[w] = rec->word >= 0 && rec->word < eps->words ? old[rec->word] : rec->nonfinite;
-    rec->word = w++;
+    flags[w++] = rec->word >= 0 && rec->word < eps->words ? old[rec->word] : rec->nonfinite;
   }
   if (status == L2L_OK && n > 0)
     status = ops()->copy(l2l_tensor_data(fresh[0]), L2L_POOL_DEVICE, flags, L2L_POOL_HOST,
@@ -78,10 +78,13 @@ l2l_status eps_device_words(struct eps *eps) {
     l2l_tensor_free(eps->device_flags), eps->device_flags = fresh[0];
     l2l_tensor_free(eps->device_norms), eps->device_norms = fresh[1];
     eps->words = n, eps->words_stale = false;
-    for (int i = 0; i < eps->count; i++)
-      if (eps->records[i]->placement == EPS_PLACE_DEVICE) eps->records[i]->nonfinite = false;
-  } else {   /* (the indices given are taken back: the old arrays stay, stale) */
-    for (int i = 0; i < eps->count; i++) eps->records[i]->word = -1;
+    for (int i = 0, w = 0; i < eps->count; i++) {
+      struct eps_record *rec = eps->records[i];
+      if (rec->placement != EPS_PLACE_DEVICE) continue;
+      rec->word = w++;
+      rec->nonfinite = false;   /* (in its flag now) */
+    }
+  } else {   /* (the old arrays and indices stay, stale: made again as a step begins) */
     l2l_tensor_free(fresh[0]), l2l_tensor_free(fresh[1]), l2l_tensor_free(back);
   }
   free(old), free(flags);

@@ -294,8 +294,10 @@ static l2l_status guard_copies(l2l_relay *run) {
    refuse the step. A failure frees the step and changes nothing. */
 static l2l_status step_begin(struct step *s, struct step_plan *p) {
   l2l_status status = relay_check_step(s, s->in);
-  if (status == L2L_OK) status = relay_place_auto(s);
+  /* (the guard's copies first: placement auto replays the step, which reads them; a record
+     it moves gets a copy made as it moves) */
   if (status == L2L_OK) status = guard_copies(s->run);
+  if (status == L2L_OK) status = relay_place_auto(s);
   if (status == L2L_OK) status = relay_schedule(s);
   if (status == L2L_OK) status = relay_check_budget(s);
   if (status == L2L_OK) status = dist_begin(s);   /* (every rank refuses a failed one alike) */
