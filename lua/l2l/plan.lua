@@ -14,6 +14,8 @@
 --   disk =} (a step's seconds on each at the rates, as if alone: the device's compute, the
 --   copies each way, the host optimizer's updates, the spill file's I/O) and plan.limit
 --   (the name of the largest: what a faster part of the machine would have to speed up),
+--   plan.hiding_accumulate (when the host optimizer is the limit: the accumulate from
+--   which its updates, once every that many steps, take no longer than the rest of a step),
 --   plan.layers[i].inner, plan.layers[i].stash, plan.layers[i].kept_bytes, .seconds
 --   l2l.Relay{ model = model, plan = plan, ... }  (or plan = "auto": relay.lua)
 --
@@ -152,6 +154,20 @@ local function channels_text(channels)
   return table.concat(parts, ", ")
 end
 
+-- The accumulation (minibatches an update) from which the host optimizer's share of a
+-- step, its updates once every `k` steps, is no more than the largest other channel: the
+-- updates then hide under the rest (issue 49's "choose the tokens per step so that the
+-- host hides"). nil: they hide already, or nothing else takes time. Only the updates'
+-- share shrinks with accumulation: a step's copies and compute are the step's.
+local function hiding_accumulate(channels, accumulate)
+  local other = 0
+  for _, c in ipairs(CHANNELS) do
+    if c[1] ~= "updates" and (channels[c[1]] or 0) > other then other = channels[c[1]] end
+  end
+  if other <= 0 or channels.updates <= other then return nil end
+  return math.ceil(channels.updates * accumulate / other)
+end
+
 -- The channels as a line: each one's milliseconds, and the limit.
 local function channels_line(channels, limit)
   return ("channels a step, each alone: %s; the limit: %s"):format(channels_text(channels),
@@ -176,6 +192,8 @@ function M.wrap(out, model, config, request, owned_by_relay)
     batch = request.batch, seq = request.seq, device_budget = request.device_budget, layers = {},
   }, Plan)
   plan.limit = limit_of(plan.channels)
+  plan.accumulate = config.accumulate
+  plan.hiding_accumulate = hiding_accumulate(plan.channels, config.accumulate)
   local l = ffi.new("l2l_plan_layer")
   for i = 1, n do
     C.l2l_plan_get_layer(l, out[0], i - 1)
@@ -337,6 +355,10 @@ function Plan:__tostring()
   end
   rows[#rows + 1] = ("copies a step: %s to the device, %s back"):format(mib(self.h2d_bytes), mib(self.d2h_bytes))
   rows[#rows + 1] = channels_line(self.channels, self.limit)
+  if self.hiding_accumulate then
+    rows[#rows + 1] = ("the host optimizer hides under the rest of the step from accumulate = %d (%d here: %d samples an update)"):format(
+      self.hiding_accumulate, self.accumulate, self.hiding_accumulate * self.batch)
+  end
   rows[#rows + 1] = ("host: the EPS holds %s between steps (the smallest host budget that works: %s)%s"):format(
     mib(self.host_eps_bytes), mib(self.host_budget_smallest), self.spill and
     (("; the spill file: %s read and %s written a step, %.1f ms at the disk's rates"):format(

@@ -182,6 +182,23 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
         assert.are.equal("updates", plan.limit, "a slow host optimizer limits the step")
         assert.is_truthy(tostring(plan):find("the limit: the host optimizer", 1, true), tostring(plan))
       end
+      if plan.limit == "updates" then
+        -- from the accumulation it names, the updates hide: a plan made with it has
+        -- another limit, and one less would not hide them
+        local k = plan.hiding_accumulate
+        assert.is_true(k ~= nil and k > 1, "a host optimizer that limits names an accumulation to hide it")
+        assert.is_truthy(tostring(plan):find(("from accumulate = %d"):format(k), 1, true), tostring(plan))
+        local at = function(a)
+          return l2l.plan { model = model, batch = 2, seq = 64, device_budget = 2 ^ 40, rates = rates,
+                            precision = "bf16", accumulate = a }
+        end
+        local hidden, short = at(k), at(k - 1)
+        assert.are_not.equal("updates", hidden.limit, "accumulate " .. k)
+        assert.is_nil(hidden.hiding_accumulate)
+        assert.are.equal("updates", short.limit, "accumulate " .. (k - 1))
+      else
+        assert.is_nil(plan.hiding_accumulate, "the updates hide already")
+      end
     end
   end)
 
