@@ -283,7 +283,8 @@ Report.__index = Report
 -- run:plan_report(): {layers = {{kind, inner, stash, predicted, measured}...},
 -- predicted_step_seconds, measured_step_seconds, predicted_device_peak, device_peak,
 -- predicted_h2d_bytes, h2d_bytes, predicted_d2h_bytes, d2h_bytes, predicted_host_eps_bytes,
--- host_eps_bytes, predicted_disk_bytes (each way), disk_read_bytes, disk_written_bytes,
+-- host_eps_bytes, predicted_device_records_bytes, device_records_bytes (the records placed
+-- on the device), predicted_disk_bytes (each way), disk_read_bytes, disk_written_bytes,
 -- predicted_channels and limit (the plan's), measured_channels = {compute =, copies_in =,
 -- copies_out =, updates =} (stats' compute_seconds, h2d_seconds, d2h_seconds and
 -- optimizer_seconds: the updates summed over the workers, where the plan's are all of them
@@ -302,6 +303,8 @@ function M.report(run)
                    predicted_h2d_bytes = plan.h2d_bytes, h2d_bytes = stats.h2d_bytes,
                    predicted_d2h_bytes = plan.d2h_bytes, d2h_bytes = stats.d2h_bytes,
                    predicted_host_eps_bytes = plan.host_eps_bytes, host_eps_bytes = stats.host_eps_bytes,
+                   predicted_device_records_bytes = plan.device_records_bytes,
+                   device_records_bytes = stats.device_records_bytes,
                    predicted_disk_bytes = plan.disk_bytes, disk_read_bytes = stats.spill_read_bytes,
                    disk_written_bytes = stats.spill_written_bytes,
                    predicted_channels = plan.channels, limit = plan.limit,
@@ -385,6 +388,10 @@ function Report:__tostring()
   rows[#rows + 1] = ("host: EPS predicted %s, measured %s; disk: predicted %s each way, measured %s read, %s written"):format(
     mib(self.predicted_host_eps_bytes), mib(self.host_eps_bytes), mib(self.predicted_disk_bytes),
     mib(self.disk_read_bytes), mib(self.disk_written_bytes))
+  if self.predicted_device_records_bytes > 0 or self.device_records_bytes > 0 then
+    rows[#rows + 1] = ("records on the device: predicted %s, measured %s"):format(
+      mib(self.predicted_device_records_bytes), mib(self.device_records_bytes))
+  end
   rows[#rows + 1] = "predicted " .. channels_line(self.predicted_channels, self.limit)
   rows[#rows + 1] = ("measured: %s (the host optimizer's summed over its workers)"):format(
     channels_text(self.measured_channels))

@@ -87,6 +87,33 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
     assert.is_true(lean.device_peak > 0)
   end)
 
+  it("plans with the records on the device, and the relay holds what it predicts", function()
+    -- placement device: no record's bytes on the host or across the link, the records'
+    -- device bytes (the plan's count) the relay's, and the step's peak reached as above
+    local model = tiny_gpt(support.int(2, 3))
+    local B = support.int(2, 6)
+    local plan = l2l.plan { model = model, batch = B, seq = S, device_budget = 2 ^ 40, rates = GPU,
+                            placement = "device" }
+    assert.is_true(plan.device_records_bytes > 0 and plan.host_eps_bytes == 0)
+    assert.is_truthy(tostring(plan):find("beside the records placed on the device", 1, true), tostring(plan))
+    local run = l2l.Relay { model = model, plan = plan, placement = "device", optimizer_threads = 1 }
+    for _ = 1, 2 do run:step(batch(B)) end
+    local st = run:stats()
+    reaches_predicted_peak(st, plan, "placement device")
+    local report = run:plan_report()
+    assert.are.equal(plan.device_records_bytes, report.predicted_device_records_bytes)
+    assert.are.equal(plan.device_records_bytes, report.device_records_bytes)
+    assert.are.equal(0, report.host_eps_bytes)
+    assert.are.equal(plan.h2d_bytes, st.h2d_bytes)
+    assert.is_truthy(tostring(report):find("records on the device: predicted", 1, true), tostring(report))
+    run:free()
+    -- a plan made for the records on the host is not a relay's that keeps them on the device
+    local host_plan = l2l.plan { model = model, batch = B, seq = S, device_budget = 2 ^ 40, rates = GPU }
+    local ok, err = pcall(l2l.Relay, { model = model, plan = host_plan, placement = "device" })
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("placement", 1, true), tostring(err))
+  end)
+
   it("names the smallest budget when none fits, and what needs it", function()
     local model = tiny_gpt(2)
     local ok, err = pcall(l2l.plan, { model = model, batch = 4, seq = S, device_budget = 1000, rates = GPU })
