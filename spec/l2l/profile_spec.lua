@@ -44,10 +44,13 @@ local function batch(c)
   return tok, tgt
 end
 
-local function relay(c)
+-- A relay over a GPT of c (extra: more options of l2l.Relay).
+local function relay(c, extra)
   local model = gpt(c)
-  return l2l.Relay { model = model, micro_batch = c.micro_batch, stash = c.stash, inner = c.inner,
-                     precision = c.precision, optimizer = l2l.AdamW { lr = 1e-3 }, seed = 7 }, model
+  local o = { model = model, micro_batch = c.micro_batch, stash = c.stash, inner = c.inner,
+              precision = c.precision, optimizer = l2l.AdamW { lr = 1e-3 }, seed = 7 }
+  for k, v in pairs(extra or {}) do o[k] = v end
+  return l2l.Relay(o), model
 end
 
 -- A training step's FLOPs by the profile's rules, from the model's shapes alone. GEMMs:
@@ -151,9 +154,7 @@ describe("l2l.profile", function()
     for _, clip in ipairs { 0, 1, 0, 1 } do
       local c = draw()
       local what = describe_config(c) .. (" placement device, clip_global_norm %g"):format(clip)
-      local run = l2l.Relay { model = gpt(c), micro_batch = c.micro_batch, stash = c.stash, inner = c.inner,
-                              optimizer = l2l.AdamW { lr = 1e-3 }, seed = 7, placement = "device",
-                              clip_global_norm = clip }
+      local run = relay(c, { placement = "device", clip_global_norm = clip })
       local tok, tgt = batch(c)
       run:step(tok, tgt)
       local steps = support.int(1, 3)

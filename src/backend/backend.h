@@ -127,6 +127,14 @@ bool optim_axpy_half(float *dst, const uint16_t *src, l2l_dtype dtype, float sca
    EPS's workers and the CPU backend's ops find the same bits. */
 enum { L2L_OPTIM_CHUNK = 1 << 18 };
 _Static_assert(L2L_OPTIM_CHUNK % L2L_STATE_BLOCK == 0, "a chunk is whole blocks of compact state");
+/* The chunks an n-element pass (an update's wave, a gradient's add) is cut into: at least
+   one (an empty one ends an empty shard's wave), and where the one from `begin` ends. */
+static inline int optim_chunks(int64_t n) {
+  return n > 0 ? (int)((n + L2L_OPTIM_CHUNK - 1) / L2L_OPTIM_CHUNK) : 1;
+}
+static inline int64_t optim_chunk_end(int64_t n, int64_t begin) {
+  return n - begin > L2L_OPTIM_CHUNK ? begin + L2L_OPTIM_CHUNK : n > begin ? n : begin;
+}
 /* *sumsq += sum x^2 and *most = max(*most, |x|) over x[0, n), a block of L2L_STATE_BLOCK
    at a time from x (a chunk's start): the one grouping every norm of a gradient uses. */
 void optim_norm_blocks(double *sumsq, float *most, const float *x, int64_t n);

@@ -184,12 +184,18 @@ l2l_status eps_device_state(struct eps_record *rec) {
   return L2L_OK;
 }
 
+/* dst: a new tensor in `pool` of t's dtype and shape holding t's values (t NULL: zeros
+   shaped like `like`, f32). */
+static l2l_status moved(l2l_tensor **dst, l2l_pool_kind pool, const l2l_tensor *t,
+                        const l2l_tensor *like) {
+  TRY(tensor_new_like(dst, pool, t ? (l2l_dtype)l2l_tensor_dtype(t) : L2L_F32, t ? t : like));
+  return t ? l2l_tensor_copy(*dst, t) : l2l_tensor_fill(*dst, 0.0);
+}
+
 /* A guard copy of `master` (pinned, f32, its values) for a 1-D one, else none. */
 static l2l_status guard_copy_of(l2l_tensor **out, const l2l_tensor *master) {
   *out = NULL;
-  if (l2l_tensor_ndim(master) != 1) return L2L_OK;
-  TRY(tensor_new_like(out, L2L_POOL_PINNED, L2L_F32, master));
-  return l2l_tensor_copy(*out, master);
+  return l2l_tensor_ndim(master) == 1 ? moved(out, L2L_POOL_PINNED, master, NULL) : L2L_OK;
 }
 
 l2l_status eps_device_join(struct eps_record *rec) {
@@ -238,14 +244,6 @@ void eps_move_drop(struct eps_move *m) {
   l2l_tensor_free(m->master), l2l_tensor_free(m->grad), l2l_tensor_free(m->staging);
   l2l_tensor_free(m->state[0]), l2l_tensor_free(m->state[1]), l2l_tensor_free(m->guard_copy);
   *m = (struct eps_move){0};
-}
-
-/* dst: a new tensor in `pool` of t's dtype and shape holding t's values (t NULL: zeros
-   shaped like `like`, f32). */
-static l2l_status moved(l2l_tensor **dst, l2l_pool_kind pool, const l2l_tensor *t,
-                        const l2l_tensor *like) {
-  TRY(tensor_new_like(dst, pool, t ? (l2l_dtype)l2l_tensor_dtype(t) : L2L_F32, t ? t : like));
-  return t ? l2l_tensor_copy(*dst, t) : l2l_tensor_fill(*dst, 0.0);
 }
 
 l2l_status eps_move_prepare(struct eps_move *m, const struct eps_record *rec, bool to_device) {

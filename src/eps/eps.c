@@ -270,7 +270,7 @@ l2l_status eps_prepare(struct eps *eps) {
       TRY(l2l_tensor_fill(rec->state[a], 0.0));
     }
     if (eps->optim->waves > 1 && rec->chunk_sums == NULL) {
-      rec->chunk_sums = calloc((size_t)eps_chunks(rec->shard_n), sizeof *rec->chunk_sums);
+      rec->chunk_sums = calloc((size_t)optim_chunks(rec->shard_n), sizeof *rec->chunk_sums);
       if (rec->chunk_sums == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for %s's sums", rec->name);
     }
     if (eps->dist && rec->shard_grad == NULL) {   /* f32, whatever the state's precision */
@@ -349,7 +349,7 @@ static bool absorb_range(struct eps_record *rec, l2l_tensor *incoming, bool drai
 static bool adds_norms(const struct eps *eps, struct eps_record *rec) {
   if (!eps->defer || eps->dist) return false;   /* (with ranks the shard's is found) */
   if (rec->chunk_norms == NULL)
-    rec->chunk_norms = calloc((size_t)eps_chunks(l2l_tensor_numel(rec->grad)), sizeof *rec->chunk_norms);
+    rec->chunk_norms = calloc((size_t)optim_chunks(l2l_tensor_numel(rec->grad)), sizeof *rec->chunk_norms);
   return rec->chunk_norms != NULL;
 }
 
@@ -375,7 +375,7 @@ static bool absorb_whole(struct eps_record *rec, l2l_tensor *incoming, bool drai
   int64_t n = l2l_tensor_numel(rec->grad);
   bool finite = true;
   for (int64_t begin = 0; begin < n; begin += CHUNK) {
-    int64_t end = eps_chunk_end(n, begin);
+    int64_t end = optim_chunk_end(n, begin);
     finite &= absorb_range(rec, incoming, drain, scale, begin, end);
     if (norms) chunk_norm(rec, begin, end);
   }
@@ -414,7 +414,7 @@ static bool arrival_whole(struct arrival *a) {
   int64_t n = l2l_tensor_numel(a->rec->grad);
   bool finite = true;
   for (int64_t begin = 0; begin < n; begin += CHUNK)
-    finite &= arrival_range(a, begin, eps_chunk_end(n, begin));
+    finite &= arrival_range(a, begin, optim_chunk_end(n, begin));
   return finite;
 }
 
@@ -448,7 +448,7 @@ static void absorb_chunk_run(struct core_job *job, int thread) {
 /* The arrival's chunk jobs on the workers (with no memory for them: added here). */
 static void arrival_queue(struct arrival *a) {
   int64_t n = l2l_tensor_numel(a->rec->grad);
-  int chunks = eps_chunks(n);
+  int chunks = optim_chunks(n);
   struct absorb_chunk **jobs = calloc((size_t)chunks, sizeof *jobs);
   bool made = jobs != NULL;
   for (int c = 0; made && c < chunks; c++) made = (jobs[c] = calloc(1, sizeof **jobs)) != NULL;
@@ -463,7 +463,7 @@ static void arrival_queue(struct arrival *a) {
   for (int c = 0; c < chunks; c++) {
     int64_t begin = (int64_t)c * CHUNK;
     *jobs[c] = (struct absorb_chunk){.arrival = a, .begin = begin,
-                                     .end = eps_chunk_end(n, begin)};
+                                     .end = optim_chunk_end(n, begin)};
     jobs[c]->job.run = absorb_chunk_run;
     jobs[c]->job.free_when_done = true;
     jobs[c]->job.release = absorb_chunk_release;
@@ -501,8 +501,7 @@ static void counted(struct eps *eps, struct eps_record *rec, bool finite, int la
   struct eps_norm norm = {0, 0};
   bool device = rec->placement == EPS_PLACE_DEVICE;   /* (its norm read at the release) */
   if (complete && defer && !exchange && device) {
-    l2l_status status = eps_device_norm(rec);
-    if (status != L2L_OK) eps_io_failed(eps, status);
+    eps_io_failed(eps, eps_device_norm(rec));
   } else if (complete && defer && !exchange) {
     norm = eps_grad_norm(rec);
   }
@@ -578,7 +577,7 @@ static void held_check(struct eps *eps, struct eps_record *rec, int layer) {
   pthread_mutex_lock(&eps->lock);
   eps->held_checks++;
   pthread_mutex_unlock(&eps->lock);
-  size_t chunks = (size_t)eps_chunks(l2l_tensor_numel(rec->grad));
+  size_t chunks = (size_t)optim_chunks(l2l_tensor_numel(rec->grad));
   if (rec->grad_zero == NULL) rec->grad_zero = calloc(chunks, 1);
   else memset(rec->grad_zero, 0, chunks);
   struct arrival check = {.eps = eps, .rec = rec, .check = true, .layer = layer};
@@ -645,8 +644,7 @@ static void eps_absorb(struct eps *eps, struct eps_record *rec, l2l_tensor *grad
 static void eps_give_device(struct eps *eps, struct eps_record *rec, l2l_tensor *grad,
                             float scale, int layer) {
   arrival_begins(eps);
-  l2l_status status = eps_device_add(rec, grad, scale, !eps->deferred_step);
-  if (status != L2L_OK) eps_io_failed(eps, status);
+  eps_io_failed(eps, eps_device_add(rec, grad, scale, !eps->deferred_step));
   counted(eps, rec, true, layer);   /* (its finiteness is the device's flag's) */
 }
 
@@ -687,8 +685,7 @@ void eps_abandon_step(struct eps *eps) {
   eps_wait_arrivals(eps);
   /* updates queued on the device that a flag skipped are known now, their flags cleared
      (else the next step's would read them) */
-  l2l_status status = eps_device_skips(eps);
-  if (status != L2L_OK) eps_io_failed(eps, status);
+  eps_io_failed(eps, eps_device_skips(eps));
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     if (rec->arrived > 0 && rec->arrived < rec->expected) {
@@ -703,8 +700,7 @@ void eps_abandon_step(struct eps *eps) {
 bool eps_step_release(struct eps *eps, float clip, double unscale, double *norm) {
   double sumsq = 0;
   eps_wait_arrivals(eps);
-  l2l_status read = eps_device_norms(eps);   /* the device's records' norms, at once */
-  if (read != L2L_OK) eps_io_failed(eps, read);
+  eps_io_failed(eps, eps_device_norms(eps));   /* the device's records' norms, at once */
   if (eps->dist) eps_wait_agreed(eps);   /* every record's norm summed over ranks */
   for (int i = 0; i < eps->count; i++)
     if (due(eps->records[i])) sumsq += eps->records[i]->sumsq;
@@ -747,8 +743,7 @@ bool eps_step_release(struct eps *eps, float clip, double unscale, double *norm)
 int eps_nonfinite_skips(struct eps *eps, const char **name, int *layer) {
   eps_wait_arrivals(eps);   /* the last arrival's add decides its record */
   if (eps->dist) eps_wait_agreed(eps);   /* with ranks, the summed gradient does */
-  l2l_status status = eps_device_skips(eps);   /* records on the device: their flags */
-  if (status != L2L_OK) eps_io_failed(eps, status);
+  eps_io_failed(eps, eps_device_skips(eps));   /* records on the device: their flags */
   pthread_mutex_lock(&eps->lock);
   int skips = eps->nonfinite_skips;
   *name = eps->nonfinite_name;

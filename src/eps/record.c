@@ -93,11 +93,11 @@ struct eps_norm eps_grad_norm(const struct eps_record *rec) {
   int64_t n = l2l_tensor_numel(rec->grad);
   const float *g = l2l_tensor_data(rec->grad);
   struct eps_norm whole = {0, 0};
-  for (int c = 0; c < eps_chunks(n); c++) {
+  for (int c = 0; c < optim_chunks(n); c++) {
     int64_t begin = (int64_t)c * CHUNK;
     struct eps_norm chunk = {0, 0};
     if (rec->norms_valid) chunk = rec->chunk_norms[c];
-    else optim_norm_blocks(&chunk.sumsq, &chunk.most, g + begin, eps_chunk_end(n, begin) - begin);
+    else optim_norm_blocks(&chunk.sumsq, &chunk.most, g + begin, optim_chunk_end(n, begin) - begin);
     whole.sumsq += chunk.sumsq;
     whole.most = chunk.most > whole.most ? chunk.most : whole.most;
   }

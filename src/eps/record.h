@@ -13,12 +13,6 @@
 #include "eps.h"
 
 enum { CHUNK = L2L_OPTIM_CHUNK };   /* (backend.h: the CPU backend's ops cut alike) */
-/* The chunks an n-element pass (an update's wave, a gradient's add) is cut into: at least
-   one (an empty one ends an empty shard's wave), and where the one from `begin` ends. */
-static inline int eps_chunks(int64_t n) { return n > 0 ? (int)((n + CHUNK - 1) / CHUNK) : 1; }
-static inline int64_t eps_chunk_end(int64_t n, int64_t begin) {
-  return n - begin > CHUNK ? begin + CHUNK : n > begin ? n : begin;
-}
 
 /* A gradient the EPS owns (a GPU's, copied back to pinned memory), held for the update
    to read instead of added into the accumulator first: scale * grad, f32 or 16-bit. A
@@ -280,7 +274,7 @@ l2l_status eps_state_out(struct eps *eps, struct eps_record *rec);
 l2l_status eps_state_for_update(struct eps *eps, struct eps_record *rec);
 l2l_status eps_spill_read_state(struct eps *eps, struct eps_record *rec, int which,
                                 l2l_tensor **out);
-void eps_io_failed(struct eps *eps, l2l_status status);
+void eps_io_failed(struct eps *eps, l2l_status status);   /* (L2L_OK: nothing) */
 /* Before a step's updates (eps_prepare, before anything changes): the host
    budget checked; with a spill file, which records keep their state in memory (the
    others' written out now) and the first reads ahead queued. */

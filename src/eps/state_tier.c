@@ -442,6 +442,7 @@ static l2l_status state_in(struct eps *eps, struct eps_record *rec) {
 
 /* A spill failure on a worker: the first is kept for the step to report. */
 void eps_io_failed(struct eps *eps, l2l_status status) {
+  if (status == L2L_OK) return;
   pthread_mutex_lock(&eps->lock);
   if (eps->io_status == L2L_OK) {
     eps->io_status = status;
@@ -516,8 +517,7 @@ l2l_status eps_state_for_update(struct eps *eps, struct eps_record *rec) {
 
 void eps_grad_clear(struct eps *eps, struct eps_record *rec, bool zeroed) {
   if (rec->placement == EPS_PLACE_DEVICE) {   /* (none of it in host memory) */
-    l2l_status status = eps_device_clear(rec);
-    if (status != L2L_OK) eps_io_failed(eps, status);
+    eps_io_failed(eps, eps_device_clear(rec));
     return;
   }
   eps_held_free(rec);   /* (the gradients held beside it go with it) */

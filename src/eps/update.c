@@ -51,12 +51,12 @@ static int64_t wave_elements(const struct eps_record *rec, int wave) {
 /* Queues the chunks of one wave of rec's update (rec's chunks_left set under the lock). */
 static void queue_wave(struct eps *eps, struct eps_record *rec, int wave) {
   int64_t n = wave_elements(rec, wave);
-  int chunks = eps_chunks(n);
+  int chunks = optim_chunks(n);
   pthread_mutex_lock(&eps->lock);
   rec->chunks_left = chunks;
   pthread_mutex_unlock(&eps->lock);
   for (int c = 0; c < chunks; c++) {
-    int64_t begin = (int64_t)c * CHUNK, end = eps_chunk_end(n, begin);
+    int64_t begin = (int64_t)c * CHUNK, end = optim_chunk_end(n, begin);
     struct chunk_job chunk = {.eps = eps, .rec = rec, .begin = begin, .end = end, .wave = wave};
     struct chunk_job *cj = calloc(1, sizeof *cj);
     if (cj == NULL) {   /* finish the wave inline rather than lose it */
@@ -82,8 +82,7 @@ static void waiting_begin(struct eps *eps, struct eps_record *next) {
 void eps_start_update(struct eps *eps, struct eps_record *rec, float grad_scale) {
   if (rec->placement == EPS_PLACE_DEVICE) {   /* queued on the device now, on this thread */
     rec->hyper = eps_update_hyper(eps, rec, grad_scale);
-    l2l_status status = eps_device_update(rec, &rec->hyper, !eps->deferred_step);
-    if (status != L2L_OK) eps_io_failed(eps, status);
+    eps_io_failed(eps, eps_device_update(rec, &rec->hyper, !eps->deferred_step));
     return;
   }
   if (eps->spill == NULL) {
@@ -218,7 +217,7 @@ static void chunk_run(struct core_job *job, int thread) {
     rec->chunk_sums[cj->begin / CHUNK][1] = sums[1];
   }
   bool wave_done = --rec->chunks_left == 0;
-  for (int c = 0; wave_done && !last_wave && c < eps_chunks(rec->shard_n); c++) {
+  for (int c = 0; wave_done && !last_wave && c < optim_chunks(rec->shard_n); c++) {
     rec->wave_sums[0] += rec->chunk_sums[c][0];
     rec->wave_sums[1] += rec->chunk_sums[c][1];
   }
@@ -282,8 +281,7 @@ void eps_stage(struct eps *eps) {
     struct eps_record *rec = eps->records[i];
     if (rec->staging == NULL) continue;
     if (rec->placement == EPS_PLACE_DEVICE) {   /* on the device, in its order */
-      l2l_status status = eps_device_stage(rec);
-      if (status != L2L_OK) eps_io_failed(eps, status);
+      eps_io_failed(eps, eps_device_stage(rec));
       continue;
     }
     pthread_mutex_lock(&eps->lock);

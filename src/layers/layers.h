@@ -45,7 +45,8 @@ int layer_output_dims(int64_t *dims, const l2l_layer *layer, const l2l_layer_bat
 void param_bind(l2l_param *param, l2l_tensor *value, l2l_tensor *grad);
 /* The parameter's own value replaced by a tensor of `dtype` in `pool` holding its values
    (rounded to nearest even, or exactly widened): the relay's bf16 masters and records
-   placed on the device, and f32 host values again as its layer leaves. Refused while bound; a failure leaves the value as it was. */
+   placed on the device, and f32 host values again as its layer leaves. Refused while
+   bound; a failure leaves the value as it was. */
 l2l_status param_rehome(l2l_param *param, l2l_pool_kind pool, l2l_dtype dtype);
 /* The same for its gradient (f32 always): a record placed on the device keeps it there. */
 l2l_status param_rehome_grad(l2l_param *param, l2l_pool_kind pool);

@@ -135,22 +135,14 @@ l2l_status relay_place_auto(struct step *s) {
   uint64_t key = relay_step_key(s, false) ^ budget * 0x9e3779b97f4a7c15ull;
   if (run->place_key_set && run->place_key == key) return L2L_OK;
   struct plan_layer *pl = calloc((size_t)s->L, sizeof *pl);
-  l2l_layer **layers = calloc((size_t)s->L, sizeof *layers);
-  uint32_t *want = calloc((size_t)s->L, sizeof *want);
-  l2l_status status = pl && layers && want ? L2L_OK : FAIL(L2L_ERR_NOMEM, "no memory to place a step's records");
-  for (int k = 0; status == L2L_OK && k < s->L; k++) {
-    const struct relay_layer *rl = active_layer(s, k);
-    layers[k] = rl->layer;
-    pl[k] = (struct plan_layer){.layer = rl->layer, .role = layer_role(rl->layer),
-                                .frozen = rl->frozen, .inner = rl->inner, .stash = rl->stash};
-  }
-  uint64_t bytes = 0;
-  if (status == L2L_OK)
-    status = plan_step_place(pl, s->L, &run->config, s->B, s->S, s->mb, s->in->token_types != NULL,
-                             s->in->key_mask != NULL, budget, &bytes);
-  for (int k = 0; status == L2L_OK && k < s->L; k++) want[k] = pl[k].on_device;
-  if (status == L2L_OK) status = relay_move_records(run, layers, want, s->L);
+  if (pl == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to place a step's records");
+  for (int k = 0; k < s->L; k++) pl[k] = relay_plan_layer(run, active_layer(s, k));
+  uint64_t bytes = 0;   /* (the placement's own: the budget checks count what is placed) */
+  l2l_status status = plan_step_place(pl, s->L, &run->config, s->B, s->S, s->mb,
+                                      s->in->token_types != NULL, s->in->key_mask != NULL,
+                                      budget, &bytes);
+  if (status == L2L_OK) status = relay_move_records(run, pl, s->L);
   if (status == L2L_OK) run->place_key = key, run->place_key_set = true;
-  free(pl), free(layers), free(want);
+  free(pl);
   return status;
 }

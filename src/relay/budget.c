@@ -50,18 +50,19 @@ uint64_t relay_step_key(const struct step *s, bool placement) {
   return h;
 }
 
+struct plan_layer relay_plan_layer(const l2l_relay *run, const struct relay_layer *rl) {
+  return (struct plan_layer){.layer = rl->layer, .role = layer_role(rl->layer),
+                             .frozen = rl->frozen, .inner = rl->inner, .stash = rl->stash,
+                             .on_device = relay_on_device(run, rl->layer)};
+}
+
 /* The planner's replay of a step of the active layers `active` (L of them). */
 static l2l_status step_peak(uint64_t *peak, const l2l_relay *run, const int *active, int L,
                             int64_t B, int64_t S, int64_t mb, bool token_types, bool key_mask,
                             bool training, bool any_weights) {
   struct plan_layer *pl = calloc((size_t)L, sizeof *pl);
   if (pl == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to replay a step");
-  for (int k = 0; k < L; k++) {
-    const struct relay_layer *rl = &run->layers[active[k]];
-    pl[k] = (struct plan_layer){.layer = rl->layer, .role = layer_role(rl->layer),
-                                .frozen = rl->frozen, .inner = rl->inner, .stash = rl->stash,
-                                .on_device = relay_on_device(run, rl->layer)};
-  }
+  for (int k = 0; k < L; k++) pl[k] = relay_plan_layer(run, &run->layers[active[k]]);
   l2l_status status = plan_step_peak(peak, pl, L, &run->config, B, S, mb, token_types, key_mask,
                                      training, any_weights);
   free(pl);

@@ -183,18 +183,18 @@ static l2l_status eps_records(l2l_relay *run, l2l_layer *const *list, int n, int
   return status;
 }
 
-l2l_status relay_move_records(l2l_relay *run, l2l_layer *const *layers, const uint32_t *want, int L) {
+l2l_status relay_move_records(l2l_relay *run, const struct plan_layer *layers, int L) {
   int cap = 0, n = 0;
-  for (int k = 0; k < L; k++) cap += l2l_layer_param_count(layers[k]);
+  for (int k = 0; k < L; k++) cap += l2l_layer_param_count(layers[k].layer);
   struct move { l2l_param *param; struct eps_record *rec; struct eps_move m; } *moves =
       calloc((size_t)(cap > 0 ? cap : 1), sizeof *moves);
   if (moves == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to move %d records", cap);
   l2l_status status = L2L_OK;
   for (int k = 0; status == L2L_OK && k < L; k++)
-    for (int r = 0; status == L2L_OK && r < l2l_layer_param_count(layers[k]); r++) {
-      l2l_param *p = l2l_layer_param(layers[k], r);
+    for (int r = 0; status == L2L_OK && r < l2l_layer_param_count(layers[k].layer); r++) {
+      l2l_param *p = l2l_layer_param(layers[k].layer, r);
       struct eps_record *rec = eps_find(&run->eps, p);
-      bool to = want[k] >> r & 1, seen = false;
+      bool to = layers[k].on_device >> r & 1, seen = false;
       for (int i = 0; i < n; i++) seen |= moves[i].param == p;   /* (a tied record: once) */
       if (seen || rec == NULL || eps_on_device(rec) == to) continue;
       moves[n] = (struct move){.param = p, .rec = rec};

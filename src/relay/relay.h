@@ -392,10 +392,13 @@ uint64_t relay_step_key(const struct step *s, bool placement);
    to the device or the host as the planner places them within the device budget (plan_place),
    again only when what the placement depends on changed. A failure moves nothing. */
 l2l_status relay_place_auto(struct step *s);
-/* The records of layers[0 .. L) moved between the host and the device as want[k] says
-   (bit r: record r of layer k on the device), every move prepared before any is made
-   (relay.c). */
-l2l_status relay_move_records(l2l_relay *run, l2l_layer *const *layers, const uint32_t *want, int L);
+/* A relay layer as the planner takes it: its policies, and its records on the device as
+   they are (budget.c). */
+struct plan_layer relay_plan_layer(const l2l_relay *run, const struct relay_layer *rl);
+/* The records of layers[0 .. L) moved between the host and the device as their on_device
+   bits say (bit r: record r of that layer on the device), every move prepared before any
+   is made (relay.c). */
+l2l_status relay_move_records(l2l_relay *run, const struct plan_layer *layers, int L);
 /* A layer's records on the device as the EPS keeps them (bit r: its record r). */
 uint32_t relay_on_device(const l2l_relay *run, const l2l_layer *layer);
 l2l_status relay_run_visits(struct step *s);

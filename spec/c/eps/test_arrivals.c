@@ -525,8 +525,8 @@ TEST(eps_pass_bytes_count_what_each_pass_moves) {
       double written = 0;   /* elements of the accumulator chunk a script wrote into */
       if (step == 1) {
         int r = (int)check_rand_int(0, n - 1);
-        int64_t m = l2l_tensor_numel(g0[r]), c = (int64_t)check_rand_int(0, eps_chunks(m) - 1);
-        written = (double)(eps_chunk_end(m, c * CHUNK) - c * CHUNK);
+        int64_t m = l2l_tensor_numel(g0[r]), c = (int64_t)check_rand_int(0, optim_chunks(m) - 1);
+        written = (double)(optim_chunk_end(m, c * CHUNK) - c * CHUNK);
         for (int k = 0; k < 2; k++)
           ((float *)l2l_tensor_data(l2l_param_grad(l2l_layer_param(t.layers[k], r))))[c * CHUNK] = 1.0f;
       }

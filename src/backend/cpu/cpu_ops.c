@@ -74,12 +74,6 @@ static l2l_status cpu_adamw(float *param, float *m, float *v, const float *grad,
    record are each chunk's, added in the chunks' order, so a record placed on this
    backend's device gets the bits its update on the host gets. */
 
-static int64_t chunks_of(int64_t n) { return n > 0 ? (n + L2L_OPTIM_CHUNK - 1) / L2L_OPTIM_CHUNK : 0; }
-static int64_t chunk_end(int64_t n, int64_t c) {
-  int64_t end = (c + 1) * (int64_t)L2L_OPTIM_CHUNK;
-  return end < n ? end : n;
-}
-
 /* One block of one wave of an update (LAMB: wave 0 the moments and their sums, wave 1 the
    step with the trust ratio). */
 static void update_block(float *p, float *s0, float *s1, const float *g, int64_t n,
@@ -96,20 +90,22 @@ static void update_block(float *p, float *s0, float *s1, const float *g, int64_t
 
 static l2l_status cpu_optim_update(float *p, float *s0, float *s1, float *grad, int64_t n,
                                    const struct optim_hyper *h, const int32_t *skip) {
-  int64_t chunks = chunks_of(n);
+  int64_t chunks = optim_chunks(n);
   int waves = h->kind == L2L_OPTIMIZER_LAMB ? 2 : 1, nt = threads_for(n * 8);
   double (*sums)[2] = NULL;
-  if (waves > 1 && (sums = calloc((size_t)(chunks > 0 ? chunks : 1), sizeof *sums)) == NULL)
+  if (waves > 1 && (sums = calloc((size_t)chunks, sizeof *sums)) == NULL)
     return core_fail(L2L_ERR_NOMEM, "no memory for an update's sums (%lld chunks)", (long long)chunks);
   float trust = 1.0f;
   for (int wave = 0; !(skip != NULL && *skip != 0) && wave < waves; wave++) {
 #pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t c = 0; c < chunks; c++)
-      for (int64_t at = c * L2L_OPTIM_CHUNK; at < chunk_end(n, c); at += L2L_STATE_BLOCK) {
-        int64_t k = chunk_end(n, c) - at < L2L_STATE_BLOCK ? chunk_end(n, c) - at : L2L_STATE_BLOCK;
+    for (int64_t c = 0; c < chunks; c++) {
+      int64_t end = optim_chunk_end(n, c * L2L_OPTIM_CHUNK);
+      for (int64_t at = c * L2L_OPTIM_CHUNK; at < end; at += L2L_STATE_BLOCK) {
+        int64_t k = end - at < L2L_STATE_BLOCK ? end - at : L2L_STATE_BLOCK;
         update_block(p + at, s0 ? s0 + at : NULL, s1 ? s1 + at : NULL, grad + at, k, h, wave,
                      sums ? sums[c] : NULL, trust);
       }
+    }
     if (wave == 0 && waves > 1) {
       double whole[2] = {0, 0};
       for (int64_t c = 0; c < chunks; c++) whole[0] += sums[c][0], whole[1] += sums[c][1];
@@ -124,11 +120,11 @@ static l2l_status cpu_optim_update(float *p, float *s0, float *s1, float *grad, 
 
 static l2l_status cpu_grad_add(float *acc, const void *g, l2l_dtype dtype, float scale,
                                int64_t n, int32_t *flag) {
-  int64_t chunks = chunks_of(n);
+  int64_t chunks = optim_chunks(n);
   int nonfinite = 0, nt = threads_for(n * 3);
 #pragma omp parallel for schedule(static) num_threads(nt) reduction(| : nonfinite)
   for (int64_t c = 0; c < chunks; c++) {
-    int64_t at = c * L2L_OPTIM_CHUNK, k = chunk_end(n, c) - at;
+    int64_t at = c * L2L_OPTIM_CHUNK, k = optim_chunk_end(n, at) - at;
     bool finite = dtype == L2L_F32
                       ? optim_axpy(acc + at, (const float *)g + at, scale, k)
                       : optim_axpy_half(acc + at, (const uint16_t *)g + at, dtype, scale, k);
@@ -139,15 +135,15 @@ static l2l_status cpu_grad_add(float *acc, const void *g, l2l_dtype dtype, float
 }
 
 static l2l_status cpu_grad_norm(double *out, const float *g, int64_t n) {
-  int64_t chunks = chunks_of(n);
-  struct { double sumsq; float most; } *part = calloc((size_t)(chunks > 0 ? chunks : 1), sizeof *part);
+  int64_t chunks = optim_chunks(n);
+  struct { double sumsq; float most; } *part = calloc((size_t)chunks, sizeof *part);
   if (part == NULL)
     return core_fail(L2L_ERR_NOMEM, "no memory for a norm's sums (%lld chunks)", (long long)chunks);
   int nt = threads_for(n);
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t c = 0; c < chunks; c++)
     optim_norm_blocks(&part[c].sumsq, &part[c].most, g + c * L2L_OPTIM_CHUNK,
-                      chunk_end(n, c) - c * L2L_OPTIM_CHUNK);
+                      optim_chunk_end(n, c * L2L_OPTIM_CHUNK) - c * L2L_OPTIM_CHUNK);
   double sumsq = 0;
   float most = 0;
   for (int64_t c = 0; c < chunks; c++) {
