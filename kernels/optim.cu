@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* optim.cu — a record placed on the device: its gradient added into its accumulator, and
- * one step of its optimizer (SGD with momentum, AdamW, LAMB) on f32 master and state.
+ * one step of its optimizer (SGD with momentum, AdamW, LAMB) on its f32 master and its
+ * state in f32, bf16 or 8 bits.
  *
  * Purpose: kernels/optim.h's launchers. Each element is the host kernels' expression
  * (src/backend/optim_kernels.c) written again, since device code cannot call host code;
@@ -100,26 +101,10 @@ static __device__ __forceinline__ float lamb_r(const struct k_optim &o, float m,
 
 enum { LAMB_BLOCKS = 1024 };
 
-/* Wave one: the moments (the gradient cleared as read), and each block's sums of p^2 and
-   r^2 into partial[2 * block]. */
-__global__ void __launch_bounds__(L2L_THREADS)
-    lamb_moments_kernel(float *p, float *m, float *v, float *grad, int64_t n, struct k_optim o,
-                        const int32_t *skip, double *partial) {
+/* This thread block's sums of p^2 (pp) and r^2 (rr) over its threads, in a fixed tree
+   order, into partial[2 * block] and partial[2 * block + 1]. */
+static __device__ void block_sums_out(double pp, double rr, double *partial) {
   __shared__ double sums[2][L2L_THREADS];
-  double pp = 0, rr = 0;
-  const bool go = !skipped(skip);
-  for (int64_t i = thread_index(); i < n; i += grid_threads()) {
-    float g = o.scale * grad[i], pi = p[i];
-    grad[i] = 0.0f;
-    if (!go) continue;
-    float mi = o.b1 * m[i] + o.c1 * g;
-    float vi = o.b2 * v[i] + o.c2 * (g * g);
-    m[i] = mi;
-    v[i] = vi;
-    float r = lamb_r(o, mi, vi, pi);
-    pp += (double)pi * (double)pi;
-    rr += (double)r * (double)r;
-  }
   sums[0][threadIdx.x] = pp;
   sums[1][threadIdx.x] = rr;
   __syncthreads();
@@ -134,6 +119,28 @@ __global__ void __launch_bounds__(L2L_THREADS)
     partial[2 * blockIdx.x] = sums[0][0];
     partial[2 * blockIdx.x + 1] = sums[1][0];
   }
+}
+
+/* Wave one: the moments (the gradient cleared as read), and each block's sums of p^2 and
+   r^2 into partial[2 * block]. */
+__global__ void __launch_bounds__(L2L_THREADS)
+    lamb_moments_kernel(float *p, float *m, float *v, float *grad, int64_t n, struct k_optim o,
+                        const int32_t *skip, double *partial) {
+  double pp = 0, rr = 0;
+  const bool go = !skipped(skip);
+  for (int64_t i = thread_index(); i < n; i += grid_threads()) {
+    float g = o.scale * grad[i], pi = p[i];
+    grad[i] = 0.0f;
+    if (!go) continue;
+    float mi = o.b1 * m[i] + o.c1 * g;
+    float vi = o.b2 * v[i] + o.c2 * (g * g);
+    m[i] = mi;
+    v[i] = vi;
+    float r = lamb_r(o, mi, vi, pi);
+    pp += (double)pi * (double)pi;
+    rr += (double)r * (double)r;
+  }
+  block_sums_out(pp, rr, partial);
 }
 
 /* The blocks' sums in block order, and the trust ratio |p| / |r| (1 where either is 0 or
@@ -183,4 +190,199 @@ extern "C" int k_optim_update(float *p, float *s0, float *s1, float *grad, int64
     }
     default: return invalid_argument();
   }
+}
+
+/* ---------------------------------------------------------------- one step on compact state
+
+   bf16 or 8-bit state (include/l2l/relay.h, "optimizers"), a block of K_STATE_BLOCK
+   elements to a thread block: each thread decodes its 8 elements' state into registers,
+   runs the f32 step above on them, and (a wave that writes the state) encodes them again;
+   an 8-bit block's new scale is its largest magnitude (the root code's: of sqrt(v)),
+   reduced in shared memory first, and each element's code the nearest by the code's rule
+   (state_codes.c's `nearest`, written again). Blocks are taken grid-stride by at most
+   LAMB_BLOCKS thread blocks, so LAMB's partial sums are a fixed partition of the record. */
+
+enum { K_STATE_BLOCK = 2048, K_PER_THREAD = K_STATE_BLOCK / L2L_THREADS };
+static_assert(K_STATE_BLOCK % L2L_THREADS == 0, "a state block is whole threads' elements");
+
+/* The 8-bit codes' values (src/backend/state_codes.c's, copied from the host). */
+struct k_codes {
+  float signed_value[256], root_value[256];
+};
+
+static __device__ __forceinline__ int code_nearest(float y, int bits) {
+  const float down[8] = {1.0f, 1e-1f, 1e-2f, 1e-3f, 1e-4f, 1e-5f, 1e-6f, 1e-7f};
+  const float up[8] = {1.0f, 1e1f, 1e2f, 1e3f, 1e4f, 1e5f, 1e6f, 1e7f};
+  int e = 0;
+  float ten_e = 1.0f;
+#pragma unroll
+  for (int j = 1; j < 8; j++) {
+    if (j >= bits) break;
+    bool below = y <= down[j];
+    e += below;
+    ten_e = below ? up[j] : ten_e;
+  }
+  int f = bits - 1 - e;
+  float two_f = bits_f32((uint32_t)(127 + f) << 23);
+  float position = __fmul_rn(__fsub_rn(__fmul_rn(y, ten_e), 0.1f), __fmul_rn(two_f, 1.0f / 0.9f));
+  float rounded = ceilf(position - 0.5f);   /* ties to the smaller */
+  int top = (1 << bits) - 1;
+  rounded = rounded > (float)top ? (float)top : rounded;
+  rounded = rounded >= -1.0f ? rounded : -1.0f;
+  int q = (int)two_f - 1 + (int)rounded;
+  int lowest = y > 0.5f * down[bits - 1];
+  q = e == bits - 1 ? lowest : q;
+  return q > top ? top : q;
+}
+
+struct CompactArgs {
+  float *p, *grad;
+  void *s[2];
+  int64_t n;
+  int precision;   /* 1 bf16, 2 8 bits */
+  int wave;        /* LAMB: 0 the moments and sums, 1 the step; else 0 */
+  struct k_optim o;
+  const int32_t *skip;
+  const float *trust;   /* LAMB's wave 1 */
+};
+
+static __device__ __forceinline__ float *scales_of(void *array, int64_t n) {
+  return reinterpret_cast<float *>(static_cast<uint8_t *>(array) + ((n + 3) / 4) * 4);
+}
+
+__global__ void __launch_bounds__(L2L_THREADS)
+    compact_step_kernel(CompactArgs a, struct k_codes codes, double *partial) {
+  __shared__ float value[2][256];
+  __shared__ float most[2][L2L_THREADS / 32];
+  for (int i = threadIdx.x; i < 256; i += L2L_THREADS)
+    value[0][i] = codes.signed_value[i], value[1][i] = codes.root_value[i];
+  __syncthreads();
+  const struct k_optim &o = a.o;
+  const bool go = !skipped(a.skip), lamb = o.kind == 2, sgd = o.kind == 0;
+  const bool writes = a.wave == 0 && go;   /* the state encoded again */
+  const int arrays = a.s[1] != nullptr ? 2 : a.s[0] != nullptr ? 1 : 0;
+  double pp = 0, rr = 0;
+  int64_t blocks = (a.n + K_STATE_BLOCK - 1) / K_STATE_BLOCK;
+  for (int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    float st[2][K_PER_THREAD];
+    float scale[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int s = 0; s < 2; s++)
+      if (s < arrays && a.precision == 2) scale[s] = scales_of(a.s[s], a.n)[b];
+#pragma unroll
+    for (int k = 0; k < K_PER_THREAD; k++) {
+      int64_t i = b * K_STATE_BLOCK + k * L2L_THREADS + threadIdx.x;
+      st[0][k] = st[1][k] = 0.0f;
+      if (i >= a.n) continue;
+#pragma unroll
+      for (int s = 0; s < 2; s++) {
+        if (s >= arrays) continue;
+        if (a.precision == 1) {
+          st[s][k] = bf16_to_f32(static_cast<const uint16_t *>(a.s[s])[i]);
+        } else {
+          bool root = s == 1 && !sgd;   /* (a root code keeps sqrt(v)) */
+          float c = value[root][static_cast<const uint8_t *>(a.s[s])[i]] * scale[s];
+          st[s][k] = root ? c * c : c;
+        }
+      }
+      if (lamb && a.wave == 1) {
+        if (go) a.p[i] = a.p[i] - (o.lr * *a.trust) * lamb_r(o, st[0][k], st[1][k], a.p[i]);
+        continue;
+      }
+      float g = o.scale * a.grad[i], pi = a.p[i];
+      a.grad[i] = 0.0f;
+      if (!go) continue;
+      if (sgd) {
+        if (arrays == 0) {
+          a.p[i] = pi - o.decay * pi - o.lr * g;
+        } else {
+          float m = o.mu_prev * st[0][k] + g;
+          st[0][k] = m;
+          a.p[i] = pi - o.decay * pi - o.lr * (o.nesterov ? g + o.momentum * m : m);
+        }
+        continue;
+      }
+      float mi = o.b1 * st[0][k] + o.c1 * g;
+      float vi = o.b2 * st[1][k] + o.c2 * (g * g);
+      st[0][k] = mi, st[1][k] = vi;
+      if (lamb) {
+        float r = lamb_r(o, mi, vi, pi);
+        pp += (double)pi * (double)pi;
+        rr += (double)r * (double)r;
+      } else {
+        a.p[i] = pi - o.step * mi / (sqrtf(vi) * o.rsb2 + o.eps) - o.decay * pi;
+      }
+    }
+    if (!writes) continue;
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+      if (s >= arrays) continue;
+      bool root = s == 1 && !sgd;
+      if (a.precision == 1) {
+#pragma unroll
+        for (int k = 0; k < K_PER_THREAD; k++) {
+          int64_t i = b * K_STATE_BLOCK + k * L2L_THREADS + threadIdx.x;
+          if (i < a.n) static_cast<uint16_t *>(a.s[s])[i] = f32_to_bf16(st[s][k]);
+        }
+        continue;
+      }
+      float m = 0.0f;   /* (comparisons, as the host's: a NaN is not the largest) */
+#pragma unroll
+      for (int k = 0; k < K_PER_THREAD; k++) {
+        float x = root ? sqrtf(st[s][k] > 0.0f ? st[s][k] : 0.0f) : fabsf(st[s][k]);
+        st[s][k] = root ? x : st[s][k];
+        m = x > m ? x : m;
+      }
+      for (int off = 16; off > 0; off /= 2) {
+        float other = __shfl_xor_sync(0xffffffffu, m, off);
+        m = other > m ? other : m;
+      }
+      if (threadIdx.x % 32 == 0) most[s][threadIdx.x / 32] = m;
+      __syncthreads();
+      m = 0.0f;
+      for (int w = 0; w < L2L_THREADS / 32; w++) m = most[s][w] > m ? most[s][w] : m;
+      __syncthreads();   /* (most[] is read by every thread before the next block's) */
+      if (threadIdx.x == 0) scales_of(a.s[s], a.n)[b] = m;
+      float lift = m < 0x1p-100f ? 0x1p100f : 1.0f, inv = 1.0f / (m * lift);
+#pragma unroll
+      for (int k = 0; k < K_PER_THREAD; k++) {
+        int64_t i = b * K_STATE_BLOCK + k * L2L_THREADS + threadIdx.x;
+        if (i >= a.n) continue;
+        uint8_t q = 0;
+        if (m > 0.0f) {
+          if (root) {
+            q = (uint8_t)code_nearest(st[s][k] * lift * inv, 8);
+          } else {
+            int c = code_nearest(fabsf(st[s][k]) * lift * inv, 7);
+            q = (uint8_t)(c | (int)((f32_bits(st[s][k]) >> 31) & (c != 0)) << 7);
+          }
+        }
+        static_cast<uint8_t *>(a.s[s])[i] = q;
+      }
+    }
+  }
+  if (!lamb || a.wave != 0) return;
+  block_sums_out(pp, rr, partial);
+}
+
+extern "C" int k_optim_update_compact(float *p, void *s0, void *s1, int precision, float *grad,
+                                      int64_t n, const struct k_optim *o,
+                                      const float *signed_value, const float *root_value,
+                                      const int32_t *skip, double *scratch, void *stream) {
+  if (n < 0 || (precision != 1 && precision != 2)) return invalid_argument();
+  if (o->kind != 0 && (s0 == nullptr || s1 == nullptr)) return invalid_argument();
+  cudaStream_t s = (cudaStream_t)stream;
+  struct k_codes codes;
+  for (int i = 0; i < 256; i++)
+    codes.signed_value[i] = signed_value[i], codes.root_value[i] = root_value[i];
+  int64_t wanted = (n + K_STATE_BLOCK - 1) / K_STATE_BLOCK;
+  int blocks = wanted < 1 ? 1 : wanted > LAMB_BLOCKS ? LAMB_BLOCKS : (int)wanted;
+  float *trust = reinterpret_cast<float *>(scratch + 2 * LAMB_BLOCKS);
+  CompactArgs a{p, grad, {s0, s1}, n, precision, 0, *o, skip, trust};
+  compact_step_kernel<<<blocks, L2L_THREADS, 0, s>>>(a, codes, scratch);
+  if (o->kind != 2) return k_launched();
+  lamb_trust_kernel<<<1, 1, 0, s>>>(scratch, blocks, trust);
+  a.wave = 1;
+  compact_step_kernel<<<blocks, L2L_THREADS, 0, s>>>(a, codes, scratch);
+  return k_launched();
 }

@@ -273,7 +273,8 @@ typedef struct l2l_relay_config {
                                    and each record is updated there by the same optimizer
                                    as soon as it is complete, so no weight, gradient or
                                    state crosses the link; on the CPU backend the same bits
-                                   as host placement. Needs state f32, master f32, no
+                                   as host placement. The state in its precision (f32,
+                                   bf16 or 8 bits, as on the host). Needs master f32, no
                                    dist, no spill_dir and no clip_layer_norm (not built for
                                    the device yet). L2L_PLACE_AUTO: before each training
                                    step the planner places on the device the records that

@@ -73,6 +73,9 @@ struct optim_hyper {
   int64_t t;             /* updates of this record so far, this one included (>= 1) */
   float grad_scale;      /* the kernels use g = grad_scale * grad (accumulation mean,
                             clipping), without writing grad */
+  l2l_state_precision state;   /* the state arrays' (the host's kernels take f32 arrays:
+                                  the EPS decodes compact state; optim_update below
+                                  decodes and encodes it itself) */
 };
 
 /* SGD on n elements; buf is NULL when momentum = 0 (state arrays start at zero). */
@@ -120,6 +123,30 @@ bool optim_axpy_drain(float *dst, float *src, float scale, int64_t n);
 double optim_sumsq_half(const uint16_t *x, l2l_dtype dtype, int64_t n);
 bool optim_axpy_half(float *dst, const uint16_t *src, l2l_dtype dtype, float scale,
                      int64_t n);
+
+/* The optimizer state in its precision (state_codes.c; l2l.h, "optimizers"): the two 8-bit
+   codes, a momentum's signed one and the unsigned one of a second moment's square root;
+   the value of each code byte (times a block's scale; a root code's squared too); the
+   nearest code byte of y / scale (a root code's of a magnitude in [0, 1]). */
+enum optim_code { OPTIM_CODE_SIGNED, OPTIM_CODE_ROOT };
+/* The code of an optimizer's state array: Adam's second (v: never negative) keeps its
+   square root in the unsigned code, every other array is a signed momentum. */
+static inline enum optim_code optim_state_code(l2l_optimizer_kind kind, int array) {
+  return kind != L2L_OPTIMIZER_SGD && array == 1 ? OPTIM_CODE_ROOT : OPTIM_CODE_SIGNED;
+}
+const float *optim_code_values(enum optim_code code);
+int optim_code_nearest(enum optim_code code, float y);
+/* Elements [begin, begin + n) of a state array of array_n elements kept in `state`, decoded
+   into out / encoded from in (an 8-bit array: begin a multiple of L2L_STATE_BLOCK, and n
+   too unless the range ends the array, since a block's scale covers the whole block). */
+void optim_state_decode(float *out, const void *array, int64_t array_n, int64_t begin, int64_t n,
+                        l2l_state_precision state, enum optim_code code);
+void optim_state_encode(void *array, int64_t array_n, int64_t begin, const float *in, int64_t n,
+                        l2l_state_precision state, enum optim_code code);
+/* Where the 8-bit array of n elements keeps its blocks' scales (core.h's layout). */
+static inline float *optim_state_scales(void *array, int64_t n) {
+  return (float *)((uint8_t *)array + state8_codes_bytes(n));
+}
 
 /* The elements of a chunk: an update's work is cut into chunks of this many (a multiple of
    L2L_STATE_BLOCK), and sums over a record (LAMB's norms, a gradient's norm) are each
@@ -274,12 +301,15 @@ struct backend_ops {
   l2l_status (*adamw)(float *param, float *m, float *v, const float *grad, int64_t n,
                       const l2l_adamw_config *config, float bias_correction1,
                       float bias_correction2);
-  /* A record placed on the device (issue 49), its master p (n), f32 state s0 and s1 (NULL
-     beyond the optimizer's count) and gradient accumulator grad (n), on the device:
+  /* A record placed on the device (issue 49), its master p (n), state s0 and s1 (NULL
+     beyond the optimizer's count; arrays of n elements in h->state's precision, laid out as
+     a host record's: optim_state_decode's) and gradient accumulator grad (n), on the device:
      - optim_update: one update by h (the optimizer's kind, its step's constants, the
        gradient's scale), which leaves grad zero; skip (on the device, may be NULL): where
        *skip is not 0 p and the state stay as they are (grad is still cleared). LAMB's
-       whole-record sums in the chunks' order (L2L_OPTIM_CHUNK, above).
+       whole-record sums in the chunks' order (L2L_OPTIM_CHUNK, above). Compact state is
+       decoded a block of L2L_STATE_BLOCK at a time, updated in f32 and encoded again (by
+       the first wave: LAMB's second only reads it), as the EPS's host update does.
      - grad_add: acc (n) += scale * g (n, f32 or a 16-bit dtype widened exactly), and
        *flag (on the device; NULL: none) = 1 where a sum is an inf, a NaN or
        EPS_GRAD_LIMIT or more (else left as it was): the EPS's add, whose flag the
@@ -287,7 +317,7 @@ struct backend_ops {
      - grad_norm: out[0] and out[1] (on the device) = g's (n) sum of squares and largest
        magnitude, a block at a time in chunks as optim_norm_blocks (a deferred update's
        norm, read back with every record's at once). */
-  l2l_status (*optim_update)(float *p, float *s0, float *s1, float *grad, int64_t n,
+  l2l_status (*optim_update)(float *p, void *s0, void *s1, float *grad, int64_t n,
                              const struct optim_hyper *h, const int32_t *skip);
   l2l_status (*grad_add)(float *acc, const void *g, l2l_dtype dtype, float scale, int64_t n,
                          int32_t *flag);

@@ -314,14 +314,16 @@ static l2l_status p_adamw(float *param, float *m, float *v, const float *grad, i
            7 * F * d(n), L2L_BOUND_MEM, false, "n=%lld", (long long)n);
 }
 
-/* A record's update on the device: the master and each state array read and written (LAMB
-   reads them once more in its second wave), the gradient read and cleared. */
-static l2l_status p_optim_update(float *p, float *s0, float *s1, float *grad, int64_t n,
+/* A record's update on the device: the master and each state array (in its precision)
+   read and written (LAMB reads them once more in its second wave), the gradient read and
+   cleared. */
+static l2l_status p_optim_update(float *p, void *s0, void *s1, float *grad, int64_t n,
                                  const struct optim_hyper *h, const int32_t *skip) {
   double arrays = (s0 != NULL) + (s1 != NULL), lamb = h->kind == L2L_OPTIMIZER_LAMB;
+  double state = (double)host_state_bytes(h->state, n);
   PROFILED(optim_update(p, s0, s1, grad, n, h, skip), "optim_update", 0,
-           d(n) * F * (2 + 2 * arrays + 2 + lamb * (1 + arrays)), L2L_BOUND_MEM, false,
-           "n=%lld kind=%d", (long long)n, (int)h->kind);
+           d(n) * F * (4 + lamb) + arrays * state * (2 + lamb), L2L_BOUND_MEM, false,
+           "n=%lld kind=%d state=%d", (long long)n, (int)h->kind, (int)h->state);
 }
 
 static l2l_status p_grad_add(float *acc, const void *g, l2l_dtype dtype, float scale, int64_t n,

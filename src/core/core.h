@@ -204,10 +204,11 @@ void host_record_bytes(struct host_record *out, int64_t numel, int64_t shard_n,
                        int arrays, l2l_state_precision state, l2l_dtype master,
                        l2l_dtype staging, bool dist);
 /* A record placed on the device (placement device): its bytes in the device pool, as the
-   pool counts them (the f32 master, gradient accumulator and `arrays` f32 state arrays, a
-   16-bit copy the device reads unless staging is f32); and the words of n such records
-   (a flag, i32, and a norm, two f64, each: two arrays). */
-uint64_t device_record_bytes(int64_t numel, int arrays, l2l_dtype staging);
+   pool counts them (the f32 master, gradient accumulator and `arrays` state arrays in
+   `state`'s precision, a 16-bit copy the device reads unless staging is f32); and the
+   words of n such records (a flag, i32, and a norm, two f64, each: two arrays). */
+uint64_t device_record_bytes(int64_t numel, int arrays, l2l_state_precision state,
+                             l2l_dtype staging);
 uint64_t device_words_bytes(int n);
 /* Bytes of one optimizer state array of n elements in precision `state` (l2l.h, "optimizers":
    8bit is n codes padded to 4 bytes, then an f32 scale a block); 0 for an unknown one. */

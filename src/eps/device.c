@@ -3,7 +3,8 @@
  * accumulator, its update, its norm, its clear, its 16-bit copy and the flag that says its
  * gradient was not finite, each through the backend's ops table.
  *
- * Purpose: a record whose master, accumulator and optimizer state fit on the device is
+ * Purpose: a record whose master, accumulator and optimizer state (in its precision, laid
+ * out as on the host: quant.c's eps_state_new) fit on the device is
  * updated there, in the device's order, by the same optimizer (the backend's optim_update:
  * on the CPU backend the EPS's own host kernels in the EPS's chunks, so the bits are the
  * host placement's; on a GPU kernels/optim.cu), so no byte of it crosses the link or
@@ -23,7 +24,8 @@
 
 static const struct backend_ops *ops(void) { return backend_for(L2L_POOL_DEVICE); }
 
-static float *f32_of(const l2l_tensor *t) { return t ? (float *)l2l_tensor_data(t) : NULL; }
+static void *data_of(const l2l_tensor *t) { return t ? l2l_tensor_data(t) : NULL; }
+static float *f32_of(const l2l_tensor *t) { return data_of(t); }
 
 /* ---------------------------------------------------------------- the records' words
 
@@ -99,7 +101,7 @@ l2l_status eps_device_add(struct eps_record *rec, const l2l_tensor *grad, float 
 }
 
 l2l_status eps_device_update(struct eps_record *rec, const struct optim_hyper *h, bool flagged) {
-  TRY(ops()->optim_update(f32_of(rec->master), f32_of(rec->state[0]), f32_of(rec->state[1]),
+  TRY(ops()->optim_update(f32_of(rec->master), data_of(rec->state[0]), data_of(rec->state[1]),
                           f32_of(rec->grad), l2l_tensor_numel(rec->master), h,
                           flagged ? flag_of(rec) : NULL));
   rec->updates++;   /* (taken back at the step's end if its flag skipped it) */
@@ -178,24 +180,22 @@ l2l_status eps_device_stage(struct eps_record *rec) {
 l2l_status eps_device_state(struct eps_record *rec) {
   for (int a = 0; a < optim_state_count(&rec->eps->optimizer); a++) {
     if (rec->state[a] != NULL) continue;
-    TRY(tensor_new_like(&rec->state[a], L2L_POOL_DEVICE, L2L_F32, rec->master));
-    TRY(l2l_tensor_fill(rec->state[a], 0.0));
+    TRY(eps_state_new(&rec->state[a], rec, L2L_POOL_DEVICE));
+    TRY(l2l_tensor_fill(rec->state[a], 0.0));   /* (zero in every precision: 8 bits too) */
   }
   return L2L_OK;
 }
 
-/* dst: a new tensor in `pool` of t's dtype and shape holding t's values (t NULL: zeros
-   shaped like `like`, f32). */
-static l2l_status moved(l2l_tensor **dst, l2l_pool_kind pool, const l2l_tensor *t,
-                        const l2l_tensor *like) {
-  TRY(tensor_new_like(dst, pool, t ? (l2l_dtype)l2l_tensor_dtype(t) : L2L_F32, t ? t : like));
-  return t ? l2l_tensor_copy(*dst, t) : l2l_tensor_fill(*dst, 0.0);
+/* dst: a new tensor in `pool` of t's dtype and shape holding t's values. */
+static l2l_status moved(l2l_tensor **dst, l2l_pool_kind pool, const l2l_tensor *t) {
+  TRY(tensor_new_like(dst, pool, (l2l_dtype)l2l_tensor_dtype(t), t));
+  return l2l_tensor_copy(*dst, t);
 }
 
 /* A guard copy of `master` (pinned, f32, its values) for a 1-D one, else none. */
 static l2l_status guard_copy_of(l2l_tensor **out, const l2l_tensor *master) {
   *out = NULL;
-  return l2l_tensor_ndim(master) == 1 ? moved(out, L2L_POOL_PINNED, master, NULL) : L2L_OK;
+  return l2l_tensor_ndim(master) == 1 ? moved(out, L2L_POOL_PINNED, master) : L2L_OK;
 }
 
 l2l_status eps_device_join(struct eps_record *rec) {
@@ -233,6 +233,7 @@ uint64_t eps_device_bytes(const struct eps *eps) {
     if (rec->placement != EPS_PLACE_DEVICE) continue;
     n++;
     bytes += device_record_bytes(l2l_tensor_numel(rec->master), optim_state_count(&eps->optimizer),
+                                 eps->optimizer.state,
                                  rec->staging ? (l2l_dtype)l2l_tensor_dtype(rec->staging) : L2L_F32);
   }
   return bytes + device_words_bytes(n);
@@ -249,13 +250,16 @@ void eps_move_drop(struct eps_move *m) {
 l2l_status eps_move_prepare(struct eps_move *m, const struct eps_record *rec, bool to_device) {
   *m = (struct eps_move){.to_device = to_device};
   l2l_pool_kind pool = to_device ? L2L_POOL_DEVICE : L2L_POOL_HOST;
-  l2l_status status = moved(&m->master, pool, rec->master, NULL);
-  if (status == L2L_OK) status = moved(&m->grad, pool, rec->grad, NULL);
+  l2l_status status = moved(&m->master, pool, rec->master);
+  if (status == L2L_OK) status = moved(&m->grad, pool, rec->grad);
   if (status == L2L_OK && rec->staging)   /* (rewritten from the master as each step begins) */
     status = tensor_new_like(&m->staging, to_device ? L2L_POOL_DEVICE : L2L_POOL_PINNED,
                              (l2l_dtype)l2l_tensor_dtype(rec->staging), rec->staging);
-  for (int a = 0; status == L2L_OK && a < optim_state_count(&rec->eps->optimizer); a++)
-    if (to_device || rec->state[a]) status = moved(&m->state[a], pool, rec->state[a], rec->master);
+  for (int a = 0; status == L2L_OK && a < optim_state_count(&rec->eps->optimizer); a++) {
+    if (rec->state[a] != NULL) status = moved(&m->state[a], pool, rec->state[a]);
+    else if (to_device && (status = eps_state_new(&m->state[a], rec, pool)) == L2L_OK)
+      status = l2l_tensor_fill(m->state[a], 0.0);   /* (never updated: zeros) */
+  }
   if (status == L2L_OK && to_device) status = guard_copy_of(&m->guard_copy, rec->master);
   if (status != L2L_OK) eps_move_drop(m);
   return status;

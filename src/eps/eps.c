@@ -266,7 +266,7 @@ l2l_status eps_prepare(struct eps *eps) {
         TRY(eps_device_state(rec));
         continue;
       }
-      TRY(eps_state_new(&rec->state[a], rec));
+      TRY(eps_state_new(&rec->state[a], rec, L2L_POOL_HOST));
       TRY(l2l_tensor_fill(rec->state[a], 0.0));
     }
     if (eps->optim->waves > 1 && rec->chunk_sums == NULL) {

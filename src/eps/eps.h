@@ -57,9 +57,6 @@ struct optimizer_ops {
   /* State arrays per record (at most 2); the first wave writes them, a later one only
      reads them (compact state is encoded again after the first alone). */
   int (*state_count)(const l2l_optimizer_config *config);
-  /* The array holding a second moment (Adam's v: never negative; 8-bit state keeps its
-     square root in the unsigned code), or -1: every array is a signed momentum. */
-  int second_moment;
   /* The config's fields of this kind (the shared ones are checked before). */
   l2l_status (*check)(const l2l_optimizer_config *config);
   void (*chunk)(const struct optim_chunk *chunk);
@@ -76,23 +73,6 @@ int optim_state_count(const l2l_optimizer_config *config);
 
 /* ---------------------------------------------------------------- compact state (quant.c) */
 
-/* The two 8-bit codes (l2l.h, "optimizers"): a momentum's signed one, and the unsigned
-   one of a second moment's square root. */
-enum eps_code { EPS_CODE_SIGNED, EPS_CODE_ROOT };
-static inline enum eps_code eps_state_code(const struct optimizer_ops *optim, int array) {
-  return array == optim->second_moment ? EPS_CODE_ROOT : EPS_CODE_SIGNED;
-}
-/* The value of each code byte (times a block's scale; a root code's squared too). */
-const float *eps_code_values(enum eps_code code);
-/* The nearest code byte of y / scale (a root code's of a magnitude in [0, 1]). */
-int eps_code_nearest(enum eps_code code, float y);
-/* Elements [begin, begin + n) of a state array of array_n elements kept in `state`, decoded
-   into out / encoded from in (an 8-bit array: begin a multiple of L2L_STATE_BLOCK, and n
-   too unless the range ends the array, since a block's scale covers the whole block). */
-void eps_state_decode(float *out, const void *array, int64_t array_n, int64_t begin, int64_t n,
-                      l2l_state_precision state, enum eps_code code);
-void eps_state_encode(void *array, int64_t array_n, int64_t begin, const float *in, int64_t n,
-                      l2l_state_precision state, enum eps_code code);
 /* One chunk of an update on compact state or a bf16 master, from element `begin` of the
    record's arrays (a multiple of L2L_STATE_BLOCK): chunk's grad and n as for the f32
    kernels (state[] unused). The state is written back after the first wave, the master

@@ -287,7 +287,7 @@ l2l_status eps_state_whole(l2l_tensor **out, struct eps *eps, struct eps_record 
     return L2L_OK;
   }
   if (rec->placement == EPS_PLACE_DEVICE) {   /* a host copy (kept as a gathered one) */
-    TRY(tensor_new_like(&rec->gathered[which], L2L_POOL_HOST, L2L_F32, shard));
+    TRY(tensor_new_like(&rec->gathered[which], L2L_POOL_HOST, (l2l_dtype)l2l_tensor_dtype(shard), shard));
     l2l_status status = l2l_tensor_copy(rec->gathered[which], shard);
     if (status == L2L_OK) *out = rec->gathered[which];
     return status;

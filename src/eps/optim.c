@@ -129,9 +129,9 @@ static void lamb_chunk(const struct optim_chunk *c) {
 }
 
 static const struct optimizer_ops optimizers[] = {
-    [L2L_OPTIMIZER_SGD] = {"sgd", 1, sgd_state_count, -1, sgd_check, sgd_chunk},
-    [L2L_OPTIMIZER_ADAMW] = {"adamw", 1, adam_state_count, 1, adam_check, adamw_chunk},
-    [L2L_OPTIMIZER_LAMB] = {"lamb", 2, adam_state_count, 1, adam_check, lamb_chunk},
+    [L2L_OPTIMIZER_SGD] = {"sgd", 1, sgd_state_count, sgd_check, sgd_chunk},
+    [L2L_OPTIMIZER_ADAMW] = {"adamw", 1, adam_state_count, adam_check, adamw_chunk},
+    [L2L_OPTIMIZER_LAMB] = {"lamb", 2, adam_state_count, adam_check, lamb_chunk},
 };
 
 const struct optimizer_ops *optimizer_ops(l2l_optimizer_kind kind) {

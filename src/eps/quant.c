@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* quant.c — the optimizer state in its precision: f32, bf16 or blockwise 8 bits (l2l.h,
- * "optimizers": the codes and the layout are stated there once); the update that runs on
- * compact state; a record's state arrays made in the precision, and a checkpoint's state,
+/* quant.c — the update that runs on the optimizer state in its precision (bf16 or
+ * blockwise 8 bits, the codes the backend's state_codes.c); a record's state arrays made
+ * in the precision, and a checkpoint's state,
  * in any precision, checked and converted into it (for eps_restore, which state_tier.c
  * defines: the tier drops a stale read ahead and writes the new state out).
  *
@@ -13,9 +13,6 @@
  * memory once each way and the scratch stays in the core's cache. A bf16 master (the
  * relay's master = bf16) goes the same way: decoded into scratch, updated in f32, and
  * rounded back stochastically (eps_bf16_stochastic) by Philox draws the record owns.
- * 8-bit encoding is the nearest code, computed from the code's rule (`nearest`) rather than
- * searched for, so that it vectorizes (test_quant checks it against a search in double).
- * Ties go to the smaller magnitude.
  * A restore checks every value it is given (finite; a second moment >= 0) as it converts,
  * and only then replaces the record's state, so a refusal changes nothing; a checkpoint's
  * save checks what it writes the same way (l2l_state_array_check: one check for both).
@@ -23,179 +20,9 @@
  * for (the scales of an array's blocks are addressed from its length).
  */
 #include <math.h>
-#include <pthread.h>
 #include <string.h>
 
 #include "record.h"
-
-/* Powers of ten, for the decades (float constants: 10^-E rounded once). */
-static const float TEN_DOWN[8] = {1.0f, 1e-1f, 1e-2f, 1e-3f, 1e-4f, 1e-5f, 1e-6f, 1e-7f};
-static const float TEN_UP[8] = {1.0f, 1e1f, 1e2f, 1e3f, 1e4f, 1e5f, 1e6f, 1e7f};
-
-/* Each byte's value, from the code's rule evaluated in double and rounded once. */
-static float signed_value[256], root_value[256];
-static pthread_once_t codes_once = PTHREAD_ONCE_INIT;
-
-/* Magnitude index q of the code of `bits` bits: F = floor(log2 q), k = q - 2^F,
-   E = bits - 1 - F: 10^-E (0.1 + 0.9 (k + 1) / 2^F), and 0 for q = 0. */
-static double magnitude_of(int q, int bits) {
-  if (q == 0) return 0.0;
-  int f = 0;
-  while ((2 << f) <= q) f++;
-  return pow(10.0, -(bits - 1 - f)) * (0.1 + 0.9 * (q - (1 << f) + 1) / (double)(1 << f));
-}
-
-static void codes_build(void) {
-  for (int byte = 0; byte < 256; byte++) {
-    float m = (float)magnitude_of(byte & 127, 7);
-    signed_value[byte] = byte & 128 ? -m : m;
-    root_value[byte] = (float)magnitude_of(byte, 8);
-  }
-}
-
-const float *eps_code_values(enum eps_code code) {
-  pthread_once(&codes_once, codes_build);
-  return code == EPS_CODE_SIGNED ? signed_value : root_value;
-}
-
-/* The nearest code of a magnitude y >= 0 in the code of `bits` bits (y > 1 gives the
-   largest), by arithmetic rather than a search, so that the loops calling it vectorize
-   with no table: the decade E (y in (10^-(E+1), 10^-E]) is how many of 10^-1 ..
-   10^-(bits-1) y is at or below; with F = bits - 1 - E, decade E's levels are
-   10^-E (0.1 + 0.9 (k + 1) / 2^F) at indexes 2^F + k, and index 2^F - 1 is the top of the
-   decade below (10^-E 0.1), so the nearest index is 2^F - 1 plus the position
-   (y 10^E - 0.1) 2^F / 0.9 rounded (ties down). The lowest decade's one level has 0 below
-   it, not a decade: there the nearest is the level or 0, split at its half. The float
-   arithmetic can move the choice only for a y within a few ulps of a midpoint. */
-static inline int nearest(float y, int bits) {
-  const float *down = TEN_DOWN, *up = TEN_UP;
-  int e = 0;
-  float ten_e = 1.0f;
-  for (int j = 1; j < bits; j++) {
-    bool below = y <= down[j];
-    e += below;
-    ten_e = below ? up[j] : ten_e;
-  }
-  int f = bits - 1 - e;
-  float two_f = bits_float((uint32_t)(127 + f) << 23);
-  float position = (y * ten_e - 0.1f) * (two_f * (1.0f / 0.9f));
-  float rounded = ceilf(position - 0.5f);   /* ties to the smaller */
-  int top = (1 << bits) - 1;
-  /* clamped so that a NaN (from an inf in the block) converts defined: to -1 */
-  rounded = rounded > (float)top ? (float)top : rounded;
-  rounded = rounded >= -1.0f ? rounded : -1.0f;
-  int q = (int)two_f - 1 + (int)rounded;
-  int lowest = y > 0.5f * down[bits - 1];
-  q = e == bits - 1 ? lowest : q;
-  return q > top ? top : q;
-}
-
-int eps_code_nearest(enum eps_code code, float y) {
-  if (code == EPS_CODE_SIGNED) {
-    int q = nearest(fabsf(y), 7);
-    return q != 0 && y < 0 ? q | 128 : q;
-  }
-  return nearest(y, 8);
-}
-
-/* ---------------------------------------------------------------- one array's blocks */
-
-/* Where the 8-bit array of n elements keeps its scales (core.h's layout). */
-static float *scales_of(void *array, int64_t n) {
-  return (float *)((uint8_t *)array + state8_codes_bytes(n));
-}
-
-/* One block of at most L2L_STATE_BLOCK values x into codes and its scale. A root code
-   keeps sqrt(x) (x >= 0: a negative x counts as 0). */
-static void block_encode(uint8_t *restrict q, float *scale, const float *restrict x, int64_t n,
-                         enum eps_code code) {
-  float root[L2L_STATE_BLOCK];
-  const float *v = x;
-  /* comparisons, not fmaxf: without -ffinite-math-only fmaxf is a call per element */
-  if (code == EPS_CODE_ROOT) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) root[i] = sqrtf(x[i] > 0.0f ? x[i] : 0.0f);
-    v = root;
-  }
-  float most = 0.0f;
-#pragma omp simd reduction(max : most)
-  for (int64_t i = 0; i < n; i++) {
-    float a = fabsf(v[i]);
-    most = a > most ? a : most;
-  }
-  *scale = most;
-  if (!(most > 0.0f)) {   /* zero (or a NaN: nothing meaningful to keep) */
-    memset(q, 0, (size_t)n);
-    return;
-  }
-  /* the reciprocal's product (a quotient past 1 gives the top code); for a scale so small
-     that its reciprocal is inf, the values are scaled up first (exactly: a power of 2) */
-  float lift = most < 0x1p-100f ? 0x1p100f : 1.0f, inv = 1.0f / (most * lift);
-  if (code == EPS_CODE_ROOT) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) q[i] = (uint8_t)nearest(v[i] * lift * inv, 8);
-  } else {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) {
-      int m = nearest(fabsf(v[i]) * lift * inv, 7);
-      int negative = (int)(float_bits(v[i]) >> 31) & (m != 0);   /* zero is byte 0 */
-      q[i] = (uint8_t)(m | negative << 7);
-    }
-  }
-}
-
-static void block_decode(float *restrict x, const uint8_t *restrict q, float scale, int64_t n,
-                         enum eps_code code) {
-  if (code == EPS_CODE_ROOT) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) {
-      float r = root_value[q[i]] * scale;
-      x[i] = r * r;
-    }
-  } else {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) x[i] = signed_value[q[i]] * scale;
-  }
-}
-
-void eps_state_decode(float *out, const void *array, int64_t array_n, int64_t begin, int64_t n,
-                      l2l_state_precision state, enum eps_code code) {
-  pthread_once(&codes_once, codes_build);
-  if (state == L2L_STATE_F32) {
-    memcpy(out, (const float *)array + begin, (size_t)n * sizeof(float));
-  } else if (state == L2L_STATE_BF16) {
-    const uint16_t *h = (const uint16_t *)array + begin;
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) out[i] = half_bf16_to_f32(h[i]);
-  } else {
-    const float *scale = scales_of((void *)array, array_n) + begin / L2L_STATE_BLOCK;
-    for (int64_t at = 0; at < n; at += L2L_STATE_BLOCK) {
-      int64_t bn = n - at < L2L_STATE_BLOCK ? n - at : L2L_STATE_BLOCK;
-      block_decode(out + at, (const uint8_t *)array + begin + at, scale[at / L2L_STATE_BLOCK], bn,
-                   code);
-    }
-  }
-}
-
-void eps_state_encode(void *array, int64_t array_n, int64_t begin, const float *in, int64_t n,
-                      l2l_state_precision state, enum eps_code code) {
-  if (state == L2L_STATE_F32) {
-    memcpy((float *)array + begin, in, (size_t)n * sizeof(float));
-  } else if (state == L2L_STATE_BF16) {
-    uint16_t *h = (uint16_t *)array + begin;
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) h[i] = half_from_f32_bf16(in[i]);
-  } else {
-    float *scale = scales_of(array, array_n) + begin / L2L_STATE_BLOCK;
-    for (int64_t at = 0; at < n; at += L2L_STATE_BLOCK) {
-      int64_t bn = n - at < L2L_STATE_BLOCK ? n - at : L2L_STATE_BLOCK;
-      block_encode((uint8_t *)array + begin + at, &scale[at / L2L_STATE_BLOCK], in + at, bn, code);
-    }
-    if (begin + n == array_n)   /* the padding before the scales: zero, as documented */
-      memset((uint8_t *)array + array_n, 0, (size_t)((uint8_t *)scales_of(array, array_n) -
-                                                     ((uint8_t *)array + array_n)));
-  }
-}
 
 /* ---------------------------------------------------------------- the update */
 
@@ -220,14 +47,14 @@ void eps_compact_chunk(const struct optimizer_ops *optim, const struct optim_chu
       void *array = compact->state[a];
       block.state[a] = array != NULL ? scratch[a] : NULL;
       if (array != NULL)
-        eps_state_decode(scratch[a], array, compact->state_n, begin + at, block.n,
-                         compact->precision, eps_state_code(optim, a));
+        optim_state_decode(scratch[a], array, compact->state_n, begin + at, block.n,
+                         compact->precision, optim_state_code(chunk->h->kind, a));
     }
     optim->chunk(&block);
     for (int a = 0; chunk->wave == 0 && a < 2; a++)
       if (compact->state[a] != NULL)
-        eps_state_encode(compact->state[a], compact->state_n, begin + at, scratch[a], block.n,
-                         compact->precision, eps_state_code(optim, a));
+        optim_state_encode(compact->state[a], compact->state_n, begin + at, scratch[a], block.n,
+                         compact->precision, optim_state_code(chunk->h->kind, a));
     if (mh != NULL && last_wave) {   /* the wave that moved the weights */
       uint16_t *out = compact->master + at;
       philox_range(draws, compact->seed, compact->stream, compact->first_draw + (uint64_t)at,
@@ -240,19 +67,20 @@ void eps_compact_chunk(const struct optimizer_ops *optim, const struct optim_chu
 
 /* ---------------------------------------------------------------- state arrays made and restored */
 
-/* An optimizer state array of rec in the state's precision: its shard's elements (all of
-   them on one process). (The shard's reduced gradient is f32 whatever this precision.) */
-l2l_status eps_state_new(l2l_tensor **out, const struct eps_record *rec) {
+/* An optimizer state array of rec in the state's precision, in `pool`: its shard's
+   elements (all of them on one process). (The shard's reduced gradient is f32 whatever
+   this precision.) */
+l2l_status eps_state_new(l2l_tensor **out, const struct eps_record *rec, l2l_pool_kind pool) {
   l2l_state_precision state = rec->eps->optimizer.state;
   if (state == L2L_STATE_8BIT) {   /* codes and scales: a vector of bytes (an empty shard: 4) */
     int64_t shape[1] = {rec->shard_n > 0 ? (int64_t)eps_array_bytes(rec) : 4};
-    return l2l_tensor_new(out, L2L_POOL_HOST, L2L_U8, 1, shape);
+    return l2l_tensor_new(out, pool, L2L_U8, 1, shape);
   }
   l2l_dtype dtype = state_dtype(state);
   if (rec->eps->dist == NULL)   /* all of the record, in its shape */
-    return tensor_new_like(out, L2L_POOL_HOST, dtype, rec->master);
+    return tensor_new_like(out, pool, dtype, rec->master);
   int64_t shape[1] = {rec->shard_n > 0 ? rec->shard_n : 1};   /* an empty shard: 1 unused */
-  return l2l_tensor_new(out, L2L_POOL_HOST, dtype, 1, shape);
+  return l2l_tensor_new(out, pool, dtype, 1, shape);
 }
 
 /* The shard's elements of a whole state array in precision p, copied as they are into
@@ -263,8 +91,8 @@ static void shard_copy(void *dst, const void *src, const struct eps_record *rec,
   int64_t n = l2l_tensor_numel(rec->master), lo = rec->shard_begin, k = rec->shard_n;
   if (p == L2L_STATE_8BIT) {
     memcpy(dst, (const uint8_t *)src + lo, (size_t)k);
-    memset((uint8_t *)dst + k, 0, (size_t)((uint8_t *)scales_of(dst, k) - ((uint8_t *)dst + k)));
-    memcpy(scales_of(dst, k), scales_of((void *)src, n) + lo / L2L_STATE_BLOCK,
+    memset((uint8_t *)dst + k, 0, (size_t)((uint8_t *)optim_state_scales(dst, k) - ((uint8_t *)dst + k)));
+    memcpy(optim_state_scales(dst, k), optim_state_scales((void *)src, n) + lo / L2L_STATE_BLOCK,
            (size_t)state8_blocks(k) * sizeof(float));
   } else {
     size_t elem = (size_t)state_elem_bytes(p);
@@ -282,12 +110,12 @@ static l2l_state_precision given_precision(const l2l_tensor *t) {
    l2l_state_array_check, so that what a save writes loads): the bn values of block, from
    element `at` of array `name`, finite, and a root code's (a second moment) >= 0. */
 static l2l_status values_check(const char *func, const char *name, const float *block,
-                               int64_t bn, int64_t at, enum eps_code code) {
+                               int64_t bn, int64_t at, enum optim_code code) {
   for (int64_t i = 0; i < bn; i++)
-    if (!isfinite(block[i]) || (code == EPS_CODE_ROOT && block[i] < 0.0f))
+    if (!isfinite(block[i]) || (code == OPTIM_CODE_ROOT && block[i] < 0.0f))
       return core_fail_in(func, L2L_ERR_INVALID, "%s holds %g at element %lld: optimizer state "
                           "must be finite%s", name, (double)block[i], (long long)(at + i),
-                          code == EPS_CODE_ROOT ? ", and a second moment >= 0" : "");
+                          code == OPTIM_CODE_ROOT ? ", and a second moment >= 0" : "");
   return L2L_OK;
 }
 
@@ -305,7 +133,7 @@ static l2l_status state_convert(const char *func, const char *name, l2l_tensor *
     return status;
   }
   const struct eps *eps = rec->eps;
-  enum eps_code code = eps_state_code(eps->optim, which);
+  enum optim_code code = optim_state_code(eps->optimizer.kind, which);
   l2l_state_precision from = given_precision(src), to = eps->optimizer.state;
   int64_t n = l2l_tensor_numel(rec->master), lo = rec->shard_begin, hi = lo + rec->shard_n;
   /* the same precision: checked, then the shard's bytes themselves (an 8-bit array
@@ -314,11 +142,11 @@ static l2l_status state_convert(const char *func, const char *name, l2l_tensor *
   float block[L2L_STATE_BLOCK];
   for (int64_t at = lo / L2L_STATE_BLOCK * L2L_STATE_BLOCK; at < hi; at += L2L_STATE_BLOCK) {
     int64_t bn = n - at < L2L_STATE_BLOCK ? n - at : L2L_STATE_BLOCK;
-    eps_state_decode(block, l2l_tensor_data(src), n, at, bn, from, code);
+    optim_state_decode(block, l2l_tensor_data(src), n, at, bn, from, code);
     TRY(values_check(func, name, block, bn, at, code));
     int64_t from_at = at > lo ? at : lo, to_at = at + bn < hi ? at + bn : hi;
     if (!same && from_at < to_at)
-      eps_state_encode(l2l_tensor_data(dst), rec->shard_n, from_at - lo, block + (from_at - at),
+      optim_state_encode(l2l_tensor_data(dst), rec->shard_n, from_at - lo, block + (from_at - at),
                        to_at - from_at, to, code);
   }
   if (same) shard_copy(l2l_tensor_data(dst), l2l_tensor_data(src), rec, to);
@@ -365,7 +193,7 @@ l2l_status eps_restore_convert(const char *func, const struct eps_record *rec, i
                                const l2l_tensor *const given[2], l2l_tensor *fresh[2]) {
   const char *names[2] = {"first", "second"};
   for (int a = 0; a < arrays; a++) {
-    l2l_status status = eps_state_new(&fresh[a], rec);
+    l2l_status status = eps_state_new(&fresh[a], rec, L2L_POOL_HOST);
     if (status == L2L_OK) status = state_convert(func, names[a], fresh[a], given[a], rec, a);
     if (status != L2L_OK) {
       l2l_tensor_free(fresh[0]);
@@ -405,13 +233,12 @@ l2l_status l2l_state_array_check(const l2l_tensor *array, const l2l_optimizer_co
     l2l_tensor_free(whole);
     return status;
   }
-  pthread_once(&codes_once, codes_build);
-  enum eps_code code = eps_state_code(optimizer_ops(optimizer->kind), which);
+  enum optim_code code = optim_state_code(optimizer->kind, which);
   l2l_state_precision from = given_precision(array);
   float block[L2L_STATE_BLOCK];
   for (int64_t at = 0; at < n; at += L2L_STATE_BLOCK) {
     int64_t bn = n - at < L2L_STATE_BLOCK ? n - at : L2L_STATE_BLOCK;
-    eps_state_decode(block, l2l_tensor_data(array), n, at, bn, from, code);
+    optim_state_decode(block, l2l_tensor_data(array), n, at, bn, from, code);
     TRY(values_check(__func__, "array", block, bn, at, code));
   }
   return L2L_OK;

@@ -34,7 +34,7 @@ struct optim_hyper eps_update_hyper(const struct eps *eps, const struct eps_reco
   return (struct optim_hyper){
       .kind = o->kind, .lr = (float)eps->lr, .weight_decay = decays ? o->weight_decay : 0.0f,
       .momentum = o->momentum, .nesterov = o->nesterov, .beta1 = o->beta1, .beta2 = o->beta2,
-      .eps = o->eps, .t = rec->updates + 1, .grad_scale = grad_scale};
+      .eps = o->eps, .t = rec->updates + 1, .grad_scale = grad_scale, .state = o->state};
 }
 
 uint64_t eps_host_bytes(const struct eps *eps) {

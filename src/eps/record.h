@@ -252,8 +252,8 @@ void eps_held_free(struct eps_record *rec);
 
 /* ---------------------------------------------------------------- quant.c (precision) */
 
-/* A new optimizer state array of rec (its shard's elements; host pool). */
-l2l_status eps_state_new(l2l_tensor **out, const struct eps_record *rec);
+/* A new optimizer state array of rec (its shard's elements) in `pool`. */
+l2l_status eps_state_new(l2l_tensor **out, const struct eps_record *rec, l2l_pool_kind pool);
 /* A restore (eps_restore) in two halves: the arrays given checked against the
    optimizer and the record (*arrays: how many it keeps after `updates`), then each
    converted into a new array in the EPS's precision, its values checked (on a failure

@@ -69,7 +69,7 @@ l2l_status eps_state_out(struct eps *eps, struct eps_record *rec) {
    cannot be queued). */
 static l2l_status read_queue(struct eps *eps, struct eps_record *rec, int which,
                              l2l_tensor **out, struct eps_spill_io *io) {
-  TRY(eps_state_new(out, rec));
+  TRY(eps_state_new(out, rec, L2L_POOL_HOST));
   l2l_status status = eps_spill_queue(eps->spill, io, false, l2l_tensor_data(*out),
                                       rec->spill_at[which], eps_array_bytes(rec),
                                       rec->spill_sum[which]);
@@ -507,7 +507,7 @@ l2l_status eps_state_for_update(struct eps *eps, struct eps_record *rec) {
   TRY(state_in(eps, rec));
   for (int a = 0; a < optim_state_count(&eps->optimizer); a++) {
     if (rec->state[a] != NULL) continue;
-    TRY(eps_state_new(&rec->state[a], rec));
+    TRY(eps_state_new(&rec->state[a], rec, L2L_POOL_HOST));
     TRY(l2l_tensor_fill(rec->state[a], 0.0));
   }
   return L2L_OK;

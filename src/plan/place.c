@@ -78,6 +78,7 @@ l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint
   for (int i = 0; i < n; i++) {
     const l2l_param *p = recs[i].param;
     uint64_t its = device_record_bytes(l2l_tensor_numel(l2l_param_value(p)), arrays,
+                                       config->optimizer.state,
                                        layers_record_dtypes(p, config->precision, config->master).staging);
     cand[recs[i].layer].bytes += its;
     cand[recs[i].layer].records++;

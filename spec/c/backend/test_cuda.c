@@ -699,3 +699,100 @@ TEST(cuda_records_on_the_device_update_as_the_cpu) {
     }
   end_gpu();
 }
+
+/* Whether two encodings of one state array (n elements in `state`) are the same but for
+   neighbours: a value the two sides computed an ulp apart (FMAs) may round to the next
+   bf16 or 8-bit code, never further; an 8-bit block's scales within TOL_F32. */
+static bool neighbours(const uint8_t *a, const uint8_t *b, int64_t n, l2l_state_precision state,
+                       enum optim_code code, const char *what) {
+  for (int64_t i = 0; i < n; i++) {
+    int x, y;
+    if (state == L2L_STATE_BF16) {
+      int16_t hx, hy;   /* (the same sign: integer order is value order) */
+      memcpy(&hx, a + 2 * i, 2), memcpy(&hy, b + 2 * i, 2);
+      x = hx, y = hy;
+    } else if (code == OPTIM_CODE_SIGNED) {
+      x = a[i] & 128 ? -(a[i] & 127) : a[i] & 127, y = b[i] & 128 ? -(b[i] & 127) : b[i] & 127;
+    } else {
+      x = a[i], y = b[i];
+    }
+    if (!CHECK(abs(x - y) <= 1, "%s: element %lld: codes %d (host) and %d (device)", what,
+               (long long)i, x, y))
+      return false;
+  }
+  if (state != L2L_STATE_8BIT) return true;
+  const float *sa = optim_state_scales((void *)a, n), *sb = optim_state_scales((void *)b, n);
+  for (int64_t k = 0; k < state8_blocks(n); k++)
+    if (!CHECK(fabsf(sa[k] - sb[k]) <= TOL_F32 * fabsf(sa[k]), "%s: block %lld: scale %g (host), "
+               "%g (device)", what, (long long)k, (double)sa[k], (double)sb[k]))
+      return false;
+  return true;
+}
+
+TEST(cuda_records_on_the_device_update_compact_state_as_the_cpu) {
+  /* optim_update on bf16 and 8-bit state (the CUDA backend's fused kernel, which decodes a
+     block, steps it in f32 and encodes it again) against the CPU backend's (the host's own
+     decode, kernels and encode), for SGD with Nesterov momentum, AdamW and LAMB, on a
+     record of a few blocks and one past a chunk: the parameters within TOL_F32 of their
+     scale, each state code the host's or its neighbour (neighbours, above); then an update
+     whose flag is set leaves the parameters and every state byte as they were. */
+  if (!use_gpu()) return;
+  const struct backend_ops *sides[2] = {&cpu_backend, backend_for(L2L_POOL_DEVICE)};
+  static const int64_t sizes[] = {3 * L2L_STATE_BLOCK + 77, (1 << 18) + 4099};
+  static const l2l_optimizer_kind kinds[] = {L2L_OPTIMIZER_SGD, L2L_OPTIMIZER_ADAMW,
+                                             L2L_OPTIMIZER_LAMB};
+  for (int st = 1; st <= 2; st++)
+    for (int s = 0; s < 2; s++)
+      for (int o = 0; o < 3; o++) {
+        l2l_state_precision state = (l2l_state_precision)st;
+        int64_t n = sizes[s];
+        int arrays = kinds[o] == L2L_OPTIMIZER_SGD ? 1 : 2;
+        struct optim_hyper h = {.kind = kinds[o], .lr = 1e-2f, .weight_decay = 0.05f,
+                                .momentum = 0.9f, .nesterov = 1, .beta1 = 0.9f, .beta2 = 0.99f,
+                                .eps = 1e-6f, .t = 3, .grad_scale = 0.5f, .state = state};
+        struct twin p = twin_of(RANDN(1.0, n)), g = twin_of(RANDN(1.0, n)), flag = twin_of(HOST(L2L_I32, 1));
+        struct twin arr[2] = {{0}, {0}};
+        int64_t bytes = (int64_t)host_state_bytes(state, n);
+        for (int a = 0; a < arrays; a++) {
+          l2l_tensor *f = RANDN(0.1, n);
+          if (a == 1)
+            for (int64_t i = 0; i < n; i++) fdata(f)[i] *= fdata(f)[i];   /* (a second moment) */
+          l2l_tensor *coded = bytes_of(bytes, 0);
+          optim_state_encode(bdata(coded), n, 0, fdata(f), n, state, optim_state_code(kinds[o], a));
+          arr[a] = twin_of(coded);
+          l2l_tensor_free(f);
+        }
+        idata(flag.h)[0] = 0;
+        CHECK_OK(l2l_tensor_fill(flag.d, 0.0));
+        SIDES {
+          OK_ON(sides[side]->optim_update(fdata(AT(p)), bdata(AT(arr[0])), bdata(AT(arr[1])),
+                                          fdata(AT(g)), n, &h, idata(AT(flag))));
+        }
+        char what[96];
+        snprintf(what, sizeof what, "state %d, optimizer %d, n %lld", st, (int)kinds[o], (long long)n);
+        CHECK_TWIN(what, p, RMS, TOL_F32);
+        CHECK_TWIN_BITS("the gradient, cleared", g);
+        for (int a = 0; a < arrays; a++) {
+          l2l_tensor *back = copied_to(arr[a].d, L2L_POOL_HOST);
+          neighbours(bdata(arr[a].h), bdata(back), n, state, optim_state_code(kinds[o], a), what);
+          l2l_tensor_free(back);
+        }
+        /* skipped: nothing moves */
+        CHECK_OK(l2l_tensor_fill(flag.d, 1.0));
+        l2l_tensor *before[3] = {copied_to(p.d, L2L_POOL_HOST), copied_to(arr[0].d, L2L_POOL_HOST),
+                                 arrays > 1 ? copied_to(arr[1].d, L2L_POOL_HOST) : NULL};
+        CHECK_OK(sides[1]->optim_update(fdata(p.d), bdata(arr[0].d), bdata(arr[1].d), fdata(g.d), n,
+                                        &h, idata(flag.d)));
+        const l2l_tensor *now[3] = {p.d, arr[0].d, arrays > 1 ? arr[1].d : NULL};
+        for (int k = 0; k < 3; k++) {
+          if (before[k] == NULL) continue;
+          l2l_tensor *after = copied_to(now[k], L2L_POOL_HOST);
+          size_t size = (size_t)l2l_tensor_numel(after) * elem_size(after);
+          CHECK(memcmp(l2l_tensor_data(before[k]), l2l_tensor_data(after), size) == 0,
+                "%s: an update its flag skips changed array %d", what, k);
+          l2l_tensor_free(after), l2l_tensor_free(before[k]);
+        }
+        TWIN_FREE(&p, &g, &flag, &arr[0], &arr[1]);
+      }
+  end_gpu();
+}

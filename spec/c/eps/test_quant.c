@@ -73,7 +73,7 @@ static double widest_half_gap(const double *mag, int count) {
 
 TEST(quant_codes) {
   ref_build();
-  const float *s = eps_code_values(EPS_CODE_SIGNED), *r = eps_code_values(EPS_CODE_ROOT);
+  const float *s = optim_code_values(OPTIM_CODE_SIGNED), *r = optim_code_values(OPTIM_CODE_ROOT);
   for (int b = 0; b < 256; b++) {
     double want = (b & 128 ? -1.0 : 1.0) * mag7[b & 127];
     CHECK(fabs(s[b] - want) <= 0x1p-24 * fabs(want), "signed byte %d: %.9g, the rule %.9g", b,
@@ -88,16 +88,16 @@ TEST(quant_codes) {
   CHECK(fabs(s[1] - 1e-6) < 1e-12 && fabs(r[1] - 1e-7) < 1e-13, "the smallest: 1e-6 and 1e-7");
 }
 
-static void nearest_case(enum eps_code code, float y) {
-  const double *mag = code == EPS_CODE_SIGNED ? mag7 : mag8;
-  int count = code == EPS_CODE_SIGNED ? 128 : 256;
-  int byte = eps_code_nearest(code, y);
-  int q = code == EPS_CODE_SIGNED ? byte & 127 : byte;
+static void nearest_case(enum optim_code code, float y) {
+  const double *mag = code == OPTIM_CODE_SIGNED ? mag7 : mag8;
+  int count = code == OPTIM_CODE_SIGNED ? 128 : 256;
+  int byte = optim_code_nearest(code, y);
+  int q = code == OPTIM_CODE_SIGNED ? byte & 127 : byte;
   double ya = fmin(fabs((double)y), 1.0);
   CHECK(byte >= 0 && byte < 256 && is_nearest(ya, q, mag, count),
-        "%s code of %.9g: byte %d (%.9g) is not a nearest", code == EPS_CODE_SIGNED ? "signed" : "unsigned",
+        "%s code of %.9g: byte %d (%.9g) is not a nearest", code == OPTIM_CODE_SIGNED ? "signed" : "unsigned",
         (double)y, byte, mag[q]);
-  if (code == EPS_CODE_SIGNED)
+  if (code == OPTIM_CODE_SIGNED)
     CHECK((byte >> 7) == (q != 0 && y < 0), "signed code of %.9g: byte %d has the wrong sign", (double)y,
           byte);
 }
@@ -105,7 +105,7 @@ static void nearest_case(enum eps_code code, float y) {
 TEST(quant_nearest) {
   ref_build();
   for (int c = 0; c < 2; c++) {
-    enum eps_code code = c == 0 ? EPS_CODE_SIGNED : EPS_CODE_ROOT;
+    enum optim_code code = c == 0 ? OPTIM_CODE_SIGNED : OPTIM_CODE_ROOT;
     const double *mag = c == 0 ? mag7 : mag8;
     int count = c == 0 ? 128 : 256;
     for (int j = 0; j + 1 < count; j++) {   /* at each midpoint and two floats either side */
@@ -118,7 +118,7 @@ TEST(quant_nearest) {
     }
     for (int i = 0; i < 20000; i++) {
       float y = (float)pow(10.0, check_rand_uniform(-16.0, 0.0));
-      nearest_case(code, code == EPS_CODE_SIGNED && (i & 1) ? -y : y);
+      nearest_case(code, code == OPTIM_CODE_SIGNED && (i & 1) ? -y : y);
     }
     float specials[] = {0.0f, 1e-45f, 1e-40f, FLT_MIN, 1.0f, nextafterf(1.0f, 2.0f), 1.5f};
     for (size_t i = 0; i < sizeof specials / sizeof specials[0]; i++) nearest_case(code, specials[i]);
@@ -146,8 +146,8 @@ static void draw(float *x, int64_t n, int dist, bool nonnegative) {
   }
 }
 
-static void round_trip(int64_t n, int dist, enum eps_code code) {
-  bool root = code == EPS_CODE_ROOT;
+static void round_trip(int64_t n, int dist, enum optim_code code) {
+  bool root = code == OPTIM_CODE_ROOT;
   const double *mag = root ? mag8 : mag7;
   int count = root ? 256 : 128;
   uint64_t bytes = 0;
@@ -160,8 +160,8 @@ static void round_trip(int64_t n, int dist, enum eps_code code) {
   float *x = xmalloc(sizeof(float) * (size_t)n), *back = xmalloc(sizeof(float) * (size_t)n);
   draw(x, n, dist, root);
   for (int64_t i = 0; i < n; i++) back[i] = NAN;
-  eps_state_encode(array, n, 0, x, n, L2L_STATE_8BIT, code);
-  eps_state_decode(back, array, n, 0, n, L2L_STATE_8BIT, code);
+  optim_state_encode(array, n, 0, x, n, L2L_STATE_8BIT, code);
+  optim_state_decode(back, array, n, 0, n, L2L_STATE_8BIT, code);
   const float *scales = (const float *)(array + codes_bytes);
   bool ok = true;
   for (uint64_t i = n; i < codes_bytes; i++) ok &= array[i] == 0;
@@ -210,8 +210,8 @@ TEST(quant_round_trip) {
   int64_t sizes[] = {1, 7, BLOCK, BLOCK + 1, 3 * BLOCK + 5, check_rand_int(2, 5 * BLOCK)};
   for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
     for (int dist = 0; dist < DISTS; dist++) {
-      round_trip(sizes[k], dist, EPS_CODE_SIGNED);
-      round_trip(sizes[k], dist, EPS_CODE_ROOT);
+      round_trip(sizes[k], dist, OPTIM_CODE_SIGNED);
+      round_trip(sizes[k], dist, OPTIM_CODE_ROOT);
     }
 }
 
@@ -223,8 +223,8 @@ TEST(quant_bf16) {
   float *x = xmalloc(sizeof(float) * (size_t)n), *back = xmalloc(sizeof(float) * (size_t)n);
   uint16_t *h = xmalloc(bytes);
   draw(x, n, DIST_DECADES, false);
-  eps_state_encode(h, n, 0, x, n, L2L_STATE_BF16, EPS_CODE_SIGNED);
-  eps_state_decode(back, h, n, 0, n, L2L_STATE_BF16, EPS_CODE_SIGNED);
+  optim_state_encode(h, n, 0, x, n, L2L_STATE_BF16, OPTIM_CODE_SIGNED);
+  optim_state_decode(back, h, n, 0, n, L2L_STATE_BF16, OPTIM_CODE_SIGNED);
   int bad = 0;
   for (int64_t i = 0; i < n && bad < 3; i++) {
     /* nearest even in double: the two bf16 neighbours of x, the nearer (tie: even) */
@@ -308,15 +308,15 @@ static void compact_update(l2l_optimizer_kind kind, l2l_state_precision state, b
   }
   uint64_t seed = check_rand_u64(), stream = check_rand_u64(), first = check_rand_u64() >> 8;
   for (int a = 0; a < count; a++) {
-    enum eps_code code = eps_state_code(ops, a);
+    enum optim_code code = optim_state_code(kind, a);
     float *init = xmalloc(4 * (size_t)total);
-    draw(init, total, DIST_NORMAL, code == EPS_CODE_ROOT);
+    draw(init, total, DIST_NORMAL, code == OPTIM_CODE_ROOT);
     for (int64_t i = 0; i < total; i++) init[i] *= 1e-3f;
     arr[a] = xmalloc(bytes), ref[a] = xmalloc(bytes);
-    eps_state_encode(arr[a], total, 0, init, total, state, code);
+    optim_state_encode(arr[a], total, 0, init, total, state, code);
     memcpy(ref[a], arr[a], bytes);
     dec[a] = xmalloc(4 * (size_t)n);
-    eps_state_decode(dec[a], ref[a], total, skip, n, state, code);
+    optim_state_decode(dec[a], ref[a], total, skip, n, state, code);
     free(init);
   }
   for (int wave = 0; wave < ops->waves; wave++) {
@@ -346,8 +346,8 @@ static void compact_update(l2l_optimizer_kind kind, l2l_state_precision state, b
     }
     if (wave == 0) {
       for (int a = 0; a < count; a++) {   /* a later wave reads the state as kept */
-        eps_state_encode(ref[a], total, skip, dec[a], n, state, eps_state_code(ops, a));
-        eps_state_decode(dec[a], ref[a], total, skip, n, state, eps_state_code(ops, a));
+        optim_state_encode(ref[a], total, skip, dec[a], n, state, optim_state_code(kind, a));
+        optim_state_decode(dec[a], ref[a], total, skip, n, state, optim_state_code(kind, a));
       }
       record_sums[0] = sums[0], record_sums[1] = sums[1];
       if (ops->waves > 1)
@@ -403,26 +403,26 @@ TEST(quant_state_check) {
                                 .lr = 1e-3f, .momentum = 0.9f, .beta1 = 0.9f, .beta2 = 0.999f,
                                 .eps = 1e-8f, .state = states[s]};
       int a = which < 0 ? 0 : which;
-      enum eps_code code = which == 1 ? EPS_CODE_ROOT : EPS_CODE_SIGNED;
+      enum optim_code code = which == 1 ? OPTIM_CODE_ROOT : OPTIM_CODE_SIGNED;
       int64_t n = check_rand_int(1, 3 * BLOCK + 5);
       float *x = xmalloc(sizeof(float) * (size_t)n);
       double scale = check_rand_uniform(1e-6, 1e6);
       for (int64_t i = 0; i < n; i++) {
         double v = check_rand_normal() * scale;
-        x[i] = (float)(code == EPS_CODE_ROOT ? v * v : v);
+        x[i] = (float)(code == OPTIM_CODE_ROOT ? v * v : v);
       }
       l2l_tensor *t = NULL;
       if (states[s] == L2L_STATE_8BIT)
         t = NEW(L2L_POOL_HOST, L2L_U8, (int64_t)host_state_bytes(L2L_STATE_8BIT, n));
       else
         t = NEW(L2L_POOL_HOST, states[s] == L2L_STATE_BF16 ? L2L_BF16 : L2L_F32, n);
-      eps_state_encode(l2l_tensor_data(t), n, 0, x, n, states[s], code);
+      optim_state_encode(l2l_tensor_data(t), n, 0, x, n, states[s], code);
       CHECK_OK(l2l_state_array_check(t, &c, a, n));
       size_t bytes = (size_t)l2l_tensor_numel(t) * (states[s] == L2L_STATE_F32 ? 4 : states[s] == L2L_STATE_BF16 ? 2 : 1);
       unsigned char *keep = xmalloc(bytes);
       memcpy(keep, l2l_tensor_data(t), bytes);
       int64_t at = check_rand_int(0, n - 1);
-      int kinds = code == EPS_CODE_ROOT ? 3 : 2;
+      int kinds = code == OPTIM_CODE_ROOT ? 3 : 2;
       for (int bad = 0; bad < kinds; bad++) {
         float value = bad == 0 ? INFINITY : bad == 1 ? NAN : -1.0f;
         int64_t named = at;
@@ -445,7 +445,7 @@ TEST(quant_state_check) {
         memcpy(keep, l2l_tensor_data(t), bytes);
         CHECK_FAILS(l2l_state_array_check(t, &c, a, n), L2L_ERR_INVALID, needle);
         CHECK(memcmp(keep, l2l_tensor_data(t), bytes) == 0, "the check wrote into the array");
-        eps_state_encode(l2l_tensor_data(t), n, 0, x, n, states[s], code);   /* whole again */
+        optim_state_encode(l2l_tensor_data(t), n, 0, x, n, states[s], code);   /* whole again */
       }
       free(keep);
       l2l_tensor_free(t);

@@ -53,7 +53,7 @@ static l2l_relay_config random_config(int64_t B) {
 
 /* Placement auto for a random case: a device budget between the step's peak with every
    record on the host (the bound, whatever the weights) and that with all of the records'
-   device bytes (core's device_record_bytes, AdamW's two arrays) and a tenth more, given to
+   device bytes (core's device_record_bytes, AdamW's two arrays in the state's precision) and a tenth more, given to
    the relay; the layers' on_device bits as the planner places the records in it (the
    relay's own choice at its step, checked against where the records then are). */
 static bool auto_placement(struct plan_layer *layers, const struct model *m, l2l_relay *r,
@@ -66,7 +66,7 @@ static bool auto_placement(struct plan_layer *layers, const struct model *m, l2l
     return false;
   for (int i = 0; i < n; i++)
     total += device_record_bytes(l2l_tensor_numel(l2l_param_value(recs[i].param)), 2,
-                                 layers_record_dtypes(recs[i].param, cfg->precision, cfg->master).staging);
+                                 cfg->optimizer.state, layers_record_dtypes(recs[i].param, cfg->precision, cfg->master).staging);
   free(recs);
   uint64_t budget = bound + (uint64_t)(check_rand_uniform(0, 1.1) * (double)total);
   return CHECK_OK(l2l_relay_set_device_budget(r, budget)) &&

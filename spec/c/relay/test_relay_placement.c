@@ -6,7 +6,8 @@
  * accumulators and optimizer state in the device pool, each gradient added and each record
  * updated there through the backend's ops table) trains to the bit as one whose records
  * live on the host (the EPS's workers): losses and every weight and state array, for
- * AdamW, SGD with momentum (Nesterov) and LAMB, gradient accumulation, global clipping
+ * AdamW, SGD with momentum (Nesterov) and LAMB, on f32, bf16 and 8-bit optimizer state
+ * (a checkpoint and auto's moves draw the state's precision), gradient accumulation, global clipping
  * (deferred updates), 16-bit weights and gradients, f16 with loss scaling, a frozen layer
  * tied to a trainable one, a gradient made infinite between steps (the record skipped on
  * the device's own flag), a checkpoint saved on one placement and resumed on either, and
@@ -147,7 +148,7 @@ TEST(relay_records_on_the_device_train_as_on_the_host) {
   struct model init;
   struct data batches[STEPS];
   model_and_batches(&init, batches, &g, 5, 1);
-  for (int variant = 0; variant < 8; variant++) {
+  for (int variant = 0; variant < 12; variant++) {
     l2l_relay_config cfg = adamw_config();
     const char *what = "AdamW";
     cfg.micro_batch = 1 + variant % 3;
@@ -179,6 +180,21 @@ TEST(relay_records_on_the_device_train_as_on_the_host) {
       case 7:
         cfg.optimizer.kind = L2L_OPTIMIZER_SGD, cfg.optimizer.momentum = 0, cfg.param_slots = 3;
         what = "SGD without momentum, three slots";
+        break;
+      case 8: cfg.optimizer.state = L2L_STATE_BF16, what = "AdamW, bf16 state"; break;
+      case 9: cfg.optimizer.state = L2L_STATE_8BIT, what = "AdamW, 8-bit state"; break;
+      case 10:
+        cfg.optimizer = (l2l_optimizer_config){.kind = L2L_OPTIMIZER_LAMB, .lr = 0.02f,
+                                               .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-5f,
+                                               .weight_decay = 0.05f, .state = L2L_STATE_8BIT};
+        what = "LAMB, 8-bit state";
+        break;
+      case 11:
+        cfg.optimizer = (l2l_optimizer_config){.kind = L2L_OPTIMIZER_SGD, .lr = 0.05f,
+                                               .momentum = 0.9f, .nesterov = 1,
+                                               .state = L2L_STATE_8BIT};
+        cfg.accumulate = 2, cfg.clip_global_norm = 0.5f;
+        what = "SGD Nesterov, 8-bit state, accumulate 2, global clipping";
         break;
     }
     placements_match(&init, &cfg, NULL, batches, STEPS, what);
@@ -304,6 +320,8 @@ TEST(relay_records_on_the_device_resume_to_the_bit) {
   l2l_relay_config cfg = adamw_config();
   cfg.micro_batch = 2;
   cfg.placement = L2L_PLACE_DEVICE;
+  cfg.optimizer.state = (l2l_state_precision)check_rand_int(0, 2);   /* (f32, bf16 or 8 bits) */
+  printf("  (state %d)\n", (int)cfg.optimizer.state);
   cfg.seed &= (UINT64_C(1) << 53) - 1;   /* (what a checkpoint's JSON holds exactly) */
   char path[64];
   snprintf(path, sizeof path, "/tmp/l2l-placement-%d.safetensors", (int)getpid());
@@ -344,13 +362,12 @@ TEST(relay_records_on_the_device_refuse_what_is_not_built_there) {
   struct shape g = gpt_shape();
   struct model m;
   model_new(&m, &g);
-  const char *what[] = {"optimizer state other than f32", "master bf16", "clip_layer_norm"};
-  for (int i = 0; i < 3; i++) {
+  const char *what[] = {"master bf16", "clip_layer_norm"};
+  for (int i = 0; i < 2; i++) {
     l2l_relay_config c = adamw_config();
     c.placement = L2L_PLACE_DEVICE;
-    if (i == 0) c.optimizer.state = L2L_STATE_BF16;
-    if (i == 1) c.master = L2L_BF16, c.precision = L2L_BF16;
-    if (i == 2) c.clip_layer_norm = 1.0f;
+    if (i == 0) c.master = L2L_BF16, c.precision = L2L_BF16;
+    if (i == 1) c.clip_layer_norm = 1.0f;
     l2l_relay *r = NULL;
     CHECK_FAILS(l2l_relay_new(&r, m.layer, m.n, &c), L2L_ERR_UNSUPPORTED, what[i]);
     CHECK(r == NULL, "a refused relay was made (%s)", what[i]);
@@ -380,6 +397,8 @@ TEST(relay_records_placed_auto_fill_the_budget_record_by_record) {
   model_and_batches(&init, batches, &g, 4, 1);
   l2l_relay_config cfg = adamw_config();
   cfg.micro_batch = 2;
+  cfg.optimizer.state = (l2l_state_precision)check_rand_int(0, 2);   /* (moved in its precision) */
+  printf("  (state %d)\n", (int)cfg.optimizer.state);
   /* the records' device bytes (the planner's count, held to the pool's in test_plan) and
      the step's peak with them on the host */
   l2l_relay_config cd = cfg;

@@ -75,9 +75,9 @@ static l2l_status cpu_adamw(float *param, float *m, float *v, const float *grad,
    backend's device gets the bits its update on the host gets. */
 
 /* One block of one wave of an update (LAMB: wave 0 the moments and their sums, wave 1 the
-   step with the trust ratio). */
-static void update_block(float *p, float *s0, float *s1, const float *g, int64_t n,
-                         const struct optim_hyper *h, int wave, double sums[2], float trust) {
+   step with the trust ratio), on f32 state. */
+static void update_f32(float *p, float *s0, float *s1, const float *g, int64_t n,
+                       const struct optim_hyper *h, int wave, double sums[2], float trust) {
   switch (h->kind) {
     case L2L_OPTIMIZER_SGD: optim_sgd(p, s0, g, n, h); break;
     case L2L_OPTIMIZER_ADAMW: optim_adamw(p, s0, s1, g, n, h); break;
@@ -88,7 +88,29 @@ static void update_block(float *p, float *s0, float *s1, const float *g, int64_t
   }
 }
 
-static l2l_status cpu_optim_update(float *p, float *s0, float *s1, float *grad, int64_t n,
+/* The block [at, at + k) of arrays of n elements, its state s0, s1 in h->state's
+   precision: decoded into scratch on the stack, updated, encoded again by the first wave
+   (the EPS's compact update: eps/quant.c). */
+static void update_block(float *p, void *s0, void *s1, const float *g, int64_t n, int64_t at,
+                         int64_t k, const struct optim_hyper *h, int wave, double sums[2],
+                         float trust) {
+  void *state[2] = {s0, s1};
+  if (h->state == L2L_STATE_F32) {
+    update_f32(p + at, s0 ? (float *)s0 + at : NULL, s1 ? (float *)s1 + at : NULL, g + at, k, h,
+               wave, sums, trust);
+    return;
+  }
+  float scratch[2][L2L_STATE_BLOCK];
+  enum optim_code code[2] = {optim_state_code(h->kind, 0), optim_state_code(h->kind, 1)};
+  for (int a = 0; a < 2; a++)
+    if (state[a] != NULL) optim_state_decode(scratch[a], state[a], n, at, k, h->state, code[a]);
+  update_f32(p + at, s0 ? scratch[0] : NULL, s1 ? scratch[1] : NULL, g + at, k, h, wave, sums,
+             trust);
+  for (int a = 0; wave == 0 && a < 2; a++)
+    if (state[a] != NULL) optim_state_encode(state[a], n, at, scratch[a], k, h->state, code[a]);
+}
+
+static l2l_status cpu_optim_update(float *p, void *s0, void *s1, float *grad, int64_t n,
                                    const struct optim_hyper *h, const int32_t *skip) {
   int64_t chunks = optim_chunks(n);
   int waves = h->kind == L2L_OPTIMIZER_LAMB ? 2 : 1, nt = threads_for(n * 8);
@@ -102,8 +124,7 @@ static l2l_status cpu_optim_update(float *p, float *s0, float *s1, float *grad, 
       int64_t end = optim_chunk_end(n, c * L2L_OPTIM_CHUNK);
       for (int64_t at = c * L2L_OPTIM_CHUNK; at < end; at += L2L_STATE_BLOCK) {
         int64_t k = end - at < L2L_STATE_BLOCK ? end - at : L2L_STATE_BLOCK;
-        update_block(p + at, s0 ? s0 + at : NULL, s1 ? s1 + at : NULL, grad + at, k, h, wave,
-                     sums ? sums[c] : NULL, trust);
+        update_block(p, s0, s1, grad, n, at, k, h, wave, sums ? sums[c] : NULL, trust);
       }
     }
     if (wave == 0 && waves > 1) {

@@ -250,16 +250,22 @@ static struct k_optim optim_consts(const struct optim_hyper *h) {
       .b2 = k.b2, .c2 = k.c2, .eps = h->eps, .wd = h->weight_decay};
 }
 
-static l2l_status optim_update_locked(float *p, float *s0, float *s1, float *grad, int64_t n,
+static l2l_status optim_update_locked(float *p, void *s0, void *s1, float *grad, int64_t n,
                                       const struct optim_hyper *h, const int32_t *skip) {
   float *scratch = NULL;
   TRY(scratch_floats(&scratch, 2 * L2L_K_OPTIM_SCRATCH_DOUBLES));
   struct k_optim o = optim_consts(h);
-  LAUNCH(k_optim_update(p, s0, s1, grad, n, &o, skip, (double *)scratch, cuda_rt.compute));
+  if (h->state == L2L_STATE_F32)
+    LAUNCH(k_optim_update(p, s0, s1, grad, n, &o, skip, (double *)scratch, cuda_rt.compute));
+  else
+    LAUNCH(k_optim_update_compact(p, s0, s1, h->state == L2L_STATE_BF16 ? 1 : 2, grad, n, &o,
+                                  optim_code_values(OPTIM_CODE_SIGNED),
+                                  optim_code_values(OPTIM_CODE_ROOT), skip, (double *)scratch,
+                                  cuda_rt.compute));
   return L2L_OK;
 }
 
-static l2l_status cuda_optim_update(float *p, float *s0, float *s1, float *grad, int64_t n,
+static l2l_status cuda_optim_update(float *p, void *s0, void *s1, float *grad, int64_t n,
                                     const struct optim_hyper *h, const int32_t *skip) {
   WITH_SCRATCH(optim_update_locked(p, s0, s1, grad, n, h, skip));
 }

@@ -1,0 +1,183 @@
+/* SPDX-License-Identifier: MIT */
+/* state_codes.c — the optimizer state in its precision, element by element: f32, bf16
+ * (nearest even) or blockwise 8 bits (l2l.h, "optimizers": the codes and the layout are
+ * stated there once), decoded into f32 and encoded back, a range of an array at a time.
+ *
+ * Purpose: one evaluation of the compact codes on the host, which the EPS's compact update
+ * (eps/quant.c) runs on a host-placed record and the CPU backend's optim_update on a
+ * record placed on the device, so both placements give the same bits. 8-bit encoding is
+ * the nearest code, computed from the code's rule (`nearest`) rather than searched for, so
+ * that it vectorizes (test_quant checks it against a search in double); ties go to the
+ * smaller magnitude.
+ * Must never: allocate, or read or write past the n elements asked for (the scales of an
+ * array's blocks are addressed from its length).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "backend.h"
+
+/* Powers of ten, for the decades (float constants: 10^-E rounded once). */
+static const float TEN_DOWN[8] = {1.0f, 1e-1f, 1e-2f, 1e-3f, 1e-4f, 1e-5f, 1e-6f, 1e-7f};
+static const float TEN_UP[8] = {1.0f, 1e1f, 1e2f, 1e3f, 1e4f, 1e5f, 1e6f, 1e7f};
+
+/* Each byte's value, from the code's rule evaluated in double and rounded once. */
+static float signed_value[256], root_value[256];
+static pthread_once_t codes_once = PTHREAD_ONCE_INIT;
+
+/* Magnitude index q of the code of `bits` bits: F = floor(log2 q), k = q - 2^F,
+   E = bits - 1 - F: 10^-E (0.1 + 0.9 (k + 1) / 2^F), and 0 for q = 0. */
+static double magnitude_of(int q, int bits) {
+  if (q == 0) return 0.0;
+  int f = 0;
+  while ((2 << f) <= q) f++;
+  return pow(10.0, -(bits - 1 - f)) * (0.1 + 0.9 * (q - (1 << f) + 1) / (double)(1 << f));
+}
+
+static void codes_build(void) {
+  for (int byte = 0; byte < 256; byte++) {
+    float m = (float)magnitude_of(byte & 127, 7);
+    signed_value[byte] = byte & 128 ? -m : m;
+    root_value[byte] = (float)magnitude_of(byte, 8);
+  }
+}
+
+const float *optim_code_values(enum optim_code code) {
+  pthread_once(&codes_once, codes_build);
+  return code == OPTIM_CODE_SIGNED ? signed_value : root_value;
+}
+
+/* The nearest code of a magnitude y >= 0 in the code of `bits` bits (y > 1 gives the
+   largest), by arithmetic rather than a search, so that the loops calling it vectorize
+   with no table: the decade E (y in (10^-(E+1), 10^-E]) is how many of 10^-1 ..
+   10^-(bits-1) y is at or below; with F = bits - 1 - E, decade E's levels are
+   10^-E (0.1 + 0.9 (k + 1) / 2^F) at indexes 2^F + k, and index 2^F - 1 is the top of the
+   decade below (10^-E 0.1), so the nearest index is 2^F - 1 plus the position
+   (y 10^E - 0.1) 2^F / 0.9 rounded (ties down). The lowest decade's one level has 0 below
+   it, not a decade: there the nearest is the level or 0, split at its half. The float
+   arithmetic can move the choice only for a y within a few ulps of a midpoint. */
+static inline int nearest(float y, int bits) {
+  const float *down = TEN_DOWN, *up = TEN_UP;
+  int e = 0;
+  float ten_e = 1.0f;
+  for (int j = 1; j < bits; j++) {
+    bool below = y <= down[j];
+    e += below;
+    ten_e = below ? up[j] : ten_e;
+  }
+  int f = bits - 1 - e;
+  float two_f = bits_float((uint32_t)(127 + f) << 23);
+  float position = (y * ten_e - 0.1f) * (two_f * (1.0f / 0.9f));
+  float rounded = ceilf(position - 0.5f);   /* ties to the smaller */
+  int top = (1 << bits) - 1;
+  /* clamped so that a NaN (from an inf in the block) converts defined: to -1 */
+  rounded = rounded > (float)top ? (float)top : rounded;
+  rounded = rounded >= -1.0f ? rounded : -1.0f;
+  int q = (int)two_f - 1 + (int)rounded;
+  int lowest = y > 0.5f * down[bits - 1];
+  q = e == bits - 1 ? lowest : q;
+  return q > top ? top : q;
+}
+
+int optim_code_nearest(enum optim_code code, float y) {
+  if (code == OPTIM_CODE_SIGNED) {
+    int q = nearest(fabsf(y), 7);
+    return q != 0 && y < 0 ? q | 128 : q;
+  }
+  return nearest(y, 8);
+}
+
+/* ---------------------------------------------------------------- one array's blocks */
+
+/* One block of at most L2L_STATE_BLOCK values x into codes and its scale. A root code
+   keeps sqrt(x) (x >= 0: a negative x counts as 0). */
+static void block_encode(uint8_t *restrict q, float *scale, const float *restrict x, int64_t n,
+                         enum optim_code code) {
+  float root[L2L_STATE_BLOCK];
+  const float *v = x;
+  /* comparisons, not fmaxf: without -ffinite-math-only fmaxf is a call per element */
+  if (code == OPTIM_CODE_ROOT) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) root[i] = sqrtf(x[i] > 0.0f ? x[i] : 0.0f);
+    v = root;
+  }
+  float most = 0.0f;
+#pragma omp simd reduction(max : most)
+  for (int64_t i = 0; i < n; i++) {
+    float a = fabsf(v[i]);
+    most = a > most ? a : most;
+  }
+  *scale = most;
+  if (!(most > 0.0f)) {   /* zero (or a NaN: nothing meaningful to keep) */
+    memset(q, 0, (size_t)n);
+    return;
+  }
+  /* the reciprocal's product (a quotient past 1 gives the top code); for a scale so small
+     that its reciprocal is inf, the values are scaled up first (exactly: a power of 2) */
+  float lift = most < 0x1p-100f ? 0x1p100f : 1.0f, inv = 1.0f / (most * lift);
+  if (code == OPTIM_CODE_ROOT) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) q[i] = (uint8_t)nearest(v[i] * lift * inv, 8);
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+      int m = nearest(fabsf(v[i]) * lift * inv, 7);
+      int negative = (int)(float_bits(v[i]) >> 31) & (m != 0);   /* zero is byte 0 */
+      q[i] = (uint8_t)(m | negative << 7);
+    }
+  }
+}
+
+static void block_decode(float *restrict x, const uint8_t *restrict q, float scale, int64_t n,
+                         enum optim_code code) {
+  if (code == OPTIM_CODE_ROOT) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+      float r = root_value[q[i]] * scale;
+      x[i] = r * r;
+    }
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) x[i] = signed_value[q[i]] * scale;
+  }
+}
+
+void optim_state_decode(float *out, const void *array, int64_t array_n, int64_t begin, int64_t n,
+                      l2l_state_precision state, enum optim_code code) {
+  pthread_once(&codes_once, codes_build);
+  if (state == L2L_STATE_F32) {
+    memcpy(out, (const float *)array + begin, (size_t)n * sizeof(float));
+  } else if (state == L2L_STATE_BF16) {
+    const uint16_t *h = (const uint16_t *)array + begin;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) out[i] = half_bf16_to_f32(h[i]);
+  } else {
+    const float *scale = optim_state_scales((void *)array, array_n) + begin / L2L_STATE_BLOCK;
+    for (int64_t at = 0; at < n; at += L2L_STATE_BLOCK) {
+      int64_t bn = n - at < L2L_STATE_BLOCK ? n - at : L2L_STATE_BLOCK;
+      block_decode(out + at, (const uint8_t *)array + begin + at, scale[at / L2L_STATE_BLOCK], bn,
+                   code);
+    }
+  }
+}
+
+void optim_state_encode(void *array, int64_t array_n, int64_t begin, const float *in, int64_t n,
+                      l2l_state_precision state, enum optim_code code) {
+  if (state == L2L_STATE_F32) {
+    memcpy((float *)array + begin, in, (size_t)n * sizeof(float));
+  } else if (state == L2L_STATE_BF16) {
+    uint16_t *h = (uint16_t *)array + begin;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) h[i] = half_from_f32_bf16(in[i]);
+  } else {
+    float *scale = optim_state_scales(array, array_n) + begin / L2L_STATE_BLOCK;
+    for (int64_t at = 0; at < n; at += L2L_STATE_BLOCK) {
+      int64_t bn = n - at < L2L_STATE_BLOCK ? n - at : L2L_STATE_BLOCK;
+      block_encode((uint8_t *)array + begin + at, &scale[at / L2L_STATE_BLOCK], in + at, bn, code);
+    }
+    if (begin + n == array_n)   /* the padding before the scales: zero, as documented */
+      memset((uint8_t *)array + array_n, 0, (size_t)((uint8_t *)optim_state_scales(array, array_n) -
+                                                     ((uint8_t *)array + array_n)));
+  }
+}
