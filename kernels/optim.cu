@@ -240,14 +240,16 @@ struct CompactArgs {
   void *s[2];
   int64_t n;
   int precision;   /* 1 bf16, 2 8 bits */
+  int64_t scales_at;   /* 8 bits: the byte where an array's scales begin */
+  int root[2];     /* whether array s keeps sqrt(v) in the unsigned code */
   int wave;        /* LAMB: 0 the moments and sums, 1 the step; else 0 */
   struct k_optim o;
   const int32_t *skip;
   const float *trust;   /* LAMB's wave 1 */
 };
 
-static __device__ __forceinline__ float *scales_of(void *array, int64_t n) {
-  return reinterpret_cast<float *>(static_cast<uint8_t *>(array) + ((n + 3) / 4) * 4);
+static __device__ __forceinline__ float *scales_of(void *array, int64_t at) {
+  return reinterpret_cast<float *>(static_cast<uint8_t *>(array) + at);
 }
 
 __global__ void __launch_bounds__(L2L_THREADS)
@@ -268,7 +270,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
     float scale[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int s = 0; s < 2; s++)
-      if (s < arrays && a.precision == 2) scale[s] = scales_of(a.s[s], a.n)[b];
+      if (s < arrays && a.precision == 2) scale[s] = scales_of(a.s[s], a.scales_at)[b];
 #pragma unroll
     for (int k = 0; k < K_PER_THREAD; k++) {
       int64_t i = b * K_STATE_BLOCK + k * L2L_THREADS + threadIdx.x;
@@ -280,9 +282,8 @@ __global__ void __launch_bounds__(L2L_THREADS)
         if (a.precision == 1) {
           st[s][k] = bf16_to_f32(static_cast<const uint16_t *>(a.s[s])[i]);
         } else {
-          bool root = s == 1 && !sgd;   /* (a root code keeps sqrt(v)) */
-          float c = value[root][static_cast<const uint8_t *>(a.s[s])[i]] * scale[s];
-          st[s][k] = root ? c * c : c;
+          float c = value[a.root[s]][static_cast<const uint8_t *>(a.s[s])[i]] * scale[s];
+          st[s][k] = a.root[s] ? c * c : c;   /* (a root code keeps sqrt(v)) */
         }
       }
       if (lamb && a.wave == 1) {
@@ -317,7 +318,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
 #pragma unroll
     for (int s = 0; s < 2; s++) {
       if (s >= arrays) continue;
-      bool root = s == 1 && !sgd;
+      bool root = a.root[s];
       if (a.precision == 1) {
 #pragma unroll
         for (int k = 0; k < K_PER_THREAD; k++) {
@@ -342,7 +343,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
       m = 0.0f;
       for (int w = 0; w < L2L_THREADS / 32; w++) m = most[s][w] > m ? most[s][w] : m;
       __syncthreads();   /* (most[] is read by every thread before the next block's) */
-      if (threadIdx.x == 0) scales_of(a.s[s], a.n)[b] = m;
+      if (threadIdx.x == 0) scales_of(a.s[s], a.scales_at)[b] = m;
       float lift = m < 0x1p-100f ? 0x1p100f : 1.0f, inv = 1.0f / (m * lift);
 #pragma unroll
       for (int k = 0; k < K_PER_THREAD; k++) {
@@ -365,7 +366,8 @@ __global__ void __launch_bounds__(L2L_THREADS)
   block_sums_out(pp, rr, partial);
 }
 
-extern "C" int k_optim_update_compact(float *p, void *s0, void *s1, int precision, float *grad,
+extern "C" int k_optim_update_compact(float *p, void *s0, void *s1, int precision,
+                                      int64_t scales_at, const int root[2], float *grad,
                                       int64_t n, const struct k_optim *o,
                                       const float *signed_value, const float *root_value,
                                       const int32_t *skip, double *scratch, void *stream) {
@@ -378,7 +380,7 @@ extern "C" int k_optim_update_compact(float *p, void *s0, void *s1, int precisio
   int64_t wanted = (n + K_STATE_BLOCK - 1) / K_STATE_BLOCK;
   int blocks = wanted < 1 ? 1 : wanted > LAMB_BLOCKS ? LAMB_BLOCKS : (int)wanted;
   float *trust = reinterpret_cast<float *>(scratch + 2 * LAMB_BLOCKS);
-  CompactArgs a{p, grad, {s0, s1}, n, precision, 0, *o, skip, trust};
+  CompactArgs a{p, grad, {s0, s1}, n, precision, scales_at, {root[0], root[1]}, 0, *o, skip, trust};
   compact_step_kernel<<<blocks, L2L_THREADS, 0, s>>>(a, codes, scratch);
   if (o->kind != 2) return k_launched();
   lamb_trust_kernel<<<1, 1, 0, s>>>(scratch, blocks, trust);

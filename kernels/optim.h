@@ -51,10 +51,12 @@ struct k_optim {
 int k_optim_update(float *p, float *s0, float *s1, float *grad, int64_t n,
                    const struct k_optim *o, const int32_t *skip, double *scratch, void *stream);
 /* The same on compact state s0, s1 (precision 1: bf16, 2: 8 bits, laid out as
-   include/l2l/relay.h's "optimizers" says), the 8-bit codes' values given (256 each:
-   src/backend/state_codes.c's, on the host): each block of 2048 decoded, stepped in f32
-   and encoded again (LAMB's second wave only reads it); scratch as above. */
-int k_optim_update_compact(float *p, void *s0, void *s1, int precision, float *grad, int64_t n,
+   include/l2l/relay.h's "optimizers" says: an 8-bit array's scales from byte scales_at;
+   root[s]: array s keeps sqrt(v) in the unsigned code), the 8-bit codes' values given (256
+   each: src/backend/state_codes.c's, on the host): each block of 2048 decoded, stepped in
+   f32 and encoded again (LAMB's second wave only reads it); scratch as above. */
+int k_optim_update_compact(float *p, void *s0, void *s1, int precision, int64_t scales_at,
+                           const int root[2], float *grad, int64_t n,
                            const struct k_optim *o, const float *signed_value,
                            const float *root_value, const int32_t *skip, double *scratch,
                            void *stream);

@@ -257,11 +257,15 @@ static l2l_status optim_update_locked(float *p, void *s0, void *s1, float *grad,
   struct k_optim o = optim_consts(h);
   if (h->state == L2L_STATE_F32)
     LAUNCH(k_optim_update(p, s0, s1, grad, n, &o, skip, (double *)scratch, cuda_rt.compute));
-  else
-    LAUNCH(k_optim_update_compact(p, s0, s1, h->state == L2L_STATE_BF16 ? 1 : 2, grad, n, &o,
+  else {
+    int root[2] = {optim_state_code(h->kind, 0) == OPTIM_CODE_ROOT,
+                   optim_state_code(h->kind, 1) == OPTIM_CODE_ROOT};
+    LAUNCH(k_optim_update_compact(p, s0, s1, h->state == L2L_STATE_BF16 ? 1 : 2,
+                                  (int64_t)state8_codes_bytes(n), root, grad, n, &o,
                                   optim_code_values(OPTIM_CODE_SIGNED),
                                   optim_code_values(OPTIM_CODE_ROOT), skip, (double *)scratch,
                                   cuda_rt.compute));
+  }
   return L2L_OK;
 }
 

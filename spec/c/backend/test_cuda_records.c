@@ -1,0 +1,191 @@
+/* SPDX-License-Identifier: MIT */
+/* test_cuda_records.c — a record placed on the device (issue 49): the ops its gradient's
+ * adds and its updates take (grad_add, optim_update on f32, bf16 and 8-bit state), the CUDA
+ * backend's against the CPU backend's on the same arrays. test_cuda.c says how the GPU
+ * tests test; the harness and the tolerances are cuda_twins.h's. Skipped without a GPU;
+ * run in a dry run (L2L_TEST_CUDA_DRY_RUN=1). All test names start with "cuda_".
+ * Must never: read a device tensor's memory on the CPU, or leave a device tensor or the
+ * CUDA backend switched on behind it.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_twins.h"
+
+/* ================================================================ a record on the device */
+
+TEST(cuda_records_on_the_device_update_as_the_cpu) {
+  /* The ops a record placed on the device takes (grad_add, optim_update), the CUDA
+     backend's against the CPU backend's on the same arrays: two gradients added (f32, then
+     bf16 widened), one update, for SGD with Nesterov momentum, AdamW and LAMB (whose trust
+     ratio sums the whole record: a size past one chunk). The device contracts products
+     into FMAs where the host does not (kernels/optim.cu): within TOL_F32 of the
+     parameters' and state's scale. Then the flag: an inf and a 2^63 set it on both sides,
+     a NULL flag is left alone, and an update whose flag is set leaves the record as it
+     was and clears its gradient. */
+  if (!use_gpu()) return;
+  const struct backend_ops *sides[2] = {&cpu_backend, backend_for(L2L_POOL_DEVICE)};
+  static const int64_t sizes[] = {1, 7 * 13, (1 << 18) + 4099};
+  static const l2l_optimizer_kind kinds[] = {L2L_OPTIMIZER_SGD, L2L_OPTIMIZER_ADAMW,
+                                             L2L_OPTIMIZER_LAMB};
+  for (int s = 0; s < 3; s++)
+    for (int o = 0; o < 3; o++) {
+      int64_t n = sizes[s];
+      bool sgd = kinds[o] == L2L_OPTIMIZER_SGD;
+      struct optim_hyper h = {.kind = kinds[o], .lr = 1e-2f, .weight_decay = 0.05f,
+                              .momentum = 0.9f, .nesterov = 1, .beta1 = 0.9f, .beta2 = 0.99f,
+                              .eps = 1e-6f, .t = 3, .grad_scale = 0.5f};
+      struct twin p = twin_of(RANDN(1.0, n)), m = twin_of(RANDN(0.1, n)), g = twin_of(RANDN(0.0, n));
+      l2l_tensor *v0 = RANDN(0.1, n);
+      for (int64_t i = 0; i < n; i++) fdata(v0)[i] *= fdata(v0)[i];   /* (a second moment) */
+      struct twin v = twin_of(v0), g32 = twin_of(RANDN(1.0, n)), flag = twin_of(HOST(L2L_I32, 1));
+      struct twin g16 = twin_of(cast_on_host(RANDN(1.0, n), L2L_BF16));
+      idata(flag.h)[0] = 0;
+      CHECK_OK(l2l_tensor_fill(flag.d, 0.0));
+      SIDES {
+        const struct backend_ops *ops = sides[side];
+        OK_ON(ops->grad_add(fdata(AT(g)), fdata(AT(g32)), L2L_F32, 1.0f, n, idata(AT(flag))));
+        OK_ON(ops->grad_add(fdata(AT(g)), l2l_tensor_data(AT(g16)), L2L_BF16, 0.25f, n, idata(AT(flag))));
+        OK_ON(ops->optim_update(fdata(AT(p)), fdata(AT(m)), sgd ? NULL : fdata(AT(v)), fdata(AT(g)),
+                                n, &h, idata(AT(flag))));
+      }
+      char what[96];
+      snprintf(what, sizeof what, "optimizer %d, n %lld: p", (int)kinds[o], (long long)n);
+      CHECK_TWIN(what, p, RMS, TOL_F32);
+      snprintf(what, sizeof what, "optimizer %d, n %lld: state", (int)kinds[o], (long long)n);
+      CHECK_TWIN(what, m, RMS, TOL_F32);
+      snprintf(what, sizeof what, "optimizer %d, n %lld: the gradient, cleared", (int)kinds[o], (long long)n);
+      CHECK_TWIN_BITS(what, g);
+      l2l_tensor *clean = copied_to(flag.d, L2L_POOL_HOST);
+      CHECK(idata(flag.h)[0] == 0 && idata(clean)[0] == 0, "n %lld: finite sums set the flags: "
+            "%d (host), %d (device)", (long long)n, idata(flag.h)[0], idata(clean)[0]);
+      l2l_tensor_free(clean);
+      /* the flag: an inf (or 2^63) added sets it; the update it skips changes nothing */
+      fdata(g32.h)[n / 2] = s == 1 ? 0x1p63f : INFINITY;
+      l2l_tensor_free(g32.d);
+      g32.d = copied_to(g32.h, L2L_POOL_DEVICE);
+      l2l_tensor *before = copied_to(p.d, L2L_POOL_HOST);
+      SIDES {
+        const struct backend_ops *ops = sides[side];
+        OK_ON(ops->grad_add(fdata(AT(g)), fdata(AT(g32)), L2L_F32, 1.0f, n, NULL));
+        OK_ON(ops->grad_add(fdata(AT(g)), fdata(AT(g32)), L2L_F32, 1.0f, n, idata(AT(flag))));
+        OK_ON(ops->optim_update(fdata(AT(p)), fdata(AT(m)), sgd ? NULL : fdata(AT(v)), fdata(AT(g)),
+                                n, &h, idata(AT(flag))));
+      }
+      l2l_tensor *flag_d = copied_to(flag.d, L2L_POOL_HOST), *after = copied_to(p.d, L2L_POOL_HOST);
+      CHECK(idata(flag.h)[0] == 1 && idata(flag_d)[0] == 1, "n %lld: flags %d (host) and %d "
+            "(device) after a sum of %g, want 1", (long long)n, idata(flag.h)[0], idata(flag_d)[0],
+            (double)fdata(g32.h)[n / 2]);
+      CHECK(memcmp(l2l_tensor_data(before), l2l_tensor_data(after), (size_t)n * sizeof(float)) == 0,
+            "n %lld: an update its flag skips moved the device's parameters", (long long)n);
+      CHECK_TWIN_BITS("a skipped update's gradient, cleared", g);
+      l2l_tensor_free(before), l2l_tensor_free(after), l2l_tensor_free(flag_d);
+      TWIN_FREE(&p, &m, &v, &g, &g32, &g16, &flag);
+    }
+  end_gpu();
+}
+
+/* A sign-and-magnitude code (the sign the bit above `bits` magnitude bits) as an integer
+   in value order (+0 and -0 both 0). */
+static int signed_magnitude(unsigned code, int bits) {
+  int magnitude = (int)(code & ((1u << bits) - 1));
+  return code >> bits & 1 ? -magnitude : magnitude;
+}
+
+/* Whether two encodings of one state array (n elements in `state`) are the same but for
+   neighbours: a value the two sides computed an ulp apart (FMAs) may round to the next
+   bf16 or 8-bit code, never further; an 8-bit block's scales within TOL_F32. */
+static bool neighbours(const uint8_t *a, const uint8_t *b, int64_t n, l2l_state_precision state,
+                       enum optim_code code, const char *what) {
+  for (int64_t i = 0; i < n; i++) {
+    int x, y;   /* each code in value order (bf16 and the signed code: sign and magnitude) */
+    if (state == L2L_STATE_BF16) {
+      uint16_t hx, hy;
+      memcpy(&hx, a + 2 * i, 2), memcpy(&hy, b + 2 * i, 2);
+      x = signed_magnitude(hx, 15), y = signed_magnitude(hy, 15);
+    } else if (code == OPTIM_CODE_SIGNED) {
+      x = signed_magnitude(a[i], 7), y = signed_magnitude(b[i], 7);
+    } else {
+      x = a[i], y = b[i];
+    }
+    if (!CHECK(abs(x - y) <= 1, "%s: element %lld: codes %d (host) and %d (device)", what,
+               (long long)i, x, y))
+      return false;
+  }
+  if (state != L2L_STATE_8BIT) return true;
+  const float *sa = optim_state_scales((void *)a, n), *sb = optim_state_scales((void *)b, n);
+  for (int64_t k = 0; k < state8_blocks(n); k++)
+    if (!CHECK(fabsf(sa[k] - sb[k]) <= TOL_F32 * fabsf(sa[k]), "%s: block %lld: scale %g (host), "
+               "%g (device)", what, (long long)k, (double)sa[k], (double)sb[k]))
+      return false;
+  return true;
+}
+
+TEST(cuda_records_on_the_device_update_compact_state_as_the_cpu) {
+  /* optim_update on bf16 and 8-bit state (the CUDA backend's fused kernel, which decodes a
+     block, steps it in f32 and encodes it again) against the CPU backend's (the host's own
+     decode, kernels and encode), for SGD with Nesterov momentum, AdamW and LAMB, on a
+     record of a few blocks and one past a chunk: the parameters within TOL_F32 of their
+     scale, each state code the host's or its neighbour (neighbours, above); then an update
+     whose flag is set leaves the parameters and every state byte as they were. */
+  if (!use_gpu()) return;
+  const struct backend_ops *sides[2] = {&cpu_backend, backend_for(L2L_POOL_DEVICE)};
+  static const int64_t sizes[] = {3 * L2L_STATE_BLOCK + 77, (1 << 18) + 4099};
+  static const l2l_optimizer_kind kinds[] = {L2L_OPTIMIZER_SGD, L2L_OPTIMIZER_ADAMW,
+                                             L2L_OPTIMIZER_LAMB};
+  for (int st = 1; st <= 2; st++)
+    for (int s = 0; s < 2; s++)
+      for (int o = 0; o < 3; o++) {
+        l2l_state_precision state = (l2l_state_precision)st;
+        int64_t n = sizes[s];
+        int arrays = kinds[o] == L2L_OPTIMIZER_SGD ? 1 : 2;
+        struct optim_hyper h = {.kind = kinds[o], .lr = 1e-2f, .weight_decay = 0.05f,
+                                .momentum = 0.9f, .nesterov = 1, .beta1 = 0.9f, .beta2 = 0.99f,
+                                .eps = 1e-6f, .t = 3, .grad_scale = 0.5f, .state = state};
+        struct twin p = twin_of(RANDN(1.0, n)), g = twin_of(RANDN(1.0, n)), flag = twin_of(HOST(L2L_I32, 1));
+        struct twin arr[2] = {{0}, {0}};
+        int64_t bytes = (int64_t)host_state_bytes(state, n);
+        for (int a = 0; a < arrays; a++) {
+          l2l_tensor *f = RANDN(0.1, n);
+          if (a == 1)
+            for (int64_t i = 0; i < n; i++) fdata(f)[i] *= fdata(f)[i];   /* (a second moment) */
+          l2l_tensor *coded = bytes_of(bytes, 0);
+          optim_state_encode(bdata(coded), n, 0, fdata(f), n, state, optim_state_code(kinds[o], a));
+          arr[a] = twin_of(coded);
+          l2l_tensor_free(f);
+        }
+        idata(flag.h)[0] = 0;
+        CHECK_OK(l2l_tensor_fill(flag.d, 0.0));
+        SIDES {
+          OK_ON(sides[side]->optim_update(fdata(AT(p)), bdata(AT(arr[0])), bdata(AT(arr[1])),
+                                          fdata(AT(g)), n, &h, idata(AT(flag))));
+        }
+        char what[96];
+        snprintf(what, sizeof what, "state %d, optimizer %d, n %lld", st, (int)kinds[o], (long long)n);
+        CHECK_TWIN(what, p, RMS, TOL_F32);
+        CHECK_TWIN_BITS("the gradient, cleared", g);
+        for (int a = 0; a < arrays; a++) {
+          l2l_tensor *back = copied_to(arr[a].d, L2L_POOL_HOST);
+          neighbours(bdata(arr[a].h), bdata(back), n, state, optim_state_code(kinds[o], a), what);
+          l2l_tensor_free(back);
+        }
+        /* skipped: nothing moves */
+        CHECK_OK(l2l_tensor_fill(flag.d, 1.0));
+        l2l_tensor *before[3] = {copied_to(p.d, L2L_POOL_HOST), copied_to(arr[0].d, L2L_POOL_HOST),
+                                 arrays > 1 ? copied_to(arr[1].d, L2L_POOL_HOST) : NULL};
+        CHECK_OK(sides[1]->optim_update(fdata(p.d), bdata(arr[0].d), bdata(arr[1].d), fdata(g.d), n,
+                                        &h, idata(flag.d)));
+        const l2l_tensor *now[3] = {p.d, arr[0].d, arrays > 1 ? arr[1].d : NULL};
+        for (int k = 0; k < 3; k++) {
+          if (before[k] == NULL) continue;
+          l2l_tensor *after = copied_to(now[k], L2L_POOL_HOST);
+          size_t size = (size_t)l2l_tensor_numel(after) * elem_size(after);
+          CHECK(memcmp(l2l_tensor_data(before[k]), l2l_tensor_data(after), size) == 0,
+                "%s: an update its flag skips changed array %d", what, k);
+          l2l_tensor_free(after), l2l_tensor_free(before[k]);
+        }
+        TWIN_FREE(&p, &g, &flag, &arr[0], &arr[1]);
+      }
+  end_gpu();
+}
