@@ -10,7 +10,7 @@
  * its master; they differ only in how the updated weights are stored:
  *   f32           4 bytes a weight (the reference)
  *   bf16 nearest  2 bytes: rounded to nearest even (updates below half an ulp vanish)
- *   bf16 SR       2 bytes: stochastic rounding, eps_bf16_stochastic with Philox draws (the
+ *   bf16 SR       2 bytes: stochastic rounding, half_bf16_stochastic with Philox draws (the
  *                 relay's master = "bf16")
  *   bf16 Kahan    4 bytes: a bf16 weight and a bf16 compensation term holding what the last
  *                 rounding dropped (Zamirai et al. 2020)
@@ -85,7 +85,7 @@ int main(void) {
         for (int i = 0; i < D; i++) hi[k][i] = half_from_f32_bf16(p[i]);
       } else if (k == 2) {
         philox_range(draws, 7, 1, (uint64_t)t * D, D);
-        for (int i = 0; i < D; i++) hi[k][i] = eps_bf16_stochastic(p[i], draws[i]);
+        for (int i = 0; i < D; i++) hi[k][i] = half_bf16_stochastic(p[i], draws[i]);
       } else {   /* Kahan: add the update less what the last rounding dropped */
         for (int i = 0; i < D; i++) {
           float step = (p[i] - before[i]) - half_bf16_to_f32(comp[i]);

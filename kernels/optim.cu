@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* optim.cu — a record placed on the device: its gradient added into its accumulator, and
- * one step of its optimizer (SGD with momentum, AdamW, LAMB) on its f32 master and its
- * state in f32, bf16 or 8 bits.
+ * one step of its optimizer (SGD with momentum, AdamW, LAMB) on its master (f32, or bf16
+ * rounded back stochastically) and its state in f32, bf16 or 8 bits.
  *
  * Purpose: kernels/optim.h's launchers. Each element is the host kernels' expression
  * (src/backend/optim_kernels.c) written again, since device code cannot call host code;
@@ -170,7 +170,7 @@ struct LambApplyOp {
 extern "C" int k_optim_update(float *p, float *s0, float *s1, float *grad, int64_t n,
                               const struct k_optim *o, const int32_t *skip, double *scratch,
                               void *stream) {
-  if (n < 0) return invalid_argument();
+  if (n < 0 || o->master_bf16) return invalid_argument();
   cudaStream_t s = (cudaStream_t)stream;
   switch (o->kind) {
     case 0: return launch_map(SgdOp{p, s0, grad, *o, skip}, n, false, stream);
@@ -194,7 +194,8 @@ extern "C" int k_optim_update(float *p, float *s0, float *s1, float *grad, int64
 
 /* ---------------------------------------------------------------- one step on compact state
 
-   bf16 or 8-bit state (include/l2l/relay.h, "optimizers"), a block of K_STATE_BLOCK
+   A bf16 master or state in bf16 or 8 bits (include/l2l/relay.h, "optimizers"; f32 state
+   too beside a bf16 master), a block of K_STATE_BLOCK
    elements to a thread block: each thread decodes its 8 elements' state into registers,
    runs the f32 step above on them, and (a wave that writes the state) encodes them again;
    an 8-bit block's new scale is its largest magnitude (the root code's: of sqrt(v)),
@@ -236,10 +237,11 @@ static __device__ __forceinline__ int code_nearest(float y, int bits) {
 }
 
 struct CompactArgs {
-  float *p, *grad;
+  void *p;         /* the master: f32, or bf16 (o.master_bf16) */
+  float *grad;
   void *s[2];
   int64_t n;
-  int precision;   /* 1 bf16, 2 8 bits */
+  int precision;   /* 0 f32, 1 bf16, 2 8 bits */
   int64_t scales_at;   /* 8 bits: the byte where an array's scales begin */
   int root[2];     /* whether array s keeps sqrt(v) in the unsigned code */
   int wave;        /* LAMB: 0 the moments and sums, 1 the step; else 0 */
@@ -250,6 +252,28 @@ struct CompactArgs {
 
 static __device__ __forceinline__ float *scales_of(void *array, int64_t at) {
   return reinterpret_cast<float *>(static_cast<uint8_t *>(array) + at);
+}
+
+/* Element i of the master, widened exactly. */
+static __device__ __forceinline__ float master_at(const CompactArgs &a, int64_t i) {
+  return a.o.master_bf16 ? bf16_to_f32(static_cast<const uint16_t *>(a.p)[i])
+                         : static_cast<const float *>(a.p)[i];
+}
+
+/* Element i of the master := x; a bf16 master's rounded stochastically by its draw
+   first_draw + i (src/core/core.h's half_bf16_stochastic: up in magnitude with the
+   probability of x's place within its bf16 ulp; inf and NaN to nearest). */
+static __device__ __forceinline__ void master_set(const CompactArgs &a, int64_t i, float x) {
+  if (!a.o.master_bf16) {
+    static_cast<float *>(a.p)[i] = x;
+    return;
+  }
+  uint32_t u = f32_bits(x);
+  uint16_t h = (u & 0x7f800000u) == 0x7f800000u
+                   ? f32_to_bf16(x)
+                   : (uint16_t)((u + (k_philox_draw(a.o.seed, a.o.stream,
+                                                    a.o.first_draw + (uint64_t)i) & 0xffffu)) >> 16);
+  static_cast<uint16_t *>(a.p)[i] = h;
 }
 
 __global__ void __launch_bounds__(L2L_THREADS)
@@ -279,7 +303,9 @@ __global__ void __launch_bounds__(L2L_THREADS)
 #pragma unroll
       for (int s = 0; s < 2; s++) {
         if (s >= arrays) continue;
-        if (a.precision == 1) {
+        if (a.precision == 0) {
+          st[s][k] = static_cast<const float *>(a.s[s])[i];
+        } else if (a.precision == 1) {
           st[s][k] = bf16_to_f32(static_cast<const uint16_t *>(a.s[s])[i]);
         } else {
           float c = value[a.root[s]][static_cast<const uint8_t *>(a.s[s])[i]] * scale[s];
@@ -287,19 +313,20 @@ __global__ void __launch_bounds__(L2L_THREADS)
         }
       }
       if (lamb && a.wave == 1) {
-        if (go) a.p[i] = a.p[i] - (o.lr * *a.trust) * lamb_r(o, st[0][k], st[1][k], a.p[i]);
+        float pi = master_at(a, i);
+        if (go) master_set(a, i, pi - (o.lr * *a.trust) * lamb_r(o, st[0][k], st[1][k], pi));
         continue;
       }
-      float g = o.scale * a.grad[i], pi = a.p[i];
+      float g = o.scale * a.grad[i], pi = master_at(a, i);
       a.grad[i] = 0.0f;
       if (!go) continue;
       if (sgd) {
         if (arrays == 0) {
-          a.p[i] = pi - o.decay * pi - o.lr * g;
+          master_set(a, i, pi - o.decay * pi - o.lr * g);
         } else {
           float m = o.mu_prev * st[0][k] + g;
           st[0][k] = m;
-          a.p[i] = pi - o.decay * pi - o.lr * (o.nesterov ? g + o.momentum * m : m);
+          master_set(a, i, pi - o.decay * pi - o.lr * (o.nesterov ? g + o.momentum * m : m));
         }
         continue;
       }
@@ -311,7 +338,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
         pp += (double)pi * (double)pi;
         rr += (double)r * (double)r;
       } else {
-        a.p[i] = pi - o.step * mi / (sqrtf(vi) * o.rsb2 + o.eps) - o.decay * pi;
+        master_set(a, i, pi - o.step * mi / (sqrtf(vi) * o.rsb2 + o.eps) - o.decay * pi);
       }
     }
     if (!writes) continue;
@@ -319,11 +346,13 @@ __global__ void __launch_bounds__(L2L_THREADS)
     for (int s = 0; s < 2; s++) {
       if (s >= arrays) continue;
       bool root = a.root[s];
-      if (a.precision == 1) {
+      if (a.precision < 2) {
 #pragma unroll
         for (int k = 0; k < K_PER_THREAD; k++) {
           int64_t i = b * K_STATE_BLOCK + k * L2L_THREADS + threadIdx.x;
-          if (i < a.n) static_cast<uint16_t *>(a.s[s])[i] = f32_to_bf16(st[s][k]);
+          if (i >= a.n) continue;
+          if (a.precision == 0) static_cast<float *>(a.s[s])[i] = st[s][k];
+          else static_cast<uint16_t *>(a.s[s])[i] = f32_to_bf16(st[s][k]);
         }
         continue;
       }
@@ -366,12 +395,12 @@ __global__ void __launch_bounds__(L2L_THREADS)
   block_sums_out(pp, rr, partial);
 }
 
-extern "C" int k_optim_update_compact(float *p, void *s0, void *s1, int precision,
+extern "C" int k_optim_update_compact(void *p, void *s0, void *s1, int precision,
                                       int64_t scales_at, const int root[2], float *grad,
                                       int64_t n, const struct k_optim *o,
                                       const float *signed_value, const float *root_value,
                                       const int32_t *skip, double *scratch, void *stream) {
-  if (n < 0 || (precision != 1 && precision != 2)) return invalid_argument();
+  if (n < 0 || precision < 0 || precision > 2) return invalid_argument();
   if (o->kind != 0 && (s0 == nullptr || s1 == nullptr)) return invalid_argument();
   cudaStream_t s = (cudaStream_t)stream;
   struct k_codes codes;

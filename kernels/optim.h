@@ -31,31 +31,37 @@ int k_grad_add(float *acc, const void *g, int dtype, float scale, int64_t n, int
    with nesterov g + momentum b). AdamW: m = b1 m + c1 g, v = b2 v + c2 g^2, p = p - step m
    / (sqrt(v) rsb2 + eps) - decay p. LAMB: the same moments with step = 1 / bc1, r = step m
    / (sqrt(v) rsb2 + eps) + wd p, p = p - lr trust r, trust = |p| / |r| over the record
-   (1 where either is 0). */
+   (1 where either is 0). A bf16 master (master_bf16 1; k_optim_update_compact only) is
+   widened, stepped in f32 and rounded back stochastically: element i by Philox draw
+   first_draw + i of (seed, stream), as src/backend/state_codes.c's optim_master_encode. */
 struct k_optim {
   int kind;
   float scale, lr, decay;
   float momentum, mu_prev;
   int nesterov;
   float step, rsb2, b1, c1, b2, c2, eps, wd;
+  int master_bf16;
+  uint64_t seed, stream, first_draw;
 };
 
 /* Doubles of scratch k_optim_update needs (LAMB's partial sums and its trust ratio). */
 #define L2L_K_OPTIM_SCRATCH_DOUBLES 2050
 
-/* One update of p (n) and its state s0, s1 (NULL beyond the optimizer's count) from grad
+/* One update of an f32 master p (n) and its f32 state s0, s1 (NULL beyond the optimizer's count) from grad
    (n), which it leaves zero; where skip (device memory, may be NULL) holds a value other
    than 0, p and the state stay as they were. LAMB's sums: a fixed partition of the
    elements into at most 1024 blocks (it depends on n alone), each block's in double,
    summed in block order: deterministic. */
 int k_optim_update(float *p, float *s0, float *s1, float *grad, int64_t n,
                    const struct k_optim *o, const int32_t *skip, double *scratch, void *stream);
-/* The same on compact state s0, s1 (precision 1: bf16, 2: 8 bits, laid out as
-   include/l2l/relay.h's "optimizers" says: an 8-bit array's scales from byte scales_at;
-   root[s]: array s keeps sqrt(v) in the unsigned code), the 8-bit codes' values given (256
-   each: src/backend/state_codes.c's, on the host): each block of 2048 decoded, stepped in
-   f32 and encoded again (LAMB's second wave only reads it); scratch as above. */
-int k_optim_update_compact(float *p, void *s0, void *s1, int precision, int64_t scales_at,
+/* The same on a master p in f32 or bf16 (o->master_bf16) and state s0, s1 in any
+   precision (0: f32, 1: bf16, 2: 8 bits, laid out as include/l2l/relay.h's "optimizers"
+   says: an 8-bit array's scales from byte scales_at; root[s]: array s keeps sqrt(v) in the
+   unsigned code), the 8-bit codes' values given (256 each: src/backend/state_codes.c's, on
+   the host): each block of 2048 decoded, stepped in f32 and encoded again (LAMB's second
+   wave only reads the state; the wave that moves the master rounds it back); scratch as
+   above. */
+int k_optim_update_compact(void *p, void *s0, void *s1, int precision, int64_t scales_at,
                            const int root[2], float *grad, int64_t n,
                            const struct k_optim *o, const float *signed_value,
                            const float *root_value, const int32_t *skip, double *scratch,

@@ -267,16 +267,17 @@ typedef struct l2l_relay_config {
                                    the device runs on; the device reads 16-bit staging
                                    copies over the link. L2L_PLACE_DEVICE: in the device
                                    pool, for a model whose records fit there: a parameter's
-                                   value and grad become f32 device tensors while its layer
-                                   is in the relay (host tensors again, equal, when it
-                                   leaves), each gradient is added there as its visit ends
+                                   value (f32, or its bf16 master) and grad (f32) become
+                                   device tensors while its layer is in the relay (f32 host
+                                   tensors again, equal, when it leaves), each gradient is
+                                   added there as its visit ends
                                    and each record is updated there by the same optimizer
                                    as soon as it is complete, so no weight, gradient or
                                    state crosses the link; on the CPU backend the same bits
                                    as host placement. The state in its precision (f32,
-                                   bf16 or 8 bits, as on the host). Needs master f32, no
-                                   dist, no spill_dir and no clip_layer_norm (not built for
-                                   the device yet). L2L_PLACE_AUTO: before each training
+                                   bf16 or 8 bits) and bf16 masters rounded by the same
+                                   draws, as on the host. Needs no dist, no spill_dir and
+                                   no clip_layer_norm (not built for the device yet). L2L_PLACE_AUTO: before each training
                                    step the planner places on the device the records that
                                    fit beside the step's peak within the device budget
                                    (device_budget, or what the device pool's leaves; none:

@@ -197,8 +197,9 @@ end
 -- state live in the device pool and are updated there by the same optimizer as each is
 -- complete, for a model whose records fit on the device: nothing of them crosses the
 -- link, and on the CPU backend the same bits as "host"; p.value and p.grad are device
--- tensors while the layer is in the relay; not with dist, spill, compact state, bf16
--- masters or clip_layer_norm yet; "auto": before each step, the records that fit beside the
+-- tensors while the layer is in the relay; the state in its precision and bf16 masters
+-- rounded by the same draws as on the host; not with dist, spill or clip_layer_norm
+-- yet; "auto": before each step, the records that fit beside the
 -- step within the device budget go on the device, a layer's at a time, the largest first, the rest stay on the
 -- host, moved between steps as the shape or the budget changes)}
 function M.Relay(o, ...)

@@ -108,9 +108,9 @@ describe("save and load agree (seed " .. seed .. ")", function()
     local cores = C.l2l_get_threads()
     local o = {}
     -- Whether the records may live on the device with the rest as drawn (placement device
-    -- takes no spill directory, f32 masters, no per-layer clipping).
+    -- takes no spill directory, no per-layer clipping).
     local function device_fits()
-      return o.spill == nil and o.master ~= "bf16" and o.clip_layer_norm == 0
+      return o.spill == nil and o.clip_layer_norm == 0
     end
     local draw = {
       model = function() return nil end,   -- (the model is the layers the file describes)
@@ -219,7 +219,7 @@ describe("save and load agree (seed " .. seed .. ")", function()
     local given = { micro_batch = support.int(1, B), optimizer_threads = support.int(0, math.min(4, cores)),
                     device_budget = support.int(256, 1024) * 2 ^ 20, host_budget = support.int(1024, 2048) * 2 ^ 20,
                     spill = o.placement ~= "device" and (dir .. "/spill-given") or nil,   -- (not on the device yet)
-                    master = o.precision == "bf16" and o.placement ~= "device" and pick { "f32", "bf16" } or nil,
+                    master = o.precision == "bf16" and pick { "f32", "bf16" } or nil,
                     dist = "none", placement = device_fits() and pick { "host", "device", "auto" } or pick { "host", "auto" } }
     for _, name in ipairs(relay_options.option_names({ load = true })) do
       assert.is_truthy(given[name] ~= nil or name == "master" or (name == "spill" and o.placement == "device"),

@@ -76,6 +76,11 @@ struct optim_hyper {
   l2l_state_precision state;   /* the state arrays' (the host's kernels take f32 arrays:
                                   the EPS decodes compact state; optim_update below
                                   decodes and encodes it itself) */
+  l2l_dtype master;      /* the master's: f32, or bf16 (the relay's master = bf16), which
+                            an update widens, steps in f32 and rounds back stochastically:
+                            element i of the record (of its shard with ranks) by Philox
+                            draw first_draw + i of (seed, stream), optim_master_encode */
+  uint64_t seed, stream, first_draw;
 };
 
 /* SGD on n elements; buf is NULL when momentum = 0 (state arrays start at zero). */
@@ -143,6 +148,12 @@ void optim_state_decode(float *out, const void *array, int64_t array_n, int64_t 
                         l2l_state_precision state, enum optim_code code);
 void optim_state_encode(void *array, int64_t array_n, int64_t begin, const float *in, int64_t n,
                         l2l_state_precision state, enum optim_code code);
+/* n elements of a bf16 master widened exactly into out, and rounded back from in
+   stochastically (core.h's half_bf16_stochastic): element i by Philox draw first_draw + i
+   of (seed, stream), so the host's update and a device's draw the same numbers. */
+void optim_master_decode(float *out, const uint16_t *master, int64_t n);
+void optim_master_encode(uint16_t *master, const float *in, int64_t n, uint64_t seed,
+                         uint64_t stream, uint64_t first_draw);
 /* Where the 8-bit array of n elements keeps its blocks' scales (core.h's layout). */
 static inline float *optim_state_scales(void *array, int64_t n) {
   return (float *)((uint8_t *)array + state8_codes_bytes(n));
@@ -301,7 +312,7 @@ struct backend_ops {
   l2l_status (*adamw)(float *param, float *m, float *v, const float *grad, int64_t n,
                       const l2l_adamw_config *config, float bias_correction1,
                       float bias_correction2);
-  /* A record placed on the device (issue 49), its master p (n), state s0 and s1 (NULL
+  /* A record placed on the device (issue 49), its master p (n, in h->master's dtype), state s0 and s1 (NULL
      beyond the optimizer's count; arrays of n elements in h->state's precision, laid out as
      a host record's: optim_state_decode's) and gradient accumulator grad (n), on the device:
      - optim_update: one update by h (the optimizer's kind, its step's constants, the
@@ -309,7 +320,8 @@ struct backend_ops {
        *skip is not 0 p and the state stay as they are (grad is still cleared). LAMB's
        whole-record sums in the chunks' order (L2L_OPTIM_CHUNK, above). Compact state is
        decoded a block of L2L_STATE_BLOCK at a time, updated in f32 and encoded again (by
-       the first wave: LAMB's second only reads it), as the EPS's host update does.
+       the first wave: LAMB's second only reads it), as the EPS's host update does; a
+       bf16 master widened the same way and rounded back by the wave that moves it.
      - grad_add: acc (n) += scale * g (n, f32 or a 16-bit dtype widened exactly), and
        *flag (on the device; NULL: none) = 1 where a sum is an inf, a NaN or
        EPS_GRAD_LIMIT or more (else left as it was): the EPS's add, whose flag the
@@ -317,7 +329,7 @@ struct backend_ops {
      - grad_norm: out[0] and out[1] (on the device) = g's (n) sum of squares and largest
        magnitude, a block at a time in chunks as optim_norm_blocks (a deferred update's
        norm, read back with every record's at once). */
-  l2l_status (*optim_update)(float *p, void *s0, void *s1, float *grad, int64_t n,
+  l2l_status (*optim_update)(void *p, void *s0, void *s1, float *grad, int64_t n,
                              const struct optim_hyper *h, const int32_t *skip);
   l2l_status (*grad_add)(float *acc, const void *g, l2l_dtype dtype, float scale, int64_t n,
                          int32_t *flag);

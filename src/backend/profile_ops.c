@@ -314,16 +314,17 @@ static l2l_status p_adamw(float *param, float *m, float *v, const float *grad, i
            7 * F * d(n), L2L_BOUND_MEM, false, "n=%lld", (long long)n);
 }
 
-/* A record's update on the device: the master and each state array (in its precision)
-   read and written (LAMB reads them once more in its second wave), the gradient read and
-   cleared. */
-static l2l_status p_optim_update(float *p, void *s0, void *s1, float *grad, int64_t n,
+/* A record's update on the device: the master (in its dtype) and each state array (in its
+   precision) read and written (LAMB reads them once more in its second wave), the gradient
+   read and cleared. */
+static l2l_status p_optim_update(void *p, void *s0, void *s1, float *grad, int64_t n,
                                  const struct optim_hyper *h, const int32_t *skip) {
   double arrays = (s0 != NULL) + (s1 != NULL), lamb = h->kind == L2L_OPTIMIZER_LAMB;
-  double state = (double)host_state_bytes(h->state, n);
+  double state = (double)host_state_bytes(h->state, n), master = (double)l2l_dtype_size(h->master);
   PROFILED(optim_update(p, s0, s1, grad, n, h, skip), "optim_update", 0,
-           d(n) * F * (4 + lamb) + arrays * state * (2 + lamb), L2L_BOUND_MEM, false,
-           "n=%lld kind=%d state=%d", (long long)n, (int)h->kind, (int)h->state);
+           d(n) * (2 * F + master * (2 + lamb)) + arrays * state * (2 + lamb), L2L_BOUND_MEM,
+           false, "n=%lld kind=%d state=%d master=%s", (long long)n, (int)h->kind,
+           (int)h->state, dt(h->master));
 }
 
 static l2l_status p_grad_add(float *acc, const void *g, l2l_dtype dtype, float scale, int64_t n,

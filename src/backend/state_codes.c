@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* state_codes.c — the optimizer state in its precision, element by element: f32, bf16
  * (nearest even) or blockwise 8 bits (l2l.h, "optimizers": the codes and the layout are
- * stated there once), decoded into f32 and encoded back, a range of an array at a time.
+ * stated there once), decoded into f32 and encoded back, a range of an array at a time;
+ * and a bf16 master widened and rounded back stochastically by its Philox draws.
  *
  * Purpose: one evaluation of the compact codes on the host, which the EPS's compact update
  * (eps/quant.c) runs on a host-placed record and the CPU backend's optim_update on a
@@ -179,5 +180,23 @@ void optim_state_encode(void *array, int64_t array_n, int64_t begin, const float
     if (begin + n == array_n)   /* the padding before the scales: zero, as documented */
       memset((uint8_t *)array + array_n, 0, (size_t)((uint8_t *)optim_state_scales(array, array_n) -
                                                      ((uint8_t *)array + array_n)));
+  }
+}
+
+/* ---------------------------------------------------------------- a bf16 master */
+
+void optim_master_decode(float *out, const uint16_t *master, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) out[i] = half_bf16_to_f32(master[i]);
+}
+
+void optim_master_encode(uint16_t *master, const float *in, int64_t n, uint64_t seed,
+                         uint64_t stream, uint64_t first_draw) {
+  uint32_t draws[L2L_STATE_BLOCK];
+  for (int64_t at = 0; at < n; at += L2L_STATE_BLOCK) {
+    int64_t bn = n - at < L2L_STATE_BLOCK ? n - at : L2L_STATE_BLOCK;
+    philox_range(draws, seed, stream, first_draw + (uint64_t)at, bn);
+#pragma omp simd
+    for (int64_t i = 0; i < bn; i++) master[at + i] = half_bf16_stochastic(in[at + i], draws[i]);
   }
 }

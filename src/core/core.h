@@ -130,6 +130,16 @@ static inline uint16_t half_from_f32_bf16(float x) {
 
 static inline float half_bf16_to_f32(uint16_t x) { return bits_float((uint32_t)x << 16); }
 
+/* x rounded to bf16 stochastically by the low 16 bits of r: up (in magnitude) with
+   probability the fraction of a bf16 ulp x lies past the value below, so the rounding is
+   unbiased (a bf16 master's update, on the host and on a device alike); inf and NaN as
+   nearest-even rounding keeps them. */
+static inline uint16_t half_bf16_stochastic(float x, uint32_t r) {
+  uint32_t u = float_bits(x);
+  if ((u & 0x7f800000u) == 0x7f800000u) return half_from_f32_bf16(x);
+  return (uint16_t)((u + (r & 0xffffu)) >> 16);
+}
+
 /* Rounds `value >> shift` to nearest, ties to even (shift >= 1). */
 static inline uint32_t shift_round_even(uint32_t value, int shift) {
   uint32_t kept = value >> shift;
@@ -204,11 +214,12 @@ void host_record_bytes(struct host_record *out, int64_t numel, int64_t shard_n,
                        int arrays, l2l_state_precision state, l2l_dtype master,
                        l2l_dtype staging, bool dist);
 /* A record placed on the device (placement device): its bytes in the device pool, as the
-   pool counts them (the f32 master, gradient accumulator and `arrays` state arrays in
-   `state`'s precision, a 16-bit copy the device reads unless staging is f32); and the
-   words of n such records (a flag, i32, and a norm, two f64, each: two arrays). */
-uint64_t device_record_bytes(int64_t numel, int arrays, l2l_state_precision state,
-                             l2l_dtype staging);
+   pool counts them (the master in its dtype, the f32 gradient accumulator and `arrays`
+   state arrays in `state`'s precision, a 16-bit copy the device reads unless staging is
+   f32); and the words of n such records (a flag, i32, and a norm, two f64, each: two
+   arrays). */
+uint64_t device_record_bytes(int64_t numel, l2l_dtype master, int arrays,
+                             l2l_state_precision state, l2l_dtype staging);
 uint64_t device_words_bytes(int n);
 /* Bytes of one optimizer state array of n elements in precision `state` (l2l.h, "optimizers":
    8bit is n codes padded to 4 bytes, then an f32 scale a block); 0 for an unknown one. */

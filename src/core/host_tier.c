@@ -37,10 +37,11 @@ void host_record_bytes(struct host_record *out, int64_t numel, int64_t shard_n,
   out->moved = (uint64_t)arrays * array;
 }
 
-uint64_t device_record_bytes(int64_t numel, int arrays, l2l_state_precision state,
-                             l2l_dtype staging) {
+uint64_t device_record_bytes(int64_t numel, l2l_dtype master, int arrays,
+                             l2l_state_precision state, l2l_dtype staging) {
   uint64_t f32 = pool_accounted((uint64_t)numel * sizeof(float));
-  return 2 * f32 + (uint64_t)arrays * pool_accounted(host_state_bytes(state, numel)) +
+  return f32 + pool_accounted((uint64_t)numel * l2l_dtype_size(master)) +
+         (uint64_t)arrays * pool_accounted(host_state_bytes(state, numel)) +
          (staging != L2L_F32 ? pool_accounted((uint64_t)numel * l2l_dtype_size(staging)) : 0);
 }
 

@@ -101,7 +101,7 @@ l2l_status eps_device_add(struct eps_record *rec, const l2l_tensor *grad, float 
 }
 
 l2l_status eps_device_update(struct eps_record *rec, const struct optim_hyper *h, bool flagged) {
-  TRY(ops()->optim_update(f32_of(rec->master), data_of(rec->state[0]), data_of(rec->state[1]),
+  TRY(ops()->optim_update(data_of(rec->master), data_of(rec->state[0]), data_of(rec->state[1]),
                           f32_of(rec->grad), l2l_tensor_numel(rec->master), h,
                           flagged ? flag_of(rec) : NULL));
   rec->updates++;   /* (taken back at the step's end if its flag skipped it) */
@@ -232,7 +232,9 @@ uint64_t eps_device_bytes(const struct eps *eps) {
     const struct eps_record *rec = eps->records[i];
     if (rec->placement != EPS_PLACE_DEVICE) continue;
     n++;
-    bytes += device_record_bytes(l2l_tensor_numel(rec->master), optim_state_count(&eps->optimizer),
+    bytes += device_record_bytes(l2l_tensor_numel(rec->master),
+                                 (l2l_dtype)l2l_tensor_dtype(rec->master),
+                                 optim_state_count(&eps->optimizer),
                                  eps->optimizer.state,
                                  rec->staging ? (l2l_dtype)l2l_tensor_dtype(rec->staging) : L2L_F32);
   }
@@ -250,7 +252,10 @@ void eps_move_drop(struct eps_move *m) {
 l2l_status eps_move_prepare(struct eps_move *m, const struct eps_record *rec, bool to_device) {
   *m = (struct eps_move){.to_device = to_device};
   l2l_pool_kind pool = to_device ? L2L_POOL_DEVICE : L2L_POOL_HOST;
-  l2l_status status = moved(&m->master, pool, rec->master);
+  /* (a bf16 master on the host is what the device reads: pinned, as eps_set_records has it) */
+  bool bf16_master = l2l_tensor_dtype(rec->master) == L2L_BF16;
+  l2l_status status = moved(&m->master, bf16_master && !to_device ? L2L_POOL_PINNED : pool,
+                            rec->master);
   if (status == L2L_OK) status = moved(&m->grad, pool, rec->grad);
   if (status == L2L_OK && rec->staging)   /* (rewritten from the master as each step begins) */
     status = tensor_new_like(&m->staging, to_device ? L2L_POOL_DEVICE : L2L_POOL_PINNED,

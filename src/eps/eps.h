@@ -82,20 +82,11 @@ struct eps_compact {
   int64_t state_n;             /* their elements */
   l2l_state_precision precision;
   uint16_t *master;            /* a bf16 master from the chunk's first element (chunk->p
-                                  NULL), or NULL: chunk->p is the f32 master */
-  uint64_t seed, stream, first_draw;   /* a bf16 master's stochastic rounding: element i of
-                                          the chunk takes Philox draw first_draw + i */
+                                  NULL; rounded back by the draws chunk->h names), or
+                                  NULL: chunk->p is the f32 master */
 };
 void eps_compact_chunk(const struct optimizer_ops *optim, const struct optim_chunk *chunk,
                        const struct eps_compact *compact, int64_t begin);
-/* x rounded to bf16 stochastically by the low 16 bits of r: up (in magnitude) with
-   probability the fraction of a bf16 ulp x lies past the value below, so the rounding is
-   unbiased; inf and NaN as nearest-even rounding keeps them. */
-static inline uint16_t eps_bf16_stochastic(float x, uint32_t r) {
-  uint32_t u = float_bits(x);
-  if ((u & 0x7f800000u) == 0x7f800000u) return half_from_f32_bf16(x);
-  return (uint16_t)((u + (r & 0xffffu)) >> 16);
-}
 
 /* ---------------------------------------------------------------- records and steps (eps.c) */
 

@@ -12,7 +12,7 @@
  * first wave writes the state; a later one only reads it), so each state byte crosses
  * memory once each way and the scratch stays in the core's cache. A bf16 master (the
  * relay's master = bf16) goes the same way: decoded into scratch, updated in f32, and
- * rounded back stochastically (eps_bf16_stochastic) by Philox draws the record owns.
+ * rounded back stochastically (optim_master_encode) by Philox draws the record owns.
  * A restore checks every value it is given (finite; a second moment >= 0) as it converts,
  * and only then replaces the record's state, so a refusal changes nothing; a checkpoint's
  * save checks what it writes the same way (l2l_state_array_check: one check for both).
@@ -29,39 +29,30 @@
 void eps_compact_chunk(const struct optimizer_ops *optim, const struct optim_chunk *chunk,
                        const struct eps_compact *compact, int64_t begin) {
   float scratch[2][L2L_STATE_BLOCK], master[L2L_STATE_BLOCK];
-  uint32_t draws[L2L_STATE_BLOCK];
+  const struct optim_hyper *h = chunk->h;
   bool last_wave = chunk->wave == optim->waves - 1;
   for (int64_t at = 0; at < chunk->n; at += L2L_STATE_BLOCK) {
     struct optim_chunk block = *chunk;
     block.grad = chunk->grad + at;
     block.n = chunk->n - at < L2L_STATE_BLOCK ? chunk->n - at : L2L_STATE_BLOCK;
-    const uint16_t *mh = compact->master != NULL ? compact->master + at : NULL;
-    if (mh != NULL) {   /* bf16 widens exactly */
-#pragma omp simd
-      for (int64_t i = 0; i < block.n; i++) master[i] = half_bf16_to_f32(mh[i]);
-      block.p = master;
-    } else {
-      block.p = chunk->p + at;
-    }
+    uint16_t *mh = compact->master != NULL ? compact->master + at : NULL;
+    if (mh != NULL) optim_master_decode(master, mh, block.n);   /* (exactly) */
+    block.p = mh != NULL ? master : chunk->p + at;
     for (int a = 0; a < 2; a++) {
       void *array = compact->state[a];
       block.state[a] = array != NULL ? scratch[a] : NULL;
       if (array != NULL)
         optim_state_decode(scratch[a], array, compact->state_n, begin + at, block.n,
-                         compact->precision, optim_state_code(chunk->h->kind, a));
+                         compact->precision, optim_state_code(h->kind, a));
     }
     optim->chunk(&block);
     for (int a = 0; chunk->wave == 0 && a < 2; a++)
       if (compact->state[a] != NULL)
         optim_state_encode(compact->state[a], compact->state_n, begin + at, scratch[a], block.n,
-                         compact->precision, optim_state_code(chunk->h->kind, a));
-    if (mh != NULL && last_wave) {   /* the wave that moved the weights */
-      uint16_t *out = compact->master + at;
-      philox_range(draws, compact->seed, compact->stream, compact->first_draw + (uint64_t)at,
-                   block.n);
-#pragma omp simd
-      for (int64_t i = 0; i < block.n; i++) out[i] = eps_bf16_stochastic(master[i], draws[i]);
-    }
+                         compact->precision, optim_state_code(h->kind, a));
+    if (mh != NULL && last_wave)   /* the wave that moved the weights */
+      optim_master_encode(mh, master, block.n, h->seed, h->stream,
+                          h->first_draw + (uint64_t)(begin + at));
   }
 }
 

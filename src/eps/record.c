@@ -34,7 +34,13 @@ struct optim_hyper eps_update_hyper(const struct eps *eps, const struct eps_reco
   return (struct optim_hyper){
       .kind = o->kind, .lr = (float)eps->lr, .weight_decay = decays ? o->weight_decay : 0.0f,
       .momentum = o->momentum, .nesterov = o->nesterov, .beta1 = o->beta1, .beta2 = o->beta2,
-      .eps = o->eps, .t = rec->updates + 1, .grad_scale = grad_scale, .state = o->state};
+      .eps = o->eps, .t = rec->updates + 1, .grad_scale = grad_scale, .state = o->state,
+      /* update t of record `stream` draws t * numel + element (the record's, whatever
+         rank or device updates it) */
+      .master = (l2l_dtype)l2l_tensor_dtype(rec->master), .seed = eps->seed,
+      .stream = rec->stream,
+      .first_draw = (uint64_t)(rec->updates + 1) * (uint64_t)l2l_tensor_numel(rec->master) +
+                    (uint64_t)rec->shard_begin};
 }
 
 uint64_t eps_host_bytes(const struct eps *eps) {

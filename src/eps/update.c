@@ -147,13 +147,8 @@ static void update_range(struct eps *eps, struct eps_record *rec, int64_t begin,
         .state = {rec->state[0] ? l2l_tensor_data(rec->state[0]) : NULL,
                   rec->state[1] ? l2l_tensor_data(rec->state[1]) : NULL},
         .state_n = rec->shard_n, .precision = eps->optimizer.state,
-        /* update t of record `stream` draws t * numel + element (the record's, whatever
-           rank updates it) */
         .master = bf16_master ? (uint16_t *)l2l_tensor_data(rec->master) + rec->shard_begin + begin
-                              : NULL,
-        .seed = eps->seed, .stream = rec->stream,
-        .first_draw = (uint64_t)rec->hyper.t * (uint64_t)l2l_tensor_numel(rec->master) +
-                      (uint64_t)(rec->shard_begin + begin)};
+                              : NULL};
     eps_compact_chunk(eps->optim, &chunk, &compact, begin);
   }
 }

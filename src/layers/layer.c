@@ -98,8 +98,24 @@ void layer_mark_low_precision(l2l_layer *layer, int role) {
   layer->params[layer->role[role]]->low_precision = true;
 }
 
-/* *t replaced by a tensor of `dtype` in `pool` holding its values: to nearest even, or
-   exactly; across backends (to or from a GPU) a copy of the same dtype. */
+/* dst := src's values in dst's dtype (to nearest even, or exactly), in whatever pools
+   they are. A cast stays within one backend, so between the device and the host it is
+   made on the host's side (a bf16 master on a GPU copied home, then widened; a host
+   value rounded, then copied there): the transient copy is in host memory. */
+static l2l_status values_into(l2l_tensor *dst, const l2l_tensor *src) {
+  bool from_device = src->storage->pool == L2L_POOL_DEVICE;
+  if (dst->dtype == src->dtype) return l2l_tensor_copy(dst, src);
+  if (from_device == (dst->storage->pool == L2L_POOL_DEVICE)) return l2l_tensor_cast(dst, src);
+  l2l_tensor *between = NULL;   /* (on the host: src's dtype, or dst's) */
+  TRY(tensor_new_like(&between, from_device ? dst->storage->pool : src->storage->pool,
+                      from_device ? src->dtype : dst->dtype, src));
+  l2l_status status = from_device ? l2l_tensor_copy(between, src) : l2l_tensor_cast(between, src);
+  if (status == L2L_OK) status = from_device ? l2l_tensor_cast(dst, between) : l2l_tensor_copy(dst, between);
+  l2l_tensor_free(between);
+  return status;
+}
+
+/* *t replaced by a tensor of `dtype` in `pool` holding its values (values_into). */
 static l2l_status rehome(const l2l_param *param, l2l_tensor **t, l2l_pool_kind pool,
                          l2l_dtype dtype) {
   if (param->home_value != NULL)
@@ -107,7 +123,7 @@ static l2l_status rehome(const l2l_param *param, l2l_tensor **t, l2l_pool_kind p
   if ((*t)->dtype == dtype && (*t)->storage->pool == pool) return L2L_OK;
   l2l_tensor *fresh = NULL;
   TRY(tensor_new_like(&fresh, pool, dtype, *t));
-  l2l_status status = dtype == (*t)->dtype ? l2l_tensor_copy(fresh, *t) : l2l_tensor_cast(fresh, *t);
+  l2l_status status = values_into(fresh, *t);
   if (status != L2L_OK) {
     l2l_tensor_free(fresh);
     return status;
@@ -233,8 +249,7 @@ l2l_status l2l_layer_clone(l2l_layer **out, const l2l_layer *layer) {
     q->low_precision = p->low_precision;
     copy->params[copy->nparams++] = q;
     /* a relay's bf16 master (param_rehome) widens exactly into the copy's f32 */
-    status = p->value->dtype == L2L_F32 ? l2l_tensor_copy(q->value, p->value)
-                                        : l2l_tensor_cast(q->value, p->value);
+    status = values_into(q->value, p->value);
   }
   if (status != L2L_OK) {
     l2l_layer_free(copy);

@@ -58,7 +58,8 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
     struct layers_record_dtypes held =
         layers_record_dtypes(recs[i].param, config->precision, config->master);
     if (layers[recs[i].layer].on_device >> recs[i].place & 1) {   /* (none of it on the host) */
-      device += device_record_bytes(numel, arrays, config->optimizer.state, held.staging);
+      device += device_record_bytes(numel, held.master, arrays, config->optimizer.state,
+                                    held.staging);
       on_device++;
       continue;
     }

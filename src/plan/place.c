@@ -77,9 +77,9 @@ l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint
   for (int k = 0; k < c->L; k++) cand[k].layer = k;
   for (int i = 0; i < n; i++) {
     const l2l_param *p = recs[i].param;
-    uint64_t its = device_record_bytes(l2l_tensor_numel(l2l_param_value(p)), arrays,
-                                       config->optimizer.state,
-                                       layers_record_dtypes(p, config->precision, config->master).staging);
+    struct layers_record_dtypes held = layers_record_dtypes(p, config->precision, config->master);
+    uint64_t its = device_record_bytes(l2l_tensor_numel(l2l_param_value(p)), held.master, arrays,
+                                       config->optimizer.state, held.staging);
     cand[recs[i].layer].bytes += its;
     cand[recs[i].layer].records++;
     all += its;

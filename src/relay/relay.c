@@ -116,8 +116,8 @@ static bool bf16_master(const l2l_relay *run, const l2l_param *p) {
   return held(run, p).master == L2L_BF16;
 }
 
-/* Whether p's record lives on the device while its layer is in the relay: value and
-   grad f32 device tensors. */
+/* Whether p's record lives on the device while its layer is in the relay: value (in its
+   master's dtype) and grad (f32) device tensors. */
 static bool on_device(const l2l_relay *run) { return run->config.placement == L2L_PLACE_DEVICE; }
 
 /* p's value and grad where the relay keeps them (pool, value dtype); a failure puts back
@@ -163,8 +163,10 @@ static l2l_status eps_records(l2l_relay *run, l2l_layer *const *list, int n, int
   int at = 0;
   for (; at < count && status == L2L_OK; at++) {
     l2l_param *p = recs[at].param;
+    /* (a bf16 master rounded on the host, as with the records there, then copied) */
     if (bf16_master(run, p)) status = param_rehome(p, L2L_POOL_PINNED, L2L_BF16);   /* (or is) */
-    if (on_device(run)) status = param_home(p, L2L_POOL_DEVICE, L2L_F32, true);
+    if (status == L2L_OK && on_device(run))
+      status = param_home(p, L2L_POOL_DEVICE, held(run, p).master, true);
     if (status != L2L_OK) failed = at;
     sources[at] = (struct eps_record_source){
         .param = p, .name = l2l_param_name(p), .master = l2l_param_value(p),

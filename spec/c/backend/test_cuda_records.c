@@ -95,9 +95,20 @@ static int signed_magnitude(unsigned code, int bits) {
 
 /* Whether two encodings of one state array (n elements in `state`) are the same but for
    neighbours: a value the two sides computed an ulp apart (FMAs) may round to the next
-   bf16 or 8-bit code, never further; an 8-bit block's scales within TOL_F32. */
+   bf16 or 8-bit code, never further; an 8-bit block's scales within TOL_F32. f32 state:
+   within TOL_F32 of the array's largest magnitude. */
 static bool neighbours(const uint8_t *a, const uint8_t *b, int64_t n, l2l_state_precision state,
                        enum optim_code code, const char *what) {
+  if (state == L2L_STATE_F32) {
+    const float *fa = (const float *)a, *fb = (const float *)b;
+    float most = 0.0f;
+    for (int64_t i = 0; i < n; i++) most = fabsf(fa[i]) > most ? fabsf(fa[i]) : most;
+    for (int64_t i = 0; i < n; i++)
+      if (!CHECK(fabsf(fa[i] - fb[i]) <= TOL_F32 * most, "%s: element %lld: %g (host), %g "
+                 "(device)", what, (long long)i, (double)fa[i], (double)fb[i]))
+        return false;
+    return true;
+  }
   for (int64_t i = 0; i < n; i++) {
     int x, y;   /* each code in value order (bf16 and the signed code: sign and magnitude) */
     if (state == L2L_STATE_BF16) {
@@ -123,18 +134,22 @@ static bool neighbours(const uint8_t *a, const uint8_t *b, int64_t n, l2l_state_
 }
 
 TEST(cuda_records_on_the_device_update_compact_state_as_the_cpu) {
-  /* optim_update on bf16 and 8-bit state (the CUDA backend's fused kernel, which decodes a
-     block, steps it in f32 and encodes it again) against the CPU backend's (the host's own
-     decode, kernels and encode), for SGD with Nesterov momentum, AdamW and LAMB, on a
-     record of a few blocks and one past a chunk: the parameters within TOL_F32 of their
-     scale, each state code the host's or its neighbour (neighbours, above); then an update
-     whose flag is set leaves the parameters and every state byte as they were. */
+  /* optim_update on bf16 and 8-bit state, and on a bf16 master beside state in any
+     precision (the CUDA backend's fused kernel, which decodes a block, steps it in f32,
+     encodes it again and rounds the master back stochastically by its Philox draws) against
+     the CPU backend's (the host's own decode, kernels, encode and rounding), for SGD with
+     Nesterov momentum, AdamW and LAMB, on a record of a few blocks and one past a chunk: an
+     f32 master and f32 state within TOL_F32 of their scale, each bf16 master's and compact
+     state's code the host's or its neighbour (neighbours, above: a value an ulp apart that
+     the same draw rounds to the next bf16); then an update whose flag is set leaves the
+     parameters and every state byte as they were. */
   if (!use_gpu()) return;
   const struct backend_ops *sides[2] = {&cpu_backend, backend_for(L2L_POOL_DEVICE)};
   static const int64_t sizes[] = {3 * L2L_STATE_BLOCK + 77, (1 << 18) + 4099};
   static const l2l_optimizer_kind kinds[] = {L2L_OPTIMIZER_SGD, L2L_OPTIMIZER_ADAMW,
                                              L2L_OPTIMIZER_LAMB};
-  for (int st = 1; st <= 2; st++)
+  for (int bf16 = 0; bf16 < 2; bf16++)
+  for (int st = !bf16; st <= 2; st++)   /* (f32 master and state: the test above) */
     for (int s = 0; s < 2; s++)
       for (int o = 0; o < 3; o++) {
         l2l_state_precision state = (l2l_state_precision)st;
@@ -142,8 +157,12 @@ TEST(cuda_records_on_the_device_update_compact_state_as_the_cpu) {
         int arrays = kinds[o] == L2L_OPTIMIZER_SGD ? 1 : 2;
         struct optim_hyper h = {.kind = kinds[o], .lr = 1e-2f, .weight_decay = 0.05f,
                                 .momentum = 0.9f, .nesterov = 1, .beta1 = 0.9f, .beta2 = 0.99f,
-                                .eps = 1e-6f, .t = 3, .grad_scale = 0.5f, .state = state};
-        struct twin p = twin_of(RANDN(1.0, n)), g = twin_of(RANDN(1.0, n)), flag = twin_of(HOST(L2L_I32, 1));
+                                .eps = 1e-6f, .t = 3, .grad_scale = 0.5f, .state = state,
+                                .master = bf16 ? L2L_BF16 : L2L_F32, .seed = check_rand_u64(),
+                                .stream = check_rand_u64(), .first_draw = check_rand_u64() >> 4};
+        l2l_tensor *p0 = RANDN(1.0, n);
+        struct twin p = twin_of(bf16 ? cast_on_host(p0, L2L_BF16) : p0);
+        struct twin g = twin_of(RANDN(1.0, n)), flag = twin_of(HOST(L2L_I32, 1));
         struct twin arr[2] = {{0}, {0}};
         int64_t bytes = (int64_t)host_state_bytes(state, n);
         for (int a = 0; a < arrays; a++) {
@@ -158,12 +177,20 @@ TEST(cuda_records_on_the_device_update_compact_state_as_the_cpu) {
         idata(flag.h)[0] = 0;
         CHECK_OK(l2l_tensor_fill(flag.d, 0.0));
         SIDES {
-          OK_ON(sides[side]->optim_update(fdata(AT(p)), bdata(AT(arr[0])), bdata(AT(arr[1])),
+          OK_ON(sides[side]->optim_update(l2l_tensor_data(AT(p)), bdata(AT(arr[0])), bdata(AT(arr[1])),
                                           fdata(AT(g)), n, &h, idata(AT(flag))));
         }
         char what[96];
-        snprintf(what, sizeof what, "state %d, optimizer %d, n %lld", st, (int)kinds[o], (long long)n);
-        CHECK_TWIN(what, p, RMS, TOL_F32);
+        snprintf(what, sizeof what, "master %s, state %d, optimizer %d, n %lld",
+                 bf16 ? "bf16" : "f32", st, (int)kinds[o], (long long)n);
+        if (bf16) {
+          l2l_tensor *back = copied_to(p.d, L2L_POOL_HOST);
+          neighbours(l2l_tensor_data(p.h), l2l_tensor_data(back), n, L2L_STATE_BF16,
+                     OPTIM_CODE_SIGNED, what);
+          l2l_tensor_free(back);
+        } else {
+          CHECK_TWIN(what, p, RMS, TOL_F32);
+        }
         CHECK_TWIN_BITS("the gradient, cleared", g);
         for (int a = 0; a < arrays; a++) {
           l2l_tensor *back = copied_to(arr[a].d, L2L_POOL_HOST);
@@ -174,8 +201,8 @@ TEST(cuda_records_on_the_device_update_compact_state_as_the_cpu) {
         CHECK_OK(l2l_tensor_fill(flag.d, 1.0));
         l2l_tensor *before[3] = {copied_to(p.d, L2L_POOL_HOST), copied_to(arr[0].d, L2L_POOL_HOST),
                                  arrays > 1 ? copied_to(arr[1].d, L2L_POOL_HOST) : NULL};
-        CHECK_OK(sides[1]->optim_update(fdata(p.d), bdata(arr[0].d), bdata(arr[1].d), fdata(g.d), n,
-                                        &h, idata(flag.d)));
+        CHECK_OK(sides[1]->optim_update(l2l_tensor_data(p.d), bdata(arr[0].d), bdata(arr[1].d),
+                                        fdata(g.d), n, &h, idata(flag.d)));
         const l2l_tensor *now[3] = {p.d, arr[0].d, arrays > 1 ? arr[1].d : NULL};
         for (int k = 0; k < 3; k++) {
           if (before[k] == NULL) continue;

@@ -271,7 +271,7 @@ TEST(quant_stochastic_rounding) {
     double sum = 0.0;
     int outside = 0;
     for (uint32_t r = 0; r < 65536; r++) {
-      float y = half_bf16_to_f32(eps_bf16_stochastic(x, r * 0x10001u));   /* high bits ignored */
+      float y = half_bf16_to_f32(half_bf16_stochastic(x, r * 0x10001u));   /* high bits ignored */
       outside += y != lo && y != hi;
       sum += y;
     }
@@ -279,8 +279,8 @@ TEST(quant_stochastic_rounding) {
     CHECK(outside == 0 && sum / 65536.0 == (double)x, "stochastic rounding of %.9g: mean %.17g, %d "
           "results neither neighbour", (double)x, sum / 65536.0, outside);
   }
-  CHECK(isinf(half_bf16_to_f32(eps_bf16_stochastic(INFINITY, 0xffff))) &&
-        isnan(half_bf16_to_f32(eps_bf16_stochastic(NAN, 0xffff))), "inf and NaN kept");
+  CHECK(isinf(half_bf16_to_f32(half_bf16_stochastic(INFINITY, 0xffff))) &&
+        isnan(half_bf16_to_f32(half_bf16_stochastic(NAN, 0xffff))), "inf and NaN kept");
 }
 
 /* ---------------------------------------------------------------- the update */
@@ -307,6 +307,7 @@ static void compact_update(l2l_optimizer_kind kind, l2l_state_precision state, b
     if (bf16_master) ph[i] = half_from_f32_bf16(p[i]), p[i] = p_ref[i] = half_bf16_to_f32(ph[i]);
   }
   uint64_t seed = check_rand_u64(), stream = check_rand_u64(), first = check_rand_u64() >> 8;
+  h.seed = seed, h.stream = stream, h.first_draw = first;   /* (the record's element 0) */
   for (int a = 0; a < count; a++) {
     enum optim_code code = optim_state_code(kind, a);
     float *init = xmalloc(4 * (size_t)total);
@@ -330,15 +331,14 @@ static void compact_update(l2l_optimizer_kind kind, l2l_state_precision state, b
     uint8_t *before = count > 0 ? xmalloc(bytes) : NULL;
     if (before) memcpy(before, arr[0], bytes);
     struct eps_compact compact = {.state = {arr[0], arr[1]}, .state_n = total, .precision = state,
-                                  .master = bf16_master ? ph : NULL, .seed = seed,
-                                  .stream = stream, .first_draw = first};
+                                  .master = bf16_master ? ph : NULL};
     if (bf16_master) chunk.p = NULL;
     eps_compact_chunk(ops, &chunk, &compact, skip);
     ops->chunk(&plain);
-    if (bf16_master && wave == ops->waves - 1) {   /* rounded by draw first + i */
+    if (bf16_master && wave == ops->waves - 1) {   /* element i rounded by draw first + skip + i */
       uint32_t *draws = xmalloc(4 * (size_t)n);
-      philox_range(draws, seed, stream, first, n);
-      for (int64_t i = 0; i < n; i++) p_ref[i] = half_bf16_to_f32(eps_bf16_stochastic(p_ref[i], draws[i]));
+      philox_range(draws, seed, stream, first + (uint64_t)skip, n);
+      for (int64_t i = 0; i < n; i++) p_ref[i] = half_bf16_to_f32(half_bf16_stochastic(p_ref[i], draws[i]));
       for (int64_t i = 0; i < n; i++) p[i] = half_bf16_to_f32(ph[i]);
       free(draws);
     } else if (bf16_master) {   /* a first wave of two leaves the master */

@@ -46,6 +46,7 @@ static l2l_relay_config random_config(int64_t B) {
   int precision = (int)check_rand_int(0, 2);
   c.precision = precision == 0 ? L2L_F32 : precision == 1 ? L2L_BF16 : L2L_F16;
   if (c.precision != L2L_F32 && check_rand_int(0, 1)) c.grad_precision = L2L_BF16;
+  if (c.precision == L2L_BF16 && check_rand_int(0, 1)) c.master = L2L_BF16;   /* (2 bytes there) */
   int placement = (int)check_rand_int(0, 5);   /* no slot, no copy of a record there */
   if (placement < 2) c.placement = placement == 0 ? L2L_PLACE_DEVICE : L2L_PLACE_AUTO;
   return c;
@@ -64,9 +65,11 @@ static bool auto_placement(struct plan_layer *layers, const struct model *m, l2l
   if (!CHECK_OK(l2l_relay_step_peak(&bound, r, B, S, d->types != NULL, d->key_mask != NULL)) ||
       !CHECK_OK(layers_records(&recs, &n, (const l2l_layer *const *)m->layer, NULL, m->n)))
     return false;
-  for (int i = 0; i < n; i++)
-    total += device_record_bytes(l2l_tensor_numel(l2l_param_value(recs[i].param)), 2,
-                                 cfg->optimizer.state, layers_record_dtypes(recs[i].param, cfg->precision, cfg->master).staging);
+  for (int i = 0; i < n; i++) {
+    struct layers_record_dtypes held = layers_record_dtypes(recs[i].param, cfg->precision, cfg->master);
+    total += device_record_bytes(l2l_tensor_numel(l2l_param_value(recs[i].param)), held.master,
+                                 2, cfg->optimizer.state, held.staging);
+  }
   free(recs);
   uint64_t budget = bound + (uint64_t)(check_rand_uniform(0, 1.1) * (double)total);
   return CHECK_OK(l2l_relay_set_device_budget(r, budget)) &&

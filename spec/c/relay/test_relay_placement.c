@@ -148,7 +148,7 @@ TEST(relay_records_on_the_device_train_as_on_the_host) {
   struct model init;
   struct data batches[STEPS];
   model_and_batches(&init, batches, &g, 5, 1);
-  for (int variant = 0; variant < 12; variant++) {
+  for (int variant = 0; variant < 15; variant++) {
     l2l_relay_config cfg = adamw_config();
     const char *what = "AdamW";
     cfg.micro_batch = 1 + variant % 3;
@@ -195,6 +195,24 @@ TEST(relay_records_on_the_device_train_as_on_the_host) {
                                                .state = L2L_STATE_8BIT};
         cfg.accumulate = 2, cfg.clip_global_norm = 0.5f;
         what = "SGD Nesterov, 8-bit state, accumulate 2, global clipping";
+        break;
+      case 12:   /* bf16 masters: updated in f32, rounded back by the record's draws */
+        cfg.precision = cfg.grad_precision = cfg.master = L2L_BF16;
+        what = "AdamW, bf16 masters";
+        break;
+      case 13:
+        cfg.optimizer = (l2l_optimizer_config){.kind = L2L_OPTIMIZER_LAMB, .lr = 0.02f,
+                                               .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-5f,
+                                               .weight_decay = 0.05f, .state = L2L_STATE_8BIT};
+        cfg.precision = cfg.grad_precision = cfg.master = L2L_BF16;
+        what = "LAMB, bf16 masters, 8-bit state";
+        break;
+      case 14:
+        cfg.optimizer = (l2l_optimizer_config){.kind = L2L_OPTIMIZER_SGD, .lr = 0.05f,
+                                               .momentum = 0.9f, .nesterov = 1,
+                                               .state = L2L_STATE_BF16};
+        cfg.precision = cfg.master = L2L_BF16, cfg.accumulate = 2;
+        what = "SGD Nesterov, bf16 masters and state, f32 gradients, accumulate 2";
         break;
     }
     placements_match(&init, &cfg, NULL, batches, STEPS, what);
@@ -321,7 +339,8 @@ TEST(relay_records_on_the_device_resume_to_the_bit) {
   cfg.micro_batch = 2;
   cfg.placement = L2L_PLACE_DEVICE;
   cfg.optimizer.state = (l2l_state_precision)check_rand_int(0, 2);   /* (f32, bf16 or 8 bits) */
-  printf("  (state %d)\n", (int)cfg.optimizer.state);
+  if (check_rand_int(0, 1)) cfg.master = cfg.precision = L2L_BF16;   /* (and its draws) */
+  printf("  (state %d, master %s)\n", (int)cfg.optimizer.state, l2l_dtype_name(cfg.master));
   cfg.seed &= (UINT64_C(1) << 53) - 1;   /* (what a checkpoint's JSON holds exactly) */
   char path[64];
   snprintf(path, sizeof path, "/tmp/l2l-placement-%d.safetensors", (int)getpid());
@@ -362,11 +381,11 @@ TEST(relay_records_on_the_device_refuse_what_is_not_built_there) {
   struct shape g = gpt_shape();
   struct model m;
   model_new(&m, &g);
-  const char *what[] = {"master bf16", "clip_layer_norm"};
+  const char *what[] = {"a spill directory", "clip_layer_norm"};
   for (int i = 0; i < 2; i++) {
     l2l_relay_config c = adamw_config();
     c.placement = L2L_PLACE_DEVICE;
-    if (i == 0) c.master = L2L_BF16, c.precision = L2L_BF16;
+    if (i == 0) c.spill_dir = "/tmp";
     if (i == 1) c.clip_layer_norm = 1.0f;
     l2l_relay *r = NULL;
     CHECK_FAILS(l2l_relay_new(&r, m.layer, m.n, &c), L2L_ERR_UNSUPPORTED, what[i]);
@@ -398,7 +417,8 @@ TEST(relay_records_placed_auto_fill_the_budget_record_by_record) {
   l2l_relay_config cfg = adamw_config();
   cfg.micro_batch = 2;
   cfg.optimizer.state = (l2l_state_precision)check_rand_int(0, 2);   /* (moved in its precision) */
-  printf("  (state %d)\n", (int)cfg.optimizer.state);
+  if (check_rand_int(0, 1)) cfg.master = cfg.precision = L2L_BF16;   /* (a bf16 master home pinned) */
+  printf("  (state %d, master %s)\n", (int)cfg.optimizer.state, l2l_dtype_name(cfg.master));
   /* the records' device bytes (the planner's count, held to the pool's in test_plan) and
      the step's peak with them on the host */
   l2l_relay_config cd = cfg;
@@ -438,10 +458,17 @@ TEST(relay_records_placed_auto_fill_the_budget_record_by_record) {
     if (!relay_step(&loss, r, &batches[k], NULL)) break;
     l2l_relay_stats st = relay_stats(r);
     uint64_t used = st.device_peak - before.current;
-    int on = 0, n = 0;
+    int on = 0, n = 0, astray = 0;
     for (int i = 0; i < m.n; i++)
-      for (int j = 0; j < l2l_layer_param_count(m.layer[i]); j++, n++)
-        on += l2l_tensor_pool(l2l_param_value(l2l_layer_param(m.layer[i], j))) == L2L_POOL_DEVICE;
+      for (int j = 0; j < l2l_layer_param_count(m.layer[i]); j++, n++) {
+        const l2l_tensor *v = l2l_param_value(l2l_layer_param(m.layer[i], j));
+        int pool = l2l_tensor_pool(v);
+        on += pool == L2L_POOL_DEVICE;
+        /* on the host, a bf16 master is pinned (the device reads it there), an f32 one not */
+        astray += pool != L2L_POOL_DEVICE &&
+                  pool != (l2l_tensor_dtype(v) == L2L_BF16 ? L2L_POOL_PINNED : L2L_POOL_HOST);
+      }
+    CHECK(astray == 0, "step %d: %d masters on the host outside their pool", k, astray);
     if (auto_budgets[k] != 0)
       CHECK(used <= auto_budgets[k], "step %d: the records and the step held %llu bytes on the "
             "device at the peak, over the budget %llu", k, (unsigned long long)used,

@@ -88,29 +88,36 @@ static void update_f32(float *p, float *s0, float *s1, const float *g, int64_t n
   }
 }
 
-/* The block [at, at + k) of arrays of n elements, its state s0, s1 in h->state's
-   precision: decoded into scratch on the stack, updated, encoded again by the first wave
-   (the EPS's compact update: eps/quant.c). */
-static void update_block(float *p, void *s0, void *s1, const float *g, int64_t n, int64_t at,
-                         int64_t k, const struct optim_hyper *h, int wave, double sums[2],
-                         float trust) {
+/* The block [at, at + k) of arrays of n elements, its master p in h->master's dtype and
+   its state s0, s1 in h->state's precision: what is not f32 decoded into scratch on the
+   stack, updated, the state encoded again by the first wave and a bf16 master rounded
+   back by the last (the EPS's compact update: eps/quant.c). */
+static void update_block(void *p, void *s0, void *s1, const float *g, int64_t n, int64_t at,
+                         int64_t k, const struct optim_hyper *h, int wave, int waves,
+                         double sums[2], float trust) {
   void *state[2] = {s0, s1};
-  if (h->state == L2L_STATE_F32) {
-    update_f32(p + at, s0 ? (float *)s0 + at : NULL, s1 ? (float *)s1 + at : NULL, g + at, k, h,
-               wave, sums, trust);
+  bool bf16_master = h->master == L2L_BF16;
+  if (h->state == L2L_STATE_F32 && !bf16_master) {
+    update_f32((float *)p + at, s0 ? (float *)s0 + at : NULL, s1 ? (float *)s1 + at : NULL,
+               g + at, k, h, wave, sums, trust);
     return;
   }
-  float scratch[2][L2L_STATE_BLOCK];
+  float scratch[2][L2L_STATE_BLOCK], master[L2L_STATE_BLOCK];
+  float *pk = bf16_master ? master : (float *)p + at;
+  if (bf16_master) optim_master_decode(master, (const uint16_t *)p + at, k);
   enum optim_code code[2] = {optim_state_code(h->kind, 0), optim_state_code(h->kind, 1)};
   for (int a = 0; a < 2; a++)
     if (state[a] != NULL) optim_state_decode(scratch[a], state[a], n, at, k, h->state, code[a]);
-  update_f32(p + at, s0 ? scratch[0] : NULL, s1 ? scratch[1] : NULL, g + at, k, h, wave, sums,
+  update_f32(pk, s0 ? scratch[0] : NULL, s1 ? scratch[1] : NULL, g + at, k, h, wave, sums,
              trust);
   for (int a = 0; wave == 0 && a < 2; a++)
     if (state[a] != NULL) optim_state_encode(state[a], n, at, scratch[a], k, h->state, code[a]);
+  if (bf16_master && wave == waves - 1)   /* (the wave that moved the weights) */
+    optim_master_encode((uint16_t *)p + at, master, k, h->seed, h->stream,
+                        h->first_draw + (uint64_t)at);
 }
 
-static l2l_status cpu_optim_update(float *p, void *s0, void *s1, float *grad, int64_t n,
+static l2l_status cpu_optim_update(void *p, void *s0, void *s1, float *grad, int64_t n,
                                    const struct optim_hyper *h, const int32_t *skip) {
   int64_t chunks = optim_chunks(n);
   int waves = h->kind == L2L_OPTIMIZER_LAMB ? 2 : 1, nt = threads_for(n * 8);
@@ -124,7 +131,7 @@ static l2l_status cpu_optim_update(float *p, void *s0, void *s1, float *grad, in
       int64_t end = optim_chunk_end(n, c * L2L_OPTIM_CHUNK);
       for (int64_t at = c * L2L_OPTIM_CHUNK; at < end; at += L2L_STATE_BLOCK) {
         int64_t k = end - at < L2L_STATE_BLOCK ? end - at : L2L_STATE_BLOCK;
-        update_block(p, s0, s1, grad, n, at, k, h, wave, sums ? sums[c] : NULL, trust);
+        update_block(p, s0, s1, grad, n, at, k, h, wave, waves, sums ? sums[c] : NULL, trust);
       }
     }
     if (wave == 0 && waves > 1) {

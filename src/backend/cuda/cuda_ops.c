@@ -247,20 +247,23 @@ static struct k_optim optim_consts(const struct optim_hyper *h) {
       .decay = h->kind == L2L_OPTIMIZER_SGD ? h->lr * h->weight_decay : k.decay,
       .momentum = h->momentum, .mu_prev = h->t <= 1 ? 0.0f : h->momentum,
       .nesterov = h->nesterov, .step = k.step, .rsb2 = k.rsb2, .b1 = k.b1, .c1 = k.c1,
-      .b2 = k.b2, .c2 = k.c2, .eps = h->eps, .wd = h->weight_decay};
+      .b2 = k.b2, .c2 = k.c2, .eps = h->eps, .wd = h->weight_decay,
+      .master_bf16 = h->master == L2L_BF16, .seed = h->seed, .stream = h->stream,
+      .first_draw = h->first_draw};
 }
 
-static l2l_status optim_update_locked(float *p, void *s0, void *s1, float *grad, int64_t n,
+static l2l_status optim_update_locked(void *p, void *s0, void *s1, float *grad, int64_t n,
                                       const struct optim_hyper *h, const int32_t *skip) {
   float *scratch = NULL;
   TRY(scratch_floats(&scratch, 2 * L2L_K_OPTIM_SCRATCH_DOUBLES));
   struct k_optim o = optim_consts(h);
-  if (h->state == L2L_STATE_F32)
+  if (h->state == L2L_STATE_F32 && h->master == L2L_F32)
     LAUNCH(k_optim_update(p, s0, s1, grad, n, &o, skip, (double *)scratch, cuda_rt.compute));
   else {
     int root[2] = {optim_state_code(h->kind, 0) == OPTIM_CODE_ROOT,
                    optim_state_code(h->kind, 1) == OPTIM_CODE_ROOT};
-    LAUNCH(k_optim_update_compact(p, s0, s1, h->state == L2L_STATE_BF16 ? 1 : 2,
+    int precision = h->state == L2L_STATE_F32 ? 0 : h->state == L2L_STATE_BF16 ? 1 : 2;
+    LAUNCH(k_optim_update_compact(p, s0, s1, precision,
                                   (int64_t)state8_codes_bytes(n), root, grad, n, &o,
                                   optim_code_values(OPTIM_CODE_SIGNED),
                                   optim_code_values(OPTIM_CODE_ROOT), skip, (double *)scratch,
@@ -269,7 +272,7 @@ static l2l_status optim_update_locked(float *p, void *s0, void *s1, float *grad,
   return L2L_OK;
 }
 
-static l2l_status cuda_optim_update(float *p, void *s0, void *s1, float *grad, int64_t n,
+static l2l_status cuda_optim_update(void *p, void *s0, void *s1, float *grad, int64_t n,
                                     const struct optim_hyper *h, const int32_t *skip) {
   WITH_SCRATCH(optim_update_locked(p, s0, s1, grad, n, h, skip));
 }
