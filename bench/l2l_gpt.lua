@@ -6,11 +6,12 @@
 --
 --   build/l2l bench/l2l_gpt.lua layers=12 dim=768 batch=8 [seq=1024 steps=5
 --       micro_batch=4 precision=bf16 grad_precision=bf16 stash=host inner=recompute
---       memory=frugal device=cuda placement=host device_budget=0 plan=]
+--       memory=frugal device=cuda placement=host device_budget=0 plan= state=f32 master=f32]
 --
 -- placement=auto with device_budget=BYTES keeps on the device the records that fit beside
 -- the step (issue 49: an ordinary GPU trainer's way while the model fits), plan=auto lets
--- the planner choose the micro-batch and policies within the same budget.
+-- the planner choose the micro-batch and policies within the same budget. state=8bit (or
+-- bf16) keeps AdamW's moments compact, master=bf16 the GEMM weights' and tables' masters.
 --
 -- memory=frugal by default: its attention keeps only the row log-sum-exp, and with 16-bit
 -- precision runs on tensor cores (kernels/attention_mma.cu); standard keeps S x S
@@ -31,7 +32,7 @@ local now = require("l2l.progress").now
 local o = { layers = 12, dim = 768, vocab = 50257, seq = 1024, batch = 8, steps = 5,
             micro_batch = 4, precision = "bf16", grad_precision = "bf16", stash = "host",
             device = "cuda", param_slots = 2, inner = "recompute", memory = "frugal", profile = "",
-            placement = "host", device_budget = 0, plan = "" }
+            placement = "host", device_budget = 0, plan = "", state = "f32", master = "f32" }
 for _, a in ipairs(arg or {}) do
   local k, v = a:match("^([%w_]+)=(.+)$")
   if k == nil or o[k] == nil then error("l2l_gpt.lua: expected key=value with a known key, got " .. a) end
@@ -53,8 +54,8 @@ local run = l2l.Relay { model = model, micro_batch = o.micro_batch, stash = o.st
                         precision = o.precision, grad_precision = o.grad_precision,
                         param_slots = o.param_slots, placement = o.placement,
                         device_budget = o.device_budget > 0 and o.device_budget or nil,
-                        plan = o.plan ~= "" and o.plan or nil,
-                        optimizer = l2l.AdamW { lr = 1e-4, weight_decay = 0.01 } }
+                        plan = o.plan ~= "" and o.plan or nil, master = o.master,
+                        optimizer = l2l.AdamW { lr = 1e-4, weight_decay = 0.01, state = o.state } }
 
 local ids, next_ids = {}, {}
 for b = 1, o.batch do
@@ -100,6 +101,7 @@ print(cjson.encode({
   tokens_per_second = o.batch * o.seq * n / wall,
   device_peak = totals.peak, host_eps_bytes = run:stats().host_eps_bytes,
   device_records_bytes = run:stats().device_records_bytes, placement = o.placement,
+  state = o.state, master = o.master,
   compute_seconds = totals.compute / n, wait_copy_seconds = totals.wait_copy / n,
   exposed_copy_seconds = totals.exposed_copy / n,
   wait_update_seconds = totals.wait_update / n,

@@ -11,7 +11,11 @@
 #      AdamW state, bf16 staging: 18 bytes a parameter) fits in 80 % of host memory: l2l's
 #      tokens/s and MFU (6 N tokens/s over the measured bf16 GEMM rate; target >= 40 %), and
 #      PyTorch's result for the same model (out of memory, or its rate if it fits).
-#   3. The crossover: the exposed copy time of a 1.3B model against tokens per minibatch,
+#   3. A 7 B model (32 blocks of width 4096) with 8-bit AdamW state and bf16 masters,
+#      placement = "auto" (the records that fit beside the step on the device, the rest on
+#      the host): tokens/s, MFU, host memory a parameter (target >= 272 TFLOP/s of model
+#      FLOPs with <= 6 GB of host memory a billion parameters).
+#   4. The crossover: the exposed copy time of a 1.3B model against tokens per minibatch,
 #      beside the prediction T* = (h2d bytes a parameter a step) x GEMM rate / (6 x h2d
 #      bandwidth), where streaming the weights in takes as long as computing with them.
 # Prints markdown tables for bench/RESULTS.md; raw JSON lines go to $OUT/vs_torch.jsonl (or /tmp),
@@ -62,6 +66,10 @@ big_layers=$(python3 -c "d=4096; print(max(1, int((0.8*$host_bytes/18 - 51200*d)
 ((quick)) && big_layers=4
 run "l2l-big" build/l2l bench/l2l_gpt.lua layers="$big_layers" dim=4096 batch=16 micro_batch=4 steps=3
 run "torch-big" python3 bench/torch_gpt.py --layers "$big_layers" --dim 4096 --batch 16 --steps 3
+seven_layers=32
+((quick)) && seven_layers=4
+run "l2l-7b" build/l2l bench/l2l_gpt.lua layers="$seven_layers" dim=4096 batch=16 micro_batch=4 \
+  steps=3 state=8bit master=bf16 placement=auto
 
 for batch in 1 2 4 8 16 32; do
   run "cross-$batch" build/l2l bench/l2l_gpt.lua layers=24 dim=2048 batch="$batch" \
@@ -100,6 +108,15 @@ if "tokens_per_second" in big:
               "out of memory" if tbig.get("oom") else
               "%.0f tokens/s, peak %s" % (tbig["tokens_per_second"], gib(tbig["device_peak"]))
               if "tokens_per_second" in tbig else "failed"))
+seven = rows.get("l2l-7b", {})
+if "tokens_per_second" in seven:
+    flops = 6 * seven["params"] * seven["tokens_per_second"]
+    print("\n7 B shape (32 x 4096 when not --quick), 8-bit AdamW state, bf16 masters, placement auto: "
+          "%.2f B parameters, l2l %.0f tokens/s, %.0f TFLOP/s of model FLOPs (MFU %.1f %%), host EPS "
+          "%.2f GB a billion parameters, %s of records on the device, device peak %s" % (
+              seven["params"] / 1e9, seven["tokens_per_second"], flops / 1e12, 100 * flops / R,
+              seven["host_eps_bytes"] / seven["params"], gib(seven["device_records_bytes"]),
+              gib(seven["device_peak"])))
 print("\n| tokens per minibatch | step | exposed copy | exposed share | predicted crossover |")
 print("|---:|---:|---:|---:|---:|")
 for batch in (1, 2, 4, 8, 16, 32):
