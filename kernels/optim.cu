@@ -20,19 +20,23 @@
 /* inf exactly when |d| >= 2^63 or d is not finite (src/eps's EPS_GRAD_OVER) */
 #define K_GRAD_OVER 0x1p65f
 
+/* Element i of g (dtype f32, f16 or bf16), widened exactly. */
+static __device__ __forceinline__ float widen_at(const void *g, int dtype, int64_t i) {
+  if (dtype == DT_F32) return reinterpret_cast<const float *>(g)[i];
+  uint16_t h = reinterpret_cast<const uint16_t *>(g)[i];
+  return dtype == DT_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
 struct GradAddOp {
   float *acc;
   const void *g;
   int dtype;
   float scale;
+  const float *scale_at;   /* (on the device: per-layer clipping's factor) or NULL */
   int32_t *flag;
-  __device__ __forceinline__ float widen(int64_t i) const {
-    if (dtype == DT_F32) return reinterpret_cast<const float *>(g)[i];
-    uint16_t h = reinterpret_cast<const uint16_t *>(g)[i];
-    return dtype == DT_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
-  }
   __device__ void scalar(int64_t i) const {
-    float d = acc[i] + scale * widen(i);
+    float s = scale_at != nullptr ? *scale_at : scale;
+    float d = acc[i] + s * widen_at(g, dtype, i);
     acc[i] = d;
     float big = d * K_GRAD_OVER;
     if (flag != nullptr && big - big != 0.0f) *flag = 1;   /* (NaN compares unequal too) */
@@ -42,10 +46,64 @@ struct GradAddOp {
   }
 };
 
-extern "C" int k_grad_add(float *acc, const void *g, int dtype, float scale, int64_t n,
-                          int32_t *flag, void *stream) {
+extern "C" int k_grad_add(float *acc, const void *g, int dtype, float scale,
+                          const float *scale_at, int64_t n, int32_t *flag, void *stream) {
   if (dtype != DT_F32 && dtype != DT_F16 && dtype != DT_BF16) return invalid_argument();
-  return launch_map(GradAddOp{acc, g, dtype, scale, flag}, n, false, stream);
+  return launch_map(GradAddOp{acc, g, dtype, scale, scale_at, flag}, n, false, stream);
+}
+
+/* ---------------------------------------------------------------- per-layer clipping's factor
+
+   Each gradient's squares summed by a fixed partition of at most CLIP_BLOCKS thread blocks
+   (in double, a tree in shared memory), the partial sums then added in order by one
+   thread, which writes the factor: deterministic, nothing read back. */
+
+enum { CLIP_BLOCKS = 256 };
+static_assert(L2L_K_CLIP_SCRATCH_DOUBLES == L2L_K_CLIP_GRADIENTS * CLIP_BLOCKS,
+              "k_clip_scale's scratch: a partial sum a block of every gradient");
+
+__global__ void __launch_bounds__(L2L_THREADS)
+    sumsq_partial_kernel(const void *g, int dtype, int64_t n, double *partial) {
+  __shared__ double sums[L2L_THREADS];
+  double sum = 0;
+  for (int64_t i = thread_index(); i < n; i += grid_threads()) {
+    double x = (double)widen_at(g, dtype, i);
+    sum += x * x;
+  }
+  sums[threadIdx.x] = sum;
+  __syncthreads();
+  for (int half = L2L_THREADS / 2; half > 0; half /= 2) {
+    if ((int)threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = sums[0];
+}
+
+/* src/backend/optim_kernels.c's optim_clip_factor, written again */
+__global__ void clip_factor_kernel(const double *partial, int count, float clip, float *scale) {
+  double sumsq = 0;
+  for (int b = 0; b < count; b++) sumsq += partial[b];
+  double norm = sqrt(sumsq);
+  *scale = norm > clip ? (float)(clip / norm) : 1.0f;
+}
+
+extern "C" int k_clip_scale(float *scale, const void *const *g, const int *dtype,
+                            const int64_t *n, int count, float clip, double *scratch,
+                            void *stream) {
+  if (count < 0 || count > L2L_K_CLIP_GRADIENTS) return invalid_argument();
+  cudaStream_t s = (cudaStream_t)stream;
+  int at = 0;
+  for (int i = 0; i < count; i++) {
+    if (n[i] < 0 || (dtype[i] != DT_F32 && dtype[i] != DT_F16 && dtype[i] != DT_BF16))
+      return invalid_argument();
+    if (n[i] == 0) continue;
+    int64_t wanted = (n[i] + L2L_THREADS - 1) / L2L_THREADS;
+    int blocks = wanted > CLIP_BLOCKS ? CLIP_BLOCKS : (int)wanted;
+    sumsq_partial_kernel<<<blocks, L2L_THREADS, 0, s>>>(g[i], dtype[i], n[i], scratch + at);
+    at += blocks;
+  }
+  clip_factor_kernel<<<1, 1, 0, s>>>(scratch, at, clip, scale);
+  return k_launched();
 }
 
 /* ---------------------------------------------------------------- one step */

@@ -20,11 +20,23 @@
 extern "C" {
 #endif
 
-/* acc (n) += scale * g (n; dtype 0 f32, 1 f16, 2 bf16, widened exactly), and *flag = 1
-   (flag NULL: none) where a sum is an inf, a NaN or 2^63 or more in magnitude (its product
-   by 2^65 is not finite), else *flag is left as it was. */
-int k_grad_add(float *acc, const void *g, int dtype, float scale, int64_t n, int32_t *flag,
-               void *stream);
+/* acc (n) += s * g (n; dtype 0 f32, 1 f16, 2 bf16, widened exactly), s = *scale_at (device
+   memory) or, scale_at NULL, scale; and *flag = 1 (flag NULL: none) where a sum is an inf,
+   a NaN or 2^63 or more in magnitude (its product by 2^65 is not finite), else *flag is
+   left as it was. */
+int k_grad_add(float *acc, const void *g, int dtype, float scale, const float *scale_at,
+               int64_t n, int32_t *flag, void *stream);
+
+/* Gradients k_clip_scale takes at once, and the doubles of scratch it needs. */
+#define L2L_K_CLIP_GRADIENTS 32
+#define L2L_K_CLIP_SCRATCH_DOUBLES (L2L_K_CLIP_GRADIENTS * 256)
+
+/* *scale (device memory) = per-layer clipping's factor for the count gradients g[i]
+   (device memory, n[i] elements of dtype[i]; the arrays on the host): clip / |g| where
+   the norm of them all is over clip, else 1, the squares summed in double in a fixed
+   order. */
+int k_clip_scale(float *scale, const void *const *g, const int *dtype, const int64_t *n,
+                 int count, float clip, double *scratch, void *stream);
 
 /* One step's constants (l2l_optimizer_kind's values for kind), as the host kernels make
    them: g = scale * grad first. SGD: p = p - decay p - lr (g, or b = mu_prev b + g, or

@@ -276,14 +276,17 @@ typedef struct l2l_relay_config {
                                    state crosses the link; on the CPU backend the same bits
                                    as host placement. The state in its precision (f32,
                                    bf16 or 8 bits) and bf16 masters rounded by the same
-                                   draws, as on the host. Needs no dist, no spill_dir and
-                                   no clip_layer_norm (not built for the device yet). L2L_PLACE_AUTO: before each training
+                                   draws, and per-layer clipping with each visit's factor
+                                   found there, as on the host. Needs no dist and no
+                                   spill_dir (not built for the device yet). L2L_PLACE_AUTO: before each training
                                    step the planner places on the device the records that
                                    fit beside the step's peak within the device budget
                                    (device_budget, or what the device pool's leaves; none:
                                    every record): every one when all fit, else a layer's
-                                   records at a time, the largest first, each while they
-                                   fit (the rest on the host), moved
+                                   records at a time (with those of the layers it shares a
+                                   record with: a visit's records in one place), the
+                                   largest first, each while they fit (the rest on the
+                                   host), moved
                                    between steps as the batch's shape, the budgets or the
                                    layers change; the same bits whatever it moved (where
                                    device placement is refused, every record stays on the

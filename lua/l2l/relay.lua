@@ -198,10 +198,11 @@ end
 -- complete, for a model whose records fit on the device: nothing of them crosses the
 -- link, and on the CPU backend the same bits as "host"; p.value and p.grad are device
 -- tensors while the layer is in the relay; the state in its precision and bf16 masters
--- rounded by the same draws as on the host; not with dist, spill or clip_layer_norm
--- yet; "auto": before each step, the records that fit beside the
--- step within the device budget go on the device, a layer's at a time, the largest first, the rest stay on the
--- host, moved between steps as the shape or the budget changes)}
+-- rounded by the same draws as on the host, per-layer clipping's factor found there;
+-- not with dist or spill yet; "auto": before each step, the records that fit beside the
+-- step within the device budget go on the device, a layer's at a time (with the layers
+-- it shares a record with), the largest first, the rest stay on the host, moved between
+-- steps as the shape or the budget changes)}
 function M.Relay(o, ...)
   local fname = "l2l.Relay"
   if select("#", ...) ~= 0 then too_many(fname, "options", 2, ...) end

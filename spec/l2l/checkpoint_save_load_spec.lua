@@ -108,10 +108,8 @@ describe("save and load agree (seed " .. seed .. ")", function()
     local cores = C.l2l_get_threads()
     local o = {}
     -- Whether the records may live on the device with the rest as drawn (placement device
-    -- takes no spill directory, no per-layer clipping).
-    local function device_fits()
-      return o.spill == nil and o.clip_layer_norm == 0
-    end
+    -- takes no spill directory).
+    local function device_fits() return o.spill == nil end
     local draw = {
       model = function() return nil end,   -- (the model is the layers the file describes)
       micro_batch = function() return support.int(1, B) end,

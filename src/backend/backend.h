@@ -114,8 +114,14 @@ float optim_lamb_trust(const double norms[2]);
 double optim_sumsq(const float *x, int64_t n);
 /* The same, and the largest |x| into *most (a NaN aside) in the same pass. */
 double optim_sumsq_most(const float *x, int64_t n, float *most);
-/* The same over a gradient tensor the host can read: f32, or 16-bit widened exactly. */
+/* The same over a gradient tensor the host can read: f32, or 16-bit widened exactly; and
+   over n elements of x in such a dtype. */
 double optim_tensor_sumsq(const l2l_tensor *grad);
+double optim_sumsq_of(const void *x, l2l_dtype dtype, int64_t n);
+/* Per-layer clipping's factor from a visit's gradients' summed squares: clip / |g| where
+   the norm |g| = sqrt(sumsq) is over clip, else 1 (the relay's clip_layer_norm, on the
+   host and on a device alike). */
+float optim_clip_factor(double sumsq, float clip);
 /* Whether x[0, n) is all +0 (every bit zero). */
 bool optim_all_zero(const float *x, int64_t n);
 /* dst += scale * src (absorbing a gradient into the accumulator); returns whether every
@@ -322,17 +328,24 @@ struct backend_ops {
        decoded a block of L2L_STATE_BLOCK at a time, updated in f32 and encoded again (by
        the first wave: LAMB's second only reads it), as the EPS's host update does; a
        bf16 master widened the same way and rounded back by the wave that moves it.
-     - grad_add: acc (n) += scale * g (n, f32 or a 16-bit dtype widened exactly), and
-       *flag (on the device; NULL: none) = 1 where a sum is an inf, a NaN or
-       EPS_GRAD_LIMIT or more (else left as it was): the EPS's add, whose flag the
-       update's skip reads.
+     - grad_add: acc (n) += s * g (n, f32 or a 16-bit dtype widened exactly), s = *scale_at
+       (on the device) or, where scale_at is NULL, scale; and *flag (on the device; NULL:
+       none) = 1 where a sum is an inf, a NaN or EPS_GRAD_LIMIT or more (else left as it
+       was): the EPS's add, whose flag the update's skip reads.
+     - clip_scale: *scale (on the device) = optim_clip_factor of the summed squares of
+       the count gradients g[i] (on the device, n[i] elements in dtype[i]: f32 or 16-bit
+       widened exactly; the arrays themselves on the host), added gradient after
+       gradient in double as the host's eps_clip_scale adds them: per-layer clipping's
+       factor for a visit, which its adds then read there (nothing read back).
      - grad_norm: out[0] and out[1] (on the device) = g's (n) sum of squares and largest
        magnitude, a block at a time in chunks as optim_norm_blocks (a deferred update's
        norm, read back with every record's at once). */
   l2l_status (*optim_update)(void *p, void *s0, void *s1, float *grad, int64_t n,
                              const struct optim_hyper *h, const int32_t *skip);
-  l2l_status (*grad_add)(float *acc, const void *g, l2l_dtype dtype, float scale, int64_t n,
-                         int32_t *flag);
+  l2l_status (*grad_add)(float *acc, const void *g, l2l_dtype dtype, float scale,
+                         const float *scale_at, int64_t n, int32_t *flag);
+  l2l_status (*clip_scale)(float *scale, const void *const *g, const l2l_dtype *dtype,
+                           const int64_t *n, int count, float clip);
   l2l_status (*grad_norm)(double *out, const float *g, int64_t n);
   /* First index whose value is outside [lo, hi) and not `except`, or -1 (*index), and
      that value (*value, when found): both on the host, whatever memory values is in. */

@@ -223,10 +223,18 @@ bool optim_all_zero(const float *restrict x, int64_t n) {
   return bits == 0;
 }
 
+double optim_sumsq_of(const void *x, l2l_dtype dtype, int64_t n) {
+  return dtype == L2L_F32 ? optim_sumsq(x, n) : optim_sumsq_half(x, dtype, n);
+}
+
 double optim_tensor_sumsq(const l2l_tensor *grad) {
-  l2l_dtype dtype = (l2l_dtype)l2l_tensor_dtype(grad);
-  if (dtype == L2L_F32) return optim_sumsq(l2l_tensor_data(grad), l2l_tensor_numel(grad));
-  return optim_sumsq_half(l2l_tensor_data(grad), dtype, l2l_tensor_numel(grad));
+  return optim_sumsq_of(l2l_tensor_data(grad), (l2l_dtype)l2l_tensor_dtype(grad),
+                        l2l_tensor_numel(grad));
+}
+
+float optim_clip_factor(double sumsq, float clip) {
+  double norm = sqrt(sumsq);
+  return norm > clip ? (float)(clip / norm) : 1.0f;
 }
 
 

@@ -327,11 +327,21 @@ static l2l_status p_optim_update(void *p, void *s0, void *s1, float *grad, int64
            (int)h->state, dt(h->master));
 }
 
-static l2l_status p_grad_add(float *acc, const void *g, l2l_dtype dtype, float scale, int64_t n,
-                             int32_t *flag) {
-  PROFILED(grad_add(acc, g, dtype, scale, n, flag), "grad_add", 0,
+static l2l_status p_grad_add(float *acc, const void *g, l2l_dtype dtype, float scale,
+                             const float *scale_at, int64_t n, int32_t *flag) {
+  PROFILED(grad_add(acc, g, dtype, scale, scale_at, n, flag), "grad_add", 0,
            d(n) * (2 * F + (double)l2l_dtype_size(dtype)), L2L_BOUND_MEM, false, "n=%lld %s",
            (long long)n, dt(dtype));
+}
+
+/* Per-layer clipping's factor: each gradient read once. */
+static l2l_status p_clip_scale(float *scale, const void *const *g, const l2l_dtype *dtype,
+                               const int64_t *n, int count, float clip) {
+  double bytes = 0, elements = 0;
+  for (int i = 0; i < count; i++)
+    bytes += d(n[i]) * (double)l2l_dtype_size(dtype[i]), elements += d(n[i]);
+  PROFILED(clip_scale(scale, g, dtype, n, count, clip), "clip_scale", 0, bytes, L2L_BOUND_MEM,
+           false, "gradients=%d n=%.0f", count, elements);
 }
 
 static l2l_status p_grad_norm(double *out, const float *g, int64_t n) {
@@ -435,6 +445,7 @@ const struct backend_ops profile_ops = {
     .adamw = p_adamw,
     .optim_update = p_optim_update,
     .grad_add = p_grad_add,
+    .clip_scale = p_clip_scale,
     .grad_norm = p_grad_norm,
     .find_out_of_range = p_find_out_of_range,
     .layernorm_invertible = p_layernorm_invertible,

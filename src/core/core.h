@@ -217,7 +217,7 @@ void host_record_bytes(struct host_record *out, int64_t numel, int64_t shard_n,
    pool counts them (the master in its dtype, the f32 gradient accumulator and `arrays`
    state arrays in `state`'s precision, a 16-bit copy the device reads unless staging is
    f32); and the words of n such records (a flag, i32, and a norm, two f64, each: two
-   arrays). */
+   arrays; and one f32 beside them, a visit's per-layer clipping factor). */
 uint64_t device_record_bytes(int64_t numel, l2l_dtype master, int arrays,
                              l2l_state_precision state, l2l_dtype staging);
 uint64_t device_words_bytes(int n);

@@ -47,7 +47,8 @@ uint64_t device_record_bytes(int64_t numel, l2l_dtype master, int arrays,
 
 uint64_t device_words_bytes(int n) {
   if (n <= 0) return 0;
-  return pool_accounted((uint64_t)n * sizeof(int32_t)) + pool_accounted((uint64_t)n * 2 * sizeof(double));
+  return pool_accounted((uint64_t)n * sizeof(int32_t)) + pool_accounted((uint64_t)n * 2 * sizeof(double)) +
+         pool_accounted(sizeof(float));   /* (the clip word) */
 }
 
 void host_shard(int64_t n, int ranks, int rank, int64_t align, int64_t *begin, int64_t *count) {

@@ -244,6 +244,5 @@ const char *options_choice_name(const char *name, int value) {
 
 const char *options_device_refusal(const l2l_relay_config *c) {
   return c->dist != L2L_DIST_NONE ? "dist mpi"
-         : c->spill_dir != NULL ? "a spill directory"
-         : c->clip_layer_norm > 0 ? "clip_layer_norm" : NULL;
+         : c->spill_dir != NULL ? "a spill directory" : NULL;
 }

@@ -35,7 +35,8 @@ static float *f32_of(const l2l_tensor *t) { return data_of(t); }
    step reads each array back once (a GPU's one sync for all the records), not a value a
    record. They are made anew, exactly as many words as records there, when the records
    on the device have changed (eps->words_stale: a record joined, left or moved): at once,
-   or as the next training step begins. */
+   or as the next training step begins. Beside them one f32, the clip word: a visit's
+   per-layer clipping factor, which its adds read there in the device's order. */
 
 static int32_t *flag_of(const struct eps_record *rec) {
   return (int32_t *)l2l_tensor_data(rec->eps->device_flags) + rec->word;
@@ -56,12 +57,13 @@ l2l_status eps_device_words(struct eps *eps) {
   for (int i = 0; i < eps->count; i++) n += eps->records[i]->placement == EPS_PLACE_DEVICE;
   int32_t *old = calloc((size_t)(eps->words > 0 ? eps->words : 1), sizeof *old);
   int32_t *flags = calloc((size_t)(n > 0 ? n : 1), sizeof *flags);
-  l2l_tensor *fresh[2] = {NULL, NULL};
-  int64_t shape[2][1] = {{n}, {2 * (int64_t)n * (int64_t)sizeof(double)}};   /* (norms: bytes) */
+  l2l_tensor *fresh[3] = {NULL, NULL, NULL};
+  int64_t shape[3][1] = {{n}, {2 * (int64_t)n * (int64_t)sizeof(double)}, {1}};   /* (norms: bytes) */
+  const l2l_dtype dtype[3] = {L2L_I32, L2L_U8, L2L_F32};
   l2l_status status = old && flags ? read_back(old, eps->device_flags, (size_t)eps->words * sizeof *old)
                                    : FAIL(L2L_ERR_NOMEM, "no memory for %d records' flags", n);
-  for (int a = 0; status == L2L_OK && n > 0 && a < 2; a++)
-    status = l2l_tensor_new(&fresh[a], L2L_POOL_DEVICE, a ? L2L_U8 : L2L_I32, 1, shape[a]);
+  for (int a = 0; status == L2L_OK && n > 0 && a < 3; a++)
+    status = l2l_tensor_new(&fresh[a], L2L_POOL_DEVICE, dtype[a], 1, shape[a]);
   /* each record's flag kept: one that came from the host brings its own (nonfinite); its
      new index given once everything is made (a failure keeps the old ones) */
   for (int i = 0, w = 0; status == L2L_OK && i < eps->count; i++) {
@@ -79,6 +81,7 @@ l2l_status eps_device_words(struct eps *eps) {
     l2l_tensor_free(eps->flags_back), eps->flags_back = back;
     l2l_tensor_free(eps->device_flags), eps->device_flags = fresh[0];
     l2l_tensor_free(eps->device_norms), eps->device_norms = fresh[1];
+    l2l_tensor_free(eps->device_clip), eps->device_clip = fresh[2];
     eps->words = n, eps->words_stale = false;
     for (int i = 0, w = 0; i < eps->count; i++) {
       struct eps_record *rec = eps->records[i];
@@ -87,17 +90,33 @@ l2l_status eps_device_words(struct eps *eps) {
       rec->nonfinite = false;   /* (in its flag now) */
     }
   } else {   /* (the old arrays and indices stay, stale: made again as a step begins) */
-    l2l_tensor_free(fresh[0]), l2l_tensor_free(fresh[1]), l2l_tensor_free(back);
+    l2l_tensor_free(fresh[0]), l2l_tensor_free(fresh[1]), l2l_tensor_free(fresh[2]);
+    l2l_tensor_free(back);
   }
   free(old), free(flags);
   return status;
 }
 
-l2l_status eps_device_add(struct eps_record *rec, const l2l_tensor *grad, float scale,
+l2l_status eps_device_add(struct eps_record *rec, const l2l_tensor *grad, bool clipped,
                           bool flagged) {
   return ops()->grad_add(f32_of(rec->grad), l2l_tensor_data(grad),
-                         (l2l_dtype)l2l_tensor_dtype(grad), scale, l2l_tensor_numel(grad),
-                         flagged ? flag_of(rec) : NULL);
+                         (l2l_dtype)l2l_tensor_dtype(grad), 1.0f,
+                         clipped ? f32_of(rec->eps->device_clip) : NULL,
+                         l2l_tensor_numel(grad), flagged ? flag_of(rec) : NULL);
+}
+
+l2l_status eps_device_clip(struct eps *eps, l2l_tensor *const *grads, int n, float clip) {
+  enum { MOST = 32 };   /* (a layer's records: the relay's bits of on_device) */
+  if (n > MOST || eps->device_clip == NULL)
+    return FAIL(L2L_ERR_STATE, "per-layer clipping of %d gradients on the device (at most %d, "
+                "with a record there)", n, MOST);
+  const void *g[MOST];
+  l2l_dtype dtype[MOST];
+  int64_t numel[MOST];
+  for (int i = 0; i < n; i++)
+    g[i] = l2l_tensor_data(grads[i]), dtype[i] = (l2l_dtype)l2l_tensor_dtype(grads[i]),
+    numel[i] = l2l_tensor_numel(grads[i]);
+  return ops()->clip_scale(f32_of(eps->device_clip), g, dtype, numel, n, clip);
 }
 
 l2l_status eps_device_update(struct eps_record *rec, const struct optim_hyper *h, bool flagged) {

@@ -77,6 +77,7 @@ void eps_free(struct eps *eps) {
   eps->spill = NULL;   /* closed: the records' regions go with the file */
   for (int i = 0; i < eps->count; i++) record_free(eps->records[i]);
   l2l_tensor_free(eps->device_flags), l2l_tensor_free(eps->device_norms);
+  l2l_tensor_free(eps->device_clip);
   l2l_tensor_free(eps->flags_back);
   free(spill);
   free(eps->records);
@@ -641,17 +642,16 @@ static void eps_absorb(struct eps *eps, struct eps_record *rec, l2l_tensor *grad
 
 /* A record on the device: its add queued there now (on the compute thread, in the device's
    order), then counted; the update it may start is queued there too. */
-static void eps_give_device(struct eps *eps, struct eps_record *rec, l2l_tensor *grad,
-                            float scale, int layer) {
+void eps_give_device(struct eps *eps, struct eps_record *rec, const l2l_tensor *grad,
+                     bool clipped, int layer) {
   arrival_begins(eps);
-  eps_io_failed(eps, eps_device_add(rec, grad, scale, !eps->deferred_step));
+  eps_io_failed(eps, eps_device_add(rec, grad, clipped, !eps->deferred_step));
   counted(eps, rec, true, layer);   /* (its finiteness is the device's flag's) */
 }
 
 void eps_give_gradient(struct eps *eps, struct eps_record *rec, l2l_tensor *grad,
                        bool kept, float scale, int layer) {
-  if (rec->placement == EPS_PLACE_DEVICE) eps_give_device(eps, rec, grad, scale, layer);
-  else if (kept) eps_absorb(eps, rec, grad, scale, layer);
+  if (kept) eps_absorb(eps, rec, grad, scale, layer);
   else eps_give(eps, rec, grad, scale, layer);
 }
 

@@ -109,8 +109,9 @@ struct eps {
   bool deferred_step;          /* this step began with defer (which the release clears):
                                   a device record's update is then not flag-skipped */
   /* The words of its records on the device (device.c): words of them, flags (i32) and
-     norms (two f64 each, as bytes); words_stale: those records changed since. */
-  l2l_tensor *device_flags, *device_norms;
+     norms (two f64 each, as bytes), and one f32 for the visit's per-layer clipping factor
+     (eps_device_clip); words_stale: those records changed since. */
+  l2l_tensor *device_flags, *device_norms, *device_clip;
   int words;
   bool words_stale;
   l2l_tensor *flags_back;      /* pinned: the flags queued back before the step's wait */
@@ -320,9 +321,20 @@ void eps_step_agreed(struct eps *eps, bool go);
    or a 16-bit gradient the add widens), added on a worker (on the device-to-host thread).
    kept = true: added now on the calling thread from memory the host can read (a device
    tensor of the CPU backend), which the caller keeps: the add leaves an f32 grad zero,
-   ready to accumulate the next visit's gradient (a 16-bit one is left as it was). */
+   ready to accumulate the next visit's gradient (a 16-bit one is left as it was). A
+   record on the host; one on the device is given by eps_give_device. */
 void eps_give_gradient(struct eps *eps, struct eps_record *rec, l2l_tensor *grad,
                        bool kept, float scale, int layer);
+/* The same for a record on the device, on the compute thread (queued on the device):
+   grad (a device tensor, which the caller keeps) added as it is, or, clipped, times the
+   per-layer clipping factor eps_device_clip queued last. */
+void eps_give_device(struct eps *eps, struct eps_record *rec, const l2l_tensor *grad,
+                     bool clipped, int layer);
+/* Per-layer clipping of a visit whose records are on the device: the factor of its n
+   gradients (device tensors, all the visit gives) computed on the device into the EPS's
+   clip word, for the eps_give_device calls of the visit that follow (nothing read back;
+   the host's eps_clip_scale's arithmetic). */
+l2l_status eps_device_clip(struct eps *eps, l2l_tensor *const *grads, int n, float clip);
 void eps_release(struct eps *eps, struct eps_record *rec, int layer);
 /* Deferred updates (global clipping, loss scaling): waits for every due record to be
    complete; *norm is the global norm of their gradients times unscale. If it is finite,

@@ -63,8 +63,7 @@ float eps_clip_scale(const l2l_tensor *const *grads, int n, float clip) {
   if (!(clip > 0)) return 1.0f;
   double sumsq = 0;
   for (int i = 0; i < n; i++) sumsq += optim_tensor_sumsq(grads[i]);
-  double norm = sqrt(sumsq);
-  return norm > clip ? (float)(clip / norm) : 1.0f;
+  return optim_clip_factor(sumsq, clip);
 }
 
 /* A record completes at the visit of its lowest user, and eps_expect names the layers from

@@ -190,9 +190,10 @@ void eps_update_skipped(struct eps *eps, struct eps_record *rec);
    (the relay's compute thread: queued in the device's order). Each returns the first
    failure of an op (its message set), for the caller to keep (eps_io_failed). */
 
-/* rec's accumulator += scale * grad (a device tensor, f32 or 16-bit); flagged (eager
-   updates): its flag set where a sum is not finite (or EPS_GRAD_LIMIT or more). */
-l2l_status eps_device_add(struct eps_record *rec, const l2l_tensor *grad, float scale,
+/* rec's accumulator += grad (a device tensor, f32 or 16-bit), clipped: times the EPS's
+   clip word (eps_device_clip); flagged (eager updates): its flag set where a sum is not
+   finite (or EPS_GRAD_LIMIT or more). */
+l2l_status eps_device_add(struct eps_record *rec, const l2l_tensor *grad, bool clipped,
                           bool flagged);
 /* rec's update by its hyper-parameters (eps_update_hyper); flagged: an eager update,
    which its flag skips (armed for the step's end); else the relay's release decided. */

@@ -10,7 +10,9 @@
  * placement is the replay's (the slots shrink as the records of the largest layers leave
  * them), so each choice is checked by a replay, exactly. A layer's own records move
  * together (its LayerNorm's weight and bias are read side by side by the frugal guard,
- * which takes them in one place).
+ * which takes them in one place), and with those of the layers it shares a record with
+ * (a tied table's embedding and head): every visit's records are in one place, so
+ * per-layer clipping finds a visit's factor where its gradients are.
  * Must never: place a record the config keeps on the host (options_device_refusal), or
  * choose a placement whose records and step are over the budget when one with fewer is not.
  */
@@ -19,13 +21,30 @@
 
 #include "plan.h"
 
-/* A layer's own records (those it is the first user of) and their bytes on the device:
-   they move together, so that a layer's LayerNorm weight and bias, which its backward's
-   guard reads side by side, are in one place. */
+/* A group's own records (those its layers are the first users of) and their bytes on the
+   device: they move together, so that a layer's LayerNorm weight and bias, which its
+   backward's guard reads side by side, are in one place, and so are all the records a
+   visit gives (a group: the layers joined by a record they share). Named by its first
+   layer. */
 struct candidate {
   int layer, records;
   uint64_t bytes;
 };
+
+/* group[k]: the first layer of layer k's group (the layers that share a record, through
+   each other: a tied table's embedding and head). */
+static void groups_of(int *group, const struct plan_layer *layers, int L,
+                      const struct layers_record *recs, int n) {
+  for (int k = 0; k < L; k++) group[k] = k;
+  for (int i = 0; i < n; i++)
+    for (int k = 0; recs[i].users > 1 && k < L; k++)
+      for (int r = 0; r < l2l_layer_param_count(layers[k].layer); r++) {
+        int a = group[recs[i].layer], b = group[k];
+        if (l2l_layer_param(layers[k].layer, r) != recs[i].param || a == b) continue;
+        int keep = a < b ? a : b, gone = a < b ? b : a;
+        for (int j = 0; j < L; j++) group[j] = group[j] == gone ? keep : group[j];
+      }
+}
 
 static int larger_first(const void *a, const void *b) {
   const struct candidate *x = a, *y = b;
@@ -33,12 +52,12 @@ static int larger_first(const void *a, const void *b) {
   return x->layer - y->layer;   /* (stable) */
 }
 
-/* Every layer's bits for layer `owner`'s own records set to `on` (a record shared by
-   layers: in each of them). */
+/* Every layer's bits for the own records of the layers of group `g` set to `on` (a record
+   shared by layers: in each of them). */
 static void mark(struct plan_layer *layers, int L, const struct layers_record *recs, int n,
-                 int owner, bool on) {
+                 const int *group, int g, bool on) {
   for (int i = 0; i < n; i++)
-    for (int k = 0; recs[i].layer == owner && k < L; k++)
+    for (int k = 0; group[recs[i].layer] == g && k < L; k++)
       for (int r = 0; r < l2l_layer_param_count(layers[k].layer); r++)
         if (l2l_layer_param(layers[k].layer, r) == recs[i].param)
           layers[k].on_device = on ? layers[k].on_device | 1u << r : layers[k].on_device & ~(1u << r);
@@ -69,10 +88,12 @@ l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint
   free(list);
   TRY(status);
   struct candidate *cand = calloc((size_t)(c->L > 0 ? c->L : 1), sizeof *cand);
-  if (cand == NULL) {
-    free(recs);
+  int *group = calloc((size_t)(c->L > 0 ? c->L : 1), sizeof *group);
+  if (cand == NULL || group == NULL) {
+    free(recs), free(cand), free(group);
     return FAIL(L2L_ERR_NOMEM, "no memory to place %d layers' records", c->L);
   }
+  groups_of(group, c->layers, c->L, recs, n);
   uint64_t all = 0;
   for (int k = 0; k < c->L; k++) cand[k].layer = k;
   for (int i = 0; i < n; i++) {
@@ -80,11 +101,11 @@ l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint
     struct layers_record_dtypes held = layers_record_dtypes(p, config->precision, config->master);
     uint64_t its = device_record_bytes(l2l_tensor_numel(l2l_param_value(p)), held.master, arrays,
                                        config->optimizer.state, held.staging);
-    cand[recs[i].layer].bytes += its;
-    cand[recs[i].layer].records++;
+    cand[group[recs[i].layer]].bytes += its;   /* (a group's: its first layer's candidate) */
+    cand[group[recs[i].layer]].records++;
     all += its;
   }
-  for (int k = 0; k < c->L; k++) mark(c->layers, c->L, recs, n, k, true);
+  for (int k = 0; k < c->L; k++) mark(c->layers, c->L, recs, n, group, k, true);
   bool ok = false;
   status = fits(&ok, c, all, n, budget);   /* every record, the ordinary GPU trainer's way */
   int placed = 0;
@@ -94,15 +115,15 @@ l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint
     for (int k = 0; k < c->L; k++) c->layers[k].on_device = 0;
     qsort(cand, (size_t)c->L, sizeof *cand, larger_first);
     for (int i = 0; status == L2L_OK && i < c->L && cand[i].bytes > 0; i++) {
-      mark(c->layers, c->L, recs, n, cand[i].layer, true);
+      mark(c->layers, c->L, recs, n, group, cand[i].layer, true);
       status = fits(&ok, c, *bytes + cand[i].bytes, placed + cand[i].records, budget);
       if (status == L2L_OK && ok) *bytes += cand[i].bytes, placed += cand[i].records;
-      else mark(c->layers, c->L, recs, n, cand[i].layer, false);
+      else mark(c->layers, c->L, recs, n, group, cand[i].layer, false);
     }
   }
   *bytes += device_words_bytes(placed);
   free(recs);
   plan_memo_free(c);
-  free(cand);
+  free(cand), free(group);
   return status;
 }

@@ -278,7 +278,22 @@ l2l_status relay_params_done(struct step *s, int k, bool give) {
     }
   }
   /* Records on the device: their gradients added there now, on this thread (queued in the
-     device's order, before the slot's next visit clears it); the job takes the others. */
+     device's order, before the slot's next visit clears it); the job takes the others.
+     With per-layer clipping the visit's factor is found on the device from all its
+     gradients first (a visit's records are all in one place: plan/place.c moves the
+     layers that share a record together). */
+  int there = 0;
+  for (int r = 0; r < gj->nrec; r++) there += eps_on_device(gj->rec[r]);
+  bool clipped = gj->clip > 0 && there > 0;
+  l2l_status clip_status =
+      !clipped ? L2L_OK
+      : there < gj->nrec ? FAIL(L2L_ERR_STATE, "layer %d: per-layer clipping of a visit with %d of "
+                                "its %d records on the device (relay bug)", gj->layer, there, gj->nrec)
+                         : eps_device_clip(&run->eps, gj->grad, gj->nrec, gj->clip);
+  if (clip_status != L2L_OK) {
+    relay_grads_release(&gj->job);
+    return clip_status;
+  }
   int out_n = 0;
   for (int r = 0; r < gj->nrec; r++) {
     if (!eps_on_device(gj->rec[r])) {
@@ -286,7 +301,7 @@ l2l_status relay_params_done(struct step *s, int k, bool give) {
       gj->grad[out_n++] = gj->grad[r];
       continue;
     }
-    eps_give_gradient(&run->eps, gj->rec[r], gj->grad[r], true, 1.0f, gj->layer);
+    eps_give_device(&run->eps, gj->rec[r], gj->grad[r], clipped, gj->layer);
     l2l_tensor_free(gj->grad[r]);
     gj->drains = false;   /* (its part of the slot is left as it was) */
   }

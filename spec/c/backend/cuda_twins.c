@@ -264,6 +264,7 @@ static bool ops_complete(const struct backend_ops *ops) {
       {"adamw", ops->adamw != NULL},
       {"optim_update", ops->optim_update != NULL},
       {"grad_add", ops->grad_add != NULL},
+      {"clip_scale", ops->clip_scale != NULL},
       {"grad_norm", ops->grad_norm != NULL},
       {"find_out_of_range", ops->find_out_of_range != NULL},
       {"fill", ops->fill != NULL},

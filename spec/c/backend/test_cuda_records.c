@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* test_cuda_records.c — a record placed on the device (issue 49): the ops its gradient's
- * adds and its updates take (grad_add, optim_update on f32, bf16 and 8-bit state), the CUDA
+ * adds and its updates take (grad_add, clip_scale, optim_update on f32, bf16 and 8-bit
+ * state, f32 and bf16 masters), the CUDA
  * backend's against the CPU backend's on the same arrays. test_cuda.c says how the GPU
  * tests test; the harness and the tolerances are cuda_twins.h's. Skipped without a GPU;
  * run in a dry run (L2L_TEST_CUDA_DRY_RUN=1). All test names start with "cuda_".
@@ -16,9 +17,10 @@
 /* ================================================================ a record on the device */
 
 TEST(cuda_records_on_the_device_update_as_the_cpu) {
-  /* The ops a record placed on the device takes (grad_add, optim_update), the CUDA
-     backend's against the CPU backend's on the same arrays: two gradients added (f32, then
-     bf16 widened), one update, for SGD with Nesterov momentum, AdamW and LAMB (whose trust
+  /* The ops a record placed on the device takes (grad_add, clip_scale, optim_update), the
+     CUDA backend's against the CPU backend's on the same arrays: two gradients added (f32,
+     then bf16 widened), per-layer clipping's factor of the two found on the device and a
+     third add scaled by it there, one update, for SGD with Nesterov momentum, AdamW and LAMB (whose trust
      ratio sums the whole record: a size past one chunk). The device contracts products
      into FMAs where the host does not (kernels/optim.cu): within TOL_F32 of the
      parameters' and state's scale. Then the flag: an inf and a 2^63 set it on both sides,
@@ -43,13 +45,26 @@ TEST(cuda_records_on_the_device_update_as_the_cpu) {
       struct twin g16 = twin_of(cast_on_host(RANDN(1.0, n), L2L_BF16));
       idata(flag.h)[0] = 0;
       CHECK_OK(l2l_tensor_fill(flag.d, 0.0));
+      struct twin word = twin_of(HOST(L2L_F32, 1));   /* (per-layer clipping's factor) */
+      float clip = 0.5f * sqrtf((float)n);   /* (about a third of the two gradients' norm) */
       SIDES {
         const struct backend_ops *ops = sides[side];
-        OK_ON(ops->grad_add(fdata(AT(g)), fdata(AT(g32)), L2L_F32, 1.0f, n, idata(AT(flag))));
-        OK_ON(ops->grad_add(fdata(AT(g)), l2l_tensor_data(AT(g16)), L2L_BF16, 0.25f, n, idata(AT(flag))));
+        const void *both[2] = {l2l_tensor_data(AT(g32)), l2l_tensor_data(AT(g16))};
+        const l2l_dtype dtypes[2] = {L2L_F32, L2L_BF16};
+        const int64_t ns[2] = {n, n};
+        OK_ON(ops->grad_add(fdata(AT(g)), fdata(AT(g32)), L2L_F32, 1.0f, NULL, n, idata(AT(flag))));
+        OK_ON(ops->grad_add(fdata(AT(g)), l2l_tensor_data(AT(g16)), L2L_BF16, 0.25f, NULL, n,
+                            idata(AT(flag))));
+        OK_ON(ops->clip_scale(fdata(AT(word)), both, dtypes, ns, 2, clip));
+        /* (the factor read where it is: the scale given beside it is not used) */
+        OK_ON(ops->grad_add(fdata(AT(g)), fdata(AT(g32)), L2L_F32, 7.0f, fdata(AT(word)), n,
+                            idata(AT(flag))));
         OK_ON(ops->optim_update(fdata(AT(p)), fdata(AT(m)), sgd ? NULL : fdata(AT(v)), fdata(AT(g)),
                                 n, &h, idata(AT(flag))));
       }
+      CHECK(fdata(word.h)[0] > 0.0f && fdata(word.h)[0] < 1.0f, "n %lld: a clipping factor of %g "
+            "on the host, want one below 1", (long long)n, (double)fdata(word.h)[0]);
+      CHECK_TWIN("per-layer clipping's factor", word, RMS, TOL_F32);
       char what[96];
       snprintf(what, sizeof what, "optimizer %d, n %lld: p", (int)kinds[o], (long long)n);
       CHECK_TWIN(what, p, RMS, TOL_F32);
@@ -68,8 +83,8 @@ TEST(cuda_records_on_the_device_update_as_the_cpu) {
       l2l_tensor *before = copied_to(p.d, L2L_POOL_HOST);
       SIDES {
         const struct backend_ops *ops = sides[side];
-        OK_ON(ops->grad_add(fdata(AT(g)), fdata(AT(g32)), L2L_F32, 1.0f, n, NULL));
-        OK_ON(ops->grad_add(fdata(AT(g)), fdata(AT(g32)), L2L_F32, 1.0f, n, idata(AT(flag))));
+        OK_ON(ops->grad_add(fdata(AT(g)), fdata(AT(g32)), L2L_F32, 1.0f, NULL, n, NULL));
+        OK_ON(ops->grad_add(fdata(AT(g)), fdata(AT(g32)), L2L_F32, 1.0f, NULL, n, idata(AT(flag))));
         OK_ON(ops->optim_update(fdata(AT(p)), fdata(AT(m)), sgd ? NULL : fdata(AT(v)), fdata(AT(g)),
                                 n, &h, idata(AT(flag))));
       }
@@ -81,7 +96,7 @@ TEST(cuda_records_on_the_device_update_as_the_cpu) {
             "n %lld: an update its flag skips moved the device's parameters", (long long)n);
       CHECK_TWIN_BITS("a skipped update's gradient, cleared", g);
       l2l_tensor_free(before), l2l_tensor_free(after), l2l_tensor_free(flag_d);
-      TWIN_FREE(&p, &m, &v, &g, &g32, &g16, &flag);
+      TWIN_FREE(&p, &m, &v, &g, &g32, &g16, &flag, &word);
     }
   end_gpu();
 }

@@ -148,7 +148,7 @@ TEST(relay_records_on_the_device_train_as_on_the_host) {
   struct model init;
   struct data batches[STEPS];
   model_and_batches(&init, batches, &g, 5, 1);
-  for (int variant = 0; variant < 15; variant++) {
+  for (int variant = 0; variant < 17; variant++) {
     l2l_relay_config cfg = adamw_config();
     const char *what = "AdamW";
     cfg.micro_batch = 1 + variant % 3;
@@ -213,6 +213,17 @@ TEST(relay_records_on_the_device_train_as_on_the_host) {
                                                .state = L2L_STATE_BF16};
         cfg.precision = cfg.master = L2L_BF16, cfg.accumulate = 2;
         what = "SGD Nesterov, bf16 masters and state, f32 gradients, accumulate 2";
+        break;
+      case 15:   /* each visit's factor found on the device from its gradients */
+        cfg.precision = cfg.grad_precision = L2L_BF16, cfg.clip_layer_norm = 0.05f;
+        what = "AdamW, per-layer clipping, bf16 gradients";
+        break;
+      case 16:
+        cfg.optimizer = (l2l_optimizer_config){.kind = L2L_OPTIMIZER_LAMB, .lr = 0.02f,
+                                               .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-5f,
+                                               .weight_decay = 0.05f, .state = L2L_STATE_8BIT};
+        cfg.clip_layer_norm = 0.05f, cfg.clip_global_norm = 0.5f, cfg.accumulate = 2;
+        what = "LAMB, 8-bit state, per-layer and global clipping, accumulate 2";
         break;
     }
     placements_match(&init, &cfg, NULL, batches, STEPS, what);
@@ -381,12 +392,11 @@ TEST(relay_records_on_the_device_refuse_what_is_not_built_there) {
   struct shape g = gpt_shape();
   struct model m;
   model_new(&m, &g);
-  const char *what[] = {"a spill directory", "clip_layer_norm"};
-  for (int i = 0; i < 2; i++) {
+  const char *what[] = {"a spill directory"};
+  for (int i = 0; i < 1; i++) {
     l2l_relay_config c = adamw_config();
     c.placement = L2L_PLACE_DEVICE;
     if (i == 0) c.spill_dir = "/tmp";
-    if (i == 1) c.clip_layer_norm = 1.0f;
     l2l_relay *r = NULL;
     CHECK_FAILS(l2l_relay_new(&r, m.layer, m.n, &c), L2L_ERR_UNSUPPORTED, what[i]);
     CHECK(r == NULL, "a refused relay was made (%s)", what[i]);
@@ -418,7 +428,10 @@ TEST(relay_records_placed_auto_fill_the_budget_record_by_record) {
   cfg.micro_batch = 2;
   cfg.optimizer.state = (l2l_state_precision)check_rand_int(0, 2);   /* (moved in its precision) */
   if (check_rand_int(0, 1)) cfg.master = cfg.precision = L2L_BF16;   /* (a bf16 master home pinned) */
-  printf("  (state %d, master %s)\n", (int)cfg.optimizer.state, l2l_dtype_name(cfg.master));
+  /* (per-layer clipping: the tied table's embedding and head are placed together) */
+  if (check_rand_int(0, 1)) cfg.clip_layer_norm = 0.05f;
+  printf("  (state %d, master %s, clip_layer_norm %g)\n", (int)cfg.optimizer.state,
+         l2l_dtype_name(cfg.master), (double)cfg.clip_layer_norm);
   /* the records' device bytes (the planner's count, held to the pool's in test_plan) and
      the step's peak with them on the host */
   l2l_relay_config cd = cfg;

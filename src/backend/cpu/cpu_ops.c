@@ -147,7 +147,8 @@ static l2l_status cpu_optim_update(void *p, void *s0, void *s1, float *grad, int
 }
 
 static l2l_status cpu_grad_add(float *acc, const void *g, l2l_dtype dtype, float scale,
-                               int64_t n, int32_t *flag) {
+                               const float *scale_at, int64_t n, int32_t *flag) {
+  if (scale_at != NULL) scale = *scale_at;
   int64_t chunks = optim_chunks(n);
   int nonfinite = 0, nt = threads_for(n * 3);
 #pragma omp parallel for schedule(static) num_threads(nt) reduction(| : nonfinite)
@@ -159,6 +160,15 @@ static l2l_status cpu_grad_add(float *acc, const void *g, l2l_dtype dtype, float
     nonfinite |= !finite;
   }
   if (nonfinite && flag != NULL) *flag = 1;
+  return L2L_OK;
+}
+
+/* (the host's eps_clip_scale: each gradient's sum in turn, on one thread) */
+static l2l_status cpu_clip_scale(float *scale, const void *const *g, const l2l_dtype *dtype,
+                                 const int64_t *n, int count, float clip) {
+  double sumsq = 0;
+  for (int i = 0; i < count; i++) sumsq += optim_sumsq_of(g[i], dtype[i], n[i]);
+  *scale = optim_clip_factor(sumsq, clip);
   return L2L_OK;
 }
 
@@ -379,6 +389,7 @@ const struct backend_ops cpu_backend = {
     .adamw = cpu_adamw,
     .optim_update = cpu_optim_update,
     .grad_add = cpu_grad_add,
+    .clip_scale = cpu_clip_scale,
     .grad_norm = cpu_grad_norm,
     .find_out_of_range = cpu_find_out_of_range,
     .layernorm_invertible = cpu_layernorm_invertible,

@@ -228,9 +228,28 @@ static l2l_status cuda_adamw(float *param, float *m, float *v, const float *grad
 /* ---------------------------------------------------------------- a record on the device */
 
 static l2l_status cuda_grad_add(float *acc, const void *g, l2l_dtype dtype, float scale,
-                                int64_t n, int32_t *flag) {
-  LAUNCH(k_grad_add(acc, g, (int)dtype, scale, n, flag, cuda_rt.compute));
+                                const float *scale_at, int64_t n, int32_t *flag) {
+  LAUNCH(k_grad_add(acc, g, (int)dtype, scale, scale_at, n, flag, cuda_rt.compute));
   return L2L_OK;
+}
+
+/* (its sums in another order than the host's: the factor may differ in its last bit) */
+static l2l_status clip_scale_locked(float *scale, const void *const *g, const l2l_dtype *dtype,
+                                    const int64_t *n, int count, float clip) {
+  if (count > L2L_K_CLIP_GRADIENTS)
+    return core_fail(L2L_ERR_UNSUPPORTED, "per-layer clipping of %d gradients at once (at "
+                     "most %d)", count, L2L_K_CLIP_GRADIENTS);
+  int dtypes[L2L_K_CLIP_GRADIENTS];
+  for (int i = 0; i < count; i++) dtypes[i] = (int)dtype[i];
+  float *scratch = NULL;
+  TRY(scratch_floats(&scratch, 2 * L2L_K_CLIP_SCRATCH_DOUBLES));
+  LAUNCH(k_clip_scale(scale, g, dtypes, n, count, clip, (double *)scratch, cuda_rt.compute));
+  return L2L_OK;
+}
+
+static l2l_status cuda_clip_scale(float *scale, const void *const *g, const l2l_dtype *dtype,
+                                  const int64_t *n, int count, float clip) {
+  WITH_SCRATCH(clip_scale_locked(scale, g, dtype, n, count, clip));
 }
 
 /* The step's constants as the host kernels make them (optim_kernels.c: backend.h's AdamW
@@ -628,6 +647,7 @@ static const struct backend_ops cuda_backend = {
     .adamw = cuda_adamw,
     .optim_update = cuda_optim_update,
     .grad_add = cuda_grad_add,
+    .clip_scale = cuda_clip_scale,
     .grad_norm = cuda_grad_norm,
     .find_out_of_range = cuda_find_out_of_range,
     .layernorm_invertible = cuda_layernorm_invertible,
