@@ -9,13 +9,19 @@
  * record placed on the device, so both placements give the same bits. 8-bit encoding is
  * the nearest code, computed from the code's rule (`nearest`) rather than searched for, so
  * that it vectorizes (test_quant checks it against a search in double); ties go to the
- * smaller magnitude.
+ * smaller magnitude. Where the CPU has AVX-512, 16 elements at a time by intrinsics: a
+ * code's value by register permutes instead of a load each (compilers leave gathers out on
+ * CPUs where they are slow), the decade by the binary exponent instead of a compare a
+ * decade; the same values and codes as the plain loops (test_quant), which take the rest.
  * Must never: allocate, or read or write past the n elements asked for (the scales of an
  * array's blocks are addressed from its length).
  */
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "backend.h"
 
@@ -36,12 +42,19 @@ static double magnitude_of(int q, int bits) {
   return pow(10.0, -(bits - 1 - f)) * (0.1 + 0.9 * (q - (1 << f) + 1) / (double)(1 << f));
 }
 
+#if defined(__AVX512F__)
+static void decades_build(void);
+#endif
+
 static void codes_build(void) {
   for (int byte = 0; byte < 256; byte++) {
     float m = (float)magnitude_of(byte & 127, 7);
     signed_value[byte] = byte & 128 ? -m : m;
     root_value[byte] = (float)magnitude_of(byte, 8);
   }
+#if defined(__AVX512F__)
+  decades_build();
+#endif
 }
 
 const float *optim_code_values(enum optim_code code) {
@@ -81,6 +94,65 @@ static inline int nearest(float y, int bits) {
   return q > top ? top : q;
 }
 
+#if defined(__AVX512F__)
+/* The decade of a magnitude by its binary exponent (for nearest16): a binade [2^-i,
+   2^(1-i)) (i = 0 .. 31; smaller values as i = 31) holds at most one power of ten (they are
+   a factor 10 apart), so the decade E of y in it is DECADE_BASE[i] (the powers 10^-1 ..
+   10^-7 at or above the binade's top) plus one where y is at or below the power within it
+   (DECADE_EDGE[i], 0 where none): nearest's E, with no loop. */
+static int32_t DECADE_BASE[32];
+static float DECADE_EDGE[32];
+
+static void decades_build(void) {
+  for (int i = 0; i < 32; i++) {
+    float lo = ldexpf(1.0f, -i), hi = ldexpf(1.0f, 1 - i);
+    DECADE_BASE[i] = 0, DECADE_EDGE[i] = 0.0f;
+    for (int j = 1; j < 8; j++) {
+      DECADE_BASE[i] += TEN_DOWN[j] >= hi || i == 31;   /* (the last: everything below too) */
+      if (TEN_DOWN[j] >= lo && TEN_DOWN[j] < hi && i < 31) DECADE_EDGE[i] = TEN_DOWN[j];
+    }
+  }
+}
+
+/* nearest(y, bits) of 16 values at once, operation for operation (this file is built
+   without contracting products into FMAs, as the GPU's code_nearest rounds: test_quant
+   holds the two paths equal, code by code). */
+static inline __m512i nearest16(__m512 y, int bits) {
+  const __m512i top = _mm512_set1_epi32((1 << bits) - 1);
+  /* the binade's index: -floor(log2 y), clamped to [0, 31]; y = 0 takes 31 (E = bits - 1),
+     and a y past 1, an inf or a NaN (whose conversion gives INT_MIN) 0, where no edge
+     compares true: E = 0, as nearest's loop leaves them */
+  __m512i i = _mm512_cvttps_epi32(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_getexp_ps(y)));
+  i = _mm512_min_epi32(_mm512_max_epi32(i, _mm512_setzero_si512()), _mm512_set1_epi32(31));
+  i = _mm512_mask_mov_epi32(i, _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_EQ_OQ),
+                            _mm512_set1_epi32(31));
+  __m512i base = _mm512_permutex2var_epi32(_mm512_loadu_si512(DECADE_BASE), i,
+                                           _mm512_loadu_si512(DECADE_BASE + 16));
+  __m512 edge = _mm512_permutex2var_ps(_mm512_loadu_ps(DECADE_EDGE), i,
+                                       _mm512_loadu_ps(DECADE_EDGE + 16));
+  __mmask16 at_or_below = _mm512_cmp_ps_mask(y, edge, _CMP_LE_OQ);
+  __m512i e = _mm512_mask_add_epi32(base, at_or_below, base, _mm512_set1_epi32(1));
+  e = _mm512_min_epi32(e, _mm512_set1_epi32(bits - 1));
+  __m512 ten_e = _mm512_permutexvar_ps(e, _mm512_castps256_ps512(_mm256_loadu_ps(TEN_UP)));
+  __m512i f = _mm512_sub_epi32(_mm512_set1_epi32(bits - 1), e);
+  __m512 two_f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(f, _mm512_set1_epi32(127)), 23));
+  __m512 position = _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(y, ten_e), _mm512_set1_ps(0.1f)),
+                                  _mm512_mul_ps(two_f, _mm512_set1_ps(1.0f / 0.9f)));
+  __m512 rounded = _mm512_roundscale_ps(_mm512_sub_ps(position, _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
+  __m512 topf = _mm512_set1_ps((float)((1 << bits) - 1)), minus1 = _mm512_set1_ps(-1.0f);
+  rounded = _mm512_mask_mov_ps(rounded, _mm512_cmp_ps_mask(rounded, topf, _CMP_GT_OQ), topf);
+  rounded = _mm512_mask_mov_ps(minus1, _mm512_cmp_ps_mask(rounded, minus1, _CMP_GE_OQ), rounded);
+  __m512i q = _mm512_add_epi32(_mm512_sub_epi32(_mm512_sllv_epi32(_mm512_set1_epi32(1), f),
+                                                _mm512_set1_epi32(1)),
+                               _mm512_cvttps_epi32(rounded));
+  __mmask16 lowest = _mm512_cmp_ps_mask(y, _mm512_set1_ps(0.5f * TEN_DOWN[bits - 1]), _CMP_GT_OQ);
+  __mmask16 last = _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(bits - 1));
+  q = _mm512_mask_mov_epi32(q, last, _mm512_maskz_mov_epi32(lowest, _mm512_set1_epi32(1)));
+  return _mm512_min_epi32(q, top);
+}
+#endif
+
 int optim_code_nearest(enum optim_code code, float y) {
   if (code == OPTIM_CODE_SIGNED) {
     int q = nearest(fabsf(y), 7);
@@ -117,12 +189,29 @@ static void block_encode(uint8_t *restrict q, float *scale, const float *restric
   /* the reciprocal's product (a quotient past 1 gives the top code); for a scale so small
      that its reciprocal is inf, the values are scaled up first (exactly: a power of 2) */
   float lift = most < 0x1p-100f ? 0x1p100f : 1.0f, inv = 1.0f / (most * lift);
+  int64_t i0 = 0;
+#if defined(__AVX512F__)
+  const __m512 l = _mm512_set1_ps(lift), r = _mm512_set1_ps(inv);
+  for (; i0 + 16 <= n; i0 += 16) {
+    __m512 x16 = _mm512_loadu_ps(v + i0);
+    __m512i c;
+    if (code == OPTIM_CODE_ROOT) {
+      c = nearest16(_mm512_mul_ps(_mm512_mul_ps(x16, l), r), 8);
+    } else {
+      c = nearest16(_mm512_mul_ps(_mm512_mul_ps(_mm512_abs_ps(x16), l), r), 7);
+      __mmask16 negative = _mm512_movepi32_mask(_mm512_castps_si512(x16)) &
+                           _mm512_cmpneq_epi32_mask(c, _mm512_setzero_si512());
+      c = _mm512_mask_or_epi32(c, negative, c, _mm512_set1_epi32(128));
+    }
+    _mm_storeu_si128((__m128i *)(q + i0), _mm512_cvtepi32_epi8(c));
+  }
+#endif
   if (code == OPTIM_CODE_ROOT) {
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++) q[i] = (uint8_t)nearest(v[i] * lift * inv, 8);
+    for (int64_t i = i0; i < n; i++) q[i] = (uint8_t)nearest(v[i] * lift * inv, 8);
   } else {
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++) {
+    for (int64_t i = i0; i < n; i++) {
       int m = nearest(fabsf(v[i]) * lift * inv, 7);
       int negative = (int)(float_bits(v[i]) >> 31) & (m != 0);   /* zero is byte 0 */
       q[i] = (uint8_t)(m | negative << 7);
@@ -130,17 +219,40 @@ static void block_encode(uint8_t *restrict q, float *scale, const float *restric
   }
 }
 
+#if defined(__AVX512F__)
+/* table[idx] for 16 codes at once without a gather (which compilers avoid on CPUs whose
+   gathers are slow, leaving one load an element): the 256 values as 8 groups of 32, each
+   a two-register permute by the index's low 5 bits, the group's lanes taken by its top 3.
+   The same values the table holds: the decode's bits do not depend on the path. */
+static inline __m512 lookup16(const __m512 table[16], __m512i idx) {
+  __m512i group = _mm512_srli_epi32(idx, 5);
+  __m512 r = _mm512_permutex2var_ps(table[0], idx, table[1]);
+  for (int g = 1; g < 8; g++) {
+    __mmask16 in = _mm512_cmpeq_epi32_mask(group, _mm512_set1_epi32(g));
+    r = _mm512_mask_mov_ps(r, in, _mm512_permutex2var_ps(table[2 * g], idx, table[2 * g + 1]));
+  }
+  return r;
+}
+#endif
+
 static void block_decode(float *restrict x, const uint8_t *restrict q, float scale, int64_t n,
                          enum optim_code code) {
-  if (code == OPTIM_CODE_ROOT) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) {
-      float r = root_value[q[i]] * scale;
-      x[i] = r * r;
-    }
-  } else {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) x[i] = signed_value[q[i]] * scale;
+  const float *value = code == OPTIM_CODE_ROOT ? root_value : signed_value;
+  bool root = code == OPTIM_CODE_ROOT;
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  __m512 table[16];
+  for (int k = 0; k < 16; k++) table[k] = _mm512_loadu_ps(value + 16 * k);
+  const __m512 s = _mm512_set1_ps(scale);
+  for (; i + 16 <= n; i += 16) {
+    __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + i)));
+    __m512 r = _mm512_mul_ps(lookup16(table, idx), s);
+    _mm512_storeu_ps(x + i, root ? _mm512_mul_ps(r, r) : r);
+  }
+#endif
+  for (; i < n; i++) {   /* (the rest, or every element where the CPU has no AVX-512) */
+    float r = value[q[i]] * scale;
+    x[i] = root ? r * r : r;   /* (a root code keeps sqrt(v)) */
   }
 }
 
@@ -165,6 +277,7 @@ void optim_state_decode(float *out, const void *array, int64_t array_n, int64_t 
 
 void optim_state_encode(void *array, int64_t array_n, int64_t begin, const float *in, int64_t n,
                       l2l_state_precision state, enum optim_code code) {
+  pthread_once(&codes_once, codes_build);
   if (state == L2L_STATE_F32) {
     memcpy((float *)array + begin, in, (size_t)n * sizeof(float));
   } else if (state == L2L_STATE_BF16) {

@@ -125,6 +125,79 @@ TEST(quant_nearest) {
   }
 }
 
+/* The array encoder's code of every element is optim_code_nearest's of y = |x| / scale
+   (sqrt(x) for a root code), whichever path it took (AVX-512's 16 at a time, or one at a
+   time for the rest): blocks whose largest magnitude is 1 (scale 1: y is |x| exactly),
+   filled with the powers of ten the decades turn at, every midpoint between two codes,
+   each with the floats beside them, the magnitudes where fused rounding would choose
+   otherwise (FUSED_APART), zeros, subnormals and random magnitudes, in an order drawn
+   afresh, and a length past whole vectors. */
+/* The magnitudes in [1e-7, 1] where a fused multiply-add in the code's arithmetic (y 10^E -
+   0.1, or the position less a half, or both) picks another code than rounding each
+   operation: inputs found by scanning every float of that range once (2026-11-29), where
+   the encoder's paths could part if one of them fused. */
+static const float FUSED_APART[] = {
+    0x1.b43524p-19f, 0x1.b43526p-19f, 0x1.040bfep-17f, 0x1.64840ep-16f, 0x1.47ae14p-13f,
+    0x1.4fdf3cp-10f, 0x1.851eb8p-9f, 0x1.ced916p-9f, 0x1.560418p-8f, 0x1.19999ap-7f,
+    0x1.3e76c8p-7f, 0x1.170a3ep-6f, 0x1.fd70a2p-6f, 0x1.2cccccp-5f, 0x1.b70a3cp-5f,
+    0x1.e51eb8p-5f, 0x1.09999ap-4f, 0x1.433334p-4f, 0x1.4eb852p-4f, 0x1.93d70ap-4f,
+    0x1.5cf75p-22f, 0x1.5cf752p-22f, 0x1.a0133p-21f, 0x1.bc98a4p-18f, 0x1.0624dep-16f,
+    0x1.fc8f32p-15f, 0x1.2d7732p-14f, 0x1.8bd662p-14f, 0x1.0cb296p-13f, 0x1.f8a092p-13f,
+    0x1.374bc6p-12f, 0x1.ad42c4p-12f, 0x1.119cep-11f, 0x1.8793dep-11f, 0x1.a5119cp-11f,
+    0x1.fd8adap-11f, 0x1.28f5c2p-9f, 0x1.158106p-8f, 0x1.4cccccp-8f, 0x1.71a9fcp-8f,
+    0x1.841894p-8f, 0x1.96872cp-8f, 0x1.bb645ap-8f, 0x1.e04188p-8f, 0x1.f2b022p-8f,
+    0x1.0bc6a8p-7f, 0x1.276c8cp-7f, 0x1.e8f5c2p-7f, 0x1.228f5cp-6f, 0x1.39999ap-6f,
+    0x1.7eb852p-6f, 0x1.acccccp-6f, 0x1.328f5cp-5f, 0x1.6c28f6p-5f, 0x1.b147aep-5f,
+    0x1.bcccccp-5f, 0x1.c851ecp-5f, 0x1.eae148p-5f, 0x1.f66668p-5f, 0x1.00f5c4p-4f,
+    0x1.06b852p-4f, 0x1.0c7ae2p-4f, 0x1.4bd70ap-4f, 0x1.51999ap-4f, 0x1.7fae14p-4f,
+    0x1.8570a4p-4f, 0x1.8b3334p-4f, 0x1.90f5c2p-4f, 0x1.96b852p-4f};
+
+TEST(quant_encode_paths_agree) {
+  enum { N = 2 * BLOCK + 13 };
+  float *x = xmalloc(sizeof(float) * N);
+  for (int c = 0; c < 2; c++) {
+    enum optim_code code = c == 0 ? OPTIM_CODE_SIGNED : OPTIM_CODE_ROOT;
+    bool root = code == OPTIM_CODE_ROOT;
+    int count = root ? 256 : 128;
+    const float *value = optim_code_values(code);
+    float y[4 * 256 + 128];   /* the magnitudes y to meet */
+    int m = 0;
+    for (size_t i = 0; i < sizeof FUSED_APART / sizeof FUSED_APART[0]; i++) y[m++] = FUSED_APART[i];
+    for (int j = 0; j + 1 < count; j++) {   /* midpoints, and the floats either side */
+      float mid = (value[j] + value[j + 1]) / 2.0f;
+      y[m++] = mid, y[m++] = nextafterf(mid, 0.0f), y[m++] = nextafterf(mid, 2.0f);
+    }
+    for (int e = 1; e < 8; e++) {   /* the decades' turns */
+      float t = powf(10.0f, (float)-e);
+      y[m++] = t, y[m++] = nextafterf(t, 0.0f), y[m++] = nextafterf(t, 2.0f);
+    }
+    float specials[] = {0.0f, 1e-45f, 1e-40f, FLT_MIN, 1.0f, 0.5f * value[1],
+                        nextafterf(0.5f * value[1], 0.0f), nextafterf(0.5f * value[1], 1.0f)};
+    for (size_t i = 0; i < sizeof specials / sizeof specials[0]; i++) y[m++] = specials[i];
+    for (int64_t i = 0; i < N; i++) {   /* each element one of them, or a random one */
+      float yi = check_rand_int(0, 3) > 0 ? y[check_rand_int(0, m - 1)]
+                                            : (float)pow(10.0, check_rand_uniform(-12.0, 0.0));
+      float xi = root ? yi * yi : (check_rand_int(0, 1) ? -yi : yi);
+      /* (a root's x is y squared: its sqrt may be y's neighbour; the expectation below
+         takes the sqrt the encoder takes) */
+      x[i] = i % BLOCK == 7 ? 1.0f : xi;   /* every block's largest: scale 1 */
+    }
+    uint64_t bytes = host_state_bytes(L2L_STATE_8BIT, N);
+    uint8_t *array = xmalloc(bytes);
+    optim_state_encode(array, N, 0, x, N, L2L_STATE_8BIT, code);
+    int bad = 0;
+    for (int64_t i = 0; i < N && bad < 5; i++) {
+      float yi = root ? sqrtf(x[i]) : fabsf(x[i]);
+      int want = optim_code_nearest(code, root ? yi : x[i]);
+      if (array[i] != want)
+        bad++, CHECK(false, "%s code, element %lld (x %a, y %a): byte %d, optim_code_nearest %d",
+                     root ? "root" : "signed", (long long)i, (double)x[i], (double)yi, array[i], want);
+    }
+    free(array);
+  }
+  free(x);
+}
+
 /* ---------------------------------------------------------------- arrays */
 
 enum { DIST_NORMAL, DIST_DECADES, DIST_ZERO, DIST_SUBNORMAL, DISTS };
@@ -187,7 +260,11 @@ static void round_trip(int64_t n, int dist, enum optim_code code) {
          2^-24 relative), and for a root squared (doubling both) and rounded again; a
          subnormal result within a subnormal ulp (2^-149) a rounding besides */
       double rounding = (root ? 5 : 2) * 0x1p-24;
-      bool good = (s == 0 ? byte == 0 && back[i] == 0.0f : is_nearest(y, q, mag, count)) &&
+      /* and exactly the byte's value times the scale in float (squared for a root), on
+         whichever path the decode takes (AVX-512's permutes, or the table a load each) */
+      float r = optim_code_values(code)[byte] * scales[b], exact = root ? r * r : r;
+      bool good = memcmp(&exact, &back[i], sizeof exact) == 0 &&
+                  (s == 0 ? byte == 0 && back[i] == 0.0f : is_nearest(y, q, mag, count)) &&
                   (root || (byte >> 7) == (q != 0 && x[i] < 0)) &&
                   fabs(back[i] - want) <= rounding * fabs(want) + 0x1p-148;
       /* the documented bound: the code's value within the widest half gap of the scale
