@@ -50,6 +50,8 @@ backtrace() {
     grep -v '^\[New Thread\|^\[Thread .* exited' | tail -n 80 >> "$log"
 }
 in_time() { (( $(date +%s) < phase_end )); }   # room for one more step of this phase
+# half of what is left of the phase, in whole seconds, at least 1 (timeout 0 would mean none)
+half_left() { local h=$(( (phase_end - $(date +%s)) / 2 )); echo $(( h > 1 ? h : 1 )); }
 
 phase_facts() {
   {
@@ -185,21 +187,25 @@ phase_vs_torch() {
   : > "$log"
   ((dry)) && { echo "no GPU"; return $SKIP; }
   export OMP_WAIT_POLICY=PASSIVE
-  local half=$(( (phase_end - $(date +%s)) / 2 ))
   echo "== torch: python3 bench/torch_gpt.py --layers 12 --dim 768 --batch 8 --steps 6" >> "$log"
-  timeout -k 5 "$half" python3 bench/torch_gpt.py --layers 12 --dim 768 --batch 8 --steps 6 \
+  timeout -k 5 "$(half_left)" python3 bench/torch_gpt.py --layers 12 --dim 768 --batch 8 --steps 6 \
     > "$work/torch.json" 2>> "$log"
   cat "$work/torch.json" >> "$log"
   echo "== l2l: build/l2l bench/l2l_gpt.lua layers=12 dim=768 batch=8 micro_batch=4 steps=4" >> "$log"
   local l2l_args=(bench/l2l_gpt.lua layers=12 dim=768 batch=8 micro_batch=4 steps=4)
-  timeout -k 5 $((phase_end - $(date +%s))) build/l2l "${l2l_args[@]}" > "$work/l2l.json" 2>> "$log"
+  # (each l2l run half of what is left, so the second has its share)
+  timeout -k 5 "$(half_left)" build/l2l "${l2l_args[@]}" > "$work/l2l.json" 2>> "$log"
   local code=$?
   cat "$work/l2l.json" >> "$log"
   ((code == 0)) || backtrace "$log" build/l2l "${l2l_args[@]}" steps=1
   echo "== l2l, records on the device: build/l2l ${l2l_args[*]} placement=device" >> "$log"
-  timeout -k 5 $((phase_end - $(date +%s))) build/l2l "${l2l_args[@]}" placement=device \
-    > "$work/l2l_device.json" 2>> "$log"
-  code=$?
+  local left=$((phase_end - $(date +%s)))
+  if ((left > 5)); then
+    timeout -k 5 "$left" build/l2l "${l2l_args[@]}" placement=device > "$work/l2l_device.json" 2>> "$log"
+    code=$?
+  else
+    echo "(no time left for it)" >> "$log"; : > "$work/l2l_device.json"; code=1
+  fi
   cat "$work/l2l_device.json" >> "$log"
   ((code == 0)) || backtrace "$log" build/l2l "${l2l_args[@]}" placement=device steps=1
   python3 - "$work/torch.json" "$work/l2l.json" "$work/l2l_device.json" <<'EOF' | tee -a "$log"

@@ -199,7 +199,7 @@ static void block_encode(uint8_t *restrict q, float *scale, const float *restric
       c = nearest16(_mm512_mul_ps(_mm512_mul_ps(x16, l), r), 8);
     } else {
       c = nearest16(_mm512_mul_ps(_mm512_mul_ps(_mm512_abs_ps(x16), l), r), 7);
-      __mmask16 negative = _mm512_movepi32_mask(_mm512_castps_si512(x16)) &
+      __mmask16 negative = _mm512_cmplt_epi32_mask(_mm512_castps_si512(x16), _mm512_setzero_si512()) &
                            _mm512_cmpneq_epi32_mask(c, _mm512_setzero_si512());
       c = _mm512_mask_or_epi32(c, negative, c, _mm512_set1_epi32(128));
     }

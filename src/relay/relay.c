@@ -163,9 +163,12 @@ static l2l_status eps_records(l2l_relay *run, l2l_layer *const *list, int n, int
   int at = 0;
   for (; at < count && status == L2L_OK; at++) {
     l2l_param *p = recs[at].param;
-    /* (a bf16 master rounded on the host, as with the records there, then copied) */
-    if (bf16_master(run, p)) status = param_rehome(p, L2L_POOL_PINNED, L2L_BF16);   /* (or is) */
-    if (status == L2L_OK && on_device(run))
+    /* A joining record's value where the EPS keeps it (a bf16 master rounded on the host,
+       as with the records there, then copied); a record the EPS holds already stays
+       where it is (its master is the EPS's: auto may have moved it either way) */
+    bool joining = eps_find(&run->eps, p) == NULL;
+    if (joining && bf16_master(run, p)) status = param_rehome(p, L2L_POOL_PINNED, L2L_BF16);
+    if (status == L2L_OK && joining && on_device(run))
       status = param_home(p, L2L_POOL_DEVICE, held(run, p).master, true);
     if (status != L2L_OK) failed = at;
     sources[at] = (struct eps_record_source){

@@ -331,9 +331,18 @@ TEST(relay_records_on_the_device_change_layers_as_on_the_host) {
   struct model init;
   struct data batches[STEPS];
   model_and_batches(&init, batches, &g, 3, 0);
-  l2l_relay_config cfg = adamw_config();
   new_block = model_block_new(&g, 0);
-  placements_match(&init, &cfg, change_layers, batches, STEPS, "layers inserted, cloned, removed");
+  /* f32 masters on the device; bf16 masters on the device (a clone widens one there), and
+     placed auto (every record there: no budget), whose records the change must leave
+     where they are */
+  const char *what[] = {"layers inserted, cloned, removed", "the same with bf16 masters",
+                        "the same with bf16 masters, placed auto"};
+  for (int v = 0; v < 3; v++) {
+    l2l_relay_config cfg = adamw_config();
+    if (v > 0) cfg.master = cfg.precision = L2L_BF16;
+    if (v == 2) cfg.placement = L2L_PLACE_AUTO;
+    placements_match(&init, &cfg, change_layers, batches, STEPS, what[v]);
+  }
   l2l_layer_free(new_block);
   free_batches(batches, STEPS);
   model_free(&init);
