@@ -378,6 +378,58 @@ extern "C" int k_convert(void *dst, int dst_dtype, const void *src, int src_dtyp
   }
 }
 
+/* ---- many conversions in one launch: the segments' ends (prefix sums) by value, each
+   element's segment found by a binary search over them */
+
+struct ConvertMany {
+  void *dst[L2L_K_CONVERT_MANY];
+  const void *src[L2L_K_CONVERT_MANY];
+  int64_t end[L2L_K_CONVERT_MANY];   /* elements of segments 0 .. s together */
+  int count;
+};
+
+template <int SRC, int DST>
+__global__ void __launch_bounds__(L2L_THREADS) convert_many_kernel(ConvertMany m) {
+  const int64_t total = m.end[m.count - 1];
+  for (int64_t i = thread_index(); i < total; i += grid_threads()) {
+    int lo = 0, hi = m.count - 1;
+    while (lo < hi) {
+      int mid = (lo + hi) / 2;
+      if (i < m.end[mid]) hi = mid;
+      else lo = mid + 1;
+    }
+    const int64_t j = i - (lo > 0 ? m.end[lo - 1] : 0);
+    store_from_f32<DST>(m.dst[lo], j, load_as_f32<SRC>(m.src[lo], j));
+  }
+}
+
+template <int SRC, int DST>
+static int launch_many(const ConvertMany &m, cudaStream_t s) {
+  convert_many_kernel<SRC, DST><<<k_blocks_for(m.end[m.count - 1]), L2L_THREADS, 0, s>>>(m);
+  return k_launched();
+}
+
+extern "C" int k_convert_many(void *const *dst, int dst_dtype, const void *const *src,
+                              int src_dtype, const int64_t *n, int count, void *stream) {
+  bool to_half = src_dtype == DT_F32 && (dst_dtype == DT_F16 || dst_dtype == DT_BF16);
+  bool from_half = dst_dtype == DT_F32 && (src_dtype == DT_F16 || src_dtype == DT_BF16);
+  if (count < 0 || count > L2L_K_CONVERT_MANY || !(to_half || from_half)) return invalid_argument();
+  ConvertMany m;
+  m.count = 0;
+  int64_t total = 0;
+  for (int i = 0; i < count; i++) {
+    if (n[i] < 0) return invalid_argument();
+    if (n[i] == 0) continue;
+    m.dst[m.count] = dst[i], m.src[m.count] = src[i];
+    m.end[m.count++] = total += n[i];
+  }
+  if (m.count == 0) return 0;
+  cudaStream_t s = (cudaStream_t)stream;
+  if (to_half)
+    return dst_dtype == DT_F16 ? launch_many<DT_F32, DT_F16>(m, s) : launch_many<DT_F32, DT_BF16>(m, s);
+  return src_dtype == DT_F16 ? launch_many<DT_F16, DT_F32>(m, s) : launch_many<DT_BF16, DT_F32>(m, s);
+}
+
 /* ---- the check before an f32/f16/bf16 -> i32 conversion
    *first_bad starts as all ones, i.e. -1 read as int64 and the largest value for the
    unsigned atomicMin, so it stays -1 unless some index is smaller; no finishing pass. */

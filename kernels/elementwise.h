@@ -99,6 +99,15 @@ int k_fill(void *dst, int dtype, uint32_t pattern, int64_t n, void *stream);
 int k_convert(void *dst, int dst_dtype, const void *src, int src_dtype, int64_t n,
               void *stream);
 
+/* Segments k_convert_many takes in one launch. */
+#define L2L_K_CONVERT_MANY 64
+
+/* dst[i] (n[i] elements) = src[i] converted as k_convert converts, for i < count (at most
+   L2L_K_CONVERT_MANY), in one launch: f32 to f16 or bf16, or back; no segment may overlap
+   another's. */
+int k_convert_many(void *const *dst, int dst_dtype, const void *const *src, int src_dtype,
+                   const int64_t *n, int count, void *stream);
+
 /* *first_bad (device memory) := the first index whose value, read as f32 from src's
    dtype, is not an integer in [-2^31, 2^31) (NaN and inf included), or -1 if none: the
    check cpu_convert makes before an f32/f16/bf16 -> i32 conversion. src_dtype i32 always

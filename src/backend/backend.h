@@ -366,6 +366,12 @@ struct backend_ops {
      conversion could not represent, or -1, checked before anything is written. */
   l2l_status (*convert)(void *dst, l2l_dtype dst_dtype, const void *src, l2l_dtype src_dtype,
                         int64_t n, int64_t *bad);
+  /* dst[i] (n[i] elements of dst_dtype) := src[i] (of src_dtype) for each i < count, as
+     convert rounds them, f32 to f16 / bf16 or back, in one call (on a GPU a launch for
+     every 64): a visit's 16-bit gradients, the 16-bit copies of the records on the device
+     as a step begins. No segment overlaps another. */
+  l2l_status (*convert_many)(void *const *dst, l2l_dtype dst_dtype, const void *const *src,
+                             l2l_dtype src_dtype, const int64_t *n, int count);
   /* dst (n) of dtype := draws first .. first+n-1 of (seed, stream), dist with a, b */
   l2l_status (*random)(void *dst, l2l_dtype dtype, int64_t n, enum backend_distribution dist,
                        uint64_t seed, uint64_t stream, int64_t first, double a, double b);
@@ -398,6 +404,11 @@ void cpu_runtime_init(void);
    until the calling thread's stream is next synchronized. The relay's micro-batch ids
    and losses, which would otherwise make the host wait for the device each call. */
 l2l_status backend_tensor_copy_queued(l2l_tensor *dst, const l2l_tensor *src);
+/* dst[i] := src[i] for i < count, as l2l_tensor_cast casts (each pair the same elements,
+   in one backend's pools; every dst one dtype, every src another, f32 and f16 or bf16),
+   by one convert_many call of their backend: what would be count casts (count launches
+   on a GPU) is one. */
+l2l_status backend_tensors_cast(l2l_tensor *const *dst, const l2l_tensor *const *src, int count);
 /* Compute threads for OpenMP loops (cpu/threads.c). */
 extern atomic_int cpu_compute_threads;
 

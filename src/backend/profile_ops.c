@@ -376,6 +376,16 @@ static l2l_status p_convert(void *dst, l2l_dtype dst_dtype, const void *src, l2l
            checked, "n=%lld %s->%s", (long long)n, dt(src_dtype), dt(dst_dtype));
 }
 
+static l2l_status p_convert_many(void *const *dst, l2l_dtype dst_dtype, const void *const *src,
+                                 l2l_dtype src_dtype, const int64_t *n, int count) {
+  double elements = 0;
+  for (int i = 0; i < count; i++) elements += d(n[i]);
+  PROFILED(convert_many(dst, dst_dtype, src, src_dtype, n, count), "convert_many", 0,
+           elements * (double)(l2l_dtype_size(dst_dtype) + l2l_dtype_size(src_dtype)),
+           L2L_BOUND_MEM, false, "tensors=%d n=%.0f %s->%s", count, elements, dt(src_dtype),
+           dt(dst_dtype));
+}
+
 static l2l_status p_random(void *dst, l2l_dtype dtype, int64_t n, enum backend_distribution dist,
                            uint64_t seed, uint64_t stream, int64_t first, double a, double b) {
   PROFILED(random(dst, dtype, n, dist, seed, stream, first, a, b), "random", 0,
@@ -451,6 +461,7 @@ const struct backend_ops profile_ops = {
     .layernorm_invertible = p_layernorm_invertible,
     .fill = p_fill,
     .convert = p_convert,
+    .convert_many = p_convert_many,
     .random = p_random,
     .copy = p_copy,
     .copy_queued = p_copy_queued,

@@ -9,6 +9,7 @@
  */
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 
 #include "backend.h"
 
@@ -44,6 +45,37 @@ l2l_status l2l_tensor_copy(l2l_tensor *dst, const l2l_tensor *src) {
 
 l2l_status backend_tensor_copy_queued(l2l_tensor *dst, const l2l_tensor *src) {
   return tensor_copy(__func__, dst, src, true);
+}
+
+l2l_status backend_tensors_cast(l2l_tensor *const *dst, const l2l_tensor *const *src, int count) {
+  if (count <= 0) return L2L_OK;
+  for (int i = 0; i < count; i++) {
+    TRY(tensor_check(__func__, "dst", dst[i]));
+    TRY(tensor_check(__func__, "src", src[i]));
+    if (dst[i]->dtype != dst[0]->dtype || src[i]->dtype != src[0]->dtype ||
+        dst[i]->numel != src[i]->numel ||
+        backend_pool_domain(dst[i]->storage->pool) != backend_pool_domain(dst[0]->storage->pool) ||
+        backend_pool_domain(src[i]->storage->pool) != backend_pool_domain(dst[0]->storage->pool))
+      return FAIL(L2L_ERR_INVALID, "pair %d: %s (%lld) from %s (%lld) does not match pair 0's "
+                  "dtypes and backend, or its own element count", i,
+                  l2l_dtype_name(dst[i]->dtype), (long long)dst[i]->numel,
+                  l2l_dtype_name(src[i]->dtype), (long long)src[i]->numel);
+  }
+  l2l_dtype to = dst[0]->dtype, from = src[0]->dtype;
+  if (!((from == L2L_F32 && (to == L2L_F16 || to == L2L_BF16)) ||
+        (to == L2L_F32 && (from == L2L_F16 || from == L2L_BF16))))
+    return FAIL(L2L_ERR_INVALID, "casts %s to %s: one at once are f32 to f16 or bf16, or back",
+                l2l_dtype_name(from), l2l_dtype_name(to));
+  void **d = malloc((size_t)count * sizeof *d);
+  const void **s = malloc((size_t)count * sizeof *s);
+  int64_t *n = malloc((size_t)count * sizeof *n);
+  l2l_status status = d && s && n ? L2L_OK : FAIL(L2L_ERR_NOMEM, "no memory to cast %d tensors", count);
+  for (int i = 0; status == L2L_OK && i < count; i++)
+    d[i] = tensor_ptr(dst[i]), s[i] = tensor_ptr(src[i]), n[i] = dst[i]->numel;
+  if (status == L2L_OK)
+    status = backend_for(dst[0]->storage->pool)->convert_many((void *const *)d, to, (const void *const *)s, from, n, count);
+  free(d), free(s), free(n);
+  return status;
 }
 
 l2l_status l2l_tensor_cast(l2l_tensor *dst, const l2l_tensor *src) {

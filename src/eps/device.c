@@ -192,8 +192,19 @@ l2l_status eps_device_skips(struct eps *eps) {
   return status;
 }
 
-l2l_status eps_device_stage(struct eps_record *rec) {
-  return l2l_tensor_cast(rec->staging, rec->master);
+l2l_status eps_device_stage(struct eps *eps) {
+  l2l_tensor **to = calloc((size_t)(eps->count > 0 ? eps->count : 1), sizeof *to);
+  const l2l_tensor **from = calloc((size_t)(eps->count > 0 ? eps->count : 1), sizeof *from);
+  int n = 0;
+  l2l_status status = to && from ? L2L_OK : FAIL(L2L_ERR_NOMEM, "no memory to list %d records", eps->count);
+  for (int i = 0; status == L2L_OK && i < eps->count; i++) {
+    const struct eps_record *rec = eps->records[i];
+    if (rec->placement == EPS_PLACE_DEVICE && rec->staging != NULL)
+      to[n] = rec->staging, from[n++] = rec->master;
+  }
+  if (status == L2L_OK) status = backend_tensors_cast(to, from, n);
+  free(to), free(from);
+  return status;
 }
 
 l2l_status eps_device_state(struct eps_record *rec) {

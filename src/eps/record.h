@@ -209,8 +209,9 @@ l2l_status eps_device_clear(struct eps_record *rec);
    once (one copy), each skipped one cleared, every one disarmed, each skip counted in
    eps->nonfinite_skips (the first named) and its update count taken back. */
 l2l_status eps_device_skips(struct eps *eps);
-/* rec's 16-bit copy on the device rewritten from its master. */
-l2l_status eps_device_stage(struct eps_record *rec);
+/* The 16-bit copies of every record on the device rewritten from their masters, in one
+   cast (one launch on a GPU for every 64 records). */
+l2l_status eps_device_stage(struct eps *eps);
 /* rec's missing optimizer state arrays made on the device, zero (f32: the relay's rule). */
 l2l_status eps_device_state(struct eps_record *rec);
 /* A record joining on the device: its state made now (so the device's bytes are known

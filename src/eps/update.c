@@ -272,13 +272,10 @@ static void stage_chunk(struct eps *eps, struct eps_record *rec, int64_t begin, 
 }
 
 void eps_stage(struct eps *eps) {
+  eps_io_failed(eps, eps_device_stage(eps));   /* those on the device, in its order */
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
-    if (rec->staging == NULL) continue;
-    if (rec->placement == EPS_PLACE_DEVICE) {   /* on the device, in its order */
-      eps_io_failed(eps, eps_device_stage(rec));
-      continue;
-    }
+    if (rec->staging == NULL || rec->placement == EPS_PLACE_DEVICE) continue;
     pthread_mutex_lock(&eps->lock);
     bool now = !rec->pending;
     if (now) rec->pending = true;

@@ -260,22 +260,31 @@ l2l_status relay_params_done(struct step *s, int k, bool give) {
   }
   s->ngrads = 0;
   /* 16-bit gradients: rounded here, on the device, into the slot's out slot, so that the
-     copy moves half the bytes; the f32 slot is then cleared by its next visit. */
+     copy moves half the bytes (all of the visit's in one cast: one launch on a GPU); the
+     f32 slot is then cleared by its next visit. */
   uint64_t offset = 0;
-  for (int r = 0; r < gj->nrec; r++) {
+  l2l_tensor *out[MAX_RECORDS] = {0}, *from[MAX_RECORDS] = {0};
+  int which[MAX_RECORDS], pairs = 0;
+  l2l_status cast_status = L2L_OK;
+  for (int r = 0; r < gj->nrec && cast_status == L2L_OK; r++) {
     const l2l_param *param = l2l_layer_param(layer, r);
     if (slot_dtype(run, param, ORDER_SLOT_GRADS_OUT) == L2L_F32) continue;
-    l2l_tensor *out = NULL;
-    l2l_status status =
-        slot_view(&out, s, s->gout_slot[s->gs], &offset, param, ORDER_SLOT_GRADS_OUT);
-    if (status == L2L_OK) status = l2l_tensor_cast(out, gj->grad[r]);
-    l2l_tensor_free(gj->grad[r]);
-    gj->grad[r] = out;
-    gj->drains = false;
-    if (status != L2L_OK) {
-      relay_grads_release(&gj->job);
-      return status;
+    cast_status = slot_view(&out[pairs], s, s->gout_slot[s->gs], &offset, param, ORDER_SLOT_GRADS_OUT);
+    if (cast_status == L2L_OK) from[pairs] = gj->grad[r], which[pairs++] = r;
+  }
+  if (cast_status == L2L_OK) cast_status = backend_tensors_cast(out, (const l2l_tensor *const *)from, pairs);
+  for (int j = 0; j < pairs; j++) {
+    if (cast_status != L2L_OK) {
+      l2l_tensor_free(out[j]);
+      continue;
     }
+    l2l_tensor_free(gj->grad[which[j]]);
+    gj->grad[which[j]] = out[j];
+    gj->drains = false;
+  }
+  if (cast_status != L2L_OK) {
+    relay_grads_release(&gj->job);
+    return cast_status;
   }
   /* Records on the device: their gradients added there now, on this thread (queued in the
      device's order, before the slot's next visit clears it); the job takes the others.

@@ -269,6 +269,7 @@ static bool ops_complete(const struct backend_ops *ops) {
       {"find_out_of_range", ops->find_out_of_range != NULL},
       {"fill", ops->fill != NULL},
       {"convert", ops->convert != NULL},
+      {"convert_many", ops->convert_many != NULL},
       {"random", ops->random != NULL},
       {"copy", ops->copy != NULL},
   };

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* test_cuda_data.c — the CUDA backend against the CPU backend for the ops that make and
- * move data: fill, cast (bit for bit, every 16-bit pattern, the refused f32 -> i32 cast),
+ * move data: fill, cast (bit for bit, every 16-bit pattern, the refused f32 -> i32 cast,
+ * many tensors in one cast),
  * the random fills; and the refusals (ids and targets out of range, host/device mixing).
  * test_cuda.c says how the GPU tests test (twins compared after the device's result is
  * copied back; skipped without a GPU); the harness is cuda_twins.h's. All test names start
@@ -163,6 +164,45 @@ TEST(cuda_fill_and_cast) {
       TWIN_FREE(&src, &dst);
     }
   }
+  end_gpu();
+}
+
+TEST(cuda_cast_many) {
+  /* backend_tensors_cast (convert_many: one launch for up to 64 tensors, each element's
+     tensor found by a binary search over their ends) against the CPU's, bit for bit, f32
+     to f16 and bf16 and back, over 1, 64 and 130 tensors (a launch's worth, and three
+     launches) of drawn sizes, specials and random bit patterns among the values. */
+  if (!use_gpu()) return;
+  static const l2l_dtype dirs[4][2] = {{L2L_F32, L2L_BF16}, {L2L_F32, L2L_F16},
+                                       {L2L_BF16, L2L_F32}, {L2L_F16, L2L_F32}};
+  static const int counts[] = {1, 64, 130};
+  enum { MOST = 130 };
+  for (int d = 0; d < 4; d++)
+    for (int c = 0; c < 3; c++) {
+      int count = counts[c];
+      struct twin src[MOST], dst[MOST];
+      l2l_tensor *src_side[2][MOST], *dst_side[2][MOST];
+      for (int i = 0; i < count; i++) {
+        int64_t n = check_rand_int(1, 3000);
+        l2l_tensor *s0 = check_tensor(L2L_POOL_HOST, dirs[d][0], DIMS(n));
+        uint8_t *bytes = l2l_tensor_data(s0);
+        for (int64_t k = 0; k < (int64_t)tensor_bytes(s0); k++) bytes[k] = (uint8_t)check_rand_u64();
+        if (dirs[d][0] == L2L_F32) put_cast_specials(s0);
+        l2l_tensor *d0 = check_tensor(L2L_POOL_HOST, dirs[d][1], DIMS(n));
+        memset(l2l_tensor_data(d0), 0x5A, tensor_bytes(d0));
+        src[i] = twin_of(s0), dst[i] = twin_of(d0);
+        src_side[0][i] = src[i].h, src_side[1][i] = src[i].d;
+        dst_side[0][i] = dst[i].h, dst_side[1][i] = dst[i].d;
+      }
+      SIDES OK_ON(backend_tensors_cast(dst_side[side], (const l2l_tensor *const *)src_side[side], count));
+      for (int i = 0; i < count; i++) {
+        char what[96];
+        snprintf(what, sizeof what, "cast of %d: %s -> %s, tensor %d", count,
+                 l2l_dtype_name(dirs[d][0]), l2l_dtype_name(dirs[d][1]), i);
+        CHECK_TWIN_BITS_NAN_ANY(what, dst[i]);
+        TWIN_FREE(&src[i], &dst[i]);
+      }
+    }
   end_gpu();
 }
 

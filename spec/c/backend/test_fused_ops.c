@@ -12,7 +12,8 @@
  * cross-entropy forward and backward are the fused op's two halves, held to float64 in
  * test_ops.c; here the fused call with both outputs, and over its own logits, must agree
  * with them.) White box: the ops table is called directly. The GPU's fused kernels are
- * held to these in test_cuda.c.
+ * held to these in test_cuda.c. And the one cast of many tensors (convert_many) against
+ * a cast of each.
  * Must never: compare a fused op with itself only.
  */
 #include <stdlib.h>
@@ -283,4 +284,59 @@ TEST(fused_cross_entropy_equals_forward_and_backward) {
     free(logits), free(targets), free(losses_seq), free(dlogits_seq), free(losses), free(dlogits);
     free(inplace), free(losses2), free(losses3), free(dlogits2);
   }
+}
+
+TEST(fused_cast_many_equals_each_cast) {
+  /* backend_tensors_cast (the ops' convert_many: a visit's 16-bit gradients, the device
+     records' 16-bit copies) against l2l_tensor_cast of each pair, bit for bit, for the four
+     directions, over a drawn number of tensors (past one GPU launch's 64) of drawn sizes
+     (1, odd ones), outputs poisoned first; then its refusals, which write nothing. */
+  static const l2l_dtype dirs[4][2] = {{L2L_F32, L2L_BF16}, {L2L_F32, L2L_F16},
+                                       {L2L_BF16, L2L_F32}, {L2L_F16, L2L_F32}};
+  enum { MOST = 70 };
+  for (int d = 0; d < 4; d++) {
+    int count = (int)check_rand_int(1, MOST);
+    l2l_tensor *src[MOST], *many[MOST], *each[MOST];
+    for (int i = 0; i < count; i++) {
+      int64_t n = i == 0 ? 1 : check_rand_int(2, 3001);
+      l2l_tensor *f = check_f32(1, n);
+      for (int64_t k = 0; k < n; k++) check_data(f)[k] = (float)(100.0 * check_rand_normal());
+      src[i] = check_tensor(L2L_POOL_HOST, dirs[d][0], 1, (int64_t[]){n});
+      CHECK_OK(dirs[d][0] == L2L_F32 ? l2l_tensor_copy(src[i], f) : l2l_tensor_cast(src[i], f));
+      many[i] = check_tensor(L2L_POOL_HOST, dirs[d][1], 1, (int64_t[]){n});
+      each[i] = check_tensor(L2L_POOL_HOST, dirs[d][1], 1, (int64_t[]){n});
+      memset(l2l_tensor_data(many[i]), 0x7f, (size_t)n * l2l_dtype_size(dirs[d][1]));
+      CHECK_OK(l2l_tensor_cast(each[i], src[i]));
+      l2l_tensor_free(f);
+    }
+    CHECK_OK(backend_tensors_cast(many, (const l2l_tensor *const *)src, count));
+    int differ = 0;
+    for (int i = 0; i < count; i++)
+      differ += memcmp(l2l_tensor_data(many[i]), l2l_tensor_data(each[i]),
+                       (size_t)l2l_tensor_numel(each[i]) * l2l_dtype_size(dirs[d][1])) != 0;
+    CHECK(differ == 0, "%s -> %s: %d of %d tensors differ from their own casts",
+          l2l_dtype_name(dirs[d][0]), l2l_dtype_name(dirs[d][1]), differ, count);
+    for (int i = 0; i < count; i++)
+      l2l_tensor_free(src[i]), l2l_tensor_free(many[i]), l2l_tensor_free(each[i]);
+  }
+  /* refusals: a pair of another dtype, a pair of unequal sizes, i32, a pool of the other
+     domain; nothing written */
+  l2l_tensor *a = check_f32(1, 5), *b = check_f32(1, 5), *h16 = check_tensor(L2L_POOL_HOST, L2L_BF16, 1, (int64_t[]){5});
+  l2l_tensor *f16 = check_tensor(L2L_POOL_HOST, L2L_F16, 1, (int64_t[]){5});
+  l2l_tensor *short16 = check_tensor(L2L_POOL_HOST, L2L_BF16, 1, (int64_t[]){4});
+  l2l_tensor *ids = check_tensor(L2L_POOL_HOST, L2L_I32, 1, (int64_t[]){5});
+  l2l_tensor *dev16 = check_tensor(L2L_POOL_DEVICE, L2L_BF16, 1, (int64_t[]){5});
+  memset(l2l_tensor_data(h16), 0x11, 10);
+  l2l_tensor *to[2] = {h16, f16}, *to_short[2] = {h16, short16}, *to_ids[1] = {ids},
+             *to_dev[2] = {h16, dev16};
+  const l2l_tensor *from[2] = {a, b};
+  CHECK_FAILS(backend_tensors_cast(to, from, 2), L2L_ERR_INVALID, "pair 1");
+  CHECK_FAILS(backend_tensors_cast(to_short, from, 2), L2L_ERR_INVALID, "pair 1");
+  CHECK_FAILS(backend_tensors_cast(to_ids, from, 1), L2L_ERR_INVALID, "f32 to f16 or bf16");
+  CHECK_FAILS(backend_tensors_cast(to_dev, from, 2), L2L_ERR_INVALID, "pair 1");
+  bool kept = true;
+  for (int k = 0; k < 10; k++) kept &= ((const uint8_t *)l2l_tensor_data(h16))[k] == 0x11;
+  CHECK(kept, "a refused cast wrote into pair 0's output");
+  l2l_tensor_free(a), l2l_tensor_free(b), l2l_tensor_free(h16), l2l_tensor_free(f16);
+  l2l_tensor_free(short16), l2l_tensor_free(ids), l2l_tensor_free(dev16);
 }

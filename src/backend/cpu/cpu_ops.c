@@ -269,6 +269,17 @@ static inline void store_f32(void *dst, l2l_dtype dtype, int64_t i, float value)
 }
 
 static l2l_status cpu_convert(void *dst, l2l_dtype dst_dtype, const void *src,
+                              l2l_dtype src_dtype, int64_t n, int64_t *bad);
+
+/* (each segment by cpu_convert: the same bits as a cast of each) */
+static l2l_status cpu_convert_many(void *const *dst, l2l_dtype dst_dtype, const void *const *src,
+                                   l2l_dtype src_dtype, const int64_t *n, int count) {
+  int64_t bad = -1;
+  for (int i = 0; i < count; i++) TRY(cpu_convert(dst[i], dst_dtype, src[i], src_dtype, n[i], &bad));
+  return L2L_OK;
+}
+
+static l2l_status cpu_convert(void *dst, l2l_dtype dst_dtype, const void *src,
                               l2l_dtype src_dtype, int64_t n, int64_t *bad) {
   *bad = -1;
   if (dst_dtype == L2L_I32 && src_dtype != L2L_I32) {
@@ -395,6 +406,7 @@ const struct backend_ops cpu_backend = {
     .layernorm_invertible = cpu_layernorm_invertible,
     .fill = cpu_fill,
     .convert = cpu_convert,
+    .convert_many = cpu_convert_many,
     .random = cpu_random,
     .copy = cpu_copy,
     .copy_queued = cpu_copy,   /* (done when it returns: nothing is queued here) */

@@ -607,6 +607,17 @@ static l2l_status cuda_convert(void *dst, l2l_dtype dst_dtype, const void *src,
   WITH_SCRATCH(convert_locked(dst, dst_dtype, src, src_dtype, n, bad));
 }
 
+/* (a launch for every L2L_K_CONVERT_MANY segments) */
+static l2l_status cuda_convert_many(void *const *dst, l2l_dtype dst_dtype, const void *const *src,
+                                    l2l_dtype src_dtype, const int64_t *n, int count) {
+  for (int at = 0; at < count; at += L2L_K_CONVERT_MANY) {
+    int k = count - at < L2L_K_CONVERT_MANY ? count - at : L2L_K_CONVERT_MANY;
+    LAUNCH(k_convert_many(dst + at, (int)dst_dtype, src + at, (int)src_dtype, n + at, k,
+                          cuda_rt.compute));
+  }
+  return L2L_OK;
+}
+
 static l2l_status cuda_random(void *dst, l2l_dtype dtype, int64_t n, enum backend_distribution dist,
                               uint64_t seed, uint64_t stream, int64_t first, double a, double b) {
   LAUNCH(k_random(dst, (int)dtype, n, dist == L2L_NORMAL ? 1 : 0, seed, stream, first, a, b,
@@ -653,6 +664,7 @@ static const struct backend_ops cuda_backend = {
     .layernorm_invertible = cuda_layernorm_invertible,
     .fill = cuda_fill,
     .convert = cuda_convert,
+    .convert_many = cuda_convert_many,
     .random = cuda_random,
     .copy = cuda_copy,
     .copy_queued = cuda_copy_queued,
