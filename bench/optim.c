@@ -26,9 +26,10 @@
  * timed until added, against one thread adding it (the way before: a job per arrival).
  * A record's host work in a GPU step (issue 49): a bf16 gradient given, the AdamW update
  * (f32 state) settled, and the next step's staging rewrite, the EPS holding the gradient
- * for its update (one pass) against adding it first (add_arrivals: the way before), in
- * bytes a parameter counted from what each pass reads and writes, against a STREAM triad
- * (a = b + s c, 12 bytes an element) measured in the same run on all threads.
+ * for its update (one pass) against adding it first (add_arrivals: the way before), and
+ * held with 8-bit state and a bf16 master, in bytes a parameter as the EPS counts what
+ * each pass reads and writes, against a STREAM triad (a = b + s c, 12 bytes an element)
+ * measured in the same run on all threads.
  * Run: make build/bench_optim && build/bench_optim   (OMP_PROC_BIND=close pins threads)
  */
 #include <omp.h>
@@ -298,46 +299,58 @@ static double triad(int threads) {
   return 12.0 * N / median(secs, REPEATS) * 1e-9;
 }
 
-/* Steps of one record (N parameters, AdamW, f32 state, bf16 staging) on two EPSs, one
-   holding its gradient for the update, one adding it as it arrives, in turn each repeat:
-   a bf16 gradient given from pinned memory until the update has settled, then the next
-   step's staging rewrite (eps_stage) until done. Bytes a parameter, as each pass moves
-   them: added 2 + 8 (the add) + 28 (AdamW) + 4 (the clear) = 42; held 2 + 4 (the check
-   reads the gradient and the accumulator) + 2 + 24 (the update reads the gradient again,
-   the accumulator's chunks found zero not at all) = 32; the staging rewrite 4 + 2. */
+/* Steps of one record (N parameters, AdamW) on three EPSs in turn each repeat: f32 state
+   and bf16 staging, one holding its gradient for the update and one adding it as it
+   arrives (the way before); and one holding it with 8-bit state and a bf16 master (which
+   the device reads: no staging copy). Each step: a bf16 gradient given from pinned memory
+   until the update has settled, then the next step's staging rewrite (eps_stage) until
+   done. Bytes a parameter are the EPS's own count of what its passes read and wrote
+   (eps_pass_bytes, which test_arrivals holds to the passes' arithmetic): added 2 + 8 (the
+   add) + 28 (AdamW) + 4 (the clear) = 42; held 2 + 4 (the check reads the gradient and
+   the accumulator) + 2 + 24 (the update reads the gradient again, the accumulator's
+   chunks found zero not at all) = 32; the staging rewrite 4 + 2; held with 8-bit state
+   and a bf16 master 2 + 4 + 2 + 4 (the master read and written) + 4 (two code arrays,
+   the blocks' scales besides). */
+enum { STEP_KINDS = 3 };
 static void gpu_step_record(int threads, double triad_gbs) {
   l2l_layer_config c = {.kind = L2L_LAYER_EMBEDDING, .dim = 64, .vocab = N / 64, .max_seq = 1,
                         .init_std = 0.02f};
   l2l_optimizer_config opt = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-4f, .beta1 = 0.9f,
                               .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
+  l2l_optimizer_config opt8 = opt;
+  opt8.state = L2L_STATE_8BIT;
   int64_t shape[2] = {N / 64, 64};
-  l2l_tensor *g16 = NULL;
-  if (l2l_tensor_new(&g16, L2L_POOL_HOST, L2L_BF16, 2, shape) != L2L_OK) exit(1);
-  uint16_t *h = l2l_tensor_data(g16);
-  for (int64_t i = 0; i < N; i++) h[i] = half_from_f32_bf16(1e-3f * g[i]);
-  struct core_timeline tl[2];
-  struct eps eps[2];
-  l2l_layer *layer[2] = {NULL, NULL};
-  l2l_param *wte[2];
-  for (int k = 0; k < 2; k++) {
+  l2l_tensor *g16 = NULL, *master16 = NULL;
+  if (l2l_tensor_new(&g16, L2L_POOL_HOST, L2L_BF16, 2, shape) != L2L_OK ||
+      l2l_tensor_new(&master16, L2L_POOL_PINNED, L2L_BF16, 2, shape) != L2L_OK)
+    exit(1);
+  uint16_t *h = l2l_tensor_data(g16), *mh = l2l_tensor_data(master16);
+  for (int64_t i = 0; i < N; i++) h[i] = half_from_f32_bf16(1e-3f * g[i]), mh[i] = half_from_f32_bf16(p[i]);
+  struct core_timeline tl[STEP_KINDS];
+  struct eps eps[STEP_KINDS];
+  l2l_layer *layer[STEP_KINDS] = {NULL, NULL, NULL};
+  l2l_param *wte[STEP_KINDS];
+  for (int k = 0; k < STEP_KINDS; k++) {
     timeline_init(&tl[k]);
-    struct eps_settings settings = {.optimizer = &opt, .precision = L2L_BF16, .threads = threads,
-                                    .seed = 1, .timeline = &tl[k], .dist_lane = -1,
-                                    .add_arrivals = k == 1};
+    struct eps_settings settings = {.optimizer = k == 2 ? &opt8 : &opt, .precision = L2L_BF16,
+                                    .threads = threads, .seed = 1, .timeline = &tl[k],
+                                    .dist_lane = -1, .add_arrivals = k == 1};
     if (l2l_layer_new(&layer[k], &c, L2L_POOL_HOST) != L2L_OK || eps_init(&eps[k], &settings) != L2L_OK) {
       fprintf(stderr, "bench_optim: %s\n", l2l_last_error());
       exit(1);
     }
     wte[k] = l2l_layer_param(layer[k], 0);
     struct eps_record_source source = {.param = wte[k], .name = "wte",
-                                       .master = l2l_param_value(wte[k]),
-                                       .grad = l2l_param_grad(wte[k]), .staging = L2L_BF16, .users = 1};
+                                       .master = k == 2 ? master16 : l2l_param_value(wte[k]),
+                                       .grad = l2l_param_grad(wte[k]),
+                                       .staging = k == 2 ? L2L_F32 : L2L_BF16, .users = 1};
     int failed = -1;
     if (eps_set_records(&eps[k], &source, 1, &failed) != L2L_OK) exit(1);
   }
-  double secs[2][2][REPEATS];   /* [held, added][update, staging] */
+  double secs[STEP_KINDS][2][REPEATS];   /* [kind][update, staging] */
+  uint64_t moved[STEP_KINDS][2] = {{0}};   /* the EPS's count, the last repeat's */
   for (int r = -1; r < REPEATS; r++)
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < STEP_KINDS; k++) {
       l2l_tensor *pinned = NULL;
       if (l2l_tensor_new(&pinned, L2L_POOL_PINNED, L2L_BF16, 2, shape) != L2L_OK ||
           l2l_tensor_copy(pinned, g16) != L2L_OK)
@@ -346,37 +359,43 @@ static void gpu_step_record(int threads, double triad_gbs) {
       struct eps_step step = {.update = true, .lr = 1e-4, .expect = expect, .n_expect = 1};
       if (eps_step_begin(&eps[k], &step) != L2L_OK) exit(1);
       eps_step_agreed(&eps[k], true);
+      uint64_t b0 = eps_pass_bytes(&eps[k]);
       double t0 = now();
       eps_give_gradient(&eps[k], eps_find(&eps[k], wte[k]), pinned, false, 1.0f, 0);
       eps_wait_arrivals(&eps[k]);
       eps_sync(&eps[k]);
       double t1 = now();
+      uint64_t b1 = eps_pass_bytes(&eps[k]);
       struct eps_outcome out;
       eps_step_end(&eps[k], true, &out);
       double t2 = now();
+      uint64_t b2 = eps_pass_bytes(&eps[k]);
       eps_stage(&eps[k]);
       eps_sync(&eps[k]);
       double t3 = now();
       if (r >= 0) secs[k][0][r] = t1 - t0, secs[k][1][r] = t3 - t2;
+      moved[k][0] = b1 - b0, moved[k][1] = eps_pass_bytes(&eps[k]) - b2;
     }
-  const char *names[2] = {"held: checked, then one update pass", "added, updated, cleared (before)"};
-  const double bytes[2] = {32.0, 42.0};
-  for (int k = 0; k < 2; k++)
+  const char *names[STEP_KINDS] = {"held: checked, then one update pass",
+                                   "added, updated, cleared (before)",
+                                   "held, 8-bit state, bf16 master"};
+  for (int k = 0; k < STEP_KINDS; k++)
     for (int part = 0; part < 2; part++) {
-      double med = median(secs[k][part], REPEATS), moved = part ? 6.0 : bytes[k];
-      double gbs = (double)N / med * 1e-9 * moved;
-      printf("| %d | %s | %.0f | %.2f | %.2f | %.1f | %.0f %% |\n", threads,
-             part ? "staging rewrite (next step)" : names[k], moved, med * 1e3, (double)N / med * 1e-9,
+      if (part == 1 && moved[k][1] == 0) continue;   /* (no staging copy: none rewritten) */
+      double med = median(secs[k][part], REPEATS), per = (double)moved[k][part] / (double)N;
+      double gbs = (double)moved[k][part] / med * 1e-9;
+      printf("| %d | %s | %.1f | %.2f | %.2f | %.1f | %.0f %% |\n", threads,
+             part ? "staging rewrite (next step)" : names[k], per, med * 1e3, (double)N / med * 1e-9,
              gbs, 100.0 * gbs / triad_gbs);
     }
   printf("\nthe update, held against added: %.2f x the time\n",
          median(secs[0][0], REPEATS) / median(secs[1][0], REPEATS));
-  for (int k = 0; k < 2; k++) {
+  for (int k = 0; k < STEP_KINDS; k++) {
     eps_free(&eps[k]);
     timeline_free(&tl[k]);
     l2l_layer_free(layer[k]);
   }
-  l2l_tensor_free(g16);
+  l2l_tensor_free(g16), l2l_tensor_free(master16);
 }
 
 int main(void) {
@@ -421,7 +440,8 @@ int main(void) {
   arrivals(all);
   double triad_gbs = triad(all);
   printf("\nA record's host work in a GPU step: %d Mi parameters, a bf16 gradient given, AdamW "
-         "(f32 state), bf16 staging; STREAM triad on %d threads: %.1f GB/s\n\n",
+         "(f32 state and bf16 staging, or 8-bit state and a bf16 master); STREAM triad on %d "
+         "threads: %.1f GB/s\n\n",
          N >> 20, all, triad_gbs);
   printf("| threads | pass | B/param | ms | Gparam/s | GB/s | vs triad |\n"
          "|---:|---|---:|---:|---:|---:|---:|\n");
