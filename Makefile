@@ -92,10 +92,11 @@ ifeq ($(HAVE_LIBURING),1)
   LIB_LIBS += -luring
   $(BUILD)/obj/eps/spill.o: L2L_CFLAGS += -DL2L_LIBURING
 endif
-# The 8-bit codes round each operation on its own (no FMA contraction), as
-# kernels/optim.cu's code_nearest does with its _rn intrinsics: the host's paths (its
-# vector intrinsics are contracted like any product otherwise) and the GPU's pick alike.
-$(BUILD)/obj/backend/state_codes.o: L2L_CFLAGS += -ffp-contract=off
+# The 8-bit codes round each operation on its own (no FMA contraction), as the code's rule
+# (kernels/state_code.h) does on the GPU with _rn intrinsics: the host's paths (its vector
+# intrinsics are contracted like any product otherwise) and the GPU's pick alike; it
+# includes that rule from kernels/ (-I., as the CUDA backend's files do).
+$(BUILD)/obj/backend/state_codes.o: L2L_CFLAGS += -ffp-contract=off -I.
 # The executable and the examples link libl2l.so from their own folder (the C tests and
 # the bench programs link libl2l.a: see WHOLE_LIB).
 RPATH := -Wl,-rpath,'$$ORIGIN' -Wl,--no-as-needed

@@ -104,12 +104,14 @@ static double time_sgd(int threads, const struct optim_hyper *h) {
 static double time_compact(int threads, const struct optim_hyper *h, l2l_state_precision state,
                            void *const arrays[2]) {
   const struct optimizer_ops *ops = optimizer_ops(h->kind);
+  struct optim_hyper hs = *h;
+  hs.state = state;
   double t0 = now();
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int c = 0; c < NCHUNKS; c++) {
     size_t o = (size_t)c * CHUNK;
-    struct optim_chunk chunk = {.p = p + o, .grad = g + o, .n = CHUNK, .h = h};
-    struct eps_compact compact = {.state = {arrays[0], arrays[1]}, .state_n = N, .precision = state};
+    struct optim_chunk chunk = {.p = p + o, .grad = g + o, .n = CHUNK, .h = &hs};
+    struct eps_compact compact = {.state = {arrays[0], arrays[1]}, .state_n = N};
     eps_compact_chunk(ops, &chunk, &compact, (int64_t)o);
   }
   return now() - t0;

@@ -14,6 +14,7 @@
  */
 #include "map.cuh"
 #include "optim.h"
+#include "state_code.h"
 
 /* ---------------------------------------------------------------- the gradient's add */
 
@@ -258,7 +259,7 @@ extern "C" int k_optim_update(float *p, float *s0, float *s1, float *grad, int64
    runs the f32 step above on them, and (a wave that writes the state) encodes them again;
    an 8-bit block's new scale is its largest magnitude (the root code's: of sqrt(v)),
    reduced in shared memory first, and each element's code the nearest by the code's rule
-   (state_codes.c's `nearest`, written again). Blocks are taken grid-stride by at most
+   (kernels/state_code.h, which the host's codes run too). Blocks are taken grid-stride by at most
    LAMB_BLOCKS thread blocks, so LAMB's partial sums are a fixed partition of the record. */
 
 enum { K_STATE_BLOCK = 2048, K_PER_THREAD = K_STATE_BLOCK / L2L_THREADS };
@@ -268,31 +269,6 @@ static_assert(K_STATE_BLOCK % L2L_THREADS == 0, "a state block is whole threads'
 struct k_codes {
   float signed_value[256], root_value[256];
 };
-
-static __device__ __forceinline__ int code_nearest(float y, int bits) {
-  const float down[8] = {1.0f, 1e-1f, 1e-2f, 1e-3f, 1e-4f, 1e-5f, 1e-6f, 1e-7f};
-  const float up[8] = {1.0f, 1e1f, 1e2f, 1e3f, 1e4f, 1e5f, 1e6f, 1e7f};
-  int e = 0;
-  float ten_e = 1.0f;
-#pragma unroll
-  for (int j = 1; j < 8; j++) {
-    if (j >= bits) break;
-    bool below = y <= down[j];
-    e += below;
-    ten_e = below ? up[j] : ten_e;
-  }
-  int f = bits - 1 - e;
-  float two_f = bits_f32((uint32_t)(127 + f) << 23);
-  float position = __fmul_rn(__fsub_rn(__fmul_rn(y, ten_e), 0.1f), __fmul_rn(two_f, 1.0f / 0.9f));
-  float rounded = ceilf(position - 0.5f);   /* ties to the smaller */
-  int top = (1 << bits) - 1;
-  rounded = rounded > (float)top ? (float)top : rounded;
-  rounded = rounded >= -1.0f ? rounded : -1.0f;
-  int q = (int)two_f - 1 + (int)rounded;
-  int lowest = y > 0.5f * down[bits - 1];
-  q = e == bits - 1 ? lowest : q;
-  return q > top ? top : q;
-}
 
 struct CompactArgs {
   void *p;         /* the master: f32, or bf16 (o.master_bf16) */
@@ -439,9 +415,9 @@ __global__ void __launch_bounds__(L2L_THREADS)
         uint8_t q = 0;
         if (m > 0.0f) {
           if (root) {
-            q = (uint8_t)code_nearest(st[s][k] * lift * inv, 8);
+            q = (uint8_t)state_code_nearest(st[s][k] * lift * inv, 8);
           } else {
-            int c = code_nearest(fabsf(st[s][k]) * lift * inv, 7);
+            int c = state_code_nearest(fabsf(st[s][k]) * lift * inv, 7);
             q = (uint8_t)(c | (int)((f32_bits(st[s][k]) >> 31) & (c != 0)) << 7);
           }
         }

@@ -154,12 +154,22 @@ void optim_state_decode(float *out, const void *array, int64_t array_n, int64_t 
                         l2l_state_precision state, enum optim_code code);
 void optim_state_encode(void *array, int64_t array_n, int64_t begin, const float *in, int64_t n,
                         l2l_state_precision state, enum optim_code code);
-/* n elements of a bf16 master widened exactly into out, and rounded back from in
-   stochastically (core.h's half_bf16_stochastic): element i by Philox draw first_draw + i
-   of (seed, stream), so the host's update and a device's draw the same numbers. */
-void optim_master_decode(float *out, const uint16_t *master, int64_t n);
-void optim_master_encode(uint16_t *master, const float *in, int64_t n, uint64_t seed,
-                         uint64_t stream, uint64_t first_draw);
+/* The f32 step of one block in optim_block: p, s0, s1 (NULL beyond the optimizer's count)
+   hold the block's k elements, i its first element in the record's arrays. */
+typedef void (*optim_block_step)(float *p, float *s0, float *s1, int64_t i, int64_t k,
+                                 void *ctx);
+/* One block of an update, elements [i, i + k) (i a multiple of L2L_STATE_BLOCK, k at most
+   one block) of a master p (h->master: f32, or bf16) and state arrays s0, s1 of n elements
+   in h->state's precision, all indexed from the record's element 0 (a shard's, with ranks):
+   what is not f32 decoded into scratch on the stack, `step` run on it, the state encoded
+   again where writes_state (the first wave: a later one only reads it) and a bf16 master
+   rounded back stochastically where moves_master (the wave that moves the weights; core.h's
+   half_bf16_stochastic, element j by Philox draw h->first_draw + j of (h->seed,
+   h->stream)). The EPS's host update and the CPU backend's optim_update run their blocks
+   through it, so the two placements give the same bits. */
+void optim_block(void *p, void *s0, void *s1, int64_t n, int64_t i, int64_t k,
+                 const struct optim_hyper *h, bool writes_state, bool moves_master,
+                 optim_block_step step, void *ctx);
 /* Where the 8-bit array of n elements keeps its blocks' scales (core.h's layout). */
 static inline float *optim_state_scales(void *array, int64_t n) {
   return (float *)((uint8_t *)array + state8_codes_bytes(n));

@@ -7,7 +7,8 @@
  * Purpose: one evaluation of the compact codes on the host, which the EPS's compact update
  * (eps/quant.c) runs on a host-placed record and the CPU backend's optim_update on a
  * record placed on the device, so both placements give the same bits. 8-bit encoding is
- * the nearest code, computed from the code's rule (`nearest`) rather than searched for, so
+ * the nearest code, computed from the code's rule (kernels/state_code.h, one inline
+ * function for this file and the GPU's update) rather than searched for, so
  * that it vectorizes (test_quant checks it against a search in double); ties go to the
  * smaller magnitude. Where the CPU has AVX-512, 16 elements at a time by intrinsics: a
  * code's value by register permutes instead of a load each (compilers leave gathers out on
@@ -24,10 +25,11 @@
 #endif
 
 #include "backend.h"
+#include "kernels/state_code.h"
 
-/* Powers of ten, for the decades (float constants: 10^-E rounded once). */
-static const float TEN_DOWN[8] = {1.0f, 1e-1f, 1e-2f, 1e-3f, 1e-4f, 1e-5f, 1e-6f, 1e-7f};
-static const float TEN_UP[8] = {1.0f, 1e1f, 1e2f, 1e3f, 1e4f, 1e5f, 1e6f, 1e7f};
+/* Powers of ten, for the decades (the vector path's tables). */
+static const float TEN_DOWN[8] = L2L_CODE_TEN_DOWN;
+static const float TEN_UP[8] = L2L_CODE_TEN_UP;
 
 /* Each byte's value, from the code's rule evaluated in double and rounded once. */
 static float signed_value[256], root_value[256];
@@ -62,44 +64,13 @@ const float *optim_code_values(enum optim_code code) {
   return code == OPTIM_CODE_SIGNED ? signed_value : root_value;
 }
 
-/* The nearest code of a magnitude y >= 0 in the code of `bits` bits (y > 1 gives the
-   largest), by arithmetic rather than a search, so that the loops calling it vectorize
-   with no table: the decade E (y in (10^-(E+1), 10^-E]) is how many of 10^-1 ..
-   10^-(bits-1) y is at or below; with F = bits - 1 - E, decade E's levels are
-   10^-E (0.1 + 0.9 (k + 1) / 2^F) at indexes 2^F + k, and index 2^F - 1 is the top of the
-   decade below (10^-E 0.1), so the nearest index is 2^F - 1 plus the position
-   (y 10^E - 0.1) 2^F / 0.9 rounded (ties down). The lowest decade's one level has 0 below
-   it, not a decade: there the nearest is the level or 0, split at its half. The float
-   arithmetic can move the choice only for a y within a few ulps of a midpoint. */
-static inline int nearest(float y, int bits) {
-  const float *down = TEN_DOWN, *up = TEN_UP;
-  int e = 0;
-  float ten_e = 1.0f;
-  for (int j = 1; j < bits; j++) {
-    bool below = y <= down[j];
-    e += below;
-    ten_e = below ? up[j] : ten_e;
-  }
-  int f = bits - 1 - e;
-  float two_f = bits_float((uint32_t)(127 + f) << 23);
-  float position = (y * ten_e - 0.1f) * (two_f * (1.0f / 0.9f));
-  float rounded = ceilf(position - 0.5f);   /* ties to the smaller */
-  int top = (1 << bits) - 1;
-  /* clamped so that a NaN (from an inf in the block) converts defined: to -1 */
-  rounded = rounded > (float)top ? (float)top : rounded;
-  rounded = rounded >= -1.0f ? rounded : -1.0f;
-  int q = (int)two_f - 1 + (int)rounded;
-  int lowest = y > 0.5f * down[bits - 1];
-  q = e == bits - 1 ? lowest : q;
-  return q > top ? top : q;
-}
 
 #if defined(__AVX512F__)
 /* The decade of a magnitude by its binary exponent (for nearest16): a binade [2^-i,
    2^(1-i)) (i = 0 .. 31; smaller values as i = 31) holds at most one power of ten (they are
    a factor 10 apart), so the decade E of y in it is DECADE_BASE[i] (the powers 10^-1 ..
    10^-7 at or above the binade's top) plus one where y is at or below the power within it
-   (DECADE_EDGE[i], 0 where none): nearest's E, with no loop. */
+   (DECADE_EDGE[i], 0 where none): state_code_nearest's E, with no loop. */
 static int32_t DECADE_BASE[32];
 static float DECADE_EDGE[32];
 
@@ -114,14 +85,14 @@ static void decades_build(void) {
   }
 }
 
-/* nearest(y, bits) of 16 values at once, operation for operation (this file is built
-   without contracting products into FMAs, as the GPU's code_nearest rounds: test_quant
+/* state_code_nearest(y, bits) of 16 values at once, operation for operation (this file is
+   built without contracting products into FMAs, as the rule's GPU side rounds: test_quant
    holds the two paths equal, code by code). */
 static inline __m512i nearest16(__m512 y, int bits) {
   const __m512i top = _mm512_set1_epi32((1 << bits) - 1);
   /* the binade's index: -floor(log2 y), clamped to [0, 31]; y = 0 takes 31 (E = bits - 1),
      and a y past 1, an inf or a NaN (whose conversion gives INT_MIN) 0, where no edge
-     compares true: E = 0, as nearest's loop leaves them */
+     compares true: E = 0, as state_code_nearest's loop leaves them */
   __m512i i = _mm512_cvttps_epi32(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_getexp_ps(y)));
   i = _mm512_min_epi32(_mm512_max_epi32(i, _mm512_setzero_si512()), _mm512_set1_epi32(31));
   i = _mm512_mask_mov_epi32(i, _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_EQ_OQ),
@@ -155,10 +126,10 @@ static inline __m512i nearest16(__m512 y, int bits) {
 
 int optim_code_nearest(enum optim_code code, float y) {
   if (code == OPTIM_CODE_SIGNED) {
-    int q = nearest(fabsf(y), 7);
+    int q = state_code_nearest(fabsf(y), 7);
     return q != 0 && y < 0 ? q | 128 : q;
   }
-  return nearest(y, 8);
+  return state_code_nearest(y, 8);
 }
 
 /* ---------------------------------------------------------------- one array's blocks */
@@ -208,11 +179,11 @@ static void block_encode(uint8_t *restrict q, float *scale, const float *restric
 #endif
   if (code == OPTIM_CODE_ROOT) {
 #pragma omp simd
-    for (int64_t i = i0; i < n; i++) q[i] = (uint8_t)nearest(v[i] * lift * inv, 8);
+    for (int64_t i = i0; i < n; i++) q[i] = (uint8_t)state_code_nearest(v[i] * lift * inv, 8);
   } else {
 #pragma omp simd
     for (int64_t i = i0; i < n; i++) {
-      int m = nearest(fabsf(v[i]) * lift * inv, 7);
+      int m = state_code_nearest(fabsf(v[i]) * lift * inv, 7);
       int negative = (int)(float_bits(v[i]) >> 31) & (m != 0);   /* zero is byte 0 */
       q[i] = (uint8_t)(m | negative << 7);
     }
@@ -296,20 +267,34 @@ void optim_state_encode(void *array, int64_t array_n, int64_t begin, const float
   }
 }
 
-/* ---------------------------------------------------------------- a bf16 master */
+/* ---------------------------------------------------------------- one block of an update */
 
-void optim_master_decode(float *out, const uint16_t *master, int64_t n) {
+void optim_block(void *p, void *s0, void *s1, int64_t n, int64_t i, int64_t k,
+                 const struct optim_hyper *h, bool writes_state, bool moves_master,
+                 optim_block_step step, void *ctx) {
+  void *state[2] = {s0, s1};
+  bool bf16_master = h->master == L2L_BF16;
+  if (h->state == L2L_STATE_F32 && !bf16_master) {   /* (in place) */
+    step((float *)p + i, s0 ? (float *)s0 + i : NULL, s1 ? (float *)s1 + i : NULL, i, k, ctx);
+    return;
+  }
+  float scratch[2][L2L_STATE_BLOCK], master[L2L_STATE_BLOCK];
+  uint16_t *mh = bf16_master ? (uint16_t *)p + i : NULL;
+  if (mh != NULL) {   /* (bf16 widens exactly) */
 #pragma omp simd
-  for (int64_t i = 0; i < n; i++) out[i] = half_bf16_to_f32(master[i]);
-}
-
-void optim_master_encode(uint16_t *master, const float *in, int64_t n, uint64_t seed,
-                         uint64_t stream, uint64_t first_draw) {
-  uint32_t draws[L2L_STATE_BLOCK];
-  for (int64_t at = 0; at < n; at += L2L_STATE_BLOCK) {
-    int64_t bn = n - at < L2L_STATE_BLOCK ? n - at : L2L_STATE_BLOCK;
-    philox_range(draws, seed, stream, first_draw + (uint64_t)at, bn);
+    for (int64_t j = 0; j < k; j++) master[j] = half_bf16_to_f32(mh[j]);
+  }
+  enum optim_code code[2] = {optim_state_code(h->kind, 0), optim_state_code(h->kind, 1)};
+  for (int a = 0; a < 2; a++)
+    if (state[a] != NULL) optim_state_decode(scratch[a], state[a], n, i, k, h->state, code[a]);
+  step(mh != NULL ? master : (float *)p + i, s0 ? scratch[0] : NULL, s1 ? scratch[1] : NULL, i,
+       k, ctx);
+  for (int a = 0; writes_state && a < 2; a++)
+    if (state[a] != NULL) optim_state_encode(state[a], n, i, scratch[a], k, h->state, code[a]);
+  if (mh != NULL && moves_master) {
+    uint32_t draws[L2L_STATE_BLOCK];
+    philox_range(draws, h->seed, h->stream, h->first_draw + (uint64_t)i, k);
 #pragma omp simd
-    for (int64_t i = 0; i < bn; i++) master[at + i] = half_bf16_stochastic(in[at + i], draws[i]);
+    for (int64_t j = 0; j < k; j++) mh[j] = half_bf16_stochastic(master[j], draws[j]);
   }
 }

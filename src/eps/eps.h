@@ -78,12 +78,12 @@ int optim_state_count(const l2l_optimizer_config *config);
    kernels (state[] unused). The state is written back after the first wave, the master
    after the last. */
 struct eps_compact {
-  void *state[2];              /* the state arrays (NULL beyond the optimizer's count) */
+  void *state[2];              /* the state arrays (NULL beyond the optimizer's count), in
+                                  chunk->h's state precision */
   int64_t state_n;             /* their elements */
-  l2l_state_precision precision;
-  uint16_t *master;            /* a bf16 master from the chunk's first element (chunk->p
-                                  NULL; rounded back by the draws chunk->h names), or
-                                  NULL: chunk->p is the f32 master */
+  uint16_t *master;            /* a bf16 master (chunk->h's master) from the chunk's first
+                                  element (chunk->p NULL; rounded back by the draws
+                                  chunk->h names), or NULL: chunk->p is the f32 master */
 };
 void eps_compact_chunk(const struct optimizer_ops *optim, const struct optim_chunk *chunk,
                        const struct eps_compact *compact, int64_t begin);

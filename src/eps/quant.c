@@ -12,7 +12,8 @@
  * first wave writes the state; a later one only reads it), so each state byte crosses
  * memory once each way and the scratch stays in the core's cache. A bf16 master (the
  * relay's master = bf16) goes the same way: decoded into scratch, updated in f32, and
- * rounded back stochastically (optim_master_encode) by Philox draws the record owns.
+ * rounded back stochastically by Philox draws the record owns (the backend's optim_block,
+ * which the CPU backend's update of a record on its device runs too).
  * A restore checks every value it is given (finite; a second moment >= 0) as it converts,
  * and only then replaces the record's state, so a refusal changes nothing; a checkpoint's
  * save checks what it writes the same way (l2l_state_array_check: one check for both).
@@ -26,33 +27,30 @@
 
 /* ---------------------------------------------------------------- the update */
 
+/* A block's f32 step: the optimizer's chunk kernel on it (the chunk's fields but for p,
+   state, grad and n). */
+struct compact_block {
+  const struct optimizer_ops *optim;
+  const struct optim_chunk *chunk;
+  int64_t begin;   /* the chunk's first element in the record's arrays */
+};
+static void compact_step(float *p, float *s0, float *s1, int64_t i, int64_t k, void *ctx) {
+  const struct compact_block *c = ctx;
+  struct optim_chunk block = *c->chunk;
+  block.p = p, block.state[0] = s0, block.state[1] = s1;
+  block.grad = c->chunk->grad + (i - c->begin), block.n = k;
+  c->optim->chunk(&block);
+}
+
 void eps_compact_chunk(const struct optimizer_ops *optim, const struct optim_chunk *chunk,
                        const struct eps_compact *compact, int64_t begin) {
-  float scratch[2][L2L_STATE_BLOCK], master[L2L_STATE_BLOCK];
-  const struct optim_hyper *h = chunk->h;
-  bool last_wave = chunk->wave == optim->waves - 1;
+  struct compact_block c = {optim, chunk, begin};
+  /* the master from the record's (shard's) element 0, as optim_block indexes it */
+  void *p = compact->master != NULL ? (void *)(compact->master - begin) : (void *)(chunk->p - begin);
   for (int64_t at = 0; at < chunk->n; at += L2L_STATE_BLOCK) {
-    struct optim_chunk block = *chunk;
-    block.grad = chunk->grad + at;
-    block.n = chunk->n - at < L2L_STATE_BLOCK ? chunk->n - at : L2L_STATE_BLOCK;
-    uint16_t *mh = compact->master != NULL ? compact->master + at : NULL;
-    if (mh != NULL) optim_master_decode(master, mh, block.n);   /* (exactly) */
-    block.p = mh != NULL ? master : chunk->p + at;
-    for (int a = 0; a < 2; a++) {
-      void *array = compact->state[a];
-      block.state[a] = array != NULL ? scratch[a] : NULL;
-      if (array != NULL)
-        optim_state_decode(scratch[a], array, compact->state_n, begin + at, block.n,
-                         compact->precision, optim_state_code(h->kind, a));
-    }
-    optim->chunk(&block);
-    for (int a = 0; chunk->wave == 0 && a < 2; a++)
-      if (compact->state[a] != NULL)
-        optim_state_encode(compact->state[a], compact->state_n, begin + at, scratch[a], block.n,
-                         compact->precision, optim_state_code(h->kind, a));
-    if (mh != NULL && last_wave)   /* the wave that moved the weights */
-      optim_master_encode(mh, master, block.n, h->seed, h->stream,
-                          h->first_draw + (uint64_t)(begin + at));
+    int64_t k = chunk->n - at < L2L_STATE_BLOCK ? chunk->n - at : L2L_STATE_BLOCK;
+    optim_block(p, compact->state[0], compact->state[1], compact->state_n, begin + at, k,
+                chunk->h, chunk->wave == 0, chunk->wave == optim->waves - 1, compact_step, &c);
   }
 }
 

@@ -146,7 +146,7 @@ static void update_range(struct eps *eps, struct eps_record *rec, int64_t begin,
     struct eps_compact compact = {
         .state = {rec->state[0] ? l2l_tensor_data(rec->state[0]) : NULL,
                   rec->state[1] ? l2l_tensor_data(rec->state[1]) : NULL},
-        .state_n = rec->shard_n, .precision = eps->optimizer.state,
+        .state_n = rec->shard_n,
         .master = bf16_master ? (uint16_t *)l2l_tensor_data(rec->master) + rec->shard_begin + begin
                               : NULL};
     eps_compact_chunk(eps->optim, &chunk, &compact, begin);

@@ -385,6 +385,7 @@ static void compact_update(l2l_optimizer_kind kind, l2l_state_precision state, b
   }
   uint64_t seed = check_rand_u64(), stream = check_rand_u64(), first = check_rand_u64() >> 8;
   h.seed = seed, h.stream = stream, h.first_draw = first;   /* (the record's element 0) */
+  h.state = state, h.master = bf16_master ? L2L_BF16 : L2L_F32;
   for (int a = 0; a < count; a++) {
     enum optim_code code = optim_state_code(kind, a);
     float *init = xmalloc(4 * (size_t)total);
@@ -407,7 +408,7 @@ static void compact_update(l2l_optimizer_kind kind, l2l_state_precision state, b
                                     .state = {dec[0], dec[1]}};
     uint8_t *before = count > 0 ? xmalloc(bytes) : NULL;
     if (before) memcpy(before, arr[0], bytes);
-    struct eps_compact compact = {.state = {arr[0], arr[1]}, .state_n = total, .precision = state,
+    struct eps_compact compact = {.state = {arr[0], arr[1]}, .state_n = total,
                                   .master = bf16_master ? ph : NULL};
     if (bf16_master) chunk.p = NULL;
     eps_compact_chunk(ops, &chunk, &compact, skip);

@@ -143,6 +143,17 @@ static void model_and_batches(struct model *init, struct data *batches, const st
   make_batches(batches, STEPS, g, B, pad, 1.0);
 }
 
+/* The variants' LAMB and SGD with Nesterov momentum, in a state precision. */
+static l2l_optimizer_config lamb_config(l2l_state_precision state) {
+  return (l2l_optimizer_config){.kind = L2L_OPTIMIZER_LAMB, .lr = 0.02f, .beta1 = 0.9f,
+                                .beta2 = 0.999f, .eps = 1e-5f, .weight_decay = 0.05f,
+                                .state = state};
+}
+static l2l_optimizer_config nesterov_config(l2l_state_precision state, float weight_decay) {
+  return (l2l_optimizer_config){.kind = L2L_OPTIMIZER_SGD, .lr = 0.05f, .momentum = 0.9f,
+                                .nesterov = 1, .weight_decay = weight_decay, .state = state};
+}
+
 TEST(relay_records_on_the_device_train_as_on_the_host) {
   struct shape g = gpt_shape();   /* dropout, padding, a tied head */
   struct model init;
@@ -156,15 +167,11 @@ TEST(relay_records_on_the_device_train_as_on_the_host) {
     cfg.stash = (l2l_stash_policy)(variant % 3);
     switch (variant) {
       case 1:
-        cfg.optimizer = (l2l_optimizer_config){.kind = L2L_OPTIMIZER_SGD, .lr = 0.05f,
-                                               .momentum = 0.9f, .nesterov = 1,
-                                               .weight_decay = 0.01f};
+        cfg.optimizer = nesterov_config(L2L_STATE_F32, 0.01f);
         what = "SGD, Nesterov momentum";
         break;
       case 2:
-        cfg.optimizer = (l2l_optimizer_config){.kind = L2L_OPTIMIZER_LAMB, .lr = 0.02f,
-                                               .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-5f,
-                                               .weight_decay = 0.05f};
+        cfg.optimizer = lamb_config(L2L_STATE_F32);
         what = "LAMB";
         break;
       case 3: cfg.clip_global_norm = 0.5f, what = "AdamW, global clipping"; break;
@@ -184,15 +191,11 @@ TEST(relay_records_on_the_device_train_as_on_the_host) {
       case 8: cfg.optimizer.state = L2L_STATE_BF16, what = "AdamW, bf16 state"; break;
       case 9: cfg.optimizer.state = L2L_STATE_8BIT, what = "AdamW, 8-bit state"; break;
       case 10:
-        cfg.optimizer = (l2l_optimizer_config){.kind = L2L_OPTIMIZER_LAMB, .lr = 0.02f,
-                                               .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-5f,
-                                               .weight_decay = 0.05f, .state = L2L_STATE_8BIT};
+        cfg.optimizer = lamb_config(L2L_STATE_8BIT);
         what = "LAMB, 8-bit state";
         break;
       case 11:
-        cfg.optimizer = (l2l_optimizer_config){.kind = L2L_OPTIMIZER_SGD, .lr = 0.05f,
-                                               .momentum = 0.9f, .nesterov = 1,
-                                               .state = L2L_STATE_8BIT};
+        cfg.optimizer = nesterov_config(L2L_STATE_8BIT, 0.0f);
         cfg.accumulate = 2, cfg.clip_global_norm = 0.5f;
         what = "SGD Nesterov, 8-bit state, accumulate 2, global clipping";
         break;
@@ -201,16 +204,12 @@ TEST(relay_records_on_the_device_train_as_on_the_host) {
         what = "AdamW, bf16 masters";
         break;
       case 13:
-        cfg.optimizer = (l2l_optimizer_config){.kind = L2L_OPTIMIZER_LAMB, .lr = 0.02f,
-                                               .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-5f,
-                                               .weight_decay = 0.05f, .state = L2L_STATE_8BIT};
+        cfg.optimizer = lamb_config(L2L_STATE_8BIT);
         cfg.precision = cfg.grad_precision = cfg.master = L2L_BF16;
         what = "LAMB, bf16 masters, 8-bit state";
         break;
       case 14:
-        cfg.optimizer = (l2l_optimizer_config){.kind = L2L_OPTIMIZER_SGD, .lr = 0.05f,
-                                               .momentum = 0.9f, .nesterov = 1,
-                                               .state = L2L_STATE_BF16};
+        cfg.optimizer = nesterov_config(L2L_STATE_BF16, 0.0f);
         cfg.precision = cfg.master = L2L_BF16, cfg.accumulate = 2;
         what = "SGD Nesterov, bf16 masters and state, f32 gradients, accumulate 2";
         break;
@@ -219,9 +218,7 @@ TEST(relay_records_on_the_device_train_as_on_the_host) {
         what = "AdamW, per-layer clipping, bf16 gradients";
         break;
       case 16:
-        cfg.optimizer = (l2l_optimizer_config){.kind = L2L_OPTIMIZER_LAMB, .lr = 0.02f,
-                                               .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-5f,
-                                               .weight_decay = 0.05f, .state = L2L_STATE_8BIT};
+        cfg.optimizer = lamb_config(L2L_STATE_8BIT);
         cfg.clip_layer_norm = 0.05f, cfg.clip_global_norm = 0.5f, cfg.accumulate = 2;
         what = "LAMB, 8-bit state, per-layer and global clipping, accumulate 2";
         break;

@@ -88,33 +88,17 @@ static void update_f32(float *p, float *s0, float *s1, const float *g, int64_t n
   }
 }
 
-/* The block [at, at + k) of arrays of n elements, its master p in h->master's dtype and
-   its state s0, s1 in h->state's precision: what is not f32 decoded into scratch on the
-   stack, updated, the state encoded again by the first wave and a bf16 master rounded
-   back by the last (the EPS's compact update: eps/quant.c). */
-static void update_block(void *p, void *s0, void *s1, const float *g, int64_t n, int64_t at,
-                         int64_t k, const struct optim_hyper *h, int wave, int waves,
-                         double sums[2], float trust) {
-  void *state[2] = {s0, s1};
-  bool bf16_master = h->master == L2L_BF16;
-  if (h->state == L2L_STATE_F32 && !bf16_master) {
-    update_f32((float *)p + at, s0 ? (float *)s0 + at : NULL, s1 ? (float *)s1 + at : NULL,
-               g + at, k, h, wave, sums, trust);
-    return;
-  }
-  float scratch[2][L2L_STATE_BLOCK], master[L2L_STATE_BLOCK];
-  float *pk = bf16_master ? master : (float *)p + at;
-  if (bf16_master) optim_master_decode(master, (const uint16_t *)p + at, k);
-  enum optim_code code[2] = {optim_state_code(h->kind, 0), optim_state_code(h->kind, 1)};
-  for (int a = 0; a < 2; a++)
-    if (state[a] != NULL) optim_state_decode(scratch[a], state[a], n, at, k, h->state, code[a]);
-  update_f32(pk, s0 ? scratch[0] : NULL, s1 ? scratch[1] : NULL, g + at, k, h, wave, sums,
-             trust);
-  for (int a = 0; wave == 0 && a < 2; a++)
-    if (state[a] != NULL) optim_state_encode(state[a], n, at, scratch[a], k, h->state, code[a]);
-  if (bf16_master && wave == waves - 1)   /* (the wave that moved the weights) */
-    optim_master_encode((uint16_t *)p + at, master, k, h->seed, h->stream,
-                        h->first_draw + (uint64_t)at);
+/* A block's f32 step (optim_block's), its gradient and wave. */
+struct block_wave {
+  const float *g;
+  const struct optim_hyper *h;
+  int wave;
+  double *sums;
+  float trust;
+};
+static void block_step(float *p, float *s0, float *s1, int64_t i, int64_t k, void *ctx) {
+  const struct block_wave *w = ctx;
+  update_f32(p, s0, s1, w->g + i, k, w->h, w->wave, w->sums, w->trust);
 }
 
 static l2l_status cpu_optim_update(void *p, void *s0, void *s1, float *grad, int64_t n,
@@ -131,7 +115,8 @@ static l2l_status cpu_optim_update(void *p, void *s0, void *s1, float *grad, int
       int64_t end = optim_chunk_end(n, c * L2L_OPTIM_CHUNK);
       for (int64_t at = c * L2L_OPTIM_CHUNK; at < end; at += L2L_STATE_BLOCK) {
         int64_t k = end - at < L2L_STATE_BLOCK ? end - at : L2L_STATE_BLOCK;
-        update_block(p, s0, s1, grad, n, at, k, h, wave, waves, sums ? sums[c] : NULL, trust);
+        struct block_wave w = {grad, h, wave, sums ? sums[c] : NULL, trust};
+        optim_block(p, s0, s1, n, at, k, h, wave == 0, wave == waves - 1, block_step, &w);
       }
     }
     if (wave == 0 && waves > 1) {
