@@ -277,8 +277,11 @@ typedef struct l2l_relay_config {
                                    as host placement. The state in its precision (f32,
                                    bf16 or 8 bits) and bf16 masters rounded by the same
                                    draws, and per-layer clipping with each visit's factor
-                                   found there, as on the host. Needs no dist and no
-                                   spill_dir (not built for the device yet). L2L_PLACE_AUTO: before each training
+                                   found there, as on the host. With dist mpi each
+                                   rank updates the whole record on its device from the
+                                   ranks' reduced gradient (through pinned memory), to
+                                   host placement's bits. Needs no spill_dir (not built
+                                   for the device yet). L2L_PLACE_AUTO: before each training
                                    step the planner places on the device the records that
                                    fit beside the step's peak within the device budget
                                    (device_budget, or what the device pool's leaves; none:
@@ -289,8 +292,8 @@ typedef struct l2l_relay_config {
                                    host), moved
                                    between steps as the batch's shape, the budgets or the
                                    layers change; the same bits whatever it moved (where
-                                   device placement is refused, every record stays on the
-                                   host) */
+                                   device placement is refused, and with dist mpi, every
+                                   record stays on the host). The ranks must agree on it. */
 } l2l_relay_config;
 
 /* AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant schedule, micro-

@@ -11,7 +11,7 @@
 --   the third, freeze block 3 and remove block 5; the fourth skips block 2),
 --   save=PATH and save_at=STEP (a checkpoint after that step; save_fail=1: rank 0 saves to
 --   a folder that does not exist instead, and each rank's error goes to the output as
---   save_error), load=PATH (start from it),
+--   save_error), load=PATH (start from it; load_placement=host|device|auto: placed so),
 --   extra_layer_rank=-1 (that rank's model has one more block: the ranks disagree),
 --   hang_rank=-1 / hang_step (that rank sleeps there: the others must time out),
 --   wait_file=PATH / wait_step=2 (every rank says so and waits there until PATH exists: the
@@ -27,10 +27,12 @@
 --   host_budget is the last, first_budget the first step's, plan_smallest l2l.plan's
 --   smallest for this rank before it, host_most the most the EPS held after a step),
 --   state=f32|bf16|8bit (the optimizer state's precision), master=f32|bf16 (bf16 masters),
+--   placement=host|device|auto (where the records live and are updated),
 --   spike=VALUE with spike_rank, spike_step=2, spike_record, spike_at (before that step,
 --   that rank, or the one process, adds VALUE to element spike_at (mod its size) of the
 --   accumulator of record spike_record of model:params(); the output's spike_skipped is
 --   that step's skipped_records),
+--   plan=1 (the output's plan_eps_bytes: l2l.plan's host bytes for this rank's EPS),
 --   rank<r>_<key>=value sets key on rank r alone (the ranks disagree).
 local ffi = require("ffi")
 local l2l = require("l2l")
@@ -86,13 +88,13 @@ local optimizer = ({ adamw = l2l.AdamW { lr = o.lr, weight_decay = 0.1, eps = o.
                      sgd = l2l.SGD { lr = 0.05, momentum = 0.9, state = o.state } })[o.optimizer]
 local run
 if o.load then
-  run = l2l.load(o.load, { dist = o.dist, optimizer_threads = 1 })
+  run = l2l.load(o.load, { dist = o.dist, optimizer_threads = 1, placement = o.load_placement })
 else
   run = l2l.Relay { model = fresh_model(), micro_batch = o.mb, accumulate = o.accumulate,
                     optimizer = optimizer, clip_global_norm = o.clip, loss_scale = o.loss_scale,
                     grad_precision = o.grad_precision, spill = o.spill,
                     host_budget = o.tight == 1 and 1 or o.host_budget, seed = seed, dist = o.dist,
-                    optimizer_threads = 1, master = o.master }
+                    optimizer_threads = 1, master = o.master, placement = o.placement }
 end
 
 -- tight: the planner's smallest budget for this rank, to set beside the one the first step
@@ -125,8 +127,9 @@ for step = first, first + o.steps - 1 do
   if o.spike and step == o.spike_step and (rank == o.spike_rank or o.dist ~= "mpi") then
     local params = run.model:params()
     local p = params[(o.spike_record - 1) % #params + 1]
-    local g = p.grad:data()
-    g[o.spike_at % p.grad:numel()] = g[o.spike_at % p.grad:numel()] + o.spike
+    local g = p.grad:reshape({ p.grad:numel() })   -- (on the device: through the host)
+    local at = o.spike_at % p.grad:numel() + 1
+    g:set(at, g:get(at) + o.spike)
   end
   local skip = o.grow == 1 and step == first + 3 and { 2 } or nil
   local ok, loss = pcall(run.step, run, tokens, targets, skip and { skip = skip } or nil)
@@ -171,8 +174,10 @@ for step = first, first + o.steps - 1 do
 end
 run:sync()
 
--- a tensor's elements: numbers (bf16 widened; 8-bit state's bytes as they are)
+-- a tensor's elements: numbers (bf16 widened; 8-bit state's bytes as they are; a record
+-- on the device copied to the host first)
 local function hex_list(t)
+  if t:pool() == "device" then t = t:to("host") end
   if t:dtype() == "bf16" then t = t:cast("f32") end
   local d, list = t:data(), {}
   for j = 0, t:numel() - 1 do list[j + 1] = hex(d[j]) end
@@ -192,11 +197,16 @@ for _, m in ipairs(require("l2l.trace").chrome(run:events()).traceEvents) do
   if m.name == "thread_name" and m.tid == exchanges.lane then exchanges.lane_name = m.args.name end
 end
 -- the stats as JSON takes them: an overflowed step's grad_norm is inf, written as text
+-- plan=1: the planner's host bytes for this rank (the model as it ends), beside the EPS's
+local plan_eps_bytes = o.plan == 1 and l2l.plan {
+  model = run.model, batch = 1, seq = S, device_budget = 2 ^ 40, optimizer = optimizer, accumulate = o.accumulate,
+  clip_global_norm = o.clip, loss_scale = o.loss_scale, dist = o.dist, master = o.master,
+  placement = o.placement }.host_eps_bytes or nil
 local stats = {}
 for k, v in pairs(run:stats()) do stats[k] = (v == v and v ~= math.huge and v ~= -math.huge) and v or tostring(v) end
 local result = { losses = losses, stats = stats, exchanges = exchanges, params = {}, save_error = save_error,
                  host_budget = run.options.host_budget, host_most = host_most, first_budget = first_budget,
-                 plan_smallest = plan_smallest, spike_skipped = spike_skipped }
+                 plan_smallest = plan_smallest, spike_skipped = spike_skipped, plan_eps_bytes = plan_eps_bytes }
 for i, layer in ipairs(run.model) do
   for _, p in ipairs(layer:params()) do
     local entry = { layer = i, name = p.name, value = hex_list(p.value), dtype = p.value:dtype() }

@@ -199,6 +199,59 @@ describe("data parallel under mpirun", function()
     end
   end
 
+  it("2 and 3 ranks with the records on the device train to the same bits as on the host", function()
+    -- placement device: each rank's accumulator goes out through pinned memory into the
+    -- same reduce-scatter and norm as the host's, the reduced gradient comes back whole
+    -- (an all-gather of it, not of the master) and every rank updates the whole record on
+    -- its device. The reduced gradient is the host's, bit for bit, so are the agreed norm
+    -- and skips; AdamW, SGD and 8-bit state update element by element (a block's scale
+    -- from its own elements; a bf16 master's draws by element), so the weights and state
+    -- are the host's exactly. LAMB's trust ratio is an f32 from whole-record sums in
+    -- double, which the device adds chunk by chunk and the host shard by shard: the two
+    -- doubles differ by a few of their ulps (2^-52), which flips the f32 (2^-24 apart) with
+    -- a chance of about 2^-28 a ratio, a few hundred ratios a run here.
+    if not need_mpi() then return end
+    local value = (support.int(0, 1) == 0 and -1 or 1) * 2 ^ (65 + support.uniform(0, 58))
+    local spike = ("steps=3 spike=%.17g spike_rank=%d spike_record=%d spike_at=%d"):format(
+      value, support.int(0, 1), support.int(1, 30), support.int(0, 1e6))
+    for _, case in ipairs({
+      { 2, "optimizer=adamw clip=0.5 dropout=0.1 plan=1" },
+      { 3, "optimizer=sgd accumulate=2 grow=1 B=8 mb=3 steps=6" },
+      { 2, "optimizer=lamb grow=1 B=8 mb=3 steps=6 state=8bit master=bf16" },
+      { 3, "optimizer=adamw steps=8 loss_scale=4194304 grad_precision=f16 state=bf16" },
+      { 2, spike },
+      { 2, spike .. " loss_scale=1" },
+    }) do
+      local n, flags = case[1], case[2]
+      local host = train(n, flags .. " placement=host")
+      local device, cmd = train(n, flags .. " placement=device")
+      for r = 0, n - 1 do
+        same_bits_as(host, device, r, cmd)
+        assert.is_true(device[r].stats.device_records_bytes > 0, cmd)
+        assert.are.equal(0, host[r].stats.device_records_bytes, cmd)
+        -- the same bytes through MPI: the device's gradient all-gathered in f32 where the
+        -- host's master is, bf16 masters in 2 bytes (fewer)
+        if not flags:find("master=bf16", 1, true) then
+          assert.are.equal(host[r].stats.dist_sent_bytes, device[r].stats.dist_sent_bytes, cmd)
+        end
+        if flags == spike then assert.are.equal(1, device[r].spike_skipped, cmd) end
+        -- this rank's host bytes as planned: on the device, its exchange's buffers alone
+        for _, run in ipairs({ host[r], device[r] }) do
+          if run.plan_eps_bytes then assert.are.equal(run.plan_eps_bytes, run.stats.host_eps_bytes, cmd) end
+        end
+      end
+      assert_ranks_agree(device, cmd)
+    end
+    -- its checkpoint holds the host run's numbers, and loads on 3 ranks (on the device) and
+    -- on one process placed on the host
+    local path = dir .. "/device.l2l"
+    local flags = "optimizer=adamw state=8bit steps=2"
+    train(2, flags .. " placement=device save=" .. path .. " save_at=2")
+    local want = train(2, flags .. " placement=host")[0]
+    assert_same_params(want, train(3, "steps=0 load=" .. path)[0])
+    assert_same_params(want, train(0, "steps=0 load=" .. path .. " load_placement=host")[0])
+  end)
+
   it("2 ranks with the optimizer state spilled train to the same bits as 2 ranks in memory", function()
     if not need_mpi() then return end
     local spill = dir .. "/spill"

@@ -84,7 +84,7 @@ extern const l2l_option options_rows[];
 extern const int options_count;
 /* Every field the table's defaults (precision f32: l2l_relay_config_default picks a GPU's). */
 void options_default(l2l_relay_config *out);
-/* What placement device does not take yet in config (its words, as "dist mpi"), or NULL:
+/* What placement device does not take yet in config (its words, as "a spill directory"), or NULL:
    the records may live on the device. */
 const char *options_device_refusal(const l2l_relay_config *config);
 /* The name of `value` among the choices of the relay's option `name` ("?" if none). */
@@ -221,6 +221,9 @@ void host_record_bytes(struct host_record *out, int64_t numel, int64_t shard_n,
 uint64_t device_record_bytes(int64_t numel, l2l_dtype master, int arrays,
                              l2l_state_precision state, l2l_dtype staging);
 uint64_t device_words_bytes(int n);
+/* ... and, with ranks, its host bytes: the pinned array its gradient goes out from and
+   comes back to, whole (f32), and the reduced gradient of this rank's part_n elements. */
+uint64_t device_record_host_bytes(int64_t numel, int64_t part_n);
 /* Bytes of one optimizer state array of n elements in precision `state` (l2l.h, "optimizers":
    8bit is n codes padded to 4 bytes, then an f32 scale a block); 0 for an unknown one. */
 uint64_t host_state_bytes(l2l_state_precision state, int64_t n);

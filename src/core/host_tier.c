@@ -45,6 +45,10 @@ uint64_t device_record_bytes(int64_t numel, l2l_dtype master, int arrays,
          (staging != L2L_F32 ? pool_accounted((uint64_t)numel * l2l_dtype_size(staging)) : 0);
 }
 
+uint64_t device_record_host_bytes(int64_t numel, int64_t part_n) {
+  return pool_accounted((uint64_t)numel * sizeof(float)) + pool_accounted((uint64_t)part_n * sizeof(float));
+}
+
 uint64_t device_words_bytes(int n) {
   if (n <= 0) return 0;
   return pool_accounted((uint64_t)n * sizeof(int32_t)) + pool_accounted((uint64_t)n * 2 * sizeof(double)) +

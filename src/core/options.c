@@ -243,6 +243,5 @@ const char *options_choice_name(const char *name, int value) {
 }
 
 const char *options_device_refusal(const l2l_relay_config *c) {
-  return c->dist != L2L_DIST_NONE ? "dist mpi"
-         : c->spill_dir != NULL ? "a spill directory" : NULL;
+  return c->spill_dir != NULL ? "a spill directory" : NULL;
 }

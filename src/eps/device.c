@@ -133,6 +133,7 @@ l2l_status eps_device_norm(struct eps_record *rec) {
 }
 
 l2l_status eps_device_norms(struct eps *eps) {
+  if (eps->dist) return L2L_OK;   /* (with ranks the exchange agrees each record's norm) */
   double *norms = calloc((size_t)(2 * eps->words > 0 ? 2 * eps->words : 1), sizeof *norms);
   if (norms == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for %d records' norms", eps->words);
   l2l_status status = read_back(norms, eps->device_norms, (size_t)(2 * eps->words) * sizeof *norms);
@@ -145,6 +146,16 @@ l2l_status eps_device_norms(struct eps *eps) {
   }
   free(norms);
   return status;
+}
+
+l2l_status eps_device_send(struct eps_record *rec) {
+  TRY(ops()->copy(l2l_tensor_data(rec->exchange), L2L_POOL_PINNED, f32_of(rec->grad), L2L_POOL_DEVICE,
+                  (size_t)l2l_tensor_numel(rec->grad) * sizeof(float)));
+  return eps_device_clear(rec);
+}
+
+l2l_status eps_device_take(struct eps_record *rec) {
+  return backend_tensor_copy_queued(rec->grad, rec->exchange);
 }
 
 l2l_status eps_device_clear(struct eps_record *rec) {

@@ -56,6 +56,7 @@ static void record_free(struct eps_record *rec) {
   l2l_tensor_free(rec->staging);
   l2l_tensor_free(rec->guard_copy);
   l2l_tensor_free(rec->shard_grad);
+  l2l_tensor_free(rec->exchange);
   l2l_tensor_free(rec->gathered[0]);
   l2l_tensor_free(rec->gathered[1]);
   free(rec->counts);
@@ -274,10 +275,7 @@ l2l_status eps_prepare(struct eps *eps) {
       rec->chunk_sums = calloc((size_t)optim_chunks(rec->shard_n), sizeof *rec->chunk_sums);
       if (rec->chunk_sums == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for %s's sums", rec->name);
     }
-    if (eps->dist && rec->shard_grad == NULL) {   /* f32, whatever the state's precision */
-      int64_t shape[1] = {rec->shard_n > 0 ? rec->shard_n : 1};   /* an empty shard: 1 unused */
-      TRY(l2l_tensor_new(&rec->shard_grad, L2L_POOL_HOST, L2L_F32, 1, shape));
-    }
+    if (eps->dist) TRY(eps_exchange_buffers(eps, rec));
   }
   return L2L_OK;
 }
@@ -506,6 +504,10 @@ static void counted(struct eps *eps, struct eps_record *rec, bool finite, int la
   } else if (complete && defer && !exchange) {
     norm = eps_grad_norm(rec);
   }
+  if (exchange && device) {   /* (out to pinned memory first, on the compute thread) */
+    eps_io_failed(eps, eps_device_send(rec));
+    rec->exchanged = true;
+  }
   if (exchange) eps_update_exchange(eps, rec);
   else if (skip) eps_grad_clear(eps, rec, false);
   else if (complete && !defer) eps_start_update(eps, rec, 1.0f);
@@ -694,6 +696,7 @@ void eps_abandon_step(struct eps *eps) {
     }
     rec->expected = rec->arrived = rec->given = rec->holds = 0;
     rec->update_due = false;
+    rec->exchanged = false;   /* (with ranks a failed step ends the job: dist_fail) */
   }
 }
 

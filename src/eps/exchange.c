@@ -18,6 +18,12 @@
  * (eps_exchange_order), so collectives match across ranks whatever order the workers
  * finish in. A record skipped on every rank (agreed inf or NaN, or an overflow) takes its
  * place on the remaining streams with nothing sent.
+ * A record placed on the device goes through the same stages from pinned memory (its
+ * accumulator copied there as it completes, rec->exchange): the reduce-scatter, the norm's
+ * all-reduce, then an all-gather of the reduced gradient instead of the master, so every
+ * rank holds the whole reduced gradient, the very same bits, and updates all of the
+ * record on its device alike (update.c takes it there at the step's end); its place on
+ * the stream of LAMB's sums is passed (its device sums its record whole).
  * Shards: core's host_shard (the planner counts them by it too), cut at whole blocks
  * for 8-bit state; uneven sizes are padded by MPI's per-rank counts, never refused. A
  * bf16 master is all-gathered as 16-bit elements; a checkpoint's state in its precision.
@@ -96,17 +102,36 @@ l2l_status eps_shard(struct eps *eps, struct eps_record *rec) {
     rec->displs[r] = (int)begin;   /* <= n <= INT_MAX */
     rec->counts[r] = (int)count;
   }
-  rec->shard_begin = rec->displs[d->rank];
-  rec->shard_n = rec->counts[d->rank];
+  /* a record on the device is updated whole on every rank (its reduced gradient
+     all-gathered): its shard is all of it; on the host, this rank's part */
+  bool device = rec->placement == EPS_PLACE_DEVICE;
+  rec->shard_begin = device ? 0 : rec->displs[d->rank];
+  rec->shard_n = device ? n : rec->counts[d->rank];
   return L2L_OK;
 }
 
-/* What one collective of rec moves per rank, as a ring does: every shard but its own, of
-   the f32 gradient (the reduce-scatter) or of the master (the all-gather: 2 bytes an
-   element for a bf16 one). */
-static uint64_t exchange_bytes(const struct eps_record *rec, bool master) {
-  size_t elem = master ? l2l_dtype_size((l2l_dtype)l2l_tensor_dtype(rec->master)) : sizeof(float);
-  return (uint64_t)(l2l_tensor_numel(rec->master) - rec->shard_n) * elem;
+l2l_status eps_exchange_buffers(struct eps *eps, struct eps_record *rec) {
+  if (rec->shard_grad == NULL) {   /* f32, whatever the state's precision */
+    int64_t part = rec->counts[eps->dist->rank];
+    int64_t shape[1] = {part > 0 ? part : 1};   /* an empty part: 1 unused */
+    TRY(l2l_tensor_new(&rec->shard_grad, L2L_POOL_HOST, L2L_F32, 1, shape));
+  }
+  if (rec->placement == EPS_PLACE_DEVICE && rec->exchange == NULL)
+    TRY(tensor_new_like(&rec->exchange, L2L_POOL_PINNED, L2L_F32, rec->master));
+  return L2L_OK;
+}
+
+/* This rank's part of rec's reduce-scatter: its elements [part_begin, + part_n). */
+static int64_t part_n(const struct eps_record *rec) { return rec->counts[rec->eps->dist->rank]; }
+static int64_t part_begin(const struct eps_record *rec) { return rec->displs[rec->eps->dist->rank]; }
+
+/* What one collective of rec moves per rank, as a ring does: every part but its own, of
+   the f32 gradient (the reduce-scatter) or of what the all-gather brings (on the host
+   the master: 2 bytes an element for a bf16 one; on the device the f32 gradient). */
+static uint64_t exchange_bytes(const struct eps_record *rec, bool gather) {
+  size_t elem = !gather || rec->placement == EPS_PLACE_DEVICE
+                    ? sizeof(float) : l2l_dtype_size((l2l_dtype)l2l_tensor_dtype(rec->master));
+  return (uint64_t)(l2l_tensor_numel(rec->master) - part_n(rec)) * elem;
 }
 
 void eps_exchange_order(struct eps *eps) {
@@ -148,7 +173,9 @@ static struct dist_op *collective(struct eps *eps, struct eps_record *rec,
   case EPS_LAMB_SUMS: *stream = d->lamb, *what = "all-reduce of LAMB's norms"; return &rec->lamb_op;
   case EPS_ALL_GATHER: break;
   }
-  *stream = d->ag, *what = "all-gather of the updated weights";
+  *stream = d->ag, *what = rec->placement == EPS_PLACE_DEVICE
+                                ? "all-gather of the reduced gradient (a record on the device)"
+                                : "all-gather of the updated weights";
   return &rec->ag;
 }
 
@@ -163,15 +190,16 @@ void eps_exchange_post(struct eps *eps, struct eps_record *rec, enum eps_collect
   op_fill(op, rec, which == EPS_NORM || which == EPS_LAMB_SUMS ? DIST_ALLREDUCE_SUM
                    : which == EPS_REDUCE_SCATTER ? DIST_REDUCE_SCATTER : DIST_ALLGATHERV,
           what, done);
+  bool device = rec->placement == EPS_PLACE_DEVICE;   /* (its gradient in rec->exchange) */
   if (which == EPS_REDUCE_SCATTER) {
-    op->send = l2l_tensor_data(rec->grad);
+    op->send = l2l_tensor_data(device ? rec->exchange : rec->grad);
     op->recv = l2l_tensor_data(rec->shard_grad);
     op->bytes = exchange_bytes(rec, false);
     op->timeline = eps->timeline;
     op->phase = L2L_PHASE_REDUCE_SCATTER;
   } else if (which == EPS_NORM) {
     float most = 0;
-    double sumsq = optim_sumsq_most(l2l_tensor_data(rec->shard_grad), rec->shard_n, &most);
+    double sumsq = optim_sumsq_most(l2l_tensor_data(rec->shard_grad), part_n(rec), &most);
     rec->flags[0] = sumsq;
     /* an eager update takes the gradient as it is: at EPS_GRAD_LIMIT or more it is skipped
        on every rank, as an inf is; a deferred one decides by the sum of the shards' largest
@@ -187,6 +215,14 @@ void eps_exchange_post(struct eps *eps, struct eps_record *rec, enum eps_collect
     rec->lamb[1] = rec->wave_sums[1];
     op->recv = rec->lamb;
     op->n = 2;
+  } else if (device) {   /* the reduced gradient, whole on every rank, in place */
+    float *whole = l2l_tensor_data(rec->exchange);
+    memcpy(whole + part_begin(rec), l2l_tensor_data(rec->shard_grad), (size_t)part_n(rec) * sizeof *whole);
+    op->recv = whole;
+    op->elem = (int)sizeof *whole;
+    op->bytes = exchange_bytes(rec, true);
+    op->timeline = eps->timeline;
+    op->phase = L2L_PHASE_ALL_GATHER;
   } else {
     op->recv = l2l_tensor_data(rec->master);
     op->elem = (int)l2l_dtype_size((l2l_dtype)l2l_tensor_dtype(rec->master));

@@ -19,7 +19,11 @@
 
 struct host_record eps_record_bytes(const struct eps *eps, const struct eps_record *rec) {
   struct host_record b = {0};
-  if (rec->placement == EPS_PLACE_DEVICE) return b;   /* (none of it in host memory) */
+  if (rec->placement == EPS_PLACE_DEVICE) {   /* (with ranks its exchange's buffers alone) */
+    if (eps->dist != NULL)
+      b.fixed = device_record_host_bytes(l2l_tensor_numel(rec->master), rec->counts[dist_rank_now()]);
+    return b;
+  }
   host_record_bytes(&b, l2l_tensor_numel(rec->master), rec->shard_n,
                     optim_state_count(&eps->optimizer), eps->optimizer.state,
                     (l2l_dtype)l2l_tensor_dtype(rec->master),
@@ -47,7 +51,10 @@ uint64_t eps_host_bytes(const struct eps *eps) {
   uint64_t bytes = 0;
   for (int i = 0; i < eps->count; i++) {
     const struct eps_record *rec = eps->records[i];
-    if (rec->placement == EPS_PLACE_DEVICE) continue;   /* (none of it in host memory) */
+    if (rec->placement == EPS_PLACE_DEVICE) {   /* (with ranks its exchange's, once made) */
+      bytes += rec->exchange ? eps_record_bytes(eps, rec).fixed : 0;
+      continue;
+    }
     uint64_t shard = pool_accounted((uint64_t)rec->shard_n * sizeof(float));
     /* the optimizer state is the shard's, in its precision; the reduced gradient counts
        once made */

@@ -118,10 +118,19 @@ struct eps_record {
   struct optim_hyper hyper;
   /* Data parallel (eps->dist): this rank's shard of the record, [shard_begin,
      shard_begin + shard_n), whose master and optimizer state it updates; the others come
-     back by all-gather. state[] then holds the shard alone. */
+     back by all-gather. state[] then holds the shard alone. (A record on the device is
+     updated whole on every rank: its shard is all of it.) */
   int64_t shard_begin, shard_n;
-  int *counts, *displs;        /* every rank's shard, for the collectives */
-  l2l_tensor *shard_grad;      /* the reduced gradient of the shard (host pool) */
+  int *counts, *displs;        /* every rank's part of the reduce-scatter (on the host its
+                                  shard), for the collectives */
+  l2l_tensor *shard_grad;      /* the reduced gradient of this rank's part (host pool) */
+  /* A record on the device with ranks: its accumulator copied here (pinned, f32, whole) as
+     it completes, then the whole reduced gradient all-gathered here; exchanged: that
+     exchange is this step's, its gradient still to be taken to the device (update.c's
+     eps_exchanged_updates, on the compute thread at the step's end). */
+  l2l_tensor *exchange;
+  bool exchanged;
+  float exchange_scale;        /* ... the gradient's scale its update takes (eps_start_update) */
   l2l_tensor *gathered[2];     /* the whole optimizer state, gathered for a checkpoint */
   int first_expect;            /* this step's eps_expect call that first named it, -1 */
   int order;                   /* its place on the streams this step */
@@ -175,14 +184,22 @@ int eps_nonfinite_skips(struct eps *eps, const char **name, int *layer);
 enum { STAGE_WAVE = -1 };
 /* rec's update (its first wave) queued with its gradient times grad_scale, once the
    storage tier gives it room (else it waits, pending, and begins when the tier hands it
-   back); eps.c's arrivals and deferred release, and an exchange's agreed norm. */
+   back); eps.c's arrivals and deferred release, and an exchange's agreed norm. A record on
+   the device: queued there now; with ranks, its reduced gradient's all-gather posted and
+   the update left to eps_exchanged_updates (grad_scale kept). */
 void eps_start_update(struct eps *eps, struct eps_record *rec, float grad_scale);
 /* With ranks: rec's gradient is complete on this rank: its exchange begins (reduce-scatter
    in its turn, then the norm's all-reduce, then its update or its skip). */
 void eps_update_exchange(struct eps *eps, struct eps_record *rec);
 /* With ranks: rec's update is skipped on every rank (an agreed inf or NaN, or an
-   overflow): its turn for room and its places on the remaining streams pass. */
+   overflow): its turn for room and its places on the remaining streams pass (on the
+   device, where its all-gather was posted with its norm: that ends first). */
 void eps_update_skipped(struct eps *eps, struct eps_record *rec);
+/* With ranks, on the compute thread at the step's end: each record on the device whose
+   exchange is this step's (rec->exchanged) waits for it to end, then, unless skipped on
+   every rank, takes its reduced gradient and is updated on the device (by the scale its
+   eager start or the release gave). */
+void eps_exchanged_updates(struct eps *eps);
 
 /* ---------------------------------------------------------------- device.c (on the device)
 
@@ -201,10 +218,16 @@ l2l_status eps_device_update(struct eps_record *rec, const struct optim_hyper *h
 /* rec's gradient's norm into its word, in the host's grouping (queued: nothing read). */
 l2l_status eps_device_norm(struct eps_record *rec);
 /* Every record's norm read back at once (one copy: on a GPU the one sync of a deferred
-   release) into its sumsq and grad_most. */
+   release) into its sumsq and grad_most; with ranks none (the exchange agrees them). */
 l2l_status eps_device_norms(struct eps *eps);
 /* rec's accumulator and flag cleared (its gradient dropped). */
 l2l_status eps_device_clear(struct eps_record *rec);
+/* With ranks, rec complete: its accumulator copied to rec->exchange (pinned; the host
+   waits for it) for the exchange to send, then cleared for the next minibatch. */
+l2l_status eps_device_send(struct eps_record *rec);
+/* ... and the whole reduced gradient the exchange left in rec->exchange queued into its
+   accumulator for its update. */
+l2l_status eps_device_take(struct eps_record *rec);
 /* The step's armed updates on the device that their flags skipped: the flags read back at
    once (one copy), each skipped one cleared, every one disarmed, each skip counted in
    eps->nonfinite_skips (the first named) and its update count taken back. */
@@ -316,14 +339,20 @@ void eps_exchange_order(struct eps *eps);
 /* Shards of a new record (counts, displs, begin, n) for this process's ranks;
    L2L_ERR_INVALID for a shard beyond MPI's int counts. */
 l2l_status eps_shard(struct eps *eps, struct eps_record *rec);
+/* rec's buffers of the exchange, made once (eps_prepare): the reduced gradient of its part
+   (host pool), and for a record on the device the pinned array its accumulator goes out
+   from and the whole reduced gradient comes back to (rec->exchange). */
+l2l_status eps_exchange_buffers(struct eps *eps, struct eps_record *rec);
 /* A record's collectives with ranks, each on a stream of its own, in the record's place
    there (a reduce-scatter takes the place, eps_exchange_order's, for the whole exchange). */
 enum eps_collective {
-  EPS_REDUCE_SCATTER,   /* the accumulator into the shard's reduced gradient (shard_grad) */
-  EPS_NORM,             /* the shard's sum of squares, non-finite count and largest |grad|
+  EPS_REDUCE_SCATTER,   /* the accumulator (on the device: rec->exchange) into this rank's
+                           part of the reduced gradient (shard_grad) */
+  EPS_NORM,             /* the part's sum of squares, non-finite count and largest |grad|
                            (computed here from shard_grad) summed into rec->flags */
   EPS_LAMB_SUMS,        /* a first wave's whole-record sums (wave_sums) summed into rec->lamb */
-  EPS_ALL_GATHER,       /* the updated master from every rank's shard */
+  EPS_ALL_GATHER,       /* the updated master from every rank's shard (on the device: the
+                           reduced gradient from every rank's part, into rec->exchange) */
 };
 /* Posts rec's collective `which`; `done` (the core's, update.c) is the operation's
    completion, called on the communication thread when it has ended. */

@@ -31,5 +31,7 @@ void eps_step_end(struct eps *eps, bool ok, struct eps_outcome *out) {
     eps_abandon_step(eps);
     return;
   }
+  eps_wait_arrivals(eps);
+  eps_exchanged_updates(eps);   /* with ranks: the records on the device, updated now */
   out->skips = eps_nonfinite_skips(eps, &out->name, &out->layer);
 }

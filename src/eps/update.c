@@ -79,9 +79,18 @@ static void waiting_begin(struct eps *eps, struct eps_record *next) {
   for (; next != NULL; next = eps_room_next(eps)) update_begin(eps, next, next->wait_grad_scale);
 }
 
+static void device_gather(struct eps *eps, struct eps_record *rec);
+
 void eps_start_update(struct eps *eps, struct eps_record *rec, float grad_scale) {
+  if (rec->placement == EPS_PLACE_DEVICE && rec->exchanged) {   /* with ranks: its reduced
+      gradient all-gathered first; the compute thread takes it and updates at the step's end */
+    rec->exchange_scale = grad_scale;
+    device_gather(eps, rec);
+    return;
+  }
   if (rec->placement == EPS_PLACE_DEVICE) {   /* queued on the device now, on this thread */
     rec->hyper = eps_update_hyper(eps, rec, grad_scale);
+    /* (eager: its flag skips it; deferred: the release decided) */
     eps_io_failed(eps, eps_device_update(rec, &rec->hyper, !eps->deferred_step));
     return;
   }
@@ -319,12 +328,29 @@ static void lamb_passed(struct dist_op *op) {
 }
 
 void eps_update_skipped(struct eps *eps, struct eps_record *rec) {
+  if (rec->placement == EPS_PLACE_DEVICE) {   /* (not updated at the step's end) */
+    pthread_mutex_lock(&eps->lock);
+    rec->nonfinite = true;
+    pthread_mutex_unlock(&eps->lock);
+  }
   eps_exchange_skipped(eps, rec);
   if (eps->spill) waiting_begin(eps, eps_turn_pass(eps, rec));   /* (its update takes no room) */
   /* the all-gather's place passes last: its completion settles the record, after which
      the record may be freed, so no other operation of it may still be posted */
   if (eps->optim->waves > 1) eps_exchange_pass(eps, rec, EPS_LAMB_SUMS, lamb_passed);
   else eps_exchange_pass(eps, rec, EPS_ALL_GATHER, gathered);
+}
+
+/* A record on the device: its reduced gradient all-gathered (its place on the stream of
+   LAMB's sums passed first, where it has one: its device sums the whole record). */
+static void gradient_gather(struct dist_op *op) {
+  struct eps_record *rec = op->ctx;
+  eps_exchange_post(rec->eps, rec, EPS_ALL_GATHER, gathered);
+}
+
+static void device_gather(struct eps *eps, struct eps_record *rec) {
+  if (eps->optim->waves > 1) eps_exchange_pass(eps, rec, EPS_LAMB_SUMS, gradient_gather);
+  else eps_exchange_post(eps, rec, EPS_ALL_GATHER, gathered);
 }
 
 /* The record's norm and finiteness, summed over ranks: an eager update starts, or the
@@ -354,10 +380,28 @@ static void norm_agreed(struct dist_op *op) {
    and the shard's norm goes round. */
 static void reduced(struct dist_op *op) {
   struct eps_record *rec = op->ctx;
-  eps_grad_clear(rec->eps, rec, false);
+  /* (on the device it was cleared as it went out, on the compute thread: eps_device_send) */
+  if (rec->placement != EPS_PLACE_DEVICE) eps_grad_clear(rec->eps, rec, false);
   eps_exchange_post(rec->eps, rec, EPS_NORM, norm_agreed);
 }
 
 void eps_update_exchange(struct eps *eps, struct eps_record *rec) {
   eps_exchange_post(eps, rec, EPS_REDUCE_SCATTER, reduced);
+}
+
+void eps_exchanged_updates(struct eps *eps) {
+  for (int i = 0; i < eps->count; i++) {
+    struct eps_record *rec = eps->records[i];
+    if (!rec->exchanged) continue;
+    pthread_mutex_lock(&eps->lock);   /* (until its all-gather, or its skip's, has ended) */
+    while (rec->pending) pthread_cond_wait(&eps->changed, &eps->lock);
+    bool skipped = rec->nonfinite;
+    rec->nonfinite = false;
+    pthread_mutex_unlock(&eps->lock);
+    rec->exchanged = false;
+    if (skipped) continue;
+    eps_io_failed(eps, eps_device_take(rec));
+    rec->hyper = eps_update_hyper(eps, rec, rec->exchange_scale);
+    eps_io_failed(eps, eps_device_update(rec, &rec->hyper, false));   /* (the ranks decided) */
+  }
 }

@@ -57,15 +57,18 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
     /* a low-precision record has a 16-bit staging copy, or a bf16 master that is it */
     struct layers_record_dtypes held =
         layers_record_dtypes(recs[i].param, config->precision, config->master);
-    if (layers[recs[i].layer].on_device >> recs[i].place & 1) {   /* (none of it on the host) */
-      device += device_record_bytes(numel, held.master, arrays, config->optimizer.state,
-                                    held.staging);
-      on_device++;
-      continue;
-    }
     int64_t begin, shard_n;
     host_shard(numel, ranks, rank, host_shard_align(config->optimizer.state), &begin,
                &shard_n);
+    if (layers[recs[i].layer].on_device >> recs[i].place & 1) {   /* (on the host: with
+                                                                     ranks, its exchange's) */
+      device += device_record_bytes(numel, held.master, arrays, config->optimizer.state,
+                                    held.staging);
+      on_device++;
+      uint64_t exchange = dist ? device_record_host_bytes(numel, shard_n) : 0;
+      base += exchange, fixed += exchange;
+      continue;
+    }
     host_record_bytes(&bytes[i], numel, shard_n, arrays, config->optimizer.state,
                       held.master, held.staging, dist);
     bool trained = recs[i].trained;

@@ -13,6 +13,8 @@
  * which takes them in one place), and with those of the layers it shares a record with
  * (a tied table's embedding and head): every visit's records are in one place, so
  * per-layer clipping finds a visit's factor where its gradients are.
+ * With ranks every record stays on the host: the ranks' exchange needs every rank to
+ * place a record alike, and each rank's device budget is its own.
  * Must never: place a record the config keeps on the host (options_device_refusal), or
  * choose a placement whose records and step are over the budget when one with fewer is not.
  */
@@ -77,7 +79,8 @@ l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint
                       uint64_t *bytes) {
   *bytes = 0;
   for (int k = 0; k < c->L; k++) c->layers[k].on_device = 0;
-  if (options_device_refusal(config) != NULL) return L2L_OK;   /* (all on the host) */
+  /* (all on the host; with ranks too, as each rank's budget could choose its own) */
+  if (options_device_refusal(config) != NULL || config->dist != L2L_DIST_NONE) return L2L_OK;
   int arrays = 0, n = 0;
   TRY(l2l_optimizer_state_arrays(&arrays, &config->optimizer));
   const l2l_layer **list = calloc((size_t)(c->L > 0 ? c->L : 1), sizeof *list);
