@@ -280,8 +280,8 @@ typedef struct l2l_relay_config {
                                    found there, as on the host. With dist mpi each
                                    rank updates the whole record on its device from the
                                    ranks' reduced gradient (through pinned memory), to
-                                   host placement's bits. Needs no spill_dir (not built
-                                   for the device yet). L2L_PLACE_AUTO: before each training
+                                   host placement's bits. With spill_dir the file holds
+                                   the host's records' state alone. L2L_PLACE_AUTO: before each training
                                    step the planner places on the device the records that
                                    fit beside the step's peak within the device budget
                                    (device_budget, or what the device pool's leaves; none:
@@ -291,9 +291,9 @@ typedef struct l2l_relay_config {
                                    largest first, each while they fit (the rest on the
                                    host), moved
                                    between steps as the batch's shape, the budgets or the
-                                   layers change; the same bits whatever it moved (where
-                                   device placement is refused, and with dist mpi, every
-                                   record stays on the host). The ranks must agree on it. */
+                                   layers change; the same bits whatever it moved (with
+                                   dist mpi every record stays on the host). The ranks
+                                   must agree on it. */
 } l2l_relay_config;
 
 /* AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant schedule, micro-

@@ -16,6 +16,9 @@
 --   (the name of the largest: what a faster part of the machine would have to speed up),
 --   plan.hiding_accumulate (when the host optimizer is the limit: the accumulate from
 --   which its updates, once every that many steps, take no longer than the rest of a step),
+--   plan.accumulate (the plan's: given, or with accumulate = "auto" the plan's choice, the
+--   smallest from which the host optimizer hides, 1 if it does already; a relay made
+--   with the plan and no accumulate of its own takes it), plan.accumulate_chosen,
 --   plan.layers[i].inner, plan.layers[i].stash, plan.layers[i].kept_bytes, .seconds
 --   l2l.Relay{ model = model, plan = plan, ... }  (or plan = "auto": relay.lua)
 --
@@ -233,9 +236,12 @@ local function plan(o)
   if not model_mod.is_sequential(o.model) then
     fail(fname .. ": option 'model' must be an l2l.Sequential, got " .. argcheck.describe(o.model))
   end
-  -- the relay settings, checked as l2l.Relay checks them
+  -- the relay settings, checked as l2l.Relay checks them (accumulate "auto": the plan's
+  -- choice, from 1)
   local settings = {}
   for _, key in ipairs(RELAY_SETTINGS) do settings[key] = o[key] end
+  local choose = settings.accumulate == "auto"
+  if choose then settings.accumulate = nil end
   local c = relay_options.config_for(settings, fname)
   for _, key in ipairs({ "token_types", "key_mask" }) do
     if o[key] ~= nil and type(o[key]) ~= "boolean" then
@@ -248,14 +254,24 @@ local function plan(o)
     token_types = o.token_types, key_mask = o.key_mask,
     rates = o.rates ~= nil and rates_of(o.rates, fname) or nil,
   }
-  return M.make(o.model, c, request, fname)
+  local made = M.make(o.model, c, request, fname)
+  -- accumulate "auto": planned again at the accumulation from which the host optimizer
+  -- hides (its policies may then differ, and with them the other channels: again, a few
+  -- times at most, until it hides)
+  for _ = 1, choose and 4 or 0 do
+    if made.hiding_accumulate == nil then break end
+    settings.accumulate = made.hiding_accumulate
+    made = M.make(o.model, relay_options.config_for(settings, fname), request, fname)
+  end
+  made.accumulate_chosen = choose
+  return made
 end
 
 -- l2l.plan{model =, batch =, seq =, device_budget = (bytes a step may add to the device
 -- pool), token_types = false, key_mask = false, rates = (default: this machine's), and
--- the relay's param_slots, precision, grad_precision, accumulate, clip_global_norm,
--- loss_scale, optimizer, host_budget, spill, dist ("mpi": this rank's host bytes, its
--- shards of the gradients and state)} -> a plan.
+-- the relay's param_slots, precision, grad_precision, accumulate (or "auto": the plan
+-- chooses it), clip_global_norm, loss_scale, optimizer, host_budget, spill, dist ("mpi":
+-- this rank's host bytes, its shards of the gradients and state)} -> a plan.
 function M.plan(o, ...)
   if select("#", ...) ~= 0 then too_many("l2l.plan", "options", 2, ...) end
   local ok, result = pcall(plan, o)
@@ -361,6 +377,9 @@ function Plan:__tostring()
   if self.hiding_accumulate then
     rows[#rows + 1] = ("the host optimizer hides under the rest of the step from accumulate = %d (%d here: %d samples an update)"):format(
       self.hiding_accumulate, self.accumulate, self.hiding_accumulate * self.batch)
+  elseif self.accumulate_chosen then
+    rows[#rows + 1] = ("accumulate %d, chosen: the host optimizer hides under the rest of the step (%d samples an update)"):format(
+      self.accumulate, self.accumulate * self.batch)
   end
   rows[#rows + 1] = ("host: the EPS holds %s between steps (the smallest host budget that works: %s)%s"):format(
     mib(self.host_eps_bytes), mib(self.host_budget_smallest), self.spill and

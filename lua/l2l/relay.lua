@@ -64,6 +64,11 @@ for name in pairs(options.OPTIONS) do OPTIONS[name] = true end
 -- the settings relay_options reads.
 local function read_options(o, fname)
   o = argcheck.options(o, OPTIONS, fname, 0)
+  if o.accumulate == nil and plan_mod.is_plan(o.plan) then   -- (the plan's, its choice)
+    local given = o
+    o = { accumulate = given.plan.accumulate }
+    for k, v in pairs(given) do o[k] = v end
+  end
   local model = o.model
   if model == nil then fail(fname .. ": option 'model' is required (an l2l.Sequential or a list of layers)") end
   if not model_mod.is_sequential(model) then
@@ -169,7 +174,7 @@ end
 
 -- l2l.Relay{model =, micro_batch = 1, stash = "host", recompute_every = 1, inner =
 -- "recompute", optimizer = l2l.AdamW{}, schedule = l2l.ConstantLR{}, clip_global_norm = 0,
--- clip_layer_norm = 0, accumulate = 1, optimizer_threads = 0 (every CPU the process may
+-- clip_layer_norm = 0, accumulate = 1 (with a plan: the plan's), optimizer_threads = 0 (every CPU the process may
 -- run on), seed = 0, param_slots = 2 (device buffers of layer parameters: each more keeps
 -- one more of the forward's last layers on the device for its backward), loss_scale = 0
 -- (> 0: dynamic loss scaling from this scale), loss_scale_window = 2000 (updates without

@@ -229,6 +229,44 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
     end
   end)
 
+  it("chooses the accumulation from which the host optimizer hides (accumulate = \"auto\"), and its relay takes it", function()
+    local model = tiny_gpt(4, 256, 64)
+    -- a host optimizer 100 times the GPU table's (it hides at 1), and one 1.5 to 4 times
+    -- slower than it (it limits the step until an accumulation of a few: the relay below
+    -- takes that many steps)
+    local slow = GPU.optimizer / support.uniform(1.5, 4)
+    for _, optimizer in ipairs({ 100 * GPU.optimizer, slow }) do
+      local rates = { flops = GPU.flops, h2d = GPU.h2d, d2h = GPU.d2h, optimizer = optimizer, visit = GPU.visit }
+      local function at(a)
+        return l2l.plan { model = model, batch = 2, seq = 64, device_budget = 2 ^ 40, rates = rates,
+                          precision = "bf16", accumulate = a }
+      end
+      local chosen, named = at("auto"), at(1).hiding_accumulate
+      local what = ("optimizer at %.3g B/s: accumulate %d chosen, %s named at 1"):format(optimizer,
+        chosen.accumulate, tostring(named))
+      assert.is_true(chosen.accumulate_chosen, what)
+      -- the smallest that hides: hidden at it, not one less
+      assert.is_nil(chosen.hiding_accumulate, what)
+      assert.are_not.equal("updates", chosen.limit, what)
+      if chosen.accumulate > 1 then assert.are.equal("updates", at(chosen.accumulate - 1).limit, what) end
+      assert.are.equal(named or 1, chosen.accumulate, what)   -- (the plan at 1 names it)
+      assert.is_truthy(tostring(chosen):find(("accumulate %d, chosen"):format(chosen.accumulate), 1, true), tostring(chosen))
+      assert.are.equal(optimizer == slow, chosen.accumulate > 1, what)
+      -- a relay made with the plan takes its accumulation: one update every that many steps
+      local run = l2l.Relay { model = model, plan = chosen, precision = "bf16", optimizer_threads = 1 }
+      assert.are.equal(chosen.accumulate, run.options.accumulate, what)
+      for step = 1, chosen.accumulate do
+        run:step(batch(2, 64))
+        assert.are.equal(step == chosen.accumulate and 1 or 0, run:stats().updates, what .. ", step " .. step)
+      end
+      run:free()
+    end
+    -- "auto" is the plan's to choose: a relay refuses it naming the option
+    local ok, err = pcall(l2l.Relay, { model = tiny_gpt(4, 256, 64), accumulate = "auto" })
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("accumulate", 1, true), tostring(err))
+  end)
+
   it("predicts the EPS's host bytes, the spill file's bytes and the smallest host budget, to the byte", function()
     math.randomseed(support.seed)
     local dir = support.tmpdir()

@@ -84,9 +84,6 @@ extern const l2l_option options_rows[];
 extern const int options_count;
 /* Every field the table's defaults (precision f32: l2l_relay_config_default picks a GPU's). */
 void options_default(l2l_relay_config *out);
-/* What placement device does not take yet in config (its words, as "a spill directory"), or NULL:
-   the records may live on the device. */
-const char *options_device_refusal(const l2l_relay_config *config);
 /* The name of `value` among the choices of the relay's option `name` ("?" if none). */
 const char *options_choice_name(const char *name, int value);
 /* The struct a group's fields are in: c, its optimizer or its schedule. */

@@ -241,7 +241,3 @@ const char *options_choice_name(const char *name, int value) {
   }
   return "?";
 }
-
-const char *options_device_refusal(const l2l_relay_config *c) {
-  return c->spill_dir != NULL ? "a spill directory" : NULL;
-}

@@ -290,7 +290,7 @@ void eps_move_drop(struct eps_move *m) {
   *m = (struct eps_move){0};
 }
 
-l2l_status eps_move_prepare(struct eps_move *m, const struct eps_record *rec, bool to_device) {
+l2l_status eps_device_move_prepare(struct eps_move *m, const struct eps_record *rec, bool to_device) {
   *m = (struct eps_move){.to_device = to_device};
   l2l_pool_kind pool = to_device ? L2L_POOL_DEVICE : L2L_POOL_HOST;
   /* (a bf16 master on the host is what the device reads: pinned, as eps_set_records has it) */

@@ -261,10 +261,12 @@ l2l_status eps_prepare(struct eps *eps) {
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     if (!rec->update_due || rec->expected == 0) continue;
-    /* with a spill file the state comes to memory for its update alone (eps_start_update) */
-    for (int a = 0; !eps->spill && a < arrays; a++) {
+    /* with a spill file the state comes to memory for its update alone (eps_start_update);
+       one on the device has its own there */
+    bool device = rec->placement == EPS_PLACE_DEVICE;
+    for (int a = 0; (!eps->spill || device) && a < arrays; a++) {
       if (rec->state[a] != NULL) continue;
-      if (rec->placement == EPS_PLACE_DEVICE) {   /* (a restore of no updates freed it) */
+      if (device) {   /* (a restore of no updates freed it) */
         TRY(eps_device_state(rec));
         continue;
       }

@@ -224,14 +224,15 @@ uint64_t eps_device_bytes(const struct eps *eps);
 /* A record's move between the host and the device (placement auto), between steps (after
    eps_sync), in two halves so that a failure changes nothing: prepare makes every tensor
    of its new place (master and gradient accumulator copied, f32 optimizer state copied or
-   zero, a 16-bit copy; its flag goes with it); commit makes them the record's (the old state,
+   zero, a 16-bit copy; its flag goes with it; a state in the spill file read back first,
+   which stays in memory whatever the move does); commit makes them the record's (the old state,
    copy freed) and hands the new master and grad to the caller, to give the
    parameter (which frees the old ones: they are its own); drop frees a prepared move. */
 struct eps_move {
   bool to_device;
   l2l_tensor *master, *grad, *staging, *state[2], *guard_copy;
 };
-l2l_status eps_move_prepare(struct eps_move *m, const struct eps_record *rec, bool to_device);
+l2l_status eps_move_prepare(struct eps_move *m, struct eps_record *rec, bool to_device);
 void eps_move_commit(struct eps_move *m, struct eps_record *rec, l2l_tensor **master,
                      l2l_tensor **grad);
 void eps_move_drop(struct eps_move *m);

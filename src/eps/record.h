@@ -240,6 +240,9 @@ l2l_status eps_device_state(struct eps_record *rec);
 /* A record joining on the device: its state made now (so the device's bytes are known
    before a step, and no step makes them), its words with the next step's. */
 l2l_status eps_device_join(struct eps_record *rec);
+/* eps_move_prepare's tensors of rec's new place (state_tier.c's brings a spilled state
+   into memory first). */
+l2l_status eps_device_move_prepare(struct eps_move *m, const struct eps_record *rec, bool to_device);
 /* rec's state arrays on the device given the values of host arrays (NULL: zero), a
    restore's. */
 l2l_status eps_device_restore(struct eps_record *rec, l2l_tensor *const host[2]);

@@ -17,6 +17,9 @@
  * Each array's checksum (spill.c's XXH3-64 of what was written) stays with its record, and
  * every read back is checked against it: bytes another program changed are a read failure
  * like a file cut short, the record not updated.
+ * The tier holds the records on the host: one placed on the device keeps its state there
+ * (none of it in the file, none read ahead, its accumulator never passes); one that
+ * placement auto moves there brings its state back from the file first (eps_move_prepare).
  * Must never: free a state array that is not on disk, consume a read that a restore has
  * made stale, or leave a failure unreported (the first one on a worker is kept for the
  * step).
@@ -229,6 +232,9 @@ struct eps_record *eps_turn_pass(struct eps *eps, struct eps_record *rec) {
 /* Under the lock: the state a record holds in memory or on disk, or will from this step's
    update on (a record of the last step still updating has it: its arrays are the
    worker's until it settles). */
+/* The tier holds the records on the host alone (one on the device keeps its state there). */
+static bool tiered(const struct eps_record *rec) { return rec->placement != EPS_PLACE_DEVICE; }
+
 static bool has_state(const struct eps_record *rec) {
   return rec->pending || rec->state[0] != NULL || rec->spilled ||
          (rec->update_due && rec->expected > 0);
@@ -249,6 +255,7 @@ static l2l_status ahead_begin(struct eps *eps, const struct host_tier *tier) {
   uint64_t kept = 0;
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
+    if (!tiered(rec)) continue;
     pthread_mutex_lock(&eps->lock);
     bool keep = host_tier_keeps(tier, &kept, has_state(rec) ? state_bytes(eps, rec) : 0);
     rec->keep_state = keep;   /* a running update reads it as it ends, and spills or not */
@@ -273,7 +280,7 @@ static l2l_status ahead_begin(struct eps *eps, const struct host_tier *tier) {
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     rec->turn = -1;
-    if (rec->update_due && rec->expected > 0) eps->ahead[n++] = rec;
+    if (tiered(rec) && rec->update_due && rec->expected > 0) eps->ahead[n++] = rec;
   }
   eps_sort_by_completion(eps->ahead, n);
   /* (with ranks the last step's updates have all begun: the turns start again) */
@@ -310,6 +317,7 @@ static void grad_give_back(struct eps *eps, struct eps_record *rec) {
 static void grads_candidates(struct eps *eps) {
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
+    if (!tiered(rec)) continue;   /* (its grad_passing stays false) */
     pthread_mutex_lock(&eps->lock);
     bool passes = host_grad_passes(true, eps->defer, rec->update_due, rec->users, rec->expected);
     bool idle = !rec->pending && !rec->grad_away;
@@ -564,5 +572,34 @@ l2l_status eps_restore(const char *func, struct eps *eps, struct eps_record *rec
   TRY(status);
   rec->updates = updates;
   rec->spilled = false;
-  return eps->spill && arrays > 0 && !rec->keep_state ? eps_state_out(eps, rec) : L2L_OK;
+  return eps->spill && arrays > 0 && !rec->keep_state && !device ? eps_state_out(eps, rec) : L2L_OK;
+}
+
+/* ---------------------------------------------------------------- a record leaving the tier */
+
+l2l_status eps_move_prepare(struct eps_move *m, struct eps_record *rec, bool to_device) {
+  *m = (struct eps_move){.to_device = to_device};
+  struct eps *eps = rec->eps;
+  if (to_device && eps->spill) {   /* its state read back from the file, its regions given back */
+    eps_ahead_drop(eps, rec);   /* (a read nobody took) */
+    int arrays = optim_state_count(&eps->optimizer);
+    if (rec->spilled) {
+      l2l_tensor *fresh[2] = {NULL, NULL};
+      l2l_status status = L2L_OK;
+      for (int a = 0; a < arrays && status == L2L_OK; a++)
+        status = eps_spill_read_state(eps, rec, a, &fresh[a]);
+      if (status != L2L_OK) {
+        l2l_tensor_free(fresh[0]), l2l_tensor_free(fresh[1]);
+        return status;
+      }
+      for (int a = 0; a < arrays; a++) rec->state[a] = fresh[a];
+      pthread_mutex_lock(&eps->lock);
+      rec->spilled = false;   /* (in memory now, whether the move is made or not) */
+      pthread_mutex_unlock(&eps->lock);
+    }
+    for (int a = 0; rec->spill_reserved && a < arrays; a++)
+      eps_spill_release(eps->spill, rec->spill_at[a], eps_array_bytes(rec));
+    rec->spill_reserved = false;
+  }
+  return eps_device_move_prepare(m, rec, to_device);
 }

@@ -15,8 +15,8 @@
  * per-layer clipping finds a visit's factor where its gradients are.
  * With ranks every record stays on the host: the ranks' exchange needs every rank to
  * place a record alike, and each rank's device budget is its own.
- * Must never: place a record the config keeps on the host (options_device_refusal), or
- * choose a placement whose records and step are over the budget when one with fewer is not.
+ * Must never: place a record on the device with ranks, or choose a placement whose
+ * records and step are over the budget when one with fewer is not.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -79,8 +79,8 @@ l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint
                       uint64_t *bytes) {
   *bytes = 0;
   for (int k = 0; k < c->L; k++) c->layers[k].on_device = 0;
-  /* (all on the host; with ranks too, as each rank's budget could choose its own) */
-  if (options_device_refusal(config) != NULL || config->dist != L2L_DIST_NONE) return L2L_OK;
+  if (config->dist != L2L_DIST_NONE) return L2L_OK;   /* (all on the host: each rank's
+                                                          budget could choose its own) */
   int arrays = 0, n = 0;
   TRY(l2l_optimizer_state_arrays(&arrays, &config->optimizer));
   const l2l_layer **list = calloc((size_t)(c->L > 0 ? c->L : 1), sizeof *list);

@@ -46,12 +46,6 @@ static l2l_status check_config(const l2l_relay_config *c) {
     return REFUSED(core_fail_in(f, L2L_ERR_INVALID, NAMED_CONFIG(master) " bf16 needs precision bf16 (the bf16 "
                                 "masters are what the device reads), got precision %s",
                                 l2l_dtype_name(c->precision)), master);
-  if (c->placement == L2L_PLACE_DEVICE) {   /* (what the device's updates do not do yet) */
-    const char *what = options_device_refusal(c);
-    if (what != NULL)
-      return REFUSED(core_fail_in(f, L2L_ERR_UNSUPPORTED, NAMED_CONFIG(placement) " device does not "
-                                  "take %s yet (placement host does)", what), placement);
-  }
   if (c->grad_precision == L2L_F16 && c->loss_scale == 0)
     return REFUSED(core_fail_in(f, L2L_ERR_INVALID, NAMED_CONFIG(grad_precision) " f16 needs loss_scale > 0 (f16 "
                                 "gradients flush below 6e-8 and turn inf above 65504: loss scaling keeps "

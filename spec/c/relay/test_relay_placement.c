@@ -347,7 +347,8 @@ TEST(relay_records_on_the_device_change_layers_as_on_the_host) {
 
 TEST(relay_records_on_the_device_resume_to_the_bit) {
   /* Two steps, a save, two more: a relay made anew and loaded from the file, on either
-     placement, continues as the run that never stopped (which was on the device). */
+     placement, with or without a spill file for the host's state, continues as the run
+     that never stopped (which was on the device). */
   struct shape g = gpt_shape();
   struct model init;
   struct data batches[STEPS];
@@ -369,23 +370,30 @@ TEST(relay_records_on_the_device_resume_to_the_bit) {
     relay_step(&want[k], r, &batches[k], NULL);
     if (k == 1) CHECK_OK(l2l_relay_save(r, path, NULL));
   }
-  for (int on = 0; r != NULL && on < 2; on++) {
+  char dir[256];
+  bool spill_ok = check_temp_dir(dir, sizeof dir, "l2l-resume-spill");
+  for (int v = 0; r != NULL && v < (spill_ok ? 4 : 2); v++) {
+    bool on = v & 1, spill = v >> 1;
     struct model m;
     model_clone(&m, &init);   /* (weights as they were: the load gives the saved ones) */
     l2l_relay_config c = cfg;
     c.placement = on ? L2L_PLACE_DEVICE : L2L_PLACE_HOST;
+    c.spill_dir = spill ? dir : NULL;   /* (no host budget: every host record's state there) */
+    char what[64];
+    snprintf(what, sizeof what, "resumed on the %s%s", on ? "device" : "host",
+             spill ? " beside a spill file" : "");
     l2l_relay *back = relay_new(&m, &c);
     bool ok = back != NULL && CHECK_OK(l2l_relay_load(back, path));
     for (int k = 2; ok && k < STEPS; k++) {
       ok &= relay_step(&loss, back, &batches[k], NULL);
       ok &= CHECK(memcmp(&loss, &want[k], sizeof loss) == 0,
-                  "resumed on the %s: step %d: loss %a, the run that did not stop %a",
-                  on ? "device" : "host", k, loss, want[k]);
+                  "%s: step %d: loss %a, the run that did not stop %a", what, k, loss, want[k]);
     }
-    if (ok) same_records(back, &m, r, &whole, on ? "resumed on the device" : "resumed on the host");
+    if (ok) same_records(back, &m, r, &whole, what);
     l2l_relay_free(back);
     model_free(&m);
   }
+  if (spill_ok) check_remove_dir(dir);
   l2l_relay_free(r);
   unlink(path);
   model_free(&whole);
@@ -393,22 +401,40 @@ TEST(relay_records_on_the_device_resume_to_the_bit) {
   model_free(&init);
 }
 
-TEST(relay_records_on_the_device_refuse_what_is_not_built_there) {
-  /* Each refused at l2l_relay_new, naming the option and what it does not take yet. */
+TEST(relay_records_on_the_device_beside_a_spill_file) {
+  /* The host's records' state in the spill file (every record's: no host budget), the
+     device's records beside it holding theirs there: the same bits as host placement
+     with the same file, and nothing of theirs in it. */
+  char dir[256];
+  if (!check_temp_dir(dir, sizeof dir, "l2l-device-spill")) return;
   struct shape g = gpt_shape();
+  struct model init;
+  struct data batches[STEPS];
+  model_and_batches(&init, batches, &g, 4, 1);
+  l2l_relay_config cfg = adamw_config();
+  cfg.micro_batch = 2;
+  cfg.optimizer.state = (l2l_state_precision)check_rand_int(0, 2);
+  cfg.spill_dir = dir;
+  cfg.placement = L2L_PLACE_DEVICE;
+  printf("  (state %d)\n", (int)cfg.optimizer.state);
+  placements_match(&init, &cfg, NULL, batches, STEPS, "placement device beside a spill file");
   struct model m;
-  model_new(&m, &g);
-  const char *what[] = {"a spill directory"};
-  for (int i = 0; i < 1; i++) {
-    l2l_relay_config c = adamw_config();
-    c.placement = L2L_PLACE_DEVICE;
-    if (i == 0) c.spill_dir = "/tmp";
-    l2l_relay *r = NULL;
-    CHECK_FAILS(l2l_relay_new(&r, m.layer, m.n, &c), L2L_ERR_UNSUPPORTED, what[i]);
-    CHECK(r == NULL, "a refused relay was made (%s)", what[i]);
+  model_clone(&m, &init);
+  l2l_relay *r = relay_new(&m, &cfg);
+  double loss;
+  for (int k = 0; r != NULL && k < 2 && relay_step(&loss, r, &batches[k], NULL); k++) {
+    l2l_relay_stats st = relay_stats(r);
+    CHECK(st.spill_written_bytes == 0 && st.spill_read_bytes == 0 && st.spill_file_bytes == 0,
+          "step %d: the spill file wrote %llu and read %llu bytes (%llu in all) with every "
+          "record on the device", k, (unsigned long long)st.spill_written_bytes,
+          (unsigned long long)st.spill_read_bytes, (unsigned long long)st.spill_file_bytes);
   }
-  CHECK(all_in(&m, L2L_POOL_HOST, "after the refusals"), "the model's values moved");
+  l2l_relay_free(r);
   model_free(&m);
+  CHECK(check_dir_entries(dir) == 0, "the spill file outlived its relays");
+  check_remove_dir(dir);
+  free_batches(batches, STEPS);
+  model_free(&init);
 }
 
 /* Placement auto under a budget changed between steps (both runs alike): records move to
@@ -420,11 +446,14 @@ static void auto_budget_step(l2l_relay *r, struct model *m, int step) {
   CHECK_OK(l2l_relay_set_device_budget(r, auto_budgets[step]));
 }
 
-TEST(relay_records_placed_auto_fill_the_budget_record_by_record) {
-  /* The budget of each step: all the records and the step (every record on the device),
-     then a third of the records' bytes beside the step with its records on the host (some
-     on the device, the rest on the host), then two thirds, then none (no budget: every
-     record there). The placed run trains as the host's to the bit whatever it moved. */
+/* The budget of each step: all the records and the step (every record on the device),
+   then a third of the records' bytes beside the step with its records on the host (some
+   on the device, the rest on the host), then two thirds, then none (no budget: every
+   record there). The placed run trains as the host's to the bit whatever it moved. With a
+   spill file (spill_dir, not NULL) the host's records keep their state in it (no host
+   budget): a record that comes home writes it there after its next update, one that
+   leaves for the device reads it back as it moves. */
+static void auto_fills_the_budget(const char *spill_dir) {
   struct shape g = gpt_shape();
   g.dropout = 0;
   struct model init;
@@ -436,8 +465,10 @@ TEST(relay_records_placed_auto_fill_the_budget_record_by_record) {
   if (check_rand_int(0, 1)) cfg.master = cfg.precision = L2L_BF16;   /* (a bf16 master home pinned) */
   /* (per-layer clipping: the tied table's embedding and head are placed together) */
   if (check_rand_int(0, 1)) cfg.clip_layer_norm = 0.05f;
-  printf("  (state %d, master %s, clip_layer_norm %g)\n", (int)cfg.optimizer.state,
-         l2l_dtype_name(cfg.master), (double)cfg.clip_layer_norm);
+  cfg.spill_dir = spill_dir;
+  printf("  (state %d, master %s, clip_layer_norm %g, %s)\n", (int)cfg.optimizer.state,
+         l2l_dtype_name(cfg.master), (double)cfg.clip_layer_norm,
+         spill_dir ? "the host's state in a spill file" : "in memory");
   /* the records' device bytes (the planner's count, held to the pool's in test_plan) and
      the step's peak with them on the host */
   l2l_relay_config cd = cfg;
@@ -501,9 +532,23 @@ TEST(relay_records_placed_auto_fill_the_budget_record_by_record) {
     CHECK((on == n) == (st.device_records_bytes == records) && (on > 0) == (st.device_records_bytes > 0),
           "step %d: %d of %d parameters on the device, stats.device_records_bytes %llu of %llu", k,
           on, n, (unsigned long long)st.device_records_bytes, (unsigned long long)records);
+    /* the host's records' state written out after their updates (step 1's came home) */
+    if (spill_dir && (k == 1 || k == 2))
+      CHECK(st.spill_written_bytes > 0, "step %d: nothing written to the spill file with %d of "
+            "%d parameters on the host", k, n - on, n);
   }
   l2l_relay_free(r);
   model_free(&m);
   free_batches(batches, STEPS);
   model_free(&init);
+}
+
+TEST(relay_records_placed_auto_fill_the_budget_record_by_record) { auto_fills_the_budget(NULL); }
+
+TEST(relay_records_placed_auto_move_through_a_spill_file) {
+  char dir[256];
+  if (!check_temp_dir(dir, sizeof dir, "l2l-auto-spill")) return;
+  auto_fills_the_budget(dir);
+  CHECK(check_dir_entries(dir) == 0, "the spill file outlived its relays");
+  check_remove_dir(dir);
 }
