@@ -6,18 +6,23 @@
 --
 --   build/l2l bench/l2l_gpt.lua layers=12 dim=768 batch=8 [seq=1024 steps=5
 --       micro_batch=4 precision=bf16 grad_precision=bf16 stash=host inner=recompute
---       memory=frugal device=cuda placement=host device_budget=0 plan= state=f32 master=f32]
+--       memory=frugal device=cuda placement=host device_budget=0 plan= state=f32 master=f32
+--       accumulate=1]
 --
 -- placement=auto with device_budget=BYTES keeps on the device the records that fit beside
 -- the step (issue 49: an ordinary GPU trainer's way while the model fits), plan=auto lets
 -- the planner choose the micro-batch and policies within the same budget. state=8bit (or
 -- bf16) keeps AdamW's moments compact, master=bf16 the GEMM weights' and tables' masters.
+-- accumulate=auto: the tokens an update takes are the plan's (l2l.plan{accumulate =
+-- "auto"}: the smallest accumulation from which the host optimizer hides under the step,
+-- planned within device_budget, or 90 % of the GPU's free memory), and the relay runs that
+-- plan; the timed steps are then a whole number of accumulations (steps rounded up).
 --
 -- memory=frugal by default: its attention keeps only the row log-sum-exp, and with 16-bit
 -- precision runs on tensor cores (kernels/attention_mma.cu); standard keeps S x S
 -- probabilities, which only the fp32 attention kernels write.
 --
--- The timed steps follow one warm-up step (the caching allocator's first round, the
+-- The timed steps follow warm-up steps, an update's worth (the caching allocator's first round, the
 -- pinned pool's first extents). tokens_per_second is by the wall clock over the timed
 -- steps, run:sync() included (the last step's updates run after it returns, and each
 -- step's forward waits for the last one's); step_seconds_stats is the relay's own figure
@@ -32,7 +37,7 @@ local now = require("l2l.progress").now
 local o = { layers = 12, dim = 768, vocab = 50257, seq = 1024, batch = 8, steps = 5,
             micro_batch = 4, precision = "bf16", grad_precision = "bf16", stash = "host",
             device = "cuda", param_slots = 2, inner = "recompute", memory = "frugal", profile = "",
-            placement = "host", device_budget = 0, plan = "", state = "f32", master = "f32" }
+            placement = "host", device_budget = 0, plan = "", state = "f32", master = "f32", accumulate = 1 }
 for _, a in ipairs(arg or {}) do
   local k, v = a:match("^([%w_]+)=(.+)$")
   if k == nil or o[k] == nil then error("l2l_gpt.lua: expected key=value with a known key, got " .. a) end
@@ -49,13 +54,26 @@ layers[#layers + 1] = l2l.LMHead { vocab = o.vocab, dim = o.dim, tie = true, mem
                                    seed = 2 + o.layers }
 local model = l2l.Sequential(layers)
 
+local optimizer = l2l.AdamW { lr = 1e-4, weight_decay = 0.01, state = o.state }
+local plan = o.plan ~= "" and o.plan or nil
+if o.accumulate == "auto" then   -- (the plan's accumulation, and the plan itself)
+  local device = l2l.device()
+  local budget = o.device_budget > 0 and o.device_budget or device.free and math.floor(0.9 * device.free)
+  if not budget then error("l2l_gpt.lua: accumulate=auto plans within a device budget: give device_budget") end
+  plan = l2l.plan { model = model, batch = o.batch, seq = o.seq, device_budget = budget, precision = o.precision,
+                    grad_precision = o.grad_precision, param_slots = o.param_slots, placement = o.placement,
+                    master = o.master, optimizer = optimizer, accumulate = "auto" }
+  io.stderr:write(tostring(plan), "\n")
+end
 local run = l2l.Relay { model = model, micro_batch = o.micro_batch, stash = o.stash,
                         inner = o.inner,
                         precision = o.precision, grad_precision = o.grad_precision,
                         param_slots = o.param_slots, placement = o.placement,
                         device_budget = o.device_budget > 0 and o.device_budget or nil,
-                        plan = o.plan ~= "" and o.plan or nil, master = o.master,
-                        optimizer = l2l.AdamW { lr = 1e-4, weight_decay = 0.01, state = o.state } }
+                        plan = plan, master = o.master, optimizer = optimizer,
+                        accumulate = o.accumulate ~= "auto" and o.accumulate or nil }
+local accumulate = run.options.accumulate
+local steps = accumulate * math.ceil(o.steps / accumulate)   -- (whole accumulations)
 
 local ids, next_ids = {}, {}
 for b = 1, o.batch do
@@ -66,14 +84,14 @@ end
 local tokens = l2l.tensor(ids, { dtype = "i32" })
 local targets = l2l.tensor(next_ids, { dtype = "i32" })
 
-run:step(tokens, targets)   -- warm-up
+for _ = 1, accumulate do run:step(tokens, targets) end   -- warm-up (one update's worth)
 run:sync()
 if o.profile ~= "" then l2l.profile.start() end
 local wall0 = now()
 local totals = { step = 0, compute = 0, wait_copy = 0, exposed_copy = 0, wait_update = 0, h2d = 0, d2h = 0,
                  h2d_bytes = 0, d2h_bytes = 0, peak = 0 }
 local loss
-for _ = 1, o.steps do
+for _ = 1, steps do
   loss = run:step(tokens, targets)
   local s = run:stats()
   totals.step = totals.step + s.step_seconds
@@ -95,13 +113,13 @@ end
 
 local params = 0
 for _, p in ipairs(model:params()) do params = params + p.value:numel() end
-local n = o.steps
+local n = steps
 print(cjson.encode({
   params = params, step_seconds = wall / n, step_seconds_stats = totals.step / n,
   tokens_per_second = o.batch * o.seq * n / wall,
   device_peak = totals.peak, host_eps_bytes = run:stats().host_eps_bytes,
   device_records_bytes = run:stats().device_records_bytes, placement = o.placement,
-  state = o.state, master = o.master,
+  state = o.state, master = o.master, accumulate = accumulate, steps = n,
   compute_seconds = totals.compute / n, wait_copy_seconds = totals.wait_copy / n,
   exposed_copy_seconds = totals.exposed_copy / n,
   wait_update_seconds = totals.wait_update / n,

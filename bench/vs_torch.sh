@@ -8,7 +8,8 @@
 #      and plan = "auto" (the records that fit there live and are updated on the device).
 #      Target: l2l >= 0.9x PyTorch's tokens/s with at most half its device memory.
 #   2. Does not fit: the largest width-4096 GPT-2 shape whose EPS (fp32 masters, gradients,
-#      AdamW state, bf16 staging: 18 bytes a parameter) fits in 80 % of host memory: l2l's
+#      AdamW state, bf16 staging: 18 bytes a parameter) fits in 80 % of host memory, at the
+#      accumulation its plan asks for (accumulate=auto: the host optimizer hidden): l2l's
 #      tokens/s and MFU (6 N tokens/s over the measured bf16 GEMM rate; target >= 40 %), and
 #      PyTorch's result for the same model (out of memory, or its rate if it fits).
 #   3. A 7 B model (32 blocks of width 4096) with 8-bit AdamW state and bf16 masters,
@@ -64,12 +65,13 @@ done
 host_bytes=$(awk '/MemTotal/ {print $2 * 1024}' /proc/meminfo)
 big_layers=$(python3 -c "d=4096; print(max(1, int((0.8*$host_bytes/18 - 51200*d) // (12*d*d + 13*d))))")
 ((quick)) && big_layers=4
-run "l2l-big" build/l2l bench/l2l_gpt.lua layers="$big_layers" dim=4096 batch=16 micro_batch=4 steps=3
+run "l2l-big" build/l2l bench/l2l_gpt.lua layers="$big_layers" dim=4096 batch=16 micro_batch=4 steps=3 \
+  accumulate=auto
 run "torch-big" python3 bench/torch_gpt.py --layers "$big_layers" --dim 4096 --batch 16 --steps 3
 seven_layers=32
 ((quick)) && seven_layers=4
 run "l2l-7b" build/l2l bench/l2l_gpt.lua layers="$seven_layers" dim=4096 batch=16 micro_batch=4 \
-  steps=3 state=8bit master=bf16 placement=auto
+  steps=3 state=8bit master=bf16 placement=auto accumulate=auto
 
 for batch in 1 2 4 8 16 32; do
   run "cross-$batch" build/l2l bench/l2l_gpt.lua layers=24 dim=2048 batch="$batch" \
@@ -101,9 +103,10 @@ for name in ("124M", "350M", "auto-124M", "auto-350M"):
 big, tbig = rows.get("l2l-big", {}), rows.get("torch-big", {})
 if "tokens_per_second" in big:
     mfu = 6 * big["params"] * big["tokens_per_second"] / R
-    print("\nDoes not fit: %d blocks of width 4096, %.2f B parameters, EPS %s on the host: l2l %.0f tokens/s, "
-          "MFU %.1f %%, device peak %s; PyTorch: %s" % (
-              int(sys.argv[2]), big["params"] / 1e9, gib(big["host_eps_bytes"]), big["tokens_per_second"],
+    print("\nDoes not fit: %d blocks of width 4096, %.2f B parameters, EPS %s on the host, accumulate %s "
+          "(the plan's): l2l %.0f tokens/s, MFU %.1f %%, device peak %s; PyTorch: %s" % (
+              int(sys.argv[2]), big["params"] / 1e9, gib(big["host_eps_bytes"]), big.get("accumulate"),
+              big["tokens_per_second"],
               100 * mfu, gib(big["device_peak"]),
               "out of memory" if tbig.get("oom") else
               "%.0f tokens/s, peak %s" % (tbig["tokens_per_second"], gib(tbig["device_peak"]))
@@ -111,10 +114,10 @@ if "tokens_per_second" in big:
 seven = rows.get("l2l-7b", {})
 if "tokens_per_second" in seven:
     flops = 6 * seven["params"] * seven["tokens_per_second"]
-    print("\n7 B shape (32 x 4096 when not --quick), 8-bit AdamW state, bf16 masters, placement auto: "
-          "%.2f B parameters, l2l %.0f tokens/s, %.0f TFLOP/s of model FLOPs (MFU %.1f %%), host EPS "
-          "%.2f GB a billion parameters, %s of records on the device, device peak %s" % (
-              seven["params"] / 1e9, seven["tokens_per_second"], flops / 1e12, 100 * flops / R,
+    print("\n7 B shape (32 x 4096 when not --quick), 8-bit AdamW state, bf16 masters, placement auto, "
+          "accumulate %s (the plan's): %.2f B parameters, l2l %.0f tokens/s, %.0f TFLOP/s of model FLOPs "
+          "(MFU %.1f %%), host EPS %.2f GB a billion parameters, %s of records on the device, device peak %s" % (
+              seven.get("accumulate"), seven["params"] / 1e9, seven["tokens_per_second"], flops / 1e12, 100 * flops / R,
               seven["host_eps_bytes"] / seven["params"], gib(seven["device_records_bytes"]),
               gib(seven["device_peak"])))
 print("\n| tokens per minibatch | step | exposed copy | exposed share | predicted crossover |")
