@@ -64,6 +64,10 @@ for name in pairs(options.OPTIONS) do OPTIONS[name] = true end
 -- the settings relay_options reads.
 local function read_options(o, fname)
   o = argcheck.options(o, OPTIONS, fname, 0)
+  if o.accumulate == "auto" then
+    fail(fname .. ": option 'accumulate' \"auto\" is the plan's choice: l2l.plan{accumulate = \"auto\", ...}, "
+         .. "then l2l.Relay{plan = plan} takes it")
+  end
   if o.accumulate == nil and plan_mod.is_plan(o.plan) then   -- (the plan's, its choice)
     local given = o
     o = { accumulate = given.plan.accumulate }

@@ -328,6 +328,9 @@ void eps_move_commit(struct eps_move *m, struct eps_record *rec, l2l_tensor **ma
     rec->nonfinite |= flag != 0;
   rec->word = -1;
   rec->flag_armed = false;
+  /* (the spill tier's flags start again: a new accumulator, in memory, not passing) */
+  rec->grad_passing = rec->grad_away = rec->grad_counted = false;
+  rec->keep_state = true;
   rec->eps->words_stale = true;
   rec->placement = m->to_device ? EPS_PLACE_DEVICE : EPS_PLACE_HOST;
   *m = (struct eps_move){0};

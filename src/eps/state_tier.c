@@ -317,7 +317,10 @@ static void grad_give_back(struct eps *eps, struct eps_record *rec) {
 static void grads_candidates(struct eps *eps) {
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
-    if (!tiered(rec)) continue;   /* (its grad_passing stays false) */
+    pthread_mutex_lock(&eps->lock);
+    if (!tiered(rec)) rec->grad_passing = false;
+    pthread_mutex_unlock(&eps->lock);
+    if (!tiered(rec)) continue;
     pthread_mutex_lock(&eps->lock);
     bool passes = host_grad_passes(true, eps->defer, rec->update_due, rec->users, rec->expected);
     bool idle = !rec->pending && !rec->grad_away;
@@ -337,7 +340,7 @@ static bool grads_release(struct eps *eps) {
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     pthread_mutex_lock(&eps->lock);
-    bool check = rec->grad_passing && !rec->pending && !rec->grad_away;
+    bool check = tiered(rec) && rec->grad_passing && !rec->pending && !rec->grad_away;
     pthread_mutex_unlock(&eps->lock);
     if (!check) continue;
     if (grad_is_zero(rec)) {
@@ -499,9 +502,11 @@ l2l_status eps_spill_state(struct eps *eps, const char *dir) {
   if (found[0]) fprintf(stderr, "l2l: warning: %s\n", found);
   eps->spill = sp;
   int moved = 0;
-  for (; moved < eps->count && status == L2L_OK; moved++) status = eps_state_out(eps, eps->records[moved]);
+  for (; moved < eps->count && status == L2L_OK; moved++)
+    if (tiered(eps->records[moved])) status = eps_state_out(eps, eps->records[moved]);
   if (status == L2L_OK) return L2L_OK;
-  for (int i = 0; i < moved; i++) state_in(eps, eps->records[i]);   /* as it was */
+  for (int i = 0; i < moved; i++)
+    if (tiered(eps->records[i])) state_in(eps, eps->records[i]);   /* as it was */
   eps->reads_late = 0;
   eps->spill = NULL;
   eps_spill_close(sp);
@@ -580,6 +585,9 @@ l2l_status eps_restore(const char *func, struct eps *eps, struct eps_record *rec
 l2l_status eps_move_prepare(struct eps_move *m, struct eps_record *rec, bool to_device) {
   *m = (struct eps_move){.to_device = to_device};
   struct eps *eps = rec->eps;
+  pthread_mutex_lock(&eps->lock);   /* (its last update settled: the caller synced) */
+  while (rec->pending) pthread_cond_wait(&eps->changed, &eps->lock);
+  pthread_mutex_unlock(&eps->lock);
   if (to_device && eps->spill) {   /* its state read back from the file, its regions given back */
     eps_ahead_drop(eps, rec);   /* (a read nobody took) */
     int arrays = optim_state_count(&eps->optimizer);

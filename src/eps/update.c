@@ -82,8 +82,9 @@ static void waiting_begin(struct eps *eps, struct eps_record *next) {
 static void device_gather(struct eps *eps, struct eps_record *rec);
 
 void eps_start_update(struct eps *eps, struct eps_record *rec, float grad_scale) {
-  if (rec->placement == EPS_PLACE_DEVICE && rec->exchanged) {   /* with ranks: its reduced
-      gradient all-gathered first; the compute thread takes it and updates at the step's end */
+  if (rec->placement == EPS_PLACE_DEVICE && eps->dist) {   /* with ranks: its reduced
+      gradient all-gathered first; the compute thread takes it and updates at the step's end
+      (eps_exchanged_updates), never this thread (which may be the communication thread) */
     rec->exchange_scale = grad_scale;
     device_gather(eps, rec);
     return;
@@ -400,7 +401,9 @@ void eps_exchanged_updates(struct eps *eps) {
     pthread_mutex_unlock(&eps->lock);
     rec->exchanged = false;
     if (skipped) continue;
-    eps_io_failed(eps, eps_device_take(rec));
+    l2l_status taken = eps_device_take(rec);
+    eps_io_failed(eps, taken);
+    if (taken != L2L_OK) continue;   /* (not updated: the step after reports it) */
     rec->hyper = eps_update_hyper(eps, rec, rec->exchange_scale);
     eps_io_failed(eps, eps_device_update(rec, &rec->hyper, false));   /* (the ranks decided) */
   }

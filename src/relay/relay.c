@@ -188,18 +188,22 @@ l2l_status relay_move_records(l2l_relay *run, const struct plan_layer *layers, i
   struct move { l2l_param *param; struct eps_record *rec; struct eps_move m; } *moves =
       calloc((size_t)(cap > 0 ? cap : 1), sizeof *moves);
   if (moves == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to move %d records", cap);
-  l2l_status status = L2L_OK;
-  for (int k = 0; status == L2L_OK && k < L; k++)
-    for (int r = 0; status == L2L_OK && r < l2l_layer_param_count(layers[k].layer); r++) {
+  for (int k = 0; k < L; k++)
+    for (int r = 0; r < l2l_layer_param_count(layers[k].layer); r++) {
       l2l_param *p = l2l_layer_param(layers[k].layer, r);
       struct eps_record *rec = eps_find(&run->eps, p);
       bool to = layers[k].on_device >> r & 1, seen = false;
       for (int i = 0; i < n; i++) seen |= moves[i].param == p;   /* (a tied record: once) */
       if (seen || rec == NULL || eps_on_device(rec) == to) continue;
-      moves[n] = (struct move){.param = p, .rec = rec};
-      status = eps_move_prepare(&moves[n++].m, rec, to);
+      moves[n++] = (struct move){.param = p, .rec = rec};
     }
-  for (int i = 0; i < n; i++) {   /* every one prepared, or none moves */
+  /* the last step's updates may still run (and read ahead, or write a spill file): every
+     one settled before a record moves */
+  if (n > 0) eps_sync(&run->eps);
+  l2l_status status = L2L_OK;
+  for (int i = 0; status == L2L_OK && i < n; i++)
+    status = eps_move_prepare(&moves[i].m, moves[i].rec, !eps_on_device(moves[i].rec));
+  for (int i = 0; i < n; i++) {   /* every one prepared (or zero), or none moves */
     if (status != L2L_OK) {
       eps_move_drop(&moves[i].m);
       continue;
