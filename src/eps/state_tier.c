@@ -229,12 +229,12 @@ struct eps_record *eps_turn_pass(struct eps *eps, struct eps_record *rec) {
   return next;
 }
 
-/* Under the lock: the state a record holds in memory or on disk, or will from this step's
-   update on (a record of the last step still updating has it: its arrays are the
-   worker's until it settles). */
 /* The tier holds the records on the host alone (one on the device keeps its state there). */
 static bool tiered(const struct eps_record *rec) { return rec->placement != EPS_PLACE_DEVICE; }
 
+/* Under the lock: the state a record holds in memory or on disk, or will from this step's
+   update on (a record of the last step still updating has it: its arrays are the
+   worker's until it settles). */
 static bool has_state(const struct eps_record *rec) {
   return rec->pending || rec->state[0] != NULL || rec->spilled ||
          (rec->update_due && rec->expected > 0);
@@ -318,12 +318,9 @@ static void grads_candidates(struct eps *eps) {
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     pthread_mutex_lock(&eps->lock);
-    if (!tiered(rec)) rec->grad_passing = false;
-    pthread_mutex_unlock(&eps->lock);
-    if (!tiered(rec)) continue;
-    pthread_mutex_lock(&eps->lock);
-    bool passes = host_grad_passes(true, eps->defer, rec->update_due, rec->users, rec->expected);
-    bool idle = !rec->pending && !rec->grad_away;
+    bool passes = tiered(rec) &&   /* (one on the device never passes) */
+                  host_grad_passes(true, eps->defer, rec->update_due, rec->users, rec->expected);
+    bool idle = tiered(rec) && !rec->pending && !rec->grad_away;   /* (never read: the device's) */
     pthread_mutex_unlock(&eps->lock);
     if (idle && rec->expected == 0 && grad_is_zero(rec)) grad_give_back(eps, rec);
     pthread_mutex_lock(&eps->lock);
