@@ -551,6 +551,8 @@ describe("data parallel under mpirun", function()
       "optimizer: lr is 0.00300000003, on rank 1 0.00400000019" },
     { "rank1_accumulate=2", "accumulate is 2, on rank 0 1", "accumulate is 1, on rank 1 2" },
     { "rank1_clip=0.5", "clip_global_norm is 0.5, on rank 0 0", "clip_global_norm is 0, on rank 1 0.5" },
+    -- (a choice by its name; the ranks' exchange differs with the placement)
+    { "rank1_placement=device", "placement is device, on rank 0 host", "placement is host, on rank 1 device" },
   }) do
     it("refuses ranks that differ in " .. case[1]:match("_(%w+)=") .. " at the first step, naming it on each side", function()
       if not need_mpi() then return end

@@ -19,6 +19,7 @@
  * Must never: post a collective one rank would not (every rank sees the same digests and
  * takes the same path), or leave a refused step half begun.
  */
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,8 +29,9 @@
 
 enum { LABEL = 72 };
 
-/* How a word is shown in a message: an integer, or the bits of an f32 or an f64. */
-enum word_kind { AS_INT, AS_F32, AS_F64 };
+/* How a word is shown in a message: an integer, the bits of an f32 or an f64, or (AS_CHOICE
+   plus the option's row) a relay option's choice by its name. */
+enum word_kind { AS_INT, AS_F32, AS_F64, AS_CHOICE };
 
 /* The description being made: its digest always; its words, their kinds and labels when
    asked. */
@@ -40,7 +42,7 @@ struct description {
   unsigned char *kinds;
   int *layers;           /* the layer a word's label names (-1: none) */
   int count, room;
-  enum word_kind next;   /* the kind of the next word (then back to AS_INT) */
+  int next;              /* the kind of the next word (then back to AS_INT) */
   int layer;             /* the layer the next words' labels name (-1: none) */
 };
 
@@ -79,8 +81,10 @@ static int64_t f64w(struct description *d, double f) {
   return u;
 }
 
-static void show(char *out, size_t len, int64_t w, enum word_kind kind) {
-  if (kind == AS_F32) {
+static void show(char *out, size_t len, int64_t w, int kind) {
+  if (kind >= AS_CHOICE) {
+    snprintf(out, len, "%s", options_choice_name(options_rows[kind - AS_CHOICE].name, (int)w));
+  } else if (kind == AS_F32) {
     uint32_t u = (uint32_t)w;
     float f;
     memcpy(&f, &u, sizeof f);
@@ -161,6 +165,8 @@ static void describe(struct description *d, const struct step *s) {
     const l2l_option *o = &options_rows[i];
     if (!(o->flags & L2L_OPTION_AGREE)) continue;
     if (o->type == L2L_OPTION_FLOAT) d->next = AS_F32;
+    if (o->type == L2L_OPTION_CHOICE && o->group == L2L_OPTION_RELAY && AS_CHOICE + i <= UCHAR_MAX)
+      d->next = AS_CHOICE + i;   /* (kinds are bytes) */
     int64_t w = option_word(o, option_base(c, o->group));
     if (o->group == L2L_OPTION_RELAY) word(d, w, "%s", o->name);
     else if (o->type == L2L_OPTION_CHOICE && strcmp(o->field, "kind") == 0) word(d, w, "%s", o->name);
@@ -232,8 +238,8 @@ l2l_status relay_explain_disagreement(const struct step *s) {
                     "other's, but not its digest)", rank);
     else if (at < mine && at < counts[other]) {
       char here[40], there[40];
-      show(here, sizeof here, d.words[at], (enum word_kind)d.kinds[at]);
-      show(there, sizeof there, all[(size_t)other * (size_t)longest + (size_t)at], (enum word_kind)d.kinds[at]);
+      show(here, sizeof here, d.words[at], d.kinds[at]);
+      show(there, sizeof there, all[(size_t)other * (size_t)longest + (size_t)at], d.kinds[at]);
       status = FAIL(L2L_ERR_INVALID, "the ranks differ: on rank %d %s is %s, on rank %d %s (every "
                     "rank must build the same model and relay and make the same changes and "
                     "steps)", rank, d.labels[at], here, other, there);
