@@ -260,7 +260,7 @@ local function plan(o)
   -- times at most, until it hides)
   for _ = 1, choose and 4 or 0 do
     if made.hiding_accumulate == nil then break end
-    settings.accumulate = math.max(made.hiding_accumulate, made.accumulate + 1)   -- (never back)
+    settings.accumulate = made.hiding_accumulate   -- (more than this plan's: it did not hide)
     made = M.make(o.model, relay_options.config_for(settings, fname), request, fname)
   end
   made.accumulate_chosen = choose

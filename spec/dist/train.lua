@@ -196,12 +196,12 @@ end
 for _, m in ipairs(require("l2l.trace").chrome(run:events()).traceEvents) do
   if m.name == "thread_name" and m.tid == exchanges.lane then exchanges.lane_name = m.args.name end
 end
--- the stats as JSON takes them: an overflowed step's grad_norm is inf, written as text
 -- plan=1: the planner's host bytes for this rank (the model as it ends), beside the EPS's
 local plan_eps_bytes = o.plan == 1 and l2l.plan {
   model = run.model, batch = 1, seq = S, device_budget = 2 ^ 40, optimizer = optimizer, accumulate = o.accumulate,
   clip_global_norm = o.clip, loss_scale = o.loss_scale, dist = o.dist, master = o.master,
   placement = o.placement }.host_eps_bytes or nil
+-- the stats as JSON takes them: an overflowed step's grad_norm is inf, written as text
 local stats = {}
 for k, v in pairs(run:stats()) do stats[k] = (v == v and v ~= math.huge and v ~= -math.huge) and v or tostring(v) end
 local result = { losses = losses, stats = stats, exchanges = exchanges, params = {}, save_error = save_error,

@@ -149,8 +149,13 @@ l2l_status eps_device_norms(struct eps *eps) {
 }
 
 l2l_status eps_device_send(struct eps_record *rec) {
-  TRY(ops()->copy(l2l_tensor_data(rec->exchange), L2L_POOL_PINNED, f32_of(rec->grad), L2L_POOL_DEVICE,
-                  (size_t)l2l_tensor_numel(rec->grad) * sizeof(float)));
+  size_t bytes = (size_t)l2l_tensor_numel(rec->grad) * sizeof(float);
+  l2l_status status = ops()->copy(l2l_tensor_data(rec->exchange), L2L_POOL_PINNED, f32_of(rec->grad),
+                                  L2L_POOL_DEVICE, bytes);
+  if (status != L2L_OK) {   /* zeros go out instead of the last step's gradient */
+    memset(l2l_tensor_data(rec->exchange), 0, bytes);
+    return status;
+  }
   return eps_device_clear(rec);
 }
 

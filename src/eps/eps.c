@@ -506,12 +506,8 @@ static void counted(struct eps *eps, struct eps_record *rec, bool finite, int la
   } else if (complete && defer && !exchange) {
     norm = eps_grad_norm(rec);
   }
-  if (exchange && device) {   /* (out to pinned memory first, on the compute thread; a
-                                  failed copy sends zeros, reported by the next step) */
-    l2l_status sent = eps_device_send(rec);
-    if (sent != L2L_OK)
-      memset(l2l_tensor_data(rec->exchange), 0, (size_t)l2l_tensor_numel(rec->exchange) * sizeof(float));
-    eps_io_failed(eps, sent);
+  if (exchange && device) {   /* (out to pinned memory first, on the compute thread) */
+    eps_io_failed(eps, eps_device_send(rec));
     rec->exchanged = true;
   }
   if (exchange) eps_update_exchange(eps, rec);

@@ -125,12 +125,16 @@ l2l_status eps_exchange_buffers(struct eps *eps, struct eps_record *rec) {
 static int64_t part_n(const struct eps_record *rec) { return rec->counts[rec->eps->dist->rank]; }
 static int64_t part_begin(const struct eps_record *rec) { return rec->displs[rec->eps->dist->rank]; }
 
+/* The array rec's all-gather fills in place: on the host its master (2 bytes an element
+   for a bf16 one), on the device the f32 reduced gradient (rec->exchange). */
+static l2l_tensor *gathered_array(const struct eps_record *rec) {
+  return rec->placement == EPS_PLACE_DEVICE ? rec->exchange : rec->master;
+}
+
 /* What one collective of rec moves per rank, as a ring does: every part but its own, of
-   the f32 gradient (the reduce-scatter) or of what the all-gather brings (on the host
-   the master: 2 bytes an element for a bf16 one; on the device the f32 gradient). */
+   the f32 gradient (the reduce-scatter) or of the all-gather's array. */
 static uint64_t exchange_bytes(const struct eps_record *rec, bool gather) {
-  size_t elem = !gather || rec->placement == EPS_PLACE_DEVICE
-                    ? sizeof(float) : l2l_dtype_size((l2l_dtype)l2l_tensor_dtype(rec->master));
+  size_t elem = gather ? l2l_dtype_size((l2l_dtype)l2l_tensor_dtype(gathered_array(rec))) : sizeof(float);
   return (uint64_t)(l2l_tensor_numel(rec->master) - part_n(rec)) * elem;
 }
 
@@ -215,17 +219,13 @@ void eps_exchange_post(struct eps *eps, struct eps_record *rec, enum eps_collect
     rec->lamb[1] = rec->wave_sums[1];
     op->recv = rec->lamb;
     op->n = 2;
-  } else if (device) {   /* the reduced gradient, whole on every rank, in place */
-    float *whole = l2l_tensor_data(rec->exchange);
-    memcpy(whole + part_begin(rec), l2l_tensor_data(rec->shard_grad), (size_t)part_n(rec) * sizeof *whole);
-    op->recv = whole;
-    op->elem = (int)sizeof *whole;
-    op->bytes = exchange_bytes(rec, true);
-    op->timeline = eps->timeline;
-    op->phase = L2L_PHASE_ALL_GATHER;
-  } else {
-    op->recv = l2l_tensor_data(rec->master);
-    op->elem = (int)l2l_dtype_size((l2l_dtype)l2l_tensor_dtype(rec->master));
+  } else {   /* (on the device this rank's part laid in its place first) */
+    l2l_tensor *array = gathered_array(rec);
+    if (device)
+      memcpy((float *)l2l_tensor_data(array) + part_begin(rec), l2l_tensor_data(rec->shard_grad),
+             (size_t)part_n(rec) * sizeof(float));
+    op->recv = l2l_tensor_data(array);
+    op->elem = (int)l2l_dtype_size((l2l_dtype)l2l_tensor_dtype(array));
     op->bytes = exchange_bytes(rec, true);
     op->timeline = eps->timeline;
     op->phase = L2L_PHASE_ALL_GATHER;

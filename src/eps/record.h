@@ -223,7 +223,8 @@ l2l_status eps_device_norms(struct eps *eps);
 /* rec's accumulator and flag cleared (its gradient dropped). */
 l2l_status eps_device_clear(struct eps_record *rec);
 /* With ranks, rec complete: its accumulator copied to rec->exchange (pinned; the host
-   waits for it) for the exchange to send, then cleared for the next minibatch. */
+   waits for it) for the exchange to send, then cleared for the next minibatch (a failed
+   copy leaves zeros there to send, and its status). */
 l2l_status eps_device_send(struct eps_record *rec);
 /* ... and the whole reduced gradient the exchange left in rec->exchange queued into its
    accumulator for its update. */
