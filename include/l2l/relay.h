@@ -293,7 +293,9 @@ typedef struct l2l_relay_config {
                                    between steps as the batch's shape, the budgets or the
                                    layers change; the same bits whatever it moved (with
                                    dist mpi every record stays on the host). The ranks
-                                   must agree on it. */
+                                   must agree on it. C's default config holds
+                                   L2L_PLACE_HOST; l2l.Relay and l2l.plan take
+                                   L2L_PLACE_AUTO where a device budget is given. */
 } l2l_relay_config;
 
 /* AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant schedule, micro-

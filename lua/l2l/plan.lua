@@ -19,6 +19,9 @@
 --   plan.accumulate (the plan's: given, or with accumulate = "auto" the plan's choice, the
 --   smallest from which the host optimizer hides, 1 if it does already; a relay made
 --   with the plan and no accumulate of its own takes it), plan.accumulate_chosen,
+--   plan.placement (the plan's: given, else "auto", the planner's within the budget; a
+--   relay made with the plan and no placement of its own takes it, and with "auto" and no
+--   device_budget of its own the plan's budget),
 --   plan.layers[i].inner, plan.layers[i].stash, plan.layers[i].kept_bytes, .seconds
 --   l2l.Relay{ model = model, plan = plan, ... }  (or plan = "auto": relay.lua)
 --
@@ -42,6 +45,7 @@ local M = {}
 
 local option_table = require("l2l.option_table")
 local INNER, STASH = option_table.names(option_table.ROW.inner), option_table.names(option_table.ROW.stash)
+local PLACEMENT = option_table.names(option_table.ROW.placement)
 M.inner_names, M.stash_names = INNER, STASH
 
 local Plan = {}
@@ -196,6 +200,7 @@ function M.wrap(out, model, config, request, owned_by_relay)
   }, Plan)
   plan.limit = limit_of(plan.channels)
   plan.accumulate = config.accumulate
+  plan.placement = PLACEMENT[tonumber(config.placement)]
   plan.hiding_accumulate = hiding_accumulate(plan.channels, config.accumulate)
   local l = ffi.new("l2l_plan_layer")
   for i = 1, n do
@@ -242,7 +247,7 @@ local function plan(o)
   for _, key in ipairs(RELAY_SETTINGS) do settings[key] = o[key] end
   local choose = settings.accumulate == "auto"
   if choose then settings.accumulate = nil end
-  local c = relay_options.config_for(settings, fname)
+  local c = relay_options.config_for(settings, fname, true)
   for _, key in ipairs({ "token_types", "key_mask" }) do
     if o[key] ~= nil and type(o[key]) ~= "boolean" then
       fail(("%s: option '%s' must be true or false, got %s"):format(fname, key, tostring(o[key])))
@@ -261,7 +266,7 @@ local function plan(o)
   for _ = 1, choose and 4 or 0 do
     if made.hiding_accumulate == nil then break end
     settings.accumulate = made.hiding_accumulate   -- (more than this plan's: it did not hide)
-    made = M.make(o.model, relay_options.config_for(settings, fname), request, fname)
+    made = M.make(o.model, relay_options.config_for(settings, fname, true), request, fname)
   end
   made.accumulate_chosen = choose
   return made

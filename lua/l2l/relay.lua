@@ -68,9 +68,12 @@ local function read_options(o, fname)
     fail(fname .. ": option 'accumulate' \"auto\" is the plan's choice: l2l.plan{accumulate = \"auto\", ...}, "
          .. "then l2l.Relay{plan = plan} takes it")
   end
-  if o.accumulate == nil and plan_mod.is_plan(o.plan) then   -- (the plan's, its choice)
-    local given = o
-    o = { accumulate = given.plan.accumulate }
+  if plan_mod.is_plan(o.plan) then   -- what the relay does not say: the plan's, its choices
+    local given, plan = o, o.plan
+    o = { accumulate = plan.accumulate, placement = plan.placement }
+    if (given.placement or plan.placement) == "auto" and given.device_budget == nil then
+      o.device_budget = plan.device_budget   -- (the budget it placed within)
+    end
     for k, v in pairs(given) do o[k] = v end
   end
   local model = o.model
@@ -83,7 +86,7 @@ local function read_options(o, fname)
     if not ok then fail(fname .. ": option 'model': " .. tostring(seq):gsub("^l2l%.Sequential: ", "")) end
     model = seq
   end
-  local s = options.read_settings(o, fname)
+  local s = options.read_settings(o, fname, o.plan == "auto")
   s.model = model
   if o.plan ~= nil and o.plan ~= "auto" and not plan_mod.is_plan(o.plan) then
     fail(fname .. ": option 'plan' must be a plan from l2l.plan{...} or \"auto\", got " .. argcheck.describe(o.plan))
@@ -202,14 +205,17 @@ end
 -- stochastically after each update, and read by the device as they are: 2 bytes a
 -- parameter instead of 6; precision bf16 then, unless given; p.value of such a parameter
 -- is a bf16 tensor while its layer is in the relay, f32 again when it leaves),
--- placement = "host" ("device": every record's master, gradient accumulator and optimizer
+-- placement = "host", or "auto" where a device budget is given (device_budget, a plan
+-- or plan = "auto") ("device": every record's master, gradient accumulator and optimizer
 -- state live in the device pool and are updated there by the same optimizer as each is
 -- complete, for a model whose records fit on the device: nothing of them crosses the
 -- link, and on the CPU backend the same bits as "host"; p.value and p.grad are device
 -- tensors while the layer is in the relay; the state in its precision and bf16 masters
 -- rounded by the same draws as on the host, per-layer clipping's factor found there;
--- not with dist or spill yet; "auto": before each step, the records that fit beside the
--- step within the device budget go on the device, a layer's at a time (with the layers
+-- with dist each rank updates the whole record from the ranks' reduced gradient; with a
+-- spill file the file holds the host's records alone; "auto": before each step, the
+-- records that fit beside the step within the device budget go on the device, a layer's
+-- at a time (with the layers
 -- it shares a record with), the largest first, the rest stay on the host, moved between
 -- steps as the shape or the budget changes)}
 function M.Relay(o, ...)

@@ -126,15 +126,23 @@ end
 -- Every option but the model and the plan, with C's defaults (l2l_relay_config_default:
 -- the default precision follows the device pool's backend), and C's check of what they
 -- mean. l2l.plan reads the ones that set memory and time through it too (config_for).
-function M.read_settings(o, fname)
+-- `budgeted`: a device budget governs what is read (a plan's, or plan = "auto"'s), as
+-- option device_budget does: placement is then "auto" unless the options say otherwise.
+function M.read_settings(o, fname, budgeted)
   local d = ffi.new("l2l_relay_config")
   C.l2l_relay_config_default(d)
   local s = {}
   for _, row in ipairs(ROWS) do
-    if row.group == "relay" and row.name ~= "precision" then s[row.name] = read_row(o, row, d, fname) end
+    if row.group == "relay" and row.name ~= "precision" and row.name ~= "placement" then
+      s[row.name] = read_row(o, row, d, fname)
+    end
   end
   -- bf16 masters are what the device reads: precision bf16 unless the options say otherwise
   s.precision = read_row(o, ROW.precision, d, fname, s.master == "bf16" and "bf16" or nil)
+  -- within a device budget the planner places the records (issue 49: a model that fits
+  -- trains as an ordinary GPU trainer, one that does not degrades record by record)
+  s.placement = read_row(o, ROW.placement, d, fname,
+                         (budgeted or s.device_budget > 0) and "auto" or nil)
   -- given none: C's default config's kinds (options.def), each with its defaults
   s.optimizer = o.optimizer or optim.default_of(option_table.names(ROW.optimizer)[tonumber(d.optimizer.kind)])
   if not optim.is_optimizer(s.optimizer) then
@@ -149,9 +157,9 @@ function M.read_settings(o, fname)
 end
 
 -- The C config of relay options without a model (plain errors naming fname): what
--- l2l.plan plans for.
-function M.config_for(o, fname)
-  return M.config_of(M.read_settings(o, fname))
+-- l2l.plan plans for (within its budget: `budgeted`, read_settings).
+function M.config_for(o, fname, budgeted)
+  return M.config_of(M.read_settings(o, fname, budgeted))
 end
 
 -- The C config of settings read_settings made (a path's string is s's: s keeps it alive

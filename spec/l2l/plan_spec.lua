@@ -108,7 +108,7 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
     assert.is_truthy(tostring(report):find("records on the device: predicted", 1, true), tostring(report))
     run:free()
     -- a plan made for the records on the host is not a relay's that keeps them on the device
-    local host_plan = l2l.plan { model = model, batch = B, seq = S, device_budget = 2 ^ 40, rates = GPU }
+    local host_plan = l2l.plan { model = model, batch = B, seq = S, device_budget = 2 ^ 40, placement = "host", rates = GPU }
     local ok, err = pcall(l2l.Relay, { model = model, plan = host_plan, placement = "device" })
     assert.is_false(ok)
     assert.is_truthy(tostring(err):find("placement", 1, true), tostring(err))
@@ -166,14 +166,14 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
     -- tokens of the visit: below the threshold the step is the copies' and stays put as
     -- the batch grows, above it the step grows with the batch
     local model = tiny_gpt(4, 256, 64)
-    local plan = l2l.plan { model = model, batch = 1, seq = 64, device_budget = 2 ^ 40, rates = GPU, precision = "bf16" }
+    local plan = l2l.plan { model = model, batch = 1, seq = 64, device_budget = 2 ^ 40, placement = "host", rates = GPU, precision = "bf16" }
     local threshold = plan.streaming_tokens
     -- bf16 weights: 2 bytes a parameter; forward and backward 6 FLOPs per parameter and
     -- token: the threshold is FLOP/s / (3 link bytes/s), within what attention adds
     local expected = GPU.flops / GPU.h2d / 3
     assert.is_true(threshold > 0.8 * expected and threshold < 1.25 * expected,
                    ("threshold %g tokens, expected about %g"):format(threshold, expected))
-    local function step(B) return l2l.plan { model = model, batch = B, seq = 64, device_budget = 2 ^ 40,
+    local function step(B) return l2l.plan { model = model, batch = B, seq = 64, device_budget = 2 ^ 40, placement = "host",
                                             rates = GPU, precision = "bf16" }.step_seconds end
     local few, more = math.max(1, math.floor(threshold / 64 / 8)), math.floor(threshold / 64 / 4)
     local many = math.floor(threshold / 64 * 8)
@@ -193,7 +193,7 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
     end
     for _, optimizer in ipairs({ GPU.optimizer, GPU.optimizer / 1000 }) do
       local rates = { flops = GPU.flops, h2d = GPU.h2d, d2h = GPU.d2h, optimizer = optimizer, visit = GPU.visit }
-      local plan = l2l.plan { model = model, batch = 2, seq = 64, device_budget = 2 ^ 40, rates = rates,
+      local plan = l2l.plan { model = model, batch = 2, seq = 64, device_budget = 2 ^ 40, placement = "host", rates = rates,
                               precision = "bf16" }
       local c = plan.channels
       close(c.copies_in, plan.h2d_bytes / rates.h2d, "copies to the device")
@@ -216,7 +216,7 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
         assert.is_true(k ~= nil and k > 1, "a host optimizer that limits names an accumulation to hide it")
         assert.is_truthy(tostring(plan):find(("from accumulate = %d"):format(k), 1, true), tostring(plan))
         local at = function(a)
-          return l2l.plan { model = model, batch = 2, seq = 64, device_budget = 2 ^ 40, rates = rates,
+          return l2l.plan { model = model, batch = 2, seq = 64, device_budget = 2 ^ 40, placement = "host", rates = rates,
                             precision = "bf16", accumulate = a }
         end
         local hidden, short = at(k), at(k - 1)
@@ -238,7 +238,7 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
     for _, optimizer in ipairs({ 100 * GPU.optimizer, slow }) do
       local rates = { flops = GPU.flops, h2d = GPU.h2d, d2h = GPU.d2h, optimizer = optimizer, visit = GPU.visit }
       local function at(a)
-        return l2l.plan { model = model, batch = 2, seq = 64, device_budget = 2 ^ 40, rates = rates,
+        return l2l.plan { model = model, batch = 2, seq = 64, device_budget = 2 ^ 40, placement = "host", rates = rates,
                           precision = "bf16", accumulate = a }
       end
       local chosen, named = at("auto"), at(1).hiding_accumulate
@@ -287,14 +287,14 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
       for k, v in pairs(GPU) do rates[k] = v end
       for k, v in pairs(disk) do rates[k] = v end
       local function plan_for(budget)
-        return l2l.plan { model = model, batch = B, seq = S, device_budget = 2 ^ 40, rates = rates,
+        return l2l.plan { model = model, batch = B, seq = S, device_budget = 2 ^ 40, placement = "host", rates = rates,
                           optimizer = make(), spill = dir, host_budget = budget, master = master,
                           precision = precision }
       end
       -- the smallest budget any relay over this model needs, then one between it and all
       -- in memory (some records keep their state, the others spill)
       local smallest = plan_for(nil).host_budget_smallest
-      local in_memory = l2l.plan { model = model, batch = B, seq = S, device_budget = 2 ^ 40, rates = rates,
+      local in_memory = l2l.plan { model = model, batch = B, seq = S, device_budget = 2 ^ 40, placement = "host", rates = rates,
                                    optimizer = make(), master = master, precision = precision }.host_eps_bytes
       local budget = support.int(smallest, math.max(smallest, in_memory))
       local plan = plan_for(budget)
@@ -327,7 +327,7 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
       ok, err = pcall(plan_for, smallest - 1)
       assert.is_truthy(not ok and tostring(err):find("no plan fits a host budget"), tostring(err))
       -- without a spill directory the smallest is everything in memory
-      ok, err = pcall(l2l.plan, { model = model, batch = B, seq = S, device_budget = 2 ^ 40, rates = rates,
+      ok, err = pcall(l2l.plan, { model = model, batch = B, seq = S, device_budget = 2 ^ 40, placement = "host", rates = rates,
                                   optimizer = make(), host_budget = in_memory - 1, master = master,
                                   precision = precision })
       assert.is_truthy(not ok and tostring(err):find("a spill directory (option 'spill') keeps", 1, true), tostring(err))

@@ -472,6 +472,53 @@ describe("l2l.Relay", function()
     assert.is_truthy(err:find("placement", 1, true), err)
   end)
 
+
+  it("places its records itself where a device budget is given, unless told where", function()
+    -- issue 49: "auto" is the default where a budget is given (option device_budget, a
+    -- plan, plan = "auto"); none given: the host, as before; a placement given: that one
+    local seed = support.seed % 1000
+    local function placed(o, batch)
+      local opts = { model = tiny_gpt(seed), micro_batch = 2, seed = 5 }
+      for k, v in pairs(o) do opts[k] = v end
+      local run = l2l.Relay(opts)
+      local loss = run:step(batch[1], batch[2])
+      local st, options = run:stats(), run.options
+      run:free()
+      return options, st, loss
+    end
+    local batch = { reversal(4) }
+    local budget = support.int(64, 256) * 2 ^ 20   -- (every record fits beside the step)
+    local o, st, loss = placed({ device_budget = budget }, batch)
+    assert.are.equal("auto", o.placement)
+    assert.is_true(st.device_records_bytes > 0 and st.host_eps_bytes == 0, "every record on the device")
+    local oh, sh, lh = placed({}, batch)
+    assert.are.equal("host", oh.placement)
+    assert.is_true(sh.device_records_bytes == 0 and sh.host_eps_bytes > 0, "every record on the host")
+    assert.are.equal(lh, loss)
+    local og, sg = placed({ device_budget = budget, placement = "host" }, batch)
+    assert.are.equal("host", og.placement)
+    assert.are.equal(0, sg.device_records_bytes)
+    -- a plan places within its budget too, and a relay made with it takes its placement
+    -- and, where it has no budget of its own, the budget the plan placed within
+    local rates = { flops = 1e12, h2d = 1e10, d2h = 1e10, optimizer = 1e9 }
+    local plan = l2l.plan { model = tiny_gpt(seed), batch = 4, seq = S, device_budget = budget, rates = rates }
+    assert.are.equal("auto", plan.placement)
+    local op, sp = placed({ plan = plan }, batch)
+    assert.are.equal("auto", op.placement)
+    assert.are.equal(budget, op.device_budget)
+    assert.are.equal(st.device_records_bytes, sp.device_records_bytes)
+    local host_plan = l2l.plan { model = tiny_gpt(seed), batch = 4, seq = S, device_budget = budget,
+                                 placement = "host", rates = rates }
+    assert.are.equal("host", host_plan.placement)
+    assert.are.equal("host", placed({ plan = host_plan, device_budget = budget }, batch).placement)
+    -- plan = "auto" plans within the device pool's budget where the relay has none
+    local pool = l2l.pool_stats("device")
+    l2l.set_budget("device", pool.current + pool.backend + budget)
+    local ok, oa = pcall(placed, { plan = "auto" }, batch)
+    l2l.set_budget("device", 0)
+    assert.is_true(ok, tostring(oa))
+    assert.are.equal("auto", oa.placement)
+  end)
   -- The parameters a 16-bit relay keeps in 16 bits on the device: the token table (and
   -- the tied head's projection, the same record) and the blocks' GEMM weights.
   local function low_precision(name, shape)

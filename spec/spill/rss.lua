@@ -40,7 +40,7 @@ local model = model_of(512, 8)
 local options = { model = model, micro_batch = 1, optimizer = l2l.AdamW { lr = 1e-4 } }
 local budget = 0
 if mode == "spill" then
-  local plan = l2l.plan { model = model, batch = 1, seq = 16, device_budget = 2 ^ 40, spill = dir,
+  local plan = l2l.plan { model = model, batch = 1, seq = 16, device_budget = 2 ^ 40, placement = "host", spill = dir,
                           rates = { flops = 1e11, h2d = 1e10, d2h = 1e10, optimizer = 1e9, disk_read = 1e9, disk_write = 1e9 } }
   budget = plan.host_budget_smallest + 16 * 2 ^ 20
   options.spill, options.host_budget = dir, budget
