@@ -291,9 +291,13 @@ typedef struct l2l_relay_config {
                                    largest first, each while they fit (the rest on the
                                    host), moved
                                    between steps as the batch's shape, the budgets or the
-                                   layers change; the same bits whatever it moved (with
-                                   dist mpi every record stays on the host). The ranks
-                                   must agree on it. C's default config holds
+                                   layers change; the same bits whatever it moved. With
+                                   dist mpi the ranks place together: each within its own
+                                   budget, then, where they differ, within the groups
+                                   every rank placed, until all place alike (a record
+                                   moving to the device takes the whole state gathered
+                                   from every rank's shard, one moving back its own part).
+                                   The ranks must agree on it. C's default config holds
                                    L2L_PLACE_HOST; l2l.Relay and l2l.plan take
                                    L2L_PLACE_AUTO where a device budget is given. */
 } l2l_relay_config;

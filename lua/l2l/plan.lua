@@ -276,7 +276,9 @@ end
 -- pool), token_types = false, key_mask = false, rates = (default: this machine's), and
 -- the relay's param_slots, precision, grad_precision, accumulate (or "auto": the plan
 -- chooses it), clip_global_norm, loss_scale, optimizer, host_budget, spill, dist ("mpi":
--- this rank's host bytes, its shards of the gradients and state)} -> a plan.
+-- this rank's host bytes, its shards of the gradients and state; placement auto as this
+-- rank's budget alone places: the ranks' relays may place fewer), master, placement
+-- ("auto" unless given)} -> a plan.
 function M.plan(o, ...)
   if select("#", ...) ~= 0 then too_many("l2l.plan", "options", 2, ...) end
   local ok, result = pcall(plan, o)

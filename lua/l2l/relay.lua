@@ -217,7 +217,8 @@ end
 -- records that fit beside the step within the device budget go on the device, a layer's
 -- at a time (with the layers
 -- it shares a record with), the largest first, the rest stay on the host, moved between
--- steps as the shape or the budget changes)}
+-- steps as the shape or the budget changes; with dist the ranks place alike, within what
+-- every rank's budget holds)}
 function M.Relay(o, ...)
   local fname = "l2l.Relay"
   if select("#", ...) ~= 0 then too_many(fname, "options", 2, ...) end

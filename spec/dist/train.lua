@@ -33,6 +33,10 @@
 --   accumulator of record spike_record of model:params(); the output's spike_skipped is
 --   that step's skipped_records),
 --   plan=1 (the output's plan_eps_bytes: l2l.plan's host bytes for this rank's EPS),
+--   shares=F1,F2,... with placement=auto (before step k the relay's device budget is this
+--   rank's step peak with every record on the host plus share k (cycled) of every record's
+--   device bytes: auto moves records between steps; the output's placed lists each step's
+--   device_records_bytes),
 --   rank<r>_<key>=value sets key on rank r alone (the ranks disagree).
 local ffi = require("ffi")
 local l2l = require("l2l")
@@ -101,12 +105,29 @@ end
 -- names
 local plan_smallest = o.tight == 1 and l2l.plan {
   model = run.model, batch = 1, seq = S, device_budget = 2 ^ 40, optimizer = optimizer, accumulate = o.accumulate,
-  clip_global_norm = o.clip, loss_scale = o.loss_scale, spill = o.spill, dist = o.dist }.host_budget_smallest or nil
+  clip_global_norm = o.clip, loss_scale = o.loss_scale, spill = o.spill, dist = o.dist,
+  placement = run.options.placement }.host_budget_smallest or nil
+
+-- shares: this rank's step with its records on the host, and every record's device bytes
+local shares, host_peak, records_bytes = {}, 0, 0
+if o.shares and o.placement == "auto" then
+  for f in tostring(o.shares):gmatch("[^,]+") do shares[#shares + 1] = tonumber(f) end
+  local slice = math.floor((rank + 1) * o.B / size) - math.floor(rank * o.B / size)
+  host_peak = run:step_peak(slice, S)
+  records_bytes = l2l.plan {
+    model = run.model, batch = slice, seq = S, device_budget = 2 ^ 40, optimizer = optimizer,
+    accumulate = o.accumulate, clip_global_norm = o.clip, loss_scale = o.loss_scale, dist = o.dist,
+    master = o.master, placement = "device", rates = { flops = 1e12, h2d = 1e10, d2h = 1e10, optimizer = 1e9 },
+  }.device_records_bytes
+end
 
 local hex = function(x) return string.format("%a", x) end
-local losses, save_error, host_most, first_budget, spike_skipped = {}, nil, 0, nil, nil
+local losses, save_error, host_most, first_budget, spike_skipped, placed = {}, nil, 0, nil, nil, {}
 local first = run:stats().steps + 1
 for step = first, first + o.steps - 1 do
+  if #shares > 0 then
+    run:set_device_budget(math.floor(host_peak + shares[(step - first) % #shares + 1] * records_bytes))
+  end
   if step == o.hang_step and rank == o.hang_rank then os.execute("sleep 600") end
   if step == o.wait_step and o.wait_file then   -- (the caller acts, then makes the file)
     io.stdout:write(("rank %d: waiting for %s before step %d\n"):format(rank, o.wait_file, step))
@@ -158,6 +179,7 @@ for step = first, first + o.steps - 1 do
   if not ok then error(loss, 0) end
   if o.spike and step == o.spike_step then spike_skipped = run:stats().skipped_records end
   losses[#losses + 1] = hex(loss)
+  placed[#placed + 1] = run:stats().device_records_bytes
   if o.grow == 1 and step == first + 1 then
     run.model:insert(2, l2l.Block { dim = D, heads = 3, seed = seed + 7 })
     run.model:clone(4)
@@ -200,13 +222,14 @@ end
 local plan_eps_bytes = o.plan == 1 and l2l.plan {
   model = run.model, batch = 1, seq = S, device_budget = 2 ^ 40, optimizer = optimizer, accumulate = o.accumulate,
   clip_global_norm = o.clip, loss_scale = o.loss_scale, dist = o.dist, master = o.master,
-  placement = o.placement }.host_eps_bytes or nil
+  placement = run.options.placement }.host_eps_bytes or nil
 -- the stats as JSON takes them: an overflowed step's grad_norm is inf, written as text
 local stats = {}
 for k, v in pairs(run:stats()) do stats[k] = (v == v and v ~= math.huge and v ~= -math.huge) and v or tostring(v) end
 local result = { losses = losses, stats = stats, exchanges = exchanges, params = {}, save_error = save_error,
                  host_budget = run.options.host_budget, host_most = host_most, first_budget = first_budget,
-                 plan_smallest = plan_smallest, spike_skipped = spike_skipped, plan_eps_bytes = plan_eps_bytes }
+                 plan_smallest = plan_smallest, spike_skipped = spike_skipped, plan_eps_bytes = plan_eps_bytes,
+                 placed = placed }
 for i, layer in ipairs(run.model) do
   for _, p in ipairs(layer:params()) do
     local entry = { layer = i, name = p.name, value = hex_list(p.value), dtype = p.value:dtype() }

@@ -254,6 +254,53 @@ describe("data parallel under mpirun", function()
     assert_same_params(want, train(0, "steps=0 load=" .. path .. " load_placement=host")[0])
   end)
 
+  it("2 and 3 ranks with placement auto agree where each record lives, moving records as their budgets change, to the host's bits", function()
+    -- Before each step each rank's device budget is its own step with every record on the
+    -- host plus a share of every record's device bytes, drawn for each rank and step (the
+    -- ranks' budgets differ, and so do their slices' peaks): the ranks place together
+    -- (each within its budget, then within what every rank placed, until all place alike),
+    -- and records move both ways between steps with their state (to the device the whole
+    -- record's, gathered from the ranks' shards; to the host this rank's part of it).
+    -- Every rank then holds the same records on the device, and the run is the host's.
+    if not need_mpi() then return end
+    local spill = dir .. "/spill_auto"
+    assert(os.execute("mkdir -p " .. spill) == 0)
+    -- every rank's share 1 at steps 1 and 4 (every record fits), rank 0's 0 at step 3
+    -- (none does: a record costs more than the slots it spares), the rest drawn: records
+    -- move out by step 3 and back in at step 4, their state updated meanwhile
+    local function shares(k, first)
+      local list = {}
+      for i = 1, k do list[i] = ("%.2f"):format(support.uniform(0, 1.1)) end
+      list[1], list[4], list[3] = "1", "1", first and "0" or list[3]
+      return table.concat(list, ",")
+    end
+    for _, case in ipairs({
+      { 2, "optimizer=adamw clip=0.5 steps=6" },
+      { 3, "optimizer=lamb state=8bit master=bf16 grow=1 B=8 mb=3 steps=6" },
+      { 2, "optimizer=sgd accumulate=2 steps=6 spill=" .. spill },
+      { 3, "optimizer=adamw steps=6 loss_scale=4194304 grad_precision=f16 state=bf16" },
+    }) do
+      local n, flags = case[1], case[2]
+      local host = train(n, flags .. " placement=host")
+      local budgets = " shares=" .. shares(6, true)
+      for r = 1, n - 1 do budgets = budgets .. (" rank%d_shares=%s"):format(r, shares(6)) end
+      local auto, cmd = train(n, flags .. budgets .. " placement=auto")
+      local moved_in, moved_out, some = false, false, false
+      for i, bytes in ipairs(auto[0].placed) do
+        if i > 1 then
+          moved_in = moved_in or bytes > auto[0].placed[i - 1]
+          moved_out = moved_out or bytes < auto[0].placed[i - 1]
+        end
+        some = some or bytes > 0
+      end
+      assert.is_true(moved_in and moved_out and some, cmd .. ": placed " .. table.concat(auto[0].placed, " "))
+      for r = 0, n - 1 do
+        assert.are.same(auto[0].placed, auto[r].placed, cmd .. ": rank " .. r .. " placed otherwise")
+        same_bits_as(host, auto, r, cmd)
+      end
+    end
+  end)
+
   it("2 ranks with the optimizer state spilled train to the same bits as 2 ranks in memory", function()
     if not need_mpi() then return end
     local spill = dir .. "/spill"

@@ -295,8 +295,23 @@ void eps_move_drop(struct eps_move *m) {
   *m = (struct eps_move){0};
 }
 
-l2l_status eps_device_move_prepare(struct eps_move *m, const struct eps_record *rec, bool to_device) {
-  *m = (struct eps_move){.to_device = to_device};
+/* State array `a` of rec's new place (eps_device_move_prepare). */
+static l2l_status moved_state(l2l_tensor **out, const struct eps_record *rec, int a,
+                              const struct eps_move *m, const l2l_tensor *const whole[2]) {
+  l2l_pool_kind pool = m->to_device ? L2L_POOL_DEVICE : L2L_POOL_HOST;
+  if (rec->eps->dist != NULL && !m->to_device)   /* this rank's part (none: never updated) */
+    return rec->state[a] ? eps_state_part(out, rec, rec->state[a], m->shard_begin, m->shard_n) : L2L_OK;
+  const l2l_tensor *from = rec->eps->dist != NULL ? whole[a] : rec->state[a];
+  if (from != NULL && rec->eps->dist == NULL) return moved(out, pool, from);
+  if (from == NULL && !m->to_device) return L2L_OK;   /* (made as the next step begins) */
+  TRY(eps_state_new_n(out, rec, m->shard_n, pool));
+  return from ? l2l_tensor_copy(*out, from) : l2l_tensor_fill(*out, 0.0);   /* (never updated: zeros) */
+}
+
+l2l_status eps_device_move_prepare(struct eps_move *m, const struct eps_record *rec, bool to_device,
+                                   int64_t shard_begin, int64_t shard_n,
+                                   const l2l_tensor *const whole[2]) {
+  *m = (struct eps_move){.to_device = to_device, .shard_begin = shard_begin, .shard_n = shard_n};
   l2l_pool_kind pool = to_device ? L2L_POOL_DEVICE : L2L_POOL_HOST;
   /* (a bf16 master on the host is what the device reads: pinned, as eps_set_records has it) */
   bool bf16_master = l2l_tensor_dtype(rec->master) == L2L_BF16;
@@ -306,11 +321,8 @@ l2l_status eps_device_move_prepare(struct eps_move *m, const struct eps_record *
   if (status == L2L_OK && rec->staging)   /* (rewritten from the master as each step begins) */
     status = tensor_new_like(&m->staging, to_device ? L2L_POOL_DEVICE : L2L_POOL_PINNED,
                              (l2l_dtype)l2l_tensor_dtype(rec->staging), rec->staging);
-  for (int a = 0; status == L2L_OK && a < optim_state_count(&rec->eps->optimizer); a++) {
-    if (rec->state[a] != NULL) status = moved(&m->state[a], pool, rec->state[a]);
-    else if (to_device && (status = eps_state_new(&m->state[a], rec, pool)) == L2L_OK)
-      status = l2l_tensor_fill(m->state[a], 0.0);   /* (never updated: zeros) */
-  }
+  for (int a = 0; status == L2L_OK && a < optim_state_count(&rec->eps->optimizer); a++)
+    status = moved_state(&m->state[a], rec, a, m, whole);
   if (status == L2L_OK && to_device) status = guard_copy_of(&m->guard_copy, rec->master);
   if (status != L2L_OK) eps_move_drop(m);
   return status;
@@ -337,6 +349,11 @@ void eps_move_commit(struct eps_move *m, struct eps_record *rec, l2l_tensor **ma
   rec->grad_passing = rec->grad_away = rec->grad_counted = false;
   rec->keep_state = true;
   rec->eps->words_stale = true;
+  /* with ranks: its sums sized for the new shard and a device record's exchange made as
+     the next step begins (eps_prepare); a host record has none */
+  if (rec->shard_n != m->shard_n) free(rec->chunk_sums), rec->chunk_sums = NULL;
+  if (!m->to_device) l2l_tensor_free(rec->exchange), rec->exchange = NULL;
+  rec->shard_begin = m->shard_begin, rec->shard_n = m->shard_n;
   rec->placement = m->to_device ? EPS_PLACE_DEVICE : EPS_PLACE_HOST;
   *m = (struct eps_move){0};
 }

@@ -225,12 +225,16 @@ uint64_t eps_device_bytes(const struct eps *eps);
    eps_sync), in two halves so that a failure changes nothing: prepare makes every tensor
    of its new place (master and gradient accumulator copied, f32 optimizer state copied or
    zero, a 16-bit copy; its flag goes with it; a state in the spill file read back first,
-   which stays in memory whatever the move does); commit makes them the record's (the old state,
+   which stays in memory whatever the move does; with ranks the state of the new place's
+   shard: to the device the whole record's, gathered from every rank's shard, so prepare
+   is then collective: every rank moves the same records in the same order; to the host
+   this rank's part); commit makes them the record's (the old state,
    copy freed) and hands the new master and grad to the caller, to give the
    parameter (which frees the old ones: they are its own); drop frees a prepared move. */
 struct eps_move {
   bool to_device;
   l2l_tensor *master, *grad, *staging, *state[2], *guard_copy;
+  int64_t shard_begin, shard_n;   /* its shard there (with ranks: eps_shard_at) */
 };
 l2l_status eps_move_prepare(struct eps_move *m, struct eps_record *rec, bool to_device);
 void eps_move_commit(struct eps_move *m, struct eps_record *rec, l2l_tensor **master,

@@ -26,7 +26,9 @@
  * the stream of LAMB's sums is passed (its device sums its record whole).
  * Shards: core's host_shard (the planner counts them by it too), cut at whole blocks
  * for 8-bit state; uneven sizes are padded by MPI's per-rank counts, never refused. A
- * bf16 master is all-gathered as 16-bit elements; a checkpoint's state in its precision.
+ * bf16 master is all-gathered as 16-bit elements; a checkpoint's state in its precision,
+ * and so is a record's as placement auto moves it to the device (eps_move_prepare: the
+ * move's entry, above the tier's read-back and the device's tensors, which it calls).
  * Must never: issue a collective out of its place, or update a record before every rank
  * has agreed it may.
  */
@@ -84,6 +86,15 @@ uint64_t eps_dist_bytes(const struct eps *eps) {
   return bytes;
 }
 
+/* rec's shard (eps_shard made its parts) on the device or on the host: a record on the
+   device is updated whole on every rank (its reduced gradient all-gathered), so its shard
+   is all of it; on the host, this rank's part. */
+static void shard_at(const struct eps_record *rec, bool device, int64_t *begin, int64_t *n) {
+  int rank = rec->eps->dist->rank;
+  *begin = device ? 0 : rec->displs[rank];
+  *n = device ? l2l_tensor_numel(rec->master) : rec->counts[rank];
+}
+
 l2l_status eps_shard(struct eps *eps, struct eps_record *rec) {
   const struct eps_dist *d = eps->dist;
   int64_t n = l2l_tensor_numel(rec->master);
@@ -102,11 +113,7 @@ l2l_status eps_shard(struct eps *eps, struct eps_record *rec) {
     rec->displs[r] = (int)begin;   /* <= n <= INT_MAX */
     rec->counts[r] = (int)count;
   }
-  /* a record on the device is updated whole on every rank (its reduced gradient
-     all-gathered): its shard is all of it; on the host, this rank's part */
-  bool device = rec->placement == EPS_PLACE_DEVICE;
-  rec->shard_begin = device ? 0 : rec->displs[d->rank];
-  rec->shard_n = device ? n : rec->counts[d->rank];
+  shard_at(rec, rec->placement == EPS_PLACE_DEVICE, &rec->shard_begin, &rec->shard_n);
   return L2L_OK;
 }
 
@@ -339,6 +346,24 @@ l2l_status eps_state_whole(l2l_tensor **out, struct eps *eps, struct eps_record 
   if (status != L2L_OK) return status;
   *out = rec->gathered[which] = whole;
   return L2L_OK;
+}
+
+/* ---------------------------------------------------------------- a record's move (auto) */
+
+l2l_status eps_move_prepare(struct eps_move *m, struct eps_record *rec, bool to_device) {
+  *m = (struct eps_move){.to_device = to_device};
+  struct eps *eps = rec->eps;
+  TRY(eps_move_ready(rec, to_device));   /* (settled, its state in memory) */
+  int64_t begin = rec->shard_begin, n = rec->shard_n;
+  const l2l_tensor *whole[2] = {NULL, NULL};
+  if (eps->dist) shard_at(rec, to_device, &begin, &n);
+  /* with ranks, to the device: the whole state from every rank's shard (collective) */
+  for (int a = 0; eps->dist && to_device && a < optim_state_count(&eps->optimizer); a++) {
+    l2l_tensor *gathered = NULL;
+    TRY(eps_state_whole(&gathered, eps, rec, a));   /* (rec keeps it until the next one's) */
+    whole[a] = gathered;
+  }
+  return eps_device_move_prepare(m, rec, to_device, begin, n, whole);
 }
 
 /* ---------------------------------------------------------------- gathered state freed */

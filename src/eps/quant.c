@@ -60,24 +60,29 @@ void eps_compact_chunk(const struct optimizer_ops *optim, const struct optim_chu
    elements (all of them on one process). (The shard's reduced gradient is f32 whatever
    this precision.) */
 l2l_status eps_state_new(l2l_tensor **out, const struct eps_record *rec, l2l_pool_kind pool) {
+  return eps_state_new_n(out, rec, rec->shard_n, pool);
+}
+
+l2l_status eps_state_new_n(l2l_tensor **out, const struct eps_record *rec, int64_t shard_n,
+                           l2l_pool_kind pool) {
   l2l_state_precision state = rec->eps->optimizer.state;
   if (state == L2L_STATE_8BIT) {   /* codes and scales: a vector of bytes (an empty shard: 4) */
-    int64_t shape[1] = {rec->shard_n > 0 ? (int64_t)eps_array_bytes(rec) : 4};
+    int64_t shape[1] = {shard_n > 0 ? (int64_t)host_state_bytes(state, shard_n) : 4};
     return l2l_tensor_new(out, pool, L2L_U8, 1, shape);
   }
   l2l_dtype dtype = state_dtype(state);
   if (rec->eps->dist == NULL)   /* all of the record, in its shape */
     return tensor_new_like(out, pool, dtype, rec->master);
-  int64_t shape[1] = {rec->shard_n > 0 ? rec->shard_n : 1};   /* an empty shard: 1 unused */
+  int64_t shape[1] = {shard_n > 0 ? shard_n : 1};   /* an empty shard: 1 unused */
   return l2l_tensor_new(out, pool, dtype, 1, shape);
 }
 
-/* The shard's elements of a whole state array in precision p, copied as they are into
-   the shard's own array: 8 bits, its codes and its blocks' scales (a shard starts on a
+/* Elements [lo, lo + k) of a whole state array of rec in precision p, copied as they are
+   into a shard's own array: 8 bits, its codes and its blocks' scales (a shard starts on a
    block: host_shard_align). */
-static void shard_copy(void *dst, const void *src, const struct eps_record *rec,
-                       l2l_state_precision p) {
-  int64_t n = l2l_tensor_numel(rec->master), lo = rec->shard_begin, k = rec->shard_n;
+static void part_copy(void *dst, const void *src, const struct eps_record *rec, int64_t lo,
+                      int64_t k, l2l_state_precision p) {
+  int64_t n = l2l_tensor_numel(rec->master);
   if (p == L2L_STATE_8BIT) {
     memcpy(dst, (const uint8_t *)src + lo, (size_t)k);
     memset((uint8_t *)dst + k, 0, (size_t)((uint8_t *)optim_state_scales(dst, k) - ((uint8_t *)dst + k)));
@@ -87,6 +92,25 @@ static void shard_copy(void *dst, const void *src, const struct eps_record *rec,
     size_t elem = (size_t)state_elem_bytes(p);
     memcpy(dst, (const uint8_t *)src + (size_t)lo * elem, (size_t)k * elem);
   }
+}
+
+/* The record's own shard of a whole state array (part_copy). */
+static void shard_copy(void *dst, const void *src, const struct eps_record *rec,
+                       l2l_state_precision p) {
+  part_copy(dst, src, rec, rec->shard_begin, rec->shard_n, p);
+}
+
+l2l_status eps_state_part(l2l_tensor **out, const struct eps_record *rec, const l2l_tensor *whole,
+                          int64_t begin, int64_t n) {
+  *out = NULL;
+  l2l_tensor *host = NULL;   /* (one whole copy into host memory first) */
+  TRY(tensor_new_like(&host, L2L_POOL_HOST, (l2l_dtype)l2l_tensor_dtype(whole), whole));
+  l2l_status status = l2l_tensor_copy(host, whole);
+  if (status == L2L_OK) status = eps_state_new_n(out, rec, n, L2L_POOL_HOST);
+  if (status == L2L_OK && n > 0)
+    part_copy(l2l_tensor_data(*out), l2l_tensor_data(host), rec, begin, n, rec->eps->optimizer.state);
+  l2l_tensor_free(host);
+  return status;
 }
 
 /* The precision a state tensor given to restore is kept in, from its dtype (checked). */

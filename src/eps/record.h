@@ -241,9 +241,16 @@ l2l_status eps_device_state(struct eps_record *rec);
 /* A record joining on the device: its state made now (so the device's bytes are known
    before a step, and no step makes them), its words with the next step's. */
 l2l_status eps_device_join(struct eps_record *rec);
-/* eps_move_prepare's tensors of rec's new place (state_tier.c's brings a spilled state
-   into memory first). */
-l2l_status eps_device_move_prepare(struct eps_move *m, const struct eps_record *rec, bool to_device);
+/* eps_move_prepare (exchange.c) in three parts: rec settled and a spilled state read
+   back into memory (state_tier.c), then with ranks the whole state gathered for the
+   device, then the tensors of rec's new place (device.c): its shard there [shard_begin,
+   + shard_n) (one process: all of it), and with ranks its state's arrays of that shard: to
+   the device `whole` (the record's whole arrays, gathered from every rank's shard; NULL:
+   never updated), to the host this rank's part of the device's. */
+l2l_status eps_move_ready(struct eps_record *rec, bool to_device);
+l2l_status eps_device_move_prepare(struct eps_move *m, const struct eps_record *rec, bool to_device,
+                                   int64_t shard_begin, int64_t shard_n,
+                                   const l2l_tensor *const whole[2]);
 /* rec's state arrays on the device given the values of host arrays (NULL: zero), a
    restore's. */
 l2l_status eps_device_restore(struct eps_record *rec, l2l_tensor *const host[2]);
@@ -281,8 +288,15 @@ void eps_held_free(struct eps_record *rec);
 
 /* ---------------------------------------------------------------- quant.c (precision) */
 
-/* A new optimizer state array of rec (its shard's elements) in `pool`. */
+/* A new optimizer state array of rec (its shard's elements) in `pool`; _n: of a shard of
+   shard_n elements (a record moving between placements with ranks: its new shard's). */
 l2l_status eps_state_new(l2l_tensor **out, const struct eps_record *rec, l2l_pool_kind pool);
+l2l_status eps_state_new_n(l2l_tensor **out, const struct eps_record *rec, int64_t shard_n,
+                           l2l_pool_kind pool);
+/* *out (host, new) := elements [begin, begin + n) of whole, a whole state array of rec in
+   the EPS's precision in any pool (begin on a block), as they are. */
+l2l_status eps_state_part(l2l_tensor **out, const struct eps_record *rec, const l2l_tensor *whole,
+                          int64_t begin, int64_t n);
 /* A restore (eps_restore) in two halves: the arrays given checked against the
    optimizer and the record (*arrays: how many it keeps after `updates`), then each
    converted into a new array in the EPS's precision, its values checked (on a failure

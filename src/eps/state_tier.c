@@ -19,7 +19,7 @@
  * like a file cut short, the record not updated.
  * The tier holds the records on the host: one placed on the device keeps its state there
  * (none of it in the file, none read ahead, its accumulator never passes); one that
- * placement auto moves there brings its state back from the file first (eps_move_prepare).
+ * placement auto moves there brings its state back from the file first (eps_move_ready).
  * Must never: free a state array that is not on disk, consume a read that a restore has
  * made stale, or leave a failure unreported (the first one on a worker is kept for the
  * step).
@@ -579,8 +579,7 @@ l2l_status eps_restore(const char *func, struct eps *eps, struct eps_record *rec
 
 /* ---------------------------------------------------------------- a record leaving the tier */
 
-l2l_status eps_move_prepare(struct eps_move *m, struct eps_record *rec, bool to_device) {
-  *m = (struct eps_move){.to_device = to_device};
+l2l_status eps_move_ready(struct eps_record *rec, bool to_device) {
   struct eps *eps = rec->eps;
   pthread_mutex_lock(&eps->lock);   /* (its last update settled: the caller synced) */
   while (rec->pending) pthread_cond_wait(&eps->changed, &eps->lock);
@@ -606,5 +605,5 @@ l2l_status eps_move_prepare(struct eps_move *m, struct eps_record *rec, bool to_
       eps_spill_release(eps->spill, rec->spill_at[a], eps_array_bytes(rec));
     rec->spill_reserved = false;
   }
-  return eps_device_move_prepare(m, rec, to_device);
+  return L2L_OK;
 }

@@ -13,9 +13,9 @@
  * which takes them in one place), and with those of the layers it shares a record with
  * (a tied table's embedding and head): every visit's records are in one place, so
  * per-layer clipping finds a visit's factor where its gradients are.
- * With ranks every record stays on the host: the ranks' exchange needs every rank to
- * place a record alike, and each rank's device budget is its own.
- * Must never: place a record on the device with ranks, or choose a placement whose
+ * With ranks the relay places within what every rank allows (`allowed`: the layers whose
+ * group may go on the device; relay/auto_plan.c narrows it until the ranks agree).
+ * Must never: place a group `allowed` keeps on the host, or choose a placement whose
  * records and step are over the budget when one with fewer is not.
  */
 #include <stdlib.h>
@@ -76,11 +76,9 @@ static l2l_status fits(bool *out, struct plan_chain *c, uint64_t bytes, int n, u
 }
 
 l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint64_t budget,
-                      uint64_t *bytes) {
+                      const uint32_t *allowed, uint64_t *bytes) {
   *bytes = 0;
   for (int k = 0; k < c->L; k++) c->layers[k].on_device = 0;
-  if (config->dist != L2L_DIST_NONE) return L2L_OK;   /* (all on the host: each rank's
-                                                          budget could choose its own) */
   int arrays = 0, n = 0;
   TRY(l2l_optimizer_state_arrays(&arrays, &config->optimizer));
   const l2l_layer **list = calloc((size_t)(c->L > 0 ? c->L : 1), sizeof *list);
@@ -101,6 +99,7 @@ l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint
   for (int k = 0; k < c->L; k++) cand[k].layer = k;
   for (int i = 0; i < n; i++) {
     const l2l_param *p = recs[i].param;
+    if (allowed != NULL && allowed[group[recs[i].layer]] == 0) continue;   /* (kept home) */
     struct layers_record_dtypes held = layers_record_dtypes(p, config->precision, config->master);
     uint64_t its = device_record_bytes(l2l_tensor_numel(l2l_param_value(p)), held.master, arrays,
                                        config->optimizer.state, held.staging);
@@ -108,12 +107,15 @@ l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint
     cand[group[recs[i].layer]].records++;
     all += its;
   }
-  for (int k = 0; k < c->L; k++) mark(c->layers, c->L, recs, n, group, k, true);
+  for (int k = 0; k < c->L; k++)
+    if (cand[k].records > 0) mark(c->layers, c->L, recs, n, group, k, true);
   bool ok = false;
-  status = fits(&ok, c, all, n, budget);   /* every record, the ordinary GPU trainer's way */
+  int candidates = 0;   /* (the records allowed) */
+  for (int k = 0; k < c->L; k++) candidates += cand[k].records;
+  status = fits(&ok, c, all, candidates, budget);   /* every record, the ordinary GPU trainer's way */
   int placed = 0;
   if (status == L2L_OK && ok) {
-    *bytes = all, placed = n;
+    *bytes = all, placed = candidates;
   } else if (status == L2L_OK) {   /* else the largest layer's first, each while it fits */
     for (int k = 0; k < c->L; k++) c->layers[k].on_device = 0;
     qsort(cand, (size_t)c->L, sizeof *cand, larger_first);

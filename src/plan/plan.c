@@ -97,10 +97,11 @@ l2l_status plan_step_peak(uint64_t *peak, struct plan_layer *layers, int L,
 
 l2l_status plan_step_place(struct plan_layer *layers, int L, const l2l_relay_config *config,
                            int64_t batch, int64_t seq, int64_t micro_batch, bool token_types,
-                           bool key_mask, uint64_t budget, uint64_t *bytes) {
+                           bool key_mask, uint64_t budget, const uint32_t *allowed,
+                           uint64_t *bytes) {
   struct plan_chain chain = chain_of(layers, L, config, batch, seq, token_types, key_mask);
   chain.micro_batch = micro_batch;
-  return plan_place(&chain, config, budget, bytes);
+  return plan_place(&chain, config, budget, allowed, bytes);
 }
 
 static void describe_key(char *out, size_t len, const struct plan_layer_key *k) {
@@ -251,7 +252,7 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
   for (int k = 0; k < nlayers; k++) pl[k].on_device = config->placement == L2L_PLACE_DEVICE ? UINT32_MAX : 0;
   if (config->placement == L2L_PLACE_AUTO) {
     status = plan_leanest_peak(&placed, &chain);
-    if (status == L2L_OK) status = plan_place(&chain, config, request->device_budget, &placed);
+    if (status == L2L_OK) status = plan_place(&chain, config, request->device_budget, NULL, &placed);
   }
   /* the host's share, and the records placed on the device: the step has the rest */
   struct plan_host host = {0};

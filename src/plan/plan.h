@@ -89,10 +89,12 @@ l2l_status plan_step_peak(uint64_t *peak, struct plan_layer *layers, int L,
                           const l2l_relay_config *config, int64_t batch, int64_t seq,
                           int64_t micro_batch, bool token_types, bool key_mask,
                           bool training, bool any_weights);
-/* The same step's placement auto (plan_place) within budget: layers[k].on_device set. */
+/* The same step's placement auto (plan_place) within budget, among the groups allowed
+   (NULL: all): layers[k].on_device set. */
 l2l_status plan_step_place(struct plan_layer *layers, int L, const l2l_relay_config *config,
                            int64_t batch, int64_t seq, int64_t micro_batch, bool token_types,
-                           bool key_mask, uint64_t budget, uint64_t *bytes);
+                           bool key_mask, uint64_t budget, const uint32_t *allowed,
+                           uint64_t *bytes);
 extern _Atomic int64_t plan_peak_fallbacks;   /* short replays not on lines (none expected) */
 extern _Atomic int64_t plan_replayed_micro_batches;   /* the replays' work, for test_plan */
 
@@ -180,9 +182,11 @@ l2l_status plan_leanest_peak(uint64_t *peak, struct plan_chain *c);
    holds on the device beside the step's peak with its policies and micro-batch: every
    record when all fit, else a layer's own records at a time, the largest first, each while
    they fit (a replay each); none
-   where the config keeps them on the host. *bytes: the placed records' device bytes. */
+   where the config keeps them on the host. allowed (NULL: every layer's): per layer, nonzero
+   where the group that layer begins may go on the device. *bytes: the placed records'
+   device bytes. */
 l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint64_t budget,
-                      uint64_t *bytes);
+                      const uint32_t *allowed, uint64_t *bytes);
 l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_plan_rates *rates,
                        uint64_t budget);
 

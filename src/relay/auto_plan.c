@@ -7,10 +7,14 @@
  * a step. The budget is the relay's (config.device_budget); with the device pool's budget
  * set, at most what it leaves beside the tensors in use then, and a plan refused there is
  * named in the pool's terms (the smallest pool budget that works). The plan applied is the
- * relay's, freed with it or when the next plan replaces it.
- * Must never: change the relay when planning is refused, or plan again a step like the
- * last one (planning times layers on the device).
+ * relay's, freed with it or when the next plan replaces it. Placement auto (below) is the
+ * same within a step: the records placed before it (src/plan/place.c), with ranks placed
+ * alike on every rank.
+ * Must never: change the relay when planning is refused, plan again a step like the
+ * last one (planning times layers on the device), or let ranks hold records in different
+ * places.
  */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "plan/plan.h"
@@ -124,25 +128,91 @@ l2l_status l2l_relay_plan_auto(const l2l_plan **out, l2l_relay *run, int64_t bat
 
 /* ---------------------------------------------------------------- placement auto */
 
-l2l_status relay_place_auto(struct step *s) {
-  l2l_relay *run = s->run;
-  if (run->config.placement != L2L_PLACE_AUTO || !s->training) return L2L_OK;
+/* The budget placement auto places within (none: UINT64_MAX), and the key of a placement
+   for it: a step like the last one placed, within the same budget, is not placed again. */
+static uint64_t place_key(const struct step *s, uint64_t *budget) {
   l2l_pool_stats pool;
   l2l_pool_get_stats(&pool, L2L_POOL_DEVICE);
-  uint64_t budget, held;
-  device_room(&budget, &held, run, &pool);
-  if (run->config.device_budget == 0 && pool.budget == 0) budget = UINT64_MAX;   /* (none) */
-  uint64_t key = relay_step_key(s, false) ^ budget * 0x9e3779b97f4a7c15ull;
-  if (run->place_key_set && run->place_key == key) return L2L_OK;
+  uint64_t held;
+  device_room(budget, &held, s->run, &pool);
+  if (s->run->config.device_budget == 0 && pool.budget == 0) *budget = UINT64_MAX;   /* (none) */
+  return relay_step_key(s, false) ^ *budget * 0x9e3779b97f4a7c15ull;
+}
+
+bool relay_place_wanted(const struct step *s) {
+  const l2l_relay *run = s->run;
+  if (run->config.placement != L2L_PLACE_AUTO || !s->training) return false;
+  uint64_t budget, key = place_key(s, &budget);
+  return !(run->place_key_set && run->place_key == key);
+}
+
+/* With ranks, every rank's placement of this step (`mine`: this rank's status placing;
+   pl NULL or failed: none) exchanged: *agreed when every rank's is alike; else `allowed`
+   becomes, per layer, the records every rank placed (the groups every rank's budget held
+   beside its own step). A rank that failed fails every rank. Collective. */
+static l2l_status placements_exchange(bool *agreed, uint32_t *allowed, const struct plan_layer *pl,
+                                      int L, l2l_status mine, const struct step *s) {
+  int size = dist_size_now();
+  int64_t *words = calloc(((size_t)size + 1) * ((size_t)L + 1), sizeof *words), *all = words + L + 1;
+  if (words == NULL)   /* (a few bytes: the other ranks then wait out the timeout) */
+    return FAIL(L2L_ERR_NOMEM, "no memory to exchange the ranks' placements");
+  for (int k = 0; k < L; k++) words[k] = mine == L2L_OK ? pl[k].on_device : 0;
+  words[L] = mine != L2L_OK;
+  struct dist_op op = {.kind = DIST_ALLGATHER_I64, .send = words, .recv = all, .n = L + 1,
+                       .what = "exchange of the ranks' placements", .layer = -1,
+                       .step = s->run->steps + 1};
+  l2l_status status = dist_run(&op);
+  int failed = -1;
+  *agreed = true;
+  for (int r = 0; status == L2L_OK && r < size; r++) {
+    const int64_t *theirs = all + (size_t)r * ((size_t)L + 1);
+    if (theirs[L] && failed < 0) failed = r;
+    for (int k = 0; k < L; k++) {
+      *agreed &= theirs[k] == all[k];
+      allowed[k] = r == 0 ? (uint32_t)theirs[k] : allowed[k] & (uint32_t)theirs[k];
+    }
+  }
+  free(words);
+  if (status == L2L_OK && failed >= 0)
+    status = mine != L2L_OK ? mine : FAIL(L2L_ERR_STATE, "rank %d could not place its records "
+                                          "(its own error says why)", failed);
+  return status;
+}
+
+l2l_status relay_place_auto(struct step *s) {
+  l2l_relay *run = s->run;
+  bool ranks = run->config.dist != L2L_DIST_NONE;
+  if (ranks ? !s->place_wanted : !relay_place_wanted(s)) return L2L_OK;
+  uint64_t budget, key = place_key(s, &budget);
   struct plan_layer *pl = calloc((size_t)s->L, sizeof *pl);
-  if (pl == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to place a step's records");
-  for (int k = 0; k < s->L; k++) pl[k] = relay_plan_layer(run, active_layer(s, k));
-  uint64_t bytes = 0;   /* (the placement's own: the budget checks count what is placed) */
-  l2l_status status = plan_step_place(pl, s->L, &run->config, s->B, s->S, s->mb,
-                                      s->in->token_types != NULL, s->in->key_mask != NULL,
-                                      budget, &bytes);
+  uint32_t *allowed = calloc((size_t)s->L, sizeof *allowed);
+  l2l_status status = pl && allowed ? L2L_OK : FAIL(L2L_ERR_NOMEM, "no memory to place a step's records");
+  for (int k = 0; status == L2L_OK && k < s->L; k++) pl[k] = relay_plan_layer(run, active_layer(s, k));
+  /* With ranks each places within what every rank placed last, until all place alike:
+     each round that differs keeps fewer groups, so at most a round a layer and one more. */
+  bool agreed = false;
+  for (int round = 0; !agreed && round <= s->L + 1; round++) {
+    uint64_t bytes = 0;   /* (the placement's own: the budget checks count what is placed) */
+    l2l_status mine = status != L2L_OK ? status
+                      : plan_step_place(pl, s->L, &run->config, s->B, s->S, s->mb,
+                                        s->in->token_types != NULL, s->in->key_mask != NULL,
+                                        budget, round > 0 ? allowed : NULL, &bytes);
+    if (!ranks) status = mine, agreed = true;
+    else status = placements_exchange(&agreed, allowed, pl, s->L, mine, s);
+    if (status != L2L_OK) break;
+  }
+  if (status == L2L_OK && !agreed)
+    status = FAIL(L2L_ERR_STATE, "the ranks did not agree a placement in %d rounds", s->L + 2);
   if (status == L2L_OK) status = relay_move_records(run, pl, s->L);
+  if (status != L2L_OK && agreed && ranks) {
+    /* the ranks' moves are collective (to the device the state is gathered) and every
+       rank must hold its records where the others do: one that could not ends the job */
+    char what[512];
+    snprintf(what, sizeof what, "the records could not be moved where the ranks placed them: %s",
+             l2l_last_error());
+    dist_fail(what);
+  }
   if (status == L2L_OK) run->place_key = key, run->place_key_set = true;
-  free(pl);
+  free(pl), free(allowed);
   return status;
 }

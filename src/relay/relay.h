@@ -228,6 +228,7 @@ struct step {
   l2l_relay *run;
   const l2l_relay_batch *in;
   bool training;
+  bool place_wanted;          /* with ranks: some rank's placement auto places again */
   int64_t B, S, D, mb, nmb;
   int L;                      /* active layers */
   int *active;                /* -> index in run->layers */
@@ -390,7 +391,11 @@ l2l_status relay_schedule(struct step *s);
 uint64_t relay_step_key(const struct step *s, bool placement);
 /* Placement auto (auto_plan.c): before a training step, the records of its layers moved
    to the device or the host as the planner places them within the device budget (plan_place),
-   again only when what the placement depends on changed. A failure moves nothing. */
+   again only when what the placement depends on changed (relay_place_wanted; with ranks
+   when it did on any rank: s->place_wanted). With ranks, after the exchange of sizes and
+   collective: every rank places within its own budget, and where they differ again within
+   the groups every rank placed, until all place alike. A failure moves nothing. */
+bool relay_place_wanted(const struct step *s);
 l2l_status relay_place_auto(struct step *s);
 /* A relay layer as the planner takes it: its policies, and its records on the device as
    they are (budget.c). */

@@ -26,8 +26,9 @@ l2l_status relay_check_async(l2l_relay *run) {
 
 /* ---------------------------------------------------------------- data parallel */
 
-/* With ranks, before anything runs: every rank's slice size and real targets, and the
-   digest of what the ranks must hold alike (agree.c). The loss is then the mean over the
+/* With ranks, before anything runs: every rank's slice size and real targets, the
+   digest of what the ranks must hold alike (agree.c), and whether its placement auto
+   would place again (then every rank does, together). The loss is then the mean over the
    whole minibatch's targets and dropout numbers samples globally (the slices in rank
    order). Every rank sees the same exchange, so ranks that differ all refuse the step
    alike. (The exchange also orders the step after the last one's exchanges still on the
@@ -36,8 +37,8 @@ static l2l_status dist_begin(struct step *s) {
   l2l_relay *run = s->run;
   if (run->config.dist == L2L_DIST_NONE) return L2L_OK;
   int size = dist_size_now(), rank = dist_rank_now();
-  enum { FIELDS = 3 };
-  int64_t mine[FIELDS] = {s->B, s->real, relay_agreement_digest(s)};
+  enum { FIELDS = 4 };
+  int64_t mine[FIELDS] = {s->B, s->real, relay_agreement_digest(s), relay_place_wanted(s)};
   int64_t *all = malloc((size_t)size * FIELDS * sizeof *all);
   if (all == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for the ranks' step sizes");
   struct dist_op op = {.kind = DIST_ALLGATHER_I64, .send = mine, .recv = all, .n = FIELDS,
@@ -48,10 +49,12 @@ static l2l_status dist_begin(struct step *s) {
   relay_waited(s, L2L_WAIT_COMM, t0);
   int64_t real = 0, base = 0;
   bool differ = false;
+  s->place_wanted = false;
   for (int r = 0; r < size && status == L2L_OK; r++) {
     differ |= all[r * FIELDS + 2] != all[2];
     real += all[r * FIELDS + 1];
     if (r < rank) base += all[r * FIELDS];
+    s->place_wanted |= all[r * FIELDS + 3] != 0;   /* (every rank places with it) */
   }
   free(all);
   /* every rank sees the same digests: all of them explain, and refuse, alike */
@@ -288,22 +291,31 @@ static l2l_status guard_copies(l2l_relay *run) {
   return L2L_OK;
 }
 
-/* Everything before the first visit: checks, the plan of visits, the step's arrays, the
-   schedule, with ranks their exchange of sizes, the EPS's bookkeeping (its host budget's
-   check), then with ranks whether every rank began: one that could not makes every rank
-   refuse the step. A failure frees the step and changes nothing. */
+/* Where the step's records live (placement auto), its schedule and its budget's check. */
+static l2l_status step_placed(struct step *s) {
+  l2l_status status = relay_place_auto(s);
+  if (status == L2L_OK) status = relay_schedule(s);
+  if (status == L2L_OK) status = relay_check_budget(s);
+  return status;
+}
+
+/* Everything before the first visit: checks, the placement, the plan of visits and the
+   budget's check (with ranks after their exchange of sizes: the ranks place together), the
+   step's arrays, the EPS's bookkeeping (its host budget's check), then with ranks whether
+   every rank began: one that could not makes every rank refuse the step. A failure frees
+   the step and changes nothing (but records placement auto moved stay moved). */
 static l2l_status step_begin(struct step *s, struct step_plan *p) {
+  bool ranks = s->run->config.dist != L2L_DIST_NONE;
   l2l_status status = relay_check_step(s, s->in);
   /* (the guard's copies first: placement auto replays the step, which reads them; a record
      it moves gets a copy made as it moves) */
   if (status == L2L_OK) status = guard_copies(s->run);
-  if (status == L2L_OK) status = relay_place_auto(s);
-  if (status == L2L_OK) status = relay_schedule(s);
-  if (status == L2L_OK) status = relay_check_budget(s);
+  if (status == L2L_OK && !ranks) status = step_placed(s);
   if (status == L2L_OK) status = dist_begin(s);   /* (every rank refuses a failed one alike) */
   if (status == L2L_OK) {   /* from here every rank reaches the second exchange */
     bool began = false;
-    l2l_status own = relay_step_alloc(s);
+    l2l_status own = ranks ? step_placed(s) : L2L_OK;
+    if (own == L2L_OK) own = relay_step_alloc(s);
     if (own == L2L_OK) own = plan_step(p, s);
     if (own == L2L_OK && s->training) {
       own = eps_begin(s, p);

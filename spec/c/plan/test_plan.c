@@ -74,7 +74,7 @@ static bool auto_placement(struct plan_layer *layers, const struct model *m, l2l
   uint64_t budget = bound + (uint64_t)(check_rand_uniform(0, 1.1) * (double)total);
   return CHECK_OK(l2l_relay_set_device_budget(r, budget)) &&
          CHECK_OK(plan_step_place(layers, m->n, cfg, B, S, cfg->micro_batch, d->types != NULL,
-                                  d->key_mask != NULL, budget, &placed));
+                                  d->key_mask != NULL, budget, NULL, &placed));
 }
 
 /* One random case: the relay's measured peak of a training step against the replay's.
