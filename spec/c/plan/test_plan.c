@@ -72,9 +72,33 @@ static bool auto_placement(struct plan_layer *layers, const struct model *m, l2l
   }
   free(recs);
   uint64_t budget = bound + (uint64_t)(check_rand_uniform(0, 1.1) * (double)total);
-  return CHECK_OK(l2l_relay_set_device_budget(r, budget)) &&
-         CHECK_OK(plan_step_place(layers, m->n, cfg, B, S, cfg->micro_batch, d->types != NULL,
-                                  d->key_mask != NULL, budget, NULL, &placed));
+  if (!CHECK_OK(l2l_relay_set_device_budget(r, budget)) ||
+      !CHECK_OK(plan_step_place(layers, m->n, cfg, B, S, cfg->micro_batch, d->types != NULL,
+                                d->key_mask != NULL, budget, NULL, &placed)))
+    return false;
+  /* Within the groups it placed it places them again (ranks that placed alike agree:
+     relay/auto_plan.c); within some of them, none of the others; within none, nothing. */
+  struct plan_layer *again = malloc((size_t)m->n * sizeof *again);
+  uint32_t *allowed = calloc((size_t)m->n, sizeof *allowed);
+  bool ok = CHECK(again != NULL && allowed != NULL, "no memory");
+  for (int round = 0; ok && round < 3; round++) {
+    for (int k = 0; k < m->n; k++)
+      allowed[k] = round == 0 ? layers[k].on_device : round == 1 && check_rand_int(0, 1) ? layers[k].on_device : 0;
+    memcpy(again, layers, (size_t)m->n * sizeof *again);
+    uint64_t bytes = 0;
+    ok = CHECK_OK(plan_step_place(again, m->n, cfg, B, S, cfg->micro_batch, d->types != NULL,
+                                  d->key_mask != NULL, budget, allowed, &bytes));
+    for (int k = 0; ok && k < m->n; k++)
+      ok = CHECK(round == 0 ? again[k].on_device == layers[k].on_device
+                            : (again[k].on_device & ~layers[k].on_device) == 0 &&
+                                  (round == 1 || again[k].on_device == 0),
+                 "round %d: layer %d placed %#x within %#x of %#x", round, k, again[k].on_device,
+                 allowed[k], layers[k].on_device);
+    if (ok && round == 0) ok = CHECK(bytes == placed, "%llu bytes again, %llu", (unsigned long long)bytes,
+                                     (unsigned long long)placed);
+  }
+  free(again), free(allowed);
+  return ok;
 }
 
 /* One random case: the relay's measured peak of a training step against the replay's.
