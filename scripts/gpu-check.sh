@@ -62,7 +62,9 @@ phase_facts() {
     local cuda_home; cuda_home=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")" 2>/dev/null)
     echo "== cuBLAS ($cuda_home)"; ls -l "$cuda_home"/include/cublas_v2.h "$cuda_home"/lib64/libcublas.so* 2>&1
     echo "== host"; uname -a; nproc; free -g; gcc --version | head -n 1
-    echo "== torch"; python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available())' 2>&1
+    echo "== torch"; python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available(), "cudnn", torch.backends.cudnn.version())' 2>&1
+    echo "== cuDNN (L2L_CUDNN=${L2L_CUDNN:-}, CUDNN_INCLUDE=${CUDNN_INCLUDE:-})"
+    find /usr/lib/python3* /usr/local/lib/python3* /opt "$HOME/.local" \( -name 'libcudnn.so*' -o -name cudnn_graph.h \) 2>/dev/null | head -n 8
   } > "$out/machine.txt" 2>&1
   local gpu; gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)
   local nv; nv=$(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')
@@ -84,7 +86,7 @@ phase_build() {
   # table or not (hidden, so not in the dynamic one). grep reads all of nm's output (no
   # -q): under pipefail, grep -q quitting at the first match can kill nm by SIGPIPE and
   # fail the pipeline, which read as "not built".
-  if ! nm build/libl2l.so 2>/dev/null | grep -E ' [tT] l2l_k_' >/dev/null; then
+  if ! nm build/libl2l.so 2>/dev/null | grep -E ' [tT] k_add$' >/dev/null; then
     echo "the CUDA backend was NOT built (build/libl2l.so has no kernels: nvcc or cublas_v2.h missing?)"
     ((dry)) && return $SKIP
     return 1

@@ -55,6 +55,14 @@ for p in $closure; do
 done
 (cd "$dest.new" && apt-get -o APT::Sandbox::User=root download "${keep[@]}" >/dev/null)
 (cd "$dest.new/base" && apt-get -o APT::Sandbox::User=root download "${base[@]}" >/dev/null)
+# cuDNN's headers from this machine's CUDA toolkit, where it has them: a lent machine's
+# PyTorch wheel may hold cuDNN's library without them (scripts/gpu-host.sh points the
+# build at these only where the machine has none; the library stays the machine's)
+cuda_include=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")")/include
+if compgen -G "$cuda_include/cudnn*.h" >/dev/null; then
+  mkdir -p "$dest.new/cudnn/include"
+  cp "$cuda_include"/cudnn*.h "$dest.new/cudnn/include/"
+fi
 rm -rf "$dest"
 mv "$dest.new" "$dest"
 echo "gpu-deps: $(ls "$dest"/*.deb | wc -l) packages (+ ${#base[@]} in base/), $(du -sh "$dest" | cut -f1), in $dest"
