@@ -42,14 +42,17 @@ export BLAS_DIR=$prefix/usr/lib/x86_64-linux-gnu/openblas-openmp
 mkdir -p build
 touch build/.deps-ok
 export L2L_DEPS_CARRIED=$prefix   # scripts/deps.sh: present, though dpkg does not know them
-# cuDNN: the library is the machine's (PyTorch's wheel); L2L_CUDNN names it where l2l's own
-# search would miss it, and the build takes the headers carried in .gpudeps/cudnn where
-# neither the toolkit nor the wheel has them (the Makefile's CUDNN_INCLUDE)
+# cuDNN: the library is the machine's (PyTorch's wheel, in a virtual environment under
+# /opt on the lent H200), which l2l's own search and the Makefile's miss: L2L_CUDNN names
+# it, and the build takes the wheel's headers beside it (the Makefile's CUDNN_INCLUDE), or
+# those carried in .gpudeps/cudnn where neither the toolkit nor the wheel has them
 cudnn_lib=$(find /usr/lib/python3* /usr/local/lib/python3* /opt "$HOME/.local" -name 'libcudnn.so.9' \
               -path '*nvidia*' 2>/dev/null | head -n 1)
 [[ -z ${L2L_CUDNN:-} && -n $cudnn_lib ]] && export L2L_CUDNN=$cudnn_lib
-if [[ -z ${CUDNN_INCLUDE:-} && -f .gpudeps/cudnn/include/cudnn_graph.h && ! -f /usr/local/cuda/include/cudnn_graph.h ]] &&
-   [[ -z $(find "$(dirname "${cudnn_lib:-/nonexistent/x}")/.." -name cudnn_graph.h 2>/dev/null | head -n 1) ]]; then
-  export CUDNN_INCLUDE=$PWD/.gpudeps/cudnn/include
+if [[ -z ${CUDNN_INCLUDE:-} && ! -f /usr/local/cuda/include/cudnn_graph.h ]]; then
+  wheel_include=$(dirname "$(dirname "${cudnn_lib:-/nonexistent/lib/x}")")/include
+  if [[ -f $wheel_include/cudnn_graph.h ]]; then export CUDNN_INCLUDE=$wheel_include
+  elif [[ -f .gpudeps/cudnn/include/cudnn_graph.h ]]; then export CUDNN_INCLUDE=$PWD/.gpudeps/cudnn/include
+  fi
 fi
 exec "$@"
