@@ -179,7 +179,11 @@ phase_kernels() {
   local copy gemm attn
   copy=$(sed -n 's/^device copy .*, \([0-9.]*\) GB\/s.*/\1 GB\/s copy/p' "$log")
   gemm=$(grep -E '^4096 x 4096 x 4096 ' "$log" | awk '{print $NF " TFLOP/s bf16 GEMM 4096^3"}')
-  attn=$(grep -E '^bf16 S=4096 +hd=64 ' "$log" | awk '{print $6 " TFLOP/s bf16 flash forward S=4096 hd=64"}')
+  # (the rows' columns are padded: names and sizes apart by one space or more)
+  attn=$(grep -E '^bf16 +S=4096 +hd=64 ' "$log" | awk '{print $6 " TFLOP/s bf16 flash forward S=4096 hd=64"}')
+  local sdpa
+  sdpa=$(grep -E '^cudnn +S=4096 +hd=64 ' "$log" | awk '{print ", cuDNN " $6}')
+  attn=${attn:+$attn$sdpa}
   echo "${copy:-no copy figure}; ${gemm:-no GEMM figure}; ${attn:-no attention figure} (exit $rc)"
   return $rc
 }
