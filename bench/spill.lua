@@ -119,6 +119,7 @@ for _, shape in ipairs(shapes) do
   -- the planner's view of the spilled relay: its disk bytes and time at this directory's
   -- rates (measured by the planner itself, cached), beside what the run does
   local plan = l2l.plan { model = spilled.model, batch = shape.B, seq = shape.S, device_budget = 2 ^ 40,
+                          placement = "host",   -- (the relays measured: no budget, on the host)
                           optimizer = l2l.AdamW { lr = 1e-4 }, spill = opt.dir }
   local step = 0
   local function batch()

@@ -71,10 +71,13 @@ local function read_options(o, fname)
   if plan_mod.is_plan(o.plan) then   -- what the relay does not say: the plan's, its choices
     local given, plan = o, o.plan
     o = { accumulate = plan.accumulate, placement = plan.placement }
-    if (given.placement or plan.placement) == "auto" and given.device_budget == nil then
+    local own = given.device_budget ~= nil and given.device_budget ~= 0   -- (0: none)
+    if (given.placement or plan.placement) == "auto" and not own then
       o.device_budget = plan.device_budget   -- (the budget it placed within)
     end
-    for k, v in pairs(given) do o[k] = v end
+    for k, v in pairs(given) do
+      if k ~= "device_budget" or own then o[k] = v end
+    end
   end
   local model = o.model
   if model == nil then fail(fname .. ": option 'model' is required (an l2l.Sequential or a list of layers)") end
@@ -518,7 +521,8 @@ local function set_budget(self, fname, key, set, bytes, ...)
 end
 
 -- run:set_device_budget(bytes): the relay's own device budget from the next step on
--- (0: none), as option device_budget.
+-- (0: none), as option device_budget. (Placement auto without any budget, the relay's
+-- or the device pool's, l2l.set_budget, places every record on the device.)
 function Relay:set_device_budget(bytes, ...)
   set_budget(self, "run:set_device_budget", "device_budget", C.l2l_relay_set_device_budget, bytes, ...)
 end

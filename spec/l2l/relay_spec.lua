@@ -506,6 +506,7 @@ describe("l2l.Relay", function()
     local op, sp = placed({ plan = plan }, batch)
     assert.are.equal("auto", op.placement)
     assert.are.equal(budget, op.device_budget)
+    assert.are.equal(budget, placed({ plan = plan, device_budget = 0 }, batch).device_budget)   -- (0: none)
     assert.are.equal(st.device_records_bytes, sp.device_records_bytes)
     local host_plan = l2l.plan { model = tiny_gpt(seed), batch = 4, seq = S, device_budget = budget,
                                  placement = "host", rates = rates }

@@ -169,9 +169,11 @@ static l2l_status placements_exchange(bool *agreed, uint32_t *allowed, const str
     if (theirs[L] && failed < 0) failed = r;
     for (int k = 0; k < L; k++) {
       *agreed &= theirs[k] == all[k];
-      allowed[k] = r == 0 ? (uint32_t)theirs[k] : allowed[k] & (uint32_t)theirs[k];
+      if (allowed != NULL)   /* (NULL: this rank failed, and every rank fails with it) */
+        allowed[k] = r == 0 ? (uint32_t)theirs[k] : allowed[k] & (uint32_t)theirs[k];
     }
   }
+  *agreed &= status == L2L_OK && failed < 0;
   free(words);
   if (status == L2L_OK && failed >= 0)
     status = mine != L2L_OK ? mine : FAIL(L2L_ERR_STATE, "rank %d could not place its records "
@@ -203,8 +205,9 @@ l2l_status relay_place_auto(struct step *s) {
   }
   if (status == L2L_OK && !agreed)
     status = FAIL(L2L_ERR_STATE, "the ranks did not agree a placement in %d rounds", s->L + 2);
-  if (status == L2L_OK) status = relay_move_records(run, pl, s->L);
-  if (status != L2L_OK && agreed && ranks) {
+  bool moved = status == L2L_OK;
+  if (moved) status = relay_move_records(run, pl, s->L);
+  if (moved && status != L2L_OK && ranks) {
     /* the ranks' moves are collective (to the device the state is gathered) and every
        rank must hold its records where the others do: one that could not ends the job */
     char what[512];
