@@ -73,11 +73,15 @@ static void draw(struct setup *s) {
   c->clip_global_norm = check_rand_int(0, 2) == 0 ? 1.0f : 0.0f;
   s->steps_before = (int)check_rand_int(1, 5);
   s->steps_after = (int)check_rand_int(1, MAX_STEPS - s->steps_before);
-  for (int t = 0; t < MAX_STEPS; t++)
+  for (int t = 0; t < MAX_STEPS; t++) {
     for (int64_t i = 0; i < s->batch * s->seq; i++) {
       s->tokens[t][i] = (int32_t)check_rand_int(0, s->vocab - 1);
       s->targets[t][i] = check_rand_int(0, 9) == 0 ? -1 : (int32_t)check_rand_int(0, s->vocab - 1);
     }
+    /* a step needs a real target (the relay refuses one without): a few targets all -1,
+       one draw in 10^3 at batch 1 and seq 3, get one back */
+    if (s->targets[t][0] == -1) s->targets[t][0] = (int32_t)check_rand_int(0, s->vocab - 1);
+  }
   printf("    %d blocks, dim %lld, heads %lld, vocab %lld, seq %lld, batch %lld, micro %lld, "
          "accumulate %d, %s (momentum %g) with %s state, precision %s, master %s, loss scale %g, "
          "clip %g, dropout %g, %s, tie %d, frozen %d; save after %d steps, %d more\n",
