@@ -295,17 +295,20 @@ void eps_move_drop(struct eps_move *m) {
   *m = (struct eps_move){0};
 }
 
-/* State array `a` of rec's new place (eps_device_move_prepare). */
+/* State array `a` of rec's new place (eps_device_move_prepare): the old one copied (one
+   process: the same elements); with ranks the whole record's, gathered, to the device, or
+   this rank's part of the device's to the host. Never updated: zeros on the device, none
+   on the host (made as the next step begins). */
 static l2l_status moved_state(l2l_tensor **out, const struct eps_record *rec, int a,
                               const struct eps_move *m, const l2l_tensor *const whole[2]) {
+  bool ranks = rec->eps->dist != NULL;
   l2l_pool_kind pool = m->to_device ? L2L_POOL_DEVICE : L2L_POOL_HOST;
-  if (rec->eps->dist != NULL && !m->to_device)   /* this rank's part (none: never updated) */
-    return rec->state[a] ? eps_state_part(out, rec, rec->state[a], m->shard_begin, m->shard_n) : L2L_OK;
-  const l2l_tensor *from = rec->eps->dist != NULL ? whole[a] : rec->state[a];
-  if (from != NULL && rec->eps->dist == NULL) return moved(out, pool, from);
-  if (from == NULL && !m->to_device) return L2L_OK;   /* (made as the next step begins) */
+  const l2l_tensor *from = ranks && m->to_device ? whole[a] : rec->state[a];
+  if (from == NULL && !m->to_device) return L2L_OK;
+  if (from != NULL && !ranks) return moved(out, pool, from);
+  if (from != NULL && !m->to_device) return eps_state_part(out, rec, from, m->shard_begin, m->shard_n);
   TRY(eps_state_new_n(out, rec, m->shard_n, pool));
-  return from ? l2l_tensor_copy(*out, from) : l2l_tensor_fill(*out, 0.0);   /* (never updated: zeros) */
+  return from ? l2l_tensor_copy(*out, from) : l2l_tensor_fill(*out, 0.0);
 }
 
 l2l_status eps_device_move_prepare(struct eps_move *m, const struct eps_record *rec, bool to_device,

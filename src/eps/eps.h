@@ -234,7 +234,7 @@ uint64_t eps_device_bytes(const struct eps *eps);
 struct eps_move {
   bool to_device;
   l2l_tensor *master, *grad, *staging, *state[2], *guard_copy;
-  int64_t shard_begin, shard_n;   /* its shard there (with ranks: eps_shard_at) */
+  int64_t shard_begin, shard_n;   /* its shard there (with ranks the device's: all of it) */
 };
 l2l_status eps_move_prepare(struct eps_move *m, struct eps_record *rec, bool to_device);
 void eps_move_commit(struct eps_move *m, struct eps_record *rec, l2l_tensor **master,
