@@ -218,10 +218,9 @@ end
 -- with dist each rank updates the whole record from the ranks' reduced gradient; with a
 -- spill file the file holds the host's records alone; "auto": before each step, the
 -- records that fit beside the step within the device budget go on the device, a layer's
--- at a time (with the layers
--- it shares a record with), the largest first, the rest stay on the host, moved between
--- steps as the shape or the budget changes; with dist the ranks place alike, within what
--- every rank's budget holds)}
+-- at a time (with the layers it shares a record with), the largest first, the rest stay
+-- on the host, moved between steps as the shape or the budget changes; with dist the
+-- ranks place alike, within what every rank's budget holds)}
 function M.Relay(o, ...)
   local fname = "l2l.Relay"
   if select("#", ...) ~= 0 then too_many(fname, "options", 2, ...) end

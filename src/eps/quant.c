@@ -94,12 +94,6 @@ static void part_copy(void *dst, const void *src, const struct eps_record *rec, 
   }
 }
 
-/* The record's own shard of a whole state array (part_copy). */
-static void shard_copy(void *dst, const void *src, const struct eps_record *rec,
-                       l2l_state_precision p) {
-  part_copy(dst, src, rec, rec->shard_begin, rec->shard_n, p);
-}
-
 l2l_status eps_state_part(l2l_tensor **out, const struct eps_record *rec, const l2l_tensor *whole,
                           int64_t begin, int64_t n) {
   *out = NULL;
@@ -162,7 +156,7 @@ static l2l_status state_convert(const char *func, const char *name, l2l_tensor *
       optim_state_encode(l2l_tensor_data(dst), rec->shard_n, from_at - lo, block + (from_at - at),
                        to_at - from_at, to, code);
   }
-  if (same) shard_copy(l2l_tensor_data(dst), l2l_tensor_data(src), rec, to);
+  if (same) part_copy(l2l_tensor_data(dst), l2l_tensor_data(src), rec, lo, rec->shard_n, to);
   return L2L_OK;
 }
 

@@ -139,11 +139,15 @@ static uint64_t place_key(const struct step *s, uint64_t *budget) {
   return relay_step_key(s, false) ^ *budget * 0x9e3779b97f4a7c15ull;
 }
 
+/* Whether placement auto has placed for a step of this key already. */
+static bool placed_for(const l2l_relay *run, uint64_t key) {
+  return run->place_key_set && run->place_key == key;
+}
+
 bool relay_place_wanted(const struct step *s) {
-  const l2l_relay *run = s->run;
-  if (run->config.placement != L2L_PLACE_AUTO || !s->training) return false;
-  uint64_t budget, key = place_key(s, &budget);
-  return !(run->place_key_set && run->place_key == key);
+  if (s->run->config.placement != L2L_PLACE_AUTO || !s->training) return false;
+  uint64_t budget;
+  return !placed_for(s->run, place_key(s, &budget));
 }
 
 /* With ranks, every rank's placement of this step (`mine`: this rank's status placing;
@@ -184,8 +188,9 @@ static l2l_status placements_exchange(bool *agreed, uint32_t *allowed, const str
 l2l_status relay_place_auto(struct step *s) {
   l2l_relay *run = s->run;
   bool ranks = run->config.dist != L2L_DIST_NONE;
-  if (ranks ? !s->place_wanted : !relay_place_wanted(s)) return L2L_OK;
+  if (run->config.placement != L2L_PLACE_AUTO || !s->training) return L2L_OK;
   uint64_t budget, key = place_key(s, &budget);
+  if (ranks ? !s->place_wanted : placed_for(run, key)) return L2L_OK;
   struct plan_layer *pl = calloc((size_t)s->L, sizeof *pl);
   uint32_t *allowed = calloc((size_t)s->L, sizeof *allowed);
   l2l_status status = pl && allowed ? L2L_OK : FAIL(L2L_ERR_NOMEM, "no memory to place a step's records");
