@@ -6,6 +6,10 @@
  *    time (a read and a write of every byte);
  *  - host-device copies at a record's sizes (3 KiB to 4.5 MiB) one at a time, each waited,
  *    from pageable and from pinned memory: microseconds a copy;
+ *  - a GPT-2 small block's 12 records copied onto the device on a copy lane (a thread of
+ *    its own, as the relay's): each copy waited with its small f32 records read from
+ *    pageable memory (the relay before 2026-11-30), and every copy queued, the last one
+ *    waited, all from pinned memory (after): microseconds a visit and GB/s;
  *  - for each kernel-backed op at large sizes (64M-element element-wise ops; LayerNorm,
  *    softmax and cross-entropy on (16384, 1024), (8192, 4096) and (4096, 50257)), the
  *    bytes it must move (each input read once, each output written once) per second,
@@ -39,7 +43,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
+
 #include "backend/accelerators.h" /* the device backend's attention entries, cuDNN's switch */
+#include "backend/backend.h"      /* a copy queued on a lane (backend_tensor_copy_queued) */
 #include "bench.h"
 
 enum { SAMPLES = 21 };
@@ -215,6 +222,70 @@ static void bench_record_copies(void) {
              (long long)sizes[i], us[0], us[1]);
     }
   printf("\n");
+  ok(l2l_device_release_cache());
+}
+
+/* A GPT-2 small block's records as the relay copies them for a visit (bf16 precision): four
+   bf16 weights and eight f32 vectors (LayerNorm weights and biases, the biases). */
+enum { VISIT_RECORDS = 12, VISITS = 41 };
+static const int64_t visit_numel[VISIT_RECORDS] = {768, 768, 768 * 2304, 2304, 768 * 768, 768,
+                                                   768, 768, 768 * 3072, 3072, 3072 * 768, 768};
+
+struct visit_case {
+  l2l_tensor *device[VISIT_RECORDS], *pageable[VISIT_RECORDS], *pinned[VISIT_RECORDS];
+  double us[2], bytes;   /* the median visit, each waited / queued */
+};
+
+static double visit_us(struct visit_case *v, bool queued) {
+  double s[VISITS];
+  for (int r = 0; r < VISITS + 3; r++) {   /* (three visits to warm up) */
+    double t0 = now();
+    for (int i = 0; i < VISIT_RECORDS; i++) {
+      bool small = l2l_tensor_dtype(v->device[i]) == L2L_F32;
+      const l2l_tensor *src = queued || !small ? v->pinned[i] : v->pageable[i];
+      if (queued && i < VISIT_RECORDS - 1) ok(backend_tensor_copy_queued(v->device[i], src));
+      else ok(l2l_tensor_copy(v->device[i], src));
+    }
+    if (r >= 3) s[r - 3] = (now() - t0) * 1e6;
+  }
+  return median(s, VISITS);
+}
+
+/* The copy lane's thread: made a lane by waiting for a mark, as the relay's copy threads
+   are (core/queue.c), then each way of copying a visit. */
+static void *visit_lane(void *ctx) {
+  struct visit_case *v = ctx;
+  ok(device_wait_mark(device_mark()));
+  v->us[0] = visit_us(v, false);
+  v->us[1] = visit_us(v, true);
+  return NULL;
+}
+
+static void bench_visit_copies(void) {
+  struct visit_case v = {0};
+  for (int i = 0; i < VISIT_RECORDS; i++) {
+    l2l_dtype dtype = visit_numel[i] > 4096 ? L2L_BF16 : L2L_F32;
+    int64_t shape[1] = {visit_numel[i]};
+    ok(l2l_tensor_new(&v.device[i], L2L_POOL_DEVICE, dtype, 1, shape));
+    ok(l2l_tensor_new(&v.pageable[i], L2L_POOL_HOST, dtype, 1, shape));
+    ok(l2l_tensor_new(&v.pinned[i], L2L_POOL_PINNED, dtype, 1, shape));
+    ok(l2l_tensor_fill(v.pageable[i], 0.5));
+    ok(l2l_tensor_fill(v.pinned[i], 0.5));
+    v.bytes += (double)visit_numel[i] * (double)l2l_dtype_size(dtype);
+  }
+  pthread_t lane;
+  if (pthread_create(&lane, NULL, visit_lane, &v) != 0) {
+    printf("a visit's copies: no thread for a copy lane\n\n");
+  } else {
+    pthread_join(lane, NULL);
+    printf("a GPT-2 small block's 12 records onto the device on a copy lane (%.2f MiB):\n"
+           "  each waited, small f32 ones from pageable memory: %9.1f us, %6.1f GB/s\n"
+           "  queued, the last one waited, all pinned:          %9.1f us, %6.1f GB/s\n\n",
+           v.bytes / 1048576.0, v.us[0], v.bytes / v.us[0] / 1e3, v.us[1], v.bytes / v.us[1] / 1e3);
+  }
+  for (int i = 0; i < VISIT_RECORDS; i++) {
+    l2l_tensor_free(v.device[i]), l2l_tensor_free(v.pageable[i]), l2l_tensor_free(v.pinned[i]);
+  }
   ok(l2l_device_release_cache());
 }
 
@@ -532,6 +603,7 @@ int main(void) {
 
   bench_copy();
   bench_record_copies();
+  bench_visit_copies();
   bench_elementwise();
   bench_rows();
 

@@ -99,11 +99,14 @@ describe("l2l.profile", function()
       local steps = support.int(1, 3)
       l2l.profile.start { skip = 1 }
       run:step(tok, tgt)
-      local h2d, d2h = 0, 0
+      local h2d, d2h, jobs = 0, 0, 0
       for _ = 1, steps do
         run:step(tok, tgt)
         local st = run:stats()
         h2d, d2h = h2d + st.h2d_bytes, d2h + st.d2h_bytes
+        for _, e in ipairs(run:events()) do   -- the copy threads' jobs that copied
+          if e.phase == "params_in" or e.phase == "stash_out" or e.phase == "stash_in" then jobs = jobs + 1 end
+        end
       end
       l2l.profile.stop()
       run:step(tok, tgt)   -- after stop: not counted
@@ -133,6 +136,15 @@ describe("l2l.profile", function()
         if r.kind == "op" then op_seconds, op_calls = op_seconds + r.seconds, op_calls + r.calls end
       end
       assert.are.equal(p.ops, op_calls, what)
+      -- a copy job waits once (its copies queued, the last one waited for): a visit's
+      -- records are several copies and one wait (on a GPU each wait costs ~0.1 ms)
+      local waits, queued = 0, 0
+      for _, r in ipairs(p.rows) do
+        if r.kind == "lane" and r.op == "copy" then waits = waits + r.calls end
+        if r.kind == "lane" and r.op == "copy_queued" then queued = queued + r.calls end
+      end
+      assert.are.equal(jobs, waits, what)
+      assert.is_true(queued > 0, what)
       assert.is_true(math.abs(op_seconds - p.op_seconds) <= tolerance, what)
       assert.is_true(p.copy_rate > 0 and p.link_rate > 0 and p.gemm_rate_f32 > 0 and p.gemm_rate_16 > 0, what)
       assert.are.equal(0, p.dropped, what)

@@ -387,6 +387,10 @@ void device_stamp_anchor(struct core_stamp *out);
 bool device_stamp_seconds(double *out, const struct core_stamp *from,
                           const struct core_stamp *to);
 void device_stamp_release(struct core_stamp *stamp);
+/* Waits until what the calling copy lane queued on its stream is done (a stamp recorded
+   now and waited for; with none to be had, the device synchronized): after a queued copy
+   failed, so that the host memory the earlier ones read may be freed. */
+void device_wait_queued(void);
 
 /* ---------------------------------------------------------------- tensors (tensor.c) */
 

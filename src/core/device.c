@@ -137,3 +137,12 @@ void device_stamp_release(struct core_stamp *stamp) {
   if (stamp->event != NULL) core_device()->stamp_release(stamp->event);
   stamp->event = NULL;
 }
+
+void device_wait_queued(void) {
+  const struct device_ops *device = core_device();
+  if (device == NULL) return;   /* (no table: a copy is done when it returns) */
+  void *stamp = device->stamp();
+  bool waited = stamp != NULL && device->stamp_wait(stamp);
+  if (stamp != NULL) device->stamp_release(stamp);
+  if (!waited) (void)l2l_device_synchronize();
+}

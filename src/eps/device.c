@@ -316,10 +316,10 @@ l2l_status eps_device_move_prepare(struct eps_move *m, const struct eps_record *
                                    const l2l_tensor *const whole[2]) {
   *m = (struct eps_move){.to_device = to_device, .shard_begin = shard_begin, .shard_n = shard_n};
   l2l_pool_kind pool = to_device ? L2L_POOL_DEVICE : L2L_POOL_HOST;
-  /* (a bf16 master on the host is what the device reads: pinned, as eps_set_records has it) */
-  bool bf16_master = l2l_tensor_dtype(rec->master) == L2L_BF16;
-  l2l_status status = moved(&m->master, bf16_master && !to_device ? L2L_POOL_PINNED : pool,
-                            rec->master);
+  /* (a master on the host the device reads goes to pinned memory, as the relay has it) */
+  l2l_pool_kind home = eps_master_pool(rec->eps, (l2l_dtype)l2l_tensor_dtype(rec->master),
+                                       rec->staging != NULL);
+  l2l_status status = moved(&m->master, to_device ? pool : home, rec->master);
   if (status == L2L_OK) status = moved(&m->grad, pool, rec->grad);
   if (status == L2L_OK && rec->staging)   /* (rewritten from the master as each step begins) */
     status = tensor_new_like(&m->staging, to_device ? L2L_POOL_DEVICE : L2L_POOL_PINNED,

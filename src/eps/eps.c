@@ -28,6 +28,7 @@ l2l_status eps_init(struct eps *eps, const struct eps_settings *settings) {
   eps->timeline = settings->timeline;
   eps->host_budget = settings->host_budget;
   eps->add_arrivals = settings->add_arrivals;
+  eps->pinned_masters = settings->pinned_masters;
   pthread_mutex_init(&eps->lock, NULL);
   pthread_cond_init(&eps->changed, NULL);
   l2l_status status = queue_start(&eps->workers, settings->threads, 3, "optimizer");

@@ -99,6 +99,7 @@ struct eps {
   uint64_t seed;               /* of a bf16 master's stochastic rounding */
   const struct optimizer_ops *optim;   /* the optimizer's entry of the table */
   l2l_dtype precision;         /* the device's: f32, or f16 / bf16 for staging copies */
+  bool pinned_masters;         /* eps_settings' */
   struct eps_record **records;   /* the relay's listing's order (eps_set_records) */
   int count;
   struct core_queue workers;
@@ -185,11 +186,19 @@ struct eps_settings {
                                   NULL: host memory */
   bool add_arrivals;           /* (bench/optim's baseline) add every gradient as it
                                   arrives: hold none for its update to read */
+  bool pinned_masters;         /* an f32 master the device reads as it is (no staging
+                                  copy) lives in pinned memory, as staging copies do:
+                                  where the device's memory is not the host's */
 };
 /* An EPS with no records; a failure leaves nothing to free (collective with ranks). */
 l2l_status eps_init(struct eps *eps, const struct eps_settings *settings);
 void eps_free(struct eps *eps);
 struct eps_record *eps_find(const struct eps *eps, const l2l_param *param);
+/* Where a master of `dtype` lives on the host: in pinned memory when the device reads it
+   there (a bf16 master, an f32 one with no staging copy where settings.pinned_masters: a
+   copy from pageable memory stages through the driver and waits for it), else in host
+   memory. `staged`: the record has a staging copy the device reads instead. */
+l2l_pool_kind eps_master_pool(const struct eps *eps, l2l_dtype dtype, bool staged);
 /* What the EPS keeps of a parameter, read from it by the caller (the relay): the EPS
    never calls into the layers part. `param` is the record's key; `name` is borrowed and
    lives as long as the parameter; master and grad are its f32 host tensors. */

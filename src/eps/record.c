@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /* record.c — the bottom of the EPS: what every file of it reads of a record.
  *
- * Purpose: a record's bytes in host memory and on disk (core's host_record_bytes,
- * the one formula the planner and the host budget use too; the EPS's whole, and a visit's
- * gradients' norm for per-layer clipping), an update's hyper-parameters, the order backward
+ * Purpose: where a master lives on the host (eps_master_pool), a record's bytes in host
+ * memory and on disk (core's host_record_bytes, the one formula the planner and the host
+ * budget use too; the EPS's whole, and a visit's gradients' norm for per-layer clipping),
+ * an update's hyper-parameters, the order backward
  * completes a step's due records in (the read-ahead list of state_tier.c and the places
  * on the ranks' streams of exchange.c), and a block of its gradient as the accumulator
  * and its held arrivals make it (eps.c's check of the last arrival, update.c's update).
@@ -16,6 +17,11 @@
 #include <string.h>
 
 #include "record.h"
+
+l2l_pool_kind eps_master_pool(const struct eps *eps, l2l_dtype dtype, bool staged) {
+  bool read_there = !staged && (dtype == L2L_BF16 || eps->pinned_masters);
+  return read_there ? L2L_POOL_PINNED : L2L_POOL_HOST;
+}
 
 struct host_record eps_record_bytes(const struct eps *eps, const struct eps_record *rec) {
   struct host_record b = {0};

@@ -105,11 +105,6 @@ static struct layers_record_dtypes held(const l2l_relay *run, const l2l_param *p
   return layers_record_dtypes(p, run->config.precision, run->config.master);
 }
 
-/* With master bf16, a parameter whose master is bf16 (a low-precision one). */
-static bool bf16_master(const l2l_relay *run, const l2l_param *p) {
-  return held(run, p).master == L2L_BF16;
-}
-
 /* Whether p's record lives on the device while its layer is in the relay: value (in its
    master's dtype) and grad (f32) device tensors. */
 static bool on_device(const l2l_relay *run) { return run->config.placement == L2L_PLACE_DEVICE; }
@@ -125,14 +120,15 @@ static l2l_status param_home(l2l_param *p, l2l_pool_kind pool, l2l_dtype dtype, 
   return status;
 }
 
-/* A layer's parameters leaving the relay's bf16 masters or its device: f32 host values
+/* A layer's parameters leaving the relay's pinned or bf16 masters or its device: f32 host values
    (and grads) again, once no record of the EPS holds them (a tied one may stay with
    another layer). A failure (no memory) leaves a value where it was: still its value,
    refused by the next relay's check. */
 static void masters_home(l2l_relay *run, l2l_layer *layer, bool freeing) {
   for (int r = 0; r < l2l_layer_param_count(layer); r++) {
     l2l_param *p = l2l_layer_param(layer, r);
-    bool away = bf16_master(run, p) || l2l_tensor_pool(l2l_param_value(p)) == L2L_POOL_DEVICE;
+    const l2l_tensor *v = l2l_param_value(p);
+    bool away = l2l_tensor_pool(v) != L2L_POOL_HOST || l2l_tensor_dtype(v) != L2L_F32;
     if (away && (freeing || eps_find(&run->eps, p) == NULL)) {
       param_set_guard_copy(p, NULL);   /* (the EPS's, gone with its record) */
       (void)param_home(p, L2L_POOL_HOST, L2L_F32, true);
@@ -157,24 +153,26 @@ static l2l_status eps_records(l2l_relay *run, l2l_layer *const *list, int n, int
   int at = 0;
   for (; at < count && status == L2L_OK; at++) {
     l2l_param *p = recs[at].param;
-    /* A joining record's value where the EPS keeps it (a bf16 master rounded on the host,
-       as with the records there, then copied); a record the EPS holds already stays
+    /* A joining record's value where the EPS keeps it (eps_master_pool; a bf16 master
+       rounded on the host, as with the records there, then copied); a record the EPS holds already stays
        where it is (its master is the EPS's: auto may have moved it either way) */
     bool joining = eps_find(&run->eps, p) == NULL;
-    if (joining && bf16_master(run, p)) status = param_rehome(p, L2L_POOL_PINNED, L2L_BF16);
+    struct layers_record_dtypes d = held(run, p);
+    l2l_pool_kind home = eps_master_pool(&run->eps, d.master, d.staging != L2L_F32);
+    if (joining && home != L2L_POOL_HOST) status = param_rehome(p, home, d.master);
     if (status == L2L_OK && joining && on_device(run))
-      status = param_home(p, L2L_POOL_DEVICE, held(run, p).master, true);
+      status = param_home(p, L2L_POOL_DEVICE, d.master, true);
     if (status != L2L_OK) failed = at;
     sources[at] = (struct eps_record_source){
         .param = p, .name = l2l_param_name(p), .master = l2l_param_value(p),
         .grad = l2l_param_grad(p), .decays = l2l_param_decays(p) == 1, .device = on_device(run),
-        .staging = held(run, p).staging, .users = recs[at].users,
+        .staging = d.staging, .users = recs[at].users,
         .stream = (uint64_t)l2l_layer_rng_id(list[recs[at].layer]) << 8 | (uint64_t)recs[at].place};
   }
   if (status == L2L_OK) status = eps_set_records(&run->eps, sources, count, &failed);
   if (failed >= 0) *failed_layer = recs[failed].layer;
   for (int i = 0; status != L2L_OK && i < at; i++)   /* the joining masters home again */
-    if ((bf16_master(run, recs[i].param) || on_device(run)) &&
+    if ((l2l_tensor_pool(l2l_param_value(recs[i].param)) != L2L_POOL_HOST || on_device(run)) &&
         eps_find(&run->eps, recs[i].param) == NULL)
       (void)param_home(recs[i].param, L2L_POOL_HOST, L2L_F32, on_device(run));
   free(sources);
@@ -310,7 +308,8 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
       .optimizer = &config->optimizer, .precision = config->precision, .threads = threads,
       .seed = config->seed, .timeline = &run->timeline,
       .dist_lane = config->dist == L2L_DIST_MPI ? THREAD_D2H + 1 + threads : -1,
-      .host_budget = config->host_budget, .spill_dir = run->spill_dir};
+      .host_budget = config->host_budget, .spill_dir = run->spill_dir,
+      .pinned_masters = !relay_device_is_host()};
   if (status == L2L_OK) status = eps_init(&run->eps, &eps);
   eps_up = status == L2L_OK;
   run->config.spill_dir = run->spill_dir;

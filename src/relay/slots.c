@@ -67,6 +67,11 @@ static l2l_status grads_copied(bool *out) {
   return L2L_OK;
 }
 
+bool relay_device_is_host(void) {
+  const char *env = getenv("L2L_GRADS_OUT");
+  return backend_device_is_host() && !(env != NULL && strcmp(env, "copy") == 0);
+}
+
 /* The slots (bytes), sized for the largest active layer. */
 l2l_status relay_slots_new(struct step *s) {
   int64_t shape[1] = {(int64_t)slot_size(s, ORDER_SLOT_VALUES)};
@@ -74,7 +79,7 @@ l2l_status relay_slots_new(struct step *s) {
   int64_t oshape[1] = {(int64_t)slot_size(s, ORDER_SLOT_GRADS_OUT)};
   bool copied = false;
   TRY(grads_copied(&copied));
-  s->host_device = backend_device_is_host() && !copied;
+  s->host_device = relay_device_is_host();
   s->nslots = s->run->config.param_slots;
   s->pslots = calloc((size_t)s->nslots, sizeof *s->pslots);
   s->slot_use = calloc((size_t)s->nslots, sizeof *s->slot_use);

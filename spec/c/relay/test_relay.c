@@ -313,8 +313,10 @@ TEST(relay_gradients_copied_out_as_a_gpus_match_plain_training) {
      against plain training as above, and every record of every step checked held; with
      accumulation over two steps the first step's are added (no update follows) and the
      second's held, read beside that sum; with global clipping (deferred updates) all are
-     added as they come; both match too. An unknown value is refused by the step, naming
-     it. */
+     added as they come; both match too. The masters the device reads as they are (here
+     every one: f32, no staging copies) live in pinned memory while the relay holds them,
+     as a GPU's do, and in host memory again once it lets them go. An unknown value is
+     refused by the step, naming it. */
   enum { STEPS = 4 };
   const char *kept = getenv("L2L_GRADS_OUT");
   setenv("L2L_GRADS_OUT", "copy", 1);
@@ -358,10 +360,26 @@ TEST(relay_gradients_copied_out_as_a_gpus_match_plain_training) {
       CHECK(matched_held_checks == want, "%s: %lld records' held gradients checked, want %lld",
             what, (long long)matched_held_checks, (long long)want);
   }
-  setenv("L2L_GRADS_OUT", "by post", 1);
   struct model rm;
   model_clone(&rm, &init);
   l2l_relay_config cfg = adamw_config();
+  for (int held = 1; held >= 0; held--) {
+    l2l_relay *r = held ? relay_new(&rm, &cfg) : NULL;
+    if (held && r == NULL) break;
+    int astray = 0, n = 0;
+    for (int i = 0; i < rm.n; i++)
+      for (int j = 0; j < l2l_layer_param_count(rm.layer[i]); j++, n++) {
+        const l2l_tensor *v = l2l_param_value(l2l_layer_param(rm.layer[i], j));
+        astray += l2l_tensor_pool(v) != (held ? L2L_POOL_PINNED : L2L_POOL_HOST) ||
+                  l2l_tensor_dtype(v) != L2L_F32;
+      }
+    CHECK(astray == 0, "%d of %d f32 masters not in %s memory %s", astray, n,
+          held ? "pinned" : "host", held ? "while a relay holds them" : "after it let them go");
+    l2l_relay_free(r);
+  }
+  model_free(&rm);
+  setenv("L2L_GRADS_OUT", "by post", 1);
+  model_clone(&rm, &init);
   l2l_relay *r = relay_new(&rm, &cfg);
   if (r != NULL) {
     double loss;

@@ -452,8 +452,13 @@ static void auto_budget_step(l2l_relay *r, struct model *m, int step) {
    record there). The placed run trains as the host's to the bit whatever it moved. With a
    spill file (spill_dir, not NULL) the host's records keep their state in it (no host
    budget): a record that comes home writes it there after its next update, one that
-   leaves for the device reads it back as it moves. */
+   leaves for the device reads it back as it moves. Half the draws treat the device as a
+   GPU's (L2L_GRADS_OUT=copy): gradients copied out, and a master the device reads as it
+   is (f32, here every master not bf16) lives in pinned memory and comes home there. */
 static void auto_fills_the_budget(const char *spill_dir) {
+  const char *kept = getenv("L2L_GRADS_OUT");
+  if (check_rand_int(0, 1)) setenv("L2L_GRADS_OUT", "copy", 1);
+  bool gpu_like = getenv("L2L_GRADS_OUT") != NULL;   /* (drawn, or the caller's) */
   struct shape g = gpt_shape();
   g.dropout = 0;
   struct model init;
@@ -466,9 +471,10 @@ static void auto_fills_the_budget(const char *spill_dir) {
   /* (per-layer clipping: the tied table's embedding and head are placed together) */
   if (check_rand_int(0, 1)) cfg.clip_layer_norm = 0.05f;
   cfg.spill_dir = spill_dir;
-  printf("  (state %d, master %s, clip_layer_norm %g, %s)\n", (int)cfg.optimizer.state,
+  printf("  (state %d, master %s, clip_layer_norm %g, %s, %s)\n", (int)cfg.optimizer.state,
          l2l_dtype_name(cfg.master), (double)cfg.clip_layer_norm,
-         spill_dir ? "the host's state in a spill file" : "in memory");
+         spill_dir ? "the host's state in a spill file" : "in memory",
+         gpu_like ? "gradients copied out" : "gradients read in place");
   /* the records' device bytes (the planner's count, held to the pool's in test_plan) and
      the step's peak with them on the host */
   l2l_relay_config cd = cfg;
@@ -514,9 +520,11 @@ static void auto_fills_the_budget(const char *spill_dir) {
         const l2l_tensor *v = l2l_param_value(l2l_layer_param(m.layer[i], j));
         int pool = l2l_tensor_pool(v);
         on += pool == L2L_POOL_DEVICE;
-        /* on the host, a bf16 master is pinned (the device reads it there), an f32 one not */
+        /* on the host, a master the device reads there is pinned: a bf16 one, and an f32
+           one where the device is a GPU's (none has a staging copy here) */
+        bool read_there = l2l_tensor_dtype(v) == L2L_BF16 || gpu_like;
         astray += pool != L2L_POOL_DEVICE &&
-                  pool != (l2l_tensor_dtype(v) == L2L_BF16 ? L2L_POOL_PINNED : L2L_POOL_HOST);
+                  pool != (read_there ? L2L_POOL_PINNED : L2L_POOL_HOST);
       }
     CHECK(astray == 0, "step %d: %d masters on the host outside their pool", k, astray);
     if (auto_budgets[k] != 0)
@@ -564,6 +572,8 @@ static void auto_fills_the_budget(const char *spill_dir) {
   model_free(&mb);
   free_batches(batches, STEPS);
   model_free(&init);
+  if (kept) setenv("L2L_GRADS_OUT", kept, 1);
+  else unsetenv("L2L_GRADS_OUT");
 }
 
 TEST(relay_records_placed_auto_fill_the_budget_record_by_record) { auto_fills_the_budget(NULL); }

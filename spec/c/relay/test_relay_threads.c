@@ -96,7 +96,14 @@ TEST(relay_updates_are_eager) {
                                 watcher_backward, &w, 1, L2L_POOL_HOST));
   if (watch_layer == NULL) goto done;
   model_insert(&m, 2, watch_layer);
-  for (int l = 3; l < m.n; l++)
+  struct data d;
+  data_new(&d, &g, 8, g.S, 0, 1.0);
+  l2l_relay_config cfg = adamw_config();
+  cfg.micro_batch = 2;
+  cfg.optimizer_threads = 1;
+  l2l_relay *r = relay_new(&m, &cfg);
+  /* the masters where the relay keeps them (pinned, where the device is a GPU's) */
+  for (int l = 3; r != NULL && l < m.n; l++)
     for (int j = 0; j < l2l_layer_param_count(m.layer[l]); j++) {
       const l2l_tensor *v = l2l_param_value(l2l_layer_param(m.layer[l], j));
       int i = w.nwatch++;
@@ -104,12 +111,6 @@ TEST(relay_updates_are_eager) {
       w.words[i] = (int64_t)(tensor_bytes(v) / sizeof(uint32_t));
       w.before[i] = xmalloc(tensor_bytes(v));
     }
-  struct data d;
-  data_new(&d, &g, 8, g.S, 0, 1.0);
-  l2l_relay_config cfg = adamw_config();
-  cfg.micro_batch = 2;
-  cfg.optimizer_threads = 1;
-  l2l_relay *r = relay_new(&m, &cfg);
   for (int step = 0; r != NULL && step < 2; step++) {
     /* the masters as they are before the step (the last step's updates are done) */
     if (!CHECK_OK(l2l_relay_sync(r))) break;
