@@ -184,7 +184,10 @@ phase_kernels() {
   local sdpa
   sdpa=$(grep -E '^cudnn +S=4096 +hd=64 ' "$log" | awk '{print ", cuDNN " $6}')
   attn=${attn:+$attn$sdpa}
-  echo "${copy:-no copy figure}; ${gemm:-no GEMM figure}; ${attn:-no attention figure} (exit $rc)"
+  local visit   # (a block's records on a copy lane: each copy waited, or queued and one wait)
+  visit=$(awk '/each waited, small f32/ {w = $(NF - 3)} /queued, the last one waited/ {q = $(NF - 3)}
+               END {if (w != "") printf "; a block'"'"'s 12 record copies %s us each waited, %s us queued", w, q}' "$log")
+  echo "${copy:-no copy figure}; ${gemm:-no GEMM figure}; ${attn:-no attention figure}$visit (exit $rc)"
   return $rc
 }
 
