@@ -164,7 +164,11 @@ L2L_API l2l_status l2l_layer_memory_use(l2l_layer_memory *out, const l2l_layer *
 
 L2L_API const char *l2l_param_name(const l2l_param *param);
 L2L_API l2l_tensor *l2l_param_value(const l2l_param *param);   /* borrowed: do not free */
-L2L_API l2l_tensor *l2l_param_grad(const l2l_param *param);    /* borrowed: do not free */
+/* The gradient accumulator (borrowed: do not free). Asking for it hands it out for good: a
+   relay's EPS then reads it at each update, since the caller may write it at any time
+   (a relay whose accumulators were never asked for takes one it cleared itself as zero,
+   unread: 4 bytes a parameter a step). l2l_layer_backward hands out what it adds into. */
+L2L_API l2l_tensor *l2l_param_grad(const l2l_param *param);
 L2L_API int l2l_param_users(const l2l_param *param);            /* layers using this record */
 /* 1 for the weights of linear maps (weight decay applies by default); 0 for biases,
    LayerNorm and embedding tables. */

@@ -326,7 +326,7 @@ local function match_records(model, file, fname, list)
         entry_for(file, name, p.value:shape(), i, layer:label(), fname)
       else   -- a tied record's second views: not needed
         p.value:free()
-        p.grad:free()
+        if rawget(p, "grad") then p.grad:free() end   -- (made only when read)
       end
     end
   end

@@ -353,27 +353,41 @@ function Layer:nparams(...)
   return tonumber(C.l2l_layer_nparams(H(self, "layer:nparams")))
 end
 
+local function view(t)
+  local out = ffi.new("l2l_tensor *[1]")
+  check(C.l2l_tensor_view_rows(out, t, 0, C.l2l_tensor_dim(t, 0)), "layer:params", 3)
+  return tensor.wrap(out[0])
+end
+
+-- An entry's grad is made when first read: l2l_param_grad hands the accumulator out (a
+-- script may write it at any time from then on), so the EPS reads it at every update
+-- after; an entry whose grad is never read leaves the EPS free to take its accumulator,
+-- which it cleared itself, as zero (4 bytes a parameter a step; include/l2l/layers.h,
+-- l2l_param_grad).
+local lazy_grad = {
+  __index = function(entry, key)
+    if key ~= "grad" then return nil end
+    local g = view(C.l2l_param_grad(entry.handle))
+    rawset(entry, "grad", g)
+    return g
+  end,
+}
+
 -- {name=, value=, grad=, decays=, users=, id=, handle=, layer=} per parameter record;
--- value and grad are tensors sharing the record's storage. `id` identifies the record
--- (tied layers share it); `handle` is its l2l_param * (valid while `layer` lives, which
--- the record keeps alive).
+-- value and grad are tensors sharing the record's storage (grad made when first read:
+-- pairs() lists it only from then). `id` identifies the record (tied layers share it);
+-- `handle` is its l2l_param * (valid while `layer` lives, which the record keeps alive).
 function Layer:params(...)
   if select("#", ...) ~= 0 then too_many("layer:params", "", 2, ...) end
   local h = H(self, "layer:params")
   local list = {}
   for i = 0, C.l2l_layer_param_count(h) - 1 do
     local p = C.l2l_layer_param(h, i)
-    local function view(t)
-      local out = ffi.new("l2l_tensor *[1]")
-      check(C.l2l_tensor_view_rows(out, t, 0, C.l2l_tensor_dim(t, 0)), "layer:params", 3)
-      return tensor.wrap(out[0])
-    end
-    list[#list + 1] = {
+    list[#list + 1] = setmetatable({
       name = ffi.string(C.l2l_param_name(p)), value = view(C.l2l_param_value(p)),
-      grad = view(C.l2l_param_grad(p)), decays = C.l2l_param_decays(p) == 1,
-      users = C.l2l_param_users(p), id = tonumber(ffi.cast("intptr_t", p)),
-      handle = p, layer = self,
-    }
+      decays = C.l2l_param_decays(p) == 1, users = C.l2l_param_users(p),
+      id = tonumber(ffi.cast("intptr_t", p)), handle = p, layer = self,
+    }, lazy_grad)
   end
   return list
 end

@@ -539,6 +539,54 @@ describe("l2l.Relay", function()
     assert.is_true(differs, "the 16-bit run gave f32's losses bit for bit")
   end
 
+  it("takes as zero an accumulator no script was given, and adds what a script wrote into one it was", function()
+    -- As on a GPU (L2L_GRADS_OUT=copy: gradients copied out and held for their updates),
+    -- an accumulator the EPS cleared itself is taken as zero, unread, unless a script was
+    -- given it (reading p.grad calls l2l_param_grad, which hands it out): from then on the
+    -- EPS reads it, 4 bytes a parameter a step, and adds what the script wrote (the same
+    -- bits as the CPU backend's own way, which adds every gradient). model:params()
+    -- alone, as model:nparams() calls it, gives no accumulator out.
+    local ffi = require("ffi")
+    pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
+    local seed = support.int(1, 10000)
+    local what = "seed " .. support.seed
+    local tok, tgt = reversal(4)
+    local function run(gpu_like, touch)
+      if gpu_like then ffi.C.setenv("L2L_GRADS_OUT", "copy", 1) end
+      local model = tiny_gpt(seed, 0)
+      local losses, bytes, weights = {}, {}, {}
+      local ok, err = pcall(function()
+        local r = l2l.Relay { model = model, micro_batch = 2, seed = 3,
+                              optimizer = l2l.AdamW { lr = 1e-2 } }
+        assert(model:nparams() > 0)
+        for k = 1, 4 do
+          if k == 3 and touch then   -- a script's values in every accumulator
+            for _, p in ipairs(model:params()) do p.grad:fill(1 / 64) end
+          end
+          losses[k] = r:step(tok, tgt)
+          bytes[k] = r:stats().host_pass_bytes   -- (the step's, its updates settled)
+        end
+        for _, p in ipairs(model:params()) do weights[#weights + 1] = flat(p.value) end
+        r:free()
+      end)
+      ffi.C.unsetenv("L2L_GRADS_OUT")
+      assert(ok, err)
+      return losses, weights, bytes
+    end
+    local l_held, w_held, b_held = run(true, true)
+    local l_added, w_added = run(false, true)
+    local _, _, b_untouched = run(true, false)
+    for k = 1, 4 do assert.are.equal(l_added[k], l_held[k], what .. ": step " .. k) end
+    for i = 1, #w_added do assert.are.same(w_added[i], w_held[i], what .. ": record " .. i) end
+    -- the same passes until the script writes, the first step's check reading each new
+    -- accumulator; at step 4 (nothing written since) the touched run's check reads every
+    -- accumulator again, the untouched one's none
+    local four = 4 * tiny_gpt(seed, 0):nparams()
+    assert.are.equal(b_untouched[2], b_held[2], what)
+    assert.are.equal(four, b_held[1] - b_held[2], what .. ": step 1 reads the new accumulators")
+    assert.are.equal(four, b_held[4] - b_untouched[4], what)
+  end)
+
   it("keeps f32 weights on the device by default on the CPU backend (bf16 is a GPU's)", function()
     local run = l2l.Relay { model = tiny_gpt(support.seed % 1000) }
     assert.are.equal("f32", run.options.precision)

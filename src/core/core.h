@@ -401,6 +401,7 @@ struct core_storage {
   l2l_pool_kind pool;
   uint64_t bytes;        /* as asked of the pool */
   void *data;
+  atomic_bool handed_out;   /* tensor_hand_out: a caller may write it at any time */
 };
 
 struct l2l_tensor {
@@ -445,6 +446,12 @@ l2l_status tensor_new_like(l2l_tensor **out, l2l_pool_kind pool, l2l_dtype dtype
    records of several dtypes. */
 l2l_status tensor_view_bytes(l2l_tensor **out, const l2l_tensor *t, uint64_t byte_offset,
                              l2l_dtype dtype, const l2l_tensor *like);
+/* Marks t's storage as handed out: the public API gave it to a caller who may write it
+   at any time, unseen (l2l_param_grad's accumulator). For good: what the library last
+   wrote there is no longer all it can know of its contents (the EPS then reads an
+   accumulator it cleared itself, rather than take it as zero). */
+void tensor_hand_out(const l2l_tensor *t);
+bool tensor_handed_out(const l2l_tensor *t);
 /* t is a live tensor; else L2L_ERR_INVALID naming `name`, with func's name in front. */
 l2l_status tensor_check(const char *func, const char *name, const l2l_tensor *t);
 /* "(2,3,5)" into buf, for messages. */

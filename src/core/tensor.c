@@ -112,6 +112,7 @@ l2l_status l2l_tensor_new(l2l_tensor **out, l2l_pool_kind pool, l2l_dtype dtype,
     return status;
   }
   atomic_init(&s->refs, 1);
+  atomic_init(&s->handed_out, false);
   s->pool = pool;
   s->bytes = bytes;
   t->magic = L2L_TENSOR_MAGIC;
@@ -122,6 +123,14 @@ l2l_status l2l_tensor_new(l2l_tensor **out, l2l_pool_kind pool, l2l_dtype dtype,
   t->storage = s;
   *out = t;
   return L2L_OK;
+}
+
+void tensor_hand_out(const l2l_tensor *t) {
+  if (tensor_ok(t)) atomic_store_explicit(&t->storage->handed_out, true, memory_order_release);
+}
+
+bool tensor_handed_out(const l2l_tensor *t) {
+  return tensor_ok(t) && atomic_load_explicit(&t->storage->handed_out, memory_order_acquire);
 }
 
 void l2l_tensor_free(l2l_tensor *t) {

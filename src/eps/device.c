@@ -334,6 +334,7 @@ l2l_status eps_device_move_prepare(struct eps_move *m, const struct eps_record *
 void eps_move_commit(struct eps_move *m, struct eps_record *rec, l2l_tensor **master,
                      l2l_tensor **grad) {
   rec->master = *master = m->master, rec->grad = *grad = m->grad;   /* (the param's) */
+  rec->grad_known_zero = false;   /* (a new accumulator: read once before it is known) */
   l2l_tensor_free(rec->staging), rec->staging = m->staging;
   l2l_tensor_free(rec->guard_copy), rec->guard_copy = m->guard_copy;
   for (int a = 0; a < 2; a++) {

@@ -311,6 +311,7 @@ struct arrival {
   struct eps_record *rec;
   l2l_tensor *incoming;        /* NULL for a check */
   bool check;                  /* the held gradients checked, not an add */
+  bool known_zero;             /* (a check) the accumulator taken as zero, not read */
   bool norms;                  /* each chunk's norm found as it is added (deferred updates) */
   float scale;
   int layer;
@@ -385,26 +386,27 @@ static bool absorb_whole(struct eps_record *rec, l2l_tensor *incoming, bool drai
 }
 
 /* The check of rec's held gradients over [begin, end) (within one chunk): whether every
-   partial sum is finite and below EPS_GRAD_LIMIT; the chunk's grad_zero found. */
-static bool check_range(struct eps_record *rec, int64_t begin, int64_t end) {
+   partial sum is finite and below EPS_GRAD_LIMIT; the chunk's grad_zero found (known_zero:
+   the accumulator is zero, unread). */
+static bool check_range(struct eps_record *rec, int64_t begin, int64_t end, bool known_zero) {
   const float *acc = (const float *)l2l_tensor_data(rec->grad);
   float block[L2L_STATE_BLOCK];
   bool finite = true, zero = true;
   for (int64_t at = begin; at < end; at += L2L_STATE_BLOCK) {
     int64_t k = end - at < L2L_STATE_BLOCK ? end - at : L2L_STATE_BLOCK;
-    bool z = optim_all_zero(acc + at, k);
+    bool z = known_zero || optim_all_zero(acc + at, k);
     zero &= z;
     finite &= eps_held_block(block, rec, z ? NULL : acc + at, at, k);
   }
   if (rec->grad_zero != NULL) rec->grad_zero[begin / CHUNK] = zero;
-  eps_count_bytes(rec->eps, (uint64_t)(end - begin) * (eps_held_elem_bytes(rec) + 4));
+  eps_count_bytes(rec->eps, (uint64_t)(end - begin) * (eps_held_elem_bytes(rec) + (known_zero ? 0 : 4)));
   return finite;
 }
 
 /* An arrival's work on [begin, end): its add (and the chunk's norm), or the held
    gradients' check. */
 static bool arrival_range(struct arrival *a, int64_t begin, int64_t end) {
-  if (a->check) return check_range(a->rec, begin, end);
+  if (a->check) return check_range(a->rec, begin, end, a->known_zero);
   bool finite = absorb_range(a->rec, a->incoming, false, a->scale, begin, end);
   if (a->norms) chunk_norm(a->rec, begin, end);
   return finite;
@@ -571,6 +573,7 @@ static bool holds_arrival(const struct eps *eps, const struct eps_record *rec) {
 /* rec's held gradients added into its accumulator, as they would have been on arrival
    (as a step begins: the last one ended before the record was complete). */
 static void held_add(struct eps_record *rec) {
+  if (rec->held_n > 0) rec->grad_known_zero = false;
   for (int k = 0; k < rec->held_n; k++)
     if (!absorb_whole(rec, rec->held[k].grad, false, rec->held[k].scale, false))
       rec->nonfinite = true;
@@ -582,11 +585,14 @@ static void held_add(struct eps_record *rec) {
 static void held_check(struct eps *eps, struct eps_record *rec, int layer) {
   pthread_mutex_lock(&eps->lock);
   eps->held_checks++;
+  bool known_zero = rec->grad_known_zero && !tensor_handed_out(rec->grad);
+  eps->known_zero_checks += known_zero;
   pthread_mutex_unlock(&eps->lock);
   size_t chunks = (size_t)optim_chunks(l2l_tensor_numel(rec->grad));
   if (rec->grad_zero == NULL) rec->grad_zero = calloc(chunks, 1);
   else memset(rec->grad_zero, 0, chunks);
-  struct arrival check = {.eps = eps, .rec = rec, .check = true, .layer = layer};
+  struct arrival check = {.eps = eps, .rec = rec, .check = true, .known_zero = known_zero,
+                          .layer = layer};
   struct arrival *a = calloc(1, sizeof *a);
   if (a == NULL) {   /* checked here */
     counted(eps, rec, arrival_whole(&check), layer);
@@ -603,6 +609,7 @@ static void eps_give(struct eps *eps, struct eps_record *rec, l2l_tensor *incomi
   pthread_mutex_lock(&eps->lock);
   bool hold = holds_arrival(eps, rec), last = false, norms = !hold && adds_norms(eps, rec);
   rec->given++;
+  if (!hold) rec->grad_known_zero = false;   /* (added into it from here) */
   if (hold) {
     rec->held[rec->held_n++] = (struct eps_held){.grad = incoming, .scale = scale};
     last = rec->held_n == rec->expected;
@@ -639,6 +646,7 @@ static void eps_absorb(struct eps *eps, struct eps_record *rec, l2l_tensor *grad
   eps_wait_absorbs(eps, rec);
   pthread_mutex_lock(&eps->lock);
   bool norms = adds_norms(eps, rec);
+  rec->grad_known_zero = false;
   pthread_mutex_unlock(&eps->lock);
   bool finite = absorb_whole(rec, grad, true, scale, norms);
   if (norms) norms_found(eps, rec);
@@ -658,6 +666,12 @@ void eps_give_gradient(struct eps *eps, struct eps_record *rec, l2l_tensor *grad
                        bool kept, float scale, int layer) {
   if (kept) eps_absorb(eps, rec, grad, scale, layer);
   else eps_give(eps, rec, grad, scale, layer);
+}
+
+void eps_grad_written(struct eps *eps, struct eps_record *rec) {
+  pthread_mutex_lock(&eps->lock);
+  rec->grad_known_zero = false;
+  pthread_mutex_unlock(&eps->lock);
 }
 
 void eps_release(struct eps *eps, struct eps_record *rec, int layer) {

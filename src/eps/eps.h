@@ -121,6 +121,7 @@ struct eps {
                                   "held arrivals"; bench/optim's before) */
   int64_t held_checks;         /* records whose held gradients were checked for their
                                   update, since eps_init (under the lock) */
+  int64_t known_zero_checks;   /* ... of them with the accumulator known zero, unread */
   _Atomic uint64_t pass_bytes; /* host memory its passes read and wrote since eps_init
                                   (eps_pass_bytes) */
   int arrivals_in_flight;      /* gradients given and not yet added */
@@ -350,6 +351,9 @@ void eps_give_device(struct eps *eps, struct eps_record *rec, const l2l_tensor *
    the host's eps_clip_scale's arithmetic). */
 l2l_status eps_device_clip(struct eps *eps, l2l_tensor *const *grads, int n, float clip);
 void eps_release(struct eps *eps, struct eps_record *rec, int layer);
+/* rec's accumulator was written outside the EPS's own passes (a checkpoint's restore):
+   no longer known to be zero (see record.h, grad_known_zero). */
+void eps_grad_written(struct eps *eps, struct eps_record *rec);
 /* Deferred updates (global clipping, loss scaling): waits for every due record to be
    complete; *norm is the global norm of their gradients times unscale. If it is finite,
    every due update starts with its gradient scaled by unscale * min(1, clip / norm) (clip

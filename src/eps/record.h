@@ -88,6 +88,12 @@ struct eps_record {
   struct eps_held held[EPS_HELD_MAX];
   int held_n;
   uint8_t *grad_zero;
+  /* The accumulator is all +0 by the EPS's own clearing (its last update's, on one
+     process), and nothing of the EPS has added into it or restored it since; under the
+     EPS lock. Unless the API handed it out (core's tensor_handed_out: a script or a
+     caller's layer call may have written it unseen), the check of held gradients then
+     takes it as zero without reading it (4 bytes a parameter a step). */
+  bool grad_known_zero;
   /* With deferred updates: each chunk's norm of the gradient as the last add left it,
      found by that add as it wrote the chunk (optim_norm_blocks); norms_valid (under the EPS
      lock) once a whole add's are in, until the next step begins. NULL: none made yet (or

@@ -243,6 +243,9 @@ static void chunk_run(struct core_job *job, int thread) {
   if (wave_done && last_wave) {
     eps_held_free(rec);   /* (every chunk has read them) */
     rec->updates++;
+    /* on one process every chunk of the accumulator is zero now: cleared as it was read,
+       found zero, or given back (with ranks the exchange clears it: not known here) */
+    rec->grad_known_zero = !exchange;
     if (!exchange) {
       rec->stage_after = false;
       rec->pending = stage;   /* still pending while its staging copy is rewritten */

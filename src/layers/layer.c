@@ -84,8 +84,11 @@ const char *l2l_param_name(const l2l_param *param) {
 l2l_tensor *l2l_param_value(const l2l_param *param) {
   return param_live(param) ? param->value : NULL;
 }
+l2l_tensor *param_grad(const l2l_param *param) { return param_live(param) ? param->grad : NULL; }
 l2l_tensor *l2l_param_grad(const l2l_param *param) {
-  return param_live(param) ? param->grad : NULL;
+  l2l_tensor *grad = param_grad(param);
+  tensor_hand_out(grad);
+  return grad;
 }
 int l2l_param_users(const l2l_param *param) {
   return param_live(param) ? atomic_load(&param->users) : -1;

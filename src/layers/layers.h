@@ -60,6 +60,11 @@ void param_set_guard_copy(l2l_param *param, const l2l_tensor *copy);
 /* Whether the relay may bind a 16-bit copy of the parameter (a GEMM weight or a gathered
    table); the others stay f32 on the device. */
 bool param_low_precision(const l2l_param *param);
+/* The parameter's grad as l2l_param_grad gives it, without handing it out: the relay's
+   own reads and writes (its EPS's accumulator, a checkpoint's), which the EPS knows of.
+   l2l_param_grad marks it handed out (core's tensor_hand_out): a caller may write it
+   unseen from then on. */
+l2l_tensor *param_grad(const l2l_param *param);
 /* What a call with targets allocates (l2l_layer_memory_use: a training call) of a layer
    whose low-precision parameters are bound in `precision` (f32: all f32), training (dropout
    runs) or not: the relay's plans. */

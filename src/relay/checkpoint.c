@@ -307,7 +307,7 @@ static l2l_status put_records(struct safetensors_writer *w, struct save *s) {
     const struct record *r = &s->rs.r[k];
     TRY(put_tensor(w, l2l_param_value(r->param)));
     for (int a = 0; a < r->state; a++) TRY(put_state(w, s, k, a));
-    if (s->mid) TRY(put_tensor(w, l2l_param_grad(r->param)));
+    if (s->mid) TRY(put_tensor(w, param_grad(r->param)));
   }
   return L2L_OK;
 }
@@ -586,8 +586,10 @@ static l2l_status restore_record(struct load *ld, const struct record *r, bool g
   if (status == L2L_OK) status = relay_restore_param(ld->run, "l2l_relay_load", r->param, r->updates, st[0], st[1]);
   l2l_tensor_free(st[0]);
   l2l_tensor_free(st[1]);
-  if (status == L2L_OK && r->grad && grads)
-    status = restore_tensor(ld, r->grad_entry, l2l_param_grad(r->param));
+  if (status == L2L_OK && r->grad && grads) {
+    eps_grad_written(&ld->run->eps, r->rec);
+    status = restore_tensor(ld, r->grad_entry, param_grad(r->param));
+  }
   return status;
 }
 
@@ -610,7 +612,10 @@ static l2l_status restore(struct load *ld) {
   /* the relay's own partial gradients go (the file's take their place); with ranks the
      file's go to rank 0 alone, as the ranks' sum is what counts */
   if (run->steps % run->config.accumulate != 0)
-    for (int k = 0; k < ld->rs.n; k++) TRY(l2l_tensor_fill(l2l_param_grad(ld->rs.r[k].param), 0.0));
+    for (int k = 0; k < ld->rs.n; k++) {
+      eps_grad_written(&run->eps, ld->rs.r[k].rec);
+      TRY(l2l_tensor_fill(param_grad(ld->rs.r[k].param), 0.0));
+    }
   int rank = 0;
   if (run->config.dist == L2L_DIST_MPI) TRY(l2l_dist_rank(&rank));
   for (int k = 0; k < ld->rs.n; k++) TRY(restore_record(ld, &ld->rs.r[k], rank == 0));

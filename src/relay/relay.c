@@ -165,7 +165,7 @@ static l2l_status eps_records(l2l_relay *run, l2l_layer *const *list, int n, int
     if (status != L2L_OK) failed = at;
     sources[at] = (struct eps_record_source){
         .param = p, .name = l2l_param_name(p), .master = l2l_param_value(p),
-        .grad = l2l_param_grad(p), .decays = l2l_param_decays(p) == 1, .device = on_device(run),
+        .grad = param_grad(p), .decays = l2l_param_decays(p) == 1, .device = on_device(run),
         .staging = d.staging, .users = recs[at].users,
         .stream = (uint64_t)l2l_layer_rng_id(list[recs[at].layer]) << 8 | (uint64_t)recs[at].place};
   }

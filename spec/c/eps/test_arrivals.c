@@ -24,7 +24,8 @@
 #include "reference.h"
 
 /* An EPS of the records of `layer` (f32 masters, no staging) with optimizer `opt`, adding
-   every gradient as it arrives when `add`. */
+   every gradient as it arrives when `add`. Its accumulators are the parameters' grads as
+   the relay gives them (param_grad: not handed out; a script's l2l_param_grad is). */
 static bool eps_adding(struct eps *eps, struct core_timeline *tl, l2l_layer *layer,
                        const l2l_optimizer_config *opt, bool add) {
   struct eps_settings settings = {.optimizer = opt, .precision = L2L_F32, .threads = 3,
@@ -36,7 +37,7 @@ static bool eps_adding(struct eps *eps, struct core_timeline *tl, l2l_layer *lay
   for (int i = 0; i < n; i++) {
     l2l_param *p = l2l_layer_param(layer, i);
     src[i] = (struct eps_record_source){.param = p, .name = l2l_param_name(p),
-                                        .master = l2l_param_value(p), .grad = l2l_param_grad(p),
+                                        .master = l2l_param_value(p), .grad = param_grad(p),
                                         .staging = L2L_F32, .users = 1};
   }
   if (CHECK_OK(eps_set_records(eps, src, n, &failed))) return true;
@@ -195,7 +196,7 @@ static bool twins_new(struct twins *t, int count, const l2l_optimizer_config *op
   for (int k = 0; made && k < count; k++) {
     timeline_init(&t->tl[k]);
     for (int i = 0; i < l2l_layer_param_count(t->layers[k]); i++)
-      CHECK_OK(l2l_tensor_fill(l2l_param_grad(l2l_layer_param(t->layers[k], i)), 0.0));
+      CHECK_OK(l2l_tensor_fill(param_grad(l2l_layer_param(t->layers[k], i)), 0.0));
     made = eps_adding(&t->eps[k], &t->tl[k], t->layers[k], opt, (adding >> k) & 1u);
     if (made) t->count = k + 1;
     else timeline_free(&t->tl[k]);
@@ -313,11 +314,13 @@ static void set_element(l2l_tensor *t, int64_t at, float x) {
    arrivals beside the accumulator) against the same gradients added as they arrive
    (add_arrivals): masters, optimizer state and skips the same to the bit, every
    accumulator zero after, for each optimizer x state precision x one or two gradients a
-   record x f32 or bf16 gradients. Step 0 finds values a script wrote into part of one
-   chunk of one accumulator (its other chunks zero: both ways of the update's read), step
-   1 an inf past the first chunk of one record's last gradient, step 2 an element whose
-   scaled value reaches EPS_GRAD_LIMIT (2^64 times a scale >= 1/2): each skips that record
-   alone. */
+   record x f32 or bf16 gradients. Step 1 finds values a script wrote (through
+   l2l_param_grad) into part of one chunk of one accumulator (its other chunks zero: both
+   ways of the update's read), which the EPS cleared itself at step 0 and would otherwise
+   take as zero unread; step 2 an inf past the first chunk of one record's last gradient,
+   step 3 an element whose scaled value reaches EPS_GRAD_LIMIT (2^64 times a scale >= 1/2):
+   each skips that record alone. From step 1 on, every record the script did not touch is
+   checked with its accumulator known zero. */
 TEST(eps_held_gradients_update_as_added_ones) {
   static const l2l_optimizer_kind kinds[] = {L2L_OPTIMIZER_SGD, L2L_OPTIMIZER_ADAMW,
                                              L2L_OPTIMIZER_LAMB};
@@ -339,14 +342,14 @@ TEST(eps_held_gradients_update_as_added_ones) {
           snprintf(what, sizeof what, "%s, %s state, %d gradient(s) a record, %s",
                    optimizer_ops(opt.kind)->name, states[st] == L2L_STATE_F32 ? "f32"
                    : states[st] == L2L_STATE_BF16 ? "bf16" : "8-bit", users, l2l_dtype_name(dtype));
-          for (int step = 0; step < 3; step++) {
+          for (int step = 0; step < 4; step++) {
             l2l_tensor *g0[L2L_MAX_PARAMS], *g1[L2L_MAX_PARAMS], **g[2] = {g0, g1};
             draw_grads(g0, layers[0], dtype);
             draw_grads(g1, layers[0], dtype);
             int r = (int)check_rand_int(0, n - 1);
             int64_t m = l2l_tensor_numel(g0[r]);
             int64_t at = m > CHUNK ? (int64_t)check_rand_int(CHUNK, m - 1) : m - 1;
-            if (step == 0) {   /* a script's values in part of the chunk holding `at` */
+            if (step == 1) {   /* a script's values in part of the chunk holding `at` */
               int64_t from = at / CHUNK * CHUNK, to = from + 3 * L2L_STATE_BLOCK + 5;
               to = to < m ? to : m;
               for (int64_t e = from; e < to; e++) {
@@ -355,15 +358,15 @@ TEST(eps_held_gradients_update_as_added_ones) {
                   ((float *)l2l_tensor_data(l2l_param_grad(l2l_layer_param(layers[k], r))))[e] = x;
               }
             }
-            if (step > 0) set_element(users == 2 ? g1[r] : g0[r], at, step == 1 ? INFINITY : 0x1p64f);
+            if (step > 1) set_element(users == 2 ? g1[r] : g0[r], at, step == 2 ? INFINITY : 0x1p64f);
             const float scale[2] = {(float)check_rand_uniform(0.5, 2),
                                     (float)check_rand_uniform(0.5, 2)};
             struct eps_outcome out[2] = {{0}, {0}};
             for (int k = 0; k < 2; k++)
               run_step_of(&eps[k], layers[k], g, scale, users, true, false, true, &out[k], NULL);
-            CHECK(out[0].skips == (step > 0) && out[1].skips == out[0].skips,
+            CHECK(out[0].skips == (step > 1) && out[1].skips == out[0].skips,
                   "%s, step %d: %d skips added, %d held, %d expected", what, step, out[0].skips,
-                  out[1].skips, step > 0);
+                  out[1].skips, step > 1);
             for (int i = 0; i < n; i++) {
               l2l_param *pa = l2l_layer_param(layers[0], i), *pb = l2l_layer_param(layers[1], i);
               const l2l_tensor *va = l2l_param_value(pa), *vb = l2l_param_value(pb);
@@ -381,7 +384,7 @@ TEST(eps_held_gradients_update_as_added_ones) {
                       step, l2l_param_name(pa), a);
               }
               for (int k = 0; k < 2; k++) {
-                const l2l_tensor *acc = l2l_param_grad(l2l_layer_param(layers[k], i));
+                const l2l_tensor *acc = param_grad(l2l_layer_param(layers[k], i));
                 CHECK(optim_all_zero(l2l_tensor_data(acc), l2l_tensor_numel(acc)),
                       "%s, step %d: %s's accumulator is not zero after its update (%s)", what,
                       step, l2l_param_name(pa), k ? "held" : "added");
@@ -390,9 +393,12 @@ TEST(eps_held_gradients_update_as_added_ones) {
               l2l_tensor_free(g1[i]);
             }
           }
-          CHECK(eps[0].held_checks == 0 && eps[1].held_checks == 3 * n,
+          CHECK(eps[0].held_checks == 0 && eps[1].held_checks == 4 * n,
                 "%s: %lld and %lld records' held gradients checked, want 0 (added) and %d",
-                what, (long long)eps[0].held_checks, (long long)eps[1].held_checks, 3 * n);
+                what, (long long)eps[0].held_checks, (long long)eps[1].held_checks, 4 * n);
+          CHECK(eps[1].known_zero_checks == 3 * (n - 1),
+                "%s: %lld checks took the accumulator as zero, want %d (steps 1-3, the records "
+                "no script was given)", what, (long long)eps[1].known_zero_checks, 3 * (n - 1));
           twins_free(&t);
         }
 }
@@ -504,9 +510,11 @@ TEST(eps_held_gradients_given_at_once_update_as_added_in_either_order) {
    written here: two bf16 gradients a record (2 bytes an element each), f32 masters and
    state; AdamW's update moves 28 bytes an element (p, g, m, v read, p, m, v written),
    LAMB's 40 in two passes. Added: each gradient's add 2 + 8, the update, the clear 4.
-   Held: the check 2 + 2 + 4, the update reading the two gradients instead of the
-   accumulator (4 fewer, 4 more), and for a chunk of the accumulator a script wrote into,
-   that chunk read and cleared by the update (8 an element of it). */
+   Held: the check 2 + 2 and 4 for the accumulator, the update reading the two gradients
+   instead of the accumulator (4 fewer, 4 more), and for a chunk of the accumulator a
+   script wrote into, that chunk read and cleared by the update (8 an element of it). The
+   check reads an accumulator only while it is not known zero: at the first step (the
+   records are new), and from the step a script was given one (l2l_param_grad) on. */
 TEST(eps_pass_bytes_count_what_each_pass_moves) {
   static const l2l_optimizer_kind kinds[] = {L2L_OPTIMIZER_ADAMW, L2L_OPTIMIZER_LAMB};
   static const double update[] = {28, 40};
@@ -518,21 +526,24 @@ TEST(eps_pass_bytes_count_what_each_pass_moves) {
     const int n = l2l_layer_param_count(t.layers[0]);
     double elements = 0;
     for (int i = 0; i < n; i++) elements += (double)l2l_tensor_numel(l2l_param_value(l2l_layer_param(t.layers[0], i)));
-    for (int step = 0; step < 2; step++) {
+    double read = elements;   /* elements of accumulators the check reads (not known zero) */
+    for (int step = 0; step < 4; step++) {
       l2l_tensor *g0[L2L_MAX_PARAMS], *g1[L2L_MAX_PARAMS], **g[2] = {g0, g1};
       draw_grads(g0, t.layers[0], L2L_BF16);
       draw_grads(g1, t.layers[0], L2L_BF16);
       double written = 0;   /* elements of the accumulator chunk a script wrote into */
-      if (step == 1) {
+      if (step == 1) read = 0;   /* (each cleared by step 0's update, unseen since) */
+      if (step == 2) {
         int r = (int)check_rand_int(0, n - 1);
         int64_t m = l2l_tensor_numel(g0[r]), c = (int64_t)check_rand_int(0, optim_chunks(m) - 1);
         written = (double)(optim_chunk_end(m, c * CHUNK) - c * CHUNK);
+        read = (double)m;   /* (handed out for good) */
         for (int k = 0; k < 2; k++)
           ((float *)l2l_tensor_data(l2l_param_grad(l2l_layer_param(t.layers[k], r))))[c * CHUNK] = 1.0f;
       }
       const float scale[2] = {1.0f, 0.5f};
       double want[2] = {elements * (2 * (2 + 8) + update[kind] + 4),
-                        elements * ((2 + 2 + 4) + update[kind] - 4 + 4) + 8 * written};
+                        elements * ((2 + 2) + update[kind] - 4 + 4) + 4 * read + 8 * written};
       for (int k = 0; k < 2; k++) {
         uint64_t before = eps_pass_bytes(&t.eps[k]);
         struct eps_outcome out;
