@@ -353,9 +353,9 @@ function Layer:nparams(...)
   return tonumber(C.l2l_layer_nparams(H(self, "layer:nparams")))
 end
 
-local function view(t)
+local function view(t, fname, level)
   local out = ffi.new("l2l_tensor *[1]")
-  check(C.l2l_tensor_view_rows(out, t, 0, C.l2l_tensor_dim(t, 0)), "layer:params", 3)
+  check(C.l2l_tensor_view_rows(out, t, 0, C.l2l_tensor_dim(t, 0)), fname, level)
   return tensor.wrap(out[0])
 end
 
@@ -363,11 +363,16 @@ end
 -- script may write it at any time from then on), so the EPS reads it at every update
 -- after; an entry whose grad is never read leaves the EPS free to take its accumulator,
 -- which it cleared itself, as zero (4 bytes a parameter a step; include/l2l/layers.h,
--- l2l_param_grad).
+-- l2l_param_grad). Read then, the record must still be its layer's (not freed, not
+-- replaced by a tie).
 local lazy_grad = {
   __index = function(entry, key)
     if key ~= "grad" then return nil end
-    local g = view(C.l2l_param_grad(entry.handle))
+    local h = H(entry.layer, "p.grad")
+    local held = false
+    for i = 0, C.l2l_layer_param_count(h) - 1 do held = held or C.l2l_layer_param(h, i) == entry.handle end
+    if not held then error("p.grad: the record " .. entry.name .. " is no longer its layer's", 2) end
+    local g = view(C.l2l_param_grad(entry.handle), "p.grad", 4)
     rawset(entry, "grad", g)
     return g
   end,
@@ -384,7 +389,7 @@ function Layer:params(...)
   for i = 0, C.l2l_layer_param_count(h) - 1 do
     local p = C.l2l_layer_param(h, i)
     list[#list + 1] = setmetatable({
-      name = ffi.string(C.l2l_param_name(p)), value = view(C.l2l_param_value(p)),
+      name = ffi.string(C.l2l_param_name(p)), value = view(C.l2l_param_value(p), "layer:params", 3),
       decays = C.l2l_param_decays(p) == 1, users = C.l2l_param_users(p),
       id = tonumber(ffi.cast("intptr_t", p)), handle = p, layer = self,
     }, lazy_grad)

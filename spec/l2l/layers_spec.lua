@@ -147,6 +147,18 @@ describe("layers", function()
     local a, b = block:params()[3], twin:params()[3]
     assert.are_not.equal(a.id, b.id)
     assert.are.same(a.value:totable(), b.value:totable())
+    -- a record's grad is made when first read (it hands the accumulator out): the same
+    -- tensor each read, the record's own; read after its layer is freed, refused
+    local entry = twin:params()[3]
+    assert.is_nil(rawget(entry, "grad"))
+    local g = entry.grad
+    assert.are.equal(g, entry.grad)
+    assert.are.same(a.value:shape(), g:shape())
+    local late = twin:params()[3]
+    twin:free()
+    local ok, err = pcall(function() return late.grad end)
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("p.grad: the layer was freed", 1, true), tostring(err))
   end)
 
   it("refuses bad options and batches with errors naming them", function()

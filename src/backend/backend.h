@@ -385,7 +385,8 @@ struct backend_ops {
   /* dst (n) of dtype := draws first .. first+n-1 of (seed, stream), dist with a, b */
   l2l_status (*random)(void *dst, l2l_dtype dtype, int64_t n, enum backend_distribution dist,
                        uint64_t seed, uint64_t stream, int64_t first, double a, double b);
-  /* dst (bytes) := src (bytes) across pools; returns when done */
+  /* dst (bytes) := src (bytes) across pools; returns when done, and with it every copy the
+     calling thread queued before (copy_queued: one stream keeps their order) */
   l2l_status (*copy)(void *dst, l2l_pool_kind dst_pool, const void *src,
                      l2l_pool_kind src_pool, uint64_t bytes);
   /* copy, queued behind the calling thread's stream without waiting for it: done when
@@ -411,8 +412,10 @@ extern const struct backend_ops cpu_backend;
 void cpu_runtime_init(void);
 /* l2l_tensor_copy's checks, then the backend's copy_queued (tensor_ops.c): dst and src
    (their host side pinned, for the host not to wait) must stay allocated and unchanged
-   until the calling thread's stream is next synchronized. The relay's micro-batch ids
-   and losses, which would otherwise make the host wait for the device each call. */
+   until the calling thread's stream is next synchronized, or a copy of its waits. The
+   relay's micro-batch ids and losses, which would otherwise make the host wait for the
+   device each call, and a copy lane's copies of a visit's records and gradients, all but
+   the last (which waits for them). */
 l2l_status backend_tensor_copy_queued(l2l_tensor *dst, const l2l_tensor *src);
 /* dst[i] := src[i] for i < count, as l2l_tensor_cast casts (each pair the same elements,
    in one backend's pools; every dst one dtype, every src another, f32 and f16 or bf16),

@@ -318,7 +318,7 @@ l2l_status eps_device_move_prepare(struct eps_move *m, const struct eps_record *
   l2l_pool_kind pool = to_device ? L2L_POOL_DEVICE : L2L_POOL_HOST;
   /* (a master on the host the device reads goes to pinned memory, as the relay has it) */
   l2l_pool_kind home = eps_master_pool(rec->eps, (l2l_dtype)l2l_tensor_dtype(rec->master),
-                                       rec->staging != NULL);
+                                       rec->staging != NULL, l2l_tensor_numel(rec->master));
   l2l_status status = moved(&m->master, to_device ? pool : home, rec->master);
   if (status == L2L_OK) status = moved(&m->grad, pool, rec->grad);
   if (status == L2L_OK && rec->staging)   /* (rewritten from the master as each step begins) */

@@ -187,22 +187,29 @@ struct eps_settings {
                                   NULL: host memory */
   bool add_arrivals;           /* (bench/optim's baseline) add every gradient as it
                                   arrives: hold none for its update to read */
-  bool pinned_masters;         /* an f32 master the device reads as it is (no staging
-                                  copy) lives in pinned memory, as staging copies do:
-                                  where the device's memory is not the host's */
+  bool pinned_masters;         /* a small f32 master the device reads as it is (no
+                                  staging copy) lives in pinned memory, as staging copies
+                                  do (eps_master_pool): where the device's memory is not
+                                  the host's */
 };
 /* An EPS with no records; a failure leaves nothing to free (collective with ranks). */
 l2l_status eps_init(struct eps *eps, const struct eps_settings *settings);
 void eps_free(struct eps *eps);
 struct eps_record *eps_find(const struct eps *eps, const l2l_param *param);
-/* Where a master of `dtype` lives on the host: in pinned memory when the device reads it
-   there (a bf16 master, an f32 one with no staging copy where settings.pinned_masters: a
-   copy from pageable memory stages through the driver and waits for it), else in host
-   memory. `staged`: the record has a staging copy the device reads instead. */
-l2l_pool_kind eps_master_pool(const struct eps *eps, l2l_dtype dtype, bool staged);
+/* Where a master of `dtype` and `numel` elements lives on the host: in pinned memory when
+   the device reads it there (a bf16 master; an f32 one with no staging copy of at most
+   EPS_PINNED_F32_MASTER_MAX bytes where settings.pinned_masters), else in host memory.
+   `staged`: the record has a staging copy the device reads instead. A small record's copy
+   costs its overhead, not its bytes, and from pageable memory it stages through the
+   driver and waits for it (the H200's 124M profile: ~0.1 ms a 3 KiB copy); a large f32
+   master (an f32 run's weights) stays pageable, so as not to take the pinned pool's cap
+   from the staging copies and the buffers each visit makes there. */
+enum { EPS_PINNED_F32_MASTER_MAX = 1 << 20 };
+l2l_pool_kind eps_master_pool(const struct eps *eps, l2l_dtype dtype, bool staged, int64_t numel);
 /* What the EPS keeps of a parameter, read from it by the caller (the relay): the EPS
    never calls into the layers part. `param` is the record's key; `name` is borrowed and
-   lives as long as the parameter; master and grad are its f32 host tensors. */
+   lives as long as the parameter; master and grad are its host tensors (the master f32 or
+   bf16, in the pool eps_master_pool names; the grad f32), or device ones (`device`). */
 struct eps_record_source {
   l2l_param *param;
   const char *name;

@@ -18,8 +18,9 @@
 
 #include "record.h"
 
-l2l_pool_kind eps_master_pool(const struct eps *eps, l2l_dtype dtype, bool staged) {
-  bool read_there = !staged && (dtype == L2L_BF16 || eps->pinned_masters);
+l2l_pool_kind eps_master_pool(const struct eps *eps, l2l_dtype dtype, bool staged, int64_t numel) {
+  bool small_f32 = eps->pinned_masters && numel * (int64_t)sizeof(float) <= EPS_PINNED_F32_MASTER_MAX;
+  bool read_there = !staged && (dtype == L2L_BF16 || small_f32);
   return read_there ? L2L_POOL_PINNED : L2L_POOL_HOST;
 }
 

@@ -479,13 +479,17 @@ l2l_status layer_forward_prechecked(l2l_saved **saved, l2l_layer *layer, l2l_ten
 }
 
 /* A caller's backward adds into the parameters' grads (a relay's EPS's accumulators, between
-   its steps): they are handed out as l2l_param_grad would hand them. */
+   its steps): they are handed out first, as l2l_param_grad would hand them. */
 l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
                               l2l_saved *saved, const l2l_layer_batch *batch) {
-  l2l_status status = layer_backward(layer, dx, dy, saved, batch, false);
   for (int r = 0; layer_live(layer) && r < l2l_layer_param_count(layer); r++)
     (void)l2l_param_grad(l2l_layer_param(layer, r));
-  return status;
+  return layer_backward(layer, dx, dy, saved, batch, false);
+}
+
+l2l_status layer_backward_grads_kept(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
+                                     l2l_saved *saved, const l2l_layer_batch *batch) {
+  return layer_backward(layer, dx, dy, saved, batch, false);
 }
 
 l2l_status layer_backward_prechecked(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,

@@ -34,6 +34,10 @@ l2l_status layer_forward_prechecked(l2l_saved **saved, l2l_layer *layer, l2l_ten
                                     const l2l_tensor *x, const l2l_layer_batch *batch);
 l2l_status layer_backward_prechecked(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
                                      l2l_saved *saved, const l2l_layer_batch *batch);
+/* l2l_layer_backward with its grads not handed out: for a caller that puts back what it adds
+   into them (the planner timing a relay's custom layer where its parameters are). */
+l2l_status layer_backward_grads_kept(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,
+                                     l2l_saved *saved, const l2l_layer_batch *batch);
 /* The dims (returned: how many) of a live layer's output for B, S and this batch (a head's
    depend on whether it has targets). */
 int layer_output_dims(int64_t *dims, const l2l_layer *layer, const l2l_layer_batch *batch,

@@ -257,7 +257,7 @@ static l2l_status time_once(struct timing_call *t, double *fwd, double *bwd) {
   l2l_status status = l2l_layer_forward(&saved, t->layer, t->y, t->x, &t->batch);
   if (status == L2L_OK) status = l2l_device_synchronize();
   double t1 = core_now();
-  if (status == L2L_OK) status = l2l_layer_backward(t->layer, t->dx, t->dy, saved, &t->batch);
+  if (status == L2L_OK) status = layer_backward_grads_kept(t->layer, t->dx, t->dy, saved, &t->batch);
   if (status == L2L_OK) status = l2l_device_synchronize();
   *fwd = t1 - t0;
   *bwd = core_now() - t1;
@@ -292,7 +292,7 @@ l2l_status plan_time_layer(double *fwd, double *bwd, const l2l_layer *layer, int
   l2l_tensor *grads[L2L_MAX_PARAMS] = {NULL};
   l2l_status status = L2L_OK;
   for (int i = 0; i < np && status == L2L_OK; i++) {
-    l2l_tensor *g = l2l_param_grad(l2l_layer_param(layer, i));
+    l2l_tensor *g = param_grad(l2l_layer_param(layer, i));   /* (put back: not handed out) */
     int64_t n = l2l_tensor_numel(g);
     status = l2l_tensor_new(&grads[i], L2L_POOL_HOST, L2L_F32, 1, &n);
     if (status == L2L_OK) status = l2l_tensor_copy(grads[i], g);
@@ -303,7 +303,7 @@ l2l_status plan_time_layer(double *fwd, double *bwd, const l2l_layer *layer, int
   for (int i = 0; i < REPEATS && status == L2L_OK; i++) status = time_once(&t, &f[i], &b[i]);
   for (int i = 0; i < np; i++) {
     if (grads[i] && status == L2L_OK)
-      status = l2l_tensor_copy(l2l_param_grad(l2l_layer_param(layer, i)), grads[i]);
+      status = l2l_tensor_copy(param_grad(l2l_layer_param(layer, i)), grads[i]);
     l2l_tensor_free(grads[i]);
   }
   timing_free(&t, own);

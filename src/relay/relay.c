@@ -80,7 +80,7 @@ static l2l_status check_layer(const l2l_relay *run, const l2l_layer *layer, int 
   for (int r = 0; r < l2l_layer_param_count(layer); r++) {
     const l2l_param *p = l2l_layer_param(layer, r);
     const l2l_tensor *v = l2l_param_value(p);
-    /* (a record the relay holds already, a tied table, may be its bf16 master, pinned) */
+    /* (a record the relay holds already, a tied table, may be pinned: eps_master_pool) */
     if (l2l_tensor_pool(v) != L2L_POOL_HOST && eps_find(&run->eps, p) == NULL)
       return FAIL(L2L_ERR_INVALID, "the layer's parameter '%s' is in pool '%s': a relay's layers "
                   "keep their parameters in the host pool (the EPS)",
@@ -138,8 +138,9 @@ static void masters_home(l2l_relay *run, l2l_layer *layer, bool freeing) {
 
 /* The EPS's records become those of list[0 .. n) (the relay's layers as a change leaves
    them), as layers_records lists a model's records: each once, at its first user, layer
-   by layer (the planner's and the checkpoint's rule). With master bf16 the low-precision
-   parameters' values become bf16 in the pinned pool first (the device reads them there);
+   by layer (the planner's and the checkpoint's rule). A joining value moves where the EPS
+   keeps it (eps_master_pool: with master bf16 the low-precision parameters' values become
+   bf16 in the pinned pool; on a GPU small f32 ones go there too, the device reading them);
    a failure puts every joining one back and changes nothing (*failed_layer: the layer of
    list whose record failed, -1 when none). A new record's stream for stochastic rounding:
    its first user's rng id and its place in that layer. */
@@ -158,8 +159,10 @@ static l2l_status eps_records(l2l_relay *run, l2l_layer *const *list, int n, int
        where it is (its master is the EPS's: auto may have moved it either way) */
     bool joining = eps_find(&run->eps, p) == NULL;
     struct layers_record_dtypes d = held(run, p);
-    l2l_pool_kind home = eps_master_pool(&run->eps, d.master, d.staging != L2L_F32);
-    if (joining && home != L2L_POOL_HOST) status = param_rehome(p, home, d.master);
+    l2l_pool_kind home = eps_master_pool(&run->eps, d.master, d.staging != L2L_F32,
+                                         l2l_tensor_numel(l2l_param_value(p)));
+    bool via_host = d.master == L2L_BF16 || !on_device(run);   /* (an f32 one goes straight) */
+    if (joining && home != L2L_POOL_HOST && via_host) status = param_rehome(p, home, d.master);
     if (status == L2L_OK && joining && on_device(run))
       status = param_home(p, L2L_POOL_DEVICE, d.master, true);
     if (status != L2L_OK) failed = at;

@@ -361,8 +361,9 @@ l2l_status relay_params_done(struct step *s, int k, bool give);
 l2l_status relay_params_queue(struct step *s, int which, int visit);
 l2l_status relay_slots_new(struct step *s);
 /* Whether the device's memory is the host's as the relay treats it: the CPU backend's,
-   unless L2L_GRADS_OUT=copy makes it a GPU's (gradients copied out, f32 masters the
-   device reads in pinned memory); false on a GPU. A step begins by reading it (host_device). */
+   unless L2L_GRADS_OUT=copy makes it a GPU's (gradients copied out, small f32 masters the
+   device reads in pinned memory); false on a GPU. Read as each step begins (host_device)
+   and as the relay is made (where its masters live: only a test changes it between). */
 bool relay_device_is_host(void);
 
 /* ---------------------------------------------------------------- acts.c */

@@ -57,19 +57,19 @@ static l2l_status zero_slot_bytes(const l2l_tensor *slot, uint64_t bytes) {
   return status;
 }
 
-/* Whether gradients leave the device by a copy, as a GPU's do, where the host could read
-   them in place: L2L_GRADS_OUT=copy (unset: where the device is host memory, in place). */
-static l2l_status grads_copied(bool *out) {
+/* L2L_GRADS_OUT: "copy" makes a device that is host memory (the CPU backend's) a GPU's to
+   the relay, its gradients copied out and its small f32 masters pinned; unset, as it is.
+   *value: another value, which a step refuses (NULL: none). */
+static bool grads_copied(const char **value) {
   const char *env = getenv("L2L_GRADS_OUT");
-  *out = env != NULL && strcmp(env, "copy") == 0;
-  if (env != NULL && !*out)
-    return FAIL(L2L_ERR_INVALID, "L2L_GRADS_OUT is \"%s\": copy, or unset", env);
-  return L2L_OK;
+  bool copy = env != NULL && strcmp(env, "copy") == 0;
+  *value = env != NULL && !copy ? env : NULL;
+  return copy;
 }
 
 bool relay_device_is_host(void) {
-  const char *env = getenv("L2L_GRADS_OUT");
-  return backend_device_is_host() && !(env != NULL && strcmp(env, "copy") == 0);
+  const char *bad;
+  return backend_device_is_host() && !grads_copied(&bad);
 }
 
 /* The slots (bytes), sized for the largest active layer. */
@@ -77,8 +77,9 @@ l2l_status relay_slots_new(struct step *s) {
   int64_t shape[1] = {(int64_t)slot_size(s, ORDER_SLOT_VALUES)};
   int64_t gshape[1] = {(int64_t)slot_size(s, ORDER_SLOT_GRADS)};
   int64_t oshape[1] = {(int64_t)slot_size(s, ORDER_SLOT_GRADS_OUT)};
-  bool copied = false;
-  TRY(grads_copied(&copied));
+  const char *bad = NULL;
+  (void)grads_copied(&bad);
+  if (bad != NULL) return FAIL(L2L_ERR_INVALID, "L2L_GRADS_OUT is \"%s\": copy, or unset", bad);
   s->host_device = relay_device_is_host();
   s->nslots = s->run->config.param_slots;
   s->pslots = calloc((size_t)s->nslots, sizeof *s->pslots);

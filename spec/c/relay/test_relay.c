@@ -360,24 +360,37 @@ TEST(relay_gradients_copied_out_as_a_gpus_match_plain_training) {
       CHECK(matched_held_checks == want, "%s: %lld records' held gradients checked, want %lld",
             what, (long long)matched_held_checks, (long long)want);
   }
+  /* where the masters live: the small model's, and one whose token table (1,100 x 256)
+     is over EPS_PINNED_F32_MASTER_MAX and its MLP weights (256 x 1,024) just at it */
   struct model rm;
-  model_clone(&rm, &init);
   l2l_relay_config cfg = adamw_config();
-  for (int held = 1; held >= 0; held--) {
-    l2l_relay *r = held ? relay_new(&rm, &cfg) : NULL;
-    if (held && r == NULL) break;
-    int astray = 0, n = 0;
-    for (int i = 0; i < rm.n; i++)
-      for (int j = 0; j < l2l_layer_param_count(rm.layer[i]); j++, n++) {
-        const l2l_tensor *v = l2l_param_value(l2l_layer_param(rm.layer[i], j));
-        astray += l2l_tensor_pool(v) != (held ? L2L_POOL_PINNED : L2L_POOL_HOST) ||
-                  l2l_tensor_dtype(v) != L2L_F32;
-      }
-    CHECK(astray == 0, "%d of %d f32 masters not in %s memory %s", astray, n,
-          held ? "pinned" : "host", held ? "while a relay holds them" : "after it let them go");
-    l2l_relay_free(r);
+  struct shape big = g;
+  big.D = 256, big.H = 4, big.F = 1024, big.V = 1100;
+  for (int sized = 0; sized < 2; sized++) {
+    if (sized) model_new(&rm, &big);
+    else model_clone(&rm, &init);
+    int on_host = 0;   /* records held over the bound */
+    for (int held = 1; held >= 0; held--) {
+      l2l_relay *r = held ? relay_new(&rm, &cfg) : NULL;
+      if (held && r == NULL) break;
+      int astray = 0, n = 0;
+      for (int i = 0; i < rm.n; i++)
+        for (int j = 0; j < l2l_layer_param_count(rm.layer[i]); j++, n++) {
+          const l2l_tensor *v = l2l_param_value(l2l_layer_param(rm.layer[i], j));
+          bool small = l2l_tensor_numel(v) * 4 <= EPS_PINNED_F32_MASTER_MAX;
+          on_host += held && !small;
+          astray += l2l_tensor_pool(v) != (held && small ? L2L_POOL_PINNED : L2L_POOL_HOST) ||
+                    l2l_tensor_dtype(v) != L2L_F32;
+        }
+      CHECK(astray == 0, "%d of %d f32 masters not where they belong %s (small ones pinned, "
+            "the rest in host memory)", astray, n,
+            held ? "while a relay holds them" : "after it let them go (host memory)");
+      l2l_relay_free(r);
+    }
+    /* (the token table, listed by the embedding and by the head tied to it) */
+    CHECK(on_host == (sized ? 2 : 0), "%d records over the bound, want %d", on_host, sized ? 2 : 0);
+    model_free(&rm);
   }
-  model_free(&rm);
   setenv("L2L_GRADS_OUT", "by post", 1);
   model_clone(&rm, &init);
   l2l_relay *r = relay_new(&rm, &cfg);

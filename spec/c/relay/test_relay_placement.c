@@ -520,9 +520,10 @@ static void auto_fills_the_budget(const char *spill_dir) {
         const l2l_tensor *v = l2l_param_value(l2l_layer_param(m.layer[i], j));
         int pool = l2l_tensor_pool(v);
         on += pool == L2L_POOL_DEVICE;
-        /* on the host, a master the device reads there is pinned: a bf16 one, and an f32
-           one where the device is a GPU's (none has a staging copy here) */
-        bool read_there = l2l_tensor_dtype(v) == L2L_BF16 || gpu_like;
+        /* on the host, a master the device reads there is pinned: a bf16 one, and a small
+           f32 one where the device is a GPU's (none has a staging copy here) */
+        bool small = l2l_tensor_numel(v) * 4 <= EPS_PINNED_F32_MASTER_MAX;
+        bool read_there = l2l_tensor_dtype(v) == L2L_BF16 || (gpu_like && small);
         astray += pool != L2L_POOL_DEVICE &&
                   pool != (read_there ? L2L_POOL_PINNED : L2L_POOL_HOST);
       }

@@ -5,7 +5,8 @@
  * (backend/cpu/) defines, so that a layer computes the same numbers on either. Work is
  * queued on one compute stream in call order; an op that hands a result to the host
  * (a reduction, a range check, a copy to host memory) waits for the stream first; a copy
- * on a copy lane (runtime.c) runs on the lane's stream and is done when it returns.
+ * on a copy lane (runtime.c) runs on the lane's stream and is done when it returns, with
+ * every copy the lane queued before it (the stream keeps their order).
  * Every CUDA, cuBLAS or launch error becomes L2L_ERR_BACKEND with file, line, the call
  * and CUDA's own words.
  * Must never: exit or abort on a CUDA error, or allocate from a pool.
@@ -74,7 +75,8 @@ static l2l_status cuda_gemm_batched(float *c, const void *a, const void *b, l2l_
 
 /* Between any two pools; the host side may be pageable (jemalloc) or pinned memory.
    A copy that touches host memory waits for it: the caller may reuse that memory next.
-   On a lane: on the lane's stream, and done when this returns. */
+   On a lane: on the lane's stream, and done when this returns, with the copies the lane
+   queued before it (relay/transfer.c's lane_copies waits for a visit's so). */
 static l2l_status cuda_copy(void *dst, l2l_pool_kind dst_pool, const void *src,
                             l2l_pool_kind src_pool, uint64_t bytes) {
   struct lane *lane = cuda_lane;

@@ -7,7 +7,8 @@
  * that transfers in both directions overlap the kernels. A lane copy first waits for a
  * mark (an event recorded on the compute stream when the relay queued the copy:
  * everything it depends on, or whose memory it overwrites, was queued before), and
- * returns when the copy is done. Device memory comes from a caching allocator over
+ * returns when the copy is done (a queued one: when the lane's next waited copy is).
+ * Device memory comes from a caching allocator over
  * cudaMalloc: a block freed by a tensor goes to a list of free blocks of its size and
  * serves the next request of that size, so a training step's steady state calls neither
  * cudaMalloc nor cudaFree. Reuse is safe because a block is freed in the compute
@@ -315,8 +316,8 @@ static void *cuda_mark(void) {
 }
 
 /* The GPU keeps the order, not the host: the lane's stream waits for the mark, and the
-   lane's next copy queues at once behind it (the copy call then waits for that copy
-   alone). A thread that could not become a lane copies on the compute stream, behind the
+   lane's next copy queues at once behind it (a waited copy then waits for it and for the
+   copies queued before it on the lane, not for the compute stream). A thread that could not become a lane copies on the compute stream, behind the
    mark already. The event goes back to the pool at once: a stream wait uses the record
    it was given, whatever later records do. */
 static l2l_status cuda_wait_mark(void *mark) {
