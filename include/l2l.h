@@ -233,7 +233,8 @@ L2L_API l2l_status l2l_device_release_cache(void);
    probed when the profile starts. Ops on the step's own thread run on the compute stream
    ("op" rows); ops on other threads (the relay's copy threads) on copy lanes ("lane"
    rows). The step's time not spent in "op" rows is its idle time, split by cause: the
-   host waiting for a copy, for an update, for the ranks (MPI), or after a sync (the
+   host waiting for a copy (of parameters onto the device, of activations onto it or off
+   it, of gradients off it), for an update, for the ranks (MPI), or after a sync (the
    device drained, and waits while the host queues again), the rest launch gaps (the
    host slower than the device). Syncs count every host wait for the device, whatever
    the backend: a CPU run counts the ones a GPU would make. The environment variable
@@ -260,6 +261,11 @@ typedef struct l2l_profile_summary {
   double op_seconds;      /* the "op" rows' seconds */
   double idle_copy_seconds, idle_update_seconds, idle_comm_seconds, idle_sync_seconds,
       idle_launch_seconds;  /* the rest of the steps' time, by cause (see above) */
+  /* idle_copy_seconds by the copy waited for: a visit's parameters onto the device,
+     activations (stashed or swapped) onto it, activations off it (a stash-out or swap-out
+     holding device memory the step needs), a visit's gradients off it (their slot reused) */
+  double idle_copy_params_seconds, idle_copy_acts_in_seconds, idle_copy_acts_out_seconds,
+      idle_copy_grads_seconds;
   int64_t ops;            /* calls of "op" rows */
   int64_t lane_ops;       /* calls of "lane" rows (copies on the copy threads) */
   int64_t syncs;          /* host waits for the device */

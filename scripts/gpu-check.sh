@@ -257,10 +257,11 @@ phase_profile() {
   echo "== profile TSV" >> "$log"
   cat "$work/profile.tsv" >> "$log" 2>/dev/null
   ((code == 0)) || { backtrace "$log" build/l2l "${args[@]}"; echo "bench/l2l_gpt.lua failed (exit $code)"; return 1; }
-  local head syncs
+  local head syncs waits
   head=$(grep -m 1 '^l2l profile:' "$work/profile.err")
   syncs=$(grep -m 1 '^a step:' "$work/profile.err")
-  echo "${head#l2l profile: }; ${syncs:-no counts}$( ((dry)) && echo " (no GPU: the CPU part)")"
+  waits=$(grep -m 1 '^copy waits, ms:' "$work/profile.err")
+  echo "${head#l2l profile: }; ${syncs:-no counts}; ${waits:-no copy waits}$( ((dry)) && echo " (no GPU: the CPU part)")"
   ((dry)) && return $SKIP
   return 0
 }

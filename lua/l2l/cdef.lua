@@ -114,6 +114,9 @@ typedef struct l2l_profile_summary {
   double op_seconds;
   double idle_copy_seconds, idle_update_seconds, idle_comm_seconds, idle_sync_seconds,
       idle_launch_seconds;
+
+  double idle_copy_params_seconds, idle_copy_acts_in_seconds, idle_copy_acts_out_seconds,
+      idle_copy_grads_seconds;
   int64_t ops;
   int64_t lane_ops;
   int64_t syncs;

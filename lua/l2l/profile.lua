@@ -42,6 +42,8 @@ function M.stop(...)
 end
 
 local SUMMARY_NUMBERS = { "steps", "step_seconds", "op_seconds", "idle_copy_seconds",
+                          "idle_copy_params_seconds", "idle_copy_acts_in_seconds",
+                          "idle_copy_acts_out_seconds", "idle_copy_grads_seconds",
                           "idle_update_seconds", "idle_comm_seconds", "idle_sync_seconds",
                           "idle_launch_seconds", "ops", "lane_ops", "syncs", "launches", "dropped",
                           "copy_rate", "link_rate", "gemm_rate_f32", "gemm_rate_16" }

@@ -129,6 +129,15 @@ describe("l2l.profile", function()
       local tolerance = 2 * (p.ops + p.lane_ops + 8) * 2 ^ -52 * p.step_seconds
       assert.is_true(math.abs(p.op_seconds + idle - p.step_seconds) <= tolerance,
                      what .. (": ops %.9g + idle %.9g vs step %.9g"):format(p.op_seconds, idle, p.step_seconds))
+      -- the copy waits by what they moved make the copy wait (each take added to both)
+      local copies = 0
+      for _, part in ipairs { "params", "acts_in", "acts_out", "grads" } do
+        local v = p["idle_copy_" .. part .. "_seconds"]
+        assert.is_true(v >= 0, what .. ": " .. part)
+        copies = copies + v
+      end
+      assert.is_true(math.abs(copies - p.idle_copy_seconds) <= tolerance,
+                     what .. (": copy waits by what they moved %.9g, all %.9g"):format(copies, p.idle_copy_seconds))
       local op_seconds, op_calls = 0, 0
       for _, r in ipairs(p.rows) do
         assert.is_true(r.calls >= 1 and r.seconds >= 0 and r.bytes > 0, what .. ": " .. r.op .. " " .. r.shape)
@@ -252,6 +261,10 @@ describe("l2l.profile", function()
     assert.is_truthy(text:find("\nkind\top\tshape\tcalls\tms\tshare", 1, true), text)
     assert.is_truthy(text:find("\nstep\tstep\t", 1, true), text)
     assert.is_truthy(text:find("\ncount\tsyncs\t", 1, true), text)
+    for _, row in ipairs { "idle\tcopy", "idle_copy\tparams", "idle_copy\tacts_in",
+                           "idle_copy\tacts_out", "idle_copy\tgrads", "idle\tupdate" } do
+      assert.is_truthy(text:find("\n" .. row .. "\t", 1, true), row .. "\n" .. text)
+    end
     local ok, err = pcall(l2l.profile.write, path)
     assert.is_false(ok)
     assert.is_truthy(tostring(err):find("pass overwrite to replace it", 1, true), tostring(err))

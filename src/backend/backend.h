@@ -451,7 +451,13 @@ const struct backend_ops *profile_wrap(const struct backend_ops *base);
 bool profile_step_begin(bool training);
 void profile_step_end(bool began, bool completed);
 /* The step's thread waited, on the host, from `start` to `end` (core_now's seconds). */
-enum profile_wait { L2L_WAIT_COPY, L2L_WAIT_UPDATE, L2L_WAIT_COMM, L2L_PROFILE_WAITS };
+/* What the step's thread waited for: a copy (by what it moves: the summary's idle_copy_*),
+   an update, the ranks. */
+enum profile_wait {
+  L2L_WAIT_COPY_PARAMS, L2L_WAIT_COPY_ACTS_IN, L2L_WAIT_COPY_ACTS_OUT, L2L_WAIT_COPY_GRADS,
+  L2L_WAIT_UPDATE, L2L_WAIT_COMM, L2L_PROFILE_WAITS
+};
+static inline bool profile_wait_is_copy(enum profile_wait cause) { return cause < L2L_WAIT_UPDATE; }
 void profile_wait(enum profile_wait cause, double start, double end);
 
 /* One call of an op as profile_ops.c times it: open before the call, close after. */

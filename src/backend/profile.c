@@ -245,11 +245,14 @@ static void gap_split(struct gaps *g, double start, double queued, int64_t syncs
   double gap = start - g->last_end;
   if (gap <= 0) return;
   l2l_profile_summary *s = &result.sum;
-  double *by_cause[L2L_PROFILE_WAITS] = {&s->idle_copy_seconds, &s->idle_update_seconds,
-                                         &s->idle_comm_seconds};
+  double *by_cause[L2L_PROFILE_WAITS] = {
+      &s->idle_copy_params_seconds, &s->idle_copy_acts_in_seconds,
+      &s->idle_copy_acts_out_seconds, &s->idle_copy_grads_seconds, &s->idle_update_seconds,
+      &s->idle_comm_seconds};
   for (int c = 0; c < L2L_PROFILE_WAITS && gap > 0; c++) {
     double take = fmin(gap, g->waited[c]);
     *by_cause[c] += take;
+    if (profile_wait_is_copy((enum profile_wait)c)) s->idle_copy_seconds += take;
     g->waited[c] -= take;
     gap -= take;
   }
@@ -512,12 +515,18 @@ static void tsv_rows(FILE *f, const l2l_profile_summary *s) {
     if (roof >= 0) fprintf(f, "%.4f", roof);
     fputc('\n', f);
   }
-  const struct { const char *cause; double seconds; } idle[] = {
-      {"copy", s->idle_copy_seconds},   {"update", s->idle_update_seconds},
-      {"ranks", s->idle_comm_seconds},  {"sync", s->idle_sync_seconds},
-      {"launch", s->idle_launch_seconds}};
+  /* (kind "idle": the causes, which make the step with the ops; "idle_copy": the copy's
+     waits by what was copied, which make its row) */
+  const struct { const char *kind, *cause; double seconds; } idle[] = {
+      {"idle", "copy", s->idle_copy_seconds},   {"idle", "update", s->idle_update_seconds},
+      {"idle", "ranks", s->idle_comm_seconds},  {"idle", "sync", s->idle_sync_seconds},
+      {"idle", "launch", s->idle_launch_seconds},
+      {"idle_copy", "params", s->idle_copy_params_seconds},
+      {"idle_copy", "acts_in", s->idle_copy_acts_in_seconds},
+      {"idle_copy", "acts_out", s->idle_copy_acts_out_seconds},
+      {"idle_copy", "grads", s->idle_copy_grads_seconds}};
   for (size_t i = 0; i < sizeof idle / sizeof idle[0]; i++)
-    fprintf(f, "idle\t%s\t\t\t%.6f\t%.6f\t\t\t\t\t\n", idle[i].cause,
+    fprintf(f, "%s\t%s\t\t\t%.6f\t%.6f\t\t\t\t\t\n", idle[i].kind, idle[i].cause,
             1e3 * per_step(idle[i].seconds, s), step > 0 ? per_step(idle[i].seconds, s) / step : 0);
   const struct { const char *what; int64_t n; } counts[] = {
       {"ops", s->ops}, {"lane_ops", s->lane_ops}, {"syncs", s->syncs},
@@ -610,6 +619,9 @@ l2l_status l2l_profile_table(char *out, size_t size, int width) {
       1e3 * per_step(s->idle_copy_seconds, s), 1e3 * per_step(s->idle_update_seconds, s),
       1e3 * per_step(s->idle_comm_seconds, s), 1e3 * per_step(s->idle_sync_seconds, s),
       1e3 * per_step(s->idle_launch_seconds, s));
+  put(out, size, &used, "copy waits, ms: params %.2f, acts in %.2f, acts out %.2f, grads %.2f\n",
+      1e3 * per_step(s->idle_copy_params_seconds, s), 1e3 * per_step(s->idle_copy_acts_in_seconds, s),
+      1e3 * per_step(s->idle_copy_acts_out_seconds, s), 1e3 * per_step(s->idle_copy_grads_seconds, s));
   put(out, size, &used, "a step: %.1f syncs, %.0f ops, %s launches, %.0f lane copies%s\n",
       per_step((double)s->syncs, s), per_step((double)s->ops, s),
       s->launches < 0 ? "no" : (snprintf(a, sizeof a, "%.0f", per_step((double)s->launches, s)), a),

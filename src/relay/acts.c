@@ -29,7 +29,8 @@ l2l_status relay_act_on_device(struct step *s, struct act *a, int layer, int64_t
                                l2l_tensor **out) {
   TRY(relay_act_prefetch(s, a, layer, u));
   if (a->in) {
-    l2l_status status = relay_copy_wait(s, &a->in->job, &a->in->done, layer, (int)u);
+    l2l_status status = relay_copy_wait(s, &a->in->job, &a->in->done, L2L_WAIT_COPY_ACTS_IN,
+                                        layer, (int)u);
     a->dev = a->in->dst;
     relay_copy_job_free(a->in);
     a->in = NULL;
@@ -54,7 +55,7 @@ l2l_status relay_out_throttle(struct step *s, int keep) {
   while ((s->out[0] != NULL) + (s->out[1] != NULL) > keep) {
     double t0 = core_now();
     l2l_status status = job_wait(&s->out[0]->job);
-    relay_waited(s, L2L_WAIT_COPY, t0);
+    relay_waited(s, L2L_WAIT_COPY_ACTS_OUT, t0);
     l2l_tensor_free(s->out[0]->src);
     relay_copy_job_free(s->out[0]);
     s->out[0] = s->out[1];

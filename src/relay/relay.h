@@ -296,8 +296,9 @@ struct step {
    Counted in the step's sum for that cause and told to the profile. */
 static inline void relay_waited(struct step *s, enum profile_wait cause, double t0) {
   double t1 = core_now();
-  *(cause == L2L_WAIT_COPY ? &s->wait_copy : cause == L2L_WAIT_UPDATE ? &s->wait_update
-                                                                       : &s->exposed_comm) += t1 - t0;
+  *(profile_wait_is_copy(cause) ? &s->wait_copy
+    : cause == L2L_WAIT_UPDATE  ? &s->wait_update
+                                : &s->exposed_comm) += t1 - t0;
   profile_wait(cause, t0, t1);
 }
 
@@ -328,7 +329,8 @@ void relay_params_job_free(struct params_job *pj);
 void relay_params_run(struct core_job *job, int thread);
 l2l_status relay_swap_queue(l2l_relay *run, struct core_queue *q, struct swap_job **slot,
                             l2l_saved *saved, l2l_pool_kind pool, int layer, int64_t u);
-l2l_status relay_swap_wait(double *waited, struct swap_job **slot);
+/* (the step's thread's wait, told to the profile as one for activations in or out) */
+l2l_status relay_swap_wait(struct step *s, struct swap_job **slot);
 uint64_t relay_tensor_bytes(const l2l_tensor *t);
 l2l_status relay_tensor_like(l2l_tensor **out, l2l_pool_kind pool, const l2l_tensor *t);
 
@@ -354,7 +356,7 @@ l2l_status relay_check_budget(const struct step *s);
 /* ---------------------------------------------------------------- slots.c */
 
 l2l_status relay_copy_wait(struct step *s, struct core_job *job, struct core_stamp *done,
-                           int layer, int micro_batch);
+                           enum profile_wait cause, int layer, int micro_batch);
 void relay_grads_wait(struct step *s, int slot);
 l2l_status relay_params_bind(struct step *s, int k, bool grads);
 l2l_status relay_params_done(struct step *s, int k, bool give);

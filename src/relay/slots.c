@@ -171,22 +171,23 @@ void relay_grads_wait(struct step *s, int slot) {
   if (gj == NULL) return;
   double t0 = core_now();
   l2l_status status = job_wait(&gj->job);
-  relay_waited(s, L2L_WAIT_COPY, t0);
+  relay_waited(s, L2L_WAIT_COPY_GRADS, t0);
   if (status == L2L_OK && s->host_device && gj->drains) s->gzero[slot] = true;
   relay_grads_release(&gj->job);
   s->gout[slot] = NULL;
 }
 
-/* The compute thread waits for a copy job whose copy ended at `done` (taken over). The
-   host's wait counts in wait_copy; whether the device waited too is known once the step
-   is done (relay_stamped_resolve): from a stamp queued now, after the work the copy hides
-   under, to `done`. */
+/* The compute thread waits for a copy job onto the device (`cause`: of parameters or of
+   activations) whose copy ended at `done` (taken over). The host's wait counts in
+   wait_copy; whether the device waited too is known once the step is done
+   (relay_stamped_resolve): from a stamp queued now, after the work the copy hides under,
+   to `done`. */
 l2l_status relay_copy_wait(struct step *s, struct core_job *job, struct core_stamp *done,
-                           int layer, int micro_batch) {
+                           enum profile_wait cause, int layer, int micro_batch) {
   struct core_stamp before;
   device_stamp(&before);
   l2l_status status = job_wait(job);
-  relay_waited(s, L2L_WAIT_COPY, before.host);
+  relay_waited(s, cause, before.host);
   if (done->host > 0) /* a copy that ran, not parameters already in their slot */
     relay_stamped_add(s, &before, done, layer, micro_batch, L2L_PHASE_WAIT_COPY);
   else
@@ -207,7 +208,7 @@ l2l_status relay_params_bind(struct step *s, int k, bool grads) {
   double t1 = core_now();
   if (t1 - t0 > 1e-5)
     timeline_add(&run->timeline, s->active[k], -1, L2L_PHASE_WAIT_UPDATE, THREAD_COMPUTE, t0, t1);
-  TRY(relay_copy_wait(s, &pj->job, &pj->done, s->active[k], -1));
+  TRY(relay_copy_wait(s, &pj->job, &pj->done, L2L_WAIT_COPY_PARAMS, s->active[k], -1));
   s->ngrads = 0;
   if (grads) relay_grads_wait(s, s->gs);
   uint64_t offset = 0;

@@ -110,11 +110,11 @@ l2l_status relay_swap_queue(l2l_relay *run, struct core_queue *q, struct swap_jo
 }
 
 /* Waits for a swap in flight; the saved state is then where the job took it. */
-l2l_status relay_swap_wait(double *waited, struct swap_job **slot) {
+l2l_status relay_swap_wait(struct step *s, struct swap_job **slot) {
   if (*slot == NULL) return L2L_OK;
   double t0 = core_now();
   l2l_status status = job_wait(&(*slot)->job);
-  *waited += core_now() - t0;
+  relay_waited(s, (*slot)->pool == L2L_POOL_DEVICE ? L2L_WAIT_COPY_ACTS_IN : L2L_WAIT_COPY_ACTS_OUT, t0);
   free(*slot);
   *slot = NULL;
   return status;

@@ -184,7 +184,7 @@ static l2l_status swap_out(void *ctx, int k, int64_t u) {
 
 static l2l_status swap_wait(void *ctx, int k, int64_t u) {
   struct step *s = ctx;
-  return relay_swap_wait(&s->wait_copy, &s->swap[k][u]);
+  return relay_swap_wait(s, &s->swap[k][u]);
 }
 
 static l2l_status swap_in(void *ctx, int k, int64_t u) {
