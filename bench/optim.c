@@ -29,8 +29,10 @@
  * for its update (one pass) against adding it first (add_arrivals: the way before), and
  * held with 8-bit state and a bf16 master, in bytes a parameter as the EPS counts what
  * each pass reads and writes, against a STREAM triad (a = b + s c, 12 bytes an element)
- * measured in the same run on all threads. The accumulator is the relay's (never handed
- * out): from the second step on the held check takes it as zero, unread.
+ * measured in the same run on all threads. The accumulator and the master are the relay's
+ * (never handed out): from the second step on the held check takes the accumulator as
+ * zero, unread, and the update writes the staging copy (no rewrite as the next step
+ * begins: its row is left out when it moved nothing).
  * Run: make build/bench_optim && build/bench_optim   (OMP_PROC_BIND=close pins threads)
  */
 #include <omp.h>
@@ -39,7 +41,7 @@
 
 #include "bench.h"
 #include "eps/eps.h"
-#include "layers/layers.h" /* param_grad: an accumulator as the relay gives it (not handed out) */
+#include "layers/layers.h" /* param_grad, param_value: as the relay gives them (not handed out) */
 
 enum { N = 16 << 20, CHUNK = 64 << 10, NCHUNKS = N / CHUNK, REPEATS = 9, COPY_BYTES = 14 };
 
@@ -345,7 +347,7 @@ static void gpu_step_record(int threads, double triad_gbs) {
     }
     wte[k] = l2l_layer_param(layer[k], 0);
     struct eps_record_source source = {.param = wte[k], .name = "wte",
-                                       .master = k == 2 ? master16 : l2l_param_value(wte[k]),
+                                       .master = k == 2 ? master16 : param_value(wte[k]),
                                        .grad = param_grad(wte[k]),   /* (as the relay gives it) */
                                        .staging = k == 2 ? L2L_F32 : L2L_BF16, .users = 1};
     int failed = -1;

@@ -163,7 +163,14 @@ L2L_API l2l_status l2l_layer_memory_use(l2l_layer_memory *out, const l2l_layer *
                                         int64_t micro_batch, int64_t seq);
 
 L2L_API const char *l2l_param_name(const l2l_param *param);
-L2L_API l2l_tensor *l2l_param_value(const l2l_param *param);   /* borrowed: do not free */
+/* The value (borrowed: do not free): a relay's EPS keeps it as the record's master. Asking
+   for it hands it out for good, as l2l_param_grad does the accumulator: the EPS then
+   rewrites the record's 16-bit staging copy from it as each step begins (a caller may have
+   written it), where otherwise its update writes that copy as it moves the master (2
+   bytes a parameter instead of 6). */
+L2L_API l2l_tensor *l2l_param_value(const l2l_param *param);
+/* Its elements (the value's, without handing it out), -1 if not a parameter. */
+L2L_API int64_t l2l_param_numel(const l2l_param *param);
 /* The gradient accumulator (borrowed: do not free). Asking for it hands it out for good: a
    relay's EPS then reads it at each update, since the caller may write it at any time
    (a relay whose accumulators were never asked for takes one it cleared itself as zero,

@@ -332,7 +332,10 @@ l2l_status l2l_layer_memory_use(l2l_layer_memory *out, const l2l_layer *layer,
                                 int64_t micro_batch, int64_t seq);
 
 const char *l2l_param_name(const l2l_param *param);
+
 l2l_tensor *l2l_param_value(const l2l_param *param);
+
+int64_t l2l_param_numel(const l2l_param *param);
 
 l2l_tensor *l2l_param_grad(const l2l_param *param);
 int l2l_param_users(const l2l_param *param);

@@ -325,8 +325,9 @@ local function match_records(model, file, fname, list)
         list[#list + 1] = { name = name, param = p }
         entry_for(file, name, p.value:shape(), i, layer:label(), fname)
       else   -- a tied record's second views: not needed
-        p.value:free()
-        if rawget(p, "grad") then p.grad:free() end   -- (made only when read)
+        for _, key in ipairs { "value", "grad" } do   -- (each made only when read)
+          if rawget(p, key) then p[key]:free() end
+        end
       end
     end
   end

@@ -353,35 +353,36 @@ function Layer:nparams(...)
   return tonumber(C.l2l_layer_nparams(H(self, "layer:nparams")))
 end
 
-local function view(t, fname, level)
-  local out = ffi.new("l2l_tensor *[1]")
-  check(C.l2l_tensor_view_rows(out, t, 0, C.l2l_tensor_dim(t, 0)), fname, level)
-  return tensor.wrap(out[0])
-end
-
--- An entry's grad is made when first read: l2l_param_grad hands the accumulator out (a
--- script may write it at any time from then on), so the EPS reads it at every update
--- after; an entry whose grad is never read leaves the EPS free to take its accumulator,
--- which it cleared itself, as zero (4 bytes a parameter a step; include/l2l/layers.h,
--- l2l_param_grad). Read then, the record must still be its layer's (not freed, not
--- replaced by a tie).
-local lazy_grad = {
+-- An entry's value and grad are made when first read: l2l_param_value and l2l_param_grad
+-- hand the master and the accumulator out (a script may write them at any time from then
+-- on), so a relay's EPS rewrites the record's staging copy every step and reads its
+-- accumulator at every update; an entry whose tensors are never read leaves the EPS free
+-- to write the staging copy as it updates and to take the accumulator it cleared itself
+-- as zero (include/l2l/layers.h). Read then, the record must still be its layer's (not
+-- freed, not replaced by a tie).
+local handed = { value = C.l2l_param_value, grad = C.l2l_param_grad }
+local lazy_tensors = {
   __index = function(entry, key)
-    if key ~= "grad" then return nil end
-    local h = H(entry.layer, "p.grad")
+    local hand = handed[key]
+    if hand == nil then return nil end
+    local fname = "p." .. key
+    local h = H(entry.layer, fname)
     local held = false
     for i = 0, C.l2l_layer_param_count(h) - 1 do held = held or C.l2l_layer_param(h, i) == entry.handle end
-    if not held then error("p.grad: the record " .. entry.name .. " is no longer its layer's", 2) end
-    local g = view(C.l2l_param_grad(entry.handle), "p.grad", 4)
-    rawset(entry, "grad", g)
-    return g
+    if not held then error(fname .. ": the record " .. entry.name .. " is no longer its layer's", 2) end
+    local t, out = hand(entry.handle), ffi.new("l2l_tensor *[1]")
+    check(C.l2l_tensor_view_rows(out, t, 0, C.l2l_tensor_dim(t, 0)), fname, 2)
+    t = tensor.wrap(out[0])
+    rawset(entry, key, t)
+    return t
   end,
 }
 
--- {name=, value=, grad=, decays=, users=, id=, handle=, layer=} per parameter record;
--- value and grad are tensors sharing the record's storage (grad made when first read:
--- pairs() lists it only from then). `id` identifies the record (tied layers share it);
--- `handle` is its l2l_param * (valid while `layer` lives, which the record keeps alive).
+-- {name=, value=, grad=, numel=, decays=, users=, id=, handle=, layer=} per parameter
+-- record; value and grad are tensors sharing the record's storage (made when first read:
+-- pairs() lists them only from then), numel their elements. `id` identifies the record
+-- (tied layers share it); `handle` is its l2l_param * (valid while `layer` lives, which
+-- the record keeps alive).
 function Layer:params(...)
   if select("#", ...) ~= 0 then too_many("layer:params", "", 2, ...) end
   local h = H(self, "layer:params")
@@ -389,10 +390,10 @@ function Layer:params(...)
   for i = 0, C.l2l_layer_param_count(h) - 1 do
     local p = C.l2l_layer_param(h, i)
     list[#list + 1] = setmetatable({
-      name = ffi.string(C.l2l_param_name(p)), value = view(C.l2l_param_value(p), "layer:params", 3),
+      name = ffi.string(C.l2l_param_name(p)), numel = tonumber(C.l2l_param_numel(p)),
       decays = C.l2l_param_decays(p) == 1, users = C.l2l_param_users(p),
       id = tonumber(ffi.cast("intptr_t", p)), handle = p, layer = self,
-    }, lazy_grad)
+    }, lazy_tensors)
   end
   return list
 end

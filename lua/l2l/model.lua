@@ -256,7 +256,7 @@ end
 function Sequential:nparams(...)
   if select("#", ...) ~= 0 then too_many("model:nparams", "", 2, ...) end
   local n = 0
-  for _, p in ipairs(self:params()) do n = n + p.value:numel() end
+  for _, p in ipairs(self:params()) do n = n + p.numel end
   return n
 end
 

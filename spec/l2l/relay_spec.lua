@@ -587,6 +587,35 @@ describe("l2l.Relay", function()
     assert.are.equal(four, b_held[4] - b_untouched[4], what)
   end)
 
+  it("sees a master a script wrote into: its 16-bit copy is rewritten, not the update's", function()
+    -- With bf16 weights on the device, each update writes a record's staging copy as it
+    -- moves the master, and the next step's rewrite leaves it alone; unless a script was
+    -- given the master (p.value, made when first read: l2l_param_value hands it out). A
+    -- script's values must reach the device: the relay evaluates as a fresh relay made
+    -- over a copy of the written model does, to the bit, and a record nobody wrote keeps
+    -- the update's copy.
+    local seed = support.int(1, 10000)
+    local what = "seed " .. support.seed
+    local tok, tgt = reversal(4)
+    local model = tiny_gpt(seed, 0)
+    local run = l2l.Relay { model = model, micro_batch = 2, precision = "bf16", seed = 3,
+                            optimizer = l2l.AdamW { lr = 1e-2 } }
+    for _ = 1, 2 do run:step(tok, tgt) end
+    run:sync()
+    local written = support.int(1, #model - 1)   -- a layer whose masters the script writes
+    for _, p in ipairs(model[written]:params()) do
+      p.value:uniform(-0.5, 0.5, { seed = support.int(1, 1000) })
+    end
+    local loss = run:evaluate(tok, tgt)
+    local twin = {}
+    for i = 1, #model do twin[i] = model[i]:clone() end
+    local fresh = l2l.Relay { model = l2l.Sequential(twin), micro_batch = 2, precision = "bf16",
+                              seed = 3, optimizer = l2l.AdamW { lr = 1e-2 } }
+    assert.are.equal(fresh:evaluate(tok, tgt), loss, what .. ": layer " .. written .. " written")
+    fresh:free()
+    run:free()
+  end)
+
   it("keeps f32 weights on the device by default on the CPU backend (bf16 is a GPU's)", function()
     local run = l2l.Relay { model = tiny_gpt(support.seed % 1000) }
     assert.are.equal("f32", run.options.precision)

@@ -335,6 +335,7 @@ void eps_move_commit(struct eps_move *m, struct eps_record *rec, l2l_tensor **ma
                      l2l_tensor **grad) {
   rec->master = *master = m->master, rec->grad = *grad = m->grad;   /* (the param's) */
   rec->grad_known_zero = false;   /* (a new accumulator: read once before it is known) */
+  rec->staging_written = false;   /* (a new staging copy: written as the next step begins) */
   l2l_tensor_free(rec->staging), rec->staging = m->staging;
   l2l_tensor_free(rec->guard_copy), rec->guard_copy = m->guard_copy;
   for (int a = 0; a < 2; a++) {

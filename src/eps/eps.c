@@ -668,9 +668,10 @@ void eps_give_gradient(struct eps *eps, struct eps_record *rec, l2l_tensor *grad
   else eps_give(eps, rec, grad, scale, layer);
 }
 
-void eps_grad_written(struct eps *eps, struct eps_record *rec) {
+void eps_record_written(struct eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
   rec->grad_known_zero = false;
+  rec->staging_written = false;
   pthread_mutex_unlock(&eps->lock);
 }
 

@@ -358,9 +358,10 @@ void eps_give_device(struct eps *eps, struct eps_record *rec, const l2l_tensor *
    the host's eps_clip_scale's arithmetic). */
 l2l_status eps_device_clip(struct eps *eps, l2l_tensor *const *grads, int n, float clip);
 void eps_release(struct eps *eps, struct eps_record *rec, int layer);
-/* rec's accumulator was written outside the EPS's own passes (a checkpoint's restore):
-   no longer known to be zero (see record.h, grad_known_zero). */
-void eps_grad_written(struct eps *eps, struct eps_record *rec);
+/* rec's master or accumulator is written outside the EPS's own passes (a checkpoint's
+   restore): the accumulator no longer known zero, the staging copy rewritten as the next
+   step begins (record.h: grad_known_zero, staging_written). */
+void eps_record_written(struct eps *eps, struct eps_record *rec);
 /* Deferred updates (global clipping, loss scaling): waits for every due record to be
    complete; *norm is the global norm of their gradients times unscale. If it is finite,
    every due update starts with its gradient scaled by unscale * min(1, clip / norm) (clip

@@ -94,6 +94,10 @@ struct eps_record {
      caller's layer call may have written it unseen), the check of held gradients then
      takes it as zero without reading it (4 bytes a parameter a step). */
   bool grad_known_zero;
+  /* Its staging copy was written by its last update from the master it left (update.c,
+     stages_in_update); under the EPS lock. Unless the API has handed the master out since,
+     the next step's rewrite leaves it alone (eps_stage). */
+  bool staging_written;
   /* With deferred updates: each chunk's norm of the gradient as the last add left it,
      found by that add as it wrote the chunk (optim_norm_blocks); norms_valid (under the EPS
      lock) once a whole add's are in, until the next step begins. NULL: none made yet (or

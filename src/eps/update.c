@@ -173,6 +173,24 @@ static uint64_t wave_elem_bytes(const struct eps *eps, const struct eps_record *
   return master * (wave == eps->optim->waves - 1 ? 2 : 1) + state * (wave == 0 ? 2 : 1);
 }
 
+/* The staging copy's elements [begin, begin + n) from the master's, rounded to the device
+   precision. */
+static void stage_range(const struct eps *eps, struct eps_record *rec, int64_t begin, int64_t n) {
+  const float *p = (const float *)l2l_tensor_data(rec->master) + begin;
+  uint16_t *h = (uint16_t *)l2l_tensor_data(rec->staging) + begin;
+  if (eps->precision == L2L_BF16)
+    for (int64_t i = 0; i < n; i++) h[i] = half_from_f32_bf16(p[i]);
+  else
+    for (int64_t i = 0; i < n; i++) h[i] = half_from_f32_f16(p[i]);
+}
+
+/* Whether rec's update writes its staging copy as it moves the master (one process, an f32
+   master on the host that the API never handed out: nothing else writes it). */
+static bool stages_in_update(const struct eps *eps, const struct eps_record *rec) {
+  return rec->staging != NULL && eps->dist == NULL && rec->placement != EPS_PLACE_DEVICE &&
+         l2l_tensor_dtype(rec->master) == L2L_F32 && !tensor_handed_out(rec->master);
+}
+
 static void chunk_run(struct core_job *job, int thread) {
   struct chunk_job *cj = (struct chunk_job *)job;
   struct eps *eps = cj->eps;
@@ -193,6 +211,10 @@ static void chunk_run(struct core_job *job, int thread) {
      and clears it as it reads it. */
   bool held = rec->held_n > 0, reads_held = held && cj->wave == 0;
   bool zero = reads_held && rec->grad_zero != NULL && rec->grad_zero[cj->begin / CHUNK];
+  bool last_wave = cj->wave == eps->optim->waves - 1;
+  /* the last wave writes the staging copy of each block it moved, still in cache, where
+     nothing but the updates writes the master (stages: see eps_stage) */
+  bool stages = last_wave && stages_in_update(eps, rec);
   float block[L2L_STATE_BLOCK];   /* the held path's gradient block */
   for (int64_t at = 0; at < n || at == 0; at += L2L_STATE_BLOCK) {
     int64_t k = n - at < L2L_STATE_BLOCK ? n - at : L2L_STATE_BLOCK;
@@ -203,8 +225,8 @@ static void chunk_run(struct core_job *job, int thread) {
       gk = block;
     }
     update_range(eps, rec, cj->begin + at, k, gk, cj->wave, sums);
+    if (stages) stage_range(eps, rec, cj->begin + at, k);
   }
-  bool last_wave = cj->wave == eps->optim->waves - 1;
   /* the next minibatch starts at 0: when the accumulators pass, the accumulator's pages
      are given back once the whole update has read it (eps_grad_clear) */
   bool give = rec->grad_give;
@@ -213,7 +235,8 @@ static void chunk_run(struct core_job *job, int thread) {
   /* the gradient: the first wave reads it (held: those, and the accumulator's chunk read
      and cleared unless found zero); the accumulator cleared after the last */
   uint64_t grad = cj->wave != 0 ? 0 : !reads_held ? 4 : eps_held_elem_bytes(rec) + (zero ? 0 : 8);
-  eps_count_bytes(eps, (uint64_t)n * (wave_elem_bytes(eps, rec, cj->wave) + grad + (clears ? 4 : 0)));
+  eps_count_bytes(eps, (uint64_t)n * (wave_elem_bytes(eps, rec, cj->wave) + grad + (clears ? 4 : 0) +
+                                       (stages ? sizeof(uint16_t) : 0)));
   timeline_add(eps->timeline, rec->last_layer, -1, L2L_PHASE_UPDATE, thread, t0, core_now());
 
   pthread_mutex_lock(&eps->lock);
@@ -246,6 +269,7 @@ static void chunk_run(struct core_job *job, int thread) {
     /* on one process every chunk of the accumulator is zero now: cleared as it was read,
        found zero, or given back (with ranks the exchange clears it: not known here) */
     rec->grad_known_zero = !exchange;
+    rec->staging_written = stages_in_update(eps, rec);
     if (!exchange) {
       rec->stage_after = false;
       rec->pending = stage;   /* still pending while its staging copy is rewritten */
@@ -264,16 +288,11 @@ static void chunk_run(struct core_job *job, int thread) {
 }
 
 
-/* One chunk of a staging rewrite: the master's elements rounded to the device precision. */
+/* One chunk of a staging rewrite. */
 static void stage_chunk(struct eps *eps, struct eps_record *rec, int64_t begin, int64_t n,
                         int thread, double t0) {
-  const float *p = (const float *)l2l_tensor_data(rec->master) + begin;
-  uint16_t *h = (uint16_t *)l2l_tensor_data(rec->staging) + begin;
-  eps_count_bytes(eps, (uint64_t)n * (sizeof *p + sizeof *h));
-  if (eps->precision == L2L_BF16)
-    for (int64_t i = 0; i < n; i++) h[i] = half_from_f32_bf16(p[i]);
-  else
-    for (int64_t i = 0; i < n; i++) h[i] = half_from_f32_f16(p[i]);
+  stage_range(eps, rec, begin, n);
+  eps_count_bytes(eps, (uint64_t)n * (sizeof(float) + sizeof(uint16_t)));
   timeline_add(eps->timeline, rec->last_layer, -1, L2L_PHASE_UPDATE, thread, t0, core_now());
   pthread_mutex_lock(&eps->lock);
   if (--rec->chunks_left == 0) {
@@ -290,6 +309,13 @@ void eps_stage(struct eps *eps) {
     struct eps_record *rec = eps->records[i];
     if (rec->staging == NULL || rec->placement == EPS_PLACE_DEVICE) continue;
     pthread_mutex_lock(&eps->lock);
+    /* written by its last update, from a master nothing else can have written since:
+       current (an update still running writes it as it goes, and the visit waits for it) */
+    bool current = rec->staging_written && !tensor_handed_out(rec->master);
+    if (current) {
+      pthread_mutex_unlock(&eps->lock);
+      continue;
+    }
     bool now = !rec->pending;
     if (now) rec->pending = true;
     else rec->stage_after = true;   /* its update's last chunk queues the rewrite */

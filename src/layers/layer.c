@@ -81,8 +81,14 @@ l2l_status layer_add_param(l2l_layer *layer, int role, const char *name, int ndi
 const char *l2l_param_name(const l2l_param *param) {
   return param_live(param) ? param->name : NULL;
 }
+l2l_tensor *param_value(const l2l_param *param) { return param_live(param) ? param->value : NULL; }
+int64_t l2l_param_numel(const l2l_param *param) {
+  return param_live(param) ? l2l_tensor_numel(param->value) : -1;
+}
 l2l_tensor *l2l_param_value(const l2l_param *param) {
-  return param_live(param) ? param->value : NULL;
+  l2l_tensor *value = param_value(param);
+  tensor_hand_out(value);
+  return value;
 }
 l2l_tensor *param_grad(const l2l_param *param) { return param_live(param) ? param->grad : NULL; }
 l2l_tensor *l2l_param_grad(const l2l_param *param) {

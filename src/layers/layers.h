@@ -69,6 +69,9 @@ bool param_low_precision(const l2l_param *param);
    l2l_param_grad marks it handed out (core's tensor_hand_out): a caller may write it
    unseen from then on. */
 l2l_tensor *param_grad(const l2l_param *param);
+/* The same for its value (the master a relay's EPS keeps): l2l_param_value hands it out
+   (the EPS then rewrites its staging copy every step, where its update would write it). */
+l2l_tensor *param_value(const l2l_param *param);
 /* What a call with targets allocates (l2l_layer_memory_use: a training call) of a layer
    whose low-precision parameters are bound in `precision` (f32: all f32), training (dropout
    runs) or not: the relay's plans. */

@@ -25,7 +25,7 @@ uint64_t order_param_slot_bytes(const l2l_param *param, enum order_slot_content 
   l2l_dtype dtype = order_slot_dtype(param, content, precision, grad_precision);
   if (content == ORDER_SLOT_GRADS_OUT && dtype == L2L_F32) return 0;
   if (content == ORDER_SLOT_VALUES && on_device) return 0;
-  return pool_accounted((uint64_t)l2l_tensor_numel(l2l_param_value(param)) *
+  return pool_accounted((uint64_t)l2l_tensor_numel(param_value(param)) *
                         l2l_dtype_size(dtype));
 }
 

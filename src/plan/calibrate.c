@@ -286,7 +286,7 @@ l2l_status plan_time_layer(double *fwd, double *bwd, const l2l_layer *layer, int
        put back afterwards */
     t.layer = (l2l_layer *)layer;
     const l2l_param *first = l2l_layer_param(layer, 0);
-    t.pool = first ? (l2l_pool_kind)l2l_tensor_pool(l2l_param_value(first)) : L2L_POOL_HOST;
+    t.pool = first ? (l2l_pool_kind)l2l_tensor_pool(param_value(first)) : L2L_POOL_HOST;
   }
   int np = own ? 0 : l2l_layer_param_count(layer);
   l2l_tensor *grads[L2L_MAX_PARAMS] = {NULL};

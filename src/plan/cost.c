@@ -52,7 +52,7 @@ static l2l_status master_bytes_of(uint64_t *out, const struct plan_chain *c) {
   TRY(status);
   for (int i = 0; i < n; i++)   /* (one on the device is updated there) */
     if (!(c->layers[recs[i].layer].on_device >> recs[i].place & 1))
-      out[recs[i].layer] += (uint64_t)l2l_tensor_numel(l2l_param_value(recs[i].param)) * sizeof(float);
+      out[recs[i].layer] += (uint64_t)l2l_tensor_numel(param_value(recs[i].param)) * sizeof(float);
   free(recs);
   return L2L_OK;
 }
@@ -66,7 +66,7 @@ static uint64_t copied_bytes(const struct plan_layer *pl, enum order_slot_conten
   for (int i = 0; i < l2l_layer_param_count(layer); i++) {
     if (pl->on_device >> i & 1) continue;
     const l2l_param *p = l2l_layer_param(layer, i);
-    bytes += (uint64_t)l2l_tensor_numel(l2l_param_value(p)) *
+    bytes += (uint64_t)l2l_tensor_numel(param_value(p)) *
              l2l_dtype_size(order_slot_dtype(p, content, c->precision, c->grad_precision));
   }
   return bytes;

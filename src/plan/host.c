@@ -53,7 +53,7 @@ l2l_status plan_host(struct plan_host *out, const struct plan_layer *layers, int
            device = 0;
   int on_device = 0;
   for (int i = 0; i < n; i++) {
-    int64_t numel = l2l_tensor_numel(l2l_param_value(recs[i].param));
+    int64_t numel = l2l_tensor_numel(param_value(recs[i].param));
     /* a low-precision record has a 16-bit staging copy, or a bf16 master that is it */
     struct layers_record_dtypes held =
         layers_record_dtypes(recs[i].param, config->precision, config->master);

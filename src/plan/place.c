@@ -101,7 +101,7 @@ l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint
     const l2l_param *p = recs[i].param;
     if (allowed != NULL && allowed[group[recs[i].layer]] == 0) continue;   /* (kept home) */
     struct layers_record_dtypes held = layers_record_dtypes(p, config->precision, config->master);
-    uint64_t its = device_record_bytes(l2l_tensor_numel(l2l_param_value(p)), held.master, arrays,
+    uint64_t its = device_record_bytes(l2l_tensor_numel(param_value(p)), held.master, arrays,
                                        config->optimizer.state, held.staging);
     cand[group[recs[i].layer]].bytes += its;   /* (a group's: its first layer's candidate) */
     cand[group[recs[i].layer]].records++;

@@ -53,7 +53,7 @@ static struct plan_layer_key layer_key(const l2l_layer *layer, bool frozen) {
   snprintf(k.name, sizeof k.name, "%s", l2l_layer_name(layer));
   k.nparams = l2l_layer_param_count(layer);
   for (int r = 0; r < k.nparams && r < L2L_MAX_PARAMS; r++)
-    k.numel[r] = l2l_tensor_numel(l2l_param_value(l2l_layer_param(layer, r)));
+    k.numel[r] = l2l_tensor_numel(param_value(l2l_layer_param(layer, r)));
   k.frozen = frozen;
   return k;
 }

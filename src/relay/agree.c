@@ -140,7 +140,7 @@ static void describe_layer(struct description *d, const struct step *s, int k) {
   word(d, n, NAMED_LAYER " (%s): number of records", at, name);
   for (int r = 0; r < n; r++) {
     const l2l_param *p = l2l_layer_param(rl->layer, r);
-    const l2l_tensor *v = l2l_param_value(p);
+    const l2l_tensor *v = param_value(p);
     const char *pname = l2l_param_name(p);
     int nd = l2l_tensor_ndim(v);
     word(d, nd, NAMED_LAYER " (%s): record '%s': dims", at, name, pname);

@@ -236,7 +236,7 @@ static l2l_status save_specs(struct save *s) {
     struct record *r = &s->rs.r[k];
     r->updates = eps_updates(r->rec);
     r->state = r->updates > 0 ? s->arrays : 0;
-    const l2l_tensor *value = l2l_param_value(r->param);
+    const l2l_tensor *value = param_value(r->param);
     for (int e = -1; e < r->state + (s->mid ? 1 : 0); e++) {
       struct safetensors_spec *spec = &s->specs[s->nspecs];
       const char *suffix = e < 0 ? "" : e < r->state ? (e == 0 ? ".m" : ".v") : ".grad";
@@ -288,7 +288,7 @@ static l2l_status put_state(struct safetensors_writer *w, struct save *s, int k,
   const struct record *r = &s->rs.r[k];
   const l2l_tensor *t = NULL;
   TRY(state_of(&t, s, k, a));
-  int64_t n = l2l_tensor_numel(l2l_param_value(r->param));
+  int64_t n = l2l_tensor_numel(param_value(r->param));
   if (l2l_state_array_check(t, &s->run->config.optimizer, a, n) != L2L_OK) {
     const char *why = l2l_last_error(), *prefix = "l2l_state_array_check: array ";
     if (strncmp(why, prefix, strlen(prefix)) == 0) why += strlen(prefix);
@@ -305,7 +305,7 @@ static l2l_status put_state(struct safetensors_writer *w, struct save *s, int k,
 static l2l_status put_records(struct safetensors_writer *w, struct save *s) {
   for (int k = 0; k < s->rs.n; k++) {
     const struct record *r = &s->rs.r[k];
-    TRY(put_tensor(w, l2l_param_value(r->param)));
+    TRY(put_tensor(w, param_value(r->param)));
     for (int a = 0; a < r->state; a++) TRY(put_state(w, s, k, a));
     if (s->mid) TRY(put_tensor(w, param_grad(r->param)));
   }
@@ -454,7 +454,7 @@ static l2l_status entry_for(const struct safetensors_entry **out, const struct l
                             bool shaped, const char *what) {
   const struct safetensors_entry *e = safetensors_find(ld->file, name);
   if (e == NULL) return REFUSE(ld, "record %s: the file has no tensor '%s' (%s)", r->name, name, what);
-  const l2l_tensor *value = l2l_param_value(r->param);
+  const l2l_tensor *value = param_value(r->param);
   bool same = e->numel == numel && (!shaped || e->ndim == l2l_tensor_ndim(value));
   for (int d = 0; same && shaped && d < e->ndim; d++) same = e->shape[d] == l2l_tensor_dim(value, d);
   if (!(dtypes & (1u << e->dtype)) || !same) {
@@ -493,7 +493,7 @@ static l2l_status check_record(struct load *ld, int k, const json_t *saved) {
     return REFUSE(ld, "record %s carries a gradient, but step %lld ends an accumulation of %d: a save "
                   "writes none there (a damaged or forged file)", r->name, (long long)ld->steps,
                   ld->run->config.accumulate);
-  int64_t n = l2l_tensor_numel(l2l_param_value(r->param));
+  int64_t n = l2l_tensor_numel(param_value(r->param));
   uint64_t bytes8 = 0;
   TRY(l2l_state_array_bytes(&bytes8, L2L_STATE_8BIT, n));
   unsigned masters = 1u << L2L_F32 | 1u << L2L_BF16;
@@ -544,7 +544,7 @@ static l2l_status check_data(struct load *ld) {
     for (int a = 0; a < r->state; a++) {
       l2l_tensor *t = NULL;
       TRY(safetensors_read_tensor(&t, ld->file, r->arrays[a]));
-      int64_t n = l2l_tensor_numel(l2l_param_value(r->param));
+      int64_t n = l2l_tensor_numel(param_value(r->param));
       l2l_status status = l2l_state_array_check(t, &ld->run->config.optimizer, a, n);
       l2l_tensor_free(t);
       if (status != L2L_OK) {
@@ -579,17 +579,16 @@ static l2l_status restore_tensor(struct load *ld, const struct safetensors_entry
 }
 
 static l2l_status restore_record(struct load *ld, const struct record *r, bool grads) {
-  TRY(restore_tensor(ld, r->value, l2l_param_value(r->param)));
+  eps_record_written(&ld->run->eps, r->rec);   /* (its staging copy, its accumulator) */
+  TRY(restore_tensor(ld, r->value, param_value(r->param)));
   l2l_tensor *st[2] = {NULL, NULL};
   l2l_status status = L2L_OK;
   for (int a = 0; a < r->state && status == L2L_OK; a++) status = safetensors_read_tensor(&st[a], ld->file, r->arrays[a]);
   if (status == L2L_OK) status = relay_restore_param(ld->run, "l2l_relay_load", r->param, r->updates, st[0], st[1]);
   l2l_tensor_free(st[0]);
   l2l_tensor_free(st[1]);
-  if (status == L2L_OK && r->grad && grads) {
-    eps_grad_written(&ld->run->eps, r->rec);
+  if (status == L2L_OK && r->grad && grads)
     status = restore_tensor(ld, r->grad_entry, param_grad(r->param));
-  }
   return status;
 }
 
@@ -613,7 +612,7 @@ static l2l_status restore(struct load *ld) {
      file's go to rank 0 alone, as the ranks' sum is what counts */
   if (run->steps % run->config.accumulate != 0)
     for (int k = 0; k < ld->rs.n; k++) {
-      eps_grad_written(&run->eps, ld->rs.r[k].rec);
+      eps_record_written(&run->eps, ld->rs.r[k].rec);
       TRY(l2l_tensor_fill(param_grad(ld->rs.r[k].param), 0.0));
     }
   int rank = 0;

@@ -79,7 +79,7 @@ static l2l_status check_layer(const l2l_relay *run, const l2l_layer *layer, int 
   }
   for (int r = 0; r < l2l_layer_param_count(layer); r++) {
     const l2l_param *p = l2l_layer_param(layer, r);
-    const l2l_tensor *v = l2l_param_value(p);
+    const l2l_tensor *v = param_value(p);
     /* (a record the relay holds already, a tied table, may be pinned: eps_master_pool) */
     if (l2l_tensor_pool(v) != L2L_POOL_HOST && eps_find(&run->eps, p) == NULL)
       return FAIL(L2L_ERR_INVALID, "the layer's parameter '%s' is in pool '%s': a relay's layers "
@@ -112,8 +112,8 @@ static bool on_device(const l2l_relay *run) { return run->config.placement == L2
 /* p's value and grad where the relay keeps them (pool, value dtype); a failure puts back
    what moved. */
 static l2l_status param_home(l2l_param *p, l2l_pool_kind pool, l2l_dtype dtype, bool grad) {
-  l2l_pool_kind was = (l2l_pool_kind)l2l_tensor_pool(l2l_param_value(p));
-  l2l_dtype was_dtype = (l2l_dtype)l2l_tensor_dtype(l2l_param_value(p));
+  l2l_pool_kind was = (l2l_pool_kind)l2l_tensor_pool(param_value(p));
+  l2l_dtype was_dtype = (l2l_dtype)l2l_tensor_dtype(param_value(p));
   TRY(param_rehome(p, pool, dtype));
   l2l_status status = grad ? param_rehome_grad(p, pool) : L2L_OK;
   if (status != L2L_OK) (void)param_rehome(p, was, was_dtype);
@@ -127,7 +127,7 @@ static l2l_status param_home(l2l_param *p, l2l_pool_kind pool, l2l_dtype dtype, 
 static void masters_home(l2l_relay *run, l2l_layer *layer, bool freeing) {
   for (int r = 0; r < l2l_layer_param_count(layer); r++) {
     l2l_param *p = l2l_layer_param(layer, r);
-    const l2l_tensor *v = l2l_param_value(p);
+    const l2l_tensor *v = param_value(p);
     bool away = l2l_tensor_pool(v) != L2L_POOL_HOST || l2l_tensor_dtype(v) != L2L_F32;
     if (away && (freeing || eps_find(&run->eps, p) == NULL)) {
       param_set_guard_copy(p, NULL);   /* (the EPS's, gone with its record) */
@@ -160,14 +160,14 @@ static l2l_status eps_records(l2l_relay *run, l2l_layer *const *list, int n, int
     bool joining = eps_find(&run->eps, p) == NULL;
     struct layers_record_dtypes d = held(run, p);
     l2l_pool_kind home = eps_master_pool(&run->eps, d.master, d.staging != L2L_F32,
-                                         l2l_tensor_numel(l2l_param_value(p)));
+                                         l2l_tensor_numel(param_value(p)));
     bool via_host = d.master == L2L_BF16 || !on_device(run);   /* (an f32 one goes straight) */
     if (joining && home != L2L_POOL_HOST && via_host) status = param_rehome(p, home, d.master);
     if (status == L2L_OK && joining && on_device(run))
       status = param_home(p, L2L_POOL_DEVICE, d.master, true);
     if (status != L2L_OK) failed = at;
     sources[at] = (struct eps_record_source){
-        .param = p, .name = l2l_param_name(p), .master = l2l_param_value(p),
+        .param = p, .name = l2l_param_name(p), .master = param_value(p),
         .grad = param_grad(p), .decays = l2l_param_decays(p) == 1, .device = on_device(run),
         .staging = d.staging, .users = recs[at].users,
         .stream = (uint64_t)l2l_layer_rng_id(list[recs[at].layer]) << 8 | (uint64_t)recs[at].place};
@@ -175,7 +175,7 @@ static l2l_status eps_records(l2l_relay *run, l2l_layer *const *list, int n, int
   if (status == L2L_OK) status = eps_set_records(&run->eps, sources, count, &failed);
   if (failed >= 0) *failed_layer = recs[failed].layer;
   for (int i = 0; status != L2L_OK && i < at; i++)   /* the joining masters home again */
-    if ((l2l_tensor_pool(l2l_param_value(recs[i].param)) != L2L_POOL_HOST || on_device(run)) &&
+    if ((l2l_tensor_pool(param_value(recs[i].param)) != L2L_POOL_HOST || on_device(run)) &&
         eps_find(&run->eps, recs[i].param) == NULL)
       (void)param_home(recs[i].param, L2L_POOL_HOST, L2L_F32, on_device(run));
   free(sources);

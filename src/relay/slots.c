@@ -41,7 +41,7 @@ static l2l_status slot_view(l2l_tensor **out, const struct step *s, const l2l_te
                             uint64_t *offset, const l2l_param *param,
                             enum order_slot_content content) {
   TRY(tensor_view_bytes(out, slot, *offset, slot_dtype(s->run, param, content),
-                        l2l_param_value(param)));
+                        param_value(param)));
   *offset += slot_bytes(s->run, param, content);
   return L2L_OK;
 }

@@ -207,8 +207,9 @@ static const struct order_ops relay_acts = {
 
 l2l_status relay_run_visits(struct step *s) {
   TRY(relay_slots_new(s));
-  /* 16-bit staging copies from the masters as they are now (a script may have edited
-     them since the last step), each behind its record's pending update */
+  /* 16-bit staging copies from the masters as they are now, each behind its record's
+     pending update: those a script was given and may have edited since the last step
+     (the others' updates wrote theirs) */
   if (s->run->config.precision != L2L_F32) eps_stage(&s->run->eps);
   if (s->order.nvisits > 0) TRY(relay_params_queue(s, 0, 0));
   TRY(order_walk(&s->order, s->nmb, &relay_acts, s));

@@ -235,7 +235,7 @@ TEST(misuse_layer_new_clone_tie_and_free) {
 /* Covers: l2l_layer_get_config, l2l_layer_set_memory, l2l_layer_rng_id,
    l2l_layer_set_rng_id, l2l_layer_param_count, l2l_layer_param, l2l_layer_nparams,
    l2l_layer_zero_grad, l2l_layer_memory_use, l2l_layer_name, l2l_param_name,
-   l2l_param_value, l2l_param_grad, l2l_param_users, l2l_param_decays. */
+   l2l_param_value, l2l_param_grad, l2l_param_numel, l2l_param_users, l2l_param_decays. */
 TEST(misuse_layer_settings_and_accessors) {
   l2l_layer *block = small_block();
   l2l_layer_config ec = config_of(L2L_LAYER_EMBEDDING);
@@ -305,10 +305,14 @@ TEST(misuse_layer_settings_and_accessors) {
   for (size_t i = 0; i < sizeof not_params / sizeof not_params[0]; i++) {
     const l2l_param *p = not_params[i];
     CHECK(l2l_param_name(p) == NULL && l2l_param_value(p) == NULL && l2l_param_grad(p) == NULL &&
-              l2l_param_users(p) == -1 && l2l_param_decays(p) == -1,
+              l2l_param_numel(p) == -1 && l2l_param_users(p) == -1 && l2l_param_decays(p) == -1,
           "case %zu: a record accessor answered for what is no record", i);
   }
   CHECK(l2l_param_users(l2l_layer_param(block, 0)) == 1, "a record of one layer");
+  for (int r = 0; r < l2l_layer_param_count(block); r++) {
+    const l2l_param *p = l2l_layer_param(block, r);
+    CHECK(l2l_param_numel(p) == l2l_tensor_numel(l2l_param_value(p)), "record %d's elements", r);
+  }
   l2l_tensor_free(t);
   l2l_layer_free(block);
   l2l_layer_free(emb);

@@ -37,7 +37,7 @@ static bool eps_adding(struct eps *eps, struct core_timeline *tl, l2l_layer *lay
   for (int i = 0; i < n; i++) {
     l2l_param *p = l2l_layer_param(layer, i);
     src[i] = (struct eps_record_source){.param = p, .name = l2l_param_name(p),
-                                        .master = l2l_param_value(p), .grad = param_grad(p),
+                                        .master = param_value(p), .grad = param_grad(p),
                                         .staging = L2L_F32, .users = 1};
   }
   if (CHECK_OK(eps_set_records(eps, src, n, &failed))) return true;
@@ -137,7 +137,7 @@ static void step_on_copies(struct eps *eps, l2l_layer *layer, l2l_tensor *const 
 /* Gradients like the layer's parameters: normal, f32 or bf16 (kept gradients are f32). */
 static void draw_grads(l2l_tensor **g, l2l_layer *layer, l2l_dtype dtype) {
   for (int i = 0; i < l2l_layer_param_count(layer); i++) {
-    const l2l_tensor *v = l2l_param_value(l2l_layer_param(layer, i));
+    const l2l_tensor *v = param_value(l2l_layer_param(layer, i));
     int64_t shape[L2L_MAX_DIMS];
     for (int d = 0; d < l2l_tensor_ndim(v); d++) shape[d] = l2l_tensor_dim(v, d);
     l2l_tensor *f = check_tensor(L2L_POOL_HOST, L2L_F32, l2l_tensor_ndim(v), shape);
@@ -287,8 +287,8 @@ TEST(eps_gives_split_across_workers_update_as_whole_ones) {
           "step %d: %d skips whole, %d split, %d expected", step, out[0].skips, out[1].skips,
           poisoned >= 0);
     for (int i = 0; i < n; i++) {
-      const l2l_tensor *pa = l2l_param_value(l2l_layer_param(a, i));
-      const l2l_tensor *pb = l2l_param_value(l2l_layer_param(b, i));
+      const l2l_tensor *pa = param_value(l2l_layer_param(a, i));
+      const l2l_tensor *pb = param_value(l2l_layer_param(b, i));
       CHECK(memcmp(l2l_tensor_data(pa), l2l_tensor_data(pb), (size_t)l2l_tensor_numel(pa) * 4) == 0,
             "step %d: %s differs between gradients added whole and split", step,
             l2l_param_name(l2l_layer_param(a, i)));
@@ -369,7 +369,7 @@ TEST(eps_held_gradients_update_as_added_ones) {
                   out[1].skips, step > 1);
             for (int i = 0; i < n; i++) {
               l2l_param *pa = l2l_layer_param(layers[0], i), *pb = l2l_layer_param(layers[1], i);
-              const l2l_tensor *va = l2l_param_value(pa), *vb = l2l_param_value(pb);
+              const l2l_tensor *va = param_value(pa), *vb = param_value(pb);
               CHECK(memcmp(l2l_tensor_data(va), l2l_tensor_data(vb),
                            (size_t)l2l_tensor_numel(va) * 4) == 0,
                     "%s, step %d: %s differs between gradients added and held", what, step,
@@ -453,8 +453,8 @@ TEST(eps_deferred_norms_are_found_by_the_adds) {
     else
       CHECK(!isfinite(norm[0]), "step %d: an inf gradient gave the norm %g", step, norm[0]);
     for (int i = 0; i < n; i++) {
-      const l2l_tensor *pa = l2l_param_value(l2l_layer_param(layers[0], i));
-      const l2l_tensor *pb = l2l_param_value(l2l_layer_param(layers[1], i));
+      const l2l_tensor *pa = param_value(l2l_layer_param(layers[0], i));
+      const l2l_tensor *pb = param_value(l2l_layer_param(layers[1], i));
       CHECK(memcmp(l2l_tensor_data(pa), l2l_tensor_data(pb), (size_t)l2l_tensor_numel(pa) * 4) == 0,
             "step %d: %s differs between gradients added on the workers and on the caller",
             step, l2l_param_name(l2l_layer_param(layers[0], i)));
@@ -492,7 +492,7 @@ TEST(eps_held_gradients_given_at_once_update_as_added_in_either_order) {
           round, (long long)eps[0].held_checks, n);
     for (int i = 0; i < n; i++) {
       const l2l_tensor *v[3];
-      for (int k = 0; k < 3; k++) v[k] = l2l_param_value(l2l_layer_param(layers[k], i));
+      for (int k = 0; k < 3; k++) v[k] = param_value(l2l_layer_param(layers[k], i));
       size_t bytes = (size_t)l2l_tensor_numel(v[0]) * 4;
       CHECK(memcmp(l2l_tensor_data(v[0]), l2l_tensor_data(v[1]), bytes) == 0 ||
                 memcmp(l2l_tensor_data(v[0]), l2l_tensor_data(v[2]), bytes) == 0,
@@ -525,7 +525,7 @@ TEST(eps_pass_bytes_count_what_each_pass_moves) {
     if (!twins_new(&t, 2, &opt, 1u)) return;   /* twin 0 adds, twin 1 holds */
     const int n = l2l_layer_param_count(t.layers[0]);
     double elements = 0;
-    for (int i = 0; i < n; i++) elements += (double)l2l_tensor_numel(l2l_param_value(l2l_layer_param(t.layers[0], i)));
+    for (int i = 0; i < n; i++) elements += (double)l2l_tensor_numel(param_value(l2l_layer_param(t.layers[0], i)));
     double read = elements;   /* elements of accumulators the check reads (not known zero) */
     for (int step = 0; step < 4; step++) {
       l2l_tensor *g0[L2L_MAX_PARAMS], *g1[L2L_MAX_PARAMS], **g[2] = {g0, g1};
@@ -558,5 +558,76 @@ TEST(eps_pass_bytes_count_what_each_pass_moves) {
       }
     }
     twins_free(&t);
+  }
+}
+
+/* The staging copy (bf16, the device's) written by the update as it moves the master, not
+   rewritten as the next step begins, where nothing but the EPS writes the master: after
+   each step's updates and the next step's eps_stage, every record's staging copy is its
+   master rounded to bf16 (computed here), and the rewrite moves 6 bytes an element of the
+   records it rewrites: all of them before the first update (new records), none after it,
+   and from step 2 on the one whose master a script was given (l2l_param_value) and wrote;
+   its staging copy then holds the script's values. AdamW and LAMB (whose second wave moves
+   the master). */
+TEST(eps_staging_written_by_the_update_unless_the_master_was_handed_out) {
+  static const l2l_optimizer_kind kinds[] = {L2L_OPTIMIZER_ADAMW, L2L_OPTIMIZER_LAMB};
+  for (int kind = 0; kind < 2; kind++) {
+    l2l_optimizer_config opt = {.kind = kinds[kind], .lr = 1e-2f, .beta1 = 0.9f,
+                                .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
+    l2l_layer *layer = big_embedding();
+    if (layer == NULL) return;
+    struct core_timeline tl;
+    timeline_init(&tl);
+    struct eps eps;
+    struct eps_settings settings = {.optimizer = &opt, .precision = L2L_BF16, .threads = 3,
+                                    .seed = 1, .timeline = &tl, .dist_lane = -1};
+    int n = l2l_layer_param_count(layer);
+    struct eps_record_source src[L2L_MAX_PARAMS];
+    for (int i = 0; i < n; i++) {
+      l2l_param *p = l2l_layer_param(layer, i);
+      CHECK_OK(l2l_tensor_fill(param_grad(p), 0.0));
+      src[i] = (struct eps_record_source){.param = p, .name = l2l_param_name(p),
+                                          .master = param_value(p), .grad = param_grad(p),
+                                          .staging = L2L_BF16, .users = 1};
+    }
+    int failed = -1;
+    if (!CHECK_OK(eps_init(&eps, &settings))) return;
+    if (!CHECK_OK(eps_set_records(&eps, src, n, &failed))) n = 0;
+    int r = (int)check_rand_int(0, n - 1);   /* the record a script writes */
+    for (int step = 0; n > 0 && step < 4; step++) {
+      double rewritten = 0;   /* elements the next step's rewrite must move */
+      for (int i = 0; i < n; i++)
+        if (step == 0 || (step >= 2 && i == r)) rewritten += (double)l2l_param_numel(l2l_layer_param(layer, i));
+      if (step == 2) {   /* between steps 1 and 2: a script's values in record r's master */
+        float *m = l2l_tensor_data(l2l_param_value(l2l_layer_param(layer, r)));
+        for (int64_t e = 0; e < l2l_param_numel(l2l_layer_param(layer, r)); e++) m[e] = (float)check_rand_normal();
+      }
+      uint64_t before = eps_pass_bytes(&eps);
+      eps_stage(&eps);   /* (as the relay's step begins) */
+      eps_sync(&eps);
+      CHECK((double)(eps_pass_bytes(&eps) - before) == 6 * rewritten, "%s, step %d: the rewrite "
+            "moved %llu bytes, want %.0f", optimizer_ops(opt.kind)->name, step,
+            (unsigned long long)(eps_pass_bytes(&eps) - before), 6 * rewritten);
+      for (int i = 0; i < n; i++) {
+        const struct eps_record *rec = eps_find(&eps, l2l_layer_param(layer, i));
+        const float *m = l2l_tensor_data(rec->master);
+        const uint16_t *h = l2l_tensor_data(rec->staging);
+        int64_t off = 0;
+        for (int64_t e = 0; e < l2l_tensor_numel(rec->master) && off == 0; e++)
+          if (h[e] != half_from_f32_bf16(m[e])) off = e + 1;
+        CHECK(off == 0, "%s, step %d: %s's staging copy is not its master at [%lld]",
+              optimizer_ops(opt.kind)->name, step, l2l_param_name(rec->param), (long long)off - 1);
+      }
+      l2l_tensor *g0[L2L_MAX_PARAMS], *g1[L2L_MAX_PARAMS], **g[2] = {g0, g1};
+      draw_grads(g0, layer, L2L_BF16);
+      draw_grads(g1, layer, L2L_BF16);
+      const float scale[2] = {1.0f, 0.5f};
+      struct eps_outcome out;
+      run_step_of(&eps, layer, g, scale, 2, true, false, true, &out, NULL);
+      for (int i = 0; i < n; i++) l2l_tensor_free(g0[i]), l2l_tensor_free(g1[i]);
+    }
+    eps_free(&eps);
+    timeline_free(&tl);
+    l2l_layer_free(layer);
   }
 }
