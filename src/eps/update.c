@@ -298,6 +298,9 @@ static void stage_chunk(struct eps *eps, struct eps_record *rec, int64_t begin, 
   if (--rec->chunks_left == 0) {
     rec->pending = false;
     rec->stage_after = false;   /* a second request while this ran: nothing changed since */
+    /* current until its master changes, where only its updates (which write it too) can
+       change it: a frozen record's is written once */
+    rec->staging_written = stages_in_update(eps, rec);
     pthread_cond_broadcast(&eps->changed);
   }
   pthread_mutex_unlock(&eps->lock);

@@ -52,7 +52,7 @@ void noise_range(const l2l_param *param, int64_t *from, int64_t *to) {
   *from = *to = 0;
   const char *name = l2l_param_name(param);
   if (name != NULL && strcmp(name, "attn.qkv.bias") == 0) {
-    int64_t d = numel(l2l_param_value(param)) / 3;
+    int64_t d = numel(param_value(param)) / 3;
     *from = d, *to = 2 * d;
   }
 }
@@ -114,7 +114,7 @@ bool compare_to_plain(l2l_relay *r, const struct model *rm, struct plain *p,
       l2l_param *rp = l2l_layer_param(rm->layer[l], j);
       l2l_param *pp = l2l_layer_param(p->model.layer[l], j);
       const char *name = l2l_param_name(rp);
-      l2l_tensor *rv = l2l_param_value(rp), *pv = l2l_param_value(pp);
+      l2l_tensor *rv = param_value(rp), *pv = param_value(pp);
       int64_t n = numel(pv), worst = 0, nf, nt;
       noise_range(rp, &nf, &nt);
       double err = rel_err_f32(check_data(rv), check_data(pv), n, nf, nt, &worst);
@@ -174,8 +174,8 @@ void snapshot_take(struct snapshot *s, l2l_relay *r, int from, int to) {
       struct rec_snap *e = &s->r[s->n++];
       e->param = param;
       e->layer = l, e->index = j;
-      e->value = snapshot(l2l_param_value(param));
-      e->bytes = tensor_bytes(l2l_param_value(param));
+      e->value = snapshot(param_value(param));
+      e->bytes = tensor_bytes(param_value(param));
       for (int w = 0; w < 2; w++) {
         l2l_tensor *st = NULL;
         CHECK_OK(l2l_relay_param_state(&st, r, param, w));
@@ -206,7 +206,7 @@ static bool record_in_relay(l2l_relay *r, const l2l_param *param) {
 /* Whether record e is bit for bit as snapshotted: its value, and (while it is in the
    relay) both optimizer states, present or absent alike. */
 static bool record_same(l2l_relay *r, const struct rec_snap *e) {
-  if (memcmp(l2l_tensor_data(l2l_param_value(e->param)), e->value, e->bytes) != 0) return false;
+  if (memcmp(l2l_tensor_data(param_value(e->param)), e->value, e->bytes) != 0) return false;
   if (!record_in_relay(r, e->param)) return true;
   for (int w = 0; w < 2; w++) {
     l2l_tensor *st = NULL;
@@ -233,7 +233,7 @@ bool check_all_changed(l2l_relay *r, const struct snapshot *s, const char *what)
   CHECK_OK(l2l_relay_sync(r));
   bool ok = true;
   for (int i = 0; i < s->n; i++)
-    ok &= CHECK(memcmp(l2l_tensor_data(l2l_param_value(s->r[i].param)), s->r[i].value,
+    ok &= CHECK(memcmp(l2l_tensor_data(param_value(s->r[i].param)), s->r[i].value,
                        s->r[i].bytes) != 0,
                 "%s: record '%s' (layer %d) did not change", what,
                 l2l_param_name(s->r[i].param), s->r[i].layer);

@@ -226,6 +226,15 @@ TEST(checkpoint_resume) {
   train(rb, &s, 0, k, got);
   l2l_save_options opts = {.extra = "{\"note\": \"a C test\", \"step\": 3}"};
   CHECK_OK(l2l_relay_save(rb, path, &opts));
+  /* and loaded back into the same relay after it trained on (a rollback): every copy its
+     updates made since (16-bit staging copies, accumulators) gives way to the file's */
+  double later[MAX_STEPS] = {0};
+  train(rb, &s, k, total, later);
+  CHECK_OK(l2l_relay_load(rb, path));
+  train(rb, &s, k, total, later);
+  for (int t = k; t < total; t++)
+    CHECK(memcmp(&later[t], &want[t], sizeof(double)) == 0, "step %d: loss %.17g after a rollback, "
+          "%.17g uninterrupted", t, later[t], want[t]);
   free_all(rb, b, n);
 
   /* rebuilt with other weights and rng ids, nothing frozen, then loaded */

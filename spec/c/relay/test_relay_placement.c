@@ -40,7 +40,7 @@ static bool same_records(l2l_relay *a, const struct model *ma, l2l_relay *b,
   for (int i = 0; ok && i < ma->n; i++)
     for (int j = 0; ok && j < l2l_layer_param_count(ma->layer[i]); j++) {
       const l2l_param *pa = l2l_layer_param(ma->layer[i], j), *pb = l2l_layer_param(mb->layer[i], j);
-      const l2l_tensor *va = l2l_param_value(pa), *vb = l2l_param_value(pb);
+      const l2l_tensor *va = param_value(pa), *vb = param_value(pb);
       size_t bytes = (size_t)l2l_tensor_numel(va) * l2l_dtype_size(l2l_tensor_dtype(va));
       ok &= CHECK(memcmp(l2l_tensor_data(va), l2l_tensor_data(vb), bytes) == 0,
                   "%s: layer %d %s: weights differ", what, i, l2l_param_name(pa));
@@ -69,11 +69,11 @@ static bool all_in(const struct model *m, l2l_pool_kind pool, const char *what) 
   for (int i = 0; ok && i < m->n; i++)
     for (int j = 0; ok && j < l2l_layer_param_count(m->layer[i]); j++) {
       const l2l_param *p = l2l_layer_param(m->layer[i], j);
-      ok &= CHECK(l2l_tensor_pool(l2l_param_value(p)) == (int)pool &&
-                      l2l_tensor_pool(l2l_param_grad(p)) == (int)pool,
+      ok &= CHECK(l2l_tensor_pool(param_value(p)) == (int)pool &&
+                      l2l_tensor_pool(param_grad(p)) == (int)pool,
                   "%s: layer %d %s: value in pool %d, grad in pool %d, want %d", what, i,
-                  l2l_param_name(p), l2l_tensor_pool(l2l_param_value(p)),
-                  l2l_tensor_pool(l2l_param_grad(p)), (int)pool);
+                  l2l_param_name(p), l2l_tensor_pool(param_value(p)),
+                  l2l_tensor_pool(param_grad(p)), (int)pool);
     }
   return ok;
 }
@@ -125,8 +125,8 @@ static bool placements_match(const struct model *init, const l2l_relay_config *c
   bool same = true;
   for (int i = 0; ok && i < mh.n; i++)
     for (int j = 0; j < l2l_layer_param_count(mh.layer[i]); j++) {
-      const l2l_tensor *a = l2l_param_value(l2l_layer_param(mh.layer[i], j));
-      const l2l_tensor *b = l2l_param_value(l2l_layer_param(md.layer[i], j));
+      const l2l_tensor *a = param_value(l2l_layer_param(mh.layer[i], j));
+      const l2l_tensor *b = param_value(l2l_layer_param(md.layer[i], j));
       same &= memcmp(l2l_tensor_data(a), l2l_tensor_data(b),
                      (size_t)l2l_tensor_numel(a) * l2l_dtype_size(l2l_tensor_dtype(a))) == 0;
     }
@@ -467,12 +467,17 @@ static void auto_fills_the_budget(const char *spill_dir) {
   l2l_relay_config cfg = adamw_config();
   cfg.micro_batch = 2;
   cfg.optimizer.state = (l2l_state_precision)check_rand_int(0, 2);   /* (moved in its precision) */
-  if (check_rand_int(0, 1)) cfg.master = cfg.precision = L2L_BF16;   /* (a bf16 master home pinned) */
+  /* f32 throughout; bf16 masters (a bf16 master home pinned); or f32 masters with bf16
+     staging copies (a record moved home makes a new one, rewritten before it is read) */
+  int precisions = (int)check_rand_int(0, 2);
+  if (precisions > 0) cfg.precision = L2L_BF16;
+  if (precisions == 1) cfg.master = L2L_BF16;
   /* (per-layer clipping: the tied table's embedding and head are placed together) */
   if (check_rand_int(0, 1)) cfg.clip_layer_norm = 0.05f;
   cfg.spill_dir = spill_dir;
-  printf("  (state %d, master %s, clip_layer_norm %g, %s, %s)\n", (int)cfg.optimizer.state,
-         l2l_dtype_name(cfg.master), (double)cfg.clip_layer_norm,
+  printf("  (state %d, master %s, precision %s, clip_layer_norm %g, %s, %s)\n",
+         (int)cfg.optimizer.state, l2l_dtype_name(cfg.master), l2l_dtype_name(cfg.precision),
+         (double)cfg.clip_layer_norm,
          spill_dir ? "the host's state in a spill file" : "in memory",
          gpu_like ? "gradients copied out" : "gradients read in place");
   /* the records' device bytes (the planner's count, held to the pool's in test_plan) and
@@ -517,13 +522,15 @@ static void auto_fills_the_budget(const char *spill_dir) {
     int on = 0, n = 0, astray = 0;
     for (int i = 0; i < m.n; i++)
       for (int j = 0; j < l2l_layer_param_count(m.layer[i]); j++, n++) {
-        const l2l_tensor *v = l2l_param_value(l2l_layer_param(m.layer[i], j));
+        const l2l_tensor *v = param_value(l2l_layer_param(m.layer[i], j));
         int pool = l2l_tensor_pool(v);
         on += pool == L2L_POOL_DEVICE;
         /* on the host, a master the device reads there is pinned: a bf16 one, and a small
-           f32 one where the device is a GPU's (none has a staging copy here) */
+           f32 one with no staging copy where the device is a GPU's */
         bool small = l2l_tensor_numel(v) * 4 <= EPS_PINNED_F32_MASTER_MAX;
-        bool read_there = l2l_tensor_dtype(v) == L2L_BF16 || (gpu_like && small);
+        struct layers_record_dtypes d = layers_record_dtypes(l2l_layer_param(m.layer[i], j),
+                                                             cfg.precision, cfg.master);
+        bool read_there = l2l_tensor_dtype(v) == L2L_BF16 || (gpu_like && small && d.staging == L2L_F32);
         astray += pool != L2L_POOL_DEVICE &&
                   pool != (read_there ? L2L_POOL_PINNED : L2L_POOL_HOST);
       }
