@@ -195,12 +195,13 @@ void plan_cache_visit(double seconds) {
 /* ---------------------------------------------------------------- layers at their shapes */
 
 /* What makes a layer's time: its kind and sizes, the call's rows and sequence, the
-   threads and precision. */
-static void layer_key(char *out, size_t len, const l2l_layer *layer, int64_t rows, int64_t seq) {
+   threads and the precision of the weights bound. */
+static void layer_key(char *out, size_t len, const l2l_layer *layer, int64_t rows, int64_t seq,
+                      l2l_dtype precision) {
   l2l_layer_config c;
   l2l_layer_get_config(&c, layer);
-  snprintf(out, len, "layer t%d %s k%d D%lld H%lld F%lld V%lld M%lld T%lld C%lld c%d p%d b%d f%d "
-           "m%d d%g a%g r%lld s%lld", l2l_get_threads(), l2l_layer_name(layer), (int)c.kind,
+  snprintf(out, len, "layer t%d w%d %s k%d D%lld H%lld F%lld V%lld M%lld T%lld C%lld c%d p%d b%d f%d "
+           "m%d d%g a%g r%lld s%lld", l2l_get_threads(), (int)precision, l2l_layer_name(layer), (int)c.kind,
            (long long)c.dim, (long long)c.heads, (long long)c.mlp, (long long)c.vocab,
            (long long)c.max_seq, (long long)c.type_vocab, (long long)c.classes, c.causal,
            c.post_ln, c.bias, c.final_ln, (int)c.memory, c.dropout, c.attn_dropout,
@@ -209,12 +210,19 @@ static void layer_key(char *out, size_t len, const l2l_layer *layer, int64_t row
 
 struct timing_call {
   l2l_layer *layer;            /* the twin (or the layer itself) */
+  l2l_tensor *bound[L2L_MAX_PARAMS];   /* the twin's 16-bit weights, bound as the relay binds
+                                          its (NULL: f32, its own) */
   l2l_pool_kind pool;
   l2l_tensor *x, *y, *dx, *dy, *tokens, *targets;
   l2l_layer_batch batch;
 };
 
 static void timing_free(struct timing_call *t, bool own_layer) {
+  for (int r = 0; own_layer && t->layer && r < l2l_layer_param_count(t->layer); r++)
+    if (t->bound[r] != NULL) {
+      param_bind(l2l_layer_param(t->layer, r), NULL, NULL);
+      l2l_tensor_free(t->bound[r]);
+    }
   if (own_layer) l2l_layer_free(t->layer);
   t->layer = NULL;
   l2l_tensor *all[] = {t->x, t->y, t->dx, t->dy, t->tokens, t->targets};
@@ -265,10 +273,23 @@ static l2l_status time_once(struct timing_call *t, double *fwd, double *bwd) {
   return status;
 }
 
+/* The twin's low-precision weights bound in `precision` (16-bit copies of its values, as a
+   relay binds its slots: the GEMMs then run at their 16-bit rate). */
+static l2l_status bind_precision(struct timing_call *t, l2l_dtype precision) {
+  for (int r = 0; precision != L2L_F32 && r < l2l_layer_param_count(t->layer); r++) {
+    l2l_param *p = l2l_layer_param(t->layer, r);
+    if (!param_low_precision(p)) continue;
+    TRY(tensor_new_like(&t->bound[r], t->pool, precision, param_value(p)));
+    TRY(l2l_tensor_cast(t->bound[r], param_value(p)));
+    param_bind(p, t->bound[r], param_grad(p));
+  }
+  return L2L_OK;
+}
+
 l2l_status plan_time_layer(double *fwd, double *bwd, const l2l_layer *layer, int64_t rows,
-                           int64_t seq) {
+                           int64_t seq, l2l_dtype precision) {
   char key[400];
-  layer_key(key, sizeof key, layer, rows, seq);
+  layer_key(key, sizeof key, layer, rows, seq, precision);
   double v[2];
   if (plan_cache_get(key, v, 2)) {
     *fwd = v[0], *bwd = v[1];
@@ -278,9 +299,11 @@ l2l_status plan_time_layer(double *fwd, double *bwd, const l2l_layer *layer, int
   TRY(l2l_layer_get_config(&c, layer));
   struct timing_call t = {0};
   bool own = c.kind != L2L_LAYER_CUSTOM;
+  l2l_status status = L2L_OK;
   if (own) {
     t.pool = L2L_POOL_DEVICE;
     TRY(l2l_layer_new(&t.layer, &c, t.pool));
+    status = bind_precision(&t, precision);
   } else {
     /* a custom layer cannot be remade: timed where its parameters are, its gradients
        put back afterwards */
@@ -290,7 +313,6 @@ l2l_status plan_time_layer(double *fwd, double *bwd, const l2l_layer *layer, int
   }
   int np = own ? 0 : l2l_layer_param_count(layer);
   l2l_tensor *grads[L2L_MAX_PARAMS] = {NULL};
-  l2l_status status = L2L_OK;
   for (int i = 0; i < np && status == L2L_OK; i++) {
     l2l_tensor *g = param_grad(l2l_layer_param(layer, i));   /* (put back: not handed out) */
     int64_t n = l2l_tensor_numel(g);

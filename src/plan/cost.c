@@ -86,7 +86,7 @@ l2l_status plan_layer_costs(struct plan_layer_costs *out, const struct plan_chai
     int64_t rows[2] = {mb, last};
     for (int i = 0; i < 2 && status == L2L_OK; i++) {
       if (rates->timed) {
-        status = plan_time_layer(&o->fwd[i], &o->bwd[i], layer, rows[i], c->seq);
+        status = plan_time_layer(&o->fwd[i], &o->bwd[i], layer, rows[i], c->seq, c->precision);
       } else if (rates->flops > 0) {
         o->fwd[i] = plan_layer_flops(layer, rows[i], c->seq) / rates->flops;
         o->bwd[i] = 2 * o->fwd[i];

@@ -154,9 +154,10 @@ l2l_status plan_disk_rates(double *read, double *write, const char *dir);
 double plan_median(double *v, int n);
 /* Caches a measured visit cost (l2l_relay_calibrate_plan, in the relay). */
 void plan_cache_visit(double seconds);
-/* A forward and backward of `layer` at rows x seq, measured here (and cached). */
+/* A forward and backward of `layer` at rows x seq with its low-precision weights bound in
+   `precision` (the relay's), measured here (and cached). */
 l2l_status plan_time_layer(double *fwd, double *bwd, const l2l_layer *layer, int64_t rows,
-                           int64_t seq);
+                           int64_t seq, l2l_dtype precision);
 /* Floating-point operations of a forward of `layer` at rows x seq (a backward: twice). */
 double plan_layer_flops(const l2l_layer *layer, int64_t rows, int64_t seq);
 
