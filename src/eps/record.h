@@ -90,9 +90,10 @@ struct eps_record {
   uint8_t *grad_zero;
   /* The accumulator is all +0 by the EPS's own clearing (its last update's, on one
      process), and nothing of the EPS has added into it or restored it since; under the
-     EPS lock (a move, eps_move_commit, sets it false with no update in flight). Unless the API handed it out (core's tensor_handed_out: a script or a
-     caller's layer call may have written it unseen), the check of held gradients then
-     takes it as zero without reading it (4 bytes a parameter a step). */
+     EPS lock (a move, eps_move_commit, sets it false with no update in flight). Unless
+     the API handed it out (core's tensor_handed_out: a script or a caller's layer call
+     may have written it unseen), the check of held gradients then takes it as zero
+     without reading it (4 bytes a parameter a step). */
   bool grad_known_zero;
   /* Its staging copy was written by its last update from the master it left (update.c,
      stages_in_update); under the EPS lock. Unless the API has handed the master out since,

@@ -120,8 +120,8 @@ static l2l_status param_home(l2l_param *p, l2l_pool_kind pool, l2l_dtype dtype, 
   return status;
 }
 
-/* A layer's parameters leaving the relay's pinned or bf16 masters or its device: f32 host values
-   (and grads) again, once no record of the EPS holds them (a tied one may stay with
+/* A layer's parameters leaving the relay's pinned or bf16 masters or its device: f32 host
+   values (and grads) again, once no record of the EPS holds them (a tied one may stay with
    another layer). A failure (no memory) leaves a value where it was: still its value,
    refused by the next relay's check. */
 static void masters_home(l2l_relay *run, l2l_layer *layer, bool freeing) {
@@ -155,8 +155,9 @@ static l2l_status eps_records(l2l_relay *run, l2l_layer *const *list, int n, int
   for (; at < count && status == L2L_OK; at++) {
     l2l_param *p = recs[at].param;
     /* A joining record's value where the EPS keeps it (eps_master_pool; a bf16 master
-       rounded on the host, as with the records there, then copied); a record the EPS holds already stays
-       where it is (its master is the EPS's: auto may have moved it either way) */
+       rounded on the host, as with the records there, then copied); a record the EPS
+       holds already stays where it is (its master is the EPS's: auto may have moved it
+       either way) */
     bool joining = eps_find(&run->eps, p) == NULL;
     struct layers_record_dtypes d = held(run, p);
     l2l_pool_kind home = eps_master_pool(&run->eps, d.master, d.staging != L2L_F32,

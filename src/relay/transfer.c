@@ -114,7 +114,8 @@ l2l_status relay_swap_wait(struct step *s, struct swap_job **slot) {
   if (*slot == NULL) return L2L_OK;
   double t0 = core_now();
   l2l_status status = job_wait(&(*slot)->job);
-  relay_waited(s, (*slot)->pool == L2L_POOL_DEVICE ? L2L_WAIT_COPY_ACTS_IN : L2L_WAIT_COPY_ACTS_OUT, t0);
+  bool in = (*slot)->pool == L2L_POOL_DEVICE;
+  relay_waited(s, in ? L2L_WAIT_COPY_ACTS_IN : L2L_WAIT_COPY_ACTS_OUT, t0);
   free(*slot);
   *slot = NULL;
   return status;

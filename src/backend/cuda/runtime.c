@@ -317,8 +317,8 @@ static void *cuda_mark(void) {
 
 /* The GPU keeps the order, not the host: the lane's stream waits for the mark, and the
    lane's next copy queues at once behind it (a waited copy then waits for it and for the
-   copies queued before it on the lane, not for the compute stream). A thread that could not become a lane copies on the compute stream, behind the
-   mark already. The event goes back to the pool at once: a stream wait uses the record
+   copies queued before it on the lane, not for the compute stream). A thread that could
+   not become a lane copies on the compute stream, behind the mark already. The event goes back to the pool at once: a stream wait uses the record
    it was given, whatever later records do. */
 static l2l_status cuda_wait_mark(void *mark) {
   TRY(cuda_need_runtime());
