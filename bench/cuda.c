@@ -17,7 +17,9 @@
  *    ops >= 70 % of copy bandwidth;
  *  - GEMM TFLOP/s with f32 inputs (TF32 off and on) and bf16 inputs at 4096^3 and at the
  *    shapes of a GPT-2 small block over 8192 tokens (768 -> 2304, 768 -> 3072,
- *    3072 -> 768);
+ *    3072 -> 768); and the LM head's three (forward, dW, dh at 4096 tokens, 768 wide, 50257
+ *    words, bf16) with the logits' rows packed and padded to 8 elements, as the head now
+ *    keeps them (GELU's frugal backward is among the element-wise ops);
  *  - attention, causal fp32: the device backend's flash-style forward (and backward) in
  *    the frugal mode (no S x S buffer: probs NULL), against an unfused reference built
  *    from public ops (scores by l2l_gemm_batched with the scale as alpha, causal
@@ -120,7 +122,7 @@ enum op_kind {
   OP_DROPOUT_FORWARD, OP_DROPOUT_BACKWARD, OP_SUM, OP_MAX_ABS, OP_NORM2, OP_ADAMW,
   OP_CAST_BF16, OP_FILL, OP_UNIFORM, OP_LN_FORWARD, OP_LN_BACKWARD, OP_SOFTMAX_FORWARD,
   OP_SOFTMAX_BACKWARD, OP_CE_FORWARD, OP_CE_BACKWARD, OP_EMBEDDING_FORWARD,
-  OP_EMBEDDING_BACKWARD
+  OP_EMBEDDING_BACKWARD, OP_GELU_FROM_OUTPUT
 };
 
 /* One op call: its tensors (roles per kind, see run_op) and a float parameter. */
@@ -161,6 +163,11 @@ static void run_op(void *ctx) {
     case OP_CE_BACKWARD: ok(l2l_cross_entropy_backward(t[0], t[1], t[2], -100, o->f)); break;
     case OP_EMBEDDING_FORWARD: ok(l2l_embedding_forward(t[0], t[1], t[2])); break;
     case OP_EMBEDDING_BACKWARD: ok(l2l_embedding_backward(t[0], t[1], t[2])); break;
+    case OP_GELU_FROM_OUTPUT:   /* (the frugal backward: a backend entry, no public op) */
+      ok(backend_for(L2L_POOL_DEVICE)->gelu_backward_from_output(
+          l2l_tensor_data(t[0]), NULL, L2L_F32, l2l_tensor_data(t[1]), l2l_tensor_data(t[2]),
+          l2l_tensor_data(t[3]), l2l_tensor_numel(t[0])));
+      break;
   }
 }
 
@@ -308,6 +315,16 @@ static void bench_elementwise(void) {
   report("gelu_forward", "64M", &o, 8 * N, target);
   o = (struct op){OP_GELU_BACKWARD, {dev(L2L_F32, 1, n, 0, 0), dev_normal(1, n, 0, 0, 1), dev_normal(1, n, 0, 0, 1)}, 0};
   report("gelu_backward", "64M", &o, 12 * N, target);
+  {
+    /* from GELU's output and its side bits, as the frugal block's backward runs it */
+    l2l_tensor *x = dev_normal(1, n, 0, 0, 1), *y = dev(L2L_F32, 1, n, 0, 0);
+    l2l_tensor *bits = dev(L2L_U8, 1, n / 8, 0, 0);
+    ok(backend_for(L2L_POOL_DEVICE)->gelu_forward_bits(l2l_tensor_data(y), l2l_tensor_data(bits),
+                                                       l2l_tensor_data(x), n));
+    l2l_tensor_free(x);
+    o = (struct op){OP_GELU_FROM_OUTPUT, {dev(L2L_F32, 1, n, 0, 0), dev_normal(1, n, 0, 0, 1), y, bits}, 0};
+    report("gelu_backward_from_output", "64M", &o, 12.125 * N, target);
+  }
   o = (struct op){OP_DROPOUT_FORWARD, {dev(L2L_F32, 1, n, 0, 0), dev(L2L_U8, 1, n / 8, 0, 0), dev_normal(1, n, 0, 0, 1)}, 0.1f};
   report("dropout_forward p=0.1", "64M", &o, 8.125 * N, target);
   {
@@ -428,6 +445,51 @@ static double bench_gemm(const char *name, int64_t m, int64_t n, int64_t k, doub
   free_all(all, 5);
   ok(l2l_device_release_cache());
   return rate[2];
+}
+
+/* The LM head's three GEMMs at GPT-2 124M's shape (4096 tokens, 768 wide, 50257 words;
+   bf16 inputs, f32 outputs, as src/layers/heads.c calls them) with the logits' rows
+   packed and padded to 8 elements (heads.c's lm_head_ld): TFLOP/s each. */
+struct head_gemm {
+  float *c;
+  const void *a, *b;
+  int64_t m, n, k, lda, ldc;
+  int ta, tb;
+  float beta;
+};
+
+static void run_head_gemm(void *ctx) {
+  struct head_gemm *g = ctx;
+  ok(backend_for(L2L_POOL_DEVICE)->gemm_batched(g->c, g->a, g->b, L2L_BF16, 1, g->m, g->n, g->k,
+                                                g->ta, g->tb, 1.0f, g->beta, g->lda, 0, g->ldc));
+}
+
+static void bench_head_gemms(void) {
+  const int64_t N = 4096, D = 768, V = 50257;
+  printf("%-34s %9s %9s %9s\n", "LM head GEMMs (TFLOP/s), bf16", "forward", "dW", "dh");
+  for (int padded = 0; padded < 2; padded++) {
+    const int64_t ld = padded ? (V + 7) / 8 * 8 : V;
+    l2l_tensor *h = dev(L2L_BF16, 2, N, D, 0), *w = dev(L2L_BF16, 2, V, D, 0);
+    l2l_tensor *logits = dev(L2L_F32, 2, N, ld, 0), *dl = dev(L2L_BF16, 2, N, ld, 0);
+    l2l_tensor *dw = dev(L2L_F32, 2, V, D, 0), *dh = dev(L2L_F32, 2, N, D, 0);
+    ok(l2l_tensor_fill(h, 0.01)), ok(l2l_tensor_fill(w, 0.01)), ok(l2l_tensor_fill(dl, 0.01));
+    ok(l2l_tensor_fill(dw, 0.0));
+    void *hd = l2l_tensor_data(h), *wd = l2l_tensor_data(w), *dld = l2l_tensor_data(dl);
+    struct head_gemm g[3] = {
+        {l2l_tensor_data(logits), hd, wd, N, V, D, 0, ld, 0, 1, 0.0f},   /* logits = h w^T */
+        {l2l_tensor_data(dw), dld, hd, V, D, N, ld, 0, 1, 0, 1.0f},      /* dw += dl^T h */
+        {l2l_tensor_data(dh), dld, wd, N, D, V, ld, 0, 0, 0, 0.0f}};     /* dh = dl w */
+    const double flops = 2.0 * (double)N * (double)V * (double)D;
+    char name[64];
+    snprintf(name, sizeof name, "rows %s (%lld)", padded ? "padded" : "packed", (long long)ld);
+    printf("%-34s", name);
+    for (int i = 0; i < 3; i++) printf(" %9.1f", flops / time_call(run_head_gemm, &g[i]) / 1e12);
+    printf("\n");
+    l2l_tensor *all[] = {h, w, logits, dl, dw, dh};
+    free_all(all, 6);
+    ok(l2l_device_release_cache());
+  }
+  printf("\n");
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -614,6 +676,7 @@ int main(void) {
   bench_gemm("mlp up: 8192x768 @ 768x3072", 8192, 3072, 768, NULL);
   bench_gemm("mlp down: 8192x3072 @ 3072x768", 8192, 768, 3072, NULL);
   printf("\n");
+  bench_head_gemms();
 
   char cudnn_about[512];
   int cudnn = l2l_cudnn_available(cudnn_about, sizeof cudnn_about);

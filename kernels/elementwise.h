@@ -41,10 +41,20 @@ int k_gelu_backward(float *dx, void *dx16, int dx16_dtype, const float *dy, cons
    high bits are 0. bits has (n+7)/8 bytes. y may be x. */
 int k_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_t n, void *stream);
 
-/* dx = dy * gelu'(x), x recovered from y = gelu(x) and its side bit (the CPU's Newton
-   inversion, step for step). dx may be dy. dx16 as k_gelu_backward's. */
+/* GELU's slope from its output: the CPU backend's tables (src/backend/gelu_table.c says
+   what they hold; struct gelu_slopes there), the slopes in device memory. */
+#define K_GELU_TABLE 4096
+struct k_gelu_slopes {
+  const float *slope;   /* (3, K_GELU_TABLE), device memory */
+  float scale[3], origin[3], y_left;
+};
+
+/* dx = dy * gelu'(x), with gelu'(x) read off the slope tables at y = gelu(x) on the branch
+   its side bit names, as the CPU backend reads them. dx may be dy. dx16 as
+   k_gelu_backward's. */
 int k_gelu_backward_from_output(float *dx, void *dx16, int dx16_dtype, const float *dy,
-                                const float *y, const uint8_t *bits, int64_t n, void *stream);
+                                const float *y, const uint8_t *bits, int64_t n,
+                                const struct k_gelu_slopes *slopes, void *stream);
 
 /* Fused bias + GELU for the layers (the ops table's bias_gelu_forward; defined as the sequence
    k_bias_add(pre, bias, rows, cols) then k_gelu_forward_bits(y, bits, pre,

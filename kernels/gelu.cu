@@ -187,67 +187,52 @@ extern "C" int k_bias_gelu_forward(float *pre, float *y, void *y16, int y16_dtyp
   return k_launched();
 }
 
-/* ---- GELU backward from its output y and the side bit (x >= X_MIN).
-   The CPU reads gelu' off tables (src/backend/cpu/layer_ops.c); a GPU has arithmetic to
-   spare and scattered table reads cost more there, so this kernel inverts y by Newton
-   steps, as the CPU backend did before its tables (same spec, spec/c/backend/test_frugal_gelu.c's
-   bounds). Near the minimum gelu' -> 0 and x(y) has a square-root singularity, so Newton
-   runs on T(x) = +-sqrt(gelu(x) - Y_MIN) (sign = branch), which is smooth with slope -> C
-   there. Far out on the left branch (t < -0.2, x < about -1.5) y -> 0- exponentially; there
-   Newton runs on ln(-gelu(x)) = ln(-x) + ln s, nearly a cubic, which converges from the
-   right. Four steps from x0 = X_MIN + t/C (or x0 = y right of the minimum when larger,
-   since gelu(x) <= x there) bring gelu' within 2.1e-6 of the float64 value everywhere
-   except within ~0.05 of the minimum, where y's own rounding limits any method. Branch
-   logic is written as float selects, one division per step. */
-#define GELU_C 0.46389659f /* sqrt(gelu''(X_MIN) / 2): dT/dx at the minimum */
-#define GELU_NEWTON_STEPS 4
+/* ---- GELU backward from its output y and the side bit (x >= X_MIN): gelu' read off the
+   CPU backend's tables (src/backend/gelu_table.c: three branches' slopes over smooth
+   variables, interpolated linearly), step for step as the CPU's loop reads them, so the
+   two backends part only where their logf differ (the far left branch). This replaced
+   four Newton steps an element (each an exp, a log, a square root and two divisions),
+   which an H200 ran at 0.21 of its copy rate, bound by arithmetic; the tables (48 KiB)
+   stay in L1 and L2 beside the streamed y and dy. */
+struct SlopeParams {
+  float scale0, scale1, scale2, origin0, origin1, origin2, y_left;
+};
 
-static __host__ __device__ __forceinline__ float max0(float v) { return v > 0.0f ? v : 0.0f; }
-
-static __host__ __device__ __forceinline__ float gelu_prime_from_output(float y, float right) {
-  float side = 2.0f * right - 1.0f;
-  float t = side * sqrtf(max0(y - L2L_GELU_YMIN_D));
-  float x = L2L_GELU_XMIN_D + t * (1.0f / GELU_C);
-  x += right * max0(y - x); /* right of the minimum gelu(x) <= x, so x >= y */
-  float left_far = t < -0.2f ? 1.0f : 0.0f; /* t < -0.2 only happens on the left branch */
-  float log_target = logf(max0(-y) + 1e-37f);
-#pragma unroll
-  for (int step = 0; step < GELU_NEWTON_STEPS; step++) {
-    float u = L2L_GELU_K0 * (x + L2L_GELU_K1 * x * x * x);
-    float du = L2L_GELU_K0 * (1.0f + 3.0f * L2L_GELU_K1 * x * x);
-    float s = 1.0f / (1.0f + expf(-2.0f * u));
-    float g = x * s, g1 = s + x * 2.0f * du * s * (1.0f - s);
-    float e = max0(g - L2L_GELU_YMIN_D);
-    float tx = (x >= L2L_GELU_XMIN_D ? 1.0f : -1.0f) * sqrtf(e);
-    /* T-space step (tx - t) / (g1 / 2tx), or (tx - t) / C right at the minimum;
-       log-space step (ln(-g) - ln(-y)) / (1/x + 2u'(1 - s)), multiplied through by x. */
-    float num_t = e > 1e-6f ? (tx - t) * 2.0f * tx : (tx - t) * (1.0f / GELU_C);
-    float den_t = e > 1e-6f ? g1 : 1.0f;
-    float num_log = (logf(max0(-g) + 1e-37f) - log_target) * x;
-    float den_log = 1.0f + 2.0f * x * du * (1.0f - s);
-    float next = x - (left_far > 0.5f ? num_log : num_t) / (left_far > 0.5f ? den_log : den_t);
-    /* stay on the bit's branch */
-    float above = next > L2L_GELU_XMIN_D ? next : L2L_GELU_XMIN_D;
-    float below = next < L2L_GELU_XMIN_D ? next : L2L_GELU_XMIN_D;
-    x = right > 0.5f ? above : below;
+static __device__ __forceinline__ float gelu_slope_at(float v, bool right, const float *table,
+                                                      const SlopeParams &s) {
+  constexpr float last = (float)(K_GELU_TABLE - 1);
+  const float d = v - L2L_GELU_YMIN_D;
+  const float t = sqrtf(d >= 0.0f ? d : 0.0f);
+  const int k = right ? 0 : v <= s.y_left ? 1 : 2;
+  float at = t;
+  if (k == 2) { /* y = -0 lands left of all */
+    const float m = -v;
+    at = logf(m >= 1.1754944e-38f ? m : 1.1754944e-38f);
   }
-  float u = L2L_GELU_K0 * (x + L2L_GELU_K1 * x * x * x);
-  float du = L2L_GELU_K0 * (1.0f + 3.0f * L2L_GELU_K1 * x * x);
-  float s = 1.0f / (1.0f + expf(-2.0f * u));
-  return s + x * 2.0f * du * s * (1.0f - s);
+  const float origin = k == 0 ? s.origin0 : k == 1 ? s.origin1 : s.origin2;
+  const float scale = k == 0 ? s.scale0 : k == 1 ? s.scale1 : s.scale2;
+  float p = (at - origin) * scale;
+  p = p >= 0.0f ? p : 0.0f; /* written so that NaN goes to 0: never out of the table */
+  p = p <= last ? p : last;
+  int j = (int)p;
+  j = j < K_GELU_TABLE - 2 ? j : K_GELU_TABLE - 2;
+  const float *row = table + k * K_GELU_TABLE;
+  const float f = p - (float)j, lo = __ldg(row + j), hi = __ldg(row + j + 1);
+  const float slope = lo + f * (hi - lo);
+  return v == v ? slope : v; /* a NaN output stays NaN */
 }
 
-static __device__ __forceinline__ float bit_as_float(unsigned byte, int bit) {
-  return (float)((byte >> bit) & 1u);
-}
+static __device__ __forceinline__ bool bit_at(unsigned byte, int bit) { return (byte >> bit) & 1u; }
 
 struct GeluBackwardFromOutputOp {
   float *dx;
   const float *dy, *y;
   const uint8_t *bits;
+  const float *table;
+  SlopeParams s;
   Half16Out out16;
   __device__ void scalar(int64_t i) const {
-    const float r = dy[i] * gelu_prime_from_output(y[i], bit_as_float(bits[i >> 3], (int)(i & 7)));
+    const float r = dy[i] * gelu_slope_at(y[i], bit_at(bits[i >> 3], (int)(i & 7)), table, s);
     dx[i] = r;
     out16.one(i, r);
   }
@@ -255,10 +240,10 @@ struct GeluBackwardFromOutputOp {
     unsigned byte = bits[q >> 1];
     int shift = (int)(q & 1) * 4;
     float4 d = load4(dy, q), v = load4(y, q);
-    const float4 r = make_float4(d.x * gelu_prime_from_output(v.x, bit_as_float(byte, shift)),
-                                 d.y * gelu_prime_from_output(v.y, bit_as_float(byte, shift + 1)),
-                                 d.z * gelu_prime_from_output(v.z, bit_as_float(byte, shift + 2)),
-                                 d.w * gelu_prime_from_output(v.w, bit_as_float(byte, shift + 3)));
+    const float4 r = make_float4(d.x * gelu_slope_at(v.x, bit_at(byte, shift), table, s),
+                                 d.y * gelu_slope_at(v.y, bit_at(byte, shift + 1), table, s),
+                                 d.z * gelu_slope_at(v.z, bit_at(byte, shift + 2), table, s),
+                                 d.w * gelu_slope_at(v.w, bit_at(byte, shift + 3), table, s));
     store4(dx, q, r);
     out16.four(q, r);
   }
@@ -266,10 +251,14 @@ struct GeluBackwardFromOutputOp {
 
 extern "C" int k_gelu_backward_from_output(float *dx, void *dx16, int dx16_dtype,
                                            const float *dy, const float *y, const uint8_t *bits,
-                                           int64_t n, void *stream) {
+                                           int64_t n, const struct k_gelu_slopes *slopes,
+                                           void *stream) {
   if (dx16 != NULL && dx16_dtype != DT_BF16 && dx16_dtype != DT_F16) return invalid_argument();
+  if (slopes == NULL || slopes->slope == NULL) return invalid_argument();
   bool vec = aligned16(dx) && aligned16(dy) && aligned16(y);
-  return launch_map(
-      GeluBackwardFromOutputOp{dx, dy, y, bits, {static_cast<uint16_t *>(dx16), dx16_dtype}}, n,
-      vec, stream);
+  const SlopeParams s = {slopes->scale[0],  slopes->scale[1],  slopes->scale[2], slopes->origin[0],
+                         slopes->origin[1], slopes->origin[2], slopes->y_left};
+  return launch_map(GeluBackwardFromOutputOp{dx, dy, y, bits, slopes->slope, s,
+                                             {static_cast<uint16_t *>(dx16), dx16_dtype}},
+                    n, vec, stream);
 }

@@ -85,9 +85,11 @@ int k_softmax_backward(float *dx, const float *dy, const float *y, float scale,
 
 /* losses[r] = logsumexp(logits[r]) - logits[r][targets[r]]; 0 where targets[r] ==
    ignore_index. Targets must be in [0, vocab) or ignore_index (public_ops.c checks); an
-   out-of-range one gives NaN instead of reading out of bounds. */
+   out-of-range one gives NaN instead of reading out of bounds. In the cross-entropy
+   kernels a row is vocab elements of logits, dlogits and dlogits16, rows ld >= vocab
+   elements apart; a row's padding is neither read nor written. */
 int k_cross_entropy_forward(float *losses, const float *logits, const int32_t *targets,
-                            int32_t ignore_index, int64_t rows, int64_t vocab,
+                            int32_t ignore_index, int64_t rows, int64_t vocab, int64_t ld,
                             void *stream);
 
 /* dlogits[r][j] = scale expf(logits[r][j] - lse[r]), minus scale at j = targets[r]; rows
@@ -95,7 +97,7 @@ int k_cross_entropy_forward(float *losses, const float *logits, const int32_t *t
    before any of it is written). */
 int k_cross_entropy_backward(float *dlogits, const float *logits, const int32_t *targets,
                              int32_t ignore_index, float scale, int64_t rows,
-                             int64_t vocab, void *stream);
+                             int64_t vocab, int64_t ld, void *stream);
 
 /* Both of the above from one log-sum-exp per row: losses as k_cross_entropy_forward and
    dlogits as k_cross_entropy_backward (same scale). Either output may be NULL (then
@@ -105,7 +107,8 @@ int k_cross_entropy_backward(float *dlogits, const float *logits, const int32_t 
    NULL). */
 int k_cross_entropy_fused(float *losses, float *dlogits, void *dlogits16, int dlogits16_dtype,
                           const float *logits, const int32_t *targets, int32_t ignore_index,
-                          float scale, int64_t rows, int64_t vocab, void *stream);
+                          float scale, int64_t rows, int64_t vocab, int64_t ld,
+                          void *stream);
 
 #ifdef __cplusplus
 }

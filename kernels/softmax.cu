@@ -143,12 +143,12 @@ __global__ void __launch_bounds__(1024)
 
 /* One streaming read per row gives max and sum of exps (online: the running sum is
    rescaled when the max grows), then losses and/or dlogits. Rows are vocabulary-long
-   (too long to cache); the write pass re-reads them, mostly from L2. */
+   (too long to cache), ld elements apart; the write pass re-reads them, mostly from L2. */
 template <bool WARP, bool HALF>   /* HALF: d16 is given (its own variant: no spills without) */
 __global__ void __launch_bounds__(1024)
     cross_entropy_kernel(float *losses, float *dlogits, uint16_t *d16, int d16_dtype,
                          const float *logits, const int32_t *targets, int32_t ignore_index,
-                         float scale, int64_t rows, int64_t vocab) {
+                         float scale, int64_t rows, int64_t vocab, int64_t ld) {
   __shared__ float red[32];
   const RowGroup g = row_group<WARP>();
   const bool vec_out = !dlogits || congruent(dlogits, logits);
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(1024)
     const int32_t target = targets[row];
     const bool ignored = target == ignore_index;
     const bool known = !ignored && target >= 0 && (int64_t)target < vocab;
-    const float *lr = logits + row * vocab;
+    const float *lr = logits + row * ld;
     /* Taken before any write: dlogits may be logits. */
     float target_logit = 0.0f;
     if (losses && known && g.t == 0) target_logit = lr[target];
@@ -185,8 +185,8 @@ __global__ void __launch_bounds__(1024)
 
     if (dlogits || HALF) {
       group_sync<WARP>(); /* in place: every read of this row above precedes the writes */
-      float *dr = dlogits ? dlogits + row * vocab : nullptr;
-      uint16_t *hr = HALF ? d16 + row * vocab : nullptr;
+      float *dr = dlogits ? dlogits + row * ld : nullptr;
+      uint16_t *hr = HALF ? d16 + row * ld : nullptr;
       for_row(lr, vocab, vec_out, g.t, g.T, [&](auto w, int64_t j) {
         constexpr int W = decltype(w)::value;
         Pack<W> o;
@@ -214,8 +214,8 @@ __global__ void __launch_bounds__(1024)
 int launch_cross_entropy(bool need_losses, bool need_dlogits, float *losses, float *dlogits,
                          void *d16, int d16_dtype, const float *logits, const int32_t *targets,
                          int32_t ignore_index, float scale, int64_t rows, int64_t vocab,
-                         void *stream) {
-  if (rows < 0 || vocab < 0) return INVALID;
+                         int64_t ld, void *stream) {
+  if (rows < 0 || vocab < 0 || ld < vocab) return INVALID;
   if (rows == 0 || vocab == 0) return 0;
   if (!logits || !targets || (need_losses && !losses) || (need_dlogits && !dlogits))
     return INVALID;
@@ -226,7 +226,7 @@ int launch_cross_entropy(bool need_losses, bool need_dlogits, float *losses, flo
   uint16_t *h = static_cast<uint16_t *>(d16);
 #define CE_LAUNCH(WARP, HALF)                                                             \
   cross_entropy_kernel<WARP, HALF><<<l.blocks, l.threads, 0, s>>>(                        \
-      losses, dlogits, h, d16_dtype, logits, targets, ignore_index, scale, rows, vocab)
+      losses, dlogits, h, d16_dtype, logits, targets, ignore_index, scale, rows, vocab, ld)
   if (l.warp_mode && h) CE_LAUNCH(true, true);
   else if (l.warp_mode) CE_LAUNCH(true, false);
   else if (h) CE_LAUNCH(false, true);
@@ -276,24 +276,24 @@ extern "C" int k_softmax_backward(float *dx, const float *dy, const float *y, fl
 
 extern "C" int k_cross_entropy_forward(float *losses, const float *logits,
                                        const int32_t *targets, int32_t ignore_index,
-                                       int64_t rows, int64_t vocab, void *stream) {
+                                       int64_t rows, int64_t vocab, int64_t ld, void *stream) {
   return launch_cross_entropy(true, false, losses, nullptr, nullptr, 0, logits, targets,
-                              ignore_index, 1.0f, rows, vocab, stream);
+                              ignore_index, 1.0f, rows, vocab, ld, stream);
 }
 
 extern "C" int k_cross_entropy_backward(float *dlogits, const float *logits,
                                         const int32_t *targets, int32_t ignore_index,
-                                        float scale, int64_t rows, int64_t vocab,
+                                        float scale, int64_t rows, int64_t vocab, int64_t ld,
                                         void *stream) {
   return launch_cross_entropy(false, true, nullptr, dlogits, nullptr, 0, logits, targets,
-                              ignore_index, scale, rows, vocab, stream);
+                              ignore_index, scale, rows, vocab, ld, stream);
 }
 
 extern "C" int k_cross_entropy_fused(float *losses, float *dlogits, void *dlogits16,
                                      int dlogits16_dtype, const float *logits,
                                      const int32_t *targets, int32_t ignore_index,
-                                     float scale, int64_t rows, int64_t vocab,
+                                     float scale, int64_t rows, int64_t vocab, int64_t ld,
                                      void *stream) {
   return launch_cross_entropy(false, false, losses, dlogits, dlogits16, dlogits16_dtype, logits,
-                              targets, ignore_index, scale, rows, vocab, stream);
+                              targets, ignore_index, scale, rows, vocab, ld, stream);
 }

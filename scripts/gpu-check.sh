@@ -187,7 +187,10 @@ phase_kernels() {
   local visit   # (a block's records on a copy lane: each copy waited, or queued and one wait)
   visit=$(awk '/each waited, small f32/ {w = $(NF - 3)} /queued, the last one waited/ {q = $(NF - 3)}
                END {if (w != "") printf "; a block'"'"'s 12 record copies %s us each waited, %s us queued", w, q}' "$log")
-  echo "${copy:-no copy figure}; ${gemm:-no GEMM figure}; ${attn:-no attention figure}$visit (exit $rc)"
+  local head    # (the LM head's GEMMs, forward / dW / dh, its logits' rows packed or padded)
+  head=$(awk '/^rows packed/ {p = $(NF - 2) "/" $(NF - 1) "/" $NF} /^rows padded/ {q = $(NF - 2) "/" $(NF - 1) "/" $NF}
+              END {if (p != "") printf "; LM head GEMMs fwd/dW/dh %s TFLOP/s packed, %s padded", p, q}' "$log")
+  echo "${copy:-no copy figure}; ${gemm:-no GEMM figure}; ${attn:-no attention figure}$visit$head (exit $rc)"
   return $rc
 }
 

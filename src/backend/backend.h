@@ -28,6 +28,19 @@ enum backend_distribution { L2L_UNIFORM, L2L_NORMAL };
 #define L2L_GELU_XMIN (-0.75246142f)
 #define L2L_GELU_YMIN (-0.17004075f)
 
+/* GELU's slope from its output y and its side bit (gelu_table.c says how): gelu'(x(y)) at
+   GELU_TABLE points of three variables, k = 0 the right branch over t = sqrt(y - Y_MIN),
+   1 the left branch over t down to y_left, 2 the far left over w = ln(-y); a variable v is
+   at table position (v - origin[k]) * scale[k], interpolated linearly. Built on the first
+   call, then never changed. */
+#define GELU_TABLE 4096
+struct gelu_slopes {
+  float slope[3][GELU_TABLE];
+  float scale[3], origin[3];
+  float y_left;   /* gelu(-3): the left tables' boundary in y */
+};
+const struct gelu_slopes *gelu_slopes(void);
+
 /* Sizes and random stream of one attention call (see attention_forward). */
 struct backend_attention_shape {
   int64_t batch, heads, seq, head_dim;
@@ -198,10 +211,15 @@ struct backend_ops {
 
   /* c[i] = alpha op(a[i]) op(b[i]) + beta c[i] for i < batch; a[i] op'd is (m,k), b[i] op'd
      (k,n), c[i] (m,n); beta = 0 must not read c. a and b are both ab_dtype (f32, f16 or
-     bf16); c and the accumulation are f32. */
+     bf16); c and the accumulation are f32. lda, ldb, ldc: each stored matrix's row stride
+     in elements, at least its stored column count (0: packed, that count; a GPU's GEMMs
+     want rows 16-byte aligned: the LM head pads its logits' rows so); matrix i of a batch
+     starts i times its stored rows times its stride in. Only the op'd shape is read or
+     written, never a row's padding. */
   l2l_status (*gemm_batched)(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
                              int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
-                             int trans_b, float alpha, float beta);
+                             int trans_b, float alpha, float beta, int64_t lda, int64_t ldb,
+                             int64_t ldc);
   /* Shapes below as llm.c writes them; each op is l2l.h's public op of its name. */
   /* y (rows,cols) += bias (cols) per column */
   l2l_status (*bias_add)(float *y, const float *bias, int64_t rows, int64_t cols);
@@ -243,14 +261,16 @@ struct backend_ops {
   /* dtable (vocab,cols)[ids[i]] += dout (n,cols)[i], ids (n): repeated ids sum */
   l2l_status (*embedding_backward)(float *dtable, const float *dout, const int32_t *ids,
                                    int64_t n, int64_t vocab, int64_t cols);
-  /* losses (rows) from logits (rows,vocab) and targets (rows; ignore_index: loss 0) */
+  /* losses (rows) from logits (rows,vocab) and targets (rows; ignore_index: loss 0). In the
+     cross-entropy ops the rows of logits and of dlogits (and dlogits16) are ld >= vocab
+     elements apart; a row's padding is neither read nor written. */
   l2l_status (*cross_entropy_forward)(float *losses, const float *logits,
                                       const int32_t *targets, int32_t ignore_index,
-                                      int64_t rows, int64_t vocab);
+                                      int64_t rows, int64_t vocab, int64_t ld);
   /* dlogits (rows,vocab) = scale * (softmax(logits) - onehot(targets (rows))) */
   l2l_status (*cross_entropy_backward)(float *dlogits, const float *logits,
                                        const int32_t *targets, int32_t ignore_index,
-                                       float scale, int64_t rows, int64_t vocab);
+                                       float scale, int64_t rows, int64_t vocab, int64_t ld);
   /* y, x (n); mask (ceil(n/8)) bytes, bit i%8 of byte i/8 kept; draws first .. first+n-1 */
   l2l_status (*dropout_forward)(float *y, uint8_t *mask, const float *x, float p,
                                 uint64_t seed, uint64_t stream, int64_t first, int64_t n);
@@ -288,7 +308,7 @@ struct backend_ops {
   l2l_status (*cross_entropy_fused)(float *losses, float *dlogits, void *dlogits16,
                                     l2l_dtype dlogits16_dtype, const float *logits,
                                     const int32_t *targets, int32_t ignore_index, float scale,
-                                    int64_t rows, int64_t vocab);
+                                    int64_t rows, int64_t vocab, int64_t ld);
   /* LayerNorm backward with x^ = (y - bias) / weight instead of (x - mean) rstd; weight
      must have no zero channel (the layers fall back to the standard backward first, when
      layernorm_invertible says no). */

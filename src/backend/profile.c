@@ -362,7 +362,7 @@ static l2l_status run_copy(void *arg) {
 static l2l_status run_gemm(void *arg) {
   struct probe_args *p = arg;
   return p->ops->gemm_batched(l2l_tensor_data(p->c), l2l_tensor_data(p->a), l2l_tensor_data(p->b),
-                              p->dtype, 1, p->n, p->n, p->n, 0, 0, 1.0f, 0.0f);
+                              p->dtype, 1, p->n, p->n, p->n, 0, 0, 1.0f, 0.0f, 0, 0, 0);
 }
 
 static void free_args(struct probe_args *p) {

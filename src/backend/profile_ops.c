@@ -34,14 +34,19 @@ static const char *dt(l2l_dtype t) { return l2l_dtype_name(t) ? l2l_dtype_name(t
 
 static l2l_status p_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
                                  int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
-                                 int trans_b, float alpha, float beta) {
+                                 int trans_b, float alpha, float beta, int64_t lda, int64_t ldb,
+                                 int64_t ldc) {
   double ab = (d(m) * d(k) + d(k) * d(n)) * (double)l2l_dtype_size(ab_dtype);
   double cc = d(m) * d(n) * F * (beta != 0 ? 2 : 1);
-  PROFILED(gemm_batched(c, a, b, ab_dtype, batch, m, n, k, trans_a, trans_b, alpha, beta),
+  /* rows padded past the packed stride: said in the shape, so a before and after differ */
+  bool padded = (lda != 0 && lda != (trans_a ? m : k)) || (ldb != 0 && ldb != (trans_b ? k : n)) ||
+                (ldc != 0 && ldc != n);
+  PROFILED(gemm_batched(c, a, b, ab_dtype, batch, m, n, k, trans_a, trans_b, alpha, beta, lda,
+                        ldb, ldc),
            "gemm", 2 * d(batch) * d(m) * d(n) * d(k), d(batch) * (ab + cc), flop_bound(ab_dtype),
-           false, "m=%lld n=%lld k=%lld %c%c%s %s%s", (long long)m, (long long)n, (long long)k,
+           false, "m=%lld n=%lld k=%lld %c%c%s %s%s%s", (long long)m, (long long)n, (long long)k,
            trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', beta != 0 ? " +c" : "", dt(ab_dtype),
-           batch > 1 ? " batched" : "");
+           batch > 1 ? " batched" : "", padded ? " padded" : "");
 }
 
 static l2l_status p_bias_add(float *y, const float *bias, int64_t rows, int64_t cols) {
@@ -138,16 +143,16 @@ static l2l_status p_embedding_backward(float *dtable, const float *dout, const i
 
 static l2l_status p_cross_entropy_forward(float *losses, const float *logits,
                                           const int32_t *targets, int32_t ignore_index,
-                                          int64_t rows, int64_t vocab) {
-  PROFILED(cross_entropy_forward(losses, logits, targets, ignore_index, rows, vocab),
+                                          int64_t rows, int64_t vocab, int64_t ld) {
+  PROFILED(cross_entropy_forward(losses, logits, targets, ignore_index, rows, vocab, ld),
            "cross_entropy_forward", 0, F * d(rows) * d(vocab) + 8 * d(rows), L2L_BOUND_MEM,
            false, "rows=%lld vocab=%lld", (long long)rows, (long long)vocab);
 }
 
 static l2l_status p_cross_entropy_backward(float *dlogits, const float *logits,
                                            const int32_t *targets, int32_t ignore_index,
-                                           float scale, int64_t rows, int64_t vocab) {
-  PROFILED(cross_entropy_backward(dlogits, logits, targets, ignore_index, scale, rows, vocab),
+                                           float scale, int64_t rows, int64_t vocab, int64_t ld) {
+  PROFILED(cross_entropy_backward(dlogits, logits, targets, ignore_index, scale, rows, vocab, ld),
            "cross_entropy_backward", 0, 2 * F * d(rows) * d(vocab) + 4 * d(rows), L2L_BOUND_MEM,
            false, "rows=%lld vocab=%lld", (long long)rows, (long long)vocab);
 }
@@ -205,10 +210,10 @@ static l2l_status p_add_layernorm_forward(float *sum, float *y, void *y16, l2l_d
 static l2l_status p_cross_entropy_fused(float *losses, float *dlogits, void *dlogits16,
                                         l2l_dtype dlogits16_dtype, const float *logits,
                                         const int32_t *targets, int32_t ignore_index,
-                                        float scale, int64_t rows, int64_t vocab) {
+                                        float scale, int64_t rows, int64_t vocab, int64_t ld) {
   double n = d(rows) * d(vocab);
   PROFILED(cross_entropy_fused(losses, dlogits, dlogits16, dlogits16_dtype, logits, targets,
-                               ignore_index, scale, rows, vocab),
+                               ignore_index, scale, rows, vocab, ld),
            "cross_entropy_fused", 0, F * n + outputs(dlogits, dlogits16, n) +
            (losses ? 8 : 4) * d(rows), L2L_BOUND_MEM, false, "rows=%lld vocab=%lld",
            (long long)rows, (long long)vocab);

@@ -143,7 +143,7 @@ static l2l_status gemm_common(const char *func, l2l_tensor *c, const l2l_tensor 
   if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
     return core_fail_in(func, L2L_ERR_INVALID, "matrix dims above 2^31-1 are not supported");
   return ops->gemm_batched(tensor_ptr(c), tensor_ptr(a), tensor_ptr(b), a->dtype, ba,
-                           m, n, k, trans_a, trans_b, alpha, beta);
+                           m, n, k, trans_a, trans_b, alpha, beta, 0, 0, 0);
 }
 
 l2l_status l2l_gemm(l2l_tensor *c, const l2l_tensor *a, const l2l_tensor *b, int trans_a,
@@ -456,7 +456,8 @@ l2l_status l2l_cross_entropy_forward(l2l_tensor *losses, const l2l_tensor *logit
   TRY(check_cross_entropy(__func__, &ops, "losses", losses, -1, logits, targets, ignore_index));
   return ops->cross_entropy_forward(tensor_ptr(losses), tensor_ptr(logits),
                                     tensor_ptr(targets), ignore_index,
-                                    tensor_rows(logits), tensor_cols(logits));
+                                    tensor_rows(logits), tensor_cols(logits),
+                                    tensor_cols(logits));
 }
 
 l2l_status l2l_cross_entropy_backward(l2l_tensor *dlogits, const l2l_tensor *logits,
@@ -472,7 +473,8 @@ l2l_status l2l_cross_entropy_backward(l2l_tensor *dlogits, const l2l_tensor *log
                 (long long)tensor_cols(dlogits), (long long)tensor_cols(logits));
   return ops->cross_entropy_backward(tensor_ptr(dlogits), tensor_ptr(logits),
                                      tensor_ptr(targets), ignore_index, scale,
-                                     tensor_rows(logits), tensor_cols(logits));
+                                     tensor_rows(logits), tensor_cols(logits),
+                                     tensor_cols(logits));
 }
 
 /* ---------------------------------------------------------------- dropout */

@@ -251,10 +251,10 @@ static inline struct act act_f32(const float *data) { return (struct act){data, 
 /* c = alpha op(a) op(w) + beta c for an activation a and a weight w: with a 16-bit w, an f32
    a is first rounded to w's dtype into the call's cast scratch at element `at` (the
    products then accumulate in f32, as on a GPU's tensor cores); a 16-bit a is read as it
-   is (it must be w's dtype). Shapes as gemm_batched. */
+   is (it must be w's dtype). Shapes as gemm_batched; c's rows ldc apart (0: n). */
 l2l_status layers_gemm_weight(const struct layer_call *call, float *c, struct act a,
                               struct weight w, int64_t at, int64_t m, int64_t n, int64_t k,
-                              int trans_a, int trans_w, float alpha, float beta);
+                              int trans_a, int trans_w, float alpha, float beta, int64_t ldc);
 /* a as `dtype` reads it: an f32 a rounded into the call's cast scratch at element `at` (f32:
    a itself; a 16-bit a of that dtype: itself). */
 l2l_status layers_cast_activation(const struct layer_call *call, const void **out, struct act a,

@@ -66,17 +66,17 @@ l2l_status layers_cast_activation(const struct layer_call *call, const void **ou
 
 l2l_status layers_gemm_weight(const struct layer_call *call, float *c, struct act a,
                               struct weight w, int64_t at, int64_t m, int64_t n, int64_t k,
-                              int trans_a, int trans_w, float alpha, float beta) {
+                              int trans_a, int trans_w, float alpha, float beta, int64_t ldc) {
   const void *ar = NULL;
   TRY(layers_cast_activation(call, &ar, a, m * k, w.dtype, at));
   return call->ops->gemm_batched(c, ar, w.data, w.dtype, 1, m, n, k, trans_a, trans_w, alpha,
-                                 beta);
+                                 beta, 0, 0, ldc);
 }
 
 l2l_status layers_linear_forward(const struct layer_call *call, float *y, struct act x,
                                  struct weight w, const float *bias, int64_t n, int64_t in,
                                  int64_t out) {
-  TRY(layers_gemm_weight(call, y, x, w, 0, n, out, in, 0, 0, 1.0f, 0.0f));
+  TRY(layers_gemm_weight(call, y, x, w, 0, n, out, in, 0, 0, 1.0f, 0.0f, 0));
   return bias ? call->ops->bias_add(y, bias, n, out) : L2L_OK;
 }
 
@@ -90,8 +90,9 @@ l2l_status layers_linear_backward(const struct layer_call *call, float *dx, floa
   TRY(layers_cast_activation(call, &dyr, dy16 ? (struct act){dy16, w.dtype} : act_f32(dy),
                              n * out, w.dtype, 0));
   TRY(layers_cast_activation(call, &xr, x, n * in, w.dtype, n * out));
-  TRY(ops->gemm_batched(dw, xr, dyr, w.dtype, 1, in, out, n, 1, 0, 1.0f, 1.0f));
+  TRY(ops->gemm_batched(dw, xr, dyr, w.dtype, 1, in, out, n, 1, 0, 1.0f, 1.0f, 0, 0, 0));
   if (db) TRY(ops->bias_backward(db, dy, n, out));
-  return dx ? ops->gemm_batched(dx, dyr, w.data, w.dtype, 1, n, in, out, 0, 1, 1.0f, dx_beta)
+  return dx ? ops->gemm_batched(dx, dyr, w.data, w.dtype, 1, n, in, out, 0, 1, 1.0f, dx_beta, 0,
+                                0, 0)
             : L2L_OK;
 }

@@ -13,7 +13,8 @@
  * test_ops.c; here the fused call with both outputs, and over its own logits, must agree
  * with them.) White box: the ops table is called directly. The GPU's fused kernels are
  * held to these in test_cuda.c. And the one cast of many tensors (convert_many) against
- * a cast of each.
+ * a cast of each; and the ops the LM head runs on its padded logits rows (cross-entropy,
+ * GEMMs with row strides) against the same ops on packed rows.
  * Must never: compare a fused op with itself only.
  */
 #include <stdlib.h>
@@ -244,25 +245,26 @@ TEST(fused_cross_entropy_equals_forward_and_backward) {
       targets[r] = check_rand_int(0, 4) == 0 ? ignore : (int32_t)check_rand_int(0, vocab - 1);
     float scale = (float)check_rand_uniform(0.01, 1.0);
     float *losses_seq = poison(rows), *dlogits_seq = poison(n);
-    CHECK_OK(ops->cross_entropy_forward(losses_seq, logits, targets, ignore, rows, vocab));
-    CHECK_OK(ops->cross_entropy_backward(dlogits_seq, logits, targets, ignore, scale, rows, vocab));
+    CHECK_OK(ops->cross_entropy_forward(losses_seq, logits, targets, ignore, rows, vocab, vocab));
+    CHECK_OK(ops->cross_entropy_backward(dlogits_seq, logits, targets, ignore, scale, rows, vocab,
+                                        vocab));
     float *losses = poison(rows), *dlogits = poison(n);
     CHECK_OK(ops->cross_entropy_fused(losses, dlogits, NULL, L2L_F32, logits, targets, ignore,
-                                      scale, rows, vocab));
+                                      scale, rows, vocab, vocab));
     same_bits("cross_entropy_fused: losses", losses, losses_seq, rows, rows, vocab);
     same_bits("cross_entropy_fused: dlogits", dlogits, dlogits_seq, n, rows, vocab);
     /* the heads' way: the gradient over the logits; and each output alone */
     float *inplace = copy_of(logits, n), *losses2 = poison(rows), *losses3 = poison(rows);
     CHECK_OK(ops->cross_entropy_fused(losses2, inplace, NULL, L2L_F32, inplace, targets, ignore,
-                                      scale, rows, vocab));
+                                      scale, rows, vocab, vocab));
     same_bits("cross_entropy_fused in place: losses", losses2, losses_seq, rows, rows, vocab);
     same_bits("cross_entropy_fused in place: dlogits", inplace, dlogits_seq, n, rows, vocab);
     CHECK_OK(ops->cross_entropy_fused(losses3, NULL, NULL, L2L_F32, logits, targets, ignore, scale,
-                                      rows, vocab));
+                                      rows, vocab, vocab));
     same_bits("cross_entropy_fused, losses only", losses3, losses_seq, rows, rows, vocab);
     float *dlogits2 = poison(n);
     CHECK_OK(ops->cross_entropy_fused(NULL, dlogits2, NULL, L2L_F32, logits, targets, ignore, scale,
-                                      rows, vocab));
+                                      rows, vocab, vocab));
     same_bits("cross_entropy_fused, gradient only", dlogits2, dlogits_seq, n, rows, vocab);
     /* the 16-bit gradient (the LM head's with a 16-bit projection): alone, beside the f32
        one over the logits, and beside the losses */
@@ -270,12 +272,12 @@ TEST(fused_cross_entropy_equals_forward_and_backward) {
       uint16_t *h = poison16(n), *h2 = poison16(n);
       float *over = copy_of(logits, n), *losses4 = poison(rows);
       CHECK_OK(ops->cross_entropy_fused(losses4, NULL, h, halves[d], logits, targets, ignore, scale,
-                                        rows, vocab));
+                                        rows, vocab, vocab));
       same_bits("cross_entropy_fused with dlogits16 alone: losses", losses4, losses_seq, rows, rows,
                 vocab);
       same_halves("cross_entropy_fused: dlogits16 alone", halves[d], h, dlogits_seq, n, rows, vocab);
       CHECK_OK(ops->cross_entropy_fused(NULL, over, h2, halves[d], over, targets, ignore, scale,
-                                        rows, vocab));
+                                        rows, vocab, vocab));
       same_bits("cross_entropy_fused in place with dlogits16", over, dlogits_seq, n, rows, vocab);
       same_halves("cross_entropy_fused: dlogits16 beside", halves[d], h2, dlogits_seq, n, rows,
                   vocab);
@@ -339,4 +341,120 @@ TEST(fused_cast_many_equals_each_cast) {
   CHECK(kept, "a refused cast wrote into pair 0's output");
   l2l_tensor_free(a), l2l_tensor_free(b), l2l_tensor_free(h16), l2l_tensor_free(f16);
   l2l_tensor_free(short16), l2l_tensor_free(ids), l2l_tensor_free(dev16);
+}
+
+/* ---------------------------------------------------------------- padded rows */
+
+/* A pad element's bits: a NaN no op makes (a read of it poisons a result; a write of it
+   is seen). */
+static const uint32_t PAD32 = 0x7fc0beefu;
+static const uint16_t PAD16 = 0x7fc3;
+
+/* rows x cols of src (packed) into a fresh (rows, ld) buffer of `size`-byte elements
+   whose padding is PAD32 / PAD16. */
+static void *padded_copy(const void *src, int64_t rows, int64_t cols, int64_t ld, size_t size) {
+  char *v = xmalloc((size_t)(rows * ld) * size);
+  for (int64_t i = 0; i < rows * ld; i++)
+    memcpy(v + (size_t)i * size, size == 4 ? (const void *)&PAD32 : (const void *)&PAD16, size);
+  for (int64_t r = 0; r < rows; r++)
+    if (cols > 0) memcpy(v + (size_t)(r * ld) * size, (const char *)src + (size_t)(r * cols) * size,
+                         (size_t)cols * size);
+  return v;
+}
+
+/* A padded (rows, ld) buffer against the packed (rows, cols) result: the same bits in every
+   row, the padding still PAD32 / PAD16. */
+static bool same_padded(const char *what, const void *got, const void *want, int64_t rows,
+                        int64_t cols, int64_t ld, size_t size) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t j = 0; j < ld; j++) {
+      const char *g = (const char *)got + (size_t)(r * ld + j) * size;
+      const void *w = j < cols ? (const char *)want + (size_t)(r * cols + j) * size
+                               : size == 4 ? (const void *)&PAD32 : (const void *)&PAD16;
+      if (memcmp(g, w, size) != 0)
+        return CHECK(false, "%s: row %lld, column %lld of %lld (stride %lld) %s", what,
+                     (long long)r, (long long)j, (long long)cols, (long long)ld,
+                     j < cols ? "differs from the packed op's" : "(padding) was written");
+    }
+  return true;
+}
+
+/* The LM head pads its logits' rows (heads.c lm_head_ld): the cross-entropy ops and the
+   GEMMs given row strides past the packed ones give the packed ops' bits, read no padding
+   (it holds NaNs that would poison a result) and write none. */
+TEST(padded_rows_give_the_packed_results) {
+  const struct backend_ops *ops = &cpu_backend;
+  for (int s = 0; s < SHAPES; s++) {
+    const int64_t rows = shapes[s][0], vocab = shapes[s][1], n = rows * vocab;
+    const int64_t ld = vocab + check_rand_int(1, 9);
+    const int32_t ignore = -1;
+    float *logits = randn(n, 3.0);
+    int32_t *targets = xmalloc((size_t)rows * sizeof *targets);
+    for (int64_t r = 0; r < rows; r++)
+      targets[r] = check_rand_int(0, 4) == 0 ? ignore : (int32_t)check_rand_int(0, vocab - 1);
+    const float scale = (float)check_rand_uniform(0.01, 1.0);
+    const l2l_dtype half = halves[check_rand_int(0, 1)];
+    float *losses = poison(rows), *dlogits = poison(n);
+    uint16_t *d16 = poison16(n);
+    CHECK_OK(ops->cross_entropy_fused(losses, dlogits, d16, half, logits, targets, ignore, scale,
+                                      rows, vocab, vocab));
+    float *lp = padded_copy(logits, rows, vocab, ld, 4), *over = padded_copy(logits, rows, vocab, ld, 4);
+    float *losses_p = poison(rows), *dp = padded_copy(dlogits, rows, 0, ld, 4);
+    uint16_t *d16p = padded_copy(d16, rows, 0, ld, 2);
+    CHECK_OK(ops->cross_entropy_fused(losses_p, dp, d16p, half, lp, targets, ignore, scale, rows,
+                                      vocab, ld));
+    char what[96];
+    snprintf(what, sizeof what, "cross_entropy_fused %lldx%lld", (long long)rows, (long long)vocab);
+    same_bits(what, losses_p, losses, rows, rows, vocab);
+    same_padded(what, dp, dlogits, rows, vocab, ld, 4);
+    same_padded(what, d16p, d16, rows, vocab, ld, 2);
+    same_padded(what, lp, logits, rows, vocab, ld, 4);   /* (its input, untouched) */
+    /* in place, the LM head's way without a 16-bit projection; and the two halves */
+    float *losses_o = poison(rows);
+    CHECK_OK(ops->cross_entropy_fused(losses_o, over, NULL, L2L_F32, over, targets, ignore, scale,
+                                      rows, vocab, ld));
+    same_bits("cross_entropy_fused in place, padded: losses", losses_o, losses, rows, rows, vocab);
+    same_padded("cross_entropy_fused in place, padded", over, dlogits, rows, vocab, ld, 4);
+    float *losses_f = poison(rows), *db = padded_copy(dlogits, rows, 0, ld, 4);
+    CHECK_OK(ops->cross_entropy_forward(losses_f, lp, targets, ignore, rows, vocab, ld));
+    CHECK_OK(ops->cross_entropy_backward(db, lp, targets, ignore, scale, rows, vocab, ld));
+    same_bits("cross_entropy_forward, padded", losses_f, losses, rows, rows, vocab);
+    same_padded("cross_entropy_backward, padded", db, dlogits, rows, vocab, ld, 4);
+    free(logits), free(targets), free(losses), free(dlogits), free(d16), free(lp), free(over);
+    free(losses_p), free(dp), free(d16p), free(losses_o), free(losses_f), free(db);
+  }
+  static const l2l_dtype types[] = {L2L_F32, L2L_BF16, L2L_F16};
+  for (int trial = 0; trial < 24; trial++) {
+    const l2l_dtype dt = types[trial % 3];
+    const size_t es = l2l_dtype_size(dt);
+    const int ta = (int)check_rand_int(0, 1), tb = (int)check_rand_int(0, 1);
+    const int64_t batch = check_rand_int(1, 3), m = check_rand_int(1, 37), n = check_rand_int(1, 37),
+                  k = check_rand_int(1, 37);
+    const int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+    /* each stride packed or padded, drawn apart (trial 0 of each type pads all three) */
+    const int64_t lda = ac + (trial < 3 || check_rand_int(0, 1) ? check_rand_int(1, 9) : 0);
+    const int64_t ldb = bc + (trial < 3 || check_rand_int(0, 1) ? check_rand_int(1, 9) : 0);
+    const int64_t ldc = n + (trial < 3 || check_rand_int(0, 1) ? check_rand_int(1, 9) : 0);
+    const float alpha = (float)check_rand_uniform(0.5, 2.0), beta = check_rand_int(0, 1) ? 0.5f : 0.0f;
+    float *a32 = randn(batch * ar * ac, 1.0), *b32 = randn(batch * br * bc, 1.0);
+    void *a = a32, *b = b32;
+    if (dt != L2L_F32) {   /* the inputs in 16 bits */
+      int64_t bad = -1;
+      a = poison16(batch * ar * ac), b = poison16(batch * br * bc);
+      CHECK_OK(ops->convert(a, dt, a32, L2L_F32, batch * ar * ac, &bad));
+      CHECK_OK(ops->convert(b, dt, b32, L2L_F32, batch * br * bc, &bad));
+    }
+    float *c = randn(batch * m * n, 1.0);
+    void *ap = padded_copy(a, batch * ar, ac, lda, es), *bp = padded_copy(b, batch * br, bc, ldb, es);
+    float *cp = padded_copy(c, batch * m, n, ldc, 4);
+    CHECK_OK(ops->gemm_batched(c, a, b, dt, batch, m, n, k, ta, tb, alpha, beta, 0, 0, 0));
+    CHECK_OK(ops->gemm_batched(cp, ap, bp, dt, batch, m, n, k, ta, tb, alpha, beta, lda, ldb, ldc));
+    char what[160];
+    snprintf(what, sizeof what, "gemm %s batch %lld, m %lld n %lld k %lld %c%c, strides %lld %lld "
+             "%lld", l2l_dtype_name(dt), (long long)batch, (long long)m, (long long)n, (long long)k,
+             ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)lda, (long long)ldb, (long long)ldc);
+    same_padded(what, cp, c, batch * m, n, ldc, 4);
+    if (dt != L2L_F32) free(a), free(b);
+    free(a32), free(b32), free(c), free(ap), free(bp), free(cp);
+  }
 }

@@ -512,7 +512,8 @@ static uint64_t counted(int64_t n, int size) {
    reading of the layers: a pre-LN block's two LayerNorm outputs (N x D) unless frugal
    mode rebuilds its backward from them, and the GELU output (N x F) in standard mode (its
    backward reads the pre-activation); an LM head's final LayerNorm output likewise, and
-   its logits' gradient (N x V) in either mode (only the projection's GEMMs read it). */
+   its logits' gradient (N x V, each row padded to 8 elements: 16-byte aligned, as a GPU's
+   GEMMs want) in either mode (only the projection's GEMMs read it). */
 TEST(layer_16bit_weights_keep_gemm_inputs_in_16_bits) {
   for (int kind = 0; kind < 6; kind++) {
     const bool block = kind < 4, frugal = kind & 1, post = kind >= 2 && kind < 4;
@@ -526,14 +527,14 @@ TEST(layer_16bit_weights_keep_gemm_inputs_in_16_bits) {
     randomize_params(layer);
     struct run r;
     run_init(&r, layer, PICK(2, 3), PICK(5, 7), L2L_POOL_DEVICE, block);
-    const int64_t N = r.B * r.S;
+    const int64_t N = r.B * r.S, vocab_row = (c.vocab + 7) / 8 * 8;
     int64_t pairs_nd = 0, pairs_nf = 0;   /* buffers kept 16-bit */
     if (block && !post && !frugal) pairs_nd = 2;
     if (block && !frugal) pairs_nf = 1;
     if (!block && !frugal) pairs_nd = 1;
     const uint64_t fewer = (uint64_t)pairs_nd * (counted(N * c.dim, 4) - counted(N * c.dim, 2)) +
                            (uint64_t)pairs_nf * (counted(N * c.mlp, 4) - counted(N * c.mlp, 2)) +
-                           (block ? 0 : counted(N * c.vocab, 4) - counted(N * c.vocab, 2));
+                           (block ? 0 : counted(N * vocab_row, 4) - counted(N * vocab_row, 2));
     char what[128];
     snprintf(what, sizeof what, "%s %s, %s, %s weights, B=%lld S=%lld", block ? "block" : "LM head",
              post ? "post-LN" : "pre-LN", frugal ? "frugal" : "standard", l2l_dtype_name(dtype),

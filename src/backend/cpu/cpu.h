@@ -30,7 +30,8 @@ static inline void cpu_round_16(uint16_t *dst, l2l_dtype dtype, const float *src
 
 l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
                             int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
-                            int trans_b, float alpha, float beta);
+                            int trans_b, float alpha, float beta, int64_t lda, int64_t ldb,
+                            int64_t ldc);
 l2l_status cpu_bias_add(float *y, const float *bias, int64_t rows, int64_t cols);
 l2l_status cpu_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols);
 l2l_status cpu_add(float *out, const float *a, const float *b, int64_t n);
@@ -55,10 +56,10 @@ l2l_status cpu_embedding_backward(float *dtable, const float *dout, const int32_
                                   int64_t n, int64_t vocab, int64_t cols);
 l2l_status cpu_cross_entropy_forward(float *losses, const float *logits,
                                      const int32_t *targets, int32_t ignore_index,
-                                     int64_t rows, int64_t vocab);
+                                     int64_t rows, int64_t vocab, int64_t ld);
 l2l_status cpu_cross_entropy_backward(float *dlogits, const float *logits,
                                       const int32_t *targets, int32_t ignore_index,
-                                      float scale, int64_t rows, int64_t vocab);
+                                      float scale, int64_t rows, int64_t vocab, int64_t ld);
 l2l_status cpu_dropout_forward(float *y, uint8_t *mask, const float *x, float p,
                                uint64_t seed, uint64_t stream, int64_t first, int64_t n);
 l2l_status cpu_dropout_backward(float *dx, const float *dy, const uint8_t *mask, float p,
@@ -76,7 +77,7 @@ l2l_status cpu_add_layernorm_forward(float *sum, float *y, void *y16, l2l_dtype 
 l2l_status cpu_cross_entropy_fused(float *losses, float *dlogits, void *dlogits16,
                                    l2l_dtype dlogits16_dtype, const float *logits,
                                    const int32_t *targets, int32_t ignore_index,
-                                   float scale, int64_t rows, int64_t vocab);
+                                   float scale, int64_t rows, int64_t vocab, int64_t ld);
 l2l_status cpu_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
                                               const float *dy, const float *y,
                                               const float *weight, const float *bias,

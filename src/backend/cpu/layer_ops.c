@@ -12,7 +12,6 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,13 +26,28 @@
 
 /* ---------------------------------------------------------------- GEMM */
 
+/* A stored (rows, cols) 16-bit matrix whose rows are ld apart, widened (exactly) into
+   wide, packed. */
+static void widen_rows(float *wide, const uint16_t *m, l2l_dtype dtype, int64_t rows,
+                       int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t j = 0; j < cols; j++)
+      wide[r * cols + j] = dtype == L2L_F16 ? half_f16_to_f32(m[r * ld + j])
+                                            : half_bf16_to_f32(m[r * ld + j]);
+}
+
 /* f16 / bf16 inputs are widened to f32 (exactly) one matrix pair at a time, in memory of
    the backend's own: OpenBLAS has no 16-bit GEMM with f32 accumulation. */
 l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
                             int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
-                            int trans_b, float alpha, float beta) {
-  /* Row-major: the leading dimension is a stored matrix's column count. */
-  int lda = (int)(trans_a ? m : k), ldb = (int)(trans_b ? k : n), ldc = (int)n;
+                            int trans_b, float alpha, float beta, int64_t lda, int64_t ldb,
+                            int64_t ldc) {
+  /* Row-major: a stored matrix is (rows, cols), its rows ld apart (packed: cols). */
+  const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+  const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  if (lda == 0) lda = a_cols;
+  if (ldb == 0) ldb = b_cols;
+  if (ldc == 0) ldc = n;
   float *wide = NULL;
   if (ab_dtype != L2L_F32) {
     wide = malloc((size_t)(m * k + k * n) * sizeof *wide);
@@ -42,19 +56,17 @@ l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab
                        l2l_dtype_name(ab_dtype));
   }
   for (int64_t i = 0; i < batch; i++) {
-    const float *ai = (const float *)a + i * m * k, *bi = (const float *)b + i * k * n;
+    const int64_t a_at = i * a_rows * lda, b_at = i * b_rows * ldb;
+    const float *ai = (const float *)a + a_at, *bi = (const float *)b + b_at;
+    int64_t ai_ld = lda, bi_ld = ldb;
     if (wide != NULL) {
-      const uint16_t *a16 = (const uint16_t *)a + i * m * k, *b16 = (const uint16_t *)b + i * k * n;
-      float *aw = wide, *bw = wide + m * k;
-      for (int64_t j = 0; j < m * k; j++)
-        aw[j] = ab_dtype == L2L_F16 ? half_f16_to_f32(a16[j]) : half_bf16_to_f32(a16[j]);
-      for (int64_t j = 0; j < k * n; j++)
-        bw[j] = ab_dtype == L2L_F16 ? half_f16_to_f32(b16[j]) : half_bf16_to_f32(b16[j]);
-      ai = aw, bi = bw;
+      widen_rows(wide, (const uint16_t *)a + a_at, ab_dtype, a_rows, a_cols, lda);
+      widen_rows(wide + m * k, (const uint16_t *)b + b_at, ab_dtype, b_rows, b_cols, ldb);
+      ai = wide, bi = wide + m * k, ai_ld = a_cols, bi_ld = b_cols;
     }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, ai, lda, bi,
-                ldb, beta, c + i * m * n, ldc);
+                trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, ai,
+                (int)ai_ld, bi, (int)bi_ld, beta, c + i * m * ldc, (int)ldc);
   }
   free(wide);
   return L2L_OK;
@@ -148,83 +160,9 @@ l2l_status cpu_gelu_backward(float *dx, void *dx16, l2l_dtype dx16_dtype, const 
   return L2L_OK;
 }
 
-/* ---- GELU from its output (memory-frugal mode)
-   GELU is not monotonic: y = gelu(x) has its minimum Y_MIN at X_MIN, so y alone does not
-   give x; one bit per element (x >= X_MIN) picks the branch. Backward reads gelu' off
-   tables of gelu'(x(y)) on each branch, interpolated linearly, in variables in which it
-   is smooth:
-   - t = sqrt(y - Y_MIN) on the right branch (y up to GELU_Y_RIGHT, beyond which gelu' is
-     1 in float) and on the left branch down to x = GELU_X_LEFT: near the minimum
-     y - Y_MIN grows as (x - X_MIN)^2, so x and gelu' are smooth in t, not in y;
-   - w = ln(-y) further left (x from GELU_X_LEFT to GELU_X_FAR), where y -> 0-
-     exponentially and gelu' with it; left of GELU_X_FAR |gelu'| < 1e-26.
-   The tables are computed once, in float64, by bisection on gelu itself. 4096 points
-   each keep gelu' within 3e-7 of its float64 value at the input x everywhere except
-   within ~0.05 of the minimum, where the float rounding of y itself limits any method to
-   about sqrt(2 gelu''(X_MIN) ulp(y)) ~ 1e-4 (densely tested over [-40, 40] in
-   spec/c/backend/test_frugal_gelu.c). This replaced four Newton steps per element, each with an
-   exp, a log, a square root and two divisions: the block's frugal backward spent 15 % of
-   its time there. */
-#define GELU_TABLE 4096
-#define GELU_X_LEFT (-3.0)
-#define GELU_X_FAR (-9.0)
-#define GELU_Y_RIGHT 10.0
+/* ---- GELU from its output (memory-frugal mode): its slope read off the tables of
+   backend/gelu_table.c, which says how. */
 #define GELU_CHUNK 512 /* elements whose side bits are unpacked at once */
-
-static struct {
-  float slope[3][GELU_TABLE]; /* right branch over t, left over t, far left over w */
-  float scale[3], origin[3];  /* table position = (variable - origin) * scale */
-  float y_left;               /* gelu(GELU_X_LEFT): the left tables' boundary in y */
-} gelu_tables;
-static pthread_once_t gelu_tables_once = PTHREAD_ONCE_INIT;
-
-static double gelu64(double x) {
-  double u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
-  return x / (1.0 + exp(-2.0 * u));
-}
-
-static double gelu_slope64(double x) {
-  double u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
-  double du = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
-  double s = 1.0 / (1.0 + exp(-2.0 * u));
-  return s + x * 2.0 * du * s * (1.0 - s);
-}
-
-/* The x on one side of the minimum with gelu(x) = y, by bisection (gelu is monotonic on
-   each side). */
-static double gelu_inverse64(double y, double x_min, bool right) {
-  double lo = right ? x_min : -60.0, hi = right ? 60.0 : x_min;
-  for (int i = 0; i < 80; i++) {
-    double mid = 0.5 * (lo + hi);
-    if ((gelu64(mid) < y) == right) lo = mid;
-    else hi = mid;
-  }
-  return 0.5 * (lo + hi);
-}
-
-static void gelu_tables_build(void) {
-  double lo = -1.0, hi = -0.5; /* the minimum: where gelu' changes sign */
-  for (int i = 0; i < 80; i++) {
-    double mid = 0.5 * (lo + hi);
-    if (gelu_slope64(mid) < 0.0) lo = mid;
-    else hi = mid;
-  }
-  const double x_min = lo, y_min = gelu64(lo), y_left = gelu64(GELU_X_LEFT);
-  const double t_right = sqrt(GELU_Y_RIGHT - y_min), t_left = sqrt(y_left - y_min);
-  const double w_far = log(-gelu64(GELU_X_FAR)), w_left = log(-y_left);
-  const double step[3] = {t_right / (GELU_TABLE - 1), t_left / (GELU_TABLE - 1),
-                          (w_left - w_far) / (GELU_TABLE - 1)};
-  for (int i = 0; i < GELU_TABLE; i++) {
-    double t_r = step[0] * i, t_l = step[1] * i, w = w_far + step[2] * i;
-    gelu_tables.slope[0][i] = (float)gelu_slope64(gelu_inverse64(y_min + t_r * t_r, x_min, true));
-    gelu_tables.slope[1][i] = (float)gelu_slope64(gelu_inverse64(y_min + t_l * t_l, x_min, false));
-    gelu_tables.slope[2][i] = (float)gelu_slope64(gelu_inverse64(-exp(w), x_min, false));
-  }
-  for (int k = 0; k < 3; k++) gelu_tables.scale[k] = (float)(1.0 / step[k]);
-  gelu_tables.origin[0] = gelu_tables.origin[1] = 0.0f;
-  gelu_tables.origin[2] = (float)w_far;
-  gelu_tables.y_left = (float)y_left;
-}
 
 l2l_status cpu_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_t n) {
   int64_t bytes = (n + 7) / 8;
@@ -243,12 +181,12 @@ l2l_status cpu_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int64_
 l2l_status cpu_gelu_backward_from_output(float *dx, void *dx16, l2l_dtype dx16_dtype,
                                          const float *dy, const float *y, const uint8_t *bits,
                                          int64_t n) {
-  pthread_once(&gelu_tables_once, gelu_tables_build);
-  const float *table = &gelu_tables.slope[0][0];
-  const float y_left = gelu_tables.y_left, last = (float)(GELU_TABLE - 1);
+  const struct gelu_slopes *tables = gelu_slopes();
+  const float *table = &tables->slope[0][0];
+  const float y_left = tables->y_left, last = (float)(GELU_TABLE - 1);
   float scale[3], origin[3];
-  memcpy(scale, gelu_tables.scale, sizeof scale);
-  memcpy(origin, gelu_tables.origin, sizeof origin);
+  memcpy(scale, tables->scale, sizeof scale);
+  memcpy(origin, tables->origin, sizeof origin);
   int64_t chunks = (n + GELU_CHUNK - 1) / GELU_CHUNK;
   int nt = threads_for(n * 16);
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -640,23 +578,23 @@ enum { CE_CHUNK = 2048 };   /* columns a 16-bit gradient alone is made in, on th
 l2l_status cpu_cross_entropy_fused(float *losses, float *dlogits, void *dlogits16,
                                    l2l_dtype dlogits16_dtype, const float *logits,
                                    const int32_t *targets, int32_t ignore_index,
-                                   float scale, int64_t rows, int64_t vocab) {
+                                   float scale, int64_t rows, int64_t vocab, int64_t ld) {
   int nt = threads_for(rows * vocab * 6);
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t r = 0; r < rows; r++) {
-    uint16_t *hrow = dlogits16 ? (uint16_t *)dlogits16 + r * vocab : NULL;
+    uint16_t *hrow = dlogits16 ? (uint16_t *)dlogits16 + r * ld : NULL;
     if (targets[r] == ignore_index) {
       if (losses) losses[r] = 0.0f;
-      if (dlogits) memset(dlogits + r * vocab, 0, (size_t)vocab * sizeof *dlogits);
+      if (dlogits) memset(dlogits + r * ld, 0, (size_t)vocab * sizeof *dlogits);
       if (hrow) memset(hrow, 0, (size_t)vocab * sizeof *hrow);   /* (+0 in both 16-bit types) */
       continue;
     }
-    const float *row = logits + r * vocab;
+    const float *row = logits + r * ld;
     float mx, lse;
     row_logsumexp(row, vocab, &mx, &lse);
     if (losses) losses[r] = lse - row[targets[r]];
     if (dlogits != NULL) {
-      float *drow = dlogits + r * vocab;
+      float *drow = dlogits + r * ld;
       cross_entropy_grad(drow, row, lse, targets[r], scale, 0, vocab);
       if (hrow) cpu_round_16(hrow, dlogits16_dtype, drow, vocab);
     } else if (hrow) {
@@ -673,16 +611,16 @@ l2l_status cpu_cross_entropy_fused(float *losses, float *dlogits, void *dlogits1
 
 l2l_status cpu_cross_entropy_forward(float *losses, const float *logits,
                                      const int32_t *targets, int32_t ignore_index,
-                                     int64_t rows, int64_t vocab) {
+                                     int64_t rows, int64_t vocab, int64_t ld) {
   return cpu_cross_entropy_fused(losses, NULL, NULL, L2L_F32, logits, targets, ignore_index, 0.0f,
-                                 rows, vocab);
+                                 rows, vocab, ld);
 }
 
 l2l_status cpu_cross_entropy_backward(float *dlogits, const float *logits,
                                       const int32_t *targets, int32_t ignore_index,
-                                      float scale, int64_t rows, int64_t vocab) {
+                                      float scale, int64_t rows, int64_t vocab, int64_t ld) {
   return cpu_cross_entropy_fused(NULL, dlogits, NULL, L2L_F32, logits, targets, ignore_index,
-                                 scale, rows, vocab);
+                                 scale, rows, vocab, ld);
 }
 
 /* ---------------------------------------------------------------- dropout */

@@ -43,12 +43,16 @@ static int64_t cuda_launches(void) { return atomic_load_explicit(&launches, memo
 
 /* Row-major c = alpha op(a) op(b) + beta c is column-major c^T = alpha op(b)^T op(a)^T
    + beta c^T: cuBLAS gets b first, and the same transposes (a row-major matrix read as
-   column-major is already its transpose). a and b are f32, f16 or bf16 (both the same);
-   c and the accumulation are f32. */
+   column-major is already its transpose, with the same stride). a and b are f32, f16 or
+   bf16 (both the same); c and the accumulation are f32. */
 static l2l_status cuda_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
                                     int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
-                                    int trans_b, float alpha, float beta) {
-  int lda = (int)(trans_a ? m : k), ldb = (int)(trans_b ? k : n), ldc = (int)n;
+                                    int trans_b, float alpha, float beta, int64_t lda,
+                                    int64_t ldb, int64_t ldc) {
+  const int64_t a_rows = trans_a ? k : m, b_rows = trans_b ? n : k;
+  if (lda == 0) lda = trans_a ? m : k;
+  if (ldb == 0) ldb = trans_b ? k : n;
+  if (ldc == 0) ldc = n;
   cudaDataType_t type = ab_dtype == L2L_BF16 ? CUDA_R_16BF
                         : ab_dtype == L2L_F16 ? CUDA_R_16F
                                               : CUDA_R_32F;
@@ -59,14 +63,14 @@ static l2l_status cuda_gemm_batched(float *c, const void *a, const void *b, l2l_
   cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   launched();
   if (batch == 1) {
-    CUBLAS_TRY(cublas.gemm(cuda_rt.blas, op_b, op_a, (int)n, (int)m, (int)k, &alpha, b, type, ldb,
-                            a, type, lda, &beta, c, CUDA_R_32F, ldc, compute,
+    CUBLAS_TRY(cublas.gemm(cuda_rt.blas, op_b, op_a, (int)n, (int)m, (int)k, &alpha, b, type,
+                            (int)ldb, a, type, (int)lda, &beta, c, CUDA_R_32F, (int)ldc, compute,
                             CUBLAS_GEMM_DEFAULT));
   } else {
     CUBLAS_TRY(cublas.gemm_strided_batched(cuda_rt.blas, op_b, op_a, (int)n, (int)m, (int)k, &alpha,
-                                          b, type, ldb, k * n, a, type, lda, m * k, &beta, c,
-                                          CUDA_R_32F, ldc, m * n, (int)batch, compute,
-                                          CUBLAS_GEMM_DEFAULT));
+                                          b, type, (int)ldb, b_rows * ldb, a, type, (int)lda,
+                                          a_rows * lda, &beta, c, CUDA_R_32F, (int)ldc, m * ldc,
+                                          (int)batch, compute, CUBLAS_GEMM_DEFAULT));
   }
   return L2L_OK;
 }
@@ -193,7 +197,13 @@ static l2l_status cuda_gelu_forward_bits(float *y, uint8_t *bits, const float *x
 static l2l_status cuda_gelu_backward_from_output(float *dx, void *dx16, l2l_dtype dx16_dtype,
                                                  const float *dy, const float *y,
                                                  const uint8_t *bits, int64_t n) {
-  LAUNCH(k_gelu_backward_from_output(dx, dx16, (int)dx16_dtype, dy, y, bits, n,
+  _Static_assert(K_GELU_TABLE == GELU_TABLE, "kernels/elementwise.h sizes GELU's tables "
+                 "differently from src/backend/backend.h");
+  const struct gelu_slopes *t = gelu_slopes();
+  struct k_gelu_slopes slopes = {.slope = cuda_rt.gelu_slopes, .y_left = t->y_left};
+  memcpy(slopes.scale, t->scale, sizeof slopes.scale);
+  memcpy(slopes.origin, t->origin, sizeof slopes.origin);
+  LAUNCH(k_gelu_backward_from_output(dx, dx16, (int)dx16_dtype, dy, y, bits, n, &slopes,
                                      cuda_rt.compute));
   return L2L_OK;
 }
@@ -395,16 +405,17 @@ static l2l_status cuda_embedding_backward(float *dtable, const float *dout, cons
 
 static l2l_status cuda_cross_entropy_forward(float *losses, const float *logits,
                                              const int32_t *targets, int32_t ignore_index,
-                                             int64_t rows, int64_t vocab) {
-  LAUNCH(k_cross_entropy_forward(losses, logits, targets, ignore_index, rows, vocab,
+                                             int64_t rows, int64_t vocab, int64_t ld) {
+  LAUNCH(k_cross_entropy_forward(losses, logits, targets, ignore_index, rows, vocab, ld,
                                  cuda_rt.compute));
   return L2L_OK;
 }
 
 static l2l_status cuda_cross_entropy_backward(float *dlogits, const float *logits,
                                               const int32_t *targets, int32_t ignore_index,
-                                              float scale, int64_t rows, int64_t vocab) {
-  LAUNCH(k_cross_entropy_backward(dlogits, logits, targets, ignore_index, scale, rows, vocab,
+                                              float scale, int64_t rows, int64_t vocab,
+                                              int64_t ld) {
+  LAUNCH(k_cross_entropy_backward(dlogits, logits, targets, ignore_index, scale, rows, vocab, ld,
                                   cuda_rt.compute));
   return L2L_OK;
 }
@@ -412,9 +423,9 @@ static l2l_status cuda_cross_entropy_backward(float *dlogits, const float *logit
 static l2l_status cuda_cross_entropy_fused(float *losses, float *dlogits, void *dlogits16,
                                            l2l_dtype dlogits16_dtype, const float *logits,
                                            const int32_t *targets, int32_t ignore_index,
-                                           float scale, int64_t rows, int64_t vocab) {
+                                           float scale, int64_t rows, int64_t vocab, int64_t ld) {
   LAUNCH(k_cross_entropy_fused(losses, dlogits, dlogits16, (int)dlogits16_dtype, logits, targets,
-                               ignore_index, scale, rows, vocab, cuda_rt.compute));
+                               ignore_index, scale, rows, vocab, ld, cuda_rt.compute));
   return L2L_OK;
 }
 

@@ -168,8 +168,11 @@ static void runtime_start(void) {
   if ((err = cudaSetDevice(cuda_rt.device)) != cudaSuccess ||
       (err = cudaStreamCreateWithFlags(&cuda_rt.compute, cudaStreamNonBlocking)) != cudaSuccess ||
       (err = (cudaError_t)own_alloc(&cuda_rt.scratch, SCRATCH_BYTES)) != cudaSuccess ||
-      (err = (cudaError_t)own_alloc(&cuda_rt.cublas_workspace, CUBLAS_WORKSPACE_BYTES)) != cudaSuccess) {
-    runtime_say("setting up the device (stream, scratch)", err);
+      (err = (cudaError_t)own_alloc(&cuda_rt.cublas_workspace, CUBLAS_WORKSPACE_BYTES)) != cudaSuccess ||
+      (err = (cudaError_t)own_alloc(&cuda_rt.gelu_slopes, sizeof gelu_slopes()->slope)) != cudaSuccess ||
+      (err = cudaMemcpy(cuda_rt.gelu_slopes, gelu_slopes()->slope, sizeof gelu_slopes()->slope,
+                        cudaMemcpyHostToDevice)) != cudaSuccess) {
+    runtime_say("setting up the device (stream, scratch, GELU's slope tables)", err);
     return;
   }
   if (!open_cublas()) return;

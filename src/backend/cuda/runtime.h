@@ -54,6 +54,8 @@ struct cuda_runtime {
   void *cublas_workspace;
   void *scratch;            /* scratch_bytes, at least SCRATCH_BYTES */
   uint64_t scratch_bytes;
+  void *gelu_slopes;        /* backend/gelu_table.c's slope tables (3, GELU_TABLE), copied
+                               once as the device starts */
   atomic_int tf32;
   pthread_mutex_t lock;     /* serializes ops that use the scratch */
 };
