@@ -84,6 +84,9 @@ typedef struct l2l_plan_layer {
   l2l_stash_policy stash;    /* of the layer's input boundary (layer 0: device) */
   uint64_t kept_bytes;       /* device bytes it keeps from forward to backward */
   double seconds;            /* predicted time of its visits in a step */
+  int on_device;             /* 1: its records live on the device (placement device, or auto
+                                where the plan puts them there: a relay the plan is applied
+                                to keeps the others home), 0: in host memory */
 } l2l_plan_layer;
 
 /* Plans `layers` under a relay `config` (its param_slots, precisions and optimizer

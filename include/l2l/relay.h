@@ -430,6 +430,10 @@ typedef struct l2l_relay_stats {
   uint64_t device_records_bytes;   /* the records placed on the device (placement device or
                                    auto): their bytes there (masters, gradients, state,
                                    16-bit copies), held between steps */
+  uint64_t device_start;        /* the device pool's bytes in use as the step's visits began
+                                   (with the records placement auto moved there for it):
+                                   device_peak less this is the step's own peak, what a
+                                   plan's device_peak predicts */
 } l2l_relay_stats;
 
 /* A relay over layers[0..nlayers) (the list may be empty only until the first step):

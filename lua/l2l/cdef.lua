@@ -539,6 +539,7 @@ typedef struct l2l_relay_stats {
   double exposed_comm_seconds;
   uint64_t host_pass_bytes;
   uint64_t device_records_bytes;
+  uint64_t device_start;
 } l2l_relay_stats;
 
 l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
@@ -716,6 +717,7 @@ typedef struct l2l_plan_layer {
   l2l_stash_policy stash;
   uint64_t kept_bytes;
   double seconds;
+  int on_device;
 } l2l_plan_layer;
 
 l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,

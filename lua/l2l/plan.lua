@@ -22,7 +22,9 @@
 --   plan.placement (the plan's: given, else "auto", the planner's within the budget; a
 --   relay made with the plan and no placement of its own takes it, and with "auto" and no
 --   device_budget of its own the plan's budget),
---   plan.layers[i].inner, plan.layers[i].stash, plan.layers[i].kept_bytes, .seconds
+--   plan.layers[i].inner, plan.layers[i].stash, plan.layers[i].kept_bytes, .seconds,
+--   .on_device (its records live on the device: placement "device", or "auto" where the
+--   plan weighed them against the room they take from the step and put them there)
 --   l2l.Relay{ model = model, plan = plan, ... }  (or plan = "auto": relay.lua)
 --
 -- Purpose: the C planner (src/plan/, l2l_plan_new) with a model and options in Lua's
@@ -207,7 +209,7 @@ function M.wrap(out, model, config, request, owned_by_relay)
     C.l2l_plan_get_layer(l, out[0], i - 1)
     plan.layers[i] = { kind = model[i]:label(), inner = INNER[tonumber(l.inner)],
                        stash = STASH[tonumber(l.stash)], kept_bytes = tonumber(l.kept_bytes),
-                       seconds = l.seconds }
+                       seconds = l.seconds, on_device = l.on_device ~= 0 }
   end
   return plan
 end
@@ -221,7 +223,8 @@ function M.same(a, b)
   end
   for i, l in ipairs(a.layers) do
     local m = b.layers[i]
-    if l.kind ~= m.kind or l.inner ~= m.inner or l.stash ~= m.stash or l.seconds ~= m.seconds then return false end
+    if l.kind ~= m.kind or l.inner ~= m.inner or l.stash ~= m.stash or l.seconds ~= m.seconds or
+       l.on_device ~= m.on_device then return false end
   end
   return true
 end
@@ -369,10 +372,11 @@ local function mib(bytes) return ("%.2f MiB"):format(bytes / 2 ^ 20) end
 
 -- The plan as a table: a row per layer, then the totals and the rule of thumb.
 function Plan:__tostring()
-  local rows = { ("%-5s %-12s %-10s %-10s %12s %12s"):format("layer", "kind", "inner", "stash", "kept", "ms/step") }
+  local rows = { ("%-5s %-12s %-10s %-10s %12s %12s  %s"):format("layer", "kind", "inner", "stash", "kept", "ms/step",
+                                                                "records") }
   for i, l in ipairs(self.layers) do
-    rows[#rows + 1] = ("%-5d %-12s %-10s %-10s %12s %12.2f"):format(i, l.kind, i == #self.layers and "-" or l.inner,
-      i == 1 and "-" or l.stash, mib(l.kept_bytes), l.seconds * 1e3)
+    rows[#rows + 1] = ("%-5d %-12s %-10s %-10s %12s %12.2f  %s"):format(i, l.kind, i == #self.layers and "-" or l.inner,
+      i == 1 and "-" or l.stash, mib(l.kept_bytes), l.seconds * 1e3, l.on_device and "device" or "host")
   end
   rows[#rows + 1] = ("micro-batch %d of %d (seq %d): predicted %.1f ms a step, device peak %s of a %s budget"):format(
     self.micro_batch, self.batch, self.seq, self.step_seconds * 1e3, mib(self.device_peak), mib(self.device_budget))

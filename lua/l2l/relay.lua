@@ -401,7 +401,6 @@ local function step_or_evaluate(self, fname, cfunc, tokens, targets, opts)
     local ok, err = pcall(plan_auto, self, fname, tokens, opts)
     if not ok then error(err, 3) end
   end
-  self.device_before = tonumber(device_pool().current)
   local status = run_layers(self, fname, cfunc, r, b, skip)
   check_call(status, fname, 3, locator(self), lua_message)
   if self.plan and cfunc == C.l2l_relay_step then plan_mod.check_prediction(self) end
@@ -542,7 +541,7 @@ local STATS = {
   "loss_scale_good", "skipped_updates", "overflow", "skipped_records", "dist_ranks",
   "dist_sent_bytes", "dist_received_bytes", "spill_read_bytes", "spill_written_bytes",
   "spill_late_reads", "spill_grad_waits", "spill_file_bytes", "exposed_comm_seconds",
-  "host_pass_bytes", "device_records_bytes",
+  "host_pass_bytes", "device_records_bytes", "device_start",
 }
 M.stats_fields = STATS
 
@@ -556,7 +555,7 @@ function Relay:stats(...)
   for _, k in ipairs(STATS) do out[k] = tonumber(s[k]) end
   if self.plan then   -- the plan's predictions beside the measurements
     out.predicted_step_seconds = self.plan.step_seconds
-    out.predicted_device_peak = self.plan.device_peak + (self.device_before or 0)
+    out.predicted_device_peak = self.plan.device_peak + out.device_start
   end
   return out
 end

@@ -161,6 +161,47 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
     run:free()
   end)
 
+  it("weighs a record on the device against the room it takes from the step (placement auto), and the relay follows", function()
+    -- A quick host: a record's copies and host update cost little. In a budget that holds
+    -- every record beside the leanest step but not beside one that keeps, auto keeps
+    -- records home where the step is faster for the room (it keeps what it would
+    -- recompute): its step is predicted no slower than either placement alone; with slow
+    -- arithmetic (recomputing costs much) much faster than every record on the device, and
+    -- with quicker arithmetic some records on the device and some home. A relay given the
+    -- plan places the records where it says, and reaches the predicted peak.
+    local model = tiny_gpt(4)
+    for _, case in ipairs { { flops = 1e9, fifths = 1, faster = true }, { flops = 1e10, fifths = 2, mixed = true } } do
+      local rates = { flops = case.flops, h2d = 1e10, d2h = 1e10, optimizer = 1e12, visit = 0 }
+      local function plan_of(placement, budget)
+        return l2l.plan { model = model, batch = 8, seq = S, device_budget = budget, placement = placement, rates = rates }
+      end
+      local keeps = plan_of("device", 2 ^ 40)   -- the records and a step that keeps
+      local budget = keeps.device_records_bytes + math.floor(keeps.device_peak * case.fifths / 5)
+      local host, device, auto = plan_of("host", budget), plan_of("device", budget), plan_of("auto", budget)
+      local what = ("flops %g, budget %d: auto %.6g s, host %.6g s, device %.6g s"):format(
+        case.flops, budget, auto.step_seconds, host.step_seconds, device.step_seconds)
+      assert.is_true(auto.step_seconds <= host.step_seconds * (1 + 1e-9), what)
+      assert.is_true(auto.step_seconds <= device.step_seconds * (1 + 1e-9), what)
+      if case.faster then assert.is_true(auto.step_seconds < 0.9 * device.step_seconds, what) end
+      local home = 0
+      for _, l in ipairs(auto.layers) do home = home + (l.on_device and 0 or 1) end
+      assert.is_true(home > 0, what)
+      if case.mixed then assert.is_true(home < #model, what) end
+      local _, printed = (tostring(auto) .. "\n"):gsub("  host\n", "")   -- (its records column)
+      assert.are.equal(home, printed, what)
+      local run = l2l.Relay { model = model, plan = auto, optimizer_threads = 1 }
+      run:step(batch(8))
+      for i = 1, #model do
+        for _, p in ipairs(model[i]:params()) do
+          assert.are.equal(auto.layers[i].on_device and "device" or "host", p.value:pool(),
+                           ("%s: layer %d's %s"):format(what, i, p.name))
+        end
+      end
+      reaches_predicted_peak(run:stats(), auto, what)
+      run:free()
+    end
+  end)
+
   it("on a GPU's rates, hides weight streaming only past device FLOP/s over link bytes/s", function()
     -- a block's weights cross the link once per visit; its arithmetic grows with the
     -- tokens of the visit: below the threshold the step is the copies' and stays put as

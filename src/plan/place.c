@@ -76,8 +76,9 @@ static l2l_status fits(bool *out, struct plan_chain *c, uint64_t bytes, int n, u
 }
 
 l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint64_t budget,
-                      const uint32_t *allowed, uint64_t *bytes) {
+                      const uint32_t *allowed, int most, int *groups, uint64_t *bytes) {
   *bytes = 0;
+  if (groups != NULL) *groups = 0;
   for (int k = 0; k < c->L; k++) c->layers[k].on_device = 0;
   int arrays = 0, n = 0;
   TRY(l2l_optimizer_state_arrays(&arrays, &config->optimizer));
@@ -110,22 +111,24 @@ l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint
   for (int k = 0; k < c->L; k++)
     if (cand[k].records > 0) mark(c->layers, c->L, recs, n, group, k, true);
   bool ok = false;
-  int candidates = 0;   /* (the records allowed) */
-  for (int k = 0; k < c->L; k++) candidates += cand[k].records;
-  status = fits(&ok, c, all, candidates, budget);   /* every record, the ordinary GPU trainer's way */
+  int candidates = 0, nonempty = 0, taken = 0;   /* (the records and groups allowed) */
+  for (int k = 0; k < c->L; k++) candidates += cand[k].records, nonempty += cand[k].records > 0;
+  if (nonempty <= most)   /* every record, the ordinary GPU trainer's way */
+    status = fits(&ok, c, all, candidates, budget);
   int placed = 0;
   if (status == L2L_OK && ok) {
-    *bytes = all, placed = candidates;
+    *bytes = all, placed = candidates, taken = nonempty;
   } else if (status == L2L_OK) {   /* else the largest layer's first, each while it fits */
     for (int k = 0; k < c->L; k++) c->layers[k].on_device = 0;
     qsort(cand, (size_t)c->L, sizeof *cand, larger_first);
-    for (int i = 0; status == L2L_OK && i < c->L && cand[i].bytes > 0; i++) {
+    for (int i = 0; status == L2L_OK && i < c->L && cand[i].bytes > 0 && taken < most; i++) {
       mark(c->layers, c->L, recs, n, group, cand[i].layer, true);
       status = fits(&ok, c, *bytes + cand[i].bytes, placed + cand[i].records, budget);
-      if (status == L2L_OK && ok) *bytes += cand[i].bytes, placed += cand[i].records;
+      if (status == L2L_OK && ok) *bytes += cand[i].bytes, placed += cand[i].records, taken++;
       else mark(c->layers, c->L, recs, n, group, cand[i].layer, false);
     }
   }
+  if (groups != NULL) *groups = taken;
   *bytes += device_words_bytes(placed);
   free(recs);
   plan_memo_free(c);

@@ -101,7 +101,7 @@ l2l_status plan_step_place(struct plan_layer *layers, int L, const l2l_relay_con
                            uint64_t *bytes) {
   struct plan_chain chain = chain_of(layers, L, config, batch, seq, token_types, key_mask);
   chain.micro_batch = micro_batch;
-  return plan_place(&chain, config, budget, allowed, bytes);
+  return plan_place(&chain, config, budget, allowed, INT32_MAX, NULL, bytes);
 }
 
 static void describe_key(char *out, size_t len, const struct plan_layer_key *k) {
@@ -224,6 +224,135 @@ static l2l_status check_request(l2l_layer *const *layers, int nlayers, const l2l
   return L2L_OK;
 }
 
+/* What one placement of the records gives: the search's plan and the host's share. */
+struct placed_plan {
+  struct plan_result r;
+  struct plan_host host;
+  double step_seconds;   /* r.seconds, or the disk's share of a step when that is more */
+};
+
+/* The disk reads and writes under compute: a step takes at least its share. */
+static double disk_seconds(const struct plan_host *host, const l2l_plan_rates *rates, int accumulate) {
+  if (host->disk_bytes == 0) return 0;
+  return ((double)host->disk_bytes / rates->disk_read + (double)host->disk_bytes / rates->disk_write) /
+         (double)accumulate;
+}
+
+/* The plan of the chain with its records placed: every one (placement device), none
+   (host), or (auto) the groups of at most `most` layers that the budget holds beside the
+   leanest step, the largest first (*groups: how many); the step's policies searched in
+   what the records leave. The machine's rates are measured the first time a placement
+   gets that far (*rates_ready). Refused, naming the smallest budget that works, when no
+   policy fits. */
+static l2l_status plan_placed(struct placed_plan *out, struct plan_chain *chain,
+                              const l2l_relay_config *config, const l2l_plan_request *request,
+                              l2l_plan_rates *rates, bool *rates_ready, int most, int *groups) {
+  struct plan_layer *pl = chain->layers;
+  struct plan_result *r = &out->r;
+  *r = (struct plan_result){.layer_seconds = r->layer_seconds};
+  out->host = (struct plan_host){0};
+  l2l_status status = L2L_OK;
+  uint64_t placed = 0;
+  for (int k = 0; k < chain->L; k++)
+    pl[k].on_device = config->placement == L2L_PLACE_DEVICE ? UINT32_MAX : 0;
+  if (config->placement == L2L_PLACE_AUTO) {
+    status = plan_leanest_peak(&placed, chain);
+    if (status == L2L_OK)
+      status = plan_place(chain, config, request->device_budget, NULL, most, groups, &placed);
+  }
+  /* the host's share, and the records placed on the device: the step has the rest */
+  struct plan_host *host = &out->host;
+  if (status == L2L_OK) status = plan_host(host, pl, chain->L, config);
+  uint64_t budget = request->device_budget > host->device_bytes ? request->device_budget - host->device_bytes : 0;
+  if (status == L2L_OK && budget == 0) {
+    char want[32], have[32];
+    status = error_note_needed(
+        core_fail_in("l2l_plan_new", L2L_ERR_BUDGET, "no plan fits a device budget of %llu bytes (%s): the "
+                     "records placed on the device take %llu (%s) before any step (placement host "
+                     "keeps them in host memory)", (unsigned long long)request->device_budget,
+                     core_human_bytes(have, 32, request->device_budget),
+                     (unsigned long long)host->device_bytes, core_human_bytes(want, 32, host->device_bytes)),
+        host->device_bytes + 1);
+  }
+  /* No plan can need less than the leanest: a budget under it is refused before anything
+     is timed (timing a layer takes device memory that budget does not have). */
+  uint64_t leanest = 0;
+  if (status == L2L_OK) status = plan_leanest_peak(&leanest, chain);
+  plan_memo_free(chain);
+  if (status == L2L_OK && leanest > budget) {
+    r->leanest_peak = leanest, r->leanest_micro_batch = 1;
+    status = too_small(chain, r, budget, host->device_bytes);
+  }
+  /* this machine's rates (measured once, on the device: now that a plan can fit) */
+  if (status == L2L_OK && request->rates == NULL && !*rates_ready) {
+    status = plan_machine_rates(rates, false);
+    if (rates->visit < 0) rates->visit = 0;   /* not measured yet: l2l_relay_calibrate_plan does */
+  }
+  /* the host: a budget no plan of the device can help */
+  if (status == L2L_OK && config->host_budget > 0 && host->smallest_budget > config->host_budget) {
+    char want[32], have[32];
+    status = core_fail_in("l2l_plan_new", L2L_ERR_BUDGET, "no plan fits a host budget of %llu bytes (%s): the "
+                      "EPS needs %llu (%s)%s", (unsigned long long)config->host_budget,
+                      core_human_bytes(have, 32, config->host_budget),
+                      (unsigned long long)host->smallest_budget, core_human_bytes(want, 32, host->smallest_budget),
+                      config->spill_dir ? "" : ": a spill directory (" NAMED_CONFIG(spill_dir) ") keeps the optimizer state on disk");
+    if (config->spill_dir == NULL) error_note_field(status, "spill_dir");
+  }
+  if (status == L2L_OK && !*rates_ready && config->spill_dir && !(rates->disk_read > 0 && rates->disk_write > 0))
+    status = plan_disk_rates(&rates->disk_read, &rates->disk_write, config->spill_dir);
+  if (status == L2L_OK) *rates_ready = true;
+  if (status == L2L_OK) status = plan_search(r, chain, rates, budget);
+  if (status == L2L_OK && !r->found) status = too_small(chain, r, budget, host->device_bytes);
+  if (status == L2L_OK) {
+    double disk = disk_seconds(host, rates, config->accumulate);
+    out->step_seconds = r->seconds > disk ? r->seconds : disk;
+  }
+  return status;
+}
+
+/* Placement auto with the policies: `best` (placed in `c`) puts the records of `groups`
+   layers on the device, as many as fit beside the leanest step. Fewer leave the step room
+   to keep what it would recompute or swap, at the price of their copies and host updates:
+   the records of 0 up to groups - 1 layers (every count up to 8 of them, else 8 spread
+   evenly) are planned too, and the fastest predicted step is kept in best and c (a tie
+   to the more on the device). A count no policy fits is passed over. */
+static l2l_status place_with_policies(struct placed_plan *best, struct plan_chain *c,
+                                      const l2l_relay_config *config,
+                                      const l2l_plan_request *request, l2l_plan_rates *rates,
+                                      bool *rates_ready, int groups) {
+  const int L = c->L;
+  struct plan_layer *kept = malloc((size_t)L * sizeof *kept);
+  double *trial_seconds = calloc((size_t)L, sizeof *trial_seconds);
+  if (kept == NULL || trial_seconds == NULL) {
+    free(kept), free(trial_seconds);
+    return FAIL(L2L_ERR_NOMEM, "no memory to place %d layers' records", L);
+  }
+  memcpy(kept, c->layers, (size_t)L * sizeof *kept);
+  int64_t kept_micro_batch = c->micro_batch;
+  l2l_status status = L2L_OK;
+  const int tries = groups <= 8 ? groups : 8;
+  for (int i = 0; i < tries && status == L2L_OK; i++) {
+    int most = (int)((int64_t)i * groups / tries);
+    struct placed_plan trial = {.r = {.layer_seconds = trial_seconds}};
+    status = plan_placed(&trial, c, config, request, rates, rates_ready, most, NULL);
+    if (status == L2L_ERR_BUDGET) {   /* (no policy fits beside these records) */
+      l2l_clear_error();
+      status = L2L_OK;
+      continue;
+    }
+    if (status != L2L_OK || trial.step_seconds >= best->step_seconds * (1 - 1e-9)) continue;
+    memcpy(kept, c->layers, (size_t)L * sizeof *kept);
+    kept_micro_batch = c->micro_batch;
+    memcpy(best->r.layer_seconds, trial_seconds, (size_t)L * sizeof *trial_seconds);
+    trial.r.layer_seconds = best->r.layer_seconds;
+    *best = trial;
+  }
+  memcpy(c->layers, kept, (size_t)L * sizeof *kept);
+  c->micro_batch = kept_micro_batch;
+  free(kept), free(trial_seconds);
+  return status;
+}
+
 l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
                         const l2l_relay_config *config, const l2l_plan_request *request) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
@@ -244,58 +373,17 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
                                 .frozen = request->frozen && request->frozen[k]};
   struct plan_chain chain = chain_of(pl, nlayers, config, request->batch, request->seq,
                                      request->token_types, request->key_mask);
-  struct plan_result r = {.layer_seconds = seconds};
-  /* the records on the device: every one (placement device), or (auto) those the budget
-     holds beside the leanest step */
-  l2l_status status = L2L_OK;
-  uint64_t placed = 0;
-  for (int k = 0; k < nlayers; k++) pl[k].on_device = config->placement == L2L_PLACE_DEVICE ? UINT32_MAX : 0;
-  if (config->placement == L2L_PLACE_AUTO) {
-    status = plan_leanest_peak(&placed, &chain);
-    if (status == L2L_OK) status = plan_place(&chain, config, request->device_budget, NULL, &placed);
-  }
-  /* the host's share, and the records placed on the device: the step has the rest */
-  struct plan_host host = {0};
-  if (status == L2L_OK) status = plan_host(&host, pl, nlayers, config);
-  uint64_t budget = request->device_budget > host.device_bytes ? request->device_budget - host.device_bytes : 0;
-  if (status == L2L_OK && budget == 0) {
-    char want[32], have[32];
-    status = error_note_needed(
-        core_fail_in("l2l_plan_new", L2L_ERR_BUDGET, "no plan fits a device budget of %llu bytes (%s): the "
-                     "records placed on the device take %llu (%s) before any step (placement host "
-                     "keeps them in host memory)", (unsigned long long)request->device_budget,
-                     core_human_bytes(have, 32, request->device_budget),
-                     (unsigned long long)host.device_bytes, core_human_bytes(want, 32, host.device_bytes)),
-        host.device_bytes + 1);
-  }
-  /* No plan can need less than the leanest: a budget under it is refused before anything
-     is timed (timing a layer takes device memory that budget does not have). */
-  uint64_t leanest = 0;
-  if (status == L2L_OK) status = plan_leanest_peak(&leanest, &chain);
-  plan_memo_free(&chain);
-  if (status == L2L_OK && leanest > budget) {
-    r.leanest_peak = leanest, r.leanest_micro_batch = 1;
-    status = too_small(&chain, &r, budget, host.device_bytes);
-  }
-  /* this machine's rates (measured once, on the device: now that a plan can fit) */
-  if (status == L2L_OK && request->rates == NULL) {
-    status = plan_machine_rates(&rates, false);
-    if (rates.visit < 0) rates.visit = 0;   /* not measured yet: l2l_relay_calibrate_plan does */
-  }
-  /* the host: a budget no plan of the device can help */
-  if (status == L2L_OK && config->host_budget > 0 && host.smallest_budget > config->host_budget) {
-    char want[32], have[32];
-    status = core_fail_in("l2l_plan_new", L2L_ERR_BUDGET, "no plan fits a host budget of %llu bytes (%s): the "
-                      "EPS needs %llu (%s)%s", (unsigned long long)config->host_budget,
-                      core_human_bytes(have, 32, config->host_budget),
-                      (unsigned long long)host.smallest_budget, core_human_bytes(want, 32, host.smallest_budget),
-                      config->spill_dir ? "" : ": a spill directory (" NAMED_CONFIG(spill_dir) ") keeps the optimizer state on disk");
-    if (config->spill_dir == NULL) error_note_field(status, "spill_dir");
-  }
-  if (status == L2L_OK && config->spill_dir && !(rates.disk_read > 0 && rates.disk_write > 0))
-    status = plan_disk_rates(&rates.disk_read, &rates.disk_write, config->spill_dir);
-  if (status == L2L_OK) status = plan_search(&r, &chain, &rates, budget);
-  if (status == L2L_OK && !r.found) status = too_small(&chain, &r, budget, host.device_bytes);
+  /* the records on the device: every one (placement device), or (auto) first those the
+     budget holds beside the leanest step, then fewer where the step is faster for it */
+  struct placed_plan best = {.r = {.layer_seconds = seconds}};
+  bool rates_ready = false;
+  int groups = 0;
+  l2l_status status = plan_placed(&best, &chain, config, request, &rates, &rates_ready, INT32_MAX,
+                                  &groups);
+  if (status == L2L_OK && config->placement == L2L_PLACE_AUTO && groups > 0)
+    status = place_with_policies(&best, &chain, config, request, &rates, &rates_ready, groups);
+  const struct plan_result r = best.r;
+  const struct plan_host host = best.host;
   if (status == L2L_OK) {
     for (int k = 0; k < nlayers; k++) {
       l2l_layer_memory m;
@@ -304,7 +392,7 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
       bool kept = pl[k].inner == L2L_INNER_KEEP && pl[k].role != L2L_ROLE_HEAD;
       result[k] = (l2l_plan_layer){.inner = pl[k].inner, .stash = pl[k].stash,
                                    .kept_bytes = kept ? m.saved * (uint64_t)nmb : 0,
-                                   .seconds = seconds[k]};
+                                   .seconds = seconds[k], .on_device = pl[k].on_device != 0};
     }
     /* weight streaming hides under compute past this many tokens per visit: a visit's
        compute grows with its tokens, its parameter copy does not (the first body
@@ -316,10 +404,7 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
       if (per_token > 0) streaming = (double)costs[1].param_bytes / rates.h2d / per_token;
     }
     free(costs);
-    /* the disk reads and writes under compute: a step takes at least its share */
-    double disk = host.disk_bytes == 0 ? 0
-                  : ((double)host.disk_bytes / rates.disk_read + (double)host.disk_bytes / rates.disk_write) /
-                        (double)config->accumulate;
+    double disk = disk_seconds(&host, &rates, config->accumulate);
     plan->magic = PLAN_MAGIC;
     plan->summary = (l2l_plan_summary){.nlayers = nlayers, .micro_batch = r.micro_batch,
                                        .step_seconds = r.seconds > disk ? r.seconds : disk,

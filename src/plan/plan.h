@@ -184,10 +184,11 @@ l2l_status plan_leanest_peak(uint64_t *peak, struct plan_chain *c);
    record when all fit, else a layer's own records at a time, the largest first, each while
    they fit (a replay each); none
    where the config keeps them on the host. allowed (NULL: every layer's): per layer, nonzero
-   where the group that layer begins may go on the device. *bytes: the placed records'
-   device bytes. */
+   where the group that layer begins may go on the device. At most `most` groups (the
+   first that fit, largest first; *groups, when not NULL, gets how many). *bytes: the placed
+   records' device bytes. */
 l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint64_t budget,
-                      const uint32_t *allowed, uint64_t *bytes);
+                      const uint32_t *allowed, int most, int *groups, uint64_t *bytes);
 l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_plan_rates *rates,
                        uint64_t budget);
 

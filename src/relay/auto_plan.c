@@ -136,7 +136,9 @@ static uint64_t place_key(const struct step *s, uint64_t *budget) {
   uint64_t held;
   device_room(budget, &held, s->run, &pool);
   if (s->run->config.device_budget == 0 && pool.budget == 0) *budget = UINT64_MAX;   /* (none) */
-  return relay_step_key(s, false) ^ *budget * 0x9e3779b97f4a7c15ull;
+  uint64_t planned = 0;   /* (a plan's placement, applied since) */
+  for (int k = 0; k < s->L; k++) planned = planned * 3 + (uint64_t)active_layer(s, k)->planned;
+  return relay_step_key(s, false) ^ *budget * 0x9e3779b97f4a7c15ull ^ planned * 0xc2b2ae3d27d4eb4full;
 }
 
 /* Whether placement auto has placed for a step of this key already. */
@@ -194,7 +196,16 @@ l2l_status relay_place_auto(struct step *s) {
   struct plan_layer *pl = calloc((size_t)s->L, sizeof *pl);
   uint32_t *allowed = calloc((size_t)s->L, sizeof *allowed);
   l2l_status status = pl && allowed ? L2L_OK : FAIL(L2L_ERR_NOMEM, "no memory to place a step's records");
-  for (int k = 0; status == L2L_OK && k < s->L; k++) pl[k] = relay_plan_layer(run, active_layer(s, k));
+  /* A plan applied chose the records to place with its policies (l2l_plan_new weighs a
+     record on the device against the room it takes from the step): those it keeps home
+     stay home. */
+  bool planned = false;
+  for (int k = 0; status == L2L_OK && k < s->L; k++) {
+    const struct relay_layer *rl = active_layer(s, k);
+    pl[k] = relay_plan_layer(run, rl);
+    allowed[k] = rl->planned == PLANNED_HOME ? 0 : UINT32_MAX;
+    planned |= rl->planned != PLANNED_NONE;
+  }
   /* With ranks each places within what every rank placed last, until all place alike:
      each round that differs keeps fewer groups, so at most a round a layer and one more. */
   bool agreed = false;
@@ -203,7 +214,7 @@ l2l_status relay_place_auto(struct step *s) {
     l2l_status mine = status != L2L_OK ? status
                       : plan_step_place(pl, s->L, &run->config, s->B, s->S, s->mb,
                                         s->in->token_types != NULL, s->in->key_mask != NULL,
-                                        budget, round > 0 ? allowed : NULL, &bytes);
+                                        budget, round > 0 || planned ? allowed : NULL, &bytes);
     if (!ranks) status = mine, agreed = true;
     else status = placements_exchange(&agreed, allowed, pl, s->L, mine, s);
     if (status != L2L_OK) break;

@@ -441,6 +441,7 @@ l2l_status l2l_relay_replace(l2l_relay *run, int index, l2l_layer *layer) {
   layer_set_owner(layer, run);
   run->layers[index].layer = layer;
   run->layers[index].frozen = false;
+  run->layers[index].planned = PLANNED_NONE;
   return L2L_OK;
 }
 
@@ -546,9 +547,12 @@ l2l_status relay_apply_plan(l2l_relay *run, const l2l_plan *plan) {
   }
   for (int k = 0; k < n; k++) l2l_plan_get_layer(&layers[k], plan, k);
   run->config.micro_batch = summary.micro_batch;
+  const bool placing = run->config.placement == L2L_PLACE_AUTO;
   for (int k = 0; k < n; k++) {   /* a plan's policies are valid ones (l2l_plan_new) */
     run->layers[k].inner = layers[k].inner;
     if (k >= 1) run->layers[k].stash = layers[k].stash;
+    run->layers[k].planned = !placing ? PLANNED_NONE : layers[k].on_device ? PLANNED_DEVICE
+                                                                           : PLANNED_HOME;
   }
   free(layers);
   return L2L_OK;

@@ -54,11 +54,16 @@ _Static_assert((int)THREAD_D2H < (int)L2L_TIMELINE_THREADS &&
    later). */
 #define COUNT_MAX ((INT64_C(1) << 53) - 1)
 
+/* Where the plan applied last put a layer's own records, which placement auto follows
+   (auto_plan.c): none said (no plan, or one for other placements), home, the device. */
+enum relay_planned { PLANNED_NONE, PLANNED_HOME, PLANNED_DEVICE };
+
 struct relay_layer {
   l2l_layer *layer;
   bool frozen;
   l2l_stash_policy stash;     /* the boundary before it (its input) */
   l2l_inner_policy inner;
+  enum relay_planned planned;
 };
 
 struct l2l_relay {

@@ -257,6 +257,7 @@ static void stats_record(l2l_relay *run, const struct step *s, const struct step
   st->updates_deferred = p->defer;
   int64_t rise = atomic_load(&run->device_meter.peak) - run->meter_at_start;
   st->device_peak = run->device_at_start + (uint64_t)(rise > 0 ? rise : 0);
+  st->device_start = run->device_at_start;
   st->device_current = device.current;
   st->step_seconds = seconds;
   st->compute_seconds = s->compute;
