@@ -253,15 +253,39 @@ l2l_status eps_device_join(struct eps_record *rec) {
 
 const l2l_tensor *eps_guard_copy(const struct eps_record *rec) { return rec->guard_copy; }
 
-l2l_status eps_device_guard_copies(struct eps *eps) {
-  bool any = false;
+/* Queues every guard copy (*any: there are some; *handed: a master among them was handed
+   out, so a script may have written it). */
+static l2l_status guards_queue(struct eps *eps, bool *any, bool *handed, bool copy) {
+  *any = *handed = false;
   for (int i = 0; i < eps->count; i++) {
     struct eps_record *rec = eps->records[i];
     if (rec->placement != EPS_PLACE_DEVICE || rec->guard_copy == NULL) continue;
-    TRY(backend_tensor_copy_queued(rec->guard_copy, rec->master));
-    any = true;
+    if (copy) TRY(backend_tensor_copy_queued(rec->guard_copy, rec->master));
+    *any = true, *handed |= tensor_handed_out(rec->master);
   }
-  return any ? l2l_device_synchronize() : L2L_OK;
+  return L2L_OK;
+}
+
+l2l_status eps_device_guard_copies(struct eps *eps, bool training) {
+  bool current = eps->guards_current, any = false, handed = false;
+  eps->guards_current = false;
+  TRY(guards_queue(eps, &any, &handed, false));
+  if (any && (!current || handed)) {
+    TRY(guards_queue(eps, &any, &handed, true));
+    TRY(l2l_device_synchronize());
+  }
+  eps->guards_current = !training;   /* (an evaluation leaves the masters as they are) */
+  return L2L_OK;
+}
+
+void eps_device_guard_copies_queue(struct eps *eps) {
+  bool any = false, handed = false;
+  eps->guards_queued = guards_queue(eps, &any, &handed, true) == L2L_OK;
+}
+
+void eps_device_guards_settled(struct eps *eps, bool ok) {
+  eps->guards_current = ok && eps->guards_queued;
+  eps->guards_queued = false;
 }
 
 l2l_status eps_device_restore(struct eps_record *rec, l2l_tensor *const host[2]) {

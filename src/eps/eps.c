@@ -670,8 +670,8 @@ void eps_give_gradient(struct eps *eps, struct eps_record *rec, l2l_tensor *grad
 
 void eps_record_written(struct eps *eps, struct eps_record *rec) {
   pthread_mutex_lock(&eps->lock);
-  rec->grad_known_zero = false;
-  rec->staging_written = false;
+  rec->grad_known_zero = rec->staging_written = false;
+  eps->guards_current = false;   /* (the master may be a device record's) */
   pthread_mutex_unlock(&eps->lock);
 }
 

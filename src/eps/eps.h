@@ -117,6 +117,10 @@ struct eps {
   bool words_stale;
   l2l_tensor *flags_back;      /* pinned: the flags queued back before the step's wait */
   bool flags_queued;
+  /* The guard copies (eps_device_guard_copies): queued behind a training step's updates
+     (guards_queued), then, once that step ended well, current (guards_current) until a
+     training step begins or a master is written (eps_record_written). */
+  bool guards_queued, guards_current;
   bool add_arrivals;           /* every gradient added as it arrives, none held (eps.c,
                                   "held arrivals"; bench/optim's before) */
   int64_t held_checks;         /* records whose held gradients were checked for their
@@ -268,11 +272,20 @@ l2l_status eps_device_words(struct eps *eps);
    there without a wait of its own. On the relay's compute thread. */
 void eps_device_flags_queue(struct eps *eps);
 /* The host copies of the 1-D records on the device (a LayerNorm's weight and bias among
-   them) made equal to their masters: queued, then one wait for the device (none when no
-   such record): as a step begins, before anything reads them, so they see the last step's
-   updates and whatever a script wrote since. The copy of rec (NULL: none), borrowed until
-   it leaves or moves: what the relay gives its parameter's guard to read. */
-l2l_status eps_device_guard_copies(struct eps *eps);
+   them) made equal to their masters as a step begins, before anything reads them, so they
+   see the last step's updates and whatever a script wrote since: current already when the
+   last training step queued them behind its updates (eps_device_guard_copies_queue) and
+   no master was written or handed out since; else queued, then one wait for the device
+   (none when no such record). A training step's updates leave them stale. The copy of rec
+   (NULL: none), borrowed until it leaves or moves: what the relay gives its parameter's
+   guard to read. */
+l2l_status eps_device_guard_copies(struct eps *eps, bool training);
+/* The guard copies queued behind a training step's updates, on the compute thread before
+   the step's one wait (which sees them done); eps_device_guards_settled(ok) as the step
+   ends: current for the next step if it ended well. (Not with ranks: their records on the
+   device are updated after that wait.) */
+void eps_device_guard_copies_queue(struct eps *eps);
+void eps_device_guards_settled(struct eps *eps, bool ok);
 const l2l_tensor *eps_guard_copy(const struct eps_record *rec);
 
 /* What the device copies of a record: its staging copy in device precision, or the f32

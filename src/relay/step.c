@@ -272,17 +272,24 @@ static void stats_record(l2l_relay *run, const struct step *s, const struct step
   pthread_mutex_unlock(&run->lock);
 }
 
-/* The host copies the frugal LayerNorm guard reads of the records on the device made
-   current (one wait, when there are any and a frugal layer reads them) and given to their
-   parameters, before the step's replay or any layer reads them. */
-static l2l_status guard_copies(l2l_relay *run) {
+/* Whether a frugal layer's LayerNorm guard may read the host copies of records on the
+   device. */
+static bool guards_read(const l2l_relay *run) {
   bool frugal = false;
   for (int k = 0; k < run->count; k++) {
     l2l_layer_config c;
     l2l_layer_get_config(&c, run->layers[k].layer);
     frugal |= c.memory == L2L_MEMORY_FRUGAL;
   }
-  if (frugal) TRY(eps_device_guard_copies(&run->eps));
+  return frugal;
+}
+
+/* The host copies the frugal LayerNorm guard reads of the records on the device made
+   current (when a frugal layer reads them: queued behind the last training step's
+   updates, or one wait now) and given to their parameters, before the step's replay or
+   any layer reads them. */
+static l2l_status guard_copies(l2l_relay *run, bool training) {
+  if (guards_read(run)) TRY(eps_device_guard_copies(&run->eps, training));
   for (int k = 0; k < run->count; k++)
     for (int r = 0; r < l2l_layer_param_count(run->layers[k].layer); r++) {
       l2l_param *p = l2l_layer_param(run->layers[k].layer, r);
@@ -310,7 +317,7 @@ static l2l_status step_begin(struct step *s, struct step_plan *p) {
   l2l_status status = relay_check_step(s, s->in);
   /* (the guard's copies first: placement auto replays the step, which reads them; a record
      it moves gets a copy made as it moves) */
-  if (status == L2L_OK) status = guard_copies(s->run);
+  if (status == L2L_OK) status = guard_copies(s->run, s->training);
   if (status == L2L_OK && !ranks) status = step_placed(s);
   if (status == L2L_OK) status = dist_begin(s);   /* (every rank refuses a failed one alike) */
   if (status == L2L_OK) {   /* from here every rank reaches the second exchange */
@@ -356,9 +363,13 @@ static l2l_status relay_run_step(double *loss, l2l_relay *run, const l2l_relay_b
     if (run->config.dist != L2L_DIST_NONE) relay_waited(&s, L2L_WAIT_COMM, released);
   }
   if (training) eps_device_flags_queue(&run->eps);   /* (back with the step's one wait) */
+  /* the next step's guard copies, behind this step's updates: that wait sees them too */
+  if (training && run->config.dist == L2L_DIST_NONE && guards_read(run))
+    eps_device_guard_copies_queue(&run->eps);
   relay_step_free(&s);   /* drains the copy threads: every gradient has been given */
   if (status == L2L_OK) status = relay_check_async(run);
   if (status == L2L_OK) status = dist_loss(&s);
+  if (training) eps_device_guards_settled(&run->eps, status == L2L_OK);
   if (status != L2L_OK) {
     dist_diverged(run);
     if (training) eps_step_end(&run->eps, false, NULL);

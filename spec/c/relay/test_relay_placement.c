@@ -84,6 +84,37 @@ typedef void (*between_fn)(l2l_relay *r, struct model *m, int step);
 /* Trains clones of `init` with cfg on the host and with cfg's placement (host: device)
    over the batches (with `between` before each step), losses and records compared bit for
    bit after each step. */
+/* After a training step, the host copies a frugal LayerNorm guard reads of the records on
+   the device hold their masters' values, bit for bit: queued behind the step's updates,
+   they are what the next step's guard reads without a wait of its own (eps.h,
+   eps_device_guard_copies). Nothing to hold without a frugal layer (none are made then). */
+static bool guards_current(l2l_relay *r, const struct model *m, const char *what, int step) {
+  bool frugal = false;
+  for (int k = 0; k < m->n; k++) {
+    l2l_layer_config c;
+    l2l_layer_get_config(&c, m->layer[k]);
+    frugal |= c.memory == L2L_MEMORY_FRUGAL;
+  }
+  bool ok = true;
+  for (int k = 0; frugal && ok && k < m->n; k++)
+    for (int j = 0; ok && j < l2l_layer_param_count(m->layer[k]); j++) {
+      l2l_param *p = l2l_layer_param(m->layer[k], j);
+      const l2l_tensor *copy = eps_guard_copy(eps_find(&r->eps, p)), *value = param_value(p);
+      if (copy == NULL) continue;   /* (not on the device, or not 1-D) */
+      l2l_tensor *master = NULL;
+      int64_t n = l2l_tensor_numel(value);
+      const l2l_dtype dtype = (l2l_dtype)l2l_tensor_dtype(value);
+      ok &= CHECK_OK(l2l_tensor_new(&master, L2L_POOL_HOST, dtype, 1, &n)) &&
+            CHECK_OK(l2l_tensor_copy(master, value));
+      ok = ok && CHECK(memcmp(l2l_tensor_data(master), l2l_tensor_data(copy),
+                              (size_t)n * l2l_dtype_size(dtype)) == 0,
+                       "%s: after step %d the guard's host copy of layer %d's %s is not its "
+                       "master's values", what, step, k, l2l_param_name(p));
+      l2l_tensor_free(master);
+    }
+  return ok;
+}
+
 static bool placements_match(const struct model *init, const l2l_relay_config *cfg,
                              between_fn between, const struct data *batches, int steps,
                              const char *what) {
@@ -104,6 +135,7 @@ static bool placements_match(const struct model *init, const l2l_relay_config *c
     ok &= CHECK(memcmp(&lh, &ld, sizeof lh) == 0, "%s: step %d: loss %a on the device, %a on the host",
                 what, k, ld, lh);
     if (ok) ok &= same_records(rh, &mh, rd, &md, what);
+    if (ok) ok &= guards_current(rd, &md, what, k);
     l2l_relay_stats sh = relay_stats(rh), sd = relay_stats(rd);
     ok &= CHECK(all ? sd.host_eps_bytes == 0 && sh.host_eps_bytes > 0 : sd.host_eps_bytes <= sh.host_eps_bytes,
                 "%s: step %d: host_eps_bytes %llu placed %s, %llu on the host", what, k,
