@@ -171,6 +171,17 @@ L2L_API const char *l2l_param_name(const l2l_param *param);
 L2L_API l2l_tensor *l2l_param_value(const l2l_param *param);
 /* Its elements (the value's, without handing it out), -1 if not a parameter. */
 L2L_API int64_t l2l_param_numel(const l2l_param *param);
+/* Its dims (the value's, without handing it out) into dims (L2L_MAX_DIMS of them); returns
+   their number, -1 if not a parameter or dims is NULL. */
+L2L_API int l2l_param_shape(const l2l_param *param, int64_t *dims);
+/* src's values into the value (its shape; f32, f16 or bf16, rounded to the value's dtype
+   to nearest even or widened exactly, from either pool), without handing the value out:
+   how a loader writes weights, so that a relay's EPS still writes the record's 16-bit
+   staging copy as it updates. A relay holding the parameter sees the write as its next
+   step begins (its staging and guard copies are made again from it); write between
+   steps, after l2l_relay_sync, as through l2l_param_value. L2L_ERR_STATE while a step
+   runs the parameter's layer. */
+L2L_API l2l_status l2l_param_write(l2l_param *param, const l2l_tensor *src);
 /* The gradient accumulator (borrowed: do not free). Asking for it hands it out for good: a
    relay's EPS then reads it at each update, since the caller may write it at any time
    (a relay whose accumulators were never asked for takes one it cleared itself as zero,

@@ -337,6 +337,10 @@ l2l_tensor *l2l_param_value(const l2l_param *param);
 
 int64_t l2l_param_numel(const l2l_param *param);
 
+int l2l_param_shape(const l2l_param *param, int64_t *dims);
+
+l2l_status l2l_param_write(l2l_param *param, const l2l_tensor *src);
+
 l2l_tensor *l2l_param_grad(const l2l_param *param);
 int l2l_param_users(const l2l_param *param);
 

@@ -304,12 +304,18 @@ local function model_of(desc, kinds)
 end
 
 -- Every checksum first (a damaged tensor changes nothing), then each record's weights
--- into its parameter, f32 and bf16 converted either way by the read (to nearest even, or
--- exactly; a bf16 master lives in the pinned pool). The file was opened as the loader's
--- (opened): its errors are the loader's words.
+-- into its parameter, f32 and bf16 converted either way by the write (to nearest even, or
+-- exactly; a bf16 master lives in the pinned pool), its value not handed out (a relay's
+-- EPS then writes the record's 16-bit staging copy as it updates). The file was opened as
+-- the loader's (opened): its errors are the loader's words.
 local function read_weights(file, records)
   file:verify()
-  for _, rec in ipairs(records) do file:read(rec.name, rec.param.value) end
+  for _, rec in ipairs(records) do
+    local t = file:read(rec.name)
+    local ok, err = pcall(rec.param.write, rec.param, t)
+    t:free()
+    if not ok then error(err, 0) end
+  end
 end
 
 -- Every record of the model with the file's entry for it, shapes checked.
@@ -323,7 +329,7 @@ local function match_records(model, file, fname, list)
         seen[p.id] = true
         local name = i .. "." .. p.name
         list[#list + 1] = { name = name, param = p }
-        entry_for(file, name, p.value:shape(), i, layer:label(), fname)
+        entry_for(file, name, p.shape, i, layer:label(), fname)
       else   -- a tied record's second views: not needed
         for _, key in ipairs { "value", "grad" } do   -- (each made only when read)
           if rawget(p, key) then p[key]:free() end

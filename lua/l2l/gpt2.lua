@@ -242,12 +242,18 @@ local function import(path, opts)
       for _, p in ipairs(layer:params()) do params[i][p.name] = p end
     end
     local emb = params[1]
-    for _, s in ipairs(sources) do
-      if s.layer then file:read(s.name, params[s.layer][s.record].value) end
+    -- each tensor read, then written into its record without handing the value out (a
+    -- relay's EPS then writes the record's 16-bit staging copy as it updates)
+    local function read_into(p, name, rows)
+      local t = file:read(name)
+      local ok, err = pcall(p.write, p, rows and t:view(1, rows) or t)
+      t:free()
+      if not ok then error(err, 0) end
     end
-    local positions = file:read(by_name["wpe.weight"], tensor.empty({ P, D }))   -- (P, D) f32: the first max_seq rows
-    emb.wpe.value:copy(positions:view(1, max_seq))
-    positions:free()
+    for _, s in ipairs(sources) do
+      if s.layer then read_into(params[s.layer][s.record], s.name) end
+    end
+    read_into(emb.wpe, by_name["wpe.weight"], max_seq)   -- (P, D): its first max_seq rows
     return model
   end)
   file:close()

@@ -361,16 +361,35 @@ end
 -- as zero (include/l2l/layers.h). Read then, the record must still be its layer's (not
 -- freed, not replaced by a tie).
 local handed = { value = C.l2l_param_value, grad = C.l2l_param_grad }
+
+-- The entry's record, still its layer's (not freed, not replaced by a tie), else an error
+-- at `level` from fname's caller.
+local function held_record(entry, fname, level)
+  local h = H(entry.layer, fname)
+  local held = false
+  for i = 0, C.l2l_layer_param_count(h) - 1 do held = held or C.l2l_layer_param(h, i) == entry.handle end
+  if not held then error(fname .. ": the record " .. entry.name .. " is no longer its layer's", level + 1) end
+  return entry.handle
+end
+
+-- p:write(t): t's values into the record (its shape; f32, f16 or bf16, rounded to the
+-- record's dtype or widened), without handing its value out (l2l_param_write): how the
+-- loaders write weights, leaving a relay's EPS to write the 16-bit staging copy as it
+-- updates. Between steps, after run:sync(), as through p.value.
+local function write(entry, t, ...)
+  local fname = "p:write"
+  if select("#", ...) ~= 0 then too_many(fname, "t", 2, ...) end
+  local p = held_record(entry, fname, 2)
+  check(C.l2l_param_write(p, handle_of(t, "t", fname, 2)), fname, 2)
+end
+
 local lazy_tensors = {
   __index = function(entry, key)
+    if key == "write" then return write end
     local hand = handed[key]
     if hand == nil then return nil end
     local fname = "p." .. key
-    local h = H(entry.layer, fname)
-    local held = false
-    for i = 0, C.l2l_layer_param_count(h) - 1 do held = held or C.l2l_layer_param(h, i) == entry.handle end
-    if not held then error(fname .. ": the record " .. entry.name .. " is no longer its layer's", 2) end
-    local t, out = hand(entry.handle), ffi.new("l2l_tensor *[1]")
+    local t, out = hand(held_record(entry, fname, 2)), ffi.new("l2l_tensor *[1]")
     check(C.l2l_tensor_view_rows(out, t, 0, C.l2l_tensor_dim(t, 0)), fname, 2)
     t = tensor.wrap(out[0])
     rawset(entry, key, t)
@@ -378,19 +397,23 @@ local lazy_tensors = {
   end,
 }
 
--- {name=, value=, grad=, numel=, decays=, users=, id=, handle=, layer=} per parameter
--- record; value and grad are tensors sharing the record's storage (made when first read:
--- pairs() lists them only from then), numel their elements. `id` identifies the record
+-- {name=, value=, grad=, numel=, shape=, decays=, users=, id=, handle=, layer=} per
+-- parameter record, and p:write(t) (above); value and grad are tensors sharing the
+-- record's storage (made when first read: pairs() lists them only from then), numel and
+-- shape (a list of dims) theirs. `id` identifies the record
 -- (tied layers share it); `handle` is its l2l_param * (valid while `layer` lives, which
 -- the record keeps alive).
 function Layer:params(...)
   if select("#", ...) ~= 0 then too_many("layer:params", "", 2, ...) end
   local h = H(self, "layer:params")
   local list = {}
+  local dims = ffi.new("int64_t[?]", C.L2L_MAX_DIMS)
   for i = 0, C.l2l_layer_param_count(h) - 1 do
     local p = C.l2l_layer_param(h, i)
+    local shape = {}
+    for d = 0, C.l2l_param_shape(p, dims) - 1 do shape[d + 1] = tonumber(dims[d]) end
     list[#list + 1] = setmetatable({
-      name = ffi.string(C.l2l_param_name(p)), numel = tonumber(C.l2l_param_numel(p)),
+      name = ffi.string(C.l2l_param_name(p)), numel = tonumber(C.l2l_param_numel(p)), shape = shape,
       decays = C.l2l_param_decays(p) == 1, users = C.l2l_param_users(p),
       id = tonumber(ffi.cast("intptr_t", p)), handle = p, layer = self,
     }, lazy_tensors)

@@ -644,6 +644,22 @@ describe("GPT-2 weights in, from Hugging Face's file or llm.c's", function()
     local bin, st = write_both(dir, V, T, L, NH, D)
     local a, b = l2l.import_gpt2(bin), l2l.import_gpt2(st, { heads = NH })
     assert.are.equal(#b, #a)
+    -- the import writes the records without handing their values out (p:write): a relay's
+    -- updates then write their 16-bit copies, a step's host passes to the byte those of a
+    -- relay over a clone of the model, which nobody read either (read, they grow)
+    local function passes(model)
+      local tok = l2l.zeros({ 2, T }, { dtype = "i32" })
+      local run = l2l.Relay { model = model, precision = "bf16", micro_batch = 1, optimizer_threads = 1 }
+      for _ = 1, 2 do run:step(tok, tok) end
+      run:sync()
+      local bytes = run:stats().host_pass_bytes
+      run:free()
+      return bytes
+    end
+    local c = l2l.import_gpt2(bin)
+    local twin = {}
+    for i = 1, #c do twin[i] = c[i]:clone() end
+    assert.are.equal(passes(l2l.Sequential(twin)), passes(c), "an imported model's host passes")
     assert.are.equal(NH, a[2]:config().heads, "the heads from llm.c's header")
     local pa, pb = a:params(), b:params()
     assert.are.equal(#pb, #pa)

@@ -616,6 +616,53 @@ describe("l2l.Relay", function()
     run:free()
   end)
 
+  it("sees a value written with p:write, which hands nothing out: the updates still write the 16-bit copy", function()
+    -- p:write (the loaders' way) writes a record between steps without handing its value
+    -- out: the relay sees the values (it evaluates as a fresh relay over a copy of the
+    -- model does, to the bit), and its updates go on writing the staging copies, so once
+    -- the copies of the written records are made again (the step after the write), a
+    -- step's host passes are a relay's whose values nobody wrote, to the byte; a relay
+    -- whose values were read (p.value) rewrites those copies every step.
+    local seed = support.int(1, 10000)
+    local what = "seed " .. support.seed
+    local tok, tgt = reversal(4)
+    local function relay(model)
+      return l2l.Relay { model = model, micro_batch = 2, precision = "bf16", seed = 3,
+                         optimizer = l2l.AdamW { lr = 1e-2 }, optimizer_threads = 1 }
+    end
+    local plain, written, read = tiny_gpt(seed, 0), tiny_gpt(seed, 0), tiny_gpt(seed, 0)
+    local runs = { relay(plain), relay(written), relay(read) }
+    local function steps(n)
+      local bytes = {}
+      for i, run in ipairs(runs) do
+        for _ = 1, n do run:step(tok, tgt) end
+        run:sync()
+        bytes[i] = run:stats().host_pass_bytes
+      end
+      return bytes
+    end
+    steps(2)
+    local layer = support.int(2, #written - 1)   -- a block: its GEMM weights have 16-bit copies
+    for _, p in ipairs(written[layer]:params()) do
+      local t = l2l.zeros(p.shape)
+      t:uniform(-0.5, 0.5, { seed = support.int(1, 1000) })
+      p:write(t)
+      t:free()
+    end
+    for _, p in ipairs(read[layer]:params()) do local _ = p.value end
+    local loss = runs[2]:evaluate(tok, tgt)
+    local twin = {}
+    for i = 1, #written do twin[i] = written[i]:clone() end
+    local fresh = relay(l2l.Sequential(twin))
+    assert.are.equal(fresh:evaluate(tok, tgt), loss, what .. ": layer " .. layer .. " written")
+    fresh:free()
+    steps(1)   -- (the written records' copies made again from their masters)
+    local bytes = steps(1)
+    assert.are.equal(bytes[1], bytes[2], what .. ": a step's host passes, written against nobody's")
+    assert.is_true(bytes[3] > bytes[1], what .. ": read values' copies are rewritten every step")
+    for _, run in ipairs(runs) do run:free() end
+  end)
+
   it("keeps f32 weights on the device by default on the CPU backend (bf16 is a GPU's)", function()
     local run = l2l.Relay { model = tiny_gpt(support.seed % 1000) }
     assert.are.equal("f32", run.options.precision)

@@ -280,6 +280,11 @@ void eps_device_flags_queue(struct eps *eps);
    (NULL: none), borrowed until it leaves or moves: what the relay gives its parameter's
    guard to read. */
 l2l_status eps_device_guard_copies(struct eps *eps, bool training);
+/* The relay tells, as a step begins, how many times rec's master was written through its
+   parameter (l2l_param_write: its value never handed out) in all: news leaves the
+   record's staging copy to be made again from it, and the guard copies (before
+   eps_device_guard_copies). */
+void eps_note_writes(struct eps *eps, struct eps_record *rec, uint64_t writes);
 /* The guard copies queued behind a training step's updates, on the compute thread before
    the step's one wait (which sees them done); eps_device_guards_settled(ok) as the step
    ends: current for the next step if it ended well. (Not with ranks: their records on the

@@ -50,6 +50,8 @@ struct eps_record {
                                   the device (eps_device_guard_copies keeps it current) */
   l2l_param *param;            /* the key it was added under (never called into: the EPS
                                   sees records, not layers) */
+  uint64_t writes_seen;        /* its parameter's writes (l2l_param_write) the relay has
+                                  told of (eps_note_writes) */
   const char *name;            /* the parameter's name, for messages (lives as long as it) */
   bool decays;                 /* weight decay applies (unless the optimizer decays all) */
   struct eps *eps;         /* its EPS (for a worker's job or an exchange's completion,

@@ -306,6 +306,15 @@ static void stage_chunk(struct eps *eps, struct eps_record *rec, int64_t begin, 
   pthread_mutex_unlock(&eps->lock);
 }
 
+void eps_note_writes(struct eps *eps, struct eps_record *rec, uint64_t writes) {
+  if (writes == rec->writes_seen) return;   /* (only the relay's thread sets it) */
+  pthread_mutex_lock(&eps->lock);
+  rec->writes_seen = writes;
+  rec->staging_written = false;
+  eps->guards_current = false;
+  pthread_mutex_unlock(&eps->lock);
+}
+
 void eps_stage(struct eps *eps) {
   eps_io_failed(eps, eps_device_stage(eps));   /* those on the device, in its order */
   for (int i = 0; i < eps->count; i++) {

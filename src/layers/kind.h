@@ -36,6 +36,7 @@ struct l2l_param {
   l2l_tensor *home_value, *home_grad;  /* the record's own tensors while bound, else NULL */
   const l2l_tensor *guard_copy; /* a host copy of its value the frugal LayerNorm guard reads
                                    instead of a device tensor (param_set_guard_copy), NULL */
+  _Atomic uint64_t writes;      /* l2l_param_write's so far (param_writes) */
 };
 
 struct l2l_layer {

@@ -124,6 +124,37 @@ static l2l_status values_into(l2l_tensor *dst, const l2l_tensor *src) {
   return status;
 }
 
+int l2l_param_shape(const l2l_param *param, int64_t *dims) {
+  if (!param_live(param) || dims == NULL) return -1;
+  int ndim = l2l_tensor_ndim(param->value);
+  for (int i = 0; i < ndim; i++) dims[i] = l2l_tensor_dim(param->value, i);
+  return ndim;
+}
+
+uint64_t param_writes(const l2l_param *param) { return atomic_load(&param->writes); }
+
+l2l_status l2l_param_write(l2l_param *param, const l2l_tensor *src) {
+  if (!param_live(param)) return FAIL(L2L_ERR_INVALID, "param is not a live parameter");
+  TRY(tensor_check(__func__, "src", src));
+  const l2l_tensor *v = param->value;
+  bool same = src->ndim == v->ndim;
+  for (int i = 0; same && i < v->ndim; i++) same = src->shape[i] == v->shape[i];
+  if (!same) {
+    char a[96], b[96];
+    return FAIL(L2L_ERR_INVALID, "src is %s, parameter '%s' is %s", core_shape_str(a, sizeof a, src),
+                param->name, core_shape_str(b, sizeof b, v));
+  }
+  if (src->dtype != L2L_F32 && src->dtype != L2L_F16 && src->dtype != L2L_BF16)
+    return FAIL(L2L_ERR_INVALID, "src is %s: a parameter takes f32, f16 or bf16 values",
+                l2l_dtype_name(src->dtype));
+  if (param->home_value != NULL)
+    return FAIL(L2L_ERR_STATE, "parameter '%s' is bound to other tensors (a relay's step is "
+                "running it)", param->name);
+  TRY(values_into(param->value, src));
+  atomic_fetch_add(&param->writes, 1);
+  return L2L_OK;
+}
+
 /* *t replaced by a tensor of `dtype` in `pool` holding its values (values_into). */
 static l2l_status rehome(const l2l_param *param, l2l_tensor **t, l2l_pool_kind pool,
                          l2l_dtype dtype) {

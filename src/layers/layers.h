@@ -61,6 +61,8 @@ void param_adopt(l2l_param *param, l2l_tensor *value, l2l_tensor *grad);
    LayerNorm guard reads instead of the value where it lives: a record on the device, whose
    copy the relay keeps current (borrowed: its owner clears it before freeing it). */
 void param_set_guard_copy(l2l_param *param, const l2l_tensor *copy);
+/* How many times l2l_param_write has written the value (a relay notes the news). */
+uint64_t param_writes(const l2l_param *param);
 /* Whether the relay may bind a 16-bit copy of the parameter (a GEMM weight or a gathered
    table); the others stay f32 on the device. */
 bool param_low_precision(const l2l_param *param);

@@ -235,7 +235,8 @@ TEST(misuse_layer_new_clone_tie_and_free) {
 /* Covers: l2l_layer_get_config, l2l_layer_set_memory, l2l_layer_rng_id,
    l2l_layer_set_rng_id, l2l_layer_param_count, l2l_layer_param, l2l_layer_nparams,
    l2l_layer_zero_grad, l2l_layer_memory_use, l2l_layer_name, l2l_param_name,
-   l2l_param_value, l2l_param_grad, l2l_param_numel, l2l_param_users, l2l_param_decays. */
+   l2l_param_value, l2l_param_grad, l2l_param_numel, l2l_param_users, l2l_param_decays,
+   l2l_param_shape, l2l_param_write. */
 TEST(misuse_layer_settings_and_accessors) {
   l2l_layer *block = small_block();
   l2l_layer_config ec = config_of(L2L_LAYER_EMBEDDING);
@@ -302,12 +303,35 @@ TEST(misuse_layer_settings_and_accessors) {
   /* parameter records */
   const l2l_param *not_params[] = {NULL, JUNK(l2l_param), AS(l2l_param, block), AS(l2l_param, t),
                                    AS(l2l_param, stack_bytes)};
+  int64_t dims[L2L_MAX_DIMS];
   for (size_t i = 0; i < sizeof not_params / sizeof not_params[0]; i++) {
     const l2l_param *p = not_params[i];
     CHECK(l2l_param_name(p) == NULL && l2l_param_value(p) == NULL && l2l_param_grad(p) == NULL &&
-              l2l_param_numel(p) == -1 && l2l_param_users(p) == -1 && l2l_param_decays(p) == -1,
+              l2l_param_numel(p) == -1 && l2l_param_users(p) == -1 && l2l_param_decays(p) == -1 &&
+              l2l_param_shape(p, dims) == -1,
           "case %zu: a record accessor answered for what is no record", i);
+    REFUSES(l2l_param_write((l2l_param *)p, t), L2L_ERR_INVALID, "param");
   }
+  /* a write: its shape and a float dtype, from a live tensor; a refused one writes nothing */
+  l2l_param *w = l2l_layer_param(block, 0);   /* ln1.weight (D) */
+  CHECK(l2l_param_shape(w, NULL) == -1, "shape into NULL");
+  CHECK(l2l_param_shape(w, dims) == 1 && dims[0] == l2l_param_numel(w), "ln1.weight's shape");
+  l2l_tensor *wrong = NEW(L2L_POOL_HOST, L2L_F32, dims[0] + 1), *ints = NEW(L2L_POOL_HOST, L2L_I32, dims[0]);
+  l2l_tensor *src = NEW(L2L_POOL_HOST, L2L_BF16, dims[0]), *before_w = NEW(L2L_POOL_HOST, L2L_F32, dims[0]);
+  CHECK_OK(l2l_tensor_fill(src, 0.375));
+  CHECK_OK(l2l_tensor_copy(before_w, l2l_param_value(w)));
+  const l2l_tensor *not_tensors[] = {NULL, JUNK(l2l_tensor), AS(l2l_tensor, block), AS(l2l_tensor, w)};
+  for (size_t i = 0; i < sizeof not_tensors / sizeof not_tensors[0]; i++)
+    REFUSES(l2l_param_write(w, not_tensors[i]), L2L_ERR_INVALID, "src");
+  REFUSES(l2l_param_write(w, wrong), L2L_ERR_INVALID, "src is (");
+  REFUSES(l2l_param_write(w, ints), L2L_ERR_INVALID, "i32");
+  CHECK(memcmp(l2l_tensor_data(before_w), l2l_tensor_data(l2l_param_value(w)),
+               (size_t)dims[0] * sizeof(float)) == 0, "a refused write changed the value");
+  CHECK_OK(l2l_param_write(w, src));   /* (bf16 widened: 0.375 exactly) */
+  for (int64_t i = 0; i < dims[0]; i++)
+    if (!CHECK(((const float *)l2l_tensor_data(l2l_param_value(w)))[i] == 0.375f, "element %lld "
+               "of the write", (long long)i)) break;
+  FREE(wrong, ints, src, before_w);
   CHECK(l2l_param_users(l2l_layer_param(block, 0)) == 1, "a record of one layer");
   for (int r = 0; r < l2l_layer_param_count(block); r++) {
     const l2l_param *p = l2l_layer_param(block, r);
