@@ -165,7 +165,9 @@ typedef struct l2l_relay_config {
                                    to this norm at most; updates stay eager. 0: off */
   int accumulate;               /* minibatches whose mean gradient makes one update, >= 1 */
   int optimizer_threads;        /* EPS worker threads, >= 1; 0: the CPUs the process may
-                                   run on (its affinity: a container's cpuset, taskset) */
+                                   run on (its affinity: a container's cpuset, taskset),
+                                   on a GPU less the relay's own 3 (its compute thread and
+                                   copy lanes; 4 with ranks), at least 1 */
   uint64_t seed;                /* dropout draws (l2l_layer_batch.seed) */
   int param_slots;              /* device buffers for layer parameters, each the size of the
                                    largest layer: 2 (L2L's double buffer: the visit's and

@@ -282,6 +282,19 @@ static l2l_status first_layers(l2l_relay *run, l2l_layer *const *layers, int nla
   return L2L_OK;
 }
 
+/* The optimizer's workers when the config says 0: one per CPU the process may run on,
+   less, where the device is not host memory, the relay's own busy threads (the compute
+   thread that queues the kernels, the copy lanes each way, and with ranks the
+   communication thread), at least one: updates that took every core would delay the
+   compute thread's launches and leave a GPU waiting. On the CPU backend the step's
+   arithmetic and the updates share the cores in turn, so there it takes them all. */
+static int default_workers(const l2l_relay_config *config) {
+  int cpus = core_cpus();
+  if (relay_device_is_host()) return cpus;
+  int busy = THREAD_D2H + 1 + (config->dist == L2L_DIST_MPI ? 1 : 0);
+  return cpus - busy >= 1 ? cpus - busy : 1;
+}
+
 l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
                          const l2l_relay_config *config) {
   cpu_runtime_init();
@@ -300,7 +313,7 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
   pthread_mutex_init(&run->lock, NULL);
   timeline_init(&run->timeline);
   run->stats.grad_norm = -1;
-  int threads = config->optimizer_threads > 0 ? config->optimizer_threads : core_cpus();
+  int threads = config->optimizer_threads > 0 ? config->optimizer_threads : default_workers(config);
   bool eps_up = false, h2d_up = false, d2h_up = false;
   l2l_status status = config->dist == L2L_DIST_MPI ? dist_start() : L2L_OK;
   if (status == L2L_OK && config->spill_dir != NULL) {

@@ -402,6 +402,47 @@ static void *relay_on_one_cpu(void *arg) {
   return NULL;
 }
 
+/* The workers a relay made here with optimizer_threads = 0 starts. */
+static int default_workers_here(void) {
+  struct shape g = gpt_shape();
+  struct model m;
+  model_new(&m, &g);
+  l2l_relay_config cfg = adamw_config();
+  cfg.optimizer_threads = 0;
+  l2l_relay *r = relay_new(&m, &cfg);
+  int workers = r != NULL ? r->eps.workers.threads : -1;
+  l2l_relay_free(r);
+  model_free(&m);
+  return workers;
+}
+
+TEST(relay_optimizer_threads_leave_a_gpus_relay_its_cores) {
+  /* optimizer_threads = 0 where the device is not host memory (a GPU's; L2L_GRADS_OUT=copy
+     makes the CPU backend's one to the relay) starts a worker per CPU the process may run
+     on less the relay's compute thread and its two copy lanes, at least one; on the CPU
+     backend, one per CPU. */
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (!CHECK(sched_getaffinity(0, sizeof set, &set) == 0, "sched_getaffinity failed")) return;
+  if (omp_get_proc_bind() != omp_proc_bind_false) {
+    check_skip("OMP_PROC_BIND is set: l2l's threads follow OpenMP's places, not an affinity");
+    return;
+  }
+  const int cpus = CPU_COUNT(&set), spare = cpus - 3 >= 1 ? cpus - 3 : 1;
+  const char *kept = getenv("L2L_GRADS_OUT");
+  char *saved = kept ? strdup(kept) : NULL;
+  unsetenv("L2L_GRADS_OUT");
+  int host = default_workers_here();
+  setenv("L2L_GRADS_OUT", "copy", 1);
+  int gpu_like = default_workers_here();
+  if (saved) setenv("L2L_GRADS_OUT", saved, 1);
+  else unsetenv("L2L_GRADS_OUT");
+  free(saved);
+  CHECK(host == cpus, "on the CPU backend %d workers, want one per CPU (%d)", host, cpus);
+  CHECK(gpu_like == spare, "with a device that is not host memory %d workers, want %d (%d CPUs "
+        "less the relay's 3 threads, at least 1)", gpu_like, spare, cpus);
+}
+
 TEST(relay_optimizer_threads_default_to_the_cpus_it_may_run_on) {
   /* optimizer_threads = 0 starts a worker per CPU the process may run on (its affinity:
      a container's cpuset, taskset), not per CPU online: a relay made where one CPU is
