@@ -80,9 +80,11 @@ static void check_y16(const char *what, const l2l_tensor *y_dev, const l2l_tenso
 TEST(cuda_backend_16bit_outputs) {
   if (!use_gpu()) return;
   const struct backend_ops *dops = backend_for(L2L_POOL_DEVICE);
-  static const int64_t shapes[][2] = {{1, 1}, {7, 33}, {13, 3072}, {1031, 257}};
+  /* (rows of 4, 768 and 1024: LayerNorm's rows held in a warp's registers) */
+  static const int64_t shapes[][2] = {{1, 1}, {7, 33}, {13, 3072}, {1031, 257}, {9, 4}, {37, 768},
+                                      {5, 1024}};
   static const l2l_dtype halves[] = {L2L_BF16, L2L_F16};
-  for (int s = 0; s < 4; s++) {
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     for (int d = 0; d < 2; d++) {
       const int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
       const l2l_dtype dt = halves[d];
@@ -196,8 +198,10 @@ TEST(cuda_backend_fused_ops) {
   if (!use_gpu()) return;
   const struct backend_ops *hops = backend_for(L2L_POOL_HOST);
   const struct backend_ops *dops = backend_for(L2L_POOL_DEVICE);
-  static const int64_t shapes[][2] = {{1, 1}, {7, 33}, {13, 3072}, {1031, 257}};
-  for (int s = 0; s < 4; s++) {
+  /* (rows of 4, 768 and 1024: LayerNorm's rows held in a warp's registers) */
+  static const int64_t shapes[][2] = {{1, 1}, {7, 33}, {13, 3072}, {1031, 257}, {9, 4}, {37, 768},
+                                      {5, 1024}};
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols, nb = (n + 7) / 8;
     char what[160];
     /* bias + GELU (+ side bits), pre kept and in place */
