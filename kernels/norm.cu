@@ -139,14 +139,17 @@ __global__ void __launch_bounds__(1024)
 
 /* ---------------------------------------------------------------- LayerNorm forward, rows in registers
 
-   Rows of at most REG_ROW_MAX_COLS floats, a multiple of 4, every row pointer 16-byte
-   aligned (y16 8-byte): a warp owns a row at a time and holds it in registers (lane l
-   the float4 chunks l, l + 32, ..., at most CHUNKS of them), so the row is read from
-   memory once and written once, the reductions are warp shuffles alone (no shared memory,
-   no block barrier between a row's passes), weight and bias are read a float4 at a time
-   (from L1 after the first row), and y16 four values a store. The same formulas in the
-   same order per element as layernorm_forward_kernel (mean, the centred sum of squares,
-   y = (x - mean) rstd w + b, y16 rounded from that y); the sums' grouping is the warp's.
+   Rows of at most REG_ROW_MAX_COLS floats, a multiple of 4, x (and addend and sum)
+   16-byte aligned: a warp owns a row at a time and holds it in registers (lane l the
+   float4 chunks l, l + 32, ..., at most CHUNKS of them), so the row is read from memory
+   once and written once, the reductions are warp shuffles alone (no shared memory, no
+   block barrier between a row's passes), weight and bias are read a float4 at a time
+   (from L1 after the first row) and y16 four values a store where they are aligned
+   (vec_wb, vec_y, vec_h; else an element at a time: which kernel runs, and so the sums'
+   grouping, depends on x's alignment alone, as the block kernel's float4 path did). The
+   same formulas in the same order per element as layernorm_forward_kernel (mean, the
+   centred sum of squares, y = (x - mean) rstd w + b, y16 rounded from that y); the sums'
+   grouping is the warp's.
    An H200 ran that kernel at 0.25 of its copy rate for GPT-2's rows of 768: a block per
    row, three block-wide reductions, y16 a 2-byte store at a time. */
 constexpr int REG_ROW_CHUNKS = 8;
@@ -157,11 +160,10 @@ __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK)
     layernorm_forward_regs_kernel(float *y, uint16_t *y16, int y16_dtype, float *mean_out,
                                   float *rstd_out, float *sum_out, const float *x,
                                   const float *addend, const float *weight, const float *bias,
-                                  float eps, int64_t rows, int64_t cols) {
+                                  float eps, int64_t rows, int64_t cols, bool vec_wb,
+                                  bool vec_y, bool vec_h) {
   const RowGroup g = row_group<true>();
   const int64_t quads = cols >> 2;
-  const float4 *w4 = reinterpret_cast<const float4 *>(weight);
-  const float4 *b4 = reinterpret_cast<const float4 *>(bias);
   for (int64_t row = g.first; row < rows; row += g.stride) {
     const int64_t off = row * cols;
     float4 v[CHUNKS];
@@ -192,17 +194,25 @@ __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK)
     for (int c = 0; c < CHUNKS; c++) {
       const int64_t q = g.t + 32 * c;
       if (q >= quads) continue;
-      const float4 w = __ldg(w4 + q), b = __ldg(b4 + q);
+      const int64_t j = 4 * q;
+      const float4 w = vec_wb ? __ldg(reinterpret_cast<const float4 *>(weight) + q)
+                              : make_float4(weight[j], weight[j + 1], weight[j + 2], weight[j + 3]);
+      const float4 b = vec_wb ? __ldg(reinterpret_cast<const float4 *>(bias) + q)
+                              : make_float4(bias[j], bias[j + 1], bias[j + 2], bias[j + 3]);
       const float4 o = make_float4((v[c].x - mean) * rstd * w.x + b.x,
                                    (v[c].y - mean) * rstd * w.y + b.y,
                                    (v[c].z - mean) * rstd * w.z + b.z,
                                    (v[c].w - mean) * rstd * w.w + b.w);
-      if (y) reinterpret_cast<float4 *>(y + off)[q] = o;
+      if (y && vec_y) reinterpret_cast<float4 *>(y + off)[q] = o;
+      else if (y) y[off + j] = o.x, y[off + j + 1] = o.y, y[off + j + 2] = o.z, y[off + j + 3] = o.w;
       if (y16) {
-        const uint2 packed = make_uint2(
-            (uint32_t)f32_to_16(o.x, y16_dtype) | (uint32_t)f32_to_16(o.y, y16_dtype) << 16,
-            (uint32_t)f32_to_16(o.z, y16_dtype) | (uint32_t)f32_to_16(o.w, y16_dtype) << 16);
-        reinterpret_cast<uint2 *>(y16 + off)[q] = packed;
+        const uint16_t h0 = f32_to_16(o.x, y16_dtype), h1 = f32_to_16(o.y, y16_dtype),
+                       h2 = f32_to_16(o.z, y16_dtype), h3 = f32_to_16(o.w, y16_dtype);
+        if (vec_h)
+          reinterpret_cast<uint2 *>(y16 + off)[q] =
+              make_uint2((uint32_t)h0 | (uint32_t)h1 << 16, (uint32_t)h2 | (uint32_t)h3 << 16);
+        else
+          y16[off + j] = h0, y16[off + j + 1] = h1, y16[off + j + 2] = h2, y16[off + j + 3] = h3;
       }
     }
     if (g.t == 0) {
@@ -383,17 +393,19 @@ int launch_layernorm_forward(bool fused, float *sum, float *y, void *y16, int y1
   if (y16 && y16_dtype != DT_BF16 && y16_dtype != DT_F16) return INVALID;
   cudaStream_t s = (cudaStream_t)stream;
   uint16_t *h = static_cast<uint16_t *>(y16);
-  /* rows that fit a warp's registers, every row aligned: layernorm_forward_regs_kernel */
-  const bool regs = cols % 4 == 0 && cols <= REG_ROW_MAX_COLS && aligned16(x) && aligned16(weight) &&
-                    aligned16(bias) && (!y || aligned16(y)) && (!h || ((uintptr_t)h & 7) == 0) &&
+  /* rows that fit a warp's registers, x's rows aligned: layernorm_forward_regs_kernel */
+  const bool regs = cols % 4 == 0 && cols <= REG_ROW_MAX_COLS && aligned16(x) &&
                     (!fused || (aligned16(addend) && aligned16(sum)));
+  const bool vec_wb = aligned16(weight) && aligned16(bias), vec_y = !y || aligned16(y),
+             vec_h = !h || ((uintptr_t)h & 7) == 0;
   if (regs) {
     const int64_t chunks = (cols / 4 + 31) / 32;
     int64_t blocks = (rows + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK;
     if (blocks > MAX_BLOCKS) blocks = MAX_BLOCKS;
 #define LN_REGS(C)                                                                              \
   layernorm_forward_regs_kernel<C><<<(unsigned)blocks, 32 * WARPS_PER_BLOCK, 0, s>>>(           \
-      y, h, y16_dtype, mean, rstd, sum, x, addend, weight, bias, eps, rows, cols)
+      y, h, y16_dtype, mean, rstd, sum, x, addend, weight, bias, eps, rows, cols, vec_wb, vec_y,  \
+      vec_h)
     if (chunks <= 1) LN_REGS(1);
     else if (chunks <= 2) LN_REGS(2);
     else if (chunks <= 4) LN_REGS(4);

@@ -178,9 +178,10 @@ L2L_API int l2l_param_shape(const l2l_param *param, int64_t *dims);
    to nearest even or widened exactly, from either pool), without handing the value out:
    how a loader writes weights, so that a relay's EPS still writes the record's 16-bit
    staging copy as it updates. A relay holding the parameter sees the write as its next
-   step begins (its staging and guard copies are made again from it); write between
-   steps, after l2l_relay_sync, as through l2l_param_value. L2L_ERR_STATE while a step
-   runs the parameter's layer. */
+   step begins (its staging and guard copies are made again from it). Write between
+   steps, after l2l_relay_sync, as through l2l_param_value: a write while the relay's
+   updates may still run races them (undefined values). L2L_ERR_STATE while a visit has
+   the parameter bound to device tensors. */
 L2L_API l2l_status l2l_param_write(l2l_param *param, const l2l_tensor *src);
 /* The gradient accumulator (borrowed: do not free). Asking for it hands it out for good: a
    relay's EPS then reads it at each update, since the caller may write it at any time

@@ -41,7 +41,9 @@ static l2l_status lm_head_losses(const struct layer_call *call, float *losses, f
    packed): the vocabulary rounded up to 8 elements, so that every row starts 16-byte
    aligned in f32 and in 16 bits, as a GPU's GEMMs want it. (GPT-2's 50257 columns, packed,
    ran the head's three GEMMs at 0.13-0.19 of the bf16 GEMM rate on an H200: 16 ms of a
-   124M step.) A row's padding is never read or written. */
+   124M step.) No op writes a row's padding, and none reads it but a cast no path takes:
+   an f32 gradient for a 16-bit projection would be cast whole, padding too, but with a
+   16-bit projection the gradient is kept 16-bit (LAYER_ACTS_16) and never cast. */
 static int64_t lm_head_ld(int64_t vocab) { return (vocab + 7) / 8 * 8; }
 
 /* ---------------------------------------------------------------- LM head */

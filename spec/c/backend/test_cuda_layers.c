@@ -291,23 +291,25 @@ TEST(cuda_backend_gemm_padded_rows) {
     int ta = (int)check_rand_int(0, 1), tb = (int)check_rand_int(0, 1);
     int64_t m = check_rand_int(1, 300), n = check_rand_int(1, 300), k = check_rand_int(1, 300);
     if (trial < 2) m = 96, n = 50257, k = 64, tb = 1, ta = 0;   /* the head's forward */
+    const int64_t batch = trial >= 6 ? 3 : 1;   /* (the strided batched call too) */
     const int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
     const int64_t lda = ac + check_rand_int(0, 9), ldb = bc + check_rand_int(0, 9);
     const int64_t ldc = n + check_rand_int(1, 9);
     const float beta = check_rand_int(0, 1) ? 0.5f : 0.0f;
-    l2l_tensor *a32 = padded_normals(ar, ac, lda), *b32 = padded_normals(br, bc, ldb);
+    l2l_tensor *a32 = padded_normals(batch * ar, ac, lda), *b32 = padded_normals(batch * br, bc, ldb);
     struct twin a = twin_of(dt == L2L_F32 ? a32 : cast_on_host(a32, dt));
     struct twin b = twin_of(dt == L2L_F32 ? b32 : cast_on_host(b32, dt));
     if (dt != L2L_F32) FREE(a32, b32);
-    struct twin c = twin_of(padded_normals(m, n, ldc));
+    struct twin c = twin_of(padded_normals(batch * m, n, ldc));
     SIDES OK_ON((side ? dops : hops)->gemm_batched(fdata(AT(c)), l2l_tensor_data(AT(a)),
-                                                    l2l_tensor_data(AT(b)), dt, 1, m, n, k, ta,
-                                                    tb, 1.0f, beta, lda, ldb, ldc));
+                                                    l2l_tensor_data(AT(b)), dt, batch, m, n, k,
+                                                    ta, tb, 1.0f, beta, lda, ldb, ldc));
     CHECK_OK(l2l_device_synchronize());
-    char what[160];
-    snprintf(what, sizeof what, "%s gemm m=%lld n=%lld k=%lld %c%c, rows %lld %lld %lld apart",
-             l2l_dtype_name(dt), (long long)m, (long long)n, (long long)k, ta ? 'T' : 'N',
-             tb ? 'T' : 'N', (long long)lda, (long long)ldb, (long long)ldc);
+    char what[176];
+    snprintf(what, sizeof what, "%s gemm batch %lld m=%lld n=%lld k=%lld %c%c, rows %lld %lld %lld "
+             "apart", l2l_dtype_name(dt), (long long)batch, (long long)m, (long long)n,
+             (long long)k, ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)lda, (long long)ldb,
+             (long long)ldc);
     /* the scale of an element: a dot of k unit normals (gemm_case's floor, test_cuda.c) */
     CHECK_TWIN(what, c, sqrt((double)k) + beta, dt == L2L_F32 ? tol_sum(k) : TOL_HALF_SAME_INPUT);
     TWIN_FREE(&a, &b, &c);

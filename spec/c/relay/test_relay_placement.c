@@ -81,9 +81,6 @@ static bool all_in(const struct model *m, l2l_pool_kind pool, const char *what) 
 /* A change made between steps to both runs alike (NULL: none). */
 typedef void (*between_fn)(l2l_relay *r, struct model *m, int step);
 
-/* Trains clones of `init` with cfg on the host and with cfg's placement (host: device)
-   over the batches (with `between` before each step), losses and records compared bit for
-   bit after each step. */
 /* After a training step, the host copies a frugal LayerNorm guard reads of the records on
    the device hold their masters' values, bit for bit: queued behind the step's updates,
    they are what the next step's guard reads without a wait of its own (eps.h,
@@ -115,6 +112,9 @@ static bool guards_current(l2l_relay *r, const struct model *m, const char *what
   return ok;
 }
 
+/* Trains clones of `init` with cfg on the host and with cfg's placement (host: device)
+   over the batches (with `between` before each step), losses and records compared bit for
+   bit after each step, and the device run's guard copies held to their masters. */
 static bool placements_match(const struct model *init, const l2l_relay_config *cfg,
                              between_fn between, const struct data *batches, int steps,
                              const char *what) {
