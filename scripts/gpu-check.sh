@@ -190,7 +190,11 @@ phase_kernels() {
   local head    # (the LM head's GEMMs, forward / dW / dh, its logits' rows packed or padded)
   head=$(awk '/^rows packed/ {p = $(NF - 2) "/" $(NF - 1) "/" $NF} /^rows padded/ {q = $(NF - 2) "/" $(NF - 1) "/" $NF}
               END {if (p != "") printf "; LM head GEMMs fwd/dW/dh %s TFLOP/s packed, %s padded", p, q}' "$log")
-  echo "${copy:-no copy figure}; ${gemm:-no GEMM figure}; ${attn:-no attention figure}$visit$head (exit $rc)"
+  local rows    # (the ops this session's kernels changed, as shares of the copy rate)
+  rows=$(awk '$1 == "layernorm_forward" && $2 == "16384x768" {l = $6}
+              $1 == "gelu_backward_from_output" {g = $6}
+              END {if (l != "" || g != "") printf "; of the copy rate: LayerNorm forward 16384x768 %s %%, GELU from its output %s %%", l, g}' "$log")
+  echo "${copy:-no copy figure}; ${gemm:-no GEMM figure}; ${attn:-no attention figure}$visit$head$rows (exit $rc)"
   return $rc
 }
 
