@@ -380,7 +380,8 @@ struct core_stamp {
 };
 void device_stamp(struct core_stamp *out);
 /* A stamp to relate the device's clock to the host's: taken when the device has done
-   everything queued before it, so its host time is its device time. */
+   everything queued before it, so its host time is its device time (where no event could
+   be made or waited for, after a synchronize: the wait holds either way). */
 void device_stamp_anchor(struct core_stamp *out);
 /* Seconds from `from` to `to` on the device's clock (negative when `to` came first), or
    false when either has not happened (yet). */

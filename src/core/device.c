@@ -118,6 +118,9 @@ void device_stamp_anchor(struct core_stamp *out) {
       device->stamp_release(out->event);
       out->event = NULL;
     }
+    /* without an event, the wait the anchor promises all the same: what was queued before
+       it (a step's flags and guard copies) is read as done after it */
+    if (out->event == NULL) (void)device->synchronize();
   }
   out->host = core_now();
 }
