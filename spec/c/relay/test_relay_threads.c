@@ -382,26 +382,6 @@ struct one_cpu {
   int workers;          /* the relay's EPS workers, -1: no relay */
 };
 
-static void *relay_on_one_cpu(void *arg) {
-  struct one_cpu *o = arg;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(o->cpu, &set);
-  o->workers = -1;
-  if (!CHECK(sched_setaffinity(0, sizeof set, &set) == 0, "cannot bind a thread to CPU %d", o->cpu))
-    return NULL;
-  struct shape g = gpt_shape();
-  struct model m;
-  model_new(&m, &g);
-  l2l_relay_config cfg = adamw_config();
-  cfg.optimizer_threads = 0;
-  l2l_relay *r = relay_new(&m, &cfg);
-  if (r != NULL) o->workers = r->eps.workers.threads;
-  l2l_relay_free(r);
-  model_free(&m);
-  return NULL;
-}
-
 /* The workers a relay made here with optimizer_threads = 0 starts. */
 static int default_workers_here(void) {
   struct shape g = gpt_shape();
@@ -414,6 +394,18 @@ static int default_workers_here(void) {
   l2l_relay_free(r);
   model_free(&m);
   return workers;
+}
+
+static void *relay_on_one_cpu(void *arg) {
+  struct one_cpu *o = arg;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(o->cpu, &set);
+  o->workers = -1;
+  if (!CHECK(sched_setaffinity(0, sizeof set, &set) == 0, "cannot bind a thread to CPU %d", o->cpu))
+    return NULL;
+  o->workers = default_workers_here();
+  return NULL;
 }
 
 TEST(relay_optimizer_threads_leave_a_gpus_relay_its_cores) {
