@@ -62,16 +62,6 @@ static l2l_status distinct(const char *func, const char *out_name, const l2l_ten
                       same_ok ? " (only exactly the same tensor is allowed)" : "");
 }
 
-static l2l_status same_shape(const char *func, const char *an, const l2l_tensor *a,
-                             const char *bn, const l2l_tensor *b) {
-  bool same = a->ndim == b->ndim;
-  for (int i = 0; same && i < a->ndim; i++) same = a->shape[i] == b->shape[i];
-  if (same) return L2L_OK;
-  char sa[64], sb[64];
-  return core_fail_in(func, L2L_ERR_INVALID, "%s has shape %s but %s has shape %s", an,
-                      core_shape_str(sa, 64, a), bn, core_shape_str(sb, 64, b));
-}
-
 static l2l_status numel_is(const char *func, const char *name, const l2l_tensor *t,
                            int64_t want, const char *why) {
   if (t->numel == want) return L2L_OK;
@@ -192,8 +182,8 @@ l2l_status l2l_add(l2l_tensor *out, const l2l_tensor *a, const l2l_tensor *b) {
   const struct backend_ops *ops = NULL;
   struct arg args[] = {{"out", out}, {"a", a}, {"b", b}};
   TRY(one_backend(f, &ops, args, 3));
-  TRY(same_shape(f, "a", a, "b", b));
-  TRY(same_shape(f, "out", out, "a", a));
+  TRY(core_same_shape(f, "a", a, "b", b));
+  TRY(core_same_shape(f, "out", out, "a", a));
   TRY(distinct(f, "out", out, "a", a, true));
   TRY(distinct(f, "out", out, "b", b, true));
   return ops->add(tensor_ptr(out), tensor_ptr(a), tensor_ptr(b), out->numel);
@@ -206,7 +196,7 @@ l2l_status l2l_gelu_forward(l2l_tensor *y, const l2l_tensor *x) {
   const struct backend_ops *ops = NULL;
   struct arg args[] = {{"y", y}, {"x", x}};
   TRY(one_backend(f, &ops, args, 2));
-  TRY(same_shape(f, "y", y, "x", x));
+  TRY(core_same_shape(f, "y", y, "x", x));
   TRY(distinct(f, "y", y, "x", x, true));
   return ops->gelu_forward(tensor_ptr(y), tensor_ptr(x), x->numel);
 }
@@ -219,8 +209,8 @@ l2l_status l2l_gelu_backward(l2l_tensor *dx, const l2l_tensor *dy, const l2l_ten
   const struct backend_ops *ops = NULL;
   struct arg args[] = {{"dx", dx}, {"dy", dy}, {"x", x}};
   TRY(one_backend(f, &ops, args, 3));
-  TRY(same_shape(f, "dy", dy, "x", x));
-  TRY(same_shape(f, "dx", dx, "x", x));
+  TRY(core_same_shape(f, "dy", dy, "x", x));
+  TRY(core_same_shape(f, "dx", dx, "x", x));
   TRY(distinct(f, "dx", dx, "dy", dy, true));
   TRY(distinct(f, "dx", dx, "x", x, true));
   return ops->gelu_backward(tensor_ptr(dx), NULL, L2L_F32, tensor_ptr(dy), tensor_ptr(x),
@@ -246,7 +236,7 @@ l2l_status l2l_layernorm_forward(l2l_tensor *y, l2l_tensor *mean, l2l_tensor *rs
                        {"x", x}, {"weight", weight}, {"bias", bias}};
   TRY(one_backend(f, &ops, args, 6));
   int64_t rows = tensor_rows(x), cols = tensor_cols(x);
-  TRY(same_shape(f, "y", y, "x", x));
+  TRY(core_same_shape(f, "y", y, "x", x));
   TRY(numel_is(f, "weight", weight, cols, "one per column of x"));
   TRY(numel_is(f, "bias", bias, cols, "one per column of x"));
   if (mean) TRY(numel_is(f, "mean", mean, rows, "one per row of x"));
@@ -285,8 +275,8 @@ l2l_status l2l_layernorm_backward(l2l_tensor *dx, l2l_tensor *dweight, l2l_tenso
                        {"x", x},   {"weight", weight},   {"mean", mean},   {"rstd", rstd}};
   TRY(one_backend(f, &ops, args, 8));
   int64_t rows = tensor_rows(x), cols = tensor_cols(x);
-  TRY(same_shape(f, "dy", dy, "x", x));
-  TRY(same_shape(f, "dx", dx, "x", x));
+  TRY(core_same_shape(f, "dy", dy, "x", x));
+  TRY(core_same_shape(f, "dx", dx, "x", x));
   TRY(numel_is(f, "weight", weight, cols, "one per column of x"));
   if (dweight) TRY(numel_is(f, "dweight", dweight, cols, "one per column of x"));
   if (dbias) TRY(numel_is(f, "dbias", dbias, cols, "one per column of x"));
@@ -323,7 +313,7 @@ l2l_status l2l_softmax_forward(l2l_tensor *y, const l2l_tensor *x, const l2l_ten
   const struct backend_ops *ops = NULL;
   struct arg args[] = {{"y", y}, {"x", x}, {"key_mask", key_mask}};
   TRY(one_backend(f, &ops, args, 3));
-  TRY(same_shape(f, "y", y, "x", x));
+  TRY(core_same_shape(f, "y", y, "x", x));
   TRY(distinct(f, "y", y, "x", x, true));
   TRY(distinct(f, "y", y, "key_mask", key_mask, false));
   int64_t tk = tensor_cols(x), tq = x->ndim >= 2 ? x->shape[x->ndim - 2] : 1;
@@ -354,8 +344,8 @@ l2l_status l2l_softmax_backward(l2l_tensor *dx, const l2l_tensor *dy, const l2l_
   const struct backend_ops *ops = NULL;
   struct arg args[] = {{"dx", dx}, {"dy", dy}, {"y", y}};
   TRY(one_backend(f, &ops, args, 3));
-  TRY(same_shape(f, "dy", dy, "y", y));
-  TRY(same_shape(f, "dx", dx, "y", y));
+  TRY(core_same_shape(f, "dy", dy, "y", y));
+  TRY(core_same_shape(f, "dx", dx, "y", y));
   TRY(distinct(f, "dx", dx, "dy", dy, true));
   TRY(distinct(f, "dx", dx, "y", y, true));
   return ops->softmax_backward(tensor_ptr(dx), tensor_ptr(dy), tensor_ptr(y), scale,
@@ -496,7 +486,7 @@ l2l_status l2l_dropout_forward(l2l_tensor *y, l2l_tensor *mask, const l2l_tensor
   const struct backend_ops *ops = NULL;
   struct arg args[] = {{"y", y}, {"mask", mask}, {"x", x}};
   TRY(one_backend(f, &ops, args, 3));
-  TRY(same_shape(f, "y", y, "x", x));
+  TRY(core_same_shape(f, "y", y, "x", x));
   TRY(numel_is(f, "mask", mask, (x->numel + 7) / 8, "one bit per element of x"));
   TRY(distinct(f, "y", y, "x", x, true));
   TRY(distinct(f, "mask", mask, "x", x, false));
@@ -515,7 +505,7 @@ l2l_status l2l_dropout_backward(l2l_tensor *dx, const l2l_tensor *dy, const l2l_
   const struct backend_ops *ops = NULL;
   struct arg args[] = {{"dx", dx}, {"dy", dy}, {"mask", mask}};
   TRY(one_backend(f, &ops, args, 3));
-  TRY(same_shape(f, "dx", dx, "dy", dy));
+  TRY(core_same_shape(f, "dx", dx, "dy", dy));
   TRY(numel_is(f, "mask", mask, (dy->numel + 7) / 8, "one bit per element of dy"));
   TRY(distinct(f, "dx", dx, "dy", dy, true));
   TRY(distinct(f, "dx", dx, "mask", mask, false));
@@ -575,9 +565,9 @@ l2l_status l2l_adamw_update(l2l_tensor *param, l2l_tensor *m, l2l_tensor *v,
   /* Element-wise over four arrays: each has the parameter's shape too (a transposed or
      flattened state array of the same size would pair its elements with other
      parameters' without a word). */
-  TRY(same_shape(f, "m", m, "param", param));
-  TRY(same_shape(f, "v", v, "param", param));
-  TRY(same_shape(f, "grad", grad, "param", param));
+  TRY(core_same_shape(f, "m", m, "param", param));
+  TRY(core_same_shape(f, "v", v, "param", param));
+  TRY(core_same_shape(f, "grad", grad, "param", param));
   for (int i = 0; i < 4; i++)
     for (int j = i + 1; j < 4; j++)
       TRY(distinct(f, args[i].name, args[i].t, args[j].name, args[j].t, false));

@@ -464,6 +464,10 @@ const char *core_index_str(char *buf, size_t len, const l2l_tensor *t, int64_t f
 int core_index_of(int64_t index[L2L_MAX_DIMS], const l2l_tensor *t, int64_t flat);
 /* t is a live tensor of `dtype` with exactly the dims given (ndim of them); else
    L2L_ERR_INVALID naming `name`, with func's name in front. */
+/* a and b (live tensors) have the same dims; else L2L_ERR_INVALID naming both (an, bn),
+   with func's name in front. */
+l2l_status core_same_shape(const char *func, const char *an, const l2l_tensor *a,
+                           const char *bn, const l2l_tensor *b);
 l2l_status core_need_shape(const char *func, const char *name, const l2l_tensor *t,
                            l2l_dtype dtype, int ndim, const int64_t *dims);
 

@@ -64,6 +64,16 @@ l2l_status core_need_shape(const char *func, const char *name, const l2l_tensor 
   return L2L_OK;
 }
 
+l2l_status core_same_shape(const char *func, const char *an, const l2l_tensor *a,
+                           const char *bn, const l2l_tensor *b) {
+  bool same = a->ndim == b->ndim;
+  for (int i = 0; same && i < a->ndim; i++) same = a->shape[i] == b->shape[i];
+  if (same) return L2L_OK;
+  char sa[64], sb[64];
+  return core_fail_in(func, L2L_ERR_INVALID, "%s has shape %s but %s has shape %s", an,
+                      core_shape_str(sa, 64, a), bn, core_shape_str(sb, 64, b));
+}
+
 /* Checks ndim and shape and returns the element count through *numel. */
 static l2l_status check_shape(const char *func, int ndim, const int64_t *shape, int64_t *numel) {
   if (ndim < 1 || ndim > L2L_MAX_DIMS)

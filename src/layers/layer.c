@@ -136,14 +136,9 @@ uint64_t param_writes(const l2l_param *param) { return atomic_load(&param->write
 l2l_status l2l_param_write(l2l_param *param, const l2l_tensor *src) {
   if (!param_live(param)) return FAIL(L2L_ERR_INVALID, "param is not a live parameter");
   TRY(tensor_check(__func__, "src", src));
-  const l2l_tensor *v = param->value;
-  bool same = src->ndim == v->ndim;
-  for (int i = 0; same && i < v->ndim; i++) same = src->shape[i] == v->shape[i];
-  if (!same) {
-    char a[96], b[96];
-    return FAIL(L2L_ERR_INVALID, "src is %s, parameter '%s' is %s", core_shape_str(a, sizeof a, src),
-                param->name, core_shape_str(b, sizeof b, v));
-  }
+  char what[L2L_PARAM_NAME + 16];
+  snprintf(what, sizeof what, "parameter '%s'", param->name);
+  TRY(core_same_shape(__func__, "src", src, what, param->value));
   if (src->dtype != L2L_F32 && src->dtype != L2L_F16 && src->dtype != L2L_BF16)
     return FAIL(L2L_ERR_INVALID, "src is %s: a parameter takes f32, f16 or bf16 values",
                 l2l_dtype_name(src->dtype));

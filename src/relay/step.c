@@ -289,20 +289,16 @@ static bool guards_read(const l2l_relay *run) {
    updates, or one wait now) and given to their parameters, before the step's replay or
    any layer reads them. */
 static l2l_status guard_copies(l2l_relay *run, bool training) {
-  for (int k = 0; k < run->count; k++)   /* (values written through l2l_param_write) */
-    for (int r = 0; r < l2l_layer_param_count(run->layers[k].layer); r++) {
-      l2l_param *p = l2l_layer_param(run->layers[k].layer, r);
-      struct eps_record *rec = eps_find(&run->eps, p);
-      if (rec != NULL) eps_note_writes(&run->eps, rec, param_writes(p));
-    }
-  if (guards_read(run)) TRY(eps_device_guard_copies(&run->eps, training));
   for (int k = 0; k < run->count; k++)
     for (int r = 0; r < l2l_layer_param_count(run->layers[k].layer); r++) {
       l2l_param *p = l2l_layer_param(run->layers[k].layer, r);
       struct eps_record *rec = eps_find(&run->eps, p);
+      /* (the EPS told of values written through l2l_param_write first: the copies below
+         are made again for them) */
+      if (rec != NULL) eps_note_writes(&run->eps, rec, param_writes(p));
       param_set_guard_copy(p, rec ? eps_guard_copy(rec) : NULL);
     }
-  return L2L_OK;
+  return guards_read(run) ? eps_device_guard_copies(&run->eps, training) : L2L_OK;
 }
 
 /* Where the step's records live (placement auto), its schedule and its budget's check. */

@@ -323,7 +323,7 @@ TEST(misuse_layer_settings_and_accessors) {
   const l2l_tensor *not_tensors[] = {NULL, JUNK(l2l_tensor), AS(l2l_tensor, block), AS(l2l_tensor, w)};
   for (size_t i = 0; i < sizeof not_tensors / sizeof not_tensors[0]; i++)
     REFUSES(l2l_param_write(w, not_tensors[i]), L2L_ERR_INVALID, "src");
-  REFUSES(l2l_param_write(w, wrong), L2L_ERR_INVALID, "src is (");
+  REFUSES(l2l_param_write(w, wrong), L2L_ERR_INVALID, "src has shape (");
   REFUSES(l2l_param_write(w, ints), L2L_ERR_INVALID, "i32");
   CHECK(memcmp(l2l_tensor_data(before_w), l2l_tensor_data(l2l_param_value(w)),
                (size_t)dims[0] * sizeof(float)) == 0, "a refused write changed the value");
