@@ -192,8 +192,9 @@ phase_kernels() {
               END {if (p != "") printf "; LM head GEMMs fwd/dW/dh %s TFLOP/s packed, %s padded", p, q}' "$log")
   local rows    # (the ops this session's kernels changed, as shares of the copy rate)
   rows=$(awk '$1 == "layernorm_forward" && $2 == "16384x768" {l = $6}
+              $1 == "layernorm_backward" && $2 == "16384x768" {b = $6}
               $1 == "gelu_backward_from_output" {g = $6}
-              END {if (l != "" || g != "") printf "; of the copy rate: LayerNorm forward 16384x768 %s %%, GELU from its output %s %%", l, g}' "$log")
+              END {if (l != "" || g != "") printf "; of the copy rate: LayerNorm 16384x768 forward %s %%, backward %s %%, GELU from its output %s %%", l, b, g}' "$log")
   echo "${copy:-no copy figure}; ${gemm:-no GEMM figure}; ${attn:-no attention figure}$visit$head$rows (exit $rc)"
   return $rc
 }

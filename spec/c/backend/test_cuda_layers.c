@@ -321,8 +321,9 @@ TEST(cuda_backend_layernorm_from_output) {
   if (!use_gpu()) return;
   const struct backend_ops *hops = backend_for(L2L_POOL_HOST);
   const struct backend_ops *dops = backend_for(L2L_POOL_DEVICE);
-  static const int64_t shapes[][2] = {{1, 33}, {7, 33}, {1031, 257}, {33, 4099}};
-  for (int s = 0; s < 4; s++) {
+  static const int64_t shapes[][2] = {{1, 33}, {7, 33}, {1031, 257}, {33, 4099}, /* and rows a */
+                                      {4099, 768}, {5, 1024}, {9, 300}}; /* warp's registers hold */
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     int64_t rows = shapes[s][0], cols = shapes[s][1];
     l2l_tensor *x = HOST(L2L_F32, rows, cols), *w0 = HOST(L2L_F32, cols), *b0 = HOST(L2L_F32, cols);
     layernorm_inputs(x, w0, b0);
@@ -360,8 +361,7 @@ TEST(cuda_backend_layernorm_from_output) {
     snprintf(what, sizeof what, "layernorm_backward_from_output (%lld,%lld) without dweight, dbias",
              (long long)rows, (long long)cols);
     CHECK_TWIN(what, dx2, RMS, tol_sum(cols));
-    FREE(x);
-    TWIN_FREE(&y, &w, &b, &rstd, &dy, &dx, &dx2, &dw, &db);
+    FREE(x), TWIN_FREE(&y, &w, &b, &rstd, &dy, &dx, &dx2, &dw, &db);
   }
   end_gpu();
 }
