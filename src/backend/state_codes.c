@@ -73,6 +73,11 @@ const float *optim_code_values(enum optim_code code) {
    (DECADE_EDGE[i], 0 where none): state_code_nearest's E, with no loop. */
 static int32_t DECADE_BASE[32];
 static float DECADE_EDGE[32];
+/* Per decade E of a code of `bits` bits (index bits - 7): state_code_nearest's 2^F / 0.9
+   (2^F 1/0.9f, exact: times a power of 2) and its first index less one, 2^F - 1 (F =
+   bits - 1 - E; E past bits - 1 unused). */
+static float DECADE_STEPS[2][8];
+static int32_t DECADE_FIRST[2][8];
 
 static void decades_build(void) {
   for (int i = 0; i < 32; i++) {
@@ -83,20 +88,32 @@ static void decades_build(void) {
       if (TEN_DOWN[j] >= lo && TEN_DOWN[j] < hi && i < 31) DECADE_EDGE[i] = TEN_DOWN[j];
     }
   }
+  for (int b = 0; b < 2; b++)
+    for (int e = 0; e < 8; e++) {
+      int f = e <= 6 + b ? 6 + b - e : 0;
+      DECADE_STEPS[b][e] = (float)(1 << f) * (1.0f / 0.9f);
+      DECADE_FIRST[b][e] = (1 << f) - 1;
+    }
 }
 
-/* state_code_nearest(y, bits) of 16 values at once, operation for operation (this file is
-   built without contracting products into FMAs, as the rule's GPU side rounds: test_quant
-   holds the two paths equal, code by code). */
+/* state_code_nearest(y, bits) of 16 magnitudes y >= 0 (or NaN) at once, operation for
+   operation where it rounds (this file is built without contracting products into FMAs, as
+   the rule's GPU side rounds: test_quant holds the two paths equal, code by code); where
+   it does not round, integer steps that give the same values: the binade from y's exponent
+   bits, the decade's 2^F / 0.9 and 2^F - 1 from tables, the position's rounding and its
+   clamps in one conversion and two integer bounds. */
 static inline __m512i nearest16(__m512 y, int bits) {
   const __m512i top = _mm512_set1_epi32((1 << bits) - 1);
-  /* the binade's index: -floor(log2 y), clamped to [0, 31]; y = 0 takes 31 (E = bits - 1),
-     and a y past 1, an inf or a NaN (whose conversion gives INT_MIN) 0, where no edge
-     compares true: E = 0, as state_code_nearest's loop leaves them */
-  __m512i i = _mm512_cvttps_epi32(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_getexp_ps(y)));
+  /* a y past 2 gives the top code as 2 does (min returns its second operand, a NaN, as is),
+     and keeps the position below 2^31 for the conversion */
+  y = _mm512_min_ps(_mm512_set1_ps(2.0f), y);
+  /* the binade's index: -floor(log2 y) = 127 less y's exponent field, clamped to [0, 31]; a
+     zero or a subnormal y takes 31 (E = bits - 1), and a y of 2, an inf or a NaN 0, where
+     no edge compares true: E = 0, as state_code_nearest's loop leaves them */
+  __m512i field = _mm512_srli_epi32(
+      _mm512_and_si512(_mm512_castps_si512(y), _mm512_set1_epi32(0x7fffffff)), 23);
+  __m512i i = _mm512_sub_epi32(_mm512_set1_epi32(127), field);
   i = _mm512_min_epi32(_mm512_max_epi32(i, _mm512_setzero_si512()), _mm512_set1_epi32(31));
-  i = _mm512_mask_mov_epi32(i, _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_EQ_OQ),
-                            _mm512_set1_epi32(31));
   __m512i base = _mm512_permutex2var_epi32(_mm512_loadu_si512(DECADE_BASE), i,
                                            _mm512_loadu_si512(DECADE_BASE + 16));
   __m512 edge = _mm512_permutex2var_ps(_mm512_loadu_ps(DECADE_EDGE), i,
@@ -105,18 +122,18 @@ static inline __m512i nearest16(__m512 y, int bits) {
   __m512i e = _mm512_mask_add_epi32(base, at_or_below, base, _mm512_set1_epi32(1));
   e = _mm512_min_epi32(e, _mm512_set1_epi32(bits - 1));
   __m512 ten_e = _mm512_permutexvar_ps(e, _mm512_castps256_ps512(_mm256_loadu_ps(TEN_UP)));
-  __m512i f = _mm512_sub_epi32(_mm512_set1_epi32(bits - 1), e);
-  __m512 two_f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(f, _mm512_set1_epi32(127)), 23));
+  __m512 steps = _mm512_permutexvar_ps(
+      e, _mm512_castps256_ps512(_mm256_loadu_ps(DECADE_STEPS[bits - 7])));
+  __m512i first = _mm512_permutexvar_epi32(
+      e, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)DECADE_FIRST[bits - 7])));
   __m512 position = _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(y, ten_e), _mm512_set1_ps(0.1f)),
-                                  _mm512_mul_ps(two_f, _mm512_set1_ps(1.0f / 0.9f)));
-  __m512 rounded = _mm512_roundscale_ps(_mm512_sub_ps(position, _mm512_set1_ps(0.5f)),
-                                        _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
-  __m512 topf = _mm512_set1_ps((float)((1 << bits) - 1)), minus1 = _mm512_set1_ps(-1.0f);
-  rounded = _mm512_mask_mov_ps(rounded, _mm512_cmp_ps_mask(rounded, topf, _CMP_GT_OQ), topf);
-  rounded = _mm512_mask_mov_ps(minus1, _mm512_cmp_ps_mask(rounded, minus1, _CMP_GE_OQ), rounded);
-  __m512i q = _mm512_add_epi32(_mm512_sub_epi32(_mm512_sllv_epi32(_mm512_set1_epi32(1), f),
-                                                _mm512_set1_epi32(1)),
-                               _mm512_cvttps_epi32(rounded));
+                                  steps);
+  /* ceil(position - 1/2) (ties to the smaller), within [-1, top]: a NaN converts to
+     INT_MIN, which the lower bound makes -1, as the rule's clamps do */
+  __m512i rounded = _mm512_cvt_roundps_epi32(_mm512_sub_ps(position, _mm512_set1_ps(0.5f)),
+                                             _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
+  rounded = _mm512_min_epi32(_mm512_max_epi32(rounded, _mm512_set1_epi32(-1)), top);
+  __m512i q = _mm512_add_epi32(first, rounded);
   __mmask16 lowest = _mm512_cmp_ps_mask(y, _mm512_set1_ps(0.5f * TEN_DOWN[bits - 1]), _CMP_GT_OQ);
   __mmask16 last = _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(bits - 1));
   q = _mm512_mask_mov_epi32(q, last, _mm512_maskz_mov_epi32(lowest, _mm512_set1_epi32(1)));
@@ -192,17 +209,20 @@ static void block_encode(uint8_t *restrict q, float *scale, const float *restric
 
 #if defined(__AVX512F__)
 /* table[idx] for 16 codes at once without a gather (which compilers avoid on CPUs whose
-   gathers are slow, leaving one load an element): the 256 values as 8 groups of 32, each
-   a two-register permute by the index's low 5 bits, the group's lanes taken by its top 3.
-   The same values the table holds: the decode's bits do not depend on the path. */
-static inline __m512 lookup16(const __m512 table[16], __m512i idx) {
-  __m512i group = _mm512_srli_epi32(idx, 5);
-  __m512 r = _mm512_permutex2var_ps(table[0], idx, table[1]);
-  for (int g = 1; g < 8; g++) {
-    __mmask16 in = _mm512_cmpeq_epi32_mask(group, _mm512_set1_epi32(g));
-    r = _mm512_mask_mov_ps(r, in, _mm512_permutex2var_ps(table[2 * g], idx, table[2 * g + 1]));
+   gathers are slow, leaving one load an element): the first 32 << levels values as groups
+   of 32, each a two-register permute by the index's low 5 bits, then a tree of blends by
+   its bits 5, 6 (and 7 for levels 3). The same values the table holds: the decode's bits
+   do not depend on the path. */
+static inline __m512 lookup16(const __m512 table[16], __m512i idx, int levels) {
+  __m512 r[8];
+  for (int g = 0; g < 1 << levels; g++)
+    r[g] = _mm512_permutex2var_ps(table[2 * g], idx, table[2 * g + 1]);
+  for (int level = 0; level < levels; level++) {
+    __mmask16 odd = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(32 << level));
+    for (int g = 0; g < 1 << (levels - 1 - level); g++)
+      r[g] = _mm512_mask_blend_ps(odd, r[2 * g], r[2 * g + 1]);
   }
-  return r;
+  return r[0];
 }
 #endif
 
@@ -217,7 +237,16 @@ static void block_decode(float *restrict x, const uint8_t *restrict q, float sca
   const __m512 s = _mm512_set1_ps(scale);
   for (; i + 16 <= n; i += 16) {
     __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + i)));
-    __m512 r = _mm512_mul_ps(lookup16(table, idx), s);
+    __m512 r;
+    if (root) {
+      r = lookup16(table, idx, 3);
+    } else {   /* a signed byte's value is its magnitude's (the first 128) with bit 7 as its
+                  sign bit: r | (idx << 24 & the sign bit) */
+      r = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
+          _mm512_castps_si512(lookup16(table, idx, 2)), _mm512_slli_epi32(idx, 24),
+          _mm512_set1_epi32((int)0x80000000u), 0xF8));
+    }
+    r = _mm512_mul_ps(r, s);
     _mm512_storeu_ps(x + i, root ? _mm512_mul_ps(r, r) : r);
   }
 #endif
