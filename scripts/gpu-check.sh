@@ -8,8 +8,8 @@
 #   facts     the GPU, driver, nvcc, cuBLAS header and library, torch        -> machine.txt
 #   build     make -j16 CUDA_ARCH=90; fails loudly when the CUDA backend was not built or
 #             l2l.device() does not say CUDA                                  -> build.log
-#   ctest     every cuda_ C test in its own process (a fault poisons a process's CUDA
-#             context), each result in the summary                            -> ctest.log
+#   ctest     every GPU C test (cuda_*, cudnn_attention*) in its own process (a fault
+#             poisons a process's CUDA context), each result in the summary   -> ctest.log
 #   sanitize  compute-sanitizer memcheck on the tests that failed (on all of them, in one
 #             process, when none failed)                                      -> sanitizer.log
 #   specs     spec/l2l/init_device_spec.lua and spec/l2l/relay_gpu_spec.lua                -> specs.log
@@ -102,7 +102,8 @@ phase_build() {
 phase_ctest() {
   local log=$out/ctest.log names ok=0 bad=() skipped=0
   : > "$log"; : > "$work/failed_ctests"
-  names=$(build/l2l_ctest --list cuda_) || { echo "l2l_ctest --list failed"; return 1; }
+  # (the GPU tests: cuda_*, and test_cudnn.c's that run attention on the device)
+  names=$(build/l2l_ctest --list cuda_ cudnn_attention) || { echo "l2l_ctest --list failed"; return 1; }
   for name in $names; do
     if ! in_time; then echo "$name: not run (phase out of time)" >> "$work/ctests"; bad+=("$name"); continue; fi
     local left=$((phase_end - $(date +%s)))
@@ -134,7 +135,7 @@ phase_sanitize() {
   ((dry)) && { echo "no GPU"; return $SKIP; }
   local failed; failed=$(cat "$work/failed_ctests" 2>/dev/null)
   local args=(--exact $failed) what="the failed tests"
-  [[ -z $failed ]] && { args=(cuda_); what="every cuda_ test (none failed)"; }
+  [[ -z $failed ]] && { args=(cuda_ cudnn_attention); what="every GPU test (none failed)"; }
   echo "== compute-sanitizer memcheck: $what" >> "$log"
   L2L_DEVICE=cpu timeout -k 5 $((phase_end - $(date +%s))) compute-sanitizer --tool memcheck \
     --error-exitcode 3 --print-limit 50 build/l2l_ctest "${args[@]}" >> "$log" 2>&1

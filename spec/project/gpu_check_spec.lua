@@ -38,7 +38,7 @@ describe("scripts/gpu-check.sh", function()
     local build_figure = summary:match("\nbuild +%S+ +%d+  ([^\n]*)")
     assert.are.equal(built, build_figure:find("built with CUDA", 1, true) ~= nil, build_figure)
     -- every GPU test by name, each skipped with the reason (or run, where it needs no GPU)
-    local listed, names = support.sh(support.build_dir .. "/l2l_ctest --list cuda_")
+    local listed, names = support.sh(support.build_dir .. "/l2l_ctest --list cuda_ cudnn_attention")
     assert.are.equal(0, listed, names)
     local count = 0
     for name in names:gmatch("%S+") do

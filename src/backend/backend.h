@@ -54,6 +54,10 @@ struct backend_attention_shape {
                             v, P (backward: also do, dS) rounded to it, summing in fp32 (the
                             CUDA backend's tensor cores, kernels/attention.h); the CPU
                             backend computes in fp32 whatever this says */
+  l2l_dtype o_dtype;     /* o's: f32 (0), or bf16 / f16 (any backend): the forward writes o
+                            rounded to nearest even from its fp32 value, as convert does,
+                            and the backward reads it widened (the block keeps attention's
+                            output so when its projection reads it in 16 bits anyway) */
 };
 
 /* Which of `count` GPUs on this machine the process uses: L2L_CUDA_DEVICE when set (an
@@ -326,8 +330,8 @@ struct backend_ops {
      probs / dropped / mask, when not NULL, get P, P' and the kept bits for every (b, h, i,
      j < seq) (standard mode keeps them; frugal passes NULL and the backward recomputes
      P from q, k and lse tile by tile). workspace: `workspace_floats` floats, at least
-     attention_workspace(seq, backward) per thread used. */
-  l2l_status (*attention_forward)(float *o, float *lse, float *probs, float *dropped,
+     attention_workspace(seq, head_dim, backward) per thread used. o is of shape->o_dtype. */
+  l2l_status (*attention_forward)(void *o, float *lse, float *probs, float *dropped,
                                   uint8_t *mask, const float *q, const float *k,
                                   const float *v, const uint8_t *key_mask,
                                   const struct backend_attention_shape *shape, float *workspace,
@@ -335,13 +339,13 @@ struct backend_ops {
   /* dq, dk, dv (same layout as q, k, v; written) from do, given what the forward kept
      (probs / dropped / mask, or NULL to recompute them from q, k, lse and the generator). */
   l2l_status (*attention_backward)(float *dq, float *dk, float *dv, const float *d_o,
-                                   const float *o, const float *lse, const float *probs,
+                                   const void *o, const float *lse, const float *probs,
                                    const float *dropped, const uint8_t *mask, const float *q,
                                    const float *k, const float *v, const uint8_t *key_mask,
                                    const struct backend_attention_shape *shape, float *workspace,
                                    int64_t workspace_floats);
   /* Workspace floats one thread needs for a forward (backward = 0) or backward. */
-  int64_t (*attention_workspace)(int64_t seq, int backward);
+  int64_t (*attention_workspace)(int64_t seq, int64_t head_dim, int backward);
   /* *out (on the host) = the reduction of x (n), in double */
   l2l_status (*reduce)(double *out, enum backend_reduction kind, const float *x, int64_t n);
   /* param, m, v (n) updated from grad (n): l2l_adamw_update's step */

@@ -15,8 +15,8 @@
  *          g = gelu(c Wf); y = h + drop2(g Wf2).
  * Post-LN: ctx = attn(x); r1 = x + drop1(ctx Wp); h = ln1(r1); g = gelu(h Wf);
  *          r2 = h + drop2(g Wf2); y = ln2(r2).
- * With 16-bit weights the GEMMs' inputs that LayerNorm and GELU make come from those ops in
- * 16 bits (kept so when nothing else reads them: LAYER_ACTS_16 in block_plan).
+ * With 16-bit weights the GEMMs' inputs that LayerNorm, GELU and attention make come from
+ * those ops in 16 bits (kept so when nothing else reads them: LAYER_ACTS_16 in block_plan).
  * Accumulation: parameter gradients +=, dx written.
  * Must never: keep a buffer the plan does not list, or read one the plan put elsewhere.
  */
@@ -91,8 +91,9 @@ struct block_plan {
   uint32_t flags;
   /* With 16-bit weights (LAYER_ACTS_16), the activations only their GEMMs read are kept
      in that dtype: pre-LN's LayerNorm outputs when their backward is the standard one
-     (it reads the input), GELU's output in standard mode (its backward reads fc). */
-  bool ln1_16, ln2_16, gelu_16;
+     (it reads the input), GELU's output in standard mode (its backward reads fc), and
+     attention's output (its backward reads it widened: attention_backward's o_dtype). */
+  bool ln1_16, ln2_16, gelu_16, ctx_16;
   struct arena saved, fwd, bwd;
   /* forward state */
   struct slot mean1, rstd1;     /* (N) LayerNorm 1's row statistics */
@@ -101,7 +102,7 @@ struct block_plan {
   struct slot lse;              /* (B,H,S) each attention row's log-sum-exp */
   struct slot probs, dropped;   /* (B,H,S,S) P, and P after dropout (standard mode) */
   struct slot attn_mask;        /* (B,H,S, ceil(S/8)) u8 bits kept by attention dropout */
-  struct slot ctx;              /* (N,D) attention's output before its projection */
+  struct slot ctx;              /* (N,D) attention's output before its projection (16) */
   struct slot drop1_mask;       /* (ceil(N*D/8)) u8 bits kept by the first residual dropout */
   struct slot mean2, rstd2;     /* (N) LayerNorm 2's row statistics */
   struct slot ln2_in, ln2_out;  /* (N,D) its input (pre-LN: h) and output (16) */
@@ -144,6 +145,7 @@ static void block_plan(struct block_plan *p, const l2l_layer *layer, int64_t B, 
   p->ln1_16 = acts16 && !post && std1;
   p->ln2_16 = acts16 && !post && std2;
   p->gelu_16 = acts16 && !frugal;
+  p->ctx_16 = acts16;
 
   /* LayerNorm 1: pre-LN normalizes x (the input, kept by reference when needed);
      post-LN normalizes r1 = x + drop1(...), which the forward builds. */
@@ -158,7 +160,7 @@ static void block_plan(struct block_plan *p, const l2l_layer *layer, int64_t B, 
   p->dropped = put(sv, !frugal && attn_drop ? SAVED : NONE, ss);
   p->attn_mask = put(sv, !frugal && attn_drop ? SAVED : NONE,
                      (uint64_t)(B * p->H * S) * (uint64_t)((S + 7) / 8));
-  p->ctx = put(sv, SAVED, nd);
+  p->ctx = put(sv, SAVED, p->ctx_16 ? nd / 2 : nd);
   uint64_t nd_bits = (uint64_t)(p->N * p->D + 7) / 8, nf_bits = (uint64_t)(p->N * p->F + 7) / 8;
   p->drop1_mask = put(sv, !frugal && resid_drop ? SAVED : NONE, nd_bits);
   /* LayerNorm 2: pre-LN normalizes h (built in ln2_in); post-LN normalizes r2. */
@@ -175,8 +177,8 @@ static void block_plan(struct block_plan *p, const l2l_layer *layer, int64_t B, 
   p->gelu_bits = put(sv, frugal ? SAVED : NONE, nf_bits);
   p->drop2_mask = put(sv, !frugal && resid_drop ? SAVED : NONE, nd_bits);
   if (!post) p->scratch_d = put(fw, WORK, nd); /* the MLP branch before y = h + it */
-  p->attn_work_floats = nt * ops->attention_workspace(S, 0);
-  p->attn_back_work_floats = nt * ops->attention_workspace(S, 1);
+  p->attn_work_floats = nt * ops->attention_workspace(S, p->D / p->H, 0);
+  p->attn_back_work_floats = nt * ops->attention_workspace(S, p->D / p->H, 1);
   p->attn_work = put(fw, WORK, (uint64_t)p->attn_work_floats * f4);
 
   p->t1 = put(bw, WORK, nd);
@@ -239,7 +241,8 @@ static void attention_shape(struct backend_attention_shape *sh, const struct blo
       .scale = 1.0f / sqrtf((float)(p->D / p->H)),
       .dropout = (p->flags & ATTN_DROPOUT) ? c->attn_dropout : 0.0f, .seed = b->seed,
       .stream = layers_dropout_stream(layer, b, 0), .first_sample = b->first_sample,
-      .precision = call->precision}; /* 16-bit weights: 16-bit attention products too */
+      .precision = call->precision, /* 16-bit weights: 16-bit attention products too */
+      .o_dtype = p->ctx_16 ? call->precision : L2L_F32};
 }
 
 /* branch := drop(branch) at residual site `site` (bits: the kept mask, or NULL). The
@@ -305,7 +308,8 @@ static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer,
                              p.attn_work_floats));
   /* first residual: r = x + drop1(ctx Wp) */
   float *r1 = c->post_ln ? (BUF(ln1_in) ? BUF(ln1_in) : BUF(ln1_out)) : BUF(ln2_in);
-  TRY(layers_linear_forward(call, r1, act_f32(ctx), layers_weight(layer, PROJ_W), param(layer, PROJ_B), N, D, D));
+  TRY(layers_linear_forward(call, r1, layers_kept_act(call, ctx, p.ctx_16), layers_weight(layer, PROJ_W),
+                            param(layer, PROJ_B), N, D, D));
   TRY(residual_dropout(call, layer, &p, r1, (uint8_t *)BUF(drop1_mask), 1));
   struct act mlp_in;
   const float *h = NULL; /* post-LN: the MLP's input, which the second residual adds */
@@ -407,8 +411,9 @@ static l2l_status attention_branch_backward(const struct layer_call *call,
   const struct backend_ops *ops = call->ops;
   const int64_t N = p->N, D = p->D;
   float *dctx = at(m, p->t3), *dqkv = at(m, p->tqkv), *qkv = at(m, p->qkv), *ctx = at(m, p->ctx);
-  TRY(layers_linear_backward(call, dctx, grad(layer, PROJ_W), grad(layer, PROJ_B), dz, NULL, act_f32(ctx),
-                             layers_weight(layer, PROJ_W), N, D, D, 0.0f));
+  TRY(layers_linear_backward(call, dctx, grad(layer, PROJ_W), grad(layer, PROJ_B), dz, NULL,
+                             layers_kept_act(call, ctx, p->ctx_16), layers_weight(layer, PROJ_W), N,
+                             D, D, 0.0f));
   struct backend_attention_shape sh;
   attention_shape(&sh, p, layer, call);
   const uint8_t *key_mask = call->b->key_mask ? tensor_ptr(call->b->key_mask) : NULL;

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_o16.h"
 #include "backend/accelerators.h"
 #include "cuda_twins.h"
 #include "sdpa_eval.h"
@@ -301,7 +302,7 @@ TEST(cudnn_graph_math_on_cpu) {
                (long long)sh.head_dim, causal ? " causal" : "", l2l_dtype_name(sh.precision));
       l2l_tensor *qkv = RANDN(1.0, N, 3 * D), *d_o = RANDN(1.0, N, D), *o = NANS(N, D);
       l2l_tensor *lse = NANS(rows), *g = NANS(N, 3 * D);
-      int64_t wf = hops->attention_workspace(sh.seq, 1) * l2l_get_threads();
+      int64_t wf = hops->attention_workspace(sh.seq, sh.head_dim, 1) * l2l_get_threads();
       l2l_tensor *work = HOST(L2L_F32, wf > 0 ? wf : 1);
       struct backend_attention_shape ref = sh;
       ref.precision = L2L_F32;
@@ -376,4 +377,19 @@ TEST(cudnn_graph_math_on_cpu) {
       FREE(qkv, d_o, o, lse, g, work);
     }
   free(view);
+}
+
+/* The GPU's attention with o in 16 bits (as the block keeps it on a 16-bit run) against
+   itself with o in f32 (attention_o16.c): frugal cases through cuDNN where it is loaded
+   (o its graph's O in place, or copied at a row stride past the heads), standard ones and
+   cuDNN switched off through the own kernels (o through fp32 rows in the scratch). The
+   backward to 1e-5 of its scale: the two runs' sums may be ordered differently. */
+TEST(cudnn_attention_keeps_o_in_16_bits) {
+  if (!use_gpu()) return;
+  for (int i = 0; i < 16; i++) {
+    cudnn_enable(i < 8);
+    attention_o16_check(L2L_POOL_DEVICE, i & 2 ? L2L_BF16 : L2L_F16, i & 1, false);
+  }
+  cudnn_enable(1);
+  end_gpu();
 }

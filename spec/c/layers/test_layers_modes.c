@@ -510,8 +510,9 @@ static uint64_t counted(int64_t n, int size) {
    plans) keeps exactly those buffers' other halves fewer bytes than with f32 weights, and
    the forward allocates what it states. Which activations those are is this test's own
    reading of the layers: a pre-LN block's two LayerNorm outputs (N x D) unless frugal
-   mode rebuilds its backward from them, and the GELU output (N x F) in standard mode (its
-   backward reads the pre-activation); an LM head's final LayerNorm output likewise, and
+   mode rebuilds its backward from them, attention's output (N x D) in either mode (its
+   backward reads it widened), and the GELU output (N x F) in standard mode (its backward
+   reads the pre-activation); an LM head's final LayerNorm output likewise, and
    its logits' gradient (N x V, each row padded to 8 elements: 16-byte aligned, as a GPU's
    GEMMs want) in either mode (only the projection's GEMMs read it). */
 TEST(layer_16bit_weights_keep_gemm_inputs_in_16_bits) {
@@ -529,7 +530,7 @@ TEST(layer_16bit_weights_keep_gemm_inputs_in_16_bits) {
     run_init(&r, layer, PICK(2, 3), PICK(5, 7), L2L_POOL_DEVICE, block);
     const int64_t N = r.B * r.S, vocab_row = (c.vocab + 7) / 8 * 8;
     int64_t pairs_nd = 0, pairs_nf = 0;   /* buffers kept 16-bit */
-    if (block && !post && !frugal) pairs_nd = 2;
+    if (block) pairs_nd = !post && !frugal ? 3 : 1;
     if (block && !frugal) pairs_nf = 1;
     if (!block && !frugal) pairs_nd = 1;
     const uint64_t fewer = (uint64_t)pairs_nd * (counted(N * c.dim, 4) - counted(N * c.dim, 2)) +

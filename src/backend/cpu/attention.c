@@ -29,16 +29,29 @@
 
 enum { TILE_Q = 64 }; /* query rows per tile: a tile row of scores stays in cache */
 
-int64_t cpu_attention_workspace(int64_t seq, int backward) {
-  /* forward: one score tile; backward: P, P' and dP' tiles. */
-  return (backward ? 3 : 1) * (int64_t)TILE_Q * seq;
+int64_t cpu_attention_workspace(int64_t seq, int64_t head_dim, int backward) {
+  /* forward: one score tile and one output tile (a 16-bit o's fp32 rows before they are
+     rounded); backward: P, P' and dP' tiles and a row of o (a 16-bit o's, widened). */
+  return backward ? 3 * (int64_t)TILE_Q * seq + head_dim : (int64_t)TILE_Q * (seq + head_dim);
+}
+
+/* An o of dtype t (f32, bf16 or f16): element i written from fp32, rounded to nearest
+   even as convert rounds; read widened. */
+static inline void o_store(void *o, l2l_dtype t, int64_t i, float x) {
+  if (t == L2L_F32) ((float *)o)[i] = x;
+  else ((uint16_t *)o)[i] = t == L2L_BF16 ? half_from_f32_bf16(x) : half_from_f32_f16(x);
+}
+static inline float o_load(const void *o, l2l_dtype t, int64_t i) {
+  if (t == L2L_F32) return ((const float *)o)[i];
+  uint16_t h = ((const uint16_t *)o)[i];
+  return t == L2L_BF16 ? half_bf16_to_f32(h) : half_f16_to_f32(h);
 }
 
 /* Threads that fit the workspace, at most the compute threads and `items`; one for
    small problems, where waking a team costs more than it saves. */
 static int attention_threads(const struct backend_attention_shape *sh, int backward,
                              int64_t workspace_floats, int64_t items) {
-  int64_t fit = workspace_floats / cpu_attention_workspace(sh->seq, backward);
+  int64_t fit = workspace_floats / cpu_attention_workspace(sh->seq, sh->head_dim, backward);
   int64_t flops = sh->batch * sh->heads * sh->seq * sh->seq * sh->head_dim;
   int64_t nt = flops < (1 << 18) ? 1 : atomic_load_explicit(&cpu_compute_threads, memory_order_relaxed);
   if (nt > fit) nt = fit;
@@ -100,7 +113,7 @@ static inline uint64_t draw_index(const struct backend_attention_shape *sh, int6
 
 /* ---------------------------------------------------------------- forward */
 
-static void forward_tile(float *o, float *lse, float *probs, float *dropped, uint8_t *mask,
+static void forward_tile(void *o, float *lse, float *probs, float *dropped, uint8_t *mask,
                          const float *q, const float *k, const float *v,
                          const uint8_t *key_mask, const struct backend_attention_shape *sh,
                          int64_t b, int64_t h, int64_t i0, float *scratch) {
@@ -150,19 +163,28 @@ static void forward_tile(float *o, float *lse, float *probs, float *dropped, uin
       dropout_row(dt + r * S, mask ? mask + (head * S + i0 + r) * mask_row_bytes(S) : NULL,
                   kend, draw_index(sh, b, h, i0 + r), sh);
   }
+  /* o = P' v: straight into an fp32 o, else through the output tile, then rounded */
+  const int64_t o0 = (b * S + i0) * sh->ld_o + h * hd;
+  if (sh->o_dtype == L2L_F32) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)hd, (int)kend, 1.0f,
+                dt, (int)S, vb, (int)ld, 0.0f, (float *)o + o0, (int)sh->ld_o);
+    return;
+  }
+  float *ot = scratch + TILE_Q * S;   /* (rows, hd) */
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)hd, (int)kend, 1.0f,
-              dt, (int)S, vb, (int)ld, 0.0f, o + (b * S + i0) * sh->ld_o + h * hd,
-              (int)sh->ld_o);
+              dt, (int)S, vb, (int)ld, 0.0f, ot, (int)hd);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < hd; c++) o_store(o, sh->o_dtype, o0 + r * sh->ld_o + c, ot[r * hd + c]);
 }
 
-l2l_status cpu_attention_forward(float *o, float *lse, float *probs, float *dropped,
+l2l_status cpu_attention_forward(void *o, float *lse, float *probs, float *dropped,
                                  uint8_t *mask, const float *q, const float *k,
                                  const float *v, const uint8_t *key_mask,
                                  const struct backend_attention_shape *sh, float *workspace,
                                  int64_t workspace_floats) {
   const int64_t tiles = (sh->seq + TILE_Q - 1) / TILE_Q;
   const int64_t items = sh->batch * sh->heads * tiles;
-  const int64_t per_thread = cpu_attention_workspace(sh->seq, 0);
+  const int64_t per_thread = cpu_attention_workspace(sh->seq, sh->head_dim, 0);
   int nt = attention_threads(sh, 0, workspace_floats, items);
 #pragma omp parallel for schedule(dynamic) num_threads(nt)
   for (int64_t item = 0; item < items; item++) {
@@ -176,7 +198,7 @@ l2l_status cpu_attention_forward(float *o, float *lse, float *probs, float *drop
 
 /* ---------------------------------------------------------------- backward */
 
-static void backward_head(float *dq, float *dk, float *dv, const float *d_o, const float *o,
+static void backward_head(float *dq, float *dk, float *dv, const float *d_o, const void *o,
                           const float *lse, const float *probs, const float *dropped,
                           const uint8_t *mask, const float *q, const float *k, const float *v,
                           const uint8_t *key_mask, const struct backend_attention_shape *sh,
@@ -187,6 +209,7 @@ static void backward_head(float *dq, float *dk, float *dv, const float *d_o, con
   const float *kb = k + b * S * ld + h * hd, *vb = v + b * S * ld + h * hd;
   float *dkb = dk + b * S * ld + h * hd, *dvb = dv + b * S * ld + h * hd;
   float *p_tile = scratch, *pd_tile = scratch + TILE_Q * S, *dp_tile = scratch + 2 * TILE_Q * S;
+  float *o_row = scratch + 3 * TILE_Q * S;   /* (hd) */
   for (int64_t j = 0; j < S; j++) {
     memset(dkb + j * ld, 0, (size_t)hd * sizeof *dkb);
     memset(dvb + j * ld, 0, (size_t)hd * sizeof *dvb);
@@ -195,7 +218,8 @@ static void backward_head(float *dq, float *dk, float *dv, const float *d_o, con
     const int64_t rows = S - i0 < TILE_Q ? S - i0 : TILE_Q;
     const int64_t kend = tile_key_end(sh, i0 + rows - 1);
     const float *qt = q + (b * S + i0) * ld + h * hd;
-    const float *dot = d_o + (b * S + i0) * ldo + h * hd, *ot = o + (b * S + i0) * ldo + h * hd;
+    const float *dot = d_o + (b * S + i0) * ldo + h * hd;
+    const int64_t o0 = (b * S + i0) * ldo + h * hd;   /* (o's row r at o0 + r ldo) */
     float *dqt = dq + (b * S + i0) * ld + h * hd;
 
     /* P of the tile: kept (standard) or recomputed from q, k and lse (frugal). */
@@ -242,7 +266,11 @@ static void backward_head(float *dq, float *dk, float *dv, const float *d_o, con
     for (int64_t r = 0; r < rows; r++) {
       const float *prow = pt + r * S, *pdrow = pdt + r * S;
       float *drow = dp_tile + r * S, d = 0.0f;
-      const float *dor = dot + r * ldo, *orow = ot + r * ldo;
+      const float *dor = dot + r * ldo, *orow = o_row;
+      if (sh->o_dtype == L2L_F32)
+        orow = (const float *)o + o0 + r * ldo;
+      else
+        for (int64_t c = 0; c < hd; c++) o_row[c] = o_load(o, sh->o_dtype, o0 + r * ldo + c);
 #pragma omp simd reduction(+ : d)
       for (int64_t c = 0; c < hd; c++) d += dor[c] * orow[c];
       if (sh->dropout > 0.0f) {
@@ -263,14 +291,14 @@ static void backward_head(float *dq, float *dk, float *dv, const float *d_o, con
 }
 
 l2l_status cpu_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
-                                  const float *o, const float *lse, const float *probs,
+                                  const void *o, const float *lse, const float *probs,
                                   const float *dropped, const uint8_t *mask,
                                   const float *q, const float *k, const float *v,
                                   const uint8_t *key_mask,
                                   const struct backend_attention_shape *sh, float *workspace,
                                   int64_t workspace_floats) {
   const int64_t items = sh->batch * sh->heads;
-  const int64_t per_thread = cpu_attention_workspace(sh->seq, 1);
+  const int64_t per_thread = cpu_attention_workspace(sh->seq, sh->head_dim, 1);
   int nt = attention_threads(sh, 1, workspace_floats, items);
 #pragma omp parallel for schedule(dynamic) num_threads(nt)
   for (int64_t item = 0; item < items; item++) {

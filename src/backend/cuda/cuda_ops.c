@@ -22,6 +22,7 @@
 #include "cudnn_sdpa.h"
 
 #include "kernels/attention.h"
+#include "kernels/cast_rows.h"
 #include "kernels/dtype.h"
 #include "kernels/elementwise.h"
 #include "kernels/norm.h"
@@ -433,9 +434,21 @@ static l2l_status cuda_cross_entropy_fused(float *losses, float *dlogits, void *
 
 /* The launchers take no per-thread workspace: the backward's row terms D = do . o go to
    the backend's scratch. */
-static int64_t cuda_attention_workspace(int64_t seq, int backward) {
-  (void)seq, (void)backward;
+static int64_t cuda_attention_workspace(int64_t seq, int64_t head_dim, int backward) {
+  (void)seq, (void)head_dim, (void)backward;
   return 0;
+}
+
+/* The own kernels read and write an f32 o: a 16-bit one goes through the scratch's fp32
+   rows (o's row stride) at `at`, cast there or back. */
+static int64_t o_rows_floats(const struct backend_attention_shape *sh) {
+  return sh->o_dtype == L2L_F32 ? 0 : sh->batch * sh->seq * sh->ld_o;
+}
+static l2l_status o_cast(void *dst, int dst_dtype, const void *src, int src_dtype,
+                         const struct backend_attention_shape *sh) {
+  LAUNCH(k_cast_rows(dst, dst_dtype, sh->ld_o, src, src_dtype, sh->ld_o, sh->batch * sh->seq,
+                     sh->heads * sh->head_dim, cuda_rt.compute));
+  return L2L_OK;
 }
 
 /* The calls cudnn_routes accepts run through cuDNN (cudnn_sdpa.c), forward and
@@ -455,7 +468,7 @@ static l2l_status cudnn_scratch(void **out, const struct backend_attention_shape
   return L2L_OK;
 }
 
-static l2l_status attention_forward_cudnn(bool *ran, float *o, float *lse, const float *q,
+static l2l_status attention_forward_cudnn(bool *ran, void *o, float *lse, const float *q,
                                           const float *k, const float *v,
                                           const struct backend_attention_shape *sh) {
   void *scratch = NULL;
@@ -467,7 +480,21 @@ static l2l_status attention_forward_cudnn(bool *ran, float *o, float *lse, const
   return cudnn_sdpa_forward(o, lse, q, k, v, sh, scratch);
 }
 
-static l2l_status cuda_attention_forward(float *o, float *lse, float *probs, float *dropped,
+static l2l_status attention_forward_locked(void *o, float *lse, float *probs, float *dropped,
+                                           uint8_t *mask, const float *q, const float *k,
+                                           const float *v, const uint8_t *key_mask,
+                                           const struct backend_attention_shape *sh) {
+  float *o32 = (float *)o;
+  if (sh->o_dtype != L2L_F32) TRY(scratch_floats(&o32, o_rows_floats(sh)));
+  LAUNCH(k_attention_forward(o32, lse, probs, dropped, mask, q, k, v, key_mask, sh->batch,
+                             sh->heads, sh->seq, sh->head_dim, sh->ld_qkv, sh->ld_o,
+                             sh->causal, sh->scale, sh->dropout,
+                             backend_keep_threshold(sh->dropout), sh->seed, sh->stream,
+                             sh->first_sample, (int)sh->precision, NULL, cuda_rt.compute));
+  return sh->o_dtype == L2L_F32 ? L2L_OK : o_cast(o, (int)sh->o_dtype, o32, DT_F32, sh);
+}
+
+static l2l_status cuda_attention_forward(void *o, float *lse, float *probs, float *dropped,
                                          uint8_t *mask, const float *q, const float *k,
                                          const float *v, const uint8_t *key_mask,
                                          const struct backend_attention_shape *sh, float *workspace,
@@ -480,23 +507,24 @@ static l2l_status cuda_attention_forward(float *o, float *lse, float *probs, flo
     pthread_mutex_unlock(&cuda_rt.lock);
     if (ran || st != L2L_OK) return st;
   }
-  LAUNCH(k_attention_forward(o, lse, probs, dropped, mask, q, k, v, key_mask, sh->batch,
-                             sh->heads, sh->seq, sh->head_dim, sh->ld_qkv, sh->ld_o,
-                             sh->causal, sh->scale, sh->dropout,
-                             backend_keep_threshold(sh->dropout), sh->seed, sh->stream,
-                             sh->first_sample, (int)sh->precision, NULL, cuda_rt.compute));
-  return L2L_OK;
+  WITH_SCRATCH(attention_forward_locked(o, lse, probs, dropped, mask, q, k, v, key_mask, sh));
 }
 
 static l2l_status attention_backward_locked(float *dq, float *dk, float *dv, const float *d_o,
-                                            const float *o, const float *lse, const float *probs,
+                                            const void *o, const float *lse, const float *probs,
                                             const float *dropped, const uint8_t *mask,
                                             const float *q, const float *k, const float *v,
                                             const uint8_t *key_mask,
                                             const struct backend_attention_shape *sh) {
   float *scratch = NULL;
-  TRY(scratch_floats(&scratch, k_attention_scratch_floats(sh->batch, sh->heads, sh->seq, 1)));
-  LAUNCH(k_attention_backward(dq, dk, dv, d_o, o, lse, probs, dropped, mask, q, k, v,
+  const int64_t own = (k_attention_scratch_floats(sh->batch, sh->heads, sh->seq, 1) + 63) / 64 * 64;
+  TRY(scratch_floats(&scratch, own + o_rows_floats(sh)));
+  const float *o32 = (const float *)o;
+  if (sh->o_dtype != L2L_F32) {   /* widened into the scratch past the kernels' own part */
+    TRY(o_cast(scratch + own, DT_F32, o, (int)sh->o_dtype, sh));
+    o32 = scratch + own;
+  }
+  LAUNCH(k_attention_backward(dq, dk, dv, d_o, o32, lse, probs, dropped, mask, q, k, v,
                               key_mask, sh->batch, sh->heads, sh->seq, sh->head_dim,
                               sh->ld_qkv, sh->ld_o, sh->causal, sh->scale, sh->dropout,
                               backend_keep_threshold(sh->dropout), sh->seed, sh->stream,
@@ -505,7 +533,7 @@ static l2l_status attention_backward_locked(float *dq, float *dk, float *dv, con
 }
 
 static l2l_status attention_backward_cudnn(bool *ran, float *dq, float *dk, float *dv,
-                                           const float *d_o, const float *o, const float *lse,
+                                           const float *d_o, const void *o, const float *lse,
                                            const float *q, const float *k, const float *v,
                                            const struct backend_attention_shape *sh) {
   void *scratch = NULL;
@@ -518,7 +546,7 @@ static l2l_status attention_backward_cudnn(bool *ran, float *dq, float *dk, floa
 }
 
 static l2l_status cuda_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
-                                          const float *o, const float *lse, const float *probs,
+                                          const void *o, const float *lse, const float *probs,
                                           const float *dropped, const uint8_t *mask,
                                           const float *q, const float *k, const float *v,
                                           const uint8_t *key_mask,

@@ -13,9 +13,10 @@
  * own kernels' lse (natural log, [B, H, S]), so either path's lse serves either backward;
  * still, both directions take the path cudnn_routes picks by one predicate per shape,
  * whose plans (forward and backward) are built together and cached (16 shapes).
- * The activations are f32 in this backend today: q, k, v (and do, o) are cast to packed
- * 16-bit copies in the scratch, one kernel each, and O, dQ, dK, dV cast back (the issue's
- * 16-bit-activations item removes these casts).
+ * q, k, v and do are f32 in this backend today: they are cast to packed 16-bit copies in
+ * the scratch, one kernel each, and dQ, dK, dV cast back (the issue's 16-bit-activations
+ * item removes these casts). o is f32 (cast alike) or, as the block keeps it for a 16-bit
+ * run, the graph's own 16 bits: read and written in place where packed and aligned.
  * Must never: be taken for dropout, a key mask, f32 products, kept probabilities, or a
  * graph cuDNN refuses on the device (the own kernels serve those).
  */
@@ -61,12 +62,12 @@ uint64_t cudnn_sdpa_scratch_bytes(const struct backend_attention_shape *sh, int 
   (void)sh, (void)backward;
   return 0;
 }
-l2l_status cudnn_sdpa_forward(float *o, float *lse, const float *q, const float *k, const float *v,
+l2l_status cudnn_sdpa_forward(void *o, float *lse, const float *q, const float *k, const float *v,
                               const struct backend_attention_shape *sh, void *scratch) {
   (void)o, (void)lse, (void)q, (void)k, (void)v, (void)sh, (void)scratch;
   return core_fail(L2L_ERR_UNSUPPORTED, "this build has no cuDNN support");
 }
-l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o, const float *o,
+l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o, const void *o,
                                const float *lse, const float *q, const float *k, const float *v,
                                const struct backend_attention_shape *sh, void *scratch) {
   (void)dq, (void)dk, (void)dv, (void)d_o, (void)o, (void)lse, (void)q, (void)k, (void)v;
@@ -165,6 +166,8 @@ static bool covered(const struct backend_attention_shape *sh, const void *probs,
   if (sh->head_dim % 8 != 0 || sh->head_dim < 8 || sh->head_dim > 128) return false;
   if (sh->batch < 1 || sh->heads < 1 || sh->seq < 1) return false;
   if (sh->ld_qkv < sh->heads * sh->head_dim || sh->ld_o < sh->heads * sh->head_dim) return false;
+  /* o: f32 (cast to and from the graph's 16 bits), or the graph's own dtype */
+  if (sh->o_dtype != L2L_F32 && sh->o_dtype != sh->precision) return false;
   /* before 9.16 the backward needed a padding mask when S is not a multiple of 128
      (cudnn-frontend adds one); l2l's graphs have none */
   if (cudnn_loaded_version() <= 91500 && sh->seq % 128 != 0) return false;
@@ -212,6 +215,21 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
                          sh->heads * sh->head_dim, cuda_rt.compute));                  \
   } while (0)
 
+/* An o of the graph's own 16 bits is its O (or dO's partner) where it is packed and
+   aligned: no copy. */
+static bool o_is_packed16(const void *o, const struct backend_attention_shape *sh) {
+  return sh->o_dtype != L2L_F32 && sh->ld_o == sh->heads * sh->head_dim && aligned16(o);
+}
+
+/* dst (16 bits, row stride dst_ld) := src (the same dtype, src_ld), rows of the heads. */
+static l2l_status copy_rows16(void *dst, int64_t dst_ld, const void *src, int64_t src_ld,
+                              const struct backend_attention_shape *sh) {
+  CUDA_TRY(cudaMemcpy2DAsync(dst, (size_t)dst_ld * 2, src, (size_t)src_ld * 2,
+                             (size_t)(sh->heads * sh->head_dim) * 2, (size_t)(sh->batch * sh->seq),
+                             cudaMemcpyDeviceToDevice, cuda_rt.compute));
+  return L2L_OK;
+}
+
 static l2l_status execute(struct sdpa_graph *g, const int64_t *uids, void **ptrs, int n,
                           void *workspace) {
   char why[400];
@@ -228,7 +246,7 @@ static struct entry *entry_locked(const struct backend_attention_shape *sh) {
   return e;
 }
 
-l2l_status cudnn_sdpa_forward(float *o, float *lse, const float *q, const float *k, const float *v,
+l2l_status cudnn_sdpa_forward(void *o, float *lse, const float *q, const float *k, const float *v,
                               const struct backend_attention_shape *sh, void *scratch) {
   struct entry *e = entry_locked(sh);
   if (!e->usable) return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
@@ -237,7 +255,8 @@ l2l_status cudnn_sdpa_forward(float *o, float *lse, const float *q, const float 
   char *s = scratch;
   uint64_t hb = half_bytes(sh);
   uint64_t rows = (uint64_t)sh->batch * sh->heads * sh->seq;
-  void *q16 = s, *k16 = s + hb, *v16 = s + 2 * hb, *o16 = s + 3 * hb, *spare = s + 4 * hb;
+  void *q16 = s, *k16 = s + hb, *v16 = s + 2 * hb, *spare = s + 4 * hb;
+  void *o16 = o_is_packed16(o, sh) ? o : s + 3 * hb;
   void *ws = s + 4 * hb + up256(rows * 4), *stats = aligned16(lse) ? (void *)lse : spare;
   CAST(q16, t, hd, q, DT_F32, sh->ld_qkv);
   CAST(k16, t, hd, k, DT_F32, sh->ld_qkv);
@@ -248,11 +267,12 @@ l2l_status cudnn_sdpa_forward(float *o, float *lse, const float *q, const float 
   TRY(execute(e->fwd, uids, ptrs, sh->causal ? 7 : 6, ws));   /* hidden: the mask's only */
   if (stats != lse)
     CUDA_TRY(cudaMemcpyAsync(lse, stats, rows * 4, cudaMemcpyDeviceToDevice, cuda_rt.compute));
-  CAST(o, DT_F32, sh->ld_o, o16, t, hd);
+  if (sh->o_dtype == L2L_F32) CAST(o, DT_F32, sh->ld_o, o16, t, hd);
+  else if (o16 != o) TRY(copy_rows16(o, sh->ld_o, o16, hd, sh));
   return L2L_OK;
 }
 
-l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o, const float *o,
+l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o, const void *o,
                                const float *lse, const float *q, const float *k, const float *v,
                                const struct backend_attention_shape *sh, void *scratch) {
   struct entry *e = entry_locked(sh);
@@ -261,7 +281,8 @@ l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o
   const int64_t hd = sh->heads * sh->head_dim;
   uint64_t hb = half_bytes(sh), rows = (uint64_t)sh->batch * sh->heads * sh->seq;
   char *s = scratch;
-  void *q16 = s, *k16 = s + hb, *v16 = s + 2 * hb, *o16 = s + 3 * hb, *do16 = s + 4 * hb;
+  void *q16 = s, *k16 = s + hb, *v16 = s + 2 * hb, *do16 = s + 4 * hb;
+  void *o16 = o_is_packed16(o, sh) ? (void *)o : s + 3 * hb;
   void *dq16 = s + 5 * hb, *dk16 = s + 6 * hb, *dv16 = s + 7 * hb;
   void *dsum = s + 8 * hb, *dq_acc = s + 8 * hb + up256(rows * 4);
   void *spare = (char *)dq_acc + up256(rows * sh->head_dim * 4);
@@ -271,7 +292,8 @@ l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o
   CAST(q16, t, hd, q, DT_F32, sh->ld_qkv);
   CAST(k16, t, hd, k, DT_F32, sh->ld_qkv);
   CAST(v16, t, hd, v, DT_F32, sh->ld_qkv);
-  CAST(o16, t, hd, o, DT_F32, sh->ld_o);
+  if (sh->o_dtype == L2L_F32) CAST(o16, t, hd, o, DT_F32, sh->ld_o);
+  else if (o16 != o) TRY(copy_rows16(o16, hd, o, sh->ld_o, sh));
   CAST(do16, t, hd, d_o, DT_F32, sh->ld_o);
   CUDA_TRY(cudaMemsetAsync(dq_acc, 0, rows * sh->head_dim * 4, cuda_rt.compute));
   float scale = sh->scale, hidden = sdpa_hidden_value(), one = 1.0f;

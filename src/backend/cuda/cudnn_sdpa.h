@@ -46,11 +46,11 @@ CUDA_INTERNAL uint64_t cudnn_sdpa_scratch_bytes(const struct backend_attention_s
 /* o and lse as the own kernels write them (lse: each row's natural-log log-sum-exp of the
    scaled visible scores, cuDNN's softmax stats, the same quantity), through cuDNN, with
    `scratch` (cudnn_sdpa_scratch_bytes, 256-byte aligned) held by the caller (cuda_rt.lock). */
-CUDA_INTERNAL l2l_status cudnn_sdpa_forward(float *o, float *lse, const float *q, const float *k,
+CUDA_INTERNAL l2l_status cudnn_sdpa_forward(void *o, float *lse, const float *q, const float *k,
                                             const float *v, const struct backend_attention_shape *sh,
                                             void *scratch);
 CUDA_INTERNAL l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o,
-                                             const float *o, const float *lse, const float *q,
+                                             const void *o, const float *lse, const float *q,
                                              const float *k, const float *v,
                                              const struct backend_attention_shape *sh, void *scratch);
 
