@@ -18,8 +18,9 @@
    standard (probabilities kept) or frugal, o in the products' dtype where they are 16-bit
    (bf16 or f16, drawn, where they are f32) at a row stride of the heads' width or past it. The forward's o to the bit, its padding untouched, lse and the kept
    probabilities the f32 run's bits; the backward's dq, dk, dv the widened run's bits
-   (exact_backward), else within 1e-5 of their scale (a backend whose backward sums in an
-   order that varies from run to run). Returns whether every check held. */
+   (exact_backward), else within 1e-5 of their scale and two ulps of the products' 16 bits
+   (a backend whose backward sums in an order that varies from run to run, and may round
+   the sums to 16 bits). Returns whether every check held. */
 bool attention_o16_check(l2l_pool_kind pool, l2l_dtype products, bool standard,
                          bool exact_backward);
 

@@ -303,6 +303,8 @@ TEST(cudnn_graph_math_on_cpu) {
       l2l_tensor *qkv = RANDN(1.0, N, 3 * D), *d_o = RANDN(1.0, N, D), *o = NANS(N, D);
       l2l_tensor *lse = NANS(rows), *g = NANS(N, 3 * D);
       int64_t wf = hops->attention_workspace(sh.seq, sh.head_dim, 1) * l2l_get_threads();
+      int64_t wf0 = hops->attention_workspace(sh.seq, sh.head_dim, 0) * l2l_get_threads();
+      wf = wf0 > wf ? wf0 : wf;   /* (the forward's and the backward's, in one) */
       l2l_tensor *work = HOST(L2L_F32, wf > 0 ? wf : 1);
       struct backend_attention_shape ref = sh;
       ref.precision = L2L_F32;
@@ -383,13 +385,18 @@ TEST(cudnn_graph_math_on_cpu) {
    itself with o in f32 (attention_o16.c): frugal cases through cuDNN where it is loaded
    (o its graph's O in place, or copied at a row stride past the heads), standard ones and
    cuDNN switched off through the own kernels (o through fp32 rows in the scratch). The
-   backward to 1e-5 of its scale: the two runs' sums may be ordered differently. */
+   backward to 1e-5 of its scale and two 16-bit ulps: the two runs' sums may be ordered
+   differently, and cuDNN rounds them to 16 bits. Where cuDNN 9.16 or later is loaded it must
+   have run. */
 TEST(cudnn_attention_keeps_o_in_16_bits) {
   if (!use_gpu()) return;
+  const int64_t before = cudnn_runs();
   for (int i = 0; i < 16; i++) {
     cudnn_enable(i < 8);
     attention_o16_check(L2L_POOL_DEVICE, i & 2 ? L2L_BF16 : L2L_F16, i & 1, false);
   }
   cudnn_enable(1);
+  if (l2l_cudnn_available(NULL, 0) > 91500)   /* (before 9.16: only S a multiple of 128) */
+    CHECK(cudnn_runs() > before, "cuDNN is loaded but ran none of the frugal cases");
   end_gpu();
 }

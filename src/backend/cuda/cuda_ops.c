@@ -453,12 +453,11 @@ static l2l_status o_cast(void *dst, int dst_dtype, const void *src, int src_dtyp
 
 /* The calls cudnn_routes accepts run through cuDNN (cudnn_sdpa.c), forward and
    backward alike, with the scratch (256-byte aligned) for their 16-bit copies and cuDNN's
-   workspace; the work they queue counts as the casts (one a tensor), a memset (backward)
-   and cuDNN's plan. Where the scratch cannot grow that far (the device pool's budget),
+   workspace; the work they queue counts as cudnn_sdpa_launches says (casts, copies, a
+   memset, cuDNN's plan). Where the scratch cannot grow that far (the device pool's budget),
    the call runs on the own kernels instead (*ran stays false): their lse is cuDNN's stats,
    so a forward and a backward that took different paths still agree. Called with
    cuda_rt.lock held. */
-enum { CUDNN_FORWARD_LAUNCHES = 5, CUDNN_BACKWARD_LAUNCHES = 10 };
 
 static l2l_status cudnn_scratch(void **out, const struct backend_attention_shape *sh, int backward) {
   float *floats = NULL;
@@ -476,7 +475,7 @@ static l2l_status attention_forward_cudnn(bool *ran, void *o, float *lse, const 
   if (st == L2L_ERR_NOMEM) return L2L_OK;
   TRY(st);
   *ran = true;
-  for (int i = 0; i < CUDNN_FORWARD_LAUNCHES; i++) launched();
+  for (int i = 0; i < cudnn_sdpa_launches(sh, o, 0); i++) launched();
   return cudnn_sdpa_forward(o, lse, q, k, v, sh, scratch);
 }
 
@@ -541,7 +540,7 @@ static l2l_status attention_backward_cudnn(bool *ran, float *dq, float *dk, floa
   if (st == L2L_ERR_NOMEM) return L2L_OK;
   TRY(st);
   *ran = true;
-  for (int i = 0; i < CUDNN_BACKWARD_LAUNCHES; i++) launched();
+  for (int i = 0; i < cudnn_sdpa_launches(sh, o, 1); i++) launched();
   return cudnn_sdpa_backward(dq, dk, dv, d_o, o, lse, q, k, v, sh, scratch);
 }
 

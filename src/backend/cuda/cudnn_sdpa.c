@@ -67,6 +67,10 @@ l2l_status cudnn_sdpa_forward(void *o, float *lse, const float *q, const float *
   (void)o, (void)lse, (void)q, (void)k, (void)v, (void)sh, (void)scratch;
   return core_fail(L2L_ERR_UNSUPPORTED, "this build has no cuDNN support");
 }
+int cudnn_sdpa_launches(const struct backend_attention_shape *sh, const void *o, int backward) {
+  (void)sh, (void)o, (void)backward;
+  return 0;
+}
 l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o, const void *o,
                                const float *lse, const float *q, const float *k, const float *v,
                                const struct backend_attention_shape *sh, void *scratch) {
@@ -219,6 +223,13 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
    aligned: no copy. */
 static bool o_is_packed16(const void *o, const struct backend_attention_shape *sh) {
   return sh->o_dtype != L2L_F32 && sh->ld_o == sh->heads * sh->head_dim && aligned16(o);
+}
+
+/* Forward: q, k, v cast, the plan, o cast or copied unless in place; backward: q, k, v, dO
+   cast, o alike, dQ's accumulator zeroed, the plan, dQ, dK, dV cast back. */
+int cudnn_sdpa_launches(const struct backend_attention_shape *sh, const void *o, int backward) {
+  int for_o = o_is_packed16(o, sh) ? 0 : 1;
+  return backward ? 4 + for_o + 1 + 1 + 3 : 3 + 1 + for_o;
 }
 
 /* dst (16 bits, row stride dst_ld) := src (the same dtype, src_ld), rows of the heads. */

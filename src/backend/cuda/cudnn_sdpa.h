@@ -49,6 +49,10 @@ CUDA_INTERNAL uint64_t cudnn_sdpa_scratch_bytes(const struct backend_attention_s
 CUDA_INTERNAL l2l_status cudnn_sdpa_forward(void *o, float *lse, const float *q, const float *k,
                                             const float *v, const struct backend_attention_shape *sh,
                                             void *scratch);
+/* The launches (kernels, copies, memsets and cuDNN's plan) a forward (backward = 0) or
+   backward with this o queues, for the backend's count. */
+CUDA_INTERNAL int cudnn_sdpa_launches(const struct backend_attention_shape *sh, const void *o,
+                                      int backward);
 CUDA_INTERNAL l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o,
                                              const void *o, const float *lse, const float *q,
                                              const float *k, const float *v,
