@@ -21,11 +21,18 @@
 #      bandwidth), where streaming the weights in takes as long as computing with them.
 # Prints markdown tables for bench/RESULTS.md; raw JSON lines go to $OUT/vs_torch.jsonl (or /tmp),
 # what the cases print on stderr to vs_torch.jsonl.err beside it.
-# Usage: bench/vs_torch.sh [--quick]     (needs a GPU, python3 with torch, and the build)
+# Usage: bench/vs_torch.sh [--quick | --large]   (needs a GPU, python3 with torch, and the build)
+#   --quick: every part, the large shapes at 4 blocks; --large: parts 2 and 3 alone, full
+#   size (the two rows one window may have no time left for after the others)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-quick=0
-[[ ${1:-} == --quick ]] && quick=1
+quick=0 large=0
+case ${1:-} in
+  --quick) quick=1 ;;
+  --large) large=1 ;;
+  "") ;;
+  *) echo "usage: bench/vs_torch.sh [--quick | --large]" >&2; exit 2 ;;
+esac
 log=${OUT:-/tmp}/vs_torch.jsonl
 : > "$log"
 
@@ -48,7 +55,7 @@ run() {
 
 run probe python3 bench/torch_gpt.py --probe
 
-for shape in "124M 12 768" "350M 24 1024"; do
+((large)) || for shape in "124M 12 768" "350M 24 1024"; do
   read -r name layers dim <<< "$shape"
   run "torch-$name" python3 bench/torch_gpt.py --layers "$layers" --dim "$dim" --batch 8
   run "l2l-$name" build/l2l bench/l2l_gpt.lua layers="$layers" dim="$dim" batch=8 micro_batch=4
@@ -73,7 +80,7 @@ seven_layers=32
 run "l2l-7b" build/l2l bench/l2l_gpt.lua layers="$seven_layers" dim=4096 batch=16 micro_batch=4 \
   steps=3 state=8bit master=bf16 placement=auto accumulate=auto
 
-for batch in 1 2 4 8 16 32; do
+((large)) || for batch in 1 2 4 8 16 32; do
   run "cross-$batch" build/l2l bench/l2l_gpt.lua layers=24 dim=2048 batch="$batch" \
     micro_batch=$((batch < 4 ? batch : 4)) steps=3
 done
