@@ -499,23 +499,23 @@ struct flash {
   const struct backend_ops *ops;
   struct backend_attention_shape sh;
   int64_t D;
-  float *qkv, *lse, *d_o, *dqkv, *work, *back_work;
-  void *o;   /* (N, D) of sh.o_dtype */
+  float *lse, *d_o, *dqkv, *work, *back_work;
+  void *o;          /* (N, D) of sh.o_dtype */
+  const void *q, *k, *v;   /* (N, 3D)'s columns, of sh.qkv_dtype */
   int64_t work_floats, back_work_floats;
 };
 
 static void run_flash_forward(void *ctx) {
   struct flash *f = ctx;
-  ok(f->ops->attention_forward(f->o, f->lse, NULL, NULL, NULL, f->qkv, f->qkv + f->D,
-                               f->qkv + 2 * f->D, NULL, &f->sh, f->work, f->work_floats));
+  ok(f->ops->attention_forward(f->o, f->lse, NULL, NULL, NULL, f->q, f->k, f->v, NULL, &f->sh,
+                               f->work, f->work_floats));
 }
 
 static void run_flash_backward(void *ctx) {
   struct flash *f = ctx;
   ok(f->ops->attention_backward(f->dqkv, f->dqkv + f->D, f->dqkv + 2 * f->D, f->d_o, f->o,
-                                f->lse, NULL, NULL, NULL, f->qkv, f->qkv + f->D,
-                                f->qkv + 2 * f->D, NULL, &f->sh, f->back_work,
-                                f->back_work_floats));
+                                f->lse, NULL, NULL, NULL, f->q, f->k, f->v, NULL, &f->sh,
+                                f->back_work, f->back_work_floats));
 }
 
 /* The unfused reference: scores materialized. With 16-bit products (probs16 not NULL), q,
@@ -544,9 +544,10 @@ static l2l_tensor *dev_normal_as(l2l_dtype dtype, int64_t d0, int64_t d1, int64_
 }
 
 /* Device workspace for the flash entries (NULL when the backend asks for none). */
-static l2l_tensor *flash_workspace(const struct backend_ops *ops, int64_t seq, int64_t head_dim,
-                                   int backward, int64_t *floats) {
-  *floats = ops->attention_workspace(seq, head_dim, backward);
+static l2l_tensor *flash_workspace(const struct backend_ops *ops,
+                                   const struct backend_attention_shape *sh, int backward,
+                                   int64_t *floats) {
+  *floats = ops->attention_workspace(sh, backward);
   if (*floats <= 0) {
     *floats = 0;
     return NULL;
@@ -573,15 +574,18 @@ static void bench_attention(int64_t batch, int64_t heads, int64_t seq, int64_t h
                                       .ld_qkv = 3 * D, .ld_o = D, .causal = 1,
                                       .scale = 1.0f / sqrtf((float)hd), .dropout = 0.0f,
                                       .seed = 1, .stream = 2, .first_sample = 0,
-                                      .precision = precision, .o_dtype = precision};
-  /* o in the products' dtype, as a 16-bit run's block keeps it */
-  l2l_tensor *qkv = dev_normal(2, N, 3 * D, 0, 1), *o = dev(precision, 2, N, D, 0);
+                                      .precision = precision, .o_dtype = precision,
+                                      .qkv_dtype = precision};
+  /* q, k, v and o in the products' dtype, as a 16-bit run's block keeps them */
+  l2l_tensor *qkv = dev_normal_as(precision, N, 3 * D, 1), *o = dev(precision, 2, N, D, 0);
   l2l_tensor *lse = dev(L2L_F32, 1, bh * seq, 0, 0), *d_o = dev_normal(2, N, D, 0, 1);
   l2l_tensor *dqkv = dev(L2L_F32, 2, N, 3 * D, 0);
-  f.qkv = l2l_tensor_data(qkv), f.o = l2l_tensor_data(o), f.lse = l2l_tensor_data(lse);
+  const size_t col = (size_t)D * (precision == L2L_F32 ? 4 : 2);
+  f.q = l2l_tensor_data(qkv), f.k = (const char *)f.q + col, f.v = (const char *)f.q + 2 * col;
+  f.o = l2l_tensor_data(o), f.lse = l2l_tensor_data(lse);
   f.d_o = l2l_tensor_data(d_o), f.dqkv = l2l_tensor_data(dqkv);
-  l2l_tensor *work = flash_workspace(ops, seq, hd, 0, &f.work_floats);
-  l2l_tensor *back_work = flash_workspace(ops, seq, hd, 1, &f.back_work_floats);
+  l2l_tensor *work = flash_workspace(ops, &f.sh, 0, &f.work_floats);
+  l2l_tensor *back_work = flash_workspace(ops, &f.sh, 1, &f.back_work_floats);
   f.work = work ? l2l_tensor_data(work) : NULL;
   f.back_work = back_work ? l2l_tensor_data(back_work) : NULL;
   cudnn_enable(cudnn);

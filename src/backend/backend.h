@@ -44,7 +44,7 @@ const struct gelu_slopes *gelu_slopes(void);
 /* Sizes and random stream of one attention call (see attention_forward). */
 struct backend_attention_shape {
   int64_t batch, heads, seq, head_dim;
-  int64_t ld_qkv, ld_o;  /* row strides in floats */
+  int64_t ld_qkv, ld_o;  /* row strides in elements (q, k, v's and dq, dk, dv's; o's and do's) */
   int causal;
   float scale;
   float dropout;         /* p in [0, 1) */
@@ -58,6 +58,9 @@ struct backend_attention_shape {
                             rounded to nearest even from its fp32 value, as convert does,
                             and the backward reads it widened (the block keeps attention's
                             output so when its projection reads it in 16 bits anyway) */
+  l2l_dtype qkv_dtype;   /* q, k and v's: f32 (0), or bf16 / f16 (any backend): read widened
+                            (the block keeps them so on a 16-bit run: the GPU's products
+                            read them rounded anyway). dq, dk, dv are f32 whatever this is */
 };
 
 /* Which of `count` GPUs on this machine the process uses: L2L_CUDA_DEVICE when set (an
@@ -330,22 +333,24 @@ struct backend_ops {
      probs / dropped / mask, when not NULL, get P, P' and the kept bits for every (b, h, i,
      j < seq) (standard mode keeps them; frugal passes NULL and the backward recomputes
      P from q, k and lse tile by tile). workspace: `workspace_floats` floats, at least
-     attention_workspace(seq, head_dim, backward) per thread used. o is of shape->o_dtype. */
+     attention_workspace(shape, backward) per thread used. o is of shape->o_dtype, q, k, v
+     of shape->qkv_dtype. */
   l2l_status (*attention_forward)(void *o, float *lse, float *probs, float *dropped,
-                                  uint8_t *mask, const float *q, const float *k,
-                                  const float *v, const uint8_t *key_mask,
+                                  uint8_t *mask, const void *q, const void *k,
+                                  const void *v, const uint8_t *key_mask,
                                   const struct backend_attention_shape *shape, float *workspace,
                                   int64_t workspace_floats);
   /* dq, dk, dv (same layout as q, k, v; written) from do, given what the forward kept
      (probs / dropped / mask, or NULL to recompute them from q, k, lse and the generator). */
   l2l_status (*attention_backward)(float *dq, float *dk, float *dv, const float *d_o,
                                    const void *o, const float *lse, const float *probs,
-                                   const float *dropped, const uint8_t *mask, const float *q,
-                                   const float *k, const float *v, const uint8_t *key_mask,
+                                   const float *dropped, const uint8_t *mask, const void *q,
+                                   const void *k, const void *v, const uint8_t *key_mask,
                                    const struct backend_attention_shape *shape, float *workspace,
                                    int64_t workspace_floats);
-  /* Workspace floats one thread needs for a forward (backward = 0) or backward. */
-  int64_t (*attention_workspace)(int64_t seq, int64_t head_dim, int backward);
+  /* Workspace floats one thread needs for a forward (backward = 0) or backward of this
+     shape (its seq, head_dim and dtypes). */
+  int64_t (*attention_workspace)(const struct backend_attention_shape *shape, int backward);
   /* *out (on the host) = the reduction of x (n), in double */
   l2l_status (*reduce)(double *out, enum backend_reduction kind, const float *x, int64_t n);
   /* param, m, v (n) updated from grad (n): l2l_adamw_update's step */

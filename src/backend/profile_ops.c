@@ -241,11 +241,11 @@ static double attention_pairs(const struct backend_attention_shape *s) {
   return d(s->batch) * d(s->heads) * (s->causal ? seq * (seq + 1) / 2 : seq * seq);
 }
 
-/* q, k, v (and o) in their strided rows: batch * seq rows of heads * head_dim floats;
-   `tensors` f32 ones and o (of its dtype). */
+/* q, k, v, o and more in their strided rows: batch * seq rows of heads * head_dim
+   elements; `tensors` f32 ones beside q, k, v and o (each of its dtype). */
 static double attention_rows_bytes(const struct backend_attention_shape *s, double tensors) {
-  double o = s->o_dtype == L2L_F32 ? 1.0 : 0.5;
-  return (tensors + o) * F * d(s->batch) * d(s->seq) * d(s->heads) * d(s->head_dim);
+  double o = s->o_dtype == L2L_F32 ? 1.0 : 0.5, qkv = s->qkv_dtype == L2L_F32 ? 3.0 : 1.5;
+  return (tensors + qkv + o) * F * d(s->batch) * d(s->seq) * d(s->heads) * d(s->head_dim);
 }
 
 static enum profile_bound attention_bound(const struct backend_attention_shape *s) {
@@ -266,8 +266,8 @@ static const char *attention_path(int64_t cudnn_runs_before) {
 /* Forward: S = q k^T and o = P v, 2 d FLOPs a pair each; probabilities kept, when asked,
    are S x S floats written (P, and P after dropout) and a bit a pair of mask. */
 static l2l_status p_attention_forward(void *o, float *lse, float *probs, float *dropped,
-                                      uint8_t *mask, const float *q, const float *k,
-                                      const float *v, const uint8_t *key_mask,
+                                      uint8_t *mask, const void *q, const void *k,
+                                      const void *v, const uint8_t *key_mask,
                                       const struct backend_attention_shape *shape, float *workspace,
                                       int64_t workspace_floats) {
   double pairs = attention_pairs(shape), seq2 = d(shape->batch) * d(shape->heads) *
@@ -277,7 +277,7 @@ static l2l_status p_attention_forward(void *o, float *lse, float *probs, float *
   PROFILED(attention_forward(o, lse, probs, dropped, mask, q, k, v, key_mask, shape, workspace,
                              workspace_floats),
            "attention_forward", 4 * d(shape->head_dim) * pairs,
-           attention_rows_bytes(shape, 3) + F * d(shape->batch) * d(shape->heads) * d(shape->seq) +
+           attention_rows_bytes(shape, 0) + F * d(shape->batch) * d(shape->heads) * d(shape->seq) +
            kept, attention_bound(shape), false,
            ATTENTION_SHAPE(shape, probs != NULL, attention_path(runs_before)));
 }
@@ -286,8 +286,8 @@ static l2l_status p_attention_forward(void *o, float *lse, float *probs, float *
    forward kept no probabilities (frugal): 2 d FLOPs a pair each. */
 static l2l_status p_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
                                        const void *o, const float *lse, const float *probs,
-                                       const float *dropped, const uint8_t *mask, const float *q,
-                                       const float *k, const float *v, const uint8_t *key_mask,
+                                       const float *dropped, const uint8_t *mask, const void *q,
+                                       const void *k, const void *v, const uint8_t *key_mask,
                                        const struct backend_attention_shape *shape, float *workspace,
                                        int64_t workspace_floats) {
   double products = probs != NULL ? 4 : 5, seq2 = d(shape->batch) * d(shape->heads) *
@@ -297,13 +297,13 @@ static l2l_status p_attention_backward(float *dq, float *dk, float *dv, const fl
   PROFILED(attention_backward(dq, dk, dv, d_o, o, lse, probs, dropped, mask, q, k, v, key_mask,
                               shape, workspace, workspace_floats),
            "attention_backward", 2 * products * d(shape->head_dim) * attention_pairs(shape),
-           attention_rows_bytes(shape, 7) + F * d(shape->batch) * d(shape->heads) * d(shape->seq) +
+           attention_rows_bytes(shape, 4) + F * d(shape->batch) * d(shape->heads) * d(shape->seq) +
            kept, attention_bound(shape), false,
            ATTENTION_SHAPE(shape, probs != NULL, attention_path(runs_before)));
 }
 
-static int64_t p_attention_workspace(int64_t seq, int64_t head_dim, int backward) {
-  return base()->attention_workspace(seq, head_dim, backward);
+static int64_t p_attention_workspace(const struct backend_attention_shape *shape, int backward) {
+  return base()->attention_workspace(shape, backward);
 }
 
 /* ---------------------------------------------------------------- whole-tensor and host results */

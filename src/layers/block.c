@@ -92,13 +92,15 @@ struct block_plan {
   /* With 16-bit weights (LAYER_ACTS_16), the activations only their GEMMs read are kept
      in that dtype: pre-LN's LayerNorm outputs when their backward is the standard one
      (it reads the input), GELU's output in standard mode (its backward reads fc), and
-     attention's output (its backward reads it widened: attention_backward's o_dtype). */
-  bool ln1_16, ln2_16, gelu_16, ctx_16;
+     attention's inputs and output (which it reads widened: the attention shape's
+     qkv_dtype, o_dtype). */
+  bool ln1_16, ln2_16, gelu_16, ctx_16, qkv_16;
   struct arena saved, fwd, bwd;
   /* forward state */
   struct slot mean1, rstd1;     /* (N) LayerNorm 1's row statistics */
   struct slot ln1_in, ln1_out;  /* (N,D) its input (post-LN: r1) and output (16) */
-  struct slot qkv;              /* (N,3D) q, k, v side by side */
+  struct slot qkv;              /* (N,3D) q, k, v side by side (16) */
+  struct slot qkv32;            /* (N,3D) the qkv map's f32 output, rounded into qkv (with qkv_16) */
   struct slot lse;              /* (B,H,S) each attention row's log-sum-exp */
   struct slot probs, dropped;   /* (B,H,S,S) P, and P after dropout (standard mode) */
   struct slot attn_mask;        /* (B,H,S, ceil(S/8)) u8 bits kept by attention dropout */
@@ -145,7 +147,7 @@ static void block_plan(struct block_plan *p, const l2l_layer *layer, int64_t B, 
   p->ln1_16 = acts16 && !post && std1;
   p->ln2_16 = acts16 && !post && std2;
   p->gelu_16 = acts16 && !frugal;
-  p->ctx_16 = acts16;
+  p->ctx_16 = p->qkv_16 = acts16;
 
   /* LayerNorm 1: pre-LN normalizes x (the input, kept by reference when needed);
      post-LN normalizes r1 = x + drop1(...), which the forward builds. */
@@ -153,7 +155,8 @@ static void block_plan(struct block_plan *p, const l2l_layer *layer, int64_t B, 
   p->rstd1 = put(sv, SAVED, rows);
   if (post) p->ln1_in = put(sv, std1 ? SAVED : NONE, nd); /* frugal: built in ln1_out */
   p->ln1_out = put(sv, SAVED, p->ln1_16 ? nd / 2 : nd);
-  p->qkv = put(sv, SAVED, 3 * nd);
+  p->qkv = put(sv, SAVED, p->qkv_16 ? 3 * nd / 2 : 3 * nd);
+  p->qkv32 = put(fw, p->qkv_16 ? WORK : NONE, 3 * nd);
   p->lse = put(frugal ? sv : fw, frugal ? SAVED : WORK, (uint64_t)(B * p->H * S) * f4);
   p->probs = put(sv, frugal ? NONE : SAVED, ss);
   bool attn_drop = flags & ATTN_DROPOUT, resid_drop = flags & RESID_DROPOUT;
@@ -177,8 +180,12 @@ static void block_plan(struct block_plan *p, const l2l_layer *layer, int64_t B, 
   p->gelu_bits = put(sv, frugal ? SAVED : NONE, nf_bits);
   p->drop2_mask = put(sv, !frugal && resid_drop ? SAVED : NONE, nd_bits);
   if (!post) p->scratch_d = put(fw, WORK, nd); /* the MLP branch before y = h + it */
-  p->attn_work_floats = nt * ops->attention_workspace(S, p->D / p->H, 0);
-  p->attn_back_work_floats = nt * ops->attention_workspace(S, p->D / p->H, 1);
+  /* (the workspace depends on which dtypes are 16-bit, not on which 16 bits) */
+  const struct backend_attention_shape ws = {
+      .batch = B, .heads = p->H, .seq = S, .head_dim = p->D / p->H,
+      .o_dtype = p->ctx_16 ? L2L_BF16 : L2L_F32, .qkv_dtype = p->qkv_16 ? L2L_BF16 : L2L_F32};
+  p->attn_work_floats = nt * ops->attention_workspace(&ws, 0);
+  p->attn_back_work_floats = nt * ops->attention_workspace(&ws, 1);
   p->attn_work = put(fw, WORK, (uint64_t)p->attn_work_floats * f4);
 
   p->t1 = put(bw, WORK, nd);
@@ -242,7 +249,13 @@ static void attention_shape(struct backend_attention_shape *sh, const struct blo
       .dropout = (p->flags & ATTN_DROPOUT) ? c->attn_dropout : 0.0f, .seed = b->seed,
       .stream = layers_dropout_stream(layer, b, 0), .first_sample = b->first_sample,
       .precision = call->precision, /* 16-bit weights: 16-bit attention products too */
-      .o_dtype = p->ctx_16 ? call->precision : L2L_F32};
+      .o_dtype = p->ctx_16 ? call->precision : L2L_F32,
+      .qkv_dtype = p->qkv_16 ? call->precision : L2L_F32};
+}
+
+/* Element j of a row of f32s or (h16) of 16-bit values starting at base. */
+static const void *elem(const float *base, int64_t j, bool h16) {
+  return h16 ? (const void *)((const uint16_t *)base + j) : (const void *)(base + j);
 }
 
 /* branch := drop(branch) at residual site `site` (bits: the kept mask, or NULL). The
@@ -302,10 +315,14 @@ static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer,
     TRY(layernorm(call, &p, ln1.f32, ln1.h16, BUF(mean1), BUF(rstd1), x, layer, LN1_W));
     attn_in = layers_act_of(call, ln1);
   }
-  TRY(layers_linear_forward(call, qkv, attn_in, layers_weight(layer, QKV_W), param(layer, QKV_B), N, D, 3 * D));
+  /* q, k, v: the map's f32 output, or kept rounded to 16 bits from the work's */
+  float *qkv32 = p.qkv_16 ? BUF(qkv32) : qkv;
+  TRY(layers_linear_forward(call, qkv32, attn_in, layers_weight(layer, QKV_W), param(layer, QKV_B), N, D, 3 * D));
+  int64_t bad = -1;
+  if (p.qkv_16) TRY(ops->convert(qkv, call->precision, qkv32, L2L_F32, N * 3 * D, &bad));
   TRY(ops->attention_forward(ctx, BUF(lse), BUF(probs), BUF(dropped), (uint8_t *)BUF(attn_mask),
-                             qkv, qkv + D, qkv + 2 * D, key_mask, &sh, BUF(attn_work),
-                             p.attn_work_floats));
+                             qkv, elem(qkv, D, p.qkv_16), elem(qkv, 2 * D, p.qkv_16), key_mask,
+                             &sh, BUF(attn_work), p.attn_work_floats));
   /* first residual: r = x + drop1(ctx Wp) */
   float *r1 = c->post_ln ? (BUF(ln1_in) ? BUF(ln1_in) : BUF(ln1_out)) : BUF(ln2_in);
   TRY(layers_linear_forward(call, r1, layers_kept_act(call, ctx, p.ctx_16), layers_weight(layer, PROJ_W),
@@ -419,8 +436,9 @@ static l2l_status attention_branch_backward(const struct layer_call *call,
   const uint8_t *key_mask = call->b->key_mask ? tensor_ptr(call->b->key_mask) : NULL;
   TRY(ops->attention_backward(dqkv, dqkv + D, dqkv + 2 * D, dctx, ctx, at(m, p->lse),
                               at(m, p->probs), at(m, p->dropped),
-                              (const uint8_t *)at(m, p->attn_mask), qkv, qkv + D, qkv + 2 * D,
-                              key_mask, &sh, at(m, p->attn_back_work), p->attn_back_work_floats));
+                              (const uint8_t *)at(m, p->attn_mask), qkv, elem(qkv, D, p->qkv_16),
+                              elem(qkv, 2 * D, p->qkv_16), key_mask, &sh, at(m, p->attn_back_work),
+                              p->attn_back_work_floats));
   return layers_linear_backward(call, da, grad(layer, QKV_W), grad(layer, QKV_B), dqkv, NULL, in,
                                 layers_weight(layer, QKV_W), N, D, 3 * D, 0.0f);
 }

@@ -423,12 +423,12 @@ static bool attention_mask_bits_match(const char *what, struct twin mask, int64_
                (long long)bad, (long long)bad_row, (long long)bad_key);
 }
 
-/* A host workspace of attention_workspace(seq, head_dim) floats per compute thread (the CPU
-   splits heads over threads), or the device's single one (NULL when it asks for none). */
-static l2l_tensor *attention_workspace(l2l_pool_kind pool, int64_t seq, int64_t head_dim,
+/* A host workspace of attention_workspace(shape) floats per compute thread (the CPU splits
+   heads over threads), or the device's single one (NULL when it asks for none). */
+static l2l_tensor *attention_workspace(l2l_pool_kind pool, const struct backend_attention_shape *sh,
                                        int backward, int64_t *floats) {
   const struct backend_ops *ops = backend_for(pool);
-  int64_t n = ops->attention_workspace(seq, head_dim, backward);
+  int64_t n = ops->attention_workspace(sh, backward);
   if (pool != L2L_POOL_DEVICE) n *= l2l_get_threads();
   *floats = n > 0 ? n : 0;
   return n > 0 ? check_tensor(pool, L2L_F32, DIMS(n)) : NULL;
@@ -475,8 +475,8 @@ static bool attention_case(const struct attention_case *c) {
     }
   }
   int64_t hw = 0, dw = 0;
-  l2l_tensor *hws = attention_workspace(L2L_POOL_HOST, S, hd, 0, &hw);
-  l2l_tensor *dws = attention_workspace(L2L_POOL_DEVICE, S, hd, 0, &dw);
+  l2l_tensor *hws = attention_workspace(L2L_POOL_HOST, &sh, 0, &hw);
+  l2l_tensor *dws = attention_workspace(L2L_POOL_DEVICE, &dsh, 0, &dw);
   const float *qh = fdata(qkv.h), *qd = fdata(qkv.d);
   bool ok = true;
   ok &= CHECK_OK(hops->attention_forward(fdata(o.h), fdata(lse.h), fdata(probs.h),
@@ -535,8 +535,8 @@ static bool attention_case(const struct attention_case *c) {
     for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++)
       if (kept[i]->h) ok &= CHECK_OK(l2l_tensor_copy(kept[i]->d, kept[i]->h));
     struct twin d_o = twin_of(RANDN(1.0, N, D)), dqkv = twin_of(NANS(N, 3 * D));
-    hws = attention_workspace(L2L_POOL_HOST, S, hd, 1, &hw);
-    dws = attention_workspace(L2L_POOL_DEVICE, S, hd, 1, &dw);
+    hws = attention_workspace(L2L_POOL_HOST, &sh, 1, &hw);
+    dws = attention_workspace(L2L_POOL_DEVICE, &dsh, 1, &dw);
     float *gh = fdata(dqkv.h), *gd = fdata(dqkv.d);
     ok &= CHECK_OK(hops->attention_backward(gh, gh + D, gh + 2 * D, fdata(d_o.h), fdata(o.h),
                                             fdata(lse.h), fdata(probs.h), fdata(dropped.h),

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attention_o16.h"
+#include "attention_io16.h"
 #include "backend/accelerators.h"
 #include "cuda_twins.h"
 #include "sdpa_eval.h"
@@ -30,6 +30,8 @@ static struct backend_attention_shape drawn_shape(int64_t head_dim, int causal, 
   sh.head_dim = head_dim, sh.causal = causal, sh.precision = precision;
   sh.ld_qkv = 3 * sh.heads * head_dim, sh.ld_o = sh.heads * head_dim;
   sh.scale = 1.0f / sqrtf((float)head_dim);
+  /* q, k, v read in place (the graphs take their interleaved rows' stride), or copied */
+  sh.qkv_dtype = PICK(L2L_F32, precision);
   return sh;
 }
 
@@ -67,10 +69,10 @@ TEST(cudnn_graph_nodes_finalize) {
       for (int causal = 0; causal < 2; causal++) {
         struct backend_attention_shape sh = drawn_shape(d ? 128 : 64, causal, types[check_rand_int(0, 1)]);
         char what[160];
-        snprintf(what, sizeof what, "%s B=%lld H=%lld S=%lld d=%lld%s %s",
+        snprintf(what, sizeof what, "%s B=%lld H=%lld S=%lld d=%lld%s %s%s",
                  backward ? "backward" : "forward", (long long)sh.batch, (long long)sh.heads,
                  (long long)sh.seq, (long long)sh.head_dim, causal ? " causal" : "",
-                 l2l_dtype_name(sh.precision));
+                 l2l_dtype_name(sh.precision), sh.qkv_dtype != L2L_F32 ? " q, k, v in place" : "");
         report[0] = '\0';
         if (!CHECK_OK(cudnn_check_graphs(&sh, backward, 0, report, sizeof report))) continue;
         built++;
@@ -297,17 +299,18 @@ TEST(cudnn_graph_math_on_cpu) {
       const int64_t D = sh.heads * sh.head_dim, N = sh.batch * sh.seq;
       const int64_t rows = sh.batch * sh.heads * sh.seq;
       char what[160];
-      snprintf(what, sizeof what, "graph on the CPU: B=%lld H=%lld S=%lld d=%lld%s %s",
+      snprintf(what, sizeof what, "graph on the CPU: B=%lld H=%lld S=%lld d=%lld%s %s%s",
                (long long)sh.batch, (long long)sh.heads, (long long)sh.seq,
-               (long long)sh.head_dim, causal ? " causal" : "", l2l_dtype_name(sh.precision));
+               (long long)sh.head_dim, causal ? " causal" : "", l2l_dtype_name(sh.precision),
+               sh.qkv_dtype != L2L_F32 ? " q, k, v in place" : "");
       l2l_tensor *qkv = RANDN(1.0, N, 3 * D), *d_o = RANDN(1.0, N, D), *o = NANS(N, D);
       l2l_tensor *lse = NANS(rows), *g = NANS(N, 3 * D);
-      int64_t wf = hops->attention_workspace(sh.seq, sh.head_dim, 1) * l2l_get_threads();
-      int64_t wf0 = hops->attention_workspace(sh.seq, sh.head_dim, 0) * l2l_get_threads();
+      int64_t wf = hops->attention_workspace(&sh, 1) * l2l_get_threads();
+      int64_t wf0 = hops->attention_workspace(&sh, 0) * l2l_get_threads();
       wf = wf0 > wf ? wf0 : wf;   /* (the forward's and the backward's, in one) */
       l2l_tensor *work = HOST(L2L_F32, wf > 0 ? wf : 1);
       struct backend_attention_shape ref = sh;
-      ref.precision = L2L_F32;
+      ref.precision = L2L_F32, ref.qkv_dtype = L2L_F32;   /* (the f32 draws themselves) */
       const float *q = fdata(qkv);
       CHECK_OK(hops->attention_forward(fdata(o), fdata(lse), NULL, NULL, NULL, q, q + D, q + 2 * D,
                                        NULL, &ref, fdata(work), wf));
@@ -381,19 +384,20 @@ TEST(cudnn_graph_math_on_cpu) {
   free(view);
 }
 
-/* The GPU's attention with o in 16 bits (as the block keeps it on a 16-bit run) against
-   itself with o in f32 (attention_o16.c): frugal cases through cuDNN where it is loaded
-   (o its graph's O in place, or copied at a row stride past the heads), standard ones and
-   cuDNN switched off through the own kernels (o through fp32 rows in the scratch). The
-   backward to 1e-5 of its scale and two 16-bit ulps: the two runs' sums may be ordered
-   differently, and cuDNN rounds them to 16 bits. Where cuDNN 9.16 or later is loaded it must
-   have run. */
-TEST(cudnn_attention_keeps_o_in_16_bits) {
+/* The GPU's attention with q, k, v and o in 16 bits (as the block keeps them on a 16-bit
+   run) against itself on their f32 copies (attention_io16.c): frugal cases through cuDNN
+   where it is loaded (q, k, v read in place by graphs with their row stride, o its graph's
+   O in place or copied at a row stride past the heads), standard ones and cuDNN switched
+   off through the own kernels (through fp32 rows in the scratch). Within a 16-bit ulp and
+   1e-5, not to the bit: the in-place graphs may run other engines than the packed ones,
+   and the backward's sums may be ordered differently from run to run. Where cuDNN 9.16 or
+   later is loaded it must have run. */
+TEST(cudnn_attention_reads_and_writes_16_bits) {
   if (!use_gpu()) return;
   const int64_t before = cudnn_runs();
   for (int i = 0; i < 16; i++) {
     cudnn_enable(i < 8);
-    attention_o16_check(L2L_POOL_DEVICE, i & 2 ? L2L_BF16 : L2L_F16, i & 1, false);
+    attention_io16_check(L2L_POOL_DEVICE, i & 2 ? L2L_BF16 : L2L_F16, i & 1, false);
   }
   cudnn_enable(1);
   if (l2l_cudnn_available(NULL, 0) > 91500)   /* (before 9.16: only S a multiple of 128) */

@@ -15,13 +15,13 @@
  * held to these in test_cuda.c. And the one cast of many tensors (convert_many) against
  * a cast of each; the ops the LM head runs on its padded logits rows (cross-entropy,
  * GEMMs with row strides) against the same ops on packed rows; and attention with its
- * output in 16 bits against the same with it in f32.
+ * inputs and output in 16 bits against the same on their f32 copies.
  * Must never: compare a fused op with itself only.
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "attention_o16.h"
+#include "attention_io16.h"
 #include "backend/backend.h"
 #include "check.h"
 #include "reference.h"
@@ -463,8 +463,8 @@ TEST(padded_rows_give_the_packed_results) {
 
 /* ---------------------------------------------------------------- attention's o in 16 bits */
 
-/* The CPU's attention with o in bf16 or f16 (as the block keeps it on a 16-bit run): o the
-   f32 run's rounded, its backward the widened o's, bit for bit (attention_o16.c). */
-TEST(attention_keeps_o_in_16_bits) {
-  for (int i = 0; i < 8; i++) attention_o16_check(L2L_POOL_HOST, L2L_F32, i & 1, true);
+/* The CPU's attention with q, k, v and o in bf16 or f16 (as the block keeps them on a 16-bit
+   run): the f32 copies' run, o rounded, bit for bit (attention_io16.c). */
+TEST(attention_reads_and_writes_16_bits) {
+  for (int i = 0; i < 12; i++) attention_io16_check(L2L_POOL_HOST, L2L_F32, i & 1, true);
 }

@@ -510,9 +510,9 @@ static uint64_t counted(int64_t n, int size) {
    plans) keeps exactly those buffers' other halves fewer bytes than with f32 weights, and
    the forward allocates what it states. Which activations those are is this test's own
    reading of the layers: a pre-LN block's two LayerNorm outputs (N x D) unless frugal
-   mode rebuilds its backward from them, attention's output (N x D) in either mode (its
-   backward reads it widened), and the GELU output (N x F) in standard mode (its backward
-   reads the pre-activation); an LM head's final LayerNorm output likewise, and
+   mode rebuilds its backward from them, attention's inputs q, k, v (one N x 3D buffer) and
+   output (N x D) in either mode (attention reads them widened), and the GELU output (N x
+   F) in standard mode (its backward reads the pre-activation); an LM head's final LayerNorm output likewise, and
    its logits' gradient (N x V, each row padded to 8 elements: 16-byte aligned, as a GPU's
    GEMMs want) in either mode (only the projection's GEMMs read it). */
 TEST(layer_16bit_weights_keep_gemm_inputs_in_16_bits) {
@@ -535,6 +535,7 @@ TEST(layer_16bit_weights_keep_gemm_inputs_in_16_bits) {
     if (!block && !frugal) pairs_nd = 1;
     const uint64_t fewer = (uint64_t)pairs_nd * (counted(N * c.dim, 4) - counted(N * c.dim, 2)) +
                            (uint64_t)pairs_nf * (counted(N * c.mlp, 4) - counted(N * c.mlp, 2)) +
+                           (block ? counted(N * 3 * c.dim, 4) - counted(N * 3 * c.dim, 2) : 0) +
                            (block ? 0 : counted(N * vocab_row, 4) - counted(N * vocab_row, 2));
     char what[128];
     snprintf(what, sizeof what, "%s %s, %s, %s weights, B=%lld S=%lld", block ? "block" : "LM head",

@@ -29,29 +29,56 @@
 
 enum { TILE_Q = 64 }; /* query rows per tile: a tile row of scores stays in cache */
 
-int64_t cpu_attention_workspace(int64_t seq, int64_t head_dim, int backward) {
-  /* forward: one score tile and one output tile (a 16-bit o's fp32 rows before they are
-     rounded); backward: P, P' and dP' tiles and a row of o (a 16-bit o's, widened). */
-  return backward ? 3 * (int64_t)TILE_Q * seq + head_dim : (int64_t)TILE_Q * (seq + head_dim);
+/* A thread's workspace, in floats, laid out in this order. Forward: the score tile, then
+   with a 16-bit o its tile of fp32 rows before they are rounded, then with 16-bit q, k, v
+   the tile's q rows and the head's k and v rows widened. Backward: the P, P' and dP'
+   tiles, then with a 16-bit o a row of it widened, then with 16-bit q, k, v the head's
+   rows of each widened. */
+static int64_t o_floats(const struct backend_attention_shape *sh, int backward) {
+  return sh->o_dtype == L2L_F32 ? 0 : backward ? sh->head_dim : TILE_Q * sh->head_dim;
+}
+static int64_t qkv_floats(const struct backend_attention_shape *sh, int backward) {
+  if (sh->qkv_dtype == L2L_F32) return 0;
+  return (backward ? 3 * sh->seq : TILE_Q + 2 * sh->seq) * sh->head_dim;
 }
 
-/* An o of dtype t (f32, bf16 or f16): element i written from fp32, rounded to nearest
-   even as convert rounds; read widened. */
-static inline void o_store(void *o, l2l_dtype t, int64_t i, float x) {
-  if (t == L2L_F32) ((float *)o)[i] = x;
-  else ((uint16_t *)o)[i] = t == L2L_BF16 ? half_from_f32_bf16(x) : half_from_f32_f16(x);
+int64_t cpu_attention_workspace(const struct backend_attention_shape *sh, int backward) {
+  return (backward ? 3 : 1) * (int64_t)TILE_Q * sh->seq + o_floats(sh, backward) +
+         qkv_floats(sh, backward);
 }
-static inline float o_load(const void *o, l2l_dtype t, int64_t i) {
-  if (t == L2L_F32) return ((const float *)o)[i];
-  uint16_t h = ((const uint16_t *)o)[i];
+
+/* Element i of x of dtype t (f32, bf16 or f16): written from fp32, rounded to nearest
+   even as convert rounds; read widened. */
+static inline void store_as(void *x, l2l_dtype t, int64_t i, float value) {
+  if (t == L2L_F32) ((float *)x)[i] = value;
+  else ((uint16_t *)x)[i] = t == L2L_BF16 ? half_from_f32_bf16(value) : half_from_f32_f16(value);
+}
+static inline float load_as(const void *x, l2l_dtype t, int64_t i) {
+  if (t == L2L_F32) return ((const float *)x)[i];
+  uint16_t h = ((const uint16_t *)x)[i];
   return t == L2L_BF16 ? half_bf16_to_f32(h) : half_f16_to_f32(h);
+}
+
+/* Rows [r0, r0 + rows) of head h of sample b of q, k or v as fp32 rows of head_dim: the
+   rows themselves when f32 (*ld_out = ld_qkv), else widened into buf (*ld_out = hd). */
+static const float *head_rows(const void *x, const struct backend_attention_shape *sh, int64_t b,
+                              int64_t h, int64_t r0, int64_t rows, float *buf, int64_t *ld_out) {
+  const int64_t hd = sh->head_dim, ld = sh->ld_qkv, first = (b * sh->seq + r0) * ld + h * hd;
+  if (sh->qkv_dtype == L2L_F32) {
+    *ld_out = ld;
+    return (const float *)x + first;
+  }
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < hd; c++) buf[r * hd + c] = load_as(x, sh->qkv_dtype, first + r * ld + c);
+  *ld_out = hd;
+  return buf;
 }
 
 /* Threads that fit the workspace, at most the compute threads and `items`; one for
    small problems, where waking a team costs more than it saves. */
 static int attention_threads(const struct backend_attention_shape *sh, int backward,
                              int64_t workspace_floats, int64_t items) {
-  int64_t fit = workspace_floats / cpu_attention_workspace(sh->seq, sh->head_dim, backward);
+  int64_t fit = workspace_floats / cpu_attention_workspace(sh, backward);
   int64_t flops = sh->batch * sh->heads * sh->seq * sh->seq * sh->head_dim;
   int64_t nt = flops < (1 << 18) ? 1 : atomic_load_explicit(&cpu_compute_threads, memory_order_relaxed);
   if (nt > fit) nt = fit;
@@ -114,19 +141,22 @@ static inline uint64_t draw_index(const struct backend_attention_shape *sh, int6
 /* ---------------------------------------------------------------- forward */
 
 static void forward_tile(void *o, float *lse, float *probs, float *dropped, uint8_t *mask,
-                         const float *q, const float *k, const float *v,
+                         const void *q, const void *k, const void *v,
                          const uint8_t *key_mask, const struct backend_attention_shape *sh,
                          int64_t b, int64_t h, int64_t i0, float *scratch) {
-  const int64_t S = sh->seq, hd = sh->head_dim, ld = sh->ld_qkv;
+  const int64_t S = sh->seq, hd = sh->head_dim;
   const int64_t rows = S - i0 < TILE_Q ? S - i0 : TILE_Q, kend = tile_key_end(sh, i0 + rows - 1);
   const int64_t head = b * sh->heads + h;
-  const float *qt = q + (b * S + i0) * ld + h * hd, *kb = k + b * S * ld + h * hd;
-  const float *vb = v + b * S * ld + h * hd;
+  float *qbuf = scratch + TILE_Q * S + o_floats(sh, 0), *kbuf = qbuf + TILE_Q * hd, *vbuf = kbuf + S * hd;
+  int64_t ldq, ldk, ldv;
+  const float *qt = head_rows(q, sh, b, h, i0, rows, qbuf, &ldq);
+  const float *kb = head_rows(k, sh, b, h, 0, kend, kbuf, &ldk);
+  const float *vb = head_rows(v, sh, b, h, 0, kend, vbuf, &ldv);
   /* Scores and probabilities of this tile live in the standard mode's P rows, else in
      the thread's scratch tile; both have row stride S. */
   float *pt = probs ? probs + (head * S + i0) * S : scratch;
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)kend, (int)hd,
-              sh->scale, qt, (int)ld, kb, (int)ld, 0.0f, pt, (int)S);
+              sh->scale, qt, (int)ldq, kb, (int)ldk, 0.0f, pt, (int)S);
   for (int64_t r = 0; r < rows; r++) {
     int64_t i = i0 + r;
     float *row = pt + r * S, mx = -INFINITY;
@@ -167,24 +197,24 @@ static void forward_tile(void *o, float *lse, float *probs, float *dropped, uint
   const int64_t o0 = (b * S + i0) * sh->ld_o + h * hd;
   if (sh->o_dtype == L2L_F32) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)hd, (int)kend, 1.0f,
-                dt, (int)S, vb, (int)ld, 0.0f, (float *)o + o0, (int)sh->ld_o);
+                dt, (int)S, vb, (int)ldv, 0.0f, (float *)o + o0, (int)sh->ld_o);
     return;
   }
   float *ot = scratch + TILE_Q * S;   /* (rows, hd) */
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)hd, (int)kend, 1.0f,
-              dt, (int)S, vb, (int)ld, 0.0f, ot, (int)hd);
+              dt, (int)S, vb, (int)ldv, 0.0f, ot, (int)hd);
   for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < hd; c++) o_store(o, sh->o_dtype, o0 + r * sh->ld_o + c, ot[r * hd + c]);
+    for (int64_t c = 0; c < hd; c++) store_as(o, sh->o_dtype, o0 + r * sh->ld_o + c, ot[r * hd + c]);
 }
 
 l2l_status cpu_attention_forward(void *o, float *lse, float *probs, float *dropped,
-                                 uint8_t *mask, const float *q, const float *k,
-                                 const float *v, const uint8_t *key_mask,
+                                 uint8_t *mask, const void *q, const void *k,
+                                 const void *v, const uint8_t *key_mask,
                                  const struct backend_attention_shape *sh, float *workspace,
                                  int64_t workspace_floats) {
   const int64_t tiles = (sh->seq + TILE_Q - 1) / TILE_Q;
   const int64_t items = sh->batch * sh->heads * tiles;
-  const int64_t per_thread = cpu_attention_workspace(sh->seq, sh->head_dim, 0);
+  const int64_t per_thread = cpu_attention_workspace(sh, 0);
   int nt = attention_threads(sh, 0, workspace_floats, items);
 #pragma omp parallel for schedule(dynamic) num_threads(nt)
   for (int64_t item = 0; item < items; item++) {
@@ -200,16 +230,20 @@ l2l_status cpu_attention_forward(void *o, float *lse, float *probs, float *dropp
 
 static void backward_head(float *dq, float *dk, float *dv, const float *d_o, const void *o,
                           const float *lse, const float *probs, const float *dropped,
-                          const uint8_t *mask, const float *q, const float *k, const float *v,
+                          const uint8_t *mask, const void *q, const void *k, const void *v,
                           const uint8_t *key_mask, const struct backend_attention_shape *sh,
                           int64_t b, int64_t h, float *scratch) {
   const int64_t S = sh->seq, hd = sh->head_dim, ld = sh->ld_qkv, ldo = sh->ld_o;
   const int64_t head = b * sh->heads + h;
   const float keep_scale = 1.0f / (1.0f - sh->dropout);
-  const float *kb = k + b * S * ld + h * hd, *vb = v + b * S * ld + h * hd;
-  float *dkb = dk + b * S * ld + h * hd, *dvb = dv + b * S * ld + h * hd;
   float *p_tile = scratch, *pd_tile = scratch + TILE_Q * S, *dp_tile = scratch + 2 * TILE_Q * S;
   float *o_row = scratch + 3 * TILE_Q * S;   /* (hd) */
+  float *qbuf = o_row + o_floats(sh, 1), *kbuf = qbuf + S * hd, *vbuf = kbuf + S * hd;
+  int64_t ldq, ldk, ldv;
+  const float *qh = head_rows(q, sh, b, h, 0, S, qbuf, &ldq);
+  const float *kb = head_rows(k, sh, b, h, 0, S, kbuf, &ldk);
+  const float *vb = head_rows(v, sh, b, h, 0, S, vbuf, &ldv);
+  float *dkb = dk + b * S * ld + h * hd, *dvb = dv + b * S * ld + h * hd;
   for (int64_t j = 0; j < S; j++) {
     memset(dkb + j * ld, 0, (size_t)hd * sizeof *dkb);
     memset(dvb + j * ld, 0, (size_t)hd * sizeof *dvb);
@@ -217,7 +251,7 @@ static void backward_head(float *dq, float *dk, float *dv, const float *d_o, con
   for (int64_t i0 = 0; i0 < S; i0 += TILE_Q) {
     const int64_t rows = S - i0 < TILE_Q ? S - i0 : TILE_Q;
     const int64_t kend = tile_key_end(sh, i0 + rows - 1);
-    const float *qt = q + (b * S + i0) * ld + h * hd;
+    const float *qt = qh + i0 * ldq;
     const float *dot = d_o + (b * S + i0) * ldo + h * hd;
     const int64_t o0 = (b * S + i0) * ldo + h * hd;   /* (o's row r at o0 + r ldo) */
     float *dqt = dq + (b * S + i0) * ld + h * hd;
@@ -228,7 +262,7 @@ static void backward_head(float *dq, float *dk, float *dv, const float *d_o, con
       pt = probs + (head * S + i0) * S;
     } else {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)kend, (int)hd,
-                  sh->scale, qt, (int)ld, kb, (int)ld, 0.0f, p_tile, (int)S);
+                  sh->scale, qt, (int)ldq, kb, (int)ldk, 0.0f, p_tile, (int)S);
       for (int64_t r = 0; r < rows; r++) {
         int64_t i = i0 + r;
         float *row = p_tile + r * S, l = lse[head * S + i];
@@ -260,7 +294,7 @@ static void backward_head(float *dq, float *dk, float *dv, const float *d_o, con
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kend, (int)hd, (int)rows, 1.0f,
                 pdt, (int)S, dot, (int)ldo, 1.0f, dvb, (int)ld);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)kend, (int)hd, 1.0f,
-                dot, (int)ldo, vb, (int)ld, 0.0f, dp_tile, (int)S);
+                dot, (int)ldo, vb, (int)ldv, 0.0f, dp_tile, (int)S);
     /* dS = P (dP' M / keep - D), in place of dP'. M / keep is P'/P where P > 0; where the
        dropout dropped an element P' = 0 and so is its gradient. */
     for (int64_t r = 0; r < rows; r++) {
@@ -270,7 +304,7 @@ static void backward_head(float *dq, float *dk, float *dv, const float *d_o, con
       if (sh->o_dtype == L2L_F32)
         orow = (const float *)o + o0 + r * ldo;
       else
-        for (int64_t c = 0; c < hd; c++) o_row[c] = o_load(o, sh->o_dtype, o0 + r * ldo + c);
+        for (int64_t c = 0; c < hd; c++) o_row[c] = load_as(o, sh->o_dtype, o0 + r * ldo + c);
 #pragma omp simd reduction(+ : d)
       for (int64_t c = 0; c < hd; c++) d += dor[c] * orow[c];
       if (sh->dropout > 0.0f) {
@@ -284,21 +318,21 @@ static void backward_head(float *dq, float *dk, float *dv, const float *d_o, con
     }
     /* dq = scale dS k;  dk += scale dS^T q */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)hd, (int)kend,
-                sh->scale, dp_tile, (int)S, kb, (int)ld, 0.0f, dqt, (int)ld);
+                sh->scale, dp_tile, (int)S, kb, (int)ldk, 0.0f, dqt, (int)ld);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kend, (int)hd, (int)rows,
-                sh->scale, dp_tile, (int)S, qt, (int)ld, 1.0f, dkb, (int)ld);
+                sh->scale, dp_tile, (int)S, qt, (int)ldq, 1.0f, dkb, (int)ld);
   }
 }
 
 l2l_status cpu_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
                                   const void *o, const float *lse, const float *probs,
                                   const float *dropped, const uint8_t *mask,
-                                  const float *q, const float *k, const float *v,
+                                  const void *q, const void *k, const void *v,
                                   const uint8_t *key_mask,
                                   const struct backend_attention_shape *sh, float *workspace,
                                   int64_t workspace_floats) {
   const int64_t items = sh->batch * sh->heads;
-  const int64_t per_thread = cpu_attention_workspace(sh->seq, sh->head_dim, 1);
+  const int64_t per_thread = cpu_attention_workspace(sh, 1);
   int nt = attention_threads(sh, 1, workspace_floats, items);
 #pragma omp parallel for schedule(dynamic) num_threads(nt)
   for (int64_t item = 0; item < items; item++) {

@@ -88,17 +88,17 @@ l2l_status cpu_layernorm_backward_from_output(float *dx, float *dweight, float *
 
 /* The CPU backend's attention (attention.c), entries of cpu_backend. */
 l2l_status cpu_attention_forward(void *o, float *lse, float *probs, float *dropped,
-                                 uint8_t *mask, const float *q, const float *k,
-                                 const float *v, const uint8_t *key_mask,
+                                 uint8_t *mask, const void *q, const void *k,
+                                 const void *v, const uint8_t *key_mask,
                                  const struct backend_attention_shape *shape, float *workspace,
                                  int64_t workspace_floats);
 l2l_status cpu_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
                                   const void *o, const float *lse, const float *probs,
                                   const float *dropped, const uint8_t *mask,
-                                  const float *q, const float *k, const float *v,
+                                  const void *q, const void *k, const void *v,
                                   const uint8_t *key_mask,
                                   const struct backend_attention_shape *shape,
                                   float *workspace, int64_t workspace_floats);
-int64_t cpu_attention_workspace(int64_t seq, int64_t head_dim, int backward);
+int64_t cpu_attention_workspace(const struct backend_attention_shape *shape, int backward);
 
 #endif /* L2L_BACKEND_CPU_H */

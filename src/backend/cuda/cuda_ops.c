@@ -434,15 +434,48 @@ static l2l_status cuda_cross_entropy_fused(float *losses, float *dlogits, void *
 
 /* The launchers take no per-thread workspace: the backward's row terms D = do . o go to
    the backend's scratch. */
-static int64_t cuda_attention_workspace(int64_t seq, int64_t head_dim, int backward) {
-  (void)seq, (void)head_dim, (void)backward;
+static int64_t cuda_attention_workspace(const struct backend_attention_shape *sh, int backward) {
+  (void)sh, (void)backward;
   return 0;
 }
 
-/* The own kernels read and write an f32 o: a 16-bit one goes through the scratch's fp32
-   rows (o's row stride) at `at`, cast there or back. */
+/* The own kernels read and write an f32 o and read f32 q, k, v: 16-bit ones go through fp32
+   rows in the scratch (their row strides; rounded up to 64 floats), cast there or back.
+   q, k and v interleaved in one buffer (k and v a head-rows' width after q, as the block
+   keeps them) are widened in one cast and take one region. */
+static int64_t up64(int64_t floats) { return (floats + 63) / 64 * 64; }
 static int64_t o_rows_floats(const struct backend_attention_shape *sh) {
-  return sh->o_dtype == L2L_F32 ? 0 : sh->batch * sh->seq * sh->ld_o;
+  return sh->o_dtype == L2L_F32 ? 0 : up64(sh->batch * sh->seq * sh->ld_o);
+}
+static bool qkv_interleaved(const void *q, const void *k, const void *v,
+                            const struct backend_attention_shape *sh) {
+  const int64_t w = sh->heads * sh->head_dim * 2;
+  return (const char *)k - (const char *)q == w && (const char *)v - (const char *)k == w &&
+         sh->ld_qkv >= 3 * sh->heads * sh->head_dim;
+}
+static int64_t qkv_rows_floats(const void *q, const void *k, const void *v,
+                               const struct backend_attention_shape *sh) {
+  if (sh->qkv_dtype == L2L_F32) return 0;
+  return (qkv_interleaved(q, k, v, sh) ? 1 : 3) * up64(sh->batch * sh->seq * sh->ld_qkv);
+}
+static l2l_status qkv_widen(const float **q32, const float **k32, const float **v32, float *at,
+                            const void *q, const void *k, const void *v,
+                            const struct backend_attention_shape *sh) {
+  const int64_t n = sh->batch * sh->seq, w = sh->heads * sh->head_dim, ld = sh->ld_qkv;
+  const int t = (int)sh->qkv_dtype;
+  if (qkv_interleaved(q, k, v, sh)) {
+    LAUNCH(k_cast_rows(at, DT_F32, ld, q, t, ld, n, 3 * w, cuda_rt.compute));
+    *q32 = at, *k32 = at + w, *v32 = at + 2 * w;
+    return L2L_OK;
+  }
+  const void *src[3] = {q, k, v};
+  const float **dst[3] = {q32, k32, v32};
+  for (int i = 0; i < 3; i++) {
+    float *region = at + i * up64(n * ld);
+    LAUNCH(k_cast_rows(region, DT_F32, ld, src[i], t, ld, n, w, cuda_rt.compute));
+    *dst[i] = region;
+  }
+  return L2L_OK;
 }
 static l2l_status o_cast(void *dst, int dst_dtype, const void *src, int src_dtype,
                          const struct backend_attention_shape *sh) {
@@ -467,25 +500,28 @@ static l2l_status cudnn_scratch(void **out, const struct backend_attention_shape
   return L2L_OK;
 }
 
-static l2l_status attention_forward_cudnn(bool *ran, void *o, float *lse, const float *q,
-                                          const float *k, const float *v,
+static l2l_status attention_forward_cudnn(bool *ran, void *o, float *lse, const void *q,
+                                          const void *k, const void *v,
                                           const struct backend_attention_shape *sh) {
   void *scratch = NULL;
   l2l_status st = cudnn_scratch(&scratch, sh, 0);
   if (st == L2L_ERR_NOMEM) return L2L_OK;
   TRY(st);
   *ran = true;
-  for (int i = 0; i < cudnn_sdpa_launches(sh, o, 0); i++) launched();
+  for (int i = 0; i < cudnn_sdpa_launches(sh, q, k, v, o, 0); i++) launched();
   return cudnn_sdpa_forward(o, lse, q, k, v, sh, scratch);
 }
 
 static l2l_status attention_forward_locked(void *o, float *lse, float *probs, float *dropped,
-                                           uint8_t *mask, const float *q, const float *k,
-                                           const float *v, const uint8_t *key_mask,
+                                           uint8_t *mask, const void *q, const void *k,
+                                           const void *v, const uint8_t *key_mask,
                                            const struct backend_attention_shape *sh) {
-  float *o32 = (float *)o;
-  if (sh->o_dtype != L2L_F32) TRY(scratch_floats(&o32, o_rows_floats(sh)));
-  LAUNCH(k_attention_forward(o32, lse, probs, dropped, mask, q, k, v, key_mask, sh->batch,
+  float *scratch = NULL, *o32 = (float *)o;
+  const float *q32 = q, *k32 = k, *v32 = v;
+  TRY(scratch_floats(&scratch, o_rows_floats(sh) + qkv_rows_floats(q, k, v, sh)));
+  if (sh->o_dtype != L2L_F32) o32 = scratch;
+  if (sh->qkv_dtype != L2L_F32) TRY(qkv_widen(&q32, &k32, &v32, scratch + o_rows_floats(sh), q, k, v, sh));
+  LAUNCH(k_attention_forward(o32, lse, probs, dropped, mask, q32, k32, v32, key_mask, sh->batch,
                              sh->heads, sh->seq, sh->head_dim, sh->ld_qkv, sh->ld_o,
                              sh->causal, sh->scale, sh->dropout,
                              backend_keep_threshold(sh->dropout), sh->seed, sh->stream,
@@ -494,8 +530,8 @@ static l2l_status attention_forward_locked(void *o, float *lse, float *probs, fl
 }
 
 static l2l_status cuda_attention_forward(void *o, float *lse, float *probs, float *dropped,
-                                         uint8_t *mask, const float *q, const float *k,
-                                         const float *v, const uint8_t *key_mask,
+                                         uint8_t *mask, const void *q, const void *k,
+                                         const void *v, const uint8_t *key_mask,
                                          const struct backend_attention_shape *sh, float *workspace,
                                          int64_t workspace_floats) {
   (void)workspace, (void)workspace_floats;
@@ -512,18 +548,20 @@ static l2l_status cuda_attention_forward(void *o, float *lse, float *probs, floa
 static l2l_status attention_backward_locked(float *dq, float *dk, float *dv, const float *d_o,
                                             const void *o, const float *lse, const float *probs,
                                             const float *dropped, const uint8_t *mask,
-                                            const float *q, const float *k, const float *v,
+                                            const void *q, const void *k, const void *v,
                                             const uint8_t *key_mask,
                                             const struct backend_attention_shape *sh) {
   float *scratch = NULL;
-  const int64_t own = (k_attention_scratch_floats(sh->batch, sh->heads, sh->seq, 1) + 63) / 64 * 64;
-  TRY(scratch_floats(&scratch, own + o_rows_floats(sh)));
-  const float *o32 = (const float *)o;
+  const int64_t own = up64(k_attention_scratch_floats(sh->batch, sh->heads, sh->seq, 1));
+  TRY(scratch_floats(&scratch, own + o_rows_floats(sh) + qkv_rows_floats(q, k, v, sh)));
+  const float *o32 = (const float *)o, *q32 = q, *k32 = k, *v32 = v;
   if (sh->o_dtype != L2L_F32) {   /* widened into the scratch past the kernels' own part */
     TRY(o_cast(scratch + own, DT_F32, o, (int)sh->o_dtype, sh));
     o32 = scratch + own;
   }
-  LAUNCH(k_attention_backward(dq, dk, dv, d_o, o32, lse, probs, dropped, mask, q, k, v,
+  if (sh->qkv_dtype != L2L_F32)
+    TRY(qkv_widen(&q32, &k32, &v32, scratch + own + o_rows_floats(sh), q, k, v, sh));
+  LAUNCH(k_attention_backward(dq, dk, dv, d_o, o32, lse, probs, dropped, mask, q32, k32, v32,
                               key_mask, sh->batch, sh->heads, sh->seq, sh->head_dim,
                               sh->ld_qkv, sh->ld_o, sh->causal, sh->scale, sh->dropout,
                               backend_keep_threshold(sh->dropout), sh->seed, sh->stream,
@@ -533,21 +571,21 @@ static l2l_status attention_backward_locked(float *dq, float *dk, float *dv, con
 
 static l2l_status attention_backward_cudnn(bool *ran, float *dq, float *dk, float *dv,
                                            const float *d_o, const void *o, const float *lse,
-                                           const float *q, const float *k, const float *v,
+                                           const void *q, const void *k, const void *v,
                                            const struct backend_attention_shape *sh) {
   void *scratch = NULL;
   l2l_status st = cudnn_scratch(&scratch, sh, 1);
   if (st == L2L_ERR_NOMEM) return L2L_OK;
   TRY(st);
   *ran = true;
-  for (int i = 0; i < cudnn_sdpa_launches(sh, o, 1); i++) launched();
+  for (int i = 0; i < cudnn_sdpa_launches(sh, q, k, v, o, 1); i++) launched();
   return cudnn_sdpa_backward(dq, dk, dv, d_o, o, lse, q, k, v, sh, scratch);
 }
 
 static l2l_status cuda_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
                                           const void *o, const float *lse, const float *probs,
                                           const float *dropped, const uint8_t *mask,
-                                          const float *q, const float *k, const float *v,
+                                          const void *q, const void *k, const void *v,
                                           const uint8_t *key_mask,
                                           const struct backend_attention_shape *sh,
                                           float *workspace, int64_t workspace_floats) {

@@ -265,14 +265,19 @@ static void reshape(struct sdpa_graph *g, desc x, desc y, const char *what) {
 /* ---------------------------------------------------------------- the graphs */
 
 /* The shapes of one call: packed [B, S, H, D] rows seen as [B, H, S, D] (and K^T, V^T as
-   [B, H, D, S]), the scores [B, H, S, S] (and transposed), the rows [B, H, S, 1]. */
-struct shapes { struct dims bhsd, bhds, scores, scores_t, rows; };
+   [B, H, D, S]), the scores [B, H, S, S] (and transposed), the rows [B, H, S, 1]. Q, K and
+   V the same, or, where the caller's 16-bit q, k, v are read in place (qkv_dtype 16-bit),
+   rows ld_qkv elements apart (the block's interleaved q | k | v rows). */
+struct shapes { struct dims bhsd, bhds, q_bhsd, q_bhds, scores, scores_t, rows; };
 
 static struct shapes shapes_of(const struct backend_attention_shape *sh) {
   const int64_t B = sh->batch, H = sh->heads, S = sh->seq, D = sh->head_dim;
+  const int64_t L = sh->qkv_dtype == L2L_F32 ? H * D : sh->ld_qkv;
   struct shapes x = {
       .bhsd = {{B, H, S, D}, {S * H * D, D, H * D, 1}},
       .bhds = {{B, H, D, S}, {S * H * D, D, 1, H * D}},
+      .q_bhsd = {{B, H, S, D}, {S * L, D, L, 1}},
+      .q_bhds = {{B, H, D, S}, {S * L, D, 1, L}},
       .scores = {{B, H, S, S}, {H * S * S, S * S, S, 1}},
       .scores_t = {{B, H, S, S}, {H * S * S, S * S, 1, S}},
       .rows = {{B, H, S, 1}, {H * S, S, 1, 1}},
@@ -305,9 +310,9 @@ static void build_forward(struct sdpa_graph *g, const struct backend_attention_s
                           cudnnDataType_t t16, int miswire) {
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
   struct shapes x = shapes_of(sh);
-  struct dims vdims = x.bhsd;
+  struct dims vdims = x.q_bhsd;
   if (miswire == 1) vdims.d[3] /= 2;
-  desc q = real(g, SDPA_Q, t16, x.bhsd, "Q"), kt = real(g, SDPA_K, t16, x.bhds, "K^T");
+  desc q = real(g, SDPA_Q, t16, x.q_bhsd, "Q"), kt = real(g, SDPA_K, t16, x.q_bhds, "K^T");
   desc v = real(g, SDPA_V, t16, vdims, "V"), o = real(g, SDPA_O, t16, x.bhsd, "O");
   desc stats = real(g, SDPA_STATS, f32, x.rows, "stats");
   desc scale = scalar(g, SDPA_SCALE, "scale");
@@ -334,9 +339,9 @@ static void build_backward(struct sdpa_graph *g, const struct backend_attention_
                            cudnnDataType_t t16, int miswire) {
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
   struct shapes x = shapes_of(sh);
-  struct dims vdims = x.bhds;
+  struct dims vdims = x.q_bhds;
   if (miswire == 1) vdims.d[2] /= 2;
-  desc q = real(g, SDPA_Q, t16, x.bhsd, "Q"), kt = real(g, SDPA_K, t16, x.bhds, "K^T");
+  desc q = real(g, SDPA_Q, t16, x.q_bhsd, "Q"), kt = real(g, SDPA_K, t16, x.q_bhds, "K^T");
   desc vt = real(g, SDPA_V, t16, vdims, "V^T"), o = real(g, SDPA_O, t16, x.bhsd, "O");
   desc stats = real(g, SDPA_STATS, f32, x.rows, "stats");
   desc d_o = real(g, SDPA_DO, t16, x.bhsd, "dO");
@@ -394,7 +399,7 @@ static void build_backward(struct sdpa_graph *g, const struct backend_attention_
   reshape(g, ds, dst, "dS^T");
   matmul(g, dst, q, dk, "dK = dS^T Q");
   /* dQ = dS K, accumulated in f32, then cast */
-  desc k = virt(g, t16, x.bhsd, "K");
+  desc k = virt(g, t16, x.q_bhsd, "K");   /* (K^T's memory read as K: its strides) */
   reshape(g, kt, k, "K");
   matmul(g, ds, k, dq_acc, "dQacc = dS K");
   pointwise(g, CUDNN_POINTWISE_IDENTITY, f32, -1, dq_acc, NULL, NULL, dq, "dQ = dQacc");

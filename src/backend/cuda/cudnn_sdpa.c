@@ -62,17 +62,18 @@ uint64_t cudnn_sdpa_scratch_bytes(const struct backend_attention_shape *sh, int 
   (void)sh, (void)backward;
   return 0;
 }
-l2l_status cudnn_sdpa_forward(void *o, float *lse, const float *q, const float *k, const float *v,
+l2l_status cudnn_sdpa_forward(void *o, float *lse, const void *q, const void *k, const void *v,
                               const struct backend_attention_shape *sh, void *scratch) {
   (void)o, (void)lse, (void)q, (void)k, (void)v, (void)sh, (void)scratch;
   return core_fail(L2L_ERR_UNSUPPORTED, "this build has no cuDNN support");
 }
-int cudnn_sdpa_launches(const struct backend_attention_shape *sh, const void *o, int backward) {
-  (void)sh, (void)o, (void)backward;
+int cudnn_sdpa_launches(const struct backend_attention_shape *sh, const void *q, const void *k,
+                        const void *v, const void *o, int backward) {
+  (void)sh, (void)q, (void)k, (void)v, (void)o, (void)backward;
   return 0;
 }
 l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o, const void *o,
-                               const float *lse, const float *q, const float *k, const float *v,
+                               const float *lse, const void *q, const void *k, const void *v,
                                const struct backend_attention_shape *sh, void *scratch) {
   (void)dq, (void)dk, (void)dv, (void)d_o, (void)o, (void)lse, (void)q, (void)k, (void)v;
   (void)sh, (void)scratch;
@@ -89,6 +90,7 @@ struct key {
   int64_t batch, heads, seq, head_dim;
   int causal;
   l2l_dtype precision;
+  int64_t ld_q;   /* q, k, v's row stride read in place (16-bit), 0 for packed copies */
 };
 
 struct entry {
@@ -125,6 +127,7 @@ static struct key key_of(const struct backend_attention_shape *sh) {
   memset(&k, 0, sizeof k);
   k.batch = sh->batch, k.heads = sh->heads, k.seq = sh->seq, k.head_dim = sh->head_dim;
   k.causal = sh->causal != 0, k.precision = sh->precision;
+  k.ld_q = sh->qkv_dtype == L2L_F32 ? 0 : sh->ld_qkv;
   return k;
 }
 
@@ -170,20 +173,31 @@ static bool covered(const struct backend_attention_shape *sh, const void *probs,
   if (sh->head_dim % 8 != 0 || sh->head_dim < 8 || sh->head_dim > 128) return false;
   if (sh->batch < 1 || sh->heads < 1 || sh->seq < 1) return false;
   if (sh->ld_qkv < sh->heads * sh->head_dim || sh->ld_o < sh->heads * sh->head_dim) return false;
-  /* o: f32 (cast to and from the graph's 16 bits), or the graph's own dtype */
+  /* o, and q, k, v: f32 (cast to and from the graph's 16 bits), or the graph's own dtype */
   if (sh->o_dtype != L2L_F32 && sh->o_dtype != sh->precision) return false;
+  if (sh->qkv_dtype != L2L_F32 && sh->qkv_dtype != sh->precision) return false;
   /* before 9.16 the backward needed a padding mask when S is not a multiple of 128
      (cudnn-frontend adds one); l2l's graphs have none */
   if (cudnn_loaded_version() <= 91500 && sh->seq % 128 != 0) return false;
   return true;
 }
 
+/* The shape of the graphs that read packed 16-bit copies of q, k, v in the scratch: the
+   way every covered call can run (a call whose 16-bit q, k, v cannot be read in place
+   copies them there). */
+static struct backend_attention_shape packed_of(const struct backend_attention_shape *sh) {
+  struct backend_attention_shape p = *sh;
+  p.qkv_dtype = L2L_F32;
+  return p;
+}
+
 bool cudnn_routes(const struct backend_attention_shape *sh, const void *probs,
                   const void *dropped, const void *mask, const void *key_mask) {
   if (!atomic_load(&enabled) || !cudnn_loaded() || !covered(sh, probs, dropped, mask, key_mask))
     return false;
+  struct backend_attention_shape packed = packed_of(sh);
   pthread_mutex_lock(&cache_lock);
-  bool usable = entry_for(sh)->usable;
+  bool usable = entry_for(&packed)->usable;
   pthread_mutex_unlock(&cache_lock);
   return usable;
 }
@@ -197,10 +211,19 @@ static uint64_t half_bytes(const struct backend_attention_shape *sh) {
   return up256((uint64_t)sh->batch * sh->seq * sh->heads * sh->head_dim * 2);
 }
 
+/* cuDNN's workspace for an entry's plan (0 when it has none). */
+static int64_t entry_workspace(const struct entry *e, int backward) {
+  return !e->usable ? 0 : backward ? sdpa_graph_workspace(e->bwd) : sdpa_graph_workspace(e->fwd);
+}
+
 uint64_t cudnn_sdpa_scratch_bytes(const struct backend_attention_shape *sh, int backward) {
+  struct backend_attention_shape packed = packed_of(sh);
   pthread_mutex_lock(&cache_lock);
-  struct entry *e = entry_for(sh);
-  int64_t ws = !e->usable ? 0 : backward ? sdpa_graph_workspace(e->bwd) : sdpa_graph_workspace(e->fwd);
+  int64_t ws = entry_workspace(entry_for(&packed), backward);   /* (either may run) */
+  if (sh->qkv_dtype != L2L_F32) {
+    int64_t in_place = entry_workspace(entry_for(sh), backward);
+    ws = in_place > ws ? in_place : ws;
+  }
   pthread_mutex_unlock(&cache_lock);
   uint64_t rows = (uint64_t)sh->batch * sh->heads * sh->seq;
   /* 16-bit copies, then [backward: Dsum, dQ's accumulator], the stats, cuDNN's workspace */
@@ -225,12 +248,6 @@ static bool o_is_packed16(const void *o, const struct backend_attention_shape *s
   return sh->o_dtype != L2L_F32 && sh->ld_o == sh->heads * sh->head_dim && aligned16(o);
 }
 
-/* Forward: q, k, v cast, the plan, o cast or copied unless in place; backward: q, k, v, dO
-   cast, o alike, dQ's accumulator zeroed, the plan, dQ, dK, dV cast back. */
-int cudnn_sdpa_launches(const struct backend_attention_shape *sh, const void *o, int backward) {
-  int for_o = o_is_packed16(o, sh) ? 0 : 1;
-  return backward ? 4 + for_o + 1 + 1 + 3 : 3 + 1 + for_o;
-}
 
 /* dst (16 bits, row stride dst_ld) := src (the same dtype, src_ld), rows of the heads. */
 static l2l_status copy_rows16(void *dst, int64_t dst_ld, const void *src, int64_t src_ld,
@@ -257,9 +274,55 @@ static struct entry *entry_locked(const struct backend_attention_shape *sh) {
   return e;
 }
 
-l2l_status cudnn_sdpa_forward(void *o, float *lse, const float *q, const float *k, const float *v,
+/* The entry a call runs: the graphs that read the caller's 16-bit q, k, v in place
+   (*in_place) where each is 16-byte aligned, as are their rows, and cuDNN plans them; else
+   the packed copies' graphs. */
+static struct entry *entry_to_run(const struct backend_attention_shape *sh, const void *q,
+                                  const void *k, const void *v, bool *in_place) {
+  *in_place = false;
+  if (sh->qkv_dtype != L2L_F32 && aligned16(q) && aligned16(k) && aligned16(v) &&
+      sh->ld_qkv * 2 % 16 == 0) {
+    struct entry *e = entry_locked(sh);
+    if (e->usable) {
+      *in_place = true;
+      return e;
+    }
+  }
+  struct backend_attention_shape packed = packed_of(sh);
+  return entry_locked(&packed);
+}
+
+/* Forward: q, k, v cast or copied unless in place, the plan, o cast or copied unless in
+   place; backward: the same for q, k, v and o, dO cast, dQ's accumulator zeroed, the plan,
+   dQ, dK, dV cast back. */
+int cudnn_sdpa_launches(const struct backend_attention_shape *sh, const void *q, const void *k,
+                        const void *v, const void *o, int backward) {
+  bool in_place = false;
+  entry_to_run(sh, q, k, v, &in_place);
+  int for_qkv = in_place ? 0 : 3, for_o = o_is_packed16(o, sh) ? 0 : 1;
+  return for_qkv + for_o + 1 + (backward ? 1 + 1 + 3 : 0);
+}
+
+/* q16, k16, v16 (packed in the scratch) from q, k, v: cast from f32, or copied from 16 bits. */
+static l2l_status qkv_packed(void *q16, void *k16, void *v16, const void *q, const void *k,
+                             const void *v, const struct backend_attention_shape *sh) {
+  const int t = (int)sh->precision;
+  const int64_t hd = sh->heads * sh->head_dim;
+  if (sh->qkv_dtype == L2L_F32) {
+    CAST(q16, t, hd, q, DT_F32, sh->ld_qkv);
+    CAST(k16, t, hd, k, DT_F32, sh->ld_qkv);
+    CAST(v16, t, hd, v, DT_F32, sh->ld_qkv);
+    return L2L_OK;
+  }
+  TRY(copy_rows16(q16, hd, q, sh->ld_qkv, sh));
+  TRY(copy_rows16(k16, hd, k, sh->ld_qkv, sh));
+  return copy_rows16(v16, hd, v, sh->ld_qkv, sh);
+}
+
+l2l_status cudnn_sdpa_forward(void *o, float *lse, const void *q, const void *k, const void *v,
                               const struct backend_attention_shape *sh, void *scratch) {
-  struct entry *e = entry_locked(sh);
+  bool in_place = false;
+  struct entry *e = entry_to_run(sh, q, k, v, &in_place);
   if (!e->usable) return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
   const int t = (int)sh->precision;
   const int64_t hd = sh->heads * sh->head_dim;
@@ -269,9 +332,8 @@ l2l_status cudnn_sdpa_forward(void *o, float *lse, const float *q, const float *
   void *q16 = s, *k16 = s + hb, *v16 = s + 2 * hb, *spare = s + 4 * hb;
   void *o16 = o_is_packed16(o, sh) ? o : s + 3 * hb;
   void *ws = s + 4 * hb + up256(rows * 4), *stats = aligned16(lse) ? (void *)lse : spare;
-  CAST(q16, t, hd, q, DT_F32, sh->ld_qkv);
-  CAST(k16, t, hd, k, DT_F32, sh->ld_qkv);
-  CAST(v16, t, hd, v, DT_F32, sh->ld_qkv);
+  if (in_place) q16 = (void *)q, k16 = (void *)k, v16 = (void *)v;
+  else TRY(qkv_packed(q16, k16, v16, q, k, v, sh));
   float scale = sh->scale, hidden = sdpa_hidden_value();
   int64_t uids[] = {SDPA_Q, SDPA_K, SDPA_V, SDPA_O, SDPA_STATS, SDPA_SCALE, SDPA_HIDDEN};
   void *ptrs[] = {q16, k16, v16, o16, stats, &scale, &hidden};
@@ -284,9 +346,10 @@ l2l_status cudnn_sdpa_forward(void *o, float *lse, const float *q, const float *
 }
 
 l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o, const void *o,
-                               const float *lse, const float *q, const float *k, const float *v,
+                               const float *lse, const void *q, const void *k, const void *v,
                                const struct backend_attention_shape *sh, void *scratch) {
-  struct entry *e = entry_locked(sh);
+  bool in_place = false;
+  struct entry *e = entry_to_run(sh, q, k, v, &in_place);
   if (!e->usable) return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
   const int t = (int)sh->precision;
   const int64_t hd = sh->heads * sh->head_dim;
@@ -300,9 +363,8 @@ l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o
   void *ws = (char *)spare + up256(rows * 4), *stats = aligned16(lse) ? (void *)lse : spare;
   if (stats != lse)
     CUDA_TRY(cudaMemcpyAsync(stats, lse, rows * 4, cudaMemcpyDeviceToDevice, cuda_rt.compute));
-  CAST(q16, t, hd, q, DT_F32, sh->ld_qkv);
-  CAST(k16, t, hd, k, DT_F32, sh->ld_qkv);
-  CAST(v16, t, hd, v, DT_F32, sh->ld_qkv);
+  if (in_place) q16 = (void *)q, k16 = (void *)k, v16 = (void *)v;
+  else TRY(qkv_packed(q16, k16, v16, q, k, v, sh));
   if (sh->o_dtype == L2L_F32) CAST(o16, t, hd, o, DT_F32, sh->ld_o);
   else if (o16 != o) TRY(copy_rows16(o16, hd, o, sh->ld_o, sh));
   CAST(do16, t, hd, d_o, DT_F32, sh->ld_o);

@@ -46,16 +46,16 @@ CUDA_INTERNAL uint64_t cudnn_sdpa_scratch_bytes(const struct backend_attention_s
 /* o and lse as the own kernels write them (lse: each row's natural-log log-sum-exp of the
    scaled visible scores, cuDNN's softmax stats, the same quantity), through cuDNN, with
    `scratch` (cudnn_sdpa_scratch_bytes, 256-byte aligned) held by the caller (cuda_rt.lock). */
-CUDA_INTERNAL l2l_status cudnn_sdpa_forward(void *o, float *lse, const float *q, const float *k,
-                                            const float *v, const struct backend_attention_shape *sh,
+CUDA_INTERNAL l2l_status cudnn_sdpa_forward(void *o, float *lse, const void *q, const void *k,
+                                            const void *v, const struct backend_attention_shape *sh,
                                             void *scratch);
 /* The launches (kernels, copies, memsets and cuDNN's plan) a forward (backward = 0) or
-   backward with this o queues, for the backend's count. */
-CUDA_INTERNAL int cudnn_sdpa_launches(const struct backend_attention_shape *sh, const void *o,
-                                      int backward);
+   backward with these q, k, v and o queues, for the backend's count. */
+CUDA_INTERNAL int cudnn_sdpa_launches(const struct backend_attention_shape *sh, const void *q,
+                                      const void *k, const void *v, const void *o, int backward);
 CUDA_INTERNAL l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o,
-                                             const void *o, const float *lse, const float *q,
-                                             const float *k, const float *v,
+                                             const void *o, const float *lse, const void *q,
+                                             const void *k, const void *v,
                                              const struct backend_attention_shape *sh, void *scratch);
 
 #endif /* L2L_CUDA_CUDNN_SDPA_H */

@@ -1,0 +1,197 @@
+/* SPDX-License-Identifier: MIT */
+/* attention_io16.c — attention_io16_check (attention_io16.h): a backend's attention with
+ * q, k, v and o in 16 bits against the same backend with their f32 copies.
+ *
+ * Purpose: the block keeps attention's inputs and output in 16 bits on a 16-bit run; the
+ * backends promise that this changes nothing but o's own rounding. Each case draws its
+ * shape (sequences across the CPU's 64-row tiles, one to three heads of 8 to 64), causal or
+ * not, which of q, k, v and o are 16-bit, the 16-bit dtype and o's row stride; outputs are
+ * poisoned first, and o's padding must stay poisoned.
+ * Must never: hold a 16-bit o to anything but the f32 run's o rounded by the dtype's own
+ * rule, or let the two runs read different input values.
+ */
+#include "attention_io16.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "check.h"
+
+static uint16_t round16(float x, l2l_dtype t) {
+  return t == L2L_BF16 ? half_from_f32_bf16(x) : half_from_f32_f16(x);
+}
+static float widen16(uint16_t h, l2l_dtype t) {
+  return t == L2L_BF16 ? half_bf16_to_f32(h) : half_f16_to_f32(h);
+}
+
+/* A tensor of `pool` of n elements: f32 from h, 16-bit from h16 (NULL: poisoned, NaN or
+   0xffff). */
+static l2l_tensor *on_pool(l2l_pool_kind pool, l2l_dtype dtype, int64_t n, const float *h,
+                           const uint16_t *h16) {
+  l2l_tensor *host = check_tensor(L2L_POOL_HOST, dtype, DIMS(n));
+  if (dtype == L2L_F32) {
+    float *d = l2l_tensor_data(host);
+    for (int64_t i = 0; i < n; i++) d[i] = h != NULL ? h[i] : NAN;
+  } else if (h16 != NULL) {
+    memcpy(l2l_tensor_data(host), h16, (size_t)n * 2);
+  } else {
+    memset(l2l_tensor_data(host), 0xff, (size_t)n * 2);
+  }
+  l2l_tensor *t = check_tensor(pool, dtype, DIMS(n));
+  CHECK_OK(l2l_tensor_copy(t, host));
+  l2l_tensor_free(host);
+  return t;
+}
+
+/* t's bytes on the host (a copy; freed by the caller). */
+static l2l_tensor *back(const l2l_tensor *t) {
+  l2l_tensor *h = check_tensor(L2L_POOL_HOST, l2l_tensor_dtype(t), DIMS(l2l_tensor_numel(t)));
+  CHECK_OK(l2l_tensor_copy(h, t));
+  return h;
+}
+
+/* f32 a and b alike: to the bit (exact), else each within tol of its scale and ulps of
+   its own size. */
+static bool alike(const char *what, const l2l_tensor *a, const l2l_tensor *b, bool exact,
+                  double tol, double ulps) {
+  l2l_tensor *x = back(a), *y = back(b);
+  const float *fx = l2l_tensor_data(x), *fy = l2l_tensor_data(y);
+  const int64_t n = l2l_tensor_numel(x);
+  bool ok;
+  if (exact) {
+    ok = CHECK(memcmp(fx, fy, (size_t)n * 4) == 0, "%s: not the same bits", what);
+  } else {
+    double scale = 0.0;
+    int64_t apart = 0, finite = 0;
+    for (int64_t i = 0; i < n; i++)
+      if (isfinite(fx[i])) scale += (double)fx[i] * fx[i], finite++;
+    scale = sqrt(scale / (double)(finite > 0 ? finite : 1));
+    for (int64_t i = 0; i < n; i++)
+      apart += !(fx[i] == fy[i] || (isnan(fx[i]) && isnan(fy[i])) ||
+                 fabs((double)fx[i] - fy[i]) <= tol * scale + ulps * fabs((double)fx[i]));
+    ok = CHECK(apart == 0, "%s: %lld elements more than %.3g of their scale %.3g (and %.3g of "
+               "their size) apart", what, (long long)apart, tol, scale, ulps);
+  }
+  l2l_tensor_free(x), l2l_tensor_free(y);
+  return ok;
+}
+
+bool attention_io16_check(l2l_pool_kind pool, l2l_dtype products, bool standard, bool exact) {
+  const struct backend_ops *ops = backend_for(pool);
+  /* 16 bits in the products' dtype where they are 16-bit (as the block keeps them) */
+  const l2l_dtype dt = products != L2L_F32 ? products : check_rand_int(0, 1) ? L2L_BF16 : L2L_F16;
+  const int which = (int)check_rand_int(0, 2);   /* q, k, v; o; both */
+  const bool qkv16 = which != 1, o16 = which != 0;
+  const int64_t B = check_rand_int(1, 2), H = check_rand_int(1, 3), hd = 8 * check_rand_int(1, 8);
+  const int64_t S = check_rand_int(1, 80), D = H * hd, N = B * S, rows = B * H * S;
+  const int64_t ld_o = D + (check_rand_int(0, 1) ? 8 : 0);
+  struct backend_attention_shape sh = {
+      .batch = B, .heads = H, .seq = S, .head_dim = hd, .ld_qkv = 3 * D, .ld_o = ld_o,
+      .causal = (int)check_rand_int(0, 1), .scale = 1.0f / sqrtf((float)hd),
+      .seed = check_rand_u64(), .stream = check_rand_u64(), .precision = products};
+  struct backend_attention_shape sh16 = sh;
+  sh16.o_dtype = o16 ? dt : L2L_F32, sh16.qkv_dtype = qkv16 ? dt : L2L_F32;
+  char what[240];
+  snprintf(what, sizeof what, "attention %s B=%lld H=%lld S=%lld hd=%lld ld_o=%lld%s, %s%s%s in "
+           "%s, products %s: ", standard ? "standard" : "frugal", (long long)B, (long long)H,
+           (long long)S, (long long)hd, (long long)ld_o, sh.causal ? " causal" : "",
+           qkv16 ? "q, k, v" : "", which == 2 ? " and " : "", o16 ? "o" : "", l2l_dtype_name(dt),
+           l2l_dtype_name(products));
+
+  /* q, k, v: the 16-bit run's rounded from a draw, the f32 run's their widened values */
+  const int64_t nq = N * 3 * D;
+  float *h_qkv = xmalloc((size_t)nq * sizeof *h_qkv), *h_do = xmalloc((size_t)(N * ld_o) * sizeof *h_do);
+  uint16_t *h16 = xmalloc((size_t)nq * sizeof *h16);
+  for (int64_t i = 0; i < nq; i++) {
+    h16[i] = round16((float)check_rand_normal(), dt);
+    h_qkv[i] = qkv16 ? widen16(h16[i], dt) : (float)check_rand_normal();
+  }
+  for (int64_t i = 0; i < N * ld_o; i++) h_do[i] = (float)check_rand_normal();
+  l2l_tensor *qkv = on_pool(pool, L2L_F32, nq, h_qkv, NULL);
+  l2l_tensor *qkv_in = qkv16 ? on_pool(pool, dt, nq, NULL, h16) : qkv;
+  l2l_tensor *d_o = on_pool(pool, L2L_F32, N * ld_o, h_do, NULL);
+  l2l_tensor *o32 = on_pool(pool, L2L_F32, N * ld_o, NULL, NULL);
+  l2l_tensor *o_out = on_pool(pool, o16 ? dt : L2L_F32, N * ld_o, NULL, NULL);
+  l2l_tensor *lse32 = on_pool(pool, L2L_F32, rows, NULL, NULL), *lse16 = on_pool(pool, L2L_F32, rows, NULL, NULL);
+  l2l_tensor *p32 = NULL, *p16 = NULL;
+  if (standard)
+    p32 = on_pool(pool, L2L_F32, rows * S, NULL, NULL), p16 = on_pool(pool, L2L_F32, rows * S, NULL, NULL);
+  int64_t wf = 0;
+  for (int backward = 0; backward < 2; backward++)
+    for (int s16 = 0; s16 < 2; s16++) {
+      int64_t need = ops->attention_workspace(s16 ? &sh16 : &sh, backward) * l2l_get_threads();
+      wf = need > wf ? need : wf;
+    }
+  l2l_tensor *work = wf > 0 ? on_pool(pool, L2L_F32, wf, NULL, NULL) : NULL;
+  float *w = work ? l2l_tensor_data(work) : NULL;
+#define DATA(t) ((t) != NULL ? l2l_tensor_data(t) : NULL)
+  const float *q = l2l_tensor_data(qkv);
+  const char *qi = l2l_tensor_data(qkv_in);
+  const size_t col = (size_t)D * (qkv16 ? 2 : 4);   /* (k and v follow q by D elements) */
+  bool ok = CHECK_OK(ops->attention_forward(DATA(o32), DATA(lse32), DATA(p32), NULL, NULL, q,
+                                            q + D, q + 2 * D, NULL, &sh, w, wf));
+  ok &= CHECK_OK(ops->attention_forward(DATA(o_out), DATA(lse16), DATA(p16), NULL, NULL, qi,
+                                        qi + col, qi + 2 * col, NULL, &sh16, w, wf));
+  ok &= CHECK_OK(l2l_device_synchronize());
+
+  /* o: the f32 run's (rounded, where 16-bit; the padding untouched) */
+  const double ulp = dt == L2L_BF16 ? 0x1p-8 : 0x1p-11, ulps = products == L2L_F32 ? 0.0 : 2 * ulp;
+  char label[300];
+  snprintf(label, sizeof label, "%so", what);
+  l2l_tensor *ow = o_out;   /* o as the f32 run's backward reads it */
+  if (o16) {
+    l2l_tensor *a = back(o32), *b = back(o_out);
+    const float *fa = l2l_tensor_data(a);
+    const uint16_t *hb = l2l_tensor_data(b);
+    float *widened = xmalloc((size_t)(N * ld_o) * sizeof *widened);
+    double rms = 0.0;
+    for (int64_t i = 0; i < N * ld_o; i++) rms += i % ld_o < D ? (double)fa[i] * fa[i] : 0.0;
+    rms = sqrt(rms / (double)(N * D));
+    int64_t bad = 0, first = -1;
+    for (int64_t r = 0; r < N; r++)
+      for (int64_t c = 0; c < ld_o; c++) {
+        const int64_t i = r * ld_o + c;
+        const uint16_t want = c >= D ? 0xffff : round16(fa[i], dt);
+        const bool fine = hb[i] == want || (!exact && c < D &&
+                          fabs((double)widen16(hb[i], dt) - fa[i]) <= ulp * fabs((double)fa[i]) + 1e-5 * rms);
+        if (!fine && bad++ == 0) first = i;
+        widened[i] = widen16(hb[i], dt);
+      }
+    ok &= CHECK(bad == 0, "%s: %lld elements are not the f32 o rounded (the first at %lld: %04x, "
+                "want the rounding of %.9g)", label, (long long)bad, (long long)first,
+                first >= 0 ? hb[first] : 0, first >= 0 ? (double)fa[first] : 0.0);
+    ow = on_pool(pool, L2L_F32, N * ld_o, widened, NULL);
+    free(widened);
+    l2l_tensor_free(a), l2l_tensor_free(b);
+  } else {
+    ok &= alike(label, o32, o_out, exact, 1e-5, ulps);
+  }
+  snprintf(label, sizeof label, "%slse", what);
+  ok &= alike(label, lse32, lse16, exact, 1e-5, 1e-5);
+  if (standard) {
+    snprintf(label, sizeof label, "%sprobabilities", what);
+    ok &= alike(label, p32, p16, exact, 1e-5, 1e-5);
+  }
+
+  /* the backward from the 16-bit inputs against the backward from their f32 copies */
+  l2l_tensor *g32 = on_pool(pool, L2L_F32, nq, NULL, NULL), *g16 = on_pool(pool, L2L_F32, nq, NULL, NULL);
+  float *ga = l2l_tensor_data(g32), *gb = l2l_tensor_data(g16);
+  ok &= CHECK_OK(ops->attention_backward(ga, ga + D, ga + 2 * D, l2l_tensor_data(d_o), DATA(ow),
+                                         DATA(lse32), DATA(p32), NULL, NULL, q, q + D, q + 2 * D,
+                                         NULL, &sh, w, wf));
+  ok &= CHECK_OK(ops->attention_backward(gb, gb + D, gb + 2 * D, l2l_tensor_data(d_o), DATA(o_out),
+                                         DATA(lse32), DATA(p32), NULL, NULL, qi, qi + col,
+                                         qi + 2 * col, NULL, &sh16, w, wf));
+  ok &= CHECK_OK(l2l_device_synchronize());
+#undef DATA
+  snprintf(label, sizeof label, "%sdq, dk, dv", what);
+  ok &= alike(label, g32, g16, exact, 1e-5, ulps);
+  l2l_tensor *all[] = {qkv, d_o, o32, o_out, lse32, lse16, p32, p16, work, g32, g16};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) l2l_tensor_free(all[i]);
+  if (qkv_in != qkv) l2l_tensor_free(qkv_in);
+  if (ow != o_out) l2l_tensor_free(ow);
+  free(h_qkv), free(h_do), free(h16);
+  return ok;
+}
