@@ -19,12 +19,14 @@
 /* One random case on `pool`'s backend (its products in `products`: f32, bf16 or f16),
    standard (probabilities kept) or frugal; q, k, v in 16 bits, o in 16 bits, or both
    (drawn), in the products' dtype where they are 16-bit (bf16 or f16, drawn, where they
-   are f32), o at a row stride of the heads' width or past it. The run with 16-bit inputs
-   and outputs against the run with their f32 copies: exact, the forward's o to the bit
-   (rounded where 16-bit, its padding untouched), lse and the kept probabilities, and the
-   backward's dq, dk, dv to the bit; else (a backend that may pick another kernel for the
-   16-bit layout, or sum in another order from run to run) o within one 16-bit ulp, lse and
-   probabilities within 1e-5, dq, dk, dv within 1e-5 of their scale and two 16-bit ulps.
+   are f32); q, k, v interleaved in one buffer (the block's) or three, their 16-bit rows
+   16-byte aligned or not; o at a row stride of the heads' width or past it. The run with
+   16-bit inputs and outputs against the run with their f32 copies: exact, the forward's o
+   to the bit (rounded where 16-bit, its padding untouched), lse and the kept
+   probabilities, and the backward's dq, dk, dv to the bit; else (a backend that may pick
+   another kernel for the 16-bit layout, or sum in another order from run to run) o within
+   two 16-bit ulps, lse and probabilities within 1e-5, dq, dk, dv within 1e-5 of their
+   scale and two 16-bit ulps.
    Returns whether every check held. */
 bool attention_io16_check(l2l_pool_kind pool, l2l_dtype products, bool standard, bool exact);
 

@@ -155,12 +155,14 @@ static struct entry *entry_for(const struct backend_attention_shape *sh) {
       e->bwd = sdpa_graph_build(sh, 1, 0, why, sizeof why);
     e->usable = e->bwd != NULL && sdpa_graph_plan(e->bwd, h, why, sizeof why);
   }
-  if (!e->usable) {
-    static atomic_int warned;
-    if (atomic_exchange(&warned, 1) == 0)
-      fprintf(stderr, "l2l: cuDNN cannot run attention B=%lld H=%lld S=%lld d=%lld%s here (%s); "
-              "l2l's own kernels run it (said once)\n", (long long)k.batch, (long long)k.heads,
-              (long long)k.seq, (long long)k.head_dim, k.causal ? " causal" : "", why);
+  if (!e->usable) {   /* (each once: in place, the packed copies' graphs run instead) */
+    static atomic_int warned[2];
+    if (atomic_exchange(&warned[k.ld_q != 0], 1) == 0)
+      fprintf(stderr, "l2l: cuDNN cannot run attention B=%lld H=%lld S=%lld d=%lld%s%s here (%s); "
+              "%s run it (said once)\n", (long long)k.batch, (long long)k.heads,
+              (long long)k.seq, (long long)k.head_dim, k.causal ? " causal" : "",
+              k.ld_q != 0 ? " reading q, k, v in place" : "", why,
+              k.ld_q != 0 ? "its graphs on packed copies" : "l2l's own kernels");
   }
   return e;
 }
