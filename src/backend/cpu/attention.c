@@ -10,7 +10,10 @@
  *
  * Work is split over (sample, head[, query tile]) with OpenMP; each tile's products are
  * cblas_sgemm calls on strided views (heads live in columns, so no permutes are needed),
- * which OpenBLAS's OpenMP build runs single-threaded inside the parallel region.
+ * which OpenBLAS's OpenMP build runs single-threaded inside the parallel region. 16-bit q,
+ * k, v (a 16-bit run's block keeps them so) are widened a head's rows at a time into the
+ * thread's workspace first, and a 16-bit o is computed a tile at a time in fp32 there and
+ * rounded as it is stored: the products are fp32 whatever the dtypes.
  *
  * Backward per tile of query rows i and all visible keys j (dropout mask M, keep = 1-p):
  *   P = exp(scale q k^T - lse),  P' = P M / keep,  dv += P'^T do,  dP' = do v^T,
