@@ -13,10 +13,12 @@
  * own kernels' lse (natural log, [B, H, S]), so either path's lse serves either backward;
  * still, both directions take the path cudnn_routes picks by one predicate per shape,
  * whose plans (forward and backward) are built together and cached (16 shapes).
- * q, k, v and do are f32 in this backend today: they are cast to packed 16-bit copies in
- * the scratch, one kernel each, and dQ, dK, dV cast back (the issue's 16-bit-activations
- * item removes these casts). o is f32 (cast alike) or, as the block keeps it for a 16-bit
- * run, the graph's own 16 bits: read and written in place where packed and aligned.
+ * q, k, v and o are f32 (cast to packed 16-bit copies in the scratch, one kernel each, and
+ * o cast back) or, as the block keeps them on a 16-bit run, the graph's own 16 bits: o read
+ * and written in place where packed and aligned, q, k, v read in place by graphs built with
+ * their rows' stride (a cache entry of their own) where aligned and planned, else copied
+ * packed. dO is cast, and dQ, dK, dV cast back (the issue's 16-bit-activations item has
+ * these casts left to remove).
  * Must never: be taken for dropout, a key mask, f32 products, kept probabilities, or a
  * graph cuDNN refuses on the device (the own kernels serve those).
  */
@@ -249,7 +251,6 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 static bool o_is_packed16(const void *o, const struct backend_attention_shape *sh) {
   return sh->o_dtype != L2L_F32 && sh->ld_o == sh->heads * sh->head_dim && aligned16(o);
 }
-
 
 /* dst (16 bits, row stride dst_ld) := src (the same dtype, src_ld), rows of the heads. */
 static l2l_status copy_rows16(void *dst, int64_t dst_ld, const void *src, int64_t src_ld,
