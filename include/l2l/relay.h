@@ -287,7 +287,9 @@ typedef struct l2l_relay_config {
                                    step the planner places on the device the records that
                                    fit beside the step's peak within the device budget
                                    (device_budget, or what the device pool's leaves; none:
-                                   every record): every one when all fit, else a layer's
+                                   what the device's free memory leaves as it places,
+                                   less a twentieth of the device, or every record where
+                                   the device is host memory): every one when all fit, else a layer's
                                    records at a time (with those of the layers it shares a
                                    record with: a visit's records in one place), the
                                    largest first, each while they fit (the rest on the

@@ -335,6 +335,8 @@ struct device_ops {
   bool (*stamp_wait)(void *stamp);
   bool (*stamp_seconds)(double *out, void *from, void *to);
   void (*stamp_release)(void *stamp);
+  /* The device's memory as its system sees it: bytes free now, and in all. */
+  l2l_status (*memory)(uint64_t *free_bytes, uint64_t *total_bytes);
 };
 
 /* The installed table, or NULL while the device pool is host memory. The first call asks
@@ -346,6 +348,11 @@ const struct device_ops *core_device(void);
 void device_set_chooser(const struct device_ops *(*choose)(void));
 /* The installed table's own_bytes (0 with none, or before the device has started). */
 uint64_t device_own_bytes(void);
+/* The device's free and total bytes: the installed table's; with none (the device pool is
+   host memory), what L2L_DEVICE_MEMORY=FREE,TOTAL says, for tests of a bounded device on
+   the CPU backend. false: neither (host memory bounds nothing of its own), or the table's
+   call failed. */
+bool device_memory(uint64_t *free_bytes, uint64_t *total_bytes);
 /* Installs `to` (NULL: host memory) when the device pool holds no tensor; otherwise
    L2L_ERR_STATE naming the bytes in use and both backends (`to_name` for the message). */
 l2l_status device_switch(const struct device_ops *to, const char *to_name);

@@ -11,6 +11,9 @@
  * Must never: change the table while device memory is in use (a pointer would change
  * meaning under its tensor), or name a backend.
  */
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "core.h"
 
 /* The installed table, once `decided`; read on every device allocation, so atomic. */
@@ -44,6 +47,17 @@ const struct device_ops *core_device(void) {
 uint64_t device_own_bytes(void) {
   const struct device_ops *device = core_device();
   return device != NULL ? device->own_bytes() : 0;
+}
+
+bool device_memory(uint64_t *free_bytes, uint64_t *total_bytes) {
+  const struct device_ops *device = core_device();
+  if (device != NULL) return device->memory(free_bytes, total_bytes) == L2L_OK;
+  const char *env = getenv("L2L_DEVICE_MEMORY");
+  unsigned long long f = 0, t = 0;
+  char tail = 0;
+  if (env == NULL || sscanf(env, "%llu,%llu%c", &f, &t, &tail) != 2) return false;
+  *free_bytes = f, *total_bytes = t;
+  return true;
 }
 
 l2l_status device_switch(const struct device_ops *to, const char *to_name) {

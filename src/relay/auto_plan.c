@@ -141,6 +141,21 @@ static uint64_t place_key(const struct step *s, uint64_t *budget) {
   return relay_step_key(s, false) ^ *budget * 0x9e3779b97f4a7c15ull ^ planned * 0xc2b2ae3d27d4eb4full;
 }
 
+/* With no budget of either kind, what the device's memory leaves the relay's records and
+   step (read as it places: once a key): the bytes its system has free and the pool's, less
+   what others hold in the pool (this relay's records on the device count as room: placing
+   may move them) and a twentieth of the device for its libraries' workspaces and
+   fragmentation; at least 1 (place nothing). UINT64_MAX (every record) where the device
+   is host memory, which bounds nothing of its own. */
+static uint64_t device_free_room(const l2l_relay *run) {
+  uint64_t free_bytes = 0, total = 0;
+  if (!device_memory(&free_bytes, &total)) return UINT64_MAX;
+  l2l_pool_stats pool;
+  l2l_pool_get_stats(&pool, L2L_POOL_DEVICE);
+  uint64_t usable = free_bytes + pool.reserved, keep = pool_held(run, &pool) + total / 20;
+  return usable > keep ? usable - keep : 1;
+}
+
 /* Whether placement auto has placed for a step of this key already. */
 static bool placed_for(const l2l_relay *run, uint64_t key) {
   return run->place_key_set && run->place_key == key;
@@ -193,6 +208,7 @@ l2l_status relay_place_auto(struct step *s) {
   if (run->config.placement != L2L_PLACE_AUTO || !s->training) return L2L_OK;
   uint64_t budget, key = place_key(s, &budget);
   if (ranks ? !s->place_wanted : placed_for(run, key)) return L2L_OK;
+  if (budget == UINT64_MAX) budget = device_free_room(run);
   struct plan_layer *pl = calloc((size_t)s->L, sizeof *pl);
   uint32_t *allowed = calloc((size_t)s->L, sizeof *allowed);
   l2l_status status = pl && allowed ? L2L_OK : FAIL(L2L_ERR_NOMEM, "no memory to place a step's records");

@@ -625,3 +625,49 @@ TEST(relay_records_placed_auto_move_through_a_spill_file) {
   CHECK(check_dir_entries(dir) == 0, "the spill file outlived its relays");
   check_remove_dir(dir);
 }
+
+/* Placement auto with no budget places within the device's memory where the device has
+   its own: L2L_DEVICE_MEMORY gives the CPU backend's device a GPU's figures. None free on a
+   device too large for any margin to leave room places nothing, plenty free places every
+   record, and unset (host memory, which bounds nothing) every record; each trains as host
+   placement does, to the bit. */
+TEST(relay_records_placed_auto_without_a_budget_fit_the_devices_memory) {
+  const char *kept = getenv("L2L_DEVICE_MEMORY");
+  struct shape g = gpt_shape();
+  g.dropout = 0;
+  struct model init;
+  struct data batches[STEPS];
+  model_and_batches(&init, batches, &g, 4, 1);
+  l2l_relay_config cfg = adamw_config();
+  cfg.micro_batch = 2;
+  cfg.placement = L2L_PLACE_AUTO;
+  static const char *const memory[] = {NULL, "0,1000000000000000000",
+                                       "1000000000000000000,1000000000000000000"};
+  for (int c = 0; c < 3; c++) {
+    if (memory[c] != NULL) setenv("L2L_DEVICE_MEMORY", memory[c], 1);
+    else unsetenv("L2L_DEVICE_MEMORY");
+    char what[96];
+    snprintf(what, sizeof what, "placement auto, no budget, L2L_DEVICE_MEMORY %s",
+             memory[c] != NULL ? memory[c] : "unset");
+    if (!placements_match(&init, &cfg, NULL, batches, 2, what)) break;
+    struct model m;
+    model_clone(&m, &init);
+    l2l_relay *r = relay_new(&m, &cfg);
+    double loss;
+    if (r != NULL && relay_step(&loss, r, &batches[0], NULL)) {
+      l2l_relay_stats st = relay_stats(r);
+      bool all = c != 1;
+      CHECK(all ? st.host_eps_bytes == 0 && st.device_records_bytes > 0
+                : st.device_records_bytes == 0 && st.host_eps_bytes > 0,
+            "%s: %llu bytes of records on the device, %llu on the host: want %s", what,
+            (unsigned long long)st.device_records_bytes, (unsigned long long)st.host_eps_bytes,
+            all ? "every record there" : "none");
+    }
+    l2l_relay_free(r);
+    model_free(&m);
+  }
+  if (kept != NULL) setenv("L2L_DEVICE_MEMORY", kept, 1);
+  else unsetenv("L2L_DEVICE_MEMORY");
+  free_batches(batches, STEPS);
+  model_free(&init);
+}

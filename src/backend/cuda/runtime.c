@@ -495,6 +495,14 @@ static l2l_status cuda_release_cache(void) {
   return L2L_OK;
 }
 
+static l2l_status cuda_memory(uint64_t *free_bytes, uint64_t *total_bytes) {
+  TRY(cuda_need_runtime());
+  size_t f = 0, t = 0;
+  CUDA_TRY(cudaMemGetInfo(&f, &t));
+  *free_bytes = f, *total_bytes = t;
+  return L2L_OK;
+}
+
 /* ---------------------------------------------------------------- the device table */
 
 const struct device_ops cuda_device = {
@@ -513,6 +521,7 @@ const struct device_ops cuda_device = {
     .stamp_wait = cuda_stamp_wait,
     .stamp_seconds = cuda_stamp_seconds,
     .stamp_release = cuda_stamp_release,
+    .memory = cuda_memory,
 };
 
 #endif /* L2L_CUDA */
