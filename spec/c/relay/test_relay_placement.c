@@ -487,17 +487,26 @@ static void auto_budget_step(l2l_relay *r, struct model *m, int step) {
    leaves for the device reads it back as it moves. Half the draws treat the device as a
    GPU's (L2L_GRADS_OUT=copy): gradients copied out, and a master the device reads as it
    is (f32, here every master not bf16) lives in pinned memory and comes home there. */
+/* What the placement-auto tests train: a GPT of gpt_shape without dropout, STEPS
+   minibatches of 4 for it, AdamW placed auto in micro-batches of 2. */
+static struct shape auto_model(struct model *init, struct data *batches, l2l_relay_config *cfg) {
+  struct shape g = gpt_shape();
+  g.dropout = 0;
+  model_and_batches(init, batches, &g, 4, 1);
+  *cfg = adamw_config();
+  cfg->micro_batch = 2;
+  cfg->placement = L2L_PLACE_AUTO;
+  return g;
+}
+
 static void auto_fills_the_budget(const char *spill_dir) {
   const char *kept = getenv("L2L_GRADS_OUT");
   if (check_rand_int(0, 1)) setenv("L2L_GRADS_OUT", "copy", 1);
   bool gpu_like = getenv("L2L_GRADS_OUT") != NULL;   /* (drawn, or the caller's) */
-  struct shape g = gpt_shape();
-  g.dropout = 0;
   struct model init;
   struct data batches[STEPS];
-  model_and_batches(&init, batches, &g, 4, 1);
-  l2l_relay_config cfg = adamw_config();
-  cfg.micro_batch = 2;
+  l2l_relay_config cfg;
+  struct shape g = auto_model(&init, batches, &cfg);
   cfg.optimizer.state = (l2l_state_precision)check_rand_int(0, 2);   /* (moved in its precision) */
   /* f32 throughout; bf16 masters (a bf16 master home pinned); or f32 masters with bf16
      staging copies (a record moved home makes a new one, rewritten before it is read) */
@@ -536,7 +545,6 @@ static void auto_fills_the_budget(const char *spill_dir) {
   auto_budgets[1] = peak + records / 3;
   auto_budgets[2] = peak + 2 * records / 3;
   auto_budgets[3] = 0;
-  cfg.placement = L2L_PLACE_AUTO;
   if (ok) ok = placements_match(&init, &cfg, auto_budget_step, batches, STEPS, "placement auto");
   /* and where each step's records were, with the step's peak (one more run, checked step
      by step) */
@@ -633,14 +641,10 @@ TEST(relay_records_placed_auto_move_through_a_spill_file) {
    placement does, to the bit. */
 TEST(relay_records_placed_auto_without_a_budget_fit_the_devices_memory) {
   const char *kept = getenv("L2L_DEVICE_MEMORY");
-  struct shape g = gpt_shape();
-  g.dropout = 0;
   struct model init;
   struct data batches[STEPS];
-  model_and_batches(&init, batches, &g, 4, 1);
-  l2l_relay_config cfg = adamw_config();
-  cfg.micro_batch = 2;
-  cfg.placement = L2L_PLACE_AUTO;
+  l2l_relay_config cfg;
+  auto_model(&init, batches, &cfg);
   static const char *const memory[] = {NULL, "0,1000000000000000000",
                                        "1000000000000000000,1000000000000000000"};
   for (int c = 0; c < 3; c++) {
