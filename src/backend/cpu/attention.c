@@ -50,18 +50,6 @@ int64_t cpu_attention_workspace(const struct backend_attention_shape *sh, int ba
          qkv_floats(sh, backward);
 }
 
-/* Element i of x of dtype t (f32, bf16 or f16): written from fp32, rounded to nearest
-   even as convert rounds; read widened. */
-static inline void store_as(void *x, l2l_dtype t, int64_t i, float value) {
-  if (t == L2L_F32) ((float *)x)[i] = value;
-  else ((uint16_t *)x)[i] = t == L2L_BF16 ? half_from_f32_bf16(value) : half_from_f32_f16(value);
-}
-static inline float load_as(const void *x, l2l_dtype t, int64_t i) {
-  if (t == L2L_F32) return ((const float *)x)[i];
-  uint16_t h = ((const uint16_t *)x)[i];
-  return t == L2L_BF16 ? half_bf16_to_f32(h) : half_f16_to_f32(h);
-}
-
 /* Rows [r0, r0 + rows) of head h of sample b of q, k or v as fp32 rows of head_dim: the
    rows themselves when f32 (*ld_out = ld_qkv), else widened into buf (*ld_out = hd). */
 static const float *head_rows(const void *x, const struct backend_attention_shape *sh, int64_t b,
@@ -71,8 +59,7 @@ static const float *head_rows(const void *x, const struct backend_attention_shap
     *ld_out = ld;
     return (const float *)x + first;
   }
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < hd; c++) buf[r * hd + c] = load_as(x, sh->qkv_dtype, first + r * ld + c);
+  cpu_widen_16(buf, (const uint16_t *)x + first, sh->qkv_dtype, rows, hd, ld);
   *ld_out = hd;
   return buf;
 }
@@ -206,8 +193,8 @@ static void forward_tile(void *o, float *lse, float *probs, float *dropped, uint
   float *ot = scratch + TILE_Q * S;   /* (rows, hd) */
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)hd, (int)kend, 1.0f,
               dt, (int)S, vb, (int)ldv, 0.0f, ot, (int)hd);
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < hd; c++) store_as(o, sh->o_dtype, o0 + r * sh->ld_o + c, ot[r * hd + c]);
+  for (int64_t r = 0; r < rows; r++)   /* (rounded as convert rounds) */
+    cpu_round_16((uint16_t *)o + o0 + r * sh->ld_o, sh->o_dtype, ot + r * hd, hd);
 }
 
 l2l_status cpu_attention_forward(void *o, float *lse, float *probs, float *dropped,
@@ -307,7 +294,7 @@ static void backward_head(float *dq, float *dk, float *dv, const float *d_o, con
       if (sh->o_dtype == L2L_F32)
         orow = (const float *)o + o0 + r * ldo;
       else
-        for (int64_t c = 0; c < hd; c++) o_row[c] = load_as(o, sh->o_dtype, o0 + r * ldo + c);
+        cpu_widen_16(o_row, (const uint16_t *)o + o0 + r * ldo, sh->o_dtype, 1, hd, ldo);
 #pragma omp simd reduction(+ : d)
       for (int64_t c = 0; c < hd; c++) d += dor[c] * orow[c];
       if (sh->dropout > 0.0f) {

@@ -26,6 +26,16 @@ static inline void cpu_round_16(uint16_t *dst, l2l_dtype dtype, const float *src
     for (int64_t i = 0; i < n; i++) dst[i] = half_from_f32_f16(src[i]);
 }
 
+/* wide (rows, cols, packed) := a stored (rows, cols) f16 or bf16 matrix whose rows are ld
+   apart, widened (exactly): a GEMM's 16-bit inputs, attention's 16-bit q, k, v and o. */
+static inline void cpu_widen_16(float *wide, const uint16_t *m, l2l_dtype dtype, int64_t rows,
+                                int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t j = 0; j < cols; j++)
+      wide[r * cols + j] = dtype == L2L_F16 ? half_f16_to_f32(m[r * ld + j])
+                                            : half_bf16_to_f32(m[r * ld + j]);
+}
+
 /* ---------------------------------------------------------------- the ops layers run (layer_ops.c) */
 
 l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab_dtype,

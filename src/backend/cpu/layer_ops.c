@@ -26,16 +26,6 @@
 
 /* ---------------------------------------------------------------- GEMM */
 
-/* A stored (rows, cols) 16-bit matrix whose rows are ld apart, widened (exactly) into
-   wide, packed. */
-static void widen_rows(float *wide, const uint16_t *m, l2l_dtype dtype, int64_t rows,
-                       int64_t cols, int64_t ld) {
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t j = 0; j < cols; j++)
-      wide[r * cols + j] = dtype == L2L_F16 ? half_f16_to_f32(m[r * ld + j])
-                                            : half_bf16_to_f32(m[r * ld + j]);
-}
-
 /* f16 / bf16 inputs are widened to f32 (exactly) one matrix pair at a time, in memory of
    the backend's own: OpenBLAS has no 16-bit GEMM with f32 accumulation. */
 l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
@@ -60,8 +50,8 @@ l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab
     const float *ai = (const float *)a + a_at, *bi = (const float *)b + b_at;
     int64_t ai_ld = lda, bi_ld = ldb;
     if (wide != NULL) {
-      widen_rows(wide, (const uint16_t *)a + a_at, ab_dtype, a_rows, a_cols, lda);
-      widen_rows(wide + m * k, (const uint16_t *)b + b_at, ab_dtype, b_rows, b_cols, ldb);
+      cpu_widen_16(wide, (const uint16_t *)a + a_at, ab_dtype, a_rows, a_cols, lda);
+      cpu_widen_16(wide + m * k, (const uint16_t *)b + b_at, ab_dtype, b_rows, b_cols, ldb);
       ai = wide, bi = wide + m * k, ai_ld = a_cols, bi_ld = b_cols;
     }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
