@@ -18,6 +18,7 @@
 
 #include "backend/backend.h"
 #include "check.h"
+#include "cuda_twins.h"   /* (copied_to: a tensor's values on the host) */
 
 static uint16_t round16(float x, l2l_dtype t) {
   return t == L2L_BF16 ? half_from_f32_bf16(x) : half_from_f32_f16(x);
@@ -81,18 +82,11 @@ static void parts_free(struct parts *p) {
   for (int b = 0; b < 3; b++) l2l_tensor_free(p->t[b]);
 }
 
-/* t's bytes on the host (a copy; freed by the caller). */
-static l2l_tensor *back(const l2l_tensor *t) {
-  l2l_tensor *h = check_tensor(L2L_POOL_HOST, l2l_tensor_dtype(t), DIMS(l2l_tensor_numel(t)));
-  CHECK_OK(l2l_tensor_copy(h, t));
-  return h;
-}
-
 /* f32 a and b alike: to the bit (exact), else each within tol of its scale and ulps of
    its own size. */
 static bool alike(const char *what, const l2l_tensor *a, const l2l_tensor *b, bool exact,
                   double tol, double ulps) {
-  l2l_tensor *x = back(a), *y = back(b);
+  l2l_tensor *x = copied_to(a, L2L_POOL_HOST), *y = copied_to(b, L2L_POOL_HOST);
   const float *fx = l2l_tensor_data(x), *fy = l2l_tensor_data(y);
   const int64_t n = l2l_tensor_numel(x);
   bool ok;
@@ -181,7 +175,7 @@ bool attention_io16_check(l2l_pool_kind pool, l2l_dtype products, bool standard,
   snprintf(label, sizeof label, "%so", what);
   l2l_tensor *ow = o_out;   /* o as the f32 run's backward reads it */
   if (o16) {
-    l2l_tensor *a = back(o32), *b = back(o_out);
+    l2l_tensor *a = copied_to(o32, L2L_POOL_HOST), *b = copied_to(o_out, L2L_POOL_HOST);
     const float *fa = l2l_tensor_data(a);
     const uint16_t *hb = l2l_tensor_data(b);
     float *widened = xmalloc((size_t)(N * ld_o) * sizeof *widened);
