@@ -372,7 +372,8 @@ L2L_API l2l_status l2l_gemm_batched(l2l_tensor *c, const l2l_tensor *a, const l2
                                     int trans_a, int trans_b, float alpha, float beta);
 
 L2L_API l2l_status l2l_bias_add(l2l_tensor *y, const l2l_tensor *bias);          /* y (R,C) += bias (C) */
-L2L_API l2l_status l2l_bias_backward(l2l_tensor *dbias, const l2l_tensor *dy);   /* dbias (C) += sum_r dy */
+/* dbias (C) += sum_r dy; dy may also be f16 or bf16 (widened, summed in f32) */
+L2L_API l2l_status l2l_bias_backward(l2l_tensor *dbias, const l2l_tensor *dy);
 /* out = a + b (the residual add); out may be a or b. */
 L2L_API l2l_status l2l_add(l2l_tensor *out, const l2l_tensor *a, const l2l_tensor *b);
 

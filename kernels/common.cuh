@@ -198,4 +198,21 @@ static __host__ __device__ __forceinline__ float f16_to_f32(uint16_t x) {
   return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
 }
 
+/* cpu_convert's load_as_f32 / store_f32 for one dtype fixed at compile time. */
+template <int DT>
+static __device__ __forceinline__ float load_as_f32(const void *src, int64_t i) {
+  if constexpr (DT == DT_F32) return reinterpret_cast<const float *>(src)[i];
+  else if constexpr (DT == DT_F16) return f16_to_f32(reinterpret_cast<const uint16_t *>(src)[i]);
+  else if constexpr (DT == DT_BF16) return bf16_to_f32(reinterpret_cast<const uint16_t *>(src)[i]);
+  else return (float)reinterpret_cast<const int32_t *>(src)[i];
+}
+
+template <int DT>
+static __device__ __forceinline__ void store_from_f32(void *dst, int64_t i, float value) {
+  if constexpr (DT == DT_F32) reinterpret_cast<float *>(dst)[i] = value;
+  else if constexpr (DT == DT_F16) reinterpret_cast<uint16_t *>(dst)[i] = f32_to_f16(value);
+  else if constexpr (DT == DT_BF16) reinterpret_cast<uint16_t *>(dst)[i] = f32_to_bf16(value);
+  else reinterpret_cast<int32_t *>(dst)[i] = (int32_t)value; /* checked integral first */
+}
+
 #endif /* L2L_KERNELS_COMMON_CUH */

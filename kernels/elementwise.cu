@@ -42,10 +42,13 @@ extern "C" int k_add(float *out, const float *a, const float *b, int64_t n, void
 /* ---------------------------------------------------------------- bias_add
    Flat grid-stride over units (float4s when cols % 4 == 0 and aligned, else floats).
    Each thread divides once for its starting column and then steps it by stride % width
-   with one conditional wrap, so the loop has no 64-bit division. */
+   with one conditional wrap, so the loop has no 64-bit division. HALF: the sums go to y16
+   rounded (four in one 8-byte store when vectorized), y is only read. */
 
+template <bool HALF>
 __global__ void __launch_bounds__(L2L_THREADS)
-    bias_add_kernel(float *y, const float *bias, int64_t rows, int64_t cols, bool vectorized) {
+    bias_add_kernel(float *y, uint16_t *y16, int y16_dtype, const float *bias, int64_t rows,
+                    int64_t cols, bool vectorized) {
   const int64_t per_row = vectorized ? cols >> 2 : cols;
   const int64_t total = rows * per_row, stride = grid_threads();
   int64_t u = thread_index();
@@ -55,7 +58,15 @@ __global__ void __launch_bounds__(L2L_THREADS)
   for (; u < total; u += stride) {
     if (vectorized) {
       float4 v = load4(y, u), b = load4(bias, col);
-      store4(y, u, make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w));
+      float4 s = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
+      if (HALF)
+        *reinterpret_cast<uint2 *>(y16 + 4 * u) =
+            make_uint2(f32_to_16(s.x, y16_dtype) | (uint32_t)f32_to_16(s.y, y16_dtype) << 16,
+                       f32_to_16(s.z, y16_dtype) | (uint32_t)f32_to_16(s.w, y16_dtype) << 16);
+      else
+        store4(y, u, s);
+    } else if (HALF) {
+      y16[u] = f32_to_16(y[u] + bias[col], y16_dtype);
     } else {
       y[u] += bias[col];
     }
@@ -64,14 +75,21 @@ __global__ void __launch_bounds__(L2L_THREADS)
   }
 }
 
-extern "C" int k_bias_add(float *y, const float *bias, int64_t rows, int64_t cols,
-                          void *stream) {
+extern "C" int k_bias_add(float *y, void *y16, int y16_dtype, const float *bias, int64_t rows,
+                          int64_t cols, void *stream) {
   if (rows < 0 || cols < 0) return invalid_argument();
+  if (y16 != NULL && y16_dtype != DT_BF16 && y16_dtype != DT_F16) return invalid_argument();
   if (rows == 0 || cols == 0) return 0;
-  bool vec = (cols & 3) == 0 && aligned16(y) && aligned16(bias);
+  bool vec = (cols & 3) == 0 && aligned16(y) && aligned16(bias) && ((uintptr_t)y16 & 7) == 0;
   int64_t units = rows * (vec ? cols >> 2 : cols);
-  bias_add_kernel<<<k_blocks_for(units), L2L_THREADS, 0, (cudaStream_t)stream>>>(
-      y, bias, rows, cols, vec);
+  uint16_t *h = static_cast<uint16_t *>(y16);
+  cudaStream_t s = (cudaStream_t)stream;
+  if (h != NULL)
+    bias_add_kernel<true><<<k_blocks_for(units), L2L_THREADS, 0, s>>>(y, h, y16_dtype, bias,
+                                                                       rows, cols, vec);
+  else
+    bias_add_kernel<false><<<k_blocks_for(units), L2L_THREADS, 0, s>>>(y, h, 0, bias, rows,
+                                                                        cols, vec);
   return k_launched();
 }
 
@@ -247,23 +265,6 @@ extern "C" int k_fill(void *dst, int dtype, uint32_t pattern, int64_t n, void *s
   fill_kernel<<<k_blocks_for(threads_needed), L2L_THREADS, 0, (cudaStream_t)stream>>>(
       dst, word, pattern, size, n, vec);
   return k_launched();
-}
-
-/* cpu_convert's load_as_f32 / store_f32 for one dtype fixed at compile time. */
-template <int DT>
-static __device__ __forceinline__ float load_as_f32(const void *src, int64_t i) {
-  if constexpr (DT == DT_F32) return reinterpret_cast<const float *>(src)[i];
-  else if constexpr (DT == DT_F16) return f16_to_f32(reinterpret_cast<const uint16_t *>(src)[i]);
-  else if constexpr (DT == DT_BF16) return bf16_to_f32(reinterpret_cast<const uint16_t *>(src)[i]);
-  else return (float)reinterpret_cast<const int32_t *>(src)[i];
-}
-
-template <int DT>
-static __device__ __forceinline__ void store_from_f32(void *dst, int64_t i, float value) {
-  if constexpr (DT == DT_F32) reinterpret_cast<float *>(dst)[i] = value;
-  else if constexpr (DT == DT_F16) reinterpret_cast<uint16_t *>(dst)[i] = f32_to_f16(value);
-  else if constexpr (DT == DT_BF16) reinterpret_cast<uint16_t *>(dst)[i] = f32_to_bf16(value);
-  else reinterpret_cast<int32_t *>(dst)[i] = (int32_t)value; /* checked integral first */
 }
 
 template <int DT>

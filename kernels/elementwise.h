@@ -26,8 +26,10 @@ extern "C" {
 /* out = a + b. out may be a or b. */
 int k_add(float *out, const float *a, const float *b, int64_t n, void *stream);
 
-/* y (rows, cols) += bias (cols), per column. */
-int k_bias_add(float *y, const float *bias, int64_t rows, int64_t cols, void *stream);
+/* y (rows, cols) += bias (cols), per column; or, with y16 given (DT_BF16 or DT_F16),
+   y16 (rows, cols) := y + bias rounded as k_convert rounds, y only read. */
+int k_bias_add(float *y, void *y16, int y16_dtype, const float *bias, int64_t rows,
+               int64_t cols, void *stream);
 
 /* y = gelu(x) (tanh form). y may be x. */
 int k_gelu_forward(float *y, const float *x, int64_t n, void *stream);

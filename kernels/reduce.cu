@@ -23,7 +23,8 @@
    its chunk's rows of its 32 columns: lane y takes rows y, y+8, ... in order, then lane 0
    adds the 8 lane sums in order. With one chunk the block adds straight into dbias;
    otherwise it writes partial[chunk][col] and a second kernel adds each column's
-   partials in a fixed order (a warp a column). The plan depends only on (rows, cols). */
+   partials in a fixed order (a warp a column). The plan depends only on (rows, cols). A
+   16-bit dy (DT) is widened as it is read: the same sums of the same values. */
 
 enum { BIAS_TILE_COLS = 32, BIAS_ROW_LANES = 8, BIAS_TARGET_BLOCKS = 2048, BIAS_MIN_ROWS = 32 };
 
@@ -51,8 +52,9 @@ extern "C" int64_t k_bias_backward_scratch_floats(int64_t rows, int64_t cols) {
   return plan.chunks == 1 ? 0 : plan.chunks * cols;
 }
 
+template <int DT>
 __global__ void __launch_bounds__(BIAS_TILE_COLS * BIAS_ROW_LANES)
-    column_chunk_sums(float *dst, bool add_into_dst, const float *dy, int64_t rows,
+    column_chunk_sums(float *dst, bool add_into_dst, const void *dy, int64_t rows,
                       int64_t cols, int64_t rows_per_chunk) {
   __shared__ float lane_sums[BIAS_ROW_LANES][BIAS_TILE_COLS];
   const int64_t col = (int64_t)blockIdx.x * BIAS_TILE_COLS + threadIdx.x;
@@ -61,7 +63,8 @@ __global__ void __launch_bounds__(BIAS_TILE_COLS * BIAS_ROW_LANES)
   float acc = 0.0f;
   if (col < cols) {
 #pragma unroll 4
-    for (int64_t r = first + threadIdx.y; r < end; r += BIAS_ROW_LANES) acc += dy[r * cols + col];
+    for (int64_t r = first + threadIdx.y; r < end; r += BIAS_ROW_LANES)
+      acc += load_as_f32<DT>(dy, r * cols + col);
   }
   lane_sums[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
@@ -91,9 +94,10 @@ __global__ void __launch_bounds__(L2L_THREADS)
   }
 }
 
-extern "C" int k_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols,
-                               float *scratch, void *stream) {
+extern "C" int k_bias_backward(float *dbias, const void *dy, int dy_dtype, int64_t rows,
+                               int64_t cols, float *scratch, void *stream) {
   if (rows < 0 || cols < 0) return invalid_argument();
+  if (dy_dtype != DT_F32 && dy_dtype != DT_BF16 && dy_dtype != DT_F16) return invalid_argument();
   if (rows == 0 || cols == 0) return 0; /* dbias += nothing */
   cudaStream_t s = (cudaStream_t)stream;
   bias_plan plan = plan_bias_backward(rows, cols);
@@ -102,11 +106,15 @@ extern "C" int k_bias_backward(float *dbias, const float *dy, int64_t rows, int6
   if (plan.col_tiles > 0x7fffffff) return invalid_argument();
   dim3 grid((unsigned)plan.col_tiles, (unsigned)plan.chunks);
   dim3 block(BIAS_TILE_COLS, BIAS_ROW_LANES);
-  if (plan.chunks == 1) {
-    column_chunk_sums<<<grid, block, 0, s>>>(dbias, true, dy, rows, cols, plan.rows_per_chunk);
-    return k_launched();
-  }
-  column_chunk_sums<<<grid, block, 0, s>>>(scratch, false, dy, rows, cols, plan.rows_per_chunk);
+  const bool one = plan.chunks == 1;
+  float *dst = one ? dbias : scratch;
+  if (dy_dtype == DT_F32)
+    column_chunk_sums<DT_F32><<<grid, block, 0, s>>>(dst, one, dy, rows, cols, plan.rows_per_chunk);
+  else if (dy_dtype == DT_BF16)
+    column_chunk_sums<DT_BF16><<<grid, block, 0, s>>>(dst, one, dy, rows, cols, plan.rows_per_chunk);
+  else
+    column_chunk_sums<DT_F16><<<grid, block, 0, s>>>(dst, one, dy, rows, cols, plan.rows_per_chunk);
+  if (one) return k_launched();
   int status = k_launched();
   if (status != 0) return status;
   add_chunk_sums<<<k_blocks_for(32 * cols), L2L_THREADS, 0, s>>>(dbias, scratch, plan.chunks, cols);

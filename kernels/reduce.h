@@ -24,12 +24,13 @@ extern "C" {
    (scratch may then be NULL), never more than 65536 + cols. */
 int64_t k_bias_backward_scratch_floats(int64_t rows, int64_t cols);
 
-/* dbias (cols) += column sums of dy (rows, cols). Deterministic: the rows are split into
+/* dbias (cols) += column sums of dy (rows, cols; dy_dtype DT_F32, or DT_BF16 / DT_F16 read
+   widened). Deterministic: the rows are split into
    fixed chunks that depend only on (rows, cols); each chunk's column sums are formed in
    a fixed order into scratch (device memory, k_bias_backward_scratch_floats floats),
    then each column's added in a fixed order (a warp a column: lane l the chunks l, l + 32,
    ... in turn, then a butterfly). Float accumulation, as the CPU. */
-int k_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols,
+int k_bias_backward(float *dbias, const void *dy, int dy_dtype, int64_t rows, int64_t cols,
                     float *scratch, void *stream);
 
 /* Doubles of scratch k_reduce needs, whatever n. */

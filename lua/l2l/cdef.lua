@@ -197,6 +197,7 @@ l2l_status l2l_gemm_batched(l2l_tensor *c, const l2l_tensor *a, const l2l_tensor
                             int trans_a, int trans_b, float alpha, float beta);
 
 l2l_status l2l_bias_add(l2l_tensor *y, const l2l_tensor *bias);
+
 l2l_status l2l_bias_backward(l2l_tensor *dbias, const l2l_tensor *dy);
 
 l2l_status l2l_add(l2l_tensor *out, const l2l_tensor *a, const l2l_tensor *b);

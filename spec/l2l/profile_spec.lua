@@ -13,7 +13,7 @@ local function gpt(c)
   local layers = { l2l.Embedding { vocab = c.V, dim = c.D, max_seq = c.S, seed = c.seed } }
   for i = 1, c.L do
     layers[#layers + 1] = l2l.Block { dim = c.D, heads = c.H, mlp = c.F, causal = true,
-                                      memory = c.memory, seed = c.seed + i }
+                                      memory = c.memory, bias = c.bias ~= false, seed = c.seed + i }
   end
   layers[#layers + 1] = l2l.LMHead { vocab = c.V, dim = c.D, tie = true, seed = c.seed + 99 }
   return l2l.Sequential(layers)
@@ -201,19 +201,20 @@ describe("l2l.profile", function()
 
   -- With 16-bit weights a GEMM reads its activation and its dy in 16 bits; the ops that make
   -- LayerNorm's, GELU's and attention's outputs, GELU's backward and the head's logits'
-  -- gradient write them so themselves (issue 46's fewer passes), so a step's casts are only
-  -- the GEMM inputs nothing writes in 16 bits and attention's inputs, counted here from the
-  -- block's structure: per block and micro-batch, the qkv map's output rounded into the
-  -- q, k, v attention reads (again in a recomputed forward), and in the backward the dy of
-  -- the MLP's second projection, of the attention's projection and of the qkv map; frugal
-  -- mode keeps LayerNorm's and GELU's outputs in f32 (its backward reads them), so their
-  -- three weight-gradient GEMMs cast them too. The standard head keeps its LayerNorm's
-  -- output and the logits' gradient 16-bit: no cast.
+  -- gradient write them so themselves (issue 46's fewer passes), and so do the qkv map's
+  -- bias add (q, k, v, which attention reads) and attention's backward (dq, dk, dv, the qkv
+  -- map's dy), so a step's casts are only the GEMM inputs nothing writes in 16 bits,
+  -- counted here from the block's structure: per block and micro-batch, without a bias
+  -- the qkv map's output rounded into q, k, v (again in a recomputed forward), and in the
+  -- backward the dy of the MLP's second projection and of the attention's projection;
+  -- frugal mode keeps LayerNorm's and GELU's outputs in f32 (its backward reads them), so
+  -- their three weight-gradient GEMMs cast them too. The standard head keeps its
+  -- LayerNorm's output and the logits' gradient 16-bit: no cast.
   it("with 16-bit weights casts only the GEMM inputs no op writes in 16 bits", function()
     for _, memory in ipairs { "standard", "frugal", support.int(0, 1) == 1 and "frugal" or "standard" } do
       local c = draw()
-      c.precision, c.memory = "bf16", memory
-      local what = describe_config(c)
+      c.precision, c.memory, c.bias = "bf16", memory, support.int(0, 1) == 1
+      local what = describe_config(c) .. (c.bias and "" or ", no bias")
       local run = relay(c)
       local tok, tgt = batch(c)
       run:step(tok, tgt)
@@ -227,7 +228,7 @@ describe("l2l.profile", function()
       end
       local micro_batches = math.ceil(c.B / c.micro_batch)
       local forward = c.inner == "recompute" and 2 or 1
-      local per_block = forward + 3 + (c.memory == "frugal" and 3 or 0)
+      local per_block = (c.bias and 0 or forward) + 2 + (c.memory == "frugal" and 3 or 0)
       assert.are.equal(steps * micro_batches * c.L * per_block, casts, what)
       run:free()
     end

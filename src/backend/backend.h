@@ -60,7 +60,11 @@ struct backend_attention_shape {
                             output so when its projection reads it in 16 bits anyway) */
   l2l_dtype qkv_dtype;   /* q, k and v's: f32 (0), or bf16 / f16 (any backend): read widened
                             (the block keeps them so on a 16-bit run: the GPU's products
-                            read them rounded anyway). dq, dk, dv are f32 whatever this is */
+                            read them rounded anyway) */
+  l2l_dtype dqkv_dtype;  /* dq, dk and dv's: f32 (0), or bf16 / f16 (any backend): the
+                            backward writes them rounded as convert rounds from their fp32
+                            values (the block keeps them so on a 16-bit run: the qkv map's
+                            GEMMs read them rounded, and cuDNN writes them in 16 bits) */
 };
 
 /* Which of `count` GPUs on this machine the process uses: L2L_CUDA_DEVICE when set (an
@@ -228,10 +232,15 @@ struct backend_ops {
                              int trans_b, float alpha, float beta, int64_t lda, int64_t ldb,
                              int64_t ldc);
   /* Shapes below as llm.c writes them; each op is l2l.h's public op of its name. */
-  /* y (rows,cols) += bias (cols) per column */
-  l2l_status (*bias_add)(float *y, const float *bias, int64_t rows, int64_t cols);
-  /* dbias (cols) += the sum over rows of dy (rows,cols) */
-  l2l_status (*bias_backward)(float *dbias, const float *dy, int64_t rows, int64_t cols);
+  /* y (rows,cols) += bias (cols) per column; or, with y16 given (a 16-bit y16_dtype),
+     y16 (rows,cols) := y + bias rounded as convert rounds, y only read (the qkv map's
+     output, which only attention reads, in 16 bits) */
+  l2l_status (*bias_add)(float *y, void *y16, l2l_dtype y16_dtype, const float *bias,
+                         int64_t rows, int64_t cols);
+  /* dbias (cols) += the sum over rows of dy (rows,cols) of dy_dtype (f32, or bf16 / f16
+     read widened: attention's 16-bit dq, dk, dv), summed in f32 */
+  l2l_status (*bias_backward)(float *dbias, const void *dy, l2l_dtype dy_dtype, int64_t rows,
+                              int64_t cols);
   /* out (n) = a (n) + b (n); out may be a or b */
   l2l_status (*add)(float *out, const float *a, const float *b, int64_t n);
   /* y (n) = gelu(x (n)); y may be x */
@@ -340,9 +349,10 @@ struct backend_ops {
                                   const void *v, const uint8_t *key_mask,
                                   const struct backend_attention_shape *shape, float *workspace,
                                   int64_t workspace_floats);
-  /* dq, dk, dv (same layout as q, k, v; written) from do, given what the forward kept
-     (probs / dropped / mask, or NULL to recompute them from q, k, lse and the generator). */
-  l2l_status (*attention_backward)(float *dq, float *dk, float *dv, const float *d_o,
+  /* dq, dk, dv (same layout as q, k, v; written; of shape->dqkv_dtype) from do, given what
+     the forward kept (probs / dropped / mask, or NULL to recompute them from q, k, lse and
+     the generator). */
+  l2l_status (*attention_backward)(void *dq, void *dk, void *dv, const float *d_o,
                                    const void *o, const float *lse, const float *probs,
                                    const float *dropped, const uint8_t *mask, const void *q,
                                    const void *k, const void *v, const uint8_t *key_mask,

@@ -49,15 +49,21 @@ static l2l_status p_gemm_batched(float *c, const void *a, const void *b, l2l_dty
            batch > 1 ? " batched" : "", padded ? " padded" : "");
 }
 
-static l2l_status p_bias_add(float *y, const float *bias, int64_t rows, int64_t cols) {
-  PROFILED(bias_add(y, bias, rows, cols), "bias_add", 0, F * (2 * d(rows) * d(cols) + d(cols)),
-           L2L_BOUND_MEM, false, "rows=%lld cols=%lld", (long long)rows, (long long)cols);
+static l2l_status p_bias_add(float *y, void *y16, l2l_dtype y16_dtype, const float *bias,
+                             int64_t rows, int64_t cols) {
+  double out = y16 != NULL ? (double)l2l_dtype_size(y16_dtype) : F;
+  PROFILED(bias_add(y, y16, y16_dtype, bias, rows, cols), "bias_add", 0,
+           (F + out) * d(rows) * d(cols) + F * d(cols), L2L_BOUND_MEM, false,
+           "rows=%lld cols=%lld%s%s", (long long)rows, (long long)cols, y16 ? " to " : "",
+           y16 ? dt(y16_dtype) : "");
 }
 
-static l2l_status p_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols) {
-  PROFILED(bias_backward(dbias, dy, rows, cols), "bias_backward", 0,
-           F * (d(rows) * d(cols) + 2 * d(cols)), L2L_BOUND_MEM, false, "rows=%lld cols=%lld",
-           (long long)rows, (long long)cols);
+static l2l_status p_bias_backward(float *dbias, const void *dy, l2l_dtype dy_dtype, int64_t rows,
+                                  int64_t cols) {
+  PROFILED(bias_backward(dbias, dy, dy_dtype, rows, cols), "bias_backward", 0,
+           (double)l2l_dtype_size(dy_dtype) * d(rows) * d(cols) + 2 * F * d(cols), L2L_BOUND_MEM,
+           false, "rows=%lld cols=%lld%s%s", (long long)rows, (long long)cols,
+           dy_dtype != L2L_F32 ? " " : "", dy_dtype != L2L_F32 ? dt(dy_dtype) : "");
 }
 
 static l2l_status p_add(float *out, const float *a, const float *b, int64_t n) {
@@ -242,10 +248,11 @@ static double attention_pairs(const struct backend_attention_shape *s) {
 }
 
 /* q, k, v, o and more in their strided rows: batch * seq rows of heads * head_dim
-   elements; `tensors` f32 ones beside q, k, v and o (each of its dtype). */
-static double attention_rows_bytes(const struct backend_attention_shape *s, double tensors) {
+   elements; the backward's do (f32) and dq, dk, dv beside q, k, v and o (each of its dtype). */
+static double attention_rows_bytes(const struct backend_attention_shape *s, int backward) {
   double o = s->o_dtype == L2L_F32 ? 1.0 : 0.5, qkv = s->qkv_dtype == L2L_F32 ? 3.0 : 1.5;
-  return (tensors + qkv + o) * F * d(s->batch) * d(s->seq) * d(s->heads) * d(s->head_dim);
+  double grads = !backward ? 0 : 1.0 + (s->dqkv_dtype == L2L_F32 ? 3.0 : 1.5);
+  return (grads + qkv + o) * F * d(s->batch) * d(s->seq) * d(s->heads) * d(s->head_dim);
 }
 
 static enum profile_bound attention_bound(const struct backend_attention_shape *s) {
@@ -284,7 +291,7 @@ static l2l_status p_attention_forward(void *o, float *lse, float *probs, float *
 
 /* Backward: dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q, and S = q k^T again when the
    forward kept no probabilities (frugal): 2 d FLOPs a pair each. */
-static l2l_status p_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
+static l2l_status p_attention_backward(void *dq, void *dk, void *dv, const float *d_o,
                                        const void *o, const float *lse, const float *probs,
                                        const float *dropped, const uint8_t *mask, const void *q,
                                        const void *k, const void *v, const uint8_t *key_mask,
@@ -297,7 +304,7 @@ static l2l_status p_attention_backward(float *dq, float *dk, float *dv, const fl
   PROFILED(attention_backward(dq, dk, dv, d_o, o, lse, probs, dropped, mask, q, k, v, key_mask,
                               shape, workspace, workspace_floats),
            "attention_backward", 2 * products * d(shape->head_dim) * attention_pairs(shape),
-           attention_rows_bytes(shape, 4) + F * d(shape->batch) * d(shape->heads) * d(shape->seq) +
+           attention_rows_bytes(shape, 1) + F * d(shape->batch) * d(shape->heads) * d(shape->seq) +
            kept, attention_bound(shape), false,
            ATTENTION_SHAPE(shape, probs != NULL, attention_path(runs_before)));
 }

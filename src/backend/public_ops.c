@@ -157,20 +157,21 @@ l2l_status l2l_bias_add(l2l_tensor *y, const l2l_tensor *bias) {
   TRY(one_backend(f, &ops, args, 2));
   TRY(numel_is(f, "bias", bias, tensor_cols(y), "one per column of y"));
   TRY(distinct(f, "y", y, "bias", bias, false));
-  return ops->bias_add(tensor_ptr(y), tensor_ptr(bias), tensor_rows(y),
+  return ops->bias_add(tensor_ptr(y), NULL, L2L_F32, tensor_ptr(bias), tensor_rows(y),
                        tensor_cols(y));
 }
 
 l2l_status l2l_bias_backward(l2l_tensor *dbias, const l2l_tensor *dy) {
   const char *f = __func__;
   TRY(need(f, "dbias", dbias, L2L_F32));
-  TRY(need(f, "dy", dy, L2L_F32));
+  bool dy16 = dy != NULL && tensor_ok(dy) && (dy->dtype == L2L_F16 || dy->dtype == L2L_BF16);
+  TRY(need(f, "dy", dy, dy16 ? dy->dtype : L2L_F32));
   const struct backend_ops *ops = NULL;
   struct arg args[] = {{"dbias", dbias}, {"dy", dy}};
   TRY(one_backend(f, &ops, args, 2));
   TRY(numel_is(f, "dbias", dbias, tensor_cols(dy), "one per column of dy"));
   TRY(distinct(f, "dbias", dbias, "dy", dy, false));
-  return ops->bias_backward(tensor_ptr(dbias), tensor_ptr(dy), tensor_rows(dy),
+  return ops->bias_backward(tensor_ptr(dbias), tensor_ptr(dy), dy->dtype, tensor_rows(dy),
                             tensor_cols(dy));
 }
 

@@ -91,9 +91,9 @@ struct block_plan {
   uint32_t flags;
   /* With 16-bit weights (LAYER_ACTS_16), the activations only their GEMMs read are kept
      in that dtype: pre-LN's LayerNorm outputs when their backward is the standard one
-     (it reads the input), GELU's output in standard mode (its backward reads fc), and
+     (it reads the input), GELU's output in standard mode (its backward reads fc),
      attention's inputs and output (which it reads widened: the attention shape's
-     qkv_dtype, o_dtype). */
+     qkv_dtype, o_dtype), and the gradients it writes for the qkv map (dqkv_dtype). */
   bool ln1_16, ln2_16, gelu_16, ctx_16, qkv_16;
   struct arena saved, fwd, bwd;
   /* forward state */
@@ -117,7 +117,7 @@ struct block_plan {
   /* backward temporaries */
   struct slot t1, t2, t3;       /* (N,D) gradients of a row's width */
   struct slot tf;               /* (N,F) the MLP's hidden gradient */
-  struct slot tqkv;             /* (N,3D) dq, dk, dv */
+  struct slot tqkv;             /* (N,3D) dq, dk, dv (16) */
   struct slot attn_back_work;   /* (attn_back_work_floats) attention backward's workspace */
   int64_t attn_work_floats, attn_back_work_floats;
 };
@@ -183,7 +183,8 @@ static void block_plan(struct block_plan *p, const l2l_layer *layer, int64_t B, 
   /* (the workspace depends on which dtypes are 16-bit, not on which 16 bits) */
   const struct backend_attention_shape ws = {
       .batch = B, .heads = p->H, .seq = S, .head_dim = p->D / p->H,
-      .o_dtype = p->ctx_16 ? L2L_BF16 : L2L_F32, .qkv_dtype = p->qkv_16 ? L2L_BF16 : L2L_F32};
+      .o_dtype = p->ctx_16 ? L2L_BF16 : L2L_F32, .qkv_dtype = p->qkv_16 ? L2L_BF16 : L2L_F32,
+      .dqkv_dtype = p->qkv_16 ? L2L_BF16 : L2L_F32};
   p->attn_work_floats = nt * ops->attention_workspace(&ws, 0);
   p->attn_back_work_floats = nt * ops->attention_workspace(&ws, 1);
   p->attn_work = put(fw, WORK, (uint64_t)p->attn_work_floats * f4);
@@ -192,7 +193,7 @@ static void block_plan(struct block_plan *p, const l2l_layer *layer, int64_t B, 
   p->t2 = put(bw, WORK, nd);
   p->t3 = put(bw, WORK, nd);
   p->tf = put(bw, WORK, nf);
-  p->tqkv = put(bw, WORK, 3 * nd);
+  p->tqkv = put(bw, WORK, p->qkv_16 ? 3 * nd / 2 : 3 * nd);
   p->attn_back_work = put(bw, WORK, (uint64_t)p->attn_back_work_floats * f4);
 }
 
@@ -250,12 +251,13 @@ static void attention_shape(struct backend_attention_shape *sh, const struct blo
       .stream = layers_dropout_stream(layer, b, 0), .first_sample = b->first_sample,
       .precision = call->precision, /* 16-bit weights: 16-bit attention products too */
       .o_dtype = p->ctx_16 ? call->precision : L2L_F32,
-      .qkv_dtype = p->qkv_16 ? call->precision : L2L_F32};
+      .qkv_dtype = p->qkv_16 ? call->precision : L2L_F32,
+      .dqkv_dtype = p->qkv_16 ? call->precision : L2L_F32};
 }
 
 /* Element j of a row of f32s or (h16) of 16-bit values starting at base. */
-static const void *elem(const float *base, int64_t j, bool h16) {
-  return h16 ? (const void *)((const uint16_t *)base + j) : (const void *)(base + j);
+static void *elem(float *base, int64_t j, bool h16) {
+  return h16 ? (void *)((uint16_t *)base + j) : (void *)(base + j);
 }
 
 /* branch := drop(branch) at residual site `site` (bits: the kept mask, or NULL). The
@@ -315,11 +317,17 @@ static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer,
     TRY(layernorm(call, &p, ln1.f32, ln1.h16, BUF(mean1), BUF(rstd1), x, layer, LN1_W));
     attn_in = layers_act_of(call, ln1);
   }
-  /* q, k, v: the map's f32 output, or kept rounded to 16 bits from the work's */
+  /* q, k, v: the map's f32 output, or kept rounded to 16 bits from the work's as its bias
+     is added (or, with no bias, by a cast) */
   float *qkv32 = p.qkv_16 ? BUF(qkv32) : qkv;
-  TRY(layers_linear_forward(call, qkv32, attn_in, layers_weight(layer, QKV_W), param(layer, QKV_B), N, D, 3 * D));
+  const float *qkv_bias = param(layer, QKV_B);
+  TRY(layers_linear_forward(call, qkv32, attn_in, layers_weight(layer, QKV_W),
+                            p.qkv_16 ? NULL : qkv_bias, N, D, 3 * D));
   int64_t bad = -1;
-  if (p.qkv_16) TRY(ops->convert(qkv, call->precision, qkv32, L2L_F32, N * 3 * D, &bad));
+  if (p.qkv_16 && qkv_bias)
+    TRY(ops->bias_add(qkv32, qkv, call->precision, qkv_bias, N, 3 * D));
+  else if (p.qkv_16)
+    TRY(ops->convert(qkv, call->precision, qkv32, L2L_F32, N * 3 * D, &bad));
   TRY(ops->attention_forward(ctx, BUF(lse), BUF(probs), BUF(dropped), (uint8_t *)BUF(attn_mask),
                              qkv, elem(qkv, D, p.qkv_16), elem(qkv, 2 * D, p.qkv_16), key_mask,
                              &sh, BUF(attn_work), p.attn_work_floats));
@@ -428,18 +436,21 @@ static l2l_status attention_branch_backward(const struct layer_call *call,
   const struct backend_ops *ops = call->ops;
   const int64_t N = p->N, D = p->D;
   float *dctx = at(m, p->t3), *dqkv = at(m, p->tqkv), *qkv = at(m, p->qkv), *ctx = at(m, p->ctx);
+  const bool h16 = p->qkv_16;   /* q, k, v and dq, dk, dv in 16 bits */
   TRY(layers_linear_backward(call, dctx, grad(layer, PROJ_W), grad(layer, PROJ_B), dz, NULL,
                              layers_kept_act(call, ctx, p->ctx_16), layers_weight(layer, PROJ_W), N,
                              D, D, 0.0f));
   struct backend_attention_shape sh;
   attention_shape(&sh, p, layer, call);
   const uint8_t *key_mask = call->b->key_mask ? tensor_ptr(call->b->key_mask) : NULL;
-  TRY(ops->attention_backward(dqkv, dqkv + D, dqkv + 2 * D, dctx, ctx, at(m, p->lse),
-                              at(m, p->probs), at(m, p->dropped),
-                              (const uint8_t *)at(m, p->attn_mask), qkv, elem(qkv, D, p->qkv_16),
-                              elem(qkv, 2 * D, p->qkv_16), key_mask, &sh, at(m, p->attn_back_work),
+  TRY(ops->attention_backward(dqkv, elem(dqkv, D, h16), elem(dqkv, 2 * D, h16), dctx, ctx,
+                              at(m, p->lse), at(m, p->probs), at(m, p->dropped),
+                              (const uint8_t *)at(m, p->attn_mask), qkv, elem(qkv, D, h16),
+                              elem(qkv, 2 * D, h16), key_mask, &sh, at(m, p->attn_back_work),
                               p->attn_back_work_floats));
-  return layers_linear_backward(call, da, grad(layer, QKV_W), grad(layer, QKV_B), dqkv, NULL, in,
+  /* (16-bit dq, dk, dv: the map's GEMMs read them as they are, its bias sums them) */
+  return layers_linear_backward(call, da, grad(layer, QKV_W), grad(layer, QKV_B),
+                                h16 ? NULL : dqkv, h16 ? dqkv : NULL, in,
                                 layers_weight(layer, QKV_W), N, D, 3 * D, 0.0f);
 }
 

@@ -53,7 +53,7 @@ static l2l_status embedding_forward(const struct layer_call *call, l2l_layer *la
   const struct weight wte = layers_weight(layer, EMBED_WTE);
   TRY(ops->embedding_forward(y, tensor_ptr(b->tokens), wte.data, wte.dtype, N, D));
   /* positions: y viewed as (B, S*D) plus wpe's first S rows as one (S*D) bias row */
-  TRY(ops->bias_add(y, param_f32(layer, EMBED_WPE), B, S * D));
+  TRY(ops->bias_add(y, NULL, L2L_F32, param_f32(layer, EMBED_WPE), B, S * D));
   if (c->type_vocab > 0) {
     float *types = work; /* (N,D) */
     TRY(ops->embedding_forward(types, tensor_ptr(b->token_types),
@@ -82,7 +82,7 @@ static l2l_status embedding_backward(const struct layer_call *call, l2l_layer *l
   }
   TRY(ops->embedding_backward(layers_grad_f32(layer, EMBED_WTE), d, tensor_ptr(b->tokens), N,
                               c->vocab, D));
-  TRY(ops->bias_backward(layers_grad_f32(layer, EMBED_WPE), d, B, S * D));
+  TRY(ops->bias_backward(layers_grad_f32(layer, EMBED_WPE), d, L2L_F32, B, S * D));
   if (c->type_vocab > 0)
     TRY(ops->embedding_backward(layers_grad_f32(layer, EMBED_WTT), d,
                                 tensor_ptr(b->token_types), N, c->type_vocab, D));

@@ -264,7 +264,8 @@ l2l_status layers_cast_activation(const struct layer_call *call, const void **ou
    [+ bias]; the backward adds x^T dy into dw and column sums of dy into db (NULL: none)
    and sets dx = dy w^T + dx_beta * dx (dx NULL: skipped). With a 16-bit w, x (unless it is
    16-bit already) and dy (unless dy16, its copy in w's dtype, is given; NULL: none) are
-   rounded to its dtype first (cast scratch: dy's n * out elements, then x's n * in). */
+   rounded to its dtype first (cast scratch: dy's n * out elements, then x's n * in). dy
+   may be NULL where dy16 is given: db then sums dy16 (attention's 16-bit dq, dk, dv). */
 l2l_status layers_linear_forward(const struct layer_call *call, float *y, struct act x,
                                  struct weight w, const float *bias, int64_t n, int64_t in,
                                  int64_t out);

@@ -77,7 +77,7 @@ l2l_status layers_linear_forward(const struct layer_call *call, float *y, struct
                                  struct weight w, const float *bias, int64_t n, int64_t in,
                                  int64_t out) {
   TRY(layers_gemm_weight(call, y, x, w, 0, n, out, in, 0, 0, 1.0f, 0.0f, 0));
-  return bias ? call->ops->bias_add(y, bias, n, out) : L2L_OK;
+  return bias ? call->ops->bias_add(y, NULL, L2L_F32, bias, n, out) : L2L_OK;
 }
 
 l2l_status layers_linear_backward(const struct layer_call *call, float *dx, float *dw, float *db,
@@ -91,7 +91,8 @@ l2l_status layers_linear_backward(const struct layer_call *call, float *dx, floa
                              n * out, w.dtype, 0));
   TRY(layers_cast_activation(call, &xr, x, n * in, w.dtype, n * out));
   TRY(ops->gemm_batched(dw, xr, dyr, w.dtype, 1, in, out, n, 1, 0, 1.0f, 1.0f, 0, 0, 0));
-  if (db) TRY(ops->bias_backward(db, dy, n, out));
+  if (db) TRY(dy ? ops->bias_backward(db, dy, L2L_F32, n, out)
+                 : ops->bias_backward(db, dy16, w.dtype, n, out));
   return dx ? ops->gemm_batched(dx, dyr, w.data, w.dtype, 1, n, in, out, 0, 1, 1.0f, dx_beta, 0,
                                 0, 0)
             : L2L_OK;

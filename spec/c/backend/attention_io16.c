@@ -1,14 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /* attention_io16.c — attention_io16_check (attention_io16.h): a backend's attention with
- * q, k, v and o in 16 bits against the same backend with their f32 copies.
+ * q, k, v, o and dq, dk, dv in 16 bits against the same backend with their f32 copies.
  *
- * Purpose: the block keeps attention's inputs and output in 16 bits on a 16-bit run; the
- * backends promise that this changes nothing but o's own rounding. Each case draws its
- * shape (sequences across the CPU's 64-row tiles, one to three heads of 8 to 64), causal or
- * not, which of q, k, v and o are 16-bit, the 16-bit dtype and o's row stride; outputs are
- * poisoned first, and o's padding must stay poisoned.
- * Must never: hold a 16-bit o to anything but the f32 run's o rounded by the dtype's own
- * rule, or let the two runs read different input values.
+ * Purpose: the block keeps attention's inputs, output and input gradients in 16 bits on a
+ * 16-bit run; the backends promise that this changes nothing but the outputs' own
+ * rounding. Each case draws its shape (sequences across the CPU's 64-row tiles, one to
+ * three heads of 8 to 64), causal or not, which of q, k, v, o and dq, dk, dv are 16-bit,
+ * the 16-bit dtype and the row strides; outputs are poisoned first, and their padding must
+ * stay poisoned.
+ * Must never: hold a 16-bit output to anything but the f32 run's rounded by the dtype's
+ * own rule, or let the two runs read different input values.
  */
 #include "attention_io16.h"
 
@@ -108,12 +109,42 @@ static bool alike(const char *what, const l2l_tensor *a, const l2l_tensor *b, bo
   return ok;
 }
 
+/* h (16-bit, rows of ld, the first `cols` of each in use) against the f32 f rounded by dt's
+   rule: to the bit (exact), else within two 16-bit ulps of each (an ulp: 2^-7 of a bf16's
+   size, 2^-10 of an f16's, at most) and 1e-5 of f's rms; the padding past cols untouched
+   (0xffff). widened (rows * ld, NULL: none) gets h's values. */
+static bool rounded_from(const char *what, const l2l_tensor *f, const l2l_tensor *h, int64_t rows,
+                         int64_t ld, int64_t cols, l2l_dtype dt, bool exact, float *widened) {
+  const double ulp = dt == L2L_BF16 ? 0x1p-7 : 0x1p-10;
+  l2l_tensor *a = copied_to(f, L2L_POOL_HOST), *b = copied_to(h, L2L_POOL_HOST);
+  const float *fa = l2l_tensor_data(a);
+  const uint16_t *hb = l2l_tensor_data(b);
+  double rms = 0.0;
+  for (int64_t i = 0; i < rows * ld; i++) rms += i % ld < cols ? (double)fa[i] * fa[i] : 0.0;
+  rms = sqrt(rms / (double)(rows * cols));
+  int64_t bad = 0, first = -1;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < ld; c++) {
+      const int64_t i = r * ld + c;
+      const uint16_t want = c >= cols ? 0xffff : round16(fa[i], dt);
+      const bool fine = hb[i] == want || (!exact && c < cols &&
+                        fabs((double)widen16(hb[i], dt) - fa[i]) <= 2 * ulp * fabs((double)fa[i]) + 1e-5 * rms);
+      if (!fine && bad++ == 0) first = i;
+      if (widened != NULL) widened[i] = widen16(hb[i], dt);
+    }
+  bool ok = CHECK(bad == 0, "%s: %lld elements are not the f32 run's rounded (the first at %lld: "
+                  "%04x, want the rounding of %.9g)", what, (long long)bad, (long long)first,
+                  first >= 0 ? hb[first] : 0, first >= 0 ? (double)fa[first] : 0.0);
+  l2l_tensor_free(a), l2l_tensor_free(b);
+  return ok;
+}
+
 bool attention_io16_check(l2l_pool_kind pool, l2l_dtype products, bool standard, bool exact) {
   const struct backend_ops *ops = backend_for(pool);
   /* 16 bits in the products' dtype where they are 16-bit (as the block keeps them) */
   const l2l_dtype dt = products != L2L_F32 ? products : check_rand_int(0, 1) ? L2L_BF16 : L2L_F16;
   const int which = (int)check_rand_int(0, 2);   /* q, k, v; o; both */
-  const bool qkv16 = which != 1, o16 = which != 0;
+  const bool qkv16 = which != 1, o16 = which != 0, dq16 = check_rand_int(0, 1);
   const int64_t B = check_rand_int(1, 2), H = check_rand_int(1, 3), hd = 8 * check_rand_int(1, 8);
   const int64_t S = check_rand_int(1, 80), D = H * hd, N = B * S, rows = B * H * S;
   const int64_t ld_o = D + (check_rand_int(0, 1) ? 8 : 0);
@@ -128,12 +159,14 @@ bool attention_io16_check(l2l_pool_kind pool, l2l_dtype products, bool standard,
       .seed = check_rand_u64(), .stream = check_rand_u64(), .precision = products};
   struct backend_attention_shape sh16 = sh;
   sh16.o_dtype = o16 ? dt : L2L_F32, sh16.qkv_dtype = qkv16 ? dt : L2L_F32;
+  sh16.dqkv_dtype = dq16 ? dt : L2L_F32;
   char what[260];
   snprintf(what, sizeof what, "attention %s B=%lld H=%lld S=%lld hd=%lld ld_qkv=%lld ld_o=%lld%s, "
-           "%s%s%s in %s, products %s: ", standard ? "standard" : "frugal", (long long)B,
+           "%s%s%s%s in %s, products %s: ", standard ? "standard" : "frugal", (long long)B,
            (long long)H, (long long)S, (long long)hd, (long long)ld, (long long)ld_o,
            sh.causal ? " causal" : "", qkv16 ? "q, k, v" : "", which == 2 ? " and " : "",
-           o16 ? "o" : "", l2l_dtype_name(dt), l2l_dtype_name(products));
+           o16 ? "o" : "", dq16 ? " (and dq, dk, dv)" : "", l2l_dtype_name(dt),
+           l2l_dtype_name(products));
 
   /* q, k, v: the 16-bit run's rounded from a draw, the f32 run's their widened values */
   const int64_t nq = 3 * N * D;
@@ -169,35 +202,16 @@ bool attention_io16_check(l2l_pool_kind pool, l2l_dtype products, bool standard,
   ok &= CHECK_OK(l2l_device_synchronize());
 
   /* o: the f32 run's (rounded, where 16-bit; the padding untouched), or within two 16-bit
-     ulps of it (an ulp: 2^-7 of a bf16's size, 2^-10 of an f16's, at most) */
-  const double ulp = dt == L2L_BF16 ? 0x1p-7 : 0x1p-10, ulps = products == L2L_F32 ? 0.0 : 2 * ulp;
+     ulps of it */
+  const double ulps = products == L2L_F32 ? 0.0 : 2 * (dt == L2L_BF16 ? 0x1p-7 : 0x1p-10);
   char label[320];
   snprintf(label, sizeof label, "%so", what);
   l2l_tensor *ow = o_out;   /* o as the f32 run's backward reads it */
   if (o16) {
-    l2l_tensor *a = copied_to(o32, L2L_POOL_HOST), *b = copied_to(o_out, L2L_POOL_HOST);
-    const float *fa = l2l_tensor_data(a);
-    const uint16_t *hb = l2l_tensor_data(b);
     float *widened = xmalloc((size_t)(N * ld_o) * sizeof *widened);
-    double rms = 0.0;
-    for (int64_t i = 0; i < N * ld_o; i++) rms += i % ld_o < D ? (double)fa[i] * fa[i] : 0.0;
-    rms = sqrt(rms / (double)(N * D));
-    int64_t bad = 0, first = -1;
-    for (int64_t r = 0; r < N; r++)
-      for (int64_t c = 0; c < ld_o; c++) {
-        const int64_t i = r * ld_o + c;
-        const uint16_t want = c >= D ? 0xffff : round16(fa[i], dt);
-        const bool fine = hb[i] == want || (!exact && c < D &&
-                          fabs((double)widen16(hb[i], dt) - fa[i]) <= 2 * ulp * fabs((double)fa[i]) + 1e-5 * rms);
-        if (!fine && bad++ == 0) first = i;
-        widened[i] = widen16(hb[i], dt);
-      }
-    ok &= CHECK(bad == 0, "%s: %lld elements are not the f32 o rounded (the first at %lld: %04x, "
-                "want the rounding of %.9g)", label, (long long)bad, (long long)first,
-                first >= 0 ? hb[first] : 0, first >= 0 ? (double)fa[first] : 0.0);
+    ok &= rounded_from(label, o32, o_out, N, ld_o, D, dt, exact, widened);
     ow = on_pool(pool, L2L_F32, N * ld_o, widened, NULL);
     free(widened);
-    l2l_tensor_free(a), l2l_tensor_free(b);
   } else {
     ok &= alike(label, o32, o_out, exact, 1e-5, ulps);
   }
@@ -210,7 +224,7 @@ bool attention_io16_check(l2l_pool_kind pool, l2l_dtype products, bool standard,
 
   /* the backward from the 16-bit inputs against the backward from their f32 copies */
   struct parts g32 = lay_out(pool, L2L_F32, interleaved, N, D, ld, NULL, NULL);
-  struct parts g16 = lay_out(pool, L2L_F32, interleaved, N, D, ld, NULL, NULL);
+  struct parts g16 = lay_out(pool, dq16 ? dt : L2L_F32, interleaved, N, D, ld, NULL, NULL);
   ok &= CHECK_OK(ops->attention_backward(g32.at[0], g32.at[1], g32.at[2], l2l_tensor_data(d_o),
                                          DATA(ow), DATA(lse32), DATA(p32), NULL, NULL, in32.at[0],
                                          in32.at[1], in32.at[2], NULL, &sh, w, wf));
@@ -221,7 +235,8 @@ bool attention_io16_check(l2l_pool_kind pool, l2l_dtype products, bool standard,
 #undef DATA
   for (int b = 0; b < (interleaved ? 1 : 3); b++) {
     snprintf(label, sizeof label, "%s%s", what, interleaved ? "dq, dk, dv" : b == 0 ? "dq" : b == 1 ? "dk" : "dv");
-    ok &= alike(label, g32.t[b], g16.t[b], exact, 1e-5, ulps);
+    if (dq16) ok &= rounded_from(label, g32.t[b], g16.t[b], N, ld, interleaved ? 3 * D : D, dt, exact, NULL);
+    else ok &= alike(label, g32.t[b], g16.t[b], exact, 1e-5, ulps);
   }
   l2l_tensor *all[] = {d_o, o32, o_out, lse32, lse16, p32, p16, work};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) l2l_tensor_free(all[i]);

@@ -194,7 +194,13 @@ TEST(cuda_bias_add_and_backward) {
     SIDES OK_ON(l2l_bias_backward(AT(dbias), AT(dy)));
     snprintf(what, sizeof what, "bias_backward %s", dims);
     CHECK_TWIN(what, dbias, RMS, tol_sum(rows));
-    TWIN_FREE(&y, &bias, &dbias, &dy);
+    /* dy in 16 bits (attention's dq, dk, dv), onto the result above */
+    const l2l_dtype dt = s & 1 ? L2L_F16 : L2L_BF16;
+    struct twin dy16 = twin_of(cast_on_host(dy.h, dt));
+    SIDES OK_ON(l2l_bias_backward(AT(dbias), AT(dy16)));
+    snprintf(what, sizeof what, "bias_backward %s over %s", dims, l2l_dtype_name(dt));
+    CHECK_TWIN(what, dbias, RMS, tol_sum(rows));
+    TWIN_FREE(&y, &bias, &dbias, &dy, &dy16);
   }
   end_gpu();
 }

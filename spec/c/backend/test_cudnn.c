@@ -294,15 +294,17 @@ TEST(cudnn_graph_math_on_cpu) {
     for (int causal = 0; causal < 2; causal++) {
       struct backend_attention_shape sh = drawn_shape(d ? 128 : 64, causal, PICK(L2L_BF16, L2L_F16));
       sh.qkv_dtype = PICK(L2L_F32, sh.precision);   /* (read in place: the rows' stride) */
+      sh.dqkv_dtype = PICK(L2L_F32, sh.precision);  /* (written so too, with q, k, v) */
       sh.batch = PICK(1, 2), sh.heads = PICK(1, 3), sh.seq = PICK(1, 7, 33, 64, 65);
       sh.ld_qkv = 3 * sh.heads * sh.head_dim, sh.ld_o = sh.heads * sh.head_dim;
       const int64_t D = sh.heads * sh.head_dim, N = sh.batch * sh.seq;
       const int64_t rows = sh.batch * sh.heads * sh.seq;
       char what[160];
-      snprintf(what, sizeof what, "graph on the CPU: B=%lld H=%lld S=%lld d=%lld%s %s%s",
+      snprintf(what, sizeof what, "graph on the CPU: B=%lld H=%lld S=%lld d=%lld%s %s%s%s",
                (long long)sh.batch, (long long)sh.heads, (long long)sh.seq,
                (long long)sh.head_dim, causal ? " causal" : "", l2l_dtype_name(sh.precision),
-               sh.qkv_dtype != L2L_F32 ? " q, k, v in place" : "");
+               sh.qkv_dtype != L2L_F32 ? " q, k, v in place" : "",
+               sh.qkv_dtype != L2L_F32 && sh.dqkv_dtype != L2L_F32 ? ", dq, dk, dv too" : "");
       l2l_tensor *qkv = RANDN(1.0, N, 3 * D), *d_o = RANDN(1.0, N, D), *o = NANS(N, D);
       l2l_tensor *lse = NANS(rows), *g = NANS(N, 3 * D);
       int64_t wf = hops->attention_workspace(&sh, 1) * l2l_get_threads();
@@ -310,7 +312,7 @@ TEST(cudnn_graph_math_on_cpu) {
       wf = wf0 > wf ? wf0 : wf;   /* (the forward's and the backward's, in one) */
       l2l_tensor *work = HOST(L2L_F32, wf > 0 ? wf : 1);
       struct backend_attention_shape ref = sh;
-      ref.precision = L2L_F32, ref.qkv_dtype = L2L_F32;   /* (the f32 draws themselves) */
+      ref.precision = L2L_F32, ref.qkv_dtype = ref.dqkv_dtype = L2L_F32;   /* (the f32 draws themselves) */
       const float *q = fdata(qkv);
       CHECK_OK(hops->attention_forward(fdata(o), fdata(lse), NULL, NULL, NULL, q, q + D, q + 2 * D,
                                        NULL, &ref, fdata(work), wf));
@@ -346,6 +348,20 @@ TEST(cudnn_graph_math_on_cpu) {
       if (!CHECK_OK(cudnn_describe(&sh, 1, view))) {
         sdpa_eval_free(&fe);
         break;
+      }
+      /* dQ, dK, dV written where the runner's pointers say: the block's rows in place (3D
+         apart) with q, k, v read so, else packed rows (D apart) in the scratch */
+      const int64_t ld_dq = sh.qkv_dtype != L2L_F32 && sh.dqkv_dtype != L2L_F32 ? 3 * D : D;
+      for (int p = 0; p < 3; p++) {
+        const int64_t uid = p == 0 ? SDPA_DQ : p == 1 ? SDPA_DK : SDPA_DV;
+        const int at = sdpa_eval_find(view, uid);
+        const int64_t *st = at >= 0 ? view->tensor[at].strides : NULL;
+        CHECK(st != NULL && st[0] == sh.seq * ld_dq && st[1] == sh.head_dim && st[2] == ld_dq &&
+              st[3] == 1, "%s: the backward's gradient %lld has strides %lld %lld %lld %lld, "
+              "want %lld %lld %lld 1", what, (long long)uid, st ? (long long)st[0] : -1LL,
+              st ? (long long)st[1] : -1LL, st ? (long long)st[2] : -1LL,
+              st ? (long long)st[3] : -1LL, (long long)(sh.seq * ld_dq),
+              (long long)sh.head_dim, (long long)ld_dq);
       }
       struct sdpa_eval be;
       sdpa_eval_init(&be, view);

@@ -12,7 +12,9 @@
  * cross-entropy forward and backward are the fused op's two halves, held to float64 in
  * test_ops.c; here the fused call with both outputs, and over its own logits, must agree
  * with them.) White box: the ops table is called directly. The GPU's fused kernels are
- * held to these in test_cuda.c. And the one cast of many tensors (convert_many) against
+ * held to these in test_cuda.c. The bias add whose sums go to 16 bits (the qkv map's) against
+ * the add then the cast, and the bias gradient of 16-bit rows (attention's dq, dk, dv)
+ * against the one of their widened copies. And the one cast of many tensors (convert_many) against
  * a cast of each; the ops the LM head runs on its padded logits rows (cross-entropy,
  * GEMMs with row strides) against the same ops on packed rows; and attention with its
  * inputs and output in 16 bits against the same on their f32 copies.
@@ -93,7 +95,7 @@ TEST(fused_bias_gelu_equals_bias_add_then_gelu) {
     float *pre_seq = copy_of(x, n), *y_seq = poison(n), *y_nob = poison(n);
     uint8_t *bits_seq = xmalloc((size_t)nb), *bits_nob = xmalloc((size_t)nb);
     CHECK_OK(ops->gelu_forward_bits(y_nob, bits_nob, x, n));
-    CHECK_OK(ops->bias_add(pre_seq, bias, rows, cols));
+    CHECK_OK(ops->bias_add(pre_seq, NULL, L2L_F32, bias, rows, cols));
     CHECK_OK(ops->gelu_forward_bits(y_seq, bits_seq, pre_seq, n));
     /* fused, y beside pre, with and without bits */
     float *pre = copy_of(x, n), *y = poison(n);
@@ -146,6 +148,28 @@ TEST(fused_bias_gelu_equals_bias_add_then_gelu) {
 
 /* GELU's backward, both forms, with the 16-bit copy of dx the GEMMs below read: dx as
    without it, and the copy convert's rounding of dx; in place over dy too. */
+TEST(bias_add_and_its_gradient_in_16_bits) {
+  const struct backend_ops *ops = &cpu_backend;
+  for (int s = 0; s < SHAPES; s++)
+    for (int d = 0; d < 2; d++) {
+      const int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
+      float *y = randn(n, 2.0), *bias = randn(cols, 1.0), *y_seq = copy_of(y, n), *y_kept = copy_of(y, n);
+      uint16_t *h = poison16(n);
+      CHECK_OK(ops->bias_add(y_seq, NULL, L2L_F32, bias, rows, cols));
+      CHECK_OK(ops->bias_add(y, h, halves[d], bias, rows, cols));
+      same_halves("bias_add to 16 bits", halves[d], h, y_seq, n, rows, cols);
+      same_bits("bias_add to 16 bits: y (only read)", y, y_kept, n, rows, cols);
+      /* the column sums of h against those of its widened copy, onto a drawn start */
+      float *wide = poison(n), *db16 = randn(cols, 1.0), *db32 = copy_of(db16, cols);
+      int64_t bad = -1;
+      CHECK_OK(ops->convert(wide, L2L_F32, h, halves[d], n, &bad));
+      CHECK_OK(ops->bias_backward(db16, h, halves[d], rows, cols));
+      CHECK_OK(ops->bias_backward(db32, wide, L2L_F32, rows, cols));
+      same_bits("bias_backward over 16 bits", db16, db32, cols, rows, cols);
+      free(y), free(bias), free(y_seq), free(y_kept), free(h), free(wide), free(db16), free(db32);
+    }
+}
+
 TEST(gelu_backward_16bit_copy_is_dx_rounded) {
   const struct backend_ops *ops = &cpu_backend;
   for (int s = 0; s < SHAPES; s++) {

@@ -257,8 +257,22 @@ TEST(op_bias_backward) {
        reduction, the others a few terms. */
     CHECK_CLOSE("bias_backward", check_data(dbias), want, cols, sqrt((double)rows) + 1.0,
                 rows > 100 ? TOL_REDUCTION : TOL_ELEMENTWISE);
+    /* dy in 16 bits: the sums of its values (exactly widened), onto the result above */
+    const l2l_dtype dt = check_rand_int(0, 1) ? L2L_BF16 : L2L_F16;
+    l2l_tensor *dy16 = check_tensor(L2L_POOL_HOST, dt, nds[s], shapes[s]);
+    CHECK_OK(l2l_tensor_cast(dy16, dy));
+    const uint16_t *h = l2l_tensor_data(dy16);
+    for (int64_t j = 0; j < cols; j++) {
+      double acc = check_data(dbias)[j];
+      for (int64_t r = 0; r < rows; r++)
+        acc += dt == L2L_BF16 ? l2l_bf16_to_f32(h[r * cols + j]) : l2l_f16_to_f32(h[r * cols + j]);
+      want[j] = acc;
+    }
+    CHECK_OK(l2l_bias_backward(dbias, dy16));
+    CHECK_CLOSE("bias_backward over 16 bits", check_data(dbias), want, cols,
+                2 * sqrt((double)rows) + 1.0, rows > 100 ? TOL_REDUCTION : TOL_ELEMENTWISE);
     free(want);
-    FREE(dy, dbias);
+    FREE(dy, dbias, dy16);
   }
 }
 

@@ -13,7 +13,8 @@
  * which OpenBLAS's OpenMP build runs single-threaded inside the parallel region. 16-bit q,
  * k, v (a 16-bit run's block keeps them so) are widened a head's rows at a time into the
  * thread's workspace first, and a 16-bit o is computed a tile at a time in fp32 there and
- * rounded as it is stored: the products are fp32 whatever the dtypes.
+ * rounded as it is stored; 16-bit dq, dk, dv are a head's fp32 rows there, rounded once
+ * the head is done: the products are fp32 whatever the dtypes.
  *
  * Backward per tile of query rows i and all visible keys j (dropout mask M, keep = 1-p):
  *   P = exp(scale q k^T - lse),  P' = P M / keep,  dv += P'^T do,  dP' = do v^T,
@@ -36,7 +37,7 @@ enum { TILE_Q = 64 }; /* query rows per tile: a tile row of scores stays in cach
    with a 16-bit o its tile of fp32 rows before they are rounded, then with 16-bit q, k, v
    the tile's q rows and the head's k and v rows widened. Backward: the P, P' and dP'
    tiles, then with a 16-bit o a row of it widened, then with 16-bit q, k, v the head's
-   rows of each widened. */
+   rows of each widened, then with 16-bit dq, dk, dv the head's fp32 rows of each. */
 static int64_t o_floats(const struct backend_attention_shape *sh, int backward) {
   return sh->o_dtype == L2L_F32 ? 0 : backward ? sh->head_dim : TILE_Q * sh->head_dim;
 }
@@ -44,10 +45,13 @@ static int64_t qkv_floats(const struct backend_attention_shape *sh, int backward
   if (sh->qkv_dtype == L2L_F32) return 0;
   return (backward ? 3 * sh->seq : TILE_Q + 2 * sh->seq) * sh->head_dim;
 }
+static int64_t dqkv_floats(const struct backend_attention_shape *sh, int backward) {
+  return backward && sh->dqkv_dtype != L2L_F32 ? 3 * sh->seq * sh->head_dim : 0;
+}
 
 int64_t cpu_attention_workspace(const struct backend_attention_shape *sh, int backward) {
   return (backward ? 3 : 1) * (int64_t)TILE_Q * sh->seq + o_floats(sh, backward) +
-         qkv_floats(sh, backward);
+         qkv_floats(sh, backward) + dqkv_floats(sh, backward);
 }
 
 /* Rows [r0, r0 + rows) of head h of sample b of q, k or v as fp32 rows of head_dim: the
@@ -218,12 +222,12 @@ l2l_status cpu_attention_forward(void *o, float *lse, float *probs, float *dropp
 
 /* ---------------------------------------------------------------- backward */
 
-static void backward_head(float *dq, float *dk, float *dv, const float *d_o, const void *o,
+static void backward_head(void *dq, void *dk, void *dv, const float *d_o, const void *o,
                           const float *lse, const float *probs, const float *dropped,
                           const uint8_t *mask, const void *q, const void *k, const void *v,
                           const uint8_t *key_mask, const struct backend_attention_shape *sh,
                           int64_t b, int64_t h, float *scratch) {
-  const int64_t S = sh->seq, hd = sh->head_dim, ld = sh->ld_qkv, ldo = sh->ld_o;
+  const int64_t S = sh->seq, hd = sh->head_dim, ldo = sh->ld_o;
   const int64_t head = b * sh->heads + h;
   const float keep_scale = 1.0f / (1.0f - sh->dropout);
   float *p_tile = scratch, *pd_tile = scratch + TILE_Q * S, *dp_tile = scratch + 2 * TILE_Q * S;
@@ -233,7 +237,12 @@ static void backward_head(float *dq, float *dk, float *dv, const float *d_o, con
   const float *qh = head_rows(q, sh, b, h, 0, S, qbuf, &ldq);
   const float *kb = head_rows(k, sh, b, h, 0, S, kbuf, &ldk);
   const float *vb = head_rows(v, sh, b, h, 0, S, vbuf, &ldv);
-  float *dkb = dk + b * S * ld + h * hd, *dvb = dv + b * S * ld + h * hd;
+  /* the head's dq, dk, dv: in place when f32, else fp32 rows (S, hd) rounded at the end */
+  const bool g16 = sh->dqkv_dtype != L2L_F32;
+  const int64_t first = b * S * sh->ld_qkv + h * hd, ld = g16 ? hd : sh->ld_qkv;
+  float *dqb = g16 ? qbuf + qkv_floats(sh, 1) : (float *)dq + first;
+  float *dkb = g16 ? dqb + S * hd : (float *)dk + first;
+  float *dvb = g16 ? dkb + S * hd : (float *)dv + first;
   for (int64_t j = 0; j < S; j++) {
     memset(dkb + j * ld, 0, (size_t)hd * sizeof *dkb);
     memset(dvb + j * ld, 0, (size_t)hd * sizeof *dvb);
@@ -244,7 +253,7 @@ static void backward_head(float *dq, float *dk, float *dv, const float *d_o, con
     const float *qt = qh + i0 * ldq;
     const float *dot = d_o + (b * S + i0) * ldo + h * hd;
     const int64_t o0 = (b * S + i0) * ldo + h * hd;   /* (o's row r at o0 + r ldo) */
-    float *dqt = dq + (b * S + i0) * ld + h * hd;
+    float *dqt = dqb + i0 * ld;
 
     /* P of the tile: kept (standard) or recomputed from q, k and lse (frugal). */
     const float *pt = p_tile;
@@ -312,9 +321,16 @@ static void backward_head(float *dq, float *dk, float *dv, const float *d_o, con
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kend, (int)hd, (int)rows,
                 sh->scale, dp_tile, (int)S, qt, (int)ldq, 1.0f, dkb, (int)ld);
   }
+  if (!g16) return;
+  for (int64_t j = 0; j < S; j++) {   /* (rounded as convert rounds) */
+    const int64_t at = first + j * sh->ld_qkv;
+    cpu_round_16((uint16_t *)dq + at, sh->dqkv_dtype, dqb + j * hd, hd);
+    cpu_round_16((uint16_t *)dk + at, sh->dqkv_dtype, dkb + j * hd, hd);
+    cpu_round_16((uint16_t *)dv + at, sh->dqkv_dtype, dvb + j * hd, hd);
+  }
 }
 
-l2l_status cpu_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
+l2l_status cpu_attention_backward(void *dq, void *dk, void *dv, const float *d_o,
                                   const void *o, const float *lse, const float *probs,
                                   const float *dropped, const uint8_t *mask,
                                   const void *q, const void *k, const void *v,

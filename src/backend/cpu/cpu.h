@@ -42,8 +42,10 @@ l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab
                             int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
                             int trans_b, float alpha, float beta, int64_t lda, int64_t ldb,
                             int64_t ldc);
-l2l_status cpu_bias_add(float *y, const float *bias, int64_t rows, int64_t cols);
-l2l_status cpu_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols);
+l2l_status cpu_bias_add(float *y, void *y16, l2l_dtype y16_dtype, const float *bias,
+                        int64_t rows, int64_t cols);
+l2l_status cpu_bias_backward(float *dbias, const void *dy, l2l_dtype dy_dtype, int64_t rows,
+                             int64_t cols);
 l2l_status cpu_add(float *out, const float *a, const float *b, int64_t n);
 l2l_status cpu_gelu_forward(float *y, const float *x, int64_t n);
 l2l_status cpu_gelu_backward(float *dx, void *dx16, l2l_dtype dx16_dtype, const float *dy,
@@ -102,7 +104,7 @@ l2l_status cpu_attention_forward(void *o, float *lse, float *probs, float *dropp
                                  const void *v, const uint8_t *key_mask,
                                  const struct backend_attention_shape *shape, float *workspace,
                                  int64_t workspace_floats);
-l2l_status cpu_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
+l2l_status cpu_attention_backward(void *dq, void *dk, void *dv, const float *d_o,
                                   const void *o, const float *lse, const float *probs,
                                   const float *dropped, const uint8_t *mask,
                                   const void *q, const void *k, const void *v,

@@ -71,21 +71,35 @@ l2l_status cpu_add(float *out, const float *a, const float *b, int64_t n) {
   return L2L_OK;
 }
 
-l2l_status cpu_bias_add(float *y, const float *bias, int64_t rows, int64_t cols) {
+enum { ROW_CHUNK = 512 };   /* a row's columns a thread sums (or widens) at a time on the stack */
+
+l2l_status cpu_bias_add(float *y, void *y16, l2l_dtype y16_dtype, const float *bias,
+                        int64_t rows, int64_t cols) {
   int nt = threads_for(rows * cols);
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t r = 0; r < rows; r++) {
     float *row = y + r * cols;
+    if (y16 == NULL) {
 #pragma omp simd
-    for (int64_t j = 0; j < cols; j++) row[j] += bias[j];
+      for (int64_t j = 0; j < cols; j++) row[j] += bias[j];
+      continue;
+    }
+    float sum[ROW_CHUNK];   /* (y + bias, then rounded as convert rounds) */
+    for (int64_t j0 = 0; j0 < cols; j0 += ROW_CHUNK) {
+      const int64_t n = cols - j0 < ROW_CHUNK ? cols - j0 : ROW_CHUNK;
+#pragma omp simd
+      for (int64_t j = 0; j < n; j++) sum[j] = row[j0 + j] + bias[j0 + j];
+      cpu_round_16((uint16_t *)y16 + r * cols + j0, y16_dtype, sum, n);
+    }
   }
   return L2L_OK;
 }
 
 /* Column sums of a (rows, cols) matrix added into out (cols). Each thread sums its static
    block of rows into a private buffer; the buffers are then added in thread order, so the
-   result does not depend on timing. */
-static l2l_status column_sums(float *out, const float *src, int64_t rows, int64_t cols) {
+   result does not depend on timing. A 16-bit src (dtype) is widened exactly as it is read. */
+static l2l_status column_sums(float *out, const void *src, l2l_dtype dtype, int64_t rows,
+                              int64_t cols) {
   int nt = threads_for(rows * cols);
   if (nt > rows) nt = (int)rows;
   float *partial = calloc((size_t)nt * (size_t)cols, sizeof *partial);
@@ -96,9 +110,19 @@ static l2l_status column_sums(float *out, const float *src, int64_t rows, int64_
     int t = nt > 1 ? omp_get_thread_num() : 0;
     float *acc = partial + (size_t)t * (size_t)cols;
     for (int64_t r = rows * t / nt; r < rows * (t + 1) / nt; r++) {
-      const float *row = src + r * cols;
+      if (dtype == L2L_F32) {
+        const float *row = (const float *)src + r * cols;
 #pragma omp simd
-      for (int64_t j = 0; j < cols; j++) acc[j] += row[j];
+        for (int64_t j = 0; j < cols; j++) acc[j] += row[j];
+        continue;
+      }
+      float wide[ROW_CHUNK];
+      for (int64_t j0 = 0; j0 < cols; j0 += ROW_CHUNK) {
+        const int64_t n = cols - j0 < ROW_CHUNK ? cols - j0 : ROW_CHUNK;
+        cpu_widen_16(wide, (const uint16_t *)src + r * cols + j0, dtype, 1, n, n);
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) acc[j0 + j] += wide[j];
+      }
     }
   }
   for (int t = 0; t < nt; t++) {
@@ -110,8 +134,9 @@ static l2l_status column_sums(float *out, const float *src, int64_t rows, int64_
   return L2L_OK;
 }
 
-l2l_status cpu_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols) {
-  return column_sums(dbias, dy, rows, cols);
+l2l_status cpu_bias_backward(float *dbias, const void *dy, l2l_dtype dy_dtype, int64_t rows,
+                             int64_t cols) {
+  return column_sums(dbias, dy, dy_dtype, rows, cols);
 }
 
 static inline float gelu_of(float v) {

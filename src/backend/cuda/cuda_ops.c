@@ -162,21 +162,23 @@ static l2l_status cuda_add(float *out, const float *a, const float *b, int64_t n
   return L2L_OK;
 }
 
-static l2l_status cuda_bias_add(float *y, const float *bias, int64_t rows, int64_t cols) {
-  LAUNCH(k_bias_add(y, bias, rows, cols, cuda_rt.compute));
+static l2l_status cuda_bias_add(float *y, void *y16, l2l_dtype y16_dtype, const float *bias,
+                                int64_t rows, int64_t cols) {
+  LAUNCH(k_bias_add(y, y16, (int)y16_dtype, bias, rows, cols, cuda_rt.compute));
   return L2L_OK;
 }
 
-static l2l_status bias_backward_locked(float *dbias, const float *dy, int64_t rows,
-                                       int64_t cols) {
+static l2l_status bias_backward_locked(float *dbias, const void *dy, l2l_dtype dy_dtype,
+                                       int64_t rows, int64_t cols) {
   float *scratch = NULL;
   TRY(scratch_floats(&scratch, k_bias_backward_scratch_floats(rows, cols)));
-  LAUNCH(k_bias_backward(dbias, dy, rows, cols, scratch, cuda_rt.compute));
+  LAUNCH(k_bias_backward(dbias, dy, (int)dy_dtype, rows, cols, scratch, cuda_rt.compute));
   return L2L_OK;
 }
 
-static l2l_status cuda_bias_backward(float *dbias, const float *dy, int64_t rows, int64_t cols) {
-  WITH_SCRATCH(bias_backward_locked(dbias, dy, rows, cols));
+static l2l_status cuda_bias_backward(float *dbias, const void *dy, l2l_dtype dy_dtype,
+                                     int64_t rows, int64_t cols) {
+  WITH_SCRATCH(bias_backward_locked(dbias, dy, dy_dtype, rows, cols));
 }
 
 static l2l_status cuda_gelu_forward(float *y, const float *x, int64_t n) {
@@ -439,10 +441,11 @@ static int64_t cuda_attention_workspace(const struct backend_attention_shape *sh
   return 0;
 }
 
-/* The own kernels read and write an f32 o and read f32 q, k, v: 16-bit ones go through fp32
-   rows in the scratch (their row strides; rounded up to 64 floats), cast there or back.
-   q, k and v interleaved in one buffer (k and v a head-rows' width after q, as the block
-   keeps them) are widened in one cast and take one region. */
+/* The own kernels read and write an f32 o, read f32 q, k, v and write f32 dq, dk, dv:
+   16-bit ones go through fp32 rows in the scratch (their row strides; rounded up to 64
+   floats), cast there or back. Three tensors interleaved in one buffer (k and v a
+   head-rows' width after q, as the block keeps q, k, v and dq, dk, dv) are cast in one
+   kernel and take one region. */
 static int64_t up64(int64_t floats) { return (floats + 63) / 64 * 64; }
 static int64_t o_rows_floats(const struct backend_attention_shape *sh) {
   return sh->o_dtype == L2L_F32 ? 0 : up64(sh->batch * sh->seq * sh->ld_o);
@@ -453,29 +456,41 @@ static bool qkv_interleaved(const void *q, const void *k, const void *v,
   return (const char *)k - (const char *)q == w && (const char *)v - (const char *)k == w &&
          sh->ld_qkv >= 3 * sh->heads * sh->head_dim;
 }
-static int64_t qkv_rows_floats(const void *q, const void *k, const void *v,
+/* Scratch floats for the fp32 rows of three tensors x[3] of q, k, v's layout, when
+   dtype is 16-bit (else none). */
+static int64_t qkv_rows_floats(l2l_dtype dtype, const void *const x[3],
                                const struct backend_attention_shape *sh) {
-  if (sh->qkv_dtype == L2L_F32) return 0;
-  return (qkv_interleaved(q, k, v, sh) ? 1 : 3) * up64(sh->batch * sh->seq * sh->ld_qkv);
+  if (dtype == L2L_F32) return 0;
+  return (qkv_interleaved(x[0], x[1], x[2], sh) ? 1 : 3) * up64(sh->batch * sh->seq * sh->ld_qkv);
 }
-static l2l_status qkv_widen(const float **q32, const float **k32, const float **v32, float *at,
-                            const void *q, const void *k, const void *v,
-                            const struct backend_attention_shape *sh) {
+/* rows[i] := where x[i]'s fp32 rows lie in the scratch from `at`. */
+static void qkv_rows(float *rows[3], float *at, const void *const x[3],
+                     const struct backend_attention_shape *sh) {
+  const bool one = qkv_interleaved(x[0], x[1], x[2], sh);
+  const int64_t w = sh->heads * sh->head_dim, region = up64(sh->batch * sh->seq * sh->ld_qkv);
+  for (int i = 0; i < 3; i++) rows[i] = at + i * (one ? w : region);
+}
+/* The three 16-bit tensors x (dtype) widened into their rows, or (back) rounded from them. */
+static l2l_status qkv_cast(float *const rows[3], const void *const x[3], l2l_dtype dtype,
+                           bool back, const struct backend_attention_shape *sh) {
   const int64_t n = sh->batch * sh->seq, w = sh->heads * sh->head_dim, ld = sh->ld_qkv;
-  const int t = (int)sh->qkv_dtype;
-  if (qkv_interleaved(q, k, v, sh)) {
-    LAUNCH(k_cast_rows(at, DT_F32, ld, q, t, ld, n, 3 * w, cuda_rt.compute));
-    *q32 = at, *k32 = at + w, *v32 = at + 2 * w;
-    return L2L_OK;
-  }
-  const void *src[3] = {q, k, v};
-  const float **dst[3] = {q32, k32, v32};
-  for (int i = 0; i < 3; i++) {
-    float *region = at + i * up64(n * ld);
-    LAUNCH(k_cast_rows(region, DT_F32, ld, src[i], t, ld, n, w, cuda_rt.compute));
-    *dst[i] = region;
+  const bool one = qkv_interleaved(x[0], x[1], x[2], sh);
+  for (int i = 0; i < (one ? 1 : 3); i++) {
+    const int64_t cols = one ? 3 * w : w;
+    if (back)
+      LAUNCH(k_cast_rows((void *)x[i], (int)dtype, ld, rows[i], DT_F32, ld, n, cols, cuda_rt.compute));
+    else
+      LAUNCH(k_cast_rows(rows[i], DT_F32, ld, x[i], (int)dtype, ld, n, cols, cuda_rt.compute));
   }
   return L2L_OK;
+}
+/* q32 := fp32 q, k, v for the own kernels: the tensors themselves, or widened at `at`. */
+static l2l_status qkv_widened(float *q32[3], float *at, const void *const qkv[3],
+                              const struct backend_attention_shape *sh) {
+  for (int i = 0; i < 3; i++) q32[i] = (float *)qkv[i];
+  if (sh->qkv_dtype == L2L_F32) return L2L_OK;
+  qkv_rows(q32, at, qkv, sh);
+  return qkv_cast(q32, qkv, sh->qkv_dtype, false, sh);
 }
 static l2l_status o_cast(void *dst, int dst_dtype, const void *src, int src_dtype,
                          const struct backend_attention_shape *sh) {
@@ -492,9 +507,10 @@ static l2l_status o_cast(void *dst, int dst_dtype, const void *src, int src_dtyp
    so a forward and a backward that took different paths still agree. Called with
    cuda_rt.lock held. */
 
-static l2l_status cudnn_scratch(void **out, const struct backend_attention_shape *sh, int backward) {
+static l2l_status cudnn_scratch(void **out, const struct backend_attention_shape *sh,
+                                const struct sdpa_call *c, int backward) {
   float *floats = NULL;
-  uint64_t bytes = cudnn_sdpa_scratch_bytes(sh, backward) + 256;
+  uint64_t bytes = cudnn_sdpa_scratch_bytes(sh, c, backward) + 256;
   TRY(scratch_floats(&floats, (int64_t)((bytes + sizeof(float) - 1) / sizeof(float))));
   *out = (void *)(((uintptr_t)floats + 255) & ~(uintptr_t)255);
   return L2L_OK;
@@ -504,11 +520,12 @@ static l2l_status attention_forward_cudnn(bool *ran, void *o, float *lse, const 
                                           const void *k, const void *v,
                                           const struct backend_attention_shape *sh) {
   void *scratch = NULL;
-  l2l_status st = cudnn_scratch(&scratch, sh, 0);
+  const struct sdpa_call c = {q, k, v, o, NULL, NULL, NULL};
+  l2l_status st = cudnn_scratch(&scratch, sh, &c, 0);
   if (st == L2L_ERR_NOMEM) return L2L_OK;
   TRY(st);
   *ran = true;
-  for (int i = 0; i < cudnn_sdpa_launches(sh, q, k, v, o, 0); i++) launched();
+  for (int i = 0; i < cudnn_sdpa_launches(sh, &c, 0); i++) launched();
   return cudnn_sdpa_forward(o, lse, q, k, v, sh, scratch);
 }
 
@@ -516,12 +533,12 @@ static l2l_status attention_forward_locked(void *o, float *lse, float *probs, fl
                                            uint8_t *mask, const void *q, const void *k,
                                            const void *v, const uint8_t *key_mask,
                                            const struct backend_attention_shape *sh) {
-  float *scratch = NULL, *o32 = (float *)o;
-  const float *q32 = q, *k32 = k, *v32 = v;
-  TRY(scratch_floats(&scratch, o_rows_floats(sh) + qkv_rows_floats(q, k, v, sh)));
+  float *scratch = NULL, *o32 = (float *)o, *q32[3];
+  const void *qkv[3] = {q, k, v};
+  TRY(scratch_floats(&scratch, o_rows_floats(sh) + qkv_rows_floats(sh->qkv_dtype, qkv, sh)));
   if (sh->o_dtype != L2L_F32) o32 = scratch;
-  if (sh->qkv_dtype != L2L_F32) TRY(qkv_widen(&q32, &k32, &v32, scratch + o_rows_floats(sh), q, k, v, sh));
-  LAUNCH(k_attention_forward(o32, lse, probs, dropped, mask, q32, k32, v32, key_mask, sh->batch,
+  TRY(qkv_widened(q32, scratch + o_rows_floats(sh), qkv, sh));
+  LAUNCH(k_attention_forward(o32, lse, probs, dropped, mask, q32[0], q32[1], q32[2], key_mask, sh->batch,
                              sh->heads, sh->seq, sh->head_dim, sh->ld_qkv, sh->ld_o,
                              sh->causal, sh->scale, sh->dropout,
                              backend_keep_threshold(sh->dropout), sh->seed, sh->stream,
@@ -545,44 +562,48 @@ static l2l_status cuda_attention_forward(void *o, float *lse, float *probs, floa
   WITH_SCRATCH(attention_forward_locked(o, lse, probs, dropped, mask, q, k, v, key_mask, sh));
 }
 
-static l2l_status attention_backward_locked(float *dq, float *dk, float *dv, const float *d_o,
+static l2l_status attention_backward_locked(void *dq, void *dk, void *dv, const float *d_o,
                                             const void *o, const float *lse, const float *probs,
                                             const float *dropped, const uint8_t *mask,
                                             const void *q, const void *k, const void *v,
                                             const uint8_t *key_mask,
                                             const struct backend_attention_shape *sh) {
-  float *scratch = NULL;
+  float *scratch = NULL, *q32[3], *g32[3] = {dq, dk, dv};
+  const void *qkv[3] = {q, k, v}, *dqkv[3] = {dq, dk, dv};
   const int64_t own = up64(k_attention_scratch_floats(sh->batch, sh->heads, sh->seq, 1));
-  TRY(scratch_floats(&scratch, own + o_rows_floats(sh) + qkv_rows_floats(q, k, v, sh)));
-  const float *o32 = (const float *)o, *q32 = q, *k32 = k, *v32 = v;
+  const int64_t at_qkv = own + o_rows_floats(sh), at_dqkv = at_qkv + qkv_rows_floats(sh->qkv_dtype, qkv, sh);
+  TRY(scratch_floats(&scratch, at_dqkv + qkv_rows_floats(sh->dqkv_dtype, dqkv, sh)));
+  const float *o32 = (const float *)o;
   if (sh->o_dtype != L2L_F32) {   /* widened into the scratch past the kernels' own part */
     TRY(o_cast(scratch + own, DT_F32, o, (int)sh->o_dtype, sh));
     o32 = scratch + own;
   }
-  if (sh->qkv_dtype != L2L_F32)
-    TRY(qkv_widen(&q32, &k32, &v32, scratch + own + o_rows_floats(sh), q, k, v, sh));
-  LAUNCH(k_attention_backward(dq, dk, dv, d_o, o32, lse, probs, dropped, mask, q32, k32, v32,
-                              key_mask, sh->batch, sh->heads, sh->seq, sh->head_dim,
-                              sh->ld_qkv, sh->ld_o, sh->causal, sh->scale, sh->dropout,
-                              backend_keep_threshold(sh->dropout), sh->seed, sh->stream,
-                              sh->first_sample, (int)sh->precision, scratch, cuda_rt.compute));
-  return L2L_OK;
+  TRY(qkv_widened(q32, scratch + at_qkv, qkv, sh));
+  if (sh->dqkv_dtype != L2L_F32) qkv_rows(g32, scratch + at_dqkv, dqkv, sh);
+  LAUNCH(k_attention_backward(g32[0], g32[1], g32[2], d_o, o32, lse, probs, dropped, mask,
+                              q32[0], q32[1], q32[2], key_mask, sh->batch, sh->heads, sh->seq,
+                              sh->head_dim, sh->ld_qkv, sh->ld_o, sh->causal, sh->scale,
+                              sh->dropout, backend_keep_threshold(sh->dropout), sh->seed,
+                              sh->stream, sh->first_sample, (int)sh->precision, scratch,
+                              cuda_rt.compute));
+  return sh->dqkv_dtype == L2L_F32 ? L2L_OK : qkv_cast(g32, dqkv, sh->dqkv_dtype, true, sh);
 }
 
-static l2l_status attention_backward_cudnn(bool *ran, float *dq, float *dk, float *dv,
+static l2l_status attention_backward_cudnn(bool *ran, void *dq, void *dk, void *dv,
                                            const float *d_o, const void *o, const float *lse,
                                            const void *q, const void *k, const void *v,
                                            const struct backend_attention_shape *sh) {
   void *scratch = NULL;
-  l2l_status st = cudnn_scratch(&scratch, sh, 1);
+  const struct sdpa_call c = {q, k, v, o, dq, dk, dv};
+  l2l_status st = cudnn_scratch(&scratch, sh, &c, 1);
   if (st == L2L_ERR_NOMEM) return L2L_OK;
   TRY(st);
   *ran = true;
-  for (int i = 0; i < cudnn_sdpa_launches(sh, q, k, v, o, 1); i++) launched();
+  for (int i = 0; i < cudnn_sdpa_launches(sh, &c, 1); i++) launched();
   return cudnn_sdpa_backward(dq, dk, dv, d_o, o, lse, q, k, v, sh, scratch);
 }
 
-static l2l_status cuda_attention_backward(float *dq, float *dk, float *dv, const float *d_o,
+static l2l_status cuda_attention_backward(void *dq, void *dk, void *dv, const float *d_o,
                                           const void *o, const float *lse, const float *probs,
                                           const float *dropped, const uint8_t *mask,
                                           const void *q, const void *k, const void *v,

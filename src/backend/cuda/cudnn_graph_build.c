@@ -267,17 +267,20 @@ static void reshape(struct sdpa_graph *g, desc x, desc y, const char *what) {
 /* The shapes of one call: packed [B, S, H, D] rows seen as [B, H, S, D] (and K^T, V^T as
    [B, H, D, S]), the scores [B, H, S, S] (and transposed), the rows [B, H, S, 1]. Q, K and
    V the same, or, where the caller's 16-bit q, k, v are read in place (qkv_dtype 16-bit),
-   rows ld_qkv elements apart (the block's interleaved q | k | v rows). */
-struct shapes { struct dims bhsd, bhds, q_bhsd, q_bhds, scores, scores_t, rows; };
+   rows ld_qkv elements apart (the block's interleaved q | k | v rows); dQ, dK and dV so
+   where they are written in place too (dqkv_dtype 16-bit as well). */
+struct shapes { struct dims bhsd, bhds, q_bhsd, q_bhds, dq_bhsd, scores, scores_t, rows; };
 
 static struct shapes shapes_of(const struct backend_attention_shape *sh) {
   const int64_t B = sh->batch, H = sh->heads, S = sh->seq, D = sh->head_dim;
   const int64_t L = sh->qkv_dtype == L2L_F32 ? H * D : sh->ld_qkv;
+  const int64_t Ld = sh->qkv_dtype != L2L_F32 && sh->dqkv_dtype != L2L_F32 ? sh->ld_qkv : H * D;
   struct shapes x = {
       .bhsd = {{B, H, S, D}, {S * H * D, D, H * D, 1}},
       .bhds = {{B, H, D, S}, {S * H * D, D, 1, H * D}},
       .q_bhsd = {{B, H, S, D}, {S * L, D, L, 1}},
       .q_bhds = {{B, H, D, S}, {S * L, D, 1, L}},
+      .dq_bhsd = {{B, H, S, D}, {S * Ld, D, Ld, 1}},
       .scores = {{B, H, S, S}, {H * S * S, S * S, S, 1}},
       .scores_t = {{B, H, S, S}, {H * S * S, S * S, 1, S}},
       .rows = {{B, H, S, 1}, {H * S, S, 1, 1}},
@@ -345,8 +348,8 @@ static void build_backward(struct sdpa_graph *g, const struct backend_attention_
   desc vt = real(g, SDPA_V, t16, vdims, "V^T"), o = real(g, SDPA_O, t16, x.bhsd, "O");
   desc stats = real(g, SDPA_STATS, f32, x.rows, "stats");
   desc d_o = real(g, SDPA_DO, t16, x.bhsd, "dO");
-  desc dq = real(g, SDPA_DQ, t16, x.bhsd, "dQ"), dk = real(g, SDPA_DK, t16, x.bhsd, "dK");
-  desc dv = real(g, SDPA_DV, t16, x.bhsd, "dV");
+  desc dq = real(g, SDPA_DQ, t16, x.dq_bhsd, "dQ"), dk = real(g, SDPA_DK, t16, x.dq_bhsd, "dK");
+  desc dv = real(g, SDPA_DV, t16, x.dq_bhsd, "dV");
   desc scale = scalar(g, SDPA_SCALE, "scale");
   desc hidden = sh->causal ? scalar(g, SDPA_HIDDEN, "hidden") : NULL;   /* the mask's only */
   desc one = scalar(g, SDPA_ONE, "one");

@@ -17,8 +17,9 @@
  * o cast back) or, as the block keeps them on a 16-bit run, the graph's own 16 bits: o read
  * and written in place where packed and aligned, q, k, v read in place by graphs built with
  * their rows' stride (a cache entry of their own) where aligned and planned, else copied
- * packed. dO is cast, and dQ, dK, dV cast back (the issue's 16-bit-activations item has
- * these casts left to remove).
+ * packed. dQ, dK, dV likewise: cast back to f32, or in 16 bits written in place by the
+ * graphs that read q, k, v in place (with the same stride), else copied from packed ones.
+ * dO is cast (the projection's GEMM writes it in f32).
  * Must never: be taken for dropout, a key mask, f32 products, kept probabilities, or a
  * graph cuDNN refuses on the device (the own kernels serve those).
  */
@@ -60,8 +61,9 @@ l2l_status cudnn_describe(const struct backend_attention_shape *sh, int backward
   (void)sh, (void)backward, (void)out;
   return core_fail(L2L_ERR_UNSUPPORTED, "this build has no cuDNN support");
 }
-uint64_t cudnn_sdpa_scratch_bytes(const struct backend_attention_shape *sh, int backward) {
-  (void)sh, (void)backward;
+uint64_t cudnn_sdpa_scratch_bytes(const struct backend_attention_shape *sh,
+                                  const struct sdpa_call *c, int backward) {
+  (void)sh, (void)c, (void)backward;
   return 0;
 }
 l2l_status cudnn_sdpa_forward(void *o, float *lse, const void *q, const void *k, const void *v,
@@ -69,12 +71,12 @@ l2l_status cudnn_sdpa_forward(void *o, float *lse, const void *q, const void *k,
   (void)o, (void)lse, (void)q, (void)k, (void)v, (void)sh, (void)scratch;
   return core_fail(L2L_ERR_UNSUPPORTED, "this build has no cuDNN support");
 }
-int cudnn_sdpa_launches(const struct backend_attention_shape *sh, const void *q, const void *k,
-                        const void *v, const void *o, int backward) {
-  (void)sh, (void)q, (void)k, (void)v, (void)o, (void)backward;
+int cudnn_sdpa_launches(const struct backend_attention_shape *sh, const struct sdpa_call *c,
+                        int backward) {
+  (void)sh, (void)c, (void)backward;
   return 0;
 }
-l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o, const void *o,
+l2l_status cudnn_sdpa_backward(void *dq, void *dk, void *dv, const float *d_o, const void *o,
                                const float *lse, const void *q, const void *k, const void *v,
                                const struct backend_attention_shape *sh, void *scratch) {
   (void)dq, (void)dk, (void)dv, (void)d_o, (void)o, (void)lse, (void)q, (void)k, (void)v;
@@ -93,6 +95,7 @@ struct key {
   int causal;
   l2l_dtype precision;
   int64_t ld_q;   /* q, k, v's row stride read in place (16-bit), 0 for packed copies */
+  int dq_in_place;   /* dq, dk, dv written in place at that stride (16-bit) */
 };
 
 struct entry {
@@ -130,6 +133,7 @@ static struct key key_of(const struct backend_attention_shape *sh) {
   k.batch = sh->batch, k.heads = sh->heads, k.seq = sh->seq, k.head_dim = sh->head_dim;
   k.causal = sh->causal != 0, k.precision = sh->precision;
   k.ld_q = sh->qkv_dtype == L2L_F32 ? 0 : sh->ld_qkv;
+  k.dq_in_place = sh->qkv_dtype != L2L_F32 && sh->dqkv_dtype != L2L_F32;
   return k;
 }
 
@@ -160,10 +164,11 @@ static struct entry *entry_for(const struct backend_attention_shape *sh) {
   if (!e->usable) {   /* (each once: in place, the packed copies' graphs run instead) */
     static atomic_int warned[2];
     if (atomic_exchange(&warned[k.ld_q != 0], 1) == 0)
-      fprintf(stderr, "l2l: cuDNN cannot run attention B=%lld H=%lld S=%lld d=%lld%s%s here (%s); "
-              "%s run it (said once)\n", (long long)k.batch, (long long)k.heads,
+      fprintf(stderr, "l2l: cuDNN cannot run attention B=%lld H=%lld S=%lld d=%lld%s%s%s here "
+              "(%s); %s run it (said once)\n", (long long)k.batch, (long long)k.heads,
               (long long)k.seq, (long long)k.head_dim, k.causal ? " causal" : "",
-              k.ld_q != 0 ? " reading q, k, v in place" : "", why,
+              k.ld_q != 0 ? " reading q, k, v in place" : "",
+              k.dq_in_place ? " and writing dq, dk, dv so" : "", why,
               k.ld_q != 0 ? "its graphs on packed copies" : "l2l's own kernels");
   }
   return e;
@@ -180,18 +185,20 @@ static bool covered(const struct backend_attention_shape *sh, const void *probs,
   /* o, and q, k, v: f32 (cast to and from the graph's 16 bits), or the graph's own dtype */
   if (sh->o_dtype != L2L_F32 && sh->o_dtype != sh->precision) return false;
   if (sh->qkv_dtype != L2L_F32 && sh->qkv_dtype != sh->precision) return false;
+  if (sh->dqkv_dtype != L2L_F32 && sh->dqkv_dtype != sh->precision) return false;
   /* before 9.16 the backward needed a padding mask when S is not a multiple of 128
      (cudnn-frontend adds one); l2l's graphs have none */
   if (cudnn_loaded_version() <= 91500 && sh->seq % 128 != 0) return false;
   return true;
 }
 
-/* The shape of the graphs that read packed 16-bit copies of q, k, v in the scratch: the
-   way every covered call can run (a call whose 16-bit q, k, v cannot be read in place
-   copies them there). */
+/* The shape of the graphs that read packed 16-bit copies of q, k, v in the scratch (and
+   write packed dq, dk, dv there): the way every covered call can run (a call whose 16-bit
+   tensors cannot be used in place copies them). The graphs' shape marks a tensor used in
+   place by its 16-bit dtype (shapes_of in cudnn_graph_build.c). */
 static struct backend_attention_shape packed_of(const struct backend_attention_shape *sh) {
   struct backend_attention_shape p = *sh;
-  p.qkv_dtype = L2L_F32;
+  p.qkv_dtype = p.dqkv_dtype = L2L_F32;
   return p;
 }
 
@@ -210,35 +217,55 @@ bool cudnn_routes(const struct backend_attention_shape *sh, const void *probs,
 
 static uint64_t up256(uint64_t n) { return (n + 255) & ~(uint64_t)255; }
 
+/* cuDNN is told its real tensors are 16-byte aligned: an lse that is not (a slice of a
+   larger tensor) goes through `spare` in the scratch. */
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+static struct entry *entry_locked(const struct backend_attention_shape *sh) {
+  pthread_mutex_lock(&cache_lock);
+  struct entry *e = entry_for(sh);
+  pthread_mutex_unlock(&cache_lock);
+  return e;
+}
+
+/* Where a call runs: the graphs that read the caller's 16-bit q, k, v in place
+   (qkv_in_place) where each is 16-byte aligned, as are their rows, and cuDNN plans them,
+   writing 16-bit dq, dk, dv in place too (dq_in_place) where those are aligned (a forward's,
+   not known yet, are taken to be); else the packed copies' graphs. */
+struct route {
+  struct entry *e;
+  bool qkv_in_place, dq_in_place;
+};
+
+static struct route route_of(const struct backend_attention_shape *sh, const struct sdpa_call *c) {
+  if (sh->qkv_dtype != L2L_F32 && aligned16(c->q) && aligned16(c->k) && aligned16(c->v) &&
+      sh->ld_qkv * 2 % 16 == 0) {
+    struct backend_attention_shape s = *sh;
+    bool dq = sh->dqkv_dtype != L2L_F32 &&
+              (c->dq == NULL || (aligned16(c->dq) && aligned16(c->dk) && aligned16(c->dv)));
+    if (!dq) s.dqkv_dtype = L2L_F32;
+    struct entry *e = entry_locked(&s);
+    if (e->usable) return (struct route){e, true, dq};
+  }
+  struct backend_attention_shape packed = packed_of(sh);
+  return (struct route){entry_locked(&packed), false, false};
+}
+
 /* Bytes of one packed 16-bit [B, S, H, D] copy. */
 static uint64_t half_bytes(const struct backend_attention_shape *sh) {
   return up256((uint64_t)sh->batch * sh->seq * sh->heads * sh->head_dim * 2);
 }
 
-/* cuDNN's workspace for an entry's plan (0 when it has none). */
-static int64_t entry_workspace(const struct entry *e, int backward) {
-  return !e->usable ? 0 : backward ? sdpa_graph_workspace(e->bwd) : sdpa_graph_workspace(e->fwd);
-}
-
-uint64_t cudnn_sdpa_scratch_bytes(const struct backend_attention_shape *sh, int backward) {
-  struct backend_attention_shape packed = packed_of(sh);
-  pthread_mutex_lock(&cache_lock);
-  int64_t ws = entry_workspace(entry_for(&packed), backward);   /* (either may run) */
-  if (sh->qkv_dtype != L2L_F32) {
-    int64_t in_place = entry_workspace(entry_for(sh), backward);
-    ws = in_place > ws ? in_place : ws;
-  }
-  pthread_mutex_unlock(&cache_lock);
+uint64_t cudnn_sdpa_scratch_bytes(const struct backend_attention_shape *sh,
+                                  const struct sdpa_call *c, int backward) {
+  struct entry *e = route_of(sh, c).e;
+  int64_t ws = !e->usable ? 0 : backward ? sdpa_graph_workspace(e->bwd) : sdpa_graph_workspace(e->fwd);
   uint64_t rows = (uint64_t)sh->batch * sh->heads * sh->seq;
   /* 16-bit copies, then [backward: Dsum, dQ's accumulator], the stats, cuDNN's workspace */
   if (!backward) return 4 * half_bytes(sh) + up256(rows * 4) + up256((uint64_t)ws);
   return 8 * half_bytes(sh) + 2 * up256(rows * 4) + up256(rows * sh->head_dim * 4) +
          up256((uint64_t)ws);
 }
-
-/* cuDNN is told its real tensors are 16-byte aligned: an lse that is not (a slice of a
-   larger tensor) goes through `spare` in the scratch. */
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 #define CAST(dst, dst_t, dst_ld, src, src_t, src_ld)                                        \
   do {                                                                                     \
@@ -270,40 +297,14 @@ static l2l_status execute(struct sdpa_graph *g, const int64_t *uids, void **ptrs
   return L2L_OK;
 }
 
-static struct entry *entry_locked(const struct backend_attention_shape *sh) {
-  pthread_mutex_lock(&cache_lock);
-  struct entry *e = entry_for(sh);
-  pthread_mutex_unlock(&cache_lock);
-  return e;
-}
-
-/* The entry a call runs: the graphs that read the caller's 16-bit q, k, v in place
-   (*in_place) where each is 16-byte aligned, as are their rows, and cuDNN plans them; else
-   the packed copies' graphs. */
-static struct entry *entry_to_run(const struct backend_attention_shape *sh, const void *q,
-                                  const void *k, const void *v, bool *in_place) {
-  *in_place = false;
-  if (sh->qkv_dtype != L2L_F32 && aligned16(q) && aligned16(k) && aligned16(v) &&
-      sh->ld_qkv * 2 % 16 == 0) {
-    struct entry *e = entry_locked(sh);
-    if (e->usable) {
-      *in_place = true;
-      return e;
-    }
-  }
-  struct backend_attention_shape packed = packed_of(sh);
-  return entry_locked(&packed);
-}
-
 /* Forward: q, k, v cast or copied unless in place, the plan, o cast or copied unless in
    place; backward: the same for q, k, v and o, dO cast, dQ's accumulator zeroed, the plan,
-   dQ, dK, dV cast back. */
-int cudnn_sdpa_launches(const struct backend_attention_shape *sh, const void *q, const void *k,
-                        const void *v, const void *o, int backward) {
-  bool in_place = false;
-  entry_to_run(sh, q, k, v, &in_place);
-  int for_qkv = in_place ? 0 : 3, for_o = o_is_packed16(o, sh) ? 0 : 1;
-  return for_qkv + for_o + 1 + (backward ? 1 + 1 + 3 : 0);
+   dQ, dK, dV cast or copied back unless in place. */
+int cudnn_sdpa_launches(const struct backend_attention_shape *sh, const struct sdpa_call *c,
+                        int backward) {
+  struct route r = route_of(sh, c);
+  int for_qkv = r.qkv_in_place ? 0 : 3, for_o = o_is_packed16(c->o, sh) ? 0 : 1;
+  return for_qkv + for_o + 1 + (backward ? 1 + 1 + (r.dq_in_place ? 0 : 3) : 0);
 }
 
 /* q16, k16, v16 (packed in the scratch) from q, k, v: cast from f32, or copied from 16 bits. */
@@ -324,9 +325,9 @@ static l2l_status qkv_packed(void *q16, void *k16, void *v16, const void *q, con
 
 l2l_status cudnn_sdpa_forward(void *o, float *lse, const void *q, const void *k, const void *v,
                               const struct backend_attention_shape *sh, void *scratch) {
-  bool in_place = false;
-  struct entry *e = entry_to_run(sh, q, k, v, &in_place);
-  if (!e->usable) return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
+  const struct sdpa_call c = {q, k, v, o, NULL, NULL, NULL};
+  struct route r = route_of(sh, &c);
+  if (!r.e->usable) return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
   const int t = (int)sh->precision;
   const int64_t hd = sh->heads * sh->head_dim;
   char *s = scratch;
@@ -335,12 +336,12 @@ l2l_status cudnn_sdpa_forward(void *o, float *lse, const void *q, const void *k,
   void *q16 = s, *k16 = s + hb, *v16 = s + 2 * hb, *spare = s + 4 * hb;
   void *o16 = o_is_packed16(o, sh) ? o : s + 3 * hb;
   void *ws = s + 4 * hb + up256(rows * 4), *stats = aligned16(lse) ? (void *)lse : spare;
-  if (in_place) q16 = (void *)q, k16 = (void *)k, v16 = (void *)v;
+  if (r.qkv_in_place) q16 = (void *)q, k16 = (void *)k, v16 = (void *)v;
   else TRY(qkv_packed(q16, k16, v16, q, k, v, sh));
   float scale = sh->scale, hidden = sdpa_hidden_value();
   int64_t uids[] = {SDPA_Q, SDPA_K, SDPA_V, SDPA_O, SDPA_STATS, SDPA_SCALE, SDPA_HIDDEN};
   void *ptrs[] = {q16, k16, v16, o16, stats, &scale, &hidden};
-  TRY(execute(e->fwd, uids, ptrs, sh->causal ? 7 : 6, ws));   /* hidden: the mask's only */
+  TRY(execute(r.e->fwd, uids, ptrs, sh->causal ? 7 : 6, ws));   /* hidden: the mask's only */
   if (stats != lse)
     CUDA_TRY(cudaMemcpyAsync(lse, stats, rows * 4, cudaMemcpyDeviceToDevice, cuda_rt.compute));
   if (sh->o_dtype == L2L_F32) CAST(o, DT_F32, sh->ld_o, o16, t, hd);
@@ -348,12 +349,12 @@ l2l_status cudnn_sdpa_forward(void *o, float *lse, const void *q, const void *k,
   return L2L_OK;
 }
 
-l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o, const void *o,
+l2l_status cudnn_sdpa_backward(void *dq, void *dk, void *dv, const float *d_o, const void *o,
                                const float *lse, const void *q, const void *k, const void *v,
                                const struct backend_attention_shape *sh, void *scratch) {
-  bool in_place = false;
-  struct entry *e = entry_to_run(sh, q, k, v, &in_place);
-  if (!e->usable) return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
+  const struct sdpa_call c = {q, k, v, o, dq, dk, dv};
+  struct route r = route_of(sh, &c);
+  if (!r.e->usable) return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
   const int t = (int)sh->precision;
   const int64_t hd = sh->heads * sh->head_dim;
   uint64_t hb = half_bytes(sh), rows = (uint64_t)sh->batch * sh->heads * sh->seq;
@@ -366,8 +367,9 @@ l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o
   void *ws = (char *)spare + up256(rows * 4), *stats = aligned16(lse) ? (void *)lse : spare;
   if (stats != lse)
     CUDA_TRY(cudaMemcpyAsync(stats, lse, rows * 4, cudaMemcpyDeviceToDevice, cuda_rt.compute));
-  if (in_place) q16 = (void *)q, k16 = (void *)k, v16 = (void *)v;
+  if (r.qkv_in_place) q16 = (void *)q, k16 = (void *)k, v16 = (void *)v;
   else TRY(qkv_packed(q16, k16, v16, q, k, v, sh));
+  if (r.dq_in_place) dq16 = dq, dk16 = dk, dv16 = dv;
   if (sh->o_dtype == L2L_F32) CAST(o16, t, hd, o, DT_F32, sh->ld_o);
   else if (o16 != o) TRY(copy_rows16(o16, hd, o, sh->ld_o, sh));
   CAST(do16, t, hd, d_o, DT_F32, sh->ld_o);
@@ -377,10 +379,12 @@ l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o
                     SDPA_DO, SDPA_DQ, SDPA_DK, SDPA_DV, SDPA_DSUM,  SDPA_DQ_ACC, SDPA_HIDDEN};
   void *ptrs[] = {q16, k16, v16, o16, stats, &scale, &one,
                   do16, dq16, dk16, dv16, dsum, dq_acc, &hidden};
-  TRY(execute(e->bwd, uids, ptrs, sh->causal ? 14 : 13, ws));
-  CAST(dq, DT_F32, sh->ld_qkv, dq16, t, hd);
-  CAST(dk, DT_F32, sh->ld_qkv, dk16, t, hd);
-  CAST(dv, DT_F32, sh->ld_qkv, dv16, t, hd);
+  TRY(execute(r.e->bwd, uids, ptrs, sh->causal ? 14 : 13, ws));
+  if (r.dq_in_place) return L2L_OK;
+  void *grads[3] = {dq, dk, dv}, *packed[3] = {dq16, dk16, dv16};
+  for (int i = 0; i < 3; i++)
+    if (sh->dqkv_dtype == L2L_F32) CAST(grads[i], DT_F32, sh->ld_qkv, packed[i], t, hd);
+    else TRY(copy_rows16(grads[i], sh->ld_qkv, packed[i], hd, sh));
   return L2L_OK;
 }
 

@@ -40,9 +40,18 @@ CUDA_INTERNAL int cudnn_loaded(void);
 /* The loaded library's version (91900 is 9.19.0), 0 when not loaded. */
 CUDA_INTERNAL int cudnn_loaded_version(void);
 
-/* Bytes of scratch cudnn_sdpa_forward (backward = 0) or _backward needs for this shape;
+/* One call's tensors, as attention_forward and _backward take them (a forward's dq, dk,
+   dv NULL): which of them cuDNN reads or writes in place follows from their dtypes and
+   alignment. */
+struct sdpa_call {
+  const void *q, *k, *v, *o;
+  void *dq, *dk, *dv;
+};
+
+/* Bytes of scratch cudnn_sdpa_forward (backward = 0) or _backward needs for this call;
    call after cudnn_routes said yes (its plans are then built). */
-CUDA_INTERNAL uint64_t cudnn_sdpa_scratch_bytes(const struct backend_attention_shape *sh, int backward);
+CUDA_INTERNAL uint64_t cudnn_sdpa_scratch_bytes(const struct backend_attention_shape *sh,
+                                                const struct sdpa_call *c, int backward);
 /* o and lse as the own kernels write them (lse: each row's natural-log log-sum-exp of the
    scaled visible scores, cuDNN's softmax stats, the same quantity), through cuDNN, with
    `scratch` (cudnn_sdpa_scratch_bytes, 256-byte aligned) held by the caller (cuda_rt.lock). */
@@ -50,10 +59,10 @@ CUDA_INTERNAL l2l_status cudnn_sdpa_forward(void *o, float *lse, const void *q, 
                                             const void *v, const struct backend_attention_shape *sh,
                                             void *scratch);
 /* The launches (kernels, copies, memsets and cuDNN's plan) a forward (backward = 0) or
-   backward with these q, k, v and o queues, for the backend's count. */
-CUDA_INTERNAL int cudnn_sdpa_launches(const struct backend_attention_shape *sh, const void *q,
-                                      const void *k, const void *v, const void *o, int backward);
-CUDA_INTERNAL l2l_status cudnn_sdpa_backward(float *dq, float *dk, float *dv, const float *d_o,
+   backward of this call queues, for the backend's count. */
+CUDA_INTERNAL int cudnn_sdpa_launches(const struct backend_attention_shape *sh,
+                                      const struct sdpa_call *c, int backward);
+CUDA_INTERNAL l2l_status cudnn_sdpa_backward(void *dq, void *dk, void *dv, const float *d_o,
                                              const void *o, const float *lse, const void *q,
                                              const void *k, const void *v,
                                              const struct backend_attention_shape *sh, void *scratch);

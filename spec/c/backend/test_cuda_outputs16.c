@@ -1,0 +1,161 @@
+/* SPDX-License-Identifier: MIT */
+/* test_cuda_outputs16.c — the CUDA backend's 16-bit outputs (LAYER_ACTS_16: an activation a
+ * 16-bit GEMM reads next, kept or made in 16 bits by the op before it) and the 16-bit rows
+ * its bias gradient reads, against the same kernels' f32 results and the CPU backend's.
+ *
+ * Purpose: every fused op that writes a 16-bit copy beside (or instead of) its f32 output
+ * must write the f32 output rounded as the cast rounds it, bit for bit, at any alignment;
+ * the bias add whose sums go to 16 bits (the qkv map's q, k, v) is the CPU's add rounded;
+ * a bias gradient over 16-bit rows (attention's dq, dk, dv) is the CPU's over the same.
+ * test_cuda.c says how the GPU tests test; the harness and the tolerances are
+ * cuda_twins.h's. All test names start with "cuda_".
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_twins.h"
+
+/* The device's f32 y rounded on the host is what the same kernel wrote as y16, bit for bit
+   (the cast the layers made before). */
+static void check_y16(const char *what, const l2l_tensor *y_dev, const l2l_tensor *y16_dev,
+                      l2l_dtype dtype) {
+  l2l_tensor *back = copied_to(y_dev, L2L_POOL_HOST);
+  struct twin t = pair(cast_on_host(back, dtype), (l2l_tensor *)y16_dev);
+  CHECK_TWIN_BITS(what, t);
+  l2l_tensor_free(t.h);
+  l2l_tensor_free(back);
+}
+
+/* The fused ops' 16-bit outputs (LAYER_ACTS_16: the activation a 16-bit GEMM reads next;
+   the logits' gradient), beside y and alone, for both 16-bit types, unaligned 16-bit rows
+   included. */
+TEST(cuda_backend_16bit_outputs) {
+  if (!use_gpu()) return;
+  const struct backend_ops *dops = backend_for(L2L_POOL_DEVICE);
+  /* (rows of 4, 768 and 1024: LayerNorm's rows held in a warp's registers) */
+  static const int64_t shapes[][2] = {{1, 1}, {7, 33}, {13, 3072}, {1031, 257}, {9, 4}, {37, 768},
+                                      {5, 1024}};
+  static const l2l_dtype halves[] = {L2L_BF16, L2L_F16};
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+    for (int d = 0; d < 2; d++) {
+      const int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
+      const l2l_dtype dt = halves[d];
+      char what[160];
+      l2l_tensor *x0 = HOST(L2L_F32, rows, cols), *w0 = HOST(L2L_F32, cols), *b0 = HOST(L2L_F32, cols);
+      layernorm_inputs(x0, w0, b0);
+      struct twin x = twin_of(x0), w = twin_of(w0), b = twin_of(b0), add = twin_of(RANDN(1.0, rows, cols));
+      l2l_tensor *y0 = NANS(rows, cols), *y = copied_to(y0, L2L_POOL_DEVICE);
+      l2l_tensor *sum = DEV(L2L_F32, rows, cols);
+      l2l_tensor_free(y0);
+      l2l_tensor *h = DEV(dt, rows, cols), *h_alone = DEV(dt, rows, cols);
+      CHECK_OK(dops->layernorm_forward(fdata(y), l2l_tensor_data(h), dt, NULL, NULL, fdata(x.d),
+                                       fdata(w.d), fdata(b.d), 1e-5f, rows, cols));
+      CHECK_OK(dops->layernorm_forward(NULL, l2l_tensor_data(h_alone), dt, NULL, NULL, fdata(x.d),
+                                       fdata(w.d), fdata(b.d), 1e-5f, rows, cols));
+      CHECK_OK(l2l_device_synchronize());
+      snprintf(what, sizeof what, "layernorm_forward %lldx%lld y16 (%s)", (long long)rows,
+               (long long)cols, l2l_dtype_name(dt));
+      check_y16(what, y, h, dt);
+      check_y16(what, y, h_alone, dt);
+      CHECK_OK(dops->add_layernorm_forward(fdata(sum), fdata(y), l2l_tensor_data(h), dt, NULL, NULL,
+                                           fdata(x.d), fdata(add.d), fdata(w.d), fdata(b.d), 1e-5f,
+                                           rows, cols));
+      CHECK_OK(dops->add_layernorm_forward(fdata(sum), NULL, l2l_tensor_data(h_alone), dt, NULL,
+                                           NULL, fdata(x.d), fdata(add.d), fdata(w.d),
+                                           fdata(b.d), 1e-5f, rows, cols));
+      CHECK_OK(l2l_device_synchronize());
+      snprintf(what, sizeof what, "add_layernorm_forward %lldx%lld y16 (%s)", (long long)rows,
+               (long long)cols, l2l_dtype_name(dt));
+      check_y16(what, y, h, dt);
+      check_y16(what, y, h_alone, dt);
+      /* bias + GELU over a copy of x (pre is written back), and without a bias */
+      for (int with_bias = 0; with_bias < 2; with_bias++) {
+        l2l_tensor *pre = copied_to(x.d, L2L_POOL_DEVICE), *pre2 = copied_to(x.d, L2L_POOL_DEVICE);
+        const float *bias = with_bias ? fdata(b.d) : NULL;
+        CHECK_OK(dops->bias_gelu_forward(fdata(pre), fdata(y), l2l_tensor_data(h), dt, NULL, bias,
+                                         rows, cols));
+        CHECK_OK(dops->bias_gelu_forward(fdata(pre2), NULL, l2l_tensor_data(h_alone), dt, NULL,
+                                         bias, rows, cols));
+        CHECK_OK(l2l_device_synchronize());
+        snprintf(what, sizeof what, "bias_gelu_forward %lldx%lld%s y16 (%s)", (long long)rows,
+                 (long long)cols, with_bias ? "" : " without a bias", l2l_dtype_name(dt));
+        check_y16(what, y, h, dt);
+        check_y16(what, y, h_alone, dt);
+        l2l_tensor_free(pre);
+        l2l_tensor_free(pre2);
+      }
+      /* the logits' gradient (cols the vocabulary), beside the f32 one and alone */
+      l2l_tensor *targets0 = HOST(L2L_I32, rows);
+      random_targets(targets0, (int32_t)cols, -1);
+      l2l_tensor *targets = copied_to(targets0, L2L_POOL_DEVICE);
+      CHECK_OK(dops->cross_entropy_fused(NULL, fdata(y), l2l_tensor_data(h), dt, fdata(x.d),
+                                         idata(targets), -1, 0.25f, rows, cols, cols));
+      CHECK_OK(dops->cross_entropy_fused(NULL, NULL, l2l_tensor_data(h_alone), dt, fdata(x.d),
+                                         idata(targets), -1, 0.25f, rows, cols, cols));
+      CHECK_OK(l2l_device_synchronize());
+      snprintf(what, sizeof what, "cross_entropy_fused %lldx%lld dlogits16 (%s)", (long long)rows,
+               (long long)cols, l2l_dtype_name(dt));
+      check_y16(what, y, h, dt);
+      check_y16(what, y, h_alone, dt);
+      l2l_tensor_free(targets0), l2l_tensor_free(targets);
+      /* GELU's backward, both forms (x as dy, the layer's values as y), its 16-bit dx copy */
+      for (int form = 0; form < 2; form++) {
+        l2l_tensor *gy = DEV(L2L_F32, rows, cols), *gbits = DEV(L2L_U8, (n + 7) / 8);
+        CHECK_OK(dops->gelu_forward_bits(fdata(gy), l2l_tensor_data(gbits), fdata(x.d), n));
+        if (form)
+          CHECK_OK(dops->gelu_backward_from_output(fdata(y), l2l_tensor_data(h), dt, fdata(add.d),
+                                                   fdata(gy), l2l_tensor_data(gbits), n));
+        else
+          CHECK_OK(dops->gelu_backward(fdata(y), l2l_tensor_data(h), dt, fdata(add.d), fdata(x.d),
+                                       n));
+        CHECK_OK(l2l_device_synchronize());
+        snprintf(what, sizeof what, "%s %lldx%lld dx16 (%s)",
+                 form ? "gelu_backward_from_output" : "gelu_backward", (long long)rows,
+                 (long long)cols, l2l_dtype_name(dt));
+        check_y16(what, y, h, dt);
+        l2l_tensor_free(gy), l2l_tensor_free(gbits);
+      }
+      /* the bias add whose sums go to 16 bits (the qkv map's), x only read */
+      l2l_tensor *sums = copied_to(x.d, L2L_POOL_DEVICE);
+      CHECK_OK(dops->bias_add(fdata(sums), NULL, L2L_F32, fdata(b.d), rows, cols));
+      CHECK_OK(dops->bias_add(fdata(x.d), l2l_tensor_data(h), dt, fdata(b.d), rows, cols));
+      CHECK_OK(l2l_device_synchronize());
+      snprintf(what, sizeof what, "bias_add %lldx%lld to 16 bits (%s)", (long long)rows,
+               (long long)cols, l2l_dtype_name(dt));
+      check_y16(what, sums, h, dt);
+      CHECK_TWIN_BITS(what, x);
+      l2l_tensor_free(sums);
+      /* a 16-bit output at an odd element: rows that start off every alignment */
+      l2l_tensor *wide = DEV(dt, n + 1);
+      uint16_t *odd = (uint16_t *)l2l_tensor_data(wide) + 1;
+      static const char *const odd_ops[] = {"layernorm_forward", "bias_gelu_forward", "bias_add"};
+      for (int op = 0; op < 3; op++) {
+        l2l_tensor *pre = copied_to(x.d, L2L_POOL_DEVICE);
+        if (op == 0) {
+          CHECK_OK(dops->layernorm_forward(fdata(y), odd, dt, NULL, NULL, fdata(x.d), fdata(w.d),
+                                           fdata(b.d), 1e-5f, rows, cols));
+        } else if (op == 1) {
+          CHECK_OK(dops->bias_gelu_forward(fdata(pre), fdata(y), odd, dt, NULL, fdata(b.d), rows,
+                                           cols));
+        } else {   /* y: the f32 sums */
+          CHECK_OK(dops->bias_add(fdata(pre), NULL, L2L_F32, fdata(b.d), rows, cols));
+          CHECK_OK(l2l_tensor_copy(y, pre));
+          CHECK_OK(dops->bias_add(fdata(x.d), odd, dt, fdata(b.d), rows, cols));
+        }
+        CHECK_OK(l2l_device_synchronize());
+        l2l_tensor *back = copied_to(wide, L2L_POOL_HOST), *y_back = copied_to(y, L2L_POOL_HOST);
+        l2l_tensor *want = cast_on_host(y_back, dt);
+        CHECK(memcmp((uint16_t *)l2l_tensor_data(back) + 1, l2l_tensor_data(want), (size_t)n * 2) == 0,
+              "%s %lldx%lld: y16 at an odd element differs from y rounded (%s)", odd_ops[op],
+              (long long)rows, (long long)cols, l2l_dtype_name(dt));
+        l2l_tensor_free(back), l2l_tensor_free(y_back), l2l_tensor_free(want), l2l_tensor_free(pre);
+      }
+      l2l_tensor_free(wide);
+      l2l_tensor_free(y), l2l_tensor_free(sum), l2l_tensor_free(h), l2l_tensor_free(h_alone);
+      TWIN_FREE(&x, &w, &b, &add);
+    }
+  }
+  end_gpu();
+}
+
