@@ -35,7 +35,7 @@ int k_bias_add(float *y, void *y16, int y16_dtype, const float *bias, int64_t ro
 int k_gelu_forward(float *y, const float *x, int64_t n, void *stream);
 
 /* dx = dy * gelu'(x). dx may be dy. dx16 (n of dx16_dtype, DT_BF16 or DT_F16; NULL: none)
-   gets dx rounded to nearest even as k_convert rounds. */
+   gets dx rounded to nearest even as k_convert rounds; dx may be NULL where dx16 is not. */
 int k_gelu_backward(float *dx, void *dx16, int dx16_dtype, const float *dy, const float *x,
                     int64_t n, void *stream);
 

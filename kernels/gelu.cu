@@ -27,33 +27,43 @@ struct GeluOp {
   }
 };
 
-/* A backward's dx rounded to its 16-bit copy (dx16 NULL: none), element i or quad q. */
-struct Half16Out {
+/* A backward's dx (NULL: none) and its 16-bit copy (dx16 NULL: none), element i or quad q
+   (the quad's four halves in one 8-byte store where dx16 is 8-byte aligned). */
+struct GradOut {
+  float *dx;
   uint16_t *dx16;
   int dtype;
+  bool dx16_packed;
   __device__ void one(int64_t i, float v) const {
+    if (dx) dx[i] = v;
     if (dx16) dx16[i] = f32_to_16(v, dtype);
   }
   __device__ void four(int64_t q, float4 v) const {
-    one(4 * q, v.x), one(4 * q + 1, v.y), one(4 * q + 2, v.z), one(4 * q + 3, v.w);
+    if (dx) store4(dx, q, v);
+    if (dx16 == nullptr) return;
+    const uint32_t a = f32_to_16(v.x, dtype), b = f32_to_16(v.y, dtype);
+    const uint32_t c = f32_to_16(v.z, dtype), d = f32_to_16(v.w, dtype);
+    if (dx16_packed) {
+      *reinterpret_cast<uint2 *>(dx16 + 4 * q) = make_uint2(a | b << 16, c | d << 16);
+    } else {
+      dx16[4 * q] = (uint16_t)a, dx16[4 * q + 1] = (uint16_t)b;
+      dx16[4 * q + 2] = (uint16_t)c, dx16[4 * q + 3] = (uint16_t)d;
+    }
   }
 };
 
+static GradOut grad_out(float *dx, void *dx16, int dtype) {
+  return GradOut{dx, static_cast<uint16_t *>(dx16), dtype, ((uintptr_t)dx16 & 7) == 0};
+}
+
 struct GeluBackwardOp {
-  float *dx;
   const float *dy, *x;
-  Half16Out out16;
-  __device__ void scalar(int64_t i) const {
-    const float r = dy[i] * k_gelu_prime(x[i]);
-    dx[i] = r;
-    out16.one(i, r);
-  }
+  GradOut out;
+  __device__ void scalar(int64_t i) const { out.one(i, dy[i] * k_gelu_prime(x[i])); }
   __device__ void quad(int64_t q) const {
     float4 d = load4(dy, q), v = load4(x, q);
-    const float4 r = make_float4(d.x * k_gelu_prime(v.x), d.y * k_gelu_prime(v.y),
-                                 d.z * k_gelu_prime(v.z), d.w * k_gelu_prime(v.w));
-    store4(dx, q, r);
-    out16.four(q, r);
+    out.four(q, make_float4(d.x * k_gelu_prime(v.x), d.y * k_gelu_prime(v.y),
+                            d.z * k_gelu_prime(v.z), d.w * k_gelu_prime(v.w)));
   }
 };
 
@@ -64,9 +74,9 @@ extern "C" int k_gelu_forward(float *y, const float *x, int64_t n, void *stream)
 extern "C" int k_gelu_backward(float *dx, void *dx16, int dx16_dtype, const float *dy,
                                const float *x, int64_t n, void *stream) {
   if (dx16 != NULL && dx16_dtype != DT_BF16 && dx16_dtype != DT_F16) return invalid_argument();
-  bool vec = aligned16(dx) && aligned16(dy) && aligned16(x);
-  return launch_map(GeluBackwardOp{dx, dy, x, {static_cast<uint16_t *>(dx16), dx16_dtype}}, n,
-                    vec, stream);
+  if (dx == NULL && dx16 == NULL) return invalid_argument();
+  bool vec = aligned16(dx) && aligned16(dy) && aligned16(x);   /* (a null dx is aligned) */
+  return launch_map(GeluBackwardOp{dy, x, grad_out(dx, dx16, dx16_dtype)}, n, vec, stream);
 }
 
 /* ---- GELU with side bits, plain or fused with the bias add
@@ -225,27 +235,22 @@ static __device__ __forceinline__ float gelu_slope_at(float v, bool right, const
 static __device__ __forceinline__ bool bit_at(unsigned byte, int bit) { return (byte >> bit) & 1u; }
 
 struct GeluBackwardFromOutputOp {
-  float *dx;
   const float *dy, *y;
   const uint8_t *bits;
   const float *table;
   SlopeParams s;
-  Half16Out out16;
+  GradOut out;
   __device__ void scalar(int64_t i) const {
-    const float r = dy[i] * gelu_slope_at(y[i], bit_at(bits[i >> 3], (int)(i & 7)), table, s);
-    dx[i] = r;
-    out16.one(i, r);
+    out.one(i, dy[i] * gelu_slope_at(y[i], bit_at(bits[i >> 3], (int)(i & 7)), table, s));
   }
   __device__ void quad(int64_t q) const { /* elements 4q..4q+3: one nibble of byte q/2 */
     unsigned byte = bits[q >> 1];
     int shift = (int)(q & 1) * 4;
     float4 d = load4(dy, q), v = load4(y, q);
-    const float4 r = make_float4(d.x * gelu_slope_at(v.x, bit_at(byte, shift), table, s),
-                                 d.y * gelu_slope_at(v.y, bit_at(byte, shift + 1), table, s),
-                                 d.z * gelu_slope_at(v.z, bit_at(byte, shift + 2), table, s),
-                                 d.w * gelu_slope_at(v.w, bit_at(byte, shift + 3), table, s));
-    store4(dx, q, r);
-    out16.four(q, r);
+    out.four(q, make_float4(d.x * gelu_slope_at(v.x, bit_at(byte, shift), table, s),
+                            d.y * gelu_slope_at(v.y, bit_at(byte, shift + 1), table, s),
+                            d.z * gelu_slope_at(v.z, bit_at(byte, shift + 2), table, s),
+                            d.w * gelu_slope_at(v.w, bit_at(byte, shift + 3), table, s)));
   }
 };
 
@@ -255,10 +260,11 @@ extern "C" int k_gelu_backward_from_output(float *dx, void *dx16, int dx16_dtype
                                            void *stream) {
   if (dx16 != NULL && dx16_dtype != DT_BF16 && dx16_dtype != DT_F16) return invalid_argument();
   if (slopes == NULL || slopes->slope == NULL) return invalid_argument();
-  bool vec = aligned16(dx) && aligned16(dy) && aligned16(y);
+  if (dx == NULL && dx16 == NULL) return invalid_argument();
+  bool vec = aligned16(dx) && aligned16(dy) && aligned16(y);   /* (a null dx is aligned) */
   const SlopeParams s = {slopes->scale[0],  slopes->scale[1],  slopes->scale[2], slopes->origin[0],
                          slopes->origin[1], slopes->origin[2], slopes->y_left};
-  return launch_map(GeluBackwardFromOutputOp{dx, dy, y, bits, slopes->slope, s,
-                                             {static_cast<uint16_t *>(dx16), dx16_dtype}},
+  return launch_map(GeluBackwardFromOutputOp{dy, y, bits, slopes->slope, s,
+                                             grad_out(dx, dx16, dx16_dtype)},
                     n, vec, stream);
 }

@@ -245,9 +245,9 @@ struct backend_ops {
   l2l_status (*add)(float *out, const float *a, const float *b, int64_t n);
   /* y (n) = gelu(x (n)); y may be x */
   l2l_status (*gelu_forward)(float *y, const float *x, int64_t n);
-  /* dx (n) = dy (n) * gelu'(x (n)); dx may be dy. dx16 as layernorm_forward's y16 (beside
-     dx, which is always written: the bias's gradient sums it): the 16-bit dy of the GEMMs
-     below. */
+  /* dx (n) = dy (n) * gelu'(x (n)); dx may be dy. dx16 as layernorm_forward's y16: the
+     16-bit dy of the GEMMs below; either dx or dx16 may be NULL, not both (the block asks
+     for dx16 alone on a 16-bit run: its bias's gradient sums it). */
   l2l_status (*gelu_backward)(float *dx, void *dx16, l2l_dtype dx16_dtype, const float *dy,
                               const float *x, int64_t n);
   /* y (rows,cols), mean and rstd (rows; either may be NULL) from x (rows,cols), weight and

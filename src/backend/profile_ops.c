@@ -79,7 +79,8 @@ static l2l_status p_gelu_forward(float *y, const float *x, int64_t n) {
 static l2l_status p_gelu_backward(float *dx, void *dx16, l2l_dtype dx16_dtype, const float *dy,
                                   const float *x, int64_t n) {
   PROFILED(gelu_backward(dx, dx16, dx16_dtype, dy, x, n), "gelu_backward", 0,
-           3 * F * d(n) + (dx16 ? 2 * d(n) : 0), L2L_BOUND_MEM, false, "n=%lld", (long long)n);
+           (2 + (dx != NULL)) * F * d(n) + (dx16 ? 2 * d(n) : 0), L2L_BOUND_MEM, false,
+           "n=%lld%s", (long long)n, dx ? "" : " to 16 bits");
 }
 
 /* A LayerNorm's per-row statistics, where they are read or written. */
@@ -184,8 +185,9 @@ static l2l_status p_gelu_backward_from_output(float *dx, void *dx16, l2l_dtype d
                                               const float *dy, const float *y,
                                               const uint8_t *bits, int64_t n) {
   PROFILED(gelu_backward_from_output(dx, dx16, dx16_dtype, dy, y, bits, n),
-           "gelu_backward_from_output", 0, 3 * F * d(n) + d(n) / 8 + (dx16 ? 2 * d(n) : 0),
-           L2L_BOUND_MEM, false, "n=%lld", (long long)n);
+           "gelu_backward_from_output", 0,
+           (2 + (dx != NULL)) * F * d(n) + d(n) / 8 + (dx16 ? 2 * d(n) : 0), L2L_BOUND_MEM, false,
+           "n=%lld%s", (long long)n, dx ? "" : " to 16 bits");
 }
 
 static l2l_status p_bias_gelu_forward(float *pre, float *y, void *y16, l2l_dtype y16_dtype,

@@ -417,14 +417,16 @@ static l2l_status mlp_backward(const struct layer_call *call, const struct block
   TRY(layers_linear_backward(call, df, grad(layer, FC2_W), grad(layer, FC2_B), dm, NULL,
                              layers_kept_act(call, g, p->gelu_16), layers_weight(layer, FC2_W), N, F,
                              D, 0.0f));
-  /* d(fc) in f32 (its bias's gradient sums it) and in 16 bits for the GEMMs below */
+  /* d(fc): in f32 (in place of d(gelu)), or with 16-bit weights in 16 bits alone, which
+     the GEMMs below read and its bias's gradient sums */
   void *df16 = layers_scratch16(call);
+  float *df32 = df16 ? NULL : df;
   if (p->flags & FRUGAL)
-    TRY(ops->gelu_backward_from_output(df, df16, call->precision, df, g,
+    TRY(ops->gelu_backward_from_output(df32, df16, call->precision, df, g,
                                        (const uint8_t *)at(m, p->gelu_bits), N * F));
   else
-    TRY(ops->gelu_backward(df, df16, call->precision, df, at(m, p->fc), N * F));
-  return layers_linear_backward(call, dh, grad(layer, FC_W), grad(layer, FC_B), df, df16, in,
+    TRY(ops->gelu_backward(df32, df16, call->precision, df, at(m, p->fc), N * F));
+  return layers_linear_backward(call, dh, grad(layer, FC_W), grad(layer, FC_B), df32, df16, in,
                                 layers_weight(layer, FC_W), N, D, F, 0.0f);
 }
 

@@ -99,23 +99,36 @@ TEST(cuda_backend_16bit_outputs) {
       check_y16(what, y, h, dt);
       check_y16(what, y, h_alone, dt);
       l2l_tensor_free(targets0), l2l_tensor_free(targets);
-      /* GELU's backward, both forms (x as dy, the layer's values as y), its 16-bit dx copy */
+      /* GELU's backward, both forms (x as dy, the layer's values as y), its 16-bit dx copy
+         beside dx and alone (a 16-bit run's), at an odd element too */
+      l2l_tensor *odd16 = DEV(dt, n + 1);
       for (int form = 0; form < 2; form++) {
         l2l_tensor *gy = DEV(L2L_F32, rows, cols), *gbits = DEV(L2L_U8, (n + 7) / 8);
         CHECK_OK(dops->gelu_forward_bits(fdata(gy), l2l_tensor_data(gbits), fdata(x.d), n));
-        if (form)
-          CHECK_OK(dops->gelu_backward_from_output(fdata(y), l2l_tensor_data(h), dt, fdata(add.d),
-                                                   fdata(gy), l2l_tensor_data(gbits), n));
-        else
-          CHECK_OK(dops->gelu_backward(fdata(y), l2l_tensor_data(h), dt, fdata(add.d), fdata(x.d),
-                                       n));
+        for (int alone = 0; alone < 3; alone++) {
+          float *dx = alone ? NULL : fdata(y);
+          void *out16 = alone == 2 ? (uint16_t *)l2l_tensor_data(odd16) + 1
+                                   : l2l_tensor_data(alone ? h_alone : h);
+          if (form)
+            CHECK_OK(dops->gelu_backward_from_output(dx, out16, dt, fdata(add.d), fdata(gy),
+                                                     l2l_tensor_data(gbits), n));
+          else
+            CHECK_OK(dops->gelu_backward(dx, out16, dt, fdata(add.d), fdata(x.d), n));
+        }
         CHECK_OK(l2l_device_synchronize());
         snprintf(what, sizeof what, "%s %lldx%lld dx16 (%s)",
                  form ? "gelu_backward_from_output" : "gelu_backward", (long long)rows,
                  (long long)cols, l2l_dtype_name(dt));
         check_y16(what, y, h, dt);
+        check_y16(what, y, h_alone, dt);
+        l2l_tensor *back = copied_to(odd16, L2L_POOL_HOST), *y_back = copied_to(y, L2L_POOL_HOST);
+        l2l_tensor *want = cast_on_host(y_back, dt);
+        CHECK(memcmp((uint16_t *)l2l_tensor_data(back) + 1, l2l_tensor_data(want), (size_t)n * 2) == 0,
+              "%s: dx16 alone at an odd element differs from dx rounded", what);
+        l2l_tensor_free(back), l2l_tensor_free(y_back), l2l_tensor_free(want);
         l2l_tensor_free(gy), l2l_tensor_free(gbits);
       }
+      l2l_tensor_free(odd16);
       /* the bias add whose sums go to 16 bits (the qkv map's), x only read */
       l2l_tensor *sums = copied_to(x.d, L2L_POOL_DEVICE);
       CHECK_OK(dops->bias_add(fdata(sums), NULL, L2L_F32, fdata(b.d), rows, cols));

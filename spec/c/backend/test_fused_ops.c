@@ -183,20 +183,24 @@ TEST(gelu_backward_16bit_copy_is_dx_rounded) {
       if (form) CHECK_OK(ops->gelu_backward_from_output(want, NULL, L2L_F32, dy, y, bits, n));
       else CHECK_OK(ops->gelu_backward(want, NULL, L2L_F32, dy, x, n));
       for (int d = 0; d < 2; d++) {
-        float *dx = poison(n), *over = copy_of(dy, n);
-        uint16_t *h = poison16(n), *h_over = poison16(n);
+        float *dx = poison(n), *over = copy_of(dy, n), *dy_kept = copy_of(dy, n);
+        uint16_t *h = poison16(n), *h_over = poison16(n), *h_alone = poison16(n);
         if (form) {
           CHECK_OK(ops->gelu_backward_from_output(dx, h, halves[d], dy, y, bits, n));
           CHECK_OK(ops->gelu_backward_from_output(over, h_over, halves[d], over, y, bits, n));
+          CHECK_OK(ops->gelu_backward_from_output(NULL, h_alone, halves[d], dy, y, bits, n));
         } else {
           CHECK_OK(ops->gelu_backward(dx, h, halves[d], dy, x, n));
           CHECK_OK(ops->gelu_backward(over, h_over, halves[d], over, x, n));
+          CHECK_OK(ops->gelu_backward(NULL, h_alone, halves[d], dy, x, n));
         }
         same_bits(name, dx, want, n, rows, cols);
         same_bits(name, over, want, n, rows, cols);
         same_halves(name, halves[d], h, want, n, rows, cols);
         same_halves(name, halves[d], h_over, want, n, rows, cols);
-        free(dx), free(over), free(h), free(h_over);
+        same_halves(name, halves[d], h_alone, want, n, rows, cols);   /* (dx16 alone) */
+        same_bits(name, dy, dy_kept, n, rows, cols);
+        free(dx), free(over), free(dy_kept), free(h), free(h_over), free(h_alone);
       }
       free(want);
     }

@@ -153,7 +153,8 @@ l2l_status cpu_gelu_forward(float *y, const float *x, int64_t n) {
 
 enum { GELU_BACKWARD_CHUNK = 4096 };   /* elements a thread makes, then rounds to dx16 */
 
-/* d/dx [x s(2u)] = s + x * 2u' * s (1 - s), with s = sigmoid(2u), u' = k0 (1 + 3 k1 x^2). */
+/* d/dx [x s(2u)] = s + x * 2u' * s (1 - s), with s = sigmoid(2u), u' = k0 (1 + 3 k1 x^2).
+   A chunk's dx goes to dx, or with dx NULL to the stack, then rounded into dx16. */
 l2l_status cpu_gelu_backward(float *dx, void *dx16, l2l_dtype dx16_dtype, const float *dy,
                              const float *x, int64_t n) {
   const int64_t chunks = (n + GELU_BACKWARD_CHUNK - 1) / GELU_BACKWARD_CHUNK;
@@ -162,15 +163,17 @@ l2l_status cpu_gelu_backward(float *dx, void *dx16, l2l_dtype dx16_dtype, const 
   for (int64_t c = 0; c < chunks; c++) {
     const int64_t first = c * GELU_BACKWARD_CHUNK;
     const int64_t count = n - first < GELU_BACKWARD_CHUNK ? n - first : GELU_BACKWARD_CHUNK;
+    float own[GELU_BACKWARD_CHUNK], *out = dx ? dx + first : own;
+    const float *xc = x + first, *dyc = dy + first;
 #pragma omp simd
-    for (int64_t i = first; i < first + count; i++) {
-      float v = x[i];
+    for (int64_t i = 0; i < count; i++) {
+      float v = xc[i];
       float u = GELU_K0 * (v + GELU_K1 * v * v * v);
       float du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * v * v);
       float s = 1.0f / (1.0f + vexp(-2.0f * u));
-      dx[i] = dy[i] * (s + v * 2.0f * du * s * (1.0f - s));
+      out[i] = dyc[i] * (s + v * 2.0f * du * s * (1.0f - s));
     }
-    if (dx16) cpu_round_16((uint16_t *)dx16 + first, dx16_dtype, dx + first, count);
+    if (dx16) cpu_round_16((uint16_t *)dx16 + first, dx16_dtype, out, count);
   }
   return L2L_OK;
 }
@@ -208,6 +211,7 @@ l2l_status cpu_gelu_backward_from_output(float *dx, void *dx16, l2l_dtype dx16_d
   for (int64_t c = 0; c < chunks; c++) {
     int64_t first = c * GELU_CHUNK, count = n - first < GELU_CHUNK ? n - first : GELU_CHUNK;
     int32_t right[GELU_CHUNK]; /* the side bits unpacked, so the math loop vectorizes */
+    float own[GELU_CHUNK], *out = dx ? dx + first : own;   /* (dx NULL: dx16 alone) */
     for (int64_t i = 0; i < count; i++) right[i] = (bits[(first + i) >> 3] >> ((first + i) & 7)) & 1;
 #pragma omp simd
     for (int64_t i = 0; i < count; i++) {
@@ -223,9 +227,9 @@ l2l_status cpu_gelu_backward_from_output(float *dx, void *dx16, l2l_dtype dx16_d
       j = j < GELU_TABLE - 2 ? j : GELU_TABLE - 2;
       float f = p - (float)j, lo = table[k * GELU_TABLE + j], hi = table[k * GELU_TABLE + j + 1];
       float slope = lo + f * (hi - lo);
-      dx[first + i] = dy[first + i] * (v == v ? slope : v); /* a NaN output stays NaN */
+      out[i] = dy[first + i] * (v == v ? slope : v); /* a NaN output stays NaN */
     }
-    if (dx16) cpu_round_16((uint16_t *)dx16 + first, dx16_dtype, dx + first, count);
+    if (dx16) cpu_round_16((uint16_t *)dx16 + first, dx16_dtype, out, count);
   }
   return L2L_OK;
 }
