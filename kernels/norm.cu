@@ -224,14 +224,25 @@ __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK)
 
 /* ---------------------------------------------------------------- LayerNorm backward */
 
+/* Where a LayerNorm backward's dx goes: dx := the gradient + residual (NULL: none, and no
+   0 added: -0 stays -0, as the CPU leaves it; added by __fadd_rn, not contracted into the
+   formula, as the add kernel adds), dx16 := dx rounded (NULL: none). */
+struct DxOut {
+  float *dx;
+  const float *residual;
+  uint16_t *dx16;
+  int dtype;
+};
+
 /* dx per row as the CPU's layernorm_backward_rows; with partials, each block also writes
    its rows' sums of dy x^ (partials row blockIdx.x) and dy (row gridDim.x + blockIdx.x),
    which column_partials_kernel then adds up in block order. Warp groups first add their
    block's warps in warp order through shared memory. x^ = FROM_OUTPUT ? (src - shift) *
-   (1/weight) : (src - mean) rstd. */
-template <bool WARP, bool FROM_OUTPUT>
+   (1/weight) : (src - mean) rstd. EXTRA: out has a residual or a dx16 (a variant of its
+   own: the warp-mode kernels, capped at 64 registers, spill more with the two pointers). */
+template <bool WARP, bool FROM_OUTPUT, bool EXTRA>
 __global__ void __launch_bounds__(1024)
-    layernorm_backward_kernel(float *dx, float *partials, const float *dy, const float *src,
+    layernorm_backward_kernel(DxOut out, float *partials, const float *dy, const float *src,
                               const float *weight, const float *mean, const float *shift,
                               const float *rstd, int64_t rows, int64_t cols, bool cache_rows,
                               bool vec) {
@@ -261,7 +272,9 @@ __global__ void __launch_bounds__(1024)
   for (int64_t row = g.first; row < rows; row += g.stride) {
     const int64_t off = row * cols;
     const float *dyr = dy + off, *sr = src + off;
-    float *dxr = dx + off;
+    float *dxr = out.dx + off;
+    const float *resr = EXTRA && out.residual ? out.residual + off : nullptr;
+    uint16_t *hr = EXTRA && out.dx16 ? out.dx16 + off : nullptr;
     float *cache_dy = slice, *cache_src = slice ? slice + padded : nullptr;
     const float mu = FROM_OUTPUT ? 0.0f : mean[row], rs = rstd[row];
     auto xhat = [&](int64_t j, float v) -> float {
@@ -300,7 +313,13 @@ __global__ void __launch_bounds__(1024)
                   if (grads) aw[e] += d.v[e] * xh, ab[e] += d.v[e];
                   o.v[e] = rs * (d.v[e] * weight[j + e] - mean_g - xh * mean_gx);
                 }
+                if (EXTRA && resr) {   /* (read before dx is written: it may be dx or dy) */
+                  const Pack<W> r = load_pack<W>(resr + j);
+#pragma unroll
+                  for (int e = 0; e < W; e++) o.v[e] = __fadd_rn(o.v[e], r.v[e]);
+                }
                 store_pack<W>(dxr + j, o);
+                if (EXTRA && hr) store_half_pack<W>(hr + j, o, out.dtype);
               });
   }
 
@@ -355,7 +374,7 @@ __global__ void __launch_bounds__(1024)
    the registers allow it without spilling (rows of up to 768, 512 from the output). */
 template <int CHUNKS, bool FROM_OUTPUT>
 __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK, CHUNKS <= (FROM_OUTPUT ? 4 : 6) ? 2 : 1)
-    layernorm_backward_regs_kernel(float *dx, float *partials, const float *dy, const float *src,
+    layernorm_backward_regs_kernel(DxOut out, float *partials, const float *dy, const float *src,
                                    const float *weight, const float *mean, const float *shift,
                                    const float *rstd, int64_t rows, int64_t cols, bool vec_p) {
   extern __shared__ float4 warp_rows[];   /* (WARPS_PER_BLOCK, cols) one partial each */
@@ -422,7 +441,21 @@ __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK, CHUNKS <= (FROM_OUTPUT ?
       }
       aw[c].x += pw[0], aw[c].y += pw[1], aw[c].z += pw[2], aw[c].w += pw[3];
       ab[c].x += pb[0], ab[c].y += pb[1], ab[c].z += pb[2], ab[c].w += pb[3];
-      reinterpret_cast<float4 *>(dx + off)[q] = make_float4(o[0], o[1], o[2], o[3]);
+      if (out.residual) {   /* (read before dx is written: it may be dx or dy) */
+        const float4 r = reinterpret_cast<const float4 *>(out.residual + off)[q];
+        o[0] = __fadd_rn(o[0], r.x), o[1] = __fadd_rn(o[1], r.y);
+        o[2] = __fadd_rn(o[2], r.z), o[3] = __fadd_rn(o[3], r.w);
+      }
+      reinterpret_cast<float4 *>(out.dx + off)[q] = make_float4(o[0], o[1], o[2], o[3]);
+      if (out.dx16) {   /* (rows of a multiple of 4 halves: 8-byte aligned where dx16 is) */
+        const uint32_t h0 = f32_to_16(o[0], out.dtype), h1 = f32_to_16(o[1], out.dtype);
+        const uint32_t h2 = f32_to_16(o[2], out.dtype), h3 = f32_to_16(o[3], out.dtype);
+        uint16_t *h = out.dx16 + off + 4 * q;
+        if (((uintptr_t)out.dx16 & 7) == 0)
+          *reinterpret_cast<uint2 *>(h) = make_uint2(h0 | h1 << 16, h2 | h3 << 16);
+        else
+          h[0] = (uint16_t)h0, h[1] = (uint16_t)h1, h[2] = (uint16_t)h2, h[3] = (uint16_t)h3;
+      }
     }
   }
 
@@ -532,19 +565,22 @@ int launch_layernorm_forward(bool fused, float *sum, float *y, void *y16, int y1
 }
 
 template <bool FROM_OUTPUT>
-int launch_layernorm_backward(float *dx, float *dweight, float *dbias, const float *dy,
+int launch_layernorm_backward(DxOut out, float *dweight, float *dbias, const float *dy,
                               const float *src, const float *weight, const float *mean,
                               const float *shift, const float *rstd, int64_t rows,
                               int64_t cols, float *scratch, void *stream) {
   if (rows < 0 || cols < 0) return INVALID;
   if (rows == 0 || cols == 0) return 0;
-  if (!dx || !dy || !src || !weight || !rstd || (FROM_OUTPUT ? !shift : !mean))
+  if (!out.dx || !dy || !src || !weight || !rstd || (FROM_OUTPUT ? !shift : !mean))
     return INVALID;
+  if (out.dx16 && out.dtype != DT_BF16 && out.dtype != DT_F16) return INVALID;
+  float *dx = out.dx;
   const bool grads = dweight || dbias;
   if (grads && !scratch) return INVALID;
   const int64_t groups = layernorm_partial_groups(rows, cols);
   /* Every row 16-byte aligned: the fixed per-thread column map can use float4. */
-  const bool vec = cols % 4 == 0 && aligned16(dy) && aligned16(src) && aligned16(dx);
+  const bool vec = cols % 4 == 0 && aligned16(dy) && aligned16(src) && aligned16(dx) &&
+                   aligned16(out.residual);   /* (a null residual is aligned) */
   float *partials = grads ? scratch : nullptr;
   cudaStream_t s = (cudaStream_t)stream;
   /* rows past warp mode that fit a warp's registers, every row aligned:
@@ -558,7 +594,7 @@ int launch_layernorm_backward(float *dx, float *dweight, float *dbias, const flo
     const int64_t chunks = (cols / 4 + 31) / 32;
 #define LN_BACK_REGS(C)                                                                      \
   layernorm_backward_regs_kernel<C, FROM_OUTPUT><<<(unsigned)blocks, 32 * WARPS_PER_BLOCK,   \
-                                                   smem, s>>>(dx, partials, dy, src, weight, \
+                                                   smem, s>>>(out, partials, dy, src, weight, \
                                                               mean, shift, rstd, rows, cols, \
                                                               vec_p)
     if (chunks <= 4) LN_BACK_REGS(4);
@@ -574,12 +610,15 @@ int launch_layernorm_backward(float *dx, float *dweight, float *dbias, const flo
     return k_launched();
   }
   const RowLaunch l = row_launch(rows, cols, 2, groups);
-  if (l.warp_mode)
-    layernorm_backward_kernel<true, FROM_OUTPUT><<<l.blocks, l.threads, l.smem, s>>>(
-        dx, partials, dy, src, weight, mean, shift, rstd, rows, cols, l.cache, vec);
-  else
-    layernorm_backward_kernel<false, FROM_OUTPUT><<<l.blocks, l.threads, l.smem, s>>>(
-        dx, partials, dy, src, weight, mean, shift, rstd, rows, cols, l.cache, vec);
+#define LN_BACK(WARP, EXTRA)                                                                 \
+  layernorm_backward_kernel<WARP, FROM_OUTPUT, EXTRA><<<l.blocks, l.threads, l.smem, s>>>(  \
+      out, partials, dy, src, weight, mean, shift, rstd, rows, cols, l.cache, vec)
+  const bool extra = out.residual || out.dx16;
+  if (l.warp_mode && extra) LN_BACK(true, true);
+  else if (l.warp_mode) LN_BACK(true, false);
+  else if (extra) LN_BACK(false, true);
+  else LN_BACK(false, false);
+#undef LN_BACK
   int status = k_launched();
   if (status != 0 || !grads) return status;
   int64_t tiles = (cols + 31) / 32;
@@ -614,20 +653,23 @@ extern "C" int64_t k_layernorm_backward_scratch_floats(int64_t rows, int64_t col
   return 2 * layernorm_partial_groups(rows, cols) * cols;
 }
 
-extern "C" int k_layernorm_backward(float *dx, float *dweight, float *dbias,
-                                    const float *dy, const float *x, const float *weight,
-                                    const float *mean, const float *rstd, int64_t rows,
-                                    int64_t cols, float *scratch, void *stream) {
-  return launch_layernorm_backward<false>(dx, dweight, dbias, dy, x, weight, mean, nullptr,
+extern "C" int k_layernorm_backward(float *dx, void *dx16, int dx16_dtype, float *dweight,
+                                    float *dbias, const float *dy, const float *residual,
+                                    const float *x, const float *weight, const float *mean,
+                                    const float *rstd, int64_t rows, int64_t cols,
+                                    float *scratch, void *stream) {
+  const DxOut out = {dx, residual, static_cast<uint16_t *>(dx16), dx16_dtype};
+  return launch_layernorm_backward<false>(out, dweight, dbias, dy, x, weight, mean, nullptr,
                                           rstd, rows, cols, scratch, stream);
 }
 
-extern "C" int k_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
-                                                const float *dy, const float *y,
+extern "C" int k_layernorm_backward_from_output(float *dx, void *dx16, int dx16_dtype,
+                                                float *dweight, float *dbias, const float *dy,
+                                                const float *residual, const float *y,
                                                 const float *weight, const float *bias,
-                                                const float *rstd, int64_t rows,
-                                                int64_t cols, float *scratch,
-                                                void *stream) {
-  return launch_layernorm_backward<true>(dx, dweight, dbias, dy, y, weight, nullptr, bias,
+                                                const float *rstd, int64_t rows, int64_t cols,
+                                                float *scratch, void *stream) {
+  const DxOut out = {dx, residual, static_cast<uint16_t *>(dx16), dx16_dtype};
+  return launch_layernorm_backward<true>(out, dweight, dbias, dy, y, weight, nullptr, bias,
                                          rstd, rows, cols, scratch, stream);
 }

@@ -46,24 +46,28 @@ int k_add_layernorm_forward(float *sum, float *y, void *y16, int y16_dtype, floa
 int64_t k_layernorm_backward_scratch_floats(int64_t rows, int64_t cols);
 
 /* With x^ = (x - mean[r]) rstd[r] and g = dy weight:
-   dx = rstd (g - mean(g) - x^ mean(g x^)); dweight += sum_r dy x^; dbias += sum_r dy.
-   dweight, dbias may be NULL (each independently); they ACCUMULATE (+=). dx may be dy.
+   dx = rstd (g - mean(g) - x^ mean(g x^)) [+ residual, NULL: none, added in f32 in the same
+   pass]; dx16 (DT_BF16 / DT_F16, NULL: none) gets dx rounded as k_convert rounds;
+   dweight += sum_r dy x^; dbias += sum_r dy.
+   dweight, dbias may be NULL (each independently); they ACCUMULATE (+=). dx may be dy, and
+   residual dx or dy.
    scratch: k_layernorm_backward_scratch_floats(rows, cols) floats, needed (non-NULL)
    when dweight or dbias is given, else ignored. The parameter gradients are summed in a
    fixed order (bit-identical from run to run): per-row-group partials into scratch, then
    a second kernel adds them in group order into dweight / dbias. */
-int k_layernorm_backward(float *dx, float *dweight, float *dbias, const float *dy,
-                         const float *x, const float *weight, const float *mean,
-                         const float *rstd, int64_t rows, int64_t cols, float *scratch,
-                         void *stream);
+int k_layernorm_backward(float *dx, void *dx16, int dx16_dtype, float *dweight, float *dbias,
+                         const float *dy, const float *residual, const float *x,
+                         const float *weight, const float *mean, const float *rstd,
+                         int64_t rows, int64_t cols, float *scratch, void *stream);
 
 /* As k_layernorm_backward with x^ = (y - bias) * (1/weight) from the forward's output
    (1/weight rounded to float first, as the CPU does); weight must have no zero channel.
    Same scratch. dx may be dy. */
-int k_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
-                                     const float *dy, const float *y, const float *weight,
-                                     const float *bias, const float *rstd, int64_t rows,
-                                     int64_t cols, float *scratch, void *stream);
+int k_layernorm_backward_from_output(float *dx, void *dx16, int dx16_dtype, float *dweight,
+                                     float *dbias, const float *dy, const float *residual,
+                                     const float *y, const float *weight, const float *bias,
+                                     const float *rstd, int64_t rows, int64_t cols,
+                                     float *scratch, void *stream);
 
 /* ---------------------------------------------------------------- softmax */
 

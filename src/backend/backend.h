@@ -257,9 +257,14 @@ struct backend_ops {
   l2l_status (*layernorm_forward)(float *y, void *y16, l2l_dtype y16_dtype, float *mean,
                                   float *rstd, const float *x, const float *weight,
                                   const float *bias, float eps, int64_t rows, int64_t cols);
-  /* dx (rows,cols) written; dweight, dbias (cols; either may be NULL) accumulated; from dy,
-     x (rows,cols), weight (cols), mean, rstd (rows) */
-  l2l_status (*layernorm_backward)(float *dx, float *dweight, float *dbias, const float *dy,
+  /* dx (rows,cols) written, plus residual (rows,cols; NULL: none) where given: the
+     residual branch's gradient added in the same pass (each element once, in f32, as the
+     add op would); dx16 (of dx16_dtype; NULL: none) gets dx rounded as layernorm_forward's
+     y16 (the 16-bit dy of the GEMMs that read dx next). dweight, dbias (cols; either may be
+     NULL) accumulated; from dy, x (rows,cols), weight (cols), mean, rstd (rows). dx may be
+     dy, and residual dx or dy. */
+  l2l_status (*layernorm_backward)(float *dx, void *dx16, l2l_dtype dx16_dtype, float *dweight,
+                                   float *dbias, const float *dy, const float *residual,
                                    const float *x, const float *weight, const float *mean,
                                    const float *rstd, int64_t rows, int64_t cols);
   /* x is (samples, rows_per_sample, tk) and each sample's rows are (heads, tq) with tq
@@ -328,8 +333,9 @@ struct backend_ops {
   /* LayerNorm backward with x^ = (y - bias) / weight instead of (x - mean) rstd; weight
      must have no zero channel (the layers fall back to the standard backward first, when
      layernorm_invertible says no). */
-  l2l_status (*layernorm_backward_from_output)(float *dx, float *dweight, float *dbias,
-                                               const float *dy, const float *y,
+  l2l_status (*layernorm_backward_from_output)(float *dx, void *dx16, l2l_dtype dx16_dtype,
+                                               float *dweight, float *dbias, const float *dy,
+                                               const float *residual, const float *y,
                                                const float *weight, const float *bias,
                                                const float *rstd, int64_t rows, int64_t cols);
 

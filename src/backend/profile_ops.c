@@ -103,18 +103,30 @@ static l2l_status p_layernorm_forward(float *y, void *y16, l2l_dtype y16_dtype, 
            (long long)rows, (long long)cols);
 }
 
-/* dy and x (or y) read, dx written; the weight read, its two gradients read and added to. */
-static double layernorm_backward_bytes(int64_t rows, int64_t cols, const void *dx) {
-  return F * (d(rows) * d(cols) * (dx != NULL ? 3 : 2) + 5 * d(cols));
+/* dy, x (or y) and the residual read, dx (and its 16-bit copy) written; the weight read,
+   its two gradients read and added to. */
+static double layernorm_backward_bytes(int64_t rows, int64_t cols, const void *residual,
+                                       const void *dx16, l2l_dtype dx16_dtype) {
+  double n = d(rows) * d(cols);
+  return F * (n * (residual != NULL ? 4 : 3) + 5 * d(cols)) +
+         (dx16 != NULL ? (double)l2l_dtype_size(dx16_dtype) * n : 0);
 }
 
-static l2l_status p_layernorm_backward(float *dx, float *dweight, float *dbias, const float *dy,
-                                       const float *x, const float *weight, const float *mean,
+#define LAYERNORM_BACKWARD_SHAPE(rows, cols, residual, dx16, dx16_dtype)                    \
+  "rows=%lld cols=%lld%s%s%s", (long long)(rows), (long long)(cols),                      \
+      (residual) ? " +residual" : "", (dx16) ? " and " : "", (dx16) ? dt(dx16_dtype) : ""
+
+static l2l_status p_layernorm_backward(float *dx, void *dx16, l2l_dtype dx16_dtype,
+                                       float *dweight, float *dbias, const float *dy,
+                                       const float *residual, const float *x,
+                                       const float *weight, const float *mean,
                                        const float *rstd, int64_t rows, int64_t cols) {
-  PROFILED(layernorm_backward(dx, dweight, dbias, dy, x, weight, mean, rstd, rows, cols),
-           "layernorm_backward", 0, layernorm_backward_bytes(rows, cols, dx) +
-           row_stats(mean, rstd, rows), L2L_BOUND_MEM, false, "rows=%lld cols=%lld",
-           (long long)rows, (long long)cols);
+  PROFILED(layernorm_backward(dx, dx16, dx16_dtype, dweight, dbias, dy, residual, x, weight,
+                              mean, rstd, rows, cols),
+           "layernorm_backward", 0,
+           layernorm_backward_bytes(rows, cols, residual, dx16, dx16_dtype) +
+           row_stats(mean, rstd, rows), L2L_BOUND_MEM, false,
+           LAYERNORM_BACKWARD_SHAPE(rows, cols, residual, dx16, dx16_dtype));
 }
 
 static l2l_status p_softmax_forward(float *y, const float *x, const uint8_t *key_mask,
@@ -227,16 +239,18 @@ static l2l_status p_cross_entropy_fused(float *losses, float *dlogits, void *dlo
            (long long)rows, (long long)vocab);
 }
 
-static l2l_status p_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
-                                                   const float *dy, const float *y,
-                                                   const float *weight, const float *bias,
-                                                   const float *rstd, int64_t rows,
-                                                   int64_t cols) {
-  PROFILED(layernorm_backward_from_output(dx, dweight, dbias, dy, y, weight, bias, rstd, rows,
-                                          cols),
-           "layernorm_backward_from_output", 0, layernorm_backward_bytes(rows, cols, dx) +
-           F * (d(cols) + d(rows)), L2L_BOUND_MEM, false, "rows=%lld cols=%lld",
-           (long long)rows, (long long)cols);
+static l2l_status p_layernorm_backward_from_output(float *dx, void *dx16, l2l_dtype dx16_dtype,
+                                                   float *dweight, float *dbias,
+                                                   const float *dy, const float *residual,
+                                                   const float *y, const float *weight,
+                                                   const float *bias, const float *rstd,
+                                                   int64_t rows, int64_t cols) {
+  PROFILED(layernorm_backward_from_output(dx, dx16, dx16_dtype, dweight, dbias, dy, residual, y,
+                                          weight, bias, rstd, rows, cols),
+           "layernorm_backward_from_output", 0,
+           layernorm_backward_bytes(rows, cols, residual, dx16, dx16_dtype) +
+           F * (d(cols) + d(rows)), L2L_BOUND_MEM, false,
+           LAYERNORM_BACKWARD_SHAPE(rows, cols, residual, dx16, dx16_dtype));
 }
 
 /* ---------------------------------------------------------------- attention */

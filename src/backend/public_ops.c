@@ -294,8 +294,9 @@ l2l_status l2l_layernorm_backward(l2l_tensor *dx, l2l_tensor *dweight, l2l_tenso
     for (int p = o + 1; p < 3; p++)
       TRY(distinct(f, outs[o].name, outs[o].t, outs[p].name, outs[p].t, false));
   }
-  return ops->layernorm_backward(tensor_ptr(dx), dweight ? tensor_ptr(dweight) : NULL,
-                                 dbias ? tensor_ptr(dbias) : NULL, tensor_ptr(dy),
+  return ops->layernorm_backward(tensor_ptr(dx), NULL, L2L_F32,
+                                 dweight ? tensor_ptr(dweight) : NULL,
+                                 dbias ? tensor_ptr(dbias) : NULL, tensor_ptr(dy), NULL,
                                  tensor_ptr(x), tensor_ptr(weight), tensor_ptr(mean),
                                  tensor_ptr(rstd), rows, cols);
 }

@@ -392,15 +392,18 @@ static l2l_status residual_dropout_backward(const float **out, float *dst,
                                     (int64_t)((uint64_t)b->first_sample * per_sample), p->N * p->D);
 }
 
-/* dx := LayerNorm backward of dy, from the input (kept) or from the output (frugal). */
+/* dx := LayerNorm backward of dy [+ residual, NULL: none], and dx16 its 16-bit copy
+   (NULL: none), from the input (kept) or from the output (frugal). */
 static l2l_status layernorm_backward(const struct layer_call *call, const struct block_plan *p,
-                                     l2l_layer *layer, int w, float *dx, const float *dy,
-                                     const float *in, const float *mean, const float *out,
-                                     const float *rstd) {
+                                     l2l_layer *layer, int w, float *dx, void *dx16,
+                                     const float *dy, const float *residual, const float *in,
+                                     const float *mean, const float *out, const float *rstd) {
   float *dw = layers_grad_f32(layer, w), *db = layers_grad_f32(layer, w + 1);
   if (mean) /* the standard path, also frugal's guarded LayerNorm */
-    return call->ops->layernorm_backward(dx, dw, db, dy, in, param(layer, w), mean, rstd, p->N, p->D);
-  return call->ops->layernorm_backward_from_output(dx, dw, db, dy, out, param(layer, w),
+    return call->ops->layernorm_backward(dx, dx16, call->precision, dw, db, dy, residual, in,
+                                         param(layer, w), mean, rstd, p->N, p->D);
+  return call->ops->layernorm_backward_from_output(dx, dx16, call->precision, dw, db, dy,
+                                                   residual, out, param(layer, w),
                                                    param(layer, w + 1), rstd, p->N, p->D);
 }
 
@@ -430,16 +433,17 @@ static l2l_status mlp_backward(const struct layer_call *call, const struct block
                                 layers_weight(layer, FC_W), N, D, F, 0.0f);
 }
 
-/* The attention branch's backward: da := d(attention input) from dz = d(ctx Wp + bp). */
+/* The attention branch's backward: da := d(attention input) from dz = d(ctx Wp + bp) (and
+   dz16, its 16-bit copy, or NULL). */
 static l2l_status attention_branch_backward(const struct layer_call *call,
                                             const struct block_plan *p, l2l_layer *layer,
                                             const struct block_buffers *m, float *da,
-                                            const float *dz, struct act in) {
+                                            const float *dz, const void *dz16, struct act in) {
   const struct backend_ops *ops = call->ops;
   const int64_t N = p->N, D = p->D;
   float *dctx = at(m, p->t3), *dqkv = at(m, p->tqkv), *qkv = at(m, p->qkv), *ctx = at(m, p->ctx);
   const bool h16 = p->qkv_16;   /* q, k, v and dq, dk, dv in 16 bits */
-  TRY(layers_linear_backward(call, dctx, grad(layer, PROJ_W), grad(layer, PROJ_B), dz, NULL,
+  TRY(layers_linear_backward(call, dctx, grad(layer, PROJ_W), grad(layer, PROJ_B), dz, dz16,
                              layers_kept_act(call, ctx, p->ctx_16), layers_weight(layer, PROJ_W), N,
                              D, D, 0.0f));
   struct backend_attention_shape sh;
@@ -469,29 +473,30 @@ static l2l_status block_backward(const struct layer_call *call, l2l_layer *layer
   if (!layer->config.post_ln) {
     TRY(residual_dropout_backward(&dm, t1, call, layer, &p, dy, (uint8_t *)BUF(drop2_mask), 2));
     TRY(mlp_backward(call, &p, layer, &mem, t3, dm, layers_kept_act(call, BUF(ln2_out), p.ln2_16)));
-    /* dh = ln2'(dc) + dy */
-    TRY(layernorm_backward(call, &p, layer, LN2_W, t2, t3, BUF(ln2_in), BUF(mean2),
+    /* dh = ln2'(dc) + dy in one pass, and with no dropout between, dz = dh in 16 bits too
+       for the projection's GEMMs (the cast scratch is free until they read it) */
+    void *dz16 = p.flags & RESID_DROPOUT ? NULL : layers_scratch16(call);
+    TRY(layernorm_backward(call, &p, layer, LN2_W, t2, dz16, t3, dy, BUF(ln2_in), BUF(mean2),
                            BUF(ln2_out), BUF(rstd2)));
-    TRY(ops->add(t2, t2, dy, N * D));
     TRY(residual_dropout_backward(&dz, t1, call, layer, &p, t2, (uint8_t *)BUF(drop1_mask), 1));
-    TRY(attention_branch_backward(call, &p, layer, &mem, t1, dz,
+    TRY(attention_branch_backward(call, &p, layer, &mem, t1, dz, dz16,
                                   layers_kept_act(call, BUF(ln1_out), p.ln1_16)));
-    /* dx = ln1'(da) + dh */
-    TRY(layernorm_backward(call, &p, layer, LN1_W, dx, t1, x, BUF(mean1), BUF(ln1_out),
-                           BUF(rstd1)));
-    return ops->add(dx, dx, t2, N * D);
+    /* dx = ln1'(da) + dh, in one pass */
+    return layernorm_backward(call, &p, layer, LN1_W, dx, NULL, t1, t2, x, BUF(mean1),
+                              BUF(ln1_out), BUF(rstd1));
   }
   const float *y = saved->output ? tensor_ptr(saved->output) : NULL;
   /* dr2 = ln2'(dy); dh = mlp'(drop2'(dr2)) + dr2 */
-  TRY(layernorm_backward(call, &p, layer, LN2_W, t1, dy, BUF(ln2_in), BUF(mean2), y, BUF(rstd2)));
+  TRY(layernorm_backward(call, &p, layer, LN2_W, t1, NULL, dy, NULL, BUF(ln2_in), BUF(mean2), y,
+                         BUF(rstd2)));
   TRY(residual_dropout_backward(&dm, t2, call, layer, &p, t1, (uint8_t *)BUF(drop2_mask), 2));
   TRY(mlp_backward(call, &p, layer, &mem, t3, dm, act_f32(BUF(ln1_out))));
   TRY(ops->add(t3, t3, t1, N * D));
   /* dr1 = ln1'(dh); dx = attn'(drop1'(dr1)) + dr1 */
-  TRY(layernorm_backward(call, &p, layer, LN1_W, t1, t3, BUF(ln1_in), BUF(mean1), BUF(ln1_out),
-                         BUF(rstd1)));
+  TRY(layernorm_backward(call, &p, layer, LN1_W, t1, NULL, t3, NULL, BUF(ln1_in), BUF(mean1),
+                         BUF(ln1_out), BUF(rstd1)));
   TRY(residual_dropout_backward(&dz, t2, call, layer, &p, t1, (uint8_t *)BUF(drop1_mask), 1));
-  TRY(attention_branch_backward(call, &p, layer, &mem, dx, dz, act_f32(x)));
+  TRY(attention_branch_backward(call, &p, layer, &mem, dx, dz, NULL, act_f32(x)));
   return ops->add(dx, dx, t1, N * D);
 }
 

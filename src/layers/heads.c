@@ -173,9 +173,10 @@ static l2l_status lm_head_backward(const struct layer_call *call, l2l_layer *lay
   float *dw = layers_grad_f32(layer, HEAD_LN_W), *db = layers_grad_f32(layer, HEAD_LN_B);
   const float *w = param_f32(layer, HEAD_LN_W), *rstd = arena_at(base, p.rstd);
   if (saved->flags & FRUGAL_LN)
-    return ops->layernorm_backward_from_output(dx, dw, db, dh, h, w,
+    return ops->layernorm_backward_from_output(dx, NULL, L2L_F32, dw, db, dh, NULL, h, w,
                                                param_f32(layer, HEAD_LN_B), rstd, N, D);
-  return ops->layernorm_backward(dx, dw, db, dh, x, w, arena_at(base, p.mean), rstd, N, D);
+  return ops->layernorm_backward(dx, NULL, L2L_F32, dw, db, dh, NULL, x, w,
+                                 arena_at(base, p.mean), rstd, N, D);
 }
 
 /* The backward's dlogits (N,V) unless the forward left them in 16 bits, and h (N,D). */

@@ -207,18 +207,20 @@ TEST(cuda_backend_layernorm_from_output) {
     struct twin dy = twin_of(RANDN(1.0, rows, cols)), dx = twin_of(NANS(rows, cols));
     struct twin dx2 = twin_of(NANS(rows, cols));
     struct twin dw = twin_of(RANDN(1.0, cols)), db = twin_of(RANDN(1.0, cols)); /* += */
-    CHECK_OK(hops->layernorm_backward_from_output(fdata(dx.h), fdata(dw.h), fdata(db.h),
-                                                  fdata(dy.h), fdata(y.h), fdata(w.h),
+    CHECK_OK(hops->layernorm_backward_from_output(fdata(dx.h), NULL, L2L_F32, fdata(dw.h),
+                                                  fdata(db.h), fdata(dy.h), NULL, fdata(y.h),
+                                                  fdata(w.h), fdata(b.h), fdata(rstd.h), rows,
+                                                  cols));
+    CHECK_OK(dops->layernorm_backward_from_output(fdata(dx.d), NULL, L2L_F32, fdata(dw.d),
+                                                  fdata(db.d), fdata(dy.d), NULL, fdata(y.d),
+                                                  fdata(w.d), fdata(b.d), fdata(rstd.d), rows,
+                                                  cols));
+    CHECK_OK(hops->layernorm_backward_from_output(fdata(dx2.h), NULL, L2L_F32, NULL, NULL,
+                                                  fdata(dy.h), NULL, fdata(y.h), fdata(w.h),
                                                   fdata(b.h), fdata(rstd.h), rows, cols));
-    CHECK_OK(dops->layernorm_backward_from_output(fdata(dx.d), fdata(dw.d), fdata(db.d),
-                                                  fdata(dy.d), fdata(y.d), fdata(w.d),
+    CHECK_OK(dops->layernorm_backward_from_output(fdata(dx2.d), NULL, L2L_F32, NULL, NULL,
+                                                  fdata(dy.d), NULL, fdata(y.d), fdata(w.d),
                                                   fdata(b.d), fdata(rstd.d), rows, cols));
-    CHECK_OK(hops->layernorm_backward_from_output(fdata(dx2.h), NULL, NULL, fdata(dy.h),
-                                                  fdata(y.h), fdata(w.h), fdata(b.h),
-                                                  fdata(rstd.h), rows, cols));
-    CHECK_OK(dops->layernorm_backward_from_output(fdata(dx2.d), NULL, NULL, fdata(dy.d),
-                                                  fdata(y.d), fdata(w.d), fdata(b.d),
-                                                  fdata(rstd.d), rows, cols));
     CHECK_OK(l2l_device_synchronize());
     char what[128];
     snprintf(what, sizeof what, "layernorm_backward_from_output (%lld,%lld): dx",

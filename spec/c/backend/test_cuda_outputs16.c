@@ -172,3 +172,72 @@ TEST(cuda_backend_16bit_outputs) {
   end_gpu();
 }
 
+
+/* LayerNorm's backward with the residual branch's gradient added in the same pass and its
+   16-bit copy (the pre-LN block's dh = ln2'(dc) + dy and dx = ln1'(da) + dh): dx against
+   the CPU's, dx16 against the device's dx rounded, both forms, rows the block kernels and
+   the warp's registers take, the 16-bit copy at an odd element too. */
+TEST(cuda_backend_layernorm_backward_residual_16bit) {
+  if (!use_gpu()) return;
+  const struct backend_ops *hops = backend_for(L2L_POOL_HOST);
+  const struct backend_ops *dops = backend_for(L2L_POOL_DEVICE);
+  static const int64_t shapes[][2] = {{1, 33}, {7, 33}, {1031, 257}, {33, 4099}, {4099, 768},
+                                      {5, 1024}, {9, 300}};
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    for (int form = 0; form < 2; form++) {   /* from the input (mean, rstd), from the output */
+      const int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
+      const l2l_dtype dt = (s + form) & 1 ? L2L_F16 : L2L_BF16;
+      l2l_tensor *x0 = HOST(L2L_F32, rows, cols), *w0 = HOST(L2L_F32, cols), *b0 = HOST(L2L_F32, cols);
+      layernorm_inputs(x0, w0, b0);
+      for (int64_t j = 0; j < cols; j++) /* |weight| >= 0.5: x^ = (y - b) / w recovers x */
+        fdata(w0)[j] = (float)((check_rand_int(0, 1) ? 1 : -1) * (0.5 + fabs(0.5 * check_rand_normal())));
+      l2l_tensor *y0 = HOST(L2L_F32, rows, cols), *mean0 = HOST(L2L_F32, rows), *rstd0 = HOST(L2L_F32, rows);
+      CHECK_OK(l2l_layernorm_forward(y0, mean0, rstd0, x0, w0, b0, 1e-5f));
+      struct twin x = twin_of(x0), y = twin_of(y0), w = twin_of(w0), b = twin_of(b0);
+      struct twin mean = twin_of(mean0), rstd = twin_of(rstd0), dy = twin_of(RANDN(1.0, rows, cols));
+      struct twin res = twin_of(RANDN(1.0, rows, cols)), dx = twin_of(NANS(rows, cols));
+      struct twin dw = twin_of(RANDN(1.0, cols)), db = twin_of(RANDN(1.0, cols)); /* += */
+      l2l_tensor *h = DEV(dt, rows, cols), *wide = DEV(dt, n + 1);
+      uint16_t *odd = (uint16_t *)l2l_tensor_data(wide) + 1;
+      for (int side = 0; side < 3; side++) {   /* the host, the device, the device's odd dx16 */
+        const struct backend_ops *ops = side ? dops : hops;
+        const bool d = side > 0;
+        float *dxp = side == 2 ? NULL : fdata(d ? dx.d : dx.h);
+        l2l_tensor *dx_odd = side == 2 ? DEV(L2L_F32, rows, cols) : NULL;
+        if (dx_odd) dxp = fdata(dx_odd);
+        void *h16 = side == 0 ? NULL : side == 1 ? l2l_tensor_data(h) : (void *)odd;
+        float *dwp = side == 2 ? NULL : fdata(d ? dw.d : dw.h), *dbp = side == 2 ? NULL : fdata(d ? db.d : db.h);
+#define SIDE_OF(t) fdata(d ? (t).d : (t).h)
+        if (form)
+          CHECK_OK(ops->layernorm_backward_from_output(dxp, h16, dt, dwp, dbp, SIDE_OF(dy), SIDE_OF(res),
+                                                       SIDE_OF(y), SIDE_OF(w), SIDE_OF(b),
+                                                       SIDE_OF(rstd), rows, cols));
+        else
+          CHECK_OK(ops->layernorm_backward(dxp, h16, dt, dwp, dbp, SIDE_OF(dy), SIDE_OF(res),
+                                           SIDE_OF(x), SIDE_OF(w), SIDE_OF(mean), SIDE_OF(rstd),
+                                           rows, cols));
+#undef SIDE_OF
+        l2l_tensor_free(dx_odd);
+      }
+      CHECK_OK(l2l_device_synchronize());
+      char what[160];
+      snprintf(what, sizeof what, "%s (%lld,%lld) + residual: dx",
+               form ? "layernorm_backward_from_output" : "layernorm_backward", (long long)rows,
+               (long long)cols);
+      CHECK_TWIN(what, dx, RMS, tol_sum(cols));
+      CHECK_TWIN(what, dw, RMS, tol_sum(rows));
+      CHECK_TWIN(what, db, RMS, tol_sum(rows));
+      snprintf(what, sizeof what, "%s (%lld,%lld) + residual: dx16 (%s)",
+               form ? "layernorm_backward_from_output" : "layernorm_backward", (long long)rows,
+               (long long)cols, l2l_dtype_name(dt));
+      check_y16(what, dx.d, h, dt);
+      l2l_tensor *back = copied_to(wide, L2L_POOL_HOST), *dx_back = copied_to(dx.d, L2L_POOL_HOST);
+      l2l_tensor *want = cast_on_host(dx_back, dt);
+      CHECK(memcmp((uint16_t *)l2l_tensor_data(back) + 1, l2l_tensor_data(want), (size_t)n * 2) == 0,
+            "%s: at an odd element, not dx rounded", what);
+      l2l_tensor_free(back), l2l_tensor_free(dx_back), l2l_tensor_free(want);
+      l2l_tensor_free(h), l2l_tensor_free(wide);
+      TWIN_FREE(&x, &y, &w, &b, &mean, &rstd, &dy, &res, &dx, &dw, &db);
+    }
+  end_gpu();
+}

@@ -14,7 +14,8 @@
  * with them.) White box: the ops table is called directly. The GPU's fused kernels are
  * held to these in test_cuda.c. The bias add whose sums go to 16 bits (the qkv map's) against
  * the add then the cast, and the bias gradient of 16-bit rows (attention's dq, dk, dv)
- * against the one of their widened copies. And the one cast of many tensors (convert_many) against
+ * against the one of their widened copies; LayerNorm's backward with the residual's
+ * gradient added and its 16-bit copy against the backward, the add and the cast. And the one cast of many tensors (convert_many) against
  * a cast of each; the ops the LM head runs on its padded logits rows (cross-entropy,
  * GEMMs with row strides) against the same ops on packed rows; and attention with its
  * inputs and output in 16 bits against the same on their f32 copies.
@@ -206,6 +207,50 @@ TEST(gelu_backward_16bit_copy_is_dx_rounded) {
     }
     free(x), free(dy), free(y), free(bits);
   }
+}
+
+TEST(layernorm_backward_with_residual_equals_backward_then_add) {
+  const struct backend_ops *ops = &cpu_backend;
+  for (int s = 0; s < SHAPES; s++)
+    for (int form = 0; form < 2; form++) {   /* from the input (mean, rstd), from the output */
+      const int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
+      float *x = randn(n, 1.0), *w = randn(cols, 1.0), *b = randn(cols, 0.5), *dy = randn(n, 1.0);
+      float *res = randn(n, 1.0), *y = poison(n), *mean = poison(rows), *rstd = poison(rows);
+      for (int64_t j = 0; j < cols; j++) w[j] += w[j] < 0 ? -0.5f : 0.5f;   /* invertible */
+      CHECK_OK(ops->layernorm_forward(y, NULL, L2L_F32, mean, rstd, x, w, b, 1e-5f, rows, cols));
+      /* the sequence: the backward, the add, the cast; the parameter gradients onto a start */
+      float *dw0 = randn(cols, 1.0), *db0 = randn(cols, 1.0);
+      float *dx_seq = poison(n), *dw_seq = copy_of(dw0, cols), *db_seq = copy_of(db0, cols);
+      float *dx = poison(n), *dw = copy_of(dw0, cols), *db = copy_of(db0, cols);
+      float *over = copy_of(dy, n), *dw2 = copy_of(dw0, cols), *db2 = copy_of(db0, cols);
+      const l2l_dtype dt = halves[s & 1];
+      uint16_t *h = poison16(n);
+#define LN_BACK(dx_, dx16_, dw_, db_, dy_, res_)                                                  \
+  (form ? ops->layernorm_backward_from_output(dx_, dx16_, dt, dw_, db_, dy_, res_, y, w, b, rstd,  \
+                                              rows, cols)                                        \
+        : ops->layernorm_backward(dx_, dx16_, dt, dw_, db_, dy_, res_, x, w, mean, rstd, rows,    \
+                                  cols))
+      CHECK_OK(LN_BACK(dx_seq, NULL, dw_seq, db_seq, dy, NULL));
+      CHECK_OK(ops->add(dx_seq, dx_seq, res, n));
+      CHECK_OK(LN_BACK(dx, h, dw, db, dy, res));
+      CHECK_OK(LN_BACK(over, NULL, dw2, db2, over, over));   /* dx, dy and the residual one */
+#undef LN_BACK
+      const char *name = form ? "layernorm_backward_from_output" : "layernorm_backward";
+      same_bits(name, dx, dx_seq, n, rows, cols);
+      same_halves(name, dt, h, dx_seq, n, rows, cols);
+      same_bits(name, dw, dw_seq, cols, rows, cols);
+      same_bits(name, db, db_seq, cols, rows, cols);
+      float *twice = poison(n);   /* in place: the backward of dy plus dy itself */
+      CHECK_OK(form ? ops->layernorm_backward_from_output(twice, NULL, L2L_F32, NULL, NULL, dy,
+                                                          NULL, y, w, b, rstd, rows, cols)
+                    : ops->layernorm_backward(twice, NULL, L2L_F32, NULL, NULL, dy, NULL, x, w,
+                                              mean, rstd, rows, cols));
+      CHECK_OK(ops->add(twice, twice, dy, n));
+      same_bits("layernorm backward over its dy and residual", over, twice, n, rows, cols);
+      free(x), free(w), free(b), free(dy), free(res), free(y), free(mean), free(rstd), free(dw0);
+      free(db0), free(dx_seq), free(dw_seq), free(db_seq), free(dx), free(dw), free(db);
+      free(over), free(dw2), free(db2), free(h), free(twice);
+    }
 }
 
 TEST(fused_add_layernorm_equals_add_then_layernorm) {

@@ -53,10 +53,10 @@ l2l_status cpu_gelu_backward(float *dx, void *dx16, l2l_dtype dx16_dtype, const 
 l2l_status cpu_layernorm_forward(float *y, void *y16, l2l_dtype y16_dtype, float *mean_out,
                                  float *rstd_out, const float *x, const float *weight,
                                  const float *bias, float eps, int64_t rows, int64_t cols);
-l2l_status cpu_layernorm_backward(float *dx, float *dweight, float *dbias,
-                                  const float *dy, const float *x, const float *weight,
-                                  const float *mean, const float *rstd, int64_t rows,
-                                  int64_t cols);
+l2l_status cpu_layernorm_backward(float *dx, void *dx16, l2l_dtype dx16_dtype, float *dweight,
+                                  float *dbias, const float *dy, const float *residual,
+                                  const float *x, const float *weight, const float *mean,
+                                  const float *rstd, int64_t rows, int64_t cols);
 l2l_status cpu_softmax_forward(float *y, const float *x, const uint8_t *key_mask,
                                int causal, float scale, int64_t samples,
                                int64_t rows_per_sample, int64_t tq, int64_t tk);
@@ -90,8 +90,9 @@ l2l_status cpu_cross_entropy_fused(float *losses, float *dlogits, void *dlogits1
                                    l2l_dtype dlogits16_dtype, const float *logits,
                                    const int32_t *targets, int32_t ignore_index,
                                    float scale, int64_t rows, int64_t vocab, int64_t ld);
-l2l_status cpu_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
-                                              const float *dy, const float *y,
+l2l_status cpu_layernorm_backward_from_output(float *dx, void *dx16, l2l_dtype dx16_dtype,
+                                              float *dweight, float *dbias, const float *dy,
+                                              const float *residual, const float *y,
                                               const float *weight, const float *bias,
                                               const float *rstd, int64_t rows,
                                               int64_t cols);

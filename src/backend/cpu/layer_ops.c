@@ -357,19 +357,24 @@ l2l_status cpu_add_layernorm_forward(float *sum, float *y, void *y16, l2l_dtype 
    dx = rstd (g - mean(g) - x^ mean(g x^)),  dweight += sum_r dy x^,  dbias += sum_r dy.
    x^ comes from the input, (x - mean) rstd, or in the frugal mode from the output,
    (y - bias) / weight (src = y, shift = bias, inv_weight = 1/weight per channel; mean is
-   then NULL). One pass per row; each thread sums its static block of rows' parameter
-   gradients into private buffers, added in thread order afterwards (deterministic, no
-   atomics). */
-static l2l_status layernorm_backward_rows(float *dx, float *dweight, float *dbias,
-                                         const float *dy, const float *src,
+   then NULL). With a residual (NULL: none; it may be dx or dy) a row's values go to the
+   thread's row buffer first, then dx = them + the residual in a loop of its own (the add
+   op's sums: no contraction into the formula); dx16 (NULL: none) is rounded from dx row by
+   row. One pass per row; each thread sums its static block of rows' parameter gradients
+   into private buffers, added in thread order afterwards (deterministic, no atomics). */
+static l2l_status layernorm_backward_rows(float *dx, void *dx16, l2l_dtype dx16_dtype,
+                                         float *dweight, float *dbias, const float *dy,
+                                         const float *residual, const float *src,
                                          const float *weight, const float *mean,
                                          const float *shift, const float *inv_weight,
                                          const float *rstd, int64_t rows, int64_t cols) {
   int nt = threads_for(rows * cols * 6);
   if (nt > rows) nt = (int)rows;
+  /* per thread: [dweight's and dbias's partial sums][a row's values, with a residual] */
+  const size_t per_thread = (size_t)cols * ((dweight || dbias ? 2 : 0) + (residual ? 1 : 0));
   float *partial = NULL;
-  if (dweight || dbias) {
-    partial = calloc((size_t)nt * 2 * (size_t)cols, sizeof *partial);
+  if (per_thread > 0) {
+    partial = calloc((size_t)nt * per_thread, sizeof *partial);
     if (partial == NULL)
       return core_fail(L2L_ERR_NOMEM, "cpu backend: no memory for LayerNorm partial sums");
   }
@@ -377,11 +382,14 @@ static l2l_status layernorm_backward_rows(float *dx, float *dweight, float *dbia
 #pragma omp parallel num_threads(nt)
   {
     int t = nt > 1 ? omp_get_thread_num() : 0;
-    float *pw = partial ? partial + (size_t)t * 2 * (size_t)cols : NULL;
+    float *mine = partial ? partial + (size_t)t * per_thread : NULL;
+    float *pw = dweight || dbias ? mine : NULL;
     float *pb = pw ? pw + cols : NULL;
+    float *row_values = residual ? mine + per_thread - (size_t)cols : NULL;
     for (int64_t r = rows * t / nt; r < rows * (t + 1) / nt; r++) {
       const float *sr = src + r * cols, *dyr = dy + r * cols;
-      float *dxr = dx + r * cols;
+      const float *res = residual ? residual + r * cols : NULL;
+      float *dxr = res ? row_values : dx + r * cols;
       float mu = from_output ? 0.0f : mean[r], rs = rstd[r];
 #define XHAT(j) (from_output ? (sr[j] - shift[j]) * inv_weight[j] : (sr[j] - mu) * rs)
       float sum_g = 0.0f, sum_gx = 0.0f;
@@ -392,7 +400,8 @@ static l2l_status layernorm_backward_rows(float *dx, float *dweight, float *dbia
         sum_gx += g * XHAT(j);
       }
       float mean_g = sum_g / (float)cols, mean_gx = sum_gx / (float)cols;
-      /* dx may be dy: element j of dy is read before element j of dx is written. */
+      /* dx may be dy (and the residual either): element j of each is read before element
+         j of dx is written. */
       if (pw) {
 #pragma omp simd
         for (int64_t j = 0; j < cols; j++) {
@@ -407,10 +416,17 @@ static l2l_status layernorm_backward_rows(float *dx, float *dweight, float *dbia
           dxr[j] = rs * (dyr[j] * weight[j] - mean_g - XHAT(j) * mean_gx);
       }
 #undef XHAT
+      if (res) {   /* (every element of the row read: now dx, which may be dy or res) */
+        float *out = dx + r * cols;
+#pragma omp simd
+        for (int64_t j = 0; j < cols; j++) out[j] = dxr[j] + res[j];
+        dxr = out;
+      }
+      if (dx16) cpu_round_16((uint16_t *)dx16 + r * cols, dx16_dtype, dxr, cols);
     }
   }
-  for (int t = 0; t < nt && partial; t++) {
-    const float *pw = partial + (size_t)t * 2 * (size_t)cols, *pb = pw + cols;
+  for (int t = 0; t < nt && (dweight || dbias); t++) {
+    const float *pw = partial + (size_t)t * per_thread, *pb = pw + cols;
     if (dweight)
 #pragma omp simd
       for (int64_t j = 0; j < cols; j++) dweight[j] += pw[j];
@@ -422,16 +438,17 @@ static l2l_status layernorm_backward_rows(float *dx, float *dweight, float *dbia
   return L2L_OK;
 }
 
-l2l_status cpu_layernorm_backward(float *dx, float *dweight, float *dbias,
-                                  const float *dy, const float *x, const float *weight,
-                                  const float *mean, const float *rstd, int64_t rows,
-                                  int64_t cols) {
-  return layernorm_backward_rows(dx, dweight, dbias, dy, x, weight, mean, NULL, NULL, rstd,
-                                 rows, cols);
+l2l_status cpu_layernorm_backward(float *dx, void *dx16, l2l_dtype dx16_dtype, float *dweight,
+                                  float *dbias, const float *dy, const float *residual,
+                                  const float *x, const float *weight, const float *mean,
+                                  const float *rstd, int64_t rows, int64_t cols) {
+  return layernorm_backward_rows(dx, dx16, dx16_dtype, dweight, dbias, dy, residual, x, weight,
+                                 mean, NULL, NULL, rstd, rows, cols);
 }
 
-l2l_status cpu_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
-                                              const float *dy, const float *y,
+l2l_status cpu_layernorm_backward_from_output(float *dx, void *dx16, l2l_dtype dx16_dtype,
+                                              float *dweight, float *dbias, const float *dy,
+                                              const float *residual, const float *y,
                                               const float *weight, const float *bias,
                                               const float *rstd, int64_t rows,
                                               int64_t cols) {
@@ -439,8 +456,9 @@ l2l_status cpu_layernorm_backward_from_output(float *dx, float *dweight, float *
   if (inv_weight == NULL)
     return core_fail(L2L_ERR_NOMEM, "cpu backend: no memory for LayerNorm inverse weights");
   for (int64_t j = 0; j < cols; j++) inv_weight[j] = 1.0f / weight[j];
-  l2l_status status = layernorm_backward_rows(dx, dweight, dbias, dy, y, weight, NULL, bias,
-                                              inv_weight, rstd, rows, cols);
+  l2l_status status = layernorm_backward_rows(dx, dx16, dx16_dtype, dweight, dbias, dy, residual,
+                                              y, weight, NULL, bias, inv_weight, rstd, rows,
+                                              cols);
   free(inv_weight);
   return status;
 }

@@ -344,8 +344,9 @@ static l2l_status cuda_add_layernorm_forward(float *sum, float *y, void *y16,
   return L2L_OK;
 }
 
-static l2l_status layernorm_backward_locked(float *dx, float *dweight, float *dbias,
-                                            const float *dy, const float *src,
+static l2l_status layernorm_backward_locked(float *dx, void *dx16, l2l_dtype dx16_dtype,
+                                            float *dweight, float *dbias, const float *dy,
+                                            const float *residual, const float *src,
                                             const float *weight, const float *mean,
                                             const float *bias, const float *rstd, int64_t rows,
                                             int64_t cols) {
@@ -353,29 +354,32 @@ static l2l_status layernorm_backward_locked(float *dx, float *dweight, float *db
   if (dweight != NULL || dbias != NULL)
     TRY(scratch_floats(&scratch, k_layernorm_backward_scratch_floats(rows, cols)));
   if (mean != NULL)
-    LAUNCH(k_layernorm_backward(dx, dweight, dbias, dy, src, weight, mean, rstd, rows, cols,
-                                scratch, cuda_rt.compute));
+    LAUNCH(k_layernorm_backward(dx, dx16, (int)dx16_dtype, dweight, dbias, dy, residual, src,
+                                weight, mean, rstd, rows, cols, scratch, cuda_rt.compute));
   else
-    LAUNCH(k_layernorm_backward_from_output(dx, dweight, dbias, dy, src, weight, bias, rstd,
-                                            rows, cols, scratch, cuda_rt.compute));
+    LAUNCH(k_layernorm_backward_from_output(dx, dx16, (int)dx16_dtype, dweight, dbias, dy,
+                                            residual, src, weight, bias, rstd, rows, cols,
+                                            scratch, cuda_rt.compute));
   return L2L_OK;
 }
 
-static l2l_status cuda_layernorm_backward(float *dx, float *dweight, float *dbias,
-                                          const float *dy, const float *x, const float *weight,
-                                          const float *mean, const float *rstd, int64_t rows,
-                                          int64_t cols) {
-  WITH_SCRATCH(layernorm_backward_locked(dx, dweight, dbias, dy, x, weight, mean, NULL, rstd,
-                                         rows, cols));
+static l2l_status cuda_layernorm_backward(float *dx, void *dx16, l2l_dtype dx16_dtype,
+                                          float *dweight, float *dbias, const float *dy,
+                                          const float *residual, const float *x,
+                                          const float *weight, const float *mean,
+                                          const float *rstd, int64_t rows, int64_t cols) {
+  WITH_SCRATCH(layernorm_backward_locked(dx, dx16, dx16_dtype, dweight, dbias, dy, residual, x,
+                                         weight, mean, NULL, rstd, rows, cols));
 }
 
-static l2l_status cuda_layernorm_backward_from_output(float *dx, float *dweight, float *dbias,
-                                                      const float *dy, const float *y,
-                                                      const float *weight, const float *bias,
-                                                      const float *rstd, int64_t rows,
-                                                      int64_t cols) {
-  WITH_SCRATCH(layernorm_backward_locked(dx, dweight, dbias, dy, y, weight, NULL, bias, rstd,
-                                         rows, cols));
+static l2l_status cuda_layernorm_backward_from_output(float *dx, void *dx16, l2l_dtype dx16_dtype,
+                                                      float *dweight, float *dbias,
+                                                      const float *dy, const float *residual,
+                                                      const float *y, const float *weight,
+                                                      const float *bias, const float *rstd,
+                                                      int64_t rows, int64_t cols) {
+  WITH_SCRATCH(layernorm_backward_locked(dx, dx16, dx16_dtype, dweight, dbias, dy, residual, y,
+                                         weight, NULL, bias, rstd, rows, cols));
 }
 
 static l2l_status cuda_softmax_forward(float *y, const float *x, const uint8_t *key_mask,
