@@ -19,7 +19,10 @@
  *    shapes of a GPT-2 small block over 8192 tokens (768 -> 2304, 768 -> 3072,
  *    3072 -> 768); and the LM head's three (forward, dW, dh at 4096 tokens, 768 wide, 50257
  *    words, bf16) with the logits' rows packed and padded to 8 elements, as the head now
- *    keeps them (GELU's frugal backward is among the element-wise ops);
+ *    keeps them (GELU's frugal backward is among the element-wise ops); and a GPT-2 small
+ *    block's linear maps with a bias at 4096 tokens (the qkv map's sums to bf16, the
+ *    projections' to f32) by gemm_bias: cuBLASLt's bias epilogue against the GEMM and the
+ *    bias kernel (cuBLASLt switched off), in ms;
  *  - attention, causal fp32: the device backend's flash-style forward (and backward) in
  *    the frugal mode (no S x S buffer: probs NULL), against an unfused reference built
  *    from public ops (scores by l2l_gemm_batched with the scale as alpha, causal
@@ -493,13 +496,65 @@ static void bench_head_gemms(void) {
   printf("\n");
 }
 
+/* A block's linear maps with a bias (gemm_bias, 4096 tokens of GPT-2 small, bf16 weights):
+   the epilogue's time against the GEMM and the bias kernel's, ms each. */
+struct gemm_bias {
+  float *c;
+  void *c16, *a, *b;
+  const float *bias;
+  int64_t m, n, k;
+};
+
+static void run_gemm_bias(void *ctx) {
+  struct gemm_bias *g = ctx;
+  ok(backend_for(L2L_POOL_DEVICE)->gemm_bias(g->c, g->c16, L2L_BF16, g->a, g->b, L2L_BF16,
+                                              g->bias, g->m, g->n, g->k, 0, 0));
+}
+
+static void bench_gemm_bias(void) {
+  char about[512];
+  cublaslt_probe(about, sizeof about);
+  printf("linear maps with a bias (ms), bf16 weights, %s\n", about);
+  printf("%-34s %9s %9s %9s\n", "", "epilogue", "steps", "steps/ep");
+  static const struct {
+    const char *name;
+    int64_t n, k;
+    bool to16;
+  } maps[] = {{"qkv 4096x768 @ 768x2304 -> bf16", 2304, 768, true},
+              {"proj 4096x768 @ 768x768 -> f32", 768, 768, false},
+              {"fc2 4096x3072 @ 3072x768 -> f32", 768, 3072, false}};
+  const int64_t m = 4096;
+  for (size_t i = 0; i < sizeof maps / sizeof maps[0]; i++) {
+    const int64_t n = maps[i].n, k = maps[i].k;
+    l2l_tensor *a = dev(L2L_BF16, 2, m, k, 0), *b = dev(L2L_BF16, 2, k, n, 0);
+    l2l_tensor *c = dev(L2L_F32, 2, m, n, 0), *c16 = dev(L2L_BF16, 2, m, n, 0);
+    l2l_tensor *bias = dev(L2L_F32, 1, n, 0, 0);
+    ok(l2l_tensor_fill(a, 0.01)), ok(l2l_tensor_fill(b, 0.01)), ok(l2l_tensor_fill(bias, 0.5));
+    struct gemm_bias g = {l2l_tensor_data(c), maps[i].to16 ? l2l_tensor_data(c16) : NULL,
+                          l2l_tensor_data(a), l2l_tensor_data(b), l2l_tensor_data(bias), m, n, k};
+    double t[2];
+    for (int off = 0; off < 2; off++) {
+      cublaslt_enable(!off);
+      t[off] = time_call(run_gemm_bias, &g);
+    }
+    cublaslt_enable(1);
+    printf("%-34s %9.3f %9.3f %9.2f\n", maps[i].name, t[0] * 1e3, t[1] * 1e3, t[1] / t[0]);
+    l2l_tensor *all[] = {a, b, c, c16, bias};
+    free_all(all, 5);
+    ok(l2l_device_release_cache());
+  }
+  printf("\n");
+}
+
 /* ---------------------------------------------------------------- attention */
 
 struct flash {
   const struct backend_ops *ops;
   struct backend_attention_shape sh;
   int64_t D;
-  float *lse, *d_o, *dqkv, *work, *back_work;
+  float *lse, *d_o, *work, *back_work;
+  char *dqkv;       /* (N, 3D) of sh.dqkv_dtype; dk and dv `col` bytes apart */
+  size_t col;
   void *o;          /* (N, D) of sh.o_dtype */
   const void *q, *k, *v;   /* (N, 3D)'s columns, of sh.qkv_dtype */
   int64_t work_floats, back_work_floats;
@@ -513,7 +568,7 @@ static void run_flash_forward(void *ctx) {
 
 static void run_flash_backward(void *ctx) {
   struct flash *f = ctx;
-  ok(f->ops->attention_backward(f->dqkv, f->dqkv + f->D, f->dqkv + 2 * f->D, f->d_o, f->o,
+  ok(f->ops->attention_backward(f->dqkv, f->dqkv + f->col, f->dqkv + 2 * f->col, f->d_o, f->o,
                                 f->lse, NULL, NULL, NULL, f->q, f->k, f->v, NULL, &f->sh,
                                 f->back_work, f->back_work_floats));
 }
@@ -575,12 +630,13 @@ static void bench_attention(int64_t batch, int64_t heads, int64_t seq, int64_t h
                                       .scale = 1.0f / sqrtf((float)hd), .dropout = 0.0f,
                                       .seed = 1, .stream = 2, .first_sample = 0,
                                       .precision = precision, .o_dtype = precision,
-                                      .qkv_dtype = precision};
-  /* q, k, v and o in the products' dtype, as a 16-bit run's block keeps them */
+                                      .qkv_dtype = precision, .dqkv_dtype = precision};
+  /* q, k, v, o and dq, dk, dv in the products' dtype, as a 16-bit run's block keeps them */
   l2l_tensor *qkv = dev_normal_as(precision, N, 3 * D, 1), *o = dev(precision, 2, N, D, 0);
   l2l_tensor *lse = dev(L2L_F32, 1, bh * seq, 0, 0), *d_o = dev_normal(2, N, D, 0, 1);
-  l2l_tensor *dqkv = dev(L2L_F32, 2, N, 3 * D, 0);
+  l2l_tensor *dqkv = dev(precision, 2, N, 3 * D, 0);
   const size_t col = (size_t)D * (precision == L2L_F32 ? 4 : 2);
+  f.col = col;
   f.q = l2l_tensor_data(qkv), f.k = (const char *)f.q + col, f.v = (const char *)f.q + 2 * col;
   f.o = l2l_tensor_data(o), f.lse = l2l_tensor_data(lse);
   f.d_o = l2l_tensor_data(d_o), f.dqkv = l2l_tensor_data(dqkv);
@@ -684,6 +740,7 @@ int main(void) {
   bench_gemm("mlp down: 8192x3072 @ 3072x768", 8192, 768, 3072, NULL);
   printf("\n");
   bench_head_gemms();
+  bench_gemm_bias();
 
   char cudnn_about[512];
   int cudnn = l2l_cudnn_available(cudnn_about, sizeof cudnn_about);

@@ -202,12 +202,12 @@ describe("l2l.profile", function()
   -- With 16-bit weights a GEMM reads its activation and its dy in 16 bits; the ops that make
   -- LayerNorm's, GELU's and attention's outputs, GELU's backward and the head's logits'
   -- gradient write them so themselves (issue 46's fewer passes), and so do the qkv map's
-  -- bias add (q, k, v, which attention reads), attention's backward (dq, dk, dv, the qkv
-  -- map's dy) and LayerNorm 2's backward (the attention projection's dy, with no dropout
-  -- between), so a step's casts are only the GEMM inputs nothing writes in 16 bits,
-  -- counted here from the block's structure: per block and micro-batch, without a bias
-  -- the qkv map's output rounded into q, k, v (again in a recomputed forward), and in the
-  -- backward the dy of the MLP's second projection (the block's incoming gradient);
+  -- GEMM with its bias (gemm_bias: q, k, v, which attention reads, with a bias or
+  -- without), attention's backward (dq, dk, dv, the qkv map's dy) and LayerNorm 2's
+  -- backward (the attention projection's dy, with no dropout between), so a step's casts
+  -- are only the GEMM inputs nothing writes in 16 bits, counted here from the block's
+  -- structure: per block and micro-batch, in the backward the dy of the MLP's second
+  -- projection (the block's incoming gradient);
   -- frugal mode keeps LayerNorm's and GELU's outputs in f32 (its backward reads them), so
   -- their three weight-gradient GEMMs cast them too. The standard head keeps its
   -- LayerNorm's output and the logits' gradient 16-bit: no cast.
@@ -228,8 +228,7 @@ describe("l2l.profile", function()
         if r.op == "convert" then casts = casts + r.calls end
       end
       local micro_batches = math.ceil(c.B / c.micro_batch)
-      local forward = c.inner == "recompute" and 2 or 1
-      local per_block = (c.bias and 0 or forward) + 1 + (c.memory == "frugal" and 3 or 0)
+      local per_block = 1 + (c.memory == "frugal" and 3 or 0)
       assert.are.equal(steps * micro_batches * c.L * per_block, casts, what)
       run:free()
     end

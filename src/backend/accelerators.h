@@ -95,4 +95,12 @@ l2l_status cudnn_describe(const struct backend_attention_shape *shape, int backw
 void cudnn_enable(int on);
 int64_t cudnn_runs(void);
 
+/* cuBLASLt, which the CUDA backend's gemm_bias uses where it can (cuda/cublaslt.c): 1 when
+   libcublasLt is open (opening it at the first ask), with "cuBLASLt 13.x.y from PATH" in
+   about; 0 with why not (no CUDA, L2L_CUBLASLT=0, no library). Tests' switch (0 keeps
+   gemm_bias on the GEMM and the bias kernel; default 1) and the count of its runs. */
+int cublaslt_probe(char *about, size_t len);
+void cublaslt_enable(int on);
+int64_t cublaslt_runs(void);
+
 #endif /* L2L_BACKEND_ACCELERATORS_H */

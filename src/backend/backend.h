@@ -231,6 +231,15 @@ struct backend_ops {
                              int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
                              int trans_b, float alpha, float beta, int64_t lda, int64_t ldb,
                              int64_t ldc);
+  /* c (m,n; packed) = op(a) op(b) + bias (n; NULL: none), alpha 1, beta 0, as gemm_batched
+     then bias_add; or, with c16 given (c16_dtype bf16 / f16), c16 := that sum rounded as
+     convert rounds, c then being f32 work the backend may write (its contents after, not
+     defined). One pass where the backend can (a GPU's cuBLASLt bias epilogue: the bias added
+     to the f32 sums in f32, then rounded, the same arithmetic); the linear maps with a bias
+     call it (layers_linear_forward). */
+  l2l_status (*gemm_bias)(float *c, void *c16, l2l_dtype c16_dtype, const void *a, const void *b,
+                          l2l_dtype ab_dtype, const float *bias, int64_t m, int64_t n, int64_t k,
+                          int trans_a, int trans_b);
   /* Shapes below as llm.c writes them; each op is l2l.h's public op of its name. */
   /* y (rows,cols) += bias (cols) per column; or, with y16 given (a 16-bit y16_dtype),
      y16 (rows,cols) := y + bias rounded as convert rounds, y only read (the qkv map's
@@ -449,6 +458,23 @@ struct backend_ops {
 /* The CPU backend's table (cpu/cpu_ops.c): host and pinned memory, and the device pool when no
    device table is installed. */
 extern const struct backend_ops cpu_backend;
+
+/* gemm_bias as its steps on `ops`: the GEMM into c, then the bias added (and rounded into
+   c16, where given), or the cast alone: what the CPU backend runs, and the CUDA backend
+   where cuBLASLt does not. */
+static inline l2l_status backend_gemm_bias_in_steps(const struct backend_ops *ops, float *c,
+                                                    void *c16, l2l_dtype c16_dtype,
+                                                    const void *a, const void *b,
+                                                    l2l_dtype ab_dtype, const float *bias,
+                                                    int64_t m, int64_t n, int64_t k,
+                                                    int trans_a, int trans_b) {
+  l2l_status st = ops->gemm_batched(c, a, b, ab_dtype, 1, m, n, k, trans_a, trans_b, 1.0f, 0.0f,
+                                    0, 0, 0);
+  if (st != L2L_OK) return st;
+  if (bias != NULL) return ops->bias_add(c, c16, c16_dtype, bias, m, n);
+  int64_t bad = -1;
+  return c16 != NULL ? ops->convert(c16, c16_dtype, c, L2L_F32, m * n, &bad) : L2L_OK;
+}
 
 /* ---------------------------------------------------------------- dispatch (dispatch.c) */
 

@@ -49,6 +49,23 @@ static l2l_status p_gemm_batched(float *c, const void *a, const void *b, l2l_dty
            batch > 1 ? " batched" : "", padded ? " padded" : "");
 }
 
+/* A GEMM whose bias add (and rounding) ride in its epilogue where the backend can: its
+   output written once, 16-bit where c16 is given; " epilogue" in the shape when cuBLASLt's
+   count of its runs moved across it. */
+static l2l_status p_gemm_bias(float *c, void *c16, l2l_dtype c16_dtype, const void *a,
+                              const void *b, l2l_dtype ab_dtype, const float *bias, int64_t m,
+                              int64_t n, int64_t k, int trans_a, int trans_b) {
+  double out = c16 != NULL ? (double)l2l_dtype_size(c16_dtype) : F;
+  double ab = (d(m) * d(k) + d(k) * d(n)) * (double)l2l_dtype_size(ab_dtype);
+  int64_t runs_before = cublaslt_runs();
+  PROFILED(gemm_bias(c, c16, c16_dtype, a, b, ab_dtype, bias, m, n, k, trans_a, trans_b),
+           "gemm", 2 * d(m) * d(n) * d(k), ab + out * d(m) * d(n) + (bias ? F * d(n) : 0),
+           flop_bound(ab_dtype), false, "m=%lld n=%lld k=%lld %c%c %s%s%s%s%s", (long long)m,
+           (long long)n, (long long)k, trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', dt(ab_dtype),
+           bias ? " +bias" : "", c16 ? " to " : "", c16 ? dt(c16_dtype) : "",
+           cublaslt_runs() != runs_before ? " epilogue" : "");
+}
+
 static l2l_status p_bias_add(float *y, void *y16, l2l_dtype y16_dtype, const float *bias,
                              int64_t rows, int64_t cols) {
   double out = y16 != NULL ? (double)l2l_dtype_size(y16_dtype) : F;
@@ -457,6 +474,7 @@ static int64_t p_launches(void) { return base()->launches ? base()->launches() :
 const struct backend_ops profile_ops = {
     .name = "profile",
     .gemm_batched = p_gemm_batched,
+    .gemm_bias = p_gemm_bias,
     .bias_add = p_bias_add,
     .bias_backward = p_bias_backward,
     .add = p_add,

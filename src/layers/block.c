@@ -317,23 +317,16 @@ static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer,
     TRY(layernorm(call, &p, ln1.f32, ln1.h16, BUF(mean1), BUF(rstd1), x, layer, LN1_W));
     attn_in = layers_act_of(call, ln1);
   }
-  /* q, k, v: the map's f32 output, or kept rounded to 16 bits from the work's as its bias
-     is added (or, with no bias, by a cast) */
-  float *qkv32 = p.qkv_16 ? BUF(qkv32) : qkv;
-  const float *qkv_bias = param(layer, QKV_B);
-  TRY(layers_linear_forward(call, qkv32, attn_in, layers_weight(layer, QKV_W),
-                            p.qkv_16 ? NULL : qkv_bias, N, D, 3 * D));
-  int64_t bad = -1;
-  if (p.qkv_16 && qkv_bias)
-    TRY(ops->bias_add(qkv32, qkv, call->precision, qkv_bias, N, 3 * D));
-  else if (p.qkv_16)
-    TRY(ops->convert(qkv, call->precision, qkv32, L2L_F32, N * 3 * D, &bad));
+  /* q, k, v: the map's f32 output, or kept rounded to 16 bits (the forward's work holds
+     the f32 sums where the backend makes them) */
+  TRY(layers_linear_forward(call, p.qkv_16 ? BUF(qkv32) : qkv, p.qkv_16 ? qkv : NULL, attn_in,
+                            layers_weight(layer, QKV_W), param(layer, QKV_B), N, D, 3 * D));
   TRY(ops->attention_forward(ctx, BUF(lse), BUF(probs), BUF(dropped), (uint8_t *)BUF(attn_mask),
                              qkv, elem(qkv, D, p.qkv_16), elem(qkv, 2 * D, p.qkv_16), key_mask,
                              &sh, BUF(attn_work), p.attn_work_floats));
   /* first residual: r = x + drop1(ctx Wp) */
   float *r1 = c->post_ln ? (BUF(ln1_in) ? BUF(ln1_in) : BUF(ln1_out)) : BUF(ln2_in);
-  TRY(layers_linear_forward(call, r1, layers_kept_act(call, ctx, p.ctx_16), layers_weight(layer, PROJ_W),
+  TRY(layers_linear_forward(call, r1, NULL, layers_kept_act(call, ctx, p.ctx_16), layers_weight(layer, PROJ_W),
                             param(layer, PROJ_B), N, D, D));
   TRY(residual_dropout(call, layer, &p, r1, (uint8_t *)BUF(drop1_mask), 1));
   struct act mlp_in;
@@ -352,18 +345,18 @@ static l2l_status block_forward(const struct layer_call *call, l2l_layer *layer,
   float *fc = BUF(fc) ? BUF(fc) : BUF(gelu);
   struct layers_out g = layers_out_of(call, BUF(gelu), p.gelu_16);
   uint8_t *side_bits = flags & FRUGAL ? (uint8_t *)BUF(gelu_bits) : NULL;
-  TRY(layers_linear_forward(call, fc, mlp_in, layers_weight(layer, FC_W), NULL, N, D, F));
+  TRY(layers_linear_forward(call, fc, NULL, mlp_in, layers_weight(layer, FC_W), NULL, N, D, F));
   TRY(ops->bias_gelu_forward(fc, g.f32, g.h16, call->precision, side_bits, param(layer, FC_B),
                              N, F));
   struct act g_in = layers_act_of(call, g);
   if (c->post_ln) { /* y = ln2(r2), r2 = h + drop2(g Wf2), built in y when not kept */
     float *r2 = BUF(ln2_in) ? BUF(ln2_in) : y;
-    TRY(layers_linear_forward(call, r2, g_in, layers_weight(layer, FC2_W), param(layer, FC2_B), N, F, D));
+    TRY(layers_linear_forward(call, r2, NULL, g_in, layers_weight(layer, FC2_W), param(layer, FC2_B), N, F, D));
     TRY(residual_dropout(call, layer, &p, r2, (uint8_t *)BUF(drop2_mask), 2));
     TRY(add_layernorm(call, &p, y, NULL, BUF(mean2), BUF(rstd2), r2, r2, h, layer, LN2_W));
   } else { /* y = h + drop2(g Wf2) */
     float *m = BUF(scratch_d);
-    TRY(layers_linear_forward(call, m, g_in, layers_weight(layer, FC2_W), param(layer, FC2_B), N, F, D));
+    TRY(layers_linear_forward(call, m, NULL, g_in, layers_weight(layer, FC2_W), param(layer, FC2_B), N, F, D));
     TRY(residual_dropout(call, layer, &p, m, (uint8_t *)BUF(drop2_mask), 2));
     TRY(ops->add(y, r1, m, N * D));
   }

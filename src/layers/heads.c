@@ -278,7 +278,7 @@ static l2l_status classifier_forward(const struct layer_call *call, l2l_layer *l
   for (int64_t b = 0; b < B; b++)
     TRY(ops->copy(f + b * D, call->pool, x + b * S * D, call->pool, (uint64_t)D * sizeof(float)));
   float *logits = saved->flags & LOGITS ? y : classifier_logits(f, layer, B);
-  TRY(layers_linear_forward(call, logits, act_f32(f), layers_weight(layer, CLS_W), param_f32(layer, CLS_B),
+  TRY(layers_linear_forward(call, logits, NULL, act_f32(f), layers_weight(layer, CLS_W), param_f32(layer, CLS_B),
                             B, D, C));
   if (saved->flags & LOGITS) return L2L_OK;
   return ops->cross_entropy_forward(y, logits, tensor_ptr(call->b->targets), -1, B, C, C);

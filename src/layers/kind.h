@@ -261,14 +261,16 @@ l2l_status layers_gemm_weight(const struct layer_call *call, float *c, struct ac
 l2l_status layers_cast_activation(const struct layer_call *call, const void **out, struct act a,
                                   int64_t n, l2l_dtype dtype, int64_t at);
 /* Linear maps on row-major buffers, shared by the kinds: y (n,out) = x (n,in) @ w (in,out)
-   [+ bias]; the backward adds x^T dy into dw and column sums of dy into db (NULL: none)
+   [+ bias], in one pass where the backend can (gemm_bias); with y16 given (a 16-bit w's
+   dtype), y16 gets the sums rounded and y is work the backend may write. The backward
+   adds x^T dy into dw and column sums of dy into db (NULL: none)
    and sets dx = dy w^T + dx_beta * dx (dx NULL: skipped). With a 16-bit w, x (unless it is
    16-bit already) and dy (unless dy16, its copy in w's dtype, is given; NULL: none) are
    rounded to its dtype first (cast scratch: dy's n * out elements, then x's n * in). dy
    may be NULL where dy16 is given: db then sums dy16 (attention's 16-bit dq, dk, dv). */
-l2l_status layers_linear_forward(const struct layer_call *call, float *y, struct act x,
-                                 struct weight w, const float *bias, int64_t n, int64_t in,
-                                 int64_t out);
+l2l_status layers_linear_forward(const struct layer_call *call, float *y, void *y16,
+                                 struct act x, struct weight w, const float *bias, int64_t n,
+                                 int64_t in, int64_t out);
 l2l_status layers_linear_backward(const struct layer_call *call, float *dx, float *dw, float *db,
                                   const float *dy, const void *dy16, struct act x,
                                   struct weight w, int64_t n, int64_t in, int64_t out,

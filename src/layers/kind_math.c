@@ -73,11 +73,12 @@ l2l_status layers_gemm_weight(const struct layer_call *call, float *c, struct ac
                                  beta, 0, 0, ldc);
 }
 
-l2l_status layers_linear_forward(const struct layer_call *call, float *y, struct act x,
-                                 struct weight w, const float *bias, int64_t n, int64_t in,
-                                 int64_t out) {
-  TRY(layers_gemm_weight(call, y, x, w, 0, n, out, in, 0, 0, 1.0f, 0.0f, 0));
-  return bias ? call->ops->bias_add(y, NULL, L2L_F32, bias, n, out) : L2L_OK;
+l2l_status layers_linear_forward(const struct layer_call *call, float *y, void *y16,
+                                 struct act x, struct weight w, const float *bias, int64_t n,
+                                 int64_t in, int64_t out) {
+  const void *xr = NULL;
+  TRY(layers_cast_activation(call, &xr, x, n * in, w.dtype, 0));
+  return call->ops->gemm_bias(y, y16, w.dtype, xr, w.data, w.dtype, bias, n, out, in, 0, 0);
 }
 
 l2l_status layers_linear_backward(const struct layer_call *call, float *dx, float *dw, float *db,

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/accelerators.h"
 #include "cuda_twins.h"
 
 /* The device's f32 y rounded on the host is what the same kernel wrote as y16, bit for bit
@@ -239,5 +240,65 @@ TEST(cuda_backend_layernorm_backward_residual_16bit) {
       l2l_tensor_free(h), l2l_tensor_free(wide);
       TWIN_FREE(&x, &y, &w, &b, &mean, &rstd, &dy, &res, &dx, &dw, &db);
     }
+  end_gpu();
+}
+
+/* The GEMM whose bias add, and rounding to 16 bits, ride in its epilogue (cuBLASLt where it
+   is loaded, which must then have run; and switched off, the GEMM and the bias kernel)
+   against the CPU's GEMM and bias add: the f32 sums within the GEMM's tolerance (the same
+   rounded inputs: TOL_HALF_SAME_INPUT of sqrt(k), an element's scale); 16-bit sums within
+   that and a 16-bit ulp of their size. The block's map shapes, odd ones, the transposes,
+   with a bias and without. */
+TEST(cuda_gemm_bias) {
+  if (!use_gpu()) return;
+  const struct backend_ops *hops = backend_for(L2L_POOL_HOST);
+  const struct backend_ops *dops = backend_for(L2L_POOL_DEVICE);
+  char about[512];
+  const bool lt = cublaslt_probe(about, sizeof about) != 0;
+  printf("  %s\n", about);
+  const int64_t before = cublaslt_runs();
+  static const int64_t shapes[][3] = {{37, 2304, 768}, {64, 768, 3072}, {7, 33, 5}, {1031, 257, 64},
+                                      {1, 1, 1}};
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    for (int v = 0; v < 8; v++) {
+      const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+      const l2l_dtype ab = v & 1 ? L2L_BF16 : L2L_F16;
+      const bool with_bias = (v & 2) == 0, to16 = (v & 4) != 0;
+      const int ta = (int)check_rand_int(0, 1), tb = (int)check_rand_int(0, 1);
+      cublaslt_enable(v != 6);   /* (one case a shape on the steps) */
+      l2l_tensor *a32 = RANDN(1.0, m * k), *b32 = RANDN(1.0, k * n);
+      struct twin a = twin_of(cast_on_host(a32, ab)), b = twin_of(cast_on_host(b32, ab));
+      struct twin bias = twin_of(RANDN(1.0, n)), c = twin_of(NANS(m, n));
+      l2l_tensor *c16 = DEV(ab, m, n);
+      const float *bh = with_bias ? fdata(bias.h) : NULL, *bd = with_bias ? fdata(bias.d) : NULL;
+      CHECK_OK(hops->gemm_bias(fdata(c.h), NULL, L2L_F32, l2l_tensor_data(a.h),
+                               l2l_tensor_data(b.h), ab, bh, m, n, k, ta, tb));
+      CHECK_OK(dops->gemm_bias(fdata(c.d), to16 ? l2l_tensor_data(c16) : NULL, ab,
+                               l2l_tensor_data(a.d), l2l_tensor_data(b.d), ab, bd, m, n, k, ta,
+                               tb));
+      CHECK_OK(l2l_device_synchronize());
+      char what[160];
+      snprintf(what, sizeof what, "gemm_bias m=%lld n=%lld k=%lld %c%c %s%s%s%s", (long long)m,
+               (long long)n, (long long)k, ta ? 'T' : 'N', tb ? 'T' : 'N', l2l_dtype_name(ab),
+               with_bias ? " +bias" : "", to16 ? " to 16 bits" : "", v == 6 ? " (steps)" : "");
+      const double scale = sqrt((double)k) + (with_bias ? 1.0 : 0.0);
+      if (!to16) {
+        CHECK_TWIN(what, c, scale, TOL_HALF_SAME_INPUT);
+      } else {   /* the 16-bit sums widened against the CPU's f32 ones */
+        l2l_tensor *back = copied_to(c16, L2L_POOL_HOST), *wide = cast_on_host(back, L2L_F32);
+        const double ulp = ab == L2L_BF16 ? 0x1p-7 : 0x1p-10;   /* (a 16-bit ulp at most) */
+        int64_t bad = 0;
+        const float *got = fdata(wide), *want = fdata(c.h);
+        for (int64_t i = 0; i < m * n; i++)
+          bad += !(fabs((double)got[i] - want[i]) <= TOL_HALF_SAME_INPUT * scale + ulp * fabs((double)want[i]));
+        CHECK(bad == 0, "%s: %lld of %lld elements off the CPU's sums", what, (long long)bad,
+              (long long)(m * n));
+        l2l_tensor_free(back), l2l_tensor_free(wide);
+      }
+      l2l_tensor_free(a32), l2l_tensor_free(b32), l2l_tensor_free(c16);
+      TWIN_FREE(&a, &b, &bias, &c);
+    }
+  cublaslt_enable(1);
+  if (lt) CHECK(cublaslt_runs() > before, "cuBLASLt is loaded (%s) but ran none of the calls", about);
   end_gpu();
 }

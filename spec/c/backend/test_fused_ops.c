@@ -13,7 +13,8 @@
  * test_ops.c; here the fused call with both outputs, and over its own logits, must agree
  * with them.) White box: the ops table is called directly. The GPU's fused kernels are
  * held to these in test_cuda.c. The bias add whose sums go to 16 bits (the qkv map's) against
- * the add then the cast, and the bias gradient of 16-bit rows (attention's dq, dk, dv)
+ * the add then the cast, the GEMM whose bias add (and cast) ride with it against the three
+ * steps, and the bias gradient of 16-bit rows (attention's dq, dk, dv)
  * against the one of their widened copies; LayerNorm's backward with the residual's
  * gradient added and its 16-bit copy against the backward, the add and the cast. And the one cast of many tensors (convert_many) against
  * a cast of each; the ops the LM head runs on its padded logits rows (cross-entropy,
@@ -169,6 +170,39 @@ TEST(bias_add_and_its_gradient_in_16_bits) {
       same_bits("bias_backward over 16 bits", db16, db32, cols, rows, cols);
       free(y), free(bias), free(y_seq), free(y_kept), free(h), free(wide), free(db16), free(db32);
     }
+}
+
+TEST(gemm_bias_equals_gemm_then_bias_add) {
+  const struct backend_ops *ops = &cpu_backend;
+  static const int64_t sizes[] = {1, 3, 8, 33, 100};
+  for (int i = 0; i < 24; i++) {
+    const int64_t m = sizes[check_rand_int(0, 4)], n = sizes[check_rand_int(0, 4)],
+                  k = sizes[check_rand_int(0, 4)];
+    const int ta = (int)check_rand_int(0, 1), tb = (int)check_rand_int(0, 1);
+    const l2l_dtype ab = i % 3 == 0 ? L2L_F32 : halves[i % 2], out = halves[(i / 2) % 2];
+    const bool with_bias = i % 4 != 3, to16 = i % 2 == 1;
+    float *a32 = randn(m * k, 1.0), *b32 = randn(k * n, 1.0), *bias = randn(n, 1.0);
+    void *a = a32, *b = b32;
+    uint16_t *a16 = NULL, *b16 = NULL;
+    int64_t bad = -1;
+    if (ab != L2L_F32) {   /* 16-bit operands: their rounded draws */
+      a = a16 = poison16(m * k), b = b16 = poison16(k * n);
+      CHECK_OK(ops->convert(a16, ab, a32, L2L_F32, m * k, &bad));
+      CHECK_OK(ops->convert(b16, ab, b32, L2L_F32, k * n, &bad));
+    }
+    const float *bp = with_bias ? bias : NULL;
+    float *want = poison(m * n), *c = poison(m * n);
+    uint16_t *c16 = poison16(m * n);
+    CHECK_OK(ops->gemm_batched(want, a, b, ab, 1, m, n, k, ta, tb, 1.0f, 0.0f, 0, 0, 0));
+    if (bp) CHECK_OK(ops->bias_add(want, NULL, L2L_F32, bp, m, n));
+    CHECK_OK(ops->gemm_bias(c, to16 ? c16 : NULL, out, a, b, ab, bp, m, n, k, ta, tb));
+    char what[96];
+    snprintf(what, sizeof what, "gemm_bias %c%c %s%s%s", ta ? 'T' : 'N', tb ? 'T' : 'N',
+             l2l_dtype_name(ab), bp ? " +bias" : "", to16 ? " to 16 bits" : "");
+    if (to16) same_halves(what, out, c16, want, m * n, m, n);
+    else same_bits(what, c, want, m * n, m, n);
+    free(a32), free(b32), free(bias), free(a16), free(b16), free(want), free(c), free(c16);
+  }
 }
 
 TEST(gelu_backward_16bit_copy_is_dx_rounded) {

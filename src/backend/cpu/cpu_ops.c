@@ -352,11 +352,20 @@ static l2l_status cpu_copy(void *dst, l2l_pool_kind dst_pool, const void *src,
   return L2L_OK;
 }
 
+/* The GEMM, then the bias add (or the cast): the CPU has no epilogue to fuse them in. */
+static l2l_status cpu_gemm_bias(float *c, void *c16, l2l_dtype c16_dtype, const void *a,
+                                const void *b, l2l_dtype ab_dtype, const float *bias, int64_t m,
+                                int64_t n, int64_t k, int trans_a, int trans_b) {
+  return backend_gemm_bias_in_steps(&cpu_backend, c, c16, c16_dtype, a, b, ab_dtype, bias, m, n,
+                                    k, trans_a, trans_b);
+}
+
 /* ---------------------------------------------------------------- the table */
 
 const struct backend_ops cpu_backend = {
     .name = "cpu",
     .gemm_batched = cpu_gemm_batched,
+    .gemm_bias = cpu_gemm_bias,
     .bias_add = cpu_bias_add,
     .bias_backward = cpu_bias_backward,
     .add = cpu_add,

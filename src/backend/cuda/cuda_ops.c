@@ -19,6 +19,7 @@
 #ifdef L2L_CUDA
 
 #include "runtime.h"
+#include "cublaslt.h"
 #include "cudnn_sdpa.h"
 
 #include "kernels/attention.h"
@@ -74,6 +75,24 @@ static l2l_status cuda_gemm_batched(float *c, const void *a, const void *b, l2l_
                                           (int)batch, compute, CUBLAS_GEMM_DEFAULT));
   }
   return L2L_OK;
+}
+
+/* Through cuBLASLt's bias epilogue where it runs (cublaslt.c), else the GEMM, the bias
+   kernel (with its 16-bit output) or the cast. A call with neither bias nor c16 is a plain
+   GEMM. */
+static l2l_status cuda_gemm_bias(float *c, void *c16, l2l_dtype c16_dtype, const void *a,
+                                 const void *b, l2l_dtype ab_dtype, const float *bias, int64_t m,
+                                 int64_t n, int64_t k, int trans_a, int trans_b) {
+  bool ran = false;
+  if (bias != NULL || c16 != NULL)
+    TRY(cublaslt_gemm_bias(&ran, c16 != NULL ? c16 : (void *)c, c16 != NULL ? c16_dtype : L2L_F32,
+                           a, b, ab_dtype, bias, m, n, k, trans_a, trans_b));
+  if (ran) {
+    launched();
+    return L2L_OK;
+  }
+  return backend_gemm_bias_in_steps(cuda_ops(), c, c16, c16_dtype, a, b, ab_dtype, bias, m, n, k,
+                                    trans_a, trans_b);
 }
 
 /* ---------------------------------------------------------------- copies */
@@ -733,6 +752,7 @@ static l2l_status cuda_random(void *dst, l2l_dtype dtype, int64_t n, enum backen
 static const struct backend_ops cuda_backend = {
     .name = "cuda",
     .gemm_batched = cuda_gemm_batched,
+    .gemm_bias = cuda_gemm_bias,
     .bias_add = cuda_bias_add,
     .bias_backward = cuda_bias_backward,
     .add = cuda_add,

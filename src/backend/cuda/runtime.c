@@ -71,8 +71,20 @@ void *cuda_open_functions(const char *path, const char *const *names, size_t n, 
   return lib;
 }
 
-/* libcublas of the toolkit l2l was built with: from its lib folder (compiled in), else
-   wherever the dynamic loader finds that version. */
+void *cuda_open_toolkit_library(const char *name, const char *const *names, size_t n, void **fns,
+                                 char *path, size_t path_len, char *why, size_t why_len) {
+  void *lib = NULL;
+#ifdef L2L_CUDA_LIBDIR
+  snprintf(path, path_len, "%s/%s.so.%d", L2L_CUDA_LIBDIR, name, CUBLAS_VER_MAJOR);
+  lib = cuda_open_functions(path, names, n, fns, why, why_len);
+#endif
+  if (lib == NULL) {
+    snprintf(path, path_len, "%s.so.%d", name, CUBLAS_VER_MAJOR);
+    lib = cuda_open_functions(path, names, n, fns, why, why_len);
+  }
+  return lib;
+}
+
 static bool open_cublas(void) {
   static const char *const names[] = {
       "cublasCreate_v2",       "cublasSetStream_v2",         "cublasSetWorkspace_v2",
@@ -81,17 +93,8 @@ static bool open_cublas(void) {
   void *fns[sizeof names / sizeof names[0]];
   _Static_assert(sizeof cublas == sizeof fns, "struct cuda_cublas and the names listed disagree");
   char path[512];
-  void *lib = NULL;
-#ifdef L2L_CUDA_LIBDIR
-  snprintf(path, sizeof path, "%s/libcublas.so.%d", L2L_CUDA_LIBDIR, CUBLAS_VER_MAJOR);
-  lib = cuda_open_functions(path, names, sizeof names / sizeof names[0], fns, cuda_rt.why,
-                            sizeof cuda_rt.why);
-#endif
-  if (lib == NULL) {
-    snprintf(path, sizeof path, "libcublas.so.%d", CUBLAS_VER_MAJOR);
-    lib = cuda_open_functions(path, names, sizeof names / sizeof names[0], fns, cuda_rt.why,
-                              sizeof cuda_rt.why);
-  }
+  void *lib = cuda_open_toolkit_library("libcublas", names, sizeof names / sizeof names[0], fns,
+                                        path, sizeof path, cuda_rt.why, sizeof cuda_rt.why);
   if (lib == NULL) return false;
   memcpy(&cublas, fns, sizeof cublas);   /* POSIX lets a void * from dlsym become a function pointer */
   return true;

@@ -39,6 +39,12 @@ extern CUDA_INTERNAL struct cuda_cublas cublas;
    opened or lacks one. */
 CUDA_INTERNAL void *cuda_open_functions(const char *path, const char *const *names, size_t n,
                                         void **fns, char *why, size_t why_len);
+/* The same for `name` (libcublas, libcublasLt) of the toolkit l2l was built with: from its
+   lib folder (compiled in), else wherever the dynamic loader finds that version (the
+   major version of cuBLAS's headers); path gets the last one tried. */
+CUDA_INTERNAL void *cuda_open_toolkit_library(const char *name, const char *const *names,
+                                              size_t n, void **fns, char *path, size_t path_len,
+                                              char *why, size_t why_len);
 
 /* Bytes of device scratch the backend keeps for ops that need a little (reduction
    partials, a result to copy back, column-sum partials) and for cuBLAS's workspace. */
