@@ -162,14 +162,15 @@ static struct entry *entry_for(const struct backend_attention_shape *sh) {
     e->usable = e->bwd != NULL && sdpa_graph_plan(e->bwd, h, why, sizeof why);
   }
   if (!e->usable) {   /* (each once: in place, the packed copies' graphs run instead) */
-    static atomic_int warned[2];
-    if (atomic_exchange(&warned[k.ld_q != 0], 1) == 0)
+    static atomic_int warned[3];   /* packed; q, k, v in place; and dq, dk, dv too */
+    if (atomic_exchange(&warned[k.ld_q == 0 ? 0 : k.dq_in_place ? 2 : 1], 1) == 0)
       fprintf(stderr, "l2l: cuDNN cannot run attention B=%lld H=%lld S=%lld d=%lld%s%s%s here "
               "(%s); %s run it (said once)\n", (long long)k.batch, (long long)k.heads,
               (long long)k.seq, (long long)k.head_dim, k.causal ? " causal" : "",
               k.ld_q != 0 ? " reading q, k, v in place" : "",
               k.dq_in_place ? " and writing dq, dk, dv so" : "", why,
-              k.ld_q != 0 ? "its graphs on packed copies" : "l2l's own kernels");
+              k.dq_in_place ? "its graphs writing packed dq, dk, dv"
+              : k.ld_q != 0 ? "its graphs on packed copies" : "l2l's own kernels");
   }
   return e;
 }
@@ -231,7 +232,8 @@ static struct entry *entry_locked(const struct backend_attention_shape *sh) {
 /* Where a call runs: the graphs that read the caller's 16-bit q, k, v in place
    (qkv_in_place) where each is 16-byte aligned, as are their rows, and cuDNN plans them,
    writing 16-bit dq, dk, dv in place too (dq_in_place) where those are aligned (a forward's,
-   not known yet, are taken to be); else the packed copies' graphs. */
+   not known yet, are taken to be) and cuDNN plans that, else into packed ones; else the
+   packed copies' graphs. */
 struct route {
   struct entry *e;
   bool qkv_in_place, dq_in_place;
@@ -245,6 +247,10 @@ static struct route route_of(const struct backend_attention_shape *sh, const str
               (c->dq == NULL || (aligned16(c->dq) && aligned16(c->dk) && aligned16(c->dv)));
     if (!dq) s.dqkv_dtype = L2L_F32;
     struct entry *e = entry_locked(&s);
+    if (!e->usable && dq) {   /* (refused writing dq, dk, dv in place: read q, k, v so still) */
+      s.dqkv_dtype = L2L_F32, dq = false;
+      e = entry_locked(&s);
+    }
     if (e->usable) return (struct route){e, true, dq};
   }
   struct backend_attention_shape packed = packed_of(sh);
