@@ -257,6 +257,7 @@ TEST(cuda_gemm_bias) {
   const bool lt = cublaslt_probe(about, sizeof about) != 0;
   printf("  %s\n", about);
   const int64_t before = cublaslt_runs();
+  int cases[2] = {0, 0}, epilogues[2] = {0, 0};   /* [to 16 bits]: with cuBLASLt on, taken */
   static const int64_t shapes[][3] = {{37, 2304, 768}, {64, 768, 3072}, {7, 33, 5}, {1031, 257, 64},
                                       {1, 1, 1}};
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
@@ -273,9 +274,11 @@ TEST(cuda_gemm_bias) {
       const float *bh = with_bias ? fdata(bias.h) : NULL, *bd = with_bias ? fdata(bias.d) : NULL;
       CHECK_OK(hops->gemm_bias(fdata(c.h), NULL, L2L_F32, l2l_tensor_data(a.h),
                                l2l_tensor_data(b.h), ab, bh, m, n, k, ta, tb));
+      const int64_t runs = cublaslt_runs();
       CHECK_OK(dops->gemm_bias(fdata(c.d), to16 ? l2l_tensor_data(c16) : NULL, ab,
                                l2l_tensor_data(a.d), l2l_tensor_data(b.d), ab, bd, m, n, k, ta,
                                tb));
+      if (v != 6) cases[to16]++, epilogues[to16] += cublaslt_runs() != runs;
       CHECK_OK(l2l_device_synchronize());
       char what[160];
       snprintf(what, sizeof what, "gemm_bias m=%lld n=%lld k=%lld %c%c %s%s%s%s", (long long)m,
@@ -299,6 +302,8 @@ TEST(cuda_gemm_bias) {
       TWIN_FREE(&a, &b, &bias, &c);
     }
   cublaslt_enable(1);
+  printf("  cuBLASLt's epilogue took %d of %d calls to f32, %d of %d to 16 bits\n", epilogues[0],
+         cases[0], epilogues[1], cases[1]);
   if (lt) CHECK(cublaslt_runs() > before, "cuBLASLt is loaded (%s) but ran none of the calls", about);
   end_gpu();
 }
