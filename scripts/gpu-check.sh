@@ -14,7 +14,8 @@
 #             process, when none failed)                                      -> sanitizer.log
 #   specs     spec/l2l/init_device_spec.lua and spec/l2l/relay_gpu_spec.lua                -> specs.log
 #   kernels   build/bench_cuda: kernels against copy bandwidth and cuBLAS (attention at
-#             S = 1k, 4k, 8k, head dims 64 and 128, each path; the row kernels) -> bench.txt
+#             S = 1k, 4k, 8k, head dims 64 and 128, each path; the row kernels; the linear
+#             maps' bias in cuBLASLt's epilogue against the steps)                -> bench.txt
 #   profile   the vs_torch step (GPT-2 124M, 8 x 1024 tokens, bf16) op by op: three steps
 #             after a warm-up under l2l.profile, the table and the TSV    -> bench.txt
 #   vs_torch  GPT-2 124M, 8 x 1024 tokens, bf16: l2l (weights streamed from the host EPS,
@@ -196,7 +197,10 @@ phase_kernels() {
               $1 == "layernorm_backward" && $2 == "16384x768" {b = $6}
               $1 == "gelu_backward_from_output" {g = $6}
               END {if (l != "" || g != "") printf "; of the copy rate: LayerNorm 16384x768 forward %s %%, backward %s %%, GELU from its output %s %%", l, b, g}' "$log")
-  echo "${copy:-no copy figure}; ${gemm:-no GEMM figure}; ${attn:-no attention figure}$visit$head$rows (exit $rc)"
+  local epilogue   # (the qkv map's GEMM with its bias, to bf16: cuBLASLt's epilogue, the steps)
+  epilogue=$(awk '$1 == "qkv" && $NF ~ /^[0-9.]+$/ && $(NF - 3) == "bf16" {e = $(NF - 2); s = $(NF - 1)}
+                  END {if (e != "") printf "; the qkv map with its bias %s ms by the epilogue, %s ms in steps", e, s}' "$log")
+  echo "${copy:-no copy figure}; ${gemm:-no GEMM figure}; ${attn:-no attention figure}$visit$head$rows$epilogue (exit $rc)"
   return $rc
 }
 
