@@ -552,7 +552,8 @@ struct flash {
   const struct backend_ops *ops;
   struct backend_attention_shape sh;
   int64_t D;
-  float *lse, *d_o, *work, *back_work;
+  float *lse, *work, *back_work;
+  void *d_o;        /* (N, D) of sh.do_dtype */
   char *dqkv;       /* (N, 3D) of sh.dqkv_dtype; dk and dv `col` bytes apart */
   size_t col;
   void *o;          /* (N, D) of sh.o_dtype */
@@ -630,10 +631,11 @@ static void bench_attention(int64_t batch, int64_t heads, int64_t seq, int64_t h
                                       .scale = 1.0f / sqrtf((float)hd), .dropout = 0.0f,
                                       .seed = 1, .stream = 2, .first_sample = 0,
                                       .precision = precision, .o_dtype = precision,
-                                      .qkv_dtype = precision, .dqkv_dtype = precision};
-  /* q, k, v, o and dq, dk, dv in the products' dtype, as a 16-bit run's block keeps them */
+                                      .qkv_dtype = precision, .dqkv_dtype = precision,
+                                      .do_dtype = precision};
+  /* q, k, v, o, do and dq, dk, dv in the products' dtype, as a 16-bit run's block keeps them */
   l2l_tensor *qkv = dev_normal_as(precision, N, 3 * D, 1), *o = dev(precision, 2, N, D, 0);
-  l2l_tensor *lse = dev(L2L_F32, 1, bh * seq, 0, 0), *d_o = dev_normal(2, N, D, 0, 1);
+  l2l_tensor *lse = dev(L2L_F32, 1, bh * seq, 0, 0), *d_o = dev_normal_as(precision, N, D, 1);
   l2l_tensor *dqkv = dev(precision, 2, N, 3 * D, 0);
   const size_t col = (size_t)D * (precision == L2L_F32 ? 4 : 2);
   f.col = col;

@@ -65,6 +65,9 @@ struct backend_attention_shape {
                             backward writes them rounded as convert rounds from their fp32
                             values (the block keeps them so on a 16-bit run: the qkv map's
                             GEMMs read them rounded, and cuDNN writes them in 16 bits) */
+  l2l_dtype do_dtype;    /* do's: f32 (0), or bf16 / f16 (any backend): read widened (the
+                            projection's backward GEMM writes it so on a 16-bit run: cuDNN
+                            reads it rounded anyway) */
 };
 
 /* Which of `count` GPUs on this machine the process uses: L2L_CUDA_DEVICE when set (an
@@ -367,7 +370,7 @@ struct backend_ops {
   /* dq, dk, dv (same layout as q, k, v; written; of shape->dqkv_dtype) from do, given what
      the forward kept (probs / dropped / mask, or NULL to recompute them from q, k, lse and
      the generator). */
-  l2l_status (*attention_backward)(void *dq, void *dk, void *dv, const float *d_o,
+  l2l_status (*attention_backward)(void *dq, void *dk, void *dv, const void *d_o,
                                    const void *o, const float *lse, const float *probs,
                                    const float *dropped, const uint8_t *mask, const void *q,
                                    const void *k, const void *v, const uint8_t *key_mask,

@@ -281,10 +281,11 @@ static double attention_pairs(const struct backend_attention_shape *s) {
 }
 
 /* q, k, v, o and more in their strided rows: batch * seq rows of heads * head_dim
-   elements; the backward's do (f32) and dq, dk, dv beside q, k, v and o (each of its dtype). */
+   elements; the backward's do and dq, dk, dv beside q, k, v and o (each of its dtype). */
 static double attention_rows_bytes(const struct backend_attention_shape *s, int backward) {
   double o = s->o_dtype == L2L_F32 ? 1.0 : 0.5, qkv = s->qkv_dtype == L2L_F32 ? 3.0 : 1.5;
-  double grads = !backward ? 0 : 1.0 + (s->dqkv_dtype == L2L_F32 ? 3.0 : 1.5);
+  double grads = !backward ? 0 : (s->do_dtype == L2L_F32 ? 1.0 : 0.5) +
+                                 (s->dqkv_dtype == L2L_F32 ? 3.0 : 1.5);
   return (grads + qkv + o) * F * d(s->batch) * d(s->seq) * d(s->heads) * d(s->head_dim);
 }
 
@@ -324,7 +325,7 @@ static l2l_status p_attention_forward(void *o, float *lse, float *probs, float *
 
 /* Backward: dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q, and S = q k^T again when the
    forward kept no probabilities (frugal): 2 d FLOPs a pair each. */
-static l2l_status p_attention_backward(void *dq, void *dk, void *dv, const float *d_o,
+static l2l_status p_attention_backward(void *dq, void *dk, void *dv, const void *d_o,
                                        const void *o, const float *lse, const float *probs,
                                        const float *dropped, const uint8_t *mask, const void *q,
                                        const void *k, const void *v, const uint8_t *key_mask,

@@ -68,7 +68,8 @@ static l2l_status block_create(l2l_layer *layer) {
   return L2L_OK;
 }
 
-/* The widest linear map's x and dy: qkv (D in, 3D out) or the MLP's (D, F). */
+/* The widest linear map's x and dy: qkv (D in, 3D out) or the MLP's (D, F); the attention
+   projection's backward takes 3 N D (its dy, its x, attention's 16-bit d(ctx)). */
 static int64_t block_cast_elements(const l2l_layer *layer, int64_t B, int64_t S, uint32_t flags) {
   (void)flags;
   const int64_t D = layer->config.dim, F = layer->config.mlp;
@@ -93,7 +94,7 @@ struct block_plan {
      in that dtype: pre-LN's LayerNorm outputs when their backward is the standard one
      (it reads the input), GELU's output in standard mode (its backward reads fc),
      attention's inputs and output (which it reads widened: the attention shape's
-     qkv_dtype, o_dtype), and the gradients it writes for the qkv map (dqkv_dtype). */
+     qkv_dtype, o_dtype), and the gradients it reads and writes (do_dtype, dqkv_dtype). */
   bool ln1_16, ln2_16, gelu_16, ctx_16, qkv_16;
   struct arena saved, fwd, bwd;
   /* forward state */
@@ -184,7 +185,7 @@ static void block_plan(struct block_plan *p, const l2l_layer *layer, int64_t B, 
   const struct backend_attention_shape ws = {
       .batch = B, .heads = p->H, .seq = S, .head_dim = p->D / p->H,
       .o_dtype = p->ctx_16 ? L2L_BF16 : L2L_F32, .qkv_dtype = p->qkv_16 ? L2L_BF16 : L2L_F32,
-      .dqkv_dtype = p->qkv_16 ? L2L_BF16 : L2L_F32};
+      .dqkv_dtype = p->qkv_16 ? L2L_BF16 : L2L_F32, .do_dtype = p->qkv_16 ? L2L_BF16 : L2L_F32};
   p->attn_work_floats = nt * ops->attention_workspace(&ws, 0);
   p->attn_back_work_floats = nt * ops->attention_workspace(&ws, 1);
   p->attn_work = put(fw, WORK, (uint64_t)p->attn_work_floats * f4);
@@ -252,7 +253,8 @@ static void attention_shape(struct backend_attention_shape *sh, const struct blo
       .precision = call->precision, /* 16-bit weights: 16-bit attention products too */
       .o_dtype = p->ctx_16 ? call->precision : L2L_F32,
       .qkv_dtype = p->qkv_16 ? call->precision : L2L_F32,
-      .dqkv_dtype = p->qkv_16 ? call->precision : L2L_F32};
+      .dqkv_dtype = p->qkv_16 ? call->precision : L2L_F32,
+      .do_dtype = p->qkv_16 ? call->precision : L2L_F32};
 }
 
 /* Element j of a row of f32s or (h16) of 16-bit values starting at base. */
@@ -410,7 +412,7 @@ static l2l_status mlp_backward(const struct layer_call *call, const struct block
   const int64_t N = p->N, D = p->D, F = p->F;
   float *df = at(m, p->tf);
   const float *g = at(m, p->gelu);   /* (f32 in frugal mode, the one that reads it) */
-  TRY(layers_linear_backward(call, df, grad(layer, FC2_W), grad(layer, FC2_B), dm, NULL,
+  TRY(layers_linear_backward(call, df, NULL, grad(layer, FC2_W), grad(layer, FC2_B), dm, NULL,
                              layers_kept_act(call, g, p->gelu_16), layers_weight(layer, FC2_W), N, F,
                              D, 0.0f));
   /* d(fc): in f32 (in place of d(gelu)), or with 16-bit weights in 16 bits alone, which
@@ -422,7 +424,7 @@ static l2l_status mlp_backward(const struct layer_call *call, const struct block
                                        (const uint8_t *)at(m, p->gelu_bits), N * F));
   else
     TRY(ops->gelu_backward(df32, df16, call->precision, df, at(m, p->fc), N * F));
-  return layers_linear_backward(call, dh, grad(layer, FC_W), grad(layer, FC_B), df32, df16, in,
+  return layers_linear_backward(call, dh, NULL, grad(layer, FC_W), grad(layer, FC_B), df32, df16, in,
                                 layers_weight(layer, FC_W), N, D, F, 0.0f);
 }
 
@@ -435,20 +437,24 @@ static l2l_status attention_branch_backward(const struct layer_call *call,
   const struct backend_ops *ops = call->ops;
   const int64_t N = p->N, D = p->D;
   float *dctx = at(m, p->t3), *dqkv = at(m, p->tqkv), *qkv = at(m, p->qkv), *ctx = at(m, p->ctx);
-  const bool h16 = p->qkv_16;   /* q, k, v and dq, dk, dv in 16 bits */
-  TRY(layers_linear_backward(call, dctx, grad(layer, PROJ_W), grad(layer, PROJ_B), dz, dz16,
+  const bool h16 = p->qkv_16;   /* q, k, v, dq, dk, dv and d(ctx) in 16 bits */
+  /* d(ctx) in 16 bits in the cast scratch past dz's and ctx's (3 N D halves of its 4 N D at
+     least: block_cast_elements) */
+  void *dctx16 = h16 ? (uint16_t *)call->cast + 2 * N * D : NULL;
+  TRY(layers_linear_backward(call, dctx, dctx16, grad(layer, PROJ_W), grad(layer, PROJ_B), dz, dz16,
                              layers_kept_act(call, ctx, p->ctx_16), layers_weight(layer, PROJ_W), N,
                              D, D, 0.0f));
   struct backend_attention_shape sh;
   attention_shape(&sh, p, layer, call);
   const uint8_t *key_mask = call->b->key_mask ? tensor_ptr(call->b->key_mask) : NULL;
-  TRY(ops->attention_backward(dqkv, elem(dqkv, D, h16), elem(dqkv, 2 * D, h16), dctx, ctx,
+  TRY(ops->attention_backward(dqkv, elem(dqkv, D, h16), elem(dqkv, 2 * D, h16),
+                              h16 ? dctx16 : (void *)dctx, ctx,
                               at(m, p->lse), at(m, p->probs), at(m, p->dropped),
                               (const uint8_t *)at(m, p->attn_mask), qkv, elem(qkv, D, h16),
                               elem(qkv, 2 * D, h16), key_mask, &sh, at(m, p->attn_back_work),
                               p->attn_back_work_floats));
   /* (16-bit dq, dk, dv: the map's GEMMs read them as they are, its bias sums them) */
-  return layers_linear_backward(call, da, grad(layer, QKV_W), grad(layer, QKV_B),
+  return layers_linear_backward(call, da, NULL, grad(layer, QKV_W), grad(layer, QKV_B),
                                 h16 ? NULL : dqkv, h16 ? dqkv : NULL, in,
                                 layers_weight(layer, QKV_W), N, D, 3 * D, 0.0f);
 }

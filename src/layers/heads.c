@@ -293,7 +293,7 @@ static l2l_status classifier_backward(const struct layer_call *call, l2l_layer *
   float *f = saved_base(saved), *dlogits = classifier_logits(f, layer, B), *df = work;
   TRY(ops->cross_entropy_backward(dlogits, dlogits, tensor_ptr(call->b->targets), -1,
                                   call->b->loss_scale, B, C, C));
-  TRY(layers_linear_backward(call, df, layers_grad_f32(layer, CLS_W), layers_grad_f32(layer, CLS_B),
+  TRY(layers_linear_backward(call, df, NULL, layers_grad_f32(layer, CLS_W), layers_grad_f32(layer, CLS_B),
                              dlogits, NULL, act_f32(f), layers_weight(layer, CLS_W), B, D, C,
                              0.0f));
   TRY(ops->fill(dx, L2L_F32, 0.0, B * S * D));

@@ -267,12 +267,14 @@ l2l_status layers_cast_activation(const struct layer_call *call, const void **ou
    and sets dx = dy w^T + dx_beta * dx (dx NULL: skipped). With a 16-bit w, x (unless it is
    16-bit already) and dy (unless dy16, its copy in w's dtype, is given; NULL: none) are
    rounded to its dtype first (cast scratch: dy's n * out elements, then x's n * in). dy
-   may be NULL where dy16 is given: db then sums dy16 (attention's 16-bit dq, dk, dv). */
+   may be NULL where dy16 is given: db then sums dy16 (attention's 16-bit dq, dk, dv).
+   dx16 (w's dtype, NULL: none) gets dx's sums rounded, dx then being f32 work the backend
+   may write (dx_beta must be 0: attention's 16-bit do). */
 l2l_status layers_linear_forward(const struct layer_call *call, float *y, void *y16,
                                  struct act x, struct weight w, const float *bias, int64_t n,
                                  int64_t in, int64_t out);
-l2l_status layers_linear_backward(const struct layer_call *call, float *dx, float *dw, float *db,
-                                  const float *dy, const void *dy16, struct act x,
+l2l_status layers_linear_backward(const struct layer_call *call, float *dx, void *dx16, float *dw,
+                                  float *db, const float *dy, const void *dy16, struct act x,
                                   struct weight w, int64_t n, int64_t in, int64_t out,
                                   float dx_beta);
 /* Where an op writes the 16-bit copy a GEMM reads next when nothing keeps it: the cast

@@ -81,10 +81,12 @@ l2l_status layers_linear_forward(const struct layer_call *call, float *y, void *
   return call->ops->gemm_bias(y, y16, w.dtype, xr, w.data, w.dtype, bias, n, out, in, 0, 0);
 }
 
-l2l_status layers_linear_backward(const struct layer_call *call, float *dx, float *dw, float *db,
-                                  const float *dy, const void *dy16, struct act x,
+l2l_status layers_linear_backward(const struct layer_call *call, float *dx, void *dx16, float *dw,
+                                  float *db, const float *dy, const void *dy16, struct act x,
                                   struct weight w, int64_t n, int64_t in, int64_t out,
                                   float dx_beta) {
+  if (dx16 != NULL && dx_beta != 0.0f)   /* (a kind's bug: a 16-bit dx is written, not added to) */
+    return core_fail(L2L_ERR_STATE, "a 16-bit dx cannot accumulate");
   const struct backend_ops *ops = call->ops;
   /* dw accumulates in f32 from x and dy rounded like the weight (both 16-bit, or both f32) */
   const void *xr = NULL, *dyr = NULL;
@@ -94,7 +96,8 @@ l2l_status layers_linear_backward(const struct layer_call *call, float *dx, floa
   TRY(ops->gemm_batched(dw, xr, dyr, w.dtype, 1, in, out, n, 1, 0, 1.0f, 1.0f, 0, 0, 0));
   if (db) TRY(dy ? ops->bias_backward(db, dy, L2L_F32, n, out)
                  : ops->bias_backward(db, dy16, w.dtype, n, out));
-  return dx ? ops->gemm_batched(dx, dyr, w.data, w.dtype, 1, n, in, out, 0, 1, 1.0f, dx_beta, 0,
-                                0, 0)
-            : L2L_OK;
+  if (dx == NULL) return L2L_OK;
+  if (dx16 != NULL)   /* (the GEMM's sums rounded into dx16: one pass where the backend can) */
+    return ops->gemm_bias(dx, dx16, w.dtype, dyr, w.data, w.dtype, NULL, n, in, out, 0, 1);
+  return ops->gemm_batched(dx, dyr, w.data, w.dtype, 1, n, in, out, 0, 1, 1.0f, dx_beta, 0, 0, 0);
 }

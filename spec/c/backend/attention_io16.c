@@ -145,6 +145,7 @@ bool attention_io16_check(l2l_pool_kind pool, l2l_dtype products, bool standard,
   const l2l_dtype dt = products != L2L_F32 ? products : check_rand_int(0, 1) ? L2L_BF16 : L2L_F16;
   const int which = (int)check_rand_int(0, 2);   /* q, k, v; o; both */
   const bool qkv16 = which != 1, o16 = which != 0, dq16 = check_rand_int(0, 1);
+  const bool do16 = check_rand_int(0, 1);
   const int64_t B = check_rand_int(1, 2), H = check_rand_int(1, 3), hd = 8 * check_rand_int(1, 8);
   const int64_t S = check_rand_int(1, 80), D = H * hd, N = B * S, rows = B * H * S;
   const int64_t ld_o = D + (check_rand_int(0, 1) ? 8 : 0);
@@ -159,13 +160,14 @@ bool attention_io16_check(l2l_pool_kind pool, l2l_dtype products, bool standard,
       .seed = check_rand_u64(), .stream = check_rand_u64(), .precision = products};
   struct backend_attention_shape sh16 = sh;
   sh16.o_dtype = o16 ? dt : L2L_F32, sh16.qkv_dtype = qkv16 ? dt : L2L_F32;
-  sh16.dqkv_dtype = dq16 ? dt : L2L_F32;
+  sh16.dqkv_dtype = dq16 ? dt : L2L_F32, sh16.do_dtype = do16 ? dt : L2L_F32;
   char what[260];
   snprintf(what, sizeof what, "attention %s B=%lld H=%lld S=%lld hd=%lld ld_qkv=%lld ld_o=%lld%s, "
-           "%s%s%s%s in %s, products %s: ", standard ? "standard" : "frugal", (long long)B,
+           "%s%s%s%s%s in %s, products %s: ", standard ? "standard" : "frugal", (long long)B,
            (long long)H, (long long)S, (long long)hd, (long long)ld, (long long)ld_o,
            sh.causal ? " causal" : "", qkv16 ? "q, k, v" : "", which == 2 ? " and " : "",
-           o16 ? "o" : "", dq16 ? " (and dq, dk, dv)" : "", l2l_dtype_name(dt),
+           o16 ? "o" : "", dq16 ? " (and dq, dk, dv)" : "", do16 ? " (and do)" : "",
+           l2l_dtype_name(dt),
            l2l_dtype_name(products));
 
   /* q, k, v: the 16-bit run's rounded from a draw, the f32 run's their widened values */
@@ -176,10 +178,17 @@ bool attention_io16_check(l2l_pool_kind pool, l2l_dtype products, bool standard,
     h16[i] = round16((float)check_rand_normal(), dt);
     h_qkv[i] = qkv16 ? widen16(h16[i], dt) : (float)check_rand_normal();
   }
-  for (int64_t i = 0; i < N * ld_o; i++) h_do[i] = (float)check_rand_normal();
+  /* do: a 16-bit run's rounded from a draw (its padding poisoned), the f32 run's their
+     widened values */
+  uint16_t *h_do16 = xmalloc((size_t)(N * ld_o) * sizeof *h_do16);
+  for (int64_t i = 0; i < N * ld_o; i++) {
+    h_do16[i] = i % ld_o < D ? round16((float)check_rand_normal(), dt) : 0xffff;
+    h_do[i] = do16 ? (i % ld_o < D ? widen16(h_do16[i], dt) : NAN) : (float)check_rand_normal();
+  }
   struct parts in32 = lay_out(pool, L2L_F32, interleaved, N, D, ld, h_qkv, NULL);
   struct parts in16 = qkv16 ? lay_out(pool, dt, interleaved, N, D, ld, NULL, h16) : in32;
   l2l_tensor *d_o = on_pool(pool, L2L_F32, N * ld_o, h_do, NULL);
+  l2l_tensor *d_o16 = do16 ? on_pool(pool, dt, N * ld_o, NULL, h_do16) : d_o;
   l2l_tensor *o32 = on_pool(pool, L2L_F32, N * ld_o, NULL, NULL);
   l2l_tensor *o_out = on_pool(pool, o16 ? dt : L2L_F32, N * ld_o, NULL, NULL);
   l2l_tensor *lse32 = on_pool(pool, L2L_F32, rows, NULL, NULL), *lse16 = on_pool(pool, L2L_F32, rows, NULL, NULL);
@@ -228,7 +237,7 @@ bool attention_io16_check(l2l_pool_kind pool, l2l_dtype products, bool standard,
   ok &= CHECK_OK(ops->attention_backward(g32.at[0], g32.at[1], g32.at[2], l2l_tensor_data(d_o),
                                          DATA(ow), DATA(lse32), DATA(p32), NULL, NULL, in32.at[0],
                                          in32.at[1], in32.at[2], NULL, &sh, w, wf));
-  ok &= CHECK_OK(ops->attention_backward(g16.at[0], g16.at[1], g16.at[2], l2l_tensor_data(d_o),
+  ok &= CHECK_OK(ops->attention_backward(g16.at[0], g16.at[1], g16.at[2], l2l_tensor_data(d_o16),
                                          DATA(o_out), DATA(lse32), DATA(p32), NULL, NULL,
                                          in16.at[0], in16.at[1], in16.at[2], NULL, &sh16, w, wf));
   ok &= CHECK_OK(l2l_device_synchronize());
@@ -243,6 +252,7 @@ bool attention_io16_check(l2l_pool_kind pool, l2l_dtype products, bool standard,
   if (qkv16) parts_free(&in16);
   parts_free(&in32), parts_free(&g32), parts_free(&g16);
   if (ow != o_out) l2l_tensor_free(ow);
-  free(h_qkv), free(h_do), free(h16);
+  if (d_o16 != d_o) l2l_tensor_free(d_o16);
+  free(h_qkv), free(h_do), free(h_do16), free(h16);
   return ok;
 }

@@ -7,7 +7,8 @@
  * on a GPU's (test_cudnn.c): attention over 16-bit q, k, v is attention over their widened
  * f32 copies, a 16-bit o is convert's rounding of the f32 o the same backend writes, a
  * backward from 16-bit inputs is the backward from their widened copies, and 16-bit dq,
- * dk, dv are convert's rounding of its f32 ones.
+ * dk, dv are convert's rounding of its f32 ones; a backward reading a 16-bit do is the
+ * backward reading its widened copy.
  * Must never: compare a backend with another (the GPU-against-CPU tests do that).
  */
 #ifndef L2L_ATTENTION_IO16_H
@@ -19,7 +20,7 @@
 
 /* One random case on `pool`'s backend (its products in `products`: f32, bf16 or f16),
    standard (probabilities kept) or frugal; q, k, v in 16 bits, o in 16 bits, or both
-   (drawn), and dq, dk, dv in 16 bits or not (drawn), in the products' dtype where they
+   (drawn), dq, dk, dv and do each in 16 bits or not (drawn), in the products' dtype where they
    are 16-bit (bf16 or f16, drawn, where they are f32); q, k, v (and dq, dk, dv alike)
    interleaved in one buffer (the block's) or three, their 16-bit rows 16-byte aligned or
    not; o at a row stride of the heads' width or past it. The run with 16-bit inputs and

@@ -14,7 +14,8 @@
  * k, v (a 16-bit run's block keeps them so) are widened a head's rows at a time into the
  * thread's workspace first, and a 16-bit o is computed a tile at a time in fp32 there and
  * rounded as it is stored; 16-bit dq, dk, dv are a head's fp32 rows there, rounded once
- * the head is done: the products are fp32 whatever the dtypes.
+ * the head is done, and a 16-bit do is widened a head's rows at a time like q, k, v: the
+ * products are fp32 whatever the dtypes.
  *
  * Backward per tile of query rows i and all visible keys j (dropout mask M, keep = 1-p):
  *   P = exp(scale q k^T - lse),  P' = P M / keep,  dv += P'^T do,  dP' = do v^T,
@@ -37,7 +38,8 @@ enum { TILE_Q = 64 }; /* query rows per tile: a tile row of scores stays in cach
    with a 16-bit o its tile of fp32 rows before they are rounded, then with 16-bit q, k, v
    the tile's q rows and the head's k and v rows widened. Backward: the P, P' and dP'
    tiles, then with a 16-bit o a row of it widened, then with 16-bit q, k, v the head's
-   rows of each widened, then with 16-bit dq, dk, dv the head's fp32 rows of each. */
+   rows of each widened, then with 16-bit dq, dk, dv the head's fp32 rows of each, then
+   with a 16-bit do the head's rows of it widened. */
 static int64_t o_floats(const struct backend_attention_shape *sh, int backward) {
   return sh->o_dtype == L2L_F32 ? 0 : backward ? sh->head_dim : TILE_Q * sh->head_dim;
 }
@@ -48,24 +50,33 @@ static int64_t qkv_floats(const struct backend_attention_shape *sh, int backward
 static int64_t dqkv_floats(const struct backend_attention_shape *sh, int backward) {
   return backward && sh->dqkv_dtype != L2L_F32 ? 3 * sh->seq * sh->head_dim : 0;
 }
+static int64_t do_floats(const struct backend_attention_shape *sh, int backward) {
+  return backward && sh->do_dtype != L2L_F32 ? sh->seq * sh->head_dim : 0;
+}
 
 int64_t cpu_attention_workspace(const struct backend_attention_shape *sh, int backward) {
   return (backward ? 3 : 1) * (int64_t)TILE_Q * sh->seq + o_floats(sh, backward) +
-         qkv_floats(sh, backward) + dqkv_floats(sh, backward);
+         qkv_floats(sh, backward) + dqkv_floats(sh, backward) + do_floats(sh, backward);
 }
 
-/* Rows [r0, r0 + rows) of head h of sample b of q, k or v as fp32 rows of head_dim: the
-   rows themselves when f32 (*ld_out = ld_qkv), else widened into buf (*ld_out = hd). */
-static const float *head_rows(const void *x, const struct backend_attention_shape *sh, int64_t b,
-                              int64_t h, int64_t r0, int64_t rows, float *buf, int64_t *ld_out) {
-  const int64_t hd = sh->head_dim, ld = sh->ld_qkv, first = (b * sh->seq + r0) * ld + h * hd;
-  if (sh->qkv_dtype == L2L_F32) {
+/* Rows [r0, r0 + rows) of head h of sample b of a tensor of dtype with rows ld apart (q, k
+   or v: ld_qkv, qkv_dtype; do: ld_o, do_dtype) as fp32 rows of head_dim: the rows
+   themselves when f32 (*ld_out = ld), else widened into buf (*ld_out = hd). */
+static const float *rows_of(const void *x, l2l_dtype dtype, int64_t ld,
+                            const struct backend_attention_shape *sh, int64_t b, int64_t h,
+                            int64_t r0, int64_t rows, float *buf, int64_t *ld_out) {
+  const int64_t hd = sh->head_dim, first = (b * sh->seq + r0) * ld + h * hd;
+  if (dtype == L2L_F32) {
     *ld_out = ld;
     return (const float *)x + first;
   }
-  cpu_widen_16(buf, (const uint16_t *)x + first, sh->qkv_dtype, rows, hd, ld);
+  cpu_widen_16(buf, (const uint16_t *)x + first, dtype, rows, hd, ld);
   *ld_out = hd;
   return buf;
+}
+static const float *head_rows(const void *x, const struct backend_attention_shape *sh, int64_t b,
+                              int64_t h, int64_t r0, int64_t rows, float *buf, int64_t *ld_out) {
+  return rows_of(x, sh->qkv_dtype, sh->ld_qkv, sh, b, h, r0, rows, buf, ld_out);
 }
 
 /* Threads that fit the workspace, at most the compute threads and `items`; one for
@@ -222,7 +233,7 @@ l2l_status cpu_attention_forward(void *o, float *lse, float *probs, float *dropp
 
 /* ---------------------------------------------------------------- backward */
 
-static void backward_head(void *dq, void *dk, void *dv, const float *d_o, const void *o,
+static void backward_head(void *dq, void *dk, void *dv, const void *d_o, const void *o,
                           const float *lse, const float *probs, const float *dropped,
                           const uint8_t *mask, const void *q, const void *k, const void *v,
                           const uint8_t *key_mask, const struct backend_attention_shape *sh,
@@ -243,6 +254,9 @@ static void backward_head(void *dq, void *dk, void *dv, const float *d_o, const 
   float *dqb = g16 ? qbuf + qkv_floats(sh, 1) : (float *)dq + first;
   float *dkb = g16 ? dqb + S * hd : (float *)dk + first;
   float *dvb = g16 ? dkb + S * hd : (float *)dv + first;
+  int64_t ld_do;   /* (the head's do rows: in place, or widened past dq, dk, dv's) */
+  const float *doh = rows_of(d_o, sh->do_dtype, ldo, sh, b, h, 0, S,
+                             qbuf + qkv_floats(sh, 1) + dqkv_floats(sh, 1), &ld_do);
   for (int64_t j = 0; j < S; j++) {
     memset(dkb + j * ld, 0, (size_t)hd * sizeof *dkb);
     memset(dvb + j * ld, 0, (size_t)hd * sizeof *dvb);
@@ -251,7 +265,7 @@ static void backward_head(void *dq, void *dk, void *dv, const float *d_o, const 
     const int64_t rows = S - i0 < TILE_Q ? S - i0 : TILE_Q;
     const int64_t kend = tile_key_end(sh, i0 + rows - 1);
     const float *qt = qh + i0 * ldq;
-    const float *dot = d_o + (b * S + i0) * ldo + h * hd;
+    const float *dot = doh + i0 * ld_do;
     const int64_t o0 = (b * S + i0) * ldo + h * hd;   /* (o's row r at o0 + r ldo) */
     float *dqt = dqb + i0 * ld;
 
@@ -291,15 +305,15 @@ static void backward_head(void *dq, void *dk, void *dv, const float *d_o, const 
     }
     /* dv += P'^T do;  dP' = do v^T */
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kend, (int)hd, (int)rows, 1.0f,
-                pdt, (int)S, dot, (int)ldo, 1.0f, dvb, (int)ld);
+                pdt, (int)S, dot, (int)ld_do, 1.0f, dvb, (int)ld);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)kend, (int)hd, 1.0f,
-                dot, (int)ldo, vb, (int)ldv, 0.0f, dp_tile, (int)S);
+                dot, (int)ld_do, vb, (int)ldv, 0.0f, dp_tile, (int)S);
     /* dS = P (dP' M / keep - D), in place of dP'. M / keep is P'/P where P > 0; where the
        dropout dropped an element P' = 0 and so is its gradient. */
     for (int64_t r = 0; r < rows; r++) {
       const float *prow = pt + r * S, *pdrow = pdt + r * S;
       float *drow = dp_tile + r * S, d = 0.0f;
-      const float *dor = dot + r * ldo, *orow = o_row;
+      const float *dor = dot + r * ld_do, *orow = o_row;
       if (sh->o_dtype == L2L_F32)
         orow = (const float *)o + o0 + r * ldo;
       else
@@ -330,7 +344,7 @@ static void backward_head(void *dq, void *dk, void *dv, const float *d_o, const 
   }
 }
 
-l2l_status cpu_attention_backward(void *dq, void *dk, void *dv, const float *d_o,
+l2l_status cpu_attention_backward(void *dq, void *dk, void *dv, const void *d_o,
                                   const void *o, const float *lse, const float *probs,
                                   const float *dropped, const uint8_t *mask,
                                   const void *q, const void *k, const void *v,

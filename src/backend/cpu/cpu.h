@@ -105,7 +105,7 @@ l2l_status cpu_attention_forward(void *o, float *lse, float *probs, float *dropp
                                  const void *v, const uint8_t *key_mask,
                                  const struct backend_attention_shape *shape, float *workspace,
                                  int64_t workspace_floats);
-l2l_status cpu_attention_backward(void *dq, void *dk, void *dv, const float *d_o,
+l2l_status cpu_attention_backward(void *dq, void *dk, void *dv, const void *d_o,
                                   const void *o, const float *lse, const float *probs,
                                   const float *dropped, const uint8_t *mask,
                                   const void *q, const void *k, const void *v,

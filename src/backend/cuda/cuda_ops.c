@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* cuda_ops.c — the CUDA ops table: cuBLAS for GEMMs, kernels/ for everything else.
+/* cuda_ops.c — the CUDA ops table: cuBLAS (and cuBLASLt, cublaslt.c) for GEMMs, kernels/
+ * for everything else (attention's entries are attention_ops.c's).
  *
  * Purpose: run every op of the ops table on the GPU with the meaning the CPU backend
  * (backend/cpu/) defines, so that a layer computes the same numbers on either. Work is
@@ -20,10 +21,7 @@
 
 #include "runtime.h"
 #include "cublaslt.h"
-#include "cudnn_sdpa.h"
 
-#include "kernels/attention.h"
-#include "kernels/cast_rows.h"
 #include "kernels/dtype.h"
 #include "kernels/elementwise.h"
 #include "kernels/norm.h"
@@ -38,7 +36,7 @@ _Static_assert((int)DT_F32 == (int)L2L_F32 && (int)DT_F16 == (int)L2L_F16 &&
 
 /* Work queued on the compute stream (kernels, cuBLAS calls, copies), for the profile. */
 static atomic_llong launches = 0;
-static void launched(void) { atomic_fetch_add_explicit(&launches, 1, memory_order_relaxed); }
+void cuda_launched(void) { atomic_fetch_add_explicit(&launches, 1, memory_order_relaxed); }
 static int64_t cuda_launches(void) { return atomic_load_explicit(&launches, memory_order_relaxed); }
 
 /* ---------------------------------------------------------------- GEMM */
@@ -63,7 +61,7 @@ static l2l_status cuda_gemm_batched(float *c, const void *a, const void *b, l2l_
                                     : CUBLAS_COMPUTE_32F;
   cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  launched();
+  cuda_launched();
   if (batch == 1) {
     CUBLAS_TRY(cublas.gemm(cuda_rt.blas, op_b, op_a, (int)n, (int)m, (int)k, &alpha, b, type,
                             (int)ldb, a, type, (int)lda, &beta, c, CUDA_R_32F, (int)ldc, compute,
@@ -88,7 +86,7 @@ static l2l_status cuda_gemm_bias(float *c, void *c16, l2l_dtype c16_dtype, const
     TRY(cublaslt_gemm_bias(&ran, c16 != NULL ? c16 : (void *)c, c16 != NULL ? c16_dtype : L2L_F32,
                            a, b, ab_dtype, bias, m, n, k, trans_a, trans_b));
   if (ran) {
-    launched();
+    cuda_launched();
     return L2L_OK;
   }
   return backend_gemm_bias_in_steps(cuda_ops(), c, c16, c16_dtype, a, b, ab_dtype, bias, m, n, k,
@@ -114,7 +112,7 @@ static l2l_status cuda_copy(void *dst, l2l_pool_kind dst_pool, const void *src,
     }
     return L2L_OK;
   }
-  launched();
+  cuda_launched();
   CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda_rt.compute));
   if (dst_pool != L2L_POOL_DEVICE || src_pool != L2L_POOL_DEVICE) TRY(cuda_wait_stream());
   return L2L_OK;
@@ -125,7 +123,7 @@ static l2l_status cuda_copy_queued(void *dst, l2l_pool_kind dst_pool, const void
                                    l2l_pool_kind src_pool, uint64_t bytes) {
   (void)dst_pool, (void)src_pool;
   struct lane *lane = cuda_lane;
-  if (lane == NULL) launched();
+  if (lane == NULL) cuda_launched();
   CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
                            lane != NULL ? lane->stream : cuda_rt.compute));
   return L2L_OK;
@@ -142,7 +140,7 @@ enum { RESULT_BYTES = 256, REDUCE_BYTES = L2L_K_REDUCE_SCRATCH_DOUBLES * sizeof(
 
 /* Floats of scratch after the result and reduction areas, at least `floats` of them.
    Called with cuda_rt.lock held. */
-static l2l_status scratch_floats(float **out, int64_t floats) {
+l2l_status cuda_scratch_floats(float **out, int64_t floats) {
   uint64_t need = RESULT_BYTES + REDUCE_BYTES + (uint64_t)floats * sizeof(float);
   if (need > cuda_rt.scratch_bytes) TRY(cuda_scratch_grow(need));
   *out = (float *)((char *)cuda_rt.scratch + RESULT_BYTES + REDUCE_BYTES);
@@ -153,26 +151,10 @@ static double *scratch_reduce(void) { return (double *)((char *)cuda_rt.scratch 
 
 /* Copies `bytes` of the result area to the host, after everything queued. */
 static l2l_status read_result(void *host, uint64_t bytes) {
-  launched();
+  cuda_launched();
   CUDA_TRY(cudaMemcpyAsync(host, cuda_rt.scratch, bytes, cudaMemcpyDeviceToHost, cuda_rt.compute));
   return cuda_wait_stream();
 }
-
-/* A launcher's returned cudaError_t, with where it was called. */
-#define LAUNCH(call)  \
-  do {                \
-    launched();       \
-    CUDA_TRY(call);   \
-  } while (0)
-
-/* Returns `call` (an op body that uses the scratch), run with cuda_rt.lock held. */
-#define WITH_SCRATCH(call)                      \
-  do {                                          \
-    pthread_mutex_lock(&cuda_rt.lock);               \
-    l2l_status locked_status_ = (call);         \
-    pthread_mutex_unlock(&cuda_rt.lock);             \
-    return locked_status_;                      \
-  } while (0)
 
 /* ---------------------------------------------------------------- element-wise */
 
@@ -190,7 +172,7 @@ static l2l_status cuda_bias_add(float *y, void *y16, l2l_dtype y16_dtype, const 
 static l2l_status bias_backward_locked(float *dbias, const void *dy, l2l_dtype dy_dtype,
                                        int64_t rows, int64_t cols) {
   float *scratch = NULL;
-  TRY(scratch_floats(&scratch, k_bias_backward_scratch_floats(rows, cols)));
+  TRY(cuda_scratch_floats(&scratch, k_bias_backward_scratch_floats(rows, cols)));
   LAUNCH(k_bias_backward(dbias, dy, (int)dy_dtype, rows, cols, scratch, cuda_rt.compute));
   return L2L_OK;
 }
@@ -276,7 +258,7 @@ static l2l_status clip_scale_locked(float *scale, const void *const *g, const l2
   int dtypes[L2L_K_CLIP_GRADIENTS];
   for (int i = 0; i < count; i++) dtypes[i] = (int)dtype[i];
   float *scratch = NULL;
-  TRY(scratch_floats(&scratch, 2 * L2L_K_CLIP_SCRATCH_DOUBLES));
+  TRY(cuda_scratch_floats(&scratch, 2 * L2L_K_CLIP_SCRATCH_DOUBLES));
   LAUNCH(k_clip_scale(scale, g, dtypes, n, count, clip, (double *)scratch, cuda_rt.compute));
   return L2L_OK;
 }
@@ -308,7 +290,7 @@ static struct k_optim optim_consts(const struct optim_hyper *h) {
 static l2l_status optim_update_locked(void *p, void *s0, void *s1, float *grad, int64_t n,
                                       const struct optim_hyper *h, const int32_t *skip) {
   float *scratch = NULL;
-  TRY(scratch_floats(&scratch, 2 * L2L_K_OPTIM_SCRATCH_DOUBLES));
+  TRY(cuda_scratch_floats(&scratch, 2 * L2L_K_OPTIM_SCRATCH_DOUBLES));
   struct k_optim o = optim_consts(h);
   if (h->state == L2L_STATE_F32 && h->master == L2L_F32)
     LAUNCH(k_optim_update(p, s0, s1, grad, n, &o, skip, (double *)scratch, cuda_rt.compute));
@@ -371,7 +353,7 @@ static l2l_status layernorm_backward_locked(float *dx, void *dx16, l2l_dtype dx1
                                             int64_t cols) {
   float *scratch = NULL;
   if (dweight != NULL || dbias != NULL)
-    TRY(scratch_floats(&scratch, k_layernorm_backward_scratch_floats(rows, cols)));
+    TRY(cuda_scratch_floats(&scratch, k_layernorm_backward_scratch_floats(rows, cols)));
   if (mean != NULL)
     LAUNCH(k_layernorm_backward(dx, dx16, (int)dx16_dtype, dweight, dbias, dy, residual, src,
                                 weight, mean, rstd, rows, cols, scratch, cuda_rt.compute));
@@ -453,196 +435,6 @@ static l2l_status cuda_cross_entropy_fused(float *losses, float *dlogits, void *
   LAUNCH(k_cross_entropy_fused(losses, dlogits, dlogits16, (int)dlogits16_dtype, logits, targets,
                                ignore_index, scale, rows, vocab, ld, cuda_rt.compute));
   return L2L_OK;
-}
-
-/* ---------------------------------------------------------------- attention */
-
-/* The launchers take no per-thread workspace: the backward's row terms D = do . o go to
-   the backend's scratch. */
-static int64_t cuda_attention_workspace(const struct backend_attention_shape *sh, int backward) {
-  (void)sh, (void)backward;
-  return 0;
-}
-
-/* The own kernels read and write an f32 o, read f32 q, k, v and write f32 dq, dk, dv:
-   16-bit ones go through fp32 rows in the scratch (their row strides; rounded up to 64
-   floats), cast there or back. Three tensors interleaved in one buffer (k and v a
-   head-rows' width after q, as the block keeps q, k, v and dq, dk, dv) are cast in one
-   kernel and take one region. */
-static int64_t up64(int64_t floats) { return (floats + 63) / 64 * 64; }
-static int64_t o_rows_floats(const struct backend_attention_shape *sh) {
-  return sh->o_dtype == L2L_F32 ? 0 : up64(sh->batch * sh->seq * sh->ld_o);
-}
-static bool qkv_interleaved(const void *q, const void *k, const void *v,
-                            const struct backend_attention_shape *sh) {
-  const int64_t w = sh->heads * sh->head_dim * 2;
-  return (const char *)k - (const char *)q == w && (const char *)v - (const char *)k == w &&
-         sh->ld_qkv >= 3 * sh->heads * sh->head_dim;
-}
-/* Scratch floats for the fp32 rows of three tensors x[3] of q, k, v's layout, when
-   dtype is 16-bit (else none). */
-static int64_t qkv_rows_floats(l2l_dtype dtype, const void *const x[3],
-                               const struct backend_attention_shape *sh) {
-  if (dtype == L2L_F32) return 0;
-  return (qkv_interleaved(x[0], x[1], x[2], sh) ? 1 : 3) * up64(sh->batch * sh->seq * sh->ld_qkv);
-}
-/* rows[i] := where x[i]'s fp32 rows lie in the scratch from `at`. */
-static void qkv_rows(float *rows[3], float *at, const void *const x[3],
-                     const struct backend_attention_shape *sh) {
-  const bool one = qkv_interleaved(x[0], x[1], x[2], sh);
-  const int64_t w = sh->heads * sh->head_dim, region = up64(sh->batch * sh->seq * sh->ld_qkv);
-  for (int i = 0; i < 3; i++) rows[i] = at + i * (one ? w : region);
-}
-/* The three 16-bit tensors x (dtype) widened into their rows, or (back) rounded from them. */
-static l2l_status qkv_cast(float *const rows[3], const void *const x[3], l2l_dtype dtype,
-                           bool back, const struct backend_attention_shape *sh) {
-  const int64_t n = sh->batch * sh->seq, w = sh->heads * sh->head_dim, ld = sh->ld_qkv;
-  const bool one = qkv_interleaved(x[0], x[1], x[2], sh);
-  for (int i = 0; i < (one ? 1 : 3); i++) {
-    const int64_t cols = one ? 3 * w : w;
-    if (back)
-      LAUNCH(k_cast_rows((void *)x[i], (int)dtype, ld, rows[i], DT_F32, ld, n, cols, cuda_rt.compute));
-    else
-      LAUNCH(k_cast_rows(rows[i], DT_F32, ld, x[i], (int)dtype, ld, n, cols, cuda_rt.compute));
-  }
-  return L2L_OK;
-}
-/* q32 := fp32 q, k, v for the own kernels: the tensors themselves, or widened at `at`. */
-static l2l_status qkv_widened(float *q32[3], float *at, const void *const qkv[3],
-                              const struct backend_attention_shape *sh) {
-  for (int i = 0; i < 3; i++) q32[i] = (float *)qkv[i];
-  if (sh->qkv_dtype == L2L_F32) return L2L_OK;
-  qkv_rows(q32, at, qkv, sh);
-  return qkv_cast(q32, qkv, sh->qkv_dtype, false, sh);
-}
-static l2l_status o_cast(void *dst, int dst_dtype, const void *src, int src_dtype,
-                         const struct backend_attention_shape *sh) {
-  LAUNCH(k_cast_rows(dst, dst_dtype, sh->ld_o, src, src_dtype, sh->ld_o, sh->batch * sh->seq,
-                     sh->heads * sh->head_dim, cuda_rt.compute));
-  return L2L_OK;
-}
-
-/* The calls cudnn_routes accepts run through cuDNN (cudnn_sdpa.c), forward and
-   backward alike, with the scratch (256-byte aligned) for their 16-bit copies and cuDNN's
-   workspace; the work they queue counts as cudnn_sdpa_launches says (casts, copies, a
-   memset, cuDNN's plan). Where the scratch cannot grow that far (the device pool's budget),
-   the call runs on the own kernels instead (*ran stays false): their lse is cuDNN's stats,
-   so a forward and a backward that took different paths still agree. Called with
-   cuda_rt.lock held. */
-
-static l2l_status cudnn_scratch(void **out, const struct backend_attention_shape *sh,
-                                const struct sdpa_call *c, int backward) {
-  float *floats = NULL;
-  uint64_t bytes = cudnn_sdpa_scratch_bytes(sh, c, backward) + 256;
-  TRY(scratch_floats(&floats, (int64_t)((bytes + sizeof(float) - 1) / sizeof(float))));
-  *out = (void *)(((uintptr_t)floats + 255) & ~(uintptr_t)255);
-  return L2L_OK;
-}
-
-static l2l_status attention_forward_cudnn(bool *ran, void *o, float *lse, const void *q,
-                                          const void *k, const void *v,
-                                          const struct backend_attention_shape *sh) {
-  void *scratch = NULL;
-  const struct sdpa_call c = {q, k, v, o, NULL, NULL, NULL};
-  l2l_status st = cudnn_scratch(&scratch, sh, &c, 0);
-  if (st == L2L_ERR_NOMEM) return L2L_OK;
-  TRY(st);
-  *ran = true;
-  for (int i = 0; i < cudnn_sdpa_launches(sh, &c, 0); i++) launched();
-  return cudnn_sdpa_forward(o, lse, q, k, v, sh, scratch);
-}
-
-static l2l_status attention_forward_locked(void *o, float *lse, float *probs, float *dropped,
-                                           uint8_t *mask, const void *q, const void *k,
-                                           const void *v, const uint8_t *key_mask,
-                                           const struct backend_attention_shape *sh) {
-  float *scratch = NULL, *o32 = (float *)o, *q32[3];
-  const void *qkv[3] = {q, k, v};
-  TRY(scratch_floats(&scratch, o_rows_floats(sh) + qkv_rows_floats(sh->qkv_dtype, qkv, sh)));
-  if (sh->o_dtype != L2L_F32) o32 = scratch;
-  TRY(qkv_widened(q32, scratch + o_rows_floats(sh), qkv, sh));
-  LAUNCH(k_attention_forward(o32, lse, probs, dropped, mask, q32[0], q32[1], q32[2], key_mask, sh->batch,
-                             sh->heads, sh->seq, sh->head_dim, sh->ld_qkv, sh->ld_o,
-                             sh->causal, sh->scale, sh->dropout,
-                             backend_keep_threshold(sh->dropout), sh->seed, sh->stream,
-                             sh->first_sample, (int)sh->precision, NULL, cuda_rt.compute));
-  return sh->o_dtype == L2L_F32 ? L2L_OK : o_cast(o, (int)sh->o_dtype, o32, DT_F32, sh);
-}
-
-static l2l_status cuda_attention_forward(void *o, float *lse, float *probs, float *dropped,
-                                         uint8_t *mask, const void *q, const void *k,
-                                         const void *v, const uint8_t *key_mask,
-                                         const struct backend_attention_shape *sh, float *workspace,
-                                         int64_t workspace_floats) {
-  (void)workspace, (void)workspace_floats;
-  if (cudnn_routes(sh, probs, dropped, mask, key_mask)) {
-    bool ran = false;
-    pthread_mutex_lock(&cuda_rt.lock);
-    l2l_status st = attention_forward_cudnn(&ran, o, lse, q, k, v, sh);
-    pthread_mutex_unlock(&cuda_rt.lock);
-    if (ran || st != L2L_OK) return st;
-  }
-  WITH_SCRATCH(attention_forward_locked(o, lse, probs, dropped, mask, q, k, v, key_mask, sh));
-}
-
-static l2l_status attention_backward_locked(void *dq, void *dk, void *dv, const float *d_o,
-                                            const void *o, const float *lse, const float *probs,
-                                            const float *dropped, const uint8_t *mask,
-                                            const void *q, const void *k, const void *v,
-                                            const uint8_t *key_mask,
-                                            const struct backend_attention_shape *sh) {
-  float *scratch = NULL, *q32[3], *g32[3] = {dq, dk, dv};
-  const void *qkv[3] = {q, k, v}, *dqkv[3] = {dq, dk, dv};
-  const int64_t own = up64(k_attention_scratch_floats(sh->batch, sh->heads, sh->seq, 1));
-  const int64_t at_qkv = own + o_rows_floats(sh), at_dqkv = at_qkv + qkv_rows_floats(sh->qkv_dtype, qkv, sh);
-  TRY(scratch_floats(&scratch, at_dqkv + qkv_rows_floats(sh->dqkv_dtype, dqkv, sh)));
-  const float *o32 = (const float *)o;
-  if (sh->o_dtype != L2L_F32) {   /* widened into the scratch past the kernels' own part */
-    TRY(o_cast(scratch + own, DT_F32, o, (int)sh->o_dtype, sh));
-    o32 = scratch + own;
-  }
-  TRY(qkv_widened(q32, scratch + at_qkv, qkv, sh));
-  if (sh->dqkv_dtype != L2L_F32) qkv_rows(g32, scratch + at_dqkv, dqkv, sh);
-  LAUNCH(k_attention_backward(g32[0], g32[1], g32[2], d_o, o32, lse, probs, dropped, mask,
-                              q32[0], q32[1], q32[2], key_mask, sh->batch, sh->heads, sh->seq,
-                              sh->head_dim, sh->ld_qkv, sh->ld_o, sh->causal, sh->scale,
-                              sh->dropout, backend_keep_threshold(sh->dropout), sh->seed,
-                              sh->stream, sh->first_sample, (int)sh->precision, scratch,
-                              cuda_rt.compute));
-  return sh->dqkv_dtype == L2L_F32 ? L2L_OK : qkv_cast(g32, dqkv, sh->dqkv_dtype, true, sh);
-}
-
-static l2l_status attention_backward_cudnn(bool *ran, void *dq, void *dk, void *dv,
-                                           const float *d_o, const void *o, const float *lse,
-                                           const void *q, const void *k, const void *v,
-                                           const struct backend_attention_shape *sh) {
-  void *scratch = NULL;
-  const struct sdpa_call c = {q, k, v, o, dq, dk, dv};
-  l2l_status st = cudnn_scratch(&scratch, sh, &c, 1);
-  if (st == L2L_ERR_NOMEM) return L2L_OK;
-  TRY(st);
-  *ran = true;
-  for (int i = 0; i < cudnn_sdpa_launches(sh, &c, 1); i++) launched();
-  return cudnn_sdpa_backward(dq, dk, dv, d_o, o, lse, q, k, v, sh, scratch);
-}
-
-static l2l_status cuda_attention_backward(void *dq, void *dk, void *dv, const float *d_o,
-                                          const void *o, const float *lse, const float *probs,
-                                          const float *dropped, const uint8_t *mask,
-                                          const void *q, const void *k, const void *v,
-                                          const uint8_t *key_mask,
-                                          const struct backend_attention_shape *sh,
-                                          float *workspace, int64_t workspace_floats) {
-  (void)workspace, (void)workspace_floats;
-  if (cudnn_routes(sh, probs, dropped, mask, key_mask)) {
-    bool ran = false;
-    pthread_mutex_lock(&cuda_rt.lock);
-    l2l_status st = attention_backward_cudnn(&ran, dq, dk, dv, d_o, o, lse, q, k, v, sh);
-    pthread_mutex_unlock(&cuda_rt.lock);
-    if (ran || st != L2L_OK) return st;
-  }
-  WITH_SCRATCH(attention_backward_locked(dq, dk, dv, d_o, o, lse, probs, dropped, mask, q, k, v,
-                                         key_mask, sh));
 }
 
 /* ---------------------------------------------------------------- results for the host */

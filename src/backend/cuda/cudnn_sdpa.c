@@ -19,7 +19,8 @@
  * their rows' stride (a cache entry of their own) where aligned and planned, else copied
  * packed. dQ, dK, dV likewise: cast back to f32, or in 16 bits written in place by the
  * graphs that read q, k, v in place (with the same stride), else copied from packed ones.
- * dO is cast (the projection's GEMM writes it in f32).
+ * dO likewise: cast from f32, or in 16 bits read in place where packed and aligned (the
+ * projection's GEMM writes it so), else copied packed.
  * Must never: be taken for dropout, a key mask, f32 products, kept probabilities, or a
  * graph cuDNN refuses on the device (the own kernels serve those).
  */
@@ -76,7 +77,7 @@ int cudnn_sdpa_launches(const struct backend_attention_shape *sh, const struct s
   (void)sh, (void)c, (void)backward;
   return 0;
 }
-l2l_status cudnn_sdpa_backward(void *dq, void *dk, void *dv, const float *d_o, const void *o,
+l2l_status cudnn_sdpa_backward(void *dq, void *dk, void *dv, const void *d_o, const void *o,
                                const float *lse, const void *q, const void *k, const void *v,
                                const struct backend_attention_shape *sh, void *scratch) {
   (void)dq, (void)dk, (void)dv, (void)d_o, (void)o, (void)lse, (void)q, (void)k, (void)v;
@@ -187,6 +188,7 @@ static bool covered(const struct backend_attention_shape *sh, const void *probs,
   if (sh->o_dtype != L2L_F32 && sh->o_dtype != sh->precision) return false;
   if (sh->qkv_dtype != L2L_F32 && sh->qkv_dtype != sh->precision) return false;
   if (sh->dqkv_dtype != L2L_F32 && sh->dqkv_dtype != sh->precision) return false;
+  if (sh->do_dtype != L2L_F32 && sh->do_dtype != sh->precision) return false;
   /* before 9.16 the backward needed a padding mask when S is not a multiple of 128
      (cudnn-frontend adds one); l2l's graphs have none */
   if (cudnn_loaded_version() <= 91500 && sh->seq % 128 != 0) return false;
@@ -279,10 +281,13 @@ uint64_t cudnn_sdpa_scratch_bytes(const struct backend_attention_shape *sh,
                          sh->heads * sh->head_dim, cuda_rt.compute));                  \
   } while (0)
 
-/* An o of the graph's own 16 bits is its O (or dO's partner) where it is packed and
-   aligned: no copy. */
+/* An o (or do) of the graph's own 16 bits is its O (dO) where it is packed and aligned: no
+   copy. */
+static bool packed16(const void *x, l2l_dtype dtype, const struct backend_attention_shape *sh) {
+  return dtype != L2L_F32 && sh->ld_o == sh->heads * sh->head_dim && aligned16(x);
+}
 static bool o_is_packed16(const void *o, const struct backend_attention_shape *sh) {
-  return sh->o_dtype != L2L_F32 && sh->ld_o == sh->heads * sh->head_dim && aligned16(o);
+  return packed16(o, sh->o_dtype, sh);
 }
 
 /* dst (16 bits, row stride dst_ld) := src (the same dtype, src_ld), rows of the heads. */
@@ -304,13 +309,14 @@ static l2l_status execute(struct sdpa_graph *g, const int64_t *uids, void **ptrs
 }
 
 /* Forward: q, k, v cast or copied unless in place, the plan, o cast or copied unless in
-   place; backward: the same for q, k, v and o, dO cast, dQ's accumulator zeroed, the plan,
-   dQ, dK, dV cast or copied back unless in place. */
+   place; backward: the same for q, k, v and o, dO cast or copied unless in place, dQ's
+   accumulator zeroed, the plan, dQ, dK, dV cast or copied back unless in place. */
 int cudnn_sdpa_launches(const struct backend_attention_shape *sh, const struct sdpa_call *c,
                         int backward) {
   struct route r = route_of(sh, c);
   int for_qkv = r.qkv_in_place ? 0 : 3, for_o = o_is_packed16(c->o, sh) ? 0 : 1;
-  return for_qkv + for_o + 1 + (backward ? 1 + 1 + (r.dq_in_place ? 0 : 3) : 0);
+  int for_do = packed16(c->d_o, sh->do_dtype, sh) ? 0 : 1;
+  return for_qkv + for_o + 1 + (backward ? for_do + 1 + (r.dq_in_place ? 0 : 3) : 0);
 }
 
 /* q16, k16, v16 (packed in the scratch) from q, k, v: cast from f32, or copied from 16 bits. */
@@ -331,7 +337,7 @@ static l2l_status qkv_packed(void *q16, void *k16, void *v16, const void *q, con
 
 l2l_status cudnn_sdpa_forward(void *o, float *lse, const void *q, const void *k, const void *v,
                               const struct backend_attention_shape *sh, void *scratch) {
-  const struct sdpa_call c = {q, k, v, o, NULL, NULL, NULL};
+  const struct sdpa_call c = {q, k, v, o, NULL, NULL, NULL, NULL};
   struct route r = route_of(sh, &c);
   if (!r.e->usable) return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
   const int t = (int)sh->precision;
@@ -355,17 +361,18 @@ l2l_status cudnn_sdpa_forward(void *o, float *lse, const void *q, const void *k,
   return L2L_OK;
 }
 
-l2l_status cudnn_sdpa_backward(void *dq, void *dk, void *dv, const float *d_o, const void *o,
+l2l_status cudnn_sdpa_backward(void *dq, void *dk, void *dv, const void *d_o, const void *o,
                                const float *lse, const void *q, const void *k, const void *v,
                                const struct backend_attention_shape *sh, void *scratch) {
-  const struct sdpa_call c = {q, k, v, o, dq, dk, dv};
+  const struct sdpa_call c = {q, k, v, o, d_o, dq, dk, dv};
   struct route r = route_of(sh, &c);
   if (!r.e->usable) return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
   const int t = (int)sh->precision;
   const int64_t hd = sh->heads * sh->head_dim;
   uint64_t hb = half_bytes(sh), rows = (uint64_t)sh->batch * sh->heads * sh->seq;
   char *s = scratch;
-  void *q16 = s, *k16 = s + hb, *v16 = s + 2 * hb, *do16 = s + 4 * hb;
+  void *q16 = s, *k16 = s + hb, *v16 = s + 2 * hb;
+  void *do16 = packed16(d_o, sh->do_dtype, sh) ? (void *)d_o : s + 4 * hb;
   void *o16 = o_is_packed16(o, sh) ? (void *)o : s + 3 * hb;
   void *dq16 = s + 5 * hb, *dk16 = s + 6 * hb, *dv16 = s + 7 * hb;
   void *dsum = s + 8 * hb, *dq_acc = s + 8 * hb + up256(rows * 4);
@@ -378,7 +385,8 @@ l2l_status cudnn_sdpa_backward(void *dq, void *dk, void *dv, const float *d_o, c
   if (r.dq_in_place) dq16 = dq, dk16 = dk, dv16 = dv;
   if (sh->o_dtype == L2L_F32) CAST(o16, t, hd, o, DT_F32, sh->ld_o);
   else if (o16 != o) TRY(copy_rows16(o16, hd, o, sh->ld_o, sh));
-  CAST(do16, t, hd, d_o, DT_F32, sh->ld_o);
+  if (sh->do_dtype == L2L_F32) CAST(do16, t, hd, d_o, DT_F32, sh->ld_o);
+  else if (do16 != d_o) TRY(copy_rows16(do16, hd, d_o, sh->ld_o, sh));
   CUDA_TRY(cudaMemsetAsync(dq_acc, 0, rows * sh->head_dim * 4, cuda_rt.compute));
   float scale = sh->scale, hidden = sdpa_hidden_value(), one = 1.0f;
   int64_t uids[] = {SDPA_Q,  SDPA_K,  SDPA_V,  SDPA_O,   SDPA_STATS, SDPA_SCALE, SDPA_ONE,

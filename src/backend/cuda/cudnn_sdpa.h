@@ -44,7 +44,7 @@ CUDA_INTERNAL int cudnn_loaded_version(void);
    dv NULL): which of them cuDNN reads or writes in place follows from their dtypes and
    alignment. */
 struct sdpa_call {
-  const void *q, *k, *v, *o;
+  const void *q, *k, *v, *o, *d_o;
   void *dq, *dk, *dv;
 };
 
@@ -62,7 +62,7 @@ CUDA_INTERNAL l2l_status cudnn_sdpa_forward(void *o, float *lse, const void *q, 
    backward of this call queues, for the backend's count. */
 CUDA_INTERNAL int cudnn_sdpa_launches(const struct backend_attention_shape *sh,
                                       const struct sdpa_call *c, int backward);
-CUDA_INTERNAL l2l_status cudnn_sdpa_backward(void *dq, void *dk, void *dv, const float *d_o,
+CUDA_INTERNAL l2l_status cudnn_sdpa_backward(void *dq, void *dk, void *dv, const void *d_o,
                                              const void *o, const float *lse, const void *q,
                                              const void *k, const void *v,
                                              const struct backend_attention_shape *sh, void *scratch);

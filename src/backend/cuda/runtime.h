@@ -94,6 +94,48 @@ CUDA_INTERNAL l2l_status cublas_error(cublasStatus_t err, const char *file, int 
       return cublas_error(cublas_err_, __FILE__, __LINE__, #call);              \
   } while (0)
 
+/* ---- what the ops table's files share (cuda_ops.c defines them; attention_ops.c uses them) */
+
+/* One more kernel or library call queued, for the profile's count. */
+CUDA_INTERNAL void cuda_launched(void);
+/* `floats` of the backend's scratch past its result and reduction parts (called with
+   cuda_rt.lock held). */
+CUDA_INTERNAL l2l_status cuda_scratch_floats(float **out, int64_t floats);
+
+/* A kernel's launcher call: counted, its cudaError_t turned into a status. */
+#define LAUNCH(call)       \
+  do {                     \
+    cuda_launched();       \
+    CUDA_TRY(call);        \
+  } while (0)
+
+/* Returns `call` (an op body that uses the scratch), run with cuda_rt.lock held. */
+#define WITH_SCRATCH(call)                   \
+  do {                                       \
+    pthread_mutex_lock(&cuda_rt.lock);       \
+    l2l_status locked_status_ = (call);      \
+    pthread_mutex_unlock(&cuda_rt.lock);     \
+    return locked_status_;                   \
+  } while (0)
+
+/* The ops table's attention entries (attention_ops.c). */
+CUDA_INTERNAL int64_t cuda_attention_workspace(const struct backend_attention_shape *sh,
+                                               int backward);
+CUDA_INTERNAL l2l_status cuda_attention_forward(void *o, float *lse, float *probs,
+                                                float *dropped, uint8_t *mask, const void *q,
+                                                const void *k, const void *v,
+                                                const uint8_t *key_mask,
+                                                const struct backend_attention_shape *sh,
+                                                float *workspace, int64_t workspace_floats);
+CUDA_INTERNAL l2l_status cuda_attention_backward(void *dq, void *dk, void *dv, const void *d_o,
+                                                 const void *o, const float *lse,
+                                                 const float *probs, const float *dropped,
+                                                 const uint8_t *mask, const void *q,
+                                                 const void *k, const void *v,
+                                                 const uint8_t *key_mask,
+                                                 const struct backend_attention_shape *sh,
+                                                 float *workspace, int64_t workspace_floats);
+
 /* L2L_ERR_UNSUPPORTED with the reason when CUDA cannot run here. */
 CUDA_INTERNAL l2l_status cuda_need_runtime(void);
 /* A scratch of at least `bytes` (called with cuda_rt.lock held): the old one goes back to
