@@ -85,8 +85,9 @@ l2l_status layers_linear_backward(const struct layer_call *call, float *dx, void
                                   float *db, const float *dy, const void *dy16, struct act x,
                                   struct weight w, int64_t n, int64_t in, int64_t out,
                                   float dx_beta) {
-  if (dx16 != NULL && dx_beta != 0.0f)   /* (a kind's bug: a 16-bit dx is written, not added to) */
-    return core_fail(L2L_ERR_STATE, "a 16-bit dx cannot accumulate");
+  if (dx16 != NULL && (dx_beta != 0.0f || dx == NULL))   /* (a kind's bug: a 16-bit dx is
+                                                             written, not added to, beside dx) */
+    return core_fail(L2L_ERR_STATE, "a 16-bit dx needs dx (its work) and cannot accumulate");
   const struct backend_ops *ops = call->ops;
   /* dw accumulates in f32 from x and dy rounded like the weight (both 16-bit, or both f32) */
   const void *xr = NULL, *dyr = NULL;
