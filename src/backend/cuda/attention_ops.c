@@ -110,7 +110,7 @@ static l2l_status attention_forward_cudnn(bool *ran, void *o, float *lse, const 
                                           const void *k, const void *v,
                                           const struct backend_attention_shape *sh) {
   void *scratch = NULL;
-  const struct sdpa_call c = {q, k, v, o, NULL, NULL, NULL, NULL};
+  const struct sdpa_call c = {q, k, v, o, NULL, NULL, NULL, NULL, lse};
   l2l_status st = cudnn_scratch(&scratch, sh, &c, 0);
   if (st == L2L_ERR_NOMEM) return L2L_OK;
   TRY(st);
@@ -189,7 +189,7 @@ static l2l_status attention_backward_cudnn(bool *ran, void *dq, void *dk, void *
                                            const void *q, const void *k, const void *v,
                                            const struct backend_attention_shape *sh) {
   void *scratch = NULL;
-  const struct sdpa_call c = {q, k, v, o, d_o, dq, dk, dv};
+  const struct sdpa_call c = {q, k, v, o, d_o, dq, dk, dv, lse};
   l2l_status st = cudnn_scratch(&scratch, sh, &c, 1);
   if (st == L2L_ERR_NOMEM) return L2L_OK;
   TRY(st);

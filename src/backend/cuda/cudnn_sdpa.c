@@ -205,14 +205,18 @@ static struct backend_attention_shape packed_of(const struct backend_attention_s
   return p;
 }
 
+/* (With cuda_rt.lock, as every run holds it from its route to its last launch: an entry
+   this lookup evicts is no other thread's running one.) */
 bool cudnn_routes(const struct backend_attention_shape *sh, const void *probs,
                   const void *dropped, const void *mask, const void *key_mask) {
   if (!atomic_load(&enabled) || !cudnn_loaded() || !covered(sh, probs, dropped, mask, key_mask))
     return false;
   struct backend_attention_shape packed = packed_of(sh);
+  pthread_mutex_lock(&cuda_rt.lock);
   pthread_mutex_lock(&cache_lock);
   bool usable = entry_for(&packed)->usable;
   pthread_mutex_unlock(&cache_lock);
+  pthread_mutex_unlock(&cuda_rt.lock);
   return usable;
 }
 
@@ -310,13 +314,14 @@ static l2l_status execute(struct sdpa_graph *g, const int64_t *uids, void **ptrs
 
 /* Forward: q, k, v cast or copied unless in place, the plan, o cast or copied unless in
    place; backward: the same for q, k, v and o, dO cast or copied unless in place, dQ's
-   accumulator zeroed, the plan, dQ, dK, dV cast or copied back unless in place. */
+   accumulator zeroed, the plan, dQ, dK, dV cast or copied back unless in place; either
+   way the stats copied where lse is not 16-byte aligned. */
 int cudnn_sdpa_launches(const struct backend_attention_shape *sh, const struct sdpa_call *c,
                         int backward) {
   struct route r = route_of(sh, c);
   int for_qkv = r.qkv_in_place ? 0 : 3, for_o = o_is_packed16(c->o, sh) ? 0 : 1;
-  int for_do = packed16(c->d_o, sh->do_dtype, sh) ? 0 : 1;
-  return for_qkv + for_o + 1 + (backward ? for_do + 1 + (r.dq_in_place ? 0 : 3) : 0);
+  int for_do = packed16(c->d_o, sh->do_dtype, sh) ? 0 : 1, for_lse = aligned16(c->lse) ? 0 : 1;
+  return for_qkv + for_o + 1 + for_lse + (backward ? for_do + 1 + (r.dq_in_place ? 0 : 3) : 0);
 }
 
 /* q16, k16, v16 (packed in the scratch) from q, k, v: cast from f32, or copied from 16 bits. */
@@ -337,7 +342,7 @@ static l2l_status qkv_packed(void *q16, void *k16, void *v16, const void *q, con
 
 l2l_status cudnn_sdpa_forward(void *o, float *lse, const void *q, const void *k, const void *v,
                               const struct backend_attention_shape *sh, void *scratch) {
-  const struct sdpa_call c = {q, k, v, o, NULL, NULL, NULL, NULL};
+  const struct sdpa_call c = {q, k, v, o, NULL, NULL, NULL, NULL, lse};
   struct route r = route_of(sh, &c);
   if (!r.e->usable) return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
   const int t = (int)sh->precision;
@@ -364,7 +369,7 @@ l2l_status cudnn_sdpa_forward(void *o, float *lse, const void *q, const void *k,
 l2l_status cudnn_sdpa_backward(void *dq, void *dk, void *dv, const void *d_o, const void *o,
                                const float *lse, const void *q, const void *k, const void *v,
                                const struct backend_attention_shape *sh, void *scratch) {
-  const struct sdpa_call c = {q, k, v, o, d_o, dq, dk, dv};
+  const struct sdpa_call c = {q, k, v, o, d_o, dq, dk, dv, lse};
   struct route r = route_of(sh, &c);
   if (!r.e->usable) return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
   const int t = (int)sh->precision;

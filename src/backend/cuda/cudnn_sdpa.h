@@ -46,6 +46,7 @@ CUDA_INTERNAL int cudnn_loaded_version(void);
 struct sdpa_call {
   const void *q, *k, *v, *o, *d_o;
   void *dq, *dk, *dv;
+  const float *lse;
 };
 
 /* Bytes of scratch cudnn_sdpa_forward (backward = 0) or _backward needs for this call;
