@@ -156,18 +156,28 @@ static void gpu_case(int64_t head_dim, int causal, l2l_dtype precision) {
            l2l_dtype_name(precision));
   bool routed = cudnn_routes(&sh, NULL, NULL, NULL, NULL);
   /* cuDNN 9 runs head dims 64 and 128 in bf16 and f16 on compute capability 8.0 and newer
-     (before 9.16, only with S a multiple of 128 here: no padding mask in l2l's graphs) */
-  bool expected = cudnn_probe(NULL, 0) > 91500 || sh.seq % 128 == 0;
+     (before 9.16, only with S a multiple of 128 here: no padding mask in l2l's graphs); a
+     dry run (the device pool on the CPU, no GPU) has no cuDNN to route to */
+  bool expected = cuda_probe(NULL, 0) && (cudnn_probe(NULL, 0) > 91500 || sh.seq % 128 == 0);
+  /* the device backend's workspace (the CUDA backend's: none; a dry run's CPU backend's) */
+  int64_t wf = 0;
+  for (int side = 0; side < 2; side++)
+    for (int backward = 0; backward < 2; backward++) {
+      int64_t need = ops->attention_workspace(side ? &ref : &sh, backward) * l2l_get_threads();
+      wf = need > wf ? need : wf;
+    }
+  l2l_tensor *work_t = wf > 0 ? NEW(L2L_POOL_DEVICE, L2L_F32, wf) : NULL;
+  float *work = work_t ? fdata(work_t) : NULL;
   CHECK(routed || !expected, "%s: cuDNN refused the graph on this GPU (its reason: stderr)", what);
   int64_t before = cudnn_runs();
   for (int side = 0; side < 2; side++) {
     const struct backend_attention_shape *s = side == 0 ? &sh : &ref;
     float *gp = fdata(g[side]);
     CHECK_OK(ops->attention_forward(fdata(o[side]), lse[side], NULL, NULL, NULL, q, q + D,
-                                    q + 2 * D, NULL, s, NULL, 0));
+                                    q + 2 * D, NULL, s, work, wf));
     CHECK_OK(ops->attention_backward(gp, gp + D, gp + 2 * D, fdata(d_o), fdata(o[side]),
                                      lse[side], NULL, NULL, NULL, q, q + D, q + 2 * D, NULL,
-                                     s, NULL, 0));
+                                     s, work, wf));
   }
   CHECK_OK(l2l_device_synchronize());
   CHECK(!routed || cudnn_runs() == before + 2, "%s: cuDNN ran %lld calls, want 2", what,
@@ -202,14 +212,14 @@ static void gpu_case(int64_t head_dim, int causal, l2l_dtype precision) {
   before = cudnn_runs();
   cudnn_enable(0);
   CHECK_OK(ops->attention_forward(fdata(o[1]), lse[1], NULL, NULL, NULL, q, q + D,
-                                  q + 2 * D, NULL, &sh, NULL, 0));
+                                  q + 2 * D, NULL, &sh, work, wf));
   cudnn_enable(1);
   CHECK_OK(l2l_device_synchronize());
   CHECK(cudnn_runs() == before, "%s: cuDNN ran while switched off", what);
   snprintf(label, sizeof label, "%s: o, own 16-bit kernels against cuDNN", what);
   close_to(label, o[1], o[0], N, D, D, 0, 2 * f * TOL_ATTN16_ELEMENT[ATTN_VALUES] + out,
            2 * f * TOL_ATTN16_NORM[ATTN_VALUES] + out);
-  FREE(hq, hd, qkv, d_o, o[0], o[1], lse_t[0], lse_t[1], g[0], g[1], hm, key_mask);
+  FREE(hq, hd, qkv, d_o, o[0], o[1], lse_t[0], lse_t[1], g[0], g[1], hm, key_mask, work_t);
 }
 
 TEST(cudnn_attention_against_own_kernels) {
@@ -417,7 +427,8 @@ TEST(cudnn_attention_reads_and_writes_16_bits) {
     attention_io16_check(L2L_POOL_DEVICE, i & 2 ? L2L_BF16 : L2L_F16, i & 1, false);
   }
   cudnn_enable(1);
-  if (l2l_cudnn_available(NULL, 0) > 91500)   /* (before 9.16: only S a multiple of 128) */
+  /* (before 9.16: only S a multiple of 128; a dry run has no GPU for cuDNN) */
+  if (cuda_probe(NULL, 0) && l2l_cudnn_available(NULL, 0) > 91500)
     CHECK(cudnn_runs() > before, "cuDNN is loaded but ran none of the frugal cases");
   end_gpu();
 }
