@@ -367,9 +367,9 @@ struct backend_ops {
                                   const void *v, const uint8_t *key_mask,
                                   const struct backend_attention_shape *shape, float *workspace,
                                   int64_t workspace_floats);
-  /* dq, dk, dv (same layout as q, k, v; written; of shape->dqkv_dtype) from do, given what
-     the forward kept (probs / dropped / mask, or NULL to recompute them from q, k, lse and
-     the generator). */
+  /* dq, dk, dv (same layout as q, k, v; written; of shape->dqkv_dtype) from do (o's layout,
+     of shape->do_dtype), given what the forward kept (probs / dropped / mask, or NULL to
+     recompute them from q, k, lse and the generator). */
   l2l_status (*attention_backward)(void *dq, void *dk, void *dv, const void *d_o,
                                    const void *o, const float *lse, const float *probs,
                                    const float *dropped, const uint8_t *mask, const void *q,
