@@ -198,6 +198,19 @@ static __host__ __device__ __forceinline__ float f16_to_f32(uint16_t x) {
   return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
 }
 
+/* Four floats rounded to dtype (DT_BF16, else DT_F16) as k_convert rounds, stored at p[0..3]:
+   one 8-byte store where p is 8-byte aligned (packed), else four. */
+static __device__ __forceinline__ void store_halves4(uint16_t *p, float x, float y, float z,
+                                                     float w, int dtype, bool packed) {
+  const uint32_t a = f32_to_16(x, dtype), b = f32_to_16(y, dtype);
+  const uint32_t c = f32_to_16(z, dtype), d = f32_to_16(w, dtype);
+  if (packed) {
+    *reinterpret_cast<uint2 *>(p) = make_uint2(a | b << 16, c | d << 16);
+  } else {
+    p[0] = (uint16_t)a, p[1] = (uint16_t)b, p[2] = (uint16_t)c, p[3] = (uint16_t)d;
+  }
+}
+
 /* cpu_convert's load_as_f32 / store_f32 for one dtype fixed at compile time. */
 template <int DT>
 static __device__ __forceinline__ float load_as_f32(const void *src, int64_t i) {

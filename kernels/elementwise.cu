@@ -59,12 +59,8 @@ __global__ void __launch_bounds__(L2L_THREADS)
     if (vectorized) {
       float4 v = load4(y, u), b = load4(bias, col);
       float4 s = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
-      if (HALF)
-        *reinterpret_cast<uint2 *>(y16 + 4 * u) =
-            make_uint2(f32_to_16(s.x, y16_dtype) | (uint32_t)f32_to_16(s.y, y16_dtype) << 16,
-                       f32_to_16(s.z, y16_dtype) | (uint32_t)f32_to_16(s.w, y16_dtype) << 16);
-      else
-        store4(y, u, s);
+      if (HALF) store_halves4(y16 + 4 * u, s.x, s.y, s.z, s.w, y16_dtype, true);
+      else store4(y, u, s);
     } else if (HALF) {
       y16[u] = f32_to_16(y[u] + bias[col], y16_dtype);
     } else {

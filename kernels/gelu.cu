@@ -40,15 +40,7 @@ struct GradOut {
   }
   __device__ void four(int64_t q, float4 v) const {
     if (dx) store4(dx, q, v);
-    if (dx16 == nullptr) return;
-    const uint32_t a = f32_to_16(v.x, dtype), b = f32_to_16(v.y, dtype);
-    const uint32_t c = f32_to_16(v.z, dtype), d = f32_to_16(v.w, dtype);
-    if (dx16_packed) {
-      *reinterpret_cast<uint2 *>(dx16 + 4 * q) = make_uint2(a | b << 16, c | d << 16);
-    } else {
-      dx16[4 * q] = (uint16_t)a, dx16[4 * q + 1] = (uint16_t)b;
-      dx16[4 * q + 2] = (uint16_t)c, dx16[4 * q + 3] = (uint16_t)d;
-    }
+    if (dx16) store_halves4(dx16 + 4 * q, v.x, v.y, v.z, v.w, dtype, dx16_packed);
   }
 };
 

@@ -447,15 +447,9 @@ __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK, CHUNKS <= (FROM_OUTPUT ?
         o[2] = __fadd_rn(o[2], r.z), o[3] = __fadd_rn(o[3], r.w);
       }
       reinterpret_cast<float4 *>(out.dx + off)[q] = make_float4(o[0], o[1], o[2], o[3]);
-      if (out.dx16) {   /* (rows of a multiple of 4 halves: 8-byte aligned where dx16 is) */
-        const uint32_t h0 = f32_to_16(o[0], out.dtype), h1 = f32_to_16(o[1], out.dtype);
-        const uint32_t h2 = f32_to_16(o[2], out.dtype), h3 = f32_to_16(o[3], out.dtype);
-        uint16_t *h = out.dx16 + off + 4 * q;
-        if (((uintptr_t)out.dx16 & 7) == 0)
-          *reinterpret_cast<uint2 *>(h) = make_uint2(h0 | h1 << 16, h2 | h3 << 16);
-        else
-          h[0] = (uint16_t)h0, h[1] = (uint16_t)h1, h[2] = (uint16_t)h2, h[3] = (uint16_t)h3;
-      }
+      if (out.dx16)   /* (rows of a multiple of 4 halves: 8-byte aligned where dx16 is) */
+        store_halves4(out.dx16 + off + 4 * q, o[0], o[1], o[2], o[3], out.dtype,
+                      ((uintptr_t)out.dx16 & 7) == 0);
     }
   }
 
