@@ -28,6 +28,17 @@ static void check_y16(const char *what, const l2l_tensor *y_dev, const l2l_tenso
   l2l_tensor_free(back);
 }
 
+/* The same for a 16-bit output written from `wide`'s element 1 on (an odd element: rows
+   that start off every alignment), n of them. */
+static void check_y16_at_odd(const char *what, const l2l_tensor *y_dev, const l2l_tensor *wide,
+                             int64_t n, l2l_dtype dtype) {
+  l2l_tensor *back = copied_to(wide, L2L_POOL_HOST), *y_back = copied_to(y_dev, L2L_POOL_HOST);
+  l2l_tensor *want = cast_on_host(y_back, dtype);
+  CHECK(memcmp((uint16_t *)l2l_tensor_data(back) + 1, l2l_tensor_data(want), (size_t)n * 2) == 0,
+        "%s: at an odd element, not y rounded (%s)", what, l2l_dtype_name(dtype));
+  l2l_tensor_free(back), l2l_tensor_free(y_back), l2l_tensor_free(want);
+}
+
 /* The fused ops' 16-bit outputs (LAYER_ACTS_16: the activation a 16-bit GEMM reads next;
    the logits' gradient), beside y and alone, for both 16-bit types, unaligned 16-bit rows
    included. */
@@ -122,11 +133,7 @@ TEST(cuda_backend_16bit_outputs) {
                  (long long)cols, l2l_dtype_name(dt));
         check_y16(what, y, h, dt);
         check_y16(what, y, h_alone, dt);
-        l2l_tensor *back = copied_to(odd16, L2L_POOL_HOST), *y_back = copied_to(y, L2L_POOL_HOST);
-        l2l_tensor *want = cast_on_host(y_back, dt);
-        CHECK(memcmp((uint16_t *)l2l_tensor_data(back) + 1, l2l_tensor_data(want), (size_t)n * 2) == 0,
-              "%s: dx16 alone at an odd element differs from dx rounded", what);
-        l2l_tensor_free(back), l2l_tensor_free(y_back), l2l_tensor_free(want);
+        check_y16_at_odd(what, y, odd16, n, dt);   /* (dx16 alone) */
         l2l_tensor_free(gy), l2l_tensor_free(gbits);
       }
       l2l_tensor_free(odd16);
@@ -158,12 +165,10 @@ TEST(cuda_backend_16bit_outputs) {
           CHECK_OK(dops->bias_add(fdata(x.d), odd, dt, fdata(b.d), rows, cols));
         }
         CHECK_OK(l2l_device_synchronize());
-        l2l_tensor *back = copied_to(wide, L2L_POOL_HOST), *y_back = copied_to(y, L2L_POOL_HOST);
-        l2l_tensor *want = cast_on_host(y_back, dt);
-        CHECK(memcmp((uint16_t *)l2l_tensor_data(back) + 1, l2l_tensor_data(want), (size_t)n * 2) == 0,
-              "%s %lldx%lld: y16 at an odd element differs from y rounded (%s)", odd_ops[op],
-              (long long)rows, (long long)cols, l2l_dtype_name(dt));
-        l2l_tensor_free(back), l2l_tensor_free(y_back), l2l_tensor_free(want), l2l_tensor_free(pre);
+        snprintf(what, sizeof what, "%s %lldx%lld y16", odd_ops[op], (long long)rows,
+                 (long long)cols);
+        check_y16_at_odd(what, y, wide, n, dt);
+        l2l_tensor_free(pre);
       }
       l2l_tensor_free(wide);
       l2l_tensor_free(y), l2l_tensor_free(sum), l2l_tensor_free(h), l2l_tensor_free(h_alone);
@@ -232,11 +237,7 @@ TEST(cuda_backend_layernorm_backward_residual_16bit) {
                form ? "layernorm_backward_from_output" : "layernorm_backward", (long long)rows,
                (long long)cols, l2l_dtype_name(dt));
       check_y16(what, dx.d, h, dt);
-      l2l_tensor *back = copied_to(wide, L2L_POOL_HOST), *dx_back = copied_to(dx.d, L2L_POOL_HOST);
-      l2l_tensor *want = cast_on_host(dx_back, dt);
-      CHECK(memcmp((uint16_t *)l2l_tensor_data(back) + 1, l2l_tensor_data(want), (size_t)n * 2) == 0,
-            "%s: at an odd element, not dx rounded", what);
-      l2l_tensor_free(back), l2l_tensor_free(dx_back), l2l_tensor_free(want);
+      check_y16_at_odd(what, dx.d, wide, n, dt);
       l2l_tensor_free(h), l2l_tensor_free(wide);
       TWIN_FREE(&x, &y, &w, &b, &mean, &rstd, &dy, &res, &dx, &dw, &db);
     }

@@ -97,12 +97,19 @@ static l2l_status o_cast(void *dst, int dst_dtype, const void *src, int src_dtyp
    so a forward and a backward that took different paths still agree. Called with
    cuda_rt.lock held. */
 
-static l2l_status cudnn_scratch(void **out, const struct backend_attention_shape *sh,
-                                const struct sdpa_call *c, int backward) {
+/* A cuDNN call's start: its scratch (*out) and the launches it queues counted, *ran true;
+   where the scratch cannot grow (L2L_ERR_NOMEM), nothing: *ran stays false. */
+static l2l_status cudnn_start(bool *ran, void **out, const struct backend_attention_shape *sh,
+                              const struct sdpa_call *c, int backward) {
   float *floats = NULL;
   uint64_t bytes = cudnn_sdpa_scratch_bytes(sh, c, backward) + 256;
-  TRY(cuda_scratch_floats(&floats, (int64_t)((bytes + sizeof(float) - 1) / sizeof(float))));
+  l2l_status st =
+      cuda_scratch_floats(&floats, (int64_t)((bytes + sizeof(float) - 1) / sizeof(float)));
+  if (st == L2L_ERR_NOMEM) return L2L_OK;
+  TRY(st);
   *out = (void *)(((uintptr_t)floats + 255) & ~(uintptr_t)255);
+  *ran = true;
+  for (int i = 0, n = cudnn_sdpa_launches(sh, c, backward); i < n; i++) cuda_launched();
   return L2L_OK;
 }
 
@@ -111,12 +118,8 @@ static l2l_status attention_forward_cudnn(bool *ran, void *o, float *lse, const 
                                           const struct backend_attention_shape *sh) {
   void *scratch = NULL;
   const struct sdpa_call c = {q, k, v, o, NULL, NULL, NULL, NULL, lse};
-  l2l_status st = cudnn_scratch(&scratch, sh, &c, 0);
-  if (st == L2L_ERR_NOMEM) return L2L_OK;
-  TRY(st);
-  *ran = true;
-  for (int i = 0; i < cudnn_sdpa_launches(sh, &c, 0); i++) cuda_launched();
-  return cudnn_sdpa_forward(o, lse, q, k, v, sh, scratch);
+  TRY(cudnn_start(ran, &scratch, sh, &c, 0));
+  return *ran ? cudnn_sdpa_forward(o, lse, q, k, v, sh, scratch) : L2L_OK;
 }
 
 static l2l_status attention_forward_locked(void *o, float *lse, float *probs, float *dropped,
@@ -137,10 +140,10 @@ static l2l_status attention_forward_locked(void *o, float *lse, float *probs, fl
 }
 
 l2l_status cuda_attention_forward(void *o, float *lse, float *probs, float *dropped,
-                                         uint8_t *mask, const void *q, const void *k,
-                                         const void *v, const uint8_t *key_mask,
-                                         const struct backend_attention_shape *sh, float *workspace,
-                                         int64_t workspace_floats) {
+                                  uint8_t *mask, const void *q, const void *k,
+                                  const void *v, const uint8_t *key_mask,
+                                  const struct backend_attention_shape *sh, float *workspace,
+                                  int64_t workspace_floats) {
   (void)workspace, (void)workspace_floats;
   if (cudnn_routes(sh, probs, dropped, mask, key_mask)) {
     bool ran = false;
@@ -190,21 +193,17 @@ static l2l_status attention_backward_cudnn(bool *ran, void *dq, void *dk, void *
                                            const struct backend_attention_shape *sh) {
   void *scratch = NULL;
   const struct sdpa_call c = {q, k, v, o, d_o, dq, dk, dv, lse};
-  l2l_status st = cudnn_scratch(&scratch, sh, &c, 1);
-  if (st == L2L_ERR_NOMEM) return L2L_OK;
-  TRY(st);
-  *ran = true;
-  for (int i = 0; i < cudnn_sdpa_launches(sh, &c, 1); i++) cuda_launched();
-  return cudnn_sdpa_backward(dq, dk, dv, d_o, o, lse, q, k, v, sh, scratch);
+  TRY(cudnn_start(ran, &scratch, sh, &c, 1));
+  return *ran ? cudnn_sdpa_backward(dq, dk, dv, d_o, o, lse, q, k, v, sh, scratch) : L2L_OK;
 }
 
 l2l_status cuda_attention_backward(void *dq, void *dk, void *dv, const void *d_o,
-                                          const void *o, const float *lse, const float *probs,
-                                          const float *dropped, const uint8_t *mask,
-                                          const void *q, const void *k, const void *v,
-                                          const uint8_t *key_mask,
-                                          const struct backend_attention_shape *sh,
-                                          float *workspace, int64_t workspace_floats) {
+                                   const void *o, const float *lse, const float *probs,
+                                   const float *dropped, const uint8_t *mask,
+                                   const void *q, const void *k, const void *v,
+                                   const uint8_t *key_mask,
+                                   const struct backend_attention_shape *sh,
+                                   float *workspace, int64_t workspace_floats) {
   (void)workspace, (void)workspace_floats;
   if (cudnn_routes(sh, probs, dropped, mask, key_mask)) {
     bool ran = false;

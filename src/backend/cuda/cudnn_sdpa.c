@@ -324,20 +324,32 @@ int cudnn_sdpa_launches(const struct backend_attention_shape *sh, const struct s
   return for_qkv + for_o + 1 + for_lse + (backward ? for_do + 1 + (r.dq_in_place ? 0 : 3) : 0);
 }
 
-/* q16, k16, v16 (packed in the scratch) from q, k, v: cast from f32, or copied from 16 bits. */
-static l2l_status qkv_packed(void *q16, void *k16, void *v16, const void *q, const void *k,
-                             const void *v, const struct backend_attention_shape *sh) {
+/* Between a caller's tensor x (dtype, rows ld apart) and the graph's packed 16-bit p: into
+   p (to_packed) or back into x, cast where x is f32, copied where it is 16-bit; nothing
+   where p is x itself (read or written in place). */
+static l2l_status packed_move(void *p, void *x, l2l_dtype dtype, int64_t ld, bool to_packed,
+                              const struct backend_attention_shape *sh) {
+  if (p == x) return L2L_OK;
   const int t = (int)sh->precision;
   const int64_t hd = sh->heads * sh->head_dim;
-  if (sh->qkv_dtype == L2L_F32) {
-    CAST(q16, t, hd, q, DT_F32, sh->ld_qkv);
-    CAST(k16, t, hd, k, DT_F32, sh->ld_qkv);
-    CAST(v16, t, hd, v, DT_F32, sh->ld_qkv);
-    return L2L_OK;
+  if (dtype == L2L_F32 && to_packed) CAST(p, t, hd, x, DT_F32, ld);
+  else if (dtype == L2L_F32) CAST(x, DT_F32, ld, p, t, hd);
+  else if (to_packed) TRY(copy_rows16(p, hd, x, ld, sh));
+  else TRY(copy_rows16(x, ld, p, hd, sh));
+  return L2L_OK;
+}
+
+/* q16, k16, v16 := q, k, v themselves where read in place, else their packed copies in the
+   scratch at `at` (three half_bytes). */
+static l2l_status qkv_packed(void *qkv16[3], char *at, const void *q, const void *k,
+                             const void *v, bool in_place,
+                             const struct backend_attention_shape *sh) {
+  const void *x[3] = {q, k, v};
+  for (int i = 0; i < 3; i++) {
+    qkv16[i] = in_place ? (void *)x[i] : at + (uint64_t)i * half_bytes(sh);
+    TRY(packed_move(qkv16[i], (void *)x[i], sh->qkv_dtype, sh->ld_qkv, true, sh));
   }
-  TRY(copy_rows16(q16, hd, q, sh->ld_qkv, sh));
-  TRY(copy_rows16(k16, hd, k, sh->ld_qkv, sh));
-  return copy_rows16(v16, hd, v, sh->ld_qkv, sh);
+  return L2L_OK;
 }
 
 l2l_status cudnn_sdpa_forward(void *o, float *lse, const void *q, const void *k, const void *v,
@@ -345,25 +357,20 @@ l2l_status cudnn_sdpa_forward(void *o, float *lse, const void *q, const void *k,
   const struct sdpa_call c = {q, k, v, o, NULL, NULL, NULL, NULL, lse};
   struct route r = route_of(sh, &c);
   if (!r.e->usable) return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
-  const int t = (int)sh->precision;
-  const int64_t hd = sh->heads * sh->head_dim;
   char *s = scratch;
   uint64_t hb = half_bytes(sh);
   uint64_t rows = (uint64_t)sh->batch * sh->heads * sh->seq;
-  void *q16 = s, *k16 = s + hb, *v16 = s + 2 * hb, *spare = s + 4 * hb;
+  void *qkv16[3], *spare = s + 4 * hb;
   void *o16 = o_is_packed16(o, sh) ? o : s + 3 * hb;
   void *ws = s + 4 * hb + up256(rows * 4), *stats = aligned16(lse) ? (void *)lse : spare;
-  if (r.qkv_in_place) q16 = (void *)q, k16 = (void *)k, v16 = (void *)v;
-  else TRY(qkv_packed(q16, k16, v16, q, k, v, sh));
+  TRY(qkv_packed(qkv16, s, q, k, v, r.qkv_in_place, sh));
   float scale = sh->scale, hidden = sdpa_hidden_value();
   int64_t uids[] = {SDPA_Q, SDPA_K, SDPA_V, SDPA_O, SDPA_STATS, SDPA_SCALE, SDPA_HIDDEN};
-  void *ptrs[] = {q16, k16, v16, o16, stats, &scale, &hidden};
+  void *ptrs[] = {qkv16[0], qkv16[1], qkv16[2], o16, stats, &scale, &hidden};
   TRY(execute(r.e->fwd, uids, ptrs, sh->causal ? 7 : 6, ws));   /* hidden: the mask's only */
   if (stats != lse)
     CUDA_TRY(cudaMemcpyAsync(lse, stats, rows * 4, cudaMemcpyDeviceToDevice, cuda_rt.compute));
-  if (sh->o_dtype == L2L_F32) CAST(o, DT_F32, sh->ld_o, o16, t, hd);
-  else if (o16 != o) TRY(copy_rows16(o, sh->ld_o, o16, hd, sh));
-  return L2L_OK;
+  return packed_move(o16, o, sh->o_dtype, sh->ld_o, false, sh);
 }
 
 l2l_status cudnn_sdpa_backward(void *dq, void *dk, void *dv, const void *d_o, const void *o,
@@ -372,38 +379,30 @@ l2l_status cudnn_sdpa_backward(void *dq, void *dk, void *dv, const void *d_o, co
   const struct sdpa_call c = {q, k, v, o, d_o, dq, dk, dv, lse};
   struct route r = route_of(sh, &c);
   if (!r.e->usable) return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
-  const int t = (int)sh->precision;
-  const int64_t hd = sh->heads * sh->head_dim;
   uint64_t hb = half_bytes(sh), rows = (uint64_t)sh->batch * sh->heads * sh->seq;
   char *s = scratch;
-  void *q16 = s, *k16 = s + hb, *v16 = s + 2 * hb;
+  void *qkv16[3];
   void *do16 = packed16(d_o, sh->do_dtype, sh) ? (void *)d_o : s + 4 * hb;
   void *o16 = o_is_packed16(o, sh) ? (void *)o : s + 3 * hb;
-  void *dq16 = s + 5 * hb, *dk16 = s + 6 * hb, *dv16 = s + 7 * hb;
+  void *g16[3] = {s + 5 * hb, s + 6 * hb, s + 7 * hb}, *grads[3] = {dq, dk, dv};
   void *dsum = s + 8 * hb, *dq_acc = s + 8 * hb + up256(rows * 4);
   void *spare = (char *)dq_acc + up256(rows * sh->head_dim * 4);
   void *ws = (char *)spare + up256(rows * 4), *stats = aligned16(lse) ? (void *)lse : spare;
   if (stats != lse)
     CUDA_TRY(cudaMemcpyAsync(stats, lse, rows * 4, cudaMemcpyDeviceToDevice, cuda_rt.compute));
-  if (r.qkv_in_place) q16 = (void *)q, k16 = (void *)k, v16 = (void *)v;
-  else TRY(qkv_packed(q16, k16, v16, q, k, v, sh));
-  if (r.dq_in_place) dq16 = dq, dk16 = dk, dv16 = dv;
-  if (sh->o_dtype == L2L_F32) CAST(o16, t, hd, o, DT_F32, sh->ld_o);
-  else if (o16 != o) TRY(copy_rows16(o16, hd, o, sh->ld_o, sh));
-  if (sh->do_dtype == L2L_F32) CAST(do16, t, hd, d_o, DT_F32, sh->ld_o);
-  else if (do16 != d_o) TRY(copy_rows16(do16, hd, d_o, sh->ld_o, sh));
+  TRY(qkv_packed(qkv16, s, q, k, v, r.qkv_in_place, sh));
+  if (r.dq_in_place) memcpy(g16, grads, sizeof g16);
+  TRY(packed_move(o16, (void *)o, sh->o_dtype, sh->ld_o, true, sh));
+  TRY(packed_move(do16, (void *)d_o, sh->do_dtype, sh->ld_o, true, sh));
   CUDA_TRY(cudaMemsetAsync(dq_acc, 0, rows * sh->head_dim * 4, cuda_rt.compute));
   float scale = sh->scale, hidden = sdpa_hidden_value(), one = 1.0f;
   int64_t uids[] = {SDPA_Q,  SDPA_K,  SDPA_V,  SDPA_O,   SDPA_STATS, SDPA_SCALE, SDPA_ONE,
                     SDPA_DO, SDPA_DQ, SDPA_DK, SDPA_DV, SDPA_DSUM,  SDPA_DQ_ACC, SDPA_HIDDEN};
-  void *ptrs[] = {q16, k16, v16, o16, stats, &scale, &one,
-                  do16, dq16, dk16, dv16, dsum, dq_acc, &hidden};
+  void *ptrs[] = {qkv16[0], qkv16[1], qkv16[2], o16, stats, &scale, &one,
+                  do16, g16[0], g16[1], g16[2], dsum, dq_acc, &hidden};
   TRY(execute(r.e->bwd, uids, ptrs, sh->causal ? 14 : 13, ws));
-  if (r.dq_in_place) return L2L_OK;
-  void *grads[3] = {dq, dk, dv}, *packed[3] = {dq16, dk16, dv16};
-  for (int i = 0; i < 3; i++)
-    if (sh->dqkv_dtype == L2L_F32) CAST(grads[i], DT_F32, sh->ld_qkv, packed[i], t, hd);
-    else TRY(copy_rows16(grads[i], sh->ld_qkv, packed[i], hd, sh));
+  for (int i = 0; i < 3; i++)   /* (nothing where written in place) */
+    TRY(packed_move(g16[i], grads[i], sh->dqkv_dtype, sh->ld_qkv, false, sh));
   return L2L_OK;
 }
 
