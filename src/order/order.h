@@ -70,6 +70,18 @@ void order_free(struct order *sc);
    (k >= 1); g[k][u], the gradient for it; the scratch output of a recomputing backward. */
 enum order_act { ORDER_X, ORDER_G, ORDER_SCRATCH };
 
+/* How a micro-batch of a host-stashed boundary waits for its next reader (stash_out's
+   `how`): on the host alone (its device copy freed once copied), on both (the next visit
+   reads the device copy, a later one the host's), or on the device alone (the next visit
+   is its last reader). */
+enum order_out { ORDER_OUT_HOST, ORDER_OUT_BOTH, ORDER_OUT_DEVICE };
+
+/* The micro-batches of a visit's output that stay on the device for the next visit, which
+   reads them first, of a step of nmb: both of two (the second is the visit's last output,
+   which the next visit would fetch at once), else the first alone (the next visit fetches
+   the rest one ahead of its use, under the compute of the one before). */
+static inline int64_t order_kept(int64_t nmb) { return nmb <= 2 ? nmb : 1; }
+
 /* The executor's acts, called in the step's order. Optional hooks may be NULL. */
 struct order_ops {
   /* Hooks: visit i is about to start (before its first inputs are brought in); micro-batch
@@ -82,13 +94,16 @@ struct order_ops {
   l2l_status (*visit_end)(void *ctx, int i, const struct order_visit *v, bool grads);
   /* a[k][u]: brought toward the device when only on the host; on the device (waiting for
      its copy); made new on the device (micro-batch u's rows); freed; its device copy freed
-     (a host stash stays); sent to a new host stash, its device tensor freed once copied. */
+     (a host stash stays; a copy to it still reading the device copy is waited for); sent
+     out as `how` says: to a new host stash, its device tensor freed once copied (HOST),
+     or kept too (BOTH), or not at all (DEVICE: the executor's step holds it as it is; the
+     walk calls it so that a timing of one micro-batch standing for many counts the rest). */
   l2l_status (*prefetch)(void *ctx, enum order_act a, int k, int64_t u);
   l2l_status (*on_device)(void *ctx, enum order_act a, int k, int64_t u);
   l2l_status (*make)(void *ctx, enum order_act a, int k, int64_t u);
   void (*free)(void *ctx, enum order_act a, int k, int64_t u);
-  void (*release_device)(void *ctx, enum order_act a, int k, int64_t u);
-  l2l_status (*stash_out)(void *ctx, enum order_act a, int k, int64_t u);
+  l2l_status (*release_device)(void *ctx, enum order_act a, int k, int64_t u);
+  l2l_status (*stash_out)(void *ctx, enum order_act a, int k, int64_t u, enum order_out how);
   /* Retires the oldest stash-outs until at most `keep` are in flight. */
   l2l_status (*throttle)(void *ctx, int keep);
   /* Micro-batch u's rows of the batch fields layer k's role reads, on the device (one
@@ -113,9 +128,11 @@ struct order_ops {
   l2l_status (*swap_in_wait)(void *ctx, int k, int64_t u);
 };
 
-/* order_walk(sc, nmb, ops, ctx): runs the step's visits over nmb micro-batches through
-   `ops` (a static const table: the walk is inline, walk.h), stopping at the first act that
-   fails (the executor frees what the step holds). */
+/* order_walk(sc, nmb, kept, ops, ctx): runs the step's visits over nmb micro-batches
+   through `ops` (a static const table: the walk is inline, walk.h), the first `kept` of a
+   visit's outputs staying on the device for the next visit (order_kept of the step's
+   micro-batches, which a timing walks fewer of), stopping at the first act that fails
+   (the executor frees what the step holds). */
 #include "order/walk.h"
 
 /* ---------------------------------------------------------------- device slots */

@@ -11,8 +11,11 @@
  * The walk is inline: each executor's copy calls its own acts directly, and the planner's
  * executors (thousands of replays, a few blocks counted per act) have them inlined too
  * (flatten): as calls through pointers the 800-layer plan took a quarter longer.
+ * A boundary the next visit reads first stays on the device for it (order_kept: the
+ * first micro-batch, or both of two), its host stash still written when a later visit
+ * reads it too: no visit fetches back what the one before it just made.
  * Must never: keep a saved state past its backward, a device input nobody reads again, or
- * more than two micro-batches of a host-stashed boundary on the device.
+ * more than two micro-batches of a host-stashed boundary on their way to the host.
  */
 #ifndef L2L_SCHEDULE_WALK_H
 #define L2L_SCHEDULE_WALK_H
@@ -23,8 +26,17 @@ struct order_walk_ {
   const struct order *sc;
   const struct order_ops *ops;
   void *ctx;
-  int64_t nmb;
+  int64_t nmb, kept;
 };
+
+/* How micro-batch u of a visit's output boundary waits, the boundary's policy being host:
+   the first `kept` stay on the device when the next visit reads the boundary (`next_reads`),
+   with a host stash only where a later visit reads it again (`reread`). */
+static inline enum order_out order_out_(const struct order_walk_ *w, int64_t u,
+                                        bool next_reads, bool reread) {
+  if (!next_reads || u >= w->kept) return ORDER_OUT_HOST;
+  return reread ? ORDER_OUT_BOTH : ORDER_OUT_DEVICE;
+}
 
 static inline void order_micro_batch_(const struct order_walk_ *w, int64_t u) {
   if (w->ops->micro_batch) w->ops->micro_batch(w->ctx, u);
@@ -32,7 +44,7 @@ static inline void order_micro_batch_(const struct order_walk_ *w, int64_t u) {
 
 /* Forward (or rebuild) of layer k over every micro-batch: x[k] -> x[k+1]. */
 static inline l2l_status order_visit_forward_(const struct order_walk_ *w, int k,
-                                              bool rebuild) {
+                                              bool rebuild, bool next_reads) {
   const struct order *sc = w->sc;
   const struct order_ops *op = w->ops;
   const struct order_layer *sl = &sc->layers[k];
@@ -63,9 +75,10 @@ static inline l2l_status order_visit_forward_(const struct order_walk_ *w, int k
       if (!input_needed || (!input_home_device && sl->stash == L2L_STASH_RECOMPUTE))
         op->free(w->ctx, ORDER_X, k, u);
       else if (!input_home_device)
-        op->release_device(w->ctx, ORDER_X, k, u);
+        TRY(op->release_device(w->ctx, ORDER_X, k, u));
     }
-    if (out_host) TRY(op->stash_out(w->ctx, ORDER_X, k + 1, u));
+    if (out_host)
+      TRY(op->stash_out(w->ctx, ORDER_X, k + 1, u, order_out_(w, u, next_reads, sc->reread[k + 1])));
   }
   /* A swap finishes by the visit's end: its device bytes are free then. */
   for (int64_t u = 0; swap && u < w->nmb; u++) TRY(op->swap_out_wait(w->ctx, k, u));
@@ -73,18 +86,20 @@ static inline l2l_status order_visit_forward_(const struct order_walk_ *w, int k
 }
 
 /* g[k][u], the gradient for x[k]: kept on the device for the layer below (and stashed to
-   the host when boundary k's policy says so), or freed when no layer below wants it. */
+   the host when boundary k's policy says so, but where the next visit is that layer's and
+   reads it first), or freed when no layer below wants it. */
 static inline l2l_status order_pass_down_(const struct order_walk_ *w, int k, int64_t u,
-                                          bool keep, bool host) {
+                                          bool keep, bool host, bool next_reads) {
   if (!keep) {
     w->ops->free(w->ctx, ORDER_G, k, u);
     return L2L_OK;
   }
-  return host ? w->ops->stash_out(w->ctx, ORDER_G, k, u) : L2L_OK;
+  return host ? w->ops->stash_out(w->ctx, ORDER_G, k, u, order_out_(w, u, next_reads, false))
+              : L2L_OK;
 }
 
 /* The head: forward of each micro-batch, its loss, and (training) its backward at once. */
-static inline l2l_status order_visit_head_(const struct order_walk_ *w, int k) {
+static inline l2l_status order_visit_head_(const struct order_walk_ *w, int k, bool next_reads) {
   const struct order *sc = w->sc;
   const struct order_ops *op = w->ops;
   bool backward = sc->training && sc->lowest < sc->L;
@@ -98,14 +113,15 @@ static inline l2l_status order_visit_head_(const struct order_walk_ *w, int k) {
     TRY(op->head(w->ctx, k, u, backward));
     op->inputs_free(w->ctx);
     op->free(w->ctx, ORDER_X, k, u);
-    if (backward) TRY(order_pass_down_(w, k, u, keep_dx, grad_host));
+    if (backward) TRY(order_pass_down_(w, k, u, keep_dx, grad_host, next_reads));
   }
   return op->throttle(w->ctx, 0);
 }
 
 /* Backward of layer k over every micro-batch: g[k+1] -> g[k], gradients summed over
    micro-batches on the device. */
-static inline l2l_status order_visit_backward_(const struct order_walk_ *w, int k) {
+static inline l2l_status order_visit_backward_(const struct order_walk_ *w, int k,
+                                               bool next_reads) {
   const struct order *sc = w->sc;
   const struct order_ops *op = w->ops;
   bool recompute = sc->layers[k].inner == L2L_INNER_RECOMPUTE;
@@ -134,18 +150,31 @@ static inline l2l_status order_visit_backward_(const struct order_walk_ *w, int 
     op->free(w->ctx, ORDER_G, k + 1, u);
     if (k > 0) {
       op->free(w->ctx, ORDER_X, k, u);
-      TRY(order_pass_down_(w, k, u, keep_dx, grad_host));
+      TRY(order_pass_down_(w, k, u, keep_dx, grad_host, next_reads));
     }
   }
   return op->throttle(w->ctx, 0);
 }
 
-static inline l2l_status order_walk(const struct order *sc, int64_t nmb,
+/* Whether visit i + 1 reads first what visit i hands on: x[k + 1] from a forward (the next
+   forward or the head), g[k] from the head or a backward (the backward of k - 1; not when
+   rebuild visits come between). */
+static inline bool order_next_reads_(const struct order *sc, int i) {
+  if (i + 1 >= sc->nvisits) return false;
+  const struct order_visit *v = &sc->visits[i], *n = &sc->visits[i + 1];
+  if (v->kind == ORDER_REBUILD) return false;
+  if (v->kind == ORDER_FORWARD)
+    return n->k == v->k + 1 && (n->kind == ORDER_FORWARD || n->kind == ORDER_HEAD);
+  return n->kind == ORDER_BACKWARD && n->k == v->k - 1;
+}
+
+static inline l2l_status order_walk(const struct order *sc, int64_t nmb, int64_t kept,
                                     const struct order_ops *ops, void *ctx) {
-  struct order_walk_ w = {sc, ops, ctx, nmb};
+  struct order_walk_ w = {sc, ops, ctx, nmb, kept};
   for (int i = 0; i < sc->nvisits; i++) {
     const struct order_visit *v = &sc->visits[i];
     int k = v->k;
+    bool next_reads = order_next_reads_(sc, i);
     if (ops->visit_start) ops->visit_start(ctx, i);
     /* What the visit's first micro-batch reads from the host stash starts on its way
        first: the next visit's parameters copy behind it (visit_bind), on the same thread,
@@ -156,10 +185,10 @@ static inline l2l_status order_walk(const struct order *sc, int64_t nmb,
     bool grads = order_visit_grads(sc, v);
     TRY(ops->visit_bind(ctx, i, v, grads));
     switch (v->kind) {
-      case ORDER_FORWARD: TRY(order_visit_forward_(&w, k, false)); break;
-      case ORDER_REBUILD: TRY(order_visit_forward_(&w, k, true)); break;
-      case ORDER_HEAD: TRY(order_visit_head_(&w, k)); break;
-      case ORDER_BACKWARD: TRY(order_visit_backward_(&w, k)); break;
+      case ORDER_FORWARD: TRY(order_visit_forward_(&w, k, false, next_reads)); break;
+      case ORDER_REBUILD: TRY(order_visit_forward_(&w, k, true, false)); break;
+      case ORDER_HEAD: TRY(order_visit_head_(&w, k, next_reads)); break;
+      case ORDER_BACKWARD: TRY(order_visit_backward_(&w, k, next_reads)); break;
     }
     TRY(ops->visit_end(ctx, i, v, grads));
   }

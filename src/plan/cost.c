@@ -118,9 +118,12 @@ static double seconds_for(double bytes, double rate) { return rate > 0 ? bytes /
    same sums as a walk of them all, in a time independent of the batch. */
 enum { TIMED_MICRO_BATCHES = 2 };
 
-/* Where a boundary activation of a walked micro-batch is (as the relay's acts.c keeps it). */
+/* Where a boundary activation of a walked micro-batch is (as the relay's acts.c keeps it):
+   whether a host stash holds it, and how many of the micro-batches it stands for are on
+   the host alone (their copies in come at on_device). */
 struct timed_act {
-  bool dev, host;
+  bool host;
+  double fetch;
 };
 
 struct timing {
@@ -236,17 +239,15 @@ static l2l_status timed_visit_end(void *ctx, int i, const struct order_visit *v,
 static l2l_status timed_on_device(void *ctx, enum order_act a, int k, int64_t u) {
   struct timing *t = ctx;
   struct timed_act *x = timed_at(t, a, k, u);
-  if (!x->dev && x->host) {
-    double bytes = timed_act_bytes(t, u) * timed_weight(t, u);
-    t->in += bytes;
-    t->channels.h2d += bytes;
-  }
-  x->dev = true;
+  double bytes = timed_act_bytes(t, u) * x->fetch;
+  t->in += bytes;
+  t->channels.h2d += bytes;
+  x->fetch = 0;
   return L2L_OK;
 }
 
 static l2l_status timed_make(void *ctx, enum order_act a, int k, int64_t u) {
-  *timed_at(ctx, a, k, u) = (struct timed_act){.dev = true};
+  *timed_at(ctx, a, k, u) = (struct timed_act){0};
   return L2L_OK;
 }
 
@@ -254,14 +255,30 @@ static void timed_free(void *ctx, enum order_act a, int k, int64_t u) {
   *timed_at(ctx, a, k, u) = (struct timed_act){0};
 }
 
-static void timed_release(void *ctx, enum order_act a, int k, int64_t u) {
-  timed_at(ctx, a, k, u)->dev = false;
+static l2l_status timed_release(void *ctx, enum order_act a, int k, int64_t u) {
+  struct timing *t = ctx;
+  struct timed_act *x = timed_at(t, a, k, u);
+  x->fetch = x->host ? timed_weight(t, u) : 0;
+  return L2L_OK;
 }
 
-static l2l_status timed_stash_out(void *ctx, enum order_act a, int k, int64_t u) {
+/* Kept (BOTH, DEVICE): one of the micro-batches the walked one stands for stays on the
+   device, the others (a visit's middle ones) go to the host alone; the visit does not wait
+   for a kept one's copy (the next visit's release does, long after). */
+static l2l_status timed_stash_out(void *ctx, enum order_act a, int k, int64_t u,
+                                  enum order_out how) {
   struct timing *t = ctx;
-  *timed_at(t, a, k, u) = (struct timed_act){.host = true};
-  timed_out(t, timed_act_bytes(t, u), u);
+  struct timed_act *x = timed_at(t, a, k, u);
+  double w = timed_weight(t, u), bytes = timed_act_bytes(t, u);
+  if (how == ORDER_OUT_HOST) {
+    *x = (struct timed_act){.host = true, .fetch = w};
+    timed_out(t, bytes, u);
+    return L2L_OK;
+  }
+  double copied = how == ORDER_OUT_BOTH ? w : w - 1;
+  *x = (struct timed_act){.host = copied > 0, .fetch = w - 1};
+  t->out += bytes * copied;
+  t->channels.d2h += bytes * copied;
   return L2L_OK;
 }
 
@@ -392,7 +409,8 @@ __attribute__((flatten)) double plan_step_seconds(const struct plan_chain *c,
       t.channels.h2d = (double)costs[sc.visits[0].k].param_bytes;
       t.first_exposed = seconds_for(t.channels.h2d, rates->h2d);
     }
-    (void)order_walk(&sc, t.walked, &timing_acts, &t);   /* the timing acts cannot fail */
+    /* the timing acts cannot fail */
+    (void)order_walk(&sc, t.walked, order_kept(nmb), &timing_acts, &t);
     /* updates the backward did not hide: deferred ones all, eager ones past its end; on
        shared cores every update takes its time from the step */
     double tail = c->updates_deferred ? t.workers_free : t.workers_free - t.backward_end;

@@ -176,11 +176,15 @@ static void throttle(struct replay *r, struct outs *o, int keep) {
   }
 }
 
-static void stash_out(struct replay *r, struct outs *o, struct act *a) {
+/* As the relay's (acts.c): a copy that keeps its device block is waited for when the
+   block is released, so the block counts until then, as the act's own. */
+static void stash_out(struct replay *r, struct outs *o, struct act *a, enum order_out how) {
+  if (how == ORDER_OUT_DEVICE) return;
+  a->host = true;
+  if (how == ORDER_OUT_BOTH) return;
   throttle(r, o, 1);
   o->q[o->q[0] ? 1 : 0] = a->dev;
   a->dev = NULL;
-  a->host = true;
 }
 
 /* ---------------------------------------------------------------- a micro-batch's inputs */
@@ -281,14 +285,15 @@ static void free_act(void *ctx, enum order_act a, int k, int64_t u) {
   act_free(s->r, act_at(s, a, k, u));
 }
 
-static void release(void *ctx, enum order_act a, int k, int64_t u) {
+static l2l_status release(void *ctx, enum order_act a, int k, int64_t u) {
   struct step *s = ctx;
   release_device(s->r, act_at(s, a, k, u));
+  return L2L_OK;
 }
 
-static l2l_status stash(void *ctx, enum order_act a, int k, int64_t u) {
+static l2l_status stash(void *ctx, enum order_act a, int k, int64_t u, enum order_out how) {
   struct step *s = ctx;
-  stash_out(s->r, &s->outs, act_at(s, a, k, u));
+  stash_out(s->r, &s->outs, act_at(s, a, k, u), how);
   return L2L_OK;
 }
 
@@ -484,7 +489,8 @@ static __attribute__((flatten)) l2l_status replay_step(uint64_t *peak, uint64_t 
     struct block *grads_out = c->grad_precision != L2L_F32 && !c->evaluation
                                   ? take(&r, 2 * memo->slots[ORDER_SLOT_GRADS_OUT])
                                   : NULL;
-    (void)order_walk(sc, r.nmb, &replay_acts, &s);   /* the replay's acts cannot fail */
+    /* (a short replay stands for more micro-batches than it has, never fewer than 3) */
+    (void)order_walk(sc, r.nmb, order_kept(r.nmb), &replay_acts, &s);   /* its acts cannot fail */
     inputs_free(&s);
     drop(&r, s.scratch.dev);
     drop(&r, slots);

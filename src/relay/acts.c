@@ -1,12 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /* acts.c — activations and stashes: a micro-batch's input on the device (fetched from
- * the host stash ahead of its use), outputs stashed out to pinned host memory, a
- * micro-batch's rows of the batch's tokens, targets and masks (staged in pinned memory as
- * the step begins, copied to the device queued), and the heads' losses copied back queued.
+ * the host stash ahead of its use, unless the visit before left it there), outputs
+ * stashed out to pinned host memory (their device copies kept for the next visit where
+ * the order says: walk.h), a micro-batch's rows of the batch's tokens, targets and masks
+ * (staged in pinned memory as the step begins, copied to the device queued), and the
+ * heads' losses copied back queued.
  *
- * Purpose: keep no more than two micro-batches of a host-stashed boundary on the device,
- * and overlap every copy with the compute of the micro-batch before.
- * Must never: free a device tensor a copy still reads (stash-outs are retired in order).
+ * Purpose: keep no more than two micro-batches of a host-stashed boundary on their way to
+ * the host, and overlap every copy with the compute of the micro-batch before.
+ * Must never: free a device tensor a copy still reads (stash-outs are retired in order;
+ * one that kept its device copy is waited for when that copy is released).
  */
 #include <stdio.h>
 #include <string.h>
@@ -42,10 +45,20 @@ l2l_status relay_act_on_device(struct step *s, struct act *a, int layer, int64_t
   return L2L_OK;
 }
 
-/* The device copy of a[u] is no longer needed (the host copy, if any, stays). */
-void relay_act_release_device(struct act *a) {
+/* The device copy of a[u] is no longer needed (the host copy, if any, stays): freed once
+   a stash-out that kept it has read it. */
+l2l_status relay_act_release_device(struct step *s, struct act *a) {
+  l2l_status status = L2L_OK;
+  if (a->out) {
+    double t0 = core_now();
+    status = job_wait(&a->out->job);
+    relay_waited(s, L2L_WAIT_COPY_ACTS_OUT, t0);
+    relay_copy_job_free(a->out);
+    a->out = NULL;
+  }
   l2l_tensor_free(a->dev);
   a->dev = NULL;
+  return status;
 }
 
 /* Retires the oldest stash-outs until at most `keep` are in flight: each one's device
@@ -65,9 +78,13 @@ l2l_status relay_out_throttle(struct step *s, int keep) {
   return L2L_OK;
 }
 
-/* Sends a[u]'s device tensor to a new host stash; the device tensor goes when copied. */
-l2l_status relay_act_stash_out(struct step *s, struct act *a, int layer, int64_t u) {
-  TRY(relay_out_throttle(s, 1));
+/* Sends a[u]'s device tensor to a new host stash as `how` says (order.h): the device
+   tensor goes when copied (HOST; at most two such copies in flight), or stays for the next
+   visit, the copy waited for when it is released (BOTH); DEVICE sends nothing. */
+l2l_status relay_act_stash_out(struct step *s, struct act *a, int layer, int64_t u,
+                               enum order_out how) {
+  if (how == ORDER_OUT_DEVICE) return L2L_OK;
+  if (how == ORDER_OUT_HOST) TRY(relay_out_throttle(s, 1));
   l2l_tensor *host = NULL;
   TRY(relay_tensor_like(&host, L2L_POOL_PINNED, a->dev));
   struct copy_job *cj = NULL;
@@ -79,6 +96,10 @@ l2l_status relay_act_stash_out(struct step *s, struct act *a, int layer, int64_t
   }
   relay_count_stash(s->run, (int64_t)pool_accounted(relay_tensor_bytes(host)));
   a->host = host;
+  if (how == ORDER_OUT_BOTH) {
+    a->out = cj;
+    return L2L_OK;
+  }
   a->dev = NULL;
   s->out[s->out[0] ? 1 : 0] = cj;
   return L2L_OK;

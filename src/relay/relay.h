@@ -210,6 +210,8 @@ struct act {
   l2l_tensor *dev;            /* on the device (NULL when only on the host) */
   l2l_tensor *host;           /* the host stash (pinned) */
   struct copy_job *in;        /* host -> dev in flight */
+  struct copy_job *out;       /* dev -> host in flight, dev kept (ORDER_OUT_BOTH): waited
+                                 for before dev is freed */
 };
 
 /* One micro-batch's rows of the batch fields a layer reads, on the device. */
@@ -378,8 +380,9 @@ bool relay_device_is_host(void);
 l2l_status relay_act_on_device(struct step *s, struct act *a, int layer, int64_t u,
                                l2l_tensor **out);
 l2l_status relay_act_prefetch(struct step *s, struct act *a, int layer, int64_t u);
-void relay_act_release_device(struct act *a);
-l2l_status relay_act_stash_out(struct step *s, struct act *a, int layer, int64_t u);
+l2l_status relay_act_release_device(struct step *s, struct act *a);
+l2l_status relay_act_stash_out(struct step *s, struct act *a, int layer, int64_t u,
+                               enum order_out how);
 void relay_compute_done(struct step *s, int layer, int64_t u, int phase,
                         struct core_stamp *start);
 l2l_status relay_mb_inputs(struct step *s, struct mb_inputs *m, int k, int64_t u, bool training);

@@ -68,6 +68,11 @@ void relay_act_free(l2l_relay *run, struct act *a) {
     relay_copy_job_free(a->in);
     a->in = NULL;
   }
+  if (a->out) {   /* (reading a->dev, freed below) */
+    job_wait(&a->out->job);
+    relay_copy_job_free(a->out);
+    a->out = NULL;
+  }
   if (a->host) relay_count_stash(run, -(int64_t)pool_accounted(relay_tensor_bytes(a->host)));
   l2l_tensor_free(a->dev);
   l2l_tensor_free(a->host);

@@ -91,14 +91,14 @@ static void act_free(void *ctx, enum order_act a, int k, int64_t u) {
   relay_act_free(s->run, act_at(s, a, k, u));
 }
 
-static void release_device(void *ctx, enum order_act a, int k, int64_t u) {
+static l2l_status release_device(void *ctx, enum order_act a, int k, int64_t u) {
   struct step *s = ctx;
-  relay_act_release_device(act_at(s, a, k, u));
+  return relay_act_release_device(s, act_at(s, a, k, u));
 }
 
-static l2l_status stash_out(void *ctx, enum order_act a, int k, int64_t u) {
+static l2l_status stash_out(void *ctx, enum order_act a, int k, int64_t u, enum order_out how) {
   struct step *s = ctx;
-  return relay_act_stash_out(s, act_at(s, a, k, u), s->visit_layer, u);
+  return relay_act_stash_out(s, act_at(s, a, k, u), s->visit_layer, u, how);
 }
 
 static l2l_status throttle(void *ctx, int keep) { return relay_out_throttle(ctx, keep); }
@@ -212,7 +212,7 @@ l2l_status relay_run_visits(struct step *s) {
      (the others' updates wrote theirs) */
   if (s->run->config.precision != L2L_F32) eps_stage(&s->run->eps);
   if (s->order.nvisits > 0) TRY(relay_params_queue(s, 0, 0));
-  TRY(order_walk(&s->order, s->nmb, &relay_acts, s));
+  TRY(order_walk(&s->order, s->nmb, order_kept(s->nmb), &relay_acts, s));
   relay_grads_wait(s, 0);
   relay_grads_wait(s, 1);
   return L2L_OK;

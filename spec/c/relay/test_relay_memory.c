@@ -223,13 +223,14 @@ TEST(relay_moves_what_each_visit_needs) {
 }
 
 TEST(relay_first_input_before_next_parameters) {
-  /* Stash host, 3 micro-batches: every block's input goes to the host in the forward and
-     comes back for the block's visit, one micro-batch ahead, on the copy thread that
-     also brings the next visit's parameters. A visit's first micro-batch is queued
-     before the next layer's parameters, so compute never waits behind a whole layer's
-     copy for it: on the host-to-device thread (which runs its jobs in order), the
-     forward's first STASH_IN of layer l, micro-batch 0, comes before the first
-     PARAMS_IN of layer l + 1, for every block l. */
+  /* Stash host, 3 micro-batches: every block's input goes to the host in the forward; the
+     forward's next visit reads micro-batch 0 from the device (the visit before left it
+     there), the rest come back one micro-batch ahead, and the backward's recompute brings
+     them all back, on the copy thread that also brings the next visit's parameters. A
+     visit's first micro-batch is queued before the next layer's parameters, so compute
+     never waits behind a whole layer's copy for it: on the host-to-device thread (which
+     runs its jobs in order), block l's one STASH_IN of micro-batch 0 (its backward's)
+     comes before the last PARAMS_IN of layer l - 1 (the backward's next visit). */
   struct shape g = stack_shape((int)check_rand_int(2, 5));
   struct model m;
   model_new(&m, &g);
@@ -244,26 +245,101 @@ TEST(relay_first_input_before_next_parameters) {
     if (!relay_step(&loss, r, &d, NULL)) break;
     int64_t n;
     l2l_relay_event *ev = relay_events(r, &n);
-    int64_t first_in[MAX_LAYERS], first_params[MAX_LAYERS], order = 0;
-    for (int l = 0; l < m.n; l++) first_in[l] = first_params[l] = -1;
+    int64_t first_in[MAX_LAYERS], last_params[MAX_LAYERS], ins[MAX_LAYERS], order = 0;
+    for (int l = 0; l < m.n; l++) first_in[l] = last_params[l] = -1, ins[l] = 0;
     for (int64_t i = 0; i < n; i++) {
       if (ev[i].thread != 1 || ev[i].layer < 0 || ev[i].layer >= m.n) continue;
       int l = ev[i].layer;
-      if (ev[i].phase == L2L_PHASE_STASH_IN && ev[i].micro_batch == 0 && first_in[l] < 0)
+      if (ev[i].phase == L2L_PHASE_STASH_IN && ev[i].micro_batch == 0 && ins[l]++ == 0)
         first_in[l] = order;
-      if (ev[i].phase == L2L_PHASE_PARAMS_IN && first_params[l] < 0) first_params[l] = order;
+      if (ev[i].phase == L2L_PHASE_PARAMS_IN) last_params[l] = order;
       order++;
     }
     for (int l = 1; l < m.n - 1; l++)
-      CHECK(first_in[l] >= 0 && first_params[l + 1] >= 0 && first_in[l] < first_params[l + 1],
-            "step %d, %d layers: layer %d's first input is copy %lld, layer %d's parameters "
-            "copy %lld", step, m.n, l, (long long)first_in[l], l + 1,
-            (long long)first_params[l + 1]);
+      CHECK(ins[l] == 1 && last_params[l - 1] >= 0 && first_in[l] < last_params[l - 1],
+            "step %d, %d layers: layer %d's micro-batch 0 came in %lld times, first as copy "
+            "%lld, layer %d's parameters last as copy %lld", step, m.n, l, (long long)ins[l],
+            (long long)first_in[l], l - 1, (long long)last_params[l - 1]);
+    CHECK(ins[0] == 0 && ins[m.n - 1] == 0,
+          "step %d: the embedding's and the head's micro-batch 0 came in %lld and %lld times",
+          step, (long long)ins[0], (long long)ins[m.n - 1]);
     free(ev);
   }
   l2l_relay_free(r);
   data_free(&d);
   model_free(&m);
+}
+
+TEST(relay_stash_host_fetches_nothing_the_visit_before_left) {
+  /* Stash host, inner recompute, n layers (the embedding, blocks, the head), nmb
+     micro-batches of B rows (the last may be smaller): a boundary micro-batch of r rows is
+     r S D f32. The next visit reads a visit's first output micro-batches from the device:
+     both of two, else the first alone (K). Every block input goes to the host in the
+     forward (its backward's recompute reads it back: all nmb), the head's input only for
+     the micro-batches past K (nothing reads it later); the forward's next visit fetches
+     those past K; each gradient g[1] .. g[n-1] crosses out and back only past K. So the
+     activations move, over what stash device moves (none of them):
+       in:  (n - 2) all + (n - 1) rest [the forward's] + (n - 1) rest [gradients]
+       out: (n - 2) all + rest [the head's input] + (n - 1) rest [gradients]
+     with all the bytes of every micro-batch and rest those of the micro-batches past K,
+     in each of two steps. The same losses and weights, to the bit, as stash device. */
+  struct shape g = gpt_shape();
+  g.blocks = (int)check_rand_int(2, 4);
+  const int64_t mb = check_rand_int(1, 3), nmb = check_rand_int(1, 5);
+  const int64_t B = (nmb - 1) * mb + check_rand_int(1, mb);
+  const int64_t K = nmb <= 2 ? nmb : 1;
+  struct data d;
+  data_new(&d, &g, B, g.S, 0, 1.0);
+  double all = 0, rest = 0;
+  for (int64_t u = 0; u < nmb; u++) {
+    double bytes = (double)((u + 1 < nmb ? mb : B - (nmb - 1) * mb) * g.S * g.D) * 4;
+    all += bytes;
+    if (u >= K) rest += bytes;
+  }
+  l2l_relay_stats st[2][2];
+  double loss[2][2];
+  struct model base, m[2];
+  model_new(&base, &g);
+  const l2l_relay_config config = adamw_config();   /* one dropout seed for both */
+  for (int c = 0; c < 2; c++) {
+    model_clone(&m[c], &base);
+    l2l_relay_config cfg = config;
+    cfg.micro_batch = mb;
+    cfg.stash = c == 0 ? L2L_STASH_HOST : L2L_STASH_DEVICE;
+    cfg.inner = L2L_INNER_RECOMPUTE;
+    l2l_relay *r = relay_new(&m[c], &cfg);
+    memset(st[c], 0, sizeof st[c]);
+    for (int step = 0; r != NULL && step < 2; step++)
+      if (relay_step(&loss[c][step], r, &d, NULL)) st[c][step] = relay_stats(r);
+    if (r != NULL) CHECK_OK(l2l_relay_sync(r));
+    l2l_relay_free(r);
+  }
+  const double n = m[0].n;
+  const double in = (n - 2) * all + 2 * (n - 1) * rest, out = (n - 2) * all + n * rest;
+  for (int step = 0; step < 2; step++) {
+    const l2l_relay_stats *h = &st[0][step], *v = &st[1][step];
+    CHECK((double)(h->h2d_bytes - v->h2d_bytes) == in &&
+              (double)(h->d2h_bytes - v->d2h_bytes) == out,
+          "%d layers, %lld micro-batches of %lld (batch %lld), step %d: stash host moved "
+          "%llu bytes in and %llu out over stash device's; want %.0f and %.0f", m[0].n,
+          (long long)nmb, (long long)mb, (long long)B, step,
+          (unsigned long long)(h->h2d_bytes - v->h2d_bytes),
+          (unsigned long long)(h->d2h_bytes - v->d2h_bytes), in, out);
+    CHECK(memcmp(&loss[0][step], &loss[1][step], sizeof(double)) == 0,
+          "step %d: loss %.17g with stash host, %.17g with stash device", step, loss[0][step],
+          loss[1][step]);
+  }
+  for (int l = 0; l < m[0].n; l++)
+    for (int p = 0; p < l2l_layer_param_count(m[0].layer[l]); p++) {
+      const l2l_tensor *a = l2l_param_value(l2l_layer_param(m[0].layer[l], p));
+      const l2l_tensor *b = l2l_param_value(l2l_layer_param(m[1].layer[l], p));
+      CHECK(memcmp(l2l_tensor_data(a), l2l_tensor_data(b), tensor_bytes(a)) == 0,
+            "layer %d parameter %d: stash host and stash device differ", l, p);
+    }
+  model_free(&m[0]);
+  model_free(&m[1]);
+  model_free(&base);
+  data_free(&d);
 }
 
 TEST(relay_loss_scaling_changes_only_the_scale) {
