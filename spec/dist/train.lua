@@ -87,6 +87,12 @@ local function fresh_model()
   return m
 end
 
+-- grow=1's change after the second step
+local function grow(model)
+  model:insert(2, l2l.Block { dim = D, heads = 3, seed = seed + 7 })
+  model:clone(4)
+end
+
 local optimizer = ({ adamw = l2l.AdamW { lr = o.lr, weight_decay = 0.1, eps = o.eps, state = o.state },
                      lamb = l2l.LAMB { lr = o.lr, eps = o.eps, state = o.state },
                      sgd = l2l.SGD { lr = 0.05, momentum = 0.9, state = o.state } })[o.optimizer]
@@ -108,12 +114,21 @@ local plan_smallest = o.tight == 1 and l2l.plan {
   clip_global_norm = o.clip, loss_scale = o.loss_scale, spill = o.spill, dist = o.dist,
   placement = run.options.placement }.host_budget_smallest or nil
 
--- shares: this rank's step with its records on the host, and every record's device bytes
+-- shares: this rank's step with its records on the host (the larger of the model's and, with
+-- grow, the grown model's: a relay of its own, no records placed), and every record's device bytes
 local shares, host_peak, records_bytes = {}, 0, 0
 if o.shares and o.placement == "auto" then
   for f in tostring(o.shares):gmatch("[^,]+") do shares[#shares + 1] = tonumber(f) end
   local slice = math.floor((rank + 1) * o.B / size) - math.floor(rank * o.B / size)
   host_peak = run:step_peak(slice, S)
+  if o.grow == 1 then
+    local grown = fresh_model()
+    grow(grown)
+    local own = l2l.Relay { model = grown, micro_batch = o.mb, grad_precision = o.grad_precision,
+                            master = o.master, placement = "host", optimizer_threads = 1 }
+    host_peak = math.max(host_peak, own:step_peak(slice, S))
+    own:free()
+  end
   records_bytes = l2l.plan {
     model = run.model, batch = slice, seq = S, device_budget = 2 ^ 40, optimizer = optimizer,
     accumulate = o.accumulate, clip_global_norm = o.clip, loss_scale = o.loss_scale, dist = o.dist,
@@ -181,8 +196,7 @@ for step = first, first + o.steps - 1 do
   losses[#losses + 1] = hex(loss)
   placed[#placed + 1] = run:stats().device_records_bytes
   if o.grow == 1 and step == first + 1 then
-    run.model:insert(2, l2l.Block { dim = D, heads = 3, seed = seed + 7 })
-    run.model:clone(4)
+    grow(run.model)
   elseif o.grow == 1 and step == first + 2 then
     run.model:freeze(3)
     run.model:remove(5)

@@ -99,6 +99,9 @@ struct order_ops {
      or kept too (BOTH), or not at all (DEVICE: the executor's step holds it as it is; the
      walk calls it so that a timing of one micro-batch standing for many counts the rest). */
   l2l_status (*prefetch)(void *ctx, enum order_act a, int k, int64_t u);
+  /* a[k][0], the next visit's first input, brought toward the device while this visit runs
+     (prefetch of micro-batch 0; a timing that walks one micro-batch for many counts one). */
+  l2l_status (*prefetch_ahead)(void *ctx, enum order_act a, int k);
   l2l_status (*on_device)(void *ctx, enum order_act a, int k, int64_t u);
   l2l_status (*make)(void *ctx, enum order_act a, int k, int64_t u);
   void (*free)(void *ctx, enum order_act a, int k, int64_t u);

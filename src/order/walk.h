@@ -13,7 +13,9 @@
  * (flatten): as calls through pointers the 800-layer plan took a quarter longer.
  * A boundary the next visit reads first stays on the device for it (order_kept: the
  * first micro-batch, or both of two), its host stash still written when a later visit
- * reads it too: no visit fetches back what the one before it just made.
+ * reads it too: no visit fetches back what the one before it just made. In the backward,
+ * the next visit's first input from the host starts on its way as a visit starts, so that
+ * its copy runs under this visit's compute.
  * Must never: keep a saved state past its backward, a device input nobody reads again, or
  * more than two micro-batches of a host-stashed boundary on their way to the host.
  */
@@ -168,6 +170,18 @@ static inline bool order_next_reads_(const struct order *sc, int i) {
   return n->kind == ORDER_BACKWARD && n->k == v->k - 1;
 }
 
+/* The boundary whose first micro-batch visit i brings in for visit i + 1 (0: none): in
+   the backward (from the head on), the input of a recomputing backward or of a rebuild,
+   which no visit makes in between (a no-op where it is on the device anyway). */
+static inline int order_input_ahead_(const struct order *sc, int i) {
+  if (i + 1 >= sc->nvisits) return 0;
+  const struct order_visit *v = &sc->visits[i], *n = &sc->visits[i + 1];
+  if (v->kind != ORDER_HEAD && v->kind != ORDER_BACKWARD) return 0;
+  bool reads = n->kind == ORDER_REBUILD ||
+               (n->kind == ORDER_BACKWARD && sc->layers[n->k].inner == L2L_INNER_RECOMPUTE);
+  return reads && n->k > 0 ? n->k : 0;
+}
+
 static inline l2l_status order_walk(const struct order *sc, int64_t nmb, int64_t kept,
                                     const struct order_ops *ops, void *ctx) {
   struct order_walk_ w = {sc, ops, ctx, nmb, kept};
@@ -182,6 +196,8 @@ static inline l2l_status order_walk(const struct order *sc, int64_t nmb, int64_t
     bool reads_input = v->kind != ORDER_BACKWARD || sc->layers[k].inner == L2L_INNER_RECOMPUTE;
     if (v->kind == ORDER_BACKWARD) TRY(ops->prefetch(ctx, ORDER_G, k + 1, 0));
     if (reads_input && k > 0) TRY(ops->prefetch(ctx, ORDER_X, k, 0));
+    int ahead = order_input_ahead_(sc, i);
+    if (ahead > 0) TRY(ops->prefetch_ahead(ctx, ORDER_X, ahead));
     bool grads = order_visit_grads(sc, v);
     TRY(ops->visit_bind(ctx, i, v, grads));
     switch (v->kind) {

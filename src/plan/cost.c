@@ -246,6 +246,19 @@ static l2l_status timed_on_device(void *ctx, enum order_act a, int k, int64_t u)
   return L2L_OK;
 }
 
+/* One micro-batch of those the walked first one stands for (the step's first), counted
+   with the running visit. */
+static l2l_status timed_prefetch_ahead(void *ctx, enum order_act a, int k) {
+  struct timing *t = ctx;
+  struct timed_act *x = timed_at(t, a, k, 0);
+  if (x->fetch < 1) return L2L_OK;
+  double bytes = timed_act_bytes(t, 0);
+  t->in += bytes;
+  t->channels.h2d += bytes;
+  x->fetch -= 1;
+  return L2L_OK;
+}
+
 static l2l_status timed_make(void *ctx, enum order_act a, int k, int64_t u) {
   *timed_at(ctx, a, k, u) = (struct timed_act){0};
   return L2L_OK;
@@ -369,7 +382,8 @@ static l2l_status timed_wait(void *ctx, int k, int64_t u) {
 
 static const struct order_ops timing_acts = {
     .visit_start = timed_visit_start, .visit_bind = timed_visit_bind,
-    .visit_end = timed_visit_end, .prefetch = timed_on_device, .on_device = timed_on_device,
+    .visit_end = timed_visit_end, .prefetch = timed_on_device,
+    .prefetch_ahead = timed_prefetch_ahead, .on_device = timed_on_device,
     .make = timed_make, .free = timed_free, .release_device = timed_release,
     .stash_out = timed_stash_out, .throttle = timed_nothing, .inputs = timed_inputs,
     .inputs_free = timed_inputs_free, .forward = timed_forward, .head = timed_head,

@@ -390,9 +390,14 @@ static l2l_status prefetch_act(void *ctx, enum order_act a, int k, int64_t u) {
   return on_device(ctx, a, k, u);   /* the replay counts a copy's bytes from its start */
 }
 
+static l2l_status prefetch_ahead(void *ctx, enum order_act a, int k) {
+  return on_device(ctx, a, k, 0);
+}
+
 static const struct order_ops replay_acts = {
     .visit_start = visit_start, .micro_batch = micro_batch, .visit_bind = visit_bind,
-    .visit_end = visit_bind, .prefetch = prefetch_act, .on_device = on_device, .make = make,
+    .visit_end = visit_bind, .prefetch = prefetch_act, .prefetch_ahead = prefetch_ahead,
+    .on_device = on_device, .make = make,
     .free = free_act, .release_device = release, .stash_out = stash, .throttle = retire,
     .inputs = inputs, .inputs_free = inputs_free, .forward = forward, .head = head,
     .backward = backward, .saved_free = saved_drop, .swap_out = swap_out,

@@ -75,6 +75,10 @@ static l2l_status prefetch(void *ctx, enum order_act a, int k, int64_t u) {
   return relay_act_prefetch(s, act_at(s, a, k, u), s->visit_layer, u);
 }
 
+static l2l_status prefetch_ahead(void *ctx, enum order_act a, int k) {
+  return prefetch(ctx, a, k, 0);
+}
+
 static l2l_status on_device(void *ctx, enum order_act a, int k, int64_t u) {
   struct step *s = ctx;
   l2l_tensor *t = NULL;
@@ -198,8 +202,8 @@ static l2l_status swap_in(void *ctx, int k, int64_t u) {
 
 static const struct order_ops relay_acts = {
     .visit_start = visit_start, .visit_bind = visit_bind, .visit_end = visit_end,
-    .prefetch = prefetch, .on_device = on_device, .make = make, .free = act_free,
-    .release_device = release_device, .stash_out = stash_out, .throttle = throttle,
+    .prefetch = prefetch, .prefetch_ahead = prefetch_ahead, .on_device = on_device,
+    .make = make, .free = act_free, .release_device = release_device, .stash_out = stash_out, .throttle = throttle,
     .inputs = inputs, .inputs_free = inputs_free, .forward = forward, .head = head,
     .backward = backward, .saved_free = saved_free, .swap_out = swap_out,
     .swap_out_wait = swap_wait, .swap_in = swap_in, .swap_in_wait = swap_wait,

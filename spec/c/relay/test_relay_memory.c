@@ -226,11 +226,14 @@ TEST(relay_first_input_before_next_parameters) {
   /* Stash host, 3 micro-batches: every block's input goes to the host in the forward; the
      forward's next visit reads micro-batch 0 from the device (the visit before left it
      there), the rest come back one micro-batch ahead, and the backward's recompute brings
-     them all back, on the copy thread that also brings the next visit's parameters. A
-     visit's first micro-batch is queued before the next layer's parameters, so compute
-     never waits behind a whole layer's copy for it: on the host-to-device thread (which
-     runs its jobs in order), block l's one STASH_IN of micro-batch 0 (its backward's)
-     comes before the last PARAMS_IN of layer l - 1 (the backward's next visit). */
+     them all back, on the copy thread that also brings the next visit's parameters:
+     micro-batch 0 of block l's input while the visit before (the head's or block l + 1's
+     backward, whose layer names the copy) runs. It is queued before that visit's next
+     parameters (layer l's, when no slot holds them) and so before layer l - 1's, so
+     compute never waits behind a whole layer's copy for it: on the host-to-device thread
+     (which runs its jobs in order), the one STASH_IN of micro-batch 0 named l + 1 comes
+     before the last PARAMS_IN of layer l - 1, for every block l, and none is named by the
+     embedding or the first block (nothing below the first block reads an input). */
   struct shape g = stack_shape((int)check_rand_int(2, 5));
   struct model m;
   model_new(&m, &g);
@@ -256,13 +259,14 @@ TEST(relay_first_input_before_next_parameters) {
       order++;
     }
     for (int l = 1; l < m.n - 1; l++)
-      CHECK(ins[l] == 1 && last_params[l - 1] >= 0 && first_in[l] < last_params[l - 1],
-            "step %d, %d layers: layer %d's micro-batch 0 came in %lld times, first as copy "
-            "%lld, layer %d's parameters last as copy %lld", step, m.n, l, (long long)ins[l],
-            (long long)first_in[l], l - 1, (long long)last_params[l - 1]);
-    CHECK(ins[0] == 0 && ins[m.n - 1] == 0,
-          "step %d: the embedding's and the head's micro-batch 0 came in %lld and %lld times",
-          step, (long long)ins[0], (long long)ins[m.n - 1]);
+      CHECK(ins[l + 1] == 1 && last_params[l - 1] >= 0 && first_in[l + 1] < last_params[l - 1],
+            "step %d, %d layers: micro-batch 0 came in %lld times in layer %d's visits, first "
+            "as copy %lld, layer %d's parameters last as copy %lld", step, m.n,
+            (long long)ins[l + 1], l + 1, (long long)first_in[l + 1], l - 1,
+            (long long)last_params[l - 1]);
+    CHECK(ins[0] == 0 && ins[1] == 0,
+          "step %d: micro-batch 0 came in %lld and %lld times in the embedding's and the "
+          "first block's visits", step, (long long)ins[0], (long long)ins[1]);
     free(ev);
   }
   l2l_relay_free(r);
