@@ -17,7 +17,8 @@
  * the next visit's first input from the host starts on its way as a visit starts, so that
  * its copy runs under this visit's compute.
  * Must never: keep a saved state past its backward, a device input nobody reads again, or
- * more than two micro-batches of a host-stashed boundary on their way to the host.
+ * more than two micro-batches of a host-stashed boundary on their way to the host beside
+ * the kept ones (whose device copies stay anyway).
  */
 #ifndef L2L_SCHEDULE_WALK_H
 #define L2L_SCHEDULE_WALK_H

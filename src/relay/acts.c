@@ -7,7 +7,8 @@
  * heads' losses copied back queued.
  *
  * Purpose: keep no more than two micro-batches of a host-stashed boundary on their way to
- * the host, and overlap every copy with the compute of the micro-batch before.
+ * the host beside the kept ones, and overlap every copy with the compute of the
+ * micro-batch before.
  * Must never: free a device tensor a copy still reads (stash-outs are retired in order;
  * one that kept its device copy is waited for when that copy is released).
  */
