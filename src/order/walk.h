@@ -81,7 +81,8 @@ static inline l2l_status order_visit_forward_(const struct order_walk_ *w, int k
         TRY(op->release_device(w->ctx, ORDER_X, k, u));
     }
     if (out_host)
-      TRY(op->stash_out(w->ctx, ORDER_X, k + 1, u, order_out_(w, u, next_reads, sc->reread[k + 1])));
+      TRY(op->stash_out(w->ctx, ORDER_X, k + 1, u,
+                        order_out_(w, u, next_reads, sc->reread[k + 1])));
   }
   /* A swap finishes by the visit's end: its device bytes are free then. */
   for (int64_t u = 0; swap && u < w->nmb; u++) TRY(op->swap_out_wait(w->ctx, k, u));
