@@ -192,12 +192,16 @@ static inline l2l_status order_walk(const struct order *sc, int64_t nmb, int64_t
     int k = v->k;
     bool next_reads = order_next_reads_(sc, i);
     if (ops->visit_start) ops->visit_start(ctx, i);
-    /* What the visit's first micro-batch reads from the host stash starts on its way
+    /* What the visit's first two micro-batches read from the host stash starts on its way
        first: the next visit's parameters copy behind it (visit_bind), on the same thread,
-       and a layer's parameters take far longer than a micro-batch's activations. */
+       and a layer's parameters take far longer than a micro-batch's activations (queued
+       at the first micro-batch, the second's waited behind them). No device memory is
+       made between here and the first layer call, which holds both anyway. */
     bool reads_input = v->kind != ORDER_BACKWARD || sc->layers[k].inner == L2L_INNER_RECOMPUTE;
-    if (v->kind == ORDER_BACKWARD) TRY(ops->prefetch(ctx, ORDER_G, k + 1, 0));
-    if (reads_input && k > 0) TRY(ops->prefetch(ctx, ORDER_X, k, 0));
+    for (int64_t u = 0; u < 2 && u < nmb; u++) {
+      if (v->kind == ORDER_BACKWARD) TRY(ops->prefetch(ctx, ORDER_G, k + 1, u));
+      if (reads_input && k > 0) TRY(ops->prefetch(ctx, ORDER_X, k, u));
+    }
     int ahead = order_input_ahead_(sc, i);
     if (ahead > 0) TRY(ops->prefetch_ahead(ctx, ORDER_X, ahead));
     bool grads = order_visit_grads(sc, v);

@@ -233,7 +233,11 @@ TEST(relay_first_input_before_next_parameters) {
      compute never waits behind a whole layer's copy for it: on the host-to-device thread
      (which runs its jobs in order), the one STASH_IN of micro-batch 0 named l + 1 comes
      before the last PARAMS_IN of layer l - 1, for every block l, and none is named by the
-     embedding or the first block (nothing below the first block reads an input). */
+     embedding or the first block (nothing below the first block reads an input). A visit's
+     second micro-batch's inputs are queued before the next visit's parameters too (not at
+     its first micro-batch, behind them): block l's first STASH_IN of micro-batch 1 (its
+     forward's) before the first PARAMS_IN of layer l + 1, and its last (its backward's)
+     before the last PARAMS_IN of layer l - 1. */
   struct shape g = stack_shape((int)check_rand_int(2, 5));
   struct model m;
   model_new(&m, &g);
@@ -249,14 +253,34 @@ TEST(relay_first_input_before_next_parameters) {
     int64_t n;
     l2l_relay_event *ev = relay_events(r, &n);
     int64_t first_in[MAX_LAYERS], last_params[MAX_LAYERS], ins[MAX_LAYERS], order = 0;
-    for (int l = 0; l < m.n; l++) first_in[l] = last_params[l] = -1, ins[l] = 0;
+    int64_t first_in1[MAX_LAYERS], last_in1[MAX_LAYERS], first_params[MAX_LAYERS];
+    for (int l = 0; l < m.n; l++)
+      first_in[l] = last_params[l] = first_in1[l] = last_in1[l] = first_params[l] = -1, ins[l] = 0;
     for (int64_t i = 0; i < n; i++) {
       if (ev[i].thread != 1 || ev[i].layer < 0 || ev[i].layer >= m.n) continue;
       int l = ev[i].layer;
       if (ev[i].phase == L2L_PHASE_STASH_IN && ev[i].micro_batch == 0 && ins[l]++ == 0)
         first_in[l] = order;
-      if (ev[i].phase == L2L_PHASE_PARAMS_IN) last_params[l] = order;
+      if (ev[i].phase == L2L_PHASE_STASH_IN && ev[i].micro_batch == 1) {
+        if (first_in1[l] < 0) first_in1[l] = order;
+        last_in1[l] = order;
+      }
+      if (ev[i].phase == L2L_PHASE_PARAMS_IN) {
+        if (first_params[l] < 0) first_params[l] = order;
+        last_params[l] = order;
+      }
       order++;
+    }
+    for (int l = 1; l < m.n - 1; l++) {
+      if (l + 1 < m.n - 1)
+        CHECK(first_in1[l] >= 0 && first_in1[l] < first_params[l + 1],
+              "step %d: block %d's forward fetched micro-batch 1 as copy %lld, layer %d's "
+              "parameters first came as copy %lld", step, l, (long long)first_in1[l], l + 1,
+              (long long)first_params[l + 1]);
+      CHECK(last_in1[l] >= 0 && last_in1[l] < last_params[l - 1],
+            "step %d: block %d's backward fetched micro-batch 1 last as copy %lld, layer %d's "
+            "parameters last came as copy %lld", step, l, (long long)last_in1[l], l - 1,
+            (long long)last_params[l - 1]);
     }
     for (int l = 1; l < m.n - 1; l++)
       CHECK(ins[l + 1] == 1 && last_params[l - 1] >= 0 && first_in[l + 1] < last_params[l - 1],
