@@ -19,7 +19,9 @@
  *    shapes of a GPT-2 small block over 8192 tokens (768 -> 2304, 768 -> 3072,
  *    3072 -> 768); and the LM head's three (forward, dW, dh at 4096 tokens, 768 wide, 50257
  *    words, bf16) with the logits' rows packed and padded to 8 elements, as the head now
- *    keeps them (GELU's frugal backward is among the element-wise ops); and a GPT-2 small
+ *    keeps them, and the head's fused cross-entropy at that shape as a step runs it (f32
+ *    logits in, losses and bf16 dlogits out: 6 bytes an element against the copy rate)
+ *    (GELU's frugal backward is among the element-wise ops); and a GPT-2 small
  *    block's linear maps with a bias at 4096 tokens (the qkv map's sums to bf16, the
  *    projections' to f32) by gemm_bias: cuBLASLt's bias epilogue against the GEMM and the
  *    bias kernel (cuBLASLt switched off), in ms;
@@ -468,6 +470,40 @@ static void run_head_gemm(void *ctx) {
                                                 g->ta, g->tb, 1.0f, g->beta, g->lda, 0, g->ldc));
 }
 
+/* The head's cross-entropy as a step runs it (heads.c): one fused pass over the f32 logits
+   of rows padded to 8 elements, their losses and the bf16 dlogits the head's GEMMs read.
+   Reads the logits once (4 bytes an element), writes 2: against the copy rate. */
+struct head_ce {
+  float *losses;
+  void *d16;
+  const float *logits;
+  const int32_t *targets;
+  int64_t rows, vocab, ld;
+};
+
+static void run_head_ce(void *ctx) {
+  struct head_ce *c = ctx;
+  ok(backend_for(L2L_POOL_DEVICE)->cross_entropy_fused(c->losses, NULL, c->d16, L2L_BF16,
+                                                        c->logits, c->targets, -100,
+                                                        1.0f / (float)c->rows, c->rows,
+                                                        c->vocab, c->ld));
+}
+
+static void bench_head_cross_entropy(int64_t rows, int64_t vocab) {
+  const int64_t ld = (vocab + 7) / 8 * 8;
+  l2l_tensor *losses = dev(L2L_F32, 1, rows, 0, 0), *d16 = dev(L2L_BF16, 2, rows, ld, 0);
+  l2l_tensor *logits = dev_normal(2, rows, ld, 0, 2), *targets = dev_ids(rows, vocab);
+  struct head_ce c = {l2l_tensor_data(losses), l2l_tensor_data(d16), l2l_tensor_data(logits),
+                      l2l_tensor_data(targets), rows, vocab, ld};
+  const double s = time_call(run_head_ce, &c), bytes = 6.0 * (double)(rows * vocab);
+  printf("%-34s %9.3f ms, %.1f GB/s, %.1f %% of the copy rate (rows of %lld, ld %lld)\n",
+         "head cross-entropy, fused, bf16 dlogits", s * 1e3, bytes / s / 1e9,
+         100.0 * bytes / s / 1e9 / copy_gbs, (long long)vocab, (long long)ld);
+  l2l_tensor *all[] = {losses, d16, logits, targets};
+  free_all(all, 4);
+  ok(l2l_device_release_cache());
+}
+
 static void bench_head_gemms(void) {
   const int64_t N = 4096, D = 768, V = 50257;
   printf("%-34s %9s %9s %9s\n", "LM head GEMMs (TFLOP/s), bf16", "forward", "dW", "dh");
@@ -493,6 +529,7 @@ static void bench_head_gemms(void) {
     free_all(all, 6);
     ok(l2l_device_release_cache());
   }
+  bench_head_cross_entropy(N, V);
   printf("\n");
 }
 

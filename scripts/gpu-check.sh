@@ -200,7 +200,10 @@ phase_kernels() {
   local epilogue   # (the qkv map's GEMM with its bias, to bf16: cuBLASLt's epilogue, the steps)
   epilogue=$(awk '$1 == "qkv" && $NF ~ /^[0-9.]+$/ && $(NF - 3) == "bf16" {e = $(NF - 2); s = $(NF - 1)}
                   END {if (e != "") printf "; the qkv map with its bias %s ms by the epilogue, %s ms in steps", e, s}' "$log")
-  echo "${copy:-no copy figure}; ${gemm:-no GEMM figure}; ${attn:-no attention figure}$visit$head$rows$epilogue (exit $rc)"
+  local ce   # (the head's fused cross-entropy at GPT-2's vocabulary, as a step runs it)
+  ce=$(awk '/^head cross-entropy, fused/ {for (i = 1; i <= NF; i++) if ($i == "%") p = $(i - 1)}
+            END {if (p != "") printf "; the head'"'"'s cross-entropy %s %% of the copy rate", p}' "$log")
+  echo "${copy:-no copy figure}; ${gemm:-no GEMM figure}; ${attn:-no attention figure}$visit$head$rows$epilogue$ce (exit $rc)"
   return $rc
 }
 
