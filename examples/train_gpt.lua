@@ -5,7 +5,7 @@
 --   build/l2l examples/train_gpt.lua [--steps 400 --layers 4 --dim 128 ...]   (--help)
 --
 -- The defaults (4 blocks of width 128, context 64, 32 sequences per step, 400 steps) put
--- 12.7 MiB of parameters and optimizer state behind a 5.07 MiB device budget; on 2 cores
+-- 12.7 MiB of parameters and optimizer state behind a 5.13 MiB device budget; on 2 cores
 -- they take 1.5 to 3 minutes (as busy as the machine is) and the held-out loss falls
 -- from 5.7 to about 1.9 nats per byte.
 -- The text is the C headers under /usr/include (several MB of real code on any machine

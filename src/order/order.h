@@ -76,11 +76,13 @@ enum order_act { ORDER_X, ORDER_G, ORDER_SCRATCH };
    is its last reader). */
 enum order_out { ORDER_OUT_HOST, ORDER_OUT_BOTH, ORDER_OUT_DEVICE };
 
-/* The micro-batches of a visit's output that stay on the device for the next visit, which
-   reads them first, of a step of nmb: both of two (the second is the visit's last output,
-   which the next visit would fetch at once), else the first alone (the next visit fetches
-   the rest one ahead of its use, under the compute of the one before). */
-static inline int64_t order_kept(int64_t nmb) { return nmb <= 2 ? nmb : 1; }
+/* Whether micro-batch u of nmb of a visit's output stays on the device for the next visit:
+   the first (the next visit reads it at once) and the last (the visit would wait at its end
+   for its copy out, which can only start when the visit's compute has ended); the next
+   visit fetches the others one ahead of their use, under the compute of the one before.
+   A timing that walks two micro-batches for many keeps both: the first stands for the
+   first and the middle ones (those its counts weigh), the second for the last. */
+static inline bool order_kept(int64_t u, int64_t nmb) { return u == 0 || u == nmb - 1; }
 
 /* The executor's acts, called in the step's order. Optional hooks may be NULL. */
 struct order_ops {
@@ -131,11 +133,9 @@ struct order_ops {
   l2l_status (*swap_in_wait)(void *ctx, int k, int64_t u);
 };
 
-/* order_walk(sc, nmb, kept, ops, ctx): runs the step's visits over nmb micro-batches
-   through `ops` (a static const table: the walk is inline, walk.h), the first `kept` of a
-   visit's outputs staying on the device for the next visit (order_kept of the step's
-   micro-batches, which a timing walks fewer of), stopping at the first act that fails
-   (the executor frees what the step holds). */
+/* order_walk(sc, nmb, ops, ctx): runs the step's visits over nmb micro-batches through
+   `ops` (a static const table: the walk is inline, walk.h), stopping at the first act that
+   fails (the executor frees what the step holds). */
 #include "order/walk.h"
 
 /* ---------------------------------------------------------------- device slots */

@@ -11,9 +11,10 @@
  * The walk is inline: each executor's copy calls its own acts directly, and the planner's
  * executors (thousands of replays, a few blocks counted per act) have them inlined too
  * (flatten): as calls through pointers the 800-layer plan took a quarter longer.
- * A boundary the next visit reads first stays on the device for it (order_kept: the
- * first micro-batch, or both of two), its host stash still written when a later visit
- * reads it too: no visit fetches back what the one before it just made. In the backward,
+ * A boundary the next visit reads stays on the device for it where order_kept says (a
+ * visit's first and last micro-batches), its host stash still written when a later visit
+ * reads it too: no visit fetches back what the one before it just made first, nor waits
+ * at its end for its last micro-batch's copy out. In the backward,
  * the next visit's first input from the host starts on its way as a visit starts, so that
  * its copy runs under this visit's compute.
  * Must never: keep a saved state past its backward, a device input nobody reads again, or
@@ -29,15 +30,15 @@ struct order_walk_ {
   const struct order *sc;
   const struct order_ops *ops;
   void *ctx;
-  int64_t nmb, kept;
+  int64_t nmb;
 };
 
 /* How micro-batch u of a visit's output boundary waits, the boundary's policy being host:
-   the first `kept` stay on the device when the next visit reads the boundary (`next_reads`),
+   order_kept's stay on the device when the next visit reads the boundary (`next_reads`),
    with a host stash only where a later visit reads it again (`reread`). */
 static inline enum order_out order_out_(const struct order_walk_ *w, int64_t u,
                                         bool next_reads, bool reread) {
-  if (!next_reads || u >= w->kept) return ORDER_OUT_HOST;
+  if (!next_reads || !order_kept(u, w->nmb)) return ORDER_OUT_HOST;
   return reread ? ORDER_OUT_BOTH : ORDER_OUT_DEVICE;
 }
 
@@ -184,9 +185,9 @@ static inline int order_input_ahead_(const struct order *sc, int i) {
   return reads && n->k > 0 ? n->k : 0;
 }
 
-static inline l2l_status order_walk(const struct order *sc, int64_t nmb, int64_t kept,
+static inline l2l_status order_walk(const struct order *sc, int64_t nmb,
                                     const struct order_ops *ops, void *ctx) {
-  struct order_walk_ w = {sc, ops, ctx, nmb, kept};
+  struct order_walk_ w = {sc, ops, ctx, nmb};
   for (int i = 0; i < sc->nvisits; i++) {
     const struct order_visit *v = &sc->visits[i];
     int k = v->k;

@@ -276,8 +276,9 @@ static l2l_status timed_release(void *ctx, enum order_act a, int k, int64_t u) {
 }
 
 /* Kept (BOTH, DEVICE): one of the micro-batches the walked one stands for stays on the
-   device, the others (a visit's middle ones) go to the host alone; the visit does not wait
-   for a kept one's copy (the next visit's release does, long after). */
+   device (the first, or the last), the others (a visit's middle ones) go to the host alone;
+   the visit does not wait for a kept one's copy (the next visit's release does, long after),
+   nor, the last being kept, for a middle one's (done under the last one's compute). */
 static l2l_status timed_stash_out(void *ctx, enum order_act a, int k, int64_t u,
                                   enum order_out how) {
   struct timing *t = ctx;
@@ -423,8 +424,7 @@ __attribute__((flatten)) double plan_step_seconds(const struct plan_chain *c,
       t.channels.h2d = (double)costs[sc.visits[0].k].param_bytes;
       t.first_exposed = seconds_for(t.channels.h2d, rates->h2d);
     }
-    /* the timing acts cannot fail */
-    (void)order_walk(&sc, t.walked, order_kept(nmb), &timing_acts, &t);
+    (void)order_walk(&sc, t.walked, &timing_acts, &t);   /* the timing acts cannot fail */
     /* updates the backward did not hide: deferred ones all, eager ones past its end; on
        shared cores every update takes its time from the step */
     double tail = c->updates_deferred ? t.workers_free : t.workers_free - t.backward_end;

@@ -494,8 +494,7 @@ static __attribute__((flatten)) l2l_status replay_step(uint64_t *peak, uint64_t 
     struct block *grads_out = c->grad_precision != L2L_F32 && !c->evaluation
                                   ? take(&r, 2 * memo->slots[ORDER_SLOT_GRADS_OUT])
                                   : NULL;
-    /* (a short replay stands for more micro-batches than it has, never fewer than 3) */
-    (void)order_walk(sc, r.nmb, order_kept(r.nmb), &replay_acts, &s);   /* its acts cannot fail */
+    (void)order_walk(sc, r.nmb, &replay_acts, &s);   /* the replay's acts cannot fail */
     inputs_free(&s);
     drop(&r, s.scratch.dev);
     drop(&r, slots);

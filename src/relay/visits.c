@@ -216,7 +216,7 @@ l2l_status relay_run_visits(struct step *s) {
      (the others' updates wrote theirs) */
   if (s->run->config.precision != L2L_F32) eps_stage(&s->run->eps);
   if (s->order.nvisits > 0) TRY(relay_params_queue(s, 0, 0));
-  TRY(order_walk(&s->order, s->nmb, order_kept(s->nmb), &relay_acts, s));
+  TRY(order_walk(&s->order, s->nmb, &relay_acts, s));
   relay_grads_wait(s, 0);
   relay_grads_wait(s, 1);
   return L2L_OK;
