@@ -127,10 +127,6 @@ static int alignment(const void *p) {
   return a;
 }
 
-static cudaDataType_t type_of(int dtype) {
-  return dtype == L2L_BF16 ? CUDA_R_16BF : dtype == L2L_F16 ? CUDA_R_16F : CUDA_R_32F;
-}
-
 static void plan_free(struct plan *p) {
   if (p->desc) lt.desc_destroy(p->desc);
   if (p->la) lt.layout_destroy(p->la);
@@ -166,12 +162,12 @@ static bool plan_build(struct plan *p, const struct plan_key *k, const float *bi
     LT_STEP(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   }
   /* column-major views of row-major matrices: b (k,n) is n x k, a (m,k) is k x m, c n x m */
-  const cudaDataType_t ab = type_of(k->ab);
+  const cudaDataType_t ab = cuda_data_type((l2l_dtype)k->ab);
   LT_STEP(lt.layout_create(&p->la, ab, (uint64_t)(k->trans_b ? k->k : k->n),
                            (uint64_t)(k->trans_b ? k->n : k->k), k->trans_b ? k->k : k->n));
   LT_STEP(lt.layout_create(&p->lb, ab, (uint64_t)(k->trans_a ? k->m : k->k),
                            (uint64_t)(k->trans_a ? k->k : k->m), k->trans_a ? k->m : k->k));
-  LT_STEP(lt.layout_create(&p->ld, type_of(k->c), (uint64_t)k->n, (uint64_t)k->m, k->n));
+  LT_STEP(lt.layout_create(&p->ld, cuda_data_type((l2l_dtype)k->c), (uint64_t)k->n, (uint64_t)k->m, k->n));
   cublasLtMatmulPreference_t pref = NULL;
   LT_STEP(lt.pref_create(&pref));
   const uint64_t workspace = CUBLAS_WORKSPACE_BYTES;

@@ -53,9 +53,7 @@ static l2l_status cuda_gemm_batched(float *c, const void *a, const void *b, l2l_
   if (lda == 0) lda = trans_a ? m : k;
   if (ldb == 0) ldb = trans_b ? k : n;
   if (ldc == 0) ldc = n;
-  cudaDataType_t type = ab_dtype == L2L_BF16 ? CUDA_R_16BF
-                        : ab_dtype == L2L_F16 ? CUDA_R_16F
-                                              : CUDA_R_32F;
+  cudaDataType_t type = cuda_data_type(ab_dtype);
   cublasComputeType_t compute = ab_dtype == L2L_F32 && atomic_load(&cuda_rt.tf32)
                                     ? CUBLAS_COMPUTE_32F_FAST_TF32
                                     : CUBLAS_COMPUTE_32F;

@@ -46,6 +46,12 @@ CUDA_INTERNAL void *cuda_open_toolkit_library(const char *name, const char *cons
                                               size_t n, void **fns, char *path, size_t path_len,
                                               char *why, size_t why_len);
 
+/* A GEMM operand's or result's l2l dtype (f32, bf16, f16) as CUDA's data type, for
+   cuBLAS and cuBLASLt alike. */
+static inline cudaDataType_t cuda_data_type(l2l_dtype dtype) {
+  return dtype == L2L_BF16 ? CUDA_R_16BF : dtype == L2L_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
 /* Bytes of device scratch the backend keeps for ops that need a little (reduction
    partials, a result to copy back, column-sum partials) and for cuBLAS's workspace. */
 enum { SCRATCH_BYTES = 32 << 20, CUBLAS_WORKSPACE_BYTES = 32 << 20 };
