@@ -34,11 +34,10 @@ int64_t cuda_attention_workspace(const struct backend_attention_shape *sh, int b
    head-rows' width after q, as the block keeps q, k, v and dq, dk, dv) are cast in one
    kernel and take one region. */
 static int64_t up64(int64_t floats) { return (floats + 63) / 64 * 64; }
-static int64_t o_rows_floats(const struct backend_attention_shape *sh) {
-  return sh->o_dtype == L2L_F32 ? 0 : up64(sh->batch * sh->seq * sh->ld_o);
-}
-static int64_t do_rows_floats(const struct backend_attention_shape *sh) {
-  return sh->do_dtype == L2L_F32 ? 0 : up64(sh->batch * sh->seq * sh->ld_o);
+/* Scratch floats for the fp32 rows of a tensor of o's layout (o, do) when its dtype is
+   16-bit (else none). */
+static int64_t o_rows_floats(l2l_dtype dtype, const struct backend_attention_shape *sh) {
+  return dtype == L2L_F32 ? 0 : up64(sh->batch * sh->seq * sh->ld_o);
 }
 static bool qkv_interleaved(const void *q, const void *k, const void *v,
                             const struct backend_attention_shape *sh) {
@@ -128,9 +127,10 @@ static l2l_status attention_forward_locked(void *o, float *lse, float *probs, fl
                                            const struct backend_attention_shape *sh) {
   float *scratch = NULL, *o32 = (float *)o, *q32[3];
   const void *qkv[3] = {q, k, v};
-  TRY(cuda_scratch_floats(&scratch, o_rows_floats(sh) + qkv_rows_floats(sh->qkv_dtype, qkv, sh)));
+  const int64_t o_floats = o_rows_floats(sh->o_dtype, sh);
+  TRY(cuda_scratch_floats(&scratch, o_floats + qkv_rows_floats(sh->qkv_dtype, qkv, sh)));
   if (sh->o_dtype != L2L_F32) o32 = scratch;
-  TRY(qkv_widened(q32, scratch + o_rows_floats(sh), qkv, sh));
+  TRY(qkv_widened(q32, scratch + o_floats, qkv, sh));
   LAUNCH(k_attention_forward(o32, lse, probs, dropped, mask, q32[0], q32[1], q32[2], key_mask, sh->batch,
                              sh->heads, sh->seq, sh->head_dim, sh->ld_qkv, sh->ld_o,
                              sh->causal, sh->scale, sh->dropout,
@@ -164,9 +164,10 @@ static l2l_status attention_backward_locked(void *dq, void *dk, void *dv, const 
   float *scratch = NULL, *q32[3], *g32[3] = {dq, dk, dv};
   const void *qkv[3] = {q, k, v}, *dqkv[3] = {dq, dk, dv};
   const int64_t own = up64(k_attention_scratch_floats(sh->batch, sh->heads, sh->seq, 1));
-  const int64_t at_qkv = own + o_rows_floats(sh), at_dqkv = at_qkv + qkv_rows_floats(sh->qkv_dtype, qkv, sh);
+  const int64_t at_qkv = own + o_rows_floats(sh->o_dtype, sh);
+  const int64_t at_dqkv = at_qkv + qkv_rows_floats(sh->qkv_dtype, qkv, sh);
   const int64_t at_do = at_dqkv + qkv_rows_floats(sh->dqkv_dtype, dqkv, sh);
-  TRY(cuda_scratch_floats(&scratch, at_do + do_rows_floats(sh)));
+  TRY(cuda_scratch_floats(&scratch, at_do + o_rows_floats(sh->do_dtype, sh)));
   const float *o32 = (const float *)o, *do32 = (const float *)d_o;
   if (sh->o_dtype != L2L_F32) {   /* widened into the scratch past the kernels' own part */
     TRY(o_cast(scratch + own, DT_F32, o, (int)sh->o_dtype, sh));
