@@ -36,7 +36,7 @@
  *    >= 30 %. The
  *    unfused reference keeps B H S^2 floats of scores, so it runs on fewer heads where
  *    that would not fit (its rate does not depend on the head count once the GPU is full).
- *    Three paths, one row each: f32 products, bf16 on l2l's own tensor-core kernels (cuDNN
+ *    Three paths, one row each: f32 products, bf16 on l2l's own flash kernels (cuDNN
  *    switched off), and bf16 through cuDNN's fused SDPA where libcudnn loads (its rows have
  *    no unfused reference of their own: the bf16 row's is the same);
  * Each figure is the median of SAMPLES timed samples after a warm-up; a sample times
@@ -783,7 +783,7 @@ int main(void) {
 
   char cudnn_about[512];
   int cudnn = l2l_cudnn_available(cudnn_about, sizeof cudnn_about);
-  printf("attention, causal, products in f32 (CUDA cores), bf16 (l2l's tensor-core kernels) or "
+  printf("attention, causal, products in f32 (CUDA cores), bf16 (l2l's flash kernels) or "
          "through cuDNN's fused SDPA (bf16; %s): flash\nforward (ms, TFLOP/s, of the bf16 GEMM "
          "rate at 4096^3: %.1f TFLOP/s), flash backward, unfused forward (gemm_batched + softmax "
          "+ gemm_batched,\nsame product dtype, on B*H heads), flash/unfused\n", cudnn_about,

@@ -19,7 +19,7 @@
 -- plan; the timed steps are then a whole number of accumulations (steps rounded up).
 --
 -- memory=frugal by default: its attention keeps only the row log-sum-exp, and with 16-bit
--- precision runs on tensor cores (kernels/attention_mma.cu); standard keeps S x S
+-- precision runs on tensor cores (cuDNN, or kernels/attention_flash.cu); standard keeps S x S
 -- probabilities, which only the fp32 attention kernels write.
 --
 -- The timed steps follow warm-up steps, an update's worth (the caching allocator's first round, the

@@ -9,8 +9,8 @@
  * dk / dv rows in registers and loops over the query tiles that can see them, recomputing
  * P from lse (or reading the standard mode's probs), and adds its share of dq with float
  * atomics. Heads live in columns (row stride ld), so tiles are read straight from the
- * strided q, k, v, o, do matrices. The launchers at the end send calls that allow 16-bit
- * products to the tensor-core kernels of attention_mma.cu when those can serve them.
+ * strided q, k, v, o, do matrices. The launchers at the end also check and queue the
+ * tensor-core kernels of attention_flash.cu (16-bit products, the flash mode).
  *
  * Layout of the work: 256 threads as a 16 x 16 grid (ty, tx). A score tile's entry
  * (row, col) belongs to the thread with ty = row / RPT and tx = col % 16, so the 16
@@ -544,8 +544,7 @@ int backward_for(const BackwardArgs &args, cudaStream_t stream) {
 int check_shape(AttentionShape *sh, int64_t batch, int64_t heads, int64_t seq,
                 int64_t head_dim, int64_t ld_qkv, int64_t ld_o, int causal, float scale,
                 float dropout, uint32_t keep_threshold, uint64_t seed, uint64_t stream_id,
-                int64_t first_sample, int product_dtype) {
-  if (product_dtype != DT_F32 && product_dtype != DT_F16 && product_dtype != DT_BF16) return -1;
+                int64_t first_sample) {
   if (batch < 0 || heads < 0 || seq < 0 || first_sample < 0) return -1;
   if (head_dim <= 0 || head_dim > 256) return -1;
   if (!(dropout >= 0.0f && dropout < 1.0f)) return -1;
@@ -574,12 +573,11 @@ extern "C" int k_attention_forward(float *o, float *lse, float *probs, float *dr
                                    int64_t ld_qkv, int64_t ld_o, int causal, float scale,
                                    float dropout, uint32_t keep_threshold, uint64_t seed,
                                    uint64_t stream_id, int64_t first_sample,
-                                   int product_dtype, float *scratch, void *stream) {
+                                   float *scratch, void *stream) {
   (void)scratch; /* the forward needs none */
   ForwardArgs args;
   int state = check_shape(&args.sh, batch, heads, seq, head_dim, ld_qkv, ld_o, causal, scale,
-                          dropout, keep_threshold, seed, stream_id, first_sample,
-                          product_dtype);
+                          dropout, keep_threshold, seed, stream_id, first_sample);
   if (state < 0) return (int)cudaErrorInvalidValue;
   if (state > 0) return 0;
   if (!o || !lse || !q || !k || !v) return (int)cudaErrorInvalidValue;
@@ -587,8 +585,6 @@ extern "C" int k_attention_forward(float *o, float *lse, float *probs, float *dr
   args.q = q, args.k = k, args.v = v, args.key_mask = key_mask;
   const bool write_rows = probs != nullptr || (dropout > 0.0f && (dropped || mask));
   cudaStream_t s = (cudaStream_t)stream;
-  if (!write_rows && mma_serves(product_dtype, head_dim, false))
-    return mma_forward(args, product_dtype, s);
   if (head_dim <= 32) return forward_for<32>(args, write_rows, s);
   if (head_dim <= 64) return forward_for<64>(args, write_rows, s);
   if (head_dim <= 128) return forward_for<128>(args, write_rows, s);
@@ -604,11 +600,10 @@ extern "C" int k_attention_backward(float *dq, float *dk, float *dv, const float
                                     int64_t ld_o, int causal, float scale, float dropout,
                                     uint32_t keep_threshold, uint64_t seed,
                                     uint64_t stream_id, int64_t first_sample,
-                                    int product_dtype, float *scratch, void *stream) {
+                                    float *scratch, void *stream) {
   BackwardArgs args;
   int state = check_shape(&args.sh, batch, heads, seq, head_dim, ld_qkv, ld_o, causal, scale,
-                          dropout, keep_threshold, seed, stream_id, first_sample,
-                          product_dtype);
+                          dropout, keep_threshold, seed, stream_id, first_sample);
   if (state < 0) return (int)cudaErrorInvalidValue;
   if (state > 0) return 0;
   if (!dq || !dk || !dv || !d_o || !o || !q || !k || !v || !scratch || (!lse && !probs))
@@ -625,10 +620,74 @@ extern "C" int k_attention_backward(float *dq, float *dk, float *dv, const float
   args.dq = dq, args.dk = dk, args.dv = dv, args.d_o = d_o, args.lse = lse;
   args.probs = probs, args.dropped = dropped, args.mask = mask;
   args.q = q, args.k = k, args.v = v, args.key_mask = key_mask, args.d_rows = scratch;
-  if (!probs && !dropped && !mask && mma_serves(product_dtype, head_dim, true))
-    return mma_backward(args, product_dtype, s);
   if (head_dim <= 32) return backward_for<32>(args, s);
   if (head_dim <= 64) return backward_for<64>(args, s);
   if (head_dim <= 128) return backward_for<128>(args, s);
   return backward_for<256>(args, s);
+}
+
+/* ---------------------------------------------------------------- the flash mode */
+
+namespace {
+
+/* Pointers to 16-bit rows the flash kernels copy 16 bytes at a time from. */
+bool rows_aligned16(const void *p, int64_t ld) {
+  return ((uintptr_t)p & 15) == 0 && ld % 8 == 0;
+}
+
+} /* namespace */
+
+extern "C" int k_attention_flash_serves(int dtype, int64_t head_dim, int backward) {
+  return flash_serves(dtype, head_dim, backward != 0) ? 1 : 0;
+}
+
+extern "C" int k_attention_flash_forward(void *o, int o_dtype, float *lse, const void *q,
+                                         const void *k, const void *v, const uint8_t *key_mask,
+                                         int64_t batch, int64_t heads, int64_t seq,
+                                         int64_t head_dim, int64_t ld_qkv, int64_t ld_o,
+                                         int causal, float scale, float dropout,
+                                         uint32_t keep_threshold, uint64_t seed,
+                                         uint64_t stream_id, int64_t first_sample, int dtype,
+                                         void *stream) {
+  FlashArgs args = {};
+  int state = check_shape(&args.sh, batch, heads, seq, head_dim, ld_qkv, ld_o, causal, scale,
+                          dropout, keep_threshold, seed, stream_id, first_sample);
+  if (state < 0 || !flash_serves(dtype, head_dim, false)) return (int)cudaErrorInvalidValue;
+  if (state > 0) return 0;
+  if (!o || !lse || (o_dtype != DT_F32 && o_dtype != dtype)) return (int)cudaErrorInvalidValue;
+  if (!q || !k || !v || !rows_aligned16(q, ld_qkv) || !rows_aligned16(k, ld_qkv) ||
+      !rows_aligned16(v, ld_qkv))
+    return (int)cudaErrorInvalidValue;
+  args.q = q, args.k = k, args.v = v, args.o = o, args.lse = lse, args.key_mask = key_mask;
+  args.o16 = o_dtype != DT_F32;
+  return flash_forward(args, dtype, (cudaStream_t)stream);
+}
+
+extern "C" int k_attention_flash_backward(void *dq, void *dk, void *dv, int dqkv_dtype,
+                                          int64_t ld_dqkv, const void *d_o, int64_t ld_do, const void *o,
+                                          int o_dtype,
+                                          const float *lse, const void *q, const void *k,
+                                          const void *v, const uint8_t *key_mask, int64_t batch,
+                                          int64_t heads, int64_t seq, int64_t head_dim,
+                                          int64_t ld_qkv, int64_t ld_o, int causal, float scale,
+                                          float dropout, uint32_t keep_threshold, uint64_t seed,
+                                          uint64_t stream_id, int64_t first_sample, int dtype,
+                                          float *scratch, void *stream) {
+  FlashArgs args = {};
+  int state = check_shape(&args.sh, batch, heads, seq, head_dim, ld_qkv, ld_o, causal, scale,
+                          dropout, keep_threshold, seed, stream_id, first_sample);
+  if (state < 0 || !flash_serves(dtype, head_dim, true)) return (int)cudaErrorInvalidValue;
+  if (state > 0) return 0;
+  if (!dq || !dk || !dv || !o || !lse || !scratch || ld_dqkv < heads * head_dim ||
+      (dqkv_dtype != DT_F32 && dqkv_dtype != dtype) ||
+      (o_dtype != DT_F32 && o_dtype != dtype))
+    return (int)cudaErrorInvalidValue;
+  if (!q || !k || !v || !d_o || !rows_aligned16(q, ld_qkv) || !rows_aligned16(k, ld_qkv) ||
+      !rows_aligned16(v, ld_qkv) || ld_do < heads * head_dim || !rows_aligned16(d_o, ld_do))
+    return (int)cudaErrorInvalidValue;
+  args.q = q, args.k = k, args.v = v, args.d_o = d_o, args.ld_do = ld_do, args.o_in = o;
+  args.lse = const_cast<float *>(lse); /* read only by the backward */
+  args.dq = dq, args.dk = dk, args.dv = dv, args.ld_dqkv = ld_dqkv, args.d_rows = scratch, args.key_mask = key_mask;
+  args.o16 = o_dtype != DT_F32, args.out16 = dqkv_dtype != DT_F32;
+  return flash_backward(args, dtype, (cudaStream_t)stream);
 }

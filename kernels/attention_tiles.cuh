@@ -2,7 +2,7 @@
 /* attention_tiles.cuh — what the two attention kernel files share: the call's shape and
  * arguments, which keys a query sees, the dropout draws of a tile, and the tile launcher.
  *
- * Purpose: attention.cu (fp32 on CUDA cores, every mode) and attention_mma.cu (16-bit
+ * Purpose: attention.cu (fp32 on CUDA cores, every mode) and attention_flash.cu (16-bit
  * products on tensor cores, the flash mode) must agree on masking and dropout draw for
  * draw, so both take them from here. Only those two files include this.
  * Must never: hold state, or differ from the CPU backend's key_hidden / dropout_row.
@@ -98,15 +98,29 @@ inline int launch_tiles(void (*kernel)(Args), int threads, size_t smem, int64_t 
   return k_launched();
 }
 
-/* The tensor-core flash kernels (attention_mma.cu) for 16-bit products, dtype DT_BF16 or
-   DT_F16: whether they serve a forward or backward of head_dim on this GPU (compute
-   capability 8.0 or later, a build with their bodies, head_dim <= 128, and the shared
-   memory their tiles take), and their launchers, which take arguments the fp32
-   launchers have checked. The caller also keeps standard-mode calls (rows of P written
-   or read) on fp32. */
-bool mma_serves(int dtype, int64_t head_dim, bool backward);
-int mma_forward(const ForwardArgs &args, int dtype, cudaStream_t stream);
-int mma_backward(const BackwardArgs &args, int dtype, cudaStream_t stream);
+/* The flash kernels on tensor cores (attention_flash.cu): 16-bit q, k, v and do of the
+   products' dtype (DT_BF16 or DT_F16) read as they lie, rows 16-byte aligned. */
+struct FlashArgs {
+  const void *q, *k, *v, *d_o; /* the products' dtype; d_o backward only, rows ld_do apart */
+  int64_t ld_do;
+  void *o;                     /* forward: written, f32 or (o16) the products' dtype */
+  const void *o_in;            /* backward: o as the forward wrote it, f32 or (o16) */
+  float *lse;                  /* written by the forward, read by the backward */
+  void *dq, *dk, *dv;          /* backward: written, f32 or (out16) the products' dtype */
+  int64_t ld_dqkv;             /* their rows' stride */
+  float *d_rows;               /* backward: D = do . o, (batch, heads, seq), written there */
+  const uint8_t *key_mask;
+  bool o16, out16;
+  AttentionShape sh;
+};
+
+/* Whether the flash kernels serve a forward or backward of head_dim in `dtype` on this GPU
+   (compute capability 8.0 or later, a build with their bodies, head_dim a multiple of 8 up
+   to 128, and the shared memory their tiles take), and their launchers, which take
+   arguments attention.cu's launchers have checked. */
+bool flash_serves(int dtype, int64_t head_dim, bool backward);
+int flash_forward(const FlashArgs &args, int dtype, cudaStream_t stream);
+int flash_backward(const FlashArgs &args, int dtype, cudaStream_t stream);
 
 } /* namespace k_attention */
 

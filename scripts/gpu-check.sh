@@ -181,11 +181,12 @@ phase_kernels() {
   local copy gemm attn
   copy=$(sed -n 's/^device copy .*, \([0-9.]*\) GB\/s.*/\1 GB\/s copy/p' "$log")
   gemm=$(grep -E '^4096 x 4096 x 4096 ' "$log" | awk '{print $NF " TFLOP/s bf16 GEMM 4096^3"}')
-  # (the rows' columns are padded: names and sizes apart by one space or more)
-  attn=$(grep -E '^bf16 +S=4096 +hd=64 ' "$log" | awk '{print $6 " TFLOP/s bf16 flash forward S=4096 hd=64"}')
-  local sdpa
-  sdpa=$(grep -E '^cudnn +S=4096 +hd=64 ' "$log" | awk '{print ", cuDNN " $6}')
-  attn=${attn:+$attn$sdpa}
+  # (the rows' columns are padded: names and sizes apart by one space or more; fwd / bwd
+  # TFLOP/s at GPT-2's S = 1024 and at 4096, l2l's flash kernels then cuDNN's)
+  attn=$(awk '($1 == "bf16" || $1 == "cudnn") && ($2 == "S=1024" || $2 == "S=4096") {
+                r[$1] = r[$1] (r[$1] == "" ? "" : ", ") sprintf("%s %s %s/%s", $2, $3, $6, $10)}
+              END {if (r["bf16"] != "") printf "attention fwd/bwd TFLOP/s: l2l flash %s", r["bf16"]
+                   if (r["cudnn"] != "") printf "; cuDNN %s", r["cudnn"]}' "$log")
   local visit   # (a block's records on a copy lane: each copy waited, or queued and one wait)
   visit=$(awk '/each waited, small f32/ {w = $(NF - 3)} /queued, the last one waited/ {q = $(NF - 3)}
                END {if (w != "") printf "; a block'"'"'s 12 record copies %s us each waited, %s us queued", w, q}' "$log")

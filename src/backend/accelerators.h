@@ -94,6 +94,9 @@ l2l_status cudnn_describe(const struct backend_attention_shape *shape, int backw
    attention calls cuDNN has run. */
 void cudnn_enable(int on);
 int64_t cudnn_runs(void);
+/* How many attention calls (forwards and backwards) l2l's flash kernels on tensor cores
+   have run (cuda/attention_ops.c; 0 without CUDA). */
+int64_t flash_attention_runs(void);
 
 /* cuBLASLt, which the CUDA backend's gemm_bias uses where it can (cuda/cublaslt.c): 1 when
    libcublasLt is open (opening it at the first ask), with "cuBLASLt 13.x.y from PATH" in

@@ -294,9 +294,11 @@ static enum profile_bound attention_bound(const struct backend_attention_shape *
 }
 
 /* Which path ran an attention call: " cudnn" when cuDNN's count of calls it ran moved
-   across it (the CUDA backend handed it to cuDNN), else "" (l2l's own kernels). */
-static const char *attention_path(int64_t cudnn_runs_before) {
-  return cudnn_runs() != cudnn_runs_before ? " cudnn" : "";
+   across it (the CUDA backend handed it to cuDNN), " flash" when the own flash kernels'
+   count did (16-bit products on tensor cores), else "" (the fp32 kernels, or the CPU). */
+static const char *attention_path(int64_t cudnn_runs_before, int64_t flash_runs_before) {
+  if (cudnn_runs() != cudnn_runs_before) return " cudnn";
+  return flash_attention_runs() != flash_runs_before ? " flash" : "";
 }
 
 #define ATTENTION_SHAPE(s, kept, path)                                                    \
@@ -314,13 +316,13 @@ static l2l_status p_attention_forward(void *o, float *lse, float *probs, float *
   double pairs = attention_pairs(shape), seq2 = d(shape->batch) * d(shape->heads) *
                                                 d(shape->seq) * d(shape->seq);
   double kept = F * seq2 * ((probs != NULL) + (dropped != NULL)) + (mask ? seq2 / 8 : 0);
-  int64_t runs_before = cudnn_runs();
+  int64_t runs_before = cudnn_runs(), flash_before = flash_attention_runs();
   PROFILED(attention_forward(o, lse, probs, dropped, mask, q, k, v, key_mask, shape, workspace,
                              workspace_floats),
            "attention_forward", 4 * d(shape->head_dim) * pairs,
            attention_rows_bytes(shape, 0) + F * d(shape->batch) * d(shape->heads) * d(shape->seq) +
            kept, attention_bound(shape), false,
-           ATTENTION_SHAPE(shape, probs != NULL, attention_path(runs_before)));
+           ATTENTION_SHAPE(shape, probs != NULL, attention_path(runs_before, flash_before)));
 }
 
 /* Backward: dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q, and S = q k^T again when the
@@ -334,13 +336,13 @@ static l2l_status p_attention_backward(void *dq, void *dk, void *dv, const void 
   double products = probs != NULL ? 4 : 5, seq2 = d(shape->batch) * d(shape->heads) *
                                                   d(shape->seq) * d(shape->seq);
   double kept = F * seq2 * ((probs != NULL) + (dropped != NULL)) + (mask ? seq2 / 8 : 0);
-  int64_t runs_before = cudnn_runs();
+  int64_t runs_before = cudnn_runs(), flash_before = flash_attention_runs();
   PROFILED(attention_backward(dq, dk, dv, d_o, o, lse, probs, dropped, mask, q, k, v, key_mask,
                               shape, workspace, workspace_floats),
            "attention_backward", 2 * products * d(shape->head_dim) * attention_pairs(shape),
            attention_rows_bytes(shape, 1) + F * d(shape->batch) * d(shape->heads) * d(shape->seq) +
            kept, attention_bound(shape), false,
-           ATTENTION_SHAPE(shape, probs != NULL, attention_path(runs_before)));
+           ATTENTION_SHAPE(shape, probs != NULL, attention_path(runs_before, flash_before)));
 }
 
 static int64_t p_attention_workspace(const struct backend_attention_shape *shape, int backward) {

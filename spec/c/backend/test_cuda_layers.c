@@ -475,14 +475,16 @@ TEST(cuda_backend_attention) {
 }
 
 /* The flash mode with 16-bit products (the tensor-core kernels) against the CPU's fp32:
-   the same shapes, masks and dropout as above, bf16 and f16. cuDNN is switched off here,
-   so that the own kernels run every case (test_cudnn.c tests the cuDNN path). */
+   the same shapes, masks and dropout as above, bf16 and f16, q, k, v f32 (cast by the
+   backend; test_cudnn.c's io16 test gives them 16-bit, aligned and not). cuDNN is switched
+   off here, so that the flash kernels run every case (test_cudnn.c tests the cuDNN path). */
 TEST(cuda_backend_attention_16bit_products) {
   if (!use_gpu()) return;
   cudnn_enable(0);
   static const int64_t seqs[] = {1, 5, 63, 64, 65, 200}, dims[] = {16, 64, 80, 128};
   static const int64_t heads[] = {1, 3};
   static const l2l_dtype precisions[] = {L2L_BF16, L2L_F16};
+  const int64_t flash_before = flash_attention_runs();
   int failed = 0, cases = 0;
   for (int p = 0; p < 2; p++)
     for (int s = 0; s < 6; s++)
@@ -496,6 +498,66 @@ TEST(cuda_backend_attention_16bit_products) {
             cases++;
           }
   CHECK(cases == 768 || failed >= 5, "ran %d cases", cases);
+  /* every case a forward and a backward on the flash kernels (a dry run's CPU has none) */
+  if (failed == 0 && cuda_probe(NULL, 0))
+    CHECK(flash_attention_runs() - flash_before == 2 * cases,
+          "the flash kernels ran %lld of the %d cases' calls",
+          (long long)(flash_attention_runs() - flash_before), 2 * cases);
+  cudnn_enable(1);
+  end_gpu();
+}
+
+/* The flash backward adds no float atomics (the WMMA kernels it replaced added dq so, in
+   whatever order the blocks ran): the same call twice gives the same bits. bf16 products,
+   cuDNN off, a length drawn past one tile, causal, a key mask and dropout. */
+TEST(cuda_flash_attention_backward_repeats_to_the_bit) {
+  if (!use_gpu()) return;
+  cudnn_enable(0);
+  const struct backend_ops *ops = backend_for(L2L_POOL_DEVICE);
+  const int64_t B = 2, H = 3, S = check_rand_int(65, 300), hd = 64, D = H * hd, N = B * S;
+  struct backend_attention_shape sh;
+  memset(&sh, 0, sizeof sh);
+  sh.batch = B, sh.heads = H, sh.seq = S, sh.head_dim = hd, sh.ld_qkv = 3 * D, sh.ld_o = D;
+  sh.causal = 1, sh.scale = 1.0f / sqrtf((float)hd), sh.dropout = 0.1f, sh.precision = L2L_BF16;
+  sh.seed = check_rand_u64(), sh.stream = check_rand_u64();
+  l2l_tensor *km = HOST(L2L_U8, B, S);
+  for (int64_t i = 0; i < B * S; i++) bdata(km)[i] = i % S < S - 7; /* the last 7 keys hidden */
+  struct twin qkv = twin_of(RANDN(1.0, N, 3 * D)), key_mask = twin_of(km);
+  struct twin d_o = twin_of(RANDN(1.0, N, D)), o = twin_of(NANS(N, D)), lse = twin_of(NANS(B * H * S));
+  struct twin g[2] = {twin_of(NANS(N, 3 * D)), twin_of(NANS(N, 3 * D))};
+  const float *q = fdata(qkv.d);
+  const int64_t flash_before = flash_attention_runs();
+  int64_t wf = 0, wb = 0;
+  l2l_tensor *fws = attention_workspace(L2L_POOL_DEVICE, &sh, 0, &wf);
+  l2l_tensor *bws = attention_workspace(L2L_POOL_DEVICE, &sh, 1, &wb);
+  bool ok = CHECK_OK(ops->attention_forward(fdata(o.d), fdata(lse.d), NULL, NULL, NULL, q, q + D,
+                                            q + 2 * D, bdata(key_mask.d), &sh, fdata(fws), wf));
+  for (int r = 0; r < 2; r++) {
+    float *gd = fdata(g[r].d);
+    ok &= CHECK_OK(ops->attention_backward(gd, gd + D, gd + 2 * D, fdata(d_o.d), fdata(o.d),
+                                           fdata(lse.d), NULL, NULL, NULL, q, q + D, q + 2 * D,
+                                           bdata(key_mask.d), &sh, fdata(bws), wb));
+  }
+  ok &= CHECK_OK(l2l_device_synchronize());
+  FREE(fws, bws);
+  if (ok) {
+    l2l_tensor *a = copied_to(g[0].d, L2L_POOL_HOST), *b = copied_to(g[1].d, L2L_POOL_HOST);
+    int64_t differ = 0, finite = 0;
+    for (int64_t i = 0; i < N * 3 * D; i++) {
+      differ += memcmp(fdata(a) + i, fdata(b) + i, sizeof(float)) != 0;
+      finite += isfinite(fdata(a)[i]);
+    }
+    CHECK(finite == N * 3 * D, "S=%lld: %lld of %lld gradients not finite", (long long)S,
+          (long long)(N * 3 * D - finite), (long long)(N * 3 * D));
+    CHECK(differ == 0, "S=%lld: %lld of %lld gradients differ between two runs", (long long)S,
+          (long long)differ, (long long)(N * 3 * D));
+    if (cuda_probe(NULL, 0))
+      CHECK(flash_attention_runs() - flash_before == 3, "the flash kernels ran %lld calls of 3",
+            (long long)(flash_attention_runs() - flash_before));
+    l2l_tensor_free(a);
+    l2l_tensor_free(b);
+  }
+  TWIN_FREE(&qkv, &key_mask, &d_o, &o, &lse, &g[0], &g[1]);
   cudnn_enable(1);
   end_gpu();
 }

@@ -414,19 +414,26 @@ TEST(cudnn_graph_math_on_cpu) {
    run) against itself on their f32 copies (attention_io16.c): frugal cases through cuDNN
    where it is loaded (q, k, v read in place by graphs with their row stride, o its graph's
    O in place or copied at a row stride past the heads), standard ones and cuDNN switched
-   off through the own kernels (through fp32 rows in the scratch; q, k, v in three buffers
-   too, and rows not 16-byte aligned, which cuDNN then reads from packed copies). Within two
+   off through the own kernels (frugal: the flash kernels, 16-bit tensors read in place or,
+   where their rows are not 16-byte aligned, from packed copies; standard: the fp32 kernels
+   through fp32 rows in the scratch; q, k, v in three buffers too, and rows not 16-byte
+   aligned, which cuDNN then reads from packed copies). Within two
    16-bit ulps and 1e-5, not to the bit: the in-place graphs may run other engines than the packed ones,
    and the backward's sums may be ordered differently from run to run. Where cuDNN 9.16 or
    later is loaded it must have run. */
 TEST(cudnn_attention_reads_and_writes_16_bits) {
   if (!use_gpu()) return;
-  const int64_t before = cudnn_runs();
+  const int64_t before = cudnn_runs(), flash_before = flash_attention_runs();
   for (int i = 0; i < 16; i++) {
     cudnn_enable(i < 8);
     attention_io16_check(L2L_POOL_DEVICE, i & 2 ? L2L_BF16 : L2L_F16, i & 1, false);
   }
   cudnn_enable(1);
+  /* the frugal cases with cuDNN off: the flash kernels, reading 16-bit q, k, v and do in
+     place where aligned */
+  if (cuda_probe(NULL, 0))
+    CHECK(flash_attention_runs() >= flash_before + 8, "the flash kernels ran %lld calls, want 8 or more",
+          (long long)(flash_attention_runs() - flash_before));
   /* (before 9.16: only S a multiple of 128; a dry run has no GPU for cuDNN) */
   if (cuda_probe(NULL, 0) && l2l_cudnn_available(NULL, 0) > 91500)
     CHECK(cudnn_runs() > before, "cuDNN is loaded but ran none of the frugal cases");

@@ -1,13 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /* attention_ops.c — the CUDA ops table's attention entries: cuDNN's fused SDPA where it
- * routes the call (cudnn_sdpa.c), else l2l's own kernels (kernels/attention.h).
+ * routes the call (cudnn_sdpa.c), else l2l's own kernels (kernels/attention.h): the flash
+ * kernels on tensor cores where the products are 16-bit and no standard-mode rows are
+ * kept, the fp32 kernels for the rest.
  *
- * Purpose: split from cuda_ops.c along its attention seam. The own kernels read and
- * write fp32, so 16-bit q, k, v, o, do and dq, dk, dv go through fp32 rows in the
- * backend's scratch; cuDNN's path takes its scratch for its 16-bit copies and workspace.
+ * Purpose: split from cuda_ops.c along its attention seam. The flash kernels read 16-bit
+ * q, k, v and do as they lie (cast or copied into the scratch where they are f32 or not
+ * 16-byte aligned) and write o and dq, dk, dv in f32 or 16 bits. The fp32 kernels read
+ * and write fp32, so 16-bit tensors go through fp32 rows in the backend's scratch. cuDNN's
+ * path takes the scratch for its 16-bit copies and workspace.
  * Must never: take cuda_rt.lock twice (the entries take it once, as cuda_ops.c's ops do).
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #ifdef L2L_CUDA
@@ -88,6 +93,118 @@ static l2l_status o_cast(void *dst, int dst_dtype, const void *src, int src_dtyp
   return L2L_OK;
 }
 
+/* ---------------------------------------------------------------- the flash kernels */
+
+static atomic_llong flash_runs;
+int64_t flash_attention_runs(void) { return atomic_load(&flash_runs); }
+
+/* Whether the flash kernels take a call: 16-bit products, no standard-mode rows (P, P' or
+   bits written or read), a head_dim they serve on this GPU, and every tensor f32 or of the
+   products' dtype (o and dq, dk, dv are written as they are; q, k, v and do cast). */
+static bool flash_takes(const struct backend_attention_shape *sh, bool rows, int backward) {
+  const l2l_dtype p = sh->precision;
+#define F32_OR_PRODUCTS(dt) ((dt) == L2L_F32 || (dt) == p)
+  return !rows && p != L2L_F32 && F32_OR_PRODUCTS(sh->qkv_dtype) && F32_OR_PRODUCTS(sh->o_dtype) &&
+         (!backward || (F32_OR_PRODUCTS(sh->do_dtype) && F32_OR_PRODUCTS(sh->dqkv_dtype))) &&
+         k_attention_flash_serves((int)p, sh->head_dim, backward);
+#undef F32_OR_PRODUCTS
+}
+
+/* A tensor the flash kernels read as it lies: in the products' dtype, 16-byte aligned
+   rows. */
+static bool flash_ready(const void *x, l2l_dtype dtype, int64_t ld,
+                        const struct backend_attention_shape *sh) {
+  return dtype == sh->precision && ((uintptr_t)x & 15) == 0 && ld % 8 == 0;
+}
+static bool flash_qkv_ready(const void *const qkv[3], const struct backend_attention_shape *sh) {
+  for (int i = 0; i < 3; i++)
+    if (!flash_ready(qkv[i], sh->qkv_dtype, sh->ld_qkv, sh)) return false;
+  return true;
+}
+/* Scratch floats for (batch * seq) packed rows of `cols` 16-bit elements. */
+static int64_t halves_floats(const struct backend_attention_shape *sh, int64_t cols) {
+  return up64((sh->batch * sh->seq * cols + 1) / 2);
+}
+/* dst (rows, cols; dst_ld apart) := src (src_dtype; src_ld apart) in the products' 16 bits:
+   cast from f32, or copied. */
+static l2l_status rows_as_products(void *dst, int64_t dst_ld, const void *src, l2l_dtype src_dtype,
+                                   int64_t src_ld, int64_t cols,
+                                   const struct backend_attention_shape *sh) {
+  const int64_t rows = sh->batch * sh->seq;
+  if (src_dtype == L2L_F32) {
+    LAUNCH(k_cast_rows(dst, (int)sh->precision, dst_ld, src, DT_F32, src_ld, rows, cols,
+                       cuda_rt.compute));
+    return L2L_OK;
+  }
+  cuda_launched();
+  CUDA_TRY(cudaMemcpy2DAsync(dst, (size_t)dst_ld * 2, src, (size_t)src_ld * 2, (size_t)cols * 2,
+                             (size_t)rows, cudaMemcpyDeviceToDevice, cuda_rt.compute));
+  return L2L_OK;
+}
+/* in := q, k, v as the flash kernels read them: the tensors themselves where ready, else
+   cast or copied to `at` in the scratch (halves_floats(sh, 3 heads head_dim) floats,
+   interleaved as the block keeps them). */
+static l2l_status flash_qkv(const void *in[3], float *at, const void *const qkv[3],
+                            const struct backend_attention_shape *sh) {
+  const bool ready = flash_qkv_ready(qkv, sh);
+  const int64_t w = sh->heads * sh->head_dim;
+  for (int i = 0; i < 3; i++) {
+    in[i] = ready ? qkv[i] : (const void *)((uint16_t *)at + i * w);
+    if (!ready) TRY(rows_as_products((void *)in[i], 3 * w, qkv[i], sh->qkv_dtype, sh->ld_qkv, w, sh));
+  }
+  return L2L_OK;
+}
+
+static l2l_status attention_forward_flash(void *o, float *lse, const void *q, const void *k,
+                                          const void *v, const uint8_t *key_mask,
+                                          const struct backend_attention_shape *sh) {
+  const void *qkv[3] = {q, k, v}, *in[3];
+  const int64_t w = sh->heads * sh->head_dim;
+  float *scratch = NULL;
+  TRY(cuda_scratch_floats(&scratch, flash_qkv_ready(qkv, sh) ? 0 : halves_floats(sh, 3 * w)));
+  TRY(flash_qkv(in, scratch, qkv, sh));
+  LAUNCH(k_attention_flash_forward(o, (int)sh->o_dtype, lse, in[0], in[1], in[2], key_mask,
+                                   sh->batch, sh->heads, sh->seq, sh->head_dim,
+                                   flash_qkv_ready(qkv, sh) ? sh->ld_qkv : 3 * w, sh->ld_o,
+                                   sh->causal, sh->scale, sh->dropout,
+                                   backend_keep_threshold(sh->dropout), sh->seed, sh->stream,
+                                   sh->first_sample, (int)sh->precision, cuda_rt.compute));
+  atomic_fetch_add(&flash_runs, 1);
+  return L2L_OK;
+}
+
+/* The scratch: D = do . o first, then q, k, v and do where they are cast or copied. */
+static l2l_status attention_backward_flash(void *dq, void *dk, void *dv, const void *d_o,
+                                           const void *o, const float *lse, const void *q,
+                                           const void *k, const void *v,
+                                           const uint8_t *key_mask,
+                                           const struct backend_attention_shape *sh) {
+  const void *qkv[3] = {q, k, v}, *in[3];
+  const int64_t w = sh->heads * sh->head_dim;
+  const bool qkv_ready = flash_qkv_ready(qkv, sh);
+  const bool do_ready = flash_ready(d_o, sh->do_dtype, sh->ld_o, sh);
+  const int64_t at_qkv = up64(k_attention_scratch_floats(sh->batch, sh->heads, sh->seq, 1));
+  const int64_t at_do = at_qkv + (qkv_ready ? 0 : halves_floats(sh, 3 * w));
+  float *scratch = NULL;
+  TRY(cuda_scratch_floats(&scratch, at_do + (do_ready ? 0 : halves_floats(sh, w))));
+  TRY(flash_qkv(in, scratch + at_qkv, qkv, sh));
+  const void *do16 = d_o;
+  if (!do_ready) {
+    do16 = scratch + at_do;
+    TRY(rows_as_products((void *)do16, w, d_o, sh->do_dtype, sh->ld_o, w, sh));
+  }
+  LAUNCH(k_attention_flash_backward(dq, dk, dv, (int)sh->dqkv_dtype, sh->ld_qkv, do16,
+                                    do_ready ? sh->ld_o : w,
+                                    o, (int)sh->o_dtype, lse, in[0], in[1], in[2], key_mask,
+                                    sh->batch, sh->heads, sh->seq, sh->head_dim,
+                                    qkv_ready ? sh->ld_qkv : 3 * w, sh->ld_o, sh->causal,
+                                    sh->scale, sh->dropout, backend_keep_threshold(sh->dropout),
+                                    sh->seed, sh->stream, sh->first_sample, (int)sh->precision,
+                                    scratch, cuda_rt.compute));
+  atomic_fetch_add(&flash_runs, 1);
+  return L2L_OK;
+}
+
 /* The calls cudnn_routes accepts run through cuDNN (cudnn_sdpa.c), forward and
    backward alike, with the scratch (256-byte aligned) for their 16-bit copies and cuDNN's
    workspace; the work they queue counts as cudnn_sdpa_launches says (casts, copies, a
@@ -135,7 +252,7 @@ static l2l_status attention_forward_locked(void *o, float *lse, float *probs, fl
                              sh->heads, sh->seq, sh->head_dim, sh->ld_qkv, sh->ld_o,
                              sh->causal, sh->scale, sh->dropout,
                              backend_keep_threshold(sh->dropout), sh->seed, sh->stream,
-                             sh->first_sample, (int)sh->precision, NULL, cuda_rt.compute));
+                             sh->first_sample, NULL, cuda_rt.compute));
   return sh->o_dtype == L2L_F32 ? L2L_OK : o_cast(o, (int)sh->o_dtype, o32, DT_F32, sh);
 }
 
@@ -152,6 +269,8 @@ l2l_status cuda_attention_forward(void *o, float *lse, float *probs, float *drop
     pthread_mutex_unlock(&cuda_rt.lock);
     if (ran || st != L2L_OK) return st;
   }
+  if (flash_takes(sh, probs || dropped || mask, 0))
+    WITH_SCRATCH(attention_forward_flash(o, lse, q, k, v, key_mask, sh));
   WITH_SCRATCH(attention_forward_locked(o, lse, probs, dropped, mask, q, k, v, key_mask, sh));
 }
 
@@ -183,8 +302,7 @@ static l2l_status attention_backward_locked(void *dq, void *dk, void *dv, const 
                               q32[0], q32[1], q32[2], key_mask, sh->batch, sh->heads, sh->seq,
                               sh->head_dim, sh->ld_qkv, sh->ld_o, sh->causal, sh->scale,
                               sh->dropout, backend_keep_threshold(sh->dropout), sh->seed,
-                              sh->stream, sh->first_sample, (int)sh->precision, scratch,
-                              cuda_rt.compute));
+                              sh->stream, sh->first_sample, scratch, cuda_rt.compute));
   return sh->dqkv_dtype == L2L_F32 ? L2L_OK : qkv_cast(g32, dqkv, sh->dqkv_dtype, true, sh);
 }
 
@@ -213,6 +331,8 @@ l2l_status cuda_attention_backward(void *dq, void *dk, void *dv, const void *d_o
     pthread_mutex_unlock(&cuda_rt.lock);
     if (ran || st != L2L_OK) return st;
   }
+  if (flash_takes(sh, probs || dropped || mask, 1))
+    WITH_SCRATCH(attention_backward_flash(dq, dk, dv, d_o, o, lse, q, k, v, key_mask, sh));
   WITH_SCRATCH(attention_backward_locked(dq, dk, dv, d_o, o, lse, probs, dropped, mask, q, k, v,
                                          key_mask, sh));
 }
