@@ -17,7 +17,8 @@
 #             S = 1k, 4k, 8k, head dims 64 and 128, each path; the row kernels; the linear
 #             maps' bias in cuBLASLt's epilogue against the steps)                -> bench.txt
 #   profile   the vs_torch step (GPT-2 124M, 8 x 1024 tokens, bf16) op by op: three steps
-#             after a warm-up under l2l.profile, the table and the TSV    -> bench.txt
+#             after a warm-up under l2l.profile, the table and the TSV; then the same with
+#             cuDNN off (attention on l2l's flash kernels), its attention ms beside  -> bench.txt
 #   vs_torch  GPT-2 124M, 8 x 1024 tokens, bf16: l2l (weights streamed from the host EPS,
 #             then with every record on the device: placement = "device") against PyTorch
 #             eager (bf16 autocast, fused AdamW): tokens/s and device peak, and the share
@@ -278,9 +279,26 @@ phase_profile() {
   head=$(grep -m 1 '^l2l profile:' "$work/profile.err")
   syncs=$(grep -m 1 '^a step:' "$work/profile.err")
   waits=$(grep -m 1 '^copy waits, ms:' "$work/profile.err")
-  echo "${head#l2l profile: }; ${syncs:-no counts}; ${waits:-no copy waits}$( ((dry)) && echo " (no GPU: the CPU part)")"
+  echo "${head#l2l profile: }; ${syncs:-no counts}; ${waits:-no copy waits}$( ((dry)) && echo " (no GPU: the CPU part)")$(profile_own_attention "${args[@]}")"
   ((dry)) && return $SKIP
   return 0
+}
+
+# The same step with cuDNN off (L2L_CUDNN=0: attention on l2l's flash kernels), for the
+# attention's ms a step and the step's, side by side with the run above: which path a
+# 16-bit step should take where both serve. Prints "; ..." or nothing (no GPU, no time).
+attention_ms() { awk -F'\t' '$1 == "op" && $2 ~ /^attention_/ {s += $5} END {printf "%.2f", s}' "$1"; }
+profile_own_attention() {
+  ((dry)) && return 0
+  (( phase_end - $(date +%s) > 30 )) || return 0
+  local log=$out/bench.txt own=("${@/#profile=*/profile=$work/profile_own.tsv}")
+  echo "== profile, cuDNN off: L2L_CUDNN=0 build/l2l ${own[*]}" >> "$log"
+  L2L_CUDNN=0 timeout -k 5 $((phase_end - $(date +%s))) build/l2l "${own[@]}" > /dev/null 2> "$work/profile_own.err"
+  cat "$work/profile_own.err" "$work/profile_own.tsv" >> "$log" 2>/dev/null
+  local step_own
+  step_own=$(grep -m 1 '^l2l profile:' "$work/profile_own.err" | grep -o '[0-9.]* ms a step')
+  [[ -n $step_own ]] || return 0
+  echo "; attention $(attention_ms "$work/profile.tsv") ms a step as run, $(attention_ms "$work/profile_own.tsv") ms on l2l's flash kernels (cuDNN off: $step_own)"
 }
 
 # Two runs of the same small training, their losses side by side: a GPU's atomics (see
@@ -364,7 +382,7 @@ phase ctest 150
 phase sanitize 90
 phase specs 120
 phase kernels 90
-phase profile 90
+phase profile 120
 phase vs_torch 150
 phase repeat 60
 {
