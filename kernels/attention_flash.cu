@@ -487,13 +487,14 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(FlashArgs a) {
     __syncthreads(); /* the previous item's readers are done with every tile */
     load_query_rows<T, HD>(q_s, a.q, sh.ld_qkv, a, t);
     load_query_rows<T, HD>(do_s, a.d_o, a.ld_do, a, t);
-    keys.load(0);
+    copies_commit();
+    keys.load(0); /* a group of its own: in flight while D is found */
     /* lse in log2 units; +inf for rows past seq or with no visible key, so that P = 0 */
     for (int r = threadIdx.x; r < kRows; r += kThreads) {
       const float x = r < t.rows_valid ? a.lse[t.bh * S + t.i0 + r] : -INFINITY;
       lse_s[r] = x == -INFINITY ? INFINITY : x * kLog2e;
     }
-    copies_wait<0>();
+    copies_wait<1>(); /* q and do */
     __syncthreads();
 
     /* D = do . o for this warp's 16 rows, do as the products read it, o as the forward

@@ -160,12 +160,13 @@ static l2l_status attention_forward_flash(void *o, float *lse, const void *q, co
                                           const struct backend_attention_shape *sh) {
   const void *qkv[3] = {q, k, v}, *in[3];
   const int64_t w = sh->heads * sh->head_dim;
+  const bool qkv_ready = flash_qkv_ready(qkv, sh);
   float *scratch = NULL;
-  TRY(cuda_scratch_floats(&scratch, flash_qkv_ready(qkv, sh) ? 0 : halves_floats(sh, 3 * w)));
+  TRY(cuda_scratch_floats(&scratch, qkv_ready ? 0 : halves_floats(sh, 3 * w)));
   TRY(flash_qkv(in, scratch, qkv, sh));
   LAUNCH(k_attention_flash_forward(o, (int)sh->o_dtype, lse, in[0], in[1], in[2], key_mask,
                                    sh->batch, sh->heads, sh->seq, sh->head_dim,
-                                   flash_qkv_ready(qkv, sh) ? sh->ld_qkv : 3 * w, sh->ld_o,
+                                   qkv_ready ? sh->ld_qkv : 3 * w, sh->ld_o,
                                    sh->causal, sh->scale, sh->dropout,
                                    backend_keep_threshold(sh->dropout), sh->seed, sh->stream,
                                    sh->first_sample, (int)sh->precision, cuda_rt.compute));
@@ -193,6 +194,7 @@ static l2l_status attention_backward_flash(void *dq, void *dk, void *dv, const v
     do16 = scratch + at_do;
     TRY(rows_as_products((void *)do16, w, d_o, sh->do_dtype, sh->ld_o, w, sh));
   }
+  cuda_launched(); /* (two kernels: dq, then dk and dv) */
   LAUNCH(k_attention_flash_backward(dq, dk, dv, (int)sh->dqkv_dtype, sh->ld_qkv, do16,
                                     do_ready ? sh->ld_o : w,
                                     o, (int)sh->o_dtype, lse, in[0], in[1], in[2], key_mask,
