@@ -12,6 +12,8 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "backend/backend.h"
 #include "check.h"
@@ -88,6 +90,13 @@ static const double TOL_ATTN16_NORM[3] = {0.025, 0.04, 0.15};
 #define TOL_LAYER 1e-4
 /* The floor of a comparison: the reference's rms (a negative floor means -floor * rms). */
 #define RMS (-1.0)
+
+/* Whether the environment leaves the flash attention kernels on (L2L_FLASH=0 turns them
+   off: the tests that count their calls then expect none). */
+static inline bool flash_env_on(void) {
+  const char *env = getenv("L2L_FLASH");
+  return env == NULL || strcmp(env, "0") != 0;
+}
 
 static inline double tol_sum(int64_t terms) { return terms > LONG_SUM ? TOL_LONG_SUM : TOL_F32; }
 

@@ -499,10 +499,46 @@ TEST(cuda_backend_attention_16bit_products) {
           }
   CHECK(cases == 768 || failed >= 5, "ran %d cases", cases);
   /* every case a forward and a backward on the flash kernels (a dry run's CPU has none) */
-  if (failed == 0 && cuda_probe(NULL, 0))
+  if (failed == 0 && cuda_probe(NULL, 0) && flash_env_on())
     CHECK(flash_attention_runs() - flash_before == 2 * cases,
           "the flash kernels ran %lld of the %d cases' calls",
           (long long)(flash_attention_runs() - flash_before), 2 * cases);
+  cudnn_enable(1);
+  end_gpu();
+}
+
+/* L2L_FLASH=0, read at each call, sends a 16-bit call the flash kernels would take to the
+   fp32 kernels (cuDNN off here); unset, the flash kernels take it again. */
+TEST(cuda_flash_attention_switched_off_by_env) {
+  if (!use_gpu()) return;
+  cudnn_enable(0);
+  const struct backend_ops *ops = backend_for(L2L_POOL_DEVICE);
+  const int64_t S = check_rand_int(1, 100), H = 2, hd = 32, D = H * hd;
+  struct backend_attention_shape sh;
+  memset(&sh, 0, sizeof sh);
+  sh.batch = 1, sh.heads = H, sh.seq = S, sh.head_dim = hd, sh.ld_qkv = 3 * D, sh.ld_o = D;
+  sh.causal = 1, sh.scale = 1.0f / sqrtf((float)hd), sh.precision = L2L_BF16;
+  struct twin qkv = twin_of(RANDN(1.0, S, 3 * D)), o = twin_of(NANS(S, D)), lse = twin_of(NANS(H * S));
+  int64_t wf = 0;
+  l2l_tensor *ws = attention_workspace(L2L_POOL_DEVICE, &sh, 0, &wf);
+  const float *q = fdata(qkv.d);
+  int64_t ran[2];
+  const bool was_on = flash_env_on();
+  for (int off = 1; off >= 0; off--) {
+    if (off) setenv("L2L_FLASH", "0", 1);
+    else unsetenv("L2L_FLASH");
+    const int64_t before = flash_attention_runs();
+    CHECK_OK(ops->attention_forward(fdata(o.d), fdata(lse.d), NULL, NULL, NULL, q, q + D, q + 2 * D,
+                                    NULL, &sh, fdata(ws), wf));
+    CHECK_OK(l2l_device_synchronize());
+    ran[off] = flash_attention_runs() - before;
+  }
+  CHECK(ran[1] == 0, "the flash kernels ran %lld calls with L2L_FLASH=0", (long long)ran[1]);
+  if (cuda_probe(NULL, 0))   /* (a dry run's CPU has no flash kernels) */
+    CHECK(ran[0] == 1, "the flash kernels ran %lld calls with L2L_FLASH unset, want 1", (long long)ran[0]);
+  if (!was_on) setenv("L2L_FLASH", "0", 1);
+  FREE(ws);
+  TWIN_FREE(&qkv, &o, &lse);
   cudnn_enable(1);
   end_gpu();
 }
@@ -551,7 +587,7 @@ TEST(cuda_flash_attention_backward_repeats_to_the_bit) {
           (long long)(N * 3 * D - finite), (long long)(N * 3 * D));
     CHECK(differ == 0, "S=%lld: %lld of %lld gradients differ between two runs", (long long)S,
           (long long)differ, (long long)(N * 3 * D));
-    if (cuda_probe(NULL, 0))
+    if (cuda_probe(NULL, 0) && flash_env_on())
       CHECK(flash_attention_runs() - flash_before == 3, "the flash kernels ran %lld calls of 3",
             (long long)(flash_attention_runs() - flash_before));
     l2l_tensor_free(a);

@@ -14,6 +14,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #ifdef L2L_CUDA
 
@@ -98,11 +100,14 @@ static l2l_status o_cast(void *dst, int dst_dtype, const void *src, int src_dtyp
 static atomic_llong flash_runs;
 int64_t flash_attention_runs(void) { return atomic_load(&flash_runs); }
 
-/* Whether the flash kernels take a call: 16-bit products, no standard-mode rows (P, P' or
-   bits written or read), a head_dim they serve on this GPU, and every tensor f32 or of the
+/* Whether the flash kernels take a call: not switched off (L2L_FLASH=0, read at each call:
+   the fp32 kernels then take it), 16-bit products, no standard-mode rows (P, P' or bits
+   written or read), a head_dim they serve on this GPU, and every tensor f32 or of the
    products' dtype (o and dq, dk, dv are written as they are; q, k, v and do cast). */
 static bool flash_takes(const struct backend_attention_shape *sh, bool rows, int backward) {
   const l2l_dtype p = sh->precision;
+  const char *env = getenv("L2L_FLASH");
+  if (env != NULL && strcmp(env, "0") == 0) return false;
 #define F32_OR_PRODUCTS(dt) ((dt) == L2L_F32 || (dt) == p)
   return !rows && p != L2L_F32 && F32_OR_PRODUCTS(sh->qkv_dtype) && F32_OR_PRODUCTS(sh->o_dtype) &&
          (!backward || (F32_OR_PRODUCTS(sh->do_dtype) && F32_OR_PRODUCTS(sh->dqkv_dtype))) &&
