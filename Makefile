@@ -168,7 +168,14 @@ LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o) $(KERNEL_OBJ)
 # spec/c/ mirrors src/: a folder of tests per part (spec/c/api: the public header's misuse),
 # with the harness and the float64 references shared at its top.
 CTEST_SRC := $(wildcard spec/c/*.c spec/c/*/*.c)
-CTEST_OBJ := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%.o)
+CTEST_OBJ := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%.o) $(BUILD)/ctest/backend/flash_emulated.o
+# spec/c/backend/flash_emulated.cpp compiles kernels/attention_flash.cu for the CPU (C++,
+# with the CUDA toolkit's headers for its 16-bit types, found even where NO_CUDA leaves the
+# backend out: the sanitizer builds run the kernels' source too); without those headers it
+# reports itself unavailable and its test skips, saying why.
+EMU_CUDA_INCLUDE := $(firstword $(patsubst %/cuda_bf16.h,%,$(wildcard \
+                      $(dir $(realpath $(shell command -v nvcc 2>/dev/null)))../include/cuda_bf16.h \
+                      /usr/local/cuda/include/cuda_bf16.h)))
 DEPS_STAMP := $(BUILD)/.deps-ok
 # What `make install` copies: the library and l2l linked again without the build tree's
 # RUNPATHs (the same objects), in $(DIST).
@@ -244,13 +251,17 @@ $(DIST)/l2l: $(BUILD)/obj/main.o $(DIST)/libl2l.so.$(VERSION)
 $(BUILD)/ctest/%.o: spec/c/%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(COMPILE) -Ispec/c -MMD -MP -c $< -o $@
+$(BUILD)/ctest/backend/flash_emulated.o: spec/c/backend/flash_emulated.cpp | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++20 -O2 -g -Wall -Wextra -Wno-unknown-pragmas -pthread $(SANFLAGS) $(SANDEFS) -Ispec/c -Ikernels \
+	  $(if $(EMU_CUDA_INCLUDE),-DL2L_FLASH_EMULATION=1 -I$(EMU_CUDA_INCLUDE)) -MMD -MP -c $< -o $@
 
 # The whole archive: the test program holds what libl2l.so holds (the backend registers
 # its chooser from a constructor), with the parts' internal functions callable.
 WHOLE_LIB = -Wl,--whole-archive $(BUILD)/libl2l.a -Wl,--no-whole-archive $(LIB_LIBS) $(CUDA_LIBS) \
             $(BLAS_RPATH) $(CUDA_RPATH)
 $(BUILD)/l2l_ctest: $(CTEST_OBJ) $(BUILD)/libl2l.a
-	$(LINK) -o $@ $(CTEST_OBJ) $(WHOLE_LIB)
+	$(LINK) -o $@ $(CTEST_OBJ) $(WHOLE_LIB) -lstdc++
 
 # The C examples, built as a user would build them (only l2l.h, -ll2l and LuaJIT).
 EXAMPLE_CC = $(CC) -std=c11 -Wall -Wextra $(SANFLAGS) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -Iinclude

@@ -35,6 +35,10 @@
  * Where rounding enters: q, k, v, do as given; P (unnormalised, after dropout) in the
  * forward; P' and dS in the backward. Row sums, max, lse and D stay fp32.
  *
+ * Proven without a GPU: spec/c/backend/test_flash_emulated.c runs these kernels' source on
+ * CPU threads (flash_emulated.cpp) against the CPU's attention, and ThreadSanitizer checks
+ * their shared-memory accesses against the barriers there.
+ *
  * Must never: write a column outside (h head_dim, + head_dim) of o, dq, dk, dv (those are
  * column slices of bigger buffers); run on a GPU before compute capability 8.0 (the bodies
  * compile to nothing there and flash_serves says no); call __syncthreads under a condition
@@ -101,6 +105,11 @@ __device__ __forceinline__ X *at(unsigned char *base, size_t offset) {
 
 /* ---------------------------------------------------------------- PTX */
 
+/* (spec/c/backend/flash_emulated.cpp compiles this file's kernels for the CPU with
+   L2L_FLASH_EMULATE defined: it gives copy16_async, copies_commit, copies_wait,
+   load_matrices, load_matrices_transposed and mma of its own, and runs the kernels without
+   this file's launchers.) */
+#ifndef L2L_FLASH_EMULATE
 __device__ __forceinline__ uint32_t smem_address(const void *p) {
   return (uint32_t)__cvta_generic_to_shared(p);
 }
@@ -145,6 +154,7 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+#endif /* !L2L_FLASH_EMULATE */
 
 /* lo and hi rounded to T (to nearest even), lo in the low half: one register of a
    fragment, lo the lower column. */
@@ -678,6 +688,7 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(FlashArgs a) {
 
 /* ---------------------------------------------------------------- launch */
 
+#ifndef L2L_FLASH_EMULATE
 template <typename Layout>
 size_t shared_bytes(const AttentionShape &sh) {
   return sh.dropout > 0.0f ? Layout::bytes : Layout::kept;
@@ -770,5 +781,8 @@ int flash_backward(const FlashArgs &args, int dtype, cudaStream_t stream) {
   return dtype == DT_BF16 ? backward_typed<__nv_bfloat16>(args, stream)
                           : backward_typed<__half>(args, stream);
 }
+#else
+} /* namespace */
+#endif /* !L2L_FLASH_EMULATE */
 
 } /* namespace k_attention */

@@ -323,3 +323,28 @@ bool use_real_gpu(void) {
   }
   return use_gpu();
 }
+
+/* (cuda_twins.h) */
+bool attention_close(const char *what, const float *got, const float *want,
+                            int64_t rows, int64_t cols, int64_t ld, double floor,
+                            l2l_dtype precision, enum attention_output kind) {
+  if (precision == L2L_F32)
+    return CHECK_COLS(what, got, want, rows, cols, ld, floor, TOL_ATTENTION);
+  double scale = precision == L2L_F16 ? 0.25 : 1.0;
+  bool ok = CHECK_COLS(what, got, want, rows, cols, ld, floor, scale * TOL_ATTN16_ELEMENT[kind]);
+  double floor_abs = floor < 0.0 ? -floor * rms_of(want, rows, cols, ld) : floor;
+  double se = 0.0, sw = 0.0;
+  int64_t finite = 0;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) {
+      double w = want[r * ld + c], g = got[r * ld + c];
+      if (!isfinite(w)) continue;
+      se += (g - w) * (g - w), sw += w * w, finite++;
+    }
+  double want_rms = finite > 0 ? sqrt(sw / (double)finite) : 0.0;
+  double denom = want_rms > floor_abs ? want_rms : floor_abs;
+  double e = finite > 0 ? sqrt(se / (double)finite) / (denom > 0.0 ? denom : 1e-30) : 0.0;
+  double tol = scale * TOL_ATTN16_NORM[kind];
+  ok &= CHECK(e <= tol, "%s: normwise relative error %.3g > %.3g", what, e, tol);
+  return ok;
+}

@@ -85,6 +85,13 @@
 enum attention_output { ATTN_VALUES /* o, dv */, ATTN_LSE, ATTN_DQK };
 static const double TOL_ATTN16_ELEMENT[3] = {0.2, 0.05, 0.6};
 static const double TOL_ATTN16_NORM[3] = {0.025, 0.04, 0.15};
+/* An attention output (got) against the reference's (want): (rows, cols) with row stride
+   ld, floor as compare_at's. fp32 products: TOL_ATTENTION per element. 16-bit products: per
+   element and normwise (over want's finite elements, with the floor as the least scale)
+   within the kind's TOL_ATTN16. */
+bool attention_close(const char *what, const float *got, const float *want, int64_t rows,
+                     int64_t cols, int64_t ld, double floor, l2l_dtype precision,
+                     enum attention_output kind);
 /* Whole layers: a chain of the ops above (GEMMs with K up to the MLP width, LayerNorm,
    softmax or flash attention, GELU): 1e-4 of each output's scale. */
 #define TOL_LAYER 1e-4

@@ -1,0 +1,210 @@
+/* SPDX-License-Identifier: MIT */
+/* test_flash_emulated.c — the GPU's flash attention kernels (kernels/attention_flash.cu),
+ * their own source run on the CPU by flash_emulated.cpp, against the CPU backend's
+ * attention in fp32.
+ *
+ * Purpose: those kernels are written where no GPU runs them; a wrong index, mask, tile
+ * bound, stage or barrier shows here, in every `make test`, instead of in a lent GPU's few
+ * minutes. Shapes are drawn afresh (16-bit q, k, v and do in the block's interleaved layout;
+ * lengths across and inside tiles, head dims up to 128 by 8, causal, key masks, dropout,
+ * bf16 and f16, o and dq, dk, dv in f32 or 16 bits), the emulated copies landing at issue
+ * or only at their wait, and fewer blocks than items (blocks reuse their shared memory).
+ * The CPU side reads the same 16-bit values widened; the tolerances are the GPU tests'
+ * (cuda_twins.h: the products' rounding), so this also checks that the sums the kernels
+ * would make on tensor cores round only where they should.
+ * Must never: need a GPU.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "cuda_twins.h"
+#include "flash_emulated.h"
+
+static uint16_t round16(float x, l2l_dtype t) {
+  return t == L2L_BF16 ? half_from_f32_bf16(x) : half_from_f32_f16(x);
+}
+static float widen16(uint16_t h, l2l_dtype t) {
+  return t == L2L_BF16 ? half_bf16_to_f32(h) : half_f16_to_f32(h);
+}
+
+/* n normal draws rounded to t: the 16-bit values in h16, their f32 values in f. */
+static void draw16(uint16_t *h16, float *f, int64_t n, l2l_dtype t) {
+  for (int64_t i = 0; i < n; i++) {
+    h16[i] = round16((float)check_rand_normal(), t);
+    f[i] = widen16(h16[i], t);
+  }
+}
+
+/* A (rows, cols) result at stride ld in f32 or (half) 16-bit t, widened into f32 at the
+   same stride (NaN outside the cols). */
+static float *widened(const void *x, bool half, l2l_dtype t, int64_t rows, int64_t cols, int64_t ld) {
+  float *w = malloc((size_t)(rows * ld) * sizeof *w);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < ld; c++) {
+      const int64_t i = r * ld + c;
+      w[i] = c >= cols ? NAN : half ? widen16(((const uint16_t *)x)[i], t) : ((const float *)x)[i];
+    }
+  return w;
+}
+
+/* Untouched padding: a 16-bit or f32 buffer's columns past cols still hold the poison. */
+static bool padding_kept(const char *what, const void *x, bool half, int64_t rows, int64_t cols,
+                         int64_t ld) {
+  int64_t bad = 0;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = cols; c < ld; c++) {
+      const int64_t i = r * ld + c;
+      bad += half ? ((const uint16_t *)x)[i] != 0xffff : !isnan(((const float *)x)[i]);
+    }
+  return CHECK(bad == 0, "%s: %lld padding elements written", what, (long long)bad);
+}
+
+static void *poisoned_buffer(int64_t n, bool half) {
+  void *p = malloc((size_t)n * (half ? 2 : 4));
+  memset(p, 0xff, (size_t)n * (half ? 2 : 4));
+  return p;
+}
+
+/* One drawn case: forward and backward, emulated against the CPU; `long_seq`: three key
+   tiles or more (each stage of shared memory refilled). */
+static bool emulated_case(bool lazy, bool long_seq) {
+  const l2l_dtype t = check_rand_int(0, 1) ? L2L_BF16 : L2L_F16;
+  const int64_t B = check_rand_int(1, 2), H = check_rand_int(1, 2), hd = 8 * check_rand_int(1, 16);
+  const int64_t S = long_seq ? check_rand_int(129, 200)
+                   : check_rand_int(0, 3) == 0 ? check_rand_int(1, 8) : check_rand_int(9, 150);
+  const int64_t D = H * hd, N = B * S, rows = B * H * S, ld = 3 * D;
+  const int64_t ld_o = D + 8 * check_rand_int(0, 1);
+  const bool causal = check_rand_int(0, 1), masked = check_rand_int(0, 2) == 0;
+  const bool o16 = check_rand_int(0, 1), out16 = check_rand_int(0, 1);
+  const float dropout = check_rand_int(0, 2) == 0 ? 0.1f : 0.0f;
+  const int blocks = (int)check_rand_int(1, 3);
+  struct backend_attention_shape sh = {
+      .batch = B, .heads = H, .seq = S, .head_dim = hd, .ld_qkv = ld, .ld_o = ld_o,
+      .causal = causal, .scale = 1.0f / sqrtf((float)hd), .dropout = dropout,
+      .seed = check_rand_u64(), .stream = check_rand_u64(),
+      .first_sample = check_rand_int(0, 1000)};
+  char what[240];
+  snprintf(what, sizeof what, "flash emulated %s B=%lld H=%lld S=%lld hd=%lld%s%s dropout=%g, "
+           "o %s, dq dk dv %s, copies landing %s, %d block%s", l2l_dtype_name(t), (long long)B,
+           (long long)H, (long long)S, (long long)hd, causal ? " causal" : "", masked ? " masked" : "",
+           dropout, o16 ? "16-bit" : "f32", out16 ? "16-bit" : "f32", lazy ? "at the wait" : "at issue",
+           blocks, blocks > 1 ? "s" : "");
+
+  /* q | k | v interleaved and do, 16-bit, and their f32 values for the CPU */
+  uint16_t *qkv16 = malloc((size_t)(N * ld) * 2), *do16 = malloc((size_t)(N * D) * 2);
+  float *qkv = malloc((size_t)(N * ld) * 4), *d_o = malloc((size_t)(N * ld_o) * 4);
+  draw16(qkv16, qkv, N * ld, t);
+  float *do_packed = malloc((size_t)(N * D) * 4);
+  draw16(do16, do_packed, N * D, t);
+  for (int64_t r = 0; r < N; r++)
+    for (int64_t c = 0; c < ld_o; c++) d_o[r * ld_o + c] = c < D ? do_packed[r * D + c] : NAN;
+  uint8_t *key_mask = NULL;
+  int64_t len = S; /* the last sample's unpadded keys */
+  if (masked) { /* sample 0 whole, the last a random tail of padding (all of it at times) */
+    key_mask = malloc((size_t)N);
+    len = check_rand_int(0, S);
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t j = 0; j < S; j++) key_mask[b * S + j] = b == 0 || j < len;
+  }
+
+  /* the CPU's forward, f32 */
+  const struct backend_ops *cpu = backend_for(L2L_POOL_HOST);
+  const int64_t threads = l2l_get_threads();
+  const int64_t wf = cpu->attention_workspace(&sh, 0) * threads, wb = cpu->attention_workspace(&sh, 1) * threads;
+  float *work = malloc((size_t)(wf > wb ? wf : wb) * 4 + 4);
+  float *o_ref = malloc((size_t)(N * ld_o) * 4), *lse_ref = malloc((size_t)rows * 4);
+  for (int64_t i = 0; i < N * ld_o; i++) o_ref[i] = NAN;
+  bool ok = CHECK_OK(cpu->attention_forward(o_ref, lse_ref, NULL, NULL, NULL, qkv, qkv + D, qkv + 2 * D,
+                                            key_mask, &sh, work, wf));
+
+  /* the kernels' */
+  void *o = poisoned_buffer(N * ld_o, o16);
+  float *lse = poisoned_buffer(rows, false);
+  const int dt = (int)t;
+  ok &= CHECK(flash_emulated_forward(o, o16 ? dt : 0, lse, qkv16, qkv16 + D, qkv16 + 2 * D, key_mask,
+                                     B, H, S, hd, ld, ld_o, causal, sh.scale, dropout,
+                                     backend_keep_threshold(dropout), sh.seed, sh.stream,
+                                     sh.first_sample, dt, blocks, lazy) == 0,
+              "%s: the emulated forward refused the call", what);
+  char label[300];
+  float *o_got = widened(o, o16, t, N, D, ld_o);
+  snprintf(label, sizeof label, "%s: o", what);
+  ok &= attention_close(label, o_got, o_ref, N, D, ld_o, RMS, t, ATTN_VALUES);
+  ok &= padding_kept(label, o, o16, N, D, ld_o);
+  double score_scale = sh.scale * sqrt((double)hd);   /* (q, k of unit variance) */
+  double lse_floor = fmax(score_scale, rms_of(lse_ref, 1, rows, rows));
+  snprintf(label, sizeof label, "%s: lse (-inf where every key is hidden)", what);
+  ok &= attention_close(label, lse, lse_ref, 1, rows, rows, lse_floor, t, ATTN_LSE);
+
+  /* the backward on both sides from the CPU's lse and the same o values (the kernels'
+     16-bit o rounded from the CPU's where o16) */
+  if (ok) {
+    void *o_in = o16 ? malloc((size_t)(N * ld_o) * 2) : (void *)o_ref;
+    float *o_cpu = o_ref;
+    if (o16) {
+      o_cpu = malloc((size_t)(N * ld_o) * 4);
+      for (int64_t i = 0; i < N * ld_o; i++) {
+        ((uint16_t *)o_in)[i] = round16(o_ref[i], t);
+        o_cpu[i] = i % ld_o < D ? widen16(((uint16_t *)o_in)[i], t) : NAN;
+      }
+    }
+    float *g_ref = malloc((size_t)(N * ld) * 4);
+    for (int64_t i = 0; i < N * ld; i++) g_ref[i] = NAN;
+    ok &= CHECK_OK(cpu->attention_backward(g_ref, g_ref + D, g_ref + 2 * D, d_o, o_cpu, lse_ref, NULL,
+                                           NULL, NULL, qkv, qkv + D, qkv + 2 * D, key_mask, &sh,
+                                           work, wb));
+    void *g = poisoned_buffer(N * ld, out16);
+    float *d_rows = malloc((size_t)rows * 4);
+    const size_t part = (size_t)D * (out16 ? 2 : 4);
+    ok &= CHECK(flash_emulated_backward(g, (char *)g + part, (char *)g + 2 * part, out16 ? dt : 0, ld,
+                                        do16, D, o_in, o16 ? dt : 0, lse_ref, qkv16, qkv16 + D,
+                                        qkv16 + 2 * D, key_mask, B, H, S, hd, ld, ld_o, causal,
+                                        sh.scale, dropout, backend_keep_threshold(dropout), sh.seed,
+                                        sh.stream, sh.first_sample, dt, d_rows, blocks, lazy) == 0,
+                "%s: the emulated backward refused the call", what);
+    float *g_got = widened(g, out16, t, N, ld, ld);
+    static const char *const parts[] = {"dq", "dk", "dv"};
+    /* floors as test_cuda_layers.c's attention_case: a query that sees one key has dS
+       rounding noise on the 16-bit side, held to a tenth of dv's scale; a key serving S
+       queries alone (a mask leaving one) gathers that noise S times */
+    const double dv_scale = rms_of(g_ref + 2 * D, N, D, ld);
+    for (int p = 0; p < 3; p++) {
+      double floor = fmax(rms_of(g_ref + p * D, N, D, ld), 0.1 * dv_scale);
+      if (p == 1 && B > 1 && len == 1 && S > 1) {
+        const double u = t == L2L_BF16 ? 0x1p-8 : 0x1p-11;
+        const double noise = u * sqrt(2.0 * (double)S) / (1.0 - dropout);
+        const double elem_tol = (t == L2L_F16 ? 0.25 : 1.0) * TOL_ATTN16_ELEMENT[ATTN_DQK];
+        floor = fmax(floor, 5.0 * noise / elem_tol);
+      }
+      snprintf(label, sizeof label, "%s: %s", what, parts[p]);
+      ok &= attention_close(label, g_got + p * D, g_ref + p * D, N, D, ld, floor > 0.0 ? floor : RMS, t,
+                            p == 2 ? ATTN_VALUES : ATTN_DQK);
+    }
+    free(g_got), free(g), free(d_rows), free(g_ref);
+    if (o16) free(o_in), free(o_cpu);
+  }
+  free(o_got), free(o), free(lse), free(o_ref), free(lse_ref), free(work);
+  free(qkv16), free(do16), free(qkv), free(d_o), free(do_packed), free(key_mask);
+  return ok;
+}
+
+TEST(flash_kernels_emulated_against_the_cpu) {
+  char why[256] = "";
+  if (!flash_emulated_available(why, sizeof why)) {
+    check_skip("%s", why);
+    return;
+  }
+  /* (under ThreadSanitizer, which also checks every shared-memory access of the emulated
+     threads against the kernels' barriers, three long cases, copies landing at issue: the
+     stages' refills race with their readers there if a barrier is missing) */
+#ifdef L2L_TSAN
+  const int cases = 3, long_from = 0;
+#else
+  const int cases = 8, long_from = 6;
+#endif
+  int failed = 0;
+  for (int i = 0; i < cases && failed < 3; i++)
+    failed += !emulated_case(i < long_from ? i & 1 : false, i >= long_from);
+}
