@@ -168,14 +168,17 @@ LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o) $(KERNEL_OBJ)
 # spec/c/ mirrors src/: a folder of tests per part (spec/c/api: the public header's misuse),
 # with the harness and the float64 references shared at its top.
 CTEST_SRC := $(wildcard spec/c/*.c spec/c/*/*.c)
-CTEST_OBJ := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%.o) $(BUILD)/ctest/backend/flash_emulated.o
-# spec/c/backend/flash_emulated.cpp compiles kernels/attention_flash.cu for the CPU (C++,
-# with the CUDA toolkit's headers for its 16-bit types, found even where NO_CUDA leaves the
-# backend out: the sanitizer builds run the kernels' source too); without those headers it
-# reports itself unavailable and its test skips, saying why.
+# The C++ files beside them (spec/c/backend/*_emulated.cpp) compile a kernel file of
+# kernels/ for the CPU, with the CUDA toolkit's headers (found even where NO_CUDA leaves the
+# backend out: the sanitizer builds run the kernels' source too) and
+# spec/c/backend/kernel_emulation.h; without those headers L2L_KERNEL_EMULATION is not
+# defined, they compile to nothing and the tests that use them skip, saying why.
+CTEST_CXX_SRC := $(wildcard spec/c/*/*.cpp)
+CTEST_OBJ := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%.o) $(CTEST_CXX_SRC:spec/c/%.cpp=$(BUILD)/ctest/%.o)
 EMU_CUDA_INCLUDE := $(firstword $(patsubst %/cuda_bf16.h,%,$(wildcard \
                       $(dir $(realpath $(shell command -v nvcc 2>/dev/null)))../include/cuda_bf16.h \
                       /usr/local/cuda/include/cuda_bf16.h)))
+EMU_FLAGS := $(if $(EMU_CUDA_INCLUDE),-DL2L_KERNEL_EMULATION=1 -I.)
 DEPS_STAMP := $(BUILD)/.deps-ok
 # What `make install` copies: the library and l2l linked again without the build tree's
 # RUNPATHs (the same objects), in $(DIST).
@@ -250,11 +253,11 @@ $(DIST)/l2l: $(BUILD)/obj/main.o $(DIST)/libl2l.so.$(VERSION)
 
 $(BUILD)/ctest/%.o: spec/c/%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
-	$(COMPILE) -Ispec/c -MMD -MP -c $< -o $@
-$(BUILD)/ctest/backend/flash_emulated.o: spec/c/backend/flash_emulated.cpp | $(DEPS_STAMP)
+	$(COMPILE) -Ispec/c $(EMU_FLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/ctest/%.o: spec/c/%.cpp | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CXX) -std=c++20 -O2 -g -Wall -Wextra -Wno-unknown-pragmas -pthread $(SANFLAGS) $(SANDEFS) -Ispec/c -Ikernels \
-	  $(if $(EMU_CUDA_INCLUDE),-DL2L_FLASH_EMULATION=1 -I$(EMU_CUDA_INCLUDE)) -MMD -MP -c $< -o $@
+	$(CXX) -std=c++20 -O2 -g -Wall -Wextra -Wno-unknown-pragmas -pthread $(SANFLAGS) $(SANDEFS) \
+	  -Ispec/c -Ikernels $(EMU_FLAGS) $(if $(EMU_CUDA_INCLUDE),-I$(EMU_CUDA_INCLUDE)) -MMD -MP -c $< -o $@
 
 # The whole archive: the test program holds what libl2l.so holds (the backend registers
 # its chooser from a constructor), with the parts' internal functions callable.

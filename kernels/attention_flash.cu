@@ -380,7 +380,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashArgs a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   using L = ForwardSmem<HD>;
   constexpr int St = stride<HD>();
-  extern __shared__ __align__(128) unsigned char smem[];
+  K_DYNAMIC_SHARED(unsigned char, smem);
   T *q_s = at<T>(smem, L::q);
   uint8_t *kept_s = at<uint8_t>(smem, L::kept);
 
@@ -478,7 +478,7 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(FlashArgs a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   using L = DqSmem<HD>;
   constexpr int St = stride<HD>();
-  extern __shared__ __align__(128) unsigned char smem[];
+  K_DYNAMIC_SHARED(unsigned char, smem);
   T *q_s = at<T>(smem, L::q), *do_s = at<T>(smem, L::d_o);
   float *lse_s = at<float>(smem, L::lse), *d_s = at<float>(smem, L::d);
   uint8_t *kept_s = at<uint8_t>(smem, L::kept);
@@ -578,7 +578,7 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(FlashArgs a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   using L = DkvSmem<HD>;
   constexpr int St = stride<HD>(), kQ = L::kQ;
-  extern __shared__ __align__(128) unsigned char smem[];
+  K_DYNAMIC_SHARED(unsigned char, smem);
   T *k_s = at<T>(smem, L::k), *v_s = at<T>(smem, L::v);
   auto q_s = [&](int i) { return at<T>(smem, L::q + i * tile_bytes<kQ, HD>()); };
   auto do_s = [&](int i) { return at<T>(smem, L::d_o + i * tile_bytes<kQ, HD>()); };

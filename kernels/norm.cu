@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(1024)
                              const float *addend, const float *weight, const float *bias,
                              float eps, int64_t rows, int64_t cols, bool cache_rows) {
   __shared__ float red[32];
-  extern __shared__ float4 row_cache[];
+  K_DYNAMIC_SHARED(float4, row_cache);
   const RowGroup g = row_group<WARP>();
   float *slice =
       cache_rows ? reinterpret_cast<float *>(row_cache) + g.slot * padded_cols(cols) : nullptr;
@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(1024)
                               const float *rstd, int64_t rows, int64_t cols, bool cache_rows,
                               bool vec) {
   __shared__ float red[32];
-  extern __shared__ float4 row_cache[];
+  K_DYNAMIC_SHARED(float4, row_cache);
   const RowGroup g = row_group<WARP>();
   const int64_t padded = padded_cols(cols);
   /* Two caches per group: dy, then src. In vec mode every row is 16-byte aligned, so the
@@ -377,7 +377,7 @@ __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK, CHUNKS <= (FROM_OUTPUT ?
     layernorm_backward_regs_kernel(DxOut out, float *partials, const float *dy, const float *src,
                                    const float *weight, const float *mean, const float *shift,
                                    const float *rstd, int64_t rows, int64_t cols, bool vec_p) {
-  extern __shared__ float4 warp_rows[];   /* (WARPS_PER_BLOCK, cols) one partial each */
+  K_DYNAMIC_SHARED(float4, warp_rows);   /* (WARPS_PER_BLOCK, cols) one partial each */
   const RowGroup g = row_group<true>();
   const int64_t quads = cols >> 2;
   float4 aw[CHUNKS], ab[CHUNKS];
@@ -538,7 +538,7 @@ int launch_layernorm_forward(bool fused, float *sum, float *y, void *y16, int y1
     int64_t blocks = (rows + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK;
     if (blocks > MAX_BLOCKS) blocks = MAX_BLOCKS;
 #define LN_REGS(C)                                                                              \
-  layernorm_forward_regs_kernel<C><<<(unsigned)blocks, 32 * WARPS_PER_BLOCK, 0, s>>>(           \
+  K_LAUNCH((unsigned)blocks, 32 * WARPS_PER_BLOCK, 0, s, layernorm_forward_regs_kernel<C>)(           \
       y, h, y16_dtype, mean, rstd, sum, x, addend, weight, bias, eps, rows, cols, vec_wb, vec_y,  \
       vec_h)
     if (chunks <= 1) LN_REGS(1);
@@ -550,10 +550,10 @@ int launch_layernorm_forward(bool fused, float *sum, float *y, void *y16, int y1
   }
   const RowLaunch l = row_launch(rows, cols, 1, MAX_BLOCKS);
   if (l.warp_mode)
-    layernorm_forward_kernel<true><<<l.blocks, l.threads, l.smem, s>>>(
+    K_LAUNCH(l.blocks, l.threads, l.smem, s, layernorm_forward_kernel<true>)(
         y, h, y16_dtype, mean, rstd, sum, x, addend, weight, bias, eps, rows, cols, l.cache);
   else
-    layernorm_forward_kernel<false><<<l.blocks, l.threads, l.smem, s>>>(
+    K_LAUNCH(l.blocks, l.threads, l.smem, s, layernorm_forward_kernel<false>)(
         y, h, y16_dtype, mean, rstd, sum, x, addend, weight, bias, eps, rows, cols, l.cache);
   return k_launched();
 }
@@ -587,10 +587,9 @@ int launch_layernorm_backward(DxOut out, float *dweight, float *dbias, const flo
     const size_t smem = grads ? (size_t)WARPS_PER_BLOCK * (size_t)cols * sizeof(float) : 0;
     const int64_t chunks = (cols / 4 + 31) / 32;
 #define LN_BACK_REGS(C)                                                                      \
-  layernorm_backward_regs_kernel<C, FROM_OUTPUT><<<(unsigned)blocks, 32 * WARPS_PER_BLOCK,   \
-                                                   smem, s>>>(out, partials, dy, src, weight, \
-                                                              mean, shift, rstd, rows, cols, \
-                                                              vec_p)
+  K_LAUNCH((unsigned)blocks, 32 * WARPS_PER_BLOCK, smem, s,                                   \
+           layernorm_backward_regs_kernel<C, FROM_OUTPUT>)(out, partials, dy, src, weight, mean, \
+                                                           shift, rstd, rows, cols, vec_p)
     if (chunks <= 4) LN_BACK_REGS(4);
     else if (chunks <= 6) LN_BACK_REGS(6);
     else LN_BACK_REGS(REG_ROW_CHUNKS);
@@ -599,13 +598,13 @@ int launch_layernorm_backward(DxOut out, float *dweight, float *dbias, const flo
     if (status != 0 || !grads) return status;
     int64_t tiles = (cols + 31) / 32;
     if (tiles > MAX_BLOCKS) tiles = MAX_BLOCKS;
-    column_partials_kernel<<<(unsigned)tiles, dim3(32, 32), 0, s>>>(dweight, dbias, scratch,
-                                                                    blocks, cols);
+    K_LAUNCH((unsigned)tiles, dim3(32, 32), 0, s, column_partials_kernel)(dweight, dbias, scratch,
+                                                                          blocks, cols);
     return k_launched();
   }
   const RowLaunch l = row_launch(rows, cols, 2, groups);
 #define LN_BACK(WARP, EXTRA)                                                                 \
-  layernorm_backward_kernel<WARP, FROM_OUTPUT, EXTRA><<<l.blocks, l.threads, l.smem, s>>>(  \
+  K_LAUNCH(l.blocks, l.threads, l.smem, s, layernorm_backward_kernel<WARP, FROM_OUTPUT, EXTRA>)( \
       out, partials, dy, src, weight, mean, shift, rstd, rows, cols, l.cache, vec)
   const bool extra = out.residual || out.dx16;
   if (l.warp_mode && extra) LN_BACK(true, true);
@@ -617,8 +616,8 @@ int launch_layernorm_backward(DxOut out, float *dweight, float *dbias, const flo
   if (status != 0 || !grads) return status;
   int64_t tiles = (cols + 31) / 32;
   if (tiles > MAX_BLOCKS) tiles = MAX_BLOCKS;
-  column_partials_kernel<<<(unsigned)tiles, dim3(32, 32), 0, s>>>(dweight, dbias, scratch,
-                                                                  (int64_t)l.blocks, cols);
+  K_LAUNCH((unsigned)tiles, dim3(32, 32), 0, s, column_partials_kernel)(dweight, dbias, scratch,
+                                                                        (int64_t)l.blocks, cols);
   return k_launched();
 }
 

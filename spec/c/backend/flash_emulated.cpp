@@ -3,175 +3,28 @@
  * (flash_emulated.h says what that proves and what it cannot).
  *
  * Purpose: the GPU's flash attention kernels are written where no GPU runs them; this
- * runs their source as it is. CUDA's keywords become nothing, threadIdx / blockIdx /
- * gridDim / blockDim a thread's own, __syncthreads a barrier of the block's 128 threads.
- * The six PTX helpers the kernel file leaves out under L2L_FLASH_EMULATE are defined here
- * from the PTX ISA's statement of each instruction: a warp's 32 threads post their operands
- * to the warp's exchange, meet at a barrier, and each takes what the instruction gives its
- * lane. A watchdog ends the process with a message when no barrier completes for a minute
- * (a __syncthreads some thread never reaches hangs a GPU; here it fails the test).
+ * runs their source as it is, on kernel_emulation.h's threads. The six PTX helpers the
+ * kernel file leaves out under L2L_FLASH_EMULATE are defined here from the PTX ISA's
+ * statement of each instruction: a warp's 32 threads post their operands to the warp's
+ * exchange, meet, and each takes what the instruction gives its lane; cp.async copies land
+ * at their issue or (lazy) at the wait that covers them.
  * Must never: be included by the library, or run where the build has no CUDA headers.
  */
 #include "flash_emulated.h"
 
-#include <stdio.h>
+#if L2L_KERNEL_EMULATION
 
-#if !L2L_FLASH_EMULATION
 
-bool flash_emulated_available(char *why, size_t len) {
-  snprintf(why, len, "this build found no CUDA toolkit headers (cuda_bf16.h) to compile the "
-                     "flash kernels for the CPU with");
-  return false;
-}
-int flash_emulated_forward(void *, int, float *, const void *, const void *, const void *,
-                           const uint8_t *, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int, float, float, uint32_t, uint64_t, uint64_t, int64_t,
-                           int, int, bool) {
-  return -1;
-}
-int flash_emulated_backward(void *, void *, void *, int, int64_t, const void *, int64_t,
-                            const void *, int, const float *, const void *, const void *,
-                            const void *, const uint8_t *, int64_t, int64_t, int64_t, int64_t,
-                            int64_t, int64_t, int, float, float, uint32_t, uint64_t, uint64_t,
-                            int64_t, int, float *, int, bool) {
-  return -1;
-}
+#include "kernel_emulation.h"
 
-#else /* L2L_FLASH_EMULATION */
+/* ---------------------------------------------------------------- the six PTX helpers */
 
-#include <math.h>
-
-#include <atomic>
-#include <barrier>
-#include <chrono>
-#include <condition_variable>
-#include <cstdlib>
-#include <cstring>
-#include <mutex>
-#include <thread>
-#include <unistd.h>
-#include <type_traits>
-#include <vector>
-
-#include <cuda_runtime.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-/* ---------------------------------------------------------------- threads and barriers */
-
-namespace emu {
-
-/* Barriers completed by every emulated block: a watchdog thread ends the process (with a
-   message) when a minute passes without one while a kernel runs (a __syncthreads some
-   thread never reaches hangs a GPU; here it fails the test). */
-std::atomic<uint64_t> progress{0};
-
-/* A barrier of n threads (C++20's, which waits on the futex of an atomic). */
-class Barrier {
- public:
-  explicit Barrier(int n) : bar_(n) {}
-  void wait(const char *) {
-    bar_.arrive_and_wait();
-    progress.fetch_add(1, std::memory_order_relaxed);
-  }
-
- private:
-  std::barrier<> bar_;
-};
-
-/* What a warp's threads post for a collective instruction: two exchanges, used in turn, so
-   that one barrier a collective suffices (a lane posts to an exchange again only two
-   collectives later, past a barrier that every lane reached after reading it). */
-struct Exchange {
-  const void *address[32];
-  uint32_t a[32][4], b[32][2];
-  float value[32];
-};
-struct Warp {
-  Barrier meet{32};
-  Exchange exchange[2];
-};
-
-constexpr int kBlockThreads = 128;
-
-struct Block {
-  Barrier all{kBlockThreads};
-  Warp warps[kBlockThreads / 32];
-  uint3 index, grid;
-};
-
-/* A copy by cp.async, landing at its issue or (lazy) at the wait that covers it. */
-struct Copy {
-  void *dst;
-  const void *src;
-  bool valid;
-};
-
-struct Thread {
-  int id = 0;
-  unsigned collectives = 0;               /* this lane's, for the exchange's turn */
-  Block *block = nullptr;
-  bool lazy = false;
-  std::vector<Copy> open;                 /* issued, not yet committed */
-  std::vector<std::vector<Copy>> groups;  /* committed, oldest first */
-};
-thread_local Thread self;
-
-inline uint3 thread_index() { return make_uint3((unsigned)self.id, 0, 0); }
-inline uint3 block_index() { return self.block->index; }
-inline uint3 grid_dim() { return self.block->grid; }
-inline uint3 block_dim() { return make_uint3(kBlockThreads, 1, 1); }
-inline int lane() { return self.id & 31; }
-inline Warp &warp() { return self.block->warps[self.id >> 5]; }
-inline void syncthreads() { self.block->all.wait("__syncthreads"); }
-inline void syncwarp() { warp().meet.wait("__syncwarp"); }
-
-/* The exchange of this lane's next collective, once its lanes have posted to it: post(x)
-   fills this lane's part, then the warp meets. */
-template <typename Post>
-inline Exchange &collective(const char *what, Post post) {
-  Warp &w = warp();
-  Exchange &x = w.exchange[self.collectives++ & 1];
-  post(x);
-  w.meet.wait(what);
-  return x;
-}
-
-inline float shfl_xor(float v, int offset) {
-  const Exchange &x = collective("__shfl_xor_sync", [&](Exchange &e) { e.value[lane()] = v; });
-  return x.value[lane() ^ offset];
-}
-
-inline void land(const Copy &c) {
+static void land(const emu::Copy &c) {
   if (c.valid)
     memcpy(c.dst, c.src, 16);
   else
     memset(c.dst, 0, 16);
 }
-
-} /* namespace emu */
-
-/* ---------------------------------------------------------------- CUDA's names, as the host's */
-
-#undef __global__
-#define __global__
-#undef __shared__
-#define __shared__
-#undef __launch_bounds__
-#define __launch_bounds__(...)
-#define threadIdx (emu::thread_index())
-#define blockIdx (emu::block_index())
-#define gridDim (emu::grid_dim())
-#define blockDim (emu::block_dim())
-#define __syncthreads() emu::syncthreads()
-#define __syncwarp(...) emu::syncwarp()
-#define __shfl_xor_sync(mask, v, offset) emu::shfl_xor((v), (offset))
-
-static inline unsigned __umulhi(unsigned a, unsigned b) {
-  return (unsigned)(((uint64_t)a * (uint64_t)b) >> 32);
-}
-
-/* ---------------------------------------------------------------- the six PTX helpers */
 
 /* cp.async.cg.shared.global, 16 bytes; src-size 0 (!valid) fills zeros and reads nothing. */
 static void copy16_async(void *dst, const void *src, bool valid) {
@@ -179,7 +32,7 @@ static void copy16_async(void *dst, const void *src, bool valid) {
   if (emu::self.lazy)
     emu::self.open.push_back(c);
   else
-    emu::land(c);
+    land(c);
 }
 /* cp.async.commit_group: the copies issued since the last commit form a group. */
 static void copies_commit() {
@@ -190,7 +43,7 @@ static void copies_commit() {
 template <int N>
 static void copies_wait() {
   while (emu::self.groups.size() > (size_t)N) {
-    for (const emu::Copy &c : emu::self.groups.front()) emu::land(c);
+    for (const emu::Copy &c : emu::self.groups.front()) land(c);
     emu::self.groups.erase(emu::self.groups.begin());
   }
 }
@@ -201,7 +54,7 @@ static void copies_wait() {
    elements of rows 2(l%4) and 2(l%4)+1. */
 static void load_matrices_as(uint32_t (&r)[4], const void *p, bool transposed) {
   const int l = emu::lane(), g = l >> 2, t = l & 3;
-  const emu::Exchange &x = emu::collective("ldmatrix", [&](emu::Exchange &e) { e.address[l] = p; });
+  const emu::Exchange &x = emu::collective([&](emu::Exchange &e) { e.address[l] = p; });
   for (int m = 0; m < 4; m++) {
     uint16_t e[2];
     for (int i = 0; i < 2; i++) {
@@ -234,7 +87,7 @@ static float element(uint16_t bits) {
 template <typename T>
 static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   const int l = emu::lane();
-  const emu::Exchange &w = emu::collective("mma", [&](emu::Exchange &e) {
+  const emu::Exchange &w = emu::collective([&](emu::Exchange &e) {
     for (int i = 0; i < 4; i++) e.a[l][i] = a[i];
     e.b[l][0] = b0, e.b[l][1] = b1;
   });
@@ -261,14 +114,6 @@ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 
 /* ---------------------------------------------------------------- the kernels themselves */
 
-/* Every block's shared memory (blocks run one at a time); the kernels' extern declaration
-   finds it in their namespace. */
-namespace k_attention {
-namespace {
-alignas(128) unsigned char smem[232448];
-}
-}
-
 #define L2L_FLASH_EMULATE 1
 #include "attention_flash.cu"
 
@@ -278,75 +123,22 @@ namespace {
 
 using namespace k_attention;
 
-/* Watches emu::progress while a grid runs: a minute without a barrier completing ends the
-   process with a message. */
-class Watchdog {
- public:
-  Watchdog() : thread_([this] { watch(); }) {}
-  ~Watchdog() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
- private:
-  void watch() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    uint64_t seen = emu::progress.load();
-    auto since = std::chrono::steady_clock::now();
-    while (!cv_.wait_for(lock, std::chrono::seconds(1), [this] { return done_; })) {
-      const uint64_t now = emu::progress.load();
-      if (now != seen) {
-        seen = now, since = std::chrono::steady_clock::now();
-      } else if (std::chrono::steady_clock::now() - since > std::chrono::seconds(60)) {
-        fprintf(stderr, "flash_emulated: no barrier completed for a minute (a __syncthreads or "
-                        "warp collective some thread never reaches)\n");
-        _exit(1);
-      }
-    }
-  }
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
-};
-
-/* kernel(args) by `blocks` blocks of 128 threads, one block after another, its shared
-   memory poisoned first (0xff: a 16-bit NaN, a float NaN). */
-void run_grid(void (*kernel)(FlashArgs), const FlashArgs &args, int blocks, bool lazy) {
-  Watchdog watchdog;
-  for (int b = 0; b < blocks; b++) {
-    memset(smem, 0xff, sizeof smem);
-    emu::Block block;
-    block.index = make_uint3((unsigned)b, 0, 0), block.grid = make_uint3((unsigned)blocks, 1, 1);
-    std::vector<std::thread> threads;
-    for (int t = 0; t < emu::kBlockThreads; t++)
-      threads.emplace_back([&, t] {
-        emu::self = emu::Thread();
-        emu::self.id = t, emu::self.block = &block, emu::self.lazy = lazy;
-        kernel(args);
-        if (!emu::self.open.empty() || !emu::self.groups.empty()) {
-          fprintf(stderr, "flash_emulated: thread %d of block %d ended with copies not waited for\n",
-                  t, b);
-          exit(1);
-        }
-      });
-    for (std::thread &th : threads) th.join();
-  }
+/* kernel(args) by `blocks` blocks of 128 threads, with `shared` bytes of dynamic shared
+   memory. */
+void run_blocks(void (*kernel)(FlashArgs), const FlashArgs &args, int blocks, size_t shared,
+                bool lazy) {
+  emu::run_grid(dim3((unsigned)blocks), dim3(kThreads), shared, lazy, [&] { kernel(args); });
 }
 
 template <typename T, int HD>
 void forward_as(const FlashArgs &a, int blocks, bool lazy) {
-  run_grid(flash_forward_kernel<T, HD>, a, blocks, lazy);
+  run_blocks(flash_forward_kernel<T, HD>, a, blocks, ForwardSmem<HD>::bytes, lazy);
 }
 
 template <typename T, int HD>
 void backward_as(const FlashArgs &a, int blocks, bool lazy) {
-  run_grid(flash_dq_kernel<T, HD>, a, blocks, lazy);
-  run_grid(flash_dkdv_kernel<T, HD>, a, blocks, lazy);
+  run_blocks(flash_dq_kernel<T, HD>, a, blocks, DqSmem<HD>::bytes, lazy);
+  run_blocks(flash_dkdv_kernel<T, HD>, a, blocks, DkvSmem<HD>::bytes, lazy);
 }
 
 template <typename T>
@@ -380,11 +172,6 @@ AttentionShape shape_of(int64_t batch, int64_t heads, int64_t seq, int64_t head_
 }
 
 } /* namespace */
-
-bool flash_emulated_available(char *why, size_t len) {
-  (void)why, (void)len;
-  return true;
-}
 
 int flash_emulated_forward(void *o, int o_dtype, float *lse, const void *q, const void *k,
                            const void *v, const uint8_t *key_mask, int64_t batch,
@@ -433,4 +220,4 @@ int flash_emulated_backward(void *dq, void *dk, void *dv, int dqkv_dtype, int64_
   return 0;
 }
 
-#endif /* L2L_FLASH_EMULATION */
+#endif /* L2L_KERNEL_EMULATION */

@@ -10,7 +10,7 @@
  * each block. What this proves: the kernels' indices, masks, softmax, dropout draws,
  * stage handling and barriers, without a GPU. What it cannot: the hardware's own
  * instructions, timing, or a race that only real asynchrony shows.
- * Must never: be built where the CUDA toolkit's headers are missing (it says so then).
+ * Only where L2L_KERNEL_EMULATION is defined (the build found the CUDA toolkit's headers).
  */
 #ifndef L2L_FLASH_EMULATED_H
 #define L2L_FLASH_EMULATED_H
@@ -22,9 +22,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Whether this build has the emulation; why not in `why` where it has not. */
-bool flash_emulated_available(char *why, size_t len);
 
 /* The forward kernel over a whole call, arguments as k_attention_flash_forward's
    (kernels/attention.h), every pointer host memory; `blocks` blocks walk the items (a

@@ -1,0 +1,256 @@
+/* SPDX-License-Identifier: MIT */
+/* kernel_emulation.h — what a kernel file of kernels/ needs to compile for the CPU and run
+ * there: a thread per GPU thread, blocks one after another, CUDA's names given the host's
+ * meaning. For the C++ files of spec/c/backend/ that run a kernel file's source in make test
+ * (flash_emulated.cpp, norm_emulated.cpp).
+ *
+ * Purpose: the GPU's kernels are written on machines without a GPU; their source, run here
+ * against the CPU backend, shows a wrong index, bound, mask, reduction or barrier before a
+ * lent GPU's few minutes do. A block's threads meet at __syncthreads (a barrier of them
+ * all); a warp's 32 meet for each collective (a shuffle, or an instruction a file emulates
+ * through emu::collective) and take what it gives their lane. Static __shared__ arrays are
+ * function statics (one block runs at a time), dynamic shared memory one buffer, poisoned
+ * (0xff bytes: NaN as f32 and as 16-bit) before each block. K_LAUNCH runs a whole grid
+ * before it returns. A watchdog ends the process with a message when no barrier completes
+ * for a minute (a __syncthreads some thread never reaches hangs a GPU; here it fails the
+ * test). One team of threads runs a launch's blocks in turn. What this cannot show: the hardware's own arithmetic (no fused multiply-add here,
+ * f32 sums in program order), timing, or races that only real concurrency of a GPU shows
+ * (ThreadSanitizer, under make test TSAN=1, checks the threads' accesses against the
+ * barriers).
+ * Must never: be included by the library, or before the CUDA headers it redefines names of.
+ */
+#ifndef L2L_KERNEL_EMULATION_H
+#define L2L_KERNEL_EMULATION_H
+
+#include <math.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace emu {
+
+/* Barriers completed, for the watchdog. */
+inline std::atomic<uint64_t> progress{0};
+
+/* A barrier of n threads (C++20's: a futex on an atomic). */
+class Barrier {
+ public:
+  explicit Barrier(int n) : bar_(n) {}
+  void wait() {
+    bar_.arrive_and_wait();
+    progress.fetch_add(1, std::memory_order_relaxed);
+  }
+
+ private:
+  std::barrier<> bar_;
+};
+
+/* What a warp's threads post for a collective: two exchanges, used in turn, so that one
+   barrier a collective suffices (a lane posts to an exchange again only two collectives
+   later, past a barrier that every lane reached after reading it). */
+struct Exchange {
+  const void *address[32];
+  uint32_t a[32][4], b[32][2];
+  float value[32];
+};
+struct Warp {
+  Barrier meet{32};
+  Exchange exchange[2];
+};
+
+struct Block {
+  explicit Block(int threads) : all(threads), warps(new Warp[threads / 32]) {}
+  Barrier all;
+  std::unique_ptr<Warp[]> warps;
+  dim3 index, grid, dim;
+  unsigned char *dynamic = nullptr;
+};
+
+/* A cp.async copy (the files that emulate it land it at issue or at its wait). */
+struct Copy {
+  void *dst;
+  const void *src;
+  bool valid;
+};
+
+struct Thread {
+  int id = 0;
+  unsigned collectives = 0; /* this lane's, for the exchange's turn */
+  Block *block = nullptr;
+  bool lazy = false;                     /* cp.async copies land at their wait */
+  std::vector<Copy> open;                /* issued, not yet committed */
+  std::vector<std::vector<Copy>> groups; /* committed, oldest first */
+};
+inline thread_local Thread self;
+
+inline uint3 thread_index() {
+  const dim3 d = self.block->dim;
+  const unsigned id = (unsigned)self.id;
+  return make_uint3(id % d.x, id / d.x % d.y, id / (d.x * d.y));
+}
+inline uint3 block_index() { return make_uint3(self.block->index.x, self.block->index.y, self.block->index.z); }
+inline dim3 grid_dim() { return self.block->grid; }
+inline dim3 block_dim() { return self.block->dim; }
+inline int lane() { return self.id & 31; }
+inline Warp &warp() { return self.block->warps[self.id >> 5]; }
+inline void syncthreads() { self.block->all.wait(); }
+inline void syncwarp() { warp().meet.wait(); }
+inline unsigned char *dynamic_shared() { return self.block->dynamic; }
+inline int last_error() { return 0; }
+
+/* The exchange of this lane's next collective, once every lane has posted to it: post(x)
+   fills this lane's part, then the warp meets. */
+template <typename Post>
+inline Exchange &collective(Post post) {
+  Warp &w = warp();
+  Exchange &x = w.exchange[self.collectives++ & 1];
+  post(x);
+  w.meet.wait();
+  return x;
+}
+
+inline float shfl_xor(float v, int offset) {
+  const Exchange &x = collective([&](Exchange &e) { e.value[lane()] = v; });
+  return x.value[lane() ^ offset];
+}
+
+/* Watches `progress` while a grid runs: a minute without a barrier completing ends the
+   process with a message. */
+class Watchdog {
+ public:
+  Watchdog() : thread_([this] { watch(); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void watch() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    uint64_t seen = progress.load();
+    auto since = std::chrono::steady_clock::now();
+    while (!cv_.wait_for(lock, std::chrono::seconds(1), [this] { return done_; })) {
+      const uint64_t now = progress.load();
+      if (now != seen) {
+        seen = now, since = std::chrono::steady_clock::now();
+      } else if (std::chrono::steady_clock::now() - since > std::chrono::seconds(60)) {
+        fprintf(stderr, "kernel emulation: no barrier completed for a minute (a __syncthreads "
+                        "or warp collective some thread never reaches)\n");
+        _exit(1);
+      }
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+/* fn() run by every thread of every block of a grid (threads a block a multiple of 32),
+   one block after another by one team of threads; `shared` bytes of dynamic shared memory,
+   poisoned before each block. `lazy`: the threads' cp.async copies land at their wait. */
+template <class Fn>
+void run_grid(dim3 grid, dim3 block, size_t shared, bool lazy, Fn fn) {
+  const int threads = (int)(block.x * block.y * block.z);
+  if (threads <= 0 || threads % 32 != 0 || threads > 1024) {
+    fprintf(stderr, "kernel emulation: a block of %d threads (a multiple of 32 up to 1024 here)\n",
+            threads);
+    exit(1);
+  }
+  Watchdog watchdog;
+  std::vector<unsigned char> dynamic(shared + 256);
+  unsigned char *base = dynamic.data() + (256 - (uintptr_t)dynamic.data() % 256) % 256;
+  const unsigned blocks = grid.x * grid.y * grid.z;
+  Block blk(threads);
+  blk.grid = grid, blk.dim = block, blk.dynamic = base;
+  std::vector<std::thread> team;
+  for (int t = 0; t < threads; t++)
+    team.emplace_back([&, t] {
+      self = Thread();
+      self.id = t, self.block = &blk, self.lazy = lazy;
+      for (unsigned b = 0; b < blocks; b++) {
+        if (t == 0) {
+          blk.index = dim3(b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y));
+          memset(base, 0xff, shared);
+        }
+        blk.all.wait(); /* the block's index and poisoned memory, for every thread */
+        fn();
+        if (!self.open.empty() || !self.groups.empty()) {
+          fprintf(stderr, "kernel emulation: thread %d of block %u ended with copies not waited for\n",
+                  t, b);
+          exit(1);
+        }
+        blk.all.wait(); /* the block is done before the next one is set up */
+      }
+    });
+  for (std::thread &th : team) th.join();
+}
+
+/* K_LAUNCH's: kernel(args...) over the grid, before it returns. */
+template <class Kernel>
+struct Launcher {
+  dim3 grid, block;
+  size_t shared;
+  Kernel kernel;
+  template <class... Args>
+  void operator()(Args... args) const {
+    run_grid(grid, block, shared, false, [&] { kernel(args...); });
+  }
+};
+template <class Kernel>
+Launcher<Kernel> launcher(dim3 grid, dim3 block, size_t shared, cudaStream_t stream, Kernel kernel) {
+  (void)stream; /* (one stream: a grid runs whole before its launch returns) */
+  return {grid, block, shared, kernel};
+}
+
+} /* namespace emu */
+
+/* ---------------------------------------------------------------- CUDA's names, the host's */
+
+#undef __global__
+#define __global__
+#undef __shared__
+#define __shared__ static
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+#define threadIdx (emu::thread_index())
+#define blockIdx (emu::block_index())
+#define gridDim (emu::grid_dim())
+#define blockDim (emu::block_dim())
+#define __syncthreads() emu::syncthreads()
+#define __syncwarp(...) emu::syncwarp()
+#define __shfl_xor_sync(mask, v, offset) emu::shfl_xor((v), (offset))
+#define cudaGetLastError() emu::last_error()
+#define K_LAUNCH(grid, block, shared, stream, ...) \
+  emu::launcher(dim3(grid), dim3(block), (size_t)(shared), (stream), __VA_ARGS__)
+#define K_DYNAMIC_SHARED(type, name) type *const name = reinterpret_cast<type *>(emu::dynamic_shared())
+
+static inline unsigned __umulhi(unsigned a, unsigned b) {
+  return (unsigned)(((uint64_t)a * (uint64_t)b) >> 32);
+}
+template <typename T>
+static inline T __ldg(const T *p) {
+  return *p;
+}
+static inline float __frcp_rn(float x) { return 1.0f / x; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+
+#endif /* L2L_KERNEL_EMULATION_H */

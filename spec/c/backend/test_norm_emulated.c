@@ -1,0 +1,188 @@
+/* SPDX-License-Identifier: MIT */
+/* test_norm_emulated.c — the GPU's LayerNorm launchers and kernels (kernels/norm.cu), their
+ * own source run on the CPU by norm_emulated.cpp, against the CPU backend's LayerNorm.
+ *
+ * Purpose: LayerNorm runs in every block of a GPU step; its kernels that keep a row in a
+ * warp's registers (rows up to 1024, forward and backward, the residual branch's gradient
+ * added and dx rounded to 16 bits in the same pass) were written where no GPU ran them.
+ * Here the launchers choose their kernels as on a GPU (warp rows, rows in registers, a block
+ * a row; the column partials of dweight and dbias) at drawn rows and widths across each
+ * kernel's bounds, and every output is held to the CPU's within the GPU tests' tolerances
+ * (test_cuda.c's cuda_layernorm, test_cuda_outputs16.c's): forward with and without mean and
+ * rstd and its 16-bit y, the fused add, the backward from the input and from the output, with
+ * and without the residual, dx16 and the parameter gradients (accumulated into).
+ * Must never: need a GPU.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "cuda_twins.h"
+#if L2L_KERNEL_EMULATION
+#include "norm_emulated.h"
+#endif
+
+#if L2L_KERNEL_EMULATION
+
+/* A 16-bit array (n) the kernels wrote beside their f32 one: its values rounded to t, bit
+   for bit (as the backend's convert rounds them). */
+static bool rounded_from(const char *what, const uint16_t *got, const float *f32, int64_t n, l2l_dtype t) {
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < n; i++) {
+    const uint16_t w = t == L2L_BF16 ? half_from_f32_bf16(f32[i]) : half_from_f32_f16(f32[i]);
+    if (got[i] != w) bad++, first = first < 0 ? i : first;
+  }
+  return CHECK(bad == 0, "%s: %lld of %lld 16-bit values not their f32 values rounded, first at %lld",
+               what, (long long)bad, (long long)n, (long long)first);
+}
+
+static float *floats(int64_t n, float fill) {
+  float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
+  for (int64_t i = 0; i < n; i++) p[i] = fill;
+  return p;
+}
+static float *normals(int64_t n) {
+  float *p = floats(n, 0.0f);
+  for (int64_t i = 0; i < n; i++) p[i] = (float)check_rand_normal();
+  return p;
+}
+
+/* One shape: every form on both sides. */
+static bool norm_case(int64_t rows, int64_t cols) {
+  const struct backend_ops *cpu = backend_for(L2L_POOL_HOST);
+  const int64_t n = rows * cols;
+  const l2l_dtype t = check_rand_int(0, 1) ? L2L_BF16 : L2L_F16;
+  const float eps = 1e-5f;
+  char what[200];
+  bool ok = true;
+  l2l_tensor *xt = HOST(L2L_F32, rows, cols), *wt = HOST(L2L_F32, cols), *bt = HOST(L2L_F32, cols);
+  layernorm_inputs(xt, wt, bt);
+  for (int64_t j = 0; j < cols; j++) /* |weight| >= 0.5: x^ = (y - b) / w recovers x */
+    fdata(wt)[j] = (float)((check_rand_int(0, 1) ? 1 : -1) * (0.5 + fabs(0.5 * check_rand_normal())));
+  const float *x = fdata(xt), *w = fdata(wt), *b = fdata(bt);
+  const double tc = tol_sum(cols), tr = tol_sum(rows);
+
+  /* forward: y, y16, mean, rstd; the fused add (a + b' with b' = x - a) */
+  float *y[2] = {floats(n, NAN), floats(n, NAN)}, *mean[2] = {floats(rows, NAN), floats(rows, NAN)};
+  float *rstd[2] = {floats(rows, NAN), floats(rows, NAN)};
+  /* 16-bit outputs 2 bytes past an 8-byte boundary at times (the kernels' unpacked stores) */
+  const int64_t odd = check_rand_int(0, 1);
+  uint16_t *y16_buf = malloc((size_t)(n + 1) * 2), *y16 = y16_buf + odd;
+  ok &= CHECK_OK(cpu->layernorm_forward(y[0], NULL, L2L_F32, mean[0], rstd[0], x, w, b, eps, rows, cols));
+  ok &= CHECK(emu_k_layernorm_forward(y[1], y16, (int)t, mean[1], rstd[1], x, w, b, eps, rows, cols,
+                                      NULL) == 0, "(%lld, %lld): the forward's launch", (long long)rows,
+              (long long)cols);
+  snprintf(what, sizeof what, "layernorm_forward (%lld, %lld): y", (long long)rows, (long long)cols);
+  ok &= CHECK_CLOSE(what, y[1], y[0], n, RMS, tc);
+  snprintf(what, sizeof what, "layernorm_forward (%lld, %lld): y16 (%s)", (long long)rows,
+           (long long)cols, l2l_dtype_name(t));
+  ok &= rounded_from(what, y16, y[1], n, t);
+  snprintf(what, sizeof what, "layernorm_forward (%lld, %lld): mean", (long long)rows, (long long)cols);
+  ok &= CHECK_CLOSE(what, mean[1], mean[0], rows, rms_tensor(xt), tc);
+  snprintf(what, sizeof what, "layernorm_forward (%lld, %lld): rstd", (long long)rows, (long long)cols);
+  ok &= CHECK_CLOSE(what, rstd[1], rstd[0], rows, RMS, tc);
+
+  float *a = normals(n), *bb = floats(n, 0.0f), *sum = floats(n, NAN), *y2 = floats(n, NAN);
+  for (int64_t i = 0; i < n; i++) bb[i] = x[i] - a[i];
+  float *y_ref = floats(n, NAN), *sum_ref = floats(n, NAN);
+  ok &= CHECK_OK(cpu->add_layernorm_forward(sum_ref, y_ref, NULL, L2L_F32, NULL, NULL, a, bb, w, b, eps,
+                                            rows, cols));
+  ok &= CHECK(emu_k_add_layernorm_forward(sum, y2, NULL, 0, NULL, NULL, a, bb, w, b, eps, rows, cols,
+                                          NULL) == 0, "(%lld, %lld): the fused add's launch",
+              (long long)rows, (long long)cols);
+  snprintf(what, sizeof what, "add_layernorm_forward (%lld, %lld): sum", (long long)rows, (long long)cols);
+  ok &= CHECK_CLOSE(what, sum, sum_ref, n, RMS, TOL_F32);
+  snprintf(what, sizeof what, "add_layernorm_forward (%lld, %lld): y", (long long)rows, (long long)cols);
+  ok &= CHECK_CLOSE(what, y2, y_ref, n, RMS, tc);
+
+  /* backward from the CPU's forward, both forms, with and without the residual, dx16 and the
+     parameter gradients (accumulated into from the same start) */
+  float *dy = normals(n), *res = normals(n), *dw0 = normals(cols), *db0 = normals(cols);
+  const int64_t scratch_floats = emu_k_layernorm_backward_scratch_floats(rows, cols);
+  float *scratch = floats(scratch_floats, NAN);
+  for (int form = 0; form < 2; form++)
+    for (int extra = 0; extra < 2; extra++)
+      for (int grads = 0; grads < 2; grads++) {
+        float *dx[2] = {floats(n, NAN), floats(n, NAN)};
+        float *dw[2] = {floats(cols, 0), floats(cols, 0)}, *db[2] = {floats(cols, 0), floats(cols, 0)};
+        memcpy(dw[0], dw0, (size_t)cols * 4), memcpy(dw[1], dw0, (size_t)cols * 4);
+        memcpy(db[0], db0, (size_t)cols * 4), memcpy(db[1], db0, (size_t)cols * 4);
+        uint16_t *dx16_buf = extra ? malloc((size_t)(n + 1) * 2) : NULL;
+        uint16_t *dx16 = extra ? dx16_buf + odd : NULL;
+        const float *r = extra ? res : NULL;
+        float *gw[2] = {grads ? dw[0] : NULL, grads ? dw[1] : NULL};
+        float *gb[2] = {grads ? db[0] : NULL, grads ? db[1] : NULL};
+        int launched;
+        if (form) {
+          ok &= CHECK_OK(cpu->layernorm_backward_from_output(dx[0], NULL, L2L_F32, gw[0], gb[0], dy, r,
+                                                             y[0], w, b, rstd[0], rows, cols));
+          launched = emu_k_layernorm_backward_from_output(dx[1], dx16, (int)t, gw[1], gb[1], dy, r,
+                                                          y[0], w, b, rstd[0], rows, cols, scratch,
+                                                          NULL);
+        } else {
+          ok &= CHECK_OK(cpu->layernorm_backward(dx[0], NULL, L2L_F32, gw[0], gb[0], dy, r, x, w,
+                                                 mean[0], rstd[0], rows, cols));
+          launched = emu_k_layernorm_backward(dx[1], dx16, (int)t, gw[1], gb[1], dy, r, x, w, mean[0],
+                                              rstd[0], rows, cols, scratch, NULL);
+        }
+        snprintf(what, sizeof what, "%s (%lld, %lld)%s%s",
+                 form ? "layernorm_backward_from_output" : "layernorm_backward", (long long)rows,
+                 (long long)cols, extra ? " + residual, dx16" : "", grads ? " with dweight, dbias" : "");
+        ok &= CHECK(launched == 0, "%s: the launch", what);
+        char part[260];
+        snprintf(part, sizeof part, "%s: dx", what);
+        ok &= CHECK_CLOSE(part, dx[1], dx[0], n, RMS, tc);
+        if (dx16) {
+          snprintf(part, sizeof part, "%s: dx16 (%s)", what, l2l_dtype_name(t));
+          ok &= rounded_from(part, dx16, dx[1], n, t);
+        }
+        if (grads) {
+          snprintf(part, sizeof part, "%s: dweight", what);
+          ok &= CHECK_CLOSE(part, dw[1], dw[0], cols, RMS, tr);
+          snprintf(part, sizeof part, "%s: dbias", what);
+          ok &= CHECK_CLOSE(part, db[1], db[0], cols, RMS, tr);
+        }
+        free(dx[0]), free(dx[1]), free(dw[0]), free(dw[1]), free(db[0]), free(db[1]), free(dx16_buf);
+      }
+  free(dy), free(res), free(dw0), free(db0), free(scratch);
+  free(a), free(bb), free(sum), free(y2), free(y_ref), free(sum_ref), free(y16_buf);
+  for (int i = 0; i < 2; i++) free(y[i]), free(mean[i]), free(rstd[i]);
+  l2l_tensor_free(xt), l2l_tensor_free(wt), l2l_tensor_free(bt);
+  return ok;
+}
+
+#endif /* L2L_KERNEL_EMULATION */
+
+TEST(norm_kernels_emulated_against_the_cpu) {
+#if !L2L_KERNEL_EMULATION
+  check_skip("this build found no CUDA toolkit headers (cuda_bf16.h) to compile the kernels "
+             "for the CPU with");
+#else
+  /* widths across the kernels' bounds: a warp a row (<= 256), a row in a warp's registers
+     (whole float4s: forward from 4 columns, backward past 256, up to 1024), a block a row
+     (past 1024, or past 256 in other widths); rows across a block's 8 warps. (Not 1 or 2
+     columns: x^ is then +-1 or 0 exactly and dx rounding noise on both sides, as
+     test_cuda.c's cuda_layernorm says.) */
+  static const struct {
+    int64_t lo, hi;
+    int quads; /* 1: a multiple of 4, 0: any, -1: not a multiple of 4 */
+  } widths[] = {{3, 5, 0}, {6, 256, 0}, {257, 1024, 1}, {257, 1024, -1}, {1025, 1400, 0}};
+  /* (under ThreadSanitizer, which also checks the emulated threads' accesses against the
+     kernels' barriers and runs them tens of times slower: the rows in registers alone) */
+#ifdef L2L_TSAN
+  const size_t first = 2, last = 2;
+  const int64_t most_rows = 8;
+#else
+  const size_t first = 0, last = sizeof widths / sizeof widths[0] - 1;
+  const int64_t most_rows = 20;
+#endif
+  int failed = 0;
+  for (size_t i = first; i <= last && failed < 2; i++) {
+    int64_t cols = check_rand_int(widths[i].lo, widths[i].hi);
+    if (widths[i].quads > 0) cols = cols / 4 * 4;
+    if (widths[i].quads < 0 && cols % 4 == 0) cols += 1;
+    failed += !norm_case(check_rand_int(1, most_rows), cols);
+  }
+#endif
+}
