@@ -84,7 +84,6 @@ __device__ __forceinline__ void fill_kept(uint8_t *kept, uint64_t first, uint64_
    item (kernels loop over items, so a capped grid is fine). An attribute failure is
    cleared from the runtime's last error, so that it does not leak into the next
    launcher's status. */
-#ifndef L2L_FLASH_EMULATE /* (a host compiler has no <<< >>>) */
 template <typename Args>
 inline int launch_tiles(void (*kernel)(Args), int threads, size_t smem, int64_t items,
                         cudaStream_t stream, const Args &args) {
@@ -95,10 +94,9 @@ inline int launch_tiles(void (*kernel)(Args), int threads, size_t smem, int64_t 
     return (int)err;
   }
   const unsigned grid = (unsigned)(items < 0x7fffffff ? items : 0x7fffffff);
-  kernel<<<grid, threads, smem, stream>>>(args);
+  K_LAUNCH(grid, threads, smem, stream, kernel)(args);
   return k_launched();
 }
-#endif
 
 /* The flash kernels on tensor cores (attention_flash.cu): 16-bit q, k, v and do of the
    products' dtype (DT_BF16 or DT_F16) read as they lie, rows 16-byte aligned. */
