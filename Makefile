@@ -175,10 +175,12 @@ CTEST_SRC := $(wildcard spec/c/*.c spec/c/*/*.c)
 # defined, they compile to nothing and the tests that use them skip, saying why.
 CTEST_CXX_SRC := $(wildcard spec/c/*/*.cpp)
 CTEST_OBJ := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%.o) $(CTEST_CXX_SRC:spec/c/%.cpp=$(BUILD)/ctest/%.o)
-EMU_CUDA_INCLUDE := $(firstword $(patsubst %/cuda_bf16.h,%,$(wildcard \
+# (and a C++ compiler with C++20's <barrier>: g++ 11 on)
+EMU_CUDA_INCLUDE := $(firstword $(patsubst %/cuda_bf16.h,%,$(wildcard $(CUDA_HOME)/include/cuda_bf16.h \
                       $(dir $(realpath $(shell command -v nvcc 2>/dev/null)))../include/cuda_bf16.h \
                       /usr/local/cuda/include/cuda_bf16.h)))
-EMU_FLAGS := $(if $(EMU_CUDA_INCLUDE),-DL2L_KERNEL_EMULATION=1 -I.)
+EMU_BARRIER := $(shell printf '\#include <barrier>\n' | $(CXX) -std=c++20 -E -x c++ - >/dev/null 2>&1 && echo 1)
+EMU_FLAGS := $(if $(and $(EMU_CUDA_INCLUDE),$(EMU_BARRIER)),-DL2L_KERNEL_EMULATION=1 -I.)
 DEPS_STAMP := $(BUILD)/.deps-ok
 # What `make install` copies: the library and l2l linked again without the build tree's
 # RUNPATHs (the same objects), in $(DIST).
@@ -256,7 +258,7 @@ $(BUILD)/ctest/%.o: spec/c/%.c | $(DEPS_STAMP)
 	$(COMPILE) -Ispec/c $(EMU_FLAGS) -MMD -MP -c $< -o $@
 $(BUILD)/ctest/%.o: spec/c/%.cpp | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CXX) -std=c++20 -O2 -g -Wall -Wextra -Wno-unknown-pragmas -pthread $(SANFLAGS) $(SANDEFS) \
+	$(CXX) -std=c++20 -O2 -g -ffp-contract=off -Wall -Wextra -Wno-unknown-pragmas -pthread $(SANFLAGS) $(SANDEFS) \
 	  -Ispec/c -Ikernels $(EMU_FLAGS) $(if $(EMU_CUDA_INCLUDE),-I$(EMU_CUDA_INCLUDE)) -MMD -MP -c $< -o $@
 
 # The whole archive: the test program holds what libl2l.so holds (the backend registers

@@ -688,11 +688,13 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(FlashArgs a) {
 
 /* ---------------------------------------------------------------- launch */
 
-#ifndef L2L_FLASH_EMULATE
+/* Shared bytes of a call: the kept bits come last, and only dropout reads them. */
 template <typename Layout>
 size_t shared_bytes(const AttentionShape &sh) {
   return sh.dropout > 0.0f ? Layout::bytes : Layout::kept;
 }
+
+#ifndef L2L_FLASH_EMULATE
 
 template <typename T, int HD>
 int forward_as(const FlashArgs &args, cudaStream_t stream) {

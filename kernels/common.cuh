@@ -32,15 +32,19 @@ static inline unsigned k_blocks_for(int64_t n) {
 /* The status a launcher returns: the launch's error, as cudaError_t's value. */
 static inline int k_launched(void) { return (int)cudaGetLastError(); }
 
-/* A launch, K_LAUNCH(grid, block, shared bytes, stream, kernel)(arguments), and a kernel's
-   dynamic shared memory as an array, K_DYNAMIC_SHARED(type, name): CUDA's own syntax here;
-   spec/c/backend/kernel_emulation.h gives them (and __syncthreads, shuffles, ...) for the
-   CPU, where a kernel file's source runs in make test (the kernel files written so). */
+/* A launch, K_LAUNCH(grid, block, shared bytes, stream, kernel)(arguments); a kernel's
+   dynamic shared memory as an array, K_DYNAMIC_SHARED(type, name); a static shared array,
+   K_STATIC_SHARED(type, name, [dims]): CUDA's own syntax here; spec/c/backend/
+   kernel_emulation.h gives them (and __syncthreads, shuffles, ...) for the CPU, where a
+   kernel file's source runs in make test (the kernel files written so). */
 #ifndef K_LAUNCH
 #define K_LAUNCH(grid, block, shared, stream, ...) __VA_ARGS__<<<grid, block, shared, stream>>>
 #endif
 #ifndef K_DYNAMIC_SHARED
 #define K_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
+#endif
+#ifndef K_STATIC_SHARED
+#define K_STATIC_SHARED(type, name, dims) __shared__ type name dims
 #endif
 
 /* ---------------------------------------------------------------- Philox4x32-10 */

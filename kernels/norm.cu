@@ -25,8 +25,12 @@ namespace {
 /* LayerNorm backward: per-thread parameter-gradient partials kept in registers; columns
    past OWN_REG * threads (cols > 8192 at 1024 threads) accumulate in the scratch row. */
 constexpr int OWN_REG = 8;
-/* LayerNorm backward: most row groups (= partial-sum rows in the scratch). */
-constexpr int64_t MAX_PARTIAL_GROUPS = 1024;
+/* LayerNorm backward: most row groups (= partial-sum rows in the scratch; the CPU emulation
+   sets fewer, as rows.cuh's MAX_BLOCKS). */
+#ifndef K_LN_MAX_PARTIAL_GROUPS
+#define K_LN_MAX_PARTIAL_GROUPS 1024
+#endif
+constexpr int64_t MAX_PARTIAL_GROUPS = K_LN_MAX_PARTIAL_GROUPS;
 
 static_assert(WARP_ROW_MAX_COLS <= OWN_REG * 32,
               "warp mode must keep every parameter-gradient partial in registers");
@@ -71,7 +75,7 @@ __global__ void __launch_bounds__(1024)
                              float *rstd_out, float *sum_out, const float *x,
                              const float *addend, const float *weight, const float *bias,
                              float eps, int64_t rows, int64_t cols, bool cache_rows) {
-  __shared__ float red[32];
+  K_STATIC_SHARED(float, red, [32]);
   K_DYNAMIC_SHARED(float4, row_cache);
   const RowGroup g = row_group<WARP>();
   float *slice =
@@ -246,7 +250,7 @@ __global__ void __launch_bounds__(1024)
                               const float *weight, const float *mean, const float *shift,
                               const float *rstd, int64_t rows, int64_t cols, bool cache_rows,
                               bool vec) {
-  __shared__ float red[32];
+  K_STATIC_SHARED(float, red, [32]);
   K_DYNAMIC_SHARED(float4, row_cache);
   const RowGroup g = row_group<WARP>();
   const int64_t padded = padded_cols(cols);
@@ -480,7 +484,8 @@ __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK, CHUNKS <= (FROM_OUTPUT ?
 __global__ void __launch_bounds__(1024)
     column_partials_kernel(float *dweight, float *dbias, const float *partials, int64_t groups,
                            int64_t cols) {
-  __shared__ float tile_w[32][33], tile_b[32][33];
+  K_STATIC_SHARED(float, tile_w, [32][33]);
+  K_STATIC_SHARED(float, tile_b, [32][33]);
   const int x = (int)threadIdx.x, yv = (int)threadIdx.y;
   for (int64_t j0 = (int64_t)blockIdx.x * 32; j0 < cols; j0 += (int64_t)gridDim.x * 32) {
     const int64_t j = j0 + x;

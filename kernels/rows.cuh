@@ -30,8 +30,12 @@ constexpr int WARPS_PER_BLOCK = 8;
 /* Dynamic shared memory a block may use to keep its rows on chip: below the 48 KiB that
    needs no opt-in (cudaFuncSetAttribute), with room for the static reduction scratch. */
 constexpr int64_t ROW_CACHE_BYTES = 44 * 1024;
-/* Grid-stride loops cover rows beyond this many blocks. */
-constexpr int64_t MAX_BLOCKS = int64_t(1) << 20;
+/* Grid-stride loops cover rows beyond this many blocks (the CPU emulation of the kernels
+   sets fewer, so that its groups walk several rows). */
+#ifndef K_ROW_MAX_BLOCKS
+#define K_ROW_MAX_BLOCKS (int64_t(1) << 20)
+#endif
+constexpr int64_t MAX_BLOCKS = K_ROW_MAX_BLOCKS;
 
 /* Floats a row's cache needs: the row plus up to 3 floats of shift that make the cache
    congruent to its global row modulo 16 bytes (so both take float4 at the same indices),

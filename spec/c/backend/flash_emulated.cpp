@@ -26,8 +26,11 @@ static void land(const emu::Copy &c) {
     memset(c.dst, 0, 16);
 }
 
-/* cp.async.cg.shared.global, 16 bytes; src-size 0 (!valid) fills zeros and reads nothing. */
+/* cp.async.cg.shared.global, 16 bytes; src-size 0 (!valid) fills zeros and reads nothing.
+   Both addresses 16-byte aligned, as the instruction requires. */
 static void copy16_async(void *dst, const void *src, bool valid) {
+  if ((uintptr_t)dst % 16 != 0 || (valid && (uintptr_t)src % 16 != 0))
+    emu::fail("cp.async of 16 bytes at an address not 16-byte aligned");
   const emu::Copy c = {dst, src, valid};
   if (emu::self.lazy)
     emu::self.open.push_back(c);
@@ -54,6 +57,7 @@ static void copies_wait() {
    elements of rows 2(l%4) and 2(l%4)+1. */
 static void load_matrices_as(uint32_t (&r)[4], const void *p, bool transposed) {
   const int l = emu::lane(), g = l >> 2, t = l & 3;
+  if ((uintptr_t)p % 16 != 0) emu::fail("ldmatrix of a row not 16-byte aligned");
   const emu::Exchange &x = emu::collective([&](emu::Exchange &e) { e.address[l] = p; });
   for (int m = 0; m < 4; m++) {
     uint16_t e[2];
@@ -132,13 +136,13 @@ void run_blocks(void (*kernel)(FlashArgs), const FlashArgs &args, int blocks, si
 
 template <typename T, int HD>
 void forward_as(const FlashArgs &a, int blocks, bool lazy) {
-  run_blocks(flash_forward_kernel<T, HD>, a, blocks, ForwardSmem<HD>::bytes, lazy);
+  run_blocks(flash_forward_kernel<T, HD>, a, blocks, shared_bytes<ForwardSmem<HD>>(a.sh), lazy);
 }
 
 template <typename T, int HD>
 void backward_as(const FlashArgs &a, int blocks, bool lazy) {
-  run_blocks(flash_dq_kernel<T, HD>, a, blocks, DqSmem<HD>::bytes, lazy);
-  run_blocks(flash_dkdv_kernel<T, HD>, a, blocks, DkvSmem<HD>::bytes, lazy);
+  run_blocks(flash_dq_kernel<T, HD>, a, blocks, shared_bytes<DqSmem<HD>>(a.sh), lazy);
+  run_blocks(flash_dkdv_kernel<T, HD>, a, blocks, shared_bytes<DkvSmem<HD>>(a.sh), lazy);
 }
 
 template <typename T>

@@ -8,9 +8,11 @@
  * against the CPU backend, shows a wrong index, bound, mask, reduction or barrier before a
  * lent GPU's few minutes do. A block's threads meet at __syncthreads (a barrier of them
  * all); a warp's 32 meet for each collective (a shuffle, or an instruction a file emulates
- * through emu::collective) and take what it gives their lane. Static __shared__ arrays are
- * function statics (one block runs at a time), dynamic shared memory one buffer, poisoned
- * (0xff bytes: NaN as f32 and as 16-bit) before each block. K_LAUNCH runs a whole grid
+ * through emu::collective) and take what it gives their lane. Static shared arrays
+ * (K_STATIC_SHARED) take places in one area and dynamic shared memory one buffer of exactly
+ * the launch's bytes, both poisoned (0xff bytes: NaN as f32 and as 16-bit) before each
+ * block. A warp collective here orders memory as __syncwarp would (CUDA's shuffles do not):
+ * a missing __syncwarp between warp steps does not show. K_LAUNCH runs a whole grid
  * before it returns. A watchdog ends the process with a message when no barrier completes
  * for a minute (a __syncthreads some thread never reaches hangs a GPU; here it fails the
  * test). One team of threads runs a launch's blocks in turn. What this cannot show: the hardware's own arithmetic (no fused multiply-add here,
@@ -34,6 +36,8 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -65,7 +69,7 @@ class Barrier {
 struct Exchange {
   const void *address[32];
   uint32_t a[32][4], b[32][2];
-  float value[32];
+  uint64_t value[32]; /* a shuffled value's bytes */
 };
 struct Warp {
   Barrier meet{32};
@@ -79,6 +83,27 @@ struct Block {
   dim3 index, grid, dim;
   unsigned char *dynamic = nullptr;
 };
+
+/* Ends the process with a message (once, whichever thread calls first). */
+[[noreturn]] inline void fail(const char *message) {
+  static std::atomic_flag once = ATOMIC_FLAG_INIT;
+  if (!once.test_and_set()) {
+    fprintf(stderr, "kernel emulation: %s\n", message);
+    fflush(stderr);
+  }
+  _exit(1);
+}
+
+/* Static __shared__ arrays (K_STATIC_SHARED): one area, each declaration's place in it
+   taken at its first use, poisoned before each block as dynamic shared memory is. */
+constexpr size_t kStaticSharedBytes = 48 * 1024;
+alignas(256) inline unsigned char static_shared_area[kStaticSharedBytes];
+inline std::atomic<size_t> static_shared_used{0};
+inline unsigned char *static_shared(size_t bytes) {
+  const size_t at = static_shared_used.fetch_add((bytes + 15) / 16 * 16);
+  if (at + bytes > kStaticSharedBytes) fail("static shared arrays past 48 KiB");
+  return static_shared_area + at;
+}
 
 /* A cp.async copy (the files that emulate it land it at issue or at its wait). */
 struct Copy {
@@ -123,9 +148,13 @@ inline Exchange &collective(Post post) {
   return x;
 }
 
-inline float shfl_xor(float v, int offset) {
-  const Exchange &x = collective([&](Exchange &e) { e.value[lane()] = v; });
-  return x.value[lane() ^ offset];
+template <typename T>
+inline T shfl_xor(T v, int offset) {
+  static_assert(sizeof(T) <= sizeof(uint64_t), "a shuffle moves at most 8 bytes");
+  const Exchange &x = collective([&](Exchange &e) { memcpy(&e.value[lane()], &v, sizeof v); });
+  T r;
+  memcpy(&r, &x.value[lane() ^ offset], sizeof r);
+  return r;
 }
 
 /* Watches `progress` while a grid runs: a minute without a barrier completing ends the
@@ -152,9 +181,8 @@ class Watchdog {
       if (now != seen) {
         seen = now, since = std::chrono::steady_clock::now();
       } else if (std::chrono::steady_clock::now() - since > std::chrono::seconds(60)) {
-        fprintf(stderr, "kernel emulation: no barrier completed for a minute (a __syncthreads "
-                        "or warp collective some thread never reaches)\n");
-        _exit(1);
+        fail("no barrier completed for a minute (a __syncthreads or warp collective some "
+             "thread never reaches)");
       }
     }
   }
@@ -170,37 +198,38 @@ class Watchdog {
 template <class Fn>
 void run_grid(dim3 grid, dim3 block, size_t shared, bool lazy, Fn fn) {
   const int threads = (int)(block.x * block.y * block.z);
-  if (threads <= 0 || threads % 32 != 0 || threads > 1024) {
-    fprintf(stderr, "kernel emulation: a block of %d threads (a multiple of 32 up to 1024 here)\n",
-            threads);
-    exit(1);
-  }
+  if (threads <= 0 || threads % 32 != 0 || threads > 1024)
+    fail("a block's threads: a multiple of 32 up to 1024 here");
   Watchdog watchdog;
-  std::vector<unsigned char> dynamic(shared + 256);
-  unsigned char *base = dynamic.data() + (256 - (uintptr_t)dynamic.data() % 256) % 256;
+  /* exactly `shared` bytes (a sanitizer sees a read past them), 256-byte aligned */
+  std::unique_ptr<unsigned char, void (*)(unsigned char *)> dynamic(
+      static_cast<unsigned char *>(::operator new(shared > 0 ? shared : 1, std::align_val_t(256))),
+      [](unsigned char *p) { ::operator delete(p, std::align_val_t(256)); });
+  unsigned char *base = dynamic.get();
   const unsigned blocks = grid.x * grid.y * grid.z;
   Block blk(threads);
   blk.grid = grid, blk.dim = block, blk.dynamic = base;
   std::vector<std::thread> team;
   for (int t = 0; t < threads; t++)
-    team.emplace_back([&, t] {
+    try {
+      team.emplace_back([&, t] {
       self = Thread();
       self.id = t, self.block = &blk, self.lazy = lazy;
       for (unsigned b = 0; b < blocks; b++) {
         if (t == 0) {
           blk.index = dim3(b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y));
           memset(base, 0xff, shared);
+          memset(static_shared_area, 0xff, kStaticSharedBytes);
         }
         blk.all.wait(); /* the block's index and poisoned memory, for every thread */
         fn();
-        if (!self.open.empty() || !self.groups.empty()) {
-          fprintf(stderr, "kernel emulation: thread %d of block %u ended with copies not waited for\n",
-                  t, b);
-          exit(1);
-        }
+        if (!self.open.empty() || !self.groups.empty()) fail("a thread ended with copies not waited for");
         blk.all.wait(); /* the block is done before the next one is set up */
       }
-    });
+      });
+    } catch (const std::system_error &) {
+      fail("could not start a thread for every GPU thread of a block (a process limit?)");
+    }
   for (std::thread &th : team) th.join();
 }
 
@@ -228,7 +257,7 @@ Launcher<Kernel> launcher(dim3 grid, dim3 block, size_t shared, cudaStream_t str
 #undef __global__
 #define __global__
 #undef __shared__
-#define __shared__ static
+#define __shared__ static_shared_arrays_are_declared_with_K_STATIC_SHARED
 #undef __launch_bounds__
 #define __launch_bounds__(...)
 #define threadIdx (emu::thread_index())
@@ -242,6 +271,9 @@ Launcher<Kernel> launcher(dim3 grid, dim3 block, size_t shared, cudaStream_t str
 #define K_LAUNCH(grid, block, shared, stream, ...) \
   emu::launcher(dim3(grid), dim3(block), (size_t)(shared), (stream), __VA_ARGS__)
 #define K_DYNAMIC_SHARED(type, name) type *const name = reinterpret_cast<type *>(emu::dynamic_shared())
+#define K_STATIC_SHARED(type, name, dims)                                                  \
+  static unsigned char *const name##_at = emu::static_shared(sizeof(type dims));          \
+  type(&name) dims = *reinterpret_cast<type(*) dims>(name##_at)
 
 static inline unsigned __umulhi(unsigned a, unsigned b) {
   return (unsigned)(((uint64_t)a * (uint64_t)b) >> 32);

@@ -13,6 +13,11 @@
 
 #include "norm_emulated.h"
 
+/* Two blocks at most, so that the test's rows make each row group (a warp or a block) walk
+   several rows, and its partial sums carry from one to the next. */
+#define K_ROW_MAX_BLOCKS 2
+#define K_LN_MAX_PARTIAL_GROUPS 2
+
 #include "norm.cu"
 
 #endif /* L2L_KERNEL_EMULATION */

@@ -62,6 +62,12 @@ static bool padding_kept(const char *what, const void *x, bool half, int64_t row
   return CHECK(bad == 0, "%s: %lld padding elements written", what, (long long)bad);
 }
 
+static float *floats_nan(int64_t n) {
+  float *p = malloc((size_t)n * sizeof *p);
+  for (int64_t i = 0; i < n; i++) p[i] = NAN;
+  return p;
+}
+
 static void *poisoned_buffer(int64_t n, bool half) {
   void *p = malloc((size_t)n * (half ? 2 : 4));
   memset(p, 0xff, (size_t)n * (half ? 2 : 4));
@@ -156,16 +162,26 @@ static bool emulated_case(bool lazy, bool long_seq) {
     ok &= CHECK_OK(cpu->attention_backward(g_ref, g_ref + D, g_ref + 2 * D, d_o, o_cpu, lse_ref, NULL,
                                            NULL, NULL, qkv, qkv + D, qkv + 2 * D, key_mask, &sh,
                                            work, wb));
-    void *g = poisoned_buffer(N * ld, out16);
+    /* dq, dk, dv in three buffers with poisoned padding past each row's heads: a column
+       written outside a head's shows */
+    const int64_t ldg = D + 8;
+    void *g[3] = {poisoned_buffer(N * ldg, out16), poisoned_buffer(N * ldg, out16),
+                  poisoned_buffer(N * ldg, out16)};
     float *d_rows = malloc((size_t)rows * 4);
-    const size_t part = (size_t)D * (out16 ? 2 : 4);
-    ok &= CHECK(flash_emulated_backward(g, (char *)g + part, (char *)g + 2 * part, out16 ? dt : 0, ld,
+    ok &= CHECK(flash_emulated_backward(g[0], g[1], g[2], out16 ? dt : 0, ldg,
                                         do16, D, o_in, o16 ? dt : 0, lse_ref, qkv16, qkv16 + D,
                                         qkv16 + 2 * D, key_mask, B, H, S, hd, ld, ld_o, causal,
                                         sh.scale, dropout, backend_keep_threshold(dropout), sh.seed,
                                         sh.stream, sh.first_sample, dt, d_rows, blocks, lazy) == 0,
                 "%s: the emulated backward refused the call", what);
-    float *g_got = widened(g, out16, t, N, ld, ld);
+    float *g_got = floats_nan(N * ld); /* the three, widened, as the CPU's are laid out */
+    for (int p = 0; p < 3; p++) {
+      float *w = widened(g[p], out16, t, N, D, ldg);
+      for (int64_t r = 0; r < N; r++) memcpy(g_got + r * ld + p * D, w + r * ldg, (size_t)D * 4);
+      free(w);
+      snprintf(label, sizeof label, "%s: %s's padding", what, p == 0 ? "dq" : p == 1 ? "dk" : "dv");
+      ok &= padding_kept(label, g[p], out16, N, D, ldg);
+    }
     static const char *const parts[] = {"dq", "dk", "dv"};
     /* floors as test_cuda_layers.c's attention_case: a query that sees one key has dS
        rounding noise on the 16-bit side, held to a tenth of dv's scale; a key serving S
@@ -183,7 +199,7 @@ static bool emulated_case(bool lazy, bool long_seq) {
       ok &= attention_close(label, g_got + p * D, g_ref + p * D, N, D, ld, floor > 0.0 ? floor : RMS, t,
                             p == 2 ? ATTN_VALUES : ATTN_DQK);
     }
-    free(g_got), free(g), free(d_rows), free(g_ref);
+    free(g_got), free(g[0]), free(g[1]), free(g[2]), free(d_rows), free(g_ref);
     if (o16) free(o_in), free(o_cpu);
   }
   free(o_got), free(o), free(lse), free(o_ref), free(lse_ref), free(work);
@@ -195,8 +211,8 @@ static bool emulated_case(bool lazy, bool long_seq) {
 
 TEST(flash_kernels_emulated_against_the_cpu) {
 #if !L2L_KERNEL_EMULATION
-  check_skip("this build found no CUDA toolkit headers (cuda_bf16.h) to compile the kernels "
-             "for the CPU with");
+  check_skip("this build found no CUDA toolkit headers (cuda_bf16.h), or no C++20 <barrier>, "
+             "to compile the kernels for the CPU with");
 #else
   /* (under ThreadSanitizer, which also checks every shared-memory access of the emulated
      threads against the kernels' barriers, three long cases, copies landing at issue: the
