@@ -261,6 +261,34 @@ __device__ __forceinline__ void load_tile(T *tile, const T *src, int64_t ld, int
   }
 }
 
+/* Rows [r0, r0 + ROWS) of x and y (at their heads' columns; ldx, ldy apart; rows past seq
+   zero) into two tiles, queued and committed as one group with any copies queued before. */
+template <typename T, int ROWS, int HD>
+__device__ __forceinline__ void load_tile_pair(T *x_tile, const T *x, int64_t ldx, T *y_tile,
+                                               const T *y, int64_t ldy, int64_t r0, int64_t seq,
+                                               int head_dim) {
+  const int rows = (int)(seq - r0 < ROWS ? seq - r0 : ROWS);
+  load_tile<T, ROWS, HD>(x_tile, x + r0 * ldx, ldx, rows, head_dim);
+  load_tile<T, ROWS, HD>(y_tile, y + r0 * ldy, ldy, rows, head_dim);
+  copies_commit();
+}
+
+/* The current stage's copies complete: every group but the next stage's, where one was
+   queued after them. */
+__device__ __forceinline__ void copies_wait_current(bool next_queued) {
+  if (next_queued)
+    copies_wait<1>();
+  else
+    copies_wait<0>();
+}
+
+/* A query row's lse in log2 units, the base of its P = exp2(score - it): +inf (P = 0) for a
+   row past seq (!valid) or one that sees no key (lse -inf). */
+__device__ __forceinline__ float lse_log2(const float *lse, int64_t at, bool valid) {
+  const float x = valid ? lse[at] : -INFINITY;
+  return x == -INFINITY ? INFINITY : x * kLog2e;
+}
+
 /* dst[i] := x as f32 or, where half, as T. */
 template <typename T>
 __device__ __forceinline__ void store(void *dst, bool half, int64_t i, float x) {
@@ -299,6 +327,12 @@ __device__ __forceinline__ bool visible(const AttentionShape &sh, const uint8_t 
   return j < sh.seq && key_visible(sh, key_mask, b, i, j);
 }
 
+/* Items of a call, a block's at a time: tiles of kRows rows (queries, or keys in the dk/dv
+   kernel) by heads by samples. */
+__host__ __device__ __forceinline__ int64_t tile_items(const AttentionShape &sh) {
+  return (sh.seq + kRows - 1) / kRows * sh.batch * sh.heads;
+}
+
 /* A query tile of the forward and the dq kernel (one item): its tile, head and sample, the
    heaviest causal tiles first, and the key tiles its queries see. */
 struct QueryTile {
@@ -330,11 +364,8 @@ struct KeyWalk {
   __device__ __forceinline__ T *v(int stage) const { return at<T>(smem, v_at + stage * tile_bytes<kKeys, HD>()); }
   /* tile jt's copies queued and committed (with any copies this thread queued before) */
   __device__ __forceinline__ void load(int jt) const {
-    const int64_t j0 = (int64_t)jt * kKeys;
-    const int keys = (int)(seq - j0 < kKeys ? seq - j0 : kKeys);
-    load_tile<T, kKeys, HD>(k(jt & 1), kb + j0 * ld, ld, keys, head_dim);
-    load_tile<T, kKeys, HD>(v(jt & 1), vb + j0 * ld, ld, keys, head_dim);
-    copies_commit();
+    load_tile_pair<T, kKeys, HD>(k(jt & 1), kb, ld, v(jt & 1), vb, ld, (int64_t)jt * kKeys, seq,
+                                 head_dim);
   }
   /* Tile jt ready for the whole block: tile jt + 1's copies queued first (they run under
      jt's products), the dropout bits of the query tile's rows against tile jt drawn into
@@ -346,10 +377,7 @@ struct KeyWalk {
     if (sh.dropout > 0.0f)
       fill_kept<kRows, kKeys, kThreads>(kept, draw_index(sh, t.b, t.h, t.i0, (int64_t)jt * kKeys),
                                         (uint64_t)seq, t.rows_valid, sh);
-    if (more)
-      copies_wait<1>();
-    else
-      copies_wait<0>();
+    copies_wait_current(more);
     __syncthreads();
   }
 };
@@ -386,8 +414,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashArgs a) {
 
   const AttentionShape &sh = a.sh;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t S = sh.seq;
-  const int64_t items = (S + kRows - 1) / kRows * sh.batch * sh.heads;
+  const int64_t S = sh.seq, items = tile_items(sh);
   const float scale2 = sh.scale * kLog2e;
 
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
@@ -485,9 +512,8 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(FlashArgs a) {
 
   const AttentionShape &sh = a.sh;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t S = sh.seq, ldo = sh.ld_o;
+  const int64_t S = sh.seq, ldo = sh.ld_o, items = tile_items(sh);
   const int hd = (int)sh.head_dim;
-  const int64_t items = (S + kRows - 1) / kRows * sh.batch * sh.heads;
   const bool dropout = sh.dropout > 0.0f;
   const float scale2 = sh.scale * kLog2e;
 
@@ -500,10 +526,8 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(FlashArgs a) {
     copies_commit();
     keys.load(0); /* a group of its own: in flight while D is found */
     /* lse in log2 units; +inf for rows past seq or with no visible key, so that P = 0 */
-    for (int r = threadIdx.x; r < kRows; r += kThreads) {
-      const float x = r < t.rows_valid ? a.lse[t.bh * S + t.i0 + r] : -INFINITY;
-      lse_s[r] = x == -INFINITY ? INFINITY : x * kLog2e;
-    }
+    for (int r = threadIdx.x; r < kRows; r += kThreads)
+      lse_s[r] = lse_log2(a.lse, t.bh * S + t.i0 + r, r < t.rows_valid);
     copies_wait<1>(); /* q and do */
     __syncthreads();
 
@@ -589,8 +613,7 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(FlashArgs a) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t S = sh.seq, H = sh.heads, BH = sh.batch * H, ld = sh.ld_qkv;
   const int hd = (int)sh.head_dim;
-  const int64_t k_tiles = (S + kRows - 1) / kRows, items = k_tiles * BH;
-  const int64_t q_tiles = (S + kQ - 1) / kQ;
+  const int64_t items = tile_items(sh), q_tiles = (S + kQ - 1) / kQ;
   const bool dropout = sh.dropout > 0.0f;
   const float scale2 = sh.scale * kLog2e;
 
@@ -608,13 +631,7 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(FlashArgs a) {
                             keys_valid, hd);
     load_tile<T, kRows, HD>(v_s, static_cast<const T *>(a.v) + (b * S + j0) * ld + col0, ld,
                             keys_valid, hd);
-    {
-      const int64_t i0 = qt0 * kQ;
-      const int first = (int)(S - i0 < kQ ? S - i0 : kQ);
-      load_tile<T, kQ, HD>(q_s(0), qb + i0 * ld, ld, first, hd);
-      load_tile<T, kQ, HD>(do_s(0), dob + i0 * a.ld_do, a.ld_do, first, hd);
-    }
-    copies_commit();
+    load_tile_pair<T, kQ, HD>(q_s(0), qb, ld, do_s(0), dob, a.ld_do, qt0 * kQ, S, hd);
 
     float dk[HD / 8][4], dv[HD / 8][4];
 #pragma unroll
@@ -627,26 +644,18 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(FlashArgs a) {
       const int stage = (int)((qt - qt0) & 1);
       const int rows_valid = (int)(S - i0 < kQ ? S - i0 : kQ);
       const bool more = qt + 1 < q_tiles;
-      if (more) {
-        const int64_t i1 = i0 + kQ;
-        const int next_rows = (int)(S - i1 < kQ ? S - i1 : kQ);
-        load_tile<T, kQ, HD>(q_s(stage ^ 1), qb + i1 * ld, ld, next_rows, hd);
-        load_tile<T, kQ, HD>(do_s(stage ^ 1), dob + i1 * a.ld_do, a.ld_do, next_rows, hd);
-        copies_commit();
-      }
+      if (more)
+        load_tile_pair<T, kQ, HD>(q_s(stage ^ 1), qb, ld, do_s(stage ^ 1), dob, a.ld_do, i0 + kQ, S,
+                                  hd);
       /* lse in log2 units, +inf for queries past seq or with no visible key (P = 0) */
       for (int t = threadIdx.x; t < kQ; t += kThreads) {
-        const float x = t < rows_valid ? a.lse[bh * S + i0 + t] : -INFINITY;
-        lse_s[t] = x == -INFINITY ? INFINITY : x * kLog2e;
+        lse_s[t] = lse_log2(a.lse, bh * S + i0 + t, t < rows_valid);
         d_s[t] = t < rows_valid ? a.d_rows[bh * S + i0 + t] : 0.0f;
       }
       if (dropout) /* kept_s[query][key] */
         fill_kept<kQ, kRows, kThreads>(kept_s, draw_index(sh, b, h, i0, j0), (uint64_t)S,
                                        rows_valid, sh);
-      if (more)
-        copies_wait<1>();
-      else
-        copies_wait<0>();
+      copies_wait_current(more);
       __syncthreads();
 
       float st[kQ / 8][4], dpt[kQ / 8][4]; /* S^T and dP^T: this warp's 16 keys by kQ queries */
@@ -698,14 +707,14 @@ size_t shared_bytes(const AttentionShape &sh) {
 
 template <typename T, int HD>
 int forward_as(const FlashArgs &args, cudaStream_t stream) {
-  const int64_t items = (args.sh.seq + kRows - 1) / kRows * args.sh.batch * args.sh.heads;
+  const int64_t items = tile_items(args.sh);
   return launch_tiles(flash_forward_kernel<T, HD>, kThreads,
                       shared_bytes<ForwardSmem<HD>>(args.sh), items, stream, args);
 }
 
 template <typename T, int HD>
 int backward_as(const FlashArgs &args, cudaStream_t stream) {
-  const int64_t items = (args.sh.seq + kRows - 1) / kRows * args.sh.batch * args.sh.heads;
+  const int64_t items = tile_items(args.sh);
   int err = launch_tiles(flash_dq_kernel<T, HD>, kThreads, shared_bytes<DqSmem<HD>>(args.sh),
                          items, stream, args);
   if (err != 0) return err;

@@ -146,12 +146,11 @@ static l2l_status rows_as_products(void *dst, int64_t dst_ld, const void *src, l
                              (size_t)rows, cudaMemcpyDeviceToDevice, cuda_rt.compute));
   return L2L_OK;
 }
-/* in := q, k, v as the flash kernels read them: the tensors themselves where ready, else
-   cast or copied to `at` in the scratch (halves_floats(sh, 3 heads head_dim) floats,
-   interleaved as the block keeps them). */
-static l2l_status flash_qkv(const void *in[3], float *at, const void *const qkv[3],
+/* in := q, k, v as the flash kernels read them: the tensors themselves where ready
+   (flash_qkv_ready), else cast or copied to `at` in the scratch (halves_floats(sh, 3 heads
+   head_dim) floats, interleaved as the block keeps them). */
+static l2l_status flash_qkv(const void *in[3], bool ready, float *at, const void *const qkv[3],
                             const struct backend_attention_shape *sh) {
-  const bool ready = flash_qkv_ready(qkv, sh);
   const int64_t w = sh->heads * sh->head_dim;
   for (int i = 0; i < 3; i++) {
     in[i] = ready ? qkv[i] : (const void *)((uint16_t *)at + i * w);
@@ -168,7 +167,7 @@ static l2l_status attention_forward_flash(void *o, float *lse, const void *q, co
   const bool qkv_ready = flash_qkv_ready(qkv, sh);
   float *scratch = NULL;
   TRY(cuda_scratch_floats(&scratch, qkv_ready ? 0 : halves_floats(sh, 3 * w)));
-  TRY(flash_qkv(in, scratch, qkv, sh));
+  TRY(flash_qkv(in, qkv_ready, scratch, qkv, sh));
   LAUNCH(k_attention_flash_forward(o, (int)sh->o_dtype, lse, in[0], in[1], in[2], key_mask,
                                    sh->batch, sh->heads, sh->seq, sh->head_dim,
                                    qkv_ready ? sh->ld_qkv : 3 * w, sh->ld_o,
@@ -193,7 +192,7 @@ static l2l_status attention_backward_flash(void *dq, void *dk, void *dv, const v
   const int64_t at_do = at_qkv + (qkv_ready ? 0 : halves_floats(sh, 3 * w));
   float *scratch = NULL;
   TRY(cuda_scratch_floats(&scratch, at_do + (do_ready ? 0 : halves_floats(sh, w))));
-  TRY(flash_qkv(in, scratch + at_qkv, qkv, sh));
+  TRY(flash_qkv(in, qkv_ready, scratch + at_qkv, qkv, sh));
   const void *do16 = d_o;
   if (!do_ready) {
     do16 = scratch + at_do;
