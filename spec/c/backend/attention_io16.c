@@ -21,12 +21,6 @@
 #include "check.h"
 #include "cuda_twins.h"   /* (copied_to: a tensor's values on the host) */
 
-static uint16_t round16(float x, l2l_dtype t) {
-  return t == L2L_BF16 ? half_from_f32_bf16(x) : half_from_f32_f16(x);
-}
-static float widen16(uint16_t h, l2l_dtype t) {
-  return t == L2L_BF16 ? half_bf16_to_f32(h) : half_f16_to_f32(h);
-}
 
 /* A tensor of `pool` of n elements: f32 from h, 16-bit from h16 (NULL: poisoned, NaN or
    0xffff). */

@@ -16,6 +16,12 @@ l2l_tensor *poisoned(l2l_tensor *t) {
   return t;
 }
 
+float *host_floats(int64_t n, float fill) {
+  float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
+  for (int64_t i = 0; i < n; i++) p[i] = fill;
+  return p;
+}
+
 /* A host u8 tensor of n bytes, all `value`. */
 l2l_tensor *bytes_of(int64_t n, uint8_t value) {
   l2l_tensor *t = HOST(L2L_U8, n);

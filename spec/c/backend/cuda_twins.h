@@ -98,6 +98,16 @@ bool attention_close(const char *what, const float *got, const float *want, int6
 /* The floor of a comparison: the reference's rms (a negative floor means -floor * rms). */
 #define RMS (-1.0)
 
+/* x rounded to the 16-bit t (bf16 or f16) as convert rounds it, and a 16-bit value widened. */
+static inline uint16_t round16(float x, l2l_dtype t) {
+  return t == L2L_BF16 ? half_from_f32_bf16(x) : half_from_f32_f16(x);
+}
+static inline float widen16(uint16_t h, l2l_dtype t) {
+  return t == L2L_BF16 ? half_bf16_to_f32(h) : half_f16_to_f32(h);
+}
+/* n floats of malloc (at least one), each `fill`; the caller frees them. */
+float *host_floats(int64_t n, float fill);
+
 /* Whether the environment leaves the flash attention kernels on (L2L_FLASH=0 turns them
    off: the tests that count their calls then expect none). */
 static inline bool flash_env_on(void) {

@@ -23,12 +23,6 @@
 #include "flash_emulated.h"
 
 #if L2L_KERNEL_EMULATION
-static uint16_t round16(float x, l2l_dtype t) {
-  return t == L2L_BF16 ? half_from_f32_bf16(x) : half_from_f32_f16(x);
-}
-static float widen16(uint16_t h, l2l_dtype t) {
-  return t == L2L_BF16 ? half_bf16_to_f32(h) : half_f16_to_f32(h);
-}
 
 /* n normal draws rounded to t: the 16-bit values in h16, their f32 values in f. */
 static void draw16(uint16_t *h16, float *f, int64_t n, l2l_dtype t) {
@@ -60,12 +54,6 @@ static bool padding_kept(const char *what, const void *x, bool half, int64_t row
       bad += half ? ((const uint16_t *)x)[i] != 0xffff : !isnan(((const float *)x)[i]);
     }
   return CHECK(bad == 0, "%s: %lld padding elements written", what, (long long)bad);
-}
-
-static float *floats_nan(int64_t n) {
-  float *p = malloc((size_t)n * sizeof *p);
-  for (int64_t i = 0; i < n; i++) p[i] = NAN;
-  return p;
 }
 
 static void *poisoned_buffer(int64_t n, bool half) {
@@ -174,7 +162,7 @@ static bool emulated_case(bool lazy, bool long_seq) {
                                         sh.scale, dropout, backend_keep_threshold(dropout), sh.seed,
                                         sh.stream, sh.first_sample, dt, d_rows, blocks, lazy) == 0,
                 "%s: the emulated backward refused the call", what);
-    float *g_got = floats_nan(N * ld); /* the three, widened, as the CPU's are laid out */
+    float *g_got = host_floats(N * ld, NAN); /* the three, widened, as the CPU's are laid out */
     for (int p = 0; p < 3; p++) {
       float *w = widened(g[p], out16, t, N, D, ldg);
       for (int64_t r = 0; r < N; r++) memcpy(g_got + r * ld + p * D, w + r * ldg, (size_t)D * 4);

@@ -30,20 +30,14 @@
 static bool rounded_from(const char *what, const uint16_t *got, const float *f32, int64_t n, l2l_dtype t) {
   int64_t bad = 0, first = -1;
   for (int64_t i = 0; i < n; i++) {
-    const uint16_t w = t == L2L_BF16 ? half_from_f32_bf16(f32[i]) : half_from_f32_f16(f32[i]);
-    if (got[i] != w) bad++, first = first < 0 ? i : first;
+    if (got[i] != round16(f32[i], t)) bad++, first = first < 0 ? i : first;
   }
   return CHECK(bad == 0, "%s: %lld of %lld 16-bit values not their f32 values rounded, first at %lld",
                what, (long long)bad, (long long)n, (long long)first);
 }
 
-static float *floats(int64_t n, float fill) {
-  float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
-  for (int64_t i = 0; i < n; i++) p[i] = fill;
-  return p;
-}
 static float *normals(int64_t n) {
-  float *p = floats(n, 0.0f);
+  float *p = host_floats(n, 0.0f);
   for (int64_t i = 0; i < n; i++) p[i] = (float)check_rand_normal();
   return p;
 }
@@ -64,8 +58,9 @@ static bool norm_case(int64_t rows, int64_t cols) {
   const double tc = tol_sum(cols), tr = tol_sum(rows);
 
   /* forward: y, y16, mean, rstd; the fused add (a + b' with b' = x - a) */
-  float *y[2] = {floats(n, NAN), floats(n, NAN)}, *mean[2] = {floats(rows, NAN), floats(rows, NAN)};
-  float *rstd[2] = {floats(rows, NAN), floats(rows, NAN)};
+  float *y[2] = {host_floats(n, NAN), host_floats(n, NAN)};
+  float *mean[2] = {host_floats(rows, NAN), host_floats(rows, NAN)};
+  float *rstd[2] = {host_floats(rows, NAN), host_floats(rows, NAN)};
   /* 16-bit outputs 2 bytes past an 8-byte boundary at times (the kernels' unpacked stores) */
   const int64_t odd = check_rand_int(0, 1);
   uint16_t *y16_buf = malloc((size_t)(n + 1) * 2), *y16 = y16_buf + odd;
@@ -83,9 +78,10 @@ static bool norm_case(int64_t rows, int64_t cols) {
   snprintf(what, sizeof what, "layernorm_forward (%lld, %lld): rstd", (long long)rows, (long long)cols);
   ok &= CHECK_CLOSE(what, rstd[1], rstd[0], rows, RMS, tc);
 
-  float *a = normals(n), *bb = floats(n, 0.0f), *sum = floats(n, NAN), *y2 = floats(n, NAN);
+  float *a = normals(n), *bb = host_floats(n, 0.0f), *sum = host_floats(n, NAN);
+  float *y2 = host_floats(n, NAN);
   for (int64_t i = 0; i < n; i++) bb[i] = x[i] - a[i];
-  float *y_ref = floats(n, NAN), *sum_ref = floats(n, NAN);
+  float *y_ref = host_floats(n, NAN), *sum_ref = host_floats(n, NAN);
   ok &= CHECK_OK(cpu->add_layernorm_forward(sum_ref, y_ref, NULL, L2L_F32, NULL, NULL, a, bb, w, b, eps,
                                             rows, cols));
   ok &= CHECK(emu_k_add_layernorm_forward(sum, y2, NULL, 0, NULL, NULL, a, bb, w, b, eps, rows, cols,
@@ -100,12 +96,13 @@ static bool norm_case(int64_t rows, int64_t cols) {
      parameter gradients (accumulated into from the same start) */
   float *dy = normals(n), *res = normals(n), *dw0 = normals(cols), *db0 = normals(cols);
   const int64_t scratch_floats = emu_k_layernorm_backward_scratch_floats(rows, cols);
-  float *scratch = floats(scratch_floats, NAN);
+  float *scratch = host_floats(scratch_floats, NAN);
   for (int form = 0; form < 2; form++)
     for (int extra = 0; extra < 2; extra++)
       for (int grads = 0; grads < 2; grads++) {
-        float *dx[2] = {floats(n, NAN), floats(n, NAN)};
-        float *dw[2] = {floats(cols, 0), floats(cols, 0)}, *db[2] = {floats(cols, 0), floats(cols, 0)};
+        float *dx[2] = {host_floats(n, NAN), host_floats(n, NAN)};
+        float *dw[2] = {host_floats(cols, 0), host_floats(cols, 0)};
+        float *db[2] = {host_floats(cols, 0), host_floats(cols, 0)};
         memcpy(dw[0], dw0, (size_t)cols * 4), memcpy(dw[1], dw0, (size_t)cols * 4);
         memcpy(db[0], db0, (size_t)cols * 4), memcpy(db[1], db0, (size_t)cols * 4);
         uint16_t *dx16_buf = extra ? malloc((size_t)(n + 1) * 2) : NULL;
