@@ -27,8 +27,8 @@ __global__ void __launch_bounds__(1024)
     softmax_forward_kernel(float *y, const float *x, const uint8_t *key_mask, int causal,
                            float scale, int64_t rows, int64_t rows_per_sample, int64_t tq,
                            int64_t tk, bool cache_rows) {
-  __shared__ float red[32];
-  extern __shared__ float4 row_cache[];
+  K_STATIC_SHARED(float, red, [32]);
+  K_DYNAMIC_SHARED(float4, row_cache);
   const RowGroup g = row_group<WARP>();
   float *slice =
       cache_rows ? reinterpret_cast<float *>(row_cache) + g.slot * padded_cols(tk) : nullptr;
@@ -100,8 +100,8 @@ template <bool WARP>
 __global__ void __launch_bounds__(1024)
     softmax_backward_kernel(float *dx, const float *dy, const float *y, float scale,
                             int64_t rows, int64_t cols, bool cache_rows) {
-  __shared__ float red[32];
-  extern __shared__ float4 row_cache[];
+  K_STATIC_SHARED(float, red, [32]);
+  K_DYNAMIC_SHARED(float4, row_cache);
   const RowGroup g = row_group<WARP>();
   const int64_t padded = padded_cols(cols);
   float *slice =
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(1024)
     cross_entropy_kernel(float *losses, float *dlogits, uint16_t *d16, int d16_dtype,
                          const float *logits, const int32_t *targets, int32_t ignore_index,
                          float scale, int64_t rows, int64_t vocab, int64_t ld) {
-  __shared__ float red[32];
+  K_STATIC_SHARED(float, red, [32]);
   const RowGroup g = row_group<WARP>();
   const bool vec_out = !dlogits || congruent(dlogits, logits);
 
@@ -225,7 +225,7 @@ int launch_cross_entropy(bool need_losses, bool need_dlogits, float *losses, flo
   cudaStream_t s = (cudaStream_t)stream;
   uint16_t *h = static_cast<uint16_t *>(d16);
 #define CE_LAUNCH(WARP, HALF)                                                             \
-  cross_entropy_kernel<WARP, HALF><<<l.blocks, l.threads, 0, s>>>(                        \
+  K_LAUNCH(l.blocks, l.threads, 0, s, cross_entropy_kernel<WARP, HALF>)(                        \
       losses, dlogits, h, d16_dtype, logits, targets, ignore_index, scale, rows, vocab, ld)
   if (l.warp_mode && h) CE_LAUNCH(true, true);
   else if (l.warp_mode) CE_LAUNCH(true, false);
@@ -250,10 +250,10 @@ extern "C" int k_softmax_forward(float *y, const float *x, const uint8_t *key_ma
   const RowLaunch l = row_launch(rows, tk, 1, MAX_BLOCKS);
   cudaStream_t s = (cudaStream_t)stream;
   if (l.warp_mode)
-    softmax_forward_kernel<true><<<l.blocks, l.threads, l.smem, s>>>(
+    K_LAUNCH(l.blocks, l.threads, l.smem, s, softmax_forward_kernel<true>)(
         y, x, key_mask, causal, scale, rows, rows_per_sample, tq, tk, l.cache);
   else
-    softmax_forward_kernel<false><<<l.blocks, l.threads, l.smem, s>>>(
+    K_LAUNCH(l.blocks, l.threads, l.smem, s, softmax_forward_kernel<false>)(
         y, x, key_mask, causal, scale, rows, rows_per_sample, tq, tk, l.cache);
   return k_launched();
 }
@@ -266,10 +266,10 @@ extern "C" int k_softmax_backward(float *dx, const float *dy, const float *y, fl
   const RowLaunch l = row_launch(rows, cols, 2, MAX_BLOCKS);
   cudaStream_t s = (cudaStream_t)stream;
   if (l.warp_mode)
-    softmax_backward_kernel<true><<<l.blocks, l.threads, l.smem, s>>>(dx, dy, y, scale, rows,
+    K_LAUNCH(l.blocks, l.threads, l.smem, s, softmax_backward_kernel<true>)(dx, dy, y, scale, rows,
                                                                       cols, l.cache);
   else
-    softmax_backward_kernel<false><<<l.blocks, l.threads, l.smem, s>>>(dx, dy, y, scale, rows,
+    K_LAUNCH(l.blocks, l.threads, l.smem, s, softmax_backward_kernel<false>)(dx, dy, y, scale, rows,
                                                                        cols, l.cache);
   return k_launched();
 }

@@ -1,0 +1,22 @@
+/* SPDX-License-Identifier: MIT */
+/* softmax_emulated.cpp — kernels/softmax.cu compiled for the CPU (softmax_emulated.h): its
+ * launchers, renamed, run its kernels on kernel_emulation.h's threads.
+ *
+ * Purpose: cross-entropy runs on the LM head's logits every GPU step, and softmax in
+ * attention's standard mode; test_softmax_emulated.c holds their source to the CPU backend
+ * in make test.
+ * Must never: be included by the library.
+ */
+#if L2L_KERNEL_EMULATION
+
+#include "kernel_emulation.h"
+
+#include "softmax_emulated.h"
+
+/* Two blocks at most, so that the test's rows make each row group (a warp or a block) walk
+   several rows. */
+#define K_ROW_MAX_BLOCKS 2
+
+#include "softmax.cu"
+
+#endif /* L2L_KERNEL_EMULATION */

@@ -1,0 +1,265 @@
+/* SPDX-License-Identifier: MIT */
+/* test_softmax_emulated.c — the GPU's softmax and cross-entropy launchers and kernels
+ * (kernels/softmax.cu), their own source run on the CPU by softmax_emulated.cpp, against the
+ * CPU backend's ops of the same names.
+ *
+ * Purpose: cross-entropy runs on the LM head's vocabulary-wide logits in every GPU step and
+ * softmax in attention's standard mode; their kernels are changed where no GPU runs them.
+ * Here the launchers choose their kernels as on a GPU (a warp a row up to 256 columns, a
+ * block a row past it; two blocks, so that each row group walks several rows) at drawn
+ * shapes, and every output is held to the CPU's within the GPU tests' tolerances
+ * (test_cuda.c's cuda_softmax and cuda_cross_entropy): softmax forward (causal, key masks,
+ * Tq against Tk, in place) and backward (in place too); cross-entropy's forward, backward
+ * and fused forms at rows ld apart (the padding poisoned, never read nor written), with
+ * ignored rows, an ignored real class, -inf logits, dlogits in place of the logits, and the
+ * 16-bit dlogits the head's GEMMs read (bit for bit the f32 dlogits rounded, alone or beside
+ * them, at addresses 2 bytes off 8 at times).
+ * Must never: need a GPU.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "cuda_twins.h"
+#if L2L_KERNEL_EMULATION
+#include "softmax_emulated.h"
+#endif
+
+#if L2L_KERNEL_EMULATION
+
+static float *normals(int64_t n, double scale) {
+  float *p = host_floats(n, 0.0f);
+  for (int64_t i = 0; i < n; i++) p[i] = (float)(scale * check_rand_normal());
+  return p;
+}
+
+/* ---------------------------------------------------------------- softmax */
+
+static bool softmax_case(int64_t samples, int64_t heads, int64_t tq, int64_t tk, int causal,
+                         bool masked) {
+  const struct backend_ops *cpu = backend_for(L2L_POOL_HOST);
+  const int64_t rps = heads * tq, rows = samples * rps, n = rows * tk;
+  const float scale = (float)check_rand_uniform(0.1, 1.5);
+  char what[200], dims[120];
+  snprintf(dims, sizeof dims, "(%lld samples, %lld heads, tq %lld, tk %lld) causal=%d masked=%d",
+           (long long)samples, (long long)heads, (long long)tq, (long long)tk, causal, masked);
+  bool ok = true;
+  float *x = normals(n, 3.0);
+  uint8_t *mask = NULL;
+  if (masked) { /* a sample with every key hidden at times (its rows all 0) */
+    mask = malloc((size_t)(samples * tk));
+    const int64_t blind = check_rand_int(0, 1) ? check_rand_int(0, samples - 1) : -1;
+    for (int64_t i = 0; i < samples * tk; i++)
+      mask[i] = i / tk != blind && check_rand_int(0, 3) != 0;
+  }
+  float *y[2] = {host_floats(n, NAN), host_floats(n, NAN)};
+  float *xc = host_floats(n, 0.0f);
+  memcpy(xc, x, (size_t)n * sizeof *x);
+  ok &= CHECK_OK(cpu->softmax_forward(y[0], x, mask, causal, scale, samples, rps, tq, tk));
+  ok &= CHECK(emu_k_softmax_forward(y[1], x, mask, causal, scale, samples, rps, tq, tk, NULL) == 0,
+              "%s: the forward's launch", dims);
+  snprintf(what, sizeof what, "softmax_forward %s", dims);
+  ok &= CHECK_CLOSE(what, y[1], y[0], n, RMS, tol_sum(tk));
+  ok &= CHECK(emu_k_softmax_forward(xc, xc, mask, causal, scale, samples, rps, tq, tk, NULL) == 0,
+              "%s: the forward's launch in place", dims);
+  snprintf(what, sizeof what, "softmax_forward in place %s", dims);
+  ok &= CHECK_CLOSE(what, xc, y[0], n, RMS, tol_sum(tk));
+
+  /* backward from the CPU's y; dx in place of dy too */
+  float *dy = normals(n, 1.0), *dx[2] = {host_floats(n, NAN), host_floats(n, NAN)};
+  ok &= CHECK_OK(cpu->softmax_backward(dx[0], dy, y[0], scale, rows, tk));
+  ok &= CHECK(emu_k_softmax_backward(dx[1], dy, y[0], scale, rows, tk, NULL) == 0,
+              "%s: the backward's launch", dims);
+  snprintf(what, sizeof what, "softmax_backward %s", dims);
+  ok &= CHECK_CLOSE(what, dx[1], dx[0], n, RMS, tol_sum(tk));
+  ok &= CHECK(emu_k_softmax_backward(dy, dy, y[0], scale, rows, tk, NULL) == 0,
+              "%s: the backward's launch in place", dims);
+  snprintf(what, sizeof what, "softmax_backward in place %s", dims);
+  ok &= CHECK_CLOSE(what, dy, dx[0], n, RMS, tol_sum(tk));
+  free(x), free(mask), free(y[0]), free(y[1]), free(xc), free(dy), free(dx[0]), free(dx[1]);
+  return ok;
+}
+
+/* ---------------------------------------------------------------- cross-entropy */
+
+/* No element of a (rows, ld) f32 or 16-bit buffer past each row's cols written (still the
+   poison: NaN, 0xffff). */
+static bool padding_kept(const char *what, const void *x, bool half, int64_t rows, int64_t cols,
+                         int64_t ld) {
+  int64_t bad = 0;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = cols; c < ld; c++) {
+      const int64_t i = r * ld + c;
+      bad += half ? ((const uint16_t *)x)[i] != 0xffff : !isnan(((const float *)x)[i]);
+    }
+  return CHECK(bad == 0, "%s: %lld padding elements written", what, (long long)bad);
+}
+
+/* 16-bit dlogits (rows, vocab) at stride ld: got bit for bit as want. */
+static bool same16(const char *what, const uint16_t *got, const uint16_t *want, int64_t rows,
+                   int64_t vocab, int64_t ld) {
+  int64_t bad = 0, first = -1;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < vocab; c++)
+      if (got[r * ld + c] != want[r * ld + c]) bad++, first = first < 0 ? r * ld + c : first;
+  return CHECK(bad == 0, "%s: %lld of %lld values differ, first at [%lld]: %#x, want %#x", what,
+               (long long)bad, (long long)(rows * vocab), (long long)first,
+               first < 0 ? 0u : got[first], first < 0 ? 0u : want[first]);
+}
+
+static uint16_t *poisoned16(int64_t n, int64_t *offset) {
+  /* 2 bytes past an 8-byte boundary at times: the kernels' unpacked stores */
+  *offset = check_rand_int(0, 1);
+  uint16_t *p = malloc((size_t)(n + 1) * 2);
+  memset(p, 0xff, (size_t)(n + 1) * 2);
+  return p;
+}
+
+static bool cross_entropy_case(int64_t rows, int64_t vocab) {
+  const struct backend_ops *cpu = backend_for(L2L_POOL_HOST);
+  const int64_t ld = vocab + (check_rand_int(0, 1) ? check_rand_int(1, 9) : 0), n = rows * ld;
+  const l2l_dtype t = check_rand_int(0, 1) ? L2L_BF16 : L2L_F16;
+  /* -100 or -1 (not a class), or a real class ignored (where another is left) */
+  const int32_t ignore = vocab > 1 && check_rand_int(0, 2) == 0 ? (int32_t)check_rand_int(0, vocab - 1)
+                                                   : check_rand_int(0, 1) ? -100 : -1;
+  char what[200], dims[120];
+  snprintf(dims, sizeof dims, "(%lld, %lld) ld %lld ignore %d", (long long)rows, (long long)vocab,
+           (long long)ld, ignore);
+  bool ok = true;
+  /* logits: NaN in the padding (read, it would poison the row); -inf at times (a class
+     masked out), never at a row's target */
+  float *logits = host_floats(n, NAN);
+  int32_t *targets = malloc((size_t)rows * sizeof *targets);
+  int64_t real = 0;
+  const double spread = check_rand_uniform(0.5, 8.0);
+  for (int64_t r = 0; r < rows; r++) {
+    const bool ignored = rows > 1 && check_rand_int(0, 3) == 0;
+    do targets[r] = ignored ? ignore : (int32_t)check_rand_int(0, vocab - 1);
+    while (!ignored && targets[r] == ignore);
+    real += !ignored;
+    const bool holes = check_rand_int(0, 2) == 0;
+    for (int64_t c = 0; c < vocab; c++)
+      logits[r * ld + c] = holes && c != targets[r] && check_rand_int(0, 7) == 0
+                               ? -INFINITY
+                               : (float)(spread * check_rand_normal());
+  }
+  const float scale = 1.0f / (float)(real > 0 ? real : 1);
+
+  /* the CPU's losses and dlogits */
+  float *losses0 = host_floats(rows, NAN), *dl0 = host_floats(n, NAN);
+  ok &= CHECK_OK(cpu->cross_entropy_forward(losses0, logits, targets, ignore, rows, vocab, ld));
+  ok &= CHECK_OK(cpu->cross_entropy_backward(dl0, logits, targets, ignore, scale, rows, vocab, ld));
+  const double tol = tol_sum(vocab);
+
+  /* forward and backward alone */
+  float *losses = host_floats(rows, NAN), *dl = host_floats(n, NAN);
+  ok &= CHECK(emu_k_cross_entropy_forward(losses, logits, targets, ignore, rows, vocab, ld, NULL) == 0,
+              "%s: the forward's launch", dims);
+  snprintf(what, sizeof what, "cross_entropy_forward %s", dims);
+  ok &= CHECK_CLOSE(what, losses, losses0, rows, RMS, tol);
+  ok &= CHECK(emu_k_cross_entropy_backward(dl, logits, targets, ignore, scale, rows, vocab, ld,
+                                           NULL) == 0,
+              "%s: the backward's launch", dims);
+  snprintf(what, sizeof what, "cross_entropy_backward %s", dims);
+  ok &= CHECK_COLS(what, dl, dl0, rows, vocab, ld, RMS, tol);
+  ok &= padding_kept(what, dl, false, rows, vocab, ld);
+
+  /* fused: losses, dlogits and their 16-bit copy; then losses and the 16-bit copy alone;
+     then in place of the logits, with the 16-bit copy */
+  int64_t o1, o2, o3;
+  uint16_t *h_buf = poisoned16(n, &o1), *h = h_buf + o1;
+  uint16_t *alone_buf = poisoned16(n, &o2), *alone = alone_buf + o2;
+  uint16_t *inplace16_buf = poisoned16(n, &o3), *inplace16 = inplace16_buf + o3;
+  float *dl2 = host_floats(n, NAN), *losses2 = host_floats(rows, NAN), *losses3 = host_floats(rows, NAN);
+  ok &= CHECK(emu_k_cross_entropy_fused(losses, dl2, h, (int)t, logits, targets, ignore, scale, rows,
+                                        vocab, ld, NULL) == 0,
+              "%s: the fused launch", dims);
+  snprintf(what, sizeof what, "cross_entropy_fused %s: losses", dims);
+  ok &= CHECK_CLOSE(what, losses, losses0, rows, RMS, tol);
+  snprintf(what, sizeof what, "cross_entropy_fused %s: dlogits", dims);
+  ok &= CHECK_COLS(what, dl2, dl0, rows, vocab, ld, RMS, tol);
+  ok &= padding_kept(what, dl2, false, rows, vocab, ld);
+  uint16_t *want16 = malloc((size_t)n * 2);
+  for (int64_t i = 0; i < n; i++) want16[i] = round16(dl2[i], t);
+  snprintf(what, sizeof what, "cross_entropy_fused %s: dlogits16 (%s) beside dlogits", dims,
+           l2l_dtype_name(t));
+  ok &= same16(what, h, want16, rows, vocab, ld) && padding_kept(what, h, true, rows, vocab, ld);
+
+  ok &= CHECK(emu_k_cross_entropy_fused(losses2, NULL, alone, (int)t, logits, targets, ignore, scale,
+                                        rows, vocab, ld, NULL) == 0,
+              "%s: the fused launch, 16 bits alone", dims);
+  snprintf(what, sizeof what, "cross_entropy_fused %s: losses beside dlogits16 alone", dims);
+  ok &= CHECK_CLOSE(what, losses2, losses0, rows, RMS, tol);
+  snprintf(what, sizeof what, "cross_entropy_fused %s: dlogits16 (%s) alone", dims,
+           l2l_dtype_name(t));
+  ok &= same16(what, alone, want16, rows, vocab, ld) &&
+        padding_kept(what, alone, true, rows, vocab, ld);
+
+  float *in_place = host_floats(n, NAN);
+  memcpy(in_place, logits, (size_t)n * sizeof *logits);
+  ok &= CHECK(emu_k_cross_entropy_fused(losses3, in_place, inplace16, (int)t, in_place, targets,
+                                        ignore, scale, rows, vocab, ld, NULL) == 0,
+              "%s: the fused launch in place", dims);
+  snprintf(what, sizeof what, "cross_entropy_fused in place %s: losses", dims);
+  ok &= CHECK_CLOSE(what, losses3, losses0, rows, RMS, tol);
+  snprintf(what, sizeof what, "cross_entropy_fused in place %s: dlogits", dims);
+  ok &= CHECK_COLS(what, in_place, dl0, rows, vocab, ld, RMS, tol);
+  ok &= padding_kept(what, in_place, false, rows, vocab, ld);
+  snprintf(what, sizeof what, "cross_entropy_fused in place %s: dlogits16 (%s)", dims,
+           l2l_dtype_name(t));
+  ok &= same16(what, inplace16, want16, rows, vocab, ld);
+
+  free(logits), free(targets), free(losses0), free(dl0), free(losses), free(dl), free(h_buf);
+  free(alone_buf), free(inplace16_buf), free(dl2), free(losses2), free(losses3), free(want16);
+  free(in_place);
+  return ok;
+}
+
+#endif /* L2L_KERNEL_EMULATION */
+
+TEST(softmax_kernels_emulated_against_the_cpu) {
+#if !L2L_KERNEL_EMULATION
+  check_skip("this build found no CUDA toolkit headers (cuda_bf16.h), or no C++20 <barrier>, "
+             "to compile the kernels for the CPU with");
+#else
+  /* key lengths for a warp a row (<= 256) and a block a row; query lengths below, at and
+     above them (causal: the first rows may see no key) */
+#ifdef L2L_TSAN
+  const int cases = 2;
+#else
+  const int cases = 6;
+#endif
+  int failed = 0;
+  for (int i = 0; i < cases && failed < 2; i++) {
+    const int64_t tk = i % 2 ? check_rand_int(257, 1500) : check_rand_int(1, 256);
+    const int64_t tq = check_rand_int(0, 2) == 0 ? tk : check_rand_int(1, 40);
+    const int64_t heads = check_rand_int(1, 3), samples = check_rand_int(1, 3);
+    if (samples * heads * tq > 200) { i--; continue; } /* (rows enough to walk several each) */
+    failed += !softmax_case(samples, heads, tq, tk, check_rand_int(0, 1), check_rand_int(0, 1));
+  }
+#endif
+}
+
+TEST(cross_entropy_kernels_emulated_against_the_cpu) {
+#if !L2L_KERNEL_EMULATION
+  check_skip("this build found no CUDA toolkit headers (cuda_bf16.h), or no C++20 <barrier>, "
+             "to compile the kernels for the CPU with");
+#else
+  /* vocabularies for a warp a row (<= 256) and a block a row (up to 1024 threads); rows past
+     the 16 warps of two blocks */
+  static const struct {
+    int64_t lo, hi;
+  } vocabs[] = {{1, 3}, {4, 256}, {257, 1100}, {1101, 4500}};
+#ifdef L2L_TSAN
+  const size_t first = 2, last = 2;
+  const int64_t most_rows = 6;
+#else
+  const size_t first = 0, last = sizeof vocabs / sizeof vocabs[0] - 1;
+  const int64_t most_rows = 40;
+#endif
+  int failed = 0;
+  for (size_t i = first; i <= last && failed < 2; i++)
+    failed += !cross_entropy_case(check_rand_int(1, most_rows), check_rand_int(vocabs[i].lo, vocabs[i].hi));
+#endif
+}
