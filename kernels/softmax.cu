@@ -141,76 +141,194 @@ __global__ void __launch_bounds__(1024)
 
 /* ---------------------------------------------------------------- cross-entropy */
 
-/* One streaming read per row gives max and sum of exps (online: the running sum is
-   rescaled when the max grows), then losses and/or dlogits. Rows are vocabulary-long
-   (too long to cache), ld elements apart; the write pass re-reads them, mostly from L2. */
-template <bool WARP, bool HALF>   /* HALF: d16 is given (its own variant: no spills without) */
-__global__ void __launch_bounds__(1024)
-    cross_entropy_kernel(float *losses, float *dlogits, uint16_t *d16, int d16_dtype,
-                         const float *logits, const int32_t *targets, int32_t ignore_index,
-                         float scale, int64_t rows, int64_t vocab, int64_t ld) {
+/* The largest row cache cross-entropy asks for: Hopper's most dynamic shared memory a block
+   may opt in to. A device that allows less refuses the attribute, and the launcher then
+   streams the row instead (the CPU emulation sets a lower bound, so that both kernels run
+   in make test). */
+#ifndef K_CE_ROW_CACHE_MAX_BYTES
+#define K_CE_ROW_CACHE_MAX_BYTES (227 * 1024)
+#endif
+
+/* float4 chunks each thread loads per turn while streaming a row: 4 loads in flight. */
+constexpr int CE_UNROLL = 4;
+
+/* The largest of a pack's values (NaN skipped, as the CPU's max skips it). */
+template <int W>
+__device__ __forceinline__ float pack_max(const Pack<W> &v) {
+  float m = v.v[0];
+#pragma unroll
+  for (int e = 1; e < W; e++) m = fmaxf(m, v.v[e]);
+  return m;
+}
+
+/* A row of dlogits (scale (softmax - one-hot)): the pack at j from its softmax terms p, into
+   f32 (dr) and/or 16 bits (hr; one 8-byte store where 8-byte aligned). */
+template <bool HALF, int W>
+__device__ __forceinline__ void store_dlogits(float *dr, uint16_t *hr, int d16_dtype, int64_t j,
+                                              Pack<W> o) {
+  if (dr) store_pack<W>(dr + j, o);
+  if constexpr (HALF) {
+    if constexpr (W == 4)
+      store_halves4(hr + j, o.v[0], o.v[1], o.v[2], o.v[3], d16_dtype,
+                    ((uintptr_t)(hr + j) & 7) == 0);
+    else
+      hr[j] = f32_to_16(o.v[0], d16_dtype);
+  }
+}
+
+/* Losses and dlogits of vocabulary-long rows, ld elements apart, a row group a row.
+   CACHE (the row fits the group's slice of shared memory): the row is read from global
+   memory once, into the cache, with its max; then exp(x - max) replaces each cached value
+   as it is summed (the CPU's max, then sum of exps: one expf an element); then dlogits =
+   scale * e / sum from the cache. Without: one streaming read finds max and sum online (the
+   running sum rescaled once a pack when the max grows), and the write pass reads the row
+   again (mostly from L2) for scale * exp(x - lse). */
+struct CrossEntropyArgs {
+  float *losses, *dlogits; /* either may be NULL */
+  uint16_t *d16;           /* NULL unless HALF */
+  int d16_dtype;
+  const float *logits;
+  const int32_t *targets;
+  int32_t ignore_index;
+  float scale;
+  int64_t rows, vocab, ld;
+};
+
+template <bool WARP, bool HALF, bool CACHE> /* HALF: d16 is given */
+__global__ void __launch_bounds__(1024) cross_entropy_kernel(const CrossEntropyArgs a) {
+  float *const losses = a.losses, *const dlogits = a.dlogits;
+  uint16_t *const d16 = a.d16;
+  const int d16_dtype = a.d16_dtype;
+  const float *const logits = a.logits;
+  const int32_t *const targets = a.targets;
+  const int32_t ignore_index = a.ignore_index;
+  const float scale = a.scale;
+  const int64_t rows = a.rows, vocab = a.vocab, ld = a.ld;
   K_STATIC_SHARED(float, red, [32]);
+  K_DYNAMIC_SHARED(float4, row_cache);
   const RowGroup g = row_group<WARP>();
+  float *slice = CACHE ? reinterpret_cast<float *>(row_cache) + g.slot * padded_cols(vocab)
+                       : nullptr;
   const bool vec_out = !dlogits || congruent(dlogits, logits);
+  const bool writes = dlogits || HALF;
 
   for (int64_t row = g.first; row < rows; row += g.stride) {
     const int32_t target = targets[row];
-    const bool ignored = target == ignore_index;
+    const bool ignored = target == ignore_index; /* group-uniform: so are the barriers */
     const bool known = !ignored && target >= 0 && (int64_t)target < vocab;
     const float *lr = logits + row * ld;
+    float *dr = dlogits ? dlogits + row * ld : nullptr;
+    uint16_t *hr = HALF ? d16 + row * ld : nullptr;
+    if (ignored) {
+      if (losses && g.t == 0) losses[row] = 0.0f;
+      if (writes)
+        for_row(lr, vocab, vec_out, g.t, g.T, [&](auto w, int64_t j) {
+          constexpr int W = decltype(w)::value;
+          Pack<W> o;
+#pragma unroll
+          for (int e = 0; e < W; e++) o.v[e] = 0.0f;
+          store_dlogits<HALF>(dr, hr, d16_dtype, j, o);
+        });
+      continue;
+    }
     /* Taken before any write: dlogits may be logits. */
     float target_logit = 0.0f;
     if (losses && known && g.t == 0) target_logit = lr[target];
 
-    float m = -INFINITY, s = 0.0f;
-    if (!ignored)
-      for_row(lr, vocab, true, g.t, g.T, [&](auto w, int64_t j) {
+    float lse, inv_sum = 0.0f; /* inv_sum: scale / sum, CACHE's dlogits factor */
+    float *cache = CACHE ? slice + cache_shift(lr) : nullptr;
+    if constexpr (CACHE) {
+      float m = -INFINITY;
+      for_row<CE_UNROLL>(lr, vocab, true, g.t, g.T, [&](auto w, int64_t j) {
         constexpr int W = decltype(w)::value;
         const Pack<W> v = load_pack<W>(lr + j);
-#pragma unroll
-        for (int e = 0; e < W; e++) {
-          const float z = v.v[e];
-          if (z > m) {
-            s = s * expf(m - z) + 1.0f; /* m = -inf at first: s is 0 and stays 0 * 0 */
-            m = z;
-          } else if (z != -INFINITY) { /* -inf adds 0; skipping it avoids -inf - -inf */
-            s += expf(z - m);           /* NaN logits reach here and poison s, as on the CPU */
-          }
-        }
+        store_pack<W>(cache + j, v);
+        m = fmaxf(m, pack_max(v));
       });
-    const float m_all = group_max<WARP>(m, red);
-    const float s_all = group_sum<WARP>(s == 0.0f ? 0.0f : s * expf(m - m_all), red);
-    const float lse = m_all + logf(s_all);
-    if (losses && g.t == 0) losses[row] = ignored ? 0.0f : known ? lse - target_logit : NAN;
+      const float mx = group_max<WARP>(m, red);
+      /* the same walk as the loads: each thread reads back what it cached */
+      float s = 0.0f;
+      for_row(lr, vocab, true, g.t, g.T, [&](auto w, int64_t j) {
+        constexpr int W = decltype(w)::value;
+        Pack<W> v = load_pack<W>(cache + j);
+#pragma unroll
+        for (int e = 0; e < W; e++) v.v[e] = expf(v.v[e] - mx), s += v.v[e];
+        if (writes) store_pack<W>(cache + j, v);
+      });
+      const float sum = group_sum<WARP>(s, red); /* its barrier publishes the exps */
+      lse = mx + logf(sum);
+      inv_sum = scale / sum;
+    } else {
+      float m = -INFINITY, s = 0.0f;
+      for_row<CE_UNROLL>(lr, vocab, true, g.t, g.T, [&](auto w, int64_t j) {
+        constexpr int W = decltype(w)::value;
+        const Pack<W> v = load_pack<W>(lr + j);
+        const float pm = pack_max(v);
+        if (pm > m) {
+          s = s * expf(m - pm); /* m = -inf at first: s is 0 and stays 0 * 0 */
+          m = pm;
+        }
+        /* while every value seen is -inf or NaN, m is -inf: exps relative to 0 then add 0
+           for -inf and NaN for NaN (it poisons the sum, as on the CPU) */
+        const float base = m == -INFINITY ? 0.0f : m;
+#pragma unroll
+        for (int e = 0; e < W; e++) s += expf(v.v[e] - base);
+      });
+      const float m_all = group_max<WARP>(m, red);
+      const float s_all = group_sum<WARP>(s == 0.0f ? 0.0f : s * expf(m - m_all), red);
+      lse = m_all + logf(s_all);
+    }
+    if (losses && g.t == 0) losses[row] = known ? lse - target_logit : NAN;
 
-    if (dlogits || HALF) {
-      group_sync<WARP>(); /* in place: every read of this row above precedes the writes */
-      float *dr = dlogits ? dlogits + row * ld : nullptr;
-      uint16_t *hr = HALF ? d16 + row * ld : nullptr;
+    if (writes) {
+      if constexpr (!CACHE) group_sync<WARP>(); /* in place: the row's reads precede writes */
+      const float *src = CACHE ? cache : lr;
       for_row(lr, vocab, vec_out, g.t, g.T, [&](auto w, int64_t j) {
         constexpr int W = decltype(w)::value;
-        Pack<W> o;
-        if (ignored) {
+        Pack<W> o = load_pack<W>(src + j);
 #pragma unroll
-          for (int e = 0; e < W; e++) o.v[e] = 0.0f;
-        } else {
-          const Pack<W> v = load_pack<W>(lr + j);
-#pragma unroll
-          for (int e = 0; e < W; e++) {
-            float d = scale * expf(v.v[e] - lse);
-            if (j + e == target) d -= scale;
-            o.v[e] = d;
-          }
+        for (int e = 0; e < W; e++) {
+          float d = CACHE ? o.v[e] * inv_sum : scale * expf(o.v[e] - lse);
+          if (j + e == target) d -= scale;
+          o.v[e] = d;
         }
-        if (dr) store_pack<W>(dr + j, o);
-        if (HALF) store_half_pack<W>(hr + j, o, d16_dtype);
+        store_dlogits<HALF>(dr, hr, d16_dtype, j, o);
       });
     }
+    if constexpr (CACHE) group_sync<WARP>(); /* the next row lays the cache out anew */
   }
 }
 
+/* One cross-entropy kernel's launch. CACHE first asks the device for the row caches' bytes
+   (cudaFuncSetAttribute, needed past 48 KiB) and launches nothing where they are too many
+   or refused: false. */
+template <bool WARP, bool HALF, bool CACHE>
+bool launch_cross_entropy_kernel(const RowLaunch &l, size_t cache_bytes, cudaStream_t s,
+                                 const CrossEntropyArgs &args) {
+  void (*kernel)(const CrossEntropyArgs) = cross_entropy_kernel<WARP, HALF, CACHE>;
+  if (CACHE && (cache_bytes > (size_t)K_CE_ROW_CACHE_MAX_BYTES ||
+                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)cache_bytes) != cudaSuccess)) {
+    (void)cudaGetLastError(); /* a refusal is no launch's error */
+    return false;
+  }
+  K_LAUNCH(l.blocks, l.threads, CACHE ? cache_bytes : 0, s, kernel)(args);
+  return true;
+}
+
+template <bool CACHE>
+bool launch_cross_entropy_kernel(const RowLaunch &l, size_t cache_bytes, cudaStream_t s,
+                                 const CrossEntropyArgs &args) {
+  if (l.warp_mode)
+    return args.d16 ? launch_cross_entropy_kernel<true, true, CACHE>(l, cache_bytes, s, args)
+                    : launch_cross_entropy_kernel<true, false, CACHE>(l, cache_bytes, s, args);
+  return args.d16 ? launch_cross_entropy_kernel<false, true, CACHE>(l, cache_bytes, s, args)
+                  : launch_cross_entropy_kernel<false, false, CACHE>(l, cache_bytes, s, args);
+}
+
 /* need_losses / need_dlogits: that output is required (the unfused ops); the fused one
-   writes whichever it is given. */
+   writes whichever it is given. Rows cached on chip where the device gives a block their
+   bytes, else streamed. */
 int launch_cross_entropy(bool need_losses, bool need_dlogits, float *losses, float *dlogits,
                          void *d16, int d16_dtype, const float *logits, const int32_t *targets,
                          int32_t ignore_index, float scale, int64_t rows, int64_t vocab,
@@ -222,16 +340,14 @@ int launch_cross_entropy(bool need_losses, bool need_dlogits, float *losses, flo
   if (d16 && d16_dtype != DT_BF16 && d16_dtype != DT_F16) return INVALID;
   if (!losses && !dlogits && !d16) return 0;
   const RowLaunch l = row_launch(rows, vocab, 0, MAX_BLOCKS);
-  cudaStream_t s = (cudaStream_t)stream;
-  uint16_t *h = static_cast<uint16_t *>(d16);
-#define CE_LAUNCH(WARP, HALF)                                                             \
-  K_LAUNCH(l.blocks, l.threads, 0, s, cross_entropy_kernel<WARP, HALF>)(                        \
-      losses, dlogits, h, d16_dtype, logits, targets, ignore_index, scale, rows, vocab, ld)
-  if (l.warp_mode && h) CE_LAUNCH(true, true);
-  else if (l.warp_mode) CE_LAUNCH(true, false);
-  else if (h) CE_LAUNCH(false, true);
-  else CE_LAUNCH(false, false);
-#undef CE_LAUNCH
+  /* a row's floats per group: (groups a block, padded_cols(vocab)) */
+  const size_t cache_bytes = (size_t)padded_cols(vocab) * sizeof(float) *
+                             (l.warp_mode ? (size_t)WARPS_PER_BLOCK : 1u);
+  const cudaStream_t s = (cudaStream_t)stream;
+  const CrossEntropyArgs args = {losses, dlogits, static_cast<uint16_t *>(d16), d16_dtype, logits,
+                                 targets, ignore_index, scale, rows, vocab, ld};
+  if (!launch_cross_entropy_kernel<true>(l, cache_bytes, s, args))
+    launch_cross_entropy_kernel<false>(l, cache_bytes, s, args);
   return k_launched();
 }
 

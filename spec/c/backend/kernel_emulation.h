@@ -11,7 +11,8 @@
  * through emu::collective) and take what it gives their lane. Static shared arrays
  * (K_STATIC_SHARED) take places in one area and dynamic shared memory one buffer of exactly
  * the launch's bytes, both poisoned (0xff bytes: NaN as f32 and as 16-bit) before each
- * block. A warp collective here orders memory as __syncwarp would (CUDA's shuffles do not):
+ * block; past 48 KiB only to a kernel whose limit cudaFuncSetAttribute raised first (as a
+ * GPU gives it). A warp collective here orders memory as __syncwarp would (CUDA's shuffles do not):
  * a missing __syncwarp between warp steps does not show. K_LAUNCH runs a whole grid
  * before it returns. A watchdog ends the process with a message when no barrier completes
  * for a minute (a __syncthreads some thread never reaches hangs a GPU; here it fails the
@@ -34,11 +35,13 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <system_error>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -233,6 +236,27 @@ void run_grid(dim3 grid, dim3 block, size_t shared, bool lazy, Fn fn) {
   for (std::thread &th : team) th.join();
 }
 
+/* Dynamic shared memory past 48 KiB, as a GPU gives it: only to a kernel whose limit
+   cudaFuncSetAttribute raised first, and at most Hopper's opt-in limit (227 KiB). */
+constexpr size_t kSharedDefault = 48 * 1024, kSharedOptIn = 227 * 1024;
+inline std::mutex shared_limits_mutex;
+inline std::map<const void *, size_t> shared_limits;
+inline int set_attribute(const void *kernel, cudaFuncAttribute attribute, int value) {
+  if (attribute != cudaFuncAttributeMaxDynamicSharedMemorySize) fail("an attribute not emulated");
+  if (value < 0 || (size_t)value > kSharedOptIn) return (int)cudaErrorInvalidValue;
+  std::lock_guard<std::mutex> lock(shared_limits_mutex);
+  shared_limits[kernel] = (size_t)value;
+  return 0;
+}
+inline void check_shared(const void *kernel, size_t shared) {
+  if (shared <= kSharedDefault) return;
+  std::lock_guard<std::mutex> lock(shared_limits_mutex);
+  const auto limit = shared_limits.find(kernel);
+  if (limit == shared_limits.end() || shared > limit->second)
+    fail("a launch's dynamic shared memory past 48 KiB, beyond what cudaFuncSetAttribute "
+         "allowed its kernel");
+}
+
 /* K_LAUNCH's: kernel(args...) over the grid, before it returns. */
 template <class Kernel>
 struct Launcher {
@@ -241,6 +265,7 @@ struct Launcher {
   Kernel kernel;
   template <class... Args>
   void operator()(Args... args) const {
+    if constexpr (std::is_pointer_v<Kernel>) check_shared(reinterpret_cast<const void *>(kernel), shared);
     run_grid(grid, block, shared, false, [&] { kernel(args...); });
   }
 };
@@ -268,6 +293,8 @@ Launcher<Kernel> launcher(dim3 grid, dim3 block, size_t shared, cudaStream_t str
 #define __syncwarp(...) emu::syncwarp()
 #define __shfl_xor_sync(mask, v, offset) emu::shfl_xor((v), (offset))
 #define cudaGetLastError() emu::last_error()
+#define cudaFuncSetAttribute(kernel, attribute, value) \
+  emu::set_attribute(reinterpret_cast<const void *>(kernel), (attribute), (value))
 #define K_LAUNCH(grid, block, shared, stream, ...) \
   emu::launcher(dim3(grid), dim3(block), (size_t)(shared), (stream), __VA_ARGS__)
 #define K_DYNAMIC_SHARED(type, name) type *const name = reinterpret_cast<type *>(emu::dynamic_shared())
