@@ -22,10 +22,15 @@
 /* Threads per block for simple one-element-per-thread kernels, and the block count that
    covers n elements in a grid-stride loop without launching millions of idle blocks. */
 enum { L2L_THREADS = 256 };
+/* Grid-stride loops cover elements past this many blocks (the CPU emulation of the kernels
+   sets fewer, so that its threads walk several strides). */
+#ifndef K_GRID_MAX_BLOCKS
+#define K_GRID_MAX_BLOCKS (65535 * 8)
+#endif
 static inline unsigned k_blocks_for(int64_t n) {
   int64_t blocks = (n + L2L_THREADS - 1) / L2L_THREADS;
   if (blocks < 1) blocks = 1;
-  if (blocks > 65535 * 8) blocks = 65535 * 8; /* grid-stride loops cover the rest */
+  if (blocks > K_GRID_MAX_BLOCKS) blocks = K_GRID_MAX_BLOCKS;
   return (unsigned)blocks;
 }
 

@@ -162,8 +162,8 @@ extern "C" int k_gelu_forward_bits(float *y, uint8_t *bits, const float *x, int6
   if (n < 0 || bits == NULL) return invalid_argument();
   if (n == 0) return 0;
   bool vec = aligned16(y) && aligned16(x);
-  gelu_bits_kernel<false><<<k_blocks_for((n + 7) >> 3), L2L_THREADS, 0,
-                            (cudaStream_t)stream>>>(NULL, x, y, NULL, 0, bits, NULL, n, 1, vec);
+  K_LAUNCH(k_blocks_for((n + 7) >> 3), L2L_THREADS, 0, (cudaStream_t)stream,
+           gelu_bits_kernel<false>)(NULL, x, y, NULL, 0, bits, NULL, n, 1, vec);
   return k_launched();
 }
 
@@ -179,12 +179,12 @@ extern "C" int k_bias_gelu_forward(float *pre, float *y, void *y16, int y16_dtyp
   /* (a null y is no constraint on the float4 path) */
   const bool y_ok = y == NULL || aligned16(y);
   if (bias == NULL) {
-    gelu_bits_kernel<false><<<k_blocks_for((n + 7) >> 3), L2L_THREADS, 0, s>>>(
+    K_LAUNCH(k_blocks_for((n + 7) >> 3), L2L_THREADS, 0, s, gelu_bits_kernel<false>)(
         NULL, pre, y, h, y16_dtype, bits, NULL, n, 1, y_ok && aligned16(pre));
     return k_launched();
   }
   bool vec = (cols & 7) == 0 && aligned16(pre) && y_ok && aligned16(bias);
-  gelu_bits_kernel<true><<<k_blocks_for((n + 7) >> 3), L2L_THREADS, 0, s>>>(
+  K_LAUNCH(k_blocks_for((n + 7) >> 3), L2L_THREADS, 0, s, gelu_bits_kernel<true>)(
       pre, pre, y, h, y16_dtype, bits, bias, n, cols, vec);
   return k_launched();
 }

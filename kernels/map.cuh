@@ -48,7 +48,7 @@ static int launch_map(const Op &op, int64_t n, bool vectorized, void *stream) {
   if (n < 0) return invalid_argument();
   if (n == 0) return 0;
   const int64_t threads_needed = vectorized ? (n >> 2) + (n & 3) : n;
-  map_kernel<Op><<<k_blocks_for(threads_needed), L2L_THREADS, 0, (cudaStream_t)stream>>>(
+  K_LAUNCH(k_blocks_for(threads_needed), L2L_THREADS, 0, (cudaStream_t)stream, map_kernel<Op>)(
       op, n, vectorized);
   return k_launched();
 }

@@ -22,6 +22,22 @@ float *host_floats(int64_t n, float fill) {
   return p;
 }
 
+bool rounded16_at(const char *file, int line, const char *what, const uint16_t *got,
+                  const float *f32, int64_t rows, int64_t cols, int64_t ld, l2l_dtype t) {
+  int64_t bad = 0, first = -1;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) {
+      const int64_t i = r * ld + c;
+      if (got[i] != round16(f32[i], t)) bad++, first = first < 0 ? i : first;
+    }
+  if (bad == 0) return true;
+  return check_that(false, file, line, what,
+                    "%lld of %lld 16-bit values (%s) not their f32 values rounded, first at [%lld]: "
+                    "%#x, want %#x (of %.9g)", (long long)bad, (long long)(rows * cols),
+                    l2l_dtype_name(t), (long long)first, got[first], round16(f32[first], t),
+                    (double)f32[first]);
+}
+
 /* A host u8 tensor of n bytes, all `value`. */
 l2l_tensor *bytes_of(int64_t n, uint8_t value) {
   l2l_tensor *t = HOST(L2L_U8, n);

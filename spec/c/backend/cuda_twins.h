@@ -107,6 +107,12 @@ static inline float widen16(uint16_t h, l2l_dtype t) {
 }
 /* n floats of malloc (at least one), each `fill`; the caller frees them. */
 float *host_floats(int64_t n, float fill);
+/* A kernel's 16-bit output (rows, cols of t, rows ld apart; host memory) bit for bit its f32
+   values (the same layout) rounded to t, as convert rounds them. */
+bool rounded16_at(const char *file, int line, const char *what, const uint16_t *got,
+                  const float *f32, int64_t rows, int64_t cols, int64_t ld, l2l_dtype t);
+#define CHECK_ROUNDED16(what, got, f32, rows, cols, ld, t) \
+  rounded16_at(__FILE__, __LINE__, (what), (got), (f32), (rows), (cols), (ld), (t))
 
 /* Whether the environment leaves the flash attention kernels on (L2L_FLASH=0 turns them
    off: the tests that count their calls then expect none). */

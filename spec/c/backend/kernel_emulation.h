@@ -41,7 +41,6 @@
 #include <new>
 #include <system_error>
 #include <thread>
-#include <type_traits>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -257,15 +256,17 @@ inline void check_shared(const void *kernel, size_t shared) {
          "allowed its kernel");
 }
 
-/* K_LAUNCH's: kernel(args...) over the grid, before it returns. */
+/* K_LAUNCH's: kernel(args...) over the grid, before it returns; the arguments converted to
+   the kernel's parameters first, as a launch converts them (NULL to a pointer). */
 template <class Kernel>
-struct Launcher {
+struct Launcher;
+template <class... Params>
+struct Launcher<void (*)(Params...)> {
   dim3 grid, block;
   size_t shared;
-  Kernel kernel;
-  template <class... Args>
-  void operator()(Args... args) const {
-    if constexpr (std::is_pointer_v<Kernel>) check_shared(reinterpret_cast<const void *>(kernel), shared);
+  void (*kernel)(Params...);
+  void operator()(Params... args) const {
+    check_shared(reinterpret_cast<const void *>(kernel), shared);
     run_grid(grid, block, shared, false, [&] { kernel(args...); });
   }
 };

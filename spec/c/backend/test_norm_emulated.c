@@ -25,17 +25,6 @@
 
 #if L2L_KERNEL_EMULATION
 
-/* A 16-bit array (n) the kernels wrote beside their f32 one: its values rounded to t, bit
-   for bit (as the backend's convert rounds them). */
-static bool rounded_from(const char *what, const uint16_t *got, const float *f32, int64_t n, l2l_dtype t) {
-  int64_t bad = 0, first = -1;
-  for (int64_t i = 0; i < n; i++) {
-    if (got[i] != round16(f32[i], t)) bad++, first = first < 0 ? i : first;
-  }
-  return CHECK(bad == 0, "%s: %lld of %lld 16-bit values not their f32 values rounded, first at %lld",
-               what, (long long)bad, (long long)n, (long long)first);
-}
-
 static float *normals(int64_t n) {
   float *p = host_floats(n, 0.0f);
   for (int64_t i = 0; i < n; i++) p[i] = (float)check_rand_normal();
@@ -72,7 +61,7 @@ static bool norm_case(int64_t rows, int64_t cols) {
   ok &= CHECK_CLOSE(what, y[1], y[0], n, RMS, tc);
   snprintf(what, sizeof what, "layernorm_forward (%lld, %lld): y16 (%s)", (long long)rows,
            (long long)cols, l2l_dtype_name(t));
-  ok &= rounded_from(what, y16, y[1], n, t);
+  ok &= CHECK_ROUNDED16(what, y16, y[1], 1, n, n, t);
   snprintf(what, sizeof what, "layernorm_forward (%lld, %lld): mean", (long long)rows, (long long)cols);
   ok &= CHECK_CLOSE(what, mean[1], mean[0], rows, rms_tensor(xt), tc);
   snprintf(what, sizeof what, "layernorm_forward (%lld, %lld): rstd", (long long)rows, (long long)cols);
@@ -132,7 +121,7 @@ static bool norm_case(int64_t rows, int64_t cols) {
         ok &= CHECK_CLOSE(part, dx[1], dx[0], n, RMS, tc);
         if (dx16) {
           snprintf(part, sizeof part, "%s: dx16 (%s)", what, l2l_dtype_name(t));
-          ok &= rounded_from(part, dx16, dx[1], n, t);
+          ok &= CHECK_ROUNDED16(part, dx16, dx[1], 1, n, n, t);
         }
         if (grads) {
           snprintf(part, sizeof part, "%s: dweight", what);
