@@ -6,10 +6,13 @@
  * cpu_find_out_of_range, cpu_embedding_forward and cpu_embedding_backward (the CPU
  * defines every result). Sums that feed parameter gradients or the loss scaler use a
  * fixed partition and a fixed combining order (two passes through a caller-provided
- * scratch buffer), so a rerun on the same inputs gives the same bits; only the embedding
- * scatter-add uses atomics (see reduce.h). Launchers are declared in reduce.h.
- * Must never: synchronize, allocate, print or exit; make a result depend on timing
- * (except the documented embedding_backward atomics) or on pointer alignment.
+ * scratch buffer), and the embedding scatter-add sums each row's positions in their order,
+ * so a rerun on the same inputs gives the same bits; atomics only find the first index
+ * of a check (the least of the candidates, whatever order they land in). Launchers are
+ * declared in reduce.h.
+ * Its kernels are static: the CPU emulation of this file (spec/c/backend/) links beside it.
+ * Must never: synchronize, allocate, print or exit; make a result depend on timing or on
+ * pointer alignment.
  */
 #include <math.h>
 #include <stdint.h>
@@ -53,10 +56,10 @@ extern "C" int64_t k_bias_backward_scratch_floats(int64_t rows, int64_t cols) {
 }
 
 template <int DT>
-__global__ void __launch_bounds__(BIAS_TILE_COLS * BIAS_ROW_LANES)
+static __global__ void __launch_bounds__(BIAS_TILE_COLS * BIAS_ROW_LANES)
     column_chunk_sums(float *dst, bool add_into_dst, const void *dy, int64_t rows,
                       int64_t cols, int64_t rows_per_chunk) {
-  __shared__ float lane_sums[BIAS_ROW_LANES][BIAS_TILE_COLS];
+  K_STATIC_SHARED(float, lane_sums, [BIAS_ROW_LANES][BIAS_TILE_COLS]);
   const int64_t col = (int64_t)blockIdx.x * BIAS_TILE_COLS + threadIdx.x;
   const int64_t first = (int64_t)blockIdx.y * rows_per_chunk;
   const int64_t end = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
@@ -81,7 +84,7 @@ __global__ void __launch_bounds__(BIAS_TILE_COLS * BIAS_ROW_LANES)
    in a butterfly (the same bits every run). A thread a column, adding every chunk in turn,
    left GPT-2's 768 columns 768 threads walking 86 partials each: bound by latency (the
    whole op at 0.19 of the copy rate on an H200, 4096 x 768). */
-__global__ void __launch_bounds__(L2L_THREADS)
+static __global__ void __launch_bounds__(L2L_THREADS)
     add_chunk_sums(float *dbias, const float *partial, int64_t chunks, int64_t cols) {
   const int lane = (int)(threadIdx.x & 31), warps_per_block = (int)(blockDim.x >> 5);
   const int64_t warps = (int64_t)gridDim.x * warps_per_block;
@@ -108,16 +111,18 @@ extern "C" int k_bias_backward(float *dbias, const void *dy, int dy_dtype, int64
   dim3 block(BIAS_TILE_COLS, BIAS_ROW_LANES);
   const bool one = plan.chunks == 1;
   float *dst = one ? dbias : scratch;
+  const int64_t per_chunk = plan.rows_per_chunk;
   if (dy_dtype == DT_F32)
-    column_chunk_sums<DT_F32><<<grid, block, 0, s>>>(dst, one, dy, rows, cols, plan.rows_per_chunk);
+    K_LAUNCH(grid, block, 0, s, column_chunk_sums<DT_F32>)(dst, one, dy, rows, cols, per_chunk);
   else if (dy_dtype == DT_BF16)
-    column_chunk_sums<DT_BF16><<<grid, block, 0, s>>>(dst, one, dy, rows, cols, plan.rows_per_chunk);
+    K_LAUNCH(grid, block, 0, s, column_chunk_sums<DT_BF16>)(dst, one, dy, rows, cols, per_chunk);
   else
-    column_chunk_sums<DT_F16><<<grid, block, 0, s>>>(dst, one, dy, rows, cols, plan.rows_per_chunk);
+    K_LAUNCH(grid, block, 0, s, column_chunk_sums<DT_F16>)(dst, one, dy, rows, cols, per_chunk);
   if (one) return k_launched();
   int status = k_launched();
   if (status != 0) return status;
-  add_chunk_sums<<<k_blocks_for(32 * cols), L2L_THREADS, 0, s>>>(dbias, scratch, plan.chunks, cols);
+  K_LAUNCH(k_blocks_for(32 * cols), L2L_THREADS, 0, s, add_chunk_sums)(dbias, scratch,
+                                                                        plan.chunks, cols);
   return k_launched();
 }
 
@@ -178,9 +183,9 @@ static __device__ __forceinline__ double final_value(double v) {
 }
 
 template <int KIND>
-__global__ void __launch_bounds__(L2L_THREADS)
+static __global__ void __launch_bounds__(L2L_THREADS)
     reduce_parts(double *dst, const float *x, int64_t n, bool vectorized) {
-  __shared__ double shared[32];
+  K_STATIC_SHARED(double, shared, [32]);
   const int64_t groups = (n + 3) >> 2, stride = grid_threads();
   double acc = 0.0;
   for (int64_t g = thread_index(); g < groups; g += stride) {
@@ -205,9 +210,9 @@ __global__ void __launch_bounds__(L2L_THREADS)
 }
 
 template <int KIND>
-__global__ void __launch_bounds__(L2L_THREADS)
+static __global__ void __launch_bounds__(L2L_THREADS)
     reduce_finish(double *out, const double *parts, int64_t count) {
-  __shared__ double shared[32];
+  K_STATIC_SHARED(double, shared, [32]);
   double acc = 0.0;
   for (int64_t k = threadIdx.x; k < count; k += blockDim.x) acc = combine<KIND>(acc, parts[k]);
   acc = block_combine<KIND>(acc, shared);
@@ -218,20 +223,20 @@ template <int KIND>
 static int launch_reduce(double *out, const float *x, int64_t n, double *scratch,
                          cudaStream_t s) {
   if (n == 0) { /* the CPU's result for no elements: 0 for every kind */
-    reduce_finish<KIND><<<1, L2L_THREADS, 0, s>>>(out, NULL, 0);
+    K_LAUNCH(1, L2L_THREADS, 0, s, reduce_finish<KIND>)(out, NULL, 0);
     return k_launched();
   }
   int64_t parts = (n + REDUCE_PER_PART - 1) / REDUCE_PER_PART;
   if (parts > L2L_K_REDUCE_SCRATCH_DOUBLES) parts = L2L_K_REDUCE_SCRATCH_DOUBLES;
   if (parts == 1) {
-    reduce_parts<KIND><<<1, L2L_THREADS, 0, s>>>(out, x, n, aligned16(x));
+    K_LAUNCH(1, L2L_THREADS, 0, s, reduce_parts<KIND>)(out, x, n, aligned16(x));
     return k_launched();
   }
   if (scratch == NULL) return invalid_argument();
-  reduce_parts<KIND><<<(unsigned)parts, L2L_THREADS, 0, s>>>(scratch, x, n, aligned16(x));
+  K_LAUNCH((unsigned)parts, L2L_THREADS, 0, s, reduce_parts<KIND>)(scratch, x, n, aligned16(x));
   int status = k_launched();
   if (status != 0) return status;
-  reduce_finish<KIND><<<1, L2L_THREADS, 0, s>>>(out, scratch, parts);
+  K_LAUNCH(1, L2L_THREADS, 0, s, reduce_finish<KIND>)(out, scratch, parts);
   return k_launched();
 }
 
@@ -251,9 +256,9 @@ extern "C" int k_reduce(double *out, int kind, const float *x, int64_t n, double
    *out starts as all ones: -1 read as int64 and the largest value for the unsigned
    atomicMin, so it stays -1 unless some index is smaller; no finishing pass. */
 
-__global__ void set_all_ones(unsigned long long *out) { *out = ~0ull; }
+static __global__ void set_all_ones(unsigned long long *out) { *out = ~0ull; }
 
-__global__ void __launch_bounds__(L2L_THREADS)
+static __global__ void __launch_bounds__(L2L_THREADS)
     find_out_of_range_kernel(unsigned long long *out, const int32_t *values, int64_t n,
                              int32_t lo, int32_t hi, int32_t except) {
   for (int64_t i = thread_index(); i < n; i += grid_threads()) {
@@ -270,10 +275,10 @@ extern "C" int k_find_out_of_range(int64_t *out, const int32_t *values, int64_t 
   if (n < 0 || out == NULL) return invalid_argument();
   cudaStream_t s = (cudaStream_t)stream;
   unsigned long long *first = reinterpret_cast<unsigned long long *>(out);
-  set_all_ones<<<1, 1, 0, s>>>(first);
+  K_LAUNCH(1, 1, 0, s, set_all_ones)(first);
   if (n == 0) return k_launched();
-  find_out_of_range_kernel<<<k_blocks_for(n), L2L_THREADS, 0, s>>>(first, values, n, lo, hi,
-                                                                    except);
+  K_LAUNCH(k_blocks_for(n), L2L_THREADS, 0, s, find_out_of_range_kernel)(first, values, n, lo,
+                                                                        hi, except);
   return k_launched();
 }
 
@@ -281,7 +286,7 @@ extern "C" int k_find_out_of_range(int64_t *out, const int32_t *values, int64_t 
    The first LayerNorm channel whose weight cannot undo the normalisation, by the same
    all-ones start and atomicMin as find_out_of_range. */
 
-__global__ void __launch_bounds__(L2L_THREADS)
+static __global__ void __launch_bounds__(L2L_THREADS)
     layernorm_uninvertible_kernel(unsigned long long *out, const float *weight,
                                   const float *bias, int64_t n, float min_weight,
                                   float bias_ratio) {
@@ -300,9 +305,9 @@ extern "C" int k_layernorm_uninvertible(int64_t *out, const float *weight,
   if (n < 0 || out == NULL) return invalid_argument();
   cudaStream_t s = (cudaStream_t)stream;
   unsigned long long *first = reinterpret_cast<unsigned long long *>(out);
-  set_all_ones<<<1, 1, 0, s>>>(first);
+  K_LAUNCH(1, 1, 0, s, set_all_ones)(first);
   if (n == 0) return k_launched();
-  layernorm_uninvertible_kernel<<<k_blocks_for(n), L2L_THREADS, 0, s>>>(
+  K_LAUNCH(k_blocks_for(n), L2L_THREADS, 0, s, layernorm_uninvertible_kernel)(
       first, weight, bias, n, min_weight, bias_ratio);
   return k_launched();
 }
@@ -330,11 +335,11 @@ static row_layout plan_rows(int64_t cols, const void *a, const void *b) {
 static unsigned row_blocks(int64_t n, int threads_per_row) {
   int64_t rows_per_block = L2L_THREADS / threads_per_row;
   int64_t blocks = (n + rows_per_block - 1) / rows_per_block;
-  if (blocks > 65535 * 8) blocks = 65535 * 8; /* row loops cover the rest */
+  if (blocks > K_GRID_MAX_BLOCKS) blocks = K_GRID_MAX_BLOCKS; /* row loops cover the rest */
   return (unsigned)blocks;
 }
 
-__global__ void __launch_bounds__(L2L_THREADS)
+static __global__ void __launch_bounds__(L2L_THREADS)
     embedding_forward_kernel(float *out, const int32_t *ids, const float *table, int64_t n,
                              int64_t cols, int threads_per_row, bool vectorized) {
   const int rows_per_block = blockDim.x / threads_per_row;
@@ -355,7 +360,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
 
 /* The same from a 16-bit table (a device copy in bf16 or f16), widened exactly. */
 template <int DT>
-__global__ void __launch_bounds__(L2L_THREADS)
+static __global__ void __launch_bounds__(L2L_THREADS)
     embedding_forward_half_kernel(float *out, const int32_t *ids, const uint16_t *table,
                                   int64_t n, int64_t cols, int threads_per_row) {
   const int rows_per_block = blockDim.x / threads_per_row;
@@ -378,7 +383,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
    about n^2 / 32 warp steps: 0.5 M at 4 Ki positions, under the gradient's own traffic. */
 constexpr int64_t kEmbeddingSlice = 128;
 
-__global__ void __launch_bounds__(L2L_THREADS)
+static __global__ void __launch_bounds__(L2L_THREADS)
     embedding_backward_kernel(float *dtable, const float *dout, const int32_t *ids, int64_t n,
                               int64_t cols, int64_t slices, bool vectorized) {
   const int lane = threadIdx.x & 31, warps_per_block = blockDim.x >> 5;
@@ -433,13 +438,13 @@ extern "C" int k_embedding_forward(float *out, const int32_t *ids, const void *t
   cudaStream_t s = (cudaStream_t)stream;
   const uint16_t *half = static_cast<const uint16_t *>(table);
   if (table_dtype == DT_F16)
-    embedding_forward_half_kernel<DT_F16><<<blocks, L2L_THREADS, 0, s>>>(
+    K_LAUNCH(blocks, L2L_THREADS, 0, s, embedding_forward_half_kernel<DT_F16>)(
         out, ids, half, n, cols, layout.threads_per_row);
   else if (table_dtype == DT_BF16)
-    embedding_forward_half_kernel<DT_BF16><<<blocks, L2L_THREADS, 0, s>>>(
+    K_LAUNCH(blocks, L2L_THREADS, 0, s, embedding_forward_half_kernel<DT_BF16>)(
         out, ids, half, n, cols, layout.threads_per_row);
   else
-    embedding_forward_kernel<<<blocks, L2L_THREADS, 0, s>>>(
+    K_LAUNCH(blocks, L2L_THREADS, 0, s, embedding_forward_kernel)(
         out, ids, static_cast<const float *>(table), n, cols, layout.threads_per_row,
         layout.vectorized);
   return k_launched();
@@ -453,8 +458,7 @@ extern "C" int k_embedding_backward(float *dtable, const float *dout, const int3
   row_layout layout = plan_rows(cols, dout, dtable);
   const int64_t units = layout.vectorized ? cols >> 2 : cols;
   const int64_t slices = (units + kEmbeddingSlice - 1) / kEmbeddingSlice;
-  embedding_backward_kernel<<<row_blocks(n * slices, 32), L2L_THREADS, 0,
-                              (cudaStream_t)stream>>>(dtable, dout, ids, n, cols, slices,
-                                                      layout.vectorized);
+  K_LAUNCH(row_blocks(n * slices, 32), L2L_THREADS, 0, (cudaStream_t)stream,
+           embedding_backward_kernel)(dtable, dout, ids, n, cols, slices, layout.vectorized);
   return k_launched();
 }

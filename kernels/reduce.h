@@ -59,10 +59,9 @@ int k_layernorm_uninvertible(int64_t *out, const float *weight, const float *bia
 int k_embedding_forward(float *out, const int32_t *ids, const void *table, int table_dtype,
                         int64_t n, int64_t cols, void *stream);
 
-/* dtable (vocab, cols) row ids[i] += dout row i, for every i. Uses float atomicAdd: for an
-   id that appears more than once the additions land in no fixed order, so the sum can
-   differ in the last bits from run to run (and from the CPU, which adds in token order);
-   rows of ids that appear once are exact. vocab is unused (as on the CPU). */
+/* dtable (vocab, cols) row ids[i] += dout row i, for every i: each row adds the positions
+   holding its id in their order, as the CPU adds them (its bits, run after run; no
+   atomics). vocab is unused (as on the CPU). */
 int k_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int64_t n,
                          int64_t vocab, int64_t cols, void *stream);
 

@@ -7,8 +7,9 @@
  * Purpose: the GPU's kernels are written on machines without a GPU; their source, run here
  * against the CPU backend, shows a wrong index, bound, mask, reduction or barrier before a
  * lent GPU's few minutes do. A block's threads meet at __syncthreads (a barrier of them
- * all); a warp's 32 meet for each collective (a shuffle, or an instruction a file emulates
- * through emu::collective) and take what it gives their lane. Static shared arrays
+ * all); a warp's 32 meet for each collective (a shuffle, a vote, or an instruction a file
+ * emulates through emu::collective) and take what it gives their lane; atomics are
+ * std::atomic_ref's read-modify-writes. Static shared arrays
  * (K_STATIC_SHARED) take places in one area and dynamic shared memory one buffer of exactly
  * the launch's bytes, both poisoned (0xff bytes: NaN as f32 and as 16-bit) before each
  * block; past 48 KiB only to a kernel whose limit cudaFuncSetAttribute raised first (as a
@@ -74,14 +75,18 @@ struct Exchange {
   uint64_t value[32]; /* a shuffled value's bytes */
 };
 struct Warp {
-  Barrier meet{32};
+  explicit Warp(int lanes) : meet(lanes) {}
+  Barrier meet;
   Exchange exchange[2];
 };
 
 struct Block {
-  explicit Block(int threads) : all(threads), warps(new Warp[threads / 32]) {}
+  explicit Block(int threads) : all(threads) {
+    for (int first = 0; first < threads; first += 32) /* the last one short at times */
+      warps.emplace_back(new Warp(threads - first < 32 ? threads - first : 32));
+  }
   Barrier all;
-  std::unique_ptr<Warp[]> warps;
+  std::vector<std::unique_ptr<Warp>> warps;
   dim3 index, grid, dim;
   unsigned char *dynamic = nullptr;
 };
@@ -133,7 +138,7 @@ inline uint3 block_index() { return make_uint3(self.block->index.x, self.block->
 inline dim3 grid_dim() { return self.block->grid; }
 inline dim3 block_dim() { return self.block->dim; }
 inline int lane() { return self.id & 31; }
-inline Warp &warp() { return self.block->warps[self.id >> 5]; }
+inline Warp &warp() { return *self.block->warps[self.id >> 5]; }
 inline void syncthreads() { self.block->all.wait(); }
 inline void syncwarp() { warp().meet.wait(); }
 inline unsigned char *dynamic_shared() { return self.block->dynamic; }
@@ -158,6 +163,26 @@ inline T shfl_xor(T v, int offset) {
   memcpy(&r, &x.value[lane() ^ offset], sizeof r);
   return r;
 }
+
+/* __ballot_sync: bit l set where lane l's predicate holds (the lanes of a short warp). */
+inline unsigned ballot(bool predicate) {
+  const Exchange &x = collective([&](Exchange &e) { e.value[lane()] = predicate; });
+  const dim3 d = self.block->dim;
+  const int lanes = (int)(d.x * d.y * d.z) - (self.id & ~31);
+  unsigned bits = 0;
+  for (int l = 0; l < 32 && l < lanes; l++) bits |= (x.value[l] ? 1u : 0u) << l;
+  return bits;
+}
+
+/* Atomics, as the GPU's: a read-modify-write no other thread's splits. */
+inline unsigned long long atomic_min(unsigned long long *p, unsigned long long v) {
+  std::atomic_ref<unsigned long long> a(*p);
+  unsigned long long old = a.load();
+  while (v < old && !a.compare_exchange_weak(old, v)) {
+  }
+  return old;
+}
+inline float atomic_add(float *p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 
 /* Watches `progress` while a grid runs: a minute without a barrier completing ends the
    process with a message. */
@@ -200,8 +225,7 @@ class Watchdog {
 template <class Fn>
 void run_grid(dim3 grid, dim3 block, size_t shared, bool lazy, Fn fn) {
   const int threads = (int)(block.x * block.y * block.z);
-  if (threads <= 0 || threads % 32 != 0 || threads > 1024)
-    fail("a block's threads: a multiple of 32 up to 1024 here");
+  if (threads <= 0 || threads > 1024) fail("a block's threads: 1 to 1024");
   Watchdog watchdog;
   /* exactly `shared` bytes (a sanitizer sees a read past them), 256-byte aligned */
   std::unique_ptr<unsigned char, void (*)(unsigned char *)> dynamic(
@@ -293,6 +317,10 @@ Launcher<Kernel> launcher(dim3 grid, dim3 block, size_t shared, cudaStream_t str
 #define __syncthreads() emu::syncthreads()
 #define __syncwarp(...) emu::syncwarp()
 #define __shfl_xor_sync(mask, v, offset) emu::shfl_xor((v), (offset))
+#define __ballot_sync(mask, predicate) emu::ballot(predicate)
+#define __any_sync(mask, predicate) (emu::ballot(predicate) != 0u)
+#define atomicMin(p, v) emu::atomic_min((p), (v))
+#define atomicAdd(p, v) emu::atomic_add((p), (v))
 #define cudaGetLastError() emu::last_error()
 #define cudaFuncSetAttribute(kernel, attribute, value) \
   emu::set_attribute(reinterpret_cast<const void *>(kernel), (attribute), (value))
@@ -311,6 +339,12 @@ static inline T __ldg(const T *p) {
   return *p;
 }
 static inline float __frcp_rn(float x) { return 1.0f / x; }
+static inline int __ffs(int x) { return __builtin_ffs(x); }
+static inline double __longlong_as_double(long long x) {
+  double d;
+  memcpy(&d, &x, sizeof d);
+  return d;
+}
 static inline float __fadd_rn(float a, float b) { return a + b; }
 
 #endif /* L2L_KERNEL_EMULATION_H */
