@@ -46,7 +46,7 @@ extern "C" int k_add(float *out, const float *a, const float *b, int64_t n, void
    rounded (four in one 8-byte store when vectorized), y is only read. */
 
 template <bool HALF>
-__global__ void __launch_bounds__(L2L_THREADS)
+static __global__ void __launch_bounds__(L2L_THREADS)
     bias_add_kernel(float *y, uint16_t *y16, int y16_dtype, const float *bias, int64_t rows,
                     int64_t cols, bool vectorized) {
   const int64_t per_row = vectorized ? cols >> 2 : cols;
@@ -81,11 +81,11 @@ extern "C" int k_bias_add(float *y, void *y16, int y16_dtype, const float *bias,
   uint16_t *h = static_cast<uint16_t *>(y16);
   cudaStream_t s = (cudaStream_t)stream;
   if (h != NULL)
-    bias_add_kernel<true><<<k_blocks_for(units), L2L_THREADS, 0, s>>>(y, h, y16_dtype, bias,
-                                                                       rows, cols, vec);
+    K_LAUNCH(k_blocks_for(units), L2L_THREADS, 0, s, bias_add_kernel<true>)(
+        y, h, y16_dtype, bias, rows, cols, vec);
   else
-    bias_add_kernel<false><<<k_blocks_for(units), L2L_THREADS, 0, s>>>(y, h, 0, bias, rows,
-                                                                        cols, vec);
+    K_LAUNCH(k_blocks_for(units), L2L_THREADS, 0, s, bias_add_kernel<false>)(
+        y, h, 0, bias, rows, cols, vec);
   return k_launched();
 }
 
@@ -97,7 +97,7 @@ static __device__ __forceinline__ uint32_t word_of(uint4 w, unsigned k) {
 
 /* One thread per mask byte: its 8 draws first+8b .. first+8b+7 lie in at most three
    Philox blocks, each computed once (the CPU caches blocks the same way). */
-__global__ void __launch_bounds__(L2L_THREADS)
+static __global__ void __launch_bounds__(L2L_THREADS)
     dropout_forward_kernel(float *y, uint8_t *mask, const float *x, float keep_scale,
                            uint32_t threshold, uint64_t seed, uint64_t rng_stream,
                            uint64_t first, int64_t n, bool vectorized) {
@@ -141,9 +141,9 @@ extern "C" int k_dropout_forward(float *y, uint8_t *mask, const float *x, float 
   if (n == 0) return 0;
   const float keep_scale = 1.0f / (1.0f - p); /* in float, as cpu_dropout_forward */
   bool vec = aligned16(y) && aligned16(x);
-  dropout_forward_kernel<<<k_blocks_for((n + 7) >> 3), L2L_THREADS, 0,
-                           (cudaStream_t)stream>>>(y, mask, x, keep_scale, threshold, seed,
-                                                   rng_stream, (uint64_t)first, n, vec);
+  K_LAUNCH(k_blocks_for((n + 7) >> 3), L2L_THREADS, 0, (cudaStream_t)stream,
+           dropout_forward_kernel)(y, mask, x, keep_scale, threshold, seed, rng_stream,
+                                   (uint64_t)first, n, vec);
   return k_launched();
 }
 
@@ -221,7 +221,7 @@ extern "C" int k_adamw(float *param, float *m, float *v, const float *grad, int6
    uint4s of that word over a 16-byte-aligned dst, bytes for the tail; a misaligned dst
    stores whole elements of `size` bytes. */
 
-__global__ void __launch_bounds__(L2L_THREADS)
+static __global__ void __launch_bounds__(L2L_THREADS)
     fill_kernel(void *dst, uint32_t word, uint32_t pattern, int size, int64_t n,
                 bool vectorized) {
   const int64_t stride = grid_threads();
@@ -258,7 +258,7 @@ extern "C" int k_fill(void *dst, int dtype, uint32_t pattern, int64_t n, void *s
   if (n == 0) return 0;
   bool vec = aligned16(dst);
   int64_t threads_needed = vec ? (n * size >> 4) + 16 : n;
-  fill_kernel<<<k_blocks_for(threads_needed), L2L_THREADS, 0, (cudaStream_t)stream>>>(
+  K_LAUNCH(k_blocks_for(threads_needed), L2L_THREADS, 0, (cudaStream_t)stream, fill_kernel)(
       dst, word, pattern, size, n, vec);
   return k_launched();
 }
@@ -304,7 +304,7 @@ static __device__ __forceinline__ void store4_from_f32(void *dst, int64_t q, con
 }
 
 template <int SRC, int DST>
-__global__ void __launch_bounds__(L2L_THREADS)
+static __global__ void __launch_bounds__(L2L_THREADS)
     convert_kernel(void *dst, const void *src, int64_t n, bool vectorized) {
   const int64_t stride = grid_threads();
   int64_t scalar_from = 0;
@@ -338,8 +338,8 @@ static int launch_convert(void *dst, const void *src, int64_t n, cudaStream_t st
   const uintptr_t src_align = 4u * (uintptr_t)dtype_size(SRC) - 1u;
   const uintptr_t dst_align = 4u * (uintptr_t)dtype_size(DST) - 1u;
   bool vec = ((uintptr_t)src & src_align) == 0 && ((uintptr_t)dst & dst_align) == 0;
-  convert_kernel<SRC, DST><<<k_blocks_for(vec ? (n >> 2) + (n & 3) : n), L2L_THREADS, 0,
-                             stream>>>(dst, src, n, vec);
+  K_LAUNCH(k_blocks_for(vec ? (n >> 2) + (n & 3) : n), L2L_THREADS, 0, stream,
+           convert_kernel<SRC, DST>)(dst, src, n, vec);
   return k_launched();
 }
 
@@ -386,7 +386,7 @@ struct ConvertMany {
 };
 
 template <int SRC, int DST>
-__global__ void __launch_bounds__(L2L_THREADS) convert_many_kernel(ConvertMany m) {
+static __global__ void __launch_bounds__(L2L_THREADS) convert_many_kernel(ConvertMany m) {
   const int64_t total = m.end[m.count - 1];
   for (int64_t i = thread_index(); i < total; i += grid_threads()) {
     int lo = 0, hi = m.count - 1;
@@ -402,7 +402,8 @@ __global__ void __launch_bounds__(L2L_THREADS) convert_many_kernel(ConvertMany m
 
 template <int SRC, int DST>
 static int launch_many(const ConvertMany &m, cudaStream_t s) {
-  convert_many_kernel<SRC, DST><<<k_blocks_for(m.end[m.count - 1]), L2L_THREADS, 0, s>>>(m);
+  K_LAUNCH(k_blocks_for(m.end[m.count - 1]), L2L_THREADS, 0, s,
+           convert_many_kernel<SRC, DST>)(m);
   return k_launched();
 }
 
@@ -431,10 +432,10 @@ extern "C" int k_convert_many(void *const *dst, int dst_dtype, const void *const
    *first_bad starts as all ones, i.e. -1 read as int64 and the largest value for the
    unsigned atomicMin, so it stays -1 unless some index is smaller; no finishing pass. */
 
-__global__ void set_minus_one_kernel(unsigned long long *out) { *out = ~0ull; }
+static __global__ void set_minus_one_kernel(unsigned long long *out) { *out = ~0ull; }
 
 template <int DT>
-__global__ void __launch_bounds__(L2L_THREADS)
+static __global__ void __launch_bounds__(L2L_THREADS)
     find_non_i32_kernel(unsigned long long *first_bad, const void *src, int64_t n) {
   for (int64_t i = thread_index(); i < n; i += grid_threads()) {
     float value = load_as_f32<DT>(src, i);
@@ -451,13 +452,19 @@ extern "C" int k_find_non_i32(int64_t *first_bad, const void *src, int src_dtype
     return invalid_argument();
   cudaStream_t s = (cudaStream_t)stream;
   unsigned long long *out = reinterpret_cast<unsigned long long *>(first_bad);
-  set_minus_one_kernel<<<1, 1, 0, s>>>(out);
+  K_LAUNCH(1, 1, 0, s, set_minus_one_kernel)(out);
   if (n == 0 || src_dtype == DT_I32) return k_launched(); /* nothing to check */
   unsigned blocks = k_blocks_for(n);
   switch (src_dtype) {
-    case DT_F32: find_non_i32_kernel<DT_F32><<<blocks, L2L_THREADS, 0, s>>>(out, src, n); break;
-    case DT_F16: find_non_i32_kernel<DT_F16><<<blocks, L2L_THREADS, 0, s>>>(out, src, n); break;
-    default: find_non_i32_kernel<DT_BF16><<<blocks, L2L_THREADS, 0, s>>>(out, src, n); break;
+    case DT_F32:
+      K_LAUNCH(blocks, L2L_THREADS, 0, s, find_non_i32_kernel<DT_F32>)(out, src, n);
+      break;
+    case DT_F16:
+      K_LAUNCH(blocks, L2L_THREADS, 0, s, find_non_i32_kernel<DT_F16>)(out, src, n);
+      break;
+    default:
+      K_LAUNCH(blocks, L2L_THREADS, 0, s, find_non_i32_kernel<DT_BF16>)(out, src, n);
+      break;
   }
   return k_launched();
 }
@@ -519,7 +526,7 @@ static __host__ __device__ __forceinline__ double normal_value(uint32_t w0, uint
   return fma(b * sqrt(-2.0 * log(u1)), cos(6.283185307179586 * u2), a);
 }
 
-__global__ void __launch_bounds__(L2L_THREADS)
+static __global__ void __launch_bounds__(L2L_THREADS)
     random_kernel(void *dst, int dtype, int64_t n, bool normal, uint64_t seed,
                   uint64_t rng_stream, uint64_t first, uint64_t block0, int64_t blocks,
                   double a, double b) {
@@ -554,7 +561,7 @@ extern "C" int k_random(void *dst, int dtype, int64_t n, int dist, uint64_t seed
   const uint64_t start = (uint64_t)first, last = start + (uint64_t)(n - 1);
   const uint64_t block0 = start >> shift;
   const int64_t blocks = (int64_t)((last >> shift) - block0 + 1);
-  random_kernel<<<k_blocks_for(blocks), L2L_THREADS, 0, (cudaStream_t)stream>>>(
+  K_LAUNCH(k_blocks_for(blocks), L2L_THREADS, 0, (cudaStream_t)stream, random_kernel)(
       dst, dtype, n, normal, seed, rng_stream, start, block0, blocks, a, b);
   return k_launched();
 }

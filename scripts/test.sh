@@ -28,8 +28,8 @@ export L2L_SEED
 knob=$( [[ ${L2L_SANITIZE:-0} == 1 ]] && echo " SANITIZE=1"; [[ ${L2L_TSAN:-0} == 1 ]] && echo " TSAN=1")
 echo "== seed $L2L_SEED (L2L_SEED=$L2L_SEED make test$knob replays this run)"
 
-# ThreadSanitizer (make test TSAN=1): the parts that run threads (and the GPU's flash
-# attention, LayerNorm, softmax, cross-entropy, GELU and reduction kernels, run on CPU threads by spec/c/backend/*_emulated.cpp), with one
+# ThreadSanitizer (make test TSAN=1): the parts that run threads (and the GPU's kernels run
+# on CPU threads by spec/c/backend/*_emulated.cpp: the *_kernels_emulated tests), with one
 # OpenMP thread (libgomp is not built for TSan; l2l's own threads are what is checked) and
 # OpenMPI's internals suppressed (scripts/tsan.supp). A report makes a program exit with status 66:
 # a child's fails its spec, a runner's counts as a failure below.
@@ -39,7 +39,8 @@ if [[ ${L2L_TSAN:-0} == 1 ]]; then
   export OMP_NUM_THREADS=1 L2L_THREADS=1
   ctest_only=(relay_ misuse_errors_threads pool_ pinned_pool spill_ eps_gives eps_held_gradients_given eps_deferred
               flash_kernels_emulated norm_kernels_emulated softmax_kernels_emulated
-              cross_entropy_kernels_emulated gelu_kernels_emulated reduce_kernels_emulated)
+              cross_entropy_kernels_emulated gelu_kernels_emulated reduce_kernels_emulated
+              elementwise_kernels_emulated)
   specs=(spec/l2l/relay_running_spec.lua spec/l2l/relay_spec.lua spec/l2l/dist_spec.lua spec/l2l/relay_interrupt_spec.lua)
 fi
 log=$(mktemp -d)

@@ -322,6 +322,7 @@ Launcher<Kernel> launcher(dim3 grid, dim3 block, size_t shared, cudaStream_t str
 #define atomicMin(p, v) emu::atomic_min((p), (v))
 #define atomicAdd(p, v) emu::atomic_add((p), (v))
 #define cudaGetLastError() emu::last_error()
+#define cudaMemcpyAsync(dst, src, bytes, kind, stream) (memmove((dst), (src), (bytes)), cudaSuccess)
 #define cudaFuncSetAttribute(kernel, attribute, value) \
   emu::set_attribute(reinterpret_cast<const void *>(kernel), (attribute), (value))
 #define K_LAUNCH(grid, block, shared, stream, ...) \
