@@ -103,9 +103,10 @@ __device__ __forceinline__ int64_t cache_shift(const float *p) {
    tail; without, scalars. The caller passes vec only when every row pointer op touches
    at j is congruent to anchor mod 16 (then they are all aligned wherever anchor + j is).
    Which thread gets which j depends on anchor's alignment: code that shares data between
-   threads through a cache must barrier before re-laying it for another row. UNROLL: the
-   float4 chunks a thread takes per turn of its loop, so that that many loads can be in
-   flight at once (a streaming read's bytes in flight per SM). */
+   threads through a cache must barrier before re-laying it for another row. UNROLL > 1:
+   a thread takes its float4 chunks UNROLL at a time, with no branch between them, so that
+   that many loads can be in flight at once (a streaming read's bytes in flight per SM);
+   which thread takes which chunk is the same. */
 template <int UNROLL = 1, class Op>
 __device__ __forceinline__ void for_row(const float *anchor, int64_t n, bool vec, int t, int T,
                                         Op op) {
@@ -117,8 +118,13 @@ __device__ __forceinline__ void for_row(const float *anchor, int64_t n, bool vec
   if (head > n) head = n;
   if (t < head) op(Width<1>{}, (int64_t)t);
   const int64_t chunks = (n - head) >> 2;
-#pragma unroll UNROLL
-  for (int64_t c = t; c < chunks; c += T) op(Width<4>{}, head + 4 * c);
+  int64_t c = t;
+  if constexpr (UNROLL > 1)
+    for (; c + (UNROLL - 1) * (int64_t)T < chunks; c += UNROLL * (int64_t)T) {
+#pragma unroll
+      for (int u = 0; u < UNROLL; u++) op(Width<4>{}, head + 4 * (c + u * (int64_t)T));
+    }
+  for (; c < chunks; c += T) op(Width<4>{}, head + 4 * c);
   for (int64_t j = head + 4 * chunks + t; j < n; j += T) op(Width<1>{}, j);
 }
 

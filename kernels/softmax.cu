@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(1024)
 #define K_CE_ROW_CACHE_MAX_BYTES (227 * 1024)
 #endif
 
-/* float4 chunks each thread loads per turn while streaming a row: 4 loads in flight. */
+/* float4 chunks each thread loads at once while reading a row: 4 loads in flight. */
 constexpr int CE_UNROLL = 4;
 
 /* The largest of a pack's values (NaN skipped, as the CPU's max skips it). */
@@ -161,12 +161,51 @@ __device__ __forceinline__ float pack_max(const Pack<W> &v) {
   return m;
 }
 
-/* A row of dlogits (scale (softmax - one-hot)): the pack at j from its softmax terms p, into
-   f32 (dr) and/or 16 bits (hr; one 8-byte store where 8-byte aligned). */
+/* A pack of W floats loaded from src and stored at dst as they came (a float4 copied whole
+   is one 16-byte store; rebuilt from four floats, nvcc splits it, below). */
+template <int W>
+__device__ __forceinline__ Pack<W> copy_pack(float *dst, const float *src) {
+  Pack<W> out;
+  if constexpr (W == 4) {
+    const float4 q = *reinterpret_cast<const float4 *>(src);
+    *reinterpret_cast<float4 *>(dst) = q;
+    out.v[0] = q.x, out.v[1] = q.y, out.v[2] = q.z, out.v[3] = q.w;
+  } else {
+    out.v[0] = *dst = *src;
+  }
+  return out;
+}
+
+/* A pack of W floats into shared memory at p (16-byte aligned when W = 4) as one store:
+   nvcc splits a float4 made of four computed floats into 4-, 4- and 8-byte stores where it
+   cannot prove the address aligned, each with bank conflicts. */
+template <int W>
+__device__ __forceinline__ void store_shared_pack(float *p, const Pack<W> &v) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (W == 4) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(
+                     (unsigned)__cvta_generic_to_shared(p)),
+                 "f"(v.v[0]), "f"(v.v[1]), "f"(v.v[2]), "f"(v.v[3])
+                 : "memory");
+    return;
+  }
+#endif
+  store_pack<W>(p, v);
+}
+
+/* The pack at j of a row of dlogits into f32 (dr: one float4 store where `vec`, dr congruent
+   to the logits, else four) and/or 16 bits (hr: one 8-byte store where 8-byte aligned). */
 template <bool HALF, int W>
-__device__ __forceinline__ void store_dlogits(float *dr, uint16_t *hr, int d16_dtype, int64_t j,
-                                              Pack<W> o) {
-  if (dr) store_pack<W>(dr + j, o);
+__device__ __forceinline__ void store_dlogits(float *dr, bool vec, uint16_t *hr, int d16_dtype,
+                                              int64_t j, const Pack<W> &o) {
+  if (dr) {
+    if (W == 1 || vec) {
+      store_pack<W>(dr + j, o);
+    } else {
+#pragma unroll
+      for (int e = 0; e < W; e++) dr[j + e] = o.v[e];
+    }
+  }
   if constexpr (HALF) {
     if constexpr (W == 4)
       store_halves4(hr + j, o.v[0], o.v[1], o.v[2], o.v[3], d16_dtype,
@@ -176,13 +215,6 @@ __device__ __forceinline__ void store_dlogits(float *dr, uint16_t *hr, int d16_d
   }
 }
 
-/* Losses and dlogits of vocabulary-long rows, ld elements apart, a row group a row.
-   CACHE (the row fits the group's slice of shared memory): the row is read from global
-   memory once, into the cache, with its max; then exp(x - max) replaces each cached value
-   as it is summed (the CPU's max, then sum of exps: one expf an element); then dlogits =
-   scale * e / sum from the cache. Without: one streaming read finds max and sum online (the
-   running sum rescaled once a pack when the max grows), and the write pass reads the row
-   again (mostly from L2) for scale * exp(x - lse). */
 struct CrossEntropyArgs {
   float *losses, *dlogits; /* either may be NULL */
   uint16_t *d16;           /* NULL unless HALF */
@@ -194,8 +226,20 @@ struct CrossEntropyArgs {
   int64_t rows, vocab, ld;
 };
 
+/* Losses and dlogits of vocabulary-long rows, ld elements apart, a row group a row; every
+   pass walks the row with the same thread map (for_row over the logits, float4 chunks), so
+   a thread reads back only what it cached itself.
+   CACHE (the row fits the group's slice of shared memory): each thread copies its chunks
+   into the cache with their max m_t, then replaces them by e = exp(x - m_t) as it sums them
+   (one expf an element, and no barrier between the copy and the exps: a warp's exps run
+   while others still load); the group's max M and sum S = sum_t s_t exp(m_t - M) follow,
+   and dlogits = e * exp(m_t - M) * scale / S come from the cache. Without (block rows
+   only): one streaming read finds max and sum online (the running sum rescaled once a pack
+   when the max grows), and the write pass reads the row again (mostly from L2) for
+   scale * exp(x - lse). */
 template <bool WARP, bool HALF, bool CACHE> /* HALF: d16 is given */
 __global__ void __launch_bounds__(1024) cross_entropy_kernel(const CrossEntropyArgs a) {
+  static_assert(CACHE || !WARP, "a warp's rows always fit its cache");
   float *const losses = a.losses, *const dlogits = a.dlogits;
   uint16_t *const d16 = a.d16;
   const int d16_dtype = a.d16_dtype;
@@ -222,12 +266,12 @@ __global__ void __launch_bounds__(1024) cross_entropy_kernel(const CrossEntropyA
     if (ignored) {
       if (losses && g.t == 0) losses[row] = 0.0f;
       if (writes)
-        for_row(lr, vocab, vec_out, g.t, g.T, [&](auto w, int64_t j) {
+        for_row(lr, vocab, true, g.t, g.T, [&](auto w, int64_t j) {
           constexpr int W = decltype(w)::value;
           Pack<W> o;
 #pragma unroll
           for (int e = 0; e < W; e++) o.v[e] = 0.0f;
-          store_dlogits<HALF>(dr, hr, d16_dtype, j, o);
+          store_dlogits<HALF>(dr, vec_out, hr, d16_dtype, j, o);
         });
       continue;
     }
@@ -235,29 +279,30 @@ __global__ void __launch_bounds__(1024) cross_entropy_kernel(const CrossEntropyA
     float target_logit = 0.0f;
     if (losses && known && g.t == 0) target_logit = lr[target];
 
-    float lse, inv_sum = 0.0f; /* inv_sum: scale / sum, CACHE's dlogits factor */
+    float lse, factor = 0.0f; /* factor: CACHE's dlogits = e * factor, this thread's e */
     float *cache = CACHE ? slice + cache_shift(lr) : nullptr;
     if constexpr (CACHE) {
       float m = -INFINITY;
       for_row<CE_UNROLL>(lr, vocab, true, g.t, g.T, [&](auto w, int64_t j) {
         constexpr int W = decltype(w)::value;
-        const Pack<W> v = load_pack<W>(lr + j);
-        store_pack<W>(cache + j, v);
-        m = fmaxf(m, pack_max(v));
+        m = fmaxf(m, pack_max(copy_pack<W>(cache + j, lr + j)));
       });
-      const float mx = group_max<WARP>(m, red);
-      /* the same walk as the loads: each thread reads back what it cached */
+      /* while this thread's values are all -inf (or NaN, or none), its exps are taken
+         relative to 0: -inf gives 0, NaN NaN (it poisons the sum, as on the CPU) */
+      const float base = m == -INFINITY ? 0.0f : m;
       float s = 0.0f;
       for_row(lr, vocab, true, g.t, g.T, [&](auto w, int64_t j) {
         constexpr int W = decltype(w)::value;
         Pack<W> v = load_pack<W>(cache + j);
 #pragma unroll
-        for (int e = 0; e < W; e++) v.v[e] = expf(v.v[e] - mx), s += v.v[e];
-        if (writes) store_pack<W>(cache + j, v);
+        for (int e = 0; e < W; e++) v.v[e] = expf(v.v[e] - base), s += v.v[e];
+        if (writes) store_shared_pack<W>(cache + j, v);
       });
-      const float sum = group_sum<WARP>(s, red); /* its barrier publishes the exps */
+      const float mx = group_max<WARP>(m, red);
+      const float rescale = s == 0.0f ? 0.0f : expf(base - mx); /* (0 * inf would be NaN) */
+      const float sum = group_sum<WARP>(s * rescale, red);
       lse = mx + logf(sum);
-      inv_sum = scale / sum;
+      factor = rescale * (scale / sum);
     } else {
       float m = -INFINITY, s = 0.0f;
       for_row<CE_UNROLL>(lr, vocab, true, g.t, g.T, [&](auto w, int64_t j) {
@@ -268,9 +313,7 @@ __global__ void __launch_bounds__(1024) cross_entropy_kernel(const CrossEntropyA
           s = s * expf(m - pm); /* m = -inf at first: s is 0 and stays 0 * 0 */
           m = pm;
         }
-        /* while every value seen is -inf or NaN, m is -inf: exps relative to 0 then add 0
-           for -inf and NaN for NaN (it poisons the sum, as on the CPU) */
-        const float base = m == -INFINITY ? 0.0f : m;
+        const float base = m == -INFINITY ? 0.0f : m; /* as the cached kernel's */
 #pragma unroll
         for (int e = 0; e < W; e++) s += expf(v.v[e] - base);
       });
@@ -281,54 +324,48 @@ __global__ void __launch_bounds__(1024) cross_entropy_kernel(const CrossEntropyA
     if (losses && g.t == 0) losses[row] = known ? lse - target_logit : NAN;
 
     if (writes) {
-      if constexpr (!CACHE) group_sync<WARP>(); /* in place: the row's reads precede writes */
+      /* in place: every read of the row precedes the writes (a warp's shuffles do not order
+         memory; a block's reductions end in a barrier) */
+      if constexpr (!CACHE || WARP) group_sync<WARP>();
       const float *src = CACHE ? cache : lr;
-      for_row(lr, vocab, vec_out, g.t, g.T, [&](auto w, int64_t j) {
+      for_row(lr, vocab, true, g.t, g.T, [&](auto w, int64_t j) {
         constexpr int W = decltype(w)::value;
         Pack<W> o = load_pack<W>(src + j);
 #pragma unroll
         for (int e = 0; e < W; e++) {
-          float d = CACHE ? o.v[e] * inv_sum : scale * expf(o.v[e] - lse);
+          float d = CACHE ? o.v[e] * factor : scale * expf(o.v[e] - lse);
           if (j + e == target) d -= scale;
           o.v[e] = d;
         }
-        store_dlogits<HALF>(dr, hr, d16_dtype, j, o);
+        store_dlogits<HALF>(dr, vec_out, hr, d16_dtype, j, o);
       });
     }
     if constexpr (CACHE) group_sync<WARP>(); /* the next row lays the cache out anew */
   }
 }
 
-/* One cross-entropy kernel's launch. CACHE first asks the device for the row caches' bytes
-   (cudaFuncSetAttribute, needed past 48 KiB) and launches nothing where they are too many
-   or refused: false. */
-template <bool WARP, bool HALF, bool CACHE>
-bool launch_cross_entropy_kernel(const RowLaunch &l, size_t cache_bytes, cudaStream_t s,
-                                 const CrossEntropyArgs &args) {
-  void (*kernel)(const CrossEntropyArgs) = cross_entropy_kernel<WARP, HALF, CACHE>;
-  if (CACHE && (cache_bytes > (size_t)K_CE_ROW_CACHE_MAX_BYTES ||
-                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)cache_bytes) != cudaSuccess)) {
-    (void)cudaGetLastError(); /* a refusal is no launch's error */
-    return false;
+/* One block-row cross-entropy kernel's launch. CACHE first asks the device for the row
+   cache's bytes (cudaFuncSetAttribute, needed past 48 KiB) and launches nothing where they
+   are too many or refused: false. */
+template <bool HALF, bool CACHE>
+bool launch_cross_entropy_rows(const RowLaunch &l, size_t cache_bytes, cudaStream_t s,
+                               const CrossEntropyArgs &args) {
+  void (*kernel)(const CrossEntropyArgs) = cross_entropy_kernel<false, HALF, CACHE>;
+  if (CACHE) {
+    if (cache_bytes > (size_t)K_CE_ROW_CACHE_MAX_BYTES) return false;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)cache_bytes) != cudaSuccess) {
+      (void)cudaGetLastError(); /* the refusal is no launch's error */
+      return false;
+    }
   }
   K_LAUNCH(l.blocks, l.threads, CACHE ? cache_bytes : 0, s, kernel)(args);
   return true;
 }
 
-template <bool CACHE>
-bool launch_cross_entropy_kernel(const RowLaunch &l, size_t cache_bytes, cudaStream_t s,
-                                 const CrossEntropyArgs &args) {
-  if (l.warp_mode)
-    return args.d16 ? launch_cross_entropy_kernel<true, true, CACHE>(l, cache_bytes, s, args)
-                    : launch_cross_entropy_kernel<true, false, CACHE>(l, cache_bytes, s, args);
-  return args.d16 ? launch_cross_entropy_kernel<false, true, CACHE>(l, cache_bytes, s, args)
-                  : launch_cross_entropy_kernel<false, false, CACHE>(l, cache_bytes, s, args);
-}
-
 /* need_losses / need_dlogits: that output is required (the unfused ops); the fused one
-   writes whichever it is given. Rows cached on chip where the device gives a block their
-   bytes, else streamed. */
+   writes whichever it is given. A warp's rows are cached (a block's 8 slices fit in 48 KiB:
+   rows.cuh); a block's where the device gives it the bytes, else streamed. */
 int launch_cross_entropy(bool need_losses, bool need_dlogits, float *losses, float *dlogits,
                          void *d16, int d16_dtype, const float *logits, const int32_t *targets,
                          int32_t ignore_index, float scale, int64_t rows, int64_t vocab,
@@ -339,15 +376,22 @@ int launch_cross_entropy(bool need_losses, bool need_dlogits, float *losses, flo
     return INVALID;
   if (d16 && d16_dtype != DT_BF16 && d16_dtype != DT_F16) return INVALID;
   if (!losses && !dlogits && !d16) return 0;
-  const RowLaunch l = row_launch(rows, vocab, 0, MAX_BLOCKS);
-  /* a row's floats per group: (groups a block, padded_cols(vocab)) */
-  const size_t cache_bytes = (size_t)padded_cols(vocab) * sizeof(float) *
-                             (l.warp_mode ? (size_t)WARPS_PER_BLOCK : 1u);
+  const RowLaunch l = row_launch(rows, vocab, 1, MAX_BLOCKS);
   const cudaStream_t s = (cudaStream_t)stream;
   const CrossEntropyArgs args = {losses, dlogits, static_cast<uint16_t *>(d16), d16_dtype, logits,
                                  targets, ignore_index, scale, rows, vocab, ld};
-  if (!launch_cross_entropy_kernel<true>(l, cache_bytes, s, args))
-    launch_cross_entropy_kernel<false>(l, cache_bytes, s, args);
+  if (l.warp_mode) {
+    if (d16) K_LAUNCH(l.blocks, l.threads, l.smem, s, cross_entropy_kernel<true, true, true>)(args);
+    else K_LAUNCH(l.blocks, l.threads, l.smem, s, cross_entropy_kernel<true, false, true>)(args);
+    return k_launched();
+  }
+  const size_t cache_bytes = (size_t)padded_cols(vocab) * sizeof(float); /* (one row) */
+  const bool launched = d16 ? launch_cross_entropy_rows<true, true>(l, cache_bytes, s, args)
+                            : launch_cross_entropy_rows<false, true>(l, cache_bytes, s, args);
+  if (!launched) {
+    if (d16) launch_cross_entropy_rows<true, false>(l, 0, s, args);
+    else launch_cross_entropy_rows<false, false>(l, 0, s, args);
+  }
   return k_launched();
 }
 

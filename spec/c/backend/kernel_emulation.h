@@ -159,6 +159,9 @@ template <typename T>
 inline T shfl_xor(T v, int offset) {
   static_assert(sizeof(T) <= sizeof(uint64_t), "a shuffle moves at most 8 bytes");
   const Exchange &x = collective([&](Exchange &e) { memcpy(&e.value[lane()], &v, sizeof v); });
+  const dim3 d = self.block->dim;
+  if ((lane() ^ offset) >= (int)(d.x * d.y * d.z) - (self.id & ~31))
+    fail("a shuffle from a lane past a short warp's end");
   T r;
   memcpy(&r, &x.value[lane() ^ offset], sizeof r);
   return r;
