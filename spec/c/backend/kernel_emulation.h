@@ -2,24 +2,25 @@
 /* kernel_emulation.h — what a kernel file of kernels/ needs to compile for the CPU and run
  * there: a thread per GPU thread, blocks one after another, CUDA's names given the host's
  * meaning. For the C++ files of spec/c/backend/ that run a kernel file's source in make test
- * (flash_emulated.cpp, norm_emulated.cpp).
+ * (*_emulated.cpp).
  *
  * Purpose: the GPU's kernels are written on machines without a GPU; their source, run here
  * against the CPU backend, shows a wrong index, bound, mask, reduction or barrier before a
  * lent GPU's few minutes do. A block's threads meet at __syncthreads (a barrier of them
- * all); a warp's 32 meet for each collective (a shuffle, a vote, or an instruction a file
- * emulates through emu::collective) and take what it gives their lane; atomics are
- * std::atomic_ref's read-modify-writes. Static shared arrays
- * (K_STATIC_SHARED) take places in one area and dynamic shared memory one buffer of exactly
- * the launch's bytes, both poisoned (0xff bytes: NaN as f32 and as 16-bit) before each
- * block; past 48 KiB only to a kernel whose limit cudaFuncSetAttribute raised first (as a
- * GPU gives it). A warp collective here orders memory as __syncwarp would (CUDA's shuffles do not):
- * a missing __syncwarp between warp steps does not show. K_LAUNCH runs a whole grid
- * before it returns. A watchdog ends the process with a message when no barrier completes
- * for a minute (a __syncthreads some thread never reaches hangs a GPU; here it fails the
- * test). One team of threads runs a launch's blocks in turn. What this cannot show: the hardware's own arithmetic (no fused multiply-add here,
- * f32 sums in program order), timing, or races that only real concurrency of a GPU shows
- * (ThreadSanitizer, under make test TSAN=1, checks the threads' accesses against the
+ * all); a warp's lanes meet for each collective (a shuffle, a vote, or an instruction a
+ * file emulates through emu::collective) and take what it gives their lane; atomics are
+ * std::atomic_ref's read-modify-writes. Static shared arrays (K_STATIC_SHARED) take places
+ * in one area and dynamic shared memory one buffer of exactly the launch's bytes, both
+ * poisoned (0xff bytes: NaN as f32 and as 16-bit) before each block; past 48 KiB only to a
+ * kernel whose limit cudaFuncSetAttribute raised first (as a GPU gives it; static shared
+ * memory is not counted against that limit here). A warp collective here orders memory as
+ * __syncwarp would (CUDA's shuffles do not): a missing __syncwarp between warp steps does
+ * not show. K_LAUNCH runs a whole grid before it returns. A watchdog ends the process with
+ * a message when no barrier completes for a minute (a __syncthreads some thread never
+ * reaches hangs a GPU; here it fails the test). One team of threads runs a launch's blocks
+ * in turn. What this cannot show: the hardware's own arithmetic (no fused multiply-add
+ * here, f32 sums in program order), timing, or races that only real concurrency of a GPU
+ * shows (ThreadSanitizer, under make test TSAN=1, checks the threads' accesses against the
  * barriers).
  * Must never: be included by the library, or before the CUDA headers it redefines names of.
  */
@@ -138,6 +139,12 @@ inline uint3 block_index() { return make_uint3(self.block->index.x, self.block->
 inline dim3 grid_dim() { return self.block->grid; }
 inline dim3 block_dim() { return self.block->dim; }
 inline int lane() { return self.id & 31; }
+/* The lanes of this thread's warp: 32, or fewer in a block's last warp. */
+inline int warp_lanes() {
+  const dim3 d = self.block->dim;
+  const int rest = (int)(d.x * d.y * d.z) - (self.id & ~31);
+  return rest < 32 ? rest : 32;
+}
 inline Warp &warp() { return *self.block->warps[self.id >> 5]; }
 inline void syncthreads() { self.block->all.wait(); }
 inline void syncwarp() { warp().meet.wait(); }
@@ -159,9 +166,7 @@ template <typename T>
 inline T shfl_xor(T v, int offset) {
   static_assert(sizeof(T) <= sizeof(uint64_t), "a shuffle moves at most 8 bytes");
   const Exchange &x = collective([&](Exchange &e) { memcpy(&e.value[lane()], &v, sizeof v); });
-  const dim3 d = self.block->dim;
-  if ((lane() ^ offset) >= (int)(d.x * d.y * d.z) - (self.id & ~31))
-    fail("a shuffle from a lane past a short warp's end");
+  if ((lane() ^ offset) >= warp_lanes()) fail("a shuffle from a lane past a short warp's end");
   T r;
   memcpy(&r, &x.value[lane() ^ offset], sizeof r);
   return r;
@@ -170,10 +175,8 @@ inline T shfl_xor(T v, int offset) {
 /* __ballot_sync: bit l set where lane l's predicate holds (the lanes of a short warp). */
 inline unsigned ballot(bool predicate) {
   const Exchange &x = collective([&](Exchange &e) { e.value[lane()] = predicate; });
-  const dim3 d = self.block->dim;
-  const int lanes = (int)(d.x * d.y * d.z) - (self.id & ~31);
   unsigned bits = 0;
-  for (int l = 0; l < 32 && l < lanes; l++) bits |= (x.value[l] ? 1u : 0u) << l;
+  for (int l = 0; l < warp_lanes(); l++) bits |= (x.value[l] ? 1u : 0u) << l;
   return bits;
 }
 

@@ -244,12 +244,15 @@ TEST(cross_entropy_kernels_emulated_against_the_cpu) {
   } vocabs[] = {{1, 3, 40}, {4, 256, 40}, {257, 4000, 40}, {12300, 14300, 3}, {14400, 16000, 3}};
 #ifdef L2L_TSAN
   const size_t first = 2, last = 2;
+  const int64_t row_cap = 6;
 #else
   const size_t first = 0, last = sizeof vocabs / sizeof vocabs[0] - 1;
+  const int64_t row_cap = 40;
 #endif
   int failed = 0;
-  for (size_t i = first; i <= last && failed < 2; i++)
-    failed += !cross_entropy_case(check_rand_int(1, vocabs[i].most_rows),
-                                  check_rand_int(vocabs[i].lo, vocabs[i].hi));
+  for (size_t i = first; i <= last && failed < 2; i++) {
+    const int64_t most = vocabs[i].most_rows < row_cap ? vocabs[i].most_rows : row_cap;
+    failed += !cross_entropy_case(check_rand_int(1, most), check_rand_int(vocabs[i].lo, vocabs[i].hi));
+  }
 #endif
 }
