@@ -81,12 +81,14 @@ __device__ __forceinline__ void store_pack(float *p, const Pack<W> &in) {
     *p = in.v[0];
 }
 
-/* W floats rounded to f16 or bf16 (dtype DT_F16 / DT_BF16) as k_convert rounds them, one
-   16-bit store each (p needs no alignment). */
+/* W floats rounded to f16 or bf16 (dtype DT_F16 / DT_BF16) as k_convert rounds them: four
+   in one 8-byte store where p is 8-byte aligned, else a 16-bit store each. */
 template <int W>
 __device__ __forceinline__ void store_half_pack(uint16_t *p, const Pack<W> &in, int dtype) {
-#pragma unroll
-  for (int e = 0; e < W; e++) p[e] = f32_to_16(in.v[e], dtype);
+  if constexpr (W == 4)
+    store_halves4(p, in.v[0], in.v[1], in.v[2], in.v[3], dtype, ((uintptr_t)p & 7) == 0);
+  else
+    *p = f32_to_16(in.v[0], dtype);
 }
 
 __device__ __forceinline__ bool congruent(const void *a, const void *b) {

@@ -149,8 +149,11 @@ __global__ void __launch_bounds__(1024)
 #define K_CE_ROW_CACHE_MAX_BYTES (227 * 1024)
 #endif
 
-/* float4 chunks each thread loads at once while reading a row: 4 loads in flight. */
-constexpr int CE_UNROLL = 4;
+/* float4 chunks each thread of a block row loads at once while reading it: 4 loads in
+   flight. (A warp's rows, at most 256 words, give a lane 2 chunks: it takes them one at a
+   time; unrolled, its kernel spilled.) */
+template <bool WARP>
+constexpr int ce_unroll = WARP ? 1 : 4;
 
 /* The largest of a pack's values (NaN skipped, as the CPU's max skips it). */
 template <int W>
@@ -206,13 +209,7 @@ __device__ __forceinline__ void store_dlogits(float *dr, bool vec, uint16_t *hr,
       for (int e = 0; e < W; e++) dr[j + e] = o.v[e];
     }
   }
-  if constexpr (HALF) {
-    if constexpr (W == 4)
-      store_halves4(hr + j, o.v[0], o.v[1], o.v[2], o.v[3], d16_dtype,
-                    ((uintptr_t)(hr + j) & 7) == 0);
-    else
-      hr[j] = f32_to_16(o.v[0], d16_dtype);
-  }
+  if constexpr (HALF) store_half_pack<W>(hr + j, o, d16_dtype);
 }
 
 struct CrossEntropyArgs {
@@ -238,7 +235,8 @@ struct CrossEntropyArgs {
    when the max grows), and the write pass reads the row again (mostly from L2) for
    scale * exp(x - lse). */
 template <bool WARP, bool HALF, bool CACHE> /* HALF: d16 is given */
-__global__ void __launch_bounds__(1024) cross_entropy_kernel(const CrossEntropyArgs a) {
+__global__ void __launch_bounds__(WARP ? 32 * WARPS_PER_BLOCK : 1024) /* (row_launch's) */
+    cross_entropy_kernel(const CrossEntropyArgs a) {
   static_assert(CACHE || !WARP, "a warp's rows always fit its cache");
   float *const losses = a.losses, *const dlogits = a.dlogits;
   uint16_t *const d16 = a.d16;
@@ -283,7 +281,7 @@ __global__ void __launch_bounds__(1024) cross_entropy_kernel(const CrossEntropyA
     float *cache = CACHE ? slice + cache_shift(lr) : nullptr;
     if constexpr (CACHE) {
       float m = -INFINITY;
-      for_row<CE_UNROLL>(lr, vocab, true, g.t, g.T, [&](auto w, int64_t j) {
+      for_row<ce_unroll<WARP>>(lr, vocab, true, g.t, g.T, [&](auto w, int64_t j) {
         constexpr int W = decltype(w)::value;
         m = fmaxf(m, pack_max(copy_pack<W>(cache + j, lr + j)));
       });
@@ -305,7 +303,7 @@ __global__ void __launch_bounds__(1024) cross_entropy_kernel(const CrossEntropyA
       factor = rescale * (scale / sum);
     } else {
       float m = -INFINITY, s = 0.0f;
-      for_row<CE_UNROLL>(lr, vocab, true, g.t, g.T, [&](auto w, int64_t j) {
+      for_row<ce_unroll<WARP>>(lr, vocab, true, g.t, g.T, [&](auto w, int64_t j) {
         constexpr int W = decltype(w)::value;
         const Pack<W> v = load_pack<W>(lr + j);
         const float pm = pack_max(v);
