@@ -22,6 +22,30 @@ float *host_floats(int64_t n, float fill) {
   return p;
 }
 
+float *host_normals(int64_t n, double scale) {
+  float *p = host_floats(n, 0.0f);
+  for (int64_t i = 0; i < n; i++) p[i] = (float)(scale * check_rand_normal());
+  return p;
+}
+
+struct host_buf host_poisoned(int64_t n, size_t size, int64_t shift) {
+  struct host_buf b = {xmalloc((size_t)(n + 1) * size), NULL};
+  memset(b.base, 0xff, (size_t)(n + 1) * size);
+  b.at = b.base + shift * (int64_t)size;
+  return b;
+}
+
+bool padding_kept(const char *what, const void *x, bool half, int64_t rows, int64_t cols,
+                  int64_t ld) {
+  int64_t bad = 0;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = cols; c < ld; c++) {
+      const int64_t i = r * ld + c;
+      bad += half ? ((const uint16_t *)x)[i] != 0xffff : !isnan(((const float *)x)[i]);
+    }
+  return CHECK(bad == 0, "%s: %lld padding elements written", what, (long long)bad);
+}
+
 bool rounded16_at(const char *file, int line, const char *what, const uint16_t *got,
                   const float *f32, int64_t rows, int64_t cols, int64_t ld, l2l_dtype t) {
   int64_t bad = 0, first = -1;

@@ -107,6 +107,24 @@ static inline float widen16(uint16_t h, l2l_dtype t) {
 }
 /* n floats of malloc (at least one), each `fill`; the caller frees them. */
 float *host_floats(int64_t n, float fill);
+/* n floats of malloc (at least one), each scale times a normal draw; the caller frees them. */
+float *host_normals(int64_t n, double scale);
+/* n + 1 elements of `size` bytes, every byte 0xff (NaN as f32 and as 16-bit), of malloc
+   (free base); `at` is `shift` elements in (1: f32 data off 16-byte alignment, 16-bit data
+   2 bytes off 8). */
+struct host_buf {
+  char *base;
+  void *at;
+};
+struct host_buf host_poisoned(int64_t n, size_t size, int64_t shift);
+/* No element of a (rows, ld) f32 or (half) 16-bit buffer past each row's cols written: all
+   still the poison (NaN, 0xffff). */
+bool padding_kept(const char *what, const void *x, bool half, int64_t rows, int64_t cols,
+                  int64_t ld);
+/* Why a kernel emulation test skips. */
+#define NO_KERNEL_EMULATION                                                                  \
+  "this build found no CUDA toolkit headers (cuda_bf16.h), or no C++20 <barrier>, to compile " \
+  "the kernels for the CPU with"
 /* A kernel's 16-bit output (rows, cols of t, rows ld apart; host memory) bit for bit its f32
    values (the same layout) rounded to t, as convert rounds them. */
 bool rounded16_at(const char *file, int line, const char *what, const uint16_t *got,

@@ -26,18 +26,6 @@
 
 #if L2L_KERNEL_EMULATION
 
-/* n elements of `size` bytes, poisoned (0xff), `shift` elements past an aligned start. */
-struct buf {
-  char *base;
-  void *at;
-};
-static struct buf poisoned_at(int64_t n, size_t size, int64_t shift) {
-  struct buf b = {malloc((size_t)(n + 1) * size), NULL};
-  memset(b.base, 0xff, (size_t)(n + 1) * size);
-  b.at = b.base + shift * (int64_t)size;
-  return b;
-}
-
 static bool same_bits(const char *what, const void *got, const void *want, int64_t n, size_t size) {
   int64_t first = -1;
   for (int64_t i = 0; i < n && first < 0; i++)
@@ -45,12 +33,6 @@ static bool same_bits(const char *what, const void *got, const void *want, int64
       first = i;
   return CHECK(first < 0, "%s: not the CPU's bits, first at [%lld] of %lld", what, (long long)first,
                (long long)n);
-}
-
-static float *normals(int64_t n) {
-  float *p = host_floats(n, 0.0f);
-  for (int64_t i = 0; i < n; i++) p[i] = (float)(2.0 * check_rand_normal());
-  return p;
 }
 
 /* add, bias add (y or y16), dropout forward and backward; f32 data `shift` floats off, the
@@ -62,13 +44,15 @@ static bool maps_case(int64_t rows, int64_t cols, int64_t shift, int64_t h_shift
   char what[160], dims[100];
   snprintf(dims, sizeof dims, "(%lld, %lld)%s", (long long)rows, (long long)cols, shift ? " unaligned" : "");
   bool ok = true;
-  struct buf ab = poisoned_at(n, 4, shift), bb = poisoned_at(n, 4, shift), ob = poisoned_at(n, 4, shift);
-  struct buf biasb = poisoned_at(cols, 4, shift), hb = poisoned_at(n, 2, h_shift);
+  struct host_buf ab = host_poisoned(n, 4, shift), bb = host_poisoned(n, 4, shift);
+  struct host_buf ob = host_poisoned(n, 4, shift), biasb = host_poisoned(cols, 4, shift);
+  struct host_buf hb = host_poisoned(n, 2, h_shift);
   float *a = ab.at, *b = bb.at, *out = ob.at, *bias = biasb.at;
   uint16_t *h = hb.at;
-  float *want = host_floats(n, NAN), *src = normals(n), *bias0 = normals(cols);
+  float *want = host_floats(n, NAN), *src = host_normals(n, 2.0);
+  float *bias0 = host_normals(cols, 2.0);
   memcpy(a, src, (size_t)n * 4), memcpy(bias, bias0, (size_t)cols * 4);
-  float *tmp = normals(n);
+  float *tmp = host_normals(n, 2.0);
   memcpy(b, tmp, (size_t)n * 4);
 
   ok &= CHECK_OK(cpu->add(want, a, b, n));
@@ -129,7 +113,7 @@ static bool casts_case(int64_t n, int64_t shift) {
   for (int s = 0; s < 4; s++) {
     const l2l_dtype st = types[s];
     const size_t ss = l2l_dtype_size(st);
-    struct buf src = poisoned_at(n, ss, shift);
+    struct host_buf src = host_poisoned(n, ss, shift);
     int64_t bad = 0;
     if (st == L2L_F32) memcpy(src.at, f, (size_t)n * 4);
     else if (CHECK_OK(cpu->convert(src.at, st, f, L2L_F32, n, &bad)) && bad >= 0) {
@@ -139,7 +123,8 @@ static bool casts_case(int64_t n, int64_t shift) {
     for (int d = 0; d < 4; d++) {
       const l2l_dtype dt = types[d];
       const size_t ds = l2l_dtype_size(dt);
-      struct buf got = poisoned_at(n, ds, check_rand_int(0, 1)), want = poisoned_at(n, ds, 0);
+      struct host_buf got = host_poisoned(n, ds, check_rand_int(0, 1));
+      struct host_buf want = host_poisoned(n, ds, 0);
       int64_t want_bad = -2, got_bad = -2;
       snprintf(what, sizeof what, "convert %lld %s to %s", (long long)n, l2l_dtype_name(st), l2l_dtype_name(dt));
       ok &= CHECK_OK(cpu->convert(want.at, dt, src.at, st, n, &want_bad));
@@ -168,7 +153,7 @@ static bool casts_case(int64_t n, int64_t shift) {
     for (int i = 0; i < count; i++) {
       lens[i] = check_rand_int(0, 700);
       void *s = malloc((size_t)(lens[i] + 1) * 4);
-      float *values = normals(lens[i]);
+      float *values = host_normals(lens[i], 2.0);
       int64_t unused;
       if (back) CHECK_OK(cpu->convert(s, from, values, L2L_F32, lens[i], &unused));
       else memcpy(s, values, (size_t)lens[i] * 4);
@@ -195,8 +180,7 @@ static bool casts_case(int64_t n, int64_t shift) {
 
 TEST(elementwise_kernels_emulated_against_the_cpu) {
 #if !L2L_KERNEL_EMULATION
-  check_skip("this build found no CUDA toolkit headers (cuda_bf16.h), or no C++20 <barrier>, "
-             "to compile the kernels for the CPU with");
+  check_skip(NO_KERNEL_EMULATION);
 #else
   /* columns a multiple of 4 (float4s) and not; past three blocks' grid stride (768 threads:
      3072 elements in float4s); aligned and not */

@@ -27,19 +27,6 @@
 
 #if L2L_KERNEL_EMULATION
 
-/* A poisoned buffer of n elements of `size` bytes, `shift` elements in (0 or 1: 1 puts f32
-   data off 16-byte alignment, 16-bit data 2 bytes off 8). */
-struct buf {
-  void *base;
-  void *at;
-};
-static struct buf poisoned_at(int64_t n, size_t size, int64_t shift) {
-  struct buf b = {malloc((size_t)(n + 1) * size), NULL};
-  memset(b.base, 0xff, (size_t)(n + 1) * size);
-  b.at = (char *)b.base + shift * (int64_t)size;
-  return b;
-}
-
 /* x: normal draws at 2, some at GELU's minimum and around it, and the specials. */
 static void gelu_inputs(float *x, int64_t n) {
   const float specials[] = {L2L_GELU_XMIN, nextafterf(L2L_GELU_XMIN, 0.0f),
@@ -70,9 +57,10 @@ static bool gelu_case(int64_t rows, int64_t cols, int64_t shift) {
   snprintf(dims, sizeof dims, "(%lld, %lld)%s %s", (long long)rows, (long long)cols,
            shift ? " unaligned" : "", l2l_dtype_name(t));
   bool ok = true;
-  struct buf xb = poisoned_at(n, 4, shift), yb = poisoned_at(n, 4, shift);
-  struct buf dyb = poisoned_at(n, 4, shift), dxb = poisoned_at(n, 4, shift);
-  struct buf h1 = poisoned_at(n, 2, check_rand_int(0, 1)), h2 = poisoned_at(n, 2, check_rand_int(0, 1));
+  struct host_buf xb = host_poisoned(n, 4, shift), yb = host_poisoned(n, 4, shift);
+  struct host_buf dyb = host_poisoned(n, 4, shift), dxb = host_poisoned(n, 4, shift);
+  struct host_buf h1 = host_poisoned(n, 2, check_rand_int(0, 1));
+  struct host_buf h2 = host_poisoned(n, 2, check_rand_int(0, 1));
   float *x = xb.at, *y = yb.at, *dy = dyb.at, *dx = dxb.at;
   uint16_t *dx16 = h1.at, *alone16 = h2.at;
   gelu_inputs(x, n);
@@ -140,7 +128,7 @@ static bool gelu_case(int64_t rows, int64_t cols, int64_t shift) {
 
   /* bias + GELU: with or without a bias; y apart, in place of pre, or absent (y16 then);
      y16 or none; bits or none */
-  struct buf biasb = poisoned_at(cols, 4, shift);
+  struct host_buf biasb = host_poisoned(cols, 4, shift);
   float *bias = biasb.at;
   for (int64_t j = 0; j < cols; j++) bias[j] = (float)check_rand_normal();
   for (int form = 0; form < 6; form++) {
@@ -180,8 +168,7 @@ static bool gelu_case(int64_t rows, int64_t cols, int64_t shift) {
 
 TEST(gelu_kernels_emulated_against_the_cpu) {
 #if !L2L_KERNEL_EMULATION
-  check_skip("this build found no CUDA toolkit headers (cuda_bf16.h), or no C++20 <barrier>, "
-             "to compile the kernels for the CPU with");
+  check_skip(NO_KERNEL_EMULATION);
 #else
   /* columns a multiple of 8 (the fused form's float4 pairs) and not; sizes below a block
      of 256 threads, and past two grid strides of three blocks (a stride of bytes of side

@@ -28,12 +28,6 @@
 
 #if L2L_KERNEL_EMULATION
 
-static float *normals(int64_t n, double scale) {
-  float *p = host_floats(n, 0.0f);
-  for (int64_t i = 0; i < n; i++) p[i] = (float)(scale * check_rand_normal());
-  return p;
-}
-
 /* ---------------------------------------------------------------- softmax */
 
 static bool softmax_case(int64_t samples, int64_t heads, int64_t tq, int64_t tk, int causal,
@@ -45,7 +39,7 @@ static bool softmax_case(int64_t samples, int64_t heads, int64_t tq, int64_t tk,
   snprintf(dims, sizeof dims, "(%lld samples, %lld heads, tq %lld, tk %lld) causal=%d masked=%d",
            (long long)samples, (long long)heads, (long long)tq, (long long)tk, causal, masked);
   bool ok = true;
-  float *x = normals(n, 3.0);
+  float *x = host_normals(n, 3.0);
   uint8_t *mask = NULL;
   if (masked) { /* a sample with every key hidden at times (its rows all 0) */
     mask = malloc((size_t)(samples * tk));
@@ -67,7 +61,7 @@ static bool softmax_case(int64_t samples, int64_t heads, int64_t tq, int64_t tk,
   ok &= CHECK_CLOSE(what, xc, y[0], n, RMS, tol_sum(tk));
 
   /* backward from the CPU's y; dx in place of dy too */
-  float *dy = normals(n, 1.0), *dx[2] = {host_floats(n, NAN), host_floats(n, NAN)};
+  float *dy = host_normals(n, 1.0), *dx[2] = {host_floats(n, NAN), host_floats(n, NAN)};
   ok &= CHECK_OK(cpu->softmax_backward(dx[0], dy, y[0], scale, rows, tk));
   ok &= CHECK(emu_k_softmax_backward(dx[1], dy, y[0], scale, rows, tk, NULL) == 0,
               "%s: the backward's launch", dims);
@@ -82,27 +76,6 @@ static bool softmax_case(int64_t samples, int64_t heads, int64_t tq, int64_t tk,
 }
 
 /* ---------------------------------------------------------------- cross-entropy */
-
-/* No element of a (rows, ld) f32 or 16-bit buffer past each row's cols written (still the
-   poison: NaN, 0xffff). */
-static bool padding_kept(const char *what, const void *x, bool half, int64_t rows, int64_t cols,
-                         int64_t ld) {
-  int64_t bad = 0;
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = cols; c < ld; c++) {
-      const int64_t i = r * ld + c;
-      bad += half ? ((const uint16_t *)x)[i] != 0xffff : !isnan(((const float *)x)[i]);
-    }
-  return CHECK(bad == 0, "%s: %lld padding elements written", what, (long long)bad);
-}
-
-static uint16_t *poisoned16(int64_t n, int64_t *offset) {
-  /* 2 bytes past an 8-byte boundary at times: the kernels' unpacked stores */
-  *offset = check_rand_int(0, 1);
-  uint16_t *p = malloc((size_t)(n + 1) * 2);
-  memset(p, 0xff, (size_t)(n + 1) * 2);
-  return p;
-}
 
 static bool cross_entropy_case(int64_t rows, int64_t vocab) {
   const struct backend_ops *cpu = backend_for(L2L_POOL_HOST);
@@ -157,10 +130,11 @@ static bool cross_entropy_case(int64_t rows, int64_t vocab) {
 
   /* fused: losses, dlogits and their 16-bit copy; then losses and the 16-bit copy alone;
      then in place of the logits, with the 16-bit copy */
-  int64_t o1, o2, o3;
-  uint16_t *h_buf = poisoned16(n, &o1), *h = h_buf + o1;
-  uint16_t *alone_buf = poisoned16(n, &o2), *alone = alone_buf + o2;
-  uint16_t *inplace16_buf = poisoned16(n, &o3), *inplace16 = inplace16_buf + o3;
+  /* (16-bit outputs 2 bytes past an 8-byte boundary at times: the kernels' unpacked stores) */
+  struct host_buf hb = host_poisoned(n, 2, check_rand_int(0, 1));
+  struct host_buf alone_b = host_poisoned(n, 2, check_rand_int(0, 1));
+  struct host_buf inplace16_b = host_poisoned(n, 2, check_rand_int(0, 1));
+  uint16_t *h = hb.at, *alone = alone_b.at, *inplace16 = inplace16_b.at;
   float *dl2_buf = host_floats(n + 3, NAN), *dl2 = dl2_buf + off;
   float *losses2 = host_floats(rows, NAN), *losses3 = host_floats(rows, NAN);
   ok &= CHECK(emu_k_cross_entropy_fused(losses, dl2, h, (int)t, logits, targets, ignore, scale, rows,
@@ -199,8 +173,8 @@ static bool cross_entropy_case(int64_t rows, int64_t vocab) {
            l2l_dtype_name(t));
   ok &= CHECK_ROUNDED16(what, inplace16, dl2, rows, vocab, ld, t);
 
-  free(logits), free(targets), free(losses0), free(dl0), free(losses), free(dl_buf), free(h_buf);
-  free(alone_buf), free(inplace16_buf), free(dl2_buf), free(losses2), free(losses3);
+  free(logits), free(targets), free(losses0), free(dl0), free(losses), free(dl_buf), free(hb.base);
+  free(alone_b.base), free(inplace16_b.base), free(dl2_buf), free(losses2), free(losses3);
   free(in_place);
   return ok;
 }
@@ -209,8 +183,7 @@ static bool cross_entropy_case(int64_t rows, int64_t vocab) {
 
 TEST(softmax_kernels_emulated_against_the_cpu) {
 #if !L2L_KERNEL_EMULATION
-  check_skip("this build found no CUDA toolkit headers (cuda_bf16.h), or no C++20 <barrier>, "
-             "to compile the kernels for the CPU with");
+  check_skip(NO_KERNEL_EMULATION);
 #else
   /* key lengths for a warp a row (<= 256) and a block a row; query lengths below, at and
      above them (causal: the first rows may see no key) */
@@ -232,8 +205,7 @@ TEST(softmax_kernels_emulated_against_the_cpu) {
 
 TEST(cross_entropy_kernels_emulated_against_the_cpu) {
 #if !L2L_KERNEL_EMULATION
-  check_skip("this build found no CUDA toolkit headers (cuda_bf16.h), or no C++20 <barrier>, "
-             "to compile the kernels for the CPU with");
+  check_skip(NO_KERNEL_EMULATION);
 #else
   /* vocabularies for a warp a row (<= 256) and a block a row (up to 1024 threads), the rows
      cached on chip (softmax_emulated.cpp: up to 56 KiB, 14,330 floats; past 48 KiB, 12,282
