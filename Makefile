@@ -97,6 +97,8 @@ endif
 # intrinsics are contracted like any product otherwise) and the GPU's pick alike; it
 # includes that rule from kernels/ (-I., as the CUDA backend's files do).
 $(BUILD)/obj/backend/state_codes.o: L2L_CFLAGS += -ffp-contract=off -I.
+# The host kernels work out the GPU update's constants (kernels/optim.h's struct k_optim).
+$(BUILD)/obj/backend/optim_kernels.o: L2L_CFLAGS += -I.
 # The executable and the examples link libl2l.so from their own folder (the C tests and
 # the bench programs link libl2l.a: see WHOLE_LIB).
 RPATH := -Wl,-rpath,'$$ORIGIN' -Wl,--no-as-needed

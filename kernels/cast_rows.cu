@@ -40,12 +40,12 @@ extern "C" int k_cast_rows(void *dst, int dst_dtype, int64_t dst_ld, const void 
   const unsigned blocks = k_blocks_for(rows * cols);
   cudaStream_t s = (cudaStream_t)stream;
   if (to_half && half == DT_BF16)
-    cast_rows_kernel<true, DT_BF16><<<blocks, L2L_THREADS, 0, s>>>(dst, dst_ld, src, src_ld, rows, cols);
+    K_LAUNCH(blocks, L2L_THREADS, 0, s, cast_rows_kernel<true, DT_BF16>)(dst, dst_ld, src, src_ld, rows, cols);
   else if (to_half)
-    cast_rows_kernel<true, DT_F16><<<blocks, L2L_THREADS, 0, s>>>(dst, dst_ld, src, src_ld, rows, cols);
+    K_LAUNCH(blocks, L2L_THREADS, 0, s, cast_rows_kernel<true, DT_F16>)(dst, dst_ld, src, src_ld, rows, cols);
   else if (half == DT_BF16)
-    cast_rows_kernel<false, DT_BF16><<<blocks, L2L_THREADS, 0, s>>>(dst, dst_ld, src, src_ld, rows, cols);
+    K_LAUNCH(blocks, L2L_THREADS, 0, s, cast_rows_kernel<false, DT_BF16>)(dst, dst_ld, src, src_ld, rows, cols);
   else
-    cast_rows_kernel<false, DT_F16><<<blocks, L2L_THREADS, 0, s>>>(dst, dst_ld, src, src_ld, rows, cols);
+    K_LAUNCH(blocks, L2L_THREADS, 0, s, cast_rows_kernel<false, DT_F16>)(dst, dst_ld, src, src_ld, rows, cols);
   return k_launched();
 }

@@ -57,15 +57,17 @@ extern "C" int k_grad_add(float *acc, const void *g, int dtype, float scale,
 
    Each gradient's squares summed by a fixed partition of at most CLIP_BLOCKS thread blocks
    (in double, a tree in shared memory), the partial sums then added in order by one
-   thread, which writes the factor: deterministic, nothing read back. */
+   thread, which writes the factor: deterministic, nothing read back. (CLIP_BLOCKS and
+   LAMB_BLOCKS, below, are lower only where K_GRID_MAX_BLOCKS is: the kernels run emulated,
+   whose partitions then walk several strides at a test's sizes.) */
 
-enum { CLIP_BLOCKS = 256 };
-static_assert(L2L_K_CLIP_SCRATCH_DOUBLES == L2L_K_CLIP_GRADIENTS * CLIP_BLOCKS,
+enum { CLIP_BLOCKS = K_GRID_MAX_BLOCKS < 256 ? K_GRID_MAX_BLOCKS : 256 };
+static_assert(L2L_K_CLIP_SCRATCH_DOUBLES >= L2L_K_CLIP_GRADIENTS * CLIP_BLOCKS,
               "k_clip_scale's scratch: a partial sum a block of every gradient");
 
-__global__ void __launch_bounds__(L2L_THREADS)
+static __global__ void __launch_bounds__(L2L_THREADS)
     sumsq_partial_kernel(const void *g, int dtype, int64_t n, double *partial) {
-  __shared__ double sums[L2L_THREADS];
+  K_STATIC_SHARED(double, sums, [L2L_THREADS]);
   double sum = 0;
   for (int64_t i = thread_index(); i < n; i += grid_threads()) {
     double x = (double)widen_at(g, dtype, i);
@@ -81,7 +83,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
 }
 
 /* src/backend/optim_kernels.c's optim_clip_factor, written again */
-__global__ void clip_factor_kernel(const double *partial, int count, float clip, float *scale) {
+static __global__ void clip_factor_kernel(const double *partial, int count, float clip, float *scale) {
   double sumsq = 0;
   for (int b = 0; b < count; b++) sumsq += partial[b];
   double norm = sqrt(sumsq);
@@ -100,10 +102,10 @@ extern "C" int k_clip_scale(float *scale, const void *const *g, const int *dtype
     if (n[i] == 0) continue;
     int64_t wanted = (n[i] + L2L_THREADS - 1) / L2L_THREADS;
     int blocks = wanted > CLIP_BLOCKS ? CLIP_BLOCKS : (int)wanted;
-    sumsq_partial_kernel<<<blocks, L2L_THREADS, 0, s>>>(g[i], dtype[i], n[i], scratch + at);
+    K_LAUNCH(blocks, L2L_THREADS, 0, s, sumsq_partial_kernel)(g[i], dtype[i], n[i], scratch + at);
     at += blocks;
   }
-  clip_factor_kernel<<<1, 1, 0, s>>>(scratch, at, clip, scale);
+  K_LAUNCH(1, 1, 0, s, clip_factor_kernel)(scratch, at, clip, scale);
   return k_launched();
 }
 
@@ -158,12 +160,12 @@ static __device__ __forceinline__ float lamb_r(const struct k_optim &o, float m,
   return o.step * m / (sqrtf(v) * o.rsb2 + o.eps) + o.wd * p;
 }
 
-enum { LAMB_BLOCKS = 1024 };
+enum { LAMB_BLOCKS = K_GRID_MAX_BLOCKS < 1024 ? K_GRID_MAX_BLOCKS : 1024 };
 
 /* This thread block's sums of p^2 (pp) and r^2 (rr) over its threads, in a fixed tree
    order, into partial[2 * block] and partial[2 * block + 1]. */
 static __device__ void block_sums_out(double pp, double rr, double *partial) {
-  __shared__ double sums[2][L2L_THREADS];
+  K_STATIC_SHARED(double, sums, [2][L2L_THREADS]);
   sums[0][threadIdx.x] = pp;
   sums[1][threadIdx.x] = rr;
   __syncthreads();
@@ -182,7 +184,7 @@ static __device__ void block_sums_out(double pp, double rr, double *partial) {
 
 /* Wave one: the moments (the gradient cleared as read), and each block's sums of p^2 and
    r^2 into partial[2 * block]. */
-__global__ void __launch_bounds__(L2L_THREADS)
+static __global__ void __launch_bounds__(L2L_THREADS)
     lamb_moments_kernel(float *p, float *m, float *v, float *grad, int64_t n, struct k_optim o,
                         const int32_t *skip, double *partial) {
   double pp = 0, rr = 0;
@@ -204,7 +206,7 @@ __global__ void __launch_bounds__(L2L_THREADS)
 
 /* The blocks' sums in block order, and the trust ratio |p| / |r| (1 where either is 0 or
    not a number) into *trust. */
-__global__ void lamb_trust_kernel(const double *partial, int blocks, float *trust) {
+static __global__ void lamb_trust_kernel(const double *partial, int blocks, float *trust) {
   double pp = 0, rr = 0;
   for (int b = 0; b < blocks; b++) pp += partial[2 * b], rr += partial[2 * b + 1];
   *trust = !(pp > 0.0) || !(rr > 0.0) ? 1.0f : (float)(sqrt(pp) / sqrt(rr));
@@ -241,8 +243,8 @@ extern "C" int k_optim_update(float *p, float *s0, float *s1, float *grad, int64
       int64_t wanted = (n + L2L_THREADS - 1) / L2L_THREADS;
       int blocks = wanted < 1 ? 1 : wanted > LAMB_BLOCKS ? LAMB_BLOCKS : (int)wanted;
       float *trust = reinterpret_cast<float *>(scratch + 2 * LAMB_BLOCKS);
-      lamb_moments_kernel<<<blocks, L2L_THREADS, 0, s>>>(p, s0, s1, grad, n, *o, skip, scratch);
-      lamb_trust_kernel<<<1, 1, 0, s>>>(scratch, blocks, trust);
+      K_LAUNCH(blocks, L2L_THREADS, 0, s, lamb_moments_kernel)(p, s0, s1, grad, n, *o, skip, scratch);
+      K_LAUNCH(1, 1, 0, s, lamb_trust_kernel)(scratch, blocks, trust);
       int status = k_launched();
       if (status != 0) return status;
       return launch_map(LambApplyOp{p, s0, s1, *o, skip, trust}, n, false, stream);
@@ -262,8 +264,8 @@ extern "C" int k_optim_update(float *p, float *s0, float *s1, float *grad, int64
    (kernels/state_code.h, which the host's codes run too). Blocks are taken grid-stride by at most
    LAMB_BLOCKS thread blocks, so LAMB's partial sums are a fixed partition of the record. */
 
-enum { K_STATE_BLOCK = 2048, K_PER_THREAD = K_STATE_BLOCK / L2L_THREADS };
-static_assert(K_STATE_BLOCK % L2L_THREADS == 0, "a state block is whole threads' elements");
+enum { K_STATE_BLOCK = 2048, K_PER_THREAD = K_STATE_BLOCK / (int)L2L_THREADS };
+static_assert(K_STATE_BLOCK % (int)L2L_THREADS == 0, "a state block is whole threads' elements");
 
 /* The 8-bit codes' values (src/backend/state_codes.c's, copied from the host). */
 struct k_codes {
@@ -310,10 +312,10 @@ static __device__ __forceinline__ void master_set(const CompactArgs &a, int64_t 
   static_cast<uint16_t *>(a.p)[i] = h;
 }
 
-__global__ void __launch_bounds__(L2L_THREADS)
+static __global__ void __launch_bounds__(L2L_THREADS)
     compact_step_kernel(CompactArgs a, struct k_codes codes, double *partial) {
-  __shared__ float value[2][256];
-  __shared__ float most[2][L2L_THREADS / 32];
+  K_STATIC_SHARED(float, value, [2][256]);
+  K_STATIC_SHARED(float, most, [2][L2L_THREADS / 32]);
   for (int i = threadIdx.x; i < 256; i += L2L_THREADS)
     value[0][i] = codes.signed_value[i], value[1][i] = codes.root_value[i];
   __syncthreads();
@@ -444,10 +446,10 @@ extern "C" int k_optim_update_compact(void *p, void *s0, void *s1, int precision
   int blocks = wanted < 1 ? 1 : wanted > LAMB_BLOCKS ? LAMB_BLOCKS : (int)wanted;
   float *trust = reinterpret_cast<float *>(scratch + 2 * LAMB_BLOCKS);
   CompactArgs a{p, grad, {s0, s1}, n, precision, scales_at, {root[0], root[1]}, 0, *o, skip, trust};
-  compact_step_kernel<<<blocks, L2L_THREADS, 0, s>>>(a, codes, scratch);
+  K_LAUNCH(blocks, L2L_THREADS, 0, s, compact_step_kernel)(a, codes, scratch);
   if (o->kind != 2) return k_launched();
-  lamb_trust_kernel<<<1, 1, 0, s>>>(scratch, blocks, trust);
+  K_LAUNCH(1, 1, 0, s, lamb_trust_kernel)(scratch, blocks, trust);
   a.wave = 1;
-  compact_step_kernel<<<blocks, L2L_THREADS, 0, s>>>(a, codes, scratch);
+  K_LAUNCH(blocks, L2L_THREADS, 0, s, compact_step_kernel)(a, codes, scratch);
   return k_launched();
 }

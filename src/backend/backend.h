@@ -125,6 +125,11 @@ void optim_lamb_apply(float *p, const float *m, const float *v, int64_t n,
                       const struct optim_hyper *h, float trust);
 /* The trust ratio from the summed norms: |p| / |r|, 1 when either is 0. */
 float optim_lamb_trust(const double norms[2]);
+/* h's step as the constants of the GPU's update of a record placed on the device
+   (kernels/optim.h's struct k_optim), worked out as the kernels above work them out: the
+   CUDA backend's optim_update passes them, and the emulated kernels' test takes the same. */
+struct k_optim;
+void optim_kernel_consts(struct k_optim *out, const struct optim_hyper *h);
 
 /* The gradient an update takes: an element of magnitude EPS_GRAD_LIMIT (2^63) or more, as
    the update applies it (unscaled and clipped), counts as non-finite, as an inf or a NaN

@@ -13,13 +13,16 @@
  * vectorize; `omp simd reduction` lets the double sums vectorize without -ffast-math):
  * everything that depends only on the step (bias corrections, step sizes, t = 1) is
  * worked out once before the loop, and the loops have no per-element branches.
- * The maths is stated once, in l2l.h ("optimizers"); here only how it is evaluated.
+ * The maths is stated once, in l2l.h ("optimizers"); here only how it is evaluated. The
+ * GPU's update of a record on the device (kernels/optim.cu) takes its step's constants from
+ * optim_kernel_consts, worked out here as these kernels work them out.
  * Must never: allocate, lock, spawn threads (their callers split the work), read or write
  * beyond the n elements given, or write the gradient (grad_scale is applied on the fly).
  */
 #include <math.h>
 
 #include "backend.h"
+#include "kernels/optim.h"
 
 /* Adam's constants for step t (backend.h's AdamW arithmetic), the bias corrections in double
    (b^t underflows gracefully there); lr 1 for LAMB, which applies lr after its trust
@@ -29,6 +32,19 @@ static struct backend_adamw_consts adam_consts(const struct optim_hyper *h, doub
   double bc1 = 1.0 - pow((double)h->beta1, t), bc2 = 1.0 - pow((double)h->beta2, t);
   return backend_adamw_consts(lr, h->beta1, h->beta2, h->eps, h->weight_decay, bc1, bc2,
                               (double)h->grad_scale);
+}
+
+void optim_kernel_consts(struct k_optim *out, const struct optim_hyper *h) {
+  bool lamb = h->kind == L2L_OPTIMIZER_LAMB;
+  struct backend_adamw_consts k = adam_consts(h, lamb ? 1.0 : (double)h->lr);
+  *out = (struct k_optim){
+      .kind = (int)h->kind, .scale = h->grad_scale, .lr = h->lr,
+      .decay = h->kind == L2L_OPTIMIZER_SGD ? h->lr * h->weight_decay : k.decay,
+      .momentum = h->momentum, .mu_prev = h->t <= 1 ? 0.0f : h->momentum,
+      .nesterov = h->nesterov, .step = k.step, .rsb2 = k.rsb2, .b1 = k.b1, .c1 = k.c1,
+      .b2 = k.b2, .c2 = k.c2, .eps = h->eps, .wd = h->weight_decay,
+      .master_bf16 = h->master == L2L_BF16, .seed = h->seed, .stream = h->stream,
+      .first_draw = h->first_draw};
 }
 
 void optim_sgd(float *restrict p, float *restrict buf, const float *restrict grad, int64_t n,

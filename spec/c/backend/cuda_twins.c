@@ -46,6 +46,68 @@ bool padding_kept(const char *what, const void *x, bool half, int64_t rows, int6
   return CHECK(bad == 0, "%s: %lld padding elements written", what, (long long)bad);
 }
 
+/* A sign-and-magnitude code (the sign the bit above `bits` magnitude bits) as an integer
+   in value order (+0 and -0 both 0). */
+static int signed_magnitude(unsigned code, int bits) {
+  int magnitude = (int)(code & ((1u << bits) - 1));
+  return code >> bits & 1 ? -magnitude : magnitude;
+}
+
+/* A bf16's value. */
+static float bf16_value(uint16_t h) {
+  uint32_t bits = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+bool state_neighbours(const uint8_t *a, const uint8_t *b, int64_t n, l2l_state_precision state,
+                      enum optim_code code, const char *what) {
+  float most = 0.0f;   /* (bf16: the array's largest magnitude) */
+  for (int64_t i = 0; state == L2L_STATE_BF16 && i < n; i++) {
+    uint16_t h;
+    memcpy(&h, a + 2 * i, 2);
+    most = fabsf(bf16_value(h)) > most ? fabsf(bf16_value(h)) : most;
+  }
+  if (state == L2L_STATE_F32) {
+    const float *fa = (const float *)a, *fb = (const float *)b;
+    for (int64_t i = 0; i < n; i++) most = fabsf(fa[i]) > most ? fabsf(fa[i]) : most;
+    for (int64_t i = 0; i < n; i++)
+      if (!CHECK(fabsf(fa[i] - fb[i]) <= TOL_F32 * most, "%s: element %lld: %g (host), %g "
+                 "(device)", what, (long long)i, (double)fa[i], (double)fb[i]))
+        return false;
+    return true;
+  }
+  int64_t moved = 0;   /* (codes that differ, cancelled values aside) */
+  for (int64_t i = 0; i < n; i++) {
+    int x, y;   /* each code in value order (bf16 and the signed code: sign and magnitude) */
+    if (state == L2L_STATE_BF16) {
+      uint16_t hx, hy;
+      memcpy(&hx, a + 2 * i, 2), memcpy(&hy, b + 2 * i, 2);
+      x = signed_magnitude(hx, 15), y = signed_magnitude(hy, 15);
+      if (fabsf(bf16_value(hx) - bf16_value(hy)) <= TOL_F32 * most) continue;   /* (cancelled) */
+    } else if (code == OPTIM_CODE_SIGNED) {
+      x = signed_magnitude(a[i], 7), y = signed_magnitude(b[i], 7);
+    } else {
+      x = a[i], y = b[i];
+    }
+    if (!CHECK(abs(x - y) <= 1, "%s: element %lld: codes %d (host) and %d (device)", what,
+               (long long)i, x, y))
+      return false;
+    moved += x != y;
+  }
+  if (!CHECK(moved <= 1 + n / 1024, "%s: %lld of %lld codes a neighbour apart, want at most "
+             "%lld", what, (long long)moved, (long long)n, (long long)(1 + n / 1024)))
+    return false;
+  if (state != L2L_STATE_8BIT) return true;
+  const float *sa = optim_state_scales((void *)a, n), *sb = optim_state_scales((void *)b, n);
+  for (int64_t k = 0; k < state8_blocks(n); k++)
+    if (!CHECK(fabsf(sa[k] - sb[k]) <= TOL_F32 * fabsf(sa[k]), "%s: block %lld: scale %g (host), "
+               "%g (device)", what, (long long)k, (double)sa[k], (double)sb[k]))
+      return false;
+  return true;
+}
+
 bool rounded16_at(const char *file, int line, const char *what, const uint16_t *got,
                   const float *f32, int64_t rows, int64_t cols, int64_t ld, l2l_dtype t) {
   int64_t bad = 0, first = -1;

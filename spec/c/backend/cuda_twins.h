@@ -121,6 +121,20 @@ struct host_buf host_poisoned(int64_t n, size_t size, int64_t shift);
    still the poison (NaN, 0xffff). */
 bool padding_kept(const char *what, const void *x, bool half, int64_t rows, int64_t cols,
                   int64_t ld);
+/* Whether two encodings of one optimizer state array (n elements in `state`; a from the
+   host, b from a GPU kernel) are the same but for neighbours: a value the two sides
+   computed an ulp apart (FMAs) may round to the next bf16 or 8-bit code, never further;
+   an 8-bit block's scales within TOL_F32. f32 state:
+   within TOL_F32 of the array's largest magnitude. A bf16 value that nearly cancels (a
+   momentum and its gradient, about one element in 2^16 of a random array) keeps the
+   operands' error, ulps of theirs, not of its own: it may be codes apart, within TOL_F32
+   of the array's largest magnitude as f32 state is. And few move: values a few f32 ulps
+   apart (2^-22 relative) straddle a rounding edge, or a bf16 master's draw falls between
+   them, with a chance of about 2^-22 over the code's relative step (2^-8 for bf16, coarser
+   for 8 bits): about 2^-14 an element; at most 1 + n / 1024 may differ (16 times that
+   rate and more), where draws or codes taken from the wrong element move a third of them. */
+bool state_neighbours(const uint8_t *a, const uint8_t *b, int64_t n, l2l_state_precision state,
+                      enum optim_code code, const char *what);
 /* Why a kernel emulation test skips. */
 #define NO_KERNEL_EMULATION                                                                  \
   "this build found no CUDA toolkit headers (cuda_bf16.h), or no C++20 <barrier>, to compile " \

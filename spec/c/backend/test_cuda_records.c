@@ -103,70 +103,6 @@ TEST(cuda_records_on_the_device_update_as_the_cpu) {
   end_gpu();
 }
 
-/* A sign-and-magnitude code (the sign the bit above `bits` magnitude bits) as an integer
-   in value order (+0 and -0 both 0). */
-static int signed_magnitude(unsigned code, int bits) {
-  int magnitude = (int)(code & ((1u << bits) - 1));
-  return code >> bits & 1 ? -magnitude : magnitude;
-}
-
-/* A bf16's value. */
-static float bf16_value(uint16_t h) {
-  uint32_t bits = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-/* Whether two encodings of one state array (n elements in `state`) are the same but for
-   neighbours: a value the two sides computed an ulp apart (FMAs) may round to the next
-   bf16 or 8-bit code, never further; an 8-bit block's scales within TOL_F32. f32 state:
-   within TOL_F32 of the array's largest magnitude. A bf16 value that nearly cancels (a
-   momentum and its gradient, about one element in 2^16 of a random array) keeps the
-   operands' error, ulps of theirs, not of its own: it may be codes apart, within TOL_F32
-   of the array's largest magnitude as f32 state is. */
-static bool neighbours(const uint8_t *a, const uint8_t *b, int64_t n, l2l_state_precision state,
-                       enum optim_code code, const char *what) {
-  float most = 0.0f;   /* (bf16: the array's largest magnitude) */
-  for (int64_t i = 0; state == L2L_STATE_BF16 && i < n; i++) {
-    uint16_t h;
-    memcpy(&h, a + 2 * i, 2);
-    most = fabsf(bf16_value(h)) > most ? fabsf(bf16_value(h)) : most;
-  }
-  if (state == L2L_STATE_F32) {
-    const float *fa = (const float *)a, *fb = (const float *)b;
-    for (int64_t i = 0; i < n; i++) most = fabsf(fa[i]) > most ? fabsf(fa[i]) : most;
-    for (int64_t i = 0; i < n; i++)
-      if (!CHECK(fabsf(fa[i] - fb[i]) <= TOL_F32 * most, "%s: element %lld: %g (host), %g "
-                 "(device)", what, (long long)i, (double)fa[i], (double)fb[i]))
-        return false;
-    return true;
-  }
-  for (int64_t i = 0; i < n; i++) {
-    int x, y;   /* each code in value order (bf16 and the signed code: sign and magnitude) */
-    if (state == L2L_STATE_BF16) {
-      uint16_t hx, hy;
-      memcpy(&hx, a + 2 * i, 2), memcpy(&hy, b + 2 * i, 2);
-      x = signed_magnitude(hx, 15), y = signed_magnitude(hy, 15);
-      if (fabsf(bf16_value(hx) - bf16_value(hy)) <= TOL_F32 * most) continue;   /* (cancelled) */
-    } else if (code == OPTIM_CODE_SIGNED) {
-      x = signed_magnitude(a[i], 7), y = signed_magnitude(b[i], 7);
-    } else {
-      x = a[i], y = b[i];
-    }
-    if (!CHECK(abs(x - y) <= 1, "%s: element %lld: codes %d (host) and %d (device)", what,
-               (long long)i, x, y))
-      return false;
-  }
-  if (state != L2L_STATE_8BIT) return true;
-  const float *sa = optim_state_scales((void *)a, n), *sb = optim_state_scales((void *)b, n);
-  for (int64_t k = 0; k < state8_blocks(n); k++)
-    if (!CHECK(fabsf(sa[k] - sb[k]) <= TOL_F32 * fabsf(sa[k]), "%s: block %lld: scale %g (host), "
-               "%g (device)", what, (long long)k, (double)sa[k], (double)sb[k]))
-      return false;
-  return true;
-}
-
 TEST(cuda_records_on_the_device_update_compact_state_as_the_cpu) {
   /* optim_update on bf16 and 8-bit state, and on a bf16 master beside state in any
      precision (the CUDA backend's fused kernel, which decodes a block, steps it in f32,
@@ -174,9 +110,9 @@ TEST(cuda_records_on_the_device_update_compact_state_as_the_cpu) {
      the CPU backend's (the host's own decode, kernels, encode and rounding), for SGD with
      Nesterov momentum, AdamW and LAMB, on a record of a few blocks and one past a chunk: an
      f32 master and f32 state within TOL_F32 of their scale, each bf16 master's and compact
-     state's code the host's or its neighbour (neighbours, above: a value an ulp apart that
-     the same draw rounds to the next bf16); then an update whose flag is set leaves the
-     parameters and every state byte as they were. */
+     state's code the host's or its neighbour (state_neighbours, cuda_twins.h: a value an
+     ulp apart that the same draw rounds to the next bf16); then an update whose flag is set
+     leaves the parameters and every state byte as they were. */
   if (!use_gpu()) return;
   const struct backend_ops *sides[2] = {&cpu_backend, backend_for(L2L_POOL_DEVICE)};
   static const int64_t sizes[] = {3 * L2L_STATE_BLOCK + 77, (1 << 18) + 4099};
@@ -219,7 +155,7 @@ TEST(cuda_records_on_the_device_update_compact_state_as_the_cpu) {
                  bf16 ? "bf16" : "f32", st, (int)kinds[o], (long long)n);
         if (bf16) {
           l2l_tensor *back = copied_to(p.d, L2L_POOL_HOST);
-          neighbours(l2l_tensor_data(p.h), l2l_tensor_data(back), n, L2L_STATE_BF16,
+          state_neighbours(l2l_tensor_data(p.h), l2l_tensor_data(back), n, L2L_STATE_BF16,
                      OPTIM_CODE_SIGNED, what);
           l2l_tensor_free(back);
         } else {
@@ -228,7 +164,7 @@ TEST(cuda_records_on_the_device_update_compact_state_as_the_cpu) {
         CHECK_TWIN_BITS("the gradient, cleared", g);
         for (int a = 0; a < arrays; a++) {
           l2l_tensor *back = copied_to(arr[a].d, L2L_POOL_HOST);
-          neighbours(bdata(arr[a].h), bdata(back), n, state, optim_state_code(kinds[o], a), what);
+          state_neighbours(bdata(arr[a].h), bdata(back), n, state, optim_state_code(kinds[o], a), what);
           l2l_tensor_free(back);
         }
         /* skipped: nothing moves */

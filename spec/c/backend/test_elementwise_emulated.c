@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* test_elementwise_emulated.c — the GPU's element-wise launchers and kernels
- * (kernels/elementwise.cu), their own source run on the CPU by elementwise_emulated.cpp,
- * against the CPU backend's ops of the same names.
+ * (kernels/elementwise.cu, kernels/cast_rows.cu), their own source run on the CPU by
+ * elementwise_emulated.cpp, against the CPU backend's ops of the same names.
  *
  * Purpose: the bias add (its sums rounded to 16 bits for the next GEMM), the casts of
  * records and gradients and dropout run in every GPU step, and the file is changed where no
@@ -11,7 +11,8 @@
  * is exact there: one f32 add, a rounding, a mask from the same draws): add (in place), the
  * bias add into y or into y16, dropout's output and mask and its backward, casts between
  * f32, f16, bf16 and i32 both ways and the same type (a copy), many casts in one launch, and
- * the first value an integer cast cannot take.
+ * the first value an integer cast cannot take; and kernels/cast_rows.cu's strided row
+ * casts (the cuDNN path's), rows ld apart both sides, the padding untouched.
  * Must never: need a GPU.
  */
 #include <math.h>
@@ -176,6 +177,47 @@ static bool casts_case(int64_t n, int64_t shift) {
   return ok;
 }
 
+/* Strided row casts (cast_rows.cu: the cuDNN path's q, k, v, o and their gradients):
+   f32 rows src_ld apart to 16-bit rows dst_ld apart and back, each row as convert casts it,
+   nothing past a row's cols written; then the arguments it refuses. */
+static bool cast_rows_case(int64_t rows, int64_t cols) {
+  const struct backend_ops *cpu = backend_for(L2L_POOL_HOST);
+  const l2l_dtype half = check_rand_int(0, 1) ? L2L_BF16 : L2L_F16;
+  bool ok = true;
+  char what[160];
+  for (int back = 0; back < 2; back++) {
+    const l2l_dtype from = back ? half : L2L_F32, to = back ? L2L_F32 : half;
+    const int64_t src_ld = cols + check_rand_int(0, 5), dst_ld = cols + check_rand_int(0, 5);
+    float *values = host_normals(rows * src_ld, 100.0);
+    if (rows * cols > 2) values[0] = NAN, values[1] = INFINITY, values[2] = 1e-40f;
+    struct host_buf src = host_poisoned(rows * src_ld, l2l_dtype_size(from), 0);
+    int64_t unused;
+    ok &= CHECK_OK(cpu->convert(src.at, from, values, L2L_F32, rows * src_ld, &unused));
+    struct host_buf got = host_poisoned(rows * dst_ld, l2l_dtype_size(to), check_rand_int(0, 1));
+    struct host_buf want = host_poisoned(rows * dst_ld, l2l_dtype_size(to), 0);
+    for (int64_t r = 0; r < rows; r++)
+      ok &= CHECK_OK(cpu->convert((char *)want.at + r * dst_ld * (int64_t)l2l_dtype_size(to), to,
+                                  (const char *)src.at + r * src_ld * (int64_t)l2l_dtype_size(from),
+                                  from, cols, &unused));
+    snprintf(what, sizeof what, "cast_rows (%lld, %lld) %s, ld %lld, to %s, ld %lld", (long long)rows,
+             (long long)cols, l2l_dtype_name(from), (long long)src_ld, l2l_dtype_name(to),
+             (long long)dst_ld);
+    ok &= CHECK(emu_k_cast_rows(got.at, (int)to, dst_ld, src.at, (int)from, src_ld, rows, cols, NULL) == 0,
+                "%s: the launch", what);
+    ok &= same_bits(what, got.at, want.at, rows * dst_ld, l2l_dtype_size(to));   /* (padding too) */
+    /* refused: two 16-bit types, an ld below cols, a negative size, a NULL pointer */
+    ok &= CHECK(emu_k_cast_rows(got.at, (int)(half == L2L_BF16 ? L2L_F16 : L2L_BF16), dst_ld, src.at,
+                                (int)half, src_ld, rows, cols, NULL) != 0 &&
+                    emu_k_cast_rows(got.at, (int)to, cols - 1, src.at, (int)from, src_ld, rows, cols, NULL) != 0 &&
+                    emu_k_cast_rows(got.at, (int)to, dst_ld, src.at, (int)from, src_ld, -1, cols, NULL) != 0 &&
+                    emu_k_cast_rows(NULL, (int)to, dst_ld, src.at, (int)from, src_ld, rows, cols, NULL) != 0,
+                "%s: an argument refused was taken", what);
+    ok &= same_bits("cast_rows after the refused calls", got.at, want.at, rows * dst_ld, l2l_dtype_size(to));
+    free(values), free(src.base), free(got.base), free(want.base);
+  }
+  return ok;
+}
+
 #endif /* L2L_KERNEL_EMULATION */
 
 TEST(elementwise_kernels_emulated_against_the_cpu) {
@@ -194,6 +236,8 @@ TEST(elementwise_kernels_emulated_against_the_cpu) {
   failed += !casts_case(check_rand_int(1, 40), 0);
   failed += !casts_case(check_rand_int(3100, 5000), 0);
   failed += !casts_case(check_rand_int(3100, 5000), 1);
+  failed += !cast_rows_case(check_rand_int(1, 3), check_rand_int(1, 9));
+  failed += !cast_rows_case(check_rand_int(20, 60), check_rand_int(64, 130));   /* (past 768 threads) */
   (void)failed;
 #endif
 }

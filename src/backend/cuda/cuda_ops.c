@@ -266,30 +266,12 @@ static l2l_status cuda_clip_scale(float *scale, const void *const *g, const l2l_
   WITH_SCRATCH(clip_scale_locked(scale, g, dtype, n, count, clip));
 }
 
-/* The step's constants as the host kernels make them (optim_kernels.c: backend.h's AdamW
-   arithmetic; SGD's and LAMB's products in float). */
-static struct k_optim optim_consts(const struct optim_hyper *h) {
-  double t = (double)(h->t < 1 ? 1 : h->t);
-  double bc1 = 1.0 - pow((double)h->beta1, t), bc2 = 1.0 - pow((double)h->beta2, t);
-  bool lamb = h->kind == L2L_OPTIMIZER_LAMB;
-  struct backend_adamw_consts k = backend_adamw_consts(lamb ? 1.0 : (double)h->lr, h->beta1,
-                                                       h->beta2, h->eps, h->weight_decay,
-                                                       bc1, bc2, (double)h->grad_scale);
-  return (struct k_optim){
-      .kind = (int)h->kind, .scale = h->grad_scale, .lr = h->lr,
-      .decay = h->kind == L2L_OPTIMIZER_SGD ? h->lr * h->weight_decay : k.decay,
-      .momentum = h->momentum, .mu_prev = h->t <= 1 ? 0.0f : h->momentum,
-      .nesterov = h->nesterov, .step = k.step, .rsb2 = k.rsb2, .b1 = k.b1, .c1 = k.c1,
-      .b2 = k.b2, .c2 = k.c2, .eps = h->eps, .wd = h->weight_decay,
-      .master_bf16 = h->master == L2L_BF16, .seed = h->seed, .stream = h->stream,
-      .first_draw = h->first_draw};
-}
-
 static l2l_status optim_update_locked(void *p, void *s0, void *s1, float *grad, int64_t n,
                                       const struct optim_hyper *h, const int32_t *skip) {
   float *scratch = NULL;
   TRY(cuda_scratch_floats(&scratch, 2 * L2L_K_OPTIM_SCRATCH_DOUBLES));
-  struct k_optim o = optim_consts(h);
+  struct k_optim o;
+  optim_kernel_consts(&o, h);
   if (h->state == L2L_STATE_F32 && h->master == L2L_F32)
     LAUNCH(k_optim_update(p, s0, s1, grad, n, &o, skip, (double *)scratch, cuda_rt.compute));
   else {
