@@ -123,7 +123,7 @@ template <int HD, int BK, bool WRITE_ROWS>
 __global__ void __launch_bounds__(kThreads) attention_forward_kernel(ForwardArgs a) {
   constexpr int BQ = kForwardRows, RPT = BQ / 16, CPT = BK / 16, DPT = HD / 16;
   constexpr int HDS = HD + 4, PS = BK + 4;
-  extern __shared__ float4 smem_f4[];
+  K_DYNAMIC_SHARED(float4, smem_f4);
   float *q_s = reinterpret_cast<float *>(smem_f4);
   float *k_s = q_s + BQ * HDS, *v_s = k_s + BK * HDS, *p_s = v_s + BK * HDS;
   uint8_t *kept_s = reinterpret_cast<uint8_t *>(p_s + BQ * PS);
@@ -344,7 +344,7 @@ template <int HD, int BQ, int BK>
 __global__ void __launch_bounds__(kThreads) attention_backward_kernel(BackwardArgs a) {
   constexpr int RPT = BQ / 16, CPT = BK / 16, DPT = HD / 16;
   constexpr int HDS = HD + 4, PS = BK + 4;
-  extern __shared__ float4 smem_f4[];
+  K_DYNAMIC_SHARED(float4, smem_f4);
   float *k_s = reinterpret_cast<float *>(smem_f4);
   float *v_s = k_s + BK * HDS, *q_s = v_s + BK * HDS, *do_s = q_s + BQ * HDS;
   float *pd_s = do_s + BQ * HDS, *ds_s = pd_s + BQ * PS;
@@ -612,8 +612,8 @@ extern "C" int k_attention_backward(float *dq, float *dk, float *dv, const float
 
   /* D and dq := 0 first; the tile kernel follows on the same stream */
   const int64_t rows = batch * seq * heads;
-  attention_row_dots_kernel<<<k_blocks_for(rows * 32), kThreads, 0, s>>>(scratch, dq, d_o, o,
-                                                                         args.sh);
+  K_LAUNCH(k_blocks_for(rows * 32), kThreads, 0, s, attention_row_dots_kernel)(
+      scratch, dq, d_o, o, args.sh);
   int err = k_launched();
   if (err != 0) return err;
 

@@ -105,10 +105,9 @@ __device__ __forceinline__ X *at(unsigned char *base, size_t offset) {
 
 /* ---------------------------------------------------------------- PTX */
 
-/* (spec/c/backend/flash_emulated.cpp compiles this file's kernels for the CPU with
+/* (spec/c/backend/attention_emulated.cpp compiles this file for the CPU with
    L2L_FLASH_EMULATE defined: it gives copy16_async, copies_commit, copies_wait,
-   load_matrices, load_matrices_transposed and mma of its own, and runs the kernels without
-   this file's launchers.) */
+   load_matrices, load_matrices_transposed and mma of its own.) */
 #ifndef L2L_FLASH_EMULATE
 __device__ __forceinline__ uint32_t smem_address(const void *p) {
   return (uint32_t)__cvta_generic_to_shared(p);
@@ -703,8 +702,6 @@ size_t shared_bytes(const AttentionShape &sh) {
   return sh.dropout > 0.0f ? Layout::bytes : Layout::kept;
 }
 
-#ifndef L2L_FLASH_EMULATE
-
 template <typename T, int HD>
 int forward_as(const FlashArgs &args, cudaStream_t stream) {
   const int64_t items = tile_items(args.sh);
@@ -792,8 +789,5 @@ int flash_backward(const FlashArgs &args, int dtype, cudaStream_t stream) {
   return dtype == DT_BF16 ? backward_typed<__nv_bfloat16>(args, stream)
                           : backward_typed<__half>(args, stream);
 }
-#else
-} /* namespace */
-#endif /* !L2L_FLASH_EMULATE */
 
 } /* namespace k_attention */

@@ -93,7 +93,7 @@ inline int launch_tiles(void (*kernel)(Args), int threads, size_t smem, int64_t 
     (void)cudaGetLastError();
     return (int)err;
   }
-  const unsigned grid = (unsigned)(items < 0x7fffffff ? items : 0x7fffffff);
+  const unsigned grid = (unsigned)(items < K_GRID_MAX_BLOCKS ? items : K_GRID_MAX_BLOCKS);
   K_LAUNCH(grid, threads, smem, stream, kernel)(args);
   return k_launched();
 }

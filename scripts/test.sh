@@ -38,9 +38,9 @@ if [[ ${L2L_TSAN:-0} == 1 ]]; then
   export TSAN_OPTIONS="suppressions=$PWD/scripts/tsan.supp ${TSAN_OPTIONS:-}"
   export OMP_NUM_THREADS=1 L2L_THREADS=1
   ctest_only=(relay_ misuse_errors_threads pool_ pinned_pool spill_ eps_gives eps_held_gradients_given eps_deferred
-              flash_kernels_emulated norm_kernels_emulated softmax_kernels_emulated
-              cross_entropy_kernels_emulated gelu_kernels_emulated reduce_kernels_emulated
-              elementwise_kernels_emulated optim_kernels_emulated)
+              flash_kernels_emulated attention_fp32_kernels_emulated norm_kernels_emulated
+              softmax_kernels_emulated cross_entropy_kernels_emulated gelu_kernels_emulated
+              reduce_kernels_emulated elementwise_kernels_emulated optim_kernels_emulated)
   specs=(spec/l2l/relay_running_spec.lua spec/l2l/relay_spec.lua spec/l2l/dist_spec.lua spec/l2l/relay_interrupt_spec.lua)
 fi
 log=$(mktemp -d)

@@ -108,6 +108,20 @@ bool state_neighbours(const uint8_t *a, const uint8_t *b, int64_t n, l2l_state_p
   return true;
 }
 
+bool kept_bits_match(const char *what, const uint8_t *got, const uint8_t *want, int64_t rows,
+                     int64_t S, int causal) {
+  int64_t row_bytes = (S + 7) / 8, bad = 0, bad_row = -1, bad_key = -1;
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t i = r % S, end = causal ? i + 1 : S;
+    for (int64_t j = 0; j < end; j++) {
+      int gb = (got[r * row_bytes + j / 8] >> (j % 8)) & 1, wb = (want[r * row_bytes + j / 8] >> (j % 8)) & 1;
+      if (gb != wb && bad++ == 0) bad_row = r, bad_key = j;
+    }
+  }
+  return CHECK(bad == 0, "%s: %lld kept bits differ, first at row %lld, key %lld", what,
+               (long long)bad, (long long)bad_row, (long long)bad_key);
+}
+
 bool rounded16_at(const char *file, int line, const char *what, const uint16_t *got,
                   const float *f32, int64_t rows, int64_t cols, int64_t ld, l2l_dtype t) {
   int64_t bad = 0, first = -1;

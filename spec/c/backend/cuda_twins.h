@@ -135,6 +135,11 @@ bool padding_kept(const char *what, const void *x, bool half, int64_t rows, int6
    rate and more), where draws or codes taken from the wrong element move a third of them. */
 bool state_neighbours(const uint8_t *a, const uint8_t *b, int64_t n, l2l_state_precision state,
                       enum optim_code code, const char *what);
+/* The kept bits of a standard-mode attention mask (rows of (S+7)/8 bytes; host memory) for
+   the keys each query sees by position (j <= i when causal; every key otherwise, padded
+   ones included: their draws are made all the same), a kernel's (got) against the CPU's. */
+bool kept_bits_match(const char *what, const uint8_t *got, const uint8_t *want, int64_t rows,
+                     int64_t S, int causal);
 /* Why a kernel emulation test skips. */
 #define NO_KERNEL_EMULATION                                                                  \
   "this build found no CUDA toolkit headers (cuda_bf16.h), or no C++20 <barrier>, to compile " \

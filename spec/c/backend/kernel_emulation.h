@@ -15,10 +15,11 @@
  * kernel whose limit cudaFuncSetAttribute raised first (as a GPU gives it; static shared
  * memory is not counted against that limit here). A warp collective here orders memory as
  * __syncwarp would (CUDA's shuffles do not): a missing __syncwarp between warp steps does
- * not show. K_LAUNCH runs a whole grid before it returns. A watchdog ends the process with
- * a message when no barrier completes for a minute (a __syncthreads some thread never
- * reaches hangs a GPU; here it fails the test). One team of threads runs a launch's blocks
- * in turn. What this cannot show: the hardware's own arithmetic (no fused multiply-add
+ * not show. A launcher asking about the device is told of a Hopper (compute capability 9,
+ * 227 KiB of opt-in shared memory). K_LAUNCH runs a whole grid before it returns. A
+ * watchdog ends the process with a message when no barrier completes for a minute (a
+ * __syncthreads some thread never reaches hangs a GPU; here it fails the test). One team
+ * of threads runs a launch's blocks in turn. What this cannot show: the hardware's own arithmetic (no fused multiply-add
  * here, f32 sums in program order), timing, or races that only real concurrency of a GPU
  * shows (ThreadSanitizer, under make test TSAN=1, checks the threads' accesses against the
  * barriers).
@@ -270,12 +271,12 @@ void run_grid(dim3 grid, dim3 block, size_t shared, bool lazy, Fn fn) {
 constexpr size_t kSharedDefault = 48 * 1024, kSharedOptIn = 227 * 1024;
 inline std::mutex shared_limits_mutex;
 inline std::map<const void *, size_t> shared_limits;
-inline int set_attribute(const void *kernel, cudaFuncAttribute attribute, int value) {
+inline cudaError_t set_attribute(const void *kernel, cudaFuncAttribute attribute, int value) {
   if (attribute != cudaFuncAttributeMaxDynamicSharedMemorySize) fail("an attribute not emulated");
-  if (value < 0 || (size_t)value > kSharedOptIn) return (int)cudaErrorInvalidValue;
+  if (value < 0 || (size_t)value > kSharedOptIn) return cudaErrorInvalidValue;
   std::lock_guard<std::mutex> lock(shared_limits_mutex);
   shared_limits[kernel] = (size_t)value;
-  return 0;
+  return cudaSuccess;
 }
 inline void check_shared(const void *kernel, size_t shared) {
   if (shared <= kSharedDefault) return;
@@ -285,6 +286,27 @@ inline void check_shared(const void *kernel, size_t shared) {
     fail("a launch's dynamic shared memory past 48 KiB, beyond what cudaFuncSetAttribute "
          "allowed its kernel");
 }
+
+/* The device a launcher asks about: compute capability 9 (Hopper) with its opt-in shared
+   memory, and every kernel compiled for it (PTX 9.0). */
+inline cudaError_t device_attribute(int *value, cudaDeviceAttr attribute) {
+  if (attribute == cudaDevAttrComputeCapabilityMajor)
+    *value = 9;
+  else if (attribute == cudaDevAttrMaxSharedMemoryPerBlockOptin)
+    *value = (int)kSharedOptIn;
+  else
+    fail("a device attribute not emulated");
+  return cudaSuccess;
+}
+inline cudaError_t function_attributes(cudaFuncAttributes *attributes) {
+  memset(attributes, 0, sizeof *attributes);
+  attributes->ptxVersion = attributes->binaryVersion = 90;
+  return cudaSuccess;
+}
+
+/* Whether the launches that follow land their threads' cp.async copies only at the wait
+   that covers them (else at their issue); a test sets it between launches. */
+inline bool lazy_copies = false;
 
 /* K_LAUNCH's: kernel(args...) over the grid, before it returns; the arguments converted to
    the kernel's parameters first, as a launch converts them (NULL to a pointer). */
@@ -297,7 +319,7 @@ struct Launcher<void (*)(Params...)> {
   void (*kernel)(Params...);
   void operator()(Params... args) const {
     check_shared(reinterpret_cast<const void *>(kernel), shared);
-    run_grid(grid, block, shared, false, [&] { kernel(args...); });
+    run_grid(grid, block, shared, lazy_copies, [&] { kernel(args...); });
   }
 };
 template <class Kernel>
@@ -329,6 +351,9 @@ Launcher<Kernel> launcher(dim3 grid, dim3 block, size_t shared, cudaStream_t str
 #define atomicAdd(p, v) emu::atomic_add((p), (v))
 #define cudaGetLastError() emu::last_error()
 #define cudaMemcpyAsync(dst, src, bytes, kind, stream) (memmove((dst), (src), (bytes)), cudaSuccess)
+#define cudaGetDevice(device) (*(device) = 0, cudaSuccess)
+#define cudaDeviceGetAttribute(value, attribute, device) emu::device_attribute((value), (attribute))
+#define cudaFuncGetAttributes(attributes, ...) emu::function_attributes(attributes)
 #define cudaFuncSetAttribute(kernel, attribute, value) \
   emu::set_attribute(reinterpret_cast<const void *>(kernel), (attribute), (value))
 #define K_LAUNCH(grid, block, shared, stream, ...) \

@@ -249,26 +249,6 @@ struct attention_case {
   l2l_dtype precision; /* the device side's products; the host's are fp32 */
 };
 
-/* The kept bits of a standard-mode mask (rows of (S+7)/8 bytes) for the keys each query
-   sees by position (j <= i when causal; every key otherwise, padded ones included: their
-   draws are made all the same), device against host. */
-static bool attention_mask_bits_match(const char *what, struct twin mask, int64_t rows,
-                                      int64_t S, int causal) {
-  l2l_tensor *back = copied_to(mask.d, L2L_POOL_HOST);
-  const uint8_t *g = bdata(back), *w = bdata(mask.h);
-  int64_t row_bytes = (S + 7) / 8, bad = 0, bad_row = -1, bad_key = -1;
-  for (int64_t r = 0; r < rows; r++) {
-    int64_t i = r % S, end = causal ? i + 1 : S;
-    for (int64_t j = 0; j < end; j++) {
-      int gb = (g[r * row_bytes + j / 8] >> (j % 8)) & 1, wb = (w[r * row_bytes + j / 8] >> (j % 8)) & 1;
-      if (gb != wb && bad++ == 0) bad_row = r, bad_key = j;
-    }
-  }
-  l2l_tensor_free(back);
-  return CHECK(bad == 0, "%s: %lld kept bits differ, first at row %lld, key %lld", what,
-               (long long)bad, (long long)bad_row, (long long)bad_key);
-}
-
 /* A host workspace of attention_workspace(shape) floats per compute thread (the CPU splits
    heads over threads), or the device's single one (NULL when it asks for none). */
 static l2l_tensor *attention_workspace(l2l_pool_kind pool, const struct backend_attention_shape *sh,
@@ -371,7 +351,9 @@ static bool attention_case(const struct attention_case *c) {
       snprintf(label, sizeof label, "%s: dropped probs", what);
       ok &= CHECK_TWIN(label, dropped, RMS, TOL_ATTENTION);
       snprintf(label, sizeof label, "%s: dropout mask", what);
-      ok &= attention_mask_bits_match(label, mask, rows, S, c->causal);
+      l2l_tensor *back = copied_to(mask.d, L2L_POOL_HOST);
+      ok &= kept_bits_match(label, bdata(back), bdata(mask.h), rows, S, c->causal);
+      l2l_tensor_free(back);
     }
   }
   if (ok) {
