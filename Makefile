@@ -350,7 +350,7 @@ bench: $(BUILD)/bench_ops $(BUILD)/bench_layers $(BUILD)/bench_optim $(BUILD)/be
 
 # Which loops of the CPU backend GCC vectorized (the hot loops must all appear).
 vecreport: | $(DEPS_STAMP)
-	@for f in src/backend/cpu/*.c src/backend/optim_kernels.c; do $(COMPILE) -fopt-info-vec-optimized -c $$f -o /dev/null 2>&1 | \
+	@for f in src/backend/cpu/*.c src/backend/optim_kernels.c; do $(COMPILE) -I. -fopt-info-vec-optimized -c $$f -o /dev/null 2>&1 | \
 	  grep -E "^$$f:[0-9]+" | sed -E 's/:[0-9]+: optimized://' | sort -t: -k2 -n -u; done
 
 # ------------------------------------------------------------------ install, uninstall

@@ -35,9 +35,10 @@
  * Where rounding enters: q, k, v, do as given; P (unnormalised, after dropout) in the
  * forward; P' and dS in the backward. Row sums, max, lse and D stay fp32.
  *
- * Proven without a GPU: spec/c/backend/test_flash_emulated.c runs these kernels' source on
- * CPU threads (flash_emulated.cpp) against the CPU's attention, and ThreadSanitizer checks
- * their shared-memory accesses against the barriers there.
+ * Proven without a GPU: spec/c/backend/test_attention_emulated.c runs these kernels' source,
+ * through attention.cu's launchers, on CPU threads (attention_emulated.cpp) against the
+ * CPU's attention, and ThreadSanitizer checks their shared-memory accesses against the
+ * barriers there.
  *
  * Must never: write a column outside (h head_dim, + head_dim) of o, dq, dk, dv (those are
  * column slices of bigger buffers); run on a GPU before compute capability 8.0 (the bodies

@@ -161,6 +161,8 @@ static __device__ __forceinline__ float lamb_r(const struct k_optim &o, float m,
 }
 
 enum { LAMB_BLOCKS = K_GRID_MAX_BLOCKS < 1024 ? K_GRID_MAX_BLOCKS : 1024 };
+static_assert(L2L_K_OPTIM_SCRATCH_DOUBLES >= 2 * LAMB_BLOCKS + 1,
+              "k_optim_update's scratch: two partial sums a block, then the trust ratio");
 
 /* This thread block's sums of p^2 (pp) and r^2 (rr) over its threads, in a fixed tree
    order, into partial[2 * block] and partial[2 * block + 1]. */

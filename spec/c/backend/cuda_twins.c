@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cuda_twins.h"
+#include "kernels/optim.h"
 
 l2l_tensor *poisoned(l2l_tensor *t) {
   check_poison(t);
@@ -106,6 +107,36 @@ bool state_neighbours(const uint8_t *a, const uint8_t *b, int64_t n, l2l_state_p
                "%g (device)", what, (long long)k, (double)sa[k], (double)sb[k]))
       return false;
   return true;
+}
+
+bool lamb_master_close(const char *what, const float *got, const float *want, const float *p0,
+                       void *const s_got[2], void *const s_want[2], int64_t n,
+                       const struct optim_hyper *h) {
+  struct k_optim o;
+  optim_kernel_consts(&o, h);
+  float *state[2][2]; /* [side][array], decoded */
+  for (int side = 0; side < 2; side++)
+    for (int a = 0; a < 2; a++) {
+      state[side][a] = host_floats(n, 0.0f);
+      optim_state_decode(state[side][a], side ? s_got[a] : s_want[a], n, 0, n, h->state,
+                         optim_state_code(h->kind, a));
+    }
+  double *r[2] = {xmalloc((size_t)(n > 0 ? n : 1) * sizeof(double)),
+                  xmalloc((size_t)(n > 0 ? n : 1) * sizeof(double))};
+  double step_r = 0, rr = 0; /* the least-squares trust: sum (p0 - want) r / lr sum r^2 */
+  for (int side = 0; side < 2; side++)
+    for (int64_t i = 0; i < n; i++)
+      r[side][i] = (double)o.step * state[side][0][i] /
+                       (sqrt((double)state[side][1][i]) * o.rsb2 + o.eps) + (double)o.wd * p0[i];
+  for (int64_t i = 0; i < n; i++)
+    step_r += ((double)p0[i] - want[i]) * r[0][i], rr += r[0][i] * r[0][i];
+  const double trust = rr > 0 ? step_r / ((double)h->lr * rr) : 0.0;
+  float *expected = host_floats(n, 0.0f);
+  for (int64_t i = 0; i < n; i++) expected[i] = (float)(p0[i] - (double)h->lr * trust * r[1][i]);
+  bool ok = compare_at(__FILE__, __LINE__, what, got, expected, 1, n, n, RMS, TOL_F32);
+  for (int side = 0; side < 2; side++) free(state[side][0]), free(state[side][1]), free(r[side]);
+  free(expected);
+  return ok;
 }
 
 bool kept_bits_match(const char *what, const uint8_t *got, const uint8_t *want, int64_t rows,

@@ -135,6 +135,16 @@ bool padding_kept(const char *what, const void *x, bool half, int64_t rows, int6
    rate and more), where draws or codes taken from the wrong element move a third of them. */
 bool state_neighbours(const uint8_t *a, const uint8_t *b, int64_t n, l2l_state_precision state,
                       enum optim_code code, const char *what);
+/* LAMB's f32 master after one update on compact state from p0 (n), a GPU kernel's (got, its
+   state s_got) against the host's (want, s_want): each side's second wave steps by r
+   computed from the state it has just encoded, and where a code moved (state_neighbours)
+   so does that element's step, by far more than TOL_F32. So the kernel's master is held,
+   within TOL_F32 of p's rms, to p0 - lr T r(the kernel's own state), T the trust ratio
+   the host's steps show (p0 - want = lr T r(the host's state), by least squares: exact
+   to f32's rounding). A wrong trust, r or step shows as on any other element. */
+bool lamb_master_close(const char *what, const float *got, const float *want, const float *p0,
+                       void *const s_got[2], void *const s_want[2], int64_t n,
+                       const struct optim_hyper *h);
 /* The kept bits of a standard-mode attention mask (rows of (S+7)/8 bytes; host memory) for
    the keys each query sees by position (j <= i when causal; every key otherwise, padded
    ones included: their draws are made all the same), a kernel's (got) against the CPU's. */

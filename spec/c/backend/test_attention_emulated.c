@@ -248,7 +248,7 @@ static bool fp32_case(int64_t hd_max, bool standard) {
     for (int64_t b = 0; b < B; b++)
       for (int64_t j = 0; j < S; j++) key_mask[b * S + j] = b == 0 || (b == 1 && j < len);
   }
-  /* the outputs, both sides: NaN (or, the kept bits, zero) before the call */
+  /* the outputs, both sides: NaN (the kept bits 0xff) before the call */
   const bool rows_kept = standard, bits_kept = standard && dropout > 0.0f;
   const int64_t row_bytes = (S + 7) / 8;
   float *out[2][4]; /* o, lse, P, P' */

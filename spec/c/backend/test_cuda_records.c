@@ -109,7 +109,8 @@ TEST(cuda_records_on_the_device_update_compact_state_as_the_cpu) {
      encodes it again and rounds the master back stochastically by its Philox draws) against
      the CPU backend's (the host's own decode, kernels, encode and rounding), for SGD with
      Nesterov momentum, AdamW and LAMB, on a record of a few blocks and one past a chunk: an
-     f32 master and f32 state within TOL_F32 of their scale, each bf16 master's and compact
+     f32 master and f32 state within TOL_F32 of their scale (LAMB's master on compact state
+     as lamb_master_close says), each bf16 master's and compact
      state's code the host's or its neighbour (state_neighbours, cuda_twins.h: a value an
      ulp apart that the same draw rounds to the next bf16); then an update whose flag is set
      leaves the parameters and every state byte as they were. */
@@ -146,6 +147,7 @@ TEST(cuda_records_on_the_device_update_compact_state_as_the_cpu) {
         }
         idata(flag.h)[0] = 0;
         CHECK_OK(l2l_tensor_fill(flag.d, 0.0));
+        l2l_tensor *p_start = copied_to(p.h, L2L_POOL_HOST);
         SIDES {
           OK_ON(sides[side]->optim_update(l2l_tensor_data(AT(p)), bdata(AT(arr[0])), bdata(AT(arr[1])),
                                           fdata(AT(g)), n, &h, idata(AT(flag))));
@@ -158,9 +160,18 @@ TEST(cuda_records_on_the_device_update_compact_state_as_the_cpu) {
           state_neighbours(l2l_tensor_data(p.h), l2l_tensor_data(back), n, L2L_STATE_BF16,
                      OPTIM_CODE_SIGNED, what);
           l2l_tensor_free(back);
+        } else if (kinds[o] == L2L_OPTIMIZER_LAMB && state != L2L_STATE_F32) {
+          /* (its step from the state each side re-encoded: lamb_master_close) */
+          l2l_tensor *back = copied_to(p.d, L2L_POOL_HOST);
+          l2l_tensor *s_back[2] = {copied_to(arr[0].d, L2L_POOL_HOST), copied_to(arr[1].d, L2L_POOL_HOST)};
+          void *const s_got[2] = {bdata(s_back[0]), bdata(s_back[1])};
+          void *const s_want[2] = {bdata(arr[0].h), bdata(arr[1].h)};
+          lamb_master_close(what, fdata(back), fdata(p.h), fdata(p_start), s_got, s_want, n, &h);
+          FREE(back, s_back[0], s_back[1]);
         } else {
           CHECK_TWIN(what, p, RMS, TOL_F32);
         }
+        l2l_tensor_free(p_start);
         CHECK_TWIN_BITS("the gradient, cleared", g);
         for (int a = 0; a < arrays; a++) {
           l2l_tensor *back = copied_to(arr[a].d, L2L_POOL_HOST);
