@@ -130,6 +130,10 @@ float optim_lamb_trust(const double norms[2]);
    CUDA backend's optim_update passes them, and the emulated kernels' test takes the same. */
 struct k_optim;
 void optim_kernel_consts(struct k_optim *out, const struct optim_hyper *h);
+/* Which of those updates serves h: -1, k_optim_update (an f32 master and f32 state); else
+   k_optim_update_compact, and this is its precision (0 f32, 1 bf16, 2 8 bits), root[s]
+   whether state array s keeps sqrt(v) in the unsigned code. */
+int optim_kernel_state(const struct optim_hyper *h, int root[2]);
 
 /* The gradient an update takes: an element of magnitude EPS_GRAD_LIMIT (2^63) or more, as
    the update applies it (unscaled and clipped), counts as non-finite, as an inf or a NaN

@@ -47,6 +47,12 @@ void optim_kernel_consts(struct k_optim *out, const struct optim_hyper *h) {
       .first_draw = h->first_draw};
 }
 
+int optim_kernel_state(const struct optim_hyper *h, int root[2]) {
+  for (int s = 0; s < 2; s++) root[s] = optim_state_code(h->kind, s) == OPTIM_CODE_ROOT;
+  if (h->state == L2L_STATE_F32 && h->master == L2L_F32) return -1;
+  return h->state == L2L_STATE_F32 ? 0 : h->state == L2L_STATE_BF16 ? 1 : 2;
+}
+
 void optim_sgd(float *restrict p, float *restrict buf, const float *restrict grad, int64_t n,
                const struct optim_hyper *h) {
   const float lr = h->lr, s = h->grad_scale, mu = h->momentum;

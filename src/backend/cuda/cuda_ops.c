@@ -272,12 +272,11 @@ static l2l_status optim_update_locked(void *p, void *s0, void *s1, float *grad, 
   TRY(cuda_scratch_floats(&scratch, 2 * L2L_K_OPTIM_SCRATCH_DOUBLES));
   struct k_optim o;
   optim_kernel_consts(&o, h);
-  if (h->state == L2L_STATE_F32 && h->master == L2L_F32)
+  int root[2];
+  const int precision = optim_kernel_state(h, root);
+  if (precision < 0)
     LAUNCH(k_optim_update(p, s0, s1, grad, n, &o, skip, (double *)scratch, cuda_rt.compute));
   else {
-    int root[2] = {optim_state_code(h->kind, 0) == OPTIM_CODE_ROOT,
-                   optim_state_code(h->kind, 1) == OPTIM_CODE_ROOT};
-    int precision = h->state == L2L_STATE_F32 ? 0 : h->state == L2L_STATE_BF16 ? 1 : 2;
     LAUNCH(k_optim_update_compact(p, s0, s1, precision,
                                   (int64_t)state8_codes_bytes(n), root, grad, n, &o,
                                   optim_code_values(OPTIM_CODE_SIGNED),
