@@ -14,9 +14,10 @@
 # LIBDIR, INCLUDEDIR, MANDIR, LUADIR and PKGCONFIGDIR; `make doc` builds the man page and
 # the Lua and C references into $(BUILD)/doc.
 # `make fuzz N=20000 SEED=s` runs the loader fuzzer (scripts/fuzz_load.lua; N defaults to
-# 1000, the seed to a fresh one). `make flakes N=20 LOADED=3 SANITIZED=3` runs `make test`
-# N times with fresh seeds, LOADED times on a machine kept busy and SANITIZED times under
-# the sanitizers, and lists every assertion that failed with its seed and replay command
+# 1000, the seed to a fresh one). `make flakes N=20 LOADED=3 SANITIZED=3 THREADED=3` runs
+# `make test` N times with fresh seeds, LOADED times on a machine kept busy, SANITIZED times
+# under the sanitizers and THREADED times under TSan, and lists every assertion that failed
+# with its seed and replay command, and the comparisons that came nearest their tolerances
 # (scripts/flakes.sh; N defaults to 20 there too). `make gpu-deps` fills .gpudeps/ with the
 # Debian packages a lent GPU machine lacks (scripts/gpu-deps.sh; scripts/gpu-check.sh is
 # the check that machine runs).
@@ -311,7 +312,7 @@ help:
 	@echo "make test T=NAME     one spec file (spec/*/NAME_spec.lua), or the C tests and specs named NAME"
 	@echo "make test SANITIZE=1 under AddressSanitizer and UBSan (build-san/); TSAN=1: ThreadSanitizer"
 	@echo "make archcheck       the architecture check alone (scripts/archcheck)"
-	@echo "make flakes          make test N times with fresh seeds, some loaded and sanitized"
+	@echo "make flakes          make test N times with fresh seeds, some loaded, sanitized, TSan"
 	@echo "make fuzz N=...      the loader fuzzer"
 	@echo "make bench           the benchmarks (bench/)"
 	@echo "make doc             man page, Lua and C references into build/doc"
@@ -329,7 +330,7 @@ fuzz: $(BUILD)/l2l
 
 # The flake hunt (scripts/flakes.sh): N defaults to 20 here, not the fuzzer's 1000.
 flakes:
-	+@bash scripts/flakes.sh $(if $(filter command line,$(origin N)),$(N),20) $(or $(LOADED),3) $(or $(SANITIZED),3)
+	+@bash scripts/flakes.sh $(if $(filter command line,$(origin N)),$(N),20) $(or $(LOADED),3) $(or $(SANITIZED),3) $(or $(THREADED),3)
 
 # The packages a lent GPU machine lacks (it has no package access), for scripts/gpu-host.sh
 # there; needs apt, as root. Not a build input: nothing else depends on it.

@@ -20,6 +20,7 @@ static int test_count;
 static int current_failures;
 static char skip_reason[512]; /* non-empty: the current test was skipped */
 static uint64_t run_seed;
+static const char *running_test = "(none)"; /* its name, for died() and check_margin */
 static uint64_t rng_state[4];
 
 void check_register(const char *name, check_test_fn fn) {
@@ -165,6 +166,68 @@ double check_rel_err(const float *got, const double *want, int64_t n, double flo
   return worst;
 }
 
+bool check_margin(const char *file, int line, const char *what, double err, double tol) {
+  /* the file L2L_TEST_MARGINS names, opened at the first comparison that sees the name (a
+     test may name another for a while: check_margin_records_error_over_tolerance) */
+  static FILE *margins;
+  static char margins_path[4096];
+  const char *path = getenv("L2L_TEST_MARGINS");
+  if (path == NULL) path = "";
+  if (strcmp(path, margins_path) != 0) {
+    if (margins) fclose(margins);
+    margins = NULL;
+    snprintf(margins_path, sizeof margins_path, "%s", path);
+    if (*path && !(margins = fopen(path, "a")))
+      fprintf(stderr, "check: L2L_TEST_MARGINS: cannot append to %s\n", path);
+  }
+  if (margins) { /* one line, flushed: several processes may append to the one file */
+    const double ratio = tol > 0.0 ? err / tol : err == 0.0 ? 0.0 : INFINITY;
+    fprintf(margins, "%s:%d\t%.4g\t%s\t", file, line, ratio, running_test);
+    for (const char *c = what; c && *c; c++) fputc(*c == '\t' || *c == '\n' ? ' ' : *c, margins);
+    fputc('\n', margins);
+    fflush(margins);
+  }
+  return err <= tol;
+}
+
+/* The margins recorded: error over tolerance, written where L2L_TEST_MARGINS names (and
+   nowhere once it names nothing), with the test and what; the verdict err <= tol. */
+TEST(check_margin_records_error_over_tolerance) {
+  char dir[512], path[600];
+  if (!check_temp_dir(dir, sizeof dir, "margins")) return;
+  snprintf(path, sizeof path, "%s/m.tsv", dir);
+  const char *given = getenv("L2L_TEST_MARGINS");
+  char *saved = given ? strdup(given) : NULL;
+  const double err = check_rand_uniform(0.1, 1.0), tol = check_rand_uniform(0.1, 1.0);
+  setenv("L2L_TEST_MARGINS", path, 1);
+  const int line = __LINE__ + 1;
+  const bool verdicts[4] = {check_margin("x.c", line, "a\tb", err, tol),
+                            check_margin("x.c", line, "nan", NAN, 1.0),
+                            check_margin("x.c", line, "exact", 0.0, 0.0),
+                            check_margin("x.c", line, "off", 1e-9, 0.0)};
+  unsetenv("L2L_TEST_MARGINS");
+  check_margin("x.c", line, "not written", 0.5, 1.0);
+  if (saved) setenv("L2L_TEST_MARGINS", saved, 1), free(saved);
+  CHECK(verdicts[0] == (err <= tol) && !verdicts[1] && verdicts[2] && !verdicts[3],
+        "verdicts %d %d %d %d for err %g tol %g", verdicts[0], verdicts[1], verdicts[2],
+        verdicts[3], err, tol);
+  FILE *f = fopen(path, "r");
+  char got[4][256] = {{0}};
+  for (int k = 0; f && k < 4; k++)
+    if (!fgets(got[k], sizeof got[k], f)) got[k][0] = '\0';
+  char extra[64];
+  CHECK(f && !fgets(extra, sizeof extra, f), "more than 4 lines in %s", path);
+  if (f) fclose(f);
+  char want[4][256];
+  snprintf(want[0], sizeof want[0], "x.c:%d\t%.4g\t%s\ta b\n", line, err / tol, running_test);
+  snprintf(want[1], sizeof want[1], "x.c:%d\tnan\t%s\tnan\n", line, running_test);
+  snprintf(want[2], sizeof want[2], "x.c:%d\t0\t%s\texact\n", line, running_test);
+  snprintf(want[3], sizeof want[3], "x.c:%d\tinf\t%s\toff\n", line, running_test);
+  for (int k = 0; k < 4; k++)
+    CHECK(strcmp(got[k], want[k]) == 0, "line %d: got \"%s\", want \"%s\"", k + 1, got[k], want[k]);
+  check_remove_dir(dir);
+}
+
 bool starts_with(const char *s, const char *prefix) {
   return strncmp(s, prefix, strlen(prefix)) == 0;
 }
@@ -179,7 +242,6 @@ bool ends_with(const char *s, const char *suffix) {
 /* A test that dies (a segfault in a kernel launcher, say) says which it was and where:
    the stdout it buffered dies with it. Only async-signal-safe calls here, and then the
    signal's default action, so the exit status still says what killed it. */
-static const char *running_test = "(none)";
 static void died(int sig) {
   static const char head[] = "\nctest: the test ";
   (void)!write(STDERR_FILENO, head, sizeof head - 1);

@@ -34,6 +34,11 @@ void check_register(const char *name, check_test_fn fn);
 bool check_that(bool cond, const char *file, int line, const char *expr, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 #define CHECK(cond, ...) check_that((cond), __FILE__, __LINE__, #cond, __VA_ARGS__)
+/* CHECK(err <= tol, ...) with the margin recorded (check_margin, below; `what` names the
+   comparison there). */
+#define CHECK_WITHIN(err, tol, what, ...)                                                   \
+  check_that(check_margin(__FILE__, __LINE__, (what), (err), (tol)), __FILE__, __LINE__,    \
+             #err " <= " #tol, __VA_ARGS__)
 /* An l2l call that must succeed; on failure prints l2l_last_error(). */
 #define CHECK_OK(call) \
   check_that((call) == L2L_OK, __FILE__, __LINE__, #call, "failed: %s", l2l_last_error())
@@ -42,6 +47,13 @@ bool check_that(bool cond, const char *file, int line, const char *expr, const c
   check_fails((call), (status), (needle), __FILE__, __LINE__, #call)
 bool check_fails(l2l_status got, l2l_status want, const char *needle, const char *file, int line,
                  const char *expr);
+
+/* A comparison's error against its tolerance: whether err <= tol (a NaN err is not). With
+   L2L_TEST_MARGINS=FILE, each call also appends a line to FILE: "file:line <tab> err/tol <tab>
+   the running test <tab> what", so that how near each comparison came to its tolerance can be
+   seen over many seeds before one fails (`make flakes` lists the nearest). The comparison
+   helpers (compare_at, close_at, ...) call it; their messages stay their own. */
+bool check_margin(const char *file, int line, const char *what, double err, double tol);
 
 /* Marks the running test skipped, with the reason (printed; counted apart from passes).
    The test should return right after. A test that also failed a check counts as failed. */

@@ -95,7 +95,7 @@ bool close_at(const char *file, int line, const char *what, const float *got,
     if (!isfinite(want[i]))
       return check_that(false, file, line, what, "reference not finite at [%lld]", (long long)i);
   double err = check_rel_err(got, want, n, floor);
-  if (err <= tol) return true;
+  if (check_margin(file, line, what, err, tol)) return true;
   int64_t worst = 0;
   double worst_err = -1.0;
   for (int64_t i = 0; i < n; i++) {

@@ -274,7 +274,7 @@ bool compare_at(const char *file, int line, const char *what, const float *got,
                       "%lld elements where the reference is not finite differ, first at [%lld]: "
                       "got %.9g, want %.9g", (long long)mismatched, (long long)first_mismatch,
                       (double)got[first_mismatch], (double)want[first_mismatch]);
-  if (worst <= tol) return true;
+  if (check_margin(file, line, what, worst, tol)) return true;
   return check_that(false, file, line, what,
                     "relative error %.3g > %.3g (floor %.3g), worst at [%lld] of (%lld x %lld): "
                     "got %.9g, want %.9g", worst, tol, floor, (long long)worst_at,
@@ -498,6 +498,6 @@ bool attention_close(const char *what, const float *got, const float *want,
   double denom = want_rms > floor_abs ? want_rms : floor_abs;
   double e = finite > 0 ? sqrt(se / (double)finite) / (denom > 0.0 ? denom : 1e-30) : 0.0;
   double tol = scale * TOL_ATTN16_NORM[kind];
-  ok &= CHECK(e <= tol, "%s: normwise relative error %.3g > %.3g", what, e, tol);
+  ok &= CHECK_WITHIN(e, tol, what, "%s: normwise relative error %.3g > %.3g", what, e, tol);
   return ok;
 }

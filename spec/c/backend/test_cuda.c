@@ -119,8 +119,8 @@ static bool gemm_case(enum gemm_kind kind, int64_t batch, int64_t m, int64_t n, 
       /* The normwise error settles to its expected size only over many elements. */
       double e = normwise_error(got, want, total);
       if (total >= 256)
-        ok &= CHECK(e <= TOL_TF32_NORM, "%s: normwise relative error %.3g > %.3g", what, e,
-                    TOL_TF32_NORM);
+        ok &= CHECK_WITHIN(e, TOL_TF32_NORM, what, "%s: normwise relative error %.3g > %.3g",
+                           what, e, TOL_TF32_NORM);
       break;
     }
     case GEMM_BF16:
@@ -132,8 +132,9 @@ static bool gemm_case(enum gemm_kind kind, int64_t batch, int64_t m, int64_t n, 
       ok &= CHECK_CLOSE(label, got, fdata(c32), total, floor, TOL_HALF_VS_F32_ELEMENT);
       if (total >= 256) {
         double e = normwise_error(got, fdata(c32), total);
-        ok &= CHECK(e <= TOL_HALF_VS_F32_NORM, "%s: normwise relative error %.3g > %.3g", label,
-                    e, TOL_HALF_VS_F32_NORM);
+        ok &= CHECK_WITHIN(e, TOL_HALF_VS_F32_NORM, label,
+                           "%s: normwise relative error %.3g > %.3g", label, e,
+                           TOL_HALF_VS_F32_NORM);
       }
       break;
   }

@@ -88,8 +88,9 @@ static double scaled_err(const float *got, const double *want, const double *mag
 #define CHECK_CLOSE(what, got, want, mag, n, tol)                                          \
   do {                                                                                     \
     double err_ = scaled_err((got), (want), (mag), (n));                                   \
-    CHECK(err_ <= (tol), "%s: error %.3g of the terms' size > %.3g (n=%lld t=%lld)", what, \
-          err_, (double)(tol), (long long)(n), (long long)t);                              \
+    CHECK_WITHIN(err_, (tol), what,                                                        \
+                 "%s: error %.3g of the terms' size > %.3g (n=%lld t=%lld)", what, err_,   \
+                 (double)(tol), (long long)(n), (long long)t);                             \
   } while (0)
 
 /* ---------------------------------------------------------------- references */

@@ -118,11 +118,11 @@ bool compare_to_plain(l2l_relay *r, const struct model *rm, struct plain *p,
       int64_t n = numel(pv), worst = 0, nf, nt;
       noise_range(rp, &nf, &nt);
       double err = rel_err_f32(check_data(rv), check_data(pv), n, nf, nt, &worst);
-      ok &= CHECK(err <= TOL_WEIGHT,
-                  "%s: layer %d %s: weights off by %.3g (> %.3g) at [%lld]: relay %.9g, plain "
-                  "%.9g",
-                  what, l, name, err, TOL_WEIGHT, (long long)worst,
-                  (double)check_data(rv)[worst], (double)check_data(pv)[worst]);
+      ok &= CHECK_WITHIN(err, TOL_WEIGHT, what,
+                         "%s: layer %d %s: weights off by %.3g (> %.3g) at [%lld]: relay %.9g, "
+                         "plain %.9g",
+                         what, l, name, err, TOL_WEIGHT, (long long)worst,
+                         (double)check_data(rv)[worst], (double)check_data(pv)[worst]);
       struct prec *pr = plain_rec(p, pp);
       int nstate = p->cfg.optimizer.kind == L2L_OPTIMIZER_SGD
                        ? (p->cfg.optimizer.momentum > 0 ? 1 : 0)
@@ -145,11 +145,11 @@ bool compare_to_plain(l2l_relay *r, const struct model *rm, struct plain *p,
         }
         const l2l_tensor *want = which == 0 ? pr->m : pr->v;
         err = rel_err_f32(check_data(st), check_data(want), n, nf, nt, &worst);
-        ok &= CHECK(err <= TOL_STATE,
-                    "%s: layer %d %s: state %d off by %.3g (> %.3g) at [%lld]: relay %.9g, "
-                    "plain %.9g",
-                    what, l, name, which, err, TOL_STATE, (long long)worst,
-                    (double)check_data(st)[worst], (double)check_data(want)[worst]);
+        ok &= CHECK_WITHIN(err, TOL_STATE, what,
+                           "%s: layer %d %s: state %d off by %.3g (> %.3g) at [%lld]: relay "
+                           "%.9g, plain %.9g",
+                           what, l, name, which, err, TOL_STATE, (long long)worst,
+                           (double)check_data(st)[worst], (double)check_data(want)[worst]);
       }
     }
   }
