@@ -246,6 +246,14 @@ double rms_of(const float *v, int64_t rows, int64_t cols, int64_t ld) {
 }
 double rms_tensor(const l2l_tensor *t) { return rms_of(fdata(t), 1, numel(t), numel(t)); }
 
+double cancelling_floor(const float *want, int64_t rows, int64_t cols, int64_t ld, double unit) {
+  const double rms = rms_of(want, rows, cols, ld);
+  return rms > fabs(unit) ? rms : fabs(unit);
+}
+double cancelling_floor_of(const l2l_tensor *want, double unit) {
+  return cancelling_floor(fdata(want), 1, numel(want), numel(want), unit);
+}
+
 /* got against want, f32 matrices of (rows, cols) with row stride ld, both in host memory:
    the largest |got - want| / (|want| + floor) over finite elements of want must be at most
    tol; where want is not finite, got must be the same (NaN where NaN, the same infinity).

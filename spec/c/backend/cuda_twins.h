@@ -171,13 +171,21 @@ static inline bool flash_env_on(void) {
 
 static inline double tol_sum(int64_t terms) { return terms > LONG_SUM ? TOL_LONG_SUM : TOL_F32; }
 
-/* The floor of softmax's backward, dx = s y (dy - sum(dy y)) per row, dy drawn at rms 1: the
-   difference cancels, keeping a few ulp of |dy| (up to ~5) in absolute terms, times |s| y <=
-   |s|: ~1e-6 |s| wherever y is large. dx's own rms is no floor: a peaked row (y near 1 at one
-   key, tiny elsewhere) makes it small beside that error (0.027 against an error of 3.6e-7 at
-   an element of 0.0043 once, 1.15e-5 relative). |s|, the scale dy gives dx, is; a wrong
-   index, scale or row sum is off by s y |dy|, far more where y is not tiny. */
-static inline double softmax_backward_floor(float scale) { return fabs((double)scale); }
+/* The floor of an output that cancels to near 0 where its rows are peaked: softmax's
+   backward dx = s y (dy - sum(dy y)) (dy of rms 1), cross-entropy's dlogits s (p - onehot)
+   and its losses log(sum exp(x - max)) + max - x_t. Where a row's mass sits on one element
+   (in training, on the target whenever the model is right), dy - sum, p_t - 1 and
+   log(sum) cancel, and each keeps the row sum's rounding in absolute terms: its relative
+   error (what tol_sum(terms) bounds: a few ulp, up to ~sqrt(terms) of them; 7.6e-6 seen at
+   15,000 terms) times the output's unit (|s| for dx and dlogits, 1 for a loss), while the
+   elements, and the rms of a tensor of such rows, may lie far below that (a
+   softmax_backward failed at 1.15e-5 against 1e-5 so, its rms 0.027; logits raised by 10
+   to 30 at their targets failed cross-entropy by up to 50 times). So the floor is the
+   larger of the reference's rms and the unit. A wrong index, scale, target or row sum
+   moves the target's element, or every element of a row, by a share of the unit. */
+double cancelling_floor(const float *want, int64_t rows, int64_t cols, int64_t ld, double unit);
+/* The same of a host tensor's f32 elements. */
+double cancelling_floor_of(const l2l_tensor *want, double unit);
 
 /* ---------------------------------------------------------------- tensors */
 
