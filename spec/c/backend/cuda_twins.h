@@ -179,10 +179,11 @@ static inline double tol_sum(int64_t terms) { return terms > LONG_SUM ? TOL_LONG
    error (what tol_sum(terms) bounds: a few ulp, up to ~sqrt(terms) of them; 7.6e-6 seen at
    15,000 terms) times the output's unit (|s| for dx and dlogits, 1 for a loss), while the
    elements, and the rms of a tensor of such rows, may lie far below that (a
-   softmax_backward failed at 1.15e-5 against 1e-5 so, its rms 0.027; logits raised by 10
-   to 30 at their targets failed cross-entropy by up to 50 times). So the floor is the
-   larger of the reference's rms and the unit. A wrong index, scale, target or row sum
-   moves the target's element, or every element of a row, by a share of the unit. */
+   softmax_backward failed at 1.15e-5 against 1e-5 so, its rms 0.027; with logits raised
+   by 10 to 30 at their targets, cross-entropy failed with relative errors up to 51). So
+   the floor is the larger of the reference's rms and the unit. A wrong index, scale,
+   target or row sum moves the target's element, or every element of a row, by a share
+   of the unit. */
 double cancelling_floor(const float *want, int64_t rows, int64_t cols, int64_t ld, double unit);
 /* The same of a host tensor's f32 elements. */
 double cancelling_floor_of(const l2l_tensor *want, double unit);
