@@ -47,11 +47,6 @@ load_stop() {
 trap 'load_stop' EXIT
 trap 'exit 130' INT TERM
 
-# The failures one log shows, one line each: kind, test, first line of its message, and
-# the command that replays it. C tests print "  FAIL name (k checks)" after their failed
-# checks ("  FAIL file:line: expr: why"); busted prints "Failure -> spec/x.lua @ line",
-# the test's name and its message. Replaying a spec file alone draws what the run drew
-# (spec/support.lua seeds each file afresh); a C test alone is seeded as in the run.
 # The build folder and environment a run of a kind used (test.sh's, for TSan).
 build_of() { case $1 in sanitized) echo build-san ;; threaded) echo build-tsan ;; *) echo build ;; esac; }
 env_of() {
@@ -61,6 +56,12 @@ env_of() {
     printf ' TSAN_OPTIONS=suppressions=scripts/tsan.supp OMP_NUM_THREADS=1 L2L_THREADS=1'
   fi
 }
+
+# The failures one log shows, one line each: kind, test, first line of its message, and
+# the command that replays it. C tests print "  FAIL name (k checks)" after their failed
+# checks ("  FAIL file:line: expr: why"); busted prints "Failure -> spec/x.lua @ line",
+# the test's name and its message. Replaying a spec file alone draws what the run drew
+# (spec/support.lua seeds each file afresh); a C test alone is seeded as in the run.
 failures_of() {
   local log=$1 seed=$2 kind=$3 build env knob
   build=$(build_of "$kind") env=$(env_of "$kind" "$seed")

@@ -228,11 +228,11 @@ TEST(check_margin_records_error_over_tolerance) {
   check_remove_dir(dir);
 }
 
-double check_norm_err(const float *got, const double *want, int64_t n) {
+double check_norm_err(const float *got, const float *want, int64_t n) {
   double se = 0.0, sw = 0.0;
   for (int64_t i = 0; i < n; i++) {
     const double d = (double)got[i] - want[i];
-    se += d * d, sw += want[i] * want[i];
+    se += d * d, sw += (double)want[i] * want[i];
   }
   return sw > 0.0 ? sqrt(se / sw) : sqrt(se);
 }

@@ -100,7 +100,7 @@ float *check_data(const l2l_tensor *t);
 double check_rel_err(const float *got, const double *want, int64_t n, double floor);
 /* ||got - want|| / ||want||, the normwise relative error (want all 0: the error's norm). NaN
    in got gives NaN, which no tolerance passes. */
-double check_norm_err(const float *got, const double *want, int64_t n);
+double check_norm_err(const float *got, const float *want, int64_t n);
 
 /* Temporary directories: a fresh one under $TMPDIR (or /tmp) named from `stem` into dir
    (false, a failed check, when none could be made); the entries in one (-1: unreadable);

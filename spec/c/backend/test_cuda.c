@@ -63,16 +63,6 @@ static l2l_status run_gemm(int64_t batch, l2l_tensor *c, const l2l_tensor *a,
                : l2l_gemm(c, a, b, ta, tb, alpha, beta);
 }
 
-static double normwise_error(const float *got, const float *want, int64_t n) {
-  double se = 0.0, sw = 0.0;
-  for (int64_t i = 0; i < n; i++) {
-    double d = (double)got[i] - (double)want[i];
-    se += d * d;
-    sw += (double)want[i] * (double)want[i];
-  }
-  return sw > 0.0 ? sqrt(se / sw) : sqrt(se);
-}
-
 /* One GEMM of unit-normal matrices on both sides. beta 0: c starts as NaN, which must not
    reach the result. The 16-bit kinds cast the inputs on the host (the bits both sides
    use) and check that the device's own cast of the f32 inputs gives the same bits. */
@@ -117,7 +107,7 @@ static bool gemm_case(enum gemm_kind kind, int64_t batch, int64_t m, int64_t n, 
     case GEMM_TF32: {
       ok &= CHECK_CLOSE(what, got, want, total, floor, TOL_TF32_ELEMENT);
       /* The normwise error settles to its expected size only over many elements. */
-      double e = normwise_error(got, want, total);
+      double e = check_norm_err(got, want, total);
       if (total >= 256)
         ok &= CHECK_WITHIN(e, TOL_TF32_NORM, what, "%s: normwise relative error %.3g > %.3g",
                            what, e, TOL_TF32_NORM);
@@ -131,7 +121,7 @@ static bool gemm_case(enum gemm_kind kind, int64_t batch, int64_t m, int64_t n, 
       snprintf(label, sizeof label, "%s (against the f32 GEMM of the unrounded inputs)", what);
       ok &= CHECK_CLOSE(label, got, fdata(c32), total, floor, TOL_HALF_VS_F32_ELEMENT);
       if (total >= 256) {
-        double e = normwise_error(got, fdata(c32), total);
+        double e = check_norm_err(got, fdata(c32), total);
         ok &= CHECK_WITHIN(e, TOL_HALF_VS_F32_NORM, label,
                            "%s: normwise relative error %.3g > %.3g", label, e,
                            TOL_HALF_VS_F32_NORM);
