@@ -56,7 +56,9 @@ __global__ void __launch_bounds__(1024)
         mx = z > mx ? z : mx;
       }
     });
-    mx = group_max<WARP>(mx, red); /* its barrier also publishes the cache */
+    mx = group_max<WARP>(mx, red); /* a block's barrier also publishes the cache */
+    if constexpr (WARP) group_sync<WARP>(); /* (a warp's shuffles do not: the write pass may
+                                              read another lane's cache, vec_out or not) */
     const bool hidden = mx == -INFINITY; /* every key hidden: the row is all zeros */
 
     const float *src = cache ? cache : xr;
