@@ -84,6 +84,13 @@ __device__ __forceinline__ uint32_t k_philox_draw(uint64_t seed, uint64_t stream
   }
 }
 
+/* 16-bit draw `index` of (seed, stream): the low (index even) or high half of draw
+   index / 2, as src/core/rng.c (philox_halves). */
+__device__ __forceinline__ uint32_t k_philox_half(uint64_t seed, uint64_t stream,
+                                                  uint64_t index) {
+  return k_philox_draw(seed, stream, index >> 1) >> (16 * (index & 1)) & 0xffffu;
+}
+
 /* Dropout keeps draw d when its top 24 bits are below the threshold from
    backend_keep_threshold(p) (src/backend/backend.h), which the host computes and passes in. */
 __device__ __forceinline__ bool k_kept(uint32_t draw, uint32_t threshold) {

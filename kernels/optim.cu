@@ -298,7 +298,7 @@ static __device__ __forceinline__ float master_at(const CompactArgs &a, int64_t 
                          : static_cast<const float *>(a.p)[i];
 }
 
-/* Element i of the master := x; a bf16 master's rounded stochastically by its draw
+/* Element i of the master := x; a bf16 master's rounded stochastically by its 16-bit draw
    first_draw + i (src/core/core.h's half_bf16_stochastic: up in magnitude with the
    probability of x's place within its bf16 ulp; inf and NaN to nearest). */
 static __device__ __forceinline__ void master_set(const CompactArgs &a, int64_t i, float x) {
@@ -309,8 +309,8 @@ static __device__ __forceinline__ void master_set(const CompactArgs &a, int64_t 
   uint32_t u = f32_bits(x);
   uint16_t h = (u & 0x7f800000u) == 0x7f800000u
                    ? f32_to_bf16(x)
-                   : (uint16_t)((u + (k_philox_draw(a.o.seed, a.o.stream,
-                                                    a.o.first_draw + (uint64_t)i) & 0xffffu)) >> 16);
+                   : (uint16_t)((u + k_philox_half(a.o.seed, a.o.stream,
+                                                   a.o.first_draw + (uint64_t)i)) >> 16);
   static_cast<uint16_t *>(a.p)[i] = h;
 }
 

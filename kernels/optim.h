@@ -44,8 +44,9 @@ int k_clip_scale(float *scale, const void *const *g, const int *dtype, const int
    / (sqrt(v) rsb2 + eps) - decay p. LAMB: the same moments with step = 1 / bc1, r = step m
    / (sqrt(v) rsb2 + eps) + wd p, p = p - lr trust r, trust = |p| / |r| over the record
    (1 where either is 0). A bf16 master (master_bf16 1; k_optim_update_compact only) is
-   widened, stepped in f32 and rounded back stochastically: element i by Philox draw
-   first_draw + i of (seed, stream), as src/backend/state_codes.c's optim_master_encode. */
+   widened, stepped in f32 and rounded back stochastically: element i by 16-bit Philox draw
+   first_draw + i of (seed, stream) (src/core/core.h's philox_halves), as
+   src/backend/state_codes.c's optim_block. */
 struct k_optim {
   int kind;
   float scale, lr, decay;

@@ -105,8 +105,9 @@ struct optim_hyper {
                                   decodes and encodes it itself) */
   l2l_dtype master;      /* the master's: f32, or bf16 (the relay's master = bf16), which
                             an update widens, steps in f32 and rounds back stochastically:
-                            element i of the record (of its shard with ranks) by Philox
-                            draw first_draw + i of (seed, stream), optim_master_encode */
+                            element i of the record (of its shard with ranks) by 16-bit
+                            Philox draw first_draw + i of (seed, stream) (core.h's
+                            philox_halves), in optim_block */
   uint64_t seed, stream, first_draw;
 };
 
@@ -200,7 +201,7 @@ typedef void (*optim_block_step)(float *p, float *s0, float *s1, int64_t i, int6
    what is not f32 decoded into scratch on the stack, `step` run on it, the state encoded
    again where writes_state (the first wave: a later one only reads it) and a bf16 master
    rounded back stochastically where moves_master (the wave that moves the weights; core.h's
-   half_bf16_stochastic, element j by Philox draw h->first_draw + j of (h->seed,
+   half_bf16_stochastic, element j by 16-bit Philox draw h->first_draw + j of (h->seed,
    h->stream)). The EPS's host update and the CPU backend's optim_update run their blocks
    through it, so the two placements give the same bits. */
 void optim_block(void *p, void *s0, void *s1, int64_t n, int64_t i, int64_t k,

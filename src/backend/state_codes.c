@@ -152,22 +152,24 @@ int optim_code_nearest(enum optim_code code, float y) {
 /* ---------------------------------------------------------------- one array's blocks */
 
 /* One block of at most L2L_STATE_BLOCK values x into codes and its scale. A root code
-   keeps sqrt(x) (x >= 0: a negative x counts as 0). */
+   keeps sqrt(x) (x >= 0: a negative x, or a NaN, counts as 0); its scale, the largest
+   root, is the root of the largest x (a correctly rounded sqrt is monotone), so the roots
+   are taken once, as each is encoded. */
 static void block_encode(uint8_t *restrict q, float *scale, const float *restrict x, int64_t n,
                          enum optim_code code) {
-  float root[L2L_STATE_BLOCK];
-  const float *v = x;
-  /* comparisons, not fmaxf: without -ffinite-math-only fmaxf is a call per element */
-  if (code == OPTIM_CODE_ROOT) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) root[i] = sqrtf(x[i] > 0.0f ? x[i] : 0.0f);
-    v = root;
-  }
+  bool root = code == OPTIM_CODE_ROOT;
   float most = 0.0f;
+  /* comparisons, not fmaxf: without -ffinite-math-only fmaxf is a call per element */
+  if (root) {
 #pragma omp simd reduction(max : most)
-  for (int64_t i = 0; i < n; i++) {
-    float a = fabsf(v[i]);
-    most = a > most ? a : most;
+    for (int64_t i = 0; i < n; i++) most = x[i] > most ? x[i] : most;
+    most = sqrtf(most);
+  } else {
+#pragma omp simd reduction(max : most)
+    for (int64_t i = 0; i < n; i++) {
+      float a = fabsf(x[i]);
+      most = a > most ? a : most;
+    }
   }
   *scale = most;
   if (!(most > 0.0f)) {   /* zero (or a NaN: nothing meaningful to keep) */
@@ -181,9 +183,10 @@ static void block_encode(uint8_t *restrict q, float *scale, const float *restric
 #if defined(__AVX512F__)
   const __m512 l = _mm512_set1_ps(lift), r = _mm512_set1_ps(inv);
   for (; i0 + 16 <= n; i0 += 16) {
-    __m512 x16 = _mm512_loadu_ps(v + i0);
+    __m512 x16 = _mm512_loadu_ps(x + i0);
     __m512i c;
-    if (code == OPTIM_CODE_ROOT) {
+    if (root) {   /* (max with a NaN's second operand: 0) */
+      x16 = _mm512_sqrt_ps(_mm512_max_ps(x16, _mm512_setzero_ps()));
       c = nearest16(_mm512_mul_ps(_mm512_mul_ps(x16, l), r), 8);
     } else {
       c = nearest16(_mm512_mul_ps(_mm512_mul_ps(_mm512_abs_ps(x16), l), r), 7);
@@ -194,14 +197,15 @@ static void block_encode(uint8_t *restrict q, float *scale, const float *restric
     _mm_storeu_si128((__m128i *)(q + i0), _mm512_cvtepi32_epi8(c));
   }
 #endif
-  if (code == OPTIM_CODE_ROOT) {
+  if (root) {
 #pragma omp simd
-    for (int64_t i = i0; i < n; i++) q[i] = (uint8_t)state_code_nearest(v[i] * lift * inv, 8);
+    for (int64_t i = i0; i < n; i++)
+      q[i] = (uint8_t)state_code_nearest(sqrtf(x[i] > 0.0f ? x[i] : 0.0f) * lift * inv, 8);
   } else {
 #pragma omp simd
     for (int64_t i = i0; i < n; i++) {
-      int m = state_code_nearest(fabsf(v[i]) * lift * inv, 7);
-      int negative = (int)(float_bits(v[i]) >> 31) & (m != 0);   /* zero is byte 0 */
+      int m = state_code_nearest(fabsf(x[i]) * lift * inv, 7);
+      int negative = (int)(float_bits(x[i]) >> 31) & (m != 0);   /* zero is byte 0 */
       q[i] = (uint8_t)(m | negative << 7);
     }
   }
@@ -321,8 +325,8 @@ void optim_block(void *p, void *s0, void *s1, int64_t n, int64_t i, int64_t k,
   for (int a = 0; writes_state && a < 2; a++)
     if (state[a] != NULL) optim_state_encode(state[a], n, i, scratch[a], k, h->state, code[a]);
   if (mh != NULL && moves_master) {
-    uint32_t draws[L2L_STATE_BLOCK];
-    philox_range(draws, h->seed, h->stream, h->first_draw + (uint64_t)i, k);
+    uint16_t draws[L2L_STATE_BLOCK];
+    philox_halves(draws, h->seed, h->stream, h->first_draw + (uint64_t)i, k);
 #pragma omp simd
     for (int64_t j = 0; j < k; j++) mh[j] = half_bf16_stochastic(master[j], draws[j]);
   }

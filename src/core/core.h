@@ -191,6 +191,10 @@ void philox_draws(uint32_t *out4, uint64_t seed, uint64_t stream, uint64_t block
 /* out[i] := draw first + i of (seed, stream) for i < n (word (first+i)%4 of block
    (first+i)/4): the same numbers as philox_draws, many blocks per SIMD pass. */
 void philox_range(uint32_t *out, uint64_t seed, uint64_t stream, uint64_t first, int64_t n);
+/* out[i] := 16-bit draw first + i of (seed, stream) for i < n: 16-bit draw j is the low half
+   (j even) or the high half (j odd) of draw j / 2, so a Philox block serves eight (a bf16
+   master's stochastic rounding, which takes 16 bits an element). */
+void philox_halves(uint16_t *out, uint64_t seed, uint64_t stream, uint64_t first, int64_t n);
 
 /* ---------------------------------------------------------------- pools (pool.c) */
 

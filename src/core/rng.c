@@ -4,7 +4,8 @@
  * Purpose: make each draw a pure function of (seed, stream, index), so that splitting a
  * batch into micro-batches, recomputing a layer, or running on another backend yields the
  * very same numbers. Layout: draw `index` is word index%4 of the block with counter
- * (index/4 as 64 bits, stream as 64 bits) under key = seed.
+ * (index/4 as 64 bits, stream as 64 bits) under key = seed; 16-bit draw `index` is the low
+ * (index even) or high (odd) half of draw index/2.
  * Must never: keep hidden state between calls.
  */
 #include <string.h>
@@ -153,5 +154,25 @@ void philox_range(uint32_t *out, uint64_t seed, uint64_t stream, uint64_t first,
     done += take;
     block += LANES;
     skip = 0;
+  }
+}
+
+void philox_halves(uint16_t *out, uint64_t seed, uint64_t stream, uint64_t first, int64_t n) {
+  enum { WORDS = 4 * LANES };   /* a pass's draws: one philox_lanes, from a block's start */
+  uint32_t words[WORDS];
+  uint64_t word = (first >> 1) & ~(uint64_t)3;
+  int64_t skip = (int64_t)(first - 2 * word);   /* 16-bit draws of the block before first */
+  for (int64_t done = 0; done < n; word += WORDS, skip = 0) {
+    int64_t take = 2 * WORDS - skip < n - done ? 2 * WORDS - skip : n - done;
+    philox_range(words, seed, stream, word, (skip + take + 1) / 2);
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__   /* (the halves in memory order: low first) */
+    memcpy(out + done, (const uint16_t *)words + skip, (size_t)take * sizeof *out);
+#else
+    for (int64_t j = 0; j < take; j++) {
+      int64_t h = skip + j;
+      out[done + j] = (uint16_t)(words[h >> 1] >> (16 * (h & 1)));
+    }
+#endif
+    done += take;
   }
 }

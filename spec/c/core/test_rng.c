@@ -9,6 +9,9 @@
  * loop's), for drawn seeds and streams (with high words set), starts at every word of a
  * block, lengths short of, at and past a call's 256 draws, and blocks whose low word wraps
  * within a call (the carry into the counter's high word). Outputs poisoned first.
+ * philox_halves(out, seed, stream, first, n) is 16-bit draw first + i at out[i]: the low
+ * half of draw (first + i) / 2 where first + i is even, its high half where odd; for starts
+ * at every 16-bit draw of a block and lengths short of, at and past a pass's 512.
  * How: each draw compared with its block from philox_draws. All names start with "rng_".
  */
 #include <stdio.h>
@@ -50,6 +53,33 @@ TEST(rng_philox_range_is_each_block) {
                (unsigned long long)first);
       if (!draws_match(out, seed, stream, first, n, what)) break;
       CHECK(out[n] == 0xA5A5A5A5u, "%s: wrote past the n draws", what);
+    }
+  }
+  free(out);
+}
+
+TEST(rng_philox_halves_are_each_words_halves) {
+  static const int64_t lengths[] = {1, 2, 7, 511, 512, 513, 1030, 2048, 4099};
+  uint16_t *out = xmalloc(sizeof(uint16_t) * 4100);
+  for (int trial = 0; trial < 16; trial++) {
+    uint64_t seed = check_rand_u64(), stream = check_rand_u64();
+    uint64_t first = (check_rand_u64() >> 4) / 8 * 8 + (uint64_t)(trial % 8);   /* every half of a block */
+    for (size_t k = 0; k < sizeof lengths / sizeof lengths[0]; k++) {
+      int64_t n = lengths[k];
+      memset(out, 0xA5, sizeof(uint16_t) * 4100);
+      philox_halves(out, seed, stream, first, n);
+      int64_t bad = -1;
+      for (int64_t i = 0; i < n && bad < 0; i++) {
+        uint64_t index = first + (uint64_t)i, word = index / 2;
+        uint32_t block[4];
+        philox_draws(block, seed, stream, word / 4);
+        uint16_t want = (uint16_t)(index % 2 ? block[word % 4] >> 16 : block[word % 4] & 0xffffu);
+        if (out[i] != want) bad = i;
+      }
+      CHECK(bad < 0, "trial %d, %lld halves from %llu: out[%lld] is not its word's half", trial,
+            (long long)n, (unsigned long long)first, (long long)bad);
+      CHECK(out[n] == 0xA5A5u, "trial %d, %lld halves from %llu: wrote past the n draws", trial,
+            (long long)n, (unsigned long long)first);
     }
   }
   free(out);

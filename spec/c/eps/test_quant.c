@@ -413,10 +413,16 @@ static void compact_update(l2l_optimizer_kind kind, l2l_state_precision state, b
     if (bf16_master) chunk.p = NULL;
     eps_compact_chunk(ops, &chunk, &compact, skip);
     ops->chunk(&plain);
-    if (bf16_master && wave == ops->waves - 1) {   /* element i rounded by draw first + skip + i */
-      uint32_t *draws = xmalloc(4 * (size_t)n);
-      philox_range(draws, seed, stream, first + (uint64_t)skip, n);
-      for (int64_t i = 0; i < n; i++) p_ref[i] = half_bf16_to_f32(half_bf16_stochastic(p_ref[i], draws[i]));
+    if (bf16_master && wave == ops->waves - 1) {
+      /* element i rounded by 16-bit draw d = first + skip + i: half d % 2 of draw d / 2 */
+      uint64_t d0 = first + (uint64_t)skip;
+      uint32_t *draws = xmalloc(4 * (size_t)(n / 2 + 2));
+      philox_range(draws, seed, stream, d0 / 2, n / 2 + 2);
+      for (int64_t i = 0; i < n; i++) {
+        uint64_t d = d0 + (uint64_t)i;
+        uint32_t r = draws[d / 2 - d0 / 2] >> (d % 2 ? 16 : 0) & 0xffffu;
+        p_ref[i] = half_bf16_to_f32(half_bf16_stochastic(p_ref[i], r));
+      }
       for (int64_t i = 0; i < n; i++) p[i] = half_bf16_to_f32(ph[i]);
       free(draws);
     } else if (bf16_master) {   /* a first wave of two leaves the master */
