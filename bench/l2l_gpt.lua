@@ -29,6 +29,9 @@
 -- (each call, from its checks to its return: the optimizer's tail after a step's backward
 -- is left out; before 2026-11-28 tokens_per_second was from it). profile=FILE writes the
 -- timed steps' per-op profile (l2l.profile) to FILE and its table to stderr.
+-- host_peak_resident is the process's peak resident memory (VmHWM: the EPS, pinned
+-- buffers, stashes, libraries and all; nil where /proc does not say), the host memory a
+-- model really took, beside host_eps_bytes, the EPS's own count.
 -- Its own speed is the point, so nothing here checks loss.
 local l2l = require("l2l")
 local cjson = require("cjson")
@@ -113,11 +116,19 @@ end
 
 local params = 0
 for _, p in ipairs(model:params()) do params = params + p.value:numel() end
+local function peak_resident()   -- bytes, or nil
+  local f = io.open("/proc/self/status")
+  if f == nil then return nil end
+  local kib = f:read("*a"):match("VmHWM:%s*(%d+)%s*kB")
+  f:close()
+  return kib and tonumber(kib) * 1024
+end
 local n = steps
 print(cjson.encode({
   params = params, step_seconds = wall / n, step_seconds_stats = totals.step / n,
   tokens_per_second = o.batch * o.seq * n / wall,
   device_peak = totals.peak, host_eps_bytes = run:stats().host_eps_bytes,
+  host_peak_resident = peak_resident(),
   device_records_bytes = run:stats().device_records_bytes, placement = o.placement,
   state = o.state, master = o.master, accumulate = accumulate, steps = n,
   compute_seconds = totals.compute / n, wait_copy_seconds = totals.wait_copy / n,

@@ -110,9 +110,10 @@ for name in ("124M", "350M", "auto-124M", "auto-350M"):
 big, tbig = rows.get("l2l-big", {}), rows.get("torch-big", {})
 if "tokens_per_second" in big:
     mfu = 6 * big["params"] * big["tokens_per_second"] / R
-    print("\nDoes not fit: %d blocks of width 4096, %.2f B parameters, EPS %s on the host, accumulate %s "
-          "(the plan's): l2l %.0f tokens/s, MFU %.1f %%, device peak %s; PyTorch: %s" % (
-              int(sys.argv[2]), big["params"] / 1e9, gib(big["host_eps_bytes"]), big.get("accumulate"),
+    print("\nDoes not fit: %d blocks of width 4096, %.2f B parameters, EPS %s on the host (peak resident %s), "
+          "accumulate %s (the plan's): l2l %.0f tokens/s, MFU %.1f %%, device peak %s; PyTorch: %s" % (
+              int(sys.argv[2]), big["params"] / 1e9, gib(big["host_eps_bytes"]),
+              gib(big.get("host_peak_resident")), big.get("accumulate"),
               big["tokens_per_second"],
               100 * mfu, gib(big["device_peak"]),
               "out of memory" if tbig.get("oom") else
@@ -123,10 +124,13 @@ if "tokens_per_second" in seven:
     flops = 6 * seven["params"] * seven["tokens_per_second"]
     print("\n7 B shape (32 x 4096 when not --quick), 8-bit AdamW state, bf16 masters, placement auto, "
           "accumulate %s (the plan's): %.2f B parameters, l2l %.0f tokens/s, %.0f TFLOP/s of model FLOPs "
-          "(MFU %.1f %%), host EPS %.2f GB a billion parameters, %s of records on the device, device peak %s" % (
+          "(MFU %.1f %%), host EPS %.2f GB a billion parameters (the process's peak resident memory %s), "
+          "%s of records on the device, device peak %s" % (
               seven.get("accumulate"), seven["params"] / 1e9, seven["tokens_per_second"], flops / 1e12, 100 * flops / R,
-              seven["host_eps_bytes"] / seven["params"], gib(seven["device_records_bytes"]),
-              gib(seven["device_peak"])))
+              seven["host_eps_bytes"] / seven["params"],
+              "%.2f GB a billion" % (seven["host_peak_resident"] / seven["params"])
+              if seven.get("host_peak_resident") else "not read",
+              gib(seven["device_records_bytes"]), gib(seven["device_peak"])))
 print("\n| tokens per minibatch | step | exposed copy | exposed share | predicted crossover |")
 print("|---:|---:|---:|---:|---:|")
 for batch in (1, 2, 4, 8, 16, 32):
