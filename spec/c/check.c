@@ -250,7 +250,9 @@ bool ends_with(const char *s, const char *suffix) {
 
 /* A test that dies (a segfault in a kernel launcher, say) says which it was and where:
    the stdout it buffered dies with it. Only async-signal-safe calls here, and then the
-   signal's default action, so the exit status still says what killed it. */
+   signal's default action, so the exit status still says what killed it. (Not in a
+   sanitizer's build, which installs its own reports for these signals.) */
+#ifndef L2L_SANITIZE
 static void died(int sig) {
   static const char head[] = "\nctest: the test ";
   (void)!write(STDERR_FILENO, head, sizeof head - 1);
@@ -265,6 +267,7 @@ static void died(int sig) {
   signal(sig, SIG_DFL);
   raise(sig);
 }
+#endif
 
 int main(int argc, char **argv) {
   const char *env = getenv("L2L_SEED");
@@ -274,7 +277,6 @@ int main(int argc, char **argv) {
      process: cuda_backend_attention is part of another test's name). --list prints the
      chosen tests' names and runs none. */
   const char *program = argv[0];
-  /* the sanitizers install their own reports for these */
 #ifndef L2L_SANITIZE
   const int deadly[] = {SIGSEGV, SIGBUS, SIGFPE, SIGABRT};
   for (size_t k = 0; k < sizeof deadly / sizeof deadly[0]; k++) signal(deadly[k], died);
