@@ -11,7 +11,8 @@
  * subnormals) encoded and decoded: each block's scale its largest magnitude (the square
  * root's for v), each byte's code the nearest of |x| / scale, its sign, the padding
  * zero, nothing written past the array, every value back within half the code's widest
- * gap of its block's scale (the bound l2l.h's code gives); bf16 to nearest even;
+ * gap of its block's scale (the bound l2l.h's code gives); a root code's negatives (-0
+ * among them) and NaNs encoded as zeros are, on both paths; bf16 to nearest even;
  * eps_compact_chunk for SGD with momentum, AdamW and LAMB in both precisions against the
  * same f32 kernels run on the decoded state and encoded after (bit for bit; LAMB's trust
  * ratio, summed per block, to rounding), from a chunk that starts blocks into its array,
@@ -196,6 +197,37 @@ TEST(quant_encode_paths_agree) {
     free(array);
   }
   free(x);
+}
+
+/* A root code's array where some x are negative (-0 among them) or NaN: those count as 0
+   (code 0, out of the scale), and every other element's code and the block's scale are
+   those of the same array with 0 in their places; on each path (a block of 16-wide vectors
+   and a tail). */
+TEST(quant_root_code_takes_negatives_and_nans_as_zero) {
+  enum { N = BLOCK + 37 };
+  float *x = xmalloc(sizeof(float) * N), *zeroed = xmalloc(sizeof(float) * N);
+  uint64_t bytes = host_state_bytes(L2L_STATE_8BIT, N);
+  uint8_t *got = xmalloc(bytes), *want = xmalloc(bytes);
+  for (int64_t i = 0; i < N; i++) {
+    float v = (float)pow(10.0, check_rand_uniform(-9.0, 0.0));
+    int odd = check_rand_int(0, 5);
+    x[i] = odd == 0 ? -v : odd == 1 ? NAN : odd == 2 ? -0.0f : v;
+  }
+  /* a negative past each block's largest */
+  x[check_rand_int(0, BLOCK - 1)] = -4.0f, x[BLOCK + check_rand_int(0, 36)] = -4.0f;
+  for (int64_t i = 0; i < N; i++) zeroed[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  memset(got, 0x5A, bytes), memset(want, 0xA5, bytes);
+  optim_state_encode(got, N, 0, x, N, L2L_STATE_8BIT, OPTIM_CODE_ROOT);
+  optim_state_encode(want, N, 0, zeroed, N, L2L_STATE_8BIT, OPTIM_CODE_ROOT);
+  int64_t bad = -1;
+  for (uint64_t b = 0; b < bytes && bad < 0; b++)
+    if (got[b] != want[b]) bad = (int64_t)b;
+  CHECK(bad < 0, "byte %lld of %llu: %d with negatives and NaNs, %d with zeros in their places",
+        (long long)bad, (unsigned long long)bytes, bad < 0 ? 0 : got[bad], bad < 0 ? 0 : want[bad]);
+  for (int64_t i = 0; i < N; i++)
+    if (!(x[i] > 0.0f)) CHECK(got[i] == 0, "element %lld (x %a): code %d, want 0", (long long)i,
+                              (double)x[i], got[i]);
+  free(x), free(zeroed), free(got), free(want);
 }
 
 /* ---------------------------------------------------------------- arrays */
