@@ -27,8 +27,10 @@
 -- Each case runs as `l2l fuzz_load.lua --child TARGET BASE FILE` under `timeout` and a
 -- memory limit (ulimit -v, or the pool budget alone under AddressSanitizer, which needs
 -- its large virtual reservations), and is classified:
---   accepted  loaded, and the result works (one training step; every tensor read back; the
---             tokenizer gives every byte back; a relay takes the plan)
+--   accepted  loaded, and the result works (one training step, with the file's device and
+--             host budgets set aside: a relay may be saved with one its step refuses;
+--             every tensor read back; the tokenizer gives every byte back; a relay takes
+--             the plan)
 --   clean     an error whose message starts with the called function's name and is not an
 --             internal Lua or FFI error ("attempt to ...", "cannot convert", a position
 --             "file.lua:12:" from an error() that was not meant for the user, ...)

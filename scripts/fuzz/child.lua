@@ -201,11 +201,13 @@ local function child(c)
       local okc, why = clean_error(run, { "l2l.load: " })
       finish(okc and "clean" or "unclean", okc and run or (why .. " || " .. tostring(run)))
     end
-    -- a device budget from the file is the file's to ask for (and l2l.load checks its
-    -- range); whether the run works is asked without it: the relay's own (the file's
-    -- device_budget) and the device pool's
+    -- a device or host budget from the file is the file's to ask for (and l2l.load checks
+    -- their range; a relay may be saved with a budget its step refuses, which that step
+    -- says, naming the smallest that works); whether the run works is asked without them:
+    -- the relay's own (the file's device_budget and host_budget) and the device pool's
     l2l.set_budget("device", 0)
     run:set_device_budget(0)
+    run:set_host_budget(0)
     note_nan_payloads(run.model)
     local oks, err = step_once(run)
     if not oks then finish("unstep", "l2l.load accepted it, then the step failed || " .. tostring(err)) end
