@@ -3,9 +3,10 @@
 # flakes.sh — the flake hunt: runs the whole suite many times, each with a fresh seed, and
 # lists every assertion that failed in any run, with the seed it drew and the command that
 # replays it. A test that fails here without a code change is a flake, and costs a landing.
-# It also lists the numeric comparisons that came nearest their tolerances (the C tests'
-# error / tolerance, recorded through L2L_TEST_MARGINS: check.h's check_margin), so that a
-# tolerance too tight for some draws shows before a run fails on it.
+# It also lists the numeric comparisons that came nearest their tolerances (error /
+# tolerance, recorded through L2L_TEST_MARGINS: the C tests' check.h check_margin, the
+# specs' spec/support.lua within), so that a tolerance too tight for some draws shows
+# before a run fails on it.
 # Usage: scripts/flakes.sh N LOADED SANITIZED THREADED
 #        (`make flakes N=20 LOADED=3 SANITIZED=3 THREADED=3`)
 #   N          runs of `make test`, as CI runs it;
@@ -113,9 +114,10 @@ nearest_margins() {
     kind=$(basename "$f" .margins) kind=${kind%-*}
     seed=$(sed -n '1s/^#seed\t//p' "$f")
     awk -F'\t' -v kind="$kind" -v seed="$seed" -v env="$(env_of "$kind" "$seed")" \
-      -v build="$(build_of "$kind")" '
-      !/^#/ && NF >= 3 { printf "%s\t%s\t%s\t%s\t%s run, seed %s\t%s %s/l2l_ctest --exact %s\n",
-                         $2, $1, $3, $4, kind, seed, env, build, $3 }' "$f"
+      -v build="$(build_of "$kind")" -v busted="$busted" '
+      !/^#/ && NF >= 3 {
+        replay = $3 ~ /\.lua$/ ? build "/l2l " busted " -o plainTerminal " $3 : build "/l2l_ctest --exact " $3
+        printf "%s\t%s\t%s\t%s\t%s run, seed %s\t%s %s\n", $2, $1, $3, $4, kind, seed, env, replay }' "$f"
   done | sort -t$'\t' -k2,2 -k1,1gr | awk -F'\t' '$2 != last { last = $2; print }' |
     sort -t$'\t' -k1,1gr | awk -F'\t' -v all="$(cat "$out"/*.margins 2>/dev/null | grep -cv '^#')" '
       NR == 1 { printf "\nnearest their tolerances (error / tolerance: 1 fails; the largest at each place, of %d comparisons):\n", all }

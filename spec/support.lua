@@ -1,7 +1,7 @@
 -- SPDX-License-Identifier: MIT
 -- spec/support.lua — helpers shared by the specs: fresh random data from a seed that
 -- changes every run (printed on failure through the messages that use it), float64
--- comparison, running a shell command, and where the build is.
+-- comparison and its margin (within), running a shell command, and where the build is.
 local M = {}
 
 M.build = os.getenv("L2L_BUILD") or "build"
@@ -86,6 +86,31 @@ function M.rel_err(got, want, floor)
     if e > worst then worst = e end
   end
   return worst
+end
+
+-- Whether err <= tol (a NaN err is not); where L2L_TEST_MARGINS names a file, one line
+-- appended to it as the C tests' check_margin writes them (spec/c/check.c): the place
+-- (file:line of the caller `level` up: 1, the default, is within's caller, 2 a helper's
+-- caller, where the helper does not return within's result as a tail call, which drops its
+-- frame), err / tol, the spec file (which scripts/flakes.sh replays) and what. The file is
+-- opened again when the name changes.
+local margins, margins_path = nil, ""
+function M.within(err, tol, what, level)
+  local path = os.getenv("L2L_TEST_MARGINS") or ""
+  if path ~= margins_path then
+    if margins then margins:close() end
+    margins, margins_path = path ~= "" and io.open(path, "a") or nil, path
+  end
+  if margins then
+    local at = debug.getinfo((level or 1) + 1, "Sl")
+    local file = at.short_src:gsub("^%./", "")
+    if file:sub(1, #M.root + 1) == M.root .. "/" then file = file:sub(#M.root + 2) end
+    local ratio = tol > 0 and err / tol or (err == 0 and 0 or math.huge)
+    local note = tostring(what or ""):gsub("[\t\n]", " ")
+    margins:write(("%s:%d\t%.4g\t%s\t%s\n"):format(file, at.currentline, ratio, file, note))
+    margins:flush()
+  end
+  return err <= tol
 end
 
 -- The build folder as an absolute path (for programs run from another folder).

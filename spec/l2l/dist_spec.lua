@@ -71,7 +71,8 @@ local function assert_close(want, got, what)
   assert.are.equal(#want.losses, #got.losses, what)
   for i = 1, #want.losses do
     local a, b = num(want.losses[i]), num(got.losses[i])
-    assert.is_true(math.abs(a - b) <= 1e-5 * math.abs(a), ("%s: loss of step %d: %.9g, one process %.9g"):format(what, i, b, a))
+    assert.is_true(support.within(math.abs(a - b), 1e-5 * math.abs(a), "ranks' loss", 2),
+                   ("%s: loss of step %d: %.9g, one process %.9g"):format(what, i, b, a))
   end
   assert.are.equal(#want.params, #got.params, what)
   local worst, where = 0, ""
@@ -96,7 +97,8 @@ local function assert_close(want, got, what)
       end
     end
   end
-  assert.is_true(worst < 3e-3, "largest difference: " .. where)
+  assert.is_true(support.within(worst, 3e-3, "ranks' weights and state", 2) and worst < 3e-3,
+                 "largest difference: " .. where)
 end
 
 -- Two runs' weights and optimizer state, the very same.
@@ -475,7 +477,8 @@ describe("data parallel under mpirun", function()
     local function few_flips(want, got, what)
       for i = 1, #want.losses do
         local a, b = num(want.losses[i]), num(got.losses[i])
-        assert.is_true(math.abs(a - b) <= 1e-4 * math.abs(a), ("%s: loss of step %d: %.9g, one process %.9g"):format(what, i, b, a))
+        assert.is_true(support.within(math.abs(a - b), 1e-4 * math.abs(a), "ranks' 16-bit loss", 2),
+                       ("%s: loss of step %d: %.9g, one process %.9g"):format(what, i, b, a))
       end
       for i, w in ipairs(want.params) do
         local differ, diff, size, from_zero = 0, 0, 0, opt ~= nil

@@ -482,8 +482,9 @@ describe("a trained model you can use: l2l sample and l2l eval", function()
       end
     end
     local want = sum / (3 * S)
-    assert.is_true(math.abs(loss - want) <= 1e-4 * want, ("eval %.6f, float64 reference %.6f"):format(loss, want))
-    assert.is_true(math.abs(ppl - math.exp(want)) <= 1e-3 * math.exp(want), out)
+    assert.is_true(support.within(math.abs(loss - want), 1e-4 * want, "eval loss"),
+                   ("eval %.6f, float64 reference %.6f"):format(loss, want))
+    assert.is_true(support.within(math.abs(ppl - math.exp(want)), 1e-3 * math.exp(want), "eval perplexity"), out)
     logits:free()
     ids:free()
   end)

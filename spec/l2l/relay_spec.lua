@@ -165,7 +165,7 @@ describe("l2l.Relay", function()
         local tokens, targets = reversal(B)
         local got = run:step(tokens, targets)
         local want = reference(tokens, targets, k)
-        assert.is_true(math.abs(got - want) <= 1e-5 * math.max(1, want),
+        assert.is_true(support.within(math.abs(got - want), 1e-5 * math.max(1, want), "loss"),
                        ("step %d: relay loss %.9g, plain %.9g: %s"):format(k + 1, got, want, what))
       end
       run:sync()
@@ -182,7 +182,8 @@ describe("l2l.Relay", function()
       assert.are.equal(#want, #got)
       for i, p in ipairs(want) do
         local e = max_diff(flat(got[i].value), flat(p.value))
-        assert.is_true(e <= tol, ("%s differs by %g after %d steps: %s"):format(p.name, e, steps, what))
+        assert.is_true(support.within(e, tol, case.opt.kind .. " " .. p.name),
+                       ("%s differs by %g after %d steps: %s"):format(p.name, e, steps, what))
       end
       -- the optimizer state is readable through the relay (SGD without momentum has none)
       for i = 1, #got, 3 do
@@ -194,7 +195,8 @@ describe("l2l.Relay", function()
           assert.are.same(got[i].value:shape(), m:shape())
           local mine, theirs, e = ref_state[i].m, flat(m), 0
           for k = 1, #theirs do e = math.max(e, math.abs(theirs[k] - mine[k - 1])) end
-          assert.is_true(e <= tol, ("%s: first moment differs by %g: %s"):format(want[i].name, e, what))
+          assert.is_true(support.within(e, tol, case.opt.kind .. " m " .. want[i].name),
+                         ("%s: first moment differs by %g: %s"):format(want[i].name, e, what))
         end
         if case.opt.kind == "adamw" then assert.is_truthy(run:state(got[i], "v")) end
       end
@@ -306,7 +308,7 @@ describe("l2l.Relay", function()
     -- a skipped layer acts as the identity, as in the plain path
     local evaluated = run:evaluate(tokens, targets, { skip = { 4 } })
     local plain = model:forward { tokens = tokens, targets = targets, training = false, skip = { 4 } }
-    assert.is_true(math.abs(evaluated - plain) <= 1e-5 * math.max(1, plain),
+    assert.is_true(support.within(math.abs(evaluated - plain), 1e-5 * math.max(1, plain), "evaluate with skip"),
                    ("evaluate with skip %.8g, plain forward with skip %.8g"):format(evaluated, plain))
 
     -- shrink and swap: the fresh block leaves (the relay too, at once: it can be freed),
@@ -533,7 +535,8 @@ describe("l2l.Relay", function()
     for _ = 1, 20 do
       local tok, tgt = reversal(8)
       local f, h = pair[1]:step(tok, tgt), pair[2]:step(tok, tgt)
-      assert.is_true(math.abs(f - h) <= 0.03 * f, ("f32 %.6g, %s %.6g"):format(f, precision, h))
+      assert.is_true(support.within(math.abs(f - h), 0.03 * f, precision .. " loss against f32", 2),
+                     ("f32 %.6g, %s %.6g"):format(f, precision, h))
       differs = differs or f ~= h
     end
     assert.is_true(differs, "the 16-bit run gave f32's losses bit for bit")
@@ -717,13 +720,15 @@ describe("l2l.Relay", function()
       for _ = 1, 3 do
         local tok, tgt = reversal(8)
         local a, b = runs[1]:step(tok, tgt), runs[2]:step(tok, tgt)
-        assert.is_true(math.abs(a - b) <= ulp * math.abs(b), ("split: %.9g vs %.9g"):format(a, b))
+        assert.is_true(support.within(math.abs(a - b), ulp * math.abs(b), precision .. " split loss"),
+                       ("split: %.9g vs %.9g"):format(a, b))
       end
       for i = 1, 2 do runs[i]:sync() end
       local a, b = split[1]:params(), split[2]:params()
       for j = 1, #a do
         local d = max_diff(flat(a[j].value), flat(b[j].value))
-        assert.is_true(d <= ulp, ("split: %s differs by %g"):format(a[j].name, d))
+        assert.is_true(support.within(d, ulp, precision .. " split " .. a[j].name),
+                       ("split: %s differs by %g"):format(a[j].name, d))
       end
       for i = 1, 2 do runs[i]:free() end
 

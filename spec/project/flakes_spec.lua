@@ -1,6 +1,7 @@
 -- SPDX-License-Identifier: MIT
 -- flakes_spec — the flake hunt's margins: L2L_TEST_MARGINS makes the C tests' comparisons
--- (check.h's check_margin) append "file:line, error / tolerance, test, what" to a file, and
+-- (check.h's check_margin) and the specs' (spec/support.lua's within) append "file:line,
+-- error / tolerance, test (a spec: its file), what" to a file, and
 -- `scripts/flakes.sh --report DIR` lists, from the runs' margin files, the twelve places
 -- that came nearest their tolerances, each once at its largest, with the run that drew it
 -- and the command that replays it (the TSan build's, with its environment, for a TSan run),
@@ -34,6 +35,38 @@ describe("L2L_TEST_MARGINS", function()
       largest = math.max(largest, ratio)
     end
     assert.is_true(largest > 0, "every error recorded as 0: the errors were not measured")
+  end)
+
+  it("records a spec's comparisons through support.within: its caller's place, or a helper's caller's", function()
+    local ffi = require("ffi")
+    pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
+    local path, given = support.tmpdir() .. "/m.tsv", os.getenv("L2L_TEST_MARGINS")
+    local function via_helper(err)
+      local ok = support.within(err, 4, "through a helper", 2)   -- (a tail call would drop this frame)
+      return ok
+    end
+    local function line() return debug.getinfo(2, "l").currentline end
+    ffi.C.setenv("L2L_TEST_MARGINS", path, 1)
+    local v, at = {}, {}
+    v[1] = support.within(0.25, 1, "a quarter"); at[1] = line()
+    v[2] = support.within(3, 2, "past it\tand on"); at[2] = line()
+    v[3] = support.within(0 / 0, 1, "NaN"); at[3] = line()
+    v[4] = via_helper(1); at[4] = line()
+    v[5] = support.within(0, 0, "exact"); at[5] = line()
+    if given then ffi.C.setenv("L2L_TEST_MARGINS", given, 1) else ffi.C.unsetenv("L2L_TEST_MARGINS") end
+    support.within(0.5, 1, "after the name changed")   -- (to the run's file, or to none)
+    assert.are.same({ true, false, false, true, true }, v)
+    local lines = lines_of(path)
+    assert.are.equal(5, #lines, table.concat(lines, "\n"))
+    local want = { { "0.25", "a quarter" }, { "1.5", "past it and on" }, { nil, "NaN" },
+                   { "0.25", "through a helper" }, { "0", "exact" } }
+    for i, line in ipairs(lines) do
+      local site, ratio, test, what = line:match("^([^\t]+)\t([^\t]+)\t([^\t]+)\t([^\t]*)$")
+      assert.are.equal("spec/project/flakes_spec.lua:" .. at[i], site, line)
+      assert.are.equal("spec/project/flakes_spec.lua", test, line)
+      assert.are.equal(want[i][2], what, line)
+      if want[i][1] then assert.are.equal(want[i][1], ratio, line) else assert.is_false(tonumber(ratio) == tonumber(ratio), line) end
+    end
   end)
 
   it("names a file it cannot append to, and the test still runs", function()
@@ -83,6 +116,17 @@ describe("scripts/flakes.sh --report", function()
                               .. "build-tsan/l2l_ctest --exact test_a", 1, true), out)
     assert.is_truthy(out:find("replay: L2L_SEED=11 L2L_DEVICE=cpu L2L_BUILD=build build/l2l_ctest --exact test_b",
                               1, true), out)
+  end)
+
+  it("replays a spec's place by running its spec file", function()
+    local spec_dir = support.tmpdir()
+    support.write_file(spec_dir .. "/plain-1.margins",
+                       "#seed\t11\nspec/l2l/ops_spec.lua:18\t0.7\tspec/l2l/ops_spec.lua\tgelu\n")
+    local status, out = sh("scripts/flakes.sh --report " .. q(spec_dir))
+    assert.are.equal(0, status, out)
+    assert.is_truthy(out:find("\n  0%.7 +spec/l2l/ops_spec%.lua:18  spec/l2l/ops_spec%.lua: gelu %(plain run, seed 11%)"), out)
+    assert.is_truthy(out:find("replay: L2L_SEED=11 L2L_DEVICE=cpu L2L_BUILD=build build/l2l " .. "%S*busted"
+                              .. " %-o plainTerminal spec/l2l/ops_spec%.lua"), out)
   end)
 
   it("puts the failures the runs logged first, and exits non-zero", function()
