@@ -158,13 +158,13 @@ void philox_range(uint32_t *out, uint64_t seed, uint64_t stream, uint64_t first,
 }
 
 void philox_halves(uint16_t *out, uint64_t seed, uint64_t stream, uint64_t first, int64_t n) {
-  enum { WORDS = 4 * LANES };   /* a pass's draws: one philox_lanes, from a block's start */
+  enum { WORDS = 4 * LANES };   /* a pass's draws: one philox_lanes, LANES blocks */
   uint32_t words[WORDS];
-  uint64_t word = (first >> 1) & ~(uint64_t)3;
-  int64_t skip = (int64_t)(first - 2 * word);   /* 16-bit draws of the block before first */
-  for (int64_t done = 0; done < n; word += WORDS, skip = 0) {
+  uint64_t block = first >> 3;   /* (8 16-bit draws a block) */
+  int64_t skip = (int64_t)(first & 7);   /* 16-bit draws of the block before first */
+  for (int64_t done = 0; done < n; block += LANES, skip = 0) {
     int64_t take = 2 * WORDS - skip < n - done ? 2 * WORDS - skip : n - done;
-    philox_range(words, seed, stream, word, (skip + take + 1) / 2);
+    philox_lanes(words, block, stream, seed);
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__   /* (the halves in memory order: low first) */
     memcpy(out + done, (const uint16_t *)words + skip, (size_t)take * sizeof *out);
 #else
