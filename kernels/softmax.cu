@@ -365,7 +365,10 @@ bool launch_cross_entropy_rows(const RowLaunch &l, size_t cache_bytes, cudaStrea
 
 /* need_losses / need_dlogits: that output is required (the unfused ops); the fused one
    writes whichever it is given. A warp's rows are cached (a block's 8 slices fit in 48 KiB:
-   rows.cuh); a block's where the device gives it the bytes, else streamed. */
+   rows.cuh); a block's where it writes dlogits and the device gives it the bytes, else
+   streamed. Losses alone always stream: their one online pass reads each logit once either
+   way, and a cache would only copy it into shared memory and, at GPT-2's 50,257 words
+   (201 KB a row), hold an SM to one block. */
 int launch_cross_entropy(bool need_losses, bool need_dlogits, float *losses, float *dlogits,
                          void *d16, int d16_dtype, const float *logits, const int32_t *targets,
                          int32_t ignore_index, float scale, int64_t rows, int64_t vocab,
@@ -386,8 +389,9 @@ int launch_cross_entropy(bool need_losses, bool need_dlogits, float *losses, flo
     return k_launched();
   }
   const size_t cache_bytes = (size_t)padded_cols(vocab) * sizeof(float); /* (one row) */
-  const bool launched = d16 ? launch_cross_entropy_rows<true, true>(l, cache_bytes, s, args)
-                            : launch_cross_entropy_rows<false, true>(l, cache_bytes, s, args);
+  const bool launched = d16        ? launch_cross_entropy_rows<true, true>(l, cache_bytes, s, args)
+                        : dlogits ? launch_cross_entropy_rows<false, true>(l, cache_bytes, s, args)
+                                  : false;
   if (!launched) {
     if (d16) launch_cross_entropy_rows<true, false>(l, 0, s, args);
     else launch_cross_entropy_rows<false, false>(l, 0, s, args);
