@@ -94,6 +94,12 @@ l2l_status cudnn_describe(const struct backend_attention_shape *shape, int backw
    attention calls cuDNN has run. */
 void cudnn_enable(int on);
 int64_t cudnn_runs(void);
+/* Tests' switches: the next n plans cuDNN is asked to run are refused as if cuDNN had failed
+   to run them (the path a real refusal takes: the call, and its shape's later ones, on the
+   own kernels); and every cached plan forgotten (a shape so retired is routed to cuDNN
+   again). */
+void cudnn_refuse_next(int n);
+void cudnn_forget_plans(void);
 /* How many attention calls (forwards and backwards) l2l's flash kernels on tensor cores
    have run (cuda/attention_ops.c; 0 without CUDA). */
 int64_t flash_attention_runs(void);

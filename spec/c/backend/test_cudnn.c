@@ -9,8 +9,9 @@
  * loaded the tests say skipped and why. On a GPU: the cuDNN path's o, lse, dq, dk, dv
  * against the own f32 kernels' on the same inputs, within bf16 / f16 rounding's
  * tolerances (cuda_twins.h's TOL_ATTN16, plus the rounding of the outputs cuDNN writes in
- * 16 bits), and the calls cuDNN does not cover (a key mask, dropout, cuDNN switched off)
- * shown to take the own kernels. All test names start with "cudnn_".
+ * 16 bits), the calls cuDNN does not cover (a key mask, dropout, cuDNN switched off)
+ * shown to take the own kernels, and a plan cuDNN would not run leaving its call and
+ * shape to them. All test names start with "cudnn_".
  */
 #include <math.h>
 #include <stdlib.h>
@@ -227,6 +228,120 @@ TEST(cudnn_attention_against_own_kernels) {
   for (int d = 0; d < 2; d++)
     for (int causal = 0; causal < 2; causal++)
       for (int t = 0; t < 2; t++) gpu_case(d ? 128 : 64, causal, t ? L2L_F16 : L2L_BF16);
+  end_gpu();
+}
+
+/* One forward and backward of drawn f32 q, k, v (the packed copies' graphs) on the device
+   backend: o, lse (one float into its tensor, as gpu_case's), then dq, dk, dv from
+   (o, lse), each into the tensors given. */
+struct refusal_case {
+  struct backend_attention_shape sh;
+  int64_t N, D, rows;
+  l2l_tensor *hq, *hd, *qkv, *d_o;
+};
+
+static void refusal_forward(const struct refusal_case *c, l2l_tensor *o, l2l_tensor *lse) {
+  const float *q = fdata(c->qkv);
+  CHECK_OK(backend_for(L2L_POOL_DEVICE)->attention_forward(fdata(o), fdata(lse) + 1, NULL, NULL,
+                                                          NULL, q, q + c->D, q + 2 * c->D, NULL,
+                                                          &c->sh, NULL, 0));
+}
+
+static void refusal_backward(const struct refusal_case *c, l2l_tensor *g, const l2l_tensor *o,
+                             const l2l_tensor *lse) {
+  const float *q = fdata(c->qkv);
+  float *gp = fdata(g);
+  CHECK_OK(backend_for(L2L_POOL_DEVICE)->attention_backward(
+      gp, gp + c->D, gp + 2 * c->D, fdata(c->d_o), fdata(o), fdata(lse) + 1, NULL, NULL, NULL,
+      q, q + c->D, q + 2 * c->D, NULL, &c->sh, NULL, 0));
+}
+
+/* A plan cuDNN made and then would not run (cudnn_refuse_next takes the path a real
+   refusal takes): the call runs on the own kernels, with their results (to the bit where
+   the flash kernels take it: they add in a fixed order; else within the own f32 kernels'
+   atomic adds' reordering), cuDNN's count unchanged, and the shape is not routed to cuDNN
+   again until its plans are forgotten. Both directions: a refused forward, and a refused
+   backward after a forward cuDNN ran (the own backward then reads cuDNN's o and lse). */
+TEST(cudnn_attention_refused_plan_runs_on_own_kernels) {
+  if (!need_cudnn() || !use_real_gpu()) return;
+  struct refusal_case c;
+  c.sh = drawn_shape(PICK(64, 128), check_rand_int(0, 1), PICK(L2L_BF16, L2L_F16));
+  if (c.sh.seq > 200) c.sh.seq = 200;
+  if (cudnn_probe(NULL, 0) <= 91500) c.sh.seq = 128;   /* (what cuDNN covers before 9.16) */
+  c.D = c.sh.heads * c.sh.head_dim, c.N = c.sh.batch * c.sh.seq;
+  c.rows = c.sh.batch * c.sh.heads * c.sh.seq;
+  c.qkv = device_randn(&c.hq, c.N, 3 * c.D), c.d_o = device_randn(&c.hd, c.N, c.D);
+  char what[160];
+  snprintf(what, sizeof what, "B=%lld H=%lld S=%lld d=%lld%s %s", (long long)c.sh.batch,
+           (long long)c.sh.heads, (long long)c.sh.seq, (long long)c.sh.head_dim,
+           c.sh.causal ? " causal" : "", l2l_dtype_name(c.sh.precision));
+  cudnn_forget_plans();
+  if (!CHECK(cudnn_routes(&c.sh, NULL, NULL, NULL, NULL),
+             "%s: cuDNN refused the graph on this GPU (its reason: stderr)", what)) {
+    FREE(c.hq, c.hd, c.qkv, c.d_o);
+    end_gpu();
+    return;
+  }
+  /* index 0: the own kernels (cuDNN off); 1: a refused call */
+  l2l_tensor *o[2], *lse[2], *g[2];
+  for (int i = 0; i < 2; i++) {
+    o[i] = NEW(L2L_POOL_DEVICE, L2L_F32, c.N, c.D), lse[i] = NEW(L2L_POOL_DEVICE, L2L_F32, c.rows + 1);
+    g[i] = NEW(L2L_POOL_DEVICE, L2L_F32, c.N, 3 * c.D);
+    CHECK_OK(l2l_tensor_fill(o[i], NAN)), CHECK_OK(l2l_tensor_fill(lse[i], NAN));
+    CHECK_OK(l2l_tensor_fill(g[i], NAN));
+  }
+  char label[220];
+
+  /* a refused forward, then the backward it leaves to the own kernels */
+  int64_t flash = flash_attention_runs();
+  cudnn_enable(0);
+  refusal_forward(&c, o[0], lse[0]), refusal_backward(&c, g[0], o[0], lse[0]);
+  cudnn_enable(1);
+  const int64_t own_flash = flash_attention_runs() - flash;
+  /* the own backward's sums: the flash kernels' fixed order, or the f32 kernels' dq atomics
+     (S terms a sum, each add's rounding 2^-24 relative) */
+  const double tol = own_flash == 2 ? 0.0 : (double)c.sh.seq * 0x1p-23;
+  int64_t runs = cudnn_runs();
+  flash = flash_attention_runs();
+  cudnn_refuse_next(1);
+  refusal_forward(&c, o[1], lse[1]);
+  CHECK(!cudnn_routes(&c.sh, NULL, NULL, NULL, NULL),
+        "%s: a shape whose plan cuDNN refused is still routed to it", what);
+  refusal_backward(&c, g[1], o[1], lse[1]);
+  CHECK_OK(l2l_device_synchronize());
+  cudnn_refuse_next(0);
+  CHECK(cudnn_runs() == runs, "%s: cuDNN counted %lld runs for a refused forward and the "
+        "backward after it, want 0", what, (long long)(cudnn_runs() - runs));
+  CHECK(flash_attention_runs() - flash == own_flash, "%s: the flash kernels ran %lld calls, "
+        "want %lld as with cuDNN off", what, (long long)(flash_attention_runs() - flash),
+        (long long)own_flash);
+  snprintf(label, sizeof label, "%s, refused forward: o against the own kernels'", what);
+  close_to(label, o[1], o[0], c.N, c.D, c.D, 0, 0.0, 0.0);
+  snprintf(label, sizeof label, "%s, refused forward: lse against the own kernels'", what);
+  close_to(label, lse[1], lse[0], 1, c.rows, c.rows, 1, 0.0, 0.0);
+  snprintf(label, sizeof label, "%s, refused forward: dq, dk, dv against the own kernels'", what);
+  close_to(label, g[1], g[0], c.N, 3 * c.D, 3 * c.D, 0, tol, tol);
+
+  /* forgotten plans route the shape again; cuDNN runs the forward, refuses the backward */
+  cudnn_forget_plans();
+  CHECK(cudnn_routes(&c.sh, NULL, NULL, NULL, NULL),
+        "%s: not routed to cuDNN once its plans are forgotten", what);
+  runs = cudnn_runs();
+  refusal_forward(&c, o[1], lse[1]);
+  CHECK_OK(l2l_tensor_fill(g[1], NAN));
+  cudnn_refuse_next(1);
+  refusal_backward(&c, g[1], o[1], lse[1]);
+  cudnn_enable(0);   /* the own backward on cuDNN's o and lse */
+  refusal_backward(&c, g[0], o[1], lse[1]);
+  cudnn_enable(1);
+  CHECK_OK(l2l_device_synchronize());
+  cudnn_refuse_next(0);
+  CHECK(cudnn_runs() == runs + 1, "%s: cuDNN counted %lld runs for its forward and a refused "
+        "backward, want 1", what, (long long)(cudnn_runs() - runs));
+  snprintf(label, sizeof label, "%s, refused backward: dq, dk, dv against the own kernels'", what);
+  close_to(label, g[1], g[0], c.N, 3 * c.D, 3 * c.D, 0, tol, tol);
+  cudnn_forget_plans();
+  FREE(c.hq, c.hd, c.qkv, c.d_o, o[0], o[1], lse[0], lse[1], g[0], g[1]);
   end_gpu();
 }
 

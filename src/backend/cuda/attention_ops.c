@@ -241,7 +241,7 @@ static l2l_status attention_forward_cudnn(bool *ran, void *o, float *lse, const 
   void *scratch = NULL;
   const struct sdpa_call c = {q, k, v, o, NULL, NULL, NULL, NULL, lse};
   TRY(cudnn_start(ran, &scratch, sh, &c, 0));
-  return *ran ? cudnn_sdpa_forward(o, lse, q, k, v, sh, scratch) : L2L_OK;
+  return *ran ? cudnn_sdpa_forward(ran, o, lse, q, k, v, sh, scratch) : L2L_OK;
 }
 
 static l2l_status attention_forward_locked(void *o, float *lse, float *probs, float *dropped,
@@ -319,7 +319,7 @@ static l2l_status attention_backward_cudnn(bool *ran, void *dq, void *dk, void *
   void *scratch = NULL;
   const struct sdpa_call c = {q, k, v, o, d_o, dq, dk, dv, lse};
   TRY(cudnn_start(ran, &scratch, sh, &c, 1));
-  return *ran ? cudnn_sdpa_backward(dq, dk, dv, d_o, o, lse, q, k, v, sh, scratch) : L2L_OK;
+  return *ran ? cudnn_sdpa_backward(ran, dq, dk, dv, d_o, o, lse, q, k, v, sh, scratch) : L2L_OK;
 }
 
 l2l_status cuda_attention_backward(void *dq, void *dk, void *dv, const void *d_o,

@@ -38,10 +38,11 @@
 #include "kernels/cast_rows.h"
 #include "kernels/dtype.h"
 
-static atomic_int enabled = 1;
+static atomic_int enabled = 1, refusals_asked;
 static atomic_llong runs;
 void cudnn_enable(int on) { atomic_store(&enabled, on != 0); }
 int64_t cudnn_runs(void) { return atomic_load(&runs); }
+void cudnn_refuse_next(int n) { atomic_store(&refusals_asked, n > 0 ? n : 0); }
 
 #ifndef L2L_CUDNN_HEADERS
 
@@ -62,14 +63,16 @@ l2l_status cudnn_describe(const struct backend_attention_shape *sh, int backward
   (void)sh, (void)backward, (void)out;
   return core_fail(L2L_ERR_UNSUPPORTED, "this build has no cuDNN support");
 }
+void cudnn_forget_plans(void) {}
 uint64_t cudnn_sdpa_scratch_bytes(const struct backend_attention_shape *sh,
                                   const struct sdpa_call *c, int backward) {
   (void)sh, (void)c, (void)backward;
   return 0;
 }
-l2l_status cudnn_sdpa_forward(void *o, float *lse, const void *q, const void *k, const void *v,
-                              const struct backend_attention_shape *sh, void *scratch) {
-  (void)o, (void)lse, (void)q, (void)k, (void)v, (void)sh, (void)scratch;
+l2l_status cudnn_sdpa_forward(bool *ran, void *o, float *lse, const void *q, const void *k,
+                              const void *v, const struct backend_attention_shape *sh,
+                              void *scratch) {
+  (void)ran, (void)o, (void)lse, (void)q, (void)k, (void)v, (void)sh, (void)scratch;
   return core_fail(L2L_ERR_UNSUPPORTED, "this build has no cuDNN support");
 }
 int cudnn_sdpa_launches(const struct backend_attention_shape *sh, const struct sdpa_call *c,
@@ -77,11 +80,12 @@ int cudnn_sdpa_launches(const struct backend_attention_shape *sh, const struct s
   (void)sh, (void)c, (void)backward;
   return 0;
 }
-l2l_status cudnn_sdpa_backward(void *dq, void *dk, void *dv, const void *d_o, const void *o,
-                               const float *lse, const void *q, const void *k, const void *v,
-                               const struct backend_attention_shape *sh, void *scratch) {
-  (void)dq, (void)dk, (void)dv, (void)d_o, (void)o, (void)lse, (void)q, (void)k, (void)v;
-  (void)sh, (void)scratch;
+l2l_status cudnn_sdpa_backward(bool *ran, void *dq, void *dk, void *dv, const void *d_o,
+                               const void *o, const float *lse, const void *q, const void *k,
+                               const void *v, const struct backend_attention_shape *sh,
+                               void *scratch) {
+  (void)ran, (void)dq, (void)dk, (void)dv, (void)d_o, (void)o, (void)lse, (void)q, (void)k;
+  (void)v, (void)sh, (void)scratch;
   return core_fail(L2L_ERR_UNSUPPORTED, "this build has no cuDNN support");
 }
 
@@ -174,6 +178,17 @@ static struct entry *entry_for(const struct backend_attention_shape *sh) {
               : k.ld_q != 0 ? "its graphs on packed copies" : "l2l's own kernels");
   }
   return e;
+}
+
+void cudnn_forget_plans(void) {
+  pthread_mutex_lock(&cuda_rt.lock);
+  pthread_mutex_lock(&cache_lock);
+  for (int i = 0; i < CACHE_SLOTS; i++) {
+    sdpa_graph_free(cache[i].fwd), sdpa_graph_free(cache[i].bwd);
+    memset(&cache[i], 0, sizeof cache[i]);
+  }
+  pthread_mutex_unlock(&cache_lock);
+  pthread_mutex_unlock(&cuda_rt.lock);
 }
 
 /* What cuDNN's SDPA covers and this path serves; the rest stays on the own kernels. */
@@ -303,13 +318,32 @@ static l2l_status copy_rows16(void *dst, int64_t dst_ld, const void *src, int64_
   return L2L_OK;
 }
 
-static l2l_status execute(struct sdpa_graph *g, const int64_t *uids, void **ptrs, int n,
-                          void *workspace) {
-  char why[400];
-  if (!sdpa_graph_execute(g, get_handle(), uids, ptrs, n, workspace, why, sizeof why))
-    return core_fail(L2L_ERR_BACKEND, "cuDNN attention: %s", why);
-  atomic_fetch_add(&runs, 1);
-  return L2L_OK;
+/* One plan run; where cuDNN refuses it (it planned it, and then could not run it on this
+   device), its shape's entry is retired: *ran false, nothing of the caller's written yet
+   (the plan is the first write into o, or dq, dk, dv; before it only the scratch), so the
+   caller runs the call on the own kernels, as it and the shape's later calls then are
+   routed (said once on stderr). A CUDA error the refusal left is cleared, so the own
+   kernels' launch check does not take it for theirs (a sticky one stays, and stops them). */
+static void execute(bool *ran, struct entry *e, struct sdpa_graph *g, const int64_t *uids,
+                    void **ptrs, int n, void *workspace) {
+  char why[400] = "a test's refusal (cudnn_refuse_next)";
+  int asked = atomic_load(&refusals_asked);
+  while (asked > 0 && !atomic_compare_exchange_weak(&refusals_asked, &asked, asked - 1)) {}
+  if (asked <= 0 && sdpa_graph_execute(g, get_handle(), uids, ptrs, n, workspace, why, sizeof why)) {
+    atomic_fetch_add(&runs, 1);
+    return;
+  }
+  (void)cudaGetLastError();
+  pthread_mutex_lock(&cache_lock);
+  e->usable = false;
+  pthread_mutex_unlock(&cache_lock);
+  *ran = false;
+  static atomic_int warned;
+  if (atomic_exchange(&warned, 1) == 0)
+    fprintf(stderr, "l2l: cuDNN could not run its attention plan for B=%lld H=%lld S=%lld d=%lld "
+            "(%s); that shape runs on l2l's own kernels from here (said once)\n",
+            (long long)e->key.batch, (long long)e->key.heads, (long long)e->key.seq,
+            (long long)e->key.head_dim, why);
 }
 
 /* Forward: q, k, v cast or copied unless in place, the plan, o cast or copied unless in
@@ -352,8 +386,9 @@ static l2l_status qkv_packed(void *qkv16[3], char *at, const void *q, const void
   return L2L_OK;
 }
 
-l2l_status cudnn_sdpa_forward(void *o, float *lse, const void *q, const void *k, const void *v,
-                              const struct backend_attention_shape *sh, void *scratch) {
+l2l_status cudnn_sdpa_forward(bool *ran, void *o, float *lse, const void *q, const void *k,
+                              const void *v, const struct backend_attention_shape *sh,
+                              void *scratch) {
   const struct sdpa_call c = {q, k, v, o, NULL, NULL, NULL, NULL, lse};
   struct route r = route_of(sh, &c);
   if (!r.e->usable) return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
@@ -367,15 +402,17 @@ l2l_status cudnn_sdpa_forward(void *o, float *lse, const void *q, const void *k,
   float scale = sh->scale, hidden = sdpa_hidden_value();
   int64_t uids[] = {SDPA_Q, SDPA_K, SDPA_V, SDPA_O, SDPA_STATS, SDPA_SCALE, SDPA_HIDDEN};
   void *ptrs[] = {qkv16[0], qkv16[1], qkv16[2], o16, stats, &scale, &hidden};
-  TRY(execute(r.e->fwd, uids, ptrs, sh->causal ? 7 : 6, ws));   /* hidden: the mask's only */
+  execute(ran, r.e, r.e->fwd, uids, ptrs, sh->causal ? 7 : 6, ws);   /* hidden: the mask's only */
+  if (!*ran) return L2L_OK;
   if (stats != lse)
     CUDA_TRY(cudaMemcpyAsync(lse, stats, rows * 4, cudaMemcpyDeviceToDevice, cuda_rt.compute));
   return packed_move(o16, o, sh->o_dtype, sh->ld_o, false, sh);
 }
 
-l2l_status cudnn_sdpa_backward(void *dq, void *dk, void *dv, const void *d_o, const void *o,
-                               const float *lse, const void *q, const void *k, const void *v,
-                               const struct backend_attention_shape *sh, void *scratch) {
+l2l_status cudnn_sdpa_backward(bool *ran, void *dq, void *dk, void *dv, const void *d_o,
+                               const void *o, const float *lse, const void *q, const void *k,
+                               const void *v, const struct backend_attention_shape *sh,
+                               void *scratch) {
   const struct sdpa_call c = {q, k, v, o, d_o, dq, dk, dv, lse};
   struct route r = route_of(sh, &c);
   if (!r.e->usable) return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
@@ -400,7 +437,8 @@ l2l_status cudnn_sdpa_backward(void *dq, void *dk, void *dv, const void *d_o, co
                     SDPA_DO, SDPA_DQ, SDPA_DK, SDPA_DV, SDPA_DSUM,  SDPA_DQ_ACC, SDPA_HIDDEN};
   void *ptrs[] = {qkv16[0], qkv16[1], qkv16[2], o16, stats, &scale, &one,
                   do16, g16[0], g16[1], g16[2], dsum, dq_acc, &hidden};
-  TRY(execute(r.e->bwd, uids, ptrs, sh->causal ? 14 : 13, ws));
+  execute(ran, r.e, r.e->bwd, uids, ptrs, sh->causal ? 14 : 13, ws);
+  if (!*ran) return L2L_OK;
   for (int i = 0; i < 3; i++)   /* (nothing where written in place) */
     TRY(packed_move(g16[i], grads[i], sh->dqkv_dtype, sh->ld_qkv, false, sh));
   return L2L_OK;

@@ -55,17 +55,22 @@ CUDA_INTERNAL uint64_t cudnn_sdpa_scratch_bytes(const struct backend_attention_s
                                                 const struct sdpa_call *c, int backward);
 /* o and lse as the own kernels write them (lse: each row's natural-log log-sum-exp of the
    scaled visible scores, cuDNN's softmax stats, the same quantity), through cuDNN, with
-   `scratch` (cudnn_sdpa_scratch_bytes, 256-byte aligned) held by the caller (cuda_rt.lock). */
-CUDA_INTERNAL l2l_status cudnn_sdpa_forward(void *o, float *lse, const void *q, const void *k,
-                                            const void *v, const struct backend_attention_shape *sh,
+   `scratch` (cudnn_sdpa_scratch_bytes, 256-byte aligned) held by the caller (cuda_rt.lock).
+   *ran (true on the way in) turns false, with L2L_OK and nothing of the caller's written,
+   where cuDNN refuses to run the plan it made: the caller runs the call on the own kernels
+   (the shape's entry retired, cudnn_routes says no to it from then on). */
+CUDA_INTERNAL l2l_status cudnn_sdpa_forward(bool *ran, void *o, float *lse, const void *q,
+                                            const void *k, const void *v,
+                                            const struct backend_attention_shape *sh,
                                             void *scratch);
 /* The launches (kernels, copies, memsets and cuDNN's plan) a forward (backward = 0) or
    backward of this call queues, for the backend's count. */
 CUDA_INTERNAL int cudnn_sdpa_launches(const struct backend_attention_shape *sh,
                                       const struct sdpa_call *c, int backward);
-CUDA_INTERNAL l2l_status cudnn_sdpa_backward(void *dq, void *dk, void *dv, const void *d_o,
-                                             const void *o, const float *lse, const void *q,
-                                             const void *k, const void *v,
+/* dq, dk, dv as the own kernels write them, through cuDNN; scratch and *ran as the forward's. */
+CUDA_INTERNAL l2l_status cudnn_sdpa_backward(bool *ran, void *dq, void *dk, void *dv,
+                                             const void *d_o, const void *o, const float *lse,
+                                             const void *q, const void *k, const void *v,
                                              const struct backend_attention_shape *sh, void *scratch);
 
 #endif /* L2L_CUDA_CUDNN_SDPA_H */

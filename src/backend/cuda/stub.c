@@ -56,6 +56,8 @@ l2l_status cudnn_describe(const struct backend_attention_shape *shape, int backw
 
 void cudnn_enable(int on) { (void)on; }
 int64_t cudnn_runs(void) { return 0; }
+void cudnn_refuse_next(int n) { (void)n; }
+void cudnn_forget_plans(void) {}
 int64_t flash_attention_runs(void) { return 0; }
 
 int cublaslt_probe(char *about, size_t len) {
