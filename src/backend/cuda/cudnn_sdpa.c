@@ -142,6 +142,15 @@ static struct key key_of(const struct backend_attention_shape *sh) {
   return k;
 }
 
+/* What runs a call whose entry cannot: the graphs that write packed dq, dk, dv (for those
+   writing them in place), the packed copies' graphs (for those reading q, k, v in place),
+   or the own kernels (for the packed copies' graphs). */
+static const char *next_path(const struct key *k) {
+  return k->dq_in_place ? "its graphs writing packed dq, dk, dv"
+         : k->ld_q != 0 ? "its graphs on packed copies"
+                        : "l2l's own kernels";
+}
+
 /* The cache's entry for this shape, its plans built when first met (cache_lock held). */
 static struct entry *entry_for(const struct backend_attention_shape *sh) {
   struct key k = key_of(sh);
@@ -173,9 +182,7 @@ static struct entry *entry_for(const struct backend_attention_shape *sh) {
               "(%s); %s run it (said once)\n", (long long)k.batch, (long long)k.heads,
               (long long)k.seq, (long long)k.head_dim, k.causal ? " causal" : "",
               k.ld_q != 0 ? " reading q, k, v in place" : "",
-              k.dq_in_place ? " and writing dq, dk, dv so" : "", why,
-              k.dq_in_place ? "its graphs writing packed dq, dk, dv"
-              : k.ld_q != 0 ? "its graphs on packed copies" : "l2l's own kernels");
+              k.dq_in_place ? " and writing dq, dk, dv so" : "", why, next_path(&k));
   }
   return e;
 }
@@ -319,21 +326,27 @@ static l2l_status copy_rows16(void *dst, int64_t dst_ld, const void *src, int64_
 }
 
 /* One plan run; where cuDNN refuses it (it planned it, and then could not run it on this
-   device), its shape's entry is retired: *ran false, nothing of the caller's written yet
-   (the plan is the first write into o, or dq, dk, dv; before it only the scratch), so the
-   caller runs the call on the own kernels, as it and the shape's later calls then are
-   routed (said once on stderr). A CUDA error the refusal left is cleared, so the own
-   kernels' launch check does not take it for theirs (a sticky one stays, and stops them). */
-static void execute(bool *ran, struct entry *e, struct sdpa_graph *g, const int64_t *uids,
-                    void **ptrs, int n, void *workspace) {
+   device), its entry is retired: *ran false, nothing of the caller's written yet (the plan
+   is the first write into o, or dq, dk, dv; before it only the scratch), so the caller
+   runs the call on the own kernels, and the shape's later calls take its next graph or the
+   own kernels (next_path; said once on stderr; an evicted entry is planned and tried
+   anew). The CUDA error the refusal left is cleared, so the own kernels' launch check does
+   not take it for theirs; a sticky one (the device is lost, and earlier work's error it may
+   be) stays: an error then, the entry kept. */
+static l2l_status execute(bool *ran, struct entry *e, struct sdpa_graph *g, const int64_t *uids,
+                          void **ptrs, int n, void *workspace) {
   char why[400] = "a test's refusal (cudnn_refuse_next)";
   int asked = atomic_load(&refusals_asked);
   while (asked > 0 && !atomic_compare_exchange_weak(&refusals_asked, &asked, asked - 1)) {}
   if (asked <= 0 && sdpa_graph_execute(g, get_handle(), uids, ptrs, n, workspace, why, sizeof why)) {
     atomic_fetch_add(&runs, 1);
-    return;
+    return L2L_OK;
   }
   (void)cudaGetLastError();
+  cudaError_t sticky = cudaPeekAtLastError();
+  if (sticky != cudaSuccess)
+    return core_fail(L2L_ERR_BACKEND, "cuDNN attention: %s, with the device in error (%s)", why,
+                     cudaGetErrorString(sticky));
   pthread_mutex_lock(&cache_lock);
   e->usable = false;
   pthread_mutex_unlock(&cache_lock);
@@ -341,9 +354,10 @@ static void execute(bool *ran, struct entry *e, struct sdpa_graph *g, const int6
   static atomic_int warned;
   if (atomic_exchange(&warned, 1) == 0)
     fprintf(stderr, "l2l: cuDNN could not run its attention plan for B=%lld H=%lld S=%lld d=%lld "
-            "(%s); that shape runs on l2l's own kernels from here (said once)\n",
+            "(%s); l2l's own kernels ran the call, and %s run that shape from here (said once)\n",
             (long long)e->key.batch, (long long)e->key.heads, (long long)e->key.seq,
-            (long long)e->key.head_dim, why);
+            (long long)e->key.head_dim, why, next_path(&e->key));
+  return L2L_OK;
 }
 
 /* Forward: q, k, v cast or copied unless in place, the plan, o cast or copied unless in
@@ -391,7 +405,10 @@ l2l_status cudnn_sdpa_forward(bool *ran, void *o, float *lse, const void *q, con
                               void *scratch) {
   const struct sdpa_call c = {q, k, v, o, NULL, NULL, NULL, NULL, lse};
   struct route r = route_of(sh, &c);
-  if (!r.e->usable) return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
+  if (!r.e->usable) {   /* retired by another call since cudnn_routes said yes */
+    *ran = false;
+    return L2L_OK;
+  }
   char *s = scratch;
   uint64_t hb = half_bytes(sh);
   uint64_t rows = (uint64_t)sh->batch * sh->heads * sh->seq;
@@ -402,7 +419,7 @@ l2l_status cudnn_sdpa_forward(bool *ran, void *o, float *lse, const void *q, con
   float scale = sh->scale, hidden = sdpa_hidden_value();
   int64_t uids[] = {SDPA_Q, SDPA_K, SDPA_V, SDPA_O, SDPA_STATS, SDPA_SCALE, SDPA_HIDDEN};
   void *ptrs[] = {qkv16[0], qkv16[1], qkv16[2], o16, stats, &scale, &hidden};
-  execute(ran, r.e, r.e->fwd, uids, ptrs, sh->causal ? 7 : 6, ws);   /* hidden: the mask's only */
+  TRY(execute(ran, r.e, r.e->fwd, uids, ptrs, sh->causal ? 7 : 6, ws));   /* hidden: the mask's only */
   if (!*ran) return L2L_OK;
   if (stats != lse)
     CUDA_TRY(cudaMemcpyAsync(lse, stats, rows * 4, cudaMemcpyDeviceToDevice, cuda_rt.compute));
@@ -415,7 +432,10 @@ l2l_status cudnn_sdpa_backward(bool *ran, void *dq, void *dk, void *dv, const vo
                                void *scratch) {
   const struct sdpa_call c = {q, k, v, o, d_o, dq, dk, dv, lse};
   struct route r = route_of(sh, &c);
-  if (!r.e->usable) return core_fail(L2L_ERR_UNSUPPORTED, "cuDNN has no plan for this attention");
+  if (!r.e->usable) {   /* retired by another call since cudnn_routes said yes */
+    *ran = false;
+    return L2L_OK;
+  }
   uint64_t hb = half_bytes(sh), rows = (uint64_t)sh->batch * sh->heads * sh->seq;
   char *s = scratch;
   void *qkv16[3];
@@ -437,7 +457,7 @@ l2l_status cudnn_sdpa_backward(bool *ran, void *dq, void *dk, void *dv, const vo
                     SDPA_DO, SDPA_DQ, SDPA_DK, SDPA_DV, SDPA_DSUM,  SDPA_DQ_ACC, SDPA_HIDDEN};
   void *ptrs[] = {qkv16[0], qkv16[1], qkv16[2], o16, stats, &scale, &one,
                   do16, g16[0], g16[1], g16[2], dsum, dq_acc, &hidden};
-  execute(ran, r.e, r.e->bwd, uids, ptrs, sh->causal ? 14 : 13, ws);
+  TRY(execute(ran, r.e, r.e->bwd, uids, ptrs, sh->causal ? 14 : 13, ws));
   if (!*ran) return L2L_OK;
   for (int i = 0; i < 3; i++)   /* (nothing where written in place) */
     TRY(packed_move(g16[i], grads[i], sh->dqkv_dtype, sh->ld_qkv, false, sh));

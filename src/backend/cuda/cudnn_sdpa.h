@@ -57,8 +57,8 @@ CUDA_INTERNAL uint64_t cudnn_sdpa_scratch_bytes(const struct backend_attention_s
    scaled visible scores, cuDNN's softmax stats, the same quantity), through cuDNN, with
    `scratch` (cudnn_sdpa_scratch_bytes, 256-byte aligned) held by the caller (cuda_rt.lock).
    *ran (true on the way in) turns false, with L2L_OK and nothing of the caller's written,
-   where cuDNN refuses to run the plan it made: the caller runs the call on the own kernels
-   (the shape's entry retired, cudnn_routes says no to it from then on). */
+   where cuDNN refuses to run the plan it made (its entry then retired) or the entry was
+   retired since cudnn_routes said yes: the caller runs the call on the own kernels. */
 CUDA_INTERNAL l2l_status cudnn_sdpa_forward(bool *ran, void *o, float *lse, const void *q,
                                             const void *k, const void *v,
                                             const struct backend_attention_shape *sh,
