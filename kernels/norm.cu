@@ -243,9 +243,11 @@ struct DxOut {
    which column_partials_kernel then adds up in block order. Warp groups first add their
    block's warps in warp order through shared memory. x^ = FROM_OUTPUT ? (src - shift) *
    (1/weight) : (src - mean) rstd. EXTRA: out has a residual or a dx16 (a variant of its
-   own: the warp-mode kernels, capped at 64 registers, spill more with the two pointers). */
+   own, so that the plain one carries no unused pointers). Bounds as launched: a warp
+   mode's block is 256 threads (declared 1024, ptxas capped it at 64 registers and it
+   spilled 56-108 bytes on sm_90; three blocks an SM leave it 80 and no spill). */
 template <bool WARP, bool FROM_OUTPUT, bool EXTRA>
-__global__ void __launch_bounds__(1024)
+__global__ void __launch_bounds__(WARP ? 32 * WARPS_PER_BLOCK : 1024, WARP ? 3 : 1)
     layernorm_backward_kernel(DxOut out, float *partials, const float *dy, const float *src,
                               const float *weight, const float *mean, const float *shift,
                               const float *rstd, int64_t rows, int64_t cols, bool cache_rows,
