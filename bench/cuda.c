@@ -11,7 +11,8 @@
  *    pageable memory (the relay before 2026-11-30), and every copy queued, the last one
  *    waited, all from pinned memory (after): microseconds a visit and GB/s;
  *  - for each kernel-backed op at large sizes (64M-element element-wise ops; LayerNorm,
- *    softmax and cross-entropy on (16384, 1024), (8192, 4096) and (4096, 50257)), the
+ *    softmax and cross-entropy on (65536, 256), (16384, 768), (16384, 1024), (8192, 4096) and
+ *    (4096, 50257)), the
  *    bytes it must move (each input read once, each output written once) per second,
  *    beside that copy rate and as a share of it. Target: element-wise and normalization
  *    ops >= 70 % of copy bandwidth;
@@ -377,8 +378,10 @@ static void bench_elementwise(void) {
 
 static void bench_rows(void) {
   const double target = 70.0;
-  /* (16384 x 768: GPT-2 small's rows, which LayerNorm's forward holds in registers) */
-  static const int64_t shapes[][2] = {{16384, 768}, {16384, 1024}, {8192, 4096}, {4096, 50257}};
+  /* (65536 x 256: rows a warp owns, the kernels' warp mode; 16384 x 768: GPT-2 small's
+     rows, which LayerNorm's forward holds in registers) */
+  static const int64_t shapes[][2] = {{65536, 256}, {16384, 768}, {16384, 1024}, {8192, 4096},
+                                      {4096, 50257}};
   printf("%-24s %-16s %9s %9s %9s %9s   %s\n", "row-wise op", "shape", "ms", "GB/s",
          "copy GB/s", "of copy", "target");
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
