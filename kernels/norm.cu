@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(1024)
 
 /* ---------------------------------------------------------------- LayerNorm forward, rows in registers
 
-   Rows of at most REG_ROW_MAX_COLS floats, a multiple of 4, x (and addend and sum)
+   Rows of at most FWD_REG_ROW_MAX_COLS floats, a multiple of 4, x (and addend and sum)
    16-byte aligned: a warp owns a row at a time and holds it in registers (lane l the
    float4 chunks l, l + 32, ..., at most CHUNKS of them), so the row is read from memory
    once and written once, the reductions are warp shuffles alone (no shared memory, no
@@ -154,10 +154,14 @@ __global__ void __launch_bounds__(1024)
    same formulas in the same order per element as layernorm_forward_kernel (mean, the
    centred sum of squares, y = (x - mean) rstd w + b, y16 rounded from that y); the sums'
    grouping is the warp's.
-   An H200 ran that kernel at 0.25 of its copy rate for GPT-2's rows of 768: a block per
-   row, three block-wide reductions, y16 a 2-byte store at a time. */
-constexpr int REG_ROW_CHUNKS = 8;
-constexpr int64_t REG_ROW_MAX_COLS = 4 * 32 * REG_ROW_CHUNKS; /* 1024 */
+   An H200 ran that kernel at 0.25 of its copy rate for GPT-2's rows of 768, and at 0.27
+   for rows of 4096 (a 7 B model's): a block per row, three block-wide reductions, y16 a
+   2-byte store at a time; at 4096 a block of 1024 threads, two an SM, each with one
+   row's 16 KB in flight at most. Here a row of 4096 is 32 float4s a lane (128 registers
+   of the 255 a lane of a 256-thread block may have), a warp's 16 KB in flight at once.
+   CHUNKS: 1, 2, 4, 8, 16 or 32 (rows of up to 128, 256, 512, 1024, 2048 or 4096). */
+constexpr int FWD_REG_ROW_CHUNKS = 32;
+constexpr int64_t FWD_REG_ROW_MAX_COLS = 4 * 32 * FWD_REG_ROW_CHUNKS; /* 4096 */
 
 template <int CHUNKS>
 __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK)
@@ -378,6 +382,8 @@ __global__ void __launch_bounds__(WARP ? 32 * WARPS_PER_BLOCK : 1024, WARP ? 3 :
    An H200 ran the block-per-row kernel at 0.31-0.48 of its copy rate for rows of 768 and
    1024: two block-wide reductions a row, 192-256 threads a block. Two blocks an SM where
    the registers allow it without spilling (rows of up to 768, 512 from the output). */
+constexpr int REG_ROW_CHUNKS = 8;   /* (a row's dy and src both: at most 64 registers a lane) */
+constexpr int64_t REG_ROW_MAX_COLS = 4 * 32 * REG_ROW_CHUNKS; /* 1024 */
 template <int CHUNKS, bool FROM_OUTPUT>
 __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK, CHUNKS <= (FROM_OUTPUT ? 4 : 6) ? 2 : 1)
     layernorm_backward_regs_kernel(DxOut out, float *partials, const float *dy, const float *src,
@@ -536,7 +542,7 @@ int launch_layernorm_forward(bool fused, float *sum, float *y, void *y16, int y1
   cudaStream_t s = (cudaStream_t)stream;
   uint16_t *h = static_cast<uint16_t *>(y16);
   /* rows that fit a warp's registers, x's rows aligned: layernorm_forward_regs_kernel */
-  const bool regs = cols % 4 == 0 && cols <= REG_ROW_MAX_COLS && aligned16(x) &&
+  const bool regs = cols % 4 == 0 && cols <= FWD_REG_ROW_MAX_COLS && aligned16(x) &&
                     (!fused || (aligned16(addend) && aligned16(sum)));
   const bool vec_wb = aligned16(weight) && aligned16(bias), vec_y = !y || aligned16(y),
              vec_h = !h || ((uintptr_t)h & 7) == 0;
@@ -551,7 +557,9 @@ int launch_layernorm_forward(bool fused, float *sum, float *y, void *y16, int y1
     if (chunks <= 1) LN_REGS(1);
     else if (chunks <= 2) LN_REGS(2);
     else if (chunks <= 4) LN_REGS(4);
-    else LN_REGS(REG_ROW_CHUNKS);
+    else if (chunks <= 8) LN_REGS(8);
+    else if (chunks <= 16) LN_REGS(16);
+    else LN_REGS(FWD_REG_ROW_CHUNKS);
 #undef LN_REGS
     return k_launched();
   }

@@ -26,7 +26,10 @@
 #if L2L_KERNEL_EMULATION
 
 /* One shape: every form on both sides. */
-static bool norm_case(int64_t rows, int64_t cols) {
+/* One drawn case; every_backward: the backward's eight forms (from x or the output, with
+   and without the residual and dx16, with and without the parameter gradients), else one
+   of them drawn. */
+static bool norm_case(int64_t rows, int64_t cols, bool every_backward) {
   const struct backend_ops *cpu = backend_for(L2L_POOL_HOST);
   const int64_t n = rows * cols;
   const l2l_dtype t = check_rand_int(0, 1) ? L2L_BF16 : L2L_F16;
@@ -81,9 +84,11 @@ static bool norm_case(int64_t rows, int64_t cols) {
   float *dw0 = host_normals(cols, 1.0), *db0 = host_normals(cols, 1.0);
   const int64_t scratch_floats = emu_k_layernorm_backward_scratch_floats(rows, cols);
   float *scratch = host_floats(scratch_floats, NAN);
+  const int drawn = (int)check_rand_int(0, 7);
   for (int form = 0; form < 2; form++)
     for (int extra = 0; extra < 2; extra++)
       for (int grads = 0; grads < 2; grads++) {
+        if (!every_backward && 4 * form + 2 * extra + grads != drawn) continue;
         float *dx[2] = {host_floats(n, NAN), host_floats(n, NAN)};
         float *dw[2] = {host_floats(cols, 0), host_floats(cols, 0)};
         float *db[2] = {host_floats(cols, 0), host_floats(cols, 0)};
@@ -140,31 +145,37 @@ TEST(norm_kernels_emulated_against_the_cpu) {
   check_skip(NO_KERNEL_EMULATION);
 #else
   /* widths across the kernels' bounds: a warp a row (<= 256), a row in a warp's registers
-     (whole float4s: forward from 4 columns, backward past 256, up to 1024), a block a row
-     (past 1024, or past 256 in other widths); rows across a block's 8 warps. (Not 1 or 2
-     columns: x^ is then +-1 or 0 exactly and dx rounding noise on both sides, as
-     test_cuda.c's cuda_layernorm says.) */
+     (whole float4s: forward from 4 columns up to 4096, its 16 and 32 float4s a lane past
+     1024 and 2048; backward past 256, up to 1024), a block a row (past those, or past 256
+     in other widths); rows across a block's 8 warps. (Not 1 or 2 columns: x^ is then +-1
+     or 0 exactly and dx rounding noise on both sides, as test_cuda.c's cuda_layernorm
+     says.) */
   static const struct {
     int64_t lo, hi;
-    int quads; /* 1: a multiple of 4, 0: any, -1: not a multiple of 4 */
-  } widths[] = {{3, 5, 0}, {6, 256, 0}, {257, 1024, 1}, {257, 1024, -1}, {1025, 1400, 0}};
+    int quads;         /* 1: a multiple of 4, 0: any, -1: not a multiple of 4 */
+    int64_t most_rows;   /* (fewer for wide rows: the backward's block of 1024 emulated threads) */
+    bool every_backward; /* (the forward's wider rows in registers: one backward form, drawn) */
+  } widths[] = {{3, 5, 0, 40, true},        {6, 256, 0, 40, true},       {257, 1024, 1, 40, true},
+                {257, 1024, -1, 40, true},  {1025, 2048, 1, 20, false},  {2049, 4096, 1, 18, false},
+                {1025, 4400, -1, 3, true},  {4097, 4400, 1, 3, true}};
   /* (under ThreadSanitizer, which also checks the emulated threads' accesses against the
      kernels' barriers and runs them tens of times slower: the rows in registers alone) */
 #ifdef L2L_TSAN
   const size_t first = 2, last = 2;
-  const int64_t most_rows = 8;
+  const int64_t row_cap = 8;
 #else
   const size_t first = 0, last = sizeof widths / sizeof widths[0] - 1;
-  const int64_t most_rows = 40; /* (past the 16 row groups of two blocks of 8 warps) */
+  const int64_t row_cap = 40; /* (past the 16 row groups of two blocks of 8 warps) */
 #endif
   int failed = 0;
   for (size_t i = first; i <= last && failed < 2; i++) {
     int64_t cols = check_rand_int(widths[i].lo, widths[i].hi);
     if (widths[i].quads > 0) cols = cols / 4 * 4;
     if (widths[i].quads < 0 && cols % 4 == 0) cols += 1;
+    const int64_t most_rows = widths[i].most_rows < row_cap ? widths[i].most_rows : row_cap;
     /* (rows in registers: past 16 rows, so that each warp walks two rows or more) */
     const int64_t fewest = widths[i].quads > 0 && most_rows > 16 ? 17 : 1;
-    failed += !norm_case(check_rand_int(fewest, most_rows), cols);
+    failed += !norm_case(check_rand_int(fewest, most_rows), cols, widths[i].every_backward);
   }
 #endif
 }
