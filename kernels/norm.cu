@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* norm.cu — LayerNorm on the GPU: forward, backward, backward from the output (frugal),
- * and the fused residual add + forward (rows of up to 1024 held in a warp's registers).
+ * and the fused residual add + forward (rows of up to 4096 held in a warp's registers
+ * forward, 1024 backward).
  * (softmax.cu holds the other row-wise ops.)
  *
  * Purpose: match the CPU backend's ops of the same names (src/backend/cpu/: fp32
@@ -182,10 +183,9 @@ __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK)
       v[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (q >= quads) continue;
       v[c] = reinterpret_cast<const float4 *>(x + off)[q];
-      if (addend) {   /* sum may be x or addend: this lane read both of these first */
+      if (addend) {   /* (sum, which may be x or addend, is written in the last pass) */
         const float4 b = reinterpret_cast<const float4 *>(addend + off)[q];
         v[c].x += b.x, v[c].y += b.y, v[c].z += b.z, v[c].w += b.w;
-        reinterpret_cast<float4 *>(sum_out + off)[q] = v[c];
       }
       s += v[c].x, s += v[c].y, s += v[c].z, s += v[c].w;
     }
@@ -203,6 +203,9 @@ __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK)
       const int64_t q = g.t + 32 * c;
       if (q >= quads) continue;
       const int64_t j = 4 * q;
+      /* every read of the row is behind (a lane writes only what it read itself): a store
+         among the loads would hold each later load until it is done, as sum may alias them */
+      if (addend) reinterpret_cast<float4 *>(sum_out + off)[q] = v[c];
       const float4 w = vec_wb ? __ldg(reinterpret_cast<const float4 *>(weight) + q)
                               : make_float4(weight[j], weight[j + 1], weight[j + 2], weight[j + 3]);
       const float4 b = vec_wb ? __ldg(reinterpret_cast<const float4 *>(bias) + q)

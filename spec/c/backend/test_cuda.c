@@ -255,13 +255,15 @@ TEST(cuda_layernorm) {
     int nd;
     int64_t d[3];
   } shapes[] = {{2, {1, 33}}, {2, {7, 33}}, {2, {1031, 257}}, {2, {33, 4099}}, {3, {3, 5, 1000}},
-                {2, {300, 50257}}, {2, {7, 33}}, {2, {4099, 768}}, {2, {3, 4}}, {2, {9, 300}}};
+                {2, {300, 50257}}, {2, {7, 33}}, {2, {4099, 768}}, {2, {3, 4}}, {2, {9, 300}},
+                {2, {21, 2048}}, {2, {19, 4096}}};
   /* (no cols = 1: x - mean is exactly 0 there and dx pure rounding noise, not comparable)
      (300, 50257): the backward's column partials, 2 x 256 x 50257 floats, outgrow the
      32 MiB scratch the backend starts with, which then grows (its old block going back to
      the cache behind the kernels); the small shape after it runs on the grown one.
-     (4099, 768), (3, 4), (3, 5, 1000) and (9, 300): rows a warp holds in its registers (the
-     forward's from 4 columns, the backward's past 256), GPT-2's width among them. */
+     (4099, 768), (3, 4), (3, 5, 1000), (9, 300), (21, 2048) and (19, 4096): rows a warp
+     holds in its registers (the forward's from 4 columns to 4096, 16 and 32 float4s a lane
+     past 1024 and 2048; the backward's past 256 to 1024), GPT-2's width among them. */
   const float eps = 1e-5f;
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     int nd = shapes[s].nd;

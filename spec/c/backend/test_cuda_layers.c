@@ -70,9 +70,9 @@ TEST(cuda_backend_fused_ops) {
   if (!use_gpu()) return;
   const struct backend_ops *hops = backend_for(L2L_POOL_HOST);
   const struct backend_ops *dops = backend_for(L2L_POOL_DEVICE);
-  /* (rows of 4, 768 and 1024: LayerNorm's rows held in a warp's registers) */
-  static const int64_t shapes[][2] = {{1, 1}, {7, 33}, {13, 3072}, {1031, 257}, {9, 4}, {37, 768},
-                                      {5, 1024}};
+  /* (rows of 4, 768, 1024, 2048 and 3072: LayerNorm's rows held in a warp's registers) */
+  static const int64_t shapes[][2] = {{1, 1},   {7, 33},    {13, 3072}, {1031, 257},
+                                      {9, 4},   {37, 768},  {5, 1024},  {21, 2048}};
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols, nb = (n + 7) / 8;
     char what[160];

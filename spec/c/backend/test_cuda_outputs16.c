@@ -45,9 +45,9 @@ static void check_y16_at_odd(const char *what, const l2l_tensor *y_dev, const l2
 TEST(cuda_backend_16bit_outputs) {
   if (!use_gpu()) return;
   const struct backend_ops *dops = backend_for(L2L_POOL_DEVICE);
-  /* (rows of 4, 768 and 1024: LayerNorm's rows held in a warp's registers) */
-  static const int64_t shapes[][2] = {{1, 1}, {7, 33}, {13, 3072}, {1031, 257}, {9, 4}, {37, 768},
-                                      {5, 1024}};
+  /* (rows of 4, 768, 1024, 2048 and 3072: LayerNorm's rows held in a warp's registers) */
+  static const int64_t shapes[][2] = {{1, 1},   {7, 33},    {13, 3072}, {1031, 257},
+                                      {9, 4},   {37, 768},  {5, 1024},  {21, 2048}};
   static const l2l_dtype halves[] = {L2L_BF16, L2L_F16};
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     for (int d = 0; d < 2; d++) {

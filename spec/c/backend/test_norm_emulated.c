@@ -3,7 +3,7 @@
  * own source run on the CPU by norm_emulated.cpp, against the CPU backend's LayerNorm.
  *
  * Purpose: LayerNorm runs in every block of a GPU step; its kernels that keep a row in a
- * warp's registers (rows up to 1024, forward and backward, the residual branch's gradient
+ * warp's registers (rows up to 4096 forward, 1024 backward, the residual branch's gradient
  * added and dx rounded to 16 bits in the same pass) were written where no GPU ran them.
  * Here the launchers choose their kernels as on a GPU (warp rows, rows in registers, a block
  * a row; the column partials of dweight and dbias) at drawn rows and widths across each
@@ -70,12 +70,18 @@ static bool norm_case(int64_t rows, int64_t cols, bool every_backward) {
   float *y_ref = host_floats(n, NAN), *sum_ref = host_floats(n, NAN);
   ok &= CHECK_OK(cpu->add_layernorm_forward(sum_ref, y_ref, NULL, L2L_F32, NULL, NULL, a, bb, w, b, eps,
                                             rows, cols));
-  ok &= CHECK(emu_k_add_layernorm_forward(sum, y2, NULL, 0, NULL, NULL, a, bb, w, b, eps, rows, cols,
-                                          NULL) == 0, "(%lld, %lld): the fused add's launch",
-              (long long)rows, (long long)cols);
-  snprintf(what, sizeof what, "add_layernorm_forward (%lld, %lld): sum", (long long)rows, (long long)cols);
+  /* sum written apart, or in place of either input (as the block adds into the residual) */
+  const int alias = (int)check_rand_int(0, 2);
+  if (alias) memcpy(sum, alias == 1 ? a : bb, (size_t)n * sizeof *sum);
+  ok &= CHECK(emu_k_add_layernorm_forward(sum, y2, NULL, 0, NULL, NULL, alias == 1 ? sum : a,
+                                          alias == 2 ? sum : bb, w, b, eps, rows, cols, NULL) == 0,
+              "(%lld, %lld): the fused add's launch", (long long)rows, (long long)cols);
+  static const char *const in_place[] = {"", ", in place of a", ", in place of the addend"};
+  snprintf(what, sizeof what, "add_layernorm_forward (%lld, %lld)%s: sum", (long long)rows,
+           (long long)cols, in_place[alias]);
   ok &= CHECK_CLOSE(what, sum, sum_ref, n, RMS, TOL_F32);
-  snprintf(what, sizeof what, "add_layernorm_forward (%lld, %lld): y", (long long)rows, (long long)cols);
+  snprintf(what, sizeof what, "add_layernorm_forward (%lld, %lld)%s: y", (long long)rows,
+           (long long)cols, in_place[alias]);
   ok &= CHECK_CLOSE(what, y2, y_ref, n, RMS, tc);
 
   /* backward from the CPU's forward, both forms, with and without the residual, dx16 and the
@@ -156,8 +162,8 @@ TEST(norm_kernels_emulated_against_the_cpu) {
     int64_t most_rows;   /* (fewer for wide rows: the backward's block of 1024 emulated threads) */
     bool every_backward; /* (the forward's wider rows in registers: one backward form, drawn) */
   } widths[] = {{3, 5, 0, 40, true},        {6, 256, 0, 40, true},       {257, 1024, 1, 40, true},
-                {257, 1024, -1, 40, true},  {1025, 2048, 1, 20, false},  {2049, 4096, 1, 18, false},
-                {1025, 4400, -1, 3, true},  {4097, 4400, 1, 3, true}};
+                {257, 1024, -1, 40, true},  {1028, 2048, 1, 20, false},  {2052, 4096, 1, 18, false},
+                {1025, 4400, -1, 3, true},  {4100, 4400, 1, 3, true}};
   /* (under ThreadSanitizer, which also checks the emulated threads' accesses against the
      kernels' barriers and runs them tens of times slower: the rows in registers alone) */
 #ifdef L2L_TSAN
