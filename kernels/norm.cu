@@ -438,7 +438,9 @@ __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK, CHUNKS <= (FROM_OUTPUT ?
     }
     const float mean_g = k_warp_sum(sum_g) / (float)cols;
     const float mean_gx = k_warp_sum(sum_gx) / (float)cols;
-    /* (dx may be dy: a lane writes only the elements it read, and has read them) */
+    /* dx into d (dy's registers), the residual added, then stored: the residual's loads all
+       come before the first store (it may be dx or dy, so a store among them would hold
+       each later load behind it; a lane writes only the elements it read) */
 #pragma unroll
     for (int c = 0; c < CHUNKS; c++) {
       const int64_t q = g.t + 32 * c;
@@ -456,14 +458,25 @@ __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK, CHUNKS <= (FROM_OUTPUT ?
       }
       aw[c].x += pw[0], aw[c].y += pw[1], aw[c].z += pw[2], aw[c].w += pw[3];
       ab[c].x += pb[0], ab[c].y += pb[1], ab[c].z += pb[2], ab[c].w += pb[3];
-      if (out.residual) {   /* (read before dx is written: it may be dx or dy) */
+      d[c] = make_float4(o[0], o[1], o[2], o[3]);
+    }
+    if (out.residual) {
+#pragma unroll
+      for (int c = 0; c < CHUNKS; c++) {
+        const int64_t q = g.t + 32 * c;
+        if (q >= quads) continue;
         const float4 r = reinterpret_cast<const float4 *>(out.residual + off)[q];
-        o[0] = __fadd_rn(o[0], r.x), o[1] = __fadd_rn(o[1], r.y);
-        o[2] = __fadd_rn(o[2], r.z), o[3] = __fadd_rn(o[3], r.w);
+        d[c].x = __fadd_rn(d[c].x, r.x), d[c].y = __fadd_rn(d[c].y, r.y);
+        d[c].z = __fadd_rn(d[c].z, r.z), d[c].w = __fadd_rn(d[c].w, r.w);
       }
-      reinterpret_cast<float4 *>(out.dx + off)[q] = make_float4(o[0], o[1], o[2], o[3]);
+    }
+#pragma unroll
+    for (int c = 0; c < CHUNKS; c++) {
+      const int64_t q = g.t + 32 * c;
+      if (q >= quads) continue;
+      reinterpret_cast<float4 *>(out.dx + off)[q] = d[c];
       if (out.dx16)   /* (rows of a multiple of 4 halves: 8-byte aligned where dx16 is) */
-        store_halves4(out.dx16 + off + 4 * q, o[0], o[1], o[2], o[3], out.dtype,
+        store_halves4(out.dx16 + off + 4 * q, d[c].x, d[c].y, d[c].z, d[c].w, out.dtype,
                       ((uintptr_t)out.dx16 & 7) == 0);
     }
   }

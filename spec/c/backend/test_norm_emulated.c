@@ -103,24 +103,30 @@ static bool norm_case(int64_t rows, int64_t cols, bool every_backward) {
         uint16_t *dx16_buf = extra ? malloc((size_t)(n + 1) * 2) : NULL;
         uint16_t *dx16 = extra ? dx16_buf + odd : NULL;
         const float *r = extra ? res : NULL;
+        /* the residual at times in dx itself (the gradient added into it in place), for the
+           kernels: they must read it all before the first write of dx */
+        const bool in_dx = extra && check_rand_int(0, 1);
+        if (in_dx) memcpy(dx[1], res, (size_t)n * sizeof *res);
+        const float *r1 = in_dx ? dx[1] : r;
         float *gw[2] = {grads ? dw[0] : NULL, grads ? dw[1] : NULL};
         float *gb[2] = {grads ? db[0] : NULL, grads ? db[1] : NULL};
         int launched;
         if (form) {
           ok &= CHECK_OK(cpu->layernorm_backward_from_output(dx[0], NULL, L2L_F32, gw[0], gb[0], dy, r,
                                                              y[0], w, b, rstd[0], rows, cols));
-          launched = emu_k_layernorm_backward_from_output(dx[1], dx16, (int)t, gw[1], gb[1], dy, r,
+          launched = emu_k_layernorm_backward_from_output(dx[1], dx16, (int)t, gw[1], gb[1], dy, r1,
                                                           y[0], w, b, rstd[0], rows, cols, scratch,
                                                           NULL);
         } else {
           ok &= CHECK_OK(cpu->layernorm_backward(dx[0], NULL, L2L_F32, gw[0], gb[0], dy, r, x, w,
                                                  mean[0], rstd[0], rows, cols));
-          launched = emu_k_layernorm_backward(dx[1], dx16, (int)t, gw[1], gb[1], dy, r, x, w, mean[0],
+          launched = emu_k_layernorm_backward(dx[1], dx16, (int)t, gw[1], gb[1], dy, r1, x, w, mean[0],
                                               rstd[0], rows, cols, scratch, NULL);
         }
-        snprintf(what, sizeof what, "%s (%lld, %lld)%s%s",
+        snprintf(what, sizeof what, "%s (%lld, %lld)%s%s%s",
                  form ? "layernorm_backward_from_output" : "layernorm_backward", (long long)rows,
-                 (long long)cols, extra ? " + residual, dx16" : "", grads ? " with dweight, dbias" : "");
+                 (long long)cols, extra ? " + residual, dx16" : "", in_dx ? " (residual in dx)" : "",
+                 grads ? " with dweight, dbias" : "");
         ok &= CHECK(launched == 0, "%s: the launch", what);
         char part[260];
         snprintf(part, sizeof part, "%s: dx", what);
