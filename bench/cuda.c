@@ -13,8 +13,8 @@
  *  - for each kernel-backed op at large sizes (64M-element element-wise ops; LayerNorm,
  *    softmax and cross-entropy on (65536, 256), (16384, 768), (16384, 1024), (8192, 4096)
  *    and (4096, 50257)), the bytes it must move (each input read once, each output written
- *    once) per second, beside that copy rate and as a share of it. Target: element-wise and normalization
- *    ops >= 70 % of copy bandwidth;
+ *    once) per second, beside that copy rate and as a share of it. Target: element-wise
+ *    and normalization ops >= 70 % of copy bandwidth;
  *  - GEMM TFLOP/s with f32 inputs (TF32 off and on) and bf16 inputs at 4096^3 and at the
  *    shapes of a GPT-2 small block over 8192 tokens (768 -> 2304, 768 -> 3072,
  *    3072 -> 768); and the LM head's three (forward, dW, dh at 4096 tokens, 768 wide, 50257

@@ -151,6 +151,12 @@ static const char *next_path(const struct key *k) {
                         : "l2l's own kernels";
 }
 
+/* An entry emptied: its plans given back (cache_lock held). */
+static void entry_drop(struct entry *e) {
+  sdpa_graph_free(e->fwd), sdpa_graph_free(e->bwd);
+  memset(e, 0, sizeof *e);
+}
+
 /* The cache's entry for this shape, its plans built when first met (cache_lock held). */
 static struct entry *entry_for(const struct backend_attention_shape *sh) {
   struct key k = key_of(sh);
@@ -162,8 +168,7 @@ static struct entry *entry_for(const struct backend_attention_shape *sh) {
   struct entry *e = &cache[0];
   for (int i = 1; i < CACHE_SLOTS; i++)
     if (cache[i].stamp < e->stamp) e = &cache[i];
-  sdpa_graph_free(e->fwd), sdpa_graph_free(e->bwd);
-  memset(e, 0, sizeof *e);
+  entry_drop(e);
   e->key = k, e->stamp = ++cache_clock;
   cudnnHandle_t h = get_handle();
   char why[400] = "";
@@ -190,10 +195,7 @@ static struct entry *entry_for(const struct backend_attention_shape *sh) {
 void cudnn_forget_plans(void) {
   pthread_mutex_lock(&cuda_rt.lock);
   pthread_mutex_lock(&cache_lock);
-  for (int i = 0; i < CACHE_SLOTS; i++) {
-    sdpa_graph_free(cache[i].fwd), sdpa_graph_free(cache[i].bwd);
-    memset(&cache[i], 0, sizeof cache[i]);
-  }
+  for (int i = 0; i < CACHE_SLOTS; i++) entry_drop(&cache[i]);
   pthread_mutex_unlock(&cache_lock);
   pthread_mutex_unlock(&cuda_rt.lock);
 }
@@ -354,7 +356,7 @@ static l2l_status execute(bool *ran, struct entry *e, struct sdpa_graph *g, cons
   static atomic_int warned;
   if (atomic_exchange(&warned, 1) == 0)
     fprintf(stderr, "l2l: cuDNN could not run its attention plan for B=%lld H=%lld S=%lld d=%lld "
-            "(%s); l2l's own kernels ran the call, and %s run that shape from here (said once)\n",
+            "(%s); l2l's own kernels run the call, and %s run that shape from here (said once)\n",
             (long long)e->key.batch, (long long)e->key.heads, (long long)e->key.seq,
             (long long)e->key.head_dim, why, next_path(&e->key));
   return L2L_OK;
