@@ -40,7 +40,9 @@
  *    that would not fit (its rate does not depend on the head count once the GPU is full).
  *    Three paths, one row each: f32 products, bf16 on l2l's own flash kernels (cuDNN
  *    switched off), and bf16 through cuDNN's fused SDPA where libcudnn loads (its rows have
- *    no unfused reference of their own: the bf16 row's is the same);
+ *    no unfused reference of their own: the bf16 row's is the same); and the host's time a
+ *    call, queued and not waited for (where it nears the call's time, the host sets the pace:
+ *    cuDNN's plan execution, a wait inside the call);
  * Each figure is the median of SAMPLES timed samples after a warm-up; a sample times
  * `inner` back-to-back calls between l2l_device_synchronize calls, inner chosen so that a
  * sample lasts at least ~2 ms (launch and synchronization costs then count little).
@@ -67,6 +69,11 @@ enum { SAMPLES = 21 };
 typedef void (*bench_fn)(void *ctx);
 
 /* Median seconds per call of fn(ctx), after two warm-up calls. */
+/* The last time_call's median of the host's time a call, the calls queued and not yet
+   waited for: near the call's whole time where the host, not the device, sets the pace (a
+   call that waits inside, or queues slower than the device runs). */
+static double time_call_queued;
+
 static double time_call(bench_fn fn, void *ctx) {
   fn(ctx);
   fn(ctx);
@@ -77,14 +84,16 @@ static double time_call(bench_fn fn, void *ctx) {
   double once = now() - t0;
   int inner = once >= MIN_SAMPLE_SECONDS ? 1 : (int)(MIN_SAMPLE_SECONDS / (once > 1e-7 ? once : 1e-7)) + 1;
   if (inner > 1000) inner = 1000;
-  double s[SAMPLES];
+  double s[SAMPLES], queued[SAMPLES];
   for (int r = 0; r < SAMPLES; r++) {
     ok(l2l_device_synchronize());
     double a = now();
     for (int i = 0; i < inner; i++) fn(ctx);
+    queued[r] = (now() - a) / inner;
     ok(l2l_device_synchronize());
     s[r] = (now() - a) / inner;
   }
+  time_call_queued = median(queued, SAMPLES);
   return median(s, SAMPLES);
 }
 
@@ -701,7 +710,10 @@ static void bench_attention(int64_t batch, int64_t heads, int64_t seq, int64_t h
     return;
   }
   double fwd = time_call(run_flash_forward, &f); /* leaves o and lse for the backward */
+  const double fwd_queued = time_call_queued;
   double bwd = time_call(run_flash_backward, &f);
+  char queued[32];   /* the host's time a call queueing: near fwd / bwd ms where it sets the pace */
+  snprintf(queued, sizeof queued, "%.3f/%.3f", fwd_queued * 1e3, time_call_queued * 1e3);
   cudnn_enable(1);
   l2l_tensor *all[] = {qkv, o, lse, d_o, dqkv, work, back_work};
   free_all(all, 7);
@@ -714,8 +726,9 @@ static void bench_attention(int64_t batch, int64_t heads, int64_t seq, int64_t h
       snprintf(goal, sizeof goal, "fwd >= %.0f %% %s, bwd >= 30 %% %s (%.1f %%)", target,
                share >= target ? "met" : "MISSED", back_share >= 30 ? "met" : "MISSED", back_share);
     printf("%-5s S=%-5lld hd=%-4lld B*H=%-4lld %9.3f %8.1f %7.1f %%  %9.3f %8.1f  %5s %9s %8s "
-           "%7s  %s\n", path, (long long)seq, (long long)hd, (long long)bh, fwd * 1e3, fwd_rate,
-           share, bwd * 1e3, 2.5 * causal_flops / bwd / 1e12, "-", "-", "-", "-", goal);
+           "%7s  %13s  %s\n", path, (long long)seq, (long long)hd, (long long)bh, fwd * 1e3,
+           fwd_rate, share, bwd * 1e3, 2.5 * causal_flops / bwd / 1e12, "-", "-", "-", "-",
+           queued, goal);
     return;
   }
 
@@ -743,11 +756,11 @@ static void bench_attention(int64_t batch, int64_t heads, int64_t seq, int64_t h
     snprintf(goal, sizeof goal, "fwd >= %.0f %% %s, bwd >= 30 %% %s (%.1f %%)", target,
              share >= target ? "met" : "MISSED", back_share >= 30 ? "met" : "MISSED", back_share);
   printf("%-5s S=%-5lld hd=%-4lld B*H=%-4lld %9.3f %8.1f %7.1f %%  %9.3f %8.1f  %5lld %9.3f "
-         "%8.1f %6.1fx  %s\n",
+         "%8.1f %6.1fx  %13s  %s\n",
          path, (long long)seq, (long long)hd, (long long)bh,
          fwd * 1e3, fwd_rate, share, bwd * 1e3,
          2.5 * causal_flops / bwd / 1e12, (long long)ref_bh, ref * 1e3, ref_rate,
-         fwd_rate / ref_rate, goal);
+         fwd_rate / ref_rate, queued, goal);
 }
 
 /* ---------------------------------------------------------------- main */
@@ -795,10 +808,12 @@ int main(void) {
   printf("attention, causal, products in f32 (CUDA cores), bf16 (l2l's flash kernels) or "
          "through cuDNN's fused SDPA (bf16; %s): flash\nforward (ms, TFLOP/s, of the bf16 GEMM "
          "rate at 4096^3: %.1f TFLOP/s), flash backward, unfused forward (gemm_batched + softmax "
-         "+ gemm_batched,\nsame product dtype, on B*H heads), flash/unfused\n", cudnn_about,
+         "+ gemm_batched,\nsame product dtype, on B*H heads), flash/unfused, the host's time a call "
+         "queueing (forward/backward: near fwd/bwd ms, the host sets the pace)\n", cudnn_about,
          bf16_rate);
-  printf("%-32s %9s %8s %9s  %9s %8s  %5s %9s %8s %7s  %s\n", "", "fwd ms", "TFLOP/s",
-         "of bf16", "bwd ms", "TFLOP/s", "B*H", "ref ms", "TFLOP/s", "speedup", "target");
+  printf("%-32s %9s %8s %9s  %9s %8s  %5s %9s %8s %7s  %13s  %s\n", "", "fwd ms", "TFLOP/s",
+         "of bf16", "bwd ms", "TFLOP/s", "B*H", "ref ms", "TFLOP/s", "speedup", "queued f/b ms",
+         "target");
   ok(l2l_cuda_get_info(&info));
   static const l2l_dtype products[] = {L2L_F32, L2L_BF16, L2L_BF16};
   static const char *const paths[] = {"f32", "bf16", "cudnn"};

@@ -247,6 +247,9 @@ typedef struct l2l_profile_row {
   char shape[96];        /* its sizes and dtypes, e.g. "m=4096 n=2304 k=768 NT bf16" */
   int64_t calls;
   double seconds;        /* summed over the calls, on the device's clock */
+  double host_seconds;   /* summed: the host's time inside the calls (queueing their work,
+                            and any wait in them); near seconds where the host, not the
+                            device, set the op's pace */
   double flops, bytes;   /* summed; flops 0 for ops bound by memory */
   char bound[8];         /* "flop", "mem" or "link": which probed rate it is held to */
   double roofline;       /* rate reached / that probed rate; -1 when it was not probed */

@@ -279,9 +279,19 @@ phase_profile() {
   head=$(grep -m 1 '^l2l profile:' "$work/profile.err")
   syncs=$(grep -m 1 '^a step:' "$work/profile.err")
   waits=$(grep -m 1 '^copy waits, ms:' "$work/profile.err")
-  echo "${head#l2l profile: }; ${syncs:-no counts}; ${waits:-no copy waits}$( ((dry)) && echo " (no GPU: the CPU part)")$(profile_own_attention "${args[@]}")"
+  echo "${head#l2l profile: }; ${syncs:-no counts}; ${waits:-no copy waits}$( ((dry)) && echo " (no GPU: the CPU part)" || host_paced "$work/profile.tsv")$(profile_own_attention "${args[@]}")"
   ((dry)) && return $SKIP
   return 0
+}
+
+# "; ops the host paced ...": the ms a step of the TSV's op rows whose host time in the calls
+# (host_ms) came to 90 % of their device time or more (on a GPU: the device idled inside
+# them, waiting for the host to queue), and the three largest.
+host_paced() {
+  awk -F'\t' '$1 == "op" && $12 != "" && $12 >= 0.9 * $5 && $5 > 0 {
+      s += $5; n++; if (n <= 3) top = top (n > 1 ? ", " : "") $2 " " sprintf("%.2f", $5) }
+    END { if (n) printf "; ops the host paced: %.2f ms a step in %d rows (%s)", s, n, top
+          else printf "; no op the host paced" }' "$1"
 }
 
 # The same step with cuDNN off (L2L_CUDNN=0: attention on l2l's flash kernels), for the

@@ -101,6 +101,7 @@ typedef struct l2l_profile_row {
   char shape[96];
   int64_t calls;
   double seconds;
+  double host_seconds;
   double flops, bytes;
   char bound[8];
   double roofline;

@@ -50,7 +50,8 @@ local SUMMARY_NUMBERS = { "steps", "step_seconds", "op_seconds", "idle_copy_seco
 
 -- l2l.profile.report() -> the summary's fields (totals over the profiled steps: seconds,
 -- counts, the probed rates; backend and probe as strings) and rows, slowest first: each
--- {kind = "op" | "lane", op=, shape=, calls=, seconds=, flops=, bytes=, bound = "flop" |
+-- {kind = "op" | "lane", op=, shape=, calls=, seconds=, host_seconds = the host's time in
+-- the calls (near seconds where the host set their pace), flops=, bytes=, bound = "flop" |
 -- "mem" | "link", roofline = the fraction of the probed rate, or nil when not probed}.
 function M.report(...)
   if select("#", ...) ~= 0 then too_many("l2l.profile.report", "", 2, ...) end
@@ -66,7 +67,8 @@ function M.report(...)
       local r = rows[i]
       out.rows[i + 1] = {
         kind = ffi.string(r.kind), op = ffi.string(r.op), shape = ffi.string(r.shape),
-        calls = tonumber(r.calls), seconds = r.seconds, flops = r.flops, bytes = r.bytes,
+        calls = tonumber(r.calls), seconds = r.seconds, host_seconds = r.host_seconds,
+        flops = r.flops, bytes = r.bytes,
         bound = ffi.string(r.bound), roofline = r.roofline >= 0 and r.roofline or nil,
       }
     end

@@ -142,6 +142,10 @@ describe("l2l.profile", function()
       for _, r in ipairs(p.rows) do
         assert.is_true(r.calls >= 1 and r.seconds >= 0 and r.bytes > 0, what .. ": " .. r.op .. " " .. r.shape)
         assert.is_truthy(r.roofline, what .. ": every rate was probed here: " .. r.op)
+        -- the host's time in the calls: on the CPU backend the device's clock is the host's,
+        -- so it is the calls' time (each a difference of offsets, as above)
+        assert.is_true(math.abs(r.host_seconds - r.seconds) <= 2 * (r.calls + 1) * 2 ^ -52 * p.step_seconds,
+                       what .. (": %s %s host %.9g s, device %.9g s"):format(r.op, r.shape, r.host_seconds, r.seconds))
         if r.kind == "op" then op_seconds, op_calls = op_seconds + r.seconds, op_calls + r.calls end
       end
       assert.are.equal(p.ops, op_calls, what)
@@ -269,7 +273,11 @@ describe("l2l.profile", function()
     local path = dir .. "/step.tsv"
     l2l.profile.write(path)
     local text = support.read_file(path)
-    assert.is_truthy(text:find("\nkind\top\tshape\tcalls\tms\tshare", 1, true), text)
+    assert.is_truthy(text:find("\nkind\top\tshape\tcalls\tms\tshare\tgflop\tmbytes\trate\tbound\troofline\thost_ms\n", 1, true), text)
+    for line in text:gmatch("\n([^\n]+)") do   -- every row has the header's 12 columns
+      local _, tabs = line:gsub("\t", "")
+      assert.are.equal(11, tabs, line)
+    end
     assert.is_truthy(text:find("\nstep\tstep\t", 1, true), text)
     assert.is_truthy(text:find("\ncount\tsyncs\t", 1, true), text)
     for _, row in ipairs { "idle\tcopy", "idle_copy\tparams", "idle_copy\tacts_in",

@@ -284,6 +284,7 @@ static void step_resolve(const struct core_stamp *end, int64_t syncs_end) {
     }
     double seconds = fmax(0, t1 - t0);
     r->r.calls++, r->r.seconds += seconds, r->r.flops += e->flops, r->r.bytes += e->bytes;
+    r->r.host_seconds += fmax(0, e->end.host - e->start.host);
     if (e->lane) {
       s->lane_ops++;
       continue;
@@ -503,8 +504,8 @@ static const char *rate_words(char *buf, size_t len, double rate, bool flops) {
 
 static void tsv_rows(FILE *f, const l2l_profile_summary *s) {
   double step = per_step(s->step_seconds, s);
-  fprintf(f, "kind\top\tshape\tcalls\tms\tshare\tgflop\tmbytes\trate\tbound\troofline\n");
-  fprintf(f, "step\tstep\t\t1\t%.6f\t1\t\t\t\t\t\n", 1e3 * step);
+  fprintf(f, "kind\top\tshape\tcalls\tms\tshare\tgflop\tmbytes\trate\tbound\troofline\thost_ms\n");
+  fprintf(f, "step\tstep\t\t1\t%.6f\t1\t\t\t\t\t\t\n", 1e3 * step);
   for (int64_t i = 0; i < result.nrows; i++) {
     const struct row *r = &result.rows[i];
     double sec = per_step(r->r.seconds, s), rate = row_rate(r), roof = roofline(r, s);
@@ -513,7 +514,7 @@ static void tsv_rows(FILE *f, const l2l_profile_summary *s) {
             per_step(r->r.flops, s) / 1e9, per_step(r->r.bytes, s) / 1e6, rate,
             bound_name(r->bound));
     if (roof >= 0) fprintf(f, "%.4f", roof);
-    fputc('\n', f);
+    fprintf(f, "\t%.6f\n", 1e3 * per_step(r->r.host_seconds, s));
   }
   /* (kind "idle": the causes, which make the step with the ops; "idle_copy": the copy's
      waits by what was copied, which make its row) */
@@ -526,19 +527,19 @@ static void tsv_rows(FILE *f, const l2l_profile_summary *s) {
       {"idle_copy", "acts_out", s->idle_copy_acts_out_seconds},
       {"idle_copy", "grads", s->idle_copy_grads_seconds}};
   for (size_t i = 0; i < sizeof idle / sizeof idle[0]; i++)
-    fprintf(f, "%s\t%s\t\t\t%.6f\t%.6f\t\t\t\t\t\n", idle[i].kind, idle[i].cause,
+    fprintf(f, "%s\t%s\t\t\t%.6f\t%.6f\t\t\t\t\t\t\n", idle[i].kind, idle[i].cause,
             1e3 * per_step(idle[i].seconds, s), step > 0 ? per_step(idle[i].seconds, s) / step : 0);
   const struct { const char *what; int64_t n; } counts[] = {
       {"ops", s->ops}, {"lane_ops", s->lane_ops}, {"syncs", s->syncs},
       {"launches", s->launches}, {"dropped", s->dropped}};
   for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
-    fprintf(f, "count\t%s\t\t%.6g\t\t\t\t\t\t\t\n", counts[i].what,
+    fprintf(f, "count\t%s\t\t%.6g\t\t\t\t\t\t\t\t\n", counts[i].what,
             counts[i].n < 0 ? -1.0 : per_step((double)counts[i].n, s));
   const struct { const char *what, *bound; double rate; } rates[] = {
       {"copy_rate", "mem", s->copy_rate}, {"link_rate", "link", s->link_rate},
       {"gemm_rate_f32", "flop", s->gemm_rate_f32}, {"gemm_rate_16", "flop", s->gemm_rate_16}};
   for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++)
-    fprintf(f, "probe\t%s\t\t\t\t\t\t\t%.6g\t%s\t\n", rates[i].what, rates[i].rate, rates[i].bound);
+    fprintf(f, "probe\t%s\t\t\t\t\t\t\t%.6g\t%s\t\t\n", rates[i].what, rates[i].rate, rates[i].bound);
 }
 
 l2l_status l2l_profile_write(const char *path, int overwrite) {
@@ -556,7 +557,8 @@ l2l_status l2l_profile_write(const char *path, int overwrite) {
   pthread_mutex_lock(&lock);
   const l2l_profile_summary *s = &result.sum;
   fprintf(f, "# l2l profile: backend %s, %lld steps; figures a step (ms, calls, GFLOP, MB); "
-          "rate in FLOP/s (bound flop) or bytes/s; roofline = rate / the probed rate; %s\n",
+          "rate in FLOP/s (bound flop) or bytes/s; roofline = rate / the probed rate; host_ms = the "
+          "host's time in the calls (near ms: the host set their pace); %s\n",
           s->backend, (long long)s->steps, s->probe);
   tsv_rows(f, s);
   pthread_mutex_unlock(&lock);

@@ -346,6 +346,12 @@ static l2l_status execute(bool *ran, struct entry *e, struct sdpa_graph *g, cons
   }
   (void)cudaGetLastError();
   cudaError_t sticky = cudaPeekAtLastError();
+  if (sticky == cudaSuccess) {   /* (an error inside cuDNN, whose runtime may be its own copy,
+                                    need not show in ours; the stream reports the context's) */
+    cudaError_t queried = cudaStreamQuery(cuda_rt.compute);
+    if (queried != cudaSuccess && queried != cudaErrorNotReady) sticky = queried;
+    (void)cudaGetLastError();
+  }
   if (sticky != cudaSuccess)
     return core_fail(L2L_ERR_BACKEND, "cuDNN attention: %s, with the device in error (%s)", why,
                      cudaGetErrorString(sticky));

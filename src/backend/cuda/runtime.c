@@ -173,8 +173,13 @@ static void runtime_start(void) {
       (err = (cudaError_t)own_alloc(&cuda_rt.scratch, SCRATCH_BYTES)) != cudaSuccess ||
       (err = (cudaError_t)own_alloc(&cuda_rt.cublas_workspace, CUBLAS_WORKSPACE_BYTES)) != cudaSuccess ||
       (err = (cudaError_t)own_alloc(&cuda_rt.gelu_slopes, sizeof gelu_slopes()->slope)) != cudaSuccess ||
-      (err = cudaMemcpy(cuda_rt.gelu_slopes, gelu_slopes()->slope, sizeof gelu_slopes()->slope,
-                        cudaMemcpyHostToDevice)) != cudaSuccess) {
+      /* (on the compute stream, which every kernel reading the tables runs on: a cudaMemcpy
+         from pageable memory may return before its copy lands, and the compute stream does
+         not wait for the legacy stream's work; the tables are static, so the copy may read
+         them later) */
+      (err = cudaMemcpyAsync(cuda_rt.gelu_slopes, gelu_slopes()->slope,
+                             sizeof gelu_slopes()->slope, cudaMemcpyHostToDevice,
+                             cuda_rt.compute)) != cudaSuccess) {
     runtime_say("setting up the device (stream, scratch, GELU's slope tables)", err);
     return;
   }
