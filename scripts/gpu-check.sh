@@ -11,7 +11,8 @@
 #   ctest     every GPU C test (cuda_*, cudnn_attention*) in its own process (a fault
 #             poisons a process's CUDA context), each result in the summary   -> ctest.log
 #   sanitize  compute-sanitizer memcheck on the tests that failed (on all of them, in one
-#             process, when none failed)                                      -> sanitizer.log
+#             process, when none failed); then racecheck on the flash attention and row
+#             kernels' small tests, in what the phase has left                -> sanitizer.log
 #   specs     spec/l2l/init_device_spec.lua and spec/l2l/relay_gpu_spec.lua                -> specs.log
 #   kernels   build/bench_cuda: kernels against copy bandwidth and cuBLAS (attention at
 #             S = 1k, 4k, 8k, head dims 64 and 128, each path; the row kernels; the linear
@@ -145,8 +146,29 @@ phase_sanitize() {
   local died; died=$(cat "$work/died_ctests" 2>/dev/null)
   for name in $died; do L2L_DEVICE=cpu backtrace "$log" build/l2l_ctest --exact "$name"; done
   local errors; errors=$(grep -E '^========= ERROR SUMMARY' "$log" | tail -n 1)
-  echo "memcheck on $what: ${errors:-no summary (exit $rc)}"
-  [[ $rc == 0 ]]
+  local race; race=$(racecheck "$log")
+  echo "memcheck on $what: ${errors:-no summary (exit $rc)}; $race"
+  [[ $rc == 0 && $race != "racecheck: hazard errors"* ]]
+}
+
+# Racecheck (shared memory hazards, which the kernels' CPU emulation cannot show: it orders
+# a warp's lanes at each collective, a GPU does not) on a few small tests of the kernels
+# that share memory most (the flash attention kernels with a mask and dropout, the row
+# kernels), in what the phase has left, 30 s at most. Prints one phrase for the phase's
+# line; "racecheck: hazard errors ..." fails the phase.
+racecheck() {
+  local log=$1 left=$((phase_end - $(date +%s) - 3))
+  ((left > 30)) && left=30
+  ((left >= 10)) || { echo "racecheck not run (no time left in the phase)"; return; }
+  local tests=(cuda_flash_attention_backward_repeats_to_the_bit cuda_layernorm cuda_softmax)
+  echo "== compute-sanitizer racecheck: ${tests[*]}" >> "$log"
+  L2L_DEVICE=cpu timeout -k 5 "$left" compute-sanitizer --tool racecheck --error-exitcode 3 \
+    --print-limit 20 build/l2l_ctest --exact "${tests[@]}" >> "$log" 2>&1
+  local rc=$? summary
+  summary=$(grep -E 'RACECHECK SUMMARY' "$log" | tail -n 1)
+  if ((rc == 124 || rc == 137)); then echo "racecheck cut at $left s (${summary:-no summary before the cut})"
+  elif ((rc == 3)); then echo "racecheck: hazard errors: ${summary:-no summary}"
+  else echo "racecheck on ${#tests[@]} tests: ${summary:-no summary (exit $rc)}"; fi
 }
 
 phase_specs() {
