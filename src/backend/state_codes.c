@@ -27,9 +27,11 @@
 #include "backend.h"
 #include "kernels/state_code.h"
 
+#if defined(__AVX512F__)
 /* Powers of ten, for the decades (the vector path's tables). */
 static const float TEN_DOWN[8] = L2L_CODE_TEN_DOWN;
 static const float TEN_UP[8] = L2L_CODE_TEN_UP;
+#endif
 
 /* Each byte's value, from the code's rule evaluated in double and rounded once. */
 static float signed_value[256], root_value[256];
