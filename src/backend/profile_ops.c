@@ -24,6 +24,8 @@ enum { F = sizeof(float) };
   l2l_status status_ = base()->call;                                                   \
   if (probe_.on && status_ == L2L_OK)                                                  \
     profile_close(&probe_, op, flops, bytes, bound, sync, __VA_ARGS__);            \
+  else if (probe_.on) /* (a failed call's start stamp, a device event, given back) */ \
+    device_stamp_release(&probe_.start);                                           \
   return status_
 
 static double d(int64_t n) { return (double)n; }
