@@ -124,13 +124,13 @@ static inline void mul_lanes(__m256i c, __m256i m, __m256i *lo, __m256i *hi) {
 /* Two groups of 8 blocks at a time (their rounds interleave; four would not fit AVX2's 16
    registers), words[4 l + w] as above. */
 static void philox_lanes(uint32_t *words, uint64_t first_block, uint64_t stream, uint64_t seed) {
-  enum { PAIR = 2 };
+  enum { INTERLEAVED = 2 };
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
   const __m256i m0 = _mm256_set1_epi64x(PHILOX_M0), m1 = _mm256_set1_epi64x(PHILOX_M1);
-  for (int g = 0; g < LANES / 8; g += PAIR) {
-    __m256i c0[PAIR], c1[PAIR], c2[PAIR], c3[PAIR];
-    for (int v = 0; v < PAIR; v++) {   /* blocks first_block + 8 (g + v) + lane */
+  for (int g = 0; g < LANES / 8; g += INTERLEAVED) {
+    __m256i c0[INTERLEAVED], c1[INTERLEAVED], c2[INTERLEAVED], c3[INTERLEAVED];
+    for (int v = 0; v < INTERLEAVED; v++) {   /* blocks first_block + 8 (g + v) + lane */
       uint64_t first = first_block + 8 * (uint64_t)(g + v);
       const __m256i base = _mm256_set1_epi32((int)(uint32_t)first);
       const __m256i high = _mm256_set1_epi32((int)(uint32_t)(first >> 32));
@@ -146,7 +146,7 @@ static void philox_lanes(uint32_t *words, uint64_t first_block, uint64_t stream,
     uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
     for (int round = 0; round < 10; round++) {
       const __m256i key0 = _mm256_set1_epi32((int)k0), key1 = _mm256_set1_epi32((int)k1);
-      for (int v = 0; v < PAIR; v++) {
+      for (int v = 0; v < INTERLEAVED; v++) {
         __m256i lo0, hi0, lo1, hi1;
         mul_lanes(c0[v], m0, &lo0, &hi0);
         mul_lanes(c2[v], m1, &lo1, &hi1);
@@ -157,7 +157,7 @@ static void philox_lanes(uint32_t *words, uint64_t first_block, uint64_t stream,
       k0 += PHILOX_W0;
       k1 += PHILOX_W1;
     }
-    for (int v = 0; v < PAIR; v++) {
+    for (int v = 0; v < INTERLEAVED; v++) {
       /* a 4 x 4 transpose of 32-bit words within each 128-bit half (blocks l and l + 4),
          then the halves paired in block order */
       __m256i t0 = _mm256_unpacklo_epi32(c0[v], c1[v]), t1 = _mm256_unpackhi_epi32(c0[v], c1[v]);

@@ -5,8 +5,8 @@
  *
  * What it tests: philox_range(out, seed, stream, first, n) is draw first + i of (seed,
  * stream) at out[i] (word (first + i) % 4 of block (first + i) / 4), on whichever path it
- * takes (AVX-512's 64 blocks a call, written straight into out when whole, or the plain
- * loop's), for drawn seeds and streams (with high words set), starts at every word of a
+ * takes (AVX-512's or AVX2's 64 blocks a call, written straight into out when whole, or the
+ * plain loop's), for drawn seeds and streams (with high words set), starts at every word of a
  * block, lengths short of, at and past a call's 256 draws, and blocks whose low word wraps
  * within a call (the carry into the counter's high word). Outputs poisoned first.
  * philox_halves(out, seed, stream, first, n) is 16-bit draw first + i at out[i]: the low
