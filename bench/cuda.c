@@ -68,12 +68,12 @@ enum { SAMPLES = 21 };
 
 typedef void (*bench_fn)(void *ctx);
 
-/* Median seconds per call of fn(ctx), after two warm-up calls. */
 /* The last time_call's median of the host's time a call, the calls queued and not yet
    waited for: near the call's whole time where the host, not the device, sets the pace (a
    call that waits inside, or queues slower than the device runs). */
 static double time_call_queued;
 
+/* Median seconds per call of fn(ctx), after two warm-up calls (and time_call_queued). */
 static double time_call(bench_fn fn, void *ctx) {
   fn(ctx);
   fn(ctx);
