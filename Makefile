@@ -22,6 +22,13 @@
 # Debian packages a lent GPU machine lacks (scripts/gpu-deps.sh; scripts/gpu-check.sh is
 # the check that machine runs).
 
+# Every core builds (and `make test` builds first) unless the command line's -j says
+# otherwise: a -j given there wins over this one. A make run from within make (a spec's)
+# takes its parent's jobs instead.
+ifeq ($(MAKELEVEL),0)
+  MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
+endif
+
 SANITIZE ?= 0
 TSAN ?= 0
 ARCH ?= native
@@ -178,12 +185,13 @@ CTEST_SRC := $(wildcard spec/c/*.c spec/c/*/*.c)
 # defined, they compile to nothing and the tests that use them skip, saying why.
 CTEST_CXX_SRC := $(wildcard spec/c/*/*.cpp)
 CTEST_OBJ := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%.o) $(CTEST_CXX_SRC:spec/c/%.cpp=$(BUILD)/ctest/%.o)
-# (and a C++ compiler with C++20's <barrier>: g++ 11 on)
+# (and Boost.Context, whose fibers run a block's GPU threads, with a C++20 compiler: g++ 11 on)
 EMU_CUDA_INCLUDE := $(firstword $(patsubst %/cuda_bf16.h,%,$(wildcard $(CUDA_HOME)/include/cuda_bf16.h \
                       $(dir $(realpath $(shell command -v nvcc 2>/dev/null)))../include/cuda_bf16.h \
                       /usr/local/cuda/include/cuda_bf16.h)))
-EMU_BARRIER := $(shell printf '\#include <barrier>\n' | $(CXX) -std=c++20 -E -x c++ - >/dev/null 2>&1 && echo 1)
-EMU_FLAGS := $(if $(and $(EMU_CUDA_INCLUDE),$(EMU_BARRIER)),-DL2L_KERNEL_EMULATION=1 -I.)
+EMU_FIBERS := $(shell printf '\#include <boost/context/detail/fcontext.hpp>\n' | $(CXX) -std=c++20 -E -x c++ - >/dev/null 2>&1 && echo 1)
+EMU_FLAGS := $(if $(and $(EMU_CUDA_INCLUDE),$(EMU_FIBERS)),-DL2L_KERNEL_EMULATION=1 -I.)
+EMU_LIBS := $(if $(EMU_FLAGS),-lboost_context)
 DEPS_STAMP := $(BUILD)/.deps-ok
 # What `make install` copies: the library and l2l linked again without the build tree's
 # RUNPATHs (the same objects), in $(DIST).
@@ -269,7 +277,7 @@ $(BUILD)/ctest/%.o: spec/c/%.cpp | $(DEPS_STAMP)
 WHOLE_LIB = -Wl,--whole-archive $(BUILD)/libl2l.a -Wl,--no-whole-archive $(LIB_LIBS) $(CUDA_LIBS) \
             $(BLAS_RPATH) $(CUDA_RPATH)
 $(BUILD)/l2l_ctest: $(CTEST_OBJ) $(BUILD)/libl2l.a
-	$(LINK) -o $@ $(CTEST_OBJ) $(WHOLE_LIB) -lstdc++
+	$(LINK) -o $@ $(CTEST_OBJ) $(WHOLE_LIB) $(EMU_LIBS) -lstdc++
 
 # The C examples, built as a user would build them (only l2l.h, -ll2l and LuaJIT).
 EXAMPLE_CC = $(CC) -std=c11 -Wall -Wextra $(SANFLAGS) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -Iinclude

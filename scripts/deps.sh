@@ -24,6 +24,7 @@ packages=(
   lua-ldoc                   # `make doc`: the Lua API reference (LDoc)
   groff-base                 # `make doc`: the man page l2l(1) is checked by rendering it
   openmpi-bin libopenmpi-dev # data parallel (dist = "mpi"): mpirun, mpicc and libmpi
+  libboost-context-dev       # the tests' fibers, one a GPU thread, that run the kernels' source on the CPU
 )
 
 if [[ ${1:-} == --list ]]; then

@@ -15,8 +15,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=${1:-.gpudeps}
 # What scripts/deps.sh installs, less OpenMPI (one GPU: nothing to run under mpirun; the
-# MPI specs say so), plus make, which a bare image may lack.
-mapfile -t packages < <(scripts/deps.sh --list | grep -v -e '^openmpi-bin$' -e '^libopenmpi-dev$')
+# MPI specs say so) and Boost.Context (the kernels' CPU emulation, which the GPU runs for
+# real: Boost's headers would take much of what a device call carries), plus make, which a
+# bare image may lack.
+mapfile -t packages < <(scripts/deps.sh --list |
+                        grep -v -e '^openmpi-bin$' -e '^libopenmpi-dev$' -e '^libboost-context-dev$')
 packages+=(make)
 base=(libbsd0 libmd0)
 

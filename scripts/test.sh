@@ -29,7 +29,7 @@ knob=$( [[ ${L2L_SANITIZE:-0} == 1 ]] && echo " SANITIZE=1"; [[ ${L2L_TSAN:-0} =
 echo "== seed $L2L_SEED (L2L_SEED=$L2L_SEED make test$knob replays this run)"
 
 # ThreadSanitizer (make test TSAN=1): the parts that run threads (and the GPU's kernels run
-# on CPU threads by spec/c/backend/*_emulated.cpp: the *_kernels_emulated tests), with one
+# as fibers by spec/c/backend/*_emulated.cpp: the *_kernels_emulated tests), with one
 # OpenMP thread (libgomp is not built for TSan; l2l's own threads are what is checked) and
 # OpenMPI's internals suppressed (scripts/tsan.supp). A report makes a program exit with status 66:
 # a child's fails its spec, a runner's counts as a failure below.

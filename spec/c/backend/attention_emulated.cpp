@@ -31,22 +31,22 @@ static void copy16_async(void *dst, const void *src, bool valid) {
   if ((uintptr_t)dst % 16 != 0 || (valid && (uintptr_t)src % 16 != 0))
     emu::fail("cp.async of 16 bytes at an address not 16-byte aligned");
   const emu::Copy c = {dst, src, valid};
-  if (emu::self.lazy)
-    emu::self.open.push_back(c);
+  if (emu::self().lazy)
+    emu::self().open.push_back(c);
   else
     land(c);
 }
 /* cp.async.commit_group: the copies issued since the last commit form a group. */
 static void copies_commit() {
-  emu::self.groups.push_back(std::move(emu::self.open));
-  emu::self.open.clear();
+  emu::self().groups.push_back(std::move(emu::self().open));
+  emu::self().open.clear();
 }
 /* cp.async.wait_group N: every group but the newest N complete. */
 template <int N>
 static void copies_wait() {
-  while (emu::self.groups.size() > (size_t)N) {
-    for (const emu::Copy &c : emu::self.groups.front()) land(c);
-    emu::self.groups.erase(emu::self.groups.begin());
+  while (emu::self().groups.size() > (size_t)N) {
+    for (const emu::Copy &c : emu::self().groups.front()) land(c);
+    emu::self().groups.erase(emu::self().groups.begin());
   }
 }
 

@@ -152,9 +152,9 @@ bool lamb_master_close(const char *what, const float *got, const float *want, co
 bool kept_bits_match(const char *what, const uint8_t *got, const uint8_t *want, int64_t rows,
                      int64_t S, int causal);
 /* Why a kernel emulation test skips. */
-#define NO_KERNEL_EMULATION                                                                  \
-  "this build found no CUDA toolkit headers (cuda_bf16.h), or no C++20 <barrier>, to compile " \
-  "the kernels for the CPU with"
+#define NO_KERNEL_EMULATION                                                               \
+  "this build found no CUDA toolkit headers (cuda_bf16.h), or no Boost.Context "          \
+  "(libboost-context-dev) with a C++20 compiler, to compile the kernels for the CPU with"
 /* A kernel's 16-bit output (rows, cols of t, rows ld apart; host memory) bit for bit its f32
    values (the same layout) rounded to t, as convert rounds them. */
 bool rounded16_at(const char *file, int line, const char *what, const uint16_t *got,

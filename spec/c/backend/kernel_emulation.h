@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* kernel_emulation.h — what a kernel file of kernels/ needs to compile for the CPU and run
- * there: a thread per GPU thread, blocks one after another, CUDA's names given the host's
+ * there: a fiber per GPU thread, blocks one after another, CUDA's names given the host's
  * meaning. For the C++ files of spec/c/backend/ that run a kernel file's source in make test
  * (*_emulated.cpp).
  *
@@ -16,13 +16,17 @@
  * memory is not counted against that limit here). A warp collective here orders memory as
  * __syncwarp would (CUDA's shuffles do not): a missing __syncwarp between warp steps does
  * not show. A launcher asking about the device is told of a Hopper (compute capability 9,
- * 227 KiB of opt-in shared memory). K_LAUNCH runs a whole grid before it returns. A
- * watchdog ends the process with a message when no barrier completes for a minute (a
- * __syncthreads some thread never reaches hangs a GPU; here it fails the test). One team
- * of threads runs a launch's blocks in turn. What this cannot show: the hardware's own arithmetic (no fused multiply-add
- * here, f32 sums in program order), timing, or races that only real concurrency of a GPU
- * shows (ThreadSanitizer, under make test TSAN=1, checks the threads' accesses against the
- * barriers).
+ * 227 KiB of opt-in shared memory). K_LAUNCH runs a whole grid before it returns.
+ * The GPU threads are fibers on the launching thread, each run until it waits, in an order
+ * drawn afresh each round from the test's generator: a barrier missing between two
+ * threads' accesses to shared memory gives whichever of them runs first stale or poisoned
+ * values; under make test TSAN=1, ThreadSanitizer checks every access against the
+ * barriers. A round in which no thread moves is a deadlock (a __syncthreads some thread
+ * never reaches hangs a GPU): the process ends with a message at once; a watchdog ends it
+ * when no barrier completes for a minute (a thread that loops forever). What this cannot
+ * show: the hardware's own arithmetic (no fused multiply-add here, f32 sums in program
+ * order), timing, or what only a GPU's memory model allows (a write seen late by another
+ * warp without a fence).
  * Must never: be included by the library, or before the CUDA headers it redefines names of.
  */
 #ifndef L2L_KERNEL_EMULATION_H
@@ -30,10 +34,10 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <barrier>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -42,30 +46,246 @@
 #include <memory>
 #include <mutex>
 #include <new>
-#include <system_error>
 #include <thread>
 #include <vector>
 
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_ASAN 1
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define EMU_TSAN 1
+#include <sanitizer/tsan_interface.h>
+#endif
+
+#include <boost/context/detail/fcontext.hpp>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+/* The running test's generator (spec/c/check.h). */
+extern "C" uint64_t check_rand_u64(void);
+
 namespace emu {
 
-/* Barriers completed, for the watchdog. */
+/* Barriers completed and threads ended, for the watchdog. */
 inline std::atomic<uint64_t> progress{0};
 
-/* A barrier of n threads (C++20's: a futex on an atomic). */
+[[noreturn]] inline void fail(const char *message);
+
+/* ---------------------------------------------------------------- a GPU thread: a fiber
+   A launch's GPU threads are fibers on the launching thread (Boost.Context's
+   make_fcontext and jump_fcontext: a switch saves and loads a few registers, in
+   nanoseconds, where an operating system's thread per GPU thread cost a futex wake and
+   sleep at every barrier and shuffle, and glibc's swapcontext a system call a switch).
+   One runs until it waits at a barrier, then the next runs. AddressSanitizer is told of
+   every switch (its fake stacks and stack bounds follow the fiber), and so is
+   ThreadSanitizer: each fiber is its own thread to it, a switch orders nothing, a barrier
+   orders what its arrivals did before what its departures do (as on a GPU), and a
+   thread's last switch all it did before what follows its launch. Between telling a
+   sanitizer of a switch and making it, nothing but locals is touched. */
+namespace fc = boost::context::detail;
+struct Thread;
+constexpr size_t kStackBytes = 512 * 1024;
+struct Fiber {
+  fc::fcontext_t context = nullptr; /* resumes it (the launcher's to touch) */
+  fc::fcontext_t back = nullptr;    /* resumes the launcher (its own to touch) */
+  unsigned char *stack = nullptr;   /* its lowest byte; kStackBytes */
+  Thread *thread = nullptr;
+  std::atomic<bool> done{false};
+  bool started = false; /* (the launcher's to touch) */
+  void *tsan = nullptr; /* ThreadSanitizer's fiber */
+};
+
+/* The launch being run: its fibers and the one running. */
+struct Team {
+  std::vector<std::unique_ptr<Fiber>> fibers;
+  std::atomic<Fiber *> running{nullptr};
+  void (*body)(void *) = nullptr; /* what each fiber runs */
+  void *body_argument = nullptr;
+  std::atomic<uint64_t> changes{0}; /* arrivals at barriers and threads ended: a deadlock's test */
+  const void *launcher_stack = nullptr; /* AddressSanitizer: the launching thread's stack */
+  size_t launcher_stack_bytes = 0;
+  void *launcher_tsan = nullptr;
+};
+inline Team *team = nullptr;
+inline Fiber &running() { return *team->running.load(std::memory_order_relaxed); }
+
+/* What a fiber runs on, kept from launch to launch: its stack (a mapping each, a guard page
+   below it, its pages left mapped) and ThreadSanitizer's fiber (its creation and
+   destruction map and unmap its history). */
+struct Spare {
+  unsigned char *stack;
+  void *tsan;
+};
+struct Spares {
+  std::vector<Spare> free;
+  static size_t page() { return (size_t)sysconf(_SC_PAGESIZE); }
+  Spare take() {
+    Spare s;
+    if (!free.empty()) {
+      s = free.back();
+      free.pop_back();
+    } else {
+      void *m = mmap(nullptr, kStackBytes + page(), PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (m == MAP_FAILED) fail("could not map a GPU thread's stack");
+      if (mprotect(m, page(), PROT_NONE) != 0) fail("could not protect a stack's guard page");
+      s.stack = static_cast<unsigned char *>(m) + page();
+      s.tsan = nullptr;
+#if EMU_TSAN
+      s.tsan = __tsan_create_fiber(0);
+#endif
+    }
+#if EMU_ASAN
+    __asan_unpoison_memory_region(s.stack, kStackBytes); /* (what its last fiber left poisoned) */
+#endif
+    return s;
+  }
+  ~Spares() {
+    for (const Spare &s : free) {
+      munmap(s.stack - page(), kStackBytes + page());
+#if EMU_TSAN
+      __tsan_destroy_fiber(s.tsan);
+#endif
+    }
+  }
+};
+inline Spares spares;
+
+#if EMU_ASAN
+inline void asan_switching(void **fake_stack, const void *stack, size_t bytes) {
+  __sanitizer_start_switch_fiber(fake_stack, stack, bytes);
+}
+inline void asan_switched(void *fake_stack, const void **old_stack, size_t *old_bytes) {
+  __sanitizer_finish_switch_fiber(fake_stack, old_stack, old_bytes);
+}
+#else
+inline void asan_switching(void **, const void *, size_t) {}
+inline void asan_switched(void *, const void **, size_t *) {}
+#endif
+#if EMU_TSAN
+inline void tsan_switching(void *fiber, bool orders) {
+  __tsan_switch_to_fiber(fiber, orders ? 0 : __tsan_switch_to_fiber_no_sync);
+}
+inline void tsan_release(void *at) { __tsan_release(at); }
+inline void tsan_acquire(void *at) { __tsan_acquire(at); }
+#else
+inline void tsan_switching(void *, bool) {}
+inline void tsan_release(void *) {}
+inline void tsan_acquire(void *) {}
+#endif
+
+/* From the launching thread to fiber f, until f waits or ends. */
+inline void resume(Fiber &f) {
+  team->running.store(&f, std::memory_order_relaxed);
+  const fc::fcontext_t to = f.context;
+  void *fake = nullptr, *const tsan = f.tsan;
+  unsigned char *const stack = f.stack;
+  const bool first = !f.started; /* (it orders what the launcher did before: the inputs) */
+  f.started = true;
+  tsan_switching(tsan, first);
+  asan_switching(&fake, stack, kStackBytes);
+  const fc::transfer_t from = fc::jump_fcontext(to, &f); /* (the fiber, for its start) */
+  asan_switched(fake, nullptr, nullptr);
+  f.context = from.fctx;
+}
+
+/* From the running fiber f back to the launching thread; `last`: f has ended (its fake
+   stack goes; all it did is ordered before what the launcher does next). */
+inline void suspend(Fiber &f, bool last) {
+  const fc::fcontext_t to = f.back;
+  void *fake = nullptr, *const tsan = team->launcher_tsan;
+  const void *const stack = team->launcher_stack;
+  const size_t bytes = team->launcher_stack_bytes;
+  tsan_switching(tsan, last);
+  asan_switching(last ? nullptr : &fake, stack, bytes);
+  const fc::transfer_t from = fc::jump_fcontext(to, nullptr);
+  asan_switched(fake, &team->launcher_stack, &team->launcher_stack_bytes);
+  f.back = from.fctx;
+}
+
+/* Where every fiber starts: `from` is the launcher's context, its data the fiber. */
+inline void fiber_main(fc::transfer_t from) {
+  asan_switched(nullptr, &team->launcher_stack, &team->launcher_stack_bytes);
+  Fiber &f = *static_cast<Fiber *>(from.data);
+  f.back = from.fctx;
+  team->body(team->body_argument);
+  f.done.store(true, std::memory_order_relaxed);
+  team->changes.fetch_add(1, std::memory_order_relaxed);
+  progress.fetch_add(1, std::memory_order_relaxed);
+  suspend(f, true);
+  fail("an ended GPU thread resumed");
+}
+
+/* body(argument) run by `threads` fibers, each with *thread[i] as its own: each in turn
+   until it waits, until all have ended. A round in which none arrived at a barrier nor
+   ended is a deadlock: some barrier that a thread waits at is never reached by another. */
+inline void run_fibers(int threads, Thread *const *thread, void (*body)(void *), void *argument) {
+  if (team != nullptr) fail("a launch from inside a launch, or from two threads at once");
+  Team t;
+  t.body = body, t.body_argument = argument;
+#if EMU_TSAN
+  t.launcher_tsan = __tsan_get_current_fiber();
+#endif
+  team = &t;
+  for (int i = 0; i < threads; i++) {
+    std::unique_ptr<Fiber> f(new Fiber);
+    f->thread = thread[i];
+    const Spare spare = spares.take();
+    f->stack = spare.stack, f->tsan = spare.tsan;
+    f->context = fc::make_fcontext(f->stack + kStackBytes, kStackBytes, fiber_main);
+    t.fibers.push_back(std::move(f));
+  }
+  /* each round in an order drawn afresh (from the test's generator: its seed replays it),
+     so that a missing barrier between two threads shows whichever of them runs first */
+  uint64_t draw = check_rand_u64();
+  std::vector<Fiber *> order;
+  for (;;) {
+    const uint64_t before = t.changes.load(std::memory_order_relaxed);
+    order.clear();
+    for (auto &f : t.fibers)
+      if (!f->done.load(std::memory_order_relaxed)) order.push_back(f.get());
+    if (order.empty()) break;
+    for (size_t i = order.size() - 1; i > 0; i--) {
+      draw = draw * 6364136223846793005ull + 1442695040888963407ull;
+      std::swap(order[i], order[(size_t)((draw >> 33) % (i + 1))]);
+    }
+    for (Fiber *f : order) resume(*f);
+    if (t.changes.load(std::memory_order_relaxed) == before)
+      fail("deadlock: every GPU thread left waits at a barrier or warp collective that some "
+           "other thread never reaches");
+  }
+  team = nullptr;
+  for (auto &f : t.fibers) spares.free.push_back({f->stack, f->tsan});
+}
+
+/* A barrier of n fibers: each arrival waits until the n-th. */
 class Barrier {
  public:
-  explicit Barrier(int n) : bar_(n) {}
+  explicit Barrier(int n) : n_(n) {}
   void wait() {
-    bar_.arrive_and_wait();
-    progress.fetch_add(1, std::memory_order_relaxed);
+    const uint64_t g = generation_.load(std::memory_order_relaxed);
+    tsan_release(&order_[g & 1]);
+    team->changes.fetch_add(1, std::memory_order_relaxed);
+    if (arrived_.fetch_add(1, std::memory_order_relaxed) + 1 == n_) {
+      arrived_.store(0, std::memory_order_relaxed);
+      generation_.store(g + 1, std::memory_order_relaxed);
+      progress.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      while (generation_.load(std::memory_order_relaxed) == g) suspend(running(), false);
+    }
+    /* (two places to order through, used in turn: a thread past this barrier may arrive at
+       the next before a slower one leaves this one) */
+    tsan_acquire(&order_[g & 1]);
   }
 
  private:
-  std::barrier<> bar_;
+  const int n_;
+  std::atomic<int> arrived_{0};
+  std::atomic<uint64_t> generation_{0};
+  char order_[2] = {0, 0};
 };
 
 /* What a warp's threads post for a collective: two exchanges, used in turn, so that one
@@ -129,27 +349,28 @@ struct Thread {
   std::vector<Copy> open;                /* issued, not yet committed */
   std::vector<std::vector<Copy>> groups; /* committed, oldest first */
 };
-inline thread_local Thread self;
+/* The running GPU thread's own. */
+inline Thread &self() { return *running().thread; }
 
 inline uint3 thread_index() {
-  const dim3 d = self.block->dim;
-  const unsigned id = (unsigned)self.id;
+  const dim3 d = self().block->dim;
+  const unsigned id = (unsigned)self().id;
   return make_uint3(id % d.x, id / d.x % d.y, id / (d.x * d.y));
 }
-inline uint3 block_index() { return make_uint3(self.block->index.x, self.block->index.y, self.block->index.z); }
-inline dim3 grid_dim() { return self.block->grid; }
-inline dim3 block_dim() { return self.block->dim; }
-inline int lane() { return self.id & 31; }
+inline uint3 block_index() { return make_uint3(self().block->index.x, self().block->index.y, self().block->index.z); }
+inline dim3 grid_dim() { return self().block->grid; }
+inline dim3 block_dim() { return self().block->dim; }
+inline int lane() { return self().id & 31; }
 /* The lanes of this thread's warp: 32, or fewer in a block's last warp. */
 inline int warp_lanes() {
-  const dim3 d = self.block->dim;
-  const int rest = (int)(d.x * d.y * d.z) - (self.id & ~31);
+  const dim3 d = self().block->dim;
+  const int rest = (int)(d.x * d.y * d.z) - (self().id & ~31);
   return rest < 32 ? rest : 32;
 }
-inline Warp &warp() { return *self.block->warps[self.id >> 5]; }
-inline void syncthreads() { self.block->all.wait(); }
+inline Warp &warp() { return *self().block->warps[self().id >> 5]; }
+inline void syncthreads() { self().block->all.wait(); }
 inline void syncwarp() { warp().meet.wait(); }
-inline unsigned char *dynamic_shared() { return self.block->dynamic; }
+inline unsigned char *dynamic_shared() { return self().block->dynamic; }
 inline int last_error() { return 0; }
 
 /* The exchange of this lane's next collective, once every lane has posted to it: post(x)
@@ -157,7 +378,7 @@ inline int last_error() { return 0; }
 template <typename Post>
 inline Exchange &collective(Post post) {
   Warp &w = warp();
-  Exchange &x = w.exchange[self.collectives++ & 1];
+  Exchange &x = w.exchange[self().collectives++ & 1];
   post(x);
   w.meet.wait();
   return x;
@@ -227,7 +448,7 @@ class Watchdog {
 };
 
 /* fn() run by every thread of every block of a grid (threads a block a multiple of 32),
-   one block after another by one team of threads; `shared` bytes of dynamic shared memory,
+   one block after another by one team of fibers; `shared` bytes of dynamic shared memory,
    poisoned before each block. `lazy`: the threads' cp.async copies land at their wait. */
 template <class Fn>
 void run_grid(dim3 grid, dim3 block, size_t shared, bool lazy, Fn fn) {
@@ -238,32 +459,35 @@ void run_grid(dim3 grid, dim3 block, size_t shared, bool lazy, Fn fn) {
   std::unique_ptr<unsigned char, void (*)(unsigned char *)> dynamic(
       static_cast<unsigned char *>(::operator new(shared > 0 ? shared : 1, std::align_val_t(256))),
       [](unsigned char *p) { ::operator delete(p, std::align_val_t(256)); });
-  unsigned char *base = dynamic.get();
-  const unsigned blocks = grid.x * grid.y * grid.z;
-  Block blk(threads);
-  blk.grid = grid, blk.dim = block, blk.dynamic = base;
-  std::vector<std::thread> team;
-  for (int t = 0; t < threads; t++)
-    try {
-      team.emplace_back([&, t] {
-      self = Thread();
-      self.id = t, self.block = &blk, self.lazy = lazy;
-      for (unsigned b = 0; b < blocks; b++) {
-        if (t == 0) {
-          blk.index = dim3(b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y));
-          memset(base, 0xff, shared);
-          memset(static_shared_area, 0xff, kStaticSharedBytes);
-        }
-        blk.all.wait(); /* the block's index and poisoned memory, for every thread */
-        fn();
-        if (!self.open.empty() || !self.groups.empty()) fail("a thread ended with copies not waited for");
-        blk.all.wait(); /* the block is done before the next one is set up */
+  struct Launch {
+    Block block;
+    unsigned blocks;
+    size_t shared;
+    Fn *fn;
+  } launch{Block(threads), grid.x * grid.y * grid.z, shared, &fn};
+  launch.block.grid = grid, launch.block.dim = block, launch.block.dynamic = dynamic.get();
+  std::vector<Thread> own(threads);
+  std::vector<Thread *> of(threads);
+  for (int t = 0; t < threads; t++) {
+    own[t].id = t, own[t].block = &launch.block, own[t].lazy = lazy;
+    of[t] = &own[t];
+  }
+  run_fibers(threads, of.data(), [](void *argument) {
+    Launch &l = *static_cast<Launch *>(argument);
+    Block &blk = l.block;
+    for (unsigned b = 0; b < l.blocks; b++) {
+      if (self().id == 0) {
+        const dim3 g = blk.grid;
+        blk.index = dim3(b % g.x, b / g.x % g.y, b / (g.x * g.y));
+        memset(blk.dynamic, 0xff, l.shared);
+        memset(static_shared_area, 0xff, kStaticSharedBytes);
       }
-      });
-    } catch (const std::system_error &) {
-      fail("could not start a thread for every GPU thread of a block (a process limit?)");
+      blk.all.wait(); /* the block's index and poisoned memory, for every thread */
+      (*l.fn)();
+      if (!self().open.empty() || !self().groups.empty()) fail("a thread ended with copies not waited for");
+      blk.all.wait(); /* the block is done before the next one is set up */
     }
-  for (std::thread &th : team) th.join();
+  }, &launch);
 }
 
 /* Dynamic shared memory past 48 KiB, as a GPU gives it: only to a kernel whose limit
