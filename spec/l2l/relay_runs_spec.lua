@@ -398,16 +398,20 @@ describe("the planner from the main example", function()
 
   it("run:step_peak bounds the step's device peak whatever the weights, and a budget of it runs the step", function()
     local model = demo_model()
+    -- other specs' device tensors the collector has not freed yet count in the pool's bytes
+    -- when the step begins, so in stats.device_peak: they are not the step's
+    local others = l2l.pool_stats("device").current
     local run = l2l.Relay { model = model, micro_batch = support.int(1, 4), stash = ({ "host", "device" })[support.int(1, 2)] }
     local B = support.int(3, 9)
     local tokens = l2l.zeros({ B, 64 }, { dtype = "i32" })
     local peak = run:step_peak(B, 64)
-    local pool = l2l.pool_stats("device")   -- (other specs may hold device bytes)
+    local pool = l2l.pool_stats("device")
     l2l.set_budget("device", peak + pool.current + pool.backend)
     local ok, err = pcall(run.step, run, tokens, tokens)
     l2l.set_budget("device", 0)
     assert.is_true(ok, tostring(err))
-    assert.is_true(run:stats().device_peak <= peak, ("step peak %d over the bound %d"):format(run:stats().device_peak, peak))
+    local own = run:stats().device_peak - others
+    assert.is_true(own <= peak, ("step peak %d (less %d bytes held by others) over the bound %d"):format(own, others, peak))
     -- a LayerNorm guarded (a weight channel near 0) needs what the bound holds, no more
     for _, layer in ipairs(model) do
       for _, p in ipairs(layer:params()) do
