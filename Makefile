@@ -304,7 +304,8 @@ export OMP_WAIT_POLICY ?= PASSIVE
 # `+`: the install spec runs make itself (install into a temporary DESTDIR), as a sub-make
 # that shares this one's job slots and command-line variables. T=NAME runs one test: a
 # spec file (spec/*/NAME_spec.lua, or a path), else the C tests whose names start with NAME
-# and the specs whose descriptions hold it (scripts/test.sh).
+# and the specs whose descriptions hold it (scripts/test.sh). L2L_TEST_JOBS=N in the
+# environment: N test processes at once (default: the cores; 1: one after another).
 test: all
 	+@L2L_SANITIZE=$(SANITIZE) L2L_TSAN=$(TSAN) L2L_TEST_ONLY='$(T)' bash scripts/test.sh $(BUILD)
 

@@ -3,6 +3,7 @@
 # test.sh — run the architecture check, every C test and every spec; end with one line
 # "N passed, M failed".
 # Usage: scripts/test.sh BUILD_DIR   (called by `make test`; BUILD_DIR holds l2l, l2l_ctest)
+# L2L_TEST_JOBS=N: how many test processes run at once (below; default: the cores).
 # L2L_TEST_ONLY=NAME (make test T=NAME): one spec file (spec/*/NAME_spec.lua, or a path to
 # one) alone; else the C tests whose names start with NAME and the specs whose
 # descriptions hold it; the architecture check is left out either way.
@@ -74,38 +75,90 @@ if [[ -z $only ]]; then
   else failed=$((failed + 1)); echo "test: the architecture check failed (scripts/archcheck)"; fi
 fi
 
-echo "== C tests ($build/l2l_ctest)"
-if ((run_ctests)); then "$build/l2l_ctest" "${ctest_only[@]}" 2>&1 | tee "$log/ctest"
-else echo "ctest: 0 passed, 0 failed, 0 skipped" | tee "$log/ctest"; fi
-ctest_rc=${PIPESTATUS[0]}
-summary=$(grep -E '^ctest: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$log/ctest" | tail -n 1)
-if [[ -n $summary ]]; then
-  read -r p f k < <(sed -E 's/^ctest: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped$/\1 \2 \3/' <<<"$summary")
-  passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + k))
-  exited_badly "C tests" "$ctest_rc" "$f"
+# The C tests and each spec file run as separate processes, L2L_TEST_JOBS at a time (the
+# machine's cores unless set; 1 runs them one after another): one process at a time left a
+# core idle for much of a run (bench/RESULTS.md, "the sanitized specs"). Each one's output
+# is printed whole when it ends, headed by its name and seconds. A filter (T=NAME) runs the
+# specs as one busted process. The specs that run make in the checkout (install_spec,
+# doc_spec, gpu-check's dry run) build only targets no other builds (`make test` built
+# `all` first), so they may run at the same time.
+jobs=${L2L_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "test: L2L_TEST_JOBS must be a positive whole number, not '$jobs'"; exit 2; }
+busted=$(command -v busted) || busted=
+units=()   # "ctest" or a list of spec files (space-separated) for one busted process
+((run_ctests)) && units+=(ctest)
+if ((${#filter[@]})); then units+=("${specs[*]}")
 else
-  echo "test: the C tests stopped before their summary (crash?)"
-  failed=$((failed + 1))
+  # each spec file, the largest first (a rough guide to the longest, so that a long one
+  # does not start last)
+  files=$(find "${specs[@]}" -name '*_spec.lua' -printf '%s %p\n' | sort -k1,1nr -k2 | cut -d' ' -f2-)
+  for f in $files; do units+=("$f"); done
 fi
 
-echo "== specs (busted under $build/l2l)"
-if busted=$(command -v busted); then
-  "$build/l2l" "$busted" -o plainTerminal "${filter[@]}" "${specs[@]}" 2>&1 | tee "$log/busted"
-  busted_rc=${PIPESTATUS[0]}
-else
-  echo "test: busted is not on the PATH (scripts/deps.sh installs it)" | tee "$log/busted"
-  busted_rc=1
-fi
-summary=$(grep -E '^[0-9]+ success(es)? / [0-9]+ failures? / [0-9]+ errors? / [0-9]+ pending' \
-          "$log/busted" | tail -n 1)
-if [[ -n $summary ]]; then
-  read -r s f e p < <(sed -E 's#^([0-9]+) success(es)? / ([0-9]+) failures? / ([0-9]+) errors? / ([0-9]+) pending.*#\1 \3 \4 \5#' <<<"$summary")
-  passed=$((passed + s)) failed=$((failed + f + e)) skipped=$((skipped + p))
-  exited_badly "specs" "$busted_rc" "$((f + e))"
-else
-  echo "test: the specs stopped before their summary (crash?)"
-  failed=$((failed + 1))
-fi
+# Runs unit i; its output goes to $log/i, its exit status to $log/i.rc, its seconds to $log/i.s.
+run_unit() {
+  local i=$1 unit=$2 start=$SECONDS rc
+  if [[ $unit == ctest ]]; then "$build/l2l_ctest" "${ctest_only[@]}" > "$log/$i" 2>&1
+  elif [[ -z $busted ]]; then echo "test: busted is not on the PATH (scripts/deps.sh installs it)" > "$log/$i"; false
+  else
+    # shellcheck disable=SC2086 # a unit is a list of files without spaces
+    "$build/l2l" "$busted" -o plainTerminal "${filter[@]}" $unit > "$log/$i" 2>&1
+  fi
+  rc=$?
+  echo $((SECONDS - start)) > "$log/$i.s"
+  echo "$rc" > "$log/$i.rc"
+}
+
+# Adds unit i's summary to the counts and prints its output. (No process substitution
+# here or above: `wait -n` would take its end for a unit's.)
+tally_unit() {
+  local i=$1 unit=${units[$1]} rc summary p f e k
+  rc=$(cat "$log/$i.rc" 2>/dev/null || echo 1)
+  if [[ $unit == ctest ]]; then echo "== C tests ($build/l2l_ctest, $(cat "$log/$i.s") s)"
+  else echo "== specs: $unit (busted under $build/l2l, $(cat "$log/$i.s") s)"; fi
+  cat "$log/$i"
+  if [[ $unit == ctest ]]; then
+    summary=$(grep -E '^ctest: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$log/$i" | tail -n 1)
+    if [[ -n $summary ]]; then
+      read -r p f k <<<"$(sed -E 's/^ctest: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped$/\1 \2 \3/' <<<"$summary")"
+      passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + k))
+      exited_badly "C tests" "$rc" "$f"
+    else
+      echo "test: the C tests stopped before their summary (crash?)"
+      failed=$((failed + 1))
+    fi
+    return
+  fi
+  summary=$(grep -E '^[0-9]+ success(es)? / [0-9]+ failures? / [0-9]+ errors? / [0-9]+ pending' \
+            "$log/$i" | tail -n 1)
+  if [[ -n $summary ]]; then
+    read -r p f e k <<<"$(sed -E 's#^([0-9]+) success(es)? / ([0-9]+) failures? / ([0-9]+) errors? / ([0-9]+) pending.*#\1 \3 \4 \5#' <<<"$summary")"
+    passed=$((passed + p)) failed=$((failed + f + e)) skipped=$((skipped + k))
+    exited_badly "specs ($unit)" "$rc" "$((f + e))"
+  else
+    echo "test: the specs ($unit) stopped before their summary (crash?)"
+    failed=$((failed + 1))
+  fi
+}
+
+# Waits for one running unit to end and tallies it.
+declare -A unit_of_pid=()
+tally_one_ended() {
+  local done_pid= pid
+  if ! wait -n -p done_pid && [[ -z $done_pid ]]; then   # none left to wait for: all ended
+    for pid in "${!unit_of_pid[@]}"; do tally_unit "${unit_of_pid[$pid]}"; unset "unit_of_pid[$pid]"; done
+    return 0
+  fi
+  [[ -n ${unit_of_pid[$done_pid]:-} ]] || return 0
+  tally_unit "${unit_of_pid[$done_pid]}"
+  unset "unit_of_pid[$done_pid]"
+}
+for i in "${!units[@]}"; do
+  while ((${#unit_of_pid[@]} >= jobs)); do tally_one_ended; done
+  run_unit "$i" "${units[$i]}" &
+  unit_of_pid[$!]=$i
+done
+while ((${#unit_of_pid[@]})); do tally_one_ended; done
 
 if ((skipped)); then echo "$passed passed, $failed failed, $skipped skipped"
 else echo "$passed passed, $failed failed"; fi

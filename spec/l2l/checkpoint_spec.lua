@@ -763,7 +763,8 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
   it("survive a process killed at any moment while saving: the file is the old one or the new one", function()
     local path = tmp_path("kill")
     -- The child saves, in a loop, a run whose every weight equals the save's number n,
-    -- with n in extra; a file that loads must be whole: all weights equal to its n.
+    -- with n in extra; a file that loads must be whole: all weights equal to its n. Its
+    -- argument, if any, stops it after that many saves.
     local script = tmp_path("killer") .. ".lua"
     write_bytes(script, ([[
       local l2l = require("l2l")
@@ -771,13 +772,13 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
                                     l2l.Block{ dim = 256, heads = 4, causal = true },
                                     l2l.LMHead{ vocab = 64, dim = 256 } }
       local run = l2l.Relay{ model = model }
-      for n = 1, 1e9 do
+      for n = 1, tonumber(arg[1]) or 1e9 do
         for _, p in ipairs(model:params()) do p.value:fill(n) end
         run:save(%q, { n = n })
       end
     ]]):format(path))
-    local status = support.sh(("timeout --foreground -s KILL 1.5 %s %s"):format(exe, script))   -- a first file
-    assert.is_truthy(status ~= 0)
+    local status, out = support.sh(("%s %s 1"):format(exe, script))   -- a first file, however slow the machine
+    assert.are.equal(0, status, out)
     local kills, loads = 0, 0
     for _ = 1, 6 do
       local delay = support.uniform(0.05, 0.6)

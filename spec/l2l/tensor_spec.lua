@@ -234,3 +234,56 @@ describe("pools", function()
     assert.has_error(function() l2l.threads(0) end, "l2l.threads: threads must be between 1 and 4096, got 0")
   end)
 end)
+
+-- The sanitized build keeps freed large host buffers for reuse (src/core/pool.c, "A
+-- sanitizer build's large buffers"): a use after free must still be reported, also once
+-- tensors of the freed one's size were made again, and a buffer that came back must still
+-- be fenced by the sanitizer's red zones.
+describe("a sanitized build (make test SANITIZE=1)", function()
+  -- Runs Lua code in a child l2l; its exit status and output.
+  local function child(code)
+    return support.sh(("%s/l2l -e %s"):format(support.build_dir, support.q(code)))
+  end
+
+  it("reports a use of a freed large host buffer, and a read past a reused one's end", function()
+    if os.getenv("L2L_SANITIZE") ~= "1" then
+      return pending("needs the sanitized build's AddressSanitizer (make test SANITIZE=1)")
+    end
+    -- 160 KB to 1.2 MB (past the sanitizer's 128 KiB), whole 64-byte lines (the pool's
+    -- alignment: a tensor's end is then its buffer's)
+    local n = 16 * support.int(2500, 18750)
+    local at = support.int(0, n - 1)
+    local context = ("n = %d, element %d (seed %d)"):format(n, at, support.seed)
+    -- freed, then made again at its size: still reported (read by libc's memcpy, which
+    -- the sanitizer checks: LuaJIT's own loads it does not see)
+    local status, out = child(([[
+      local l2l, ffi = require("l2l"), require("ffi")
+      ffi.cdef("void *memcpy(void *, const void *, size_t);")
+      local t = l2l.empty { %d }
+      local p = t:data()
+      t:free()
+      local again = {}
+      for i = 1, 4 do again[i] = l2l.empty { %d }; again[i]:fill(i) end
+      local x = ffi.new("float[1]")
+      ffi.C.memcpy(x, p + %d, 4)
+      print("read", x[0])
+    ]]):format(n, n, at))
+    assert.are_not.equal(0, status, context .. "\n" .. out)
+    assert.is_falsy(out:find("\nread", 1, true), context .. "\n" .. out)
+    assert.is_truthy(out:find("ERROR: AddressSanitizer: use%-after%-poison") or
+                     out:find("ERROR: AddressSanitizer: heap%-use%-after%-free"), context .. "\n" .. out)
+    -- past the end of a buffer after 300 MB of frees of its size (so that one comes back)
+    status, out = child(([[
+      local l2l, ffi = require("l2l"), require("ffi")
+      ffi.cdef("void *memcpy(void *, const void *, size_t);")
+      for _ = 1, math.ceil(300e6 / (4 * %d)) do l2l.empty({ %d }):free() end
+      local t = l2l.empty { %d }
+      local x = ffi.new("float[2]")
+      ffi.C.memcpy(x, t:data() + %d, 8)
+      print("read", x[0])
+    ]]):format(n, n, n, n - 1))
+    assert.are_not.equal(0, status, context .. "\n" .. out)
+    assert.is_falsy(out:find("\nread", 1, true), context .. "\n" .. out)
+    assert.is_truthy(out:find("ERROR: AddressSanitizer: heap%-buffer%-overflow"), context .. "\n" .. out)
+  end)
+end)

@@ -190,8 +190,88 @@ static void trim_if_fragmented(struct pool *p) {
   p->window_peak = p->stats.current;
 }
 
+#ifdef L2L_SANITIZE
+/* A sanitizer build's large buffers, kept after their free instead of unmapped. Under
+   AddressSanitizer every buffer past 128 KiB is a fresh mapping, unmapped when it leaves
+   the sanitizer's quarantine, so each step faulted its activations in again a page at a
+   time: most of the sanitized specs' time went to the kernel (bench/RESULTS.md, "the
+   sanitized specs"). Here a freed buffer is poisoned (any access is reported, as the
+   sanitizer reports a freed one) and kept; a request of its exact size takes it back only
+   once SAN_QUARANTINE bytes of other large buffers were freed after it, the sanitizer's
+   own quarantine (256 MiB on 64-bit Linux), so a use after free goes unreported no sooner
+   than the sanitizer would let it. Past SAN_HELD bytes kept, the oldest go back to the
+   sanitizer. (ThreadSanitizer's build keeps them alike, unpoisoned: the poisoning macros
+   are no-ops there, and the lock orders a buffer's last user before its next.) */
+#include <sanitizer/asan_interface.h>
+#include <malloc.h>
+
+enum { SAN_LARGE = 128 << 10, SAN_MAX_KEPT = 4096 };
+#define SAN_QUARANTINE ((uint64_t)256 << 20)
+#define SAN_HELD ((uint64_t)512 << 20)
+
+static struct {
+  pthread_mutex_t lock;
+  struct san_kept { void *ptr; uint64_t bytes, freed_at; } list[SAN_MAX_KEPT];  /* oldest first */
+  int n;
+  uint64_t held, freed;   /* bytes kept; bytes of large buffers freed so far */
+} san_kept = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static void san_drop(int i) {   /* with the lock held */
+  san_kept.held -= san_kept.list[i].bytes;
+  san_kept.n--;
+  memmove(&san_kept.list[i], &san_kept.list[i + 1], (size_t)(san_kept.n - i) * sizeof san_kept.list[0]);
+}
+
+/* A kept buffer of exactly `bytes`, out of quarantine, unpoisoned; NULL if none. */
+static void *san_take(uint64_t bytes) {
+  void *ptr = NULL;
+  pthread_mutex_lock(&san_kept.lock);
+  for (int i = 0; i < san_kept.n && san_kept.freed - san_kept.list[i].freed_at >= SAN_QUARANTINE; i++)
+    if (san_kept.list[i].bytes == bytes) {
+      ptr = san_kept.list[i].ptr;
+      san_drop(i);
+      break;
+    }
+  pthread_mutex_unlock(&san_kept.lock);
+  if (ptr != NULL) ASAN_UNPOISON_MEMORY_REGION(ptr, bytes);
+  return ptr;
+}
+
+/* Keeps a freed buffer (poisoned) or gives it to the sanitizer. */
+static void san_free(void *ptr) {
+  uint64_t bytes = ptr != NULL ? malloc_usable_size(ptr) : 0;
+  if (bytes < SAN_LARGE) { free(ptr); return; }
+  ASAN_POISON_MEMORY_REGION(ptr, bytes);
+  void *given_back[SAN_MAX_KEPT];
+  int count = 0;
+  pthread_mutex_lock(&san_kept.lock);
+  while (san_kept.n > 0 && (san_kept.n == SAN_MAX_KEPT || san_kept.held + bytes > SAN_HELD)) {
+    given_back[count++] = san_kept.list[0].ptr;
+    san_drop(0);
+  }
+  san_kept.freed += bytes;
+  san_kept.list[san_kept.n++] = (struct san_kept){ ptr, bytes, san_kept.freed };
+  san_kept.held += bytes;
+  pthread_mutex_unlock(&san_kept.lock);
+  for (int i = 0; i < count; i++) free(given_back[i]);
+}
+
+static void san_release_kept(void) {
+  pthread_mutex_lock(&san_kept.lock);
+  while (san_kept.n > 0) {
+    void *ptr = san_kept.list[0].ptr;
+    san_drop(0);
+    free(ptr);
+  }
+  pthread_mutex_unlock(&san_kept.lock);
+}
+#endif
+
 void pool_release_cached(void) {
   blocks_release_cached(pinned_cache());
+#ifdef L2L_SANITIZE
+  san_release_kept();
+#endif
   for (int kind = 0; kind < POOL_COUNT; kind++) {
     struct pool *p = &pools[kind];
     pthread_mutex_lock(&p->lock);
@@ -200,15 +280,16 @@ void pool_release_cached(void) {
   }
 }
 
-/* Host memory of pool p's arena (posix_memalign in a sanitizer build); NULL if refused.
-   The arena exists: pool_alloc made it before. A buffer of a page or more starts on a
-   page: the EPS's spill file moves such buffers around the page cache (O_DIRECT wants
-   page-aligned memory), and jemalloc otherwise offsets large ones by a random cache line. */
+/* Host memory of pool p's arena (posix_memalign in a sanitizer build, or a buffer it kept);
+   NULL if refused. The arena exists: pool_alloc made it before. A buffer of a page or more
+   starts on a page: the EPS's spill file moves such buffers around the page cache (O_DIRECT
+   wants page-aligned memory), and jemalloc otherwise offsets large ones by a random cache line. */
 static void *arena_alloc(const struct pool *p, uint64_t bytes) {
   size_t align = bytes >= 4096 ? 4096 : L2L_ALIGN;
 #ifdef L2L_SANITIZE
   (void)p;
-  void *ptr = NULL;   /* (posix_memalign: any size; C11's aligned_alloc wants a multiple) */
+  void *ptr = bytes >= SAN_LARGE ? san_take(bytes) : NULL;
+  if (ptr != NULL) return ptr;   /* (posix_memalign: any size; C11's aligned_alloc wants a multiple) */
   return posix_memalign(&ptr, align, bytes) == 0 ? ptr : NULL;
 #else
   return mallocx(bytes, MALLOCX_ALIGN(align) | MALLOCX_ARENA(p->arena) | MALLOCX_TCACHE_NONE);
@@ -217,7 +298,7 @@ static void *arena_alloc(const struct pool *p, uint64_t bytes) {
 
 static void arena_free(void *ptr) {
 #ifdef L2L_SANITIZE
-  free(ptr);
+  san_free(ptr);
 #else
   dallocx(ptr, MALLOCX_TCACHE_NONE);
 #endif
