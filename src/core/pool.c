@@ -216,7 +216,9 @@ static struct {
   uint64_t held, freed;   /* bytes kept; bytes of large buffers freed so far */
 } san_kept = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
-static void san_drop(int i) {   /* with the lock held */
+/* Forgets kept buffer i; `give_back`: to the sanitizer. With the lock held. */
+static void san_forget(int i, bool give_back) {
+  if (give_back) free(san_kept.list[i].ptr);
   san_kept.held -= san_kept.list[i].bytes;
   san_kept.n--;
   memmove(&san_kept.list[i], &san_kept.list[i + 1], (size_t)(san_kept.n - i) * sizeof san_kept.list[0]);
@@ -229,7 +231,7 @@ static void *san_take(uint64_t bytes) {
   for (int i = 0; i < san_kept.n && san_kept.freed - san_kept.list[i].freed_at >= SAN_QUARANTINE; i++)
     if (san_kept.list[i].bytes == bytes) {
       ptr = san_kept.list[i].ptr;
-      san_drop(i);
+      san_forget(i, false);
       break;
     }
   pthread_mutex_unlock(&san_kept.lock);
@@ -242,27 +244,18 @@ static void san_free(void *ptr) {
   uint64_t bytes = ptr != NULL ? malloc_usable_size(ptr) : 0;
   if (bytes < SAN_LARGE) { free(ptr); return; }
   ASAN_POISON_MEMORY_REGION(ptr, bytes);
-  void *given_back[SAN_MAX_KEPT];
-  int count = 0;
   pthread_mutex_lock(&san_kept.lock);
-  while (san_kept.n > 0 && (san_kept.n == SAN_MAX_KEPT || san_kept.held + bytes > SAN_HELD)) {
-    given_back[count++] = san_kept.list[0].ptr;
-    san_drop(0);
-  }
+  while (san_kept.n > 0 && (san_kept.n == SAN_MAX_KEPT || san_kept.held + bytes > SAN_HELD))
+    san_forget(0, true);
   san_kept.freed += bytes;
   san_kept.list[san_kept.n++] = (struct san_kept){ ptr, bytes, san_kept.freed };
   san_kept.held += bytes;
   pthread_mutex_unlock(&san_kept.lock);
-  for (int i = 0; i < count; i++) free(given_back[i]);
 }
 
 static void san_release_kept(void) {
   pthread_mutex_lock(&san_kept.lock);
-  while (san_kept.n > 0) {
-    void *ptr = san_kept.list[0].ptr;
-    san_drop(0);
-    free(ptr);
-  }
+  while (san_kept.n > 0) san_forget(0, true);
   pthread_mutex_unlock(&san_kept.lock);
 }
 #endif
