@@ -282,7 +282,8 @@ static void *arena_alloc(const struct pool *p, uint64_t bytes) {
 #ifdef L2L_SANITIZE
   (void)p;
   void *ptr = bytes >= SAN_LARGE ? san_take(bytes) : NULL;
-  if (ptr != NULL) return ptr;   /* (posix_memalign: any size; C11's aligned_alloc wants a multiple) */
+  if (ptr != NULL) return ptr;
+  /* (posix_memalign: any size; C11's aligned_alloc wants a multiple) */
   return posix_memalign(&ptr, align, bytes) == 0 ? ptr : NULL;
 #else
   return mallocx(bytes, MALLOCX_ALIGN(align) | MALLOCX_ARENA(p->arena) | MALLOCX_TCACHE_NONE);
