@@ -42,7 +42,7 @@ if [[ ${L2L_TSAN:-0} == 1 ]]; then
               flash_kernels_emulated attention_fp32_kernels_emulated norm_kernels_emulated
               softmax_kernels_emulated cross_entropy_kernels_emulated gelu_kernels_emulated
               reduce_kernels_emulated elementwise_kernels_emulated optim_kernels_emulated)
-  specs=(spec/l2l/relay_running_spec.lua spec/l2l/relay_spec.lua spec/l2l/dist_spec.lua spec/l2l/relay_interrupt_spec.lua)
+  specs=(spec/l2l/relay_running_spec.lua spec/l2l/relay_spec.lua spec/l2l/dist_spec.lua spec/l2l/dist_faults_spec.lua spec/l2l/relay_interrupt_spec.lua)
 fi
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# spec/dist/hosts.sh — two hosts on one machine for spec/l2l/dist_spec.lua: two network
+# spec/dist/hosts.sh — two hosts on one machine for spec/l2l/dist_faults_spec.lua: two network
 # namespaces, each with its own address, joined by a veth pair (a cable between them), so
 # that ranks in them talk over a real link that can be cut, not over loopback.
 #   hosts.sh up NAME      makes NAME-a (10.231.0.1) and NAME-b (10.231.0.2), the link up

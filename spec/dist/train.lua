@@ -1,12 +1,13 @@
 -- SPDX-License-Identifier: MIT
--- spec/dist/train.lua — what spec/l2l/dist_spec.lua runs under mpirun (or alone): a small
--- model trained a few steps on a global minibatch, each rank stepping its own slice; then
--- every loss, weight and optimizer state of the run is written exactly (hex floats) as
--- JSON, by every rank into OUT.<rank>, for the spec to compare with one process.
+-- spec/dist/train.lua — what the dist specs (spec/l2l/dist_spec.lua, dist_faults_spec.lua)
+-- run under mpirun (or alone): a small model trained a few steps on a global minibatch,
+-- each rank stepping its own slice; then every loss, weight and optimizer state of the
+-- run is written exactly (hex floats) as JSON, by every rank into OUT.<rank>, for the spec
+-- to compare with one process.
 -- Usage: l2l spec/dist/train.lua OUT SEED [key=value ...]
 --   dist=none|mpi, steps=5, B=7 (global samples), mb=2 (micro-batch), accumulate=1,
 --   clip=0 (global norm), loss_scale=0, grad_precision=f32|f16, dropout=0,
---   optimizer=adamw|lamb|sgd, eps=1e-3 (AdamW's and LAMB's: dist_spec.lua says why),
+--   optimizer=adamw|lamb|sgd, eps=1e-3 (AdamW's and LAMB's: spec/dist/runs.lua says why),
 --   grow=0 (1: after the second step, insert a new block at 2 and clone block 4; after
 --   the third, freeze block 3 and remove block 5; the fourth skips block 2),
 --   save=PATH and save_at=STEP (a checkpoint after that step; save_fail=1: rank 0 saves to
