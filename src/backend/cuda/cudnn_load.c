@@ -43,9 +43,9 @@ struct cuda_cudnn cudnn;
 static bool open_at(const char *path) {
   static const char *const names[] = {
       "cudnnGetVersion",          "cudnnGetErrorString",           "cudnnGetLastErrorString",
-      "cudnnCreate",              "cudnnSetStream",                "cudnnBackendCreateDescriptor",
-      "cudnnBackendDestroyDescriptor", "cudnnBackendSetAttribute", "cudnnBackendGetAttribute",
-      "cudnnBackendFinalize",     "cudnnBackendExecute"};
+      "cudnnCreate",              "cudnnSetStream",                "cudnnDestroy",
+      "cudnnBackendCreateDescriptor", "cudnnBackendDestroyDescriptor", "cudnnBackendSetAttribute",
+      "cudnnBackendGetAttribute", "cudnnBackendFinalize",      "cudnnBackendExecute"};
   void *fns[sizeof names / sizeof names[0]];
   void *lib =
       cuda_open_functions(path, names, sizeof names / sizeof names[0], fns, about, sizeof about);

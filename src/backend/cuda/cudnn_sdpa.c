@@ -122,10 +122,15 @@ static char handle_why[256];
 static cudnnHandle_t get_handle(void) {
   if (!handle_tried) {
     handle_tried = true;
+    const char *call = "cudnnCreate";
     cudnnStatus_t st = cudnn.create(&handle);
-    if (st == CUDNN_STATUS_SUCCESS) st = cudnn.set_stream(handle, cuda_rt.compute);
+    if (st == CUDNN_STATUS_SUCCESS) {
+      call = "cudnnSetStream";
+      st = cudnn.set_stream(handle, cuda_rt.compute);
+      if (st != CUDNN_STATUS_SUCCESS) cudnn.destroy(handle);   /* (no handle kept: none leaks) */
+    }
     if (st != CUDNN_STATUS_SUCCESS) {
-      snprintf(handle_why, sizeof handle_why, "cudnnCreate: %s", cudnn.error_string(st));
+      snprintf(handle_why, sizeof handle_why, "%s: %s", call, cudnn.error_string(st));
       handle = NULL;
     }
   }

@@ -25,6 +25,7 @@ struct cuda_cudnn {
   __typeof__(cudnnGetLastErrorString) *last_error;
   __typeof__(cudnnCreate) *create;
   __typeof__(cudnnSetStream) *set_stream;
+  __typeof__(cudnnDestroy) *destroy;
   __typeof__(cudnnBackendCreateDescriptor) *create_descriptor;
   __typeof__(cudnnBackendDestroyDescriptor) *destroy_descriptor;
   __typeof__(cudnnBackendSetAttribute) *set_attribute;
