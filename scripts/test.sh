@@ -82,7 +82,9 @@ fi
 # specs as one busted process. The specs that run make in the checkout (install_spec,
 # doc_spec, gpu-check's dry run) build only targets no other builds (`make test` built
 # `all` first), so they may run at the same time.
-jobs=${L2L_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
+# (nproc follows OMP_NUM_THREADS, which the TSan run sets to 1 for the tests: the cores are
+# counted without it)
+jobs=${L2L_TEST_JOBS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1)}
 [[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "test: L2L_TEST_JOBS must be a positive whole number, not '$jobs'"; exit 2; }
 busted=$(command -v busted) || busted=
 units=()   # "ctest" or a list of spec files (space-separated) for one busted process
