@@ -113,7 +113,7 @@ end
 -- it), the batch, the budget, rates, relay settings; some keys unknown or mistyped.
 function M.plan_case()
   local o = {
-    blocks = pick({ 1, 2, 4, 12, 48, rint(1, 64) }),   -- (the design plans 48 blocks in 100 ms)
+    blocks = pick({ 1, 2, 4, 12, 48, rint(1, 64) }),   -- (48 blocks: seconds at most, docs/design.md)
     dim = pick({ 8, 16, 32 }),
     batch = option_number(pick({ 1, 2, 7, 64, 1000, 2 ^ 16, 2 ^ 20, 2 ^ 24, rint(1, 2 ^ 24) })),
     seq = option_number(pick({ 1, 4, 8 })),

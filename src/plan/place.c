@@ -55,14 +55,19 @@ static int larger_first(const void *a, const void *b) {
 }
 
 /* Every layer's bits for the own records of the layers of group `g` set to `on` (a record
-   shared by layers: in each of them). */
+   shared by layers: in each of them). A record's users are its first (recs[i].layer) and,
+   where it has more, layers after it: only those are looked through (looking through
+   every layer for every record made placing 800 blocks take seconds). */
 static void mark(struct plan_layer *layers, int L, const struct layers_record *recs, int n,
                  const int *group, int g, bool on) {
-  for (int i = 0; i < n; i++)
-    for (int k = 0; group[recs[i].layer] == g && k < L; k++)
+  for (int i = 0; i < n; i++) {
+    if (group[recs[i].layer] != g) continue;
+    int end = recs[i].users > 1 ? L : recs[i].layer + 1;
+    for (int k = recs[i].layer; k < end; k++)
       for (int r = 0; r < l2l_layer_param_count(layers[k].layer); r++)
         if (l2l_layer_param(layers[k].layer, r) == recs[i].param)
           layers[k].on_device = on ? layers[k].on_device | 1u << r : layers[k].on_device & ~(1u << r);
+  }
 }
 
 /* The records placed (their bytes, and their words: n of them) and the step's peak with
@@ -116,18 +121,41 @@ l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint
   if (nonempty <= most)   /* every record, the ordinary GPU trainer's way */
     status = fits(&ok, c, all, candidates, budget);
   int placed = 0;
+  int *order = allowed == NULL ? c->placed_order : NULL;
+  const bool record = order != NULL && c->placed_count < 0;
   if (status == L2L_OK && ok) {
     *bytes = all, placed = candidates, taken = nonempty;
-  } else if (status == L2L_OK) {   /* else the largest layer's first, each while it fits */
+    if (record) qsort(cand, (size_t)c->L, sizeof *cand, larger_first);   /* (the greedy's order) */
+    for (int i = 0; record && i < nonempty; i++) order[i] = cand[i].layer;
+  } else if (status == L2L_OK && order != NULL && !record && most < c->placed_count) {
+    /* fewer groups than an earlier call took: the greedy below would take the first `most`
+       of those again, one replay each, wherever each shorter run of them fits too (as it
+       does unless placing a group shrinks the slots by more than its records take) */
+    for (int k = 0; k < c->L; k++) c->layers[k].on_device = 0;
+    uint64_t some = 0;
+    for (int i = 0; i < most; i++) {
+      mark(c->layers, c->L, recs, n, group, order[i], true);
+      some += cand[order[i]].bytes, placed += cand[order[i]].records;
+    }
+    status = fits(&ok, c, some, placed, budget);
+    if (status == L2L_OK && ok) *bytes = some, taken = most;
+    else placed = 0;
+  }
+  if (status == L2L_OK && !ok) {   /* else the largest layer's first, each while it fits */
     for (int k = 0; k < c->L; k++) c->layers[k].on_device = 0;
     qsort(cand, (size_t)c->L, sizeof *cand, larger_first);
     for (int i = 0; status == L2L_OK && i < c->L && cand[i].bytes > 0 && taken < most; i++) {
       mark(c->layers, c->L, recs, n, group, cand[i].layer, true);
       status = fits(&ok, c, *bytes + cand[i].bytes, placed + cand[i].records, budget);
-      if (status == L2L_OK && ok) *bytes += cand[i].bytes, placed += cand[i].records, taken++;
-      else mark(c->layers, c->L, recs, n, group, cand[i].layer, false);
+      if (status == L2L_OK && ok) {
+        if (record) order[taken] = cand[i].layer;
+        *bytes += cand[i].bytes, placed += cand[i].records, taken++;
+      } else {
+        mark(c->layers, c->L, recs, n, group, cand[i].layer, false);
+      }
     }
   }
+  if (status == L2L_OK && record) c->placed_count = taken;
   if (groups != NULL) *groups = taken;
   *bytes += device_words_bytes(placed);
   free(recs);

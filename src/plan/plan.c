@@ -364,8 +364,10 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
   l2l_plan *plan = calloc(1, sizeof *plan);
   l2l_plan_layer *result = calloc((size_t)nlayers, sizeof *result);
   struct plan_layer_key *keys = calloc((size_t)nlayers, sizeof *keys);
-  if (pl == NULL || seconds == NULL || plan == NULL || result == NULL || keys == NULL) {
-    free(pl), free(seconds), free(plan), free(result), free(keys);
+  int *placed_order = calloc((size_t)nlayers, sizeof *placed_order);
+  if (pl == NULL || seconds == NULL || plan == NULL || result == NULL || keys == NULL ||
+      placed_order == NULL) {
+    free(pl), free(seconds), free(plan), free(result), free(keys), free(placed_order);
     return FAIL(L2L_ERR_NOMEM, "no memory to plan %d layers", nlayers);
   }
   for (int k = 0; k < nlayers; k++)
@@ -373,6 +375,7 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
                                 .frozen = request->frozen && request->frozen[k]};
   struct plan_chain chain = chain_of(pl, nlayers, config, request->batch, request->seq,
                                      request->token_types, request->key_mask);
+  chain.placed_order = placed_order, chain.placed_count = -1;   /* (for place_with_policies) */
   /* the records on the device: every one (placement device), or (auto) first those the
      budget holds beside the leanest step, then fewer where the step is faster for it */
   struct placed_plan best = {.r = {.layer_seconds = seconds}};
@@ -428,7 +431,7 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
   } else {
     free(plan), free(result), free(keys);
   }
-  free(pl), free(seconds);
+  free(pl), free(seconds), free(placed_order);
   return status;
 }
 

@@ -55,6 +55,11 @@ struct plan_chain {
      layers' memory statements at micro_batch, the slots' bytes. NULL: worked out per
      replay. */
   struct plan_memo *memo;
+  /* Placement auto's groups in the order plan_place took them (their first layers; L
+     entries), and how many (-1: none taken yet); NULL: not kept. A later placement of
+     fewer groups takes the first of them (place.c). */
+  int *placed_order;
+  int placed_count;
 };
 
 struct plan_memo {
@@ -173,6 +178,10 @@ struct plan_result {
   uint64_t leanest_peak;        /* the smallest peak any policy reached */
   int64_t leanest_micro_batch;  /* at this micro-batch */
 };
+/* The most trials one search's polish takes (search.c says how they are shared), and the
+   trials taken, for test_plan. */
+enum { PLAN_POLISH_SEARCH = 1200 };
+extern _Atomic int64_t plan_polish_trials;
 /* The fastest micro-batch and policies whose peak fits `budget`: into the chain (its
    micro_batch and layers' policies) and out. out->found false: none fits. */
 /* The leanest policy's peak (micro-batch 1, every layer recomputed, its boundary on the
@@ -182,7 +191,8 @@ l2l_status plan_leanest_peak(uint64_t *peak, struct plan_chain *c);
 /* Placement auto (place.c): the chain's layers' on_device bits for the records the budget
    holds on the device beside the step's peak with its policies and micro-batch: every
    record when all fit, else a layer's own records at a time, the largest first, each while
-   they fit (a replay each); none
+   they fit (a replay each; with c->placed_order, of at most `most` groups where an earlier
+   call took more: the first `most` it took, one replay, when they fit); none
    where the config keeps them on the host. allowed (NULL: every layer's): per layer, nonzero
    where the group that layer begins may go on the device. At most `most` groups (the
    first that fit, largest first; *groups, when not NULL, gets how many). *bytes: the placed

@@ -34,8 +34,13 @@
 enum mode { M_KEEP, M_SWAP, M_DEV, M_HOST, M_DROP, MODES };
 /* POLISH_TRIALS bounds one size's polish: a 188-layer chain whose knapsack left many short
    runs took 45,000 trials (26 s) climbing one layer at a time; the first hundreds take
-   nearly all the gain. */
+   nearly all the gain. PLAN_POLISH_SEARCH (plan.h) bounds a search's: the two fastest
+   sizes take up to POLISH_TRIALS each, and the others within reach polish in order of their
+   time while any is left (48 blocks at a batch of 65536 had 24 sizes within reach: 9,700
+   trials, five times the rest of the search, 15 s for l2l.plan with placement auto). */
 enum { FRONT_MAX = 4096, RETRIES = 8, POLISH_TRIALS = 400 };
+_Static_assert(PLAN_POLISH_SEARCH >= 2 * POLISH_TRIALS, "the two fastest sizes' polish");
+_Atomic int64_t plan_polish_trials;
 
 static void set_mode(struct plan_layer *pl, int k, int L, enum mode m) {
   if (k == 0) {                       /* the embedding: no input boundary, nothing to redo */
@@ -208,6 +213,7 @@ static bool try_modes(struct judge *j, struct choice *best, const enum mode *tri
                       l2l_status *status, int *left) {
   if (*left <= 0) return false;
   --*left;
+  plan_polish_trials++;
   double s;
   uint64_t p;
   *status = judge(j, trial, &s, &p);
@@ -218,13 +224,13 @@ static bool try_modes(struct judge *j, struct choice *best, const enum mode *tri
 
 /* Changes of one layer, then of two unlike neighbours at once (a layer's output waits
    where the next one's policy says: some pairs only pay together), that are faster and
-   fit, taken while any remain. */
-static l2l_status polish(struct judge *j, struct choice *best, uint64_t budget) {
+   fit, taken while any remain and *left (trials) lasts. */
+static l2l_status polish(struct judge *j, struct choice *best, uint64_t budget, int *left_out) {
   int L = j->c->L;
   enum mode *trial = calloc((size_t)L, sizeof *trial);
   if (trial == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to plan");
   l2l_status status = L2L_OK;
-  int left = POLISH_TRIALS;
+  int left = *left_out;
   for (bool better = best->found; better && status == L2L_OK && left > 0;) {
     better = false;
     for (int k = 0; k < L && status == L2L_OK; k++) {
@@ -256,6 +262,7 @@ static l2l_status polish(struct judge *j, struct choice *best, uint64_t budget) 
     }
   }
   free(trial);
+  *left_out = left;
   return status;
 }
 
@@ -435,12 +442,14 @@ l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_
       ladder(sizes, &nsizes, room, B, n / 2 > 1 ? n / 2 : 1, 2 * n, 8);
     }
   }
-  /* polished: the two fastest sizes, and any other within 25 % of the fastest (near ties
-     between sizes are common, and the polish may turn them) */
+  /* polished: the two fastest sizes, and others within 25 % of the fastest, fastest first,
+     while the search's trials last (near ties between sizes are common, and the polish may
+     turn them) */
   double fastest = INFINITY;
   for (int i = 0; i < nsizes; i++)
     if (choices[i].found && choices[i].seconds < fastest) fastest = choices[i].seconds;
-  for (int round = 0; status == L2L_OK; round++) {
+  int search_left = PLAN_POLISH_SEARCH;
+  for (int round = 0; status == L2L_OK && search_left > 0; round++) {
     int pick = -1;
     for (int i = 0; i < nsizes; i++)
       if (choices[i].found && !choices[i].polished && (pick < 0 || choices[i].seconds < choices[pick].seconds))
@@ -449,7 +458,9 @@ l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_
     c->micro_batch = sizes[pick];
     status = plan_chain_memo(c);
     if (status == L2L_OK) status = plan_layer_costs(costs, c, rates);
-    if (status == L2L_OK) status = polish(&j, &choices[pick], budget);
+    int left = search_left < POLISH_TRIALS ? search_left : POLISH_TRIALS, given = left;
+    if (status == L2L_OK) status = polish(&j, &choices[pick], budget, &left);
+    search_left -= given - left;
     choices[pick].polished = true;
   }
   int chosen = -1;

@@ -321,6 +321,49 @@ TEST(plan_search_work_is_bounded_in_the_batch) {
   model_free(&m);
 }
 
+TEST(plan_search_polish_is_bounded_in_depth_and_batch) {
+  /* The polish (search.c) took the two fastest sizes and every other within 25 % of the
+     fastest, up to 400 trials each: 48 blocks at a batch of 65536 had 24 such sizes, 9,700
+     trials, and l2l.plan took 15 s there (the loader fuzzer's case). A search's polish
+     takes at most PLAN_POLISH_SEARCH trials whatever the depth and the batch, and its
+     plan still fits. (Without the bound, chains like these took 414-2,100 trials, over
+     it in half of them: six searches.) */
+  l2l_plan_rates rates = {.flops = 1e12, .h2d = 1e10, .d2h = 1e10, .optimizer = 1e9, .visit = 1e-5};
+  for (int search = 0; search < 6; search++) {
+    struct shape g = random_shape();   /* (narrow and short, as the fuzzer's case) */
+    g.blocks = MAX_LAYERS - 4, g.type_vocab = 0, g.D = 8, g.F = 32, g.S = 4;
+    struct model m;
+    model_new(&m, &g);
+    struct plan_layer layers[MAX_LAYERS];
+    for (int k = 0; k < m.n; k++)
+      layers[k] = (struct plan_layer){.layer = m.layer[k], .role = layer_role(m.layer[k])};
+    int64_t B = check_rand_int(1 << 14, 1 << 17);
+    struct plan_chain c = {.L = m.n, .layers = layers, .batch = B, .seq = g.S, .dim = g.D,
+                           .param_slots = 2, .precision = L2L_F32, .grad_precision = L2L_F32,
+                           .accumulate = 1};
+    /* a budget from the leanest step's peak to a few times it: many sizes fit, few keep all */
+    uint64_t lean = 0;
+    CHECK_OK(plan_leanest_peak(&lean, &c));
+    uint64_t budget = lean + (uint64_t)(check_rand_uniform(1, 8) * (double)lean);
+    double seconds[MAX_LAYERS];
+    struct plan_result r = {.layer_seconds = seconds};
+    int64_t before = plan_polish_trials;
+    if (CHECK_OK(plan_search(&r, &c, &rates, budget))) {
+      int64_t trials = plan_polish_trials - before;
+      uint64_t peak = 0;
+      CHECK_OK(plan_peak(&peak, &c));
+      CHECK(r.found && peak == r.peak && peak <= budget, "%d layers, B %lld: found %d, peak %llu (said "
+            "%llu), budget %llu", m.n, (long long)B, r.found, (unsigned long long)peak,
+            (unsigned long long)r.peak, (unsigned long long)budget);
+      CHECK(trials > 0 && trials <= PLAN_POLISH_SEARCH, "%d layers, B %lld: the polish took %lld "
+            "trials (at most %d)", m.n, (long long)B, (long long)trials, PLAN_POLISH_SEARCH);
+      printf("  %d layers, B %lld: the polish took %lld trials\n", m.n, (long long)B, (long long)trials);
+    }
+    plan_memo_free(&c);
+    model_free(&m);
+  }
+}
+
 /* Every policy of every micro-batch size, judged by the same models: the fastest that fits. */
 static double brute_force(struct plan_chain *c, const l2l_plan_rates *rates, uint64_t budget,
                           int64_t *best_mb) {
@@ -467,4 +510,79 @@ done:
   l2l_relay_free(r);
   data_free(&d);
   model_free(&m);
+}
+
+/* Placement auto plans again with fewer groups' records on the device, the largest first
+   (plan.c's place_with_policies): plan_place given the groups an earlier placement took
+   (c->placed_order) takes the first `most` of them, one replay, where they fit, and else
+   places as with no order given (the greedy: each group, largest first, while it fits, a
+   replay each), which takes the same wherever every shorter run of them fits too. Either
+   way the records and the step's peak stay within the budget. */
+TEST(plan_place_of_fewer_groups_takes_the_first_of_more) {
+  int shortcuts = 0, compared = 0;
+  for (int trial = 0; trial < 24; trial++) {
+    struct shape g = random_shape();
+    g.blocks = (int)check_rand_int(2, 6), g.type_vocab = 0;
+    int64_t B = check_rand_int(1, 7);
+    struct model m;
+    model_new(&m, &g);
+    l2l_relay_config cfg = random_config(B);
+    cfg.placement = L2L_PLACE_AUTO;
+    struct plan_layer layers[MAX_LAYERS], greedy[MAX_LAYERS];
+    int order[MAX_LAYERS];
+    for (int k = 0; k < m.n; k++) layers[k] = (struct plan_layer){.layer = m.layer[k], .role = layer_role(m.layer[k])};
+    struct plan_chain c = {.L = m.n, .layers = layers, .batch = B, .seq = g.S, .dim = g.D,
+                           .param_slots = cfg.param_slots, .precision = cfg.precision,
+                           .grad_precision = cfg.grad_precision, .accumulate = 1};
+    uint64_t lean = 0, all = 0, bytes = 0;
+    int K = 0, took = 0;
+    /* a budget from the leanest step's peak up to it and every record's device bytes */
+    if (!CHECK_OK(plan_leanest_peak(&lean, &c)) ||
+        !CHECK_OK(plan_place(&c, &cfg, UINT64_MAX / 4, NULL, INT32_MAX, NULL, &all)))
+      goto next;
+    uint64_t budget = lean + (uint64_t)(check_rand_uniform(0, 1.1) * (double)all);
+    c.placed_order = order, c.placed_count = -1;
+    if (!CHECK_OK(plan_place(&c, &cfg, budget, NULL, INT32_MAX, &K, &bytes))) goto next;
+    CHECK(c.placed_count == K, "trial %d: %d groups taken, %d in the order", trial, K, c.placed_count);
+    bool runs_fit = true;   /* every run of the first `most` so far fit */
+    for (int most = 0; most < K; most++) {
+      int64_t before = plan_replayed_micro_batches;
+      if (!CHECK_OK(plan_place(&c, &cfg, budget, NULL, most, &took, &bytes))) break;
+      bool shortcut = plan_replayed_micro_batches - before == B;   /* one whole replay */
+      runs_fit = runs_fit && shortcut;
+      shortcuts += shortcut;
+      uint64_t peak = 0;
+      plan_memo_free(&c);
+      CHECK_OK(plan_peak(&peak, &c));
+      CHECK(bytes <= budget && peak <= budget - bytes, "trial %d, at most %d groups: records %llu and "
+            "peak %llu over the budget %llu", trial, most, (unsigned long long)bytes,
+            (unsigned long long)peak, (unsigned long long)budget);
+      for (int i = 0; shortcut && i < K; i++)
+        CHECK((layers[order[i]].on_device != 0) == (i < most), "trial %d, at most %d groups: the "
+              "group of layer %d (taken %d-th) is %s the device", trial, most, order[i], i + 1,
+              layers[order[i]].on_device ? "on" : "not on");
+      if (shortcut) CHECK(took == most, "trial %d: %d groups taken of %d", trial, took, most);
+      if (runs_fit || !shortcut) {   /* where it must be the greedy's choice, or is its own */
+        struct plan_chain d = c;
+        memcpy(greedy, layers, (size_t)m.n * sizeof *greedy);
+        d.layers = greedy, d.placed_order = NULL;
+        int gtook = 0;
+        uint64_t gbytes = 0;
+        if (!CHECK_OK(plan_place(&d, &cfg, budget, NULL, most, &gtook, &gbytes))) break;
+        compared++;
+        CHECK(gtook == took && gbytes == bytes, "trial %d, at most %d groups: %d groups and %llu bytes, "
+              "the greedy's %d and %llu", trial, most, took, (unsigned long long)bytes, gtook,
+              (unsigned long long)gbytes);
+        for (int k = 0; k < m.n; k++)
+          CHECK(greedy[k].on_device == layers[k].on_device, "trial %d, at most %d groups: layer %d's "
+                "records %#x, the greedy's %#x", trial, most, k, layers[k].on_device, greedy[k].on_device);
+      }
+    }
+  next:
+    plan_memo_free(&c);
+    model_free(&m);
+  }
+  CHECK(shortcuts > 0, "no placement of fewer groups took the first of an earlier one's");
+  printf("  %d placements of fewer groups took the first of an earlier one's in one replay; %d were "
+         "compared with the greedy's\n", shortcuts, compared);
 }
