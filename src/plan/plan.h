@@ -182,8 +182,6 @@ struct plan_result {
    trials taken, for test_plan. */
 enum { PLAN_POLISH_SEARCH = 1200 };
 extern _Atomic int64_t plan_polish_trials;
-/* The fastest micro-batch and policies whose peak fits `budget`: into the chain (its
-   micro_batch and layers' policies) and out. out->found false: none fits. */
 /* The leanest policy's peak (micro-batch 1, every layer recomputed, its boundary on the
    host): no plan needs less. Replayed only, nothing timed (a budget too small for it is
    refused before the timing would allocate past it). Leaves c at that policy. */
@@ -199,6 +197,8 @@ l2l_status plan_leanest_peak(uint64_t *peak, struct plan_chain *c);
    records' device bytes. */
 l2l_status plan_place(struct plan_chain *c, const l2l_relay_config *config, uint64_t budget,
                       const uint32_t *allowed, int most, int *groups, uint64_t *bytes);
+/* The fastest micro-batch and policies whose peak fits `budget`: into the chain (its
+   micro_batch and layers' policies) and out. out->found false: none fits. */
 l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_plan_rates *rates,
                        uint64_t budget);
 
