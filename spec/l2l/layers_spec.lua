@@ -198,20 +198,31 @@ describe("layers the garbage collector frees", function()
     -- Freed in whatever order the collector picks, the pages of a thousand layers used to
     -- stay cached and unreusable (jemalloc does not serve small requests from the large
     -- extents they coalesce into): the cache grew by the whole working set each round.
+    -- The pool looks at its cache once per 64 MiB freed and gives it back when in use and
+    -- cached pass the most in use at once by more than 64 MiB or an eighth of it
+    -- (src/core/pool.c, TRIM_CHECK_BYTES and TRIM_SLACK_BYTES): so the cache is within the
+    -- peak and that slack at a look, and 64 MiB more freed since; what is in use is back
+    -- at `base` after each round. With the trim taken out the cache reached 700 MiB in the
+    -- six rounds against this bound's 225. (The bound was once twice the first round's cache
+    -- and 64 MiB: a round can end just after a trim, its cache 1-2 MiB, and a later one at
+    -- 153 MiB, within this bound: one run in six failed.)
     local l2l = require("l2l")
     local host = function() return l2l.pool_stats("host") end
     collectgarbage(); collectgarbage()
     local base = host().current
-    local first, worst
-    for round = 1, 6 do
+    local worst = 0
+    for _ = 1, 6 do
       for _ = 1, 1000 do local _ = l2l.Block { dim = 32, heads = 2 } end
       collectgarbage(); collectgarbage()
       local s = host()
       assert.are.equal(base, s.current)
-      if round == 1 then first = s.reserved end
-      worst = math.max(worst or 0, s.reserved)
+      worst = math.max(worst, s.reserved)
     end
-    assert.is_true(worst <= 2 * first + 64 * 2 ^ 20,
-                   ("reserved reached %.1f MiB, %.1f MiB after the first round"):format(worst / 2 ^ 20, first / 2 ^ 20))
+    local MiB = 2 ^ 20
+    local peak = host().peak   -- (the most in use at once, since the process began)
+    local bound = base + peak + math.max(peak / 8, 64 * MiB) + 64 * MiB
+    assert.is_true(support.within(worst, bound, "the host pool's cache after rounds of freed layers"),
+                   ("reserved reached %.1f MiB, the bound %.1f MiB (peak in use %.1f MiB)")
+                   :format(worst / MiB, bound / MiB, peak / MiB))
   end)
 end)
