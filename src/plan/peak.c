@@ -460,6 +460,36 @@ void plan_memo_free(struct plan_chain *c) {
   c->memo = NULL;
 }
 
+/* A replay of `nmb` micro-batches of mb rows, the last of `last` rows, by the memory
+   statements and slot sizes of `memo`; replay_end frees its blocks. */
+static struct replay replay_begin(const struct plan_chain *c, const struct plan_memo *memo,
+                                  int64_t mb, int64_t nmb, int64_t last) {
+  l2l_layer_config head;
+  l2l_layer_get_config(&head, c->layers[c->L - 1].layer);
+  return (struct replay){.c = c, .mb = mb, .nmb = nmb, .last = last,
+                         .head_width = head.kind == L2L_LAYER_CLASSIFIER ? 1 : c->seq,
+                         .mem_full = memo->mem[0], .mem_last = memo->mem[1]};
+}
+
+static void replay_end(struct replay *r) {
+  while (r->chunks) {
+    struct chunk *next = r->chunks->next;
+    free(r->chunks);
+    r->chunks = next;
+  }
+}
+
+/* The slots, which live through the step (the relay's slots.c): parameters, gradients,
+   16-bit gradients going out. */
+static void slots_take(struct replay *r, struct block *slots[3], const struct plan_memo *memo) {
+  const struct plan_chain *c = r->c;
+  slots[0] = take(r, memo->slots[ORDER_SLOT_VALUES] * (uint64_t)c->param_slots);
+  slots[1] = c->evaluation ? NULL : take(r, 2 * memo->slots[ORDER_SLOT_GRADS]);
+  slots[2] = c->grad_precision != L2L_F32 && !c->evaluation
+                 ? take(r, 2 * memo->slots[ORDER_SLOT_GRADS_OUT])
+                 : NULL;
+}
+
 /* One replay of a step of `nmb` micro-batches of mb rows, the last of `last` rows: its
    peak, and each stretch's into stretch_peak (NULL: not asked). Flattened: the walk's
    calls to the acts (direct once the table is known, but left as calls by GCC) are
@@ -467,15 +497,11 @@ void plan_memo_free(struct plan_chain *c) {
 static __attribute__((flatten)) l2l_status replay_step(uint64_t *peak, uint64_t *stretch_peak, const struct plan_chain *c,
                               const struct order *sc, const struct plan_memo *memo, int64_t mb,
                               int64_t nmb, int64_t last) {
-  struct replay r = {.c = c, .mb = mb, .nmb = nmb, .last = last, .stretch_peak = stretch_peak};
+  struct replay r = replay_begin(c, memo, mb, nmb, last);
+  r.stretch_peak = stretch_peak;
   plan_replayed_micro_batches += nmb;
   struct step s = {.r = &r, .L = c->L};
   int L = c->L;
-  l2l_layer_config head;
-  l2l_layer_get_config(&head, c->layers[c->L - 1].layer);
-  r.head_width = head.kind == L2L_LAYER_CLASSIFIER ? 1 : c->seq;
-  r.mem_full = memo->mem[0];
-  r.mem_last = memo->mem[1];
   s.x = calloc((size_t)L + 1, sizeof *s.x);
   s.g = calloc((size_t)L + 1, sizeof *s.g);
   s.saved = calloc((size_t)L, sizeof *s.saved);
@@ -488,18 +514,12 @@ static __attribute__((flatten)) l2l_status replay_step(uint64_t *peak, uint64_t 
   }
   l2l_status status = L2L_OK;
   if (ok) {
-    /* the slots live through the step (the relay's slots.c) */
-    struct block *slots = take(&r, memo->slots[ORDER_SLOT_VALUES] * (uint64_t)c->param_slots);
-    struct block *grads = c->evaluation ? NULL : take(&r, 2 * memo->slots[ORDER_SLOT_GRADS]);
-    struct block *grads_out = c->grad_precision != L2L_F32 && !c->evaluation
-                                  ? take(&r, 2 * memo->slots[ORDER_SLOT_GRADS_OUT])
-                                  : NULL;
+    struct block *slots[3];
+    slots_take(&r, slots, memo);
     (void)order_walk(sc, r.nmb, &replay_acts, &s);   /* the replay's acts cannot fail */
     inputs_free(&s);
     drop(&r, s.scratch.dev);
-    drop(&r, slots);
-    drop(&r, grads);
-    drop(&r, grads_out);
+    for (int i = 0; i < 3; i++) drop(&r, slots[i]);
     /* whatever the replay left (none on a consistent chain) goes with it */
     for (int k = 0; k <= L; k++)
       for (int64_t u = 0; u < r.nmb; u++) {
@@ -519,12 +539,35 @@ static __attribute__((flatten)) l2l_status replay_step(uint64_t *peak, uint64_t 
   free(s.x);
   free(s.g);
   free(s.saved);
-  while (r.chunks) {
-    struct chunk *next = r.chunks->next;
-    free(r.chunks);
-    r.chunks = next;
-  }
+  replay_end(&r);
   return status;
+}
+
+/* What every policy's step holds at once (see plan.h): the slots, and a forward call's
+   input, batch fields, output (a head's losses) and arenas, for the first micro-batch,
+   counted by the replay's own blocks. */
+static l2l_status floor_of(uint64_t *floor, const struct plan_chain *c, const struct plan_memo *memo,
+                           int64_t mb, int64_t nmb, int64_t last) {
+  struct replay r = replay_begin(c, memo, mb, nmb, last);
+  struct block *slots[3];
+  slots_take(&r, slots, memo);
+  for (int k = 0; k < c->L && !r.failed; k++) {
+    struct block *held[4], *ids[2];
+    held[0] = k > 0 ? new_act(&r, 0) : NULL;
+    inputs_take(&r, k, 0, ids);
+    held[1] = c->layers[k].role == L2L_ROLE_HEAD
+                  ? take(&r, (uint64_t)(rows_of(&r, 0) * r.head_width) * sizeof(float))
+                  : new_act(&r, 0);
+    held[2] = take(&r, mem_of(&r, k, 0)->saved);
+    held[3] = take(&r, mem_of(&r, k, 0)->work_forward);
+    inputs_drop(&r, ids);
+    for (int i = 0; i < 4; i++) drop(&r, held[i]);
+  }
+  for (int i = 0; i < 3; i++) drop(&r, slots[i]);
+  bool failed = r.failed;
+  *floor = r.peak;
+  replay_end(&r);
+  return failed ? FAIL(L2L_ERR_NOMEM, "no memory to plan") : L2L_OK;
 }
 
 int64_t plan_peak_whole_replay_max = 16;
@@ -568,7 +611,10 @@ static l2l_status extrapolate(uint64_t *peak, bool *exact, const struct plan_cha
   return status;
 }
 
-l2l_status plan_peak(uint64_t *peak, const struct plan_chain *c) {
+/* The chain's step at its micro-batch, replayed for its peak (or counted for its floor,
+   `floor`): its order, and the memo of its sizes (the chain's own when it is of this
+   micro-batch, else one filled here). */
+static l2l_status of_step(uint64_t *peak, const struct plan_chain *c, bool floor) {
   *peak = 0;
   if (c->L < 2) return FAIL(L2L_ERR_INVALID, "a chain needs an input layer and a head");
   int64_t mb = c->micro_batch < c->batch ? c->micro_batch : c->batch;
@@ -582,8 +628,11 @@ l2l_status plan_peak(uint64_t *peak, const struct plan_chain *c) {
     memo_fill(&own, c, &sc, mb);
     memo = &own;
   }
-  bool exact = false;
-  if (status == L2L_OK && nmb > plan_peak_whole_replay_max && nmb > FIRST_SPECIAL + LAST_SPECIAL + 3)
+  if (status == L2L_OK && (memo->mem[0] == NULL || memo->mem[1] == NULL))
+    status = FAIL(L2L_ERR_NOMEM, "no memory to plan");
+  bool exact = floor;
+  if (status == L2L_OK && floor) status = floor_of(peak, c, memo, mb, nmb, last);
+  if (status == L2L_OK && !exact && nmb > plan_peak_whole_replay_max && nmb > FIRST_SPECIAL + LAST_SPECIAL + 3)
     status = extrapolate(peak, &exact, c, &sc, memo, mb, nmb, last);
   if (status == L2L_OK && !exact) {
     if (nmb > plan_peak_whole_replay_max) plan_peak_fallbacks++;
@@ -594,3 +643,7 @@ l2l_status plan_peak(uint64_t *peak, const struct plan_chain *c) {
   free(own.mem[1]);
   return status;
 }
+
+l2l_status plan_peak(uint64_t *peak, const struct plan_chain *c) { return of_step(peak, c, false); }
+
+l2l_status plan_peak_floor(uint64_t *floor, const struct plan_chain *c) { return of_step(floor, c, true); }

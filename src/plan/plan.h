@@ -83,6 +83,11 @@ l2l_status plan_schedule(struct order *sc, const struct plan_chain *c);
    moves run on the copy threads, so their timing sets where in between a peak with swap
    falls: this gives the bound that holds whatever the timing. */
 l2l_status plan_peak(uint64_t *peak, const struct plan_chain *c);
+/* A floor under plan_peak for the chain's micro-batch whatever its layers' policies:
+   what every step holds at once (the slots, and a layer's forward call with its input,
+   output and arenas), the largest over the layers. A budget under it fits no policy of
+   that micro-batch (test_plan's brute force holds every policy's peak to it). */
+l2l_status plan_peak_floor(uint64_t *floor, const struct plan_chain *c);
 /* Steps of more micro-batches than this are not replayed whole but from three short
    replays (peak.c says why that is exact); test_plan sets it low to compare the two. */
 extern int64_t plan_peak_whole_replay_max;
@@ -182,9 +187,16 @@ struct plan_result {
    trials taken, for test_plan. */
 enum { PLAN_POLISH_SEARCH = 1200 };
 extern _Atomic int64_t plan_polish_trials;
+/* The search's shortcuts (search.c: a peak replayed only where the policy's time could be
+   taken, a size over budget at its floor passed over); false, for test_plan: every peak
+   replayed, every size judged whole. */
+extern bool plan_search_shortcuts;
 /* The leanest policy's peak (micro-batch 1, every layer recomputed, its boundary on the
-   host): no plan needs less. Replayed only, nothing timed (a budget too small for it is
-   refused before the timing would allocate past it). Leaves c at that policy. */
+   host): the least the planner offers, and what a refusal names. Policies that swap or drop
+   boundaries can need a little less (up to 2.4 % at micro-batch 1 over 1,200 of test_plan's
+   brute-force chains, 2026-12-02), which a refusal does not look for. Replayed only,
+   nothing timed (a budget too small for it is refused before the timing would allocate
+   past it). Leaves c at that policy. */
 l2l_status plan_leanest_peak(uint64_t *peak, struct plan_chain *c);
 /* Placement auto (place.c): the chain's layers' on_device bits for the records the budget
    holds on the device beside the step's peak with its policies and micro-batch: every

@@ -135,8 +135,12 @@ static void compare_one(int trial, bool allow_swap) {
   bool on_device = cfg.placement == L2L_PLACE_DEVICE;
   for (int k = 0; k < m.n; k++) layers[k].on_device = on_device ? UINT32_MAX : 0;
   if (cfg.placement == L2L_PLACE_AUTO && !auto_placement(layers, &m, r, &cfg, &d, B, g.S)) goto done;
-  uint64_t predicted = 0;
+  uint64_t predicted = 0, floor = 0;
   if (!CHECK_OK(plan_peak(&predicted, &chain))) goto done;
+  /* the floor under every policy's peak (the search's test of a size) is under this one's */
+  if (CHECK_OK(plan_peak_floor(&floor, &chain)))
+    CHECK(floor <= predicted, "trial %d: the floor %llu over the peak %llu", trial,
+          (unsigned long long)floor, (unsigned long long)predicted);
   l2l_pool_stats before;
   CHECK_OK(l2l_pool_get_stats(&before, L2L_POOL_DEVICE));
   l2l_relay_batch b = {.tokens = d.tokens, .targets = d.targets, .token_types = d.types,
@@ -205,6 +209,9 @@ static void compare_one(int trial, bool allow_swap) {
      with the weights the step left (the frugal guard's statements follow them). */
   chain.evaluation = true;
   if (!CHECK_OK(plan_peak(&predicted, &chain))) goto done;
+  if (CHECK_OK(plan_peak_floor(&floor, &chain)))
+    CHECK(floor <= predicted, "trial %d: an evaluation's floor %llu over its peak %llu", trial,
+          (unsigned long long)floor, (unsigned long long)predicted);
   CHECK_OK(l2l_pool_get_stats(&before, L2L_POOL_DEVICE));
   if (!CHECK_OK(l2l_relay_evaluate(&loss, r, &b))) goto done;
   CHECK_OK(l2l_relay_get_stats(&st, r));
@@ -364,7 +371,66 @@ TEST(plan_search_polish_is_bounded_in_depth_and_batch) {
   }
 }
 
-/* Every policy of every micro-batch size, judged by the same models: the fastest that fits. */
+TEST(plan_search_shortcuts_change_no_choice) {
+  /* The search times a policy before replaying its peak and replays it only where the time
+     could be taken, and passes over a size whose floor is over the budget (search.c): the
+     same plan, to the bit, as the search that replays every policy and judges every size,
+     for random chains, batches, precisions and rates (compute-, copy- or host-bound), and
+     budgets from under the leanest step's peak to everything kept. */
+  for (int trial = 0; trial < 24; trial++) {
+    struct shape g = random_shape();
+    g.blocks = (int)check_rand_int(1, 6);
+    struct model m;
+    model_new(&m, &g);
+    int64_t B = check_rand_int(1, 48);
+    struct plan_layer layers[2][MAX_LAYERS];
+    struct plan_chain c[2];
+    bool bf16 = check_rand_int(0, 1);
+    for (int i = 0; i < 2; i++) {
+      for (int k = 0; k < m.n; k++)
+        layers[i][k] = (struct plan_layer){.layer = m.layer[k], .role = layer_role(m.layer[k])};
+      c[i] = (struct plan_chain){.L = m.n, .layers = layers[i], .batch = B, .seq = g.S, .dim = g.D,
+                                 .param_slots = 2, .precision = bf16 ? L2L_BF16 : L2L_F32,
+                                 .grad_precision = bf16 ? L2L_BF16 : L2L_F32, .accumulate = 1,
+                                 .token_types = g.type_vocab > 0};
+    }
+    l2l_plan_rates rates = {.flops = exp(check_rand_uniform(log(1e9), log(1e13))),
+                            .h2d = exp(check_rand_uniform(log(1e8), log(1e11))),
+                            .optimizer = exp(check_rand_uniform(log(1e8), log(1e11))), .visit = 1e-5};
+    rates.d2h = rates.h2d;
+    uint64_t lean = 0, fat = 0;
+    CHECK_OK(plan_leanest_peak(&lean, &c[0]));
+    c[0].micro_batch = B;
+    for (int k = 0; k < m.n; k++) layers[0][k].inner = L2L_INNER_KEEP, layers[0][k].stash = L2L_STASH_DEVICE;
+    CHECK_OK(plan_peak(&fat, &c[0]));
+    uint64_t budget = (uint64_t)((double)lean * 0.97 + (double)(fat > lean ? fat - lean : 0) *
+                                 check_rand_uniform(0, 1.2));
+    struct plan_result r[2];
+    double seconds[2][MAX_LAYERS];
+    for (int i = 0; i < 2; i++) {
+      r[i] = (struct plan_result){.layer_seconds = seconds[i]};
+      plan_search_shortcuts = i == 0;
+      CHECK_OK(plan_search(&r[i], &c[i], &rates, budget));
+    }
+    plan_search_shortcuts = true;
+    CHECK(r[0].found == r[1].found && r[0].micro_batch == r[1].micro_batch &&
+          r[0].seconds == r[1].seconds && r[0].peak == r[1].peak,
+          "trial %d (%d layers, B %lld, budget %llu): found %d, micro-batch %lld, %.9g s, peak %llu; "
+          "every peak replayed: %d, %lld, %.9g s, %llu", trial, m.n, (long long)B,
+          (unsigned long long)budget, r[0].found, (long long)r[0].micro_batch, r[0].seconds,
+          (unsigned long long)r[0].peak, r[1].found, (long long)r[1].micro_batch, r[1].seconds,
+          (unsigned long long)r[1].peak);
+    for (int k = 0; r[0].found && k < m.n; k++)
+      CHECK(layers[0][k].inner == layers[1][k].inner && layers[0][k].stash == layers[1][k].stash,
+            "trial %d: layer %d's policy %d/%d, with every peak replayed %d/%d", trial, k,
+            layers[0][k].inner, layers[0][k].stash, layers[1][k].inner, layers[1][k].stash);
+    model_free(&m);
+  }
+}
+
+/* Every policy of every micro-batch size, judged by the same models: the fastest that fits.
+   Every policy's peak is held to at least its size's floor (plan_peak_floor: the search
+   passes over a size whose floor is over the budget). */
 static double brute_force(struct plan_chain *c, const l2l_plan_rates *rates, uint64_t budget,
                           int64_t *best_mb) {
   int L = c->L, middle = L - 2;
@@ -377,6 +443,8 @@ static double brute_force(struct plan_chain *c, const l2l_plan_rates *rates, uin
     previous = mb;
     c->micro_batch = mb;
     if (!CHECK_OK(plan_layer_costs(costs, c, rates))) return NAN;
+    uint64_t floor = 0;
+    if (!CHECK_OK(plan_peak_floor(&floor, c))) return NAN;
     int combos = 2;
     for (int k = 0; k < middle; k++) combos *= 5;
     for (int code = 0; code < combos; code++) {
@@ -388,6 +456,8 @@ static double brute_force(struct plan_chain *c, const l2l_plan_rates *rates, uin
       c->layers[L - 1].stash = rest % 2 ? L2L_STASH_HOST : L2L_STASH_DEVICE;
       uint64_t peak;
       if (!CHECK_OK(plan_peak(&peak, c))) return NAN;
+      CHECK(peak >= floor, "micro-batch %lld, policy %d: peak %llu under the floor %llu", (long long)mb,
+            code, (unsigned long long)peak, (unsigned long long)floor);
       double s = plan_step_seconds(c, costs, rates, NULL, NULL);
       if (peak <= budget && s < best) best = s, *best_mb = mb;
     }
