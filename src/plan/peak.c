@@ -565,7 +565,7 @@ static l2l_status floor_of(uint64_t *floor, const struct plan_chain *c, const st
   }
   for (int i = 0; i < 3; i++) drop(&r, slots[i]);
   bool failed = r.failed;
-  *floor = r.peak;
+  *floor = failed ? 0 : r.peak;
   replay_end(&r);
   return failed ? FAIL(L2L_ERR_NOMEM, "no memory to plan") : L2L_OK;
 }

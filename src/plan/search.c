@@ -90,7 +90,8 @@ static l2l_status judge(struct judge *j, const enum mode *modes, double beat, do
   *seconds = plan_step_seconds(j->c, j->costs, j->rates, NULL, NULL);
   if (*seconds < 0) return FAIL(L2L_ERR_NOMEM, "no memory to time a plan");
   *peak = UINT64_MAX;
-  return *seconds < beat || !plan_search_shortcuts ? plan_peak(peak, j->c) : L2L_OK;
+  bool could = beat == INFINITY || !(*seconds >= beat);   /* (an infinite or NaN time too) */
+  return could || !plan_search_shortcuts ? plan_peak(peak, j->c) : L2L_OK;
 }
 
 l2l_status plan_leanest_peak(uint64_t *peak, struct plan_chain *c) {

@@ -376,8 +376,9 @@ TEST(plan_search_shortcuts_change_no_choice) {
   /* The search times a policy before replaying its peak and replays it only where the time
      could be taken, and passes over a size whose floor is over the budget (search.c): the
      same plan, to the bit, as the search that replays every policy and judges every size,
-     for random chains, batches, precisions and rates (compute-, copy- or host-bound), and
-     budgets from under the leanest step's peak to everything kept. */
+     for random chains, batches, precisions and rates (compute-, copy- or host-bound, or a
+     link so slow every step takes forever), and budgets from under the leanest step's peak
+     to everything kept. */
   for (int trial = 0; trial < 24; trial++) {
     struct shape g = random_shape();
     g.blocks = (int)check_rand_int(1, 6);
@@ -398,6 +399,7 @@ TEST(plan_search_shortcuts_change_no_choice) {
     l2l_plan_rates rates = {.flops = exp(check_rand_uniform(log(1e9), log(1e13))),
                             .h2d = exp(check_rand_uniform(log(1e8), log(1e11))),
                             .optimizer = exp(check_rand_uniform(log(1e8), log(1e11))), .visit = 1e-5};
+    if (trial % 8 == 7) rates.h2d = 5e-324;   /* (accepted: every step infinite, still planned) */
     rates.d2h = rates.h2d;
     uint64_t lean = 0, fat = 0;
     CHECK_OK(plan_leanest_peak(&lean, &c[0]));
@@ -414,6 +416,10 @@ TEST(plan_search_shortcuts_change_no_choice) {
       CHECK_OK(plan_search(&r[i], &c[i], &rates, budget));
     }
     plan_search_shortcuts = true;
+    CHECK(r[0].leanest_peak == r[1].leanest_peak && r[0].leanest_micro_batch == r[1].leanest_micro_batch,
+          "trial %d: the leanest peak %llu at micro-batch %lld, with every peak replayed %llu at %lld",
+          trial, (unsigned long long)r[0].leanest_peak, (long long)r[0].leanest_micro_batch,
+          (unsigned long long)r[1].leanest_peak, (long long)r[1].leanest_micro_batch);
     CHECK(r[0].found == r[1].found && r[0].micro_batch == r[1].micro_batch &&
           r[0].seconds == r[1].seconds && r[0].peak == r[1].peak,
           "trial %d (%d layers, B %lld, budget %llu): found %d, micro-batch %lld, %.9g s, peak %llu; "
