@@ -505,7 +505,7 @@ static __attribute__((flatten)) l2l_status replay_step(uint64_t *peak, uint64_t 
   s.x = calloc((size_t)L + 1, sizeof *s.x);
   s.g = calloc((size_t)L + 1, sizeof *s.g);
   s.saved = calloc((size_t)L, sizeof *s.saved);
-  bool ok = memo->mem[0] && memo->mem[1] && s.x && s.g && s.saved;
+  bool ok = s.x && s.g && s.saved;
   for (int k = 0; ok && k <= L; k++) {
     s.x[k] = calloc((size_t)r.nmb, sizeof **s.x);
     s.g[k] = calloc((size_t)r.nmb, sizeof **s.g);
@@ -630,13 +630,16 @@ static l2l_status of_step(uint64_t *peak, const struct plan_chain *c, bool floor
   }
   if (status == L2L_OK && (memo->mem[0] == NULL || memo->mem[1] == NULL))
     status = FAIL(L2L_ERR_NOMEM, "no memory to plan");
-  bool exact = floor;
-  if (status == L2L_OK && floor) status = floor_of(peak, c, memo, mb, nmb, last);
-  if (status == L2L_OK && !exact && nmb > plan_peak_whole_replay_max && nmb > FIRST_SPECIAL + LAST_SPECIAL + 3)
-    status = extrapolate(peak, &exact, c, &sc, memo, mb, nmb, last);
-  if (status == L2L_OK && !exact) {
-    if (nmb > plan_peak_whole_replay_max) plan_peak_fallbacks++;
-    status = replay_step(peak, NULL, c, &sc, memo, mb, nmb, last);
+  if (status == L2L_OK && floor) {
+    status = floor_of(peak, c, memo, mb, nmb, last);
+  } else if (status == L2L_OK) {
+    bool exact = false;
+    if (nmb > plan_peak_whole_replay_max && nmb > FIRST_SPECIAL + LAST_SPECIAL + 3)
+      status = extrapolate(peak, &exact, c, &sc, memo, mb, nmb, last);
+    if (status == L2L_OK && !exact) {
+      if (nmb > plan_peak_whole_replay_max) plan_peak_fallbacks++;
+      status = replay_step(peak, NULL, c, &sc, memo, mb, nmb, last);
+    }
   }
   order_free(&sc);
   free(own.mem[0]);

@@ -72,6 +72,12 @@ static bool mode_allowed(int k, int L, enum mode m) {
   return true;
 }
 
+/* Layer k's mode in the uniform policy of mode u (where a layer cannot take u: the
+   embedding keeps, the head's input waits on the host). */
+static enum mode uniform_mode(int k, int L, enum mode u) {
+  return mode_allowed(k, L, u) ? u : k == 0 ? M_KEEP : M_HOST;
+}
+
 struct judge {
   struct plan_chain *c;
   const struct plan_layer_costs *costs;
@@ -97,7 +103,7 @@ static l2l_status judge(struct judge *j, const enum mode *modes, double beat, do
 l2l_status plan_leanest_peak(uint64_t *peak, struct plan_chain *c) {
   c->micro_batch = 1;
   for (int k = 0; k < c->L; k++)
-    set_mode(&c->layers[k], k, c->L, mode_allowed(k, c->L, M_HOST) ? M_HOST : k == 0 ? M_KEEP : M_HOST);
+    set_mode(&c->layers[k], k, c->L, uniform_mode(k, c->L, M_HOST));
   TRY(plan_chain_memo(c));
   return plan_peak(peak, c);
 }
@@ -226,10 +232,10 @@ static bool try_modes(struct judge *j, struct choice *best, const enum mode *tri
   if (*left <= 0) return false;
   --*left;
   plan_polish_trials++;
-  double s;
+  double s, beat = best->seconds * (1 - 1e-9);
   uint64_t p;
-  *status = judge(j, trial, best->seconds * (1 - 1e-9), &s, &p);
-  if (*status != L2L_OK || p > budget || s >= best->seconds * (1 - 1e-9)) return false;
+  *status = judge(j, trial, beat, &s, &p);
+  if (*status != L2L_OK || p > budget || s >= beat) return false;
   consider(best, trial, j->c->L, s, p, budget);
   return true;
 }
@@ -278,12 +284,6 @@ static l2l_status polish(struct judge *j, struct choice *best, uint64_t budget, 
   return status;
 }
 
-/* The uniform policy of mode u (where a layer cannot take it: the embedding keeps, the
-   head's input waits on the host). */
-static void uniform(enum mode *modes, int L, enum mode u) {
-  for (int k = 0; k < L; k++) modes[k] = mode_allowed(k, L, u) ? u : k == 0 ? M_KEEP : M_HOST;
-}
-
 /* For the chain's micro-batch (c->micro_batch set): the uniform policies and the
    programme's answer, the best of them into `best`; the leanest policy's peak into
    *leanest. A size whose floor (plan_peak_floor: what every policy holds) is over the
@@ -302,7 +302,7 @@ static l2l_status programme(struct judge *j, struct choice *best, uint64_t budge
      the first considered stays) */
   uint64_t floor = 0;
   if (status == L2L_OK) {
-    uniform(modes, L, M_HOST);
+    for (int k = 0; k < L; k++) modes[k] = uniform_mode(k, L, M_HOST);
     status = judge(j, modes, INFINITY, &base_s, &base_p);
   }
   if (status == L2L_OK) *leanest = base_p;
@@ -312,7 +312,7 @@ static l2l_status programme(struct judge *j, struct choice *best, uint64_t budge
     return L2L_OK;
   }
   for (int u = 0; u < MODES && status == L2L_OK; u++) {
-    uniform(modes, L, (enum mode)u);
+    for (int k = 0; k < L; k++) modes[k] = uniform_mode(k, L, (enum mode)u);
     double s = base_s;
     uint64_t p = base_p;
     if (u != M_HOST) status = judge(j, modes, to_beat(best), &s, &p);
