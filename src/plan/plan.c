@@ -143,18 +143,54 @@ l2l_status plan_check_model(const l2l_plan *plan, l2l_layer *const *layers, cons
   return L2L_OK;
 }
 
-/* Why the leanest plan needs what it needs: the slots of the largest layer, and the rest
-   (`budget` is the step's: the request's less the `records` placed on the device). */
-static l2l_status too_small(const struct plan_chain *c, const struct plan_result *r,
-                            uint64_t budget, uint64_t records) {
-  char want[32], have[32], slots_text[32], records_text[96] = "";
+/* The chain's policy in words: how many layers (past the input layer) keep, swap or
+   recompute, and where a recomputed layer's input boundary waits. */
+static void policy_words(char *text, size_t room, const struct plan_chain *c) {
+  static const char *const words[5] = {"kept", "swapped", "recomputed with the boundary on the device",
+                                       "recomputed with the boundary on the host",
+                                       "recomputed with the boundary rebuilt"};
+  int count[5] = {0}, kinds = 0, len = 0;
+  for (int k = 1; k < c->L; k++) {
+    const struct plan_layer *pl = &c->layers[k];
+    int m = pl->inner == L2L_INNER_KEEP ? 0 : pl->inner == L2L_INNER_SWAP ? 1
+          : pl->stash == L2L_STASH_DEVICE ? 2 : pl->stash == L2L_STASH_HOST ? 3 : 4;
+    kinds += count[m]++ == 0;
+  }
+  for (int m = 0, said = 0; m < 5 && len >= 0 && (size_t)len < room; m++) {
+    if (count[m] == 0) continue;
+    if (kinds == 1) len = snprintf(text, room, "every layer %s", words[m]);
+    else len += snprintf(text + len, room - (size_t)len, "%s%d%s %s", said == 0 ? "" : said + 1 == kinds ?
+                         " and " : ", ", count[m], said == 0 ? count[m] == 1 ? " layer" : " layers" : "",
+                         words[m]);
+    said++;
+  }
+}
+
+/* A budget under the least peak the planner finds (plan_least_peak, the chain left at its
+   policy) is refused naming it, and what needs it: the slots of the largest layer, and the
+   rest (`budget` is the step's: the request's less the `records` placed on the device),
+   and the leanest policy's need beside it where that is more (`leanest`; 0: not said).
+   L2L_OK when that peak fits. */
+static l2l_status under_least(struct plan_chain *c, uint64_t budget, uint64_t records,
+                              uint64_t leanest) {
+  uint64_t least = 0;
+  l2l_status status = plan_least_peak(&least, c);
+  plan_memo_free(c);
+  if (status != L2L_OK || least <= budget) return status;
+  char want[32], have[32], slots_text[32], records_text[96] = "", policy[256], lean_text[160] = "";
+  if (leanest > least) {
+    char b[32];
+    snprintf(lean_text, sizeof lean_text, " (L2L's default, every layer recomputed with the "
+             "boundary on the host, needs %s)", core_human_bytes(b, 32, leanest + records));
+  }
   if (records > 0) {
     char b[32];
     snprintf(records_text, sizeof records_text, "; and %s for the records placed on the device",
              core_human_bytes(b, 32, records));
   }
+  policy_words(policy, sizeof policy, c);
   budget += records;
-  uint64_t needed = r->leanest_peak + records;
+  uint64_t needed = least + records;
   struct order sc;
   TRY(plan_schedule(&sc, c));
   uint64_t slots = order_slots_bytes(&sc, c->param_slots, c->precision, c->grad_precision),
@@ -164,13 +200,12 @@ static l2l_status too_small(const struct plan_chain *c, const struct plan_result
   order_free(&sc);
   l2l_status refused = error_note_needed(core_fail_in("l2l_plan_new", L2L_ERR_BUDGET,
               "no plan fits a device budget of %llu bytes (%s): the smallest needs %llu bytes (%s), "
-              "in micro-batches of %lld samples with every layer recomputed and its boundary on the "
-              "host; of "
-              "them %s are the %d parameter slots and 2 gradient slots sized by " NAMED_LAYER " (%s)%s",
+              "in micro-batches of 1 sample with %s%s; of them %s are the %d parameter slots and 2 "
+              "gradient slots sized by " NAMED_LAYER " (%s)%s",
               (unsigned long long)budget, core_human_bytes(have, 32, budget),
-              (unsigned long long)needed, core_human_bytes(want, 32, needed),
-              (long long)r->leanest_micro_batch, core_human_bytes(slots_text, 32, slots),
-              c->param_slots, largest, l2l_layer_name(c->layers[largest].layer), records_text), needed);
+              (unsigned long long)needed, core_human_bytes(want, 32, needed), policy, lean_text,
+              core_human_bytes(slots_text, 32, slots), c->param_slots, largest,
+              l2l_layer_name(c->layers[largest].layer), records_text), needed);
   return error_note_layer(refused, largest);
 }
 
@@ -274,15 +309,14 @@ static l2l_status plan_placed(struct placed_plan *out, struct plan_chain *chain,
                      (unsigned long long)host->device_bytes, core_human_bytes(want, 32, host->device_bytes)),
         host->device_bytes + 1);
   }
-  /* No plan can need less than the leanest: a budget under it is refused before anything
-     is timed (timing a layer takes device memory that budget does not have). */
+  /* No plan needs less than the least peak the planner finds: a budget under it is refused
+     before anything is timed (timing a layer takes device memory that budget does not
+     have). The leanest policy's peak (one replay) first: only a budget under it looks for
+     less (a descent of replays). */
   uint64_t leanest = 0;
   if (status == L2L_OK) status = plan_leanest_peak(&leanest, chain);
   plan_memo_free(chain);
-  if (status == L2L_OK && leanest > budget) {
-    r->leanest_peak = leanest, r->leanest_micro_batch = 1;
-    status = too_small(chain, r, budget, host->device_bytes);
-  }
+  if (status == L2L_OK && leanest > budget) status = under_least(chain, budget, host->device_bytes, leanest);
   /* this machine's rates (measured once, on the device: now that a plan can fit) */
   if (status == L2L_OK && request->rates == NULL && !*rates_ready) {
     status = plan_machine_rates(rates, false);
@@ -302,7 +336,13 @@ static l2l_status plan_placed(struct placed_plan *out, struct plan_chain *chain,
     status = plan_disk_rates(&rates->disk_read, &rates->disk_write, config->spill_dir);
   if (status == L2L_OK) *rates_ready = true;
   if (status == L2L_OK) status = plan_search(r, chain, rates, budget);
-  if (status == L2L_OK && !r->found) status = too_small(chain, r, budget, host->device_bytes);
+  if (status == L2L_OK && !r->found) {
+    status = under_least(chain, budget, host->device_bytes, leanest);
+    if (status == L2L_OK)   /* (the least fits, but timing the layers took what the budget has) */
+      status = core_fail_in("l2l_plan_new", L2L_ERR_BUDGET, "no plan fits a device budget of %llu "
+                            "bytes: timing the layers took device memory it does not have",
+                            (unsigned long long)request->device_budget);
+  }
   if (status == L2L_OK) {
     double disk = disk_seconds(host, rates, config->accumulate);
     out->step_seconds = r->seconds > disk ? r->seconds : disk;

@@ -180,8 +180,6 @@ struct plan_result {
   uint64_t peak;
   double *layer_seconds;        /* L entries, the caller's (may be NULL) */
   struct plan_step_channels channels; /* the step's copies each way, compute and updates */
-  uint64_t leanest_peak;        /* the smallest peak any policy reached */
-  int64_t leanest_micro_batch;  /* at this micro-batch */
 };
 /* The most trials one search's polish takes (search.c says how they are shared), and the
    trials taken, for test_plan. */
@@ -192,12 +190,17 @@ extern _Atomic int64_t plan_polish_trials;
    replayed, every size judged whole. */
 extern bool plan_search_shortcuts;
 /* The leanest policy's peak (micro-batch 1, every layer recomputed, its boundary on the
-   host): the least the planner offers, and what a refusal names. Policies that swap or drop
-   boundaries can need a little less (up to 2.4 % at micro-batch 1 over 1,200 of test_plan's
-   brute-force chains, 2026-12-02), which a refusal does not look for. Replayed only,
-   nothing timed (a budget too small for it is refused before the timing would allocate
-   past it). Leaves c at that policy. */
+   host): L2L's default, what placement auto places records beside. Replayed only, nothing
+   timed. Leaves c at that policy. */
 l2l_status plan_leanest_peak(uint64_t *peak, struct plan_chain *c);
+/* The least peak of the policies every search starts from (search.c: the uniform and the
+   periodic ones) at micro-batch 1: what a refusal names. Policies that swap, or recompute
+   every boundary, can need less than the leanest (up to 2.8 % on test_plan's small chains;
+   0.7 % on a GPT of width 512 and 50,257 words); over 40,000 of test_plan's chains the
+   least of every policy was under this in 1 chain in 100, by 1.2 % at most. On a tie the
+   leanest. Replayed only, nothing timed (a budget too small for it is refused
+   before the timing would allocate past it). Leaves c at that policy. */
+l2l_status plan_least_peak(uint64_t *peak, struct plan_chain *c);
 /* Placement auto (place.c): the chain's layers' on_device bits for the records the budget
    holds on the device beside the step's peak with its policies and micro-batch: every
    record when all fit, else a layer's own records at a time, the largest first, each while

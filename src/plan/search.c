@@ -9,10 +9,10 @@
  * keeps (its saved state is empty: recomputing it reruns its forward for nothing); the
  * head's input waits on the device or the host.
  * For each micro-batch size (ceil(B / n) for a ladder of counts n: see `ladder`) the
- * candidates are the uniform policies (L2L's default, recompute with a host stash, among
- * them), periodic checkpointing
- * (every p-th boundary kept, those between dropped and rebuilt: Chen et al.'s sqrt(n)
- * schedule and its kin), and the answer of a knapsack over layers: every mode's cost in
+ * candidates are the start policies (`start_policy`: the uniform ones, L2L's default,
+ * recompute with a host stash, among them, and periodic checkpointing, every p-th
+ * boundary kept, those between dropped and rebuilt: Chen et al.'s sqrt(n) schedule and
+ * its kin), and the answer of a knapsack over layers: every mode's cost in
  * time and in device bytes is measured against the leanest policy by the exact time
  * model and peak replay (layers of one kind and place share their measurement), and a
  * dynamic programme keeps the Pareto front of (added bytes, time) and takes the fastest
@@ -21,6 +21,8 @@
  * overshoot taken off. Then the two fastest sizes (and any within 25 % of the fastest)
  * are polished: single-layer changes that pay by the layer's own measure, and changes of
  * two unlike neighbours at once, taken while they make the step faster and still fit.
+ * The least peak of the start policies at micro-batch 1 is what a refusal names
+ * (plan_least_peak): every search judges them, so a budget that passes has a plan.
  * What makes it affordable: a policy is timed first (a walk that adds) and its peak
  * replayed only where its time could be taken; a size whose floor (what every policy
  * holds at once: peak.c) is over the budget is passed over after one replay.
@@ -118,6 +120,45 @@ static bool alike(const struct plan_chain *c, int a, int b) {
   l2l_layer_get_config(&y, c->layers[b].layer);
   return memcmp(&x, &y, offsetof(l2l_layer_config, init_seed)) == 0 &&
          strcmp(l2l_layer_name(c->layers[a].layer), l2l_layer_name(c->layers[b].layer)) == 0;
+}
+
+/* The policies every size's search starts from, i = 0, 1, ...: the uniform ones in the
+   order of enum mode (the leanest, L2L's default, at i = M_HOST), then checkpointing every
+   p-th boundary (Chen et al.'s sqrt(n) schedule and its kin; p from 2 to 6, then half again
+   each time: the knapsack and the polish fine-tune what these start), the boundaries
+   between kept ones dropped and rebuilt, a run at a time, the kept ones on the device, then
+   on the host. Into modes[]; false past the last. */
+static bool start_policy(enum mode *modes, int L, int i) {
+  if (i < MODES) {
+    for (int k = 0; k < L; k++) modes[k] = uniform_mode(k, L, (enum mode)i);
+    return true;
+  }
+  int period = 2;
+  for (int n = (i - MODES) / 2; n > 0 && period < L; n--) period += period < 6 ? 1 : period / 2;
+  if (period >= L) return false;
+  bool host = (i - MODES) % 2;
+  for (int k = 0; k < L; k++)
+    modes[k] = k == 0 ? M_KEEP : k == L - 1 ? M_HOST : k % period == 0 ? (host ? M_HOST : M_DEV) : M_DROP;
+  return true;
+}
+
+l2l_status plan_least_peak(uint64_t *peak, struct plan_chain *c) {
+  int L = c->L, chosen = M_HOST;
+  enum mode *modes = calloc((size_t)L, sizeof *modes);
+  if (modes == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to plan");
+  c->micro_batch = 1;
+  l2l_status status = plan_chain_memo(c);
+  *peak = UINT64_MAX;
+  for (int i = 0; status == L2L_OK && start_policy(modes, L, i); i++) {
+    for (int k = 0; k < L; k++) set_mode(&c->layers[k], k, L, modes[k]);
+    uint64_t p;
+    status = plan_peak(&p, c);
+    if (status == L2L_OK && (p < *peak || (p == *peak && i == M_HOST))) *peak = p, chosen = i;
+  }
+  start_policy(modes, L, chosen);
+  for (int k = 0; k < L; k++) set_mode(&c->layers[k], k, L, modes[k]);
+  free(modes);
+  return status;
 }
 
 /* ---------------------------------------------------------------- the programme */
@@ -284,13 +325,12 @@ static l2l_status polish(struct judge *j, struct choice *best, uint64_t budget, 
   return status;
 }
 
-/* For the chain's micro-batch (c->micro_batch set): the uniform policies and the
-   programme's answer, the best of them into `best`; the leanest policy's peak into
-   *leanest. A size whose floor (plan_peak_floor: what every policy holds) is over the
-   budget has no policy that fits, so nothing more is judged there (where a tight budget
-   leaves few sizes that fit, as placement auto's searches do, most of a search's sizes were
-   judged some 57 times for nothing). */
-static l2l_status programme(struct judge *j, struct choice *best, uint64_t budget, uint64_t *leanest) {
+/* For the chain's micro-batch (c->micro_batch set): the start policies and the
+   programme's answer, the best of them into `best`. A size whose floor (plan_peak_floor:
+   what every policy holds) is over the budget has no policy that fits, so nothing more is
+   judged there (where a tight budget leaves few sizes that fit, as placement auto's
+   searches do, most of a search's sizes were judged some 57 times for nothing). */
+static l2l_status programme(struct judge *j, struct choice *best, uint64_t budget) {
   struct plan_chain *c = j->c;
   int L = c->L;
   enum mode *modes = calloc((size_t)L, sizeof *modes), *trial = calloc((size_t)L, sizeof *trial);
@@ -298,40 +338,24 @@ static l2l_status programme(struct judge *j, struct choice *best, uint64_t budge
   l2l_status status = modes && trial && dt && db ? L2L_OK : FAIL(L2L_ERR_NOMEM, "no memory to plan");
   double base_s = 0;
   uint64_t base_p = 0;
-  /* the leanest policy (L2L's default), then the uniform ones in order (on a tie in time
+  /* the leanest policy (L2L's default), then the start policies in order (on a tie in time
      the first considered stays) */
   uint64_t floor = 0;
   if (status == L2L_OK) {
     for (int k = 0; k < L; k++) modes[k] = uniform_mode(k, L, M_HOST);
     status = judge(j, modes, INFINITY, &base_s, &base_p);
   }
-  if (status == L2L_OK) *leanest = base_p;
   if (status == L2L_OK) status = plan_peak_floor(&floor, c);
   if (status == L2L_OK && floor > budget && plan_search_shortcuts) {
     free(modes), free(trial), free(db);
     return L2L_OK;
   }
-  for (int u = 0; u < MODES && status == L2L_OK; u++) {
-    for (int k = 0; k < L; k++) modes[k] = uniform_mode(k, L, (enum mode)u);
+  for (int i = 0; status == L2L_OK && start_policy(modes, L, i); i++) {
     double s = base_s;
     uint64_t p = base_p;
-    if (u != M_HOST) status = judge(j, modes, to_beat(best), &s, &p);
-    if (status != L2L_OK) break;
-    consider(best, modes, L, s, p, budget);
+    if (i != M_HOST) status = judge(j, modes, to_beat(best), &s, &p);
+    if (status == L2L_OK) consider(best, modes, L, s, p, budget);
   }
-  /* checkpointing every p-th boundary (Chen et al.'s sqrt(n) schedule and its kin; p from
-     2 to 6, then half again each time: the knapsack and the polish fine-tune what these
-     start): the boundaries between kept ones dropped and rebuilt, a run at a time; the
-     kept ones on the device or on the host */
-  for (int period = 2; period < L && status == L2L_OK; period += period < 6 ? 1 : period / 2)
-    for (int home = 0; home < 2 && status == L2L_OK; home++) {
-      for (int k = 0; k < L; k++)
-        modes[k] = k == 0 ? M_KEEP : k == L - 1 ? M_HOST : k % period == 0 ? (home ? M_HOST : M_DEV) : M_DROP;
-      double s;
-      uint64_t p;
-      status = judge(j, modes, to_beat(best), &s, &p);
-      if (status == L2L_OK) consider(best, modes, L, s, p, budget);
-    }
   /* each layer's modes against the leanest policy, one per kind of layer */
   for (int k = 0; k < L && status == L2L_OK; k++) {
     int same = j->same_as[k] < k ? j->same_as[k] : -1;
@@ -417,7 +441,7 @@ l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_
                        uint64_t budget) {
   int L = c->L;
   double *layer_seconds = out->layer_seconds;
-  *out = (struct plan_result){.layer_seconds = layer_seconds, .leanest_peak = UINT64_MAX};
+  *out = (struct plan_result){.layer_seconds = layer_seconds};
   int64_t B = c->batch;
   int nsizes = 0, fine = 0;
   ladder(NULL, &nsizes, 0, B, 1, B, 1);
@@ -447,7 +471,6 @@ l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_
   for (int pass = 0; pass < 2 && status == L2L_OK; pass++) {
     for (int i = done; i < nsizes && status == L2L_OK; i++) {
       c->micro_batch = sizes[i];
-      uint64_t lean = 0;
       status = plan_chain_memo(c);
       if (status == L2L_OK) status = plan_layer_costs(costs, c, rates);
       /* timing a layer at this size takes device memory the budget does not have: no plan
@@ -457,8 +480,7 @@ l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_
         status = L2L_OK;
         continue;
       }
-      if (status == L2L_OK) status = programme(&j, &choices[i], budget, &lean);
-      if (status == L2L_OK && lean < out->leanest_peak) out->leanest_peak = lean, out->leanest_micro_batch = sizes[i];
+      if (status == L2L_OK) status = programme(&j, &choices[i], budget);
     }
     done = nsizes;
     if (pass == 1) break;
@@ -500,9 +522,7 @@ l2l_status plan_search(struct plan_result *out, struct plan_chain *c, const l2l_
   if (status == L2L_OK && chosen >= 0) {
     struct choice *b = &choices[chosen];
     *out = (struct plan_result){.found = true, .micro_batch = sizes[chosen], .seconds = b->seconds,
-                                .peak = b->peak, .layer_seconds = layer_seconds,
-                                .leanest_peak = out->leanest_peak,
-                                .leanest_micro_batch = out->leanest_micro_batch};
+                                .peak = b->peak, .layer_seconds = layer_seconds};
     c->micro_batch = sizes[chosen];
     for (int k = 0; k < L; k++) set_mode(&c->layers[k], k, L, b->modes[k]);
     status = plan_layer_costs(costs, c, rates);

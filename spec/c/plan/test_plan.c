@@ -416,10 +416,6 @@ TEST(plan_search_shortcuts_change_no_choice) {
       CHECK_OK(plan_search(&r[i], &c[i], &rates, budget));
     }
     plan_search_shortcuts = true;
-    CHECK(r[0].leanest_peak == r[1].leanest_peak && r[0].leanest_micro_batch == r[1].leanest_micro_batch,
-          "trial %d: the leanest peak %llu at micro-batch %lld, with every peak replayed %llu at %lld",
-          trial, (unsigned long long)r[0].leanest_peak, (long long)r[0].leanest_micro_batch,
-          (unsigned long long)r[1].leanest_peak, (long long)r[1].leanest_micro_batch);
     CHECK(r[0].found == r[1].found && r[0].micro_batch == r[1].micro_batch &&
           r[0].seconds == r[1].seconds && r[0].peak == r[1].peak,
           "trial %d (%d layers, B %lld, budget %llu): found %d, micro-batch %lld, %.9g s, peak %llu; "
@@ -487,7 +483,8 @@ enum { SEARCH_MISSES = 3 };
 
 TEST(plan_search_finds_what_a_brute_force_finds) {
   /* rates shaped like a GPU on PCIe (no layer timed: FLOPs at the rate), so that the
-     models alone decide; budgets from the leanest policy's peak up to everything kept */
+     models alone decide; budgets from the least peak the planner finds (under the leanest
+     policy's in most chains: search.c considers it there) up to everything kept */
   l2l_plan_rates rates = {.flops = 2e12, .h2d = 2e10, .d2h = 2e10, .optimizer = 5e9, .visit = 1e-5};
   int agree = 0, trials = 40;
   for (int trial = 0; trial < trials; trial++) {
@@ -503,11 +500,9 @@ TEST(plan_search_finds_what_a_brute_force_finds) {
     struct plan_chain c = {.L = m.n, .layers = layers, .batch = B, .seq = g.S, .dim = g.D,
                            .param_slots = 2, .precision = L2L_F32, .grad_precision = L2L_F32,
                            .accumulate = 1};
-    /* a budget between the leanest and the fattest policy's peaks */
+    /* a budget between the least peak the planner finds and the fattest policy's */
     uint64_t lean = 0, fat = 0;
-    c.micro_batch = 1;
-    for (int k = 1; k < m.n; k++) layers[k].inner = L2L_INNER_RECOMPUTE, layers[k].stash = L2L_STASH_HOST;
-    CHECK_OK(plan_peak(&lean, &c));
+    CHECK_OK(plan_least_peak(&lean, &c));
     c.micro_batch = B;
     for (int k = 0; k < m.n; k++) layers[k].inner = L2L_INNER_KEEP, layers[k].stash = L2L_STASH_DEVICE;
     CHECK_OK(plan_peak(&fat, &c));
@@ -662,4 +657,147 @@ TEST(plan_place_of_fewer_groups_takes_the_first_of_more) {
   CHECK(shortcuts > 0, "no placement of fewer groups took the first of an earlier one's");
   printf("  %d placements of fewer groups took the first of an earlier one's in one replay; %d were "
          "compared with the greedy's\n", shortcuts, compared);
+}
+
+
+/* The least peak of every policy at micro-batch 1, by brute force. */
+static uint64_t least_of_all(struct plan_chain *c) {
+  int L = c->L, combos = 2;
+  for (int k = 0; k < L - 2; k++) combos *= 5;
+  uint64_t least = UINT64_MAX;
+  c->micro_batch = 1;
+  for (int code = 0; code < combos; code++) {
+    int rest = code;
+    c->layers[0].inner = L2L_INNER_KEEP, c->layers[0].stash = L2L_STASH_DEVICE;
+    for (int k = 1; k <= L - 2; k++, rest /= 5)
+      c->layers[k].inner = mode_inner[rest % 5], c->layers[k].stash = mode_stash[rest % 5];
+    c->layers[L - 1].inner = L2L_INNER_RECOMPUTE;
+    c->layers[L - 1].stash = rest % 2 ? L2L_STASH_HOST : L2L_STASH_DEVICE;
+    uint64_t peak = UINT64_MAX;
+    CHECK_OK(plan_peak(&peak, c));
+    if (peak < least) least = peak;
+  }
+  return least;
+}
+
+/* The least peak a refusal names is the least of the search's start policies, not of every
+   policy: over 40,000 chains (2026-12-02) the least of every policy was under it in 397
+   (1 in 100), by 1.2 % at most, where the leanest policy is over it in 4 chains in 10 and
+   by up to 2.8 %. Each chain must come within LEAST_WORST of it, and all but LEAST_MISSES
+   of 60 to it exactly: at 1 in 100, 7 or more in 60 has a chance of 3e-6, while the
+   leanest alone misses in about 24 of 60. */
+#define LEAST_WORST 1.03
+enum { LEAST_MISSES = 6 };
+
+TEST(plan_least_peak_is_the_least_of_every_policy) {
+  /* plan_least_peak against a brute force over every policy at micro-batch 1, and against
+     the leanest policy: never over it, its policy left in the chain (the replay agrees), the
+     micro-batch it was given (poisoned) set to 1; random models, batches, slots and
+     precisions. */
+  int exact = 0, under_leanest = 0, trials = 60;
+  double worst = 1;
+  for (int trial = 0; trial < trials; trial++) {
+    struct shape g = random_shape();
+    g.blocks = (int)check_rand_int(1, 4);
+    g.type_vocab = 0;
+    struct model m;
+    model_new(&m, &g);
+    struct plan_layer layers[MAX_LAYERS];
+    for (int k = 0; k < m.n; k++)
+      layers[k] = (struct plan_layer){.layer = m.layer[k], .role = layer_role(m.layer[k]),
+                                      .inner = L2L_INNER_KEEP, .stash = L2L_STASH_DEVICE};
+    bool bf16 = check_rand_int(0, 1);
+    struct plan_chain c = {.L = m.n, .layers = layers, .batch = check_rand_int(1, 6), .seq = g.S,
+                           .dim = g.D, .param_slots = (int)check_rand_int(2, 4),
+                           .precision = bf16 ? L2L_BF16 : L2L_F32,
+                           .grad_precision = bf16 ? L2L_BF16 : L2L_F32, .accumulate = 1,
+                           .micro_batch = 7};
+    uint64_t all = least_of_all(&c), lean = 0, least = 0, replayed = 0;
+    CHECK_OK(plan_leanest_peak(&lean, &c));
+    c.micro_batch = 7;   /* (poisoned: plan_least_peak sets it) */
+    if (!CHECK_OK(plan_least_peak(&least, &c))) break;
+    CHECK(c.micro_batch == 1, "trial %d: micro-batch %lld", trial, (long long)c.micro_batch);
+    CHECK_OK(plan_peak(&replayed, &c));
+    CHECK(replayed == least && least <= lean && least >= all,
+          "trial %d (%d layers): the least peak found %llu, its policy's replayed %llu, the leanest "
+          "policy's %llu, the least of all %llu", trial, m.n, (unsigned long long)least,
+          (unsigned long long)replayed, (unsigned long long)lean, (unsigned long long)all);
+    CHECK((double)least <= (double)all * LEAST_WORST, "trial %d (%d layers): the least peak found %llu, "
+          "the least of all %llu", trial, m.n, (unsigned long long)least, (unsigned long long)all);
+    exact += least == all;
+    under_leanest += least < lean;
+    if ((double)least / (double)all > worst) worst = (double)least / (double)all;
+    model_free(&m);
+  }
+  printf("  found the least of all in %d of %d chains (%.4f of it at worst); under the leanest "
+         "policy's in %d\n", exact, trials, worst, under_leanest);
+  CHECK(exact >= trials - LEAST_MISSES, "the least peak of all found in only %d of %d chains", exact,
+        trials);
+}
+
+TEST(plan_refuses_under_the_least_peak_and_plans_at_it) {
+  /* l2l_plan_new refuses a budget under the least peak the planner finds, naming it (and
+     L2L's default's need beside it where that is more); at that budget it plans, a byte
+     under it refuses. The figure is held between the least of every policy (brute force)
+     and the leanest policy's peak, for random models, slots and precisions. */
+  int gaps = 0, trials = 12;
+  for (int trial = 0; trial < trials; trial++) {
+    struct shape g = random_shape();
+    g.blocks = (int)check_rand_int(1, 3);
+    g.type_vocab = 0;
+    struct model m;
+    model_new(&m, &g);
+    l2l_relay_config cfg;
+    l2l_relay_config_default(&cfg);
+    cfg.placement = L2L_PLACE_HOST;
+    cfg.param_slots = (int)check_rand_int(2, 4);
+    bool bf16 = check_rand_int(0, 1);
+    cfg.precision = cfg.grad_precision = bf16 ? L2L_BF16 : L2L_F32;
+    int64_t B = check_rand_int(1, 6);
+    uint8_t frozen[MAX_LAYERS] = {0};
+    l2l_plan_rates rates = {.flops = 2e12, .h2d = 2e10, .d2h = 2e10, .optimizer = 5e9, .visit = 1e-5};
+    l2l_plan_request q = {.batch = B, .seq = g.S, .device_budget = (uint64_t)check_rand_int(1, 4096),
+                          .frozen = frozen, .rates = &rates};
+    l2l_plan *plan = NULL;
+    CHECK_FAILS(l2l_plan_new(&plan, m.layer, m.n, &cfg, &q), L2L_ERR_BUDGET, "the smallest needs");
+    bool default_named = strstr(l2l_last_error(), "L2L's default") != NULL;
+    l2l_error_detail detail;
+    CHECK_OK(l2l_last_error_detail(&detail));
+    uint64_t need = detail.needed_bytes;
+    /* the same chain here: the least of every policy, the leanest's */
+    struct plan_layer layers[MAX_LAYERS];
+    for (int k = 0; k < m.n; k++)
+      layers[k] = (struct plan_layer){.layer = m.layer[k], .role = layer_role(m.layer[k])};
+    struct plan_chain c = {.L = m.n, .layers = layers, .batch = B, .seq = g.S, .dim = g.D,
+                           .param_slots = cfg.param_slots, .precision = cfg.precision,
+                           .grad_precision = cfg.grad_precision, .accumulate = 1};
+    uint64_t all = least_of_all(&c), lean = 0;
+    CHECK_OK(plan_leanest_peak(&lean, &c));
+    plan_memo_free(&c);
+    uint64_t least = 0;
+    CHECK_OK(plan_least_peak(&least, &c));
+    plan_memo_free(&c);
+    CHECK(need == least && need >= all && need <= lean && default_named == (need < lean),
+          "trial %d: the smallest named %llu, the least found %llu, the least of all %llu, the leanest "
+          "%llu (L2L's default named: %d)", trial, (unsigned long long)need, (unsigned long long)least,
+          (unsigned long long)all,
+          (unsigned long long)lean, default_named);
+    gaps += need < lean;
+    q.device_budget = need;
+    if (CHECK_OK(l2l_plan_new(&plan, m.layer, m.n, &cfg, &q))) {
+      l2l_plan_summary s;
+      CHECK_OK(l2l_plan_get(&s, plan));
+      CHECK(s.device_peak <= need, "trial %d: planned a peak of %llu at the smallest budget %llu", trial,
+            (unsigned long long)s.device_peak, (unsigned long long)need);
+      l2l_plan_free(plan);
+      plan = NULL;
+    }
+    q.device_budget = need - 1;
+    CHECK_FAILS(l2l_plan_new(&plan, m.layer, m.n, &cfg, &q), L2L_ERR_BUDGET, "the smallest needs");
+    CHECK_OK(l2l_last_error_detail(&detail));
+    CHECK(detail.needed_bytes == need, "trial %d: a byte under named %llu, then %llu", trial,
+          (unsigned long long)need, (unsigned long long)detail.needed_bytes);
+    model_free(&m);
+  }
+  printf("  %d of %d chains planned under the leanest policy's peak\n", gaps, trials);
 }
