@@ -150,6 +150,7 @@ static void policy_words(char *text, size_t room, const struct plan_chain *c) {
                                        "recomputed with the boundary on the host",
                                        "recomputed with the boundary rebuilt"};
   int count[5] = {0}, kinds = 0, len = 0;
+  if (room > 0) text[0] = '\0';
   for (int k = 1; k < c->L; k++) {
     const struct plan_layer *pl = &c->layers[k];
     int m = pl->inner == L2L_INNER_KEEP ? 0 : pl->inner == L2L_INNER_SWAP ? 1
@@ -177,7 +178,7 @@ static l2l_status under_least(struct plan_chain *c, uint64_t budget, uint64_t re
   l2l_status status = plan_least_peak(&least, c);
   plan_memo_free(c);
   if (status != L2L_OK || least <= budget) return status;
-  char want[32], have[32], slots_text[32], records_text[96] = "", policy[256], lean_text[160] = "";
+  char want[32], have[32], slots_text[32], records_text[160] = "", policy[256], lean_text[160] = "";
   if (leanest > least) {
     char b[32];
     snprintf(lean_text, sizeof lean_text, " (L2L's default, every layer recomputed with the "
@@ -185,8 +186,8 @@ static l2l_status under_least(struct plan_chain *c, uint64_t budget, uint64_t re
   }
   if (records > 0) {
     char b[32];
-    snprintf(records_text, sizeof records_text, "; and %s for the records placed on the device",
-             core_human_bytes(b, 32, records));
+    snprintf(records_text, sizeof records_text, "; and %s for the records placed on the device "
+             "(placement host keeps them in host memory)", core_human_bytes(b, 32, records));
   }
   policy_words(policy, sizeof policy, c);
   budget += records;
@@ -277,8 +278,8 @@ static double disk_seconds(const struct plan_host *host, const l2l_plan_rates *r
    (host), or (auto) the groups of at most `most` layers that the budget holds beside the
    leanest step, the largest first (*groups: how many); the step's policies searched in
    what the records leave. The machine's rates are measured the first time a placement
-   gets that far (*rates_ready). Refused, naming the smallest budget that works, when no
-   policy fits. */
+   gets that far (*rates_ready). Refused, naming the smallest budget that works for these
+   records (under_least), when no policy fits. */
 static l2l_status plan_placed(struct placed_plan *out, struct plan_chain *chain,
                               const l2l_relay_config *config, const l2l_plan_request *request,
                               l2l_plan_rates *rates, bool *rates_ready, int most, int *groups) {
@@ -299,20 +300,11 @@ static l2l_status plan_placed(struct placed_plan *out, struct plan_chain *chain,
   struct plan_host *host = &out->host;
   if (status == L2L_OK) status = plan_host(host, pl, chain->L, config);
   uint64_t budget = request->device_budget > host->device_bytes ? request->device_budget - host->device_bytes : 0;
-  if (status == L2L_OK && budget == 0) {
-    char want[32], have[32];
-    status = error_note_needed(
-        core_fail_in("l2l_plan_new", L2L_ERR_BUDGET, "no plan fits a device budget of %llu bytes (%s): the "
-                     "records placed on the device take %llu (%s) before any step (placement host "
-                     "keeps them in host memory)", (unsigned long long)request->device_budget,
-                     core_human_bytes(have, 32, request->device_budget),
-                     (unsigned long long)host->device_bytes, core_human_bytes(want, 32, host->device_bytes)),
-        host->device_bytes + 1);
-  }
-  /* No plan needs less than the least peak the planner finds: a budget under it is refused
-     before anything is timed (timing a layer takes device memory that budget does not
-     have). The leanest policy's peak (one replay) first: only a budget under it looks for
-     less (a descent of replays). */
+  /* A budget under the least peak of the search's start policies has no plan the search
+     would find: refused before anything is timed (timing a layer takes device memory that
+     budget does not have; records that fill the request leave the step none, refused so
+     too). The leanest policy's peak (one replay) first: only a budget under it replays the
+     other start policies. */
   uint64_t leanest = 0;
   if (status == L2L_OK) status = plan_leanest_peak(&leanest, chain);
   plan_memo_free(chain);
@@ -336,13 +328,13 @@ static l2l_status plan_placed(struct placed_plan *out, struct plan_chain *chain,
     status = plan_disk_rates(&rates->disk_read, &rates->disk_write, config->spill_dir);
   if (status == L2L_OK) *rates_ready = true;
   if (status == L2L_OK) status = plan_search(r, chain, rates, budget);
-  if (status == L2L_OK && !r->found) {
-    status = under_least(chain, budget, host->device_bytes, leanest);
-    if (status == L2L_OK)   /* (the least fits, but timing the layers took what the budget has) */
-      status = core_fail_in("l2l_plan_new", L2L_ERR_BUDGET, "no plan fits a device budget of %llu "
-                            "bytes: timing the layers took device memory it does not have",
-                            (unsigned long long)request->device_budget);
-  }
+  /* (the least start policy fits, so micro-batch 1 has a plan: only timing a layer there,
+     which takes device memory, can have been refused) */
+  if (status == L2L_OK && !r->found)
+    status = core_fail_in("l2l_plan_new", L2L_ERR_BUDGET, "no plan fits a device budget of %llu bytes: %s",
+                          (unsigned long long)request->device_budget, rates->timed ?
+                          "timing the layers took device memory it does not have" :
+                          "the search found none though its leanest policies fit (a bug)");
   if (status == L2L_OK) {
     double disk = disk_seconds(host, rates, config->accumulate);
     out->step_seconds = r->seconds > disk ? r->seconds : disk;

@@ -501,12 +501,12 @@ TEST(plan_search_finds_what_a_brute_force_finds) {
                            .param_slots = 2, .precision = L2L_F32, .grad_precision = L2L_F32,
                            .accumulate = 1};
     /* a budget between the least peak the planner finds and the fattest policy's */
-    uint64_t lean = 0, fat = 0;
-    CHECK_OK(plan_least_peak(&lean, &c));
+    uint64_t least = 0, fat = 0;
+    CHECK_OK(plan_least_peak(&least, &c));
     c.micro_batch = B;
     for (int k = 0; k < m.n; k++) layers[k].inner = L2L_INNER_KEEP, layers[k].stash = L2L_STASH_DEVICE;
     CHECK_OK(plan_peak(&fat, &c));
-    uint64_t budget = lean + (uint64_t)((double)(fat > lean ? fat - lean : 0) * check_rand_uniform(0, 1.2));
+    uint64_t budget = least + (uint64_t)((double)(fat > least ? fat - least : 0) * check_rand_uniform(0, 1.2));
     int64_t brute_mb = 0;
     double brute = brute_force(&c, &rates, budget, &brute_mb);
     double seconds[MAX_LAYERS];
@@ -685,7 +685,8 @@ static uint64_t least_of_all(struct plan_chain *c) {
    (1 in 100), by 1.2 % at most, where the leanest policy is over it in 4 chains in 10 and
    by up to 2.8 %. Each chain must come within LEAST_WORST of it, and all but LEAST_MISSES
    of 60 to it exactly: at 1 in 100, 7 or more in 60 has a chance of 3e-6, while the
-   leanest alone misses in about 24 of 60. */
+   leanest alone misses in about 24 of 60 and the uniform policies alone in 10 to 22 (the
+   count does the work; the bound only stops a gross miss). */
 #define LEAST_WORST 1.03
 enum { LEAST_MISSES = 6 };
 
@@ -715,7 +716,11 @@ TEST(plan_least_peak_is_the_least_of_every_policy) {
     uint64_t all = least_of_all(&c), lean = 0, least = 0, replayed = 0;
     CHECK_OK(plan_leanest_peak(&lean, &c));
     c.micro_batch = 7;   /* (poisoned: plan_least_peak sets it) */
-    if (!CHECK_OK(plan_least_peak(&least, &c))) break;
+    if (!CHECK_OK(plan_least_peak(&least, &c))) {
+      plan_memo_free(&c);
+      model_free(&m);
+      break;
+    }
     CHECK(c.micro_batch == 1, "trial %d: micro-batch %lld", trial, (long long)c.micro_batch);
     CHECK_OK(plan_peak(&replayed, &c));
     CHECK(replayed == least && least <= lean && least >= all,
@@ -727,6 +732,7 @@ TEST(plan_least_peak_is_the_least_of_every_policy) {
     exact += least == all;
     under_leanest += least < lean;
     if ((double)least / (double)all > worst) worst = (double)least / (double)all;
+    plan_memo_free(&c);
     model_free(&m);
   }
   printf("  found the least of all in %d of %d chains (%.4f of it at worst); under the leanest "
@@ -738,8 +744,10 @@ TEST(plan_least_peak_is_the_least_of_every_policy) {
 TEST(plan_refuses_under_the_least_peak_and_plans_at_it) {
   /* l2l_plan_new refuses a budget under the least peak the planner finds, naming it (and
      L2L's default's need beside it where that is more); at that budget it plans, a byte
-     under it refuses. The figure is held between the least of every policy (brute force)
-     and the leanest policy's peak, for random models, slots and precisions. */
+     under it refuses. With placement host the figure is held between the least of every
+     policy (brute force) and the leanest policy's peak; with placement device (a third of
+     the chains) it plans and a byte less does not; random models, slots, precisions and
+     frozen layers. (Placement auto can plan a byte under it: docs/design.md.) */
   int gaps = 0, trials = 12;
   for (int trial = 0; trial < trials; trial++) {
     struct shape g = random_shape();
@@ -749,12 +757,14 @@ TEST(plan_refuses_under_the_least_peak_and_plans_at_it) {
     model_new(&m, &g);
     l2l_relay_config cfg;
     l2l_relay_config_default(&cfg);
-    cfg.placement = L2L_PLACE_HOST;
+    bool device = check_rand_int(0, 2) == 0;
+    cfg.placement = device ? L2L_PLACE_DEVICE : L2L_PLACE_HOST;
     cfg.param_slots = (int)check_rand_int(2, 4);
     bool bf16 = check_rand_int(0, 1);
     cfg.precision = cfg.grad_precision = bf16 ? L2L_BF16 : L2L_F32;
     int64_t B = check_rand_int(1, 6);
     uint8_t frozen[MAX_LAYERS] = {0};
+    for (int k = 0; k + 1 < m.n; k++) frozen[k] = check_rand_int(0, 4) == 0;
     l2l_plan_rates rates = {.flops = 2e12, .h2d = 2e10, .d2h = 2e10, .optimizer = 5e9, .visit = 1e-5};
     l2l_plan_request q = {.batch = B, .seq = g.S, .device_budget = (uint64_t)check_rand_int(1, 4096),
                           .frozen = frozen, .rates = &rates};
@@ -767,7 +777,8 @@ TEST(plan_refuses_under_the_least_peak_and_plans_at_it) {
     /* the same chain here: the least of every policy, the leanest's */
     struct plan_layer layers[MAX_LAYERS];
     for (int k = 0; k < m.n; k++)
-      layers[k] = (struct plan_layer){.layer = m.layer[k], .role = layer_role(m.layer[k])};
+      layers[k] = (struct plan_layer){.layer = m.layer[k], .role = layer_role(m.layer[k]),
+                                      .frozen = frozen[k]};
     struct plan_chain c = {.L = m.n, .layers = layers, .batch = B, .seq = g.S, .dim = g.D,
                            .param_slots = cfg.param_slots, .precision = cfg.precision,
                            .grad_precision = cfg.grad_precision, .accumulate = 1};
@@ -777,12 +788,13 @@ TEST(plan_refuses_under_the_least_peak_and_plans_at_it) {
     uint64_t least = 0;
     CHECK_OK(plan_least_peak(&least, &c));
     plan_memo_free(&c);
-    CHECK(need == least && need >= all && need <= lean && default_named == (need < lean),
+    if (!device)
+      CHECK(need == least && need >= all && need <= lean && default_named == (need < lean),
           "trial %d: the smallest named %llu, the least found %llu, the least of all %llu, the leanest "
           "%llu (L2L's default named: %d)", trial, (unsigned long long)need, (unsigned long long)least,
           (unsigned long long)all,
           (unsigned long long)lean, default_named);
-    gaps += need < lean;
+    gaps += !device && need < lean;
     q.device_budget = need;
     if (CHECK_OK(l2l_plan_new(&plan, m.layer, m.n, &cfg, &q))) {
       l2l_plan_summary s;
