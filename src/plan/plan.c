@@ -167,8 +167,8 @@ static void policy_words(char *text, size_t room, const struct plan_chain *c) {
   }
 }
 
-/* A budget under the least peak the planner finds (plan_least_peak, the chain left at its
-   policy) is refused naming it, and what needs it: the slots of the largest layer, and the
+/* A budget under the least peak of the search's start policies (plan_least_peak, the chain
+   left at its policy) is refused naming it, and what needs it: the slots of the largest layer, and the
    rest (`budget` is the step's: the request's less the `records` placed on the device),
    and the leanest policy's need beside it where that is more (`leanest`; 0: not said).
    L2L_OK when that peak fits. */

@@ -86,7 +86,7 @@ l2l_status plan_peak(uint64_t *peak, const struct plan_chain *c);
 /* A floor under plan_peak for the chain's micro-batch whatever its layers' policies:
    what every step holds at once (the slots, and a layer's forward call with its input,
    output and arenas), the largest over the layers. A budget under it fits no policy of
-   that micro-batch (test_plan's brute force holds every policy's peak to it). */
+   that micro-batch (test_plan_search's brute force holds every policy's peak to it). */
 l2l_status plan_peak_floor(uint64_t *floor, const struct plan_chain *c);
 /* Steps of more micro-batches than this are not replayed whole but from three short
    replays (peak.c says why that is exact); test_plan sets it low to compare the two. */
@@ -106,7 +106,7 @@ l2l_status plan_step_place(struct plan_layer *layers, int L, const l2l_relay_con
                            bool key_mask, uint64_t budget, const uint32_t *allowed,
                            uint64_t *bytes);
 extern _Atomic int64_t plan_peak_fallbacks;   /* short replays not on lines (none expected) */
-extern _Atomic int64_t plan_replayed_micro_batches;   /* the replays' work, for test_plan */
+extern _Atomic int64_t plan_replayed_micro_batches;   /* the replays' work, for test_plan_search */
 
 /* ---------------------------------------------------------------- the time model */
 
@@ -182,12 +182,12 @@ struct plan_result {
   struct plan_step_channels channels; /* the step's copies each way, compute and updates */
 };
 /* The most trials one search's polish takes (search.c says how they are shared), and the
-   trials taken, for test_plan. */
+   trials taken, for test_plan_search. */
 enum { PLAN_POLISH_SEARCH = 1200 };
 extern _Atomic int64_t plan_polish_trials;
 /* The search's shortcuts (search.c: a peak replayed only where the policy's time could be
-   taken, a size over budget at its floor passed over); false, for test_plan: every peak
-   replayed, every size judged whole. */
+   taken, a size over budget at its floor passed over); false, for test_plan_search: every
+   peak replayed, every size judged whole. */
 extern bool plan_search_shortcuts;
 /* The leanest policy's peak (micro-batch 1, every layer recomputed, its boundary on the
    host): L2L's default, what placement auto places records beside. Replayed only, nothing
@@ -195,11 +195,11 @@ extern bool plan_search_shortcuts;
 l2l_status plan_leanest_peak(uint64_t *peak, struct plan_chain *c);
 /* The least peak of the policies every search starts from (search.c: the uniform and the
    periodic ones) at micro-batch 1: what a refusal names. Policies that swap, or recompute
-   every boundary, can need less than the leanest (up to 2.8 % on test_plan's small chains;
-   0.7 % on a GPT of width 512 and 50,257 words); over 40,000 of test_plan's chains the
+   every boundary, can need less than the leanest (up to 2.8 % on test_plan_search's small
+   chains; 0.7 % on a GPT of width 512 and 50,257 words); over 40,000 of those chains the
    least of every policy was under this in 1 chain in 100, by 1.2 % at most. On a tie the
-   leanest. Replayed only, nothing timed (a budget too small for it is refused
-   before the timing would allocate past it). Leaves c at that policy. */
+   leanest. Replayed only, nothing timed (a budget too small for it is refused before the
+   timing would allocate past it). Leaves c at that policy. */
 l2l_status plan_least_peak(uint64_t *peak, struct plan_chain *c);
 /* Placement auto (place.c): the chain's layers' on_device bits for the records the budget
    holds on the device beside the step's peak with its policies and micro-batch: every

@@ -27,7 +27,7 @@
  * replayed only where its time could be taken; a size whose floor (what every policy
  * holds at once: peak.c) is over the budget is passed over after one replay.
  * On small chains it comes within 0.5 % of what a brute force over every policy finds
- * in all but 1 chain in 11,000, and within 1.2 % in every one of 80,000 (test_plan).
+ * in all but 1 chain in 11,000, and within 1.2 % in every one of 80,000 (test_plan_search).
  * Must never: return a plan whose replayed peak exceeds the budget.
  */
 #include <math.h>
