@@ -25,7 +25,8 @@ l2l_relay_config random_config(int64_t B) {
   memset(&c, 0, sizeof c);
   l2l_relay_config_default(&c);
   c.micro_batch = check_rand_int(1, B + 1);
-  c.param_slots = (int)check_rand_int(2, 4);
+  /* (a fifth past the layers' count: the time model looks through at most L + 1) */
+  c.param_slots = (int)(check_rand_int(0, 4) ? check_rand_int(2, 4) : check_rand_int(5, 12));
   c.optimizer = (l2l_optimizer_config){.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-3f, .beta1 = 0.9f,
                                        .beta2 = 0.99f, .eps = 1e-8f};
   c.schedule = (l2l_schedule_config){.kind = L2L_SCHEDULE_CONSTANT};

@@ -17,8 +17,8 @@
 /* A small random model's shape: embedding, 1 to 4 blocks of both memory modes and both
    LayerNorm placements, an LM head tied or not, or a classifier; dropout or none. */
 struct shape random_shape(void);
-/* A relay's settings for a batch of B: micro-batch, slots, precisions, masters and
-   placement drawn; AdamW, one optimizer thread. */
+/* A relay's settings for a batch of B: micro-batch, slots (2 to 4, a fifth of the time 5
+   to 12: more than the layers), precisions, masters and placement drawn; AdamW, one optimizer thread. */
 l2l_relay_config random_config(int64_t B);
 /* The five policies a middle layer may take (search.c's modes, in its order), the head's
    two (the recompute ones with the boundary on the device or the host). */
