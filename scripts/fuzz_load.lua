@@ -279,7 +279,8 @@ local function run_cases(dir, list, timeout)
   os.execute(cmd)
 end
 
--- The class of a finished case: class, detail, output.
+-- The class of a finished case: class, detail, output (and its milliseconds, where the
+-- runner left them).
 local function classify(dir, k, timeout)
   local rcline = read_file(("%s/case-%d.rc"):format(dir, k)) or ""
   local out = read_file(("%s/case-%d.out"):format(dir, k)) or ""
@@ -296,14 +297,14 @@ local function classify(dir, k, timeout)
     return "hang", ("no result after %d s"):format(timeout), out
   end
   local class, msg = out:match("FUZZ%-RESULT (%a+) ([^\n]*)")
-  if rc == 0 and class then return class, msg, out end
+  if rc == 0 and class then return class, msg, out, ms end
   local why
   if rc > 128 then why = ("killed by signal %d (%s)"):format(rc - 128, SIGNALS[rc - 128] or "?")
   elseif rc == 99 then why = "the memory limit could not be set"
   else why = ("exit status %d without a result"):format(rc) end
   local last = {}
   for line in out:gmatch("[^\n]+") do last[#last + 1] = line end
-  return "crash", why .. nan .. " || " .. (last[#last] or ""), out
+  return "crash", why .. nan .. " || " .. (last[#last] or ""), out, ms
 end
 
 -- What a failure is, without what varies from case to case: the class, the target, why
@@ -337,6 +338,7 @@ end
 
 local FAILING = { crash = true, hang = true, unclean = true, unstep = true }
 local rss   -- the largest resident memory of a case: {kb =, case =}
+local longest   -- the longest case that ended by itself: {ms =, case =} (how near the limit)
 
 -- Defects this fuzzer found that are not fixed yet (issue 21, "Hardening"), matched
 -- against a failing case's signature (signature() above). They are reported as known;
@@ -446,7 +448,7 @@ local function fuzz()
     return true
   end
   local counts, by_target, by_family = {}, {}, {}
-  rss = { kb = 0, case = 0 }
+  rss, longest = { kb = 0, case = 0 }, { ms = 0, case = 0 }
   local failures, signatures, known_count = {}, {}, 0
   local chunk = o.jobs * 24
   local first, last = 1, o.n
@@ -461,7 +463,8 @@ local function fuzz()
     end
     run_cases(dir, list, o.timeout)
     for _, c in ipairs(list) do
-      local class, detail, out = classify(dir, c.k, o.timeout)
+      local class, detail, out, ms = classify(dir, c.k, o.timeout)
+      if class ~= "hang" and (ms or 0) > longest.ms then longest.ms, longest.case = ms, c.k end
       local kb = tonumber(out:match("FUZZ%-RSS (%d+)")) or 0
       if kb > rss.kb then rss.kb, rss.case = kb, c.k end
       counts[class] = (counts[class] or 0) + 1
@@ -507,6 +510,7 @@ local function fuzz()
   for _, t in ipairs(TARGET_ROWS) do print(row(t[2], by_target[t[1]] or {})) end
   print(row("all", counts))
   print(("  the largest resident memory of a case: %.1f MiB (case %d)"):format(rss.kb / 1024, rss.case))
+  print(("  the longest case: %.1f s of the %d s limit (case %d)"):format(longest.ms / 1000, o.timeout, longest.case))
   local fams = {}
   for _, f in ipairs(FAMILY_LIST) do
     local t = by_family[f[1]]

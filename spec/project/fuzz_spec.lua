@@ -29,7 +29,7 @@ describe("the loader fuzzer (seed " .. support.seed .. ")", function()
     -- the counts in the test log: per target and class, and the last line
     for line in out:gmatch("[^\n]+") do
       if line:find("^%s+accepted") or line:find("^  l2l%.") or line:find("^  safetensors%.") or
-         line:find("^  tokenizer ") or line:find("^  the largest resident") or
+         line:find("^  tokenizer ") or line:find("^  the largest resident") or line:find("^  the longest case") or
          line:find("^  all ") or line:find("^fuzz_load: seed %d+:") then
         print(line)
       end
