@@ -279,8 +279,8 @@ local function run_cases(dir, list, timeout)
   os.execute(cmd)
 end
 
--- The class of a finished case: class, detail, output (and its milliseconds, where the
--- runner left them).
+-- The class of a finished case: class, detail, output, and its milliseconds (nil where the
+-- runner left no exit status).
 local function classify(dir, k, timeout)
   local rcline = read_file(("%s/case-%d.rc"):format(dir, k)) or ""
   local out = read_file(("%s/case-%d.out"):format(dir, k)) or ""
@@ -291,10 +291,10 @@ local function classify(dir, k, timeout)
   nan = nan and (" after loading a NaN with a payload (" .. nan .. ")") or ""
   if out:find("Sanitizer") or out:find("runtime error:") then
     return "crash", "a sanitizer report" .. nan .. " || " ..
-                    (out:match("(ERROR: [^\n]*)") or out:match("([^\n]*runtime error:[^\n]*)") or "?"), out
+                    (out:match("(ERROR: [^\n]*)") or out:match("([^\n]*runtime error:[^\n]*)") or "?"), out, ms
   end
   if rc == 124 or (rc == 137 and ms >= timeout * 1000 - 50) then
-    return "hang", ("no result after %d s"):format(timeout), out
+    return "hang", ("no result after %d s"):format(timeout), out, ms
   end
   local class, msg = out:match("FUZZ%-RESULT (%a+) ([^\n]*)")
   if rc == 0 and class then return class, msg, out, ms end
