@@ -7,7 +7,7 @@
 --   build/l2l bench/l2l_gpt.lua layers=12 dim=768 batch=8 [seq=1024 steps=5
 --       micro_batch=4 precision=bf16 grad_precision=bf16 stash=host inner=recompute
 --       memory=frugal device=cuda placement=host device_budget=0 plan= state=f32 master=f32
---       accumulate=1]
+--       accumulate=1 phases=0]
 --
 -- placement=auto with device_budget=BYTES keeps on the device the records that fit beside
 -- the step (issue 49: an ordinary GPU trainer's way while the model fits), plan=auto lets
@@ -32,6 +32,13 @@
 -- host_peak_resident is the process's peak resident memory (VmHWM: the EPS, pinned
 -- buffers, stashes, libraries and all; nil where /proc does not say), the host memory a
 -- model really took, beside host_eps_bytes, the EPS's own count.
+-- phases=1 writes to stderr, after the model is made, after the relay is made and after
+-- each step, the process's resident memory (VmRSS, its peak VmHWM) and the three pools'
+-- bytes in use, peak and reserved (in use plus what their caches keep): where host memory
+-- goes (issue 49: at most 6 GB a billion parameters for a 7 B model with 8-bit state and
+-- bf16 masters). With device=cpu and L2L_GRADS_OUT=copy the CPU backend's relay treats its
+-- device as a GPU's (gradients copied out and held for their updates): a GPU run's host
+-- side, but for the device pool, which is host memory there too.
 -- Its own speed is the point, so nothing here checks loss.
 local l2l = require("l2l")
 local cjson = require("cjson")
@@ -40,7 +47,8 @@ local now = require("l2l.progress").now
 local o = { layers = 12, dim = 768, vocab = 50257, seq = 1024, batch = 8, steps = 5,
             micro_batch = 4, precision = "bf16", grad_precision = "bf16", stash = "host",
             device = "cuda", param_slots = 2, inner = "recompute", memory = "frugal", profile = "",
-            placement = "host", device_budget = 0, plan = "", state = "f32", master = "f32", accumulate = 1 }
+            placement = "host", device_budget = 0, plan = "", state = "f32", master = "f32", accumulate = 1,
+            phases = 0 }
 for _, a in ipairs(arg or {}) do
   local k, v = a:match("^([%w_]+)=(.+)$")
   if k == nil or o[k] == nil then error("l2l_gpt.lua: expected key=value with a known key, got " .. a) end
@@ -48,6 +56,25 @@ for _, a in ipairs(arg or {}) do
 end
 
 l2l.device_use(o.device)
+local function status_bytes(field)   -- a /proc/self/status field in bytes, or nil
+  local f = io.open("/proc/self/status")
+  if f == nil then return nil end
+  local kib = f:read("*a"):match(field .. ":%s*(%d+)%s*kB")
+  f:close()
+  return kib and tonumber(kib) * 1024
+end
+local function phase(name)   -- phases=1: a row of the memory table on stderr
+  if o.phases ~= 1 then return end
+  local GiB, pools = 2 ^ 30, {}
+  for _, p in ipairs { "host", "pinned", "device" } do
+    local s = l2l.pool_stats(p)
+    pools[#pools + 1] = string.format("%s %.2f / %.2f / %.2f", p, s.current / GiB, s.peak / GiB, s.reserved / GiB)
+  end
+  io.stderr:write(string.format("%-14s resident %6.2f GiB, peak %6.2f GiB | %s\n", name,
+                                (status_bytes("VmRSS") or 0) / GiB, (status_bytes("VmHWM") or 0) / GiB,
+                                table.concat(pools, " | ")))
+end
+phase("start")
 local layers = { l2l.Embedding { vocab = o.vocab, dim = o.dim, max_seq = o.seq, seed = 1 } }
 for b = 1, o.layers do
   layers[#layers + 1] = l2l.Block { dim = o.dim, heads = o.dim / 64, causal = true, dropout = 0,
@@ -56,6 +83,7 @@ end
 layers[#layers + 1] = l2l.LMHead { vocab = o.vocab, dim = o.dim, tie = true, memory = o.memory,
                                    seed = 2 + o.layers }
 local model = l2l.Sequential(layers)
+phase("model made")
 
 local optimizer = l2l.AdamW { lr = 1e-4, weight_decay = 0.01, state = o.state }
 local plan = o.plan ~= "" and o.plan or nil
@@ -75,6 +103,7 @@ local run = l2l.Relay { model = model, micro_batch = o.micro_batch, stash = o.st
                         device_budget = o.device_budget > 0 and o.device_budget or nil,
                         plan = plan, master = o.master, optimizer = optimizer,
                         accumulate = o.accumulate ~= "auto" and o.accumulate or nil }
+phase("relay made")
 local accumulate = run.options.accumulate
 local steps = accumulate * math.ceil(o.steps / accumulate)   -- (whole accumulations)
 
@@ -89,6 +118,7 @@ local targets = l2l.tensor(next_ids, { dtype = "i32" })
 
 for _ = 1, accumulate do run:step(tokens, targets) end   -- warm-up (one update's worth)
 run:sync()
+phase("warm-up")
 if o.profile ~= "" then l2l.profile.start() end
 local wall0 = now()
 local totals = { step = 0, compute = 0, wait_copy = 0, exposed_copy = 0, wait_update = 0, h2d = 0, d2h = 0,
@@ -105,6 +135,7 @@ for _ = 1, steps do
   totals.h2d, totals.d2h = totals.h2d + s.h2d_seconds, totals.d2h + s.d2h_seconds
   totals.h2d_bytes, totals.d2h_bytes = totals.h2d_bytes + s.h2d_bytes, totals.d2h_bytes + s.d2h_bytes
   totals.peak = math.max(totals.peak, s.device_peak)
+  phase("step")
 end
 run:sync()
 local wall = now() - wall0
@@ -116,19 +147,12 @@ end
 
 local params = 0
 for _, p in ipairs(model:params()) do params = params + p.value:numel() end
-local function peak_resident()   -- bytes, or nil
-  local f = io.open("/proc/self/status")
-  if f == nil then return nil end
-  local kib = f:read("*a"):match("VmHWM:%s*(%d+)%s*kB")
-  f:close()
-  return kib and tonumber(kib) * 1024
-end
 local n = steps
 print(cjson.encode({
   params = params, step_seconds = wall / n, step_seconds_stats = totals.step / n,
   tokens_per_second = o.batch * o.seq * n / wall,
   device_peak = totals.peak, host_eps_bytes = run:stats().host_eps_bytes,
-  host_peak_resident = peak_resident(),
+  host_peak_resident = status_bytes("VmHWM"),
   device_records_bytes = run:stats().device_records_bytes, placement = o.placement,
   state = o.state, master = o.master, accumulate = accumulate, steps = n,
   compute_seconds = totals.compute / n, wait_copy_seconds = totals.wait_copy / n,

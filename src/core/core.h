@@ -290,6 +290,16 @@ bool pool_valid(int pool);
    memory again only when written); returns the bytes given back. The EPS's gradient
    accumulators between updates under a host budget. */
 uint64_t pool_zero_pages(l2l_pool_kind pool, void *ptr, uint64_t bytes);
+/* For each block of `block` bytes from ptr within [ptr, ptr + bytes) of the host pool's
+   memory (the last may be shorter), whether no page holding a byte of it has anything
+   behind it, in memory or swapped out (/proc/self/pagemap): such a block reads as zero,
+   never written since allocated or given back by pool_zero_pages. absent[i] (1 or 0) for
+   block i; false, with absent unset, where the system cannot say or there are more than
+   n blocks. Reading such a page brings it in, and where a machine has no shared zero page
+   (some VMs) gives it memory of its own: the EPS's check of an accumulator it has not
+   seen zeroed asks first. */
+bool pool_blocks_absent(const void *ptr, uint64_t bytes, uint64_t block, uint8_t *absent,
+                        size_t n);
 /* A meter of the device pool's bytes made and freed by whoever binds it: a relay binds
    its own on the threads that run its step, so its step's device peak is its own (the
    pool's peak is the process's, and relays stepping at once on other threads would show
@@ -300,6 +310,13 @@ struct pool_meter {
 /* Binds `meter` (NULL: none) to the calling thread; returns the one bound before. */
 struct pool_meter *pool_meter_bind(struct pool_meter *meter);
 void pool_meter_reset(struct pool_meter *meter);   /* peak := current */
+/* Gives back the pages pool `kind`'s arena keeps for reuse, once they come to
+   POOL_TRIM_BYTES or more (host, or the device pool where it is host memory; else
+   nothing): for frees that no step will make again, such as a relay's f32 masters once
+   their records are kept bf16 or pinned, which the arena would otherwise keep for good
+   (pool.c's trim_if_fragmented gives back only a cache past the most bytes ever in use). */
+enum { POOL_TRIM_BYTES = 64 << 20 };
+void pool_trim(l2l_pool_kind kind);
 /* Gives the pages that freed tensors left cached in the pools' jemalloc arenas and the
    pinned pool's blocks back to the system (the device's own cache is its table's). */
 void pool_release_cached(void);

@@ -29,6 +29,7 @@
  * Must never: exit or abort when memory runs out, or let a refused allocation change the
  * statistics other than the `refused` count.
  */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -190,6 +191,19 @@ static void trim_if_fragmented(struct pool *p) {
   p->window_peak = p->stats.current;
 }
 
+void pool_trim(l2l_pool_kind kind) {
+  if (!pool_valid((int)kind) || kind == L2L_POOL_PINNED) return;
+  if (kind == L2L_POOL_DEVICE && core_device() != NULL) return;   /* (the table's own cache) */
+  struct pool *p = &pools[kind];
+  pthread_mutex_lock(&p->lock);
+  if (p->arena_ready && arena_cached_bytes(p) >= POOL_TRIM_BYTES) {
+    arena_ctl(p, false, "purge", NULL, NULL, NULL, 0);
+    p->window_peak = p->stats.current;
+    p->freed_unchecked = 0;
+  }
+  pthread_mutex_unlock(&p->lock);
+}
+
 #ifdef L2L_SANITIZE
 /* A sanitizer build's large buffers, kept after their free instead of unmapped. Under
    AddressSanitizer every buffer past 128 KiB is a fresh mapping, unmapped when it leaves
@@ -320,6 +334,60 @@ uint64_t pool_zero_pages(l2l_pool_kind pool, void *ptr, uint64_t bytes) {
   memset(ptr, 0, first - begin);
   memset((void *)last, 0, end - last);
   return last - first;
+}
+
+/* /proc/self/pagemap, once: -1 where it cannot be read, or where it does not say that a
+   page just written is in memory (a system that hides the flags would make every page
+   look absent, and so zero). */
+static int pagemap_fd = -1;
+static pthread_once_t pagemap_once = PTHREAD_ONCE_INIT;
+
+static uint64_t pagemap_entry(int fd, uintptr_t address, bool *ok) {
+  uint64_t entry = 0;   /* bit 63: in memory, bit 62: swapped out (proc(5)) */
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  *ok = pread(fd, &entry, sizeof entry, (off_t)(address / page * sizeof entry)) == sizeof entry;
+  return entry;
+}
+
+static void pagemap_open(void) {
+  int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  long page = sysconf(_SC_PAGESIZE);
+  volatile char *probe = page > 0 ? mmap(NULL, (size_t)page, PROT_READ | PROT_WRITE,
+                                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : MAP_FAILED;
+  bool ok = false;
+  if (fd >= 0 && probe != MAP_FAILED) {
+    probe[0] = 1;
+    ok = pagemap_entry(fd, (uintptr_t)probe, &ok) >> 63 & ok;
+  }
+  if (probe != MAP_FAILED) munmap((void *)probe, (size_t)page);
+  if (!ok && fd >= 0) close(fd);
+  pagemap_fd = ok ? fd : -1;
+}
+
+bool pool_blocks_absent(const void *ptr, uint64_t bytes, uint64_t block, uint8_t *absent,
+                        size_t n) {
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), begin = (uintptr_t)ptr;
+  if (block == 0 || bytes == 0 || (bytes + block - 1) / block > n) return false;
+  pthread_once(&pagemap_once, pagemap_open);
+  if (pagemap_fd < 0) return false;
+  enum { BATCH = 512 };
+  uint64_t entry[BATCH];
+  uintptr_t first = begin / page, count = (begin + bytes - 1) / page - first + 1;
+  memset(absent, 1, (size_t)((bytes + block - 1) / block));
+  for (uintptr_t at = 0; at < count; at += BATCH) {
+    size_t want = (count - at < BATCH ? count - at : BATCH) * sizeof *entry;
+    if (pread(pagemap_fd, entry, want, (off_t)((first + at) * sizeof *entry)) != (ssize_t)want)
+      return false;
+    for (size_t i = 0; i < want / sizeof *entry; i++) {
+      if ((entry[i] >> 62 & 3) == 0) continue;   /* (nothing behind this page) */
+      /* the blocks this page holds a byte of */
+      uintptr_t lo = (first + at + i) * page, hi = lo + page;
+      uintptr_t b0 = lo > begin ? (lo - begin) / block : 0;
+      uintptr_t b1 = (hi < begin + bytes ? hi - begin : bytes) - 1;
+      for (uintptr_t b = b0; b <= b1 / block; b++) absent[b] = 0;
+    }
+  }
+  return true;
 }
 
 /* ---------------------------------------------------------------- the pinned pool */

@@ -385,28 +385,10 @@ static bool absorb_whole(struct eps_record *rec, l2l_tensor *incoming, bool drai
   return finite;
 }
 
-/* The check of rec's held gradients over [begin, end) (within one chunk): whether every
-   partial sum is finite and below EPS_GRAD_LIMIT; the chunk's grad_zero found (known_zero:
-   the accumulator is zero, unread). */
-static bool check_range(struct eps_record *rec, int64_t begin, int64_t end, bool known_zero) {
-  const float *acc = (const float *)l2l_tensor_data(rec->grad);
-  float block[L2L_STATE_BLOCK];
-  bool finite = true, zero = true;
-  for (int64_t at = begin; at < end; at += L2L_STATE_BLOCK) {
-    int64_t k = end - at < L2L_STATE_BLOCK ? end - at : L2L_STATE_BLOCK;
-    bool z = known_zero || optim_all_zero(acc + at, k);
-    zero &= z;
-    finite &= eps_held_block(block, rec, z ? NULL : acc + at, at, k);
-  }
-  if (rec->grad_zero != NULL) rec->grad_zero[begin / CHUNK] = zero;
-  eps_count_bytes(rec->eps, (uint64_t)(end - begin) * (eps_held_elem_bytes(rec) + (known_zero ? 0 : 4)));
-  return finite;
-}
-
 /* An arrival's work on [begin, end): its add (and the chunk's norm), or the held
    gradients' check. */
 static bool arrival_range(struct arrival *a, int64_t begin, int64_t end) {
-  if (a->check) return check_range(a->rec, begin, end, a->known_zero);
+  if (a->check) return eps_held_check(a->rec, begin, end, a->known_zero);
   bool finite = absorb_range(a->rec, a->incoming, false, a->scale, begin, end);
   if (a->norms) chunk_norm(a->rec, begin, end);
   return finite;

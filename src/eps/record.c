@@ -7,7 +7,8 @@
  * an update's hyper-parameters, the order backward
  * completes a step's due records in (the read-ahead list of state_tier.c and the places
  * on the ranks' streams of exchange.c), and a block of its gradient as the accumulator
- * and its held arrivals make it (eps.c's check of the last arrival, update.c's update).
+ * and its held arrivals make it (update.c's update; eps_held_check, the last arrival's
+ * check that eps.c queues, for all of them).
  * The core (eps.c) and its parts (exchange.c, state_tier.c, quant.c, spill.c) call these;
  * they call nothing of the EPS above them.
  * Must never: call a function of another file of src/eps/ but optim.c (it is the EPS's
@@ -105,6 +106,27 @@ bool eps_held_block(float *g, const struct eps_record *rec, const float *acc, in
     else
       finite &= optim_axpy_half(g, (const uint16_t *)l2l_tensor_data(x) + begin, dtype, scale, n);
   }
+  return finite;
+}
+
+bool eps_held_check(struct eps_record *rec, int64_t begin, int64_t end, bool known_zero) {
+  const float *acc = (const float *)l2l_tensor_data(rec->grad);
+  float block[L2L_STATE_BLOCK];
+  uint8_t absent[CHUNK / L2L_STATE_BLOCK + 1];
+  bool asked = !known_zero && pool_blocks_absent(acc + begin, (uint64_t)(end - begin) * 4,
+                                                 L2L_STATE_BLOCK * 4, absent, sizeof absent);
+  bool finite = true, zero = true;
+  int64_t read = 0;
+  for (int64_t at = begin; at < end; at += L2L_STATE_BLOCK) {
+    int64_t k = end - at < L2L_STATE_BLOCK ? end - at : L2L_STATE_BLOCK;
+    bool unread = known_zero || (asked && absent[(at - begin) / L2L_STATE_BLOCK]);
+    bool z = unread || optim_all_zero(acc + at, k);
+    read += unread ? 0 : k;
+    zero &= z;
+    finite &= eps_held_block(block, rec, z ? NULL : acc + at, at, k);
+  }
+  if (rec->grad_zero != NULL) rec->grad_zero[begin / CHUNK] = zero;
+  eps_count_bytes(rec->eps, (uint64_t)(end - begin) * eps_held_elem_bytes(rec) + (uint64_t)read * 4);
   return finite;
 }
 

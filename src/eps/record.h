@@ -284,6 +284,12 @@ void eps_sort_by_completion(struct eps_record **list, int n);
    returns whether every partial sum is finite and below EPS_GRAD_LIMIT. */
 bool eps_held_block(float *g, const struct eps_record *rec, const float *acc, int64_t begin,
                     int64_t n);
+/* The check of rec's held gradients over [begin, end) (within one chunk): whether every
+   partial sum is finite and below EPS_GRAD_LIMIT; the chunk's grad_zero found. The
+   accumulator is read where it may hold anything: not where known_zero says it is zero,
+   nor in a block with no page behind it (a record's first step: pages never touched, which
+   reading would give memory on a machine without a shared zero page). */
+bool eps_held_check(struct eps_record *rec, int64_t begin, int64_t end, bool known_zero);
 /* rec's gradient's norm for a deferred update: its chunks' found by the last pass, summed
    in order, or (none valid) found now from the accumulator the same way. */
 struct eps_norm eps_grad_norm(const struct eps_record *rec);

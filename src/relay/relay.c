@@ -167,6 +167,9 @@ static l2l_status eps_records(l2l_relay *run, l2l_layer *const *list, int n, int
     if (status == L2L_OK && joining && on_device(run))
       status = param_home(p, L2L_POOL_DEVICE, d.master, true);
     if (status != L2L_OK) failed = at;
+    /* the f32 values that left the host pool: no step makes them again, so their pages
+       go back as they free (a 7 B model's would be 28 GB kept beside its bf16 masters) */
+    if (joining) pool_trim(L2L_POOL_HOST);
     sources[at] = (struct eps_record_source){
         .param = p, .name = l2l_param_name(p), .master = param_value(p),
         .grad = param_grad(p), .decays = l2l_param_decays(p) == 1, .device = on_device(run),
@@ -216,6 +219,7 @@ l2l_status relay_move_records(l2l_relay *run, const struct plan_layer *layers, i
     param_set_guard_copy(moves[i].param, eps_guard_copy(moves[i].rec));
   }
   free(moves);
+  if (n > 0) pool_trim(L2L_POOL_HOST);   /* (the host masters of records moved away) */
   if (status == L2L_OK && n > 0) (void)eps_device_words(&run->eps);   /* (else at eps_prepare) */
   return status;
 }

@@ -9,9 +9,11 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "core/core.h"
 #include "reference.h"
 
 static const int64_t shape_2x3[2] = {2, 3};
@@ -441,6 +443,91 @@ TEST(pools_cache_freed_pages_until_released) {
           l2l_pool_name(pool), (unsigned long long)released.reserved,
           (unsigned long long)released.current);
   }
+}
+
+/* pool_trim gives back the host arena's cache once it holds POOL_TRIM_BYTES or more (what
+   a relay's f32 masters leave when they become bf16 or pinned), and keeps a smaller one
+   (a step's). A sanitizer build's pools cache nothing of jemalloc's to give back. */
+TEST(pool_trim_gives_back_a_cache_past_its_threshold) {
+  CHECK_OK(l2l_device_release_cache());
+  int64_t small = check_rand_int(1, POOL_TRIM_BYTES / 4 / 4096 / 2) * 1024;   /* < half */
+  int64_t large = (POOL_TRIM_BYTES / 4) + check_rand_int(1, 8 << 20);
+  for (int k = 0; k < 2; k++) {
+    int64_t n = k ? large : small;
+    l2l_tensor *t = check_tensor(L2L_POOL_HOST, L2L_F32, 1, &n);
+    if (!t) return;
+    CHECK_OK(l2l_tensor_fill(t, 1.0));   /* every page touched */
+    l2l_tensor_free(t);
+    l2l_pool_stats freed = stats_of(L2L_POOL_HOST);
+    pool_trim(L2L_POOL_HOST);
+    l2l_pool_stats trimmed = stats_of(L2L_POOL_HOST);
+    uint64_t before = freed.reserved - freed.current, after = trimmed.reserved - trimmed.current;
+#ifdef L2L_SANITIZE
+    CHECK(before == 0 && after == 0, "a sanitizer build caches nothing: %llu, %llu",
+          (unsigned long long)before, (unsigned long long)after);
+#else
+    CHECK(before >= (uint64_t)n * 4, "%lld bytes freed, %llu counted as cached", (long long)n * 4,
+          (unsigned long long)before);
+    if (k) CHECK(after == 0, "%llu bytes cached after a trim of %llu (at least %d)",
+                 (unsigned long long)after, (unsigned long long)before, POOL_TRIM_BYTES);
+    else CHECK(after == before, "a cache of %llu bytes, under %d, trimmed to %llu",
+               (unsigned long long)before, POOL_TRIM_BYTES, (unsigned long long)after);
+#endif
+  }
+  CHECK_OK(l2l_device_release_cache());
+}
+
+/* pool_blocks_absent against mincore(2), the system's other account of the same pages:
+   a host tensor given back (pool_zero_pages), kept from 2 MiB pages, then written at a few
+   places in its first 2 MiB, asked about in blocks of a drawn size;
+   a block is absent exactly where no page holding a byte of it is resident, every written
+   block is not, some block is (so the answer is not vacuous), and too short a list is
+   refused. Skipped where /proc/self/pagemap does not say which pages are in memory. */
+TEST(pool_blocks_absent_agrees_with_mincore) {
+  long page = sysconf(_SC_PAGESIZE);
+  int64_t n = (int64_t)check_rand_int(8, 16) << 18;   /* 8-16 MiB of floats, + a tail */
+  n += check_rand_int(0, page / 4);
+  l2l_tensor *t = check_tensor(L2L_POOL_HOST, L2L_F32, 1, &n);
+  if (!t) return;
+  float *x = l2l_tensor_data(t);
+  uint64_t bytes = (uint64_t)n * sizeof *x, block = (uint64_t)check_rand_int(1000, 40000);
+  pool_zero_pages(L2L_POOL_HOST, x, bytes);
+  /* kept from 2 MiB pages: the kernel's khugepaged may make one of a range with any page
+     in memory at any time, between the two accounts */
+  uintptr_t whole = ((uintptr_t)x + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
+  madvise((void *)whole, ((uintptr_t)x + bytes) / (uintptr_t)page * (uintptr_t)page - whole, MADV_NOHUGEPAGE);
+  int64_t written[4];
+  for (int w = 0; w < 4; w++) x[written[w] = check_rand_int(0, (2 << 20) / 4 - 1)] = 1.0f;
+  size_t blocks = (size_t)((bytes + block - 1) / block);
+  uint8_t *absent = malloc(blocks);
+  uintptr_t first = (uintptr_t)x / (uintptr_t)page;
+  size_t pages = ((uintptr_t)x + bytes - 1) / (uintptr_t)page - first + 1;
+  unsigned char *resident = malloc(pages);
+  if (absent == NULL || resident == NULL) {
+    CHECK(false, "no memory for the lists");
+  } else if (!pool_blocks_absent(x, bytes, block, absent, blocks)) {
+    check_skip("/proc/self/pagemap does not say which pages are in memory here");
+  } else if (CHECK(mincore((void *)(first * (uintptr_t)page), pages * (uintptr_t)page, resident) == 0,
+                   "mincore failed")) {
+    size_t some = 0, wrong = 0;
+    for (size_t b = 0; b < blocks; b++) {
+      uintptr_t lo = (uintptr_t)x + b * block, hi = lo + (b + 1 < blocks ? block : bytes - b * block);
+      bool in = false;
+      for (uintptr_t p = lo / (uintptr_t)page; p <= (hi - 1) / (uintptr_t)page; p++) in |= resident[p - first] & 1;
+      wrong += absent[b] != !in;
+      some += absent[b];
+    }
+    for (int w = 0; w < 4; w++)
+      CHECK(!absent[(uint64_t)written[w] * 4 / block], "element %lld was written: its block is not absent",
+            (long long)written[w]);
+    CHECK(wrong == 0, "%zu of %zu blocks of %llu bytes disagree with mincore", wrong, blocks,
+          (unsigned long long)block);
+    CHECK(some > 0, "no block of %zu reported absent", blocks);
+    CHECK(!pool_blocks_absent(x, bytes, block, absent, blocks - 1), "a list one block short was taken");
+  }
+  free(absent);
+  free(resident);
+  l2l_tensor_free(t);
 }
 
 /* The pinned pool keeps what it holds from the system under its cap: past it, pinned

@@ -17,6 +17,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "eps/record.h"
@@ -401,6 +403,128 @@ TEST(eps_held_gradients_update_as_added_ones) {
                 "no script was given)", what, (long long)eps[1].known_zero_checks, 3 * (n - 1));
           twins_free(&t);
         }
+}
+
+/* Pages of accumulator `t` that are resident (mincore), one byte a page from the one
+   holding its first byte; NULL where mincore fails (*pages set either way). */
+static unsigned char *resident_pages(const l2l_tensor *t, size_t *pages) {
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), at = (uintptr_t)l2l_tensor_data(t);
+  uint64_t bytes = (uint64_t)l2l_tensor_numel(t) * sizeof(float);
+  *pages = (at + bytes - 1) / page - at / page + 1;
+  unsigned char *in = malloc(*pages);
+  if (in != NULL && mincore((void *)(at / page * page), *pages * page, in) != 0) {
+    free(in);
+    in = NULL;
+  }
+  return in;
+}
+
+/* The whole pages of accumulator `t` given back, and kept from 2 MiB pages (which the
+   kernel's khugepaged may make of a range with any page in memory, at any time). */
+static void pages_untouched(const l2l_tensor *t) {
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), at = (uintptr_t)l2l_tensor_data(t);
+  uintptr_t first = (at + page - 1) / page * page, last = (at + (uintptr_t)l2l_tensor_numel(t) * 4) / page * page;
+  if (last <= first) return;
+  madvise((void *)first, last - first, MADV_NOHUGEPAGE);
+  madvise((void *)first, last - first, MADV_DONTNEED);
+}
+
+/* A record's first step (a new layer's accumulators: pages never touched, which read as
+   zero; here given back again and kept from 2 MiB pages, so that only the EPS can bring
+   one in) with held gradients: the check and the update read no block of the accumulator
+   (L2L_STATE_BLOCK elements) whose pages have nothing behind them, so none of them comes
+   into memory (mincore before and after; reading maps a page even where the machine has
+   a shared zero page, and where it has none gives each page memory of its own), but the
+   chunk holding a value a script wrote (l2l_param_grad) before the step, which counts: the
+   masters are those of a twin that adds every gradient as it arrives, to the bit. AdamW
+   on f32 and 8-bit state, one or two bf16 gradients a record. Skipped where
+   /proc/self/pagemap does not say which pages are in memory (the EPS then reads them). */
+TEST(eps_first_check_brings_no_untouched_accumulator_page_in) {
+  static const l2l_state_precision states[] = {L2L_STATE_F32, L2L_STATE_8BIT};
+  for (int st = 0; st < 2; st++)
+    for (int users = 1; users <= 2; users++) {
+      l2l_optimizer_config opt = {.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-2f, .beta1 = 0.9f,
+                                  .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
+                                  .state = states[st]};
+      l2l_layer *layers[2] = {big_embedding(), NULL};
+      struct core_timeline tl[2];
+      struct eps eps[2];
+      if (layers[0] == NULL || !CHECK_OK(l2l_layer_clone(&layers[1], layers[0]))) {
+        l2l_layer_free(layers[0]);
+        return;
+      }
+      const int n = l2l_layer_param_count(layers[0]);
+      const l2l_tensor *table = param_grad(l2l_layer_param(layers[1], 0));
+      uint8_t one;
+      if (!pool_blocks_absent(l2l_tensor_data(table), 4, 4, &one, 1)) {
+        check_skip("/proc/self/pagemap does not say which pages are in memory here");
+        l2l_layer_free(layers[0]);
+        l2l_layer_free(layers[1]);
+        return;
+      }
+      for (int i = 0; i < n; i++) pages_untouched(param_grad(l2l_layer_param(layers[1], i)));
+      /* a script's value in one chunk of the table, both twins (handed out: read from now) */
+      int64_t m = l2l_tensor_numel(table), at = check_rand_int(0, m - 1);
+      float value = (float)check_rand_normal();
+      for (int k = 0; k < 2; k++)
+        ((float *)l2l_tensor_data(l2l_param_grad(l2l_layer_param(layers[k], 0))))[at] = value;
+      unsigned char *before[L2L_MAX_PARAMS];
+      size_t pages[L2L_MAX_PARAMS];
+      for (int i = 0; i < n; i++) before[i] = resident_pages(param_grad(l2l_layer_param(layers[1], i)), &pages[i]);
+      bool made = true;
+      for (int k = 0; k < 2; k++) {
+        timeline_init(&tl[k]);
+        if (made) made = eps_adding(&eps[k], &tl[k], layers[k], &opt, k == 0);   /* 0 adds, 1 holds */
+        else timeline_free(&tl[k]);
+      }
+      if (made) {
+        l2l_tensor *g0[L2L_MAX_PARAMS], *g1[L2L_MAX_PARAMS], **g[2] = {g0, g1};
+        draw_grads(g0, layers[0], L2L_BF16);
+        draw_grads(g1, layers[0], L2L_BF16);
+        const float scale[2] = {1.0f, 0.5f};
+        struct eps_outcome out;
+        for (int k = 0; k < 2; k++) run_step_of(&eps[k], layers[k], g, scale, users, true, false, true, &out, NULL);
+        for (int i = 0; i < n; i++) {
+          const char *name = l2l_param_name(l2l_layer_param(layers[0], i));
+          const l2l_tensor *va = param_value(l2l_layer_param(layers[0], i));
+          CHECK(memcmp(l2l_tensor_data(va), l2l_tensor_data(param_value(l2l_layer_param(layers[1], i))),
+                       (size_t)l2l_tensor_numel(va) * 4) == 0,
+                "%s state, %d gradient(s): %s differs between gradients added and held",
+                st ? "8-bit" : "f32", users, name);
+          /* blocks of the update (L2L_STATE_BLOCK elements) whose every page was untouched */
+          size_t count, came = 0, absent = 0;
+          const l2l_tensor *acc = param_grad(l2l_layer_param(layers[1], i));
+          unsigned char *after = resident_pages(acc, &count);
+          uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), data = (uintptr_t)l2l_tensor_data(acc);
+          int64_t elements = l2l_tensor_numel(acc), chunk = at / CHUNK * CHUNK;
+          for (int64_t b = 0; before[i] != NULL && after != NULL && b < elements; b += L2L_STATE_BLOCK) {
+            int64_t e = b + L2L_STATE_BLOCK < elements ? b + L2L_STATE_BLOCK : elements;
+            size_t p0 = (data + (uintptr_t)b * 4) / page - data / page;
+            size_t p1 = (data + (uintptr_t)e * 4 - 1) / page - data / page;
+            bool untouched = !(i == 0 && b >= chunk && b < optim_chunk_end(m, chunk)), now = false;
+            for (size_t p = p0; p <= p1; p++) untouched &= !(before[i][p] & 1), now |= after[p] & 1;
+            absent += untouched;
+            came += untouched && now;
+          }
+          CHECK(before[i] != NULL && after != NULL, "%s: mincore failed", name);
+          CHECK(came == 0, "%s state, %d gradient(s): %zu of %s's %zu untouched accumulator blocks "
+                "came into memory", st ? "8-bit" : "f32", users, came, name, absent);
+          CHECK(i != 0 || absent > 0, "%s: no block of the table's accumulator was untouched", name);
+          free(after);
+        }
+        for (int i = 0; i < n; i++) {
+          l2l_tensor_free(g0[i]);
+          l2l_tensor_free(g1[i]);
+        }
+        for (int k = 0; k < 2; k++) {
+          eps_free(&eps[k]);
+          timeline_free(&tl[k]);
+        }
+      }
+      for (int i = 0; i < n; i++) free(before[i]);
+      l2l_layer_free(layers[0]);
+      l2l_layer_free(layers[1]);
+    }
 }
 
 /* Deferred updates (global clipping): each add finds its chunks' norms as it writes them,
