@@ -12,6 +12,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,8 +27,55 @@
 
 /* ---------------------------------------------------------------- GEMM */
 
+/* The calling thread's buffer for a 16-bit GEMM's widened inputs, at least `floats` long,
+   kept between calls and freed as the thread ends: one allocated a call came from fresh
+   pages each time, whose faults were most of a bf16 step at small batches (a 304 M model's
+   LM head widened 412 MB a call; bench/RESULTS.md). NULL where there is no memory. */
+struct widen_buffer {
+  float *data;
+  size_t floats;
+};
+static pthread_key_t widen_key;
+static pthread_once_t widen_once = PTHREAD_ONCE_INIT;
+static bool widen_key_made;
+
+static void widen_buffer_free(void *p) {
+  struct widen_buffer *w = p;
+  free(w->data);
+  free(w);
+}
+static void widen_key_make(void) { widen_key_made = pthread_key_create(&widen_key, widen_buffer_free) == 0; }
+
+static float *widen_buffer(size_t floats) {
+  pthread_once(&widen_once, widen_key_make);
+  if (!widen_key_made) return NULL;
+  struct widen_buffer *w = pthread_getspecific(widen_key);
+  if (w == NULL) {
+    if ((w = calloc(1, sizeof *w)) == NULL) return NULL;
+    if (pthread_setspecific(widen_key, w) != 0) {
+      free(w);
+      return NULL;
+    }
+  }
+  if (w->floats < floats) {
+    free(w->data);
+    w->data = malloc(floats * sizeof *w->data);
+    w->floats = w->data != NULL ? floats : 0;
+  }
+  return w->data;
+}
+
+/* wide (rows, cols) := a 16-bit matrix whose rows are ld apart, rows split across threads */
+static void widen_rows(float *wide, const uint16_t *m, l2l_dtype dtype, int64_t rows,
+                       int64_t cols, int64_t ld) {
+  int nt = threads_for(rows * cols);
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t r = 0; r < rows; r++) cpu_widen_16(wide + r * cols, m + r * ld, dtype, 1, cols, ld);
+}
+
 /* f16 / bf16 inputs are widened to f32 (exactly) one matrix pair at a time, in memory of
-   the backend's own: OpenBLAS has no 16-bit GEMM with f32 accumulation. */
+   the backend's own: OpenBLAS has no 16-bit GEMM with f32 accumulation (Debian's exports
+   no sbgemm). */
 l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
                             int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
                             int trans_b, float alpha, float beta, int64_t lda, int64_t ldb,
@@ -40,7 +88,7 @@ l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab
   if (ldc == 0) ldc = n;
   float *wide = NULL;
   if (ab_dtype != L2L_F32) {
-    wide = malloc((size_t)(m * k + k * n) * sizeof *wide);
+    wide = widen_buffer((size_t)(m * k + k * n));
     if (wide == NULL)
       return core_fail(L2L_ERR_NOMEM, "cpu backend: no memory to widen a %s GEMM's inputs",
                        l2l_dtype_name(ab_dtype));
@@ -50,15 +98,14 @@ l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab
     const float *ai = (const float *)a + a_at, *bi = (const float *)b + b_at;
     int64_t ai_ld = lda, bi_ld = ldb;
     if (wide != NULL) {
-      cpu_widen_16(wide, (const uint16_t *)a + a_at, ab_dtype, a_rows, a_cols, lda);
-      cpu_widen_16(wide + m * k, (const uint16_t *)b + b_at, ab_dtype, b_rows, b_cols, ldb);
+      widen_rows(wide, (const uint16_t *)a + a_at, ab_dtype, a_rows, a_cols, lda);
+      widen_rows(wide + m * k, (const uint16_t *)b + b_at, ab_dtype, b_rows, b_cols, ldb);
       ai = wide, bi = wide + m * k, ai_ld = a_cols, bi_ld = b_cols;
     }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, ai,
                 (int)ai_ld, bi, (int)bi_ld, beta, c + i * m * ldc, (int)ldc);
   }
-  free(wide);
   return L2L_OK;
 }
 
