@@ -360,7 +360,9 @@ static void pagemap_open(void) {
   bool ok = false;
   if (fd >= 0 && probe != MAP_FAILED) {
     probe[0] = 1;
-    ok = pagemap_entry(fd, (uintptr_t)probe, &ok) >> 63 & ok;
+    bool read = false;
+    uint64_t entry = pagemap_entry(fd, (uintptr_t)probe, &read);
+    ok = read && (entry >> 63 & 1);
   }
   if (probe != MAP_FAILED) munmap((void *)probe, (size_t)page);
   if (!ok && fd >= 0) close(fd);
