@@ -294,8 +294,9 @@ uint64_t pool_zero_pages(l2l_pool_kind pool, void *ptr, uint64_t bytes);
    memory (the last may be shorter), whether no page holding a byte of it has anything
    behind it, in memory or swapped out (/proc/self/pagemap): such a block reads as zero,
    never written since allocated or given back by pool_zero_pages. absent[i] (1 or 0) for
-   block i; false, with absent unset, where the system cannot say or there are more than
-   n blocks. Reading such a page brings it in, and where a machine has no shared zero page
+   block i; false (absent then undefined) where the system cannot say, in a process forked
+   after the first call, or for more than n blocks. Only for the host pool's memory
+   (private and anonymous: a page with nothing behind it reads as zero). Reading such a page brings it in, and where a machine has no shared zero page
    (some VMs) gives it memory of its own: the EPS's check of an accumulator it has not
    seen zeroed asks first. */
 bool pool_blocks_absent(const void *ptr, uint64_t bytes, uint64_t block, uint8_t *absent,

@@ -343,6 +343,7 @@ uint64_t pool_zero_pages(l2l_pool_kind pool, void *ptr, uint64_t bytes) {
    page just written is in memory (a system that hides the flags would make every page
    look absent, and so zero). */
 static int pagemap_fd = -1;
+static pid_t pagemap_pid;   /* whose page tables the file shows (a forked child's are its own) */
 static pthread_once_t pagemap_once = PTHREAD_ONCE_INIT;
 
 static uint64_t pagemap_entry(int fd, uintptr_t address, bool *ok) {
@@ -367,6 +368,7 @@ static void pagemap_open(void) {
   if (probe != MAP_FAILED) munmap((void *)probe, (size_t)page);
   if (!ok && fd >= 0) close(fd);
   pagemap_fd = ok ? fd : -1;
+  pagemap_pid = getpid();
 }
 
 bool pool_blocks_absent(const void *ptr, uint64_t bytes, uint64_t block, uint8_t *absent,
@@ -374,7 +376,7 @@ bool pool_blocks_absent(const void *ptr, uint64_t bytes, uint64_t block, uint8_t
   uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), begin = (uintptr_t)ptr;
   if (block == 0 || bytes == 0 || (bytes + block - 1) / block > n) return false;
   pthread_once(&pagemap_once, pagemap_open);
-  if (pagemap_fd < 0) return false;
+  if (pagemap_fd < 0 || pagemap_pid != getpid()) return false;
   enum { BATCH = 512 };
   uint64_t entry[BATCH];
   uintptr_t first = begin / page, count = (begin + bytes - 1) / page - first + 1;

@@ -169,7 +169,7 @@ static l2l_status eps_records(l2l_relay *run, l2l_layer *const *list, int n, int
     if (status != L2L_OK) failed = at;
     /* the f32 values that left the host pool: no step makes them again, so their pages
        go back as they free (a 7 B model's would be 28 GB kept beside its bf16 masters) */
-    if (joining) pool_trim(L2L_POOL_HOST);
+    if (joining && (home != L2L_POOL_HOST || on_device(run))) pool_trim(L2L_POOL_HOST);
     sources[at] = (struct eps_record_source){
         .param = p, .name = l2l_param_name(p), .master = param_value(p),
         .grad = param_grad(p), .decays = l2l_param_decays(p) == 1, .device = on_device(run),

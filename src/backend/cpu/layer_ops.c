@@ -88,7 +88,7 @@ l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab
   if (ldc == 0) ldc = n;
   float *wide = NULL;
   if (ab_dtype != L2L_F32) {
-    wide = widen_buffer((size_t)(m * k + k * n));
+    wide = widen_buffer((size_t)(m * k + k * n) + 1);   /* (+ 1: never 0, an empty GEMM's) */
     if (wide == NULL)
       return core_fail(L2L_ERR_NOMEM, "cpu backend: no memory to widen a %s GEMM's inputs",
                        l2l_dtype_name(ab_dtype));
