@@ -290,17 +290,17 @@ bool pool_valid(int pool);
    memory again only when written); returns the bytes given back. The EPS's gradient
    accumulators between updates under a host budget. */
 uint64_t pool_zero_pages(l2l_pool_kind pool, void *ptr, uint64_t bytes);
-/* For each block of `block` bytes from ptr within [ptr, ptr + bytes) of the host pool's
-   memory (the last may be shorter), whether no page holding a byte of it has anything
-   behind it, in memory or swapped out (/proc/self/pagemap): such a block reads as zero,
-   never written since allocated or given back by pool_zero_pages. absent[i] (1 or 0) for
-   block i; false (absent then undefined) where the system cannot say, in a process forked
-   after the first call, or for more than n blocks. Only for the host pool's memory
-   (private and anonymous: a page with nothing behind it reads as zero). Reading such a page brings it in, and where a machine has no shared zero page
-   (some VMs) gives it memory of its own: the EPS's check of an accumulator it has not
-   seen zeroed asks first. */
-bool pool_blocks_absent(const void *ptr, uint64_t bytes, uint64_t block, uint8_t *absent,
-                        size_t n);
+/* For each block of `block` bytes from ptr within [ptr, ptr + bytes) of `pool`'s memory
+   (the last may be shorter), whether no page holding a byte of it has anything behind it,
+   in memory or swapped out (/proc/self/pagemap): such a block reads as zero, never
+   written since allocated or given back by pool_zero_pages. absent[i] (1 or 0) for block
+   i; false (absent then undefined) for any pool but the host's (whose memory alone is
+   private and anonymous), where the system cannot say, in a process forked after the
+   first call, or for more than n blocks. Reading such a page brings it in, and where a
+   machine has no shared zero page (some VMs) gives it memory of its own: the EPS's check
+   of an accumulator it has not seen zeroed asks first. */
+bool pool_blocks_absent(l2l_pool_kind pool, const void *ptr, uint64_t bytes, uint64_t block,
+                        uint8_t *absent, size_t n);
 /* A meter of the device pool's bytes made and freed by whoever binds it: a relay binds
    its own on the threads that run its step, so its step's device peak is its own (the
    pool's peak is the process's, and relays stepping at once on other threads would show

@@ -187,11 +187,16 @@ static uint64_t arena_cached_bytes(const struct pool *p) {
    and cached pages 12.6 % past it: a 304 M model's bf16 step faulted its pages in again
    each time, 5 s of 7; bench/RESULTS.md). Called with p's lock held, for an arena that
    exists. */
-static void trim_if_fragmented(struct pool *p) {
-  uint64_t slack = p->window_peak / 4 > TRIM_SLACK_BYTES ? p->window_peak / 4 : TRIM_SLACK_BYTES;
-  if (p->stats.current + arena_cached_bytes(p) <= p->window_peak + slack) return;
+/* p's arena's cache given back; the most in use counts again from now. Under p's lock. */
+static void arena_purge(struct pool *p) {
   arena_ctl(p, false, "purge", NULL, NULL, NULL, 0);
   p->window_peak = p->stats.current;
+  p->freed_unchecked = 0;
+}
+
+static void trim_if_fragmented(struct pool *p) {
+  uint64_t slack = p->window_peak / 4 > TRIM_SLACK_BYTES ? p->window_peak / 4 : TRIM_SLACK_BYTES;
+  if (p->stats.current + arena_cached_bytes(p) > p->window_peak + slack) arena_purge(p);
 }
 
 void pool_trim(l2l_pool_kind kind) {
@@ -199,11 +204,7 @@ void pool_trim(l2l_pool_kind kind) {
   if (kind == L2L_POOL_DEVICE && core_device() != NULL) return;   /* (the table's own cache) */
   struct pool *p = &pools[kind];
   pthread_mutex_lock(&p->lock);
-  if (p->arena_ready && arena_cached_bytes(p) >= POOL_TRIM_BYTES) {
-    arena_ctl(p, false, "purge", NULL, NULL, NULL, 0);
-    p->window_peak = p->stats.current;
-    p->freed_unchecked = 0;
-  }
+  if (p->arena_ready && arena_cached_bytes(p) >= POOL_TRIM_BYTES) arena_purge(p);
   pthread_mutex_unlock(&p->lock);
 }
 
@@ -346,13 +347,6 @@ static int pagemap_fd = -1;
 static pid_t pagemap_pid;   /* whose page tables the file shows (a forked child's are its own) */
 static pthread_once_t pagemap_once = PTHREAD_ONCE_INIT;
 
-static uint64_t pagemap_entry(int fd, uintptr_t address, bool *ok) {
-  uint64_t entry = 0;   /* bit 63: in memory, bit 62: swapped out (proc(5)) */
-  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-  *ok = pread(fd, &entry, sizeof entry, (off_t)(address / page * sizeof entry)) == sizeof entry;
-  return entry;
-}
-
 static void pagemap_open(void) {
   int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
   long page = sysconf(_SC_PAGESIZE);
@@ -361,9 +355,9 @@ static void pagemap_open(void) {
   bool ok = false;
   if (fd >= 0 && probe != MAP_FAILED) {
     probe[0] = 1;
-    bool read = false;
-    uint64_t entry = pagemap_entry(fd, (uintptr_t)probe, &read);
-    ok = read && (entry >> 63 & 1);
+    uint64_t entry = 0;   /* bit 63: in memory, bit 62: swapped out (proc(5)) */
+    off_t at = (off_t)((uintptr_t)probe / (uintptr_t)page * sizeof entry);
+    ok = pread(fd, &entry, sizeof entry, at) == sizeof entry && (entry >> 63 & 1);
   }
   if (probe != MAP_FAILED) munmap((void *)probe, (size_t)page);
   if (!ok && fd >= 0) close(fd);
@@ -371,10 +365,12 @@ static void pagemap_open(void) {
   pagemap_pid = getpid();
 }
 
-bool pool_blocks_absent(const void *ptr, uint64_t bytes, uint64_t block, uint8_t *absent,
-                        size_t n) {
+bool pool_blocks_absent(l2l_pool_kind pool, const void *ptr, uint64_t bytes, uint64_t block,
+                        uint8_t *absent, size_t n) {
   uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), begin = (uintptr_t)ptr;
-  if (block == 0 || bytes == 0 || (bytes + block - 1) / block > n) return false;
+  /* (only the host pool's memory is the process's own anonymous memory, as pool_zero_pages) */
+  if (pool != L2L_POOL_HOST || block == 0 || bytes == 0 || (bytes + block - 1) / block > n)
+    return false;
   pthread_once(&pagemap_once, pagemap_open);
   if (pagemap_fd < 0 || pagemap_pid != getpid()) return false;
   enum { BATCH = 512 };

@@ -113,8 +113,10 @@ bool eps_held_check(struct eps_record *rec, int64_t begin, int64_t end, bool kno
   const float *acc = (const float *)l2l_tensor_data(rec->grad);
   float block[L2L_STATE_BLOCK];
   uint8_t absent[CHUNK / L2L_STATE_BLOCK + 1];
-  bool asked = !known_zero && l2l_tensor_pool(rec->grad) == L2L_POOL_HOST && pool_blocks_absent(acc + begin, (uint64_t)(end - begin) * 4,
-                                                 L2L_STATE_BLOCK * 4, absent, sizeof absent);
+  bool asked = !known_zero &&
+               pool_blocks_absent((l2l_pool_kind)l2l_tensor_pool(rec->grad), acc + begin,
+                                  (uint64_t)(end - begin) * 4, L2L_STATE_BLOCK * 4, absent,
+                                  sizeof absent);
   bool finite = true, zero = true;
   int64_t read = 0;
   for (int64_t at = begin; at < end; at += L2L_STATE_BLOCK) {

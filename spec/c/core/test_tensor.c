@@ -482,7 +482,8 @@ TEST(pool_trim_gives_back_a_cache_past_its_threshold) {
    places in its first 2 MiB, asked about in blocks of a drawn size;
    no block is absent that has a resident page (the direction that would lose data;
    a swapped page is neither), every written block is not absent, some block is (so the
-   answer is not vacuous), and too short a list is refused. Skipped where /proc/self/pagemap does not say which pages are in memory. */
+   answer is not vacuous), and too short a list and another pool's memory are refused.
+   Skipped where /proc/self/pagemap does not say which pages are in memory. */
 TEST(pool_blocks_absent_agrees_with_mincore) {
   long page = sysconf(_SC_PAGESIZE);
   int64_t n = (int64_t)check_rand_int(8, 16) << 18;   /* 8-16 MiB of floats, + a tail */
@@ -505,7 +506,7 @@ TEST(pool_blocks_absent_agrees_with_mincore) {
   unsigned char *resident = malloc(pages);
   if (absent == NULL || resident == NULL) {
     CHECK(false, "no memory for the lists");
-  } else if (!pool_blocks_absent(x, bytes, block, absent, blocks)) {
+  } else if (!pool_blocks_absent(L2L_POOL_HOST, x, bytes, block, absent, blocks)) {
     check_skip("/proc/self/pagemap does not say which pages are in memory here");
   } else if (CHECK(mincore((void *)(first * (uintptr_t)page), pages * (uintptr_t)page, resident) == 0,
                    "mincore failed")) {
@@ -523,7 +524,9 @@ TEST(pool_blocks_absent_agrees_with_mincore) {
     CHECK(wrong == 0, "%zu of %zu blocks of %llu bytes absent but resident", wrong, blocks,
           (unsigned long long)block);
     CHECK(some > 0, "no block of %zu reported absent", blocks);
-    CHECK(!pool_blocks_absent(x, bytes, block, absent, blocks - 1), "a list one block short was taken");
+    CHECK(!pool_blocks_absent(L2L_POOL_HOST, x, bytes, block, absent, blocks - 1), "a list one block short was taken");
+    CHECK(!pool_blocks_absent(L2L_POOL_PINNED, x, bytes, block, absent, blocks),
+          "memory said to be the pinned pool's was answered for");
   }
   free(absent);
   free(resident);

@@ -456,7 +456,7 @@ TEST(eps_first_check_brings_no_untouched_accumulator_page_in) {
       const int n = l2l_layer_param_count(layers[0]);
       const l2l_tensor *table = param_grad(l2l_layer_param(layers[1], 0));
       uint8_t one;
-      if (!pool_blocks_absent(l2l_tensor_data(table), 4, 4, &one, 1)) {
+      if (!pool_blocks_absent(L2L_POOL_HOST, l2l_tensor_data(table), 4, 4, &one, 1)) {
         check_skip("/proc/self/pagemap does not say which pages are in memory here");
         l2l_layer_free(layers[0]);
         l2l_layer_free(layers[1]);
