@@ -403,15 +403,20 @@ static double gemm_rate(const struct backend_ops *ops, l2l_dtype dtype, int64_t 
 
 /* The rates the rows are held to: a 64 MiB copy within the device and from pinned memory,
    and a square GEMM (4096 on an accelerator, 512 on the CPU, where a larger one takes a
-   second) with f32 and with bf16 inputs. Outside any step, its memory on no relay's meter. */
+   second) with f32 and with bf16 inputs. Outside any step, its memory on no relay's meter
+   and out of the pools' peaks (a program's "device peak" is its own, not the probe's 128
+   MiB). */
 static void probe_rates(l2l_profile_summary *s) {
   const struct backend_ops *ops = backend_device_base();
   struct pool_meter *meter = pool_meter_bind(NULL);
+  struct pool_peaks peaks;
+  pool_peaks_save(&peaks);
   const int64_t bytes = 64 << 20, side = backend_device_is_host() ? 512 : 4096;
   s->copy_rate = copy_rate(ops, L2L_POOL_DEVICE, bytes);
   s->link_rate = copy_rate(ops, L2L_POOL_PINNED, bytes);
   s->gemm_rate_f32 = gemm_rate(ops, L2L_F32, side);
   s->gemm_rate_16 = gemm_rate(ops, L2L_BF16, side);
+  pool_peaks_restore(&peaks);
   pool_meter_bind(meter);
   l2l_clear_error();
   bool all = s->copy_rate > 0 && s->link_rate > 0 && s->gemm_rate_f32 > 0 && s->gemm_rate_16 > 0;

@@ -44,8 +44,6 @@
 
 #include "core.h"
 
-enum { POOL_COUNT = 3 };
-
 struct pool {
   pthread_mutex_t lock;
   l2l_pool_stats stats;
@@ -662,6 +660,27 @@ l2l_status l2l_pool_set_budget(l2l_pool_kind kind, uint64_t bytes) {
   p->stats.budget = bytes;
   pthread_mutex_unlock(&p->lock);
   return L2L_OK;
+}
+
+void pool_peaks_save(struct pool_peaks *out) {
+  for (int k = 0; k < POOL_COUNT; k++) {
+    pthread_mutex_lock(&pools[k].lock);
+    out->peak[k] = pools[k].stats.peak;
+    out->window[k] = pools[k].window_peak;
+    pthread_mutex_unlock(&pools[k].lock);
+  }
+}
+
+void pool_peaks_restore(const struct pool_peaks *saved) {
+  for (int k = 0; k < POOL_COUNT; k++) {
+    struct pool *p = &pools[k];
+    pthread_mutex_lock(&p->lock);
+    uint64_t now = p->stats.current;
+    p->stats.peak = saved->peak[k] > now ? saved->peak[k] : now;
+    p->window_peak = saved->window[k] > now ? saved->window[k] : now;
+    pthread_mutex_unlock(&p->lock);
+    pool_trim((l2l_pool_kind)k);
+  }
 }
 
 l2l_status l2l_pool_reset_peak(l2l_pool_kind kind) {
