@@ -114,6 +114,35 @@ describe("l2l.plan (seed " .. support.seed .. ")", function()
     assert.is_truthy(tostring(err):find("placement", 1, true), tostring(err))
   end)
 
+  it("measures this machine's rates and its layers outside the pools' high-water marks", function()
+    -- A measurement's buffers (copies of up to 32 MiB each way, the host optimizer's 64 MiB,
+    -- a small relay for a visit's cost, each layer's twin) are not the program's: under a
+    -- fresh cache everything is measured, and each pool's peak is what it was before (or
+    -- what is in use now, where that is more).
+    local ffi = require("ffi")
+    pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
+    local was = os.getenv("XDG_CACHE_HOME")
+    ffi.C.setenv("XDG_CACHE_HOME", support.tmpdir(), 1)
+    local model = tiny_gpt(2, 4 * support.int(8, 24))
+    local kinds, before = { "host", "pinned", "device" }, {}
+    for _, k in ipairs(kinds) do
+      l2l.reset_peak(k)
+      before[k] = l2l.pool_stats(k).peak
+    end
+    local ok, err = pcall(function()
+      local rates = l2l.calibrate { remeasure = true }
+      assert.is_true(rates.h2d > 0 and rates.optimizer > 0 and rates.visit >= 0)
+      local plan = l2l.plan { model = model, batch = 4, seq = S, device_budget = 2 ^ 30 }
+      assert.is_true(plan.step_seconds > 0)
+    end)
+    if was then ffi.C.setenv("XDG_CACHE_HOME", was, 1) else ffi.C.unsetenv("XDG_CACHE_HOME") end
+    assert(ok, err)
+    for _, k in ipairs(kinds) do
+      local s = l2l.pool_stats(k)
+      assert.are.equal(math.max(before[k], s.current), s.peak, k)
+    end
+  end)
+
   it("names the smallest budget when none fits, and what needs it", function()
     local model = tiny_gpt(2)
     local ok, err = pcall(l2l.plan, { model = model, batch = 4, seq = S, device_budget = 1000, rates = GPU })

@@ -10,7 +10,8 @@
  * It is the relay's function (l2l/relay.h): the planner is below the relay and may not
  * call it, so its rates are asked of the relay. l2l_plan_calibrate, its name in 0.1, is
  * kept here for one release.
- * Must never: leave anything behind in the pools (the model and the relay are freed).
+ * Must never: leave anything behind in the pools (the model and the relay are freed), or
+ * in their peaks.
  */
 #include <string.h>
 
@@ -88,7 +89,11 @@ static l2l_status calibrate(const char *func, l2l_plan_rates *out, int remeasure
   l2l_plan_rates rates;
   TRY(plan_machine_rates(&rates, remeasure));
   if (remeasure || rates.visit < 0) {
-    TRY(measure_visit(&rates.visit, &rates));
+    struct pool_peaks peaks;   /* (the small model's bytes are not the program's peak) */
+    pool_peaks_save(&peaks);
+    l2l_status status = measure_visit(&rates.visit, &rates);
+    pool_peaks_restore(&peaks);
+    TRY(status);
     plan_cache_visit(rates.visit);
   }
   *out = rates;
