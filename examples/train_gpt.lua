@@ -759,7 +759,7 @@ if last_step < opt.steps then
 end
 -- the device pool's own high-water mark: every step and evaluation of this process
 local pool_peak = l2l.pool_stats("device").peak
-print(("device: peak %s %s; model+optimizer state %s in host memory (EPS %s)"):format(
+print(("device: peak %s %s; model+optimizer state %s; the EPS holds %s in host memory"):format(
   progress.bytes(math.max(pool_peak, peak_seen)),
   budget > 0 and "within a budget of " .. progress.bytes(budget) or "(no budget)",
   progress.bytes(state_bytes), progress.bytes(s.host_eps_bytes)))
