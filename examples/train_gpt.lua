@@ -50,7 +50,7 @@ local FLAGS = {
   { "--batch", 32, "int", "sequences per step (minibatch)", min = 1 },
   { "--micro-batch", 2, "int", "sequences per micro-batch on the device", min = 1 },
   { "--steps", 400, "int", "training steps (the total, also when resuming)", min = 1 },
-  { "--lr", 4e-3, "number", "peak learning rate (AdamW, cosine decay to 10 %)", min = 0, max = 1 },
+  { "--lr", 4e-3, "number", "peak learning rate: the schedule's (--schedule, by default cosine to --final-ratio 0.1 of it)", min = 0, max = 1 },
   { "--warmup", 20, "int", "warm-up steps of the schedule", min = 0 },
   { "--weight-decay", 0.1, "number", "AdamW weight decay", min = 0, max = 10 },
   { "--state", "f32", "choice", "the precision of AdamW's state: f32, bf16 or 8bit (blockwise; l2l.AdamW's state); " ..
@@ -271,9 +271,39 @@ end
 local RUN_FLAGS = { "layers", "dim", "heads", "mlp", "seq", "batch", "seed", "tokenizer", "lr", "warmup",
                     "weight_decay", "dropout", "init_std" }
 
+-- Why a checkpoint could not be written at `path`, found before any step (a save that
+-- fails only after hours of training loses them), or nil: a directory, or a folder this
+-- process cannot create a file in.
+local function unwritable(path)
+  local fh = io.open(path, "rb")
+  if fh then
+    local _, _, code = fh:read(1)
+    fh:close()
+    if code == 21 then   -- EISDIR
+      return ("%s is a directory: --checkpoint names a file (for example %s/run.safetensors)"):format(
+        path, path:gsub("/+$", ""))
+    end
+  end
+  local folder = path:match("^(.*)/[^/]*$") or "."
+  if folder == "" then folder = "/" end
+  local probe = ("%s/.l2l-write-check-%s"):format(folder, new_run_id())
+  local out, err = io.open(probe, "wb")
+  if not out then
+    return ("cannot write a checkpoint in %s (%s): give --checkpoint a path in a folder that exists and "
+            .. "this user can write"):format(folder, tostring(err):gsub("^[^:]*: ", ""))
+  end
+  out:close()
+  os.remove(probe)
+  return nil
+end
+
 local run, model, start_step, resumed = nil, nil, 0, false
 local run_id = new_run_id()
 local checkpoints = opt.checkpoint ~= ""
+if checkpoints then
+  local why = unwritable(opt.checkpoint)
+  if why then cli.usage_error("--checkpoint: " .. why) end
+end
 if checkpoints and not file_exists(opt.checkpoint) then
   if opt.resume then
     fail(("--resume: there is no checkpoint at %s (--resume-if-present starts a new run when there is none)"):format(
@@ -336,11 +366,14 @@ elseif checkpoints and (opt.resume or opt.resume_if_present) then
   host_budget, spill = run.options.host_budget ~= 0 and run.options.host_budget or nil, run.options.spill
 elseif checkpoints and not opt.force then
   local ok, info = pcall(l2l.checkpoint_info, opt.checkpoint)
-  local what = ok and ("the checkpoint of run %s at step %d%s"):format(info.extra.run or "(no id)", info.steps,
-                                                                      info.extra.steps and (" of " .. info.extra.steps) or "")
-               or ("a file that is not a checkpoint l2l reads (%s)"):format(tostring(info):gsub("^l2l%.checkpoint_info: ", ""))
-  fail(("%s already holds %s: --resume continues it, --force starts a new run that replaces it at its first save, "
-        .. "or give another --checkpoint path"):format(opt.checkpoint, what))
+  if not ok then   -- not a run --resume could continue: say so, and what --force would lose
+    fail(("%s is a file that is not a checkpoint l2l reads (%s): give another --checkpoint path, or --force to "
+          .. "replace it with this run's at its first save (what it holds now is lost)"):format(
+          opt.checkpoint, (tostring(info):gsub("^l2l%.checkpoint_info: ", ""))))
+  end
+  fail(("%s already holds the checkpoint of run %s at step %d%s: --resume continues it, --force starts a new run "
+        .. "that replaces it at its first save, or give another --checkpoint path"):format(
+        opt.checkpoint, info.extra.run or "(no id)", info.steps, info.extra.steps and (" of " .. info.extra.steps) or ""))
 end
 
 -- What the model reads: the text's bytes, or GPT-2's tokens of it (the text encoded once,
@@ -404,8 +437,16 @@ print(("text: %s, %.2f MiB in %d files: %.2f MiB to train on, %.2f MiB %s%s"):fo
 print(("model: %s%d block%s, dim %d, %d heads, context %d %s, %.2f M parameters (frugal blocks)"):format(
   opt.init ~= "" and ("GPT-2 weights from %s: "):format(opt.init) or "",
   #model - 2, #model == 3 and "" or "s", opt.dim, opt.heads, S, unit, nparams / 1e6))
--- What asks for less device memory, in this program's flags.
-local LESS_MEMORY = "A smaller --micro-batch, --stash host or --plan auto (the planner's choice of what to keep) needs less."
+-- What asks for less device memory, in this program's flags (those not in use already).
+local function less_memory()
+  local ways = {}
+  if opt.micro_batch > 1 then ways[#ways + 1] = "a smaller --micro-batch" end
+  if opt.stash ~= "host" then ways[#ways + 1] = "--stash host" end
+  if opt.plan ~= "auto" then ways[#ways + 1] = "--plan auto (the planner's choice of what to keep)" end
+  if #ways == 0 then return "" end
+  local text = table.concat(ways, ", "):gsub(", ([^,]*)$", " or %1")
+  return text:sub(1, 1):upper() .. text:sub(2) .. " needs less."
+end
 -- The samples of each minibatch this rank steps on.
 local function rows_of_rank() return floor((rank + 1) * B / ranks) - floor(rank * B / ranks) end
 -- The optimizer and the learning-rate schedule the flags ask for (the schedule counts
@@ -464,7 +505,7 @@ if budget_mib ~= nil and budget > 0 and opt.plan ~= "auto" then
     fail(("--device-budget %.2f MiB is too small for a training step of this configuration: it needs %.2f MiB "
           .. "(%d bytes) at its peak, whatever the weights become (evaluation needs less): give --device-budget "
           .. "%.2f or more, or auto. %s"):format(budget_mib, mib(peak), peak, math.ceil(mib(peak) * 100) / 100,
-          LESS_MEMORY))
+          less_memory()))
   end
 end
 print(("model+optimizer state %.1f MiB, device budget %s (%s, micro-batch %d of %d)"):format(
@@ -592,7 +633,7 @@ local function relay_call(method, tok, tgt)
     -- (the relay's advice names its options; here, the flags)
     msg = msg:gsub(" A smaller micro%-batch[^\n]*$", "") ..
           ("\nthe device budget (%.2f MiB) is too small for this configuration: give a larger --device-budget (MiB). %s")
-          :format(mib(budget), LESS_MEMORY)
+          :format(mib(budget), less_memory())
   end
   fail(msg, bar)
 end
@@ -786,8 +827,10 @@ if opt.plot ~= "none" then
     print("picture not written: " .. tostring(path))
   end
 end
+local final_save_failed = nil   -- the run's last checkpoint not written: the process fails, after the sample
 if checkpoints then
   local e = keep_earlier(s.steps) or save_checkpoint(last_step)
+  final_save_failed = e
   print(e or ("checkpoint: " .. opt.checkpoint .. (" (step %d)"):format(s.steps)))
   if opt.keep_best and best_val < math.huge then print(("best: %s (validation loss %.4f)"):format(best_path, best_val)) end
 end
@@ -809,3 +852,4 @@ end
 
 -- After a Ctrl-C the process ends as Ctrl-C ends a program (status 130), everything written.
 stop:finish()
+if final_save_failed then fail(final_save_failed) end

@@ -72,6 +72,37 @@ describe("l2l train", function()
     assert.are.equal(0, status, out)
   end)
 
+  it("refuses a --checkpoint it could not write before training, and fails when the last save fails", function()
+    -- a folder that does not exist, and a directory as the path (with --force too): refused
+    -- before step 1, nothing written
+    for _, case in ipairs({ { dir .. "/no/such/folder/ck", "cannot write a checkpoint in " .. dir .. "/no/such/folder" },
+                            { dir, dir .. " is a directory: --checkpoint names a file" },
+                            { dir .. "/ --force", dir .. "/ is a directory" } }) do
+      local status, out = train(("--steps 2 --checkpoint %s --out %s"):format(case[1], q(dir .. "/o")))
+      assert.are.equal(2, status, out)
+      assert.is_truthy(out:find(case[2], 1, true), out)
+      assert.is_falsy(out:find("step 1/", 1, true), out)
+    end
+    -- a file that is not a checkpoint: --resume cannot continue it, so it is not offered,
+    -- and it stays as it was
+    local text = dir .. "/notes.txt"
+    support.write_file(text, "my notes\n")
+    local status, out = train(("--steps 2 --checkpoint %s --out %s"):format(q(text), q(dir .. "/o")))
+    assert.are.equal(1, status, out)
+    assert.is_truthy(out:find("is a file that is not a checkpoint l2l reads", 1, true), out)
+    assert.is_truthy(out:find("what it holds now is lost", 1, true), out)
+    assert.is_falsy(out:find("--resume continues it", 1, true), out)
+    assert.are.equal("my notes\n", support.read_file(text))
+    -- the last save failing (a file size limit stands for a full disk: the checkpoint is
+    -- larger than it, the metrics are not) ends the process with a failure, after training
+    local limited = dir .. "/limited.ckpt"
+    status, out = sh(("ulimit -f 16 && env -u L2L_PROGRESS %s train %s --steps 2 --checkpoint %s --out %s")
+                     :format(exe, TINY, q(limited), q(dir .. "/o")))
+    assert.are.equal(1, status, out)
+    assert.is_truthy(out:find("step 2/2", 1, true), out)
+    assert.is_truthy(out:find("l2l train: checkpoint not written: run:save: ", 1, true), out)
+  end)
+
   it("keeps the last N checkpoints and the best by validation loss, and validates on --val-data", function()
     local ck = dir .. "/k.ckpt"
     local every = support.int(1, 2)

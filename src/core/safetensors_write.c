@@ -107,7 +107,9 @@ static l2l_status create_temporary(struct safetensors_writer *w, const char *hos
     if (try > 0) snprintf(w->tmp + n, len - (size_t)n, ".%08x", r);
     w->fd = open(w->tmp, flags, 0600);
     if (w->fd >= 0) return L2L_OK;
-    if (errno != EEXIST) return io_error("cannot create", w->tmp, errno);
+    if (errno != EEXIST)   /* (named as the caller named it: the temporary is ours) */
+      return core_fail(L2L_ERR_IO, "cannot write %s: %s (its temporary %s could not be made)",
+                       w->path, strerror(errno), w->tmp);
   }
   snprintf(w->tmp, len, "%s.tmp.%s.%ld", w->path, host, (long)getpid());
   l2l_status status = core_fail(L2L_ERR_IO, "cannot create %s or 8 other names beside it: something "
@@ -248,6 +250,9 @@ static l2l_status begin(struct safetensors_writer *w, const struct safetensors_s
     return core_fail(L2L_ERR_INVALID, "the header of %s would be %zu bytes, over the %d l2l reads (%d tensors)",
                      w->path, len, SAFETENSORS_MAX_HEADER, count);
   struct stat st;
+  if (lstat(w->path, &st) == 0 && S_ISDIR(st.st_mode))   /* (found before the file is written) */
+    return core_fail(L2L_ERR_INVALID, "%s is a directory: nothing was written (the path names the "
+                     "file to write)", w->path);
   if (!w->replace && lstat(w->path, &st) == 0)
     return core_fail(L2L_ERR_STATE, "%s exists already: nothing was written (give replace = 1 to "
                      "replace it)", w->path);

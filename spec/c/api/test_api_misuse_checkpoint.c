@@ -55,7 +55,8 @@ TEST(misuse_checkpoints) {
   REFUSES(l2l_relay_save(r, missing, &(l2l_save_options){.relay = "{}"}), L2L_ERR_INVALID, "'seed' is 0");
   /* a file there already, without leave to replace it; a folder, nothing, junk to load */
   REFUSES(l2l_relay_save(r, path, &(l2l_save_options){.replace = 0}), L2L_ERR_STATE, "exists already");
-  REFUSES(l2l_relay_save(r, dir, NULL), L2L_ERR_STATE, "exists already");
+  REFUSES(l2l_relay_save(r, dir, NULL), L2L_ERR_INVALID, "is a directory: nothing was written");
+  REFUSES(l2l_relay_save(r, dir, &(l2l_save_options){.replace = 1}), L2L_ERR_INVALID, "is a directory");
   REFUSES(l2l_relay_load(r, missing), L2L_ERR_IO, "none.safetensors");
   REFUSES(l2l_relay_load(r, dir), L2L_ERR_IO, "directory");
   REFUSES(l2l_relay_load(r, junk_file), L2L_ERR_INVALID, "too short");
