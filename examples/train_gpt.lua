@@ -86,7 +86,7 @@ local FLAGS = {
   { "--plot", "auto", "choice", "picture format: png through gnuplot when installed, else svg", choices = { "auto", "png", "svg", "none" } },
   { "--sample", 300, "int", "bytes of text to generate at the end (0: none)", min = 0 },
   { "--prompt", "#include <", "string", "the start of the generated sample", meta = "TEXT" },
-  { "--temperature", 0.5, "number", "sampling temperature (0: always the likeliest byte)", min = 0, max = 100 },
+  { "--temperature", 0.8, "number", "sampling temperature (0: always the likeliest byte; l2l sample's default too)", min = 0, max = 100 },
   { "--top-k", 10, "int", "sample among the k likeliest bytes (tokens)", min = 1 },
   { "--tokenizer", "bytes", "choice", "what the model reads: bytes (256 symbols) or gpt2 (GPT-2's 50257 BPE tokens; " ..
     "scripts/gpt2-vocab.sh fetches the files); --seq, --sample and the losses then count tokens", choices = { "bytes", "gpt2" } },

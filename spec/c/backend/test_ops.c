@@ -103,6 +103,71 @@ TEST(op_gemm_large) {
   gemm_case(3, 5, 65537, 0, 0, 1.0f, 0.0f, TOL_REDUCTION);
 }
 
+/* A 16-bit GEMM (bf16 or f16 a and b, f32 sums into f32 c) against references of the
+   same values widened (exactly): small awkward shapes against the double reference, and
+   shapes past the CPU backend's panels (it widens 32 MiB of inputs at a time,
+   layer_ops.c's WIDEN_FLOATS: an LM head's table is cut into column panels) against the
+   f32 GEMM of the widened inputs in one call, every element. Both are f32 sums over all of
+   k, in orders that may differ (OpenBLAS's edge kernels sum otherwise than its full
+   blocks): each is within TOL_REDUCTION of the exact product on this scale (op_gemm_large),
+   so they are within twice that of each other; a panel made of the wrong rows or columns
+   is off by the product's whole size. */
+static void gemm16_case(int64_t m, int64_t n, int64_t k, int ta, int tb, l2l_dtype dt) {
+  l2l_tensor *a = ta ? RANDN(1.0, k, m) : RANDN(1.0, m, k);
+  l2l_tensor *b = tb ? RANDN(1.0, n, k) : RANDN(1.0, k, n);
+  const int64_t as[2] = {ta ? k : m, ta ? m : k}, bs[2] = {tb ? n : k, tb ? k : n};
+  l2l_tensor *a16 = check_tensor(L2L_POOL_HOST, dt, 2, as), *b16 = check_tensor(L2L_POOL_HOST, dt, 2, bs);
+  CHECK_OK(l2l_tensor_cast(a16, a));
+  CHECK_OK(l2l_tensor_cast(b16, b));
+  CHECK_OK(l2l_tensor_cast(a, a16));   /* a, b := the 16-bit values, widened */
+  CHECK_OK(l2l_tensor_cast(b, b16));
+  float alpha = (float)check_rand_uniform(-2, 2), beta = check_rand_int(0, 1) ? 0.0f : (float)check_rand_uniform(-1, 1);
+  l2l_tensor *c = F32(m, n);
+  if (beta == 0.0f) check_poison(c);
+  else fill_normal(c, 1.0);
+  double *want = doubles(m * n);
+  bool small = m * n * k <= 1 << 20;
+  if (small) {
+    ref_gemm(want, check_data(a), check_data(b), check_data(c), m, n, k, ta, tb, alpha, beta);
+  } else {
+    l2l_tensor *c32 = F32(m, n);
+    memcpy(check_data(c32), check_data(c), (size_t)(m * n) * sizeof(float));
+    CHECK_OK(l2l_gemm(c32, a, b, ta, tb, alpha, beta));
+    for (int64_t i = 0; i < m * n; i++) want[i] = check_data(c32)[i];
+    FREE(c32);
+  }
+  char what[160];
+  snprintf(what, sizeof what, "%s gemm m=%lld n=%lld k=%lld ta=%d tb=%d alpha=%g beta=%g",
+           l2l_dtype_name(dt), (long long)m, (long long)n, (long long)k, ta, tb, alpha, beta);
+  CHECK_OK(l2l_gemm(c, a16, b16, ta, tb, alpha, beta));
+  CHECK_CLOSE(what, check_data(c), want, m * n, fabs(alpha) * sqrt((double)k) + fabs(beta),
+              small ? TOL_ELEMENTWISE : 2 * TOL_REDUCTION);
+  free(want);
+  FREE(a, b, a16, b16, c);
+}
+
+TEST(op_gemm_16bit_inputs) {
+  static const int64_t sizes[] = {1, 3, 7, 13, 31, 97};
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      l2l_dtype dt = check_rand_int(0, 1) ? L2L_BF16 : L2L_F16;
+      gemm16_case(check_pick(sizes, 6), check_pick(sizes, 6), check_pick(sizes, 6), ta, tb, dt);
+    }
+  /* Past 8 Mi floats of inputs (32 MiB widened): a table of columns beside a few rows (an
+     LM head: b in column panels, a whole), and both large (both in panels; b's widened
+     again for each of a's). */
+  const int64_t cap = 8 << 20;
+  int64_t k = check_rand_int(300, 800);
+  gemm16_case(check_rand_int(100, 700), cap / k + check_rand_int(100, 3000), k, check_rand_int(0, 1),
+              check_rand_int(0, 1), L2L_BF16);
+  k = check_rand_int(2000, 2200);
+  gemm16_case(check_rand_int(2100, 2400), check_rand_int(2100, 2400), k, check_rand_int(0, 1),
+              check_rand_int(0, 1), check_rand_int(0, 1) ? L2L_BF16 : L2L_F16);
+  k = check_rand_int(300, 800);   /* many rows beside a few columns: a in row panels */
+  gemm16_case(cap / k + check_rand_int(100, 3000), check_rand_int(50, 600), k, check_rand_int(0, 1),
+              check_rand_int(0, 1), L2L_BF16);
+}
+
 TEST(op_gemm_matrix_view) {
   /* l2l_gemm sees a 3-D a (2,3,K) as a (6,K) matrix, and a 3-D c (2,3,N) as (6,N). */
   int64_t k = 13, n = 7;

@@ -30,7 +30,10 @@
 /* The calling thread's buffer for a 16-bit GEMM's widened inputs, at least `floats` long,
    kept between calls and freed as the thread ends: one allocated a call came from fresh
    pages each time, whose faults were most of a bf16 step at small batches (a 304 M model's
-   LM head widened 412 MB a call; bench/RESULTS.md). NULL where there is no memory. */
+   LM head widened 412 MB a call; bench/RESULTS.md). It holds a panel of each input at a
+   time, WIDEN_FLOATS at most (unless one row of k is more), so what a thread keeps does
+   not grow with the model. NULL where there is no memory. */
+enum { WIDEN_FLOATS = 8 << 20 };   /* 32 MiB */
 struct widen_buffer {
   float *data;
   size_t floats;
@@ -73,9 +76,28 @@ static void widen_rows(float *wide, const uint16_t *m, l2l_dtype dtype, int64_t 
   for (int64_t r = 0; r < rows; r++) cpu_widen_16(wide + r * cols, m + r * ld, dtype, 1, cols, ld);
 }
 
-/* f16 / bf16 inputs are widened to f32 (exactly) one matrix pair at a time, in memory of
-   the backend's own: OpenBLAS has no 16-bit GEMM with f32 accumulation (Debian's exports
-   no sbgemm). */
+/* The panels a 16-bit GEMM's inputs are widened in: *mt rows of op(a) and *nt columns of
+   op(b) at a time, (*mt + *nt) k floats within WIDEN_FLOATS where they can be. An input
+   that fits in half is widened whole, once (an LM head's activations beside its table);
+   panels are multiples of 64 (OpenBLAS's kernels' blocks divide it). Each c element is
+   the same sum over all of k whatever the panels: only which rows and columns a call
+   makes changes, so the bits are the whole product's. */
+static void widen_panels(int64_t m, int64_t n, int64_t k, int64_t *mt, int64_t *nt) {
+  const int64_t cap = WIDEN_FLOATS, half = cap / 2;
+  *mt = m, *nt = n;
+  if ((m + n) * k <= cap) return;
+  if (m * k <= half) *nt = (cap - m * k) / k;
+  else if (n * k <= half) *mt = (cap - n * k) / k;
+  else *mt = *nt = half / k;
+  *mt = *mt >= m ? m : *mt < 64 ? 64 : *mt / 64 * 64;
+  *nt = *nt >= n ? n : *nt < 64 ? 64 : *nt / 64 * 64;
+  if (*mt > m) *mt = m;
+  if (*nt > n) *nt = n;
+}
+
+/* f16 / bf16 inputs are widened to f32 (exactly) a panel pair at a time, in memory of the
+   backend's own: OpenBLAS has no 16-bit GEMM with f32 accumulation (Debian's exports no
+   sbgemm). */
 l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
                             int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
                             int trans_b, float alpha, float beta, int64_t lda, int64_t ldb,
@@ -86,25 +108,40 @@ l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab
   if (lda == 0) lda = a_cols;
   if (ldb == 0) ldb = b_cols;
   if (ldc == 0) ldc = n;
-  float *wide = NULL;
-  if (ab_dtype != L2L_F32) {
-    wide = widen_buffer((size_t)(m * k + k * n) + 1);   /* (+ 1: never 0, an empty GEMM's) */
-    if (wide == NULL)
-      return core_fail(L2L_ERR_NOMEM, "cpu backend: no memory to widen a %s GEMM's inputs",
-                       l2l_dtype_name(ab_dtype));
+  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+  if (ab_dtype == L2L_F32) {
+    for (int64_t i = 0; i < batch; i++)
+      cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, alpha,
+                  (const float *)a + i * a_rows * lda, (int)lda, (const float *)b + i * b_rows * ldb,
+                  (int)ldb, beta, c + i * m * ldc, (int)ldc);
+    return L2L_OK;
   }
+  int64_t mt, nt;
+  widen_panels(m, n, k, &mt, &nt);
+  float *wa = widen_buffer((size_t)((mt + nt) * k) + 1);   /* (+ 1: never 0, an empty GEMM's) */
+  if (wa == NULL)
+    return core_fail(L2L_ERR_NOMEM, "cpu backend: no memory to widen a %s GEMM's inputs",
+                     l2l_dtype_name(ab_dtype));
+  float *wb = wa + mt * k;
   for (int64_t i = 0; i < batch; i++) {
-    const int64_t a_at = i * a_rows * lda, b_at = i * b_rows * ldb;
-    const float *ai = (const float *)a + a_at, *bi = (const float *)b + b_at;
-    int64_t ai_ld = lda, bi_ld = ldb;
-    if (wide != NULL) {
-      widen_rows(wide, (const uint16_t *)a + a_at, ab_dtype, a_rows, a_cols, lda);
-      widen_rows(wide + m * k, (const uint16_t *)b + b_at, ab_dtype, b_rows, b_cols, ldb);
-      ai = wide, bi = wide + m * k, ai_ld = a_cols, bi_ld = b_cols;
+    const uint16_t *ai = (const uint16_t *)a + i * a_rows * lda, *bi = (const uint16_t *)b + i * b_rows * ldb;
+    float *ci = c + i * m * ldc;
+    for (int64_t m0 = 0; m0 < m; m0 += mt) {
+      const int64_t mi = m - m0 < mt ? m - m0 : mt;
+      /* op(a)'s rows m0.. : stored rows (k of them, columns m0..) when transposed */
+      if (trans_a) widen_rows(wa, ai + m0, ab_dtype, k, mi, lda);
+      else widen_rows(wa, ai + m0 * lda, ab_dtype, mi, k, lda);
+      for (int64_t n0 = 0; n0 < n; n0 += nt) {
+        const int64_t ni = n - n0 < nt ? n - n0 : nt;
+        if (m0 == 0 || nt < n) {   /* (one panel of b: widened once) */
+          if (trans_b) widen_rows(wb, bi + n0 * ldb, ab_dtype, ni, k, ldb);
+          else widen_rows(wb, bi + n0, ab_dtype, k, ni, ldb);
+        }
+        cblas_sgemm(CblasRowMajor, ta, tb, (int)mi, (int)ni, (int)k, alpha, wa,
+                    (int)(trans_a ? mi : k), wb, (int)(trans_b ? k : ni), beta, ci + m0 * ldc + n0,
+                    (int)ldc);
+      }
     }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, ai,
-                (int)ai_ld, bi, (int)bi_ld, beta, c + i * m * ldc, (int)ldc);
   }
   return L2L_OK;
 }
