@@ -153,19 +153,19 @@ TEST(op_gemm_16bit_inputs) {
       l2l_dtype dt = check_rand_int(0, 1) ? L2L_BF16 : L2L_F16;
       gemm16_case(check_pick(sizes, 6), check_pick(sizes, 6), check_pick(sizes, 6), ta, tb, dt);
     }
-  /* Past 8 Mi floats of inputs (32 MiB widened): a table of columns beside a few rows (an
-     LM head: b in column panels, a whole), and both large (both in panels; b's widened
-     again for each of a's). */
+  /* Past 8 Mi floats of inputs (32 MiB widened), each of the CPU backend's ways to cut
+     them: m + n <= 32 Ki (both whole, k in panels), and a vocabulary's dim beside a few
+     (the few whole, the vocabulary's in panels: an LM head; the same loops take k in
+     panels too where a k of 32 Ki or more leaves no room for it whole, which no test
+     here can afford: its b would be 4 GiB). */
   const int64_t cap = 8 << 20;
-  int64_t k = check_rand_int(300, 800);
-  gemm16_case(check_rand_int(100, 700), cap / k + check_rand_int(100, 3000), k, check_rand_int(0, 1),
-              check_rand_int(0, 1), L2L_BF16);
-  k = check_rand_int(2000, 2200);
-  gemm16_case(check_rand_int(2100, 2400), check_rand_int(2100, 2400), k, check_rand_int(0, 1),
-              check_rand_int(0, 1), check_rand_int(0, 1) ? L2L_BF16 : L2L_F16);
-  k = check_rand_int(300, 800);   /* many rows beside a few columns: a in row panels */
-  gemm16_case(cap / k + check_rand_int(100, 3000), check_rand_int(50, 600), k, check_rand_int(0, 1),
-              check_rand_int(0, 1), L2L_BF16);
+  for (int side = 0; side < 2; side++) {   /* a and b transposed and not; the vocabulary as m and n */
+    int64_t m = check_rand_int(16, 200), n = check_rand_int(1000, 2500);
+    gemm16_case(m, n, cap / (m + n) + check_rand_int(500, 3000), side, side,
+                check_rand_int(0, 1) ? L2L_BF16 : L2L_F16);
+    int64_t few = check_rand_int(50, 300), vocab = check_rand_int(33000, 36000), k = check_rand_int(300, 800);
+    gemm16_case(side ? vocab : few, side ? few : vocab, k, check_rand_int(0, 1), check_rand_int(0, 1), L2L_BF16);
+  }
 }
 
 TEST(op_gemm_matrix_view) {

@@ -76,28 +76,35 @@ static void widen_rows(float *wide, const uint16_t *m, l2l_dtype dtype, int64_t 
   for (int64_t r = 0; r < rows; r++) cpu_widen_16(wide + r * cols, m + r * ld, dtype, 1, cols, ld);
 }
 
-/* The panels a 16-bit GEMM's inputs are widened in: *mt rows of op(a) and *nt columns of
-   op(b) at a time, (*mt + *nt) k floats within WIDEN_FLOATS where they can be. An input
-   that fits in half is widened whole, once (an LM head's activations beside its table);
-   panels are multiples of 64 (OpenBLAS's kernels' blocks divide it). Each c element is
-   the same sum over all of k whatever the panels: only which rows and columns a call
-   makes changes, so the bits are the whole product's. */
-static void widen_panels(int64_t m, int64_t n, int64_t k, int64_t *mt, int64_t *nt) {
-  const int64_t cap = WIDEN_FLOATS, half = cap / 2;
-  *mt = m, *nt = n;
+/* The panels a 16-bit GEMM's inputs are widened in, within WIDEN_FLOATS: *mt rows of op(a),
+   *nt columns of op(b), *kt of k at a time (the products of k panels added into c), so
+   that every element is widened once and each call stays large. Where m + n is at most
+   32 Ki, both whole and k in panels of 256 or more; else (a dim is a vocabulary's) the
+   smaller whole and the larger in panels of 256 or more, all of k where that fits (an LM
+   head), else k in panels too. Multiples of 64 (OpenBLAS's kernels' blocks divide it). */
+enum { PANEL_LEAST = 256 };
+static int64_t panel_of(int64_t want, int64_t whole) {
+  return want >= whole ? whole : want < 64 ? 64 : want / 64 * 64;
+}
+static void widen_panels(int64_t m, int64_t n, int64_t k, int64_t *mt, int64_t *nt, int64_t *kt) {
+  const int64_t cap = WIDEN_FLOATS;
+  *mt = m, *nt = n, *kt = k;
   if ((m + n) * k <= cap) return;
-  if (m * k <= half) *nt = (cap - m * k) / k;
-  else if (n * k <= half) *mt = (cap - n * k) / k;
-  else *mt = *nt = half / k;
-  *mt = *mt >= m ? m : *mt < 64 ? 64 : *mt / 64 * 64;
-  *nt = *nt >= n ? n : *nt < 64 ? 64 : *nt / 64 * 64;
-  if (*mt > m) *mt = m;
-  if (*nt > n) *nt = n;
+  if ((m + n) * PANEL_LEAST <= cap) {
+    *kt = panel_of(cap / (m + n), k);
+    return;
+  }
+  const int64_t small = m < n ? m : n;
+  *kt = panel_of(cap / (small + PANEL_LEAST), k);
+  int64_t big = panel_of((cap - small * *kt) / *kt, m < n ? n : m);
+  if (m < n) *nt = big;
+  else *mt = big;
 }
 
 /* f16 / bf16 inputs are widened to f32 (exactly) a panel pair at a time, in memory of the
    backend's own: OpenBLAS has no 16-bit GEMM with f32 accumulation (Debian's exports no
-   sbgemm). */
+   sbgemm). Each c element is one f32 sum over k either way (in k panels, their sums added
+   in order); OpenBLAS's edge kernels may order it otherwise than the whole product's. */
 l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab_dtype,
                             int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
                             int trans_b, float alpha, float beta, int64_t lda, int64_t ldb,
@@ -116,31 +123,36 @@ l2l_status cpu_gemm_batched(float *c, const void *a, const void *b, l2l_dtype ab
                   (int)ldb, beta, c + i * m * ldc, (int)ldc);
     return L2L_OK;
   }
-  int64_t mt, nt;
-  widen_panels(m, n, k, &mt, &nt);
-  float *wa = widen_buffer((size_t)((mt + nt) * k) + 1);   /* (+ 1: never 0, an empty GEMM's) */
+  int64_t mt, nt, kt;
+  widen_panels(m, n, k, &mt, &nt, &kt);
+  float *wa = widen_buffer((size_t)((mt + nt) * kt) + 1);   /* (+ 1: never 0, an empty GEMM's) */
   if (wa == NULL)
     return core_fail(L2L_ERR_NOMEM, "cpu backend: no memory to widen a %s GEMM's inputs",
                      l2l_dtype_name(ab_dtype));
-  float *wb = wa + mt * k;
+  float *wb = wa + mt * kt;
   for (int64_t i = 0; i < batch; i++) {
     const uint16_t *ai = (const uint16_t *)a + i * a_rows * lda, *bi = (const uint16_t *)b + i * b_rows * ldb;
     float *ci = c + i * m * ldc;
-    for (int64_t m0 = 0; m0 < m; m0 += mt) {
-      const int64_t mi = m - m0 < mt ? m - m0 : mt;
-      /* op(a)'s rows m0.. : stored rows (k of them, columns m0..) when transposed */
-      if (trans_a) widen_rows(wa, ai + m0, ab_dtype, k, mi, lda);
-      else widen_rows(wa, ai + m0 * lda, ab_dtype, mi, k, lda);
-      for (int64_t n0 = 0; n0 < n; n0 += nt) {
-        const int64_t ni = n - n0 < nt ? n - n0 : nt;
-        if (m0 == 0 || nt < n) {   /* (one panel of b: widened once) */
-          if (trans_b) widen_rows(wb, bi + n0 * ldb, ab_dtype, ni, k, ldb);
-          else widen_rows(wb, bi + n0, ab_dtype, k, ni, ldb);
+    /* wa (mi, ki) or, transposed, (ki, mi): op(a)[m0.., k0..]; wb (ki, ni) or (ni, ki) */
+    for (int64_t k0 = 0; k0 < k || k0 == 0; k0 += kt) {
+      const int64_t ki = k - k0 < kt ? k - k0 : kt;
+      for (int64_t m0 = 0; m0 < m; m0 += mt) {
+        const int64_t mi = m - m0 < mt ? m - m0 : mt;
+        if (trans_a) widen_rows(wa, ai + k0 * lda + m0, ab_dtype, ki, mi, lda);
+        else widen_rows(wa, ai + m0 * lda + k0, ab_dtype, mi, ki, lda);
+        for (int64_t n0 = 0; n0 < n; n0 += nt) {
+          const int64_t ni = n - n0 < nt ? n - n0 : nt;
+          if (m0 == 0) {   /* (a in panels: b is whole, widened once a k panel) */
+            if (trans_b) widen_rows(wb, bi + n0 * ldb + k0, ab_dtype, ni, ki, ldb);
+            else widen_rows(wb, bi + k0 * ldb + n0, ab_dtype, ki, ni, ldb);
+          }
+          const int64_t wlda = trans_a ? mi : ki, wldb = trans_b ? ki : ni;   /* (BLAS: >= 1) */
+          cblas_sgemm(CblasRowMajor, ta, tb, (int)mi, (int)ni, (int)ki, alpha, wa,
+                      (int)(wlda > 0 ? wlda : 1), wb, (int)(wldb > 0 ? wldb : 1), k0 == 0 ? beta : 1.0f,
+                      ci + m0 * ldc + n0, (int)ldc);
         }
-        cblas_sgemm(CblasRowMajor, ta, tb, (int)mi, (int)ni, (int)k, alpha, wa,
-                    (int)(trans_a ? mi : k), wb, (int)(trans_b ? k : ni), beta, ci + m0 * ldc + n0,
-                    (int)ldc);
       }
+      if (k == 0) break;
     }
   }
   return L2L_OK;
