@@ -18,7 +18,7 @@
  * rounding). The file is not replaced if it exists (l2l_save_options.replace says so).
  *
  * Build outside this repository (libl2l built with `make`, L2L = the checkout):
- *   cc -std=c11 -Wall -Wextra resume.c -I$L2L/src -L$L2L/build -ll2l \
+ *   cc -std=c11 -Wall -Wextra resume.c -I$L2L/include -L$L2L/build -ll2l \
  *      -Wl,-rpath,$L2L/build -o resume
  * (`make` builds it as build/resume.) Run: ./resume FILE [steps [save_at]] — 12 steps,
  * saved after 5, by default; FILE must not exist yet. A second of work.

@@ -548,7 +548,12 @@ L2L_API int l2l_relay_inner(const l2l_relay *run, int index);
 /* One training step on a minibatch: *loss = mean loss over all real targets. The update
    (on the last of `accumulate` minibatches) may still be running on the optimizer threads
    when this returns; the next step, l2l_relay_sync and reading a parameter through the
-   relay's functions wait for it. */
+   relay's functions wait for it. A step its checks refuse (the batch, the budgets, the
+   model's shape) changes nothing. One that fails after its backward began (a custom
+   layer's error, a copy or disk failure) has updated the records whose gradients were
+   complete before it (each is updated the moment its gradient is, on the last minibatch
+   of an accumulation): those updates stand, the step is not counted, the other records'
+   gradients of this step are dropped; a checkpoint is the way back. */
 L2L_API l2l_status l2l_relay_step(double *loss, l2l_relay *run, const l2l_relay_batch *batch);
 /* Forward only, no dropout, nothing stashed, no update: the mean loss. */
 L2L_API l2l_status l2l_relay_evaluate(double *loss, l2l_relay *run, const l2l_relay_batch *batch);
@@ -557,8 +562,10 @@ L2L_API l2l_status l2l_relay_evaluate(double *loss, l2l_relay *run, const l2l_re
    whatever values the weights take as training goes on (the frugal modes keep more for a
    LayerNorm whose weight gets tiny): the planner's replay of the step, exact to the byte
    for the weights that need the most (with swap, the bound that holds whatever the
-   copies' timing). A relay device_budget of this runs every such step (so does a device
-   pool budget of the bytes in use plus this).
+   copies' timing), plus the relay's records placed on the device (placement device, or
+   auto's present choice), which its budget holds too. A relay device_budget of this runs
+   every such step (so does a device pool budget of the bytes in use, those records
+   among them, plus this less the records).
    token_types, key_mask: 0 or 1, whether the batch has them. */
 L2L_API l2l_status l2l_relay_step_peak(uint64_t *peak, const l2l_relay *run, int64_t batch, int64_t seq,
                                        int token_types, int key_mask);

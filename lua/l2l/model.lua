@@ -172,10 +172,25 @@ function Sequential:add(layer, ...)
   return layer
 end
 
+-- Layer `index` may leave the model (for `incoming`, or nil): not while a layer staying
+-- is tied to it (an LM head sharing this embedding's table would keep the table as its
+-- own while it says it is tied: a checkpoint no load could read; the relay refuses it
+-- alike, for C callers).
+local function check_leaving(self, index, incoming, fname)
+  local leaving = self[index]
+  for j, other in ipairs(self) do
+    if j ~= index and other.tied_to == leaving and other ~= incoming then
+      error(("%s: layer %d (%s): its token table is also layer %d's (%s, tied to it): remove or replace that "
+             .. "layer first"):format(fname, index, leaving:label(), j, other:label()), 3)
+    end
+  end
+end
+
 -- model:remove(index) -> the layer (no longer in the model; not freed).
 function Sequential:remove(index, ...)
   if select("#", ...) ~= 0 then too_many("model:remove", "index", 2, ...) end
   index_arg(self, index, "model:remove", "index")
+  check_leaving(self, index, nil, "model:remove")
   in_relay(self, "remove", index, "model:remove")
   local layer = remove(self, index)
   self.frozen_set[layer] = nil
@@ -189,6 +204,7 @@ function Sequential:replace(index, layer, ...)
   index_arg(self, index, fname, "index")
   local old = self[index]
   if layer ~= old then
+    check_leaving(self, index, layer, fname)
     admit(self, layer, fname)
     in_relay(self, "replace", index, layer, fname)
     self[index] = layer

@@ -565,7 +565,10 @@ end
 function Relay:plan_report(...)
   if select("#", ...) ~= 0 then too_many("run:plan_report", "", 2, ...) end
   live(self, "run:plan_report")
-  if self.plan == nil then error("run:plan_report: the relay has no plan (give plan = ... to l2l.Relay)", 2) end
+  if self.plan == nil then
+    error("run:plan_report: the relay has no plan " .. (self.options.plan == "auto"
+      and "yet (plan = \"auto\" plans at a step, and no step has found one)" or "(give plan = ... to l2l.Relay)"), 2)
+  end
   return plan_mod.report(self)
 end
 

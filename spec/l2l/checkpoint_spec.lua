@@ -426,6 +426,81 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
     end
   end)
 
+  it("resume bit for bit where a layer was frozen part way through an accumulation", function()
+    -- Frozen in the middle of an accumulation, a layer is not updated by it: the gradient
+    -- its records collected so far is dropped, so an accumulation's end leaves every
+    -- accumulator zero, and a save there (which keeps no gradient) resumes the run that
+    -- went on. (Kept, the step-1 gradient reached the update after the layer was thawed in
+    -- the run that went on, and not in the resumed one.)
+    local cfg = random_config()
+    cfg.accumulate, cfg.freeze, cfg.blocks = support.int(2, 3), false, support.int(2, 3)
+    local A = cfg.accumulate
+    local frozen_at = support.int(1, A - 1)      -- steps done when the layer is frozen (mid-accumulation)
+    local thaw_at = A * support.int(1, 2)       -- ... and thawed, at an accumulation's end
+    local save_at = thaw_at + A * support.int(0, 1)
+    local total = save_at + 2 * A
+    local layer = support.int(2, cfg.blocks + 1)
+    local what = ("%s, layer %d frozen after step %d, thawed after %d, saved after %d"):format(
+      cjson.encode(cfg), layer, frozen_at, thaw_at, save_at)
+    local function change(run, done)
+      if done == frozen_at then
+        run.model:freeze(layer)
+        for _, p in ipairs(run.model[layer]:params()) do   -- its partial gradient is gone
+          local g = p.grad:data()
+          for i = 0, p.grad:numel() - 1 do
+            if g[i] ~= 0 then error(("%s: %s's gradient [%d] is %g after the freeze"):format(what, p.name, i, g[i])) end
+          end
+        end
+      end
+      if done == thaw_at then run.model:unfreeze(layer) end
+    end
+    local path = tmp_path("frozen")
+    local run, want = make_run(cfg), {}
+    for step = 1, total do
+      change(run, step - 1)
+      if step - 1 == save_at then run:save(path) end
+      want[step] = run:step(batch_for(step, cfg.data_seed, cfg.B))
+    end
+    run:free()
+    local back = l2l.load(path)
+    for step = save_at + 1, total do
+      change(back, step - 1)
+      assert.are.equal(want[step], back:step(batch_for(step, cfg.data_seed, cfg.B)), ("%s: step %d"):format(what, step))
+    end
+    back:free()
+    os.remove(path)
+  end)
+
+  it("refuse to take out an embedding a head is tied to (its table would be the head's own)", function()
+    local cfg = random_config()
+    cfg.tie = true
+    local run = make_run(cfg)
+    run:step(batch_for(1, cfg.data_seed, cfg.B))
+    local model, n = run.model, #run.model
+    local before = tostring(model)
+    for _, f in ipairs({ function() model:remove(1) end,
+                         function() model:replace(1, l2l.Embedding{ vocab = V, dim = 16, max_seq = S }) end }) do
+      local ok, err = pcall(f)
+      assert.is_false(ok)
+      assert.is_truthy(tostring(err):find(("its token table is also layer %d's (lm_head, tied to it)"):format(n), 1, true), err)
+      assert.are.equal(before, tostring(model))
+    end
+    -- the relay refuses it alike (a C caller's way), naming the head
+    local status = l2l.C.l2l_relay_remove(require("l2l.relay").c_relay(run, "the spec", 1), 0)
+    assert.are_not.equal(0, status)
+    local message = require("ffi").string(l2l.C.l2l_last_error())
+    assert.is_truthy(message:find("is also layer " .. (n - 1) .. "'s (LM head, tied to it)", 1, true), message)
+    assert.are.equal(before, tostring(model))
+    -- a save after a step still loads; the head may go (the embedding keeps its table)
+    local path = tmp_path("tied")
+    run:save(path)
+    assert.are.equal(before, tostring(l2l.load(path).model))
+    model:remove(n)
+    assert.are.equal(n - 1, #model)
+    run:free()
+    os.remove(path)
+  end)
+
   it("free what a save made before it returns (the host pool is where it was)", function()
     -- In a process of its own: the host pool is the process's, and what the specs before
     -- this one left behind must not come and go in its count while the saves run.

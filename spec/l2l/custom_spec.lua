@@ -328,4 +328,39 @@ describe("a layer kind written in Lua", function()
                                     params = function(o) return { { name = "w", shape = { o.dim, 0 }, std = 1 } } end }
     fails("Broken: parameter 'w': shape%[2%] must be an integer >= 1", function() Broken { dim = 4 } end)
   end)
+
+  it("fails a step in its backward as the README says: the layers updated before it stay so, the rest not", function()
+    -- Eager updates: the head's records are complete (and updated) before the custom
+    -- layer's backward raises; the embedding's are not: its gradient is dropped and its
+    -- weights stay. The step is not counted, and the next one runs.
+    local fail = false
+    local Flaky = l2l.layer_kind {
+      name = "Flaky",
+      params = function(o) return { { name = "w", shape = { o.dim }, std = 0.02 } } end,
+      forward = function(self, y, x) y:copy(x) end,
+      backward = function(self, dx, dy, x) if fail then error("boom in backward") end dx:copy(dy) end,
+    }
+    local tokens, targets = reversal(2)
+    local model = l2l.Sequential { l2l.Embedding { vocab = V, dim = 8, max_seq = S }, Flaky { dim = 8 },
+                                   l2l.LMHead { vocab = V, dim = 8 } }
+    local run = l2l.Relay { model = model, micro_batch = 1, optimizer = l2l.AdamW { lr = 1e-2 } }
+    run:step(tokens, targets)
+    run:sync()
+    local function values(i) local t = {} for _, p in ipairs(model[i]:params()) do t[#t + 1] = p.value:totable() end return t end
+    local head, embedding = values(3), values(1)
+    fail = true
+    fails("layer 2 %(Flaky%): Flaky backward:.*boom in backward", function() run:step(tokens, targets) end)
+    run:sync()
+    assert.are.equal(1, run:stats().steps)
+    assert.are_not.same(head, values(3))          -- updated before the failure: it stands
+    assert.are.same(embedding, values(1))         -- not complete: not updated
+    for _, p in ipairs(model[1]:params()) do      -- and its gradient of the failed step dropped
+      local g = p.grad:data()
+      for k = 0, p.grad:numel() - 1 do assert.are.equal(0, g[k], p.name) end
+    end
+    fail = false
+    run:step(tokens, targets)
+    assert.are.equal(2, run:stats().steps)
+    run:free()
+  end)
 end)

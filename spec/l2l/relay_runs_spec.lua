@@ -247,6 +247,13 @@ describe("finding a device budget", function()
                                 rates = { flops = 1e12, h2d = 1e10, d2h = 1e10, optimizer = 1e9 } })
     assert.is_false(ok)
     assert.is_truthy(tostring(err):find("a spill directory (option 'spill')", 1, true), tostring(err))
+    -- the step's own refusal names it alike
+    local run = l2l.Relay { model = model2, micro_batch = 2, host_budget = 100 }
+    local tok = l2l.zeros({ 2, 8 }, { dtype = "i32" })
+    ok, err = pcall(run.step, run, tok, tok)
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("a spill directory (option 'spill') keeps it on disk", 1, true), tostring(err))
+    run:free()
   end)
 
   it("train_gpt names, before anything runs, the smallest budget for training and evaluation, in its flags", function()

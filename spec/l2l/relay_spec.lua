@@ -466,6 +466,16 @@ describe("l2l.Relay", function()
       assert.are.same(flat(a[j].value), flat(b[j].value))
       assert.are.same(flat(a[j].value), flat(c[j].value))
     end
+    -- step_peak counts the records placed on the device beside the step: a budget of it
+    -- runs the step, a byte less is refused (before, the records were left out of it)
+    local need = rd:step_peak(6, S)
+    assert.is_true(need > sd.device_records_bytes)
+    rd:set_device_budget(need - 1)
+    local ok, err = pcall(rd.step, rd, batches[1][1], batches[1][2])
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("are the records placed on the device", 1, true), tostring(err))
+    rd:set_device_budget(need)
+    rd:step(batches[1][1], batches[1][2])
     rh:free() rd:free() ra:free()
     for _, p in ipairs(md:params()) do assert.are.equal("host", p.value:pool()) end
     -- a placement it does not know is refused naming the option, in Lua's words

@@ -390,7 +390,7 @@ l2l_status eps_host_plan(struct eps *eps) {
   pthread_mutex_unlock(&eps->lock);
   if (eps->host_budget > 0 && tier.need > eps->host_budget) {
     char a[32], b[32], c[32], d[32];
-    return FAIL(L2L_ERR_BUDGET,
+    l2l_status status = FAIL(L2L_ERR_BUDGET,
                 "the relay's host budget of %llu bytes (%s) is below the %llu (%s) its EPS "
                 "needs: %s of masters, staging copies and gradient accumulators in memory "
                 "through the step%s %s of %s",
@@ -400,7 +400,9 @@ l2l_status eps_host_plan(struct eps *eps) {
                 core_human_bytes(d, sizeof d, tier.need - fixed),
                 eps->spill ? "the windows (the largest record's optimizer state twice, one read "
                              "ahead and one updating, and the largest passing accumulator once)"
-                           : "optimizer state: a spill directory (spill_dir) keeps it on disk instead");
+                           : "optimizer state: a spill directory (" NAMED_CONFIG(spill_dir) ") keeps it "
+                             "on disk instead");
+    return eps->spill ? status : error_note_field(status, "spill_dir");
   }
   pthread_mutex_lock(&eps->lock);
   eps->ahead_limit = tier.window;

@@ -93,6 +93,11 @@ l2l_status l2l_relay_step_peak(uint64_t *peak, const l2l_relay *run, int64_t bat
   if ((token_types != 0 && token_types != 1) || (key_mask != 0 && key_mask != 1))
     return FAIL(L2L_ERR_INVALID, "token_types and key_mask must be 0 or 1");
   TRY(relay_check_model(run));
+  l2l_layer_config first;
+  l2l_layer_get_config(&first, run->layers[0].layer);
+  if (seq > first.max_seq)
+    return FAIL(L2L_ERR_INVALID, "seq %lld is more than the embedding's max_seq, %lld",
+                (long long)seq, (long long)first.max_seq);
   int *active = malloc((size_t)run->count * sizeof *active);
   if (active == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to replay a step");
   for (int i = 0; i < run->count; i++) active[i] = i;
@@ -100,6 +105,9 @@ l2l_status l2l_relay_step_peak(uint64_t *peak, const l2l_relay *run, int64_t bat
   l2l_status status = step_peak(peak, run, active, run->count, batch, seq, mb, token_types,
                                 key_mask, true, true);
   free(active);
+  /* the records placed on the device count against the relay's budget beside the step
+     (relay_check_budget) */
+  if (status == L2L_OK) *peak += eps_device_bytes(&run->eps);
   return status;
 }
 

@@ -304,8 +304,9 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
   cpu_runtime_init();
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   TRY(check_config(config));
-  if (nlayers < 0 || (nlayers > 0 && layers == NULL))
-    return FAIL(L2L_ERR_INVALID, "layers must list nlayers >= 0 layers, got %d", nlayers);
+  if (nlayers < 0) return FAIL(L2L_ERR_INVALID, "nlayers must be >= 0, got %d", nlayers);
+  if (nlayers > 0 && layers == NULL)
+    return FAIL(L2L_ERR_INVALID, "layers is NULL, but nlayers is %d (a list of that many is needed)", nlayers);
   l2l_relay *run = calloc(1, sizeof *run);
   if (run == NULL) return FAIL(L2L_ERR_NOMEM, "no memory for a relay");
   run->config = *config;
@@ -418,6 +419,39 @@ l2l_layer *l2l_relay_layer(const l2l_relay *run, int index) {
   return layer;
 }
 
+/* The layer other than `index`, from layer `from` on, that holds parameter p (with
+   `trainable`, a layer not frozen), or -1. */
+static int holder_of(const l2l_relay *run, const l2l_param *p, int index, int from, bool trainable) {
+  for (int j = from; j < run->count; j++) {
+    if (j == index || (trainable && run->layers[j].frozen)) continue;
+    const l2l_layer *other = run->layers[j].layer;
+    for (int q = 0; q < l2l_layer_param_count(other); q++)
+      if (l2l_layer_param(other, q) == p) return j;
+  }
+  return -1;
+}
+
+/* Layer `index` is about to leave (`incoming`, if not NULL, taking its place): refused
+   where a later layer holds one of its records and the newcomer does not (a head tied to
+   this embedding's table). The record would be that layer's own, named after it (a
+   checkpoint names a record by its first holder), while the layer says it is tied: a save
+   no load could read. */
+static l2l_status check_leaving(const l2l_relay *run, int index, const l2l_layer *incoming) {
+  const l2l_layer *layer = run->layers[index].layer;
+  for (int r = 0; r < l2l_layer_param_count(layer); r++) {
+    const l2l_param *p = l2l_layer_param(layer, r);
+    int j = holder_of(run, p, index, index + 1, false);
+    bool kept = false;
+    for (int q = 0; incoming != NULL && q < l2l_layer_param_count(incoming); q++)
+      kept = kept || l2l_layer_param(incoming, q) == p;
+    if (j >= 0 && !kept)
+      return error_note_layer(FAIL(L2L_ERR_STATE, "the layer's parameter '%s' is also " NAMED_LAYER
+                                   "'s (%s, tied to it): remove or replace that layer first",
+                                   l2l_param_name(p), j, l2l_layer_name(run->layers[j].layer)), j);
+  }
+  return L2L_OK;
+}
+
 #define CHECK_INDEX(index, lo, hi, what)                                                   \
   do {                                                                                     \
     if ((index) < (lo) || (index) > (hi))                                                  \
@@ -435,6 +469,7 @@ l2l_status l2l_relay_insert(l2l_relay *run, int index, l2l_layer *layer) {
 l2l_status l2l_relay_remove(l2l_relay *run, int index) {
   RELAY_ENTER(run);
   CHECK_INDEX(index, 0, run->count - 1, "index");
+  TRY(check_leaving(run, index, NULL));
   eps_sync(&run->eps);
   TRY(records_for(run, CHANGE_REMOVE, index, NULL));
   masters_home(run, run->layers[index].layer, false);
@@ -449,6 +484,7 @@ l2l_status l2l_relay_replace(l2l_relay *run, int index, l2l_layer *layer) {
   RELAY_ENTER(run);
   CHECK_INDEX(index, 0, run->count - 1, "index");
   TRY(check_layer(run, layer, index));
+  TRY(check_leaving(run, index, layer));
   eps_sync(&run->eps);
   /* Records the new layer shares with the old one (or another) keep their state. */
   struct relay_layer old = run->layers[index];
@@ -466,6 +502,22 @@ l2l_status l2l_relay_set_frozen(l2l_relay *run, int index, int frozen) {
   RELAY_ENTER(run);
   CHECK_INDEX(index, 0, run->count - 1, "index");
   if (frozen != 0 && frozen != 1) return FAIL(L2L_ERR_INVALID, "frozen must be 0 or 1, got %d", frozen);
+  /* Frozen part way through an accumulation, the layer is not updated by it: the gradient
+     its records collected so far is dropped (as an accumulation's end clears what it did
+     not use), but a record a trainable layer also holds (a tied table) keeps its sum. So
+     every accumulator is zero where an accumulation ends, and a checkpoint there, which
+     keeps no gradient, resumes the run that went on. */
+  if (frozen && !run->layers[index].frozen && run->steps % run->config.accumulate != 0) {
+    eps_sync(&run->eps);
+    const l2l_layer *layer = run->layers[index].layer;
+    for (int r = 0; r < l2l_layer_param_count(layer); r++) {
+      l2l_param *p = l2l_layer_param(layer, r);
+      struct eps_record *rec = eps_find(&run->eps, p);
+      if (rec == NULL || holder_of(run, p, index, 0, true) >= 0) continue;
+      eps_record_written(&run->eps, rec);
+      TRY(l2l_tensor_fill(param_grad(p), 0.0));
+    }
+  }
   run->layers[index].frozen = frozen;
   return L2L_OK;
 }

@@ -4,8 +4,9 @@
  * the stats.
  *
  * Purpose: the relay's one public action, each of its phases a function of its own.
- * Must never: leave the EPS half-way through a step: a failure abandons the step's
- * gradients, and nothing updates.
+ * Must never: leave the EPS half-way through a step: a failure abandons the gradients of
+ * the records not yet complete, and none of them updates (the records updated before the
+ * failure, as eager updates are, stay updated: l2l/relay.h says so).
  */
 #include <math.h>
 #include <stdio.h>
@@ -395,20 +396,27 @@ static l2l_status relay_run_step(double *loss, l2l_relay *run, const l2l_relay_b
   return nonfinite_report(run, skips, outcome.name, outcome.layer);
 }
 
+/* A failure's message under the public function's name (a check deep in the step may
+   have put its own there). */
+static l2l_status as_called(const char *func, l2l_status status) {
+  return status == L2L_OK ? status : error_rename(func, status);
+}
+
 static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch *batch,
                             bool training) {
-  if (loss == NULL) return FAIL(L2L_ERR_INVALID, "loss is NULL");
-  RELAY_ENTER_AS(run, training ? "l2l_relay_step" : "l2l_relay_evaluate");
+  const char *func = training ? "l2l_relay_step" : "l2l_relay_evaluate";
+  if (loss == NULL) return core_fail_in(func, L2L_ERR_INVALID, "loss is NULL");
+  RELAY_ENTER_AS(run, func);
   RELAY_METER_BIND(run);
   /* Updates of the last step may still run (each layer's forward waits for its own);
      its gradient arrivals must be counted before this step's bookkeeping starts. */
   eps_wait_arrivals(&run->eps);
-  TRY(relay_check_async(run));
-  TRY(eps_io_status(&run->eps));   /* the last step's updates could not read or write */
+  TRY(as_called(func, relay_check_async(run)));
+  TRY(as_called(func, eps_io_status(&run->eps)));   /* the last step's updates could not read or write */
   bool profiled = profile_step_begin(training);
   l2l_status status = relay_run_step(loss, run, batch, training);
   profile_step_end(profiled, status == L2L_OK);
-  return status;
+  return as_called(func, status);
 }
 
 l2l_status l2l_relay_step(double *loss, l2l_relay *run, const l2l_relay_batch *batch) {

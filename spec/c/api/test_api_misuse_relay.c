@@ -160,7 +160,7 @@ TEST(misuse_relay_new_and_accessors) {
   watch_model(&m);
   REFUSES(l2l_relay_new(NULL, m.layer, m.n, &base), L2L_ERR_INVALID, "out");
   REFUSES(l2l_relay_new(&out, m.layer, m.n, NULL), L2L_ERR_INVALID, "config");
-  REFUSES(l2l_relay_new(&out, NULL, 3, &base), L2L_ERR_INVALID, "layers");
+  REFUSES(l2l_relay_new(&out, NULL, 3, &base), L2L_ERR_INVALID, "layers is NULL, but nlayers is 3");
   REFUSES(l2l_relay_new(&out, m.layer, -1, &base), L2L_ERR_INVALID, "nlayers");
   REFUSES(l2l_relay_new(&out, m.layer, INT_MIN, &base), L2L_ERR_INVALID, "nlayers");
   static struct {
@@ -468,10 +468,13 @@ TEST(misuse_relay_steps_stats_and_events) {
   WATCH(rig.d.tokens, rig.d.targets, rig.d.key_mask);
   double loss = 12345.0;
   l2l_relay_batch good = batch_of(&rig.d), b;
-  REFUSES(l2l_relay_step(NULL, r, &good), L2L_ERR_INVALID, "loss");
-  REFUSES(l2l_relay_evaluate(NULL, r, &good), L2L_ERR_INVALID, "loss");
-  REFUSES(l2l_relay_step(&loss, r, NULL), L2L_ERR_INVALID, "batch");
-  REFUSES(l2l_relay_evaluate(&loss, r, NULL), L2L_ERR_INVALID, "batch");
+  /* named as the caller called it, not after a check inside the step */
+  REFUSES(l2l_relay_step(NULL, r, &good), L2L_ERR_INVALID, "l2l_relay_step: loss is NULL");
+  REFUSES(l2l_relay_evaluate(NULL, r, &good), L2L_ERR_INVALID, "l2l_relay_evaluate: loss is NULL");
+  REFUSES(l2l_relay_step(&loss, r, NULL), L2L_ERR_INVALID, "l2l_relay_step: batch is NULL");
+  REFUSES(l2l_relay_evaluate(&loss, r, NULL), L2L_ERR_INVALID, "l2l_relay_evaluate: batch is NULL");
+  b = good, b.targets = NULL;
+  REFUSES(l2l_relay_step(&loss, r, &b), L2L_ERR_INVALID, "l2l_relay_step: batch->targets is NULL");
   /* step_peak: its output, the batch's shape and the two flags */
   uint64_t peak = 12345;
   REFUSES(l2l_relay_step_peak(NULL, r, 2, 4, 0, 0), L2L_ERR_INVALID, "peak");
@@ -482,6 +485,12 @@ TEST(misuse_relay_steps_stats_and_events) {
             "batch and seq");
   REFUSES(l2l_relay_step_peak(&peak, r, 2, 4, 2, 0), L2L_ERR_INVALID, "token_types");
   REFUSES(l2l_relay_step_peak(&peak, r, 2, 4, 0, -1), L2L_ERR_INVALID, "key_mask");
+  l2l_layer_config emb;
+  CHECK_OK(l2l_layer_get_config(&emb, rig.m.layer[0]));
+  REFUSES(l2l_relay_step_peak(&peak, r, 2, emb.max_seq + 1 + check_rand_int(0, 100), 0, 0), L2L_ERR_INVALID,
+          "more than the embedding's max_seq");
+  CHECK_OK(l2l_relay_step_peak(&peak, r, 2, emb.max_seq, 0, 0));   /* (its whole context runs) */
+  peak = 12345;
   CHECK(peak == 12345, "a refused step_peak wrote its output");
   CHECK_OK(l2l_relay_step_peak(&peak, r, 2, 4, 0, 0));
   CHECK(peak > 0 && peak < (UINT64_C(1) << 40), "step_peak of a small model: %llu bytes",
