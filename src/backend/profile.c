@@ -409,14 +409,13 @@ static double gemm_rate(const struct backend_ops *ops, l2l_dtype dtype, int64_t 
 static void probe_rates(l2l_profile_summary *s) {
   const struct backend_ops *ops = backend_device_base();
   struct pool_meter *meter = pool_meter_bind(NULL);
-  struct pool_peaks peaks;
-  pool_peaks_save(&peaks);
+  pool_measuring_begin();
   const int64_t bytes = 64 << 20, side = backend_device_is_host() ? 512 : 4096;
   s->copy_rate = copy_rate(ops, L2L_POOL_DEVICE, bytes);
   s->link_rate = copy_rate(ops, L2L_POOL_PINNED, bytes);
   s->gemm_rate_f32 = gemm_rate(ops, L2L_F32, side);
   s->gemm_rate_16 = gemm_rate(ops, L2L_BF16, side);
-  pool_peaks_restore(&peaks);
+  pool_measuring_end();
   pool_meter_bind(meter);
   l2l_clear_error();
   bool all = s->copy_rate > 0 && s->link_rate > 0 && s->gemm_rate_f32 > 0 && s->gemm_rate_16 > 0;

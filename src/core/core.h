@@ -321,17 +321,13 @@ void pool_trim(l2l_pool_kind kind);
 /* Gives the pages that freed tensors left cached in the pools' jemalloc arenas and the
    pinned pool's blocks back to the system (the device's own cache is its table's). */
 void pool_release_cached(void);
-/* The pools' high-water marks (each kind's peak and the most in use since its arena was
-   last trimmed), so that a measurement's own buffers (the profile's probe of the rates)
-   can be left out of them: pool_peaks_restore sets each back to the larger of what it
-   was and what is in use now, and gives back a cache of POOL_TRIM_BYTES or more the
-   buffers left in a host-memory arena. */
-enum { POOL_COUNT = 3 };   /* the l2l_pool_kind values */
-struct pool_peaks {
-  uint64_t peak[POOL_COUNT], window[POOL_COUNT];   /* by l2l_pool_kind */
-};
-void pool_peaks_save(struct pool_peaks *out);
-void pool_peaks_restore(const struct pool_peaks *saved);
+/* Measuring (the profile's probe of the rates, the planner's calibration): what the
+   calling thread allocates between pool_measuring_begin and _end (they nest) is left out
+   of the pools' peaks, theirs and their arenas', while other threads' allocations count as
+   ever; at the end a host-memory arena's cache of POOL_TRIM_BYTES or more is given back.
+   What the thread still holds at the end is the program's from then on. */
+void pool_measuring_begin(void);
+void pool_measuring_end(void);
 
 /* ---------------------------------------------------------------- the device (device.c) */
 

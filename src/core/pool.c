@@ -44,6 +44,8 @@
 
 #include "core.h"
 
+enum { POOL_COUNT = 3 };   /* the l2l_pool_kind values */
+
 struct pool {
   pthread_mutex_t lock;
   l2l_pool_stats stats;
@@ -52,6 +54,8 @@ struct pool {
   uint64_t fallback_held;  /* pinned: bytes of pageable blocks in use (headers included) */
   uint64_t window_peak;    /* most bytes in use since the arena was last trimmed */
   uint64_t freed_unchecked;  /* bytes freed into the arena since its cache was last looked at */
+  uint64_t measuring;      /* of current, what threads measuring (pool_measuring_begin) hold:
+                              left out of the peaks */
 };
 
 /* The arena's cache is looked at once per this many bytes freed into it, and trimmed when
@@ -68,6 +72,9 @@ static struct pool pools[POOL_COUNT] = {
 static const char *const pool_names[POOL_COUNT] = {"host", "pinned", "device"};
 
 static _Thread_local struct pool_meter *bound_meter;
+/* This thread's measuring depth, and the bytes it allocated while measuring, still held. */
+static _Thread_local int measuring_depth;
+static _Thread_local uint64_t measured[POOL_COUNT];
 
 struct pool_meter *pool_meter_bind(struct pool_meter *meter) {
   struct pool_meter *before = bound_meter;
@@ -587,8 +594,10 @@ l2l_status pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
   }
   p->stats.allocs++;
   meter_add(kind, (int64_t)accounted);
-  if (p->stats.current > p->stats.peak) p->stats.peak = p->stats.current;
-  if (p->stats.current > p->window_peak) p->window_peak = p->stats.current;
+  if (measuring_depth > 0) p->measuring += accounted, measured[kind] += accounted;
+  uint64_t seen = p->stats.current - p->measuring;   /* (what the peaks see) */
+  if (seen > p->stats.peak) p->stats.peak = seen;
+  if (seen > p->window_peak) p->window_peak = seen;
   pthread_mutex_unlock(&p->lock);
   *out = ptr;
   return L2L_OK;
@@ -607,6 +616,8 @@ void pool_free(l2l_pool_kind kind, void *ptr, uint64_t bytes) {
   pthread_mutex_lock(&p->lock);
   p->stats.current -= accounted;
   p->stats.frees++;
+  if (measuring_depth > 0 && measured[kind] >= accounted)
+    p->measuring -= accounted, measured[kind] -= accounted;
   if (to_arena && p->arena_ready && (p->freed_unchecked += accounted) >= TRIM_CHECK_BYTES) {
     p->freed_unchecked = 0;
     trim_if_fragmented(p);
@@ -662,23 +673,15 @@ l2l_status l2l_pool_set_budget(l2l_pool_kind kind, uint64_t bytes) {
   return L2L_OK;
 }
 
-void pool_peaks_save(struct pool_peaks *out) {
-  for (int k = 0; k < POOL_COUNT; k++) {
-    pthread_mutex_lock(&pools[k].lock);
-    out->peak[k] = pools[k].stats.peak;
-    out->window[k] = pools[k].window_peak;
-    pthread_mutex_unlock(&pools[k].lock);
-  }
-}
+void pool_measuring_begin(void) { measuring_depth++; }
 
-void pool_peaks_restore(const struct pool_peaks *saved) {
+void pool_measuring_end(void) {
+  if (measuring_depth == 0 || --measuring_depth > 0) return;
   for (int k = 0; k < POOL_COUNT; k++) {
-    struct pool *p = &pools[k];
-    pthread_mutex_lock(&p->lock);
-    uint64_t now = p->stats.current;
-    p->stats.peak = saved->peak[k] > now ? saved->peak[k] : now;
-    p->window_peak = saved->window[k] > now ? saved->window[k] : now;
-    pthread_mutex_unlock(&p->lock);
+    pthread_mutex_lock(&pools[k].lock);   /* (what is still held is the program's now) */
+    pools[k].measuring -= measured[k] < pools[k].measuring ? measured[k] : pools[k].measuring;
+    measured[k] = 0;
+    pthread_mutex_unlock(&pools[k].lock);
     pool_trim((l2l_pool_kind)k);
   }
 }

@@ -250,7 +250,7 @@ static l2l_status begin(struct safetensors_writer *w, const struct safetensors_s
     return core_fail(L2L_ERR_INVALID, "the header of %s would be %zu bytes, over the %d l2l reads (%d tensors)",
                      w->path, len, SAFETENSORS_MAX_HEADER, count);
   struct stat st;
-  if (lstat(w->path, &st) == 0 && S_ISDIR(st.st_mode))   /* (found before the file is written) */
+  if (stat(w->path, &st) == 0 && S_ISDIR(st.st_mode))   /* (a link to one too: found before the file is written) */
     return core_fail(L2L_ERR_INVALID, "%s is a directory: nothing was written (the path names the "
                      "file to write)", w->path);
   if (!w->replace && lstat(w->path, &st) == 0)

@@ -657,6 +657,15 @@ void eps_record_written(struct eps *eps, struct eps_record *rec) {
   pthread_mutex_unlock(&eps->lock);
 }
 
+void eps_drop_gradient(struct eps *eps, struct eps_record *rec) {
+  eps_wait_record(eps, rec);
+  eps_grad_clear(eps, rec, false);
+  pthread_mutex_lock(&eps->lock);
+  rec->nonfinite = false;
+  rec->grad_known_zero = false;   /* (a script may hold it: the next check reads it) */
+  pthread_mutex_unlock(&eps->lock);
+}
+
 void eps_release(struct eps *eps, struct eps_record *rec, int layer) {
   pthread_mutex_lock(&eps->lock);
   bool held = rec->holds > 0;

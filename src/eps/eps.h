@@ -380,6 +380,11 @@ void eps_release(struct eps *eps, struct eps_record *rec, int layer);
    restore): the accumulator no longer known zero, the staging copy rewritten as the next
    step begins (record.h: grad_known_zero, staging_written). */
 void eps_record_written(struct eps *eps, struct eps_record *rec);
+/* rec's gradient so far is dropped between steps (its layer frozen part way through an
+   accumulation; a restore's partial gradients replaced): the accumulator cleared as the
+   EPS clears it (held gradients, a device record's flag, a spill file's page accounting)
+   and its non-finite mark with it, once its pending update has ended. */
+void eps_drop_gradient(struct eps *eps, struct eps_record *rec);
 /* Deferred updates (global clipping, loss scaling): waits for every due record to be
    complete; *norm is the global norm of their gradients times unscale. If it is finite,
    every due update starts with its gradient scaled by unscale * min(1, clip / norm) (clip

@@ -11,7 +11,7 @@
  * Layers are timed on twins made from their configs in the device pool (custom layers,
  * which cannot be remade, on themselves), with zero ids and uniform inputs.
  * Must never: change a layer it times, raise a pool's peak (a program's peak is its own,
- * not its measurements': core's pool_peaks_restore), or fail a plan because the cache
+ * not its measurements': core's pool_measuring_begin), or fail a plan because the cache
  * cannot be written (it is a cache: a write that fails is skipped).
  */
 #include <errno.h>
@@ -174,12 +174,11 @@ l2l_status plan_machine_rates(l2l_plan_rates *out, bool remeasure) {
   snprintf(key, sizeof key, "machine t%d", l2l_get_threads());
   double v[3];
   if (remeasure || !plan_cache_get(key, v, 3)) {
-    struct pool_peaks peaks;   /* (the measurement's buffers are not the program's peak) */
-    pool_peaks_save(&peaks);
+    pool_measuring_begin();   /* (the measurement's buffers are not the program's peak) */
     l2l_status status = copy_rate(&v[0], L2L_POOL_PINNED, L2L_POOL_DEVICE);
     if (status == L2L_OK) status = copy_rate(&v[1], L2L_POOL_DEVICE, L2L_POOL_PINNED);
     if (status == L2L_OK) status = optimizer_rate(&v[2]);
-    pool_peaks_restore(&peaks);
+    pool_measuring_end();
     TRY(status);
     plan_cache_put(key, v, 3);
   }
@@ -302,8 +301,7 @@ l2l_status plan_time_layer(double *fwd, double *bwd, const l2l_layer *layer, int
   }
   l2l_layer_config c;
   TRY(l2l_layer_get_config(&c, layer));
-  struct pool_peaks peaks;   /* (the twin's and its tensors' bytes are not the program's peak) */
-  pool_peaks_save(&peaks);
+  pool_measuring_begin();   /* (the twin's and its tensors' bytes are not the program's peak) */
   struct timing_call t = {0};
   bool own = c.kind != L2L_LAYER_CUSTOM;
   l2l_status status = L2L_OK;
@@ -336,7 +334,7 @@ l2l_status plan_time_layer(double *fwd, double *bwd, const l2l_layer *layer, int
     l2l_tensor_free(grads[i]);
   }
   timing_free(&t, own);
-  pool_peaks_restore(&peaks);
+  pool_measuring_end();
   if (status != L2L_OK) return status;
   v[0] = *fwd = plan_median(f, REPEATS);
   v[1] = *bwd = plan_median(b, REPEATS);

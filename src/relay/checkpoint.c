@@ -613,7 +613,7 @@ static l2l_status restore(struct load *ld) {
   if (run->steps % run->config.accumulate != 0)
     for (int k = 0; k < ld->rs.n; k++) {
       eps_record_written(&run->eps, ld->rs.r[k].rec);
-      TRY(l2l_tensor_fill(param_grad(ld->rs.r[k].param), 0.0));
+      eps_drop_gradient(&run->eps, ld->rs.r[k].rec);
     }
   int rank = 0;
   if (run->config.dist == L2L_DIST_MPI) TRY(l2l_dist_rank(&rank));

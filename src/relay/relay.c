@@ -432,15 +432,16 @@ static int holder_of(const l2l_relay *run, const l2l_param *p, int index, int fr
 }
 
 /* Layer `index` is about to leave (`incoming`, if not NULL, taking its place): refused
-   where a later layer holds one of its records and the newcomer does not (a head tied to
-   this embedding's table). The record would be that layer's own, named after it (a
+   where a later layer holds one of its records, no earlier one does and the newcomer does
+   not (a head tied to this embedding's table). The record would be that layer's own, named after it (a
    checkpoint names a record by its first holder), while the layer says it is tied: a save
    no load could read. */
 static l2l_status check_leaving(const l2l_relay *run, int index, const l2l_layer *incoming) {
   const l2l_layer *layer = run->layers[index].layer;
   for (int r = 0; r < l2l_layer_param_count(layer); r++) {
     const l2l_param *p = l2l_layer_param(layer, r);
-    int j = holder_of(run, p, index, index + 1, false);
+    int first = holder_of(run, p, index, 0, false), j = holder_of(run, p, index, index + 1, false);
+    if (first >= 0 && first < index) j = -1;   /* an earlier holder stays first: the name stays */
     bool kept = false;
     for (int q = 0; incoming != NULL && q < l2l_layer_param_count(incoming); q++)
       kept = kept || l2l_layer_param(incoming, q) == p;
@@ -513,9 +514,7 @@ l2l_status l2l_relay_set_frozen(l2l_relay *run, int index, int frozen) {
     for (int r = 0; r < l2l_layer_param_count(layer); r++) {
       l2l_param *p = l2l_layer_param(layer, r);
       struct eps_record *rec = eps_find(&run->eps, p);
-      if (rec == NULL || holder_of(run, p, index, 0, true) >= 0) continue;
-      eps_record_written(&run->eps, rec);
-      TRY(l2l_tensor_fill(param_grad(p), 0.0));
+      if (rec != NULL && holder_of(run, p, index, 0, true) < 0) eps_drop_gradient(&run->eps, rec);
     }
   }
   run->layers[index].frozen = frozen;

@@ -89,10 +89,9 @@ static l2l_status calibrate(const char *func, l2l_plan_rates *out, int remeasure
   l2l_plan_rates rates;
   TRY(plan_machine_rates(&rates, remeasure));
   if (remeasure || rates.visit < 0) {
-    struct pool_peaks peaks;   /* (the small model's bytes are not the program's peak) */
-    pool_peaks_save(&peaks);
+    pool_measuring_begin();   /* (the small model's bytes are not the program's peak) */
     l2l_status status = measure_visit(&rates.visit, &rates);
-    pool_peaks_restore(&peaks);
+    pool_measuring_end();
     TRY(status);
     plan_cache_visit(rates.visit);
   }

@@ -477,6 +477,78 @@ TEST(pool_trim_gives_back_a_cache_past_its_threshold) {
   CHECK_OK(l2l_device_release_cache());
 }
 
+/* A measuring thread's bytes stay out of the pools' peaks while another thread's count:
+   a thread measures (pool_measuring_begin) and holds a large tensor while the test's
+   thread makes a small one; the peak is then the bytes in use before plus the small one's
+   accounted bytes, to the byte (the large one's would be over it). What the measuring
+   thread still holds when it ends is the program's: the next allocation's peak counts it. */
+struct measuring_thread {
+  int64_t n;
+  l2l_tensor *t;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int phase;   /* 1: it holds its tensor; 2: it may free and end; 3: it ended */
+  bool keep;   /* end holding it */
+};
+static void measuring_set(struct measuring_thread *m, int phase) {
+  pthread_mutex_lock(&m->lock);
+  m->phase = phase;
+  pthread_cond_broadcast(&m->cond);
+  pthread_mutex_unlock(&m->lock);
+}
+static void measuring_wait(struct measuring_thread *m, int phase) {
+  pthread_mutex_lock(&m->lock);
+  while (m->phase < phase) pthread_cond_wait(&m->cond, &m->lock);
+  pthread_mutex_unlock(&m->lock);
+}
+static void *measuring_body(void *arg) {
+  struct measuring_thread *m = arg;
+  pool_measuring_begin();
+  l2l_tensor_new(&m->t, L2L_POOL_HOST, L2L_F32, 1, &m->n);
+  measuring_set(m, 1);
+  measuring_wait(m, 2);
+  if (!m->keep) {
+    l2l_tensor_free(m->t);
+    m->t = NULL;
+  }
+  pool_measuring_end();
+  measuring_set(m, 3);
+  return NULL;
+}
+
+TEST(pool_measuring_stays_out_of_the_peaks_of_other_threads) {
+  for (int keep = 0; keep < 2; keep++) {
+    struct measuring_thread m = {.n = check_rand_int(1 << 20, 4 << 20), .keep = keep,
+                                 .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    CHECK_OK(l2l_pool_reset_peak(L2L_POOL_HOST));
+    uint64_t before = stats_of(L2L_POOL_HOST).current;
+    pthread_t th;
+    if (!CHECK(pthread_create(&th, NULL, measuring_body, &m) == 0, "no thread")) return;
+    measuring_wait(&m, 1);
+    int64_t small = check_rand_int(1, 4096);
+    l2l_tensor *t = check_tensor(L2L_POOL_HOST, L2L_F32, 1, &small);
+    l2l_pool_stats s = stats_of(L2L_POOL_HOST);
+    CHECK(m.t != NULL && s.current == before + pool_accounted((uint64_t)m.n * 4) + pool_accounted((uint64_t)small * 4),
+          "in use %llu, want %llu + both tensors", (unsigned long long)s.current, (unsigned long long)before);
+    CHECK(s.peak == before + pool_accounted((uint64_t)small * 4),
+          "peak %llu with a measuring thread's %lld floats held: want %llu (in use before, %llu, and "
+          "this thread's %lld floats)", (unsigned long long)s.peak, (long long)m.n,
+          (unsigned long long)(before + pool_accounted((uint64_t)small * 4)), (unsigned long long)before,
+          (long long)small);
+    measuring_set(&m, 2);
+    measuring_wait(&m, 3);
+    pthread_join(th, NULL);
+    l2l_tensor *u = check_tensor(L2L_POOL_HOST, L2L_F32, 1, &small);   /* a peak taken now */
+    s = stats_of(L2L_POOL_HOST);
+    if (keep) CHECK(s.peak == s.current, "kept after the end: peak %llu, in use %llu (the kept tensor "
+                    "is the program's)", (unsigned long long)s.peak, (unsigned long long)s.current);
+    else CHECK(s.peak < before + pool_accounted((uint64_t)m.n * 4), "freed inside: peak %llu",
+               (unsigned long long)s.peak);
+    l2l_tensor_free(m.t);
+    FREE(t, u);
+  }
+}
+
 /* pool_blocks_absent against mincore(2), the system's other account of the same pages:
    a host tensor given back (pool_zero_pages), kept from 2 MiB pages, then written at a few
    places in its first 2 MiB, asked about in blocks of a drawn size;

@@ -342,11 +342,17 @@ TEST(relay_eps_records_are_the_models_listing_through_changes) {
       const char *what = "?";
       /* a layer whose record a later one holds (the embedding of a tied head) may not leave:
          the record would be that layer's own while it says it is tied (relay.c) */
-      bool held_later = false;
-      for (int q = 0; q < l2l_layer_param_count(m.layer[at]); q++)
-        for (int j = at + 1; j < m.n; j++)
-          for (int u = 0; u < l2l_layer_param_count(m.layer[j]); u++)
-            held_later |= l2l_layer_param(m.layer[j], u) == l2l_layer_param(m.layer[at], q);
+      bool held_later = false;   /* (and by no earlier layer, whose name it keeps) */
+      for (int q = 0; q < l2l_layer_param_count(m.layer[at]); q++) {
+        bool later = false, earlier = false;
+        for (int j = 0; j < m.n; j++)
+          for (int u = 0; j != at && u < l2l_layer_param_count(m.layer[j]); u++)
+            if (l2l_layer_param(m.layer[j], u) == l2l_layer_param(m.layer[at], q)) {
+              later |= j > at;
+              earlier |= j < at;
+            }
+        held_later |= later && !earlier;
+      }
       if (held_later && ((op == 1 && m.n > 1) || op == 3)) {   /* refused, nothing changed */
         what = op == 1 ? "a refused remove" : "a refused replace";
         l2l_layer *c = clone_same_rng(m.layer[at]);
