@@ -300,7 +300,7 @@ end
 local run, model, start_step, resumed = nil, nil, 0, false
 local run_id = new_run_id()
 local checkpoints = opt.checkpoint ~= ""
-if checkpoints then
+if checkpoints and rank == 0 then   -- (rank 0 writes the files; the others' folders may be other disks)
   local why = unwritable(opt.checkpoint)
   if why then cli.usage_error("--checkpoint: " .. why) end
 end

@@ -523,12 +523,16 @@ L2L_API l2l_relay *l2l_layer_relay(const l2l_layer *layer);
 /* Dynamic architecture, between steps. insert: the layer goes to position index (0..n),
    its new records start with fresh optimizer state. remove: the layer leaves the relay
    (not freed, unless l2l_layer_free was called while it was there); records nobody else
-   uses leave the EPS. replace: remove + insert. */
+   uses leave the EPS. replace: remove + insert. A layer whose record a later layer holds
+   and no earlier one does (the embedding of a tied head) may not leave while that layer
+   stays (L2L_ERR_STATE, naming it). */
 L2L_API l2l_status l2l_relay_insert(l2l_relay *run, int index, l2l_layer *layer);
 L2L_API l2l_status l2l_relay_remove(l2l_relay *run, int index);
 L2L_API l2l_status l2l_relay_replace(l2l_relay *run, int index, l2l_layer *layer);
 /* A frozen layer still passes gradients back but its records are not updated (a record
-   shared with a trainable layer is updated from that layer's gradient alone). */
+   shared with a trainable layer is updated from that layer's gradient alone). Frozen part
+   way through an accumulation, its records drop the gradient they collected in it (one a
+   trainable layer also holds keeps its sum). */
 L2L_API l2l_status l2l_relay_set_frozen(l2l_relay *run, int index, int frozen);
 L2L_API int l2l_relay_frozen(const l2l_relay *run, int index);           /* -1 if out of range */
 /* Boundary b is the input of layer b, 1 <= b < layers. Policies follow their boundary or

@@ -433,9 +433,9 @@ static int holder_of(const l2l_relay *run, const l2l_param *p, int index, int fr
 
 /* Layer `index` is about to leave (`incoming`, if not NULL, taking its place): refused
    where a later layer holds one of its records, no earlier one does and the newcomer does
-   not (a head tied to this embedding's table). The record would be that layer's own, named after it (a
-   checkpoint names a record by its first holder), while the layer says it is tied: a save
-   no load could read. */
+   not (a head tied to this embedding's table). The record would be that layer's own,
+   named after it (a checkpoint names a record by its first holder), while the layer says
+   it is tied: a save no load could read. */
 static l2l_status check_leaving(const l2l_relay *run, int index, const l2l_layer *incoming) {
   const l2l_layer *layer = run->layers[index].layer;
   for (int r = 0; r < l2l_layer_param_count(layer); r++) {
