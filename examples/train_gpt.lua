@@ -427,9 +427,11 @@ if length(train_text) < S + 1 or length(val_text) < S + 1 then
     unit, length(val_text)))
 end
 
-print(("l2l %s: a %s GPT trained layer to layer (%d compute threads%s)"):format(l2l.version,
-  tok and "GPT-2-token" or "byte-level", l2l.threads(),
-  ranks > 1 and (" on each of %d MPI ranks, %d sequences of each minibatch per rank"):format(ranks, floor(B / ranks)) or ""))
+print(("l2l %s: a %s GPT trained layer to layer (%d compute thread%s%s)"):format(l2l.version,
+  tok and "GPT-2-token" or "byte-level", l2l.threads(), l2l.threads() == 1 and "" or "s",
+  ranks > 1 and (" on each of %d MPI ranks, %s of each minibatch per rank"):format(ranks,
+    B % ranks == 0 and ("%d sequence%s"):format(B / ranks, B / ranks == 1 and "" or "s")
+                   or ("%d or %d sequences"):format(floor(B / ranks), floor(B / ranks) + 1)) or ""))
 print(("text: %s, %.2f MiB in %d files: %.2f MiB to train on, %.2f MiB %s%s"):format(corpus.description,
   mib(#corpus.text), corpus.files, mib(train_bytes), mib(val_bytes),
   opt.val_data and #opt.val_data > 0 and "of --val-data to validate on" or "held out",
