@@ -181,6 +181,16 @@ static uint64_t arena_cached_bytes(const struct pool *p) {
   return (uint64_t)pages * page;
 }
 
+/* The bytes in use the peaks see: all but what measuring threads hold. Under p's lock. */
+static uint64_t peak_bytes(const struct pool *p) { return p->stats.current - p->measuring; }
+
+/* p's arena's cache given back; the most in use counts again from now. Under p's lock. */
+static void arena_purge(struct pool *p) {
+  arena_ctl(p, false, "purge", NULL, NULL, NULL, 0);
+  p->window_peak = peak_bytes(p);
+  p->freed_unchecked = 0;
+}
+
 /* The arenas never decay (see the top of this file), so that a step's freed pages serve the
    next step; but jemalloc does not serve a small request from a much larger free extent
    (opt.lg_extent_max_active_fit), and pages freed in an order unlike their allocation's
@@ -192,13 +202,6 @@ static uint64_t arena_cached_bytes(const struct pool *p) {
    and cached pages 12.6 % past it: a 304 M model's bf16 step faulted its pages in again
    each time, 5 s of 7; bench/RESULTS.md). Called with p's lock held, for an arena that
    exists. */
-/* p's arena's cache given back; the most in use counts again from now. Under p's lock. */
-static void arena_purge(struct pool *p) {
-  arena_ctl(p, false, "purge", NULL, NULL, NULL, 0);
-  p->window_peak = p->stats.current;
-  p->freed_unchecked = 0;
-}
-
 static void trim_if_fragmented(struct pool *p) {
   uint64_t slack = p->window_peak / 4 > TRIM_SLACK_BYTES ? p->window_peak / 4 : TRIM_SLACK_BYTES;
   if (p->stats.current + arena_cached_bytes(p) > p->window_peak + slack) arena_purge(p);
@@ -595,7 +598,7 @@ l2l_status pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
   p->stats.allocs++;
   meter_add(kind, (int64_t)accounted);
   if (measuring_depth > 0) p->measuring += accounted, measured[kind] += accounted;
-  uint64_t seen = p->stats.current - p->measuring;   /* (what the peaks see) */
+  uint64_t seen = peak_bytes(p);
   if (seen > p->stats.peak) p->stats.peak = seen;
   if (seen > p->window_peak) p->window_peak = seen;
   pthread_mutex_unlock(&p->lock);
@@ -689,7 +692,7 @@ void pool_measuring_end(void) {
 l2l_status l2l_pool_reset_peak(l2l_pool_kind kind) {
   if (!pool_valid((int)kind)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", kind);
   pthread_mutex_lock(&pools[kind].lock);
-  pools[kind].stats.peak = pools[kind].stats.current;
+  pools[kind].stats.peak = peak_bytes(&pools[kind]);
   pthread_mutex_unlock(&pools[kind].lock);
   return L2L_OK;
 }

@@ -419,15 +419,19 @@ l2l_layer *l2l_relay_layer(const l2l_relay *run, int index) {
   return layer;
 }
 
-/* The layer other than `index`, from layer `from` on, that holds parameter p (with
-   `trainable`, a layer not frozen), or -1. */
-static int holder_of(const l2l_relay *run, const l2l_param *p, int index, int from, bool trainable) {
-  for (int j = from; j < run->count; j++) {
-    if (j == index || (trainable && run->layers[j].frozen)) continue;
-    const l2l_layer *other = run->layers[j].layer;
-    for (int q = 0; q < l2l_layer_param_count(other); q++)
-      if (l2l_layer_param(other, q) == p) return j;
-  }
+/* Whether `layer` holds parameter p (NULL holds nothing). */
+static bool holds(const l2l_layer *layer, const l2l_param *p) {
+  for (int q = 0; layer != NULL && q < l2l_layer_param_count(layer); q++)
+    if (l2l_layer_param(layer, q) == p) return true;
+  return false;
+}
+
+/* The first layer other than `index` that holds parameter p (with `trainable`, a layer
+   not frozen), or -1. */
+static int holder_of(const l2l_relay *run, const l2l_param *p, int index, bool trainable) {
+  for (int j = 0; j < run->count; j++)
+    if (j != index && !(trainable && run->layers[j].frozen) && holds(run->layers[j].layer, p))
+      return j;
   return -1;
 }
 
@@ -440,12 +444,8 @@ static l2l_status check_leaving(const l2l_relay *run, int index, const l2l_layer
   const l2l_layer *layer = run->layers[index].layer;
   for (int r = 0; r < l2l_layer_param_count(layer); r++) {
     const l2l_param *p = l2l_layer_param(layer, r);
-    int first = holder_of(run, p, index, 0, false), j = holder_of(run, p, index, index + 1, false);
-    if (first >= 0 && first < index) j = -1;   /* an earlier holder stays first: the name stays */
-    bool kept = false;
-    for (int q = 0; incoming != NULL && q < l2l_layer_param_count(incoming); q++)
-      kept = kept || l2l_layer_param(incoming, q) == p;
-    if (j >= 0 && !kept)
+    int j = holder_of(run, p, index, false);   /* (an earlier holder stays first: the name stays) */
+    if (j > index && !holds(incoming, p))
       return error_note_layer(FAIL(L2L_ERR_STATE, "the layer's parameter '%s' is also " NAMED_LAYER
                                    "'s (%s, tied to it): remove or replace that layer first",
                                    l2l_param_name(p), j, l2l_layer_name(run->layers[j].layer)), j);
@@ -514,7 +514,7 @@ l2l_status l2l_relay_set_frozen(l2l_relay *run, int index, int frozen) {
     for (int r = 0; r < l2l_layer_param_count(layer); r++) {
       l2l_param *p = l2l_layer_param(layer, r);
       struct eps_record *rec = eps_find(&run->eps, p);
-      if (rec != NULL && holder_of(run, p, index, 0, true) < 0) eps_drop_gradient(&run->eps, rec);
+      if (rec != NULL && holder_of(run, p, index, true) < 0) eps_drop_gradient(&run->eps, rec);
     }
   }
   run->layers[index].frozen = frozen;
