@@ -159,7 +159,7 @@ ifneq ($(NVCC),)
 endif
 
 # One source list per part (src/<part>/, see README.md's layout); the parts build the
-# library together. src/main.c is the l2l executable.
+# library together. src/runner/ is the l2l executable.
 # The public header: include/l2l.h, which a program includes, and its parts in include/l2l/,
 # which it includes (the parts' own headers are src/<part>/<part>.h: no two share a name).
 PUBLIC_HEADERS := include/l2l.h $(sort $(wildcard include/l2l/*.h))
@@ -175,6 +175,8 @@ RELAY_SRC := $(wildcard src/relay/*.c)
 CLUSTER_SRC := $(filter-out src/cluster/mpi_plugin.c,$(wildcard src/cluster/*.c))
 LIB_SRC := $(CORE_SRC) $(BACKEND_SRC) $(LAYERS_SRC) $(CLUSTER_SRC) $(EPS_SRC) $(ORDER_SRC) $(PLAN_SRC) $(RELAY_SRC)
 LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o) $(KERNEL_OBJ)
+# The l2l executable (src/runner/): main.c and the module its training loops stop through.
+RUNNER_OBJ := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(wildcard src/runner/*.c))
 # spec/c/ mirrors src/: a folder of tests per part (spec/c/api: the public header's misuse),
 # with the harness and the float64 references shared at its top.
 CTEST_SRC := $(wildcard spec/c/*.c spec/c/*/*.c)
@@ -250,19 +252,19 @@ $(BUILD)/$(SONAME) $(BUILD)/libl2l.so: $(BUILD)/libl2l.so.$(VERSION)
 $(BUILD)/libl2l.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/obj/main.o: src/main.c | $(DEPS_STAMP)
+$(BUILD)/obj/runner/%.o: src/runner/%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(COMPILE) $(LUAJIT_CFLAGS) -MMD -MP -c $< -o $@
 
 L2L_EXE_LIBS := -lluajit-5.1 -ledit -ljemalloc -lm -ldl
-$(BUILD)/l2l: $(BUILD)/obj/main.o $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
-	$(LINK) -o $@ $< $(RPATH) -L$(BUILD) -ll2l $(L2L_EXE_LIBS)
+$(BUILD)/l2l: $(RUNNER_OBJ) $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
+	$(LINK) -o $@ $(RUNNER_OBJ) $(RPATH) -L$(BUILD) -ll2l $(L2L_EXE_LIBS)
 
 $(DIST)/libl2l.so.$(VERSION): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(LINK) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(LIB_LIBS) $(CUDA_LIBS)
-$(DIST)/l2l: $(BUILD)/obj/main.o $(DIST)/libl2l.so.$(VERSION)
-	$(LINK) -o $@ $< -Wl,--no-as-needed $(DIST)/libl2l.so.$(VERSION) $(L2L_EXE_LIBS) $(CUDA_LINK_PATH)
+$(DIST)/l2l: $(RUNNER_OBJ) $(DIST)/libl2l.so.$(VERSION)
+	$(LINK) -o $@ $(RUNNER_OBJ) -Wl,--no-as-needed $(DIST)/libl2l.so.$(VERSION) $(L2L_EXE_LIBS) $(CUDA_LINK_PATH)
 
 $(BUILD)/ctest/%.o: spec/c/%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
@@ -297,7 +299,7 @@ $(BUILD)/embed_lua: examples/embed_lua.c $(PUBLIC_HEADERS) $(BUILD)/libl2l.so $(
 lua/l2l/cdef.lua: $(PUBLIC_HEADERS) scripts/gen_cdef.lua scripts/public_header.lua | $(DEPS_STAMP)
 	luajit scripts/gen_cdef.lua include/l2l.h $@
 
-# Passive OpenMP waiting for the test and benchmark programs (see src/main.c: spinning
+# Passive OpenMP waiting for the test and benchmark programs (see src/runner/main.c: spinning
 # threads starve each other when the machine is busy); a policy set by the caller wins.
 export OMP_WAIT_POLICY ?= PASSIVE
 
@@ -414,7 +416,7 @@ export L2L_PC
 install: $(DIST)/libl2l.so.$(VERSION) $(DIST)/l2l $(BUILD)/libl2l.a lua/l2l/cdef.lua docs/l2l.1
 	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR) \
 	  $(DESTDIR)$(INCLUDEDIR)/l2l $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(LUADIR)/l2l
-	$(if $(INSTALL_RUNPATH),$(LINK) -o $(DIST)/l2l.runpath $(BUILD)/obj/main.o -Wl$(comma)--no-as-needed \
+	$(if $(INSTALL_RUNPATH),$(LINK) -o $(DIST)/l2l.runpath $(RUNNER_OBJ) -Wl$(comma)--no-as-needed \
 	  $(DIST)/libl2l.so.$(VERSION) $(L2L_EXE_LIBS) $(CUDA_LINK_PATH) -Wl$(comma)-rpath$(comma)'$(INSTALL_RUNPATH)' && \
 	  $(INSTALL) -m 755 $(DIST)/l2l.runpath $(DESTDIR)$(BINDIR)/l2l,$(INSTALL) -m 755 $(DIST)/l2l $(DESTDIR)$(BINDIR)/l2l)
 	$(INSTALL) -m 644 $(DIST)/libl2l.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libl2l.so.$(VERSION)
@@ -479,4 +481,4 @@ $(DOC)/c-api.md: $(PUBLIC_HEADERS) scripts/gen_cdoc.lua scripts/public_header.lu
 clean:
 	rm -rf build build-san build-tsan
 
--include $(LIB_OBJ:.o=.d) $(CTEST_OBJ:.o=.d) $(BUILD)/obj/main.d
+-include $(LIB_OBJ:.o=.d) $(CTEST_OBJ:.o=.d) $(RUNNER_OBJ:.o=.d)

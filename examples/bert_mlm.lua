@@ -89,8 +89,8 @@ for step = 1, opt.steps do
       step, loss, run:evaluate(vinp, vtgt), 100 * accuracy(vinp, vtgt)))
   end
   if last then
-    if step < opt.steps then print(("stopped at step %d of %d (Ctrl-C)"):format(step, opt.steps)) end
+    if step < opt.steps then print(("stopped at step %d of %d (%s)"):format(step, opt.steps, stop:signal())) end
     break
   end
 end
-stop:finish()   -- after a Ctrl-C: the end Ctrl-C gives a program (status 130)
+stop:finish()   -- after a Ctrl-C (SIGTERM, SIGUSR1): the end it gives a program (Ctrl-C: status 130)

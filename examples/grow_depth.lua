@@ -54,7 +54,7 @@ for step = 1, opt.steps do
       step, nblocks(), loss, run:evaluate(vtok, vtgt)))
   end
   if last then
-    if step < opt.steps then print(("stopped at step %d of %d (Ctrl-C)"):format(step, opt.steps)) end
+    if step < opt.steps then print(("stopped at step %d of %d (%s)"):format(step, opt.steps, stop:signal())) end
     break
   end
   if step % opt.every == 0 then
@@ -68,4 +68,4 @@ end
 run:sync()
 print(("done: depth %d, %d parameters, final valid loss %.3f"):format(
   nblocks(), model:nparams(), run:evaluate(vtok, vtgt)))
-stop:finish()   -- after a Ctrl-C: the end Ctrl-C gives a program (status 130)
+stop:finish()   -- after a Ctrl-C (SIGTERM, SIGUSR1): the end it gives a program (Ctrl-C: status 130)

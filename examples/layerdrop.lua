@@ -59,10 +59,10 @@ for step = 1, opt.steps do
       step, loss, L - #skip, L, run:evaluate(vtok, vtgt)))
   end
   if last then
-    if step < opt.steps then print(("stopped at step %d of %d (Ctrl-C)"):format(step, opt.steps)) end
+    if step < opt.steps then print(("stopped at step %d of %d (%s)"):format(step, opt.steps, stop:signal())) end
     break
   end
 end
 print(("done: %.2f blocks skipped per step on average, final valid loss %.3f"):format(
   skipped / steps, run:evaluate(vtok, vtgt)))
-stop:finish()   -- after a Ctrl-C: the end Ctrl-C gives a program (status 130)
+stop:finish()   -- after a Ctrl-C (SIGTERM, SIGUSR1): the end it gives a program (Ctrl-C: status 130)

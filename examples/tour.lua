@@ -110,5 +110,5 @@ local elapsed = os.clock() - t0
 
 local host = l2l.pool_stats("host")
 print(("\n%d steps in %.2f s of CPU time; host pool: %.1f KiB in use, peak %.1f KiB%s"):format(
-  done, elapsed, host.current / 1024, host.peak / 1024, done < steps and " (stopped by Ctrl-C)" or ""))
-stop:finish()   -- after a Ctrl-C: the end Ctrl-C gives a program (status 130)
+  done, elapsed, host.current / 1024, host.peak / 1024, done < steps and (" (stopped by %s)"):format(stop:signal()) or ""))
+stop:finish()   -- after a Ctrl-C (SIGTERM, SIGUSR1): the end it gives a program (Ctrl-C: status 130)

@@ -114,8 +114,10 @@ local parser = cli.parser {
   data = true, max_bytes = 4 * 2 ^ 20, flags = FLAGS,
   description = "Trains a byte-level GPT with the l2l relay: parameters and optimizer state in host memory, " ..
                 "one layer at a time on the device within a memory budget.",
-  epilog = "Ctrl-C stops after the current step: the checkpoint (with --checkpoint), the summary, the " ..
-           "metrics and the picture are written; a second Ctrl-C stops at once.",
+  epilog = "Ctrl-C (or SIGTERM, or SIGUSR1) stops after the current step: the checkpoint (with --checkpoint), " ..
+           "the summary, the metrics and the picture are written; a second one stops at once. Under mpirun, " ..
+           "`kill -USR1 <mpirun's pid>` does the same on every rank (mpirun passes SIGUSR1 on; its own Ctrl-C " ..
+           "kills the ranks a second after their SIGTERM unless given --mca odls_base_sigkill_timeout SECONDS).",
 }
 local opt = cli.parse(parser)
 
@@ -733,8 +735,10 @@ else
   end
 end
 
--- From here the first Ctrl-C ends the loop after its step (see the end), a second one at once.
-local stop = cli.interrupt()
+-- From here the first Ctrl-C (or SIGTERM, or SIGUSR1: what mpirun passes on to its ranks)
+-- ends the loop after its step (see the end), a second one at once. Under mpirun the ranks
+-- agree after each step whether any was signalled, so all stop after the same one.
+local stop = cli.interrupt{ dist = opt.dist }
 local quiet = rank ~= 0 and io.open("/dev/null", "w") or nil   -- the other ranks' progress
 bar = progress.new{ total = opt.steps, first = start_step, every = opt.eval_every, ranks = ranks,
                     out = quiet or io.stdout, tty = (quiet == nil and progress.is_terminal()) }
@@ -753,7 +757,7 @@ for step = start_step + 1, last_step do
   disk_total = disk_total + s.spill_read_bytes + s.spill_written_bytes
   local rate = B * S / dt
   smoothed_rate = smoothed_rate and (0.8 * smoothed_rate + 0.2 * rate) or rate
-  if step < last_step and stop:requested() then last_step = step end   -- Ctrl-C: this is the last
+  if step < last_step and stop:requested() then last_step = step end   -- stopped: this is the last
   local val = NULL
   if step % opt.eval_every == 0 or step == last_step then
     val = validation_loss()
@@ -795,9 +799,9 @@ if done > 0 then
 else
   print(("nothing to train: the checkpoint is at step %d of %d"):format(start_step, opt.steps))
 end
-local interrupted = stop:requested()
+local interrupted = stop:signal()   -- what stopped the loop ("Ctrl-C", "SIGTERM", "SIGUSR1"), or nil
 if last_step < opt.steps then
-  print(("stopped at step %d of %d (%s)%s"):format(last_step, opt.steps, interrupted and "Ctrl-C" or "--stop-at",
+  print(("stopped at step %d of %d (%s)%s"):format(last_step, opt.steps, interrupted or "--stop-at",
     checkpoints and ": --resume continues from the checkpoint" or ""))
 end
 -- the device pool's own high-water mark: every step and evaluation of this process
@@ -838,7 +842,7 @@ if checkpoints then
 end
 
 if opt.sample > 0 and interrupted then
-  print("\nsample: none (stopped by Ctrl-C)")
+  print(("\nsample: none (stopped by %s)"):format(interrupted))
 elseif opt.sample > 0 and rank == 0 then
   local ok, text = pcall(model.generate, model, opt.prompt, opt.sample,
                          { temperature = opt.temperature, top_k = math.min(opt.top_k, V), seed = opt.seed,
@@ -852,6 +856,7 @@ elseif opt.sample > 0 and rank == 0 then
   print(shown)
 end
 
--- After a Ctrl-C the process ends as Ctrl-C ends a program (status 130), everything written.
+-- After a stop signal the process ends as that signal ends a program (Ctrl-C: status 130),
+-- everything written.
 stop:finish()
 if final_save_failed then fail(final_save_failed) end

@@ -32,7 +32,7 @@
    and ends the job with MPI_Abort; a step that fails on a rank once the ranks have
    exchanged their sizes ends the job the same way, with its message (the others would
    wait on collectives it never posts). Every rank must make the same calls in the same order:
-   the relay's steps and changes, l2l_dist_barrier, and l2l_relay_param_state (which
+   the relay's steps and changes, l2l_dist_barrier, l2l_dist_sum, and l2l_relay_param_state (which
    gathers the whole state from every rank's shard). */
 /* Starts MPI (opening the plugin) on its communication thread; later calls do nothing.
    L2L_ERR_UNSUPPORTED when libl2l was built without MPI or the plugin cannot be opened
@@ -43,6 +43,10 @@ L2L_API l2l_status l2l_dist_rank(int *out);
 L2L_API l2l_status l2l_dist_size(int *out);
 /* Returns when every rank has called it (within the timeout). */
 L2L_API l2l_status l2l_dist_barrier(void);
+/* values[0 .. n) := their sums over every rank, in place (float64; 1 <= n <= 2^24): a
+   collective, called by every rank with the same n at the same point. Outside mpirun,
+   MPI starts as one rank and the values are left as they are. */
+L2L_API l2l_status l2l_dist_sum(double *values, int n);
 /* The deadline of every MPI wait, in seconds, 0 < seconds <= 1e6. */
 L2L_API l2l_status l2l_dist_set_timeout(double seconds);
 /* Waits for the exchanges in flight and finalizes MPI; nothing when it never started.

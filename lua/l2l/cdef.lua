@@ -675,6 +675,8 @@ l2l_status l2l_dist_size(int *out);
 
 l2l_status l2l_dist_barrier(void);
 
+l2l_status l2l_dist_sum(double *values, int n);
+
 l2l_status l2l_dist_set_timeout(double seconds);
 
 l2l_status l2l_dist_finalize(void);

@@ -31,16 +31,26 @@
 --   folders (walked recursively) in a fixed order; without --data, the C headers under
 --   /usr/include, else l2l's own sources. A --data that cannot be read exits 2, naming it.
 -- cli.fail(message) prints "<name>: message" on stderr and exits 1.
--- cli.interrupt([message]) -> stop: from now on the first Ctrl-C writes `message` (default:
---   "<name>: Ctrl-C: stopping after this step (Ctrl-C again stops at once)") and makes
---   stop:requested() true; the loop finishes its step and writes what it writes at its end.
---   A second Ctrl-C is the usual one: a script dies at once, the REPL stops the entry.
---   stop:finish() lets go of Ctrl-C and, when one stopped the run, ends the process as
---   Ctrl-C does (killed by SIGINT: status 130 in a shell, which also stops a shell loop
---   around it; in the REPL an error "interrupted (Ctrl-C)" instead). stop:release() lets
---   go without ending anything. The gentle stop needs the l2l executable (its module
---   "l2l.sigint", see src/main.c); in plain luajit Ctrl-C keeps its usual effect, and a
---   Ctrl-C ignored by the parent (a background job of a shell script) stays ignored.
+-- cli.interrupt([message | options]) -> stop: from now on the first stop signal makes
+--   stop:requested() true, and the loop finishes its step and writes what it writes at its
+--   end. The stop signals: Ctrl-C (SIGINT); SIGTERM (kill, timeout(1), a scheduler's
+--   preemption or time limit, mpirun ending its ranks); SIGUSR1 (mpirun passes it on to
+--   every rank; Slurm's --signal sends it before a time limit). The first writes a line at
+--   once ("<name>: Ctrl-C: stopping after this step (Ctrl-C again stops at once)", the
+--   signal named; `message` instead when given). A second one is the usual signal: a script
+--   dies at once, the REPL stops the entry. options: { message =, dist = "mpi" | "none" }:
+--   with dist = "mpi" (a data-parallel run) stop:requested() is a collective: every rank
+--   calls it at the same points (once a step), and all answer true from the same call on
+--   once any rank was signalled, so every rank stops after the same step (only rank 0 writes
+--   the line). stop:signal() -> "Ctrl-C", "SIGTERM" or "SIGUSR1": what stopped the loop
+--   (nil: nothing). stop:finish() lets go of the signals and, when one stopped the run, ends
+--   the process as that signal does (killed by it: status 130 for Ctrl-C in a shell, which
+--   also stops a shell loop around it, 143 for SIGTERM, 138 for SIGUSR1; in the REPL, after
+--   a Ctrl-C, an error "interrupted (Ctrl-C)" instead); a rank stopped by another rank's
+--   signal ends as that rank does. stop:release() lets go without ending anything. The
+--   gentle stop needs the l2l executable (its module "l2l.stop_signals", see src/runner/stop_signals.c); in
+--   plain luajit the signals keep their usual effect, and one ignored by the parent (Ctrl-C
+--   in a background job of a shell script) stays ignored.
 -- Must never: read a flag it was not told about, or end the process except where said
 -- above (cli.parse on bad usage, cli.usage_error, cli.corpus on bad --data, cli.fail,
 -- stop:finish).
@@ -312,14 +322,18 @@ function M.fail(message, ...)
   os.exit(1, true)
 end
 
------------------------------------------------------------------ Ctrl-C
+----------------------------------------------------------------- stop signals (Ctrl-C, SIGTERM, SIGUSR1)
 
 local Stop = {}
 Stop.__index = Stop
 
+-- The stop signals: the module's names, and how messages name them.
+local SIGNALS = { "INT", "TERM", "USR1" }
+local SHOWN = { INT = "Ctrl-C", TERM = "SIGTERM", USR1 = "SIGUSR1" }
+
 -- The l2l executable's module; nil in plain luajit (or any other host).
-local function sigint()
-  local ok, mod = pcall(require, "l2l.sigint")
+local function stop_signals()
+  local ok, mod = pcall(require, "l2l.stop_signals")
   return ok and mod or nil
 end
 
@@ -335,24 +349,63 @@ local function stderr_is_terminal()
   return ok2 and r == 1
 end
 
-function M.interrupt(message, ...)
-  if select("#", ...) ~= 0 then too_many("cli.interrupt", "message", 2, ...) end
+local INTERRUPT = { message = true, dist = true }
+
+function M.interrupt(options, ...)
+  if select("#", ...) ~= 0 then too_many("cli.interrupt", "options", 2, ...) end
+  if type(options) == "string" then options = { message = options } end
+  if options ~= nil and type(options) ~= "table" then
+    error("cli.interrupt: the argument must be a message (a string) or an options table, got " .. describe(options), 2)
+  end
+  options = options or {}
+  argcheck.fields(options, INTERRUPT, "cli.interrupt", 2, "options")
+  local message, dist = options.message, options.dist
   if message ~= nil and type(message) ~= "string" then
     error("cli.interrupt: message must be a string, got " .. describe(message), 2)
   end
-  message = message or (program .. ": Ctrl-C: stopping after this step (Ctrl-C again stops at once)")
-  -- on a terminal the ^C the terminal echoes is where the cursor was: a new line first
-  local text = (stderr_is_terminal() and "\n" or "") .. message .. "\n"
-  local mod = sigint()
-  local self = setmetatable({ mod = mod, caught = false }, Stop)
-  if mod then self.caught = mod.catch(text) end
+  if dist ~= nil and dist ~= "mpi" and dist ~= "none" then
+    error("cli.interrupt: dist must be 'mpi' or 'none', got " .. describe(dist), 2)
+  end
+  local self = setmetatable({ mod = stop_signals(), caught = false, dist = dist == "mpi", agreed = nil }, Stop)
+  -- on a terminal the ^C the terminal echoes, or a progress line, is where the cursor was:
+  -- a new line first; under mpirun only rank 0 says it
+  local lead = stderr_is_terminal() and "\n" or ""
+  local quiet = self.dist and require("l2l.dist").rank() ~= 0
+  local texts = {}
+  for i, name in ipairs(SIGNALS) do
+    local again = name == "INT" and "Ctrl-C again stops at once" or ("a second %s or Ctrl-C stops at once"):format(SHOWN[name])
+    texts[i] = quiet and "" or lead .. (message or ("%s: %s: stopping after this step (%s)"):format(program, SHOWN[name], again)) .. "\n"
+  end
+  if self.mod then self.caught = self.mod.catch(texts[1], texts[2], texts[3]) end
   return self
+end
+
+-- This process's first stop signal ("INT", "TERM", "USR1"), or nil.
+local function own_signal(self)
+  return self.caught and self.mod.count() > 0 and self.mod.first() or nil
 end
 
 function Stop:requested(...)
   if select("#", ...) ~= 0 then too_many("stop:requested", "", 2, ...) end
   stop_of(self, "stop:requested")
-  return self.caught and self.mod.count() > 0 or false
+  if self.agreed then return true end
+  local mine = own_signal(self)
+  if not self.dist then return mine ~= nil end
+  -- which stop signals reached any rank (a collective): the same answer on every rank
+  local reached = {}
+  for i, name in ipairs(SIGNALS) do reached[i] = mine == name and 1 or 0 end
+  reached = require("l2l.dist").sum(reached)
+  for i, name in ipairs(SIGNALS) do
+    if reached[i] > 0 and not self.agreed then self.agreed = mine or name end
+  end
+  return self.agreed ~= nil
+end
+
+function Stop:signal(...)
+  if select("#", ...) ~= 0 then too_many("stop:signal", "", 2, ...) end
+  stop_of(self, "stop:signal")
+  local name = self.agreed or own_signal(self)
+  return name and SHOWN[name] or nil
 end
 
 function Stop:release(...)
@@ -364,14 +417,14 @@ end
 function Stop:finish(...)
   if select("#", ...) ~= 0 then too_many("stop:finish", "", 2, ...) end
   stop_of(self, "stop:finish")
-  local requested = self.caught and self.mod.count() > 0
+  local name = self.agreed or own_signal(self)
   if self.caught then self.mod.release() end
   self.caught = false
-  if not requested then return end
+  if not name then return end
   io.stdout:flush()
   io.stderr:flush()
-  self.mod.die()   -- returns only where Ctrl-C is handled by someone else (the REPL)
-  error("interrupted (Ctrl-C)", 2)
+  if self.mod then self.mod.die(name) end   -- returns only where the signal is handled by someone else (the REPL's Ctrl-C)
+  error(("interrupted (%s)"):format(SHOWN[name]), 2)
 end
 
 return M

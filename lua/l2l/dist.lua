@@ -7,6 +7,7 @@
 --   local tokens, targets = l2l.text.batch(text, B, S, seed, step, { rank = rank, size = size })
 --   local loss = run:step(tokens, targets)     -- the whole minibatch's loss, on every rank
 --   l2l.dist.barrier()
+--   local total = l2l.dist.sum(count)          -- count summed over the ranks, on every rank
 --
 -- MPI is opened only when one of these (or a relay with dist = "mpi") asks for it; a
 -- script that never does needs no mpirun. Under mpirun every rank runs the same script:
@@ -51,6 +52,36 @@ end
 function M.barrier(...)
   if select("#", ...) ~= 0 then too_many("l2l.dist.barrier", "", 2, ...) end
   check(C.l2l_dist_barrier(), "l2l.dist.barrier", 2)
+end
+
+local sums, sums_n = nil, 0   -- l2l.dist.sum's numbers (grown as needed: a number a step allocates nothing)
+
+-- l2l.dist.sum(x) -> x summed over every rank: a number, or a list of numbers (a new list;
+-- up to 2^24 of them), in float64. A collective: every rank calls it at the same point with
+-- as many numbers. Outside mpirun, x as it is (MPI starts as one rank).
+function M.sum(x, ...)
+  if select("#", ...) ~= 0 then too_many("l2l.dist.sum", "x", 2, ...) end
+  local list = type(x) == "table"
+  local n = list and #x or 1
+  if not list and type(x) ~= "number" then
+    error("l2l.dist.sum: x must be a number or a list of numbers, got " .. argcheck.describe(x), 2)
+  end
+  if n < 1 or n > 2 ^ 24 then
+    error(("l2l.dist.sum: x must hold 1 to 2^24 numbers, got %d"):format(n), 2)
+  end
+  if n > sums_n then sums, sums_n = ffi.new("double[?]", n), n end
+  for i = 1, n do
+    local v = list and x[i] or x
+    if type(v) ~= "number" then
+      error(("l2l.dist.sum: x[%d] must be a number, got %s"):format(i, argcheck.describe(v)), 2)
+    end
+    sums[i - 1] = v
+  end
+  check(C.l2l_dist_sum(sums, n), "l2l.dist.sum", 2)
+  if not list then return sums[0] end
+  local out = {}
+  for i = 1, n do out[i] = sums[i - 1] end
+  return out
 end
 
 -- l2l.dist.set_timeout(seconds): the deadline of every MPI wait, 0 < seconds <= 1e6.

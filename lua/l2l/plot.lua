@@ -23,7 +23,7 @@
 -- plot.metrics_figure(records [, {title =}]) -> figure: a loss panel (train and validation)
 --   whose axis comes from the losses (it starts at 0 only when they come near it), and a
 --   memory panel (device peak, host memory, the device budget) from 0.
--- plot.main(args) -> exit status: `l2l plot METRICS [OUT] [--title T]` (src/main.c calls
+-- plot.main(args) -> exit status: `l2l plot METRICS [OUT] [--title T]` (src/runner/main.c calls
 --   it): OUT.svg or OUT.png (a PNG needs gnuplot), by default curves.png or curves.svg
 --   beside METRICS, as the demo would have written it: installing gnuplot after a run
 --   does not mean training again.

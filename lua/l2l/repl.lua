@@ -1,6 +1,6 @@
 -- SPDX-License-Identifier: MIT
 -- l2l.repl — what the l2l executable's prompt shows for values, and its tab completion
--- (src/main.c calls show and complete; nothing else needs this module).
+-- (src/runner/main.c calls show and complete; nothing else needs this module).
 --
 -- Purpose: a value typed at the prompt reads as what it is. Tensors, models and optimizers
 -- print through their own __tostring (dtype, shape, values; the table of layers), a layer

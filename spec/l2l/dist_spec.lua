@@ -16,6 +16,8 @@ local support, exe, seed, dir, train, num = dist.support, dist.exe, dist.seed, d
 local have_plugin, sanitizer_env, mpirun, need_mpi = dist.have_plugin, dist.sanitizer_env, dist.mpirun, dist.need_mpi
 local assert_close, assert_same_params = dist.assert_close, dist.assert_same_params
 local assert_ranks_agree, assert_equivalent = dist.assert_ranks_agree, dist.assert_equivalent
+local cjson = require("cjson")
+local l2l = require("l2l")
 
 describe("a program that never asks for MPI", function()
   it("loads no MPI library and needs no mpirun, with and without a relay", function()
@@ -299,9 +301,8 @@ describe("data parallel under mpirun", function()
     -- bf16 masters round stochastically, and a weight whose f32 update differs by float
     -- rounding between the runs can round to the other neighbour: one bf16 ulp (at most
     -- 2^-7 of it), which then moves every gradient of the steps after it a little. So: the
-    -- same losses to 1e-4, and every array within 2 bf16 ulps of its largest magnitude,
-    -- a bf16 master's with most weights the very same. (The exchange itself is checked
-    -- to f32's tolerance above; here its 16-bit all-gather and the draws by element.)
+    -- same losses to 1e-4, and every array within 2 bf16 ulps of its largest magnitude.
+    -- (The exchange itself is checked to f32's tolerance above; here its 16-bit all-gather.)
     -- An array that starts at zero (a bias) has no scale but its updates': its gradient is
     -- mostly cancellation, which a flip elsewhere changes by a large fraction, and AdamW's
     -- and LAMB's normalized steps carry that whole (seen: 2.4 % of a bias's largest, seed
@@ -367,12 +368,13 @@ describe("data parallel under mpirun", function()
           if a ~= b then differ, diff = differ + 1, math.max(diff, math.abs(a - b)) end
           if num(start.params[i].value[j]) ~= 0 then from_zero = false end
         end
-        -- (seen in 24 runs, 2026-11-27: at most 8 % of a bf16 array's weights differed, and
-        -- no weight by more than 0.0065 of its array's largest; a stochastic rounding that
-        -- drew other numbers than one process's would change about half of them)
-        local bf16 = w.dtype == "bf16"
+        -- (seen in 24 runs, 2026-11-27: no weight by more than 0.0065 of its array's
+        -- largest. How many differ is no measure: it grows with the steps, as each flip moves
+        -- the next steps' gradients, to 33 % of one array after 5 steps, seed 360543585.
+        -- That a shard draws what the whole record draws, by element, is checked to the bit
+        -- by the device placement's cases above, where each rank updates whole records.)
         local bound = from_zero and 2 * reach(#w.value) or 2 * 2 ^ -7 * size
-        local ok = diff <= bound and (not bf16 or differ <= 0.25 * #w.value)
+        local ok = diff <= bound
         assert.is_true(ok, ("%s: %d.%s (%s): %d of %d weights differ, by up to %.3g of the largest, %.3g (%s %.3g)"):format(
           what, w.layer, w.name, w.dtype, differ, #w.value, diff / math.max(size, 1e-30), size,
           from_zero and "from zero, bound" or "bound", bound))
@@ -419,4 +421,92 @@ describe("data parallel under mpirun", function()
     local _, lines = out:gsub("\nloss: ", "")
     assert.are.equal(1, lines, "only rank 0 prints:\n" .. out)
   end)
+end)
+
+describe("l2l.dist.sum under mpirun", function()
+  it("gives every rank the sum over the ranks, of a number and of a list", function()
+    if not need_mpi() then return end
+    local n = 3
+    local status, out = support.sh(("timeout 120 %s %s -e '%s'"):format(mpirun(n), exe, [[
+      local l2l = require("l2l")
+      local r = l2l.dist.rank()
+      local s = l2l.dist.sum({ r + 0.5, r * r, -1 })
+      print(("rank %d: %.17g %.17g %.17g %.17g"):format(r, s[1], s[2], s[3], l2l.dist.sum(2 ^ -40 * (r + 1))))]]))
+    assert.are.equal(0, status, out)
+    local want_half, want_squares, want_scalar = 0, 0, 0   -- float64 sums of what each rank gave
+    for r = 0, n - 1 do
+      want_half, want_squares, want_scalar = want_half + r + 0.5, want_squares + r * r, want_scalar + 2 ^ -40 * (r + 1)
+    end
+    for r = 0, n - 1 do
+      local a, b, c, d = out:match(("rank %d: (%%S+) (%%S+) (%%S+) (%%S+)"):format(r))
+      assert.is_truthy(a, ("rank %d printed nothing:\n%s"):format(r, out))
+      assert.are.same({ want_half, want_squares, -n, want_scalar }, { tonumber(a), tonumber(b), tonumber(c), tonumber(d) }, out)
+    end
+  end)
+end)
+
+-- A data-parallel run stops as one process does (relay_interrupt_spec): after the step, its
+-- checkpoint written. Every rank must stop after the same step: a rank that stopped alone
+-- would leave the others waiting in the next step's collectives (until L2L_DIST_TIMEOUT,
+-- 60 s here, ends the job), so train_gpt's ranks agree after each step whether any was
+-- signalled. Both ways a stop comes: a signal to one rank alone (a scheduler's, a user's
+-- kill), and SIGUSR1 to mpirun, which passes it on to every rank. Each rank's spill file is
+-- removed on the way out (MPI is finalized, which every rank reaches after closing its
+-- relay, before the first one ends by the signal).
+describe("stopping a data-parallel run", function()
+  -- train_gpt on 2 ranks, until a watcher sends `sig` once step 3 is in the metrics: to
+  -- rank 1 alone (who = "rank 1") or to mpirun; a watchdog ends it after two minutes.
+  local function stopped_run(name, sig, who)
+    local out_dir = ("%s/stop-%s"):format(dir, name)
+    local ckpt = out_dir .. "/run.safetensors"
+    assert(os.execute("mkdir -p " .. out_dir .. "/spill") == 0)
+    local target = who == "rank 1"
+      and ("$(for p in $(pgrep -f -- '%s/'); do tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | " ..
+           "grep -qx OMPI_COMM_WORLD_RANK=1 && echo $p; done)"):format(out_dir)
+      or "$$"
+    local watcher = ("n=0; until grep -q '\"step\":3,' '%s/metrics.jsonl' 2>/dev/null || [ $n -ge 2400 ]; do sleep 0.05; n=$((n+1)); done; " ..
+                     "kill -%s %s; n=0; while kill -0 $$ 2>/dev/null && [ $n -lt 2400 ]; do sleep 0.05; n=$((n+1)); done; " ..
+                     "kill -KILL $$ 2>/dev/null"):format(out_dir, sig, target)
+    local command = ("%s -x L2L_PROGRESS -x L2L_DIST_TIMEOUT %s examples/train_gpt.lua --dist mpi --steps 100000 " ..
+                     "--layers 1 --dim 32 --heads 2 --seq 32 --batch 6 --eval-every 1000 --eval-batches 1 " ..
+                     "--max-bytes 100000 --plot none --sample 20 --seed %d --out %s --checkpoint %s --spill %s/spill"):format(
+                     mpirun(2), exe, seed, out_dir, ckpt, out_dir)
+    local script = support.write_temp(("(%s) >/dev/null 2>&1 &\nL2L_PROGRESS=plain L2L_DIST_TIMEOUT=60 exec %s\n"):format(
+      watcher, command))
+    local status, out = support.sh(("sh -c 'sh %s; exit $?' 2>&1"):format(script))
+    os.remove(script)
+    return status, out, ckpt, out_dir
+  end
+
+  for _, case in ipairs({ { "term-rank1", "TERM", "SIGTERM", "rank 1" }, { "usr1-mpirun", "USR1", "SIGUSR1", "mpirun" } }) do
+    local name, sig, shown, who = case[1], case[2], case[3], case[4]
+    it(("stops every rank after the same step on %s to %s, and saves the checkpoint at it"):format(shown, who), function()
+      if not need_mpi() then return end
+      local status, out, ckpt, out_dir = stopped_run(name, sig, who)
+      local context = ("seed %d, status %s, output:\n%s"):format(seed, tostring(status), out)
+      local _, number = support.sh("bash -c 'kill -l " .. sig .. "'")
+      assert.are.equal(128 + assert(tonumber(number)), status, context)   -- mpirun ends as its ranks did
+      local stopped = tonumber(out:match(("\nstopped at step (%%d+) of 100000 %%(%s%%): %%-%%-resume continues"):format(shown)))
+      assert.is_truthy(stopped, context)
+      assert.is_true(stopped >= 3, context)
+      local _, lines = out:gsub("\nstopped at step ", "")
+      assert.are.equal(1, lines, "only rank 0 prints: " .. context)
+      assert.is_truthy(out:find(("checkpoint: %s (step %d)"):format(ckpt, stopped), 1, true), context)
+      assert.is_truthy(out:find(("sample: none (stopped by %s)"):format(shown), 1, true), context)
+      assert.is_falsy(out:find("timed out", 1, true), context)
+      -- every rank closed its relay before mpirun saw one end: no spill file is left
+      assert.is_truthy(out:find("\nspill: ", 1, true), context)
+      local _, left = support.sh("ls -A " .. out_dir .. "/spill")
+      assert.are.equal("", left, "the spill folder after the stop holds: " .. left .. "\n" .. context)
+      local last
+      for line in io.lines(out_dir .. "/metrics.jsonl") do last = cjson.decode(line) end
+      assert.are.equal(stopped, last and last.step, context)
+      -- the file is the 2 ranks' whole run at that step: it loads in one process
+      local info = l2l.checkpoint_info(ckpt)
+      assert.are.equal(stopped, info.steps, context)
+      local run = l2l.load(ckpt, { dist = "none" })
+      assert.are.equal(stopped, run:stats().steps, context)
+      run:free()
+    end)
+  end
 end)

@@ -2,7 +2,10 @@
 -- relay_interrupt_spec — Ctrl-C ends training gracefully (issue 24): the first SIGINT lets the
 -- step finish and the example write what it writes at its end (summary, metrics, picture,
 -- checkpoint), then the process ends as Ctrl-C ends a program (killed by SIGINT: status
--- 130 from the shell); a second SIGINT stops it at once. The processes run as users run
+-- 130 from the shell); a second SIGINT stops it at once. SIGTERM (kill, timeout(1), a
+-- scheduler) and SIGUSR1 (what mpirun passes on) stop it the same way, and the process ends
+-- as that signal ends it; a signal the parent ignores stays ignored (the stop across
+-- mpirun's ranks: dist_spec). The processes run as users run
 -- them (build/l2l, a subprocess that is the shell's foreground command, so SIGINT is not
 -- ignored), and get the signal from a watcher that waits for them to reach a given point;
 -- a watchdog kills a process that would not end, so a failure cannot hang the suite. A
@@ -20,14 +23,16 @@ local function tmpdir()
   return path
 end
 
--- Runs `command` (exec'ed by a shell script, so that $$ is its pid) while a watcher sends SIGINT once
--- `file` holds a line matching `pattern` (grep -E), for each pattern of the list in turn;
--- a watchdog sends SIGKILL after a minute. Returns the exit status and the output.
-local function interrupted(command, file, patterns)
+-- Runs `command` (exec'ed by a shell script, so that $$ is its pid) while a watcher sends a
+-- signal once `file` holds a line matching `pattern` (grep -E), for each pattern of the list
+-- in turn (SIGINT, or signals[i]: "TERM", "USR1"); a watchdog sends SIGKILL after a minute.
+-- `env` is what env(1) is told besides (default: SIGINT's default handling). Returns the exit
+-- status and the output.
+local function interrupted(command, file, patterns, signals, env)
   local steps = {}
-  for _, p in ipairs(patterns) do
+  for i, p in ipairs(patterns) do
     steps[#steps + 1] = ("n=0; until grep -qE '%s' '%s' 2>/dev/null || [ $n -ge 1200 ]; do sleep 0.05; n=$((n+1)); done; " ..
-                         "kill -INT $$"):format(p, file)
+                         "kill -%s $$"):format(p, file, signals and signals[i] or "INT")
   end
   local watcher = table.concat(steps, "; ") ..
                   "; n=0; while kill -0 $$ 2>/dev/null && [ $n -lt 1200 ]; do sleep 0.05; n=$((n+1)); done; " ..
@@ -36,8 +41,10 @@ local function interrupted(command, file, patterns)
   -- env --default-signal=INT: a suite started in the background (`make test &`, nohup)
   -- hands its processes SIGINT ignored, which l2l rightly keeps ignored, as a background
   -- job's; a Ctrl-C typed at a terminal reaches a foreground program whatever started it.
-  local script = support.write_temp(("(%s) >/dev/null 2>&1 &\nexec env --default-signal=INT %s\n"):format(watcher, command))
-  local status, out = support.sh("sh " .. script)
+  local script = support.write_temp(("(%s) >/dev/null 2>&1 &\nexec env --default-signal=INT %s %s\n"):format(
+    watcher, env or "", command))
+  -- (inside a shell of its own, whose "Terminated" for a process SIGTERM killed is output)
+  local status, out = support.sh(("sh -c 'sh %s; exit $?' 2>&1"):format(script))
   os.remove(script)
   return status, out
 end
@@ -179,9 +186,51 @@ describe("cli.interrupt", function()
     assert.is_truthy(out:find("\nsaving\n$"), out)   -- the 30 s of work were cut short: no "saved"
   end)
 
+  -- the status a process killed by signal `name` ends with (128 + its number)
+  local function killed_by(name)
+    local _, number = support.sh("bash -c 'kill -l " .. name .. "'")
+    return 128 + assert(tonumber(number), "kill -l " .. name)
+  end
+
+  for _, sig in ipairs({ { "TERM", "SIGTERM" }, { "USR1", "SIGUSR1" } }) do
+    it(("stops the loop on %s as on Ctrl-C, and ends as %s ends a program"):format(sig[2], sig[2]), function()
+      local log = os.tmpname()
+      local status, err = interrupted(("%s %s --after 0.3 > %s"):format(exe, script, log), log, { "^step 3$" }, { sig[1] })
+      local out = support.read_file(log)
+      os.remove(log)
+      assert.are.equal(killed_by(sig[1]), status, out .. err)
+      assert.is_truthy(out:find("\nsaving\nsaved\n$"), out)
+      assert.is_truthy(err:find(("slow: %s: stopping after this step (a second %s or Ctrl-C stops at once)"):format(
+        sig[2], sig[2]), 1, true), err)
+    end)
+  end
+
+  it("stops at once on a second signal of another kind (SIGTERM, then Ctrl-C)", function()
+    local log = os.tmpname()
+    local status, err = interrupted(("%s %s --after 30 > %s"):format(exe, script, log), log, { "^step 3$", "^saving$" },
+                                    { "TERM", "INT" })
+    local out = support.read_file(log)
+    os.remove(log)
+    assert.are.equal(130, status, out .. err)
+    assert.is_truthy(out:find("\nsaving\n$"), out)
+  end)
+
+  it("leaves a signal the parent ignores ignored (SIGTERM), and still stops on Ctrl-C", function()
+    local log = os.tmpname()
+    local status, err = interrupted(("%s %s --after 0.3 > %s"):format(exe, script, log), log, { "^step 3$", "^step 6$" },
+                                    { "TERM", "INT" }, "--ignore-signal=TERM")
+    local out = support.read_file(log)
+    os.remove(log)
+    assert.are.equal(130, status, out .. err)
+    assert.is_truthy(out:find("\nstep 6\n"), out)   -- SIGTERM at step 3 stopped nothing
+    assert.is_falsy(err:find("SIGTERM", 1, true), err)
+    assert.is_truthy(out:find("\nsaving\nsaved\n$"), out)
+  end)
+
   it("answers false until a Ctrl-C comes, and lets go of Ctrl-C on finish", function()
     local stop = require("l2l.cli").interrupt("a message")
     assert.is_false(stop:requested())
+    assert.is_nil(stop:signal())
     stop:finish()   -- nothing was requested: returns
     stop:release()  -- twice: harmless
   end)

@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: MIT
--- repl_spec — the l2l executable's interactive prompt (src/main.c, lua/l2l/repl.lua), used
+-- repl_spec — the l2l executable's interactive prompt (src/runner/main.c, lua/l2l/repl.lua), used
 -- as a person would: through a pipe with `l2l -i` (build a model, train it, print it,
 -- insert a layer, train again, make mistakes and carry on), and through a pseudo-terminal
 -- with `script` from util-linux, where libedit edits lines, completes names, keeps the

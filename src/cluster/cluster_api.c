@@ -31,6 +31,15 @@ l2l_status l2l_dist_barrier(void) {
   return dist_run(&op);
 }
 
+l2l_status l2l_dist_sum(double *values, int n) {
+  if (values == NULL) return FAIL(L2L_ERR_INVALID, "values is NULL");
+  if (n < 1 || n > (1 << 24)) return FAIL(L2L_ERR_INVALID, "n must be in [1, 2^24], got %d", n);
+  TRY(l2l_dist_init());
+  struct dist_op op = {.kind = DIST_ALLREDUCE_SUM, .recv = values, .n = n, .what = "sum",
+                       .layer = -1, .step = -1, .bytes = (uint64_t)n * sizeof(double)};
+  return dist_run(&op);
+}
+
 l2l_status l2l_dist_set_timeout(double seconds) {
   if (!dist_set_timeout_now(seconds))
     return FAIL(L2L_ERR_INVALID, "seconds must be in (0, 1e6], got %g", seconds);

@@ -185,6 +185,12 @@ TEST(misuse_data_parallel) {
   REFUSES(l2l_dist_size(&out), L2L_ERR_UNSUPPORTED, "MPI plugin");
   CHECK(out == -5, "a refused l2l_dist_rank wrote %d", out);
   REFUSES(l2l_dist_barrier(), L2L_ERR_UNSUPPORTED, "MPI plugin");
+  double sums[2] = {1.5, -2};
+  REFUSES(l2l_dist_sum(sums, 2), L2L_ERR_UNSUPPORTED, "MPI plugin");
+  CHECK(sums[0] == 1.5 && sums[1] == -2, "a refused l2l_dist_sum wrote %g %g", sums[0], sums[1]);
+  REFUSES(l2l_dist_sum(NULL, 2), L2L_ERR_INVALID, "values is NULL");
+  REFUSES(l2l_dist_sum(sums, 0), L2L_ERR_INVALID, "n must be in [1, 2^24], got 0");
+  REFUSES(l2l_dist_sum(sums, (1 << 24) + 1), L2L_ERR_INVALID, "n must be in [1, 2^24]");
   c.dist = L2L_DIST_MPI;
   REFUSES(l2l_relay_new(&run, m.layer, m.n, &c), L2L_ERR_UNSUPPORTED, "MPI plugin");
   CHECK(run == SENTINEL(l2l_relay), "*out written by a refused l2l_relay_new");

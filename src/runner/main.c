@@ -25,9 +25,8 @@
  * typed at the prompt is never JIT-compiled, so that a loop in it reaches one; a second
  * Ctrl-C kills as usual); Ctrl-D ends the session with status 0 (1 when -e code or a
  * script run before `-i` failed).
- * Training loops stop gently on Ctrl-C through the module "l2l.sigint" this file gives
- * (package.preload; lua/l2l/cli.lua wraps it): the first Ctrl-C is counted, for the loop
- * to see after its step, the second is handled as it was before the loop caught it.
+ * Training loops stop gently on Ctrl-C, SIGTERM or SIGUSR1 through the module
+ * "l2l.stop_signals" (stop_signals.c; lua/l2l/cli.lua wraps it).
  * SIGXFSZ is ignored: a file size limit is a refused write (EFBIG), which l2l reports.
  * Must never: hide a Lua error (it is printed with its traceback; a script's error makes
  * the exit status 1), end the REPL because of an error in an entry, or fail because the
@@ -51,6 +50,7 @@
 #include <unistd.h>
 
 #include "l2l.h"
+#include "runner/runner.h"
 
 static const char *program = "l2l";
 
@@ -192,123 +192,6 @@ static void catch_sigint(void) {
   sa.sa_handler = on_sigint;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
-}
-
-/* ------------------------------------------------------------------ Ctrl-C for training loops */
-
-/* l2l.sigint.catch(message) makes the first Ctrl-C a request: counted, and `message`
-   written to stderr at once (the loop may be in the middle of a long step); the second
-   puts back the handling from before catch() and raises SIGINT again, so a script dies
-   as Ctrl-C kills it and the REPL stops the entry. Only async-signal-safe calls here
-   (write, sigaction, raise). A SIGINT ignored by the parent (a background job of a
-   non-interactive shell) stays ignored: catch() answers false. */
-static volatile sig_atomic_t stop_count, stop_catching;
-static struct sigaction stop_previous;
-static char stop_message[512];
-static volatile size_t stop_message_len;
-
-static void on_stop(int sig) {
-  int saved = errno;
-  if (stop_count < 2) stop_count++;
-  if (stop_count == 1) {
-    ssize_t w = write(STDERR_FILENO, stop_message, stop_message_len);
-    (void)w;
-  } else {
-    sigaction(sig, &stop_previous, NULL);
-    stop_catching = 0;
-    raise(sig);   /* delivered when this handler returns */
-  }
-  errno = saved;
-}
-
-static void stop_release(void) {
-  if (!stop_catching) return;
-  stop_catching = 0;
-  sigaction(SIGINT, &stop_previous, NULL);
-}
-
-static int sigint_catch(lua_State *L) {
-  size_t n = 0;
-  const char *msg = luaL_optlstring(L, 1, "", &n);
-  if (n > sizeof stop_message - 1) n = sizeof stop_message - 1;
-  struct sigaction now;
-  sigaction(SIGINT, NULL, &now);
-  if (!stop_catching && now.sa_handler == SIG_IGN) {
-    lua_pushboolean(L, 0);
-    return 1;
-  }
-  sigset_t block, old;   /* no Ctrl-C while the message and the count change */
-  sigemptyset(&block);
-  sigaddset(&block, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &block, &old);
-  memcpy(stop_message, msg, n);
-  stop_message_len = n;
-  stop_count = 0;
-  if (!stop_catching) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop;
-    sa.sa_flags = SA_RESTART;   /* the loop's reads and writes go on */
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &stop_previous);
-    stop_catching = 1;
-  }
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
-static int sigint_count(lua_State *L) {
-  lua_pushinteger(L, stop_count);
-  return 1;
-}
-
-static int sigint_release(lua_State *L) {
-  (void)L;
-  stop_release();
-  return 0;
-}
-
-/* Ends the process as Ctrl-C does (killed by SIGINT: status 130 in a shell, and a shell
-   loop around it stops too) when SIGINT's handling, after release, is the default one;
-   otherwise (the REPL's handler) returns false, for the caller to raise an error. The Lua
-   state is closed first, as at a script's end (LuaJIT's os.exit(code, true) does the same
-   from inside a call): its finalizers free what the script holds, so a relay removes its
-   spill file (issue 47: raised with the state open, the file was left behind). A Ctrl-C
-   while they run ends the process at once (SIGINT's handling is the default again). */
-static int sigint_die(lua_State *L) {
-  stop_release();
-  struct sigaction now;
-  sigaction(SIGINT, NULL, &now);
-  if (now.sa_handler != SIG_DFL) {
-    lua_pushboolean(L, 0);
-    return 1;
-  }
-  fflush(NULL);
-  lua_close(L);   /* (not used after this) */
-  fflush(NULL);
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_UNBLOCK, &set, NULL);
-  raise(SIGINT);
-  _exit(130);   /* not reached: SIGINT's default action ends the process */
-}
-
-static int open_sigint(lua_State *L) {
-  static const luaL_Reg fns[] = {{"catch", sigint_catch}, {"count", sigint_count},
-                                 {"release", sigint_release}, {"die", sigint_die}, {NULL, NULL}};
-  lua_newtable(L);
-  luaL_register(L, NULL, fns);
-  return 1;
-}
-
-static void preload_sigint(lua_State *L) {
-  lua_getglobal(L, "package");
-  lua_getfield(L, -1, "preload");
-  lua_pushcfunction(L, open_sigint);
-  lua_setfield(L, -2, "l2l.sigint");
-  lua_pop(L, 2);
 }
 
 /* ------------------------------------------------------------------ the REPL: history */
@@ -498,7 +381,7 @@ static void evaluate(lua_State *L, int nargs) {
     status = call_chunk(L, nvalues, 0);
   }
   evaluating = 0;
-  stop_release();               /* a training loop that caught Ctrl-C and did not let go */
+  stop_signals_release();       /* a training loop that caught Ctrl-C and did not let go */
   lua_sethook(L, NULL, 0, 0);   /* a Ctrl-C that came after the last Lua instruction */
   fflush(stdout);
   report(L, status);
@@ -706,7 +589,7 @@ int main(int argc, char **argv) {
   }
   luaL_openlibs(L);
   set_package_path(L);
-  preload_sigint(L);
+  stop_signals_preload(L);
   int script = find_script(argc, argv);
   set_arg_table(L, argv, argc, script);
 
