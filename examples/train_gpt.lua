@@ -116,8 +116,9 @@ local parser = cli.parser {
                 "one layer at a time on the device within a memory budget.",
   epilog = "Ctrl-C (or SIGTERM, or SIGUSR1) stops after the current step: the checkpoint (with --checkpoint), " ..
            "the summary, the metrics and the picture are written; a second one stops at once. Under mpirun, " ..
-           "`kill -USR1 <mpirun's pid>` does the same on every rank (mpirun passes SIGUSR1 on; its own Ctrl-C " ..
-           "kills the ranks a second after their SIGTERM unless given --mca odls_base_sigkill_timeout SECONDS).",
+           "`kill -USR1 <mpirun's pid>` does the same on every rank (mpirun passes SIGUSR1 on; a Ctrl-C or SIGTERM " ..
+           "to mpirun sends the ranks SIGTERM, then SIGKILL, a second apart, or --mca odls_base_sigkill_timeout " ..
+           "SECONDS apart).",
 }
 local opt = cli.parse(parser)
 
@@ -624,11 +625,18 @@ local targets = l2l.zeros({ rows, S }, { dtype = "i32" })
 
 local bar   -- the progress display, once training starts
 
+-- An error that is the REPL's Ctrl-C (a second one, the first having asked the loop to
+-- stop, or one after the stop let go) goes on as it is: the REPL stops the entry.
+local function pass_interruption(e)
+  if type(e) == "string" and e:find("interrupted %(Ctrl%-C%)$") then error(e, 0) end
+end
+
 -- run:step or run:evaluate; a failure ends the program with the relay's message, and
 -- with what to do when it is a budget that was too small.
 local function relay_call(method, tok, tgt)
   local ok, loss = pcall(method, run, tok, tgt)
   if ok then return loss end
+  pass_interruption(loss)
   local msg = tostring(loss)
   if msg:find("host budget", 1, true) then
     msg = msg .. ("\nthe host budget (%.1f MiB) is too small for this model: give a larger --host-budget (MiB)%s"):format(
@@ -801,8 +809,7 @@ else
 end
 local interrupted = stop:signal()   -- what stopped the loop ("Ctrl-C", "SIGTERM", "SIGUSR1"), or nil
 if last_step < opt.steps then
-  print(("stopped at step %d of %d (%s)%s"):format(last_step, opt.steps, interrupted or "--stop-at",
-    checkpoints and ": --resume continues from the checkpoint" or ""))
+  print(("stopped at step %d of %d (%s)"):format(last_step, opt.steps, interrupted or "--stop-at"))
 end
 -- the device pool's own high-water mark: every step and evaluation of this process
 local pool_peak = l2l.pool_stats("device").peak
@@ -837,17 +844,23 @@ local final_save_failed = nil   -- the run's last checkpoint not written: the pr
 if checkpoints then
   local e = keep_earlier(s.steps) or save_checkpoint(last_step)
   final_save_failed = e
-  print(e or ("checkpoint: " .. opt.checkpoint .. (" (step %d)"):format(s.steps)))
+  print(e or ("checkpoint: %s (step %d)%s"):format(opt.checkpoint, s.steps,
+                                                  last_step < opt.steps and ": --resume continues from it" or ""))
   if opt.keep_best and best_val < math.huge then print(("best: %s (validation loss %.4f)"):format(best_path, best_val)) end
 end
 
+-- Everything is written: from here a stop signal ends the process at once (a sample is
+-- not worth waiting for), and one that came since the loop means no sample.
+interrupted = stop:signal()
+io.stdout:flush()
+stop:release()
 if opt.sample > 0 and interrupted then
   print(("\nsample: none (stopped by %s)"):format(interrupted))
 elseif opt.sample > 0 and rank == 0 then
   local ok, text = pcall(model.generate, model, opt.prompt, opt.sample,
                          { temperature = opt.temperature, top_k = math.min(opt.top_k, V), seed = opt.seed,
                            tokenizer = tok })
-  if not ok then fail("sample: " .. tostring(text)) end
+  if not ok then pass_interruption(text) fail("sample: " .. tostring(text)) end
   -- bytes a terminal would act on (carriage returns, escapes) and bytes above 127 (a
   -- partly trained model's UTF-8 is seldom valid) are shown as '?'
   local shown = (opt.prompt .. text):gsub("[%z\1-\8\11-\31\127-\255]", "?")

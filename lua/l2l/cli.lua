@@ -25,7 +25,8 @@
 -- cli.parse(parser [, args]) -> opt: `args` default to the script's arguments. --help
 --   prints the help and exits 0; a flag it does not know (with a near miss: "did you mean
 --   '--steps'?"), a value of the wrong kind or a missing value prints what is wrong and
---   exits 2 (the usual status for bad usage).
+--   exits 2 (the usual status for bad usage). Standard output becomes line-buffered: a
+--   program's log piped through tee shows each line as it comes, in order with stderr's.
 -- cli.usage_error(message) says what is wrong with the flags (as cli.parse does) and exits 2.
 -- cli.corpus(opt) -> l2l.text.corpus(opt.data, {max_bytes = opt.max_bytes}): files and
 --   folders (walked recursively) in a fixed order; without --data, the C headers under
@@ -34,23 +35,27 @@
 -- cli.interrupt([message | options]) -> stop: from now on the first stop signal makes
 --   stop:requested() true, and the loop finishes its step and writes what it writes at its
 --   end. The stop signals: Ctrl-C (SIGINT); SIGTERM (kill, timeout(1), a scheduler's
---   preemption or time limit, mpirun ending its ranks); SIGUSR1 (mpirun passes it on to
---   every rank; Slurm's --signal sends it before a time limit). The first writes a line at
---   once ("<name>: Ctrl-C: stopping after this step (Ctrl-C again stops at once)", the
---   signal named; `message` instead when given). A second one is the usual signal: a script
+--   preemption or time limit); SIGUSR1 (mpirun passes it on to every rank; Slurm's --signal
+--   sends it before a time limit). The first writes a line at once ("<name>: Ctrl-C:
+--   stopping after this step (Ctrl-C again stops at once)", the signal named; `message`
+--   instead when given). A second one, of any of the three, is the usual signal: a script
 --   dies at once, the REPL stops the entry. options: { message =, dist = "mpi" | "none" }:
 --   with dist = "mpi" (a data-parallel run) stop:requested() is a collective: every rank
 --   calls it at the same points (once a step), and all answer true from the same call on
---   once any rank was signalled, so every rank stops after the same step (only rank 0 writes
---   the line). stop:signal() -> "Ctrl-C", "SIGTERM" or "SIGUSR1": what stopped the loop
---   (nil: nothing). stop:finish() lets go of the signals and, when one stopped the run, ends
---   the process as that signal does (killed by it: status 130 for Ctrl-C in a shell, which
---   also stops a shell loop around it, 143 for SIGTERM, 138 for SIGUSR1; in the REPL, after
---   a Ctrl-C, an error "interrupted (Ctrl-C)" instead); a rank stopped by another rank's
---   signal ends as that rank does. stop:release() lets go without ending anything. The
---   gentle stop needs the l2l executable (its module "l2l.stop_signals", see src/runner/stop_signals.c); in
---   plain luajit the signals keep their usual effect, and one ignored by the parent (Ctrl-C
---   in a background job of a shell script) stays ignored.
+--   once any rank was signalled, so every rank stops after the same step (only rank 0
+--   writes a line: the signal's, or "SIGTERM on 1 other rank: stopping after this step").
+--   stop:signal() -> "Ctrl-C", "SIGTERM" or "SIGUSR1": what stopped the loop (nil: nothing;
+--   this process's own signal where the ranks have not agreed on one, as after the loop).
+--   stop:finish() lets go of the signals and, when one stopped the run, ends the process as
+--   that signal does (killed by it: status 130 for Ctrl-C in a shell, which also stops a
+--   shell loop around it, 143 for SIGTERM, 138 for SIGUSR1; in the REPL, after a Ctrl-C,
+--   an error "interrupted (Ctrl-C)" instead, after SIGTERM or SIGUSR1 the REPL ends); a rank
+--   stopped by other ranks' signals alone ends as by the first of Ctrl-C, SIGTERM, SIGUSR1
+--   that reached one (with status 128 + its number where its parent had it ignored).
+--   stop:release() lets go without ending anything. The gentle stop needs the l2l
+--   executable (its module "l2l.stop_signals", see src/runner/stop_signals.c); in plain
+--   luajit the signals keep their usual effect, and one ignored by the parent (Ctrl-C in a
+--   background job of a shell script) stays ignored.
 -- Must never: read a flag it was not told about, or end the process except where said
 -- above (cli.parse on bad usage, cli.usage_error, cli.corpus on bad --data, cli.fail,
 -- stop:finish).
@@ -171,7 +176,8 @@ local ROW_KINDS = { int = "int", int64 = "int", uint64 = "int", float = "number"
 -- form, one for each option of the relay, its optimizer and its schedule in the option
 -- table (src/core/options.def) but those in skip (a program's own flags for them): "--clip-
 -- global-norm" for clip_global_norm, of the row's kind, bounds and choices, with its help.
--- A flag not given is nil in opt (the library's default) unless defaults names a value.
+-- A flag not given is nil in opt (the library's default, which its help shows) unless
+-- defaults names a value.
 function M.option_flags(o, ...)
   if select("#", ...) ~= 0 then too_many("cli.option_flags", "options", 2, ...) end
   o = argcheck.options(o or {}, { skip = true, defaults = true }, "cli.option_flags", 2)
@@ -185,8 +191,16 @@ function M.option_flags(o, ...)
   for _, row in ipairs(require("l2l.option_table").ROWS) do
     if not skip[row.name] then
       local kind = ROW_KINDS[row.type]
-      local f = { "--" .. row.name:gsub("_", "-"), defaults[row.name], kind,
-                  row.group == "relay" and ("%s (l2l.Relay's %s)"):format(row.help, row.name) or row.help }
+      -- (not given: the library's default, which the help says)
+      local given = defaults[row.name] ~= nil
+      local default = not given and kind ~= "flag" and require("l2l.relay_options").default_text(row)
+      local help = row.help
+      if row.group == "relay" then
+        help = ("%s (l2l.Relay's %s%s)"):format(help, row.name, default and "; default: " .. default or "")
+      elseif default then
+        help = ("%s (default: %s)"):format(help, default)
+      end
+      local f = { "--" .. row.name:gsub("_", "-"), defaults[row.name], kind, help }
       if kind == "int" or kind == "number" then
         f.min = math.max(row.min, -argcheck.EXACT_MAX)
         if row.max < argcheck.EXACT_MAX then f.max = row.max end
@@ -263,6 +277,7 @@ function M.parse(p, args, ...)
   elseif type(args) ~= "table" then
     error("cli.parse: args must be a list of strings, got " .. describe(args), 2)
   end
+  io.stdout:setvbuf("line")
   -- A negative number after a flag that takes a value is that value (`--lr -1`), not a
   -- flag: argparse reads any word starting with '-' as one. Joined as `--lr=-1`.
   local valued, joined, seen = valued_flags(p), {}, {}
@@ -366,15 +381,20 @@ function M.interrupt(options, ...)
   if dist ~= nil and dist ~= "mpi" and dist ~= "none" then
     error("cli.interrupt: dist must be 'mpi' or 'none', got " .. describe(dist), 2)
   end
-  local self = setmetatable({ mod = stop_signals(), caught = false, dist = dist == "mpi", agreed = nil }, Stop)
+  local self = setmetatable({ mod = stop_signals(), caught = false, dist = dist == "mpi", agreed = nil,
+                              quiet = false, lead = stderr_is_terminal() and "\n" or "" }, Stop)
+  if self.dist then   -- under mpirun only rank 0 speaks
+    local ok, rank = pcall(require("l2l.dist").rank)
+    if not ok then error("cli.interrupt: dist = 'mpi': " .. tostring(rank), 2) end
+    self.quiet = rank ~= 0
+  end
   -- on a terminal the ^C the terminal echoes, or a progress line, is where the cursor was:
-  -- a new line first; under mpirun only rank 0 says it
-  local lead = stderr_is_terminal() and "\n" or ""
-  local quiet = self.dist and require("l2l.dist").rank() ~= 0
+  -- a new line first
   local texts = {}
   for i, name in ipairs(SIGNALS) do
-    local again = name == "INT" and "Ctrl-C again stops at once" or ("a second %s or Ctrl-C stops at once"):format(SHOWN[name])
-    texts[i] = quiet and "" or lead .. (message or ("%s: %s: stopping after this step (%s)"):format(program, SHOWN[name], again)) .. "\n"
+    local again = name == "INT" and "Ctrl-C again" or "a second signal"
+    texts[i] = self.quiet and "" or self.lead .. (message or ("%s: %s: stopping after this step (%s stops at once)"):format(
+      program, SHOWN[name], again)) .. "\n"
   end
   if self.mod then self.caught = self.mod.catch(texts[1], texts[2], texts[3]) end
   return self
@@ -382,7 +402,7 @@ end
 
 -- This process's first stop signal ("INT", "TERM", "USR1"), or nil.
 local function own_signal(self)
-  return self.caught and self.mod.count() > 0 and self.mod.first() or nil
+  return self.caught and self.mod.first() or nil
 end
 
 function Stop:requested(...)
@@ -396,7 +416,13 @@ function Stop:requested(...)
   for i, name in ipairs(SIGNALS) do reached[i] = mine == name and 1 or 0 end
   reached = require("l2l.dist").sum(reached)
   for i, name in ipairs(SIGNALS) do
-    if reached[i] > 0 and not self.agreed then self.agreed = mine or name end
+    if reached[i] > 0 and not self.agreed then
+      self.agreed = mine or name   -- (a rank that got none ends as by the first of the list that came)
+      if not mine and not self.quiet then
+        io.stderr:write(("%s%s: %s on %d other rank%s: stopping after this step\n"):format(
+          self.lead, program, SHOWN[name], reached[i], reached[i] == 1 and "" or "s"))
+      end
+    end
   end
   return self.agreed ~= nil
 end

@@ -54,7 +54,8 @@ function M.barrier(...)
   check(C.l2l_dist_barrier(), "l2l.dist.barrier", 2)
 end
 
-local sums, sums_n = nil, 0   -- l2l.dist.sum's numbers (grown as needed: a number a step allocates nothing)
+local SMALL = 4096   -- l2l.dist.sum's numbers up to this many in one buffer kept (a step's few allocate nothing)
+local small_sums = ffi.new("double[?]", SMALL)
 
 -- l2l.dist.sum(x) -> x summed over every rank: a number, or a list of numbers (a new list;
 -- up to 2^24 of them), in float64. A collective: every rank calls it at the same point with
@@ -69,7 +70,7 @@ function M.sum(x, ...)
   if n < 1 or n > 2 ^ 24 then
     error(("l2l.dist.sum: x must hold 1 to 2^24 numbers, got %d"):format(n), 2)
   end
-  if n > sums_n then sums, sums_n = ffi.new("double[?]", n), n end
+  local sums = n <= SMALL and small_sums or ffi.new("double[?]", n)
   for i = 1, n do
     local v = list and x[i] or x
     if type(v) ~= "number" then

@@ -123,6 +123,38 @@ local function read_row(o, row, d, fname, default)
   return v
 end
 
+-- An option's value where none is given, in words (`l2l train --help` shows it): C's
+-- default (l2l_relay_config_default), the rule read_settings below applies, or for an
+-- optimizer's or schedule's option each kind's that takes it ("1e-08 (adamw), 1e-06
+-- (lamb)"; one value when they agree); nil for the kind rows.
+local DEFAULT_RULES = { precision = "bf16 on a GPU or with bf16 masters, else f32",
+                        placement = "auto within a device budget, else host" }
+function M.default_text(row)
+  if DEFAULT_RULES[row.name] then return DEFAULT_RULES[row.name] end
+  if row.group ~= "relay" then
+    if not row.defaults then return nil end
+    local names = option_table.names(row.group == "optimizer" and ROW.optimizer or ROW.schedule)
+    local parts, values = {}, {}
+    for k = 0, #names do
+      local kind = names[k]
+      if row.takes[kind] then
+        local v = row.defaults[kind]
+        v = v == nil and "required" or type(v) == "number" and ("%.10g"):format(v) or tostring(v)
+        parts[#parts + 1], values[v] = ("%s (%s)"):format(v, kind), true
+      end
+    end
+    local only = next(values)
+    return next(values, only) == nil and only or table.concat(parts, ", ")
+  end
+  local d = ffi.new("l2l_relay_config")
+  C.l2l_relay_config_default(d)
+  local v = d[row.field]
+  if row.type == "path" then return v == nil and "none" or ffi.string(v) end
+  if row.type == "choice" then return name_of(row.ids, v) end
+  if row.type == "bool" then return tostring(v ~= 0) end
+  return ("%.10g"):format(tonumber(v))
+end
+
 -- Every option but the model and the plan, with C's defaults (l2l_relay_config_default:
 -- the default precision follows the device pool's backend), and C's check of what they
 -- mean. l2l.plan reads the ones that set memory and time through it too (config_for).

@@ -728,7 +728,7 @@ describe("arguments: every public Lua function (seed " .. support.seed .. ")", f
   teardown(function()
     l2l.profile.stop()
     os.execute("rm -rf " .. scratch)
-    cli.interrupt():release()   -- the cases caught Ctrl-C: let go of it
+    cli.interrupt():release()   -- the cases caught the stop signals: let go of them
   end)
 
   it("has a case in arguments_spec.lua, and every case is a public function", function()

@@ -454,18 +454,20 @@ end)
 -- removed on the way out (MPI is finalized, which every rank reaches after closing its
 -- relay, before the first one ends by the signal).
 describe("stopping a data-parallel run", function()
-  -- train_gpt on 2 ranks, until a watcher sends `sig` once step 3 is in the metrics: to
-  -- rank 1 alone (who = "rank 1") or to mpirun; a watchdog ends it after two minutes.
+  -- train_gpt on 2 ranks, until a watcher sends `sig` once step 3 is in the metrics (while
+  -- the job runs): to rank 1 alone (who = "rank 1": the process whose environment says so
+  -- and whose command names out_dir) or to mpirun; a watchdog ends the job two minutes on.
   local function stopped_run(name, sig, who)
     local out_dir = ("%s/stop-%s"):format(dir, name)
     local ckpt = out_dir .. "/run.safetensors"
     assert(os.execute("mkdir -p " .. out_dir .. "/spill") == 0)
     local target = who == "rank 1"
-      and ("$(for p in $(pgrep -f -- '%s/'); do tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | " ..
-           "grep -qx OMPI_COMM_WORLD_RANK=1 && echo $p; done)"):format(out_dir)
+      and ("$(for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && " ..
+           "tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -qF -- '%s/' && echo ${p#/proc/}; done)"):format(out_dir)
       or "$$"
-    local watcher = ("n=0; until grep -q '\"step\":3,' '%s/metrics.jsonl' 2>/dev/null || [ $n -ge 2400 ]; do sleep 0.05; n=$((n+1)); done; " ..
-                     "kill -%s %s; n=0; while kill -0 $$ 2>/dev/null && [ $n -lt 2400 ]; do sleep 0.05; n=$((n+1)); done; " ..
+    local watcher = ("n=0; until grep -q '\"step\":3,' '%s/metrics.jsonl' 2>/dev/null || ! kill -0 $$ 2>/dev/null || " ..
+                     "[ $n -ge 2400 ]; do sleep 0.05; n=$((n+1)); done; kill -0 $$ 2>/dev/null && kill -%s %s; " ..
+                     "n=0; while kill -0 $$ 2>/dev/null && [ $n -lt 2400 ]; do sleep 0.05; n=$((n+1)); done; " ..
                      "kill -KILL $$ 2>/dev/null"):format(out_dir, sig, target)
     local command = ("%s -x L2L_PROGRESS -x L2L_DIST_TIMEOUT %s examples/train_gpt.lua --dist mpi --steps 100000 " ..
                      "--layers 1 --dim 32 --heads 2 --seq 32 --batch 6 --eval-every 1000 --eval-batches 1 " ..
@@ -486,12 +488,19 @@ describe("stopping a data-parallel run", function()
       local context = ("seed %d, status %s, output:\n%s"):format(seed, tostring(status), out)
       local _, number = support.sh("bash -c 'kill -l " .. sig .. "'")
       assert.are.equal(128 + assert(tonumber(number)), status, context)   -- mpirun ends as its ranks did
-      local stopped = tonumber(out:match(("\nstopped at step (%%d+) of 100000 %%(%s%%): %%-%%-resume continues"):format(shown)))
+      local stopped = tonumber(out:match(("\nstopped at step (%%d+) of 100000 %%(%s%%)\n"):format(shown)))
       assert.is_truthy(stopped, context)
       assert.is_true(stopped >= 3, context)
       local _, lines = out:gsub("\nstopped at step ", "")
       assert.are.equal(1, lines, "only rank 0 prints: " .. context)
-      assert.is_truthy(out:find(("checkpoint: %s (step %d)"):format(ckpt, stopped), 1, true), context)
+      -- rank 0 says why once: the signal's line where it got one, else whose it was
+      local said = who == "rank 1" and ("train_gpt: %s on 1 other rank: stopping after this step"):format(shown)
+                   or ("train_gpt: %s: stopping after this step (a second signal stops at once)"):format(shown)
+      local _, says = out:gsub(said:gsub("%p", "%%%0"), "")
+      assert.are.equal(1, says, ("%q once: %s"):format(said, context))
+      local _, stopping = out:gsub("stopping after this step", "")
+      assert.are.equal(1, stopping, "one line says it stops: " .. context)
+      assert.is_truthy(out:find(("checkpoint: %s (step %d): --resume continues from it"):format(ckpt, stopped), 1, true), context)
       assert.is_truthy(out:find(("sample: none (stopped by %s)"):format(shown), 1, true), context)
       assert.is_falsy(out:find("timed out", 1, true), context)
       -- every rank closed its relay before mpirun saw one end: no spill file is left
@@ -509,4 +518,78 @@ describe("stopping a data-parallel run", function()
       run:free()
     end)
   end
+end)
+
+describe("a data-parallel stop's end", function()
+  -- Each rank closes its Lua state (its relay, its spill file) and finalizes MPI before it
+  -- ends by the signal, so a rank whose closing takes a while is not cut short: mpirun ends
+  -- the others itself (SIGTERM a second on) once a rank is gone without finalizing. Here
+  -- rank 1 holds a finalizer that takes 3 s and then leaves a file; rank 0 alone gets SIGTERM.
+  it("lets every rank close before any ends", function()
+    if not need_mpi() then return end
+    local marker = dir .. "/closed-rank1"
+    os.remove(marker)
+    local script = support.write_temp(([[
+      local l2l = require("l2l")
+      local cli = require("l2l.cli")
+      local progress = require("l2l.progress")
+      local ffi = require("ffi")
+      ffi.cdef("int raise(int sig);")
+      local rank = l2l.dist.rank()
+      if rank == 1 then
+        slow = newproxy(true)   -- (a global: freed only when the state closes)
+        getmetatable(slow).__gc = function()
+          local t = progress.now()
+          while progress.now() - t < 3 do end
+          local f = assert(io.open(%q, "w"))
+          f:write("closed\n")
+          f:close()
+        end
+      end
+      local stop = cli.interrupt { dist = "mpi" }
+      for i = 1, 1000000 do
+        if i == 5 and rank == 0 then ffi.C.raise(15) end
+        if stop:requested() then break end
+      end
+      stop:finish()
+      print("not reached")
+    ]]):format(marker))
+    local status, out = support.sh(("sh -c 'timeout 120 %s %s %s; exit $?' 2>&1"):format(mpirun(2), exe, script))
+    os.remove(script)
+    local context = ("status %s, output:\n%s"):format(tostring(status), out)
+    assert.are.equal(143, status, context)
+    assert.is_falsy(out:find("not reached", 1, true), context)
+    assert.is_truthy(out:find("SIGTERM: stopping after this step", 1, true), context)
+    assert.are.equal("closed\n", support.read_file(marker), "rank 1 was ended before it closed: " .. context)
+  end)
+
+  -- A rank whose parent had it ignore the signal another rank got cannot end by it: it
+  -- ends with that signal's status instead (128 + 15), not with an error that aborts the job.
+  it("ends a rank that ignores the agreed signal with its status", function()
+    if not need_mpi() then return end
+    local script = support.write_temp([[
+      local l2l = require("l2l")
+      local ffi = require("ffi")
+      ffi.cdef("int raise(int sig);")
+      local rank = l2l.dist.rank()
+      local stop = require("l2l.cli").interrupt { dist = "mpi" }
+      for i = 1, 1000000 do
+        if i == 5 and rank == 0 then ffi.C.raise(15) end
+        if stop:requested() then break end
+      end
+      print(("rank %d stops on %s"):format(rank, stop:signal()))
+      io.stdout:flush()
+      stop:finish()
+      print("not reached")
+    ]])
+    local status, out = support.sh(("sh -c 'timeout 120 %s %s %s : -np 1 env --ignore-signal=TERM %s %s; exit $?' 2>&1"):format(
+      mpirun(1), exe, script, exe, script))
+    os.remove(script)
+    local context = ("status %s, output:\n%s"):format(tostring(status), out)
+    assert.are.equal(143, status, context)
+    assert.is_truthy(out:find("rank 1 stops on SIGTERM", 1, true), context)
+    assert.is_falsy(out:find("not reached", 1, true), context)
+    assert.is_falsy(out:find("MPI_ABORT", 1, true), context)
+    assert.is_falsy(out:find("interrupted", 1, true), context)
+  end)
 end)

@@ -322,6 +322,28 @@ describe("l2l in a terminal (a pseudo-terminal from script)", function()
     assert.is_truthy(screen:find("true\r\n", 1, true), screen)
   end)
 
+  it("stops train_gpt's sample with Ctrl-C, and goes on", function()
+    if not has_script then
+      pending(why)
+      return
+    end
+    -- the training done and written, the sample (long here) is what Ctrl-C stops; the
+    -- program must let the REPL's "interrupted" through, not end the session as a failure
+    local out = os.tmpname()
+    os.remove(out)
+    local status, screen = terminal({
+      START, ("arg = { [0] = \"train_gpt\", \"--steps\", \"2\", \"--layers\", \"1\", \"--dim\", \"32\", \"--heads\", " ..
+              "\"2\", \"--seq\", \"32\", \"--batch\", \"4\", \"--eval-batches\", \"1\", \"--max-bytes\", \"100000\", " ..
+              "\"--plot\", \"none\", \"--sample\", \"100000000\", \"--out\", \"%s\" } dofile(\"examples/train_gpt.lua\")\n"):format(out),
+      { shows = "metrics: " }, 0.5, "\003", { shows = "interrupted (Ctrl-C)" }, "\"after \" .. 6 * 7\n", 0.3, "\004",
+    }, "L2L_HISTORY=")
+    os.execute("rm -rf '" .. out .. "'")
+    assert.are.equal(0, status, screen)
+    assert.is_truthy(screen:find("interrupted (Ctrl-C)", 1, true), screen)
+    assert.is_falsy(screen:find("train_gpt: sample:", 1, true), screen)
+    assert.is_truthy(screen:find("after 42\r\n", 1, true), screen)
+  end)
+
   it("stops a pure-Lua loop (one LuaJIT would compile) with the first Ctrl-C, and goes on", function()
     if not has_script then
       pending(why)

@@ -34,6 +34,36 @@ describe("l2l train", function()
     end
   end)
 
+  it("says in --help the default of each relay flag, which a run given none of them gets", function()
+    local status, help = sh(exe .. " train --help")
+    assert.are.equal(0, status, help)
+    help = help:gsub("%s+", " ")
+    local ck = dir .. "/defaults.ckpt"
+    local out
+    status, out = train(("--steps 1 --checkpoint %s --out %s"):format(q(ck), q(dir .. "/o")))
+    assert.are.equal(0, status, out)
+    local run = l2l.load(ck)
+    local s = run.options
+    run:free()
+    local compared = 0
+    for _, row in ipairs(options.ROWS) do
+      local said = help:match(("%%(l2l%%.Relay's %s; default: ([^)]*)%%)"):format(row.name))
+      if row.group == "relay" and said and row.name ~= "precision" and row.name ~= "placement" then
+        local got = s[row.name]
+        if type(got) == "number" then said = tonumber(said) end
+        assert.are.equal(said, got, ("--%s: --help says %s, a run without it has %s"):format(
+          (row.name:gsub("_", "-")), tostring(said), tostring(got)))
+        compared = compared + 1
+      end
+    end
+    assert.is_true(compared >= 10, "only " .. compared .. " relay flags say their default")
+    -- the rules (placement is the loading machine's: l2l.load's, not the run's)
+    assert.are.equal(l2l.device().backend == "cpu" and "f32" or "bf16", s.precision)
+    assert.is_truthy(help:find("(l2l.Relay's precision; default: bf16 on a GPU or with bf16 masters, else f32)", 1, true), help)
+    assert.is_truthy(help:find("(l2l.Relay's placement; default: auto within a device budget, else host)", 1, true), help)
+    assert.is_truthy(help:find("--eps <X> AdamW's and LAMB's epsilon (default: " .. ("%.10g"):format(s.optimizer.eps) .. ")", 1, true), help)
+  end)
+
   it("gives the relay, its optimizer and its schedule what the flags say (seed " .. support.seed .. ")", function()
     local ck = dir .. "/run.ckpt"
     local clip, window = support.int(1, 9) / 4, support.int(1, 5000)

@@ -381,7 +381,7 @@ static void evaluate(lua_State *L, int nargs) {
     status = call_chunk(L, nvalues, 0);
   }
   evaluating = 0;
-  stop_signals_release();       /* a training loop that caught Ctrl-C and did not let go */
+  stop_signals_release();       /* a training loop that caught the stop signals and did not let go */
   lua_sethook(L, NULL, 0, 0);   /* a Ctrl-C that came after the last Lua instruction */
   fflush(stdout);
   report(L, status);

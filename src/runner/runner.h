@@ -10,8 +10,8 @@
 
 #include <lua.h>
 
-/* package.preload["l2l.stop_signals"]: catch(int_text, term_text, usr1_text), count(),
-   first(), release(), die([name]) (stop_signals.c says what each does). */
+/* package.preload["l2l.stop_signals"]: catch(int_text, term_text, usr1_text), first(),
+   release(), die([name]) (stop_signals.c says what each does). */
 void stop_signals_preload(lua_State *L);
 /* Puts back the stop signals' handling from before catch(); nothing when none is caught. */
 void stop_signals_release(void);

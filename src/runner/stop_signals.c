@@ -14,6 +14,7 @@
 #include <lua.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -25,16 +26,19 @@
    a scheduler's preemption or time limit, mpirun ending its ranks); SIGUSR1 (what mpirun
    passes on to every rank, and what Slurm's --signal sends before a time limit).
    l2l.stop_signals.catch(int_text, term_text, usr1_text) makes the first of them a request:
-   counted, remembered, and its text written to stderr at once (the loop may be in the
-   middle of a long step); the second (any of them) puts back the handling from before
-   catch() and raises itself again, so a script dies as that signal kills it and the REPL
-   stops the entry. Only async-signal-safe calls in the handler (write, sigaction, raise).
+   remembered, and its text written to stderr at once (the loop may be in the middle of a
+   long step); the second (any of them) puts back the handling from before catch() and
+   raises itself again, so a script dies as that signal kills it and the REPL stops the
+   entry. Only async-signal-safe calls in the handler (write, sigaction, raise, a lock-free
+   atomic), which any thread may run (the library's threads do not block these signals):
+   which signal came first is one atomic, set once by whichever handler gets there first.
    A signal ignored by the parent (SIGINT in a background job of a non-interactive shell)
    stays ignored; catch() answers false when all three are. */
 enum { NSTOP = 3 };
 static const int stop_signal[NSTOP] = {SIGINT, SIGTERM, SIGUSR1};
 static const char *const stop_name[NSTOP] = {"INT", "TERM", "USR1"};
-static volatile sig_atomic_t stop_count, stop_first, stop_catching;   /* stop_first: index + 1 */
+static atomic_int stop_first;                  /* the first signal's index + 1; 0: none yet */
+static volatile sig_atomic_t stop_catching;
 static int stop_caught[NSTOP];                 /* changed with the three blocked */
 static struct sigaction stop_previous[NSTOP];
 static char stop_message[NSTOP][512];
@@ -55,10 +59,8 @@ static void stop_restore(void) {
 
 static void on_stop(int sig) {
   int saved = errno;
-  int i = stop_index(sig);
-  if (stop_count < 2) stop_count++;
-  if (stop_count == 1) {
-    stop_first = i + 1;
+  int i = stop_index(sig), none = 0;
+  if (atomic_compare_exchange_strong(&stop_first, &none, i + 1)) {
     ssize_t w = write(STDERR_FILENO, stop_message[i], stop_message_len[i]);
     (void)w;
   } else {
@@ -90,10 +92,9 @@ static int stop_catch(lua_State *L) {
     text[i] = luaL_optlstring(L, i + 1, "", &len[i]);
     if (len[i] > sizeof stop_message[i] - 1) len[i] = sizeof stop_message[i] - 1;
   }
-  sigset_t old;   /* no stop signal while the texts, the count and the handlers change */
+  sigset_t old;   /* no stop signal (on this thread) while the texts and the handlers change */
   stop_block(&old);
-  stop_count = 0;
-  stop_first = 0;
+  atomic_store(&stop_first, 0);
   int any = 0;
   for (int i = 0; i < NSTOP; i++) {
     memcpy(stop_message[i], text[i], len[i]);
@@ -120,15 +121,11 @@ static int stop_catch(lua_State *L) {
   return 1;
 }
 
-static int stop_count_of(lua_State *L) {
-  lua_pushinteger(L, stop_count);
-  return 1;
-}
-
 /* The first stop signal's name ("INT", "TERM", "USR1"), or nil before one came. */
 static int stop_first_of(lua_State *L) {
-  if (stop_first == 0) lua_pushnil(L);
-  else lua_pushstring(L, stop_name[stop_first - 1]);
+  int first = atomic_load(&stop_first);
+  if (first == 0) lua_pushnil(L);
+  else lua_pushstring(L, stop_name[first - 1]);
   return 1;
 }
 
@@ -141,17 +138,19 @@ static int stop_release_fn(lua_State *L) {
 /* die([name]) ends the process as the stop signal `name` (default: the first that came)
    ends a program (killed by it: status 128 + its number in a shell, so a shell loop around
    a Ctrl-C'ed run stops too) when that signal's handling, after release, is the default
-   one; otherwise (the REPL's Ctrl-C handler) returns false, for the caller to raise an
-   error. The Lua state is closed first, as at a script's end (LuaJIT's os.exit(code, true)
-   does the same from inside a call): its finalizers free what the script holds, so a relay
-   removes its spill file (issue 47: raised with the state open, the file was left behind);
-   then MPI is finalized, as at a script's end: mpirun sees ranks that finished their MPI
-   and then ended, each on its own (a rank gone without it is a failure to mpirun, which
-   then ends the others itself, SIGTERM then SIGKILL, whatever they were still closing). A
-   stop signal while they run ends the process at once. */
+   one, and with status 128 + its number where it is ignored (a rank stopped by another
+   rank's signal, which its parent had it ignore); otherwise (the REPL's Ctrl-C handler)
+   returns false, for the caller to raise an error. The Lua state is closed first, as at a
+   script's end (LuaJIT's os.exit(code, true) does the same from inside a call): its
+   finalizers free what the script holds, so a relay removes its spill file (issue 47:
+   raised with the state open, the file was left behind); then MPI is finalized, as at a
+   script's end: mpirun sees ranks that finished their MPI and then ended, each on its own
+   (a rank gone without it is a failure to mpirun, which then ends the others itself,
+   SIGTERM then SIGKILL, whatever they were still closing). A stop signal while they run
+   ends the process at once. */
 static int stop_die(lua_State *L) {
   const char *name = luaL_optstring(L, 1, NULL);
-  int i = stop_first > 0 ? stop_first - 1 : 0;
+  int first = atomic_load(&stop_first), i = first > 0 ? first - 1 : 0;
   if (name != NULL) {
     for (i = 0; i < NSTOP && strcmp(name, stop_name[i]) != 0; i++) {}
     if (i == NSTOP) return luaL_argerror(L, 1, "INT, TERM or USR1");
@@ -160,7 +159,7 @@ static int stop_die(lua_State *L) {
   stop_signals_release();
   struct sigaction now;
   sigaction(sig, NULL, &now);
-  if (now.sa_handler != SIG_DFL) {
+  if (now.sa_handler != SIG_DFL && now.sa_handler != SIG_IGN) {
     lua_pushboolean(L, 0);
     return 1;
   }
@@ -168,18 +167,20 @@ static int stop_die(lua_State *L) {
   lua_close(L);   /* (not used after this) */
   l2l_dist_finalize();
   fflush(NULL);
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, sig);
-  pthread_sigmask(SIG_UNBLOCK, &set, NULL);
-  raise(sig);
-  _exit(128 + sig);   /* not reached: the signal's default action ends the process */
+  if (now.sa_handler == SIG_DFL) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+    raise(sig);   /* its default action ends the process */
+  }
+  _exit(128 + sig);
 }
 
 static int open_stop_signals(lua_State *L) {
-  static const luaL_Reg fns[] = {{"catch", stop_catch},        {"count", stop_count_of},
-                                 {"first", stop_first_of},     {"release", stop_release_fn},
-                                 {"die", stop_die},            {NULL, NULL}};
+  static const luaL_Reg fns[] = {{"catch", stop_catch},       {"first", stop_first_of},
+                                 {"release", stop_release_fn}, {"die", stop_die},
+                                 {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   return 1;
