@@ -521,44 +521,60 @@ describe("stopping a data-parallel run", function()
 end)
 
 describe("a data-parallel stop's end", function()
-  -- Each rank closes its Lua state (its relay, its spill file) and finalizes MPI before it
-  -- ends by the signal, so a rank whose closing takes a while is not cut short: mpirun ends
-  -- the others itself (SIGTERM a second on) once a rank is gone without finalizing. Here
-  -- rank 1 holds a finalizer that takes 3 s and then leaves a file; rank 0 alone gets SIGTERM.
-  it("lets every rank close before any ends", function()
-    if not need_mpi() then return end
-    local marker = dir .. "/closed-rank1"
-    os.remove(marker)
-    local script = support.write_temp(([[
+  -- A script on each rank whose loop asks the ranks once a turn whether to stop; rank 0
+  -- raises SIGTERM at its fifth turn. With `marker`, rank 1 holds a finalizer that takes
+  -- 3 s (as closing a large relay may) and then writes the marker file.
+  local function raising_script(marker)
+    return support.write_temp(([[
       local l2l = require("l2l")
-      local cli = require("l2l.cli")
       local progress = require("l2l.progress")
       local ffi = require("ffi")
       ffi.cdef("int raise(int sig);")
-      local rank = l2l.dist.rank()
-      if rank == 1 then
+      local rank, marker = l2l.dist.rank(), %s
+      if rank == 1 and marker then
         slow = newproxy(true)   -- (a global: freed only when the state closes)
         getmetatable(slow).__gc = function()
           local t = progress.now()
           while progress.now() - t < 3 do end
-          local f = assert(io.open(%q, "w"))
+          local f = assert(io.open(marker, "w"))
           f:write("closed\n")
           f:close()
         end
       end
-      local stop = cli.interrupt { dist = "mpi" }
+      local stop = require("l2l.cli").interrupt { dist = "mpi" }
       for i = 1, 1000000 do
         if i == 5 and rank == 0 then ffi.C.raise(15) end
         if stop:requested() then break end
       end
+      print(("rank %%d stops on %%s"):format(rank, stop:signal()))
+      io.stdout:flush()
       stop:finish()
       print("not reached")
-    ]]):format(marker))
-    local status, out = support.sh(("sh -c 'timeout 120 %s %s %s; exit $?' 2>&1"):format(mpirun(2), exe, script))
-    os.remove(script)
+    ]]):format(marker and ("%q"):format(marker) or "nil"))
+  end
+
+  -- The ranks' end: status, and each rank said why it stops and nothing after.
+  local function assert_stopped(status, out)
     local context = ("status %s, output:\n%s"):format(tostring(status), out)
     assert.are.equal(143, status, context)
+    assert.is_truthy(out:find("rank 0 stops on SIGTERM", 1, true), context)
+    assert.is_truthy(out:find("rank 1 stops on SIGTERM", 1, true), context)
     assert.is_falsy(out:find("not reached", 1, true), context)
+    assert.is_falsy(out:find("MPI_ABORT", 1, true), context)
+    return context
+  end
+
+  -- Each rank closes its Lua state (its relay, its spill file) and finalizes MPI before it
+  -- ends by the signal, so a rank whose closing takes a while is not cut short: mpirun ends
+  -- the others itself (SIGTERM a second on) once a rank is gone without finalizing.
+  it("lets every rank close before any ends", function()
+    if not need_mpi() then return end
+    local marker = dir .. "/closed-rank1"
+    os.remove(marker)
+    local script = raising_script(marker)
+    local status, out = support.sh(("sh -c 'timeout 120 %s %s %s; exit $?' 2>&1"):format(mpirun(2), exe, script))
+    os.remove(script)
+    local context = assert_stopped(status, out)
     assert.is_truthy(out:find("SIGTERM: stopping after this step", 1, true), context)
     assert.are.equal("closed\n", support.read_file(marker), "rank 1 was ended before it closed: " .. context)
   end)
@@ -567,29 +583,11 @@ describe("a data-parallel stop's end", function()
   -- ends with that signal's status instead (128 + 15), not with an error that aborts the job.
   it("ends a rank that ignores the agreed signal with its status", function()
     if not need_mpi() then return end
-    local script = support.write_temp([[
-      local l2l = require("l2l")
-      local ffi = require("ffi")
-      ffi.cdef("int raise(int sig);")
-      local rank = l2l.dist.rank()
-      local stop = require("l2l.cli").interrupt { dist = "mpi" }
-      for i = 1, 1000000 do
-        if i == 5 and rank == 0 then ffi.C.raise(15) end
-        if stop:requested() then break end
-      end
-      print(("rank %d stops on %s"):format(rank, stop:signal()))
-      io.stdout:flush()
-      stop:finish()
-      print("not reached")
-    ]])
+    local script = raising_script(nil)
     local status, out = support.sh(("sh -c 'timeout 120 %s %s %s : -np 1 env --ignore-signal=TERM %s %s; exit $?' 2>&1"):format(
       mpirun(1), exe, script, exe, script))
     os.remove(script)
-    local context = ("status %s, output:\n%s"):format(tostring(status), out)
-    assert.are.equal(143, status, context)
-    assert.is_truthy(out:find("rank 1 stops on SIGTERM", 1, true), context)
-    assert.is_falsy(out:find("not reached", 1, true), context)
-    assert.is_falsy(out:find("MPI_ABORT", 1, true), context)
+    local context = assert_stopped(status, out)
     assert.is_falsy(out:find("interrupted", 1, true), context)
   end)
 end)
