@@ -3,7 +3,7 @@
  * training loop to stop after its step (lua/l2l/cli.lua's cli.interrupt wraps it).
  *
  * Purpose: a Ctrl-C, a SIGTERM or a SIGUSR1 in the middle of a long step must not lose the
- * run: the first is counted and remembered for the loop to see after its step, which then
+ * run: the first is remembered for the loop to see after its step, which then
  * saves what it saves and ends the process as the signal would have (stop_die); a second
  * one ends it at once, as without the loop.
  * Must never: call anything but async-signal-safe functions in the handler, or end the
