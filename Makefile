@@ -140,6 +140,11 @@ ifneq ($(NVCC),)
   # says so). An installed libl2l finds the CUDA runtime through the loader's own paths (the
   # toolkit's /etc/ld.so.conf.d entry), not a RUNPATH.
   CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart -ldl -lstdc++
+  # libstdc++ ahead of jemalloc among libl2l.so's own libraries: Debian's jemalloc exports
+  # operator new and delete too, and in a program that does not link jemalloc itself (a C
+  # program on libl2l.so) C++ code would then take jemalloc's new beside glibc's free:
+  # cuDNN's loading frees one with the other and aborts ("free(): invalid pointer").
+  CXX_FIRST := -lstdc++
   CUDA_RPATH := -Wl,-rpath,$(CUDA_HOME)/lib64
   # Where a program linking the installable library finds the CUDA runtime it needs, at
   # link time only (no RUNPATH is written): a toolkit without an ld.so.conf entry.
@@ -245,7 +250,7 @@ $(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.cuh kernels/*.h) | $(DEP
 # libl2l.so.$(VERSION), with the soname libl2l.so.$(SOVERSION) and the two links a
 # library has: the soname's (what programs load) and libl2l.so (what -ll2l finds).
 $(BUILD)/libl2l.so.$(VERSION): $(LIB_OBJ)
-	$(LINK) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(LIB_LIBS) $(CUDA_LIBS) $(BLAS_RPATH) $(CUDA_RPATH)
+	$(LINK) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(CXX_FIRST) $(LIB_LIBS) $(CUDA_LIBS) $(BLAS_RPATH) $(CUDA_RPATH)
 $(BUILD)/$(SONAME) $(BUILD)/libl2l.so: $(BUILD)/libl2l.so.$(VERSION)
 	ln -sfn $(notdir $<) $@
 
@@ -262,7 +267,7 @@ $(BUILD)/l2l: $(RUNNER_OBJ) $(BUILD)/libl2l.so $(BUILD)/$(SONAME)
 
 $(DIST)/libl2l.so.$(VERSION): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
-	$(LINK) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(LIB_LIBS) $(CUDA_LIBS)
+	$(LINK) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(CXX_FIRST) $(LIB_LIBS) $(CUDA_LIBS)
 $(DIST)/l2l: $(RUNNER_OBJ) $(DIST)/libl2l.so.$(VERSION)
 	$(LINK) -o $@ $(RUNNER_OBJ) -Wl,--no-as-needed $(DIST)/libl2l.so.$(VERSION) $(L2L_EXE_LIBS) $(CUDA_LINK_PATH)
 

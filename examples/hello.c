@@ -4,7 +4,8 @@
  * Build against an installed l2l (`make install`):  cc hello.c $(pkg-config --cflags --libs l2l) -o hello
  * or against a checkout's build:  cc examples/hello.c -Iinclude -Lbuild -ll2l -Wl,-rpath,$PWD/build -o hello
  * (`make` also builds it as build/hello.) Prints a 2x2 product, the host pool's bytes in
- * use, and the message of a call that is refused.
+ * use, the message of a call that is refused, and whether cuDNN could be loaded (and why
+ * not: a C++ library opened in a C program, GPU or not).
  */
 #include <stdio.h>
 
@@ -39,6 +40,10 @@ int main(void) {
   l2l_tensor *d = NULL;
   OR_FAIL(l2l_tensor_new(&d, L2L_POOL_HOST, L2L_F32, 2, wrong));
   if (l2l_gemm(c, a, d, 0, 0, 1.0f, 0.0f) != L2L_OK) printf("refused: %s\n", l2l_last_error());
+
+  char about[256];
+  int cudnn = l2l_cudnn_available(about, sizeof about);
+  printf("cuDNN: %s%s\n", cudnn ? "" : "none: ", about);
 
   l2l_tensor_free(a), l2l_tensor_free(b), l2l_tensor_free(c), l2l_tensor_free(d);
   return 0;

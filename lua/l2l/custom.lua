@@ -54,11 +54,12 @@ local records_of = setmetatable({}, { __mode = "k" })   -- constructor -> its de
 local Context = {}
 Context.__index = Context
 
--- A Lua tensor for a handle C lends for the call; forgotten (not freed) at the end.
+-- A Lua tensor for a handle C lends for the call (tensor:free refuses it); forgotten (not
+-- freed) at the end.
 function Context:borrow(handle, ...)
   if select("#", ...) ~= 0 then too_many("self:borrow", "handle", 2, ...) end
   if handle == nil then return nil end
-  local t = tensor.wrap(ffi.cast("l2l_tensor *", handle))
+  local t = tensor.lend(ffi.cast("l2l_tensor *", handle))
   self.borrowed[#self.borrowed + 1] = t
   return t
 end

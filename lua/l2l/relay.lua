@@ -645,9 +645,9 @@ function Relay:state(record, which, ...)
   local out = ffi.new("l2l_tensor *[1]")
   rcheck(C.l2l_relay_param_state(out, r, record.handle, w), fname, 2)
   if out[0] == nil then return nil end
-  local borrowed = tensor.wrap(out[0])
+  local borrowed = tensor.lend(out[0])
   local ok, copy = pcall(borrowed.to, borrowed, "host")
-  borrowed.handle = nil   -- borrowed: the relay owns it
+  borrowed.handle = nil   -- the loan ends: the relay owns it
   if not ok then error(fname .. ": " .. tostring(copy), 2) end
   return copy
 end

@@ -17,7 +17,7 @@ local C, check, too_many = lib.C, lib.check, argcheck.too_many
 local floor, type, tostring, select = math.floor, type, tostring, select
 
 ffi.cdef [[
-typedef struct l2l_lua_tensor { l2l_tensor *handle; } l2l_lua_tensor;
+typedef struct l2l_lua_tensor { l2l_tensor *handle; int32_t lent; } l2l_lua_tensor;
 ]]
 
 local M = {}
@@ -72,7 +72,7 @@ function M.is_tensor(x, ...)
   return ffi.istype(TensorCT, x)
 end
 
-local function wrap(handle) return TensorCT(handle) end
+local function wrap(handle) return TensorCT(handle, 0) end
 
 -- The C handle of a live tensor, or a Lua error naming the argument.
 local function handle_of(t, name, fname, level)
@@ -85,6 +85,10 @@ local function handle_of(t, name, fname, level)
 end
 M.handle_of = handle_of
 M.wrap = wrap   -- a Lua tensor owning a C handle (for other front-end modules)
+-- A Lua tensor for a handle someone else owns and frees (what a custom layer's call is
+-- lent: x, y, a parameter, a gradient): tensor:free refuses it and the collector leaves it;
+-- the lender sets its handle to nil when the loan ends.
+M.lend = function(handle) return TensorCT(handle, 1) end
 
 local function check_shape(shape, fname, level)
   if type(shape) ~= "table" then
@@ -97,9 +101,9 @@ local function check_shape(shape, fname, level)
   local dims = ffi.new("int64_t[4]")
   for i = 1, n do
     local d = shape[i]
-    if type(d) ~= "number" or d ~= floor(d) or d < 1 then
-      error(("%s: shape[%d] must be an integer >= 1, got %s"):format(fname, i, tostring(d)),
-            level + 1)
+    if type(d) ~= "number" or d ~= floor(d) or d < 1 or d > argcheck.EXACT_MAX then
+      error(("%s: shape[%d] must be an integer >= 1, got %s"):format(fname, i, type(d) == "number" and tostring(d)
+                                                                       or argcheck.describe(d)), level + 1)
     end
     dims[i - 1] = d
   end
@@ -433,6 +437,15 @@ function Tensor:view(first, count, ...)
   if type(first) ~= "number" or type(count) ~= "number" then
     error("tensor:view: first and count must be numbers", 2)
   end
+  -- (in the caller's terms: rows count from 1)
+  local rows = tonumber(C.l2l_tensor_dim(h, 0))
+  if first ~= floor(first) or first < 1 or first > rows then
+    error(("tensor:view: first must be a row of dim 1, 1 to %d, got %s"):format(rows, tostring(first)), 2)
+  end
+  if count ~= floor(count) or count < 1 or first + count - 1 > rows then
+    error(("tensor:view: count must be 1 to %d (rows %d to %d of dim 1), got %s"):format(
+      rows - first + 1, first, rows, tostring(count)), 2)
+  end
   local out = ffi.new("l2l_tensor *[1]")
   check(C.l2l_tensor_view_rows(out, h, first - 1, count), "tensor:view", 2)
   return wrap(out[0])
@@ -479,7 +492,14 @@ function Tensor:cast(dtype, ...)
   lib.dtype_id(dtype, "tensor:cast", 2)
   local out = new_tensor(self:shape(), dtype, self:pool(), "tensor:cast", 2)
   local status = C.l2l_tensor_cast(out.handle, h)
-  if status ~= 0 then out:free(); check(status, "tensor:cast", 2) end
+  if status ~= 0 then
+    out:free()
+    -- C counts elements from 0; the caller, from 1 (in memory order)
+    local msg = lib.last_error():gsub("src element (%d+) ", function(k)
+      return ("element %d (in memory order) "):format(tonumber(k) + 1)
+    end)
+    error("tensor:cast: " .. msg, 2)
+  end
   return out
 end
 
@@ -520,6 +540,10 @@ function Tensor:free(...)
   if select("#", ...) ~= 0 then too_many("tensor:free", "", 2, ...) end
   if not ffi.istype(TensorCT, self) then error("tensor:free: self must be a tensor, got " .. type(self), 2) end
   local h = self.handle
+  if h ~= nil and self.lent ~= 0 then
+    error("tensor:free: the tensor is lent to this call (a custom layer's x, y, dx, dy, parameter or gradient): " ..
+          "its owner frees it", 2)
+  end
   if h ~= nil then
     self.handle = nil
     C.l2l_tensor_free(h)
@@ -588,7 +612,7 @@ end
 TensorCT = ffi.metatype("l2l_lua_tensor", {
   __index = Tensor,
   __tostring = describe,
-  __gc = function(t) if t.handle ~= nil then C.l2l_tensor_free(t.handle) end end,
+  __gc = function(t) if t.handle ~= nil and t.lent == 0 then C.l2l_tensor_free(t.handle) end end,
 })
 
 M.Tensor = Tensor

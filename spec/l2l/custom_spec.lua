@@ -329,6 +329,49 @@ describe("a layer kind written in Lua", function()
     fails("Broken: parameter 'w': shape%[2%] must be an integer >= 1", function() Broken { dim = 4 } end)
   end)
 
+  it("refuses to free what a call lends it (x, y, dx, dy, a parameter, a gradient), and the relay goes on", function()
+    -- each tensor the relay lends a call stays the relay's: freeing one would free its
+    -- memory under it (found: a parameter freed in forward, the next step reading freed memory)
+    local which
+    local FreeIt = l2l.layer_kind {
+      name = "FreeIt",
+      params = function(o) return { { name = "w", shape = { o.dim }, std = 0.02 } } end,
+      forward = function(self, y, x)
+        ops.add(y, x, x)
+        if which == "x" then x:free() elseif which == "y" then y:free() elseif which == "w" then self:param("w"):free() end
+      end,
+      backward = function(self, dx, dy, x)
+        ops.add(dx, dy, dy)
+        if which == "dx" then dx:free() elseif which == "dy" then dy:free() elseif which == "grad" then self:grad("w"):free() end
+      end,
+    }
+    local tokens, targets = reversal(2)
+    local model = l2l.Sequential {
+      l2l.Embedding { vocab = V, dim = 8, max_seq = S, seed = 1 },
+      FreeIt { dim = 8, seed = 2 },
+      l2l.LMHead { vocab = V, dim = 8, seed = 3 },
+    }
+    local run = l2l.Relay { model = model, optimizer = l2l.AdamW { lr = 1e-3 } }
+    local x = l2l.ones({ 1, S, 8 })
+    for _, w in ipairs({ "x", "y", "w", "dx", "dy", "grad" }) do
+      which = w
+      local where = (w == "x" or w == "y" or w == "w") and "forward" or "backward"
+      fails(("run:step: layer 2 %%(FreeIt%%): FreeIt %s:.*tensor:free: the tensor is lent to this call"):format(where),
+            function() run:step(tokens, targets) end)
+      if where == "forward" then   -- (called alone: the caller's x stays the caller's)
+        fails("layer:forward: FreeIt forward:.*the tensor is lent", function() model[2]:forward(x, { seed = 1, step = 1 }) end)
+        assert.is_false(x:is_freed())
+      end
+    end
+    which = nil
+    local before = run:step(tokens, targets)
+    assert.is_true(before == before, "a NaN loss after the refused frees")
+    local after = run:step(tokens, targets)
+    assert.is_true(after == after and after ~= before)
+    assert.are.equal(1, x:get(1, 1, 1))
+    run:free()
+  end)
+
   it("fails a step in its backward as the README says: the layers updated before it stay so, the rest not", function()
     -- Eager updates: the head's records are complete (and updated) before the custom
     -- layer's backward raises; the embedding's are not: its gradient is dropped and its

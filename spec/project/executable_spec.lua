@@ -171,5 +171,9 @@ describe("a C program linking libl2l", function()
     assert.is_truthy(out:find("c = [[1, 4], [3, 10]]", 1, true), out)
     assert.is_truthy(out:match("host pool: %d+ bytes in use"), out)
     assert.is_truthy(out:find("refused: l2l_gemm: inner dims differ", 1, true), out)
+    -- cuDNN opened (a C++ library) in a program that did not link jemalloc itself: once
+    -- aborted ("free(): invalid pointer"), libl2l's jemalloc lending C++ its operator new
+    -- beside glibc's free
+    assert.is_truthy(out:find("\ncuDNN: [^\n]+\n$"), out)
   end)
 end)

@@ -139,9 +139,13 @@ describe("make install DESTDIR=... PREFIX=/usr", function()
     end
   end)
 
+  -- (its last line: cuDNN loaded, or why not; a program that did not link jemalloc itself
+  -- once aborted there, "free(): invalid pointer", its C++ code taking jemalloc's
+  -- operator new beside glibc's free)
   local function check_hello(out)
     assert.is_truthy(out:find("c = [[1, 4], [3, 10]]", 1, true), out)
     assert.is_truthy(out:find("refused: l2l_gemm: inner dims differ", 1, true), out)
+    assert.is_truthy(out:find("\ncuDNN: [^\n]+\n$"), out)
   end
 
   it("builds examples/hello.c with pkg-config alone, and runs it", function()

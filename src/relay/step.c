@@ -223,20 +223,22 @@ static void loss_scale_adjust(l2l_relay *run, bool applied) {
 
 /* The records whose inf or NaN gradient (or one of 2^63 or more, which the optimizer state
    cannot take: eps.h's EPS_GRAD_LIMIT) the EPS kept out of their masters this step: said
-   on stderr once per relay, or an error when the config asks for one. */
+   on stderr once per relay, or an error when the config asks for one. `layer` is the
+   0-based index of the last layer using the first such record (said counting from 1). */
 static l2l_status nonfinite_report(l2l_relay *run, int skips, const char *name, int layer) {
   if (skips == 0) return L2L_OK;
   if (run->config.nonfinite_error)
     return core_fail(L2L_ERR_STATE, "the gradient of %d parameter record%s held an inf or NaN "
                      "or a value of 2^63 or more, which the optimizer state cannot take (the "
                      "first: '%s' of layer %d): %s updates skipped", skips,
-                     skips == 1 ? "" : "s", name ? name : "?", layer, skips == 1 ? "its" : "their");
+                     skips == 1 ? "" : "s", name ? name : "?", layer + 1, skips == 1 ? "its" : "their");
   if (!run->warned_nonfinite) {
     run->warned_nonfinite = true;
     fprintf(stderr, "l2l: warning: the gradient of '%s' (layer %d) held an inf or NaN or a "
             "value of 2^63 or more, which the optimizer state cannot take: its update was "
-            "skipped and the gradient dropped (stats skipped_records; said once; "
-            "nonfinite_error = 1 makes it an error)\n", name ? name : "?", layer);
+            "skipped and the gradient dropped (stats skipped_records; said once; the "
+            "relay's nonfinite = \"error\", in C nonfinite_error = 1, makes it an error)\n",
+            name ? name : "?", layer + 1);
   }
   return L2L_OK;
 }
