@@ -688,10 +688,15 @@ l2l_status safetensors_read_tensor(l2l_tensor **out, const struct safetensors_fi
 l2l_status safetensors_check(const struct safetensors_file *file, const struct safetensors_entry *entry);
 /* "F32", "BF16", ... (NULL for a dtype the format's l2l files do not hold). */
 const char *safetensors_dtype_name(l2l_dtype dtype);
+/* What a stat's mode says a path is, for a message: "a directory", "a character device",
+   "a FIFO (a named pipe)", ... (lua/l2l/filesys.lua's words; "a regular file" for one). */
+const char *safetensors_file_kind(unsigned mode);
 
 /* A file written in the order of `entries` (each tensor's name, dtype, shape), with the
    metadata pairs meta[2i] (key), meta[2i + 1] (value); replace: a file at path may be
-   replaced, else it is refused (L2L_ERR_STATE) and left as it is. safetensors_put gives
+   replaced, else it is refused (L2L_ERR_STATE) and left as it is. Anything at path but a
+   regular file (a directory, a device, a FIFO) is refused; a link to a regular file is
+   written through (the file it names is replaced, the link stays). safetensors_put gives
    the next tensor's bytes; safetensors_commit puts the file in place (and frees the writer,
    whatever happens); safetensors_abandon removes what was written. */
 struct safetensors_spec {

@@ -300,14 +300,19 @@ static l2l_status header_text(char **out, uint64_t *len, const struct safetensor
   return L2L_OK;
 }
 
+const char *safetensors_file_kind(unsigned mode) {   /* (lua/l2l/filesys.lua's words) */
+  return S_ISREG(mode) ? "a regular file" : S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO (a named pipe)"
+         : S_ISCHR(mode) ? "a character device" : S_ISBLK(mode) ? "a block device"
+         : S_ISSOCK(mode) ? "a socket" : "something";
+}
+
 static l2l_status parse(struct safetensors_file *f) {
   struct stat st;
   if (fstat(f->fd, &st) != 0) return io_error("cannot read", f->path, errno);
   if (S_ISDIR(st.st_mode)) return core_fail(L2L_ERR_IO, "cannot open %s: is a directory", f->path);
-  if (!S_ISREG(st.st_mode))   /* (lua/l2l/filesys.lua's words) */
+  if (!S_ISREG(st.st_mode))
     return core_fail(L2L_ERR_IO, "cannot open %s: is %s, not a regular file", f->path,
-                     S_ISFIFO(st.st_mode) ? "a FIFO (a named pipe)" : S_ISCHR(st.st_mode) ? "a character device"
-                     : S_ISBLK(st.st_mode) ? "a block device" : S_ISSOCK(st.st_mode) ? "a socket" : "something");
+                     safetensors_file_kind(st.st_mode));
   char *text = NULL;
   uint64_t n = 0;
   TRY(header_text(&text, &n, f, (uint64_t)st.st_size));

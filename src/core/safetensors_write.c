@@ -15,7 +15,8 @@
  * checksums and is written again at the end, the same length. Unless told it may replace
  * one, a file at the path is refused, and the rename that puts the new file there does not
  * replace one that appeared meanwhile (renameat2's RENAME_NOREPLACE, or link and unlink
- * where the file system lacks it).
+ * where the file system lacks it). Only a regular file is ever replaced (never a device,
+ * a FIFO or a socket); a link to one is written through, the link left in place.
  * Must never: leave a partial file under the final name or a temporary behind it, follow a
  * link at a temporary's name, replace a file without being told it may, or write a header
  * l2l could not read back.
@@ -256,6 +257,20 @@ static l2l_status begin(struct safetensors_writer *w, const struct safetensors_s
   if (!w->replace && lstat(w->path, &st) == 0)
     return core_fail(L2L_ERR_STATE, "%s exists already: nothing was written (give replace = 1 to "
                      "replace it)", w->path);
+  /* What may be replaced is a regular file: never a device, a FIFO or a socket (as root,
+     renaming over /dev/null would replace the device); a link to a regular file is written
+     through, the link left as it is. */
+  if (stat(w->path, &st) == 0 && !S_ISREG(st.st_mode))
+    return core_fail(L2L_ERR_INVALID, "%s is %s, not a regular file: nothing was written (the path "
+                     "names the file to write)", w->path, safetensors_file_kind(st.st_mode));
+  if (lstat(w->path, &st) == 0 && S_ISLNK(st.st_mode)) {
+    char *target = realpath(w->path, NULL);
+    if (target == NULL)
+      return core_fail(L2L_ERR_INVALID, "%s is a link to nothing (%s): nothing was written", w->path,
+                       strerror(errno));
+    free(w->path);
+    w->path = target;
+  }
   char host[256];
   host_name(host, sizeof host);
   sweep_temporaries(w->path, host);
