@@ -218,8 +218,9 @@ typedef struct l2l_relay_config {
                                    one with an element of 2^63 or more as the update takes it
                                    (unscaled and clipped: Adam's second moment, its square,
                                    would near f32's largest; optimizer state stays finite).
-                                   0: said once on stderr; 1: the step then returns
-                                   L2L_ERR_STATE */
+                                   0: said once on stderr; 1: the step, done and counted
+                                   (the other records updated, *loss its loss, which may
+                                   be the inf or NaN), then returns L2L_ERR_STATE */
   uint64_t device_budget;       /* > 0: the device bytes this relay's steps and evaluations
                                    may hold at their peak (its slots, activations and
                                    working memory: the planner's replay of the step, checked
@@ -441,8 +442,10 @@ typedef struct l2l_relay_stats {
 } l2l_relay_stats;
 
 /* A relay over layers[0..nlayers) (the list may be empty only until the first step):
-   checks the config and the layers (parameters in the host pool, f32; a layer's output
-   dim matches the next one's input) and makes the EPS records. */
+   checks the config and each layer (parameters in the host pool, f32; one dim for all) and
+   makes the EPS records. The model's order (an input layer first, a head last, body layers
+   between) is checked by each step and each save, not here nor by the changes below: a
+   list may be built, or changed, through shapes no step could run. */
 L2L_API l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
                                  const l2l_relay_config *config);
 /* The checks l2l_relay_new makes of a config, alone (l2l.plan asks them of the settings it
@@ -557,7 +560,8 @@ L2L_API int l2l_relay_inner(const l2l_relay *run, int index);
    layer's error, a copy or disk failure) has updated the records whose gradients were
    complete before it (each is updated the moment its gradient is, on the last minibatch
    of an accumulation): those updates stand, the step is not counted, the other records'
-   gradients of this step are dropped; a checkpoint is the way back. */
+   gradients of this step are dropped; a checkpoint is the way back. (The one failure of
+   a step that is done and counted: nonfinite_error's.) */
 L2L_API l2l_status l2l_relay_step(double *loss, l2l_relay *run, const l2l_relay_batch *batch);
 /* Forward only, no dropout, nothing stashed, no update: the mean loss. */
 L2L_API l2l_status l2l_relay_evaluate(double *loss, l2l_relay *run, const l2l_relay_batch *batch);
@@ -624,9 +628,12 @@ L2L_API l2l_status l2l_relay_restore_loss_scale(l2l_relay *run, double scale, in
    (made new, O_EXCL | O_NOFOLLOW, mode 0600 until renamed), synced, renamed over path; a
    failure removes the temporary and leaves a file at path as it was. Every state array
    is checked as l2l_relay_restore_param would check it before it is written (what a save
-   writes, a load takes). Mid-accumulation with dist = L2L_DIST_MPI it is refused (each
-   rank holds a part of the gradient); otherwise with ranks every rank calls it (the
-   state is gathered from the shards) and rank 0 writes the file one process would.
+   writes, a load takes). A model no step could run (the order an embedding first, a head
+   last, body layers between, which a change may pass through) is refused before anything
+   is written, as is a path holding anything but a regular file (a device, a FIFO); a link
+   to a regular file is written through. Mid-accumulation with dist = L2L_DIST_MPI it is
+   refused (each rank holds a part of the gradient); otherwise with ranks every rank calls
+   it (the state is gathered from the shards) and rank 0 writes the file one process would.
    options may be NULL (all 0):
      replace  1: a file at path may be replaced; 0: one is refused (L2L_ERR_STATE) and left
               as it is, even one that appears while the save writes;

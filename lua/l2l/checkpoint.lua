@@ -181,7 +181,7 @@ function M.save(run, path, extra)
                                              relay = texts.relay })
   local status = C.l2l_relay_save(r, path, opts)
   texts = nil   -- (the strings stayed referenced while C read them)
-  if status ~= 0 then error(fname .. ": " .. lib.last_error(), 2) end
+  if status ~= 0 then error(fname .. ": " .. relay_options.lua_message(), 2) end   -- (in Lua's terms: layers from 1)
 end
 
 ----------------------------------------------------------------- loading

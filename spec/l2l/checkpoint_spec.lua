@@ -549,6 +549,37 @@ describe("run:save and l2l.load (seed " .. seed .. ")", function()
     os.remove(path)
   end)
 
+  it("refuse to write a model no step could run (mid-change), and write it once it can run again", function()
+    -- a change may pass through such a shape (the next step refuses it); a file of it would
+    -- load into a run that cannot train
+    local cfg = random_config()
+    local run = make_run(cfg)
+    run:step(batch_for(1, cfg.data_seed, cfg.B))
+    local model, path = run.model, tmp_path("mid-change")
+    os.remove(path)
+    local n = #model
+    for _, change in ipairs({
+      { function() model:insert(2, l2l.Embedding{ vocab = V, dim = 16, max_seq = S }) end, function() model:remove(2) end,
+        "run:save: layer 2 (embedding) is between the embedding and the head" },
+      { function() model:clone(n, 2) end, function() model:remove(2) end,
+        "run:save: layer 2 (LM head) is between the embedding and the head" },
+      { function() model:remove(n) end, nil, ("run:save: layer %d (the last) must be an LM head"):format(n - 1) } }) do
+      change[1]()
+      local ok, err = pcall(run.save, run, path)
+      assert.is_false(ok)
+      assert.is_truthy(tostring(err):find(change[3], 1, true), tostring(err))
+      assert.is_nil(io.open(path), "a file was written")
+      if change[2] then change[2]() end
+    end
+    model:insert(n, l2l.LMHead{ vocab = V, dim = 16 })
+    run:save(path)
+    local back = l2l.load(path)
+    assert.are.equal(n, #back.model)
+    back:free()
+    run:free()
+    os.remove(path)
+  end)
+
   it("free what a save made before it returns (the host pool is where it was)", function()
     -- In a process of its own: the host pool is the process's, and what the specs before
     -- this one left behind must not come and go in its count while the saves run.

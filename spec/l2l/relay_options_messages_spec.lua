@@ -95,7 +95,7 @@ describe("the relay's refusals in Lua's terms", function()
     says(msg, ("l2l.plan: layer %d is a head but not the last"):format(k))
     local run = l2l.Relay { model = model_of(layers) }
     msg = refusal(function() run:step(ids(2, 3), ids(2, 3)) end)
-    says(msg, ("run:step: layer %d is a LM head: only blocks and custom layers go between"):format(k))
+    says(msg, ("run:step: layer %d (LM head) is between the embedding and the head, where only blocks"):format(k))
     run:free()
     -- a block of another width, at k: the relay refuses it as it joins
     layers = blocks(n)

@@ -362,6 +362,9 @@ l2l_status l2l_relay_save(l2l_relay *run, const char *path, const l2l_save_optio
   if (o.replace != 0 && o.replace != 1)
     return FAIL(L2L_ERR_INVALID, "options->replace must be 0 or 1, got %d", o.replace);
   if (run->count == 0) return FAIL(L2L_ERR_STATE, "the relay has no layers: there is no model to save");
+  /* a model no step could run (mid-change: an embedding not first, a head not last) is
+     not written: no load of it could train */
+  TRY(named(__func__, relay_check_model(run)));
   TRY(named(__func__, relay_sync_now(run)));
   struct save s = {.run = run, .path = path, .mid = run->steps % run->config.accumulate != 0};
   if (run->config.dist == L2L_DIST_MPI && s.mid)

@@ -34,8 +34,8 @@ l2l_status relay_check_model(const l2l_relay *run) {
   for (int i = 1; i < run->count; i++) {
     const l2l_layer *layer = run->layers[i].layer;
     if (i < run->count - 1 && layer_role(layer) != L2L_ROLE_BODY)
-      return OF_LAYER(FAIL(L2L_ERR_INVALID, NAMED_LAYER " is a %s: only blocks and custom layers go between the "
-                           "embedding and the head", i, l2l_layer_name(layer)), i);
+      return OF_LAYER(FAIL(L2L_ERR_INVALID, NAMED_LAYER " (%s) is between the embedding and the head, where "
+                           "only blocks and custom layers go", i, l2l_layer_name(layer)), i);
     l2l_layer_get_config(&c, layer);
     if (c.dim != c0.dim)
       return OF_LAYER(FAIL(L2L_ERR_INVALID, NAMED_LAYER " has dim %lld but the embedding has %lld", i,

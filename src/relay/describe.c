@@ -449,7 +449,7 @@ static l2l_status check_layer_described(const l2l_relay *run, int i, const json_
   if (!json_is_object(d) || kind == NULL)
     return core_fail(L2L_ERR_INVALID, NAMED_LAYER ": no description", i);
   if (strcmp(kind, KIND_NAMES[have.kind]) != 0)
-    return core_fail(L2L_ERR_INVALID, NAMED_LAYER " is a %s in the file, a %s in the relay", i, kind,
+    return core_fail(L2L_ERR_INVALID, NAMED_LAYER " is of kind '%s' in the file, '%s' in the relay", i, kind,
                      KIND_NAMES[have.kind]);
   char where[64];
   snprintf(where, sizeof where, NAMED_LAYER " (%s)", i, kind);
