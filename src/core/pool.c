@@ -540,12 +540,15 @@ l2l_status pool_alloc(void **out, l2l_pool_kind kind, uint64_t bytes) {
                core_human_bytes(limit, 32, own));
     p->stats.refused++;
     pthread_mutex_unlock(&p->lock);
-    return core_fail(L2L_ERR_BUDGET,
-                     "%s pool: cannot allocate %llu bytes (%s): %llu bytes (%s) in use%s, budget "
-                     "%llu bytes (%s)",
-                     name, (unsigned long long)accounted, core_human_bytes(want, 32, accounted),
-                     (unsigned long long)current, core_human_bytes(used, 32, current), backend,
-                     (unsigned long long)budget, core_human_bytes(limit, 32, budget));
+    /* (the smallest budget that works now: what is in use, the backend's and this) */
+    return error_note_needed(
+        core_fail(L2L_ERR_BUDGET,
+                  "%s pool: cannot allocate %llu bytes (%s): %llu bytes (%s) in use%s, budget "
+                  "%llu bytes (%s)",
+                  name, (unsigned long long)accounted, core_human_bytes(want, 32, accounted),
+                  (unsigned long long)current, core_human_bytes(used, 32, current), backend,
+                  (unsigned long long)budget, core_human_bytes(limit, 32, budget)),
+        current + own + accounted);
   }
   /* Host memory (the host and pinned pools, the device pool of the CPU backend) is never
      asked for more than the machine has, whatever the budget: the system might map it,

@@ -402,6 +402,7 @@ l2l_status eps_host_plan(struct eps *eps) {
                              "ahead and one updating, and the largest passing accumulator once)"
                            : "optimizer state: a spill directory (" NAMED_CONFIG(spill_dir) ") keeps it "
                              "on disk instead");
+    error_note_needed(status, tier.need);   /* (the smallest host budget that works) */
     return eps->spill ? status : error_note_field(status, "spill_dir");
   }
   pthread_mutex_lock(&eps->lock);

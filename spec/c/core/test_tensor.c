@@ -677,6 +677,10 @@ TEST(pool_budget_refuses_with_the_numbers) {
   CHECK_FAILS(l2l_tensor_new(&b, L2L_POOL_DEVICE, L2L_F32, 1, &m), L2L_ERR_BUDGET, want);
   snprintf(want, sizeof want, "budget %llu bytes", (unsigned long long)budget);
   CHECK(strstr(l2l_last_error(), want) != NULL, "names the budget: %s", l2l_last_error());
+  l2l_error_detail detail;   /* the smallest budget that works: in use, and the tensor */
+  CHECK_OK(l2l_last_error_detail(&detail));
+  CHECK(detail.needed_bytes == start.current + 8000 + 2432, "needed_bytes %llu, want %llu",
+        (unsigned long long)detail.needed_bytes, (unsigned long long)(start.current + 8000 + 2432));
   l2l_pool_stats s = stats_of(L2L_POOL_DEVICE);
   CHECK(s.current == start.current + 8000 && s.refused == start.refused + 1,
         "a refusal changes nothing but the count");

@@ -59,8 +59,13 @@ TEST(relay_with_the_state_spilled_is_the_same_to_the_bit) {
           CHECK_FAILS(l2l_relay_step(&lb, b, &bb), L2L_ERR_BUDGET, "host budget") &&
           CHECK(strstr(l2l_last_error(), "is below the ") != NULL &&
                     sscanf(strstr(l2l_last_error(), "is below the "), "is below the %llu", &smallest) == 1,
-                "no smallest budget in: %s", l2l_last_error()))
+                "no smallest budget in: %s", l2l_last_error())) {
+        l2l_error_detail detail;   /* (the number a program reads: the message's) */
+        ok &= CHECK_OK(l2l_last_error_detail(&detail)) &&
+              CHECK(detail.needed_bytes == smallest, "needed_bytes %llu, the message says %llu",
+                    (unsigned long long)detail.needed_bytes, smallest);
         ok &= CHECK_OK(l2l_relay_set_host_budget(b, smallest));
+      }
       ok &= relay_step(&lb, b, &d, NULL);
       if (ok) ok &= CHECK(la == lb, "optimizer %d, step %d: loss %.17g in memory, %.17g spilled", o,
                           step, la, lb);
