@@ -105,6 +105,12 @@ function M.calibrate(o, ...)
   return rates_table(r)
 end
 
+-- l2l_plan_new, which runs the layers (those written in Lua call back into Lua): kept out
+-- of traces, as the relay's calls are (a callback from a C call made by compiled code is
+-- "bad callback").
+local function plan_new(out, list, n, config, q) return C.l2l_plan_new(out, list, n, config, q) end
+jit.off(plan_new)
+
 -- The C plan of `model` (a Sequential) for relay config `config` (an l2l_relay_config),
 -- as a Lua plan. request: {batch, seq, device_budget, token_types, key_mask, rates (cdata
 -- or nil)}. Errors are plain messages (no position) for the callers to raise.
@@ -129,9 +135,9 @@ function M.make(model, config, request, fname)
   end
   q.frozen, q.rates = frozen, rates
   local out = ffi.new("l2l_plan *[1]")
-  if C.l2l_plan_new(out, list, n, config, q) ~= 0 then
-    fail(fname .. ": " .. relay_options.lua_message())
-  end
+  -- (the plan runs the layers, those written in Lua too: their own error, where one failed)
+  layers.clear_callback_error()
+  layers.check_call(plan_new(out, list, n, config, q), fname, -1, nil, relay_options.lua_message)
   return M.wrap(ffi.gc(out, function(box) C.l2l_plan_free(box[0]) end), model, config, request)
 end
 

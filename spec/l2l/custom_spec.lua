@@ -329,6 +329,20 @@ describe("a layer kind written in Lua", function()
     fails("Broken: parameter 'w': shape%[2%] must be an integer >= 1", function() Broken { dim = 4 } end)
   end)
 
+  it("brings its own error out of l2l.plan, which runs it to time it", function()
+    local Throws = l2l.layer_kind {
+      name = ("PlanThrows%d"):format(support.seed % 100000),   -- (a kind the planner has not timed)
+      params = function(o) return { { name = "w", shape = { o.dim }, value = 1 } } end,
+      forward = function(self, y, x) y:copy(x) end,
+      backward = function(self, dx, dy, x) error("my backward's message") end,
+    }
+    local model = l2l.Sequential { l2l.Embedding { vocab = V, dim = 16, max_seq = S, seed = 1 }, Throws { dim = 16, seed = 2 },
+                                   l2l.LMHead { vocab = V, dim = 16, seed = 3 } }
+    fails("l2l.plan: PlanThrows%d+ backward: .*my backward's message", function()
+      l2l.plan { model = model, batch = 4, seq = S, device_budget = 2 ^ 24 }
+    end)
+  end)
+
   it("refuses to free what a call lends it (x, y, dx, dy, a parameter, a gradient), and the relay goes on", function()
     -- each tensor the relay lends a call stays the relay's: freeing one would free its
     -- memory under it (found: a parameter freed in forward, the next step reading freed memory)
