@@ -250,19 +250,17 @@ static l2l_status begin(struct safetensors_writer *w, const struct safetensors_s
   if (len > SAFETENSORS_MAX_HEADER)   /* a file l2l could not read back is not written */
     return core_fail(L2L_ERR_INVALID, "the header of %s would be %zu bytes, over the %d l2l reads (%d tensors)",
                      w->path, len, SAFETENSORS_MAX_HEADER, count);
+  /* What is at the path may only be a regular file (or a link to one: found before the file
+     is written): never a directory, a device, a FIFO or a socket (as root, renaming over
+     /dev/full replaced the device); a link to a regular file is written through, the link
+     left as it is. */
   struct stat st;
-  if (stat(w->path, &st) == 0 && S_ISDIR(st.st_mode))   /* (a link to one too: found before the file is written) */
-    return core_fail(L2L_ERR_INVALID, "%s is a directory: nothing was written (the path names the "
-                     "file to write)", w->path);
+  if (stat(w->path, &st) == 0 && !S_ISREG(st.st_mode))
+    return core_fail(L2L_ERR_INVALID, "%s is %s: nothing was written (the path names the file to "
+                     "write)", w->path, safetensors_file_kind(st.st_mode));
   if (!w->replace && lstat(w->path, &st) == 0)
     return core_fail(L2L_ERR_STATE, "%s exists already: nothing was written (give replace = 1 to "
                      "replace it)", w->path);
-  /* What may be replaced is a regular file: never a device, a FIFO or a socket (as root,
-     renaming over /dev/null would replace the device); a link to a regular file is written
-     through, the link left as it is. */
-  if (stat(w->path, &st) == 0 && !S_ISREG(st.st_mode))
-    return core_fail(L2L_ERR_INVALID, "%s is %s, not a regular file: nothing was written (the path "
-                     "names the file to write)", w->path, safetensors_file_kind(st.st_mode));
   if (lstat(w->path, &st) == 0 && S_ISLNK(st.st_mode)) {
     char *target = realpath(w->path, NULL);
     if (target == NULL)
