@@ -158,6 +158,13 @@ function M.sh(cmd)
   return status, (out:gsub("__status=%d+%s*$", ""))
 end
 
+-- The exit status a shell reports for a process killed by signal `name` ("TERM", "USR1"):
+-- 128 + its number on this system (bash's kill -l: dash's takes no name).
+function M.killed_by(name)
+  local _, number = M.sh("bash -c 'kill -l " .. name .. "'")
+  return 128 + assert(tonumber(number), "kill -l " .. name)
+end
+
 -- f(...) with what it writes to io.stderr dropped (a deprecated name's one warning, which
 -- a spec reads from a child process instead); f's results.
 function M.quietly(f, ...)

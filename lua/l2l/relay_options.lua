@@ -123,6 +123,8 @@ local function read_row(o, row, d, fname, default)
   return v
 end
 
+local default_config   -- C's default config (default_text's), made at the first ask
+
 -- An option's value where none is given, in words (`l2l train --help` shows it): C's
 -- default (l2l_relay_config_default), the rule read_settings below applies, or for an
 -- optimizer's or schedule's option each kind's that takes it ("1e-08 (adamw), 1e-06
@@ -146,9 +148,11 @@ function M.default_text(row)
     local only = next(values)
     return next(values, only) == nil and only or table.concat(parts, ", ")
   end
-  local d = ffi.new("l2l_relay_config")
-  C.l2l_relay_config_default(d)
-  local v = d[row.field]
+  if default_config == nil then   -- (once: a parser asks for each row's)
+    default_config = ffi.new("l2l_relay_config")
+    C.l2l_relay_config_default(default_config)
+  end
+  local v = default_config[row.field]
   if row.type == "path" then return v == nil and "none" or ffi.string(v) end
   if row.type == "choice" then return name_of(row.ids, v) end
   if row.type == "bool" then return tostring(v ~= 0) end

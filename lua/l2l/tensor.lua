@@ -492,14 +492,7 @@ function Tensor:cast(dtype, ...)
   lib.dtype_id(dtype, "tensor:cast", 2)
   local out = new_tensor(self:shape(), dtype, self:pool(), "tensor:cast", 2)
   local status = C.l2l_tensor_cast(out.handle, h)
-  if status ~= 0 then
-    out:free()
-    -- C counts elements from 0; the caller, from 1 (in memory order)
-    local msg = lib.last_error():gsub("src element (%d+) ", function(k)
-      return ("element %d (in memory order) "):format(tonumber(k) + 1)
-    end)
-    error("tensor:cast: " .. msg, 2)
-  end
+  if status ~= 0 then out:free(); check(status, "tensor:cast", 2) end
   return out
 end
 

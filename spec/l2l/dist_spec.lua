@@ -486,8 +486,7 @@ describe("stopping a data-parallel run", function()
       if not need_mpi() then return end
       local status, out, ckpt, out_dir = stopped_run(name, sig, who)
       local context = ("seed %d, status %s, output:\n%s"):format(seed, tostring(status), out)
-      local _, number = support.sh("bash -c 'kill -l " .. sig .. "'")
-      assert.are.equal(128 + assert(tonumber(number)), status, context)   -- mpirun ends as its ranks did
+      assert.are.equal(support.killed_by(sig), status, context)   -- mpirun ends as its ranks did
       local stopped = tonumber(out:match(("\nstopped at step (%%d+) of 100000 %%(%s%%)\n"):format(shown)))
       assert.is_truthy(stopped, context)
       assert.is_true(stopped >= 3, context)

@@ -229,19 +229,13 @@ describe("cli.interrupt", function()
     assert.is_truthy(out:find("\nsaving\n$"), out)   -- the 30 s of work were cut short: no "saved"
   end)
 
-  -- the status a process killed by signal `name` ends with (128 + its number)
-  local function killed_by(name)
-    local _, number = support.sh("bash -c 'kill -l " .. name .. "'")
-    return 128 + assert(tonumber(number), "kill -l " .. name)
-  end
-
   for _, sig in ipairs({ { "TERM", "SIGTERM" }, { "USR1", "SIGUSR1" } }) do
     it(("stops the loop on %s as on Ctrl-C, and ends as %s ends a program"):format(sig[2], sig[2]), function()
       local log = os.tmpname()
       local status, err = interrupted(("%s %s --after 0.3 > %s"):format(exe, script, log), log, { "^step 3$" }, { sig[1] })
       local out = support.read_file(log)
       os.remove(log)
-      assert.are.equal(killed_by(sig[1]), status, out .. err)
+      assert.are.equal(support.killed_by(sig[1]), status, out .. err)
       assert.is_truthy(out:find("\nsaving\nsaved\n$"), out)
       assert.is_truthy(err:find(("slow: %s: stopping after this step (a second signal stops at once)"):format(sig[2]), 1, true),
                        err)

@@ -142,9 +142,9 @@ describe("l2l.tensor", function()
     assert.are.equal("i32", ids:dtype())
     assert.are.same({ 3, 1, 4 }, ids:totable())
     assert.has_error(function() l2l.tensor({ 0.5 }):cast("i32") end,
-                     "tensor:cast: element 1 (in memory order) is not an integer within int32 range")
-    assert.has_error(function() l2l.tensor({ 1, 2, 0 / 0 }):cast("i32") end,
-                     "tensor:cast: element 3 (in memory order) is not an integer within int32 range")
+                     "tensor:cast: src:get(1) is not an integer within int32 range")
+    assert.has_error(function() l2l.tensor({ { 1, 2 }, { 3, 0 / 0 } }):cast("i32") end,
+                     "tensor:cast: src:get(2, 2) is not an integer within int32 range")
     -- positions count from 1 in what Lua says
     assert.has_error(function() a:view(0, 1) end, "tensor:view: first must be a row of dim 1, 1 to 7, got 0")
     assert.has_error(function() a:view(6, 3) end, "tensor:view: count must be 1 to 2 (rows 6 to 7 of dim 1), got 3")

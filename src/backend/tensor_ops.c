@@ -104,9 +104,14 @@ l2l_status l2l_tensor_cast(l2l_tensor *dst, const l2l_tensor *src) {
   TRY(backend_for(dst->storage->pool)
           ->convert(tensor_ptr(dst), dst->dtype, tensor_ptr(src), src->dtype, dst->numel,
                     &bad));
-  if (bad >= 0)
-    return FAIL(L2L_ERR_INVALID, "src element %lld is not an integer within int32 range",
-                (long long)bad);
+  if (bad >= 0) {   /* (the element named as the front end counts it: core/error.c) */
+    char at[128];
+    int64_t index[L2L_MAX_DIMS];
+    return error_note_element(FAIL(L2L_ERR_INVALID, "src" L2L_NAMED_ELEMENT "%s" L2L_NAMED_END
+                                   " is not an integer within int32 range",
+                                   core_index_str(at, sizeof at, src, bad)),
+                              core_index_of(index, src, bad), index);
+  }
   return L2L_OK;
 }
 

@@ -254,14 +254,15 @@ static l2l_status begin(struct safetensors_writer *w, const struct safetensors_s
      is written): never a directory, a device, a FIFO or a socket (as root, renaming over
      /dev/full replaced the device); a link to a regular file is written through, the link
      left as it is. */
-  struct stat st;
+  struct stat st, here;   /* (what the path names; here: the path itself, a link or not) */
   if (stat(w->path, &st) == 0 && !S_ISREG(st.st_mode))
     return core_fail(L2L_ERR_INVALID, "%s is %s: nothing was written (the path names the file to "
                      "write)", w->path, safetensors_file_kind(st.st_mode));
-  if (!w->replace && lstat(w->path, &st) == 0)
+  bool exists = lstat(w->path, &here) == 0;
+  if (!w->replace && exists)
     return core_fail(L2L_ERR_STATE, "%s exists already: nothing was written (give replace = 1 to "
                      "replace it)", w->path);
-  if (lstat(w->path, &st) == 0 && S_ISLNK(st.st_mode)) {
+  if (exists && S_ISLNK(here.st_mode)) {
     char *target = realpath(w->path, NULL);
     if (target == NULL)
       return core_fail(L2L_ERR_INVALID, "%s is a link to nothing (%s): nothing was written", w->path,

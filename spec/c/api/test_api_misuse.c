@@ -604,13 +604,13 @@ TEST(misuse_tensor_copy_cast_and_fill) {
                              -2147483904.0f, 1e-30f, -0.5f};
   for (size_t k = 0; k < sizeof not_int32 / sizeof not_int32[0]; k++) {
     s[19] = not_int32[k];
-    REFUSES(l2l_tensor_cast(idst, src), L2L_ERR_INVALID, "element 19");
+    REFUSES(l2l_tensor_cast(idst, src), L2L_ERR_INVALID, "src[3][4] is not an integer"); /* element 19 of (4,5) */
     float rounded = l2l_bf16_to_f32(l2l_f32_to_bf16(not_int32[k]));
     if (rounded == floorf(rounded) && rounded >= -2147483648.0f && rounded < 2147483648.0f)
       continue; /* -2^31 - 256 rounds to -2^31 in bf16: an int32 */
     l2l_tensor *half = remake(src, L2L_POOL_HOST, L2L_BF16);
     CHECK_OK(l2l_tensor_cast(half, src));
-    REFUSES(l2l_tensor_cast(idst, half), L2L_ERR_INVALID, "element 19");
+    REFUSES(l2l_tensor_cast(idst, half), L2L_ERR_INVALID, "src[3][4] is not an integer");
     l2l_tensor_free(half);
   }
   /* fill: integer dtypes take integers within their range */

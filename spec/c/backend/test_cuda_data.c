@@ -152,7 +152,7 @@ TEST(cuda_fill_and_cast) {
       fdata(s0)[check_rand_int(pos + 1, n - 1)] = 0.25f; /* a later one is not the one named */
       struct twin src = twin_of(s0), dst = twin_of(d0);
       char needle[96];
-      snprintf(needle, sizeof needle, "src element %lld is not an integer", (long long)pos);
+      snprintf(needle, sizeof needle, "src[%lld] is not an integer", (long long)pos);
       SIDES FAILS_ON(l2l_tensor_cast(AT(dst), AT(src)), L2L_ERR_INVALID, needle);
       char what[96];
       snprintf(what, sizeof what, "a refused cast f32 -> i32 (%g at %lld) left dst", bad[b],

@@ -225,7 +225,7 @@ TEST(tensor_cast_to_int_refuses_non_integers_and_writes_nothing) {
   memcpy(check_data(x), vals, sizeof vals);
   int32_t *d = l2l_tensor_data(ids);
   for (int i = 0; i < 5; i++) d[i] = 99;
-  CHECK_FAILS(l2l_tensor_cast(ids, x), L2L_ERR_INVALID, "element 3");
+  CHECK_FAILS(l2l_tensor_cast(ids, x), L2L_ERR_INVALID, "src[3] is not an integer");
   for (int i = 0; i < 5; i++) CHECK(d[i] == 99, "element %d untouched", i);
   check_data(x)[3] = 3e9f;
   CHECK_FAILS(l2l_tensor_cast(ids, x), L2L_ERR_INVALID, "int32");
