@@ -850,23 +850,22 @@ if checkpoints then
 end
 
 -- Everything is written: from here a stop signal ends the process at once (a sample is
--- not worth waiting for), and one that came since the loop means no sample.
-interrupted = stop:signal()
+-- not worth waiting for), and one that came before (since the loop) means no sample.
 io.stdout:flush()
 stop:release()
+interrupted = stop:signal()
 if opt.sample > 0 and interrupted then
   print(("\nsample: none (stopped by %s)"):format(interrupted))
 elseif opt.sample > 0 and rank == 0 then
+  print(("\nsample (temperature %g, top-k %d, seed %d): %q continued by the model:"):format(
+    opt.temperature, opt.top_k, opt.seed, opt.prompt))
   local ok, text = pcall(model.generate, model, opt.prompt, opt.sample,
                          { temperature = opt.temperature, top_k = math.min(opt.top_k, V), seed = opt.seed,
                            tokenizer = tok })
   if not ok then pass_interruption(text) fail("sample: " .. tostring(text)) end
   -- bytes a terminal would act on (carriage returns, escapes) and bytes above 127 (a
   -- partly trained model's UTF-8 is seldom valid) are shown as '?'
-  local shown = (opt.prompt .. text):gsub("[%z\1-\8\11-\31\127-\255]", "?")
-  print(("\nsample (temperature %g, top-k %d, seed %d): %q continued by the model:"):format(
-    opt.temperature, opt.top_k, opt.seed, opt.prompt))
-  print(shown)
+  print(((opt.prompt .. text):gsub("[%z\1-\8\11-\31\127-\255]", "?")))
 end
 
 -- After a stop signal the process ends as that signal ends a program (Ctrl-C: status 130),
