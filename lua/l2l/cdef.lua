@@ -753,6 +753,7 @@ typedef struct l2l_safetensors_info {
 typedef struct l2l_safetensors_entry {
   const char *name;
   l2l_dtype dtype;
+  const char *stored_dtype;
   int ndim;
   int64_t shape[L2L_MAX_DIMS];
   int64_t numel;

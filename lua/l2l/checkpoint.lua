@@ -246,9 +246,10 @@ local function entry_for(file, name, want, i, label, fname)
   local e = file.entries[name]
   if e == nil then error(("%s: %s has no tensor '%s' for layer %d (%s)"):format(fname, file.path, name, i, label), 0) end
   -- f32, or a relay's bf16 master (master = "bf16"): either loads into either
-  if (e.dtype ~= "f32" and e.dtype ~= "bf16") or shape_text(e.shape) ~= shape_text(want) then
+  if (e.stored_dtype ~= "F32" and e.stored_dtype ~= "BF16") or shape_text(e.shape) ~= shape_text(want) then
+    local stored = e.dtype and e.dtype:upper() == e.stored_dtype and e.dtype or e.stored_dtype   -- l2l's name where it has one
     error(("%s: %s: '%s' is %s (%s) but layer %d (%s) needs f32 or bf16 (%s)"):format(fname, file.path, name,
-          e.dtype, shape_text(e.shape), i, label, shape_text(want)), 0)
+          stored, shape_text(e.shape), i, label, shape_text(want)), 0)
   end
   return e
 end

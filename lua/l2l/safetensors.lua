@@ -6,10 +6,15 @@
 --     returns a host tensor of that shape and dtype when its bytes are written, which the
 --     writer frees then: a file larger than memory is written one tensor at a time)
 --   local file = safetensors.open(path)      -- header read and checked, data not yet
---   file.names (in the data's order), file.entries[name] = {name =, dtype =, shape =,
---     numel =, offset =, bytes =}, file.metadata (key -> string), file.data_start
+--   file.names (in the data's order), file.entries[name] = {name =, dtype =, stored_dtype =,
+--     shape =, numel =, offset =, bytes =}, file.metadata (key -> string), file.data_start
+--     (stored_dtype: the format's name, "F32", "I64", "BOOL", ...; dtype: l2l's that a read
+--     gives, the stored one where l2l has it, else "f32" for a float, "u8" for BOOL, "i32"
+--     for another integer, nil for the packed F4 and F6 floats, which l2l does not read;
+--     shape may hold a 0: an empty tensor, listed and not read)
 --   file:read(name [, into]) -> a host tensor of the entry's dtype (into: a host or pinned
---     tensor of its element count, f32, f16 and bf16 converting into each other)
+--     tensor of its element count: floats read into f32, f16 or bf16, rounded once;
+--     integers into i32 or u8 where every value fits, else an error naming the element)
 --   file:verify()                            -- every tensor against its checksum
 --   file:close()
 --
@@ -178,8 +183,8 @@ local function tables_of(file, handle)
     for d = 0, e.ndim - 1 do shape[d + 1] = tonumber(e.shape[d]) end
     local name = ffi.string(e.name)
     file.names[i + 1] = name
-    file.entries[name] = { name = name, dtype = lib.dtype_names[tonumber(e.dtype)], shape = shape,
-                           numel = tonumber(e.numel), offset = tonumber(e.offset), bytes = tonumber(e.bytes) }
+    file.entries[name] = { name = name, dtype = lib.dtype_names[tonumber(e.dtype)], stored_dtype = ffi.string(e.stored_dtype),
+                           shape = shape, numel = tonumber(e.numel), offset = tonumber(e.offset), bytes = tonumber(e.bytes) }
   end
   local key, value = ffi.new("const char *[1]"), ffi.new("const char *[1]")
   for i = 0, info.metadata - 1 do
@@ -241,6 +246,13 @@ function File:read(name, into, ...)
   open_self(self, fname, level)
   local e = self.entries[name]
   if e == nil then error(("%s: %s has no tensor '%s'"):format(fname, self.path, tostring(name)), level) end
+  if e.numel == 0 then
+    error(("%s: '%s' of %s is empty (shape {%s}): an l2l tensor holds at least one element"):format(
+      fname, name, self.path, table.concat(e.shape, ", ")), level)
+  end
+  if e.dtype == nil then
+    error(("%s: '%s' of %s is %s, a packed float l2l does not read"):format(fname, name, self.path, e.stored_dtype), level)
+  end
   local t = into
   if t == nil then
     t = tensor.empty(#e.shape > 0 and e.shape or { 1 }, { dtype = e.dtype })

@@ -4,7 +4,10 @@
 -- files this spec lays out byte by byte, in every dtype l2l reads, awkward shapes (a
 -- scalar, sizes of 1, four dimensions, odd sizes), metadata, header keys and data in
 -- shuffled orders and odd padding, read back value for value, converted among the float
--- dtypes as this spec's own rounding says; files l2l writes taken apart here; the C API's
+-- dtypes as this spec's own rounding says; every other dtype of the format (F64, the 8-bit
+-- floats, BOOL and the integers to 64 bits, the packed floats) and empty tensors listed and,
+-- where l2l can hold them, read (an F64 rounded once, integers exactly or refused by
+-- element); files l2l writes taken apart here; the C API's
 -- argument checks; and a GPT-2 of half-precision tensors imported exactly.
 -- The reference encodes a number into a float format of E exponent and M mantissa bits
 -- with round to nearest even through frexp and floor in doubles (not the bit tricks of
@@ -116,9 +119,13 @@ local function write_reference(file, tensors, metadata, pad)
   end
   for _, i in ipairs(order) do
     local t = tensors[i]
-    local size, parts = FORMATS[t.dtype].size, {}
-    for k, v in ipairs(t.values) do parts[k] = le(v % 2 ^ (8 * size), size) end
-    blobs[#blobs + 1] = table.concat(parts)
+    if t.blob then   -- another tool's dtype: its bytes made by the case
+      blobs[#blobs + 1] = t.blob
+    else
+      local size, parts = FORMATS[t.dtype].size, {}
+      for k, v in ipairs(t.values) do parts[k] = le(v % 2 ^ (8 * size), size) end
+      blobs[#blobs + 1] = table.concat(parts)
+    end
     ranges[i] = { at, at + #blobs[#blobs] }
     at = ranges[i][2]
   end
@@ -139,6 +146,60 @@ local function write_reference(file, tensors, metadata, pad)
   local json = "{" .. table.concat(keys, ",") .. "}" .. (" "):rep(pad or 0)
   support.write_file(file, le(#json, 8) .. json .. table.concat(blobs))
   return order
+end
+
+-- The format's dtypes l2l has no tensor of, as another tool writes them: bits an element,
+-- what l2l reads each as unless told another, and for integers their range (I64 and U64 past
+-- 2^53 as int64/uint64 cdata).
+local OTHER = {
+  F64 = { bits = 64, reads = "f32" },
+  F8_E5M2 = { bits = 8, reads = "f32", e = 5, m = 2 },                  -- IEEE's layout
+  F8_E4M3 = { bits = 8, reads = "f32", e = 4, m = 3, finite = true },   -- "fn": S.1111.111 the one NaN
+  F8_E8M0 = { bits = 8, reads = "f32" },                                -- 2^(bits - 127); 255 a NaN
+  BOOL = { bits = 8, reads = "u8", lo = 0, hi = 1 },
+  I8 = { bits = 8, reads = "i32", lo = -2 ^ 7, hi = 2 ^ 7 - 1 },
+  I16 = { bits = 16, reads = "i32", lo = -2 ^ 15, hi = 2 ^ 15 - 1 },
+  U16 = { bits = 16, reads = "i32", lo = 0, hi = 2 ^ 16 - 1 },
+  U32 = { bits = 32, reads = "i32", lo = 0, hi = 2 ^ 32 - 1 },
+  I64 = { bits = 64, reads = "i32", lo = -2 ^ 63, hi = 2 ^ 63 },
+  U64 = { bits = 64, reads = "i32", lo = 0, hi = 2 ^ 64 },
+  F4 = { bits = 4 }, F6_E2M3 = { bits = 6 }, F6_E3M2 = { bits = 6 },   -- packed: listed, not read
+}
+
+-- The value of an 8-bit float's bits in `dtype` (a NaN for its NaNs).
+local function f8_value(bits, dtype)
+  if dtype == "F8_E8M0" then return bits == 255 and 0 / 0 or 2 ^ (bits - 127) end
+  local f = OTHER[dtype]
+  local exp, man = math.floor(bits % 128 / 2 ^ f.m), bits % 2 ^ f.m
+  if not f.finite or exp < 2 ^ f.e - 1 then return decode(bits, f) end
+  if man == 2 ^ f.m - 1 then return 0 / 0 end
+  local sign = bits >= 128 and -1 or 1   -- the top exponent holds numbers too
+  return sign * (1 + man / 2 ^ f.m) * 2 ^ (exp - (2 ^ (f.e - 1) - 1))
+end
+
+-- A drawn F64 as {blob = its 8 bytes, value = the number (a NaN for any NaN)}: bit
+-- patterns of every kind, and ties of bf16 and f16 nudged by less than an f32 unit (where
+-- rounding through f32 to nearest first would land on the tie and round the wrong way).
+local function draw_f64()
+  local kind, v = support.int(1, 5)
+  if kind == 1 then
+    local g = support.int(0, 1) == 0 and FORMATS.BF16 or FORMATS.F16
+    local b = support.int(1, (2 ^ g.e - 1) * 2 ^ g.m - 1)   -- positive, finite
+    local x = decode(b, g)
+    local _, e = math.frexp(x)
+    local ulp = 2 ^ math.max(e - 1 - g.m, (1 - (2 ^ (g.e - 1) - 1)) - g.m)
+    v = (x + ulp / 2 + (support.int(0, 1) * 2 - 1) * ulp * 2 ^ -support.int(26, 40)) * (support.int(0, 1) * 2 - 1)
+  elseif kind == 2 then
+    v = ({ 0, -0.0, 1 / 0, -1 / 0, 2 ^ -1074, -3 * 2 ^ -1060, 1e300, 65520, 2 ^ 128 * (1 - 2 ^ -25), 2 ^ -150 })[support.int(1, 10)]
+  else
+    local words = ffi.new("uint32_t[2]", support.int(0, 2 ^ 32 - 1), support.int(0, 2 ^ 32 - 1))
+    local hi = words[1]
+    if math.floor(hi / 2 ^ 20) % 2 ^ 11 == 2 ^ 11 - 1 and (hi % 2 ^ 20 ~= 0 or words[0] ~= 0) then
+      return { blob = ffi.string(words, 8), value = 0 / 0 }   -- a NaN, its payload never a Lua number
+    end
+    v = ffi.cast("double *", words)[0]
+  end
+  return { blob = ffi.string(ffi.new("double[1]", v), 8), value = v }
 end
 
 -- The bits (or integers) of a host tensor, element by element.
@@ -165,6 +226,44 @@ local function compare(got, want, what)
     if got[i] ~= want[i] then
       error(("%s: element %d is %s, expected %s (seed %d)"):format(what, i, tostring(got[i]), tostring(want[i]), seed), 2)
     end
+  end
+end
+
+-- The shape's index of element k (from 1), as :get counts: "2, 1, 3".
+local function get_index(shape, k)
+  local index, rest = {}, k - 1
+  for d = #shape, 1, -1 do
+    index[d] = rest % shape[d] + 1
+    rest = math.floor(rest / shape[d])
+  end
+  return #shape > 0 and table.concat(index, ", ") or "1"
+end
+
+-- Integer tensor `name` of file f read into i32 and u8 (tensors poisoned first): the values
+-- where each one fits; else a refusal naming the first that does not, the tensor untouched.
+-- values: Lua numbers, or int64/uint64 cdata past 2^53.
+local function read_integers(f, name, values, shape, stored)
+  for _, to in ipairs({ "i32", "u8" }) do
+    local lo, hi = to == "u8" and 0 or -2 ^ 31, to == "u8" and 255 or 2 ^ 31 - 1
+    if stored == "BOOL" then lo, hi = 0, 1 end
+    local into = l2l.full({ #values }, 77, { dtype = to })
+    local bad
+    for k, v in ipairs(values) do
+      if bad == nil and not (v >= lo and v <= hi) then bad = k end
+    end
+    if bad == nil then
+      assert.are.equal(into, f:read(name, into))
+      local want = {}
+      for k, v in ipairs(values) do want[k] = tonumber(v) end
+      compare(bits_of(into), want, ("'%s' (%s) read into %s"):format(name, stored, to))
+    else
+      local value = tostring(values[bad]):gsub("U?LL$", "")
+      local why = stored == "BOOL" and "a BOOL is 0 or 1" or ("which " .. to .. " does not hold")
+      support.refused(("tensor '%s':get(%s) (%s) = %s, %s"):format(name, get_index(shape, bad), stored, value, why),
+                      f.read, f, name, into)
+      for k = 1, #values do assert.are.equal(77, into:get(k), "a refused read wrote into the tensor") end
+    end
+    into:free()
   end
 end
 
@@ -251,14 +350,146 @@ describe("safetensors through the C reader (seed " .. seed .. ")", function()
             compare(bits_of(into), want, ("round %d: '%s' %s read into %s (%s)"):format(round, t.name, t.dtype, to, pool))
             into:free()
           end
-        else   -- an integer tensor reads into its own dtype only
-          local other = t.dtype == "I32" and "u8" or "i32"
-          support.refused("which reads into " .. FORMATS[t.dtype].l2l .. ", not " .. other, f.read, f, t.name,
-                          l2l.empty({ #t.values }, { dtype = other }))
-          support.refused("which reads into", f.read, f, t.name, l2l.empty({ #t.values }))
+        else   -- an integer tensor reads into i32 or u8, where every value fits
+          read_integers(f, t.name, t.values, t.shape, t.dtype)
+          support.refused("which reads into i32 or u8, not f32", f.read, f, t.name, l2l.empty({ #t.values }))
         end
       end
       support.refused("into must be a host tensor of", f.read, f, tensors[1].name, l2l.empty({ #tensors[1].values + 1 }))
+      f:close()
+    end
+  end)
+
+  it("opens another tool's file of every dtype the format has, and reads what l2l can hold", function()
+    local SHAPES = { {}, { 1 }, { 7 }, { 3, 5 }, { 2, 1, 3 }, { 1, 4, 1, 3 } }
+    for round = 1, 4 do
+      local tensors, want = {}, {}
+      for dtype, o in pairs(OTHER) do
+        local shape = SHAPES[support.int(1, #SHAPES)]
+        local numel = 1
+        for _, d in ipairs(shape) do numel = numel * d end
+        if o.bits < 8 then   -- packed: a whole number of bytes
+          shape = { 4 * support.int(1, 3) }
+          numel = shape[1]
+        end
+        local t = { name = dtype:lower() .. ".w", dtype = dtype, shape = shape, values = {} }
+        local parts = {}
+        for k = 1, o.bits < 8 and numel * o.bits / 8 or numel do   -- (packed: bytes drawn)
+          if dtype == "F64" then
+            local d = draw_f64()
+            parts[k], t.values[k] = d.blob, d.value
+          elseif o.bits == 8 and not o.lo then   -- an 8-bit float: any bits
+            t.values[k] = support.int(0, 255)
+            parts[k] = string.char(t.values[k])
+          elseif o.lo then   -- an integer: within i32 (and within u8 for half the tensors)
+            local small = round % 2 == 0
+            local lo, hi = math.max(o.lo, small and 0 or -2 ^ 31), math.min(o.hi, small and 255 or 2 ^ 31 - 1)
+            local v = support.int(lo, hi)
+            t.values[k] = v
+            local ctype = ({ [8] = "int8_t", [16] = "int16_t", [32] = "int64_t", [64] = "int64_t" })[o.bits]
+            parts[k] = ffi.string(ffi.new(ctype .. "[1]", v), o.bits / 8)   -- (little-endian: the low bytes)
+          else
+            parts[k] = string.char(support.int(0, 255))
+          end
+        end
+        t.blob = table.concat(parts)
+        tensors[#tensors + 1] = t
+        want[t.name] = { dtype = dtype, numel = numel, shape = shape, o = o, values = t.values }
+      end
+      -- empty tensors: a size of 0 anywhere
+      for _, dtype in ipairs({ "F32", "I64" }) do
+        local shape = ({ { 0 }, { 3, 0 }, { 0, 2, 5 } })[support.int(1, 3)]
+        local t = { name = "empty." .. dtype, dtype = dtype, shape = shape, values = {}, blob = "" }
+        tensors[#tensors + 1] = t
+        want[t.name] = { dtype = dtype, numel = 0, shape = shape }
+      end
+      local file = path("other" .. round .. ".safetensors")
+      write_reference(file, tensors)
+      local f = l2l.safetensors.open(file)
+      f:verify()
+      for name, w in pairs(want) do
+        local e = f.entries[name]
+        local what = ("round %d: '%s' (%s)"):format(round, name, w.dtype)
+        assert.are.same({ w.dtype, w.shape, w.numel, w.numel * (w.o and w.o.bits or 32) / 8 },
+                        { e.stored_dtype, e.shape, e.numel, e.bytes }, what)
+        if w.numel == 0 then
+          assert.are.equal(w.dtype == "F32" and "f32" or "i32", e.dtype, what)
+          support.refused("'" .. name .. "' of " .. file .. " is empty", f.read, f, name)
+        elseif not w.o.reads then
+          assert.is_nil(e.dtype, what)
+          support.refused("is " .. w.dtype .. ", a packed float l2l does not read", f.read, f, name)
+          support.refused("a packed float", f.read, f, name, l2l.empty({ w.numel }))
+        elseif w.o.lo then   -- an integer
+          assert.are.equal(w.o.reads, e.dtype, what)
+          local got = f:read(name)
+          assert.are.same(#w.shape > 0 and w.shape or { 1 }, got:shape(), what)
+          assert.are.equal(w.o.reads, got:dtype(), what)
+          compare(bits_of(got), w.values, what)
+          got:free()
+          read_integers(f, name, w.values, w.shape, w.dtype)
+          support.refused("is " .. w.dtype .. ", which reads into i32 or u8, not bf16", f.read, f, name,
+                          l2l.empty({ w.numel }, { dtype = "bf16" }))
+        else   -- a float: into each float dtype, rounded once
+          assert.are.equal("f32", e.dtype, what)
+          local got = f:read(name)
+          assert.are.equal("f32", got:dtype(), what)
+          for _, to in ipairs({ "f32", "f16", "bf16" }) do
+            local into = got
+            if to ~= "f32" then
+              into = l2l.empty({ w.numel }, { dtype = to, pool = support.int(0, 1) == 0 and "host" or "pinned" })
+              assert.are.equal(into, f:read(name, into))
+            end
+            local expect = {}
+            for k, v in ipairs(w.values) do
+              local x = w.dtype == "F64" and v or f8_value(v, w.dtype)
+              expect[k] = encode(x, FORMATS[BY_L2L[to]])
+            end
+            compare(bits_of(into), expect, what .. " read into " .. to)
+            into:free()
+          end
+          support.refused("is " .. w.dtype .. ", which reads into f32, f16 or bf16, not i32", f.read, f, name,
+                          l2l.empty({ w.numel }, { dtype = "i32" }))
+        end
+      end
+      -- through C: an empty tensor reads as nothing; a packed one is unsupported
+      local out = ffi.new("float[1]", 5)
+      assert.are.equal(0, C.l2l_safetensors_read(out, C.L2L_F32, 0, f.handle, "empty.F32"))
+      assert.are.equal(5, out[0])
+      assert.are.equal(C.L2L_ERR_UNSUPPORTED, C.l2l_safetensors_read(out, C.L2L_F32, want["f4.w"].numel, f.handle, "f4.w"))
+      local entry = ffi.new("l2l_safetensors_entry")
+      assert.are.equal(0, C.l2l_safetensors_find(entry, f.handle, "f4.w"))
+      assert.are.same({ 0, "F4" }, { tonumber(C.l2l_dtype_size(entry.dtype)), ffi.string(entry.stored_dtype) })
+      f:close()
+    end
+  end)
+
+  it("refuses an integer l2l cannot hold, naming the element, and writes nothing", function()
+    local I64, U64 = ffi.typeof("int64_t[1]"), ffi.typeof("uint64_t[1]")
+    local cases = {   -- dtype, a value no i32 holds, its bytes
+      { "I64", 2 ^ 31, I64 }, { "I64", -2 ^ 31 - 1, I64 }, { "I64", -0x8000000000000000LL, I64 },
+      { "I64", 0x7fffffffffffffffLL, I64 }, { "U64", 0x8000000000000000ULL, U64 }, { "U64", 0xffffffffffffffffULL, U64 },
+      { "U32", 2 ^ 31, ffi.typeof("uint32_t[1]") }, { "BOOL", 2, ffi.typeof("uint8_t[1]") },
+    }
+    for i, c in ipairs(cases) do
+      local dtype, bad, ctype = c[1], c[2], c[3]
+      local shape = { support.int(1, 4), support.int(1, 5) }
+      local numel = shape[1] * shape[2]
+      local at = support.int(1, numel)
+      local values, parts = {}, {}
+      for k = 1, numel do
+        values[k] = k == at and bad or support.int(0, 1)
+        parts[k] = ffi.string(ctype(values[k]), OTHER[dtype].bits / 8)
+      end
+      local file = path("big" .. i .. ".safetensors")
+      write_reference(file, { { name = "ids", dtype = dtype, shape = shape, values = values, blob = table.concat(parts) } })
+      local f = l2l.safetensors.open(file)
+      read_integers(f, "ids", values, shape, dtype)
+      -- C counts the element from 0, in brackets
+      local out = ffi.new("int32_t[?]", numel)
+      assert.are.equal(C.L2L_ERR_INVALID, C.l2l_safetensors_read(out, C.L2L_I32, numel, f.handle, "ids"))
+      local index = (("%d][%d"):format(math.floor((at - 1) / shape[2]), (at - 1) % shape[2]))
+      local err = ffi.string(C.l2l_last_error())
+      assert.is_truthy(err:find("l2l_safetensors_read: " .. file .. ": tensor 'ids'[" .. index .. "] (" .. dtype .. ")", 1, true), err)
       f:close()
     end
   end)

@@ -498,6 +498,10 @@ const char *core_shape_str(char *buf, size_t len, const l2l_tensor *t);
 const char *core_index_str(char *buf, size_t len, const l2l_tensor *t, int64_t flat);
 /* The index of element `flat` of t in each of its dims (returned: their number). */
 int core_index_of(int64_t index[L2L_MAX_DIMS], const l2l_tensor *t, int64_t flat);
+/* The same two for an array of `ndim` dims (0: one element) `shape` that is no tensor (a
+   file's, say). */
+const char *core_shape_index_str(char *buf, size_t len, int ndim, const int64_t *shape, int64_t flat);
+int core_shape_index(int64_t index[L2L_MAX_DIMS], int ndim, const int64_t *shape, int64_t flat);
 /* t is a live tensor of `dtype` with exactly the dims given (ndim of them); else
    L2L_ERR_INVALID naming `name`, with func's name in front. */
 /* a and b (live tensors) have the same dims; else L2L_ERR_INVALID naming both (an, bn),
@@ -653,11 +657,35 @@ void timeline_add(struct core_timeline *t, int layer, int micro_batch, int phase
 enum { SAFETENSORS_MAX_HEADER = L2L_SAFETENSORS_MAX_HEADER };   /* the largest header l2l reads or writes (l2l/safetensors.h) */
 #define SAFETENSORS_CHECKSUMS "l2l_xxh3"      /* the metadata key of the checksums */
 
+/* The format's dtypes (Hugging Face's list), each with how l2l reads it: floats into f32,
+   f16 or bf16 (one rounding at most), integers into i32 or u8 (where every value fits),
+   the packed 4- and 6-bit floats not at all (a file holding them opens and lists them). */
+enum safetensors_format {
+  SAFETENSORS_BOOL, SAFETENSORS_U8, SAFETENSORS_I8, SAFETENSORS_I16, SAFETENSORS_U16,
+  SAFETENSORS_I32, SAFETENSORS_U32, SAFETENSORS_I64, SAFETENSORS_U64, SAFETENSORS_F8_E4M3,
+  SAFETENSORS_F8_E5M2, SAFETENSORS_F8_E8M0, SAFETENSORS_F16, SAFETENSORS_BF16,
+  SAFETENSORS_F32, SAFETENSORS_F64, SAFETENSORS_F4, SAFETENSORS_F6_E2M3, SAFETENSORS_F6_E3M2,
+  SAFETENSORS_FORMATS
+};
+enum safetensors_kind { SAFETENSORS_FLOAT, SAFETENSORS_INTEGER, SAFETENSORS_PACKED };
+#define SAFETENSORS_NO_DTYPE ((l2l_dtype)-1)   /* (a stored dtype l2l has no dtype of its own for) */
+struct safetensors_dtype {
+  enum safetensors_format format;
+  const char *name;                /* the format's: "F32", "I64", "BOOL", "F8_E4M3", ... */
+  int bits;                        /* an element's */
+  enum safetensors_kind kind;
+  l2l_dtype own;                   /* the l2l dtype it is, or SAFETENSORS_NO_DTYPE */
+  l2l_dtype reads_as;              /* a read's dtype unless told another: its own where l2l
+                                      has it, f32 for the other floats, u8 for BOOL, i32 for
+                                      the other integers; SAFETENSORS_NO_DTYPE when packed */
+};
+
 struct safetensors_entry {
   char *name;
-  l2l_dtype dtype;
+  l2l_dtype dtype;                 /* stored->own: the relay's checkpoints hold no other */
+  const struct safetensors_dtype *stored;
   int ndim;                        /* 0 (one element) to L2L_MAX_DIMS */
-  int64_t shape[L2L_MAX_DIMS];
+  int64_t shape[L2L_MAX_DIMS];     /* a size may be 0 (an empty tensor: listed, not read) */
   int64_t numel;
   uint64_t offset, bytes;          /* its range within the data */
   bool summed;                     /* the file holds its checksum: sum */
@@ -681,13 +709,25 @@ const char *safetensors_metadata(const struct safetensors_file *file, const char
 /* An entry's bytes into dst (entry->bytes of room), checked against its checksum. */
 l2l_status safetensors_read(const struct safetensors_file *file, const struct safetensors_entry *entry,
                             void *dst);
-/* A new host tensor of the entry's dtype and shape holding its bytes, checked. */
+/* A new host tensor of the entry's dtype and shape holding its bytes, checked (an entry
+   of l2l's own dtype, not empty). */
 l2l_status safetensors_read_tensor(l2l_tensor **out, const struct safetensors_file *file,
                                    const struct safetensors_entry *entry);
 /* The entry's bytes hashed in pieces (none held whole) against its checksum. */
 l2l_status safetensors_check(const struct safetensors_file *file, const struct safetensors_entry *entry);
 /* "F32", "BF16", ... (NULL for a dtype the format's l2l files do not hold). */
 const char *safetensors_dtype_name(l2l_dtype dtype);
+/* Whether the entry's values read into `to` (safetensors_convert.c). */
+bool safetensors_reads_into(const struct safetensors_entry *entry, l2l_dtype to);
+/* What the entry reads into, for a message: "f32, f16 or bf16", "i32 or u8"; NULL for a
+   packed float (F4, F6_*), which l2l does not read. */
+const char *safetensors_read_targets(const struct safetensors_entry *entry);
+/* dst (entry->numel elements of `to`) := stored (its bytes as the file holds them, checked),
+   converted: floats with one rounding to nearest even, integers exactly. An integer `to`
+   cannot hold (or a BOOL neither 0 nor 1) is L2L_ERR_INVALID naming the element, dst
+   untouched. `to` must be one safetensors_reads_into allows. */
+l2l_status safetensors_convert(void *dst, l2l_dtype to, const void *stored, const struct safetensors_file *file,
+                               const struct safetensors_entry *entry);
 /* What a stat's mode says a path is, for a message: "a directory", "a character device",
    "a FIFO (a named pipe)", ... (lua/l2l/filesys.lua's words; "a regular file" for one). */
 const char *safetensors_file_kind(unsigned mode);

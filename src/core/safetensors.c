@@ -11,10 +11,14 @@
  * its digits write).
  * Purpose: l2l's one reader of the format (the front end's l2l.safetensors calls it
  * through the public API, safetensors_api.c): the header checked against the file's size
- * before any data is read (at most 16 MiB of it, valid UTF-8 JSON, dtypes and ranks l2l
- * has, no empty dimension, element counts matching byte ranges, ranges inside the file
- * with no overlap or hole, checksums naming tensors of the file), a regular file only (a
- * FIFO or a folder is refused without waiting). It lives in the core because the format
+ * before any data is read (at most 16 MiB of it, valid UTF-8 JSON, the format's dtypes,
+ * at most L2L_MAX_DIMS dimensions, element counts matching byte ranges, ranges inside the
+ * file with no overlap or hole, checksums naming tensors of the file), a regular file only
+ * (a FIFO or a folder is refused without waiting). Every dtype of the format is listed
+ * (dtypes[]: what each is and what it reads into), so that another tool's file opens
+ * whole though it holds an I64 or an empty tensor l2l cannot make a tensor of; such an
+ * entry's read is refused, not the file (safetensors_convert.c converts what l2l reads
+ * but does not hold). It lives in the core because the format
  * knows bytes, dtypes and files and nothing of layers or relays: the relay's checkpoints
  * (src/relay/checkpoint.c) build on it, and any part may.
  * JSON goes through jansson (Debian's libjansson), never by hand.
@@ -39,15 +43,35 @@
 #define MAX_NUMEL (INT64_C(1) << 48)   /* l2l's tensors' limit (tensor.c) */
 #define EXACT (INT64_C(1) << 53)       /* integers a double holds exactly */
 
-static const struct {
-  const char *name;
-  l2l_dtype dtype;
-} dtypes[] = {{"F32", L2L_F32}, {"F16", L2L_F16}, {"BF16", L2L_BF16}, {"I32", L2L_I32},
-              {"U8", L2L_U8}};
+#define NONE SAFETENSORS_NO_DTYPE
+#define FLOAT SAFETENSORS_FLOAT
+#define INTEGER SAFETENSORS_INTEGER
+#define PACKED SAFETENSORS_PACKED
+static const struct safetensors_dtype dtypes[SAFETENSORS_FORMATS] = {
+    {SAFETENSORS_BOOL, "BOOL", 8, INTEGER, NONE, L2L_U8},
+    {SAFETENSORS_U8, "U8", 8, INTEGER, L2L_U8, L2L_U8},
+    {SAFETENSORS_I8, "I8", 8, INTEGER, NONE, L2L_I32},
+    {SAFETENSORS_I16, "I16", 16, INTEGER, NONE, L2L_I32},
+    {SAFETENSORS_U16, "U16", 16, INTEGER, NONE, L2L_I32},
+    {SAFETENSORS_I32, "I32", 32, INTEGER, L2L_I32, L2L_I32},
+    {SAFETENSORS_U32, "U32", 32, INTEGER, NONE, L2L_I32},
+    {SAFETENSORS_I64, "I64", 64, INTEGER, NONE, L2L_I32},
+    {SAFETENSORS_U64, "U64", 64, INTEGER, NONE, L2L_I32},
+    {SAFETENSORS_F8_E4M3, "F8_E4M3", 8, FLOAT, NONE, L2L_F32},
+    {SAFETENSORS_F8_E5M2, "F8_E5M2", 8, FLOAT, NONE, L2L_F32},
+    {SAFETENSORS_F8_E8M0, "F8_E8M0", 8, FLOAT, NONE, L2L_F32},
+    {SAFETENSORS_F16, "F16", 16, FLOAT, L2L_F16, L2L_F16},
+    {SAFETENSORS_BF16, "BF16", 16, FLOAT, L2L_BF16, L2L_BF16},
+    {SAFETENSORS_F32, "F32", 32, FLOAT, L2L_F32, L2L_F32},
+    {SAFETENSORS_F64, "F64", 64, FLOAT, NONE, L2L_F32},
+    {SAFETENSORS_F4, "F4", 4, PACKED, NONE, NONE},
+    {SAFETENSORS_F6_E2M3, "F6_E2M3", 6, PACKED, NONE, NONE},
+    {SAFETENSORS_F6_E3M2, "F6_E3M2", 6, PACKED, NONE, NONE},
+};
 
 const char *safetensors_dtype_name(l2l_dtype dtype) {
-  for (size_t i = 0; i < sizeof dtypes / sizeof *dtypes; i++)
-    if (dtypes[i].dtype == dtype) return dtypes[i].name;
+  for (int i = 0; i < SAFETENSORS_FORMATS; i++)
+    if (dtypes[i].own == dtype) return dtypes[i].name;
   return NULL;
 }
 
@@ -120,26 +144,28 @@ static l2l_status entry_of(struct safetensors_entry *e, const char *path, const 
                            const json_t *v, uint64_t data_len) {
   if (!json_is_object(v)) return BAD(path, "entry '%s' is not an object", name);
   const json_t *dt = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape");
-  e->dtype = (l2l_dtype)-1;
-  for (size_t i = 0; json_is_string(dt) && i < sizeof dtypes / sizeof *dtypes; i++)
-    if (strcmp(json_string_value(dt), dtypes[i].name) == 0) e->dtype = dtypes[i].dtype;
-  if ((int)e->dtype < 0)
-    return BAD(path, "entry '%s' has dtype %s, which l2l does not read", name,
+  e->stored = NULL;
+  for (int i = 0; json_is_string(dt) && i < SAFETENSORS_FORMATS; i++)
+    if (strcmp(json_string_value(dt), dtypes[i].name) == 0) e->stored = &dtypes[i];
+  if (e->stored == NULL)
+    return BAD(path, "entry '%s' has dtype %s, which is not one of the format's", name,
                json_is_string(dt) ? json_string_value(dt) : "(not a string)");
+  e->dtype = e->stored->own;
   if (!json_is_array(shape)) return BAD(path, "entry '%s' has no shape list", name);
-  e->numel = 1;
+  int64_t nonzero = 1;   /* the product of the sizes but the empty ones */
   size_t i;
   const json_t *d;
   json_array_foreach(shape, i, d) {
     int64_t n;
     if (!json_count(d, &n)) return BAD(path, "entry '%s': shape[%zu] is not a size", name, i + 1);
-    if (n == 0)
-      return BAD(path, "entry '%s': shape[%zu] = 0: l2l's tensors have no empty dimension", name, i + 1);
-    if (n > MAX_NUMEL / e->numel)
+    if (n > MAX_NUMEL / nonzero)
       return BAD(path, "entry '%s': its shape has more than 2^48 elements", name);
-    e->numel *= n;
+    if (n > 0) nonzero *= n;
     if (i < L2L_MAX_DIMS) e->shape[i] = n;
   }
+  e->numel = nonzero;
+  for (int k = 0; k < (int)json_array_size(shape) && k < L2L_MAX_DIMS; k++)
+    if (e->shape[k] == 0) e->numel = 0;
   if (json_array_size(shape) > L2L_MAX_DIMS)
     return BAD(path, "entry '%s' has %zu dimensions; l2l's tensors have at most %d", name,
                json_array_size(shape), L2L_MAX_DIMS);
@@ -152,9 +178,9 @@ static l2l_status entry_of(struct safetensors_entry *e, const char *path, const 
   if ((uint64_t)end > data_len)
     return BAD(path, "entry '%s' ends at byte %lld of the data but the file holds %llu (truncated?)",
                name, (long long)end, (unsigned long long)data_len);
-  if ((uint64_t)(end - b) != (uint64_t)e->numel * l2l_dtype_size(e->dtype))
+  if ((uint64_t)(end - b) * 8 != (uint64_t)e->numel * (uint64_t)e->stored->bits)
     return BAD(path, "entry '%s': %lld bytes for %lld %s elements", name, (long long)(end - b),
-               (long long)e->numel, l2l_dtype_name(e->dtype));
+               (long long)e->numel, e->stored->name);
   e->offset = (uint64_t)b;
   e->bytes = (uint64_t)(end - b);
   e->name = strdup(name);
@@ -434,6 +460,10 @@ l2l_status safetensors_check(const struct safetensors_file *f, const struct safe
 
 l2l_status safetensors_read_tensor(l2l_tensor **out, const struct safetensors_file *f,
                                    const struct safetensors_entry *e) {
+  *out = NULL;
+  if (e->dtype == SAFETENSORS_NO_DTYPE || e->numel == 0)
+    return core_fail(L2L_ERR_INVALID, "%s: tensor '%s' is %s%s: no tensor of l2l's holds it", f->path, e->name,
+                     e->numel == 0 ? "empty, " : "", e->stored->name);
   int64_t one = 1;
   TRY(l2l_tensor_new(out, L2L_POOL_HOST, e->dtype, e->ndim ? e->ndim : 1, e->ndim ? e->shape : &one));
   l2l_status status = safetensors_read(f, e, l2l_tensor_data(*out));

@@ -8,8 +8,8 @@
  * function checks its arguments before it does anything and names itself in its message;
  * the file's own checks (the header, the ranges, the checksums) are the reader's and the
  * writer's. A read converts among the float dtypes on the way (F16 or BF16 weights of an
- * imported model into f32 parameters, say), after the bytes as stored were checked
- * against their checksum.
+ * imported model into f32 parameters, say; another tool's I64 ids into i32: the rules are
+ * safetensors_convert.c's), after the bytes as stored were checked against their checksum.
  * Must never: report a read done whose bytes differ from the file's checksum, or convert
  * bytes before they were checked.
  */
@@ -41,12 +41,9 @@ static l2l_status not_a_file(const char *func, const l2l_safetensors *file) {
 }
 
 /* The message of a failed call into the reader or the writer, named after the public
-   function. */
+   function (what it names still named). */
 static l2l_status named(const char *func, l2l_status status) {
-  if (status == L2L_OK) return status;
-  char why[1024];
-  snprintf(why, sizeof why, "%s", l2l_last_error());
-  return core_fail_in(func, status, "%s", why);
+  return status == L2L_OK ? status : error_rename(func, status);
 }
 
 /* ---------------------------------------------------------------- reading */
@@ -85,8 +82,9 @@ l2l_status l2l_safetensors_get_info(l2l_safetensors_info *out, const l2l_safeten
 }
 
 static void entry_out(l2l_safetensors_entry *out, const struct safetensors_entry *e) {
-  *out = (l2l_safetensors_entry){.name = e->name, .dtype = e->dtype, .ndim = e->ndim, .numel = e->numel,
-                                 .offset = e->offset, .bytes = e->bytes, .summed = e->summed ? 1 : 0};
+  *out = (l2l_safetensors_entry){.name = e->name, .dtype = e->stored->reads_as, .stored_dtype = e->stored->name,
+                                 .ndim = e->ndim, .numel = e->numel, .offset = e->offset, .bytes = e->bytes,
+                                 .summed = e->summed ? 1 : 0};
   for (int d = 0; d < e->ndim; d++) out->shape[d] = e->shape[d];
 }
 
@@ -122,26 +120,6 @@ l2l_status l2l_safetensors_get_metadata(const char **key, const char **value, co
   return L2L_OK;
 }
 
-/* Element i of a float tensor of dtype `from` at src, as an f32 (exact). */
-static float widened(const void *src, l2l_dtype from, int64_t i) {
-  if (from == L2L_F16) return half_f16_to_f32(((const uint16_t *)src)[i]);
-  if (from == L2L_BF16) return half_bf16_to_f32(((const uint16_t *)src)[i]);
-  return ((const float *)src)[i];
-}
-
-/* dst (n, dtype `to`) := src (n, dtype `from`), both F32, F16 or BF16: through f32, which
-   holds every F16 and BF16 value exactly, so one rounding at most (to nearest even). */
-static void convert(void *dst, l2l_dtype to, const void *src, l2l_dtype from, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    float x = widened(src, from, i);
-    if (to == L2L_F32) ((float *)dst)[i] = x;
-    else if (to == L2L_F16) ((uint16_t *)dst)[i] = half_from_f32_f16(x);
-    else ((uint16_t *)dst)[i] = half_from_f32_bf16(x);
-  }
-}
-
-static bool is_float(l2l_dtype d) { return d == L2L_F32 || d == L2L_F16 || d == L2L_BF16; }
-
 l2l_status l2l_safetensors_read(void *dst, l2l_dtype dtype, int64_t numel, const l2l_safetensors *file,
                                 const char *name) {
   if (dst == NULL) return FAIL(L2L_ERR_INVALID, "dst is NULL");
@@ -155,14 +133,18 @@ l2l_status l2l_safetensors_read(void *dst, l2l_dtype dtype, int64_t numel, const
     return FAIL(L2L_ERR_INVALID, "numel is %lld but '%s' of %s has %lld elements", (long long)numel, name,
                 f->path, (long long)e->numel);
   if (dtype == e->dtype) return named(__func__, safetensors_read(f, e, dst));
-  if (!is_float(dtype) || !is_float(e->dtype))
-    return FAIL(L2L_ERR_INVALID, "'%s' of %s is %s, which reads into %s, not %s", name, f->path,
-                l2l_dtype_name(e->dtype), is_float(e->dtype) ? "f32, f16 or bf16" : l2l_dtype_name(e->dtype),
-                l2l_dtype_name(dtype));
-  void *stored = malloc(e->bytes);   /* (numel) in the file's dtype, checked before dst is touched */
+  if (!safetensors_reads_into(e, dtype)) {
+    const char *targets = safetensors_read_targets(e);
+    if (targets == NULL)
+      return FAIL(L2L_ERR_UNSUPPORTED, "'%s' of %s is %s, a packed float l2l does not read", name, f->path,
+                  e->stored->name);
+    return FAIL(L2L_ERR_INVALID, "'%s' of %s is %s, which reads into %s, not %s", name, f->path, e->stored->name,
+                targets, l2l_dtype_name(dtype));
+  }
+  void *stored = malloc(e->bytes + 1);   /* (numel) as the file holds it, checked before dst is touched */
   if (stored == NULL) return FAIL(L2L_ERR_NOMEM, "no memory to read '%s' of %s", name, f->path);
   l2l_status status = safetensors_read(f, e, stored);
-  if (status == L2L_OK) convert(dst, dtype, stored, e->dtype, numel);
+  if (status == L2L_OK) status = safetensors_convert(dst, dtype, stored, f, e);
   free(stored);
   return named(__func__, status);
 }

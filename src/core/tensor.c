@@ -24,10 +24,10 @@ const char *core_shape_str(char *buf, size_t len, const l2l_tensor *t) {
   return buf;
 }
 
-int core_index_of(int64_t index[L2L_MAX_DIMS], const l2l_tensor *t, int64_t flat) {
-  int n = t->ndim > 0 && t->ndim <= L2L_MAX_DIMS ? t->ndim : 1;
+int core_shape_index(int64_t index[L2L_MAX_DIMS], int ndim, const int64_t *shape, int64_t flat) {
+  int n = ndim > 0 && ndim <= L2L_MAX_DIMS ? ndim : 1;
   for (int i = n - 1; i > 0; i--) {
-    int64_t d = t->shape[i] > 0 ? t->shape[i] : 1;
+    int64_t d = shape[i] > 0 ? shape[i] : 1;
     index[i] = flat % d;
     flat /= d;
   }
@@ -35,9 +35,17 @@ int core_index_of(int64_t index[L2L_MAX_DIMS], const l2l_tensor *t, int64_t flat
   return n;
 }
 
+int core_index_of(int64_t index[L2L_MAX_DIMS], const l2l_tensor *t, int64_t flat) {
+  return core_shape_index(index, t->ndim, t->shape, flat);
+}
+
 const char *core_index_str(char *buf, size_t len, const l2l_tensor *t, int64_t flat) {
+  return core_shape_index_str(buf, len, t->ndim, t->shape, flat);
+}
+
+const char *core_shape_index_str(char *buf, size_t len, int ndim, const int64_t *shape, int64_t flat) {
   int64_t index[L2L_MAX_DIMS];
-  int n = core_index_of(index, t, flat);
+  int n = core_shape_index(index, ndim, shape, flat);
   size_t used = 0;
   buf[0] = '\0';
   for (int i = 0; i < n && used < len; i++)

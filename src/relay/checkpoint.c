@@ -460,14 +460,15 @@ static l2l_status entry_for(const struct safetensors_entry **out, const struct l
   const l2l_tensor *value = param_value(r->param);
   bool same = e->numel == numel && (!shaped || e->ndim == l2l_tensor_ndim(value));
   for (int d = 0; same && shaped && d < e->ndim; d++) same = e->shape[d] == l2l_tensor_dim(value, d);
-  if (!(dtypes & (1u << e->dtype)) || !same) {
+  if (e->dtype == SAFETENSORS_NO_DTYPE || !(dtypes & (1u << e->dtype)) || !same) {
     char have[96] = "", want[96] = "";
     for (int d = 0; d < e->ndim; d++)
       snprintf(have + strlen(have), sizeof have - strlen(have), "%s%lld", d ? "," : "", (long long)e->shape[d]);
     for (int d = 0; d < l2l_tensor_ndim(value); d++)
       snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? "," : "", (long long)l2l_tensor_dim(value, d));
     return REFUSE(ld, "record %s: '%s' (%s) is %s (%s) but the relay's parameter is (%s)%s", r->name, name,
-                  what, l2l_dtype_name(e->dtype), have, want, shaped ? "" : " (as many elements as it takes)");
+                  what, e->dtype == SAFETENSORS_NO_DTYPE ? e->stored->name : l2l_dtype_name(e->dtype), have,
+                  want, shaped ? "" : " (as many elements as it takes)");
   }
   *out = e;
   return L2L_OK;

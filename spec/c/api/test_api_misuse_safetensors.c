@@ -128,6 +128,66 @@ TEST(misuse_safetensors_read) {
   check_remove_dir(dir);
 }
 
+/* Another tool's file, laid out here byte by byte: "ids" (2, 3) I64 with one value past
+   int32 at [1][2], "mask" (2) BOOL, "q" (4) F4, "none" (0, 3) F32, "x" (1) F64. */
+static bool write_foreign(const char *path) {
+  const char header[] = "{\"ids\":{\"dtype\":\"I64\",\"shape\":[2,3],\"data_offsets\":[0,48]},"
+                        "\"mask\":{\"dtype\":\"BOOL\",\"shape\":[2],\"data_offsets\":[48,50]},"
+                        "\"q\":{\"dtype\":\"F4\",\"shape\":[4],\"data_offsets\":[50,52]},"
+                        "\"none\":{\"dtype\":\"F32\",\"shape\":[0,3],\"data_offsets\":[52,52]},"
+                        "\"x\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[52,60]}}";
+  const int64_t ids[6] = {0, -5, 7, INT32_MIN, INT32_MAX, (int64_t)1 << 40};   /* (2, 3) */
+  const uint8_t mask[2] = {1, 0}, q[2] = {0x12, 0x34};
+  const double x = 1.0 + 0x1p-8 + 0x1p-40;   /* past bf16's tie by less than an f32 unit: rounds up */
+  uint64_t n = sizeof header - 1;
+  FILE *f = fopen(path, "wb");
+  if (f == NULL) return CHECK(false, "cannot write %s", path);
+  bool ok = fwrite(&n, 8, 1, f) == 1 && fwrite(header, n, 1, f) == 1 && fwrite(ids, sizeof ids, 1, f) == 1 &&
+            fwrite(mask, 2, 1, f) == 1 && fwrite(q, 2, 1, f) == 1 && fwrite(&x, 8, 1, f) == 1;
+  return CHECK(fclose(f) == 0 && ok, "cannot write %s", path);
+}
+
+/* Covers: l2l_safetensors_find, l2l_safetensors_read on the format's dtypes l2l has no
+   tensor of (a C program reading a Hugging Face file). */
+TEST(misuse_safetensors_foreign_dtypes) {
+  char dir[256], path[512];
+  if (!check_temp_dir(dir, sizeof dir, "l2l-misuse-st")) return;
+  snprintf(path, sizeof path, "%s/foreign.safetensors", dir);
+  l2l_safetensors *f = NULL;
+  if (!write_foreign(path) || !CHECK_OK(l2l_safetensors_open(&f, path))) {
+    check_remove_dir(dir);
+    return;
+  }
+  l2l_safetensors_entry e;
+  CHECK_OK(l2l_safetensors_find(&e, f, "ids"));
+  CHECK(e.dtype == L2L_I32 && strcmp(e.stored_dtype, "I64") == 0 && e.numel == 6 && e.bytes == 48,
+        "ids: dtype %d, stored %s", (int)e.dtype, e.stored_dtype);
+  int32_t ids[6] = {9, 9, 9, 9, 9, 9};   /* (2, 3) */
+  REFUSES(l2l_safetensors_read(ids, L2L_I32, 6, f, "ids"), L2L_ERR_INVALID, "'ids'[1][2] (I64) = 1099511627776, which i32 does not hold");
+  l2l_error_detail d;
+  CHECK_OK(l2l_last_error_detail(&d));   /* (the refusal's element) */
+  CHECK(d.element_dims == 2 && d.element[0] == 1 && d.element[1] == 2, "the detail names %d dims: [%lld][%lld]",
+        d.element_dims, (long long)d.element[0], (long long)d.element[1]);
+  CHECK(ids[0] == 9 && ids[5] == 9, "a refused read wrote dst");
+  REFUSES(l2l_safetensors_read(ids, L2L_F32, 6, f, "ids"), L2L_ERR_INVALID, "is I64, which reads into i32 or u8, not f32");
+  uint8_t mask[2] = {9, 9};   /* (2) */
+  CHECK_OK(l2l_safetensors_read(mask, L2L_U8, 2, f, "mask"));
+  CHECK(mask[0] == 1 && mask[1] == 0, "mask: %d %d", mask[0], mask[1]);
+  CHECK_OK(l2l_safetensors_find(&e, f, "q"));
+  CHECK(l2l_dtype_size(e.dtype) == 0 && strcmp(e.stored_dtype, "F4") == 0 && e.bytes == 2, "q: stored %s", e.stored_dtype);
+  float four[4] = {9, 9, 9, 9};   /* (4) */
+  REFUSES(l2l_safetensors_read(four, L2L_F32, 4, f, "q"), L2L_ERR_UNSUPPORTED, "F4, a packed float");
+  CHECK_OK(l2l_safetensors_find(&e, f, "none"));
+  CHECK(e.numel == 0 && e.ndim == 2 && e.shape[0] == 0 && e.shape[1] == 3, "none: numel %lld", (long long)e.numel);
+  CHECK_OK(l2l_safetensors_read(four, L2L_F32, 0, f, "none"));
+  CHECK(four[0] == 9, "an empty read wrote dst");
+  uint16_t x;
+  CHECK_OK(l2l_safetensors_read(&x, L2L_BF16, 1, f, "x"));
+  CHECK(x == 0x3f81, "x as bf16: %04x (0x3f81: rounded once, up)", x);
+  l2l_safetensors_close(f);
+  check_remove_dir(dir);
+}
+
 /* Covers: l2l_safetensors_create, l2l_safetensors_put, l2l_safetensors_commit,
    l2l_safetensors_abandon. */
 TEST(misuse_safetensors_write) {
