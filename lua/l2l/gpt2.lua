@@ -53,8 +53,9 @@ M.block_names = BLOCK_ORDER   -- (the fuzzer writes GPT-2 files with them)
 local IGNORED = { ["attn.bias"] = true, ["attn.masked_bias"] = true }
 
 local OPTIONS = { heads = true, max_seq = true, memory = true, dropout = true }
--- The dtypes a tensor may have: f16 and bf16 (a half-precision export) are widened exactly
--- into the model's f32 parameters as they are read (l2l_safetensors_read converts).
+-- The dtypes a tensor may have: any float of the format (an entry's dtype, what it reads as,
+-- is then f32, f16 or bf16): a half-precision export is widened exactly into the model's
+-- f32 parameters as it is read, an F64 one rounded once (l2l_safetensors_read converts).
 local FLOATS = { f32 = true, f16 = true, bf16 = true }
 
 ----------------------------------------------------------------- llm.c's files
@@ -218,7 +219,8 @@ local function import(path, opts)
               table.concat(e.shape, ","), table.concat(shape, ","), D), 0)
       end
       if not FLOATS[e.dtype] then
-        error(("%s: %s: '%s' is %s; l2l imports f32, f16 and bf16 tensors"):format(fname, path, name, e.dtype), 0)
+        error(("%s: %s: '%s' is %s; l2l imports float tensors (F32, F16, BF16, F64, F8_*)"):format(
+          fname, path, name, e.stored_dtype), 0)
       end
       sources[#sources + 1] = { name = name, layer = layer, record = record }
     end

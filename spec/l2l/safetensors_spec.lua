@@ -627,7 +627,7 @@ describe("safetensors through the C reader (seed " .. seed .. ")", function()
     C.l2l_safetensors_close(nil)
   end)
 
-  it("imports a GPT-2 of F16 and BF16 tensors, each value widened exactly", function()
+  it("imports a GPT-2 of F16, BF16 and F64 tensors, each value widened exactly or rounded once", function()
     local V, P, D, M = 11, 6, 8, 12
     local shapes = { ["wte.weight"] = { V, D }, ["wpe.weight"] = { P, D }, ["ln_f.weight"] = { D }, ["ln_f.bias"] = { D } }
     local block = { ["ln_1.weight"] = { D }, ["ln_1.bias"] = { D }, ["attn.c_attn.weight"] = { D, 3 * D },
@@ -637,13 +637,14 @@ describe("safetensors through the C reader (seed " .. seed .. ")", function()
     for k, s in pairs(block) do shapes["h.0." .. k] = s end
     local tensors, by_name = {}, {}
     for name, shape in pairs(shapes) do
-      local dtype = ({ "F16", "BF16", "F32" })[support.int(1, 3)]
+      local dtype = ({ "F16", "BF16", "F32", "F64" })[support.int(1, 4)]
       local f = FORMATS[dtype]
       local numel = 1
       for _, d in ipairs(shape) do numel = numel * d end
-      local values = {}
-      for k = 1, numel do values[k] = encode(support.normal() * 0.5, f) end   -- finite weights
-      local t = { name = "transformer." .. name, dtype = dtype, shape = shape, values = values }
+      local values, blob = {}, nil
+      for k = 1, numel do values[k] = f and encode(support.normal() * 0.5, f) or support.normal() * 0.5 end   -- finite weights
+      if dtype == "F64" then blob = ffi.string(ffi.new("double[?]", numel, values), 8 * numel) end
+      local t = { name = "transformer." .. name, dtype = dtype, shape = shape, values = values, blob = blob }
       tensors[#tensors + 1] = t
       by_name[name] = t
     end
@@ -654,7 +655,10 @@ describe("safetensors through the C reader (seed " .. seed .. ")", function()
       local t = by_name[short]
       local want, p = {}, value:data()
       local n = rows and rows * D or #t.values
-      for k = 1, n do want[k] = decode(t.values[k], FORMATS[t.dtype]) end
+      for k = 1, n do   -- a half widened exactly, an F64 rounded to f32 once
+        local f = FORMATS[t.dtype]
+        want[k] = f and decode(t.values[k], f) or decode(encode(t.values[k], FORMATS.F32), FORMATS.F32)
+      end
       local got = {}
       for k = 1, n do got[k] = p[k - 1] end
       compare(got, want, short .. " (" .. t.dtype .. ")")
