@@ -675,7 +675,8 @@ L2L_API l2l_status l2l_relay_load(l2l_relay *run, const char *path);
 /* The JSON description a checkpoint at path holds (see l2l_relay_save), read from its
    header alone (no tensor is read): its extra, steps, layers, to decide before loading.
    *length gets its length in bytes; out, when not NULL, gets it and a terminating NUL, for
-   which capacity must leave room (else L2L_ERR_INVALID, nothing written). */
+   which capacity must leave room (else L2L_ERR_INVALID, nothing written to out, and
+   *length says what it takes). */
 L2L_API l2l_status l2l_checkpoint_description(char *out, size_t capacity, size_t *length,
                                               const char *path);
 

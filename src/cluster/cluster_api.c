@@ -9,35 +9,35 @@
 
 #include "cluster.h"
 
-l2l_status l2l_dist_init(void) { return dist_start(); }
+l2l_status l2l_dist_init(void) { return error_as(__func__, dist_start()); }
 
 l2l_status l2l_dist_rank(int *out) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  TRY(l2l_dist_init());
+  TRY_AS(l2l_dist_init());
   *out = dist_rank_now();
   return L2L_OK;
 }
 
 l2l_status l2l_dist_size(int *out) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  TRY(l2l_dist_init());
+  TRY_AS(l2l_dist_init());
   *out = dist_size_now();
   return L2L_OK;
 }
 
 l2l_status l2l_dist_barrier(void) {
-  TRY(l2l_dist_init());
+  TRY_AS(l2l_dist_init());
   struct dist_op op = {.kind = DIST_BARRIER, .what = "barrier", .layer = -1, .step = -1};
-  return dist_run(&op);
+  return error_as(__func__, dist_run(&op));
 }
 
 l2l_status l2l_dist_sum(double *values, int n) {
   if (values == NULL) return FAIL(L2L_ERR_INVALID, "values is NULL");
   if (n < 1 || n > (1 << 24)) return FAIL(L2L_ERR_INVALID, "n must be in [1, 2^24], got %d", n);
-  TRY(l2l_dist_init());
+  TRY_AS(l2l_dist_init());
   struct dist_op op = {.kind = DIST_ALLREDUCE_SUM, .recv = values, .n = n, .what = "sum",
                        .layer = -1, .step = -1, .bytes = (uint64_t)n * sizeof(double)};
-  return dist_run(&op);
+  return error_as(__func__, dist_run(&op));
 }
 
 l2l_status l2l_dist_set_timeout(double seconds) {

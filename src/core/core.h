@@ -67,6 +67,16 @@ l2l_status error_wrap(l2l_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* The last message named after func in place of the function it was, all else kept. */
 l2l_status error_rename(const char *func, l2l_status status);
+/* What a public function returns of a failure its parts or other public functions
+   reported: named after itself (error_rename), so that a C caller reads the function it
+   called in front ("l2l_relay_insert: the layer has dim 16 ..."), not a part's; L2L_OK as
+   it is. TRY_AS is TRY doing so. */
+l2l_status error_as(const char *func, l2l_status status);
+#define TRY_AS(expr)                                          \
+  do {                                                        \
+    l2l_status try_as_status_ = (expr);                       \
+    if (try_as_status_ != L2L_OK) return error_as(__func__, try_as_status_); \
+  } while (0)
 
 /* Propagate a failed status unchanged (its message is already set). */
 #define TRY(expr)                                   \

@@ -151,6 +151,10 @@ static l2l_status rename_to(const char *func, l2l_status status, ...) {
 
 l2l_status error_rename(const char *func, l2l_status status) { return rename_to(func, status, ""); }
 
+l2l_status error_as(const char *func, l2l_status status) {
+  return status == L2L_OK ? status : error_rename(func, status);
+}
+
 l2l_status core_fail(l2l_status status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

@@ -40,12 +40,6 @@ static l2l_status not_a_file(const char *func, const l2l_safetensors *file) {
   return core_fail_in(func, L2L_ERR_INVALID, "file is %s", file ? "not an open safetensors file" : "NULL");
 }
 
-/* The message of a failed call into the reader or the writer, named after the public
-   function (what it names still named). */
-static l2l_status named(const char *func, l2l_status status) {
-  return status == L2L_OK ? status : error_rename(func, status);
-}
-
 /* ---------------------------------------------------------------- reading */
 
 l2l_status l2l_safetensors_open(l2l_safetensors **out, const char *path) {
@@ -56,7 +50,7 @@ l2l_status l2l_safetensors_open(l2l_safetensors **out, const char *path) {
   l2l_status status = safetensors_open(&h->file, path);
   if (status != L2L_OK) {
     free(h);
-    return named(__func__, status);
+    return error_as(__func__, status);
   }
   h->magic = FILE_MAGIC;
   *out = h;
@@ -132,7 +126,7 @@ l2l_status l2l_safetensors_read(void *dst, l2l_dtype dtype, int64_t numel, const
   if (numel != e->numel)
     return FAIL(L2L_ERR_INVALID, "numel is %lld but '%s' of %s has %lld elements", (long long)numel, name,
                 f->path, (long long)e->numel);
-  if (dtype == e->dtype) return named(__func__, safetensors_read(f, e, dst));
+  if (dtype == e->dtype) return error_as(__func__, safetensors_read(f, e, dst));
   if (!safetensors_reads_into(e, dtype)) {
     const char *targets = safetensors_read_targets(e);
     if (targets == NULL)
@@ -146,14 +140,14 @@ l2l_status l2l_safetensors_read(void *dst, l2l_dtype dtype, int64_t numel, const
   l2l_status status = safetensors_read(f, e, stored);
   if (status == L2L_OK) status = safetensors_convert(dst, dtype, stored, f, e);
   free(stored);
-  return named(__func__, status);
+  return error_as(__func__, status);
 }
 
 l2l_status l2l_safetensors_verify(const l2l_safetensors *file) {
   if (!is_file(file)) return not_a_file(__func__, file);
   for (int i = 0; i < file->file->count; i++) {
     l2l_status status = safetensors_check(file->file, &file->file->entries[i]);
-    if (status != L2L_OK) return named(__func__, status);
+    if (status != L2L_OK) return error_as(__func__, status);
   }
   return L2L_OK;
 }
@@ -191,7 +185,7 @@ l2l_status l2l_safetensors_create(l2l_safetensors_writer **out, const char *path
   free(specs);
   if (status != L2L_OK) {
     free(h);
-    return named(__func__, status);
+    return error_as(__func__, status);
   }
   h->magic = WRITER_MAGIC;
   *out = h;
@@ -201,7 +195,7 @@ l2l_status l2l_safetensors_create(l2l_safetensors_writer **out, const char *path
 l2l_status l2l_safetensors_put(l2l_safetensors_writer *writer, const void *data, uint64_t bytes) {
   if (!is_writer(writer)) return FAIL(L2L_ERR_INVALID, "writer is %s", writer ? "not a writer" : "NULL");
   if (data == NULL && bytes > 0) return FAIL(L2L_ERR_INVALID, "data is NULL");
-  return named(__func__, safetensors_put(writer->writer, data, bytes));
+  return error_as(__func__, safetensors_put(writer->writer, data, bytes));
 }
 
 l2l_status l2l_safetensors_commit(l2l_safetensors_writer *writer) {
@@ -209,7 +203,7 @@ l2l_status l2l_safetensors_commit(l2l_safetensors_writer *writer) {
   writer->magic = 0;
   l2l_status status = safetensors_commit(writer->writer);
   free(writer);
-  return named(__func__, status);
+  return error_as(__func__, status);
 }
 
 void l2l_safetensors_abandon(l2l_safetensors_writer *writer) {

@@ -127,7 +127,7 @@ l2l_status l2l_tensor_new(l2l_tensor **out, l2l_pool_kind pool, l2l_dtype dtype,
   if (status != L2L_OK) {
     free(t);
     free(s);
-    return status;
+    return error_as(__func__, status);
   }
   atomic_init(&s->refs, 1);
   atomic_init(&s->handed_out, false);

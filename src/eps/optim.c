@@ -60,7 +60,7 @@ int optim_state_count(const l2l_optimizer_config *c) {
 l2l_status l2l_optimizer_state_arrays(int *out, const l2l_optimizer_config *config) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   if (config == NULL) return FAIL(L2L_ERR_INVALID, "config is NULL");
-  TRY(optimizer_check(config));
+  TRY_AS(optimizer_check(config));
   *out = optim_state_count(config);
   return L2L_OK;
 }
@@ -84,7 +84,7 @@ l2l_status l2l_schedule_lr(double *out, const l2l_schedule_config *schedule, dou
                          (long long)t);
   if (!isfinite(base_lr) || base_lr < 0)
     return FAIL(L2L_ERR_INVALID, "base_lr must be finite and >= 0, got %g", base_lr);
-  TRY(schedule_check(schedule));
+  TRY_AS(schedule_check(schedule));
   const l2l_schedule_config *s = schedule;
   double factor, final = (double)s->final_ratio;
   if (t <= s->warmup) {

@@ -216,7 +216,7 @@ l2l_status l2l_state_array_check(const l2l_tensor *array, const l2l_optimizer_co
                                  int which, int64_t n) {
   TRY(tensor_check(__func__, "array", array));
   if (optimizer == NULL) return FAIL(L2L_ERR_INVALID, "optimizer is NULL");
-  TRY(optimizer_check(optimizer));
+  TRY_AS(optimizer_check(optimizer));
   int count = optim_state_count(optimizer);
   if (which < 0 || which >= count)
     return FAIL(L2L_ERR_INVALID, "which must be 0 to %d (the optimizer keeps %d state arrays), "

@@ -470,7 +470,7 @@ static l2l_status layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_ten
 
 l2l_status l2l_layer_forward(l2l_saved **saved, l2l_layer *layer, l2l_tensor *y,
                              const l2l_tensor *x, const l2l_layer_batch *batch) {
-  return layer_forward(saved, layer, y, x, batch, false);
+  return error_as(__func__, layer_forward(saved, layer, y, x, batch, false));
 }
 
 l2l_status layer_forward_prechecked(l2l_saved **saved, l2l_layer *layer, l2l_tensor *y,
@@ -484,7 +484,7 @@ l2l_status l2l_layer_backward(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor
                               l2l_saved *saved, const l2l_layer_batch *batch) {
   for (int r = 0; layer_live(layer) && r < l2l_layer_param_count(layer); r++)
     (void)l2l_param_grad(l2l_layer_param(layer, r));
-  return layer_backward(layer, dx, dy, saved, batch, false);
+  return error_as(__func__, layer_backward(layer, dx, dy, saved, batch, false));
 }
 
 l2l_status layer_backward_grads_kept(l2l_layer *layer, l2l_tensor *dx, const l2l_tensor *dy,

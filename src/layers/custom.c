@@ -116,7 +116,7 @@ l2l_status l2l_layer_new_custom(l2l_layer **out, const char *name, int64_t dim,
   l2l_status status = layer_alloc(&layer, &config, pool);
   if (status != L2L_OK) {
     free(kind);
-    return status;
+    return error_as(__func__, status);
   }
   layer->custom = kind;
   for (int i = 0; i < nparams && status == L2L_OK; i++) {
@@ -129,7 +129,7 @@ l2l_status l2l_layer_new_custom(l2l_layer **out, const char *name, int64_t dim,
   }
   if (status != L2L_OK) {
     l2l_layer_free(layer);
-    return status;
+    return error_as(__func__, status);
   }
   *out = layer;
   return L2L_OK;

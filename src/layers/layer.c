@@ -233,14 +233,14 @@ l2l_status layer_alloc(l2l_layer **out, const l2l_layer_config *config,
 l2l_status l2l_layer_new(l2l_layer **out, const l2l_layer_config *config, l2l_pool_kind pool) {
   cpu_runtime_init();
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  TRY(layer_check_config(config));
+  TRY_AS(layer_check_config(config));
   if (!pool_valid((int)pool)) return FAIL(L2L_ERR_INVALID, "no pool with number %d", pool);
   l2l_layer *layer = NULL;
-  TRY(layer_alloc(&layer, config, pool));
+  TRY_AS(layer_alloc(&layer, config, pool));
   l2l_status status = kind_ops(config->kind)->create_params(layer);
   if (status != L2L_OK) {
     l2l_layer_free(layer);
-    return status;
+    return error_as(__func__, status);
   }
   *out = layer;
   return L2L_OK;
@@ -250,13 +250,13 @@ l2l_status l2l_layer_config_params(l2l_param_info *out, int capacity, int *count
                                    const l2l_layer_config *config) {
   if (count == NULL) return FAIL(L2L_ERR_INVALID, "count is NULL");
   if (out == NULL && capacity != 0) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  TRY(layer_check_config(config));
+  TRY_AS(layer_check_config(config));
   /* The kind's own create_params runs on a stand-in layer that describes instead of
      allocating, so the names and shapes cannot drift from what l2l_layer_new makes. */
   l2l_param_info infos[L2L_LAYER_MAX_PARAMS];
   l2l_layer stand_in = {.config = *config, .describe = infos};
   memset(stand_in.role, -1, sizeof stand_in.role);
-  TRY(kind_ops(config->kind)->create_params(&stand_in));
+  TRY_AS(kind_ops(config->kind)->create_params(&stand_in));
   *count = stand_in.nparams;
   if (capacity < stand_in.nparams)
     return FAIL(L2L_ERR_INVALID, "out has room for %d records, the layer has %d", capacity,
@@ -269,7 +269,7 @@ l2l_status l2l_layer_clone(l2l_layer **out, const l2l_layer *layer) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   if (!layer_live(layer)) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
   l2l_layer *copy = NULL;
-  TRY(layer_alloc(&copy, &layer->config, layer->pool));
+  TRY_AS(layer_alloc(&copy, &layer->config, layer->pool));
   memcpy(copy->role, layer->role, sizeof copy->role);
   if (layer->custom) {
     atomic_fetch_add(&((struct custom_kind *)layer->custom)->refs, 1);
@@ -288,7 +288,7 @@ l2l_status l2l_layer_clone(l2l_layer **out, const l2l_layer *layer) {
   }
   if (status != L2L_OK) {
     l2l_layer_free(copy);
-    return status;
+    return error_as(__func__, status);
   }
   *out = copy;
   return L2L_OK;

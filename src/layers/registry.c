@@ -35,15 +35,14 @@ l2l_status layers_config_fail(const l2l_layer_config *c, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(message, sizeof message, fmt, ap);
   va_end(ap);
-  return core_fail(L2L_ERR_INVALID, "l2l_layer_new (%s): %s", kind_ops(c->kind)->name,
-                   message);
+  return core_fail_in("l2l_layer_new", L2L_ERR_INVALID, "%s: %s", kind_ops(c->kind)->name, message);
 }
 
 l2l_status layer_check_config(const l2l_layer_config *c) {
-  if (c == NULL) return core_fail(L2L_ERR_INVALID, "l2l_layer_new: config is NULL");
+  if (c == NULL) return core_fail_in("l2l_layer_new", L2L_ERR_INVALID, "config is NULL");
   const struct layer_kind_ops *kind = kind_ops(c->kind);
   if (kind == NULL)
-    return core_fail(L2L_ERR_INVALID, "l2l_layer_new: no layer kind with number %d", c->kind);
+    return core_fail_in("l2l_layer_new", L2L_ERR_INVALID, "no layer kind with number %d", c->kind);
   CONFIG_SIZE(dim);
   CONFIG_NEED(isfinite(c->init_std) && c->init_std > 0, "init_std must be finite and > 0, got %g",
               c->init_std);

@@ -388,7 +388,7 @@ static l2l_status place_with_policies(struct placed_plan *best, struct plan_chai
 l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
                         const l2l_relay_config *config, const l2l_plan_request *request) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  TRY(check_request(layers, nlayers, config, request));
+  TRY_AS(check_request(layers, nlayers, config, request));
   l2l_plan_rates rates;
   if (request->rates) rates = *request->rates;
   struct plan_layer *pl = calloc((size_t)nlayers, sizeof *pl);
@@ -464,7 +464,7 @@ l2l_status l2l_plan_new(l2l_plan **out, l2l_layer *const *layers, int nlayers,
     free(plan), free(result), free(keys);
   }
   free(pl), free(seconds), free(placed_order);
-  return status;
+  return error_as(__func__, status);
 }
 
 l2l_status l2l_plan_get(l2l_plan_summary *out, const l2l_plan *plan) {

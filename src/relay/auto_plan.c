@@ -109,15 +109,15 @@ l2l_status l2l_relay_plan_auto(const l2l_plan **out, l2l_relay *run, int64_t bat
     return FAIL(L2L_ERR_INVALID, "the relay has %d layers: a plan needs an input layer and a head",
                 run->count);
   l2l_pool_stats pool;
-  TRY(l2l_pool_get_stats(&pool, L2L_POOL_DEVICE));
+  TRY_AS(l2l_pool_get_stats(&pool, L2L_POOL_DEVICE));
   uint64_t budget, held;
-  TRY(auto_budget(&budget, &held, run, &pool));
+  TRY_AS(auto_budget(&budget, &held, run, &pool));
   int64_t key[6] = {batch, seq, token_types, key_mask, (int64_t)run->config.device_budget,
                     (int64_t)pool.budget};
   if (!plan_holds(run, key)) {
     l2l_plan *plan = NULL;
-    TRY(make_plan(&plan, run, batch, seq, token_types, key_mask, budget, held));
-    TRY(relay_apply_plan(run, plan));   /* (made for these layers: applies) */
+    TRY_AS(make_plan(&plan, run, batch, seq, token_types, key_mask, budget, held));
+    TRY_AS(relay_apply_plan(run, plan));   /* (made for these layers: applies) */
     l2l_plan_free(run->auto_plan);
     run->auto_plan = plan;
     for (int i = 0; i < 6; i++) run->auto_key[i] = key[i];

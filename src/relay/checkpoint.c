@@ -89,11 +89,6 @@ static l2l_status records_list(struct records *rs, l2l_relay *run) {
   return status;
 }
 
-/* The message of a failed call, named after the public function. */
-static l2l_status named(const char *func, l2l_status status) {
-  return status == L2L_OK ? status : error_rename(func, status);
-}
-
 /* The same, for a message that does not name the file yet. */
 static l2l_status in_file(const char *path, l2l_status status) {
   if (status == L2L_OK) return status;
@@ -164,7 +159,7 @@ static l2l_status describe_layers(json_t *desc, const struct save *s, const char
     struct layer_saved ignored;
     if (given != NULL) {
       l2l_status status = relay_check_layer(s->run, i, d, &ignored);
-      if (status != L2L_OK) return named("options->layers", status);
+      if (status != L2L_OK) return error_as("options->layers", status);
     } else {
       TRY(relay_describe_layer(&d, s->run, i, s->rs.tied[i]));
       if (json_array_append_new(layers, d) != 0) return no_memory();
@@ -190,7 +185,7 @@ static l2l_status describe_rest(json_t *desc, const struct save *s, const l2l_sa
     l2l_status status = relay_check_options(run, relay);
     if (status != L2L_OK) {
       json_decref(relay);
-      return named("options->relay", status);
+      return error_as("options->relay", status);
     }
   } else {
     TRY(relay_describe_options(&relay, run));
@@ -364,8 +359,8 @@ l2l_status l2l_relay_save(l2l_relay *run, const char *path, const l2l_save_optio
   if (run->count == 0) return FAIL(L2L_ERR_STATE, "the relay has no layers: there is no model to save");
   /* a model no step could run (mid-change: an embedding not first, a head not last) is
      not written: no load of it could train */
-  TRY(named(__func__, relay_check_model(run)));
-  TRY(named(__func__, relay_sync_now(run)));
+  TRY_AS(relay_check_model(run));
+  TRY_AS(relay_sync_now(run));
   struct save s = {.run = run, .path = path, .mid = run->steps % run->config.accumulate != 0};
   if (run->config.dist == L2L_DIST_MPI && s.mid)
     return FAIL(L2L_ERR_STATE, "with dist = mpi, save between accumulations (step %lld is inside "
@@ -376,7 +371,7 @@ l2l_status l2l_relay_save(l2l_relay *run, const char *path, const l2l_save_optio
   records_free(&s.rs);
   free(s.specs);
   free(s.names);
-  return named(__func__, status);
+  return error_as(__func__, status);
 }
 
 /* ================================================================ loading */
@@ -645,7 +640,7 @@ l2l_status l2l_relay_load(l2l_relay *run, const char *path) {
   json_decref(ld.desc);
   records_free(&ld.rs);
   free(ld.saved);
-  return named(__func__, status);
+  return error_as(__func__, status);
 }
 
 l2l_status l2l_checkpoint_description(char *out, size_t capacity, size_t *length, const char *path) {
@@ -663,9 +658,9 @@ l2l_status l2l_checkpoint_description(char *out, size_t capacity, size_t *length
                          "and a NUL", capacity, path, n);
     else if (out != NULL)
       memcpy(out, text, n + 1);
-    if (status == L2L_OK) *length = n;
+    *length = n;   /* (also when out was short: what it takes) */
   }
   json_decref(desc);
   safetensors_close(f);
-  return named(__func__, status);
+  return error_as(__func__, status);
 }

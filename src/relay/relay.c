@@ -303,7 +303,7 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
                          const l2l_relay_config *config) {
   cpu_runtime_init();
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
-  TRY(check_config(config));
+  TRY_AS(check_config(config));
   if (nlayers < 0) return FAIL(L2L_ERR_INVALID, "nlayers must be >= 0, got %d", nlayers);
   if (nlayers > 0 && layers == NULL)
     return FAIL(L2L_ERR_INVALID, "layers is NULL, but nlayers is %d (a list of that many is needed)", nlayers);
@@ -351,7 +351,7 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
       free(run->spill_dir);
       free(run);
     }
-    return status;
+    return error_as(__func__, status);
   }
   *out = run;
   return L2L_OK;
@@ -462,17 +462,17 @@ static l2l_status check_leaving(const l2l_relay *run, int index, const l2l_layer
 l2l_status l2l_relay_insert(l2l_relay *run, int index, l2l_layer *layer) {
   RELAY_ENTER(run);
   CHECK_INDEX(index, 0, run->count, "index");
-  TRY(check_layer(run, layer, -1));
+  TRY_AS(check_layer(run, layer, -1));
   eps_sync(&run->eps);
-  return insert_at(run, index, layer);
+  return error_as(__func__, insert_at(run, index, layer));
 }
 
 l2l_status l2l_relay_remove(l2l_relay *run, int index) {
   RELAY_ENTER(run);
   CHECK_INDEX(index, 0, run->count - 1, "index");
-  TRY(check_leaving(run, index, NULL));
+  TRY_AS(check_leaving(run, index, NULL));
   eps_sync(&run->eps);
-  TRY(records_for(run, CHANGE_REMOVE, index, NULL));
+  TRY_AS(records_for(run, CHANGE_REMOVE, index, NULL));
   masters_home(run, run->layers[index].layer, false);
   layer_set_owner(run->layers[index].layer, NULL);
   memmove(&run->layers[index], &run->layers[index + 1],
@@ -484,12 +484,12 @@ l2l_status l2l_relay_remove(l2l_relay *run, int index) {
 l2l_status l2l_relay_replace(l2l_relay *run, int index, l2l_layer *layer) {
   RELAY_ENTER(run);
   CHECK_INDEX(index, 0, run->count - 1, "index");
-  TRY(check_layer(run, layer, index));
-  TRY(check_leaving(run, index, layer));
+  TRY_AS(check_layer(run, layer, index));
+  TRY_AS(check_leaving(run, index, layer));
   eps_sync(&run->eps);
   /* Records the new layer shares with the old one (or another) keep their state. */
   struct relay_layer old = run->layers[index];
-  TRY(records_for(run, CHANGE_REPLACE, index, layer));
+  TRY_AS(records_for(run, CHANGE_REPLACE, index, layer));
   masters_home(run, old.layer, false);
   layer_set_owner(old.layer, NULL);
   layer_set_owner(layer, run);
@@ -584,7 +584,7 @@ l2l_status l2l_relay_set_host_budget(l2l_relay *run, uint64_t bytes) {
 
 l2l_status l2l_relay_apply_plan(l2l_relay *run, const l2l_plan *plan) {
   RELAY_ENTER(run);
-  return relay_apply_plan(run, plan);
+  return error_as(__func__, relay_apply_plan(run, plan));
 }
 
 l2l_status relay_check_plan(const l2l_relay *run, const l2l_plan *plan) {
@@ -611,7 +611,7 @@ l2l_status relay_apply_plan(l2l_relay *run, const l2l_plan *plan) {
   l2l_status status = relay_check_plan(run, plan);
   if (status != L2L_OK) {
     free(layers);
-    return error_rename("l2l_relay_apply_plan", status);
+    return status;
   }
   for (int k = 0; k < n; k++) l2l_plan_get_layer(&layers[k], plan, k);
   run->config.micro_batch = summary.micro_batch;

@@ -398,12 +398,6 @@ static l2l_status relay_run_step(double *loss, l2l_relay *run, const l2l_relay_b
   return nonfinite_report(run, skips, outcome.name, outcome.layer);
 }
 
-/* A failure's message under the public function's name (a check deep in the step may
-   have put its own there). */
-static l2l_status as_called(const char *func, l2l_status status) {
-  return status == L2L_OK ? status : error_rename(func, status);
-}
-
 static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch *batch,
                             bool training) {
   const char *func = training ? "l2l_relay_step" : "l2l_relay_evaluate";
@@ -413,12 +407,12 @@ static l2l_status relay_run(double *loss, l2l_relay *run, const l2l_relay_batch 
   /* Updates of the last step may still run (each layer's forward waits for its own);
      its gradient arrivals must be counted before this step's bookkeeping starts. */
   eps_wait_arrivals(&run->eps);
-  TRY(as_called(func, relay_check_async(run)));
-  TRY(as_called(func, eps_io_status(&run->eps)));   /* the last step's updates could not read or write */
+  TRY(error_as(func, relay_check_async(run)));
+  TRY(error_as(func, eps_io_status(&run->eps)));   /* the last step's updates could not read or write */
   bool profiled = profile_step_begin(training);
   l2l_status status = relay_run_step(loss, run, batch, training);
   profile_step_end(profiled, status == L2L_OK);
-  return as_called(func, status);
+  return error_as(func, status);
 }
 
 l2l_status l2l_relay_step(double *loss, l2l_relay *run, const l2l_relay_batch *batch) {

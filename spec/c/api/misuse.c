@@ -84,6 +84,12 @@ void arm(void) {
 bool refused_at(l2l_status got, l2l_status want, const char *needle, const char *file,
                 int line, const char *expr) {
   bool ok = check_fails(got, want, needle, file, line, expr);
+  /* a call's refusal names the public function called, whichever part refused it */
+  size_t n = strspn(expr, "abcdefghijklmnopqrstuvwxyz0123456789_");
+  if (strncmp(expr, "l2l_", 4) == 0 && expr[n] == '(')
+    ok &= check_that(strncmp(l2l_last_error(), expr, n) == 0 && strncmp(l2l_last_error() + n, ": ", 2) == 0,
+                     file, line, expr, "the message does not start with \"%.*s: \": %s", (int)n, expr,
+                     l2l_last_error());
   for (int i = 0; i < W.n; i++) {
     char shape[64] = "?";
     if (W.snap[i] != NULL && !same_bytes(W.t[i], W.snap[i])) {

@@ -55,7 +55,9 @@ void unwatch(void);
 /* Takes the snapshot a refusal is compared with, and clears the error message so that the
    refusal's message is its own. */
 void arm(void);
-/* A refused call: its status, a fresh message containing needle, and nothing changed. */
+/* A refused call: its status, a fresh message containing needle (which starts with the
+   function's name where `call` is a call of one: "l2l_relay_insert: ..."), and nothing
+   changed. */
 bool refused_at(l2l_status got, l2l_status want, const char *needle, const char *file, int line,
                 const char *expr);
 #define REFUSES(call, status, needle) \

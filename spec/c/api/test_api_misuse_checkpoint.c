@@ -69,11 +69,14 @@ TEST(misuse_checkpoints) {
   REFUSES(l2l_checkpoint_description(small, sizeof small, &length, ""), L2L_ERR_INVALID, "path");
   REFUSES(l2l_checkpoint_description(small, sizeof small, &length, missing), L2L_ERR_IO, "none.safetensors");
   REFUSES(l2l_checkpoint_description(small, sizeof small, &length, junk_file), L2L_ERR_INVALID, "too short");
-  REFUSES(l2l_checkpoint_description(small, sizeof small, &length, path), L2L_ERR_INVALID, "capacity");
   CHECK(length == 99 && strcmp(small, "unset") == 0, "a refused description wrote its outputs");
+  REFUSES(l2l_checkpoint_description(small, sizeof small, &length, path), L2L_ERR_INVALID, "capacity");
+  size_t takes = length;   /* (a short out: nothing written there, *length what it takes) */
+  CHECK(strcmp(small, "unset") == 0, "a short out was written: '%.8s'", small);
   /* good calls still work: the description's length, and the relay's own file loaded back */
   CHECK_OK(l2l_checkpoint_description(NULL, 0, &length, path));
-  CHECK(length > sizeof small, "a description of %zu bytes", length);
+  CHECK(length > sizeof small && takes == length, "a description of %zu bytes (%zu said when out was short)",
+        length, takes);
   unwatch();
   CHECK_OK(l2l_relay_load(r, path));
   check_remove_dir(dir);
