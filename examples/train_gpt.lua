@@ -31,6 +31,7 @@ local progress = require("l2l.progress")
 local plot = require("l2l.plot")
 local text = require("l2l.text")
 local cli = require("l2l.cli")
+local filesys = require("l2l.filesys")
 local cjson = require("cjson")
 
 local floor, format = math.floor, string.format
@@ -276,8 +277,10 @@ local RUN_FLAGS = { "layers", "dim", "heads", "mlp", "seq", "batch", "seed", "to
 
 -- Why a checkpoint could not be written at `path`, found before any step (a save that
 -- fails only after hours of training loses them), or nil: a directory, or a folder this
--- process cannot create a file in.
-local function unwritable(path)
+-- process cannot create a file in. `made`: the folder the run makes before its first
+-- save (--out): a checkpoint there is written where the nearest folder of it that exists
+-- lets one be made.
+local function unwritable(path, made)
   local fh = io.open(path, "rb")
   if fh then
     local _, _, code = fh:read(1)
@@ -287,8 +290,15 @@ local function unwritable(path)
         path, path:gsub("/+$", ""))
     end
   end
-  local folder = path:match("^(.*)/[^/]*$") or "."
-  if folder == "" then folder = "/" end
+  local function parent(p)
+    local up = p:match("^(.*)/[^/]*$") or "."
+    return up == "" and "/" or up
+  end
+  local function plain(p) return (p:gsub("/+$", ""):gsub("^%./+", "")) end
+  local folder = parent(path)
+  if made and plain(folder) == plain(made) then
+    while folder ~= "." and folder ~= "/" and not filesys.list_folder(folder) do folder = parent(folder) end
+  end
   local probe = ("%s/.l2l-write-check-%s"):format(folder, new_run_id())
   local out, err = io.open(probe, "wb")
   if not out then
@@ -304,7 +314,7 @@ local run, model, start_step, resumed = nil, nil, 0, false
 local run_id = new_run_id()
 local checkpoints = opt.checkpoint ~= ""
 if checkpoints and rank == 0 then   -- (rank 0 writes the files; the others' folders may be other disks)
-  local why = unwritable(opt.checkpoint)
+  local why = unwritable(opt.checkpoint, opt.out)
   if why then cli.usage_error("--checkpoint: " .. why) end
 end
 if checkpoints and not file_exists(opt.checkpoint) then
@@ -691,7 +701,6 @@ end
 
 -- --keep-last: before --checkpoint is written again, the one there becomes <path>.step<N>
 -- (this run's: its step); past keep_last files in all, the oldest are removed.
-local filesys = require("l2l.filesys")
 local function keep_earlier(step)
   if opt.keep_last <= 1 or not file_exists(opt.checkpoint) then return nil end
   local ok, info = pcall(l2l.checkpoint_info, opt.checkpoint)

@@ -113,11 +113,16 @@ describe("l2l train", function()
       assert.is_truthy(out:find(case[2], 1, true), out)
       assert.is_falsy(out:find("step 1/", 1, true), out)
     end
+    -- a folder --out makes: a checkpoint in it is written
+    local made = dir .. "/made/by/out"
+    local status, out = train(("--steps 1 --checkpoint %s --out %s"):format(q(made .. "/run.ckpt"), q(made .. "/")))
+    assert.are.equal(0, status, out)
+    assert.are.equal(1, l2l.checkpoint_info(made .. "/run.ckpt").steps)
     -- a file that is not a checkpoint: --resume cannot continue it, so it is not offered,
     -- and it stays as it was
     local text = dir .. "/notes.txt"
     support.write_file(text, "my notes\n")
-    local status, out = train(("--steps 2 --checkpoint %s --out %s"):format(q(text), q(dir .. "/o")))
+    status, out = train(("--steps 2 --checkpoint %s --out %s"):format(q(text), q(dir .. "/o")))
     assert.are.equal(1, status, out)
     assert.is_truthy(out:find("is a file that is not a checkpoint l2l reads", 1, true), out)
     assert.is_truthy(out:find("what it holds now is lost", 1, true), out)
