@@ -291,7 +291,7 @@ L2L_API l2l_status l2l_profile_rows(l2l_profile_row *out, int64_t first, int64_t
 /* The rows and the summary as one TSV file; an existing file is refused unless overwrite. */
 L2L_API l2l_status l2l_profile_write(const char *path, int overwrite);
 /* The one-screen table (at most 32 lines of `width` columns, 80 to 1000) into out[0..size),
-   as snprintf writes: cut short to fit where size is less, and always ended by a NUL. */
+   cut short to fit where size is less, and always ended by a NUL (size >= 1). */
 L2L_API l2l_status l2l_profile_table(char *out, size_t size, int width);
 
 /* ---------------------------------------------------------------- tensors */

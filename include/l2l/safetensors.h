@@ -21,9 +21,9 @@
    ..., "__metadata__": {"key": "string value"}}, then the raw little-endian data, offsets
    counted from its start. l2l writes the dtypes it has (F32, F16, BF16, I32, U8) with 1
    to 4 dimensions, none of them empty; it opens a file of any of the format's dtypes (BOOL,
-   U8 to U64, I8 to I64, F8_E4M3, F8_E5M2, F8_E8M0, F16, BF16, F32, F64, and the packed
-   F4, F6_E2M3, F6_E3M2) with 0 to 4 dimensions, empty ones among them, and reads what it
-   can hold (l2l_safetensors_read); headers of at most L2L_SAFETENSORS_MAX_HEADER bytes
+   U8 to U64, I8 to I64, F8_E4M3, F8_E5M2, F8_E8M0, F16, BF16, F32, F64, the packed F4,
+   F6_E2M3, F6_E3M2 and the complex C64, as of safetensors 0.7) with 0 to 4 dimensions,
+   empty ones among them, and reads what it can hold (l2l_safetensors_read); headers of at most L2L_SAFETENSORS_MAX_HEADER bytes
    (the format allows 100 MiB; real ones are far smaller: GPT-2 1.5B's is under 100 KB).
    Opening checks the whole header against the file's size before any data is read (valid
    UTF-8 JSON, dtypes, ranks, element counts matching byte ranges, ranges inside the file
@@ -51,13 +51,14 @@ typedef struct l2l_safetensors_entry {
   l2l_dtype dtype;       /* what a read gives unless asked for another: the stored dtype
                             where l2l has it, else f32 for the format's other floats, u8 for
                             BOOL, i32 for its other integers; (l2l_dtype)-1, no dtype
-                            (l2l_dtype_size 0), for a packed float (F4, F6_E2M3,
-                            F6_E3M2), which l2l does not read */
+                            (l2l_dtype_size 0), for the packed floats (F4, F6_E2M3,
+                            F6_E3M2) and C64, which l2l does not read */
   const char *stored_dtype;      /* the format's name for it as the file holds it: "F32",
                                     "I64", "BOOL", ... (a static string) */
   int ndim;              /* 0 (one element) to L2L_MAX_DIMS */
   int64_t shape[L2L_MAX_DIMS];   /* shape[0 .. ndim); a size of 0 makes an empty tensor
-                                    (numel 0): listed, read as nothing */
+                                    (numel 0): listed, read as nothing (dst may
+                                    then be NULL) */
   int64_t numel;
   uint64_t offset, bytes;        /* its byte range within the data */
   int summed;            /* 1: the file holds its checksum */
@@ -83,8 +84,8 @@ L2L_API l2l_status l2l_safetensors_get_metadata(const char **key, const char **v
    even (widening is exact; an F64 is rounded once, not through f32 twice); its integers
    (BOOL, I8 to I64, U8 to U64) into i32 or u8, exactly: a value the dtype does not hold,
    or a BOOL neither 0 nor 1, is L2L_ERR_INVALID naming the element (l2l_last_error_detail),
-   dst untouched. Floats and integers do not read into each other; a packed float (F4,
-   F6_*) does not read at all (L2L_ERR_UNSUPPORTED). Arguments are checked before dst is
+   dst untouched. Floats and integers do not read into each other; the packed floats (F4,
+   F6_*) and C64 do not read at all (L2L_ERR_UNSUPPORTED). Arguments are checked before dst is
    touched; a tensor read as stored whose bytes fail their checksum (or a failed read) may
    leave dst partly written (read the file's checksums first with l2l_safetensors_verify to
    change nothing on damage); a converted one leaves dst untouched. */

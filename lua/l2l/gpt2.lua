@@ -15,8 +15,9 @@
 -- GELU, LayerNorm eps 1e-5, learned positions, the LM head tied to wte. The number of
 -- heads is not in the weights (it is in config.json): 64-wide heads unless opts.heads.
 -- Buffers some files carry (attn.bias, attn.masked_bias) and an lm_head.weight (tied, so
--- a copy of wte) are ignored. Tensors may be F32, F16 or BF16 (a half-precision export):
--- the C reader (l2l_safetensors_read) widens them exactly into the f32 parameters.
+-- a copy of wte) are ignored. Tensors may be any float of the format (a half-precision
+-- export, say): the C reader (l2l_safetensors_read) widens F16, BF16 and the 8-bit
+-- floats exactly into the f32 parameters, and rounds an F64 once.
 -- llm.c's model file (gpt2_124M.bin, as its train_gpt2.py writes it) holds the same
 -- weights: 256 int32 of header (magic 20240326, version 3 = fp32, max_seq, vocab, layers,
 -- heads, dim, the vocab padded), then every tensor in fp32, each kind for all layers in

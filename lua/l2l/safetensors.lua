@@ -10,7 +10,7 @@
 --     shape =, numel =, offset =, bytes =}, file.metadata (key -> string), file.data_start
 --     (stored_dtype: the format's name, "F32", "I64", "BOOL", ...; dtype: l2l's that a read
 --     gives, the stored one where l2l has it, else "f32" for a float, "u8" for BOOL, "i32"
---     for another integer, nil for the packed F4 and F6 floats, which l2l does not read;
+--     for another integer, nil for the packed F4 and F6 floats and C64, which l2l does not read;
 --     shape may hold a 0: an empty tensor, listed and not read)
 --   file:read(name [, into]) -> a host tensor of the entry's dtype (into: a host or pinned
 --     tensor of its element count: floats read into f32, f16 or bf16, rounded once;
@@ -251,7 +251,7 @@ function File:read(name, into, ...)
       fname, name, self.path, table.concat(e.shape, ", ")), level)
   end
   if e.dtype == nil then
-    error(("%s: '%s' of %s is %s, a packed float l2l does not read"):format(fname, name, self.path, e.stored_dtype), level)
+    error(("%s: '%s' of %s is %s, which l2l does not read"):format(fname, name, self.path, e.stored_dtype), level)
   end
   local t = into
   if t == nil then

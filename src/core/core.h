@@ -667,17 +667,18 @@ void timeline_add(struct core_timeline *t, int layer, int micro_batch, int phase
 enum { SAFETENSORS_MAX_HEADER = L2L_SAFETENSORS_MAX_HEADER };   /* the largest header l2l reads or writes (l2l/safetensors.h) */
 #define SAFETENSORS_CHECKSUMS "l2l_xxh3"      /* the metadata key of the checksums */
 
-/* The format's dtypes (Hugging Face's list), each with how l2l reads it: floats into f32,
-   f16 or bf16 (one rounding at most), integers into i32 or u8 (where every value fits),
-   the packed 4- and 6-bit floats not at all (a file holding them opens and lists them). */
+/* The format's dtypes (Hugging Face's list, as of safetensors 0.7), each with how l2l reads
+   it: floats into f32, f16 or bf16 (one rounding at most), integers into i32 or u8 (where
+   every value fits), the packed 4- and 6-bit floats and the complex C64 not at all (a file
+   holding them opens and lists them). */
 enum safetensors_format {
   SAFETENSORS_BOOL, SAFETENSORS_U8, SAFETENSORS_I8, SAFETENSORS_I16, SAFETENSORS_U16,
   SAFETENSORS_I32, SAFETENSORS_U32, SAFETENSORS_I64, SAFETENSORS_U64, SAFETENSORS_F8_E4M3,
   SAFETENSORS_F8_E5M2, SAFETENSORS_F8_E8M0, SAFETENSORS_F16, SAFETENSORS_BF16,
   SAFETENSORS_F32, SAFETENSORS_F64, SAFETENSORS_F4, SAFETENSORS_F6_E2M3, SAFETENSORS_F6_E3M2,
-  SAFETENSORS_FORMATS
+  SAFETENSORS_C64, SAFETENSORS_FORMATS
 };
-enum safetensors_kind { SAFETENSORS_FLOAT, SAFETENSORS_INTEGER, SAFETENSORS_PACKED };
+enum safetensors_kind { SAFETENSORS_FLOAT, SAFETENSORS_INTEGER, SAFETENSORS_NOT_READ };
 #define SAFETENSORS_NO_DTYPE ((l2l_dtype)-1)   /* (a stored dtype l2l has no dtype of its own for) */
 struct safetensors_dtype {
   enum safetensors_format format;
@@ -687,7 +688,8 @@ struct safetensors_dtype {
   l2l_dtype own;                   /* the l2l dtype it is, or SAFETENSORS_NO_DTYPE */
   l2l_dtype reads_as;              /* a read's dtype unless told another: its own where l2l
                                       has it, f32 for the other floats, u8 for BOOL, i32 for
-                                      the other integers; SAFETENSORS_NO_DTYPE when packed */
+                                      the other integers; SAFETENSORS_NO_DTYPE where
+                                      l2l does not read it */
 };
 
 struct safetensors_entry {
@@ -730,7 +732,7 @@ const char *safetensors_dtype_name(l2l_dtype dtype);
 /* Whether the entry's values read into `to` (safetensors_convert.c). */
 bool safetensors_reads_into(const struct safetensors_entry *entry, l2l_dtype to);
 /* What the entry reads into, for a message: "f32, f16 or bf16", "i32 or u8"; NULL for a
-   packed float (F4, F6_*), which l2l does not read. */
+   dtype l2l does not read (F4, F6_*, C64). */
 const char *safetensors_read_targets(const struct safetensors_entry *entry);
 /* dst (entry->numel elements of `to`) := stored (its bytes as the file holds them, checked),
    converted: floats with one rounding to nearest even, integers exactly. An integer `to`

@@ -16,9 +16,9 @@
  * file with no overlap or hole, checksums naming tensors of the file), a regular file only
  * (a FIFO or a folder is refused without waiting). Every dtype of the format is listed
  * (dtypes[]: what each is and what it reads into), so that another tool's file opens
- * whole though it holds an I64 or an empty tensor l2l cannot make a tensor of; such an
+ * whole though it holds a C64 or an empty tensor l2l cannot make a tensor of; such an
  * entry's read is refused, not the file (safetensors_convert.c converts what l2l reads
- * but does not hold). It lives in the core because the format
+ * but does not hold, an I64 into i32 say). It lives in the core because the format
  * knows bytes, dtypes and files and nothing of layers or relays: the relay's checkpoints
  * (src/relay/checkpoint.c) build on it, and any part may.
  * JSON goes through jansson (Debian's libjansson), never by hand.
@@ -46,7 +46,7 @@
 #define NONE SAFETENSORS_NO_DTYPE
 #define FLOAT SAFETENSORS_FLOAT
 #define INTEGER SAFETENSORS_INTEGER
-#define PACKED SAFETENSORS_PACKED
+#define NOT_READ SAFETENSORS_NOT_READ
 static const struct safetensors_dtype dtypes[SAFETENSORS_FORMATS] = {
     {SAFETENSORS_BOOL, "BOOL", 8, INTEGER, NONE, L2L_U8},
     {SAFETENSORS_U8, "U8", 8, INTEGER, L2L_U8, L2L_U8},
@@ -64,14 +64,15 @@ static const struct safetensors_dtype dtypes[SAFETENSORS_FORMATS] = {
     {SAFETENSORS_BF16, "BF16", 16, FLOAT, L2L_BF16, L2L_BF16},
     {SAFETENSORS_F32, "F32", 32, FLOAT, L2L_F32, L2L_F32},
     {SAFETENSORS_F64, "F64", 64, FLOAT, NONE, L2L_F32},
-    {SAFETENSORS_F4, "F4", 4, PACKED, NONE, NONE},
-    {SAFETENSORS_F6_E2M3, "F6_E2M3", 6, PACKED, NONE, NONE},
-    {SAFETENSORS_F6_E3M2, "F6_E3M2", 6, PACKED, NONE, NONE},
+    {SAFETENSORS_F4, "F4", 4, NOT_READ, NONE, NONE},
+    {SAFETENSORS_F6_E2M3, "F6_E2M3", 6, NOT_READ, NONE, NONE},
+    {SAFETENSORS_F6_E3M2, "F6_E3M2", 6, NOT_READ, NONE, NONE},
+    {SAFETENSORS_C64, "C64", 64, NOT_READ, NONE, NONE},   /* (two f32: real, imaginary) */
 };
 
 const char *safetensors_dtype_name(l2l_dtype dtype) {
   for (int i = 0; i < SAFETENSORS_FORMATS; i++)
-    if (dtypes[i].own == dtype) return dtypes[i].name;
+    if (dtypes[i].own != SAFETENSORS_NO_DTYPE && dtypes[i].own == dtype) return dtypes[i].name;
   return NULL;
 }
 
@@ -148,7 +149,7 @@ static l2l_status entry_of(struct safetensors_entry *e, const char *path, const 
   for (int i = 0; json_is_string(dt) && i < SAFETENSORS_FORMATS; i++)
     if (strcmp(json_string_value(dt), dtypes[i].name) == 0) e->stored = &dtypes[i];
   if (e->stored == NULL)
-    return BAD(path, "entry '%s' has dtype %s, which is not one of the format's", name,
+    return BAD(path, "entry '%s' has dtype %s, which is not one of the format's that l2l knows", name,
                json_is_string(dt) ? json_string_value(dt) : "(not a string)");
   e->dtype = e->stored->own;
   if (!json_is_array(shape)) return BAD(path, "entry '%s' has no shape list", name);

@@ -116,7 +116,7 @@ l2l_status l2l_safetensors_get_metadata(const char **key, const char **value, co
 
 l2l_status l2l_safetensors_read(void *dst, l2l_dtype dtype, int64_t numel, const l2l_safetensors *file,
                                 const char *name) {
-  if (dst == NULL) return FAIL(L2L_ERR_INVALID, "dst is NULL");
+  if (dst == NULL && numel != 0) return FAIL(L2L_ERR_INVALID, "dst is NULL");
   if (l2l_dtype_size(dtype) == 0) return FAIL(L2L_ERR_INVALID, "dtype %d is not an l2l dtype", (int)dtype);
   if (!is_file(file)) return not_a_file(__func__, file);
   if (name == NULL) return FAIL(L2L_ERR_INVALID, "name is NULL");
@@ -130,7 +130,7 @@ l2l_status l2l_safetensors_read(void *dst, l2l_dtype dtype, int64_t numel, const
   if (!safetensors_reads_into(e, dtype)) {
     const char *targets = safetensors_read_targets(e);
     if (targets == NULL)
-      return FAIL(L2L_ERR_UNSUPPORTED, "'%s' of %s is %s, a packed float l2l does not read", name, f->path,
+      return FAIL(L2L_ERR_UNSUPPORTED, "'%s' of %s is %s, which l2l does not read", name, f->path,
                   e->stored->name);
     return FAIL(L2L_ERR_INVALID, "'%s' of %s is %s, which reads into %s, not %s", name, f->path, e->stored->name,
                 targets, l2l_dtype_name(dtype));

@@ -145,7 +145,7 @@ l2l_status l2l_param_write(l2l_param *param, const l2l_tensor *src) {
   if (param->home_value != NULL)
     return FAIL(L2L_ERR_STATE, "parameter '%s' is bound to other tensors (a relay's step is "
                 "running it)", param->name);
-  TRY(values_into(param->value, src));
+  TRY_AS(values_into(param->value, src));
   atomic_fetch_add(&param->writes, 1);
   return L2L_OK;
 }
@@ -365,6 +365,6 @@ int64_t l2l_layer_nparams(const l2l_layer *layer) {
 
 l2l_status l2l_layer_zero_grad(l2l_layer *layer) {
   if (!layer_live(layer)) return FAIL(L2L_ERR_INVALID, "layer is not a live layer");
-  for (int i = 0; i < layer->nparams; i++) TRY(l2l_tensor_fill(layer->params[i]->grad, 0.0));
+  for (int i = 0; i < layer->nparams; i++) TRY_AS(l2l_tensor_fill(layer->params[i]->grad, 0.0));
   return L2L_OK;
 }

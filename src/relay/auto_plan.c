@@ -117,7 +117,11 @@ l2l_status l2l_relay_plan_auto(const l2l_plan **out, l2l_relay *run, int64_t bat
   if (!plan_holds(run, key)) {
     l2l_plan *plan = NULL;
     TRY_AS(make_plan(&plan, run, batch, seq, token_types, key_mask, budget, held));
-    TRY_AS(relay_apply_plan(run, plan));   /* (made for these layers: applies) */
+    l2l_status status = relay_apply_plan(run, plan);   /* (made for these layers: applies) */
+    if (status != L2L_OK) {
+      l2l_plan_free(plan);
+      return error_as(__func__, status);
+    }
     l2l_plan_free(run->auto_plan);
     run->auto_plan = plan;
     for (int i = 0; i < 6; i++) run->auto_key[i] = key[i];

@@ -158,8 +158,7 @@ static l2l_status describe_layers(json_t *desc, const struct save *s, const char
     json_t *d = json_array_get(layers, (size_t)i);
     struct layer_saved ignored;
     if (given != NULL) {
-      l2l_status status = relay_check_layer(s->run, i, d, &ignored);
-      if (status != L2L_OK) return error_as("options->layers", status);
+      TRY(relay_check_layer(s->run, i, d, &ignored, "options->layers"));
     } else {
       TRY(relay_describe_layer(&d, s->run, i, s->rs.tied[i]));
       if (json_array_append_new(layers, d) != 0) return no_memory();
@@ -182,10 +181,10 @@ static l2l_status describe_rest(json_t *desc, const struct save *s, const l2l_sa
   }
   if (o->relay != NULL) {
     TRY(parse_given(&relay, o->relay, "relay", false));
-    l2l_status status = relay_check_options(run, relay);
+    l2l_status status = relay_check_options(run, relay, "options->relay");
     if (status != L2L_OK) {
       json_decref(relay);
-      return error_as("options->relay", status);
+      return status;
     }
   } else {
     TRY(relay_describe_options(&relay, run));
@@ -522,8 +521,8 @@ static l2l_status check_description(struct load *ld) {
   ld->saved = calloc((size_t)run->count, sizeof *ld->saved);
   if (ld->saved == NULL) return core_fail(L2L_ERR_NOMEM, "no memory to load %s", ld->path);
   for (int i = 0; i < run->count; i++)
-    TRY(in_file(ld->path, relay_check_layer(run, i, json_array_get(layers, (size_t)i), &ld->saved[i])));
-  TRY(in_file(ld->path, relay_check_options(run, json_object_get(ld->desc, "relay"))));
+    TRY(in_file(ld->path, relay_check_layer(run, i, json_array_get(layers, (size_t)i), &ld->saved[i], "the file")));
+  TRY(in_file(ld->path, relay_check_options(run, json_object_get(ld->desc, "relay"), "the file")));
   TRY(check_progress(ld));
   TRY(l2l_optimizer_state_arrays(&ld->arrays, &run->config.optimizer));
   TRY(records_list(&ld->rs, run));

@@ -300,7 +300,7 @@ static void field_text(char *out, size_t len, const struct field *f, const void 
    the ones that change the numbers compared with `have`: the first difference named. */
 static l2l_status fields_check(const struct field *fields, int n, unsigned kind, const json_t *obj,
                                void *want, const void *have, bool required, const char *where,
-                               const char *why) {
+                               const char *why, const char *source) {
   for (int k = 0; k < n; k++) {
     const struct field *f = &fields[k];
     if (!(f->kinds & BIT(kind))) continue;
@@ -315,8 +315,8 @@ static l2l_status fields_check(const struct field *fields, int n, unsigned kind,
     char saved[64], here[64];
     field_text(saved, sizeof saved, f, want);
     field_text(here, sizeof here, f, have);
-    return core_fail(L2L_ERR_INVALID, "%s: '%s' is %s in the file, %s in the relay: %s", where, f->name,
-                     saved, here, why);
+    return core_fail(L2L_ERR_INVALID, "%s: '%s' is %s in %s, %s in the relay: %s", where, f->name,
+                     saved, source, here, why);
   }
   return L2L_OK;
 }
@@ -367,7 +367,7 @@ static l2l_status kind_of(int *out, const json_t *obj, const struct names *kinds
   return L2L_OK;
 }
 
-l2l_status relay_check_options(const l2l_relay *run, const json_t *relay) {
+l2l_status relay_check_options(const l2l_relay *run, const json_t *relay, const char *source) {
   if (!json_is_object(relay)) return core_fail(L2L_ERR_INVALID, "relay: not an object");
   /* what a relay made from the file would hold: the defaults, then the file's values
      (a key an older file lacks takes the default, as the front end's load gives it) */
@@ -376,7 +376,7 @@ l2l_status relay_check_options(const l2l_relay *run, const json_t *relay) {
   want.param_slots = 2, want.spill_dir = NULL;
   struct option_fields f;
   option_fields(&f, L2L_OPTION_RELAY);
-  TRY(fields_check(f.field, f.n, 0, relay, &want, &run->config, false, "relay", NUMBERS));
+  TRY(fields_check(f.field, f.n, 0, relay, &want, &run->config, false, "relay", NUMBERS, source));
   const json_t *o = json_object_get(relay, "optimizer"), *s = json_object_get(relay, "schedule");
   int kind = 0;
   struct names kinds = choice_names("optimizer");
@@ -385,14 +385,14 @@ l2l_status relay_check_options(const l2l_relay *run, const json_t *relay) {
   want.optimizer.kind = (l2l_optimizer_kind)kind;
   option_fields(&f, L2L_OPTION_OPTIMIZER);
   TRY(fields_check(f.field, f.n, (unsigned)kind, o, &want.optimizer, &run->config.optimizer, true,
-                   "relay: optimizer", NUMBERS));
+                   "relay: optimizer", NUMBERS, source));
   kinds = choice_names("schedule");
   TRY(kind_of(&kind, s, &kinds, "relay: schedule"));
   want.schedule = run->config.schedule;
   want.schedule.kind = (l2l_schedule_kind)kind;
   option_fields(&f, L2L_OPTION_SCHEDULE);
   return fields_check(f.field, f.n, (unsigned)kind, s, &want.schedule, &run->config.schedule, true,
-                      "relay: schedule", NUMBERS);
+                      "relay: schedule", NUMBERS, source);
 }
 
 /* ---------------------------------------------------------------- layers */
@@ -440,7 +440,8 @@ l2l_status relay_describe_layer_state(json_t *d, const l2l_relay *run, int i) {
 /* d, the file's description of layer i, against the relay's layer: the same kind, the same
    constructor options (a custom kind: the same name), an rng id, flag and policies it
    takes. (Its records are checked by the caller.) */
-static l2l_status check_layer_described(const l2l_relay *run, int i, const json_t *d, struct layer_saved *out) {
+static l2l_status check_layer_described(const l2l_relay *run, int i, const json_t *d, struct layer_saved *out,
+                                        const char *source) {
   const l2l_layer *layer = run->layers[i].layer;
   l2l_layer_config have;
   TRY(l2l_layer_get_config(&have, layer));
@@ -449,20 +450,20 @@ static l2l_status check_layer_described(const l2l_relay *run, int i, const json_
   if (!json_is_object(d) || kind == NULL)
     return core_fail(L2L_ERR_INVALID, NAMED_LAYER ": no description", i);
   if (strcmp(kind, KIND_NAMES[have.kind]) != 0)
-    return core_fail(L2L_ERR_INVALID, NAMED_LAYER " is of kind '%s' in the file, '%s' in the relay", i, kind,
+    return core_fail(L2L_ERR_INVALID, NAMED_LAYER " is of kind '%s' in %s, '%s' in the relay", i, kind, source,
                      KIND_NAMES[have.kind]);
   char where[64];
   snprintf(where, sizeof where, NAMED_LAYER " (%s)", i, kind);
   if (have.kind == L2L_LAYER_CUSTOM) {
     const char *name = json_string_value(json_object_get(d, "custom"));
     if (name == NULL || strcmp(name, l2l_layer_name(layer)) != 0)
-      return core_fail(L2L_ERR_INVALID, NAMED_LAYER " is of the custom kind '%s' in the file, '%s' in the relay",
-                       i, name ? name : "(none)", l2l_layer_name(layer));
+      return core_fail(L2L_ERR_INVALID, NAMED_LAYER " is of the custom kind '%s' in %s, '%s' in the relay",
+                       i, name ? name : "(none)", source, l2l_layer_name(layer));
   } else {
     if (!json_is_object(options)) return core_fail(L2L_ERR_INVALID, NAMED_LAYER " (%s): no options", i, kind);
     l2l_layer_config want = have;
     TRY(fields_check(LAYER_FIELDS, COUNT(LAYER_FIELDS), have.kind, options, &want, &have, true, where,
-                     "the relay must be made over the model the file holds"));
+                     "the relay must be made over the model the file holds", source));
   }
   *out = (struct layer_saved){.rng_id = -1, .frozen = -1, .inner = -1, .stash = -1};
   const json_t *v = json_object_get(d, "rng_id"), *frozen = json_object_get(d, "frozen");
@@ -483,7 +484,8 @@ static l2l_status check_layer_described(const l2l_relay *run, int i, const json_
   return L2L_OK;
 }
 
-l2l_status relay_check_layer(const l2l_relay *run, int i, const json_t *d, struct layer_saved *out) {
-  l2l_status status = check_layer_described(run, i, d, out);
+l2l_status relay_check_layer(const l2l_relay *run, int i, const json_t *d, struct layer_saved *out,
+                             const char *source) {
+  l2l_status status = check_layer_described(run, i, d, out, source);
   return status == L2L_OK ? status : error_note_layer(status, i);
 }

@@ -357,7 +357,7 @@ l2l_status l2l_relay_new(l2l_relay **out, l2l_layer *const *layers, int nlayers,
   return L2L_OK;
 }
 
-l2l_status l2l_relay_config_check(const l2l_relay_config *config) { return check_config(config); }
+l2l_status l2l_relay_config_check(const l2l_relay_config *config) { return error_as(__func__, check_config(config)); }
 
 int l2l_relay_option_count(void) { return options_count; }
 
@@ -635,7 +635,7 @@ l2l_status relay_sync_now(l2l_relay *run) {
 
 l2l_status l2l_relay_sync(l2l_relay *run) {
   RELAY_ENTER(run);
-  return relay_sync_now(run);
+  return error_as(__func__, relay_sync_now(run));
 }
 
 l2l_status l2l_relay_get_stats(l2l_relay_stats *out, const l2l_relay *run) {
@@ -686,10 +686,10 @@ l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_par
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   RELAY_ENTER(run);
   if (which != 0 && which != 1) return FAIL(L2L_ERR_INVALID, "which must be 0 or 1, got %d", which);
-  TRY(relay_sync_now(run));
+  TRY_AS(relay_sync_now(run));
   struct eps_record *rec = eps_find(&run->eps, param);
   if (rec == NULL) return FAIL(L2L_ERR_INVALID, "param is not a record of this relay's layers");
-  return eps_state_whole(out, &run->eps, rec, which);
+  return error_as(__func__, eps_state_whole(out, &run->eps, rec, which));
 }
 
 /* ---------------------------------------------------------------- checkpoints */
@@ -697,7 +697,7 @@ l2l_status l2l_relay_param_state(l2l_tensor **out, l2l_relay *run, const l2l_par
 l2l_status l2l_relay_param_updates(int64_t *out, l2l_relay *run, const l2l_param *param) {
   if (out == NULL) return FAIL(L2L_ERR_INVALID, "out is NULL");
   RELAY_ENTER(run);
-  TRY(relay_sync_now(run));
+  TRY_AS(relay_sync_now(run));
   struct eps_record *rec = eps_find(&run->eps, param);
   if (rec == NULL) return FAIL(L2L_ERR_INVALID, "param is not a record of this relay's layers");
   *out = eps_updates(rec);
@@ -717,7 +717,7 @@ l2l_status relay_restore_param(l2l_relay *run, const char *func, const l2l_param
   if (updates < 0 || updates > COUNT_MAX)
     return core_fail_in(func, L2L_ERR_INVALID, "updates must be 0 to 2^53 - 1 (the largest count "
                         "a checkpoint holds), got %lld", (long long)updates);
-  TRY(relay_sync_now(run));
+  TRY_AS(relay_sync_now(run));
   struct eps_record *rec = eps_find(&run->eps, param);
   if (rec == NULL) return core_fail_in(func, L2L_ERR_INVALID, "param is not a record of this relay's layers");
   return eps_restore(func, &run->eps, rec, updates, first, second);
@@ -741,7 +741,7 @@ l2l_status relay_restore_loss_scale(l2l_relay *run, const char *func, double sca
                         "0 to 2^53 - 1 (the largest count a checkpoint holds), got good %lld, "
                         "skipped %lld", run->config.loss_scale_window, (long long)good,
                         (long long)skipped);
-  TRY(relay_sync_now(run));
+  TRY_AS(relay_sync_now(run));
   run->scale = scale;
   run->scale_good = good;
   run->skipped = skipped;
@@ -761,7 +761,7 @@ l2l_status relay_restore_progress(l2l_relay *run, const char *func, int64_t step
     return core_fail_in(func, L2L_ERR_INVALID,
                         "need 0 <= updates <= steps <= 2^53 - 1 (the largest count a checkpoint "
                         "holds), got steps %lld, updates %lld", (long long)steps, (long long)updates);
-  TRY(relay_sync_now(run));
+  TRY_AS(relay_sync_now(run));
   run->steps = steps;
   run->updates = updates;
   run->stats.steps = steps;

@@ -451,8 +451,9 @@ bool relay_json_number(const struct json_t *v, double *out);
 bool relay_json_whole(const struct json_t *v, int64_t lo, int64_t hi, int64_t *out);
 /* The relay's options, optimizer and schedule as the front end names them. */
 l2l_status relay_describe_options(struct json_t **out, const l2l_relay *run);
-/* A file's "relay" against the relay: every option that changes the numbers the same. */
-l2l_status relay_check_options(const l2l_relay *run, const struct json_t *relay);
+/* A file's "relay" against the relay: every option that changes the numbers the same.
+   source: where the description is from, in a message ("the file", "options->relay"). */
+l2l_status relay_check_options(const l2l_relay *run, const struct json_t *relay, const char *source);
 /* Layer i's kind and constructor options (tied: a head whose projection is an earlier
    layer's record); its rng id, frozen flag and policies set on a description d. */
 l2l_status relay_describe_layer(struct json_t **out, const l2l_relay *run, int i, bool tied);
@@ -460,7 +461,7 @@ l2l_status relay_describe_layer_state(struct json_t *d, const l2l_relay *run, in
 /* A file's description of layer i against the relay's: the same kind and options; what
    it says of the layer's rng id, flag and policies into *out. */
 l2l_status relay_check_layer(const l2l_relay *run, int i, const struct json_t *d,
-                                struct layer_saved *out);
+                             struct layer_saved *out, const char *source);
 
 /* ---------------------------------------------------------------- step.c */
 

@@ -52,7 +52,7 @@ TEST(misuse_checkpoints) {
   REFUSES(l2l_relay_save(r, missing, &(l2l_save_options){.layers = "{}"}), L2L_ERR_INVALID, "array");
   REFUSES(l2l_relay_save(r, missing, &(l2l_save_options){.layers = "[]"}), L2L_ERR_INVALID, "0 layers");
   REFUSES(l2l_relay_save(r, missing, &(l2l_save_options){.relay = "[]"}), L2L_ERR_INVALID, "object");
-  REFUSES(l2l_relay_save(r, missing, &(l2l_save_options){.relay = "{}"}), L2L_ERR_INVALID, "'seed' is 0");
+  REFUSES(l2l_relay_save(r, missing, &(l2l_save_options){.relay = "{}"}), L2L_ERR_INVALID, "'seed' is 0 in options->relay");
   /* a file there already, without leave to replace it; a folder, nothing, junk to load */
   REFUSES(l2l_relay_save(r, path, &(l2l_save_options){.replace = 0}), L2L_ERR_STATE, "exists already");
   REFUSES(l2l_relay_save(r, dir, NULL), L2L_ERR_INVALID, "is a directory: nothing was written");

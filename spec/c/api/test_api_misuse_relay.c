@@ -214,10 +214,10 @@ TEST(misuse_relay_new_and_accessors) {
 #undef BAD
   for (int i = 0; i < nb; i++) {
     char expr[160];
-    snprintf(expr, sizeof expr, "l2l_relay_new config case %d (%s)", i, bad[i].needle);
+    snprintf(expr, sizeof expr, "l2l_relay_new(&out, m.layer, m.n, &bad[%d].c) (%s)", i, bad[i].needle);
     refused_at((arm(), l2l_relay_new(&out, m.layer, m.n, &bad[i].c)), L2L_ERR_INVALID,
                bad[i].needle, __FILE__, __LINE__, expr);
-    snprintf(expr, sizeof expr, "l2l_relay_config_check case %d (%s)", i, bad[i].needle);
+    snprintf(expr, sizeof expr, "l2l_relay_config_check(&bad[%d].c) (%s)", i, bad[i].needle);
     refused_at((arm(), l2l_relay_config_check(&bad[i].c)), L2L_ERR_INVALID, bad[i].needle,
                __FILE__, __LINE__, expr);
   }

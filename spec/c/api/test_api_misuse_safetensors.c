@@ -176,7 +176,7 @@ TEST(misuse_safetensors_foreign_dtypes) {
   CHECK_OK(l2l_safetensors_find(&e, f, "q"));
   CHECK(l2l_dtype_size(e.dtype) == 0 && strcmp(e.stored_dtype, "F4") == 0 && e.bytes == 2, "q: stored %s", e.stored_dtype);
   float four[4] = {9, 9, 9, 9};   /* (4) */
-  REFUSES(l2l_safetensors_read(four, L2L_F32, 4, f, "q"), L2L_ERR_UNSUPPORTED, "F4, a packed float");
+  REFUSES(l2l_safetensors_read(four, L2L_F32, 4, f, "q"), L2L_ERR_UNSUPPORTED, "F4, which l2l does not read");
   CHECK_OK(l2l_safetensors_find(&e, f, "none"));
   CHECK(e.numel == 0 && e.ndim == 2 && e.shape[0] == 0 && e.shape[1] == 3, "none: numel %lld", (long long)e.numel);
   CHECK_OK(l2l_safetensors_read(four, L2L_F32, 0, f, "none"));
@@ -216,6 +216,7 @@ TEST(misuse_safetensors_write) {
       {.name = "__metadata__", .dtype = L2L_F32, .ndim = 1, .shape = {2}},
       {.name = "\xc0\xaf", .dtype = L2L_F32, .ndim = 1, .shape = {2}},
       {.name = "w", .dtype = (l2l_dtype)99, .ndim = 1, .shape = {2}},
+      {.name = "w", .dtype = (l2l_dtype)-1, .ndim = 1, .shape = {2}},
       {.name = "w", .dtype = L2L_F32, .ndim = 0, .shape = {2}},
       {.name = "w", .dtype = L2L_F32, .ndim = 5, .shape = {2}},
       {.name = "w", .dtype = L2L_F32, .ndim = 1, .shape = {0}},
@@ -223,7 +224,7 @@ TEST(misuse_safetensors_write) {
       {.name = "w", .dtype = L2L_F32, .ndim = 4, .shape = {INT64_MAX, 2, 2, 2}},
       {.name = "w", .dtype = L2L_F32, .ndim = 2, .shape = {1 << 25, 1 << 25}},
   };
-  const char *why[] = {"name", "name", "__metadata__", "UTF-8", "dtype", "shape", "shape", "shape[0]", "shape[0]",
+  const char *why[] = {"name", "name", "__metadata__", "UTF-8", "dtype", "dtype", "shape", "shape", "shape[0]", "shape[0]",
                        "shape[0]", "shape[1]"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
     REFUSES(l2l_safetensors_create(&out, path, 1, &bad[i], 1, meta, 1), L2L_ERR_INVALID, why[i]);
