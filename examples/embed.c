@@ -168,7 +168,8 @@ int main(int argc, char **argv) {
   /* The relay: AdamW under a cosine schedule with warm-up, boundaries stashed on the
      host (device memory the same for any depth), micro-batches of MICRO samples. The
      result equals whole-batch training; only memory and speed depend on these. The
-     relay checks the whole config: with steps <= WARMUP it refuses the schedule. */
+     relay checks the whole config (a cosine's total must pass its warm-up: a run of
+     WARMUP steps or fewer warms up for all but its last). */
   l2l_relay_config config;
   l2l_relay_config_default(&config);
   config.micro_batch = MICRO;
@@ -176,7 +177,8 @@ int main(int argc, char **argv) {
   config.optimizer = (l2l_optimizer_config){.kind = L2L_OPTIMIZER_ADAMW, .lr = 1e-2f,
                                             .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f,
                                             .weight_decay = 0.1f};
-  config.schedule = (l2l_schedule_config){.kind = L2L_SCHEDULE_COSINE, .warmup = WARMUP,
+  config.schedule = (l2l_schedule_config){.kind = L2L_SCHEDULE_COSINE,
+                                          .warmup = steps > WARMUP ? WARMUP : steps - 1,
                                           .total = steps, .final_ratio = 0.1f};
   config.seed = 7;
   l2l_relay *run = NULL;

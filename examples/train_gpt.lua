@@ -264,11 +264,8 @@ local function new_run_id()
   return ("%x%05x"):format(os.time(), floor(os.clock() * 1e6) % 0x100000)
 end
 
-local function file_exists(path)
-  local fh = io.open(path, "rb")
-  if fh then fh:close() end
-  return fh ~= nil
-end
+-- (looked at, never opened: opening a FIFO to read waits for a writer)
+local function file_exists(path) return filesys.regular_file(path) ~= nil end
 
 -- The flags a checkpoint's run was made with (saved in its extra): given again with
 -- another value, they contradict it.
@@ -281,14 +278,12 @@ local RUN_FLAGS = { "layers", "dim", "heads", "mlp", "seq", "batch", "seed", "to
 -- save (--out): a checkpoint there is written where the nearest folder of it that exists
 -- lets one be made.
 local function unwritable(path, made)
-  local fh = io.open(path, "rb")
-  if fh then
-    local _, _, code = fh:read(1)
-    fh:close()
-    if code == 21 then   -- EISDIR
-      return ("%s is a directory: --checkpoint names a file (for example %s/run.safetensors)"):format(
-        path, path:gsub("/+$", ""))
-    end
+  local regular, why = filesys.regular_file(path)
+  if why == "is a directory" then
+    return ("%s is a directory: --checkpoint names a file (for example %s/run.safetensors)"):format(
+      path, path:gsub("/+$", ""))
+  elseif not regular and why:find("not a regular file", 1, true) then   -- a FIFO, a device, a socket
+    return ("%s %s: --checkpoint names a file it writes"):format(path, why)
   end
   local function parent(p)
     local up = p:match("^(.*)/[^/]*$") or "."
@@ -377,6 +372,11 @@ elseif checkpoints and (opt.resume or opt.resume_if_present) then
     opt.stash = run.options.stash
   end
   host_budget, spill = run.options.host_budget ~= 0 and run.options.host_budget or nil, run.options.spill
+elseif checkpoints and opt.force and file_exists(opt.checkpoint) then
+  local ok, info = pcall(l2l.checkpoint_info, opt.checkpoint)
+  print(ok and ("--force: this run replaces the checkpoint of run %s at step %d in %s at its first save"):format(
+                 info.extra.run or "(no id)", info.steps, opt.checkpoint)
+           or ("--force: %s is not a checkpoint; this run replaces it at its first save"):format(opt.checkpoint))
 elseif checkpoints and not opt.force then
   local ok, info = pcall(l2l.checkpoint_info, opt.checkpoint)
   if not ok then   -- not a run --resume could continue: say so, and what --force would lose

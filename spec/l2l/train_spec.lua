@@ -105,8 +105,10 @@ describe("l2l train", function()
   it("refuses a --checkpoint it could not write before training, and fails when the last save fails", function()
     -- a folder that does not exist, and a directory as the path (with --force too): refused
     -- before step 1, nothing written
+    sh("mkfifo " .. q(dir .. "/fifo"))
     for _, case in ipairs({ { dir .. "/no/such/folder/ck", "cannot write a checkpoint in " .. dir .. "/no/such/folder" },
                             { dir, dir .. " is a directory: --checkpoint names a file" },
+                            { dir .. "/fifo", dir .. "/fifo is a FIFO (a named pipe), not a regular file" },
                             { dir .. "/ --force", dir .. "/ is a directory" } }) do
       local status, out = train(("--steps 2 --checkpoint %s --out %s"):format(case[1], q(dir .. "/o")))
       assert.are.equal(2, status, out)
@@ -128,6 +130,14 @@ describe("l2l train", function()
     assert.is_truthy(out:find("what it holds now is lost", 1, true), out)
     assert.is_falsy(out:find("--resume continues it", 1, true), out)
     assert.are.equal("my notes\n", support.read_file(text))
+    -- --force replaces it, saying so (and says whose checkpoint it replaces next time)
+    status, out = train(("--steps 1 --force --checkpoint %s --out %s"):format(q(text), q(dir .. "/o")))
+    assert.are.equal(0, status, out)
+    assert.is_truthy(out:find("--force: " .. text .. " is not a checkpoint; this run replaces it at its first save", 1, true), out)
+    assert.are.equal(1, l2l.checkpoint_info(text).steps)
+    status, out = train(("--steps 1 --force --checkpoint %s --out %s"):format(q(text), q(dir .. "/o")))
+    assert.are.equal(0, status, out)
+    assert.is_truthy(out:find("this run replaces the checkpoint of run %x+ at step 1 in " .. text:gsub("%p", "%%%0")), out)
     -- the last save failing (a file size limit stands for a full disk: the checkpoint is
     -- larger than it, the metrics are not) ends the process with a failure, after training
     local limited = dir .. "/limited.ckpt"
