@@ -868,13 +868,13 @@ if opt.sample > 0 and interrupted then
 elseif opt.sample > 0 and rank == 0 then
   print(("\nsample (temperature %g, top-k %d, seed %d): %q continued by the model:"):format(
     opt.temperature, opt.top_k, opt.seed, opt.prompt))
-  local ok, text = pcall(model.generate, model, opt.prompt, opt.sample,
-                         { temperature = opt.temperature, top_k = math.min(opt.top_k, V), seed = opt.seed,
-                           tokenizer = tok })
-  if not ok then pass_interruption(text) fail("sample: " .. tostring(text)) end
-  -- bytes a terminal would act on (carriage returns, escapes) and bytes above 127 (a
-  -- partly trained model's UTF-8 is seldom valid) are shown as '?'
-  print(((opt.prompt .. text):gsub("[%z\1-\8\11-\31\127-\255]", "?")))
+  local ok, written = pcall(model.generate, model, opt.prompt, opt.sample,
+                            { temperature = opt.temperature, top_k = math.min(opt.top_k, V), seed = opt.seed,
+                              tokenizer = tok })
+  if not ok then pass_interruption(written) fail("sample: " .. tostring(written)) end
+  -- bytes a terminal would act on (carriage returns, escapes) and bytes that are not
+  -- valid UTF-8 (a partly trained model writes many) are shown as '?'
+  print(text.printable(opt.prompt .. written))
 end
 
 -- After a stop signal the process ends as that signal ends a program (Ctrl-C: status 130),

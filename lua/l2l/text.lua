@@ -33,6 +33,10 @@
 --   opts.rank, opts.size: data parallel (l2l.dist): this rank's rows of the global
 --   minibatch of B, floor(rank B / size) up to floor((rank + 1) B / size), the samples
 --   one process draws for those rows; B >= size.
+-- text.printable(s) -> s for a terminal: what is valid UTF-8 as it is (a prompt's é, a
+--   model's →), tabs and newlines too; each byte a terminal would act on (C0 and C1
+--   controls: carriage returns, escapes) and each byte that is not valid UTF-8 (a partly
+--   trained byte-level model writes many) as '?'.
 -- Folders are read with opendir/readdir through the FFI (Linux, 64-bit): no shell, no
 -- popen("find ..."), so a path may hold any character.
 -- Must never: depend on the order a folder lists its files in, or draw from a generator
@@ -344,6 +348,39 @@ function M.batch(s, B, S, seed, step, opts, ...)
   end
   starts:free()
   return tokens, targets
+end
+
+----------------------------------------------------------------- printing
+
+-- The length of the valid UTF-8 sequence at s[i] that is not a C1 control (U+0080 to
+-- U+009F), or 0: RFC 3629's forms (no overlong one, no surrogate, nothing past U+10FFFF).
+local function utf8_at(s, i)
+  local c = s:byte(i)
+  local len, lo, hi = 0, 0x80, 0xBF   -- (the bounds of the second byte)
+  if c >= 0xC2 and c <= 0xDF then len, lo = 2, c == 0xC2 and 0xA0 or 0x80
+  elseif c >= 0xE0 and c <= 0xEF then len, lo, hi = 3, c == 0xE0 and 0xA0 or 0x80, c == 0xED and 0x9F or 0xBF
+  elseif c >= 0xF0 and c <= 0xF4 then len, lo, hi = 4, c == 0xF0 and 0x90 or 0x80, c == 0xF4 and 0x8F or 0xBF
+  end
+  for k = 1, len - 1 do
+    local b = s:byte(i + k)
+    if b == nil or b < (k == 1 and lo or 0x80) or b > (k == 1 and hi or 0xBF) then return 0 end
+  end
+  return len
+end
+
+function M.printable(s, ...)
+  if select("#", ...) ~= 0 then too_many("text.printable", "s", 2, ...) end
+  if type(s) ~= "string" then error("text.printable: s must be a string, got " .. describe(s), 2) end
+  s = s:gsub("[%z\1-\8\11-\31\127]", "?")
+  if not s:find("[\128-\255]") then return s end
+  local out, i = {}, 1
+  while i <= #s do
+    local c = s:byte(i)
+    local len = c < 0x80 and 1 or utf8_at(s, i)
+    out[#out + 1] = len > 0 and s:sub(i, i + len - 1) or "?"
+    i = i + math.max(len, 1)
+  end
+  return concat(out)
 end
 
 return M

@@ -13,6 +13,7 @@
 -- Must never: write anything, or change the checkpoint.
 local cli = require("l2l.cli")
 local argcheck = require("l2l.argcheck")
+local text = require("l2l.text")
 
 local M = {}
 
@@ -47,12 +48,6 @@ local function checkpoint_parts(path)
   return model, tok, info
 end
 
--- Bytes a terminal would act on (carriage returns, escapes) shown as '?', and bytes
--- above 127 of a byte-level model (a partly trained model's UTF-8 is seldom valid).
-local function printable(text, bytes)
-  return (text:gsub(bytes and "[%z\1-\8\11-\31\127-\255]" or "[%z\1-\8\11-\31\127]", "?"))
-end
-
 function M.sample_main(args, ...)
   if select("#", ...) ~= 0 then argcheck.too_many("use.sample_main", "args", 2, ...) end
   if type(args) ~= "table" then error("use.sample_main: args must be a list of strings, got " .. argcheck.describe(args), 2) end
@@ -73,10 +68,10 @@ function M.sample_main(args, ...)
   local model, tok = checkpoint_parts(opt.checkpoint)
   local vocab = tok and tok.vocab or model[1]:config().vocab
   if opt.prompt == "" then opt.prompt = "\n" end
-  local ok, text = pcall(model.generate, model, opt.prompt, opt.tokens, {
+  local ok, written = pcall(model.generate, model, opt.prompt, opt.tokens, {
     temperature = opt.temperature, top_k = math.min(opt.top_k, vocab), seed = opt.seed, tokenizer = tok })
-  if not ok then cli.fail((tostring(text):gsub("^model:generate: ", ""))) end
-  io.write(printable(opt.prompt .. text, tok == nil), "\n")
+  if not ok then cli.fail((tostring(written):gsub("^model:generate: ", ""))) end
+  io.write(text.printable(opt.prompt .. written), "\n")
   return 0
 end
 

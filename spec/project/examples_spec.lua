@@ -277,6 +277,31 @@ describe("l2l.text", function()
                      d.description)
   end)
 
+  it("prints valid UTF-8 as it is, and controls and bytes that are not UTF-8 as '?'", function()
+    -- pieces and what each prints as; each ends in a byte no sequence continues with, so
+    -- that any order of them prints as the order of their parts
+    local PIECES = {
+      { "plain a-z 0-9 \t\n", "plain a-z 0-9 \t\n" }, { "caf\xc3\xa9", "caf\xc3\xa9" },
+      { "\xe2\x86\x92", "\xe2\x86\x92" }, { "\xf0\x9d\x84\x9e", "\xf0\x9d\x84\x9e" },
+      { "\xc2\xa0", "\xc2\xa0" }, { "\xf4\x8f\xbf\xbf", "\xf4\x8f\xbf\xbf" },   -- U+00A0, U+10FFFF
+      { "\r\27[2J\0\127", "??[2J??" },                                  -- C0 controls, DEL
+      { "\xc2\x9b", "??" }, { "\xc2\x85", "??" },                         -- C1 controls (CSI, NEL)
+      { "\xff\xfe", "??" }, { "\x80x", "?x" }, { "\xe2\x86x", "??x" },   -- not UTF-8, cut short
+      { "\xc0\xafx", "??x" }, { "\xed\xa0\x80", "???" },                  -- overlong, surrogate
+      { "\xf4\x90\x80\x80", "????" }, { "\xf5\x80x", "??x" },            -- past U+10FFFF
+    }
+    for _ = 1, 200 do
+      local parts, want = {}, {}
+      for k = 1, support.int(0, 8) do
+        local p = PIECES[support.int(1, #PIECES)]
+        parts[k], want[k] = p[1], p[2]
+      end
+      local s = table.concat(parts)
+      assert.are.equal(table.concat(want), text.printable(s), ("%q"):format(s))
+    end
+    assert.has_error(function() text.printable(nil) end, "text.printable: s must be a string, got nil")
+  end)
+
   it("splits off the validation part and loads files, or names what is wrong", function()
     local train, valid = text.split(s, 0.25)
     assert.are.equal(s, train .. valid)
