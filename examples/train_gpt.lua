@@ -210,20 +210,52 @@ local VAL_STREAM = 2 ^ 40
 
 local function mib(bytes) return bytes / 2 ^ 20 end
 
-local function build_model(V)
+-- The model's layers as {constructor, kind, options}.
+local function model_layers(V)
   local D, L = opt.dim, opt.layers
-  local list = { l2l.Embedding{ vocab = V, dim = D, max_seq = opt.seq, init_std = opt.init_std,
-                                seed = opt.seed * 1000 + 1 } }
+  local list = { { l2l.Embedding, "embedding", { vocab = V, dim = D, max_seq = opt.seq, init_std = opt.init_std,
+                                                 seed = opt.seed * 1000 + 1 } } }
   for i = 1, L do
-    list[#list + 1] = l2l.Block{ dim = D, heads = opt.heads, mlp = opt.mlp > 0 and opt.mlp or 4 * D,
-                                 causal = true, memory = "frugal", dropout = opt.dropout,
-                                 init_std = opt.init_std,
-                                 -- GPT-2: residual projections scaled by 1/sqrt(2 L)
-                                 resid_std = opt.init_std / math.sqrt(2 * L),
-                                 seed = opt.seed * 1000 + 1 + i }
+    list[#list + 1] = { l2l.Block, "block", { dim = D, heads = opt.heads, mlp = opt.mlp > 0 and opt.mlp or 4 * D,
+                                              causal = true, memory = "frugal", dropout = opt.dropout,
+                                              init_std = opt.init_std,
+                                              -- GPT-2: residual projections scaled by 1/sqrt(2 L)
+                                              resid_std = opt.init_std / math.sqrt(2 * L),
+                                              seed = opt.seed * 1000 + 1 + i } }
   end
   -- the head's projection is the embedding's table (tied), as in GPT-2
-  list[#list + 1] = l2l.LMHead{ vocab = V, dim = D, tie = true, memory = "frugal" }
+  list[#list + 1] = { l2l.LMHead, "lm_head", { vocab = V, dim = D, tie = true, memory = "frugal" } }
+  return list
+end
+
+-- The model, after what building it takes was found to fit the host pool: every record's
+-- f32 weights and gradient (the tied head's own table among them, dropped once tied),
+-- counted from the layers' descriptions (l2l.layers.records) before anything is made, so
+-- a model too large is refused at once, not after filling the machine's memory.
+local function build_model(V)
+  local layers, records, params = model_layers(V), require("l2l.layers").records, 0
+  for _, l in ipairs(layers) do
+    local ok, list = pcall(records[l[2]], l[3])
+    if not ok then cli.usage_error((tostring(list):gsub("^[^:]*: ", ""))) end
+    for _, r in ipairs(list) do
+      local n = 1
+      for _, d in ipairs(r.shape) do n = n * d end
+      params = params + n
+    end
+  end
+  local host = l2l.pool_stats("host")
+  if host.budget > 0 and 8 * params > host.budget - host.current then
+    cli.usage_error(("the model (--layers %d, --dim %d, --mlp %d) has %.3g parameters: making it takes %.1f GiB "
+                     .. "of host memory (f32 weights and gradients), more than the %.1f GiB the host pool has left")
+                    :format(opt.layers, opt.dim, opt.mlp > 0 and opt.mlp or 4 * opt.dim, params, 8 * params / 2 ^ 30,
+                            (host.budget - host.current) / 2 ^ 30))
+  end
+  local list = {}
+  for i, l in ipairs(layers) do
+    local ok, layer = pcall(l[1], l[3])
+    if not ok then fail(tostring(layer)) end
+    list[i] = layer
+  end
   return l2l.Sequential(list)
 end
 

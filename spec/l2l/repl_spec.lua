@@ -138,10 +138,11 @@ describe("the prompt's values", function()
   it("prints several values tab-separated, nil as nil, nothing for a statement", function()
     local status, out, err = session({
       '1, nil, "s", true', 'x = 5', 'x', '=x + 1', 'nil', 'print("p")', '2^40', '0.5', '"a\\tb"', '-- a comment',
-      '', 'local y = 3', 'y',
+      '', 'local y = 3', 'y', '1 +', '2', 'x *', '', '3',
     })
     assert.are.equal(0, status, err)
-    assert.are.equal("1\tnil\ts\ttrue\n5\n6\nnil\np\n1099511627776\n0.5\na\tb\nnil\n", out)
+    -- an expression cut short (`1 +`) continues on the next lines, blank ones too
+    assert.are.equal("1\tnil\ts\ttrue\n5\n6\nnil\np\n1099511627776\n0.5\na\tb\nnil\n3\n15\n", out)
   end)
 
   it("lists tables: array part, then the other keys sorted; nested, shortened, cut", function()

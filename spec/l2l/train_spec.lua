@@ -148,6 +148,23 @@ describe("l2l train", function()
     assert.is_truthy(out:find("l2l train: checkpoint not written: run:save: ", 1, true), out)
   end)
 
+  it("refuses a model the host cannot hold before making any of it, a dry run too", function()
+    -- 8e13 parameters: 600,000 GiB of weights and gradients, on no machine; building it
+    -- first would fill the host's memory before the allocation that fails
+    for _, dry in ipairs({ "", "--dry-run" }) do
+      local status, out = sh(("env -u L2L_PROGRESS %s train --dim 8192 --heads 64 --layers 100000 --steps 1 %s --out %s")
+                             :format(exe, dry, q(dir .. "/o")))
+      assert.are.equal(2, status, out)
+      local params, gib = out:match("l2l train: the model %(%-%-layers 100000, %-%-dim 8192, %-%-mlp 32768%) has (%S+) "
+                                    .. "parameters: making it takes (%S+) GiB of host memory")
+      -- GPT-2's count: 12 D^2 + 13 D a block, the rest (tables of 256 and --seq rows) far below 0.1 %
+      local want = 100000 * (12 * 8192 ^ 2 + 13 * 8192)
+      assert.is_true(math.abs(tonumber(params) / want - 1) < 1e-3, out)
+      assert.is_true(math.abs(tonumber(gib) - 8 * want / 2 ^ 30) < 0.001 * 8 * want / 2 ^ 30, out)
+      assert.is_falsy(out:find("traceback", 1, true), out)
+    end
+  end)
+
   it("keeps the last N checkpoints and the best by validation loss, and validates on --val-data", function()
     local ck = dir .. "/k.ckpt"
     local every = support.int(1, 2)

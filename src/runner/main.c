@@ -327,7 +327,9 @@ static int incomplete(lua_State *L, int status) {
    `return (...)(<entry>\n)`, run with an identity function as its one argument, not
    `return <entry>`: that would make `error("boom")` a tail call, whose message and
    traceback lose the line ("stdin:1:"). It is used only where `return <entry>` compiles,
-   so it means the same. A leading `=` is Lua 5.1's shorthand for `return`. */
+   so it means the same. A leading `=` is Lua 5.1's shorthand for `return`. An entry whose
+   expression form stops before its end (`1 +`) while its statement form is merely wrong
+   leaves the expression's error: it is incomplete, and continues on the next line. */
 static int compile(lua_State *L, const char *entry, size_t n, int *nargs) {
   const char *body = entry[0] == '=' ? entry + 1 : entry;
   size_t len = n - (size_t)(body - entry);
@@ -351,9 +353,18 @@ static int compile(lua_State *L, const char *entry, size_t n, int *nargs) {
     lua_pop(L, 2);   /* e.g. `1;` is an expression, `f(1;)` is not: keep `return 1;` */
     return 0;
   }
-  if (body != entry) return status;
-  lua_pop(L, 1);
-  return luaL_loadbuffer(L, entry, n, "=stdin");
+  if (body != entry || !incomplete(L, status)) {
+    if (body != entry) return status;
+    lua_pop(L, 1);
+    return luaL_loadbuffer(L, entry, n, "=stdin");
+  }
+  int statement = luaL_loadbuffer(L, entry, n, "=stdin");   /* (above the expression's error) */
+  if (statement == 0 || incomplete(L, statement)) {
+    lua_remove(L, -2);
+    return statement;
+  }
+  lua_pop(L, 1);   /* the expression's error stands: more lines are wanted */
+  return status;
 }
 
 /* The argument of the expression form: its arguments are its results. */
