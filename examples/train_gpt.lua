@@ -340,6 +340,13 @@ end
 local run, model, start_step, resumed = nil, nil, 0, false
 local run_id = new_run_id()
 local checkpoints = opt.checkpoint ~= ""
+if opt.out and rank == 0 then   -- a folder, or none yet (made before the first file is written)
+  local regular, why = filesys.regular_file(opt.out)
+  if regular or (why ~= "is a directory" and not why:find("No such file", 1, true)) then
+    cli.usage_error(("--out: %s %s: --out names a folder for the run's files"):format(opt.out,
+                    regular and "is a file" or why))
+  end
+end
 if checkpoints and rank == 0 then   -- (rank 0 writes the files; the others' folders may be other disks)
   local why = unwritable(opt.checkpoint, opt.out)
   if why then cli.usage_error("--checkpoint: " .. why) end
@@ -499,6 +506,8 @@ local function rows_of_rank() return floor((rank + 1) * B / ranks) - floor(rank 
 -- The optimizer and the learning-rate schedule the flags ask for (the schedule counts
 -- updates: --steps over --accumulate).
 local OPTIMIZERS = { sgd = l2l.SGD, adamw = l2l.AdamW, lamb = l2l.LAMB }
+-- the warm-up a run shorter than --warmup gets: all but its last update
+local warmup_used = math.min(opt.warmup, math.ceil(opt.steps / (opt.accumulate or 1)) - 1)
 local SCHEDULES = { constant = l2l.ConstantLR, cosine = l2l.CosineLR, linear = l2l.LinearLR }
 local function optimizer_and_schedule()
   local o = { lr = opt.lr, weight_decay = opt.weight_decay, state = opt.state }
@@ -511,7 +520,7 @@ local function optimizer_and_schedule()
     end
   end
   local updates = math.ceil(opt.steps / (opt.accumulate or 1))
-  local sc = { warmup = math.min(opt.warmup, updates - 1) }
+  local sc = { warmup = warmup_used }
   if opt.schedule ~= "constant" then sc.total, sc.final_ratio = updates, opt.final_ratio end
   local ok, optimizer = pcall(OPTIMIZERS[opt.optimizer], o)
   if not ok then cli.usage_error(tostring(optimizer)) end
@@ -559,9 +568,8 @@ print(("model+optimizer state %.1f MiB, device budget %s (%s, micro-batch %d of 
   mib(state_bytes), budget > 0 and format("%.2f MiB", mib(budget)) or "none",
   opt.plan == "auto" and "policies planned" or "stash " .. opt.stash, math.min(opt.micro_batch, B), B))
 if budget >= state_bytes and budget_mib == nil then
-  print(("(a step needs more device memory than the whole model and its optimizer state: the slots of its "
-         .. "largest layer, %s, dominate; a smaller vocabulary or a deeper, wider model shows the saving)"):format(
-         model[1]:name()))
+  print("(a step needs more device memory than the whole model and its optimizer state: at this size its "
+        .. "activations and the copies of its largest layers outweigh the weights; a larger model shows the saving)")
 end
 if checkpoints and run.save == nil then
   print("checkpoints not available in this build: --checkpoint is ignored (run.save is missing)")
@@ -595,10 +603,11 @@ if resumed then
   print(("resuming from %s at step %d of %d (model, optimizer, schedule, seed, batch and context as saved)"):format(
     opt.checkpoint, start_step, opt.steps))
 else
-  print(("training %d steps of %d x %d " .. unit .. ": %s%s, lr %g with %d warm-up steps and %s schedule, seed %d"):format(
+  print(("training %d steps of %d x %d " .. unit .. ": %s%s, lr %g with %d warm-up step%s and %s schedule, seed %d"):format(
     opt.steps, B, S, ({ sgd = "SGD", adamw = "AdamW", lamb = "LAMB" })[opt.optimizer],
     (opt.state == "f32" and "" or (" (state in %s)"):format(opt.state)) ..
-    (opt.master == "f32" and "" or ", bf16 masters"), opt.lr, opt.warmup, opt.schedule, opt.seed))
+    (opt.master == "f32" and "" or ", bf16 masters"), opt.lr, warmup_used, warmup_used == 1 and "" or "s",
+    opt.schedule, opt.seed))
 end
 print("progress: dev peak = a step's most device memory (/ its budget); host = l2l's host and pinned pools " ..
       "(EPS, stashes, copy buffers; --host-budget bounds the EPS alone)" ..
@@ -612,7 +621,9 @@ if opt.stop_at > 0 and opt.stop_at < opt.steps then last_step = math.max(opt.sto
 -- overwritten, and a resumed run takes its own back from there, keeping its lines up to
 -- the checkpoint's step.
 if rank ~= 0 then opt.out, opt.plot = nil, "none" end   -- rank 0 writes the files
-if opt.out then os.execute("mkdir -p '" .. opt.out:gsub("'", "'\\''") .. "'") end
+if opt.out and os.execute("mkdir -p -- '" .. opt.out:gsub("'", "'\\''") .. "'") ~= 0 then
+  fail(("--out: cannot make the folder %s"):format(opt.out))
+end
 local metrics_path = opt.out and opt.out .. "/metrics.jsonl" or "/dev/null"
 
 -- The run id of a metrics file's lines ("" for lines without one), or nil with no file.

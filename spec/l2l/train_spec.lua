@@ -115,9 +115,13 @@ describe("l2l train", function()
       assert.is_truthy(out:find(case[2], 1, true), out)
       assert.is_falsy(out:find("step 1/", 1, true), out)
     end
+    -- --out names a folder: a file there is refused, before anything is written
+    local status, out = train(("--steps 1 --out %s"):format(q(dir .. "/fifo")))
+    assert.are.equal(2, status, out)
+    assert.is_truthy(out:find("--out: " .. dir .. "/fifo is a FIFO (a named pipe), not a regular file: --out names a folder", 1, true), out)
     -- a folder --out makes: a checkpoint in it is written
     local made = dir .. "/made/by/out"
-    local status, out = train(("--steps 1 --checkpoint %s --out %s"):format(q(made .. "/run.ckpt"), q(made .. "/")))
+    status, out = train(("--steps 1 --checkpoint %s --out %s"):format(q(made .. "/run.ckpt"), q(made .. "/")))
     assert.are.equal(0, status, out)
     assert.are.equal(1, l2l.checkpoint_info(made .. "/run.ckpt").steps)
     -- a file that is not a checkpoint: --resume cannot continue it, so it is not offered,
@@ -134,6 +138,7 @@ describe("l2l train", function()
     status, out = train(("--steps 1 --force --checkpoint %s --out %s"):format(q(text), q(dir .. "/o")))
     assert.are.equal(0, status, out)
     assert.is_truthy(out:find("--force: " .. text .. " is not a checkpoint; this run replaces it at its first save", 1, true), out)
+    assert.is_truthy(out:find("with 0 warm-up steps", 1, true), out)   -- (--warmup 20: all but the run's last update)
     assert.are.equal(1, l2l.checkpoint_info(text).steps)
     status, out = train(("--steps 1 --force --checkpoint %s --out %s"):format(q(text), q(dir .. "/o")))
     assert.are.equal(0, status, out)
