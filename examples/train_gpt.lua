@@ -537,7 +537,16 @@ local function new_run(plan)
   for k, v in pairs(flag_options("relay")) do o[k] = v end
   o.optimizer, o.schedule = optimizer_and_schedule()
   local ok, r = pcall(l2l.Relay, o)
-  if not ok then fail(tostring(r)) end
+  if not ok then   -- an option the user gave as a flag: named as the flag, a usage error
+    local flagged = false
+    local why = tostring(r):gsub("^l2l%.Relay: ", ""):gsub("option '([%w_]+)'", function(name)
+      if not cli.given(opt, name) then return nil end
+      flagged = true
+      return "--" .. name:gsub("_", "-")
+    end)
+    if flagged then cli.usage_error(why) end
+    fail(tostring(r))
+  end
   return r
 end
 -- 'auto': the budget every step of this shape needs with the flags' policies, whatever

@@ -153,6 +153,16 @@ describe("l2l train", function()
     assert.is_truthy(out:find("l2l train: checkpoint not written: run:save: ", 1, true), out)
   end)
 
+  it("names a value the relay refuses by the flag given, status 2", function()
+    for _, case in ipairs({ { "--param-slots 1", "l2l train: --param-slots must be 0 (two) or 2 to 4096, got 1" },
+                            { "--master bf16 --precision f32", "l2l train: --master bf16 needs precision bf16" } }) do
+      local status, out = train(("--steps 1 %s --out %s"):format(case[1], q(dir .. "/o")))
+      assert.are.equal(2, status, out)
+      assert.is_truthy(out:find(case[2], 1, true), out)
+      assert.is_falsy(out:find("step 1/", 1, true), out)
+    end
+  end)
+
   it("refuses a model the host cannot hold before making any of it, a dry run too", function()
     -- 8e13 parameters: 600,000 GiB of weights and gradients, on no machine; building it
     -- first would fill the host's memory before the allocation that fails
