@@ -157,6 +157,10 @@ local function import(path, opts)
   opts = argcheck.options(opts, OPTIONS, fname, 0, "opts")
   local file = open_any(path, fname)
   local okb, model = pcall(function()
+    if file.metadata and file.metadata.l2l then
+      error(("%s: %s is an l2l checkpoint, not a GPT-2 file: l2l.load (the run) or l2l.load_model (the model) "
+             .. "reads it"):format(fname, path), 0)
+    end
     -- The names, without the prefix; blocks counted from the h.N names.
     local by_name, blocks = {}, 0
     for name in pairs(file.entries) do

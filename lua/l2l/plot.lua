@@ -457,6 +457,10 @@ function M.read_metrics(path, ...)
       local ok, rec = pcall(cjson.decode, line)
       if not ok or type(rec) ~= "table" then
         f:close()
+        if line:find("[%z\1-\8\14-\31]") then   -- a binary file (a checkpoint, say)
+          error(("%s: %s is not a metrics log (JSON lines, as a run's metrics.jsonl): line %d is not text"):format(
+            fname, path, n), 2)
+        end
         error(("%s: %s:%d is not a JSON object: %s"):format(fname, path, n, ok and type(rec) or tostring(rec)), 2)
       end
       for k, v in pairs(rec) do

@@ -100,6 +100,13 @@ describe("l2l.import_gpt2 checks the whole file before it builds", function()
     local before = host_allocs()
     refused("has no tensor 'h.0.ln_1.weight'", l2l.import_gpt2, file)
     assert.are.equal(before, host_allocs(), "the importer allocated before refusing")
+    -- an l2l checkpoint: named as one, with what reads it
+    local model = l2l.Sequential{ l2l.Embedding{ vocab = 5, dim = 8, max_seq = 4 }, l2l.LMHead{ vocab = 5, dim = 8 } }
+    local ck = path("run.safetensors")
+    local run = l2l.Relay{ model = model }
+    run:save(ck)
+    run:free()
+    refused(ck .. " is an l2l checkpoint, not a GPT-2 file: l2l.load (the run) or l2l.load_model", l2l.import_gpt2, ck)
   end)
 
   it("refuses h.99 alone, and a tensor of the wrong shape or dtype, allocating nothing", function()

@@ -519,6 +519,12 @@ describe("l2l.progress and l2l.plot", function()
     -- the curves leave the step out rather than fail
     local fig = plot.metrics_figure(back, { title = "diverged" })
     assert.is_truthy(plot.svg(fig):find("</svg>", 1, true))
+    -- a binary file (a checkpoint given for its metrics) is named as not a log
+    support.write_file(path, "\24\0\0\0\0\0\0\0{\"a\":{\"dtype\":\"F32\"}}\n")
+    local ok, err = pcall(plot.read_metrics, path)
+    os.remove(path)
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find(path .. " is not a metrics log (JSON lines, as a run's metrics.jsonl): line 1 is not text", 1, true), err)
   end)
 
   it("chooses nice axis ticks and escapes text in the SVG", function()
