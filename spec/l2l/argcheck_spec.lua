@@ -373,6 +373,7 @@ add("lua/l2l/text.lua", {
                    'text.corpus: opts.order must be "mixed" or "path", got string "random"' } } },
   ["text.load"] = { n = 2, args = function() return pack({ corpus }, 100) end },
   ["text.split"] = { n = 2, args = function() return pack(CORPUS, 0.1) end },
+  ["text.printable"] = { n = 1, args = function() return pack("caf\xc3\xa9\r") end },
   ["text.batch"] = { n = 6, args = function() return pack(CORPUS, 2, 4, 1, 1) end, options = 6, option = "first",
                      options_name = "opts",
                      refusals = { { "a seed that is not an integer", function(f) f(CORPUS, 2, 4, "1", 1) end,

@@ -54,6 +54,13 @@ describe("the l2l executable", function()
     status, out = sh(exe .. " -x")
     assert.are.equal(1, status)
     assert.is_truthy(out:find("bad option -x", 1, true), out)
+    status, out = sh(exe .. " -e")
+    assert.are.equal(1, status)
+    assert.is_truthy(out:find("l2l: -e needs Lua code after it", 1, true), out)
+    -- a word that is no file and looks like none: a command mistyped, the commands named
+    status, out = sh(exe .. " trian --steps 2")
+    assert.are.equal(1, status)
+    assert.is_truthy(out:find("l2l: trian is neither a file nor a command; the commands are train, plot, sample and eval", 1, true), out)
   end)
 
   it("keeps going after an error at the interactive prompt's line reader", function()

@@ -522,9 +522,10 @@ static void usage(FILE *out) {
           "  -e code     run code (may repeat)\n"
           "  -i          the interactive prompt after the code and script, even when\n"
           "              standard input is not a terminal (then without line editing)\n"
-          "  -v          print the version\n"
-          "  -h          this help\n"
+          "  -v, --version  print the version\n"
+          "  -h, --help     this help\n"
           "  -           run standard input\n"
+          "  --          the options end: the next word is the script\n"
           "With no script and no -e, the interactive prompt when standard input is a\n"
           "terminal, else standard input runs as a script. -e code and the prompt have\n"
           "`l2l` loaded. At the prompt an expression prints its values; history is kept\n"
@@ -563,6 +564,22 @@ static const struct command {
     {"sample", "l2l.use", "sample_main"},
     {"eval", "l2l.use", "eval_main"},
 };
+
+/* A word that names no file and looks like none (no '/', no '.'): a command mistyped
+   (`l2l trian`), more likely than a script. */
+static int looks_like_a_file(const char *word) {
+  return strchr(word, '/') != NULL || strchr(word, '.') != NULL || strcmp(word, "-") == 0 ||
+         access(word, F_OK) == 0;
+}
+
+static int not_a_command(const char *word) {
+  fprintf(stderr, "%s: %s is neither a file nor a command; the commands are", program, word);
+  for (size_t k = 0; k < sizeof commands / sizeof commands[0]; k++)
+    fprintf(stderr, "%s %s", k == 0 ? "" : k + 1 == sizeof commands / sizeof commands[0] ? " and" : ",",
+            commands[k].name);
+  fprintf(stderr, " (`%s --help`)\n", program);
+  return 1;
+}
 
 /* `l2l plot ...`: module.function(args), where args are the words after the command.
    Returns a Lua status; *code gets its result (the process's exit status when it is a
@@ -629,6 +646,10 @@ int main(int argc, char **argv) {
     } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
       usage(stdout);
       ran_code = 1;
+    } else if (strcmp(argv[i], "-e") == 0) {
+      fprintf(stderr, "%s: -e needs Lua code after it (-e 'print(1)')\n", program);
+      usage(stderr);
+      status = bad_option = 1;
     } else if (strcmp(argv[i], "--") != 0) {
       fprintf(stderr, "%s: bad option %s\n", program, argv[i]);
       usage(stderr);
@@ -640,6 +661,7 @@ int main(int argc, char **argv) {
     for (size_t k = 0; k < sizeof commands / sizeof commands[0]; k++)
       if (strcmp(argv[script], commands[k].name) == 0) c = &commands[k];
     if (c != NULL) status = run_command(L, c, argv, argc, script, &command_code);
+    else if (!looks_like_a_file(argv[script])) status = not_a_command(argv[script]);
     else status = run_script(L, argv, argc, script);
   }
   if (force_repl && !bad_option) {
