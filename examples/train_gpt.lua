@@ -83,7 +83,8 @@ local FLAGS = {
   { "--resume-if-present", nil, "flag", "continue the run in --checkpoint if the file exists, else start one" },
   { "--force", nil, "flag", "start a new run although --checkpoint holds another (replaced at the first save)" },
   { "--stop-at", 0, "int", "stop after this step as if interrupted, saving the checkpoint (to try --resume; 0: no)", min = 0, meta = "STEP" },
-  { "--out", "build/demo", "string", "folder for metrics.jsonl and the picture (curves.png or .svg)", meta = "DIR" },
+  { "--out", "build/demo", "string", "folder for metrics.jsonl and the picture (curves.png or .svg), made if need be; "
+    .. "relative to the current folder", meta = "DIR" },
   { "--plot", "auto", "choice", "picture format: png through gnuplot when installed, else svg", choices = { "auto", "png", "svg", "none" } },
   { "--sample", 300, "int", "bytes of text to generate at the end (0: none)", min = 0 },
   { "--prompt", "#include <", "string", "the start of the generated sample", meta = "TEXT" },
