@@ -26,6 +26,7 @@
 -- resumed from --checkpoint sees exactly the batches the uninterrupted run would.
 -- Must never: read the validation part while training, or leave the terminal's line
 -- half-drawn on an error (errors end the progress line before they are printed).
+local ffi = require("ffi")
 local l2l = require("l2l")
 local progress = require("l2l.progress")
 local plot = require("l2l.plot")
@@ -211,6 +212,18 @@ local VAL_STREAM = 2 ^ 40
 
 local function mib(bytes) return bytes / 2 ^ 20 end
 
+-- A library error in the flags' words where it names an option the user gave as a flag
+-- ("option 'param_slots'" -> "--param-slots"), and whether it did.
+local function in_flag_words(message)
+  local flagged = false
+  local why = tostring(message):gsub("^l2l%.[%w_]+: ", ""):gsub("option '([%w_]+)'", function(name)
+    if not cli.given(opt, name) then return nil end
+    flagged = true
+    return "--" .. name:gsub("_", "-")
+  end)
+  return why, flagged
+end
+
 -- The model's layers as {constructor, kind, options}.
 local function model_layers(V)
   local D, L = opt.dim, opt.layers
@@ -237,7 +250,7 @@ local function build_model(V)
   local layers, records, params = model_layers(V), require("l2l.layers").records, 0
   for _, l in ipairs(layers) do
     local ok, list = pcall(records[l[2]], l[3])
-    if not ok then cli.usage_error((tostring(list):gsub("^[^:]*: ", ""))) end
+    if not ok then cli.usage_error((in_flag_words(list))) end
     for _, r in ipairs(list) do
       local n = 1
       for _, d in ipairs(r.shape) do n = n * d end
@@ -254,7 +267,11 @@ local function build_model(V)
   local list = {}
   for i, l in ipairs(layers) do
     local ok, layer = pcall(l[1], l[3])
-    if not ok then fail(tostring(layer)) end
+    if not ok then
+      local why, flagged = in_flag_words(layer)
+      if flagged then cli.usage_error(why) end
+      cli.fail(tostring(layer))
+    end
     list[i] = layer
   end
   return l2l.Sequential(list)
@@ -299,11 +316,32 @@ end
 
 -- (looked at, never opened: opening a FIFO to read waits for a writer)
 local function file_exists(path) return filesys.regular_file(path) ~= nil end
+-- Whether anything (a file, a folder, a FIFO) is at path.
+local function taken(path)
+  local regular, why = filesys.regular_file(path)
+  return regular or not why:find("No such file", 1, true)
+end
 
 -- The flags a checkpoint's run was made with (saved in its extra): given again with
 -- another value, they contradict it.
 local RUN_FLAGS = { "layers", "dim", "heads", "mlp", "seq", "batch", "seed", "tokenizer", "lr", "warmup",
                     "weight_decay", "dropout", "init_std" }
+
+-- path as one absolute spelling: the current folder's in front of a relative one, no "."
+-- parts, no empty ones ("a//b/./c/" and "/cwd/a/b/c" are the same).
+pcall(ffi.cdef, "char *getcwd(char *buf, size_t size);")   -- (once: another module may have it)
+local function absolute(path)
+  local full = path
+  if path:sub(1, 1) ~= "/" then
+    local buf = ffi.new("char[?]", 4096)
+    full = (ffi.C.getcwd(buf, 4096) ~= nil and ffi.string(buf) or ".") .. "/" .. path
+  end
+  local parts = {}
+  for part in full:gmatch("[^/]+") do
+    if part ~= "." then parts[#parts + 1] = part end
+  end
+  return "/" .. table.concat(parts, "/")
+end
 
 -- Why a checkpoint could not be written at `path`, found before any step (a save that
 -- fails only after hours of training loses them), or nil: a directory, or a folder this
@@ -322,10 +360,15 @@ local function unwritable(path, made)
     local up = p:match("^(.*)/[^/]*$") or "."
     return up == "" and "/" or up
   end
-  local function plain(p) return (p:gsub("/+$", ""):gsub("^%./+", "")) end
   local folder = parent(path)
-  if made and plain(folder) == plain(made) then
-    while folder ~= "." and folder ~= "/" and not filesys.list_folder(folder) do folder = parent(folder) end
+  if made and absolute(path) == absolute(made) then
+    return ("%s is the folder --out makes: --checkpoint names a file (for example %s/run.safetensors)"):format(
+      path, path:gsub("/+$", ""))
+  end
+  if made and absolute(folder) == absolute(made) then   -- (made by then: probed where it will be)
+    while folder ~= "." and folder ~= "/" and (select(2, filesys.regular_file(folder)) or ""):find("No such file", 1, true) do
+      folder = parent(folder)
+    end
   end
   local probe = ("%s/.l2l-write-check-%s"):format(folder, new_run_id())
   local out, err = io.open(probe, "wb")
@@ -343,7 +386,7 @@ local run_id = new_run_id()
 local checkpoints = opt.checkpoint ~= ""
 if opt.out and rank == 0 then   -- a folder, or none yet (made before the first file is written)
   local regular, why = filesys.regular_file(opt.out)
-  if regular or (why ~= "is a directory" and not why:find("No such file", 1, true)) then
+  if regular or why:find("not a regular file", 1, true) then
     cli.usage_error(("--out: %s %s: --out names a folder for the run's files"):format(opt.out,
                     regular and "is a file" or why))
   end
@@ -412,7 +455,7 @@ elseif checkpoints and (opt.resume or opt.resume_if_present) then
     opt.stash = run.options.stash
   end
   host_budget, spill = run.options.host_budget ~= 0 and run.options.host_budget or nil, run.options.spill
-elseif checkpoints and opt.force and file_exists(opt.checkpoint) then
+elseif checkpoints and opt.force and not opt.dry_run and file_exists(opt.checkpoint) then
   local ok, info = pcall(l2l.checkpoint_info, opt.checkpoint)
   print(ok and ("--force: this run replaces the checkpoint of run %s at step %d in %s at its first save"):format(
                  info.extra.run or "(no id)", info.steps, opt.checkpoint)
@@ -539,12 +582,7 @@ local function new_run(plan)
   o.optimizer, o.schedule = optimizer_and_schedule()
   local ok, r = pcall(l2l.Relay, o)
   if not ok then   -- an option the user gave as a flag: named as the flag, a usage error
-    local flagged = false
-    local why = tostring(r):gsub("^l2l%.Relay: ", ""):gsub("option '([%w_]+)'", function(name)
-      if not cli.given(opt, name) then return nil end
-      flagged = true
-      return "--" .. name:gsub("_", "-")
-    end)
+    local why, flagged = in_flag_words(r)
     if flagged then cli.usage_error(why) end
     fail(tostring(r))
   end
@@ -631,14 +669,15 @@ if opt.stop_at > 0 and opt.stop_at < opt.steps then last_step = math.max(opt.sto
 -- overwritten, and a resumed run takes its own back from there, keeping its lines up to
 -- the checkpoint's step.
 if rank ~= 0 then opt.out, opt.plot = nil, "none" end   -- rank 0 writes the files
-if opt.out and os.execute("mkdir -p -- '" .. opt.out:gsub("'", "'\\''") .. "'") ~= 0 then
+local made_out = opt.out and os.execute("mkdir -p -- '" .. opt.out:gsub("'", "'\\''") .. "'")
+if opt.out and made_out ~= 0 and made_out ~= true then   -- (LuaJIT: 0; with Lua 5.2's semantics: true)
   fail(("--out: cannot make the folder %s"):format(opt.out))
 end
 local metrics_path = opt.out and opt.out .. "/metrics.jsonl" or "/dev/null"
 
 -- The run id of a metrics file's lines ("" for lines without one), or nil with no file.
 local function run_of_metrics(path)
-  local fh = io.open(path)
+  local fh = file_exists(path) and io.open(path)
   if not fh then return nil end
   local id = ""
   for line in fh:lines() do
@@ -654,7 +693,7 @@ if opt.out then
   local holder = run_of_metrics(metrics_path)
   if holder ~= nil and holder ~= run_id then
     local aside, n = ("%s/metrics-%s.jsonl"):format(opt.out, holder ~= "" and holder or "earlier"), 1
-    while file_exists(aside) do   -- never over another file
+    while taken(aside) do   -- never over anything
       n = n + 1
       aside = ("%s/metrics-%s-%d.jsonl"):format(opt.out, holder ~= "" and holder or "earlier", n)
     end
@@ -666,7 +705,7 @@ if opt.out then
   if resumed and holder ~= run_id and file_exists(own) then os.rename(own, metrics_path) end
 end
 if resumed then
-  local fh = io.open(metrics_path)
+  local fh = file_exists(metrics_path) and io.open(metrics_path)
   if fh then
     for line in fh:lines() do
       local ok, rec = pcall(cjson.decode, line)

@@ -228,7 +228,7 @@ local function new_layer(kind, fname, o, describe)
   c.memory = memory_modes[mem]
   local problem = o.seed ~= nil and argcheck.whole_problem(o.seed)
   if problem then error(("%s: option 'seed' %s, got %s"):format(fname, problem, tostring(o.seed)), 3) end
-  c.init_seed = o.seed or M.next_seed()
+  c.init_seed = o.seed or (describe and 0 or M.next_seed())   -- (a description draws no seed)
   for _, f in ipairs(k.fields) do
     local name, read, default = f[1], f[2], f[3]
     if type(default) == "function" then default = default(o, dim, init_std) end

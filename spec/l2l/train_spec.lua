@@ -119,11 +119,20 @@ describe("l2l train", function()
     local status, out = train(("--steps 1 --out %s"):format(q(dir .. "/fifo")))
     assert.are.equal(2, status, out)
     assert.is_truthy(out:find("--out: " .. dir .. "/fifo is a FIFO (a named pipe), not a regular file: --out names a folder", 1, true), out)
-    -- a folder --out makes: a checkpoint in it is written
+    -- a folder --out makes: a checkpoint in it is written, however either is spelt; the
+    -- folder itself as the checkpoint is refused
     local made = dir .. "/made/by/out"
     status, out = train(("--steps 1 --checkpoint %s --out %s"):format(q(made .. "/run.ckpt"), q(made .. "/")))
     assert.are.equal(0, status, out)
     assert.are.equal(1, l2l.checkpoint_info(made .. "/run.ckpt").steps)
+    local other = dir .. "/made/again"
+    status, out = train(("--steps 1 --checkpoint %s --out %s"):format(q(other .. "/./run.ckpt"),
+                                                                      q(dir .. "//made/./again//")))
+    assert.are.equal(0, status, out)
+    assert.are.equal(1, l2l.checkpoint_info(other .. "/run.ckpt").steps)
+    status, out = train(("--steps 1 --checkpoint %s --out %s"):format(q(dir .. "/made/new"), q(dir .. "/made/new")))
+    assert.are.equal(2, status, out)
+    assert.is_truthy(out:find(dir .. "/made/new is the folder --out makes: --checkpoint names a file", 1, true), out)
     -- a file that is not a checkpoint: --resume cannot continue it, so it is not offered,
     -- and it stays as it was
     local text = dir .. "/notes.txt"

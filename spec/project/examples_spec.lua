@@ -289,6 +289,8 @@ describe("l2l.text", function()
       { "\xff\xfe", "??" }, { "\x80x", "?x" }, { "\xe2\x86x", "??x" },   -- not UTF-8, cut short
       { "\xc0\xafx", "??x" }, { "\xed\xa0\x80", "???" },                  -- overlong, surrogate
       { "\xf4\x90\x80\x80", "????" }, { "\xf5\x80x", "??x" },            -- past U+10FFFF
+      { "\xe0\x9f\xbf", "???" }, { "\xf0\x8f\xbf\xbf", "????" },          -- overlong 3 and 4 bytes
+      { "\xe0\xa0\x80", "\xe0\xa0\x80" }, { "\xf0\x90\x80\x80", "\xf0\x90\x80\x80" },   -- their least
     }
     for _ = 1, 200 do
       local parts, want = {}, {}
