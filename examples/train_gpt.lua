@@ -366,7 +366,7 @@ local function unwritable(path, made)
       path, path:gsub("/+$", ""))
   end
   if made and absolute(folder) == absolute(made) then   -- (made by then: probed where it will be)
-    while folder ~= "." and folder ~= "/" and (select(2, filesys.regular_file(folder)) or ""):find("No such file", 1, true) do
+    while folder ~= "." and folder ~= "/" and not taken(folder) do
       folder = parent(folder)
     end
   end
@@ -550,8 +550,9 @@ local function rows_of_rank() return floor((rank + 1) * B / ranks) - floor(rank 
 -- The optimizer and the learning-rate schedule the flags ask for (the schedule counts
 -- updates: --steps over --accumulate).
 local OPTIMIZERS = { sgd = l2l.SGD, adamw = l2l.AdamW, lamb = l2l.LAMB }
+local updates = math.ceil(opt.steps / (opt.accumulate or 1))
 -- the warm-up a run shorter than --warmup gets: all but its last update
-local warmup_used = math.min(opt.warmup, math.ceil(opt.steps / (opt.accumulate or 1)) - 1)
+local warmup_used = math.min(opt.warmup, updates - 1)
 local SCHEDULES = { constant = l2l.ConstantLR, cosine = l2l.CosineLR, linear = l2l.LinearLR }
 local function optimizer_and_schedule()
   local o = { lr = opt.lr, weight_decay = opt.weight_decay, state = opt.state }
@@ -563,7 +564,6 @@ local function optimizer_and_schedule()
       cli.usage_error(("--%s is not a setting of %s"):format(name:gsub("_", "-"), opt.optimizer))
     end
   end
-  local updates = math.ceil(opt.steps / (opt.accumulate or 1))
   local sc = { warmup = warmup_used }
   if opt.schedule ~= "constant" then sc.total, sc.final_ratio = updates, opt.final_ratio end
   local ok, optimizer = pcall(OPTIMIZERS[opt.optimizer], o)

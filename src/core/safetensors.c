@@ -154,6 +154,7 @@ static l2l_status entry_of(struct safetensors_entry *e, const char *path, const 
   e->dtype = e->stored->own;
   if (!json_is_array(shape)) return BAD(path, "entry '%s' has no shape list", name);
   int64_t nonzero = 1;   /* the product of the sizes but the empty ones */
+  bool empty = false;
   size_t i;
   const json_t *d;
   json_array_foreach(shape, i, d) {
@@ -162,11 +163,10 @@ static l2l_status entry_of(struct safetensors_entry *e, const char *path, const 
     if (n > MAX_NUMEL / nonzero)
       return BAD(path, "entry '%s': its shape has more than 2^48 elements", name);
     if (n > 0) nonzero *= n;
+    else empty = true;
     if (i < L2L_MAX_DIMS) e->shape[i] = n;
   }
-  e->numel = nonzero;
-  for (int k = 0; k < (int)json_array_size(shape) && k < L2L_MAX_DIMS; k++)
-    if (e->shape[k] == 0) e->numel = 0;
+  e->numel = empty ? 0 : nonzero;
   if (json_array_size(shape) > L2L_MAX_DIMS)
     return BAD(path, "entry '%s' has %zu dimensions; l2l's tensors have at most %d", name,
                json_array_size(shape), L2L_MAX_DIMS);

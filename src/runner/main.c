@@ -353,18 +353,15 @@ static int compile(lua_State *L, const char *entry, size_t n, int *nargs) {
     lua_pop(L, 2);   /* e.g. `1;` is an expression, `f(1;)` is not: keep `return 1;` */
     return 0;
   }
-  if (body != entry || !incomplete(L, status)) {
-    if (body != entry) return status;
-    lua_pop(L, 1);
-    return luaL_loadbuffer(L, entry, n, "=stdin");
-  }
+  if (body != entry) return status;
+  int cut_short = incomplete(L, status);
   int statement = luaL_loadbuffer(L, entry, n, "=stdin");   /* (above the expression's error) */
-  if (statement == 0 || incomplete(L, statement)) {
-    lua_remove(L, -2);
-    return statement;
+  if (cut_short && statement != 0 && !incomplete(L, statement)) {
+    lua_pop(L, 1);   /* the expression's error stands: more lines are wanted */
+    return status;
   }
-  lua_pop(L, 1);   /* the expression's error stands: more lines are wanted */
-  return status;
+  lua_remove(L, -2);
+  return statement;
 }
 
 /* The argument of the expression form: its arguments are its results. */
